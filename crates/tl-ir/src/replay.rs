@@ -1,0 +1,46 @@
+//! `Recorder`: what a tape must offer to be compiled into, and `GraphData::replay` ("compile").
+
+use tl_spec::{Scalar, Tensor};
+
+use crate::{GraphData, Id, Op};
+
+/// Anything that can record leaves and op applications: the CPU tape, the CUDA tape, and the
+/// eager sessions built on them. Eager execution and compiled replay share this one interface.
+pub trait Recorder<T: Scalar> {
+    /// The recorder's error type; IR errors (bad leaf values) must convert into it.
+    type Error: From<crate::Error>;
+
+    /// Record a leaf holding `value`; returns its id on the recorder.
+    fn leaf(
+        &mut self,
+        value: Tensor<T>,
+        name: Option<&str>,
+        requires_grad: bool,
+    ) -> Result<usize, Self::Error>;
+
+    /// Record `op` applied to the recorder ids `args`; returns the new id.
+    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize, Self::Error>;
+}
+
+impl GraphData {
+    /// Replay the graph into `rec` ("compile"): records every leaf with its value, then every
+    /// node. Returns, for each graph id, the id it received on the recorder.
+    pub fn replay<T: Scalar, R: Recorder<T>>(
+        &self,
+        rec: &mut R,
+        leaves: &[Tensor<T>],
+    ) -> Result<Vec<usize>, R::Error> {
+        self.check_leaf_values("replay", leaves)?;
+        let mut map: Vec<Id> = Vec::with_capacity(self.len());
+        for (leaf, value) in self.leaves().iter().zip(leaves) {
+            map.push(rec.leaf(value.clone(), leaf.name.as_deref(), leaf.requires_grad)?);
+        }
+        let mut args = Vec::with_capacity(3);
+        for node in self.nodes() {
+            args.clear();
+            args.extend(node.args().iter().map(|&a| map[a]));
+            map.push(rec.apply(node.op(), &args)?);
+        }
+        Ok(map)
+    }
+}

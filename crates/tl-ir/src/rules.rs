@@ -1,0 +1,159 @@
+//! The reference rules of every op, dispatched to `tl_spec::ops`: value, VJP and JVP.
+//!
+//! Three matches, one per face, so each op's rules can be audited side by side. Shapes have been
+//! checked by [`Op::infer_shape`] before any of these run.
+
+use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
+use tl_spec::{Scalar, Tensor, broadcast};
+
+use crate::{Error, Op, Result};
+
+/// The operands of one op application, in [`Op`] operand order.
+type Args<'a, T> = &'a [&'a Tensor<T>];
+
+fn arity_check(op: &Op, n: usize) -> Result<()> {
+    if n != op.arity() {
+        return Err(Error::Spec(tl_spec::Error::Arity {
+            op: op.name(),
+            expected: op.arity(),
+            got: n,
+        }));
+    }
+    Ok(())
+}
+
+/// The reference value of `op` applied to `x`.
+pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>) -> Result<Tensor<T>> {
+    arity_check(op, x.len())?;
+    use Op::*;
+    let y = match op {
+        Add => ew::add(x[0], x[1]),
+        Sub => ew::sub(x[0], x[1]),
+        Mul => ew::mul(x[0], x[1]),
+        Div => ew::div(x[0], x[1]),
+        Scale(c) => Ok(ew::scale(x[0], T::lit(*c))),
+        Abs => Ok(ew::abs(x[0])),
+        Sqrt => Ok(ew::sqrt(x[0])),
+        Exp => Ok(ew::exp(x[0])),
+        Log => ew::log(x[0]),
+        Inv => Ok(ew::inv(x[0])),
+        Relu => Ok(ew::relu(x[0])),
+        Clamp { lo, hi } => Ok(ew::clamp(x[0], T::lit(*lo), T::lit(*hi))),
+        Max => ew::max(x[0], x[1]),
+        Min => ew::min(x[0], x[1]),
+        Sigmoid => Ok(ew::sigmoid(x[0])),
+        Tanh => Ok(ew::tanh(x[0])),
+        Softplus => Ok(ew::softplus(x[0])),
+        SafeLog { eps } => Ok(ew::safe_log(x[0], T::lit(*eps))),
+        Detach => Ok(x[0].clone()),
+        Constant(t) => Ok(t.cast()),
+        Reshape(to) => x[0].reshape(to.clone()),
+        Flatten => Ok(shape::flatten(x[0])),
+        Transpose2d => shape::transpose2d(x[0]),
+        PermuteBca => shape::permute_bca(x[0]),
+        PermuteCab => shape::permute_cab(x[0]),
+        SwapLastTwo => shape::swap_last_two(x[0]),
+        SwapAdjacent(d) => Ok(shape::swap_adjacent(x[0], *d)),
+        BroadcastTo(to) => broadcast::broadcast_to(x[0], to),
+        Sum => Ok(reduce::sum(x[0])),
+        ReduceSum(axis) => reduce::reduce_sum(x[0], *axis),
+        ReduceMean(axis) => reduce::reduce_mean(x[0], *axis),
+        Matmul => linalg::matmul(x[0], x[1]),
+        Bmm => linalg::bmm(x[0], x[1]),
+        Linear => linalg::linear(x[0], x[1], x[2]),
+        Softmax => Ok(softmax::softmax(x[0])),
+        LogSoftmax => Ok(softmax::log_softmax(x[0])),
+        MseLoss => loss::mse_loss(x[0], x[1]),
+    };
+    Ok(y?)
+}
+
+/// The reference VJP of `op` at `x` for the cotangent `g` of its output: one entry per operand,
+/// `None` where no gradient flows (`detach`, `constant`, index operands).
+pub fn vjp<T: Scalar>(op: &Op, x: Args<'_, T>, g: &Tensor<T>) -> Result<Vec<Option<Tensor<T>>>> {
+    arity_check(op, x.len())?;
+    use Op::*;
+    let one = |t: tl_spec::Result<Tensor<T>>| t.map(|t| vec![Some(t)]);
+    let two = |t: tl_spec::Result<(Tensor<T>, Tensor<T>)>| t.map(|(a, b)| vec![Some(a), Some(b)]);
+    let grads = match op {
+        Add => two(ew::add_vjp(x[0], x[1], g)),
+        Sub => two(ew::sub_vjp(x[0], x[1], g)),
+        Mul => two(ew::mul_vjp(x[0], x[1], g)),
+        Div => two(ew::div_vjp(x[0], x[1], g)),
+        Scale(c) => one(ew::scale_vjp(x[0], T::lit(*c), g)),
+        Abs => one(ew::abs_vjp(x[0], g)),
+        Sqrt => one(ew::sqrt_vjp(x[0], g)),
+        Exp => one(ew::exp_vjp(x[0], g)),
+        Log => one(ew::log_vjp(x[0], g)),
+        Inv => one(ew::inv_vjp(x[0], g)),
+        Relu => one(ew::relu_vjp(x[0], g)),
+        Clamp { lo, hi } => one(ew::clamp_vjp(x[0], T::lit(*lo), T::lit(*hi), g)),
+        Max => two(ew::max_vjp(x[0], x[1], g)),
+        Min => two(ew::min_vjp(x[0], x[1], g)),
+        Sigmoid => one(ew::sigmoid_vjp(x[0], g)),
+        Tanh => one(ew::tanh_vjp(x[0], g)),
+        Softplus => one(ew::softplus_vjp(x[0], g)),
+        SafeLog { eps } => one(ew::safe_log_vjp(x[0], T::lit(*eps), g)),
+        Detach => Ok(vec![None]),
+        Constant(_) => Ok(vec![]),
+        Reshape(_) | Flatten => one(g.reshape(x[0].shape().clone())),
+        Transpose2d => one(shape::transpose2d(g)),
+        PermuteBca => one(shape::permute_cab(g)),
+        PermuteCab => one(shape::permute_bca(g)),
+        SwapLastTwo => one(shape::swap_last_two(g)),
+        SwapAdjacent(d) => Ok(vec![Some(shape::swap_adjacent(g, *d))]),
+        BroadcastTo(_) => one(broadcast::reduce_to(g, x[0].shape())),
+        Sum => one(reduce::sum_vjp(x[0], g)),
+        ReduceSum(axis) => one(reduce::reduce_sum_vjp(x[0], *axis, g)),
+        ReduceMean(axis) => one(reduce::reduce_mean_vjp(x[0], *axis, g)),
+        Matmul => two(linalg::matmul_vjp(x[0], x[1], g)),
+        Bmm => two(linalg::bmm_vjp(x[0], x[1], g)),
+        Linear => linalg::linear_vjp(x[0], x[1], x[2], g)
+            .map(|(dw, db, dx)| vec![Some(dw), Some(db), Some(dx)]),
+        Softmax => one(softmax::softmax_vjp(x[0], g)),
+        LogSoftmax => one(softmax::log_softmax_vjp(x[0], g)),
+        MseLoss => two(loss::mse_loss_vjp(x[0], x[1], g)),
+    };
+    Ok(grads?)
+}
+
+/// The reference JVP of `op` at `x` along the operand tangents `dx` (one per operand, same shapes).
+pub fn jvp<T: Scalar>(op: &Op, x: Args<'_, T>, dx: Args<'_, T>) -> Result<Tensor<T>> {
+    arity_check(op, x.len())?;
+    arity_check(op, dx.len())?;
+    use Op::*;
+    let t = match op {
+        Add => ew::add_jvp(x[0], x[1], dx[0], dx[1]),
+        Sub => ew::sub_jvp(x[0], x[1], dx[0], dx[1]),
+        Mul => ew::mul_jvp(x[0], x[1], dx[0], dx[1]),
+        Div => ew::div_jvp(x[0], x[1], dx[0], dx[1]),
+        Scale(c) => ew::scale_jvp(x[0], T::lit(*c), dx[0]),
+        Abs => ew::abs_jvp(x[0], dx[0]),
+        Sqrt => ew::sqrt_jvp(x[0], dx[0]),
+        Exp => ew::exp_jvp(x[0], dx[0]),
+        Log => ew::log_jvp(x[0], dx[0]),
+        Inv => ew::inv_jvp(x[0], dx[0]),
+        Relu => ew::relu_jvp(x[0], dx[0]),
+        Clamp { lo, hi } => ew::clamp_jvp(x[0], T::lit(*lo), T::lit(*hi), dx[0]),
+        Max => ew::max_jvp(x[0], x[1], dx[0], dx[1]),
+        Min => ew::min_jvp(x[0], x[1], dx[0], dx[1]),
+        Sigmoid => ew::sigmoid_jvp(x[0], dx[0]),
+        Tanh => ew::tanh_jvp(x[0], dx[0]),
+        Softplus => ew::softplus_jvp(x[0], dx[0]),
+        SafeLog { eps } => ew::safe_log_jvp(x[0], T::lit(*eps), dx[0]),
+        Detach => Ok(Tensor::zeros(x[0].shape().clone())),
+        Constant(c) => Ok(Tensor::zeros(c.shape().clone())),
+        // Linear ops: the JVP is the op applied to the tangent.
+        Reshape(_) | Flatten | Transpose2d | PermuteBca | PermuteCab | SwapLastTwo
+        | SwapAdjacent(_) | BroadcastTo(_) | Sum | ReduceSum(_) | ReduceMean(_) => {
+            return value(op, dx);
+        }
+        Matmul => linalg::matmul_jvp(x[0], x[1], dx[0], dx[1]),
+        Bmm => linalg::bmm_jvp(x[0], x[1], dx[0], dx[1]),
+        Linear => linalg::linear_jvp(x[0], x[1], x[2], dx[0], dx[1], dx[2]),
+        Softmax => softmax::softmax_jvp(x[0], dx[0]),
+        LogSoftmax => softmax::log_softmax_jvp(x[0], dx[0]),
+        MseLoss => loss::mse_loss_jvp(x[0], x[1], dx[0], dx[1]),
+    };
+    Ok(t?)
+}

@@ -1,0 +1,22 @@
+//! # tl-spec: the reference semantics
+//!
+//! Shapes, tensors and, for every op, its value, VJP and JVP as pure functions written to be
+//! obviously right rather than fast. Every other crate is checked against this one.
+//!
+//! - [`Shape`], [`Tensor`], [`Scalar`] (f32, f64)
+//! - [`broadcast`]: numpy-style broadcasting and its reduction back
+//! - [`ops`]: one module per op family, each op's value, `*_vjp` and `*_jvp` side by side
+//! - [`Error`]: every message names the op and the shapes
+
+pub mod broadcast;
+mod error;
+pub mod ops;
+mod scalar;
+mod shape;
+mod tensor;
+
+pub use broadcast::{broadcast_to, can_broadcast_to, reduce_to};
+pub use error::{Error, Result};
+pub use scalar::Scalar;
+pub use shape::Shape;
+pub use tensor::Tensor;
