@@ -1,0 +1,400 @@
+//! The CPU tape (seed 001): a grow-only array of nodes; ids are indices. Each node holds its op,
+//! parent ids, forward value and `requires_grad`; backward dispatches on the op with `match`
+//! (see [`crate::ops`]), so the tape is plain data.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use tl_ir::{Op, Recorder};
+use tl_spec::{Scalar, Shape, Tensor};
+
+use crate::{CustomOp, Error, Result, ops};
+
+/// A node id on the tape.
+pub type Id = usize;
+
+/// What produced a node's value.
+#[derive(Clone)]
+pub enum NodeKind<T: Scalar> {
+    /// A leaf (input or parameter).
+    Leaf,
+    /// A built-in op.
+    Op(Op),
+    /// A user-defined op.
+    Custom(Arc<dyn CustomOp<T>>),
+}
+
+impl<T: Scalar> NodeKind<T> {
+    /// The op's name (`"leaf"` for leaves).
+    pub fn name(&self) -> &str {
+        match self {
+            NodeKind::Leaf => "leaf",
+            NodeKind::Op(op) => op.name(),
+            NodeKind::Custom(c) => c.name(),
+        }
+    }
+}
+
+/// One recorded computation step.
+#[derive(Clone)]
+pub struct Node<T: Scalar> {
+    kind: NodeKind<T>,
+    parents: SmallVec<[Id; 3]>,
+    value: Tensor<T>,
+    requires_grad: bool,
+    name: Option<String>,
+}
+
+impl<T: Scalar> Node<T> {
+    /// What produced the node.
+    pub fn kind(&self) -> &NodeKind<T> {
+        &self.kind
+    }
+    /// Parent ids, in operand order.
+    pub fn parents(&self) -> &[Id] {
+        &self.parents
+    }
+    /// The forward value.
+    pub fn value(&self) -> &Tensor<T> {
+        &self.value
+    }
+    /// Whether reverse accumulation visits this node and accepts contributions into it.
+    pub fn requires_grad(&self) -> bool {
+        self.requires_grad
+    }
+    /// Optional debugging name.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+}
+
+impl<T: Scalar> fmt::Debug for Node<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}{:?} <- {:?}",
+            self.kind.name(),
+            self.value.shape(),
+            self.parents.as_slice()
+        )?;
+        if let Some(n) = &self.name {
+            write!(f, " {n:?}")?;
+        }
+        if !self.requires_grad {
+            write!(f, " (no grad)")?;
+        }
+        Ok(())
+    }
+}
+
+/// The CPU autograd tape, generic over `f32` and `f64`.
+///
+/// PyTorch comparison: the autograd graph recorded during a forward pass; `backward_dense` is
+/// `torch.autograd.grad` for every node at once, `backward_params` is `loss.backward()` followed
+/// by reading `.grad` of chosen leaves.
+#[derive(Clone, Default)]
+pub struct Tape<T: Scalar> {
+    nodes: Vec<Node<T>>,
+}
+
+impl<T: Scalar> fmt::Debug for Tape<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.nodes.iter().enumerate())
+            .finish()
+    }
+}
+
+impl<T: Scalar> Tape<T> {
+    /// An empty tape.
+    pub fn new() -> Self {
+        Tape { nodes: Vec::new() }
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tape has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Discard every node (a fresh forward pass).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+    }
+
+    /// The node behind `id`, if any.
+    pub fn node(&self, id: Id) -> Option<&Node<T>> {
+        self.nodes.get(id)
+    }
+
+    /// Add a leaf; returns its id (the pre-append size of the tape).
+    pub fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, requires_grad: bool) -> Id {
+        self.nodes.push(Node {
+            kind: NodeKind::Leaf,
+            parents: SmallVec::new(),
+            value,
+            requires_grad,
+            name: name.map(str::to_owned),
+        });
+        self.nodes.len() - 1
+    }
+
+    fn check_id(&self, what: &str, id: Id) -> Result<&Node<T>> {
+        self.nodes.get(id).ok_or_else(|| Error::UnknownId {
+            what: what.to_owned(),
+            id,
+            len: self.nodes.len(),
+        })
+    }
+
+    /// The value at `id`, checked against the shape the caller expects.
+    pub fn value(&self, id: Id, expected: &Shape) -> Result<&Tensor<T>> {
+        let v = &self.check_id("value", id)?.value;
+        if v.shape() != expected {
+            return Err(Error::Shape {
+                what: "value".into(),
+                id,
+                expected: v.shape().clone(),
+                got: expected.clone(),
+            });
+        }
+        Ok(v)
+    }
+
+    /// The value at `id`, whatever its shape.
+    pub fn get(&self, id: Id) -> Result<&Tensor<T>> {
+        Ok(&self.check_id("get", id)?.value)
+    }
+
+    fn inputs(&self, what: &str, parents: &[Id]) -> Result<SmallVec<[&Tensor<T>; 3]>> {
+        parents
+            .iter()
+            .map(|&p| self.check_id(what, p).map(|n| &n.value))
+            .collect()
+    }
+
+    fn push(
+        &mut self,
+        kind: NodeKind<T>,
+        parents: &[Id],
+        value: Tensor<T>,
+        differentiable: bool,
+    ) -> Id {
+        let requires_grad = differentiable && parents.iter().any(|&p| self.nodes[p].requires_grad);
+        self.nodes.push(Node {
+            kind,
+            parents: SmallVec::from_slice(parents),
+            value,
+            requires_grad,
+            name: None,
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Apply a built-in op to `parents`: the shape rule is checked first, then the CPU kernel
+    /// runs. On error the tape is unchanged.
+    pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
+        let value = {
+            let inputs = self.inputs(op.name(), parents)?;
+            let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
+            let shape = op.infer_shape(&shapes)?;
+            let value = ops::forward(op, &inputs)?;
+            if value.shape() != &shape {
+                return Err(Error::Shape {
+                    what: format!("{} kernel output", op.name()),
+                    id: self.nodes.len(),
+                    expected: shape,
+                    got: value.shape().clone(),
+                });
+            }
+            value
+        };
+        Ok(self.push(
+            NodeKind::Op(op.clone()),
+            parents,
+            value,
+            op.is_differentiable(),
+        ))
+    }
+
+    /// Apply a user-defined op; its declared output shape is checked against its forward value.
+    pub fn apply_custom(&mut self, op: Arc<dyn CustomOp<T>>, parents: &[Id]) -> Result<Id> {
+        let value = {
+            let inputs = self.inputs(op.name(), parents)?;
+            let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
+            let shape = op.infer_shape(&shapes)?;
+            let value = op.forward(&inputs)?;
+            if value.shape() != &shape {
+                return Err(Error::Shape {
+                    what: format!("{} forward", op.name()),
+                    id: self.nodes.len(),
+                    expected: shape,
+                    got: value.shape().clone(),
+                });
+            }
+            value
+        };
+        Ok(self.push(NodeKind::Custom(op), parents, value, true))
+    }
+
+    /// Dense reverse accumulation: gradients of `out` (cotangent `seed`) for every node id.
+    /// Nodes that receive no contribution get zeros.
+    pub fn backward_dense(&self, out: Id, seed: &Tensor<T>) -> Result<Vec<Tensor<T>>> {
+        let grads = self.seeded("backward_dense", out, seed)?;
+        self.densify(self.accumulate(grads, out + 1)?)
+    }
+
+    /// Reverse accumulation over the whole tape from an explicit dense gradient array
+    /// (one per node, shapes matching), e.g. to seed several outputs at once.
+    pub fn backward_dense_from(&self, grads0: Vec<Tensor<T>>) -> Result<Vec<Tensor<T>>> {
+        self.backward_first_n(self.len(), grads0)
+    }
+
+    /// Reverse accumulation over the first `n` nodes only (visiting n−1, …, 0), from `grads0`.
+    pub fn backward_first_n(&self, n: usize, grads0: Vec<Tensor<T>>) -> Result<Vec<Tensor<T>>> {
+        if grads0.len() != self.len() {
+            return Err(Error::Count {
+                what: "backward_dense_from: gradient array length".into(),
+                expected: self.len(),
+                got: grads0.len(),
+            });
+        }
+        if n > self.len() {
+            return Err(Error::Count {
+                what: "backward_first_n: node count".into(),
+                expected: self.len(),
+                got: n,
+            });
+        }
+        for (id, (g, node)) in grads0.iter().zip(&self.nodes).enumerate() {
+            if g.shape() != node.value.shape() {
+                return Err(Error::Shape {
+                    what: "backward_dense_from".into(),
+                    id,
+                    expected: node.value.shape().clone(),
+                    got: g.shape().clone(),
+                });
+            }
+        }
+        let grads = grads0.into_iter().map(Some).collect();
+        self.densify(self.accumulate(grads, n)?)
+    }
+
+    /// Sparse gradients for chosen leaves only (the training-loop path): a map from each id in
+    /// `wanted` to its gradient (zeros if nothing flowed into it).
+    pub fn backward_params(
+        &self,
+        out: Id,
+        seed: &Tensor<T>,
+        wanted: &[Id],
+    ) -> Result<HashMap<Id, Tensor<T>>> {
+        for &w in wanted {
+            self.check_id("backward_params", w)?;
+        }
+        let grads = self.seeded("backward_params", out, seed)?;
+        let mut grads = self.accumulate(grads, out + 1)?;
+        Ok(wanted
+            .iter()
+            .map(|&w| {
+                let g = grads[w]
+                    .take()
+                    .unwrap_or_else(|| Tensor::zeros(self.nodes[w].value.shape().clone()));
+                (w, g)
+            })
+            .collect())
+    }
+
+    fn seeded(&self, what: &str, out: Id, seed: &Tensor<T>) -> Result<Vec<Option<Tensor<T>>>> {
+        let node = self.check_id(what, out)?;
+        if seed.shape() != node.value.shape() {
+            return Err(Error::Shape {
+                what: format!("{what} seed"),
+                id: out,
+                expected: node.value.shape().clone(),
+                got: seed.shape().clone(),
+            });
+        }
+        let mut grads: Vec<Option<Tensor<T>>> = vec![None; self.len()];
+        grads[out] = Some(seed.clone());
+        Ok(grads)
+    }
+
+    fn densify(&self, grads: Vec<Option<Tensor<T>>>) -> Result<Vec<Tensor<T>>> {
+        Ok(grads
+            .into_iter()
+            .zip(&self.nodes)
+            .map(|(g, n)| g.unwrap_or_else(|| Tensor::zeros(n.value.shape().clone())))
+            .collect())
+    }
+
+    /// The reverse loop: visit ids n−1 … 0; for each node that requires grad and has a
+    /// cotangent, run its VJP and add each contribution into its parent. Contributions to
+    /// parents that do not require grad are dropped; a contribution of the wrong shape is an
+    /// error naming the op.
+    fn accumulate(
+        &self,
+        mut grads: Vec<Option<Tensor<T>>>,
+        n: usize,
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        for id in (0..n).rev() {
+            let node = &self.nodes[id];
+            if !node.requires_grad || matches!(node.kind, NodeKind::Leaf) {
+                continue;
+            }
+            let (lower, upper) = grads.split_at_mut(id);
+            let Some(g) = upper[0].as_ref() else { continue };
+            let inputs: SmallVec<[&Tensor<T>; 3]> =
+                node.parents.iter().map(|&p| &self.nodes[p].value).collect();
+            let contribs: SmallVec<[Option<Tensor<T>>; 3]> = match &node.kind {
+                NodeKind::Op(op) => ops::backward(op, &inputs, &node.value, g)?,
+                NodeKind::Custom(c) => c.backward(&inputs, &node.value, g)?.into_iter().collect(),
+                NodeKind::Leaf => unreachable!("leaves are skipped above"),
+            };
+            if contribs.len() > node.parents.len() {
+                return Err(Error::Count {
+                    what: format!("{} backward: cotangents", node.kind.name()),
+                    expected: node.parents.len(),
+                    got: contribs.len(),
+                });
+            }
+            for (&p, c) in node.parents.iter().zip(contribs) {
+                let Some(c) = c else { continue };
+                let parent = &self.nodes[p];
+                if !parent.requires_grad {
+                    continue;
+                }
+                if c.shape() != parent.value.shape() {
+                    return Err(Error::Shape {
+                        what: format!("{} backward: contribution to parent", node.kind.name()),
+                        id: p,
+                        expected: parent.value.shape().clone(),
+                        got: c.shape().clone(),
+                    });
+                }
+                match &mut lower[p] {
+                    slot @ None => *slot = Some(c),
+                    Some(acc) => ops::accumulate(acc, &c),
+                }
+            }
+        }
+        Ok(grads)
+    }
+}
+
+impl<T: Scalar> Recorder<T> for Tape<T> {
+    type Error = Error;
+
+    fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, requires_grad: bool) -> Result<usize> {
+        Ok(Tape::leaf(self, value, name, requires_grad))
+    }
+
+    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize> {
+        Tape::apply(self, op, args)
+    }
+}
