@@ -298,12 +298,13 @@ impl<T: Scalar> Tape<T> {
             self.check_id("backward_params", w)?;
         }
         let grads = self.seeded("backward_params", out, seed)?;
-        let mut grads = self.accumulate(grads, out + 1)?;
+        let grads = self.accumulate(grads, out + 1)?;
+        // Clone (an Arc bump), not take: an id listed twice must get its gradient both times.
         Ok(wanted
             .iter()
             .map(|&w| {
                 let g = grads[w]
-                    .take()
+                    .clone()
                     .unwrap_or_else(|| Tensor::zeros(self.nodes[w].value.shape().clone()));
                 (w, g)
             })
@@ -352,7 +353,15 @@ impl<T: Scalar> Tape<T> {
             let inputs: SmallVec<[&Tensor<T>; 3]> =
                 node.parents.iter().map(|&p| &self.nodes[p].value).collect();
             let contribs: SmallVec<[Option<Tensor<T>>; 3]> = match &node.kind {
-                NodeKind::Op(op) => ops::backward(op, &inputs, &node.value, g)?,
+                NodeKind::Op(op) => {
+                    // Only parents that accept contributions need their cotangent computed.
+                    let needed: SmallVec<[bool; 3]> = node
+                        .parents
+                        .iter()
+                        .map(|&p| self.nodes[p].requires_grad)
+                        .collect();
+                    ops::backward_needed(op, &inputs, &node.value, g, &needed)?
+                }
                 NodeKind::Custom(c) => c.backward(&inputs, &node.value, g)?.into_iter().collect(),
                 NodeKind::Leaf => unreachable!("leaves are skipped above"),
             };

@@ -1,0 +1,337 @@
+//! Pointwise kernels: the binary ops (`add`, `sub`, `mul`, `div`, `max`, `min`), the unary maps
+//! (`scale`, `abs`, `sqrt`, `exp`, `log`, `inv`, `relu`, `clamp`, `sigmoid`, `tanh`, `softplus`,
+//! `safeLog`), `detach` and `constant`.
+//!
+//! Every kernel is one pass over contiguous slices (`iter().zip().map().collect()`), which the
+//! compiler vectorizes; nothing allocates per element. Backward passes reuse the forward output
+//! `y` where that is cheaper than recomputing (`exp`, `sigmoid`, `tanh`, `sqrt`, `inv`, `div`).
+//! Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
+//! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0.
+
+use smallvec::smallvec;
+use tl_ir::Op;
+use tl_spec::{Error as SpecError, Scalar, Tensor};
+
+use super::{Grads, check_arity, check_shape, tensor, wrong_family};
+use crate::Result;
+
+/// Forward value of a pointwise op (or `detach`, `constant`).
+pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    check_arity(op, x)?;
+    use Op::*;
+    let y = match op {
+        Add => binary(op, x, |a, b| a + b)?,
+        Sub => binary(op, x, |a, b| a - b)?,
+        Mul => binary(op, x, |a, b| a * b)?,
+        Div => binary(op, x, |a, b| a / b)?,
+        Max => binary(op, x, |a, b| if a >= b { a } else { b })?,
+        Min => binary(op, x, |a, b| if a <= b { a } else { b })?,
+        Scale(c) => {
+            let c = T::lit(*c);
+            x[0].map(|v| c * v)
+        }
+        Abs => x[0].map(|v| v.abs()),
+        Sqrt => x[0].map(|v| v.max(T::zero()).sqrt()),
+        Exp => x[0].map(|v| v.exp()),
+        Log => log(op, x[0])?,
+        Inv => x[0].map(|v| T::one() / v),
+        Relu => x[0].map(|v| if v > T::zero() { v } else { T::zero() }),
+        Clamp { lo, hi } => {
+            let (lo, hi) = (T::lit(*lo), T::lit(*hi));
+            x[0].map(|v| hi.min(lo.max(v)))
+        }
+        Sigmoid => x[0].map(sigmoid1),
+        Tanh => x[0].map(|v| v.tanh()),
+        Softplus => x[0].map(|v| softplus_sigmoid(v).0),
+        SafeLog { eps } => {
+            let eps = T::lit(*eps);
+            x[0].map(|v| (softplus_sigmoid(v).0 + eps).ln())
+        }
+        Detach => x[0].clone(),
+        Constant(t) => t.cast(),
+        _ => return Err(wrong_family(op, "elementwise")),
+    };
+    Ok(y)
+}
+
+/// Operand cotangents of a pointwise op at `x`, with output `y` and output cotangent `g`.
+pub fn backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+) -> Result<Grads<T>> {
+    check_arity(op, x)?;
+    use Op::*;
+    if let Constant(_) = op {
+        return Ok(Grads::new());
+    }
+    if op.family() != tl_ir::Family::Elementwise {
+        return Err(wrong_family(op, "elementwise"));
+    }
+    // Every pointwise op preserves its operands' (common) shape.
+    let s = x[0].shape();
+    for t in &x[1..] {
+        check_shape(op, "second operand", t, s)?;
+    }
+    check_shape(op, "output", y, s)?;
+    check_shape(op, "cotangent", g, s)?;
+    let (xd, yd, gd) = (x[0].data(), y.data(), g.data());
+    let one = |v: Vec<T>| -> Result<Grads<T>> { Ok(smallvec![Some(tensor(s.clone(), v)?)]) };
+    let two = |u: Vec<T>, v: Vec<T>| -> Result<Grads<T>> {
+        Ok(smallvec![
+            Some(tensor(s.clone(), u)?),
+            Some(tensor(s.clone(), v)?)
+        ])
+    };
+    let (zero, one_t, half) = (T::zero(), T::one(), T::lit(0.5));
+    match op {
+        Add => Ok(smallvec![Some(g.clone()), Some(g.clone())]),
+        Sub => Ok(smallvec![Some(g.clone()), Some(g.map(|v| -v))]),
+        Mul => two(
+            zip(gd, x[1].data(), |g, b| g * b),
+            zip(gd, xd, |g, a| g * a),
+        ),
+        Div => {
+            // da = g/b; db = −g·a/b² = −da·y (y = a/b).
+            let da = zip(gd, x[1].data(), |g, b| g / b);
+            let db = zip(&da, yd, |d, y| -(d * y));
+            two(da, db)
+        }
+        Max | Min => {
+            let bd = x[1].data();
+            let sign = if matches!(op, Max) { one_t } else { -one_t };
+            // Weight of the first operand: 1 where it wins, 1/2 on a tie, 0 where it loses.
+            let w = move |a: T, b: T| {
+                let (a, b) = (sign * a, sign * b);
+                if a > b {
+                    one_t
+                } else if a == b {
+                    half
+                } else {
+                    zero
+                }
+            };
+            two(
+                zip3(gd, xd, bd, |g, a, b| w(a, b) * g),
+                zip3(gd, xd, bd, |g, a, b| w(b, a) * g),
+            )
+        }
+        Scale(c) => {
+            let c = T::lit(*c);
+            one(gd.iter().map(|&g| c * g).collect())
+        }
+        Abs => one(zip(gd, xd, |g, x| {
+            if x > zero {
+                g
+            } else if x < zero {
+                -g
+            } else {
+                zero
+            }
+        })),
+        Sqrt => one(zip3(
+            gd,
+            xd,
+            yd,
+            |g, x, y| {
+                if x > zero { g / (y + y) } else { zero }
+            },
+        )),
+        Exp => one(zip(gd, yd, |g, y| g * y)),
+        Log => one(zip(gd, xd, |g, x| g / x)),
+        Inv => one(zip(gd, yd, |g, y| -(g * y * y))),
+        Relu => one(zip(gd, xd, |g, x| if x > zero { g } else { zero })),
+        Clamp { lo, hi } => {
+            let (lo, hi) = (T::lit(*lo), T::lit(*hi));
+            one(zip(gd, xd, |g, x| if x > lo && x < hi { g } else { zero }))
+        }
+        Sigmoid => one(zip(gd, yd, |g, y| g * (y * (one_t - y)))),
+        Tanh => one(zip(gd, yd, |g, y| g * (one_t - y * y))),
+        Softplus => one(zip(gd, xd, |g, x| g * softplus_sigmoid(x).1)),
+        SafeLog { eps } => {
+            let eps = T::lit(*eps);
+            one(zip(gd, xd, |g, x| {
+                let (sp, sg) = softplus_sigmoid(x);
+                g * (sg / (sp + eps))
+            }))
+        }
+        Detach => Ok(smallvec![None]),
+        _ => Err(wrong_family(op, "elementwise")),
+    }
+}
+
+/// Same-shape binary map; the error names the op and both shapes.
+fn binary<T: Scalar>(op: &Op, x: &[&Tensor<T>], f: impl Fn(T, T) -> T) -> Result<Tensor<T>> {
+    let (a, b) = (x[0], x[1]);
+    if a.shape() != b.shape() {
+        return Err(SpecError::shape(
+            op.name(),
+            format!(
+                "operands must have the same shape, got {} and {}",
+                a.shape(),
+                b.shape()
+            ),
+        )
+        .into());
+    }
+    tensor(a.shape().clone(), zip(a.data(), b.data(), f))
+}
+
+fn zip<T: Scalar>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
+    a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect()
+}
+
+fn zip3<T: Scalar>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) -> Vec<T> {
+    a.iter()
+        .zip(b)
+        .zip(c)
+        .map(|((&a, &b), &c)| f(a, b, c))
+        .collect()
+}
+
+/// `ln x`, after checking every element is positive (a NaN or x ≤ 0 is an error naming the op,
+/// the shape, the value and its flat index).
+fn log<T: Scalar>(op: &Op, x: &Tensor<T>) -> Result<Tensor<T>> {
+    let d = x.data();
+    if let Some(i) = d.iter().position(|&v| v.is_nan() || v <= T::zero()) {
+        return Err(SpecError::domain(
+            op.name(),
+            format!(
+                "input of shape {} has non-positive value {} at flat index {i}",
+                x.shape(),
+                d[i]
+            ),
+        )
+        .into());
+    }
+    Ok(x.map(|v| v.ln()))
+}
+
+/// Stable sigmoid: `1/(1+e)` for x ≥ 0 and `e/(1+e)` for x < 0, with `e = exp(−|x|)`.
+fn sigmoid1<T: Scalar>(x: T) -> T {
+    let e = (-x.abs()).exp();
+    let r = T::one() / (T::one() + e);
+    if x >= T::zero() { r } else { e * r }
+}
+
+/// `(softplus(x), sigmoid(x))` from one `exp(−|x|)`: softplus in the stable form
+/// `max(x,0) + log1p(exp(−|x|))`.
+fn softplus_sigmoid<T: Scalar>(x: T) -> (T, T) {
+    let e = (-x.abs()).exp();
+    let sp = x.max(T::zero()) + e.ln_1p();
+    let r = T::one() / (T::one() + e);
+    (sp, if x >= T::zero() { r } else { e * r })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(d: &[f64]) -> Tensor<f64> {
+        Tensor::vector(d.to_vec())
+    }
+
+    fn grad1(op: &Op, x: &Tensor<f64>) -> Vec<f64> {
+        let y = forward(op, &[x]).unwrap();
+        let g = Tensor::ones(x.shape().clone());
+        let gr = backward(op, &[x], &y, &g).unwrap();
+        gr[0].as_ref().unwrap().data().to_vec()
+    }
+
+    #[test]
+    fn kink_conventions_by_hand() {
+        let x = v(&[-1.0, 0.0, 2.0]);
+        assert_eq!(grad1(&Op::Abs, &x), [-1.0, 0.0, 1.0]);
+        assert_eq!(grad1(&Op::Relu, &x), [0.0, 0.0, 1.0]);
+        assert_eq!(grad1(&Op::Sqrt, &x)[..2], [0.0, 0.0]);
+        assert_eq!(
+            forward(&Op::Sqrt, &[&x]).unwrap().data(),
+            &[0.0, 0.0, 2f64.sqrt()]
+        );
+        let c = v(&[-1.0, -0.5, 0.0, 1.0, 2.0]);
+        let clamp = Op::Clamp { lo: -1.0, hi: 1.0 };
+        assert_eq!(grad1(&clamp, &c), [0.0, 1.0, 1.0, 0.0, 0.0]);
+        assert_eq!(
+            forward(&clamp, &[&c]).unwrap().data(),
+            &[-1.0, -0.5, 0.0, 1.0, 1.0]
+        );
+    }
+
+    #[test]
+    fn max_min_ties_split_in_halves() {
+        let (a, b, g) = (v(&[1.0, 2.0, 3.0]), v(&[1.0, 5.0, 0.0]), v(&[4.0; 3]));
+        let y = forward(&Op::Max, &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &[1.0, 5.0, 3.0]);
+        let gr = backward(&Op::Max, &[&a, &b], &y, &g).unwrap();
+        assert_eq!(gr[0].as_ref().unwrap().data(), &[2.0, 0.0, 4.0]);
+        assert_eq!(gr[1].as_ref().unwrap().data(), &[2.0, 4.0, 0.0]);
+        let y = forward(&Op::Min, &[&a, &b]).unwrap();
+        assert_eq!(y.data(), &[1.0, 2.0, 0.0]);
+        let gr = backward(&Op::Min, &[&a, &b], &y, &g).unwrap();
+        assert_eq!(gr[0].as_ref().unwrap().data(), &[2.0, 4.0, 0.0]);
+        assert_eq!(gr[1].as_ref().unwrap().data(), &[2.0, 0.0, 4.0]);
+    }
+
+    #[test]
+    fn stable_forms_do_not_overflow() {
+        let x = v(&[-1000.0, 1000.0]);
+        assert_eq!(forward(&Op::Sigmoid, &[&x]).unwrap().data(), &[0.0, 1.0]);
+        assert_eq!(
+            forward(&Op::Softplus, &[&x]).unwrap().data(),
+            &[0.0, 1000.0]
+        );
+        assert_eq!(forward(&Op::Tanh, &[&x]).unwrap().data(), &[-1.0, 1.0]);
+        let sl = Op::SafeLog { eps: 1e-6 };
+        assert!(
+            forward(&sl, &[&x])
+                .unwrap()
+                .data()
+                .iter()
+                .all(|v| v.is_finite())
+        );
+        assert!(grad1(&sl, &x).iter().all(|v| v.is_finite()));
+        // safeLog(0) = log(log 2 + eps), not log(max(0, eps)).
+        let y0 = forward(&sl, &[&v(&[0.0])]).unwrap().data()[0];
+        assert!((y0 - (2f64.ln() + 1e-6).ln()).abs() < 1e-15);
+    }
+
+    #[test]
+    fn detach_and_constant_give_no_gradient() {
+        let x = v(&[1.0, 2.0]);
+        let y = forward(&Op::Detach, &[&x]).unwrap();
+        assert!(y.shares_storage_with(&x));
+        let gr = backward(&Op::Detach, &[&x], &y, &x).unwrap();
+        assert_eq!(gr.len(), 1);
+        assert!(gr[0].is_none());
+        let c = Op::Constant(Tensor::vector(vec![0.25, -1.5]));
+        let y = forward::<f32>(&c, &[]).unwrap();
+        assert_eq!(y.data(), &[0.25f32, -1.5]);
+        assert!(backward(&c, &[], &y, &y).unwrap().is_empty());
+    }
+
+    #[test]
+    fn log_of_non_positive_names_op_shape_and_index() {
+        let e = forward(&Op::Log, &[&v(&[1.0, 0.5, -2.0])])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("log") && e.contains("[3]") && e.contains("index 2"),
+            "{e}"
+        );
+        assert!(forward(&Op::Log, &[&v(&[f64::NAN])]).is_err());
+    }
+
+    #[test]
+    fn mismatched_cotangent_is_an_error() {
+        let x = v(&[1.0, 2.0]);
+        let y = forward(&Op::Exp, &[&x]).unwrap();
+        let e = backward(&Op::Exp, &[&x], &y, &v(&[1.0]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("exp") && e.contains("[1]") && e.contains("[2]"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Reduction kernels: `sum` (every element → scalar), `reduceSum(axis)` and `reduceMean(axis)`
+//! (the axis is removed, no keepdim), and their backward passes (copies of `g` along the reduced
+//! axis).
+//!
+//! An axis reduction views the input as (outer, n, inner). With `inner > 1` each of the `n` input
+//! rows is added into the output row (a vectorizable axpy); with `inner == 1` (the last axis)
+//! each row is summed with eight accumulators.
+
+use smallvec::smallvec;
+use tl_ir::Op;
+use tl_spec::{Error as SpecError, Scalar, Shape, Tensor};
+
+use super::{Grads, check_arity, check_shape, sum_slice, tensor, wrong_family};
+use crate::Result;
+
+/// Forward value of a reduction.
+pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    check_arity(op, x)?;
+    let x = x[0];
+    match op {
+        Op::Sum => Ok(Tensor::scalar(sum_slice(x.data()))),
+        Op::ReduceSum(axis) => reduce_axis(op, x, *axis, false),
+        Op::ReduceMean(axis) => reduce_axis(op, x, *axis, true),
+        _ => Err(wrong_family(op, "reduce")),
+    }
+}
+
+/// Operand cotangent of a reduction: `g` copied along the reduced axes (÷ n for the mean).
+pub fn backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+) -> Result<Grads<T>> {
+    check_arity(op, x)?;
+    let x = x[0];
+    check_shape(op, "cotangent", g, y.shape())?;
+    let dx = match op {
+        Op::Sum => {
+            check_shape(op, "cotangent", g, &Shape::scalar())?;
+            Tensor::full(x.shape().clone(), g.data()[0])
+        }
+        Op::ReduceSum(axis) => expand_axis(op, x.shape(), *axis, g, false)?,
+        Op::ReduceMean(axis) => expand_axis(op, x.shape(), *axis, g, true)?,
+        _ => return Err(wrong_family(op, "reduce")),
+    };
+    Ok(smallvec![Some(dx)])
+}
+
+/// `(outer, n, inner)` around `axis` and the output shape; an axis out of range is an error
+/// naming the op, the axis and the shape.
+fn split(op: &Op, s: &Shape, axis: usize) -> Result<(usize, usize, usize, Shape)> {
+    let d = s.dims();
+    if axis >= d.len() {
+        return Err(SpecError::param(
+            op.name(),
+            format!("axis {axis} out of range for shape {s} (rank {})", d.len()),
+        )
+        .into());
+    }
+    let outer = d[..axis].iter().product();
+    let inner = d[axis + 1..].iter().product();
+    let mut out = d.to_vec();
+    out.remove(axis);
+    Ok((outer, d[axis], inner, Shape::new(&out)))
+}
+
+fn reduce_axis<T: Scalar>(op: &Op, x: &Tensor<T>, axis: usize, mean: bool) -> Result<Tensor<T>> {
+    let (outer, n, inner, out_shape) = split(op, x.shape(), axis)?;
+    let src = x.data();
+    let mut out = vec![T::zero(); outer * inner];
+    if inner == 1 {
+        if n > 0 {
+            for (o, row) in out.iter_mut().zip(src.chunks_exact(n)) {
+                *o = sum_slice(row);
+            }
+        }
+    } else if inner > 0 && n > 0 {
+        for (orow, block) in out.chunks_exact_mut(inner).zip(src.chunks_exact(n * inner)) {
+            for row in block.chunks_exact(inner) {
+                for (o, &v) in orow.iter_mut().zip(row) {
+                    *o += v;
+                }
+            }
+        }
+    }
+    if mean {
+        let scale = T::one() / T::lit(n as f64);
+        for o in &mut out {
+            *o *= scale;
+        }
+    }
+    tensor(out_shape, out)
+}
+
+fn expand_axis<T: Scalar>(
+    op: &Op,
+    x: &Shape,
+    axis: usize,
+    g: &Tensor<T>,
+    mean: bool,
+) -> Result<Tensor<T>> {
+    let (outer, n, inner, out_shape) = split(op, x, axis)?;
+    check_shape(op, "cotangent", g, &out_shape)?;
+    let gd = g.data();
+    let mut dx = vec![T::zero(); outer * n * inner];
+    let scale = if mean {
+        T::one() / T::lit(n as f64)
+    } else {
+        T::one()
+    };
+    if n > 0 && inner > 0 {
+        for (block, grow) in dx.chunks_exact_mut(n * inner).zip(gd.chunks_exact(inner)) {
+            for row in block.chunks_exact_mut(inner) {
+                if mean {
+                    for (d, &v) in row.iter_mut().zip(grow) {
+                        *d = v * scale;
+                    }
+                } else {
+                    row.copy_from_slice(grow);
+                }
+            }
+        }
+    }
+    tensor(x.clone(), dx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_reductions_by_hand() {
+        let x = Tensor::<f64>::from_fn([2, 3], |i| i as f64); // [[0,1,2],[3,4,5]]
+        let f = |op: Op| forward(&op, &[&x]).unwrap().data().to_vec();
+        assert_eq!(f(Op::ReduceSum(0)), [3.0, 5.0, 7.0]);
+        assert_eq!(f(Op::ReduceSum(1)), [3.0, 12.0]);
+        assert_eq!(f(Op::ReduceMean(0)), [1.5, 2.5, 3.5]);
+        assert_eq!(f(Op::ReduceMean(1)), [1.0, 4.0]);
+        assert_eq!(f(Op::Sum), [15.0]);
+        let op = Op::ReduceMean(0);
+        let y = forward(&op, &[&x]).unwrap();
+        let g = Tensor::vector(vec![2.0, 4.0, 6.0]);
+        let dx = backward(&op, &[&x], &y, &g).unwrap();
+        assert_eq!(
+            dx[0].as_ref().unwrap().data(),
+            &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+        );
+    }
+
+    #[test]
+    fn axis_out_of_range_names_op_axis_and_shape() {
+        let x = Tensor::<f64>::zeros([2, 3]);
+        let e = forward(&Op::ReduceSum(2), &[&x]).unwrap_err().to_string();
+        assert!(
+            e.contains("reduceSum") && e.contains("axis 2") && e.contains("[2, 3]"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,142 @@
+//! Row softmax and log-softmax along the last axis (leading axes folded into rows; a scalar is
+//! one row of one column), both stable (the row max is subtracted first), log-softmax computed
+//! directly as `x − m − log Σ exp(x − m)`, never as `log(softmax)`.
+//!
+//! The backward passes reuse the forward output: softmax `dx = y·(g − Σ g·y)`, log-softmax
+//! `dx = g − exp(y)·Σ g`.
+
+use smallvec::smallvec;
+use tl_ir::Op;
+use tl_spec::{Error as SpecError, Scalar, Tensor};
+
+use super::{Grads, check_arity, check_shape, dot_slice, sum_slice, tensor, wrong_family};
+use crate::Result;
+
+/// Forward value of `softmax` / `logSoftmax`.
+pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    check_arity(op, x)?;
+    let x = x[0];
+    let log = match op {
+        Op::Softmax => false,
+        Op::LogSoftmax => true,
+        _ => return Err(wrong_family(op, "softmax")),
+    };
+    let c = cols(op, x)?;
+    let mut out = vec![T::zero(); x.numel()];
+    for (row, o) in x.data().chunks_exact(c).zip(out.chunks_exact_mut(c)) {
+        let m = row.iter().copied().fold(T::neg_infinity(), T::max);
+        for (o, &v) in o.iter_mut().zip(row) {
+            *o = v - m;
+        }
+        if log {
+            let lse = o
+                .iter()
+                .map(|&v| v.exp())
+                .fold(T::zero(), |a, b| a + b)
+                .ln();
+            for o in o.iter_mut() {
+                *o -= lse;
+            }
+        } else {
+            for o in o.iter_mut() {
+                *o = o.exp();
+            }
+            let inv = T::one() / sum_slice(o);
+            for o in o.iter_mut() {
+                *o *= inv;
+            }
+        }
+    }
+    tensor(x.shape().clone(), out)
+}
+
+/// Operand cotangent of `softmax` / `logSoftmax`, from the forward output `y`.
+pub fn backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+) -> Result<Grads<T>> {
+    check_arity(op, x)?;
+    let x = x[0];
+    let log = match op {
+        Op::Softmax => false,
+        Op::LogSoftmax => true,
+        _ => return Err(wrong_family(op, "softmax")),
+    };
+    check_shape(op, "output", y, x.shape())?;
+    check_shape(op, "cotangent", g, x.shape())?;
+    let c = cols(op, x)?;
+    let mut dx = vec![T::zero(); x.numel()];
+    let rows = y.data().chunks_exact(c).zip(g.data().chunks_exact(c));
+    for ((yr, gr), d) in rows.zip(dx.chunks_exact_mut(c)) {
+        if log {
+            let s = sum_slice(gr);
+            for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
+                *d = g - y.exp() * s;
+            }
+        } else {
+            let dot = dot_slice(yr, gr);
+            for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
+                *d = y * (g - dot);
+            }
+        }
+    }
+    Ok(smallvec![Some(tensor(x.shape().clone(), dx)?)])
+}
+
+/// The row length (last axis; 1 for a scalar). An empty last axis is an error.
+fn cols<T: Scalar>(op: &Op, x: &Tensor<T>) -> Result<usize> {
+    let (_, c) = x.shape().rows_cols();
+    if c == 0 {
+        return Err(SpecError::shape(
+            op.name(),
+            format!("last axis must be non-empty, got shape {}", x.shape()),
+        )
+        .into());
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_normalize_and_large_inputs_are_stable() {
+        let x = Tensor::<f64>::new([2, 3], vec![1000.0, 1001.0, 1002.0, -5.0, 0.0, 5.0]).unwrap();
+        let y = forward(&Op::Softmax, &[&x]).unwrap();
+        for r in y.data().chunks(3) {
+            assert!((r.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        }
+        let e: Vec<f64> = [0.0f64, 1.0, 2.0].iter().map(|v| v.exp()).collect();
+        let z: f64 = e.iter().sum();
+        assert!((y.data()[2] - e[2] / z).abs() < 1e-15);
+        let l = forward(&Op::LogSoftmax, &[&x]).unwrap();
+        assert!((l.data()[0] - (e[0] / z).ln()).abs() < 1e-12);
+        // A row far below the max would underflow in log(softmax); the direct form stays finite.
+        let far = Tensor::<f64>::vector(vec![0.0, -2000.0]);
+        assert_eq!(
+            forward(&Op::LogSoftmax, &[&far]).unwrap().data()[1],
+            -2000.0
+        );
+        // A scalar is one row of one column.
+        let s = Tensor::<f64>::scalar(3.5);
+        assert_eq!(forward(&Op::Softmax, &[&s]).unwrap().data(), &[1.0]);
+        assert_eq!(forward(&Op::LogSoftmax, &[&s]).unwrap().data(), &[0.0]);
+    }
+
+    #[test]
+    fn gradients_are_orthogonal_to_constant_shifts() {
+        // Softmax is shift invariant along a row, so each row of dx sums to zero.
+        let x = Tensor::<f64>::from_fn([2, 4], |i| (i as f64 * 0.7).sin());
+        let g = Tensor::<f64>::from_fn([2, 4], |i| (i as f64 * 1.3).cos());
+        for op in [Op::Softmax, Op::LogSoftmax] {
+            let y = forward(&op, &[&x]).unwrap();
+            let dx = backward(&op, &[&x], &y, &g).unwrap();
+            for r in dx[0].as_ref().unwrap().data().chunks(4) {
+                assert!(r.iter().sum::<f64>().abs() < 1e-14, "{op}: {r:?}");
+            }
+        }
+    }
+}
