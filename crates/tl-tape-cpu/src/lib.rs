@@ -11,7 +11,6 @@
 // `Error` carries shapes inline (two `Shape`s, each a small vector), so it exceeds clippy's
 // 128-byte threshold for `Result<_, Error>`. Errors are the cold path and the type is public API
 // shared with the IR's error; boxing it is a separate, coordinated change.
-#![allow(clippy::result_large_err)]
 
 mod custom;
 mod error;

@@ -3,7 +3,6 @@
 
 // The ClosureOp closures return `Result<_, tl_tape_cpu::Error>`, whose size trips this lint (see
 // the note in the crate's lib.rs).
-#![allow(clippy::result_large_err)]
 
 mod common;
 
