@@ -6,24 +6,27 @@ use tl_spec::{Scalar, Tensor};
 use crate::{Error, GraphData, Id, Result, rules};
 
 impl GraphData {
-    /// Dense gradients of `out` (with cotangent `seed`) for every id, evaluating the graph first.
+    /// Dense gradients of `out` (with cotangent `seed`) for every id, evaluating the graph first
+    /// with leaf values `leaves` and Nat environment `nats`.
     ///
     /// Ids that do not require grad (see [`GraphData::requires_grad`]) receive no contributions
     /// (their entry stays zero, except `out` itself, which holds `seed`), exactly as on the tapes.
     pub fn backprop_all<T: Scalar>(
         &self,
         leaves: &[Tensor<T>],
+        nats: &[usize],
         out: Id,
         seed: &Tensor<T>,
     ) -> Result<Vec<Tensor<T>>> {
-        let values = self.eval(leaves)?;
-        self.backprop_values(&values, out, seed)
+        let values = self.eval(leaves, nats)?;
+        self.backprop_values(&values, nats, out, seed)
     }
 
     /// Like [`GraphData::backprop_all`], from already evaluated `values` (one per id).
     pub fn backprop_values<T: Scalar>(
         &self,
         values: &[Tensor<T>],
+        nats: &[usize],
         out: Id,
         seed: &Tensor<T>,
     ) -> Result<Vec<Tensor<T>>> {
@@ -56,7 +59,7 @@ impl GraphData {
                 continue;
             }
             let args: SmallVec<[&Tensor<T>; 3]> = node.args().iter().map(|&a| &values[a]).collect();
-            let contribs = rules::vjp(node.op(), &args, &grads[id])?;
+            let contribs = rules::vjp(node.op(), &args, &grads[id], nats)?;
             for (&a, c) in node.args().iter().zip(contribs) {
                 if let Some(c) = c
                     && rg[a]

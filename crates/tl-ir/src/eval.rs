@@ -8,8 +8,9 @@ use crate::{GraphData, Result, rules};
 impl GraphData {
     /// Evaluate every id: returns the leaf values followed by each node's value.
     ///
-    /// `leaves` must match the graph's leaves in count and shape.
-    pub fn eval<T: Scalar>(&self, leaves: &[Tensor<T>]) -> Result<Vec<Tensor<T>>> {
+    /// `leaves` must match the graph's leaves in count and shape; `nats` is the Nat environment
+    /// read by index ops (pass `&[]` when the graph has none).
+    pub fn eval<T: Scalar>(&self, leaves: &[Tensor<T>], nats: &[usize]) -> Result<Vec<Tensor<T>>> {
         self.check_leaf_values("eval", leaves)?;
         let mut values: Vec<Tensor<T>> = Vec::with_capacity(self.len());
         values.extend(leaves.iter().cloned());
@@ -17,7 +18,7 @@ impl GraphData {
             let y = {
                 let args: SmallVec<[&Tensor<T>; 3]> =
                     node.args().iter().map(|&a| &values[a]).collect();
-                rules::value(node.op(), &args)?
+                rules::value(node.op(), &args, nats)?
             };
             debug_assert_eq!(
                 y.shape(),

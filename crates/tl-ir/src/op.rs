@@ -214,6 +214,12 @@ impl Op {
         }
     }
 
+    /// Whether the op reads the Nat environment (runtime indices, labels). Tapes snapshot the
+    /// environment for such nodes so their backward sees the indices their forward used.
+    pub fn reads_nats(&self) -> bool {
+        false
+    }
+
     /// Whether gradients flow through the op to its operands (false for `detach`, `constant`).
     pub fn is_differentiable(&self) -> bool {
         !matches!(self, Op::Detach | Op::Constant(_))

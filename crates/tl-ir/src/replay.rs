@@ -20,17 +20,23 @@ pub trait Recorder<T: Scalar> {
 
     /// Record `op` applied to the recorder ids `args`; returns the new id.
     fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize, Self::Error>;
+
+    /// Replace the Nat environment (runtime indices and labels) that later ops read.
+    fn set_nats(&mut self, nats: &[usize]) -> Result<(), Self::Error>;
 }
 
 impl GraphData {
-    /// Replay the graph into `rec` ("compile"): records every leaf with its value, then every
-    /// node. Returns, for each graph id, the id it received on the recorder.
+    /// Replay the graph into `rec` ("compile"): sets the Nat environment, records every leaf
+    /// with its value, then every node. Returns, for each graph id, the id it received on the
+    /// recorder.
     pub fn replay<T: Scalar, R: Recorder<T>>(
         &self,
         rec: &mut R,
         leaves: &[Tensor<T>],
+        nats: &[usize],
     ) -> Result<Vec<usize>, R::Error> {
         self.check_leaf_values("replay", leaves)?;
+        rec.set_nats(nats)?;
         let mut map: Vec<Id> = Vec::with_capacity(self.len());
         for (leaf, value) in self.leaves().iter().zip(leaves) {
             map.push(rec.leaf(value.clone(), leaf.name.as_deref(), leaf.requires_grad)?);

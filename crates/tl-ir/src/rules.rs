@@ -1,7 +1,8 @@
 //! The reference rules of every op, dispatched to `tl_spec::ops`: value, VJP and JVP.
 //!
 //! Three matches, one per face, so each op's rules can be audited side by side. Shapes have been
-//! checked by [`Op::infer_shape`] before any of these run.
+//! checked by [`Op::infer_shape`] before any of these run. `nats` is the Nat environment (runtime
+//! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
 use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
 use tl_spec::{Scalar, Tensor, broadcast};
@@ -23,7 +24,8 @@ fn arity_check(op: &Op, n: usize) -> Result<()> {
 }
 
 /// The reference value of `op` applied to `x`.
-pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>) -> Result<Tensor<T>> {
+pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tensor<T>> {
+    let _ = nats;
     arity_check(op, x.len())?;
     use Op::*;
     let y = match op {
@@ -70,7 +72,13 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>) -> Result<Tensor<T>> {
 
 /// The reference VJP of `op` at `x` for the cotangent `g` of its output: one entry per operand,
 /// `None` where no gradient flows (`detach`, `constant`, index operands).
-pub fn vjp<T: Scalar>(op: &Op, x: Args<'_, T>, g: &Tensor<T>) -> Result<Vec<Option<Tensor<T>>>> {
+pub fn vjp<T: Scalar>(
+    op: &Op,
+    x: Args<'_, T>,
+    g: &Tensor<T>,
+    nats: &[usize],
+) -> Result<Vec<Option<Tensor<T>>>> {
+    let _ = nats;
     arity_check(op, x.len())?;
     use Op::*;
     let one = |t: tl_spec::Result<Tensor<T>>| t.map(|t| vec![Some(t)]);
@@ -118,7 +126,12 @@ pub fn vjp<T: Scalar>(op: &Op, x: Args<'_, T>, g: &Tensor<T>) -> Result<Vec<Opti
 }
 
 /// The reference JVP of `op` at `x` along the operand tangents `dx` (one per operand, same shapes).
-pub fn jvp<T: Scalar>(op: &Op, x: Args<'_, T>, dx: Args<'_, T>) -> Result<Tensor<T>> {
+pub fn jvp<T: Scalar>(
+    op: &Op,
+    x: Args<'_, T>,
+    dx: Args<'_, T>,
+    nats: &[usize],
+) -> Result<Tensor<T>> {
     arity_check(op, x.len())?;
     arity_check(op, dx.len())?;
     use Op::*;
@@ -146,7 +159,7 @@ pub fn jvp<T: Scalar>(op: &Op, x: Args<'_, T>, dx: Args<'_, T>) -> Result<Tensor
         // Linear ops: the JVP is the op applied to the tangent.
         Reshape(_) | Flatten | Transpose2d | PermuteBca | PermuteCab | SwapLastTwo
         | SwapAdjacent(_) | BroadcastTo(_) | Sum | ReduceSum(_) | ReduceMean(_) => {
-            return value(op, dx);
+            return value(op, dx, nats);
         }
         Matmul => linalg::matmul_jvp(x[0], x[1], dx[0], dx[1]),
         Bmm => linalg::bmm_jvp(x[0], x[1], dx[0], dx[1]),

@@ -74,7 +74,7 @@ fn bench(c: &mut Criterion) {
     let a = filled(&[512, 512], 3, 1.0);
     let bm = filled(&[512, 512], 4, 1.0);
     c.bench_function("matmul_512x512_f32_fwd", |b| {
-        b.iter(|| black_box(ops::forward(&Op::Matmul, &[&a, &bm]).unwrap()))
+        b.iter(|| black_box(ops::forward(&Op::Matmul, &[&a, &bm], &[]).unwrap()))
     });
 }
 

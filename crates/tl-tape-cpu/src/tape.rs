@@ -45,6 +45,8 @@ pub struct Node<T: Scalar> {
     value: Tensor<T>,
     requires_grad: bool,
     name: Option<String>,
+    /// The Nat environment this node read (only for ops that read it).
+    nats: Option<Arc<Vec<usize>>>,
 }
 
 impl<T: Scalar> Node<T> {
@@ -97,6 +99,8 @@ impl<T: Scalar> fmt::Debug for Node<T> {
 #[derive(Clone, Default)]
 pub struct Tape<T: Scalar> {
     nodes: Vec<Node<T>>,
+    /// The Nat environment; shared copy-on-write with the nodes that snapshot it.
+    nats: Arc<Vec<usize>>,
 }
 
 impl<T: Scalar> fmt::Debug for Tape<T> {
@@ -110,7 +114,45 @@ impl<T: Scalar> fmt::Debug for Tape<T> {
 impl<T: Scalar> Tape<T> {
     /// An empty tape.
     pub fn new() -> Self {
-        Tape { nodes: Vec::new() }
+        Tape {
+            nodes: Vec::new(),
+            nats: Arc::new(Vec::new()),
+        }
+    }
+
+    /// The Nat environment (runtime indices and labels) read by index ops.
+    pub fn nats(&self) -> &[usize] {
+        &self.nats
+    }
+
+    /// Replace the Nat environment. Nodes already recorded keep the environment they read.
+    pub fn set_nats(&mut self, nats: Vec<usize>) {
+        self.nats = Arc::new(nats);
+    }
+
+    /// Append `values` to the Nat environment; returns the position of the first one.
+    pub fn push_nats(&mut self, values: &[usize]) -> usize {
+        let env = Arc::make_mut(&mut self.nats);
+        env.extend_from_slice(values);
+        env.len() - values.len()
+    }
+
+    /// Overwrite Nat environment entries from position `pos`. Nodes already recorded keep the
+    /// values they read (their snapshot is unaffected).
+    pub fn write_nats(&mut self, pos: usize, values: &[usize]) -> Result<()> {
+        let len = self.nats.len();
+        if pos + values.len() > len {
+            return Err(Error::Count {
+                what: format!(
+                    "write_nats: positions {pos}..{} of a Nat environment",
+                    pos + values.len()
+                ),
+                expected: len,
+                got: pos + values.len(),
+            });
+        }
+        Arc::make_mut(&mut self.nats)[pos..pos + values.len()].copy_from_slice(values);
+        Ok(())
     }
 
     /// Number of nodes.
@@ -123,9 +165,10 @@ impl<T: Scalar> Tape<T> {
         self.nodes.is_empty()
     }
 
-    /// Discard every node (a fresh forward pass).
+    /// Discard every node and the Nat environment (a fresh forward pass).
     pub fn clear(&mut self) {
         self.nodes.clear();
+        self.nats = Arc::new(Vec::new());
     }
 
     /// The node behind `id`, if any.
@@ -141,6 +184,7 @@ impl<T: Scalar> Tape<T> {
             value,
             requires_grad,
             name: name.map(str::to_owned),
+            nats: None,
         });
         self.nodes.len() - 1
     }
@@ -187,12 +231,17 @@ impl<T: Scalar> Tape<T> {
         differentiable: bool,
     ) -> Id {
         let requires_grad = differentiable && parents.iter().any(|&p| self.nodes[p].requires_grad);
+        let nats = match &kind {
+            NodeKind::Op(op) if op.reads_nats() => Some(Arc::clone(&self.nats)),
+            _ => None,
+        };
         self.nodes.push(Node {
             kind,
             parents: SmallVec::from_slice(parents),
             value,
             requires_grad,
             name: None,
+            nats,
         });
         self.nodes.len() - 1
     }
@@ -204,7 +253,7 @@ impl<T: Scalar> Tape<T> {
             let inputs = self.inputs(op.name(), parents)?;
             let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
             let shape = op.infer_shape(&shapes)?;
-            let value = ops::forward(op, &inputs)?;
+            let value = ops::forward(op, &inputs, &self.nats)?;
             if value.shape() != &shape {
                 return Err(Error::Shape {
                     what: format!("{} kernel output", op.name()),
@@ -360,7 +409,10 @@ impl<T: Scalar> Tape<T> {
                         .iter()
                         .map(|&p| self.nodes[p].requires_grad)
                         .collect();
-                    ops::backward_needed(op, &inputs, &node.value, g, &needed)?
+                    {
+                        let nats = node.nats.as_deref().map_or(&[][..], Vec::as_slice);
+                        ops::backward_needed(op, &inputs, &node.value, g, &needed, nats)?
+                    }
                 }
                 NodeKind::Custom(c) => c.backward(&inputs, &node.value, g)?.into_iter().collect(),
                 NodeKind::Leaf => unreachable!("leaves are skipped above"),
@@ -405,5 +457,10 @@ impl<T: Scalar> Recorder<T> for Tape<T> {
 
     fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize> {
         Tape::apply(self, op, args)
+    }
+
+    fn set_nats(&mut self, nats: &[usize]) -> Result<()> {
+        Tape::set_nats(self, nats.to_vec());
+        Ok(())
     }
 }

@@ -34,7 +34,9 @@ fn add_with_mismatched_shapes() {
     apply_fails(&mut t, &Op::Add, &[id[0], id[1]], &["add", "[2]", "[3]"]);
     // The kernel itself rejects it too (the family modules are public).
     let (a, b) = (Tensor::<f64>::zeros([2]), Tensor::<f64>::zeros([3]));
-    let e = ops::forward(&Op::Add, &[&a, &b]).unwrap_err().to_string();
+    let e = ops::forward(&Op::Add, &[&a, &b], &[])
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("add") && e.contains("[2]") && e.contains("[3]"),
         "{e}"
@@ -81,7 +83,7 @@ fn reshape_to_a_different_size() {
         &["reshape", "[2, 3]", "[4, 2]"],
     );
     let x = Tensor::<f32>::zeros([2, 3]);
-    let e = ops::forward(&Op::Reshape(Shape::new(&[5])), &[&x])
+    let e = ops::forward(&Op::Reshape(Shape::new(&[5])), &[&x], &[])
         .unwrap_err()
         .to_string();
     assert!(e.contains("reshape") && e.contains("[5]"), "{e}");
@@ -97,7 +99,7 @@ fn reduce_sum_axis_out_of_range() {
         &["reduceSum", "axis 3", "[2, 3, 4]"],
     );
     let x = Tensor::<f64>::zeros([2, 3]);
-    let e = ops::forward(&Op::ReduceMean(2), &[&x])
+    let e = ops::forward(&Op::ReduceMean(2), &[&x], &[])
         .unwrap_err()
         .to_string();
     assert!(e.contains("reduceMean") && e.contains("axis 2"), "{e}");
@@ -140,32 +142,32 @@ fn kernels_reject_inconsistent_operands_instead_of_panicking() {
     let m = Tensor::<f64>::zeros([2, 3]);
     let v3 = Tensor::<f64>::zeros([3]);
     let s = Tensor::<f64>::scalar(1.0);
-    assert!(ops::forward(&Op::Matmul, &[&m, &m]).is_err());
-    assert!(ops::forward(&Op::Bmm, &[&m, &m]).is_err());
-    assert!(ops::forward(&Op::Linear, &[&m, &v3, &v3]).is_err());
-    assert!(ops::forward(&Op::Transpose2d, &[&v3]).is_err());
-    assert!(ops::forward(&Op::PermuteBca, &[&m]).is_err());
-    assert!(ops::forward(&Op::MseLoss, &[&m, &v3]).is_err());
-    assert!(ops::forward(&Op::BroadcastTo(Shape::new(&[3, 2])), &[&m]).is_err());
-    assert!(ops::forward::<f64>(&Op::Sum, &[]).is_err());
+    assert!(ops::forward(&Op::Matmul, &[&m, &m], &[]).is_err());
+    assert!(ops::forward(&Op::Bmm, &[&m, &m], &[]).is_err());
+    assert!(ops::forward(&Op::Linear, &[&m, &v3, &v3], &[]).is_err());
+    assert!(ops::forward(&Op::Transpose2d, &[&v3], &[]).is_err());
+    assert!(ops::forward(&Op::PermuteBca, &[&m], &[]).is_err());
+    assert!(ops::forward(&Op::MseLoss, &[&m, &v3], &[]).is_err());
+    assert!(ops::forward(&Op::BroadcastTo(Shape::new(&[3, 2])), &[&m], &[]).is_err());
+    assert!(ops::forward::<f64>(&Op::Sum, &[], &[]).is_err());
     // Wrong cotangent shapes in backward.
-    let y = ops::forward(&Op::Sum, &[&m]).unwrap();
-    assert!(ops::backward(&Op::Sum, &[&m], &y, &v3).is_err());
-    let y = ops::forward(&Op::Softmax, &[&m]).unwrap();
-    let e = ops::backward(&Op::Softmax, &[&m], &y, &v3)
+    let y = ops::forward(&Op::Sum, &[&m], &[]).unwrap();
+    assert!(ops::backward(&Op::Sum, &[&m], &y, &v3, &[]).is_err());
+    let y = ops::forward(&Op::Softmax, &[&m], &[]).unwrap();
+    let e = ops::backward(&Op::Softmax, &[&m], &y, &v3, &[])
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("softmax") && e.contains("[3]") && e.contains("[2, 3]"),
         "{e}"
     );
-    let y = ops::forward(&Op::MseLoss, &[&m, &m]).unwrap();
-    assert!(ops::backward(&Op::MseLoss, &[&m, &m], &y, &v3).is_err());
-    let y = ops::forward(&Op::Transpose2d, &[&m]).unwrap();
-    assert!(ops::backward(&Op::Transpose2d, &[&m], &y, &m).is_err());
-    let y = ops::forward(&Op::Matmul, &[&m, &m.reshape([3, 2]).unwrap()]).unwrap();
-    assert!(ops::backward(&Op::Matmul, &[&m, &m.reshape([3, 2]).unwrap()], &y, &s).is_err());
+    let y = ops::forward(&Op::MseLoss, &[&m, &m], &[]).unwrap();
+    assert!(ops::backward(&Op::MseLoss, &[&m, &m], &y, &v3, &[]).is_err());
+    let y = ops::forward(&Op::Transpose2d, &[&m], &[]).unwrap();
+    assert!(ops::backward(&Op::Transpose2d, &[&m], &y, &m, &[]).is_err());
+    let y = ops::forward(&Op::Matmul, &[&m, &m.reshape([3, 2]).unwrap()], &[]).unwrap();
+    assert!(ops::backward(&Op::Matmul, &[&m, &m.reshape([3, 2]).unwrap()], &y, &s, &[]).is_err());
     // An empty last axis for softmax.
     let e0 = Tensor::<f64>::zeros([2, 0]);
-    assert!(ops::forward(&Op::LogSoftmax, &[&e0]).is_err());
+    assert!(ops::forward(&Op::LogSoftmax, &[&e0], &[]).is_err());
 }

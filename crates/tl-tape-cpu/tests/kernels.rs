@@ -20,15 +20,15 @@ fn check_at<T: Scalar>(op: &Op, inputs: &[Tensor<f64>], rng: &mut Rng) {
         .expect("test inputs satisfy the shape rule");
     let what = format!("{op} {:?} ({})", shapes, T::NAME);
 
-    let y = ops::forward(op, &refs).unwrap_or_else(|e| panic!("{what}: forward failed: {e}"));
+    let y = ops::forward(op, &refs, &[]).unwrap_or_else(|e| panic!("{what}: forward failed: {e}"));
     assert_eq!(y.shape(), &out_shape, "{what}: forward shape");
-    let y_ref = rules::value(op, &refs).unwrap();
+    let y_ref = rules::value(op, &refs, &[]).unwrap();
     assert_close(&format!("{what} forward"), &y, &y_ref);
 
     let g: Tensor<T> = random(rng, &out_shape, Dom::Any).cast();
-    let grads =
-        ops::backward(op, &refs, &y, &g).unwrap_or_else(|e| panic!("{what}: backward failed: {e}"));
-    let grads_ref = rules::vjp(op, &refs, &g).unwrap();
+    let grads = ops::backward(op, &refs, &y, &g, &[])
+        .unwrap_or_else(|e| panic!("{what}: backward failed: {e}"));
+    let grads_ref = rules::vjp(op, &refs, &g, &[]).unwrap();
     assert_eq!(grads.len(), grads_ref.len(), "{what}: number of cotangents");
     for (k, (d, r)) in grads.iter().zip(&grads_ref).enumerate() {
         match (d, r) {

@@ -207,15 +207,15 @@ fn replayed_graph_matches_ir_backprop() {
         .map(|l| random(&mut rng, &l.shape, Dom::Any))
         .collect();
     let mut tape = Tape::new();
-    let ids = graph.replay(&mut tape, &leaves).unwrap();
+    let ids = graph.replay(&mut tape, &leaves, &[]).unwrap();
     let seed = Tensor::scalar(1.0);
     let got = tape.backward_dense(ids[loss], &seed).unwrap();
-    let want = graph.backprop_all(&leaves, loss, &seed).unwrap();
+    let want = graph.backprop_all(&leaves, &[], loss, &seed).unwrap();
     for (id, w) in want.iter().enumerate() {
         assert_close(&format!("id {id}"), &got[ids[id]], w);
     }
     // And the values agree too.
-    let values = graph.eval(&leaves).unwrap();
+    let values = graph.eval(&leaves, &[]).unwrap();
     for (id, w) in values.iter().enumerate() {
         assert_close(&format!("value {id}"), tape.get(ids[id]).unwrap(), w);
     }

@@ -32,8 +32,10 @@ use crate::Result;
 /// Operand cotangents of one node: one entry per operand, `None` where no gradient flows.
 pub type Grads<T> = SmallVec<[Option<Tensor<T>>; 3]>;
 
-/// Forward value of `op` on `x` (shapes already checked by the shape rule).
-pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+/// Forward value of `op` on `x` (shapes already checked by the shape rule); `nats` is the Nat
+/// environment, read by the families that take runtime indices or labels.
+pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<Tensor<T>> {
+    let _ = nats;
     match op.family() {
         Family::Elementwise => elementwise::forward(op, x),
         Family::Shape => shape::forward(op, x),
@@ -44,13 +46,16 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     }
 }
 
-/// Operand cotangents of `op` at `x` with output `y` and output cotangent `g`.
+/// Operand cotangents of `op` at `x` with output `y` and output cotangent `g`; `nats` is the
+/// Nat environment the node's forward read.
 pub fn backward<T: Scalar>(
     op: &Op,
     x: &[&Tensor<T>],
     y: &Tensor<T>,
     g: &Tensor<T>,
+    nats: &[usize],
 ) -> Result<Grads<T>> {
+    let _ = nats;
     match op.family() {
         Family::Elementwise => elementwise::backward(op, x, y, g),
         Family::Shape => shape::backward(op, x, y, g),
@@ -70,10 +75,11 @@ pub fn backward_needed<T: Scalar>(
     y: &Tensor<T>,
     g: &Tensor<T>,
     needed: &[bool],
+    nats: &[usize],
 ) -> Result<Grads<T>> {
     let mut grads = match op.family() {
         Family::Linalg => return linalg::backward_masked(op, x, y, g, needed),
-        _ => backward(op, x, y, g)?,
+        _ => backward(op, x, y, g, nats)?,
     };
     for (d, &n) in grads.iter_mut().zip(needed) {
         if !n {
@@ -192,7 +198,7 @@ mod tests {
     #[test]
     fn arity_and_family_errors_name_the_op() {
         let x = Tensor::<f64>::zeros([2]);
-        let e = forward(&Op::Add, &[&x]).unwrap_err().to_string();
+        let e = forward(&Op::Add, &[&x], &[]).unwrap_err().to_string();
         assert!(e.contains("add") && e.contains("expected 2"), "{e}");
         let e = elementwise::forward(&Op::Matmul, &[&x, &x])
             .unwrap_err()
