@@ -220,3 +220,18 @@ fn replayed_graph_matches_ir_backprop() {
         assert_close(&format!("value {id}"), tape.get(ids[id]).unwrap(), w);
     }
 }
+
+#[test]
+fn nat_environment_is_copy_on_write_and_checked() {
+    let mut tape = Tape::<f64>::new();
+    let p = tape.push_nats(&[4, 5]);
+    assert_eq!(p, 0);
+    assert_eq!(tape.push_nats(&[6]), 2);
+    tape.write_nats(1, &[9, 7]).unwrap();
+    assert_eq!(tape.nats(), &[4, 9, 7]);
+    let e = tape.write_nats(2, &[1, 1]).unwrap_err().to_string();
+    assert!(e.contains("write_nats") && e.contains("2..4"), "{e}");
+    assert_eq!(tape.nats(), &[4, 9, 7]);
+    tape.clear();
+    assert!(tape.nats().is_empty());
+}
