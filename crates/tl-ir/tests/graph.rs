@@ -121,7 +121,7 @@ fn fan_out_accumulates_and_detach_blocks() {
     assert_eq!(grads[w].data(), &[3.0, -1.0]);
     // The detach node does not require grad, so it receives nothing (as on the tapes).
     assert_eq!(grads[dx].data(), &[0.0, 0.0]);
-    assert_eq!(graph.requires_grad()[dx], false);
+    assert!(!graph.requires_grad()[dx]);
     // JVP along x only: d y = Σ 2x·t_x.
     let tangents = [v(&[1.0, 1.0]), v(&[0.0, 0.0])];
     let dots = graph.jvp(&leaves, &[], &tangents).unwrap();
