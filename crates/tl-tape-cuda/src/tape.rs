@@ -274,6 +274,11 @@ impl<D: Device> CudaTape<D> {
         freed
     }
 
+    /// [`reset`](Self::reset) under the CPU tape's name.
+    pub fn clear(&mut self) -> usize {
+        self.reset()
+    }
+
     /// Bytes of the values the tape owns (live or not), for reports.
     pub fn owned_bytes(&self) -> usize {
         self.nodes
