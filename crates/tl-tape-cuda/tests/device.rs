@@ -197,3 +197,23 @@ fn reduce_broadcast_sums_each_preimage_in_row_major_order() {
     let seq = g.iter().fold(0.0f32, |a, &v| a + v);
     assert_eq!(all, vec![seq]);
 }
+
+#[test]
+fn axpy_out_of_place_and_in_place_including_aliasing() {
+    let mut dev = SimDevice::new();
+    let a = dev.upload(&[1.0, 2.0, 3.0]).unwrap();
+    let b = dev.upload(&[0.5, -1.0, 4.0]).unwrap();
+    let c = dev.axpy(a, b, 2.0).unwrap();
+    assert_eq!(dev.download(c).unwrap(), vec![2.0, 0.0, 11.0]);
+    assert_eq!(
+        dev.download(a).unwrap(),
+        vec![1.0, 2.0, 3.0],
+        "operands untouched"
+    );
+    dev.axpy_assign(a, -1.0, b).unwrap();
+    assert_eq!(dev.download(a).unwrap(), vec![0.5, 3.0, -1.0]);
+    // y and x the same buffer: y ← y + 3y.
+    dev.axpy_assign(b, 3.0, b).unwrap();
+    assert_eq!(dev.download(b).unwrap(), vec![2.0, -4.0, 16.0]);
+    assert_eq!(dev.live_buffers(), 3, "in place: no new buffer");
+}
