@@ -1,0 +1,251 @@
+//! Reverse accumulation on the CUDA tape (seed 001): dense (every node), from an explicit
+//! gradient array, over the first n nodes, and the sparse parameter-gradient map of seed 000.
+//!
+//! Gradients are device buffers the caller owns afterwards; release them with
+//! [`CudaTape::release_grads`] / [`CudaTape::release_grad_map`] once consumed (seed 000:
+//! "Release a dense CUDA gradient array after an optimizer has consumed it"). Every backward
+//! ends by releasing the nodes' workspaces. On error, every gradient buffer the call holds
+//! (including a `grads0` array handed in) is released.
+
+use std::collections::{HashMap, HashSet};
+
+use smallvec::SmallVec;
+
+use crate::device::Device;
+use crate::tape::{CudaTape, Id};
+use crate::{AnyBuffer, Error, Result, ops};
+
+/// Gradient slots during accumulation: `None` = no contribution yet (reads as zeros).
+type Slots = Vec<Option<AnyBuffer>>;
+
+impl<D: Device> CudaTape<D> {
+    /// Dense reverse accumulation: the gradient of `out` (cotangent `seed`, copied) for every
+    /// node id. Nodes that receive no contribution get zeros — the result of a zero-initialized
+    /// array seeded at `out`, as in seed 001.
+    pub fn backward_dense(&mut self, out: Id, seed: &AnyBuffer) -> Result<Vec<AnyBuffer>> {
+        let slots = self.seeded("backward_dense", out, seed)?;
+        let slots = self.run(slots, out + 1, None)?;
+        self.densify(slots)
+    }
+
+    /// Reverse accumulation over the whole tape from an explicit dense gradient array (one
+    /// distinct buffer per node, shapes matching), e.g. to seed several outputs at once. The
+    /// tape takes ownership of `grads0`: its buffers are accumulated into and returned.
+    pub fn backward_dense_from(&mut self, grads0: Vec<AnyBuffer>) -> Result<Vec<AnyBuffer>> {
+        self.backward_first_n(self.len(), grads0)
+    }
+
+    /// Reverse accumulation visiting only nodes n−1, …, 0, from `grads0` (as
+    /// [`backward_dense_from`](Self::backward_dense_from)).
+    pub fn backward_first_n(&mut self, n: usize, grads0: Vec<AnyBuffer>) -> Result<Vec<AnyBuffer>> {
+        let check = self.check_grads0(n, &grads0);
+        if let Err(e) = check {
+            self.dev.release_all(grads0.iter().map(AnyBuffer::buffer));
+            return Err(e);
+        }
+        let slots = grads0.into_iter().map(Some).collect();
+        let slots = self.run(slots, n, None)?;
+        self.densify(slots)
+    }
+
+    fn check_grads0(&self, n: usize, grads0: &[AnyBuffer]) -> Result<()> {
+        if grads0.len() != self.len() {
+            return Err(Error::Count {
+                what: "backward_dense_from: gradient array length".into(),
+                expected: self.len(),
+                got: grads0.len(),
+            });
+        }
+        if n > self.len() {
+            return Err(Error::Count {
+                what: "backward_first_n: node count".into(),
+                expected: self.len(),
+                got: n,
+            });
+        }
+        let mut seen = HashSet::new();
+        for (id, (g, node)) in grads0.iter().zip(&self.nodes).enumerate() {
+            if g.shape() != node.value.shape() {
+                return Err(Error::shape(
+                    "backward_dense_from",
+                    id,
+                    node.value.shape(),
+                    g.shape(),
+                ));
+            }
+            if !seen.insert(g.buffer().id()) {
+                return Err(Error::kernel(
+                    "backward_dense_from",
+                    format!("gradient of id {id} shares its buffer with another id"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sparse gradients for chosen ids only (the training-loop path): a map from each id of
+    /// `wanted` to its gradient (zeros if nothing flowed into it). Gradients of other nodes are
+    /// released as soon as the reverse sweep has passed them, so peak memory stays near one
+    /// forward pass.
+    pub fn backward_params(
+        &mut self,
+        out: Id,
+        seed: &AnyBuffer,
+        wanted: &[Id],
+    ) -> Result<HashMap<Id, AnyBuffer>> {
+        for &w in wanted {
+            self.check_id("backward_params", w)?;
+        }
+        let mut keep = vec![false; self.len()];
+        for &w in wanted {
+            keep[w] = true;
+        }
+        let slots = self.seeded("backward_params", out, seed)?;
+        let mut slots = self.run(slots, out + 1, Some(&keep))?;
+        let mut map = HashMap::with_capacity(wanted.len());
+        for &w in wanted {
+            let g = match slots[w].take() {
+                Some(g) => g,
+                None => match AnyBuffer::zeros(&mut self.dev, self.nodes[w].value.shape()) {
+                    Ok(z) => z,
+                    Err(e) => {
+                        self.release_grad_map(map);
+                        self.release_slots(slots);
+                        return Err(e);
+                    }
+                },
+            };
+            map.insert(w, g);
+        }
+        self.release_slots(slots);
+        Ok(map)
+    }
+
+    /// Release a dense gradient array; returns how many allocations were freed.
+    pub fn release_grads(&mut self, grads: Vec<AnyBuffer>) -> usize {
+        self.dev.release_all(grads.iter().map(AnyBuffer::buffer))
+    }
+
+    /// Release a sparse gradient map; returns how many allocations were freed.
+    pub fn release_grad_map(&mut self, grads: HashMap<Id, AnyBuffer>) -> usize {
+        self.dev.release_all(grads.values().map(AnyBuffer::buffer))
+    }
+
+    fn release_slots(&mut self, slots: Slots) {
+        self.dev
+            .release_all(slots.into_iter().flatten().map(|g| g.buffer()));
+    }
+
+    fn seeded(&mut self, what: &str, out: Id, seed: &AnyBuffer) -> Result<Slots> {
+        let node = self.check_id(what, out)?;
+        if seed.shape() != node.value.shape() {
+            return Err(Error::shape(
+                format!("{what} seed"),
+                out,
+                node.value.shape(),
+                seed.shape(),
+            ));
+        }
+        let mut slots: Slots = vec![None; self.len()];
+        slots[out] = Some(seed.copy(&mut self.dev)?);
+        Ok(slots)
+    }
+
+    fn densify(&mut self, slots: Slots) -> Result<Vec<AnyBuffer>> {
+        let mut out = Vec::with_capacity(slots.len());
+        let mut rest = slots.into_iter();
+        for node in &self.nodes {
+            let Some(slot) = rest.next() else { break };
+            let g = match slot {
+                Some(g) => Ok(g),
+                None => AnyBuffer::zeros(&mut self.dev, node.value.shape()),
+            };
+            match g {
+                Ok(g) => out.push(g),
+                Err(e) => {
+                    let left: Vec<_> = rest.flatten().map(|g| g.buffer()).collect();
+                    self.dev
+                        .release_all(out.iter().map(AnyBuffer::buffer).chain(left));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The reverse sweep over ids n−1 … 0, then the workspace release. On error every slot is
+    /// released.
+    fn run(&mut self, mut slots: Slots, n: usize, keep: Option<&[bool]>) -> Result<Slots> {
+        let r = self.sweep(&mut slots, n, keep);
+        self.release_workspace();
+        match r {
+            Ok(()) => Ok(slots),
+            Err(e) => {
+                self.release_slots(slots);
+                Err(e)
+            }
+        }
+    }
+
+    /// For each node that requires grad and has a cotangent: run its backward formula and add
+    /// each contribution into its parent's slot (in place). Contributions to parents that do
+    /// not require grad are never computed (and released at once if a formula produced one).
+    /// With `keep` (the sparse path), a node's own slot is released once it has been visited.
+    fn sweep(&mut self, slots: &mut Slots, n: usize, keep: Option<&[bool]>) -> Result<()> {
+        let (nodes, dev) = (&self.nodes, &mut self.dev);
+        for id in (0..n).rev() {
+            let node = &nodes[id];
+            let Some(op) = node.op.as_ref() else { continue };
+            if !node.requires_grad {
+                continue;
+            }
+            let Some(g) = slots[id].clone() else { continue };
+            let inputs: SmallVec<[&AnyBuffer; 3]> =
+                node.parents.iter().map(|&p| &nodes[p].value).collect();
+            let needs: SmallVec<[bool; 3]> = node
+                .parents
+                .iter()
+                .map(|&p| nodes[p].requires_grad)
+                .collect();
+            let contribs = ops::backward(dev, op, &inputs, &node.value, &g, &needs, &node.cleanup)?;
+            let mut failed = None;
+            for (&p, c) in node.parents.iter().zip(contribs) {
+                let Some(c) = c else { continue };
+                let parent = &nodes[p];
+                if failed.is_some() || !parent.requires_grad {
+                    dev.release(c.buffer());
+                    continue;
+                }
+                if c.shape() != parent.value.shape() {
+                    dev.release(c.buffer());
+                    failed = Some(Error::shape(
+                        format!("{} backward: contribution to parent", op.name()),
+                        p,
+                        parent.value.shape(),
+                        c.shape(),
+                    ));
+                    continue;
+                }
+                match &slots[p] {
+                    None => slots[p] = Some(c),
+                    Some(acc) => {
+                        let r = dev.axpy_assign(acc.buffer(), 1.0, c.buffer());
+                        dev.release(c.buffer());
+                        if let Err(e) = r {
+                            failed = Some(e);
+                        }
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if keep.is_some_and(|k| !k[id])
+                && let Some(g) = slots[id].take()
+            {
+                dev.release(g.buffer());
+            }
+        }
+        Ok(())
+    }
+}

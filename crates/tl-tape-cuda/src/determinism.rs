@@ -1,0 +1,86 @@
+//! Deterministic reductions mode (seed 002, "Deterministic Reductions Mode").
+//!
+//! On a GPU, a kernel that accumulates with `atomicAdd` adds in whatever order the hardware
+//! interleaves the updates, and float addition is not associative, so two runs can differ in the
+//! last bits. Every such accumulation path has a fixed-order alternative, selected by this
+//! process-wide flag:
+//!
+//! | path | fast path (flag off, real CUDA) | fixed-order path (flag on; always on sim) |
+//! |---|---|---|
+//! | `reduce_sum` / `reduce_mean` to one value | per-block partials combined with `atomicAdd` | fixed grid, per-thread strided sums, warp-shuffle tree, partials array, second pass (see [`crate::device::sim`]) |
+//! | broadcast backward (`reduce_broadcast`) | one `atomicAdd` per cotangent element | one thread per output element, summing its preimage in increasing row-major order |
+//! | scatter-add (later op sets), pooling backward | `atomicAdd` | one thread per output element, fixed order |
+//!
+//! The simulation device runs the fixed-order path always (it *is* the twin of the deterministic
+//! kernels), so on sim the flag changes nothing and results are reproducible bit for bit.
+//!
+//! The initial value comes from the environment variable [`ENV_VAR`] (`TL_DETERMINISTIC=1`,
+//! `true`, `on` or `yes` turn it on), read once on first use. PyTorch equivalent:
+//! `torch.use_deterministic_algorithms(True)`.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The environment variable that sets the initial value of the flag.
+pub const ENV_VAR: &str = "TL_DETERMINISTIC";
+
+static FLAG: OnceLock<AtomicBool> = OnceLock::new();
+
+fn flag() -> &'static AtomicBool {
+    FLAG.get_or_init(|| AtomicBool::new(parse_flag(std::env::var(ENV_VAR).ok().as_deref())))
+}
+
+/// How the environment variable's value is read: `1`, `true`, `on`, `yes` (any case, surrounding
+/// spaces ignored) mean on; anything else, or no variable, means off.
+pub fn parse_flag(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "on" | "yes"
+        )
+    })
+}
+
+/// Turn deterministic reductions on or off for the whole process.
+pub fn set_deterministic_reductions(on: bool) {
+    flag().store(on, Ordering::SeqCst);
+}
+
+/// Whether deterministic reductions are on.
+pub fn deterministic_reductions() -> bool {
+    flag().load(Ordering::SeqCst)
+}
+
+/// Set the flag and return the value observed right after (seed 002's `*_checked` form: one call
+/// whose result depends on the write).
+pub fn set_deterministic_reductions_checked(on: bool) -> bool {
+    set_deterministic_reductions(on);
+    deterministic_reductions()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_values_that_mean_on() {
+        for v in ["1", "true", "TRUE", " on ", "yes"] {
+            assert!(parse_flag(Some(v)), "{v:?}");
+        }
+        for v in ["0", "false", "", "2", "off"] {
+            assert!(!parse_flag(Some(v)), "{v:?}");
+        }
+        assert!(!parse_flag(None));
+    }
+
+    #[test]
+    fn checked_setter_returns_the_observed_value() {
+        // Tests run in parallel and share the flag; only this test writes it.
+        let before = deterministic_reductions();
+        assert!(set_deterministic_reductions_checked(true));
+        assert!(deterministic_reductions());
+        assert!(!set_deterministic_reductions_checked(false));
+        set_deterministic_reductions(before);
+        assert_eq!(deterministic_reductions(), before);
+    }
+}

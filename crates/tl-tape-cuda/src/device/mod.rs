@@ -1,0 +1,340 @@
+//! The device layer: one trait, [`Device`], with one method per buffer primitive of seeds 002
+//! and 003, and its implementations.
+//!
+//! - [`sim::SimDevice`] (always built): host `f32`, every primitive written as the twin of its
+//!   CUDA kernel — same algorithm, same reduction order as the deterministic kernels — so all
+//!   tape logic runs, and is tested, on machines without a GPU.
+//! - `cuda::CudaDevice` (feature `cuda`, not written yet): cust, kernels from `kernels/*.cu`.
+//!
+//! Buffers are float32, contiguous, row-major, and addressed by [`Buffer`] handles. A handle is
+//! plain data (`Copy`); the allocation behind it lives until it is released explicitly
+//! ([`Device::release`], idempotent), like a device pointer whose finalizer may run twice. Using
+//! a released handle is an [`Error::Released`](crate::Error::Released), never undefined
+//! behaviour. Every primitive returns fresh buffers except [`Device::axpy_assign`], which
+//! updates its first operand in place (optimizer steps, gradient accumulation).
+//!
+//! Every launch checks its element counts and dims against the `u32` kernel ABI
+//! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory.
+
+pub mod check;
+pub mod sim;
+
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod cuda;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::Result;
+use crate::alloc::{Collected, MemoryUsage};
+
+/// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
+/// and strides in fixed arrays of this length).
+pub const MAX_RANK: usize = 8;
+
+/// A handle to a float32 device buffer of `len` elements.
+///
+/// Ids are unique in the process, so a handle from one device is never mistaken for a buffer of
+/// another: it is reported as not live there.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Buffer {
+    id: u64,
+    len: usize,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Buffer {
+    /// A handle with a fresh id, for a device that has just allocated `len` elements.
+    pub(crate) fn fresh(len: usize) -> Buffer {
+        Buffer {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            len,
+        }
+    }
+
+    /// The buffer's process-unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Number of float32 elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of data (`4 · len`).
+    pub fn bytes(&self) -> usize {
+        self.len * 4
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}[{}]", self.id, self.len)
+    }
+}
+
+/// Dims of one matrix product `op(a) · op(b)` with `op(a)` of shape (m, k) and `op(b)` of shape
+/// (k, n). With `ta`, `a` is stored (k, m) and read transposed; with `tb`, `b` is stored (n, k).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gemm {
+    /// Rows of the result.
+    pub m: usize,
+    /// The contracted dim.
+    pub k: usize,
+    /// Columns of the result.
+    pub n: usize,
+    /// Read `a` transposed.
+    pub ta: bool,
+    /// Read `b` transposed.
+    pub tb: bool,
+}
+
+impl Gemm {
+    /// `(m, k) · (k, n)`, no transposes.
+    pub fn nn(m: usize, k: usize, n: usize) -> Gemm {
+        Gemm {
+            m,
+            k,
+            n,
+            ta: false,
+            tb: false,
+        }
+    }
+
+    /// The same product with the transpose flags set.
+    pub fn with_t(self, ta: bool, tb: bool) -> Gemm {
+        Gemm { ta, tb, ..self }
+    }
+}
+
+/// One method per buffer primitive (seeds 002 and 003, first op set).
+///
+/// Kernel parameters that come from the host (`c`, `lo`, `hi`, `eps`) are `f32`, as the kernels
+/// receive them. Lengths of operands must agree as each method says; a mismatch is an
+/// [`Error::Kernel`](crate::Error::Kernel) naming the primitive and the lengths.
+pub trait Device {
+    /// A short name of the implementation (`"sim"`, `"cuda"`).
+    fn name(&self) -> &'static str;
+
+    // ---- memory ------------------------------------------------------------------------------
+
+    /// Copy host elements into a fresh buffer. PyTorch: `torch.tensor(data, device="cuda")`.
+    fn upload(&mut self, data: &[f32]) -> Result<Buffer>;
+
+    /// [`upload`](Self::upload) with a token (seed 002's `ofFloatArrayIO`). In Rust every upload
+    /// is already a distinct allocation; the token is accepted for parity and ignored.
+    fn upload_with_token(&mut self, data: &[f32], token: u64) -> Result<Buffer> {
+        let _ = token;
+        self.upload(data)
+    }
+
+    /// Copy a buffer back to the host. PyTorch: `t.cpu()`.
+    fn download(&self, b: Buffer) -> Result<Vec<f32>>;
+
+    /// The element count of a live buffer.
+    fn size(&self, b: Buffer) -> Result<usize>;
+
+    /// Whether `b` names a live allocation of this device.
+    fn is_live(&self, b: Buffer) -> bool;
+
+    /// A buffer of `n` zeros. PyTorch: `torch.zeros(n)`.
+    fn zeros(&mut self, n: usize) -> Result<Buffer>;
+
+    /// A buffer of `n` copies of `v`. PyTorch: `torch.full((n,), v)`.
+    fn full(&mut self, n: usize, v: f32) -> Result<Buffer>;
+
+    /// Release the allocation behind `b` to the allocator. Idempotent: returns whether a live
+    /// allocation was freed (`false` the second time, or for a handle of another device).
+    fn release(&mut self, b: Buffer) -> bool;
+
+    /// Release `workspace` and return `keep` (seed 002's `release_then`).
+    fn release_then<K>(&mut self, workspace: Buffer, keep: K) -> K
+    where
+        Self: Sized,
+    {
+        self.release(workspace);
+        keep
+    }
+
+    /// Release every buffer of `bufs`; returns how many live allocations were freed.
+    fn release_all<I: IntoIterator<Item = Buffer>>(&mut self, bufs: I) -> usize
+    where
+        Self: Sized,
+    {
+        bufs.into_iter().filter(|&b| self.release(b)).count()
+    }
+
+    /// The allocator's counters.
+    fn memory_usage(&self) -> MemoryUsage;
+
+    /// Return cached blocks to the device (all of them when `force`). Live buffers are untouched.
+    fn collect(&mut self, force: bool) -> Collected;
+
+    // ---- randomness (SEMANTICS.md, "Randomness") ----------------------------------------------
+
+    /// `n` uniform values in `[0, 1)`, element `i` from `splitmix64(key + i)` ([`crate::rng`]).
+    fn rand_uniform(&mut self, n: usize, key: u64) -> Result<Buffer>;
+
+    /// `n` mask values: 1 where `keep_prob > u_i / 2³²`, else 0 ([`crate::rng::keep`]).
+    fn bernoulli_mask(&mut self, n: usize, key: u64, keep_prob: f64) -> Result<Buffer>;
+
+    // ---- pointwise, unary (forward) -----------------------------------------------------------
+
+    /// `|x|`.
+    fn abs(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `sqrt(max(x, 0))`.
+    fn sqrt(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `exp x`.
+    fn exp(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `ln x`, IEEE (`ln 0 = −∞`, `ln x = NaN` for x < 0: no domain error on the device).
+    fn log(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `1/x`.
+    fn inv(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `max(x, 0)`.
+    fn relu(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `1/(1+exp(−x))`, stable for either sign.
+    fn sigmoid(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `tanh x`; ±1 (never NaN) for large |x|.
+    fn tanh(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `max(x,0) + log1p(exp(−|x|))`.
+    fn softplus(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `log(softplus(x) + eps)`.
+    fn safe_log(&mut self, x: Buffer, eps: f32) -> Result<Buffer>;
+    /// `min(hi, max(lo, x))`.
+    fn clamp(&mut self, x: Buffer, lo: f32, hi: f32) -> Result<Buffer>;
+    /// `c · x`.
+    fn scale(&mut self, x: Buffer, c: f32) -> Result<Buffer>;
+    /// A device-to-device copy (a scale-by-one launch, as in seed 002: bit-exact).
+    fn copy(&mut self, x: Buffer) -> Result<Buffer> {
+        self.scale(x, 1.0)
+    }
+
+    // ---- pointwise, unary (backward: `x` or `y` the forward input/output, `g` the cotangent) --
+
+    /// `sign(x) · g`, sign(0) = 0.
+    fn abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `g / (2·sqrt(x))` where x > 0, else 0.
+    fn sqrt_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `g` where x > 0, else 0.
+    fn relu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `g` strictly inside (lo, hi), else 0.
+    fn clamp_bwd(&mut self, x: Buffer, g: Buffer, lo: f32, hi: f32) -> Result<Buffer>;
+    /// `−g / (x·x)`.
+    fn inv_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `g · y · (1 − y)` from the output `y = sigmoid(x)`.
+    fn sigmoid_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `g · (1 − y·y)` from the output `y = tanh(x)`.
+    fn tanh_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `g · sigmoid(x)`.
+    fn softplus_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `g · sigmoid(x) / (softplus(x) + eps)`.
+    fn safe_log_bwd(&mut self, x: Buffer, g: Buffer, eps: f32) -> Result<Buffer>;
+
+    // ---- pointwise, binary (equal lengths) ----------------------------------------------------
+
+    /// `a + b`.
+    fn add(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// `a − b`.
+    fn sub(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// `a · b`.
+    fn mul(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// `a / b`.
+    fn div(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// Elementwise maximum (`a` on a tie).
+    fn max(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// Elementwise minimum (`a` on a tie).
+    fn min(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// `a + c · b` (BLAS axpy, out of place).
+    fn axpy(&mut self, a: Buffer, b: Buffer, c: f32) -> Result<Buffer>;
+    /// `y ← y + c · x` in place (optimizer steps, gradient accumulation). `y` and `x` may be the
+    /// same buffer.
+    fn axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()>;
+
+    // ---- pointwise, binary (backward) ---------------------------------------------------------
+
+    /// `(g / b, −g·a / (b·b))`.
+    fn div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    /// `(g·[a > b], g·[b > a])`, each side `g/2` on a tie.
+    fn max_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    /// `(g·[a < b], g·[b < a])`, each side `g/2` on a tie.
+    fn min_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+
+    // ---- reductions ---------------------------------------------------------------------------
+
+    /// Sum of all elements into a length-1 buffer (0 for an empty buffer). Fixed order on sim and
+    /// in deterministic mode: see [`sim::reduce`].
+    fn reduce_sum(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `reduce_sum(x) / len` into a length-1 buffer (NaN for an empty buffer, as in PyTorch).
+    fn reduce_mean(&mut self, x: Buffer) -> Result<Buffer>;
+    /// `x` viewed as (outer, n, inner) summed over the middle axis → (outer, inner).
+    fn reduce_axis_sum(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+    ) -> Result<Buffer>;
+    /// [`reduce_axis_sum`](Self::reduce_axis_sum) divided by `n`.
+    fn reduce_axis_mean(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+    ) -> Result<Buffer>;
+
+    // ---- layout -------------------------------------------------------------------------------
+
+    /// numpy broadcast of `x` (dims `from`) to dims `to` (right-aligned; size-1 dims expand).
+    /// PyTorch: `x.expand(to).contiguous()`.
+    fn broadcast(&mut self, x: Buffer, from: &[usize], to: &[usize]) -> Result<Buffer>;
+    /// The reduction back: `g` (dims `to`) summed over the broadcast axes to dims `from`.
+    /// PyTorch: `g.sum_to_size(from)`.
+    fn reduce_broadcast(&mut self, g: Buffer, from: &[usize], to: &[usize]) -> Result<Buffer>;
+    /// Permute the axes of `x` (dims `dims`): output axis k is input axis `perm[k]`.
+    /// Rank ≤ [`MAX_RANK`]. PyTorch: `x.permute(perm).contiguous()`.
+    fn permute(&mut self, x: Buffer, dims: &[usize], perm: &[usize]) -> Result<Buffer>;
+    /// (m, n) → (n, m). PyTorch: `x.t().contiguous()`.
+    fn transpose2d(&mut self, x: Buffer, m: usize, n: usize) -> Result<Buffer> {
+        self.permute(x, &[m, n], &[1, 0])
+    }
+
+    // ---- row softmax (rows × cols, along the last axis) ---------------------------------------
+
+    /// `exp(x − m) / Σ exp(x − m)` per row, m the row max.
+    fn softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
+    /// `x − m − log Σ exp(x − m)` per row, computed directly.
+    fn log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
+    /// Softmax VJP from its output: `y · (g − Σ g·y)` per row.
+    fn softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer>;
+    /// Log-softmax VJP from its output: `g − exp(y) · Σ g` per row.
+    fn log_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer>;
+
+    // ---- linear algebra -----------------------------------------------------------------------
+
+    /// `op(a) · op(b)` → (m, n). PyTorch: `a @ b` (with `.t()` for the flags).
+    fn matmul(&mut self, a: Buffer, b: Buffer, g: Gemm) -> Result<Buffer>;
+    /// `batch` independent products, operands and result stored batch-major.
+    /// PyTorch: `torch.bmm`.
+    fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer>;
+}

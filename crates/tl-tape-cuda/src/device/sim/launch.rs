@@ -1,0 +1,161 @@
+//! How the simulation device runs a primitive: check the ABI and the operands, allocate the
+//! output from the pool, run the kernel body over host slices, register the output. Also the
+//! shared shapes of launches (one-input maps, two-input maps, two-output splits, axis
+//! reductions, batched products).
+
+use std::collections::HashMap;
+
+use super::{SimDevice, linalg, reduce};
+use crate::alloc::Allocation;
+use crate::device::{Buffer, Gemm, check};
+use crate::{Error, Result, abi};
+
+/// The elements of a live buffer, or [`Error::Released`] naming `op`.
+pub(super) fn view<'a>(
+    live: &'a HashMap<u64, Allocation<Vec<f32>>>,
+    op: &'static str,
+    b: Buffer,
+) -> Result<&'a [f32]> {
+    live.get(&b.id())
+        .map(|a| &a.block[..b.len()])
+        .ok_or(Error::Released {
+            op,
+            buffer: b.id(),
+            len: b.len(),
+        })
+}
+
+impl SimDevice {
+    pub(super) fn insert(&mut self, out: Allocation<Vec<f32>>, len: usize) -> Buffer {
+        let b = Buffer::fresh(len);
+        self.live.insert(b.id(), out);
+        b
+    }
+
+    /// One launch: check the ABI and the operands, allocate the output, run `kernel` on the
+    /// operands' elements and the output's, register the output.
+    pub(super) fn launch<const N: usize>(
+        &mut self,
+        op: &'static str,
+        ins: [Buffer; N],
+        out_len: usize,
+        kernel: impl FnOnce([&[f32]; N], &mut [f32]),
+    ) -> Result<Buffer> {
+        abi::len_u32(op, out_len)?;
+        let mut views: [&[f32]; N] = [&[]; N];
+        for (v, b) in views.iter_mut().zip(ins) {
+            abi::len_u32(op, b.len())?;
+            *v = view(&self.live, op, b)?;
+        }
+        let mut out = self.pool.allocate(op, out_len * 4)?;
+        kernel(views, &mut out.block[..out_len]);
+        Ok(self.insert(out, out_len))
+    }
+
+    /// A launch with two outputs of `out_len` elements each.
+    pub(super) fn launch2<const N: usize>(
+        &mut self,
+        op: &'static str,
+        ins: [Buffer; N],
+        out_len: usize,
+        kernel: impl FnOnce([&[f32]; N], &mut [f32], &mut [f32]),
+    ) -> Result<(Buffer, Buffer)> {
+        abi::len_u32(op, out_len)?;
+        let mut views: [&[f32]; N] = [&[]; N];
+        for (v, b) in views.iter_mut().zip(ins) {
+            *v = view(&self.live, op, b)?;
+        }
+        let mut o1 = self.pool.allocate(op, out_len * 4)?;
+        let mut o2 = match self.pool.allocate(op, out_len * 4) {
+            Ok(o) => o,
+            Err(e) => {
+                self.pool.free(o1);
+                return Err(e);
+            }
+        };
+        kernel(views, &mut o1.block[..out_len], &mut o2.block[..out_len]);
+        Ok((self.insert(o1, out_len), self.insert(o2, out_len)))
+    }
+
+    pub(super) fn map1(
+        &mut self,
+        op: &'static str,
+        x: Buffer,
+        f: impl Fn(f32) -> f32,
+    ) -> Result<Buffer> {
+        self.launch(op, [x], x.len(), |[x], out| {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = f(v);
+            }
+        })
+    }
+
+    pub(super) fn map2(
+        &mut self,
+        op: &'static str,
+        a: Buffer,
+        b: Buffer,
+        f: impl Fn(f32, f32) -> f32,
+    ) -> Result<Buffer> {
+        let n = check::same_len(op, a, b)?;
+        self.launch(op, [a, b], n, |[a, b], out| {
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                *o = f(x, y);
+            }
+        })
+    }
+
+    pub(super) fn split3(
+        &mut self,
+        op: &'static str,
+        a: Buffer,
+        b: Buffer,
+        g: Buffer,
+        f: impl Fn(f32, f32, f32) -> (f32, f32),
+    ) -> Result<(Buffer, Buffer)> {
+        let n = check::same_len(op, a, b)?;
+        check::same_len(op, a, g)?;
+        self.launch2(op, [a, b, g], n, |[a, b, g], da, db| {
+            for i in 0..n {
+                (da[i], db[i]) = f(a[i], b[i], g[i]);
+            }
+        })
+    }
+
+    pub(super) fn axis(
+        &mut self,
+        op: &'static str,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        mean: bool,
+    ) -> Result<Buffer> {
+        check::len_is(op, "input", x, check::product(op, &[outer, n, inner])?)?;
+        let out_len = check::product(op, &[outer, inner])?;
+        self.launch(op, [x], out_len, |[x], out| {
+            reduce::axis_sum(x, outer, n, inner, mean, out)
+        })
+    }
+
+    pub(super) fn bmm_named(
+        &mut self,
+        op: &'static str,
+        a: Buffer,
+        b: Buffer,
+        batch: usize,
+        g: Gemm,
+    ) -> Result<Buffer> {
+        let [la, lb, lo] = check::gemm_lens(op, a, b, batch, g)?;
+        self.launch(op, [a, b], batch * lo, |[a, b], out| {
+            for k in 0..batch {
+                linalg::gemm(
+                    &a[k * la..(k + 1) * la],
+                    &b[k * lb..(k + 1) * lb],
+                    g,
+                    &mut out[k * lo..(k + 1) * lo],
+                );
+            }
+        })
+    }
+}

@@ -1,0 +1,190 @@
+//! Per-element bodies of the pointwise kernels: what one CUDA thread computes for its index.
+//!
+//! Each function is the twin of the `kernels/elementwise.cu` body of the same name. Basic
+//! arithmetic (`+ − × ÷`, `sqrt`) is correctly rounded on both sides and matches bit for bit
+//! (the kernels must be built without FMA contraction: `--fmad=false` or `__fmul_rn`/`__fadd_rn`);
+//! transcendental functions (`expf`, `logf`, `tanhf`, `log1pf`) may differ from the host's by
+//! the few ulp CUDA documents, so sim vs GPU comparisons of those ops use a tolerance.
+//!
+//! Conventions are those of SEMANTICS.md ("Pointwise").
+
+/// `|x|`.
+pub fn abs(x: f32) -> f32 {
+    x.abs()
+}
+
+/// `sqrt(max(x, 0))` (`fmaxf` ignores NaN, so NaN maps to 0 as in the reference).
+pub fn sqrt(x: f32) -> f32 {
+    x.max(0.0).sqrt()
+}
+
+/// `exp x`.
+pub fn exp(x: f32) -> f32 {
+    x.exp()
+}
+
+/// `ln x`, IEEE: −∞ at 0, NaN below.
+pub fn log(x: f32) -> f32 {
+    x.ln()
+}
+
+/// `1/x`.
+pub fn inv(x: f32) -> f32 {
+    1.0 / x
+}
+
+/// `x` where x > 0, else 0.
+pub fn relu(x: f32) -> f32 {
+    if x > 0.0 { x } else { 0.0 }
+}
+
+/// `1/(1+exp(−x))` for x ≥ 0, `e/(1+e)` with `e = exp(x)` below: no overflow either way.
+pub fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// `tanh x` (`tanhf`): saturates to ±1 for large |x|, never `∞/∞ = NaN`.
+pub fn tanh(x: f32) -> f32 {
+    x.tanh()
+}
+
+/// `max(x, 0) + log1p(exp(−|x|))`.
+pub fn softplus(x: f32) -> f32 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+/// `log(softplus(x) + eps)`.
+pub fn safe_log(x: f32, eps: f32) -> f32 {
+    (softplus(x) + eps).ln()
+}
+
+/// `min(hi, max(lo, x))`.
+pub fn clamp(x: f32, lo: f32, hi: f32) -> f32 {
+    hi.min(lo.max(x))
+}
+
+/// sign(x) with sign(0) = 0 (and sign(NaN) = 0).
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+/// `sign(x) · g`.
+pub fn abs_bwd(x: f32, g: f32) -> f32 {
+    sign(x) * g
+}
+
+/// `g / (2·sqrt(x))` for x > 0, else 0.
+pub fn sqrt_bwd(x: f32, g: f32) -> f32 {
+    if x > 0.0 { g / (2.0 * x.sqrt()) } else { 0.0 }
+}
+
+/// `g` for x > 0, else 0.
+pub fn relu_bwd(x: f32, g: f32) -> f32 {
+    if x > 0.0 { g } else { 0.0 }
+}
+
+/// `g` strictly inside (lo, hi), else 0.
+pub fn clamp_bwd(x: f32, g: f32, lo: f32, hi: f32) -> f32 {
+    if x > lo && x < hi { g } else { 0.0 }
+}
+
+/// `−g / (x·x)`.
+pub fn inv_bwd(x: f32, g: f32) -> f32 {
+    -g / (x * x)
+}
+
+/// `g · (y · (1 − y))` from the sigmoid output `y`.
+pub fn sigmoid_bwd(y: f32, g: f32) -> f32 {
+    g * (y * (1.0 - y))
+}
+
+/// `g · (1 − y·y)` from the tanh output `y`.
+pub fn tanh_bwd(y: f32, g: f32) -> f32 {
+    g * (1.0 - y * y)
+}
+
+/// `g · sigmoid(x)`.
+pub fn softplus_bwd(x: f32, g: f32) -> f32 {
+    g * sigmoid(x)
+}
+
+/// `g · (sigmoid(x) / (softplus(x) + eps))`.
+pub fn safe_log_bwd(x: f32, g: f32, eps: f32) -> f32 {
+    g * (sigmoid(x) / (softplus(x) + eps))
+}
+
+/// `a` if `a ≥ b`, else `b`.
+pub fn max(a: f32, b: f32) -> f32 {
+    if a >= b { a } else { b }
+}
+
+/// `a` if `a ≤ b`, else `b`.
+pub fn min(a: f32, b: f32) -> f32 {
+    if a <= b { a } else { b }
+}
+
+/// `a + c·b`, two roundings (no FMA).
+pub fn axpy(a: f32, b: f32, c: f32) -> f32 {
+    a + c * b
+}
+
+/// `(g / b, −g·a / (b·b))`.
+pub fn div_bwd(a: f32, b: f32, g: f32) -> (f32, f32) {
+    (g / b, -g * a / (b * b))
+}
+
+/// The gradient split of `max`: `(g, 0)` if a > b, `(0, g)` if b > a, halves on a tie.
+pub fn max_bwd(a: f32, b: f32, g: f32) -> (f32, f32) {
+    if a > b {
+        (g, 0.0)
+    } else if a == b {
+        (0.5 * g, 0.5 * g)
+    } else {
+        (0.0, g)
+    }
+}
+
+/// The gradient split of `min`: `(g, 0)` if a < b, `(0, g)` if b < a, halves on a tie.
+pub fn min_bwd(a: f32, b: f32, g: f32) -> (f32, f32) {
+    max_bwd(b, a, g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stable_forms_do_not_overflow() {
+        assert_eq!(tanh(100.0), 1.0);
+        assert_eq!(tanh(-1e30), -1.0);
+        assert_eq!(sigmoid(-200.0), 0.0);
+        assert_eq!(sigmoid(200.0), 1.0);
+        assert_eq!(softplus(200.0), 200.0);
+        assert!(safe_log(-200.0, 1e-6).is_finite());
+        assert_eq!(log(0.0), f32::NEG_INFINITY);
+        assert!(log(-1.0).is_nan());
+    }
+
+    #[test]
+    fn kink_conventions() {
+        assert_eq!(abs_bwd(0.0, 3.0), 0.0);
+        assert_eq!(relu_bwd(0.0, 3.0), 0.0);
+        assert_eq!(sqrt_bwd(0.0, 3.0), 0.0);
+        assert_eq!(clamp_bwd(1.0, 3.0, 1.0, 2.0), 0.0);
+        assert_eq!(clamp_bwd(1.5, 3.0, 1.0, 2.0), 3.0);
+        assert_eq!(max_bwd(2.0, 2.0, 3.0), (1.5, 1.5));
+        assert_eq!(min_bwd(1.0, 2.0, 3.0), (3.0, 0.0));
+        assert_eq!(max_bwd(1.0, 2.0, 3.0), (0.0, 3.0));
+    }
+}

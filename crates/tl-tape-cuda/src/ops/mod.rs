@@ -1,0 +1,304 @@
+//! The CUDA tape's ops: each op of [`tl_ir::Op`] composed from device primitives, forward and
+//! backward, one module per op family. The two matches below are the whole dispatch, so every
+//! op's rules can be audited side by side (and a new `Op` variant does not compile until it has
+//! both faces here).
+//!
+//! Ownership rules every formula follows:
+//! - a forward returns a fresh buffer (or, for `reshape`, `flatten` and `detach`, a view of its
+//!   operand that the tape does not own), plus any *workspace* the backward may reuse;
+//! - a backward returns fresh buffers only (never an operand, never the cotangent itself), and
+//!   computes nothing for an operand that does not require grad;
+//! - temporaries are released before returning, on success and on error ([`with_scratch`]).
+
+pub mod elementwise;
+pub mod linalg;
+pub mod loss;
+pub mod reduce;
+pub mod shape;
+pub mod softmax;
+
+use smallvec::SmallVec;
+use tl_ir::Op;
+use tl_spec::Shape;
+
+use crate::device::{Buffer, Device};
+use crate::{AnyBuffer, Result};
+
+/// The result of a forward formula.
+#[derive(Debug)]
+pub struct Forward {
+    /// The op's value.
+    pub value: AnyBuffer,
+    /// Whether the value is a fresh buffer the tape owns (false for views of an operand).
+    pub owned: bool,
+    /// Buffers kept for the backward (released after backprop, or at once if no gradient will
+    /// flow through the node).
+    pub workspace: Vec<Buffer>,
+}
+
+/// Operand cotangents of one node: one entry per operand, `None` where none is computed.
+pub type Grads = SmallVec<[Option<AnyBuffer>; 3]>;
+
+/// Temporaries of one formula, released by [`with_scratch`] whatever the outcome.
+#[derive(Debug, Default)]
+pub struct Scratch(Vec<Buffer>);
+
+impl Scratch {
+    /// Register `b` as a temporary; returns it.
+    pub fn tmp(&mut self, b: Buffer) -> Buffer {
+        self.0.push(b);
+        b
+    }
+}
+
+/// Run `f` with a scratch list, then release every temporary it registered.
+pub fn with_scratch<D: Device, R>(
+    dev: &mut D,
+    f: impl FnOnce(&mut D, &mut Scratch) -> Result<R>,
+) -> Result<R> {
+    let mut s = Scratch::default();
+    let r = f(dev, &mut s);
+    dev.release_all(s.0);
+    r
+}
+
+/// Pair a fresh buffer with the op's output shape, releasing it if they disagree.
+pub fn wrap<D: Device>(dev: &mut D, op: &Op, shape: &Shape, b: Buffer) -> Result<AnyBuffer> {
+    AnyBuffer::new(op.name(), shape.clone(), b).inspect_err(|_| {
+        dev.release(b);
+    })
+}
+
+/// The forward value of `op` on `x`, whose output shape (`shape`) the shape rule has inferred.
+pub fn forward<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &[&AnyBuffer],
+    shape: &Shape,
+) -> Result<Forward> {
+    use self::{elementwise as ew, linalg as la};
+    use Op::*;
+    let b = |k: usize| x[k].buffer();
+    let value = match op {
+        Add => dev.add(b(0), b(1)),
+        Sub => dev.sub(b(0), b(1)),
+        Mul => dev.mul(b(0), b(1)),
+        Div => dev.div(b(0), b(1)),
+        Max => dev.max(b(0), b(1)),
+        Min => dev.min(b(0), b(1)),
+        Scale(c) => dev.scale(b(0), ew::param(*c)),
+        Abs => dev.abs(b(0)),
+        Sqrt => dev.sqrt(b(0)),
+        Exp => dev.exp(b(0)),
+        Log => dev.log(b(0)),
+        Inv => dev.inv(b(0)),
+        Relu => dev.relu(b(0)),
+        Sigmoid => dev.sigmoid(b(0)),
+        Tanh => dev.tanh(b(0)),
+        Softplus => dev.softplus(b(0)),
+        Clamp { lo, hi } => dev.clamp(b(0), ew::param(*lo), ew::param(*hi)),
+        SafeLog { eps } => dev.safe_log(b(0), ew::param(*eps)),
+        Constant(t) => ew::constant(dev, t),
+        Detach | Reshape(_) | Flatten => return shape::view(x[0], shape),
+        Transpose2d | PermuteBca | PermuteCab | SwapLastTwo | SwapAdjacent(_) => {
+            shape::permute(dev, op, x[0])
+        }
+        BroadcastTo(to) => shape::broadcast(dev, x[0], to),
+        Sum => dev.reduce_sum(b(0)),
+        ReduceSum(axis) => reduce::axis(dev, x[0], *axis, false),
+        ReduceMean(axis) => reduce::axis(dev, x[0], *axis, true),
+        Matmul | Bmm => la::Product::of(x[0], x[1]).forward(dev, x[0], x[1]),
+        Linear => la::LinearDims::of(x[0], x[2]).forward(dev, x[0], x[1], x[2]),
+        Softmax => softmax::forward(dev, x[0], false),
+        LogSoftmax => softmax::forward(dev, x[0], true),
+        MseLoss => {
+            let (loss, diff) = loss::mse(dev, x[0], x[1])?;
+            let value = wrap(dev, op, shape, loss).inspect_err(|_| {
+                dev.release(diff);
+            })?;
+            return Ok(Forward {
+                value,
+                owned: true,
+                workspace: vec![diff],
+            });
+        }
+    };
+    Ok(Forward {
+        value: wrap(dev, op, shape, value?)?,
+        owned: true,
+        workspace: Vec::new(),
+    })
+}
+
+/// The operand cotangents of `op` at operands `x` with output `y` and output cotangent `g`.
+/// `needs[k]` says whether operand `k` requires grad; no cotangent is computed for the others.
+/// On error, every cotangent already computed is released.
+pub fn backward<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &[&AnyBuffer],
+    y: &AnyBuffer,
+    g: &AnyBuffer,
+    needs: &[bool],
+    workspace: &[Buffer],
+) -> Result<Grads> {
+    let mut out = Grads::new();
+    let r = backward_into(dev, op, x, y, g, needs, workspace, &mut out);
+    match r {
+        Ok(()) => Ok(out),
+        Err(e) => {
+            dev.release_all(out.into_iter().flatten().map(|a| a.buffer()));
+            Err(e)
+        }
+    }
+}
+
+/// Pushes one entry per operand (in order) into `out`.
+#[allow(clippy::too_many_arguments)]
+fn backward_into<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &[&AnyBuffer],
+    y: &AnyBuffer,
+    g: &AnyBuffer,
+    needs: &[bool],
+    workspace: &[Buffer],
+    out: &mut Grads,
+) -> Result<()> {
+    use self::elementwise as ew;
+    use Op::*;
+    let gb = g.buffer();
+    let xb = |k: usize| x[k].buffer();
+    let mut g = Cotangents { dev, x, needs, out };
+    match op {
+        Add => {
+            g.push(0, |d| d.copy(gb))?;
+            g.push(1, |d| d.copy(gb))
+        }
+        Sub => {
+            g.push(0, |d| d.copy(gb))?;
+            g.push(1, |d| d.scale(gb, -1.0))
+        }
+        Mul => {
+            g.push(0, |d| d.mul(gb, xb(1)))?;
+            g.push(1, |d| d.mul(gb, xb(0)))
+        }
+        Div => g.pair(|d| d.div_bwd(xb(0), xb(1), gb)),
+        Max => g.pair(|d| d.max_bwd(xb(0), xb(1), gb)),
+        Min => g.pair(|d| d.min_bwd(xb(0), xb(1), gb)),
+        Scale(c) => g.push(0, |d| d.scale(gb, ew::param(*c))),
+        Abs => g.push(0, |d| d.abs_bwd(xb(0), gb)),
+        Sqrt => g.push(0, |d| d.sqrt_bwd(xb(0), gb)),
+        Exp => g.push(0, |d| d.mul(gb, y.buffer())),
+        Log => g.push(0, |d| d.div(gb, xb(0))),
+        Inv => g.push(0, |d| d.inv_bwd(xb(0), gb)),
+        Relu => g.push(0, |d| d.relu_bwd(xb(0), gb)),
+        Clamp { lo, hi } => g.push(0, |d| {
+            d.clamp_bwd(xb(0), gb, ew::param(*lo), ew::param(*hi))
+        }),
+        Sigmoid => g.push(0, |d| d.sigmoid_bwd(y.buffer(), gb)),
+        Tanh => g.push(0, |d| d.tanh_bwd(y.buffer(), gb)),
+        Softplus => g.push(0, |d| d.softplus_bwd(xb(0), gb)),
+        SafeLog { eps } => g.push(0, |d| d.safe_log_bwd(xb(0), gb, ew::param(*eps))),
+        // Not differentiable: the tape never visits them; no cotangent flows.
+        Detach => g.none(1),
+        Constant(_) => Ok(()),
+        Reshape(_) | Flatten => g.push(0, |d| d.copy(gb)),
+        Transpose2d | PermuteBca | PermuteCab | SwapLastTwo | SwapAdjacent(_) => {
+            g.push(0, |d| shape::permute_back(d, op, x[0], gb))
+        }
+        BroadcastTo(to) => g.push(0, |d| {
+            d.reduce_broadcast(gb, x[0].shape().dims(), to.dims())
+        }),
+        Sum => g.push(0, |d| d.broadcast(gb, &[], x[0].shape().dims())),
+        ReduceSum(axis) => g.push(0, |d| reduce::axis_back(d, x[0], *axis, gb, false)),
+        ReduceMean(axis) => g.push(0, |d| reduce::axis_back(d, x[0], *axis, gb, true)),
+        Matmul | Bmm => {
+            let p = linalg::Product::of(x[0], x[1]);
+            g.push(0, |d| p.grad_left(d, gb, xb(1)))?;
+            g.push(1, |d| p.grad_right(d, xb(0), gb))
+        }
+        Linear => {
+            let l = linalg::LinearDims::of(x[0], x[2]);
+            g.push(0, |d| l.grad_w(d, gb, xb(2)))?;
+            g.push(1, |d| l.grad_b(d, gb))?;
+            g.push(2, |d| l.grad_x(d, gb, xb(0)))
+        }
+        Softmax => g.push(0, |d| softmax::backward(d, y, gb, false)),
+        LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
+        MseLoss => {
+            let (d0, d1) = loss::mse_back(g.dev, x[0], x[1], gb, g.needs, workspace)?;
+            if let Err(e) = g.set(0, d0) {
+                g.dev.release_all(d1);
+                return Err(e);
+            }
+            g.set(1, d1)
+        }
+    }
+}
+
+/// The cotangents being collected for one node.
+struct Cotangents<'a, D> {
+    dev: &'a mut D,
+    x: &'a [&'a AnyBuffer],
+    needs: &'a [bool],
+    out: &'a mut Grads,
+}
+
+impl<D: Device> Cotangents<'_, D> {
+    /// Compute operand `k`'s cotangent with `f` if it is needed, shaped like the operand.
+    fn push(&mut self, k: usize, f: impl FnOnce(&mut D) -> Result<Buffer>) -> Result<()> {
+        let b = if self.needs[k] {
+            Some(f(self.dev)?)
+        } else {
+            None
+        };
+        self.set(k, b)
+    }
+
+    /// Record operand `k`'s cotangent (already computed, or `None`). Operands are recorded in
+    /// order, so `k` is the number recorded so far.
+    fn set(&mut self, k: usize, b: Option<Buffer>) -> Result<()> {
+        let a = match b {
+            Some(b) => Some(
+                AnyBuffer::new("backward", self.x[k].shape().clone(), b).inspect_err(|_| {
+                    self.dev.release(b);
+                })?,
+            ),
+            None => None,
+        };
+        self.out.push(a);
+        Ok(())
+    }
+
+    /// A kernel that computes both operands' cotangents at once; unneeded halves are released.
+    fn pair(&mut self, f: impl FnOnce(&mut D) -> Result<(Buffer, Buffer)>) -> Result<()> {
+        if !self.needs[0] && !self.needs[1] {
+            return self.none(2);
+        }
+        let (a, b) = f(self.dev)?;
+        let keep = |dev: &mut D, need: bool, buf: Buffer| {
+            if need {
+                Some(buf)
+            } else {
+                dev.release(buf);
+                None
+            }
+        };
+        let (a, b) = (
+            keep(self.dev, self.needs[0], a),
+            keep(self.dev, self.needs[1], b),
+        );
+        if let Err(e) = self.set(0, a) {
+            self.dev.release_all(b);
+            return Err(e);
+        }
+        self.set(1, b)
+    }
+
+    /// No cotangent for the first `n` operands.
+    fn none(&mut self, n: usize) -> Result<()> {
+        self.out.extend((0..n).map(|_| None));
+        Ok(())
+    }
+}

@@ -1,0 +1,302 @@
+//! The CUDA tape (seed 001): a grow-only array of nodes over float32 device buffers; ids are
+//! indices. Each node holds its name, value, `requires_grad`, parents, workspace (the cleanup
+//! list) and its [`Op`]; backward dispatches on the op with `match` ([`crate::ops`]), so the tape
+//! is plain data. Reverse accumulation lives in [`crate::backward`].
+//!
+//! Ownership: the tape owns the buffers of values it created (uploaded leaves, op results) and
+//! of node workspaces; it does not own [`CudaTape::leaf_borrowed`] leaves (parameter mirrors)
+//! or views (`reshape`, `flatten`, `detach` share their operand's buffer). [`CudaTape::reset`]
+//! releases exactly what it owns.
+
+use std::fmt;
+
+use smallvec::SmallVec;
+use tl_ir::{Op, Recorder};
+use tl_spec::{Scalar, Shape, Tensor};
+
+use crate::device::{Buffer, Device};
+use crate::{AnyBuffer, Error, Result, ops};
+
+/// A node id on the tape.
+pub type Id = usize;
+
+/// One recorded computation step.
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) name: Option<String>,
+    pub(crate) value: AnyBuffer,
+    pub(crate) owned: bool,
+    pub(crate) requires_grad: bool,
+    pub(crate) parents: SmallVec<[Id; 3]>,
+    pub(crate) op: Option<Op>,
+    pub(crate) cleanup: Vec<Buffer>,
+}
+
+impl Node {
+    /// Optional debugging name.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+    /// The forward value.
+    pub fn value(&self) -> &AnyBuffer {
+        &self.value
+    }
+    /// Whether the tape owns (and [`CudaTape::reset`] releases) the value's buffer.
+    pub fn owns_value(&self) -> bool {
+        self.owned
+    }
+    /// Whether reverse accumulation visits this node and accepts contributions into it.
+    pub fn requires_grad(&self) -> bool {
+        self.requires_grad
+    }
+    /// Parent ids, in operand order.
+    pub fn parents(&self) -> &[Id] {
+        &self.parents
+    }
+    /// The op that produced the node (`None` for a leaf).
+    pub fn op(&self) -> Option<&Op> {
+        self.op.as_ref()
+    }
+    /// Workspace buffers kept for the backward, released after backprop.
+    pub fn cleanup(&self) -> &[Buffer] {
+        &self.cleanup
+    }
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = self.op.as_ref().map_or("leaf", Op::name);
+        write!(f, "{op}{:?} <- {:?}", self.value, self.parents.as_slice())?;
+        if let Some(n) = &self.name {
+            write!(f, " {n:?}")?;
+        }
+        if !self.requires_grad {
+            write!(f, " (no grad)")?;
+        }
+        if !self.owned {
+            write!(f, " (borrowed)")?;
+        }
+        Ok(())
+    }
+}
+
+/// The CUDA autograd tape over any [`Device`] (the simulation device in tests and CI, the real
+/// one behind feature `cuda`). Values are float32 device buffers with runtime shapes.
+///
+/// PyTorch comparison: the autograd graph of a forward pass on `device="cuda"`;
+/// `backward_dense` is `torch.autograd.grad` for every node, `backward_params` is
+/// `loss.backward()` followed by reading `.grad` of the parameters.
+pub struct CudaTape<D: Device> {
+    pub(crate) dev: D,
+    pub(crate) nodes: Vec<Node>,
+}
+
+impl<D: Device> fmt::Debug for CudaTape<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaTape<{}> ", self.dev.name())?;
+        f.debug_map()
+            .entries(self.nodes.iter().enumerate())
+            .finish()
+    }
+}
+
+impl<D: Device> CudaTape<D> {
+    /// An empty tape on `dev`.
+    pub fn new(dev: D) -> Self {
+        CudaTape {
+            dev,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// The device, mutably (to upload parameters, run an optimizer step, read telemetry).
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tape has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The node behind `id`, if any.
+    pub fn node(&self, id: Id) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    fn push_leaf(&mut self, value: AnyBuffer, name: Option<&str>, rg: bool, owned: bool) -> Id {
+        self.nodes.push(Node {
+            name: name.map(str::to_owned),
+            value,
+            owned,
+            requires_grad: rg,
+            parents: SmallVec::new(),
+            op: None,
+            cleanup: Vec::new(),
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Add a leaf whose buffer the tape takes over (released by [`reset`](Self::reset)).
+    /// Returns its id (the pre-append size of the tape).
+    pub fn leaf(&mut self, value: AnyBuffer, name: Option<&str>, requires_grad: bool) -> Id {
+        self.push_leaf(value, name, requires_grad, true)
+    }
+
+    /// Add a leaf whose buffer stays owned by the caller (a persistent parameter mirror):
+    /// [`reset`](Self::reset) leaves it alone. PyTorch: using an `nn.Parameter` in a forward.
+    pub fn leaf_borrowed(
+        &mut self,
+        value: AnyBuffer,
+        name: Option<&str>,
+        requires_grad: bool,
+    ) -> Id {
+        self.push_leaf(value, name, requires_grad, false)
+    }
+
+    /// Upload a host tensor (converted to f32; see [`crate::wire`]) and add it as an owned leaf.
+    pub fn upload_leaf<T: Scalar>(
+        &mut self,
+        value: &Tensor<T>,
+        name: Option<&str>,
+        requires_grad: bool,
+    ) -> Result<Id> {
+        let v = AnyBuffer::upload(&mut self.dev, value)?;
+        Ok(self.leaf(v, name, requires_grad))
+    }
+
+    pub(crate) fn check_id(&self, what: &str, id: Id) -> Result<&Node> {
+        self.nodes.get(id).ok_or_else(|| Error::UnknownId {
+            what: what.to_owned(),
+            id,
+            len: self.nodes.len(),
+        })
+    }
+
+    /// The value at `id`, checked against the shape the caller expects.
+    pub fn value(&self, id: Id, expected: &Shape) -> Result<&AnyBuffer> {
+        let v = &self.check_id("value", id)?.value;
+        if v.shape() != expected {
+            return Err(Error::shape("value", id, v.shape(), expected));
+        }
+        Ok(v)
+    }
+
+    /// The value at `id`, whatever its shape.
+    pub fn get(&self, id: Id) -> Result<&AnyBuffer> {
+        Ok(&self.check_id("get", id)?.value)
+    }
+
+    /// Download the value at `id` into a host tensor of `T` (widened from f32 exactly).
+    pub fn read<T: Scalar>(&self, id: Id) -> Result<Tensor<T>> {
+        self.check_id("read", id)?.value.download(&self.dev)
+    }
+
+    /// Apply a built-in op to `parents`: the shape rule first, then the device formula. On
+    /// error the tape is unchanged and nothing is left allocated.
+    pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
+        let (nodes, dev) = (&self.nodes, &mut self.dev);
+        let (fwd, requires_grad) = {
+            let inputs = parents
+                .iter()
+                .map(|&p| {
+                    nodes
+                        .get(p)
+                        .map(|n| &n.value)
+                        .ok_or_else(|| Error::UnknownId {
+                            what: op.name().to_owned(),
+                            id: p,
+                            len: nodes.len(),
+                        })
+                })
+                .collect::<Result<SmallVec<[&AnyBuffer; 3]>>>()?;
+            let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|v| v.shape()).collect();
+            let shape = op.infer_shape(&shapes)?;
+            let fwd = ops::forward(dev, op, &inputs, &shape)?;
+            let rg = op.is_differentiable() && parents.iter().any(|&p| nodes[p].requires_grad);
+            (fwd, rg)
+        };
+        let mut cleanup = fwd.workspace;
+        if !requires_grad {
+            // No backward will run through this node: its workspace is dead already.
+            dev.release_all(cleanup.drain(..));
+        }
+        self.nodes.push(Node {
+            name: None,
+            value: fwd.value,
+            owned: fwd.owned,
+            requires_grad,
+            parents: SmallVec::from_slice(parents),
+            op: Some(op.clone()),
+            cleanup,
+        });
+        Ok(self.nodes.len() - 1)
+    }
+
+    /// Give node `id` a debugging name.
+    pub fn set_name(&mut self, id: Id, name: &str) -> Result<()> {
+        self.check_id("set_name", id)?;
+        self.nodes[id].name = Some(name.to_owned());
+        Ok(())
+    }
+
+    /// Release every node's workspace (done automatically at the end of each backward).
+    /// Returns how many live allocations were freed.
+    pub fn release_workspace(&mut self) -> usize {
+        let dev = &mut self.dev;
+        self.nodes
+            .iter_mut()
+            .map(|n| dev.release_all(n.cleanup.drain(..)))
+            .sum()
+    }
+
+    /// Discard every node, releasing the values the tape owns and all workspaces; borrowed
+    /// leaves (parameter mirrors) stay live. Returns how many allocations were freed.
+    /// PyTorch comparison: dropping the autograd graph before the next forward pass.
+    pub fn reset(&mut self) -> usize {
+        let mut freed = self.release_workspace();
+        let dev = &mut self.dev;
+        for n in self.nodes.drain(..) {
+            if n.owned && dev.release(n.value.buffer()) {
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// [`reset`](Self::reset) under the CPU tape's name.
+    pub fn clear(&mut self) -> usize {
+        self.reset()
+    }
+
+    /// Bytes of the values the tape owns (live or not), for reports.
+    pub fn owned_bytes(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.owned)
+            .map(|n| n.value.bytes())
+            .sum()
+    }
+}
+
+impl<T: Scalar, D: Device> Recorder<T> for CudaTape<D> {
+    type Error = Error;
+
+    fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, requires_grad: bool) -> Result<usize> {
+        self.upload_leaf(&value, name, requires_grad)
+    }
+
+    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize> {
+        CudaTape::apply(self, op, args)
+    }
+}

@@ -1,0 +1,114 @@
+//! Shared helpers of the integration tests: a seeded generator, leaf values in a domain, the
+//! f32-vs-f64 comparison, and "replay a graph on the CUDA tape (sim) and compare forward values
+//! and dense gradients with the IR reference".
+
+#![allow(dead_code)]
+
+use tl_ir::{GraphData, Id};
+use tl_spec::{Shape, Tensor};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice, rng};
+
+/// A small deterministic generator (SplitMix64 over a counter).
+pub struct Gen(u64);
+
+impl Gen {
+    pub fn new(seed: u64) -> Gen {
+        Gen(seed)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(1);
+        (rng::splitmix64(self.0) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+}
+
+/// Where a leaf's values are drawn from (kept away from kinks and poles the checks cannot see).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Domain {
+    /// [−2, 2).
+    Any,
+    /// [0.5, 2).
+    Positive,
+    /// ±[0.3, 2).
+    NonZero,
+}
+
+/// A tensor of `shape` drawn from `domain`, rounded to f32 so the f64 reference sees exactly the
+/// values the device holds.
+pub fn draw(g: &mut Gen, shape: &Shape, domain: Domain) -> Tensor<f64> {
+    Tensor::from_fn(shape.clone(), |_| {
+        let v = match domain {
+            Domain::Any => g.range(-2.0, 2.0),
+            Domain::Positive => g.range(0.5, 2.0),
+            Domain::NonZero => {
+                let m = g.range(0.3, 2.0);
+                if g.unit() < 0.5 { -m } else { m }
+            }
+        };
+        f64::from(v as f32)
+    })
+}
+
+/// `got` (computed in f32) agrees with the f64 reference `want`: every element within
+/// `1e-4 · max(1, ‖want‖∞)`. Returns a description of the first disagreement.
+pub fn close(got: &Tensor<f64>, want: &Tensor<f64>) -> Result<(), String> {
+    if got.shape() != want.shape() {
+        return Err(format!("shape {} vs {}", got.shape(), want.shape()));
+    }
+    let scale = want.data().iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    let tol = 1e-4 * scale;
+    for (i, (&a, &b)) in got.data().iter().zip(want.data()).enumerate() {
+        if !((a - b).abs() <= tol || (a.is_nan() && b.is_nan())) {
+            return Err(format!(
+                "element {i}: got {a}, want {b} (tolerance {tol:e})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Replay `graph` with `leaves` on a fresh CUDA tape over the simulation device, seed `out`
+/// with `seed`, and compare every forward value and every dense gradient with the IR's `eval`
+/// and `backprop_all`. Afterwards everything is released and the device must hold nothing.
+pub fn check_graph(
+    what: &str,
+    graph: &GraphData,
+    leaves: &[Tensor<f64>],
+    out: Id,
+    seed: &Tensor<f64>,
+) {
+    let values = graph
+        .eval(leaves)
+        .unwrap_or_else(|e| panic!("{what}: eval: {e}"));
+    let reference = graph
+        .backprop_all(leaves, out, seed)
+        .unwrap_or_else(|e| panic!("{what}: backprop_all: {e}"));
+
+    let mut tape = CudaTape::new(SimDevice::new());
+    let ids = graph
+        .replay(&mut tape, leaves)
+        .unwrap_or_else(|e| panic!("{what}: replay: {e}"));
+    for (k, want) in values.iter().enumerate() {
+        let got: Tensor<f64> = tape.read(ids[k]).unwrap();
+        close(&got, want).unwrap_or_else(|e| panic!("{what}: forward value of id {k}: {e}"));
+    }
+    let seed_buf = AnyBuffer::upload(tape.device_mut(), seed).unwrap();
+    let grads = tape.backward_dense(ids[out], &seed_buf).unwrap();
+    assert_eq!(grads.len(), tape.len());
+    for (k, want) in reference.iter().enumerate() {
+        let got: Tensor<f64> = grads[ids[k]].download(tape.device()).unwrap();
+        close(&got, want).unwrap_or_else(|e| panic!("{what}: gradient of id {k}: {e}"));
+    }
+    tape.release_grads(grads);
+    seed_buf.release(tape.device_mut());
+    tape.reset();
+    let u = tape.device().memory_usage();
+    assert_eq!(u.live_bytes, 0, "{what}: leaked: {u}");
+    assert_eq!(u.live_buffers(), 0, "{what}: leaked: {u}");
+}

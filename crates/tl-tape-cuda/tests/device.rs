@@ -1,0 +1,219 @@
+//! The device primitives on the simulation device, checked directly: the u32 ABI limit,
+//! argument checks that name the primitive, and primitives the tape ops do not reach (RNG,
+//! general permutations up to rank 8, matmul transpose flags, broadcast reduction order).
+
+use tl_tape_cuda::{Device, Error, Gemm, SimDevice, rng};
+
+#[test]
+fn counts_of_two_to_the_32_are_refused_before_any_allocation() {
+    let mut dev = SimDevice::new();
+    for r in [
+        dev.zeros(1 << 32),
+        dev.full(1 << 32, 1.0),
+        dev.rand_uniform(1 << 32, 0),
+    ] {
+        assert!(
+            matches!(
+                r,
+                Err(Error::U32Overflow {
+                    value: 4_294_967_296,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+    let one = dev.full(1, 1.0).unwrap();
+    let e = dev.broadcast(one, &[], &[1 << 16, 1 << 16]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::U32Overflow {
+                op: "broadcast",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let x = dev.zeros(4).unwrap();
+    let e = dev.matmul(x, x, Gemm::nn(1 << 32, 0, 1)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::U32Overflow {
+                op: "matmul",
+                what: "m",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("u32"));
+    assert_eq!(
+        dev.memory_usage().alloc_count,
+        2,
+        "only the two small buffers"
+    );
+}
+
+#[test]
+fn mismatched_operands_are_errors_naming_the_primitive_and_lengths() {
+    let mut dev = SimDevice::new();
+    let (a, b) = (dev.zeros(3).unwrap(), dev.zeros(4).unwrap());
+    let e = dev.add(a, b).unwrap_err().to_string();
+    assert!(
+        e.contains("add") && e.contains('3') && e.contains('4'),
+        "{e}"
+    );
+    assert!(dev.max_bwd(a, a, b).is_err());
+    assert!(dev.axpy_assign(a, 1.0, b).is_err());
+    let e = dev.permute(a, &[3], &[1]).unwrap_err().to_string();
+    assert!(e.contains("permute") && e.contains("[1]"), "{e}");
+    assert!(dev.softmax_rows(a, 2, 2).is_err());
+    let e = dev.matmul(a, b, Gemm::nn(1, 3, 2)).unwrap_err().to_string();
+    assert!(e.contains("matmul") && e.contains("right operand"), "{e}");
+    let e = dev.reduce_axis_sum(a, 2, 2, 1).unwrap_err().to_string();
+    assert!(e.contains("reduce_axis_sum"), "{e}");
+    assert_eq!(dev.live_buffers(), 2);
+}
+
+#[test]
+fn rand_and_bernoulli_follow_the_splitmix64_keying() {
+    let mut dev = SimDevice::new();
+    let key = rng::key(42, 7);
+    let u = {
+        let b = dev.rand_uniform(1000, key).unwrap();
+        dev.download(b).unwrap()
+    };
+    for (i, &v) in u.iter().enumerate() {
+        let want = rng::splitmix64(key.wrapping_add(i as u64)) as u32 as f64 / 4_294_967_296.0;
+        assert!((0.0..1.0).contains(&v));
+        assert_eq!(v, want as f32);
+    }
+    let mean = u.iter().map(|&v| f64::from(v)).sum::<f64>() / 1000.0;
+    assert!((mean - 0.5).abs() < 0.05, "{mean}");
+    let m = {
+        let b = dev.bernoulli_mask(1000, key, 0.3).unwrap();
+        dev.download(b).unwrap()
+    };
+    for (&k, &v) in m.iter().zip(&u) {
+        assert_eq!(k, if f64::from(v) < 0.3 { 1.0 } else { 0.0 });
+    }
+    let again = {
+        let b = dev.rand_uniform(1000, key).unwrap();
+        dev.download(b).unwrap()
+    };
+    assert_eq!(u, again, "same key, same draw");
+    let other = {
+        let b = dev.rand_uniform(1000, rng::key(42, 8)).unwrap();
+        dev.download(b).unwrap()
+    };
+    assert_ne!(u, other);
+}
+
+#[test]
+fn permute_handles_rank_eight_and_refuses_rank_nine() {
+    let mut dev = SimDevice::new();
+    let dims = [2, 1, 3, 1, 2, 1, 2, 1];
+    let n: usize = dims.iter().product();
+    let x = dev
+        .upload(&(0..n).map(|i| i as f32).collect::<Vec<_>>())
+        .unwrap();
+    let perm = [7, 6, 5, 4, 3, 2, 1, 0];
+    let y = dev.permute(x, &dims, &perm).unwrap();
+    // Reversing all axes of a row-major tensor reads it in column-major order.
+    let got = dev.download(y).unwrap();
+    let mut strides = [1usize; 8];
+    for k in (0..7).rev() {
+        strides[k] = strides[k + 1] * dims[k + 1];
+    }
+    assert_eq!(strides, [12, 12, 4, 4, 2, 2, 1, 1]);
+    let rev: Vec<usize> = dims.iter().rev().copied().collect();
+    for (flat, &v) in got.iter().enumerate() {
+        let mut rem = flat;
+        let mut src = 0;
+        for k in (0..8).rev() {
+            let i = rem % rev[k];
+            rem /= rev[k];
+            src += i * strides[7 - k];
+        }
+        assert_eq!(v, src as f32);
+    }
+    let nine: Vec<usize> = vec![1; 9];
+    let p9: Vec<usize> = (0..9).collect();
+    let one = dev.zeros(1).unwrap();
+    assert!(matches!(
+        dev.permute(one, &nine, &p9),
+        Err(Error::Kernel { op: "permute", .. })
+    ));
+}
+
+#[test]
+fn matmul_transpose_flags_and_bmm_agree_with_explicit_transposes() {
+    let mut dev = SimDevice::new();
+    let a: Vec<f32> = (0..6).map(|i| i as f32 - 2.5).collect(); // (2, 3)
+    let b: Vec<f32> = (0..12).map(|i| 0.5 * i as f32).collect(); // (3, 4)
+    let (ab, bb) = (dev.upload(&a).unwrap(), dev.upload(&b).unwrap());
+    let c = {
+        let b = dev.matmul(ab, bb, Gemm::nn(2, 3, 4)).unwrap();
+        dev.download(b).unwrap()
+    };
+    let at = dev.transpose2d(ab, 2, 3).unwrap();
+    let bt = dev.transpose2d(bb, 3, 4).unwrap();
+    let c_tt = dev
+        .matmul(at, bt, Gemm::nn(2, 3, 4).with_t(true, true))
+        .unwrap();
+    assert_eq!(dev.download(c_tt).unwrap(), c);
+    let a2: Vec<f32> = a.iter().chain(&a).map(|v| v * 2.0).collect();
+    let b2: Vec<f32> = b.iter().chain(&b).copied().collect();
+    let (a2b, b2b) = (dev.upload(&a2).unwrap(), dev.upload(&b2).unwrap());
+    let batched = {
+        let b = dev.bmm(a2b, b2b, 2, Gemm::nn(2, 3, 4)).unwrap();
+        dev.download(b).unwrap()
+    };
+    let twice: Vec<f32> = c.iter().chain(&c).map(|v| v * 2.0).collect();
+    assert_eq!(batched, twice);
+}
+
+#[test]
+fn reduce_broadcast_sums_each_preimage_in_row_major_order() {
+    let mut dev = SimDevice::new();
+    // g of shape (3, 2) reduced to (1, 2) and to (): order 0, 2, 4 then 1, 3, 5.
+    let g = [1e8f32, 1.0, 1.0, 2.0, -1e8, 3.0];
+    let gb = dev.upload(&g).unwrap();
+    let cols = {
+        let b = dev.reduce_broadcast(gb, &[1, 2], &[3, 2]).unwrap();
+        dev.download(b).unwrap()
+    };
+    assert_eq!(cols, vec![((0.0 + 1e8f32) + 1.0) + -1e8, 6.0]);
+    assert_eq!(
+        cols[0], 0.0,
+        "1e8 + 1 rounds back to 1e8 in f32: left-to-right order"
+    );
+    let all = {
+        let b = dev.reduce_broadcast(gb, &[], &[3, 2]).unwrap();
+        dev.download(b).unwrap()
+    };
+    let seq = g.iter().fold(0.0f32, |a, &v| a + v);
+    assert_eq!(all, vec![seq]);
+}
+
+#[test]
+fn axpy_out_of_place_and_in_place_including_aliasing() {
+    let mut dev = SimDevice::new();
+    let a = dev.upload(&[1.0, 2.0, 3.0]).unwrap();
+    let b = dev.upload(&[0.5, -1.0, 4.0]).unwrap();
+    let c = dev.axpy(a, b, 2.0).unwrap();
+    assert_eq!(dev.download(c).unwrap(), vec![2.0, 0.0, 11.0]);
+    assert_eq!(
+        dev.download(a).unwrap(),
+        vec![1.0, 2.0, 3.0],
+        "operands untouched"
+    );
+    dev.axpy_assign(a, -1.0, b).unwrap();
+    assert_eq!(dev.download(a).unwrap(), vec![0.5, 3.0, -1.0]);
+    // y and x the same buffer: y ← y + 3y.
+    dev.axpy_assign(b, 3.0, b).unwrap();
+    assert_eq!(dev.download(b).unwrap(), vec![2.0, -4.0, 16.0]);
+    assert_eq!(dev.live_buffers(), 3, "in place: no new buffer");
+}

@@ -1,0 +1,310 @@
+//! Buffer lifetimes and release paths: a long train-like loop leaks nothing, releases are
+//! idempotent, resets keep parameter mirrors, workspaces go after backprop, errors leave
+//! nothing allocated.
+
+mod common;
+
+use common::{Domain, Gen, draw};
+use tl_ir::Op;
+use tl_spec::{Shape, Tensor};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Error, SimDevice};
+
+#[test]
+fn a_thousand_training_steps_end_with_only_the_parameters_live() {
+    let mut rnd = Gen::new(11);
+    let mut tape = CudaTape::new(SimDevice::new());
+    let shapes = [vec![8, 4], vec![8], vec![2, 8], vec![2]];
+    let params: Vec<AnyBuffer> = shapes
+        .iter()
+        .map(|s| {
+            let init = draw(&mut rnd, &Shape::new(s), Domain::Any).map(|v| 0.3 * v);
+            AnyBuffer::upload(tape.device_mut(), &init).unwrap()
+        })
+        .collect();
+    let param_bytes: usize = params.iter().map(AnyBuffer::bytes).sum();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let lr = 0.05f32;
+    let (mut first_loss, mut last_loss) = (0.0, 0.0);
+    let mut device_allocs_after_warmup = 0;
+    for step in 0..1000 {
+        // A batch of 5 inputs; the target is a fixed smooth function of them.
+        let x = draw(&mut rnd, &Shape::new(&[5, 4]), Domain::Any);
+        let t = Tensor::from_fn([5, 2], |i| {
+            let row = &x.data()[(i / 2) * 4..(i / 2) * 4 + 4];
+            if i % 2 == 0 {
+                0.5 * (row[0] - row[1]).tanh()
+            } else {
+                0.25 * (row[2] + row[3])
+            }
+        });
+        let ids: Vec<usize> = params
+            .iter()
+            .map(|p| tape.leaf_borrowed(p.clone(), None, true))
+            .collect();
+        let xi = tape.upload_leaf(&x, Some("x"), false).unwrap();
+        let ti = tape.upload_leaf(&t, Some("t"), false).unwrap();
+        let h = tape.apply(&Op::Linear, &[ids[0], ids[1], xi]).unwrap();
+        let a = tape.apply(&Op::Tanh, &[h]).unwrap();
+        let o = tape.apply(&Op::Linear, &[ids[2], ids[3], a]).unwrap();
+        let loss = tape.apply(&Op::MseLoss, &[o, ti]).unwrap();
+        let l: Tensor<f64> = tape.read(loss).unwrap();
+        if step == 0 {
+            first_loss = l.item().unwrap();
+        }
+        last_loss = l.item().unwrap();
+
+        let grads = tape.backward_params(loss, &seed, &ids).unwrap();
+        for (p, id) in params.iter().zip(&ids) {
+            tape.device_mut()
+                .axpy_assign(p.buffer(), -lr, grads[id].buffer())
+                .unwrap();
+        }
+        assert_eq!(tape.release_grad_map(grads), 4);
+        tape.reset();
+        if step == 10 {
+            device_allocs_after_warmup = tape.device().memory_usage().device_alloc_count;
+        }
+    }
+    assert!(seed.release(tape.device_mut()));
+    let u = tape.device().memory_usage();
+    assert_eq!(u.live_bytes, param_bytes, "{u}");
+    assert_eq!(u.live_buffers(), 4, "{u}");
+    assert_eq!(u.live_buffers(), tape.device().live_buffers() as u64);
+    assert!(params.iter().all(|p| tape.device().is_live(p.buffer())));
+    // The pool served every step after the warm-up from its cache.
+    assert_eq!(u.device_alloc_count, device_allocs_after_warmup, "{u}");
+    assert!(u.alloc_count > 20_000, "{u}");
+    // And the loop did learn.
+    assert!(
+        last_loss < 0.2 * first_loss,
+        "loss {first_loss} -> {last_loss}"
+    );
+    // Returning the cache leaves only the parameters' classes reserved.
+    let c = tape.device_mut().collect(true);
+    assert!(c.blocks > 0);
+    assert_eq!(tape.device().memory_usage().cached_bytes, 0);
+    assert_eq!(tape.device().memory_usage().reserved_bytes, 4 * 512);
+}
+
+#[test]
+fn release_is_idempotent_and_reports_what_it_freed() {
+    let mut dev = SimDevice::new();
+    let a = dev.upload(&[1.0, 2.0]).unwrap();
+    assert!(dev.release(a));
+    assert!(
+        !dev.release(a),
+        "the second release is harmless and frees nothing"
+    );
+    let u = dev.memory_usage();
+    assert_eq!((u.alloc_count, u.free_count, u.live_bytes), (1, 1, 0));
+    assert!(matches!(
+        dev.download(a),
+        Err(Error::Released { op: "download", .. })
+    ));
+    assert!(matches!(
+        dev.add(a, a),
+        Err(Error::Released { op: "add", .. })
+    ));
+
+    let (b, c) = (dev.zeros(3).unwrap(), dev.full(3, 2.0).unwrap());
+    let kept = dev.release_then(b, c);
+    assert_eq!(dev.download(kept).unwrap(), vec![2.0; 3]);
+    assert!(!dev.is_live(b));
+    assert_eq!(dev.release_all([b, c, c]), 1);
+    // A handle of another device is not live here and is never freed by it.
+    let mut other = SimDevice::new();
+    let d = other.upload(&[1.0]).unwrap();
+    assert!(!dev.release(d));
+    assert!(other.is_live(d));
+    // Repeated uploads of the same data are distinct allocations.
+    let (e, f) = (
+        dev.upload_with_token(&[1.0], 1).unwrap(),
+        dev.upload_with_token(&[1.0], 1).unwrap(),
+    );
+    assert_ne!(e, f);
+    assert!(dev.release(e) && dev.is_live(f));
+}
+
+#[test]
+fn reset_releases_owned_values_and_keeps_borrowed_leaves_and_views_alone() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let w = AnyBuffer::upload(tape.device_mut(), &Tensor::<f64>::ones([2, 3])).unwrap();
+    let wi = tape.leaf_borrowed(w.clone(), Some("w"), true);
+    let xi = tape
+        .upload_leaf(&Tensor::<f64>::ones([2, 3]), None, false)
+        .unwrap();
+    let r = tape
+        .apply(&Op::Reshape(Shape::new(&[3, 2])), &[wi])
+        .unwrap();
+    let f = tape.apply(&Op::Flatten, &[xi]).unwrap();
+    let y = tape.apply(&Op::Exp, &[r]).unwrap();
+    assert!(!tape.node(r).unwrap().owns_value() && !tape.node(f).unwrap().owns_value());
+    assert_eq!(
+        tape.get(r).unwrap().buffer(),
+        w.buffer(),
+        "reshape is a no-copy view"
+    );
+    assert!(tape.node(y).unwrap().owns_value());
+    assert_eq!(tape.reset(), 2, "the uploaded leaf and exp's value");
+    assert!(tape.is_empty());
+    assert!(
+        tape.device().is_live(w.buffer()),
+        "the parameter mirror survives"
+    );
+    assert_eq!(tape.device().memory_usage().live_bytes, w.bytes());
+}
+
+#[test]
+fn workspace_is_released_after_backprop_and_recomputed_if_needed_again() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let a = tape
+        .upload_leaf(&Tensor::<f64>::vector(vec![1.0, 2.0, 4.0]), None, true)
+        .unwrap();
+    let b = tape
+        .upload_leaf(&Tensor::<f64>::vector(vec![0.0, 3.0, 1.0]), None, false)
+        .unwrap();
+    let l = tape.apply(&Op::MseLoss, &[a, b]).unwrap();
+    assert_eq!(tape.node(l).unwrap().cleanup().len(), 1, "mse keeps ŷ − y");
+    let ws = tape.node(l).unwrap().cleanup()[0];
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let g1 = tape.backward_dense(l, &seed).unwrap();
+    assert!(tape.node(l).unwrap().cleanup().is_empty());
+    assert!(!tape.device().is_live(ws));
+    let g2 = tape.backward_dense(l, &seed).unwrap();
+    let (d1, d2): (Tensor<f32>, Tensor<f32>) = (
+        g1[a].download(tape.device()).unwrap(),
+        g2[a].download(tape.device()).unwrap(),
+    );
+    assert_eq!(d1, d2);
+    assert_eq!(d1.data(), &[2.0f32 / 3.0, -2.0 / 3.0, 2.0]);
+    // Frozen operands: the node needs no backward, so the workspace goes at once.
+    let c = tape.apply(&Op::MseLoss, &[b, b]).unwrap();
+    assert!(tape.node(c).unwrap().cleanup().is_empty());
+    let (live, n) = (tape.device().live_buffers(), g1.len() + g2.len());
+    assert_eq!(n, 6);
+    assert_eq!(tape.release_grads(g1) + tape.release_grads(g2), n);
+    assert_eq!(tape.device().live_buffers(), live - n);
+}
+
+#[test]
+fn dense_from_and_first_n_accumulate_from_given_gradients() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let x = tape
+        .upload_leaf(&Tensor::<f64>::vector(vec![0.0, 1.0]), None, true)
+        .unwrap();
+    let y = tape.apply(&Op::Exp, &[x]).unwrap();
+    let _z = tape.apply(&Op::Sum, &[y]).unwrap();
+    let shapes: Vec<Shape> = (0..tape.len())
+        .map(|i| tape.get(i).unwrap().shape().clone())
+        .collect();
+    let grads0 = |tape: &mut CudaTape<SimDevice>, gy: f32, gz: f32| -> Vec<AnyBuffer> {
+        [0.0, gy, gz]
+            .iter()
+            .zip(&shapes)
+            .map(|(&v, s)| AnyBuffer::full(tape.device_mut(), s, v).unwrap())
+            .collect()
+    };
+    // Seeding y with 2 and z with 1: dx = exp(x)·(2 + 1).
+    let g0 = grads0(&mut tape, 2.0, 1.0);
+    let g = tape.backward_dense_from(g0).unwrap();
+    let dx: Tensor<f32> = g[x].download(tape.device()).unwrap();
+    assert_eq!(dx.data(), &[3.0, 3.0 * 1f32.exp()]);
+    tape.release_grads(g);
+    // Over the first 2 nodes only, z's seed is never propagated: dx = exp(x)·2.
+    let g0 = grads0(&mut tape, 2.0, 1.0);
+    let g = tape.backward_first_n(2, g0).unwrap();
+    let dx: Tensor<f32> = g[x].download(tape.device()).unwrap();
+    assert_eq!(dx.data(), &[2.0, 2.0 * 1f32.exp()]);
+    tape.release_grads(g);
+    // A gradient array that reuses one buffer for two ids is refused, and released.
+    let live = tape.device().live_buffers();
+    let one = AnyBuffer::full(tape.device_mut(), &shapes[0], 1.0).unwrap();
+    let bad = vec![
+        one.clone(),
+        one,
+        AnyBuffer::zeros(tape.device_mut(), &shapes[2]).unwrap(),
+    ];
+    let e = tape.backward_dense_from(bad).unwrap_err();
+    assert!(e.to_string().contains("shares its buffer"), "{e}");
+    assert_eq!(tape.device().live_buffers(), live);
+    // Wrong length and wrong shapes are errors too.
+    assert!(matches!(
+        tape.backward_dense_from(vec![]),
+        Err(Error::Count { .. })
+    ));
+    let g0 = grads0(&mut tape, 2.0, 1.0);
+    assert!(tape.backward_first_n(4, g0).is_err());
+    assert_eq!(tape.device().live_buffers(), live);
+}
+
+#[test]
+fn sparse_parameter_gradients_hold_only_the_wanted_ids() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let w = tape
+        .upload_leaf(&Tensor::<f64>::ones([2]), Some("w"), true)
+        .unwrap();
+    let u = tape
+        .upload_leaf(&Tensor::<f64>::ones([2]), Some("unused"), true)
+        .unwrap();
+    let y = tape.apply(&Op::Scale(3.0), &[w]).unwrap();
+    let s = tape.apply(&Op::Sum, &[y]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let before = tape.device().live_buffers();
+    let map = tape.backward_params(s, &seed, &[w, u]).unwrap();
+    assert_eq!(map.len(), 2);
+    assert_eq!(
+        tape.device().live_buffers(),
+        before + 2,
+        "only the map's buffers remain"
+    );
+    let dw: Tensor<f32> = map[&w].download(tape.device()).unwrap();
+    let du: Tensor<f32> = map[&u].download(tape.device()).unwrap();
+    assert_eq!(
+        (dw.data(), du.data()),
+        (&[3.0f32, 3.0][..], &[0.0f32, 0.0][..])
+    );
+    assert_eq!(tape.release_grad_map(map), 2);
+    assert!(matches!(
+        tape.backward_params(s, &seed, &[99]),
+        Err(Error::UnknownId { id: 99, .. })
+    ));
+}
+
+#[test]
+fn a_rejected_op_leaves_the_tape_and_the_device_unchanged() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let a = tape
+        .upload_leaf(&Tensor::<f64>::zeros([2, 3]), None, true)
+        .unwrap();
+    let b = tape
+        .upload_leaf(&Tensor::<f64>::zeros([3, 2]), None, true)
+        .unwrap();
+    let before = tape.device().memory_usage();
+    let e = tape.apply(&Op::Add, &[a, b]).unwrap_err().to_string();
+    assert!(
+        e.contains("add") && e.contains("[2, 3]") && e.contains("[3, 2]"),
+        "{e}"
+    );
+    let e = tape.apply(&Op::Matmul, &[a, a]).unwrap_err().to_string();
+    assert!(e.contains("matmul") && e.contains("[2, 3]"), "{e}");
+    assert!(matches!(
+        tape.apply(&Op::Exp, &[7]),
+        Err(Error::UnknownId { id: 7, .. })
+    ));
+    assert!(tape.apply(&Op::Exp, &[a, b]).is_err(), "arity");
+    let e = tape.value(a, &Shape::new(&[6])).unwrap_err().to_string();
+    assert!(
+        e.contains("value") && e.contains("[2, 3]") && e.contains("[6]"),
+        "{e}"
+    );
+    let seed = AnyBuffer::zeros(tape.device_mut(), &Shape::new(&[2])).unwrap();
+    let e = tape.backward_dense(a, &seed).unwrap_err().to_string();
+    assert!(
+        e.contains("seed") && e.contains("[2, 3]") && e.contains("[2]"),
+        "{e}"
+    );
+    seed.release(tape.device_mut());
+    assert_eq!(tape.len(), 2);
+    assert_eq!(tape.device().memory_usage().live_bytes, before.live_bytes);
+    assert_eq!(tape.device().live_buffers(), 2);
+}
