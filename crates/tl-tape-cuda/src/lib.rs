@@ -29,7 +29,7 @@
 //! let graph = g.finish();
 //!
 //! let mut tape = CudaTape::new(SimDevice::new());
-//! let ids = graph.replay(&mut tape, &[Tensor::<f64>::zeros([3])])?;
+//! let ids = graph.replay(&mut tape, &[Tensor::<f64>::zeros([3])], &[])?;
 //! let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0)?;
 //! let grads = tape.backward_dense(ids[s], &seed)?;
 //! let dx: Tensor<f64> = grads[ids[x]].download(tape.device())?;

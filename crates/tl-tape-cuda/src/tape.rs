@@ -89,6 +89,8 @@ impl fmt::Debug for Node {
 pub struct CudaTape<D: Device> {
     pub(crate) dev: D,
     pub(crate) nodes: Vec<Node>,
+    /// The Nat environment (runtime indices, labels) read by index ops; host-side.
+    pub(crate) nats: Vec<usize>,
 }
 
 impl<D: Device> fmt::Debug for CudaTape<D> {
@@ -106,7 +108,18 @@ impl<D: Device> CudaTape<D> {
         CudaTape {
             dev,
             nodes: Vec::new(),
+            nats: Vec::new(),
         }
+    }
+
+    /// The Nat environment (runtime indices and labels) read by index ops.
+    pub fn nats(&self) -> &[usize] {
+        &self.nats
+    }
+
+    /// Replace the Nat environment.
+    pub fn set_nats(&mut self, nats: Vec<usize>) {
+        self.nats = nats;
     }
 
     /// The device.
@@ -271,6 +284,7 @@ impl<D: Device> CudaTape<D> {
                 freed += 1;
             }
         }
+        self.nats.clear();
         freed
     }
 
@@ -298,5 +312,10 @@ impl<T: Scalar, D: Device> Recorder<T> for CudaTape<D> {
 
     fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize> {
         CudaTape::apply(self, op, args)
+    }
+
+    fn set_nats(&mut self, nats: &[usize]) -> Result<()> {
+        CudaTape::set_nats(self, nats.to_vec());
+        Ok(())
     }
 }

@@ -42,7 +42,7 @@ fn run(
     leaves: &[Tensor<f64>],
     out: usize,
 ) -> Vec<u32> {
-    let ids = graph.replay(tape, leaves).unwrap();
+    let ids = graph.replay(tape, leaves, &[]).unwrap();
     let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
     let grads = tape.backward_dense(ids[out], &seed).unwrap();
     let mut bits = Vec::new();

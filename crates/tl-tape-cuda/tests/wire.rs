@@ -142,7 +142,7 @@ fn a_scalar_type_without_a_wire_format_is_a_clear_error() {
     let mut g = GraphBuilder::new();
     let x = g.leaf([2, 2], None).unwrap();
     g.apply(Op::Exp, &[x]).unwrap();
-    let replayed = g.finish().replay(&mut tape, &[t]);
+    let replayed = g.finish().replay(&mut tape, &[t], &[]);
     assert!(matches!(replayed, Err(Error::NoWireFormat { .. })));
     // Nothing was recorded or allocated on the way.
     assert!(tape.is_empty());

@@ -84,15 +84,15 @@ pub fn check_graph(
     seed: &Tensor<f64>,
 ) {
     let values = graph
-        .eval(leaves)
+        .eval(leaves, &[])
         .unwrap_or_else(|e| panic!("{what}: eval: {e}"));
     let reference = graph
-        .backprop_all(leaves, out, seed)
+        .backprop_all(leaves, &[], out, seed)
         .unwrap_or_else(|e| panic!("{what}: backprop_all: {e}"));
 
     let mut tape = CudaTape::new(SimDevice::new());
     let ids = graph
-        .replay(&mut tape, leaves)
+        .replay(&mut tape, leaves, &[])
         .unwrap_or_else(|e| panic!("{what}: replay: {e}"));
     for (k, want) in values.iter().enumerate() {
         let got: Tensor<f64> = tape.read(ids[k]).unwrap();
