@@ -58,8 +58,8 @@ pub fn linear_shape(w: &Shape, b: &Shape, x: &Shape) -> Result<Shape> {
         ));
     }
     match x.dims() {
-        &[i] if i == inp => Ok(Shape::new(&[out])),
-        &[batch, i] if i == inp => Ok(Shape::new(&[batch, out])),
+        [i] if *i == inp => Ok(Shape::new(&[out])),
+        [batch, i] if *i == inp => Ok(Shape::new(&[*batch, out])),
         _ => Err(Error::shape(
             "linear",
             format!("input must have shape [{inp}] or [B, {inp}] for weight {w}, got {x}"),
@@ -218,8 +218,8 @@ pub fn bmm_jvp<T: Scalar>(
 /// View x as (batch, in) rows: a 1-D x is one row.
 fn as_rows<T: Scalar>(x: &Tensor<T>) -> (usize, usize) {
     match x.shape().dims() {
-        &[i] => (1, i),
-        &[bt, i] => (bt, i),
+        [i] => (1, *i),
+        [bt, i] => (*bt, *i),
         _ => (0, 0),
     }
 }
@@ -253,9 +253,9 @@ pub fn linear_vjp<T: Scalar>(
     let mut dw = vec![T::zero(); out * inp];
     gemm(g.data(), true, x.data(), false, out, rows, inp, &mut dw);
     let mut db = vec![T::zero(); out];
-    for r in 0..rows {
-        for o in 0..out {
-            db[o] += g.data()[r * out + o];
+    for row in g.data().chunks(out.max(1)).take(rows) {
+        for (acc, &v) in db.iter_mut().zip(row) {
+            *acc += v;
         }
     }
     let mut dx = vec![T::zero(); rows * inp];
