@@ -116,12 +116,28 @@ impl fmt::Debug for GraphCase {
     }
 }
 
-/// Formats a tensor as its shape and all of its elements at full precision.
+/// Formats a tensor as its shape and its elements at full precision (all of them up to
+/// [`PRINT_ALL_UP_TO`]).
 pub struct Values<'a>(pub &'a Tensor<f64>);
+
+/// Tensors up to this many elements are printed in full; larger ones are abbreviated (they are
+/// generated from a seed, so `TL_SEED` and `TL_CASES` reproduce them exactly).
+pub const PRINT_ALL_UP_TO: usize = 256;
 
 impl fmt::Display for Values<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {:?}", self.0.shape(), self.0.data())
+        let data = self.0.data();
+        if data.len() <= PRINT_ALL_UP_TO {
+            return write!(f, "{} {:?}", self.0.shape(), data);
+        }
+        let sum: f64 = data.iter().sum();
+        write!(
+            f,
+            "{} {:?} … ({} more; sum {sum:e}; reproduce with the same TL_SEED and TL_CASES)",
+            self.0.shape(),
+            &data[..16],
+            data.len() - 16
+        )
     }
 }
 

@@ -46,7 +46,7 @@ impl RunConfig {
         let config = Config {
             cases: self.cases,
             failure_persistence: None,
-            max_shrink_iters: 8192,
+            max_shrink_iters: 50_000,
             max_shrink_time: 20_000,
             max_local_rejects: 100_000,
             max_global_rejects: 10_000,
@@ -87,7 +87,8 @@ fn seed_bytes(seed: u64, label: &str) -> [u8; 32] {
     out
 }
 
-fn splitmix64(z: u64) -> u64 {
+/// SplitMix64 (the constants of SEMANTICS.md): a cheap, well-mixed hash of a `u64`.
+pub fn splitmix64(z: u64) -> u64 {
     let z1 = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let z2 = (z1 ^ (z1 >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     let z3 = (z2 ^ (z2 >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -35,6 +35,20 @@ impl Domain {
         }
     }
 
+    /// An element from 64 random bits (for tensors generated from one seed; see
+    /// [`crate::generate::elements`]): the same distribution as [`Domain::element`].
+    pub fn from_bits(self, bits: u64) -> f64 {
+        let u = unit(bits);
+        match self {
+            Domain::Any(r) => -r + 2.0 * r * u,
+            Domain::Positive(lo, hi) => lo + (hi - lo) * u,
+            Domain::AwayFromZero(lo, hi) => {
+                let m = lo + (hi - lo) * u;
+                if bits & 1 == 1 { -m } else { m }
+            }
+        }
+    }
+
     /// Whether `v` lies in the domain.
     pub fn contains(self, v: f64) -> bool {
         match self {
@@ -43,6 +57,11 @@ impl Domain {
             Domain::AwayFromZero(lo, hi) => (lo..=hi).contains(&v.abs()),
         }
     }
+}
+
+/// The top 53 bits of `bits` as a number in `[0, 1)`.
+pub fn unit(bits: u64) -> f64 {
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// How far the operands are from the nearest point where `op` is not smooth (a kink, a tie, a
@@ -132,5 +151,15 @@ mod tests {
             }
         }
         assert!(!Domain::AwayFromZero(0.3, 2.0).contains(0.1));
+        for d in [
+            ANY,
+            Domain::Positive(0.2, 3.0),
+            Domain::AwayFromZero(0.3, 2.0),
+        ] {
+            for k in 0..200u64 {
+                let v = d.from_bits(crate::config::splitmix64(k));
+                assert!(d.contains(v), "{d:?} from bits gave {v}");
+            }
+        }
     }
 }

@@ -11,8 +11,9 @@
 use proptest::prelude::*;
 use tl_ir::Op;
 
-use crate::domain::Domain::{AwayFromZero, Positive};
+use crate::domain::Domain::{Any, AwayFromZero, Positive};
 use crate::entries::*;
+use crate::generate::Size;
 use crate::{ANY, Check, OpCase};
 
 /// Which of the four checks apply to an op.
@@ -96,8 +97,8 @@ pub struct OpInfo {
     pub note: &'static str,
     /// Tolerances.
     pub tol: Tol,
-    /// Generates valid cases: parameters, operand shapes and values.
-    pub cases: BoxedStrategy<OpCase>,
+    /// Generates valid cases (parameters, operand shapes and values) of a given size.
+    pub generate: fn(Size) -> BoxedStrategy<OpCase>,
 }
 
 impl std::fmt::Debug for OpInfo {
@@ -111,17 +112,27 @@ impl std::fmt::Debug for OpInfo {
     }
 }
 
-fn entry(name: &'static str, cases: BoxedStrategy<OpCase>) -> OpInfo {
+fn entry(name: &'static str, generate: fn(Size) -> BoxedStrategy<OpCase>) -> OpInfo {
     OpInfo {
         name,
         applies: Applies::ALL,
         note: "",
         tol: Tol::DEFAULT,
-        cases,
+        generate,
     }
 }
 
 impl OpInfo {
+    /// Small cases (what finite differences and shrunk failure reports use).
+    pub fn cases(&self) -> BoxedStrategy<OpCase> {
+        (self.generate)(Size::Small)
+    }
+
+    /// Three small cases for every large one (checks 1, 2 and 4).
+    pub fn mixed_cases(&self) -> BoxedStrategy<OpCase> {
+        prop_oneof![3 => (self.generate)(Size::Small), 1 => (self.generate)(Size::Large)].boxed()
+    }
+
     fn no_fd(mut self, why: &'static str) -> Self {
         self.applies = Applies::NO_FD;
         self.note = why;
@@ -152,57 +163,46 @@ const POS: crate::Domain = Positive(0.2, 3.0);
 const DETACH_NOTE: &str = "detach has no gradient by definition, while its value is the identity";
 
 registry! {
-    Op::Add => entry("add", binary(Op::Add, ANY, ANY)),
-    Op::Sub => entry("sub", binary(Op::Sub, ANY, ANY)),
-    Op::Mul => entry("mul", binary(Op::Mul, ANY, ANY)),
-    Op::Div => entry("div", binary(Op::Div, ANY, AwayFromZero(0.5, 2.0))),
-    Op::Scale(_) => entry("scale", unary_param(-3.0f64..=3.0, Op::Scale, ANY)),
-    Op::Abs => entry("abs", unary(Op::Abs, AwayFromZero(0.1, 2.0))),
-    Op::Sqrt => entry("sqrt", unary(Op::Sqrt, POS)),
-    Op::Exp => entry("exp", unary(Op::Exp, ANY)),
-    Op::Log => entry("log", unary(Op::Log, POS)),
-    Op::Inv => entry("inv", unary(Op::Inv, AwayFromZero(0.3, 2.0))),
-    Op::Relu => entry("relu", unary(Op::Relu, AwayFromZero(0.1, 2.0))),
-    Op::Clamp { .. } => entry("clamp", clamp()),
-    Op::Max => entry("max", tie_free(Op::Max)),
-    Op::Min => entry("min", tie_free(Op::Min)),
-    Op::Sigmoid => entry("sigmoid", unary(Op::Sigmoid, crate::Domain::Any(4.0))),
-    Op::Tanh => entry("tanh", unary(Op::Tanh, crate::Domain::Any(3.0))),
-    Op::Softplus => entry("softplus", unary(Op::Softplus, crate::Domain::Any(4.0))),
-    Op::SafeLog { .. } => entry(
-        "safeLog",
-        unary_param(
-            prop_oneof![Just(1e-6), 1e-4f64..=0.5],
-            |eps| Op::SafeLog { eps },
-            crate::Domain::Any(4.0),
-        ),
-    ),
-    Op::Detach => entry("detach", unary(Op::Detach, ANY)).no_fd(DETACH_NOTE),
-    Op::Constant(_) => entry("constant", constant()).no_fd("constant has no operands"),
-    Op::Reshape(_) => entry("reshape", reshape()),
-    Op::Flatten => entry("flatten", unary(Op::Flatten, ANY)),
-    Op::Transpose2d => entry(
-        "transpose2d",
-        on_shapes(Op::Transpose2d, crate::generate::shape(2..=2, 1..=5), ANY),
-    ),
-    Op::PermuteBca => entry("permuteBCA", rank3(Op::PermuteBca)),
-    Op::PermuteCab => entry("permuteCAB", rank3(Op::PermuteCab)),
-    Op::SwapLastTwo => entry("swapLastTwo", rank3(Op::SwapLastTwo)),
-    Op::SwapAdjacent(_) => entry("swapAdjacent", swap_adjacent()),
-    Op::BroadcastTo(_) => entry("broadcastTo", broadcast_to()),
-    Op::Sum => entry("sum", unary(Op::Sum, ANY)),
-    Op::ReduceSum(_) => entry("reduceSum", reduce_axis(Op::ReduceSum)),
-    Op::ReduceMean(_) => entry("reduceMean", reduce_axis(Op::ReduceMean)),
-    Op::Matmul => entry("matmul", matmul()),
-    Op::Bmm => entry("bmm", bmm()),
-    Op::Linear => entry("linear", linear()),
-    Op::Softmax => entry("softmax", unary(Op::Softmax, crate::Domain::Any(3.0))),
-    Op::LogSoftmax => entry("logSoftmax", unary(Op::LogSoftmax, crate::Domain::Any(3.0))),
-    Op::MseLoss => entry("mseLoss", mse_loss()),
-}
-
-fn rank3(op: Op) -> BoxedStrategy<OpCase> {
-    on_shapes(op, crate::generate::shape(3..=3, 1..=4), ANY)
+    Op::Add => entry("add", |z| binary(z, Op::Add, ANY, ANY)),
+    Op::Sub => entry("sub", |z| binary(z, Op::Sub, ANY, ANY)),
+    Op::Mul => entry("mul", |z| binary(z, Op::Mul, ANY, ANY)),
+    Op::Div => entry("div", |z| binary(z, Op::Div, ANY, AwayFromZero(0.5, 2.0))),
+    Op::Scale(_) => entry("scale", |z| unary_param(z, -3.0f64..=3.0, Op::Scale, ANY)),
+    Op::Abs => entry("abs", |z| unary(z, Op::Abs, AwayFromZero(0.1, 2.0))),
+    Op::Sqrt => entry("sqrt", |z| unary(z, Op::Sqrt, POS)),
+    Op::Exp => entry("exp", |z| unary(z, Op::Exp, ANY)),
+    Op::Log => entry("log", |z| unary(z, Op::Log, POS)),
+    Op::Inv => entry("inv", |z| unary(z, Op::Inv, AwayFromZero(0.3, 2.0))),
+    Op::Relu => entry("relu", |z| unary(z, Op::Relu, AwayFromZero(0.1, 2.0))),
+    Op::Clamp { .. } => entry("clamp", clamp),
+    Op::Max => entry("max", |z| tie_free(z, Op::Max)),
+    Op::Min => entry("min", |z| tie_free(z, Op::Min)),
+    Op::Sigmoid => entry("sigmoid", |z| unary(z, Op::Sigmoid, Any(4.0))),
+    Op::Tanh => entry("tanh", |z| unary(z, Op::Tanh, Any(3.0))),
+    Op::Softplus => entry("softplus", |z| unary(z, Op::Softplus, Any(4.0))),
+    Op::SafeLog { .. } => entry("safeLog", |z| {
+        let eps = prop_oneof![Just(1e-6), 1e-4f64..=0.5];
+        unary_param(z, eps, |eps| Op::SafeLog { eps }, Any(4.0))
+    }),
+    Op::Detach => entry("detach", |z| unary(z, Op::Detach, ANY)).no_fd(DETACH_NOTE),
+    Op::Constant(_) => entry("constant", constant).no_fd("constant has no operands"),
+    Op::Reshape(_) => entry("reshape", reshape),
+    Op::Flatten => entry("flatten", |z| unary(z, Op::Flatten, ANY)),
+    Op::Transpose2d => entry("transpose2d", |z| of_rank(z, Op::Transpose2d, 2, 80)),
+    Op::PermuteBca => entry("permuteBCA", |z| of_rank(z, Op::PermuteBca, 3, 20)),
+    Op::PermuteCab => entry("permuteCAB", |z| of_rank(z, Op::PermuteCab, 3, 20)),
+    Op::SwapLastTwo => entry("swapLastTwo", |z| of_rank(z, Op::SwapLastTwo, 3, 40)),
+    Op::SwapAdjacent(_) => entry("swapAdjacent", swap_adjacent),
+    Op::BroadcastTo(_) => entry("broadcastTo", broadcast_to),
+    Op::Sum => entry("sum", |z| unary(z, Op::Sum, ANY)),
+    Op::ReduceSum(_) => entry("reduceSum", |z| reduce_axis(z, Op::ReduceSum)),
+    Op::ReduceMean(_) => entry("reduceMean", |z| reduce_axis(z, Op::ReduceMean)),
+    Op::Matmul => entry("matmul", matmul),
+    Op::Bmm => entry("bmm", bmm),
+    Op::Linear => entry("linear", linear),
+    Op::Softmax => entry("softmax", |z| unary(z, Op::Softmax, Any(3.0))),
+    Op::LogSoftmax => entry("logSoftmax", |z| unary(z, Op::LogSoftmax, Any(3.0))),
+    Op::MseLoss => entry("mseLoss", mse_loss),
 }
 
 /// The entry named `name`, if any.

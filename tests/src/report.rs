@@ -187,3 +187,40 @@ pub fn assert_all_passed(reports: &[Report], cases: u32) {
         bad.join("\n\n")
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn failures_are_shrunk_and_panics_are_failures_not_crashes() {
+        let cfg = RunConfig::default();
+        let r = run_check("big".into(), &cfg, 0u32..1000, |&v| {
+            Measured::check(f64::from(v), 500.0, || format!("{v} is too big"))
+        });
+        assert_eq!(r.cell(), "FAIL");
+        let msg = r.failure.expect("values above 500 fail");
+        assert!(
+            msg.contains("501 is too big"),
+            "shrunk to the boundary: {msg}"
+        );
+
+        let r = run_check("panics".into(), &cfg, any::<bool>(), |&b| {
+            assert!(!b, "backend exploded");
+            Ok(Measured::ZERO)
+        });
+        assert!(
+            r.failure
+                .expect("a panic is a failure")
+                .contains("backend exploded")
+        );
+
+        let ok = run_check("ok".into(), &cfg, 0u32..10, |&v| {
+            Measured::check(f64::from(v) * 1e-3, 1.0, String::new)
+        });
+        assert!(ok.passed() && ok.cases == cfg.cases, "{ok}");
+        assert!(ok.max_err < 0.01 && ok.max_err > 0.0, "{ok}");
+        assert_eq!(ok.tol, 1.0);
+    }
+}

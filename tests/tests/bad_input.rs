@@ -179,7 +179,7 @@ fn cpu_tape_rejects_bad_calls_and_stays_unchanged() {
 #[test]
 fn shape_rules_agree_with_values_on_arbitrary_shapes() {
     let entries = registry::all();
-    let ops = prop::sample::select(entries.iter().map(|e| e.cases.clone()).collect::<Vec<_>>())
+    let ops = prop::sample::select(entries.iter().map(|e| e.cases()).collect::<Vec<_>>())
         .prop_flat_map(|s| s)
         .prop_map(|case| case.op);
     let shapes = prop::collection::vec(prop::collection::vec(0usize..=3, 0..=3), 0..=3);

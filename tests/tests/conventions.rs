@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use tl_conformance::generate::{any_shape, tensor};
+use tl_conformance::generate::{Size, any_shape, tensor};
 use tl_conformance::{ANY, Backend, CpuTape, Domain, RunConfig};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::{Scalar, Tensor};
@@ -163,9 +163,14 @@ fn max_of_an_id_with_itself_passes_the_whole_gradient() {
     assert_eq!(tg[x], g);
 }
 
+/// Small and large shapes (fast kernels take other paths on large inputs).
+fn shapes() -> BoxedStrategy<tl_spec::Shape> {
+    prop_oneof![any_shape(Size::Small), any_shape(Size::Large)].boxed()
+}
+
 /// Each element of `a` paired with `b` equal to it (a tie) or apart by at least 0.1, by a mask.
 fn tied_pairs() -> impl Strategy<Value = (Tensor<f64>, Tensor<f64>, Tensor<f64>)> {
-    any_shape().prop_flat_map(|s| {
+    shapes().prop_flat_map(|s| {
         let n = s.numel();
         (
             tensor(s.clone(), ANY),
@@ -188,7 +193,7 @@ fn tied_pairs() -> impl Strategy<Value = (Tensor<f64>, Tensor<f64>, Tensor<f64>)
 
 /// Each element either exactly `at` or at least 0.1 away from it, and a cotangent.
 fn with_exact(at: f64) -> impl Strategy<Value = (Tensor<f64>, Tensor<f64>)> {
-    any_shape().prop_flat_map(move |s| {
+    shapes().prop_flat_map(move |s| {
         let n = s.numel();
         (
             tensor(s.clone(), Domain::AwayFromZero(0.1, 2.0)),

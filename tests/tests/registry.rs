@@ -5,19 +5,19 @@ use std::collections::BTreeSet;
 
 use proptest::strategy::{Strategy, ValueTree};
 use tl_conformance::entries::{CLAMP_MARGIN, TIE_MARGIN};
+use tl_conformance::generate::{LARGE_NUMEL, Size};
 use tl_conformance::{Check, OpCase, OpInfo, RunConfig, kink_margin, registry};
 use tl_ir::rules;
 
 fn samples(entry: &OpInfo, n: usize) -> Vec<OpCase> {
+    sized(entry, Size::Small, n)
+}
+
+fn sized(entry: &OpInfo, size: Size, n: usize) -> Vec<OpCase> {
     let mut runner = RunConfig::default().runner(entry.name);
+    let strategy = (entry.generate)(size);
     (0..n)
-        .map(|_| {
-            entry
-                .cases
-                .new_tree(&mut runner)
-                .expect("generates")
-                .current()
-        })
+        .map(|_| strategy.new_tree(&mut runner).expect("generates").current())
         .collect()
 }
 
@@ -49,7 +49,13 @@ fn every_entry_round_trips_through_the_exhaustive_match() {
 #[test]
 fn generated_cases_are_well_typed_and_evaluate() {
     for entry in registry::all() {
-        for case in samples(&entry, 24) {
+        let small = sized(&entry, Size::Small, 24);
+        let large = sized(&entry, Size::Large, 8);
+        for (case, limit) in small
+            .iter()
+            .map(|c| (c, 128))
+            .chain(large.iter().map(|c| (c, LARGE_NUMEL)))
+        {
             assert_eq!(case.inputs.len(), case.op.arity(), "{case:?}");
             let out = case.out_shape();
             let y = rules::value(&case.op, &case.args()).unwrap_or_else(|e| {
@@ -58,8 +64,9 @@ fn generated_cases_are_well_typed_and_evaluate() {
             assert_eq!(y.shape(), &out, "{case:?}");
             assert!(y.data().iter().all(|v| v.is_finite()), "{case:?}");
             assert!(
-                case.inputs.iter().all(|t| t.numel() <= 128),
-                "cases stay small: {case:?}"
+                case.inputs.iter().all(|t| t.numel() <= limit),
+                "{}: an operand has more than {limit} elements",
+                entry.name
             );
         }
     }
@@ -71,7 +78,9 @@ fn smooth_checks_only_see_points_away_from_kinks_and_poles() {
         .iter()
         .filter(|e| e.applies.get(Check::FiniteDiff))
     {
-        for case in samples(entry, 32) {
+        let mut cases = samples(entry, 32);
+        cases.extend(sized(entry, Size::Large, 4));
+        for case in cases {
             if let Some(m) = kink_margin(&case.op, &case.args()) {
                 assert!(
                     m >= CLAMP_MARGIN.min(TIE_MARGIN) - 1e-12,
@@ -129,6 +138,28 @@ fn generators_explore_shapes_and_parameters() {
             "{}: only {} distinct op/shape combinations",
             entry.name,
             shapes.len()
+        );
+    }
+}
+
+#[test]
+fn large_cases_reach_past_small_kernel_blocks() {
+    // Fast kernels switch paths on size (32 × 32 transpose tiles, GEMM micro-kernel edges, long
+    // reductions): every op's large cases must include operands well beyond the small range.
+    for entry in registry::all() {
+        // The largest operand or output (the output of broadcastTo or a constant is the big one).
+        let biggest = sized(&entry, Size::Large, 64)
+            .iter()
+            .flat_map(|c| {
+                let inputs = c.inputs.iter().map(|t| t.numel());
+                inputs.chain(std::iter::once(c.out_shape().numel()))
+            })
+            .max()
+            .unwrap_or(0);
+        assert!(
+            biggest > 200,
+            "{}: largest operand of 64 large cases has {biggest} elements",
+            entry.name
         );
     }
 }

@@ -78,8 +78,7 @@ pub fn check_adjoint(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let label = format!("4 jvp {}", entry.name);
     let tol = entry.tol.adjoint;
     let cases = entry
-        .cases
-        .clone()
+        .mixed_cases()
         .prop_flat_map(|case| {
             let shapes = case.inputs.iter().map(|t| t.shape().clone()).collect();
             let out = case.out_shape();

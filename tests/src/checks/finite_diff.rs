@@ -113,8 +113,7 @@ pub fn check_finite_diff(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let label = format!("3 fd {}", entry.name);
     let tol = entry.tol.fd;
     let cases = entry
-        .cases
-        .clone()
+        .cases()
         .prop_flat_map(|case| {
             let out = case.out_shape();
             (Just(case), direction(out))

@@ -28,8 +28,7 @@ use crate::{CaseResult, GraphCase, Measured, OpInfo, Tol};
 /// leaves requiring grad with probability 0.8 each, and a random cotangent in `[-1, 1]`.
 pub fn op_graph_cases(entry: &OpInfo) -> BoxedStrategy<GraphCase> {
     entry
-        .cases
-        .clone()
+        .mixed_cases()
         .prop_flat_map(|case| {
             let n = case.inputs.len();
             (
