@@ -33,8 +33,13 @@ impl RunConfig {
     /// `TL_CASES` and `TL_SEED` from the environment, falling back to the defaults.
     /// A value that does not parse is reported and ignored (the default is used).
     pub fn from_env() -> Self {
+        Self::from_env_or(DEFAULT_CASES)
+    }
+
+    /// Like [`RunConfig::from_env`], with `cases` as the default case count.
+    pub fn from_env_or(cases: u32) -> Self {
         RunConfig {
-            cases: env_number("TL_CASES").map_or(DEFAULT_CASES, |v| v as u32),
+            cases: env_number("TL_CASES").map_or(cases, |v| v.min(u64::from(u32::MAX)) as u32),
             seed: env_number("TL_SEED").unwrap_or(DEFAULT_SEED),
         }
     }

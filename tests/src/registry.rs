@@ -1,7 +1,7 @@
 //! The op registry, in the spirit of PyTorch's OpInfo: one [`OpInfo`] per `tl_ir::Op` variant,
 //! saying which checks apply, how to generate valid cases, and the tolerances.
 //!
-//! **Coverage is enforced by the compiler.** The [`registry!`] invocation below is the single
+//! **Coverage is enforced by the compiler.** The `registry!` invocation below is the single
 //! list of entries; the macro expands it both into [`entry_of`] — an exhaustive `match` over
 //! `Op` with no wildcard arm, so adding a variant to `Op` does not compile until it has an entry
 //! here — and into [`all`], the list every check and `tl-verify` iterate over. The same

@@ -108,9 +108,26 @@ pub fn dag_row(cfg: &RunConfig) -> Row {
 
 /// Every registry row, then the DAG row.
 pub fn all_rows(cfg: &RunConfig) -> Vec<Row> {
-    let mut rows: Vec<Row> = registry::all().iter().map(|e| op_row(e, cfg)).collect();
-    rows.push(dag_row(cfg));
-    rows
+    row_names()
+        .iter()
+        .map(|n| row(n, cfg).expect("known row"))
+        .collect()
+}
+
+/// The names of all rows: every registry entry, then `"dag"`.
+pub fn row_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = registry::all().iter().map(|e| e.name).collect();
+    names.push("dag");
+    names
+}
+
+/// The row named `name` (a registry op or `"dag"`), or `None` for an unknown name.
+pub fn row(name: &str, cfg: &RunConfig) -> Option<Row> {
+    if name == "dag" {
+        Some(dag_row(cfg))
+    } else {
+        registry::by_name(name).map(|e| op_row(&e, cfg))
+    }
 }
 
 /// Cell counts of a table.
@@ -144,23 +161,37 @@ pub fn tally(rows: &[Row]) -> Tally {
     t
 }
 
-/// The table: one row per op, one column per check, cells `cases/maxerr`, `n/a` or `FAIL`.
-pub fn render(rows: &[Row]) -> String {
-    let name_w = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
-    let cell_w = 13;
-    let mut out = String::new();
-    let _ = write!(out, "{:<name_w$}", "op");
+/// Width of the op-name column (fits every registry name and `"dag"`).
+pub const NAME_WIDTH: usize = 13;
+/// Width of a cell.
+pub const CELL_WIDTH: usize = 13;
+
+/// The table's header line (with a trailing newline).
+pub fn render_header() -> String {
+    let mut out = format!("{:<NAME_WIDTH$}", "op");
     for c in COLUMNS {
-        let _ = write!(out, " {:>cell_w$}", c.header());
+        let _ = write!(out, " {:>CELL_WIDTH$}", c.header());
     }
     out.push('\n');
+    out
+}
+
+/// One table line: the name, then `cases/maxerr`, `n/a` or `FAIL` per column.
+pub fn render_row(row: &Row) -> String {
+    let mut out = format!("{:<NAME_WIDTH$}", row.name);
+    for cell in &row.cells {
+        let text = cell.as_ref().map_or_else(|| "n/a".to_owned(), Report::cell);
+        let _ = write!(out, " {text:>CELL_WIDTH$}");
+    }
+    out.push('\n');
+    out
+}
+
+/// The whole table: one row per op, one column per check.
+pub fn render(rows: &[Row]) -> String {
+    let mut out = render_header();
     for row in rows {
-        let _ = write!(out, "{:<name_w$}", row.name);
-        for cell in &row.cells {
-            let text = cell.as_ref().map_or_else(|| "n/a".to_owned(), Report::cell);
-            let _ = write!(out, " {text:>cell_w$}");
-        }
-        out.push('\n');
+        out.push_str(&render_row(row));
     }
     out
 }

@@ -5,14 +5,29 @@
 //! tl-verify [--cases N] [--seed S] [--coverage] [--only NAME]...
 //! ```
 //! `--coverage` also fails when an applicable cell ran zero cases. The last line is
-//! `N passed, N failed` (counting cells).
+//! `N passed, N failed` (counting cells). `TL_CASES` / `TL_SEED` set the defaults of
+//! `--cases` (64 otherwise) / `--seed`.
 
 use std::process::ExitCode;
 
-use tl_conformance::verify::{all_rows, dag_row, op_row, render, tally};
-use tl_conformance::{RunConfig, registry};
+use std::io::Write;
 
-const USAGE: &str = "usage: tl-verify [--cases N] [--seed S] [--coverage] [--only OP]...";
+use tl_conformance::RunConfig;
+use tl_conformance::verify::{render_header, render_row, row, row_names, tally};
+
+/// Print and flush (rows appear as they finish); a closed stdout (`| head`) is not an error.
+fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+}
+
+const USAGE: &str = "usage: tl-verify [--cases N] [--seed S] [--coverage] [--only OP]...
+  defaults: --cases $TL_CASES or 64, --seed $TL_SEED or the harness' fixed seed";
+
+/// Cases per cell when neither `--cases` nor `TL_CASES` is given.
+const DEFAULT_CASES: u32 = 64;
 
 struct Args {
     cfg: RunConfig,
@@ -22,10 +37,7 @@ struct Args {
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
-        cfg: RunConfig {
-            cases: 64,
-            ..RunConfig::default()
-        },
+        cfg: RunConfig::from_env_or(DEFAULT_CASES),
         coverage: false,
         only: Vec::new(),
     };
@@ -64,39 +76,41 @@ fn main() -> ExitCode {
         }
     };
     let cfg = args.cfg;
-    println!(
-        "tl-verify: CPU tape (f64, f32) vs IR reference, {} case(s) per cell, seed {}",
-        cfg.cases, cfg.seed
-    );
-    let rows = if args.only.is_empty() {
-        all_rows(&cfg)
+    let names: Vec<String> = if args.only.is_empty() {
+        row_names().into_iter().map(str::to_owned).collect()
     } else {
-        let mut rows = Vec::new();
-        for name in &args.only {
-            if name == "dag" {
-                rows.push(dag_row(&cfg));
-            } else if let Some(e) = registry::by_name(name) {
-                rows.push(op_row(&e, &cfg));
-            } else {
-                eprintln!("tl-verify: no registry entry named {name:?}");
-                return ExitCode::from(2);
-            }
-        }
-        rows
+        args.only.clone()
     };
-    print!("{}", render(&rows));
+    if let Some(bad) = names.iter().find(|n| !row_names().contains(&n.as_str())) {
+        eprintln!("tl-verify: no registry entry named {bad:?}");
+        return ExitCode::from(2);
+    }
+    out(&format!(
+        "tl-verify: CPU tape (f64, f32) vs IR reference, {} case(s) per cell, seed {}\n",
+        cfg.cases, cfg.seed
+    ));
+    out(&render_header());
+    let mut rows = Vec::new();
+    for name in &names {
+        let r = row(name, &cfg).expect("names were checked");
+        out(&render_row(&r));
+        rows.push(r);
+    }
     for report in rows.iter().flat_map(|r| r.cells.iter().flatten()) {
         if !report.passed() {
-            println!("\n{report}");
+            out(&format!("\n{report}\n"));
         }
     }
     let t = tally(&rows);
     let mut ok = t.failed == 0;
     if args.coverage && t.empty > 0 {
-        println!("coverage: {} applicable cell(s) ran zero cases", t.empty);
+        out(&format!(
+            "coverage: {} applicable cell(s) ran zero cases\n",
+            t.empty
+        ));
         ok = false;
     }
-    println!("{} passed, {} failed", t.passed, t.failed);
+    out(&format!("{} passed, {} failed\n", t.passed, t.failed));
     if ok {
         ExitCode::SUCCESS
     } else {
