@@ -238,13 +238,13 @@ impl Dag {
                 let y = if op == Op::Div { self.positive(y) } else { y };
                 self.add(op, &[x, y]);
             }
-            6 => drop(self.add(Op::Abs, &[x])),
-            7 => drop(self.add(Op::Relu, &[x])),
-            8 => drop(self.add(Op::Sigmoid, &[x])),
-            9 => drop(self.add(Op::Tanh, &[x])),
-            10 => drop(self.add(Op::Softplus, &[x])),
-            11 => drop(self.add(Op::SafeLog { eps: 1e-6 }, &[x])),
-            12 => drop(self.add(Op::Scale(f64::from(p % 7) * 0.5 - 1.5), &[x])),
+            6 => self.push(Op::Abs, &[x]),
+            7 => self.push(Op::Relu, &[x]),
+            8 => self.push(Op::Sigmoid, &[x]),
+            9 => self.push(Op::Tanh, &[x]),
+            10 => self.push(Op::Softplus, &[x]),
+            11 => self.push(Op::SafeLog { eps: 1e-6 }, &[x]),
+            12 => self.push(Op::Scale(f64::from(p % 7) * 0.5 - 1.5), &[x]),
             13 => {
                 let hi = 0.5 + f64::from(p % 3) * 0.5;
                 self.add(Op::Clamp { lo: -0.5, hi }, &[x]);
@@ -258,9 +258,9 @@ impl Dag {
                 let op = [Op::Sqrt, Op::Log, Op::Inv][usize::from(k - 15)].clone();
                 self.add(op, &[pos]);
             }
-            18 if opts.detach => drop(self.add(Op::Detach, &[x])),
-            18 => drop(self.add(Op::Tanh, &[x])),
-            19 if p % 2 == 1 => drop(self.add(Op::Flatten, &[x])),
+            18 if opts.detach => self.push(Op::Detach, &[x]),
+            18 => self.push(Op::Tanh, &[x]),
+            19 if p % 2 == 1 => self.push(Op::Flatten, &[x]),
             19 => {
                 let to = regroup(sx.numel(), usize::from(p % 4), u64::from(p));
                 self.add(Op::Reshape(to), &[x]);
@@ -278,7 +278,7 @@ impl Dag {
                 };
                 self.add(op, &[x]);
             }
-            21 if sx.numel() > 24 => drop(self.add(Op::ReduceSum(0), &[x])),
+            21 if sx.numel() > 24 => self.push(Op::ReduceSum(0), &[x]),
             21 => {
                 let to: Vec<usize> = if rank < 3 {
                     std::iter::once(2)
@@ -292,10 +292,10 @@ impl Dag {
                 };
                 self.add(Op::BroadcastTo(Shape::from(to)), &[x]);
             }
-            22 => drop(self.add(Op::Sum, &[x])),
-            23 | 24 if rank == 0 => drop(self.add(Op::Scale(0.5), &[x])),
-            23 => drop(self.add(Op::ReduceSum(usize::from(p) % rank), &[x])),
-            24 => drop(self.add(Op::ReduceMean(usize::from(p) % rank), &[x])),
+            22 => self.push(Op::Sum, &[x]),
+            23 | 24 if rank == 0 => self.push(Op::Scale(0.5), &[x]),
+            23 => self.push(Op::ReduceSum(usize::from(p) % rank), &[x]),
+            24 => self.push(Op::ReduceMean(usize::from(p) % rank), &[x]),
             25 => {
                 let a = self.as_rank(x, 2);
                 let k = self.shape(a).dims()[1];
@@ -321,8 +321,8 @@ impl Dag {
                 let bias = self.adapt(z, &Shape::new(&[out]));
                 self.add(Op::Linear, &[w, bias, input]);
             }
-            28 => drop(self.add(Op::Softmax, &[x])),
-            29 => drop(self.add(Op::LogSoftmax, &[x])),
+            28 => self.push(Op::Softmax, &[x]),
+            29 => self.push(Op::LogSoftmax, &[x]),
             30 => {
                 let y = self.adapt(y, &sx);
                 self.add(Op::MseLoss, &[x, y]);
@@ -333,6 +333,11 @@ impl Dag {
                 self.add(Op::Add, &[x, c]);
             }
         }
+    }
+
+    /// Append a node whose id the step does not need.
+    fn push(&mut self, op: Op, args: &[Id]) {
+        self.add(op, args);
     }
 
     /// `x` reshaped to rank 1, 2 (rows × last dim, or 1 × n) or 3 (leading 1s added).
