@@ -11,6 +11,9 @@ impl GraphData {
     ///
     /// Ids that do not require grad (see [`GraphData::requires_grad`]) receive no contributions
     /// (their entry stays zero, except `out` itself, which holds `seed`), exactly as on the tapes.
+    /// Nodes that no contribution reaches (not on a path to `out`) are skipped, as on the tapes:
+    /// their VJP is not evaluated, so a zero cotangent never meets an infinite local derivative
+    /// (`0 · ∞ = NaN`) off the path.
     pub fn backprop_all<T: Scalar>(
         &self,
         leaves: &[Tensor<T>],
@@ -52,10 +55,13 @@ impl GraphData {
             .map(|id| Ok(Tensor::zeros(self.shape(id)?.clone())))
             .collect::<Result<_>>()?;
         grads[out] = seed.clone();
+        // Whether some cotangent has reached the id (the seed reaches `out`).
+        let mut reached = vec![false; self.len()];
+        reached[out] = true;
         let nl = self.num_leaves();
         for (k, node) in self.nodes().iter().enumerate().rev() {
             let id = nl + k;
-            if id > out || !rg[id] {
+            if id > out || !rg[id] || !reached[id] {
                 continue;
             }
             let args: SmallVec<[&Tensor<T>; 3]> = node.args().iter().map(|&a| &values[a]).collect();
@@ -65,6 +71,7 @@ impl GraphData {
                     && rg[a]
                 {
                     grads[a].add_assign(&c)?;
+                    reached[a] = true;
                 }
             }
         }

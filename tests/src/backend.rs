@@ -1,0 +1,128 @@
+//! The backend abstraction checks 1 and 2 run against: "record this graph with these leaf
+//! values, give me every id's value" and "dense backward from an output". Implemented here for
+//! the CPU tape in f32 and f64; the CUDA tape (and any wrapper a test builds, such as the
+//! deliberately broken one in `tests/teeth.rs`) implements it the same way.
+
+use std::marker::PhantomData;
+
+use tl_ir::{GraphData, Id};
+use tl_spec::{Scalar, Tensor};
+use tl_tape_cpu::Tape;
+
+/// A runtime that can execute a recorded [`GraphData`] and differentiate it.
+///
+/// Results are indexed by **graph** id (leaves first, then nodes), whatever ids the backend uses
+/// internally.
+pub trait Backend {
+    /// The element type the backend computes in.
+    type T: Scalar;
+    /// The backend's recorded program (e.g. a tape plus the graph-id → tape-id map).
+    type Program;
+
+    /// A short name for reports (`"cpu-f64"`).
+    fn name(&self) -> String;
+
+    /// Record ("compile") `graph` with `leaves` (one per graph leaf, in order) and run it forward.
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<Self::T>],
+    ) -> Result<Self::Program, String>;
+
+    /// The forward value of every graph id.
+    fn values(&self, program: &Self::Program) -> Result<Vec<Tensor<Self::T>>, String>;
+
+    /// Dense gradients of graph id `out` with cotangent `seed`, for every graph id.
+    fn backward_dense(
+        &self,
+        program: &Self::Program,
+        out: Id,
+        seed: &Tensor<Self::T>,
+    ) -> Result<Vec<Tensor<Self::T>>, String>;
+}
+
+/// The CPU tape (`tl_tape_cpu::Tape<T>`), compiled into by `GraphData::replay`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuTape<T>(PhantomData<T>);
+
+impl<T: Scalar> CpuTape<T> {
+    /// The CPU tape backend in `T`.
+    pub fn new() -> Self {
+        CpuTape(PhantomData)
+    }
+}
+
+/// A recorded tape and, for each graph id, the id it received on the tape.
+#[derive(Debug, Clone)]
+pub struct TapeProgram<T: Scalar> {
+    /// The tape.
+    pub tape: Tape<T>,
+    /// Graph id → tape id.
+    pub map: Vec<usize>,
+}
+
+impl<T: Scalar> TapeProgram<T> {
+    /// Record `graph` into a fresh tape through `GraphData::replay`.
+    pub fn replay(graph: &GraphData, leaves: &[Tensor<T>]) -> Result<Self, String> {
+        let mut tape = Tape::new();
+        let map = graph
+            .replay(&mut tape, leaves, &[])
+            .map_err(|e| format!("replay into the CPU tape failed: {e}"))?;
+        Ok(TapeProgram { tape, map })
+    }
+
+    /// Every graph id's value, read back from the tape.
+    pub fn values(&self) -> Result<Vec<Tensor<T>>, String> {
+        self.map
+            .iter()
+            .map(|&t| self.tape.get(t).cloned().map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    /// Dense backward on the tape, re-indexed by graph id.
+    pub fn backward_dense(&self, out: Id, seed: &Tensor<T>) -> Result<Vec<Tensor<T>>, String> {
+        let &tape_out = self
+            .map
+            .get(out)
+            .ok_or_else(|| format!("graph id {out} was not recorded"))?;
+        let grads = self
+            .tape
+            .backward_dense(tape_out, seed)
+            .map_err(|e| format!("tape backward_dense failed: {e}"))?;
+        self.map
+            .iter()
+            .map(|&t| {
+                grads
+                    .get(t)
+                    .cloned()
+                    .ok_or_else(|| format!("tape returned no gradient for tape id {t}"))
+            })
+            .collect()
+    }
+}
+
+impl<T: Scalar> Backend for CpuTape<T> {
+    type T = T;
+    type Program = TapeProgram<T>;
+
+    fn name(&self) -> String {
+        format!("cpu-{}", T::NAME)
+    }
+
+    fn record(&self, graph: &GraphData, leaves: &[Tensor<T>]) -> Result<TapeProgram<T>, String> {
+        TapeProgram::replay(graph, leaves)
+    }
+
+    fn values(&self, program: &TapeProgram<T>) -> Result<Vec<Tensor<T>>, String> {
+        program.values()
+    }
+
+    fn backward_dense(
+        &self,
+        program: &TapeProgram<T>,
+        out: Id,
+        seed: &Tensor<T>,
+    ) -> Result<Vec<Tensor<T>>, String> {
+        program.backward_dense(out, seed)
+    }
+}

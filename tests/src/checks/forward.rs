@@ -1,0 +1,42 @@
+//! Check 1: the compiled tape's values equal the IR's pure evaluation, at every id.
+
+use crate::checks::{backend_inputs, backend_tol, compare_ids, op_graph_cases};
+use crate::dag::{DagOptions, dag_cases};
+use crate::{Backend, CaseResult, GraphCase, OpInfo, Report, RunConfig, Tol, run_check};
+
+/// One case of check 1: record `case.graph` on `backend`, read every id, and compare with
+/// `GraphData::eval` in f64 on the same (backend-precision) leaves.
+pub fn forward_case<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> CaseResult {
+    let (leaves, reference) = backend_inputs::<B::T>(case);
+    let want = case
+        .graph
+        .eval(&reference, &[])
+        .map_err(|e| format!("IR eval rejected a generated case: {e}"))?;
+    let program = backend.record(&case.graph, &leaves)?;
+    let got = backend.values(&program)?;
+    compare_ids(
+        &case.graph,
+        &got,
+        &want,
+        backend_tol::<B::T>(tol, &case.graph),
+        "value",
+    )
+}
+
+/// Check 1 on a registry entry.
+pub fn check_forward<B: Backend>(backend: &B, entry: &OpInfo, cfg: &RunConfig) -> Report {
+    let label = format!("1 fwd {} {}", entry.name, backend.name());
+    let tol = entry.tol;
+    run_check(label, cfg, op_graph_cases(entry), |c| {
+        forward_case(backend, c, &tol)
+    })
+}
+
+/// Check 1 on random DAGs.
+pub fn check_forward_dag<B: Backend>(backend: &B, cfg: &RunConfig) -> Report {
+    let label = format!("1 fwd dag {}", backend.name());
+    let tol = crate::dag::DAG_TOL;
+    run_check(label, cfg, dag_cases(DagOptions::default()), |c| {
+        forward_case(backend, c, &tol)
+    })
+}

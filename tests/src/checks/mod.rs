@@ -1,0 +1,126 @@
+//! The four checks. Each takes a case strategy (from a registry entry or the random-DAG
+//! generator), runs it through [`crate::run_check`] and returns a [`crate::Report`].
+//!
+//! Checks 1 and 2 are generic over [`crate::Backend`] and its scalar type: an f64 backend is held
+//! to `Tol::f64`, any other to `Tol::f32` scaled by the graph's longest reduction. The reference is
+//! always the f64 IR evaluated on the backend's own inputs (the f32-rounded leaves and seed, cast
+//! back to f64), so only the backend's arithmetic is measured, not the rounding of the inputs.
+
+mod adjoint;
+mod backward;
+mod finite_diff;
+mod forward;
+
+pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
+pub use backward::{backward_case, check_backward, check_backward_dag};
+pub use finite_diff::{FD_STEP, check_finite_diff, check_finite_diff_dag, fd_case, fd_dag_case};
+pub use forward::{check_forward, check_forward_dag, forward_case};
+
+use proptest::prelude::*;
+use tl_ir::{GraphData, Op};
+use tl_spec::{Scalar, Tensor};
+
+use crate::generate::direction;
+use crate::metric::{tensor_err, worst_index};
+use crate::{CaseResult, GraphCase, Measured, OpInfo, Tol};
+
+/// Cases for checks 1 and 2 from a registry entry: the one-node graph of a generated op case,
+/// leaves requiring grad with probability 0.8 each, and a random cotangent in `[-1, 1]`.
+pub fn op_graph_cases(entry: &OpInfo) -> BoxedStrategy<GraphCase> {
+    entry
+        .mixed_cases()
+        .prop_flat_map(|case| {
+            let n = case.inputs.len();
+            (
+                Just(case.clone()),
+                prop::collection::vec(prop::bool::weighted(0.8), n),
+                direction(case.out_shape()),
+            )
+        })
+        .prop_map(|(case, rg, seed)| GraphCase::from_op(&case, &rg, seed))
+        .boxed()
+}
+
+/// The length of the longest reduction in `graph` (forward or backward): summed elements for
+/// `sum`/`mseLoss`, the axis for `reduceSum`/`reduceMean`, the inner dim for matrix products,
+/// the largest dim of either operand for matrix products (their backward reduces over the outer
+/// dims), the row for softmax, the expansion factor for `broadcastTo` (its backward sums).
+pub fn reduction_len(graph: &GraphData) -> usize {
+    let mut worst = 1;
+    for node in graph.nodes() {
+        let dims = |k: usize| graph.shape(node.args()[k]).expect("valid graph").dims();
+        let max_dim = |k: usize| dims(k).iter().copied().max().unwrap_or(1);
+        let len = match node.op() {
+            Op::Sum | Op::MseLoss => dims(0).iter().product(),
+            Op::ReduceSum(a) | Op::ReduceMean(a) => dims(0)[*a],
+            // Forward reduces over the inner dim, backward over the outer ones.
+            Op::Matmul | Op::Bmm => max_dim(0).max(max_dim(1)),
+            Op::Linear => max_dim(0).max(max_dim(2)),
+            Op::Softmax | Op::LogSoftmax => dims(0).last().copied().unwrap_or(1),
+            Op::BroadcastTo(to) => to.numel() / dims(0).iter().product::<usize>().max(1),
+            _ => 1,
+        };
+        worst = worst.max(len);
+    }
+    worst
+}
+
+/// The tolerance for a backend in `T` on `graph`.
+pub fn backend_tol<T: Scalar>(tol: &Tol, graph: &GraphData) -> f64 {
+    if T::NAME == "f64" {
+        tol.f64
+    } else {
+        tol.f32_for(reduction_len(graph))
+    }
+}
+
+/// Leaves and seed as the backend sees them (`T`), and the same values back in f64 for the
+/// reference.
+pub(crate) fn backend_inputs<T: Scalar>(case: &GraphCase) -> (Vec<Tensor<T>>, Vec<Tensor<f64>>) {
+    let leaves: Vec<Tensor<T>> = case.leaves.iter().map(Tensor::cast).collect();
+    let reference = leaves.iter().map(Tensor::cast).collect();
+    (leaves, reference)
+}
+
+/// Compare per-id results of a backend with the f64 reference: counts, shapes and values.
+/// `what` names the quantity ("value", "gradient") in messages, which also name the id's op.
+pub(crate) fn compare_ids<T: Scalar>(
+    graph: &GraphData,
+    got: &[Tensor<T>],
+    want: &[Tensor<f64>],
+    tol: f64,
+    what: &str,
+) -> CaseResult {
+    if got.len() != want.len() {
+        return Err(format!(
+            "backend returned {} {what}s, the graph has {} ids",
+            got.len(),
+            want.len()
+        ));
+    }
+    let mut worst = Measured { err: 0.0, tol };
+    for (id, (g, w)) in got.iter().zip(want).enumerate() {
+        let origin = match graph.node(id) {
+            Some(n) => format!("{:?}", n.op()),
+            None => "leaf".to_owned(),
+        };
+        if g.shape() != w.shape() {
+            return Err(format!(
+                "{what} of %{id} ({origin}): backend shape {}, reference shape {}",
+                g.shape(),
+                w.shape()
+            ));
+        }
+        let err = tensor_err(g, w);
+        let m = Measured::check(err, tol, || {
+            let i = worst_index(g, w).unwrap_or(0);
+            format!(
+                "{what} of %{id} ({origin}) differs: at flat index {i} backend {} vs reference {}",
+                g.data()[i],
+                w.data()[i]
+            )
+        })?;
+        worst = worst.max(m);
+    }
+    Ok(worst)
+}

@@ -1,0 +1,362 @@
+//! Random DAGs composed of registry ops, built with `tl_ir::GraphBuilder`.
+//!
+//! A case is a *plan* (leaf shapes, a list of steps, the output) turned into a graph
+//! deterministically, so proptest shrinks plans and leaf values together. Each step picks an op
+//! from a menu covering every `Op` variant and operands from all earlier ids: the most recent one
+//! half of the time, any earlier one otherwise, so ids are reused (fan-out) and gradients
+//! accumulate. Operands of the wrong shape are adapted with registry ops (`reshape`,
+//! `broadcastTo`, mean via `sum`+`scale`); ops with restricted domains get positive-ified inputs
+//! (`softplus(x) + 0.5`, via `add` and a `constant`) and `exp` a `tanh`-squashed one, which keeps
+//! `log`/`sqrt`/`inv`/`div` defined and values bounded. Cases whose f64 values exceed
+//! [`VALUE_BOUND`] or pass within [`KINK_MARGIN`] of a kink (relu/abs at 0, clamp bounds, a
+//! non-identical max/min tie) are filtered out, so f32-vs-f64 and finite-difference comparisons
+//! are well posed.
+
+use proptest::prelude::*;
+use tl_ir::{GraphBuilder, GraphData, Id, Op};
+use tl_spec::{Shape, Tensor, can_broadcast_to};
+
+use crate::generate::{direction, regroup, tensors};
+use crate::{GraphCase, Tol, kink_margin};
+
+/// Largest magnitude any value of an accepted DAG may reach.
+pub const VALUE_BOUND: f64 = 100.0;
+/// Smallest distance from a kink accepted at a kinked op's operands.
+pub const KINK_MARGIN: f64 = 5e-3;
+/// Tolerances on DAGs: like [`Tol::DEFAULT`], but finite differences of a composition are held
+/// to 1e-5 (compositions have larger third derivatives).
+pub const DAG_TOL: Tol = Tol {
+    fd: 1e-5,
+    ..Tol::DEFAULT
+};
+/// Number of entries of the step menu.
+pub const MENU_LEN: u8 = 32;
+
+/// What kind of DAGs to generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DagOptions {
+    /// Every leaf requires grad (needed by finite differences and the adjoint identity);
+    /// otherwise each leaf does with probability 0.75.
+    pub all_grad: bool,
+    /// Whether `detach` may appear (not in finite-difference checks).
+    pub detach: bool,
+    /// Most steps per DAG (each step adds one to five nodes).
+    pub max_steps: usize,
+}
+
+impl Default for DagOptions {
+    fn default() -> Self {
+        DagOptions {
+            all_grad: false,
+            detach: true,
+            max_steps: 10,
+        }
+    }
+}
+
+/// One planned step: a menu entry, three operand picks and a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Menu entry (`kind % MENU_LEN`).
+    pub kind: u8,
+    /// Operand picks.
+    pub picks: [u16; 3],
+    /// A parameter (axis, constant, shape choice...).
+    pub param: u16,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (0..MENU_LEN, any::<[u16; 3]>(), any::<u16>()).prop_map(|(kind, picks, param)| Step {
+        kind,
+        picks,
+        param,
+    })
+}
+
+/// A strategy for random DAG cases: graph, leaf values in `[-2, 2]`, output, seed in `[-1, 1]`.
+pub fn dag_cases(opts: DagOptions) -> BoxedStrategy<GraphCase> {
+    let plan = (
+        1usize..=3,
+        1usize..=3,
+        prop::collection::vec(0u8..8, 2..=4),
+        prop::collection::vec(step(), 1..=opts.max_steps),
+        prop::option::weighted(0.3, any::<u16>()),
+        prop::collection::vec(prop::bool::weighted(0.75), 4),
+    );
+    plan.prop_flat_map(move |(m, n, kinds, steps, out, rg)| {
+        let shapes: Vec<Shape> = kinds.iter().map(|&k| leaf_shape(k, m, n)).collect();
+        let rg: Vec<bool> = rg.iter().map(|&r| r || opts.all_grad).collect();
+        (
+            Just((shapes.clone(), steps, out, rg)),
+            tensors(shapes, crate::ANY),
+        )
+    })
+    .prop_filter_map(
+        "DAG values out of bounds or too close to a kink",
+        move |((shapes, steps, out, rg), leaves)| {
+            let (graph, out) = build(&shapes, &rg, &steps, out, opts);
+            well_conditioned(&graph, &leaves).then_some((graph, out, leaves))
+        },
+    )
+    .prop_flat_map(|(graph, out, leaves)| {
+        let shape = graph.shape(out).expect("out exists").clone();
+        (Just((graph, out, leaves)), direction(shape))
+    })
+    .prop_map(|((graph, out, leaves), seed)| GraphCase {
+        graph,
+        leaves,
+        out,
+        seed,
+    })
+    .boxed()
+}
+
+fn leaf_shape(kind: u8, m: usize, n: usize) -> Shape {
+    match kind {
+        0 | 1 => Shape::new(&[m, n]),
+        2 => Shape::new(&[n]),
+        3 => Shape::new(&[m]),
+        4 => Shape::scalar(),
+        5 => Shape::new(&[n, m]),
+        6 => Shape::new(&[2, m, n]),
+        _ => Shape::new(&[m, n, 2]),
+    }
+}
+
+/// Whether every value is finite and within [`VALUE_BOUND`], and every kinked op's operands
+/// keep [`KINK_MARGIN`] from its kinks (`max`/`min` of one id with itself is an exact tie on
+/// every backend and allowed).
+pub fn well_conditioned(graph: &GraphData, leaves: &[Tensor<f64>]) -> bool {
+    let Ok(values) = graph.eval(leaves, &[]) else {
+        return false;
+    };
+    let bounded = values.iter().all(|t| {
+        t.data()
+            .iter()
+            .all(|v| v.is_finite() && v.abs() <= VALUE_BOUND)
+    });
+    bounded
+        && graph.nodes().iter().all(|node| {
+            let a = node.args();
+            if matches!(node.op(), Op::Max | Op::Min) && a[0] == a[1] {
+                return true;
+            }
+            let args: Vec<&Tensor<f64>> = a.iter().map(|&i| &values[i]).collect();
+            kink_margin(node.op(), &args).is_none_or(|m| m >= KINK_MARGIN)
+        })
+}
+
+/// Turn a plan into a graph; returns it and the output id.
+pub fn build(
+    shapes: &[Shape],
+    requires_grad: &[bool],
+    steps: &[Step],
+    out: Option<u16>,
+    opts: DagOptions,
+) -> (GraphData, Id) {
+    let mut d = Dag {
+        b: GraphBuilder::new(),
+    };
+    for (k, s) in shapes.iter().enumerate() {
+        let rg = requires_grad.get(k).copied().unwrap_or(true);
+        d.b.leaf_with(s.clone(), Some(&format!("l{k}")), rg)
+            .expect("leaves first");
+    }
+    let first_node = shapes.len();
+    for s in steps {
+        d.step(s, opts);
+    }
+    let len = d.b.graph().len();
+    let out = match out {
+        Some(k) => first_node + usize::from(k) % (len - first_node),
+        None => len - 1,
+    };
+    (d.b.finish(), out)
+}
+
+struct Dag {
+    b: GraphBuilder,
+}
+
+impl Dag {
+    fn shape(&self, id: Id) -> Shape {
+        self.b.graph().shape(id).expect("known id").clone()
+    }
+
+    fn add(&mut self, op: Op, args: &[Id]) -> Id {
+        let shapes: Vec<Shape> = args.iter().map(|&a| self.shape(a)).collect();
+        self.b.apply(op.clone(), args).unwrap_or_else(|e| {
+            panic!("DAG generator built an ill-typed node {op:?}{shapes:?}: {e}")
+        })
+    }
+
+    fn pick(&self, p: u16, recent: bool) -> Id {
+        let len = self.b.graph().len();
+        if recent && p.is_multiple_of(2) {
+            len - 1
+        } else {
+            usize::from(p) % len
+        }
+    }
+
+    /// `x` as a tensor of shape `to`: itself, a reshape, a broadcast, or its broadcast mean.
+    fn adapt(&mut self, x: Id, to: &Shape) -> Id {
+        let s = self.shape(x);
+        if &s == to {
+            x
+        } else if s.numel() == to.numel() {
+            self.add(Op::Reshape(to.clone()), &[x])
+        } else if can_broadcast_to(&s, to) {
+            self.add(Op::BroadcastTo(to.clone()), &[x])
+        } else {
+            let sum = self.add(Op::Sum, &[x]);
+            let mean = self.add(Op::Scale(1.0 / s.numel().max(1) as f64), &[sum]);
+            self.add(Op::BroadcastTo(to.clone()), &[mean])
+        }
+    }
+
+    /// `softplus(x) + 0.5`: a positive version of `x` (at least 0.5).
+    fn positive(&mut self, x: Id) -> Id {
+        let s = self.shape(x);
+        let sp = self.add(Op::Softplus, &[x]);
+        let half = self.add(Op::Constant(Tensor::full(s, 0.5)), &[]);
+        self.add(Op::Add, &[sp, half])
+    }
+
+    fn step(&mut self, st: &Step, opts: DagOptions) {
+        let x = self.pick(st.picks[0], true);
+        let y = self.pick(st.picks[1], false);
+        let z = self.pick(st.picks[2], false);
+        let p = st.param;
+        let sx = self.shape(x);
+        let rank = sx.rank();
+        match st.kind % MENU_LEN {
+            k @ 0..=5 => {
+                let y = self.adapt(y, &sx);
+                let op =
+                    [Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Max, Op::Min][usize::from(k)].clone();
+                let y = if op == Op::Div { self.positive(y) } else { y };
+                self.add(op, &[x, y]);
+            }
+            6 => self.push(Op::Abs, &[x]),
+            7 => self.push(Op::Relu, &[x]),
+            8 => self.push(Op::Sigmoid, &[x]),
+            9 => self.push(Op::Tanh, &[x]),
+            10 => self.push(Op::Softplus, &[x]),
+            11 => self.push(Op::SafeLog { eps: 1e-6 }, &[x]),
+            12 => self.push(Op::Scale(f64::from(p % 7) * 0.5 - 1.5), &[x]),
+            13 => {
+                let hi = 0.5 + f64::from(p % 3) * 0.5;
+                self.add(Op::Clamp { lo: -0.5, hi }, &[x]);
+            }
+            14 => {
+                let t = self.add(Op::Tanh, &[x]);
+                self.add(Op::Exp, &[t]);
+            }
+            k @ 15..=17 => {
+                let pos = self.positive(x);
+                let op = [Op::Sqrt, Op::Log, Op::Inv][usize::from(k - 15)].clone();
+                self.add(op, &[pos]);
+            }
+            18 if opts.detach => self.push(Op::Detach, &[x]),
+            18 => self.push(Op::Tanh, &[x]),
+            19 if p % 2 == 1 => self.push(Op::Flatten, &[x]),
+            19 => {
+                let to = regroup(sx.numel(), usize::from(p % 4), u64::from(p));
+                self.add(Op::Reshape(to), &[x]);
+            }
+            20 => {
+                // Rank 0-1 operands are lifted to rank 3 first, so every permutation sees data.
+                let x = if rank < 2 { self.as_rank(x, 3) } else { x };
+                let choice = usize::from(p % 4);
+                let op = match (self.shape(x).rank(), choice) {
+                    (2, 0 | 1) => Op::Transpose2d,
+                    (3, 0) => Op::PermuteBca,
+                    (3, 1) => Op::PermuteCab,
+                    (3, 2) => Op::SwapLastTwo,
+                    _ => Op::SwapAdjacent(usize::from(p / 4 % 3)),
+                };
+                self.add(op, &[x]);
+            }
+            21 if sx.numel() > 24 => self.push(Op::ReduceSum(0), &[x]),
+            21 => {
+                let to: Vec<usize> = if rank < 3 {
+                    std::iter::once(2)
+                        .chain(sx.dims().iter().copied())
+                        .collect()
+                } else {
+                    sx.dims()
+                        .iter()
+                        .map(|&d| if d == 1 { 2 } else { d })
+                        .collect()
+                };
+                self.add(Op::BroadcastTo(Shape::from(to)), &[x]);
+            }
+            22 => self.push(Op::Sum, &[x]),
+            23 | 24 if rank == 0 => self.push(Op::Scale(0.5), &[x]),
+            23 => self.push(Op::ReduceSum(usize::from(p) % rank), &[x]),
+            24 => self.push(Op::ReduceMean(usize::from(p) % rank), &[x]),
+            25 => {
+                let a = self.as_rank(x, 2);
+                let k = self.shape(a).dims()[1];
+                let b = self.adapt(y, &Shape::new(&[k, 1 + usize::from(p % 3)]));
+                self.add(Op::Matmul, &[a, b]);
+            }
+            26 => {
+                let a = self.as_rank(x, 3);
+                let d = self.shape(a);
+                let to = Shape::new(&[d.dims()[0], d.dims()[2], 1 + usize::from(p % 2)]);
+                let b = self.adapt(y, &to);
+                self.add(Op::Bmm, &[a, b]);
+            }
+            27 => {
+                let input = if rank == 1 || rank == 2 {
+                    x
+                } else {
+                    self.as_rank(x, 1)
+                };
+                let inp = *self.shape(input).dims().last().expect("rank ≥ 1");
+                let out = 1 + usize::from(p % 3);
+                let w = self.adapt(y, &Shape::new(&[out, inp]));
+                let bias = self.adapt(z, &Shape::new(&[out]));
+                self.add(Op::Linear, &[w, bias, input]);
+            }
+            28 => self.push(Op::Softmax, &[x]),
+            29 => self.push(Op::LogSoftmax, &[x]),
+            30 => {
+                let y = self.adapt(y, &sx);
+                self.add(Op::MseLoss, &[x, y]);
+            }
+            _ => {
+                let c = Tensor::from_fn(sx, |i| ((i * 7 + usize::from(p)) % 11) as f64 * 0.2 - 1.0);
+                let c = self.add(Op::Constant(c), &[]);
+                self.add(Op::Add, &[x, c]);
+            }
+        }
+    }
+
+    /// Append a node whose id the step does not need.
+    fn push(&mut self, op: Op, args: &[Id]) {
+        self.add(op, args);
+    }
+
+    /// `x` reshaped to rank 1, 2 (rows × last dim, or 1 × n) or 3 (leading 1s added).
+    fn as_rank(&mut self, x: Id, rank: usize) -> Id {
+        let s = self.shape(x);
+        if s.rank() == rank {
+            return x;
+        }
+        let to = match rank {
+            1 => Shape::new(&[s.numel()]),
+            2 => {
+                let (r, c) = s.rows_cols();
+                Shape::new(&[r, c])
+            }
+            _ => match s.dims() {
+                &[r, c] => Shape::new(&[1, r, c]),
+                _ => Shape::new(&[1, 1, s.numel()]),
+            },
+        };
+        self.add(Op::Reshape(to), &[x])
+    }
+}

@@ -1,0 +1,41 @@
+//! # tl-conformance: the verification harness
+//!
+//! Every op of `tl_ir::Op` is checked, on every backend, against the pure reference:
+//!
+//! 1. **forward** — compiled tape values (`GraphData::replay` into the backend) == IR `eval`;
+//! 2. **backprop** — backend `backward_dense` == IR `backprop_all` (the core claim);
+//! 3. **finite differences** — spec VJP == central differences of the spec value (f64);
+//! 4. **adjoint** — ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ between the JVP and the VJP.
+//!
+//! Checks 1–2 run in f64 (tolerance 1e-10) and f32 (1e-4, scaled by reduction length) through
+//! the [`Backend`] trait; all four run per op and on random DAGs with fan-out.
+//!
+//! Table of contents:
+//! - [`registry`]: one [`OpInfo`] per `Op` variant (an exhaustive match: a new variant does not
+//!   compile without an entry), with its case strategy, applicable checks and tolerances;
+//!   [`entries`] and [`generate`] build the strategies, [`domain`] keeps values off kinks.
+//! - [`dag`]: random DAGs composed of registry ops.
+//! - [`checks`]: the four checks, per op and per DAG; [`Backend`] / [`CpuTape`] ([`backend`]).
+//! - [`metric`]: the error definition; [`report`]: [`Report`] and the proptest driver
+//!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`.
+//! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
+
+pub mod backend;
+pub mod case;
+pub mod checks;
+pub mod config;
+pub mod dag;
+pub mod domain;
+pub mod entries;
+pub mod generate;
+pub mod metric;
+pub mod registry;
+pub mod report;
+pub mod verify;
+
+pub use backend::{Backend, CpuTape, TapeProgram};
+pub use case::{GraphCase, OpCase, Values, With};
+pub use config::RunConfig;
+pub use domain::{ANY, Domain, kink_margin};
+pub use registry::{Applies, OpInfo, Tol};
+pub use report::{CaseResult, Check, Measured, Report, assert_all_passed, run_check};

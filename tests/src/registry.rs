@@ -1,0 +1,211 @@
+//! The op registry, in the spirit of PyTorch's OpInfo: one [`OpInfo`] per `tl_ir::Op` variant,
+//! saying which checks apply, how to generate valid cases, and the tolerances.
+//!
+//! **Coverage is enforced by the compiler.** The `registry!` invocation below is the single
+//! list of entries; the macro expands it both into [`entry_of`] — an exhaustive `match` over
+//! `Op` with no wildcard arm, so adding a variant to `Op` does not compile until it has an entry
+//! here — and into [`all`], the list every check and `tl-verify` iterate over. The same
+//! invocation produces both, so an entry cannot be matched but not run, or run but not matched.
+//! The `registry` test then checks that every entry's generated ops map back to that entry.
+
+use proptest::prelude::*;
+use tl_ir::Op;
+
+use crate::domain::Domain::{Any, AwayFromZero, Positive};
+use crate::entries::*;
+use crate::generate::Size;
+use crate::{ANY, Check, OpCase};
+
+/// Which of the four checks apply to an op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applies {
+    /// 1: tape forward == IR eval.
+    pub forward: bool,
+    /// 2: tape backward == IR backprop.
+    pub backward: bool,
+    /// 3: spec VJP == finite differences (only where the op is smooth on its generated domain
+    /// and gradients flow by definition).
+    pub finite_diff: bool,
+    /// 4: JVP/VJP adjoint identity.
+    pub adjoint: bool,
+}
+
+impl Applies {
+    /// Every check applies.
+    pub const ALL: Applies = Applies {
+        forward: true,
+        backward: true,
+        finite_diff: true,
+        adjoint: true,
+    };
+    /// Every check but finite differences.
+    pub const NO_FD: Applies = Applies {
+        finite_diff: false,
+        ..Applies::ALL
+    };
+
+    /// Whether `check` applies.
+    pub fn get(self, check: Check) -> bool {
+        match check {
+            Check::Forward => self.forward,
+            Check::Backward => self.backward,
+            Check::FiniteDiff => self.finite_diff,
+            Check::Adjoint => self.adjoint,
+        }
+    }
+}
+
+/// Tolerances of one entry, as bounds on the errors of [`crate::metric`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tol {
+    /// f64 backend vs f64 IR (checks 1, 2).
+    pub f64: f64,
+    /// f32 backend vs f64 IR on the same (f32-rounded) inputs (checks 1, 2), before scaling by
+    /// reduction length (see [`Tol::f32_for`]).
+    pub f32: f64,
+    /// Spec VJP vs central differences with step [`crate::checks::FD_STEP`] (check 3).
+    pub fd: f64,
+    /// Adjoint identity (check 4).
+    pub adjoint: f64,
+}
+
+impl Tol {
+    /// The defaults: 1e-10 (f64), 1e-4 (f32), 1e-6 (finite differences), 1e-10 (adjoint).
+    pub const DEFAULT: Tol = Tol {
+        f64: 1e-10,
+        f32: 1e-4,
+        fd: 1e-6,
+        adjoint: 1e-10,
+    };
+
+    /// The f32 tolerance for a computation whose longest reduction sums `len` terms: the
+    /// worst-case rounding of a sequential sum grows linearly with its length, so the base
+    /// tolerance is multiplied by `max(1, len / 64)`.
+    pub fn f32_for(&self, len: usize) -> f64 {
+        self.f32 * (len as f64 / 64.0).max(1.0)
+    }
+}
+
+/// One registry entry.
+#[derive(Clone)]
+pub struct OpInfo {
+    /// The op's name (as `Op::name` spells it).
+    pub name: &'static str,
+    /// Which checks apply.
+    pub applies: Applies,
+    /// Why a check does not apply (empty when all do).
+    pub note: &'static str,
+    /// Tolerances.
+    pub tol: Tol,
+    /// Generates valid cases (parameters, operand shapes and values) of a given size.
+    pub generate: fn(Size) -> BoxedStrategy<OpCase>,
+}
+
+impl std::fmt::Debug for OpInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpInfo")
+            .field("name", &self.name)
+            .field("applies", &self.applies)
+            .field("note", &self.note)
+            .field("tol", &self.tol)
+            .finish()
+    }
+}
+
+fn entry(name: &'static str, generate: fn(Size) -> BoxedStrategy<OpCase>) -> OpInfo {
+    OpInfo {
+        name,
+        applies: Applies::ALL,
+        note: "",
+        tol: Tol::DEFAULT,
+        generate,
+    }
+}
+
+impl OpInfo {
+    /// Small cases (what finite differences and shrunk failure reports use).
+    pub fn cases(&self) -> BoxedStrategy<OpCase> {
+        (self.generate)(Size::Small)
+    }
+
+    /// Three small cases for every large one (checks 1, 2 and 4).
+    pub fn mixed_cases(&self) -> BoxedStrategy<OpCase> {
+        prop_oneof![3 => (self.generate)(Size::Small), 1 => (self.generate)(Size::Large)].boxed()
+    }
+
+    fn no_fd(mut self, why: &'static str) -> Self {
+        self.applies = Applies::NO_FD;
+        self.note = why;
+        self
+    }
+}
+
+/// Declares the registry: `Op pattern => entry` pairs, expanded into [`entry_of`] (an
+/// exhaustive match) and [`all`] (every entry, in declaration order).
+macro_rules! registry {
+    ($($pat:pat => $entry:expr),+ $(,)?) => {
+        /// The registry entry for `op`'s variant. The `match` is exhaustive and has no wildcard
+        /// arm: a new `Op` variant fails to compile until the registry has an entry for it.
+        pub fn entry_of(op: &Op) -> OpInfo {
+            match op {
+                $($pat => $entry,)+
+            }
+        }
+
+        /// Every registry entry, one per `Op` variant, in `Op`'s declaration order.
+        pub fn all() -> Vec<OpInfo> {
+            vec![$($entry),+]
+        }
+    };
+}
+
+const POS: crate::Domain = Positive(0.2, 3.0);
+const DETACH_NOTE: &str = "detach has no gradient by definition, while its value is the identity";
+
+registry! {
+    Op::Add => entry("add", |z| binary(z, Op::Add, ANY, ANY)),
+    Op::Sub => entry("sub", |z| binary(z, Op::Sub, ANY, ANY)),
+    Op::Mul => entry("mul", |z| binary(z, Op::Mul, ANY, ANY)),
+    Op::Div => entry("div", |z| binary(z, Op::Div, ANY, AwayFromZero(0.5, 2.0))),
+    Op::Scale(_) => entry("scale", |z| unary_param(z, -3.0f64..=3.0, Op::Scale, ANY)),
+    Op::Abs => entry("abs", |z| unary(z, Op::Abs, AwayFromZero(0.1, 2.0))),
+    Op::Sqrt => entry("sqrt", |z| unary(z, Op::Sqrt, POS)),
+    Op::Exp => entry("exp", |z| unary(z, Op::Exp, ANY)),
+    Op::Log => entry("log", |z| unary(z, Op::Log, POS)),
+    Op::Inv => entry("inv", |z| unary(z, Op::Inv, AwayFromZero(0.3, 2.0))),
+    Op::Relu => entry("relu", |z| unary(z, Op::Relu, AwayFromZero(0.1, 2.0))),
+    Op::Clamp { .. } => entry("clamp", clamp),
+    Op::Max => entry("max", |z| tie_free(z, Op::Max)),
+    Op::Min => entry("min", |z| tie_free(z, Op::Min)),
+    Op::Sigmoid => entry("sigmoid", |z| unary(z, Op::Sigmoid, Any(4.0))),
+    Op::Tanh => entry("tanh", |z| unary(z, Op::Tanh, Any(3.0))),
+    Op::Softplus => entry("softplus", |z| unary(z, Op::Softplus, Any(4.0))),
+    Op::SafeLog { .. } => entry("safeLog", |z| {
+        let eps = prop_oneof![Just(1e-6), 1e-4f64..=0.5];
+        unary_param(z, eps, |eps| Op::SafeLog { eps }, Any(4.0))
+    }),
+    Op::Detach => entry("detach", |z| unary(z, Op::Detach, ANY)).no_fd(DETACH_NOTE),
+    Op::Constant(_) => entry("constant", constant).no_fd("constant has no operands"),
+    Op::Reshape(_) => entry("reshape", reshape),
+    Op::Flatten => entry("flatten", |z| unary(z, Op::Flatten, ANY)),
+    Op::Transpose2d => entry("transpose2d", |z| of_rank(z, Op::Transpose2d, 2, 80)),
+    Op::PermuteBca => entry("permuteBCA", |z| of_rank(z, Op::PermuteBca, 3, 20)),
+    Op::PermuteCab => entry("permuteCAB", |z| of_rank(z, Op::PermuteCab, 3, 20)),
+    Op::SwapLastTwo => entry("swapLastTwo", |z| of_rank(z, Op::SwapLastTwo, 3, 40)),
+    Op::SwapAdjacent(_) => entry("swapAdjacent", swap_adjacent),
+    Op::BroadcastTo(_) => entry("broadcastTo", broadcast_to),
+    Op::Sum => entry("sum", |z| unary(z, Op::Sum, ANY)),
+    Op::ReduceSum(_) => entry("reduceSum", |z| reduce_axis(z, Op::ReduceSum)),
+    Op::ReduceMean(_) => entry("reduceMean", |z| reduce_axis(z, Op::ReduceMean)),
+    Op::Matmul => entry("matmul", matmul),
+    Op::Bmm => entry("bmm", bmm),
+    Op::Linear => entry("linear", linear),
+    Op::Softmax => entry("softmax", |z| unary(z, Op::Softmax, Any(3.0))),
+    Op::LogSoftmax => entry("logSoftmax", |z| unary(z, Op::LogSoftmax, Any(3.0))),
+    Op::MseLoss => entry("mseLoss", mse_loss),
+}
+
+/// The entry named `name`, if any.
+pub fn by_name(name: &str) -> Option<OpInfo> {
+    all().into_iter().find(|e| e.name == name)
+}

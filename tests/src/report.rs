@@ -1,0 +1,226 @@
+//! What a check returns: how many cases ran, the worst error seen, and the shrunk failure if any.
+
+use std::fmt;
+
+use proptest::strategy::Strategy;
+use proptest::test_runner::{TestCaseError, TestError};
+
+use crate::RunConfig;
+
+/// The four checks of the harness (see the crate docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Check {
+    /// 1: compiled tape values == IR eval.
+    Forward,
+    /// 2: tape `backward_dense` == IR `backprop_all`.
+    Backward,
+    /// 3: spec VJP == central finite differences of the spec value (f64).
+    FiniteDiff,
+    /// 4: JVP/VJP adjoint identity ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ (f64).
+    Adjoint,
+}
+
+impl Check {
+    /// All checks, in table order.
+    pub const ALL: [Check; 4] = [
+        Check::Forward,
+        Check::Backward,
+        Check::FiniteDiff,
+        Check::Adjoint,
+    ];
+
+    /// Short column label (`"1 fwd"`, ...).
+    pub fn label(self) -> &'static str {
+        match self {
+            Check::Forward => "1 fwd",
+            Check::Backward => "2 bwd",
+            Check::FiniteDiff => "3 fd",
+            Check::Adjoint => "4 jvp",
+        }
+    }
+}
+
+/// The outcome of one check over many generated cases.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// What was checked (e.g. `"2 bwd mul cpu-f32"`).
+    pub label: String,
+    /// Number of cases that passed (equals the configured count when the check passes).
+    pub cases: u32,
+    /// The largest error (see [`crate::metric`]) over the passing cases.
+    pub max_err: f64,
+    /// The tolerance the errors were held to (the largest one, if it varies by case).
+    pub tol: f64,
+    /// The failure, with the shrunk minimal input, if any case failed.
+    pub failure: Option<String>,
+}
+
+impl Report {
+    /// Whether no case failed.
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+
+    /// The table cell: `"cases/maxerr"` or `"FAIL"`.
+    pub fn cell(&self) -> String {
+        if self.passed() {
+            format!("{}/{:.1e}", self.cases, self.max_err)
+        } else {
+            "FAIL".to_owned()
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} case(s), max err {:.3e} (tol {:.1e})",
+            self.label, self.cases, self.max_err, self.tol
+        )?;
+        if let Some(fail) = &self.failure {
+            write!(f, "\nFAILED: {fail}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of checking one case: its error and the tolerance it was held to, or a failure
+/// message (a mismatch beyond tolerance, a backend error, a shape disagreement).
+pub type CaseResult = Result<Measured, String>;
+
+/// The error of one passing case and the tolerance it was held to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// The case's error.
+    pub err: f64,
+    /// The tolerance applied.
+    pub tol: f64,
+}
+
+impl Measured {
+    /// `Ok` when `err ≤ tol`, else a failure message built by `what`.
+    pub fn check(err: f64, tol: f64, what: impl FnOnce() -> String) -> CaseResult {
+        if err <= tol {
+            Ok(Measured { err, tol })
+        } else {
+            Err(format!("{} (err {err:.3e} > tol {tol:.1e})", what()))
+        }
+    }
+
+    /// The worse of two measurements (largest error, largest tolerance).
+    pub fn max(self, other: Measured) -> Measured {
+        Measured {
+            err: self.err.max(other.err),
+            tol: self.tol.max(other.tol),
+        }
+    }
+
+    /// A measurement of nothing (no elements compared).
+    pub const ZERO: Measured = Measured { err: 0.0, tol: 0.0 };
+}
+
+/// Run `check` on `cfg.cases` values of `strategy` with a deterministic, shrinking proptest
+/// runner, and summarise. On failure the report holds proptest's shrunk minimal input
+/// (printed with its `Debug`, which for the harness' cases shows op, parameters, shapes and
+/// every value) and the failure message of that input.
+pub fn run_check<S>(
+    label: String,
+    cfg: &RunConfig,
+    strategy: S,
+    check: impl Fn(&S::Value) -> CaseResult,
+) -> Report
+where
+    S: Strategy,
+{
+    use std::cell::Cell;
+    let passed = Cell::new(0u32);
+    let worst = Cell::new(Measured::ZERO);
+    let failed = Cell::new(false);
+    let mut runner = cfg.runner(&label);
+    let outcome = runner.run(&strategy, |value| match check(&value) {
+        Ok(m) => {
+            if !failed.get() {
+                passed.set(passed.get() + 1);
+                worst.set(worst.get().max(m));
+            }
+            Ok(())
+        }
+        Err(msg) => {
+            failed.set(true);
+            Err(TestCaseError::fail(msg))
+        }
+    });
+    let failure = match outcome {
+        Ok(()) => None,
+        Err(TestError::Fail(reason, value)) => {
+            Some(format!("{reason}\nminimal failing input:\n{value:#?}"))
+        }
+        Err(TestError::Abort(reason)) => Some(format!("aborted: {reason}")),
+    };
+    let m = worst.get();
+    Report {
+        label,
+        cases: passed.get(),
+        max_err: m.err,
+        tol: m.tol,
+        failure,
+    }
+}
+
+/// Panic with every failed report's message (shrunk inputs included) unless all of `reports`
+/// passed with exactly `cases` cases each. For test files.
+pub fn assert_all_passed(reports: &[Report], cases: u32) {
+    let bad: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed() || r.cases != cases)
+        .map(|r| format!("{r}\n(expected {cases} passing cases)"))
+        .collect();
+    for r in reports {
+        eprintln!("{}: {} cases, max err {:.2e}", r.label, r.cases, r.max_err);
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} checks failed:\n\n{}",
+        bad.len(),
+        reports.len(),
+        bad.join("\n\n")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn failures_are_shrunk_and_panics_are_failures_not_crashes() {
+        let cfg = RunConfig::default();
+        let r = run_check("big".into(), &cfg, 0u32..1000, |&v| {
+            Measured::check(f64::from(v), 500.0, || format!("{v} is too big"))
+        });
+        assert_eq!(r.cell(), "FAIL");
+        let msg = r.failure.expect("values above 500 fail");
+        assert!(
+            msg.contains("501 is too big"),
+            "shrunk to the boundary: {msg}"
+        );
+
+        let r = run_check("panics".into(), &cfg, any::<bool>(), |&b| {
+            assert!(!b, "backend exploded");
+            Ok(Measured::ZERO)
+        });
+        assert!(
+            r.failure
+                .expect("a panic is a failure")
+                .contains("backend exploded")
+        );
+
+        let ok = run_check("ok".into(), &cfg, 0u32..10, |&v| {
+            Measured::check(f64::from(v) * 1e-3, 1.0, String::new)
+        });
+        assert!(ok.passed() && ok.cases == cfg.cases, "{ok}");
+        assert!(ok.max_err < 0.01 && ok.max_err > 0.0, "{ok}");
+        assert_eq!(ok.tol, 1.0);
+    }
+}

@@ -1,0 +1,123 @@
+//! The harness has teeth: a backend whose `mul` backward is deliberately wrong (a mutated copy of
+//! the rule inside this test, recorded as a custom op; the real code is untouched) must make
+//! check 2 fail, with the shrunk case in the message, while check 1 still passes.
+
+use std::sync::Arc;
+
+use tl_conformance::checks::{check_backward, check_backward_dag, check_forward};
+use tl_conformance::{Backend, RunConfig, TapeProgram, registry};
+use tl_ir::{GraphData, Id, Op, Recorder};
+use tl_spec::{Shape, Tensor};
+use tl_tape_cpu::{ClosureOp, Error, Tape};
+
+/// Records every op on a CPU tape, except `mul`, recorded as a custom op whose backward returns
+/// `g·a` for the first operand instead of `g·b`.
+struct MutantRecorder<'a>(&'a mut Tape<f64>);
+
+impl Recorder<f64> for MutantRecorder<'_> {
+    type Error = Error;
+
+    fn leaf(&mut self, value: Tensor<f64>, name: Option<&str>, rg: bool) -> Result<usize, Error> {
+        Ok(self.0.leaf(value, name, rg))
+    }
+
+    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize, Error> {
+        if *op != Op::Mul {
+            return self.0.apply(op, args);
+        }
+        let shapes: Vec<Shape> = args
+            .iter()
+            .map(|&a| self.0.get(a).map(|t| t.shape().clone()))
+            .collect::<Result<_, _>>()?;
+        let out = op.infer_shape(&shapes.iter().collect::<Vec<_>>())?;
+        let mutant = ClosureOp::new(
+            "mul (mutant)",
+            out,
+            |x: &[&Tensor<f64>]| Ok(x[0].zip_map("mul", x[1], |a, b| a * b)?),
+            |x: &[&Tensor<f64>], g: &Tensor<f64>| {
+                let wrong = g.zip_map("mul", x[0], |g, a| g * a)?; // should be g * b
+                let right = g.zip_map("mul", x[0], |g, a| g * a)?;
+                Ok(vec![Some(wrong), Some(right)])
+            },
+        );
+        self.0.apply_custom(Arc::new(mutant), args)
+    }
+
+    fn set_nats(&mut self, nats: &[usize]) -> Result<(), Error> {
+        self.0.set_nats(nats.to_vec());
+        Ok(())
+    }
+}
+
+struct MutantBackend;
+
+impl Backend for MutantBackend {
+    type T = f64;
+    type Program = TapeProgram<f64>;
+
+    fn name(&self) -> String {
+        "cpu-f64-mutant-mul".into()
+    }
+
+    fn record(&self, graph: &GraphData, leaves: &[Tensor<f64>]) -> Result<Self::Program, String> {
+        let mut tape = Tape::new();
+        let map = graph
+            .replay(&mut MutantRecorder(&mut tape), leaves, &[])
+            .map_err(|e| e.to_string())?;
+        Ok(TapeProgram { tape, map })
+    }
+
+    fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f64>>, String> {
+        p.values()
+    }
+
+    fn backward_dense(
+        &self,
+        p: &Self::Program,
+        out: Id,
+        seed: &Tensor<f64>,
+    ) -> Result<Vec<Tensor<f64>>, String> {
+        p.backward_dense(out, seed)
+    }
+}
+
+#[test]
+fn a_broken_mul_backward_fails_check_2_with_a_shrunk_case() {
+    let cfg = RunConfig::from_env();
+    let mul = registry::by_name("mul").expect("mul has an entry");
+    let fwd = check_forward(&MutantBackend, &mul, &cfg);
+    assert!(fwd.passed(), "the mutant's forward is right: {fwd}");
+
+    let bwd = check_backward(&MutantBackend, &mul, &cfg);
+    let msg = bwd
+        .failure
+        .as_deref()
+        .expect("check 2 must catch the broken rule");
+    assert!(msg.contains("gradient of %0"), "names the operand: {msg}");
+    assert!(msg.contains("mul("), "prints the graph: {msg}");
+    assert!(
+        msg.contains("minimal failing input"),
+        "prints the shrunk input: {msg}"
+    );
+    assert_eq!(bwd.cell(), "FAIL");
+    eprintln!("{msg}");
+}
+
+#[test]
+fn a_broken_mul_backward_fails_check_2_on_random_dags() {
+    let cfg = RunConfig {
+        cases: RunConfig::from_env().cases.max(64),
+        ..RunConfig::from_env()
+    };
+    let report = check_backward_dag(&MutantBackend, &cfg);
+    assert!(
+        !report.passed(),
+        "DAG check 2 must catch the broken mul: {report}"
+    );
+    let msg = report.failure.unwrap();
+    eprintln!("{msg}");
+    assert!(
+        msg.contains("mul("),
+        "the shrunk DAG contains the mul: {msg}"
+    );
+}

@@ -1,0 +1,41 @@
+//! The `tl-verify` table: rows, cells, `n/a` where a check does not apply, and the tally that
+//! drives its exit status and `--coverage`.
+
+use tl_conformance::RunConfig;
+use tl_conformance::verify::{COLUMNS, render, row, row_names, tally};
+
+#[test]
+fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
+    let names = row_names();
+    assert_eq!(names.len(), tl_conformance::registry::all().len() + 1);
+    assert_eq!(names.last(), Some(&"dag"));
+    assert!(row("no-such-op", &RunConfig::default()).is_none());
+
+    let cfg = RunConfig {
+        cases: 3,
+        ..RunConfig::default()
+    };
+    let rows = vec![row("mul", &cfg).unwrap(), row("detach", &cfg).unwrap()];
+    let t = tally(&rows);
+    assert_eq!(
+        (t.passed, t.failed, t.not_applicable, t.empty),
+        (11, 0, 1, 0)
+    );
+    let table = render(&rows);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3);
+    assert!(lines[0].contains("1 fwd f64") && lines[0].contains("4 jvp"));
+    assert!(lines[1].starts_with("mul") && lines[1].matches("3/").count() == COLUMNS.len());
+    assert!(lines[2].starts_with("detach") && lines[2].contains("n/a"));
+
+    let empty = RunConfig {
+        cases: 0,
+        ..RunConfig::default()
+    };
+    let t = tally(&[row("add", &empty).unwrap()]);
+    assert_eq!(
+        (t.passed, t.empty),
+        (6, 6),
+        "zero-case cells are what --coverage rejects"
+    );
+}
