@@ -22,11 +22,13 @@ pub trait Backend {
     /// A short name for reports (`"cpu-f64"`).
     fn name(&self) -> String;
 
-    /// Record ("compile") `graph` with `leaves` (one per graph leaf, in order) and run it forward.
+    /// Record ("compile") `graph` with `leaves` (one per graph leaf, in order) and the Nat
+    /// environment `nats`, and run it forward.
     fn record(
         &self,
         graph: &GraphData,
         leaves: &[Tensor<Self::T>],
+        nats: &[usize],
     ) -> Result<Self::Program, String>;
 
     /// The forward value of every graph id.
@@ -63,10 +65,10 @@ pub struct TapeProgram<T: Scalar> {
 
 impl<T: Scalar> TapeProgram<T> {
     /// Record `graph` into a fresh tape through `GraphData::replay`.
-    pub fn replay(graph: &GraphData, leaves: &[Tensor<T>]) -> Result<Self, String> {
+    pub fn replay(graph: &GraphData, leaves: &[Tensor<T>], nats: &[usize]) -> Result<Self, String> {
         let mut tape = Tape::new();
         let map = graph
-            .replay(&mut tape, leaves, &[])
+            .replay(&mut tape, leaves, nats)
             .map_err(|e| format!("replay into the CPU tape failed: {e}"))?;
         Ok(TapeProgram { tape, map })
     }
@@ -109,8 +111,13 @@ impl<T: Scalar> Backend for CpuTape<T> {
         format!("cpu-{}", T::NAME)
     }
 
-    fn record(&self, graph: &GraphData, leaves: &[Tensor<T>]) -> Result<TapeProgram<T>, String> {
-        TapeProgram::replay(graph, leaves)
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<T>],
+        nats: &[usize],
+    ) -> Result<TapeProgram<T>, String> {
+        TapeProgram::replay(graph, leaves, nats)
     }
 
     fn values(&self, program: &TapeProgram<T>) -> Result<Vec<Tensor<T>>, String> {

@@ -14,9 +14,25 @@ pub struct OpCase {
     pub op: Op,
     /// The operands, in the op's operand order.
     pub inputs: Vec<Tensor<f64>>,
+    /// The Nat environment (runtime indices, labels) the op reads; empty for most ops.
+    pub nats: Vec<usize>,
 }
 
 impl OpCase {
+    /// `op` applied to `inputs`, with an empty Nat environment.
+    pub fn new(op: Op, inputs: Vec<Tensor<f64>>) -> Self {
+        OpCase {
+            op,
+            inputs,
+            nats: Vec::new(),
+        }
+    }
+
+    /// `op` applied to `inputs`, reading the Nat environment `nats`.
+    pub fn with_nats(op: Op, inputs: Vec<Tensor<f64>>, nats: Vec<usize>) -> Self {
+        OpCase { op, inputs, nats }
+    }
+
     /// Operand references, in the form `tl_ir::rules` takes them.
     pub fn args(&self) -> Vec<&Tensor<f64>> {
         self.inputs.iter().collect()
@@ -75,6 +91,8 @@ pub struct GraphCase {
     pub out: Id,
     /// The cotangent of `out` (shape of `out`).
     pub seed: Tensor<f64>,
+    /// The Nat environment the graph's index ops read.
+    pub nats: Vec<usize>,
 }
 
 impl GraphCase {
@@ -86,6 +104,7 @@ impl GraphCase {
             leaves: case.inputs.clone(),
             out,
             seed,
+            nats: case.nats.clone(),
         }
     }
 }

@@ -107,6 +107,7 @@ pub fn dag_cases(opts: DagOptions) -> BoxedStrategy<GraphCase> {
         leaves,
         out,
         seed,
+        nats: Vec::new(),
     })
     .boxed()
 }

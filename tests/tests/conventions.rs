@@ -28,7 +28,7 @@ fn both<T: Scalar>(
     let ir_g = graph.backprop_all(leaves, &[], out, g).unwrap()[..leaves.len()].to_vec();
     let tape = CpuTape::<T>::new();
     let lt: Vec<Tensor<T>> = leaves.iter().map(Tensor::cast).collect();
-    let p = tape.record(&graph, &lt).unwrap();
+    let p = tape.record(&graph, &lt, &[]).unwrap();
     let tv = tape.values(&p).unwrap()[out].cast();
     let tg = tape.backward_dense(&p, out, &g.cast()).unwrap()[..leaves.len()]
         .iter()
@@ -157,7 +157,7 @@ fn max_of_an_id_with_itself_passes_the_whole_gradient() {
     let g = v(&[1.0, 2.0, 3.0]);
     let ir = graph.backprop_all(&leaves, &[], m, &g).unwrap();
     let tape = CpuTape::<f64>::new();
-    let p = tape.record(&graph, &leaves).unwrap();
+    let p = tape.record(&graph, &leaves, &[]).unwrap();
     let tg = tape.backward_dense(&p, m, &g).unwrap();
     assert_eq!(ir[x], g);
     assert_eq!(tg[x], g);

@@ -21,7 +21,7 @@ fn grads(
     let seed = Tensor::full(g.shape(out).unwrap().clone(), seed);
     let ir = g.backprop_all(leaves, &[], out, &seed).unwrap();
     let backend = CpuTape::<f64>::new();
-    let p = backend.record(&g, leaves).unwrap();
+    let p = backend.record(&g, leaves, &[]).unwrap();
     let tape = backend.backward_dense(&p, out, &seed).unwrap();
     (ir, tape)
 }

@@ -59,10 +59,15 @@ impl Backend for MutantBackend {
         "cpu-f64-mutant-mul".into()
     }
 
-    fn record(&self, graph: &GraphData, leaves: &[Tensor<f64>]) -> Result<Self::Program, String> {
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<f64>],
+        nats: &[usize],
+    ) -> Result<Self::Program, String> {
         let mut tape = Tape::new();
         let map = graph
-            .replay(&mut MutantRecorder(&mut tape), leaves, &[])
+            .replay(&mut MutantRecorder(&mut tape), leaves, nats)
             .map_err(|e| e.to_string())?;
         Ok(TapeProgram { tape, map })
     }

@@ -26,11 +26,11 @@ fn dot(a: &Tensor<f64>, b: &Tensor<f64>, what: &str) -> Result<f64, String> {
 /// One case of check 4 on an op, with operand tangents `v` and output cotangent `w`.
 pub fn adjoint_case(case: &OpCase, v: &[Tensor<f64>], w: &Tensor<f64>, tol: f64) -> CaseResult {
     let dx: Vec<&Tensor<f64>> = v.iter().collect();
-    let jv = rules::jvp(&case.op, &case.args(), &dx, &[])
+    let jv = rules::jvp(&case.op, &case.args(), &dx, &case.nats)
         .map_err(|e| format!("spec JVP failed: {e}"))?;
     let lhs = dot(&jv, w, "⟨J v, w⟩ (JVP has the wrong shape)")?;
-    let grads =
-        rules::vjp(&case.op, &case.args(), w, &[]).map_err(|e| format!("spec VJP failed: {e}"))?;
+    let grads = rules::vjp(&case.op, &case.args(), w, &case.nats)
+        .map_err(|e| format!("spec VJP failed: {e}"))?;
     if grads.len() != v.len() {
         return Err(format!(
             "spec VJP returned {} cotangents for {} operands",
@@ -57,12 +57,12 @@ pub fn adjoint_case(case: &OpCase, v: &[Tensor<f64>], w: &Tensor<f64>, tol: f64)
 pub fn adjoint_dag_case(case: &GraphCase, v: &[Tensor<f64>], tol: f64) -> CaseResult {
     let dots = case
         .graph
-        .jvp(&case.leaves, &[], v)
+        .jvp(&case.leaves, &case.nats, v)
         .map_err(|e| format!("IR jvp failed: {e}"))?;
     let lhs = dot(&dots[case.out], &case.seed, "⟨J v, w⟩")?;
     let grads = case
         .graph
-        .backprop_all(&case.leaves, &[], case.out, &case.seed)
+        .backprop_all(&case.leaves, &case.nats, case.out, &case.seed)
         .map_err(|e| format!("IR backprop_all failed: {e}"))?;
     let mut rhs = 0.0;
     for (k, vk) in v.iter().enumerate() {

@@ -11,9 +11,9 @@ pub fn backward_case<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> Ca
     let seed: tl_spec::Tensor<B::T> = case.seed.cast();
     let want = case
         .graph
-        .backprop_all(&reference, &[], case.out, &seed.cast())
+        .backprop_all(&reference, &case.nats, case.out, &seed.cast())
         .map_err(|e| format!("IR backprop_all rejected a generated case: {e}"))?;
-    let program = backend.record(&case.graph, &leaves)?;
+    let program = backend.record(&case.graph, &leaves, &case.nats)?;
     let got = backend.backward_dense(&program, case.out, &seed)?;
     compare_ids(
         &case.graph,

@@ -59,8 +59,8 @@ fn compare(k: &str, g: &Tensor<f64>, fd: &Tensor<f64>, tol: f64) -> CaseResult {
 
 /// One case of check 3 on an op: every operand's spec VJP against central differences.
 pub fn fd_case(case: &OpCase, w: &Tensor<f64>, tol: f64) -> CaseResult {
-    let grads =
-        rules::vjp(&case.op, &case.args(), w, &[]).map_err(|e| format!("spec VJP failed: {e}"))?;
+    let grads = rules::vjp(&case.op, &case.args(), w, &case.nats)
+        .map_err(|e| format!("spec VJP failed: {e}"))?;
     if grads.len() != case.inputs.len() {
         return Err(format!(
             "spec VJP returned {} cotangents for {} operands",
@@ -70,8 +70,8 @@ pub fn fd_case(case: &OpCase, w: &Tensor<f64>, tol: f64) -> CaseResult {
     }
     let phi = |x: &[Tensor<f64>]| -> Result<f64, String> {
         let args: Vec<&Tensor<f64>> = x.iter().collect();
-        let y =
-            rules::value(&case.op, &args, &[]).map_err(|e| format!("spec value failed: {e}"))?;
+        let y = rules::value(&case.op, &args, &case.nats)
+            .map_err(|e| format!("spec value failed: {e}"))?;
         y.dot_f64(w).map_err(|e| e.to_string())
     };
     let mut worst = Measured { err: 0.0, tol };
@@ -90,12 +90,12 @@ pub fn fd_case(case: &OpCase, w: &Tensor<f64>, tol: f64) -> CaseResult {
 pub fn fd_dag_case(case: &GraphCase, tol: f64) -> CaseResult {
     let grads = case
         .graph
-        .backprop_all(&case.leaves, &[], case.out, &case.seed)
+        .backprop_all(&case.leaves, &case.nats, case.out, &case.seed)
         .map_err(|e| format!("IR backprop_all failed: {e}"))?;
     let phi = |x: &[Tensor<f64>]| -> Result<f64, String> {
         let values = case
             .graph
-            .eval(x, &[])
+            .eval(x, &case.nats)
             .map_err(|e| format!("IR eval failed: {e}"))?;
         values[case.out]
             .dot_f64(&case.seed)

@@ -10,9 +10,9 @@ pub fn forward_case<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> Cas
     let (leaves, reference) = backend_inputs::<B::T>(case);
     let want = case
         .graph
-        .eval(&reference, &[])
+        .eval(&reference, &case.nats)
         .map_err(|e| format!("IR eval rejected a generated case: {e}"))?;
-    let program = backend.record(&case.graph, &leaves)?;
+    let program = backend.record(&case.graph, &leaves, &case.nats)?;
     let got = backend.values(&program)?;
     compare_ids(
         &case.graph,

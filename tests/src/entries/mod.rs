@@ -23,10 +23,7 @@ pub fn unary(z: Size, op: Op, dom: Domain) -> BoxedStrategy<OpCase> {
 pub fn on_shapes(op: Op, shapes: BoxedStrategy<Shape>, dom: Domain) -> BoxedStrategy<OpCase> {
     shapes
         .prop_flat_map(move |s| tensor(s, dom))
-        .prop_map(move |x| OpCase {
-            op: op.clone(),
-            inputs: vec![x],
-        })
+        .prop_map(move |x| OpCase::new(op.clone(), vec![x]))
         .boxed()
 }
 
@@ -44,10 +41,7 @@ pub fn unary_param<P: Clone + std::fmt::Debug + 'static>(
 pub fn binary(z: Size, op: Op, da: Domain, db: Domain) -> BoxedStrategy<OpCase> {
     any_shape(z)
         .prop_flat_map(move |s| (tensor(s.clone(), da), tensor(s, db)))
-        .prop_map(move |(a, b)| OpCase {
-            op: op.clone(),
-            inputs: vec![a, b],
-        })
+        .prop_map(move |(a, b)| OpCase::new(op.clone(), vec![a, b]))
         .boxed()
 }
 
@@ -63,10 +57,7 @@ pub fn tie_free(z: Size, op: Op) -> BoxedStrategy<OpCase> {
         })
         .prop_map(move |(a, d)| {
             let b = a.add(&d).expect("same shapes");
-            OpCase {
-                op: op.clone(),
-                inputs: vec![a, b],
-            }
+            OpCase::new(op.clone(), vec![a, b])
         })
         .boxed()
 }
@@ -86,10 +77,8 @@ pub fn clamp(z: Size) -> BoxedStrategy<OpCase> {
                 .prop_map(move |(r, t)| place(r, t))
                 .boxed();
             let from_bits = move |bits: u64| place(bits & 3, crate::domain::unit(bits));
-            elements(s, per_element, from_bits).prop_map(move |x| OpCase {
-                op: Op::Clamp { lo, hi },
-                inputs: vec![x],
-            })
+            elements(s, per_element, from_bits)
+                .prop_map(move |x| OpCase::new(Op::Clamp { lo, hi }, vec![x]))
         })
         .boxed()
 }
@@ -163,10 +152,7 @@ pub fn reduce_axis(z: Size, mk: fn(usize) -> Op) -> BoxedStrategy<OpCase> {
 fn pair(op: Op, shapes: BoxedStrategy<(Shape, Shape)>) -> BoxedStrategy<OpCase> {
     shapes
         .prop_flat_map(|(a, b)| tensors(vec![a, b], crate::ANY))
-        .prop_map(move |inputs| OpCase {
-            op: op.clone(),
-            inputs,
-        })
+        .prop_map(move |inputs| OpCase::new(op.clone(), inputs))
         .boxed()
 }
 
@@ -210,10 +196,7 @@ pub fn linear(z: Size) -> BoxedStrategy<OpCase> {
                 crate::ANY,
             )
         })
-        .prop_map(|inputs| OpCase {
-            op: Op::Linear,
-            inputs,
-        })
+        .prop_map(|inputs| OpCase::new(Op::Linear, inputs))
         .boxed()
 }
 
@@ -221,9 +204,6 @@ pub fn linear(z: Size) -> BoxedStrategy<OpCase> {
 pub fn constant(z: Size) -> BoxedStrategy<OpCase> {
     any_shape(z)
         .prop_flat_map(|s| tensor(s, crate::ANY))
-        .prop_map(|c| OpCase {
-            op: Op::Constant(c),
-            inputs: vec![],
-        })
+        .prop_map(|c| OpCase::new(Op::Constant(c), vec![]))
         .boxed()
 }
