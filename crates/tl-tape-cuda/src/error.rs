@@ -100,6 +100,12 @@ pub enum Error {
         /// The device's limit.
         limit: usize,
     },
+    /// The op exists in the catalogue (IR, spec, CPU tape) but has no CUDA formula yet.
+    #[error("{op}: not implemented on the CUDA tape yet (it runs on the CPU tape and the IR)")]
+    Unsupported {
+        /// The op's name.
+        op: &'static str,
+    },
 }
 
 impl Error {
