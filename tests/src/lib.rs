@@ -39,3 +39,8 @@ pub use config::RunConfig;
 pub use domain::{ANY, Domain, kink_margin};
 pub use registry::{Applies, OpInfo, Tol};
 pub use report::{CaseResult, Check, Measured, Report, assert_all_passed, run_check};
+
+/// The README's Rust example, compiled and run by `cargo test` so it cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
