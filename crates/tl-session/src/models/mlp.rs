@@ -29,7 +29,12 @@ pub struct Mlp {
 impl Mlp {
     /// Parameters for layer sizes `sizes` (`[in, hidden…, out]`), initialised like PyTorch's
     /// `nn.Linear` (uniform in ±1/√fan_in) from `seed`.
-    pub fn new<S: Ops>(s: &mut S, sizes: &[usize], act: Activation, seed: u64) -> Result<Self> {
+    pub fn new<S: Ops + ?Sized>(
+        s: &mut S,
+        sizes: &[usize],
+        act: Activation,
+        seed: u64,
+    ) -> Result<Self> {
         let mut rng = SplitMix::new(seed);
         let mut layers = Vec::with_capacity(sizes.len().saturating_sub(1));
         for (k, pair) in sizes.windows(2).enumerate() {
@@ -56,7 +61,7 @@ impl Mlp {
     }
 
     /// Record every parameter as a leaf (linked sessions need all leaves before the first op).
-    pub fn use_params<S: Ops>(&self, s: &mut S) -> Result<Vec<(TensorRef, TensorRef)>> {
+    pub fn use_params<S: Ops + ?Sized>(&self, s: &mut S) -> Result<Vec<(TensorRef, TensorRef)>> {
         self.layers
             .iter()
             .map(|(w, b)| Ok((s.use_param(w)?, s.use_param(b)?)))
@@ -65,7 +70,7 @@ impl Mlp {
 
     /// The forward pass on `x` ((in) or (B, in)) with parameter leaves from
     /// [`use_params`](Self::use_params).
-    pub fn forward<S: Ops>(
+    pub fn forward<S: Ops + ?Sized>(
         &self,
         s: &mut S,
         leaves: &[(TensorRef, TensorRef)],
@@ -87,7 +92,12 @@ impl Mlp {
 
     /// `mse_loss(forward(x), y)`, recording the parameters and inputs first (so it works on both
     /// session kinds after a reset).
-    pub fn loss<S: Ops>(&self, s: &mut S, x: Tensor<S::T>, y: Tensor<S::T>) -> Result<TensorRef> {
+    pub fn loss<S: Ops + ?Sized>(
+        &self,
+        s: &mut S,
+        x: Tensor<S::T>,
+        y: Tensor<S::T>,
+    ) -> Result<TensorRef> {
         let leaves = self.use_params(s)?;
         let x = s.input(x, false)?;
         let y = s.input(y, false)?;

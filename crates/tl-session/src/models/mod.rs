@@ -2,8 +2,10 @@
 //! linked. Only the MLP for now; models that need ops still landing elsewhere (a small CNN, a
 //! transformer block, an FNO block) are added once those ops are in `tl_ir::Op`.
 
+mod data;
 mod mlp;
 
+pub use data::regression_grid;
 pub use mlp::{Activation, Mlp};
 
 /// SplitMix64: a tiny deterministic generator for parameter initialisation.
