@@ -10,6 +10,9 @@ use crate::checks::{backend_inputs, backend_tol, compare_ids};
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
 use crate::{CaseResult, GraphCase, Report, RunConfig, run_check};
 
+/// Every id's value and gradient, as a session computed them.
+type Results<T> = (Vec<Tensor<T>>, Vec<Tensor<T>>);
+
 /// Record `case.graph` through `s.apply`: one input per leaf (with its `requires_grad`), then
 /// every node in order. Returns one handle per graph id.
 pub fn replay_ops<S: Ops>(
@@ -34,10 +37,7 @@ pub fn replay_ops<S: Ops>(
     Ok(refs)
 }
 
-fn eager<T: Scalar>(
-    case: &GraphCase,
-    backend: Backend,
-) -> Result<(Vec<Tensor<T>>, Vec<Tensor<T>>), String> {
+fn eager<T: Scalar>(case: &GraphCase, backend: Backend) -> Result<Results<T>, String> {
     let (leaves, _) = backend_inputs::<T>(case);
     let mut s = Session::<T>::new(Options::backend(backend)).map_err(|e| e.to_string())?;
     s.record_nat_vec(&case.nats);
@@ -56,7 +56,7 @@ fn eager<T: Scalar>(
     Ok((values, grads.map_err(|e| format!("grad: {e}"))?))
 }
 
-fn linked(case: &GraphCase) -> Result<(Vec<Tensor<f64>>, Vec<Tensor<f64>>), String> {
+fn linked(case: &GraphCase) -> Result<Results<f64>, String> {
     let mut s = LinkedSession::<f64>::new();
     s.record_nat_vec(&case.nats);
     let refs = replay_ops(&mut s, case, &case.leaves)?;
@@ -76,11 +76,7 @@ fn linked(case: &GraphCase) -> Result<(Vec<Tensor<f64>>, Vec<Tensor<f64>>), Stri
 }
 
 /// Compare one session's values and gradients with the f64 reference on its own inputs.
-fn compare<T: Scalar>(
-    case: &GraphCase,
-    name: &str,
-    got: (Vec<Tensor<T>>, Vec<Tensor<T>>),
-) -> CaseResult {
+fn compare<T: Scalar>(case: &GraphCase, name: &str, got: Results<T>) -> CaseResult {
     let (_, reference) = backend_inputs::<T>(case);
     let seed: Tensor<T> = case.seed.cast();
     let want_v = case

@@ -18,6 +18,7 @@ pub enum Kind {
 pub const KINDS: [Kind; 3] = [Kind::Cpu, Kind::CudaSim, Kind::Linked];
 
 /// A session of either kind behind one interface for training loops.
+#[allow(clippy::large_enum_variant)] // one per test
 pub enum Any<T: Scalar> {
     Eager(Session<T>),
     Linked(LinkedSession<T>),
