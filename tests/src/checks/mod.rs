@@ -1,4 +1,4 @@
-//! The four checks. Each takes a case strategy (from a registry entry or the random-DAG
+//! The four checks, and check 5 (the sessions agree; [`check_session_dag`]). Each takes a case strategy (from a registry entry or the random-DAG
 //! generator), runs it through [`crate::run_check`] and returns a [`crate::Report`].
 //!
 //! Checks 1 and 2 are generic over [`crate::Backend`] and its scalar type: an f64 backend is held
@@ -10,11 +10,13 @@ mod adjoint;
 mod backward;
 mod finite_diff;
 mod forward;
+mod session;
 
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
 pub use backward::{backward_case, check_backward, check_backward_dag};
 pub use finite_diff::{FD_STEP, check_finite_diff, check_finite_diff_dag, fd_case, fd_dag_case};
 pub use forward::{check_forward, check_forward_dag, forward_case};
+pub use session::{check_session_dag, replay_ops, session_case};
 
 use proptest::prelude::*;
 use tl_ir::{GraphData, Op};

@@ -1,0 +1,105 @@
+//! The session error type: the tapes' and the IR's errors, plus handle misuse (a handle from
+//! another session, a stale handle after reset, a wrong-length Nat vector) and backend setup.
+
+use tl_spec::Shape;
+
+/// Result alias of the sessions.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// What can go wrong in a session.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// The IR rejected an op or a graph (names the op and the shapes).
+    #[error(transparent)]
+    Ir(Box<tl_ir::Error>),
+    /// The CPU tape rejected an op or a call.
+    #[error(transparent)]
+    Cpu(Box<tl_tape_cpu::Error>),
+    /// The CUDA tape or its device rejected an op or a call.
+    #[error(transparent)]
+    Cuda(Box<tl_tape_cuda::Error>),
+    /// A handle (`TensorRef`, `Param`, `NatRef`) made by another session.
+    #[error(
+        "{what}: the handle belongs to session #{handle_session}, not to this session #{session}"
+    )]
+    ForeignHandle {
+        /// The API call.
+        what: &'static str,
+        /// The session that made the handle.
+        handle_session: u64,
+        /// This session.
+        session: u64,
+    },
+    /// A handle made before the last `reset` (its tape is gone).
+    #[error(
+        "{what}: the handle is from epoch {handle_epoch}, but the session was reset since (now epoch {epoch}); record it again after reset"
+    )]
+    StaleHandle {
+        /// The API call.
+        what: &'static str,
+        /// The epoch the handle was made in.
+        handle_epoch: u64,
+        /// The session's current epoch.
+        epoch: u64,
+    },
+    /// A tensor of the wrong shape (a value read back, a seed, a parameter write, a tangent).
+    #[error("{what}: expected shape {expected}, got {got}")]
+    Shape {
+        /// The API call.
+        what: &'static str,
+        /// The shape required.
+        expected: Shape,
+        /// The shape given.
+        got: Shape,
+    },
+    /// A count (Nat vector length, number of tangents or gradients) does not match.
+    #[error("{what}: expected {expected}, got {got}")]
+    Count {
+        /// The API call.
+        what: &'static str,
+        /// The count required.
+        expected: usize,
+        /// The count given.
+        got: usize,
+    },
+    /// A call that needs a prior step (e.g. `grad` before `backward`).
+    #[error("{what}: {detail}")]
+    Usage {
+        /// The API call.
+        what: &'static str,
+        /// What is missing.
+        detail: String,
+    },
+    /// The requested backend is not available in this build or on this machine.
+    #[error("backend {backend}: {detail}")]
+    BackendUnavailable {
+        /// The backend asked for.
+        backend: &'static str,
+        /// What is missing.
+        detail: String,
+    },
+}
+
+impl From<tl_ir::Error> for Error {
+    fn from(e: tl_ir::Error) -> Self {
+        Error::Ir(Box::new(e))
+    }
+}
+
+impl From<tl_spec::Error> for Error {
+    fn from(e: tl_spec::Error) -> Self {
+        Error::Ir(Box::new(tl_ir::Error::Spec(e)))
+    }
+}
+
+impl From<tl_tape_cpu::Error> for Error {
+    fn from(e: tl_tape_cpu::Error) -> Self {
+        Error::Cpu(Box::new(e))
+    }
+}
+
+impl From<tl_tape_cuda::Error> for Error {
+    fn from(e: tl_tape_cuda::Error) -> Self {
+        Error::Cuda(Box::new(e))
+    }
+}

@@ -1,0 +1,412 @@
+//! [`LinkedSession`] (seed 004): the same op surface, but every call records a node of a
+//! `GraphData` (the proved IR). Values come from pure evaluation, gradients from the IR's
+//! `backprop_all`, tangents from its `jvp`; [`LinkedSession::compile`] replays the graph into a
+//! tape of either backend.
+
+use std::collections::HashMap;
+
+use tl_ir::{GraphBuilder, GraphData, Op};
+use tl_spec::{Scalar, Shape, Tensor};
+use tl_tape_cpu::Tape;
+use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
+
+use crate::eager::cuda_unavailable;
+use crate::handle::{NatEnv, Stamp, next_session_id};
+use crate::optim::HostOps;
+use crate::params::ParamStore;
+use crate::{Backend, Error, NatRef, NatVecRef, Ops, Optimizer, Param, Result, TensorRef};
+
+/// A session that records a `GraphData` as ops are called. All leaves (parameters, inputs,
+/// constants before the first op) must come before the first op node; [`LinkedSession::reset`]
+/// is the boundary between forward passes.
+pub struct LinkedSession<T: Scalar = f32> {
+    stamp: Stamp,
+    builder: GraphBuilder,
+    leaves: Vec<Tensor<T>>,
+    params: ParamStore<T>,
+    leaf_param: HashMap<usize, usize>,
+    nats: NatEnv,
+}
+
+/// A linked session's graph replayed into a tape ("compiled").
+pub enum CompiledTape<T: Scalar> {
+    /// The CPU tape.
+    Cpu(Tape<T>),
+    /// The CUDA tape on the simulation device.
+    CudaSim(CudaTape<SimDevice>),
+}
+
+/// A compiled graph: the tape and, for each graph id, its tape id.
+pub struct Compiled<T: Scalar> {
+    /// The tape.
+    pub tape: CompiledTape<T>,
+    /// Graph id → tape id.
+    pub map: Vec<usize>,
+}
+
+impl<T: Scalar> Compiled<T> {
+    /// The value of every graph id, read from the tape.
+    pub fn values(&self) -> Result<Vec<Tensor<T>>> {
+        self.map
+            .iter()
+            .map(|&t| match &self.tape {
+                CompiledTape::Cpu(tape) => Ok(tape.get(t)?.clone()),
+                CompiledTape::CudaSim(tape) => Ok(tape.read(t)?),
+            })
+            .collect()
+    }
+
+    /// Dense gradients of graph id `out` (cotangent `seed`) for every graph id, on the tape.
+    pub fn backward_dense(&mut self, out: usize, seed: &Tensor<T>) -> Result<Vec<Tensor<T>>> {
+        let to = *self.map.get(out).ok_or(Error::Count {
+            what: "compiled backward_dense: graph id",
+            expected: self.map.len(),
+            got: out,
+        })?;
+        match &mut self.tape {
+            CompiledTape::Cpu(tape) => {
+                let g = tape.backward_dense(to, seed)?;
+                Ok(self.map.iter().map(|&t| g[t].clone()).collect())
+            }
+            CompiledTape::CudaSim(tape) => {
+                let s = AnyBuffer::upload(tape.device_mut(), seed)?;
+                let g = tape.backward_dense(to, &s);
+                s.release(tape.device_mut());
+                let g = g?;
+                let out: Result<Vec<Tensor<T>>> = self
+                    .map
+                    .iter()
+                    .map(|&t| Ok(g[t].download(tape.device())?))
+                    .collect();
+                tape.release_grads(g);
+                out
+            }
+        }
+    }
+}
+
+impl<T: Scalar> Default for LinkedSession<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Scalar> LinkedSession<T> {
+    /// A fresh linked session.
+    pub fn new() -> Self {
+        let session = next_session_id();
+        LinkedSession {
+            stamp: Stamp { session, epoch: 0 },
+            builder: GraphBuilder::new(),
+            leaves: Vec::new(),
+            params: ParamStore::new(session),
+            leaf_param: HashMap::new(),
+            nats: NatEnv::default(),
+        }
+    }
+
+    /// This session's id and current epoch.
+    pub fn stamp(&self) -> Stamp {
+        self.stamp
+    }
+
+    /// The graph recorded so far.
+    pub fn graph(&self) -> &GraphData {
+        self.builder.graph()
+    }
+
+    /// The leaf values recorded so far, in leaf order.
+    pub fn leaf_values(&self) -> &[Tensor<T>] {
+        &self.leaves
+    }
+
+    /// The Nat environment.
+    pub fn nats(&self) -> &[usize] {
+        &self.nats.values
+    }
+
+    /// Start a new graph: leaves, nodes, the Nat environment and the leaf → parameter map are
+    /// dropped; old handles become invalid. Parameters keep their values.
+    pub fn reset(&mut self) {
+        self.builder = GraphBuilder::new();
+        self.leaves.clear();
+        self.leaf_param.clear();
+        self.nats = NatEnv::default();
+        self.stamp.epoch += 1;
+    }
+
+    fn check(&self, what: &'static str, r: &TensorRef) -> Result<()> {
+        r.stamp.check(what, self.stamp)
+    }
+
+    fn handle(&self, id: usize) -> Result<TensorRef> {
+        Ok(TensorRef {
+            stamp: self.stamp,
+            id,
+            shape: self.builder.graph().shape(id)?.clone(),
+        })
+    }
+
+    fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, rg: bool) -> Result<TensorRef> {
+        let id = self.builder.leaf_with(value.shape().clone(), name, rg)?;
+        self.leaves.push(value);
+        self.handle(id)
+    }
+
+    /// A parameter's current value.
+    pub fn param_value(&mut self, p: &Param) -> Result<Tensor<T>> {
+        self.params.read::<SimDevice>(p, None)
+    }
+
+    /// Overwrite a parameter's value.
+    pub fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
+        self.params.write(p, value)
+    }
+
+    // ---- Nat environment ------------------------------------------------------------------
+
+    /// Record a non-differentiable Nat input.
+    pub fn record_nat(&mut self, v: usize) -> NatRef {
+        self.nats.record(self.stamp, v)
+    }
+    /// Read a recorded Nat input.
+    pub fn read_nat(&self, r: NatRef) -> Result<usize> {
+        self.nats.read(r, self.stamp)
+    }
+    /// Overwrite a recorded Nat input (evaluation reads the current environment).
+    pub fn write_nat(&mut self, r: NatRef, v: usize) -> Result<()> {
+        self.nats.write(r, v, self.stamp)
+    }
+    /// Record a block of Nat inputs.
+    pub fn record_nat_vec(&mut self, vs: &[usize]) -> NatVecRef {
+        self.nats.record_vec(self.stamp, vs)
+    }
+    /// Read a recorded block.
+    pub fn read_nat_vec(&self, r: NatVecRef) -> Result<Vec<usize>> {
+        self.nats.read_vec(r, self.stamp)
+    }
+    /// Overwrite a recorded block; `vs` must have the block's length.
+    pub fn write_nat_vec(&mut self, r: NatVecRef, vs: &[usize]) -> Result<()> {
+        self.nats.write_vec(r, vs, self.stamp)
+    }
+
+    // ---- pure algorithms ------------------------------------------------------------------
+
+    /// Replay the graph into a fresh tape of `backend` ("compile").
+    pub fn compile(&self, backend: Backend) -> Result<Compiled<T>> {
+        let g = self.builder.graph();
+        let nats = &self.nats.values;
+        Ok(match backend {
+            Backend::Cpu => {
+                let mut tape = Tape::new();
+                let map = g.replay(&mut tape, &self.leaves, nats)?;
+                Compiled {
+                    tape: CompiledTape::Cpu(tape),
+                    map,
+                }
+            }
+            Backend::CudaSim => {
+                let mut tape = CudaTape::new(SimDevice::new());
+                let map = g.replay(&mut tape, &self.leaves, nats)?;
+                Compiled {
+                    tape: CompiledTape::CudaSim(tape),
+                    map,
+                }
+            }
+            Backend::Cuda => return Err(cuda_unavailable()),
+        })
+    }
+
+    /// Dense gradients of `out` with cotangent `seed`, for every id (`GraphData::backprop_all`).
+    pub fn backward_dense_all(&self, out: &TensorRef, seed: &Tensor<T>) -> Result<Vec<Tensor<T>>> {
+        self.check("backward_dense_all", out)?;
+        Ok(self
+            .builder
+            .graph()
+            .backprop_all(&self.leaves, &self.nats.values, out.id, seed)?)
+    }
+
+    /// [`backward_dense_all`](Self::backward_dense_all) from a scalar loss with seed 1.
+    pub fn backward_scalar_dense_all(&self, loss: &TensorRef) -> Result<Vec<Tensor<T>>> {
+        if !loss.shape.is_scalar() {
+            return Err(Error::Shape {
+                what: "backward_scalar_dense_all",
+                expected: Shape::scalar(),
+                got: loss.shape.clone(),
+            });
+        }
+        self.backward_dense_all(loss, &Tensor::scalar(T::one()))
+    }
+
+    /// The entry for `r` of a dense gradient (or tangent) array.
+    pub fn grad_of(&self, grads: &[Tensor<T>], r: &TensorRef) -> Result<Tensor<T>> {
+        self.check("grad_of", r)?;
+        let g = grads.get(r.id).ok_or(Error::Count {
+            what: "grad_of: gradient array length",
+            expected: self.builder.graph().len(),
+            got: grads.len(),
+        })?;
+        if g.shape() != &r.shape {
+            return Err(Error::Shape {
+                what: "grad_of",
+                expected: r.shape.clone(),
+                got: g.shape().clone(),
+            });
+        }
+        Ok(g.clone())
+    }
+
+    /// Tangents of every id given one tangent per leaf, in leaf order (`GraphData::jvp`).
+    pub fn jvp(&self, tangents: &[Tensor<T>]) -> Result<Vec<Tensor<T>>> {
+        Ok(self
+            .builder
+            .graph()
+            .jvp(&self.leaves, &self.nats.values, tangents)?)
+    }
+
+    /// The tangent of `out` when leaf `leaf` moves along `tangent` and every other leaf is
+    /// fixed. PyTorch: `torch.func.jvp` in one input.
+    pub fn jvp_leaf(
+        &self,
+        leaf: &TensorRef,
+        tangent: Tensor<T>,
+        out: &TensorRef,
+    ) -> Result<Tensor<T>> {
+        self.check("jvp_leaf", leaf)?;
+        self.check("jvp_leaf", out)?;
+        if leaf.id >= self.leaves.len() {
+            return Err(Error::Usage {
+                what: "jvp_leaf",
+                detail: format!("id {} is an op node, not a leaf", leaf.id),
+            });
+        }
+        if tangent.shape() != &leaf.shape {
+            return Err(Error::Shape {
+                what: "jvp_leaf tangent",
+                expected: leaf.shape.clone(),
+                got: tangent.shape().clone(),
+            });
+        }
+        let mut ts: Vec<Tensor<T>> = self
+            .leaves
+            .iter()
+            .map(|l| Tensor::zeros(l.shape().clone()))
+            .collect();
+        ts[leaf.id] = tangent;
+        Ok(self.jvp(&ts)?.swap_remove(out.id))
+    }
+
+    /// The derivative of `out` in a scalar leaf (tangent 1 on that leaf, 0 elsewhere).
+    pub fn jvp_scalar_leaf(&self, leaf: &TensorRef, out: &TensorRef) -> Result<Tensor<T>> {
+        if !leaf.shape.is_scalar() {
+            return Err(Error::Shape {
+                what: "jvp_scalar_leaf",
+                expected: Shape::scalar(),
+                got: leaf.shape.clone(),
+            });
+        }
+        self.jvp_leaf(leaf, Tensor::scalar(T::one()), out)
+    }
+
+    // ---- optimizers -----------------------------------------------------------------------
+
+    /// `w ← w − lr·g` for every trainable parameter used in this graph, from dense gradients
+    /// (e.g. [`backward_scalar_dense_all`](Self::backward_scalar_dense_all)).
+    pub fn sgd_step_all(&mut self, lr: f64, grads: &[Tensor<T>]) -> Result<()> {
+        self.step(&mut Optimizer::sgd(lr), grads)
+    }
+
+    /// One optimizer step for every trainable parameter used in this graph, from dense
+    /// gradients (a parameter used twice gets the sum of both leaves' gradients).
+    pub fn step(&mut self, opt: &mut Optimizer, grads: &[Tensor<T>]) -> Result<()> {
+        if grads.len() < self.leaves.len() {
+            return Err(Error::Count {
+                what: "step: gradient array length (at least the leaves)",
+                expected: self.builder.graph().len(),
+                got: grads.len(),
+            });
+        }
+        let mut by_param: HashMap<usize, Vec<f64>> = HashMap::new();
+        for (&leaf, &index) in &self.leaf_param {
+            if !self.params.slots[index].requires_grad {
+                continue;
+            }
+            let g = &grads[leaf];
+            if g.shape() != self.leaves[leaf].shape() {
+                return Err(Error::Shape {
+                    what: "step: gradient of a parameter leaf",
+                    expected: self.leaves[leaf].shape().clone(),
+                    got: g.shape().clone(),
+                });
+            }
+            let acc = by_param
+                .entry(index)
+                .or_insert_with(|| vec![0.0; g.numel()]);
+            acc.iter_mut()
+                .zip(g.data())
+                .for_each(|(a, b)| *a += b.as_f64());
+        }
+        let mut indices: Vec<usize> = by_param.keys().copied().collect();
+        indices.sort_unstable();
+        for index in indices {
+            let slot = &mut self.params.slots[index];
+            let mut w: Vec<f64> = slot.host.data().iter().map(|v| v.as_f64()).collect();
+            opt.update(
+                &mut HostOps,
+                (self.params.session, index),
+                &mut w,
+                &by_param[&index],
+            )?;
+            slot.host = Tensor::new(
+                slot.host.shape().clone(),
+                w.into_iter().map(T::lit).collect(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Scalar> Ops for LinkedSession<T> {
+    type T = T;
+
+    fn apply(&mut self, op: Op, args: &[&TensorRef]) -> Result<TensorRef> {
+        let mut ids = Vec::with_capacity(args.len());
+        for a in args {
+            self.check(op.name(), a)?;
+            ids.push(a.id);
+        }
+        let id = self.builder.apply(op, &ids)?;
+        self.handle(id)
+    }
+
+    fn param(&mut self, init: Tensor<T>, name: Option<&str>, rg: bool) -> Result<Param> {
+        Ok(self.params.create(init, name, rg))
+    }
+
+    fn use_param(&mut self, p: &Param) -> Result<TensorRef> {
+        let slot = self.params.slot("use_param", p)?;
+        let (v, name, rg) = (slot.host.clone(), slot.name.clone(), slot.requires_grad);
+        let r = self.leaf(v, name.as_deref(), rg)?;
+        self.leaf_param.insert(r.id, p.index);
+        Ok(r)
+    }
+
+    fn input(&mut self, value: Tensor<T>, requires_grad: bool) -> Result<TensorRef> {
+        self.leaf(value, None, requires_grad)
+    }
+
+    /// A leaf before the first op node; a `constant` node after (seed 004).
+    fn constant(&mut self, value: Tensor<T>) -> Result<TensorRef> {
+        if self.builder.graph().nodes().is_empty() {
+            self.leaf(value, None, false)
+        } else {
+            self.apply(Op::Constant(value.cast()), &[])
+        }
+    }
+
+    fn value(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
+        self.check("value", r)?;
+        let mut vals = self.builder.graph().eval(&self.leaves, &self.nats.values)?;
+        Ok(vals.swap_remove(r.id))
+    }
+}

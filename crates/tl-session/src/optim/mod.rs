@@ -1,0 +1,279 @@
+//! Optimizers with PyTorch's formulas and defaults: SGD, momentum SGD (`torch.optim.SGD` with
+//! `momentum`, `dampening`, `nesterov`), Adam (`torch.optim.Adam`, L2 weight decay added to the
+//! gradient) and AdamW (`torch.optim.AdamW`, decoupled decay). Each update is written once against
+//! [`VecOps`], so the host path (CPU and linked sessions) and the device path (CUDA sessions:
+//! `scale`/`axpy`/`mul`/`div`/`sqrt` on the device) run the same formula.
+//!
+//! State (momentum buffers, Adam moments, the step count) is kept per parameter, keyed by the
+//! parameter's session and index, as PyTorch keys it by the parameter object.
+
+mod vec_ops;
+
+use std::collections::HashMap;
+
+pub use vec_ops::{DeviceOps, HostOps, StateBuf, VecOps};
+
+use tl_tape_cuda::Device;
+
+use crate::Result;
+
+/// Which update rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    /// SGD, with optional momentum. PyTorch: `torch.optim.SGD`.
+    Sgd {
+        /// Momentum factor μ (0: plain SGD).
+        momentum: f64,
+        /// Dampening τ applied to the gradient after the first step (PyTorch default 0).
+        dampening: f64,
+        /// Nesterov momentum (PyTorch default false).
+        nesterov: bool,
+    },
+    /// Adam; `decoupled` makes it AdamW. PyTorch: `torch.optim.Adam` / `torch.optim.AdamW`.
+    Adam {
+        /// β₁ (default 0.9).
+        beta1: f64,
+        /// β₂ (default 0.999).
+        beta2: f64,
+        /// ε (default 1e-8).
+        eps: f64,
+        /// AdamW's decoupled weight decay (`w ← w·(1 − lr·λ)`) instead of L2 on the gradient.
+        decoupled: bool,
+    },
+}
+
+/// Per-parameter state: step count and buffers.
+#[derive(Debug, Clone, Default)]
+struct ParamState {
+    step: u64,
+    bufs: Vec<StateBuf>,
+}
+
+/// An optimizer: a rule, its hyperparameters, and per-parameter state.
+#[derive(Debug, Clone)]
+pub struct Optimizer {
+    /// Learning rate.
+    pub lr: f64,
+    /// Weight decay λ (L2 for SGD and Adam, decoupled for AdamW).
+    pub weight_decay: f64,
+    /// The rule.
+    pub kind: Kind,
+    state: HashMap<(u64, usize), ParamState>,
+}
+
+impl Optimizer {
+    fn with(lr: f64, weight_decay: f64, kind: Kind) -> Self {
+        Optimizer {
+            lr,
+            weight_decay,
+            kind,
+            state: HashMap::new(),
+        }
+    }
+
+    /// Plain SGD: `w ← w − lr·g`. PyTorch: `SGD(params, lr)`.
+    pub fn sgd(lr: f64) -> Self {
+        Self::momentum(lr, 0.0)
+    }
+
+    /// Momentum SGD with PyTorch's defaults (dampening 0, no Nesterov): `b ← μ·b + g` (b = g at
+    /// the first step), `w ← w − lr·b`. PyTorch: `SGD(params, lr, momentum=μ)`.
+    pub fn momentum(lr: f64, momentum: f64) -> Self {
+        Self::with(
+            lr,
+            0.0,
+            Kind::Sgd {
+                momentum,
+                dampening: 0.0,
+                nesterov: false,
+            },
+        )
+    }
+
+    /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.
+    pub fn adam(lr: f64) -> Self {
+        Self::with(lr, 0.0, Self::adam_kind(false))
+    }
+
+    /// AdamW with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    pub fn adamw(lr: f64) -> Self {
+        Self::with(lr, 0.01, Self::adam_kind(true))
+    }
+
+    fn adam_kind(decoupled: bool) -> Kind {
+        Kind::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            decoupled,
+        }
+    }
+
+    /// Set the weight decay.
+    pub fn weight_decay(mut self, wd: f64) -> Self {
+        self.weight_decay = wd;
+        self
+    }
+
+    /// Set SGD's dampening and Nesterov flag (no effect on Adam).
+    pub fn dampening_nesterov(mut self, dampening: f64, nesterov: bool) -> Self {
+        if let Kind::Sgd { momentum, .. } = self.kind {
+            self.kind = Kind::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            };
+        }
+        self
+    }
+
+    /// Set Adam's betas and eps (no effect on SGD).
+    pub fn betas_eps(mut self, beta1: f64, beta2: f64, eps: f64) -> Self {
+        if let Kind::Adam { decoupled, .. } = self.kind {
+            self.kind = Kind::Adam {
+                beta1,
+                beta2,
+                eps,
+                decoupled,
+            };
+        }
+        self
+    }
+
+    /// Forget all state (step counts and buffers); device buffers must be released first with
+    /// [`Optimizer::release_device_state`].
+    pub fn clear_state(&mut self) {
+        self.state.clear();
+    }
+
+    /// Release the device buffers this optimizer holds on `dev` and forget that state.
+    pub fn release_device_state<D: Device>(&mut self, dev: &mut D) -> usize {
+        let mut freed = 0;
+        self.state.retain(|_, st| {
+            let on_device = st.bufs.iter().any(|b| matches!(b, StateBuf::Device(_)));
+            for b in &st.bufs {
+                if let StateBuf::Device(b) = b
+                    && dev.release(*b)
+                {
+                    freed += 1;
+                }
+            }
+            !on_device
+        });
+        freed
+    }
+
+    /// Update one parameter `w` in place from its gradient `g`. `key` identifies the parameter
+    /// (session id, parameter index) for the state.
+    pub fn update<O: VecOps>(
+        &mut self,
+        ops: &mut O,
+        key: (u64, usize),
+        w: &mut O::V,
+        g: &O::V,
+    ) -> Result<()> {
+        let (lr, wd, kind) = (self.lr, self.weight_decay, self.kind);
+        let st = self.state.entry(key).or_default();
+        st.step += 1;
+        let decoupled = matches!(
+            kind,
+            Kind::Adam {
+                decoupled: true,
+                ..
+            }
+        );
+        // Effective gradient: g + λ·w (L2), except AdamW, which decays w directly.
+        let mut ge = ops.copy(g)?;
+        if wd != 0.0 {
+            if decoupled {
+                ops.scale_assign(w, 1.0 - lr * wd)?;
+            } else {
+                ops.axpy_assign(&mut ge, wd, w)?;
+            }
+        }
+        let r = match kind {
+            Kind::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            } => sgd(ops, st, w, &mut ge, lr, momentum, dampening, nesterov),
+            Kind::Adam {
+                beta1, beta2, eps, ..
+            } => adam(ops, st, w, &ge, lr, beta1, beta2, eps),
+        };
+        ops.release(ge);
+        r
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sgd<O: VecOps>(
+    ops: &mut O,
+    st: &mut ParamState,
+    w: &mut O::V,
+    ge: &mut O::V,
+    lr: f64,
+    momentum: f64,
+    dampening: f64,
+    nesterov: bool,
+) -> Result<()> {
+    if momentum == 0.0 {
+        return ops.axpy_assign(w, -lr, ge);
+    }
+    if st.bufs.is_empty() {
+        let b = ops.copy(ge)?;
+        st.bufs.push(O::into_state(b));
+    } else {
+        let b = O::state_mut(&mut st.bufs[0])?;
+        ops.scale_assign(b, momentum)?;
+        ops.axpy_assign(b, 1.0 - dampening, ge)?;
+    }
+    let b = O::state_mut(&mut st.bufs[0])?;
+    if nesterov {
+        ops.axpy_assign(ge, momentum, b)?;
+        ops.axpy_assign(w, -lr, ge)
+    } else {
+        ops.axpy_assign(w, -lr, b)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn adam<O: VecOps>(
+    ops: &mut O,
+    st: &mut ParamState,
+    w: &mut O::V,
+    ge: &O::V,
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+) -> Result<()> {
+    if st.bufs.is_empty() {
+        let m = ops.zeros_like(ge)?;
+        let v = ops.zeros_like(ge)?;
+        st.bufs.push(O::into_state(m));
+        st.bufs.push(O::into_state(v));
+    }
+    let t = st.step as i32;
+    let (m_slot, v_slot) = st.bufs.split_at_mut(1);
+    let m = O::state_mut(&mut m_slot[0])?;
+    let v = O::state_mut(&mut v_slot[0])?;
+    // m ← β₁m + (1−β₁)g ; v ← β₂v + (1−β₂)g²
+    ops.scale_assign(m, beta1)?;
+    ops.axpy_assign(m, 1.0 - beta1, ge)?;
+    let g2 = ops.mul(ge, ge)?;
+    ops.scale_assign(v, beta2)?;
+    let r = ops.axpy_assign(v, 1.0 - beta2, &g2);
+    ops.release(g2);
+    r?;
+    // w ← w − (lr / (1−β₁ᵗ)) · m / (sqrt(v)/sqrt(1−β₂ᵗ) + ε)   (PyTorch's formula)
+    let bc1 = 1.0 - beta1.powi(t);
+    let bc2 = 1.0 - beta2.powi(t);
+    let denom = ops.sqrt_scale_add(v, 1.0 / bc2.sqrt(), eps)?;
+    let u = ops.div(m, &denom);
+    ops.release(denom);
+    let u = u?;
+    let r = ops.axpy_assign(w, -lr / bc1, &u);
+    ops.release(u);
+    r
+}

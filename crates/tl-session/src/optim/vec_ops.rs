@@ -1,0 +1,141 @@
+//! [`VecOps`]: the handful of vector primitives the optimizers are written against, once, and
+//! their two implementations: host `Vec<f64>` and device buffers (seed 002's primitives:
+//! `scale`, `axpy`, `mul`, `div`, `sqrt`), so the CUDA update runs on the device.
+
+use tl_tape_cuda::{Buffer, Device};
+
+use crate::Result;
+
+/// Where optimizer state lives: host vectors or device buffers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateBuf {
+    /// Host state (CPU sessions, linked sessions).
+    Host(Vec<f64>),
+    /// Device state (CUDA sessions); released with [`crate::Optimizer::release_device_state`].
+    Device(Buffer),
+}
+
+/// Vector primitives for optimizer updates. `V` owns its storage; `release` frees it.
+pub trait VecOps {
+    /// A vector.
+    type V;
+    /// Zeros of `x`'s length.
+    fn zeros_like(&mut self, x: &Self::V) -> Result<Self::V>;
+    /// A fresh copy.
+    fn copy(&mut self, x: &Self::V) -> Result<Self::V>;
+    /// `y ← c · y`.
+    fn scale_assign(&mut self, y: &mut Self::V, c: f64) -> Result<()>;
+    /// `y ← y + c · x`.
+    fn axpy_assign(&mut self, y: &mut Self::V, c: f64, x: &Self::V) -> Result<()>;
+    /// `a · b`, fresh.
+    fn mul(&mut self, a: &Self::V, b: &Self::V) -> Result<Self::V>;
+    /// `a / b`, fresh.
+    fn div(&mut self, a: &Self::V, b: &Self::V) -> Result<Self::V>;
+    /// `sqrt(x) · c + e`, fresh (Adam's denominator).
+    fn sqrt_scale_add(&mut self, x: &Self::V, c: f64, e: f64) -> Result<Self::V>;
+    /// Free a temporary.
+    fn release(&mut self, v: Self::V);
+    /// Store `v` as optimizer state.
+    fn into_state(v: Self::V) -> StateBuf;
+    /// View optimizer state as a vector of this implementation (an error for the other kind).
+    fn state_mut(s: &mut StateBuf) -> Result<&mut Self::V>;
+}
+
+fn wrong_kind(expected: &str) -> crate::Error {
+    crate::Error::Usage {
+        what: "optimizer step",
+        detail: format!(
+            "the optimizer holds state of the other backend kind (expected {expected} state); use one optimizer per session kind"
+        ),
+    }
+}
+
+/// Host vectors in f64.
+#[derive(Debug, Default)]
+pub struct HostOps;
+
+impl VecOps for HostOps {
+    type V = Vec<f64>;
+    fn zeros_like(&mut self, x: &Vec<f64>) -> Result<Vec<f64>> {
+        Ok(vec![0.0; x.len()])
+    }
+    fn copy(&mut self, x: &Vec<f64>) -> Result<Vec<f64>> {
+        Ok(x.clone())
+    }
+    fn scale_assign(&mut self, y: &mut Vec<f64>, c: f64) -> Result<()> {
+        y.iter_mut().for_each(|v| *v *= c);
+        Ok(())
+    }
+    fn axpy_assign(&mut self, y: &mut Vec<f64>, c: f64, x: &Vec<f64>) -> Result<()> {
+        y.iter_mut().zip(x).for_each(|(y, x)| *y += c * x);
+        Ok(())
+    }
+    fn mul(&mut self, a: &Vec<f64>, b: &Vec<f64>) -> Result<Vec<f64>> {
+        Ok(a.iter().zip(b).map(|(a, b)| a * b).collect())
+    }
+    fn div(&mut self, a: &Vec<f64>, b: &Vec<f64>) -> Result<Vec<f64>> {
+        Ok(a.iter().zip(b).map(|(a, b)| a / b).collect())
+    }
+    fn sqrt_scale_add(&mut self, x: &Vec<f64>, c: f64, e: f64) -> Result<Vec<f64>> {
+        Ok(x.iter().map(|v| v.max(0.0).sqrt() * c + e).collect())
+    }
+    fn release(&mut self, _v: Vec<f64>) {}
+    fn into_state(v: Vec<f64>) -> StateBuf {
+        StateBuf::Host(v)
+    }
+    fn state_mut(s: &mut StateBuf) -> Result<&mut Vec<f64>> {
+        match s {
+            StateBuf::Host(v) => Ok(v),
+            StateBuf::Device(_) => Err(wrong_kind("host")),
+        }
+    }
+}
+
+/// Device buffers (float32), through the device's primitives.
+#[derive(Debug)]
+pub struct DeviceOps<'a, D: Device>(pub &'a mut D);
+
+impl<D: Device> VecOps for DeviceOps<'_, D> {
+    type V = Buffer;
+    fn zeros_like(&mut self, x: &Buffer) -> Result<Buffer> {
+        Ok(self.0.zeros(x.len())?)
+    }
+    fn copy(&mut self, x: &Buffer) -> Result<Buffer> {
+        Ok(self.0.copy(*x)?)
+    }
+    fn scale_assign(&mut self, y: &mut Buffer, c: f64) -> Result<()> {
+        // y ← y + (c − 1)·y, in place, so the buffer (a parameter mirror) keeps its handle.
+        Ok(self.0.axpy_assign(*y, (c - 1.0) as f32, *y)?)
+    }
+    fn axpy_assign(&mut self, y: &mut Buffer, c: f64, x: &Buffer) -> Result<()> {
+        Ok(self.0.axpy_assign(*y, c as f32, *x)?)
+    }
+    fn mul(&mut self, a: &Buffer, b: &Buffer) -> Result<Buffer> {
+        Ok(self.0.mul(*a, *b)?)
+    }
+    fn div(&mut self, a: &Buffer, b: &Buffer) -> Result<Buffer> {
+        Ok(self.0.div(*a, *b)?)
+    }
+    fn sqrt_scale_add(&mut self, x: &Buffer, c: f64, e: f64) -> Result<Buffer> {
+        let s = self.0.sqrt(*x)?;
+        let e = self.0.full(x.len(), e as f32).inspect_err(|_| {
+            self.0.release(s);
+        })?;
+        let out = self.0.axpy(e, s, c as f32);
+        self.0.release(s);
+        self.0.release(e);
+        Ok(out?)
+    }
+    fn release(&mut self, v: Buffer) {
+        self.0.release(v);
+    }
+    fn into_state(v: Buffer) -> StateBuf {
+        StateBuf::Device(v)
+    }
+    fn state_mut(s: &mut StateBuf) -> Result<&mut Buffer> {
+        match s {
+            StateBuf::Device(v) => Ok(v),
+            StateBuf::Host(_) => Err(wrong_kind("device")),
+        }
+    }
+}

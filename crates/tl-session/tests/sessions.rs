@@ -1,0 +1,154 @@
+//! Session behaviour: values and gradients by hand, the linked session's leaf rule, constants,
+//! JVPs, compile, the Nat environment, CUDA residency, and clear errors for misuse.
+
+mod common;
+
+use tl_session::{Backend, Error, LinkedSession, Ops, Options, Session};
+use tl_spec::Tensor;
+
+fn eager(b: Backend) -> Session<f64> {
+    Session::new(Options::backend(b)).unwrap()
+}
+
+#[test]
+fn eager_values_and_gradients_by_hand_on_cpu_and_cuda_sim() {
+    for b in [Backend::Cpu, Backend::CudaSim] {
+        let mut s = eager(b);
+        let p = s
+            .param(Tensor::vector(vec![1.0, 2.0]), Some("w"), true)
+            .unwrap();
+        let w = s.use_param(&p).unwrap();
+        let w2 = s.use_param(&p).unwrap(); // used twice: grads add up
+        let x = s.input(Tensor::vector(vec![3.0, -1.0]), true).unwrap();
+        let y = s.mul(&w, &x).unwrap();
+        let z = s.mul(&y, &w2).unwrap(); // w² x
+        let loss = s.sum(&z).unwrap();
+        assert_eq!(s.value(&loss).unwrap().data(), &[3.0 - 4.0]);
+        s.backward(&loss).unwrap();
+        // d/dw (w² x) = 2 w x = [6, -4]; d/dx = w² = [1, 4].
+        assert_eq!(s.grad(&p).unwrap().data(), &[6.0, -4.0], "{b:?}");
+        assert_eq!(s.grad_of(&x).unwrap().data(), &[1.0, 4.0], "{b:?}");
+        s.backward_with_seed(&y, Tensor::vector(vec![1.0, 10.0]))
+            .unwrap();
+        assert_eq!(s.grad_of(&x).unwrap().data(), &[1.0, 20.0]);
+        assert_eq!(s.grad(&p).unwrap().data(), &[3.0, -10.0]);
+    }
+}
+
+#[test]
+fn misuse_is_a_clear_error() {
+    let mut a = eager(Backend::Cpu);
+    let mut b = eager(Backend::Cpu);
+    let pa = a.param(Tensor::vector(vec![1.0]), None, true).unwrap();
+    let e = b.use_param(&pa).unwrap_err();
+    assert!(matches!(e, Error::ForeignHandle { .. }), "{e}");
+    let x = a.input(Tensor::vector(vec![1.0]), false).unwrap();
+    assert!(matches!(b.exp(&x), Err(Error::ForeignHandle { .. })));
+    a.reset();
+    let e = a.exp(&x).unwrap_err();
+    assert!(matches!(e, Error::StaleHandle { .. }), "{e}");
+    assert!(e.to_string().contains("reset"), "{e}");
+    // Shape errors name the op and the shapes.
+    let u = a.input(Tensor::vector(vec![1.0, 2.0]), false).unwrap();
+    let v = a.input(Tensor::vector(vec![1.0, 2.0, 3.0]), false).unwrap();
+    let e = a.add(&u, &v).unwrap_err().to_string();
+    assert!(
+        e.contains("add") && e.contains("[2]") && e.contains("[3]"),
+        "{e}"
+    );
+    assert!(matches!(a.grad_of(&u), Err(Error::Usage { .. })));
+    assert!(matches!(a.backward(&u), Err(Error::Shape { .. })));
+    // Nat vectors: a wrong-length write is an error; stale after reset.
+    let nv = a.record_nat_vec(&[1, 2, 3]);
+    assert!(matches!(
+        a.write_nat_vec(nv, &[1, 2]),
+        Err(Error::Count {
+            expected: 3,
+            got: 2,
+            ..
+        })
+    ));
+    a.write_nat_vec(nv, &[7, 8, 9]).unwrap();
+    assert_eq!(a.read_nat_vec(nv).unwrap(), vec![7, 8, 9]);
+    let n = a.record_nat(4);
+    a.write_nat(n, 5).unwrap();
+    assert_eq!(a.read_nat(n).unwrap(), 5);
+    a.reset();
+    assert!(matches!(a.read_nat(n), Err(Error::StaleHandle { .. })));
+    // The real CUDA backend is not there: a clear error at construction.
+    let e = Session::<f32>::new(Options::backend(Backend::Cuda))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("cuda"), "{e}");
+}
+
+#[test]
+fn linked_leaves_come_first_and_constants_switch_to_nodes() {
+    let mut s = LinkedSession::<f64>::new();
+    let c0 = s.constant(Tensor::vector(vec![2.0])).unwrap(); // a leaf
+    let x = s.input(Tensor::vector(vec![3.0]), true).unwrap();
+    let y = s.mul(&x, &c0).unwrap();
+    assert_eq!(s.graph().num_leaves(), 2);
+    let e = s.input(Tensor::vector(vec![1.0]), true).unwrap_err();
+    assert!(e.to_string().contains("before any op"), "{e}");
+    let c1 = s.constant(Tensor::vector(vec![5.0])).unwrap(); // a node now
+    assert_eq!(s.graph().num_leaves(), 2);
+    assert_eq!(c1.id(), 3);
+    let z = s.add(&y, &c1).unwrap();
+    assert_eq!(s.value(&z).unwrap().data(), &[11.0]);
+    let g = s
+        .backward_dense_all(&z, &Tensor::vector(vec![1.0]))
+        .unwrap();
+    assert_eq!(s.grad_of(&g, &x).unwrap().data(), &[2.0]);
+    assert_eq!(s.grad_of(&g, &c0).unwrap().data(), &[0.0]);
+    // jvp: dz/dx = 2.
+    let t = s.jvp_leaf(&x, Tensor::vector(vec![1.0]), &z).unwrap();
+    assert_eq!(t.data(), &[2.0]);
+    // compile into either tape: the same values and gradients.
+    for b in [Backend::Cpu, Backend::CudaSim] {
+        let mut c = s.compile(b).unwrap();
+        assert_eq!(c.values().unwrap()[z.id()].data(), &[11.0]);
+        let gc = c
+            .backward_dense(z.id(), &Tensor::vector(vec![1.0]))
+            .unwrap();
+        assert_eq!(gc[x.id()].data(), &[2.0]);
+    }
+    s.reset();
+    assert!(matches!(s.value(&z), Err(Error::StaleHandle { .. })));
+    let a = s.input(Tensor::scalar(3.0), true).unwrap();
+    let sq = s.mul(&a, &a).unwrap();
+    assert_eq!(s.jvp_scalar_leaf(&a, &sq).unwrap().data(), &[6.0]);
+    let l = s.backward_scalar_dense_all(&sq).unwrap();
+    assert_eq!(l[a.id()].data(), &[6.0]);
+}
+
+#[test]
+fn cuda_params_stay_resident_sync_on_read_and_host_writes_invalidate() {
+    let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
+    let p = s
+        .param(Tensor::vector(vec![1.0, 2.0]), Some("w"), true)
+        .unwrap();
+    for _ in 0..3 {
+        let w = s.use_param(&p).unwrap();
+        let x = s.input(Tensor::vector(vec![1.0, 1.0]), false).unwrap();
+        let y = s.mul(&w, &x).unwrap();
+        let l = s.sum(&y).unwrap();
+        s.backward(&l).unwrap();
+        s.sgd_step(0.5).unwrap();
+        s.reset();
+        // Only the parameter mirror survives a reset.
+        assert_eq!(s.memory_usage().unwrap().live_bytes, 2 * 4);
+    }
+    assert_eq!(s.param_value(&p).unwrap().data(), &[-0.5, 0.5]);
+    s.set_param(&p, Tensor::vector(vec![10.0, 20.0])).unwrap();
+    let w = s.use_param(&p).unwrap();
+    assert_eq!(s.value(&w).unwrap().data(), &[10.0, 20.0]);
+    s.reset();
+    assert_eq!(
+        s.memory_usage().unwrap().live_bytes,
+        2 * 4,
+        "the old mirror was released"
+    );
+    let e = s.set_param(&p, Tensor::vector(vec![1.0])).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }));
+}
