@@ -10,7 +10,8 @@ use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// Shape rule: logits (classes) or (rows, classes) with rows, classes ≥ 1 → scalar.
 pub fn cross_entropy_shape(logits: &Shape) -> Result<Shape> {
-    let ok = matches!(logits.dims(), &[c] if c > 0) || matches!(logits.dims(), &[r, c] if r > 0 && c > 0);
+    let ok = matches!(logits.dims(), &[c] if c > 0)
+        || matches!(logits.dims(), &[r, c] if r > 0 && c > 0);
     if ok {
         Ok(Shape::scalar())
     } else {
@@ -93,7 +94,11 @@ pub fn cross_entropy_jvp<T: Scalar>(
     if dx.shape() != logits.shape() {
         return Err(Error::shape(
             "crossEntropy",
-            format!("tangent has shape {}, expected {}", dx.shape(), logits.shape()),
+            format!(
+                "tangent has shape {}, expected {}",
+                dx.shape(),
+                logits.shape()
+            ),
         ));
     }
     let (rows, c) = dims(logits.shape())?;

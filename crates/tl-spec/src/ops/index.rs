@@ -54,7 +54,10 @@ fn need_rank(op: &'static str, what: &str, x: &Shape, ranks: &[usize]) -> Result
         let want: Vec<String> = ranks.iter().map(|r| format!("rank-{r}")).collect();
         Err(Error::shape(
             op,
-            format!("{what} must be a {} tensor, got shape {x}", want.join(" or ")),
+            format!(
+                "{what} must be a {} tensor, got shape {x}",
+                want.join(" or ")
+            ),
         ))
     }
 }
@@ -272,7 +275,14 @@ mod tests {
 
     #[test]
     fn index_values_outside_the_naturals_are_out_of_range() {
-        for (v, want) in [(2.0, 2), (-1.0, 5), (1.5, 5), (f64::NAN, 5), (5.0, 5), (0.0, 0)] {
+        for (v, want) in [
+            (2.0, 2),
+            (-1.0, 5),
+            (1.5, 5),
+            (f64::NAN, 5),
+            (5.0, 5),
+            (0.0, 0),
+        ] {
             assert_eq!(index_value(v, 5), want, "{v}");
         }
     }
