@@ -12,9 +12,11 @@ use tl_spec::{Shape, Tensor};
 use crate::generate::{Size, capped, shape, tensor, tensors};
 use crate::{Domain, OpCase};
 
-/// x of rank 1 (n) or 2 (rows, cols) with dims 1–5 (large: up to 40).
+/// x of rank 1 (n) or 2 (rows, cols) with dims 1–5 (large: n up to 1024, rows and cols up to
+/// 40).
 fn gather_operand(z: Size, rank: usize) -> BoxedStrategy<Shape> {
-    capped(shape(rank..=rank, 1..=z.pick(5, 40)))
+    let large = if rank == 1 { 1024 } else { 40 };
+    capped(shape(rank..=rank, 1..=z.pick(5, large)))
 }
 
 /// `k` runtime indices for `rows` rows: values in `0..rows + 2` (so some are out of range), and
