@@ -30,7 +30,7 @@ pub const DAG_TOL: Tol = Tol {
     ..Tol::DEFAULT
 };
 /// Number of entries of the step menu.
-pub const MENU_LEN: u8 = 32;
+pub const MENU_LEN: u8 = 48;
 
 /// What kind of DAGs to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,20 +94,20 @@ pub fn dag_cases(opts: DagOptions) -> BoxedStrategy<GraphCase> {
     .prop_filter_map(
         "DAG values out of bounds or too close to a kink",
         move |((shapes, steps, out, rg), leaves)| {
-            let (graph, out) = build(&shapes, &rg, &steps, out, opts);
-            well_conditioned(&graph, &leaves).then_some((graph, out, leaves))
+            let (graph, out, nats) = build_with_nats(&shapes, &rg, &steps, out, opts);
+            well_conditioned_with(&graph, &leaves, &nats).then_some((graph, out, leaves, nats))
         },
     )
-    .prop_flat_map(|(graph, out, leaves)| {
+    .prop_flat_map(|(graph, out, leaves, nats)| {
         let shape = graph.shape(out).expect("out exists").clone();
-        (Just((graph, out, leaves)), direction(shape))
+        (Just((graph, out, leaves, nats)), direction(shape))
     })
-    .prop_map(|((graph, out, leaves), seed)| GraphCase {
+    .prop_map(|((graph, out, leaves, nats), seed)| GraphCase {
         graph,
         leaves,
         out,
         seed,
-        nats: Vec::new(),
+        nats,
     })
     .boxed()
 }
@@ -128,7 +128,12 @@ fn leaf_shape(kind: u8, m: usize, n: usize) -> Shape {
 /// keep [`KINK_MARGIN`] from its kinks (`max`/`min` of one id with itself is an exact tie on
 /// every backend and allowed).
 pub fn well_conditioned(graph: &GraphData, leaves: &[Tensor<f64>]) -> bool {
-    let Ok(values) = graph.eval(leaves, &[]) else {
+    well_conditioned_with(graph, leaves, &[])
+}
+
+/// [`well_conditioned`] for a graph whose index ops read the Nat environment `nats`.
+pub fn well_conditioned_with(graph: &GraphData, leaves: &[Tensor<f64>], nats: &[usize]) -> bool {
+    let Ok(values) = graph.eval(leaves, nats) else {
         return false;
     };
     let bounded = values.iter().all(|t| {
@@ -147,7 +152,8 @@ pub fn well_conditioned(graph: &GraphData, leaves: &[Tensor<f64>]) -> bool {
         })
 }
 
-/// Turn a plan into a graph; returns it and the output id.
+/// Turn a plan into a graph; returns it and the output id (for plans whose steps read no Nat
+/// environment; see [`build_with_nats`]).
 pub fn build(
     shapes: &[Shape],
     requires_grad: &[bool],
@@ -155,8 +161,22 @@ pub fn build(
     out: Option<u16>,
     opts: DagOptions,
 ) -> (GraphData, Id) {
+    let (graph, out, _) = build_with_nats(shapes, requires_grad, steps, out, opts);
+    (graph, out)
+}
+
+/// Turn a plan into a graph; returns it, the output id and the Nat environment its index steps
+/// appended their indices and labels to.
+pub fn build_with_nats(
+    shapes: &[Shape],
+    requires_grad: &[bool],
+    steps: &[Step],
+    out: Option<u16>,
+    opts: DagOptions,
+) -> (GraphData, Id, Vec<usize>) {
     let mut d = Dag {
         b: GraphBuilder::new(),
+        nats: Vec::new(),
     };
     for (k, s) in shapes.iter().enumerate() {
         let rg = requires_grad.get(k).copied().unwrap_or(true);
@@ -172,11 +192,13 @@ pub fn build(
         Some(k) => first_node + usize::from(k) % (len - first_node),
         None => len - 1,
     };
-    (d.b.finish(), out)
+    (d.b.finish(), out, d.nats)
 }
 
 struct Dag {
     b: GraphBuilder,
+    /// The Nat environment: index steps append their indices here.
+    nats: Vec<usize>,
 }
 
 impl Dag {
@@ -328,10 +350,129 @@ impl Dag {
                 let y = self.adapt(y, &sx);
                 self.add(Op::MseLoss, &[x, y]);
             }
+            k @ 40..=47 => self.index_step(k, x, y, p),
             _ => {
                 let c = Tensor::from_fn(sx, |i| ((i * 7 + usize::from(p)) % 11) as f64 * 0.2 - 1.0);
                 let c = self.add(Op::Constant(c), &[]);
                 self.add(Op::Add, &[x, c]);
+            }
+        }
+    }
+
+    /// Menu entries 40–47: gelu/silu, concat/slice, gathers (static, raw, Nat environment,
+    /// index tensor), scatter-adds and cross-entropy. Runtime indices include out-of-range and
+    /// repeated values; Nat-environment steps append theirs to `self.nats`.
+    fn index_step(&mut self, kind: u8, x: Id, y: Id, p: u16) {
+        let p = usize::from(p);
+        let lift = |d: &mut Self, x: Id| {
+            if d.shape(x).rank() == 0 {
+                d.as_rank(x, 1)
+            } else {
+                x
+            }
+        };
+        match kind {
+            40 => {
+                let a = self.add([Op::Gelu, Op::Silu][p % 2].clone(), &[x]);
+                // Half the time a gated form `x · act(x)` (fan-out through the activation).
+                if p % 4 < 2 {
+                    self.add(Op::Mul, &[x, a]);
+                }
+            }
+            41 => {
+                let x = lift(self, x);
+                let mut to = self.shape(x).dims().to_vec();
+                to[0] = 1 + p % 3;
+                // Half the time x joins itself (fan-out: its cotangent gets two parts).
+                let y = if p % 4 < 2 {
+                    x
+                } else {
+                    self.adapt(y, &Shape::from(to))
+                };
+                let (a, b) = if p % 2 == 0 { (x, y) } else { (y, x) };
+                self.add(Op::Concat, &[a, b]);
+            }
+            42 => {
+                let x = lift(self, x);
+                let n = self.shape(x).dims()[0];
+                let start = p % n;
+                let len = 1 + (p / n) % (n - start);
+                let a = self.add(Op::Slice { start, len }, &[x]);
+                // A second, overlapping slice of x joined to the first (fan-out into x).
+                let b = self.add(Op::Slice { start: 0, len: 1 }, &[x]);
+                self.add(Op::Concat, &[a, b]);
+            }
+            43 | 44 | 45 => {
+                let x = self.as_rank(x, 1 + p % 2);
+                let rows = self.shape(x).dims()[0];
+                let row = self.shape(x).rank() == 2;
+                let k = 1 + (p / 2) % 4;
+                // Indices in 0..rows + 2 (some out of range), the third repeating the first.
+                let mut idx: Vec<usize> = (0..k).map(|j| (p / 8 + 5 * j) % (rows + 2)).collect();
+                if k >= 3 {
+                    idx[2] = idx[0];
+                }
+                let op = match (kind, row, p / 16 % 2) {
+                    (43, false, 0) => Op::GatherScalar {
+                        index: idx[0] % rows,
+                    },
+                    (43, true, 0) => Op::GatherRow {
+                        index: idx[0] % rows,
+                    },
+                    (43, false, _) => Op::GatherScalarRaw { index: idx[0] },
+                    (43, true, _) => Op::GatherRowRaw { index: idx[0] },
+                    (45, ..) => {
+                        // An index tensor (a constant: indices are never differentiated), with
+                        // a negative and a fractional entry when long enough.
+                        let mut v: Vec<f64> = idx.iter().map(|&i| i as f64).collect();
+                        if k == 4 {
+                            v[1] = -1.0;
+                            v[3] = 0.5;
+                        }
+                        let c = self.add(Op::Constant(Tensor::vector(v)), &[]);
+                        self.add(Op::GatherIndexTensor, &[x, c]);
+                        return;
+                    }
+                    (_, row, single) => {
+                        let at = self.nats.len();
+                        let single = single == 0;
+                        self.nats.extend(if single { &idx[..1] } else { &idx[..] });
+                        match (row, single) {
+                            (false, true) => Op::GatherScalarNat { at },
+                            (true, true) => Op::GatherRowNat { at },
+                            (false, false) => Op::GatherScalarsNatVec { at, k },
+                            (true, false) => Op::GatherRowsNatVec { at, k },
+                        }
+                    }
+                };
+                self.add(op, &[x]);
+            }
+            46 => {
+                let x = self.as_rank(x, 1 + p % 2);
+                let s = self.shape(x);
+                // v from x itself half the time (fan-out), else from another id.
+                let src = if p % 4 < 2 { x } else { y };
+                let v = self.adapt(src, &Shape::new(&s.dims()[1..]));
+                let index = p / 2 % s.dims()[0];
+                let op = if s.rank() == 1 {
+                    Op::ScatterAddVec { index }
+                } else {
+                    Op::ScatterAddRow { index }
+                };
+                self.add(op, &[x, v]);
+            }
+            _ => {
+                let x = if self.shape(x).rank() >= 2 {
+                    self.as_rank(x, 2)
+                } else {
+                    self.as_rank(x, 1)
+                };
+                let (rows, classes) = self.shape(x).rows_cols();
+                let labels_at = self.nats.len();
+                // Labels in 0..=classes: `classes` itself is out of range (that row gives 0).
+                self.nats
+                    .extend((0..rows).map(|r| (p + 3 * r) % (classes + 1)));
+                self.add(Op::CrossEntropy { labels_at }, &[x]);
             }
         }
     }
