@@ -402,7 +402,7 @@ impl Dag {
                 let b = self.add(Op::Slice { start: 0, len: 1 }, &[x]);
                 self.add(Op::Concat, &[a, b]);
             }
-            43 | 44 | 45 => {
+            43..=45 => {
                 let x = self.as_rank(x, 1 + p % 2);
                 let rows = self.shape(x).dims()[0];
                 let row = self.shape(x).rank() == 2;

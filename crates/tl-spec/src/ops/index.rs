@@ -75,9 +75,9 @@ fn check_index(op: &'static str, index: usize, rows: usize, x: &Shape) -> Result
 
 /// `(rows, cols)` of a gather operand: (n, 1) for 1-D, (rows, cols) for 2-D.
 fn rows_cols(x: &Shape) -> (usize, usize) {
-    match x.dims() {
-        &[n] => (n, 1),
-        &[r, c] => (r, c),
+    match *x.dims() {
+        [n] => (n, 1),
+        [r, c] => (r, c),
         _ => (0, 0),
     }
 }
@@ -117,8 +117,8 @@ pub fn gather_index_tensor_shape(x: &Shape, idx: &Shape) -> Result<Shape> {
     need_rank("gather", "operand x", x, &[1, 2])?;
     need_rank("gather", "index tensor", idx, &[1])?;
     let k = idx.dims()[0];
-    Ok(match x.dims() {
-        &[_, c] => Shape::new(&[k, c]),
+    Ok(match *x.dims() {
+        [_, c] => Shape::new(&[k, c]),
         _ => Shape::new(&[k]),
     })
 }

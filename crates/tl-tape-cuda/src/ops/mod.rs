@@ -267,7 +267,7 @@ fn backward_into<D: Device>(
         | GatherRowsNatVec { .. }
         | GatherIndexTensor
         | ScatterAddVec { .. }
-        | ScatterAddRow { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        | ScatterAddRow { .. } => Err(crate::Error::Unsupported { op: op.name() }),
     }
 }
 
