@@ -203,6 +203,10 @@ registry! {
     Op::Softmax => entry("softmax", |z| unary(z, Op::Softmax, Any(3.0))),
     Op::LogSoftmax => entry("logSoftmax", |z| unary(z, Op::LogSoftmax, Any(3.0))),
     Op::MseLoss => entry("mseLoss", mse_loss),
+    Op::LayerNorm { .. } => entry("layerNorm", layer_norm),
+    Op::BatchNorm { .. } => entry("batchnormChannelFirst", batch_norm),
+    Op::MaskedSoftmax { .. } => entry("maskedSoftmax", masked_softmax),
+    Op::MultiHeadAttention { .. } => entry("multiHeadAttention", multi_head_attention),
 }
 
 /// The entry named `name`, if any.

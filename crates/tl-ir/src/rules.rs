@@ -4,6 +4,8 @@
 //! checked by [`Op::infer_shape`] before any of these run. `nats` is the Nat environment (runtime
 //! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
+use tl_spec::ops::attention::{self as att, mha};
+use tl_spec::ops::norm::{self, Groups};
 use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
 use tl_spec::{Scalar, Tensor, broadcast};
 
@@ -21,6 +23,14 @@ fn arity_check(op: &Op, n: usize) -> Result<()> {
         }));
     }
     Ok(())
+}
+
+/// The normalization groups of a norm op on `x` (rows for `layerNorm`, channels otherwise).
+fn groups<T: Scalar>(op: &Op, x: &Tensor<T>) -> Groups {
+    match op {
+        Op::LayerNorm { .. } => Groups::layer(x.shape()),
+        _ => Groups::channels(x.shape()),
+    }
 }
 
 /// The reference value of `op` applied to `x`.
@@ -66,6 +76,12 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         Softmax => Ok(softmax::softmax(x[0])),
         LogSoftmax => Ok(softmax::log_softmax(x[0])),
         MseLoss => loss::mse_loss(x[0], x[1]),
+        LayerNorm { eps } => norm::layer_norm(x[0], x[1], x[2], T::lit(*eps)),
+        BatchNorm { eps } => norm::batch_norm(x[0], x[1], x[2], T::lit(*eps)),
+        MaskedSoftmax { mask } => att::masked_softmax(x[0], mask),
+        MultiHeadAttention { heads, mask, .. } => {
+            mha::multi_head_attention([x[0], x[1], x[2], x[3]], x[4], *heads, mask.as_ref())
+        }
     };
     Ok(y?)
 }
@@ -121,6 +137,16 @@ pub fn vjp<T: Scalar>(
         Softmax => one(softmax::softmax_vjp(x[0], g)),
         LogSoftmax => one(softmax::log_softmax_vjp(x[0], g)),
         MseLoss => two(loss::mse_loss_vjp(x[0], x[1], g)),
+        LayerNorm { eps } | BatchNorm { eps } => {
+            norm::normalize_vjp(groups(op, x[0]), x[0], x[1], x[2], T::lit(*eps), g)
+                .map(|(dx, dg, db)| vec![Some(dx), Some(dg), Some(db)])
+        }
+        MaskedSoftmax { mask } => one(att::masked_softmax_vjp(x[0], mask, g)),
+        MultiHeadAttention { heads, mask, .. } => {
+            let w = [x[0], x[1], x[2], x[3]];
+            mha::multi_head_attention_vjp(w, x[4], *heads, mask.as_ref(), g)
+                .map(|d| d.into_iter().map(Some).collect())
+        }
     };
     Ok(grads?)
 }
@@ -167,6 +193,15 @@ pub fn jvp<T: Scalar>(
         Softmax => softmax::softmax_jvp(x[0], dx[0]),
         LogSoftmax => softmax::log_softmax_jvp(x[0], dx[0]),
         MseLoss => loss::mse_loss_jvp(x[0], x[1], dx[0], dx[1]),
+        LayerNorm { eps } | BatchNorm { eps } => {
+            let gr = groups(op, x[0]);
+            norm::normalize_jvp(gr, x[0], x[1], T::lit(*eps), dx[0], dx[1], dx[2])
+        }
+        MaskedSoftmax { mask } => att::masked_softmax_jvp(x[0], mask, dx[0]),
+        // Forward mode through the composition of primitive ops (`compose`).
+        MultiHeadAttention { heads, mask, .. } => {
+            return crate::compose::multi_head_attention_jvp(x, dx, *heads, mask.as_ref(), nats);
+        }
     };
     Ok(t?)
 }

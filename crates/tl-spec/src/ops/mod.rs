@@ -5,9 +5,11 @@
 //!
 //! Conventions (ties, kinks, stable forms) are those of the project's `docs/semantics.md`.
 
+pub mod attention;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod norm;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;

@@ -11,14 +11,19 @@
 //! - [`linalg`] — `matmul`, `bmm`, `linear` through a real GEMM (`matrixmultiply` via ndarray)
 //! - [`softmax`] — row softmax and log-softmax along the last axis
 //! - [`loss`] — `mseLoss`
+//! - [`norm`] — `layerNorm`, `batchnormChannelFirst` (two passes per group)
+//! - [`attention`] — `maskedSoftmax`, `multiHeadAttention` (unfused GEMM core or fused
+//!   streaming core)
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
 //! shapes rather than panic.
 
+pub mod attention;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod norm;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
@@ -43,6 +48,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Linalg => linalg::forward(op, x),
         Family::Softmax => softmax::forward(op, x),
         Family::Loss => loss::forward(op, x),
+        Family::Norm => norm::forward(op, x),
+        Family::Attention => attention::forward(op, x),
     }
 }
 
@@ -63,6 +70,8 @@ pub fn backward<T: Scalar>(
         Family::Linalg => linalg::backward(op, x, y, g),
         Family::Softmax => softmax::backward(op, x, y, g),
         Family::Loss => loss::backward(op, x, y, g),
+        Family::Norm => norm::backward(op, x, y, g),
+        Family::Attention => attention::backward(op, x, y, g),
     }
 }
 
