@@ -28,12 +28,12 @@ pub fn masked_softmax(z: Size) -> BoxedStrategy<OpCase> {
 }
 
 /// `multiHeadAttention(wq, wk, wv, wo, x)`: n 1–4, dModel 1–6, heads 1–2, head width 1–3
-/// (large: n ≤ 8, dModel ≤ 8), x unbatched or batched (B ≤ 2), with or without a mask, fused or
+/// (large: n ≤ 16, dModel ≤ 16, head width ≤ 4), x unbatched or batched (B ≤ 2), with or without a mask, fused or
 /// not.
 pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
     let sizes = (
-        1..=z.pick(4, 8),
-        1..=z.pick(6, 8),
+        1..=z.pick(4, 16),
+        1..=z.pick(6, 16),
         1usize..=2,
         1..=z.pick(3, 4),
         prop::option::of(1usize..=2),
