@@ -14,6 +14,7 @@
 
 use proptest::prelude::*;
 use tl_ir::{GraphBuilder, GraphData, Id, Op};
+use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor, can_broadcast_to};
 
 use crate::generate::{direction, regroup, tensors};
@@ -353,6 +354,59 @@ impl Dag {
                 self.add(Op::MseLoss, &[x, y]);
             }
             k @ 40..=47 => self.index_step(k, x, y, p),
+            // Norms use ε = 0.05 so that near-constant groups stay well conditioned.
+            36 => {
+                let x = if rank == 0 { self.as_rank(x, 1) } else { x };
+                let d = Shape::new(&[*self.shape(x).dims().last().expect("rank ≥ 1")]);
+                let (g, b) = (self.adapt(y, &d), self.adapt(z, &d));
+                self.add(Op::LayerNorm { eps: 0.05 }, &[x, g, b]);
+            }
+            37 => {
+                // (a, b, c) → batched (a, b, c, 1) when p is odd; (r, c) → (r, c, 1).
+                let x = match (sx.dims(), p % 2) {
+                    (&[a, b, c], 1) => self.add(Op::Reshape(Shape::new(&[a, b, c, 1])), &[x]),
+                    (&[_, _, _], _) => x,
+                    _ => {
+                        let (r, c) = sx.rows_cols();
+                        self.add(Op::Reshape(Shape::new(&[r, c, 1])), &[x])
+                    }
+                };
+                let d = self.shape(x);
+                let ch = Shape::new(&[d.dims()[d.rank() - 3]]);
+                let (g, b) = (self.adapt(y, &ch), self.adapt(z, &ch));
+                self.add(Op::BatchNorm { eps: 0.05 }, &[x, g, b]);
+            }
+            38 => {
+                let x = self.as_rank(x, 2);
+                let sh = self.shape(x);
+                let (n, dm) = (sh.dims()[0], sh.dims()[1]);
+                let heads = 1 + usize::from(p % 2);
+                let width = heads * (1 + usize::from(p / 2 % 2));
+                let w = Shape::new(&[dm, width]);
+                let (wq, wk) = (self.adapt(y, &w), self.adapt(z, &w));
+                let wv = self.adapt(x, &w);
+                let wo = self.adapt(y, &Shape::new(&[width, dm]));
+                let mask = (p / 4 % 2 == 1).then(|| Mask::causal(n));
+                let fused = p / 8 % 2 == 1;
+                let op = Op::MultiHeadAttention { heads, mask, fused };
+                self.add(op, &[wq, wk, wv, wo, x]);
+            }
+            39 => {
+                // Scores (…, n, n) from x; the mask is causal or, when p is odd, leaves row 0
+                // empty.
+                let n = sx.dims().last().copied().unwrap_or(1);
+                let x = if rank >= 2 && sx.dims()[rank - 2] == n {
+                    x
+                } else {
+                    self.adapt(x, &Shape::new(&[n, n]))
+                };
+                let mask = if p % 2 == 1 {
+                    Mask::from_fn(n, |i, j| i > 0 && j <= i)
+                } else {
+                    Mask::causal(n)
+                };
+                self.add(Op::MaskedSoftmax { mask }, &[x]);
+            }
             _ => {
                 let c = Tensor::from_fn(sx, |i| ((i * 7 + usize::from(p)) % 11) as f64 * 0.2 - 1.0);
                 let c = self.add(Op::Constant(c), &[]);

@@ -131,7 +131,11 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         // The index operand of `gather` is never perturbed (it is an index operand).
         | GatherIndexTensor
         | ScatterAddVec { .. }
-        | ScatterAddRow { .. } => None,
+        | ScatterAddRow { .. }
+        | LayerNorm { .. }
+        | BatchNorm { .. }
+        | MaskedSoftmax { .. }
+        | MultiHeadAttention { .. } => None,
     }
 }
 

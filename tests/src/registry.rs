@@ -244,6 +244,10 @@ registry! {
     Op::GatherIndexTensor => entry("gather", gather_index_tensor).indices(&[1]),
     Op::ScatterAddVec { .. } => entry("scatterAddVec", |z| scatter_add(z, false)),
     Op::ScatterAddRow { .. } => entry("scatterAddRow", |z| scatter_add(z, true)),
+    Op::LayerNorm { .. } => entry("layerNorm", layer_norm),
+    Op::BatchNorm { .. } => entry("batchnormChannelFirst", batch_norm),
+    Op::MaskedSoftmax { .. } => entry("maskedSoftmax", masked_softmax),
+    Op::MultiHeadAttention { .. } => entry("multiHeadAttention", multi_head_attention),
 }
 
 /// The entry named `name`, if any.

@@ -7,8 +7,10 @@
 //!   reverse accumulation over every id), [`GraphData::jvp`].
 //! - [`Recorder`] and [`GraphData::replay`]: compile a graph into any tape.
 //! - [`rules`]: each op's reference value, VJP and JVP, one match per face.
+//! - [`compose`]: composite ops recorded from primitive ones (multi-head attention).
 
 mod backprop;
+pub mod compose;
 mod error;
 mod eval;
 mod graph;

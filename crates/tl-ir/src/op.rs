@@ -2,8 +2,9 @@
 
 use std::fmt;
 
+use tl_spec::ops::attention::{Mask, masked_softmax_shape, mha};
 use tl_spec::ops::{
-    concat, cross_entropy, elementwise, index, linalg, loss, reduce, shape, softmax,
+    concat, cross_entropy, elementwise, index, linalg, loss, norm, reduce, shape, softmax,
 };
 use tl_spec::{Error as SpecError, Shape, Tensor, broadcast};
 
@@ -26,6 +27,10 @@ pub enum Family {
     Loss,
     /// Gathers and scatter-adds (indices are never differentiable).
     Index,
+    /// Layer and batch normalization.
+    Norm,
+    /// Masked softmax and multi-head attention.
+    Attention,
 }
 
 /// One op, with its static parameters. Operand order follows the seeds (e.g. `Linear` takes
@@ -211,9 +216,62 @@ pub enum Op {
         /// The row (checked at record time).
         index: usize,
     },
+
+    // ---- norm ----
+    /// `(x, γ, β) ↦ (x−μ)/sqrt(var+ε)·γ + β` over the last axis (biased variance), x of any
+    /// rank ≥ 1, γ and β (D). PyTorch: `F.layer_norm(x, (D,), γ, β, eps)` (default ε 1e-5 there,
+    /// [`Op::DEFAULT_EPS`] = 1e-6 here).
+    LayerNorm {
+        /// ε > 0, finite.
+        eps: f64,
+    },
+    /// `(x, γ, β)` with x (C, H, W) or (N, C, H, W): per-channel batch statistics over N·H·W,
+    /// biased variance, no running statistics. PyTorch: `F.batch_norm(x, None, None, γ, β,
+    /// training=True, eps=eps)`.
+    BatchNorm {
+        /// ε > 0, finite.
+        eps: f64,
+    },
+
+    // ---- attention ----
+    /// Softmax along the last axis with a static hard mask (n, n) broadcast over leading axes;
+    /// masked entries are exactly 0, a row with nothing allowed is 0. PyTorch:
+    /// `softmax(x.masked_fill(~mask, -inf), -1)` without its NaN rows.
+    MaskedSoftmax {
+        /// The mask (true = allowed).
+        mask: Mask,
+    },
+    /// `(wq, wk, wv, wo, x) ↦ concat_h(softmax(Q_h K_hᵀ/√d) V_h)·wo` with Q, K, V = x·W; x (n,
+    /// dModel) or (B, n, dModel). PyTorch: `nn.MultiheadAttention(bias=False)` self-attention.
+    MultiHeadAttention {
+        /// Number of heads (divides the projection width).
+        heads: usize,
+        /// Optional hard mask (n, n), true = allowed.
+        mask: Option<Mask>,
+        /// `true`: the streaming (flash-style) kernel that never holds more than one row of
+        /// scores; `false`: the kernel that materializes the (heads, n, n) scores. Same value.
+        fused: bool,
+    },
 }
 
 impl Op {
+    /// The default ε of the normalization ops (TorchLean's 1e-6; PyTorch's is 1e-5).
+    pub const DEFAULT_EPS: f64 = 1e-6;
+
+    /// `layerNorm` with the default ε.
+    pub fn layer_norm() -> Op {
+        Op::LayerNorm {
+            eps: Op::DEFAULT_EPS,
+        }
+    }
+
+    /// `batchnormChannelFirst` with the default ε.
+    pub fn batch_norm() -> Op {
+        Op::BatchNorm {
+            eps: Op::DEFAULT_EPS,
+        }
+    }
+
     /// The op's name as the seeds spell it (`"logSoftmax"`, `"broadcastTo"`, ...).
     pub fn name(&self) -> &'static str {
         use Op::*;
@@ -271,6 +329,10 @@ impl Op {
             GatherIndexTensor => "gather",
             ScatterAddVec { .. } => "scatterAddVec",
             ScatterAddRow { .. } => "scatterAddRow",
+            LayerNorm { .. } => "layerNorm",
+            BatchNorm { .. } => "batchnormChannelFirst",
+            MaskedSoftmax { .. } => "maskedSoftmax",
+            MultiHeadAttention { .. } => "multiHeadAttention",
         }
     }
 
@@ -325,6 +387,8 @@ impl Op {
             | GatherIndexTensor
             | ScatterAddVec { .. }
             | ScatterAddRow { .. } => Family::Index,
+            LayerNorm { .. } | BatchNorm { .. } => Family::Norm,
+            MaskedSoftmax { .. } | MultiHeadAttention { .. } => Family::Attention,
         }
     }
 
@@ -335,7 +399,8 @@ impl Op {
             Constant(_) => 0,
             Add | Sub | Mul | Div | Max | Min | Matmul | Bmm | MseLoss | Concat => 2,
             GatherIndexTensor | ScatterAddVec { .. } | ScatterAddRow { .. } => 2,
-            Linear => 3,
+            Linear | LayerNorm { .. } | BatchNorm { .. } => 3,
+            MultiHeadAttention { .. } => 5,
             _ => 1,
         }
     }
@@ -422,6 +487,15 @@ impl Op {
             GatherIndexTensor => index::gather_index_tensor_shape(s[0], s[1]),
             ScatterAddVec { index } => index::scatter_add_vec_shape(s[0], s[1], *index),
             ScatterAddRow { index } => index::scatter_add_row_shape(s[0], s[1], *index),
+            LayerNorm { eps } => norm::norm_params(self.name(), *eps)
+                .and_then(|()| norm::layer_norm_shape(s[0], s[1], s[2])),
+            BatchNorm { eps } => norm::norm_params(self.name(), *eps)
+                .and_then(|()| norm::batch_norm_shape(s[0], s[1], s[2])),
+            MaskedSoftmax { mask } => masked_softmax_shape(s[0], mask),
+            MultiHeadAttention { heads, mask, .. } => {
+                mha::mha_dims([s[0], s[1], s[2], s[3]], s[4], *heads, mask.as_ref())
+                    .map(|(_, out)| out)
+            }
         };
         Ok(out?)
     }
@@ -451,6 +525,16 @@ impl fmt::Debug for Op {
             GatherScalarNat { at } | GatherRowNat { at } => write!(f, "{}(at={at})", self.name()),
             GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => {
                 write!(f, "{}(at={at}, k={k})", self.name())
+            }
+            LayerNorm { eps } => write!(f, "layerNorm(eps={eps})"),
+            BatchNorm { eps } => write!(f, "batchnormChannelFirst(eps={eps})"),
+            MaskedSoftmax { mask } => write!(f, "maskedSoftmax({mask:?})"),
+            MultiHeadAttention { heads, mask, fused } => {
+                write!(f, "multiHeadAttention(heads={heads}, fused={fused}")?;
+                match mask {
+                    Some(m) => write!(f, ", {m:?})"),
+                    None => f.write_str(")"),
+                }
             }
             other => f.write_str(other.name()),
         }

@@ -4,7 +4,9 @@
 //! checked by [`Op::infer_shape`] before any of these run. `nats` is the Nat environment (runtime
 //! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
+use tl_spec::ops::attention::{self as att, mha};
 use tl_spec::ops::index::{self as ix, nat_at, nat_vec_at};
+use tl_spec::ops::norm::{self, Groups};
 use tl_spec::ops::{activation as act, concat, cross_entropy as ce};
 use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
 use tl_spec::{Scalar, Tensor, broadcast};
@@ -23,6 +25,14 @@ fn arity_check(op: &Op, n: usize) -> Result<()> {
         }));
     }
     Ok(())
+}
+
+/// The normalization groups of a norm op on `x` (rows for `layerNorm`, channels otherwise).
+fn groups<T: Scalar>(op: &Op, x: &Tensor<T>) -> Groups {
+    match op {
+        Op::LayerNorm { .. } => Groups::layer(x.shape()),
+        _ => Groups::channels(x.shape()),
+    }
 }
 
 /// The reference value of `op` applied to `x`.
@@ -98,6 +108,12 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
             op.name(),
             "gathers dispatch before this match",
         )),
+        LayerNorm { eps } => norm::layer_norm(x[0], x[1], x[2], T::lit(*eps)),
+        BatchNorm { eps } => norm::batch_norm(x[0], x[1], x[2], T::lit(*eps)),
+        MaskedSoftmax { mask } => att::masked_softmax(x[0], mask),
+        MultiHeadAttention { heads, mask, .. } => {
+            mha::multi_head_attention([x[0], x[1], x[2], x[3]], x[4], *heads, mask.as_ref())
+        }
     };
     Ok(y?)
 }
@@ -185,6 +201,16 @@ pub fn vjp<T: Scalar>(
             op.name(),
             "gathers dispatch before this match",
         )),
+        LayerNorm { eps } | BatchNorm { eps } => {
+            norm::normalize_vjp(groups(op, x[0]), x[0], x[1], x[2], T::lit(*eps), g)
+                .map(|(dx, dg, db)| vec![Some(dx), Some(dg), Some(db)])
+        }
+        MaskedSoftmax { mask } => one(att::masked_softmax_vjp(x[0], mask, g)),
+        MultiHeadAttention { heads, mask, .. } => {
+            let w = [x[0], x[1], x[2], x[3]];
+            mha::multi_head_attention_vjp(w, x[4], *heads, mask.as_ref(), g)
+                .map(|d| d.into_iter().map(Some).collect())
+        }
     };
     Ok(grads?)
 }
@@ -260,6 +286,15 @@ pub fn jvp<T: Scalar>(
             op.name(),
             "gathers dispatch before this match",
         )),
+        LayerNorm { eps } | BatchNorm { eps } => {
+            let gr = groups(op, x[0]);
+            norm::normalize_jvp(gr, x[0], x[1], T::lit(*eps), dx[0], dx[1], dx[2])
+        }
+        MaskedSoftmax { mask } => att::masked_softmax_jvp(x[0], mask, dx[0]),
+        // Forward mode through the composition of primitive ops (`compose`).
+        MultiHeadAttention { heads, mask, .. } => {
+            return crate::compose::multi_head_attention_jvp(x, dx, *heads, mask.as_ref(), nats);
+        }
     };
     Ok(t?)
 }

@@ -90,6 +90,10 @@ fn cases(op: &Op) -> Vec<Case> {
             case(op.clone(), &[(&[2, 2, 300], Any)]),
             case(op.clone(), &[(s, Any)]),
         ],
+        // issue 4: no CUDA formula yet (the tape returns `Unsupported`); not in `all_ops`.
+        LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
+            vec![]
+        }
         MseLoss => vec![
             case(op.clone(), &[(m23, Any), (m23, Any)]),
             case(op.clone(), &[(s, Any), (s, Any)]),

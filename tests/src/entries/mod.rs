@@ -13,6 +13,10 @@ mod concat;
 mod index;
 pub use concat::*;
 pub use index::*;
+mod attention;
+mod norm;
+pub use attention::*;
+pub use norm::*;
 
 /// Margin kept between a clamp operand and either bound.
 pub const CLAMP_MARGIN: f64 = 0.05;

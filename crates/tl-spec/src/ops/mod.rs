@@ -6,12 +6,14 @@
 //! Conventions (ties, kinks, stable forms) are those of the project's `docs/semantics.md`.
 
 pub mod activation;
+pub mod attention;
 pub mod concat;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod index;
 pub mod linalg;
 pub mod loss;
+pub mod norm;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;

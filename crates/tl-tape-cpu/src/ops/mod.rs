@@ -14,18 +14,24 @@
 //! - [`concat`] — `concat0`, `sliceRange0` (Shape family); [`activation`] — `gelu`, `silu`
 //!   (Elementwise family)
 //! - [`index`] — gathers (static, raw, Nat-environment, index-tensor) and scatter-adds
+//! - [`loss`] — `mseLoss`
+//! - [`norm`] — `layerNorm`, `batchnormChannelFirst` (two passes per group)
+//! - [`attention`] — `maskedSoftmax`, `multiHeadAttention` (unfused GEMM core or fused
+//!   streaming core)
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
 //! shapes rather than panic.
 
 pub mod activation;
+pub mod attention;
 pub mod concat;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod index;
 pub mod linalg;
 pub mod loss;
+pub mod norm;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
@@ -56,6 +62,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Softmax => softmax::forward(op, x),
         Family::Loss => loss::forward(op, x),
         Family::Index => index::forward(op, x, nats),
+        Family::Norm => norm::forward(op, x),
+        Family::Attention => attention::forward(op, x),
     }
 }
 
@@ -82,6 +90,8 @@ pub fn backward<T: Scalar>(
         Family::Softmax => softmax::backward(op, x, y, g),
         Family::Loss => loss::backward(op, x, y, g),
         Family::Index => index::backward(op, x, y, g, nats),
+        Family::Norm => norm::backward(op, x, y, g),
+        Family::Attention => attention::backward(op, x, y, g),
     }
 }
 

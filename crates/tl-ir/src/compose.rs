@@ -1,0 +1,111 @@
+//! Composite ops recorded from primitive ones.
+//!
+//! [`multi_head_attention`] records the same computation as [`Op::MultiHeadAttention`] from
+//! `matmul`, `reshape`, `swapAdjacent`, `swapLastTwo`, `bmm`, `scale` and `maskedSoftmax` (or
+//! `softmax` without a mask). It is the reference the fused op is tested against, and forward
+//! mode through it is the attention op's JVP rule
+//! ([`multi_head_attention_jvp`]).
+
+use tl_spec::ops::attention::{Mask, mha};
+use tl_spec::{Scalar, Shape, Tensor};
+
+use crate::{GraphBuilder, Id, Op, Result};
+
+/// Record multi-head self-attention on `x` (n, dModel) or (B, n, dModel) with projections `wq`,
+/// `wk`, `wv` (dModel, P) and `wo` (P, dModel), `heads` dividing P, and an optional hard mask
+/// (n, n), as a composition of primitive ops. Errors are those of the fused op's shape rule.
+/// PyTorch: the body of `F.multi_head_attention_forward` without biases or dropout.
+#[allow(clippy::too_many_arguments)]
+pub fn multi_head_attention(
+    b: &mut GraphBuilder,
+    wq: Id,
+    wk: Id,
+    wv: Id,
+    wo: Id,
+    x: Id,
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<Id> {
+    let fused = Op::MultiHeadAttention {
+        heads,
+        mask: mask.cloned(),
+        fused: false,
+    };
+    let ids = [wq, wk, wv, wo, x];
+    let shapes = ids
+        .iter()
+        .map(|&i| b.graph().shape(i).cloned())
+        .collect::<Result<Vec<Shape>>>()?;
+    let refs: Vec<&Shape> = shapes.iter().collect();
+    let out_shape = fused.infer_shape(&refs)?;
+    let (dm, _) = mha::mha_dims([refs[0], refs[1], refs[2], refs[3]], refs[4], heads, mask)?;
+    let mha::Dims {
+        batch,
+        n,
+        p,
+        heads,
+        d,
+        ..
+    } = dm;
+    let sh = |dims: &[usize]| Op::Reshape(Shape::new(dims));
+    let batched = shapes[4].rank() == 3;
+    let rows = if batched {
+        b.apply(sh(&[batch * n, dm.dm]), &[x])?
+    } else {
+        x
+    };
+    // (B·n, P) → (B, n, h, d) → (B, h, n, d) → (B·h, n, d)
+    let mut split = |w: Id| -> Result<Id> {
+        let t = b.apply(Op::Matmul, &[rows, w])?;
+        let t = b.apply(sh(&[batch, n, heads, d]), &[t])?;
+        let t = b.apply(Op::SwapAdjacent(1), &[t])?;
+        b.apply(sh(&[batch * heads, n, d]), &[t])
+    };
+    let (q, k, v) = (split(wq)?, split(wk)?, split(wv)?);
+    let kt = b.apply(Op::SwapLastTwo, &[k])?;
+    let s = b.apply(Op::Bmm, &[q, kt])?;
+    let s = b.apply(Op::Scale(1.0 / (d as f64).sqrt()), &[s])?;
+    let a = match mask {
+        Some(m) => b.apply(Op::MaskedSoftmax { mask: m.clone() }, &[s])?,
+        None => b.apply(Op::Softmax, &[s])?,
+    };
+    let o = b.apply(Op::Bmm, &[a, v])?;
+    // (B·h, n, d) → (B, h, n, d) → (B, n, h, d) → (B·n, P)
+    let o = b.apply(sh(&[batch, heads, n, d]), &[o])?;
+    let o = b.apply(Op::SwapAdjacent(1), &[o])?;
+    let c = b.apply(sh(&[batch * n, p]), &[o])?;
+    let y = b.apply(Op::Matmul, &[c, wo])?;
+    if batched {
+        b.apply(Op::Reshape(out_shape), &[y])
+    } else {
+        Ok(y)
+    }
+}
+
+/// The JVP of `multiHeadAttention` at operands `x = [wq, wk, wv, wo, x]` along tangents `dx`:
+/// forward mode ([`crate::GraphData::jvp`]) through [`multi_head_attention`].
+pub fn multi_head_attention_jvp<T: Scalar>(
+    x: &[&Tensor<T>],
+    dx: &[&Tensor<T>],
+    heads: usize,
+    mask: Option<&Mask>,
+    nats: &[usize],
+) -> Result<Tensor<T>> {
+    let mut b = GraphBuilder::new();
+    let ids = x
+        .iter()
+        .map(|t| b.leaf(t.shape().clone(), None))
+        .collect::<Result<Vec<Id>>>()?;
+    let &[wq, wk, wv, wo, xi] = ids.as_slice() else {
+        return Err(crate::Error::Spec(tl_spec::Error::Arity {
+            op: "multiHeadAttention",
+            expected: 5,
+            got: ids.len(),
+        }));
+    };
+    let out = multi_head_attention(&mut b, wq, wk, wv, wo, xi, heads, mask)?;
+    let leaves: Vec<Tensor<T>> = x.iter().map(|&t| t.clone()).collect();
+    let tangents: Vec<Tensor<T>> = dx.iter().map(|&t| t.clone()).collect();
+    let mut dots = b.finish().jvp(&leaves, nats, &tangents)?;
+    Ok(dots.swap_remove(out))
+}

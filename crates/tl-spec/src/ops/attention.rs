@@ -1,0 +1,210 @@
+//! Attention: the static boolean [`Mask`], `maskedSoftmax`, and multi-head self-attention
+//! ([`mha`]).
+//!
+//! The mask is a hard mask: a `false` entry contributes exactly 0 to its softmax row (as if its
+//! score were −∞, but without ever forming ∞ − ∞ = NaN), and a row with nothing allowed outputs
+//! zeros and passes zero gradient.
+
+pub mod mha;
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::{Error, Result, Scalar, Shape, Tensor};
+
+/// A static (n, n) boolean attention mask, row-major; `true` = allowed. Row `i` says which keys
+/// query `i` may attend to. Cheap to clone (shared storage). PyTorch: a boolean `attn_mask` of
+/// `F.scaled_dot_product_attention` (same polarity: true = take part in attention).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Mask {
+    n: usize,
+    allowed: Arc<[bool]>,
+}
+
+impl Mask {
+    /// A mask from `n·n` row-major entries; an error if the length is not `n·n`.
+    pub fn new(n: usize, allowed: Vec<bool>) -> Result<Mask> {
+        if n.checked_mul(n) != Some(allowed.len()) {
+            return Err(Error::param(
+                "mask",
+                format!("{} entries cannot form an ({n}, {n}) mask", allowed.len()),
+            ));
+        }
+        Ok(Mask {
+            n,
+            allowed: allowed.into(),
+        })
+    }
+
+    /// The mask with entry (i, j) = `f(i, j)`.
+    pub fn from_fn(n: usize, mut f: impl FnMut(usize, usize) -> bool) -> Mask {
+        let allowed: Vec<bool> = (0..n * n).map(|k| f(k / n, k % n)).collect();
+        Mask {
+            n,
+            allowed: allowed.into(),
+        }
+    }
+
+    /// The causal mask: query i sees keys j ≤ i. PyTorch: `is_causal=True`.
+    pub fn causal(n: usize) -> Mask {
+        Mask::from_fn(n, |i, j| j <= i)
+    }
+
+    /// The side n.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Row `i` (the keys query `i` may attend to); an empty slice past the end.
+    pub fn row(&self, i: usize) -> &[bool] {
+        self.allowed
+            .get(i * self.n..(i + 1) * self.n)
+            .unwrap_or(&[])
+    }
+
+    /// Whether entry (i, j) is allowed (false out of range).
+    pub fn allowed(&self, i: usize, j: usize) -> bool {
+        j < self.n && self.row(i).get(j).copied().unwrap_or(false)
+    }
+
+    /// All entries, row-major.
+    pub fn as_slice(&self) -> &[bool] {
+        &self.allowed
+    }
+}
+
+impl fmt::Debug for Mask {
+    /// `mask[10/11]`: rows separated by `/`, 1 = allowed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("mask[")?;
+        for i in 0..self.n {
+            if i > 0 {
+                f.write_str("/")?;
+            }
+            for &a in self.row(i) {
+                f.write_str(if a { "1" } else { "0" })?;
+            }
+        }
+        f.write_str("]")
+    }
+}
+
+/// Check that `x`'s last two axes are (n, n) for the mask's n; `what` names x in the message.
+pub fn check_mask(op: &'static str, mask: &Mask, rows: usize, cols: usize) -> Result<()> {
+    if rows == mask.n() && cols == mask.n() {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            op,
+            format!(
+                "the mask is ({0}, {0}) but the scores are ({rows}, {cols})",
+                mask.n()
+            ),
+        ))
+    }
+}
+
+/// Shape rule of `maskedSoftmax`: x of rank ≥ 2 whose last two axes are (n, n), n the mask's
+/// side; shape-preserving.
+pub fn masked_softmax_shape(x: &Shape, mask: &Mask) -> Result<Shape> {
+    let op = "maskedSoftmax";
+    let d = x.dims();
+    if d.len() < 2 {
+        return Err(Error::shape(
+            op,
+            format!("x must have rank ≥ 2 (…, n, n), got {x}"),
+        ));
+    }
+    check_mask(op, mask, d[d.len() - 2], d[d.len() - 1])?;
+    Ok(x.clone())
+}
+
+/// Softmax of one row over the allowed entries only; disallowed entries (and every entry of a
+/// row with nothing allowed) are exactly 0.
+pub fn masked_softmax_row<T: Scalar>(row: &[T], allowed: &[bool], out: &mut [T]) {
+    let m = (row.iter().zip(allowed))
+        .filter(|(_, a)| **a)
+        .map(|(&v, _)| v)
+        .fold(T::neg_infinity(), T::max);
+    let z: T = (row.iter().zip(allowed))
+        .filter(|(_, a)| **a)
+        .map(|(&v, _)| (v - m).exp())
+        .sum();
+    for ((o, &v), &a) in out.iter_mut().zip(row).zip(allowed) {
+        *o = if a { (v - m).exp() / z } else { T::zero() };
+    }
+}
+
+/// Softmax along the last axis with a hard mask broadcast over the leading axes (row index =
+/// second-to-last axis). PyTorch: `torch.softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows
+/// (nothing allowed) replaced by zeros.
+pub fn masked_softmax<T: Scalar>(x: &Tensor<T>, mask: &Mask) -> Result<Tensor<T>> {
+    masked_softmax_shape(x.shape(), mask)?;
+    let n = mask.n();
+    let mut out = vec![T::zero(); x.numel()];
+    for (r, (row, o)) in x
+        .data()
+        .chunks(n.max(1))
+        .zip(out.chunks_mut(n.max(1)))
+        .enumerate()
+    {
+        masked_softmax_row(row, mask.row(r % n.max(1)), o);
+    }
+    Tensor::new(x.shape().clone(), out)
+}
+
+/// VJP of `maskedSoftmax`: `y·(g − Σ g·y)` per row (0 where y is 0: masked entries and empty
+/// rows).
+pub fn masked_softmax_vjp<T: Scalar>(
+    x: &Tensor<T>,
+    mask: &Mask,
+    g: &Tensor<T>,
+) -> Result<Tensor<T>> {
+    let y = masked_softmax(x, mask)?;
+    if g.shape() != x.shape() {
+        return Err(Error::shape(
+            "maskedSoftmax",
+            format!(
+                "(co)tangent has shape {}, expected {}",
+                g.shape(),
+                x.shape()
+            ),
+        ));
+    }
+    let c = mask.n().max(1);
+    let mut out = Vec::with_capacity(x.numel());
+    for (yr, gr) in y.data().chunks(c).zip(g.data().chunks(c)) {
+        let dot: T = yr.iter().zip(gr).map(|(&y, &g)| y * g).sum();
+        out.extend(yr.iter().zip(gr).map(|(&y, &g)| y * (g - dot)));
+    }
+    Tensor::new(x.shape().clone(), out)
+}
+
+/// JVP of `maskedSoftmax`: `y·(dx − Σ y·dx)` per row (the Jacobian is symmetric).
+pub fn masked_softmax_jvp<T: Scalar>(
+    x: &Tensor<T>,
+    mask: &Mask,
+    dx: &Tensor<T>,
+) -> Result<Tensor<T>> {
+    masked_softmax_vjp(x, mask, dx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_entries_are_exact_zeros_and_empty_rows_are_zero() {
+        let mask = Mask::new(2, vec![true, false, false, false]).unwrap();
+        let x = Tensor::<f64>::new([2, 2], vec![3.0, 1e308, -1.0, 2.0]).unwrap();
+        let y = masked_softmax(&x, &mask).unwrap();
+        assert_eq!(y.data(), &[1.0, 0.0, 0.0, 0.0]);
+        let g = Tensor::new([2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+        let dx = masked_softmax_vjp(&x, &mask, &g).unwrap();
+        assert_eq!(dx.data(), &[0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(format!("{mask:?}"), "mask[10/00]");
+        assert!(Mask::new(2, vec![true; 3]).is_err());
+        assert!(masked_softmax_shape(&Shape::new(&[2, 3]), &mask).is_err());
+        assert!(masked_softmax_shape(&Shape::new(&[2]), &mask).is_err());
+    }
+}

@@ -1,0 +1,262 @@
+//! Multi-head self-attention, `(wq, wk, wv, wo, x) ↦ y`, written as naive loops.
+//!
+//! x is (n, dModel) or batched (B, n, dModel); wq, wk, wv are (dModel, P) and wo (P, dModel) with
+//! P = heads·headDim. Q, K, V = x·W (no biases); head h uses columns h·d..(h+1)·d (the reshape
+//! (n, P) → (n, heads, d) → (heads, n, d)); per head A = maskedSoftmax(Q Kᵀ/√d) and O = A·V;
+//! the heads are concatenated back into C (n, P) and y = C·wo.
+//!
+//! The JVP is taken by forward mode through the composition (`tl_ir::compose`), not here.
+
+use super::{Mask, check_mask, masked_softmax_row};
+use crate::{Error, Result, Scalar, Shape, Tensor};
+
+/// The sizes of one attention application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Batch size (1 when x is unbatched).
+    pub batch: usize,
+    /// Sequence length n.
+    pub n: usize,
+    /// Model width dModel.
+    pub dm: usize,
+    /// Projection width P = heads·d.
+    pub p: usize,
+    /// Number of heads.
+    pub heads: usize,
+    /// Head width d.
+    pub d: usize,
+}
+
+/// Shape rule of `multiHeadAttention(wq, wk, wv, wo, x)` with the static `heads` and `mask`;
+/// returns the sizes and the output shape (x's).
+pub fn mha_dims(
+    w: [&Shape; 4],
+    x: &Shape,
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<(Dims, Shape)> {
+    let op = "multiHeadAttention";
+    let (batch, n, dm) = match *x.dims() {
+        [n, dm] => (1, n, dm),
+        [b, n, dm] => (b, n, dm),
+        _ => {
+            return Err(Error::shape(
+                op,
+                format!("x must be (n, dModel) or (B, n, dModel), got {x}"),
+            ));
+        }
+    };
+    if n == 0 {
+        return Err(Error::shape(
+            op,
+            format!("the sequence is empty (x {x}): no key to attend to"),
+        ));
+    }
+    let [wq, wk, wv, wo] = w;
+    let p = match *wq.dims() {
+        [r, p] if r == dm => p,
+        _ => {
+            return Err(Error::shape(
+                op,
+                format!("wq must be (dModel = {dm}, P) for x {x}, got {wq}"),
+            ));
+        }
+    };
+    for (name, s) in [("wk", wk), ("wv", wv)] {
+        if s.dims() != [dm, p] {
+            return Err(Error::shape(
+                op,
+                format!("{name} must be ({dm}, {p}) like wq, got {s}"),
+            ));
+        }
+    }
+    if wo.dims() != [p, dm] {
+        return Err(Error::shape(
+            op,
+            format!("wo must be (P = {p}, dModel = {dm}), got {wo}"),
+        ));
+    }
+    if heads == 0 || p == 0 || p % heads != 0 {
+        return Err(Error::param(
+            op,
+            format!("heads = {heads} must be ≥ 1 and divide the projection width P = {p} > 0"),
+        ));
+    }
+    if let Some(m) = mask {
+        check_mask(op, m, n, n)?;
+    }
+    let dims = Dims {
+        batch,
+        n,
+        dm,
+        p,
+        heads,
+        d: p / heads,
+    };
+    Ok((dims, x.clone()))
+}
+
+/// `out (m, q) += a (m, k) · b (k, q)`, with `a`/`b` read transposed when `ta`/`tb` (then `a` is
+/// stored (k, m), `b` (q, k)).
+#[allow(clippy::too_many_arguments)]
+fn mm<T: Scalar>(
+    a: &[T],
+    ta: bool,
+    b: &[T],
+    tb: bool,
+    m: usize,
+    k: usize,
+    q: usize,
+    out: &mut [T],
+) {
+    for i in 0..m {
+        for j in 0..q {
+            let mut acc = T::zero();
+            for t in 0..k {
+                let av = if ta { a[t * m + i] } else { a[i * k + t] };
+                let bv = if tb { b[j * k + t] } else { b[t * q + j] };
+                acc += av * bv;
+            }
+            out[i * q + j] += acc;
+        }
+    }
+}
+
+/// Per-sample, per-head attention: A (heads, n, n) and C (n, P) of one sample.
+fn core<T: Scalar>(dm: &Dims, q: &[T], k: &[T], v: &[T], mask: Option<&Mask>) -> (Vec<T>, Vec<T>) {
+    let Dims { n, p, heads, d, .. } = *dm;
+    let scale = T::one() / T::lit(d as f64).sqrt();
+    let all = vec![true; n];
+    let mut a = vec![T::zero(); heads * n * n];
+    let mut c = vec![T::zero(); n * p];
+    let mut s = vec![T::zero(); n];
+    for h in 0..heads {
+        for i in 0..n {
+            for (j, sj) in s.iter_mut().enumerate() {
+                *sj = (0..d)
+                    .map(|t| q[i * p + h * d + t] * k[j * p + h * d + t])
+                    .sum::<T>()
+                    * scale;
+            }
+            let allowed = mask.map_or(&all[..], |m| m.row(i));
+            let arow = &mut a[(h * n + i) * n..(h * n + i + 1) * n];
+            masked_softmax_row(&s, allowed, arow);
+            for t in 0..d {
+                c[i * p + h * d + t] = (0..n).map(|j| arow[j] * v[j * p + h * d + t]).sum();
+            }
+        }
+    }
+    (a, c)
+}
+
+/// Q, K, V of all rows (B·n, P).
+fn projections<T: Scalar>(dm: &Dims, w: [&Tensor<T>; 3], x: &Tensor<T>) -> [Vec<T>; 3] {
+    let rows = dm.batch * dm.n;
+    w.map(|w| {
+        let mut o = vec![T::zero(); rows * dm.p];
+        mm(x.data(), false, w.data(), false, rows, dm.dm, dm.p, &mut o);
+        o
+    })
+}
+
+/// Multi-head self-attention. PyTorch: `nn.MultiheadAttention(dModel, heads, bias=False)` in
+/// self-attention with `in_proj` = [wqᵀ; wkᵀ; wvᵀ], `out_proj` = woᵀ and a boolean mask of the
+/// opposite polarity (PyTorch's `attn_mask` true = masked out).
+pub fn multi_head_attention<T: Scalar>(
+    w: [&Tensor<T>; 4],
+    x: &Tensor<T>,
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<Tensor<T>> {
+    let (dm, shape) = mha_dims(w.map(Tensor::shape), x.shape(), heads, mask)?;
+    let [q, k, v] = projections(&dm, [w[0], w[1], w[2]], x);
+    let (n, p) = (dm.n, dm.p);
+    let mut y = vec![T::zero(); dm.batch * n * dm.dm];
+    for b in 0..dm.batch {
+        let r = b * n * p..(b + 1) * n * p;
+        let (_, c) = core(&dm, &q[r.clone()], &k[r.clone()], &v[r], mask);
+        let yb = &mut y[b * n * dm.dm..(b + 1) * n * dm.dm];
+        mm(&c, false, w[3].data(), false, n, p, dm.dm, yb);
+    }
+    Tensor::new(shape, y)
+}
+
+/// VJP of `multiHeadAttention`: `[dwq, dwk, dwv, dwo, dx]` for the output cotangent `g`.
+pub fn multi_head_attention_vjp<T: Scalar>(
+    w: [&Tensor<T>; 4],
+    x: &Tensor<T>,
+    heads: usize,
+    mask: Option<&Mask>,
+    g: &Tensor<T>,
+) -> Result<[Tensor<T>; 5]> {
+    let (dm, shape) = mha_dims(w.map(Tensor::shape), x.shape(), heads, mask)?;
+    if g.shape() != &shape {
+        return Err(Error::shape(
+            "multiHeadAttention",
+            format!("cotangent has shape {}, expected {shape}", g.shape()),
+        ));
+    }
+    let Dims { n, p, d, .. } = dm;
+    let scale = T::one() / T::lit(d as f64).sqrt();
+    let [q, k, v] = projections(&dm, [w[0], w[1], w[2]], x);
+    let rows = dm.batch * n;
+    let (mut dq, mut dk, mut dv) = (
+        vec![T::zero(); rows * p],
+        vec![T::zero(); rows * p],
+        vec![T::zero(); rows * p],
+    );
+    let mut dwo = vec![T::zero(); p * dm.dm];
+    for b in 0..dm.batch {
+        let r = b * n * p..(b + 1) * n * p;
+        let (qb, kb, vb) = (&q[r.clone()], &k[r.clone()], &v[r.clone()]);
+        let (a, c) = core(&dm, qb, kb, vb, mask);
+        let gb = &g.data()[b * n * dm.dm..(b + 1) * n * dm.dm];
+        // y = C·wo: dwo += Cᵀ·g, dC = g·woᵀ.
+        mm(&c, true, gb, false, p, n, dm.dm, &mut dwo);
+        let mut dc = vec![T::zero(); n * p];
+        mm(gb, false, w[3].data(), true, n, dm.dm, p, &mut dc);
+        for h in 0..dm.heads {
+            let col = |i: usize, t: usize| i * p + h * d + t;
+            for i in 0..n {
+                let arow = &a[(h * n + i) * n..(h * n + i + 1) * n];
+                // O_i = Σ_j A_ij V_j: dA_ij = dO_i·V_j, dV_j += A_ij dO_i.
+                let da: Vec<T> = (0..n)
+                    .map(|j| (0..d).map(|t| dc[col(i, t)] * vb[col(j, t)]).sum())
+                    .collect();
+                for j in 0..n {
+                    for t in 0..d {
+                        dv[r.start + col(j, t)] += arow[j] * dc[col(i, t)];
+                    }
+                }
+                // Softmax VJP, then S_ij = scale·Q_i·K_j.
+                let dot: T = arow.iter().zip(&da).map(|(&a, &g)| a * g).sum();
+                for j in 0..n {
+                    let ds = arow[j] * (da[j] - dot) * scale;
+                    for t in 0..d {
+                        dq[r.start + col(i, t)] += ds * kb[col(j, t)];
+                        dk[r.start + col(j, t)] += ds * qb[col(i, t)];
+                    }
+                }
+            }
+        }
+    }
+    // Q = x·wq: dwq = xᵀ·dQ, dx += dQ·wqᵀ (and likewise for K and V).
+    let mut dx = vec![T::zero(); rows * dm.dm];
+    let mut dws = Vec::with_capacity(3);
+    for (dproj, wk) in [(&dq, w[0]), (&dk, w[1]), (&dv, w[2])] {
+        let mut dw = vec![T::zero(); dm.dm * p];
+        mm(x.data(), true, dproj, false, dm.dm, rows, p, &mut dw);
+        mm(dproj, false, wk.data(), true, rows, p, dm.dm, &mut dx);
+        dws.push(Tensor::new(wk.shape().clone(), dw)?);
+    }
+    let [dwq, dwk, dwv]: [Tensor<T>; 3] = dws
+        .try_into()
+        .map_err(|_| Error::param("multiHeadAttention", "internal: three projections"))?;
+    Ok([
+        dwq,
+        dwk,
+        dwv,
+        Tensor::new(w[3].shape().clone(), dwo)?,
+        Tensor::new(shape, dx)?,
+    ])
+}

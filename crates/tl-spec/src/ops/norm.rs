@@ -1,0 +1,340 @@
+//! Layer normalization and channel-first batch normalization.
+//!
+//! Both normalize groups of elements to zero mean and unit variance and then apply a per-feature
+//! affine map `y = x̂·γ + β`, with `x̂ = (x − μ)/sqrt(var + ε)`, the biased (population)
+//! variance computed in two passes (mean first, then squared deviations) and clamped at ≥ 0.
+//! They differ only in which elements form a group and which γ/β entry an element uses:
+//!
+//! - `layerNorm`: x of any rank ≥ 1; a group is one row of the last axis (length D), γ and β
+//!   are (D) and indexed by the column.
+//! - `batchnormChannelFirst`: x (C, H, W) or batched (N, C, H, W); a group is one channel over
+//!   H·W (times N when batched), γ and β are (C) and indexed by the channel.
+//!
+//! So the reference value, VJP and JVP are written once over a [`Groups`] description.
+
+use crate::{Error, Result, Scalar, Shape, Tensor};
+
+/// Check ε: finite and > 0.
+pub fn norm_params(op: &'static str, eps: f64) -> Result<()> {
+    if eps.is_finite() && eps > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::param(
+            op,
+            format!("eps must be finite and > 0, got {eps}"),
+        ))
+    }
+}
+
+fn check_affine(op: &'static str, what: &str, len: usize, g: &Shape, b: &Shape) -> Result<()> {
+    if g.dims() == [len] && b.dims() == [len] {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            op,
+            format!("gamma and beta must be ({len}) for {what}, got {g} and {b}"),
+        ))
+    }
+}
+
+/// Shape rule of `layerNorm(x, gamma, beta)`: x of rank ≥ 1 with a non-empty last axis D,
+/// gamma and beta (D); output shaped like x.
+pub fn layer_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape> {
+    let op = "layerNorm";
+    let Some(&d) = x.dims().last() else {
+        return Err(Error::shape(op, format!("x must have rank ≥ 1, got {x}")));
+    };
+    if d == 0 {
+        return Err(Error::shape(
+            op,
+            format!("the normalized (last) axis must be non-empty, got x {x}"),
+        ));
+    }
+    check_affine(op, &format!("x {x}"), d, gamma, beta)?;
+    Ok(x.clone())
+}
+
+/// Shape rule of `batchnormChannelFirst(x, gamma, beta)`: x (C, H, W) or (N, C, H, W) with
+/// N·H·W > 0, gamma and beta (C); output shaped like x.
+pub fn batch_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape> {
+    let op = "batchnormChannelFirst";
+    let (n, c, hw) = match *x.dims() {
+        [c, h, w] => (1, c, h * w),
+        [n, c, h, w] => (n, c, h * w),
+        _ => {
+            return Err(Error::shape(
+                op,
+                format!("x must be (C, H, W) or (N, C, H, W), got {x}"),
+            ));
+        }
+    };
+    if n * hw == 0 {
+        return Err(Error::shape(
+            op,
+            format!("statistics are taken over N·H·W elements, which is 0 for x {x}"),
+        ));
+    }
+    check_affine(op, &format!("{c} channels of x {x}"), c, gamma, beta)?;
+    Ok(x.clone())
+}
+
+/// Which elements are normalized together: element `i` lies in group `group(i)` and uses
+/// γ/β entry `group`'s feature `feature(i)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Groups {
+    /// Rows of the last axis (layer norm) or channels (batch norm).
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Rows { d: usize },
+    Channels { c: usize, hw: usize },
+}
+
+impl Groups {
+    /// The groups of `layerNorm` on x (rank ≥ 1).
+    pub fn layer(x: &Shape) -> Groups {
+        Groups {
+            kind: Kind::Rows {
+                d: x.rows_cols().1.max(1),
+            },
+        }
+    }
+
+    /// The groups of `batchnormChannelFirst` on x (C, H, W) or (N, C, H, W).
+    pub fn channels(x: &Shape) -> Groups {
+        let d = x.dims();
+        let r = d.len();
+        let (c, hw) = if r >= 3 {
+            (d[r - 3], d[r - 2] * d[r - 1])
+        } else {
+            (1, x.numel())
+        };
+        Groups {
+            kind: Kind::Channels {
+                c: c.max(1),
+                hw: hw.max(1),
+            },
+        }
+    }
+
+    fn count(&self, numel: usize) -> usize {
+        match self.kind {
+            Kind::Rows { d } => numel / d,
+            Kind::Channels { c, .. } => c,
+        }
+    }
+
+    /// (group, feature) of element `i`.
+    fn of(&self, i: usize) -> (usize, usize) {
+        match self.kind {
+            Kind::Rows { d } => (i / d, i % d),
+            Kind::Channels { c, hw } => {
+                let ch = (i / hw) % c;
+                (ch, ch)
+            }
+        }
+    }
+}
+
+/// Per-group mean and 1/sqrt(var + ε), and x̂ per element.
+struct Stats<T> {
+    mean: Vec<T>,
+    rstd: Vec<T>,
+    xhat: Vec<T>,
+    count: Vec<T>,
+}
+
+fn stats<T: Scalar>(x: &Tensor<T>, gr: Groups, eps: T) -> Stats<T> {
+    let ng = gr.count(x.numel());
+    let mut sum = vec![T::zero(); ng];
+    let mut cnt = vec![0usize; ng];
+    for (i, &v) in x.data().iter().enumerate() {
+        let (g, _) = gr.of(i);
+        sum[g] += v;
+        cnt[g] += 1;
+    }
+    let count: Vec<T> = cnt.iter().map(|&c| T::lit(c.max(1) as f64)).collect();
+    let mean: Vec<T> = sum.iter().zip(&count).map(|(&s, &c)| s / c).collect();
+    let mut sq = vec![T::zero(); ng];
+    for (i, &v) in x.data().iter().enumerate() {
+        let (g, _) = gr.of(i);
+        sq[g] += (v - mean[g]) * (v - mean[g]);
+    }
+    let rstd: Vec<T> = sq
+        .iter()
+        .zip(&count)
+        .map(|(&s, &c)| T::one() / ((s / c).max(T::zero()) + eps).sqrt())
+        .collect();
+    let xhat = (x.data().iter().enumerate())
+        .map(|(i, &v)| {
+            let (g, _) = gr.of(i);
+            (v - mean[g]) * rstd[g]
+        })
+        .collect();
+    Stats {
+        mean,
+        rstd,
+        xhat,
+        count,
+    }
+}
+
+/// `(x − μ)/sqrt(var + ε)·γ + β` over the groups `gr`.
+pub fn normalize<T: Scalar>(
+    gr: Groups,
+    x: &Tensor<T>,
+    gamma: &Tensor<T>,
+    beta: &Tensor<T>,
+    eps: T,
+) -> Result<Tensor<T>> {
+    let st = stats(x, gr, eps);
+    let y = (st.xhat.iter().enumerate())
+        .map(|(i, &h)| {
+            let (_, f) = gr.of(i);
+            h * gamma.data()[f] + beta.data()[f]
+        })
+        .collect();
+    Tensor::new(x.shape().clone(), y)
+}
+
+/// VJP of [`normalize`]: `(dx, dγ, dβ)` with `dβ = Σ g`, `dγ = Σ g·x̂` (per feature) and, per
+/// group of m elements, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂ Σ ĝ·x̂)` where `ĝ = g·γ`.
+pub fn normalize_vjp<T: Scalar>(
+    gr: Groups,
+    x: &Tensor<T>,
+    gamma: &Tensor<T>,
+    beta: &Tensor<T>,
+    eps: T,
+    g: &Tensor<T>,
+) -> Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
+    same("normalize", x, g)?;
+    let st = stats(x, gr, eps);
+    let ng = st.mean.len();
+    let mut dgamma = vec![T::zero(); gamma.numel()];
+    let mut dbeta = vec![T::zero(); beta.numel()];
+    let (mut s1, mut s2) = (vec![T::zero(); ng], vec![T::zero(); ng]);
+    for (i, (&gi, &h)) in g.data().iter().zip(&st.xhat).enumerate() {
+        let (grp, f) = gr.of(i);
+        dbeta[f] += gi;
+        dgamma[f] += gi * h;
+        let gh = gi * gamma.data()[f];
+        s1[grp] += gh;
+        s2[grp] += gh * h;
+    }
+    let dx = (g.data().iter().zip(&st.xhat).enumerate())
+        .map(|(i, (&gi, &h))| {
+            let (grp, f) = gr.of(i);
+            let m = st.count[grp];
+            st.rstd[grp] / m * (m * gi * gamma.data()[f] - s1[grp] - h * s2[grp])
+        })
+        .collect();
+    Ok((
+        Tensor::new(x.shape().clone(), dx)?,
+        Tensor::new(gamma.shape().clone(), dgamma)?,
+        Tensor::new(beta.shape().clone(), dbeta)?,
+    ))
+}
+
+/// JVP of [`normalize`]: `dy = dx̂·γ + x̂·dγ + dβ` with, per group,
+/// `dx̂ = rstd·(dx − mean(dx) − x̂·rstd·mean((x−μ)·dx))`.
+#[allow(clippy::too_many_arguments)]
+pub fn normalize_jvp<T: Scalar>(
+    gr: Groups,
+    x: &Tensor<T>,
+    gamma: &Tensor<T>,
+    eps: T,
+    dx: &Tensor<T>,
+    dgamma: &Tensor<T>,
+    dbeta: &Tensor<T>,
+) -> Result<Tensor<T>> {
+    same("normalize", x, dx)?;
+    let st = stats(x, gr, eps);
+    let ng = st.mean.len();
+    let (mut dmean, mut cov) = (vec![T::zero(); ng], vec![T::zero(); ng]);
+    for (i, (&v, &d)) in x.data().iter().zip(dx.data()).enumerate() {
+        let (grp, _) = gr.of(i);
+        dmean[grp] += d / st.count[grp];
+        cov[grp] += (v - st.mean[grp]) * d / st.count[grp];
+    }
+    let dy = (dx.data().iter().zip(&st.xhat).enumerate())
+        .map(|(i, (&d, &h))| {
+            let (grp, f) = gr.of(i);
+            let r = st.rstd[grp];
+            let dh = r * (d - dmean[grp] - h * r * cov[grp]);
+            dh * gamma.data()[f] + h * dgamma.data()[f] + dbeta.data()[f]
+        })
+        .collect();
+    Tensor::new(x.shape().clone(), dy)
+}
+
+/// `layerNorm` over the last axis. PyTorch: `F.layer_norm(x, (D,), gamma, beta, eps)` (whose
+/// default ε is 1e-5; ours is 1e-6).
+pub fn layer_norm<T: Scalar>(
+    x: &Tensor<T>,
+    gamma: &Tensor<T>,
+    beta: &Tensor<T>,
+    eps: T,
+) -> Result<Tensor<T>> {
+    layer_norm_shape(x.shape(), gamma.shape(), beta.shape())?;
+    normalize(Groups::layer(x.shape()), x, gamma, beta, eps)
+}
+
+/// `batchnormChannelFirst` with batch statistics. PyTorch: `F.batch_norm(x, None, None, gamma,
+/// beta, training=True, eps=eps)` on (N, C, H, W) (an unbatched x is one sample).
+pub fn batch_norm<T: Scalar>(
+    x: &Tensor<T>,
+    gamma: &Tensor<T>,
+    beta: &Tensor<T>,
+    eps: T,
+) -> Result<Tensor<T>> {
+    batch_norm_shape(x.shape(), gamma.shape(), beta.shape())?;
+    normalize(Groups::channels(x.shape()), x, gamma, beta, eps)
+}
+
+fn same<T: Scalar>(op: &'static str, x: &Tensor<T>, g: &Tensor<T>) -> Result<()> {
+    if x.shape() == g.shape() {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            op,
+            format!(
+                "(co)tangent has shape {}, expected {}",
+                g.shape(),
+                x.shape()
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_by_hand() {
+        // Row [1, 2, 3, 6]: μ = 3, var = (4 + 1 + 0 + 9)/4 = 3.5.
+        let x = Tensor::<f64>::new([1, 4], vec![1.0, 2.0, 3.0, 6.0]).unwrap();
+        let g = Tensor::vector(vec![1.0, 2.0, 1.0, 0.5]);
+        let b = Tensor::vector(vec![0.0, 0.0, 1.0, -1.0]);
+        let y = layer_norm(&x, &g, &b, 1e-6).unwrap();
+        let r = 1.0 / (3.5f64 + 1e-6).sqrt();
+        let want = [-2.0 * r, -2.0 * r, 1.0, 1.5 * r - 1.0];
+        for (a, w) in y.data().iter().zip(want) {
+            assert!((a - w).abs() < 1e-12, "{a} vs {w}");
+        }
+    }
+
+    #[test]
+    fn bad_params_and_shapes_are_errors() {
+        assert!(norm_params("layerNorm", 0.0).is_err());
+        assert!(norm_params("layerNorm", f64::NAN).is_err());
+        let s = |d: &[usize]| Shape::new(d);
+        assert!(layer_norm_shape(&s(&[2, 0]), &s(&[0]), &s(&[0])).is_err());
+        assert!(layer_norm_shape(&s(&[2, 3]), &s(&[2]), &s(&[3])).is_err());
+        assert!(batch_norm_shape(&s(&[2, 0, 3]), &s(&[2]), &s(&[2])).is_err());
+        assert!(batch_norm_shape(&s(&[2, 3]), &s(&[2]), &s(&[2])).is_err());
+        assert!(batch_norm_shape(&s(&[4, 2, 1, 3]), &s(&[2]), &s(&[2])).is_ok());
+    }
+}

@@ -1,0 +1,182 @@
+//! `layerNorm` and `batchnormChannelFirst`, forward and backward, two passes per group.
+//!
+//! Per group (a row of the last axis for layer norm; a channel over N·H·W for batch norm):
+//! pass 1 the mean, pass 2 the biased variance Σ(x−μ)²/m (clamped ≥ 0), then
+//! `y = (x−μ)·rstd·γ + β` with `rstd = 1/sqrt(var + ε)`. The backward recomputes the statistics
+//! and applies, with `x̂ = (x−μ)·rstd` and `ĝ = g·γ`:
+//! `dβ = Σ g`, `dγ = Σ g·x̂`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
+
+use smallvec::smallvec;
+use tl_ir::Op;
+use tl_spec::{Error as SpecError, Scalar, Tensor};
+
+use super::{Grads, check_arity, check_shape, sum_slice, tensor, wrong_family};
+use crate::Result;
+
+/// How x is laid out into groups: `outer` blocks of `c` groups of `seg` contiguous elements;
+/// group k's elements are the k-th segment of every block.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    outer: usize,
+    c: usize,
+    seg: usize,
+    /// Layer norm: γ/β indexed by position in the segment; batch norm: by group.
+    per_column: bool,
+}
+
+impl Layout {
+    fn of<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Layout, T)> {
+        check_arity(op, x)?;
+        let shapes = [x[0].shape(), x[1].shape(), x[2].shape()];
+        op.infer_shape(&shapes).map_err(|e| match e {
+            tl_ir::Error::Spec(s) => crate::Error::from(s),
+            other => SpecError::shape(op.name(), other.to_string()).into(),
+        })?;
+        let d = x[0].shape().dims();
+        match *op {
+            Op::LayerNorm { eps } => {
+                let (rows, cols) = x[0].shape().rows_cols();
+                let l = Layout {
+                    outer: 1,
+                    c: rows,
+                    seg: cols,
+                    per_column: true,
+                };
+                Ok((l, T::lit(eps)))
+            }
+            Op::BatchNorm { eps } => {
+                let r = d.len();
+                let outer = if r == 4 { d[0] } else { 1 };
+                let l = Layout {
+                    outer,
+                    c: d[r - 3],
+                    seg: d[r - 2] * d[r - 1],
+                    per_column: false,
+                };
+                Ok((l, T::lit(eps)))
+            }
+            _ => Err(wrong_family(op, "norm")),
+        }
+    }
+
+    /// The segments of group k, as ranges into the data.
+    fn segs(&self, k: usize) -> impl Iterator<Item = std::ops::Range<usize>> + Clone + '_ {
+        (0..self.outer).map(move |o| {
+            let start = (o * self.c + k) * self.seg;
+            start..start + self.seg
+        })
+    }
+
+    fn count<T: Scalar>(&self) -> T {
+        T::lit((self.outer * self.seg).max(1) as f64)
+    }
+
+    /// The γ/β index of element `j` of a segment of group `k`.
+    fn feature(&self, k: usize, j: usize) -> usize {
+        if self.per_column { j } else { k }
+    }
+}
+
+/// Mean and 1/sqrt(var + ε) of group k, in two passes.
+fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (T, T) {
+    let m = l.count::<T>();
+    let mean = l
+        .segs(k)
+        .map(|r| sum_slice(&x[r]))
+        .fold(T::zero(), |a, b| a + b)
+        / m;
+    let sq = l
+        .segs(k)
+        .map(|r| {
+            x[r].iter()
+                .map(|&v| (v - mean) * (v - mean))
+                .fold(T::zero(), |a, b| a + b)
+        })
+        .fold(T::zero(), |a, b| a + b);
+    let var = (sq / m).max(T::zero());
+    (mean, T::one() / (var + eps).sqrt())
+}
+
+/// Forward value of a normalization op.
+pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    let (l, eps) = Layout::of(op, x)?;
+    let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
+    let mut y = vec![T::zero(); xs.len()];
+    for k in 0..l.c {
+        let (mean, rstd) = stats(&l, k, xs, eps);
+        for r in l.segs(k) {
+            for (j, (o, &v)) in y[r.clone()].iter_mut().zip(&xs[r]).enumerate() {
+                let f = l.feature(k, j);
+                *o = (v - mean) * rstd * gamma[f] + beta[f];
+            }
+        }
+    }
+    tensor(x[0].shape().clone(), y)
+}
+
+/// Operand cotangents `(dx, dγ, dβ)` of a normalization op.
+pub fn backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+) -> Result<Grads<T>> {
+    let (l, eps) = Layout::of(op, x)?;
+    check_shape(op, "output", y, x[0].shape())?;
+    check_shape(op, "cotangent", g, x[0].shape())?;
+    let (xs, gamma, gs) = (x[0].data(), x[1].data(), g.data());
+    let mut dx = vec![T::zero(); xs.len()];
+    let mut dgamma = vec![T::zero(); gamma.len()];
+    let mut dbeta = vec![T::zero(); gamma.len()];
+    let m = l.count::<T>();
+    for k in 0..l.c {
+        let (mean, rstd) = stats(&l, k, xs, eps);
+        let (mut s1, mut s2) = (T::zero(), T::zero());
+        for r in l.segs(k) {
+            for (j, (&v, &gi)) in xs[r.clone()].iter().zip(&gs[r]).enumerate() {
+                let f = l.feature(k, j);
+                let h = (v - mean) * rstd;
+                dbeta[f] += gi;
+                dgamma[f] += gi * h;
+                let gh = gi * gamma[f];
+                s1 += gh;
+                s2 += gh * h;
+            }
+        }
+        let c = rstd / m;
+        for r in l.segs(k) {
+            let rows = dx[r.clone()].iter_mut().zip(&xs[r.clone()]).zip(&gs[r]);
+            for (j, ((d, &v), &gi)) in rows.enumerate() {
+                let h = (v - mean) * rstd;
+                *d = c * (m * gi * gamma[l.feature(k, j)] - s1 - h * s2);
+            }
+        }
+    }
+    Ok(smallvec![
+        Some(tensor(x[0].shape().clone(), dx)?),
+        Some(tensor(x[1].shape().clone(), dgamma)?),
+        Some(tensor(x[2].shape().clone(), dbeta)?),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batchnorm_statistics_span_the_batch() {
+        // (N=2, C=1, H=1, W=2): channel 0 holds [0, 2] and [4, 6]: μ = 3, var = 5.
+        let x = Tensor::<f64>::new([2, 1, 1, 2], vec![0.0, 2.0, 4.0, 6.0]).unwrap();
+        let one = Tensor::vector(vec![1.0]);
+        let zero = Tensor::vector(vec![0.0]);
+        let y = forward(&Op::BatchNorm { eps: 1e-6 }, &[&x, &one, &zero]).unwrap();
+        let r = 1.0 / (5.0f64 + 1e-6).sqrt();
+        let want = [-3.0 * r, -r, r, 3.0 * r];
+        for (a, w) in y.data().iter().zip(want) {
+            assert!((a - w).abs() < 1e-12, "{a} vs {w}");
+        }
+        // Errors, not panics, for bad shapes or ε.
+        assert!(forward(&Op::BatchNorm { eps: 0.0 }, &[&x, &one, &zero]).is_err());
+        assert!(forward(&Op::LayerNorm { eps: 1e-6 }, &[&x, &one, &zero]).is_err());
+    }
+}
