@@ -114,7 +114,24 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | Linear
         | Softmax
         | LogSoftmax
-        | MseLoss => None,
+        | MseLoss
+        | Conv { .. }
+        | ConvTranspose { .. }
+        | AvgPool { .. }
+        | SmoothMaxPool { .. } => None,
+        // Padded cells are ignored, so the only kinks are ties inside a window.
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => {
+            let p = tl_spec::ops::pool::PoolParams {
+                kernel,
+                stride,
+                padding,
+            };
+            tl_spec::ops::pool::max_pool_tie_gap(x[0], p).ok()
+        }
     }
 }
 

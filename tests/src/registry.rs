@@ -203,6 +203,11 @@ registry! {
     Op::Softmax => entry("softmax", |z| unary(z, Op::Softmax, Any(3.0))),
     Op::LogSoftmax => entry("logSoftmax", |z| unary(z, Op::LogSoftmax, Any(3.0))),
     Op::MseLoss => entry("mseLoss", mse_loss),
+    Op::Conv { .. } => entry("conv", conv),
+    Op::ConvTranspose { .. } => entry("convTranspose", conv_transpose),
+    Op::MaxPool { .. } => entry("maxPool", |z| pool(z, PoolKind::Max)),
+    Op::AvgPool { .. } => entry("avgPool", |z| pool(z, PoolKind::Avg)),
+    Op::SmoothMaxPool { .. } => entry("smoothMaxPool", |z| pool(z, PoolKind::Smooth)),
 }
 
 /// The entry named `name`, if any.

@@ -4,6 +4,8 @@
 //! checked by [`Op::infer_shape`] before any of these run. `nats` is the Nat environment (runtime
 //! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
+use tl_spec::ops::conv::{self, ConvParams, ConvTangents};
+use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
 use tl_spec::{Scalar, Tensor, broadcast};
 
@@ -66,6 +68,48 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         Softmax => Ok(softmax::softmax(x[0])),
         LogSoftmax => Ok(softmax::log_softmax(x[0])),
         MseLoss => loss::mse_loss(x[0], x[1]),
+        Conv { stride, padding } => conv::conv(x[0], x[1], x[2], ConvParams { stride, padding }),
+        ConvTranspose { stride, padding } => {
+            conv::conv_transpose(x[0], x[1], x[2], ConvParams { stride, padding })
+        }
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::max_pool(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+        ),
+        AvgPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::avg_pool(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+        ),
+        SmoothMaxPool {
+            kernel,
+            stride,
+            padding,
+            beta,
+        } => pool::smooth_max_pool(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            *beta,
+        ),
     };
     Ok(y?)
 }
@@ -121,6 +165,55 @@ pub fn vjp<T: Scalar>(
         Softmax => one(softmax::softmax_vjp(x[0], g)),
         LogSoftmax => one(softmax::log_softmax_vjp(x[0], g)),
         MseLoss => two(loss::mse_loss_vjp(x[0], x[1], g)),
+        Conv { stride, padding } => {
+            conv::conv_vjp(x[0], x[1], x[2], ConvParams { stride, padding }, g)
+                .map(|(dw, db, dx)| vec![Some(dw), Some(db), Some(dx)])
+        }
+        ConvTranspose { stride, padding } => {
+            conv::conv_transpose_vjp(x[0], x[1], x[2], ConvParams { stride, padding }, g)
+                .map(|(dw, db, dx)| vec![Some(dw), Some(db), Some(dx)])
+        }
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => one(pool::max_pool_vjp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            g,
+        )),
+        AvgPool {
+            kernel,
+            stride,
+            padding,
+        } => one(pool::avg_pool_vjp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            g,
+        )),
+        SmoothMaxPool {
+            kernel,
+            stride,
+            padding,
+            beta,
+        } => one(pool::smooth_max_pool_vjp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            *beta,
+            g,
+        )),
     };
     Ok(grads?)
 }
@@ -167,6 +260,60 @@ pub fn jvp<T: Scalar>(
         Softmax => softmax::softmax_jvp(x[0], dx[0]),
         LogSoftmax => softmax::log_softmax_jvp(x[0], dx[0]),
         MseLoss => loss::mse_loss_jvp(x[0], x[1], dx[0], dx[1]),
+        Conv { stride, padding } | ConvTranspose { stride, padding } => {
+            let p = ConvParams { stride, padding };
+            let t = ConvTangents {
+                dw: dx[0],
+                db: dx[1],
+                dx: dx[2],
+            };
+            if matches!(op, Conv { .. }) {
+                conv::conv_jvp(x[0], x[1], x[2], p, t)
+            } else {
+                conv::conv_transpose_jvp(x[0], x[1], x[2], p, t)
+            }
+        }
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::max_pool_jvp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            dx[0],
+        ),
+        AvgPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::avg_pool_jvp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            dx[0],
+        ),
+        SmoothMaxPool {
+            kernel,
+            stride,
+            padding,
+            beta,
+        } => pool::smooth_max_pool_jvp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            *beta,
+            dx[0],
+        ),
     };
     Ok(t?)
 }

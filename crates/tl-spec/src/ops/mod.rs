@@ -5,9 +5,12 @@
 //!
 //! Conventions (ties, kinks, stable forms) are those of the project's `docs/semantics.md`.
 
+pub mod conv;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod pool;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod window;

@@ -11,17 +11,22 @@
 //! - [`linalg`] — `matmul`, `bmm`, `linear` through a real GEMM (`matrixmultiply` via ndarray)
 //! - [`softmax`] — row softmax and log-softmax along the last axis
 //! - [`loss`] — `mseLoss`
+//! - [`conv`] — N-D `conv` and `convTranspose` through im2col + GEMM
+//! - [`pool`] — N-D `maxPool`, `avgPool`, `smoothMaxPool` in one pass per channel plane
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
 //! shapes rather than panic.
 
+pub mod conv;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod pool;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+mod window;
 
 use smallvec::SmallVec;
 use tl_ir::{Family, Op};
@@ -43,6 +48,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Linalg => linalg::forward(op, x),
         Family::Softmax => softmax::forward(op, x),
         Family::Loss => loss::forward(op, x),
+        Family::Conv => conv::forward(op, x),
+        Family::Pool => pool::forward(op, x),
     }
 }
 
@@ -63,6 +70,8 @@ pub fn backward<T: Scalar>(
         Family::Linalg => linalg::backward(op, x, y, g),
         Family::Softmax => softmax::backward(op, x, y, g),
         Family::Loss => loss::backward(op, x, y, g),
+        Family::Conv => conv::backward(op, x, y, g),
+        Family::Pool => pool::backward(op, x, y, g),
     }
 }
 

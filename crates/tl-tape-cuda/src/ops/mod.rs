@@ -111,6 +111,12 @@ pub fn forward<D: Device>(
         Linear => la::LinearDims::of(x[0], x[2]).forward(dev, x[0], x[1], x[2]),
         Softmax => softmax::forward(dev, x[0], false),
         LogSoftmax => softmax::forward(dev, x[0], true),
+        // issue 4: CUDA formula pending
+        Conv { .. }
+        | ConvTranspose { .. }
+        | MaxPool { .. }
+        | AvgPool { .. }
+        | SmoothMaxPool { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
         MseLoss => {
             let (loss, diff) = loss::mse(dev, x[0], x[1])?;
             let value = wrap(dev, op, shape, loss).inspect_err(|_| {
@@ -226,6 +232,12 @@ fn backward_into<D: Device>(
         }
         Softmax => g.push(0, |d| softmax::backward(d, y, gb, false)),
         LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
+        // issue 4: CUDA formula pending
+        Conv { .. }
+        | ConvTranspose { .. }
+        | MaxPool { .. }
+        | AvgPool { .. }
+        | SmoothMaxPool { .. } => Err(crate::Error::Unsupported { op: op.name() }),
         MseLoss => {
             let (d0, d1) = loss::mse_back(g.dev, x[0], x[1], gb, g.needs, workspace)?;
             if let Err(e) = g.set(0, d0) {
