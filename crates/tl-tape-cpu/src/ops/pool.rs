@@ -64,6 +64,12 @@ impl Pool {
                 ));
             }
         }
+        if kernel.iter().zip(padding).any(|(&k, &p)| 2 * p > k) {
+            return Err(bad(
+                op,
+                format!("padding {padding:?} exceeds half the kernel {kernel:?}"),
+            ));
+        }
         let dims = x[0].shape().dims();
         let (batches, channels, spatial) = split(op, "input", dims, kernel.len())?;
         let geo = Geometry::forward(op, &spatial, kernel, stride, padding)?;
