@@ -329,7 +329,7 @@ impl Dag {
                 self.add(Op::MseLoss, &[x, y]);
             }
             k @ 32..=33 => self.conv_step(k == 33, x, y, z, p),
-            k @ 34..=35 => self.pool_step(k == 35, x, p),
+            k @ 34..=35 => self.pool_step(k == 35, x, y, p),
             _ => {
                 let c = Tensor::from_fn(sx, |i| ((i * 7 + usize::from(p)) % 11) as f64 * 0.2 - 1.0);
                 let c = self.add(Op::Constant(c), &[]);
@@ -384,9 +384,10 @@ impl Dag {
         self.push(op, &[w, b, x]);
     }
 
-    /// maxPool / avgPool / smoothMaxPool (β = ±1 or ±2) with a kernel ≤ each spatial dim,
-    /// stride 1–2 and padding ≤ k/2.
-    fn pool_step(&mut self, smooth: bool, x: Id, p: u16) {
+    /// maxPool / avgPool / smoothMaxPool (β = 1 or −2) with a kernel ≤ each spatial dim,
+    /// stride 1–2 and padding ≤ k/2; half the time `y` (adapted) is added to the result, so
+    /// earlier ids keep being reused.
+    fn pool_step(&mut self, smooth: bool, x: Id, y: Id, p: u16) {
         let (x, s) = self.channels_first(x);
         let spatial = &s.dims()[1..];
         let kernel: Vec<usize> = spatial
@@ -416,7 +417,12 @@ impl Dag {
                 beta: if sign == 0 { 1.0 } else { -2.0 },
             },
         };
-        self.push(op, &[x]);
+        let pooled = self.add(op, &[x]);
+        if p / 64 % 2 == 0 {
+            let to = self.shape(pooled);
+            let y = self.adapt(y, &to);
+            self.add(Op::Add, &[pooled, y]);
+        }
     }
 
     /// Append a node whose id the step does not need.
