@@ -418,7 +418,7 @@ impl Dag {
             },
         };
         let pooled = self.add(op, &[x]);
-        if p / 64 % 2 == 0 {
+        if (p / 64).is_multiple_of(2) {
             let to = self.shape(pooled);
             let y = self.adapt(y, &to);
             self.add(Op::Add, &[pooled, y]);

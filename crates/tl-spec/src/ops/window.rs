@@ -122,16 +122,16 @@ pub(crate) fn check_params(
         ("padding", Some(padding)),
     ];
     for (what, list) in lists {
-        if let Some(list) = list {
-            if list.len() != d {
-                return Err(Error::param(
-                    op,
-                    format!(
-                        "{what} {list:?} has length {}, spatial rank is {d}",
-                        list.len()
-                    ),
-                ));
-            }
+        if let Some(list) = list
+            && list.len() != d
+        {
+            return Err(Error::param(
+                op,
+                format!(
+                    "{what} {list:?} has length {}, spatial rank is {d}",
+                    list.len()
+                ),
+            ));
         }
     }
     if stride.contains(&0) {
@@ -140,10 +140,10 @@ pub(crate) fn check_params(
             format!("stride {stride:?} has a zero entry"),
         ));
     }
-    if let Some(k) = kernel {
-        if k.contains(&0) {
-            return Err(Error::param(op, format!("kernel {k:?} has a zero dim")));
-        }
+    if let Some(k) = kernel
+        && k.contains(&0)
+    {
+        return Err(Error::param(op, format!("kernel {k:?} has a zero dim")));
     }
     Ok(())
 }

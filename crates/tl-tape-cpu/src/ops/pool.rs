@@ -56,13 +56,13 @@ impl Pool {
             _ => return Err(wrong_family(op, "pool")),
         };
         check_arity(op, x)?;
-        if let Kind::Smooth(beta) = kind {
-            if !beta.is_finite() || beta == 0.0 {
-                return Err(bad(
-                    op,
-                    format!("beta must be finite and non-zero, got {beta}"),
-                ));
-            }
+        if let Kind::Smooth(beta) = kind
+            && (!beta.is_finite() || beta == 0.0)
+        {
+            return Err(bad(
+                op,
+                format!("beta must be finite and non-zero, got {beta}"),
+            ));
         }
         if kernel.iter().zip(padding).any(|(&k, &p)| 2 * p > k) {
             return Err(bad(
