@@ -7,12 +7,12 @@ use proptest::prelude::*;
 use tl_ir::Op;
 use tl_spec::{Shape, Tensor};
 
-use super::conv::{axes, spatial_rank};
+use super::conv::{axes, fit, spatial_rank};
 use crate::OpCase;
 use crate::generate::{Size, tensor};
 
 /// Smallest gap between two maxPool operand values.
-pub const POOL_TIE_MARGIN: f64 = 0.01;
+pub const POOL_TIE_MARGIN: f64 = 0.05;
 
 /// Which pool to generate.
 #[derive(Debug, Clone, Copy)]
@@ -35,16 +35,23 @@ pub fn pool(z: Size, kind: PoolKind) -> BoxedStrategy<OpCase> {
         beta,
     )
         .prop_flat_map(move |(d, c, batch, beta)| (Just((c, batch, beta)), axes(z, d)))
-        .prop_flat_map(move |((c, batch, beta), axes)| {
+        .prop_flat_map(move |((c, mut batch, beta), axes)| {
             let (mut kernel, mut stride, mut padding, mut spatial) =
                 (vec![], vec![], vec![], vec![]);
+            let mut floor = vec![];
             for (k, s, p, n) in axes {
                 let p = p.min(k / 2);
+                let lo = k.saturating_sub(2 * p).max(1);
                 kernel.push(k);
                 stride.push(s);
                 padding.push(p);
-                spatial.push(n.max(k.saturating_sub(2 * p)).max(1));
+                spatial.push(n.max(lo));
+                floor.push(lo);
             }
+            let mut ch = [c];
+            let limit = z.pick(128, crate::generate::LARGE_NUMEL);
+            fit(limit, &mut batch, &mut spatial, &floor, &mut ch, 1);
+            let c = ch[0];
             let mut x: Vec<usize> = batch.into_iter().collect();
             x.push(c);
             x.extend_from_slice(&spatial);
