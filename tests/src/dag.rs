@@ -407,11 +407,100 @@ impl Dag {
                 };
                 self.add(Op::MaskedSoftmax { mask }, &[x]);
             }
+            k @ 32..=33 => self.conv_step(k == 33, x, y, z, p),
+            k @ 34..=35 => self.pool_step(k == 35, x, y, p),
             _ => {
                 let c = Tensor::from_fn(sx, |i| ((i * 7 + usize::from(p)) % 11) as f64 * 0.2 - 1.0);
                 let c = self.add(Op::Constant(c), &[]);
                 self.add(Op::Add, &[x, c]);
             }
+        }
+    }
+
+    /// `x` as a channels-first operand: rank-3 operands as (C, H, W) for a 2-D window, others
+    /// reshaped to (rows, last dim) for a 1-D one. Returns the operand and its shape.
+    fn channels_first(&mut self, x: Id) -> (Id, Shape) {
+        let x = if self.shape(x).rank() == 3 {
+            x
+        } else {
+            self.as_rank(x, 2)
+        };
+        (x, self.shape(x))
+    }
+
+    /// conv (or convTranspose): kernel ≤ each spatial dim, stride 1–2, padding 0–1 (convT:
+    /// padding < k/2 so the output is non-empty); weight and bias adapted from `y`, `z`.
+    fn conv_step(&mut self, transpose: bool, x: Id, y: Id, z: Id, p: u16) {
+        let (x, s) = self.channels_first(x);
+        let c = s.dims()[0];
+        let spatial = &s.dims()[1..];
+        let out_c = 1 + usize::from(p % 2);
+        let kernel: Vec<usize> = spatial
+            .iter()
+            .map(|&n| 1 + usize::from(p / 2) % n.min(3))
+            .collect();
+        let stride = vec![1 + usize::from(p / 8 % 2); spatial.len()];
+        let padding: Vec<usize> = kernel
+            .iter()
+            .map(|&k| {
+                if transpose {
+                    (k - 1) / 2
+                } else {
+                    usize::from(p / 16 % 2)
+                }
+            })
+            .collect();
+        let (wa, wc) = if transpose { (c, out_c) } else { (out_c, c) };
+        let mut wd = vec![wa, wc];
+        wd.extend_from_slice(&kernel);
+        let w = self.adapt(y, &Shape::from(wd));
+        let b = self.adapt(z, &Shape::new(&[out_c]));
+        let op = if transpose {
+            Op::ConvTranspose { stride, padding }
+        } else {
+            Op::Conv { stride, padding }
+        };
+        self.push(op, &[w, b, x]);
+    }
+
+    /// maxPool / avgPool / smoothMaxPool (β = 1 or −2) with a kernel ≤ each spatial dim,
+    /// stride 1–2 and padding ≤ k/2; half the time `y` (adapted) is added to the result, so
+    /// earlier ids keep being reused.
+    fn pool_step(&mut self, smooth: bool, x: Id, y: Id, p: u16) {
+        let (x, s) = self.channels_first(x);
+        let spatial = &s.dims()[1..];
+        let kernel: Vec<usize> = spatial
+            .iter()
+            .map(|&n| 1 + usize::from(p / 4) % n.min(3))
+            .collect();
+        let stride = vec![1 + usize::from(p / 16 % 2); spatial.len()];
+        let padding: Vec<usize> = kernel
+            .iter()
+            .map(|&k| usize::from(p / 32 % 2).min(k / 2))
+            .collect();
+        let op = match (smooth, p % 2) {
+            (false, 0) => Op::MaxPool {
+                kernel,
+                stride,
+                padding,
+            },
+            (false, _) => Op::AvgPool {
+                kernel,
+                stride,
+                padding,
+            },
+            (true, sign) => Op::SmoothMaxPool {
+                kernel,
+                stride,
+                padding,
+                beta: if sign == 0 { 1.0 } else { -2.0 },
+            },
+        };
+        let pooled = self.add(op, &[x]);
+        if (p / 64).is_multiple_of(2) {
+            let to = self.shape(pooled);
+            let y = self.adapt(y, &to);
+            self.add(Op::Add, &[pooled, y]);
         }
     }
 

@@ -135,7 +135,24 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | LayerNorm { .. }
         | BatchNorm { .. }
         | MaskedSoftmax { .. }
-        | MultiHeadAttention { .. } => None,
+        | MultiHeadAttention { .. }
+        | Conv { .. }
+        | ConvTranspose { .. }
+        | AvgPool { .. }
+        | SmoothMaxPool { .. } => None,
+        // Padded cells are ignored, so the only kinks are ties inside a window.
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => {
+            let p = tl_spec::ops::pool::PoolParams {
+                kernel,
+                stride,
+                padding,
+            };
+            tl_spec::ops::pool::max_pool_tie_gap(x[0], p).ok()
+        }
     }
 }
 

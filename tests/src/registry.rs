@@ -248,6 +248,11 @@ registry! {
     Op::BatchNorm { .. } => entry("batchnormChannelFirst", batch_norm),
     Op::MaskedSoftmax { .. } => entry("maskedSoftmax", masked_softmax),
     Op::MultiHeadAttention { .. } => entry("multiHeadAttention", multi_head_attention),
+    Op::Conv { .. } => entry("conv", conv),
+    Op::ConvTranspose { .. } => entry("convTranspose", conv_transpose),
+    Op::MaxPool { .. } => entry("maxPool", |z| pool(z, PoolKind::Max)),
+    Op::AvgPool { .. } => entry("avgPool", |z| pool(z, PoolKind::Avg)),
+    Op::SmoothMaxPool { .. } => entry("smoothMaxPool", |z| pool(z, PoolKind::Smooth)),
 }
 
 /// The entry named `name`, if any.

@@ -16,6 +16,7 @@ mod eval;
 mod graph;
 mod jvp;
 mod op;
+mod op_windowed;
 mod replay;
 pub mod rules;
 

@@ -3,8 +3,10 @@
 use std::fmt;
 
 use tl_spec::ops::attention::{Mask, masked_softmax_shape, mha};
+use tl_spec::ops::conv::ConvParams;
+use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{
-    concat, cross_entropy, elementwise, index, linalg, loss, norm, reduce, shape, softmax,
+    concat, conv, cross_entropy, elementwise, index, linalg, loss, norm, reduce, shape, softmax,
 };
 use tl_spec::{Error as SpecError, Shape, Tensor, broadcast};
 
@@ -31,6 +33,10 @@ pub enum Family {
     Norm,
     /// Masked softmax and multi-head attention.
     Attention,
+    /// N-D convolution and transposed convolution.
+    Conv,
+    /// N-D max, average and smooth-max pooling.
+    Pool,
 }
 
 /// One op, with its static parameters. Operand order follows the seeds (e.g. `Linear` takes
@@ -252,6 +258,59 @@ pub enum Op {
         /// scores; `false`: the kernel that materializes the (heads, n, n) scores. Same value.
         fused: bool,
     },
+
+    // ---- conv ----
+    /// `(w, b, x) ↦ b + w ⋆ x`: N-D cross-correlation, channels-first, zero padding, groups 1,
+    /// dilation 1. w (outC, inC, k1..kd), b (outC), x (inC, s1..sd) or (N, inC, s1..sd), d in
+    /// 1..=8. PyTorch: `F.conv1d/2d/3d(x, w, b, stride, padding)`. See [`Op::conv2d`].
+    Conv {
+        /// Stride per spatial axis (≥ 1).
+        stride: Vec<usize>,
+        /// Zero padding per spatial axis, both sides.
+        padding: Vec<usize>,
+    },
+    /// `(w, b, x) ↦` transposed convolution (the adjoint of conv w.r.t. its input, plus b);
+    /// w (inC, outC, k1..kd), no output_padding. PyTorch: `F.conv_transpose1d/2d/3d`.
+    ConvTranspose {
+        /// Stride per spatial axis (≥ 1).
+        stride: Vec<usize>,
+        /// Padding per spatial axis (trimmed from both sides of the output).
+        padding: Vec<usize>,
+    },
+
+    // ---- pool ----
+    /// Max over each window, padded cells ignored, ties to the first cell in row-major window
+    /// order. PyTorch: `F.max_pool1d/2d/3d`. See [`Op::max_pool2d`].
+    MaxPool {
+        /// Window extent per spatial axis (≥ 1).
+        kernel: Vec<usize>,
+        /// Stride per spatial axis (≥ 1).
+        stride: Vec<usize>,
+        /// Padding per spatial axis (2·padding ≤ kernel).
+        padding: Vec<usize>,
+    },
+    /// Mean over each window, padded cells counted as 0, divisor the kernel volume. PyTorch:
+    /// `F.avg_pool1d/2d/3d(count_include_pad=True)`.
+    AvgPool {
+        /// Window extent per spatial axis (≥ 1).
+        kernel: Vec<usize>,
+        /// Stride per spatial axis (≥ 1).
+        stride: Vec<usize>,
+        /// Padding per spatial axis (2·padding ≤ kernel).
+        padding: Vec<usize>,
+    },
+    /// Log-sum-exp surrogate of max-pool, `p + log(Σ exp(β(x − p)))/β` per window (padded cells
+    /// are the value 0). No PyTorch equivalent.
+    SmoothMaxPool {
+        /// Window extent per spatial axis (≥ 1).
+        kernel: Vec<usize>,
+        /// Stride per spatial axis (≥ 1).
+        stride: Vec<usize>,
+        /// Padding per spatial axis (2·padding ≤ kernel).
+        padding: Vec<usize>,
+        /// Sharpness β (finite, non-zero; negative gives a smooth min).
+        beta: f64,
+    },
 }
 
 impl Op {
@@ -333,6 +392,11 @@ impl Op {
             BatchNorm { .. } => "batchnormChannelFirst",
             MaskedSoftmax { .. } => "maskedSoftmax",
             MultiHeadAttention { .. } => "multiHeadAttention",
+            Conv { .. } => "conv",
+            ConvTranspose { .. } => "convTranspose",
+            MaxPool { .. } => "maxPool",
+            AvgPool { .. } => "avgPool",
+            SmoothMaxPool { .. } => "smoothMaxPool",
         }
     }
 
@@ -389,6 +453,8 @@ impl Op {
             | ScatterAddRow { .. } => Family::Index,
             LayerNorm { .. } | BatchNorm { .. } => Family::Norm,
             MaskedSoftmax { .. } | MultiHeadAttention { .. } => Family::Attention,
+            Conv { .. } | ConvTranspose { .. } => Family::Conv,
+            MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => Family::Pool,
         }
     }
 
@@ -399,7 +465,7 @@ impl Op {
             Constant(_) => 0,
             Add | Sub | Mul | Div | Max | Min | Matmul | Bmm | MseLoss | Concat => 2,
             GatherIndexTensor | ScatterAddVec { .. } | ScatterAddRow { .. } => 2,
-            Linear | LayerNorm { .. } | BatchNorm { .. } => 3,
+            Linear | LayerNorm { .. } | BatchNorm { .. } | Conv { .. } | ConvTranspose { .. } => 3,
             MultiHeadAttention { .. } => 5,
             _ => 1,
         }
@@ -496,6 +562,44 @@ impl Op {
                 mha::mha_dims([s[0], s[1], s[2], s[3]], s[4], *heads, mask.as_ref())
                     .map(|(_, out)| out)
             }
+            Conv { stride, padding } | ConvTranspose { stride, padding } => {
+                let p = ConvParams { stride, padding };
+                conv::conv_shape(matches!(self, ConvTranspose { .. }), s[0], s[1], s[2], p)
+            }
+            MaxPool {
+                kernel,
+                stride,
+                padding,
+            }
+            | AvgPool {
+                kernel,
+                stride,
+                padding,
+            } => pool::pool_shape(
+                self.name(),
+                s[0],
+                PoolParams {
+                    kernel,
+                    stride,
+                    padding,
+                },
+            ),
+            SmoothMaxPool {
+                kernel,
+                stride,
+                padding,
+                beta,
+            } => pool::smooth_max_params(*beta).and_then(|()| {
+                pool::pool_shape(
+                    self.name(),
+                    s[0],
+                    PoolParams {
+                        kernel,
+                        stride,
+                        padding,
+                    },
+                )
+            }),
         };
         Ok(out?)
     }
@@ -536,6 +640,32 @@ impl fmt::Debug for Op {
                     None => f.write_str(")"),
                 }
             }
+            Conv { stride, padding } | ConvTranspose { stride, padding } => {
+                write!(f, "{}(stride={stride:?}, padding={padding:?})", self.name())
+            }
+            MaxPool {
+                kernel,
+                stride,
+                padding,
+            }
+            | AvgPool {
+                kernel,
+                stride,
+                padding,
+            } => write!(
+                f,
+                "{}(kernel={kernel:?}, stride={stride:?}, padding={padding:?})",
+                self.name()
+            ),
+            SmoothMaxPool {
+                kernel,
+                stride,
+                padding,
+                beta,
+            } => write!(
+                f,
+                "smoothMaxPool(kernel={kernel:?}, stride={stride:?}, padding={padding:?}, beta={beta})"
+            ),
             other => f.write_str(other.name()),
         }
     }

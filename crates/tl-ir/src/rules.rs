@@ -5,8 +5,10 @@
 //! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
 use tl_spec::ops::attention::{self as att, mha};
+use tl_spec::ops::conv::{self, ConvParams, ConvTangents};
 use tl_spec::ops::index::{self as ix, nat_at, nat_vec_at};
 use tl_spec::ops::norm::{self, Groups};
+use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{activation as act, concat, cross_entropy as ce};
 use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
 use tl_spec::{Scalar, Tensor, broadcast};
@@ -114,6 +116,48 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         MultiHeadAttention { heads, mask, .. } => {
             mha::multi_head_attention([x[0], x[1], x[2], x[3]], x[4], *heads, mask.as_ref())
         }
+        Conv { stride, padding } => conv::conv(x[0], x[1], x[2], ConvParams { stride, padding }),
+        ConvTranspose { stride, padding } => {
+            conv::conv_transpose(x[0], x[1], x[2], ConvParams { stride, padding })
+        }
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::max_pool(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+        ),
+        AvgPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::avg_pool(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+        ),
+        SmoothMaxPool {
+            kernel,
+            stride,
+            padding,
+            beta,
+        } => pool::smooth_max_pool(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            *beta,
+        ),
     };
     Ok(y?)
 }
@@ -211,6 +255,55 @@ pub fn vjp<T: Scalar>(
             mha::multi_head_attention_vjp(w, x[4], *heads, mask.as_ref(), g)
                 .map(|d| d.into_iter().map(Some).collect())
         }
+        Conv { stride, padding } => {
+            conv::conv_vjp(x[0], x[1], x[2], ConvParams { stride, padding }, g)
+                .map(|(dw, db, dx)| vec![Some(dw), Some(db), Some(dx)])
+        }
+        ConvTranspose { stride, padding } => {
+            conv::conv_transpose_vjp(x[0], x[1], x[2], ConvParams { stride, padding }, g)
+                .map(|(dw, db, dx)| vec![Some(dw), Some(db), Some(dx)])
+        }
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => one(pool::max_pool_vjp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            g,
+        )),
+        AvgPool {
+            kernel,
+            stride,
+            padding,
+        } => one(pool::avg_pool_vjp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            g,
+        )),
+        SmoothMaxPool {
+            kernel,
+            stride,
+            padding,
+            beta,
+        } => one(pool::smooth_max_pool_vjp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            *beta,
+            g,
+        )),
     };
     Ok(grads?)
 }
@@ -295,6 +388,60 @@ pub fn jvp<T: Scalar>(
         MultiHeadAttention { heads, mask, .. } => {
             return crate::compose::multi_head_attention_jvp(x, dx, *heads, mask.as_ref(), nats);
         }
+        Conv { stride, padding } | ConvTranspose { stride, padding } => {
+            let p = ConvParams { stride, padding };
+            let t = ConvTangents {
+                dw: dx[0],
+                db: dx[1],
+                dx: dx[2],
+            };
+            if matches!(op, Conv { .. }) {
+                conv::conv_jvp(x[0], x[1], x[2], p, t)
+            } else {
+                conv::conv_transpose_jvp(x[0], x[1], x[2], p, t)
+            }
+        }
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::max_pool_jvp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            dx[0],
+        ),
+        AvgPool {
+            kernel,
+            stride,
+            padding,
+        } => pool::avg_pool_jvp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            dx[0],
+        ),
+        SmoothMaxPool {
+            kernel,
+            stride,
+            padding,
+            beta,
+        } => pool::smooth_max_pool_jvp(
+            x[0],
+            PoolParams {
+                kernel,
+                stride,
+                padding,
+            },
+            *beta,
+            dx[0],
+        ),
     };
     Ok(t?)
 }

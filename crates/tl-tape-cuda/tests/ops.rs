@@ -94,6 +94,12 @@ fn cases(op: &Op) -> Vec<Case> {
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
             vec![]
         }
+        // issue 4: CUDA formula pending (the tape returns `Unsupported`; no cases yet).
+        Conv { .. }
+        | ConvTranspose { .. }
+        | MaxPool { .. }
+        | AvgPool { .. }
+        | SmoothMaxPool { .. } => vec![],
         MseLoss => vec![
             case(op.clone(), &[(m23, Any), (m23, Any)]),
             case(op.clone(), &[(s, Any), (s, Any)]),

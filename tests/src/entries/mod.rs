@@ -17,6 +17,10 @@ mod attention;
 mod norm;
 pub use attention::*;
 pub use norm::*;
+mod conv;
+mod pool;
+pub use conv::*;
+pub use pool::*;
 
 /// Margin kept between a clamp operand and either bound.
 pub const CLAMP_MARGIN: f64 = 0.05;

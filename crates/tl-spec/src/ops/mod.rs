@@ -8,12 +8,15 @@
 pub mod activation;
 pub mod attention;
 pub mod concat;
+pub mod conv;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod index;
 pub mod linalg;
 pub mod loss;
 pub mod norm;
+pub mod pool;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod window;

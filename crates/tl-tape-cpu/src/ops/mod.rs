@@ -18,6 +18,8 @@
 //! - [`norm`] — `layerNorm`, `batchnormChannelFirst` (two passes per group)
 //! - [`attention`] — `maskedSoftmax`, `multiHeadAttention` (unfused GEMM core or fused
 //!   streaming core)
+//! - [`conv`] — N-D `conv` and `convTranspose` through im2col + GEMM
+//! - [`pool`] — N-D `maxPool`, `avgPool`, `smoothMaxPool` in one pass per channel plane
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
@@ -26,15 +28,18 @@
 pub mod activation;
 pub mod attention;
 pub mod concat;
+pub mod conv;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod index;
 pub mod linalg;
 pub mod loss;
 pub mod norm;
+pub mod pool;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+mod window;
 
 use smallvec::SmallVec;
 use tl_ir::{Family, Op};
@@ -64,6 +69,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Index => index::forward(op, x, nats),
         Family::Norm => norm::forward(op, x),
         Family::Attention => attention::forward(op, x),
+        Family::Conv => conv::forward(op, x),
+        Family::Pool => pool::forward(op, x),
     }
 }
 
@@ -92,6 +99,8 @@ pub fn backward<T: Scalar>(
         Family::Index => index::backward(op, x, y, g, nats),
         Family::Norm => norm::backward(op, x, y, g),
         Family::Attention => attention::backward(op, x, y, g),
+        Family::Conv => conv::backward(op, x, y, g),
+        Family::Pool => pool::backward(op, x, y, g),
     }
 }
 

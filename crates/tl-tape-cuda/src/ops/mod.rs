@@ -115,6 +115,11 @@ pub fn forward<D: Device>(
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
             return Err(crate::Error::Unsupported { op: op.name() });
         }
+        Conv { .. }
+        | ConvTranspose { .. }
+        | MaxPool { .. }
+        | AvgPool { .. }
+        | SmoothMaxPool { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
         MseLoss => {
             let (loss, diff) = loss::mse(dev, x[0], x[1])?;
             let value = wrap(dev, op, shape, loss).inspect_err(|_| {
@@ -251,6 +256,11 @@ fn backward_into<D: Device>(
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
             Err(crate::Error::Unsupported { op: op.name() })
         }
+        Conv { .. }
+        | ConvTranspose { .. }
+        | MaxPool { .. }
+        | AvgPool { .. }
+        | SmoothMaxPool { .. } => Err(crate::Error::Unsupported { op: op.name() }),
         MseLoss => {
             let (d0, d1) = loss::mse_back(g.dev, x[0], x[1], gb, g.needs, workspace)?;
             if let Err(e) = g.set(0, d0) {

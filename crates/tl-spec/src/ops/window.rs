@@ -1,0 +1,226 @@
+//! Sliding-window geometry shared by the conv and pool families: channels-first operands
+//! `(C, s1..sd)` or batched `(N, C, s1..sd)`, spatial rank `d` in `1..=8`, and the cell a window
+//! reads, `o·stride + k − padding` along each axis (outside the input: a padded cell).
+//!
+//! Every windowed op relates a *big* spatial block (conv input, convTranspose output, pool input)
+//! to a *small* one (conv output, convTranspose input, pool output) with
+//! `small_i = (big_i + 2·p_i − k_i)/stride_i + 1`.
+
+use crate::{Error, Result, Shape};
+
+/// The largest spatial rank the windowed ops accept (the seeds' ConvPool FFI limit).
+pub const MAX_SPATIAL_RANK: usize = 8;
+
+/// The validated geometry of one windowed op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    /// The batch size of a batched `(N, C, ...)` operand; `None` for `(C, ...)`.
+    pub batch: Option<usize>,
+    /// Spatial dims of the big side.
+    pub big: Vec<usize>,
+    /// Spatial dims of the small side.
+    pub small: Vec<usize>,
+    /// Kernel extent per axis (all ≥ 1).
+    pub kernel: Vec<usize>,
+    /// Stride per axis (all ≥ 1).
+    pub stride: Vec<usize>,
+    /// Zero padding per axis, on both sides.
+    pub padding: Vec<usize>,
+}
+
+impl Window {
+    /// The number of batch entries (1 when unbatched).
+    pub fn batches(&self) -> usize {
+        self.batch.unwrap_or(1)
+    }
+
+    /// Cells of the big spatial block.
+    pub fn big_len(&self) -> usize {
+        self.big.iter().product()
+    }
+
+    /// Cells of the small spatial block.
+    pub fn small_len(&self) -> usize {
+        self.small.iter().product()
+    }
+
+    /// Cells of one window (the kernel volume).
+    pub fn kernel_len(&self) -> usize {
+        self.kernel.iter().product()
+    }
+
+    /// The row-major flat index into the big block of the cell `o·stride + k − padding`, or
+    /// `None` where that cell is padding.
+    pub fn position(&self, o: &[usize], k: &[usize]) -> Option<usize> {
+        let mut flat = 0;
+        for i in 0..self.big.len() {
+            let pos = (o[i] * self.stride[i] + k[i]).checked_sub(self.padding[i])?;
+            if pos >= self.big[i] {
+                return None;
+            }
+            flat = flat * self.big[i] + pos;
+        }
+        Some(flat)
+    }
+
+    /// For each small cell (row-major), the positions of its window's cells in row-major
+    /// kernel order (`None` for padded cells).
+    pub fn windows(&self) -> Vec<Vec<Option<usize>>> {
+        let ks = cells(&self.kernel);
+        cells(&self.small)
+            .iter()
+            .map(|o| ks.iter().map(|k| self.position(o, k)).collect())
+            .collect()
+    }
+
+    /// The operand shape `(N?, channels, spatial...)`.
+    pub fn shape(&self, channels: usize, spatial: &[usize]) -> Shape {
+        let mut dims: Vec<usize> = self.batch.into_iter().collect();
+        dims.push(channels);
+        dims.extend_from_slice(spatial);
+        Shape::from(dims)
+    }
+}
+
+/// Every multi-index of `dims` in row-major order (one empty index for no dims; none if a dim
+/// is 0).
+pub fn cells(dims: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new()];
+    for &d in dims {
+        out = out
+            .into_iter()
+            .flat_map(|p| {
+                (0..d).map(move |i| {
+                    let mut q = p.clone();
+                    q.push(i);
+                    q
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// Check a spatial rank `d` and that `stride`/`padding` (and `kernel`, if given) have length
+/// `d`, with strides and kernel dims non-zero.
+pub(crate) fn check_params(
+    op: &'static str,
+    d: usize,
+    kernel: Option<&[usize]>,
+    stride: &[usize],
+    padding: &[usize],
+) -> Result<()> {
+    if d == 0 || d > MAX_SPATIAL_RANK {
+        return Err(Error::param(
+            op,
+            format!("spatial rank {d} is outside 1..={MAX_SPATIAL_RANK}"),
+        ));
+    }
+    let lists = [
+        ("kernel", kernel),
+        ("stride", Some(stride)),
+        ("padding", Some(padding)),
+    ];
+    for (what, list) in lists {
+        if let Some(list) = list
+            && list.len() != d
+        {
+            return Err(Error::param(
+                op,
+                format!(
+                    "{what} {list:?} has length {}, spatial rank is {d}",
+                    list.len()
+                ),
+            ));
+        }
+    }
+    if stride.contains(&0) {
+        return Err(Error::param(
+            op,
+            format!("stride {stride:?} has a zero entry"),
+        ));
+    }
+    if let Some(k) = kernel
+        && k.contains(&0)
+    {
+        return Err(Error::param(op, format!("kernel {k:?} has a zero dim")));
+    }
+    Ok(())
+}
+
+/// Split an operand shape into `(batch, channels, spatial)` for spatial rank `d`.
+pub(crate) fn split_operand<'s>(
+    op: &'static str,
+    what: &str,
+    x: &'s Shape,
+    d: usize,
+) -> Result<(Option<usize>, usize, &'s [usize])> {
+    let dims = x.dims();
+    if dims.len() == d + 1 {
+        Ok((None, dims[0], &dims[1..]))
+    } else if dims.len() == d + 2 {
+        Ok((Some(dims[0]), dims[1], &dims[2..]))
+    } else {
+        Err(Error::shape(
+            op,
+            format!(
+                "{what} {x} must have rank {} (C, spatial...) or {} (N, C, spatial...) for spatial rank {d}",
+                d + 1,
+                d + 2
+            ),
+        ))
+    }
+}
+
+/// The small spatial dims for a big block `big`: `(big + 2p − k)/stride + 1`; an error when a
+/// kernel is larger than the padded input.
+pub(crate) fn forward_out(
+    op: &'static str,
+    x: &Shape,
+    big: &[usize],
+    kernel: &[usize],
+    stride: &[usize],
+    padding: &[usize],
+) -> Result<Vec<usize>> {
+    (0..big.len())
+        .map(|i| {
+            let padded = big[i] + 2 * padding[i];
+            if padded < kernel[i] {
+                Err(Error::shape(
+                    op,
+                    format!(
+                        "kernel {kernel:?} is larger than the padded input {x} (padding {padding:?}) along spatial axis {i}"
+                    ),
+                ))
+            } else {
+                Ok((padded - kernel[i]) / stride[i] + 1)
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_row_major_and_positions_skip_padding() {
+        assert_eq!(
+            cells(&[2, 2]),
+            vec![vec![0, 0], vec![0, 1], vec![1, 0], vec![1, 1]]
+        );
+        assert!(cells(&[2, 0]).is_empty());
+        let w = Window {
+            batch: None,
+            big: vec![3],
+            small: vec![2],
+            kernel: vec![3],
+            stride: vec![2],
+            padding: vec![1],
+        };
+        assert_eq!(
+            w.windows(),
+            vec![vec![None, Some(0), Some(1)], vec![Some(1), Some(2), None]]
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! Pooling kernels: `maxPool`, `avgPool` and `smoothMaxPool`, N-D (spatial rank 1..=8), on
+//! `(C, s..)` or `(N, C, s..)` operands.
+//!
+//! One pass per channel plane over the window index table ([`super::window`]), kernel offsets
+//! outer and output cells inner, with per-output accumulators allocated once per call:
+//! - maxPool keeps the running max and its cell (strict `>`, so a tie keeps the first cell in
+//!   row-major window order; padded cells are skipped; a window with no real cell gives 0). The
+//!   backward recomputes the argmax and scatters `g` to it.
+//! - avgPool sums the real cells and divides by the kernel volume; the backward scatters
+//!   `g / volume`.
+//! - smoothMaxPool takes the pivot (max for β > 0, min for β < 0) over the window values with
+//!   padded cells as 0, then `y = p + ln Σ exp(β(v − p)) / β`; the backward scatters
+//!   `g · exp(β(v − p)) / Σ` to the real cells.
+
+use smallvec::smallvec;
+use tl_ir::Op;
+use tl_spec::{Scalar, Shape, Tensor};
+
+use super::window::{Geometry, PAD, Table, bad, split};
+use super::{Grads, check_arity, check_shape, tensor, wrong_family};
+use crate::Result;
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Max,
+    Avg,
+    Smooth(f64),
+}
+
+struct Pool {
+    kind: Kind,
+    planes: usize,
+    out: Shape,
+    table: Table,
+}
+
+impl Pool {
+    fn of<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Pool> {
+        let (kind, kernel, stride, padding) = match op {
+            Op::MaxPool {
+                kernel,
+                stride,
+                padding,
+            } => (Kind::Max, kernel, stride, padding),
+            Op::AvgPool {
+                kernel,
+                stride,
+                padding,
+            } => (Kind::Avg, kernel, stride, padding),
+            Op::SmoothMaxPool {
+                kernel,
+                stride,
+                padding,
+                beta,
+            } => (Kind::Smooth(*beta), kernel, stride, padding),
+            _ => return Err(wrong_family(op, "pool")),
+        };
+        check_arity(op, x)?;
+        if let Kind::Smooth(beta) = kind
+            && (!beta.is_finite() || beta == 0.0)
+        {
+            return Err(bad(
+                op,
+                format!("beta must be finite and non-zero, got {beta}"),
+            ));
+        }
+        if kernel.iter().zip(padding).any(|(&k, &p)| 2 * p > k) {
+            return Err(bad(
+                op,
+                format!("padding {padding:?} exceeds half the kernel {kernel:?}"),
+            ));
+        }
+        let dims = x[0].shape().dims();
+        let (batches, channels, spatial) = split(op, "input", dims, kernel.len())?;
+        let geo = Geometry::forward(op, &spatial, kernel, stride, padding)?;
+        let mut out: Vec<usize> = dims[..dims.len() - spatial.len()].to_vec();
+        out.extend_from_slice(&geo.small);
+        Ok(Pool {
+            kind,
+            planes: batches * channels,
+            out: Shape::from(out),
+            table: geo.table(),
+        })
+    }
+}
+
+/// Per-output scratch of one call (reused across planes).
+struct Scratch<T> {
+    best: Vec<T>,
+    arg: Vec<usize>,
+    sum: Vec<T>,
+}
+
+impl<T: Scalar> Scratch<T> {
+    fn new(n: usize) -> Self {
+        Scratch {
+            best: vec![T::zero(); n],
+            arg: vec![PAD; n],
+            sum: vec![T::zero(); n],
+        }
+    }
+
+    /// Fill `arg` with each window's first argmax cell (PAD if none) and `best` with its value.
+    fn argmax(&mut self, t: &Table, plane: &[T]) {
+        let ol = t.small_len;
+        self.arg.fill(PAD);
+        for k in 0..t.kernel_len {
+            let row = &t.idx[k * ol..(k + 1) * ol];
+            for ((&i, b), a) in row.iter().zip(&mut self.best).zip(&mut self.arg) {
+                if i != PAD && (*a == PAD || plane[i] > *b) {
+                    *b = plane[i];
+                    *a = i;
+                }
+            }
+        }
+    }
+
+    /// Fill `best` with each window's pivot and `sum` with `Σ exp(β(v − pivot))` (padded cells
+    /// are the value 0).
+    fn smooth(&mut self, t: &Table, plane: &[T], beta: T) {
+        let ol = t.small_len;
+        let up = beta > T::zero();
+        self.best
+            .fill(if up { T::neg_infinity() } else { T::infinity() });
+        self.sum.fill(T::zero());
+        for k in 0..t.kernel_len {
+            let row = &t.idx[k * ol..(k + 1) * ol];
+            for (&i, b) in row.iter().zip(&mut self.best) {
+                let v = if i == PAD { T::zero() } else { plane[i] };
+                *b = if up { b.max(v) } else { b.min(v) };
+            }
+        }
+        for k in 0..t.kernel_len {
+            let row = &t.idx[k * ol..(k + 1) * ol];
+            for ((&i, &p), s) in row.iter().zip(&self.best).zip(&mut self.sum) {
+                let v = if i == PAD { T::zero() } else { plane[i] };
+                *s += (beta * (v - p)).exp();
+            }
+        }
+    }
+}
+
+/// Forward value of a pool.
+pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    let p = Pool::of(op, x)?;
+    let t = &p.table;
+    let (ol, bl) = (t.small_len, t.big_len);
+    let mut y = vec![T::zero(); p.planes * ol];
+    let mut s = Scratch::new(ol);
+    for (plane, yp) in x[0]
+        .data()
+        .chunks_exact(bl.max(1))
+        .zip(y.chunks_exact_mut(ol.max(1)))
+    {
+        match p.kind {
+            Kind::Max => {
+                s.argmax(t, plane);
+                for ((o, &a), &b) in yp.iter_mut().zip(&s.arg).zip(&s.best) {
+                    *o = if a == PAD { T::zero() } else { b };
+                }
+            }
+            Kind::Avg => {
+                s.sum.fill(T::zero());
+                for k in 0..t.kernel_len {
+                    for (&i, acc) in t.idx[k * ol..(k + 1) * ol].iter().zip(&mut s.sum) {
+                        if i != PAD {
+                            *acc += plane[i];
+                        }
+                    }
+                }
+                let inv = T::one() / T::lit(t.kernel_len as f64);
+                for (o, &acc) in yp.iter_mut().zip(&s.sum) {
+                    *o = acc * inv;
+                }
+            }
+            Kind::Smooth(beta) => {
+                let beta = T::lit(beta);
+                s.smooth(t, plane, beta);
+                for ((o, &pv), &z) in yp.iter_mut().zip(&s.best).zip(&s.sum) {
+                    *o = pv + z.ln() / beta;
+                }
+            }
+        }
+    }
+    tensor(p.out, y)
+}
+
+/// Operand cotangent of a pool.
+pub fn backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+) -> Result<Grads<T>> {
+    let p = Pool::of(op, x)?;
+    check_shape(op, "output", y, &p.out)?;
+    check_shape(op, "cotangent", g, &p.out)?;
+    let t = &p.table;
+    let (ol, bl) = (t.small_len, t.big_len);
+    let mut dx = vec![T::zero(); x[0].numel()];
+    let mut s = Scratch::new(ol);
+    let planes = x[0]
+        .data()
+        .chunks_exact(bl.max(1))
+        .zip(g.data().chunks_exact(ol.max(1)))
+        .zip(dx.chunks_exact_mut(bl.max(1)));
+    for ((plane, gp), dp) in planes {
+        match p.kind {
+            Kind::Max => {
+                s.argmax(t, plane);
+                for (&a, &gv) in s.arg.iter().zip(gp) {
+                    if a != PAD {
+                        dp[a] += gv;
+                    }
+                }
+            }
+            Kind::Avg => {
+                let inv = T::one() / T::lit(t.kernel_len as f64);
+                for k in 0..t.kernel_len {
+                    for (&i, &gv) in t.idx[k * ol..(k + 1) * ol].iter().zip(gp) {
+                        if i != PAD {
+                            dp[i] += gv * inv;
+                        }
+                    }
+                }
+            }
+            Kind::Smooth(beta) => {
+                let beta = T::lit(beta);
+                s.smooth(t, plane, beta);
+                for k in 0..t.kernel_len {
+                    let row = t.idx[k * ol..(k + 1) * ol].iter();
+                    for (((&i, &gv), &pv), &z) in row.zip(gp).zip(&s.best).zip(&s.sum) {
+                        if i != PAD {
+                            dp[i] += gv * (beta * (plane[i] - pv)).exp() / z;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_pool_ignores_padding_and_ties_go_first() {
+        let x = Tensor::<f64>::new([1, 3], vec![-3.0, -1.0, -1.0]).unwrap();
+        let op = Op::MaxPool {
+            kernel: vec![2],
+            stride: vec![1],
+            padding: vec![1],
+        };
+        let y = forward(&op, &[&x]).unwrap();
+        assert_eq!(y.data(), &[-3.0, -1.0, -1.0, -1.0]);
+        let g = Tensor::<f64>::ones([1, 4]);
+        let dx = backward(&op, &[&x], &y, &g).unwrap();
+        // Window [−1, −1] (cells 1, 2) is a tie: cell 1 gets it.
+        assert_eq!(dx[0].as_ref().unwrap().data(), &[1.0, 2.0, 1.0]);
+    }
+}
