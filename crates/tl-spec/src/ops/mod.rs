@@ -8,6 +8,8 @@
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod random;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod spectral;
