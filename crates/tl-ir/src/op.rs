@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use tl_spec::ops::{elementwise, linalg, loss, reduce, shape, softmax};
+use tl_spec::ops::{elementwise, linalg, loss, random, reduce, shape, softmax, spectral};
 use tl_spec::{Error as SpecError, Shape, Tensor, broadcast};
 
 use crate::{Error, Result};
@@ -22,6 +22,10 @@ pub enum Family {
     Softmax,
     /// Losses.
     Loss,
+    /// FNO spectral convolution.
+    Spectral,
+    /// Seeded randomness (uniform draws, Bernoulli masks, dropout).
+    Random,
 }
 
 /// One op, with its static parameters. Operand order follows the seeds (e.g. `Linear` takes
@@ -123,6 +127,49 @@ pub enum Op {
     // ---- loss ----
     /// `(ŷ, y) ↦ Σ(ŷ−y)²/N`. PyTorch: `F.mse_loss(reduction="mean")`.
     MseLoss,
+
+    // ---- spectral ----
+    /// `(x, wRe, wIm) ↦` FNO spectral convolution over the first `modes` real-FFT bins; x is
+    /// (grid, width) or batched (B, grid, width), wRe/wIm (modes, width, width). PyTorch: the FNO
+    /// reference `SpectralConv1d` (rfft, per-mode complex channel mix, irfft), channels last.
+    SpectralConv1dRfft {
+        /// Kept bins, `1 ≤ modes ≤ grid/2 + 1`.
+        modes: usize,
+    },
+
+    // ---- random ----
+    /// Uniform values in `[0, 1)` keyed by `(seed, counter)`; no operands, no gradient.
+    /// PyTorch: `torch.rand(shape)` (different bits).
+    RandUniform {
+        /// Output shape.
+        shape: Shape,
+        /// Seed.
+        seed: u64,
+        /// Draw counter (`key = splitmix64(seed + counter)`).
+        counter: u64,
+    },
+    /// A 0/1 mask, 1 where `keep > u/2³²`; no operands, no gradient.
+    /// PyTorch: `torch.bernoulli(torch.full(shape, keep))` (different bits).
+    BernoulliMask {
+        /// Output shape.
+        shape: Shape,
+        /// Keep probability in `[0, 1]`.
+        keep: f64,
+        /// Seed.
+        seed: u64,
+        /// Draw counter.
+        counter: u64,
+    },
+    /// `x · mask / keep` with the `bernoulliMask` of x's shape; gradient `g · mask / keep`.
+    /// PyTorch: `F.dropout(x, p = 1 − keep, training=True)` (different bits).
+    Dropout {
+        /// Keep probability in `(0, 1]`.
+        keep: f64,
+        /// Seed.
+        seed: u64,
+        /// Draw counter.
+        counter: u64,
+    },
 }
 
 impl Op {
@@ -167,6 +214,10 @@ impl Op {
             Softmax => "softmax",
             LogSoftmax => "logSoftmax",
             MseLoss => "mseLoss",
+            SpectralConv1dRfft { .. } => "spectralConv1dRfft",
+            RandUniform { .. } => "randUniform",
+            BernoulliMask { .. } => "bernoulliMask",
+            Dropout { .. } => "dropout",
         }
     }
 
@@ -200,6 +251,8 @@ impl Op {
             Matmul | Bmm | Linear => Family::Linalg,
             Softmax | LogSoftmax => Family::Softmax,
             MseLoss => Family::Loss,
+            SpectralConv1dRfft { .. } => Family::Spectral,
+            RandUniform { .. } | BernoulliMask { .. } | Dropout { .. } => Family::Random,
         }
     }
 
@@ -207,9 +260,9 @@ impl Op {
     pub fn arity(&self) -> usize {
         use Op::*;
         match self {
-            Constant(_) => 0,
+            Constant(_) | RandUniform { .. } | BernoulliMask { .. } => 0,
             Add | Sub | Mul | Div | Max | Min | Matmul | Bmm | MseLoss => 2,
-            Linear => 3,
+            Linear | SpectralConv1dRfft { .. } => 3,
             _ => 1,
         }
     }
@@ -220,9 +273,13 @@ impl Op {
         false
     }
 
-    /// Whether gradients flow through the op to its operands (false for `detach`, `constant`).
+    /// Whether gradients flow through the op to its operands (false for `detach`, `constant`
+    /// and the operand-free random draws).
     pub fn is_differentiable(&self) -> bool {
-        !matches!(self, Op::Detach | Op::Constant(_))
+        !matches!(
+            self,
+            Op::Detach | Op::Constant(_) | Op::RandUniform { .. } | Op::BernoulliMask { .. }
+        )
     }
 
     /// The shape rule: the output shape for operands of `shapes`, or an error naming the op and
@@ -263,6 +320,14 @@ impl Op {
             Softmax => softmax::softmax_shape("softmax", s[0]),
             LogSoftmax => softmax::softmax_shape("logSoftmax", s[0]),
             MseLoss => loss::mse_loss_shape(s[0], s[1]),
+            SpectralConv1dRfft { modes } => {
+                spectral::spectral_conv1d_shape(s[0], s[1], s[2], *modes)
+            }
+            RandUniform { shape, .. } => Ok(shape.clone()),
+            BernoulliMask { shape, keep, .. } => {
+                random::bernoulli_params(*keep).map(|()| shape.clone())
+            }
+            Dropout { keep, .. } => random::dropout_params(*keep).map(|()| s[0].clone()),
         };
         Ok(out?)
     }
@@ -281,6 +346,26 @@ impl fmt::Debug for Op {
             BroadcastTo(s) => write!(f, "broadcastTo{s}"),
             ReduceSum(a) => write!(f, "reduceSum(axis={a})"),
             ReduceMean(a) => write!(f, "reduceMean(axis={a})"),
+            SpectralConv1dRfft { modes } => write!(f, "spectralConv1dRfft(modes={modes})"),
+            RandUniform {
+                shape,
+                seed,
+                counter,
+            } => write!(f, "randUniform{shape}(seed={seed}, counter={counter})"),
+            BernoulliMask {
+                shape,
+                keep,
+                seed,
+                counter,
+            } => write!(
+                f,
+                "bernoulliMask{shape}(keep={keep}, seed={seed}, counter={counter})"
+            ),
+            Dropout {
+                keep,
+                seed,
+                counter,
+            } => write!(f, "dropout(keep={keep}, seed={seed}, counter={counter})"),
             other => f.write_str(other.name()),
         }
     }

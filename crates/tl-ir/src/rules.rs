@@ -4,7 +4,7 @@
 //! checked by [`Op::infer_shape`] before any of these run. `nats` is the Nat environment (runtime
 //! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
-use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
+use tl_spec::ops::{elementwise as ew, linalg, loss, random, reduce, shape, softmax, spectral};
 use tl_spec::{Scalar, Tensor, broadcast};
 
 use crate::{Error, Op, Result};
@@ -66,6 +66,23 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         Softmax => Ok(softmax::softmax(x[0])),
         LogSoftmax => Ok(softmax::log_softmax(x[0])),
         MseLoss => loss::mse_loss(x[0], x[1]),
+        SpectralConv1dRfft { modes } => spectral::spectral_conv1d(x[0], x[1], x[2], *modes),
+        RandUniform {
+            shape,
+            seed,
+            counter,
+        } => Ok(random::rand_uniform(shape, *seed, *counter)),
+        BernoulliMask {
+            shape,
+            keep,
+            seed,
+            counter,
+        } => Ok(random::bernoulli_mask(shape, *keep, *seed, *counter)),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => Ok(random::dropout(x[0], *keep, *seed, *counter)),
     };
     Ok(y?)
 }
@@ -121,6 +138,15 @@ pub fn vjp<T: Scalar>(
         Softmax => one(softmax::softmax_vjp(x[0], g)),
         LogSoftmax => one(softmax::log_softmax_vjp(x[0], g)),
         MseLoss => two(loss::mse_loss_vjp(x[0], x[1], g)),
+        SpectralConv1dRfft { modes } => spectral::spectral_conv1d_vjp(x[0], x[1], x[2], *modes, g)
+            .map(|(dx, dr, di)| vec![Some(dx), Some(dr), Some(di)]),
+        // Operand-free draws: nothing to differentiate.
+        RandUniform { .. } | BernoulliMask { .. } => Ok(vec![]),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => one(random::dropout_vjp(x[0], *keep, *seed, *counter, g)),
     };
     Ok(grads?)
 }
@@ -167,6 +193,15 @@ pub fn jvp<T: Scalar>(
         Softmax => softmax::softmax_jvp(x[0], dx[0]),
         LogSoftmax => softmax::log_softmax_jvp(x[0], dx[0]),
         MseLoss => loss::mse_loss_jvp(x[0], x[1], dx[0], dx[1]),
+        SpectralConv1dRfft { modes } => {
+            spectral::spectral_conv1d_jvp(x[0], x[1], x[2], *modes, dx[0], dx[1], dx[2])
+        }
+        RandUniform { shape, .. } | BernoulliMask { shape, .. } => Ok(Tensor::zeros(shape.clone())),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => random::dropout_jvp(x[0], *keep, *seed, *counter, dx[0]),
     };
     Ok(t?)
 }

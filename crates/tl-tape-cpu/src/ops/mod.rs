@@ -11,6 +11,8 @@
 //! - [`linalg`] — `matmul`, `bmm`, `linear` through a real GEMM (`matrixmultiply` via ndarray)
 //! - [`softmax`] — row softmax and log-softmax along the last axis
 //! - [`loss`] — `mseLoss`
+//! - [`spectral`] — `spectralConv1dRfft` (direct DFT over the kept modes)
+//! - [`random`] — `randUniform`, `bernoulliMask`, `dropout` (bits from [`tl_spec::rng`])
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
@@ -19,9 +21,11 @@
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod random;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod spectral;
 
 use smallvec::SmallVec;
 use tl_ir::{Family, Op};
@@ -43,6 +47,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Linalg => linalg::forward(op, x),
         Family::Softmax => softmax::forward(op, x),
         Family::Loss => loss::forward(op, x),
+        Family::Spectral => spectral::forward(op, x),
+        Family::Random => random::forward(op, x),
     }
 }
 
@@ -63,6 +69,8 @@ pub fn backward<T: Scalar>(
         Family::Linalg => linalg::backward(op, x, y, g),
         Family::Softmax => softmax::backward(op, x, y, g),
         Family::Loss => loss::backward(op, x, y, g),
+        Family::Spectral => spectral::backward(op, x, y, g),
+        Family::Random => random::backward(op, x, y, g),
     }
 }
 
