@@ -160,6 +160,7 @@ macro_rules! registry {
 }
 
 const POS: crate::Domain = Positive(0.2, 3.0);
+const NO_OPERANDS: &str = "a seeded draw has no operands";
 const DETACH_NOTE: &str = "detach has no gradient by definition, while its value is the identity";
 
 registry! {
@@ -203,6 +204,10 @@ registry! {
     Op::Softmax => entry("softmax", |z| unary(z, Op::Softmax, Any(3.0))),
     Op::LogSoftmax => entry("logSoftmax", |z| unary(z, Op::LogSoftmax, Any(3.0))),
     Op::MseLoss => entry("mseLoss", mse_loss),
+    Op::SpectralConv1dRfft { .. } => entry("spectralConv1dRfft", spectral_conv1d),
+    Op::RandUniform { .. } => entry("randUniform", rand_uniform).no_fd(NO_OPERANDS),
+    Op::BernoulliMask { .. } => entry("bernoulliMask", bernoulli_mask).no_fd(NO_OPERANDS),
+    Op::Dropout { .. } => entry("dropout", dropout),
 }
 
 /// The entry named `name`, if any.
