@@ -1,12 +1,18 @@
-//! `spectralConv1dRfft`: the FNO spectral convolution as a direct DFT over the kept modes only.
+//! `spectralConv1dRfft`: the FNO spectral convolution.
 //!
-//! For grid N, width W and M kept modes the forward costs `2·N·M·W` (forward DFT of the kept
-//! bins) `+ 4·M·W²` (per-mode complex channel mix) `+ 2·N·M·W` (inverse) multiply-adds; the
-//! backward the same twice. The cos/sin tables are built once per call from the N twiddles of the
-//! grid (angle index `(k·t) mod N`), with the inverse's `α_k/N` folded in; every inner loop runs
-//! over a contiguous channel row. Why a direct DFT rather than an FFT crate: see the measurements
-//! in `docs/semantics.md` ("## Spectral") and `benches/spectral.rs`.
+//! For `f32` and `f64` (every scalar type the tapes use) the kernel is [`fft`]: a real FFT of
+//! each channel through `realfft`/`rustfft`, the per-mode complex channel mix, inverse real
+//! FFTs. Any other `Scalar` type falls back to a direct DFT over the kept modes only ([`Plan`]:
+//! cost `2·N·M·W` per transform, cos/sin tables built once per call from the N twiddles of the
+//! grid, angle index `(k·t) mod N`, the inverse's `α_k/N` folded in). Both were measured at FNO
+//! sizes (`benches/spectral.rs`): the FFT ties or wins from grid 64 × width 64 on and is
+//! 1.35–2.2× faster at grid 256; figures in docs/semantics.md ("## Spectral").
 
+mod fft;
+
+use std::any::Any;
+
+use realfft::FftNum;
 use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
@@ -17,7 +23,28 @@ use crate::Result;
 /// Forward value of `spectralConv1dRfft` on `(x, wRe, wIm)`.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     check_arity(op, x)?;
-    let plan = Plan::of(op, x)?;
+    let (n, w, m) = dims(op, x)?;
+    if let Some(a) = cast_args::<T, f32>(x) {
+        return cast_back(fft_forward(&a, n, w, m)?);
+    }
+    if let Some(a) = cast_args::<T, f64>(x) {
+        return cast_back(fft_forward(&a, n, w, m)?);
+    }
+    direct_forward(x, n, w, m)
+}
+
+/// Forward value through the direct DFT over the kept modes, whatever the scalar type: the
+/// fallback [`forward`] takes for types other than f32/f64, public so that `benches/spectral.rs`
+/// can compare it with the FFT path.
+pub fn forward_direct<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    check_arity(op, x)?;
+    let (n, w, m) = dims(op, x)?;
+    direct_forward(x, n, w, m)
+}
+
+/// The direct-DFT forward (the fallback for scalar types other than f32/f64).
+fn direct_forward<T: Scalar>(x: &[&Tensor<T>], n: usize, w: usize, m: usize) -> Result<Tensor<T>> {
+    let plan = Plan::new(n, w, m);
     let (wr, wi) = (x[1].data(), x[2].data());
     let mut y = vec![T::zero(); x[0].numel()];
     let mut s = plan.scratch();
@@ -41,8 +68,32 @@ pub fn backward<T: Scalar>(
     g: &Tensor<T>,
 ) -> Result<Grads<T>> {
     check_arity(op, x)?;
-    let plan = Plan::of(op, x)?;
+    let (n, w, m) = dims(op, x)?;
     check_shape(op, "cotangent", g, x[0].shape())?;
+    if let (Some(a), Some(g)) = (cast_args::<T, f32>(x), cast_args::<T, f32>(&[g])) {
+        return fft_backward(&a, g[0], n, w, m)?
+            .into_iter()
+            .map(opt_back)
+            .collect();
+    }
+    if let (Some(a), Some(g)) = (cast_args::<T, f64>(x), cast_args::<T, f64>(&[g])) {
+        return fft_backward(&a, g[0], n, w, m)?
+            .into_iter()
+            .map(opt_back)
+            .collect();
+    }
+    direct_backward(x, g, n, w, m)
+}
+
+/// The direct-DFT backward (the fallback for scalar types other than f32/f64).
+fn direct_backward<T: Scalar>(
+    x: &[&Tensor<T>],
+    g: &Tensor<T>,
+    n: usize,
+    w: usize,
+    m: usize,
+) -> Result<Grads<T>> {
+    let plan = Plan::new(n, w, m);
     let (wr, wi) = (x[1].data(), x[2].data());
     let mut dx = vec![T::zero(); x[0].numel()];
     let mut dwr = vec![T::zero(); wr.len()];
@@ -67,7 +118,95 @@ pub fn backward<T: Scalar>(
     ])
 }
 
-/// Sizes and twiddle tables of one call.
+/// (grid, width, modes), validated (the shape rule ran at record time; what indexing relies on
+/// is checked again here).
+fn dims<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(usize, usize, usize)> {
+    let Op::SpectralConv1dRfft { modes } = *op else {
+        return Err(wrong_family(op, "spectral"));
+    };
+    let (n, w) = match *x[0].shape().dims() {
+        [n, w] | [_, n, w] => (n, w),
+        _ => (0, 0),
+    };
+    if n == 0 || modes == 0 || modes > n / 2 + 1 {
+        return Err(SpecError::param(
+            op.name(),
+            format!("modes {modes} invalid for x {}", x[0].shape()),
+        )
+        .into());
+    }
+    let ws = tl_spec::Shape::new(&[modes, w, w]);
+    check_shape(op, "wRe", x[1], &ws)?;
+    check_shape(op, "wIm", x[2], &ws)?;
+    Ok((n, w, modes))
+}
+
+/// The operands as `Tensor<F>` when `T` is `F`.
+fn cast_args<'a, T: Scalar, F: Scalar>(x: &[&'a Tensor<T>]) -> Option<Vec<&'a Tensor<F>>> {
+    x.iter()
+        .map(|t| (*t as &dyn Any).downcast_ref::<Tensor<F>>())
+        .collect()
+}
+
+/// A `Tensor<F>` as the `Tensor<T>` it is (`T` is `F`).
+fn cast_back<T: Scalar, F: Scalar>(t: Tensor<F>) -> Result<Tensor<T>> {
+    let b: Box<dyn Any> = Box::new(t);
+    b.downcast::<Tensor<T>>()
+        .map(|b| *b)
+        .map_err(|_| SpecError::param("spectralConv1dRfft", "scalar type mismatch").into())
+}
+
+fn opt_back<T: Scalar, F: Scalar>(t: Option<Tensor<F>>) -> Result<Option<Tensor<T>>> {
+    t.map(cast_back).transpose()
+}
+
+fn fft_forward<F: Scalar + FftNum>(
+    x: &[&Tensor<F>],
+    n: usize,
+    w: usize,
+    m: usize,
+) -> Result<Tensor<F>> {
+    let mut f = fft::Fft::<F>::new(n, w, m);
+    let mut y = vec![F::zero(); x[0].numel()];
+    let slice = (n * w).max(1);
+    for (xs, ys) in x[0]
+        .data()
+        .chunks_exact(slice)
+        .zip(y.chunks_exact_mut(slice))
+    {
+        f.forward(xs, x[1].data(), x[2].data(), ys)?;
+    }
+    tensor(x[0].shape().clone(), y)
+}
+
+fn fft_backward<F: Scalar + FftNum>(
+    x: &[&Tensor<F>],
+    g: &Tensor<F>,
+    n: usize,
+    w: usize,
+    m: usize,
+) -> Result<Grads<F>> {
+    let mut f = fft::Fft::<F>::new(n, w, m);
+    let mut dx = vec![F::zero(); x[0].numel()];
+    let mut dwr = vec![F::zero(); x[1].numel()];
+    let mut dwi = vec![F::zero(); x[2].numel()];
+    let slice = (n * w).max(1);
+    let slices = x[0]
+        .data()
+        .chunks_exact(slice)
+        .zip(g.data().chunks_exact(slice))
+        .zip(dx.chunks_exact_mut(slice));
+    for ((xs, gs), dxs) in slices {
+        f.backward(xs, x[1].data(), x[2].data(), gs, dxs, &mut dwr, &mut dwi)?;
+    }
+    Ok(smallvec![
+        Some(tensor(x[0].shape().clone(), dx)?),
+        Some(tensor(x[1].shape().clone(), dwr)?),
+        Some(tensor(x[2].shape().clone(), dwi)?),
+    ])
+}
+
+/// Sizes and twiddle tables of one call of the direct-DFT fallback.
 struct Plan<T> {
     n: usize,
     m: usize,
@@ -91,25 +230,7 @@ struct Scratch<T> {
 }
 
 impl<T: Scalar> Plan<T> {
-    fn of(op: &Op, x: &[&Tensor<T>]) -> Result<Self> {
-        let Op::SpectralConv1dRfft { modes } = *op else {
-            return Err(wrong_family(op, "spectral"));
-        };
-        // The shape rule ran at record time; re-check what indexing below relies on.
-        let (n, w) = match *x[0].shape().dims() {
-            [n, w] | [_, n, w] => (n, w),
-            _ => (0, 0),
-        };
-        if n == 0 || modes == 0 || modes > n / 2 + 1 {
-            return Err(SpecError::param(
-                op.name(),
-                format!("modes {modes} invalid for x {}", x[0].shape()),
-            )
-            .into());
-        }
-        let ws = tl_spec::Shape::new(&[modes, w, w]);
-        check_shape(op, "wRe", x[1], &ws)?;
-        check_shape(op, "wIm", x[2], &ws)?;
+    fn new(n: usize, w: usize, modes: usize) -> Self {
         let twiddle: Vec<(f64, f64)> = (0..n)
             .map(|j| (2.0 * std::f64::consts::PI * j as f64 / n as f64).sin_cos())
             .collect();
@@ -134,7 +255,7 @@ impl<T: Scalar> Plan<T> {
                 plan.isin.push(T::lit(a * s));
             }
         }
-        Ok(plan)
+        plan
     }
 
     /// Elements of one batch slice (N·W, at least 1 so chunking never sees 0).
@@ -289,6 +410,46 @@ impl<T: Scalar> Plan<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fft_path_and_direct_fallback_agree_forward_and_backward() {
+        for (b, n, w) in [
+            (1usize, 8usize, 3usize),
+            (2, 9, 2),
+            (1, 1, 2),
+            (1, 2, 1),
+            (2, 16, 4),
+        ] {
+            for m in 1..=n / 2 + 1 {
+                let f = |len: usize, s: usize| {
+                    (0..len)
+                        .map(|i| ((i * (2 * s + 3) + s) as f64 * 0.71).sin())
+                        .collect()
+                };
+                let x = Tensor::<f64>::new([b, n, w], f(b * n * w, 1)).unwrap();
+                let wr = Tensor::<f64>::new([m, w, w], f(m * w * w, 2)).unwrap();
+                let wi = Tensor::<f64>::new([m, w, w], f(m * w * w, 3)).unwrap();
+                let g = Tensor::<f64>::new([b, n, w], f(b * n * w, 4)).unwrap();
+                let args = [&x, &wr, &wi];
+                let close = |p: &Tensor<f64>, q: &Tensor<f64>| {
+                    let e = p.data().iter().zip(q.data()).map(|(a, b)| (a - b).abs());
+                    assert!(
+                        e.fold(0.0, f64::max) < 1e-12,
+                        "grid {n} modes {m}: {p:?} {q:?}"
+                    );
+                };
+                close(
+                    &fft_forward(&args, n, w, m).unwrap(),
+                    &direct_forward(&args, n, w, m).unwrap(),
+                );
+                let a = fft_backward(&args, &g, n, w, m).unwrap();
+                let d = direct_backward(&args, &g, n, w, m).unwrap();
+                for (p, q) in a.iter().zip(&d) {
+                    close(p.as_ref().unwrap(), q.as_ref().unwrap());
+                }
+            }
+        }
+    }
 
     #[test]
     fn all_modes_with_identity_weights_reproduce_x_on_even_and_odd_grids() {
