@@ -33,7 +33,7 @@ pub const DAG_TOL: Tol = Tol {
     ..Tol::DEFAULT
 };
 /// Number of entries of the step menu.
-pub const MENU_LEN: u8 = 48;
+pub const MENU_LEN: u8 = 52;
 
 /// What kind of DAGs to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -409,6 +409,48 @@ impl Dag {
             }
             k @ 32..=33 => self.conv_step(k == 33, x, y, z, p),
             k @ 34..=35 => self.pool_step(k == 35, x, y, p),
+            48 => {
+                // dropout(x)·x: the gradient reaching x sums the masked and the plain path.
+                let keep = [0.5, 0.8, 1.0][usize::from(p % 3)];
+                let (seed, counter) = (u64::from(p), u64::from(st.picks[2]));
+                let op = Op::Dropout {
+                    keep,
+                    seed,
+                    counter,
+                };
+                let d = self.add(op, &[x]);
+                self.add(Op::Mul, &[d, x]);
+            }
+            49 | 50 => {
+                // x·r + x with r a (gradient-free) uniform draw or a keep-½ mask.
+                let (seed, counter) = (u64::from(p), u64::from(st.picks[2]));
+                let op = if st.kind % MENU_LEN == 49 {
+                    Op::RandUniform {
+                        shape: sx,
+                        seed,
+                        counter,
+                    }
+                } else {
+                    Op::BernoulliMask {
+                        shape: sx,
+                        keep: 0.5,
+                        seed,
+                        counter,
+                    }
+                };
+                let r = self.add(op, &[]);
+                let xr = self.add(Op::Mul, &[x, r]);
+                self.add(Op::Add, &[xr, x]);
+            }
+            51 => {
+                let a = self.as_rank(x, 2);
+                let (n, w) = (self.shape(a).dims()[0], self.shape(a).dims()[1]);
+                let modes = 1 + usize::from(p) % (n / 2 + 1);
+                let ws = Shape::new(&[modes, w, w]);
+                let wr = self.adapt(y, &ws);
+                let wi = self.adapt(z, &ws);
+                self.add(Op::SpectralConv1dRfft { modes }, &[a, wr, wi]);
+            }
             _ => {
                 let c = Tensor::from_fn(sx, |i| ((i * 7 + usize::from(p)) % 11) as f64 * 0.2 - 1.0);
                 let c = self.add(Op::Constant(c), &[]);

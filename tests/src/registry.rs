@@ -169,6 +169,7 @@ macro_rules! registry {
 }
 
 const POS: crate::Domain = Positive(0.2, 3.0);
+const NO_OPERANDS: &str = "a seeded draw has no operands";
 const DETACH_NOTE: &str = "detach has no gradient by definition, while its value is the identity";
 
 registry! {
@@ -253,6 +254,10 @@ registry! {
     Op::MaxPool { .. } => entry("maxPool", |z| pool(z, PoolKind::Max)),
     Op::AvgPool { .. } => entry("avgPool", |z| pool(z, PoolKind::Avg)),
     Op::SmoothMaxPool { .. } => entry("smoothMaxPool", |z| pool(z, PoolKind::Smooth)),
+    Op::SpectralConv1dRfft { .. } => entry("spectralConv1dRfft", spectral_conv1d),
+    Op::RandUniform { .. } => entry("randUniform", rand_uniform).no_fd(NO_OPERANDS),
+    Op::BernoulliMask { .. } => entry("bernoulliMask", bernoulli_mask).no_fd(NO_OPERANDS),
+    Op::Dropout { .. } => entry("dropout", dropout),
 }
 
 /// The entry named `name`, if any.

@@ -6,7 +6,8 @@ use tl_spec::ops::attention::{Mask, masked_softmax_shape, mha};
 use tl_spec::ops::conv::ConvParams;
 use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{
-    concat, conv, cross_entropy, elementwise, index, linalg, loss, norm, reduce, shape, softmax,
+    concat, conv, cross_entropy, elementwise, index, linalg, loss, norm, random, reduce, shape,
+    softmax, spectral,
 };
 use tl_spec::{Error as SpecError, Shape, Tensor, broadcast};
 
@@ -37,6 +38,10 @@ pub enum Family {
     Conv,
     /// N-D max, average and smooth-max pooling.
     Pool,
+    /// FNO spectral convolution.
+    Spectral,
+    /// Seeded randomness (uniform draws, Bernoulli masks, dropout).
+    Random,
 }
 
 /// One op, with its static parameters. Operand order follows the seeds (e.g. `Linear` takes
@@ -311,6 +316,49 @@ pub enum Op {
         /// Sharpness β (finite, non-zero; negative gives a smooth min).
         beta: f64,
     },
+
+    // ---- spectral ----
+    /// `(x, wRe, wIm) ↦` FNO spectral convolution over the first `modes` real-FFT bins; x is
+    /// (grid, width) or batched (B, grid, width), wRe/wIm (modes, width, width). PyTorch: the FNO
+    /// reference `SpectralConv1d` (rfft, per-mode complex channel mix, irfft), channels last.
+    SpectralConv1dRfft {
+        /// Kept bins, `1 ≤ modes ≤ grid/2 + 1`.
+        modes: usize,
+    },
+
+    // ---- random ----
+    /// Uniform values in `[0, 1)` keyed by `(seed, counter)`; no operands, no gradient.
+    /// PyTorch: `torch.rand(shape)` (different bits).
+    RandUniform {
+        /// Output shape.
+        shape: Shape,
+        /// Seed.
+        seed: u64,
+        /// Draw counter (`key = splitmix64(seed + counter)`).
+        counter: u64,
+    },
+    /// A 0/1 mask, 1 where `keep > u/2³²`; no operands, no gradient.
+    /// PyTorch: `torch.bernoulli(torch.full(shape, keep))` (different bits).
+    BernoulliMask {
+        /// Output shape.
+        shape: Shape,
+        /// Keep probability in `[0, 1]`.
+        keep: f64,
+        /// Seed.
+        seed: u64,
+        /// Draw counter.
+        counter: u64,
+    },
+    /// `x · mask / keep` with the `bernoulliMask` of x's shape; gradient `g · mask / keep`.
+    /// PyTorch: `F.dropout(x, p = 1 − keep, training=True)` (different bits).
+    Dropout {
+        /// Keep probability in `(0, 1]`.
+        keep: f64,
+        /// Seed.
+        seed: u64,
+        /// Draw counter.
+        counter: u64,
+    },
 }
 
 impl Op {
@@ -397,6 +445,10 @@ impl Op {
             MaxPool { .. } => "maxPool",
             AvgPool { .. } => "avgPool",
             SmoothMaxPool { .. } => "smoothMaxPool",
+            SpectralConv1dRfft { .. } => "spectralConv1dRfft",
+            RandUniform { .. } => "randUniform",
+            BernoulliMask { .. } => "bernoulliMask",
+            Dropout { .. } => "dropout",
         }
     }
 
@@ -455,6 +507,8 @@ impl Op {
             MaskedSoftmax { .. } | MultiHeadAttention { .. } => Family::Attention,
             Conv { .. } | ConvTranspose { .. } => Family::Conv,
             MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => Family::Pool,
+            SpectralConv1dRfft { .. } => Family::Spectral,
+            RandUniform { .. } | BernoulliMask { .. } | Dropout { .. } => Family::Random,
         }
     }
 
@@ -462,10 +516,15 @@ impl Op {
     pub fn arity(&self) -> usize {
         use Op::*;
         match self {
-            Constant(_) => 0,
+            Constant(_) | RandUniform { .. } | BernoulliMask { .. } => 0,
             Add | Sub | Mul | Div | Max | Min | Matmul | Bmm | MseLoss | Concat => 2,
             GatherIndexTensor | ScatterAddVec { .. } | ScatterAddRow { .. } => 2,
-            Linear | LayerNorm { .. } | BatchNorm { .. } | Conv { .. } | ConvTranspose { .. } => 3,
+            Linear
+            | LayerNorm { .. }
+            | BatchNorm { .. }
+            | Conv { .. }
+            | ConvTranspose { .. }
+            | SpectralConv1dRfft { .. } => 3,
             MultiHeadAttention { .. } => 5,
             _ => 1,
         }
@@ -495,9 +554,13 @@ impl Op {
         Op::Slice { start, len }
     }
 
-    /// Whether gradients flow through the op to its operands (false for `detach`, `constant`).
+    /// Whether gradients flow through the op to its operands (false for `detach`, `constant`
+    /// and the operand-free random draws).
     pub fn is_differentiable(&self) -> bool {
-        !matches!(self, Op::Detach | Op::Constant(_))
+        !matches!(
+            self,
+            Op::Detach | Op::Constant(_) | Op::RandUniform { .. } | Op::BernoulliMask { .. }
+        )
     }
 
     /// The shape rule: the output shape for operands of `shapes`, or an error naming the op and
@@ -600,6 +663,14 @@ impl Op {
                     },
                 )
             }),
+            SpectralConv1dRfft { modes } => {
+                spectral::spectral_conv1d_shape(s[0], s[1], s[2], *modes)
+            }
+            RandUniform { shape, .. } => Ok(shape.clone()),
+            BernoulliMask { shape, keep, .. } => {
+                random::bernoulli_params(*keep).map(|()| shape.clone())
+            }
+            Dropout { keep, .. } => random::dropout_params(*keep).map(|()| s[0].clone()),
         };
         Ok(out?)
     }
@@ -666,6 +737,26 @@ impl fmt::Debug for Op {
                 f,
                 "smoothMaxPool(kernel={kernel:?}, stride={stride:?}, padding={padding:?}, beta={beta})"
             ),
+            SpectralConv1dRfft { modes } => write!(f, "spectralConv1dRfft(modes={modes})"),
+            RandUniform {
+                shape,
+                seed,
+                counter,
+            } => write!(f, "randUniform{shape}(seed={seed}, counter={counter})"),
+            BernoulliMask {
+                shape,
+                keep,
+                seed,
+                counter,
+            } => write!(
+                f,
+                "bernoulliMask{shape}(keep={keep}, seed={seed}, counter={counter})"
+            ),
+            Dropout {
+                keep,
+                seed,
+                counter,
+            } => write!(f, "dropout(keep={keep}, seed={seed}, counter={counter})"),
             other => f.write_str(other.name()),
         }
     }

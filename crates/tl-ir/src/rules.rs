@@ -10,7 +10,7 @@ use tl_spec::ops::index::{self as ix, nat_at, nat_vec_at};
 use tl_spec::ops::norm::{self, Groups};
 use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{activation as act, concat, cross_entropy as ce};
-use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
+use tl_spec::ops::{elementwise as ew, linalg, loss, random, reduce, shape, softmax, spectral};
 use tl_spec::{Scalar, Tensor, broadcast};
 
 use crate::{Error, Op, Result};
@@ -158,6 +158,23 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
             },
             *beta,
         ),
+        SpectralConv1dRfft { modes } => spectral::spectral_conv1d(x[0], x[1], x[2], *modes),
+        RandUniform {
+            shape,
+            seed,
+            counter,
+        } => Ok(random::rand_uniform(shape, *seed, *counter)),
+        BernoulliMask {
+            shape,
+            keep,
+            seed,
+            counter,
+        } => Ok(random::bernoulli_mask(shape, *keep, *seed, *counter)),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => Ok(random::dropout(x[0], *keep, *seed, *counter)),
     };
     Ok(y?)
 }
@@ -304,6 +321,15 @@ pub fn vjp<T: Scalar>(
             *beta,
             g,
         )),
+        SpectralConv1dRfft { modes } => spectral::spectral_conv1d_vjp(x[0], x[1], x[2], *modes, g)
+            .map(|(dx, dr, di)| vec![Some(dx), Some(dr), Some(di)]),
+        // Operand-free draws: nothing to differentiate.
+        RandUniform { .. } | BernoulliMask { .. } => Ok(vec![]),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => one(random::dropout_vjp(x[0], *keep, *seed, *counter, g)),
     };
     Ok(grads?)
 }
@@ -442,6 +468,15 @@ pub fn jvp<T: Scalar>(
             *beta,
             dx[0],
         ),
+        SpectralConv1dRfft { modes } => {
+            spectral::spectral_conv1d_jvp(x[0], x[1], x[2], *modes, dx[0], dx[1], dx[2])
+        }
+        RandUniform { shape, .. } | BernoulliMask { shape, .. } => Ok(Tensor::zeros(shape.clone())),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => random::dropout_jvp(x[0], *keep, *seed, *counter, dx[0]),
     };
     Ok(t?)
 }

@@ -6,11 +6,13 @@
 //! - [`Shape`], [`Tensor`], [`Scalar`] (f32, f64)
 //! - [`broadcast`]: numpy-style broadcasting and its reduction back
 //! - [`ops`]: one module per op family, each op's value, `*_vjp` and `*_jvp` side by side
+//! - [`rng`]: the counter-based SplitMix64 keying every backend shares
 //! - [`Error`]: every message names the op and the shapes
 
 pub mod broadcast;
 mod error;
 pub mod ops;
+pub mod rng;
 mod scalar;
 mod shape;
 mod tensor;

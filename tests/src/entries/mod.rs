@@ -21,6 +21,10 @@ mod conv;
 mod pool;
 pub use conv::*;
 pub use pool::*;
+mod random;
+mod spectral;
+pub use random::*;
+pub use spectral::*;
 
 /// Margin kept between a clamp operand and either bound.
 pub const CLAMP_MARGIN: f64 = 0.05;

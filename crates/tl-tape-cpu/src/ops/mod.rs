@@ -20,6 +20,8 @@
 //!   streaming core)
 //! - [`conv`] — N-D `conv` and `convTranspose` through im2col + GEMM
 //! - [`pool`] — N-D `maxPool`, `avgPool`, `smoothMaxPool` in one pass per channel plane
+//! - [`spectral`] — `spectralConv1dRfft` (direct DFT over the kept modes)
+//! - [`random`] — `randUniform`, `bernoulliMask`, `dropout` (bits from [`tl_spec::rng`])
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
@@ -36,9 +38,11 @@ pub mod linalg;
 pub mod loss;
 pub mod norm;
 pub mod pool;
+pub mod random;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod spectral;
 mod window;
 
 use smallvec::SmallVec;
@@ -71,6 +75,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Attention => attention::forward(op, x),
         Family::Conv => conv::forward(op, x),
         Family::Pool => pool::forward(op, x),
+        Family::Spectral => spectral::forward(op, x),
+        Family::Random => random::forward(op, x),
     }
 }
 
@@ -101,6 +107,8 @@ pub fn backward<T: Scalar>(
         Family::Attention => attention::backward(op, x, y, g),
         Family::Conv => conv::backward(op, x, y, g),
         Family::Pool => pool::backward(op, x, y, g),
+        Family::Spectral => spectral::backward(op, x, y, g),
+        Family::Random => random::backward(op, x, y, g),
     }
 }
 

@@ -13,6 +13,7 @@
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod random;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
@@ -110,6 +111,20 @@ pub fn forward<D: Device>(
         Matmul | Bmm => la::Product::of(x[0], x[1]).forward(dev, x[0], x[1]),
         Linear => la::LinearDims::of(x[0], x[2]).forward(dev, x[0], x[1], x[2]),
         Softmax => softmax::forward(dev, x[0], false),
+        RandUniform { seed, counter, .. } => random::uniform(dev, shape.numel(), *seed, *counter),
+        BernoulliMask {
+            keep,
+            seed,
+            counter,
+            ..
+        } => random::mask(dev, shape.numel(), *keep, *seed, *counter),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => random::dropout(dev, b(0), shape.numel(), *keep, *seed, *counter),
+        // issue 4: CUDA formula pending
+        SpectralConv1dRfft { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
         LogSoftmax => softmax::forward(dev, x[0], true),
         // issue 4: CUDA formula pending
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
@@ -251,6 +266,17 @@ fn backward_into<D: Device>(
             g.push(2, |d| l.grad_x(d, gb, xb(0)))
         }
         Softmax => g.push(0, |d| softmax::backward(d, y, gb, false)),
+        // Operand-free draws: not differentiable, no cotangent.
+        RandUniform { .. } | BernoulliMask { .. } => Ok(()),
+        Dropout {
+            keep,
+            seed,
+            counter,
+        } => g.push(0, |d| {
+            random::dropout(d, gb, x[0].shape().numel(), *keep, *seed, *counter)
+        }),
+        // issue 4: CUDA formula pending
+        SpectralConv1dRfft { .. } => Err(crate::Error::Unsupported { op: op.name() }),
         LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
         // issue 4: CUDA formula pending
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
