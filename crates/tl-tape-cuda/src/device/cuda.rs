@@ -47,7 +47,7 @@ impl CudaDevice {
             funcs: HashMap::new(),
         };
         // Resolve one kernel now, so a PTX the driver refuses fails here, not at first use.
-        d.full(0, 0.0).map(|b| d.release(b))?;
+        d.func("tl_full")?;
         Ok(d)
     }
 

@@ -42,7 +42,7 @@ impl CudaDevice {
     }
 
     /// The raw handle of kernel `name` (cached per device).
-    fn func(&mut self, name: &'static str) -> Result<usize> {
+    pub(super) fn func(&mut self, name: &'static str) -> Result<usize> {
         if let Some(&f) = self.funcs.get(name) {
             return Ok(f);
         }
