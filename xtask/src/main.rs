@@ -1,12 +1,19 @@
 //! `cargo xtask <subcommand>`: project automation, std only so it builds in a second.
 //!
-//! Subcommands:
-//! - `coverage [--cases N] [--seed S] ...`: build `tl-verify` in release and run it with
-//!   `--coverage`, streaming its op × check table; exits with its status.
-//!
-//! Planned (see docs/DESIGN): `kernels`, `kernels --check`, `cuda-stub`, `gpu-bundle`.
+//! - [`coverage`]: the op × check table of the verification harness.
+//! - [`kernels`]: `kernels/*.cu` → `kernels/ptx/*.ptx` with the pinned pip nvcc, and the
+//!   `--check` that needs no nvcc (hash manifest, PTX ISA version).
+//! - [`stub`]: a stub `libcuda.so` so `--features cuda` links (and GPU tests skip) without a GPU.
+//! - [`bundle`]: stripped GPU test binaries plus a `run.sh` for the GPU machine.
 
-use std::process::{Command, ExitCode};
+mod bundle;
+mod coverage;
+mod hash;
+mod kernels;
+mod stub;
+mod util;
+
+use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage: cargo xtask <subcommand> [args]
@@ -15,7 +22,19 @@ subcommands:
   coverage [--cases N] [--seed S] [--only OP]...
       run every harness check for every op (cargo run --release -p tl-conformance
       --bin tl-verify -- --coverage ...); fails if any cell fails or an applicable
-      cell ran zero cases";
+      cell ran zero cases
+  kernels
+      build kernels/*.cu to kernels/ptx/<name>.ptx with nvcc 13.0 (pip-installed into
+      target/nvcc if missing) and write kernels/ptx/MANIFEST
+  kernels --check
+      fail if a .cu changed since its PTX was generated (MANIFEST hash) or a PTX file
+      declares .version > 9.0; needs no nvcc
+  cuda-stub
+      build target/cuda-stub/lib64/libcuda.so (SONAME libcuda.so.1; every cu* symbol
+      returns CUDA_ERROR_NO_DEVICE) and print the env vars that use it
+  gpu-bundle
+      build the stub, the --features cuda test binaries in release, and gather them,
+      stripped, with run.sh into gpu-bundle/ for a GPU machine";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -24,49 +43,27 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let rest: Vec<String> = args.collect();
-    match sub.as_str() {
-        "coverage" => coverage(&rest),
+    let result = match sub.as_str() {
+        "coverage" => return coverage::run(&rest),
+        "kernels" => match rest.as_slice() {
+            [] => kernels::build(),
+            [flag] if flag == "--check" => kernels::check(),
+            _ => Err(format!("kernels: unexpected arguments {rest:?}\n\n{USAGE}")),
+        },
+        "cuda-stub" => stub::build().map(|env| {
+            println!("{env}");
+        }),
+        "gpu-bundle" => bundle::build(),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
-            ExitCode::SUCCESS
+            return ExitCode::SUCCESS;
         }
-        other => {
-            eprintln!("xtask: unknown subcommand {other:?}\n\n{USAGE}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// `cargo run --release -p tl-conformance --bin tl-verify -- --coverage <args>`, output streamed
-/// (inherited stdio), exit status passed through.
-fn coverage(args: &[String]) -> ExitCode {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "tl-conformance",
-        "--bin",
-        "tl-verify",
-        "--",
-    ])
-    .arg("--coverage")
-    .args(args);
-    run(cmd)
-}
-
-/// Run `cmd` with inherited stdio and turn its exit status into ours.
-fn run(mut cmd: Command) -> ExitCode {
-    match cmd.status() {
-        Ok(status) if status.success() => ExitCode::SUCCESS,
-        Ok(status) => {
-            let code = status.code().unwrap_or(1);
-            ExitCode::from(u8::try_from(code).unwrap_or(1).max(1))
-        }
+        other => Err(format!("unknown subcommand {other:?}\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("xtask: could not run {cmd:?}: {e}");
+            eprintln!("xtask {sub}: {e}");
             ExitCode::FAILURE
         }
     }

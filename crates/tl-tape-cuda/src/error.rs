@@ -100,6 +100,21 @@ pub enum Error {
         /// The device's limit.
         limit: usize,
     },
+    /// No CUDA device can be used: the driver reports none (or is the stub of
+    /// `cargo xtask cuda-stub`). Tests that need a GPU skip on this error.
+    #[error("no CUDA device: {detail}")]
+    NoDevice {
+        /// What the driver said (cust's error, formatted with `{:?}`).
+        detail: String,
+    },
+    /// A CUDA driver call failed (the driver's error code, formatted with `{:?}`).
+    #[error("{op}: CUDA driver error {detail}")]
+    Driver {
+        /// The primitive or driver step (`init`, `module load`, `launch tl_add`, ...).
+        op: &'static str,
+        /// The driver's error code.
+        detail: String,
+    },
     /// The op exists in the catalogue (IR, spec, CPU tape) but has no CUDA formula yet.
     #[error("{op}: not implemented on the CUDA tape yet (it runs on the CPU tape and the IR)")]
     Unsupported {

@@ -4,8 +4,8 @@
 //!
 //! - [`device`]: the [`Device`] trait (one method per buffer primitive of seeds 002/003) and its
 //!   implementations: [`SimDevice`] (host f32, always built; the twin of every kernel, with the
-//!   deterministic kernels' reduction order) and, behind feature `cuda`, the real device
-//!   (not written yet; see docs/cuda.md).
+//!   deterministic kernels' reduction order) and, behind feature `cuda`, `CudaDevice` (cust,
+//!   kernels from `kernels/*.cu`; see docs/cuda.md).
 //! - [`alloc`]: the size-class caching allocator and its telemetry ([`MemoryUsage`]).
 //! - [`determinism`]: the deterministic-reductions switch (env `TL_DETERMINISTIC`).
 //! - [`abi`]: checked `u32` conversions at the kernel ABI. [`rng`]: SplitMix64 keying.
@@ -55,6 +55,8 @@ pub mod wire;
 
 pub use alloc::MemoryUsage;
 pub use any_buffer::AnyBuffer;
+#[cfg(feature = "cuda")]
+pub use device::cuda::CudaDevice;
 pub use device::sim::SimDevice;
 pub use device::{Buffer, Device, Gemm};
 pub use error::{Error, Result};

@@ -4,7 +4,7 @@
 //! - [`sim::SimDevice`] (always built): host `f32`, every primitive written as the twin of its
 //!   CUDA kernel — same algorithm, same reduction order as the deterministic kernels — so all
 //!   tape logic runs, and is tested, on machines without a GPU.
-//! - `cuda::CudaDevice` (feature `cuda`, not written yet): cust, kernels from `kernels/*.cu`.
+//! - `cuda::CudaDevice` (feature `cuda`): cust, kernels from `kernels/*.cu` (PTX embedded).
 //!
 //! Buffers are float32, contiguous, row-major, and addressed by [`Buffer`] handles. A handle is
 //! plain data (`Copy`); the allocation behind it lives until it is released explicitly

@@ -83,6 +83,18 @@ pub fn check_graph(
     out: Id,
     seed: &Tensor<f64>,
 ) {
+    check_graph_on(SimDevice::new(), what, graph, leaves, out, seed);
+}
+
+/// [`check_graph`] on a tape over `device` (the simulation device or a real GPU).
+pub fn check_graph_on<D: Device>(
+    device: D,
+    what: &str,
+    graph: &GraphData,
+    leaves: &[Tensor<f64>],
+    out: Id,
+    seed: &Tensor<f64>,
+) {
     let values = graph
         .eval(leaves, &[])
         .unwrap_or_else(|e| panic!("{what}: eval: {e}"));
@@ -90,7 +102,7 @@ pub fn check_graph(
         .backprop_all(leaves, &[], out, seed)
         .unwrap_or_else(|e| panic!("{what}: backprop_all: {e}"));
 
-    let mut tape = CudaTape::new(SimDevice::new());
+    let mut tape = CudaTape::new(device);
     let ids = graph
         .replay(&mut tape, leaves, &[])
         .unwrap_or_else(|e| panic!("{what}: replay: {e}"));

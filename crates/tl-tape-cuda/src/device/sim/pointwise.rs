@@ -1,6 +1,6 @@
 //! Per-element bodies of the pointwise kernels: what one CUDA thread computes for its index.
 //!
-//! Each function is the twin of the `kernels/elementwise.cu` body of the same name. Basic
+//! Each function is the twin of the `kernels/pointwise.cu` body of the same name. Basic
 //! arithmetic (`+ − × ÷`, `sqrt`) is correctly rounded on both sides and matches bit for bit
 //! (the kernels must be built without FMA contraction: `--fmad=false` or `__fmul_rn`/`__fadd_rn`);
 //! transcendental functions (`expf`, `logf`, `tanhf`, `log1pf`) may differ from the host's by

@@ -1,0 +1,342 @@
+//! The real CUDA device against the simulation device and the reference (feature `cuda`).
+//!
+//! Where `CudaDevice::new` reports no device (no GPU, or the stub libcuda of
+//! `cargo xtask cuda-stub`), each test prints "no CUDA device: skipping" and passes. On a GPU:
+//!
+//! 1. every `Device` primitive on seeded random inputs, CUDA vs sim: structure-only primitives
+//!    (no transcendental function) bit for bit in deterministic mode, the others within a
+//!    relative f32 tolerance; a summary line per op family (`GPU-SUMMARY family max_err
+//!    pass|FAIL`), which the GPU bundle's run.sh collects into its table;
+//! 2. the CUDA tape (forward values and dense gradients) against the f64 IR reference for the
+//!    first op set and an MLP-shaped DAG, as tests/ops.rs does on sim.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::{Domain, Gen, check_graph_on, draw};
+use tl_ir::{GraphBuilder, Op};
+use tl_spec::{Shape, Tensor};
+use tl_tape_cuda::{Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism};
+
+/// The CUDA device, or `None` (after saying so) when there is none.
+fn gpu() -> Option<CudaDevice> {
+    match CudaDevice::new() {
+        Ok(d) => Some(d),
+        Err(e @ Error::NoDevice { .. }) => {
+            println!("no CUDA device: skipping ({e})");
+            None
+        }
+        Err(e) => panic!("CUDA device init failed: {e}"),
+    }
+}
+
+/// Seeded inputs shared by both devices.
+struct Inputs {
+    x: Vec<f32>,
+    y: Vec<f32>,
+    g: Vec<f32>,
+    pos: Vec<f32>,
+    big: Vec<f32>,
+}
+
+fn inputs() -> Inputs {
+    let mut r = Gen::new(0x9e37);
+    let mut v = |n: usize, lo: f64, hi: f64| -> Vec<f32> {
+        (0..n).map(|_| r.range(lo, hi) as f32).collect()
+    };
+    let mut y = v(1000, -3.0, 3.0);
+    let x = v(1000, -3.0, 3.0);
+    for i in (0..1000).step_by(7) {
+        y[i] = x[i]; // ties for max/min
+    }
+    Inputs {
+        g: v(1000, -1.0, 1.0),
+        pos: v(1000, 0.25, 4.0),
+        big: v(300_001, -1.0, 1.0),
+        x,
+        y,
+    }
+}
+
+/// One primitive's result: (family, name, exact in deterministic mode, values).
+type Out = (&'static str, &'static str, bool, Vec<f32>);
+
+/// Run every primitive of the `Device` trait on `d` and download the results.
+fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
+    let x = d.upload(&i.x)?;
+    let y = d.upload(&i.y)?;
+    let g = d.upload(&i.g)?;
+    let p = d.upload(&i.pos)?;
+    let big = d.upload(&i.big)?;
+    let a_odd = d.upload(&i.x[..70 * 13])?;
+    let b_odd = d.upload(&i.y[..13 * 75])?;
+    let mut outs: Vec<(&'static str, &'static str, bool, Buffer)> = Vec::new();
+    macro_rules! one {
+        ($fam:expr, $name:expr, $exact:expr, $e:expr) => {
+            outs.push(($fam, $name, $exact, $e));
+        };
+    }
+    let pw = "pointwise";
+    one!(pw, "abs", true, d.abs(x)?);
+    one!(pw, "sqrt", true, d.sqrt(x)?);
+    one!(pw, "exp", false, d.exp(x)?);
+    one!(pw, "log", false, d.log(p)?);
+    one!(pw, "inv", true, d.inv(p)?);
+    one!(pw, "relu", true, d.relu(x)?);
+    one!(pw, "sigmoid", false, d.sigmoid(x)?);
+    one!(pw, "tanh", false, d.tanh(x)?);
+    one!(pw, "softplus", false, d.softplus(x)?);
+    one!(pw, "safe_log", false, d.safe_log(x, 1e-6)?);
+    one!(pw, "clamp", true, d.clamp(x, -0.5, 0.7)?);
+    one!(pw, "scale", true, d.scale(x, -1.5)?);
+    one!(pw, "full", true, d.full(37, 2.5)?);
+    one!(pw, "abs_bwd", true, d.abs_bwd(x, g)?);
+    one!(pw, "sqrt_bwd", true, d.sqrt_bwd(p, g)?);
+    one!(pw, "relu_bwd", true, d.relu_bwd(x, g)?);
+    one!(pw, "clamp_bwd", true, d.clamp_bwd(x, g, -0.5, 0.7)?);
+    one!(pw, "inv_bwd", true, d.inv_bwd(p, g)?);
+    one!(pw, "sigmoid_bwd", true, d.sigmoid_bwd(x, g)?);
+    one!(pw, "tanh_bwd", true, d.tanh_bwd(x, g)?);
+    one!(pw, "softplus_bwd", false, d.softplus_bwd(x, g)?);
+    one!(pw, "safe_log_bwd", false, d.safe_log_bwd(x, g, 1e-6)?);
+    one!(pw, "add", true, d.add(x, y)?);
+    one!(pw, "sub", true, d.sub(x, y)?);
+    one!(pw, "mul", true, d.mul(x, y)?);
+    one!(pw, "div", true, d.div(x, p)?);
+    one!(pw, "max", true, d.max(x, y)?);
+    one!(pw, "min", true, d.min(x, y)?);
+    one!(pw, "axpy", true, d.axpy(x, y, 0.3)?);
+    let acc = d.copy(x)?;
+    d.axpy_assign(acc, -2.0, y)?;
+    one!(pw, "axpy_assign", true, acc);
+    for (name, (da, db)) in [
+        ("div_bwd", d.div_bwd(x, p, g)?),
+        ("max_bwd", d.max_bwd(x, y, g)?),
+        ("min_bwd", d.min_bwd(x, y, g)?),
+    ] {
+        one!(pw, name, true, da);
+        one!(pw, name, true, db);
+    }
+    let rd = "reduce";
+    one!(rd, "reduce_sum", true, d.reduce_sum(big)?);
+    one!(rd, "reduce_mean", true, d.reduce_mean(x)?);
+    one!(
+        rd,
+        "reduce_axis_sum",
+        true,
+        d.reduce_axis_sum(x, 10, 20, 5)?
+    );
+    one!(
+        rd,
+        "reduce_axis_mean",
+        true,
+        d.reduce_axis_mean(x, 4, 50, 5)?
+    );
+    let sh = "shape";
+    one!(
+        sh,
+        "broadcast",
+        true,
+        d.broadcast(x, &[10, 1, 100], &[3, 10, 7, 100])?
+    );
+    let wide = d.broadcast(x, &[10, 1, 100], &[3, 10, 7, 100])?;
+    one!(
+        sh,
+        "reduce_broadcast",
+        true,
+        d.reduce_broadcast(wide, &[10, 1, 100], &[3, 10, 7, 100])?
+    );
+    d.release(wide);
+    one!(
+        sh,
+        "permute",
+        true,
+        d.permute(x, &[2, 5, 10, 10], &[3, 1, 0, 2])?
+    );
+    one!(sh, "transpose2d", true, d.transpose2d(x, 40, 25)?);
+    let rw = "rows";
+    one!(rw, "softmax_rows", false, d.softmax_rows(x, 4, 250)?);
+    one!(
+        rw,
+        "log_softmax_rows",
+        false,
+        d.log_softmax_rows(x, 10, 100)?
+    );
+    let sm = d.softmax_rows(x, 4, 250)?;
+    one!(
+        rw,
+        "softmax_rows_bwd",
+        false,
+        d.softmax_rows_bwd(sm, g, 4, 250)?
+    );
+    d.release(sm);
+    let ls = d.log_softmax_rows(x, 10, 100)?;
+    one!(
+        rw,
+        "log_softmax_rows_bwd",
+        false,
+        d.log_softmax_rows_bwd(ls, g, 10, 100)?
+    );
+    d.release(ls);
+    let la = "linalg";
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        one!(
+            la,
+            "matmul",
+            true,
+            d.matmul(x, y, Gemm::nn(20, 50, 20).with_t(ta, tb))?
+        );
+        one!(
+            la,
+            "matmul_odd",
+            true,
+            d.matmul(a_odd, b_odd, Gemm::nn(70, 13, 75).with_t(ta, tb))?
+        );
+    }
+    one!(la, "bmm", true, d.bmm(x, y, 5, Gemm::nn(10, 20, 10))?);
+    let rg = "rng";
+    one!(rg, "rand_uniform", true, d.rand_uniform(5000, 42)?);
+    one!(rg, "bernoulli_mask", true, d.bernoulli_mask(5000, 43, 0.3)?);
+    let mut res = Vec::new();
+    for (fam, name, exact, b) in outs {
+        res.push((fam, name, exact, d.download(b)?));
+        d.release(b);
+    }
+    d.release_all([x, y, g, p, big, a_odd, b_odd]);
+    Ok(res)
+}
+
+#[test]
+fn every_primitive_matches_the_simulation_device() {
+    let i = inputs();
+    let want = run_all(&mut SimDevice::new(), &i).unwrap();
+    // Without a GPU, the line above has still checked that every launch of this test is valid.
+    let Some(mut cuda) = gpu() else { return };
+    determinism::set_deterministic_reductions(true);
+    let got = run_all(&mut cuda, &i).unwrap();
+    let mut families: Vec<(&str, f64, bool)> = Vec::new();
+    let mut failures = Vec::new();
+    for ((fam, name, exact, w), (_, _, _, c)) in want.iter().zip(&got) {
+        assert_eq!(w.len(), c.len(), "{name}: lengths");
+        let scale = w.iter().fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
+        let mut err = 0.0f64;
+        let mut bits_equal = true;
+        for (&a, &b) in w.iter().zip(c) {
+            bits_equal &= a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            let e = (f64::from(a) - f64::from(b)).abs() / scale;
+            if e.is_nan() && !(a.is_nan() && b.is_nan()) {
+                err = f64::INFINITY;
+            } else if e > err {
+                err = e;
+            }
+        }
+        let ok = if *exact { bits_equal } else { err <= 1e-5 };
+        if !ok {
+            failures.push(format!(
+                "{name}: max rel error {err:e} (bit-exact expected: {exact})"
+            ));
+        }
+        match families.iter_mut().find(|f| f.0 == *fam) {
+            Some(f) => {
+                f.1 = f.1.max(err);
+                f.2 &= ok;
+            }
+            None => families.push((fam, err, ok)),
+        }
+    }
+    for (fam, err, ok) in &families {
+        println!(
+            "GPU-SUMMARY {fam} {err:.3e} {}",
+            if *ok { "pass" } else { "FAIL" }
+        );
+    }
+    let u = cuda.memory_usage();
+    assert_eq!(u.live_bytes, 0, "leaked on the GPU: {u}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One op applied to leaves of the given shapes and domains.
+fn single(op: Op, leaves: &[(&[usize], Domain)]) -> (Op, Vec<(Shape, Domain)>) {
+    (
+        op,
+        leaves.iter().map(|(s, d)| (Shape::new(s), *d)).collect(),
+    )
+}
+
+#[test]
+fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
+    let on_gpu = gpu().is_some();
+    use Domain::{Any, NonZero, Positive};
+    let m: &[usize] = &[3, 5];
+    let mut cases = vec![];
+    for op in [
+        Op::Abs,
+        Op::Exp,
+        Op::Relu,
+        Op::Sigmoid,
+        Op::Tanh,
+        Op::Softplus,
+        Op::Scale(-1.5),
+    ] {
+        cases.push(single(op, &[(m, Any)]));
+    }
+    for op in [Op::Sqrt, Op::Log] {
+        cases.push(single(op, &[(m, Positive)]));
+    }
+    cases.push(single(Op::Inv, &[(m, NonZero)]));
+    cases.push(single(Op::Clamp { lo: -0.5, hi: 0.7 }, &[(m, Any)]));
+    cases.push(single(Op::SafeLog { eps: 1e-6 }, &[(m, Any)]));
+    for op in [Op::Add, Op::Sub, Op::Mul, Op::Max, Op::Min, Op::MseLoss] {
+        cases.push(single(op, &[(m, Any), (m, Any)]));
+    }
+    cases.push(single(Op::Div, &[(m, Any), (m, NonZero)]));
+    for op in [
+        Op::Transpose2d,
+        Op::Sum,
+        Op::ReduceSum(1),
+        Op::ReduceMean(0),
+        Op::Softmax,
+        Op::LogSoftmax,
+    ] {
+        cases.push(single(op, &[(m, Any)]));
+    }
+    cases.push(single(
+        Op::BroadcastTo(Shape::new(&[2, 3, 5])),
+        &[(&[3, 1], Any)],
+    ));
+    cases.push(single(Op::PermuteBca, &[(&[2, 3, 4], Any)]));
+    cases.push(single(Op::Matmul, &[(&[3, 4], Any), (&[4, 70], Any)]));
+    cases.push(single(Op::Bmm, &[(&[2, 3, 4], Any), (&[2, 4, 5], Any)]));
+    cases.push(single(
+        Op::Linear,
+        &[(&[6, 4], Any), (&[6], Any), (&[5, 4], Any)],
+    ));
+    let mut rnd = Gen::new(11);
+    for (op, leaves) in &cases {
+        let mut g = GraphBuilder::new();
+        let ids: Vec<usize> = leaves
+            .iter()
+            .map(|(s, _)| g.leaf_with(s.clone(), None, true).unwrap())
+            .collect();
+        let out = g.apply(op.clone(), &ids).unwrap();
+        let graph = g.finish();
+        let values: Vec<Tensor<f64>> = leaves.iter().map(|(s, d)| draw(&mut rnd, s, *d)).collect();
+        let seed = draw(&mut rnd, graph.shape(out).unwrap(), Domain::Any);
+        if on_gpu {
+            let device = CudaDevice::new().unwrap();
+            let what = format!("{op:?} on CUDA");
+            check_graph_on(device, &what, &graph, &values, out, &seed);
+        } else {
+            // No GPU: the same graphs on sim, so the case list itself stays valid.
+            let what = format!("{op:?} on sim");
+            check_graph_on(SimDevice::new(), &what, &graph, &values, out, &seed);
+        }
+    }
+    if !on_gpu {
+        return;
+    }
+    println!(
+        "GPU-SUMMARY tape(first-op-set) checked {} pass",
+        cases.len()
+    );
+}

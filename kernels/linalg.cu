@@ -1,0 +1,67 @@
+// Matrix products: our own tiled, register-blocked GEMM, out = op(a) . op(b) with op(a) (m, k)
+// and op(b) (k, n); `ta`: a stored (k, m); `tb`: b stored (n, k). Batched over blockIdx.z
+// (grid-stride), operands and result batch-major. Each output accumulates over p in increasing
+// order from 0 as acc + a*b with two roundings (--fmad=false), exactly as
+// device/sim/linalg.rs: tiling over k in order does not change the order.
+//
+// Tile: 64 x 64 outputs per block of 16 x 16 threads, 4 x 4 outputs per thread in registers,
+// k in steps of 16 through shared memory.
+#include "common.cuh"
+
+#define BM 64
+#define BN 64
+#define BK 16
+#define TM 4
+#define TN 4
+
+extern "C" __global__ void tl_gemm(const float* a, const float* b, float* out, u32 batch, u32 m,
+                                   u32 k, u32 n, u32 ta, u32 tb) {
+    __shared__ float As[BK][BM];
+    __shared__ float Bs[BK][BN + 1];
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    for (u32 z = blockIdx.z; z < batch; z += gridDim.z) {
+        const float* A = a + (u64)z * m * k;
+        const float* B = b + (u64)z * k * n;
+        float* C = out + (u64)z * m * n;
+        float acc[TM][TN];
+        for (int i = 0; i < TM; ++i)
+            for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+        for (u32 p0 = 0; p0 < k; p0 += BK) {
+            // 256 threads load the 16 x 64 slices of op(a) and op(b), 4 elements each.
+            for (u32 e = threadIdx.x; e < BK * BM; e += 256) {
+                const u32 p = e / BM, i = e % BM;
+                const u32 gi = row0 + i, gp = p0 + p;
+                float v = 0.0f;
+                if (gi < m && gp < k) v = ta ? A[(u64)gp * m + gi] : A[(u64)gi * k + gp];
+                As[p][i] = v;
+            }
+            for (u32 e = threadIdx.x; e < BK * BN; e += 256) {
+                const u32 p = e / BN, j = e % BN;
+                const u32 gj = col0 + j, gp = p0 + p;
+                float v = 0.0f;
+                if (gj < n && gp < k) v = tb ? B[(u64)gj * k + gp] : B[(u64)gp * n + gj];
+                Bs[p][j] = v;
+            }
+            __syncthreads();
+            const u32 pend = (k - p0) < BK ? (k - p0) : BK;
+            for (u32 p = 0; p < pend; ++p) {
+                float ar[TM], br[TN];
+                for (int i = 0; i < TM; ++i) ar[i] = As[p][ty * TM + i];
+                for (int j = 0; j < TN; ++j) br[j] = Bs[p][tx * TN + j];
+                for (int i = 0; i < TM; ++i)
+                    for (int j = 0; j < TN; ++j)
+                        acc[i][j] = __fadd_rn(acc[i][j], __fmul_rn(ar[i], br[j]));
+            }
+            __syncthreads();
+        }
+        for (int i = 0; i < TM; ++i) {
+            const u32 gi = row0 + ty * TM + i;
+            if (gi >= m) continue;
+            for (int j = 0; j < TN; ++j) {
+                const u32 gj = col0 + tx * TN + j;
+                if (gj < n) C[(u64)gi * n + gj] = acc[i][j];
+            }
+        }
+    }
+}

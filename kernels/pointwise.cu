@@ -1,0 +1,132 @@
+// Pointwise kernels: one element per grid-stride iteration. Each body is the twin of the
+// function of the same name in crates/tl-tape-cuda/src/device/sim/pointwise.rs.
+#include "common.cuh"
+
+__device__ __forceinline__ float tl_sigmoid_f(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+__device__ __forceinline__ float tl_softplus_f(float x) {
+    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+__device__ __forceinline__ float tl_sign_f(float x) {
+    return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+}
+
+#define TL_UNARY(name, expr)                                                   \
+    extern "C" __global__ void tl_##name(const float* x, float* out, u64 n) {  \
+        TL_GRID_STRIDE(i, n) {                                                 \
+            float v = x[i];                                                    \
+            out[i] = (expr);                                                   \
+        }                                                                      \
+    }
+
+TL_UNARY(abs, fabsf(v))
+TL_UNARY(sqrt, sqrtf(fmaxf(v, 0.0f)))
+TL_UNARY(exp, expf(v))
+TL_UNARY(log, logf(v))
+TL_UNARY(inv, 1.0f / v)
+TL_UNARY(relu, v > 0.0f ? v : 0.0f)
+TL_UNARY(sigmoid, tl_sigmoid_f(v))
+TL_UNARY(tanh, tanhf(v))
+TL_UNARY(softplus, tl_softplus_f(v))
+
+extern "C" __global__ void tl_safe_log(const float* x, float* out, u64 n, float eps) {
+    TL_GRID_STRIDE(i, n) { out[i] = logf(tl_softplus_f(x[i]) + eps); }
+}
+extern "C" __global__ void tl_clamp(const float* x, float* out, u64 n, float lo, float hi) {
+    TL_GRID_STRIDE(i, n) { out[i] = fminf(hi, fmaxf(lo, x[i])); }
+}
+extern "C" __global__ void tl_scale(const float* x, float* out, u64 n, float c) {
+    TL_GRID_STRIDE(i, n) { out[i] = c * x[i]; }
+}
+extern "C" __global__ void tl_full(float* out, u64 n, float v) {
+    TL_GRID_STRIDE(i, n) { out[i] = v; }
+}
+
+// Unary backward: x (or the output y) and the cotangent g.
+#define TL_UNARY_BWD(name, expr)                                                           \
+    extern "C" __global__ void tl_##name(const float* x, const float* g, float* out, u64 n) { \
+        TL_GRID_STRIDE(i, n) {                                                             \
+            float v = x[i];                                                                \
+            float gi = g[i];                                                               \
+            out[i] = (expr);                                                               \
+        }                                                                                  \
+    }
+
+TL_UNARY_BWD(abs_bwd, tl_sign_f(v) * gi)
+TL_UNARY_BWD(sqrt_bwd, v > 0.0f ? gi / (2.0f * sqrtf(v)) : 0.0f)
+TL_UNARY_BWD(relu_bwd, v > 0.0f ? gi : 0.0f)
+TL_UNARY_BWD(inv_bwd, -gi / (v * v))
+TL_UNARY_BWD(sigmoid_bwd, gi * (v * (1.0f - v)))
+TL_UNARY_BWD(tanh_bwd, gi * (1.0f - v * v))
+TL_UNARY_BWD(softplus_bwd, gi * tl_sigmoid_f(v))
+
+extern "C" __global__ void tl_clamp_bwd(const float* x, const float* g, float* out, u64 n,
+                                        float lo, float hi) {
+    TL_GRID_STRIDE(i, n) { out[i] = (x[i] > lo && x[i] < hi) ? g[i] : 0.0f; }
+}
+extern "C" __global__ void tl_safe_log_bwd(const float* x, const float* g, float* out, u64 n,
+                                           float eps) {
+    TL_GRID_STRIDE(i, n) {
+        float v = x[i];
+        out[i] = g[i] * (tl_sigmoid_f(v) / (tl_softplus_f(v) + eps));
+    }
+}
+
+// Binary, equal lengths.
+#define TL_BINARY(name, expr)                                                               \
+    extern "C" __global__ void tl_##name(const float* a, const float* b, float* out, u64 n) { \
+        TL_GRID_STRIDE(i, n) {                                                              \
+            float x = a[i];                                                                 \
+            float y = b[i];                                                                 \
+            out[i] = (expr);                                                                \
+        }                                                                                   \
+    }
+
+TL_BINARY(add, x + y)
+TL_BINARY(sub, x - y)
+TL_BINARY(mul, x * y)
+TL_BINARY(div, x / y)
+TL_BINARY(max, x >= y ? x : y)
+TL_BINARY(min, x <= y ? x : y)
+
+extern "C" __global__ void tl_axpy(const float* a, const float* b, float* out, u64 n, float c) {
+    TL_GRID_STRIDE(i, n) { out[i] = a[i] + c * b[i]; }
+}
+// y <- y + c * x in place; y and x may alias (each element reads before it writes).
+extern "C" __global__ void tl_axpy_assign(float* y, const float* x, u64 n, float c) {
+    TL_GRID_STRIDE(i, n) { y[i] = y[i] + c * x[i]; }
+}
+
+// Binary backward: both cotangents at once.
+extern "C" __global__ void tl_div_bwd(const float* a, const float* b, const float* g, float* da,
+                                      float* db, u64 n) {
+    TL_GRID_STRIDE(i, n) {
+        float x = a[i], y = b[i], gi = g[i];
+        da[i] = gi / y;
+        db[i] = -gi * x / (y * y);
+    }
+}
+__device__ __forceinline__ void tl_max_split(float x, float y, float gi, float* dx, float* dy) {
+    if (x > y) {
+        *dx = gi;
+        *dy = 0.0f;
+    } else if (x == y) {
+        *dx = 0.5f * gi;
+        *dy = 0.5f * gi;
+    } else {
+        *dx = 0.0f;
+        *dy = gi;
+    }
+}
+extern "C" __global__ void tl_max_bwd(const float* a, const float* b, const float* g, float* da,
+                                      float* db, u64 n) {
+    TL_GRID_STRIDE(i, n) { tl_max_split(a[i], b[i], g[i], &da[i], &db[i]); }
+}
+extern "C" __global__ void tl_min_bwd(const float* a, const float* b, const float* g, float* da,
+                                      float* db, u64 n) {
+    // min_bwd(a, b) = max_bwd(b, a) with the outputs swapped back.
+    TL_GRID_STRIDE(i, n) { tl_max_split(b[i], a[i], g[i], &db[i], &da[i]); }
+}

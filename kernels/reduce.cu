@@ -1,0 +1,54 @@
+// Reductions. The deterministic kernels follow the order documented in
+// crates/tl-tape-cuda/src/device/sim/reduce.rs (fixed grid G = clamp(ceil(n/256), 1, 1024) of
+// 256 threads, per-thread strided sums, warp-shuffle tree, block tree, partials, one-block
+// second pass). The atomic kernel is used only when deterministic reductions are off.
+#include "common.cuh"
+
+// First pass: block b writes partials[b]. Launch with exactly G blocks of 256 threads.
+extern "C" __global__ void tl_reduce_partials(const float* x, float* partials, u64 n) {
+    __shared__ float smem[33];
+    const u64 stride = (u64)gridDim.x * TL_BLOCK;
+    float acc = 0.0f;
+    for (u64 i = (u64)blockIdx.x * TL_BLOCK + threadIdx.x; i < n; i += stride) acc = acc + x[i];
+    float s = tl_block_tree(acc, 0.0f, AddOp(), smem);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// Second pass: one block of 256 threads over the g partials; out[0] = sum, or sum / (float)n
+// when `mean` is non-zero.
+extern "C" __global__ void tl_reduce_final(const float* partials, float* out, u32 g, u64 n,
+                                           u32 mean) {
+    __shared__ float smem[33];
+    float acc = 0.0f;
+    for (u32 i = threadIdx.x; i < g; i += TL_BLOCK) acc = acc + partials[i];
+    float s = tl_block_tree(acc, 0.0f, AddOp(), smem);
+    if (threadIdx.x == 0) out[0] = mean ? s / (float)n : s;
+}
+
+// Non-deterministic single pass: each block's tree sum is atomically added to out[0], which the
+// host zeroes first (then divides for a mean with tl_reduce_div).
+extern "C" __global__ void tl_reduce_atomic(const float* x, float* out, u64 n) {
+    __shared__ float smem[33];
+    const u64 stride = (u64)gridDim.x * TL_BLOCK;
+    float acc = 0.0f;
+    for (u64 i = (u64)blockIdx.x * TL_BLOCK + threadIdx.x; i < n; i += stride) acc = acc + x[i];
+    float s = tl_block_tree(acc, 0.0f, AddOp(), smem);
+    if (threadIdx.x == 0) atomicAdd(out, s);
+}
+
+extern "C" __global__ void tl_reduce_div(float* out, u64 n) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = out[0] / (float)n;
+}
+
+// x viewed as (outer, n, inner) summed over the middle axis: one thread per output element,
+// accumulating in increasing k from 0 (sim: axis_sum).
+extern "C" __global__ void tl_axis_sum(const float* x, float* out, u32 outer, u32 n, u32 inner,
+                                       u32 mean) {
+    const u64 total = (u64)outer * inner;
+    TL_GRID_STRIDE(j, total) {
+        const u64 o = j / inner, i = j % inner;
+        float acc = 0.0f;
+        for (u64 k = 0; k < n; ++k) acc = acc + x[(o * n + k) * inner + i];
+        out[j] = mean ? acc / (float)n : acc;
+    }
+}
