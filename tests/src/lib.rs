@@ -33,9 +33,12 @@ pub mod registry;
 pub mod report;
 pub mod verify;
 
-pub use backend::{Backend, CpuTape, TapeProgram};
+pub use backend::{Backend, CpuTape, CudaSim, TapeApi, TapeProgram};
 pub use case::{GraphCase, OpCase, Values, With};
 pub use config::RunConfig;
 pub use domain::{ANY, Domain, kink_margin};
 pub use registry::{Applies, OpInfo, Tol};
-pub use report::{CaseResult, Check, Measured, Report, assert_all_passed, run_check};
+pub use report::{
+    CaseError, CaseResult, Check, Measured, OnPending, PENDING, Report, assert_all_passed,
+    run_check, run_check_pending,
+};

@@ -1,4 +1,4 @@
-//! The four checks. Each takes a case strategy (from a registry entry or the random-DAG
+//! The checks (1–4 and 6; check 5 needs sessions). Each takes a case strategy (from a registry entry or the random-DAG
 //! generator), runs it through [`crate::run_check`] and returns a [`crate::Report`].
 //!
 //! Checks 1 and 2 are generic over [`crate::Backend`] and its scalar type: an f64 backend is held
@@ -10,6 +10,7 @@ mod adjoint;
 mod backward;
 mod finite_diff;
 mod forward;
+pub mod sim;
 
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
 pub use backward::{backward_case, check_backward, check_backward_dag};
