@@ -11,6 +11,7 @@ mod backward;
 mod finite_diff;
 mod forward;
 pub mod sim;
+pub mod tape_api;
 
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
 pub use backward::{backward_case, check_backward, check_backward_dag};
