@@ -17,8 +17,8 @@ use crate::dag::{DAG_TOL, DagOptions, dag_cases};
 use crate::generate::direction;
 use crate::metric::tensor_err;
 use crate::{
-    Backend, CaseResult, CudaSim, GraphCase, Measured, OnPending, Report, RunConfig, TapeApi,
-    With, run_check, run_check_pending,
+    Backend, CaseResult, CudaSim, GraphCase, Measured, OnPending, Report, RunConfig, TapeApi, With,
+    run_check, run_check_pending,
 };
 
 /// A DAG case with a second seed at node `m` and a cut `n` (`m < n ≤ len`).
@@ -77,8 +77,14 @@ pub fn tape_api_case<B: TapeApi>(backend: &B, c: &ApiCase) -> CaseResult {
     }
     let program = backend.record(&case.graph, &leaves, &case.nats)?;
     let got = backend.backward_dense_from(&program, &grads0_t)?;
-    let mut worst = compare_ids(&case.graph, &got, &want, tol, "backward_dense_from gradient")
-        .map_err(|e| format!("seeds at %{} and %{m}: {e}", case.out))?;
+    let mut worst = compare_ids(
+        &case.graph,
+        &got,
+        &want,
+        tol,
+        "backward_dense_from gradient",
+    )
+    .map_err(|e| format!("seeds at %{} and %{m}: {e}", case.out))?;
 
     // backward_first_n: seeds below n propagate, the rest of the array is left as given.
     let mut want = from_m;
@@ -137,12 +143,7 @@ pub fn check_tape_api_sim_dag(cfg: &RunConfig) -> Report {
     let sim = CudaSim::new();
     let known: Vec<&'static str> = sim_pending_ops().iter().copied().collect();
     let cases = api_cases(sim_dag_cases(DagOptions::default()));
-    run_check_pending(
-        label(&sim),
-        cfg,
-        cases,
-        OnPending::SkipCase,
-        &known,
-        |c| pending_aware(&sim, tape_api_case(&sim, c)),
-    )
+    run_check_pending(label(&sim), cfg, cases, OnPending::SkipCase, &known, |c| {
+        pending_aware(&sim, tape_api_case(&sim, c))
+    })
 }
