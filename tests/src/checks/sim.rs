@@ -114,10 +114,11 @@ pub fn check_backward_sim(entry: &OpInfo, cfg: &RunConfig) -> Report {
 }
 
 /// Check 2 on a sim-backed backend for a registry entry (a test can pass a wrapped tape).
-pub fn check_backward_on<B: Backend>(backend: &B, entry: &OpInfo, cfg: &RunConfig) -> Report
-where
-    B: AsRef<CudaSim>,
-{
+pub fn check_backward_on<B: Backend + AsRef<CudaSim>>(
+    backend: &B,
+    entry: &OpInfo,
+    cfg: &RunConfig,
+) -> Report {
     let label = format!("2 bwd {} {}", entry.name, backend.name());
     let tol = entry.tol;
     run_check_pending(
