@@ -1,7 +1,15 @@
 //! The backend abstraction checks 1 and 2 run against: "record this graph with these leaf
 //! values, give me every id's value" and "dense backward from an output". Implemented here for
-//! the CPU tape in f32 and f64; the CUDA tape (and any wrapper a test builds, such as the
-//! deliberately broken one in `tests/teeth.rs`) implements it the same way.
+//! the CPU tape in f32 and f64 and for the CUDA tape over the simulation device ([`CudaSim`],
+//! in [`cuda_sim`]); any wrapper a test builds (such as the deliberately broken ones in
+//! `tests/teeth.rs`) implements it the same way. [`TapeApi`] ([`api`]) adds the rest of the tape
+//! API: `backward_dense_from`, `backward_first_n`, `backward_params`.
+
+pub mod api;
+pub mod cuda_sim;
+
+pub use api::TapeApi;
+pub use cuda_sim::{CudaSim, SimError, SimProgram};
 
 use std::marker::PhantomData;
 

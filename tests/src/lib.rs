@@ -5,17 +5,23 @@
 //! 1. **forward** — compiled tape values (`GraphData::replay` into the backend) == IR `eval`;
 //! 2. **backprop** — backend `backward_dense` == IR `backprop_all` (the core claim);
 //! 3. **finite differences** — spec VJP == central differences of the spec value (f64);
-//! 4. **adjoint** — ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ between the JVP and the VJP.
+//! 4. **adjoint** — ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ between the JVP and the VJP;
+//! 6. **CUDA** — the CUDA tape on the simulation device ([`CudaSim`]) == the CPU f32 tape, and
+//!    deterministic mode is bit-identical across runs ([`checks::sim`]).
 //!
 //! Checks 1–2 run in f64 (tolerance 1e-10) and f32 (1e-4, scaled by reduction length) through
-//! the [`Backend`] trait; all four run per op and on random DAGs with fan-out.
+//! the [`Backend`] trait, on the CPU tape and the CUDA sim; all run per op and on random DAGs
+//! with fan-out. Ops without a CUDA formula yet make their sim cells [`PENDING`].
+//! [`checks::tape_api`] checks `backward_dense_from`, `backward_first_n` and `backward_params`
+//! ([`TapeApi`]).
 //!
 //! Table of contents:
 //! - [`registry`]: one [`OpInfo`] per `Op` variant (an exhaustive match: a new variant does not
 //!   compile without an entry), with its case strategy, applicable checks and tolerances;
 //!   [`entries`] and [`generate`] build the strategies, [`domain`] keeps values off kinks.
 //! - [`dag`]: random DAGs composed of registry ops.
-//! - [`checks`]: the four checks, per op and per DAG; [`Backend`] / [`CpuTape`] ([`backend`]).
+//! - [`checks`]: the checks, per op and per DAG; [`Backend`] / [`CpuTape`] / [`CudaSim`]
+//!   ([`backend`]).
 //! - [`metric`]: the error definition; [`report`]: [`Report`] and the proptest driver
 //!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`.
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
@@ -33,13 +39,15 @@ pub mod registry;
 pub mod report;
 pub mod verify;
 
-pub use backend::{Backend, CpuTape, TapeProgram};
+pub use backend::{Backend, CpuTape, CudaSim, TapeApi, TapeProgram};
 pub use case::{GraphCase, OpCase, Values, With};
 pub use config::RunConfig;
 pub use domain::{ANY, Domain, kink_margin};
 pub use registry::{Applies, OpInfo, Tol};
-pub use report::{CaseResult, Check, Measured, Report, assert_all_passed, run_check};
-
+pub use report::{
+    CaseError, CaseResult, Check, Measured, OnPending, PENDING, Report, assert_all_passed,
+    run_check, run_check_pending,
+};
 /// The README's Rust example, compiled and run by `cargo test` so it cannot go stale.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

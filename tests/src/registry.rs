@@ -51,6 +51,8 @@ impl Applies {
             Check::Backward => self.backward,
             Check::FiniteDiff => self.finite_diff,
             Check::Adjoint => self.adjoint,
+            // Check 6 compares two tapes: wherever the tape forward is checked.
+            Check::CudaVsCpu | Check::Deterministic => self.forward,
         }
     }
 }

@@ -7,7 +7,7 @@ use proptest::test_runner::{TestCaseError, TestError};
 
 use crate::RunConfig;
 
-/// The four checks of the harness (see the crate docs).
+/// The checks of the harness (see the crate docs); check 6 has two columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Check {
     /// 1: compiled tape values == IR eval.
@@ -18,15 +18,21 @@ pub enum Check {
     FiniteDiff,
     /// 4: JVP/VJP adjoint identity ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ (f64).
     Adjoint,
+    /// 6: the CUDA tape (sim) agrees with the CPU f32 tape, values and gradients.
+    CudaVsCpu,
+    /// 6: deterministic mode gives bit-identical values and gradients across runs.
+    Deterministic,
 }
 
 impl Check {
     /// All checks, in table order.
-    pub const ALL: [Check; 4] = [
+    pub const ALL: [Check; 6] = [
         Check::Forward,
         Check::Backward,
         Check::FiniteDiff,
         Check::Adjoint,
+        Check::CudaVsCpu,
+        Check::Deterministic,
     ];
 
     /// Short column label (`"1 fwd"`, ...).
@@ -36,6 +42,8 @@ impl Check {
             Check::Backward => "2 bwd",
             Check::FiniteDiff => "3 fd",
             Check::Adjoint => "4 jvp",
+            Check::CudaVsCpu => "6 ≈cpu",
+            Check::Deterministic => "6 det",
         }
     }
 }
@@ -53,7 +61,13 @@ pub struct Report {
     pub tol: f64,
     /// The failure, with the shrunk minimal input, if any case failed.
     pub failure: Option<String>,
+    /// Ops the backend has no formula for yet ([`PENDING`]): cases needing them were not run.
+    /// Empty for the CPU and spec checks.
+    pub pending: Vec<&'static str>,
 }
+
+/// How a cell (or a skipped op) whose backend formula does not exist yet is described.
+pub const PENDING: &str = "pending (CUDA formula missing)";
 
 impl Report {
     /// Whether no case failed.
@@ -61,12 +75,23 @@ impl Report {
         self.failure.is_none()
     }
 
-    /// The table cell: `"cases/maxerr"` or `"FAIL"`.
+    /// Whether the whole cell is pending: nothing failed, nothing ran, and an op's backend
+    /// formula is missing. Such a cell is listed, never counted as a pass.
+    pub fn is_pending(&self) -> bool {
+        self.failure.is_none() && self.cases == 0 && !self.pending.is_empty()
+    }
+
+    /// The table cell: `"cases/maxerr"`, `"FAIL"` or `"pending"`; a `*` marks a cell that
+    /// passed but skipped the cases needing a pending op (random DAGs).
     pub fn cell(&self) -> String {
-        if self.passed() {
+        if !self.passed() {
+            "FAIL".to_owned()
+        } else if self.is_pending() {
+            "pending".to_owned()
+        } else if self.pending.is_empty() {
             format!("{}/{:.1e}", self.cases, self.max_err)
         } else {
-            "FAIL".to_owned()
+            format!("{}/{:.1e}*", self.cases, self.max_err)
         }
     }
 }
@@ -78,6 +103,9 @@ impl fmt::Display for Report {
             "{}: {} case(s), max err {:.3e} (tol {:.1e})",
             self.label, self.cases, self.max_err, self.tol
         )?;
+        if !self.pending.is_empty() {
+            write!(f, "; {PENDING}: {}", self.pending.join(", "))?;
+        }
         if let Some(fail) = &self.failure {
             write!(f, "\nFAILED: {fail}")?;
         }
@@ -133,6 +161,22 @@ pub fn run_check<S>(
 where
     S: Strategy,
 {
+    drive(label, cfg, strategy, |v| {
+        check(v).map_err(TestCaseError::fail)
+    })
+}
+
+/// The proptest loop behind [`run_check`] and [`run_check_pending`]: a case either passes with
+/// a measurement, fails (and is shrunk), or is rejected (skipped; another is drawn).
+fn drive<S>(
+    label: String,
+    cfg: &RunConfig,
+    strategy: S,
+    check: impl Fn(&S::Value) -> Result<Measured, TestCaseError>,
+) -> Report
+where
+    S: Strategy,
+{
     use std::cell::Cell;
     let passed = Cell::new(0u32);
     let worst = Cell::new(Measured::ZERO);
@@ -146,9 +190,10 @@ where
             }
             Ok(())
         }
-        Err(msg) => {
+        Err(e @ TestCaseError::Reject(_)) => Err(e),
+        Err(e) => {
             failed.set(true);
-            Err(TestCaseError::fail(msg))
+            Err(e)
         }
     });
     let failure = match outcome {
@@ -165,7 +210,76 @@ where
         max_err: m.err,
         tol: m.tol,
         failure,
+        pending: Vec::new(),
     }
+}
+
+/// Why one case did not pass: a failure message, or an op whose backend formula is missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaseError {
+    /// A mismatch beyond tolerance, a backend error, a shape disagreement.
+    Fail(String),
+    /// The case needs this op, which the backend cannot run yet ([`PENDING`]).
+    Pending(&'static str),
+}
+
+/// What a pending case does to its check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnPending {
+    /// The whole cell is pending (per-op cells: the op itself has no formula).
+    PendCell,
+    /// The case is skipped and another drawn (random DAGs: other cases avoid the op).
+    SkipCase,
+}
+
+/// [`run_check`] for a backend that may lack some ops' formulas. A case returning
+/// [`CaseError::Pending`] either makes the cell pending (`cases` 0, no failure) or is skipped,
+/// by `on_pending`; either way [`Report::pending`] lists the ops, with `known` (ops the caller
+/// already keeps out of the strategy). A real failure wins over pending. If every case is
+/// skipped, the cell is pending too.
+pub fn run_check_pending<S>(
+    label: String,
+    cfg: &RunConfig,
+    strategy: S,
+    on_pending: OnPending,
+    known: &[&'static str],
+    check: impl Fn(&S::Value) -> Result<Measured, CaseError>,
+) -> Report
+where
+    S: Strategy,
+{
+    use std::cell::{Cell, RefCell};
+    use std::collections::BTreeSet;
+    let pending: RefCell<BTreeSet<&'static str>> = RefCell::new(known.iter().copied().collect());
+    let pend_cell = Cell::new(false);
+    let mut report = drive(label, cfg, strategy, |v| match check(v) {
+        Ok(m) => Ok(m),
+        Err(CaseError::Fail(msg)) => Err(TestCaseError::fail(msg)),
+        Err(CaseError::Pending(op)) => {
+            pending.borrow_mut().insert(op);
+            match on_pending {
+                OnPending::PendCell => {
+                    pend_cell.set(true);
+                    Err(TestCaseError::fail(format!("{PENDING}: {op}")))
+                }
+                OnPending::SkipCase => Err(TestCaseError::reject(format!("{PENDING}: {op}"))),
+            }
+        }
+    });
+    report.pending = pending.into_inner().into_iter().collect();
+    if let Some(msg) = &report.failure
+        && !report.pending.is_empty()
+    {
+        // The shrunk failure is the pending op itself, or every case was skipped (too many
+        // rejects): nothing failed.
+        if msg.starts_with(PENDING) || msg.starts_with("aborted: ") {
+            report.failure = None;
+            if pend_cell.get() {
+                report.cases = 0;
+            }
+        }
+    }
+    report
 }
 
 /// Panic with every failed report's message (shrunk inputs included) unless all of `reports`

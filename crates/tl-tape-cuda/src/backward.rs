@@ -104,6 +104,10 @@ impl<D: Device> CudaTape<D> {
         let mut slots = self.run(slots, out + 1, Some(&keep))?;
         let mut map = HashMap::with_capacity(wanted.len());
         for &w in wanted {
+            // An id listed twice keeps the gradient taken the first time (its slot is empty now).
+            if map.contains_key(&w) {
+                continue;
+            }
             let g = match slots[w].take() {
                 Some(g) => g,
                 None => match AnyBuffer::zeros(&mut self.dev, self.nodes[w].value.shape()) {

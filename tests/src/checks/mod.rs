@@ -1,4 +1,4 @@
-//! The four checks, and check 5 (the sessions agree; [`check_session_dag`]). Each takes a case strategy (from a registry entry or the random-DAG
+//! The checks 1–6 (check 5, the sessions agree: [`check_session_dag`]). Each takes a case strategy (from a registry entry or the random-DAG
 //! generator), runs it through [`crate::run_check`] and returns a [`crate::Report`].
 //!
 //! Checks 1 and 2 are generic over [`crate::Backend`] and its scalar type: an f64 backend is held
@@ -11,6 +11,8 @@ mod backward;
 mod finite_diff;
 mod forward;
 mod session;
+pub mod sim;
+pub mod tape_api;
 
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
 pub use backward::{backward_case, check_backward, check_backward_dag};

@@ -1,0 +1,212 @@
+//! Checks 1, 2 and 6 on the CUDA tape over the simulation device, for every registry entry and
+//! for random DAGs; and the pending path: an op whose CUDA formula is missing makes its cells
+//! pending (listed, not passed, not failed) and is kept out of random DAGs.
+
+use std::cell::RefCell;
+
+use tl_conformance::backend::{SimError, SimProgram};
+use tl_conformance::checks::sim::{
+    check_backward_dag_on, check_backward_on, check_deterministic_dag, check_forward_sim_dag,
+    check_sim_vs_cpu_dag, sim_pending_ops,
+};
+use tl_conformance::verify::{COLUMNS, op_row, pending_summary, tally};
+use tl_conformance::{
+    Backend, Check, CudaSim, PENDING, Report, RunConfig, assert_all_passed, registry,
+};
+use tl_ir::{GraphData, Id, Op, Recorder};
+use tl_spec::Tensor;
+use tl_tape_cuda::{CudaTape, Error, SimDevice};
+
+/// Per-op sim cells: a quarter of the default count (four sim columns per op) unless
+/// `TL_CASES` is set.
+fn cfg() -> RunConfig {
+    RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 4)
+}
+
+#[test]
+fn every_registry_op_passes_checks_1_2_and_6_on_the_sim_or_is_pending() {
+    let cfg = cfg();
+    let sim_cols: Vec<usize> = COLUMNS
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.dtype == Some("sim"))
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(sim_cols.len(), 4);
+    let mut reports: Vec<Report> = Vec::new();
+    let mut pending = Vec::new();
+    for entry in registry::all() {
+        for &k in &sim_cols {
+            if !entry.applies.get(COLUMNS[k].check) {
+                continue;
+            }
+            let r = tl_conformance::verify::op_cell(&entry, COLUMNS[k], &cfg);
+            if r.is_pending() {
+                pending.push(r.label.clone());
+            } else {
+                reports.push(r);
+            }
+        }
+    }
+    if !pending.is_empty() {
+        eprintln!("{PENDING}: {}", pending.join(", "));
+    }
+    // Ops the probe finds pending are exactly those with pending cells.
+    let probed = sim_pending_ops();
+    for p in &pending {
+        assert!(
+            probed.iter().any(|op| p.contains(&format!(" {op} "))),
+            "{p}"
+        );
+    }
+    assert_all_passed(&reports, cfg.cases);
+}
+
+#[test]
+fn random_dags_pass_checks_1_2_and_6_on_the_sim() {
+    let cfg = cfg();
+    let sim = CudaSim::new();
+    let reports = [
+        check_forward_sim_dag(&cfg),
+        check_backward_dag_on(&sim, &cfg),
+        check_sim_vs_cpu_dag(&cfg),
+        check_deterministic_dag(&cfg),
+    ];
+    for r in &reports {
+        assert!(!r.is_pending(), "{r}");
+    }
+    assert_all_passed(&reports, cfg.cases);
+}
+
+/// The sim, except that `tanh` answers `Unsupported`, as an op without a CUDA formula does.
+struct NoTanh(CudaSim);
+
+struct NoTanhRecorder<'a>(&'a mut CudaTape<SimDevice>);
+
+impl Recorder<f32> for NoTanhRecorder<'_> {
+    type Error = Error;
+    fn leaf(&mut self, v: Tensor<f32>, name: Option<&str>, rg: bool) -> Result<usize, Error> {
+        self.0.upload_leaf(&v, name, rg)
+    }
+    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize, Error> {
+        if *op == Op::Tanh {
+            return Err(Error::Unsupported { op: op.name() });
+        }
+        self.0.apply(op, args)
+    }
+    fn set_nats(&mut self, nats: &[usize]) -> Result<(), Error> {
+        self.0.set_nats(nats.to_vec());
+        Ok(())
+    }
+}
+
+impl AsRef<CudaSim> for NoTanh {
+    fn as_ref(&self) -> &CudaSim {
+        &self.0
+    }
+}
+
+impl Backend for NoTanh {
+    type T = f32;
+    type Program = SimProgram;
+    fn name(&self) -> String {
+        "cuda-sim-no-tanh".into()
+    }
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<f32>],
+        nats: &[usize],
+    ) -> Result<SimProgram, String> {
+        let mut tape = CudaTape::new(SimDevice::new());
+        let r = graph
+            .replay(&mut NoTanhRecorder(&mut tape), leaves, nats)
+            .map_err(|e| SimError::from_tape("replay", e))
+            .map(|map| SimProgram {
+                tape: RefCell::new(tape),
+                map,
+            });
+        self.0.note(r)
+    }
+    fn values(&self, p: &SimProgram) -> Result<Vec<Tensor<f32>>, String> {
+        self.0.values(p)
+    }
+    fn backward_dense(
+        &self,
+        p: &SimProgram,
+        out: Id,
+        seed: &Tensor<f32>,
+    ) -> Result<Vec<Tensor<f32>>, String> {
+        self.0.backward_dense(p, out, seed)
+    }
+}
+
+#[test]
+fn an_op_without_a_cuda_formula_is_pending_not_failed_nor_passed() {
+    let cfg = RunConfig {
+        cases: 16,
+        ..RunConfig::default()
+    };
+    let no_tanh = NoTanh(CudaSim::new());
+    let tanh = registry::by_name("tanh").unwrap();
+    let r = check_backward_on(&no_tanh, &tanh, &cfg);
+    assert!(r.is_pending() && r.passed(), "{r}");
+    assert_eq!(
+        (r.cases, r.pending.as_slice(), r.cell().as_str()),
+        (0, &["tanh"][..], "pending")
+    );
+    assert!(
+        r.to_string()
+            .contains("pending (CUDA formula missing): tanh"),
+        "{r}"
+    );
+
+    // Other ops are unaffected.
+    let mul = registry::by_name("mul").unwrap();
+    let r = check_backward_on(&no_tanh, &mul, &cfg);
+    assert!(
+        r.passed() && !r.is_pending() && r.pending.is_empty() && r.cases == 16,
+        "{r}"
+    );
+
+    // Random DAGs skip the cases that need tanh, list it, and still run their full count.
+    let r = check_backward_dag_on(&no_tanh, &cfg);
+    assert!(r.passed() && r.cases == 16, "{r}");
+    assert_eq!(r.pending, ["tanh"]);
+    assert!(r.cell().ends_with('*'), "{}", r.cell());
+
+    // A check that is not pending-aware fails, naming the op: never a silent pass.
+    let plain = tl_conformance::checks::check_backward(&no_tanh, &tanh, &cfg);
+    assert!(!plain.passed(), "{plain}");
+    assert!(plain.failure.unwrap().contains(PENDING));
+}
+
+#[test]
+fn the_table_counts_pending_cells_apart_and_names_their_ops() {
+    let cfg = RunConfig {
+        cases: 3,
+        ..RunConfig::default()
+    };
+    let mut row = op_row(&registry::by_name("exp").unwrap(), &cfg);
+    assert_eq!(row.cells.len(), COLUMNS.len());
+    let t = tally(std::slice::from_ref(&row));
+    assert_eq!((t.passed, t.failed, t.pending), (COLUMNS.len(), 0, 0));
+    assert!(pending_summary(std::slice::from_ref(&row)).is_none());
+
+    // Make the sim backward cell pending, as a missing formula would.
+    let k = COLUMNS
+        .iter()
+        .position(|c| c.check == Check::Backward && c.dtype == Some("sim"))
+        .unwrap();
+    let cell = row.cells[k].as_mut().unwrap();
+    cell.cases = 0;
+    cell.pending = vec!["exp"];
+    let t = tally(std::slice::from_ref(&row));
+    assert_eq!(
+        (t.passed, t.failed, t.pending, t.empty),
+        (COLUMNS.len() - 1, 0, 1, 0)
+    );
+    let line = pending_summary(std::slice::from_ref(&row)).unwrap();
+    assert!(line.contains("1 cell(s) pending, ops: exp"), "{line}");
+    assert!(line.starts_with(PENDING), "{line}");
+}
