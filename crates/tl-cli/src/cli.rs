@@ -123,7 +123,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub batch_size: Option<usize>,
     /// Learning rate.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// The optimizer.
     #[arg(long, value_enum)]

@@ -15,7 +15,7 @@ use tl_conformance::checks::{
 use tl_conformance::verify::{COLUMNS, Row, row, row_names};
 use tl_conformance::{Check, RunConfig, registry};
 use tl_ir::{GraphData, Id};
-use tl_session::{Backend, Options, Session};
+use tl_session::Backend;
 use tl_spec::Tensor;
 use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 
@@ -140,7 +140,7 @@ pub fn names(only: &[String]) -> Result<Vec<String>> {
 /// Check that `backend` can be verified here (cuda: the session's "not available" error).
 pub fn check_backend(backend: Backend) -> Result<()> {
     if backend == Backend::Cuda {
-        Session::<f32>::new(Options::backend(backend))?;
+        crate::runner::session(backend, false, false)?;
         return Err(CliError::new(
             "backend cuda: the harness has no real-device backend yet; use --backend cuda-sim",
         ));
