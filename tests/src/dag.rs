@@ -19,6 +19,8 @@ use tl_spec::{Shape, Tensor, can_broadcast_to};
 use crate::generate::{direction, regroup, tensors};
 use crate::{GraphCase, Tol, kink_margin};
 
+mod index_step;
+
 /// Largest magnitude any value of an accepted DAG may reach.
 pub const VALUE_BOUND: f64 = 100.0;
 /// Smallest distance from a kink accepted at a kinked op's operands.
@@ -30,7 +32,7 @@ pub const DAG_TOL: Tol = Tol {
     ..Tol::DEFAULT
 };
 /// Number of entries of the step menu.
-pub const MENU_LEN: u8 = 32;
+pub const MENU_LEN: u8 = 48;
 
 /// What kind of DAGs to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,20 +96,20 @@ pub fn dag_cases(opts: DagOptions) -> BoxedStrategy<GraphCase> {
     .prop_filter_map(
         "DAG values out of bounds or too close to a kink",
         move |((shapes, steps, out, rg), leaves)| {
-            let (graph, out) = build(&shapes, &rg, &steps, out, opts);
-            well_conditioned(&graph, &leaves).then_some((graph, out, leaves))
+            let (graph, out, nats) = build_with_nats(&shapes, &rg, &steps, out, opts);
+            well_conditioned_with(&graph, &leaves, &nats).then_some((graph, out, leaves, nats))
         },
     )
-    .prop_flat_map(|(graph, out, leaves)| {
+    .prop_flat_map(|(graph, out, leaves, nats)| {
         let shape = graph.shape(out).expect("out exists").clone();
-        (Just((graph, out, leaves)), direction(shape))
+        (Just((graph, out, leaves, nats)), direction(shape))
     })
-    .prop_map(|((graph, out, leaves), seed)| GraphCase {
+    .prop_map(|((graph, out, leaves, nats), seed)| GraphCase {
         graph,
         leaves,
         out,
         seed,
-        nats: Vec::new(),
+        nats,
     })
     .boxed()
 }
@@ -128,7 +130,12 @@ fn leaf_shape(kind: u8, m: usize, n: usize) -> Shape {
 /// keep [`KINK_MARGIN`] from its kinks (`max`/`min` of one id with itself is an exact tie on
 /// every backend and allowed).
 pub fn well_conditioned(graph: &GraphData, leaves: &[Tensor<f64>]) -> bool {
-    let Ok(values) = graph.eval(leaves, &[]) else {
+    well_conditioned_with(graph, leaves, &[])
+}
+
+/// [`well_conditioned`] for a graph whose index ops read the Nat environment `nats`.
+pub fn well_conditioned_with(graph: &GraphData, leaves: &[Tensor<f64>], nats: &[usize]) -> bool {
+    let Ok(values) = graph.eval(leaves, nats) else {
         return false;
     };
     let bounded = values.iter().all(|t| {
@@ -147,7 +154,8 @@ pub fn well_conditioned(graph: &GraphData, leaves: &[Tensor<f64>]) -> bool {
         })
 }
 
-/// Turn a plan into a graph; returns it and the output id.
+/// Turn a plan into a graph; returns it and the output id (for plans whose steps read no Nat
+/// environment; see [`build_with_nats`]).
 pub fn build(
     shapes: &[Shape],
     requires_grad: &[bool],
@@ -155,8 +163,22 @@ pub fn build(
     out: Option<u16>,
     opts: DagOptions,
 ) -> (GraphData, Id) {
+    let (graph, out, _) = build_with_nats(shapes, requires_grad, steps, out, opts);
+    (graph, out)
+}
+
+/// Turn a plan into a graph; returns it, the output id and the Nat environment its index steps
+/// appended their indices and labels to.
+pub fn build_with_nats(
+    shapes: &[Shape],
+    requires_grad: &[bool],
+    steps: &[Step],
+    out: Option<u16>,
+    opts: DagOptions,
+) -> (GraphData, Id, Vec<usize>) {
     let mut d = Dag {
         b: GraphBuilder::new(),
+        nats: Vec::new(),
     };
     for (k, s) in shapes.iter().enumerate() {
         let rg = requires_grad.get(k).copied().unwrap_or(true);
@@ -172,11 +194,13 @@ pub fn build(
         Some(k) => first_node + usize::from(k) % (len - first_node),
         None => len - 1,
     };
-    (d.b.finish(), out)
+    (d.b.finish(), out, d.nats)
 }
 
 struct Dag {
     b: GraphBuilder,
+    /// The Nat environment: index steps append their indices here.
+    nats: Vec<usize>,
 }
 
 impl Dag {
@@ -328,6 +352,7 @@ impl Dag {
                 let y = self.adapt(y, &sx);
                 self.add(Op::MseLoss, &[x, y]);
             }
+            k @ 40..=47 => self.index_step(k, x, y, p),
             _ => {
                 let c = Tensor::from_fn(sx, |i| ((i * 7 + usize::from(p)) % 11) as f64 * 0.2 - 1.0);
                 let c = self.add(Op::Constant(c), &[]);

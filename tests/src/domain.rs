@@ -114,7 +114,24 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | Linear
         | Softmax
         | LogSoftmax
-        | MseLoss => None,
+        | MseLoss
+        | Gelu
+        | Silu
+        | Concat
+        | Slice { .. }
+        | CrossEntropy { .. }
+        | GatherScalar { .. }
+        | GatherRow { .. }
+        | GatherScalarRaw { .. }
+        | GatherRowRaw { .. }
+        | GatherScalarNat { .. }
+        | GatherRowNat { .. }
+        | GatherScalarsNatVec { .. }
+        | GatherRowsNatVec { .. }
+        // The index operand of `gather` is never perturbed (it is an index operand).
+        | GatherIndexTensor
+        | ScatterAddVec { .. }
+        | ScatterAddRow { .. } => None,
     }
 }
 

@@ -99,6 +99,9 @@ pub struct OpInfo {
     pub tol: Tol,
     /// Generates valid cases (parameters, operand shapes and values) of a given size.
     pub generate: fn(Size) -> BoxedStrategy<OpCase>,
+    /// Operands that are indices (e.g. `gather`'s index tensor): never differentiated, so
+    /// finite differences do not perturb them and require the VJP to give them no gradient.
+    pub index_operands: &'static [usize],
 }
 
 impl std::fmt::Debug for OpInfo {
@@ -119,6 +122,7 @@ fn entry(name: &'static str, generate: fn(Size) -> BoxedStrategy<OpCase>) -> OpI
         note: "",
         tol: Tol::DEFAULT,
         generate,
+        index_operands: &[],
     }
 }
 
@@ -131,6 +135,11 @@ impl OpInfo {
     /// Three small cases for every large one (checks 1, 2 and 4).
     pub fn mixed_cases(&self) -> BoxedStrategy<OpCase> {
         prop_oneof![3 => (self.generate)(Size::Small), 1 => (self.generate)(Size::Large)].boxed()
+    }
+
+    fn indices(mut self, operands: &'static [usize]) -> Self {
+        self.index_operands = operands;
+        self
     }
 
     fn no_fd(mut self, why: &'static str) -> Self {
@@ -203,6 +212,38 @@ registry! {
     Op::Softmax => entry("softmax", |z| unary(z, Op::Softmax, Any(3.0))),
     Op::LogSoftmax => entry("logSoftmax", |z| unary(z, Op::LogSoftmax, Any(3.0))),
     Op::MseLoss => entry("mseLoss", mse_loss),
+    Op::Gelu => entry("gelu", |z| unary(z, Op::Gelu, Any(4.0))),
+    Op::Silu => entry("silu", |z| unary(z, Op::Silu, Any(4.0))),
+    Op::Concat => entry("concat0", concat),
+    Op::Slice { .. } => entry("sliceRange0", slice),
+    Op::CrossEntropy { .. } => entry("crossEntropy", cross_entropy),
+    Op::GatherScalar { .. } => entry("gatherScalar", |z| {
+        gather_static(z, 1, true, |index| Op::GatherScalar { index })
+    }),
+    Op::GatherRow { .. } => entry("gatherRow", |z| {
+        gather_static(z, 2, true, |index| Op::GatherRow { index })
+    }),
+    Op::GatherScalarRaw { .. } => entry("gatherScalarRaw", |z| {
+        gather_static(z, 1, false, |index| Op::GatherScalarRaw { index })
+    }),
+    Op::GatherRowRaw { .. } => entry("gatherRowRaw", |z| {
+        gather_static(z, 2, false, |index| Op::GatherRowRaw { index })
+    }),
+    Op::GatherScalarNat { .. } => entry("gatherScalarNat", |z| {
+        gather_nat(z, 1, true, |at, _| Op::GatherScalarNat { at })
+    }),
+    Op::GatherRowNat { .. } => entry("gatherRowNat", |z| {
+        gather_nat(z, 2, true, |at, _| Op::GatherRowNat { at })
+    }),
+    Op::GatherScalarsNatVec { .. } => entry("gatherScalarsNatVec", |z| {
+        gather_nat(z, 1, false, |at, k| Op::GatherScalarsNatVec { at, k })
+    }),
+    Op::GatherRowsNatVec { .. } => entry("gatherRowsNatVec", |z| {
+        gather_nat(z, 2, false, |at, k| Op::GatherRowsNatVec { at, k })
+    }),
+    Op::GatherIndexTensor => entry("gather", gather_index_tensor).indices(&[1]),
+    Op::ScatterAddVec { .. } => entry("scatterAddVec", |z| scatter_add(z, false)),
+    Op::ScatterAddRow { .. } => entry("scatterAddRow", |z| scatter_add(z, true)),
 }
 
 /// The entry named `name`, if any.

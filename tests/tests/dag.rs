@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::strategy::{Strategy, ValueTree};
-use tl_conformance::dag::{DagOptions, KINK_MARGIN, VALUE_BOUND, dag_cases, well_conditioned};
+use tl_conformance::dag::{
+    DagOptions, KINK_MARGIN, VALUE_BOUND, dag_cases, well_conditioned, well_conditioned_with,
+};
 use tl_conformance::{GraphCase, RunConfig, registry};
 
 fn sample(opts: DagOptions, n: usize) -> Vec<GraphCase> {
@@ -72,7 +74,7 @@ fn dag_options_are_honoured_and_cases_are_well_conditioned() {
     for c in sample(opts, 100) {
         assert!(c.graph.leaves().iter().all(|l| l.requires_grad));
         assert!(c.graph.nodes().iter().all(|n| n.op().name() != "detach"));
-        assert!(well_conditioned(&c.graph, &c.leaves), "{c:?}");
+        assert!(well_conditioned_with(&c.graph, &c.leaves, &c.nats), "{c:?}");
         let values = c.graph.eval(&c.leaves, &[]).unwrap();
         let biggest = values
             .iter()

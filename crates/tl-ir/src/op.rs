@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use tl_spec::ops::{elementwise, linalg, loss, reduce, shape, softmax};
+use tl_spec::ops::{
+    concat, cross_entropy, elementwise, index, linalg, loss, reduce, shape, softmax,
+};
 use tl_spec::{Error as SpecError, Shape, Tensor, broadcast};
 
 use crate::{Error, Result};
@@ -22,6 +24,8 @@ pub enum Family {
     Softmax,
     /// Losses.
     Loss,
+    /// Gathers and scatter-adds (indices are never differentiable).
+    Index,
 }
 
 /// One op, with its static parameters. Operand order follows the seeds (e.g. `Linear` takes
@@ -79,6 +83,10 @@ pub enum Op {
     Detach,
     /// A constant tensor node (no operands, no gradient). PyTorch: `torch.tensor(...)`.
     Constant(Tensor<f64>),
+    /// `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))`. PyTorch: `F.gelu(x, approximate="tanh")`.
+    Gelu,
+    /// `x·sigmoid(x)`. PyTorch: `F.silu`.
+    Silu,
 
     // ---- shape ----
     /// Same elements, new shape of equal size. PyTorch: `torch.reshape`.
@@ -97,6 +105,17 @@ pub enum Op {
     SwapAdjacent(usize),
     /// numpy-style broadcast to a target shape. PyTorch: `x.expand(shape)`.
     BroadcastTo(Shape),
+    /// `(a, b)` joined along axis 0 (equal trailing dims); on 1-D operands the seeds'
+    /// `concat1d` (see [`Op::concat1d`]). PyTorch: `torch.cat([a, b], 0)`.
+    Concat,
+    /// `x[start..start+len]` along axis 0, bounds checked at record time; on 1-D the seeds'
+    /// `slice1d` (see [`Op::slice1d`]). PyTorch: `x[start:start+len]`.
+    Slice {
+        /// First row.
+        start: usize,
+        /// Number of rows.
+        len: usize,
+    },
 
     // ---- reduce ----
     /// Sum of all elements → scalar. PyTorch: `x.sum()`.
@@ -123,6 +142,75 @@ pub enum Op {
     // ---- loss ----
     /// `(ŷ, y) ↦ Σ(ŷ−y)²/N`. PyTorch: `F.mse_loss(reduction="mean")`.
     MseLoss,
+    /// Mean over rows of `−logSoftmax(logits)[r, label_r]`; logits (rows, classes) or (classes),
+    /// labels `natVecAt(nats, labels_at, rows)`; a label ≥ classes gives its row 0 and no
+    /// gradient. PyTorch: `F.cross_entropy` (which raises on such a label).
+    CrossEntropy {
+        /// Position of the first label in the Nat environment.
+        labels_at: usize,
+    },
+
+    // ---- index (see `tl_spec::ops::index`) ----
+    /// `x[index]` of a 1-D x → scalar; index checked at record time. PyTorch: `x[i]`.
+    GatherScalar {
+        /// The element.
+        index: usize,
+    },
+    /// Row `index` of a 2-D x → (cols); index checked at record time. PyTorch: `x[i]`.
+    GatherRow {
+        /// The row.
+        index: usize,
+    },
+    /// `x[index]` of a 1-D x with an unchecked raw index: out of range → 0, no gradient.
+    GatherScalarRaw {
+        /// The element (may be out of range).
+        index: usize,
+    },
+    /// Row `index` of a 2-D x, unchecked: out of range → a zero row, no gradient.
+    GatherRowRaw {
+        /// The row (may be out of range).
+        index: usize,
+    },
+    /// `x[natAt(nats, at)]` of a 1-D x → scalar; totalized (out of range → 0, no gradient).
+    GatherScalarNat {
+        /// Position of the index in the Nat environment.
+        at: usize,
+    },
+    /// Row `natAt(nats, at)` of a 2-D x → (cols); totalized (out of range → zero row).
+    GatherRowNat {
+        /// Position of the index in the Nat environment.
+        at: usize,
+    },
+    /// `k` elements of a 1-D x at `natVecAt(nats, at, k)` → (k); totalized; repeated indices
+    /// accumulate in the gradient. PyTorch: `x[idx]` (which raises when out of range).
+    GatherScalarsNatVec {
+        /// Position of the first index in the Nat environment.
+        at: usize,
+        /// Number of indices.
+        k: usize,
+    },
+    /// `k` rows of a 2-D x at `natVecAt(nats, at, k)` → (k, cols); totalized.
+    /// PyTorch: `torch.index_select(x, 0, idx)`.
+    GatherRowsNatVec {
+        /// Position of the first index in the Nat environment.
+        at: usize,
+        /// Number of indices.
+        k: usize,
+    },
+    /// `(x, idx) ↦ x[idx]`: x (n) or (rows, cols), idx a 1-D tensor of indices (non-negative
+    /// integral values in range; anything else gives 0 / a zero row); idx gets no gradient.
+    /// PyTorch: `torch.index_select(x, 0, idx.long())`.
+    GatherIndexTensor,
+    /// `(x, v) ↦ x` with `x[index] += v`; x (n), v scalar. PyTorch: `x.index_add(0, i, v)`.
+    ScatterAddVec {
+        /// The element (checked at record time).
+        index: usize,
+    },
+    /// `(x, v) ↦ x` with row `index` += v; x (rows, cols), v (cols). PyTorch: `x.index_add`.
+    ScatterAddRow {
+        /// The row (checked at record time).
+        index: usize,
+    },
 }
 
 impl Op {
@@ -167,6 +255,22 @@ impl Op {
             Softmax => "softmax",
             LogSoftmax => "logSoftmax",
             MseLoss => "mseLoss",
+            Gelu => "gelu",
+            Silu => "silu",
+            Concat => "concat0",
+            Slice { .. } => "sliceRange0",
+            CrossEntropy { .. } => "crossEntropy",
+            GatherScalar { .. } => "gatherScalar",
+            GatherRow { .. } => "gatherRow",
+            GatherScalarRaw { .. } => "gatherScalarRaw",
+            GatherRowRaw { .. } => "gatherRowRaw",
+            GatherScalarNat { .. } => "gatherScalarNat",
+            GatherRowNat { .. } => "gatherRowNat",
+            GatherScalarsNatVec { .. } => "gatherScalarsNatVec",
+            GatherRowsNatVec { .. } => "gatherRowsNatVec",
+            GatherIndexTensor => "gather",
+            ScatterAddVec { .. } => "scatterAddVec",
+            ScatterAddRow { .. } => "scatterAddRow",
         }
     }
 
@@ -193,13 +297,34 @@ impl Op {
             | Softplus
             | SafeLog { .. }
             | Detach
-            | Constant(_) => Family::Elementwise,
-            Reshape(_) | Flatten | Transpose2d | PermuteBca | PermuteCab | SwapLastTwo
-            | SwapAdjacent(_) | BroadcastTo(_) => Family::Shape,
+            | Constant(_)
+            | Gelu
+            | Silu => Family::Elementwise,
+            Reshape(_)
+            | Flatten
+            | Transpose2d
+            | PermuteBca
+            | PermuteCab
+            | SwapLastTwo
+            | SwapAdjacent(_)
+            | BroadcastTo(_)
+            | Concat
+            | Slice { .. } => Family::Shape,
             Sum | ReduceSum(_) | ReduceMean(_) => Family::Reduce,
             Matmul | Bmm | Linear => Family::Linalg,
             Softmax | LogSoftmax => Family::Softmax,
-            MseLoss => Family::Loss,
+            MseLoss | CrossEntropy { .. } => Family::Loss,
+            GatherScalar { .. }
+            | GatherRow { .. }
+            | GatherScalarRaw { .. }
+            | GatherRowRaw { .. }
+            | GatherScalarNat { .. }
+            | GatherRowNat { .. }
+            | GatherScalarsNatVec { .. }
+            | GatherRowsNatVec { .. }
+            | GatherIndexTensor
+            | ScatterAddVec { .. }
+            | ScatterAddRow { .. } => Family::Index,
         }
     }
 
@@ -208,7 +333,8 @@ impl Op {
         use Op::*;
         match self {
             Constant(_) => 0,
-            Add | Sub | Mul | Div | Max | Min | Matmul | Bmm | MseLoss => 2,
+            Add | Sub | Mul | Div | Max | Min | Matmul | Bmm | MseLoss | Concat => 2,
+            GatherIndexTensor | ScatterAddVec { .. } | ScatterAddRow { .. } => 2,
             Linear => 3,
             _ => 1,
         }
@@ -217,7 +343,25 @@ impl Op {
     /// Whether the op reads the Nat environment (runtime indices, labels). Tapes snapshot the
     /// environment for such nodes so their backward sees the indices their forward used.
     pub fn reads_nats(&self) -> bool {
-        false
+        use Op::*;
+        matches!(
+            self,
+            GatherScalarNat { .. }
+                | GatherRowNat { .. }
+                | GatherScalarsNatVec { .. }
+                | GatherRowsNatVec { .. }
+                | CrossEntropy { .. }
+        )
+    }
+
+    /// `concat1d`: [`Op::Concat`] on two 1-D operands (the seeds' name for that case).
+    pub fn concat1d() -> Op {
+        Op::Concat
+    }
+
+    /// `slice1d(start, len)`: [`Op::Slice`] on a 1-D operand (the seeds' name for that case).
+    pub fn slice1d(start: usize, len: usize) -> Op {
+        Op::Slice { start, len }
     }
 
     /// Whether gradients flow through the op to its operands (false for `detach`, `constant`).
@@ -242,9 +386,8 @@ impl Op {
             Scale(c) => elementwise::scale_params(*c).map(|()| s[0].clone()),
             Clamp { lo, hi } => elementwise::clamp_params(*lo, *hi).map(|()| s[0].clone()),
             SafeLog { eps } => elementwise::safe_log_params(*eps).map(|()| s[0].clone()),
-            Abs | Sqrt | Exp | Log | Inv | Relu | Sigmoid | Tanh | Softplus | Detach => {
-                Ok(s[0].clone())
-            }
+            Abs | Sqrt | Exp | Log | Inv | Relu | Sigmoid | Tanh | Softplus | Detach | Gelu
+            | Silu => Ok(s[0].clone()),
             Constant(t) => Ok(t.shape().clone()),
             Reshape(to) => shape::reshape_shape(s[0], to),
             Flatten => Ok(shape::flatten_shape(s[0])),
@@ -263,6 +406,22 @@ impl Op {
             Softmax => softmax::softmax_shape("softmax", s[0]),
             LogSoftmax => softmax::softmax_shape("logSoftmax", s[0]),
             MseLoss => loss::mse_loss_shape(s[0], s[1]),
+            Concat => concat::concat_shape(s[0], s[1]),
+            Slice { start, len } => concat::slice_shape(s[0], *start, *len),
+            CrossEntropy { .. } => cross_entropy::cross_entropy_shape(s[0]),
+            GatherScalar { index } => index::gather_scalar_shape(self.name(), s[0], Some(*index)),
+            GatherRow { index } => index::gather_row_shape(self.name(), s[0], Some(*index)),
+            GatherScalarRaw { .. } | GatherScalarNat { .. } => {
+                index::gather_scalar_shape(self.name(), s[0], None)
+            }
+            GatherRowRaw { .. } | GatherRowNat { .. } => {
+                index::gather_row_shape(self.name(), s[0], None)
+            }
+            GatherScalarsNatVec { k, .. } => index::gather_scalars_shape(self.name(), s[0], *k),
+            GatherRowsNatVec { k, .. } => index::gather_rows_shape(self.name(), s[0], *k),
+            GatherIndexTensor => index::gather_index_tensor_shape(s[0], s[1]),
+            ScatterAddVec { index } => index::scatter_add_vec_shape(s[0], s[1], *index),
+            ScatterAddRow { index } => index::scatter_add_row_shape(s[0], s[1], *index),
         };
         Ok(out?)
     }
@@ -281,6 +440,18 @@ impl fmt::Debug for Op {
             BroadcastTo(s) => write!(f, "broadcastTo{s}"),
             ReduceSum(a) => write!(f, "reduceSum(axis={a})"),
             ReduceMean(a) => write!(f, "reduceMean(axis={a})"),
+            Slice { start, len } => write!(f, "sliceRange0(start={start}, len={len})"),
+            CrossEntropy { labels_at } => write!(f, "crossEntropy(labels_at={labels_at})"),
+            GatherScalar { index }
+            | GatherRow { index }
+            | GatherScalarRaw { index }
+            | GatherRowRaw { index }
+            | ScatterAddVec { index }
+            | ScatterAddRow { index } => write!(f, "{}({index})", self.name()),
+            GatherScalarNat { at } | GatherRowNat { at } => write!(f, "{}(at={at})", self.name()),
+            GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => {
+                write!(f, "{}(at={at}, k={k})", self.name())
+            }
             other => f.write_str(other.name()),
         }
     }

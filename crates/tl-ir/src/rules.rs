@@ -4,6 +4,8 @@
 //! checked by [`Op::infer_shape`] before any of these run. `nats` is the Nat environment (runtime
 //! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
+use tl_spec::ops::index::{self as ix, nat_at, nat_vec_at};
+use tl_spec::ops::{activation as act, concat, cross_entropy as ce};
 use tl_spec::ops::{elementwise as ew, linalg, loss, reduce, shape, softmax};
 use tl_spec::{Scalar, Tensor, broadcast};
 
@@ -25,8 +27,15 @@ fn arity_check(op: &Op, n: usize) -> Result<()> {
 
 /// The reference value of `op` applied to `x`.
 pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tensor<T>> {
-    let _ = nats;
     arity_check(op, x.len())?;
+    if let Some(idx) = gather_indices(op, x, nats) {
+        return Ok(ix::gather(
+            op.name(),
+            x[0],
+            &idx,
+            op.infer_shape(&shapes(x))?,
+        )?);
+    }
     use Op::*;
     let y = match op {
         Add => ew::add(x[0], x[1]),
@@ -66,6 +75,29 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         Softmax => Ok(softmax::softmax(x[0])),
         LogSoftmax => Ok(softmax::log_softmax(x[0])),
         MseLoss => loss::mse_loss(x[0], x[1]),
+        Gelu => Ok(act::gelu(x[0])),
+        Silu => Ok(act::silu(x[0])),
+        Concat => concat::concat(x[0], x[1]),
+        Slice { start, len } => concat::slice(x[0], *start, *len),
+        CrossEntropy { labels_at } => {
+            ce::cross_entropy(x[0], &ce::labels(x[0].shape(), nats, *labels_at)?)
+        }
+        ScatterAddVec { index } | ScatterAddRow { index } => {
+            op.infer_shape(&shapes(x))?;
+            ix::scatter_add(op.name(), x[0], x[1], *index)
+        }
+        GatherScalar { .. }
+        | GatherRow { .. }
+        | GatherScalarRaw { .. }
+        | GatherRowRaw { .. }
+        | GatherScalarNat { .. }
+        | GatherRowNat { .. }
+        | GatherScalarsNatVec { .. }
+        | GatherRowsNatVec { .. }
+        | GatherIndexTensor => Err(tl_spec::Error::param(
+            op.name(),
+            "gathers dispatch before this match",
+        )),
     };
     Ok(y?)
 }
@@ -78,8 +110,17 @@ pub fn vjp<T: Scalar>(
     g: &Tensor<T>,
     nats: &[usize],
 ) -> Result<Vec<Option<Tensor<T>>>> {
-    let _ = nats;
     arity_check(op, x.len())?;
+    if let Some(idx) = gather_indices(op, x, nats) {
+        op.infer_shape(&shapes(x))?;
+        let dx = ix::gather_vjp(op.name(), x[0].shape(), &idx, g)?;
+        // The index tensor of `gather` never gets a gradient.
+        return Ok(if op.arity() == 2 {
+            vec![Some(dx), None]
+        } else {
+            vec![Some(dx)]
+        });
+    }
     use Op::*;
     let one = |t: tl_spec::Result<Tensor<T>>| t.map(|t| vec![Some(t)]);
     let two = |t: tl_spec::Result<(Tensor<T>, Tensor<T>)>| t.map(|(a, b)| vec![Some(a), Some(b)]);
@@ -121,6 +162,29 @@ pub fn vjp<T: Scalar>(
         Softmax => one(softmax::softmax_vjp(x[0], g)),
         LogSoftmax => one(softmax::log_softmax_vjp(x[0], g)),
         MseLoss => two(loss::mse_loss_vjp(x[0], x[1], g)),
+        Gelu => one(act::gelu_vjp(x[0], g)),
+        Silu => one(act::silu_vjp(x[0], g)),
+        Concat => two(concat::concat_vjp(x[0], x[1], g)),
+        Slice { start, len } => one(concat::slice_vjp(x[0], *start, *len, g)),
+        CrossEntropy { labels_at } => ce::labels(x[0].shape(), nats, *labels_at)
+            .and_then(|l| ce::cross_entropy_vjp(x[0], &l, g))
+            .map(|d| vec![Some(d)]),
+        ScatterAddVec { index } | ScatterAddRow { index } => {
+            op.infer_shape(&shapes(x))?;
+            two(ix::scatter_add_vjp(op.name(), x[0], x[1], *index, g))
+        }
+        GatherScalar { .. }
+        | GatherRow { .. }
+        | GatherScalarRaw { .. }
+        | GatherRowRaw { .. }
+        | GatherScalarNat { .. }
+        | GatherRowNat { .. }
+        | GatherScalarsNatVec { .. }
+        | GatherRowsNatVec { .. }
+        | GatherIndexTensor => Err(tl_spec::Error::param(
+            op.name(),
+            "gathers dispatch before this match",
+        )),
     };
     Ok(grads?)
 }
@@ -134,6 +198,15 @@ pub fn jvp<T: Scalar>(
 ) -> Result<Tensor<T>> {
     arity_check(op, x.len())?;
     arity_check(op, dx.len())?;
+    if let Some(idx) = gather_indices(op, x, nats) {
+        // Gathers are linear in x; the indices come from x (never from a tangent).
+        return Ok(ix::gather(
+            op.name(),
+            dx[0],
+            &idx,
+            op.infer_shape(&shapes(x))?,
+        )?);
+    }
     use Op::*;
     let t = match op {
         Add => ew::add_jvp(x[0], x[1], dx[0], dx[1]),
@@ -167,6 +240,52 @@ pub fn jvp<T: Scalar>(
         Softmax => softmax::softmax_jvp(x[0], dx[0]),
         LogSoftmax => softmax::log_softmax_jvp(x[0], dx[0]),
         MseLoss => loss::mse_loss_jvp(x[0], x[1], dx[0], dx[1]),
+        Gelu => act::gelu_jvp(x[0], dx[0]),
+        Silu => act::silu_jvp(x[0], dx[0]),
+        // Linear in all operands: the op applied to the tangents.
+        Concat | Slice { .. } | ScatterAddVec { .. } | ScatterAddRow { .. } => {
+            return value(op, dx, nats);
+        }
+        CrossEntropy { labels_at } => ce::labels(x[0].shape(), nats, *labels_at)
+            .and_then(|l| ce::cross_entropy_jvp(x[0], &l, dx[0])),
+        GatherScalar { .. }
+        | GatherRow { .. }
+        | GatherScalarRaw { .. }
+        | GatherRowRaw { .. }
+        | GatherScalarNat { .. }
+        | GatherRowNat { .. }
+        | GatherScalarsNatVec { .. }
+        | GatherRowsNatVec { .. }
+        | GatherIndexTensor => Err(tl_spec::Error::param(
+            op.name(),
+            "gathers dispatch before this match",
+        )),
     };
     Ok(t?)
+}
+
+fn shapes<'a, T: Scalar>(x: Args<'a, T>) -> Vec<&'a tl_spec::Shape> {
+    x.iter().map(|t| t.shape()).collect()
+}
+
+/// The row indices a gather reads (static, raw, from the Nat environment or from its index
+/// tensor), or `None` for an op that is not a gather. Out-of-range indices are kept as they are;
+/// `tl_spec::ops::index::gather` gives them a zero row (and its VJP no gradient).
+pub fn gather_indices<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Option<Vec<usize>> {
+    use Op::*;
+    let rows = || {
+        x.first()
+            .and_then(|t| t.shape().dims().first().copied())
+            .unwrap_or(0)
+    };
+    Some(match op {
+        GatherScalar { index }
+        | GatherRow { index }
+        | GatherScalarRaw { index }
+        | GatherRowRaw { index } => vec![*index],
+        GatherScalarNat { at } | GatherRowNat { at } => vec![nat_at(nats, *at)],
+        GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => nat_vec_at(nats, *at, *k),
+        GatherIndexTensor => ix::index_tensor_values(x.get(1)?, rows()),
+        _ => return None,
+    })
 }

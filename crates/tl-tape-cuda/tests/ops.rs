@@ -95,6 +95,23 @@ fn cases(op: &Op) -> Vec<Case> {
             case(op.clone(), &[(s, Any), (s, Any)]),
             case(op.clone(), &[(m23, Any), (m23, Any)]).frozen(&[1]),
         ],
+        // issue 4: CUDA formula pending (the tape answers Unsupported for these).
+        Gelu
+        | Silu
+        | Concat
+        | Slice { .. }
+        | CrossEntropy { .. }
+        | GatherScalar { .. }
+        | GatherRow { .. }
+        | GatherScalarRaw { .. }
+        | GatherRowRaw { .. }
+        | GatherScalarNat { .. }
+        | GatherRowNat { .. }
+        | GatherScalarsNatVec { .. }
+        | GatherRowsNatVec { .. }
+        | GatherIndexTensor
+        | ScatterAddVec { .. }
+        | ScatterAddRow { .. } => Vec::new(),
     }
 }
 

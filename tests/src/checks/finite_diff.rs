@@ -59,6 +59,17 @@ fn compare(k: &str, g: &Tensor<f64>, fd: &Tensor<f64>, tol: f64) -> CaseResult {
 
 /// One case of check 3 on an op: every operand's spec VJP against central differences.
 pub fn fd_case(case: &OpCase, w: &Tensor<f64>, tol: f64) -> CaseResult {
+    fd_case_indexed(case, w, tol, &[])
+}
+
+/// [`fd_case`] for an op with index operands (`index_operands`, see
+/// [`OpInfo::index_operands`]): those are not perturbed, and their VJP must be `None`.
+pub fn fd_case_indexed(
+    case: &OpCase,
+    w: &Tensor<f64>,
+    tol: f64,
+    index_operands: &[usize],
+) -> CaseResult {
     let grads = rules::vjp(&case.op, &case.args(), w, &case.nats)
         .map_err(|e| format!("spec VJP failed: {e}"))?;
     if grads.len() != case.inputs.len() {
@@ -76,6 +87,12 @@ pub fn fd_case(case: &OpCase, w: &Tensor<f64>, tol: f64) -> CaseResult {
     };
     let mut worst = Measured { err: 0.0, tol };
     for (k, g) in grads.iter().enumerate() {
+        if index_operands.contains(&k) {
+            if g.is_some() {
+                return Err(format!("spec VJP gives a gradient to index operand x{k}"));
+            }
+            continue;
+        }
         let g = g
             .as_ref()
             .ok_or_else(|| format!("spec VJP gives no gradient for operand x{k}"))?;
@@ -113,6 +130,7 @@ pub fn fd_dag_case(case: &GraphCase, tol: f64) -> CaseResult {
 pub fn check_finite_diff(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let label = format!("3 fd {}", entry.name);
     let tol = entry.tol.fd;
+    let index_operands = entry.index_operands;
     let cases = entry
         .cases()
         .prop_flat_map(|case| {
@@ -123,7 +141,9 @@ pub fn check_finite_diff(entry: &OpInfo, cfg: &RunConfig) -> Report {
             case,
             extra: vec![("w (cotangent)", w)],
         });
-    run_check(label, cfg, cases, |c| fd_case(&c.case, &c.extra[0].1, tol))
+    run_check(label, cfg, cases, |c| {
+        fd_case_indexed(&c.case, &c.extra[0].1, tol, index_operands)
+    })
 }
 
 /// Check 3 on random DAGs without `detach` (whose gradient is zero by definition), every leaf

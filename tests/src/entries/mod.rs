@@ -9,6 +9,11 @@ use tl_spec::Shape;
 use crate::generate::{Size, any_shape, capped, elements, regroup, shape, tensor, tensors};
 use crate::{Domain, OpCase};
 
+mod concat;
+mod index;
+pub use concat::*;
+pub use index::*;
+
 /// Margin kept between a clamp operand and either bound.
 pub const CLAMP_MARGIN: f64 = 0.05;
 /// Smallest `|a − b|` generated for `max`/`min` outside the dedicated tie tests.

@@ -5,7 +5,11 @@
 //!
 //! Conventions (ties, kinks, stable forms) are those of the project's `docs/semantics.md`.
 
+pub mod activation;
+pub mod concat;
+pub mod cross_entropy;
 pub mod elementwise;
+pub mod index;
 pub mod linalg;
 pub mod loss;
 pub mod reduce;

@@ -10,13 +10,20 @@
 //! - [`reduce`] — `sum`, `reduceSum`, `reduceMean`
 //! - [`linalg`] — `matmul`, `bmm`, `linear` through a real GEMM (`matrixmultiply` via ndarray)
 //! - [`softmax`] — row softmax and log-softmax along the last axis
-//! - [`loss`] — `mseLoss`
+//! - [`loss`] — `mseLoss`; [`cross_entropy`] — `crossEntropy` (labels from the Nat environment)
+//! - [`concat`] — `concat0`, `sliceRange0` (Shape family); [`activation`] — `gelu`, `silu`
+//!   (Elementwise family)
+//! - [`index`] — gathers (static, raw, Nat-environment, index-tensor) and scatter-adds
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
 //! shapes rather than panic.
 
+pub mod activation;
+pub mod concat;
+pub mod cross_entropy;
 pub mod elementwise;
+pub mod index;
 pub mod linalg;
 pub mod loss;
 pub mod reduce;
@@ -35,7 +42,12 @@ pub type Grads<T> = SmallVec<[Option<Tensor<T>>; 3]>;
 /// Forward value of `op` on `x` (shapes already checked by the shape rule); `nats` is the Nat
 /// environment, read by the families that take runtime indices or labels.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<Tensor<T>> {
-    let _ = nats;
+    match op {
+        Op::Concat | Op::Slice { .. } => return concat::forward(op, x),
+        Op::Gelu | Op::Silu => return activation::forward(op, x),
+        Op::CrossEntropy { .. } => return cross_entropy::forward(op, x, nats),
+        _ => {}
+    }
     match op.family() {
         Family::Elementwise => elementwise::forward(op, x),
         Family::Shape => shape::forward(op, x),
@@ -43,6 +55,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Linalg => linalg::forward(op, x),
         Family::Softmax => softmax::forward(op, x),
         Family::Loss => loss::forward(op, x),
+        Family::Index => index::forward(op, x, nats),
     }
 }
 
@@ -55,7 +68,12 @@ pub fn backward<T: Scalar>(
     g: &Tensor<T>,
     nats: &[usize],
 ) -> Result<Grads<T>> {
-    let _ = nats;
+    match op {
+        Op::Concat | Op::Slice { .. } => return concat::backward(op, x, y, g),
+        Op::Gelu | Op::Silu => return activation::backward(op, x, y, g),
+        Op::CrossEntropy { .. } => return cross_entropy::backward(op, x, y, g, nats),
+        _ => {}
+    }
     match op.family() {
         Family::Elementwise => elementwise::backward(op, x, y, g),
         Family::Shape => shape::backward(op, x, y, g),
@@ -63,6 +81,7 @@ pub fn backward<T: Scalar>(
         Family::Linalg => linalg::backward(op, x, y, g),
         Family::Softmax => softmax::backward(op, x, y, g),
         Family::Loss => loss::backward(op, x, y, g),
+        Family::Index => index::backward(op, x, y, g, nats),
     }
 }
 
@@ -134,6 +153,13 @@ pub(crate) fn check_shape<T: Scalar>(
         )
         .into())
     }
+}
+
+/// The output shape of `op` on `x` by its shape rule, re-checked by kernels whose copies index
+/// by it (an error rather than an out-of-bounds panic).
+pub(crate) fn out_shape<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Shape> {
+    let shapes: Vec<&Shape> = x.iter().map(|t| t.shape()).collect();
+    Ok(op.infer_shape(&shapes)?)
 }
 
 /// A tensor of `shape` from a vector whose length is right by construction; the check stays, so

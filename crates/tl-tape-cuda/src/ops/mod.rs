@@ -122,6 +122,23 @@ pub fn forward<D: Device>(
                 workspace: vec![diff],
             });
         }
+        // issue 4: CUDA formula pending
+        Gelu
+        | Silu
+        | Concat
+        | Slice { .. }
+        | CrossEntropy { .. }
+        | GatherScalar { .. }
+        | GatherRow { .. }
+        | GatherScalarRaw { .. }
+        | GatherRowRaw { .. }
+        | GatherScalarNat { .. }
+        | GatherRowNat { .. }
+        | GatherScalarsNatVec { .. }
+        | GatherRowsNatVec { .. }
+        | GatherIndexTensor
+        | ScatterAddVec { .. }
+        | ScatterAddRow { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
     };
     Ok(Forward {
         value: wrap(dev, op, shape, value?)?,
@@ -234,6 +251,23 @@ fn backward_into<D: Device>(
             }
             g.set(1, d1)
         }
+        // issue 4: CUDA formula pending
+        Gelu
+        | Silu
+        | Concat
+        | Slice { .. }
+        | CrossEntropy { .. }
+        | GatherScalar { .. }
+        | GatherRow { .. }
+        | GatherScalarRaw { .. }
+        | GatherRowRaw { .. }
+        | GatherScalarNat { .. }
+        | GatherRowNat { .. }
+        | GatherScalarsNatVec { .. }
+        | GatherRowsNatVec { .. }
+        | GatherIndexTensor
+        | ScatterAddVec { .. }
+        | ScatterAddRow { .. } => Err(crate::Error::Unsupported { op: op.name() }),
     }
 }
 

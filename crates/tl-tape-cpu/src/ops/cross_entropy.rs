@@ -1,0 +1,81 @@
+//! `crossEntropy` with labels from the Nat environment (`natVecAt(nats, labels_at, rows)`): per
+//! row `lse(row) − row[label]` with a max-shifted log-sum-exp, averaged over all rows; a label ≥
+//! classes contributes 0 and gets no gradient. Backward: `(softmax(row) − onehot) · g / rows`.
+
+use smallvec::smallvec;
+use tl_ir::Op;
+use tl_spec::ops::index::nat_vec_at;
+use tl_spec::{Scalar, Shape, Tensor};
+
+use super::{Grads, check_arity, check_shape, out_shape, tensor, wrong_family};
+use crate::Result;
+
+/// Forward value of `crossEntropy`.
+pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<Tensor<T>> {
+    let (rows, c, labels) = setup(op, x, nats)?;
+    let mut s = T::zero();
+    for (row, &l) in x[0].data().chunks_exact(c).zip(&labels) {
+        if l < c {
+            s += lse(row) - row[l];
+        }
+    }
+    Ok(Tensor::scalar(s / T::lit(rows as f64)))
+}
+
+/// Cotangent of the logits.
+pub fn backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+    nats: &[usize],
+) -> Result<Grads<T>> {
+    let (rows, c, labels) = setup(op, x, nats)?;
+    check_shape(op, "output", y, &Shape::scalar())?;
+    check_shape(op, "cotangent", g, &Shape::scalar())?;
+    let k = g.data()[0] / T::lit(rows as f64);
+    let mut dx = vec![T::zero(); x[0].numel()];
+    for ((row, d), &l) in x[0]
+        .data()
+        .chunks_exact(c)
+        .zip(dx.chunks_exact_mut(c))
+        .zip(&labels)
+    {
+        if l < c {
+            let z = lse(row);
+            for (d, &v) in d.iter_mut().zip(row) {
+                *d = (v - z).exp() * k;
+            }
+            d[l] -= k;
+        }
+    }
+    Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])
+}
+
+/// Rows, classes and labels of a checked `crossEntropy` application.
+fn setup<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    nats: &[usize],
+) -> Result<(usize, usize, Vec<usize>)> {
+    check_arity(op, x)?;
+    let Op::CrossEntropy { labels_at } = op else {
+        return Err(wrong_family(op, "crossEntropy"));
+    };
+    out_shape(op, x)?;
+    let (rows, c) = match x[0].shape().dims() {
+        &[c] => (1, c),
+        d => (d[0], d[1]),
+    };
+    Ok((rows, c, nat_vec_at(nats, *labels_at, rows)))
+}
+
+/// `m + log Σ exp(v − m)`, m the row max.
+fn lse<T: Scalar>(row: &[T]) -> T {
+    let m = row.iter().copied().fold(T::neg_infinity(), T::max);
+    let mut s = T::zero();
+    for &v in row {
+        s += (v - m).exp();
+    }
+    m + s.ln()
+}
