@@ -5,23 +5,24 @@
 use std::fmt::Write as _;
 
 use tl_ir::GraphData;
-use tl_session::LinkedSession;
+use tl_session::Backend;
 
 use crate::Result;
 use crate::cli::ModelName;
 use crate::data::digits;
 use crate::model::Model;
+use crate::runner::session;
 
 /// Record one training step of `model` on the first `batch` training examples and return its
 /// graph.
 pub fn record(model: ModelName, batch: usize) -> Result<GraphData> {
-    let mut s = LinkedSession::<f32>::new();
-    let m = Model::new(model, &mut s, 0)?;
+    let mut s = session(Backend::Cpu, true, false)?;
+    let m = Model::new(model, s.as_mut(), 0)?;
     let (train, _) = digits()?;
     let idx: Vec<usize> = (0..batch.clamp(1, train.len())).collect();
     let (x, y) = train.batch(&idx);
-    m.forward(&mut s, x, Some(&y))?;
-    Ok(s.graph().clone())
+    m.forward(s.as_mut(), x, Some(&y))?;
+    Ok(s.graph().expect("a linked session records a graph").clone())
 }
 
 fn escape(s: &str) -> String {

@@ -11,7 +11,7 @@ use tl_cli::cli::{Cli, Command, EvalArgs, GraphArgs, TrainArgs, VerifyArgs};
 use tl_cli::train::{TrainConfig, eval_checkpoint, train};
 use tl_cli::{CliError, Result, checkpoint, dot, plot, verify};
 use tl_conformance::RunConfig;
-use tl_conformance::verify::{render_header, render_row, tally};
+use tl_conformance::verify::render_header;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -140,13 +140,13 @@ fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
         let r = verify::run_row(backend, name, &cfg)
             .ok_or_else(|| CliError::new(format!("no row named {name}")))?;
         if !a.json {
-            out(&render_row(&r));
+            out(&verify::render_row(&r));
         }
         pb.inc(1);
         rows.push(r);
     }
     pb.finish_and_clear();
-    let t = tally(&rows);
+    let t = verify::counts(&rows);
     if a.json {
         let v = verify::to_json(backend, &cfg, &rows);
         out(&format!(
@@ -155,9 +155,15 @@ fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
         ));
     } else {
         for report in rows.iter().flat_map(|r| r.cells.iter().flatten()) {
-            if !report.passed() {
+            if !report.passed() && !verify::is_pending(report) {
                 out(&format!("\n{report}\n"));
             }
+        }
+        if t.pending > 0 {
+            out(&format!(
+                "{} cell(s) pending: those ops have no CUDA formula yet (issue 4); not counted as failures\n",
+                t.pending
+            ));
         }
         out(&format!("{} passed, {} failed\n", t.passed, t.failed));
     }

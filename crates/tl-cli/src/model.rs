@@ -5,12 +5,14 @@
 //! multiHeadAttention and crossEntropy, fno needs spectralConv1dRfft, none of which are in
 //! `tl_ir::Op` in this build. Asking for them is a clear error ([`Model::new`]).
 
+use tl_ir::Op;
 use tl_session::models::{Activation, Mlp};
 use tl_session::{Ops, Param, TensorRef};
 use tl_spec::Tensor;
 
 use crate::cli::{ModelName, OptimizerName};
 use crate::data::{CLASSES, PIXELS};
+use crate::runner::Runner;
 use crate::{CliError, Result};
 
 /// Hidden width of the digits MLP.
@@ -102,7 +104,7 @@ impl Model {
     /// Record the parameters, the inputs `x` (B, features) and, if given, the one-hot targets
     /// of `labels` (all leaves first, as linked sessions require), then the forward pass.
     /// Returns the logits (B, classes) and, with labels, the mean cross-entropy loss.
-    pub fn forward<S: Ops<T = f32> + ?Sized>(
+    pub fn forward<S: Runner + ?Sized>(
         &self,
         s: &mut S,
         x: Tensor<f32>,
@@ -113,13 +115,17 @@ impl Model {
                 let leaves = m.use_params(s)?;
                 let batch = x.shape().dims()[0];
                 let x = s.input(x, false)?;
-                let onehot = match labels {
-                    Some(l) => Some(s.constant(one_hot(l, CLASSES))?),
+                let target = match labels {
+                    Some(l) if s.has_cross_entropy() => Some(Target::Labels(s.record_labels(l))),
+                    Some(l) => Some(Target::OneHot(s.constant(one_hot(l, CLASSES))?)),
                     None => None,
                 };
                 let logits = m.forward(s, &leaves, &x)?;
-                let loss = match onehot {
-                    Some(t) => Some(cross_entropy(s, &logits, &t, batch)?),
+                let loss = match target {
+                    Some(Target::Labels(at)) => {
+                        Some(s.apply(Op::CrossEntropy { labels_at: at }, &[&logits])?)
+                    }
+                    Some(Target::OneHot(t)) => Some(cross_entropy(s, &logits, &t, batch)?),
                     None => None,
                 };
                 Ok((logits, loss))
@@ -128,8 +134,16 @@ impl Model {
     }
 }
 
-/// Mean cross-entropy of `logits` (B, C) against one-hot targets (B, C):
-/// `−(1/B) Σ onehot ⊙ log_softmax(logits)`. PyTorch: `F.cross_entropy(logits, labels)`.
+/// How the loss gets its targets: labels in the Nat environment (for the `crossEntropy` op) or
+/// a one-hot constant (for the composed form).
+enum Target {
+    Labels(usize),
+    OneHot(TensorRef),
+}
+
+/// Mean cross-entropy of `logits` (B, C) against one-hot targets (B, C), composed:
+/// `−(1/B) Σ onehot ⊙ log_softmax(logits)`. PyTorch: `F.cross_entropy(logits, labels)`. Used
+/// where the tape lacks the `crossEntropy` op (the CUDA tape, for now).
 /// (log_softmax is computed stably, so no NaN for large logits.)
 pub fn cross_entropy<S: Ops<T = f32> + ?Sized>(
     s: &mut S,
