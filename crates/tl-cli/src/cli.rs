@@ -1,0 +1,200 @@
+//! The command line (clap derive): `tl train | eval | verify | graph`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// `tl`: train, evaluate and verify models on the torchlean-rs runtime.
+#[derive(Debug, Parser)]
+#[command(name = "tl", version, about)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a model on its dataset and report train/test metrics.
+    Train(TrainArgs),
+    /// Evaluate a checkpoint on the test split.
+    Eval(EvalArgs),
+    /// Run the conformance harness and print the op × check table.
+    Verify(VerifyArgs),
+    /// Write a model's recorded graph as Graphviz DOT.
+    Graph(GraphArgs),
+}
+
+/// Which model (and so which dataset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModelName {
+    /// Multi-layer perceptron on the UCI digits.
+    Mlp,
+    /// Small convolutional network on the UCI digits.
+    Cnn,
+    /// Char-level transformer language model on the KJV text.
+    Transformer,
+    /// 1-D Fourier neural operator on Burgers' equation.
+    Fno,
+}
+
+impl ModelName {
+    /// The name as typed on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelName::Mlp => "mlp",
+            ModelName::Cnn => "cnn",
+            ModelName::Transformer => "transformer",
+            ModelName::Fno => "fno",
+        }
+    }
+
+    /// Parse a name (as stored in a checkpoint).
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Mlp, Self::Cnn, Self::Transformer, Self::Fno]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
+/// Which tape runs the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum BackendName {
+    /// The CPU tape.
+    #[default]
+    Cpu,
+    /// The CUDA tape on the simulation device (host f32).
+    CudaSim,
+    /// The CUDA tape on a real GPU (build with `--features cuda`).
+    Cuda,
+}
+
+impl BackendName {
+    /// The session backend.
+    pub fn backend(self) -> tl_session::Backend {
+        match self {
+            BackendName::Cpu => tl_session::Backend::Cpu,
+            BackendName::CudaSim => tl_session::Backend::CudaSim,
+            BackendName::Cuda => tl_session::Backend::Cuda,
+        }
+    }
+}
+
+/// The optimizer (PyTorch's formulas and defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerName {
+    /// Plain SGD.
+    Sgd,
+    /// SGD with momentum 0.9.
+    Momentum,
+    /// Adam.
+    Adam,
+    /// AdamW (weight decay 0.01).
+    Adamw,
+}
+
+impl OptimizerName {
+    /// The optimizer with learning rate `lr`.
+    pub fn build(self, lr: f64) -> tl_session::Optimizer {
+        use tl_session::Optimizer;
+        match self {
+            OptimizerName::Sgd => Optimizer::sgd(lr),
+            OptimizerName::Momentum => Optimizer::momentum(lr, 0.9),
+            OptimizerName::Adam => Optimizer::adam(lr),
+            OptimizerName::Adamw => Optimizer::adamw(lr),
+        }
+    }
+}
+
+/// `tl train` options. Unset hyperparameters take the model's defaults.
+#[derive(Debug, Clone, Args)]
+pub struct TrainArgs {
+    /// The model to train.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: ModelName,
+    /// The session backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: BackendName,
+    /// Epochs to run (in this invocation; a resumed run counts on from the checkpoint).
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Minibatch size.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Learning rate.
+    #[arg(long, allow_negative_numbers = true)]
+    pub lr: Option<f64>,
+    /// The optimizer.
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerName>,
+    /// Seed for initialisation and minibatch order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Record each step as a GraphData (LinkedSession) and compile it into the backend's tape.
+    #[arg(long)]
+    pub linked: bool,
+    /// Deterministic reductions on the device.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Write the loss curve (per minibatch, and the per-epoch mean) as a PNG.
+    #[arg(long, value_name = "PNG")]
+    pub plot: Option<PathBuf>,
+    /// Save the trained parameters (safetensors, by parameter name).
+    #[arg(long, value_name = "CKPT")]
+    pub save: Option<PathBuf>,
+    /// Start from the parameters of a checkpoint saved by `--save`.
+    #[arg(long, value_name = "CKPT")]
+    pub resume: Option<PathBuf>,
+    /// Use only the first N training examples (quick runs and tests).
+    #[arg(long, value_name = "N")]
+    pub train_subset: Option<usize>,
+}
+
+/// `tl eval` options.
+#[derive(Debug, Clone, Args)]
+pub struct EvalArgs {
+    /// The model the checkpoint holds.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: ModelName,
+    /// The checkpoint (safetensors) to evaluate.
+    #[arg(long, value_name = "CKPT")]
+    pub checkpoint: PathBuf,
+    /// The session backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: BackendName,
+}
+
+/// `tl verify` options.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    /// The tape to verify against the IR reference.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub backend: BackendName,
+    /// Cases per check (default: $TL_CASES or 64).
+    #[arg(long)]
+    pub cases: Option<u32>,
+    /// Seed (default: $TL_SEED or the harness' fixed seed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Only these rows (op names, or `dag`); repeatable.
+    #[arg(long, value_name = "OP")]
+    pub only: Vec<String>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tl graph` options.
+#[derive(Debug, Clone, Args)]
+pub struct GraphArgs {
+    /// The model whose training step to record.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: ModelName,
+    /// Batch size of the recorded step.
+    #[arg(long, default_value_t = 1)]
+    pub batch_size: usize,
+    /// Output file (default: standard output).
+    #[arg(short = 'o', long, value_name = "DOT")]
+    pub output: Option<PathBuf>,
+}

@@ -1,0 +1,24 @@
+//! # tl-cli: the `tl` command
+//!
+//! - `tl train`: train a model on a dataset shipped in the repository (`data/`), eager or linked,
+//!   on any session backend, with a progress bar, a loss-curve PNG and safetensors checkpoints;
+//! - `tl eval`: the accuracy of a checkpoint on the test split;
+//! - `tl verify`: the conformance harness (`tl-conformance`) on a chosen backend, as a table or
+//!   JSON;
+//! - `tl graph`: a model's recorded `GraphData` as Graphviz DOT.
+//!
+//! The library half holds everything the binary does, so tests can drive training directly; the
+//! binary (`src/main.rs`) only parses arguments and prints errors as one `error: ...` line.
+
+pub mod checkpoint;
+pub mod cli;
+pub mod data;
+pub mod dot;
+pub mod error;
+pub mod model;
+pub mod plot;
+pub mod runner;
+pub mod train;
+pub mod verify;
+
+pub use error::{CliError, Result};

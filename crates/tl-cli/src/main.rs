@@ -1,0 +1,195 @@
+//! `tl`: train, evaluate and verify models on the torchlean-rs runtime. Every error a user can
+//! hit prints one `error: ...` line on stderr and exits non-zero (2 for usage errors).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use clap::error::ErrorKind;
+use indicatif::{ProgressBar, ProgressStyle};
+use tl_cli::cli::{Cli, Command, EvalArgs, GraphArgs, TrainArgs, VerifyArgs};
+use tl_cli::train::{TrainConfig, eval_checkpoint, train};
+use tl_cli::{CliError, Result, checkpoint, dot, plot, verify};
+use tl_conformance::RunConfig;
+use tl_conformance::verify::render_header;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{}", clap_one_line(&e.to_string()));
+            return ExitCode::from(2);
+        }
+    };
+    let r = match cli.command {
+        Command::Train(a) => cmd_train(&a),
+        Command::Eval(a) => cmd_eval(&a),
+        Command::Verify(a) => cmd_verify(&a),
+        Command::Graph(a) => cmd_graph(&a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// clap's multi-line message as one line: the `error:` line, plus a `[possible values: …]` or
+/// `tip:` line if there is one, then where to look.
+fn clap_one_line(text: &str) -> String {
+    let mut parts: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information")
+        })
+        .collect();
+    parts.push("(see tl --help)");
+    let line = parts.join(" ");
+    if line.starts_with("error:") {
+        line
+    } else {
+        format!("error: {line}")
+    }
+}
+
+/// Print and flush; a closed stdout (`| head`) is not an error.
+fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+}
+
+fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
+    let cfg = TrainConfig::from_args(a)?;
+    let report = train(&cfg, |line| out(&format!("{line}\n")))?;
+    out(&format!(
+        "done: {} epoch(s) in total; train loss {:.4} accuracy {:.2}%; test loss {:.4} accuracy {:.2}%\n",
+        report.checkpoint.epochs,
+        report.train.loss,
+        100.0 * report.train.accuracy,
+        report.test.loss,
+        100.0 * report.test.accuracy
+    ));
+    if let Some(p) = &a.plot {
+        plot::write_loss_png(p, &report.step_losses, &report.epoch_losses)?;
+        out(&format!("wrote loss curve {}\n", p.display()));
+    }
+    if let Some(p) = &a.save {
+        checkpoint::save(p, &report.checkpoint)?;
+        out(&format!("saved checkpoint {}\n", p.display()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_eval(a: &EvalArgs) -> Result<ExitCode> {
+    let (ckpt, m) = eval_checkpoint(a.model, a.backend.backend(), &a.checkpoint)?;
+    out(&format!(
+        "{} ({} epoch(s)) on the {} test split: loss {:.4} accuracy {:.2}%\n",
+        ckpt.model.as_str(),
+        ckpt.epochs,
+        tl_cli::model::dataset(ckpt.model),
+        m.loss,
+        100.0 * m.accuracy
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
+    let backend = a.backend.backend();
+    verify::check_backend(backend)?;
+    let mut cfg = RunConfig::from_env_or(64);
+    if let Some(c) = a.cases {
+        cfg.cases = c;
+    }
+    if let Some(s) = a.seed {
+        cfg.seed = s;
+    }
+    let names = verify::names(&a.only)?;
+    let what = match backend {
+        tl_session::Backend::CudaSim => {
+            "CUDA tape on the simulation device (f32) vs IR reference; checks 3-4 are backend-independent (run them with --backend cpu)"
+        }
+        _ => "CPU tape (f64, f32) vs IR reference",
+    };
+    if !a.json {
+        out(&format!(
+            "tl verify: {what}, {} case(s) per cell, seed {}\n",
+            cfg.cases, cfg.seed
+        ));
+        out(&render_header());
+    }
+    let pb = if a.json {
+        ProgressBar::new(names.len() as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    if let Ok(style) = ProgressStyle::with_template("verifying [{bar:30}] {pos}/{len} {msg}") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    let mut rows = Vec::new();
+    for name in &names {
+        pb.set_message(name.clone());
+        let r = verify::run_row(backend, name, &cfg)
+            .ok_or_else(|| CliError::new(format!("no row named {name}")))?;
+        if !a.json {
+            out(&tl_conformance::verify::render_row(&r));
+        }
+        pb.inc(1);
+        rows.push(r);
+    }
+    pb.finish_and_clear();
+    let t = verify::counts(&rows);
+    if a.json {
+        let v = verify::to_json(backend, &cfg, &rows);
+        out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        ));
+    } else {
+        for report in rows.iter().flat_map(|r| r.cells.iter().flatten()) {
+            if !report.passed() && !report.is_pending() {
+                out(&format!("\n{report}\n"));
+            }
+        }
+        if t.pending > 0 {
+            out(&format!(
+                "{} cell(s) pending: those ops have no CUDA formula yet (issue 4); not counted as failures\n",
+                t.pending
+            ));
+        }
+        out(&format!("{} passed, {} failed\n", t.passed, t.failed));
+    }
+    Ok(if t.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn cmd_graph(a: &GraphArgs) -> Result<ExitCode> {
+    let g = dot::record(a.model, a.batch_size)?;
+    let text = dot::to_dot(&g, a.model.as_str());
+    match &a.output {
+        Some(p) => {
+            std::fs::write(p, text)
+                .map_err(|e| CliError::new(format!("cannot write {}: {e}", p.display())))?;
+            eprintln!(
+                "wrote {} ({} leaves, {} ops); render with `dot -Tsvg {} -o model.svg`",
+                p.display(),
+                g.num_leaves(),
+                g.nodes().len(),
+                p.display()
+            );
+        }
+        None => out(&text),
+    }
+    Ok(ExitCode::SUCCESS)
+}
