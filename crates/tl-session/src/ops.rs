@@ -18,6 +18,8 @@ macro_rules! op_methods {
     ($( $(#[$doc:meta])* fn $name:ident [$($a:ident),*] ($($p:ident : $pt:ty),*) => $op:expr; )*) => {
         $(
             $(#[$doc])*
+            // The seeds' signatures: multiHeadAttention takes five operands and three params.
+            #[allow(clippy::too_many_arguments)]
             fn $name(&mut self, $($a: &TensorRef,)* $($p: $pt),*) -> Result<TensorRef> {
                 self.apply($op, &[$($a),*])
             }
@@ -128,5 +130,61 @@ pub trait Ops {
         fn log_softmax[x]() => Op::LogSoftmax;
         /// Mean squared error. PyTorch: `F.mse_loss(reduction="mean")`.
         fn mse_loss[pred, target]() => Op::MseLoss;
+        /// `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))`. PyTorch: `F.gelu(x, approximate="tanh")`.
+        fn gelu[x]() => Op::Gelu;
+        /// `x·sigmoid(x)`. PyTorch: `F.silu`.
+        fn silu[x]() => Op::Silu;
+        /// Join along axis 0 (1-D: the seeds' concat1d). PyTorch: `torch.cat([a, b], 0)`.
+        fn concat0[a, b]() => Op::Concat;
+        /// `x[start..start+len]` along axis 0 (bounds checked). PyTorch: `x[start:start+len]`.
+        fn slice_range0[x](start: usize, len: usize) => Op::Slice { start, len };
+        /// `x[index]` of a 1-D x (checked). PyTorch: `x[i]`.
+        fn gather_scalar[x](index: usize) => Op::GatherScalar { index };
+        /// Row `index` of a 2-D x (checked). PyTorch: `x[i]`.
+        fn gather_row[x](index: usize) => Op::GatherRow { index };
+        /// `x[index]`, totalized (out of range → 0, no gradient).
+        fn gather_scalar_raw[x](index: usize) => Op::GatherScalarRaw { index };
+        /// Row `index`, totalized (out of range → zero row).
+        fn gather_row_raw[x](index: usize) => Op::GatherRowRaw { index };
+        /// `x[natAt(at)]` with the index from the Nat environment (a `NatRef`'s position).
+        fn gather_scalar_nat[x](at: usize) => Op::GatherScalarNat { at };
+        /// Row `natAt(at)` of a 2-D x.
+        fn gather_row_nat[x](at: usize) => Op::GatherRowNat { at };
+        /// `k` elements at `natVecAt(at, k)` (a `NatVecRef`). PyTorch: `x[idx]`.
+        fn gather_scalars_nat_vec[x](at: usize, k: usize) => Op::GatherScalarsNatVec { at, k };
+        /// `k` rows at `natVecAt(at, k)`. PyTorch: `torch.index_select(x, 0, idx)`.
+        fn gather_rows_nat_vec[x](at: usize, k: usize) => Op::GatherRowsNatVec { at, k };
+        /// `x[idx]` with a 1-D index tensor (totalized; idx gets no gradient).
+        fn gather[x, idx]() => Op::GatherIndexTensor;
+        /// `x` with `x[index] += v`. PyTorch: `x.index_add(0, i, v)`.
+        fn scatter_add_vec[x, v](index: usize) => Op::ScatterAddVec { index };
+        /// `x` with row `index` += v. PyTorch: `x.index_add(0, i, v)`.
+        fn scatter_add_row[x, v](index: usize) => Op::ScatterAddRow { index };
+        /// Mean cross-entropy of logits against labels at `natVecAt(labels_at, rows)`.
+        /// PyTorch: `F.cross_entropy`.
+        fn cross_entropy[logits](labels_at: usize) => Op::CrossEntropy { labels_at };
+        /// N-D convolution, weight (outC, inC, k…). PyTorch: `F.conv{1,2,3}d(x, w, b, s, p)`.
+        fn conv[w, b, x](stride: Vec<usize>, padding: Vec<usize>) => Op::Conv { stride, padding };
+        /// N-D transposed convolution, weight (inC, outC, k…). PyTorch: `F.conv_transpose{1,2,3}d`.
+        fn conv_transpose[w, b, x](stride: Vec<usize>, padding: Vec<usize>) => Op::ConvTranspose { stride, padding };
+        /// N-D max pooling (padding ignored, ties to the first). PyTorch: `F.max_pool{1,2,3}d`.
+        fn max_pool[x](kernel: Vec<usize>, stride: Vec<usize>, padding: Vec<usize>) => Op::MaxPool { kernel, stride, padding };
+        /// N-D average pooling (count_include_pad). PyTorch: `F.avg_pool{1,2,3}d`.
+        fn avg_pool[x](kernel: Vec<usize>, stride: Vec<usize>, padding: Vec<usize>) => Op::AvgPool { kernel, stride, padding };
+        /// N-D smooth max pooling `p + log Σ exp(β(x−p))/β`. No PyTorch equivalent.
+        fn smooth_max_pool[x](kernel: Vec<usize>, stride: Vec<usize>, padding: Vec<usize>, beta: f64) => Op::SmoothMaxPool { kernel, stride, padding, beta };
+        /// Layer norm over the last axis. PyTorch: `F.layer_norm(x, (D,), γ, β, eps)`.
+        fn layer_norm[x, gamma, beta](eps: f64) => Op::LayerNorm { eps };
+        /// Batch norm with batch statistics, (C,H,W) or (N,C,H,W). PyTorch: `F.batch_norm(training=True)`.
+        fn batchnorm_channel_first[x, gamma, beta](eps: f64) => Op::BatchNorm { eps };
+        /// Softmax over the last axis with a hard (n, n) mask.
+        fn masked_softmax[x](mask: tl_spec::ops::attention::Mask) => Op::MaskedSoftmax { mask };
+        /// Multi-head self-attention (no biases); `fused` picks the streaming kernel.
+        /// PyTorch: `nn.MultiheadAttention(bias=False)`.
+        fn multi_head_attention[wq, wk, wv, wo, x](heads: usize, mask: Option<tl_spec::ops::attention::Mask>, fused: bool) => Op::MultiHeadAttention { heads, mask, fused };
+        /// FNO spectral convolution over the first `modes` rfft bins.
+        fn spectral_conv1d_rfft[x, w_re, w_im](modes: usize) => Op::SpectralConv1dRfft { modes };
+        /// `x·mask/keep` with a SplitMix64 mask keyed by (seed, counter). PyTorch: `F.dropout(p = 1 − keep)`.
+        fn dropout[x](keep: f64, seed: u64, counter: u64) => Op::Dropout { keep, seed, counter };
     }
 }
