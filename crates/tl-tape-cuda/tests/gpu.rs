@@ -15,6 +15,7 @@ mod common;
 
 use common::{Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
+use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::NormLayout;
 use tl_tape_cuda::{Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism};
@@ -297,6 +298,47 @@ fn single(op: Op, leaves: &[(&[usize], Domain)]) -> (Op, Vec<(Shape, Domain)>) {
     )
 }
 
+/// The norm family's ops (issue 4): layer/batch norm, masked softmax, attention (both forms,
+/// masked and not, batched).
+fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
+    use Domain::Any;
+    let mut cases = vec![
+        single(
+            Op::LayerNorm { eps: 1e-3 },
+            &[(&[3, 5], Any), (&[5], Any), (&[5], Any)],
+        ),
+        single(
+            Op::BatchNorm { eps: 1e-3 },
+            &[(&[2, 3, 2, 2], Any), (&[3], Any), (&[3], Any)],
+        ),
+        single(
+            Op::MaskedSoftmax {
+                mask: Mask::causal(4),
+            },
+            &[(&[2, 4, 4], Any)],
+        ),
+    ];
+    for (mask, fused) in [(None, false), (Some(Mask::causal(3)), false), (None, true)] {
+        let op = Op::MultiHeadAttention {
+            heads: 2,
+            mask,
+            fused,
+        };
+        let w: &[usize] = &[4, 6];
+        cases.push(single(
+            op,
+            &[
+                (w, Any),
+                (w, Any),
+                (w, Any),
+                (&[6, 4], Any),
+                (&[2, 3, 4], Any),
+            ],
+        ));
+    }
+    cases
+}
+
 #[test]
 fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
     let on_gpu = gpu().is_some();
@@ -345,6 +387,7 @@ fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
         Op::Linear,
         &[(&[6, 4], Any), (&[6], Any), (&[5, 4], Any)],
     ));
+    cases.extend(norm_family_cases());
     let mut rnd = Gen::new(11);
     for (op, leaves) in &cases {
         let mut g = GraphBuilder::new();
