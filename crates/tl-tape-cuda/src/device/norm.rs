@@ -116,7 +116,7 @@ pub fn check_masked(
             format!("the mask has {} entries, expected {n}·{n}", mask.len()),
         ));
     }
-    if n > 0 && rows % n != 0 {
+    if n > 0 && !rows.is_multiple_of(n) {
         return Err(Error::kernel(
             op,
             format!("{rows} rows are not a whole number of ({n}, {n}) score blocks"),
