@@ -15,7 +15,9 @@ mod common;
 
 use common::{Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
+use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
+use tl_tape_cuda::device::NormLayout;
 use tl_tape_cuda::{Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism};
 
 /// The CUDA device, or `None` (after saying so) when there is none.
@@ -178,6 +180,39 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         d.log_softmax_rows_bwd(ls, g, 10, 100)?
     );
     d.release(ls);
+    let nm = "norm";
+    let layouts = [
+        NormLayout::layer(10, 100),
+        NormLayout::layer(2, 500),
+        NormLayout::channels(2, 5, 100),
+        NormLayout::channels(1, 4, 250),
+    ];
+    for l in layouts {
+        let f = l.features();
+        let ga = d.upload(&i.pos[..f])?;
+        let be = d.upload(&i.y[..f])?;
+        let st = d.norm_stats(x, l, 1e-6)?;
+        one!(nm, "norm_apply", false, d.norm_apply(x, st, ga, be, l)?);
+        one!(nm, "norm_bwd_x", false, d.norm_bwd_x(x, st, ga, g, l)?);
+        let (dg, db) = d.norm_bwd_affine(x, st, g, l)?;
+        one!(nm, "norm_bwd_affine", false, dg);
+        one!(nm, "norm_bwd_affine", true, db);
+        one!(nm, "norm_stats", false, st);
+        d.release_all([ga, be]);
+    }
+    // A (10, 10) mask with an empty row 3 and a lone entry in row 7.
+    let mask: Vec<bool> = (0..100)
+        .map(|k| {
+            let (r, c) = (k / 10, k % 10);
+            r != 3 && (r != 7 || c == 2) && (r + c) % 3 != 1
+        })
+        .collect();
+    one!(
+        nm,
+        "masked_softmax_rows",
+        false,
+        d.masked_softmax_rows(x, &mask, 100, 10)?
+    );
     let la = "linalg";
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         one!(
@@ -263,6 +298,47 @@ fn single(op: Op, leaves: &[(&[usize], Domain)]) -> (Op, Vec<(Shape, Domain)>) {
     )
 }
 
+/// The norm family's ops (issue 4): layer/batch norm, masked softmax, attention (both forms,
+/// masked and not, batched).
+fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
+    use Domain::Any;
+    let mut cases = vec![
+        single(
+            Op::LayerNorm { eps: 1e-3 },
+            &[(&[3, 5], Any), (&[5], Any), (&[5], Any)],
+        ),
+        single(
+            Op::BatchNorm { eps: 1e-3 },
+            &[(&[2, 3, 2, 2], Any), (&[3], Any), (&[3], Any)],
+        ),
+        single(
+            Op::MaskedSoftmax {
+                mask: Mask::causal(4),
+            },
+            &[(&[2, 4, 4], Any)],
+        ),
+    ];
+    for (mask, fused) in [(None, false), (Some(Mask::causal(3)), false), (None, true)] {
+        let op = Op::MultiHeadAttention {
+            heads: 2,
+            mask,
+            fused,
+        };
+        let w: &[usize] = &[4, 6];
+        cases.push(single(
+            op,
+            &[
+                (w, Any),
+                (w, Any),
+                (w, Any),
+                (&[6, 4], Any),
+                (&[2, 3, 4], Any),
+            ],
+        ));
+    }
+    cases
+}
+
 #[test]
 fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
     let on_gpu = gpu().is_some();
@@ -311,6 +387,7 @@ fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
         Op::Linear,
         &[(&[6, 4], Any), (&[6], Any), (&[5, 4], Any)],
     ));
+    cases.extend(norm_family_cases());
     let mut rnd = Gen::new(11);
     for (op, leaves) in &cases {
         let mut g = GraphBuilder::new();

@@ -17,11 +17,12 @@
 
 mod driver;
 mod launch;
+mod norm;
 
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm};
+use super::{Buffer, Device, Gemm, NormLayout};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::{Error, Result, abi, determinism};
 use driver::{Arg, DeviceMemory};
@@ -505,5 +506,47 @@ impl Device for CudaDevice {
 
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         self.gemm("bmm", a, b, batch, g)
+    }
+
+    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        self.norm_stats_impl(x, l, eps)
+    }
+    fn norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        self.norm_apply_impl(x, stats, gamma, beta, l)
+    }
+    fn norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        self.norm_bwd_x_impl(x, stats, gamma, g, l)
+    }
+    fn norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)> {
+        self.norm_bwd_affine_impl(x, stats, g, l)
+    }
+    fn masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer> {
+        self.masked_softmax_rows_impl(x, mask, rows, n)
     }
 }

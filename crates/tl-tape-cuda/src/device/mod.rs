@@ -17,6 +17,7 @@
 //! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory.
 
 pub mod check;
+pub mod norm;
 pub mod sim;
 
 #[cfg(feature = "cuda")]
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
+pub use norm::NormLayout;
 
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
 /// and strides in fixed arrays of this length).
@@ -337,4 +339,52 @@ pub trait Device {
     /// `batch` independent products, operands and result stored batch-major.
     /// PyTorch: `torch.bmm`.
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer>;
+
+    // ---- norm (layer/batch norm pieces, masked softmax) ---------------------------------------
+
+    /// Per group of `l` (see [`NormLayout`]): the mean μ and `1/sqrt(var + eps)` with the
+    /// biased variance `Σ(x − μ)²/m` taken in a second pass and clamped at ≥ 0, both sums in
+    /// the block-tree order. Returns `2·groups` values: the means, then the reciprocal standard
+    /// deviations. PyTorch: `torch.var_mean(x, unbiased=False)` per group.
+    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer>;
+    /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
+    fn norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer>;
+    /// The normalization's input cotangent in closed form: per group of m elements, with
+    /// `x̂ = (x − μ)·rstd` and `ĝ = g·γ`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
+    fn norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer>;
+    /// `(dγ, dβ) = (Σ g·x̂, Σ g)` per γ/β entry, each summed over its elements in increasing
+    /// index order (no atomics).
+    fn norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)>;
+    /// Softmax of each row of x (rows, n) over the entries its mask row allows (row `r` uses
+    /// mask row `r mod n`, `mask` (n, n) row-major, true = allowed); other entries, and every
+    /// entry of a row with nothing allowed, are exactly 0. Its VJP is
+    /// [`softmax_rows_bwd`](Self::softmax_rows_bwd) (y is 0 where masked). PyTorch:
+    /// `softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows set to 0.
+    fn masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer>;
 }

@@ -5,12 +5,14 @@
 //! - [`pointwise`]: per-element bodies of the pointwise kernels.
 //! - [`reduce`]: the reduction order (fixed grid, two passes, warp-shuffle tree), documented there.
 //! - [`rows`]: the softmax row kernels. [`linalg`]: the matmul kernel's arithmetic.
+//! - [`norm`]: layer/batch norm statistics, affine map and backward; the masked row softmax.
 //!
 //! Sim always runs the fixed-order path, whatever [`crate::determinism`] says; the flag exists
 //! for the CUDA device's atomic fast paths.
 
 mod launch;
 pub mod linalg;
+pub mod norm;
 pub mod pointwise;
 pub mod reduce;
 pub mod rows;
@@ -18,7 +20,7 @@ pub mod rows;
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm};
+use super::{Buffer, Device, Gemm, NormLayout, norm as layout};
 use crate::alloc::{Allocation, CachingAllocator, Collected, HostMemory, MemoryUsage};
 use crate::{Error, Result, rng};
 use launch::view;
@@ -368,5 +370,78 @@ impl Device for SimDevice {
 
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         self.bmm_named("bmm", a, b, batch, g)
+    }
+
+    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        l.check_x("norm_stats", x)?;
+        self.launch("norm_stats", [x], 2 * l.groups, |[x], out| {
+            norm::stats(x, l, eps, out)
+        })
+    }
+
+    fn norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_apply";
+        let n = l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        l.check_affine(OP, "beta", beta)?;
+        self.launch(OP, [x, stats, gamma, beta], n, |[x, st, ga, be], y| {
+            norm::apply(x, st, ga, be, l, y)
+        })
+    }
+
+    fn norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_bwd_x";
+        let n = l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        check::same_len(OP, x, g)?;
+        self.launch(OP, [x, stats, gamma, g], n, |[x, st, ga, g], dx| {
+            norm::bwd_x(x, st, ga, g, l, dx)
+        })
+    }
+
+    fn norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_bwd_affine";
+        l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        check::same_len(OP, x, g)?;
+        self.launch2(OP, [x, stats, g], l.features(), |[x, st, g], dg, db| {
+            norm::bwd_affine(x, st, g, l, dg, db)
+        })
+    }
+
+    fn masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "masked_softmax_rows";
+        layout::check_masked(OP, x, mask, rows, n)?;
+        self.launch(OP, [x], x.len(), |[x], out| {
+            norm::masked_softmax(x, mask, n.max(1), out)
+        })
     }
 }

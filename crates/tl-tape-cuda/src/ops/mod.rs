@@ -10,9 +10,11 @@
 //!   computes nothing for an operand that does not require grad;
 //! - temporaries are released before returning, on success and on error ([`with_scratch`]).
 
+pub mod attention;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod norm;
 pub mod random;
 pub mod reduce;
 pub mod shape;
@@ -126,10 +128,19 @@ pub fn forward<D: Device>(
         // issue 4: CUDA formula pending
         SpectralConv1dRfft { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
         LogSoftmax => softmax::forward(dev, x[0], true),
-        // issue 4: CUDA formula pending
-        LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
-            return Err(crate::Error::Unsupported { op: op.name() });
+        LayerNorm { .. } | BatchNorm { .. } => {
+            let (y, stats) = norm::forward(dev, op, x[0], x[1], x[2])?;
+            let value = wrap(dev, op, shape, y).inspect_err(|_| {
+                dev.release(stats);
+            })?;
+            return Ok(Forward {
+                value,
+                owned: true,
+                workspace: vec![stats],
+            });
         }
+        MaskedSoftmax { mask } => attention::masked_softmax(dev, x[0], mask),
+        MultiHeadAttention { heads, mask, .. } => attention::mha(dev, op, x, *heads, mask.as_ref()),
         Conv { .. }
         | ConvTranspose { .. }
         | MaxPool { .. }
@@ -278,9 +289,14 @@ fn backward_into<D: Device>(
         // issue 4: CUDA formula pending
         SpectralConv1dRfft { .. } => Err(crate::Error::Unsupported { op: op.name() }),
         LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
-        // issue 4: CUDA formula pending
-        LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
-            Err(crate::Error::Unsupported { op: op.name() })
+        LayerNorm { .. } | BatchNorm { .. } => {
+            let d = norm::backward(g.dev, op, x[0], x[1], gb, g.needs, workspace)?;
+            g.set_all(d)
+        }
+        MaskedSoftmax { mask } => g.push(0, |d| attention::masked_softmax_back(d, y, gb, mask)),
+        MultiHeadAttention { heads, mask, .. } => {
+            let d = attention::mha_back(g.dev, op, x, gb, g.needs, *heads, mask.as_ref())?;
+            g.set_all(d)
         }
         Conv { .. }
         | ConvTranspose { .. }
@@ -372,6 +388,19 @@ impl<D: Device> Cotangents<'_, D> {
             return Err(e);
         }
         self.set(1, b)
+    }
+
+    /// Record every operand's cotangent (already computed, in operand order); on error the
+    /// ones not yet recorded are released.
+    fn set_all<const N: usize>(&mut self, bufs: [Option<Buffer>; N]) -> Result<()> {
+        let mut rest = bufs.into_iter();
+        while let Some(b) = rest.next() {
+            if let Err(e) = self.set(self.out.len(), b) {
+                self.dev.release_all(rest.flatten());
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// No cotangent for the first `n` operands.
