@@ -9,6 +9,7 @@
 //! Sim always runs the fixed-order path, whatever [`crate::determinism`] says; the flag exists
 //! for the CUDA device's atomic fast paths.
 
+pub mod conv;
 mod launch;
 pub mod linalg;
 pub mod pointwise;
@@ -18,7 +19,7 @@ pub mod rows;
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm};
+use super::{Buffer, Device, Gemm, PoolKind, Windows};
 use crate::alloc::{Allocation, CachingAllocator, Collected, HostMemory, MemoryUsage};
 use crate::{Error, Result, rng};
 use launch::view;
@@ -368,5 +369,21 @@ impl Device for SimDevice {
 
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         self.bmm_named("bmm", a, b, batch, g)
+    }
+
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        self.im2col_impl(x, w)
+    }
+
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        self.col2im_impl(cols, w)
+    }
+
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_impl(x, w, kind)
+    }
+
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_bwd_impl(x, g, w, kind)
     }
 }

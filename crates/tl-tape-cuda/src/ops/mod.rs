@@ -10,13 +10,16 @@
 //!   computes nothing for an operand that does not require grad;
 //! - temporaries are released before returning, on success and on error ([`with_scratch`]).
 
+pub mod conv;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
+pub mod pool;
 pub mod random;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod spectral;
 
 use smallvec::SmallVec;
 use tl_ir::Op;
@@ -123,18 +126,16 @@ pub fn forward<D: Device>(
             seed,
             counter,
         } => random::dropout(dev, b(0), shape.numel(), *keep, *seed, *counter),
-        // issue 4: CUDA formula pending
-        SpectralConv1dRfft { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        SpectralConv1dRfft { .. } => spectral::forward(dev, op, x),
         LogSoftmax => softmax::forward(dev, x[0], true),
         // issue 4: CUDA formula pending
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
             return Err(crate::Error::Unsupported { op: op.name() });
         }
-        Conv { .. }
-        | ConvTranspose { .. }
-        | MaxPool { .. }
-        | AvgPool { .. }
-        | SmoothMaxPool { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        Conv { .. } | ConvTranspose { .. } => conv::forward(dev, op, x, shape),
+        MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
+            pool::forward(dev, op, x[0], shape)
+        }
         MseLoss => {
             let (loss, diff) = loss::mse(dev, x[0], x[1])?;
             let value = wrap(dev, op, shape, loss).inspect_err(|_| {
@@ -275,18 +276,22 @@ fn backward_into<D: Device>(
         } => g.push(0, |d| {
             random::dropout(d, gb, x[0].shape().numel(), *keep, *seed, *counter)
         }),
-        // issue 4: CUDA formula pending
-        SpectralConv1dRfft { .. } => Err(crate::Error::Unsupported { op: op.name() }),
+        SpectralConv1dRfft { .. } => {
+            let [dx, dre, dim] = spectral::backward(g.dev, op, x, gb, g.needs)?;
+            g.set_all([dx, dre, dim])
+        }
         LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
         // issue 4: CUDA formula pending
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
             Err(crate::Error::Unsupported { op: op.name() })
         }
-        Conv { .. }
-        | ConvTranspose { .. }
-        | MaxPool { .. }
-        | AvgPool { .. }
-        | SmoothMaxPool { .. } => Err(crate::Error::Unsupported { op: op.name() }),
+        Conv { .. } | ConvTranspose { .. } => {
+            let [dw, db, dx] = conv::backward(g.dev, op, x, y, gb, g.needs)?;
+            g.set_all([dw, db, dx])
+        }
+        MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
+            g.push(0, |d| pool::backward(d, op, x[0], y, gb))
+        }
         MseLoss => {
             let (d0, d1) = loss::mse_back(g.dev, x[0], x[1], gb, g.needs, workspace)?;
             if let Err(e) = g.set(0, d0) {
@@ -372,6 +377,19 @@ impl<D: Device> Cotangents<'_, D> {
             return Err(e);
         }
         self.set(1, b)
+    }
+
+    /// Record already computed cotangents of every operand, in order; on failure the ones not
+    /// yet recorded are released.
+    fn set_all<const N: usize>(&mut self, bufs: [Option<Buffer>; N]) -> Result<()> {
+        let mut rest = bufs.into_iter();
+        while let Some(b) = rest.next() {
+            if let Err(e) = self.set(self.out.len(), b) {
+                self.dev.release_all(rest.flatten());
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// No cotangent for the first `n` operands.
