@@ -15,13 +15,14 @@
 //!
 //! Not yet run on a GPU: see docs/cuda.md.
 
+mod conv;
 mod driver;
 mod launch;
 
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm};
+use super::{Buffer, Device, Gemm, PoolKind, Windows};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::{Error, Result, abi, determinism};
 use driver::{Arg, DeviceMemory};
@@ -505,5 +506,21 @@ impl Device for CudaDevice {
 
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         self.gemm("bmm", a, b, batch, g)
+    }
+
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        self.im2col_impl(x, w)
+    }
+
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        self.col2im_impl(cols, w)
+    }
+
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_impl(x, w, kind)
+    }
+
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_bwd_impl(x, g, w, kind)
     }
 }

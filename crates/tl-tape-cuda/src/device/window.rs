@@ -81,7 +81,10 @@ impl Windows {
             if list.len() != d {
                 return Err(Error::kernel(
                     op,
-                    format!("{what} {list:?} has length {}, spatial rank is {d}", list.len()),
+                    format!(
+                        "{what} {list:?} has length {}, spatial rank is {d}",
+                        list.len()
+                    ),
                 ));
             }
             abi::dims_u32(op, list)?;

@@ -116,12 +116,7 @@ impl Geo {
 }
 
 /// Forward of `conv` / `convTranspose` on operands `(w, b, x)` with output shape `shape`.
-pub fn forward<D: Device>(
-    dev: &mut D,
-    op: &Op,
-    x: &[&AnyBuffer],
-    shape: &Shape,
-) -> Result<Buffer> {
+pub fn forward<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer], shape: &Shape) -> Result<Buffer> {
     let geo = Geo::of(op, x[0].shape(), x[2].shape(), shape)?;
     let (w, b, xb) = (x[0].buffer(), x[1].buffer(), x[2].buffer());
     let (n, a, l, ck) = (geo.n(), geo.a, geo.l, geo.ck());
@@ -170,7 +165,8 @@ pub fn backward<D: Device>(
                 out[1] = Some(dev.reduce_axis_sum(gr, a, n * l, 1)?);
             }
             if needs[2] {
-                let dcols = sc.tmp(dev.matmul(w, gr, Gemm::nn(ck, a, n * l).with_t(true, false))?);
+                let dcols =
+                    sc.tmp(dev.matmul(w, gr, Gemm::nn(ck, a, n * l).with_t(true, false))?);
                 out[2] = Some(dev.col2im(dcols, &geo.win)?);
             }
         } else {

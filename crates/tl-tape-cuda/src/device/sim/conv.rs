@@ -83,7 +83,11 @@ fn stats(x: &[f32], base: usize, w: &Windows, o: usize, kl: usize, kind: PoolKin
             f32::INFINITY
         };
         for k in 0..kl {
-            p = if beta > 0.0 { p.max(val(k)) } else { p.min(val(k)) };
+            p = if beta > 0.0 {
+                p.max(val(k))
+            } else {
+                p.min(val(k))
+            };
         }
         let mut z = 0.0f32;
         for k in 0..kl {
