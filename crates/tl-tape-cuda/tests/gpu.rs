@@ -17,7 +17,7 @@ use common::{Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
-use tl_tape_cuda::device::NormLayout;
+use tl_tape_cuda::device::{NormLayout, PoolKind, Windows};
 use tl_tape_cuda::{Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism};
 
 /// The CUDA device, or `None` (after saying so) when there is none.
@@ -232,6 +232,7 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     let rg = "rng";
     one!(rg, "rand_uniform", true, d.rand_uniform(5000, 42)?);
     one!(rg, "bernoulli_mask", true, d.bernoulli_mask(5000, 43, 0.3)?);
+    outs.extend(conv_family(d, i)?);
     let mut res = Vec::new();
     for (fam, name, exact, b) in outs {
         res.push((fam, name, exact, d.download(b)?));
@@ -239,6 +240,49 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     }
     d.release_all([x, y, g, p, big, a_odd, b_odd]);
     Ok(res)
+}
+
+/// The conv family's primitives (kernels/conv.cu): a 2-D geometry with stride and padding, and
+/// a 3-D one on values rounded to 0.1 (many max-pool ties).
+fn conv_family<D: Device>(
+    d: &mut D,
+    i: &Inputs,
+) -> Result<Vec<(&'static str, &'static str, bool, Buffer)>> {
+    let fam = "conv";
+    let geo = |batch, channels, big: &[usize], k: &[usize], s: &[usize], p: &[usize]| Windows {
+        batch,
+        channels,
+        big: big.to_vec(),
+        small: (0..big.len())
+            .map(|a| (big[a] + 2 * p[a] - k[a]) / s[a] + 1)
+            .collect(),
+        kernel: k.to_vec(),
+        stride: s.to_vec(),
+        padding: p.to_vec(),
+    };
+    let w2 = geo(2, 5, &[10, 10], &[3, 2], &[2, 1], &[1, 1]);
+    let w3 = geo(1, 8, &[5, 5, 5], &[2, 3, 2], &[1, 2, 2], &[1, 1, 0]);
+    let ties: Vec<f32> = i.x.iter().map(|v| (v * 10.0).round() / 10.0).collect();
+    let mut out = Vec::new();
+    for (w, data) in [(&w2, &i.x), (&w3, &ties)] {
+        let l = w.check("test")?;
+        let x = d.upload(&data[..l.big_len()])?;
+        let g = d.upload(&i.g[..l.small_len()])?;
+        let cols = d.im2col(x, w)?;
+        out.push((fam, "col2im", true, d.col2im(cols, w)?));
+        out.push((fam, "im2col", true, cols));
+        for (name, kind, exact) in [
+            ("max", PoolKind::Max, true),
+            ("avg", PoolKind::Avg, true),
+            ("smooth_max", PoolKind::SmoothMax(2.5), false),
+            ("smooth_min", PoolKind::SmoothMax(-0.5), false),
+        ] {
+            out.push((fam, name, exact, d.pool(x, w, kind)?));
+            out.push((fam, name, exact, d.pool_bwd(x, g, w, kind)?));
+        }
+        d.release_all([x, g]);
+    }
+    Ok(out)
 }
 
 #[test]
@@ -416,4 +460,94 @@ fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
         "GPU-SUMMARY tape(first-op-set) checked {} pass",
         cases.len()
     );
+}
+
+#[test]
+fn the_cuda_tape_matches_the_reference_on_conv_pool_and_spectral() {
+    let on_gpu = gpu().is_some();
+    use Domain::Any;
+    let (s2, p1) = (vec![2, 1], vec![1, 1]);
+    let pool = |k: Vec<usize>| (k, s2.clone(), p1.clone());
+    let (k, s, p) = pool(vec![3, 2]);
+    let x: &[usize] = &[2, 3, 6, 5];
+    let cases = vec![
+        single(
+            Op::Conv {
+                stride: s2.clone(),
+                padding: p1.clone(),
+            },
+            &[(&[4, 3, 3, 2], Any), (&[4], Any), (x, Any)],
+        ),
+        single(
+            Op::ConvTranspose {
+                stride: s2.clone(),
+                padding: vec![1, 0],
+            },
+            &[(&[3, 4, 3, 2], Any), (&[4], Any), (x, Any)],
+        ),
+        single(
+            Op::MaxPool {
+                kernel: k.clone(),
+                stride: s.clone(),
+                padding: p.clone(),
+            },
+            &[(x, Any)],
+        ),
+        single(
+            Op::AvgPool {
+                kernel: k.clone(),
+                stride: s.clone(),
+                padding: p.clone(),
+            },
+            &[(x, Any)],
+        ),
+        single(
+            Op::SmoothMaxPool {
+                kernel: k,
+                stride: s,
+                padding: p,
+                beta: 3.0,
+            },
+            &[(x, Any)],
+        ),
+        single(
+            Op::SpectralConv1dRfft { modes: 4 },
+            &[(&[2, 6, 3], Any), (&[4, 3, 3], Any), (&[4, 3, 3], Any)],
+        ),
+    ];
+    let mut rnd = Gen::new(12);
+    for (op, leaves) in &cases {
+        let mut g = GraphBuilder::new();
+        let ids: Vec<usize> = leaves
+            .iter()
+            .map(|(s, _)| g.leaf_with(s.clone(), None, true).unwrap())
+            .collect();
+        let out = g.apply(op.clone(), &ids).unwrap();
+        let graph = g.finish();
+        let values: Vec<Tensor<f64>> = leaves.iter().map(|(s, d)| draw(&mut rnd, s, *d)).collect();
+        let seed = draw(&mut rnd, graph.shape(out).unwrap(), Domain::Any);
+        if on_gpu {
+            let device = CudaDevice::new().unwrap();
+            check_graph_on(
+                device,
+                &format!("{op:?} on CUDA"),
+                &graph,
+                &values,
+                out,
+                &seed,
+            );
+        } else {
+            check_graph_on(
+                SimDevice::new(),
+                &format!("{op:?} on sim"),
+                &graph,
+                &values,
+                out,
+                &seed,
+            );
+        }
+    }
+    if on_gpu {
+        println!("GPU-SUMMARY tape(conv) checked {} pass", cases.len());
+    }
 }

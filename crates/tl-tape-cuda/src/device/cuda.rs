@@ -15,6 +15,7 @@
 //!
 //! Not yet run on a GPU: see docs/cuda.md.
 
+mod conv;
 mod driver;
 mod launch;
 mod norm;
@@ -22,7 +23,7 @@ mod norm;
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm, NormLayout};
+use super::{Buffer, Device, Gemm, NormLayout, PoolKind, Windows};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::{Error, Result, abi, determinism};
 use driver::{Arg, DeviceMemory};
@@ -548,5 +549,21 @@ impl Device for CudaDevice {
         n: usize,
     ) -> Result<Buffer> {
         self.masked_softmax_rows_impl(x, mask, rows, n)
+    }
+
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        self.im2col_impl(x, w)
+    }
+
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        self.col2im_impl(cols, w)
+    }
+
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_impl(x, w, kind)
+    }
+
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_bwd_impl(x, g, w, kind)
     }
 }

@@ -19,6 +19,7 @@
 pub mod check;
 pub mod norm;
 pub mod sim;
+pub mod window;
 
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
@@ -30,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
 pub use norm::NormLayout;
+pub use window::{PoolKind, WindowLens, Windows};
 
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
 /// and strides in fixed arrays of this length).
@@ -387,4 +389,24 @@ pub trait Device {
         rows: usize,
         n: usize,
     ) -> Result<Buffer>;
+
+    // ---- conv ---------------------------------------------------------------------------------
+
+    /// Unfold the big operand `x` `(batch, channels, big...)` into the column matrix
+    /// `(channels, kernel, batch, small)`: `cols[c, k, n, o] = x[n, c, cell(o, k)]`, 0 for
+    /// padding ([`Windows::cell`]). PyTorch: `F.unfold` (with the batch moved inside).
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer>;
+    /// The adjoint of [`im2col`](Self::im2col): `x[n, c, j] = Σ cols[c, k, n, o]` over the
+    /// window cells `(o, k)` that read `j`. On sim and in deterministic mode each output element
+    /// sums its cells in increasing `o`; otherwise one `atomicAdd` per column element.
+    /// PyTorch: `F.fold`.
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer>;
+    /// Pool each window of `x` `(batch, channels, big...)` into `(batch, channels, small...)`.
+    /// PyTorch: `F.max_pool*d` / `F.avg_pool*d` (see [`PoolKind`]).
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer>;
+    /// VJP of [`pool`](Self::pool) at `x` for the cotangent `g` (small): max routes each
+    /// window's cotangent to its first argmax, avg spreads `g/volume` over the real cells,
+    /// smooth max weights it by softmax(β·v). On sim and in deterministic mode each input
+    /// element sums its windows in increasing order; otherwise `atomicAdd` per window cell.
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer>;
 }

@@ -10,6 +10,7 @@
 //! Sim always runs the fixed-order path, whatever [`crate::determinism`] says; the flag exists
 //! for the CUDA device's atomic fast paths.
 
+pub mod conv;
 mod launch;
 pub mod linalg;
 pub mod norm;
@@ -20,7 +21,7 @@ pub mod rows;
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm, NormLayout, norm as layout};
+use super::{Buffer, Device, Gemm, NormLayout, PoolKind, Windows, norm as layout};
 use crate::alloc::{Allocation, CachingAllocator, Collected, HostMemory, MemoryUsage};
 use crate::{Error, Result, rng};
 use launch::view;
@@ -443,5 +444,21 @@ impl Device for SimDevice {
         self.launch(OP, [x], x.len(), |[x], out| {
             norm::masked_softmax(x, mask, n.max(1), out)
         })
+    }
+
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        self.im2col_impl(x, w)
+    }
+
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        self.col2im_impl(cols, w)
+    }
+
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_impl(x, w, kind)
+    }
+
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_bwd_impl(x, g, w, kind)
     }
 }

@@ -11,14 +11,17 @@
 //! - temporaries are released before returning, on success and on error ([`with_scratch`]).
 
 pub mod attention;
+pub mod conv;
 pub mod elementwise;
 pub mod linalg;
 pub mod loss;
 pub mod norm;
+pub mod pool;
 pub mod random;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod spectral;
 
 use smallvec::SmallVec;
 use tl_ir::Op;
@@ -125,8 +128,7 @@ pub fn forward<D: Device>(
             seed,
             counter,
         } => random::dropout(dev, b(0), shape.numel(), *keep, *seed, *counter),
-        // issue 4: CUDA formula pending
-        SpectralConv1dRfft { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        SpectralConv1dRfft { .. } => spectral::forward(dev, op, x),
         LogSoftmax => softmax::forward(dev, x[0], true),
         LayerNorm { .. } | BatchNorm { .. } => {
             let (y, stats) = norm::forward(dev, op, x[0], x[1], x[2])?;
@@ -141,11 +143,10 @@ pub fn forward<D: Device>(
         }
         MaskedSoftmax { mask } => attention::masked_softmax(dev, x[0], mask),
         MultiHeadAttention { heads, mask, .. } => attention::mha(dev, op, x, *heads, mask.as_ref()),
-        Conv { .. }
-        | ConvTranspose { .. }
-        | MaxPool { .. }
-        | AvgPool { .. }
-        | SmoothMaxPool { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        Conv { .. } | ConvTranspose { .. } => conv::forward(dev, op, x, shape),
+        MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
+            pool::forward(dev, op, x[0], shape)
+        }
         MseLoss => {
             let (loss, diff) = loss::mse(dev, x[0], x[1])?;
             let value = wrap(dev, op, shape, loss).inspect_err(|_| {
@@ -286,8 +287,10 @@ fn backward_into<D: Device>(
         } => g.push(0, |d| {
             random::dropout(d, gb, x[0].shape().numel(), *keep, *seed, *counter)
         }),
-        // issue 4: CUDA formula pending
-        SpectralConv1dRfft { .. } => Err(crate::Error::Unsupported { op: op.name() }),
+        SpectralConv1dRfft { .. } => {
+            let [dx, dre, dim] = spectral::backward(g.dev, op, x, gb, g.needs)?;
+            g.set_all([dx, dre, dim])
+        }
         LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
         LayerNorm { .. } | BatchNorm { .. } => {
             let d = norm::backward(g.dev, op, x[0], x[1], gb, g.needs, workspace)?;
@@ -298,11 +301,13 @@ fn backward_into<D: Device>(
             let d = attention::mha_back(g.dev, op, x, gb, g.needs, *heads, mask.as_ref())?;
             g.set_all(d)
         }
-        Conv { .. }
-        | ConvTranspose { .. }
-        | MaxPool { .. }
-        | AvgPool { .. }
-        | SmoothMaxPool { .. } => Err(crate::Error::Unsupported { op: op.name() }),
+        Conv { .. } | ConvTranspose { .. } => {
+            let [dw, db, dx] = conv::backward(g.dev, op, x, y, gb, g.needs)?;
+            g.set_all([dw, db, dx])
+        }
+        MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
+            g.push(0, |d| pool::backward(d, op, x[0], y, gb))
+        }
         MseLoss => {
             let (d0, d1) = loss::mse_back(g.dev, x[0], x[1], gb, g.needs, workspace)?;
             if let Err(e) = g.set(0, d0) {
