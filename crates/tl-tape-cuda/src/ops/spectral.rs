@@ -72,7 +72,7 @@ impl Dims {
     }
 
     /// x (B, N, W) as (N, B·W): a fresh permute, or `x` itself for B = 1.
-    fn to_cols<D: Device>(&self, dev: &mut D, sc: &mut Scratch, x: Buffer) -> Result<Buffer> {
+    fn grid_major<D: Device>(&self, dev: &mut D, sc: &mut Scratch, x: Buffer) -> Result<Buffer> {
         if self.b == 1 {
             Ok(x)
         } else {
@@ -81,7 +81,7 @@ impl Dims {
     }
 
     /// (N, B·W) back to (B, N, W); `c` is a registered temporary unless B = 1.
-    fn from_cols<D: Device>(&self, dev: &mut D, c: Buffer) -> Result<Buffer> {
+    fn batch_major<D: Device>(&self, dev: &mut D, c: Buffer) -> Result<Buffer> {
         if self.b == 1 {
             Ok(c)
         } else {
@@ -130,7 +130,7 @@ pub fn forward<D: Device>(dev: &mut D, op: &tl_ir::Op, x: &[&AnyBuffer]) -> Resu
     let d = Dims::of(x[0].shape(), modes_of(op)?)?;
     let (wre, wim) = (x[1].buffer(), x[2].buffer());
     with_scratch(dev, |dev, sc| {
-        let xc = d.to_cols(dev, sc, x[0].buffer())?;
+        let xc = d.grid_major(dev, sc, x[0].buffer())?;
         let [xr, xi] = d.rfft(dev, sc, xc)?;
         let g = Gemm::nn(d.b, d.w, d.w);
         let zr = d.mix(dev, sc, xr, wre, xi, wim, -1.0, g)?;
@@ -147,7 +147,7 @@ pub fn forward<D: Device>(dev: &mut D, op: &tl_ir::Op, x: &[&AnyBuffer]) -> Resu
             return Ok(y);
         }
         sc.tmp(y);
-        d.from_cols(dev, y)
+        d.batch_major(dev, y)
     })
 }
 
@@ -166,14 +166,14 @@ pub fn backward<D: Device>(
         return Ok(out);
     }
     let r = with_scratch(dev, |dev, sc| {
-        let gc = d.to_cols(dev, sc, g)?;
+        let gc = d.grid_major(dev, sc, g)?;
         let fwd = Gemm::nn(d.m, d.n, d.bw());
         let icos = sc.tmp(dev.upload(&d.basis(false, true))?);
         let isin = sc.tmp(dev.upload(&d.basis(true, true))?);
         let dzr = sc.tmp(dev.matmul(icos, gc, fwd)?);
         let dzi = sc.tmp(dev.matmul(isin, gc, fwd)?);
         if needs[1] || needs[2] {
-            let xc = d.to_cols(dev, sc, x[0].buffer())?;
+            let xc = d.grid_major(dev, sc, x[0].buffer())?;
             let [xr, xi] = d.rfft(dev, sc, xc)?;
             let tg = Gemm::nn(d.w, d.b, d.w).with_t(true, false);
             if needs[1] {
@@ -199,7 +199,7 @@ pub fn backward<D: Device>(
                 dxc
             } else {
                 sc.tmp(dxc);
-                d.from_cols(dev, dxc)?
+                d.batch_major(dev, dxc)?
             });
         }
         Ok(())
