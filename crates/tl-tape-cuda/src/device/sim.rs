@@ -5,6 +5,8 @@
 //! - [`pointwise`]: per-element bodies of the pointwise kernels.
 //! - [`reduce`]: the reduction order (fixed grid, two passes, warp-shuffle tree), documented there.
 //! - [`rows`]: the softmax row kernels. [`linalg`]: the matmul kernel's arithmetic.
+//! - [`activation`]: per-element bodies of GELU and SiLU; `index`: gathers, the fixed-order
+//!   scatter-add, range copies and the cross-entropy rows.
 //!
 //! Sim always runs the fixed-order path, whatever [`crate::determinism`] says; the flag exists
 //! for the CUDA device's atomic fast paths.
