@@ -72,6 +72,9 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     let big = d.upload(&i.big)?;
     let a_odd = d.upload(&i.x[..70 * 13])?;
     let b_odd = d.upload(&i.y[..13 * 75])?;
+    let rows_g = d.upload(&i.big[..3000])?;
+    let short = d.upload(&i.g[..37])?;
+    let scalar = d.upload(&[1.7])?;
     let mut outs: Vec<(&'static str, &'static str, bool, Buffer)> = Vec::new();
     macro_rules! one {
         ($fam:expr, $name:expr, $exact:expr, $e:expr) => {
@@ -229,6 +232,38 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         );
     }
     one!(la, "bmm", true, d.bmm(x, y, 5, Gemm::nn(10, 20, 10))?);
+    let act = "activation";
+    one!(act, "gelu", false, d.gelu(x)?);
+    one!(act, "gelu_bwd", false, d.gelu_bwd(x, g)?);
+    one!(act, "silu", false, d.silu(x)?);
+    one!(act, "silu_bwd", false, d.silu_bwd(x, g)?);
+    let ix = "index";
+    // 300 indices into 100 rows: repeats, and 100..102 out of range (zero rows, no scatter).
+    let idx: Vec<usize> = (0..300).map(|k| (k * 37) % 103).collect();
+    one!(ix, "gather_rows", true, d.gather_rows(x, 100, 10, &idx)?);
+    one!(
+        ix,
+        "scatter_add_rows",
+        true,
+        d.scatter_add_rows(rows_g, 100, 10, &idx)?
+    );
+    one!(ix, "copy_range", true, d.copy_range(x, 17, 500)?);
+    one!(ix, "place_range", true, d.place_range(g, 1500, 250)?);
+    one!(ix, "concat", true, d.concat(x, y)?);
+    one!(ix, "add_range", true, d.add_range(x, short, 400)?);
+    let labels: Vec<usize> = (0..10).map(|r| (r * 23) % 110).collect();
+    one!(
+        ix,
+        "cross_entropy_rows",
+        false,
+        d.cross_entropy_rows(x, 10, 100, &labels)?
+    );
+    one!(
+        ix,
+        "cross_entropy_rows_bwd",
+        false,
+        d.cross_entropy_rows_bwd(x, scalar, 10, 100, &labels)?
+    );
     let rg = "rng";
     one!(rg, "rand_uniform", true, d.rand_uniform(5000, 42)?);
     one!(rg, "bernoulli_mask", true, d.bernoulli_mask(5000, 43, 0.3)?);
@@ -238,7 +273,7 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         res.push((fam, name, exact, d.download(b)?));
         d.release(b);
     }
-    d.release_all([x, y, g, p, big, a_odd, b_odd]);
+    d.release_all([x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar]);
     Ok(res)
 }
 

@@ -17,6 +17,7 @@
 
 mod conv;
 mod driver;
+mod index;
 mod launch;
 mod norm;
 
@@ -565,5 +566,68 @@ impl Device for CudaDevice {
 
     fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
         self.pool_bwd_impl(x, g, w, kind)
+    }
+
+    fn gelu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("tl_gelu", x, &[])
+    }
+    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_gelu_bwd", x, g, &[])
+    }
+    fn silu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("tl_silu", x, &[])
+    }
+    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_silu_bwd", x, g, &[])
+    }
+
+    fn gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::gather_rows(self, x, rows, cols, idx)
+    }
+    fn scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::scatter_add_rows(self, g, rows, cols, idx)
+    }
+    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        index::copy_range(self, x, start, len)
+    }
+    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        index::place_range(self, g, len, start)
+    }
+    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        index::concat(self, a, b)
+    }
+    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        index::add_range(self, x, v, start)
+    }
+    fn cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows(self, x, rows, cols, labels)
+    }
+    fn cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }
 }

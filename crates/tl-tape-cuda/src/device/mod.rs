@@ -17,6 +17,7 @@
 //! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory.
 
 pub mod check;
+pub mod index_check;
 pub mod norm;
 pub mod sim;
 pub mod window;
@@ -409,4 +410,69 @@ pub trait Device {
     /// smooth max weights it by softmax(β·v). On sim and in deterministic mode each input
     /// element sums its windows in increasing order; otherwise `atomicAdd` per window cell.
     fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer>;
+
+    // ---- activation (kernels/activation.cu; SEMANTICS: docs/semantics.md "gelu", "silu") ----
+
+    /// `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))`. PyTorch: `F.gelu(x, approximate="tanh")`.
+    fn gelu(&mut self, x: Buffer) -> Result<Buffer>;
+    /// GELU VJP: `g · (0.5(1 + t) + 0.5·x·(1 − t²)·√(2/π)(1 + 3·0.044715x²))`, the second term
+    /// taken as 0 once `tanh` has saturated.
+    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `x · sigmoid(x)` with the stable sigmoid. PyTorch: `F.silu`.
+    fn silu(&mut self, x: Buffer) -> Result<Buffer>;
+    /// SiLU VJP: `g · s·(1 + x(1 − s))`, `s = sigmoid(x)`.
+    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+
+    // ---- index (kernels/index.cu) -------------------------------------------------------------
+    //
+    // Index operands are host slices, uploaded by the device per launch (the sim reads them
+    // directly). The gathers are totalized as SEMANTICS.md "Indexing" says: an index ≥ `rows`
+    // reads a zero row and receives nothing in the scatter-add; ranges of the copy primitives
+    // must lie inside their operand (an error before launch otherwise).
+
+    /// Rows `idx` of `x` viewed as (rows, cols) → (idx.len(), cols); a zero row for an index ≥
+    /// rows. PyTorch: `torch.index_select(x, 0, idx)` (which raises instead of zero-filling).
+    fn gather_rows(&mut self, x: Buffer, rows: usize, cols: usize, idx: &[usize])
+    -> Result<Buffer>;
+    /// The gather's VJP: zeros of (rows, cols) with row `r` of `g` (idx.len(), cols) added into
+    /// row `idx[r]`; repeated indices accumulate, indices ≥ rows are skipped. Fixed order
+    /// (per output, indices in order) on sim and in deterministic mode, atomics otherwise.
+    /// PyTorch: `torch.zeros(rows, cols).index_add_(0, idx, g)`.
+    fn scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer>;
+    /// Elements `start..start + len` of `x`. PyTorch: `x.flatten()[start:start+len].clone()`.
+    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer>;
+    /// `len` zeros with `g` written at `start..start + g.len()` (the VJP of
+    /// [`copy_range`](Self::copy_range)).
+    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer>;
+    /// `a` followed by `b`. PyTorch: `torch.cat([a.flatten(), b.flatten()])`.
+    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// A copy of `x` with `v` added at `start..start + v.len()`.
+    /// PyTorch: `x.clone().flatten().index_add_(0, arange(start, start+len), v)`.
+    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer>;
+    /// Per-row cross-entropy of logits `x` (rows, cols): `lse(row) − row[label]` with a
+    /// max-shifted log-sum-exp, 0 for a label ≥ cols → (rows).
+    /// PyTorch: `F.cross_entropy(x, labels, reduction="none")`.
+    fn cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer>;
+    /// VJP of the mean of [`cross_entropy_rows`](Self::cross_entropy_rows) for the scalar
+    /// cotangent `g`: `(softmax(row) − onehot(label)) · g/rows`, zero rows for labels ≥ cols.
+    fn cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer>;
 }

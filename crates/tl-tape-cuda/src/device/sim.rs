@@ -6,11 +6,15 @@
 //! - [`reduce`]: the reduction order (fixed grid, two passes, warp-shuffle tree), documented there.
 //! - [`rows`]: the softmax row kernels. [`linalg`]: the matmul kernel's arithmetic.
 //! - [`norm`]: layer/batch norm statistics, affine map and backward; the masked row softmax.
+//! - [`activation`]: per-element bodies of GELU and SiLU; `index`: gathers, the fixed-order
+//!   scatter-add, range copies and the cross-entropy rows.
 //!
 //! Sim always runs the fixed-order path, whatever [`crate::determinism`] says; the flag exists
 //! for the CUDA device's atomic fast paths.
 
+pub mod activation;
 pub mod conv;
+mod index;
 mod launch;
 pub mod linalg;
 pub mod norm;
@@ -460,5 +464,68 @@ impl Device for SimDevice {
 
     fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
         self.pool_bwd_impl(x, g, w, kind)
+    }
+
+    fn gelu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("gelu", x, activation::gelu)
+    }
+    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("gelu_bwd", x, g, activation::gelu_bwd)
+    }
+    fn silu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("silu", x, activation::silu)
+    }
+    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("silu_bwd", x, g, activation::silu_bwd)
+    }
+
+    fn gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::gather_rows(self, x, rows, cols, idx)
+    }
+    fn scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::scatter_add_rows(self, g, rows, cols, idx)
+    }
+    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        index::copy_range(self, x, start, len)
+    }
+    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        index::place_range(self, g, len, start)
+    }
+    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        index::concat(self, a, b)
+    }
+    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        index::add_range(self, x, v, start)
+    }
+    fn cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows(self, x, rows, cols, labels)
+    }
+    fn cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }
 }

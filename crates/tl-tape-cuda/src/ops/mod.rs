@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod conv;
 pub mod elementwise;
+pub mod index;
 pub mod linalg;
 pub mod loss;
 pub mod norm;
@@ -76,11 +77,13 @@ pub fn wrap<D: Device>(dev: &mut D, op: &Op, shape: &Shape, b: Buffer) -> Result
 }
 
 /// The forward value of `op` on `x`, whose output shape (`shape`) the shape rule has inferred.
+/// `nats` is the Nat environment (runtime indices and labels) the index ops read.
 pub fn forward<D: Device>(
     dev: &mut D,
     op: &Op,
     x: &[&AnyBuffer],
     shape: &Shape,
+    nats: &[usize],
 ) -> Result<Forward> {
     use self::{elementwise as ew, linalg as la};
     use Op::*;
@@ -158,13 +161,12 @@ pub fn forward<D: Device>(
                 workspace: vec![diff],
             });
         }
-        // issue 4: CUDA formula pending
-        Gelu
-        | Silu
-        | Concat
-        | Slice { .. }
-        | CrossEntropy { .. }
-        | GatherScalar { .. }
+        Gelu => dev.gelu(b(0)),
+        Silu => dev.silu(b(0)),
+        Concat => dev.concat(b(0), b(1)),
+        Slice { start, len } => index::slice(dev, x[0], *start, *len),
+        CrossEntropy { labels_at } => index::cross_entropy(dev, x[0], *labels_at, nats),
+        GatherScalar { .. }
         | GatherRow { .. }
         | GatherScalarRaw { .. }
         | GatherRowRaw { .. }
@@ -172,9 +174,8 @@ pub fn forward<D: Device>(
         | GatherRowNat { .. }
         | GatherScalarsNatVec { .. }
         | GatherRowsNatVec { .. }
-        | GatherIndexTensor
-        | ScatterAddVec { .. }
-        | ScatterAddRow { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        | GatherIndexTensor => index::gather(dev, op, x, nats),
+        ScatterAddVec { index } | ScatterAddRow { index } => index::scatter_add(dev, x, *index),
     };
     Ok(Forward {
         value: wrap(dev, op, shape, value?)?,
@@ -185,7 +186,9 @@ pub fn forward<D: Device>(
 
 /// The operand cotangents of `op` at operands `x` with output `y` and output cotangent `g`.
 /// `needs[k]` says whether operand `k` requires grad; no cotangent is computed for the others.
-/// On error, every cotangent already computed is released.
+/// `nats` is the Nat environment the node was recorded with (the tape's snapshot for ops that
+/// read it). On error, every cotangent already computed is released.
+#[allow(clippy::too_many_arguments)]
 pub fn backward<D: Device>(
     dev: &mut D,
     op: &Op,
@@ -194,9 +197,10 @@ pub fn backward<D: Device>(
     g: &AnyBuffer,
     needs: &[bool],
     workspace: &[Buffer],
+    nats: &[usize],
 ) -> Result<Grads> {
     let mut out = Grads::new();
-    let r = backward_into(dev, op, x, y, g, needs, workspace, &mut out);
+    let r = backward_into(dev, op, x, y, g, needs, workspace, nats, &mut out);
     match r {
         Ok(()) => Ok(out),
         Err(e) => {
@@ -216,6 +220,7 @@ fn backward_into<D: Device>(
     g: &AnyBuffer,
     needs: &[bool],
     workspace: &[Buffer],
+    nats: &[usize],
     out: &mut Grads,
 ) -> Result<()> {
     use self::elementwise as ew;
@@ -316,13 +321,18 @@ fn backward_into<D: Device>(
             }
             g.set(1, d1)
         }
-        // issue 4: CUDA formula pending
-        Gelu
-        | Silu
-        | Concat
-        | Slice { .. }
-        | CrossEntropy { .. }
-        | GatherScalar { .. }
+        Gelu => g.push(0, |d| d.gelu_bwd(xb(0), gb)),
+        Silu => g.push(0, |d| d.silu_bwd(xb(0), gb)),
+        Concat => {
+            let n0 = x[0].shape().numel();
+            g.push(0, |d| d.copy_range(gb, 0, n0))?;
+            g.push(1, |d| d.copy_range(gb, n0, x[1].shape().numel()))
+        }
+        Slice { start, .. } => g.push(0, |d| index::slice_back(d, x[0], *start, gb)),
+        CrossEntropy { labels_at } => g.push(0, |d| {
+            index::cross_entropy_back(d, x[0], *labels_at, gb, nats)
+        }),
+        GatherScalar { .. }
         | GatherRow { .. }
         | GatherScalarRaw { .. }
         | GatherRowRaw { .. }
@@ -330,9 +340,15 @@ fn backward_into<D: Device>(
         | GatherRowNat { .. }
         | GatherScalarsNatVec { .. }
         | GatherRowsNatVec { .. }
-        | GatherIndexTensor
-        | ScatterAddVec { .. }
-        | ScatterAddRow { .. } => Err(crate::Error::Unsupported { op: op.name() }),
+        | GatherIndexTensor => {
+            g.push(0, |d| index::gather_back(d, op, x, gb, nats))?;
+            // The index tensor of `gather` is never differentiable.
+            g.none(x.len() - 1)
+        }
+        ScatterAddVec { index } | ScatterAddRow { index } => {
+            g.push(0, |d| d.copy(gb))?;
+            g.push(1, |d| index::scatter_add_back_v(d, x, *index, gb))
+        }
     }
 }
 
