@@ -4,11 +4,15 @@
 
 mod cnn;
 mod data;
+mod fno;
 mod mlp;
+mod transformer;
 
 pub use cnn::{Cnn, CnnConfig, CnnLeaves};
 pub use data::regression_grid;
+pub use fno::{Fno1d, FnoConfig, FnoLeaves};
 pub use mlp::{Activation, Mlp};
+pub use transformer::{LN_EPS, LmConfig, LmLeaves, TransformerBlock, TransformerLm};
 
 /// SplitMix64: a tiny deterministic generator for parameter initialisation.
 #[derive(Debug, Clone)]
