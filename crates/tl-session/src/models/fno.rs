@@ -55,9 +55,8 @@ fn lin<S: Ops + ?Sized>(
 ) -> Result<Lin> {
     // PyTorch's nn.Linear init: uniform in ±1/√fan_in.
     let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
-    let mut init = |shape: &[usize]| {
-        Tensor::<S::T>::from_fn(shape, |_| S::T::lit(rng.uniform(-bound, bound)))
-    };
+    let mut init =
+        |shape: &[usize]| Tensor::<S::T>::from_fn(shape, |_| S::T::lit(rng.uniform(-bound, bound)));
     let w = init(&[fan_out, fan_in]);
     let b = init(&[fan_out]);
     Ok((
@@ -72,7 +71,15 @@ impl Fno1d {
     /// `spectral{k}.re`, `spectral{k}.im`, `pointwise{k}.*`, `proj0.*`, `proj1.*`.
     pub fn new<S: Ops + ?Sized>(s: &mut S, config: &FnoConfig, seed: u64) -> Result<Self> {
         let c = config;
-        if [c.in_channels, c.out_channels, c.width, c.modes, c.proj_hidden].contains(&0) {
+        if [
+            c.in_channels,
+            c.out_channels,
+            c.width,
+            c.modes,
+            c.proj_hidden,
+        ]
+        .contains(&0)
+        {
             return Err(Error::Usage {
                 what: "Fno1d::new",
                 detail: format!("every size must be at least 1, got {c:?}"),

@@ -63,7 +63,9 @@ impl TransformerBlock {
         if d_model == 0 || heads == 0 || d_model % heads != 0 || d_ff == 0 {
             return Err(bad(
                 "TransformerBlock::new",
-                format!("need heads ≥ 1 dividing d_model ≥ 1 and d_ff ≥ 1, got d_model {d_model}, heads {heads}, d_ff {d_ff}"),
+                format!(
+                    "need heads ≥ 1 dividing d_model ≥ 1 and d_ff ≥ 1, got d_model {d_model}, heads {heads}, d_ff {d_ff}"
+                ),
             ));
         }
         let mut rng = SplitMix::new(seed);
