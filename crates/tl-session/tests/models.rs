@@ -6,6 +6,7 @@ use tl_session::{Backend, LinkedSession, Ops, Optimizer, Options, Session, Tenso
 use tl_spec::Tensor;
 
 /// Either session kind, for a loop that records labels in the Nat environment.
+#[allow(clippy::large_enum_variant)] // one per test
 enum Kind {
     Eager(Session<f32>),
     Linked(LinkedSession<f32>),

@@ -60,7 +60,7 @@ impl TransformerBlock {
         d_ff: usize,
         seed: u64,
     ) -> Result<Self> {
-        if d_model == 0 || heads == 0 || d_model % heads != 0 || d_ff == 0 {
+        if d_model == 0 || heads == 0 || !d_model.is_multiple_of(heads) || d_ff == 0 {
             return Err(bad(
                 "TransformerBlock::new",
                 format!(
