@@ -237,84 +237,27 @@ impl Model {
         labels: &[usize],
     ) -> Result<Output> {
         let batch = x.shape().dims()[0];
-        let target = if s.has_cross_entropy() {
-            Target::Labels(s.record_labels(labels))
-        } else {
-            Target::OneHot(one_hot(labels, CLASSES))
-        };
-        let (out, target) = match self {
+        // The labels go into the Nat environment for the `crossEntropy` op (both tapes have it).
+        let labels_at = s.record_labels(labels);
+        let out = match self {
             Model::Mlp(m) => {
                 let leaves = m.use_params(s)?;
                 let x = s.input(x, false)?;
-                let t = target.record(s)?;
-                (m.forward(s, &leaves, &x)?, t)
+                m.forward(s, &leaves, &x)?
             }
             Model::Cnn(m) => {
                 let leaves = m.use_params(s)?;
                 let x = s.input(x.reshape(Shape::new(&[batch, 1, 8, 8]))?, false)?;
-                let t = target.record(s)?;
-                (m.forward(s, &leaves, &x)?, t)
+                m.forward(s, &leaves, &x)?
             }
             _ => return Err(CliError::new("internal: not a classifier")),
         };
-        let loss = match target {
-            Recorded::Labels(at) => s.apply(Op::CrossEntropy { labels_at: at }, &[&out])?,
-            Recorded::OneHot(t) => cross_entropy(s, &out, &t, batch)?,
-        };
+        let loss = s.apply(Op::CrossEntropy { labels_at }, &[&out])?;
         Ok(Output {
             out,
             loss: Some(loss),
         })
     }
-}
-
-/// How the loss gets its targets: labels in the Nat environment (for the `crossEntropy` op) or
-/// a one-hot constant (for the composed form).
-enum Target {
-    Labels(usize),
-    OneHot(Tensor<f32>),
-}
-
-/// A [`Target`] once recorded.
-enum Recorded {
-    Labels(usize),
-    OneHot(TensorRef),
-}
-
-impl Target {
-    fn record<S: Runner + ?Sized>(self, s: &mut S) -> Result<Recorded> {
-        Ok(match self {
-            Target::Labels(at) => Recorded::Labels(at),
-            Target::OneHot(t) => Recorded::OneHot(s.constant(t)?),
-        })
-    }
-}
-
-/// Mean cross-entropy of `logits` (B, C) against one-hot targets (B, C), composed:
-/// `−(1/B) Σ onehot ⊙ log_softmax(logits)`. PyTorch: `F.cross_entropy(logits, labels)`. Used
-/// where the tape lacks the `crossEntropy` op (the CUDA tape, for now).
-/// (log_softmax is computed stably, so no NaN for large logits.)
-pub fn cross_entropy<S: Ops<T = f32> + ?Sized>(
-    s: &mut S,
-    logits: &TensorRef,
-    onehot: &TensorRef,
-    batch: usize,
-) -> Result<TensorRef> {
-    let lp = s.log_softmax(logits)?;
-    let picked = s.mul(&lp, onehot)?;
-    let total = s.sum(&picked)?;
-    Ok(s.scale(&total, -1.0 / batch.max(1) as f64)?)
-}
-
-/// One-hot rows (B, classes) of `labels`.
-pub fn one_hot(labels: &[usize], classes: usize) -> Tensor<f32> {
-    Tensor::from_fn([labels.len(), classes], |k| {
-        if labels[k / classes] == k % classes {
-            1.0
-        } else {
-            0.0
-        }
-    })
 }
 
 /// The index of the largest entry of each row of a (B, C) tensor.
@@ -336,32 +279,13 @@ pub fn argmax_rows(t: &Tensor<f32>) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tl_session::{Backend, Options, Session};
 
     #[test]
-    fn cross_entropy_matches_hand_values() {
-        // logits [0, ln 3] → log_softmax = [ln(1/4), ln(3/4)]; label 1 → loss = −ln(3/4).
-        let mut s = Session::<f32>::new(Options::backend(Backend::Cpu)).unwrap();
-        let l = s
-            .input(Tensor::new([1, 2], vec![0.0, 3f32.ln()]).unwrap(), false)
-            .unwrap();
-        let t = s.constant(one_hot(&[1], 2)).unwrap();
-        let loss = cross_entropy(&mut s, &l, &t, 1).unwrap();
-        let v = s.value(&loss).unwrap().item().unwrap();
-        assert!((v - (-(0.75f32).ln())).abs() < 1e-6, "{v}");
-        // Huge logits stay finite.
-        let l = s
-            .input(Tensor::new([1, 2], vec![1e4, -1e4]).unwrap(), false)
-            .unwrap();
-        let loss = cross_entropy(&mut s, &l, &t, 1).unwrap();
-        let v = s.value(&loss).unwrap().item().unwrap();
-        assert!((v - 2e4).abs() < 1.0, "{v}");
-    }
-
-    #[test]
-    fn argmax_and_one_hot() {
+    fn argmax_picks_the_first_largest_entry() {
         let t = Tensor::new([2, 3], vec![0.1, 0.7, 0.2, 5.0, -1.0, 4.0]).unwrap();
         assert_eq!(argmax_rows(&t), vec![1, 0]);
-        assert_eq!(one_hot(&[2, 0], 3).data(), &[0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+        // A tie goes to the first index.
+        let t = Tensor::new([1, 3], vec![2.0, 2.0, 1.0]).unwrap();
+        assert_eq!(argmax_rows(&t), vec![0]);
     }
 }

@@ -18,32 +18,6 @@ fn unknown_model_and_bad_flags_are_one_line_usage_errors() {
 }
 
 #[test]
-fn models_whose_ops_have_no_cuda_formula_say_which_op() {
-    // conv has no CUDA formula yet (issue 4): one line naming the op, nothing trained first.
-    let o = tl(&[
-        "train",
-        "--model",
-        "cnn",
-        "--backend",
-        "cuda-sim",
-        "--epochs",
-        "1",
-    ]);
-    assert_one_line_error(&o, &["conv"]);
-    let o = tl(&[
-        "train",
-        "--model",
-        "fno",
-        "--backend",
-        "cuda-sim",
-        "--linked",
-        "--epochs",
-        "1",
-    ]);
-    assert_one_line_error(&o, &["spectralConv1dRfft"]);
-}
-
-#[test]
 fn resuming_another_models_checkpoint_is_a_clear_error() {
     let dir = scratch("other-model");
     let ckpt = dir.join("mlp.safetensors");

@@ -220,7 +220,9 @@ fn verify_and_graph_through_the_binary() {
     assert_eq!(v["rows"][0]["checks"]["6 det sim"]["cases"], 4);
     assert!(v["rows"][0]["checks"]["2 bwd f64"].is_null());
 
-    // An op without a CUDA formula yet is "pending", not a failure; the DAG row still runs.
+    // gelu (issue 3) has its CUDA formula: all four sim cells run, nothing is pending. (The
+    // pending path itself is tested in tl-conformance's cuda_sim tests with a tape that hides
+    // a formula.)
     let o = tl(&[
         "verify",
         "--backend",
@@ -234,21 +236,15 @@ fn verify_and_graph_through_the_binary() {
     ]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let text = stdout(&o);
-    let gelu = text
-        .lines()
-        .find(|l| l.starts_with("gelu"))
-        .expect("a gelu row");
-    // gelu has no CUDA formula yet (issue 4): its sim cells are pending, not failures.
-    assert!(gelu.contains("pending"), "{gelu}");
-    assert!(
-        text.contains("pending: those ops have no CUDA formula yet"),
-        "{text}"
-    );
-    let dag = text
-        .lines()
-        .find(|l| l.starts_with("dag"))
-        .expect("a dag row");
-    assert_eq!(dag.matches("4/").count(), 4, "{dag}");
+    for row in ["gelu", "dag"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("a {row} row in {text}"));
+        assert_eq!(line.matches("4/").count(), 4, "{line}");
+        assert!(!line.contains("pending"), "{line}");
+    }
+    assert!(!text.contains("pending:"), "{text}");
 
     let dir = scratch("graph");
     let dot = dir.join("mlp.dot");

@@ -6,6 +6,7 @@ mod common;
 use common::{scratch, stdout, tl};
 use tl_cli::cli::ModelName;
 use tl_cli::train::{TrainConfig, train};
+use tl_session::Backend;
 
 #[test]
 fn cnn_defaults_reach_97_percent_on_digits() {
@@ -99,4 +100,41 @@ fn cnn_save_eval_and_graph_through_the_binary() {
         assert!(stdout(&o).starts_with(&format!("digraph \"{model}\"")));
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cnn_fno_and_transformer_train_the_same_on_the_cuda_sim_eager_and_linked() {
+    // A few steps of each model: the CUDA tape over the simulation device (conv, pools,
+    // spectral conv, gathers, layerNorm, attention, crossEntropy all have CUDA formulas) takes
+    // the same steps as the CPU tape, within f32 rounding.
+    for (model, subset) in [
+        (ModelName::Cnn, 96),
+        (ModelName::Fno, 60),
+        (ModelName::Transformer, 48),
+    ] {
+        let d = TrainConfig::defaults(model);
+        let base = TrainConfig {
+            epochs: 1,
+            train_subset: Some(subset),
+            ..d
+        };
+        let cpu = train(&base, |_| {}).unwrap();
+        assert!(cpu.step_losses.len() >= 3, "{model:?}");
+        for linked in [false, true] {
+            let cfg = TrainConfig {
+                backend: Backend::CudaSim,
+                linked,
+                ..base.clone()
+            };
+            let r =
+                train(&cfg, |_| {}).unwrap_or_else(|e| panic!("{model:?} linked={linked}: {e}"));
+            assert_eq!(r.step_losses.len(), cpu.step_losses.len());
+            for (a, b) in r.step_losses.iter().zip(&cpu.step_losses) {
+                assert!(
+                    (a - b).abs() <= 1e-3 * b.abs().max(1.0),
+                    "{model:?} linked={linked}: {a} vs {b}"
+                );
+            }
+        }
+    }
 }
