@@ -175,56 +175,86 @@ pub fn backward<T: Scalar>(
     y: &Tensor<T>,
     g: &Tensor<T>,
 ) -> Result<Grads<T>> {
+    backward_masked(op, x, y, g, &[])
+}
+
+/// Like [`backward`], computing only the cotangents whose `needed` entry is true (missing
+/// entries count as true; the others are `None`). A first layer, whose input needs no
+/// gradient, skips the `col2im` pass; frozen weights skip the weight GEMM and its `im2col`.
+pub fn backward_masked<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+    needed: &[bool],
+) -> Result<Grads<T>> {
     let cv = Conv::of(op, x)?;
     let out = tl_spec::Shape::from(cv.out_dims());
     check_shape(op, "output", y, &out)?;
     check_shape(op, "cotangent", g, &out)?;
+    let need = |i: usize| needed.get(i).copied().unwrap_or(true);
+    let (need_w, need_b, need_x) = (need(0), need(1), need(2));
     let (w, input, gd) = (x[0].data(), x[2].data(), g.data());
     let t = cv.geo.table();
     let (a, c, kl, ol, bl) = (cv.a, cv.c, t.kernel_len, t.small_len, t.big_len);
     let wv = view(op, w, a, c * kl)?;
-    let mut cols = vec![T::zero(); c * kl * ol];
-    let mut dw = vec![T::zero(); a * c * kl];
-    let mut dx = vec![T::zero(); input.len()];
+    let mut cols = if need_w || need_x {
+        vec![T::zero(); c * kl * ol]
+    } else {
+        Vec::new()
+    };
+    let mut dw = vec![T::zero(); if need_w { a * c * kl } else { 0 }];
+    let mut dx = vec![T::zero(); if need_x { input.len() } else { 0 }];
     let out_c = if cv.transpose { c } else { a };
-    let mut db = vec![T::zero(); out_c];
+    let mut db = vec![T::zero(); if need_b { out_c } else { 0 }];
     for n in 0..cv.batches {
         if cv.transpose {
             // g is big (C, B), x small (A, O).
             let gn = &gd[n * c * bl..(n + 1) * c * bl];
-            im2col(&t, c, gn, &mut cols);
-            let colv = view(op, &cols, c * kl, ol)?;
-            let xn = view(op, &input[n * a * ol..(n + 1) * a * ol], a, ol)?;
-            gemm(
-                op,
-                &wv,
-                &colv,
-                T::zero(),
-                &mut dx[n * a * ol..(n + 1) * a * ol],
-            )?;
-            gemm(op, &xn, &colv.t(), T::one(), &mut dw)?;
-            bias_sums(&mut db, gn, bl);
+            if need_w || need_x {
+                im2col(&t, c, gn, &mut cols);
+                let colv = view(op, &cols, c * kl, ol)?;
+                if need_x {
+                    let dxn = &mut dx[n * a * ol..(n + 1) * a * ol];
+                    gemm(op, &wv, &colv, T::zero(), dxn)?;
+                }
+                if need_w {
+                    let xn = view(op, &input[n * a * ol..(n + 1) * a * ol], a, ol)?;
+                    gemm(op, &xn, &colv.t(), T::one(), &mut dw)?;
+                }
+            }
+            if need_b {
+                bias_sums(&mut db, gn, bl);
+            }
         } else {
             // x is big (C, B), g small (A, O).
-            im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
             let gn = &gd[n * a * ol..(n + 1) * a * ol];
             let gv = view(op, gn, a, ol)?;
-            gemm(
-                op,
-                &gv,
-                &view(op, &cols, c * kl, ol)?.t(),
-                T::one(),
-                &mut dw,
-            )?;
-            gemm(op, &wv.t(), &gv, T::zero(), &mut cols)?;
-            col2im(&t, c, &cols, &mut dx[n * c * bl..(n + 1) * c * bl]);
-            bias_sums(&mut db, gn, ol);
+            if need_w {
+                im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
+                let colv = view(op, &cols, c * kl, ol)?;
+                gemm(op, &gv, &colv.t(), T::one(), &mut dw)?;
+            }
+            if need_x {
+                gemm(op, &wv.t(), &gv, T::zero(), &mut cols)?;
+                col2im(&t, c, &cols, &mut dx[n * c * bl..(n + 1) * c * bl]);
+            }
+            if need_b {
+                bias_sums(&mut db, gn, ol);
+            }
         }
     }
+    let keep = |on: bool, shape: &tl_spec::Shape, data: Vec<T>| -> Result<Option<Tensor<T>>> {
+        Ok(if on {
+            Some(tensor(shape.clone(), data)?)
+        } else {
+            None
+        })
+    };
     Ok(smallvec![
-        Some(tensor(x[0].shape().clone(), dw)?),
-        Some(tensor(x[1].shape().clone(), db)?),
-        Some(tensor(x[2].shape().clone(), dx)?),
+        keep(need_w, x[0].shape(), dw)?,
+        keep(need_b, x[1].shape(), db)?,
+        keep(need_x, x[2].shape(), dx)?,
     ])
 }
 
@@ -252,5 +282,33 @@ mod tests {
         let one = Tensor::<f64>::new([1, 1, 1], vec![1.0]).unwrap();
         let yt = forward(&Op::conv_transpose2d(1, 0), &[&w, &b, &one]).unwrap();
         assert_eq!(yt.data(), &[2.0, 3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn masked_backward_equals_the_full_one_on_every_mask() {
+        // Batched, strided and padded, both directions: each of the 8 masks returns exactly the
+        // full backward's cotangents where asked and `None` elsewhere.
+        let w = Tensor::<f64>::from_fn([2, 3, 3, 2], |i| (i as f64 * 0.37).sin());
+        let b = Tensor::<f64>::vector(vec![0.5, -1.5]);
+        let x = Tensor::<f64>::from_fn([2, 3, 5, 4], |i| (i as f64 * 0.11).cos());
+        let bt = Tensor::<f64>::vector(vec![0.25, -0.5, 1.0]);
+        let xt = Tensor::<f64>::from_fn([2, 2, 3, 2], |i| i as f64 - 5.0);
+        let cases = [
+            (Op::conv2d(2, 1), [&w, &b, &x]),
+            (Op::conv_transpose2d(2, 1), [&w, &bt, &xt]),
+        ];
+        for (op, operands) in &cases {
+            let y = forward(op, operands).unwrap();
+            let g = Tensor::from_fn(y.shape().clone(), |i| (i as f64 * 0.7).cos());
+            let full = backward(op, operands, &y, &g).unwrap();
+            for bits in 0..8u8 {
+                let mask = [bits & 1 != 0, bits & 2 != 0, bits & 4 != 0];
+                let some = backward_masked(op, operands, &y, &g, &mask).unwrap();
+                for (i, &on) in mask.iter().enumerate() {
+                    let want = if on { full[i].clone() } else { None };
+                    assert_eq!(some[i], want, "{op:?} mask {mask:?} operand {i}");
+                }
+            }
+        }
     }
 }

@@ -114,7 +114,7 @@ pub fn backward<T: Scalar>(
 
 /// Like [`backward`], computing only the cotangents whose `needed` entry is true (missing
 /// entries count as true; the others are `None`). The tape passes each parent's `requires_grad`.
-/// Matrix products skip the unneeded GEMMs; other families compute and discard.
+/// Matrix products and convolutions skip the unneeded work; other families compute and discard.
 pub fn backward_needed<T: Scalar>(
     op: &Op,
     x: &[&Tensor<T>],
@@ -125,6 +125,7 @@ pub fn backward_needed<T: Scalar>(
 ) -> Result<Grads<T>> {
     let mut grads = match op.family() {
         Family::Linalg => return linalg::backward_masked(op, x, y, g, needed),
+        Family::Conv => return conv::backward_masked(op, x, y, g, needed),
         _ => backward(op, x, y, g, nats)?,
     };
     for (d, &n) in grads.iter_mut().zip(needed) {
