@@ -9,19 +9,18 @@ use tl_session::Backend;
 
 use crate::Result;
 use crate::cli::ModelName;
-use crate::data::digits;
+use crate::dataset::load;
 use crate::model::Model;
 use crate::runner::session;
 
-/// Record one training step of `model` on the first `batch` training examples and return its
-/// graph.
+/// Record one training step (forward and loss) of `model` on the first `batch` training examples
+/// and return its graph.
 pub fn record(model: ModelName, batch: usize) -> Result<GraphData> {
     let mut s = session(Backend::Cpu, true, false)?;
     let m = Model::new(model, s.as_mut(), 0)?;
-    let (train, _) = digits()?;
+    let (train, _, _) = load(model)?;
     let idx: Vec<usize> = (0..batch.clamp(1, train.len())).collect();
-    let (x, y) = train.batch(&idx);
-    m.forward(s.as_mut(), x, Some(&y))?;
+    m.forward(s.as_mut(), train.batch(&idx))?;
     Ok(s.graph().expect("a linked session records a graph").clone())
 }
 
@@ -96,5 +95,25 @@ mod tests {
         let edges: usize = g.nodes().iter().map(|n| n.args().len()).sum();
         assert_eq!(dot.matches(" -> ").count(), edges);
         assert_eq!(dot.matches("shape=").count(), g.len());
+    }
+
+    #[test]
+    fn every_model_records_a_graph() {
+        for (model, want) in [
+            (ModelName::Cnn, ["conv0.weight", "maxPool", "crossEntropy"]),
+            (
+                ModelName::Fno,
+                ["spectral3.im", "spectralConv1dRfft", "mseLoss"],
+            ),
+            (
+                ModelName::Transformer,
+                ["block1.attn.wo", "multiHeadAttention", "layerNorm"],
+            ),
+        ] {
+            let dot = to_dot(&record(model, 2).unwrap(), model.as_str());
+            for w in want {
+                assert!(dot.contains(w), "{model:?}: missing {w:?}");
+            }
+        }
     }
 }

@@ -1,8 +1,10 @@
 //! # tl-cli: the `tl` command
 //!
-//! - `tl train`: train a model on a dataset shipped in the repository (`data/`), eager or linked,
-//!   on any session backend, with a progress bar, a loss-curve PNG and safetensors checkpoints;
-//! - `tl eval`: the accuracy of a checkpoint on the test split;
+//! - `tl train`: train a model (mlp, cnn: digits classification; fno: Burgers' equation; transformer:
+//!   char-level language model) on data shipped in the repository (`data/`) or made by a solver
+//!   in the project, eager or linked, on any session backend, with a progress bar, a loss-curve
+//!   PNG and safetensors checkpoints;
+//! - `tl eval`: a checkpoint's metrics on the test split;
 //! - `tl verify`: the conformance harness (`tl-conformance`) on a chosen backend, as a table or
 //!   JSON;
 //! - `tl graph`: a model's recorded `GraphData` as Graphviz DOT.
@@ -10,14 +12,18 @@
 //! The library half holds everything the binary does, so tests can drive training directly; the
 //! binary (`src/main.rs`) only parses arguments and prints errors as one `error: ...` line.
 
+pub mod burgers;
 pub mod checkpoint;
 pub mod cli;
 pub mod data;
+pub mod dataset;
 pub mod dot;
 pub mod error;
+pub mod metrics;
 pub mod model;
 pub mod plot;
 pub mod runner;
+pub mod text;
 pub mod train;
 pub mod verify;
 

@@ -70,13 +70,15 @@ fn out(text: &str) {
 fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
     let cfg = TrainConfig::from_args(a)?;
     let report = train(&cfg, |line| out(&format!("{line}\n")))?;
+    let baseline = report
+        .baseline
+        .map(|b| format!(" (unigram baseline {b:.4} nats/char)"))
+        .unwrap_or_default();
     out(&format!(
-        "done: {} epoch(s) in total; train loss {:.4} accuracy {:.2}%; test loss {:.4} accuracy {:.2}%\n",
+        "done: {} epoch(s) in total; train {}; test {}{baseline}\n",
         report.checkpoint.epochs,
-        report.train.loss,
-        100.0 * report.train.accuracy,
-        report.test.loss,
-        100.0 * report.test.accuracy
+        report.train.summary(),
+        report.test.summary(),
     ));
     if let Some(p) = &a.plot {
         plot::write_loss_png(p, &report.step_losses, &report.epoch_losses)?;
@@ -92,12 +94,11 @@ fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
 fn cmd_eval(a: &EvalArgs) -> Result<ExitCode> {
     let (ckpt, m) = eval_checkpoint(a.model, a.backend.backend(), &a.checkpoint)?;
     out(&format!(
-        "{} ({} epoch(s)) on the {} test split: loss {:.4} accuracy {:.2}%\n",
+        "{} ({} epoch(s)) on the {} test split: {}\n",
         ckpt.model.as_str(),
         ckpt.epochs,
         tl_cli::model::dataset(ckpt.model),
-        m.loss,
-        100.0 * m.accuracy
+        m.summary()
     ));
     Ok(ExitCode::SUCCESS)
 }

@@ -20,9 +20,6 @@ pub trait Runner: Ops<T = f32> {
     fn write_param(&mut self, p: &Param, v: Tensor<f32>) -> Result<()>;
     /// Record labels in the Nat environment; returns the position of the first.
     fn record_labels(&mut self, labels: &[usize]) -> usize;
-    /// Whether the tape that runs the step has the `crossEntropy` op (the CUDA tape's formula is
-    /// pending, issue 4; there the loss is composed from logSoftmax and a one-hot product).
-    fn has_cross_entropy(&self) -> bool;
     /// The recorded graph (linked sessions only).
     fn graph(&self) -> Option<&tl_ir::GraphData>;
 }
@@ -84,9 +81,6 @@ impl Runner for Session<f32> {
     fn record_labels(&mut self, labels: &[usize]) -> usize {
         self.record_nat_vec(labels).pos()
     }
-    fn has_cross_entropy(&self) -> bool {
-        self.options().backend == Backend::Cpu
-    }
     fn graph(&self) -> Option<&tl_ir::GraphData> {
         None
     }
@@ -118,6 +112,9 @@ impl Ops for Linked {
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<f32>> {
         self.s.value(r)
     }
+    fn next_random_key(&mut self) -> tl_session::Result<(u64, u64)> {
+        self.s.next_random_key()
+    }
 }
 
 impl Runner for Linked {
@@ -142,9 +139,6 @@ impl Runner for Linked {
     }
     fn record_labels(&mut self, labels: &[usize]) -> usize {
         self.s.record_nat_vec(labels).pos()
-    }
-    fn has_cross_entropy(&self) -> bool {
-        self.backend == Backend::Cpu
     }
     fn graph(&self) -> Option<&tl_ir::GraphData> {
         Some(self.s.graph())

@@ -1,5 +1,6 @@
-//! The training loop and evaluation: minibatches of the digits split in a seeded order, one
-//! optimizer step per batch, a progress bar per epoch, test metrics at the end.
+//! The training loop, shared by every task: minibatches of the model's training split in a
+//! seeded order, one optimizer step per batch, a progress bar per epoch, train and test metrics
+//! at the end ([`crate::metrics`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,8 +10,10 @@ use tl_session::Backend;
 
 use crate::checkpoint::Checkpoint;
 use crate::cli::{ModelName, OptimizerName, TrainArgs};
-use crate::data::{Split, digits, permutation};
-use crate::model::{Model, argmax_rows};
+use crate::data::permutation;
+use crate::dataset::load;
+pub use crate::metrics::{Metrics, evaluate};
+use crate::model::Model;
 use crate::runner::{Runner, session};
 use crate::{CliError, Result};
 
@@ -96,15 +99,6 @@ impl TrainConfig {
     }
 }
 
-/// Metrics of a model on a split.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Metrics {
-    /// Mean cross-entropy.
-    pub loss: f32,
-    /// Fraction classified correctly.
-    pub accuracy: f32,
-}
-
 /// What a training run produced.
 #[derive(Debug, Clone)]
 pub struct TrainReport {
@@ -116,6 +110,8 @@ pub struct TrainReport {
     pub train: Metrics,
     /// Metrics on the test split.
     pub test: Metrics,
+    /// The unigram model's test loss (language modelling only): the baseline to beat.
+    pub baseline: Option<f32>,
     /// The trained parameters and total epochs (including resumed ones), ready to save.
     pub checkpoint: Checkpoint,
 }
@@ -123,7 +119,7 @@ pub struct TrainReport {
 /// Copy the model's parameters out of the session, by name.
 pub fn snapshot(s: &mut dyn Runner, m: &Model, epochs: usize) -> Result<Checkpoint> {
     let mut tensors = Vec::new();
-    for (name, p) in param_names(m).into_iter().zip(m.params()) {
+    for (name, p) in m.param_names().into_iter().zip(m.params()) {
         tensors.push((name, s.read_param(&p)?));
     }
     Ok(Checkpoint {
@@ -131,15 +127,6 @@ pub fn snapshot(s: &mut dyn Runner, m: &Model, epochs: usize) -> Result<Checkpoi
         epochs,
         tensors,
     })
-}
-
-/// The model's parameter names, in [`Model::params`] order.
-pub fn param_names(m: &Model) -> Vec<String> {
-    match m {
-        Model::Mlp(mlp) => (0..mlp.layers.len())
-            .flat_map(|k| [format!("layer{k}.weight"), format!("layer{k}.bias")])
-            .collect(),
-    }
 }
 
 /// Load a checkpoint's parameters into the model (names and shapes must match).
@@ -157,32 +144,11 @@ pub fn restore(
             m.name().as_str()
         )));
     }
-    for (name, p) in param_names(m).into_iter().zip(m.params()) {
+    for (name, p) in m.param_names().into_iter().zip(m.params()) {
         let t = ckpt.get(path, &name, p.shape().dims())?;
         s.write_param(&p, t.clone())?;
     }
     Ok(())
-}
-
-/// Loss and accuracy of the model on `split` (forward passes of up to 512 examples).
-pub fn evaluate(s: &mut dyn Runner, m: &Model, split: &Split) -> Result<Metrics> {
-    let (mut loss, mut correct) = (0.0f64, 0usize);
-    let idx: Vec<usize> = (0..split.len()).collect();
-    for chunk in idx.chunks(512) {
-        let (x, y) = split.batch(chunk);
-        let (logits, l) = m.forward(s, x, Some(&y))?;
-        let l = l.expect("labels given");
-        let lv = s.read(&l)?.item()?;
-        let pred = argmax_rows(&s.read(&logits)?);
-        s.end_step();
-        loss += f64::from(lv) * chunk.len() as f64;
-        correct += pred.iter().zip(&y).filter(|(p, y)| p == y).count();
-    }
-    let n = split.len().max(1) as f64;
-    Ok(Metrics {
-        loss: (loss / n) as f32,
-        accuracy: (correct as f64 / n) as f32,
-    })
 }
 
 fn bar(progress: bool, steps: usize, epoch: usize, total: usize) -> ProgressBar {
@@ -202,7 +168,7 @@ fn bar(progress: bool, steps: usize, epoch: usize, total: usize) -> ProgressBar 
 pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
     let mut s = session(cfg.backend, cfg.linked, cfg.deterministic)?;
     let m = Model::new(cfg.model, s.as_mut(), cfg.seed)?;
-    let (train, test) = digits()?;
+    let (train, test, baseline) = load(cfg.model)?;
     let train = match cfg.train_subset {
         Some(n) => train.truncate(n),
         None => train,
@@ -235,9 +201,8 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         let start = Instant::now();
         let (mut sum, mut seen) = (0.0f64, 0usize);
         for idx in &batches {
-            let (x, y) = train.batch(idx);
-            let (_, loss) = m.forward(s.as_mut(), x, Some(&y))?;
-            let l = s.train_step(&loss.expect("labels given"), &mut opt)?;
+            let out = m.forward(s.as_mut(), train.batch(idx))?;
+            let l = s.train_step(&out.loss.expect("batches carry targets"), &mut opt)?;
             s.end_step();
             if !l.is_finite() {
                 return Err(CliError::new(format!(
@@ -268,6 +233,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         epoch_losses,
         train: train_m,
         test: test_m,
+        baseline,
         checkpoint,
     })
 }
@@ -282,7 +248,7 @@ pub fn eval_checkpoint(
     let mut s = session(backend, false, false)?;
     let m = Model::new(model, s.as_mut(), 0)?;
     restore(s.as_mut(), &m, &ckpt, path)?;
-    let (_, test) = digits()?;
+    let (_, test, _) = load(model)?;
     let metrics = evaluate(s.as_mut(), &m, &test)?;
     Ok((ckpt, metrics))
 }

@@ -18,12 +18,25 @@ fn unknown_model_and_bad_flags_are_one_line_usage_errors() {
 }
 
 #[test]
-fn models_whose_ops_are_missing_say_which() {
-    assert_one_line_error(
-        &tl(&["train", "--model", "cnn"]),
-        &["cnn", "not written yet"],
-    );
-    assert_one_line_error(&tl(&["graph", "--model", "fno"]), &["fno", "spectral"]);
+fn resuming_another_models_checkpoint_is_a_clear_error() {
+    let dir = scratch("other-model");
+    let ckpt = dir.join("mlp.safetensors");
+    let o = tl(&[
+        "train",
+        "--epochs",
+        "1",
+        "--train-subset",
+        "32",
+        "--save",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let p = ckpt.to_str().unwrap();
+    let o = tl(&["train", "--model", "cnn", "--epochs", "1", "--resume", p]);
+    assert_one_line_error(&o, &["holds a mlp model, not cnn"]);
+    let o = tl(&["eval", "--model", "transformer", "--checkpoint", p]);
+    assert_one_line_error(&o, &["holds a mlp model, not transformer"]);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -13,7 +13,6 @@ use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 #[cfg(not(feature = "cuda"))]
 use crate::eager::cuda_unavailable;
 use crate::handle::{NatEnv, Stamp, next_session_id};
-use crate::optim::HostOps;
 use crate::params::ParamStore;
 use crate::{Backend, Error, NatRef, NatVecRef, Ops, Optimizer, Param, Result, TensorRef};
 
@@ -400,7 +399,8 @@ impl<T: Scalar> LinkedSession<T> {
                 got: grads.len(),
             });
         }
-        let mut by_param: HashMap<usize, Vec<f64>> = HashMap::new();
+        // Parameter index → its leaves, in leaf order (a parameter used twice sums both).
+        let mut by_param: HashMap<usize, Vec<usize>> = HashMap::new();
         for (&leaf, &index) in &self.leaf_param {
             if !self.params.slots[index].requires_grad {
                 continue;
@@ -413,28 +413,16 @@ impl<T: Scalar> LinkedSession<T> {
                     got: g.shape().clone(),
                 });
             }
-            let acc = by_param
-                .entry(index)
-                .or_insert_with(|| vec![0.0; g.numel()]);
-            acc.iter_mut()
-                .zip(g.data())
-                .for_each(|(a, b)| *a += b.as_f64());
+            by_param.entry(index).or_default().push(leaf);
         }
         let mut indices: Vec<usize> = by_param.keys().copied().collect();
         indices.sort_unstable();
         for index in indices {
-            let slot = &mut self.params.slots[index];
-            let mut w: Vec<f64> = slot.host.data().iter().map(|v| v.as_f64()).collect();
-            opt.update(
-                &mut HostOps,
-                (self.params.session, index),
-                &mut w,
-                &by_param[&index],
-            )?;
-            slot.host = Tensor::new(
-                slot.host.shape().clone(),
-                w.into_iter().map(T::lit).collect(),
-            )?;
+            let leaves = by_param.get_mut(&index).expect("collected above");
+            leaves.sort_unstable();
+            let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &grads[l]).collect();
+            let key = (self.params.session, index);
+            opt.update_host(key, &mut self.params.slots[index].host, &gs)?;
         }
         Ok(())
     }

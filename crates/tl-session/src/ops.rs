@@ -9,7 +9,7 @@
 use tl_ir::Op;
 use tl_spec::{Scalar, Shape, Tensor};
 
-use crate::{Error, Param, Result, TensorRef};
+use crate::{Param, Result, TensorRef};
 
 /// Generates the provided op methods of [`Ops`]: `fn name[a, b](p: P) => op;` becomes
 /// `fn name(&mut self, a: &TensorRef, b: &TensorRef, p: P) -> Result<TensorRef>` calling
@@ -59,16 +59,8 @@ pub trait Ops {
 
     /// The key of the next random op: the session's seed and its random counter, which this
     /// call advances by one (the counter survives `reset`, so every forward pass draws fresh
-    /// masks). PyTorch: the default generator's state. Both sessions implement it; the default
-    /// (for wrappers that do not forward it) is an error.
-    fn next_random_key(&mut self) -> Result<(u64, u64)> {
-        Err(Error::Usage {
-            what: "random op",
-            detail: "this Ops implementation keeps no random counter: forward next_random_key to \
-                     its session, or use the *_keyed methods"
-                .into(),
-        })
-    }
+    /// masks). PyTorch: the default generator's state.
+    fn next_random_key(&mut self) -> Result<(u64, u64)>;
 
     /// Uniform values in `[0, 1)` of `shape`, keyed by the session's seed and counter.
     /// PyTorch: `torch.rand(shape)` (different bits).

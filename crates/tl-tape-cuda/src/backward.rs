@@ -211,7 +211,16 @@ impl<D: Device> CudaTape<D> {
                 .iter()
                 .map(|&p| nodes[p].requires_grad)
                 .collect();
-            let contribs = ops::backward(dev, op, &inputs, &node.value, &g, &needs, &node.cleanup)?;
+            let contribs = ops::backward(
+                dev,
+                op,
+                &inputs,
+                &node.value,
+                &g,
+                &needs,
+                &node.cleanup,
+                node.nats(),
+            )?;
             let mut failed = None;
             for (&p, c) in node.parents.iter().zip(contribs) {
                 let Some(c) = c else { continue };

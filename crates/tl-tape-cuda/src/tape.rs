@@ -9,6 +9,7 @@
 //! releases exactly what it owns.
 
 use std::fmt;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tl_ir::{Op, Recorder};
@@ -30,6 +31,8 @@ pub struct Node {
     pub(crate) parents: SmallVec<[Id; 3]>,
     pub(crate) op: Option<Op>,
     pub(crate) cleanup: Vec<Buffer>,
+    /// The Nat environment at record time, for ops that read it ([`Op::reads_nats`]).
+    pub(crate) nats: Option<Arc<Vec<usize>>>,
 }
 
 impl Node {
@@ -61,6 +64,10 @@ impl Node {
     pub fn cleanup(&self) -> &[Buffer] {
         &self.cleanup
     }
+    /// The Nat environment the node was recorded with (empty for ops that do not read it).
+    pub fn nats(&self) -> &[usize] {
+        self.nats.as_deref().map_or(&[][..], Vec::as_slice)
+    }
 }
 
 impl fmt::Debug for Node {
@@ -89,8 +96,9 @@ impl fmt::Debug for Node {
 pub struct CudaTape<D: Device> {
     pub(crate) dev: D,
     pub(crate) nodes: Vec<Node>,
-    /// The Nat environment (runtime indices, labels) read by index ops; host-side.
-    pub(crate) nats: Vec<usize>,
+    /// The Nat environment (runtime indices, labels) read by index ops; host-side, shared with
+    /// the nodes that snapshot it.
+    pub(crate) nats: Arc<Vec<usize>>,
 }
 
 impl<D: Device> fmt::Debug for CudaTape<D> {
@@ -108,7 +116,7 @@ impl<D: Device> CudaTape<D> {
         CudaTape {
             dev,
             nodes: Vec::new(),
-            nats: Vec::new(),
+            nats: Arc::new(Vec::new()),
         }
     }
 
@@ -119,7 +127,7 @@ impl<D: Device> CudaTape<D> {
 
     /// Replace the Nat environment.
     pub fn set_nats(&mut self, nats: Vec<usize>) {
-        self.nats = nats;
+        self.nats = Arc::new(nats);
     }
 
     /// The device.
@@ -156,6 +164,7 @@ impl<D: Device> CudaTape<D> {
             parents: SmallVec::new(),
             op: None,
             cleanup: Vec::new(),
+            nats: None,
         });
         self.nodes.len() - 1
     }
@@ -218,7 +227,7 @@ impl<D: Device> CudaTape<D> {
     /// Apply a built-in op to `parents`: the shape rule first, then the device formula. On
     /// error the tape is unchanged and nothing is left allocated.
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
-        let (nodes, dev) = (&self.nodes, &mut self.dev);
+        let (nodes, dev, nats) = (&self.nodes, &mut self.dev, &self.nats);
         let (fwd, requires_grad) = {
             let inputs = parents
                 .iter()
@@ -235,7 +244,7 @@ impl<D: Device> CudaTape<D> {
                 .collect::<Result<SmallVec<[&AnyBuffer; 3]>>>()?;
             let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|v| v.shape()).collect();
             let shape = op.infer_shape(&shapes)?;
-            let fwd = ops::forward(dev, op, &inputs, &shape)?;
+            let fwd = ops::forward(dev, op, &inputs, &shape, nats)?;
             let rg = op.is_differentiable() && parents.iter().any(|&p| nodes[p].requires_grad);
             (fwd, rg)
         };
@@ -252,6 +261,7 @@ impl<D: Device> CudaTape<D> {
             parents: SmallVec::from_slice(parents),
             op: Some(op.clone()),
             cleanup,
+            nats: op.reads_nats().then(|| Arc::clone(&self.nats)),
         });
         Ok(self.nodes.len() - 1)
     }
@@ -284,7 +294,7 @@ impl<D: Device> CudaTape<D> {
                 freed += 1;
             }
         }
-        self.nats.clear();
+        self.nats = Arc::new(Vec::new());
         freed
     }
 

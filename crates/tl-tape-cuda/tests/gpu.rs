@@ -15,7 +15,9 @@ mod common;
 
 use common::{Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
+use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
+use tl_tape_cuda::device::{NormLayout, PoolKind, Windows};
 use tl_tape_cuda::{Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism};
 
 /// The CUDA device, or `None` (after saying so) when there is none.
@@ -70,6 +72,9 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     let big = d.upload(&i.big)?;
     let a_odd = d.upload(&i.x[..70 * 13])?;
     let b_odd = d.upload(&i.y[..13 * 75])?;
+    let rows_g = d.upload(&i.big[..3000])?;
+    let short = d.upload(&i.g[..37])?;
+    let scalar = d.upload(&[1.7])?;
     let mut outs: Vec<(&'static str, &'static str, bool, Buffer)> = Vec::new();
     macro_rules! one {
         ($fam:expr, $name:expr, $exact:expr, $e:expr) => {
@@ -178,6 +183,39 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         d.log_softmax_rows_bwd(ls, g, 10, 100)?
     );
     d.release(ls);
+    let nm = "norm";
+    let layouts = [
+        NormLayout::layer(10, 100),
+        NormLayout::layer(2, 500),
+        NormLayout::channels(2, 5, 100),
+        NormLayout::channels(1, 4, 250),
+    ];
+    for l in layouts {
+        let f = l.features();
+        let ga = d.upload(&i.pos[..f])?;
+        let be = d.upload(&i.y[..f])?;
+        let st = d.norm_stats(x, l, 1e-6)?;
+        one!(nm, "norm_apply", false, d.norm_apply(x, st, ga, be, l)?);
+        one!(nm, "norm_bwd_x", false, d.norm_bwd_x(x, st, ga, g, l)?);
+        let (dg, db) = d.norm_bwd_affine(x, st, g, l)?;
+        one!(nm, "norm_bwd_affine", false, dg);
+        one!(nm, "norm_bwd_affine", true, db);
+        one!(nm, "norm_stats", false, st);
+        d.release_all([ga, be]);
+    }
+    // A (10, 10) mask with an empty row 3 and a lone entry in row 7.
+    let mask: Vec<bool> = (0..100)
+        .map(|k| {
+            let (r, c) = (k / 10, k % 10);
+            r != 3 && (r != 7 || c == 2) && (r + c) % 3 != 1
+        })
+        .collect();
+    one!(
+        nm,
+        "masked_softmax_rows",
+        false,
+        d.masked_softmax_rows(x, &mask, 100, 10)?
+    );
     let la = "linalg";
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         one!(
@@ -194,16 +232,92 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         );
     }
     one!(la, "bmm", true, d.bmm(x, y, 5, Gemm::nn(10, 20, 10))?);
+    let act = "activation";
+    one!(act, "gelu", false, d.gelu(x)?);
+    one!(act, "gelu_bwd", false, d.gelu_bwd(x, g)?);
+    one!(act, "silu", false, d.silu(x)?);
+    one!(act, "silu_bwd", false, d.silu_bwd(x, g)?);
+    let ix = "index";
+    // 300 indices into 100 rows: repeats, and 100..102 out of range (zero rows, no scatter).
+    let idx: Vec<usize> = (0..300).map(|k| (k * 37) % 103).collect();
+    one!(ix, "gather_rows", true, d.gather_rows(x, 100, 10, &idx)?);
+    one!(
+        ix,
+        "scatter_add_rows",
+        true,
+        d.scatter_add_rows(rows_g, 100, 10, &idx)?
+    );
+    one!(ix, "copy_range", true, d.copy_range(x, 17, 500)?);
+    one!(ix, "place_range", true, d.place_range(g, 1500, 250)?);
+    one!(ix, "concat", true, d.concat(x, y)?);
+    one!(ix, "add_range", true, d.add_range(x, short, 400)?);
+    let labels: Vec<usize> = (0..10).map(|r| (r * 23) % 110).collect();
+    one!(
+        ix,
+        "cross_entropy_rows",
+        false,
+        d.cross_entropy_rows(x, 10, 100, &labels)?
+    );
+    one!(
+        ix,
+        "cross_entropy_rows_bwd",
+        false,
+        d.cross_entropy_rows_bwd(x, scalar, 10, 100, &labels)?
+    );
     let rg = "rng";
     one!(rg, "rand_uniform", true, d.rand_uniform(5000, 42)?);
     one!(rg, "bernoulli_mask", true, d.bernoulli_mask(5000, 43, 0.3)?);
+    outs.extend(conv_family(d, i)?);
     let mut res = Vec::new();
     for (fam, name, exact, b) in outs {
         res.push((fam, name, exact, d.download(b)?));
         d.release(b);
     }
-    d.release_all([x, y, g, p, big, a_odd, b_odd]);
+    d.release_all([x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar]);
     Ok(res)
+}
+
+/// The conv family's primitives (kernels/conv.cu): a 2-D geometry with stride and padding, and
+/// a 3-D one on values rounded to 0.1 (many max-pool ties).
+fn conv_family<D: Device>(
+    d: &mut D,
+    i: &Inputs,
+) -> Result<Vec<(&'static str, &'static str, bool, Buffer)>> {
+    let fam = "conv";
+    let geo = |batch, channels, big: &[usize], k: &[usize], s: &[usize], p: &[usize]| Windows {
+        batch,
+        channels,
+        big: big.to_vec(),
+        small: (0..big.len())
+            .map(|a| (big[a] + 2 * p[a] - k[a]) / s[a] + 1)
+            .collect(),
+        kernel: k.to_vec(),
+        stride: s.to_vec(),
+        padding: p.to_vec(),
+    };
+    let w2 = geo(2, 5, &[10, 10], &[3, 2], &[2, 1], &[1, 1]);
+    let w3 = geo(1, 8, &[5, 5, 5], &[2, 3, 2], &[1, 2, 2], &[1, 1, 0]);
+    let ties: Vec<f32> = i.x.iter().map(|v| (v * 10.0).round() / 10.0).collect();
+    let mut out = Vec::new();
+    for (w, data) in [(&w2, &i.x), (&w3, &ties)] {
+        let l = w.check("test")?;
+        let x = d.upload(&data[..l.big_len()])?;
+        let g = d.upload(&i.g[..l.small_len()])?;
+        let cols = d.im2col(x, w)?;
+        out.push((fam, "col2im", true, d.col2im(cols, w)?));
+        out.push((fam, "im2col", true, cols));
+        for (name, kind, exact) in [
+            ("max", PoolKind::Max, true),
+            ("avg", PoolKind::Avg, true),
+            ("smooth_max", PoolKind::SmoothMax(2.5), false),
+            ("smooth_min", PoolKind::SmoothMax(-0.5), false),
+        ] {
+            out.push((fam, name, exact, d.pool(x, w, kind)?));
+            out.push((fam, name, exact, d.pool_bwd(x, g, w, kind)?));
+        }
+        d.release_all([x, g]);
+    }
+    Ok(out)
 }
 
 #[test]
@@ -263,6 +377,47 @@ fn single(op: Op, leaves: &[(&[usize], Domain)]) -> (Op, Vec<(Shape, Domain)>) {
     )
 }
 
+/// The norm family's ops (issue 4): layer/batch norm, masked softmax, attention (both forms,
+/// masked and not, batched).
+fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
+    use Domain::Any;
+    let mut cases = vec![
+        single(
+            Op::LayerNorm { eps: 1e-3 },
+            &[(&[3, 5], Any), (&[5], Any), (&[5], Any)],
+        ),
+        single(
+            Op::BatchNorm { eps: 1e-3 },
+            &[(&[2, 3, 2, 2], Any), (&[3], Any), (&[3], Any)],
+        ),
+        single(
+            Op::MaskedSoftmax {
+                mask: Mask::causal(4),
+            },
+            &[(&[2, 4, 4], Any)],
+        ),
+    ];
+    for (mask, fused) in [(None, false), (Some(Mask::causal(3)), false), (None, true)] {
+        let op = Op::MultiHeadAttention {
+            heads: 2,
+            mask,
+            fused,
+        };
+        let w: &[usize] = &[4, 6];
+        cases.push(single(
+            op,
+            &[
+                (w, Any),
+                (w, Any),
+                (w, Any),
+                (&[6, 4], Any),
+                (&[2, 3, 4], Any),
+            ],
+        ));
+    }
+    cases
+}
+
 #[test]
 fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
     let on_gpu = gpu().is_some();
@@ -311,6 +466,7 @@ fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
         Op::Linear,
         &[(&[6, 4], Any), (&[6], Any), (&[5, 4], Any)],
     ));
+    cases.extend(norm_family_cases());
     let mut rnd = Gen::new(11);
     for (op, leaves) in &cases {
         let mut g = GraphBuilder::new();
@@ -339,4 +495,94 @@ fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
         "GPU-SUMMARY tape(first-op-set) checked {} pass",
         cases.len()
     );
+}
+
+#[test]
+fn the_cuda_tape_matches_the_reference_on_conv_pool_and_spectral() {
+    let on_gpu = gpu().is_some();
+    use Domain::Any;
+    let (s2, p1) = (vec![2, 1], vec![1, 1]);
+    let pool = |k: Vec<usize>| (k, s2.clone(), p1.clone());
+    let (k, s, p) = pool(vec![3, 2]);
+    let x: &[usize] = &[2, 3, 6, 5];
+    let cases = vec![
+        single(
+            Op::Conv {
+                stride: s2.clone(),
+                padding: p1.clone(),
+            },
+            &[(&[4, 3, 3, 2], Any), (&[4], Any), (x, Any)],
+        ),
+        single(
+            Op::ConvTranspose {
+                stride: s2.clone(),
+                padding: vec![1, 0],
+            },
+            &[(&[3, 4, 3, 2], Any), (&[4], Any), (x, Any)],
+        ),
+        single(
+            Op::MaxPool {
+                kernel: k.clone(),
+                stride: s.clone(),
+                padding: p.clone(),
+            },
+            &[(x, Any)],
+        ),
+        single(
+            Op::AvgPool {
+                kernel: k.clone(),
+                stride: s.clone(),
+                padding: p.clone(),
+            },
+            &[(x, Any)],
+        ),
+        single(
+            Op::SmoothMaxPool {
+                kernel: k,
+                stride: s,
+                padding: p,
+                beta: 3.0,
+            },
+            &[(x, Any)],
+        ),
+        single(
+            Op::SpectralConv1dRfft { modes: 4 },
+            &[(&[2, 6, 3], Any), (&[4, 3, 3], Any), (&[4, 3, 3], Any)],
+        ),
+    ];
+    let mut rnd = Gen::new(12);
+    for (op, leaves) in &cases {
+        let mut g = GraphBuilder::new();
+        let ids: Vec<usize> = leaves
+            .iter()
+            .map(|(s, _)| g.leaf_with(s.clone(), None, true).unwrap())
+            .collect();
+        let out = g.apply(op.clone(), &ids).unwrap();
+        let graph = g.finish();
+        let values: Vec<Tensor<f64>> = leaves.iter().map(|(s, d)| draw(&mut rnd, s, *d)).collect();
+        let seed = draw(&mut rnd, graph.shape(out).unwrap(), Domain::Any);
+        if on_gpu {
+            let device = CudaDevice::new().unwrap();
+            check_graph_on(
+                device,
+                &format!("{op:?} on CUDA"),
+                &graph,
+                &values,
+                out,
+                &seed,
+            );
+        } else {
+            check_graph_on(
+                SimDevice::new(),
+                &format!("{op:?} on sim"),
+                &graph,
+                &values,
+                out,
+                &seed,
+            );
+        }
+    }
+    if on_gpu {
+        println!("GPU-SUMMARY tape(conv) checked {} pass", cases.len());
+    }
 }

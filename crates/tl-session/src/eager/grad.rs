@@ -4,7 +4,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, Device};
 
 use super::{Grads, Session, on_engine};
-use crate::optim::{DeviceOps, HostOps};
+use crate::optim::DeviceOps;
 use crate::{Error, Optimizer, Param, Result, TensorRef};
 
 impl<T: Scalar> Session<T> {
@@ -134,19 +134,8 @@ impl<T: Scalar> Session<T> {
                     let Grads::Cpu(g) = grads else {
                         return Err(Self::no_backward("step"));
                     };
-                    let mut gv = vec![0.0f64; g[leaves[0]].numel()];
-                    for &l in &leaves {
-                        gv.iter_mut()
-                            .zip(g[l].data())
-                            .for_each(|(a, b)| *a += b.as_f64());
-                    }
-                    let slot = &mut self.params.slots[index];
-                    let mut w: Vec<f64> = slot.host.data().iter().map(|v| v.as_f64()).collect();
-                    opt.update(&mut HostOps, key, &mut w, &gv)?;
-                    slot.host = Tensor::new(
-                        slot.host.shape().clone(),
-                        w.into_iter().map(T::lit).collect(),
-                    )?;
+                    let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &g[l]).collect();
+                    opt.update_host(key, &mut self.params.slots[index].host, &gs)?;
                 },
                 cuda(t) => {
                     let Grads::Device(g) = grads else {

@@ -1,12 +1,18 @@
 //! Model builders written once against [`crate::Ops`], so each runs eager (CPU, CUDA) and
-//! linked. Only the MLP for now; models that need ops still landing elsewhere (a small CNN, a
-//! transformer block, an FNO block) are added once those ops are in `tl_ir::Op`.
+//! linked: an MLP, a small CNN, a 1-D Fourier neural operator and a char-level transformer language
+//! model (with a block builder usable alone).
 
+mod cnn;
 mod data;
+mod fno;
 mod mlp;
+mod transformer;
 
+pub use cnn::{Cnn, CnnConfig, CnnLeaves};
 pub use data::regression_grid;
+pub use fno::{Fno1d, FnoConfig, FnoLeaves};
 pub use mlp::{Activation, Mlp};
+pub use transformer::{LN_EPS, LmConfig, LmLeaves, TransformerBlock, TransformerLm};
 
 /// SplitMix64: a tiny deterministic generator for parameter initialisation.
 #[derive(Debug, Clone)]

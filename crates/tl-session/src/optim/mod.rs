@@ -16,6 +16,7 @@ pub use state::StateDict;
 pub(crate) use state::{export as export_state, import as import_state};
 pub use vec_ops::{DeviceOps, HostOps, StateBuf, VecOps};
 
+use tl_spec::{Scalar, Tensor};
 use tl_tape_cuda::Device;
 
 use crate::Result;
@@ -166,6 +167,63 @@ impl Optimizer {
         freed
     }
 
+    /// Update a host tensor `w` from the sum of `grads` (one per use of the parameter, each of
+    /// `w`'s shape), element for element in f64 exactly as [`Optimizer::update`] with
+    /// [`HostOps`] computes it. Plain SGD (no momentum, no weight decay) runs as one pass that
+    /// writes the new values, without the f64 copies of `w` and the gradient that the stateful
+    /// rules need (the training-step hot path, docs/performance.md).
+    pub fn update_host<T: Scalar>(
+        &mut self,
+        key: (u64, usize),
+        w: &mut Tensor<T>,
+        grads: &[&Tensor<T>],
+    ) -> Result<()> {
+        for g in grads {
+            if g.shape() != w.shape() {
+                return Err(crate::Error::Shape {
+                    what: "optimizer step: gradient of a parameter",
+                    expected: w.shape().clone(),
+                    got: g.shape().clone(),
+                });
+            }
+        }
+        let plain = matches!(self.kind, Kind::Sgd { momentum, .. } if momentum == 0.0)
+            && self.weight_decay == 0.0;
+        if plain {
+            self.state.entry(key).or_default().step += 1;
+            let c = -self.lr;
+            let new: Vec<T> = match grads {
+                [g] => w
+                    .data()
+                    .iter()
+                    .zip(g.data())
+                    .map(|(&w, &g)| T::lit(w.as_f64() + c * g.as_f64()))
+                    .collect(),
+                _ => w
+                    .data()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &wv)| {
+                        let s = grads.iter().fold(0.0, |s, g| s + g.data()[i].as_f64());
+                        T::lit(wv.as_f64() + c * s)
+                    })
+                    .collect(),
+            };
+            *w = Tensor::new(w.shape().clone(), new)?;
+            return Ok(());
+        }
+        let mut gv = vec![0.0f64; w.numel()];
+        for g in grads {
+            gv.iter_mut()
+                .zip(g.data())
+                .for_each(|(a, b)| *a += b.as_f64());
+        }
+        let mut wv: Vec<f64> = w.data().iter().map(|v| v.as_f64()).collect();
+        self.update(&mut HostOps, key, &mut wv, &gv)?;
+        *w = Tensor::new(w.shape().clone(), wv.into_iter().map(T::lit).collect())?;
+        Ok(())
+    }
+
     /// Update one parameter `w` in place from its gradient `g`. `key` identifies the parameter
     /// (session id, parameter index) for the state.
     pub fn update<O: VecOps>(
@@ -279,4 +337,43 @@ fn adam<O: VecOps>(
     let r = ops.axpy_assign(w, -lr / bc1, &u);
     ops.release(u);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass SGD path of `update_host` gives bit for bit what the f64 `HostOps` path
+    /// gives, for one gradient and for a parameter used twice; stateful rules still work.
+    #[test]
+    fn update_host_matches_the_f64_path() {
+        let w = Tensor::<f32>::from_fn([5], |i| 0.3 * i as f32 - 0.71);
+        let g1 = Tensor::<f32>::from_fn([5], |i| 0.17 - 0.09 * i as f32);
+        let g2 = Tensor::<f32>::from_fn([5], |i| 1.0 / (i as f32 + 3.0));
+        let reference = |grads: &[&Tensor<f32>], opt: &mut Optimizer| {
+            let mut gv = vec![0.0f64; 5];
+            for g in grads {
+                gv.iter_mut()
+                    .zip(g.data())
+                    .for_each(|(a, b)| *a += f64::from(*b));
+            }
+            let mut wv: Vec<f64> = w.data().iter().map(|&v| f64::from(v)).collect();
+            opt.update(&mut HostOps, (1, 0), &mut wv, &gv).unwrap();
+            wv.into_iter().map(|v| v as f32).collect::<Vec<f32>>()
+        };
+        for grads in [vec![&g1], vec![&g1, &g2]] {
+            for make in [|| Optimizer::sgd(0.37), || Optimizer::momentum(0.1, 0.9)] {
+                let mut fast = w.clone();
+                make().update_host((1, 0), &mut fast, &grads).unwrap();
+                assert_eq!(fast.data(), reference(&grads, &mut make()).as_slice());
+                assert_ne!(fast.data(), w.data(), "the step moved nothing");
+            }
+        }
+        let mut bad = w.clone();
+        let e = Optimizer::sgd(0.1)
+            .update_host((1, 0), &mut bad, &[&Tensor::zeros([4])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[5]") && e.contains("[4]"), "{e}");
+    }
 }

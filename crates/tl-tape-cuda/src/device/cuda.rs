@@ -15,13 +15,16 @@
 //!
 //! Not yet run on a GPU: see docs/cuda.md.
 
+mod conv;
 mod driver;
+mod index;
 mod launch;
+mod norm;
 
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm};
+use super::{Buffer, Device, Gemm, NormLayout, PoolKind, Windows};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::{Error, Result, abi, determinism};
 use driver::{Arg, DeviceMemory};
@@ -505,5 +508,126 @@ impl Device for CudaDevice {
 
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         self.gemm("bmm", a, b, batch, g)
+    }
+
+    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        self.norm_stats_impl(x, l, eps)
+    }
+    fn norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        self.norm_apply_impl(x, stats, gamma, beta, l)
+    }
+    fn norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        self.norm_bwd_x_impl(x, stats, gamma, g, l)
+    }
+    fn norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)> {
+        self.norm_bwd_affine_impl(x, stats, g, l)
+    }
+    fn masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer> {
+        self.masked_softmax_rows_impl(x, mask, rows, n)
+    }
+
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        self.im2col_impl(x, w)
+    }
+
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        self.col2im_impl(cols, w)
+    }
+
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_impl(x, w, kind)
+    }
+
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_bwd_impl(x, g, w, kind)
+    }
+
+    fn gelu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("tl_gelu", x, &[])
+    }
+    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_gelu_bwd", x, g, &[])
+    }
+    fn silu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("tl_silu", x, &[])
+    }
+    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_silu_bwd", x, g, &[])
+    }
+
+    fn gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::gather_rows(self, x, rows, cols, idx)
+    }
+    fn scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::scatter_add_rows(self, g, rows, cols, idx)
+    }
+    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        index::copy_range(self, x, start, len)
+    }
+    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        index::place_range(self, g, len, start)
+    }
+    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        index::concat(self, a, b)
+    }
+    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        index::add_range(self, x, v, start)
+    }
+    fn cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows(self, x, rows, cols, labels)
+    }
+    fn cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }
 }

@@ -17,7 +17,10 @@
 //! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory.
 
 pub mod check;
+pub mod index_check;
+pub mod norm;
 pub mod sim;
+pub mod window;
 
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
@@ -28,6 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
+pub use norm::NormLayout;
+pub use window::{PoolKind, WindowLens, Windows};
 
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
 /// and strides in fixed arrays of this length).
@@ -337,4 +342,137 @@ pub trait Device {
     /// `batch` independent products, operands and result stored batch-major.
     /// PyTorch: `torch.bmm`.
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer>;
+
+    // ---- norm (layer/batch norm pieces, masked softmax) ---------------------------------------
+
+    /// Per group of `l` (see [`NormLayout`]): the mean μ and `1/sqrt(var + eps)` with the
+    /// biased variance `Σ(x − μ)²/m` taken in a second pass and clamped at ≥ 0, both sums in
+    /// the block-tree order. Returns `2·groups` values: the means, then the reciprocal standard
+    /// deviations. PyTorch: `torch.var_mean(x, unbiased=False)` per group.
+    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer>;
+    /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
+    fn norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer>;
+    /// The normalization's input cotangent in closed form: per group of m elements, with
+    /// `x̂ = (x − μ)·rstd` and `ĝ = g·γ`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
+    fn norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer>;
+    /// `(dγ, dβ) = (Σ g·x̂, Σ g)` per γ/β entry, each summed over its elements in increasing
+    /// index order (no atomics).
+    fn norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)>;
+    /// Softmax of each row of x (rows, n) over the entries its mask row allows (row `r` uses
+    /// mask row `r mod n`, `mask` (n, n) row-major, true = allowed); other entries, and every
+    /// entry of a row with nothing allowed, are exactly 0. Its VJP is
+    /// [`softmax_rows_bwd`](Self::softmax_rows_bwd) (y is 0 where masked). PyTorch:
+    /// `softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows set to 0.
+    fn masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer>;
+
+    // ---- conv ---------------------------------------------------------------------------------
+
+    /// Unfold the big operand `x` `(batch, channels, big...)` into the column matrix
+    /// `(channels, kernel, batch, small)`: `cols[c, k, n, o] = x[n, c, cell(o, k)]`, 0 for
+    /// padding ([`Windows::cell`]). PyTorch: `F.unfold` (with the batch moved inside).
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer>;
+    /// The adjoint of [`im2col`](Self::im2col): `x[n, c, j] = Σ cols[c, k, n, o]` over the
+    /// window cells `(o, k)` that read `j`. On sim and in deterministic mode each output element
+    /// sums its cells in increasing `o`; otherwise one `atomicAdd` per column element.
+    /// PyTorch: `F.fold`.
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer>;
+    /// Pool each window of `x` `(batch, channels, big...)` into `(batch, channels, small...)`.
+    /// PyTorch: `F.max_pool*d` / `F.avg_pool*d` (see [`PoolKind`]).
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer>;
+    /// VJP of [`pool`](Self::pool) at `x` for the cotangent `g` (small): max routes each
+    /// window's cotangent to its first argmax, avg spreads `g/volume` over the real cells,
+    /// smooth max weights it by softmax(β·v). On sim and in deterministic mode each input
+    /// element sums its windows in increasing order; otherwise `atomicAdd` per window cell.
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer>;
+
+    // ---- activation (kernels/activation.cu; SEMANTICS: docs/semantics.md "gelu", "silu") ----
+
+    /// `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))`. PyTorch: `F.gelu(x, approximate="tanh")`.
+    fn gelu(&mut self, x: Buffer) -> Result<Buffer>;
+    /// GELU VJP: `g · (0.5(1 + t) + 0.5·x·(1 − t²)·√(2/π)(1 + 3·0.044715x²))`, the second term
+    /// taken as 0 once `tanh` has saturated.
+    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// `x · sigmoid(x)` with the stable sigmoid. PyTorch: `F.silu`.
+    fn silu(&mut self, x: Buffer) -> Result<Buffer>;
+    /// SiLU VJP: `g · s·(1 + x(1 − s))`, `s = sigmoid(x)`.
+    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+
+    // ---- index (kernels/index.cu) -------------------------------------------------------------
+    //
+    // Index operands are host slices, uploaded by the device per launch (the sim reads them
+    // directly). The gathers are totalized as SEMANTICS.md "Indexing" says: an index ≥ `rows`
+    // reads a zero row and receives nothing in the scatter-add; ranges of the copy primitives
+    // must lie inside their operand (an error before launch otherwise).
+
+    /// Rows `idx` of `x` viewed as (rows, cols) → (idx.len(), cols); a zero row for an index ≥
+    /// rows. PyTorch: `torch.index_select(x, 0, idx)` (which raises instead of zero-filling).
+    fn gather_rows(&mut self, x: Buffer, rows: usize, cols: usize, idx: &[usize])
+    -> Result<Buffer>;
+    /// The gather's VJP: zeros of (rows, cols) with row `r` of `g` (idx.len(), cols) added into
+    /// row `idx[r]`; repeated indices accumulate, indices ≥ rows are skipped. Fixed order
+    /// (per output, indices in order) on sim and in deterministic mode, atomics otherwise.
+    /// PyTorch: `torch.zeros(rows, cols).index_add_(0, idx, g)`.
+    fn scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer>;
+    /// Elements `start..start + len` of `x`. PyTorch: `x.flatten()[start:start+len].clone()`.
+    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer>;
+    /// `len` zeros with `g` written at `start..start + g.len()` (the VJP of
+    /// [`copy_range`](Self::copy_range)).
+    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer>;
+    /// `a` followed by `b`. PyTorch: `torch.cat([a.flatten(), b.flatten()])`.
+    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// A copy of `x` with `v` added at `start..start + v.len()`.
+    /// PyTorch: `x.clone().flatten().index_add_(0, arange(start, start+len), v)`.
+    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer>;
+    /// Per-row cross-entropy of logits `x` (rows, cols): `lse(row) − row[label]` with a
+    /// max-shifted log-sum-exp, 0 for a label ≥ cols → (rows).
+    /// PyTorch: `F.cross_entropy(x, labels, reduction="none")`.
+    fn cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer>;
+    /// VJP of the mean of [`cross_entropy_rows`](Self::cross_entropy_rows) for the scalar
+    /// cotangent `g`: `(softmax(row) − onehot(label)) · g/rows`, zero rows for labels ≥ cols.
+    fn cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer>;
 }

@@ -5,12 +5,19 @@
 //! - [`pointwise`]: per-element bodies of the pointwise kernels.
 //! - [`reduce`]: the reduction order (fixed grid, two passes, warp-shuffle tree), documented there.
 //! - [`rows`]: the softmax row kernels. [`linalg`]: the matmul kernel's arithmetic.
+//! - [`norm`]: layer/batch norm statistics, affine map and backward; the masked row softmax.
+//! - [`activation`]: per-element bodies of GELU and SiLU; `index`: gathers, the fixed-order
+//!   scatter-add, range copies and the cross-entropy rows.
 //!
 //! Sim always runs the fixed-order path, whatever [`crate::determinism`] says; the flag exists
 //! for the CUDA device's atomic fast paths.
 
+pub mod activation;
+pub mod conv;
+mod index;
 mod launch;
 pub mod linalg;
+pub mod norm;
 pub mod pointwise;
 pub mod reduce;
 pub mod rows;
@@ -18,7 +25,7 @@ pub mod rows;
 use std::collections::HashMap;
 
 use super::check::{self, BroadcastPlan, PermutePlan};
-use super::{Buffer, Device, Gemm};
+use super::{Buffer, Device, Gemm, NormLayout, PoolKind, Windows, norm as layout};
 use crate::alloc::{Allocation, CachingAllocator, Collected, HostMemory, MemoryUsage};
 use crate::{Error, Result, rng};
 use launch::view;
@@ -368,5 +375,157 @@ impl Device for SimDevice {
 
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         self.bmm_named("bmm", a, b, batch, g)
+    }
+
+    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        l.check_x("norm_stats", x)?;
+        self.launch("norm_stats", [x], 2 * l.groups, |[x], out| {
+            norm::stats(x, l, eps, out)
+        })
+    }
+
+    fn norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_apply";
+        let n = l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        l.check_affine(OP, "beta", beta)?;
+        self.launch(OP, [x, stats, gamma, beta], n, |[x, st, ga, be], y| {
+            norm::apply(x, st, ga, be, l, y)
+        })
+    }
+
+    fn norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_bwd_x";
+        let n = l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        check::same_len(OP, x, g)?;
+        self.launch(OP, [x, stats, gamma, g], n, |[x, st, ga, g], dx| {
+            norm::bwd_x(x, st, ga, g, l, dx)
+        })
+    }
+
+    fn norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_bwd_affine";
+        l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        check::same_len(OP, x, g)?;
+        self.launch2(OP, [x, stats, g], l.features(), |[x, st, g], dg, db| {
+            norm::bwd_affine(x, st, g, l, dg, db)
+        })
+    }
+
+    fn masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "masked_softmax_rows";
+        layout::check_masked(OP, x, mask, rows, n)?;
+        self.launch(OP, [x], x.len(), |[x], out| {
+            norm::masked_softmax(x, mask, n.max(1), out)
+        })
+    }
+
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        self.im2col_impl(x, w)
+    }
+
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        self.col2im_impl(cols, w)
+    }
+
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_impl(x, w, kind)
+    }
+
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        self.pool_bwd_impl(x, g, w, kind)
+    }
+
+    fn gelu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("gelu", x, activation::gelu)
+    }
+    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("gelu_bwd", x, g, activation::gelu_bwd)
+    }
+    fn silu(&mut self, x: Buffer) -> Result<Buffer> {
+        self.map1("silu", x, activation::silu)
+    }
+    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("silu_bwd", x, g, activation::silu_bwd)
+    }
+
+    fn gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::gather_rows(self, x, rows, cols, idx)
+    }
+    fn scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        index::scatter_add_rows(self, g, rows, cols, idx)
+    }
+    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        index::copy_range(self, x, start, len)
+    }
+    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        index::place_range(self, g, len, start)
+    }
+    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        index::concat(self, a, b)
+    }
+    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        index::add_range(self, x, v, start)
+    }
+    fn cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows(self, x, rows, cols, labels)
+    }
+    fn cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }
 }

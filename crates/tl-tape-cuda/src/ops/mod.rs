@@ -10,13 +10,19 @@
 //!   computes nothing for an operand that does not require grad;
 //! - temporaries are released before returning, on success and on error ([`with_scratch`]).
 
+pub mod attention;
+pub mod conv;
 pub mod elementwise;
+pub mod index;
 pub mod linalg;
 pub mod loss;
+pub mod norm;
+pub mod pool;
 pub mod random;
 pub mod reduce;
 pub mod shape;
 pub mod softmax;
+pub mod spectral;
 
 use smallvec::SmallVec;
 use tl_ir::Op;
@@ -71,11 +77,13 @@ pub fn wrap<D: Device>(dev: &mut D, op: &Op, shape: &Shape, b: Buffer) -> Result
 }
 
 /// The forward value of `op` on `x`, whose output shape (`shape`) the shape rule has inferred.
+/// `nats` is the Nat environment (runtime indices and labels) the index ops read.
 pub fn forward<D: Device>(
     dev: &mut D,
     op: &Op,
     x: &[&AnyBuffer],
     shape: &Shape,
+    nats: &[usize],
 ) -> Result<Forward> {
     use self::{elementwise as ew, linalg as la};
     use Op::*;
@@ -123,18 +131,25 @@ pub fn forward<D: Device>(
             seed,
             counter,
         } => random::dropout(dev, b(0), shape.numel(), *keep, *seed, *counter),
-        // issue 4: CUDA formula pending
-        SpectralConv1dRfft { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        SpectralConv1dRfft { .. } => spectral::forward(dev, op, x),
         LogSoftmax => softmax::forward(dev, x[0], true),
-        // issue 4: CUDA formula pending
-        LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
-            return Err(crate::Error::Unsupported { op: op.name() });
+        LayerNorm { .. } | BatchNorm { .. } => {
+            let (y, stats) = norm::forward(dev, op, x[0], x[1], x[2])?;
+            let value = wrap(dev, op, shape, y).inspect_err(|_| {
+                dev.release(stats);
+            })?;
+            return Ok(Forward {
+                value,
+                owned: true,
+                workspace: vec![stats],
+            });
         }
-        Conv { .. }
-        | ConvTranspose { .. }
-        | MaxPool { .. }
-        | AvgPool { .. }
-        | SmoothMaxPool { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        MaskedSoftmax { mask } => attention::masked_softmax(dev, x[0], mask),
+        MultiHeadAttention { heads, mask, .. } => attention::mha(dev, op, x, *heads, mask.as_ref()),
+        Conv { .. } | ConvTranspose { .. } => conv::forward(dev, op, x, shape),
+        MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
+            pool::forward(dev, op, x[0], shape)
+        }
         MseLoss => {
             let (loss, diff) = loss::mse(dev, x[0], x[1])?;
             let value = wrap(dev, op, shape, loss).inspect_err(|_| {
@@ -146,13 +161,12 @@ pub fn forward<D: Device>(
                 workspace: vec![diff],
             });
         }
-        // issue 4: CUDA formula pending
-        Gelu
-        | Silu
-        | Concat
-        | Slice { .. }
-        | CrossEntropy { .. }
-        | GatherScalar { .. }
+        Gelu => dev.gelu(b(0)),
+        Silu => dev.silu(b(0)),
+        Concat => dev.concat(b(0), b(1)),
+        Slice { start, len } => index::slice(dev, x[0], *start, *len),
+        CrossEntropy { labels_at } => index::cross_entropy(dev, x[0], *labels_at, nats),
+        GatherScalar { .. }
         | GatherRow { .. }
         | GatherScalarRaw { .. }
         | GatherRowRaw { .. }
@@ -160,9 +174,8 @@ pub fn forward<D: Device>(
         | GatherRowNat { .. }
         | GatherScalarsNatVec { .. }
         | GatherRowsNatVec { .. }
-        | GatherIndexTensor
-        | ScatterAddVec { .. }
-        | ScatterAddRow { .. } => return Err(crate::Error::Unsupported { op: op.name() }),
+        | GatherIndexTensor => index::gather(dev, op, x, nats),
+        ScatterAddVec { index } | ScatterAddRow { index } => index::scatter_add(dev, x, *index),
     };
     Ok(Forward {
         value: wrap(dev, op, shape, value?)?,
@@ -173,7 +186,9 @@ pub fn forward<D: Device>(
 
 /// The operand cotangents of `op` at operands `x` with output `y` and output cotangent `g`.
 /// `needs[k]` says whether operand `k` requires grad; no cotangent is computed for the others.
-/// On error, every cotangent already computed is released.
+/// `nats` is the Nat environment the node was recorded with (the tape's snapshot for ops that
+/// read it). On error, every cotangent already computed is released.
+#[allow(clippy::too_many_arguments)]
 pub fn backward<D: Device>(
     dev: &mut D,
     op: &Op,
@@ -182,9 +197,10 @@ pub fn backward<D: Device>(
     g: &AnyBuffer,
     needs: &[bool],
     workspace: &[Buffer],
+    nats: &[usize],
 ) -> Result<Grads> {
     let mut out = Grads::new();
-    let r = backward_into(dev, op, x, y, g, needs, workspace, &mut out);
+    let r = backward_into(dev, op, x, y, g, needs, workspace, nats, &mut out);
     match r {
         Ok(()) => Ok(out),
         Err(e) => {
@@ -204,6 +220,7 @@ fn backward_into<D: Device>(
     g: &AnyBuffer,
     needs: &[bool],
     workspace: &[Buffer],
+    nats: &[usize],
     out: &mut Grads,
 ) -> Result<()> {
     use self::elementwise as ew;
@@ -275,18 +292,27 @@ fn backward_into<D: Device>(
         } => g.push(0, |d| {
             random::dropout(d, gb, x[0].shape().numel(), *keep, *seed, *counter)
         }),
-        // issue 4: CUDA formula pending
-        SpectralConv1dRfft { .. } => Err(crate::Error::Unsupported { op: op.name() }),
-        LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
-        // issue 4: CUDA formula pending
-        LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
-            Err(crate::Error::Unsupported { op: op.name() })
+        SpectralConv1dRfft { .. } => {
+            let [dx, dre, dim] = spectral::backward(g.dev, op, x, gb, g.needs)?;
+            g.set_all([dx, dre, dim])
         }
-        Conv { .. }
-        | ConvTranspose { .. }
-        | MaxPool { .. }
-        | AvgPool { .. }
-        | SmoothMaxPool { .. } => Err(crate::Error::Unsupported { op: op.name() }),
+        LogSoftmax => g.push(0, |d| softmax::backward(d, y, gb, true)),
+        LayerNorm { .. } | BatchNorm { .. } => {
+            let d = norm::backward(g.dev, op, x[0], x[1], gb, g.needs, workspace)?;
+            g.set_all(d)
+        }
+        MaskedSoftmax { mask } => g.push(0, |d| attention::masked_softmax_back(d, y, gb, mask)),
+        MultiHeadAttention { heads, mask, .. } => {
+            let d = attention::mha_back(g.dev, op, x, gb, g.needs, *heads, mask.as_ref())?;
+            g.set_all(d)
+        }
+        Conv { .. } | ConvTranspose { .. } => {
+            let [dw, db, dx] = conv::backward(g.dev, op, x, y, gb, g.needs)?;
+            g.set_all([dw, db, dx])
+        }
+        MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
+            g.push(0, |d| pool::backward(d, op, x[0], y, gb))
+        }
         MseLoss => {
             let (d0, d1) = loss::mse_back(g.dev, x[0], x[1], gb, g.needs, workspace)?;
             if let Err(e) = g.set(0, d0) {
@@ -295,13 +321,18 @@ fn backward_into<D: Device>(
             }
             g.set(1, d1)
         }
-        // issue 4: CUDA formula pending
-        Gelu
-        | Silu
-        | Concat
-        | Slice { .. }
-        | CrossEntropy { .. }
-        | GatherScalar { .. }
+        Gelu => g.push(0, |d| d.gelu_bwd(xb(0), gb)),
+        Silu => g.push(0, |d| d.silu_bwd(xb(0), gb)),
+        Concat => {
+            let n0 = x[0].shape().numel();
+            g.push(0, |d| d.copy_range(gb, 0, n0))?;
+            g.push(1, |d| d.copy_range(gb, n0, x[1].shape().numel()))
+        }
+        Slice { start, .. } => g.push(0, |d| index::slice_back(d, x[0], *start, gb)),
+        CrossEntropy { labels_at } => g.push(0, |d| {
+            index::cross_entropy_back(d, x[0], *labels_at, gb, nats)
+        }),
+        GatherScalar { .. }
         | GatherRow { .. }
         | GatherScalarRaw { .. }
         | GatherRowRaw { .. }
@@ -309,9 +340,15 @@ fn backward_into<D: Device>(
         | GatherRowNat { .. }
         | GatherScalarsNatVec { .. }
         | GatherRowsNatVec { .. }
-        | GatherIndexTensor
-        | ScatterAddVec { .. }
-        | ScatterAddRow { .. } => Err(crate::Error::Unsupported { op: op.name() }),
+        | GatherIndexTensor => {
+            g.push(0, |d| index::gather_back(d, op, x, gb, nats))?;
+            // The index tensor of `gather` is never differentiable.
+            g.none(x.len() - 1)
+        }
+        ScatterAddVec { index } | ScatterAddRow { index } => {
+            g.push(0, |d| d.copy(gb))?;
+            g.push(1, |d| index::scatter_add_back_v(d, x, *index, gb))
+        }
     }
 }
 
@@ -372,6 +409,19 @@ impl<D: Device> Cotangents<'_, D> {
             return Err(e);
         }
         self.set(1, b)
+    }
+
+    /// Record every operand's cotangent (already computed, in operand order); on error the
+    /// ones not yet recorded are released.
+    fn set_all<const N: usize>(&mut self, bufs: [Option<Buffer>; N]) -> Result<()> {
+        let mut rest = bufs.into_iter();
+        while let Some(b) = rest.next() {
+            if let Err(e) = self.set(self.out.len(), b) {
+                self.dev.release_all(rest.flatten());
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// No cotangent for the first `n` operands.

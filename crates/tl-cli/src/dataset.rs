@@ -1,0 +1,190 @@
+//! Each model's dataset behind one interface: examples indexed `0..len`, minibatches by index.
+//! Digits images (mlp, cnn), Burgers' pairs (fno), text windows (transformer).
+
+use tl_spec::Tensor;
+
+use crate::burgers::{self, GRID};
+use crate::cli::ModelName;
+use crate::data::{Split, digits};
+use crate::text::{Windows, corpus, unigram_loss};
+use crate::{CliError, Result};
+
+/// Burgers' pairs in the training split.
+pub const BURGERS_TRAIN: usize = 1000;
+/// Burgers' pairs in the test split.
+pub const BURGERS_TEST: usize = 200;
+/// Seeds of the two Burgers' splits (fixed, independent of `--seed`).
+const BURGERS_SEEDS: (u64, u64) = (0xB0E6_0001, 0xB0E6_0002);
+/// Characters per transformer example.
+pub const CONTEXT: usize = 32;
+
+/// Fields on the Burgers' grid: inputs u0 and targets u(T), one row of [`GRID`] values each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fields {
+    /// Initial conditions.
+    pub x: Vec<f32>,
+    /// Solutions at T.
+    pub y: Vec<f32>,
+}
+
+/// One split of a model's dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dataset {
+    /// Labelled images (digits).
+    Classes(Split),
+    /// Field pairs (Burgers).
+    Fields(Fields),
+    /// Text windows.
+    Text(Windows),
+}
+
+/// A minibatch, ready to record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Batch {
+    /// Features (B, …) and class labels.
+    Classes {
+        /// Inputs.
+        x: Tensor<f32>,
+        /// Labels.
+        labels: Vec<usize>,
+    },
+    /// Input fields (B, grid, 2: u0 and the coordinate x/2π) and targets (B, grid, 1).
+    Fields {
+        /// Inputs.
+        x: Tensor<f32>,
+        /// Targets.
+        y: Tensor<f32>,
+    },
+    /// Token windows: `batch·context` inputs and as many next-token targets.
+    Tokens {
+        /// Inputs, row-major (window, position).
+        tokens: Vec<usize>,
+        /// Targets.
+        next: Vec<usize>,
+        /// Windows.
+        batch: usize,
+    },
+}
+
+impl Dataset {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        match self {
+            Dataset::Classes(s) => s.len(),
+            Dataset::Fields(f) => f.y.len() / GRID,
+            Dataset::Text(w) => w.len,
+        }
+    }
+
+    /// Whether there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `n` examples (all if `n` is larger).
+    pub fn truncate(self, n: usize) -> Self {
+        let n = n.min(self.len());
+        match self {
+            Dataset::Classes(s) => Dataset::Classes(s.truncate(n)),
+            Dataset::Fields(mut f) => {
+                f.x.truncate(n * GRID);
+                f.y.truncate(n * GRID);
+                Dataset::Fields(f)
+            }
+            Dataset::Text(mut w) => {
+                w.len = n;
+                Dataset::Text(w)
+            }
+        }
+    }
+
+    /// The examples at `idx`.
+    pub fn batch(&self, idx: &[usize]) -> Batch {
+        match self {
+            Dataset::Classes(s) => {
+                let (x, labels) = s.batch(idx);
+                Batch::Classes { x, labels }
+            }
+            Dataset::Fields(f) => {
+                let b = idx.len();
+                let x = Tensor::from_fn([b, GRID, 2], |k| {
+                    let (e, rest) = (idx[k / (2 * GRID)], k % (2 * GRID));
+                    let (j, ch) = (rest / 2, rest % 2);
+                    if ch == 0 {
+                        f.x[e * GRID + j]
+                    } else {
+                        j as f32 / GRID as f32
+                    }
+                });
+                let y = Tensor::from_fn([b, GRID, 1], |k| f.y[idx[k / GRID] * GRID + k % GRID]);
+                Batch::Fields { x, y }
+            }
+            Dataset::Text(w) => {
+                let (tokens, next) = w.batch(idx);
+                Batch::Tokens {
+                    tokens,
+                    next,
+                    batch: idx.len(),
+                }
+            }
+        }
+    }
+}
+
+/// A model's train and test splits, and the test loss of the baseline a language model must
+/// beat (the unigram model; `None` for the other tasks).
+pub fn load(model: ModelName) -> Result<(Dataset, Dataset, Option<f32>)> {
+    Ok(match model {
+        ModelName::Mlp | ModelName::Cnn => {
+            let (train, test) = digits()?;
+            (Dataset::Classes(train), Dataset::Classes(test), None)
+        }
+        ModelName::Fno => {
+            let make = |n, seed| {
+                let (x, y) = burgers::pairs(n, seed);
+                let f = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect();
+                Dataset::Fields(Fields { x: f(x), y: f(y) })
+            };
+            (
+                make(BURGERS_TRAIN, BURGERS_SEEDS.0),
+                make(BURGERS_TEST, BURGERS_SEEDS.1),
+                None,
+            )
+        }
+        ModelName::Transformer => {
+            let c = corpus();
+            let test = Windows::new(c.test, CONTEXT);
+            let base = unigram_loss(&c.train, &test, c.vocab.len()) as f32;
+            let train = Windows::new(c.train, CONTEXT);
+            if train.len == 0 || test.len == 0 {
+                return Err(CliError::new("the text is too short for one window"));
+            }
+            (Dataset::Text(train), Dataset::Text(test), Some(base))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_batches_carry_u0_the_coordinate_and_the_target() {
+        let f = Fields {
+            x: (0..2 * GRID).map(|v| v as f32).collect(),
+            y: (0..2 * GRID).map(|v| -(v as f32)).collect(),
+        };
+        let d = Dataset::Fields(f);
+        assert_eq!(d.len(), 2);
+        let Batch::Fields { x, y } = d.batch(&[1]) else {
+            panic!("fields")
+        };
+        assert_eq!(x.shape().dims(), [1, GRID, 2]);
+        assert_eq!(
+            &x.data()[..4],
+            &[GRID as f32, 0.0, GRID as f32 + 1.0, 1.0 / GRID as f32]
+        );
+        assert_eq!(y.data()[3], -(GRID as f32 + 3.0));
+        assert_eq!(d.truncate(1).len(), 1);
+    }
+}

@@ -1,0 +1,135 @@
+//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, with the
+//! same checks as the simulation device. `col2im` and `pool_bwd` take the gather kernels (one
+//! thread per output element, fixed order) in deterministic mode and the `atomicAdd` scatters
+//! into a zeroed output otherwise.
+
+use super::CudaDevice;
+use super::driver::Arg;
+use super::launch::dims8;
+use crate::Result;
+use crate::device::{Buffer, PoolKind, WindowLens, Windows, check};
+
+/// The kernels' geometry arguments (`TL_GEO_PARAMS` in conv.cu); checked by [`Windows::check`],
+/// so every count fits a `u32`.
+fn geo_args(w: &Windows, l: &WindowLens) -> Vec<Arg> {
+    vec![
+        Arg::U32(w.big.len() as u32),
+        Arg::Dims(dims8(&w.big, 1)),
+        Arg::Dims(dims8(&w.small, 1)),
+        Arg::Dims(dims8(&w.kernel, 1)),
+        Arg::Dims(dims8(&w.stride, 1)),
+        Arg::Dims(dims8(&w.padding, 0)),
+        Arg::U32(w.batch as u32),
+        Arg::U32(w.channels as u32),
+        Arg::U32(l.kernel as u32),
+        Arg::U32(l.small as u32),
+        Arg::U32(l.big as u32),
+    ]
+}
+
+/// [`geo_args`] with the pool's planes as the batch and `(kind, beta)` appended.
+fn pool_args(w: &Windows, l: &WindowLens, kind: PoolKind) -> Vec<Arg> {
+    let planes = Windows {
+        batch: l.planes,
+        channels: 1,
+        ..w.clone()
+    };
+    let mut a = geo_args(&planes, l);
+    let (code, beta) = kind.code();
+    a.push(Arg::U32(code));
+    a.push(Arg::F32(beta));
+    a
+}
+
+impl CudaDevice {
+    pub(super) fn im2col_impl(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        const OP: &str = "im2col";
+        let l = w.check(OP)?;
+        check::len_is(OP, "input", x, l.big_len())?;
+        let px = self.ptr(OP, x)?;
+        let extra = geo_args(w, &l);
+        self.with_out(OP, l.cols_len(), |d, out| {
+            d.grid_stride(
+                OP,
+                "tl_im2col",
+                l.cols_len(),
+                &[Arg::Ptr(px), Arg::Ptr(out)],
+                &extra,
+            )
+        })
+    }
+
+    pub(super) fn col2im_impl(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        const OP: &str = "col2im";
+        let l = w.check(OP)?;
+        check::len_is(OP, "columns", cols, l.cols_len())?;
+        let pc = self.ptr(OP, cols)?;
+        let extra = geo_args(w, &l);
+        let ptrs = |out| [Arg::Ptr(pc), Arg::Ptr(out)];
+        if crate::determinism::deterministic_reductions() {
+            self.with_out(OP, l.big_len(), |d, out| {
+                d.grid_stride(OP, "tl_col2im", l.big_len(), &ptrs(out), &extra)
+            })
+        } else {
+            self.with_out(OP, l.big_len(), |d, out| {
+                d.grid_stride(
+                    OP,
+                    "tl_full",
+                    l.big_len(),
+                    &[Arg::Ptr(out)],
+                    &[Arg::F32(0.0)],
+                )?;
+                d.grid_stride(OP, "tl_col2im_atomic", l.cols_len(), &ptrs(out), &extra)
+            })
+        }
+    }
+
+    pub(super) fn pool_impl(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        const OP: &str = "pool";
+        let l = w.check(OP)?;
+        check::len_is(OP, "input", x, l.big_len())?;
+        let px = self.ptr(OP, x)?;
+        let extra = pool_args(w, &l, kind);
+        self.with_out(OP, l.small_len(), |d, out| {
+            d.grid_stride(
+                OP,
+                "tl_pool",
+                l.small_len(),
+                &[Arg::Ptr(px), Arg::Ptr(out)],
+                &extra,
+            )
+        })
+    }
+
+    pub(super) fn pool_bwd_impl(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+    ) -> Result<Buffer> {
+        const OP: &str = "pool_bwd";
+        let l = w.check(OP)?;
+        check::len_is(OP, "input", x, l.big_len())?;
+        check::len_is(OP, "cotangent", g, l.small_len())?;
+        let (px, pg) = (self.ptr(OP, x)?, self.ptr(OP, g)?);
+        let extra = pool_args(w, &l, kind);
+        let ptrs = |out| [Arg::Ptr(px), Arg::Ptr(pg), Arg::Ptr(out)];
+        if crate::determinism::deterministic_reductions() {
+            self.with_out(OP, l.big_len(), |d, out| {
+                d.grid_stride(OP, "tl_pool_bwd", l.big_len(), &ptrs(out), &extra)
+            })
+        } else {
+            self.with_out(OP, l.big_len(), |d, out| {
+                d.grid_stride(
+                    OP,
+                    "tl_full",
+                    l.big_len(),
+                    &[Arg::Ptr(out)],
+                    &[Arg::F32(0.0)],
+                )?;
+                d.grid_stride(OP, "tl_pool_bwd_atomic", l.small_len(), &ptrs(out), &extra)
+            })
+        }
+    }
+}

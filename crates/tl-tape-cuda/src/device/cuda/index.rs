@@ -1,0 +1,213 @@
+//! The index primitives on the CUDA device (`kernels/index.cu`). Host index slices are checked
+//! and mapped by [`index_check`] exactly as on the sim, uploaded to a temporary device buffer
+//! (u32 bit patterns in an f32 allocation of the pool) for the launch, and released after it,
+//! whatever the outcome.
+//!
+//! Scatter-add: in deterministic mode, one thread per output element walks its sources in
+//! increasing order ([`ScatterPlan`], built on the host); otherwise one `atomicAdd` per
+//! cotangent element into zeros.
+
+use super::CudaDevice;
+use super::driver::{self, Arg};
+use crate::device::index_check::{self, ScatterPlan};
+use crate::device::{Buffer, Device, check};
+use crate::{Result, determinism};
+
+/// Upload `vals` (as raw `u32` bits) to a temporary buffer, run `body` with its address, then
+/// release the temporary.
+fn with_u32(
+    d: &mut CudaDevice,
+    op: &'static str,
+    vals: &[u32],
+    body: impl FnOnce(&mut CudaDevice, u64) -> Result<Buffer>,
+) -> Result<Buffer> {
+    let bits: Vec<f32> = vals.iter().map(|&v| f32::from_bits(v)).collect();
+    let tmp = d.with_out(op, bits.len(), |_, out| driver::copy_to_device(out, &bits))?;
+    let r = d.ptr(op, tmp).and_then(|p| body(d, p));
+    d.release(tmp);
+    r
+}
+
+pub(super) fn gather_rows(
+    d: &mut CudaDevice,
+    x: Buffer,
+    rows: usize,
+    cols: usize,
+    idx: &[usize],
+) -> Result<Buffer> {
+    const OP: &str = "gather_rows";
+    let idx = index_check::row_indices(OP, rows, cols, idx)?;
+    check::len_is(OP, "input", x, rows * cols)?;
+    let px = d.ptr(OP, x)?;
+    let n = idx.len() * cols;
+    let extra = [Arg::U32(rows as u32), Arg::U32(cols as u32)];
+    with_u32(d, OP, &idx, |d, pi| {
+        d.with_out(OP, n, |d, out| {
+            let ptrs = [Arg::Ptr(px), Arg::Ptr(pi), Arg::Ptr(out)];
+            d.grid_stride(OP, "tl_gather_rows", n, &ptrs, &extra)
+        })
+    })
+}
+
+pub(super) fn scatter_add_rows(
+    d: &mut CudaDevice,
+    g: Buffer,
+    rows: usize,
+    cols: usize,
+    idx: &[usize],
+) -> Result<Buffer> {
+    const OP: &str = "scatter_add_rows";
+    let idx = index_check::row_indices(OP, rows, cols, idx)?;
+    check::len_is(OP, "cotangent", g, idx.len() * cols)?;
+    let pg = d.ptr(OP, g)?;
+    let n_out = rows * cols;
+    if determinism::deterministic_reductions() {
+        // Fixed order: offsets (rows + 1) then order, in one upload.
+        let plan = ScatterPlan::new(rows, &idx);
+        let meta: Vec<u32> = plan.offsets.iter().chain(&plan.order).copied().collect();
+        let order_at = 4 * (rows as u64 + 1);
+        with_u32(d, OP, &meta, |d, pm| {
+            d.with_out(OP, n_out, |d, out| {
+                let ptrs = [pg, pm, pm + order_at, out].map(Arg::Ptr);
+                d.grid_stride(
+                    OP,
+                    "tl_scatter_add_rows",
+                    n_out,
+                    &ptrs,
+                    &[Arg::U32(cols as u32)],
+                )
+            })
+        })
+    } else {
+        let n_in = idx.len() * cols;
+        let extra = [Arg::U32(rows as u32), Arg::U32(cols as u32)];
+        with_u32(d, OP, &idx, |d, pi| {
+            d.with_out(OP, n_out, |d, out| {
+                d.grid_stride(OP, "tl_full", n_out, &[Arg::Ptr(out)], &[Arg::F32(0.0)])?;
+                let ptrs = [Arg::Ptr(pg), Arg::Ptr(pi), Arg::Ptr(out)];
+                d.grid_stride(OP, "tl_scatter_add_rows_atomic", n_in, &ptrs, &extra)
+            })
+        })
+    }
+}
+
+pub(super) fn copy_range(
+    d: &mut CudaDevice,
+    x: Buffer,
+    start: usize,
+    len: usize,
+) -> Result<Buffer> {
+    const OP: &str = "copy_range";
+    index_check::range(OP, "input", x, start, len)?;
+    let px = d.ptr(OP, x)?;
+    d.with_out(OP, len, |d, out| {
+        let ptrs = [Arg::Ptr(px), Arg::Ptr(out)];
+        d.grid_stride(OP, "tl_copy_range", len, &ptrs, &[Arg::U64(start as u64)])
+    })
+}
+
+pub(super) fn place_range(
+    d: &mut CudaDevice,
+    g: Buffer,
+    len: usize,
+    start: usize,
+) -> Result<Buffer> {
+    const OP: &str = "place_range";
+    index_check::fits(OP, "output", start, g.len(), len)?;
+    let pg = d.ptr(OP, g)?;
+    let extra = [Arg::U64(start as u64), Arg::U64(g.len() as u64)];
+    d.with_out(OP, len, |d, out| {
+        let ptrs = [Arg::Ptr(pg), Arg::Ptr(out)];
+        d.grid_stride(OP, "tl_place_range", len, &ptrs, &extra)
+    })
+}
+
+pub(super) fn concat(d: &mut CudaDevice, a: Buffer, b: Buffer) -> Result<Buffer> {
+    const OP: &str = "concat";
+    let n = index_check::concat_len(OP, a, b)?;
+    let (pa, pb) = (d.ptr(OP, a)?, d.ptr(OP, b)?);
+    d.with_out(OP, n, |d, out| {
+        let ptrs = [pa, pb, out].map(Arg::Ptr);
+        d.grid_stride(OP, "tl_concat", n, &ptrs, &[Arg::U64(a.len() as u64)])
+    })
+}
+
+pub(super) fn add_range(d: &mut CudaDevice, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+    const OP: &str = "add_range";
+    index_check::range(OP, "input", x, start, v.len())?;
+    let (px, pv) = (d.ptr(OP, x)?, d.ptr(OP, v)?);
+    let n = x.len();
+    let extra = [Arg::U64(start as u64), Arg::U64(v.len() as u64)];
+    d.with_out(OP, n, |d, out| {
+        let ptrs = [px, pv, out].map(Arg::Ptr);
+        d.grid_stride(OP, "tl_add_range", n, &ptrs, &extra)
+    })
+}
+
+pub(super) fn cross_entropy_rows(
+    d: &mut CudaDevice,
+    x: Buffer,
+    rows: usize,
+    cols: usize,
+    labels: &[usize],
+) -> Result<Buffer> {
+    const OP: &str = "cross_entropy_rows";
+    let labels = index_check::labels(OP, x, rows, cols, labels)?;
+    let px = d.ptr(OP, x)?;
+    with_u32(d, OP, &labels, |d, pl| {
+        d.with_out(OP, rows, |d, out| {
+            if rows == 0 {
+                return Ok(());
+            }
+            let args = [
+                Arg::Ptr(px),
+                Arg::Ptr(pl),
+                Arg::Ptr(out),
+                Arg::U32(rows as u32),
+                Arg::U32(cols as u32),
+            ];
+            d.run(
+                OP,
+                "tl_cross_entropy_rows",
+                [rows.min(65_535) as u32, 1, 1],
+                &args,
+            )
+        })
+    })
+}
+
+pub(super) fn cross_entropy_rows_bwd(
+    d: &mut CudaDevice,
+    x: Buffer,
+    g: Buffer,
+    rows: usize,
+    cols: usize,
+    labels: &[usize],
+) -> Result<Buffer> {
+    const OP: &str = "cross_entropy_rows_bwd";
+    let labels = index_check::labels(OP, x, rows, cols, labels)?;
+    check::len_is(OP, "cotangent", g, 1)?;
+    let (px, pg) = (d.ptr(OP, x)?, d.ptr(OP, g)?);
+    let n = x.len();
+    with_u32(d, OP, &labels, |d, pl| {
+        d.with_out(OP, n, |d, out| {
+            if n == 0 {
+                return Ok(());
+            }
+            let args = [
+                Arg::Ptr(px),
+                Arg::Ptr(pl),
+                Arg::Ptr(pg),
+                Arg::Ptr(out),
+                Arg::U32(rows as u32),
+                Arg::U32(cols as u32),
+            ];
+            d.run(
+                OP,
+                "tl_cross_entropy_rows_bwd",
+                [rows.min(65_535) as u32, 1, 1],
+                &args,
+            )
+        })
+    })
+}

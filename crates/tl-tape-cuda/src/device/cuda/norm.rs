@@ -1,0 +1,165 @@
+//! The norm family on the CUDA device (kernels/norm.cu): the same checks as the simulation
+//! device ([`NormLayout`]'s), then one launch per primitive. No kernel of the family uses
+//! atomics, so deterministic mode changes nothing here (the sim's order is the only order).
+
+use super::CudaDevice;
+use super::driver::Arg;
+use super::launch::blocks;
+use crate::Result;
+use crate::device::{Buffer, Device, NormLayout, check, norm as layout};
+
+/// Blocks of a one-block-per-group (or per-row) launch.
+fn per_group(n: usize) -> u32 {
+    n.clamp(1, 65_535) as u32
+}
+
+impl CudaDevice {
+    pub(super) fn norm_stats_impl(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        const OP: &str = "norm_stats";
+        l.check_x(OP, x)?;
+        let px = self.ptr(OP, x)?;
+        self.with_out(OP, 2 * l.groups, |d, out| {
+            if l.groups == 0 {
+                return Ok(());
+            }
+            let args = [
+                Arg::Ptr(px),
+                Arg::Ptr(out),
+                Arg::U32(l.outer as u32),
+                Arg::U32(l.groups as u32),
+                Arg::U32(l.seg as u32),
+                Arg::F32(eps),
+            ];
+            d.run(OP, "tl_norm_stats", [per_group(l.groups), 1, 1], &args)
+        })
+    }
+
+    pub(super) fn norm_apply_impl(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_apply";
+        let n = l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        l.check_affine(OP, "beta", beta)?;
+        let ptrs = [x, stats, gamma, beta]
+            .iter()
+            .map(|&b| self.ptr(OP, b).map(Arg::Ptr))
+            .collect::<Result<Vec<_>>>()?;
+        let extra = [
+            Arg::U32(l.groups as u32),
+            Arg::U32(l.seg as u32),
+            Arg::U32(u32::from(l.per_column)),
+        ];
+        self.with_out(OP, n, |d, out| {
+            let mut p = ptrs.clone();
+            p.push(Arg::Ptr(out));
+            d.grid_stride(OP, "tl_norm_apply", n, &p, &extra)
+        })
+    }
+
+    pub(super) fn norm_bwd_x_impl(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_bwd_x";
+        let n = l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        check::same_len(OP, x, g)?;
+        let ptrs = [x, stats, gamma, g]
+            .iter()
+            .map(|&b| self.ptr(OP, b).map(Arg::Ptr))
+            .collect::<Result<Vec<_>>>()?;
+        self.with_out(OP, n, |d, out| {
+            if n == 0 {
+                return Ok(());
+            }
+            let mut args = ptrs;
+            args.extend([
+                Arg::Ptr(out),
+                Arg::U32(l.outer as u32),
+                Arg::U32(l.groups as u32),
+                Arg::U32(l.seg as u32),
+                Arg::U32(u32::from(l.per_column)),
+            ]);
+            d.run(OP, "tl_norm_bwd_x", [per_group(l.groups), 1, 1], &args)
+        })
+    }
+
+    pub(super) fn norm_bwd_affine_impl(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_bwd_affine";
+        l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        check::same_len(OP, x, g)?;
+        let ptrs = [x, stats, g]
+            .iter()
+            .map(|&b| self.ptr(OP, b).map(Arg::Ptr))
+            .collect::<Result<Vec<_>>>()?;
+        let nf = l.features();
+        let [dg, db] = self.with_outs::<2>(OP, nf, |d, [dg, db]| {
+            if nf == 0 {
+                return Ok(());
+            }
+            let mut args = ptrs;
+            args.extend([
+                Arg::Ptr(dg),
+                Arg::Ptr(db),
+                Arg::U64(nf as u64),
+                Arg::U32(l.outer as u32),
+                Arg::U32(l.groups as u32),
+                Arg::U32(l.seg as u32),
+                Arg::U32(u32::from(l.per_column)),
+            ]);
+            d.run(OP, "tl_norm_bwd_affine", [blocks(nf), 1, 1], &args)
+        })?;
+        Ok((dg, db))
+    }
+
+    pub(super) fn masked_softmax_rows_impl(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "masked_softmax_rows";
+        layout::check_masked(OP, x, mask, rows, n)?;
+        let px = self.ptr(OP, x)?;
+        // The mask travels as 0/1 floats in a temporary buffer, released on every path.
+        let bits: Vec<f32> = mask.iter().map(|&a| if a { 1.0 } else { 0.0 }).collect();
+        let pm_buf = self.upload(&bits)?;
+        let r = self.ptr(OP, pm_buf).and_then(|pm| {
+            self.with_out(OP, x.len(), |d, out| {
+                if x.is_empty() {
+                    return Ok(());
+                }
+                let args = [
+                    Arg::Ptr(px),
+                    Arg::Ptr(pm),
+                    Arg::Ptr(out),
+                    Arg::U32(rows as u32),
+                    Arg::U32(n as u32),
+                ];
+                d.run(OP, "tl_masked_softmax_rows", [per_group(rows), 1, 1], &args)
+            })
+        });
+        self.release(pm_buf);
+        r
+    }
+}

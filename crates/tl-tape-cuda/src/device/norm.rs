@@ -1,0 +1,144 @@
+//! The layout of the normalization primitives ([`NormLayout`]) and their argument checks,
+//! shared by the simulation device and the CUDA device so both reject the same inputs.
+//!
+//! x is viewed as `outer` blocks of `groups` groups of `seg` contiguous elements; group `k`
+//! holds the `k`-th segment of every block, so its `m = outer·seg` elements are, in increasing
+//! index order, `e ↦ ((e / seg)·groups + k)·seg + e % seg`. γ/β are indexed by the position in
+//! the segment (`per_column`, layer norm) or by the group (batch norm).
+
+use super::{Buffer, check};
+use crate::{Error, Result, abi};
+
+/// How x splits into normalization groups (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NormLayout {
+    /// Blocks of groups (N for a batched batch norm, else 1).
+    pub outer: usize,
+    /// Number of groups (rows for layer norm, channels for batch norm).
+    pub groups: usize,
+    /// Contiguous elements of one group per block (the row length, or H·W).
+    pub seg: usize,
+    /// γ/β indexed by the position in the segment (layer norm) rather than by the group.
+    pub per_column: bool,
+}
+
+impl NormLayout {
+    /// Layer norm of `rows` rows of `cols` (PyTorch: `F.layer_norm(x, (cols,))`).
+    pub fn layer(rows: usize, cols: usize) -> NormLayout {
+        NormLayout {
+            outer: 1,
+            groups: rows,
+            seg: cols,
+            per_column: true,
+        }
+    }
+
+    /// Batch norm of x (n, c, hw) with per-channel statistics (PyTorch: `F.batch_norm`).
+    pub fn channels(n: usize, c: usize, hw: usize) -> NormLayout {
+        NormLayout {
+            outer: n,
+            groups: c,
+            seg: hw,
+            per_column: false,
+        }
+    }
+
+    /// Elements per group, `outer·seg`.
+    pub fn group_len(&self) -> usize {
+        self.outer * self.seg
+    }
+
+    /// Length of γ, β, dγ and dβ.
+    pub fn features(&self) -> usize {
+        if self.per_column {
+            self.seg
+        } else {
+            self.groups
+        }
+    }
+
+    /// The index in x of element `e` of group `k`.
+    pub fn index(&self, k: usize, e: usize) -> usize {
+        ((e / self.seg) * self.groups + k) * self.seg + e % self.seg
+    }
+
+    /// The γ/β index of x's element `i`.
+    pub fn feature_of(&self, i: usize) -> usize {
+        if self.per_column {
+            i % self.seg
+        } else {
+            (i / self.seg) % self.groups
+        }
+    }
+
+    /// Checked: x's length is `outer·groups·seg`, every group non-empty, dims within the ABI.
+    /// Returns x's length.
+    pub fn check_x(&self, op: &'static str, x: Buffer) -> Result<usize> {
+        abi::to_u32(op, "outer", self.outer)?;
+        abi::to_u32(op, "groups", self.groups)?;
+        abi::to_u32(op, "seg", self.seg)?;
+        let n = check::product(op, &[self.outer, self.groups, self.seg])?;
+        abi::len_u32(op, n)?;
+        check::len_is(op, "input", x, n)?;
+        if self.group_len() == 0 && self.groups > 0 {
+            return Err(Error::kernel(
+                op,
+                format!("groups of {self:?} are empty: no statistics"),
+            ));
+        }
+        Ok(n)
+    }
+
+    /// Checked: `stats` holds `2·groups` values (means, then reciprocal standard deviations).
+    pub fn check_stats(&self, op: &'static str, stats: Buffer) -> Result<()> {
+        check::len_is(op, "statistics", stats, 2 * self.groups)
+    }
+
+    /// Checked: γ (or β) holds [`features`](Self::features) values.
+    pub fn check_affine(&self, op: &'static str, what: &str, b: Buffer) -> Result<()> {
+        check::len_is(op, what, b, self.features())
+    }
+}
+
+/// Checked operands of a masked row softmax: x (rows, n) with rows a multiple of n, and a mask
+/// of n·n entries.
+pub fn check_masked(
+    op: &'static str,
+    x: Buffer,
+    mask: &[bool],
+    rows: usize,
+    n: usize,
+) -> Result<()> {
+    check::rows_cols(op, x, rows, n)?;
+    if mask.len() != n * n {
+        return Err(Error::kernel(
+            op,
+            format!("the mask has {} entries, expected {n}·{n}", mask.len()),
+        ));
+    }
+    if n > 0 && !rows.is_multiple_of(n) {
+        return Err(Error::kernel(
+            op,
+            format!("{rows} rows are not a whole number of ({n}, {n}) score blocks"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_groups_span_the_blocks() {
+        // (N=2, C=3, HW=2): channel 1 holds indices 2, 3 of sample 0 and 8, 9 of sample 1.
+        let l = NormLayout::channels(2, 3, 2);
+        let idx: Vec<usize> = (0..l.group_len()).map(|e| l.index(1, e)).collect();
+        assert_eq!(idx, [2, 3, 8, 9]);
+        assert_eq!(l.feature_of(9), 1);
+        let r = NormLayout::layer(2, 3);
+        assert_eq!((0..3).map(|e| r.index(1, e)).collect::<Vec<_>>(), [3, 4, 5]);
+        assert_eq!(r.feature_of(4), 1);
+        assert_eq!(r.features(), 3);
+    }
+}

@@ -1,0 +1,195 @@
+//! The conv family's kernels on the host (twins of kernels/conv.cu): `im2col`, the fixed-order
+//! (gather) `col2im`, the pooling forward and the fixed-order pooling backward. Every output
+//! element is computed by one "thread" that walks its cells in the order the CUDA kernel does.
+
+use super::SimDevice;
+use crate::Result;
+use crate::device::{Buffer, PoolKind, Windows, check};
+
+/// `cols[c, k, n, o] = x[n, c, cell(o, k)]` (0 for padding); one thread per column element.
+pub fn im2col(x: &[f32], w: &Windows, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        w.kernel.iter().product::<usize>(),
+        w.small.iter().product::<usize>(),
+        w.big.iter().product::<usize>(),
+    );
+    for (i, v) in out.iter_mut().enumerate() {
+        let o = i % sl;
+        let n = (i / sl) % w.batch;
+        let k = (i / (sl * w.batch)) % kl;
+        let c = i / (sl * w.batch * kl);
+        *v = w
+            .cell(o, k)
+            .map_or(0.0, |j| x[(n * w.channels + c) * bl + j]);
+    }
+}
+
+/// The gather form of `col2im`: thread `(n, c, j)` walks the window cells `k` from last to first
+/// (so the small cells `o` reading `j` come in increasing order) and sums `cols[c, k, n, o]`
+/// from 0.
+pub fn col2im(cols: &[f32], w: &Windows, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        w.kernel.iter().product::<usize>(),
+        w.small.iter().product::<usize>(),
+        w.big.iter().product::<usize>(),
+    );
+    for (i, v) in out.iter_mut().enumerate() {
+        let j = i % bl;
+        let c = (i / bl) % w.channels;
+        let n = i / (bl * w.channels);
+        let mut acc = 0.0f32;
+        for k in (0..kl).rev() {
+            if let Some(o) = w.window_of(j, k) {
+                acc += cols[((c * kl + k) * w.batch + n) * sl + o];
+            }
+        }
+        *v = acc;
+    }
+}
+
+/// One window's statistics, walked in window order: the first argmax among the real cells
+/// (strict `>`, so NaN never displaces it and a tie keeps the first), the sum of the real cells,
+/// and for smooth max the pivot and `z = Σ exp(β(v − p))` over all cells (padding as 0).
+struct Stats {
+    argmax: Option<usize>,
+    sum: f32,
+    pivot: f32,
+    z: f32,
+}
+
+fn stats(x: &[f32], base: usize, w: &Windows, o: usize, kl: usize, kind: PoolKind) -> Stats {
+    let mut s = Stats {
+        argmax: None,
+        sum: 0.0,
+        pivot: 0.0,
+        z: 0.0,
+    };
+    let mut best = 0.0f32;
+    for k in 0..kl {
+        if let Some(j) = w.cell(o, k) {
+            let v = x[base + j];
+            if s.argmax.is_none() || v > best {
+                s.argmax = Some(j);
+                best = v;
+            }
+            s.sum += v;
+        }
+    }
+    if let PoolKind::SmoothMax(beta) = kind {
+        let val = |k: usize| w.cell(o, k).map_or(0.0, |j| x[base + j]);
+        let mut p = if beta > 0.0 {
+            f32::NEG_INFINITY
+        } else {
+            f32::INFINITY
+        };
+        for k in 0..kl {
+            p = if beta > 0.0 {
+                p.max(val(k))
+            } else {
+                p.min(val(k))
+            };
+        }
+        let mut z = 0.0f32;
+        for k in 0..kl {
+            z += (beta * (val(k) - p)).exp();
+        }
+        s.pivot = p;
+        s.z = z;
+    }
+    s
+}
+
+/// One thread per output `(plane, o)`: max, mean (sum over the kernel volume) or smooth max.
+pub fn pool(x: &[f32], w: &Windows, kind: PoolKind, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        w.kernel.iter().product::<usize>(),
+        w.small.iter().product::<usize>(),
+        w.big.iter().product::<usize>(),
+    );
+    for (i, v) in out.iter_mut().enumerate() {
+        let (plane, o) = (i / sl, i % sl);
+        let s = stats(x, plane * bl, w, o, kl, kind);
+        *v = match kind {
+            PoolKind::Max => s.argmax.map_or(0.0, |j| x[plane * bl + j]),
+            PoolKind::Avg => s.sum / kl as f32,
+            PoolKind::SmoothMax(beta) => s.pivot + s.z.ln() / beta,
+        };
+    }
+}
+
+/// The share of window `o`'s cotangent `g` that big cell `j` (window cell `k`) receives.
+fn share(x: &[f32], base: usize, s: &Stats, j: usize, g: f32, kl: usize, kind: PoolKind) -> f32 {
+    match kind {
+        PoolKind::Max => {
+            if s.argmax == Some(j) {
+                g
+            } else {
+                0.0
+            }
+        }
+        PoolKind::Avg => g / kl as f32,
+        PoolKind::SmoothMax(beta) => g * ((beta * (x[base + j] - s.pivot)).exp() / s.z),
+    }
+}
+
+/// The gather form of the pooling VJP: thread `(plane, j)` walks the windows reading `j` in
+/// increasing order (window cells from last to first), recomputes each window's statistics and
+/// sums its share from 0.
+pub fn pool_bwd(x: &[f32], g: &[f32], w: &Windows, kind: PoolKind, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        w.kernel.iter().product::<usize>(),
+        w.small.iter().product::<usize>(),
+        w.big.iter().product::<usize>(),
+    );
+    for (i, v) in out.iter_mut().enumerate() {
+        let (plane, j) = (i / bl, i % bl);
+        let base = plane * bl;
+        let mut acc = 0.0f32;
+        for k in (0..kl).rev() {
+            if let Some(o) = w.window_of(j, k) {
+                let s = stats(x, base, w, o, kl, kind);
+                acc += share(x, base, &s, j, g[plane * sl + o], kl, kind);
+            }
+        }
+        *v = acc;
+    }
+}
+
+impl SimDevice {
+    pub(super) fn im2col_impl(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        const OP: &str = "im2col";
+        let lens = w.check(OP)?;
+        check::len_is(OP, "input", x, lens.big_len())?;
+        self.launch(OP, [x], lens.cols_len(), |[x], out| im2col(x, w, out))
+    }
+
+    pub(super) fn col2im_impl(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        const OP: &str = "col2im";
+        let lens = w.check(OP)?;
+        check::len_is(OP, "columns", cols, lens.cols_len())?;
+        self.launch(OP, [cols], lens.big_len(), |[c], out| col2im(c, w, out))
+    }
+
+    pub(super) fn pool_impl(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        const OP: &str = "pool";
+        let lens = w.check(OP)?;
+        check::len_is(OP, "input", x, lens.big_len())?;
+        self.launch(OP, [x], lens.small_len(), |[x], out| pool(x, w, kind, out))
+    }
+
+    pub(super) fn pool_bwd_impl(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+    ) -> Result<Buffer> {
+        const OP: &str = "pool_bwd";
+        let lens = w.check(OP)?;
+        check::len_is(OP, "input", x, lens.big_len())?;
+        check::len_is(OP, "cotangent", g, lens.small_len())?;
+        self.launch(OP, [x, g], lens.big_len(), |[x, g], out| {
+            pool_bwd(x, g, w, kind, out)
+        })
+    }
+}

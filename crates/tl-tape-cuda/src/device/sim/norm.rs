@@ -1,0 +1,112 @@
+//! Kernel bodies of the norm family (kernels/norm.cu): layer/batch norm statistics, the affine
+//! map, the closed-form backward, and the masked row softmax.
+//!
+//! Orders (the CUDA kernels' in every mode; none of these kernels uses atomics):
+//! - statistics and `norm_bwd_x`: one block of [`BLOCK`](super::reduce::BLOCK) threads per
+//!   group; the group's sums (`Σ x`, `Σ (x − μ)²`, `Σ ĝ`, `Σ ĝ·x̂`) over its elements in
+//!   [`NormLayout::index`] order, folded per thread and then by the block tree
+//!   ([`block_sum`]);
+//! - `norm_bwd_affine`: one thread per γ/β entry, accumulating from `0.0` over its elements in
+//!   increasing index order;
+//! - `masked_softmax_rows`: one block per row, the max over allowed entries with `fmaxf` from
+//!   −∞ and the sum of `exp(x − m)` over allowed entries (0 for the others) by the block tree.
+
+use super::reduce::{block_max, block_sum};
+use crate::device::NormLayout;
+
+/// `out = [means…, rstds…]` of the groups of `l`.
+pub fn stats(x: &[f32], l: NormLayout, eps: f32, out: &mut [f32]) {
+    let (g, m) = (l.groups, l.group_len());
+    for k in 0..g {
+        let mf = m as f32;
+        let mean = block_sum(m, |e| x[l.index(k, e)]) / mf;
+        let sq = block_sum(m, |e| {
+            let d = x[l.index(k, e)] - mean;
+            d * d
+        });
+        let var = (sq / mf).max(0.0);
+        out[k] = mean;
+        out[g + k] = 1.0 / (var + eps).sqrt();
+    }
+}
+
+/// `y = (x − μ)·rstd·γ + β`.
+pub fn apply(x: &[f32], st: &[f32], gamma: &[f32], beta: &[f32], l: NormLayout, y: &mut [f32]) {
+    for (i, (o, &v)) in y.iter_mut().zip(x).enumerate() {
+        let k = (i / l.seg) % l.groups;
+        let f = l.feature_of(i);
+        *o = (v - st[k]) * st[l.groups + k] * gamma[f] + beta[f];
+    }
+}
+
+/// `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)` per group.
+pub fn bwd_x(x: &[f32], st: &[f32], gamma: &[f32], g: &[f32], l: NormLayout, dx: &mut [f32]) {
+    let (ng, m) = (l.groups, l.group_len());
+    let mf = m as f32;
+    for k in 0..ng {
+        let (mean, rstd) = (st[k], st[ng + k]);
+        let gh = |i: usize| g[i] * gamma[l.feature_of(i)];
+        let s1 = block_sum(m, |e| gh(l.index(k, e)));
+        let s2 = block_sum(m, |e| {
+            let i = l.index(k, e);
+            gh(i) * ((x[i] - mean) * rstd)
+        });
+        let c = rstd / mf;
+        for e in 0..m {
+            let i = l.index(k, e);
+            let h = (x[i] - mean) * rstd;
+            dx[i] = c * (mf * g[i] * gamma[l.feature_of(i)] - s1 - h * s2);
+        }
+    }
+}
+
+/// `(dγ, dβ)`: per feature, `Σ g·x̂` and `Σ g` in increasing index order.
+pub fn bwd_affine(
+    x: &[f32],
+    st: &[f32],
+    g: &[f32],
+    l: NormLayout,
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+) {
+    for f in 0..l.features() {
+        let (mut ag, mut ab) = (0.0f32, 0.0f32);
+        for_each_of_feature(l, f, |i| {
+            let k = (i / l.seg) % l.groups;
+            let h = (x[i] - st[k]) * st[l.groups + k];
+            ab += g[i];
+            ag += g[i] * h;
+        });
+        dgamma[f] = ag;
+        dbeta[f] = ab;
+    }
+}
+
+/// Visit the elements of feature `f` in increasing index order.
+fn for_each_of_feature(l: NormLayout, f: usize, mut visit: impl FnMut(usize)) {
+    if l.per_column {
+        for r in 0..l.outer * l.groups {
+            visit(r * l.seg + f);
+        }
+    } else {
+        for e in 0..l.group_len() {
+            visit(l.index(f, e));
+        }
+    }
+}
+
+/// Masked softmax of each row of `x` (rows of `n`), row `r` with mask row `r mod n`.
+pub fn masked_softmax(x: &[f32], mask: &[bool], n: usize, out: &mut [f32]) {
+    for (r, (xr, yr)) in x.chunks(n).zip(out.chunks_mut(n)).enumerate() {
+        let ok = &mask[(r % n) * n..(r % n + 1) * n];
+        let m = block_max(n, |j| if ok[j] { xr[j] } else { f32::NEG_INFINITY });
+        if m == f32::NEG_INFINITY {
+            yr.fill(0.0);
+            continue;
+        }
+        let s = block_sum(n, |j| if ok[j] { (xr[j] - m).exp() } else { 0.0 });
+        for ((y, &v), &a) in yr.iter_mut().zip(xr).zip(ok) {
+            *y = if a { (v - m).exp() / s } else { 0.0 };
+        }
+    }
+}

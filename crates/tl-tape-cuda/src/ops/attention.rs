@@ -1,0 +1,222 @@
+//! `maskedSoftmax` and `multiHeadAttention` on the device, composed from existing primitives
+//! plus the norm family's [`Device::masked_softmax_rows`].
+//!
+//! - `maskedSoftmax`: one masked row launch forward; backward [`Device::softmax_rows_bwd`]
+//!   (`y·(g − Σ g·y)`, which is 0 wherever y is: masked entries and empty rows).
+//! - `multiHeadAttention`: Q, K, V = x·W by one GEMM each over all B·n rows; heads split by a
+//!   permute (B, n, H, d) → (B, H, n, d); `S = Q_h K_hᵀ` by one bmm over the B·H heads, scaled
+//!   by 1/√d; A = (masked) row softmax; `O_h = A·V_h` by bmm; heads merged by the inverse
+//!   permute into C (B·n, P); y = C·wo. Backward recomputes that chain (the tape keeps only
+//!   operands and output) and runs `dC = g·woᵀ`, `dwo = Cᵀ·g`, `dA = dO_h V_hᵀ`,
+//!   `dV_h = Aᵀ dO_h`, `dS = softmax_bwd(A, dA)/√d`, `dQ_h = dS K_h`, `dK_h = dSᵀ Q_h`, then
+//!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch.
+//!
+//! The `fused` flag selects the streaming kernel on the CPU tape; the CUDA tape runs both
+//! forms through this composed path (same value; a streaming attention kernel is not written
+//! yet, see docs/cuda.md).
+
+use tl_ir::Op;
+use tl_spec::Error as SpecError;
+use tl_spec::ops::attention::Mask;
+use tl_spec::ops::attention::mha::{Dims, mha_dims};
+
+use super::{Scratch, with_scratch};
+use crate::device::{Buffer, Device, Gemm};
+use crate::{AnyBuffer, Result};
+
+/// Rows and row length of `maskedSoftmax` on x (…, n, n).
+fn masked_rows(x: &AnyBuffer, mask: &Mask) -> (usize, usize) {
+    let n = mask.n();
+    (x.shape().numel() / n.max(1), n)
+}
+
+/// Forward of `maskedSoftmax`.
+pub fn masked_softmax<D: Device>(dev: &mut D, x: &AnyBuffer, mask: &Mask) -> Result<Buffer> {
+    let (rows, n) = masked_rows(x, mask);
+    dev.masked_softmax_rows(x.buffer(), mask.as_slice(), rows, n)
+}
+
+/// Backward of `maskedSoftmax` from its output `y`.
+pub fn masked_softmax_back<D: Device>(
+    dev: &mut D,
+    y: &AnyBuffer,
+    g: Buffer,
+    mask: &Mask,
+) -> Result<Buffer> {
+    let (rows, n) = masked_rows(y, mask);
+    dev.softmax_rows_bwd(y.buffer(), g, rows, n)
+}
+
+/// The sizes of one attention node, checked by the shape rule.
+fn dims(op: &Op, x: &[&AnyBuffer], heads: usize, mask: Option<&Mask>) -> Result<Dims> {
+    if x.len() != 5 {
+        return Err(
+            SpecError::shape(op.name(), format!("{} operands, expected 5", x.len())).into(),
+        );
+    }
+    let w = [x[0].shape(), x[1].shape(), x[2].shape(), x[3].shape()];
+    Ok(mha_dims(w, x[4].shape(), heads, mask)?.0)
+}
+
+/// The intermediates of the forward chain (all registered as scratch).
+struct Chain {
+    qh: Buffer,
+    kh: Buffer,
+    vh: Buffer,
+    a: Buffer,
+    c: Buffer,
+}
+
+/// (B, n, H, d) ↔ (B, H, n, d): the same permutation both ways.
+const SWAP: [usize; 4] = [0, 2, 1, 3];
+
+/// Q, K, V, the attention probabilities and C, every buffer a temporary of `s`.
+fn chain<D: Device>(
+    dev: &mut D,
+    s: &mut Scratch,
+    dm: &Dims,
+    x: &[&AnyBuffer],
+    mask: Option<&Mask>,
+) -> Result<Chain> {
+    let Dims {
+        batch,
+        n,
+        p,
+        heads,
+        d,
+        ..
+    } = *dm;
+    let rows = batch * n;
+    let bh = batch * heads;
+    let split = [batch, n, heads, d];
+    let head = |dev: &mut D, s: &mut Scratch, w: &AnyBuffer| -> Result<Buffer> {
+        let proj = s.tmp(dev.matmul(x[4].buffer(), w.buffer(), Gemm::nn(rows, dm.dm, p))?);
+        Ok(s.tmp(dev.permute(proj, &split, &SWAP)?))
+    };
+    let qh = head(dev, s, x[0])?;
+    let kh = head(dev, s, x[1])?;
+    let vh = head(dev, s, x[2])?;
+    let raw = s.tmp(dev.bmm(qh, kh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
+    let scores = s.tmp(dev.scale(raw, inv_sqrt(d))?);
+    let a = s.tmp(match mask {
+        Some(m) => dev.masked_softmax_rows(scores, m.as_slice(), bh * n, n)?,
+        None => dev.softmax_rows(scores, bh * n, n)?,
+    });
+    let oh = s.tmp(dev.bmm(a, vh, bh, Gemm::nn(n, n, d))?);
+    let c = s.tmp(dev.permute(oh, &[batch, heads, n, d], &SWAP)?);
+    Ok(Chain { qh, kh, vh, a, c })
+}
+
+/// `1/√d` as the kernel's f32 (the reference's `1/sqrt(d)` rounded once).
+fn inv_sqrt(d: usize) -> f32 {
+    (1.0 / (d as f64).sqrt()) as f32
+}
+
+/// Forward of `multiHeadAttention` on `[wq, wk, wv, wo, x]`.
+pub fn mha<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &[&AnyBuffer],
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<Buffer> {
+    let dm = dims(op, x, heads, mask)?;
+    with_scratch(dev, |dev, s| {
+        let ch = chain(dev, s, &dm, x, mask)?;
+        dev.matmul(ch.c, x[3].buffer(), Gemm::nn(dm.batch * dm.n, dm.p, dm.dm))
+    })
+}
+
+/// Backward of `multiHeadAttention`: `[dwq, dwk, dwv, dwo, dx]`, `None` where not needed.
+/// On error every cotangent already computed is released.
+pub fn mha_back<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &[&AnyBuffer],
+    g: Buffer,
+    needs: &[bool],
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<[Option<Buffer>; 5]> {
+    let dm = dims(op, x, heads, mask)?;
+    let need = |k: usize| needs.get(k).copied().unwrap_or(false);
+    if !(0..5).any(need) {
+        return Ok([None, None, None, None, None]);
+    }
+    let mut out: [Option<Buffer>; 5] = [None; 5];
+    let r = with_scratch(dev, |dev, s| {
+        grads(dev, s, &dm, x, g, &need, mask, &mut out)
+    });
+    match r {
+        Ok(()) => Ok(out),
+        Err(e) => {
+            dev.release_all(out.into_iter().flatten());
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn grads<D: Device>(
+    dev: &mut D,
+    s: &mut Scratch,
+    dm: &Dims,
+    x: &[&AnyBuffer],
+    g: Buffer,
+    need: &dyn Fn(usize) -> bool,
+    mask: Option<&Mask>,
+    out: &mut [Option<Buffer>; 5],
+) -> Result<()> {
+    let Dims {
+        batch,
+        n,
+        p,
+        heads,
+        d,
+        ..
+    } = *dm;
+    let (rows, bh, dmod) = (batch * n, batch * heads, dm.dm);
+    let ch = chain(dev, s, dm, x, mask)?;
+    // y = C·wo: dwo = Cᵀ·g, dC = g·woᵀ.
+    if need(3) {
+        out[3] = Some(dev.matmul(ch.c, g, Gemm::nn(p, rows, dmod).with_t(true, false))?);
+    }
+    if ![0, 1, 2, 4].into_iter().any(need) {
+        return Ok(());
+    }
+    let dc = s.tmp(dev.matmul(
+        g,
+        x[3].buffer(),
+        Gemm::nn(rows, dmod, p).with_t(false, true),
+    )?);
+    let doh = s.tmp(dev.permute(dc, &[batch, n, heads, d], &SWAP)?);
+    // O_h = A·V_h: dA = dO_h·V_hᵀ, dV_h = Aᵀ·dO_h.
+    let da = s.tmp(dev.bmm(doh, ch.vh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
+    let dvh = s.tmp(dev.bmm(ch.a, doh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
+    // Softmax VJP (0 where A is: masked entries, empty rows), then S = Q_h K_hᵀ/√d.
+    let dsr = s.tmp(dev.softmax_rows_bwd(ch.a, da, bh * n, n)?);
+    let ds = s.tmp(dev.scale(dsr, inv_sqrt(d))?);
+    let dqh = s.tmp(dev.bmm(ds, ch.kh, bh, Gemm::nn(n, n, d))?);
+    let dkh = s.tmp(dev.bmm(ds, ch.qh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
+    let merge = [batch, heads, n, d];
+    let dq = s.tmp(dev.permute(dqh, &merge, &SWAP)?);
+    let dk = s.tmp(dev.permute(dkh, &merge, &SWAP)?);
+    let dv = s.tmp(dev.permute(dvh, &merge, &SWAP)?);
+    // Q = x·wq: dwq = xᵀ·dQ (likewise K, V); dx = dQ·wqᵀ + dK·wkᵀ + dV·wvᵀ.
+    let proj = [dq, dk, dv];
+    for (k, &dp) in proj.iter().enumerate() {
+        if need(k) {
+            let t = Gemm::nn(dmod, rows, p).with_t(true, false);
+            out[k] = Some(dev.matmul(x[4].buffer(), dp, t)?);
+        }
+    }
+    if need(4) {
+        let back = Gemm::nn(rows, p, dmod).with_t(false, true);
+        let tq = s.tmp(dev.matmul(dq, x[0].buffer(), back)?);
+        let tk = s.tmp(dev.matmul(dk, x[1].buffer(), back)?);
+        let tv = s.tmp(dev.matmul(dv, x[2].buffer(), back)?);
+        let qk = s.tmp(dev.add(tq, tk)?);
+        out[4] = Some(dev.add(qk, tv)?);
+    }
+    Ok(())
+}

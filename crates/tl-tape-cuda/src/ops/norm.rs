@@ -1,0 +1,108 @@
+//! `layerNorm` and `batchnormChannelFirst` on the device: two launches forward
+//! ([`Device::norm_stats`], [`Device::norm_apply`]) and at most two backward
+//! ([`Device::norm_bwd_x`] for dx, [`Device::norm_bwd_affine`] for dγ and dβ), in the compact
+//! closed forms of SEMANTICS.md (`dx = rstd/m·(m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`, `dγ = Σ g·x̂`,
+//! `dβ = Σ g`). The forward keeps the per-group statistics (means, reciprocal standard
+//! deviations) as the node's workspace; the backward reuses them while they are live and
+//! recomputes them once the tape has released workspaces.
+
+use tl_ir::Op;
+use tl_spec::Error as SpecError;
+
+use super::{elementwise as ew, with_scratch};
+use crate::device::{Buffer, Device, NormLayout};
+use crate::{AnyBuffer, Result};
+
+/// The layout and ε of a normalization op on x.
+pub fn layout(op: &Op, x: &AnyBuffer) -> Result<(NormLayout, f32)> {
+    let d = x.shape().dims();
+    match *op {
+        Op::LayerNorm { eps } => {
+            let (rows, cols) = x.shape().rows_cols();
+            Ok((NormLayout::layer(rows, cols), ew::param(eps)))
+        }
+        Op::BatchNorm { eps } => {
+            let (n, c, hw) = match *d {
+                [c, h, w] => (1, c, h * w),
+                [n, c, h, w] => (n, c, h * w),
+                _ => {
+                    return Err(SpecError::shape(
+                        op.name(),
+                        format!("x must be (C, H, W) or (N, C, H, W), got {}", x.shape()),
+                    )
+                    .into());
+                }
+            };
+            Ok((NormLayout::channels(n, c, hw), ew::param(eps)))
+        }
+        _ => Err(SpecError::param(op.name(), "not a normalization op").into()),
+    }
+}
+
+/// Forward: `(y, stats)`, the statistics handed back as workspace.
+pub fn forward<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &AnyBuffer,
+    gamma: &AnyBuffer,
+    beta: &AnyBuffer,
+) -> Result<(Buffer, Buffer)> {
+    let (l, eps) = layout(op, x)?;
+    let stats = dev.norm_stats(x.buffer(), l, eps)?;
+    match dev.norm_apply(x.buffer(), stats, gamma.buffer(), beta.buffer(), l) {
+        Ok(y) => Ok((y, stats)),
+        Err(e) => {
+            dev.release(stats);
+            Err(e)
+        }
+    }
+}
+
+/// The cotangents `[dx, dγ, dβ]` that `needs` asks for.
+pub fn backward<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &AnyBuffer,
+    gamma: &AnyBuffer,
+    g: Buffer,
+    needs: &[bool],
+    workspace: &[Buffer],
+) -> Result<[Option<Buffer>; 3]> {
+    let (l, eps) = layout(op, x)?;
+    let need = |k: usize| needs.get(k).copied().unwrap_or(false);
+    if !need(0) && !need(1) && !need(2) {
+        return Ok([None, None, None]);
+    }
+    with_scratch(dev, |dev, s| {
+        let stats = match workspace.first() {
+            Some(&st) if dev.is_live(st) => st,
+            _ => s.tmp(dev.norm_stats(x.buffer(), l, eps)?),
+        };
+        let dx = if need(0) {
+            Some(dev.norm_bwd_x(x.buffer(), stats, gamma.buffer(), g, l)?)
+        } else {
+            None
+        };
+        if !need(1) && !need(2) {
+            return Ok([dx, None, None]);
+        }
+        let (dg, db) = match dev.norm_bwd_affine(x.buffer(), stats, g, l) {
+            Ok(p) => p,
+            Err(e) => {
+                dev.release_all(dx);
+                return Err(e);
+            }
+        };
+        let keep = |dev: &mut D, k: usize, b: Buffer| {
+            if need(k) {
+                Some(b)
+            } else {
+                dev.release(b);
+                None
+            }
+        };
+        let dg = keep(dev, 1, dg);
+        let db = keep(dev, 2, db);
+        Ok([dx, dg, db])
+    })
+}

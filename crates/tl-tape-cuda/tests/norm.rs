@@ -1,0 +1,169 @@
+//! The norm family's primitives on the simulation device, with hand-worked values: statistics
+//! (two-pass biased variance), the affine map, the closed-form backward and the masked softmax.
+
+use tl_tape_cuda::device::NormLayout;
+use tl_tape_cuda::{Device, Error, SimDevice};
+
+fn close(got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+    for (a, w) in got.iter().zip(want) {
+        assert!((f64::from(*a) - w).abs() <= tol, "{got:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn layer_statistics_and_affine_map_by_hand() {
+    let mut d = SimDevice::new();
+    // Rows [1, 2, 3, 6] (μ 3, var 3.5) and [2, 2, 2, 2] (μ 2, var 0: rstd = 1/sqrt(ε)).
+    let x = d.upload(&[1.0, 2.0, 3.0, 6.0, 2.0, 2.0, 2.0, 2.0]).unwrap();
+    let l = NormLayout::layer(2, 4);
+    let st = d.norm_stats(x, l, 0.25).unwrap();
+    let r = 1.0 / (3.5f64 + 0.25).sqrt();
+    close(&d.download(st).unwrap(), &[3.0, 2.0, r, 2.0], 1e-6);
+    let ga = d.upload(&[1.0, 2.0, 1.0, 0.5]).unwrap();
+    let be = d.upload(&[0.0, 0.0, 1.0, -1.0]).unwrap();
+    let y = d.norm_apply(x, st, ga, be, l).unwrap();
+    let want = [-2.0 * r, -2.0 * r, 1.0, 1.5 * r - 1.0, 0.0, 0.0, 1.0, -1.0];
+    close(&d.download(y).unwrap(), &want, 1e-6);
+}
+
+#[test]
+fn batch_statistics_span_samples_and_gamma_is_per_channel() {
+    let mut d = SimDevice::new();
+    // (N=2, C=2, HW=2): channel 0 = [0, 2, 4, 6] (μ 3, var 5), channel 1 = [1, 1, 3, 3] (μ 2,
+    // var 1).
+    let x = d.upload(&[0.0, 2.0, 1.0, 1.0, 4.0, 6.0, 3.0, 3.0]).unwrap();
+    let l = NormLayout::channels(2, 2, 2);
+    let st = d.norm_stats(x, l, 1e-6).unwrap();
+    let (r0, r1) = (1.0 / (5.0f64 + 1e-6).sqrt(), 1.0 / (1.0f64 + 1e-6).sqrt());
+    close(&d.download(st).unwrap(), &[3.0, 2.0, r0, r1], 1e-6);
+    let ga = d.upload(&[2.0, 1.0]).unwrap();
+    let be = d.upload(&[1.0, 0.0]).unwrap();
+    let y = d.norm_apply(x, st, ga, be, l).unwrap();
+    let want = [
+        1.0 - 6.0 * r0,
+        1.0 - 2.0 * r0,
+        -r1,
+        -r1,
+        1.0 + 2.0 * r0,
+        1.0 + 6.0 * r0,
+        r1,
+        r1,
+    ];
+    close(&d.download(y).unwrap(), &want, 1e-5);
+    // dβ = Σ g per channel, dγ = Σ g·x̂ per channel.
+    let g = d.upload(&[1.0, 0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 3.0]).unwrap();
+    let (dg, db) = d.norm_bwd_affine(x, st, g, l).unwrap();
+    close(&d.download(db).unwrap(), &[2.0, 5.0], 0.0);
+    close(
+        &d.download(dg).unwrap(),
+        &[-3.0 * r0 + 3.0 * r0, -2.0 * r1 + 3.0 * r1],
+        1e-6,
+    );
+}
+
+#[test]
+fn input_gradient_is_the_closed_form() {
+    let mut d = SimDevice::new();
+    // One row [1, 2, 3, 6], γ = 1, g = e0: ĝ = g, Σ ĝ = 1, Σ ĝ·x̂ = x̂0 = −2r, so
+    // dx_i = r/4 · (4·g_i − 1 + 2r·x̂_i).
+    let x = d.upload(&[1.0, 2.0, 3.0, 6.0]).unwrap();
+    let l = NormLayout::layer(1, 4);
+    let st = d.norm_stats(x, l, 1e-6).unwrap();
+    let ga = d.upload(&[1.0; 4]).unwrap();
+    let g = d.upload(&[1.0, 0.0, 0.0, 0.0]).unwrap();
+    let dx = d.norm_bwd_x(x, st, ga, g, l).unwrap();
+    let r = 1.0 / (3.5f64 + 1e-6).sqrt();
+    let h = [-2.0 * r, -r, 0.0, 3.0 * r];
+    let gi = [1.0, 0.0, 0.0, 0.0];
+    let want: Vec<f64> = (0..4)
+        .map(|i| r / 4.0 * (4.0 * gi[i] - 1.0 + 2.0 * r * h[i]))
+        .collect();
+    close(&d.download(dx).unwrap(), &want, 1e-6);
+    // The gradient is orthogonal to 1 and to x̂ (the normalization's invariances).
+    let v = d.download(dx).unwrap();
+    let s: f64 = v.iter().map(|&a| f64::from(a)).sum();
+    let sh: f64 = v.iter().zip(h).map(|(&a, h)| f64::from(a) * h).sum();
+    assert!(s.abs() < 1e-6 && sh.abs() < 1e-6, "{s} {sh}");
+}
+
+#[test]
+fn masked_softmax_zeroes_masked_entries_and_empty_rows() {
+    let mut d = SimDevice::new();
+    // Two (2, 2) blocks; mask row 0 = [1, 1], row 1 = [0, 0].
+    let x = d
+        .upload(&[0.0, 3f32.ln(), 5.0, 1e30, -1.0, 1.0, 7.0, 8.0])
+        .unwrap();
+    let y = d
+        .masked_softmax_rows(x, &[true, true, false, false], 4, 2)
+        .unwrap();
+    close(
+        &d.download(y).unwrap(),
+        &[0.25, 0.75, 0.0, 0.0, 0.119_202_922, 0.880_797_078, 0.0, 0.0],
+        1e-6,
+    );
+    // A masked huge score never leaks: mask [[1, 0], [0, 1]].
+    let y = d
+        .masked_softmax_rows(x, &[true, false, false, true], 4, 2)
+        .unwrap();
+    close(
+        &d.download(y).unwrap(),
+        &[1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0],
+        0.0,
+    );
+}
+
+#[test]
+fn bad_operands_are_errors_naming_the_primitive() {
+    let mut d = SimDevice::new();
+    let x = d.upload(&[1.0; 6]).unwrap();
+    let two = d.upload(&[1.0; 2]).unwrap();
+    let e = d.norm_stats(x, NormLayout::layer(2, 4), 1e-6).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Kernel {
+                op: "norm_stats",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let l = NormLayout::layer(2, 3);
+    let st = d.norm_stats(x, l, 1e-6).unwrap();
+    let e = d.norm_apply(x, st, two, two, l).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Kernel {
+                op: "norm_apply",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = d.norm_bwd_x(x, two, two, x, l).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Kernel {
+                op: "norm_bwd_x",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = d.masked_softmax_rows(x, &[true; 3], 3, 2).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Kernel {
+                op: "masked_softmax_rows",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // 3 rows of 2 are not whole (2, 2) blocks.
+    assert!(d.masked_softmax_rows(x, &[true; 4], 3, 2).is_err());
+}

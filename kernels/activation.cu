@@ -1,0 +1,57 @@
+// Activation kernels: GELU (tanh form, PyTorch `approximate="tanh"`) and SiLU, forward and
+// backward, one element per grid-stride iteration. Each body is the twin of the function of
+// the same name in crates/tl-tape-cuda/src/device/sim/activation.rs (same operation order;
+// built with --fmad=false, so only tanhf/expf may differ from the host by a few ulp).
+#include "common.cuh"
+
+#define TL_SQRT_2_OVER_PI 0.7978845608028654f
+#define TL_GELU_CUBIC 0.044715f
+
+__device__ __forceinline__ float tl_act_sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+// tanh(sqrt(2/pi) * (v + 0.044715 v^3)), the cubic as ((a*v)*v)*v.
+__device__ __forceinline__ float tl_gelu_t(float v) {
+    return tanhf(TL_SQRT_2_OVER_PI * (v + TL_GELU_CUBIC * v * v * v));
+}
+
+extern "C" __global__ void tl_gelu(const float* x, float* out, u64 n) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        out[i] = 0.5f * v * (1.0f + tl_gelu_t(v));
+    }
+}
+
+// 0.5 (1 + t) + 0.5 v sech^2 c (1 + 3 a v^2), the second term taken as 0 once tanh has
+// saturated (sech^2 == 0), so no 0 * inf for huge |v|.
+extern "C" __global__ void tl_gelu_bwd(const float* x, const float* g, float* out, u64 n) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        const float t = tl_gelu_t(v);
+        const float sech2 = 1.0f - t * t;
+        const float three_a = 3.0f * TL_GELU_CUBIC;
+        const float tail =
+            sech2 == 0.0f ? 0.0f
+                          : 0.5f * v * sech2 * TL_SQRT_2_OVER_PI * (1.0f + three_a * v * v);
+        out[i] = (0.5f * (1.0f + t) + tail) * g[i];
+    }
+}
+
+extern "C" __global__ void tl_silu(const float* x, float* out, u64 n) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        out[i] = v * tl_act_sigmoid(v);
+    }
+}
+
+// s (1 + v (1 - s)) g with s = sigmoid(v).
+extern "C" __global__ void tl_silu_bwd(const float* x, const float* g, float* out, u64 n) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        const float s = tl_act_sigmoid(v);
+        out[i] = s * (1.0f + v * (1.0f - s)) * g[i];
+    }
+}

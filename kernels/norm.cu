@@ -1,0 +1,141 @@
+// Norm family: layer/batch norm statistics, affine map and closed-form backward, and the masked
+// row softmax (sim: crates/tl-tape-cuda/src/device/sim/norm.rs; layout: device/norm.rs).
+//
+// x is `outer` blocks of `groups` groups of `seg` contiguous elements; element e of group k is
+// x[((e / seg) * groups + k) * seg + e % seg], e < m = outer * seg. gamma/beta are indexed by
+// the position in the segment (per_column != 0, layer norm) or by the group (batch norm).
+//
+// Determinism: no kernel here uses atomics, so the default path IS the fixed-order path:
+// per-group sums fold per thread (e = t, t + 256, ...) then the block tree of common.cuh; the
+// gamma/beta sums are one thread per entry in increasing index order.
+#include "common.cuh"
+
+// Block reduction of f(e) for e < count: thread t folds f(t), f(t + 256), ... from identity.
+#define TL_NORM_REDUCE(result, count, identity, op, fe)                 \
+    do {                                                                \
+        float acc_ = (identity);                                        \
+        for (u32 e = threadIdx.x; e < (count); e += TL_BLOCK) {         \
+            acc_ = op(acc_, (fe));                                      \
+        }                                                               \
+        result = tl_block_tree(acc_, (identity), op, smem);             \
+    } while (0)
+
+__device__ __forceinline__ u64 tl_norm_index(u32 k, u32 e, u32 groups, u32 seg) {
+    return ((u64)(e / seg) * groups + k) * seg + e % seg;
+}
+
+__device__ __forceinline__ u32 tl_norm_feature(u64 i, u32 groups, u32 seg, u32 per_column) {
+    return per_column ? (u32)(i % seg) : (u32)((i / seg) % groups);
+}
+
+// stats[k] = mean, stats[groups + k] = 1 / sqrt(max(var, 0) + eps), two passes per group.
+extern "C" __global__ void tl_norm_stats(const float* x, float* stats, u32 outer, u32 groups,
+                                         u32 seg, float eps) {
+    __shared__ float smem[33];
+    const u32 m = outer * seg;
+    const float mf = (float)m;
+    for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
+        float s, sq;
+        TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)]);
+        const float mean = s / mf;
+        TL_NORM_REDUCE(sq, m, 0.0f, AddOp(),
+                       (x[tl_norm_index(k, e, groups, seg)] - mean) *
+                           (x[tl_norm_index(k, e, groups, seg)] - mean));
+        const float var = fmaxf(sq / mf, 0.0f);
+        if (threadIdx.x == 0) {
+            stats[k] = mean;
+            stats[groups + k] = 1.0f / sqrtf(var + eps);
+        }
+    }
+}
+
+// y = (x - mean) * rstd * gamma + beta, grid-stride over the n elements.
+extern "C" __global__ void tl_norm_apply(const float* x, const float* stats, const float* gamma,
+                                         const float* beta, float* y, u64 n, u32 groups, u32 seg,
+                                         u32 per_column) {
+    TL_GRID_STRIDE(i, n) {
+        const u32 k = (u32)((i / seg) % groups);
+        const u32 f = tl_norm_feature(i, groups, seg, per_column);
+        y[i] = (x[i] - stats[k]) * stats[groups + k] * gamma[f] + beta[f];
+    }
+}
+
+// dx = rstd / m * (m * g * gamma - sum(g * gamma) - xhat * sum(g * gamma * xhat)), one block
+// per group.
+extern "C" __global__ void tl_norm_bwd_x(const float* x, const float* stats, const float* gamma,
+                                         const float* g, float* dx, u32 outer, u32 groups,
+                                         u32 seg, u32 per_column) {
+    __shared__ float smem[33];
+    const u32 m = outer * seg;
+    const float mf = (float)m;
+    for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
+        const float mean = stats[k];
+        const float rstd = stats[groups + k];
+#define TL_GH(i) (g[i] * gamma[tl_norm_feature((i), groups, seg, per_column)])
+        float s1, s2;
+        TL_NORM_REDUCE(s1, m, 0.0f, AddOp(), TL_GH(tl_norm_index(k, e, groups, seg)));
+        TL_NORM_REDUCE(s2, m, 0.0f, AddOp(),
+                       TL_GH(tl_norm_index(k, e, groups, seg)) *
+                           ((x[tl_norm_index(k, e, groups, seg)] - mean) * rstd));
+        const float c = rstd / mf;
+        for (u32 e = threadIdx.x; e < m; e += TL_BLOCK) {
+            const u64 i = tl_norm_index(k, e, groups, seg);
+            const float h = (x[i] - mean) * rstd;
+            dx[i] = c * (mf * g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)] - s1 -
+                         h * s2);
+        }
+#undef TL_GH
+    }
+}
+
+// dgamma[f] = sum g * xhat, dbeta[f] = sum g over the elements of entry f, one thread per entry
+// accumulating in increasing index order (the fixed order in every mode; no atomics).
+extern "C" __global__ void tl_norm_bwd_affine(const float* x, const float* stats, const float* g,
+                                              float* dgamma, float* dbeta, u64 features,
+                                              u32 outer, u32 groups, u32 seg, u32 per_column) {
+    TL_GRID_STRIDE(f, features) {
+        float ag = 0.0f, ab = 0.0f;
+        if (per_column) {
+            const u32 rows = outer * groups;
+            for (u32 r = 0; r < rows; ++r) {
+                const u64 i = (u64)r * seg + f;
+                const u32 k = r % groups;
+                const float h = (x[i] - stats[k]) * stats[groups + k];
+                ab = ab + g[i];
+                ag = ag + g[i] * h;
+            }
+        } else {
+            const u32 m = outer * seg;
+            const u32 k = (u32)f;
+            for (u32 e = 0; e < m; ++e) {
+                const u64 i = tl_norm_index(k, e, groups, seg);
+                const float h = (x[i] - stats[k]) * stats[groups + k];
+                ab = ab + g[i];
+                ag = ag + g[i] * h;
+            }
+        }
+        dgamma[f] = ag;
+        dbeta[f] = ab;
+    }
+}
+
+// Masked softmax of each row (rows, n); row r uses mask row r % n (mask: n * n floats, nonzero =
+// allowed). Masked entries and rows with nothing allowed are exactly 0.
+extern "C" __global__ void tl_masked_softmax_rows(const float* x, const float* mask, float* out,
+                                                  u32 rows, u32 n) {
+    __shared__ float smem[33];
+    for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + (u64)r * n;
+        const float* ok = mask + (u64)(r % n) * n;
+        float* yr = out + (u64)r * n;
+        float m, s;
+        TL_NORM_REDUCE(m, n, -INFINITY, MaxOp(), ok[e] != 0.0f ? xr[e] : -INFINITY);
+        if (m == -INFINITY) {
+            for (u32 j = threadIdx.x; j < n; j += TL_BLOCK) yr[j] = 0.0f;
+            continue;
+        }
+        TL_NORM_REDUCE(s, n, 0.0f, AddOp(), ok[e] != 0.0f ? expf(xr[e] - m) : 0.0f);
+        for (u32 j = threadIdx.x; j < n; j += TL_BLOCK)
+            yr[j] = ok[j] != 0.0f ? expf(xr[j] - m) / s : 0.0f;
+    }
+}
