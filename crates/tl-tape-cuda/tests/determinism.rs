@@ -1,5 +1,6 @@
-//! Deterministic reductions: with the mode on, gradients of a graph full of reductions and
-//! broadcasts are bit-identical across runs (fresh devices, and one device whose cached blocks
+//! Deterministic reductions: with the mode on, gradients of a graph full of reductions,
+//! broadcasts and a gather with repeated rows (whose backward is a scatter-add) are
+//! bit-identical across runs (fresh devices, and one device whose cached blocks
 //! hold stale data from earlier runs).
 
 mod common;
@@ -9,6 +10,9 @@ use tl_ir::{GraphBuilder, GraphData, Op};
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::determinism::{deterministic_reductions, set_deterministic_reductions_checked};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice};
+
+/// The Nat environment: the rows the gather reads (with repeats).
+const NATS: [usize; 8] = [5, 5, 5, 17, 17, 0, 95, 5];
 
 fn graph() -> (GraphData, usize) {
     let mut g = GraphBuilder::new();
@@ -31,7 +35,19 @@ fn graph() -> (GraphData, usize) {
     let s2 = g.apply(Op::Sum, &[col]).unwrap();
     let s3 = g.apply(Op::Sum, &[row]).unwrap();
     let s12 = g.apply(Op::Add, &[s1, s2]).unwrap();
-    let out = g.apply(Op::Add, &[s12, s3]).unwrap();
+    // Rows 5 and 17 gathered several times: the backward scatter-adds into repeated rows.
+    let picked = g
+        .apply(
+            Op::GatherRowsNatVec {
+                at: 0,
+                k: NATS.len(),
+            },
+            &[t],
+        )
+        .unwrap();
+    let s4 = g.apply(Op::Sum, &[picked]).unwrap();
+    let s123 = g.apply(Op::Add, &[s12, s3]).unwrap();
+    let out = g.apply(Op::Add, &[s123, s4]).unwrap();
     (g.finish(), out)
 }
 
@@ -42,7 +58,7 @@ fn run(
     leaves: &[Tensor<f64>],
     out: usize,
 ) -> Vec<u32> {
-    let ids = graph.replay(tape, leaves, &[]).unwrap();
+    let ids = graph.replay(tape, leaves, &NATS).unwrap();
     let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
     let grads = tape.backward_dense(ids[out], &seed).unwrap();
     let mut bits = Vec::new();

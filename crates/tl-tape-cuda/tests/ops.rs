@@ -90,18 +90,17 @@ fn cases(op: &Op) -> Vec<Case> {
             case(op.clone(), &[(&[2, 2, 300], Any)]),
             case(op.clone(), &[(s, Any)]),
         ],
-        // issue 4: no CUDA formula yet (the tape returns `Unsupported`); not in `all_ops`.
+        // Issue-3 families: cases in tests/norm.rs, tests/conv.rs and tests/index.rs, and every
+        // op runs checks 1, 2 and 6 of the harness on the sim (tl-conformance, tests/cuda_sim.rs).
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
             vec![]
         }
-        // issue 4: CUDA formula pending (the tape returns `Unsupported`; no cases yet).
         Conv { .. }
         | ConvTranspose { .. }
         | MaxPool { .. }
         | AvgPool { .. }
         | SmoothMaxPool { .. } => vec![],
-        // Checked in tests/random.rs (bit-exact against the CPU tape); spectral has no CUDA
-        // formula yet (issue 4).
+        // Random ops: tests/random.rs (bit-exact against the CPU tape); spectral: tests/conv.rs.
         RandUniform { .. } | BernoulliMask { .. } | Dropout { .. } | SpectralConv1dRfft { .. } => {
             vec![]
         }
@@ -110,7 +109,7 @@ fn cases(op: &Op) -> Vec<Case> {
             case(op.clone(), &[(s, Any), (s, Any)]),
             case(op.clone(), &[(m23, Any), (m23, Any)]).frozen(&[1]),
         ],
-        // issue 4: CUDA formula pending (the tape answers Unsupported for these).
+        // Index family: tests/index.rs.
         Gelu
         | Silu
         | Concat

@@ -6,7 +6,7 @@ use tl_ir::Op;
 use tl_spec::ops::random as spec;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cpu::Tape;
-use tl_tape_cuda::{AnyBuffer, CudaTape, Error, SimDevice};
+use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 
 fn bits(t: &Tensor<f32>) -> Vec<u32> {
     t.data().iter().map(|v| v.to_bits()).collect()
@@ -78,27 +78,4 @@ fn dropout_value_and_gradient_are_bit_identical_to_the_cpu_f32_path() {
         gpu.release_grads(grads);
         seed.release(gpu.device_mut());
     }
-}
-
-#[test]
-fn spectral_conv_is_unsupported_not_wrong() {
-    let mut gpu = CudaTape::new(SimDevice::new());
-    let x = gpu
-        .upload_leaf(&Tensor::<f32>::zeros([8, 2]), None, true)
-        .unwrap();
-    let w = Tensor::<f32>::zeros([3, 2, 2]);
-    let wr = gpu.upload_leaf(&w, None, true).unwrap();
-    let wi = gpu.upload_leaf(&w, None, true).unwrap();
-    let e = gpu
-        .apply(&Op::SpectralConv1dRfft { modes: 3 }, &[x, wr, wi])
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Unsupported {
-                op: "spectralConv1dRfft"
-            }
-        ),
-        "{e}"
-    );
 }
