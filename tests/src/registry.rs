@@ -51,8 +51,8 @@ impl Applies {
             Check::Backward => self.backward,
             Check::FiniteDiff => self.finite_diff,
             Check::Adjoint => self.adjoint,
-            // Check 6 compares two tapes: wherever the tape forward is checked.
-            Check::CudaVsCpu | Check::Deterministic => self.forward,
+            // Checks 5 and 6 compare two sessions or tapes: wherever the tape forward is checked.
+            Check::Session | Check::CudaVsCpu | Check::Deterministic => self.forward,
         }
     }
 }

@@ -18,6 +18,8 @@ pub enum Check {
     FiniteDiff,
     /// 4: JVP/VJP adjoint identity ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ (f64).
     Adjoint,
+    /// 5: the eager session (CPU, CUDA-sim) agrees with the linked session on the same program.
+    Session,
     /// 6: the CUDA tape (sim) agrees with the CPU f32 tape, values and gradients.
     CudaVsCpu,
     /// 6: deterministic mode gives bit-identical values and gradients across runs.
@@ -26,11 +28,12 @@ pub enum Check {
 
 impl Check {
     /// All checks, in table order.
-    pub const ALL: [Check; 6] = [
+    pub const ALL: [Check; 7] = [
         Check::Forward,
         Check::Backward,
         Check::FiniteDiff,
         Check::Adjoint,
+        Check::Session,
         Check::CudaVsCpu,
         Check::Deterministic,
     ];
@@ -42,6 +45,7 @@ impl Check {
             Check::Backward => "2 bwd",
             Check::FiniteDiff => "3 fd",
             Check::Adjoint => "4 jvp",
+            Check::Session => "5 sess",
             Check::CudaVsCpu => "6 ≈cpu",
             Check::Deterministic => "6 det",
         }

@@ -13,7 +13,8 @@ pub struct Column {
     /// The check.
     pub check: Check,
     /// `Some("f64")` / `Some("f32")` for the CPU tape, `Some("sim")` for the CUDA tape on the
-    /// simulation device (f32), `None` for the f64 spec checks.
+    /// simulation device (f32), `None` for the f64 spec checks; for check 5, `Some("cpu")` (the
+    /// eager CPU session vs the linked session) and `Some("sim")` (eager CUDA-sim vs linked).
     pub dtype: Option<&'static str>,
 }
 
@@ -31,8 +32,9 @@ const fn col(check: Check, dtype: Option<&'static str>) -> Column {
     Column { check, dtype }
 }
 
-/// The ten columns: 1 fwd f64/f32/sim, 2 bwd f64/f32/sim, 3 fd, 4 jvp, 6 ≈cpu sim, 6 det sim.
-pub const COLUMNS: [Column; 10] = [
+/// The twelve columns: 1 fwd f64/f32/sim, 2 bwd f64/f32/sim, 3 fd, 4 jvp, 5 sess cpu/sim
+/// (eager session vs linked session), 6 ≈cpu sim, 6 det sim.
+pub const COLUMNS: [Column; 12] = [
     col(Check::Forward, Some("f64")),
     col(Check::Forward, Some("f32")),
     col(Check::Forward, Some("sim")),
@@ -41,6 +43,8 @@ pub const COLUMNS: [Column; 10] = [
     col(Check::Backward, Some("sim")),
     col(Check::FiniteDiff, None),
     col(Check::Adjoint, None),
+    col(Check::Session, Some("cpu")),
+    col(Check::Session, Some("sim")),
     col(Check::CudaVsCpu, Some("sim")),
     col(Check::Deterministic, Some("sim")),
 ];
@@ -68,6 +72,8 @@ pub fn op_cell(entry: &OpInfo, column: Column, cfg: &RunConfig) -> Report {
         (Check::Backward, _) => check_backward(&f32b, entry, cfg),
         (Check::FiniteDiff, _) => check_finite_diff(entry, cfg),
         (Check::Adjoint, _) => check_adjoint(entry, cfg),
+        (Check::Session, Some("sim")) => check_session_sim(entry, cfg),
+        (Check::Session, _) => check_session(entry, cfg),
         (Check::CudaVsCpu, _) => sim::check_sim_vs_cpu(entry, cfg),
         (Check::Deterministic, _) => sim::check_deterministic(entry, cfg),
     }
@@ -86,6 +92,8 @@ pub fn dag_cell(column: Column, cfg: &RunConfig) -> Report {
         (Check::Backward, _) => check_backward_dag(&f32b, cfg),
         (Check::FiniteDiff, _) => check_finite_diff_dag(cfg),
         (Check::Adjoint, _) => check_adjoint_dag(cfg),
+        (Check::Session, Some("sim")) => check_session_sim_dag(cfg),
+        (Check::Session, _) => check_session_cpu_dag(cfg),
         (Check::CudaVsCpu, _) => sim::check_sim_vs_cpu_dag(cfg),
         (Check::Deterministic, _) => sim::check_deterministic_dag(cfg),
     }

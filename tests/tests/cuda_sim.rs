@@ -29,9 +29,10 @@ fn every_registry_op_passes_checks_1_2_and_6_on_the_sim_or_is_pending() {
     let sim_cols: Vec<usize> = COLUMNS
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.dtype == Some("sim"))
+        .filter(|(_, c)| c.dtype == Some("sim") && c.check != Check::Session)
         .map(|(k, _)| k)
         .collect();
+    // Check 5's sim column runs in tests/session.rs.
     assert_eq!(sim_cols.len(), 4);
     let mut reports: Vec<Report> = Vec::new();
     let mut pending = Vec::new();

@@ -1,8 +1,9 @@
 //! Check 5: random programs give the same values and gradients in the eager session (CPU,
 //! CUDA-sim) and the linked session as in the IR reference.
 
-use tl_conformance::checks::{check_session_dag, session_case};
-use tl_conformance::{GraphCase, RunConfig, assert_all_passed};
+use tl_conformance::checks::{SESSION_CASES, check_session_dag, session_case};
+use tl_conformance::verify::{COLUMNS, op_cell};
+use tl_conformance::{Check, GraphCase, RunConfig, assert_all_passed, registry};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::Tensor;
 
@@ -13,6 +14,32 @@ fn sessions_agree_on_random_dags() {
     cfg.cases = (cfg.cases / 4).max(8);
     let r = check_session_dag(&cfg);
     assert_all_passed(&[r], cfg.cases);
+}
+
+#[test]
+fn every_registry_op_passes_check_5_in_both_columns() {
+    // Eight cases per op and column (TL_CASES overrides, up to the column's cap): the full count
+    // runs in `cargo xtask coverage`.
+    let cfg = RunConfig::from_env_or(8);
+    let cases = cfg.cases.min(SESSION_CASES);
+    let cols: Vec<_> = COLUMNS
+        .iter()
+        .filter(|c| c.check == Check::Session)
+        .collect();
+    assert_eq!(cols.len(), 2, "5 sess cpu and 5 sess sim");
+    let mut reports = Vec::new();
+    for entry in registry::all() {
+        if !entry.applies.get(Check::Session) {
+            continue;
+        }
+        for c in &cols {
+            let r = op_cell(&entry, **c, &cfg);
+            assert!(!r.is_pending(), "every op has a CUDA formula: {r}");
+            reports.push(r);
+        }
+    }
+    assert!(reports.len() > 100, "{} cells", reports.len());
+    assert_all_passed(&reports, cases);
 }
 
 #[test]

@@ -26,6 +26,7 @@ fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
     assert_eq!(lines.len(), 3);
     assert!(lines[0].contains("1 fwd f64") && lines[0].contains("4 jvp"));
     assert!(lines[0].contains("2 bwd sim") && lines[0].contains("6 det sim"));
+    assert!(lines[0].contains("5 sess cpu") && lines[0].contains("5 sess sim"));
     assert!(lines[1].starts_with("mul") && lines[1].matches("3/").count() == COLUMNS.len());
     assert!(lines[2].starts_with("detach") && lines[2].contains("n/a"));
 

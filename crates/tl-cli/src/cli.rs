@@ -95,6 +95,23 @@ pub enum OptimizerName {
 }
 
 impl OptimizerName {
+    const ALL: [OptimizerName; 4] = [Self::Sgd, Self::Momentum, Self::Adam, Self::Adamw];
+
+    /// The name on the command line (and in checkpoint metadata).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OptimizerName::Sgd => "sgd",
+            OptimizerName::Momentum => "momentum",
+            OptimizerName::Adam => "adam",
+            OptimizerName::Adamw => "adamw",
+        }
+    }
+
+    /// Parse a name (as stored in a checkpoint).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
     /// The optimizer with learning rate `lr`.
     pub fn build(self, lr: f64) -> tl_session::Optimizer {
         use tl_session::Optimizer;

@@ -1,6 +1,7 @@
 //! [`Runner`]: the few calls a training loop needs beyond [`Ops`], for the eager [`Session`]
 //! and for a [`LinkedSession`] compiled into a backend's tape at every step.
 
+use tl_session::optim::StateDict;
 use tl_session::{
     Backend, Error, LinkedSession, Ops, Optimizer, Options, Param, Result, Session, TensorRef,
 };
@@ -20,6 +21,10 @@ pub trait Runner: Ops<T = f32> {
     fn write_param(&mut self, p: &Param, v: Tensor<f32>) -> Result<()>;
     /// Record labels in the Nat environment; returns the position of the first.
     fn record_labels(&mut self, labels: &[usize]) -> usize;
+    /// `opt`'s state for the session's parameters (PyTorch: `optimizer.state_dict()`).
+    fn optimizer_state(&self, opt: &Optimizer) -> Result<StateDict>;
+    /// Load `state` into `opt` (PyTorch: `optimizer.load_state_dict(...)`).
+    fn load_optimizer_state(&mut self, opt: &mut Optimizer, state: &StateDict) -> Result<()>;
     /// The recorded graph (linked sessions only).
     fn graph(&self) -> Option<&tl_ir::GraphData>;
 }
@@ -81,6 +86,12 @@ impl Runner for Session<f32> {
     fn record_labels(&mut self, labels: &[usize]) -> usize {
         self.record_nat_vec(labels).pos()
     }
+    fn optimizer_state(&self, opt: &Optimizer) -> Result<StateDict> {
+        Session::optimizer_state(self, opt)
+    }
+    fn load_optimizer_state(&mut self, opt: &mut Optimizer, state: &StateDict) -> Result<()> {
+        Session::load_optimizer_state(self, opt, state)
+    }
     fn graph(&self) -> Option<&tl_ir::GraphData> {
         None
     }
@@ -112,6 +123,9 @@ impl Ops for Linked {
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<f32>> {
         self.s.value(r)
     }
+    fn next_random_key(&mut self) -> tl_session::Result<(u64, u64)> {
+        self.s.next_random_key()
+    }
 }
 
 impl Runner for Linked {
@@ -136,6 +150,12 @@ impl Runner for Linked {
     }
     fn record_labels(&mut self, labels: &[usize]) -> usize {
         self.s.record_nat_vec(labels).pos()
+    }
+    fn optimizer_state(&self, opt: &Optimizer) -> Result<StateDict> {
+        self.s.optimizer_state(opt)
+    }
+    fn load_optimizer_state(&mut self, opt: &mut Optimizer, state: &StateDict) -> Result<()> {
+        self.s.load_optimizer_state(opt, state)
     }
     fn graph(&self) -> Option<&tl_ir::GraphData> {
         Some(self.s.graph())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tl_session::Backend;
+use tl_session::{Backend, Optimizer};
 
 use crate::checkpoint::Checkpoint;
 use crate::cli::{ModelName, OptimizerName, TrainArgs};
@@ -116,16 +116,27 @@ pub struct TrainReport {
     pub checkpoint: Checkpoint,
 }
 
-/// Copy the model's parameters out of the session, by name.
-pub fn snapshot(s: &mut dyn Runner, m: &Model, epochs: usize) -> Result<Checkpoint> {
+/// Copy the model's parameters out of the session, by name, with the optimizer's state when
+/// one is given.
+pub fn snapshot(
+    s: &mut dyn Runner,
+    m: &Model,
+    epochs: usize,
+    optimizer: Option<(OptimizerName, &Optimizer)>,
+) -> Result<Checkpoint> {
     let mut tensors = Vec::new();
     for (name, p) in m.param_names().into_iter().zip(m.params()) {
         tensors.push((name, s.read_param(&p)?));
     }
+    let optimizer = match optimizer {
+        Some((name, opt)) => Some((name, s.optimizer_state(opt)?)),
+        None => None,
+    };
     Ok(Checkpoint {
         model: m.name(),
         epochs,
         tensors,
+        optimizer,
     })
 }
 
@@ -186,12 +197,33 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         cfg.seed
     ));
     let mut done = 0;
+    let mut opt = cfg.optimizer.build(cfg.lr);
     if let Some(path) = &cfg.resume {
         let ckpt = crate::checkpoint::load(path)?;
         restore(s.as_mut(), &m, &ckpt, path)?;
         done = ckpt.epochs;
+        match &ckpt.optimizer {
+            Some((name, state)) if *name == cfg.optimizer => {
+                s.load_optimizer_state(&mut opt, state).map_err(|e| {
+                    CliError::new(format!(
+                        "checkpoint {}: its {} state does not fit this model: {e}",
+                        path.display(),
+                        name.as_str()
+                    ))
+                })?
+            }
+            Some((name, _)) => log(&format!(
+                "note: checkpoint {} holds {} state; --optimizer {} starts with fresh state",
+                path.display(),
+                name.as_str(),
+                cfg.optimizer.as_str()
+            )),
+            None => log(&format!(
+                "note: checkpoint {} holds no optimizer state; the optimizer starts fresh",
+                path.display()
+            )),
+        }
     }
-    let mut opt = cfg.optimizer.build(cfg.lr);
     let (mut step_losses, mut epoch_losses) = (Vec::new(), Vec::new());
     let total = done + cfg.epochs;
     for epoch in done + 1..=total {
@@ -227,7 +259,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
     }
     let train_m = evaluate(s.as_mut(), &m, &train)?;
     let test_m = evaluate(s.as_mut(), &m, &test)?;
-    let checkpoint = snapshot(s.as_mut(), &m, total)?;
+    let checkpoint = snapshot(s.as_mut(), &m, total, Some((cfg.optimizer, &opt)))?;
     Ok(TrainReport {
         step_losses,
         epoch_losses,

@@ -53,6 +53,43 @@ fn cuda_without_the_feature_is_a_clear_error() {
     }
 }
 
+/// Built with the feature: on a machine without a GPU (CI's stub libcuda), one clear line; with
+/// one, `--backend cuda` trains.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_with_the_feature_trains_or_says_there_is_no_device() {
+    for args in [
+        &[
+            "train",
+            "--backend",
+            "cuda",
+            "--epochs",
+            "1",
+            "--train-subset",
+            "64",
+        ][..],
+        &[
+            "train",
+            "--backend",
+            "cuda",
+            "--linked",
+            "--epochs",
+            "1",
+            "--train-subset",
+            "64",
+        ],
+    ] {
+        let o = tl(args);
+        if o.status.success() {
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.lines().any(|l| l.starts_with("done:")), "{out}");
+        } else {
+            assert_one_line_error(&o, &["backend cuda is not available", "no CUDA device"]);
+            eprintln!("no CUDA device: skipping the GPU run");
+        }
+    }
+}
+
 #[test]
 fn missing_truncated_and_malformed_checkpoints() {
     let dir = scratch("ckpt-errors");
@@ -103,5 +140,43 @@ fn missing_truncated_and_malformed_checkpoints() {
     // Resuming from a bad file fails before training.
     let o = tl(&["train", "--resume", garbage.to_str().unwrap()]);
     assert_one_line_error(&o, &["not a valid safetensors checkpoint"]);
+
+    // Optimizer state that does not fit: a moment of the wrong shape, an unknown optimizer.
+    let mut ck = tl_cli::checkpoint::load(&good).unwrap();
+    let (opt, state) = ck
+        .optimizer
+        .as_mut()
+        .expect("train --save keeps optimizer state");
+    assert_eq!(opt.as_str(), "adam");
+    let key = state
+        .keys()
+        .find(|k| k.starts_with("adam.m."))
+        .unwrap()
+        .clone();
+    state.insert(key.clone(), tl_spec::Tensor::zeros([3]));
+    let misfit = dir.join("misfit.safetensors");
+    tl_cli::checkpoint::save(&misfit, &ck).unwrap();
+    let o = tl(&[
+        "train",
+        "--epochs",
+        "1",
+        "--resume",
+        misfit.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, &["misfit.safetensors", "adam state does not fit"]);
+    assert!(
+        o.stdout.iter().filter(|&&b| b == b'\n').count() <= 1,
+        "fails before training"
+    );
+    let mut renamed = bytes.clone();
+    let at = renamed
+        .windows(6)
+        .position(|w| w == b"\"adam\"")
+        .expect("the optimizer in the metadata");
+    renamed[at + 1..at + 5].copy_from_slice(b"lion");
+    let lion = dir.join("lion.safetensors");
+    std::fs::write(&lion, renamed).unwrap();
+    let o = tl(&["eval", "--checkpoint", lion.to_str().unwrap()]);
+    assert_one_line_error(&o, &["unknown optimizer \"lion\""]);
     let _ = std::fs::remove_dir_all(dir);
 }

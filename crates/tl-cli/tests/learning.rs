@@ -192,6 +192,79 @@ fn save_then_eval_gives_the_same_accuracy_and_resume_continues() {
 }
 
 #[test]
+fn resume_continues_the_exact_trajectory_with_the_optimizer_state() {
+    // Two epochs straight, or one, save, resume for one: the same steps bit for bit, for Adam
+    // (moments and step counts) and momentum SGD (its buffer), eager and linked.
+    let dir = scratch("resume-exact");
+    for (opt, lr, linked) in [
+        (OptimizerName::Adam, 1e-3, false),
+        (OptimizerName::Momentum, 0.05, true),
+    ] {
+        let base = TrainConfig {
+            optimizer: opt,
+            lr,
+            linked,
+            train_subset: Some(256),
+            ..quick(2)
+        };
+        let straight = train(&base, |_| {}).unwrap();
+        let first = train(
+            &TrainConfig {
+                epochs: 1,
+                ..base.clone()
+            },
+            |_| {},
+        )
+        .unwrap();
+        let (name, state) = first.checkpoint.optimizer.clone().expect("optimizer state");
+        assert_eq!(name, opt);
+        let want = if opt == OptimizerName::Adam { 3 } else { 2 };
+        assert_eq!(state.len(), want * 4, "{:?}", state.keys());
+        let path = dir.join(format!("{}.safetensors", opt.as_str()));
+        tl_cli::checkpoint::save(&path, &first.checkpoint).unwrap();
+        // The file holds every tensor bit for bit (`load` lists them in name order).
+        let mut saved = first.checkpoint.clone();
+        saved.tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(tl_cli::checkpoint::load(&path).unwrap(), saved);
+        let mut notes = Vec::new();
+        let resumed = train(
+            &TrainConfig {
+                epochs: 1,
+                resume: Some(path.clone()),
+                ..base.clone()
+            },
+            |l| notes.push(l.to_owned()),
+        )
+        .unwrap();
+        assert!(!notes.iter().any(|l| l.starts_with("note:")), "{notes:?}");
+        let half = straight.step_losses.len() / 2;
+        assert_eq!(resumed.step_losses, straight.step_losses[half..], "{opt:?}");
+        assert_eq!(resumed.checkpoint, straight.checkpoint, "{opt:?}");
+
+        // Another optimizer starts fresh, and says so; the run still trains.
+        let other = train(
+            &TrainConfig {
+                epochs: 1,
+                optimizer: OptimizerName::Sgd,
+                lr: 0.1,
+                resume: Some(path.clone()),
+                ..base.clone()
+            },
+            |l| notes.push(l.to_owned()),
+        )
+        .unwrap();
+        assert!(
+            notes
+                .iter()
+                .any(|l| l.starts_with("note:") && l.contains("fresh")),
+            "{notes:?}"
+        );
+        assert_eq!(other.checkpoint.optimizer.unwrap().0, OptimizerName::Sgd);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn verify_and_graph_through_the_binary() {
     let o = tl(&[
         "verify", "--cases", "4", "--only", "linear", "--only", "dag",
@@ -199,7 +272,7 @@ fn verify_and_graph_through_the_binary() {
     assert!(o.status.success(), "{}", common::stderr(&o));
     let text = stdout(&o);
     assert!(text.lines().any(|l| l.starts_with("linear")), "{text}");
-    assert!(text.trim_end().ends_with("20 passed, 0 failed"), "{text}");
+    assert!(text.trim_end().ends_with("24 passed, 0 failed"), "{text}");
 
     let o = tl(&[
         "verify",
@@ -218,9 +291,10 @@ fn verify_and_graph_through_the_binary() {
     assert_eq!(v["rows"][0]["op"], "add");
     assert_eq!(v["rows"][0]["checks"]["2 bwd sim"]["cases"], 4);
     assert_eq!(v["rows"][0]["checks"]["6 det sim"]["cases"], 4);
+    assert_eq!(v["rows"][0]["checks"]["5 sess sim"]["cases"], 4);
     assert!(v["rows"][0]["checks"]["2 bwd f64"].is_null());
 
-    // gelu (issue 3) has its CUDA formula: all four sim cells run, nothing is pending. (The
+    // gelu (issue 3) has its CUDA formula: all five sim cells run, nothing is pending. (The
     // pending path itself is tested in tl-conformance's cuda_sim tests with a tape that hides
     // a formula.)
     let o = tl(&[
@@ -241,7 +315,7 @@ fn verify_and_graph_through_the_binary() {
             .lines()
             .find(|l| l.starts_with(row))
             .unwrap_or_else(|| panic!("a {row} row in {text}"));
-        assert_eq!(line.matches("4/").count(), 4, "{line}");
+        assert_eq!(line.matches("4/").count(), 5, "{line}");
         assert!(!line.contains("pending"), "{line}");
     }
     assert!(!text.contains("pending:"), "{text}");

@@ -10,6 +10,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cpu::Tape;
 use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 
+#[cfg(not(feature = "cuda"))]
 use crate::eager::cuda_unavailable;
 use crate::handle::{NatEnv, Stamp, next_session_id};
 use crate::params::ParamStore;
@@ -25,6 +26,10 @@ pub struct LinkedSession<T: Scalar = f32> {
     params: ParamStore<T>,
     leaf_param: HashMap<usize, usize>,
     nats: NatEnv,
+    /// Seed of the random ops.
+    seed: u64,
+    /// Random ops recorded so far (the counter of the next one); survives `reset`.
+    rng_counter: u64,
 }
 
 /// A linked session's graph replayed into a tape ("compiled").
@@ -33,6 +38,21 @@ pub enum CompiledTape<T: Scalar> {
     Cpu(Tape<T>),
     /// The CUDA tape on the simulation device.
     CudaSim(CudaTape<SimDevice>),
+    /// The CUDA tape on the real device (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    Cuda(CudaTape<tl_tape_cuda::CudaDevice>),
+}
+
+/// `match` a [`CompiledTape`]: `cpu(t) => ..`, and `cuda(t) => ..` once for every device.
+macro_rules! on_compiled {
+    ($tape:expr, cpu($c:ident) => $cpu:expr, cuda($t:ident) => $dev:expr $(,)?) => {
+        match $tape {
+            CompiledTape::Cpu($c) => $cpu,
+            CompiledTape::CudaSim($t) => $dev,
+            #[cfg(feature = "cuda")]
+            CompiledTape::Cuda($t) => $dev,
+        }
+    };
 }
 
 /// A compiled graph: the tape and, for each graph id, its tape id.
@@ -48,9 +68,11 @@ impl<T: Scalar> Compiled<T> {
     pub fn values(&self) -> Result<Vec<Tensor<T>>> {
         self.map
             .iter()
-            .map(|&t| match &self.tape {
-                CompiledTape::Cpu(tape) => Ok(tape.get(t)?.clone()),
-                CompiledTape::CudaSim(tape) => Ok(tape.read(t)?),
+            .map(|&t| {
+                on_compiled!(&self.tape,
+                    cpu(tape) => Ok(tape.get(t)?.clone()),
+                    cuda(tape) => Ok(tape.read(t)?),
+                )
             })
             .collect()
     }
@@ -62,12 +84,12 @@ impl<T: Scalar> Compiled<T> {
             expected: self.map.len(),
             got: out,
         })?;
-        match &mut self.tape {
-            CompiledTape::Cpu(tape) => {
+        on_compiled!(&mut self.tape,
+            cpu(tape) => {
                 let g = tape.backward_dense(to, seed)?;
                 Ok(self.map.iter().map(|&t| g[t].clone()).collect())
-            }
-            CompiledTape::CudaSim(tape) => {
+            },
+            cuda(tape) => {
                 let s = AnyBuffer::upload(tape.device_mut(), seed)?;
                 let g = tape.backward_dense(to, &s);
                 s.release(tape.device_mut());
@@ -79,8 +101,8 @@ impl<T: Scalar> Compiled<T> {
                     .collect();
                 tape.release_grads(g);
                 out
-            }
-        }
+            },
+        )
     }
 }
 
@@ -101,7 +123,33 @@ impl<T: Scalar> LinkedSession<T> {
             params: ParamStore::new(session),
             leaf_param: HashMap::new(),
             nats: NatEnv::default(),
+            seed: 0,
+            rng_counter: 0,
         }
+    }
+
+    /// A fresh linked session whose random ops use `seed` (the eager session's
+    /// `Options::seed`).
+    pub fn with_seed(seed: u64) -> Self {
+        LinkedSession {
+            seed,
+            ..Self::new()
+        }
+    }
+
+    /// The seed of the random ops.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The counter the next random op will record.
+    pub fn random_counter(&self) -> u64 {
+        self.rng_counter
+    }
+
+    /// Set the random counter (e.g. to resume a run from a checkpoint).
+    pub fn set_random_counter(&mut self, counter: u64) {
+        self.rng_counter = counter;
     }
 
     /// This session's id and current epoch.
@@ -212,6 +260,16 @@ impl<T: Scalar> LinkedSession<T> {
                     map,
                 }
             }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => {
+                let mut tape = CudaTape::new(crate::eager::cuda_device()?);
+                let map = g.replay(&mut tape, &self.leaves, nats)?;
+                Compiled {
+                    tape: CompiledTape::Cuda(tape),
+                    map,
+                }
+            }
+            #[cfg(not(feature = "cuda"))]
             Backend::Cuda => return Err(cuda_unavailable()),
         })
     }
@@ -309,6 +367,22 @@ impl<T: Scalar> LinkedSession<T> {
 
     // ---- optimizers -----------------------------------------------------------------------
 
+    /// `opt`'s state for this session's parameters as named tensors. PyTorch:
+    /// `optimizer.state_dict()`.
+    pub fn optimizer_state(&self, opt: &Optimizer) -> Result<crate::optim::StateDict> {
+        crate::optim::export_state::<T, SimDevice>(opt, &self.params, None)
+    }
+
+    /// Load `state` (from `optimizer_state` of a session with the same parameter names) into
+    /// `opt` for this session's parameters. PyTorch: `optimizer.load_state_dict(...)`.
+    pub fn load_optimizer_state(
+        &mut self,
+        opt: &mut Optimizer,
+        state: &crate::optim::StateDict,
+    ) -> Result<()> {
+        crate::optim::import_state::<T, SimDevice>(opt, &self.params, state, None)
+    }
+
     /// `w ← w − lr·g` for every trainable parameter used in this graph, from dense gradients
     /// (e.g. [`backward_scalar_dense_all`](Self::backward_scalar_dense_all)).
     pub fn sgd_step_all(&mut self, lr: f64, grads: &[Tensor<T>]) -> Result<()> {
@@ -390,6 +464,12 @@ impl<T: Scalar> Ops for LinkedSession<T> {
         } else {
             self.apply(Op::Constant(value.cast()), &[])
         }
+    }
+
+    fn next_random_key(&mut self) -> Result<(u64, u64)> {
+        let c = self.rng_counter;
+        self.rng_counter = c.wrapping_add(1);
+        Ok((self.seed, c))
     }
 
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<T>> {

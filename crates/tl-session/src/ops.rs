@@ -57,6 +57,32 @@ pub trait Ops {
     /// The value of a recorded tensor (checked: same session, current epoch, recorded shape).
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<Self::T>>;
 
+    /// The key of the next random op: the session's seed and its random counter, which this
+    /// call advances by one (the counter survives `reset`, so every forward pass draws fresh
+    /// masks). PyTorch: the default generator's state.
+    fn next_random_key(&mut self) -> Result<(u64, u64)>;
+
+    /// Uniform values in `[0, 1)` of `shape`, keyed by the session's seed and counter.
+    /// PyTorch: `torch.rand(shape)` (different bits).
+    fn rand_uniform(&mut self, shape: Shape) -> Result<TensorRef> {
+        let (seed, counter) = self.next_random_key()?;
+        self.rand_uniform_keyed(shape, seed, counter)
+    }
+
+    /// A 0/1 mask of `shape`, 1 with probability `keep`, keyed by the session's seed and
+    /// counter. PyTorch: `torch.bernoulli(torch.full(shape, keep))` (different bits).
+    fn bernoulli_mask(&mut self, shape: Shape, keep: f64) -> Result<TensorRef> {
+        let (seed, counter) = self.next_random_key()?;
+        self.bernoulli_mask_keyed(shape, keep, seed, counter)
+    }
+
+    /// `x·mask/keep` with a fresh mask keyed by the session's seed and counter.
+    /// PyTorch: `F.dropout(x, p = 1 − keep, training=True)` (different bits).
+    fn dropout(&mut self, x: &TensorRef, keep: f64) -> Result<TensorRef> {
+        let (seed, counter) = self.next_random_key()?;
+        self.dropout_keyed(x, keep, seed, counter)
+    }
+
     op_methods! {
         /// `a + b`. PyTorch: `torch.add`.
         fn add[a, b]() => Op::Add;
@@ -184,7 +210,12 @@ pub trait Ops {
         fn multi_head_attention[wq, wk, wv, wo, x](heads: usize, mask: Option<tl_spec::ops::attention::Mask>, fused: bool) => Op::MultiHeadAttention { heads, mask, fused };
         /// FNO spectral convolution over the first `modes` rfft bins.
         fn spectral_conv1d_rfft[x, w_re, w_im](modes: usize) => Op::SpectralConv1dRfft { modes };
-        /// `x·mask/keep` with a SplitMix64 mask keyed by (seed, counter). PyTorch: `F.dropout(p = 1 − keep)`.
-        fn dropout[x](keep: f64, seed: u64, counter: u64) => Op::Dropout { keep, seed, counter };
+        /// `x·mask/keep` with a SplitMix64 mask keyed by (seed, counter) given explicitly
+        /// ([`Ops::dropout`] draws them from the session). PyTorch: `F.dropout(p = 1 − keep)`.
+        fn dropout_keyed[x](keep: f64, seed: u64, counter: u64) => Op::Dropout { keep, seed, counter };
+        /// Uniform `[0, 1)` values keyed by (seed, counter) given explicitly.
+        fn rand_uniform_keyed[](shape: Shape, seed: u64, counter: u64) => Op::RandUniform { shape, seed, counter };
+        /// A 0/1 mask keyed by (seed, counter) given explicitly.
+        fn bernoulli_mask_keyed[](shape: Shape, keep: f64, seed: u64, counter: u64) => Op::BernoulliMask { shape, keep, seed, counter };
     }
 }

@@ -75,11 +75,7 @@ fn misuse_is_a_clear_error() {
     assert_eq!(a.read_nat(n).unwrap(), 5);
     a.reset();
     assert!(matches!(a.read_nat(n), Err(Error::StaleHandle { .. })));
-    // The real CUDA backend is not there: a clear error at construction.
-    let e = Session::<f32>::new(Options::backend(Backend::Cuda))
-        .err()
-        .unwrap();
-    assert!(e.to_string().contains("cuda"), "{e}");
+    // Backend::Cuda without the feature or without a GPU: see tests/cuda.rs.
 }
 
 #[test]

@@ -18,7 +18,11 @@ pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_d
 pub use backward::{backward_case, check_backward, check_backward_dag};
 pub use finite_diff::{FD_STEP, check_finite_diff, check_finite_diff_dag, fd_case, fd_dag_case};
 pub use forward::{check_forward, check_forward_dag, forward_case};
-pub use session::{check_session_dag, replay_ops, session_case};
+pub use session::{
+    SESSION_CASES, check_session, check_session_cpu_dag, check_session_dag, check_session_sim,
+    check_session_sim_dag, replay_ops, session_case, session_cfg, session_cpu_case,
+    session_sim_case,
+};
 
 use proptest::prelude::*;
 use tl_ir::{GraphData, Op};

@@ -2,13 +2,35 @@
 //! sessions' `Ops::apply` — the eager session on the CPU tape (f64) and on the CUDA tape
 //! (simulation device, f32), and the linked session (f64) — and every id's value and gradient
 //! must match the f64 IR reference (`GraphData::eval` / `backprop_all`) on the same inputs.
+//!
+//! The coverage table has two check-5 columns ([`check_session`], [`check_session_dag`] and
+//! their `_sim` twins): "5 sess cpu" compares the eager CPU session (f64) with the linked
+//! session (f64), "5 sess sim" the eager CUDA-sim session (f32) with the linked session on the
+//! same f32-rounded inputs; an op with no CUDA formula yet makes the sim cell pending, as in
+//! checks 1 and 2. Each case runs whole sessions, so these columns run at most
+//! [`SESSION_CASES`] cases per cell.
 
 use tl_session::{Backend, LinkedSession, Ops, Options, Session, TensorRef};
 use tl_spec::{Scalar, Tensor};
 
-use crate::checks::{backend_inputs, backend_tol, compare_ids};
+use crate::checks::sim::{sim_dag_cases, sim_pending_ops};
+use crate::checks::{backend_inputs, backend_tol, compare_ids, op_graph_cases};
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
-use crate::{CaseResult, GraphCase, Report, RunConfig, run_check};
+use crate::{
+    CaseError, CaseResult, GraphCase, Measured, OnPending, OpInfo, Report, RunConfig, Tol,
+    run_check, run_check_pending,
+};
+
+/// The most cases a check-5 cell runs (each case builds two sessions and runs them whole).
+pub const SESSION_CASES: u32 = 16;
+
+/// `cfg` with its case count capped at [`SESSION_CASES`].
+pub fn session_cfg(cfg: &RunConfig) -> RunConfig {
+    RunConfig {
+        cases: cfg.cases.min(SESSION_CASES),
+        ..*cfg
+    }
+}
 
 /// Every id's value and gradient, as a session computed them.
 type Results<T> = (Vec<Tensor<T>>, Vec<Tensor<T>>);
@@ -47,21 +69,42 @@ fn replay_ops_typed<S: Ops>(
     Ok(refs)
 }
 
-/// Whether `e` says the op has no CUDA formula yet (issue 4): such cases skip the CUDA-sim
-/// leg of check 5 (the CPU and linked legs still run).
-fn pending_on_cuda(e: &tl_session::Error) -> bool {
-    matches!(e, tl_session::Error::Cuda(c) if matches!(**c, tl_tape_cuda::Error::Unsupported { .. }))
+/// The op `e` says has no CUDA formula yet (issue 4), if it says so: such cases skip the
+/// CUDA-sim leg of check 5 (the CPU and linked legs still run).
+fn pending_on_cuda(e: &tl_session::Error) -> Option<&'static str> {
+    match e {
+        tl_session::Error::Cuda(c) => match **c {
+            tl_tape_cuda::Error::Unsupported { op } => Some(op),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn pending_on_cuda_any(e: &tl_session::Error) -> bool {
+    pending_on_cuda(e).is_some()
 }
 
 /// The eager session's values and gradients, or `None` when the program uses an op that has
 /// no formula on `backend` yet.
 fn eager<T: Scalar>(case: &GraphCase, backend: Backend) -> Result<Option<Results<T>>, String> {
+    eager_pending(case, backend).map(Result::ok)
+}
+
+/// The eager session's values and gradients, or `Err(op)` when the program uses `op`, which
+/// has no formula on `backend` yet.
+fn eager_pending<T: Scalar>(
+    case: &GraphCase,
+    backend: Backend,
+) -> Result<Result<Results<T>, &'static str>, String> {
     let (leaves, _) = backend_inputs::<T>(case);
     let mut s = Session::<T>::new(Options::backend(backend)).map_err(|e| e.to_string())?;
     s.record_nat_vec(&case.nats);
     let refs = match replay_ops_typed(&mut s, case, &leaves) {
         Ok(refs) => refs,
-        Err((_, e)) if pending_on_cuda(&e) => return Ok(None),
+        Err((_, e)) if pending_on_cuda_any(&e) => {
+            return Ok(Err(pending_on_cuda(&e).unwrap_or("?")));
+        }
         Err((what, e)) => return Err(format!("{what}: {e}")),
     };
     let values = refs
@@ -75,13 +118,18 @@ fn eager<T: Scalar>(case: &GraphCase, backend: Backend) -> Result<Option<Results
         .iter()
         .map(|r| s.grad_of(r))
         .collect::<Result<Vec<_>, _>>();
-    Ok(Some((values, grads.map_err(|e| format!("grad: {e}"))?)))
+    Ok(Ok((values, grads.map_err(|e| format!("grad: {e}"))?)))
 }
 
 fn linked(case: &GraphCase) -> Result<Results<f64>, String> {
+    linked_on(case, &case.leaves)
+}
+
+/// The linked session's values and gradients with `leaves` as the leaf values.
+fn linked_on(case: &GraphCase, leaves: &[Tensor<f64>]) -> Result<Results<f64>, String> {
     let mut s = LinkedSession::<f64>::new();
     s.record_nat_vec(&case.nats);
-    let refs = replay_ops(&mut s, case, &case.leaves)?;
+    let refs = replay_ops(&mut s, case, leaves)?;
     let values = refs
         .iter()
         .map(|r| s.value(r))
@@ -132,7 +180,106 @@ pub fn session_case(case: &GraphCase) -> CaseResult {
     Ok(cpu.max(sim).max(lnk))
 }
 
-/// Check 5 on random DAGs.
+/// Compare an eager session's results with the linked session's (both per id).
+fn compare_with_linked<T: Scalar>(
+    case: &GraphCase,
+    eager: Results<T>,
+    linked: &Results<f64>,
+    tol: f64,
+) -> CaseResult {
+    let v = compare_ids(
+        &case.graph,
+        &eager.0,
+        &linked.0,
+        tol,
+        "eager vs linked value",
+    )?;
+    let g = compare_ids(
+        &case.graph,
+        &eager.1,
+        &linked.1,
+        tol,
+        "eager vs linked gradient",
+    )?;
+    Ok(v.max(g))
+}
+
+/// One case of the "5 sess cpu" column: the eager CPU session (f64) and the linked session
+/// (f64) give the same values and gradients for every id, within `tol.f64`.
+pub fn session_cpu_case(case: &GraphCase, tol: &Tol) -> CaseResult {
+    let eager = eager::<f64>(case, Backend::Cpu)?
+        .ok_or("the CPU session rejected an op as pending, which only CUDA may do")?;
+    let linked = linked(case)?;
+    compare_with_linked(case, eager, &linked, backend_tol::<f64>(tol, &case.graph))
+}
+
+/// One case of the "5 sess sim" column: the eager CUDA-sim session (f32) and the linked
+/// session (f64, on the same f32-rounded inputs and seed) agree within the f32 tolerance; a
+/// program using an op with no CUDA formula is [`CaseError::Pending`].
+pub fn session_sim_case(case: &GraphCase, tol: &Tol) -> Result<Measured, CaseError> {
+    let eager = match eager_pending::<f32>(case, Backend::CudaSim).map_err(CaseError::Fail)? {
+        Ok(r) => r,
+        Err(op) => return Err(CaseError::Pending(op)),
+    };
+    let (_, rounded) = backend_inputs::<f32>(case);
+    let mut rounded_case = case.clone();
+    rounded_case.seed = case.seed.cast::<f32>().cast();
+    let linked = linked_on(&rounded_case, &rounded).map_err(CaseError::Fail)?;
+    compare_with_linked(case, eager, &linked, backend_tol::<f32>(tol, &case.graph))
+        .map_err(CaseError::Fail)
+}
+
+/// Check 5 ("5 sess cpu") for a registry entry: eager CPU vs linked on the entry's one-op
+/// programs, at most [`SESSION_CASES`] cases.
+pub fn check_session(entry: &OpInfo, cfg: &RunConfig) -> Report {
+    let tol = entry.tol;
+    run_check(
+        format!("5 sess {} cpu-f64 vs linked", entry.name),
+        &session_cfg(cfg),
+        op_graph_cases(entry),
+        |c| session_cpu_case(c, &tol),
+    )
+}
+
+/// Check 5 ("5 sess sim") for a registry entry: eager CUDA-sim vs linked; pending where the op
+/// has no CUDA formula.
+pub fn check_session_sim(entry: &OpInfo, cfg: &RunConfig) -> Report {
+    let tol = entry.tol;
+    run_check_pending(
+        format!("5 sess {} cuda-sim-f32 vs linked", entry.name),
+        &session_cfg(cfg),
+        op_graph_cases(entry),
+        OnPending::PendCell,
+        &[],
+        |c| session_sim_case(c, &tol),
+    )
+}
+
+/// Check 5 ("5 sess cpu") on random DAGs.
+pub fn check_session_cpu_dag(cfg: &RunConfig) -> Report {
+    run_check(
+        "5 sess dag cpu-f64 vs linked".into(),
+        &session_cfg(cfg),
+        dag_cases(DagOptions::default()),
+        |c| session_cpu_case(c, &DAG_TOL),
+    )
+}
+
+/// Check 5 ("5 sess sim") on random DAGs: programs needing an op with no CUDA formula are
+/// skipped and listed.
+pub fn check_session_sim_dag(cfg: &RunConfig) -> Report {
+    let known: Vec<&'static str> = sim_pending_ops().iter().copied().collect();
+    run_check_pending(
+        "5 sess dag cuda-sim-f32 vs linked".into(),
+        &session_cfg(cfg),
+        sim_dag_cases(DagOptions::default()),
+        OnPending::SkipCase,
+        &known,
+        |c| session_sim_case(c, &DAG_TOL),
+    )
+}
+
+/// Check 5 on random DAGs, every session against the f64 reference (the test-suite form).
 pub fn check_session_dag(cfg: &RunConfig) -> Report {
     run_check(
         "5 session dag".into(),

@@ -3,16 +3,16 @@
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, Device};
 
-use super::{Engine, Grads, Session};
+use super::{Grads, Session, on_engine};
 use crate::optim::DeviceOps;
 use crate::{Error, Optimizer, Param, Result, TensorRef};
 
 impl<T: Scalar> Session<T> {
     pub(crate) fn release_grads(&mut self) {
-        if let Some(Grads::Sim(g)) = self.grads.take()
-            && let Engine::Sim(t) = &mut self.engine
-        {
-            t.release_grads(g);
+        if let Some(Grads::Device(g)) = self.grads.take() {
+            on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => {
+                t.release_grads(g);
+            });
         }
     }
 
@@ -41,15 +41,15 @@ impl<T: Scalar> Session<T> {
             });
         }
         self.release_grads();
-        let grads = match &mut self.engine {
-            Engine::Cpu(t) => Grads::Cpu(t.backward_dense(out.id, &seed)?),
-            Engine::Sim(t) => {
+        let grads = on_engine!(&mut self.engine,
+            cpu(t) => Grads::Cpu(t.backward_dense(out.id, &seed)?),
+            cuda(t) => {
                 let s = AnyBuffer::upload(t.device_mut(), &seed)?;
                 let g = t.backward_dense(out.id, &s);
                 s.release(t.device_mut());
-                Grads::Sim(g?)
-            }
-        };
+                Grads::Device(g?)
+            },
+        );
         self.grads = Some(grads);
         Ok(())
     }
@@ -64,13 +64,14 @@ impl<T: Scalar> Session<T> {
     /// The gradient of a recorded tensor from the last backward (zeros where nothing flowed).
     pub fn grad_of(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check("grad", r)?;
-        match (&self.grads, &self.engine) {
-            (Some(Grads::Cpu(g)), _) if r.id < g.len() => Ok(g[r.id].clone()),
-            (Some(Grads::Sim(g)), Engine::Sim(t)) if r.id < g.len() => {
-                Ok(g[r.id].download(t.device())?)
-            }
-            (Some(_), _) => Ok(Tensor::zeros(r.shape.clone())),
-            (None, _) => Err(Self::no_backward("grad")),
+        match &self.grads {
+            Some(Grads::Cpu(g)) if r.id < g.len() => Ok(g[r.id].clone()),
+            Some(Grads::Device(g)) if r.id < g.len() => on_engine!(&self.engine,
+                cpu(_) => Err(Self::no_backward("grad")),
+                cuda(t) => Ok(g[r.id].download(t.device())?),
+            ),
+            Some(_) => Ok(Tensor::zeros(r.shape.clone())),
+            None => Err(Self::no_backward("grad")),
         }
     }
 
@@ -125,8 +126,23 @@ impl<T: Scalar> Session<T> {
             }
             let key = (self.params.session, index);
             let leaves = self.leaves_of(index);
-            match (&mut self.engine, &self.grads) {
-                (Engine::Sim(t), Some(Grads::Sim(g))) => {
+            let Some(grads) = &self.grads else {
+                return Err(Self::no_backward("step"));
+            };
+            on_engine!(&mut self.engine,
+                cpu(_) => {
+                    let Grads::Cpu(g) = grads else {
+                        return Err(Self::no_backward("step"));
+                    };
+                    let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &g[l]).collect();
+                    opt.update_host(key, &mut self.params.slots[index].host, &gs)?;
+                },
+                cuda(t) => {
+                    let Grads::Device(g) = grads else {
+                        return Err(Self::no_backward("step"));
+                    };
+                    // The whole update runs on the device, on the resident mirror: gradients
+                    // are summed there and the optimizer's formula uses device primitives.
                     let dev = t.device_mut();
                     let mirror = self.params.mirror(index, dev)?.buffer();
                     let gsum = dev.copy(g[leaves[0]].buffer())?;
@@ -139,22 +155,78 @@ impl<T: Scalar> Session<T> {
                     dev.release(gsum);
                     r?;
                     self.params.slots[index].host_stale = true;
-                }
-                (Engine::Cpu(_), Some(Grads::Cpu(g))) => {
-                    let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &g[l]).collect();
-                    opt.update_host(key, &mut self.params.slots[index].host, &gs)?;
-                }
-                _ => return Err(Self::no_backward("step")),
-            }
+                },
+            );
         }
         Ok(())
     }
 
+    /// `opt`'s state for this session's parameters as named tensors (see
+    /// [`StateDict`](crate::optim::StateDict); device state is read back). PyTorch:
+    /// `optimizer.state_dict()`.
+    pub fn optimizer_state(&self, opt: &Optimizer) -> Result<crate::optim::StateDict> {
+        on_engine!(&self.engine,
+            cpu(_) => crate::optim::export_state::<T, tl_tape_cuda::SimDevice>(opt, &self.params, None),
+            cuda(t) => crate::optim::export_state(opt, &self.params, Some(t.device())),
+        )
+    }
+
+    /// Load `state` (from [`Session::optimizer_state`], possibly of another session with the
+    /// same parameter names) into `opt` for this session's parameters; on CUDA the buffers are
+    /// uploaded. PyTorch: `optimizer.load_state_dict(...)`.
+    pub fn load_optimizer_state(
+        &mut self,
+        opt: &mut Optimizer,
+        state: &crate::optim::StateDict,
+    ) -> Result<()> {
+        on_engine!(&mut self.engine,
+            cpu(_) => crate::optim::import_state::<T, tl_tape_cuda::SimDevice>(opt, &self.params, state, None),
+            cuda(t) => crate::optim::import_state(opt, &self.params, state, Some(t.device_mut())),
+        )
+    }
+
     /// Release the optimizer's device state held on this session's device (CUDA only).
     pub fn release_optimizer_state(&mut self, opt: &mut Optimizer) -> usize {
-        match &mut self.engine {
-            Engine::Sim(t) => opt.release_device_state(t.device_mut()),
-            Engine::Cpu(_) => 0,
+        on_engine!(&mut self.engine, cpu(_) => 0, cuda(t) => opt.release_device_state(t.device_mut()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tl_spec::Tensor;
+
+    use crate::{Backend, Ops, Optimizer, Options, Session};
+
+    /// On the CUDA tape the optimizer step never touches the host copy: it runs on the
+    /// resident mirror (device primitives) and only marks the host copy stale.
+    #[test]
+    fn cuda_sim_steps_run_on_the_device_mirror_not_the_host() {
+        let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
+        let p = s.param(Tensor::vector(vec![1.0, 2.0]), None, true).unwrap();
+        let mut opt = Optimizer::adamw(0.1);
+        for _ in 0..2 {
+            let w = s.use_param(&p).unwrap();
+            let w2 = s.use_param(&p).unwrap();
+            let y = s.mul(&w, &w2).unwrap();
+            let l = s.sum(&y).unwrap();
+            s.backward(&l).unwrap();
+            s.step(&mut opt).unwrap();
+            assert!(s.params.slots[0].host_stale);
+            assert_eq!(s.params.slots[0].host.data(), &[1.0, 2.0], "host untouched");
+            s.reset();
         }
+        assert!(opt.state.values().all(|st| {
+            st.bufs
+                .iter()
+                .all(|b| matches!(b, crate::optim::StateBuf::Device(_)))
+        }));
+        let v = s.param_value(&p).unwrap();
+        assert_ne!(
+            v.data(),
+            &[1.0, 2.0],
+            "the read synced the device's update back"
+        );
+        assert!(!s.params.slots[0].host_stale);
+        s.release_optimizer_state(&mut opt);
     }
 }

@@ -22,7 +22,8 @@ pub enum Backend {
     Cpu,
     /// The CUDA tape on the simulation device (host f32, the kernels' twins).
     CudaSim,
-    /// The CUDA tape on a real GPU (feature `cuda`; not available yet).
+    /// The CUDA tape on a real GPU (`tl_tape_cuda::CudaDevice`, feature `cuda`): an error at
+    /// session construction without the feature or without a usable device.
     Cuda,
 }
 
@@ -58,16 +59,35 @@ impl Options {
     }
 }
 
-/// The tape behind a session.
+/// The tape behind a session: the CPU tape, or the CUDA tape over one of the devices. Code
+/// for the CUDA tape is written once, generic over the device, and dispatched by
+/// [`on_engine!`].
 pub(crate) enum Engine<T: Scalar> {
     Cpu(Tape<T>),
     Sim(CudaTape<SimDevice>),
+    #[cfg(feature = "cuda")]
+    Gpu(CudaTape<tl_tape_cuda::CudaDevice>),
 }
+
+/// `match` an [`Engine`]: `cpu(t) => ..` for the CPU tape, `cuda(t) => ..` once for every
+/// CUDA-tape variant (the body is generic over the device: the simulation device and, with
+/// feature `cuda`, the real one).
+macro_rules! on_engine {
+    ($engine:expr, cpu($c:pat) => $cpu:expr, cuda($t:ident) => $dev:expr $(,)?) => {
+        match $engine {
+            $crate::eager::Engine::Cpu($c) => $cpu,
+            $crate::eager::Engine::Sim($t) => $dev,
+            #[cfg(feature = "cuda")]
+            $crate::eager::Engine::Gpu($t) => $dev,
+        }
+    };
+}
+pub(crate) use on_engine;
 
 /// Gradients of the last backward, by tape id.
 pub(crate) enum Grads<T: Scalar> {
     Cpu(Vec<Tensor<T>>),
-    Sim(Vec<AnyBuffer>),
+    Device(Vec<AnyBuffer>),
 }
 
 /// An eager session: every op runs as it is called. PyTorch comparison: ordinary eager PyTorch
@@ -81,14 +101,20 @@ pub struct Session<T: Scalar = f32> {
     pub(crate) leaf_param: HashMap<usize, usize>,
     nats: NatEnv,
     pub(crate) grads: Option<Grads<T>>,
+    /// Random ops drawn so far (the counter of the next one); survives `reset`.
+    rng_counter: u64,
 }
 
 impl<T: Scalar> Session<T> {
-    /// A fresh session. `Backend::Cuda` is an error naming what is missing.
+    /// A fresh session. `Backend::Cuda` without the `cuda` feature or without a usable GPU is
+    /// an error naming what is missing.
     pub fn new(opts: Options) -> Result<Self> {
         let engine = match opts.backend {
             Backend::Cpu => Engine::Cpu(Tape::new()),
             Backend::CudaSim => Engine::Sim(CudaTape::new(SimDevice::new())),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => Engine::Gpu(CudaTape::new(cuda_device()?)),
+            #[cfg(not(feature = "cuda"))]
             Backend::Cuda => return Err(cuda_unavailable()),
         };
         let session = next_session_id();
@@ -100,6 +126,7 @@ impl<T: Scalar> Session<T> {
             leaf_param: HashMap::new(),
             nats: NatEnv::default(),
             grads: None,
+            rng_counter: 0,
         })
     }
 
@@ -113,12 +140,19 @@ impl<T: Scalar> Session<T> {
         self.stamp
     }
 
+    /// The counter the next random op will use (the seed is `options().seed`).
+    pub fn random_counter(&self) -> u64 {
+        self.rng_counter
+    }
+
+    /// Set the random counter (e.g. to resume a run from a checkpoint).
+    pub fn set_random_counter(&mut self, counter: u64) {
+        self.rng_counter = counter;
+    }
+
     /// The device's allocator counters (CUDA backends only).
     pub fn memory_usage(&self) -> Option<MemoryUsage> {
-        match &self.engine {
-            Engine::Cpu(_) => None,
-            Engine::Sim(t) => Some(t.device().memory_usage()),
-        }
+        on_engine!(&self.engine, cpu(_) => None, cuda(t) => Some(t.device().memory_usage()))
     }
 
     pub(crate) fn check(&self, what: &'static str, r: &TensorRef) -> Result<()> {
@@ -135,10 +169,10 @@ impl<T: Scalar> Session<T> {
 
     fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, rg: bool) -> Result<TensorRef> {
         let shape = value.shape().clone();
-        let id = match &mut self.engine {
-            Engine::Cpu(t) => t.leaf(value, name, rg),
-            Engine::Sim(t) => t.upload_leaf(&value, name, rg)?,
-        };
+        let id = on_engine!(&mut self.engine,
+            cpu(t) => t.leaf(value, name, rg),
+            cuda(t) => t.upload_leaf(&value, name, rg)?,
+        );
         Ok(self.handle(id, shape))
     }
 
@@ -157,10 +191,10 @@ impl<T: Scalar> Session<T> {
     /// A parameter's current value (synced back from the device explicitly if a device step
     /// made the host copy stale).
     pub fn param_value(&mut self, p: &Param) -> Result<Tensor<T>> {
-        match &self.engine {
-            Engine::Cpu(_) => self.params.read::<SimDevice>(p, None),
-            Engine::Sim(t) => self.params.read(p, Some(t.device())),
-        }
+        on_engine!(&self.engine,
+            cpu(_) => self.params.read::<SimDevice>(p, None),
+            cuda(t) => self.params.read(p, Some(t.device())),
+        )
     }
 
     /// The parameter's name, if it has one.
@@ -172,10 +206,7 @@ impl<T: Scalar> Session<T> {
 
     fn push_nats(&mut self) {
         let v = self.nats.values.clone();
-        match &mut self.engine {
-            Engine::Cpu(t) => t.set_nats(v),
-            Engine::Sim(t) => t.set_nats(v),
-        }
+        on_engine!(&mut self.engine, cpu(t) => t.set_nats(v), cuda(t) => t.set_nats(v))
     }
 
     /// Record a non-differentiable Nat input (a label, an index).
@@ -221,29 +252,41 @@ impl<T: Scalar> Session<T> {
     /// retired parameter mirrors; live parameter mirrors stay resident.
     pub fn reset(&mut self) {
         self.release_grads();
-        match &mut self.engine {
-            Engine::Cpu(t) => t.clear(),
-            Engine::Sim(t) => {
+        on_engine!(&mut self.engine,
+            cpu(t) => t.clear(),
+            cuda(t) => {
                 t.reset();
                 self.params.release_retired(t.device_mut());
             }
-        }
+        );
         self.leaf_param.clear();
         self.nats = NatEnv::default();
         self.stamp.epoch += 1;
     }
 }
 
+/// The error of `Backend::Cuda` in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
 pub(crate) fn cuda_unavailable() -> Error {
-    #[cfg(not(feature = "cuda"))]
-    let detail = "tl-session was built without the `cuda` feature (rebuild with `--features cuda`; until then use Backend::CudaSim)";
-    // TODO(issue 4): construct the real device once tl-tape-cuda's `device::cuda` module has it.
-    #[cfg(feature = "cuda")]
-    let detail = "the real CUDA device of tl-tape-cuda (`device::cuda`) is not written yet; use Backend::CudaSim";
     Error::BackendUnavailable {
         backend: "cuda",
-        detail: detail.into(),
+        detail: "tl-session was built without the `cuda` feature (rebuild with `--features cuda`; until then use Backend::CudaSim)".into(),
     }
+}
+
+/// The real CUDA device, or one clear error when the driver has none (no GPU, or the stub
+/// libcuda of `cargo xtask cuda-stub`).
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_device() -> Result<tl_tape_cuda::CudaDevice> {
+    tl_tape_cuda::CudaDevice::new().map_err(|e| Error::BackendUnavailable {
+        backend: "cuda",
+        detail: match e {
+            tl_tape_cuda::Error::NoDevice { detail } => format!(
+                "no CUDA device ({detail}); use Backend::CudaSim or Backend::Cpu on this machine"
+            ),
+            other => format!("the CUDA device could not be initialized: {other}"),
+        },
+    })
 }
 
 impl<T: Scalar> Ops for Session<T> {
@@ -255,14 +298,11 @@ impl<T: Scalar> Ops for Session<T> {
             self.check(op.name(), a)?;
             ids.push(a.id);
         }
-        let id = match &mut self.engine {
-            Engine::Cpu(t) => t.apply(&op, &ids)?,
-            Engine::Sim(t) => t.apply(&op, &ids)?,
-        };
-        let shape = match &self.engine {
-            Engine::Cpu(t) => t.get(id)?.shape().clone(),
-            Engine::Sim(t) => t.get(id)?.shape().clone(),
-        };
+        let id = on_engine!(&mut self.engine, cpu(t) => t.apply(&op, &ids)?, cuda(t) => t.apply(&op, &ids)?);
+        let shape = on_engine!(&self.engine,
+            cpu(t) => t.get(id)?.shape().clone(),
+            cuda(t) => t.get(id)?.shape().clone(),
+        );
         Ok(self.handle(id, shape))
     }
 
@@ -273,16 +313,16 @@ impl<T: Scalar> Ops for Session<T> {
     fn use_param(&mut self, p: &Param) -> Result<TensorRef> {
         let slot = self.params.slot("use_param", p)?;
         let (name, rg) = (slot.name.clone(), slot.requires_grad);
-        let id = match &mut self.engine {
-            Engine::Cpu(t) => {
+        let id = on_engine!(&mut self.engine,
+            cpu(t) => {
                 let v = self.params.slots[p.index].host.clone();
                 t.leaf(v, name.as_deref(), rg)
-            }
-            Engine::Sim(t) => {
+            },
+            cuda(t) => {
                 let m = self.params.mirror(p.index, t.device_mut())?;
                 t.leaf_borrowed(m, name.as_deref(), rg)
-            }
-        };
+            },
+        );
         self.leaf_param.insert(id, p.index);
         Ok(self.handle(id, self.params.shape(p.index).clone()))
     }
@@ -295,11 +335,17 @@ impl<T: Scalar> Ops for Session<T> {
         self.leaf(value, None, false)
     }
 
+    fn next_random_key(&mut self) -> Result<(u64, u64)> {
+        let c = self.rng_counter;
+        self.rng_counter = c.wrapping_add(1);
+        Ok((self.opts.seed, c))
+    }
+
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check("value", r)?;
-        Ok(match &self.engine {
-            Engine::Cpu(t) => t.value(r.id, &r.shape)?.clone(),
-            Engine::Sim(t) => t.value(r.id, &r.shape)?.download(t.device())?,
-        })
+        Ok(on_engine!(&self.engine,
+            cpu(t) => t.value(r.id, &r.shape)?.clone(),
+            cuda(t) => t.value(r.id, &r.shape)?.download(t.device())?,
+        ))
     }
 }

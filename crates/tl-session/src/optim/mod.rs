@@ -7,10 +7,13 @@
 //! State (momentum buffers, Adam moments, the step count) is kept per parameter, keyed by the
 //! parameter's session and index, as PyTorch keys it by the parameter object.
 
+mod state;
 mod vec_ops;
 
 use std::collections::HashMap;
 
+pub use state::StateDict;
+pub(crate) use state::{export as export_state, import as import_state};
 pub use vec_ops::{DeviceOps, HostOps, StateBuf, VecOps};
 
 use tl_spec::{Scalar, Tensor};
@@ -45,9 +48,9 @@ pub enum Kind {
 
 /// Per-parameter state: step count and buffers.
 #[derive(Debug, Clone, Default)]
-struct ParamState {
-    step: u64,
-    bufs: Vec<StateBuf>,
+pub(crate) struct ParamState {
+    pub(crate) step: u64,
+    pub(crate) bufs: Vec<StateBuf>,
 }
 
 /// An optimizer: a rule, its hyperparameters, and per-parameter state.
@@ -59,7 +62,7 @@ pub struct Optimizer {
     pub weight_decay: f64,
     /// The rule.
     pub kind: Kind,
-    state: HashMap<(u64, usize), ParamState>,
+    pub(crate) state: HashMap<(u64, usize), ParamState>,
 }
 
 impl Optimizer {

@@ -1,0 +1,82 @@
+//! `Backend::Cuda`: without the `cuda` feature, one clear error at construction; with it, the
+//! eager session and `compile` run on the real device when the driver has one, and say "no
+//! CUDA device" when it has none (the stub libcuda of `cargo xtask cuda-stub`, as CI runs it).
+//! On a real GPU, a few Adam steps of a small model match the CPU session.
+
+use tl_session::{Backend, Error, LinkedSession, Ops, Optimizer, Options, Session};
+use tl_spec::Tensor;
+
+/// The session on the real device, or `None` (after checking the error) when there is none.
+fn cuda_session() -> Option<Session<f32>> {
+    match Session::<f32>::new(Options::backend(Backend::Cuda)) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            let Error::BackendUnavailable { backend, detail } = &e else {
+                panic!("expected BackendUnavailable, got {e:?}");
+            };
+            assert_eq!(*backend, "cuda");
+            if cfg!(feature = "cuda") {
+                assert!(detail.contains("no CUDA device"), "{e}");
+                eprintln!("skipping the GPU part: {e}");
+            } else {
+                assert!(detail.contains("`cuda` feature"), "{e}");
+            }
+            // The linked session's compile says the same.
+            let mut l = LinkedSession::<f32>::new();
+            let x = l.input(Tensor::vector(vec![1.0]), true).unwrap();
+            l.exp(&x).unwrap();
+            let c = l
+                .compile(Backend::Cuda)
+                .err()
+                .expect("no device, no compile");
+            assert_eq!(c.to_string(), e.to_string());
+            None
+        }
+    }
+}
+
+/// Three Adam steps of `sum(tanh(W·x + b)²)`; returns the parameters after them.
+fn train(s: &mut Session<f32>) -> Vec<Tensor<f32>> {
+    let w = s
+        .param(
+            Tensor::new([2, 3], vec![0.1, -0.2, 0.3, 0.4, 0.5, -0.6]).unwrap(),
+            Some("w"),
+            true,
+        )
+        .unwrap();
+    let b = s
+        .param(Tensor::vector(vec![0.05, -0.05]), Some("b"), true)
+        .unwrap();
+    let mut opt = Optimizer::adam(0.05);
+    for _ in 0..3 {
+        let (wr, br) = (s.use_param(&w).unwrap(), s.use_param(&b).unwrap());
+        let x = s
+            .input(Tensor::vector(vec![1.0, -2.0, 0.5]), false)
+            .unwrap();
+        let y = s.linear(&wr, &br, &x).unwrap();
+        let t = s.tanh(&y).unwrap();
+        let t2 = s.mul(&t, &t).unwrap();
+        let l = s.sum(&t2).unwrap();
+        s.backward(&l).unwrap();
+        s.step(&mut opt).unwrap();
+        s.reset();
+    }
+    s.release_optimizer_state(&mut opt);
+    vec![s.param_value(&w).unwrap(), s.param_value(&b).unwrap()]
+}
+
+#[test]
+fn cuda_backend_is_a_clear_error_or_matches_the_cpu() {
+    let Some(mut gpu) = cuda_session() else {
+        return;
+    };
+    let mut cpu = Session::<f32>::new(Options::backend(Backend::Cpu)).unwrap();
+    let (want, got) = (train(&mut cpu), train(&mut gpu));
+    for (a, b) in want.iter().zip(&got) {
+        for (x, y) in a.data().iter().zip(b.data()) {
+            assert!((x - y).abs() < 1e-4, "{a:?} vs {b:?}");
+        }
+    }
+    // Only the two parameter mirrors stay resident.
+    assert_eq!(gpu.memory_usage().unwrap().live_bytes, (6 + 2) * 4);
+}

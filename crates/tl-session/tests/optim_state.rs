@@ -1,0 +1,220 @@
+//! Optimizer state export/import: k steps, export the parameters and the optimizer state,
+//! a fresh session and a fresh optimizer, import, n more steps == k + n straight steps, bit
+//! for bit, for SGD, momentum SGD (with dampening and Nesterov), Adam and AdamW, in the eager
+//! CPU and CUDA-sim sessions and the linked session.
+
+use tl_session::optim::StateDict;
+use tl_session::{Backend, Error, LinkedSession, Ops, Optimizer, Options, Param, Session};
+use tl_spec::{Scalar, Tensor};
+
+fn optimizers() -> Vec<(&'static str, Optimizer)> {
+    vec![
+        ("sgd", Optimizer::sgd(0.1)),
+        ("momentum", Optimizer::momentum(0.1, 0.9).weight_decay(0.01)),
+        (
+            "nesterov",
+            Optimizer::momentum(0.05, 0.8).dampening_nesterov(0.1, true),
+        ),
+        ("adam", Optimizer::adam(0.05).weight_decay(0.02)),
+        ("adamw", Optimizer::adamw(0.05)),
+    ]
+}
+
+/// Parameters `w` (named), `b` (named) and one unnamed, used in a small nonlinear loss.
+fn params<S: Ops>(s: &mut S, init: Option<Vec<Tensor<S::T>>>) -> Vec<Param> {
+    let init = init.unwrap_or_else(|| {
+        vec![
+            Tensor::new(
+                [2, 3],
+                [0.3, -0.2, 0.5, 0.1, 0.4, -0.6].map(S::T::lit).to_vec(),
+            )
+            .unwrap(),
+            Tensor::vector([0.1, -0.1].map(S::T::lit).to_vec()),
+            Tensor::vector([0.7, 0.2].map(S::T::lit).to_vec()),
+        ]
+    });
+    let names = [Some("w"), Some("b"), None];
+    init.into_iter()
+        .zip(names)
+        .map(|(v, n)| s.param(v, n, true).unwrap())
+        .collect()
+}
+
+/// The loss of step `k` (inputs vary by step).
+fn loss<S: Ops>(s: &mut S, p: &[Param], k: usize) -> tl_session::TensorRef {
+    let w = s.use_param(&p[0]).unwrap();
+    let b = s.use_param(&p[1]).unwrap();
+    let c = s.use_param(&p[2]).unwrap();
+    let x = s
+        .input(
+            Tensor::vector([1.0, -0.5 * k as f64, 0.25].map(S::T::lit).to_vec()),
+            false,
+        )
+        .unwrap();
+    let y = s.linear(&w, &b, &x).unwrap();
+    let t = s.tanh(&y).unwrap();
+    let d = s.sub(&t, &c).unwrap();
+    let d2 = s.mul(&d, &d).unwrap();
+    s.sum(&d2).unwrap()
+}
+
+fn eager_steps<T: Scalar>(
+    s: &mut Session<T>,
+    p: &[Param],
+    opt: &mut Optimizer,
+    ks: std::ops::Range<usize>,
+) {
+    for k in ks {
+        let l = loss(s, p, k);
+        s.backward(&l).unwrap();
+        s.step(opt).unwrap();
+        s.reset();
+    }
+}
+
+fn linked_steps<T: Scalar>(
+    s: &mut LinkedSession<T>,
+    p: &[Param],
+    opt: &mut Optimizer,
+    ks: std::ops::Range<usize>,
+) {
+    for k in ks {
+        let l = loss(s, p, k);
+        let g = s.backward_scalar_dense_all(&l).unwrap();
+        s.step(opt, &g).unwrap();
+        s.reset();
+    }
+}
+
+const K: usize = 3;
+const N: usize = 4;
+
+fn eager_case<T: Scalar>(backend: Backend, name: &str, opt: &Optimizer) {
+    let new = || Session::<T>::new(Options::backend(backend)).unwrap();
+    // Straight: K + N steps.
+    let mut s = new();
+    let p = params(&mut s, None);
+    let mut o = opt.clone();
+    eager_steps(&mut s, &p, &mut o, 0..K + N);
+    let want: Vec<Tensor<T>> = p.iter().map(|q| s.param_value(q).unwrap()).collect();
+    // K steps, export, resume in a fresh session with a fresh optimizer.
+    let mut a = new();
+    let pa = params(&mut a, None);
+    let mut oa = opt.clone();
+    eager_steps(&mut a, &pa, &mut oa, 0..K);
+    let state: StateDict = a.optimizer_state(&oa).unwrap();
+    let rule = oa.rule_name();
+    assert_eq!(
+        state[&format!("{rule}.step.w")].data(),
+        &[K as f64],
+        "{name}"
+    );
+    assert!(
+        state.contains_key(&format!("{rule}.step.2")),
+        "unnamed param by index"
+    );
+    let values: Vec<Tensor<T>> = pa.iter().map(|q| a.param_value(q).unwrap()).collect();
+    let mut b = new();
+    let pb = params(&mut b, Some(values));
+    let mut ob = opt.clone();
+    b.load_optimizer_state(&mut ob, &state).unwrap();
+    assert_eq!(b.optimizer_state(&ob).unwrap(), state, "{name}: round trip");
+    eager_steps(&mut b, &pb, &mut ob, K..K + N);
+    let got: Vec<Tensor<T>> = pb.iter().map(|q| b.param_value(q).unwrap()).collect();
+    assert_eq!(got, want, "{name} on {backend:?}: resumed != straight");
+    // Without the state the trajectory differs (the test has teeth), except plain SGD.
+    let mut c = new();
+    let pc = params(
+        &mut c,
+        Some(pa.iter().map(|q| a.param_value(q).unwrap()).collect()),
+    );
+    let mut oc = opt.clone();
+    eager_steps(&mut c, &pc, &mut oc, K..K + N);
+    let cold: Vec<Tensor<T>> = pc.iter().map(|q| c.param_value(q).unwrap()).collect();
+    assert_eq!(
+        cold == want,
+        name == "sgd",
+        "{name}: state matters unless plain SGD"
+    );
+    for (s, o) in [
+        (&mut s, &mut o),
+        (&mut a, &mut oa),
+        (&mut b, &mut ob),
+        (&mut c, &mut oc),
+    ] {
+        s.release_optimizer_state(o);
+    }
+}
+
+#[test]
+fn resumed_runs_continue_the_exact_trajectory_in_eager_sessions() {
+    for (name, opt) in optimizers() {
+        eager_case::<f64>(Backend::Cpu, name, &opt);
+        eager_case::<f32>(Backend::Cpu, name, &opt);
+        eager_case::<f32>(Backend::CudaSim, name, &opt);
+    }
+}
+
+#[test]
+fn resumed_runs_continue_the_exact_trajectory_in_the_linked_session() {
+    for (name, opt) in optimizers() {
+        let mut s = LinkedSession::<f64>::new();
+        let p = params(&mut s, None);
+        let mut o = opt.clone();
+        linked_steps(&mut s, &p, &mut o, 0..K + N);
+        let want: Vec<Tensor<f64>> = p.iter().map(|q| s.param_value(q).unwrap()).collect();
+        let mut a = LinkedSession::<f64>::new();
+        let pa = params(&mut a, None);
+        let mut oa = opt.clone();
+        linked_steps(&mut a, &pa, &mut oa, 0..K);
+        let state = a.optimizer_state(&oa).unwrap();
+        // The eager CPU session in f64 gives the same state names and values.
+        let mut e = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+        let pe = params(&mut e, None);
+        let mut oe = opt.clone();
+        eager_steps(&mut e, &pe, &mut oe, 0..K);
+        assert_eq!(e.optimizer_state(&oe).unwrap(), state, "{name}");
+        let values = pa.iter().map(|q| a.param_value(q).unwrap()).collect();
+        let mut b = LinkedSession::<f64>::new();
+        let pb = params(&mut b, Some(values));
+        let mut ob = opt.clone();
+        b.load_optimizer_state(&mut ob, &state).unwrap();
+        linked_steps(&mut b, &pb, &mut ob, K..K + N);
+        let got: Vec<Tensor<f64>> = pb.iter().map(|q| b.param_value(q).unwrap()).collect();
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+#[test]
+fn bad_state_is_a_clear_error_and_leaves_the_optimizer_unchanged() {
+    let mut s = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+    let p = params(&mut s, None);
+    let mut adam = Optimizer::adam(0.1);
+    eager_steps(&mut s, &p, &mut adam, 0..2);
+    let state = s.optimizer_state(&adam).unwrap();
+    assert_eq!(state.len(), 3 * 3, "step, m, v for each of three params");
+    // Adam's state into SGD: the entries are named, nothing is loaded.
+    let mut sgd = Optimizer::momentum(0.1, 0.9);
+    let e = s.load_optimizer_state(&mut sgd, &state).unwrap_err();
+    assert!(
+        matches!(&e, Error::Usage { detail, .. } if detail.contains("adam.m.w")),
+        "{e}"
+    );
+    assert!(s.optimizer_state(&sgd).unwrap().is_empty());
+    // A moment of the wrong shape, a missing moment.
+    let mut bad = state.clone();
+    bad.insert("adam.m.b".into(), Tensor::vector(vec![1.0; 3]));
+    let mut fresh = Optimizer::adam(0.1);
+    let e = s.load_optimizer_state(&mut fresh, &bad).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+    bad.remove("adam.m.b");
+    let e = s.load_optimizer_state(&mut fresh, &bad).unwrap_err();
+    assert!(e.to_string().contains("adam.m.b is missing"), "{e}");
+    assert!(s.optimizer_state(&fresh).unwrap().is_empty());
+    // Two parameters with one name cannot be exported unambiguously.
+    let mut t = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+    t.param(Tensor::vector(vec![1.0]), Some("x"), true).unwrap();
+    t.param(Tensor::vector(vec![1.0]), Some("x"), true).unwrap();
+    let e = t.optimizer_state(&adam).unwrap_err();
+    assert!(e.to_string().contains("\"x\""), "{e}");
+}
