@@ -1,5 +1,5 @@
-//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, with the
-//! same checks as the simulation device. `col2im` and `pool_bwd` take the gather kernels (one
+//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, their
+//! operands already checked by [`Device`](crate::device::Device)'s provided methods. `col2im` and `pool_bwd` take the gather kernels (one
 //! thread per output element, fixed order) in deterministic mode and the `atomicAdd` scatters
 //! into a zeroed output otherwise.
 
@@ -7,7 +7,7 @@ use super::CudaDevice;
 use super::driver::Arg;
 use super::launch::dims8;
 use crate::Result;
-use crate::device::{Buffer, PoolKind, WindowLens, Windows, check};
+use crate::device::{Buffer, PoolKind, WindowLens, Windows};
 
 /// The kernels' geometry arguments (`TL_GEO_PARAMS` in conv.cu); checked by [`Windows::check`],
 /// so every count fits a `u32`.
@@ -42,10 +42,8 @@ fn pool_args(w: &Windows, l: &WindowLens, kind: PoolKind) -> Vec<Arg> {
 }
 
 impl CudaDevice {
-    pub(super) fn im2col_impl(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+    pub(super) fn im2col_impl(&mut self, x: Buffer, w: &Windows, l: WindowLens) -> Result<Buffer> {
         const OP: &str = "im2col";
-        let l = w.check(OP)?;
-        check::len_is(OP, "input", x, l.big_len())?;
         let px = self.ptr(OP, x)?;
         let extra = geo_args(w, &l);
         self.with_out(OP, l.cols_len(), |d, out| {
@@ -59,10 +57,13 @@ impl CudaDevice {
         })
     }
 
-    pub(super) fn col2im_impl(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+    pub(super) fn col2im_impl(
+        &mut self,
+        cols: Buffer,
+        w: &Windows,
+        l: WindowLens,
+    ) -> Result<Buffer> {
         const OP: &str = "col2im";
-        let l = w.check(OP)?;
-        check::len_is(OP, "columns", cols, l.cols_len())?;
         let pc = self.ptr(OP, cols)?;
         let extra = geo_args(w, &l);
         let ptrs = |out| [Arg::Ptr(pc), Arg::Ptr(out)];
@@ -84,10 +85,14 @@ impl CudaDevice {
         }
     }
 
-    pub(super) fn pool_impl(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+    pub(super) fn pool_impl(
+        &mut self,
+        x: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        l: WindowLens,
+    ) -> Result<Buffer> {
         const OP: &str = "pool";
-        let l = w.check(OP)?;
-        check::len_is(OP, "input", x, l.big_len())?;
         let px = self.ptr(OP, x)?;
         let extra = pool_args(w, &l, kind);
         self.with_out(OP, l.small_len(), |d, out| {
@@ -107,11 +112,9 @@ impl CudaDevice {
         g: Buffer,
         w: &Windows,
         kind: PoolKind,
+        l: WindowLens,
     ) -> Result<Buffer> {
         const OP: &str = "pool_bwd";
-        let l = w.check(OP)?;
-        check::len_is(OP, "input", x, l.big_len())?;
-        check::len_is(OP, "cotangent", g, l.small_len())?;
         let (px, pg) = (self.ptr(OP, x)?, self.ptr(OP, g)?);
         let extra = pool_args(w, &l, kind);
         let ptrs = |out| [Arg::Ptr(px), Arg::Ptr(pg), Arg::Ptr(out)];
