@@ -1,7 +1,8 @@
 //! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, their
-//! operands already checked by [`Device`](crate::device::Device)'s provided methods. `col2im` and `pool_bwd` take the gather kernels (one
-//! thread per output element, fixed order) in deterministic mode and the `atomicAdd` scatters
-//! into a zeroed output otherwise.
+//! operands already checked by [`Device`](crate::device::Device)'s provided methods. `col2im`
+//! and `pool_bwd` take the gather kernels (one thread per output element, fixed order) in
+//! deterministic mode and the `atomicAdd` scatters into a zeroed output otherwise, both set up
+//! by one helper.
 
 use super::CudaDevice;
 use super::driver::Arg;
@@ -65,24 +66,8 @@ impl CudaDevice {
     ) -> Result<Buffer> {
         const OP: &str = "col2im";
         let pc = self.ptr(OP, cols)?;
-        let extra = geo_args(w, &l);
-        let ptrs = |out| [Arg::Ptr(pc), Arg::Ptr(out)];
-        if crate::determinism::deterministic_reductions() {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(OP, "tl_col2im", l.big_len(), &ptrs(out), &extra)
-            })
-        } else {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(
-                    OP,
-                    "tl_full",
-                    l.big_len(),
-                    &[Arg::Ptr(out)],
-                    &[Arg::F32(0.0)],
-                )?;
-                d.grid_stride(OP, "tl_col2im_atomic", l.cols_len(), &ptrs(out), &extra)
-            })
-        }
+        let kernels = ("tl_col2im", "tl_col2im_atomic");
+        self.scatter_to_big(OP, kernels, &[pc], &l, l.cols_len(), &geo_args(w, &l))
     }
 
     pub(super) fn pool_impl(
@@ -116,23 +101,38 @@ impl CudaDevice {
     ) -> Result<Buffer> {
         const OP: &str = "pool_bwd";
         let (px, pg) = (self.ptr(OP, x)?, self.ptr(OP, g)?);
+        let kernels = ("tl_pool_bwd", "tl_pool_bwd_atomic");
         let extra = pool_args(w, &l, kind);
-        let ptrs = |out| [Arg::Ptr(px), Arg::Ptr(pg), Arg::Ptr(out)];
-        if crate::determinism::deterministic_reductions() {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(OP, "tl_pool_bwd", l.big_len(), &ptrs(out), &extra)
-            })
+        self.scatter_to_big(OP, kernels, &[px, pg], &l, l.small_len(), &extra)
+    }
+
+    /// The launch set-up `col2im` and `pool_bwd` share: a fresh output of `l.big_len()`
+    /// elements, written by `kernels.0(ins..., out, n, extra...)`, the gather kernel (one thread
+    /// per output element, fixed order), in deterministic mode; otherwise zeroed first and then
+    /// scattered into by `kernels.1`, the `atomicAdd` kernel, one thread per each of the
+    /// `n_src` source elements.
+    fn scatter_to_big(
+        &mut self,
+        op: &'static str,
+        kernels: (&'static str, &'static str),
+        ins: &[u64],
+        l: &WindowLens,
+        n_src: usize,
+        extra: &[Arg],
+    ) -> Result<Buffer> {
+        let n_out = l.big_len();
+        let (kernel, n, zero_first) = if crate::determinism::deterministic_reductions() {
+            (kernels.0, n_out, false)
         } else {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(
-                    OP,
-                    "tl_full",
-                    l.big_len(),
-                    &[Arg::Ptr(out)],
-                    &[Arg::F32(0.0)],
-                )?;
-                d.grid_stride(OP, "tl_pool_bwd_atomic", l.small_len(), &ptrs(out), &extra)
-            })
-        }
+            (kernels.1, n_src, true)
+        };
+        let mut ptrs: Vec<Arg> = ins.iter().map(|&p| Arg::Ptr(p)).collect();
+        self.with_out(op, n_out, |d, out| {
+            if zero_first {
+                d.grid_stride(op, "tl_full", n_out, &[Arg::Ptr(out)], &[Arg::F32(0.0)])?;
+            }
+            ptrs.push(Arg::Ptr(out));
+            d.grid_stride(op, kernel, n, &ptrs, extra)
+        })
     }
 }
