@@ -48,6 +48,9 @@ pub const MAX_RANK: usize = 8;
 /// Kernel parameters that come from the host (`c`, `lo`, `hi`, `eps`) are `f32`, as the kernels
 /// receive them. Lengths of operands must agree as each method says; a mismatch is an
 /// [`Error::Kernel`](crate::Error::Kernel) naming the primitive and the lengths.
+///
+/// The methods that check operands are provided: they check, once for every implementation,
+/// and call their `launch_<name>` method of [`Launch`], which an implementation writes instead.
 pub trait Device: Launch {
     /// A short name of the implementation (`"sim"`, `"cuda"`).
     fn name(&self) -> &'static str;
