@@ -2,14 +2,17 @@
 //! values, give me every id's value" and "dense backward from an output". Implemented here for
 //! the CPU tape in f32 and f64 and for the CUDA tape over the simulation device ([`CudaSim`],
 //! in [`cuda_sim`]); any wrapper a test builds (such as the deliberately broken ones in
-//! `tests/teeth.rs`) implements it the same way. [`TapeApi`] ([`api`]) adds the rest of the tape
+//! `tests/teeth.rs`) implements it the same way, or, over the sim, is a [`SimWith`]
+//! ([`sim_with`]) with a hook for what it changes. [`TapeApi`] ([`api`]) adds the rest of the tape
 //! API: `backward_dense_from`, `backward_first_n`, `backward_params`.
 
 pub mod api;
 pub mod cuda_sim;
+pub mod sim_with;
 
 pub use api::TapeApi;
 pub use cuda_sim::{CudaSim, SimError, SimProgram};
+pub use sim_with::SimWith;
 
 use std::marker::PhantomData;
 

@@ -2,19 +2,14 @@
 //! for random DAGs; and the pending path: an op whose CUDA formula is missing makes its cells
 //! pending (listed, not passed, not failed) and is kept out of random DAGs.
 
-use std::cell::RefCell;
-
-use tl_conformance::backend::{SimError, SimProgram};
+use tl_conformance::backend::SimWith;
 use tl_conformance::checks::sim::{
     check_backward_dag_on, check_backward_on, check_deterministic_dag, check_forward_sim_dag,
     check_sim_vs_cpu_dag, sim_pending_ops,
 };
 use tl_conformance::verify::{COLUMNS, op_row, pending_summary, tally};
-use tl_conformance::{
-    Backend, Check, CudaSim, PENDING, Report, RunConfig, assert_all_passed, registry,
-};
-use tl_ir::{GraphData, Id, Op, Recorder};
-use tl_spec::Tensor;
+use tl_conformance::{Check, CudaSim, PENDING, Report, RunConfig, assert_all_passed, registry};
+use tl_ir::Op;
 use tl_tape_cuda::{CudaTape, Error, SimDevice};
 
 /// Per-op sim cells: a quarter of the default count (four sim columns per op) unless
@@ -79,67 +74,17 @@ fn random_dags_pass_checks_1_2_and_6_on_the_sim() {
     assert_all_passed(&reports, cfg.cases);
 }
 
-/// The sim, except that `tanh` answers `Unsupported`, as an op without a CUDA formula does.
-struct NoTanh(CudaSim);
-
-struct NoTanhRecorder<'a>(&'a mut CudaTape<SimDevice>);
-
-impl Recorder<f32> for NoTanhRecorder<'_> {
-    type Error = Error;
-    fn leaf(&mut self, v: Tensor<f32>, name: Option<&str>, rg: bool) -> Result<usize, Error> {
-        self.0.upload_leaf(&v, name, rg)
+/// Records as the sim does, except that `tanh` answers `Unsupported`, as an op without a CUDA
+/// formula does.
+fn record_without_tanh(
+    tape: &mut CudaTape<SimDevice>,
+    op: &Op,
+    args: &[usize],
+) -> Result<usize, Error> {
+    if *op == Op::Tanh {
+        return Err(Error::Unsupported { op: op.name() });
     }
-    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize, Error> {
-        if *op == Op::Tanh {
-            return Err(Error::Unsupported { op: op.name() });
-        }
-        self.0.apply(op, args)
-    }
-    fn set_nats(&mut self, nats: &[usize]) -> Result<(), Error> {
-        self.0.set_nats(nats.to_vec());
-        Ok(())
-    }
-}
-
-impl AsRef<CudaSim> for NoTanh {
-    fn as_ref(&self) -> &CudaSim {
-        &self.0
-    }
-}
-
-impl Backend for NoTanh {
-    type T = f32;
-    type Program = SimProgram;
-    fn name(&self) -> String {
-        "cuda-sim-no-tanh".into()
-    }
-    fn record(
-        &self,
-        graph: &GraphData,
-        leaves: &[Tensor<f32>],
-        nats: &[usize],
-    ) -> Result<SimProgram, String> {
-        let mut tape = CudaTape::new(SimDevice::new());
-        let r = graph
-            .replay(&mut NoTanhRecorder(&mut tape), leaves, nats)
-            .map_err(|e| SimError::from_tape("replay", e))
-            .map(|map| SimProgram {
-                tape: RefCell::new(tape),
-                map,
-            });
-        self.0.note(r)
-    }
-    fn values(&self, p: &SimProgram) -> Result<Vec<Tensor<f32>>, String> {
-        self.0.values(p)
-    }
-    fn backward_dense(
-        &self,
-        p: &SimProgram,
-        out: Id,
-        seed: &Tensor<f32>,
-    ) -> Result<Vec<Tensor<f32>>, String> {
-        self.0.backward_dense(p, out, seed)
-    }
+    tape.apply(op, args)
 }
 
 #[test]
@@ -148,7 +93,7 @@ fn an_op_without_a_cuda_formula_is_pending_not_failed_nor_passed() {
         cases: 16,
         ..RunConfig::default()
     };
-    let no_tanh = NoTanh(CudaSim::new());
+    let no_tanh = SimWith::new("cuda-sim-no-tanh", record_without_tanh);
     let tanh = registry::by_name("tanh").unwrap();
     let r = check_backward_on(&no_tanh, &tanh, &cfg);
     assert!(r.is_pending() && r.passed(), "{r}");

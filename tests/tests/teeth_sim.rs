@@ -3,91 +3,33 @@
 //! but a cotangent `g·a` for `a` instead of `g·b`) makes check 2 on the sim fail, per op and on
 //! random DAGs, while check 1 still passes.
 
-use std::cell::RefCell;
-
-use tl_conformance::backend::{SimError, SimProgram};
+use tl_conformance::backend::SimWith;
 use tl_conformance::checks::forward_case;
 use tl_conformance::checks::sim::{check_backward_dag_on, check_backward_on};
-use tl_conformance::{Backend, CudaSim, RunConfig, registry, run_check};
-use tl_ir::{GraphData, Id, Op, Recorder};
-use tl_spec::Tensor;
+use tl_conformance::{RunConfig, registry, run_check};
+use tl_ir::Op;
 use tl_tape_cuda::{CudaTape, Error, SimDevice};
 
-struct MutantRecorder<'a>(&'a mut CudaTape<SimDevice>);
-
-impl Recorder<f32> for MutantRecorder<'_> {
-    type Error = Error;
-    fn leaf(&mut self, v: Tensor<f32>, name: Option<&str>, rg: bool) -> Result<usize, Error> {
-        self.0.upload_leaf(&v, name, rg)
+/// Records as the sim does, except `mul`, recorded with the wrong backward described above.
+fn record_mutant_mul(t: &mut CudaTape<SimDevice>, op: &Op, args: &[usize]) -> Result<usize, Error> {
+    if *op != Op::Mul {
+        return t.apply(op, args);
     }
-    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize, Error> {
-        if *op != Op::Mul {
-            return self.0.apply(op, args);
-        }
-        let t = &mut *self.0;
-        let (a, b) = (args[0], args[1]);
-        let da = t.apply(&Op::Detach, &[a])?;
-        let ab = t.apply(&Op::Mul, &[da, b])?;
-        let aa = t.apply(&Op::Mul, &[a, a])?;
-        let dada = t.apply(&Op::Mul, &[da, da])?;
-        let half = t.apply(&Op::Scale(0.5), &[aa])?;
-        let half_d = t.apply(&Op::Scale(0.5), &[dada])?;
-        let zero = t.apply(&Op::Sub, &[half, half_d])?;
-        t.apply(&Op::Add, &[ab, zero])
-    }
-    fn set_nats(&mut self, nats: &[usize]) -> Result<(), Error> {
-        self.0.set_nats(nats.to_vec());
-        Ok(())
-    }
-}
-
-struct MutantSim(CudaSim);
-
-impl AsRef<CudaSim> for MutantSim {
-    fn as_ref(&self) -> &CudaSim {
-        &self.0
-    }
-}
-
-impl Backend for MutantSim {
-    type T = f32;
-    type Program = SimProgram;
-    fn name(&self) -> String {
-        "cuda-sim-mutant-mul".into()
-    }
-    fn record(
-        &self,
-        graph: &GraphData,
-        leaves: &[Tensor<f32>],
-        nats: &[usize],
-    ) -> Result<SimProgram, String> {
-        let mut tape = CudaTape::new(SimDevice::new());
-        let r = graph
-            .replay(&mut MutantRecorder(&mut tape), leaves, nats)
-            .map_err(|e| SimError::from_tape("replay", e))
-            .map(|map| SimProgram {
-                tape: RefCell::new(tape),
-                map,
-            });
-        self.0.note(r)
-    }
-    fn values(&self, p: &SimProgram) -> Result<Vec<Tensor<f32>>, String> {
-        self.0.values(p)
-    }
-    fn backward_dense(
-        &self,
-        p: &SimProgram,
-        out: Id,
-        seed: &Tensor<f32>,
-    ) -> Result<Vec<Tensor<f32>>, String> {
-        self.0.backward_dense(p, out, seed)
-    }
+    let (a, b) = (args[0], args[1]);
+    let da = t.apply(&Op::Detach, &[a])?;
+    let ab = t.apply(&Op::Mul, &[da, b])?;
+    let aa = t.apply(&Op::Mul, &[a, a])?;
+    let dada = t.apply(&Op::Mul, &[da, da])?;
+    let half = t.apply(&Op::Scale(0.5), &[aa])?;
+    let half_d = t.apply(&Op::Scale(0.5), &[dada])?;
+    let zero = t.apply(&Op::Sub, &[half, half_d])?;
+    t.apply(&Op::Add, &[ab, zero])
 }
 
 #[test]
 fn a_broken_mul_backward_on_the_sim_fails_check_2() {
     let cfg = RunConfig::from_env_or(32);
-    let mutant = MutantSim(CudaSim::new());
+    let mutant = SimWith::new("cuda-sim-mutant-mul", record_mutant_mul);
     let mul = registry::by_name("mul").unwrap();
     let fwd = run_check(
         "1 fwd mul mutant".into(),

@@ -33,6 +33,26 @@ pub fn same_len(op: &'static str, a: Buffer, b: Buffer) -> Result<usize> {
     Ok(a.len())
 }
 
+/// `a`, `b` and `g` have the same length (a two-output pointwise backward); returns it.
+pub fn same_len3(op: &'static str, a: Buffer, b: Buffer, g: Buffer) -> Result<usize> {
+    let n = same_len(op, a, b)?;
+    same_len(op, a, g)?;
+    Ok(n)
+}
+
+/// Checked dims of an axis reduction: `x` is (outer, n, inner); returns `outer·inner`, the
+/// output's length.
+pub fn axis_lens(
+    op: &'static str,
+    x: Buffer,
+    outer: usize,
+    n: usize,
+    inner: usize,
+) -> Result<usize> {
+    len_is(op, "input", x, product(op, &[outer, n, inner])?)?;
+    product(op, &[outer, inner])
+}
+
 /// The product of `factors`, or an error naming `op` when it overflows `usize`.
 pub fn product(op: &'static str, factors: &[usize]) -> Result<usize> {
     factors.iter().try_fold(1usize, |acc, &d| {

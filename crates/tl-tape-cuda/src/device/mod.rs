@@ -14,10 +14,15 @@
 //! updates its first operand in place (optimizer steps, gradient accumulation).
 //!
 //! Every launch checks its element counts and dims against the `u32` kernel ABI
-//! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory.
+//! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory. The operand
+//! checks are written once, here: a primitive with operands to check is a provided [`Device`]
+//! method that checks them and calls its `launch_<name>` method of [`Launch`], which each
+//! implementation writes and which only does the work.
 
+mod buffer;
 pub mod check;
 pub mod index_check;
+pub mod launch;
 pub mod norm;
 pub mod sim;
 pub mod window;
@@ -26,11 +31,11 @@ pub mod window;
 #[allow(unsafe_code)]
 pub mod cuda;
 
-use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
+pub use buffer::{Buffer, Gemm};
+use check::{BroadcastPlan, PermutePlan};
+pub use launch::Launch;
 pub use norm::NormLayout;
 pub use window::{PoolKind, WindowLens, Windows};
 
@@ -38,94 +43,15 @@ pub use window::{PoolKind, WindowLens, Windows};
 /// and strides in fixed arrays of this length).
 pub const MAX_RANK: usize = 8;
 
-/// A handle to a float32 device buffer of `len` elements.
-///
-/// Ids are unique in the process, so a handle from one device is never mistaken for a buffer of
-/// another: it is reported as not live there.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Buffer {
-    id: u64,
-    len: usize,
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-impl Buffer {
-    /// A handle with a fresh id, for a device that has just allocated `len` elements.
-    pub(crate) fn fresh(len: usize) -> Buffer {
-        Buffer {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            len,
-        }
-    }
-
-    /// The buffer's process-unique id.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Number of float32 elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the buffer has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes of data (`4 · len`).
-    pub fn bytes(&self) -> usize {
-        self.len * 4
-    }
-}
-
-impl fmt::Debug for Buffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}[{}]", self.id, self.len)
-    }
-}
-
-/// Dims of one matrix product `op(a) · op(b)` with `op(a)` of shape (m, k) and `op(b)` of shape
-/// (k, n). With `ta`, `a` is stored (k, m) and read transposed; with `tb`, `b` is stored (n, k).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gemm {
-    /// Rows of the result.
-    pub m: usize,
-    /// The contracted dim.
-    pub k: usize,
-    /// Columns of the result.
-    pub n: usize,
-    /// Read `a` transposed.
-    pub ta: bool,
-    /// Read `b` transposed.
-    pub tb: bool,
-}
-
-impl Gemm {
-    /// `(m, k) · (k, n)`, no transposes.
-    pub fn nn(m: usize, k: usize, n: usize) -> Gemm {
-        Gemm {
-            m,
-            k,
-            n,
-            ta: false,
-            tb: false,
-        }
-    }
-
-    /// The same product with the transpose flags set.
-    pub fn with_t(self, ta: bool, tb: bool) -> Gemm {
-        Gemm { ta, tb, ..self }
-    }
-}
-
 /// One method per buffer primitive (seeds 002 and 003, first op set).
 ///
 /// Kernel parameters that come from the host (`c`, `lo`, `hi`, `eps`) are `f32`, as the kernels
 /// receive them. Lengths of operands must agree as each method says; a mismatch is an
 /// [`Error::Kernel`](crate::Error::Kernel) naming the primitive and the lengths.
-pub trait Device {
+///
+/// The methods that check operands are provided: they check, once for every implementation,
+/// and call their `launch_<name>` method of [`Launch`], which an implementation writes instead.
+pub trait Device: Launch {
     /// A short name of the implementation (`"sim"`, `"cuda"`).
     fn name(&self) -> &'static str;
 
@@ -225,52 +151,112 @@ pub trait Device {
     // ---- pointwise, unary (backward: `x` or `y` the forward input/output, `g` the cotangent) --
 
     /// `sign(x) · g`, sign(0) = 0.
-    fn abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    fn abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("abs_bwd", x, g)?;
+        self.launch_abs_bwd(x, g)
+    }
     /// `g / (2·sqrt(x))` where x > 0, else 0.
-    fn sqrt_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    fn sqrt_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("sqrt_bwd", x, g)?;
+        self.launch_sqrt_bwd(x, g)
+    }
     /// `g` where x > 0, else 0.
-    fn relu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    fn relu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("relu_bwd", x, g)?;
+        self.launch_relu_bwd(x, g)
+    }
     /// `g` strictly inside (lo, hi), else 0.
-    fn clamp_bwd(&mut self, x: Buffer, g: Buffer, lo: f32, hi: f32) -> Result<Buffer>;
+    fn clamp_bwd(&mut self, x: Buffer, g: Buffer, lo: f32, hi: f32) -> Result<Buffer> {
+        check::same_len("clamp_bwd", x, g)?;
+        self.launch_clamp_bwd(x, g, lo, hi)
+    }
     /// `−g / (x·x)`.
-    fn inv_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    fn inv_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("inv_bwd", x, g)?;
+        self.launch_inv_bwd(x, g)
+    }
     /// `g · y · (1 − y)` from the output `y = sigmoid(x)`.
-    fn sigmoid_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer>;
+    fn sigmoid_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("sigmoid_bwd", y, g)?;
+        self.launch_sigmoid_bwd(y, g)
+    }
     /// `g · (1 − y·y)` from the output `y = tanh(x)`.
-    fn tanh_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer>;
+    fn tanh_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("tanh_bwd", y, g)?;
+        self.launch_tanh_bwd(y, g)
+    }
     /// `g · sigmoid(x)`.
-    fn softplus_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    fn softplus_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("softplus_bwd", x, g)?;
+        self.launch_softplus_bwd(x, g)
+    }
     /// `g · sigmoid(x) / (softplus(x) + eps)`.
-    fn safe_log_bwd(&mut self, x: Buffer, g: Buffer, eps: f32) -> Result<Buffer>;
+    fn safe_log_bwd(&mut self, x: Buffer, g: Buffer, eps: f32) -> Result<Buffer> {
+        check::same_len("safe_log_bwd", x, g)?;
+        self.launch_safe_log_bwd(x, g, eps)
+    }
 
     // ---- pointwise, binary (equal lengths) ----------------------------------------------------
 
     /// `a + b`.
-    fn add(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    fn add(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        check::same_len("add", a, b)?;
+        self.launch_add(a, b)
+    }
     /// `a − b`.
-    fn sub(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    fn sub(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        check::same_len("sub", a, b)?;
+        self.launch_sub(a, b)
+    }
     /// `a · b`.
-    fn mul(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    fn mul(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        check::same_len("mul", a, b)?;
+        self.launch_mul(a, b)
+    }
     /// `a / b`.
-    fn div(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    fn div(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        check::same_len("div", a, b)?;
+        self.launch_div(a, b)
+    }
     /// Elementwise maximum (`a` on a tie).
-    fn max(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    fn max(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        check::same_len("max", a, b)?;
+        self.launch_max(a, b)
+    }
     /// Elementwise minimum (`a` on a tie).
-    fn min(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    fn min(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        check::same_len("min", a, b)?;
+        self.launch_min(a, b)
+    }
     /// `a + c · b` (BLAS axpy, out of place).
-    fn axpy(&mut self, a: Buffer, b: Buffer, c: f32) -> Result<Buffer>;
+    fn axpy(&mut self, a: Buffer, b: Buffer, c: f32) -> Result<Buffer> {
+        check::same_len("axpy", a, b)?;
+        self.launch_axpy(a, b, c)
+    }
     /// `y ← y + c · x` in place (optimizer steps, gradient accumulation). `y` and `x` may be the
     /// same buffer.
-    fn axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()>;
+    fn axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()> {
+        check::same_len("axpy_assign", y, x)?;
+        self.launch_axpy_assign(y, c, x)
+    }
 
     // ---- pointwise, binary (backward) ---------------------------------------------------------
 
     /// `(g / b, −g·a / (b·b))`.
-    fn div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    fn div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        check::same_len3("div_bwd", a, b, g)?;
+        self.launch_div_bwd(a, b, g)
+    }
     /// `(g·[a > b], g·[b > a])`, each side `g/2` on a tie.
-    fn max_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    fn max_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        check::same_len3("max_bwd", a, b, g)?;
+        self.launch_max_bwd(a, b, g)
+    }
     /// `(g·[a < b], g·[b < a])`, each side `g/2` on a tie.
-    fn min_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    fn min_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        check::same_len3("min_bwd", a, b, g)?;
+        self.launch_min_bwd(a, b, g)
+    }
 
     // ---- reductions ---------------------------------------------------------------------------
 
@@ -286,7 +272,10 @@ pub trait Device {
         outer: usize,
         n: usize,
         inner: usize,
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        let out_len = check::axis_lens("reduce_axis_sum", x, outer, n, inner)?;
+        self.launch_reduce_axis_sum(x, outer, n, inner, out_len)
+    }
     /// [`reduce_axis_sum`](Self::reduce_axis_sum) divided by `n`.
     fn reduce_axis_mean(
         &mut self,
@@ -294,19 +283,34 @@ pub trait Device {
         outer: usize,
         n: usize,
         inner: usize,
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        let out_len = check::axis_lens("reduce_axis_mean", x, outer, n, inner)?;
+        self.launch_reduce_axis_mean(x, outer, n, inner, out_len)
+    }
 
     // ---- layout -------------------------------------------------------------------------------
 
     /// numpy broadcast of `x` (dims `from`) to dims `to` (right-aligned; size-1 dims expand).
     /// PyTorch: `x.expand(to).contiguous()`.
-    fn broadcast(&mut self, x: Buffer, from: &[usize], to: &[usize]) -> Result<Buffer>;
+    fn broadcast(&mut self, x: Buffer, from: &[usize], to: &[usize]) -> Result<Buffer> {
+        let plan = BroadcastPlan::new("broadcast", from, to)?;
+        check::len_is("broadcast", "input", x, plan.from_len)?;
+        self.launch_broadcast(x, &plan)
+    }
     /// The reduction back: `g` (dims `to`) summed over the broadcast axes to dims `from`.
     /// PyTorch: `g.sum_to_size(from)`.
-    fn reduce_broadcast(&mut self, g: Buffer, from: &[usize], to: &[usize]) -> Result<Buffer>;
+    fn reduce_broadcast(&mut self, g: Buffer, from: &[usize], to: &[usize]) -> Result<Buffer> {
+        let plan = BroadcastPlan::new("reduce_broadcast", from, to)?;
+        check::len_is("reduce_broadcast", "cotangent", g, plan.to_len)?;
+        self.launch_reduce_broadcast(g, from, &plan)
+    }
     /// Permute the axes of `x` (dims `dims`): output axis k is input axis `perm[k]`.
     /// Rank ≤ [`MAX_RANK`]. PyTorch: `x.permute(perm).contiguous()`.
-    fn permute(&mut self, x: Buffer, dims: &[usize], perm: &[usize]) -> Result<Buffer>;
+    fn permute(&mut self, x: Buffer, dims: &[usize], perm: &[usize]) -> Result<Buffer> {
+        let plan = PermutePlan::new("permute", dims, perm)?;
+        check::len_is("permute", "input", x, plan.len)?;
+        self.launch_permute(x, &plan)
+    }
     /// (m, n) → (n, m). PyTorch: `x.t().contiguous()`.
     fn transpose2d(&mut self, x: Buffer, m: usize, n: usize) -> Result<Buffer> {
         self.permute(x, &[m, n], &[1, 0])
@@ -315,9 +319,15 @@ pub trait Device {
     // ---- row softmax (rows × cols, along the last axis) ---------------------------------------
 
     /// `exp(x − m) / Σ exp(x − m)` per row, m the row max.
-    fn softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
+    fn softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
+        check::rows_cols("softmax_rows", x, rows, cols)?;
+        self.launch_softmax_rows(x, rows, cols)
+    }
     /// `x − m − log Σ exp(x − m)` per row, computed directly.
-    fn log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
+    fn log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
+        check::rows_cols("log_softmax_rows", x, rows, cols)?;
+        self.launch_log_softmax_rows(x, rows, cols)
+    }
     /// Softmax VJP from its output: `y · (g − Σ g·y)` per row.
     fn softmax_rows_bwd(
         &mut self,
@@ -325,7 +335,11 @@ pub trait Device {
         g: Buffer,
         rows: usize,
         cols: usize,
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        check::rows_cols("softmax_rows_bwd", y, rows, cols)?;
+        check::same_len("softmax_rows_bwd", y, g)?;
+        self.launch_softmax_rows_bwd(y, g, rows, cols)
+    }
     /// Log-softmax VJP from its output: `g − exp(y) · Σ g` per row.
     fn log_softmax_rows_bwd(
         &mut self,
@@ -333,15 +347,25 @@ pub trait Device {
         g: Buffer,
         rows: usize,
         cols: usize,
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        check::rows_cols("log_softmax_rows_bwd", y, rows, cols)?;
+        check::same_len("log_softmax_rows_bwd", y, g)?;
+        self.launch_log_softmax_rows_bwd(y, g, rows, cols)
+    }
 
     // ---- linear algebra -----------------------------------------------------------------------
 
     /// `op(a) · op(b)` → (m, n). PyTorch: `a @ b` (with `.t()` for the flags).
-    fn matmul(&mut self, a: Buffer, b: Buffer, g: Gemm) -> Result<Buffer>;
+    fn matmul(&mut self, a: Buffer, b: Buffer, g: Gemm) -> Result<Buffer> {
+        let lens = check::gemm_lens("matmul", a, b, 1, g)?;
+        self.launch_matmul(a, b, g, lens)
+    }
     /// `batch` independent products, operands and result stored batch-major.
     /// PyTorch: `torch.bmm`.
-    fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer>;
+    fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
+        let lens = check::gemm_lens("bmm", a, b, batch, g)?;
+        self.launch_bmm(a, b, batch, g, lens)
+    }
 
     // ---- norm (layer/batch norm pieces, masked softmax) ---------------------------------------
 
@@ -349,7 +373,10 @@ pub trait Device {
     /// biased variance `Σ(x − μ)²/m` taken in a second pass and clamped at ≥ 0, both sums in
     /// the block-tree order. Returns `2·groups` values: the means, then the reciprocal standard
     /// deviations. PyTorch: `torch.var_mean(x, unbiased=False)` per group.
-    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer>;
+    fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        l.check_x("norm_stats", x)?;
+        self.launch_norm_stats(x, l, eps)
+    }
     /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
     fn norm_apply(
         &mut self,
@@ -358,7 +385,14 @@ pub trait Device {
         gamma: Buffer,
         beta: Buffer,
         l: NormLayout,
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_apply";
+        l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        l.check_affine(OP, "beta", beta)?;
+        self.launch_norm_apply(x, stats, gamma, beta, l)
+    }
     /// The normalization's input cotangent in closed form: per group of m elements, with
     /// `x̂ = (x − μ)·rstd` and `ĝ = g·γ`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
     fn norm_bwd_x(
@@ -368,7 +402,14 @@ pub trait Device {
         gamma: Buffer,
         g: Buffer,
         l: NormLayout,
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_bwd_x";
+        l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        check::same_len(OP, x, g)?;
+        self.launch_norm_bwd_x(x, stats, gamma, g, l)
+    }
     /// `(dγ, dβ) = (Σ g·x̂, Σ g)` per γ/β entry, each summed over its elements in increasing
     /// index order (no atomics).
     fn norm_bwd_affine(
@@ -377,7 +418,13 @@ pub trait Device {
         stats: Buffer,
         g: Buffer,
         l: NormLayout,
-    ) -> Result<(Buffer, Buffer)>;
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_bwd_affine";
+        l.check_x(OP, x)?;
+        l.check_stats(OP, stats)?;
+        check::same_len(OP, x, g)?;
+        self.launch_norm_bwd_affine(x, stats, g, l)
+    }
     /// Softmax of each row of x (rows, n) over the entries its mask row allows (row `r` uses
     /// mask row `r mod n`, `mask` (n, n) row-major, true = allowed); other entries, and every
     /// entry of a row with nothing allowed, are exactly 0. Its VJP is
@@ -389,27 +436,48 @@ pub trait Device {
         mask: &[bool],
         rows: usize,
         n: usize,
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        norm::check_masked("masked_softmax_rows", x, mask, rows, n)?;
+        self.launch_masked_softmax_rows(x, mask, rows, n)
+    }
 
     // ---- conv ---------------------------------------------------------------------------------
 
     /// Unfold the big operand `x` `(batch, channels, big...)` into the column matrix
     /// `(channels, kernel, batch, small)`: `cols[c, k, n, o] = x[n, c, cell(o, k)]`, 0 for
     /// padding ([`Windows::cell`]). PyTorch: `F.unfold` (with the batch moved inside).
-    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer>;
+    fn im2col(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+        let lens = w.check("im2col")?;
+        check::len_is("im2col", "input", x, lens.big_len())?;
+        self.launch_im2col(x, w, lens)
+    }
     /// The adjoint of [`im2col`](Self::im2col): `x[n, c, j] = Σ cols[c, k, n, o]` over the
     /// window cells `(o, k)` that read `j`. On sim and in deterministic mode each output element
     /// sums its cells in increasing `o`; otherwise one `atomicAdd` per column element.
     /// PyTorch: `F.fold`.
-    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer>;
+    fn col2im(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+        let lens = w.check("col2im")?;
+        check::len_is("col2im", "columns", cols, lens.cols_len())?;
+        self.launch_col2im(cols, w, lens)
+    }
     /// Pool each window of `x` `(batch, channels, big...)` into `(batch, channels, small...)`.
     /// PyTorch: `F.max_pool*d` / `F.avg_pool*d` (see [`PoolKind`]).
-    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer>;
+    fn pool(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        let lens = w.check("pool")?;
+        check::len_is("pool", "input", x, lens.big_len())?;
+        self.launch_pool(x, w, kind, lens)
+    }
     /// VJP of [`pool`](Self::pool) at `x` for the cotangent `g` (small): max routes each
     /// window's cotangent to its first argmax, avg spreads `g/volume` over the real cells,
     /// smooth max weights it by softmax(β·v). On sim and in deterministic mode each input
     /// element sums its windows in increasing order; otherwise `atomicAdd` per window cell.
-    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer>;
+    fn pool_bwd(&mut self, x: Buffer, g: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+        const OP: &str = "pool_bwd";
+        let lens = w.check(OP)?;
+        check::len_is(OP, "input", x, lens.big_len())?;
+        check::len_is(OP, "cotangent", g, lens.small_len())?;
+        self.launch_pool_bwd(x, g, w, kind, lens)
+    }
 
     // ---- activation (kernels/activation.cu; SEMANTICS: docs/semantics.md "gelu", "silu") ----
 
@@ -417,11 +485,17 @@ pub trait Device {
     fn gelu(&mut self, x: Buffer) -> Result<Buffer>;
     /// GELU VJP: `g · (0.5(1 + t) + 0.5·x·(1 − t²)·√(2/π)(1 + 3·0.044715x²))`, the second term
     /// taken as 0 once `tanh` has saturated.
-    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    fn gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("gelu_bwd", x, g)?;
+        self.launch_gelu_bwd(x, g)
+    }
     /// `x · sigmoid(x)` with the stable sigmoid. PyTorch: `F.silu`.
     fn silu(&mut self, x: Buffer) -> Result<Buffer>;
     /// SiLU VJP: `g · s·(1 + x(1 − s))`, `s = sigmoid(x)`.
-    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        check::same_len("silu_bwd", x, g)?;
+        self.launch_silu_bwd(x, g)
+    }
 
     // ---- index (kernels/index.cu) -------------------------------------------------------------
     //
@@ -432,8 +506,17 @@ pub trait Device {
 
     /// Rows `idx` of `x` viewed as (rows, cols) → (idx.len(), cols); a zero row for an index ≥
     /// rows. PyTorch: `torch.index_select(x, 0, idx)` (which raises instead of zero-filling).
-    fn gather_rows(&mut self, x: Buffer, rows: usize, cols: usize, idx: &[usize])
-    -> Result<Buffer>;
+    fn gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[usize],
+    ) -> Result<Buffer> {
+        let idx = index_check::row_indices("gather_rows", rows, cols, idx)?;
+        check::len_is("gather_rows", "input", x, rows * cols)?;
+        self.launch_gather_rows(x, rows, cols, &idx)
+    }
     /// The gather's VJP: zeros of (rows, cols) with row `r` of `g` (idx.len(), cols) added into
     /// row `idx[r]`; repeated indices accumulate, indices ≥ rows are skipped. Fixed order
     /// (per output, indices in order) on sim and in deterministic mode, atomics otherwise.
@@ -444,17 +527,34 @@ pub trait Device {
         rows: usize,
         cols: usize,
         idx: &[usize],
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        const OP: &str = "scatter_add_rows";
+        let idx = index_check::row_indices(OP, rows, cols, idx)?;
+        check::len_is(OP, "cotangent", g, idx.len() * cols)?;
+        self.launch_scatter_add_rows(g, rows, cols, &idx)
+    }
     /// Elements `start..start + len` of `x`. PyTorch: `x.flatten()[start:start+len].clone()`.
-    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer>;
+    fn copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        index_check::range("copy_range", "input", x, start, len)?;
+        self.launch_copy_range(x, start, len)
+    }
     /// `len` zeros with `g` written at `start..start + g.len()` (the VJP of
     /// [`copy_range`](Self::copy_range)).
-    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer>;
+    fn place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        index_check::fits("place_range", "output", start, g.len(), len)?;
+        self.launch_place_range(g, len, start)
+    }
     /// `a` followed by `b`. PyTorch: `torch.cat([a.flatten(), b.flatten()])`.
-    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    fn concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        index_check::concat_len("concat", a, b)?;
+        self.launch_concat(a, b)
+    }
     /// A copy of `x` with `v` added at `start..start + v.len()`.
     /// PyTorch: `x.clone().flatten().index_add_(0, arange(start, start+len), v)`.
-    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer>;
+    fn add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        index_check::range("add_range", "input", x, start, v.len())?;
+        self.launch_add_range(x, v, start)
+    }
     /// Per-row cross-entropy of logits `x` (rows, cols): `lse(row) − row[label]` with a
     /// max-shifted log-sum-exp, 0 for a label ≥ cols → (rows).
     /// PyTorch: `F.cross_entropy(x, labels, reduction="none")`.
@@ -464,7 +564,10 @@ pub trait Device {
         rows: usize,
         cols: usize,
         labels: &[usize],
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        let labels = index_check::labels("cross_entropy_rows", x, rows, cols, labels)?;
+        self.launch_cross_entropy_rows(x, rows, cols, &labels)
+    }
     /// VJP of the mean of [`cross_entropy_rows`](Self::cross_entropy_rows) for the scalar
     /// cotangent `g`: `(softmax(row) − onehot(label)) · g/rows`, zero rows for labels ≥ cols.
     fn cross_entropy_rows_bwd(
@@ -474,5 +577,10 @@ pub trait Device {
         rows: usize,
         cols: usize,
         labels: &[usize],
-    ) -> Result<Buffer>;
+    ) -> Result<Buffer> {
+        const OP: &str = "cross_entropy_rows_bwd";
+        let labels = index_check::labels(OP, x, rows, cols, labels)?;
+        check::len_is(OP, "cotangent", g, 1)?;
+        self.launch_cross_entropy_rows_bwd(x, g, rows, cols, &labels)
+    }
 }

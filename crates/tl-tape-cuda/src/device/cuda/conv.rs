@@ -1,13 +1,14 @@
-//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, with the
-//! same checks as the simulation device. `col2im` and `pool_bwd` take the gather kernels (one
-//! thread per output element, fixed order) in deterministic mode and the `atomicAdd` scatters
-//! into a zeroed output otherwise.
+//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, their
+//! operands already checked by [`Device`](crate::device::Device)'s provided methods. `col2im`
+//! and `pool_bwd` take the gather kernels (one thread per output element, fixed order) in
+//! deterministic mode and the `atomicAdd` scatters into a zeroed output otherwise, both set up
+//! by one helper.
 
 use super::CudaDevice;
 use super::driver::Arg;
 use super::launch::dims8;
 use crate::Result;
-use crate::device::{Buffer, PoolKind, WindowLens, Windows, check};
+use crate::device::{Buffer, PoolKind, WindowLens, Windows};
 
 /// The kernels' geometry arguments (`TL_GEO_PARAMS` in conv.cu); checked by [`Windows::check`],
 /// so every count fits a `u32`.
@@ -42,10 +43,8 @@ fn pool_args(w: &Windows, l: &WindowLens, kind: PoolKind) -> Vec<Arg> {
 }
 
 impl CudaDevice {
-    pub(super) fn im2col_impl(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
+    pub(super) fn im2col_impl(&mut self, x: Buffer, w: &Windows, l: WindowLens) -> Result<Buffer> {
         const OP: &str = "im2col";
-        let l = w.check(OP)?;
-        check::len_is(OP, "input", x, l.big_len())?;
         let px = self.ptr(OP, x)?;
         let extra = geo_args(w, &l);
         self.with_out(OP, l.cols_len(), |d, out| {
@@ -59,35 +58,26 @@ impl CudaDevice {
         })
     }
 
-    pub(super) fn col2im_impl(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
+    pub(super) fn col2im_impl(
+        &mut self,
+        cols: Buffer,
+        w: &Windows,
+        l: WindowLens,
+    ) -> Result<Buffer> {
         const OP: &str = "col2im";
-        let l = w.check(OP)?;
-        check::len_is(OP, "columns", cols, l.cols_len())?;
         let pc = self.ptr(OP, cols)?;
-        let extra = geo_args(w, &l);
-        let ptrs = |out| [Arg::Ptr(pc), Arg::Ptr(out)];
-        if crate::determinism::deterministic_reductions() {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(OP, "tl_col2im", l.big_len(), &ptrs(out), &extra)
-            })
-        } else {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(
-                    OP,
-                    "tl_full",
-                    l.big_len(),
-                    &[Arg::Ptr(out)],
-                    &[Arg::F32(0.0)],
-                )?;
-                d.grid_stride(OP, "tl_col2im_atomic", l.cols_len(), &ptrs(out), &extra)
-            })
-        }
+        let kernels = ("tl_col2im", "tl_col2im_atomic");
+        self.scatter_to_big(OP, kernels, &[pc], &l, l.cols_len(), &geo_args(w, &l))
     }
 
-    pub(super) fn pool_impl(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
+    pub(super) fn pool_impl(
+        &mut self,
+        x: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        l: WindowLens,
+    ) -> Result<Buffer> {
         const OP: &str = "pool";
-        let l = w.check(OP)?;
-        check::len_is(OP, "input", x, l.big_len())?;
         let px = self.ptr(OP, x)?;
         let extra = pool_args(w, &l, kind);
         self.with_out(OP, l.small_len(), |d, out| {
@@ -107,29 +97,42 @@ impl CudaDevice {
         g: Buffer,
         w: &Windows,
         kind: PoolKind,
+        l: WindowLens,
     ) -> Result<Buffer> {
         const OP: &str = "pool_bwd";
-        let l = w.check(OP)?;
-        check::len_is(OP, "input", x, l.big_len())?;
-        check::len_is(OP, "cotangent", g, l.small_len())?;
         let (px, pg) = (self.ptr(OP, x)?, self.ptr(OP, g)?);
+        let kernels = ("tl_pool_bwd", "tl_pool_bwd_atomic");
         let extra = pool_args(w, &l, kind);
-        let ptrs = |out| [Arg::Ptr(px), Arg::Ptr(pg), Arg::Ptr(out)];
-        if crate::determinism::deterministic_reductions() {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(OP, "tl_pool_bwd", l.big_len(), &ptrs(out), &extra)
-            })
+        self.scatter_to_big(OP, kernels, &[px, pg], &l, l.small_len(), &extra)
+    }
+
+    /// The launch set-up `col2im` and `pool_bwd` share: a fresh output of `l.big_len()`
+    /// elements, written by `kernels.0(ins..., out, n, extra...)`, the gather kernel (one thread
+    /// per output element, fixed order), in deterministic mode; otherwise zeroed first and then
+    /// scattered into by `kernels.1`, the `atomicAdd` kernel, one thread per each of the
+    /// `n_src` source elements.
+    fn scatter_to_big(
+        &mut self,
+        op: &'static str,
+        kernels: (&'static str, &'static str),
+        ins: &[u64],
+        l: &WindowLens,
+        n_src: usize,
+        extra: &[Arg],
+    ) -> Result<Buffer> {
+        let n_out = l.big_len();
+        let (kernel, n, zero_first) = if crate::determinism::deterministic_reductions() {
+            (kernels.0, n_out, false)
         } else {
-            self.with_out(OP, l.big_len(), |d, out| {
-                d.grid_stride(
-                    OP,
-                    "tl_full",
-                    l.big_len(),
-                    &[Arg::Ptr(out)],
-                    &[Arg::F32(0.0)],
-                )?;
-                d.grid_stride(OP, "tl_pool_bwd_atomic", l.small_len(), &ptrs(out), &extra)
-            })
-        }
+            (kernels.1, n_src, true)
+        };
+        let mut ptrs: Vec<Arg> = ins.iter().map(|&p| Arg::Ptr(p)).collect();
+        self.with_out(op, n_out, |d, out| {
+            if zero_first {
+                d.grid_stride(op, "tl_full", n_out, &[Arg::Ptr(out)], &[Arg::F32(0.0)])?;
+            }
+            ptrs.push(Arg::Ptr(out));
+            d.grid_stride(op, kernel, n, &ptrs, extra)
+        })
     }
 }

@@ -1,5 +1,5 @@
-//! The index primitives on the CUDA device (`kernels/index.cu`). Host index slices are checked
-//! and mapped by [`index_check`] exactly as on the sim, uploaded to a temporary device buffer
+//! The index primitives on the CUDA device (`kernels/index.cu`). Host index slices, checked
+//! and mapped to `u32` by [`Device`]'s provided methods ([`index_check`](crate::device::index_check)), are uploaded to a temporary device buffer
 //! (u32 bit patterns in an f32 allocation of the pool) for the launch, and released after it,
 //! whatever the outcome.
 //!
@@ -9,8 +9,8 @@
 
 use super::CudaDevice;
 use super::driver::{self, Arg};
-use crate::device::index_check::{self, ScatterPlan};
-use crate::device::{Buffer, Device, check};
+use crate::device::index_check::ScatterPlan;
+use crate::device::{Buffer, Device};
 use crate::{Result, determinism};
 
 /// Upload `vals` (as raw `u32` bits) to a temporary buffer, run `body` with its address, then
@@ -33,15 +33,13 @@ pub(super) fn gather_rows(
     x: Buffer,
     rows: usize,
     cols: usize,
-    idx: &[usize],
+    idx: &[u32],
 ) -> Result<Buffer> {
     const OP: &str = "gather_rows";
-    let idx = index_check::row_indices(OP, rows, cols, idx)?;
-    check::len_is(OP, "input", x, rows * cols)?;
     let px = d.ptr(OP, x)?;
     let n = idx.len() * cols;
     let extra = [Arg::U32(rows as u32), Arg::U32(cols as u32)];
-    with_u32(d, OP, &idx, |d, pi| {
+    with_u32(d, OP, idx, |d, pi| {
         d.with_out(OP, n, |d, out| {
             let ptrs = [Arg::Ptr(px), Arg::Ptr(pi), Arg::Ptr(out)];
             d.grid_stride(OP, "tl_gather_rows", n, &ptrs, &extra)
@@ -54,16 +52,14 @@ pub(super) fn scatter_add_rows(
     g: Buffer,
     rows: usize,
     cols: usize,
-    idx: &[usize],
+    idx: &[u32],
 ) -> Result<Buffer> {
     const OP: &str = "scatter_add_rows";
-    let idx = index_check::row_indices(OP, rows, cols, idx)?;
-    check::len_is(OP, "cotangent", g, idx.len() * cols)?;
     let pg = d.ptr(OP, g)?;
     let n_out = rows * cols;
     if determinism::deterministic_reductions() {
         // Fixed order: offsets (rows + 1) then order, in one upload.
-        let plan = ScatterPlan::new(rows, &idx);
+        let plan = ScatterPlan::new(rows, idx);
         let meta: Vec<u32> = plan.offsets.iter().chain(&plan.order).copied().collect();
         let order_at = 4 * (rows as u64 + 1);
         with_u32(d, OP, &meta, |d, pm| {
@@ -81,7 +77,7 @@ pub(super) fn scatter_add_rows(
     } else {
         let n_in = idx.len() * cols;
         let extra = [Arg::U32(rows as u32), Arg::U32(cols as u32)];
-        with_u32(d, OP, &idx, |d, pi| {
+        with_u32(d, OP, idx, |d, pi| {
             d.with_out(OP, n_out, |d, out| {
                 d.grid_stride(OP, "tl_full", n_out, &[Arg::Ptr(out)], &[Arg::F32(0.0)])?;
                 let ptrs = [Arg::Ptr(pg), Arg::Ptr(pi), Arg::Ptr(out)];
@@ -98,7 +94,6 @@ pub(super) fn copy_range(
     len: usize,
 ) -> Result<Buffer> {
     const OP: &str = "copy_range";
-    index_check::range(OP, "input", x, start, len)?;
     let px = d.ptr(OP, x)?;
     d.with_out(OP, len, |d, out| {
         let ptrs = [Arg::Ptr(px), Arg::Ptr(out)];
@@ -113,7 +108,6 @@ pub(super) fn place_range(
     start: usize,
 ) -> Result<Buffer> {
     const OP: &str = "place_range";
-    index_check::fits(OP, "output", start, g.len(), len)?;
     let pg = d.ptr(OP, g)?;
     let extra = [Arg::U64(start as u64), Arg::U64(g.len() as u64)];
     d.with_out(OP, len, |d, out| {
@@ -124,7 +118,7 @@ pub(super) fn place_range(
 
 pub(super) fn concat(d: &mut CudaDevice, a: Buffer, b: Buffer) -> Result<Buffer> {
     const OP: &str = "concat";
-    let n = index_check::concat_len(OP, a, b)?;
+    let n = a.len() + b.len();
     let (pa, pb) = (d.ptr(OP, a)?, d.ptr(OP, b)?);
     d.with_out(OP, n, |d, out| {
         let ptrs = [pa, pb, out].map(Arg::Ptr);
@@ -134,7 +128,6 @@ pub(super) fn concat(d: &mut CudaDevice, a: Buffer, b: Buffer) -> Result<Buffer>
 
 pub(super) fn add_range(d: &mut CudaDevice, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
     const OP: &str = "add_range";
-    index_check::range(OP, "input", x, start, v.len())?;
     let (px, pv) = (d.ptr(OP, x)?, d.ptr(OP, v)?);
     let n = x.len();
     let extra = [Arg::U64(start as u64), Arg::U64(v.len() as u64)];
@@ -149,12 +142,11 @@ pub(super) fn cross_entropy_rows(
     x: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[usize],
+    labels: &[u32],
 ) -> Result<Buffer> {
     const OP: &str = "cross_entropy_rows";
-    let labels = index_check::labels(OP, x, rows, cols, labels)?;
     let px = d.ptr(OP, x)?;
-    with_u32(d, OP, &labels, |d, pl| {
+    with_u32(d, OP, labels, |d, pl| {
         d.with_out(OP, rows, |d, out| {
             if rows == 0 {
                 return Ok(());
@@ -182,14 +174,12 @@ pub(super) fn cross_entropy_rows_bwd(
     g: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[usize],
+    labels: &[u32],
 ) -> Result<Buffer> {
     const OP: &str = "cross_entropy_rows_bwd";
-    let labels = index_check::labels(OP, x, rows, cols, labels)?;
-    check::len_is(OP, "cotangent", g, 1)?;
     let (px, pg) = (d.ptr(OP, x)?, d.ptr(OP, g)?);
     let n = x.len();
-    with_u32(d, OP, &labels, |d, pl| {
+    with_u32(d, OP, labels, |d, pl| {
         d.with_out(OP, n, |d, out| {
             if n == 0 {
                 return Ok(());

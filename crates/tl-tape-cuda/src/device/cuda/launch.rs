@@ -4,8 +4,8 @@
 
 use super::CudaDevice;
 use super::driver::{self, Arg};
+use crate::device::Buffer;
 use crate::device::sim::reduce::{BLOCK, grid_size};
-use crate::device::{Buffer, check};
 use crate::{Error, Result, abi};
 
 /// The most blocks of a grid-stride launch (more threads only add loop trips).
@@ -127,7 +127,7 @@ impl CudaDevice {
         })
     }
 
-    /// `kernel(a, b, out, n, extra...)` over equal lengths.
+    /// `kernel(a, b, out, n, extra...)` over equal lengths (checked by [`Device`](crate::device::Device)).
     pub(super) fn map2(
         &mut self,
         kernel: &'static str,
@@ -136,7 +136,7 @@ impl CudaDevice {
         extra: &[Arg],
     ) -> Result<Buffer> {
         let op = &kernel[3..];
-        let n = check::same_len(op, a, b)?;
+        let n = a.len();
         let (pa, pb) = (self.ptr(op, a)?, self.ptr(op, b)?);
         self.with_out(op, n, |d, o| {
             d.grid_stride(
@@ -149,7 +149,7 @@ impl CudaDevice {
         })
     }
 
-    /// `kernel(a, b, g, da, db, n)` over equal lengths.
+    /// `kernel(a, b, g, da, db, n)` over equal lengths (checked by [`Device`](crate::device::Device)).
     pub(super) fn split3(
         &mut self,
         kernel: &'static str,
@@ -158,8 +158,7 @@ impl CudaDevice {
         g: Buffer,
     ) -> Result<(Buffer, Buffer)> {
         let op = &kernel[3..];
-        let n = check::same_len(op, a, b)?;
-        check::same_len(op, a, g)?;
+        let n = a.len();
         let (pa, pb, pg) = (self.ptr(op, a)?, self.ptr(op, b)?, self.ptr(op, g)?);
         let [da, db] = self.with_outs::<2>(op, n, |d, [da, db]| {
             let args = [pa, pb, pg, da, db].map(Arg::Ptr);

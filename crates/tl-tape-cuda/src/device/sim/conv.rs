@@ -2,9 +2,7 @@
 //! (gather) `col2im`, the pooling forward and the fixed-order pooling backward. Every output
 //! element is computed by one "thread" that walks its cells in the order the CUDA kernel does.
 
-use super::SimDevice;
-use crate::Result;
-use crate::device::{Buffer, PoolKind, Windows, check};
+use crate::device::{PoolKind, Windows};
 
 /// `cols[c, k, n, o] = x[n, c, cell(o, k)]` (0 for padding); one thread per column element.
 pub fn im2col(x: &[f32], w: &Windows, out: &mut [f32]) {
@@ -152,44 +150,5 @@ pub fn pool_bwd(x: &[f32], g: &[f32], w: &Windows, kind: PoolKind, out: &mut [f3
             }
         }
         *v = acc;
-    }
-}
-
-impl SimDevice {
-    pub(super) fn im2col_impl(&mut self, x: Buffer, w: &Windows) -> Result<Buffer> {
-        const OP: &str = "im2col";
-        let lens = w.check(OP)?;
-        check::len_is(OP, "input", x, lens.big_len())?;
-        self.launch(OP, [x], lens.cols_len(), |[x], out| im2col(x, w, out))
-    }
-
-    pub(super) fn col2im_impl(&mut self, cols: Buffer, w: &Windows) -> Result<Buffer> {
-        const OP: &str = "col2im";
-        let lens = w.check(OP)?;
-        check::len_is(OP, "columns", cols, lens.cols_len())?;
-        self.launch(OP, [cols], lens.big_len(), |[c], out| col2im(c, w, out))
-    }
-
-    pub(super) fn pool_impl(&mut self, x: Buffer, w: &Windows, kind: PoolKind) -> Result<Buffer> {
-        const OP: &str = "pool";
-        let lens = w.check(OP)?;
-        check::len_is(OP, "input", x, lens.big_len())?;
-        self.launch(OP, [x], lens.small_len(), |[x], out| pool(x, w, kind, out))
-    }
-
-    pub(super) fn pool_bwd_impl(
-        &mut self,
-        x: Buffer,
-        g: Buffer,
-        w: &Windows,
-        kind: PoolKind,
-    ) -> Result<Buffer> {
-        const OP: &str = "pool_bwd";
-        let lens = w.check(OP)?;
-        check::len_is(OP, "input", x, lens.big_len())?;
-        check::len_is(OP, "cotangent", g, lens.small_len())?;
-        self.launch(OP, [x, g], lens.big_len(), |[x, g], out| {
-            pool_bwd(x, g, w, kind, out)
-        })
     }
 }

@@ -5,20 +5,17 @@
 use super::SimDevice;
 use super::reduce::{block_max, block_sum};
 use crate::Result;
-use crate::device::index_check::{self, ScatterPlan};
-use crate::device::{Buffer, check};
+use crate::device::Buffer;
+use crate::device::index_check::ScatterPlan;
 
 pub(super) fn gather_rows(
     d: &mut SimDevice,
     x: Buffer,
     rows: usize,
     cols: usize,
-    idx: &[usize],
+    idx: &[u32],
 ) -> Result<Buffer> {
-    const OP: &str = "gather_rows";
-    let idx = index_check::row_indices(OP, rows, cols, idx)?;
-    check::len_is(OP, "input", x, rows * cols)?;
-    d.launch(OP, [x], idx.len() * cols, |[x], out| {
+    d.launch("gather_rows", [x], idx.len() * cols, |[x], out| {
         for (&s, o) in idx.iter().zip(out.chunks_mut(cols.max(1))) {
             let s = s as usize;
             if s < rows {
@@ -35,13 +32,10 @@ pub(super) fn scatter_add_rows(
     g: Buffer,
     rows: usize,
     cols: usize,
-    idx: &[usize],
+    idx: &[u32],
 ) -> Result<Buffer> {
-    const OP: &str = "scatter_add_rows";
-    let idx = index_check::row_indices(OP, rows, cols, idx)?;
-    check::len_is(OP, "cotangent", g, idx.len() * cols)?;
-    let plan = ScatterPlan::new(rows, &idx);
-    d.launch(OP, [g], rows * cols, |[g], out| {
+    let plan = ScatterPlan::new(rows, idx);
+    d.launch("scatter_add_rows", [g], rows * cols, |[g], out| {
         for (j, o) in out.chunks_mut(cols.max(1)).enumerate() {
             for (c, o) in o.iter_mut().enumerate() {
                 let mut acc = 0.0f32;
@@ -55,9 +49,7 @@ pub(super) fn scatter_add_rows(
 }
 
 pub(super) fn copy_range(d: &mut SimDevice, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
-    const OP: &str = "copy_range";
-    index_check::range(OP, "input", x, start, len)?;
-    d.launch(OP, [x], len, |[x], out| {
+    d.launch("copy_range", [x], len, |[x], out| {
         out.copy_from_slice(&x[start..start + len])
     })
 }
@@ -68,19 +60,15 @@ pub(super) fn place_range(
     len: usize,
     start: usize,
 ) -> Result<Buffer> {
-    const OP: &str = "place_range";
     let n = g.len();
-    index_check::fits(OP, "output", start, n, len)?;
-    d.launch(OP, [g], len, |[g], out| {
+    d.launch("place_range", [g], len, |[g], out| {
         out.fill(0.0);
         out[start..start + n].copy_from_slice(g);
     })
 }
 
 pub(super) fn concat(d: &mut SimDevice, a: Buffer, b: Buffer) -> Result<Buffer> {
-    const OP: &str = "concat";
-    let n = index_check::concat_len(OP, a, b)?;
-    d.launch(OP, [a, b], n, |[a, b], out| {
+    d.launch("concat", [a, b], a.len() + b.len(), |[a, b], out| {
         let (oa, ob) = out.split_at_mut(a.len());
         oa.copy_from_slice(a);
         ob.copy_from_slice(b);
@@ -88,9 +76,7 @@ pub(super) fn concat(d: &mut SimDevice, a: Buffer, b: Buffer) -> Result<Buffer> 
 }
 
 pub(super) fn add_range(d: &mut SimDevice, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
-    const OP: &str = "add_range";
-    index_check::range(OP, "input", x, start, v.len())?;
-    d.launch(OP, [x, v], x.len(), |[x, v], out| {
+    d.launch("add_range", [x, v], x.len(), |[x, v], out| {
         out.copy_from_slice(x);
         for (o, &b) in out[start..start + v.len()].iter_mut().zip(v) {
             *o += b;
@@ -111,12 +97,10 @@ pub(super) fn cross_entropy_rows(
     x: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[usize],
+    labels: &[u32],
 ) -> Result<Buffer> {
-    const OP: &str = "cross_entropy_rows";
-    let labels = index_check::labels(OP, x, rows, cols, labels)?;
-    d.launch(OP, [x], rows, |[x], out| {
-        for (r, (o, &l)) in out.iter_mut().zip(&labels).enumerate() {
+    d.launch("cross_entropy_rows", [x], rows, |[x], out| {
+        for (r, (o, &l)) in out.iter_mut().zip(labels).enumerate() {
             let l = l as usize;
             *o = if l < cols {
                 let xr = &x[r * cols..(r + 1) * cols];
@@ -134,12 +118,9 @@ pub(super) fn cross_entropy_rows_bwd(
     g: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[usize],
+    labels: &[u32],
 ) -> Result<Buffer> {
-    const OP: &str = "cross_entropy_rows_bwd";
-    let labels = index_check::labels(OP, x, rows, cols, labels)?;
-    check::len_is(OP, "cotangent", g, 1)?;
-    d.launch(OP, [x, g], x.len(), |[x, g], out| {
+    d.launch("cross_entropy_rows_bwd", [x, g], x.len(), |[x, g], out| {
         let k = g[0] / rows as f32;
         for (r, &l) in labels.iter().enumerate() {
             let (xr, dr) = (

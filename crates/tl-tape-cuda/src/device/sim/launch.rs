@@ -1,5 +1,7 @@
-//! How the simulation device runs a primitive: check the ABI and the operands, allocate the
-//! output from the pool, run the kernel body over host slices, register the output. Also the
+//! How the simulation device runs a primitive: check the lengths against the ABI, look the
+//! operands up (a released one is an error), allocate the output from the pool, run the kernel
+//! body over host slices, register the output. The operands' shapes arrive checked by
+//! [`Device`](crate::device::Device)'s provided methods. Also the
 //! shared shapes of launches (one-input maps, two-input maps, two-output splits, axis
 //! reductions, batched products).
 
@@ -7,7 +9,7 @@ use std::collections::HashMap;
 
 use super::{SimDevice, linalg, reduce};
 use crate::alloc::Allocation;
-use crate::device::{Buffer, Gemm, check};
+use crate::device::{Buffer, Gemm};
 use crate::{Error, Result, abi};
 
 /// The elements of a live buffer, or [`Error::Released`] naming `op`.
@@ -32,7 +34,7 @@ impl SimDevice {
         b
     }
 
-    /// One launch: check the ABI and the operands, allocate the output, run `kernel` on the
+    /// One launch: check the ABI, look the operands up, allocate the output, run `kernel` on the
     /// operands' elements and the output's, register the output.
     pub(super) fn launch<const N: usize>(
         &mut self,
@@ -97,8 +99,7 @@ impl SimDevice {
         b: Buffer,
         f: impl Fn(f32, f32) -> f32,
     ) -> Result<Buffer> {
-        let n = check::same_len(op, a, b)?;
-        self.launch(op, [a, b], n, |[a, b], out| {
+        self.launch(op, [a, b], a.len(), |[a, b], out| {
             for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
                 *o = f(x, y);
             }
@@ -113,8 +114,7 @@ impl SimDevice {
         g: Buffer,
         f: impl Fn(f32, f32, f32) -> (f32, f32),
     ) -> Result<(Buffer, Buffer)> {
-        let n = check::same_len(op, a, b)?;
-        check::same_len(op, a, g)?;
+        let n = a.len();
         self.launch2(op, [a, b, g], n, |[a, b, g], da, db| {
             for i in 0..n {
                 (da[i], db[i]) = f(a[i], b[i], g[i]);
@@ -126,13 +126,10 @@ impl SimDevice {
         &mut self,
         op: &'static str,
         x: Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        [outer, n, inner]: [usize; 3],
+        out_len: usize,
         mean: bool,
     ) -> Result<Buffer> {
-        check::len_is(op, "input", x, check::product(op, &[outer, n, inner])?)?;
-        let out_len = check::product(op, &[outer, inner])?;
         self.launch(op, [x], out_len, |[x], out| {
             reduce::axis_sum(x, outer, n, inner, mean, out)
         })
@@ -145,8 +142,8 @@ impl SimDevice {
         b: Buffer,
         batch: usize,
         g: Gemm,
+        [la, lb, lo]: [usize; 3],
     ) -> Result<Buffer> {
-        let [la, lb, lo] = check::gemm_lens(op, a, b, batch, g)?;
         self.launch(op, [a, b], batch * lo, |[a, b], out| {
             for k in 0..batch {
                 linalg::gemm(

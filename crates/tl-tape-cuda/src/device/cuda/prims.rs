@@ -1,0 +1,376 @@
+//! The CUDA device's [`Launch`] impl: the work of every primitive whose operands
+//! [`Device`](crate::device::Device)'s provided methods have already checked (lengths, plans,
+//! mapped indices arrive validated). Checks that need device state (a live buffer, the grid
+//! limits of a launch) stay here.
+
+use super::driver::{self, Arg};
+use super::launch::dims8;
+use super::{CudaDevice, index};
+use crate::device::check::{self, BroadcastPlan, PermutePlan};
+use crate::device::{Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows};
+use crate::{Result, determinism};
+
+impl Launch for CudaDevice {
+    fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_abs_bwd", x, g, &[])
+    }
+
+    fn launch_sqrt_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_sqrt_bwd", x, g, &[])
+    }
+
+    fn launch_relu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_relu_bwd", x, g, &[])
+    }
+
+    fn launch_clamp_bwd(&mut self, x: Buffer, g: Buffer, lo: f32, hi: f32) -> Result<Buffer> {
+        self.map2("tl_clamp_bwd", x, g, &[Arg::F32(lo), Arg::F32(hi)])
+    }
+
+    fn launch_inv_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_inv_bwd", x, g, &[])
+    }
+
+    fn launch_sigmoid_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_sigmoid_bwd", y, g, &[])
+    }
+
+    fn launch_tanh_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_tanh_bwd", y, g, &[])
+    }
+
+    fn launch_softplus_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_softplus_bwd", x, g, &[])
+    }
+
+    fn launch_safe_log_bwd(&mut self, x: Buffer, g: Buffer, eps: f32) -> Result<Buffer> {
+        self.map2("tl_safe_log_bwd", x, g, &[Arg::F32(eps)])
+    }
+
+    fn launch_add(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("tl_add", a, b, &[])
+    }
+
+    fn launch_sub(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("tl_sub", a, b, &[])
+    }
+
+    fn launch_mul(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("tl_mul", a, b, &[])
+    }
+
+    fn launch_div(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("tl_div", a, b, &[])
+    }
+
+    fn launch_max(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("tl_max", a, b, &[])
+    }
+
+    fn launch_min(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("tl_min", a, b, &[])
+    }
+
+    fn launch_axpy(&mut self, a: Buffer, b: Buffer, c: f32) -> Result<Buffer> {
+        self.map2("tl_axpy", a, b, &[Arg::F32(c)])
+    }
+
+    fn launch_axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()> {
+        const OP: &str = "axpy_assign";
+        let n = y.len();
+        let (py, px) = (self.ptr(OP, y)?, self.ptr(OP, x)?);
+        driver::enter()?;
+        self.grid_stride(
+            OP,
+            "tl_axpy_assign",
+            n,
+            &[Arg::Ptr(py), Arg::Ptr(px)],
+            &[Arg::F32(c)],
+        )
+    }
+
+    fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        self.split3("tl_div_bwd", a, b, g)
+    }
+
+    fn launch_max_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        self.split3("tl_max_bwd", a, b, g)
+    }
+
+    fn launch_min_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        self.split3("tl_min_bwd", a, b, g)
+    }
+
+    fn launch_reduce_axis_sum(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out_len: usize,
+    ) -> Result<Buffer> {
+        self.axis("reduce_axis_sum", x, [outer, n, inner], out_len, false)
+    }
+
+    fn launch_reduce_axis_mean(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out_len: usize,
+    ) -> Result<Buffer> {
+        self.axis("reduce_axis_mean", x, [outer, n, inner], out_len, true)
+    }
+
+    fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer> {
+        const OP: &str = "broadcast";
+        self.gather(OP, x, &plan.to, &plan.src_strides, plan.to_len)
+    }
+
+    fn launch_reduce_broadcast(
+        &mut self,
+        g: Buffer,
+        from: &[usize],
+        plan: &BroadcastPlan,
+    ) -> Result<Buffer> {
+        const OP: &str = "reduce_broadcast";
+        let pg = self.ptr(OP, g)?;
+        let to = &plan.to[..];
+        let rank = to.len();
+        let offset = rank - from.len();
+        if determinism::deterministic_reductions() {
+            // Kept axes (the output's), reduced axes (walked per output), cotangent strides.
+            let kept = |k: usize| k >= offset && from[k - offset] != 1;
+            let keep: Vec<usize> = (0..rank).map(|k| if kept(k) { to[k] } else { 1 }).collect();
+            let red: Vec<usize> = (0..rank).map(|k| if kept(k) { 1 } else { to[k] }).collect();
+            let n_red = check::product(OP, &red)?;
+            let extra = [
+                Arg::U32(rank as u32),
+                Arg::Dims(dims8(&keep, 1)),
+                Arg::Dims(dims8(&red, 1)),
+                Arg::Dims(dims8(&check::strides(to), 0)),
+                Arg::U64(n_red as u64),
+            ];
+            self.with_out(OP, plan.from_len, |d, out| {
+                d.grid_stride(
+                    OP,
+                    "tl_reduce_broadcast",
+                    plan.from_len,
+                    &[Arg::Ptr(pg), Arg::Ptr(out)],
+                    &extra,
+                )
+            })
+        } else {
+            let extra = [
+                Arg::U32(rank as u32),
+                Arg::Dims(dims8(&plan.to, 1)),
+                Arg::Dims(dims8(&plan.src_strides, 0)),
+            ];
+            self.with_out(OP, plan.from_len, |d, out| {
+                d.grid_stride(
+                    OP,
+                    "tl_full",
+                    plan.from_len,
+                    &[Arg::Ptr(out)],
+                    &[Arg::F32(0.0)],
+                )?;
+                d.grid_stride(
+                    OP,
+                    "tl_reduce_broadcast_atomic",
+                    plan.to_len,
+                    &[Arg::Ptr(pg), Arg::Ptr(out)],
+                    &extra,
+                )
+            })
+        }
+    }
+
+    fn launch_permute(&mut self, x: Buffer, plan: &PermutePlan) -> Result<Buffer> {
+        const OP: &str = "permute";
+        self.gather(OP, x, &plan.out, &plan.src_strides, plan.len)
+    }
+
+    fn launch_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
+        self.rows("tl_softmax_rows", &[x], rows, cols)
+    }
+
+    fn launch_log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
+        self.rows("tl_log_softmax_rows", &[x], rows, cols)
+    }
+
+    fn launch_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer> {
+        self.rows("tl_softmax_rows_bwd", &[y, g], rows, cols)
+    }
+
+    fn launch_log_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer> {
+        self.rows("tl_log_softmax_rows_bwd", &[y, g], rows, cols)
+    }
+
+    fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
+        self.gemm("matmul", a, b, 1, g, lens)
+    }
+
+    fn launch_bmm(
+        &mut self,
+        a: Buffer,
+        b: Buffer,
+        batch: usize,
+        g: Gemm,
+        lens: [usize; 3],
+    ) -> Result<Buffer> {
+        self.gemm("bmm", a, b, batch, g, lens)
+    }
+
+    fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        self.norm_stats_impl(x, l, eps)
+    }
+
+    fn launch_norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        self.norm_apply_impl(x, stats, gamma, beta, l)
+    }
+
+    fn launch_norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        self.norm_bwd_x_impl(x, stats, gamma, g, l)
+    }
+
+    fn launch_norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)> {
+        self.norm_bwd_affine_impl(x, stats, g, l)
+    }
+
+    fn launch_masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer> {
+        self.masked_softmax_rows_impl(x, mask, rows, n)
+    }
+
+    fn launch_im2col(&mut self, x: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
+        self.im2col_impl(x, w, lens)
+    }
+
+    fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
+        self.col2im_impl(cols, w, lens)
+    }
+
+    fn launch_pool(
+        &mut self,
+        x: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.pool_impl(x, w, kind, lens)
+    }
+
+    fn launch_pool_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.pool_bwd_impl(x, g, w, kind, lens)
+    }
+
+    fn launch_gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_gelu_bwd", x, g, &[])
+    }
+
+    fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tl_silu_bwd", x, g, &[])
+    }
+
+    fn launch_gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer> {
+        index::gather_rows(self, x, rows, cols, idx)
+    }
+
+    fn launch_scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer> {
+        index::scatter_add_rows(self, g, rows, cols, idx)
+    }
+
+    fn launch_copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        index::copy_range(self, x, start, len)
+    }
+
+    fn launch_place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        index::place_range(self, g, len, start)
+    }
+
+    fn launch_concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        index::concat(self, a, b)
+    }
+
+    fn launch_add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        index::add_range(self, x, v, start)
+    }
+
+    fn launch_cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[u32],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows(self, x, rows, cols, labels)
+    }
+
+    fn launch_cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[u32],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
+    }
+}

@@ -1,0 +1,266 @@
+//! The work half of the validated primitives: [`Launch`], the required `launch_<name>` methods
+//! that [`Device`]'s provided methods call once they have checked their operands.
+//!
+//! A primitive whose operands need checking is written in two halves. The public [`Device`]
+//! method runs the pure operand checks — [`check`](super::check),
+//! [`index_check`](super::index_check), [`NormLayout`]'s, [`Windows::check`], and the
+//! [`crate::abi`] conversions they make — once, for every
+//! implementation, and computes what the implementations need from them (a [`WindowLens`], a
+//! [`BroadcastPlan`], indices mapped to `u32`, ...). It then calls `launch_<name>`, which only
+//! does the work: look the operands up (a released buffer is still an error there: that
+//! depends on device state), allocate, run the kernel. Callers use the [`Device`] methods; this
+//! trait is public only because [`Device`] names it as its supertrait.
+
+#[cfg(doc)]
+use super::Device;
+use super::check::{BroadcastPlan, PermutePlan};
+use super::{Buffer, Gemm, NormLayout, PoolKind, WindowLens, Windows};
+use crate::Result;
+
+/// The work of each [`Device`] primitive whose operands [`Device`] validates (see the module
+/// docs). Implement it next to [`Device`]; call the [`Device`] methods, never these.
+#[doc(hidden)]
+pub trait Launch {
+    /// The work of [`Device::abs_bwd`]; operands already validated by it — callers use `abs_bwd`.
+    fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::sqrt_bwd`]; operands already validated by it — callers use `sqrt_bwd`.
+    fn launch_sqrt_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::relu_bwd`]; operands already validated by it — callers use `relu_bwd`.
+    fn launch_relu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::clamp_bwd`]; operands already validated by it — callers
+    /// use `clamp_bwd`.
+    fn launch_clamp_bwd(&mut self, x: Buffer, g: Buffer, lo: f32, hi: f32) -> Result<Buffer>;
+    /// The work of [`Device::inv_bwd`]; operands already validated by it — callers use `inv_bwd`.
+    fn launch_inv_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::sigmoid_bwd`]; operands already validated by it — callers
+    /// use `sigmoid_bwd`.
+    fn launch_sigmoid_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::tanh_bwd`]; operands already validated by it — callers use `tanh_bwd`.
+    fn launch_tanh_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::softplus_bwd`]; operands already validated by it — callers
+    /// use `softplus_bwd`.
+    fn launch_softplus_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::safe_log_bwd`]; operands already validated by it — callers
+    /// use `safe_log_bwd`.
+    fn launch_safe_log_bwd(&mut self, x: Buffer, g: Buffer, eps: f32) -> Result<Buffer>;
+    /// The work of [`Device::add`]; operands already validated by it — callers use `add`.
+    fn launch_add(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::sub`]; operands already validated by it — callers use `sub`.
+    fn launch_sub(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::mul`]; operands already validated by it — callers use `mul`.
+    fn launch_mul(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::div`]; operands already validated by it — callers use `div`.
+    fn launch_div(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::max`]; operands already validated by it — callers use `max`.
+    fn launch_max(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::min`]; operands already validated by it — callers use `min`.
+    fn launch_min(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::axpy`]; operands already validated by it — callers use `axpy`.
+    fn launch_axpy(&mut self, a: Buffer, b: Buffer, c: f32) -> Result<Buffer>;
+    /// The work of [`Device::axpy_assign`]; operands already validated by it — callers
+    /// use `axpy_assign`.
+    fn launch_axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()>;
+    /// The work of [`Device::div_bwd`]; operands already validated by it — callers use `div_bwd`.
+    fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    /// The work of [`Device::max_bwd`]; operands already validated by it — callers use `max_bwd`.
+    fn launch_max_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    /// The work of [`Device::min_bwd`]; operands already validated by it — callers use `min_bwd`.
+    fn launch_min_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
+    /// The work of [`Device::gelu_bwd`]; operands already validated by it — callers use `gelu_bwd`.
+    fn launch_gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::silu_bwd`]; operands already validated by it — callers use `silu_bwd`.
+    fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::reduce_axis_sum`]; operands already validated by it — callers
+    /// use `reduce_axis_sum`.
+    /// `out_len = outer·inner`, checked.
+    fn launch_reduce_axis_sum(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out_len: usize,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::reduce_axis_mean`]; operands already validated by it — callers
+    /// use `reduce_axis_mean`.
+    /// `out_len = outer·inner`, checked.
+    fn launch_reduce_axis_mean(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out_len: usize,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::broadcast`]; operands already validated by it — callers
+    /// use `broadcast`.
+    /// `plan` is the checked broadcast of `x`'s dims.
+    fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer>;
+    /// The work of [`Device::reduce_broadcast`]; operands already validated by it — callers
+    /// use `reduce_broadcast`.
+    /// `plan` is the checked broadcast from `from`.
+    fn launch_reduce_broadcast(
+        &mut self,
+        g: Buffer,
+        from: &[usize],
+        plan: &BroadcastPlan,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::permute`]; operands already validated by it — callers use `permute`.
+    /// `plan` is the checked permutation.
+    fn launch_permute(&mut self, x: Buffer, plan: &PermutePlan) -> Result<Buffer>;
+    /// The work of [`Device::softmax_rows`]; operands already validated by it — callers
+    /// use `softmax_rows`.
+    fn launch_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
+    /// The work of [`Device::log_softmax_rows`]; operands already validated by it — callers
+    /// use `log_softmax_rows`.
+    fn launch_log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
+    /// The work of [`Device::softmax_rows_bwd`]; operands already validated by it — callers
+    /// use `softmax_rows_bwd`.
+    fn launch_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::log_softmax_rows_bwd`]; operands already validated by it — callers
+    /// use `log_softmax_rows_bwd`.
+    fn launch_log_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::matmul`]; operands already validated by it — callers use `matmul`.
+    /// `lens` are [`check::gemm_lens`](super::check::gemm_lens)'.
+    fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer>;
+    /// The work of [`Device::bmm`]; operands already validated by it — callers use `bmm`.
+    /// `lens` are [`check::gemm_lens`](super::check::gemm_lens)' (per batch entry).
+    fn launch_bmm(
+        &mut self,
+        a: Buffer,
+        b: Buffer,
+        batch: usize,
+        g: Gemm,
+        lens: [usize; 3],
+    ) -> Result<Buffer>;
+    /// The work of [`Device::norm_stats`]; operands already validated by it — callers
+    /// use `norm_stats`.
+    fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer>;
+    /// The work of [`Device::norm_apply`]; operands already validated by it — callers
+    /// use `norm_apply`.
+    fn launch_norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::norm_bwd_x`]; operands already validated by it — callers
+    /// use `norm_bwd_x`.
+    fn launch_norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::norm_bwd_affine`]; operands already validated by it — callers
+    /// use `norm_bwd_affine`.
+    fn launch_norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)>;
+    /// The work of [`Device::masked_softmax_rows`]; operands already validated by it — callers
+    /// use `masked_softmax_rows`.
+    fn launch_masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::im2col`]; operands already validated by it — callers use `im2col`.
+    /// `lens` are [`Windows::check`]'s.
+    fn launch_im2col(&mut self, x: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer>;
+    /// The work of [`Device::col2im`]; operands already validated by it — callers use `col2im`.
+    /// `lens` are [`Windows::check`]'s.
+    fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer>;
+    /// The work of [`Device::pool`]; operands already validated by it — callers use `pool`.
+    /// `lens` are [`Windows::check`]'s.
+    fn launch_pool(
+        &mut self,
+        x: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        lens: WindowLens,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::pool_bwd`]; operands already validated by it — callers use `pool_bwd`.
+    /// `lens` are [`Windows::check`]'s.
+    fn launch_pool_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        lens: WindowLens,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::gather_rows`]; operands already validated by it — callers
+    /// use `gather_rows`.
+    /// `idx` as [`index_check::row_indices`](super::index_check::row_indices) maps it.
+    fn launch_gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer>;
+    /// The work of [`Device::scatter_add_rows`]; operands already validated by it — callers
+    /// use `scatter_add_rows`.
+    /// `idx` as [`index_check::row_indices`](super::index_check::row_indices) maps it.
+    fn launch_scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer>;
+    /// The work of [`Device::copy_range`]; operands already validated by it — callers
+    /// use `copy_range`.
+    fn launch_copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer>;
+    /// The work of [`Device::place_range`]; operands already validated by it — callers
+    /// use `place_range`.
+    fn launch_place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer>;
+    /// The work of [`Device::concat`]; operands already validated by it — callers use `concat`.
+    fn launch_concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::add_range`]; operands already validated by it — callers
+    /// use `add_range`.
+    fn launch_add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer>;
+    /// The work of [`Device::cross_entropy_rows`]; operands already validated by it — callers
+    /// use `cross_entropy_rows`.
+    /// `labels` as [`index_check::labels`](super::index_check::labels) maps them.
+    fn launch_cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[u32],
+    ) -> Result<Buffer>;
+    /// The work of [`Device::cross_entropy_rows_bwd`]; operands already validated by it — callers
+    /// use `cross_entropy_rows_bwd`.
+    /// `labels` as [`index_check::labels`](super::index_check::labels) maps them.
+    fn launch_cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[u32],
+    ) -> Result<Buffer>;
+}

@@ -1,0 +1,378 @@
+//! The simulation device's [`Launch`] impl: the work of every primitive whose operands
+//! [`Device`](crate::device::Device)'s provided methods have already checked (lengths, plans,
+//! mapped indices arrive validated), each the twin of its CUDA kernel.
+
+use super::launch::view;
+use super::{SimDevice, activation, conv, index, norm, pointwise, rows};
+use crate::device::check::{BroadcastPlan, PermutePlan};
+use crate::device::{Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows};
+use crate::{Error, Result};
+
+impl Launch for SimDevice {
+    fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("abs_bwd", x, g, pointwise::abs_bwd)
+    }
+
+    fn launch_sqrt_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("sqrt_bwd", x, g, pointwise::sqrt_bwd)
+    }
+
+    fn launch_relu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("relu_bwd", x, g, pointwise::relu_bwd)
+    }
+
+    fn launch_clamp_bwd(&mut self, x: Buffer, g: Buffer, lo: f32, hi: f32) -> Result<Buffer> {
+        self.map2("clamp_bwd", x, g, |x, g| pointwise::clamp_bwd(x, g, lo, hi))
+    }
+
+    fn launch_inv_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("inv_bwd", x, g, pointwise::inv_bwd)
+    }
+
+    fn launch_sigmoid_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("sigmoid_bwd", y, g, pointwise::sigmoid_bwd)
+    }
+
+    fn launch_tanh_bwd(&mut self, y: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("tanh_bwd", y, g, pointwise::tanh_bwd)
+    }
+
+    fn launch_softplus_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("softplus_bwd", x, g, pointwise::softplus_bwd)
+    }
+
+    fn launch_safe_log_bwd(&mut self, x: Buffer, g: Buffer, eps: f32) -> Result<Buffer> {
+        self.map2("safe_log_bwd", x, g, |x, g| {
+            pointwise::safe_log_bwd(x, g, eps)
+        })
+    }
+
+    fn launch_add(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("add", a, b, |a, b| a + b)
+    }
+
+    fn launch_sub(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("sub", a, b, |a, b| a - b)
+    }
+
+    fn launch_mul(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("mul", a, b, |a, b| a * b)
+    }
+
+    fn launch_div(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("div", a, b, |a, b| a / b)
+    }
+
+    fn launch_max(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("max", a, b, pointwise::max)
+    }
+
+    fn launch_min(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        self.map2("min", a, b, pointwise::min)
+    }
+
+    fn launch_axpy(&mut self, a: Buffer, b: Buffer, c: f32) -> Result<Buffer> {
+        self.map2("axpy", a, b, |a, b| pointwise::axpy(a, b, c))
+    }
+
+    fn launch_axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()> {
+        const OP: &str = "axpy_assign";
+        let n = y.len();
+        let xs = view(&self.live, OP, x)?.to_vec();
+        let ys = self.live.get_mut(&y.id()).ok_or(Error::Released {
+            op: OP,
+            buffer: y.id(),
+            len: y.len(),
+        })?;
+        for (o, &v) in ys.block[..n].iter_mut().zip(&xs) {
+            *o = pointwise::axpy(*o, v, c);
+        }
+        Ok(())
+    }
+
+    fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        self.split3("div_bwd", a, b, g, pointwise::div_bwd)
+    }
+
+    fn launch_max_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        self.split3("max_bwd", a, b, g, pointwise::max_bwd)
+    }
+
+    fn launch_min_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
+        self.split3("min_bwd", a, b, g, pointwise::min_bwd)
+    }
+
+    fn launch_reduce_axis_sum(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out_len: usize,
+    ) -> Result<Buffer> {
+        self.axis("reduce_axis_sum", x, [outer, n, inner], out_len, false)
+    }
+
+    fn launch_reduce_axis_mean(
+        &mut self,
+        x: Buffer,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        out_len: usize,
+    ) -> Result<Buffer> {
+        self.axis("reduce_axis_mean", x, [outer, n, inner], out_len, true)
+    }
+
+    fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer> {
+        const OP: &str = "broadcast";
+        let src = plan.source_indices();
+        self.launch(OP, [x], plan.to_len, |[x], out| {
+            for (o, &i) in out.iter_mut().zip(&src) {
+                *o = x[i];
+            }
+        })
+    }
+
+    fn launch_reduce_broadcast(
+        &mut self,
+        g: Buffer,
+        _from: &[usize],
+        plan: &BroadcastPlan,
+    ) -> Result<Buffer> {
+        const OP: &str = "reduce_broadcast";
+        let src = plan.source_indices();
+        self.launch(OP, [g], plan.from_len, |[g], out| {
+            // Per output element: its preimage in increasing row-major order of `g`, from 0.
+            out.fill(0.0);
+            for (&i, &v) in src.iter().zip(g) {
+                out[i] += v;
+            }
+        })
+    }
+
+    fn launch_permute(&mut self, x: Buffer, plan: &PermutePlan) -> Result<Buffer> {
+        const OP: &str = "permute";
+        let src = plan.source_indices();
+        self.launch(OP, [x], plan.len, |[x], out| {
+            for (o, &i) in out.iter_mut().zip(&src) {
+                *o = x[i];
+            }
+        })
+    }
+
+    fn launch_softmax_rows(&mut self, x: Buffer, _rows: usize, cols: usize) -> Result<Buffer> {
+        self.launch("softmax_rows", [x], x.len(), |[x], out| {
+            rows::softmax(x, cols.max(1), out)
+        })
+    }
+
+    fn launch_log_softmax_rows(&mut self, x: Buffer, _rows: usize, cols: usize) -> Result<Buffer> {
+        self.launch("log_softmax_rows", [x], x.len(), |[x], out| {
+            rows::log_softmax(x, cols.max(1), out)
+        })
+    }
+
+    fn launch_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        _rows: usize,
+        cols: usize,
+    ) -> Result<Buffer> {
+        self.launch("softmax_rows_bwd", [y, g], y.len(), |[y, g], out| {
+            rows::softmax_bwd(y, g, cols.max(1), out)
+        })
+    }
+
+    fn launch_log_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        _rows: usize,
+        cols: usize,
+    ) -> Result<Buffer> {
+        self.launch("log_softmax_rows_bwd", [y, g], y.len(), |[y, g], out| {
+            rows::log_softmax_bwd(y, g, cols.max(1), out)
+        })
+    }
+
+    fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
+        self.bmm_named("matmul", a, b, 1, g, lens)
+    }
+
+    fn launch_bmm(
+        &mut self,
+        a: Buffer,
+        b: Buffer,
+        batch: usize,
+        g: Gemm,
+        lens: [usize; 3],
+    ) -> Result<Buffer> {
+        self.bmm_named("bmm", a, b, batch, g, lens)
+    }
+
+    fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        self.launch("norm_stats", [x], 2 * l.groups, |[x], out| {
+            norm::stats(x, l, eps, out)
+        })
+    }
+
+    fn launch_norm_apply(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_apply";
+        let n = x.len();
+        self.launch(OP, [x, stats, gamma, beta], n, |[x, st, ga, be], y| {
+            norm::apply(x, st, ga, be, l, y)
+        })
+    }
+
+    fn launch_norm_bwd_x(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        gamma: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_bwd_x";
+        let n = x.len();
+        self.launch(OP, [x, stats, gamma, g], n, |[x, st, ga, g], dx| {
+            norm::bwd_x(x, st, ga, g, l, dx)
+        })
+    }
+
+    fn launch_norm_bwd_affine(
+        &mut self,
+        x: Buffer,
+        stats: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_bwd_affine";
+        self.launch2(OP, [x, stats, g], l.features(), |[x, st, g], dg, db| {
+            norm::bwd_affine(x, st, g, l, dg, db)
+        })
+    }
+
+    fn launch_masked_softmax_rows(
+        &mut self,
+        x: Buffer,
+        mask: &[bool],
+        _rows: usize,
+        n: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "masked_softmax_rows";
+        self.launch(OP, [x], x.len(), |[x], out| {
+            norm::masked_softmax(x, mask, n.max(1), out)
+        })
+    }
+
+    fn launch_im2col(&mut self, x: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
+        self.launch("im2col", [x], lens.cols_len(), |[x], out| {
+            conv::im2col(x, w, out)
+        })
+    }
+
+    fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
+        self.launch("col2im", [cols], lens.big_len(), |[c], out| {
+            conv::col2im(c, w, out)
+        })
+    }
+
+    fn launch_pool(
+        &mut self,
+        x: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.launch("pool", [x], lens.small_len(), |[x], out| {
+            conv::pool(x, w, kind, out)
+        })
+    }
+
+    fn launch_pool_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        w: &Windows,
+        kind: PoolKind,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.launch("pool_bwd", [x, g], lens.big_len(), |[x, g], out| {
+            conv::pool_bwd(x, g, w, kind, out)
+        })
+    }
+
+    fn launch_gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("gelu_bwd", x, g, activation::gelu_bwd)
+    }
+
+    fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
+        self.map2("silu_bwd", x, g, activation::silu_bwd)
+    }
+
+    fn launch_gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer> {
+        index::gather_rows(self, x, rows, cols, idx)
+    }
+
+    fn launch_scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer> {
+        index::scatter_add_rows(self, g, rows, cols, idx)
+    }
+
+    fn launch_copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        index::copy_range(self, x, start, len)
+    }
+
+    fn launch_place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        index::place_range(self, g, len, start)
+    }
+
+    fn launch_concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        index::concat(self, a, b)
+    }
+
+    fn launch_add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        index::add_range(self, x, v, start)
+    }
+
+    fn launch_cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[u32],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows(self, x, rows, cols, labels)
+    }
+
+    fn launch_cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[u32],
+    ) -> Result<Buffer> {
+        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
+    }
+}
