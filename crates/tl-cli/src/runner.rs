@@ -131,13 +131,13 @@ impl Ops for Linked {
 impl Runner for Linked {
     fn train_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f32> {
         let mut compiled = self.s.compile(self.backend)?;
-        let l = compiled.values()?[loss.id()].item()?;
+        let l = compiled.value(loss.id())?.item()?;
         let grads = compiled.backward_dense(loss.id(), &Tensor::scalar(1.0))?;
         self.s.step(opt, &grads)?;
         Ok(l)
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<f32>> {
-        Ok(self.s.compile(self.backend)?.values()?.swap_remove(r.id()))
+        self.s.compile(self.backend)?.value(r.id())
     }
     fn end_step(&mut self) {
         self.s.reset();

@@ -66,15 +66,22 @@ pub struct Compiled<T: Scalar> {
 impl<T: Scalar> Compiled<T> {
     /// The value of every graph id, read from the tape.
     pub fn values(&self) -> Result<Vec<Tensor<T>>> {
-        self.map
-            .iter()
-            .map(|&t| {
-                on_compiled!(&self.tape,
-                    cpu(tape) => Ok(tape.get(t)?.clone()),
-                    cuda(tape) => Ok(tape.read(t)?),
-                )
-            })
-            .collect()
+        (0..self.map.len()).map(|id| self.value(id)).collect()
+    }
+
+    /// The value of graph id `id`, read from the tape (downloaded on CUDA).
+    pub fn value(&self, id: usize) -> Result<Tensor<T>> {
+        let t = *self.map.get(id).ok_or_else(|| Error::Usage {
+            what: "compiled value",
+            detail: format!(
+                "graph id {id} is not in this graph of {} nodes",
+                self.map.len()
+            ),
+        })?;
+        on_compiled!(&self.tape,
+            cpu(tape) => Ok(tape.get(t)?.clone()),
+            cuda(tape) => Ok(tape.read(t)?),
+        )
     }
 
     /// Dense gradients of graph id `out` (cotangent `seed`) for every graph id, on the tape.

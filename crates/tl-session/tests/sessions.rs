@@ -104,6 +104,12 @@ fn linked_leaves_come_first_and_constants_switch_to_nodes() {
     for b in [Backend::Cpu, Backend::CudaSim] {
         let mut c = s.compile(b).unwrap();
         assert_eq!(c.values().unwrap()[z.id()].data(), &[11.0]);
+        assert_eq!(c.value(z.id()).unwrap().data(), &[11.0]);
+        let e = c.value(c.map.len()).unwrap_err().to_string();
+        assert!(
+            e.contains("compiled value") && e.contains("not in this graph"),
+            "{e}"
+        );
         let gc = c
             .backward_dense(z.id(), &Tensor::vector(vec![1.0]))
             .unwrap();

@@ -257,8 +257,5 @@ impl<'m> LinkedRun<'m> {
 }
 
 fn value_of(c: &tl_session::Compiled<f32>, id: usize) -> f32 {
-    match &c.tape {
-        tl_session::CompiledTape::Cpu(t) => t.get(c.map[id]).unwrap().item().unwrap(),
-        tl_session::CompiledTape::CudaSim(t) => t.read(c.map[id]).unwrap().item().unwrap(),
-    }
+    c.value(id).unwrap().item().unwrap()
 }
