@@ -1,7 +1,7 @@
 //! The real CUDA device (feature `cuda`): cust 0.3.2 over the driver API, kernels from
 //! `kernels/*.cu` built to PTX by `cargo xtask kernels` and embedded with `include_str!`.
 //!
-//! - [`driver`]: the process-wide context (created once, never dropped) and modules, raw
+//! - `driver`: the process-wide context (created once, never dropped) and modules, raw
 //!   memory for the [`CachingAllocator`], copies, launches. All `unsafe` lives there, each
 //!   block with a `// SAFETY:` comment.
 //! - `launch`: how a primitive runs (allocate, launch, release on failure) and the shared
