@@ -1,70 +1,102 @@
 //! `cargo xtask gpu-bundle`: everything the GPU machine needs, in `gpu-bundle/` (git-ignored).
 //!
-//! The GPU machine has the driver but no Rust toolchain (DESIGN.md "Running on a real GPU"), so
-//! we build here: the stub libcuda (to link), then `cargo test --release --features cuda
-//! --no-run` for `-p tl-tape-cuda` and for `-p tl-session --test cuda`, whose JSON messages name
-//! the test executables. They are copied
-//! into `gpu-bundle/bin/`, stripped, with a `run.sh` that runs each one there (the binaries
-//! load the driver's `libcuda.so.1`; the stub is not in the bundle and run.sh refuses to run if
-//! the loader would pick it), keeps each log, and prints a summary table last: per binary
-//! pass/FAIL/SKIPPED, and the per-family `GPU-SUMMARY` lines of tests/gpu.rs (max error vs the
-//! simulation device, pass/FAIL).
+//! The GPU machine has the driver, Python and PyTorch but no Rust toolchain (DESIGN.md "Running
+//! on a real GPU"), so we build here: the stub libcuda (to link), then `cargo test --release
+//! --features cuda --no-run` for `-p tl-tape-cuda` and for `-p tl-session --test cuda`, and
+//! `cargo bench --no-run` for tl-session's `gpu` bench; their JSON messages name the
+//! executables. Tests go to `bin/`, the bench to `bench/`, stripped, with
+//! `benches/gpu/torch_bench.py` and a `run.sh` that runs each test there (the binaries load the
+//! driver's `libcuda.so.1`; the stub is not in the bundle and run.sh refuses to run if the
+//! loader would pick it), keeps each log, prints a summary table (per binary pass/FAIL/SKIPPED,
+//! and the per-family `GPU-SUMMARY` lines of tests/gpu.rs: max error vs the simulation device,
+//! pass/FAIL), then runs the bench and the PyTorch script, which prints ours beside PyTorch
+//! eager with issue 7's GPU targets.
 
 use std::fs;
+use std::path::Path;
 use std::process::Command;
 
 use crate::{stub, util};
 
-/// Build the bundle.
-pub fn build() -> Result<(), String> {
-    stub::build()?;
-    // Every test of the CUDA tape, and the session's CUDA test (eager and linked sessions on
-    // the real device against the CPU session).
+/// `cargo test --release` or `cargo bench` (optimised either way), `--features cuda --no-run
+/// <pkg> --message-format=json` against the stub; the executables it reports.
+fn build_exes(cmd: &str, pkgs: &[&[&str]]) -> Result<Vec<String>, String> {
     let mut json = String::new();
-    for pkg in [
-        &["-p", "tl-tape-cuda"][..],
-        &["-p", "tl-session", "--test", "cuda"],
-    ] {
+    for pkg in pkgs {
         json += &util::output(
             Command::new(util::cargo())
                 .current_dir(util::root())
                 .env("CUDA_LIBRARY_PATH", stub::root())
-                .args(["test", "--release", "--features", "cuda", "--no-run"])
-                .args(pkg)
+                .arg(cmd)
+                .args(if cmd == "test" {
+                    &["--release"][..]
+                } else {
+                    &[]
+                })
+                .args(["--features", "cuda", "--no-run"])
+                .args(*pkg)
                 .arg("--message-format=json"),
         )?;
     }
     let exes = executables(&json);
     if exes.is_empty() {
-        return Err("cargo reported no test executables".to_owned());
+        return Err(format!("cargo {cmd} reported no executables"));
     }
-    let dir = util::root().join("gpu-bundle");
-    let bin = dir.join("bin");
-    if dir.exists() {
-        fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
-    fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    Ok(exes)
+}
+
+/// Copy `exes` into `dir` (created), stripped; their file names.
+fn copy_stripped(exes: &[String], dir: &Path) -> Result<Vec<String>, String> {
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut names = Vec::new();
-    for exe in &exes {
-        let name = std::path::Path::new(exe)
+    for exe in exes {
+        let name = Path::new(exe)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .ok_or_else(|| format!("odd executable path {exe}"))?;
-        let dst = bin.join(&name);
+        let dst = dir.join(&name);
         fs::copy(exe, &dst).map_err(|e| format!("copy {exe}: {e}"))?;
         if let Err(e) = util::status(Command::new("strip").arg(&dst)) {
             eprintln!("gpu-bundle: not stripped ({e})");
         }
         names.push(name);
     }
+    Ok(names)
+}
+
+/// Build the bundle.
+pub fn build() -> Result<(), String> {
+    stub::build()?;
+    // Every test of the CUDA tape, and the session's CUDA test (eager and linked sessions on
+    // the real device against the CPU session).
+    let tests = build_exes(
+        "test",
+        &[
+            &["-p", "tl-tape-cuda"],
+            &["-p", "tl-session", "--test", "cuda"],
+        ],
+    )?;
+    // Issue 7's GPU bench (steps, matmul, elementwise bandwidth), joined with PyTorch's figures
+    // by benches/gpu/torch_bench.py on the GPU machine.
+    let benches = build_exes("bench", &[&["-p", "tl-session", "--bench", "gpu"]])?;
+    let dir = util::root().join("gpu-bundle");
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let names = copy_stripped(&tests, &dir.join("bin"))?;
+    let bench_names = copy_stripped(&benches, &dir.join("bench"))?;
+    let script = util::root().join("benches/gpu/torch_bench.py");
+    fs::copy(&script, dir.join("torch_bench.py"))
+        .map_err(|e| format!("copy {}: {e}", script.display()))?;
     let run = dir.join("run.sh");
     fs::write(&run, run_sh()).map_err(|e| format!("{}: {e}", run.display()))?;
     util::status(Command::new("chmod").arg("+x").arg(&run))?;
     let size = util::output(Command::new("du").args(["-sh"]).arg(&dir)).unwrap_or_default();
     println!(
-        "gpu-bundle: {} test binaries ({}) in {}\ncopy the folder to the GPU machine and run ./run.sh there",
+        "gpu-bundle: {} test binaries ({}), bench {}, in {}\ncopy the folder to the GPU machine and run ./run.sh there",
         names.len(),
         names.join(", "),
+        bench_names.join(", "),
         size.split_whitespace().next().unwrap_or("?")
     );
     Ok(())
@@ -87,7 +119,8 @@ fn executables(json: &str) -> Vec<String> {
 fn run_sh() -> &'static str {
     r#"#!/usr/bin/env bash
 # Generated by `cargo xtask gpu-bundle`. Runs every test binary of tl-tape-cuda and the session's
-# CUDA test (built with --features cuda) against the real driver and prints a summary table last.
+# CUDA test (built with --features cuda) against the real driver and prints a summary table, then
+# the GPU bench (ours) beside PyTorch eager (torch_bench.py) with the issue 7 targets.
 set -uo pipefail
 cd "$(dirname "$0")"
 mkdir -p logs
@@ -113,6 +146,12 @@ printf '%s\n' "${rows[@]}"
 echo "== summary: op families (max relative error vs the simulation device)"
 printf '%-28s %-12s %s\n' family max_err result
 grep -h '^GPU-SUMMARY' logs/*.log | awk '{ printf "%-28s %-12s %s\n", $2, $3, $4 }'
+echo "== benchmark: ours vs PyTorch eager on this GPU (issue 7)"
+for b in bench/*; do
+    "$b" --backend cuda > logs/ours.jsonl 2> logs/bench.err
+    echo "bench exit $? ($(basename "$b")); stderr: $(tail -n 1 logs/bench.err)"
+done
+python3 torch_bench.py --ours logs/ours.jsonl 2>&1 | tee logs/bench.txt
 if printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED'; then exit 1; fi
 "#
 }

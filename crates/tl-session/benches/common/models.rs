@@ -178,7 +178,8 @@ impl BenchModel {
     }
 }
 
-/// An eager CPU session with the model's parameters and an SGD optimizer.
+/// An eager session (CPU unless made with [`EagerRun::on`]) with the model's parameters and an
+/// SGD optimizer.
 pub struct EagerRun<'m> {
     /// The model.
     pub model: &'m BenchModel,
@@ -191,16 +192,21 @@ pub struct EagerRun<'m> {
 }
 
 impl<'m> EagerRun<'m> {
-    /// A fresh session for `model`.
+    /// A fresh CPU session for `model`.
     pub fn new(model: &'m BenchModel) -> Self {
-        let mut s = Session::new(tl_session::Options::backend(Backend::Cpu)).unwrap();
-        let params = model.params(&mut s).unwrap();
-        EagerRun {
+        Self::on(model, Backend::Cpu).unwrap()
+    }
+
+    /// A fresh session on `backend` for `model` (an error when the backend is unavailable).
+    pub fn on(model: &'m BenchModel, backend: Backend) -> Result<Self> {
+        let mut s = Session::new(tl_session::Options::backend(backend))?;
+        let params = model.params(&mut s)?;
+        Ok(EagerRun {
             model,
             s,
             params,
             opt: Optimizer::sgd(0.01),
-        }
+        })
     }
 
     /// One training step: reset, forward, backward, SGD update. Returns the loss.
@@ -215,7 +221,8 @@ impl<'m> EagerRun<'m> {
     }
 }
 
-/// A linked session with the model's parameters and an SGD optimizer.
+/// A linked session with the model's parameters and an SGD optimizer, compiled to the CPU tape
+/// unless made with [`LinkedRun::on`].
 pub struct LinkedRun<'m> {
     /// The model.
     pub model: &'m BenchModel,
@@ -225,11 +232,18 @@ pub struct LinkedRun<'m> {
     pub params: Vec<Param>,
     /// The optimizer.
     pub opt: Optimizer,
+    /// The backend the graph is compiled to.
+    pub backend: Backend,
 }
 
 impl<'m> LinkedRun<'m> {
-    /// A fresh session for `model`.
+    /// A fresh session for `model`, compiled to the CPU tape.
     pub fn new(model: &'m BenchModel) -> Self {
+        Self::on(model, Backend::Cpu)
+    }
+
+    /// A fresh session for `model`, compiled to `backend`'s tape at every step.
+    pub fn on(model: &'m BenchModel, backend: Backend) -> Self {
         let mut s = LinkedSession::new();
         let params = model.params(&mut s).unwrap();
         LinkedRun {
@@ -237,17 +251,18 @@ impl<'m> LinkedRun<'m> {
             s,
             params,
             opt: Optimizer::sgd(0.01),
+            backend,
         }
     }
 
-    /// One training step: reset, record the graph, compile it to the CPU tape, backward on the
-    /// tape, SGD update from the dense gradients. Returns the loss.
+    /// One training step: reset, record the graph, compile it to the backend's tape, backward
+    /// on the tape, SGD update from the dense gradients. Returns the loss.
     pub fn step(&mut self) -> f32 {
         let s = &mut self.s;
         s.reset();
         let at = s.record_nat_vec(&self.model.labels).pos();
         let loss = self.model.loss(s, &self.params, at).unwrap();
-        let mut compiled = s.compile(Backend::Cpu).unwrap();
+        let mut compiled = s.compile(self.backend).unwrap();
         let grads = compiled
             .backward_dense(loss.id(), &Tensor::scalar(1.0))
             .unwrap();

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""PyTorch eager on the same GPU, same shapes as crates/tl-session/benches/gpu.rs, and the table
+of ratios (issue 7's GPU part).
+
+    python3 torch_bench.py --ours logs/ours.jsonl [--quick] [--iters 20]
+
+`--ours` is the JSON-lines output of our `gpu` bench binary. Each PyTorch figure is the median of
+timed iterations after two warm-up runs, each ending in `.item()` (which synchronises), like
+ours. Prints one table: name, ours, PyTorch, ratio, and for matmul and elementwise the rates and
+the issue's targets: our matmul >= 60% of PyTorch's fp32 matmul GFLOP/s, our elementwise >= 70%
+of PyTorch's device-to-device copy bandwidth (256 MB buffers).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def median_ms(iters, f):
+    f()
+    f()
+    t = []
+    for _ in range(iters):
+        s = time.perf_counter()
+        f()
+        t.append((time.perf_counter() - s) * 1e3)
+    return statistics.median(t)
+
+
+def params(dev, *shapes):
+    g = torch.Generator(device="cpu").manual_seed(0)
+    return [(torch.rand(s, generator=g) * 0.2 - 0.1).to(dev).requires_grad_() for s in shapes]
+
+
+def sgd(ps, lr=0.01):
+    with torch.no_grad():
+        for p in ps:
+            p -= lr * p.grad
+            p.grad = None
+
+
+def mlp(dev, batch):
+    ps = params(dev, (256, 784), (256,), (256, 256), (256,), (10, 256), (10,))
+    x = torch.rand(batch, 784, device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
+
+    def step():
+        w0, b0, w1, b1, w2, b2 = ps
+        h = F.relu(F.linear(x, w0, b0))
+        h = F.relu(F.linear(h, w1, b1))
+        loss = F.cross_entropy(F.linear(h, w2, b2), y)
+        loss.backward()
+        sgd(ps)
+        return loss.item()
+
+    return step
+
+
+def cnn(dev, batch):
+    ps = params(dev, (8, 1, 3, 3), (8,), (16, 8, 3, 3), (16,), (10, 784), (10,))
+    x = torch.rand(batch, 1, 28, 28, device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
+
+    def step():
+        c0, b0, c1, b1, w, b = ps
+        h = F.max_pool2d(F.relu(F.conv2d(x, c0, b0, padding=1)), 2)
+        h = F.max_pool2d(F.relu(F.conv2d(h, c1, b1, padding=1)), 2)
+        loss = F.cross_entropy(F.linear(h.flatten(1), w, b), y)
+        loss.backward()
+        sgd(ps)
+        return loss.item()
+
+    return step
+
+
+def transformer(dev, n):
+    d, heads = 64, 4
+    ps = params(dev, (d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,),
+                (256, d), (256,), (d, 256), (d,), (10, d), (10,))
+    x = torch.rand(n, d, device=dev)
+    y = torch.randint(0, 10, (n,), device=dev)
+
+    def step():
+        g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2, wc, bc = ps
+        h = F.layer_norm(x, (d,), g1, be1)
+        q, k, v = F.linear(h, wqkv, bqkv).view(n, 3, heads, d // heads).permute(1, 2, 0, 3)
+        a = F.scaled_dot_product_attention(q, k, v)
+        h = x + F.linear(a.permute(1, 0, 2).reshape(n, d), wo, bo)
+        f = F.linear(F.gelu(F.linear(F.layer_norm(h, (d,), g2, be2), w1, b1)), w2, b2)
+        loss = F.cross_entropy(F.linear(h + f, wc, bc), y)
+        loss.backward()
+        sgd(ps)
+        return loss.item()
+
+    return step
+
+
+def torch_rows(dev, quick, iters):
+    batch = 4 if quick else 64
+    rows = {}
+    for name, make in [("mlp", lambda: mlp(dev, batch)), ("cnn", lambda: cnn(dev, batch)),
+                       ("transformer", lambda: transformer(dev, 16 if quick else 128))]:
+        step = make()
+        rows[f"step/eager/{name}"] = (median_ms(iters, step), None)
+    n = 64 if quick else 4096
+    a = torch.rand(n, n, device=dev) * 0.01
+    b = torch.rand(n, n, device=dev) * 0.01
+    with torch.no_grad():
+        ms = median_ms(iters, lambda: (a @ b).sum().item())
+    rows[f"matmul/{n}"] = (ms, ("gflops", 2 * n**3 / (ms * 1e-3) / 1e9))
+    length = (1 << 20) if quick else (1 << 26)
+    x = torch.rand(length, device=dev)
+    out = torch.empty_like(x)
+    mb = length * 4 >> 20
+    with torch.no_grad():
+        for name, op, buffers in [("scale", lambda: x * 0.5, 2), ("add", lambda: x + x, 3),
+                                  ("copy", lambda: out.copy_(x), 2)]:
+            chain = lambda k: ([op() for _ in range(k)], x.sum().item())  # noqa: E731
+            ms = (median_ms(iters, lambda: chain(8)) - median_ms(iters, lambda: chain(0))) / 8
+            ms = max(ms, 1e-6)
+            rows[f"{name}/{mb}MB"] = (ms, ("gbps", buffers * 4 * length / (ms * 1e-3) / 1e9))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("torch_bench: no CUDA device for PyTorch: skipping")
+        return 0
+    ours = {}
+    with open(args.ours) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                r = json.loads(line)
+                ours[r["name"]] = r
+    dev = torch.device("cuda")
+    theirs = torch_rows(dev, args.quick, args.iters)
+    print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print(f"{'name':28} {'ours ms':>10} {'torch ms':>10} {'ours/torch':>10}  rates")
+    for name, r in ours.items():
+        t = theirs.get(name) or theirs.get(name.replace("linked", "eager"))
+        if t is None:
+            print(f"{name:28} {r['ms']:10.3f} {'-':>10}")
+            continue
+        rate = ""
+        if t[1]:
+            unit, tv = t[1]
+            rate = f"{unit}: ours {r.get(unit, 0):.1f}, torch {tv:.1f}"
+        print(f"{name:28} {r['ms']:10.3f} {t[0]:10.3f} {r['ms'] / t[0]:10.2f}  {rate}")
+    # The issue's targets.
+    mm = [k for k in ours if k.startswith("matmul/")]
+    cp = [k for k in theirs if k.startswith("copy/")]
+    if mm and mm[0] in theirs:
+        frac = ours[mm[0]]["gflops"] / theirs[mm[0]][1][1]
+        print(f"target matmul >= 60% of torch: {frac:.0%} {'PASS' if frac >= 0.6 else 'FAIL'}")
+    for k in ours:
+        if (k.startswith("scale/") or k.startswith("add/")) and cp:
+            frac = ours[k]["gbps"] / theirs[cp[0]][1][1]
+            print(f"target {k} >= 70% of torch copy bandwidth: {frac:.0%} "
+                  f"{'PASS' if frac >= 0.7 else 'FAIL'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+//! The GPU half of issue 7: our training steps, a large matmul and elementwise bandwidth on one
+//! backend, printed as JSON lines that `benches/gpu/torch_bench.py` joins with PyTorch's figures
+//! for the same shapes on the same GPU. Not a criterion bench: the GPU machine runs the bundled
+//! binary (`cargo xtask gpu-bundle`, then `run.sh` there), and the figures are medians of timed
+//! iterations after warm-up, each ending in a host read of a scalar (which waits for the device).
+//!
+//! `cargo bench -p tl-session --features cuda --bench gpu -- --backend cuda` on a GPU machine;
+//! `cargo bench -p tl-session --bench gpu -- --backend cuda-sim --quick` checks the code on the
+//! simulation device (small sizes; the figures mean nothing there).
+//!
+//! Rows (`name`, milliseconds, and for matmul/elementwise the rate):
+//! - `step/{eager,linked}/{mlp,cnn,transformer}`: the models of `common/models.rs`, SGD;
+//! - `matmul/{n}`: `sum(a·b)` with `a`, `b` of `n × n` (GFLOP/s counts the product only; the
+//!   sum's n² reads are under 0.1% of the work at n = 4096);
+//! - `scale/{bytes}` and `add/{bytes}`: one elementwise op over a 256 MB (`--quick`: 4 MB) f32
+//!   buffer, as (chain of 8 ops then `sum`) minus (`sum` alone), divided by 8; GB/s counts
+//!   bytes read plus written.
+
+#[path = "common/models.rs"]
+mod common;
+
+use std::time::Instant;
+
+use common::{BenchModel, EagerRun, LinkedRun, filled};
+use tl_session::{Backend, Ops, Options, Session};
+
+struct Args {
+    backend: Backend,
+    quick: bool,
+    iters: usize,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args {
+        backend: Backend::Cuda,
+        quick: false,
+        iters: 20,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--backend" => {
+                a.backend = match it.next().as_deref() {
+                    Some("cuda") => Backend::Cuda,
+                    Some("cuda-sim") => Backend::CudaSim,
+                    Some("cpu") => Backend::Cpu,
+                    other => return Err(format!("--backend cuda|cuda-sim|cpu, got {other:?}")),
+                }
+            }
+            "--quick" => a.quick = true,
+            "--iters" => {
+                a.iters = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or("--iters needs a positive number")?
+            }
+            // cargo passes `--bench` to bench targets.
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if a.quick {
+        a.iters = a.iters.min(3);
+    }
+    Ok(a)
+}
+
+/// Median wall time of `f` in milliseconds over `iters` runs after two warm-up runs.
+fn median_ms(iters: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    f();
+    let mut t: Vec<f64> = (0..iters)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn row(backend: Backend, name: &str, ms: f64, rate: Option<(&str, f64)>) {
+    let rate = rate.map_or(String::new(), |(unit, v)| format!(", \"{unit}\": {v:.3}"));
+    println!(
+        "{{\"backend\": \"{}\", \"name\": \"{name}\", \"ms\": {ms:.4}{rate}}}",
+        backend.name()
+    );
+}
+
+fn steps(a: &Args) {
+    let batch = if a.quick { 4 } else { 64 };
+    let models = [
+        ("mlp", BenchModel::mlp(batch)),
+        ("cnn", BenchModel::cnn(batch)),
+        (
+            "transformer",
+            BenchModel::transformer(if a.quick { 16 } else { 128 }),
+        ),
+    ];
+    for (name, m) in &models {
+        let mut eager = EagerRun::on(m, a.backend).expect("backend checked in main");
+        let ms = median_ms(a.iters, || {
+            eager.step();
+        });
+        row(a.backend, &format!("step/eager/{name}"), ms, None);
+        let mut linked = LinkedRun::on(m, a.backend);
+        let ms = median_ms(a.iters, || {
+            linked.step();
+        });
+        row(a.backend, &format!("step/linked/{name}"), ms, None);
+    }
+}
+
+fn matmul(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
+    let n = if a.quick { 64 } else { 4096 };
+    // Parameters stay resident on the device across resets: nothing is uploaded per iteration.
+    let x = s.param(filled(&[n, n], 1, 0.01), Some("a"), false)?;
+    let y = s.param(filled(&[n, n], 2, 0.01), Some("b"), false)?;
+    let mut run = || -> tl_session::Result<f32> {
+        s.reset();
+        let xa = s.use_param(&x)?;
+        let ya = s.use_param(&y)?;
+        let p = s.matmul(&xa, &ya)?;
+        let total = s.sum(&p)?;
+        Ok(s.value(&total)?.item()?)
+    };
+    run()?;
+    let ms = median_ms(a.iters, || {
+        run().unwrap();
+    });
+    let gflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e9;
+    row(
+        a.backend,
+        &format!("matmul/{n}"),
+        ms,
+        Some(("gflops", gflops)),
+    );
+    Ok(())
+}
+
+fn elementwise(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
+    const CHAIN: usize = 8;
+    let len = if a.quick { 1 << 20 } else { 1 << 26 };
+    let x = s.param(filled(&[len], 3, 1.0), Some("x"), false)?;
+    for op in ["scale", "add"] {
+        // Per iteration: (chain of ops, sum) or (sum alone) on the resident buffer; reset frees
+        // the chain's outputs.
+        let mut chain = |n: usize| -> tl_session::Result<()> {
+            s.reset();
+            let xa = s.use_param(&x)?;
+            let mut h = xa.clone();
+            for _ in 0..n {
+                h = match op {
+                    "scale" => s.scale(&h, 0.5)?,
+                    _ => s.add(&h, &xa)?,
+                };
+            }
+            let total = s.sum(&h)?;
+            s.value(&total)?;
+            Ok(())
+        };
+        chain(CHAIN)?;
+        let with = median_ms(a.iters, || chain(CHAIN).unwrap());
+        let without = median_ms(a.iters, || chain(0).unwrap());
+        let ms = ((with - without) / CHAIN as f64).max(1e-6);
+        // Bytes read plus written per op: scale reads one buffer, add two.
+        let buffers = if op == "scale" { 2.0 } else { 3.0 };
+        let moved = buffers * 4.0 * len as f64;
+        row(
+            a.backend,
+            &format!("{op}/{}MB", (len * 4) >> 20),
+            ms,
+            Some(("gbps", moved / (ms * 1e-3) / 1e9)),
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut s = match Session::<f32>::new(Options::backend(a.backend)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("gpu bench: skipping, {e}");
+            return;
+        }
+    };
+    steps(&a);
+    let r = matmul(&a, &mut s).and_then(|()| elementwise(&a, &mut s));
+    if let Err(e) = r {
+        eprintln!("gpu bench: {e}");
+        std::process::exit(1);
+    }
+}
