@@ -222,8 +222,9 @@ pub fn pending_summary(rows: &[Row]) -> Option<String> {
     Some(line)
 }
 
-/// Width of the op-name column (fits every registry name and `"dag"`).
-pub const NAME_WIDTH: usize = 13;
+/// Width of the op-name column: fits every registry name and `"dag"` (tested), so the cells of
+/// every row line up under the header.
+pub const NAME_WIDTH: usize = 22;
 /// Width of a cell.
 pub const CELL_WIDTH: usize = 13;
 

@@ -2,7 +2,7 @@
 //! drives its exit status and `--coverage`.
 
 use tl_conformance::RunConfig;
-use tl_conformance::verify::{COLUMNS, render, row, row_names, tally};
+use tl_conformance::verify::{COLUMNS, NAME_WIDTH, render, row, row_names, tally};
 
 #[test]
 fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
@@ -29,6 +29,11 @@ fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
     assert!(lines[0].contains("5 sess cpu") && lines[0].contains("5 sess sim"));
     assert!(lines[1].starts_with("mul") && lines[1].matches("3/").count() == COLUMNS.len());
     assert!(lines[2].starts_with("detach") && lines[2].contains("n/a"));
+    // Every row name fits its column, so the cells line up under the header.
+    let longest = names.iter().map(|n| n.chars().count()).max().unwrap();
+    assert!(longest < NAME_WIDTH, "{longest} >= {NAME_WIDTH}");
+    let width = |l: &str| l.chars().count();
+    assert!(lines.iter().all(|l| width(l) == width(lines[0])), "{table}");
 
     let empty = RunConfig {
         cases: 0,
