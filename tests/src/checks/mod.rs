@@ -50,22 +50,42 @@ pub fn op_graph_cases(entry: &OpInfo) -> BoxedStrategy<GraphCase> {
 }
 
 /// The length of the longest reduction in `graph` (forward or backward): summed elements for
-/// `sum`/`mseLoss`, the axis for `reduceSum`/`reduceMean`, the inner dim for matrix products,
-/// the largest dim of either operand for matrix products (their backward reduces over the outer
-/// dims), the row for softmax, the expansion factor for `broadcastTo` (its backward sums).
+/// `sum`/`mseLoss`, the axis for `reduceSum`/`reduceMean`, the largest dim of either operand for
+/// matrix products (forward over the inner dim, backward over the outer ones), the row for
+/// softmax, masked softmax and cross-entropy, the expansion factor for `broadcastTo` (its
+/// backward sums), the normalized row and the rows for layerNorm (γ's gradient sums over rows),
+/// every element for batchNorm and spectral conv (an upper bound), the largest dim of any
+/// operand for attention, the kernel volume for pools, and for conv/convTranspose the weight's
+/// fan-in either way and the input's size (the weight gradient sums over batch and positions).
 pub fn reduction_len(graph: &GraphData) -> usize {
     let mut worst = 1;
     for node in graph.nodes() {
         let dims = |k: usize| graph.shape(node.args()[k]).expect("valid graph").dims();
         let max_dim = |k: usize| dims(k).iter().copied().max().unwrap_or(1);
+        let numel = |k: usize| dims(k).iter().product::<usize>();
+        let last = |k: usize| dims(k).last().copied().unwrap_or(1);
+        let largest = || (0..node.args().len()).map(max_dim).max().unwrap_or(1);
         let len = match node.op() {
-            Op::Sum | Op::MseLoss => dims(0).iter().product(),
+            Op::Sum | Op::MseLoss => numel(0),
             Op::ReduceSum(a) | Op::ReduceMean(a) => dims(0)[*a],
             // Forward reduces over the inner dim, backward over the outer ones.
             Op::Matmul | Op::Bmm => max_dim(0).max(max_dim(1)),
             Op::Linear => max_dim(0).max(max_dim(2)),
             Op::Softmax | Op::LogSoftmax => dims(0).last().copied().unwrap_or(1),
-            Op::BroadcastTo(to) => to.numel() / dims(0).iter().product::<usize>().max(1),
+            Op::BroadcastTo(to) => to.numel() / numel(0).max(1),
+            Op::MaskedSoftmax { .. } | Op::CrossEntropy { .. } => last(0),
+            Op::LayerNorm { .. } => last(0).max(numel(0) / last(0).max(1)),
+            Op::BatchNorm { .. } => numel(0),
+            Op::SpectralConv1dRfft { .. } => (0..node.args().len()).map(numel).max().unwrap_or(1),
+            Op::MultiHeadAttention { .. } => largest(),
+            Op::MaxPool { kernel, .. }
+            | Op::AvgPool { kernel, .. }
+            | Op::SmoothMaxPool { kernel, .. } => kernel.iter().product(),
+            Op::Conv { .. } | Op::ConvTranspose { .. } => {
+                let w = dims(0);
+                let fan = |d: usize| numel(0) / w.get(d).copied().unwrap_or(1).max(1);
+                fan(0).max(fan(1)).max(numel(2))
+            }
             _ => 1,
         };
         worst = worst.max(len);
@@ -131,4 +151,34 @@ pub(crate) fn compare_ids<T: Scalar>(
         worst = worst.max(m);
     }
     Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use tl_ir::{GraphBuilder, Op};
+
+    use super::reduction_len;
+
+    #[test]
+    fn reduction_len_counts_conv_pool_norm_and_cross_entropy() {
+        // conv 8→4 k3×3 on (2, 8, 10, 10): fan-in 8·9 = 72, input 1600 (the weight gradient
+        // sums over batch and positions) → 1600.
+        let mut b = GraphBuilder::new();
+        let w = b.leaf([4, 8, 3, 3], None).unwrap();
+        let bias = b.leaf([4], None).unwrap();
+        let x = b.leaf([2, 8, 10, 10], None).unwrap();
+        b.apply(Op::conv2d(1, 1), &[w, bias, x]).unwrap();
+        assert_eq!(reduction_len(&b.finish()), 1600);
+        let mut b = GraphBuilder::new();
+        let x = b.leaf([1, 4, 4], None).unwrap();
+        b.apply(Op::max_pool2d([2, 3], 1), &[x]).unwrap();
+        assert_eq!(reduction_len(&b.finish()), 6);
+        // layerNorm over rows of 5, 12 rows: γ's gradient sums 12 rows.
+        let mut b = GraphBuilder::new();
+        let x = b.leaf([12, 5], None).unwrap();
+        let g = b.leaf([5], None).unwrap();
+        let be = b.leaf([5], None).unwrap();
+        b.apply(Op::LayerNorm { eps: 1e-5 }, &[x, g, be]).unwrap();
+        assert_eq!(reduction_len(&b.finish()), 12);
+    }
 }
