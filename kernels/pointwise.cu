@@ -127,6 +127,7 @@ extern "C" __global__ void tl_max_bwd(const float* a, const float* b, const floa
 }
 extern "C" __global__ void tl_min_bwd(const float* a, const float* b, const float* g, float* da,
                                       float* db, u64 n) {
-    // min_bwd(a, b) = max_bwd(b, a) with the outputs swapped back.
-    TL_GRID_STRIDE(i, n) { tl_max_split(b[i], a[i], g[i], &db[i], &da[i]); }
+    // min_bwd(a, b) = max_bwd(b, a) with its outputs kept in (a, b) order: when b > a the
+    // first output, g, is a's (sim: pointwise::min_bwd).
+    TL_GRID_STRIDE(i, n) { tl_max_split(b[i], a[i], g[i], &da[i], &db[i]); }
 }
