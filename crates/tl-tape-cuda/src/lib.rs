@@ -55,7 +55,7 @@ pub mod wire;
 
 pub use alloc::MemoryUsage;
 pub use any_buffer::AnyBuffer;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::cuda::CudaDevice;
 pub use device::sim::SimDevice;
 pub use device::{Buffer, Device, Gemm};

@@ -1,15 +1,17 @@
 //! The real CUDA device against the simulation device and the reference (feature `cuda`).
 //!
 //! Where `CudaDevice::new` reports no device (no GPU, or the stub libcuda of
-//! `cargo xtask cuda-stub`), each test prints "no CUDA device: skipping" and passes. On a GPU:
+//! `cargo xtask cuda-stub`), each test prints "no CUDA device: skipping" and passes. On a GPU,
+//! and with feature `cuda-emu` on the kernel emulator (the same kernels compiled for the host):
 //!
 //! 1. every `Device` primitive on seeded random inputs, CUDA vs sim: structure-only primitives
 //!    (no transcendental function) bit for bit in deterministic mode, the others within a
 //!    relative f32 tolerance; a summary line per op family (`GPU-SUMMARY family max_err
-//!    pass|FAIL`), which the GPU bundle's run.sh collects into its table;
+//!    pass|FAIL`), which the GPU bundle's run.sh collects into its table; then the same with
+//!    deterministic reductions off, through the atomic kernels, within the tolerance;
 //! 2. the CUDA tape (forward values and dense gradients) against the f64 IR reference for the
 //!    first op set and an MLP-shaped DAG, as tests/ops.rs does on sim.
-#![cfg(feature = "cuda")]
+#![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
 mod common;
 
@@ -320,17 +322,13 @@ fn conv_family<D: Device>(
     Ok(out)
 }
 
-#[test]
-fn every_primitive_matches_the_simulation_device() {
-    let i = inputs();
-    let want = run_all(&mut SimDevice::new(), &i).unwrap();
-    // Without a GPU, the line above has still checked that every launch of this test is valid.
-    let Some(mut cuda) = gpu() else { return };
-    determinism::set_deterministic_reductions(true);
-    let got = run_all(&mut cuda, &i).unwrap();
-    let mut families: Vec<(&str, f64, bool)> = Vec::new();
+/// Per family (max relative error, all passed) and the failures, comparing the device's
+/// results `got` with the sim's `want`: bit for bit where `exact` says so and `bits` is on,
+/// else within 1e-5 of each result's largest magnitude.
+fn compare(want: &[Out], got: &[Out], bits: bool) -> (Vec<(&'static str, f64, bool)>, Vec<String>) {
+    let mut families: Vec<(&'static str, f64, bool)> = Vec::new();
     let mut failures = Vec::new();
-    for ((fam, name, exact, w), (_, _, _, c)) in want.iter().zip(&got) {
+    for ((fam, name, exact, w), (_, _, _, c)) in want.iter().zip(got) {
         assert_eq!(w.len(), c.len(), "{name}: lengths");
         let scale = w.iter().fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
         let mut err = 0.0f64;
@@ -344,7 +342,8 @@ fn every_primitive_matches_the_simulation_device() {
                 err = e;
             }
         }
-        let ok = if *exact { bits_equal } else { err <= 1e-5 };
+        let exact = *exact && bits;
+        let ok = if exact { bits_equal } else { err <= 1e-5 };
         if !ok {
             failures.push(format!(
                 "{name}: max rel error {err:e} (bit-exact expected: {exact})"
@@ -358,12 +357,41 @@ fn every_primitive_matches_the_simulation_device() {
             None => families.push((fam, err, ok)),
         }
     }
+    (families, failures)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "pass" } else { "FAIL" }
+}
+
+/// Every primitive against the sim twice: with deterministic reductions (bit for bit where no
+/// transcendental function is involved), then without them, where the reductions, scatter-adds,
+/// col2im and the pool backward take their atomic kernels (within the f32 tolerance). One test,
+/// because the switch is process-wide.
+#[test]
+fn every_primitive_matches_the_simulation_device() {
+    let i = inputs();
+    let want = run_all(&mut SimDevice::new(), &i).unwrap();
+    // Without a GPU, the line above has still checked that every launch of this test is valid.
+    let Some(mut cuda) = gpu() else { return };
+    determinism::set_deterministic_reductions(true);
+    let got = run_all(&mut cuda, &i).unwrap();
+    let (families, mut failures) = compare(&want, &got, true);
     for (fam, err, ok) in &families {
-        println!(
-            "GPU-SUMMARY {fam} {err:.3e} {}",
-            if *ok { "pass" } else { "FAIL" }
-        );
+        println!("GPU-SUMMARY {fam} {err:.3e} {}", verdict(*ok));
     }
+    determinism::set_deterministic_reductions(false);
+    let atomic = run_all(&mut cuda, &i);
+    determinism::set_deterministic_reductions(true);
+    let (families, atomic_failures) = compare(&want, &atomic.unwrap(), false);
+    let worst = families.iter().fold(0.0f64, |m, f| m.max(f.1));
+    let ok = atomic_failures.is_empty();
+    println!("GPU-SUMMARY atomic-paths {worst:.3e} {}", verdict(ok));
+    failures.extend(
+        atomic_failures
+            .into_iter()
+            .map(|f| format!("{f} (atomic paths)")),
+    );
     let u = cuda.memory_usage();
     assert_eq!(u.live_bytes, 0, "leaked on the GPU: {u}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));

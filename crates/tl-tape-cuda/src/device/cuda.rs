@@ -17,7 +17,18 @@
 //!
 //! Not yet run on a GPU: see docs/cuda.md.
 
+#[cfg(all(feature = "cuda", feature = "cuda-emu"))]
+compile_error!(
+    "tl-tape-cuda: features `cuda` (the GPU through libcuda) and `cuda-emu` (the kernel \
+     emulator) each select CudaDevice's driver; enable one of them"
+);
+
+mod arg;
 mod conv;
+#[cfg(not(feature = "cuda-emu"))]
+mod driver;
+#[cfg(feature = "cuda-emu")]
+#[path = "cuda/emu.rs"]
 mod driver;
 mod index;
 mod launch;
@@ -183,7 +194,7 @@ impl CudaDevice {
 
 impl Device for CudaDevice {
     fn name(&self) -> &'static str {
-        "cuda"
+        driver::NAME
     }
     fn upload(&mut self, data: &[f32]) -> Result<Buffer> {
         self.with_out("upload", data.len(), |_, out| {

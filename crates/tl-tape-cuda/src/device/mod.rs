@@ -27,7 +27,7 @@ pub mod norm;
 pub mod sim;
 pub mod window;
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 #[allow(unsafe_code)]
 pub mod cuda;
 

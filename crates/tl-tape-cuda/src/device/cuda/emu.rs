@@ -1,0 +1,347 @@
+//! The kernel emulator's driver (feature `cuda-emu`): the same functions as `driver.rs`, over
+//! `kernels/*.cu` compiled for the host by g++ with the runtime of `kernels/emu/` (built by
+//! `build.rs`; docs/cuda.md, "The kernel emulator"). [`super::CudaDevice`] runs unchanged on
+//! it: its allocator, launch shapes and arguments, and the kernel sources themselves, with one
+//! fiber per CUDA thread. What it cannot check is what nvcc and the GPU add: code generation,
+//! CUDA's own `expf`/`logf`/... (the host libm is used), timing and true concurrency.
+//!
+//! Every `unsafe` block is a call into the runtime's C ABI, with a `// SAFETY:` comment.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+
+use super::arg;
+pub use super::arg::Arg;
+use crate::alloc::RawMemory;
+use crate::{Error, Result};
+
+/// What [`CudaDevice::name`](crate::Device::name) reports over this driver.
+pub const NAME: &str = "cuda-emu";
+
+/// Room for the runtime's error messages.
+const ERR_CAP: usize = 512;
+
+unsafe extern "C" {
+    fn tl_emu_find(name: *const c_char) -> c_int;
+    fn tl_emu_launch(
+        index: c_int,
+        grid: *const u32,
+        block: u32,
+        params: *mut *mut c_void,
+        sig: *const c_char,
+        err: *mut c_char,
+        cap: usize,
+    ) -> c_int;
+    fn tl_emu_alloc(bytes: usize) -> u64;
+    fn tl_emu_free(p: u64);
+    fn tl_emu_copy_to_device(
+        dst: u64,
+        src: *const f32,
+        n: usize,
+        err: *mut c_char,
+        cap: usize,
+    ) -> c_int;
+    fn tl_emu_copy_to_host(
+        dst: *mut f32,
+        src: u64,
+        n: usize,
+        err: *mut c_char,
+        cap: usize,
+    ) -> c_int;
+    #[cfg(test)]
+    fn tl_emu_set_reverse(on: c_int);
+}
+
+/// The runtime's message in `err` (NUL-terminated by `vsnprintf`) as our error.
+fn failed(op: &'static str, err: &[c_char; ERR_CAP]) -> Error {
+    // SAFETY: the runtime wrote a NUL-terminated string of at most ERR_CAP bytes into `err`
+    // (vsnprintf always terminates), and `err` lives for this call.
+    let detail = unsafe { CStr::from_ptr(err.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    Error::Driver {
+        op,
+        detail: format!("kernel emulator: {detail}"),
+    }
+}
+
+/// Nothing to initialize: the emulator has no context.
+pub fn enter() -> Result<()> {
+    Ok(())
+}
+
+/// The index of kernel `name` in the emulator's table.
+pub fn function(name: &'static str) -> Result<usize> {
+    let cname = CString::new(name).map_err(|_| Error::kernel(name, "bad kernel name"))?;
+    // SAFETY: `cname` is NUL-terminated and outlives the call; the table is immutable.
+    let i = unsafe { tl_emu_find(cname.as_ptr()) };
+    usize::try_from(i).map_err(|_| Error::Driver {
+        op: name,
+        detail: "kernel not found in kernels/*.cu (kernel emulator)".to_owned(),
+    })
+}
+
+/// Run kernel `f` with `grid` × `block` threads; the emulator refuses arguments that do not
+/// match the kernel's parameters, pointers outside live allocations, and out-of-bounds writes.
+pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Arg]) -> Result<()> {
+    let index = c_int::try_from(f).map_err(|_| Error::kernel(op, "bad kernel index"))?;
+    let mut vals: Vec<Arg> = args.to_vec();
+    let mut ptrs = arg::params(&mut vals);
+    let sig = CString::new(args.iter().map(Arg::tag).collect::<Vec<u8>>())
+        .map_err(|_| Error::kernel(op, "bad argument tags"))?;
+    let mut err = [0 as c_char; ERR_CAP];
+    // SAFETY: `grid` has three elements; `ptrs` has one pointer per argument, each into `vals`,
+    // which outlives the call; `sig` is NUL-terminated with one tag per argument, which the
+    // runtime checks against the kernel's parameter list before reading any argument; `err`
+    // has room for ERR_CAP bytes. The runtime checks every pointer argument against its live
+    // allocations before running the kernel.
+    let rc = unsafe {
+        tl_emu_launch(
+            index,
+            grid.as_ptr(),
+            block,
+            ptrs.as_mut_ptr(),
+            sig.as_ptr(),
+            err.as_mut_ptr(),
+            ERR_CAP,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(failed(op, &err))
+    }
+}
+
+/// Copy `data` to device address `dst` (at least `data.len()` floats).
+pub fn copy_to_device(dst: u64, data: &[f32]) -> Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let mut err = [0 as c_char; ERR_CAP];
+    // SAFETY: `data` is valid for `data.len()` floats; the runtime checks that the destination
+    // range lies in one live allocation before it copies; `err` has room for ERR_CAP bytes.
+    let rc =
+        unsafe { tl_emu_copy_to_device(dst, data.as_ptr(), data.len(), err.as_mut_ptr(), ERR_CAP) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(failed("upload", &err))
+    }
+}
+
+/// Copy `n` floats from device address `src` to a new host vector.
+pub fn copy_to_host(src: u64, n: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0.0f32; n];
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut err = [0 as c_char; ERR_CAP];
+    // SAFETY: `out` has room for `n` floats; the runtime checks that the source range lies in
+    // one live allocation before it copies; `err` has room for ERR_CAP bytes.
+    let rc = unsafe { tl_emu_copy_to_host(out.as_mut_ptr(), src, n, err.as_mut_ptr(), ERR_CAP) };
+    if rc == 0 {
+        Ok(out)
+    } else {
+        Err(failed("download", &err))
+    }
+}
+
+/// Host memory with guard zones (the runtime's) under the caching allocator; no device
+/// free/total to report (0, as on the simulation device).
+#[derive(Debug, Default)]
+pub struct DeviceMemory;
+
+impl RawMemory for DeviceMemory {
+    type Block = u64;
+
+    fn alloc(&mut self, op: &'static str, bytes: usize) -> Result<u64> {
+        // SAFETY: plain allocation; the runtime returns 0 when malloc fails.
+        let p = unsafe { tl_emu_alloc(bytes) };
+        if p == 0 {
+            return Err(Error::OutOfMemory {
+                op,
+                requested: bytes,
+                in_use: 0,
+                limit: 0,
+            });
+        }
+        Ok(p)
+    }
+
+    fn free(&mut self, block: u64, _bytes: usize) {
+        // SAFETY: `block` came from `tl_emu_alloc` and the pool frees it once; the runtime
+        // ignores an address it does not hold.
+        unsafe { tl_emu_free(block) }
+    }
+
+    fn mem_info(&self) -> (usize, usize) {
+        (0, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each check of the emulator, shown to fire: these are what make a kernel bug an error
+    //! here instead of garbage on a GPU.
+    use super::*;
+
+    fn alloc_floats(n: usize) -> u64 {
+        DeviceMemory.alloc("test", 4 * n).unwrap()
+    }
+
+    fn detail(r: Result<()>) -> String {
+        match r {
+            Err(Error::Driver { detail, .. }) => detail,
+            other => panic!("expected a driver error, got {other:?}"),
+        }
+    }
+
+    /// Launch a self-test kernel over one block of 256 threads on this thread, in the given
+    /// order, and download its 256 outputs.
+    fn run_selftest(name: &'static str, reverse: bool) -> Result<Vec<f32>> {
+        let out = alloc_floats(256);
+        // SAFETY: sets a thread-local flag of the runtime.
+        unsafe { tl_emu_set_reverse(c_int::from(reverse)) };
+        let r = launch(name, function(name)?, [1, 1, 1], 256, &[Arg::Ptr(out)]);
+        // SAFETY: as above.
+        unsafe { tl_emu_set_reverse(0) };
+        let v = r.and_then(|()| copy_to_host(out, 256));
+        DeviceMemory.free(out, 1024);
+        v
+    }
+
+    #[test]
+    fn a_kernel_runs_and_fills_its_output() {
+        let out = alloc_floats(1000);
+        let f = function("tl_full").unwrap();
+        launch(
+            "full",
+            f,
+            [4, 1, 1],
+            256,
+            &[Arg::Ptr(out), Arg::U64(1000), Arg::F32(2.5)],
+        )
+        .unwrap();
+        assert_eq!(copy_to_host(out, 1000).unwrap(), vec![2.5f32; 1000]);
+        DeviceMemory.free(out, 4000);
+    }
+
+    #[test]
+    fn arguments_that_do_not_match_the_kernel_are_refused() {
+        let out = alloc_floats(4);
+        let f = function("tl_full").unwrap();
+        // n as u32 where the kernel takes u64.
+        let d = detail(launch(
+            "full",
+            f,
+            [1, 1, 1],
+            256,
+            &[Arg::Ptr(out), Arg::U32(4), Arg::F32(1.0)],
+        ));
+        assert!(
+            d.contains("tl_full takes parameters (pUf) but the launch passed (puf)"),
+            "{d}"
+        );
+        // One argument missing.
+        let d = detail(launch(
+            "full",
+            f,
+            [1, 1, 1],
+            256,
+            &[Arg::Ptr(out), Arg::U64(4)],
+        ));
+        assert!(d.contains("(pU)"), "{d}");
+        DeviceMemory.free(out, 16);
+    }
+
+    #[test]
+    fn a_pointer_outside_every_allocation_is_refused() {
+        let out = alloc_floats(4);
+        DeviceMemory.free(out, 16);
+        let f = function("tl_full").unwrap();
+        let d = detail(launch(
+            "full",
+            f,
+            [1, 1, 1],
+            256,
+            &[Arg::Ptr(out), Arg::U64(4), Arg::F32(1.0)],
+        ));
+        assert!(
+            d.contains("argument 0") && d.contains("not a live allocation"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn a_write_past_the_end_of_a_buffer_is_caught() {
+        let out = alloc_floats(16);
+        let f = function("tl_full").unwrap();
+        // 20 elements into a 16-element allocation.
+        let d = detail(launch(
+            "full",
+            f,
+            [1, 1, 1],
+            256,
+            &[Arg::Ptr(out), Arg::U64(20), Arg::F32(1.0)],
+        ));
+        assert!(
+            d.contains("tl_full wrote outside an allocation of 64 bytes"),
+            "{d}"
+        );
+        // The guard zones are restored, so the next (correct) launch passes.
+        launch(
+            "full",
+            f,
+            [1, 1, 1],
+            256,
+            &[Arg::Ptr(out), Arg::U64(16), Arg::F32(1.0)],
+        )
+        .unwrap();
+        DeviceMemory.free(out, 64);
+    }
+
+    #[test]
+    fn launch_shapes_beyond_cuda_limits_are_refused() {
+        let out = alloc_floats(4);
+        let f = function("tl_full").unwrap();
+        let args = [Arg::Ptr(out), Arg::U64(4), Arg::F32(1.0)];
+        for (grid, block) in [([1, 1, 1], 1025), ([1, 1, 1], 0), ([1, 65_536, 1], 256)] {
+            let d = detail(launch("full", f, grid, block, &args));
+            assert!(d.contains("outside CUDA's limits"), "{d}");
+        }
+        DeviceMemory.free(out, 16);
+    }
+
+    #[test]
+    fn copies_outside_an_allocation_are_refused_and_new_memory_is_nan() {
+        let p = alloc_floats(8);
+        assert!(copy_to_host(p, 8).unwrap().iter().all(|v| v.is_nan()));
+        let d = detail(copy_to_device(p, &[0.0; 9]));
+        assert!(
+            d.contains("upload of 9 floats") && d.contains("not inside"),
+            "{d}"
+        );
+        let d = detail(copy_to_host(p + 4, 8).map(|_| ()));
+        assert!(d.contains("download of 8 floats"), "{d}");
+        DeviceMemory.free(p, 32);
+    }
+
+    #[test]
+    fn a_barrier_not_every_thread_reaches_is_an_error() {
+        let d = detail(run_selftest("tl_emu_test_divergent", false).map(|_| ()));
+        assert!(d.contains("threads wait at different barriers"), "{d}");
+    }
+
+    #[test]
+    fn a_missing_barrier_shows_as_a_difference_between_schedules() {
+        let fwd = run_selftest("tl_emu_test_race", false).unwrap();
+        let rev = run_selftest("tl_emu_test_race", true).unwrap();
+        assert_ne!(
+            fwd, rev,
+            "the racy kernel gave the same result in both orders"
+        );
+        let want: Vec<f32> = (0..256).map(|t| ((t + 1) % 256 + 1) as f32).collect();
+        assert_eq!(run_selftest("tl_emu_test_synced", false).unwrap(), want);
+        assert_eq!(run_selftest("tl_emu_test_synced", true).unwrap(), want);
+    }
+}
