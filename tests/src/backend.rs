@@ -11,7 +11,7 @@ pub mod cuda_sim;
 pub mod sim_with;
 
 pub use api::TapeApi;
-pub use cuda_sim::{CudaSim, SimError, SimProgram};
+pub use cuda_sim::{CudaProgram, CudaSim, SimError, SimProgram};
 pub use sim_with::SimWith;
 
 use std::marker::PhantomData;

@@ -14,7 +14,7 @@ use std::fmt;
 
 use tl_ir::{GraphData, Id};
 use tl_spec::Tensor;
-use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice};
 
 use crate::Backend;
 use crate::report::PENDING;
@@ -89,35 +89,38 @@ impl CudaSim {
     }
 }
 
-/// A recorded sim tape and, for each graph id, the id it received on the tape.
+/// A recorded CUDA tape on device `D` and, for each graph id, the id it received on the tape.
 #[derive(Debug)]
-pub struct SimProgram {
+pub struct CudaProgram<D: Device> {
     /// The tape (its backward calls take `&mut`; the [`Backend`] trait hands out `&`).
-    pub tape: RefCell<CudaTape<SimDevice>>,
+    pub tape: RefCell<CudaTape<D>>,
     /// Graph id → tape id.
     pub map: Vec<usize>,
 }
 
-impl SimProgram {
+/// A recorded sim tape (the [`CudaSim`] backend's program).
+pub type SimProgram = CudaProgram<SimDevice>;
+
+impl<D: Device> CudaProgram<D> {
     /// Record `graph` into `tape` (which may be reused after a `reset`: its allocator then hands
     /// out cached blocks holding stale data).
     pub fn replay(
-        mut tape: CudaTape<SimDevice>,
+        mut tape: CudaTape<D>,
         graph: &GraphData,
         leaves: &[Tensor<f32>],
         nats: &[usize],
     ) -> Result<Self, SimError> {
         let map = graph
             .replay(&mut tape, leaves, nats)
-            .map_err(|e| SimError::from_tape("replay into the CUDA sim tape failed", e))?;
-        Ok(SimProgram {
+            .map_err(|e| SimError::from_tape("replay into the CUDA tape failed", e))?;
+        Ok(CudaProgram {
             tape: RefCell::new(tape),
             map,
         })
     }
 
     /// Give the tape back, reset (every buffer it owns released to the allocator's cache).
-    pub fn into_tape(self) -> CudaTape<SimDevice> {
+    pub fn into_tape(self) -> CudaTape<D> {
         let mut tape = self.tape.into_inner();
         tape.reset();
         tape

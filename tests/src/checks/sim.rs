@@ -9,6 +9,9 @@
 //! - 6 (det): with deterministic mode on ([`tl_tape_cuda::determinism`]), three runs of the
 //!   same case — a fresh device, then one device twice (its allocator's cached blocks then hold
 //!   stale data) — give bit-identical values and gradients.
+//! - device = sim ([`check_device_vs_sim`]): another device (the kernel emulator's
+//!   `CudaDevice`, feature `cuda-emu`) gives the sim's values and gradients bit for bit, in
+//!   deterministic mode, for every case of an entry or of the random DAGs.
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
@@ -16,9 +19,9 @@ use std::sync::OnceLock;
 use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
 use tl_spec::Tensor;
 use tl_tape_cuda::determinism::set_deterministic_reductions;
-use tl_tape_cuda::{CudaTape, SimDevice};
+use tl_tape_cuda::{CudaTape, Device, SimDevice};
 
-use crate::backend::{SimError, SimProgram};
+use crate::backend::{CudaProgram, SimError};
 use crate::checks::{
     backend_inputs, backend_tol, backward_case, compare_ids, forward_case, op_graph_cases,
 };
@@ -201,19 +204,50 @@ pub fn sim_vs_cpu_case(case: &GraphCase, tol: &Tol, grads: bool) -> Result<Measu
     Ok(m)
 }
 
-/// Values and (with `grads`) dense gradients of one sim run on `tape`; returns the tape reset.
-fn sim_run(
-    tape: CudaTape<SimDevice>,
+/// Values and (with `grads`) dense gradients of one run on `tape`; returns the tape reset.
+fn tape_run<D: Device>(
+    tape: CudaTape<D>,
     case: &GraphCase,
     grads: bool,
-) -> Result<(Vec<Tensor<f32>>, CudaTape<SimDevice>), SimError> {
+) -> Result<(Vec<Tensor<f32>>, CudaTape<D>), SimError> {
     let (leaves, _) = backend_inputs::<f32>(case);
-    let prog = SimProgram::replay(tape, &case.graph, &leaves, &case.nats)?;
+    let prog = CudaProgram::replay(tape, &case.graph, &leaves, &case.nats)?;
     let mut out = prog.values()?;
     if grads {
         out.extend(prog.backward_dense(case.out, &case.seed.cast())?);
     }
     Ok((out, prog.into_tape()))
+}
+
+/// How many elements of `other` differ in bits from `first` (values then gradients, as
+/// [`tape_run`] lists them), as a measurement with tolerance 0 that names the first one.
+fn bit_differences(
+    case: &GraphCase,
+    first: &[Tensor<f32>],
+    other: &[Tensor<f32>],
+    what_differs: &str,
+) -> Result<Measured, CaseError> {
+    let mut differ = 0usize;
+    let mut where_ = None;
+    for (k, (a, b)) in first.iter().zip(other).enumerate() {
+        for (i, (x, y)) in a.data().iter().zip(b.data()).enumerate() {
+            if x.to_bits() != y.to_bits() {
+                differ += 1;
+                where_.get_or_insert((k, i, *x, *y));
+            }
+        }
+    }
+    let ids = case.graph.len();
+    Measured::check(differ as f64, 0.0, || {
+        let (k, i, x, y) = where_.unwrap_or_default();
+        let what = if k < ids { "value" } else { "gradient" };
+        format!(
+            "{what_differs} in {differ} element(s); first at the {what} of %{} flat index {i}: \
+             {x:e} vs {y:e}",
+            k % ids
+        )
+    })
+    .map_err(CaseError::Fail)
 }
 
 /// One case of check 6 (det): deterministic mode on, three sim runs (fresh device, then one
@@ -223,39 +257,69 @@ pub fn determinism_case(case: &GraphCase, grads: bool) -> Result<Measured, CaseE
     // Process-wide, like `TL_DETERMINISTIC=1`; no check turns it off again.
     set_deterministic_reductions(true);
     let fresh = || CudaTape::new(SimDevice::new());
-    let (first, _) = sim_run(fresh(), case, grads).map_err(sim_err)?;
-    let (second, reused) = sim_run(fresh(), case, grads).map_err(sim_err)?;
-    let (third, _) = sim_run(reused, case, grads).map_err(sim_err)?;
+    let (first, _) = tape_run(fresh(), case, grads).map_err(sim_err)?;
+    let (second, reused) = tape_run(fresh(), case, grads).map_err(sim_err)?;
+    let (third, _) = tape_run(reused, case, grads).map_err(sim_err)?;
     let mut worst = Measured { err: 0.0, tol: 0.0 };
     for (run, other) in [
         ("second (fresh device)", &second),
         ("third (reused device)", &third),
     ] {
-        let mut differ = 0usize;
-        let mut where_ = None;
-        for (k, (a, b)) in first.iter().zip(other.iter()).enumerate() {
-            for (i, (x, y)) in a.data().iter().zip(b.data()).enumerate() {
-                if x.to_bits() != y.to_bits() {
-                    differ += 1;
-                    where_.get_or_insert((k, i, *x, *y));
-                }
-            }
-        }
-        let ids = case.graph.len();
-        worst = worst.max(
-            Measured::check(differ as f64, 0.0, || {
-                let (k, i, x, y) = where_.unwrap_or_default();
-                let what = if k < ids { "value" } else { "gradient" };
-                format!(
-                    "deterministic mode: the {run} run differs from the first in {differ} \
-                     element(s); first at the {what} of %{} flat index {i}: {x:e} vs {y:e}",
-                    k % ids
-                )
-            })
-            .map_err(CaseError::Fail)?,
-        );
+        let what = format!("deterministic mode: the {run} run differs from the first");
+        worst = worst.max(bit_differences(case, &first, other, &what)?);
     }
     Ok(worst)
+}
+
+/// One case of the device = sim check: deterministic mode on, the CUDA tape on a fresh `D`
+/// (from `device`) gives the sim's values and (with `grads`) dense gradients bit for bit.
+pub fn device_vs_sim_case<D: Device>(
+    case: &GraphCase,
+    grads: bool,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Result<Measured, CaseError> {
+    set_deterministic_reductions(true);
+    let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
+    let name = d.name();
+    let (want, _) = tape_run(CudaTape::new(SimDevice::new()), case, grads).map_err(sim_err)?;
+    let (got, _) = tape_run(CudaTape::new(d), case, grads).map_err(sim_err)?;
+    bit_differences(case, &want, &got, &format!("{name} differs from cuda-sim"))
+}
+
+/// The device = sim check for a registry entry (gradients too where check 2 applies), on the
+/// device `name` made by `device`.
+pub fn check_device_vs_sim<D: Device>(
+    entry: &OpInfo,
+    cfg: &RunConfig,
+    name: &str,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
+    let label = format!("= sim {} {name}", entry.name);
+    let grads = entry.applies.backward;
+    run_check_pending(
+        label,
+        cfg,
+        op_graph_cases(entry),
+        OnPending::PendCell,
+        &[],
+        |c| device_vs_sim_case(c, grads, device),
+    )
+}
+
+/// The device = sim check on random DAGs.
+pub fn check_device_vs_sim_dag<D: Device>(
+    cfg: &RunConfig,
+    name: &str,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
+    run_check_pending(
+        format!("= sim dag {name}"),
+        cfg,
+        sim_dag_cases(DagOptions::default()),
+        OnPending::SkipCase,
+        &known(),
+        |c| device_vs_sim_case(c, true, device),
+    )
 }
 
 /// Check 6 (≈cpu) for a registry entry (gradients too where check 2 applies).
