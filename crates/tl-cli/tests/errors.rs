@@ -39,7 +39,7 @@ fn resuming_another_models_checkpoint_is_a_clear_error() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 #[test]
 fn cuda_without_the_feature_is_a_clear_error() {
     for args in [
@@ -55,7 +55,7 @@ fn cuda_without_the_feature_is_a_clear_error() {
 
 /// Built with the feature: on a machine without a GPU (CI's stub libcuda), one clear line; with
 /// one, `--backend cuda` trains.
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 #[test]
 fn cuda_with_the_feature_trains_or_says_there_is_no_device() {
     for args in [

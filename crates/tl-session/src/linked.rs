@@ -10,7 +10,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cpu::Tape;
 use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 use crate::eager::cuda_unavailable;
 use crate::handle::{NatEnv, Stamp, next_session_id};
 use crate::params::ParamStore;
@@ -39,7 +39,7 @@ pub enum CompiledTape<T: Scalar> {
     /// The CUDA tape on the simulation device.
     CudaSim(CudaTape<SimDevice>),
     /// The CUDA tape on the real device (feature `cuda`).
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
     Cuda(CudaTape<tl_tape_cuda::CudaDevice>),
 }
 
@@ -49,7 +49,7 @@ macro_rules! on_compiled {
         match $tape {
             CompiledTape::Cpu($c) => $cpu,
             CompiledTape::CudaSim($t) => $dev,
-            #[cfg(feature = "cuda")]
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             CompiledTape::Cuda($t) => $dev,
         }
     };
@@ -267,7 +267,7 @@ impl<T: Scalar> LinkedSession<T> {
                     map,
                 }
             }
-            #[cfg(feature = "cuda")]
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => {
                 let mut tape = CudaTape::new(crate::eager::cuda_device()?);
                 let map = g.replay(&mut tape, &self.leaves, nats)?;
@@ -276,7 +276,7 @@ impl<T: Scalar> LinkedSession<T> {
                     map,
                 }
             }
-            #[cfg(not(feature = "cuda"))]
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => return Err(cuda_unavailable()),
         })
     }

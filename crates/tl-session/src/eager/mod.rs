@@ -65,7 +65,7 @@ impl Options {
 pub(crate) enum Engine<T: Scalar> {
     Cpu(Tape<T>),
     Sim(CudaTape<SimDevice>),
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
     Gpu(CudaTape<tl_tape_cuda::CudaDevice>),
 }
 
@@ -77,7 +77,7 @@ macro_rules! on_engine {
         match $engine {
             $crate::eager::Engine::Cpu($c) => $cpu,
             $crate::eager::Engine::Sim($t) => $dev,
-            #[cfg(feature = "cuda")]
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             $crate::eager::Engine::Gpu($t) => $dev,
         }
     };
@@ -112,9 +112,9 @@ impl<T: Scalar> Session<T> {
         let engine = match opts.backend {
             Backend::Cpu => Engine::Cpu(Tape::new()),
             Backend::CudaSim => Engine::Sim(CudaTape::new(SimDevice::new())),
-            #[cfg(feature = "cuda")]
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => Engine::Gpu(CudaTape::new(cuda_device()?)),
-            #[cfg(not(feature = "cuda"))]
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => return Err(cuda_unavailable()),
         };
         let session = next_session_id();
@@ -266,7 +266,7 @@ impl<T: Scalar> Session<T> {
 }
 
 /// The error of `Backend::Cuda` in a build without the `cuda` feature.
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 pub(crate) fn cuda_unavailable() -> Error {
     Error::BackendUnavailable {
         backend: "cuda",
@@ -276,7 +276,7 @@ pub(crate) fn cuda_unavailable() -> Error {
 
 /// The real CUDA device, or one clear error when the driver has none (no GPU, or the stub
 /// libcuda of `cargo xtask cuda-stub`).
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub(crate) fn cuda_device() -> Result<tl_tape_cuda::CudaDevice> {
     tl_tape_cuda::CudaDevice::new().map_err(|e| Error::BackendUnavailable {
         backend: "cuda",
