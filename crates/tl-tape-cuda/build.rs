@@ -68,22 +68,36 @@ mod emu {
             .include(kernels.join("emu"))
             .include(&kernels)
             .file(kernels.join("emu/runtime.cpp"));
-        let mut registry = String::from("#include \"cuda_emu.h\"\n\n");
-        let mut list = String::new();
+        // (family, source, kernel names): every kernels/<family>.cu, with the names its PTX
+        // lists, then the emulator's self-test kernels (no PTX: names read from the source).
+        let mut units: Vec<(String, PathBuf, Vec<String>)> = Vec::new();
         for fam in &families {
             let ptx_path = kernels.join("ptx").join(format!("{fam}.ptx"));
             let ptx = fs::read_to_string(&ptx_path)
                 .map_err(|e| format!("{}: {e} (run `cargo xtask kernels`)", ptx_path.display()))?;
-            let names = entries(&ptx);
+            let names: Vec<String> = entries(&ptx).into_iter().map(str::to_owned).collect();
             if names.is_empty() {
                 return Err(format!("{} lists no kernel", ptx_path.display()));
             }
+            units.push((fam.clone(), kernels.join(format!("{fam}.cu")), names));
+        }
+        let selftest = kernels.join("emu/selftest.cu");
+        let src =
+            fs::read_to_string(&selftest).map_err(|e| format!("{}: {e}", selftest.display()))?;
+        let names = src
+            .lines()
+            .filter_map(|l| l.strip_prefix("extern \"C\" __global__ void "))
+            .filter_map(|rest| rest.split('(').next())
+            .map(str::to_owned)
+            .collect();
+        units.push(("selftest".to_owned(), selftest, names));
+
+        let mut registry = String::from("#include \"cuda_emu.h\"\n\n");
+        let mut list = String::new();
+        for (fam, source, names) in &units {
             let unit = out.join(format!("emu_{fam}.cpp"));
-            fs::write(
-                &unit,
-                family_unit(fam, &kernels.join(format!("{fam}.cu")), &names),
-            )
-            .map_err(|e| format!("{}: {e}", unit.display()))?;
+            fs::write(&unit, family_unit(fam, source, names))
+                .map_err(|e| format!("{}: {e}", unit.display()))?;
             build.file(&unit);
             let _ = writeln!(
                 registry,
@@ -91,30 +105,12 @@ mod emu {
             );
             let _ = writeln!(list, "    {{\"{fam}\", tl_emu_table_{fam}}},");
         }
-        // The emulator's self-test kernels (no PTX: their names are read from the source).
-        let selftest = kernels.join("emu/selftest.cu");
-        let src =
-            fs::read_to_string(&selftest).map_err(|e| format!("{}: {e}", selftest.display()))?;
-        let names: Vec<&str> = src
-            .lines()
-            .filter_map(|l| l.strip_prefix("extern \"C\" __global__ void "))
-            .filter_map(|rest| rest.split('(').next())
-            .collect();
-        let unit = out.join("emu_selftest.cpp");
-        fs::write(&unit, family_unit("selftest", &selftest, &names))
-            .map_err(|e| format!("{}: {e}", unit.display()))?;
-        build.file(&unit);
-        let _ = writeln!(
-            registry,
-            "extern \"C\" const TlEmuKernel* tl_emu_table_selftest(std::size_t*);"
-        );
-        let _ = writeln!(list, "    {{\"selftest\", tl_emu_table_selftest}},");
         let _ = write!(
             registry,
             "\nstruct TlEmuFamily {{\n    const char* name;\n    const TlEmuKernel* (*table)(std::size_t* n);\n}};\n\
          extern const TlEmuFamily tl_emu_families[] = {{\n{list}}};\n\
          extern const std::size_t tl_emu_family_count = {};\n",
-            families.len() + 1
+            units.len()
         );
         let reg = out.join("emu_registry.cpp");
         fs::write(&reg, registry).map_err(|e| format!("{}: {e}", reg.display()))?;
@@ -125,7 +121,7 @@ mod emu {
 
     /// One family's translation unit: the source inside the namespace `tl_emu_<family>`, then the
     /// table of its kernels.
-    fn family_unit(fam: &str, source: &Path, names: &[&str]) -> String {
+    fn family_unit(fam: &str, source: &Path, names: &[String]) -> String {
         let mut s = format!(
             "#include \"cuda_emu.h\"\n\nnamespace tl_emu_{fam} {{\n#include \"{}\"\n\n\
          static const TlEmuKernel table[] = {{\n",

@@ -64,6 +64,15 @@ fn failed(op: &'static str, err: &[c_char; ERR_CAP]) -> Error {
     }
 }
 
+/// `Ok` for a runtime return code of 0, else the runtime's message as the error of `op`.
+fn status(op: &'static str, rc: c_int, err: &[c_char; ERR_CAP]) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(failed(op, err))
+    }
+}
+
 /// Nothing to initialize: the emulator has no context.
 pub fn enter() -> Result<()> {
     Ok(())
@@ -122,11 +131,7 @@ pub fn copy_to_device(dst: u64, data: &[f32]) -> Result<()> {
     // range lies in one live allocation before it copies; `err` has room for ERR_CAP bytes.
     let rc =
         unsafe { tl_emu_copy_to_device(dst, data.as_ptr(), data.len(), err.as_mut_ptr(), ERR_CAP) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(failed("upload", &err))
-    }
+    status("upload", rc, &err)
 }
 
 /// Copy `n` floats from device address `src` to a new host vector.
@@ -139,11 +144,7 @@ pub fn copy_to_host(src: u64, n: usize) -> Result<Vec<f32>> {
     // SAFETY: `out` has room for `n` floats; the runtime checks that the source range lies in
     // one live allocation before it copies; `err` has room for ERR_CAP bytes.
     let rc = unsafe { tl_emu_copy_to_host(out.as_mut_ptr(), src, n, err.as_mut_ptr(), ERR_CAP) };
-    if rc == 0 {
-        Ok(out)
-    } else {
-        Err(failed("download", &err))
-    }
+    status("download", rc, &err).map(|()| out)
 }
 
 /// Host memory with guard zones (the runtime's) under the caching allocator; no device
