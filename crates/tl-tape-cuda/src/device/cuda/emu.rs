@@ -197,6 +197,11 @@ mod tests {
         }
     }
 
+    /// `tl_full` over one block of 256 threads with the given arguments.
+    fn full(args: &[Arg]) -> Result<()> {
+        launch("full", function("tl_full")?, [1, 1, 1], 256, args)
+    }
+
     /// Launch a self-test kernel over one block of 256 threads on this thread, in the given
     /// order, and download its 256 outputs.
     fn run_selftest(name: &'static str, reverse: bool) -> Result<Vec<f32>> {
@@ -230,43 +235,25 @@ mod tests {
     #[test]
     fn arguments_that_do_not_match_the_kernel_are_refused() {
         let out = alloc_floats(4);
-        let f = function("tl_full").unwrap();
         // n as u32 where the kernel takes u64.
-        let d = detail(launch(
-            "full",
-            f,
-            [1, 1, 1],
-            256,
-            &[Arg::Ptr(out), Arg::U32(4), Arg::F32(1.0)],
-        ));
+        let d = detail(full(&[Arg::Ptr(out), Arg::U32(4), Arg::F32(1.0)]));
         assert!(
             d.contains("tl_full takes parameters (pUf) but the launch passed (puf)"),
             "{d}"
         );
         // One argument missing.
-        let d = detail(launch(
-            "full",
-            f,
-            [1, 1, 1],
-            256,
-            &[Arg::Ptr(out), Arg::U64(4)],
-        ));
+        let d = detail(full(&[Arg::Ptr(out), Arg::U64(4)]));
         assert!(d.contains("(pU)"), "{d}");
         DeviceMemory.free(out, 16);
     }
 
     #[test]
     fn a_pointer_outside_every_allocation_is_refused() {
-        let out = alloc_floats(4);
-        DeviceMemory.free(out, 16);
-        let f = function("tl_full").unwrap();
-        let d = detail(launch(
-            "full",
-            f,
-            [1, 1, 1],
-            256,
-            &[Arg::Ptr(out), Arg::U64(4), Arg::F32(1.0)],
-        ));
+        // A host address: never in the emulator's table. (A freed block's address could be
+        // handed out again at once to a test running in parallel.)
+        let host = [0.0f32; 4];
+        let out = host.as_ptr() as u64;
+        let d = detail(full(&[Arg::Ptr(out), Arg::U64(4), Arg::F32(1.0)]));
         assert!(
             d.contains("argument 0") && d.contains("not a live allocation"),
             "{d}"
@@ -276,28 +263,14 @@ mod tests {
     #[test]
     fn a_write_past_the_end_of_a_buffer_is_caught() {
         let out = alloc_floats(16);
-        let f = function("tl_full").unwrap();
         // 20 elements into a 16-element allocation.
-        let d = detail(launch(
-            "full",
-            f,
-            [1, 1, 1],
-            256,
-            &[Arg::Ptr(out), Arg::U64(20), Arg::F32(1.0)],
-        ));
+        let d = detail(full(&[Arg::Ptr(out), Arg::U64(20), Arg::F32(1.0)]));
         assert!(
             d.contains("tl_full wrote outside an allocation of 64 bytes"),
             "{d}"
         );
         // The guard zones are restored, so the next (correct) launch passes.
-        launch(
-            "full",
-            f,
-            [1, 1, 1],
-            256,
-            &[Arg::Ptr(out), Arg::U64(16), Arg::F32(1.0)],
-        )
-        .unwrap();
+        full(&[Arg::Ptr(out), Arg::U64(16), Arg::F32(1.0)]).unwrap();
         DeviceMemory.free(out, 64);
     }
 
