@@ -114,8 +114,13 @@ impl Ops for Linked {
     fn use_param(&mut self, p: &Param) -> Result<TensorRef> {
         self.s.use_param(p)
     }
-    fn input(&mut self, value: Tensor<f32>, requires_grad: bool) -> Result<TensorRef> {
-        self.s.input(value, requires_grad)
+    fn input_named(
+        &mut self,
+        value: Tensor<f32>,
+        name: Option<&str>,
+        requires_grad: bool,
+    ) -> Result<TensorRef> {
+        self.s.input_named(value, name, requires_grad)
     }
     fn constant(&mut self, value: Tensor<f32>) -> Result<TensorRef> {
         self.s.constant(value)

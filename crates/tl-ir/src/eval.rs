@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 use tl_spec::{Scalar, Tensor};
 
-use crate::{GraphData, Result, rules};
+use crate::{Error, GraphData, Result, rules};
 
 impl GraphData {
     /// Evaluate every id: returns the leaf values followed by each node's value.
@@ -11,10 +11,36 @@ impl GraphData {
     /// `leaves` must match the graph's leaves in count and shape; `nats` is the Nat environment
     /// read by index ops (pass `&[]` when the graph has none).
     pub fn eval<T: Scalar>(&self, leaves: &[Tensor<T>], nats: &[usize]) -> Result<Vec<Tensor<T>>> {
+        let mut values = Vec::new();
+        self.eval_into(&mut values, leaves, nats)?;
+        Ok(values)
+    }
+
+    /// Extend `values`, the values of this graph's first `values.len()` ids (as an earlier
+    /// `eval` or `eval_into` of the graph, possibly before more nodes were appended, left
+    /// them), to every id, evaluating only the ids not yet there. `values` must start empty
+    /// or hold at least the leaves; a longer prefix than the graph is an error. So a graph
+    /// that grows node by node is evaluated once in all.
+    pub fn eval_into<T: Scalar>(
+        &self,
+        values: &mut Vec<Tensor<T>>,
+        leaves: &[Tensor<T>],
+        nats: &[usize],
+    ) -> Result<()> {
         self.check_leaf_values("eval", leaves)?;
-        let mut values: Vec<Tensor<T>> = Vec::with_capacity(self.len());
-        values.extend(leaves.iter().cloned());
-        for node in self.nodes() {
+        let first = self.leaves().len();
+        if values.len() > self.len() || (!values.is_empty() && values.len() < first) {
+            return Err(Error::Count {
+                what: "eval_into: values already evaluated",
+                expected: self.len(),
+                got: values.len(),
+            });
+        }
+        if values.is_empty() {
+            values.reserve(self.len());
+            values.extend(leaves.iter().cloned());
+        }
+        for node in &self.nodes()[values.len() - first..] {
             let y = {
                 let args: SmallVec<[&Tensor<T>; 3]> =
                     node.args().iter().map(|&a| &values[a]).collect();
@@ -28,6 +54,6 @@ impl GraphData {
             );
             values.push(y);
         }
-        Ok(values)
+        Ok(())
     }
 }

@@ -30,16 +30,17 @@ pub enum Error {
         /// This session.
         session: u64,
     },
-    /// A handle made before the last `reset` (its tape is gone).
+    /// A handle made before the last `reset` (its tape is gone). A pass is the span between two
+    /// resets, counted from 0.
     #[error(
-        "{what}: the handle is from epoch {handle_epoch}, but the session was reset since (now epoch {epoch}); record it again after reset"
+        "{what}: the handle was made before the session's last reset (it is from pass {handle_epoch}, the session is in pass {epoch}); record the tensor again after reset"
     )]
     StaleHandle {
         /// The API call.
         what: &'static str,
-        /// The epoch the handle was made in.
+        /// The pass (number of resets before it) the handle was made in.
         handle_epoch: u64,
-        /// The session's current epoch.
+        /// The session's current pass.
         epoch: u64,
     },
     /// A tensor of the wrong shape (a value read back, a seed, a parameter write, a tangent).
@@ -69,6 +70,15 @@ pub enum Error {
         what: &'static str,
         /// What is missing.
         detail: String,
+    },
+    /// An op method ([`Ops::broadcast_to`](crate::Ops::broadcast_to), ...) failed: names the
+    /// Rust method before the op's own message (which uses the op's IR name, `broadcastTo`).
+    #[error("{method}: {source}")]
+    Method {
+        /// The [`Ops`](crate::Ops) method called.
+        method: &'static str,
+        /// The shape rule's error.
+        source: Box<Error>,
     },
     /// The requested backend is not available in this build or on this machine.
     #[error("backend {backend}: {detail}")]
@@ -101,5 +111,37 @@ impl From<tl_tape_cpu::Error> for Error {
 impl From<tl_tape_cuda::Error> for Error {
     fn from(e: tl_tape_cuda::Error) -> Self {
         Error::Cuda(Box::new(e))
+    }
+}
+
+impl Error {
+    /// Name the Rust method `method` that recorded the failing op, before the op's own
+    /// message (which names the op as the IR spells it).
+    /// Handle errors keep their variant, with the method as the call they name.
+    pub(crate) fn in_method(self, method: &'static str) -> Error {
+        match self {
+            Error::ForeignHandle {
+                handle_session,
+                session,
+                ..
+            } => Error::ForeignHandle {
+                what: method,
+                handle_session,
+                session,
+            },
+            Error::StaleHandle {
+                handle_epoch,
+                epoch,
+                ..
+            } => Error::StaleHandle {
+                what: method,
+                handle_epoch,
+                epoch,
+            },
+            other => Error::Method {
+                method,
+                source: Box::new(other),
+            },
+        }
     }
 }

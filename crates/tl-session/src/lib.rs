@@ -6,6 +6,8 @@
 //!   evaluation, gradients by `backprop_all`, tangents by `jvp`, and
 //!   [`LinkedSession::compile`] replays the graph into either tape.
 //! - [`Ops`]: the one op surface both implement, so a model ([`models`]) is written once.
+//! - [`Train`]: what a training loop needs beyond [`Ops`] (reset, backward + optimizer step,
+//!   parameter I/O), implemented by both sessions.
 //! - [`Optimizer`]: SGD, momentum SGD, Adam, AdamW with PyTorch's formulas, on host or device.
 //! - Handles ([`TensorRef`], [`Param`], [`NatRef`], [`NatVecRef`]) carry their session's id and
 //!   epoch, so misuse across sessions or after `reset` is an [`Error`], never a wrong answer.
@@ -35,6 +37,7 @@ pub mod models;
 mod ops;
 pub mod optim;
 mod params;
+mod train;
 
 pub use eager::{Backend, Options, Session};
 pub use error::{Error, Result};
@@ -42,3 +45,4 @@ pub use handle::{NatRef, NatVecRef, Param, Stamp, TensorRef};
 pub use linked::{Compiled, CompiledTape, LinkedSession};
 pub use ops::Ops;
 pub use optim::Optimizer;
+pub use train::Train;

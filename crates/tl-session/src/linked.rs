@@ -23,13 +23,21 @@ pub struct LinkedSession<T: Scalar = f32> {
     stamp: Stamp,
     builder: GraphBuilder,
     leaves: Vec<Tensor<T>>,
-    params: ParamStore<T>,
+    pub(crate) params: ParamStore<T>,
     leaf_param: HashMap<usize, usize>,
     nats: NatEnv,
     /// Seed of the random ops.
     seed: u64,
     /// Random ops recorded so far (the counter of the next one); survives `reset`.
     rng_counter: u64,
+    /// The tape [`Train`](crate::Train) compiles each step into.
+    backend: Backend,
+    /// Whether graphs compiled for `Backend::Cuda` use the fixed-order reductions.
+    deterministic: bool,
+    /// The values of the graph's first ids, from the last `value` read: a read evaluates only
+    /// the nodes recorded since. Cleared when a leaf is added, a Nat input overwritten, or the
+    /// session reset.
+    values: Vec<Tensor<T>>,
 }
 
 /// A linked session's graph replayed into a tape ("compiled").
@@ -132,6 +140,9 @@ impl<T: Scalar> LinkedSession<T> {
             nats: NatEnv::default(),
             seed: 0,
             rng_counter: 0,
+            backend: Backend::Cpu,
+            deterministic: false,
+            values: Vec::new(),
         }
     }
 
@@ -142,6 +153,32 @@ impl<T: Scalar> LinkedSession<T> {
             seed,
             ..Self::new()
         }
+    }
+
+    /// The backend whose tape [`Train`](crate::Train)'s steps and reads compile the graph into
+    /// (default [`Backend::Cpu`]).
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Compile steps and reads into `backend`'s tape from now on. `Backend::Cuda` without the
+    /// `cuda` feature or a device is an error here, not at the first step.
+    pub fn set_backend(&mut self, backend: Backend) -> Result<()> {
+        if backend == Backend::Cuda {
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+            return Err(cuda_unavailable());
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            drop(crate::eager::cuda_device(false)?);
+        }
+        self.backend = backend;
+        Ok(())
+    }
+
+    /// Compile graphs for `Backend::Cuda` onto the fixed-order (deterministic) reduction
+    /// kernels (`true`), or follow the process-wide flag (`false`, the default), as
+    /// [`Options::deterministic`](crate::Options::deterministic) does for the eager session.
+    pub fn set_deterministic(&mut self, on: bool) {
+        self.deterministic = on;
     }
 
     /// The seed of the random ops.
@@ -186,11 +223,30 @@ impl<T: Scalar> LinkedSession<T> {
         self.leaves.clear();
         self.leaf_param.clear();
         self.nats = NatEnv::default();
+        self.values.clear();
         self.stamp.epoch += 1;
     }
 
     fn check(&self, what: &'static str, r: &TensorRef) -> Result<()> {
         r.stamp.check(what, self.stamp)
+    }
+
+    /// Check that `r` belongs to this session's current graph.
+    pub(crate) fn check_handle(&self, what: &'static str, r: &TensorRef) -> Result<()> {
+        self.check(what, r)
+    }
+
+    /// Check that `loss` is a scalar of this session's current graph.
+    pub(crate) fn check_loss(&self, what: &'static str, loss: &TensorRef) -> Result<()> {
+        self.check(what, loss)?;
+        if !loss.shape.is_scalar() {
+            return Err(Error::Shape {
+                what,
+                expected: Shape::scalar(),
+                got: loss.shape.clone(),
+            });
+        }
+        Ok(())
     }
 
     fn handle(&self, id: usize) -> Result<TensorRef> {
@@ -204,6 +260,7 @@ impl<T: Scalar> LinkedSession<T> {
     fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, rg: bool) -> Result<TensorRef> {
         let id = self.builder.leaf_with(value.shape().clone(), name, rg)?;
         self.leaves.push(value);
+        self.values.clear();
         self.handle(id)
     }
 
@@ -229,6 +286,7 @@ impl<T: Scalar> LinkedSession<T> {
     }
     /// Overwrite a recorded Nat input (evaluation reads the current environment).
     pub fn write_nat(&mut self, r: NatRef, v: usize) -> Result<()> {
+        self.values.clear();
         self.nats.write(r, v, self.stamp)
     }
     /// Record a block of Nat inputs.
@@ -241,6 +299,7 @@ impl<T: Scalar> LinkedSession<T> {
     }
     /// Overwrite a recorded block; `vs` must have the block's length.
     pub fn write_nat_vec(&mut self, r: NatVecRef, vs: &[usize]) -> Result<()> {
+        self.values.clear();
         self.nats.write_vec(r, vs, self.stamp)
     }
 
@@ -269,7 +328,7 @@ impl<T: Scalar> LinkedSession<T> {
             }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => {
-                let mut tape = CudaTape::new(crate::eager::cuda_device()?);
+                let mut tape = CudaTape::new(crate::eager::cuda_device(self.deterministic)?);
                 let map = g.replay(&mut tape, &self.leaves, nats)?;
                 Compiled {
                     tape: CompiledTape::Cuda(tape),
@@ -460,8 +519,13 @@ impl<T: Scalar> Ops for LinkedSession<T> {
         Ok(r)
     }
 
-    fn input(&mut self, value: Tensor<T>, requires_grad: bool) -> Result<TensorRef> {
-        self.leaf(value, None, requires_grad)
+    fn input_named(
+        &mut self,
+        value: Tensor<T>,
+        name: Option<&str>,
+        requires_grad: bool,
+    ) -> Result<TensorRef> {
+        self.leaf(value, name, requires_grad)
     }
 
     /// A leaf before the first op node; a `constant` node after (seed 004).
@@ -481,7 +545,10 @@ impl<T: Scalar> Ops for LinkedSession<T> {
 
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check("value", r)?;
-        let mut vals = self.builder.graph().eval(&self.leaves, &self.nats.values)?;
-        Ok(vals.swap_remove(r.id))
+        if r.id >= self.values.len() {
+            let g = self.builder.graph();
+            g.eval_into(&mut self.values, &self.leaves, &self.nats.values)?;
+        }
+        Ok(self.values[r.id].clone())
     }
 }

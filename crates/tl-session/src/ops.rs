@@ -22,6 +22,7 @@ macro_rules! op_methods {
             #[allow(clippy::too_many_arguments)]
             fn $name(&mut self, $($a: &TensorRef,)* $($p: $pt),*) -> Result<TensorRef> {
                 self.apply($op, &[$($a),*])
+                    .map_err(|e| e.in_method(stringify!($name)))
             }
         )*
     };
@@ -49,7 +50,18 @@ pub trait Ops {
     fn use_param(&mut self, p: &Param) -> Result<TensorRef>;
 
     /// Record an external input as a leaf. PyTorch: `x.requires_grad_(requires_grad)`.
-    fn input(&mut self, value: Tensor<Self::T>, requires_grad: bool) -> Result<TensorRef>;
+    fn input(&mut self, value: Tensor<Self::T>, requires_grad: bool) -> Result<TensorRef> {
+        self.input_named(value, None, requires_grad)
+    }
+
+    /// [`Ops::input`] with a name, shown in graphs (`tl graph`) and in the linked session's
+    /// recorded leaves. PyTorch: a named input of an exported graph.
+    fn input_named(
+        &mut self,
+        value: Tensor<Self::T>,
+        name: Option<&str>,
+        requires_grad: bool,
+    ) -> Result<TensorRef>;
 
     /// Record a constant (no gradient). PyTorch: `torch.tensor(...)`.
     fn constant(&mut self, value: Tensor<Self::T>) -> Result<TensorRef>;

@@ -106,6 +106,13 @@ impl<T: Scalar> ParamStore<T> {
         Ok(())
     }
 
+    /// Freeze or unfreeze a parameter (read by the next `use_param`).
+    pub(crate) fn set_requires_grad(&mut self, p: &Param, requires_grad: bool) -> Result<()> {
+        self.slot("set_requires_grad", p)?;
+        self.slots[p.index].requires_grad = requires_grad;
+        Ok(())
+    }
+
     /// The device mirror of parameter `index`, uploaded if missing.
     pub(crate) fn mirror<D: Device>(&mut self, index: usize, dev: &mut D) -> Result<AnyBuffer> {
         let slot = &mut self.slots[index];

@@ -16,6 +16,7 @@ pub mod rng;
 mod scalar;
 mod shape;
 mod tensor;
+mod tensor_host;
 
 pub use broadcast::{broadcast_to, can_broadcast_to, reduce_to};
 pub use error::{Error, Result};

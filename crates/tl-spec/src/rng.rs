@@ -48,6 +48,14 @@ pub fn below_one<T: Scalar>() -> T {
     T::one() - T::epsilon() / (T::one() + T::one())
 }
 
+/// A standard normal value for element `i` of a draw keyed by `key`, by Box–Muller from the
+/// uniforms of positions `2i` and `2i + 1`: `√(−2 ln(1 − u₁))·cos(2π u₂)` (finite: `1 − u₁ > 0`).
+/// PyTorch: one element of `torch.randn` (another generator, the same distribution).
+pub fn normal(key: u64, i: u64) -> f64 {
+    let (u1, u2) = (unit(key, 2 * i), unit(key, 2 * i + 1));
+    (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
 /// Whether element `i` of a Bernoulli mask keyed by `key` is kept: `keep_prob > u / 2³²`,
 /// compared exactly in `f64` (so `keep_prob = 0` keeps nothing and `keep_prob = 1` everything).
 pub fn keep(key: u64, i: u64, keep_prob: f64) -> bool {

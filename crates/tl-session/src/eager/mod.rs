@@ -43,7 +43,11 @@ impl Backend {
 pub struct Options {
     /// The tape to run on.
     pub backend: Backend,
-    /// Deterministic reductions on the device (the simulation device always is).
+    /// Deterministic reductions on the device: `true` puts this session's CUDA device on the
+    /// fixed-order reduction kernels whatever the process-wide flag says, so two runs give the
+    /// same bits; `false` follows the flag (`TL_DETERMINISTIC`,
+    /// `tl_tape_cuda::determinism::set_deterministic_reductions`). The simulation device and
+    /// the CPU are always deterministic. PyTorch: `torch.use_deterministic_algorithms(True)`.
     pub deterministic: bool,
     /// Seed for random ops.
     pub seed: u64,
@@ -113,7 +117,7 @@ impl<T: Scalar> Session<T> {
             Backend::Cpu => Engine::Cpu(Tape::new()),
             Backend::CudaSim => Engine::Sim(CudaTape::new(SimDevice::new())),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            Backend::Cuda => Engine::Gpu(CudaTape::new(cuda_device()?)),
+            Backend::Cuda => Engine::Gpu(CudaTape::new(cuda_device(opts.deterministic)?)),
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => return Err(cuda_unavailable()),
         };
@@ -277,8 +281,8 @@ pub(crate) fn cuda_unavailable() -> Error {
 /// The real CUDA device, or one clear error when the driver has none (no GPU, or the stub
 /// libcuda of `cargo xtask cuda-stub`).
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-pub(crate) fn cuda_device() -> Result<tl_tape_cuda::CudaDevice> {
-    tl_tape_cuda::CudaDevice::new().map_err(|e| Error::BackendUnavailable {
+pub(crate) fn cuda_device(deterministic: bool) -> Result<tl_tape_cuda::CudaDevice> {
+    let mut dev = tl_tape_cuda::CudaDevice::new().map_err(|e| Error::BackendUnavailable {
         backend: "cuda",
         detail: match e {
             tl_tape_cuda::Error::NoDevice { detail } => format!(
@@ -286,7 +290,11 @@ pub(crate) fn cuda_device() -> Result<tl_tape_cuda::CudaDevice> {
             ),
             other => format!("the CUDA device could not be initialized: {other}"),
         },
-    })
+    })?;
+    if deterministic {
+        dev.set_deterministic(Some(true));
+    }
+    Ok(dev)
 }
 
 impl<T: Scalar> Ops for Session<T> {
@@ -327,8 +335,13 @@ impl<T: Scalar> Ops for Session<T> {
         Ok(self.handle(id, self.params.shape(p.index).clone()))
     }
 
-    fn input(&mut self, value: Tensor<T>, requires_grad: bool) -> Result<TensorRef> {
-        self.leaf(value, None, requires_grad)
+    fn input_named(
+        &mut self,
+        value: Tensor<T>,
+        name: Option<&str>,
+        requires_grad: bool,
+    ) -> Result<TensorRef> {
+        self.leaf(value, name, requires_grad)
     }
 
     fn constant(&mut self, value: Tensor<T>) -> Result<TensorRef> {

@@ -50,6 +50,8 @@ pub struct CudaDevice {
     pool: CachingAllocator<DeviceMemory>,
     live: HashMap<u64, Allocation<u64>>,
     funcs: HashMap<&'static str, usize>,
+    /// This device's choice of reduction path; `None` follows the process-wide flag.
+    deterministic: Option<bool>,
 }
 
 impl CudaDevice {
@@ -61,6 +63,7 @@ impl CudaDevice {
             pool: CachingAllocator::new(DeviceMemory),
             live: HashMap::new(),
             funcs: HashMap::new(),
+            deterministic: None,
         };
         // Resolve one kernel now, so a PTX the driver refuses fails here, not at first use.
         d.func("tl_full")?;
@@ -70,6 +73,21 @@ impl CudaDevice {
     /// Set how many cached bytes a non-forced `collect` keeps.
     pub fn set_cache_limit(&mut self, bytes: usize) {
         self.pool.set_cache_limit(bytes);
+    }
+
+    /// Force this device's reductions onto the fixed-order path (`Some(true)`), the atomic
+    /// path (`Some(false)`), or follow the process-wide flag
+    /// ([`set_deterministic_reductions`](crate::determinism::set_deterministic_reductions),
+    /// env `TL_DETERMINISTIC`; `None`, the default). PyTorch:
+    /// `torch.use_deterministic_algorithms`, per device.
+    pub fn set_deterministic(&mut self, on: Option<bool>) {
+        self.deterministic = on;
+    }
+
+    /// Whether this device's reductions take the fixed-order path now.
+    pub fn deterministic(&self) -> bool {
+        self.deterministic
+            .unwrap_or_else(crate::determinism::deterministic_reductions)
     }
 
     /// Number of live buffers.

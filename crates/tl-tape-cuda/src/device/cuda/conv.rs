@@ -121,7 +121,7 @@ impl CudaDevice {
         extra: &[Arg],
     ) -> Result<Buffer> {
         let n_out = l.big_len();
-        let (kernel, n, zero_first) = if crate::determinism::deterministic_reductions() {
+        let (kernel, n, zero_first) = if self.deterministic() {
             (kernels.0, n_out, false)
         } else {
             (kernels.1, n_src, true)

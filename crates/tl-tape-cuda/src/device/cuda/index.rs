@@ -9,9 +9,9 @@
 
 use super::CudaDevice;
 use super::driver::{self, Arg};
+use crate::Result;
 use crate::device::index_check::ScatterPlan;
 use crate::device::{Buffer, Device};
-use crate::{Result, determinism};
 
 /// Upload `vals` (as raw `u32` bits) to a temporary buffer, run `body` with its address, then
 /// release the temporary.
@@ -57,7 +57,7 @@ pub(super) fn scatter_add_rows(
     const OP: &str = "scatter_add_rows";
     let pg = d.ptr(OP, g)?;
     let n_out = rows * cols;
-    if determinism::deterministic_reductions() {
+    if d.deterministic() {
         // Fixed order: offsets (rows + 1) then order, in one upload.
         let plan = ScatterPlan::new(rows, idx);
         let meta: Vec<u32> = plan.offsets.iter().chain(&plan.order).copied().collect();

@@ -197,7 +197,7 @@ impl CudaDevice {
         let px = self.ptr(op, x)?;
         let n = x.len();
         let g = grid_size(n);
-        let deterministic = crate::determinism::deterministic_reductions();
+        let deterministic = self.deterministic();
         self.with_out(op, 1, |d, out| {
             if deterministic {
                 let [partials] = d.with_outs::<1>(op, g, |d, [p]| {

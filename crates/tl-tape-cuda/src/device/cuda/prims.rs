@@ -6,9 +6,9 @@
 use super::driver::{self, Arg};
 use super::launch::dims8;
 use super::{CudaDevice, index};
+use crate::Result;
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::{Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows};
-use crate::{Result, determinism};
 
 impl Launch for CudaDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -139,7 +139,7 @@ impl Launch for CudaDevice {
         let to = &plan.to[..];
         let rank = to.len();
         let offset = rank - from.len();
-        if determinism::deterministic_reductions() {
+        if self.deterministic() {
             // Kept axes (the output's), reduced axes (walked per output), cotangent strides.
             let kept = |k: usize| k >= offset && from[k - offset] != 1;
             let keep: Vec<usize> = (0..rank).map(|k| if kept(k) { to[k] } else { 1 }).collect();

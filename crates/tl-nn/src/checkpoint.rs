@@ -1,0 +1,366 @@
+//! Checkpoints in the safetensors format, and atomic file writes.
+//!
+//! A model's file holds one tensor per parameter, named as PyTorch's `state_dict()` names it
+//! (`0.weight`, `blocks.1.attn.wq`, `bn.running_mean`), in the session's scalar type (F32 for
+//! `f32` sessions, F64 for `f64`), optionally the optimizer's state as F64 tensors named
+//! `optimizer.<state name>`, and string metadata. So a state_dict PyTorch saved with
+//! `safetensors.torch.save_file(model.state_dict(), path)` loads into the equivalent tl-nn
+//! model (`num_batches_tracked`, which PyTorch's batch norm keeps and tl-nn does not need, is
+//! skipped).
+//!
+//! Loading validates the whole file against the model before anything is written: a missing,
+//! extra, misshapen or wrongly typed tensor is one [`Error::Checkpoint`] naming the tensor,
+//! and the model is left as it was. Saving writes a temporary file in the same directory,
+//! syncs it and renames it over the target ([`write_atomic`]), so a failed or interrupted save
+//! leaves the previous file intact.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use tl_session::optim::StateDict;
+use tl_session::{Optimizer, Train};
+use tl_spec::{Scalar, Tensor};
+
+use crate::{Error, Parameters, Result, Runtime};
+
+/// The `format` metadata value tl-nn writes.
+pub const FORMAT: &str = "tl-nn/1";
+
+/// The name prefix of optimizer state tensors.
+pub const OPTIMIZER_PREFIX: &str = "optimizer.";
+
+/// One tensor of a file: its dtype, dims and little-endian bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// The element type.
+    pub dtype: Dtype,
+    /// The dimensions.
+    pub dims: Vec<usize>,
+    /// The elements, little-endian.
+    pub bytes: Vec<u8>,
+}
+
+/// The dtype of `T` in a file (F32 for `f32`, F64 for `f64`).
+pub fn dtype_of<T: Scalar>() -> Dtype {
+    if std::mem::size_of::<T>() == 4 {
+        Dtype::F32
+    } else {
+        Dtype::F64
+    }
+}
+
+impl Entry {
+    /// The entry of a tensor, in `T`'s own dtype.
+    pub fn from_tensor<T: Scalar>(t: &Tensor<T>) -> Entry {
+        let bytes = if dtype_of::<T>() == Dtype::F32 {
+            t.data()
+                .iter()
+                .flat_map(|v| (v.as_f64() as f32).to_le_bytes())
+                .collect()
+        } else {
+            t.data()
+                .iter()
+                .flat_map(|v| v.as_f64().to_le_bytes())
+                .collect()
+        };
+        Entry {
+            dtype: dtype_of::<T>(),
+            dims: t.shape().dims().to_vec(),
+            bytes,
+        }
+    }
+
+    /// The tensor, which must be stored as `T`'s dtype; `name` is for the error.
+    pub fn to_tensor<T: Scalar>(&self, path: &Path, name: &str) -> Result<Tensor<T>> {
+        if self.dtype != dtype_of::<T>() {
+            return Err(bad(
+                path,
+                format!(
+                    "tensor {name:?} is {:?}, but the model's parameters are {:?}",
+                    self.dtype,
+                    dtype_of::<T>()
+                ),
+            ));
+        }
+        let data: Vec<T> = match self.dtype {
+            Dtype::F32 => self
+                .bytes
+                .chunks_exact(4)
+                .map(|c| T::lit(f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))))
+                .collect(),
+            _ => self
+                .bytes
+                .chunks_exact(8)
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(c);
+                    T::lit(f64::from_le_bytes(b))
+                })
+                .collect(),
+        };
+        Tensor::new(self.dims.clone(), data).map_err(|e| bad(path, format!("tensor {name:?}: {e}")))
+    }
+}
+
+/// A whole file: tensors by name, and metadata.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct File {
+    /// Every tensor, by name.
+    pub tensors: BTreeMap<String, Entry>,
+    /// String metadata (`format`, and whatever the writer adds).
+    pub metadata: BTreeMap<String, String>,
+}
+
+fn bad(path: &Path, detail: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+/// Encode `file` and write it to `path` atomically.
+pub fn write(path: &Path, file: &File) -> Result<()> {
+    let views = file
+        .tensors
+        .iter()
+        .map(|(name, e)| {
+            TensorView::new(e.dtype, e.dims.clone(), &e.bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|err| bad(path, format!("tensor {name:?}: {err}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let meta: std::collections::HashMap<String, String> = file
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let bytes = safetensors::serialize(views, Some(meta))
+        .map_err(|e| bad(path, format!("cannot encode: {e}")))?;
+    write_atomic(path, &bytes)
+}
+
+/// Read and decode the file at `path`. A file that is not valid safetensors (truncated,
+/// corrupt, a header that claims more than the file holds) is an error; the crate checks the
+/// header's claims against the bytes read before anything is allocated from them.
+pub fn read(path: &Path) -> Result<File> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let invalid = |why: String| {
+        bad(
+            path,
+            format!("not a valid safetensors file ({why}); it may be truncated or corrupt"),
+        )
+    };
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let metadata = meta
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let mut tensors = BTreeMap::new();
+    for name in st.names() {
+        let v = st.tensor(name).map_err(|e| invalid(e.to_string()))?;
+        tensors.insert(
+            name.to_owned(),
+            Entry {
+                dtype: v.dtype(),
+                dims: v.shape().to_vec(),
+                bytes: v.data().to_vec(),
+            },
+        );
+    }
+    Ok(File { tensors, metadata })
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Write `bytes` to `path` atomically: a temporary file in the same directory, synced, then
+/// renamed over `path`. On any failure the temporary file is removed and `path` is untouched.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// [`write_atomic`] with the content written by `fill` (which may fail: then nothing changes).
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| bad(path, "the path names no file"))?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = dir.join(format!(
+        ".{name}.tmp-{}-{}",
+        std::process::id(),
+        TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        fill(&mut f)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        // Make the rename durable; not every platform can sync a directory.
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+impl<O: Train> Runtime<O> {
+    /// `model`'s parameters by full name, read back to the host. PyTorch:
+    /// `model.state_dict()`.
+    pub fn state_dict<M: Parameters + ?Sized>(
+        &self,
+        model: &M,
+    ) -> Result<Vec<(String, Tensor<O::T>)>> {
+        self.named_params_of(model)
+            .into_iter()
+            .map(|(name, p)| Ok((name, self.value_of(&p)?)))
+            .collect()
+    }
+
+    /// Save `model`'s parameters to `path` (safetensors, written atomically). PyTorch:
+    /// `safetensors.torch.save_file(model.state_dict(), path)`.
+    pub fn save<M: Parameters + ?Sized>(&self, model: &M, path: impl AsRef<Path>) -> Result<()> {
+        self.save_with(model, path.as_ref(), None, &BTreeMap::new())
+    }
+
+    /// Save `model`'s parameters, `opt`'s state (as `optimizer.*` F64 tensors) when given, and
+    /// `metadata` (plus `format`).
+    pub fn save_with<M: Parameters + ?Sized>(
+        &self,
+        model: &M,
+        path: &Path,
+        opt: Option<&Optimizer>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let mut file = File {
+            metadata: metadata.clone(),
+            ..File::default()
+        };
+        file.metadata.insert("format".into(), FORMAT.into());
+        for (name, t) in self.state_dict(model)? {
+            file.tensors.insert(name, Entry::from_tensor(&t));
+        }
+        if let Some(opt) = opt {
+            for (name, t) in self.session().optimizer_state(opt)? {
+                file.tensors
+                    .insert(format!("{OPTIMIZER_PREFIX}{name}"), Entry::from_tensor(&t));
+            }
+        }
+        write(path, &file)
+    }
+
+    /// Load `model`'s parameters from `path`; returns the file's metadata. See the module
+    /// docs for what is checked; on any error nothing changes. Optimizer state in the file
+    /// is ignored (see [`Runtime::load_with`]). PyTorch: `model.load_state_dict(load_file(path))`.
+    pub fn load<M: Parameters + ?Sized>(
+        &mut self,
+        model: &M,
+        path: impl AsRef<Path>,
+    ) -> Result<BTreeMap<String, String>> {
+        self.load_with(model, path.as_ref(), None)
+    }
+
+    /// [`Runtime::load`], and `opt`'s state from the file's `optimizer.*` tensors when `opt`
+    /// is given (a file without them leaves `opt` as it is). On any error neither the model nor
+    /// `opt` changes.
+    pub fn load_with<M: Parameters + ?Sized>(
+        &mut self,
+        model: &M,
+        path: &Path,
+        opt: Option<&mut Optimizer>,
+    ) -> Result<BTreeMap<String, String>> {
+        let file = read(path)?;
+        self.load_file(model, path, &file, opt)?;
+        Ok(file.metadata)
+    }
+
+    /// Load `model`'s parameters (and `opt`'s state) from an already read `file`.
+    pub fn load_file<M: Parameters + ?Sized>(
+        &mut self,
+        model: &M,
+        path: &Path,
+        file: &File,
+        opt: Option<&mut Optimizer>,
+    ) -> Result<()> {
+        let named = self.named_params_of(model);
+        // Validate everything first: the model must not be left half loaded.
+        let mut values = Vec::with_capacity(named.len());
+        for (name, p) in &named {
+            let e = file.tensors.get(name).ok_or_else(|| {
+                bad(
+                    path,
+                    format!(
+                        "missing tensor {name:?} (the model's parameter of shape {})",
+                        p.shape()
+                    ),
+                )
+            })?;
+            if e.dims != p.shape().dims() {
+                return Err(bad(
+                    path,
+                    format!(
+                        "tensor {name:?} has shape {:?}, the model's parameter is {}",
+                        e.dims,
+                        p.shape()
+                    ),
+                ));
+            }
+            values.push((p.clone(), e.to_tensor::<O::T>(path, name)?));
+        }
+        let mut state = StateDict::new();
+        for (name, e) in &file.tensors {
+            if let Some(key) = name.strip_prefix(OPTIMIZER_PREFIX) {
+                state.insert(key.to_owned(), e.to_tensor::<f64>(path, name)?);
+            } else if !named.iter().any(|(n, _)| n == name)
+                && !name.ends_with("num_batches_tracked")
+            {
+                return Err(bad(
+                    path,
+                    format!("unexpected tensor {name:?}: the model has no parameter of that name"),
+                ));
+            }
+        }
+        let new_opt = match opt {
+            Some(opt) if !state.is_empty() => {
+                let mut o = opt.clone();
+                self.session_mut()
+                    .load_optimizer_state(&mut o, &state)
+                    .map_err(|e| bad(path, format!("the optimizer state does not fit: {e}")))?;
+                Some((opt, o))
+            }
+            _ => None,
+        };
+        for (p, v) in values {
+            self.set_value(&p, v)?;
+        }
+        if let Some((opt, o)) = new_opt {
+            *opt = o;
+        }
+        Ok(())
+    }
+}

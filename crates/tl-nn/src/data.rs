@@ -1,0 +1,227 @@
+//! Data shipped with the library, compiled in so examples and tests need no files: the UCI
+//! handwritten digits (1,797 8×8 images, `data/digits.csv.gz`, see `data/README.md`) with a
+//! fixed seeded train/test split, and minibatch helpers.
+
+use std::io::Read;
+
+use tl_spec::{Scalar, Tensor};
+
+use crate::error::usage;
+use crate::{Labels, Result};
+
+/// `data/digits.csv.gz`: 1,797 lines of 64 pixels (0–16) and a label.
+const DIGITS_GZ: &[u8] = include_bytes!("../../../data/digits.csv.gz");
+
+/// Number of digits images.
+pub const DIGITS_LEN: usize = 1797;
+/// Images in the training split (the remaining 360 are the test split).
+pub const DIGITS_TRAIN: usize = 1437;
+/// Pixels per image (8 × 8).
+pub const PIXELS: usize = 64;
+/// Classes (digits 0–9).
+pub const CLASSES: usize = 10;
+/// The seed of the fixed train/test split.
+const SPLIT_SEED: u64 = 0x00D1_6175;
+
+/// A classification split: row-major features (`len × features`, scaled to [0, 1]) and labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    /// Features, one row per example.
+    pub x: Vec<f32>,
+    /// Labels.
+    pub y: Vec<usize>,
+    /// Features per example.
+    pub features: usize,
+}
+
+impl Split {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+
+    /// Whether there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.y.is_empty()
+    }
+
+    /// The first `n` examples (all if `n` is larger).
+    pub fn truncate(mut self, n: usize) -> Self {
+        let n = n.min(self.len());
+        self.x.truncate(n * self.features);
+        self.y.truncate(n);
+        self
+    }
+
+    /// The examples at `idx` as a (B, features) tensor and their labels.
+    pub fn batch(&self, idx: &[usize]) -> (Tensor<f32>, Vec<usize>) {
+        let f = self.features;
+        let mut x = Vec::with_capacity(idx.len() * f);
+        for &i in idx {
+            x.extend_from_slice(&self.x[i * f..(i + 1) * f]);
+        }
+        let y = idx.iter().map(|&i| self.y[i]).collect();
+        (Tensor::from_fn([idx.len(), f], |k| x[k]), y)
+    }
+
+    /// Every example as a (len, features) tensor of `T`.
+    pub fn features<T: Scalar>(&self) -> Tensor<T> {
+        Tensor::from_fn([self.len(), self.features], |k| {
+            T::lit(f64::from(self.x[k]))
+        })
+    }
+
+    /// Every label, typed with `classes` classes.
+    pub fn labels(&self, classes: usize) -> Result<Labels> {
+        Labels::new(self.y.clone(), classes)
+    }
+
+    /// Minibatches of `size` in a seeded random order (a different order per `seed`): each a
+    /// (B, features) tensor of `T` and its labels with `classes` classes.
+    pub fn batches<T: Scalar>(
+        &self,
+        size: usize,
+        classes: usize,
+        seed: u64,
+    ) -> Result<Vec<(Tensor<T>, Labels)>> {
+        if size == 0 {
+            return Err(usage("Split::batches", "the batch size must be at least 1"));
+        }
+        permutation(self.len(), seed)
+            .chunks(size)
+            .map(|idx| {
+                let (x, y) = self.batch(idx);
+                Ok((x.cast(), Labels::new(y, classes)?))
+            })
+            .collect()
+    }
+}
+
+/// The digits train and test splits: a fixed seeded shuffle, 1,437 train / 360 test, pixels / 16.
+pub fn digits() -> Result<(Split, Split)> {
+    let bad = |detail: String| usage("data::digits", detail);
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(DIGITS_GZ)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(format!("digits.csv.gz: cannot decompress: {e}")))?;
+    let mut x = Vec::with_capacity(DIGITS_LEN * PIXELS);
+    let mut y = Vec::with_capacity(DIGITS_LEN);
+    for (n, line) in text.lines().enumerate() {
+        let fields: Vec<&str> = line.split(',').collect();
+        let malformed = || bad(format!("digits.csv.gz line {}: malformed", n + 1));
+        if fields.len() != PIXELS + 1 {
+            return Err(malformed());
+        }
+        for f in &fields[..PIXELS] {
+            let v: f32 = f.trim().parse().map_err(|_| malformed())?;
+            x.push(v / 16.0);
+        }
+        let label: usize = fields[PIXELS].trim().parse().map_err(|_| malformed())?;
+        if label >= CLASSES {
+            return Err(malformed());
+        }
+        y.push(label);
+    }
+    if y.len() != DIGITS_LEN {
+        return Err(bad(format!(
+            "digits.csv.gz: expected {DIGITS_LEN} images, found {}",
+            y.len()
+        )));
+    }
+    let order = permutation(DIGITS_LEN, SPLIT_SEED);
+    let all = Split {
+        x,
+        y,
+        features: PIXELS,
+    };
+    let pick = |idx: &[usize]| {
+        let (t, y) = all.batch(idx);
+        Split {
+            x: t.into_vec(),
+            y,
+            features: PIXELS,
+        }
+    };
+    Ok((pick(&order[..DIGITS_TRAIN]), pick(&order[DIGITS_TRAIN..])))
+}
+
+/// A seeded Fisher–Yates permutation of `0..n` (SplitMix64 draws).
+pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        p.swap(i, j);
+    }
+    p
+}
+
+/// Rows `start..start+n` of `x`'s leading axis.
+pub(crate) fn rows<T: Scalar>(x: &Tensor<T>, start: usize, n: usize) -> Result<Tensor<T>> {
+    let dims = x.shape().dims();
+    let row: usize = dims[1..].iter().product();
+    let mut out = dims.to_vec();
+    out[0] = n;
+    Ok(Tensor::new(
+        out,
+        x.data()[start * row..(start + n) * row].to_vec(),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits_split_is_fixed_disjoint_and_scaled() {
+        let (train, test) = digits().unwrap();
+        assert_eq!((train.len(), test.len()), (1437, 360));
+        assert!(
+            train
+                .x
+                .iter()
+                .chain(&test.x)
+                .all(|&v| (0.0..=1.0).contains(&v))
+        );
+        // The first image of the file is a 0 whose first row is 0,0,5,13,9,1,0,0.
+        let first = [0.0, 0.0, 5.0, 13.0, 9.0, 1.0, 0.0, 0.0].map(|v: f32| v / 16.0);
+        let rows: Vec<&[f32]> = train.x.chunks(64).chain(test.x.chunks(64)).collect();
+        assert!(rows.iter().any(|r| r[..8] == first));
+        for c in 0..10 {
+            assert!(test.y.contains(&c), "class {c} missing from the test split");
+        }
+        assert_eq!(
+            digits().unwrap().1,
+            test,
+            "the split must not depend on the run"
+        );
+    }
+
+    #[test]
+    fn permutation_is_a_permutation() {
+        let mut p = permutation(100, 3);
+        assert_ne!(p, (0..100).collect::<Vec<_>>());
+        p.sort_unstable();
+        assert_eq!(p, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn batches_cover_the_split_once_with_typed_labels() {
+        let (_, test) = digits().unwrap();
+        let b = test.batches::<f32>(64, CLASSES, 1).unwrap();
+        assert_eq!(b.len(), 6);
+        assert_eq!(b.iter().map(|(_, l)| l.len()).sum::<usize>(), 360);
+        assert!(
+            b.iter()
+                .all(|(x, l)| x.shape().dims() == [l.len(), 64] && l.classes() == 10)
+        );
+        assert!(test.batches::<f32>(0, CLASSES, 1).is_err());
+    }
+}

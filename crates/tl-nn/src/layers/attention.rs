@@ -1,0 +1,107 @@
+//! [`MultiHeadAttention`]: self-attention with `heads` heads and no biases.
+
+use tl_session::{Param, Train};
+use tl_spec::ops::attention::Mask;
+
+use crate::error::usage;
+use crate::{Init, Module, Parameters, Result, Var, Vars};
+
+/// Self-attention: `Q, K, V = x·Wq, x·Wk, x·Wv`, per head `softmax(QKᵀ/√d)·V`, heads
+/// concatenated, then `·Wo`. x is (n, d) or (B, n, d). The projections are (d, d) applied on
+/// the right (`x·W`, the transpose of `nn.Linear`'s layout) and have no biases; Wq, Wk, Wv are
+/// Xavier-uniform (as PyTorch's `in_proj_weight`), Wo `kaiming_uniform(a=√5)`. A mask (true =
+/// allowed) is shared by the batch: causal, key padding, or any (n, n) pattern. PyTorch:
+/// `nn.MultiheadAttention(d, heads, bias=False, batch_first=True)` with `attn_mask`.
+#[derive(Debug, Clone)]
+pub struct MultiHeadAttention {
+    /// Query projection (d, d), named `wq`.
+    pub wq: Param,
+    /// Key projection (d, d), named `wk`.
+    pub wk: Param,
+    /// Value projection (d, d), named `wv`.
+    pub wv: Param,
+    /// Output projection (d, d), named `wo`.
+    pub wo: Param,
+    /// Number of heads.
+    pub heads: usize,
+    /// Whether `forward` applies a causal mask.
+    pub causal: bool,
+}
+
+impl MultiHeadAttention {
+    /// Attention of width `d` with `heads` heads (dividing `d`); `causal` masks the future.
+    pub fn new<O: Train>(vars: &Vars<'_, O>, d: usize, heads: usize, causal: bool) -> Result<Self> {
+        if d == 0 || heads == 0 || !d.is_multiple_of(heads) {
+            return Err(usage(
+                "MultiHeadAttention::new",
+                format!("need heads ≥ 1 dividing the width d ≥ 1, got d {d}, heads {heads}"),
+            ));
+        }
+        let xavier = Init::XavierUniform {
+            fan_in: d,
+            fan_out: d,
+        };
+        Ok(MultiHeadAttention {
+            wq: vars.param("wq", &[d, d], xavier)?,
+            wk: vars.param("wk", &[d, d], xavier)?,
+            wv: vars.param("wv", &[d, d], xavier)?,
+            wo: vars.param("wo", &[d, d], Init::default_weight(d))?,
+            heads,
+            causal,
+        })
+    }
+
+    /// The mask that lets every query see the first `len` of `n` keys (padding after them).
+    pub fn key_padding_mask(n: usize, len: usize) -> Mask {
+        Mask::from_fn(n, |_, j| j < len)
+    }
+
+    /// Attention with an explicit mask (`None`: every key is allowed).
+    pub fn forward_masked<'g, O: Train>(
+        &self,
+        x: &Var<'g, O>,
+        mask: Option<Mask>,
+    ) -> Result<Var<'g, O>> {
+        let g = x.scope();
+        let w = [&self.wq, &self.wk, &self.wv, &self.wo].map(|p| g.param(p));
+        let [q, k, v, o] = w;
+        let (q, k, v, o) = (q?, k?, v?, o?);
+        let heads = self.heads;
+        q.op("MultiHeadAttention::forward", &[&k, &v, &o, x], |s| {
+            s.multi_head_attention(
+                q.tensor_ref(),
+                k.tensor_ref(),
+                v.tensor_ref(),
+                o.tensor_ref(),
+                x.tensor_ref(),
+                heads,
+                mask,
+                false,
+            )
+        })
+    }
+}
+
+impl Parameters for MultiHeadAttention {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        for p in [&self.wq, &self.wk, &self.wv, &self.wo] {
+            f(p);
+        }
+    }
+}
+
+impl<O: Train> Module<O> for MultiHeadAttention {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let n = match x.dims() {
+            [n, _] | [_, n, _] => *n,
+            _ => {
+                return Err(usage(
+                    "MultiHeadAttention::forward",
+                    format!("x must be (n, d) or (B, n, d), got {}", x.shape()),
+                ));
+            }
+        };
+        let mask = self.causal.then(|| Mask::causal(n));
+        self.forward_masked(x, mask)
+    }
+}

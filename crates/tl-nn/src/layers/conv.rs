@@ -1,0 +1,194 @@
+//! [`Conv`] and [`ConvTranspose`]: N-D convolutions, channels first, optional leading batch
+//! axis. PyTorch: `nn.Conv1d/2d/3d`, `nn.ConvTranspose1d/2d/3d` (groups 1, dilation 1).
+
+use tl_session::{Param, Train};
+
+use crate::error::usage;
+use crate::{Init, Module, Parameters, Result, Var, Vars};
+
+/// Stride and zero padding of a convolution, the same on every spatial axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvConfig {
+    /// Stride (≥ 1).
+    pub stride: usize,
+    /// Zero padding on both sides.
+    pub padding: usize,
+}
+
+impl Default for ConvConfig {
+    fn default() -> Self {
+        ConvConfig {
+            stride: 1,
+            padding: 0,
+        }
+    }
+}
+
+fn check(
+    what: &'static str,
+    inputs: usize,
+    outputs: usize,
+    kernel: &[usize],
+    cfg: ConvConfig,
+) -> Result<()> {
+    if inputs == 0
+        || outputs == 0
+        || kernel.is_empty()
+        || kernel.len() > 8
+        || kernel.contains(&0)
+        || cfg.stride == 0
+    {
+        return Err(usage(
+            what,
+            format!(
+                "need ≥ 1 input and output channel, 1 to 8 spatial axes with kernel sizes ≥ 1 and stride ≥ 1, got {inputs} → {outputs}, kernel {kernel:?}, stride {}",
+                cfg.stride
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A convolution (cross-correlation): weight (out, in, k…), bias (out); x (in, …) or
+/// (N, in, …) → (out, …) / (N, out, …). PyTorch: `nn.ConvNd(in, out, kernel, stride,
+/// padding)`, initialised as PyTorch does (`kaiming_uniform(a=√5)`, bias ±1/√(in·∏k)).
+#[derive(Debug, Clone)]
+pub struct Conv {
+    /// Weight (out, in, k…), named `weight`.
+    pub weight: Param,
+    /// Bias (out), named `bias`.
+    pub bias: Param,
+    /// Stride and padding.
+    pub config: ConvConfig,
+}
+
+impl Conv {
+    /// An N-D convolution with kernel sizes `kernel` (one per spatial axis).
+    pub fn new<O: Train>(
+        vars: &Vars<'_, O>,
+        inputs: usize,
+        outputs: usize,
+        kernel: &[usize],
+        config: ConvConfig,
+    ) -> Result<Self> {
+        check("Conv::new", inputs, outputs, kernel, config)?;
+        let fan_in = inputs * kernel.iter().product::<usize>();
+        let mut dims = vec![outputs, inputs];
+        dims.extend_from_slice(kernel);
+        Ok(Conv {
+            weight: vars.param("weight", &dims, Init::default_weight(fan_in))?,
+            bias: vars.param("bias", &[outputs], Init::default_bias(fan_in))?,
+            config,
+        })
+    }
+
+    /// A 1-D convolution. PyTorch: `nn.Conv1d`.
+    pub fn conv1d<O: Train>(
+        vars: &Vars<'_, O>,
+        inputs: usize,
+        outputs: usize,
+        kernel: usize,
+        config: ConvConfig,
+    ) -> Result<Self> {
+        Self::new(vars, inputs, outputs, &[kernel], config)
+    }
+
+    /// A 2-D convolution with a square kernel. PyTorch: `nn.Conv2d`.
+    pub fn conv2d<O: Train>(
+        vars: &Vars<'_, O>,
+        inputs: usize,
+        outputs: usize,
+        kernel: usize,
+        config: ConvConfig,
+    ) -> Result<Self> {
+        Self::new(vars, inputs, outputs, &[kernel, kernel], config)
+    }
+
+    fn spatial(&self) -> usize {
+        self.weight.shape().rank() - 2
+    }
+}
+
+impl Parameters for Conv {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+        f(&self.bias);
+    }
+}
+
+impl<O: Train> Module<O> for Conv {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let g = x.scope();
+        let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
+        let k = self.spatial();
+        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
+        w.op("Conv::forward", &[&b, x], |s| {
+            s.conv(
+                w.tensor_ref(),
+                b.tensor_ref(),
+                x.tensor_ref(),
+                stride,
+                padding,
+            )
+        })
+    }
+}
+
+/// A transposed convolution: weight (in, out, k…) (PyTorch's layout), bias (out); no output
+/// padding. PyTorch: `nn.ConvTransposeNd(in, out, kernel, stride, padding)`, initialised as
+/// PyTorch does (its fan-in is `out·∏k`).
+#[derive(Debug, Clone)]
+pub struct ConvTranspose {
+    /// Weight (in, out, k…), named `weight`.
+    pub weight: Param,
+    /// Bias (out), named `bias`.
+    pub bias: Param,
+    /// Stride and padding.
+    pub config: ConvConfig,
+}
+
+impl ConvTranspose {
+    /// An N-D transposed convolution with kernel sizes `kernel`.
+    pub fn new<O: Train>(
+        vars: &Vars<'_, O>,
+        inputs: usize,
+        outputs: usize,
+        kernel: &[usize],
+        config: ConvConfig,
+    ) -> Result<Self> {
+        check("ConvTranspose::new", inputs, outputs, kernel, config)?;
+        let fan_in = outputs * kernel.iter().product::<usize>();
+        let mut dims = vec![inputs, outputs];
+        dims.extend_from_slice(kernel);
+        Ok(ConvTranspose {
+            weight: vars.param("weight", &dims, Init::default_weight(fan_in))?,
+            bias: vars.param("bias", &[outputs], Init::default_bias(fan_in))?,
+            config,
+        })
+    }
+}
+
+impl Parameters for ConvTranspose {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+        f(&self.bias);
+    }
+}
+
+impl<O: Train> Module<O> for ConvTranspose {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let g = x.scope();
+        let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
+        let k = self.weight.shape().rank() - 2;
+        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
+        w.op("ConvTranspose::forward", &[&b, x], |s| {
+            s.conv_transpose(
+                w.tensor_ref(),
+                b.tensor_ref(),
+                x.tensor_ref(),
+                stride,
+                padding,
+            )
+        })
+    }
+}

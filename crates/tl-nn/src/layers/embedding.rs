@@ -1,0 +1,59 @@
+//! [`Embedding`]: rows of a table picked by index. PyTorch: `nn.Embedding`.
+
+use tl_session::{Param, Train};
+
+use crate::error::usage;
+use crate::{Init, Parameters, Result, Scope, Var, Vars};
+
+/// A table (num, dim) of `N(0, 1)` rows; `forward` picks rows by index, and the gradient
+/// scatter-adds into the picked rows. PyTorch: `nn.Embedding(num, dim)`.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    /// The table (num, dim), named `weight`.
+    pub weight: Param,
+}
+
+impl Embedding {
+    /// A table of `num` rows of width `dim`.
+    pub fn new<O: Train>(vars: &Vars<'_, O>, num: usize, dim: usize) -> Result<Self> {
+        if num == 0 || dim == 0 {
+            return Err(usage(
+                "Embedding::new",
+                format!("need num ≥ 1 and dim ≥ 1, got {num} × {dim}"),
+            ));
+        }
+        let weight = vars.param(
+            "weight",
+            &[num, dim],
+            Init::Normal {
+                mean: 0.0,
+                std: 1.0,
+            },
+        )?;
+        Ok(Embedding { weight })
+    }
+
+    /// The rows at `ids` as (ids.len(), dim). An id out of range is an error naming it (the
+    /// spec's totalised gather would give a zero row).
+    pub fn forward<'g, O: Train>(&self, g: &Scope<'g, O>, ids: &[usize]) -> Result<Var<'g, O>> {
+        let num = self.weight.shape().dims()[0];
+        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, id)| **id >= num) {
+            return Err(usage(
+                "Embedding::forward",
+                format!("id {id} at position {i} is out of range for a table of {num} rows"),
+            ));
+        }
+        let table = g.param(&self.weight)?;
+        let at = g.rt.borrow_mut().record_nat_vec(ids).pos();
+        let k = ids.len();
+        table.op("Embedding::forward", &[], |s| {
+            s.gather_rows_nat_vec(table.tensor_ref(), at, k)
+        })
+    }
+}
+
+impl Parameters for Embedding {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+    }
+}

@@ -1,0 +1,18 @@
+//! The layers, one family a file; each names its parameters as PyTorch's module does
+//! (`weight`, `bias`, `running_mean`, …) and initialises them with PyTorch's defaults.
+
+mod attention;
+mod conv;
+mod dropout;
+mod embedding;
+mod linear;
+mod norm;
+mod pool;
+
+pub use attention::MultiHeadAttention;
+pub use conv::{Conv, ConvConfig, ConvTranspose};
+pub use dropout::Dropout;
+pub use embedding::Embedding;
+pub use linear::Linear;
+pub use norm::{BatchNorm, LayerNorm};
+pub use pool::{AvgPool, MaxPool};

@@ -1,0 +1,227 @@
+//! [`LayerNorm`] and [`BatchNorm`]. PyTorch: `nn.LayerNorm`, `nn.BatchNorm1d/2d/3d`.
+
+use tl_session::{Param, Train};
+use tl_spec::{Scalar, Shape, Tensor};
+
+use crate::error::usage;
+use crate::{Init, Module, Parameters, Result, Var, Vars};
+
+/// Normalisation over the last axis (biased variance, two-pass) with a learned scale `weight`
+/// (ones) and shift `bias` (zeros). PyTorch: `nn.LayerNorm(dim, eps=1e-5)`.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    /// Scale (dim), named `weight`.
+    pub weight: Param,
+    /// Shift (dim), named `bias`.
+    pub bias: Param,
+    /// ε added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// A layer norm over `dim` features with PyTorch's ε = 1e-5.
+    pub fn new<O: Train>(vars: &Vars<'_, O>, dim: usize) -> Result<Self> {
+        Self::with_eps(vars, dim, 1e-5)
+    }
+
+    /// A layer norm with ε = `eps` (> 0).
+    pub fn with_eps<O: Train>(vars: &Vars<'_, O>, dim: usize, eps: f64) -> Result<Self> {
+        if dim == 0 || !(eps > 0.0 && eps.is_finite()) {
+            return Err(usage(
+                "LayerNorm::new",
+                format!("need dim ≥ 1 and a finite ε > 0, got dim {dim}, ε {eps}"),
+            ));
+        }
+        Ok(LayerNorm {
+            weight: vars.param("weight", &[dim], Init::Ones)?,
+            bias: vars.param("bias", &[dim], Init::Zeros)?,
+            eps,
+        })
+    }
+}
+
+impl Parameters for LayerNorm {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+        f(&self.bias);
+    }
+}
+
+impl<O: Train> Module<O> for LayerNorm {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let g = x.scope();
+        let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
+        let eps = self.eps;
+        x.op("LayerNorm::forward", &[&w, &b], |s| {
+            s.layer_norm(x.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
+        })
+    }
+}
+
+/// Batch normalisation over channels (axis 1 of (N, C, …); an unbatched (C, …) is one
+/// sample). Training passes normalise with the batch's statistics (biased variance) and
+/// update the running statistics with PyTorch's rule `running ← (1 − momentum)·running +
+/// momentum·batch` (the running variance takes the unbiased batch variance); eval passes
+/// normalise with the running statistics. PyTorch: `nn.BatchNorm2d(C, eps=1e-5,
+/// momentum=0.1)` (and 1d/3d: any number of trailing axes).
+#[derive(Debug, Clone)]
+pub struct BatchNorm {
+    /// Scale (C), named `weight` (ones).
+    pub weight: Param,
+    /// Shift (C), named `bias` (zeros).
+    pub bias: Param,
+    /// Running mean (C), a buffer named `running_mean` (zeros).
+    pub running_mean: Param,
+    /// Running variance (C), a buffer named `running_var` (ones).
+    pub running_var: Param,
+    /// ε added to the variance.
+    pub eps: f64,
+    /// The weight of the newest batch in the running statistics.
+    pub momentum: f64,
+}
+
+impl BatchNorm {
+    /// Batch norm over `channels` with PyTorch's ε = 1e-5 and momentum 0.1.
+    pub fn new<O: Train>(vars: &Vars<'_, O>, channels: usize) -> Result<Self> {
+        Self::with(vars, channels, 1e-5, 0.1)
+    }
+
+    /// Batch norm with ε = `eps` (> 0) and `momentum` in [0, 1].
+    pub fn with<O: Train>(
+        vars: &Vars<'_, O>,
+        channels: usize,
+        eps: f64,
+        momentum: f64,
+    ) -> Result<Self> {
+        if channels == 0 || !(eps > 0.0 && eps.is_finite()) || !(0.0..=1.0).contains(&momentum) {
+            return Err(usage(
+                "BatchNorm::new",
+                format!(
+                    "need channels ≥ 1, a finite ε > 0 and momentum in [0, 1], got {channels}, ε {eps}, momentum {momentum}"
+                ),
+            ));
+        }
+        Ok(BatchNorm {
+            weight: vars.param("weight", &[channels], Init::Ones)?,
+            bias: vars.param("bias", &[channels], Init::Zeros)?,
+            running_mean: vars.buffer("running_mean", &[channels], Init::Zeros)?,
+            running_var: vars.buffer("running_var", &[channels], Init::Ones)?,
+            eps,
+            momentum,
+        })
+    }
+
+    fn channels(&self) -> usize {
+        self.weight.shape().dims()[0]
+    }
+
+    /// x as (N, C, R, 1) (the op's batched layout), with N and R.
+    fn as_4d<'g, O: Train>(&self, x: &Var<'g, O>) -> Result<(Var<'g, O>, usize, usize)> {
+        let c = self.channels();
+        let dims = x.dims();
+        let (n, rest) = match dims {
+            [n, ch, rest @ ..] if *ch == c => (*n, rest.iter().product::<usize>()),
+            _ => {
+                return Err(usage(
+                    "BatchNorm::forward",
+                    format!(
+                        "x {} must be (N, {c}, …): batch, then {c} channels",
+                        x.shape()
+                    ),
+                ));
+            }
+        };
+        Ok((x.reshape(&[n, c, rest, 1])?, n, rest))
+    }
+
+    /// Update the running statistics from the batch (values of x as (N, C, R)).
+    fn update_running<O: Train>(
+        &self,
+        x: &Tensor<O::T>,
+        n: usize,
+        r: usize,
+        rt: &crate::Runtime<O>,
+    ) -> Result<()> {
+        let c = self.channels();
+        let count = n * r;
+        let data = x.data();
+        let (mut mean, mut var) = (vec![0.0f64; c], vec![0.0f64; c]);
+        for ch in 0..c {
+            let vals = (0..n).flat_map(|b| {
+                data[(b * c + ch) * r..(b * c + ch + 1) * r]
+                    .iter()
+                    .map(|v| v.as_f64())
+            });
+            let m = vals.clone().sum::<f64>() / count as f64;
+            let ss: f64 = vals.map(|v| (v - m) * (v - m)).sum();
+            mean[ch] = m;
+            // PyTorch's running variance is unbiased (n − 1); one element keeps the old one.
+            var[ch] = if count > 1 {
+                ss / (count - 1) as f64
+            } else {
+                f64::NAN
+            };
+        }
+        let mom = self.momentum;
+        let old_m = rt.value_of(&self.running_mean)?;
+        let old_v = rt.value_of(&self.running_var)?;
+        let new_m = Tensor::from_fn([c], |i| {
+            O::T::lit((1.0 - mom) * old_m.data()[i].as_f64() + mom * mean[i])
+        });
+        let new_v = Tensor::from_fn([c], |i| {
+            let old = old_v.data()[i].as_f64();
+            O::T::lit(if var[i].is_nan() {
+                old
+            } else {
+                (1.0 - mom) * old + mom * var[i]
+            })
+        });
+        rt.set_value(&self.running_mean, new_m)?;
+        rt.set_value(&self.running_var, new_v)
+    }
+}
+
+impl Parameters for BatchNorm {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+        f(&self.bias);
+        f(&self.running_mean);
+        f(&self.running_var);
+    }
+}
+
+impl<O: Train> Module<O> for BatchNorm {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let g = x.scope();
+        let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
+        let (x4, n, r) = self.as_4d(x)?;
+        let c = self.channels();
+        let y = if g.training() {
+            let eps = self.eps;
+            let y = x4.op("BatchNorm::forward", &[&w, &b], |s| {
+                s.batchnorm_channel_first(x4.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
+            })?;
+            self.update_running(&x4.value()?, n, r, g.rt)?;
+            y
+        } else {
+            // (x − running_mean)/√(running_var + ε)·γ + β, the statistics as constants.
+            let rm = g.rt.value_of(&self.running_mean)?;
+            let rv = g.rt.value_of(&self.running_var)?;
+            let per_channel =
+                |v: Vec<O::T>| -> Result<Tensor<O::T>> { Ok(Tensor::new([c, 1, 1], v)?) };
+            let mean = g.constant(per_channel(rm.data().iter().map(|v| -*v).collect())?)?;
+            let inv = g.constant(per_channel(
+                rv.data()
+                    .iter()
+                    .map(|v| O::T::lit(1.0 / (v.as_f64() + self.eps).sqrt()))
+                    .collect(),
+            )?)?;
+            let to = Shape::new(&[n, c, r, 1]);
+            let xhat = ((&x4 + &mean.broadcast_to(&to)?)? * inv.broadcast_to(&to)?)?;
+            let gamma = w.reshape(&[c, 1, 1])?.broadcast_to(&to)?;
+            let beta = b.reshape(&[c, 1, 1])?.broadcast_to(&to)?;
+            ((&xhat * &gamma)? + beta)?
+        };
+        y.reshape(x.dims())
+    }
+}

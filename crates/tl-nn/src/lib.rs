@@ -1,0 +1,74 @@
+//! # tl-nn: layers, named parameters, checkpoints and one training loop
+//!
+//! What users write models with, above the sessions of `tl-session`. A model is written once,
+//! generic over the session, and runs eager (CPU, CUDA simulation, CUDA) and linked (the
+//! recorded graph compiled into a tape). A complete training loop:
+//!
+//! ```
+//! use tl_nn::{data, Activation, Linear, Module, Runtime, Sequential, CLASSES, PIXELS};
+//! use tl_session::{Optimizer, Options, Session};
+//!
+//! # fn main() -> tl_nn::Result<()> {
+//! let (train, test) = data::digits()?;
+//! // Eager on the CPU; `LinkedSession::<f32>::with_seed(0)` runs the same code linked.
+//! let mut rt = Runtime::new(Session::<f32>::new(Options::default())?);
+//! let vars = rt.vars();
+//! let model = Sequential::new()
+//!     .add(Linear::new(&vars.pp(0), PIXELS, 32)?)
+//!     .add(Activation::Relu)
+//!     .add(Linear::new(&vars.pp(2), 32, CLASSES)?);
+//! let mut opt = Optimizer::adam(1e-2);
+//! for epoch in 0..3 {
+//!     for (x, labels) in train.batches::<f32>(64, CLASSES, epoch)? {
+//!         rt.step(&model, &mut opt, |g| model.forward(&g.input(x)?)?.cross_entropy(&labels))?;
+//!     }
+//! }
+//! let acc = rt.accuracy(&model, &test.features(), &test.labels(CLASSES)?, 128)?;
+//! assert!(acc > 0.8, "test accuracy {acc}");
+//! let path = std::env::temp_dir().join(format!("tl-nn-doc-{}.safetensors", std::process::id()));
+//! rt.save(&model, &path)?;
+//! rt.load(&model, &path)?; // back from the file: the same accuracy
+//! assert_eq!(rt.accuracy(&model, &test.features(), &test.labels(CLASSES)?, 128)?, acc);
+//! # std::fs::remove_file(&path).ok();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`Runtime`]: a session with its named parameter store; [`Runtime::step`] (one training
+//!   step, the same for both sessions, the reset inside it), [`Runtime::eval`],
+//!   [`Runtime::accuracy`], [`Runtime::save`] / [`Runtime::load`] (safetensors, PyTorch's
+//!   `state_dict` names).
+//! - [`Var`]: a tensor in a pass, with the ops as methods and `+ - * /` (broadcasting), so
+//!   expressions nest: `x.matmul(&w)?.relu()?`. [`Scope`]: where a pass makes its inputs.
+//! - [`Module`], [`Parameters`], [`Sequential`], [`Activation`], [`Flatten`], and the layers:
+//!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
+//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`].
+//! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
+//!   initialisers on the project's counter RNG (one seed, the same model on every backend).
+//! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
+//! - [`checkpoint`]: the file format and atomic writes; [`data`]: the digits data set.
+
+mod error;
+mod init;
+mod labels;
+mod layers;
+mod module;
+mod runtime;
+mod var;
+mod vars;
+
+pub mod checkpoint;
+pub mod data;
+
+pub use data::{CLASSES, PIXELS};
+pub use error::{Error, Result};
+pub use init::Init;
+pub use labels::{Labels, argmax_rows};
+pub use layers::{
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
+    MaxPool, MultiHeadAttention,
+};
+pub use module::{Activation, Flatten, Module, Parameters, Sequential};
+pub use runtime::{Runtime, Scope};
+pub use var::Var;
+pub use vars::Vars;

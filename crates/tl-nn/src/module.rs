@@ -1,0 +1,160 @@
+//! [`Module`] and [`Parameters`]: what a layer or a model is, [`Sequential`] to chain them, and
+//! the parameter-free modules ([`Activation`], [`Flatten`]).
+
+use tl_session::{Param, Train};
+
+use crate::{Result, Var};
+
+/// Something that owns parameters. PyTorch: `nn.Module.parameters()` and its buffers.
+pub trait Parameters {
+    /// Call `f` on every parameter (and buffer), in a fixed order: the order of
+    /// `named_params_of` and of checkpoints.
+    fn visit_params(&self, f: &mut dyn FnMut(&Param));
+}
+
+/// A layer or a model: `forward` is written once, generic over the session, and runs eager
+/// (CPU, CUDA sim, CUDA) and linked. Whether the pass trains is [`crate::Scope::training`]
+/// (set by `Runtime::step` / `Runtime::eval`, PyTorch's `model.train()` / `model.eval()`).
+pub trait Module<O: Train>: Parameters {
+    /// The output for input `x`. PyTorch: `forward(x)`.
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>>;
+}
+
+impl<P: Parameters + ?Sized> Parameters for Box<P> {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        (**self).visit_params(f)
+    }
+}
+
+impl<P: Parameters> Parameters for Vec<P> {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        for p in self {
+            p.visit_params(f);
+        }
+    }
+}
+
+impl<P: Parameters> Parameters for Option<P> {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        if let Some(p) = self {
+            p.visit_params(f);
+        }
+    }
+}
+
+impl Parameters for Param {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(self)
+    }
+}
+
+/// Modules applied in order. Name the layers' parameters by position (`vars.pp("0")`,
+/// `vars.pp("2")`, counting parameter-free modules too) to match PyTorch's `nn.Sequential`
+/// state_dict names. PyTorch: `nn.Sequential`.
+pub struct Sequential<O: Train> {
+    layers: Vec<Box<dyn Module<O>>>,
+}
+
+impl<O: Train> Default for Sequential<O> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<O: Train> Sequential<O> {
+    /// An empty sequence (the identity).
+    pub fn new() -> Self {
+        Sequential { layers: Vec::new() }
+    }
+
+    /// Append a module.
+    #[allow(clippy::should_implement_trait)]
+    pub fn add<M: Module<O> + 'static>(mut self, m: M) -> Self {
+        self.layers.push(Box::new(m));
+        self
+    }
+
+    /// The number of modules.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether there are no modules.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}
+
+impl<O: Train> Parameters for Sequential<O> {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        for l in &self.layers {
+            l.visit_params(f);
+        }
+    }
+}
+
+impl<O: Train> Module<O> for Sequential<O> {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let mut h = x.clone();
+        for l in &self.layers {
+            h = l.forward(&h)?;
+        }
+        Ok(h)
+    }
+}
+
+/// An activation as a module (the same functions are methods of [`Var`]).
+/// PyTorch: `nn.ReLU()`, `nn.Tanh()`, …
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `max(x, 0)`. PyTorch: `nn.ReLU`.
+    Relu,
+    /// `tanh x`. PyTorch: `nn.Tanh`.
+    Tanh,
+    /// `1/(1+exp(−x))`. PyTorch: `nn.Sigmoid`.
+    Sigmoid,
+    /// GELU, tanh form. PyTorch: `nn.GELU(approximate="tanh")`.
+    Gelu,
+    /// `x·sigmoid(x)`. PyTorch: `nn.SiLU`.
+    Silu,
+    /// `log(1+exp(x))`. PyTorch: `nn.Softplus`.
+    Softplus,
+}
+
+impl Activation {
+    /// Apply the activation to `x`.
+    pub fn apply<'g, O: Train>(self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => x.sigmoid(),
+            Activation::Gelu => x.gelu(),
+            Activation::Silu => x.silu(),
+            Activation::Softplus => x.softplus(),
+        }
+    }
+}
+
+impl Parameters for Activation {
+    fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+}
+
+impl<O: Train> Module<O> for Activation {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        self.apply(x)
+    }
+}
+
+/// (B, …) → (B, ∏…). PyTorch: `nn.Flatten()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flatten;
+
+impl Parameters for Flatten {
+    fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+}
+
+impl<O: Train> Module<O> for Flatten {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        x.flatten_batch()
+    }
+}

@@ -1,0 +1,368 @@
+//! [`Runtime`]: a session with what a model needs around it — the named parameter store, one
+//! training step for both sessions, evaluation passes, and checkpoints.
+//!
+//! Every forward pass runs inside [`Runtime::step`] or [`Runtime::eval`]. Each starts a fresh
+//! pass (the session's reset happens there, before and after), records the model's parameters
+//! first (the linked session needs every leaf before the first op), hands the closure a
+//! [`Scope`] to create inputs in, and ends the pass whatever the closure returns. There is no
+//! way to record tensors outside a pass, so a loop cannot forget the reset and grow.
+
+use std::cell::{Cell, Ref, RefCell, RefMut};
+use std::collections::HashMap;
+
+use tl_session::{Optimizer, Param, TensorRef, Train};
+use tl_spec::{Scalar, Tensor};
+
+use crate::error::usage;
+use crate::{Labels, Module, Parameters, Result, Var, Vars};
+
+/// A session, its named parameters, and the passes run on it. Generic over the session: the
+/// same model code runs on `Session` (eager; CPU, CUDA sim, CUDA) and `LinkedSession`.
+///
+/// PyTorch comparison: the device plus `model.named_parameters()`, with `train_step` written
+/// once for you.
+pub struct Runtime<O: Train> {
+    session: RefCell<O>,
+    /// Every parameter created through [`Vars`], by full name, in creation order.
+    names: RefCell<Vec<(String, Param)>>,
+    /// Parameter index → its leaf in the open pass.
+    leaves: RefCell<HashMap<usize, TensorRef>>,
+    /// Whether the open pass trains (dropout on, batch norm on batch statistics).
+    training: Cell<bool>,
+}
+
+impl<O: Train> Runtime<O> {
+    /// A runtime over `session`. Parameters are created through [`Runtime::vars`].
+    pub fn new(session: O) -> Self {
+        Runtime {
+            session: RefCell::new(session),
+            names: RefCell::new(Vec::new()),
+            leaves: RefCell::new(HashMap::new()),
+            training: Cell::new(false),
+        }
+    }
+
+    /// The root of the parameter namespace: layers take a [`Vars`] (`vars().pp("encoder")`) and
+    /// create their parameters under its prefix.
+    pub fn vars(&self) -> Vars<'_, O> {
+        Vars::root(self)
+    }
+
+    /// The session, for calls tl-nn does not wrap.
+    pub fn session(&self) -> Ref<'_, O> {
+        self.session.borrow()
+    }
+
+    /// The session, mutably.
+    pub fn session_mut(&mut self) -> &mut O {
+        self.session.get_mut()
+    }
+
+    /// The session back, with the parameters' values in it.
+    pub fn into_session(self) -> O {
+        self.session.into_inner()
+    }
+
+    pub(crate) fn borrow_mut(&self) -> RefMut<'_, O> {
+        self.session.borrow_mut()
+    }
+
+    pub(crate) fn training(&self) -> bool {
+        self.training.get()
+    }
+
+    /// Register a new parameter named `name` (full path); a name used twice is an error.
+    pub(crate) fn create(
+        &self,
+        name: String,
+        init: Tensor<O::T>,
+        requires_grad: bool,
+    ) -> Result<Param> {
+        if self.names.borrow().iter().any(|(n, _)| *n == name) {
+            return Err(usage(
+                "Vars::param",
+                format!(
+                    "a parameter named {name:?} exists already; give each layer its own prefix (vars.pp(\"…\"))"
+                ),
+            ));
+        }
+        let p = self
+            .session
+            .borrow_mut()
+            .param(init, Some(&name), requires_grad)?;
+        self.names.borrow_mut().push((name, p.clone()));
+        Ok(p)
+    }
+
+    /// The next key of the session's counter RNG (seeded by the session's seed).
+    pub(crate) fn next_key(&self) -> Result<u64> {
+        let (seed, counter) = self.session.borrow_mut().next_random_key()?;
+        Ok(tl_spec::rng::key(seed, counter))
+    }
+
+    /// Every parameter created in this runtime, with its full name, in creation order.
+    pub fn named_params(&self) -> Vec<(String, Param)> {
+        self.names.borrow().clone()
+    }
+
+    /// `model`'s parameters with their full names, in the model's order. PyTorch:
+    /// `model.named_parameters()` plus its buffers (batch norm's running statistics).
+    pub fn named_params_of<M: Parameters + ?Sized>(&self, model: &M) -> Vec<(String, Param)> {
+        let names = self.names.borrow();
+        let mut out = Vec::new();
+        model.visit_params(&mut |p| {
+            let name = names
+                .iter()
+                .find(|(_, q)| q == p)
+                .map(|(n, _)| n.clone())
+                .unwrap_or_else(|| format!("param{}", p.index()));
+            out.push((name, p.clone()));
+        });
+        out
+    }
+
+    /// The number of scalar values in `model`'s trainable parameters. PyTorch:
+    /// `sum(p.numel() for p in model.parameters() if p.requires_grad)`.
+    pub fn num_params<M: Parameters + ?Sized>(&self, model: &M) -> Result<usize> {
+        let s = self.session.borrow();
+        let mut n = 0;
+        for (_, p) in self.named_params_of(model) {
+            if s.requires_grad(&p)? {
+                n += p.shape().numel();
+            }
+        }
+        Ok(n)
+    }
+
+    /// Freeze (or unfreeze) every parameter of `model` whose full name starts with `prefix`
+    /// (`""` for all); returns how many changed. PyTorch: `p.requires_grad_(False)` for each.
+    pub fn set_trainable<M: Parameters + ?Sized>(
+        &mut self,
+        model: &M,
+        prefix: &str,
+        trainable: bool,
+    ) -> Result<usize> {
+        let mut n = 0;
+        for (name, p) in self.named_params_of(model) {
+            if name.starts_with(prefix) && !is_buffer(&name) {
+                self.session.get_mut().set_requires_grad(&p, trainable)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// A parameter's current value.
+    pub fn value_of(&self, p: &Param) -> Result<Tensor<O::T>> {
+        Ok(self.session.borrow_mut().param_value(p)?)
+    }
+
+    /// Overwrite a parameter's value (same shape).
+    pub fn set_value(&self, p: &Param, value: Tensor<O::T>) -> Result<()> {
+        Ok(self.session.borrow_mut().set_param(p, value)?)
+    }
+
+    /// Open a pass: a fresh recording with `model`'s parameters recorded first.
+    fn begin<M: Parameters + ?Sized>(&self, model: &M, training: bool) -> Result<()> {
+        let mut s = self.session.borrow_mut();
+        s.reset();
+        let mut leaves = self.leaves.borrow_mut();
+        leaves.clear();
+        self.training.set(training);
+        let mut params = Vec::new();
+        model.visit_params(&mut |p| params.push(p.clone()));
+        for p in params {
+            if !leaves.contains_key(&p.index()) {
+                let r = s.use_param(&p)?;
+                leaves.insert(p.index(), r);
+            }
+        }
+        Ok(())
+    }
+
+    /// Close the pass: every handle of it becomes invalid and its buffers are released.
+    fn end(&self) {
+        self.leaves.borrow_mut().clear();
+        self.session.borrow_mut().reset();
+        self.training.set(false);
+    }
+
+    /// The leaf of `p` in the open pass (recorded on first use if the model did not list it).
+    pub(crate) fn param_leaf(&self, p: &Param) -> Result<TensorRef> {
+        if let Some(r) = self.leaves.borrow().get(&p.index()) {
+            return Ok(r.clone());
+        }
+        let r = self.session.borrow_mut().use_param(p).map_err(|e| {
+            usage(
+                "Scope::param",
+                format!("parameter #{} is not part of the model given to step/eval, and could not be recorded now: {e}", p.index()),
+            )
+        })?;
+        self.leaves.borrow_mut().insert(p.index(), r.clone());
+        Ok(r)
+    }
+
+    /// One training step: a fresh pass in training mode, `loss_fn`'s scalar loss, backward,
+    /// one step of `opt` on `model`'s trainable parameters; returns the loss. The pass is ended
+    /// (reset) before this returns, also on error.
+    ///
+    /// PyTorch: `model.train(); opt.zero_grad(); loss = loss_fn(); loss.backward(); opt.step();
+    /// loss.item()`.
+    pub fn step<M, F>(&mut self, model: &M, opt: &mut Optimizer, loss_fn: F) -> Result<f64>
+    where
+        M: Parameters + ?Sized,
+        F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+    {
+        self.begin(model, true)?;
+        let r = (|| {
+            let scope = Scope { rt: self };
+            let loss = loss_fn(&scope)?;
+            loss.check_here("Runtime::step")?;
+            if !loss.shape().is_scalar() {
+                return Err(usage(
+                    "Runtime::step",
+                    format!(
+                        "the closure must return a scalar loss, got shape {}",
+                        loss.shape()
+                    ),
+                ));
+            }
+            let r = loss.tensor_ref().clone();
+            Ok(self.session.borrow_mut().backward_step(&r, opt)?)
+        })();
+        self.end();
+        r
+    }
+
+    /// An evaluation pass: a fresh pass in eval mode (no dropout; batch norm on its running
+    /// statistics), `f`'s output read back as a host tensor; no gradients, no parameter
+    /// change. PyTorch: `model.eval(); with torch.no_grad(): f().cpu()`.
+    pub fn eval<M, F>(&self, model: &M, f: F) -> Result<Tensor<O::T>>
+    where
+        M: Parameters + ?Sized,
+        F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+    {
+        self.pass(model, false, f)
+    }
+
+    /// A forward pass in training mode without a step (dropout on, batch norm on batch
+    /// statistics and updating its running statistics). PyTorch: `model.train(); f()`.
+    pub fn forward_train<M, F>(&self, model: &M, f: F) -> Result<Tensor<O::T>>
+    where
+        M: Parameters + ?Sized,
+        F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+    {
+        self.pass(model, true, f)
+    }
+
+    fn pass<M, F>(&self, model: &M, training: bool, f: F) -> Result<Tensor<O::T>>
+    where
+        M: Parameters + ?Sized,
+        F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+    {
+        self.begin(model, training)?;
+        let r = (|| {
+            let scope = Scope { rt: self };
+            let out = f(&scope)?;
+            out.check_here("Runtime::eval")?;
+            let r = out.tensor_ref().clone();
+            Ok(self.session.borrow_mut().read(&r)?)
+        })();
+        self.end();
+        r
+    }
+
+    /// Classification accuracy of `model` on `(x, labels)` in batches of `batch` rows of `x`'s
+    /// leading axis: the share of rows whose largest logit is the label.
+    pub fn accuracy<M>(
+        &self,
+        model: &M,
+        x: &Tensor<O::T>,
+        labels: &Labels,
+        batch: usize,
+    ) -> Result<f64>
+    where
+        M: Module<O> + ?Sized,
+    {
+        let rows = x.shape().dims().first().copied().unwrap_or(0);
+        if rows != labels.len() || rows == 0 || batch == 0 {
+            return Err(usage(
+                "Runtime::accuracy",
+                format!(
+                    "need one label per row of x and batch ≥ 1, got x {}, {} labels, batch {batch}",
+                    x.shape(),
+                    labels.len()
+                ),
+            ));
+        }
+        let mut correct = 0usize;
+        let mut start = 0;
+        while start < rows {
+            let n = batch.min(rows - start);
+            let xb = crate::data::rows(x, start, n)?;
+            let logits = self.eval(model, |g| model.forward(&g.input(xb)?))?;
+            let pred = crate::labels::argmax_rows(&logits);
+            correct += pred
+                .iter()
+                .zip(&labels.values()[start..start + n])
+                .filter(|(p, l)| p == l)
+                .count();
+            start += n;
+        }
+        Ok(correct as f64 / rows as f64)
+    }
+}
+
+/// Whether a parameter name is a buffer (batch norm's running statistics), never trained.
+pub(crate) fn is_buffer(name: &str) -> bool {
+    name.ends_with("running_mean") || name.ends_with("running_var")
+}
+
+/// An open pass: where a forward pass creates its inputs and constants. Only
+/// [`Runtime::step`] and [`Runtime::eval`] make one, and the pass ends when they return.
+pub struct Scope<'g, O: Train> {
+    pub(crate) rt: &'g Runtime<O>,
+}
+
+impl<'g, O: Train> Clone for Scope<'g, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<'g, O: Train> Copy for Scope<'g, O> {}
+
+impl<'g, O: Train> Scope<'g, O> {
+    /// An input (no gradient). PyTorch: a plain tensor argument.
+    pub fn input(&self, value: Tensor<O::T>) -> Result<Var<'g, O>> {
+        let r = self.rt.borrow_mut().input(value, false)?;
+        Ok(Var::new(self.rt, r))
+    }
+
+    /// An input whose gradient is wanted (read it with `Var::grad` in eager sessions).
+    /// PyTorch: `x.requires_grad_()`.
+    pub fn input_grad(&self, value: Tensor<O::T>) -> Result<Var<'g, O>> {
+        let r = self.rt.borrow_mut().input(value, true)?;
+        Ok(Var::new(self.rt, r))
+    }
+
+    /// A constant. PyTorch: `torch.tensor(...)`.
+    pub fn constant(&self, value: Tensor<O::T>) -> Result<Var<'g, O>> {
+        let r = self.rt.borrow_mut().constant(value)?;
+        Ok(Var::new(self.rt, r))
+    }
+
+    /// A constant scalar `v` broadcast to `shape`.
+    pub fn full(&self, shape: &[usize], v: f64) -> Result<Var<'g, O>> {
+        self.constant(Tensor::full(shape, O::T::lit(v)))
+    }
+
+    /// The parameter `p` in this pass.
+    pub fn param(&self, p: &Param) -> Result<Var<'g, O>> {
+        Ok(Var::new(self.rt, self.rt.param_leaf(p)?))
+    }
+
+    /// Whether this pass trains (dropout on, batch norm on batch statistics).
+    pub fn training(&self) -> bool {
+        self.rt.training()
+    }
+}

@@ -1,0 +1,222 @@
+//! Checkpoints: PyTorch state_dicts load and give PyTorch's logits; save/load round trips with
+//! optimizer state; every bad file is one clear error naming the tensor and changes nothing.
+
+use std::path::{Path, PathBuf};
+
+use tl_nn::checkpoint::{self, Entry};
+use tl_nn::{
+    Activation, BatchNorm, Conv, ConvConfig, Flatten, Labels, Linear, MaxPool, Module, Runtime,
+    Sequential,
+};
+use tl_session::{Backend, Optimizer, Train};
+use tl_spec::Tensor;
+
+use crate::{eager, linked, max_diff, mlp, tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn expected(name: &str) -> (Tensor<f32>, Tensor<f64>) {
+    let f = checkpoint::read(&fixture(&format!("{name}_expected.safetensors"))).unwrap();
+    let p = fixture(name);
+    (
+        f.tensors["input"].to_tensor(&p, "input").unwrap(),
+        f.tensors["logits"].to_tensor(&p, "logits").unwrap(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tl-nn-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// PyTorch's `nn.Sequential(Conv2d(1,3,3,padding=1), BatchNorm2d(3), ReLU(), MaxPool2d(2),
+/// Flatten(), Linear(27,4))`, names by position.
+fn cnn<O: Train>(rt: &Runtime<O>) -> Sequential<O> {
+    let v = rt.vars();
+    let same = ConvConfig {
+        stride: 1,
+        padding: 1,
+    };
+    Sequential::new()
+        .add(Conv::conv2d(&v.pp(0), 1, 3, 3, same).unwrap())
+        .add(BatchNorm::new(&v.pp(1), 3).unwrap())
+        .add(Activation::Relu)
+        .add(MaxPool::new(&[2, 2]).unwrap())
+        .add(Flatten)
+        .add(Linear::new(&v.pp(5), 27, 4).unwrap())
+}
+
+#[test]
+fn pytorch_state_dicts_load_and_give_pytorchs_logits() {
+    fn check<O: Train<T = f32>>(mut rt: Runtime<O>) {
+        let m = mlp(&rt, 6, 8, 3);
+        rt.load(&m, fixture("mlp.safetensors")).unwrap();
+        let (x, want) = expected("mlp");
+        let got = rt.eval(&m, |g| m.forward(&g.input(x.clone())?)).unwrap();
+        assert!(max_diff(&got, &want) < 1e-5, "mlp: {:?} vs {:?}", got.data(), want.data());
+
+        let c = cnn(&rt);
+        // PyTorch's num_batches_tracked (int64) is in the file and skipped.
+        rt.load(&c, fixture("cnn.safetensors")).unwrap();
+        let (x, want) = expected("cnn");
+        let got = rt.eval(&c, |g| c.forward(&g.input(x.clone())?)).unwrap();
+        assert!(max_diff(&got, &want) < 1e-5, "cnn: {:?} vs {:?}", got.data(), want.data());
+    }
+    check(eager::<f32>(Backend::Cpu, 0));
+    check(eager::<f32>(Backend::CudaSim, 0));
+    check(linked::<f32>(0));
+}
+
+#[test]
+fn save_then_load_restores_parameters_and_optimizer_state() {
+    let mut rt = eager::<f64>(Backend::Cpu, 1);
+    let m = mlp(&rt, 4, 5, 3);
+    let x = tensor::<f64>(&[6, 4], 2);
+    let labels = Labels::new(vec![0, 1, 2, 0, 1, 2], 3).unwrap();
+    let mut opt = Optimizer::adam(0.05);
+    let mut step = |rt: &mut Runtime<_>, opt: &mut Optimizer| {
+        rt.step(&m, opt, |g| m.forward(&g.input(x.clone())?)?.cross_entropy(&labels))
+            .unwrap()
+    };
+    step(&mut rt, &mut opt);
+    let path = tmp("roundtrip.safetensors");
+    let meta = [("epoch".to_string(), "1".to_string())].into();
+    rt.save_with(&m, &path, Some(&opt), &meta).unwrap();
+    let saved = rt.state_dict(&m).unwrap();
+    // Continue uninterrupted for a reference trajectory.
+    let reference: Vec<f64> = (0..3).map(|_| step(&mut rt, &mut opt)).collect();
+
+    // A fresh runtime with another seed, loaded from the file, continues identically.
+    let mut rt2 = eager::<f64>(Backend::Cpu, 99);
+    let m2 = mlp(&rt2, 4, 5, 3);
+    let mut opt2 = Optimizer::adam(0.05);
+    let got_meta = rt2.load_with(&m2, &path, Some(&mut opt2)).unwrap();
+    assert_eq!(got_meta["epoch"], "1");
+    assert_eq!(got_meta["format"], checkpoint::FORMAT);
+    assert_eq!(rt2.state_dict(&m2).unwrap(), saved);
+    let resumed: Vec<f64> = (0..3)
+        .map(|_| {
+            rt2.step(&m2, &mut opt2, |g| {
+                m2.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+            })
+            .unwrap()
+        })
+        .collect();
+    assert_eq!(resumed, reference, "Adam's moments must come back too");
+}
+
+/// Write `file` (a variation of a good checkpoint), try to load it into a fresh model, and
+/// return the error; the model must be unchanged.
+fn load_error(name: &str, edit: impl FnOnce(&mut checkpoint::File)) -> String {
+    let mut rt = eager::<f32>(Backend::Cpu, 3);
+    let m = mlp(&rt, 4, 5, 3);
+    let good = tmp(&format!("good-{name}.safetensors"));
+    rt.save(&m, &good).unwrap();
+    let mut file = checkpoint::read(&good).unwrap();
+    edit(&mut file);
+    let bad = tmp(&format!("bad-{name}.safetensors"));
+    checkpoint::write(&bad, &file).unwrap();
+    // Move the model away from the file's values, so a partial load would show.
+    for (_, p) in rt.named_params_of(&m) {
+        rt.set_value(&p, Tensor::full(p.shape().clone(), 0.25)).unwrap();
+    }
+    let before = rt.state_dict(&m).unwrap();
+    let err = rt.load(&m, &bad).unwrap_err().to_string();
+    assert_eq!(rt.state_dict(&m).unwrap(), before, "{name}: the model changed");
+    err
+}
+
+#[test]
+fn bad_checkpoints_are_one_clear_error_and_change_nothing() {
+    let e = load_error("missing", |f| {
+        f.tensors.remove("2.bias");
+    });
+    assert!(e.contains("missing tensor \"2.bias\""), "{e}");
+    let e = load_error("extra", |f| {
+        let b = f.tensors["2.bias"].clone();
+        f.tensors.insert("3.bias".into(), b);
+    });
+    assert!(e.contains("unexpected tensor \"3.bias\""), "{e}");
+    let e = load_error("shape", |f| {
+        let w = f.tensors.get_mut("0.weight").unwrap();
+        w.dims = vec![4, 5];
+    });
+    assert!(e.contains("\"0.weight\"") && e.contains("shape"), "{e}");
+    let e = load_error("dtype", |f| {
+        let b = f.tensors.get_mut("2.bias").unwrap();
+        *b = Entry::from_tensor(&Tensor::<f64>::zeros([3]));
+    });
+    assert!(e.contains("\"2.bias\"") && e.contains("F64"), "{e}");
+    // The missing tensor is checked after earlier good ones were decoded: still nothing loaded.
+    let e = load_error("last-missing", |f| {
+        f.tensors.remove("2.weight");
+    });
+    assert!(e.contains("2.weight"), "{e}");
+}
+
+#[test]
+fn corrupt_files_are_errors() {
+    let rt = eager::<f32>(Backend::Cpu, 3);
+    let m = mlp(&rt, 4, 5, 3);
+    let good = tmp("corrupt-src.safetensors");
+    rt.save(&m, &good).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let mut rt = rt;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", bytes[..bytes.len() - 7].to_vec()),
+        ("header-only", bytes[..12].to_vec()),
+        ("empty", Vec::new()),
+        ("huge-header", {
+            let mut b = bytes.clone();
+            b[..8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+            b
+        }),
+        ("not-json", {
+            let mut b = bytes.clone();
+            b[9] = b'#';
+            b
+        }),
+    ];
+    for (name, b) in cases {
+        let p = tmp(&format!("corrupt-{name}.safetensors"));
+        std::fs::write(&p, b).unwrap();
+        let e = rt.load(&m, &p).unwrap_err().to_string();
+        assert!(e.contains("checkpoint") && e.contains("safetensors"), "{name}: {e}");
+    }
+    let e = rt.load(&m, tmp("does-not-exist.safetensors")).unwrap_err();
+    assert!(e.to_string().contains("does-not-exist"), "{e}");
+}
+
+#[test]
+fn a_failed_save_leaves_the_previous_file_intact() {
+    let path = tmp("atomic.safetensors");
+    std::fs::write(&path, b"previous").unwrap();
+    let err = checkpoint::write_atomic_with(&path, |f| {
+        use std::io::Write;
+        f.write_all(b"half a file")?;
+        Err(std::io::Error::other("disk full (injected)"))
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("injected"), "{err}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"previous");
+    // No temporary file is left behind.
+    let dir = path.parent().unwrap();
+    let leftovers = std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".atomic.safetensors.tmp")
+        })
+        .count();
+    assert_eq!(leftovers, 0);
+    checkpoint::write_atomic(&path, b"new").unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"new");
+}

@@ -1,0 +1,299 @@
+//! Layers, names and initialisers: eager = linked, one seed = one model on every backend,
+//! PyTorch's initialiser bounds, batch norm's running statistics, dropout and masks.
+
+use tl_nn::{
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
+    MaxPool, Module, MultiHeadAttention, Parameters, Runtime, Sequential,
+};
+use tl_session::{Backend, Optimizer, Train};
+use tl_spec::Tensor;
+
+use crate::{eager, linked, max_diff, mlp, tensor};
+
+/// A small transformer-ish block with nested names, generic over the session.
+struct Block {
+    norm: LayerNorm,
+    attn: MultiHeadAttention,
+    ff: Linear,
+}
+
+impl Parameters for Block {
+    fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
+        self.norm.visit_params(f);
+        self.attn.visit_params(f);
+        self.ff.visit_params(f);
+    }
+}
+
+impl<O: Train> Module<O> for Block {
+    fn forward<'g>(&self, x: &tl_nn::Var<'g, O>) -> tl_nn::Result<tl_nn::Var<'g, O>> {
+        let h = (x + &self.attn.forward(&self.norm.forward(x)?)?)?;
+        &h + &self.ff.forward(&h)?.gelu()?
+    }
+}
+
+fn block<O: Train>(rt: &Runtime<O>, i: usize) -> Block {
+    let v = rt.vars().pp("blocks").pp(i);
+    Block {
+        norm: LayerNorm::new(&v.pp("norm"), 8).unwrap(),
+        attn: MultiHeadAttention::new(&v.pp("attn"), 8, 2, true).unwrap(),
+        ff: Linear::new(&v.pp("ff"), 8, 8).unwrap(),
+    }
+}
+
+#[test]
+fn names_are_hierarchical_and_unique() {
+    let rt = eager::<f32>(Backend::Cpu, 0);
+    let blocks = vec![block(&rt, 0), block(&rt, 1)];
+    let names: Vec<String> = rt
+        .named_params_of(&blocks)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names.len(), 14);
+    assert_eq!(names[0], "blocks.0.norm.weight");
+    assert_eq!(names[2], "blocks.0.attn.wq");
+    assert_eq!(names[13], "blocks.1.ff.bias");
+    // 2 × (8 + 8 + 4·64 + 64 + 8)
+    assert_eq!(rt.num_params(&blocks).unwrap(), 2 * (16 + 256 + 72));
+    // The same name twice is an error naming it.
+    let err = Linear::new(&rt.vars().pp("blocks").pp(0).pp("ff"), 8, 8).unwrap_err();
+    assert!(err.to_string().contains("blocks.0.ff.weight"), "{err}");
+}
+
+#[test]
+fn freezing_a_prefix_stops_its_updates() {
+    let mut rt = eager::<f64>(Backend::Cpu, 1);
+    let model = mlp(&rt, 4, 6, 3);
+    assert_eq!(rt.set_trainable(&model, "0.", false).unwrap(), 2);
+    assert_eq!(rt.num_params(&model).unwrap(), 6 * 3 + 3);
+    let before = rt.state_dict(&model).unwrap();
+    let labels = tl_nn::Labels::new(vec![0, 1, 2, 1], 3).unwrap();
+    let x = tensor::<f64>(&[4, 4], 3);
+    let mut opt = Optimizer::sgd(0.5);
+    rt.step(&model, &mut opt, |g| {
+        model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+    })
+    .unwrap();
+    let after = rt.state_dict(&model).unwrap();
+    for ((name, a), (_, b)) in before.iter().zip(&after) {
+        let changed = max_diff(a, b) > 0.0;
+        assert_eq!(changed, name.starts_with("2."), "{name} changed: {changed}");
+    }
+}
+
+#[test]
+fn eager_and_linked_run_the_same_model() {
+    // One seed: the same initial parameters; then the same losses and parameters over steps.
+    let x = tensor::<f64>(&[5, 8, 8], 7);
+    let targets = tensor::<f64>(&[5, 8, 8], 8);
+    let run = |rt: &mut dyn FnMut(&Tensor<f64>, &Tensor<f64>) -> (Vec<f64>, Vec<Tensor<f64>>)| {
+        rt(&x, &targets)
+    };
+    fn train<O: Train<T = f64>>(
+        mut rt: Runtime<O>,
+        x: &Tensor<f64>,
+        t: &Tensor<f64>,
+    ) -> (Vec<f64>, Vec<Tensor<f64>>) {
+        let model = Sequential::new().add(block(&rt, 0)).add(block(&rt, 1));
+        let mut opt = Optimizer::adam(1e-2);
+        let losses = (0..3)
+            .map(|_| {
+                rt.step(&model, &mut opt, |g| {
+                    model.forward(&g.input(x.clone())?)?.mse_loss(&g.input(t.clone())?)
+                })
+                .unwrap()
+            })
+            .collect();
+        let params = rt.state_dict(&model).unwrap().into_iter().map(|(_, t)| t).collect();
+        (losses, params)
+    }
+    let (le, pe) = run(&mut |x, t| train(eager::<f64>(Backend::Cpu, 5), x, t));
+    let (ll, pl) = run(&mut |x, t| train(linked::<f64>(5), x, t));
+    assert!(le[2] < le[0], "the loss must fall: {le:?}");
+    for (a, b) in le.iter().zip(&ll) {
+        assert!((a - b).abs() < 1e-10, "eager {le:?} vs linked {ll:?}");
+    }
+    for (a, b) in pe.iter().zip(&pl) {
+        assert!(max_diff(a, b) < 1e-10);
+    }
+}
+
+#[test]
+fn one_seed_gives_the_same_model_on_every_backend() {
+    let cpu = eager::<f32>(Backend::Cpu, 42);
+    let sim = eager::<f32>(Backend::CudaSim, 42);
+    let lnk = linked::<f32>(42);
+    let other = eager::<f32>(Backend::Cpu, 43);
+    let build = |rt_vars: tl_nn::Vars<'_, _>| {
+        Conv::conv2d(&rt_vars.pp("c"), 2, 3, 3, ConvConfig::default()).unwrap()
+    };
+    let (a, b, c, d) = (
+        build(cpu.vars()),
+        build(sim.vars()),
+        build(lnk.vars()),
+        build(other.vars()),
+    );
+    let sa = cpu.state_dict(&a).unwrap();
+    let sb = sim.state_dict(&b).unwrap();
+    let sc = lnk.state_dict(&c).unwrap();
+    let sd = other.state_dict(&d).unwrap();
+    for i in 0..2 {
+        assert_eq!(sa[i].1.data(), sb[i].1.data(), "{}", sa[i].0);
+        assert_eq!(sa[i].1.data(), sc[i].1.data(), "{}", sa[i].0);
+        assert_ne!(sa[i].1.data(), sd[i].1.data(), "another seed, another model");
+    }
+}
+
+#[test]
+fn initialisers_follow_pytorch_defaults() {
+    let rt = eager::<f64>(Backend::Cpu, 9);
+    let v = rt.vars();
+    let lin = Linear::new(&v.pp("lin"), 400, 300).unwrap();
+    let w = rt.value_of(&lin.weight).unwrap();
+    let bound = 1.0 / 400f64.sqrt(); // kaiming_uniform(a=√5): √(6/((1+5)·fan_in))
+    let (mean, var) = moments(w.data());
+    assert!(w.data().iter().all(|v| v.abs() <= bound));
+    assert!(mean.abs() < 0.01 * bound, "mean {mean}");
+    assert!((var / (bound * bound / 3.0) - 1.0).abs() < 0.02, "var {var}");
+    let b = rt.value_of(lin.bias.as_ref().unwrap()).unwrap();
+    assert!(b.data().iter().all(|v| v.abs() <= bound));
+    assert!(b.data().iter().any(|v| v.abs() > bound / 2.0));
+    let conv = Conv::conv2d(&v.pp("conv"), 3, 8, 5, ConvConfig::default()).unwrap();
+    let cb = 1.0 / 75f64.sqrt();
+    let cw = rt.value_of(&conv.weight).unwrap();
+    assert!(cw.data().iter().all(|v| v.abs() <= cb) && cw.data().iter().any(|v| v.abs() > 0.9 * cb));
+    let emb = Embedding::new(&v.pp("emb"), 500, 200).unwrap();
+    let (m, s2) = moments(rt.value_of(&emb.weight).unwrap().data());
+    assert!(m.abs() < 0.01 && (s2 - 1.0).abs() < 0.02, "N(0,1): mean {m}, var {s2}");
+    let ln = LayerNorm::new(&v.pp("ln"), 4).unwrap();
+    assert_eq!(rt.value_of(&ln.weight).unwrap().data(), &[1.0; 4]);
+    assert_eq!(rt.value_of(&ln.bias).unwrap().data(), &[0.0; 4]);
+}
+
+fn moments(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    (m, v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n)
+}
+
+#[test]
+fn batch_norm_keeps_running_statistics_with_pytorch_momentum() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let bn = BatchNorm::new(&rt.vars().pp("bn"), 2).unwrap();
+    // (N=2, C=2, 3): channel 0 holds 1..6 shifted, channel 1 a constant 4.
+    let x = Tensor::new(
+        [2, 2, 3],
+        vec![1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 5.0, 6.0, 7.0, 4.0, 4.0, 4.0],
+    )
+    .unwrap();
+    let y = rt.forward_train(&bn, |g| bn.forward(&g.input(x.clone())?)).unwrap();
+    // Training output: batch statistics (biased variance), so channel 1 is all zeros.
+    assert!(y.data()[3..6].iter().all(|v| v.abs() < 1e-9));
+    let ch0 = [1.0, 2.0, 3.0, 5.0, 6.0, 7.0];
+    let mean = 4.0;
+    let unbiased = ch0.iter().map(|v: &f64| (v - mean).powi(2)).sum::<f64>() / 5.0;
+    let rm = rt.value_of(&bn.running_mean).unwrap();
+    let rv = rt.value_of(&bn.running_var).unwrap();
+    assert!((rm.data()[0] - 0.1 * mean).abs() < 1e-12 && (rm.data()[1] - 0.4).abs() < 1e-12);
+    assert!((rv.data()[0] - (0.9 + 0.1 * unbiased)).abs() < 1e-12);
+    assert!((rv.data()[1] - 0.9).abs() < 1e-12);
+    // Eval: the running statistics, not the batch's.
+    let ye = rt.eval(&bn, |g| bn.forward(&g.input(x.clone())?)).unwrap();
+    let expect = (1.0 - rm.data()[0]) / (rv.data()[0] + 1e-5).sqrt();
+    assert!((ye.data()[0] - expect).abs() < 1e-12, "{} vs {expect}", ye.data()[0]);
+    // Eval passes leave the statistics alone; the linked session computes the same.
+    assert_eq!(rt.value_of(&bn.running_mean).unwrap(), rm);
+    let lrt = linked::<f64>(0);
+    let lbn = BatchNorm::new(&lrt.vars().pp("bn"), 2).unwrap();
+    lrt.forward_train(&lbn, |g| lbn.forward(&g.input(x.clone())?)).unwrap();
+    let yl = lrt.eval(&lbn, |g| lbn.forward(&g.input(x.clone())?)).unwrap();
+    assert!(max_diff(&ye, &yl) < 1e-12);
+}
+
+#[test]
+fn dropout_acts_in_training_passes_only() {
+    let rt = eager::<f64>(Backend::Cpu, 3);
+    let d = Dropout::new(0.5).unwrap();
+    let x = Tensor::ones([1000]);
+    let train = rt.forward_train(&d, |g| d.forward(&g.input(x.clone())?)).unwrap();
+    let zeros = train.data().iter().filter(|v| **v == 0.0).count();
+    assert!(train.data().iter().all(|v| *v == 0.0 || *v == 2.0));
+    assert!((400..600).contains(&zeros), "{zeros} of 1000 dropped");
+    let eval = rt.eval(&d, |g| d.forward(&g.input(x.clone())?)).unwrap();
+    assert_eq!(eval, x);
+    assert!(Dropout::new(1.0).is_err() && Dropout::new(-0.1).is_err());
+}
+
+#[test]
+fn causal_attention_does_not_see_the_future() {
+    let rt = eager::<f64>(Backend::Cpu, 4);
+    let causal = MultiHeadAttention::new(&rt.vars().pp("c"), 4, 2, true).unwrap();
+    let full = MultiHeadAttention::new(&rt.vars().pp("f"), 4, 2, false).unwrap();
+    let x = tensor::<f64>(&[3, 4], 1);
+    let mut x2 = x.clone();
+    x2.data_mut()[8] += 1.0; // row 2
+    for (m, sees) in [(&causal, false), (&full, true)] {
+        let a = rt.eval(m, |g| m.forward(&g.input(x.clone())?)).unwrap();
+        let b = rt.eval(m, |g| m.forward(&g.input(x2.clone())?)).unwrap();
+        let row0 = max_diff(
+            &Tensor::vector(a.data()[..4].to_vec()),
+            &Tensor::vector(b.data()[..4].to_vec()),
+        );
+        assert_eq!(row0 > 1e-9, sees, "row 0 changed by {row0}");
+    }
+    // Key padding: keys past `len` are invisible.
+    let pad = MultiHeadAttention::key_padding_mask(3, 2);
+    let a = rt
+        .eval(&full, |g| full.forward_masked(&g.input(x.clone())?, Some(pad.clone())))
+        .unwrap();
+    let b = rt
+        .eval(&full, |g| full.forward_masked(&g.input(x2.clone())?, Some(pad.clone())))
+        .unwrap();
+    assert!(max_diff(
+        &Tensor::vector(a.data()[..8].to_vec()),
+        &Tensor::vector(b.data()[..8].to_vec())
+    ) < 1e-12);
+}
+
+#[test]
+fn convolutions_and_pools_take_pytorch_shapes() {
+    let rt = eager::<f32>(Backend::Cpu, 0);
+    let v = rt.vars();
+    let cfg = ConvConfig {
+        stride: 2,
+        padding: 1,
+    };
+    let c1 = Conv::conv1d(&v.pp("c1"), 2, 3, 3, cfg).unwrap();
+    let c3 = Conv::new(&v.pp("c3"), 1, 2, &[2, 2, 2], ConvConfig::default()).unwrap();
+    let ct = ConvTranspose::new(&v.pp("ct"), 3, 2, &[2, 2], cfg).unwrap();
+    let out = |m: &dyn Module<tl_session::Session<f32>>, dims: &[usize]| -> Vec<usize> {
+        struct Wrap<'a>(&'a dyn Module<tl_session::Session<f32>>);
+        impl Parameters for Wrap<'_> {
+            fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
+                self.0.visit_params(f)
+            }
+        }
+        let w = Wrap(m);
+        rt.eval(&w, |g| w.0.forward(&g.input(Tensor::zeros(dims))?))
+            .unwrap()
+            .shape()
+            .dims()
+            .to_vec()
+    };
+    assert_eq!(out(&c1, &[4, 2, 9]), [4, 3, 5]);
+    assert_eq!(out(&c3, &[1, 4, 4, 4]), [2, 3, 3, 3]);
+    assert_eq!(out(&ct, &[5, 3, 4, 4]), [5, 2, 6, 6]);
+    assert_eq!(out(&MaxPool::new(&[2, 2]).unwrap(), &[2, 3, 6, 6]), [2, 3, 3, 3]);
+    assert_eq!(
+        out(&AvgPool::new(&[3]).unwrap().stride(1).padding(1), &[2, 7]),
+        [2, 7]
+    );
+    // A wrong input is an error naming the layer.
+    let err = rt
+        .eval(&c1, |g| c1.forward(&g.input(Tensor::zeros([4, 5, 9]))?))
+        .unwrap_err();
+    assert!(err.to_string().contains("conv"), "{err}");
+    assert!(MaxPool::new(&[0]).is_err());
+    assert!(Conv::conv2d(&v.pp("bad"), 0, 3, 3, cfg).is_err());
+}

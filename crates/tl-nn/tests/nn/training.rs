@@ -1,0 +1,109 @@
+//! One training loop for both sessions: the digits MLP learns eager (CPU, CUDA sim) and
+//! linked with the same code; the reset lives inside the step, so memory stays flat; a handle
+//! kept from an earlier pass is an error.
+
+use tl_nn::{CLASSES, Labels, Module, PIXELS, Runtime, data};
+use tl_session::{Backend, Ops, Optimizer, Train};
+
+use crate::{eager, linked, mlp, tensor};
+
+/// Two epochs of Adam on 512 digits; returns (first-epoch mean loss, last, test accuracy).
+fn learn<O: Train>(mut rt: Runtime<O>) -> (f64, f64, f64) {
+    let (train, test) = data::digits().unwrap();
+    let train = train.truncate(512);
+    let model = mlp(&rt, PIXELS, 32, CLASSES);
+    let mut opt = Optimizer::adam(1e-2);
+    let mut epochs = Vec::new();
+    for epoch in 0..3 {
+        let mut total = 0.0;
+        let batches = train.batches::<O::T>(32, CLASSES, epoch).unwrap();
+        for (x, labels) in &batches {
+            total += rt
+                .step(&model, &mut opt, |g| {
+                    model.forward(&g.input(x.clone())?)?.cross_entropy(labels)
+                })
+                .unwrap();
+        }
+        epochs.push(total / batches.len() as f64);
+    }
+    let acc = rt
+        .accuracy(&model, &test.features(), &test.labels(CLASSES).unwrap(), 100)
+        .unwrap();
+    (epochs[0], epochs[2], acc)
+}
+
+#[test]
+fn the_same_loop_trains_eager_and_linked() {
+    let runs = [
+        ("eager cpu", learn(eager::<f32>(Backend::Cpu, 0))),
+        ("eager cuda-sim", learn(eager::<f32>(Backend::CudaSim, 0))),
+        ("linked", learn(linked::<f32>(0))),
+    ];
+    for (name, (first, last, acc)) in runs {
+        assert!(last < 0.5 * first, "{name}: loss {first} → {last}");
+        assert!(acc > 0.85, "{name}: test accuracy {acc}");
+    }
+    // Same seed, same model, same data order: the three agree closely.
+    let (a, b, c) = (runs[0].1, runs[1].1, runs[2].1);
+    assert!((a.1 - b.1).abs() < 1e-3 && (a.1 - c.1).abs() < 1e-3, "{a:?} {b:?} {c:?}");
+}
+
+#[test]
+fn memory_stays_flat_over_many_steps_on_the_cuda_sim() {
+    let mut rt = eager::<f32>(Backend::CudaSim, 0);
+    let model = mlp(&rt, 16, 32, 4);
+    let x = tensor::<f32>(&[8, 16], 1);
+    let labels = Labels::new(vec![0, 1, 2, 3, 3, 2, 1, 0], 4).unwrap();
+    let mut opt = Optimizer::momentum(0.05, 0.9);
+    let mut usage = Vec::new();
+    for i in 0..300 {
+        rt.step(&model, &mut opt, |g| {
+            model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+        })
+        .unwrap();
+        if i == 10 || i == 299 {
+            usage.push(rt.session().memory_usage().expect("a CUDA backend"));
+        }
+    }
+    let (warm, end) = (usage[0], usage[1]);
+    assert_eq!(warm.live_buffers(), end.live_buffers(), "{warm:?} → {end:?}");
+    assert_eq!(warm.live_bytes, end.live_bytes);
+    assert_eq!(end.live_buffers(), end.alloc_count - end.free_count);
+    // Between steps only parameters and optimizer state live: 4 parameters, 4 velocities.
+    assert_eq!(end.live_buffers(), 8);
+}
+
+#[test]
+fn a_handle_from_an_earlier_pass_is_an_error() {
+    let mut rt = eager::<f64>(Backend::Cpu, 0);
+    let model = mlp(&rt, 3, 4, 2);
+    let x = tensor::<f64>(&[2, 3], 5);
+    let mut kept = None;
+    rt.eval(&model, |g| {
+        let y = model.forward(&g.input(x.clone())?)?;
+        kept = Some(y.tensor_ref().clone());
+        Ok(y)
+    })
+    .unwrap();
+    // The pass ended with a reset: the session refuses the stale handle, saying so.
+    let err = rt.session_mut().value(&kept.unwrap()).unwrap_err().to_string();
+    assert!(err.contains("reset"), "{err}");
+}
+
+#[test]
+fn the_loss_must_be_a_scalar() {
+    let mut rt = linked::<f64>(0);
+    let model = mlp(&rt, 3, 4, 2);
+    let x = tensor::<f64>(&[2, 3], 5);
+    let err = rt
+        .step(&model, &mut Optimizer::sgd(0.1), |g| model.forward(&g.input(x.clone())?))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Runtime::step") && err.contains("scalar"), "{err}");
+    // The runtime is usable afterwards.
+    let labels = Labels::new(vec![0, 1], 2).unwrap();
+    rt.step(&model, &mut Optimizer::sgd(0.1), |g| {
+        model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+    })
+    .unwrap();
+}

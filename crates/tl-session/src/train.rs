@@ -1,0 +1,161 @@
+//! [`Train`]: what one training loop needs beyond [`Ops`], implemented by both sessions, so the
+//! same loop (tl-nn's `Runtime::step`) drives the eager session and the linked one.
+//!
+//! The eager session steps from its tape's gradients; the linked session compiles its recorded
+//! graph into the tape of its [`Backend`] (`LinkedSession::set_backend`) and steps from the
+//! compiled tape's dense gradients.
+
+use tl_spec::Tensor;
+use tl_tape_cuda::MemoryUsage;
+
+use crate::optim::StateDict;
+use crate::{LinkedSession, NatVecRef, Ops, Optimizer, Param, Result, Session, Stamp, TensorRef};
+
+/// The calls a training loop makes besides recording ops. PyTorch comparison: the parts of
+/// `loss.backward(); optimizer.step(); optimizer.zero_grad()` and `model.state_dict()` that
+/// live in the session here.
+pub trait Train: Ops {
+    /// Drop the recorded forward pass: every tensor handle and Nat input becomes invalid (a
+    /// clear error if used); parameters keep their values. On CUDA, releases the pass's buffers.
+    fn reset(&mut self);
+
+    /// The value of the scalar `loss`, then backward from it and one step of `opt` on every
+    /// trainable parameter the pass used. PyTorch: `loss.item(); loss.backward();
+    /// optimizer.step()`.
+    fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64>;
+
+    /// The value of `r`, computed the fast way (the eager tape's value; for the linked session,
+    /// read from the graph compiled into its backend). PyTorch: `t.detach().cpu()`.
+    fn read(&mut self, r: &TensorRef) -> Result<Tensor<Self::T>>;
+
+    /// A parameter's current value (synced back from the device when a device step changed it).
+    fn param_value(&mut self, p: &Param) -> Result<Tensor<Self::T>>;
+
+    /// Overwrite a parameter's value (same shape). PyTorch: `p.data.copy_(value)`.
+    fn set_param(&mut self, p: &Param, value: Tensor<Self::T>) -> Result<()>;
+
+    /// The name a parameter was created with.
+    fn param_name(&self, p: &Param) -> Result<Option<String>>;
+
+    /// Whether optimizer steps update the parameter. PyTorch: `p.requires_grad`.
+    fn requires_grad(&self, p: &Param) -> Result<bool>;
+
+    /// Freeze (`false`) or unfreeze (`true`) a parameter from the next recorded pass on.
+    /// PyTorch: `p.requires_grad_(flag)`.
+    fn set_requires_grad(&mut self, p: &Param, requires_grad: bool) -> Result<()>;
+
+    /// Record a block of Nat inputs (class labels, token ids) for the ops that read them.
+    fn record_nat_vec(&mut self, values: &[usize]) -> NatVecRef;
+
+    /// `opt`'s state for this session's parameters (PyTorch: `optimizer.state_dict()`).
+    fn optimizer_state(&self, opt: &Optimizer) -> Result<StateDict>;
+
+    /// Load `state` into `opt` for this session's parameters (PyTorch:
+    /// `optimizer.load_state_dict(state)`).
+    fn load_optimizer_state(&mut self, opt: &mut Optimizer, state: &StateDict) -> Result<()>;
+
+    /// The device allocator's counters, on a CUDA backend (`None` on the CPU).
+    fn memory_usage(&self) -> Option<MemoryUsage>;
+
+    /// This session's id and its current pass (the number of resets so far); handles made
+    /// in an earlier pass are stale.
+    fn stamp(&self) -> Stamp;
+}
+
+/// The scalar value of a loss tensor as `f64`.
+fn loss_value<T: tl_spec::Scalar>(v: Tensor<T>) -> Result<f64> {
+    Ok(tl_spec::Scalar::as_f64(v.item()?))
+}
+
+impl<T: tl_spec::Scalar> Train for Session<T> {
+    fn reset(&mut self) {
+        Session::reset(self);
+    }
+    fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
+        let l = loss_value(self.value(loss)?)?;
+        self.backward(loss)?;
+        self.step(opt)?;
+        Ok(l)
+    }
+    fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
+        self.value(r)
+    }
+    fn param_value(&mut self, p: &Param) -> Result<Tensor<T>> {
+        Session::param_value(self, p)
+    }
+    fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
+        Session::set_param(self, p, value)
+    }
+    fn param_name(&self, p: &Param) -> Result<Option<String>> {
+        Session::param_name(self, p)
+    }
+    fn requires_grad(&self, p: &Param) -> Result<bool> {
+        Ok(self.params.slot("requires_grad", p)?.requires_grad)
+    }
+    fn set_requires_grad(&mut self, p: &Param, requires_grad: bool) -> Result<()> {
+        self.params.set_requires_grad(p, requires_grad)
+    }
+    fn record_nat_vec(&mut self, values: &[usize]) -> NatVecRef {
+        Session::record_nat_vec(self, values)
+    }
+    fn optimizer_state(&self, opt: &Optimizer) -> Result<StateDict> {
+        Session::optimizer_state(self, opt)
+    }
+    fn load_optimizer_state(&mut self, opt: &mut Optimizer, state: &StateDict) -> Result<()> {
+        Session::load_optimizer_state(self, opt, state)
+    }
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        Session::memory_usage(self)
+    }
+    fn stamp(&self) -> Stamp {
+        Session::stamp(self)
+    }
+}
+
+impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
+    fn reset(&mut self) {
+        LinkedSession::reset(self);
+    }
+    fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
+        self.check_loss("backward_step", loss)?;
+        let mut compiled = self.compile(self.backend())?;
+        let l = loss_value(compiled.value(loss.id())?)?;
+        let grads = compiled.backward_dense(loss.id(), &Tensor::scalar(T::one()))?;
+        self.step(opt, &grads)?;
+        Ok(l)
+    }
+    fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
+        self.check_handle("read", r)?;
+        self.compile(self.backend())?.value(r.id())
+    }
+    fn param_value(&mut self, p: &Param) -> Result<Tensor<T>> {
+        LinkedSession::param_value(self, p)
+    }
+    fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
+        LinkedSession::set_param(self, p, value)
+    }
+    fn param_name(&self, p: &Param) -> Result<Option<String>> {
+        Ok(self.params.slot("param_name", p)?.name.clone())
+    }
+    fn requires_grad(&self, p: &Param) -> Result<bool> {
+        Ok(self.params.slot("requires_grad", p)?.requires_grad)
+    }
+    fn set_requires_grad(&mut self, p: &Param, requires_grad: bool) -> Result<()> {
+        self.params.set_requires_grad(p, requires_grad)
+    }
+    fn record_nat_vec(&mut self, values: &[usize]) -> NatVecRef {
+        LinkedSession::record_nat_vec(self, values)
+    }
+    fn optimizer_state(&self, opt: &Optimizer) -> Result<StateDict> {
+        LinkedSession::optimizer_state(self, opt)
+    }
+    fn load_optimizer_state(&mut self, opt: &mut Optimizer, state: &StateDict) -> Result<()> {
+        LinkedSession::load_optimizer_state(self, opt, state)
+    }
+    fn memory_usage(&self) -> Option<MemoryUsage> {
+        None
+    }
+    fn stamp(&self) -> Stamp {
+        LinkedSession::stamp(self)
+    }
+}
