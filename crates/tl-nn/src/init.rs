@@ -93,14 +93,7 @@ impl Init {
                 let k = key()?;
                 Tensor::from_fn(dims, |i| lit(lo + (hi - lo) * unit(k, i as u64)))
             }
-            Init::Normal { mean, std } => {
-                let k = key()?;
-                Tensor::from_fn(dims, |i| {
-                    let (u1, u2) = (unit(k, 2 * i as u64), unit(k, 2 * i as u64 + 1));
-                    let r = (-2.0 * (1.0 - u1).ln()).sqrt();
-                    lit(mean + std * r * (std::f64::consts::TAU * u2).cos())
-                })
-            }
+            Init::Normal { mean, std } => Tensor::randn_keyed(dims, key()?, mean, std),
             Init::KaimingUniform { fan_in, a } => {
                 let bound = if fan_in == 0 {
                     0.0

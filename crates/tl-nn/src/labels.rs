@@ -1,8 +1,6 @@
 //! [`Labels`]: class targets that know their number of classes, checked when made, so a label
 //! out of range or a wrong count is an error instead of a silent zero loss.
 
-use tl_spec::{Scalar, Tensor};
-
 use crate::Result;
 use crate::error::usage;
 
@@ -74,23 +72,4 @@ impl Labels {
             classes: self.classes,
         })
     }
-}
-
-/// The index of the largest entry of each row (last axis) of `t`; ties go to the first index,
-/// NaN counts as the largest (PyTorch's `argmax(-1)`).
-pub fn argmax_rows<T: Scalar>(t: &Tensor<T>) -> Vec<usize> {
-    let c = t.shape().dims().last().copied().unwrap_or(1).max(1);
-    t.data()
-        .chunks(c)
-        .map(|row| {
-            let mut best = 0;
-            for (i, &v) in row.iter().enumerate() {
-                let b = row[best];
-                if !b.is_nan() && (v.is_nan() || v > b) {
-                    best = i;
-                }
-            }
-            best
-        })
-        .collect()
 }

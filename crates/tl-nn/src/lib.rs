@@ -63,7 +63,7 @@ pub mod data;
 pub use data::{CLASSES, PIXELS};
 pub use error::{Error, Result};
 pub use init::Init;
-pub use labels::{Labels, argmax_rows};
+pub use labels::Labels;
 pub use layers::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
     MaxPool, MultiHeadAttention,

@@ -301,7 +301,7 @@ impl<O: Train> Runtime<O> {
             let n = batch.min(rows - start);
             let xb = crate::data::rows(x, start, n)?;
             let logits = self.eval(model, |g| model.forward(&g.input(xb)?))?;
-            let pred = crate::labels::argmax_rows(&logits);
+            let pred = logits.argmax(logits.shape().rank().saturating_sub(1))?;
             correct += pred
                 .iter()
                 .zip(&labels.values()[start..start + n])
@@ -332,9 +332,18 @@ impl<'g, O: Train> Clone for Scope<'g, O> {
 impl<'g, O: Train> Copy for Scope<'g, O> {}
 
 impl<'g, O: Train> Scope<'g, O> {
-    /// An input (no gradient). PyTorch: a plain tensor argument.
+    /// An input (no gradient), created at any point of the pass: a linked session records it
+    /// as a leaf before the pass's first op and as a constant node after (its graph's leaves
+    /// must come first). PyTorch: a plain tensor argument.
     pub fn input(&self, value: Tensor<O::T>) -> Result<Var<'g, O>> {
-        let r = self.rt.borrow_mut().input(value, false)?;
+        let r = self.rt.borrow_mut().constant(value)?;
+        Ok(Var::new(self.rt, r))
+    }
+
+    /// A named input (the name shows in the linked session's graph, where it is a leaf, so
+    /// it must come before the pass's first op there). PyTorch: a named input.
+    pub fn input_named(&self, value: Tensor<O::T>, name: &str) -> Result<Var<'g, O>> {
+        let r = self.rt.borrow_mut().input_named(value, Some(name), false)?;
         Ok(Var::new(self.rt, r))
     }
 

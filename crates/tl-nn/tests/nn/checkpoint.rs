@@ -53,23 +53,37 @@ fn cnn<O: Train>(rt: &Runtime<O>) -> Sequential<O> {
 
 #[test]
 fn pytorch_state_dicts_load_and_give_pytorchs_logits() {
-    fn check<O: Train<T = f32>>(mut rt: Runtime<O>) {
+    fn check_mlp<O: Train<T = f32>>(mut rt: Runtime<O>) {
         let m = mlp(&rt, 6, 8, 3);
         rt.load(&m, fixture("mlp.safetensors")).unwrap();
         let (x, want) = expected("mlp");
         let got = rt.eval(&m, |g| m.forward(&g.input(x.clone())?)).unwrap();
-        assert!(max_diff(&got, &want) < 1e-5, "mlp: {:?} vs {:?}", got.data(), want.data());
-
+        assert!(
+            max_diff(&got, &want) < 1e-5,
+            "mlp: {:?} vs {:?}",
+            got.data(),
+            want.data()
+        );
+    }
+    fn check_cnn<O: Train<T = f32>>(mut rt: Runtime<O>) {
         let c = cnn(&rt);
         // PyTorch's num_batches_tracked (int64) is in the file and skipped.
         rt.load(&c, fixture("cnn.safetensors")).unwrap();
         let (x, want) = expected("cnn");
         let got = rt.eval(&c, |g| c.forward(&g.input(x.clone())?)).unwrap();
-        assert!(max_diff(&got, &want) < 1e-5, "cnn: {:?} vs {:?}", got.data(), want.data());
+        assert!(
+            max_diff(&got, &want) < 1e-5,
+            "cnn: {:?} vs {:?}",
+            got.data(),
+            want.data()
+        );
     }
-    check(eager::<f32>(Backend::Cpu, 0));
-    check(eager::<f32>(Backend::CudaSim, 0));
-    check(linked::<f32>(0));
+    check_mlp(eager::<f32>(Backend::Cpu, 0));
+    check_mlp(eager::<f32>(Backend::CudaSim, 0));
+    check_mlp(linked::<f32>(0));
+    check_cnn(eager::<f32>(Backend::Cpu, 0));
+    check_cnn(eager::<f32>(Backend::CudaSim, 0));
+    check_cnn(linked::<f32>(0));
 }
 
 #[test]
@@ -79,9 +93,11 @@ fn save_then_load_restores_parameters_and_optimizer_state() {
     let x = tensor::<f64>(&[6, 4], 2);
     let labels = Labels::new(vec![0, 1, 2, 0, 1, 2], 3).unwrap();
     let mut opt = Optimizer::adam(0.05);
-    let mut step = |rt: &mut Runtime<_>, opt: &mut Optimizer| {
-        rt.step(&m, opt, |g| m.forward(&g.input(x.clone())?)?.cross_entropy(&labels))
-            .unwrap()
+    let step = |rt: &mut Runtime<_>, opt: &mut Optimizer| {
+        rt.step(&m, opt, |g| {
+            m.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+        })
+        .unwrap()
     };
     step(&mut rt, &mut opt);
     let path = tmp("roundtrip.safetensors");
@@ -123,11 +139,16 @@ fn load_error(name: &str, edit: impl FnOnce(&mut checkpoint::File)) -> String {
     checkpoint::write(&bad, &file).unwrap();
     // Move the model away from the file's values, so a partial load would show.
     for (_, p) in rt.named_params_of(&m) {
-        rt.set_value(&p, Tensor::full(p.shape().clone(), 0.25)).unwrap();
+        rt.set_value(&p, Tensor::full(p.shape().clone(), 0.25))
+            .unwrap();
     }
     let before = rt.state_dict(&m).unwrap();
     let err = rt.load(&m, &bad).unwrap_err().to_string();
-    assert_eq!(rt.state_dict(&m).unwrap(), before, "{name}: the model changed");
+    assert_eq!(
+        rt.state_dict(&m).unwrap(),
+        before,
+        "{name}: the model changed"
+    );
     err
 }
 
@@ -186,7 +207,10 @@ fn corrupt_files_are_errors() {
         let p = tmp(&format!("corrupt-{name}.safetensors"));
         std::fs::write(&p, b).unwrap();
         let e = rt.load(&m, &p).unwrap_err().to_string();
-        assert!(e.contains("checkpoint") && e.contains("safetensors"), "{name}: {e}");
+        assert!(
+            e.contains("checkpoint") && e.contains("safetensors"),
+            "{name}: {e}"
+        );
     }
     let e = rt.load(&m, tmp("does-not-exist.safetensors")).unwrap_err();
     assert!(e.to_string().contains("does-not-exist"), "{e}");

@@ -50,10 +50,10 @@ fn names_are_hierarchical_and_unique() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(names.len(), 14);
+    assert_eq!(names.len(), 16);
     assert_eq!(names[0], "blocks.0.norm.weight");
     assert_eq!(names[2], "blocks.0.attn.wq");
-    assert_eq!(names[13], "blocks.1.ff.bias");
+    assert_eq!(names[15], "blocks.1.ff.bias");
     // 2 × (8 + 8 + 4·64 + 64 + 8)
     assert_eq!(rt.num_params(&blocks).unwrap(), 2 * (16 + 256 + 72));
     // The same name twice is an error naming it.
@@ -100,12 +100,19 @@ fn eager_and_linked_run_the_same_model() {
         let losses = (0..3)
             .map(|_| {
                 rt.step(&model, &mut opt, |g| {
-                    model.forward(&g.input(x.clone())?)?.mse_loss(&g.input(t.clone())?)
+                    model
+                        .forward(&g.input(x.clone())?)?
+                        .mse_loss(&g.input(t.clone())?)
                 })
                 .unwrap()
             })
             .collect();
-        let params = rt.state_dict(&model).unwrap().into_iter().map(|(_, t)| t).collect();
+        let params = rt
+            .state_dict(&model)
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
         (losses, params)
     }
     let (le, pe) = run(&mut |x, t| train(eager::<f64>(Backend::Cpu, 5), x, t));
@@ -125,9 +132,9 @@ fn one_seed_gives_the_same_model_on_every_backend() {
     let sim = eager::<f32>(Backend::CudaSim, 42);
     let lnk = linked::<f32>(42);
     let other = eager::<f32>(Backend::Cpu, 43);
-    let build = |rt_vars: tl_nn::Vars<'_, _>| {
-        Conv::conv2d(&rt_vars.pp("c"), 2, 3, 3, ConvConfig::default()).unwrap()
-    };
+    fn build<O: Train>(vars: tl_nn::Vars<'_, O>) -> Conv {
+        Conv::conv2d(&vars.pp("c"), 2, 3, 3, ConvConfig::default()).unwrap()
+    }
     let (a, b, c, d) = (
         build(cpu.vars()),
         build(sim.vars()),
@@ -141,7 +148,11 @@ fn one_seed_gives_the_same_model_on_every_backend() {
     for i in 0..2 {
         assert_eq!(sa[i].1.data(), sb[i].1.data(), "{}", sa[i].0);
         assert_eq!(sa[i].1.data(), sc[i].1.data(), "{}", sa[i].0);
-        assert_ne!(sa[i].1.data(), sd[i].1.data(), "another seed, another model");
+        assert_ne!(
+            sa[i].1.data(),
+            sd[i].1.data(),
+            "another seed, another model"
+        );
     }
 }
 
@@ -155,17 +166,25 @@ fn initialisers_follow_pytorch_defaults() {
     let (mean, var) = moments(w.data());
     assert!(w.data().iter().all(|v| v.abs() <= bound));
     assert!(mean.abs() < 0.01 * bound, "mean {mean}");
-    assert!((var / (bound * bound / 3.0) - 1.0).abs() < 0.02, "var {var}");
+    assert!(
+        (var / (bound * bound / 3.0) - 1.0).abs() < 0.02,
+        "var {var}"
+    );
     let b = rt.value_of(lin.bias.as_ref().unwrap()).unwrap();
     assert!(b.data().iter().all(|v| v.abs() <= bound));
     assert!(b.data().iter().any(|v| v.abs() > bound / 2.0));
     let conv = Conv::conv2d(&v.pp("conv"), 3, 8, 5, ConvConfig::default()).unwrap();
     let cb = 1.0 / 75f64.sqrt();
     let cw = rt.value_of(&conv.weight).unwrap();
-    assert!(cw.data().iter().all(|v| v.abs() <= cb) && cw.data().iter().any(|v| v.abs() > 0.9 * cb));
+    assert!(
+        cw.data().iter().all(|v| v.abs() <= cb) && cw.data().iter().any(|v| v.abs() > 0.9 * cb)
+    );
     let emb = Embedding::new(&v.pp("emb"), 500, 200).unwrap();
     let (m, s2) = moments(rt.value_of(&emb.weight).unwrap().data());
-    assert!(m.abs() < 0.01 && (s2 - 1.0).abs() < 0.02, "N(0,1): mean {m}, var {s2}");
+    assert!(
+        m.abs() < 0.01 && (s2 - 1.0).abs() < 0.02,
+        "N(0,1): mean {m}, var {s2}"
+    );
     let ln = LayerNorm::new(&v.pp("ln"), 4).unwrap();
     assert_eq!(rt.value_of(&ln.weight).unwrap().data(), &[1.0; 4]);
     assert_eq!(rt.value_of(&ln.bias).unwrap().data(), &[0.0; 4]);
@@ -187,7 +206,9 @@ fn batch_norm_keeps_running_statistics_with_pytorch_momentum() {
         vec![1.0, 2.0, 3.0, 4.0, 4.0, 4.0, 5.0, 6.0, 7.0, 4.0, 4.0, 4.0],
     )
     .unwrap();
-    let y = rt.forward_train(&bn, |g| bn.forward(&g.input(x.clone())?)).unwrap();
+    let y = rt
+        .forward_train(&bn, |g| bn.forward(&g.input(x.clone())?))
+        .unwrap();
     // Training output: batch statistics (biased variance), so channel 1 is all zeros.
     assert!(y.data()[3..6].iter().all(|v| v.abs() < 1e-9));
     let ch0 = [1.0, 2.0, 3.0, 5.0, 6.0, 7.0];
@@ -201,13 +222,20 @@ fn batch_norm_keeps_running_statistics_with_pytorch_momentum() {
     // Eval: the running statistics, not the batch's.
     let ye = rt.eval(&bn, |g| bn.forward(&g.input(x.clone())?)).unwrap();
     let expect = (1.0 - rm.data()[0]) / (rv.data()[0] + 1e-5).sqrt();
-    assert!((ye.data()[0] - expect).abs() < 1e-12, "{} vs {expect}", ye.data()[0]);
+    assert!(
+        (ye.data()[0] - expect).abs() < 1e-12,
+        "{} vs {expect}",
+        ye.data()[0]
+    );
     // Eval passes leave the statistics alone; the linked session computes the same.
     assert_eq!(rt.value_of(&bn.running_mean).unwrap(), rm);
     let lrt = linked::<f64>(0);
     let lbn = BatchNorm::new(&lrt.vars().pp("bn"), 2).unwrap();
-    lrt.forward_train(&lbn, |g| lbn.forward(&g.input(x.clone())?)).unwrap();
-    let yl = lrt.eval(&lbn, |g| lbn.forward(&g.input(x.clone())?)).unwrap();
+    lrt.forward_train(&lbn, |g| lbn.forward(&g.input(x.clone())?))
+        .unwrap();
+    let yl = lrt
+        .eval(&lbn, |g| lbn.forward(&g.input(x.clone())?))
+        .unwrap();
     assert!(max_diff(&ye, &yl) < 1e-12);
 }
 
@@ -216,7 +244,9 @@ fn dropout_acts_in_training_passes_only() {
     let rt = eager::<f64>(Backend::Cpu, 3);
     let d = Dropout::new(0.5).unwrap();
     let x = Tensor::ones([1000]);
-    let train = rt.forward_train(&d, |g| d.forward(&g.input(x.clone())?)).unwrap();
+    let train = rt
+        .forward_train(&d, |g| d.forward(&g.input(x.clone())?))
+        .unwrap();
     let zeros = train.data().iter().filter(|v| **v == 0.0).count();
     assert!(train.data().iter().all(|v| *v == 0.0 || *v == 2.0));
     assert!((400..600).contains(&zeros), "{zeros} of 1000 dropped");
@@ -245,15 +275,21 @@ fn causal_attention_does_not_see_the_future() {
     // Key padding: keys past `len` are invisible.
     let pad = MultiHeadAttention::key_padding_mask(3, 2);
     let a = rt
-        .eval(&full, |g| full.forward_masked(&g.input(x.clone())?, Some(pad.clone())))
+        .eval(&full, |g| {
+            full.forward_masked(&g.input(x.clone())?, Some(pad.clone()))
+        })
         .unwrap();
     let b = rt
-        .eval(&full, |g| full.forward_masked(&g.input(x2.clone())?, Some(pad.clone())))
+        .eval(&full, |g| {
+            full.forward_masked(&g.input(x2.clone())?, Some(pad.clone()))
+        })
         .unwrap();
-    assert!(max_diff(
-        &Tensor::vector(a.data()[..8].to_vec()),
-        &Tensor::vector(b.data()[..8].to_vec())
-    ) < 1e-12);
+    assert!(
+        max_diff(
+            &Tensor::vector(a.data()[..8].to_vec()),
+            &Tensor::vector(b.data()[..8].to_vec())
+        ) < 1e-12
+    );
 }
 
 #[test]
@@ -284,7 +320,10 @@ fn convolutions_and_pools_take_pytorch_shapes() {
     assert_eq!(out(&c1, &[4, 2, 9]), [4, 3, 5]);
     assert_eq!(out(&c3, &[1, 4, 4, 4]), [2, 3, 3, 3]);
     assert_eq!(out(&ct, &[5, 3, 4, 4]), [5, 2, 6, 6]);
-    assert_eq!(out(&MaxPool::new(&[2, 2]).unwrap(), &[2, 3, 6, 6]), [2, 3, 3, 3]);
+    assert_eq!(
+        out(&MaxPool::new(&[2, 2]).unwrap(), &[2, 3, 6, 6]),
+        [2, 3, 3, 3]
+    );
     assert_eq!(
         out(&AvgPool::new(&[3]).unwrap().stride(1).padding(1), &[2, 7]),
         [2, 7]

@@ -27,7 +27,12 @@ fn learn<O: Train>(mut rt: Runtime<O>) -> (f64, f64, f64) {
         epochs.push(total / batches.len() as f64);
     }
     let acc = rt
-        .accuracy(&model, &test.features(), &test.labels(CLASSES).unwrap(), 100)
+        .accuracy(
+            &model,
+            &test.features(),
+            &test.labels(CLASSES).unwrap(),
+            100,
+        )
         .unwrap();
     (epochs[0], epochs[2], acc)
 }
@@ -45,7 +50,10 @@ fn the_same_loop_trains_eager_and_linked() {
     }
     // Same seed, same model, same data order: the three agree closely.
     let (a, b, c) = (runs[0].1, runs[1].1, runs[2].1);
-    assert!((a.1 - b.1).abs() < 1e-3 && (a.1 - c.1).abs() < 1e-3, "{a:?} {b:?} {c:?}");
+    assert!(
+        (a.1 - b.1).abs() < 1e-3 && (a.1 - c.1).abs() < 1e-3,
+        "{a:?} {b:?} {c:?}"
+    );
 }
 
 #[test]
@@ -66,7 +74,11 @@ fn memory_stays_flat_over_many_steps_on_the_cuda_sim() {
         }
     }
     let (warm, end) = (usage[0], usage[1]);
-    assert_eq!(warm.live_buffers(), end.live_buffers(), "{warm:?} → {end:?}");
+    assert_eq!(
+        warm.live_buffers(),
+        end.live_buffers(),
+        "{warm:?} → {end:?}"
+    );
     assert_eq!(warm.live_bytes, end.live_bytes);
     assert_eq!(end.live_buffers(), end.alloc_count - end.free_count);
     // Between steps only parameters and optimizer state live: 4 parameters, 4 velocities.
@@ -86,7 +98,11 @@ fn a_handle_from_an_earlier_pass_is_an_error() {
     })
     .unwrap();
     // The pass ended with a reset: the session refuses the stale handle, saying so.
-    let err = rt.session_mut().value(&kept.unwrap()).unwrap_err().to_string();
+    let err = rt
+        .session_mut()
+        .value(&kept.unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("reset"), "{err}");
 }
 
@@ -96,10 +112,15 @@ fn the_loss_must_be_a_scalar() {
     let model = mlp(&rt, 3, 4, 2);
     let x = tensor::<f64>(&[2, 3], 5);
     let err = rt
-        .step(&model, &mut Optimizer::sgd(0.1), |g| model.forward(&g.input(x.clone())?))
+        .step(&model, &mut Optimizer::sgd(0.1), |g| {
+            model.forward(&g.input(x.clone())?)
+        })
         .unwrap_err()
         .to_string();
-    assert!(err.contains("Runtime::step") && err.contains("scalar"), "{err}");
+    assert!(
+        err.contains("Runtime::step") && err.contains("scalar"),
+        "{err}"
+    );
     // The runtime is usable afterwards.
     let labels = Labels::new(vec![0, 1], 2).unwrap();
     rt.step(&model, &mut Optimizer::sgd(0.1), |g| {
