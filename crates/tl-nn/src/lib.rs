@@ -42,7 +42,7 @@
 //!   expressions nest: `x.matmul(&w)?.relu()?`. [`Scope`]: where a pass makes its inputs.
 //! - [`Module`], [`Parameters`], [`Sequential`], [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
-//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`].
+//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`].
 //! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
 //!   initialisers on the project's counter RNG (one seed, the same model on every backend).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
@@ -66,7 +66,7 @@ pub use init::Init;
 pub use labels::Labels;
 pub use layers::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
-    MaxPool, MultiHeadAttention,
+    MaxPool, MultiHeadAttention, SpectralConv1d,
 };
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};

@@ -8,6 +8,7 @@ mod embedding;
 mod linear;
 mod norm;
 mod pool;
+mod spectral;
 
 pub use attention::MultiHeadAttention;
 pub use conv::{Conv, ConvConfig, ConvTranspose};
@@ -16,3 +17,4 @@ pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::{BatchNorm, LayerNorm};
 pub use pool::{AvgPool, MaxPool};
+pub use spectral::SpectralConv1d;
