@@ -32,6 +32,9 @@ pub struct Split {
     pub y: Vec<usize>,
     /// Features per example.
     pub features: usize,
+    /// The shape of one example in the tensors this split hands out (`[features]` unless set
+    /// by [`Split::shaped`]).
+    pub dims: Vec<usize>,
 }
 
 impl Split {
@@ -45,6 +48,29 @@ impl Split {
         self.y.is_empty()
     }
 
+    /// The same split handing out examples of shape `dims` (e.g. `[1, 8, 8]`: one channel of
+    /// 8×8 pixels for a CNN); `dims` must hold `features` elements.
+    pub fn shaped(mut self, dims: &[usize]) -> Result<Self> {
+        if dims.iter().product::<usize>() != self.features {
+            return Err(usage(
+                "Split::shaped",
+                format!(
+                    "{dims:?} does not hold the {} features of an example",
+                    self.features
+                ),
+            ));
+        }
+        self.dims = dims.to_vec();
+        Ok(self)
+    }
+
+    /// `[n]` followed by the shape of one example.
+    fn batch_dims(&self, n: usize) -> Vec<usize> {
+        std::iter::once(n)
+            .chain(self.dims.iter().copied())
+            .collect()
+    }
+
     /// The first `n` examples (all if `n` is larger).
     pub fn truncate(mut self, n: usize) -> Self {
         let n = n.min(self.len());
@@ -53,7 +79,7 @@ impl Split {
         self
     }
 
-    /// The examples at `idx` as a (B, features) tensor and their labels.
+    /// The examples at `idx` as a (B, …) tensor (see [`Split::shaped`]) and their labels.
     pub fn batch(&self, idx: &[usize]) -> (Tensor<f32>, Vec<usize>) {
         let f = self.features;
         let mut x = Vec::with_capacity(idx.len() * f);
@@ -61,12 +87,12 @@ impl Split {
             x.extend_from_slice(&self.x[i * f..(i + 1) * f]);
         }
         let y = idx.iter().map(|&i| self.y[i]).collect();
-        (Tensor::from_fn([idx.len(), f], |k| x[k]), y)
+        (Tensor::from_fn(self.batch_dims(idx.len()), |k| x[k]), y)
     }
 
-    /// Every example as a (len, features) tensor of `T`.
+    /// Every example as a (len, …) tensor of `T` (see [`Split::shaped`]).
     pub fn features<T: Scalar>(&self) -> Tensor<T> {
-        Tensor::from_fn([self.len(), self.features], |k| {
+        Tensor::from_fn(self.batch_dims(self.len()), |k| {
             T::lit(f64::from(self.x[k]))
         })
     }
@@ -133,6 +159,7 @@ pub fn digits() -> Result<(Split, Split)> {
         x,
         y,
         features: PIXELS,
+        dims: vec![PIXELS],
     };
     let pick = |idx: &[usize]| {
         let (t, y) = all.batch(idx);
@@ -140,6 +167,7 @@ pub fn digits() -> Result<(Split, Split)> {
             x: t.into_vec(),
             y,
             features: PIXELS,
+            dims: vec![PIXELS],
         }
     };
     Ok((pick(&order[..DIGITS_TRAIN]), pick(&order[DIGITS_TRAIN..])))
@@ -223,5 +251,11 @@ mod tests {
                 .all(|(x, l)| x.shape().dims() == [l.len(), 64] && l.classes() == 10)
         );
         assert!(test.batches::<f32>(0, CLASSES, 1).is_err());
+        let images = test.clone().shaped(&[1, 8, 8]).unwrap();
+        assert_eq!(images.features::<f32>().shape().dims(), [360, 1, 8, 8]);
+        let (x, _) = &images.batches::<f32>(64, CLASSES, 1).unwrap()[0];
+        assert_eq!(x.shape().dims(), [64, 1, 8, 8]);
+        assert_eq!(x.data(), b[0].0.data(), "the same pixels, another shape");
+        assert!(test.shaped(&[8, 9]).is_err());
     }
 }

@@ -15,6 +15,19 @@ pub struct ConvConfig {
     pub padding: usize,
 }
 
+impl ConvConfig {
+    /// Stride 1 and zero padding `padding` (`padded(k / 2)` keeps the size for an odd kernel
+    /// `k`). PyTorch: `padding=p`.
+    pub const fn padded(padding: usize) -> Self {
+        ConvConfig { stride: 1, padding }
+    }
+
+    /// Stride `stride` and zero padding `padding`.
+    pub const fn new(stride: usize, padding: usize) -> Self {
+        ConvConfig { stride, padding }
+    }
+}
+
 impl Default for ConvConfig {
     fn default() -> Self {
         ConvConfig {

@@ -57,3 +57,25 @@ pub fn max_diff<A: Scalar, B: Scalar>(a: &Tensor<A>, b: &Tensor<B>) -> f64 {
         .map(|(x, y)| (x.as_f64() - y.as_f64()).abs())
         .fold(0.0, f64::max)
 }
+
+/// The examples stay what the docs promise: model, loop, accuracy, save and reload in at most
+/// 40 lines of code (blank lines and comments not counted), switchable to the linked session
+/// by their first line.
+#[test]
+fn examples_stay_within_40_lines() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    for name in ["digits_mlp.rs", "digits_cnn.rs"] {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        let code = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("//"))
+            .count();
+        assert!(code <= 40, "{name}: {code} lines of code");
+        for step in ["rt.step(", "rt.accuracy(", "rt.save(", "rt.load("] {
+            assert!(text.contains(step), "{name} lacks {step}");
+        }
+        let first = "let mut rt = Runtime::new(Session::<f32>::new(Options::default())?);";
+        assert!(text.contains(first), "{name}: the session line the docs tell users to change");
+    }
+}
