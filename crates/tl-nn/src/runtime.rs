@@ -172,9 +172,8 @@ impl<O: Train> Runtime<O> {
         let mut params = Vec::new();
         model.visit_params(&mut |p| params.push(p.clone()));
         for p in params {
-            if !leaves.contains_key(&p.index()) {
-                let r = s.use_param(&p)?;
-                leaves.insert(p.index(), r);
+            if let std::collections::hash_map::Entry::Vacant(e) = leaves.entry(p.index()) {
+                e.insert(s.use_param(&p)?);
             }
         }
         Ok(())
