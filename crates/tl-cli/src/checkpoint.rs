@@ -1,123 +1,89 @@
-//! Checkpoints in the safetensors format: one F32 tensor per parameter, named as the model
-//! names it (`layer0.weight`, …), the optimizer's state as F64 tensors named
-//! `optimizer.<state name>` (`optimizer.adam.m.layer0.weight`, …; see
-//! [`tl_session::optim::StateDict`]), and metadata (`model`, `epochs`, `optimizer`). PyTorch
+//! Checkpoints: tl-nn's safetensors files ([`tl_nn::checkpoint`], written atomically by
+//! `Runtime::save_with`, loaded by `Runtime::load_file`, validated against the model before
+//! anything changes): one F32 tensor per parameter under its PyTorch `state_dict()` name
+//! (`0.weight`, `blocks.1.attn.wq`, …), the optimizer's state as F64 tensors named
+//! `optimizer.<state name>` (`optimizer.adam.m.0.weight`, …; see
+//! [`tl_session::optim::StateDict`]), and metadata `model`, `epochs` and `optimizer`. PyTorch
 //! comparison: `safetensors.torch.save_file(model.state_dict(), path, metadata)` plus
 //! `optimizer.state_dict()` in the same file, so `--resume` continues the exact trajectory.
 //!
-//! Every way a file can be wrong (missing, truncated, not safetensors, another model, a missing
-//! or misshapen tensor) is a one-line [`CliError`] naming the file.
+//! Every way a file can be wrong (missing, truncated, not safetensors, not written by `tl`,
+//! another model, a missing or misshapen tensor, optimizer state that does not fit) is a
+//! one-line [`CliError`] naming the file.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors};
+use tl_nn::checkpoint::{FORMAT, File, OPTIMIZER_PREFIX};
+use tl_nn::{Parameters, Runtime};
 use tl_session::optim::StateDict;
+use tl_session::{Optimizer, Train};
 use tl_spec::Tensor;
 
 use crate::cli::{ModelName, OptimizerName};
 use crate::{CliError, Result};
 
-/// The `format` metadata value this crate writes.
-pub const FORMAT: &str = "tl-cli/1";
-
-/// The name prefix of optimizer state tensors.
-pub const OPTIMIZER_PREFIX: &str = "optimizer.";
-
-/// A checkpoint's content.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Checkpoint {
+/// A checkpoint's metadata: which model, how many epochs, which optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
     /// The model the parameters belong to.
     pub model: ModelName,
     /// Epochs trained so far.
     pub epochs: usize,
-    /// `(name, value)` per parameter.
-    pub tensors: Vec<(String, Tensor<f32>)>,
-    /// The optimizer that trained the parameters and its state (`None` in a checkpoint saved
-    /// without one).
-    pub optimizer: Option<(OptimizerName, StateDict)>,
+    /// The optimizer whose state the file holds (`None`: no optimizer state).
+    pub optimizer: Option<OptimizerName>,
 }
 
-impl Checkpoint {
-    /// The tensor named `name`, with shape `dims`.
-    pub fn get(&self, path: &Path, name: &str, dims: &[usize]) -> Result<&Tensor<f32>> {
-        let t = self
-            .tensors
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-            .ok_or_else(|| {
-                CliError::new(format!(
-                    "checkpoint {}: no tensor named {name:?} (it does not hold this {} model's parameters)",
-                    path.display(),
-                    self.model.as_str()
-                ))
-            })?;
-        if t.shape().dims() != dims {
+impl Header {
+    /// The metadata entries `tl` writes (tl-nn adds `format`).
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::from([
+            ("model".to_owned(), self.model.as_str().to_owned()),
+            ("epochs".to_owned(), self.epochs.to_string()),
+        ]);
+        if let Some(o) = self.optimizer {
+            m.insert("optimizer".to_owned(), o.as_str().to_owned());
+        }
+        m
+    }
+
+    /// Check that the file holds `model`'s parameters.
+    pub fn expect_model(&self, path: &Path, model: ModelName) -> Result<()> {
+        if self.model != model {
             return Err(CliError::new(format!(
-                "checkpoint {}: tensor {name:?} has shape {}, the model needs {dims:?}",
+                "checkpoint {} holds a {} model, not {}",
                 path.display(),
-                t.shape()
+                self.model.as_str(),
+                model.as_str()
             )));
         }
-        Ok(t)
+        Ok(())
     }
 }
 
-/// Write `ckpt` to `path`.
-pub fn save(path: &Path, ckpt: &Checkpoint) -> Result<()> {
-    // (name, dtype, dims, little-endian bytes) of every tensor: parameters, then optimizer state.
-    let mut raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = ckpt
-        .tensors
-        .iter()
-        .map(|(name, t)| {
-            let b = t.data().iter().flat_map(|v| v.to_le_bytes()).collect();
-            (name.clone(), Dtype::F32, t.shape().dims().to_vec(), b)
-        })
-        .collect();
-    let mut meta = HashMap::from([
-        ("format".to_owned(), FORMAT.to_owned()),
-        ("model".to_owned(), ckpt.model.as_str().to_owned()),
-        ("epochs".to_owned(), ckpt.epochs.to_string()),
-    ]);
-    if let Some((opt, state)) = &ckpt.optimizer {
-        meta.insert("optimizer".to_owned(), opt.as_str().to_owned());
-        for (name, t) in state {
-            let b = t.data().iter().flat_map(|v| v.to_le_bytes()).collect();
-            let full = format!("{OPTIMIZER_PREFIX}{name}");
-            raw.push((full, Dtype::F64, t.shape().dims().to_vec(), b));
-        }
-    }
-    let views = raw
-        .iter()
-        .map(|(name, dtype, dims, b)| {
-            Ok((
-                name.clone(),
-                TensorView::new(*dtype, dims.clone(), b)
-                    .map_err(|e| CliError::new(format!("checkpoint tensor {name}: {e}")))?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let out = safetensors::serialize(views, Some(meta))
-        .map_err(|e| CliError::new(format!("cannot encode checkpoint: {e}")))?;
-    std::fs::write(path, out)
-        .map_err(|e| CliError::new(format!("cannot write checkpoint {}: {e}", path.display())))
+/// A checkpoint's content on the host: what a training run ends with, and what [`load`]
+/// reads back from a file (tensors in name order in both).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// Model, epochs and optimizer.
+    pub header: Header,
+    /// `(name, value)` per parameter, in name order.
+    pub tensors: Vec<(String, Tensor<f32>)>,
+    /// The optimizer's state (empty without one).
+    pub optimizer_state: StateDict,
 }
 
-/// Read a checkpoint written by [`save`].
-pub fn load(path: &Path) -> Result<Checkpoint> {
+/// Read the file at `path` and its metadata (not yet checked against a model).
+pub fn read(path: &Path) -> Result<(File, Header)> {
     let shown = path.display();
-    let bytes = std::fs::read(path)
-        .map_err(|e| CliError::new(format!("cannot read checkpoint {shown}: {e}")))?;
-    let bad = |why: String| {
-        CliError::new(format!(
-            "checkpoint {shown} is not a valid safetensors checkpoint ({why}); it may be truncated or corrupt"
-        ))
-    };
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-    let meta = meta.metadata().clone().unwrap_or_default();
+    let file = tl_nn::checkpoint::read(path).map_err(|e| match e {
+        tl_nn::Error::Io { source, .. } => {
+            CliError::new(format!("cannot read checkpoint {shown}: {source}"))
+        }
+        e => e.into(),
+    })?;
+    let bad = |why: String| CliError::new(format!("checkpoint {shown}: {why}"));
+    let meta = &file.metadata;
     if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(bad(format!(
             "no `format: {FORMAT}` metadata; not written by tl train --save"
@@ -138,49 +104,92 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
                 .ok_or_else(|| bad(format!("unknown optimizer {o:?} in the metadata")))?,
         ),
     };
-    let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
-    names.sort();
-    let mut tensors = Vec::with_capacity(names.len());
-    let mut state = StateDict::new();
-    for name in names {
-        let v = st.tensor(&name).map_err(|e| bad(e.to_string()))?;
-        if let Some(key) = name.strip_prefix(OPTIMIZER_PREFIX) {
-            if optimizer.is_none() {
-                return Err(bad(format!(
-                    "tensor {name:?} is optimizer state, but no `optimizer` in the metadata"
-                )));
+    if optimizer.is_none()
+        && let Some(name) = file
+            .tensors
+            .keys()
+            .find(|n| n.starts_with(OPTIMIZER_PREFIX))
+    {
+        return Err(bad(format!(
+            "tensor {name:?} is optimizer state, but no `optimizer` in the metadata"
+        )));
+    }
+    Ok((
+        file,
+        Header {
+            model,
+            epochs,
+            optimizer,
+        },
+    ))
+}
+
+/// Read a checkpoint's tensors and metadata to the host (for inspection and tests).
+pub fn load(path: &Path) -> Result<Checkpoint> {
+    let (file, header) = read(path)?;
+    let mut tensors = Vec::new();
+    let mut optimizer_state = StateDict::new();
+    for (name, e) in &file.tensors {
+        match name.strip_prefix(OPTIMIZER_PREFIX) {
+            Some(key) => {
+                optimizer_state.insert(key.to_owned(), e.to_tensor::<f64>(path, name)?);
             }
-            if v.dtype() != Dtype::F64 {
-                return Err(bad(format!("tensor {name:?} is {:?}, not F64", v.dtype())));
-            }
-            let data: Vec<f64> = v
-                .data()
-                .chunks_exact(8)
-                .map(|c| {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(c);
-                    f64::from_le_bytes(b)
-                })
-                .collect();
-            let t = Tensor::new(v.shape().to_vec(), data).map_err(|e| bad(e.to_string()))?;
-            state.insert(key.to_owned(), t);
-            continue;
+            None => tensors.push((name.clone(), e.to_tensor::<f32>(path, name)?)),
         }
-        if v.dtype() != Dtype::F32 {
-            return Err(bad(format!("tensor {name:?} is {:?}, not F32", v.dtype())));
-        }
-        let data: Vec<f32> = v
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let t = Tensor::new(v.shape().to_vec(), data).map_err(|e| bad(e.to_string()))?;
-        tensors.push((name, t));
     }
     Ok(Checkpoint {
-        model,
-        epochs,
+        header,
         tensors,
-        optimizer: optimizer.map(|o| (o, state)),
+        optimizer_state,
     })
+}
+
+/// `model`'s parameters and `opt`'s state, read back from `rt`.
+pub fn snapshot<O: Train<T = f32>, M: Parameters>(
+    rt: &Runtime<O>,
+    model: &M,
+    header: Header,
+    opt: &Optimizer,
+) -> Result<Checkpoint> {
+    let mut tensors = rt.state_dict(model)?;
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let optimizer_state = rt.session().optimizer_state(opt)?;
+    Ok(Checkpoint {
+        header,
+        tensors,
+        optimizer_state,
+    })
+}
+
+/// Save `model`'s parameters, `opt`'s state and `header` to `path` (atomically).
+pub fn save<O: Train<T = f32>, M: Parameters>(
+    rt: &Runtime<O>,
+    model: &M,
+    path: &Path,
+    header: Header,
+    opt: &Optimizer,
+) -> Result<()> {
+    rt.save_with(model, path, Some(opt), &header.metadata())
+        .map_err(|e| match e {
+            tl_nn::Error::Io { source, .. } => CliError::new(format!(
+                "cannot write checkpoint {}: {source}",
+                path.display()
+            )),
+            e => e.into(),
+        })
+}
+
+/// Load an already [`read`] file into `model` (which must be the file's model), and into
+/// `opt` when given. On any error nothing changes.
+pub fn restore<O: Train<T = f32>, M: Parameters>(
+    rt: &mut Runtime<O>,
+    model: &M,
+    name: ModelName,
+    path: &Path,
+    (file, header): &(File, Header),
+    opt: Option<&mut Optimizer>,
+) -> Result<()> {
+    header.expect_model(path, name)?;
+    rt.load_file(model, path, file, opt)?;
+    Ok(())
 }

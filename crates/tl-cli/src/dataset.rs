@@ -1,11 +1,11 @@
 //! Each model's dataset behind one interface: examples indexed `0..len`, minibatches by index.
 //! Digits images (mlp, cnn), Burgers' pairs (fno), text windows (transformer).
 
+use tl_nn::data::{Split, digits};
 use tl_spec::Tensor;
 
 use crate::burgers::{self, GRID};
 use crate::cli::ModelName;
-use crate::data::{Split, digits};
 use crate::text::{Windows, corpus, unigram_loss};
 use crate::{CliError, Result};
 

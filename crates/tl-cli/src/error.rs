@@ -43,3 +43,9 @@ impl From<tl_spec::Error> for CliError {
         CliError(e.to_string())
     }
 }
+
+impl From<tl_nn::Error> for CliError {
+    fn from(e: tl_nn::Error) -> Self {
+        CliError(e.to_string())
+    }
+}

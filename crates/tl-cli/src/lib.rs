@@ -15,14 +15,12 @@
 pub mod burgers;
 pub mod checkpoint;
 pub mod cli;
-pub mod data;
 pub mod dataset;
 pub mod dot;
 pub mod error;
 pub mod metrics;
 pub mod model;
 pub mod plot;
-pub mod runner;
 pub mod text;
 pub mod train;
 pub mod verify;

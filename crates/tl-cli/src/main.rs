@@ -9,7 +9,7 @@ use clap::error::ErrorKind;
 use indicatif::{ProgressBar, ProgressStyle};
 use tl_cli::cli::{Cli, Command, EvalArgs, GraphArgs, TrainArgs, VerifyArgs};
 use tl_cli::train::{TrainConfig, eval_checkpoint, train};
-use tl_cli::{CliError, Result, checkpoint, dot, plot, verify};
+use tl_cli::{CliError, Result, dot, plot, verify};
 use tl_conformance::RunConfig;
 use tl_conformance::verify::render_header;
 
@@ -76,7 +76,7 @@ fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
         .unwrap_or_default();
     out(&format!(
         "done: {} epoch(s) in total; train {}; test {}{baseline}\n",
-        report.checkpoint.epochs,
+        report.checkpoint.header.epochs,
         report.train.summary(),
         report.test.summary(),
     ));
@@ -85,19 +85,19 @@ fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
         out(&format!("wrote loss curve {}\n", p.display()));
     }
     if let Some(p) = &a.save {
-        checkpoint::save(p, &report.checkpoint)?;
+        // `train` wrote it (with the runtime's parameters and the optimizer's state).
         out(&format!("saved checkpoint {}\n", p.display()));
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn cmd_eval(a: &EvalArgs) -> Result<ExitCode> {
-    let (ckpt, m) = eval_checkpoint(a.model, a.backend.backend(), &a.checkpoint)?;
+    let (header, m) = eval_checkpoint(a.model, a.backend.backend(), &a.checkpoint)?;
     out(&format!(
         "{} ({} epoch(s)) on the {} test split: {}\n",
-        ckpt.model.as_str(),
-        ckpt.epochs,
-        tl_cli::model::dataset(ckpt.model),
+        header.model.as_str(),
+        header.epochs,
+        tl_cli::model::dataset(header.model),
         m.summary()
     ));
     Ok(ExitCode::SUCCESS)

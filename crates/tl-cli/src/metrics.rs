@@ -3,10 +3,12 @@
 
 use tl_spec::Tensor;
 
+use tl_nn::Runtime;
+use tl_session::Train;
+
 use crate::Result;
 use crate::dataset::{Batch, Dataset};
-use crate::model::{Model, Task, argmax_rows, task};
-use crate::runner::Runner;
+use crate::model::{Model, Task, task};
 
 /// Metrics of a model on a split.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -43,30 +45,34 @@ pub fn rel_l2_sum(pred: &Tensor<f32>, target: &Tensor<f32>, len: usize) -> f64 {
         .sum()
 }
 
-/// Metrics of the model on `split` (forward passes of up to 256 examples).
-pub fn evaluate(s: &mut dyn Runner, m: &Model, split: &Dataset) -> Result<Metrics> {
+/// Metrics of the model on `split` (evaluation passes of up to 256 examples).
+pub fn evaluate<O: Train<T = f32>>(
+    rt: &Runtime<O>,
+    m: &Model<O>,
+    split: &Dataset,
+) -> Result<Metrics> {
     let (mut loss, mut correct, mut rel) = (0.0f64, 0usize, 0.0f64);
     let idx: Vec<usize> = (0..split.len()).collect();
     for chunk in idx.chunks(256) {
         let batch = split.batch(chunk);
-        let (labels, target) = match &batch {
-            Batch::Classes { labels, .. } => (Some(labels.clone()), None),
-            Batch::Fields { y, .. } => (None, Some(y.clone())),
-            Batch::Tokens { .. } => (None, None),
-        };
-        let o = m.forward(s, batch)?;
-        let l = o.loss.expect("batches carry targets");
-        let lv = s.read(&l)?.item()?;
+        let mut lv = 0.0f32;
+        let out = rt.eval(m, |g| {
+            let o = m.forward(g, &batch)?;
+            lv = o.loss.value()?.item()?;
+            Ok(o.out)
+        })?;
         loss += f64::from(lv) * chunk.len() as f64;
-        if let Some(labels) = labels {
-            let pred = argmax_rows(&s.read(&o.out)?);
-            correct += pred.iter().zip(&labels).filter(|(p, y)| p == y).count();
+        match &batch {
+            Batch::Classes { labels, .. } => {
+                let pred = out.argmax(out.shape().rank() - 1)?;
+                correct += pred.iter().zip(labels).filter(|(p, y)| p == y).count();
+            }
+            Batch::Fields { y, .. } => {
+                let per = y.data().len() / chunk.len().max(1);
+                rel += rel_l2_sum(&out, y, per);
+            }
+            Batch::Tokens { .. } => {}
         }
-        if let Some(y) = target {
-            let per = y.data().len() / chunk.len().max(1);
-            rel += rel_l2_sum(&s.read(&o.out)?, &y, per);
-        }
-        s.end_step();
     }
     let n = split.len().max(1) as f64;
     let t = task(m.name());

@@ -1,20 +1,21 @@
-//! The training loop, shared by every task: minibatches of the model's training split in a
-//! seeded order, one optimizer step per batch, a progress bar per epoch, train and test metrics
-//! at the end ([`crate::metrics`]).
+//! The training loop, written once for every task and both sessions (generic over
+//! `O: Train`; [`train`] picks the eager `Session` or the `LinkedSession` once, at the top):
+//! minibatches of the model's training split in a seeded order, one `Runtime::step` per batch,
+//! a progress bar per epoch, train and test metrics at the end ([`crate::metrics`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tl_session::{Backend, Optimizer};
+use tl_nn::Runtime;
+use tl_nn::data::permutation;
+use tl_session::{Backend, LinkedSession, Options, Session, Train};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{self, Checkpoint, Header};
 use crate::cli::{ModelName, OptimizerName, TrainArgs};
-use crate::data::permutation;
 use crate::dataset::load;
 pub use crate::metrics::{Metrics, evaluate};
-use crate::model::Model;
-use crate::runner::{Runner, session};
+use crate::model::{Model, defaults};
 use crate::{CliError, Result};
 
 /// Everything a training run needs, with the model's defaults filled in.
@@ -42,6 +43,8 @@ pub struct TrainConfig {
     pub train_subset: Option<usize>,
     /// Start from this checkpoint.
     pub resume: Option<PathBuf>,
+    /// Save the trained model and optimizer state here.
+    pub save: Option<PathBuf>,
     /// Draw progress bars on stderr.
     pub progress: bool,
 }
@@ -49,7 +52,7 @@ pub struct TrainConfig {
 impl TrainConfig {
     /// The configuration of `tl train` arguments (unset values from the model's defaults).
     pub fn from_args(a: &TrainArgs) -> Result<Self> {
-        let d = Model::defaults(a.model);
+        let d = defaults(a.model);
         let cfg = TrainConfig {
             model: a.model,
             backend: a.backend.backend(),
@@ -62,6 +65,7 @@ impl TrainConfig {
             deterministic: a.deterministic,
             train_subset: a.train_subset,
             resume: a.resume.clone(),
+            save: a.save.clone(),
             progress: true,
         };
         if cfg.batch_size == 0 {
@@ -81,7 +85,7 @@ impl TrainConfig {
 
     /// The defaults of `model` on the CPU, eager, without progress bars.
     pub fn defaults(model: ModelName) -> Self {
-        let d = Model::defaults(model);
+        let d = defaults(model);
         TrainConfig {
             model,
             backend: Backend::Cpu,
@@ -94,6 +98,7 @@ impl TrainConfig {
             deterministic: false,
             train_subset: None,
             resume: None,
+            save: None,
             progress: false,
         }
     }
@@ -112,54 +117,9 @@ pub struct TrainReport {
     pub test: Metrics,
     /// The unigram model's test loss (language modelling only): the baseline to beat.
     pub baseline: Option<f32>,
-    /// The trained parameters and total epochs (including resumed ones), ready to save.
+    /// The trained parameters, the optimizer's state and the total epochs (including resumed
+    /// ones): what `--save` wrote.
     pub checkpoint: Checkpoint,
-}
-
-/// Copy the model's parameters out of the session, by name, with the optimizer's state when
-/// one is given.
-pub fn snapshot(
-    s: &mut dyn Runner,
-    m: &Model,
-    epochs: usize,
-    optimizer: Option<(OptimizerName, &Optimizer)>,
-) -> Result<Checkpoint> {
-    let mut tensors = Vec::new();
-    for (name, p) in m.param_names().into_iter().zip(m.params()) {
-        tensors.push((name, s.read_param(&p)?));
-    }
-    let optimizer = match optimizer {
-        Some((name, opt)) => Some((name, s.optimizer_state(opt)?)),
-        None => None,
-    };
-    Ok(Checkpoint {
-        model: m.name(),
-        epochs,
-        tensors,
-        optimizer,
-    })
-}
-
-/// Load a checkpoint's parameters into the model (names and shapes must match).
-pub fn restore(
-    s: &mut dyn Runner,
-    m: &Model,
-    ckpt: &Checkpoint,
-    path: &std::path::Path,
-) -> Result<()> {
-    if ckpt.model != m.name() {
-        return Err(CliError::new(format!(
-            "checkpoint {} holds a {} model, not {}",
-            path.display(),
-            ckpt.model.as_str(),
-            m.name().as_str()
-        )));
-    }
-    for (name, p) in m.param_names().into_iter().zip(m.params()) {
-        let t = ckpt.get(path, &name, p.shape().dims())?;
-        s.write_param(&p, t.clone())?;
-    }
-    Ok(())
 }
 
 fn bar(progress: bool, steps: usize, epoch: usize, total: usize) -> ProgressBar {
@@ -175,10 +135,49 @@ fn bar(progress: bool, steps: usize, epoch: usize, total: usize) -> ProgressBar 
     b
 }
 
-/// Train as `cfg` says; `log` receives one line per epoch.
+/// The session error of a backend that cannot be had, in the command's words.
+pub fn backend_error(e: tl_session::Error) -> CliError {
+    match e {
+        // The session speaks of `Backend::CudaSim`; on the command line it is a flag.
+        tl_session::Error::BackendUnavailable { backend, detail } => CliError::new(format!(
+            "backend {backend} is not available: {}",
+            detail.replace("Backend::CudaSim", "--backend cuda-sim")
+        )),
+        e => e.into(),
+    }
+}
+
+/// The eager session on `backend` (`Options::deterministic` and `seed` as given).
+pub fn eager(backend: Backend, deterministic: bool, seed: u64) -> Result<Session<f32>> {
+    Session::new(Options {
+        backend,
+        deterministic,
+        seed,
+    })
+    .map_err(backend_error)
+}
+
+/// Train as `cfg` says; `log` receives one line per epoch. The one place that picks the
+/// session: eager, or linked (each step's recorded graph compiled into `cfg.backend`'s tape).
 pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport> {
-    let mut s = session(cfg.backend, cfg.linked, cfg.deterministic)?;
-    let m = Model::new(cfg.model, s.as_mut(), cfg.seed)?;
+    if cfg.linked {
+        let mut s = LinkedSession::<f32>::with_seed(cfg.seed);
+        s.set_backend(cfg.backend).map_err(backend_error)?;
+        s.set_deterministic(cfg.deterministic);
+        run(&mut Runtime::new(s), cfg, &mut log)
+    } else {
+        let s = eager(cfg.backend, cfg.deterministic, cfg.seed)?;
+        run(&mut Runtime::new(s), cfg, &mut log)
+    }
+}
+
+/// The training loop on any session.
+fn run<O: Train<T = f32>>(
+    rt: &mut Runtime<O>,
+    cfg: &TrainConfig,
+    log: &mut dyn FnMut(&str),
+) -> Result<TrainReport> {
+    let m = Model::new(cfg.model, rt)?;
     let (train, test, baseline) = load(cfg.model)?;
     let train = match cfg.train_subset {
         Some(n) => train.truncate(n),
@@ -199,20 +198,15 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
     let mut done = 0;
     let mut opt = cfg.optimizer.build(cfg.lr);
     if let Some(path) = &cfg.resume {
-        let ckpt = crate::checkpoint::load(path)?;
-        restore(s.as_mut(), &m, &ckpt, path)?;
-        done = ckpt.epochs;
-        match &ckpt.optimizer {
-            Some((name, state)) if *name == cfg.optimizer => {
-                s.load_optimizer_state(&mut opt, state).map_err(|e| {
-                    CliError::new(format!(
-                        "checkpoint {}: its {} state does not fit this model: {e}",
-                        path.display(),
-                        name.as_str()
-                    ))
-                })?
-            }
-            Some((name, _)) => log(&format!(
+        let file = checkpoint::read(path)?;
+        let header = file.1;
+        header.expect_model(path, cfg.model)?;
+        let same = header.optimizer == Some(cfg.optimizer);
+        checkpoint::restore(rt, &m, cfg.model, path, &file, same.then_some(&mut opt))?;
+        done = header.epochs;
+        match header.optimizer {
+            Some(_) if same => {}
+            Some(name) => log(&format!(
                 "note: checkpoint {} holds {} state; --optimizer {} starts with fresh state",
                 path.display(),
                 name.as_str(),
@@ -233,9 +227,8 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         let start = Instant::now();
         let (mut sum, mut seen) = (0.0f64, 0usize);
         for idx in &batches {
-            let out = m.forward(s.as_mut(), train.batch(idx))?;
-            let l = s.train_step(&out.loss.expect("batches carry targets"), &mut opt)?;
-            s.end_step();
+            let batch = train.batch(idx);
+            let l = rt.step(&m, &mut opt, |g| Ok(m.forward(g, &batch)?.loss))? as f32;
             if !l.is_finite() {
                 return Err(CliError::new(format!(
                     "the loss became {l} at epoch {epoch}; try a smaller --lr"
@@ -257,9 +250,17 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
             seen as f64 / secs.max(1e-9)
         ));
     }
-    let train_m = evaluate(s.as_mut(), &m, &train)?;
-    let test_m = evaluate(s.as_mut(), &m, &test)?;
-    let checkpoint = snapshot(s.as_mut(), &m, total, Some((cfg.optimizer, &opt)))?;
+    let train_m = evaluate(rt, &m, &train)?;
+    let test_m = evaluate(rt, &m, &test)?;
+    let header = Header {
+        model: cfg.model,
+        epochs: total,
+        optimizer: Some(cfg.optimizer),
+    };
+    let checkpoint = checkpoint::snapshot(rt, &m, header, &opt)?;
+    if let Some(path) = &cfg.save {
+        checkpoint::save(rt, &m, path, header, &opt)?;
+    }
     Ok(TrainReport {
         step_losses,
         epoch_losses,
@@ -270,17 +271,17 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
     })
 }
 
-/// Evaluate a checkpoint of `model` on the test split.
+/// Evaluate a checkpoint of `model` on the test split (eager, on `backend`).
 pub fn eval_checkpoint(
     model: ModelName,
     backend: Backend,
     path: &std::path::Path,
-) -> Result<(Checkpoint, Metrics)> {
-    let ckpt = crate::checkpoint::load(path)?;
-    let mut s = session(backend, false, false)?;
-    let m = Model::new(model, s.as_mut(), 0)?;
-    restore(s.as_mut(), &m, &ckpt, path)?;
+) -> Result<(Header, Metrics)> {
+    let file = checkpoint::read(path)?;
+    let mut rt = Runtime::new(eager(backend, false, 0)?);
+    let m = Model::new(model, &rt)?;
+    checkpoint::restore(&mut rt, &m, model, path, &file, None)?;
     let (_, test, _) = load(model)?;
-    let metrics = evaluate(s.as_mut(), &m, &test)?;
-    Ok((ckpt, metrics))
+    let metrics = evaluate(&rt, &m, &test)?;
+    Ok((file.1, metrics))
 }

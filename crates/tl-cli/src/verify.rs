@@ -63,7 +63,7 @@ pub fn names(only: &[String]) -> Result<Vec<String>> {
 /// Check that `backend` can be verified here (cuda: the session's "not available" error).
 pub fn check_backend(backend: Backend) -> Result<()> {
     if backend == Backend::Cuda {
-        crate::runner::session(backend, false, false)?;
+        crate::train::eager(backend, false, 0)?;
         return Err(CliError::new(
             "backend cuda: the harness has no real-device backend yet; use --backend cuda-sim",
         ));

@@ -115,7 +115,7 @@ fn missing_truncated_and_malformed_checkpoints() {
         let p = dir.join(format!("cut{cut}.safetensors"));
         std::fs::write(&p, &bytes[..cut]).unwrap();
         let o = tl(&["eval", "--checkpoint", p.to_str().unwrap()]);
-        assert_one_line_error(&o, &["not a valid safetensors checkpoint", "truncated"]);
+        assert_one_line_error(&o, &["not a valid safetensors file", "truncated"]);
     }
     let garbage = dir.join("garbage.safetensors");
     std::fs::write(
@@ -124,7 +124,7 @@ fn missing_truncated_and_malformed_checkpoints() {
     )
     .unwrap();
     let o = tl(&["eval", "--checkpoint", garbage.to_str().unwrap()]);
-    assert_one_line_error(&o, &["not a valid safetensors checkpoint"]);
+    assert_one_line_error(&o, &["not a valid safetensors file"]);
     // A valid safetensors file that tl did not write: no metadata.
     let foreign = dir.join("foreign.safetensors");
     let mut f = br#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#.to_vec();
@@ -139,23 +139,24 @@ fn missing_truncated_and_malformed_checkpoints() {
     assert_one_line_error(&o, &["format"]);
     // Resuming from a bad file fails before training.
     let o = tl(&["train", "--resume", garbage.to_str().unwrap()]);
-    assert_one_line_error(&o, &["not a valid safetensors checkpoint"]);
+    assert_one_line_error(&o, &["not a valid safetensors file"]);
 
-    // Optimizer state that does not fit: a moment of the wrong shape, an unknown optimizer.
-    let mut ck = tl_cli::checkpoint::load(&good).unwrap();
-    let (opt, state) = ck
-        .optimizer
-        .as_mut()
-        .expect("train --save keeps optimizer state");
-    assert_eq!(opt.as_str(), "adam");
-    let key = state
+    // Optimizer state that does not fit: a moment of the wrong shape.
+    let mut file = tl_nn::checkpoint::read(&good).unwrap();
+    assert_eq!(
+        file.metadata["optimizer"], "adam",
+        "train --save keeps optimizer state"
+    );
+    let key = file
+        .tensors
         .keys()
-        .find(|k| k.starts_with("adam.m."))
+        .find(|k| k.starts_with("optimizer.adam.m."))
         .unwrap()
         .clone();
-    state.insert(key.clone(), tl_spec::Tensor::zeros([3]));
+    let wrong = tl_nn::checkpoint::Entry::from_tensor(&tl_spec::Tensor::<f64>::zeros([3]));
+    file.tensors.insert(key, wrong);
     let misfit = dir.join("misfit.safetensors");
-    tl_cli::checkpoint::save(&misfit, &ck).unwrap();
+    tl_nn::checkpoint::write(&misfit, &file).unwrap();
     let o = tl(&[
         "train",
         "--epochs",
@@ -163,11 +164,12 @@ fn missing_truncated_and_malformed_checkpoints() {
         "--resume",
         misfit.to_str().unwrap(),
     ]);
-    assert_one_line_error(&o, &["misfit.safetensors", "adam state does not fit"]);
+    assert_one_line_error(&o, &["misfit.safetensors", "optimizer state does not fit"]);
     assert!(
         o.stdout.iter().filter(|&&b| b == b'\n').count() <= 1,
         "fails before training"
     );
+    // An unknown optimizer in the metadata.
     let mut renamed = bytes.clone();
     let at = renamed
         .windows(6)

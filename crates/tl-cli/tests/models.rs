@@ -14,7 +14,7 @@ fn cnn_defaults_reach_97_percent_on_digits() {
     let r = train(&TrainConfig::defaults(ModelName::Cnn), |_| {}).unwrap();
     let acc = r.test.accuracy.unwrap();
     assert!(acc >= 0.97, "test accuracy {acc}");
-    assert_eq!(r.checkpoint.epochs, 25);
+    assert_eq!(r.checkpoint.header.epochs, 25);
     assert!(r.baseline.is_none() && r.test.rel_l2.is_none());
 }
 
@@ -87,11 +87,11 @@ fn cnn_save_eval_and_graph_through_the_binary() {
         stdout(&e)
     );
     let ck = tl_cli::checkpoint::load(&ckpt).unwrap();
-    assert_eq!(ck.model, ModelName::Cnn);
+    assert_eq!(ck.header.model, ModelName::Cnn);
     assert!(
         ck.tensors
             .iter()
-            .any(|(n, t)| n == "conv1.weight" && t.shape().dims() == [32, 16, 3, 3])
+            .any(|(n, t)| n == "3.weight" && t.shape().dims() == [32, 16, 3, 3])
     );
 
     for model in ["fno", "transformer"] {
