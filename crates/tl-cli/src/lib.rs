@@ -1,9 +1,10 @@
 //! # tl-cli: the `tl` command
 //!
 //! - `tl train`: train a model (mlp, cnn: digits classification; fno: Burgers' equation; transformer:
-//!   char-level language model) on data shipped in the repository (`data/`) or made by a solver
-//!   in the project, eager or linked, on any session backend, with a progress bar, a loss-curve
-//!   PNG and safetensors checkpoints;
+//!   char-level language model), built from tl-nn layers ([`model`]), on data shipped in the
+//!   repository (`data/`) or made by a solver in the project, eager or linked, on any session
+//!   backend, with one training loop over tl-nn's `Runtime` ([`train`]), a progress bar, a
+//!   loss-curve PNG and tl-nn's safetensors checkpoints ([`checkpoint`]);
 //! - `tl eval`: a checkpoint's metrics on the test split;
 //! - `tl verify`: the conformance harness (`tl-conformance`) on a chosen backend, as a table or
 //!   JSON;

@@ -66,14 +66,18 @@ fn eager_linked_and_cuda_sim_train_the_same_model() {
         ..quick(1)
     };
     let eager = train(&base, |_| {}).unwrap();
-    for (backend, linked) in [
-        (Backend::Cpu, true),
-        (Backend::CudaSim, false),
-        (Backend::CudaSim, true),
+    for (backend, linked, deterministic) in [
+        (Backend::Cpu, true, false),
+        (Backend::CudaSim, false, false),
+        (Backend::CudaSim, true, false),
+        // --deterministic reaches Options::deterministic / LinkedSession::set_deterministic.
+        (Backend::CudaSim, false, true),
+        (Backend::CudaSim, true, true),
     ] {
         let cfg = TrainConfig {
             backend,
             linked,
+            deterministic,
             ..base.clone()
         };
         let r = train(&cfg, |_| {}).unwrap();
@@ -81,12 +85,17 @@ fn eager_linked_and_cuda_sim_train_the_same_model() {
         for (a, b) in r.step_losses.iter().zip(&eager.step_losses) {
             assert!(
                 (a - b).abs() <= 1e-4 * a.abs().max(1.0),
-                "{backend:?} linked={linked}: {a} vs {b}"
+                "{backend:?} linked={linked} deterministic={deterministic}: {a} vs {b}"
             );
         }
         assert!(
             (r.test.accuracy.unwrap() - eager.test.accuracy.unwrap()).abs() <= 1.0 / 360.0 + 1e-6
         );
+        if deterministic {
+            // Fixed-order reductions: a second run repeats every loss bit for bit.
+            let again = train(&cfg, |_| {}).unwrap();
+            assert_eq!(again.step_losses, r.step_losses, "linked={linked}");
+        }
     }
 }
 
