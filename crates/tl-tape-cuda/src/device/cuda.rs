@@ -328,3 +328,42 @@ impl Device for CudaDevice {
         self.map1("tl_silu", x, &[])
     }
 }
+
+#[cfg(all(test, feature = "cuda-emu"))]
+mod tests {
+    //! The per-device reduction switch, on the kernel emulator.
+    use super::*;
+    use crate::SimDevice;
+
+    /// The bits of `x` (4096 values) summed into one by the broadcast backward.
+    fn sum(d: &mut impl Device, x: &[f32]) -> u32 {
+        let b = d.upload(x).unwrap();
+        let s = d.reduce_broadcast(b, &[1], &[x.len()]).unwrap();
+        d.download(s).unwrap()[0].to_bits()
+    }
+
+    #[test]
+    fn set_deterministic_overrides_the_process_flag_for_this_device() {
+        // Values whose sum depends on the order of the additions.
+        let x: Vec<f32> = (0..4096u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 8) as f32 / 65_536.0 - 128.0) * 1e-3)
+            .collect();
+        let reference = sum(&mut SimDevice::new(), &x);
+        let mut d = CudaDevice::new().unwrap();
+        assert_eq!(d.deterministic(), crate::determinism::deterministic_reductions());
+        // Threads in reverse order: the atomic kernel adds in another order, the fixed-order
+        // one does not care.
+        driver::set_reverse_schedule(true);
+        d.set_deterministic(Some(true));
+        assert!(d.deterministic());
+        let fixed = sum(&mut d, &x);
+        d.set_deterministic(Some(false));
+        assert!(!d.deterministic());
+        let atomic = sum(&mut d, &x);
+        driver::set_reverse_schedule(false);
+        assert_eq!(fixed, reference, "fixed order: the sim's bits, whatever the flag");
+        let (a, r) = (f32::from_bits(atomic), f32::from_bits(reference));
+        assert!((a - r).abs() <= 1e-4 * r.abs().max(1.0), "{a} vs {r}");
+        assert_ne!(atomic, reference, "the atomic kernel did not run");
+    }
+}

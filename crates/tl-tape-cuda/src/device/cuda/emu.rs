@@ -73,6 +73,14 @@ fn status(op: &'static str, rc: c_int, err: &[c_char; ERR_CAP]) -> Result<()> {
     }
 }
 
+/// Run this thread's later launches with every block's threads in reverse order (`true`) or
+/// in order (tests: results that depend on the schedule show up).
+#[cfg(test)]
+pub(crate) fn set_reverse_schedule(on: bool) {
+    // SAFETY: sets a thread-local flag of the runtime; no pointers are involved.
+    unsafe { tl_emu_set_reverse(c_int::from(on)) };
+}
+
 /// Nothing to initialize: the emulator has no context.
 pub fn enter() -> Result<()> {
     Ok(())
