@@ -72,3 +72,8 @@ pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};
 pub use var::Var;
 pub use vars::Vars;
+
+/// docs/guide.md ("Your first model"): its code blocks run as this crate's doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide.md")]
+pub struct Guide;

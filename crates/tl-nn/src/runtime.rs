@@ -254,6 +254,28 @@ impl<O: Train> Runtime<O> {
         self.pass(model, true, f)
     }
 
+    /// Record one forward pass of `f` (in training mode when `training`) and hand the session
+    /// and the output's handle to `inspect` before the pass ends: to read a linked session's
+    /// graph, compile it, check its gradients against the pure IR backprop, or take a JVP.
+    /// Nothing is stepped; the pass is reset afterwards, also on error.
+    pub fn record<M, F, G, R>(&self, model: &M, training: bool, f: F, inspect: G) -> Result<R>
+    where
+        M: Parameters + ?Sized,
+        F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+        G: FnOnce(&mut O, &TensorRef) -> Result<R>,
+    {
+        self.begin(model, training)?;
+        let r = (|| {
+            let scope = Scope { rt: self };
+            let out = f(&scope)?;
+            out.check_here("Runtime::record")?;
+            let r = out.tensor_ref().clone();
+            inspect(&mut self.session.borrow_mut(), &r)
+        })();
+        self.end();
+        r
+    }
+
     fn pass<M, F>(&self, model: &M, training: bool, f: F) -> Result<Tensor<O::T>>
     where
         M: Parameters + ?Sized,
