@@ -8,27 +8,27 @@ use tl_ir::GraphData;
 use tl_nn::Runtime;
 use tl_session::LinkedSession;
 
+use crate::Result;
 use crate::cli::ModelName;
 use crate::dataset::load;
 use crate::model::Model;
-use crate::{CliError, Result};
 
 /// Record one training step's forward pass and loss of `model` on the first `batch` training
-/// examples in a linked session and return its graph (taken inside the pass, before the
-/// runtime's reset ends it).
+/// examples in a linked session and return its graph (handed over by `Runtime::record` before
+/// the pass ends; nothing is evaluated or stepped).
 pub fn record(model: ModelName, batch: usize) -> Result<GraphData> {
     let rt = Runtime::new(LinkedSession::<f32>::new());
     let m = Model::new(model, &rt)?;
     let (train, _, _) = load(model)?;
     let idx: Vec<usize> = (0..batch.clamp(1, train.len())).collect();
     let b = train.batch(&idx);
-    let mut graph = None;
-    rt.eval(&m, |g| {
-        let loss = m.forward(g, &b)?.loss;
-        graph = Some(rt.session().graph().clone());
-        Ok(loss)
-    })?;
-    graph.ok_or_else(|| CliError::new("internal: no graph was recorded"))
+    let g = rt.record(
+        &m,
+        true,
+        |g| Ok(m.forward(g, &b)?.loss),
+        |s, _| Ok(s.graph().clone()),
+    )?;
+    Ok(g)
 }
 
 fn escape(s: &str) -> String {
