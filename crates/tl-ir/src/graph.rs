@@ -8,7 +8,7 @@ use crate::{Error, Op, Result};
 /// A tensor id: leaves are `0..num_leaves()`, op nodes follow in creation order.
 pub type Id = usize;
 
-/// A leaf of the graph's context Γ: an input or parameter.
+/// A leaf of the graph's context: an input or parameter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Leaf {
     /// The leaf's shape.
@@ -42,7 +42,7 @@ impl Node {
     }
 }
 
-/// A well-typed graph: leaves Γ then op nodes, each node's shape inferred from its operands.
+/// A well-typed graph: leaves (inputs and parameters) then op nodes, each node's shape inferred from its operands.
 ///
 /// Fields are private and only [`GraphBuilder`] appends, after the shape rule succeeds, so every
 /// `GraphData` value is well typed by construction.

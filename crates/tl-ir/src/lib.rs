@@ -2,7 +2,7 @@
 //!
 //! - [`Op`]: every op once, with its static parameters, its [`Family`] and its shape rule
 //!   ([`Op::infer_shape`], the only place operand shapes are checked).
-//! - [`GraphData`] / [`GraphBuilder`]: leaves Γ then op nodes; typed by construction.
+//! - [`GraphData`] / [`GraphBuilder`]: leaves (inputs and parameters) then op nodes; typed by construction.
 //! - Pure algorithms over tl-spec: [`GraphData::eval`], [`GraphData::backprop_all`] (dense
 //!   reverse accumulation over every id), [`GraphData::jvp`].
 //! - [`Recorder`] and [`GraphData::replay`]: compile a graph into any tape.

@@ -1,4 +1,4 @@
-//! [`LinkedSession`] (seed 004): the same op surface, but every call records a node of a
+//! [`LinkedSession`]: the same op surface, but every call records a node of a
 //! `GraphData` (the proved IR). Values come from pure evaluation, gradients from the IR's
 //! `backprop_all`, tangents from its `jvp`; [`LinkedSession::compile`] replays the graph into a
 //! tape of either backend.
@@ -528,7 +528,7 @@ impl<T: Scalar> Ops for LinkedSession<T> {
         self.leaf(value, name, requires_grad)
     }
 
-    /// A leaf before the first op node; a `constant` node after (seed 004).
+    /// A leaf before the first op node; a `constant` node after.
     fn constant(&mut self, value: Tensor<T>) -> Result<TensorRef> {
         if self.builder.graph().nodes().is_empty() {
             self.leaf(value, None, false)

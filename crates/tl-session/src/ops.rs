@@ -184,13 +184,13 @@ pub trait Ops {
         fn gather_scalar_raw[x](index: usize) => Op::GatherScalarRaw { index };
         /// Row `index`, totalized (out of range → zero row).
         fn gather_row_raw[x](index: usize) => Op::GatherRowRaw { index };
-        /// `x[natAt(at)]` with the index from the Nat environment (a `NatRef`'s position).
+        /// `x[i]` with `i` read from the Nat environment (a `NatRef`'s position).
         fn gather_scalar_nat[x](at: usize) => Op::GatherScalarNat { at };
-        /// Row `natAt(at)` of a 2-D x.
+        /// Row `i` of a 2-D x, `i` read from the Nat environment (a `NatRef`'s position).
         fn gather_row_nat[x](at: usize) => Op::GatherRowNat { at };
-        /// `k` elements at `natVecAt(at, k)` (a `NatVecRef`). PyTorch: `x[idx]`.
+        /// `k` elements at Nat-environment positions `at..at + k` (a `NatVecRef`). PyTorch: `x[idx]`.
         fn gather_scalars_nat_vec[x](at: usize, k: usize) => Op::GatherScalarsNatVec { at, k };
-        /// `k` rows at `natVecAt(at, k)`. PyTorch: `torch.index_select(x, 0, idx)`.
+        /// `k` rows at Nat-environment positions `at..at + k`. PyTorch: `torch.index_select(x, 0, idx)`.
         fn gather_rows_nat_vec[x](at: usize, k: usize) => Op::GatherRowsNatVec { at, k };
         /// `x[idx]` with a 1-D index tensor (totalized; idx gets no gradient).
         fn gather[x, idx]() => Op::GatherIndexTensor;
@@ -198,7 +198,7 @@ pub trait Ops {
         fn scatter_add_vec[x, v](index: usize) => Op::ScatterAddVec { index };
         /// `x` with row `index` += v. PyTorch: `x.index_add(0, i, v)`.
         fn scatter_add_row[x, v](index: usize) => Op::ScatterAddRow { index };
-        /// Mean cross-entropy of logits against labels at `natVecAt(labels_at, rows)`.
+        /// Mean cross-entropy of logits against labels at Nat-environment positions `labels_at..labels_at + rows`.
         /// PyTorch: `F.cross_entropy`.
         fn cross_entropy[logits](labels_at: usize) => Op::CrossEntropy { labels_at };
         /// N-D convolution, weight (outC, inC, k…). PyTorch: `F.conv{1,2,3}d(x, w, b, s, p)`.

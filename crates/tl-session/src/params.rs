@@ -1,5 +1,5 @@
 //! The parameter store both sessions share: each parameter's host value and, on the CUDA
-//! backend, its device mirror (seed 000: parameters stay resident on the device during training;
+//! backend, its device mirror (parameters stay resident on the device during training;
 //! reading syncs back explicitly; a host write invalidates the mirror).
 
 use tl_spec::{Scalar, Shape, Tensor};

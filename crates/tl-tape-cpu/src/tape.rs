@@ -1,4 +1,4 @@
-//! The CPU tape (seed 001): a grow-only array of nodes; ids are indices. Each node holds its op,
+//! The CPU tape: a grow-only array of nodes; ids are indices. Each node holds its op,
 //! parent ids, forward value and `requires_grad`; backward dispatches on the op with `match`
 //! (see [`crate::ops`]), so the tape is plain data.
 

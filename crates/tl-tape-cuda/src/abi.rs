@@ -1,6 +1,6 @@
 //! Checked conversions at the kernel ABI.
 //!
-//! Kernels take element counts and dims as `u32` (seed 003: "Checked Nat → UInt32 conversion
+//! Kernels take element counts and dims as `u32` ("Checked Nat → UInt32 conversion
 //! for CUDA boundaries. Errors if n ≥ 2^32"). Every launch, on the simulation device as on the
 //! real one, converts through here first, so a count of 2^32 or more is an
 //! [`Error::U32Overflow`] naming the primitive, never a wrapped (and silently wrong) launch.

@@ -1,4 +1,4 @@
-//! The caching allocator and its telemetry (seed 002, "Allocator Telemetry").
+//! The caching allocator and its telemetry (TorchLean's "Allocator Telemetry").
 //!
 //! Modelled on PyTorch's `CUDACachingAllocator`, simplified: a request is rounded up to a *size
 //! class*; a released block goes back to a per-class free list instead of to the device, and the
@@ -102,7 +102,7 @@ impl MemoryUsage {
         self.alloc_count - self.free_count
     }
 
-    /// One-line report for progress logs, in MiB (seed 002's allocator report).
+    /// One-line report for progress logs, in MiB (TorchLean's allocator report).
     pub fn report(&self) -> String {
         self.to_string()
     }

@@ -1,5 +1,5 @@
-//! [`AnyBuffer`]: a device buffer with its runtime [`Shape`] (seed 001), and the bridge to and
-//! from host tensors (seed 000: upload converts to the f32 wire format, download converts back).
+//! [`AnyBuffer`]: a device buffer with its runtime [`Shape`], and the bridge to and
+//! from host tensors (upload converts to the f32 wire format, download converts back).
 
 use std::fmt;
 
@@ -96,7 +96,7 @@ impl AnyBuffer {
         )?)
     }
 
-    /// A fresh copy (device to device) with the same shape (seed 002's checked copy).
+    /// A fresh copy (device to device) with the same shape (TorchLean's checked copy).
     pub fn copy<D: Device>(&self, dev: &mut D) -> Result<AnyBuffer> {
         let buf = dev.copy(self.buf)?;
         Ok(AnyBuffer {

@@ -1,8 +1,8 @@
-//! Reverse accumulation on the CUDA tape (seed 001): dense (every node), from an explicit
-//! gradient array, over the first n nodes, and the sparse parameter-gradient map of seed 000.
+//! Reverse accumulation on the CUDA tape: dense (every node), from an explicit
+//! gradient array, over the first n nodes, and the sparse parameter-gradient map of TorchLean.
 //!
 //! Gradients are device buffers the caller owns afterwards; release them with
-//! [`CudaTape::release_grads`] / [`CudaTape::release_grad_map`] once consumed (seed 000:
+//! [`CudaTape::release_grads`] / [`CudaTape::release_grad_map`] once consumed (TorchLean:
 //! "Release a dense CUDA gradient array after an optimizer has consumed it"). Every backward
 //! ends by releasing the nodes' workspaces. On error, every gradient buffer the call holds
 //! (including a `grads0` array handed in) is released.
@@ -21,7 +21,7 @@ type Slots = Vec<Option<AnyBuffer>>;
 impl<D: Device> CudaTape<D> {
     /// Dense reverse accumulation: the gradient of `out` (cotangent `seed`, copied) for every
     /// node id. Nodes that receive no contribution get zeros — the result of a zero-initialized
-    /// array seeded at `out`, as in seed 001.
+    /// array seeded at `out`, as in TorchLean.
     pub fn backward_dense(&mut self, out: Id, seed: &AnyBuffer) -> Result<Vec<AnyBuffer>> {
         let slots = self.seeded("backward_dense", out, seed)?;
         let slots = self.run(slots, out + 1, None)?;

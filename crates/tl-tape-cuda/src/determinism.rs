@@ -1,4 +1,4 @@
-//! Deterministic reductions mode (seed 002, "Deterministic Reductions Mode").
+//! Deterministic reductions mode (TorchLean's "Deterministic Reductions Mode").
 //!
 //! On a GPU, a kernel that accumulates with `atomicAdd` adds in whatever order the hardware
 //! interleaves the updates, and float addition is not associative, so two runs can differ in the
@@ -51,7 +51,7 @@ pub fn deterministic_reductions() -> bool {
     flag().load(Ordering::SeqCst)
 }
 
-/// Set the flag and return the value observed right after (seed 002's `*_checked` form: one call
+/// Set the flag and return the value observed right after (TorchLean's `*_checked` form: one call
 /// whose result depends on the write).
 pub fn set_deterministic_reductions_checked(on: bool) -> bool {
     set_deterministic_reductions(on);

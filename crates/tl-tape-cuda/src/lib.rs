@@ -2,7 +2,7 @@
 //!
 //! The same tape as `tl-tape-cpu`, over float32 device buffers, generic over the device:
 //!
-//! - [`device`]: the [`Device`] trait (one method per buffer primitive of seeds 002/003) and its
+//! - [`device`]: the [`Device`] trait (one method per buffer primitive of TorchLean's CUDA buffer layer) and its
 //!   implementations: [`SimDevice`] (host f32, always built; the twin of every kernel, with the
 //!   deterministic kernels' reduction order) and, behind feature `cuda`, `CudaDevice` (cust,
 //!   kernels from `kernels/*.cu`; see docs/cuda.md).

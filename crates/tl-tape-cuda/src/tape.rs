@@ -1,4 +1,4 @@
-//! The CUDA tape (seed 001): a grow-only array of nodes over float32 device buffers; ids are
+//! The CUDA tape: a grow-only array of nodes over float32 device buffers; ids are
 //! indices. Each node holds its name, value, `requires_grad`, parents, workspace (the cleanup
 //! list) and its [`Op`]; backward dispatches on the op with `match` ([`crate::ops`]), so the tape
 //! is plain data. Reverse accumulation lives in [`crate::backward`].

@@ -1,4 +1,4 @@
-//! The float32 wire format: how host scalars travel to and from device buffers (seed 000's CUDA
+//! The float32 wire format: how host scalars travel to and from device buffers (TorchLean's CUDA
 //! bridge, `TensorConv`).
 //!
 //! Device buffers hold `f32`, row-major. A tape generic over `T: Scalar` uploads by converting

@@ -158,7 +158,7 @@ pub enum Op {
     /// `(ŷ, y) ↦ Σ(ŷ−y)²/N`. PyTorch: `F.mse_loss(reduction="mean")`.
     MseLoss,
     /// Mean over rows of `−logSoftmax(logits)[r, label_r]`; logits (rows, classes) or (classes),
-    /// labels `natVecAt(nats, labels_at, rows)`; a label ≥ classes gives its row 0 and no
+    /// labels at positions `labels_at..labels_at + rows` of the Nat environment; a label ≥ classes gives its row 0 and no
     /// gradient. PyTorch: `F.cross_entropy` (which raises on such a label).
     CrossEntropy {
         /// Position of the first label in the Nat environment.
@@ -186,17 +186,17 @@ pub enum Op {
         /// The row (may be out of range).
         index: usize,
     },
-    /// `x[natAt(nats, at)]` of a 1-D x → scalar; totalized (out of range → 0, no gradient).
+    /// `x[i]` of a 1-D x, `i` the Nat at position `at` of the environment, → scalar; totalized (out of range → 0, no gradient).
     GatherScalarNat {
         /// Position of the index in the Nat environment.
         at: usize,
     },
-    /// Row `natAt(nats, at)` of a 2-D x → (cols); totalized (out of range → zero row).
+    /// Row `i` of a 2-D x, `i` the Nat at position `at` of the environment, → (cols); totalized (out of range → zero row).
     GatherRowNat {
         /// Position of the index in the Nat environment.
         at: usize,
     },
-    /// `k` elements of a 1-D x at `natVecAt(nats, at, k)` → (k); totalized; repeated indices
+    /// `k` elements of a 1-D x at positions `at..at + k` of the Nat environment → (k); totalized; repeated indices
     /// accumulate in the gradient. PyTorch: `x[idx]` (which raises when out of range).
     GatherScalarsNatVec {
         /// Position of the first index in the Nat environment.
@@ -204,7 +204,7 @@ pub enum Op {
         /// Number of indices.
         k: usize,
     },
-    /// `k` rows of a 2-D x at `natVecAt(nats, at, k)` → (k, cols); totalized.
+    /// `k` rows of a 2-D x at positions `at..at + k` of the Nat environment → (k, cols); totalized.
     /// PyTorch: `torch.index_select(x, 0, idx)`.
     GatherRowsNatVec {
         /// Position of the first index in the Nat environment.

@@ -1,4 +1,4 @@
-//! The eager [`Session`] (seed 000): ops run immediately on a CPU tape or a CUDA tape; the
+//! The eager [`Session`]: ops run immediately on a CPU tape or a CUDA tape; the
 //! session keeps the tape, the Nat environment, the parameters and the leaf → parameter map.
 
 mod grad;

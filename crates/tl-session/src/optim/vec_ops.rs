@@ -1,5 +1,5 @@
 //! [`VecOps`]: the handful of vector primitives the optimizers are written against, once, and
-//! their two implementations: host `Vec<f64>` and device buffers (seed 002's primitives:
+//! their two implementations: host `Vec<f64>` and device buffers (TorchLean's primitives:
 //! `scale`, `axpy`, `mul`, `div`, `sqrt`), so the CUDA update runs on the device.
 
 use tl_tape_cuda::{Buffer, Device};

@@ -1,5 +1,5 @@
 //! `crossEntropy` (Loss family): mean over rows of `−logSoftmax(logits)[r, label_r]`, the labels
-//! read from the Nat environment with `natVecAt(nats, labels_at, rows)`.
+//! read from positions `labels_at..labels_at + rows` of the Nat environment.
 //!
 //! A label ≥ classes is totalized: that row contributes 0 to the sum (it is still counted in the
 //! mean's denominator) and gets no gradient. PyTorch raises on such a label; its `ignore_index`
@@ -31,7 +31,7 @@ fn dims(logits: &Shape) -> Result<(usize, usize)> {
     })
 }
 
-/// The labels the op reads: `natVecAt(nats, labels_at, rows)` for `logits` of shape `logits`.
+/// The labels the op reads (positions `labels_at..labels_at + rows` of the Nat environment) for `logits` of shape `logits`.
 pub fn labels(logits: &Shape, nats: &[usize], labels_at: usize) -> Result<Vec<usize>> {
     let (rows, _) = dims(logits)?;
     Ok(nat_vec_at(nats, labels_at, rows))

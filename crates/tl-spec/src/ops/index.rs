@@ -13,13 +13,13 @@ use crate::{Error, Result, Scalar, Shape, Tensor};
 // ---------------------------------------------------------------------------------------------
 // the Nat environment
 
-/// `natAt(nats, at)`: the Nat at position `at` of the environment, 0 when `at` is past its end
+/// The Nat at position `at` of the environment, 0 when `at` is past its end
 /// (the seeds' total read).
 pub fn nat_at(nats: &[usize], at: usize) -> usize {
     nats.get(at).copied().unwrap_or(0)
 }
 
-/// `natVecAt(nats, at, k)`: the `k` Nats at positions `at..at + k`, each read with [`nat_at`]
+/// The `k` Nats at positions `at..at + k` of the environment, each read with [`nat_at`]
 /// (0 past the end).
 pub fn nat_vec_at(nats: &[usize], at: usize, k: usize) -> Vec<usize> {
     (0..k)

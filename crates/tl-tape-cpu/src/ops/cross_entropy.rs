@@ -1,4 +1,4 @@
-//! `crossEntropy` with labels from the Nat environment (`natVecAt(nats, labels_at, rows)`): per
+//! `crossEntropy` with labels from the Nat environment (positions `labels_at..labels_at + rows`): per
 //! row `lse(row) − row[label]` with a max-shifted log-sum-exp, averaged over all rows; a label ≥
 //! classes contributes 0 and gets no gradient. Backward: `(softmax(row) − onehot) · g / rows`.
 

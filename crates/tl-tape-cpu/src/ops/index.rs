@@ -1,7 +1,7 @@
 //! Index kernels: every gather copies whole rows (a 1-D x is rows of one element) into the
 //! output, or zeros for an out-of-range index; its backward scatter-adds the cotangent rows into
 //! zeros of x's shape in index order, so repeated indices accumulate and out-of-range ones get
-//! nothing. Indices come from the op (static/raw), the Nat environment (`natAt`/`natVecAt`) or the
+//! nothing. Indices come from the op (static/raw), the Nat environment (one position, or a block of positions) or the
 //! index tensor (values that are not non-negative integers below rows count as out of range).
 //! `scatterAddVec`/`scatterAddRow` copy x and add v into one row; backward `(g, g[row])`.
 

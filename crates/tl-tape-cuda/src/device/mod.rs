@@ -1,5 +1,5 @@
-//! The device layer: one trait, [`Device`], with one method per buffer primitive of seeds 002
-//! and 003, and its implementations.
+//! The device layer: one trait, [`Device`], with one method per buffer primitive of TorchLean's CUDA buffer
+//! layer, and its implementations.
 //!
 //! - [`sim::SimDevice`] (always built): host `f32`, every primitive written as the twin of its
 //!   CUDA kernel — same algorithm, same reduction order as the deterministic kernels — so all
@@ -43,7 +43,7 @@ pub use window::{PoolKind, WindowLens, Windows};
 /// and strides in fixed arrays of this length).
 pub const MAX_RANK: usize = 8;
 
-/// One method per buffer primitive (seeds 002 and 003, first op set).
+/// One method per buffer primitive (TorchLean's CUDA buffer layer, first op set).
 ///
 /// Kernel parameters that come from the host (`c`, `lo`, `hi`, `eps`) are `f32`, as the kernels
 /// receive them. Lengths of operands must agree as each method says; a mismatch is an
@@ -60,7 +60,7 @@ pub trait Device: Launch {
     /// Copy host elements into a fresh buffer. PyTorch: `torch.tensor(data, device="cuda")`.
     fn upload(&mut self, data: &[f32]) -> Result<Buffer>;
 
-    /// [`upload`](Self::upload) with a token (seed 002's `ofFloatArrayIO`). In Rust every upload
+    /// [`upload`](Self::upload) with a token (TorchLean's `ofFloatArrayIO`). In Rust every upload
     /// is already a distinct allocation; the token is accepted for parity and ignored.
     fn upload_with_token(&mut self, data: &[f32], token: u64) -> Result<Buffer> {
         let _ = token;
@@ -86,7 +86,7 @@ pub trait Device: Launch {
     /// allocation was freed (`false` the second time, or for a handle of another device).
     fn release(&mut self, b: Buffer) -> bool;
 
-    /// Release `workspace` and return `keep` (seed 002's `release_then`).
+    /// Release `workspace` and return `keep` (TorchLean's `release_then`).
     fn release_then<K>(&mut self, workspace: Buffer, keep: K) -> K
     where
         Self: Sized,
@@ -143,7 +143,7 @@ pub trait Device: Launch {
     fn clamp(&mut self, x: Buffer, lo: f32, hi: f32) -> Result<Buffer>;
     /// `c · x`.
     fn scale(&mut self, x: Buffer, c: f32) -> Result<Buffer>;
-    /// A device-to-device copy (a scale-by-one launch, as in seed 002: bit-exact).
+    /// A device-to-device copy (a scale-by-one launch, as in TorchLean: bit-exact).
     fn copy(&mut self, x: Buffer) -> Result<Buffer> {
         self.scale(x, 1.0)
     }

@@ -2,7 +2,7 @@
 //! `sliceRange0`, `crossEntropy`, every gather and both scatter-adds.
 //!
 //! - Gathers: one [`Device::gather_rows`] over x viewed as (rows, cols) (a 1-D x is rows of one
-//!   element) with host indices from the op, the Nat environment (`natAt`/`natVecAt`) or the
+//!   element) with host indices from the op, the Nat environment (one position, or a block of positions) or the
 //!   downloaded index tensor; totalized (an out-of-range index reads a zero row). Backward: one
 //!   [`Device::scatter_add_rows`] (repeated indices accumulate, out-of-range ones get nothing);
 //!   the index tensor gets no cotangent.
