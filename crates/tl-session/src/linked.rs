@@ -560,7 +560,9 @@ mod tests {
     #[test]
     fn value_reads_evaluate_new_nodes_only_and_follow_nat_writes() {
         let mut s = LinkedSession::<f64>::new();
-        let x = s.input_named(Tensor::vector(vec![1.0, 2.0, 3.0]), Some("x"), false).unwrap();
+        let x = s
+            .input_named(Tensor::vector(vec![1.0, 2.0, 3.0]), Some("x"), false)
+            .unwrap();
         assert_eq!(s.graph().leaves()[0].name.as_deref(), Some("x"));
         let i = s.record_nat(2);
         let y = s.exp(&x).unwrap();
@@ -569,7 +571,11 @@ mod tests {
         let z = s.gather_scalar_nat(&y, i.pos()).unwrap();
         assert_eq!(s.value(&z).unwrap().item().unwrap(), 3f64.exp());
         assert_eq!(s.values.len(), 3, "only the new node was evaluated");
-        assert_eq!(s.value(&y).unwrap(), ey, "a read of an evaluated node is a lookup");
+        assert_eq!(
+            s.value(&y).unwrap(),
+            ey,
+            "a read of an evaluated node is a lookup"
+        );
         // Overwriting a Nat input changes what depends on it.
         s.write_nat(i, 0).unwrap();
         assert_eq!(s.value(&z).unwrap().item().unwrap(), 1f64.exp());
@@ -583,7 +589,10 @@ mod tests {
     fn op_method_errors_name_the_rust_method() {
         let mut s = LinkedSession::<f64>::new();
         let x = s.input(Tensor::vector(vec![1.0, 2.0, 3.0]), false).unwrap();
-        let e = s.broadcast_to(&x, Shape::new(&[2, 4])).unwrap_err().to_string();
+        let e = s
+            .broadcast_to(&x, Shape::new(&[2, 4]))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("broadcast_to: "), "{e}");
         assert!(e.contains("[3]") && e.contains("[2, 4]"), "{e}");
         s.reset();

@@ -87,9 +87,6 @@ fn eager_and_linked_run_the_same_model() {
     // One seed: the same initial parameters; then the same losses and parameters over steps.
     let x = tensor::<f64>(&[5, 8, 8], 7);
     let targets = tensor::<f64>(&[5, 8, 8], 8);
-    let run = |rt: &mut dyn FnMut(&Tensor<f64>, &Tensor<f64>) -> (Vec<f64>, Vec<Tensor<f64>>)| {
-        rt(&x, &targets)
-    };
     fn train<O: Train<T = f64>>(
         mut rt: Runtime<O>,
         x: &Tensor<f64>,
@@ -115,8 +112,8 @@ fn eager_and_linked_run_the_same_model() {
             .collect();
         (losses, params)
     }
-    let (le, pe) = run(&mut |x, t| train(eager::<f64>(Backend::Cpu, 5), x, t));
-    let (ll, pl) = run(&mut |x, t| train(linked::<f64>(5), x, t));
+    let (le, pe) = train(eager::<f64>(Backend::Cpu, 5), &x, &targets);
+    let (ll, pl) = train(linked::<f64>(5), &x, &targets);
     assert!(le[2] < le[0], "the loss must fall: {le:?}");
     for (a, b) in le.iter().zip(&ll) {
         assert!((a - b).abs() < 1e-10, "eager {le:?} vs linked {ll:?}");

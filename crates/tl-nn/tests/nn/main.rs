@@ -76,6 +76,9 @@ fn examples_stay_within_40_lines() {
             assert!(text.contains(step), "{name} lacks {step}");
         }
         let first = "let mut rt = Runtime::new(Session::<f32>::new(Options::default())?);";
-        assert!(text.contains(first), "{name}: the session line the docs tell users to change");
+        assert!(
+            text.contains(first),
+            "{name}: the session line the docs tell users to change"
+        );
     }
 }

@@ -350,7 +350,10 @@ mod tests {
             .collect();
         let reference = sum(&mut SimDevice::new(), &x);
         let mut d = CudaDevice::new().unwrap();
-        assert_eq!(d.deterministic(), crate::determinism::deterministic_reductions());
+        assert_eq!(
+            d.deterministic(),
+            crate::determinism::deterministic_reductions()
+        );
         // Threads in reverse order: the atomic kernel adds in another order, the fixed-order
         // one does not care.
         driver::set_reverse_schedule(true);
@@ -361,7 +364,10 @@ mod tests {
         assert!(!d.deterministic());
         let atomic = sum(&mut d, &x);
         driver::set_reverse_schedule(false);
-        assert_eq!(fixed, reference, "fixed order: the sim's bits, whatever the flag");
+        assert_eq!(
+            fixed, reference,
+            "fixed order: the sim's bits, whatever the flag"
+        );
         let (a, r) = (f32::from_bits(atomic), f32::from_bits(reference));
         assert!((a - r).abs() <= 1e-4 * r.abs().max(1.0), "{a} vs {r}");
         assert_ne!(atomic, reference, "the atomic kernel did not run");
