@@ -19,6 +19,7 @@ mod finite_diff;
 mod forward;
 mod index;
 mod norm;
+mod optim;
 mod random;
 mod registry;
 mod session;
