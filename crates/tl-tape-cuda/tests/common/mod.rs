@@ -4,9 +4,21 @@
 
 #![allow(dead_code)]
 
+use std::sync::{Mutex, MutexGuard};
+
 use tl_ir::{GraphData, Id};
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice, rng};
+
+/// Held by every test that writes the process-wide deterministic-reductions flag
+/// (`tl_tape_cuda::determinism`) or depends on its value: the tests of a binary share one
+/// process and run on several threads (docs/verification.md). The simulation device ignores
+/// the flag, so only those tests need it.
+pub fn flag_lock() -> MutexGuard<'static, ()> {
+    static FLAG: Mutex<()> = Mutex::new(());
+    // A test that failed while holding the lock has already reported; the flag is still usable.
+    FLAG.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A small deterministic generator (SplitMix64 over a counter).
 pub struct Gen(u64);

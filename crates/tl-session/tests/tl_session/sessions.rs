@@ -1,8 +1,6 @@
 //! Session behaviour: values and gradients by hand, the linked session's leaf rule, constants,
 //! JVPs, compile, the Nat environment, CUDA residency, and clear errors for misuse.
 
-mod common;
-
 use tl_session::{Backend, Error, LinkedSession, Ops, Options, Session};
 use tl_spec::Tensor;
 

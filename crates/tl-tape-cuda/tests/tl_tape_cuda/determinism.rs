@@ -3,9 +3,7 @@
 //! bit-identical across runs (fresh devices, and one device whose cached blocks
 //! hold stale data from earlier runs).
 
-mod common;
-
-use common::{Domain, Gen, draw};
+use crate::common::{self, Domain, Gen, draw};
 use tl_ir::{GraphBuilder, GraphData, Op};
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::determinism::{deterministic_reductions, set_deterministic_reductions_checked};
@@ -79,6 +77,8 @@ fn run(
 
 #[test]
 fn gradients_are_bit_identical_across_ten_runs() {
+    // The gpu tests turn the flag off for a while; not while this test asserts it is on.
+    let _flag = common::flag_lock();
     assert!(set_deterministic_reductions_checked(true));
     let (graph, out) = graph();
     let mut rnd = Gen::new(3);

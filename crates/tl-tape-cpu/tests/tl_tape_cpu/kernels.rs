@@ -3,9 +3,7 @@
 //! f64 (to 1e-12 relative) and f32. The backward pass gets the kernel's own forward output as `y`,
 //! exactly as on the tape.
 
-mod common;
-
-use common::{Dom, Rng, assert_close, random};
+use crate::common::{Dom, Rng, assert_close, random};
 use tl_ir::{Op, rules};
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cpu::ops;

@@ -10,12 +10,10 @@
 //!    pass|FAIL`), which the GPU bundle's run.sh collects into its table; then the same with
 //!    deterministic reductions off, through the atomic kernels, within the tolerance;
 //! 2. the CUDA tape (forward values and dense gradients) against the f64 IR reference for the
-//!    first op set and an MLP-shaped DAG, as tests/ops.rs does on sim.
+//!    first op set and an MLP-shaped DAG, as the `ops` module does on sim.
 #![cfg(any(feature = "cuda", feature = "cuda-emu"))]
 
-mod common;
-
-use common::{Domain, Gen, check_graph_on, draw};
+use crate::common::{self, Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
@@ -367,13 +365,14 @@ fn verdict(ok: bool) -> &'static str {
 /// Every primitive against the sim twice: with deterministic reductions (bit for bit where no
 /// transcendental function is involved), then without them, where the reductions, scatter-adds,
 /// col2im and the pool backward take their atomic kernels (within the f32 tolerance). One test,
-/// because the switch is process-wide.
+/// because the switch is process-wide; it holds `flag_lock` while it flips the switch.
 #[test]
 fn every_primitive_matches_the_simulation_device() {
     let i = inputs();
     let want = run_all(&mut SimDevice::new(), &i).unwrap();
     // Without a GPU, the line above has still checked that every launch of this test is valid.
     let Some(mut cuda) = gpu() else { return };
+    let _flag = common::flag_lock();
     determinism::set_deterministic_reductions(true);
     let got = run_all(&mut cuda, &i).unwrap();
     let (families, mut failures) = compare(&want, &got, true);

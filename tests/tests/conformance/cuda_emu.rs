@@ -2,7 +2,7 @@
 //! compiled for the host; docs/cuda.md) against the simulation device: for every registry entry
 //! and for random DAGs, deterministic mode on, the values and dense gradients agree bit for bit.
 //!
-//! The sim is checked against the f64 IR reference by checks 1, 2 and 6 (tests/cuda_sim.rs), so
+//! The sim is checked against the f64 IR reference by checks 1, 2 and 6 (module `cuda_sim`), so
 //! this carries those checks over to the kernels themselves: the emulator runs the same kernel
 //! sources as a GPU, with the host's libm (as the sim) where a GPU has CUDA's own `expf`, ...
 #![cfg(feature = "cuda-emu")]

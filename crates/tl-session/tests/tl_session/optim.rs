@@ -1,9 +1,7 @@
 //! Optimizer trajectories over a few steps, on every session kind, against hand-computed values
 //! and an independent scalar transcription of PyTorch's update rules.
 
-mod common;
-
-use common::{Any, KINDS, Kind, assert_close, f64s};
+use crate::common::{Any, KINDS, Kind, assert_close, f64s};
 use tl_session::{Ops, Optimizer};
 use tl_spec::Tensor;
 

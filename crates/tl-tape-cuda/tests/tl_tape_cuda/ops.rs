@@ -2,9 +2,7 @@
 //! `backward_dense` against the f64 IR reference (`GraphData::eval` / `backprop_all` on the same
 //! graph, replayed into the tape), within f32 tolerance, on several shapes and random draws.
 
-mod common;
-
-use common::{Domain, Gen, check_graph, draw};
+use crate::common::{Domain, Gen, check_graph, draw};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::{Shape, Tensor};
 
@@ -90,8 +88,8 @@ fn cases(op: &Op) -> Vec<Case> {
             case(op.clone(), &[(&[2, 2, 300], Any)]),
             case(op.clone(), &[(s, Any)]),
         ],
-        // Issue-3 families: cases in tests/norm.rs, tests/conv.rs and tests/index.rs, and every
-        // op runs checks 1, 2 and 6 of the harness on the sim (tl-conformance, tests/cuda_sim.rs).
+        // Issue-3 families: cases in the modules `norm`, `conv` and `index`, and every
+        // op runs checks 1, 2 and 6 of the harness on the sim (tl-conformance, module `cuda_sim`).
         LayerNorm { .. } | BatchNorm { .. } | MaskedSoftmax { .. } | MultiHeadAttention { .. } => {
             vec![]
         }
@@ -100,7 +98,7 @@ fn cases(op: &Op) -> Vec<Case> {
         | MaxPool { .. }
         | AvgPool { .. }
         | SmoothMaxPool { .. } => vec![],
-        // Random ops: tests/random.rs (bit-exact against the CPU tape); spectral: tests/conv.rs.
+        // Random ops: module `random` (bit-exact against the CPU tape); spectral: `conv`.
         RandUniform { .. } | BernoulliMask { .. } | Dropout { .. } | SpectralConv1dRfft { .. } => {
             vec![]
         }
@@ -109,7 +107,7 @@ fn cases(op: &Op) -> Vec<Case> {
             case(op.clone(), &[(s, Any), (s, Any)]),
             case(op.clone(), &[(m23, Any), (m23, Any)]).frozen(&[1]),
         ],
-        // Index family: tests/index.rs.
+        // Index family: module `index`.
         Gelu
         | Silu
         | Concat

@@ -2,9 +2,7 @@
 //! idempotent, resets keep parameter mirrors, workspaces go after backprop, errors leave
 //! nothing allocated.
 
-mod common;
-
-use common::{Domain, Gen, draw};
+use crate::common::{Domain, Gen, draw};
 use tl_ir::Op;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Error, SimDevice};

@@ -1,8 +1,6 @@
 //! The models learn on short runs (thresholds, no timing), and checkpoints round-trip.
 
-mod common;
-
-use common::{scratch, stdout, tl};
+use crate::common::{self, scratch, stdout, tl};
 use tl_cli::cli::{ModelName, OptimizerName};
 use tl_cli::train::{TrainConfig, train};
 use tl_session::Backend;

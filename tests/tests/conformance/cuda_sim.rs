@@ -27,7 +27,7 @@ fn every_registry_op_passes_checks_1_2_and_6_on_the_sim_or_is_pending() {
         .filter(|(_, c)| c.dtype == Some("sim") && c.check != Check::Session)
         .map(|(k, _)| k)
         .collect();
-    // Check 5's sim column runs in tests/session.rs.
+    // Check 5's sim column runs in the `session` module.
     assert_eq!(sim_cols.len(), 4);
     let mut reports: Vec<Report> = Vec::new();
     let mut pending = Vec::new();

@@ -4,12 +4,10 @@
 // The ClosureOp closures return `Result<_, tl_tape_cpu::Error>`, whose size trips this lint (see
 // the note in the crate's lib.rs).
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use common::{Dom, Rng, assert_close, random};
+use crate::common::{Dom, Rng, assert_close, random};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::{Shape, Tensor};
 use tl_tape_cpu::{ClosureOp, CustomOp, Error, Tape};

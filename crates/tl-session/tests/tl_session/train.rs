@@ -1,9 +1,7 @@
 //! The MLP learns a small fixed regression task on every session kind (a loss threshold, never a
 //! time), and the three kinds follow the same trajectory.
 
-mod common;
-
-use common::{Any, KINDS, Kind};
+use crate::common::{Any, KINDS, Kind};
 use tl_session::Optimizer;
 use tl_session::models::{Activation, Mlp, regression_grid};
 

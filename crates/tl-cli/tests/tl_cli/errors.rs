@@ -1,8 +1,6 @@
 //! Every error a user can hit prints one `error: ...` line and exits non-zero.
 
-mod common;
-
-use common::{assert_one_line_error, scratch, tl};
+use crate::common::{self, assert_one_line_error, scratch, tl};
 
 #[test]
 fn unknown_model_and_bad_flags_are_one_line_usage_errors() {

@@ -1,9 +1,7 @@
 //! The cnn, fno and transformer models learn (thresholds, no timing), and a cnn checkpoint
 //! round-trips through `tl eval`.
 
-mod common;
-
-use common::{scratch, stdout, tl};
+use crate::common::{self, scratch, stdout, tl};
 use tl_cli::cli::ModelName;
 use tl_cli::train::{TrainConfig, train};
 use tl_session::Backend;

@@ -1,0 +1,18 @@
+//! The integration tests of the sessions, one module per topic, in one test binary (linking one
+//! binary per file dominated `cargo test`; docs/verification.md). One module, for example:
+//! `cargo test -p tl-session --test tl_session optim::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod catalogue;
+// `Backend::Cuda`: a clear error without a device, the real device or the kernel emulator with
+// `--features cuda` / `cuda-emu` (`cargo test -p tl-session --features cuda-emu --test
+// tl_session cuda::`).
+mod cuda;
+mod models;
+mod optim;
+mod optim_state;
+mod random;
+mod sessions;
+mod train;

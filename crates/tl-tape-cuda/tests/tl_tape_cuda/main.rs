@@ -1,0 +1,20 @@
+//! The integration tests of the CUDA tape, one module per topic, in one test binary (linking
+//! one binary per file dominated `cargo test`; docs/verification.md). One module, for example:
+//! `cargo test -p tl-tape-cuda --test tl_tape_cuda ops::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod conv;
+mod determinism;
+mod device;
+// The real device (`--features cuda`) or the kernel emulator (`--features cuda-emu`):
+// `cargo test -p tl-tape-cuda --features cuda-emu --test tl_tape_cuda gpu::`.
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod gpu;
+mod index;
+mod lifetime;
+mod norm;
+mod ops;
+mod random;
+mod wire;

@@ -1,0 +1,30 @@
+//! The verification harness (DESIGN.md "Verification harness"): every check and hand-worked
+//! convention of the conformance suite, one module per topic, in one test binary (linking one
+//! binary per file dominated `cargo test`; docs/verification.md). One module, for example:
+//! `cargo test -p tl-conformance --test conformance backprop::`.
+
+mod adjoint;
+mod attention;
+mod backprop;
+mod bad_input;
+mod conv_pool;
+mod conventions;
+// Needs the kernel emulator: `--features cuda-emu`.
+#[cfg(feature = "cuda-emu")]
+mod cuda_emu;
+mod cuda_sim;
+mod dag;
+mod edge_cases;
+mod finite_diff;
+mod forward;
+mod index;
+mod norm;
+mod optim;
+mod random;
+mod registry;
+mod session;
+mod spectral;
+mod tape_api;
+mod teeth;
+mod teeth_sim;
+mod verify;

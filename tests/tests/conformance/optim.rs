@@ -1,0 +1,354 @@
+//! Optimizers in the harness: every rule's steps in the sessions (SGD, momentum SGD with
+//! dampening and Nesterov, Adam, AdamW) equal a reference written here in f64 from the update
+//! rules that PyTorch documents for `torch.optim.SGD`, `Adam` and `AdamW` (amsgrad and maximize
+//! off), over random cases: several parameters of random lengths, random initial values, a
+//! random gradient per parameter and step, several steps, random hyper-parameters in their
+//! valid ranges. On the eager CPU session and the linked session in f64 (≤ 1e-10 relative) and
+//! on the eager CPU session and the CUDA sim in f32 (≤ 1e-4, scaled by magnitude), where the
+//! reference starts from the same f32-rounded values.
+//!
+//! Each parameter `w` enters the loss as `Σ w·c` with `c` a constant input, so its gradient is
+//! exactly `c` on every backend, and the reference sees the gradients the optimizer sees.
+
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use tl_conformance::RunConfig;
+use tl_session::{Backend, LinkedSession, Ops, Optimizer, Options, Param, Session, TensorRef};
+use tl_spec::{Scalar, Tensor};
+
+/// A rule and its own hyper-parameters.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    /// `torch.optim.SGD(momentum=μ, dampening=τ, nesterov=…)`; μ = 0 is plain SGD.
+    Sgd {
+        momentum: f64,
+        dampening: f64,
+        nesterov: bool,
+    },
+    /// `torch.optim.Adam(betas=(β₁, β₂), eps=ε)`, L2 weight decay on the gradient.
+    Adam { beta1: f64, beta2: f64, eps: f64 },
+    /// `torch.optim.AdamW(betas=(β₁, β₂), eps=ε)`, decoupled weight decay.
+    AdamW { beta1: f64, beta2: f64, eps: f64 },
+}
+
+/// One random optimizer run.
+#[derive(Debug, Clone)]
+struct Case {
+    rule: Rule,
+    lr: f64,
+    weight_decay: f64,
+    /// The initial value of each parameter.
+    params: Vec<Vec<f64>>,
+    /// `grads[t][p]`: parameter `p`'s gradient at step `t + 1`.
+    grads: Vec<Vec<Vec<f64>>>,
+}
+
+fn rule() -> impl Strategy<Value = Rule> {
+    let sgd = (
+        prop_oneof![Just(0.0), 0.0..0.99f64],
+        prop_oneof![Just(0.0), 0.0..1.0f64],
+        any::<bool>(),
+    )
+        .prop_map(|(momentum, dampening, nesterov)| {
+            // PyTorch accepts Nesterov only with momentum > 0 and dampening 0.
+            let nesterov = nesterov && momentum > 0.0;
+            Rule::Sgd {
+                momentum,
+                dampening: if nesterov { 0.0 } else { dampening },
+                nesterov,
+            }
+        });
+    // ε log-uniform in [1e-8, 1e-3].
+    let adam = || (0.0..0.99f64, 0.9..0.9999f64, -8.0..-3.0f64);
+    prop_oneof![
+        sgd,
+        adam().prop_map(|(beta1, beta2, e)| Rule::Adam {
+            beta1,
+            beta2,
+            eps: 10f64.powf(e)
+        }),
+        adam().prop_map(|(beta1, beta2, e)| Rule::AdamW {
+            beta1,
+            beta2,
+            eps: 10f64.powf(e)
+        }),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let values = |n: usize| prop::collection::vec(-2.0..2.0f64, n);
+    (
+        rule(),
+        -3.0..-0.5f64, // lr log-uniform in [1e-3, 0.32]
+        prop_oneof![Just(0.0), 0.0..0.1f64],
+        prop::collection::vec(1usize..=8, 1..=3),
+        1usize..=6,
+    )
+        .prop_flat_map(move |(rule, lr, weight_decay, lens, steps)| {
+            let params: Vec<_> = lens.iter().map(|&n| values(n)).collect();
+            let grads = prop::collection::vec(params.clone(), steps);
+            (Just((rule, 10f64.powf(lr), weight_decay)), params, grads)
+        })
+        .prop_map(|((rule, lr, weight_decay), params, grads)| Case {
+            rule,
+            lr,
+            weight_decay,
+            params,
+            grads,
+        })
+}
+
+/// The parameters after the last step, from PyTorch's documented pseudo-code, element by
+/// element in f64 (θ: parameter, g: gradient, γ: lr, λ: weight decay, t: step from 1).
+fn reference(c: &Case) -> Vec<Vec<f64>> {
+    let (lr, wd) = (c.lr, c.weight_decay);
+    let mut out = Vec::new();
+    for (p, theta0) in c.params.iter().enumerate() {
+        let mut theta = theta0.clone();
+        for (i, th) in theta.iter_mut().enumerate() {
+            // SGD's momentum buffer b; Adam's first and second moments m, v.
+            let (mut b, mut m, mut v) = (0.0, 0.0, 0.0);
+            for (t0, step) in c.grads.iter().enumerate() {
+                let t = t0 as i32 + 1;
+                let mut g = step[p][i];
+                match c.rule {
+                    Rule::Sgd {
+                        momentum: mu,
+                        dampening: tau,
+                        nesterov,
+                    } => {
+                        // if λ ≠ 0: g ← g + λθ
+                        g += wd * *th;
+                        if mu != 0.0 {
+                            // b ← g at t = 1, else μb + (1 − τ)g
+                            b = if t > 1 { mu * b + (1.0 - tau) * g } else { g };
+                            // nesterov: g ← g + μb, else g ← b
+                            g = if nesterov { g + mu * b } else { b };
+                        }
+                        *th -= lr * g;
+                    }
+                    Rule::Adam { beta1, beta2, eps } | Rule::AdamW { beta1, beta2, eps } => {
+                        if matches!(c.rule, Rule::AdamW { .. }) {
+                            // AdamW: θ ← θ − γλθ
+                            *th -= lr * wd * *th;
+                        } else {
+                            // Adam: g ← g + λθ
+                            g += wd * *th;
+                        }
+                        m = beta1 * m + (1.0 - beta1) * g;
+                        v = beta2 * v + (1.0 - beta2) * g * g;
+                        let m_hat = m / (1.0 - beta1.powi(t));
+                        let v_hat = v / (1.0 - beta2.powi(t));
+                        *th -= lr * m_hat / (v_hat.sqrt() + eps);
+                    }
+                }
+            }
+        }
+        out.push(theta);
+    }
+    out
+}
+
+/// The library's optimizer for a case, through its public constructors.
+fn optimizer(c: &Case) -> Optimizer {
+    let o = match c.rule {
+        Rule::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+        } => if momentum == 0.0 {
+            Optimizer::sgd(c.lr)
+        } else {
+            Optimizer::momentum(c.lr, momentum)
+        }
+        .dampening_nesterov(dampening, nesterov),
+        Rule::Adam { beta1, beta2, eps } => Optimizer::adam(c.lr).betas_eps(beta1, beta2, eps),
+        Rule::AdamW { beta1, beta2, eps } => Optimizer::adamw(c.lr).betas_eps(beta1, beta2, eps),
+    };
+    o.weight_decay(c.weight_decay)
+}
+
+/// The case with every value rounded to `T`: what a `T` session starts from and is given.
+fn rounded<T: Scalar>(c: &Case) -> Case {
+    let r = |v: &Vec<f64>| v.iter().map(|&x| T::lit(x).as_f64()).collect::<Vec<f64>>();
+    Case {
+        params: c.params.iter().map(r).collect(),
+        grads: c.grads.iter().map(|s| s.iter().map(r).collect()).collect(),
+        ..c.clone()
+    }
+}
+
+fn tensor<T: Scalar>(v: &[f64]) -> Tensor<T> {
+    Tensor::vector(v.iter().map(|&x| T::lit(x)).collect())
+}
+
+/// Record `Σ_p Σ w_p·c_p` for one step's gradients `c` (every leaf first: the linked session
+/// wants its leaves before any op).
+fn loss<S: Ops + ?Sized>(
+    s: &mut S,
+    ps: &[Param],
+    grads: &[Vec<f64>],
+) -> tl_session::Result<TensorRef> {
+    let mut leaves = Vec::new();
+    for (p, g) in ps.iter().zip(grads) {
+        let w = s.use_param(p)?;
+        let c = s.input(tensor::<S::T>(g), false)?;
+        leaves.push((w, c));
+    }
+    let mut total: Option<TensorRef> = None;
+    for (w, c) in &leaves {
+        let y = s.mul(w, c)?;
+        let l = s.sum(&y)?;
+        total = Some(match total {
+            None => l,
+            Some(a) => s.add(&a, &l)?,
+        });
+    }
+    Ok(total.expect("at least one parameter"))
+}
+
+/// The eager session on `backend`: the parameters after the last step.
+fn eager<T: Scalar>(backend: Backend, c: &Case) -> tl_session::Result<Vec<Vec<f64>>> {
+    let mut s = Session::<T>::new(Options::backend(backend))?;
+    let ps = c
+        .params
+        .iter()
+        .map(|w| s.param(tensor(w), None, true))
+        .collect::<tl_session::Result<Vec<_>>>()?;
+    let mut opt = optimizer(c);
+    for step in &c.grads {
+        let l = loss(&mut s, &ps, step)?;
+        s.backward(&l)?;
+        s.step(&mut opt)?;
+        s.reset();
+    }
+    ps.iter().map(|p| Ok(f64s(&s.param_value(p)?))).collect()
+}
+
+/// The linked session (f64): the parameters after the last step.
+fn linked(c: &Case) -> tl_session::Result<Vec<Vec<f64>>> {
+    let mut s = LinkedSession::<f64>::new();
+    let ps = c
+        .params
+        .iter()
+        .map(|w| s.param(tensor(w), None, true))
+        .collect::<tl_session::Result<Vec<_>>>()?;
+    let mut opt = optimizer(c);
+    for step in &c.grads {
+        let l = loss(&mut s, &ps, step)?;
+        let g = s.backward_scalar_dense_all(&l)?;
+        s.step(&mut opt, &g)?;
+        s.reset();
+    }
+    ps.iter().map(|p| Ok(f64s(&s.param_value(p)?))).collect()
+}
+
+fn f64s<T: Scalar>(t: &Tensor<T>) -> Vec<f64> {
+    t.data().iter().map(|v| v.as_f64()).collect()
+}
+
+/// `|got − want| ≤ tol · max(1, |want|)` element for element.
+fn compare(
+    got: tl_session::Result<Vec<Vec<f64>>>,
+    want: &[Vec<f64>],
+    tol: f64,
+    what: &str,
+) -> Result<(), TestCaseError> {
+    let got = got.map_err(|e| TestCaseError::fail(format!("{what}: {e}")))?;
+    prop_assert_eq!(got.len(), want.len(), "{}: parameter count", what);
+    for (p, (g, w)) in got.iter().zip(want).enumerate() {
+        prop_assert_eq!(g.len(), w.len(), "{}: parameter {} length", what, p);
+        for (i, (&g, &w)) in g.iter().zip(w).enumerate() {
+            prop_assert!(
+                (g - w).abs() <= tol * w.abs().max(1.0),
+                "{what}: parameter {p}[{i}]: got {g}, reference {w} (tol {tol})"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn optimizer_steps_match_pytorchs_update_rules() {
+    let cfg = RunConfig::from_env();
+    let mut runner = cfg.runner("optim");
+    let result = runner.run(&case(), |c| {
+        let want = reference(&c);
+        compare(eager::<f64>(Backend::Cpu, &c), &want, 1e-10, "cpu f64")?;
+        compare(linked(&c), &want, 1e-10, "linked f64")?;
+        let want32 = reference(&rounded::<f32>(&c));
+        compare(eager::<f32>(Backend::Cpu, &c), &want32, 1e-4, "cpu f32")?;
+        compare(
+            eager::<f32>(Backend::CudaSim, &c),
+            &want32,
+            1e-4,
+            "cuda-sim f32",
+        )?;
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// The comparison has teeth: runs of the library's AdamW, dampened momentum and Nesterov
+/// momentum are told apart from the reference of a neighbouring rule (Adam's L2 decay, no
+/// dampening, no Nesterov), on the f64 CPU session and on the CUDA sim.
+#[test]
+fn the_comparison_tells_neighbouring_rules_apart() {
+    let base = Case {
+        rule: Rule::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        },
+        lr: 0.1,
+        weight_decay: 0.05,
+        params: vec![vec![1.5, -0.7, 0.3]],
+        grads: (0..3)
+            .map(|t| vec![vec![0.2 + 0.1 * t as f64, -0.4, 0.9 - 0.3 * t as f64]])
+            .collect(),
+    };
+    let adam = Rule::Adam {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+    };
+    let momentum = |dampening, nesterov| Rule::Sgd {
+        momentum: 0.9,
+        dampening,
+        nesterov,
+    };
+    // (the rule run, the rule of the wrong reference)
+    let pairs = [
+        (base.rule, adam),
+        (momentum(0.5, false), momentum(0.0, false)),
+        (momentum(0.0, true), momentum(0.0, false)),
+    ];
+    for (run, wrong) in pairs {
+        let c = Case {
+            rule: run,
+            ..base.clone()
+        };
+        let bad = reference(&Case {
+            rule: wrong,
+            ..c.clone()
+        });
+        // The right reference passes, the wrong one fails, on both precisions.
+        compare(
+            eager::<f64>(Backend::Cpu, &c),
+            &reference(&c),
+            1e-10,
+            "cpu f64",
+        )
+        .unwrap();
+        assert!(compare(eager::<f64>(Backend::Cpu, &c), &bad, 1e-10, "cpu f64").is_err());
+        let want32 = reference(&rounded::<f32>(&c));
+        compare(eager::<f32>(Backend::CudaSim, &c), &want32, 1e-4, "sim").unwrap();
+        let bad32 = reference(&Case {
+            rule: wrong,
+            ..rounded::<f32>(&c)
+        });
+        assert!(compare(eager::<f32>(Backend::CudaSim, &c), &bad32, 1e-4, "sim").is_err());
+    }
+}
