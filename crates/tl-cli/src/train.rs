@@ -197,7 +197,7 @@ pub fn train(cfg: &TrainConfig, mut log: impl FnMut(&str)) -> Result<TrainReport
         cfg.seed
     ));
     let mut done = 0;
-    let mut opt = cfg.optimizer.build(cfg.lr);
+    let mut opt = cfg.optimizer.build(cfg.lr)?;
     if let Some(path) = &cfg.resume {
         let ckpt = crate::checkpoint::load(path)?;
         restore(s.as_mut(), &m, &ckpt, path)?;

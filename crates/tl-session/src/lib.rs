@@ -22,7 +22,7 @@
 //! let loss = s.sum(&y)?;
 //! s.backward(&loss)?;
 //! assert_eq!(s.grad(&w)?.data(), &[3.0]);
-//! s.step(&mut Optimizer::sgd(0.5))?;
+//! s.step(&mut Optimizer::sgd(0.5)?)?;
 //! assert_eq!(s.param_value(&w)?.data(), &[0.5]);
 //! # Ok::<(), tl_session::Error>(())
 //! ```
