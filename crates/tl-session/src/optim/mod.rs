@@ -10,7 +10,7 @@
 //! Hyper-parameters are validated when the optimizer is built (and again at every step, as the
 //! fields are public): a non-finite or negative learning rate, a negative or non-finite weight
 //! decay, momentum or betas outside `[0, 1)`, dampening outside `[0, 1]`, Nesterov without
-//! momentum or with dampening, or `eps ≤ 0` is an [`Error::Hyperparameter`](crate::Error). With
+//! momentum, or `eps ≤ 0` is an [`Error::Hyperparameter`](crate::Error). With
 //! [`Optimizer::check_finite`] on, a step that would write a non-finite value into a parameter
 //! is refused with [`Error::NonFinite`](crate::Error) and leaves the parameter and the
 //! optimizer's state as they were.
@@ -111,8 +111,8 @@ impl Optimizer {
     }
 
     /// Check every hyper-parameter: `lr` finite and ≥ 0; weight decay finite and ≥ 0; momentum
-    /// in `[0, 1)`; dampening in `[0, 1]`; Nesterov only with momentum > 0 and dampening 0
-    /// (PyTorch's rule); betas in `[0, 1)`; `eps` finite and > 0. Run when the optimizer is built
+    /// in `[0, 1)`; dampening in `[0, 1]`; Nesterov only with momentum > 0; betas in `[0, 1)`;
+    /// `eps` finite and > 0. Run when the optimizer is built
     /// and before every step (the fields are public).
     pub fn validate(&self) -> Result<()> {
         let name = self.name();
@@ -140,12 +140,12 @@ impl Optimizer {
                 if !(0.0..=1.0).contains(&dampening) {
                     return Err(bad(name, "dampening", dampening, "a value in [0, 1]"));
                 }
-                if nesterov && (momentum == 0.0 || dampening != 0.0) {
+                if nesterov && momentum == 0.0 {
                     return Err(bad(
                         name,
-                        "dampening",
-                        dampening,
-                        "0 with momentum > 0 (Nesterov momentum requires both)",
+                        "momentum",
+                        momentum,
+                        "a value > 0 (Nesterov momentum requires it)",
                     ));
                 }
             }
@@ -216,7 +216,7 @@ impl Optimizer {
     }
 
     /// Set SGD's dampening and Nesterov flag (no effect on Adam); an error when dampening lies
-    /// outside `[0, 1]`, or Nesterov is asked for without momentum or with dampening.
+    /// outside `[0, 1]`, or Nesterov is asked for without momentum.
     pub fn dampening_nesterov(mut self, dampening: f64, nesterov: bool) -> Result<Self> {
         if let Kind::Sgd { momentum, .. } = self.kind {
             self.kind = Kind::Sgd {
