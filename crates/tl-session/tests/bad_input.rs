@@ -44,10 +44,9 @@ fn out_of_range_hyper_parameters_are_refused_when_built() {
             .dampening_nesterov(2.0, false),
         "dampening",
     );
-
     hyper(
         Optimizer::sgd(0.1).unwrap().dampening_nesterov(0.0, true),
-        "dampening",
+        "momentum",
     );
     let adam = || Optimizer::adam(0.1).unwrap();
     hyper(adam().betas_eps(1.0, 0.999, 1e-8), "beta1");
