@@ -112,8 +112,8 @@ impl OptimizerName {
         Self::ALL.into_iter().find(|o| o.as_str() == s)
     }
 
-    /// The optimizer with learning rate `lr`.
-    pub fn build(self, lr: f64) -> tl_session::Optimizer {
+    /// The optimizer with learning rate `lr`; an error when `lr` is negative or not finite.
+    pub fn build(self, lr: f64) -> Result<tl_session::Optimizer, tl_session::Error> {
         use tl_session::Optimizer;
         match self {
             OptimizerName::Sgd => Optimizer::sgd(lr),

@@ -196,7 +196,7 @@ fn run<O: Train<T = f32>>(
         cfg.seed
     ));
     let mut done = 0;
-    let mut opt = cfg.optimizer.build(cfg.lr);
+    let mut opt = cfg.optimizer.build(cfg.lr)?;
     if let Some(path) = &cfg.resume {
         let file = checkpoint::read(path)?;
         let header = file.1;

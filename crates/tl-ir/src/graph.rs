@@ -155,7 +155,8 @@ impl GraphBuilder {
         self.leaf_with(shape, name, true)
     }
 
-    /// Add a leaf with an explicit `requires_grad`. Errors once an op node exists.
+    /// Add a leaf with an explicit `requires_grad`. Errors once an op node exists, and when the
+    /// shape's element count overflows (see [`Shape::check_size`]).
     pub fn leaf_with(
         &mut self,
         shape: impl Into<Shape>,
@@ -167,8 +168,10 @@ impl GraphBuilder {
                 name: name.map(str::to_owned),
             });
         }
+        let shape = shape.into();
+        shape.check_size("leaf")?;
         self.graph.leaves.push(Leaf {
-            shape: shape.into(),
+            shape,
             name: name.map(str::to_owned),
             requires_grad,
         });

@@ -6,7 +6,7 @@
 
 use tl_spec::ops::attention::{self as att, mha};
 use tl_spec::ops::conv::{self, ConvParams, ConvTangents};
-use tl_spec::ops::index::{self as ix, nat_at, nat_vec_at};
+use tl_spec::ops::index::{self as ix, nat_at, try_nat_vec_at};
 use tl_spec::ops::norm::{self, Groups};
 use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{activation as act, concat, cross_entropy as ce};
@@ -38,15 +38,15 @@ fn groups<T: Scalar>(op: &Op, x: &Tensor<T>) -> Groups {
 }
 
 /// The reference value of `op` applied to `x`.
+///
+/// The output shape is inferred and checked against the allocation cap ([`tl_spec::alloc`])
+/// before anything is computed, so an oversized output is an error, not an abort.
 pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tensor<T>> {
     arity_check(op, x.len())?;
-    if let Some(idx) = gather_indices(op, x, nats) {
-        return Ok(ix::gather(
-            op.name(),
-            x[0],
-            &idx,
-            op.infer_shape(&shapes(x))?,
-        )?);
+    let out = op.infer_shape(&shapes(x))?;
+    tl_spec::alloc::check_shape::<T>(op.name(), &out)?;
+    if let Some(idx) = gather_indices(op, x, nats)? {
+        return Ok(ix::gather(op.name(), x[0], &idx, out)?);
     }
     use Op::*;
     let y = match op {
@@ -188,8 +188,8 @@ pub fn vjp<T: Scalar>(
     nats: &[usize],
 ) -> Result<Vec<Option<Tensor<T>>>> {
     arity_check(op, x.len())?;
-    if let Some(idx) = gather_indices(op, x, nats) {
-        op.infer_shape(&shapes(x))?;
+    op.infer_shape(&shapes(x))?;
+    if let Some(idx) = gather_indices(op, x, nats)? {
         let dx = ix::gather_vjp(op.name(), x[0].shape(), &idx, g)?;
         // The index tensor of `gather` never gets a gradient.
         return Ok(if op.arity() == 2 {
@@ -343,14 +343,11 @@ pub fn jvp<T: Scalar>(
 ) -> Result<Tensor<T>> {
     arity_check(op, x.len())?;
     arity_check(op, dx.len())?;
-    if let Some(idx) = gather_indices(op, x, nats) {
+    let out = op.infer_shape(&shapes(x))?;
+    tl_spec::alloc::check_shape::<T>(op.name(), &out)?;
+    if let Some(idx) = gather_indices(op, x, nats)? {
         // Gathers are linear in x; the indices come from x (never from a tangent).
-        return Ok(ix::gather(
-            op.name(),
-            dx[0],
-            &idx,
-            op.infer_shape(&shapes(x))?,
-        )?);
+        return Ok(ix::gather(op.name(), dx[0], &idx, out)?);
     }
     use Op::*;
     let t = match op {
@@ -487,22 +484,32 @@ fn shapes<'a, T: Scalar>(x: Args<'a, T>) -> Vec<&'a tl_spec::Shape> {
 
 /// The row indices a gather reads (static, raw, from the Nat environment or from its index
 /// tensor), or `None` for an op that is not a gather. Out-of-range indices are kept as they are;
-/// `tl_spec::ops::index::gather` gives them a zero row (and its VJP no gradient).
-pub fn gather_indices<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Option<Vec<usize>> {
+/// `tl_spec::ops::index::gather` gives them a zero row (and its VJP no gradient). An index
+/// count too large to allocate is an error.
+pub fn gather_indices<T: Scalar>(
+    op: &Op,
+    x: Args<'_, T>,
+    nats: &[usize],
+) -> Result<Option<Vec<usize>>> {
     use Op::*;
     let rows = || {
         x.first()
             .and_then(|t| t.shape().dims().first().copied())
             .unwrap_or(0)
     };
-    Some(match op {
+    Ok(Some(match op {
         GatherScalar { index }
         | GatherRow { index }
         | GatherScalarRaw { index }
         | GatherRowRaw { index } => vec![*index],
         GatherScalarNat { at } | GatherRowNat { at } => vec![nat_at(nats, *at)],
-        GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => nat_vec_at(nats, *at, *k),
-        GatherIndexTensor => ix::index_tensor_values(x.get(1)?, rows()),
-        _ => return None,
-    })
+        GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => {
+            try_nat_vec_at(op.name(), nats, *at, *k)?
+        }
+        GatherIndexTensor => match x.get(1) {
+            Some(idx) => ix::index_tensor_values(idx, rows()),
+            None => return Ok(None),
+        },
+        _ => return Ok(None),
+    }))
 }

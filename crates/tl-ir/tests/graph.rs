@@ -148,3 +148,111 @@ fn leaves_without_grad_receive_nothing() {
     assert_eq!(grads[w].data(), &[2.0, 4.0]);
     assert_eq!(grads[y].item().unwrap(), 2.0);
 }
+
+/// Issue 14: shapes whose element count overflows are errors naming the op, never wrapped
+/// counts; `swapAdjacent` out of range (even `usize::MAX`) is the identity.
+#[test]
+fn oversized_shapes_are_errors_and_swap_adjacent_out_of_range_is_identity() {
+    let too_large = |e: Error| matches!(e, Error::Spec(tl_spec::Error::TooLarge { .. }));
+    let mut g = GraphBuilder::new();
+    let e = g.leaf([1 << 32, 1 << 32], Some("huge")).unwrap_err();
+    assert!(too_large(e.clone()), "{e}");
+    assert!(g.graph().is_empty(), "the refused leaf was not added");
+    // Empty leaves whose product would overflow: [2^32, 0] · [0, 2^32] → [2^32, 2^32].
+    let a = g.leaf([1 << 32, 0], Some("a")).unwrap();
+    let b = g.leaf([0, 1 << 32], Some("b")).unwrap();
+    let x = g.leaf([2, 3, 4], Some("x")).unwrap();
+    let e = g.apply(Op::Matmul, &[a, b]).unwrap_err();
+    assert!(
+        too_large(e.clone()) && e.to_string().contains("matmul"),
+        "{e}"
+    );
+    // 3 · 6148914691236517206 wraps to 2 (and 24 elements are not that anyway).
+    let e = g
+        .apply(Op::Reshape(Shape::new(&[3, 6148914691236517206])), &[x])
+        .unwrap_err();
+    assert!(
+        too_large(e.clone()) && e.to_string().contains("reshape"),
+        "{e}"
+    );
+    let e = g
+        .apply(
+            Op::RandUniform {
+                shape: Shape::new(&[1 << 62]),
+                seed: 1,
+                counter: 0,
+            },
+            &[],
+        )
+        .unwrap_err();
+    assert!(
+        too_large(e.clone()) && e.to_string().contains("randUniform"),
+        "{e}"
+    );
+    let s = g.apply(Op::SwapAdjacent(usize::MAX), &[x]).unwrap();
+    assert_eq!(g.graph().shape(s).unwrap(), &Shape::new(&[2, 3, 4]));
+    let graph = g.finish();
+    let xv = Tensor::<f64>::from_fn([2, 3, 4], |i| i as f64);
+    let leaves = vec![
+        Tensor::zeros([1 << 32, 0]),
+        Tensor::zeros([0, 1 << 32]),
+        xv.clone(),
+    ];
+    let values = graph.eval(&leaves, &[]).unwrap();
+    assert_eq!(values[s], xv, "identity");
+}
+
+/// Issue 14: an output that is representable but larger than the allocation cap is refused by
+/// the reference evaluation before anything is allocated (10^11 f64 = 800 GB exceeds any
+/// machine's memory, hence the default cap).
+#[test]
+fn outputs_over_the_allocation_cap_are_errors_not_aborts() {
+    let mut g = GraphBuilder::new();
+    let p = g.leaf([2], None).unwrap();
+    let big = Shape::new(&[100_000_000_000]);
+    let r = g
+        .apply(
+            Op::RandUniform {
+                shape: big.clone(),
+                seed: 0,
+                counter: 0,
+            },
+            &[],
+        )
+        .unwrap();
+    let graph = g.finish();
+    let e = graph.eval(&[Tensor::<f64>::zeros([2])], &[]).unwrap_err();
+    assert!(
+        e.to_string().contains("randUniform") && e.to_string().contains("allocation cap"),
+        "{e}"
+    );
+    let _ = (p, r);
+    for op in [
+        Op::GatherScalarsNatVec {
+            at: 0,
+            k: 100_000_000_000,
+        },
+        Op::BroadcastTo(big.clone()),
+    ] {
+        let mut g = GraphBuilder::new();
+        let x = g.leaf([1], None).unwrap();
+        g.apply(op.clone(), &[x]).unwrap();
+        let e = g
+            .finish()
+            .eval(&[Tensor::<f64>::ones([1])], &[])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(op.name()) && e.to_string().contains("allocation cap"),
+            "{e}"
+        );
+    }
+    // reduceSum of an empty [0, 10^11] input has 10^11 outputs.
+    let mut g = GraphBuilder::new();
+    let x = g.leaf([0, 100_000_000_000], None).unwrap();
+    g.apply(Op::ReduceSum(0), &[x]).unwrap();
+    let e = g
+        .finish()
+        .eval(&[Tensor::<f64>::zeros([0, 100_000_000_000])], &[])
+        .unwrap_err();
+    assert!(e.to_string().contains("allocation cap"), "{e}");
+}

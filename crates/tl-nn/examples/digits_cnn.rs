@@ -24,7 +24,7 @@ fn main() -> tl_nn::Result<()> {
 
     let (train, test) = data::digits()?;
     let (train, test) = (train.shaped(&[1, 8, 8])?, test.shaped(&[1, 8, 8])?);
-    let mut opt = Optimizer::adam(3e-3);
+    let mut opt = Optimizer::adam(3e-3)?;
     for epoch in 0..8 {
         let mut loss = 0.0;
         let batches = train.batches::<f32>(32, CLASSES, epoch)?;

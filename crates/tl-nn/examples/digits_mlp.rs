@@ -17,7 +17,7 @@ fn main() -> tl_nn::Result<()> {
     println!("{} parameters", rt.num_params(&model)?);
 
     let (train, test) = data::digits()?;
-    let mut opt = Optimizer::adam(1e-3);
+    let mut opt = Optimizer::adam(1e-3)?;
     for epoch in 0..20 {
         let mut loss = 0.0;
         let batches = train.batches::<f32>(32, CLASSES, epoch)?;

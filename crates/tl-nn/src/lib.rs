@@ -17,7 +17,7 @@
 //!     .add(Linear::new(&vars.pp(0), PIXELS, 32)?)
 //!     .add(Activation::Relu)
 //!     .add(Linear::new(&vars.pp(2), 32, CLASSES)?);
-//! let mut opt = Optimizer::adam(1e-2);
+//! let mut opt = Optimizer::adam(1e-2)?;
 //! for epoch in 0..3 {
 //!     for (x, labels) in train.batches::<f32>(64, CLASSES, epoch)? {
 //!         rt.step(&model, &mut opt, |g| model.forward(&g.input(x)?)?.cross_entropy(&labels))?;

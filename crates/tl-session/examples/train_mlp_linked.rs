@@ -23,7 +23,7 @@ fn main() -> Result<(), tl_session::Error> {
     let mut s = LinkedSession::<f32>::new();
     let (x, y) = regression_grid::<f32>(8);
     let mlp = Mlp::new(&mut s, &[2, 32, 32, 1], Activation::Tanh, 42)?;
-    let mut opt = Optimizer::adam(0.01);
+    let mut opt = Optimizer::adam(0.01)?;
     for epoch in 0..200 {
         let loss = mlp.loss(&mut s, x.clone(), y.clone())?;
         let l = s.value(&loss)?.item()?;

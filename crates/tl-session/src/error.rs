@@ -80,6 +80,34 @@ pub enum Error {
         /// The shape rule's error.
         source: Box<Error>,
     },
+    /// An optimizer hyper-parameter is out of range (checked when the optimizer is built and
+    /// before each step).
+    #[error("optimizer {optimizer}: invalid hyper-parameter {name} = {value}: expected {expected}")]
+    Hyperparameter {
+        /// The optimizer (`sgd`, `momentum`, `adam`, `adamw`).
+        optimizer: &'static str,
+        /// The hyper-parameter (`lr`, `weight_decay`, `momentum`, `dampening`, `beta1`, …).
+        name: &'static str,
+        /// The value given.
+        value: f64,
+        /// The valid range.
+        expected: &'static str,
+    },
+    /// With `Optimizer::check_finite(true)`, a step would have written a non-finite value into
+    /// a parameter; the parameter and the optimizer state were left unchanged.
+    #[error(
+        "optimizer {optimizer} step: parameter {param} would get a non-finite value ({value} at element {index}); the step was not applied"
+    )]
+    NonFinite {
+        /// The optimizer.
+        optimizer: &'static str,
+        /// The parameter: its name where it has one, else `#index`.
+        param: String,
+        /// The first offending element (row-major).
+        index: usize,
+        /// Its value.
+        value: f64,
+    },
     /// The requested backend is not available in this build or on this machine.
     #[error("backend {backend}: {detail}")]
     BackendUnavailable {
@@ -88,6 +116,29 @@ pub enum Error {
         /// What is missing.
         detail: String,
     },
+}
+
+impl Error {
+    /// Name the parameter of a [`Error::NonFinite`] (other errors are returned as they are).
+    pub(crate) fn with_param_name(self, name: Option<&str>) -> Self {
+        match (self, name) {
+            (
+                Error::NonFinite {
+                    optimizer,
+                    param,
+                    index,
+                    value,
+                },
+                Some(n),
+            ) => Error::NonFinite {
+                optimizer,
+                param: format!("{n:?} ({param})"),
+                index,
+                value,
+            },
+            (e, _) => e,
+        }
+    }
 }
 
 impl From<tl_ir::Error> for Error {

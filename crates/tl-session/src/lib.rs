@@ -17,7 +17,7 @@
 //!         .add(Activation::Relu)
 //!         .add(Linear::new(&v.pp(2), 32, CLASSES)?);
 //!     let (train, test) = data::digits()?; // data
-//!     let mut opt = Optimizer::adam(1e-2); // optimizer
+//!     let mut opt = Optimizer::adam(1e-2)?; // optimizer
 //!     for epoch in 0..3 {
 //!         for (x, labels) in train.batches::<f32>(64, CLASSES, epoch)? {
 //!             // One step: forward, loss, backward, update; the session is reset inside.
@@ -69,7 +69,7 @@
 //! let loss = s.sum(&y)?;
 //! s.backward(&loss)?;
 //! assert_eq!(s.grad(&w)?.data(), &[3.0]);
-//! s.step(&mut Optimizer::sgd(0.5))?;
+//! s.step(&mut Optimizer::sgd(0.5)?)?;
 //! assert_eq!(s.param_value(&w)?.data(), &[0.5]);
 //! # Ok::<(), tl_session::Error>(())
 //! ```

@@ -452,7 +452,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// `w ← w − lr·g` for every trainable parameter used in this graph, from dense gradients
     /// (e.g. [`backward_scalar_dense_all`](Self::backward_scalar_dense_all)).
     pub fn sgd_step_all(&mut self, lr: f64, grads: &[Tensor<T>]) -> Result<()> {
-        self.step(&mut Optimizer::sgd(lr), grads)
+        self.step(&mut Optimizer::sgd(lr)?, grads)
     }
 
     /// One optimizer step for every trainable parameter used in this graph, from dense
@@ -488,7 +488,9 @@ impl<T: Scalar> LinkedSession<T> {
             leaves.sort_unstable();
             let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &grads[l]).collect();
             let key = (self.params.session, index);
-            opt.update_host(key, &mut self.params.slots[index].host, &gs)?;
+            let slot = &mut self.params.slots[index];
+            opt.update_host(key, &mut slot.host, &gs)
+                .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
         }
         Ok(())
     }

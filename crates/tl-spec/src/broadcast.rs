@@ -18,6 +18,7 @@ pub fn can_broadcast_to(from: &Shape, to: &Shape) -> bool {
 
 /// The shape rule of `broadcastTo`: `to` when `from` broadcasts to it, else an error.
 pub fn broadcast_shape(from: &Shape, to: &Shape) -> Result<Shape> {
+    to.check_size("broadcastTo")?;
     if can_broadcast_to(from, to) {
         Ok(to.clone())
     } else {
@@ -44,7 +45,7 @@ pub fn source_indices(from: &Shape, to: &Shape) -> Result<Vec<usize>> {
         *s = if fd == 1 { 0 } else { from_strides[k - offset] };
     }
     let n = to.numel();
-    let mut out = Vec::with_capacity(n);
+    let mut out = crate::alloc::try_with_capacity("broadcastTo", "source indices", n)?;
     let mut counter = vec![0usize; rank];
     let mut src = 0usize;
     for _ in 0..n {
@@ -66,6 +67,7 @@ pub fn source_indices(from: &Shape, to: &Shape) -> Result<Vec<usize>> {
 /// Broadcast `x` to `to`. PyTorch: `x.expand(to).contiguous()`.
 pub fn broadcast_to<T: Scalar>(x: &Tensor<T>, to: &Shape) -> Result<Tensor<T>> {
     let idx = source_indices(x.shape(), to)?;
+    crate::alloc::check_len::<T>("broadcastTo", "output", idx.len())?;
     let src = x.data();
     Tensor::new(to.clone(), idx.into_iter().map(|i| src[i]).collect())
 }
@@ -74,7 +76,7 @@ pub fn broadcast_to<T: Scalar>(x: &Tensor<T>, to: &Shape) -> Result<Tensor<T>> {
 /// PyTorch: `g.sum_to_size(from)`.
 pub fn reduce_to<T: Scalar>(g: &Tensor<T>, from: &Shape) -> Result<Tensor<T>> {
     let idx = source_indices(from, g.shape())?;
-    let mut out = vec![T::zero(); from.numel()];
+    let mut out = crate::alloc::try_vec("broadcastTo", "gradient", from.numel(), T::zero())?;
     for (&i, &v) in idx.iter().zip(g.data()) {
         out[i] += v;
     }

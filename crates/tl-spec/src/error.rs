@@ -42,6 +42,15 @@ pub enum Error {
         /// How many were given.
         got: usize,
     },
+    /// A shape's element count or a buffer's byte size overflows, or a buffer would exceed the
+    /// allocation cap ([`crate::alloc`]); nothing was allocated.
+    #[error("{op}: too large: {detail}")]
+    TooLarge {
+        /// The op (or constructor) that would have allocated.
+        op: &'static str,
+        /// The shape or element count, the bytes, and the limit.
+        detail: String,
+    },
     /// Element data and shape disagree on the element count.
     #[error("tensor: {len} element(s) cannot have shape {shape}")]
     Data {

@@ -8,7 +8,9 @@
 //! - [`ops`]: one module per op family, each op's value, `*_vjp` and `*_jvp` side by side
 //! - [`rng`]: the counter-based SplitMix64 keying every backend shares
 //! - [`Error`]: every message names the op and the shapes
+//! - [`alloc`]: the allocation cap every buffer whose size comes from input is checked against
 
+pub mod alloc;
 pub mod broadcast;
 mod error;
 pub mod ops;

@@ -17,9 +17,53 @@ impl Shape {
         Shape(SmallVec::new())
     }
 
-    /// A shape with the given dims.
+    /// A shape with the given dims. Any dims are accepted; a shape whose element count
+    /// overflows can be described but never allocated: [`Shape::try_new`] and
+    /// [`Shape::check_size`] reject it, and so does every fallible entry point (tensor
+    /// constructors, `reshape`, the IR's shape rules, tape leaves and sessions).
     pub fn new(dims: &[usize]) -> Self {
         Shape(SmallVec::from_slice(dims))
+    }
+
+    /// The largest element count of a shape the runtime accepts: `isize::MAX / 8`, so that a
+    /// buffer of any scalar (or index) type of the shape has a byte size that fits in `isize`.
+    /// (Allocations are further bounded by [`crate::alloc`]'s cap.)
+    pub const MAX_NUMEL: usize = isize::MAX as usize / 8;
+
+    /// A shape with the given dims, or an [`Error::TooLarge`] naming `op` when its element count
+    /// overflows or exceeds [`Shape::MAX_NUMEL`].
+    pub fn try_new(op: &'static str, dims: &[usize]) -> Result<Self> {
+        let s = Shape::new(dims);
+        s.check_size(op)?;
+        Ok(s)
+    }
+
+    /// The element count, or `None` when the product of the dims overflows `usize`. A shape
+    /// with a zero dim has 0 elements whatever its other dims.
+    pub fn checked_numel(&self) -> Option<usize> {
+        if self.0.contains(&0) {
+            return Some(0);
+        }
+        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// The element count, checked: an [`Error::TooLarge`] naming `op` and the shape when it
+    /// overflows `usize` or exceeds [`Shape::MAX_NUMEL`].
+    pub fn check_size(&self, op: &'static str) -> Result<usize> {
+        match self.checked_numel() {
+            Some(n) if n <= Self::MAX_NUMEL => Ok(n),
+            Some(n) => Err(Error::TooLarge {
+                op,
+                detail: format!(
+                    "shape {self} has {n} elements, more than the {} a tensor may have",
+                    Self::MAX_NUMEL
+                ),
+            }),
+            None => Err(Error::TooLarge {
+                op,
+                detail: format!("the element count of shape {self} overflows usize"),
+            }),
+        }
     }
 
     /// The dims, outermost first.
@@ -32,9 +76,10 @@ impl Shape {
         self.0.len()
     }
 
-    /// Number of elements (1 for a scalar; 0 if any dim is 0).
+    /// Number of elements (1 for a scalar; 0 if any dim is 0). Saturates at `usize::MAX` when
+    /// the product overflows (it never wraps); see [`Shape::checked_numel`].
     pub fn numel(&self) -> usize {
-        self.0.iter().product()
+        sat_product(&self.0)
     }
 
     /// Whether this is the scalar shape.
@@ -59,7 +104,7 @@ impl Shape {
     pub fn strides(&self) -> SmallVec<[usize; 6]> {
         let mut strides: SmallVec<[usize; 6]> = SmallVec::from_elem(1, self.rank());
         for i in (0..self.rank().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * self.0[i + 1];
+            strides[i] = strides[i + 1].saturating_mul(self.0[i + 1]);
         }
         strides
     }
@@ -75,8 +120,8 @@ impl Shape {
     /// Split at `axis` into (product of dims before, dim, product of dims after).
     pub fn split_at_axis(&self, op: &'static str, axis: usize) -> Result<(usize, usize, usize)> {
         let n = self.dim(op, axis)?;
-        let outer = self.0[..axis].iter().product();
-        let inner = self.0[axis + 1..].iter().product();
+        let outer = sat_product(&self.0[..axis]);
+        let inner = sat_product(&self.0[axis + 1..]);
         Ok((outer, n, inner))
     }
 
@@ -85,9 +130,17 @@ impl Shape {
     pub fn rows_cols(&self) -> (usize, usize) {
         match self.0.last() {
             None => (1, 1),
-            Some(&c) => (self.0[..self.rank() - 1].iter().product(), c),
+            Some(&c) => (sat_product(&self.0[..self.rank() - 1]), c),
         }
     }
+}
+
+/// The product of `dims`, 0 if any is 0, saturating at `usize::MAX` otherwise.
+fn sat_product(dims: &[usize]) -> usize {
+    if dims.contains(&0) {
+        return 0;
+    }
+    dims.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
 }
 
 impl From<&[usize]> for Shape {
@@ -150,6 +203,29 @@ mod tests {
         let e = Shape::new(&[2, 3]).dim("reduceSum", 2).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("reduceSum") && msg.contains("[2, 3]"), "{msg}");
+    }
+
+    #[test]
+    fn overflowing_element_counts_are_caught_not_wrapped() {
+        let big = Shape::new(&[1 << 32, 1 << 32]);
+        assert_eq!(big.checked_numel(), None);
+        assert_eq!(
+            big.numel(),
+            usize::MAX,
+            "saturates instead of wrapping to 0"
+        );
+        let e = big.check_size("reshape").unwrap_err().to_string();
+        assert!(e.contains("reshape") && e.contains("overflows"), "{e}");
+        // 3 · 6148914691236517206 wraps to 2 in usize arithmetic.
+        let wraps = Shape::new(&[3, 6148914691236517206]);
+        assert_eq!(wraps.checked_numel(), None);
+        assert!(Shape::try_new("x", &[3, 6148914691236517206]).is_err());
+        // A zero dim makes the count 0 whatever the others.
+        assert_eq!(Shape::new(&[0, usize::MAX, 7]).checked_numel(), Some(0));
+        assert_eq!(Shape::new(&[0, usize::MAX]).numel(), 0);
+        // Fits usize but not the per-tensor limit.
+        assert!(Shape::new(&[Shape::MAX_NUMEL + 1]).check_size("x").is_err());
+        assert_eq!(Shape::new(&[2, 3]).check_size("x"), Ok(6));
     }
 
     #[test]

@@ -21,10 +21,11 @@ pub struct Tensor<T> {
 }
 
 impl<T: Scalar> Tensor<T> {
-    /// A tensor of `shape` holding `data` in row-major order; errors if the lengths disagree.
+    /// A tensor of `shape` holding `data` in row-major order; errors if the lengths disagree
+    /// (including when the shape's element count overflows: it is never taken modulo 2⁶⁴).
     pub fn new(shape: impl Into<Shape>, data: Vec<T>) -> Result<Self> {
         let shape = shape.into();
-        if shape.numel() != data.len() {
+        if shape.checked_numel() != Some(data.len()) {
             return Err(Error::Data {
                 len: data.len(),
                 shape,
@@ -36,7 +37,44 @@ impl<T: Scalar> Tensor<T> {
         })
     }
 
+    /// [`Tensor::full`], checked: an [`Error::TooLarge`] naming `op` when the shape's element
+    /// count overflows or its bytes exceed the allocation cap ([`crate::alloc`]). Use this
+    /// wherever the shape comes from input.
+    pub fn try_full(op: &'static str, shape: impl Into<Shape>, v: T) -> Result<Self> {
+        let shape = shape.into();
+        crate::alloc::check_shape::<T>(op, &shape)?;
+        let data = crate::alloc::try_vec(op, "tensor", shape.numel(), v)?;
+        Ok(Tensor {
+            shape,
+            data: Arc::new(data),
+        })
+    }
+
+    /// [`Tensor::zeros`], checked as [`Tensor::try_full`].
+    pub fn try_zeros(op: &'static str, shape: impl Into<Shape>) -> Result<Self> {
+        Self::try_full(op, shape, T::zero())
+    }
+
+    /// [`Tensor::from_fn`], checked as [`Tensor::try_full`].
+    pub fn try_from_fn(
+        op: &'static str,
+        shape: impl Into<Shape>,
+        f: impl FnMut(usize) -> T,
+    ) -> Result<Self> {
+        let shape = shape.into();
+        crate::alloc::check_shape::<T>(op, &shape)?;
+        let mut data = crate::alloc::try_with_capacity(op, "tensor", shape.numel())?;
+        data.extend((0..shape.numel()).map(f));
+        Ok(Tensor {
+            shape,
+            data: Arc::new(data),
+        })
+    }
+
     /// A tensor whose element at row-major position `i` is `f(i)`.
+    ///
+    /// For shapes the caller controls. The allocation is not checked: a shape from input goes
+    /// through [`Tensor::try_from_fn`] (an oversized one would otherwise abort the process).
     pub fn from_fn(shape: impl Into<Shape>, f: impl FnMut(usize) -> T) -> Self {
         let shape = shape.into();
         let data = (0..shape.numel()).map(f).collect();
@@ -47,6 +85,8 @@ impl<T: Scalar> Tensor<T> {
     }
 
     /// A tensor of `shape` filled with `v`. PyTorch: `torch.full`.
+    ///
+    /// For shapes the caller controls; see [`Tensor::try_full`] for shapes from input.
     pub fn full(shape: impl Into<Shape>, v: T) -> Self {
         let shape = shape.into();
         let data = vec![v; shape.numel()];
@@ -140,20 +180,22 @@ impl<T: Scalar> Tensor<T> {
         if index.len() != self.shape.rank() {
             return None;
         }
-        let mut flat = 0;
+        let mut flat = 0usize;
         for (&i, &d) in index.iter().zip(self.shape.dims()) {
             if i >= d {
                 return None;
             }
-            flat = flat * d + i;
+            flat = flat.checked_mul(d)?.checked_add(i)?;
         }
-        Some(self.data[flat])
+        self.data.get(flat).copied()
     }
 
-    /// The same elements under another shape of equal size; shares storage (no copy).
+    /// The same elements under another shape of equal size; shares storage (no copy). A target
+    /// shape whose element count overflows is an error (never taken modulo 2⁶⁴).
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Self> {
         let shape = shape.into();
-        if shape.numel() != self.numel() {
+        let n = shape.check_size("reshape")?;
+        if n != self.numel() {
             return Err(Error::shape(
                 "reshape",
                 format!(
@@ -161,7 +203,7 @@ impl<T: Scalar> Tensor<T> {
                     self.shape,
                     self.numel(),
                     shape,
-                    shape.numel()
+                    n
                 ),
             ));
         }
@@ -290,6 +332,28 @@ mod tests {
         assert!(r.shares_storage_with(&t));
         assert_eq!(r.get(&[2, 1]), Some(5.0));
         assert!(t.reshape([4]).is_err());
+    }
+
+    #[test]
+    fn overflowing_shapes_are_rejected_not_wrapped() {
+        // 2^32 · 2^32 wraps to 0 in usize arithmetic.
+        let e = Tensor::<f32>::new([1 << 32, 1 << 32], vec![]).unwrap_err();
+        assert!(matches!(e, Error::Data { len: 0, .. }), "{e}");
+        // 3 · 6148914691236517206 wraps to 2.
+        let t = Tensor::<f64>::vector(vec![1.0, 2.0]);
+        let e = t.reshape([3, 6148914691236517206]).unwrap_err().to_string();
+        assert!(e.contains("reshape") && e.contains("overflows"), "{e}");
+        assert_eq!(t.get(&[2, 0]), None);
+        // Zero-element shapes with huge dims are fine (they hold nothing).
+        assert!(Tensor::<f32>::new([1 << 32, 0], vec![]).is_ok());
+        let e = Tensor::<f64>::try_zeros("zeros", [1 << 40, 1 << 40]).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { op: "zeros", .. }), "{e}");
+        let e = Tensor::<f64>::try_from_fn("fill", [1 << 60], |i| i as f64).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { op: "fill", .. }), "{e}");
+        assert_eq!(
+            Tensor::<f32>::try_full("full", [2], 3.0).unwrap().data(),
+            &[3.0, 3.0]
+        );
     }
 
     #[test]

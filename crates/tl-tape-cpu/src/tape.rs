@@ -246,13 +246,16 @@ impl<T: Scalar> Tape<T> {
         self.nodes.len() - 1
     }
 
-    /// Apply a built-in op to `parents`: the shape rule is checked first, then the CPU kernel
-    /// runs. On error the tape is unchanged.
+    /// Apply a built-in op to `parents`: the shape rule is checked first, then the output's size
+    /// against the allocation cap ([`tl_spec::alloc`]), then the CPU kernel runs. On error the
+    /// tape is unchanged.
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
         let value = {
             let inputs = self.inputs(op.name(), parents)?;
             let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
             let shape = op.infer_shape(&shapes)?;
+            // The output is refused before any kernel allocates it (tl_spec::alloc's cap).
+            tl_spec::alloc::check_shape::<T>(op.name(), &shape)?;
             let value = ops::forward(op, &inputs, &self.nats)?;
             if value.shape() != &shape {
                 return Err(Error::Shape {

@@ -178,7 +178,11 @@ impl<M: RawMemory> CachingAllocator<M> {
     /// A block of at least `bytes` for primitive `op`: a cached block of the same class if there
     /// is one, else a new device allocation (after returning the whole cache to the device and
     /// retrying once if the device is out of memory).
+    ///
+    /// A request above the process-wide allocation cap ([`tl_spec::alloc`]) is refused before the
+    /// device (or the cache) is asked.
     pub fn allocate(&mut self, op: &'static str, bytes: usize) -> Result<Allocation<M::Block>> {
+        tl_spec::alloc::check_bytes(op, "device buffer", bytes, 1)?;
         let class = size_class(bytes);
         let cached = self.cache.get_mut(&class).and_then(Vec::pop);
         let block = match cached {
@@ -299,8 +303,9 @@ impl RawMemory for HostMemory {
                 limit,
             });
         }
+        let block = tl_spec::alloc::try_vec(op, "simulated device block", bytes / 4, 0.0f32)?;
         self.in_use += bytes;
-        Ok(vec![0.0; bytes / 4])
+        Ok(block)
     }
 
     fn free(&mut self, block: Vec<f32>, bytes: usize) {

@@ -224,8 +224,9 @@ impl<D: Device> CudaTape<D> {
         self.check_id("read", id)?.value.download(&self.dev)
     }
 
-    /// Apply a built-in op to `parents`: the shape rule first, then the device formula. On
-    /// error the tape is unchanged and nothing is left allocated.
+    /// Apply a built-in op to `parents`: the shape rule first, then the output's size against
+    /// the allocation cap ([`tl_spec::alloc`]), then the device formula. On error the tape is
+    /// unchanged and nothing is left allocated.
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
         let (nodes, dev, nats) = (&self.nodes, &mut self.dev, &self.nats);
         let (fwd, requires_grad) = {
@@ -244,6 +245,8 @@ impl<D: Device> CudaTape<D> {
                 .collect::<Result<SmallVec<[&AnyBuffer; 3]>>>()?;
             let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|v| v.shape()).collect();
             let shape = op.infer_shape(&shapes)?;
+            // The f32 output is refused before the device allocates it (tl_spec::alloc's cap).
+            tl_spec::alloc::check_shape::<f32>(op.name(), &shape)?;
             let fwd = ops::forward(dev, op, &inputs, &shape, nats)?;
             let rg = op.is_differentiable() && parents.iter().any(|&p| nodes[p].requires_grad);
             (fwd, rg)

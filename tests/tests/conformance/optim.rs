@@ -151,7 +151,7 @@ fn reference(c: &Case) -> Vec<Vec<f64>> {
 
 /// The library's optimizer for a case, through its public constructors.
 fn optimizer(c: &Case) -> Optimizer {
-    let o = match c.rule {
+    let built = match c.rule {
         Rule::Sgd {
             momentum,
             dampening,
@@ -161,11 +161,17 @@ fn optimizer(c: &Case) -> Optimizer {
         } else {
             Optimizer::momentum(c.lr, momentum)
         }
-        .dampening_nesterov(dampening, nesterov),
-        Rule::Adam { beta1, beta2, eps } => Optimizer::adam(c.lr).betas_eps(beta1, beta2, eps),
-        Rule::AdamW { beta1, beta2, eps } => Optimizer::adamw(c.lr).betas_eps(beta1, beta2, eps),
+        .and_then(|o| o.dampening_nesterov(dampening, nesterov)),
+        Rule::Adam { beta1, beta2, eps } => {
+            Optimizer::adam(c.lr).and_then(|o| o.betas_eps(beta1, beta2, eps))
+        }
+        Rule::AdamW { beta1, beta2, eps } => {
+            Optimizer::adamw(c.lr).and_then(|o| o.betas_eps(beta1, beta2, eps))
+        }
     };
-    o.weight_decay(c.weight_decay)
+    built
+        .and_then(|o| o.weight_decay(c.weight_decay))
+        .unwrap_or_else(|e| panic!("the generated hyper-parameters are valid: {e}"))
 }
 
 /// The case with every value rounded to `T`: what a `T` session starts from and is given.

@@ -16,6 +16,8 @@ use super::Op;
 impl Op {
     /// The shape rule: the output shape for operands of `shapes`, or an error naming the op and
     /// the shapes. Parameters are validated here too, so a recorded op is always well formed.
+    /// Every output shape is size-checked: an element count that overflows (or exceeds
+    /// [`Shape::MAX_NUMEL`]) is a `TooLarge` error, never a wrapped count.
     pub fn infer_shape(&self, shapes: &[&Shape]) -> Result<Shape> {
         if shapes.len() != self.arity() {
             return Err(Error::Spec(SpecError::Arity {
@@ -123,6 +125,8 @@ impl Op {
             }
             Dropout { keep, .. } => random::dropout_params(*keep).map(|()| s[0].clone()),
         };
-        Ok(out?)
+        let out = out?;
+        out.check_size(self.name())?;
+        Ok(out)
     }
 }

@@ -92,7 +92,7 @@ fn save_then_load_restores_parameters_and_optimizer_state() {
     let m = mlp(&rt, 4, 5, 3);
     let x = tensor::<f64>(&[6, 4], 2);
     let labels = Labels::new(vec![0, 1, 2, 0, 1, 2], 3).unwrap();
-    let mut opt = Optimizer::adam(0.05);
+    let mut opt = Optimizer::adam(0.05).unwrap();
     let step = |rt: &mut Runtime<_>, opt: &mut Optimizer| {
         rt.step(&m, opt, |g| {
             m.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
@@ -110,7 +110,7 @@ fn save_then_load_restores_parameters_and_optimizer_state() {
     // A fresh runtime with another seed, loaded from the file, continues identically.
     let mut rt2 = eager::<f64>(Backend::Cpu, 99);
     let m2 = mlp(&rt2, 4, 5, 3);
-    let mut opt2 = Optimizer::adam(0.05);
+    let mut opt2 = Optimizer::adam(0.05).unwrap();
     let got_meta = rt2.load_with(&m2, &path, Some(&mut opt2)).unwrap();
     assert_eq!(got_meta["epoch"], "1");
     assert_eq!(got_meta["format"], checkpoint::FORMAT);

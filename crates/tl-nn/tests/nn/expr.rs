@@ -111,7 +111,7 @@ fn labels_know_their_classes_and_bad_ones_are_errors() {
     let mut rt = eager::<f64>(Backend::Cpu, 0);
     let model = mlp(&rt, 3, 4, 5);
     let x = tensor::<f64>(&[8, 3], 1);
-    let mut opt = Optimizer::sgd(0.1);
+    let mut opt = Optimizer::sgd(0.1).unwrap();
     let mut loss = |labels: &Labels| {
         rt.step(&model, &mut opt, |g| {
             model.forward(&g.input(x.clone())?)?.cross_entropy(labels)

@@ -70,7 +70,7 @@ fn freezing_a_prefix_stops_its_updates() {
     let before = rt.state_dict(&model).unwrap();
     let labels = tl_nn::Labels::new(vec![0, 1, 2, 1], 3).unwrap();
     let x = tensor::<f64>(&[4, 4], 3);
-    let mut opt = Optimizer::sgd(0.5);
+    let mut opt = Optimizer::sgd(0.5).unwrap();
     rt.step(&model, &mut opt, |g| {
         model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
     })
@@ -93,7 +93,7 @@ fn eager_and_linked_run_the_same_model() {
         t: &Tensor<f64>,
     ) -> (Vec<f64>, Vec<Tensor<f64>>) {
         let model = Sequential::new().add(block(&rt, 0)).add(block(&rt, 1));
-        let mut opt = Optimizer::adam(1e-2);
+        let mut opt = Optimizer::adam(1e-2).unwrap();
         let losses = (0..3)
             .map(|_| {
                 rt.step(&model, &mut opt, |g| {

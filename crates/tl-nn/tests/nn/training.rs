@@ -12,7 +12,7 @@ fn learn<O: Train>(mut rt: Runtime<O>) -> (f64, f64, f64) {
     let (train, test) = data::digits().unwrap();
     let train = train.truncate(512);
     let model = mlp(&rt, PIXELS, 32, CLASSES);
-    let mut opt = Optimizer::adam(1e-2);
+    let mut opt = Optimizer::adam(1e-2).unwrap();
     let mut epochs = Vec::new();
     for epoch in 0..3 {
         let mut total = 0.0;
@@ -62,7 +62,7 @@ fn memory_stays_flat_over_many_steps_on_the_cuda_sim() {
     let model = mlp(&rt, 16, 32, 4);
     let x = tensor::<f32>(&[8, 16], 1);
     let labels = Labels::new(vec![0, 1, 2, 3, 3, 2, 1, 0], 4).unwrap();
-    let mut opt = Optimizer::momentum(0.05, 0.9);
+    let mut opt = Optimizer::momentum(0.05, 0.9).unwrap();
     let mut usage = Vec::new();
     for i in 0..300 {
         rt.step(&model, &mut opt, |g| {
@@ -112,7 +112,7 @@ fn the_loss_must_be_a_scalar() {
     let model = mlp(&rt, 3, 4, 2);
     let x = tensor::<f64>(&[2, 3], 5);
     let err = rt
-        .step(&model, &mut Optimizer::sgd(0.1), |g| {
+        .step(&model, &mut Optimizer::sgd(0.1).unwrap(), |g| {
             model.forward(&g.input(x.clone())?)
         })
         .unwrap_err()
@@ -123,7 +123,7 @@ fn the_loss_must_be_a_scalar() {
     );
     // The runtime is usable afterwards.
     let labels = Labels::new(vec![0, 1], 2).unwrap();
-    rt.step(&model, &mut Optimizer::sgd(0.1), |g| {
+    rt.step(&model, &mut Optimizer::sgd(0.1).unwrap(), |g| {
         model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
     })
     .unwrap();

@@ -205,7 +205,7 @@ impl<'m> EagerRun<'m> {
             model,
             s,
             params,
-            opt: Optimizer::sgd(0.01),
+            opt: Optimizer::sgd(0.01).expect("a valid learning rate"),
         })
     }
 
@@ -250,7 +250,7 @@ impl<'m> LinkedRun<'m> {
             model,
             s,
             params,
-            opt: Optimizer::sgd(0.01),
+            opt: Optimizer::sgd(0.01).expect("a valid learning rate"),
             backend,
         }
     }

@@ -107,7 +107,7 @@ impl<T: Scalar> Session<T> {
 
     /// Plain SGD on every parameter used in this forward pass: `w ← w − lr·grad`.
     pub fn sgd_step(&mut self, lr: f64) -> Result<()> {
-        self.step(&mut Optimizer::sgd(lr))
+        self.step(&mut Optimizer::sgd(lr)?)
     }
 
     /// One optimizer step on every trainable parameter used in this forward pass, from the last
@@ -135,7 +135,9 @@ impl<T: Scalar> Session<T> {
                         return Err(Self::no_backward("step"));
                     };
                     let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &g[l]).collect();
-                    opt.update_host(key, &mut self.params.slots[index].host, &gs)?;
+                    let slot = &mut self.params.slots[index];
+                    opt.update_host(key, &mut slot.host, &gs)
+                        .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
                 },
                 cuda(t) => {
                     let Grads::Device(g) = grads else {
@@ -153,7 +155,7 @@ impl<T: Scalar> Session<T> {
                     let mut w = mirror;
                     let r = r.and_then(|()| opt.update(&mut DeviceOps(dev), key, &mut w, &gsum));
                     dev.release(gsum);
-                    r?;
+                    r.map_err(|e| e.with_param_name(self.params.slots[index].name.as_deref()))?;
                     self.params.slots[index].host_stale = true;
                 },
             );
@@ -203,7 +205,7 @@ mod tests {
     fn cuda_sim_steps_run_on_the_device_mirror_not_the_host() {
         let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
         let p = s.param(Tensor::vector(vec![1.0, 2.0]), None, true).unwrap();
-        let mut opt = Optimizer::adamw(0.1);
+        let mut opt = Optimizer::adamw(0.1).unwrap();
         for _ in 0..2 {
             let w = s.use_param(&p).unwrap();
             let w2 = s.use_param(&p).unwrap();

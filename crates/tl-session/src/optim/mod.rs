@@ -6,6 +6,14 @@
 //!
 //! State (momentum buffers, Adam moments, the step count) is kept per parameter, keyed by the
 //! parameter's session and index, as PyTorch keys it by the parameter object.
+//!
+//! Hyper-parameters are validated when the optimizer is built (and again at every step, as the
+//! fields are public): a non-finite or negative learning rate, a negative or non-finite weight
+//! decay, momentum or betas outside `[0, 1)`, dampening outside `[0, 1]`, Nesterov without
+//! momentum, or `eps ≤ 0` is an [`Error::Hyperparameter`](crate::Error). With
+//! [`Optimizer::check_finite`] on, a step that would write a non-finite value into a parameter
+//! is refused with [`Error::NonFinite`](crate::Error) and leaves the parameter and the
+//! optimizer's state as they were.
 
 mod state;
 mod vec_ops;
@@ -19,7 +27,7 @@ pub use vec_ops::{DeviceOps, HostOps, StateBuf, VecOps};
 use tl_spec::{Scalar, Tensor};
 use tl_tape_cuda::Device;
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// Which update rule.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,27 +70,112 @@ pub struct Optimizer {
     pub weight_decay: f64,
     /// The rule.
     pub kind: Kind,
+    /// Whether a step that would write a non-finite value is refused ([`Optimizer::check_finite`]).
+    finite_check: bool,
     pub(crate) state: HashMap<(u64, usize), ParamState>,
 }
 
+/// A hyper-parameter error naming the optimizer, the parameter, its value and the valid range.
+fn bad(optimizer: &'static str, name: &'static str, value: f64, expected: &'static str) -> Error {
+    Error::Hyperparameter {
+        optimizer,
+        name,
+        value,
+        expected,
+    }
+}
+
 impl Optimizer {
-    fn with(lr: f64, weight_decay: f64, kind: Kind) -> Self {
-        Optimizer {
+    fn with(lr: f64, weight_decay: f64, kind: Kind) -> Result<Self> {
+        let o = Optimizer {
             lr,
             weight_decay,
             kind,
+            finite_check: false,
             state: HashMap::new(),
+        };
+        o.validate()?;
+        Ok(o)
+    }
+
+    /// The rule's name, as errors print it (`sgd`, `momentum`, `adam`, `adamw`).
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Sgd { momentum: 0.0, .. } => "sgd",
+            Kind::Sgd { .. } => "momentum",
+            Kind::Adam {
+                decoupled: false, ..
+            } => "adam",
+            Kind::Adam { .. } => "adamw",
         }
     }
 
-    /// Plain SGD: `w ← w − lr·g`. PyTorch: `SGD(params, lr)`.
-    pub fn sgd(lr: f64) -> Self {
+    /// Check every hyper-parameter: `lr` finite and ≥ 0; weight decay finite and ≥ 0; momentum
+    /// in `[0, 1)`; dampening in `[0, 1]`; Nesterov only with momentum > 0; betas in `[0, 1)`;
+    /// `eps` finite and > 0. Run when the optimizer is built
+    /// and before every step (the fields are public).
+    pub fn validate(&self) -> Result<()> {
+        let name = self.name();
+        let unit = |v: f64| (0.0..1.0).contains(&v);
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(bad(name, "lr", self.lr, "a finite value ≥ 0"));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(bad(
+                name,
+                "weight_decay",
+                self.weight_decay,
+                "a finite value ≥ 0",
+            ));
+        }
+        match self.kind {
+            Kind::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            } => {
+                if !unit(momentum) {
+                    return Err(bad(name, "momentum", momentum, "a value in [0, 1)"));
+                }
+                if !(0.0..=1.0).contains(&dampening) {
+                    return Err(bad(name, "dampening", dampening, "a value in [0, 1]"));
+                }
+                if nesterov && momentum == 0.0 {
+                    return Err(bad(
+                        name,
+                        "momentum",
+                        momentum,
+                        "a value > 0 (Nesterov momentum requires it)",
+                    ));
+                }
+            }
+            Kind::Adam {
+                beta1, beta2, eps, ..
+            } => {
+                if !unit(beta1) {
+                    return Err(bad(name, "beta1", beta1, "a value in [0, 1)"));
+                }
+                if !unit(beta2) {
+                    return Err(bad(name, "beta2", beta2, "a value in [0, 1)"));
+                }
+                if !(eps.is_finite() && eps > 0.0) {
+                    return Err(bad(name, "eps", eps, "a finite value > 0"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Plain SGD: `w ← w − lr·g`. PyTorch: `SGD(params, lr)`. An error when `lr` is negative or
+    /// not finite.
+    pub fn sgd(lr: f64) -> Result<Self> {
         Self::momentum(lr, 0.0)
     }
 
     /// Momentum SGD with PyTorch's defaults (dampening 0, no Nesterov): `b ← μ·b + g` (b = g at
-    /// the first step), `w ← w − lr·b`. PyTorch: `SGD(params, lr, momentum=μ)`.
-    pub fn momentum(lr: f64, momentum: f64) -> Self {
+    /// the first step), `w ← w − lr·b`. PyTorch: `SGD(params, lr, momentum=μ)`. An error when
+    /// `lr` is negative or not finite, or μ lies outside `[0, 1)`.
+    pub fn momentum(lr: f64, momentum: f64) -> Result<Self> {
         Self::with(
             lr,
             0.0,
@@ -94,13 +187,15 @@ impl Optimizer {
         )
     }
 
-    /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.
-    pub fn adam(lr: f64) -> Self {
+    /// Adam with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0. An error
+    /// when `lr` is negative or not finite.
+    pub fn adam(lr: f64) -> Result<Self> {
         Self::with(lr, 0.0, Self::adam_kind(false))
     }
 
-    /// AdamW with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
-    pub fn adamw(lr: f64) -> Self {
+    /// AdamW with PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01. An error
+    /// when `lr` is negative or not finite.
+    pub fn adamw(lr: f64) -> Result<Self> {
         Self::with(lr, 0.01, Self::adam_kind(true))
     }
 
@@ -113,14 +208,16 @@ impl Optimizer {
         }
     }
 
-    /// Set the weight decay.
-    pub fn weight_decay(mut self, wd: f64) -> Self {
+    /// Set the weight decay; an error when it is negative or not finite.
+    pub fn weight_decay(mut self, wd: f64) -> Result<Self> {
         self.weight_decay = wd;
-        self
+        self.validate()?;
+        Ok(self)
     }
 
-    /// Set SGD's dampening and Nesterov flag (no effect on Adam).
-    pub fn dampening_nesterov(mut self, dampening: f64, nesterov: bool) -> Self {
+    /// Set SGD's dampening and Nesterov flag (no effect on Adam); an error when dampening lies
+    /// outside `[0, 1]`, or Nesterov is asked for without momentum.
+    pub fn dampening_nesterov(mut self, dampening: f64, nesterov: bool) -> Result<Self> {
         if let Kind::Sgd { momentum, .. } = self.kind {
             self.kind = Kind::Sgd {
                 momentum,
@@ -128,11 +225,13 @@ impl Optimizer {
                 nesterov,
             };
         }
-        self
+        self.validate()?;
+        Ok(self)
     }
 
-    /// Set Adam's betas and eps (no effect on SGD).
-    pub fn betas_eps(mut self, beta1: f64, beta2: f64, eps: f64) -> Self {
+    /// Set Adam's betas and eps (no effect on SGD); an error when a beta lies outside `[0, 1)`
+    /// or eps is not a finite value > 0.
+    pub fn betas_eps(mut self, beta1: f64, beta2: f64, eps: f64) -> Result<Self> {
         if let Kind::Adam { decoupled, .. } = self.kind {
             self.kind = Kind::Adam {
                 beta1,
@@ -141,7 +240,23 @@ impl Optimizer {
                 decoupled,
             };
         }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Refuse (`true`) or allow (`false`, the default) steps that would write a non-finite value
+    /// (NaN, ±∞) into a parameter. When refused, the step returns [`Error::NonFinite`] naming the
+    /// parameter, and that parameter and its optimizer state are left as they were. The check
+    /// costs a copy of the parameter and its state per step (and, on CUDA, a read-back).
+    /// PyTorch has no equivalent (its `GradScaler` skips steps on non-finite gradients).
+    pub fn check_finite(mut self, on: bool) -> Self {
+        self.finite_check = on;
         self
+    }
+
+    /// Whether [`Optimizer::check_finite`] is on.
+    pub fn checks_finite(&self) -> bool {
+        self.finite_check
     }
 
     /// Forget all state (step counts and buffers); device buffers must be released first with
@@ -187,6 +302,47 @@ impl Optimizer {
                 });
             }
         }
+        self.validate()?;
+        if self.finite_check {
+            // Transactional: run the step on a copy; commit only finite values.
+            let saved = self.state.get(&key).cloned();
+            let mut candidate = w.clone();
+            let r =
+                self.update_host_inner(key, &mut candidate, grads)
+                    .and_then(|()| {
+                        match candidate
+                            .data()
+                            .iter()
+                            .position(|v| !v.as_f64().is_finite())
+                        {
+                            None => Ok(()),
+                            Some(i) => Err(non_finite(
+                                self.name(),
+                                key,
+                                i,
+                                candidate.data()[i].as_f64(),
+                            )),
+                        }
+                    });
+            if r.is_err() {
+                match saved {
+                    Some(st) => self.state.insert(key, st),
+                    None => self.state.remove(&key),
+                };
+                return r;
+            }
+            *w = candidate;
+            return Ok(());
+        }
+        self.update_host_inner(key, w, grads)
+    }
+
+    fn update_host_inner<T: Scalar>(
+        &mut self,
+        key: (u64, usize),
+        w: &mut Tensor<T>,
+        grads: &[&Tensor<T>],
+    ) -> Result<()> {
         let plain = matches!(self.kind, Kind::Sgd { momentum, .. } if momentum == 0.0)
             && self.weight_decay == 0.0;
         if plain {
@@ -219,14 +375,80 @@ impl Optimizer {
                 .for_each(|(a, b)| *a += b.as_f64());
         }
         let mut wv: Vec<f64> = w.data().iter().map(|v| v.as_f64()).collect();
-        self.update(&mut HostOps, key, &mut wv, &gv)?;
+        self.update_inner(&mut HostOps, key, &mut wv, &gv)?;
         *w = Tensor::new(w.shape().clone(), wv.into_iter().map(T::lit).collect())?;
         Ok(())
     }
 
     /// Update one parameter `w` in place from its gradient `g`. `key` identifies the parameter
-    /// (session id, parameter index) for the state.
+    /// (session id, parameter index) for the state. With [`Optimizer::check_finite`] on, the
+    /// step runs on copies of `w` and the state and is committed only when every new value of
+    /// `w` is finite.
     pub fn update<O: VecOps>(
+        &mut self,
+        ops: &mut O,
+        key: (u64, usize),
+        w: &mut O::V,
+        g: &O::V,
+    ) -> Result<()> {
+        self.validate()?;
+        if !self.finite_check {
+            return self.update_inner(ops, key, w, g);
+        }
+        // Trial state and parameter: copies; the originals are untouched until the commit.
+        let had_state = self.state.contains_key(&key);
+        let mut saved = self.state.remove(&key).unwrap_or_default();
+        let mut trial = ParamState {
+            step: saved.step,
+            bufs: Vec::with_capacity(saved.bufs.len()),
+        };
+        let mut r = Ok(());
+        for b in &mut saved.bufs {
+            match O::state_mut(b).and_then(|v| ops.copy(v)) {
+                Ok(c) => trial.bufs.push(O::into_state(c)),
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
+        }
+        let mut w_new = match r.and_then(|()| ops.copy(w)) {
+            Ok(v) => v,
+            Err(e) => {
+                trial.bufs.into_iter().for_each(|b| ops.release_state(b));
+                if had_state {
+                    self.state.insert(key, saved);
+                }
+                return Err(e);
+            }
+        };
+        self.state.insert(key, trial);
+        let r = self.update_inner(ops, key, &mut w_new, g).and_then(|()| {
+            match ops.first_non_finite(&w_new)? {
+                None => Ok(()),
+                Some((i, v)) => Err(non_finite(self.name(), key, i, v)),
+            }
+        });
+        // The trial state now sits under `key`: keep it on success, swap the saved one back.
+        let trial = self.state.remove(&key).unwrap_or_default();
+        let (keep, discard) = match r {
+            Ok(()) => (trial, saved),
+            Err(_) => (saved, trial),
+        };
+        if r.is_ok() || had_state {
+            self.state.insert(key, keep);
+        }
+        discard.bufs.into_iter().for_each(|b| ops.release_state(b));
+        // Commit: w ← 0·w + w_new, exact for a finite w (a non-finite w gives a non-finite
+        // w_new, which was refused above).
+        let r = r
+            .and_then(|()| ops.scale_assign(w, 0.0))
+            .and_then(|()| ops.axpy_assign(w, 1.0, &w_new));
+        ops.release(w_new);
+        r
+    }
+
+    fn update_inner<O: VecOps>(
         &mut self,
         ops: &mut O,
         key: (u64, usize),
@@ -264,6 +486,16 @@ impl Optimizer {
         };
         ops.release(ge);
         r
+    }
+}
+
+/// The error of a refused non-finite step; the session replaces `#index` by the parameter's name.
+fn non_finite(optimizer: &'static str, key: (u64, usize), index: usize, value: f64) -> Error {
+    Error::NonFinite {
+        optimizer,
+        param: format!("#{}", key.1),
+        index,
+        value,
     }
 }
 
@@ -362,7 +594,10 @@ mod tests {
             wv.into_iter().map(|v| v as f32).collect::<Vec<f32>>()
         };
         for grads in [vec![&g1], vec![&g1, &g2]] {
-            for make in [|| Optimizer::sgd(0.37), || Optimizer::momentum(0.1, 0.9)] {
+            for make in [
+                || Optimizer::sgd(0.37).unwrap(),
+                || Optimizer::momentum(0.1, 0.9).unwrap(),
+            ] {
                 let mut fast = w.clone();
                 make().update_host((1, 0), &mut fast, &grads).unwrap();
                 assert_eq!(fast.data(), reference(&grads, &mut make()).as_slice());
@@ -371,6 +606,7 @@ mod tests {
         }
         let mut bad = w.clone();
         let e = Optimizer::sgd(0.1)
+            .unwrap()
             .update_host((1, 0), &mut bad, &[&Tensor::zeros([4])])
             .unwrap_err()
             .to_string();

@@ -35,6 +35,11 @@ pub trait VecOps {
     fn sqrt_scale_add(&mut self, x: &Self::V, c: f64, e: f64) -> Result<Self::V>;
     /// Free a temporary.
     fn release(&mut self, v: Self::V);
+    /// Free optimizer state of this implementation's kind (the other kind is dropped as is).
+    fn release_state(&mut self, s: StateBuf);
+    /// The first element of `x` that is NaN or ±∞, with its index (`None` when all are finite);
+    /// used by [`crate::Optimizer::check_finite`]. On the device this reads `x` back.
+    fn first_non_finite(&mut self, x: &Self::V) -> Result<Option<(usize, f64)>>;
     /// Store `v` as optimizer state.
     fn into_state(v: Self::V) -> StateBuf;
     /// View optimizer state as a vector of this implementation (an error for the other kind).
@@ -80,6 +85,10 @@ impl VecOps for HostOps {
         Ok(x.iter().map(|v| v.max(0.0).sqrt() * c + e).collect())
     }
     fn release(&mut self, _v: Vec<f64>) {}
+    fn release_state(&mut self, _s: StateBuf) {}
+    fn first_non_finite(&mut self, x: &Vec<f64>) -> Result<Option<(usize, f64)>> {
+        Ok(x.iter().position(|v| !v.is_finite()).map(|i| (i, x[i])))
+    }
     fn into_state(v: Vec<f64>) -> StateBuf {
         StateBuf::Host(v)
     }
@@ -128,6 +137,17 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
     }
     fn release(&mut self, v: Buffer) {
         self.0.release(v);
+    }
+    fn release_state(&mut self, s: StateBuf) {
+        if let StateBuf::Device(b) = s {
+            self.0.release(b);
+        }
+    }
+    fn first_non_finite(&mut self, x: &Buffer) -> Result<Option<(usize, f64)>> {
+        let v = self.0.download(*x)?;
+        Ok(v.iter()
+            .position(|v| !v.is_finite())
+            .map(|i| (i, f64::from(v[i]))))
     }
     fn into_state(v: Buffer) -> StateBuf {
         StateBuf::Device(v)

@@ -47,7 +47,7 @@ fn train(s: &mut Session<f32>) -> Vec<Tensor<f32>> {
     let b = s
         .param(Tensor::vector(vec![0.05, -0.05]), Some("b"), true)
         .unwrap();
-    let mut opt = Optimizer::adam(0.05);
+    let mut opt = Optimizer::adam(0.05).unwrap();
     for _ in 0..3 {
         let (wr, br) = (s.use_param(&w).unwrap(), s.use_param(&b).unwrap());
         let x = s

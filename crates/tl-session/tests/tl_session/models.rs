@@ -88,7 +88,7 @@ fn cnn_learns_bars_eager_and_linked() {
             cnn.param_names(),
             ["conv0.weight", "conv0.bias", "fc.weight", "fc.bias"]
         );
-        let mut opt = Optimizer::adam(0.03);
+        let mut opt = Optimizer::adam(0.03).unwrap();
         let mut losses = Vec::new();
         for _ in 0..40 {
             let at = k.nat_vec(&y);
@@ -152,7 +152,7 @@ fn fno_learns_a_smoothing_operator_eager_and_linked() {
         let fno = Fno1d::new(k.ops(), &cfg, 2).unwrap();
         assert_eq!(fno.params().len(), fno.param_names().len());
         assert_eq!(fno.param_names()[2], "spectral0.re");
-        let mut opt = Optimizer::adam(0.01);
+        let mut opt = Optimizer::adam(0.01).unwrap();
         let mut losses = Vec::new();
         for _ in 0..150 {
             let leaves = fno.use_params(k.ops()).unwrap();
@@ -198,7 +198,7 @@ fn transformer_lm_learns_a_periodic_sequence_eager_and_linked() {
         let lm = TransformerLm::new(k.ops(), &cfg, 4).unwrap();
         assert_eq!(lm.params().len(), lm.param_names().len());
         assert!(lm.param_names().contains(&"block0.attn.wq".to_owned()));
-        let mut opt = Optimizer::adam(0.01);
+        let mut opt = Optimizer::adam(0.01).unwrap();
         let mut losses = Vec::new();
         for _ in 0..60 {
             let at = k.nat_vec(&tokens);

@@ -80,10 +80,16 @@ fn lin(coef: f64) -> Vec<f64> {
 #[test]
 fn sgd_and_momentum_by_hand() {
     // Plain SGD, constant gradient c: w_k = w0 − k·lr·c.
-    check(&Optimizer::sgd(0.1), 2, false, &[lin(0.1), lin(0.2)], "sgd");
+    check(
+        &Optimizer::sgd(0.1).unwrap(),
+        2,
+        false,
+        &[lin(0.1), lin(0.2)],
+        "sgd",
+    );
     // Momentum 0.9: b = g, 1.9g, 2.71g → cumulative lr·(1, 2.9, 5.61)·c.
     check(
-        &Optimizer::momentum(0.1, 0.9),
+        &Optimizer::momentum(0.1, 0.9).unwrap(),
         3,
         false,
         &[lin(0.1), lin(0.29), lin(0.561)],
@@ -91,7 +97,10 @@ fn sgd_and_momentum_by_hand() {
     );
     // Nesterov: the step uses g + μb: 1.9g, then 2.71g.
     check(
-        &Optimizer::momentum(0.1, 0.9).dampening_nesterov(0.0, true),
+        &Optimizer::momentum(0.1, 0.9)
+            .unwrap()
+            .dampening_nesterov(0.0, true)
+            .unwrap(),
         2,
         false,
         &[lin(0.19), lin(0.19 + 0.271)],
@@ -99,7 +108,10 @@ fn sgd_and_momentum_by_hand() {
     );
     // Dampening 0.5 applies from the second step: b = g, then 0.9g + 0.5g = 1.4g.
     check(
-        &Optimizer::momentum(0.1, 0.9).dampening_nesterov(0.5, false),
+        &Optimizer::momentum(0.1, 0.9)
+            .unwrap()
+            .dampening_nesterov(0.5, false)
+            .unwrap(),
         2,
         false,
         &[lin(0.1), lin(0.24)],
@@ -117,7 +129,7 @@ fn adam_and_adamw_by_hand_on_a_constant_gradient() {
             .collect()
     };
     check(
-        &Optimizer::adam(0.01),
+        &Optimizer::adam(0.01).unwrap(),
         3,
         false,
         &[step(1.0, 0.01), step(2.0, 0.01), step(3.0, 0.01)],
@@ -130,7 +142,7 @@ fn adam_and_adamw_by_hand_on_a_constant_gradient() {
         .zip(C)
         .map(|(w, c)| w * decay - 0.1 * c / (c.abs() + 1e-8))
         .collect();
-    check(&Optimizer::adamw(0.1), 1, false, &[w1], "adamw");
+    check(&Optimizer::adamw(0.1).unwrap(), 1, false, &[w1], "adamw");
 }
 
 /// PyTorch's update rules, transcribed per element (independent of the library's VecOps code).
@@ -176,12 +188,25 @@ fn weight_decay_and_state_follow_pytorch_on_a_quadratic() {
     let cases = [
         (
             "momentum",
-            Optimizer::momentum(0.05, 0.9).weight_decay(0.1),
+            Optimizer::momentum(0.05, 0.9)
+                .unwrap()
+                .weight_decay(0.1)
+                .unwrap(),
             0.05,
             0.1,
         ),
-        ("adam", Optimizer::adam(0.05).weight_decay(0.1), 0.05, 0.1),
-        ("adamw", Optimizer::adamw(0.05).weight_decay(0.1), 0.05, 0.1),
+        (
+            "adam",
+            Optimizer::adam(0.05).unwrap().weight_decay(0.1).unwrap(),
+            0.05,
+            0.1,
+        ),
+        (
+            "adamw",
+            Optimizer::adamw(0.05).unwrap().weight_decay(0.1).unwrap(),
+            0.05,
+            0.1,
+        ),
     ];
     for (name, opt, lr, wd) in cases {
         let want = reference(name, 4, lr, wd);
@@ -197,7 +222,7 @@ fn cuda_optimizer_state_lives_on_the_device_and_is_released() {
     let p = s
         .param(Tensor::vector(vec![1.0f32, 2.0]), None, true)
         .unwrap();
-    let mut opt = Optimizer::adam(0.1);
+    let mut opt = Optimizer::adam(0.1).unwrap();
     let w = s.use_param(&p).unwrap();
     let l = s.sum(&w).unwrap();
     s.backward(&l).unwrap();

@@ -9,14 +9,26 @@ use tl_spec::{Scalar, Tensor};
 
 fn optimizers() -> Vec<(&'static str, Optimizer)> {
     vec![
-        ("sgd", Optimizer::sgd(0.1)),
-        ("momentum", Optimizer::momentum(0.1, 0.9).weight_decay(0.01)),
+        ("sgd", Optimizer::sgd(0.1).unwrap()),
+        (
+            "momentum",
+            Optimizer::momentum(0.1, 0.9)
+                .unwrap()
+                .weight_decay(0.01)
+                .unwrap(),
+        ),
         (
             "nesterov",
-            Optimizer::momentum(0.05, 0.8).dampening_nesterov(0.1, true),
+            Optimizer::momentum(0.05, 0.8)
+                .unwrap()
+                .dampening_nesterov(0.1, true)
+                .unwrap(),
         ),
-        ("adam", Optimizer::adam(0.05).weight_decay(0.02)),
-        ("adamw", Optimizer::adamw(0.05)),
+        (
+            "adam",
+            Optimizer::adam(0.05).unwrap().weight_decay(0.02).unwrap(),
+        ),
+        ("adamw", Optimizer::adamw(0.05).unwrap()),
     ]
 }
 
@@ -189,12 +201,12 @@ fn resumed_runs_continue_the_exact_trajectory_in_the_linked_session() {
 fn bad_state_is_a_clear_error_and_leaves_the_optimizer_unchanged() {
     let mut s = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
     let p = params(&mut s, None);
-    let mut adam = Optimizer::adam(0.1);
+    let mut adam = Optimizer::adam(0.1).unwrap();
     eager_steps(&mut s, &p, &mut adam, 0..2);
     let state = s.optimizer_state(&adam).unwrap();
     assert_eq!(state.len(), 3 * 3, "step, m, v for each of three params");
     // Adam's state into SGD: the entries are named, nothing is loaded.
-    let mut sgd = Optimizer::momentum(0.1, 0.9);
+    let mut sgd = Optimizer::momentum(0.1, 0.9).unwrap();
     let e = s.load_optimizer_state(&mut sgd, &state).unwrap_err();
     assert!(
         matches!(&e, Error::Usage { detail, .. } if detail.contains("adam.m.w")),
@@ -204,7 +216,7 @@ fn bad_state_is_a_clear_error_and_leaves_the_optimizer_unchanged() {
     // A moment of the wrong shape, a missing moment.
     let mut bad = state.clone();
     bad.insert("adam.m.b".into(), Tensor::vector(vec![1.0; 3]));
-    let mut fresh = Optimizer::adam(0.1);
+    let mut fresh = Optimizer::adam(0.1).unwrap();
     let e = s.load_optimizer_state(&mut fresh, &bad).unwrap_err();
     assert!(matches!(e, Error::Shape { .. }), "{e}");
     bad.remove("adam.m.b");

@@ -9,7 +9,7 @@ fn train(kind: Kind, epochs: usize) -> Vec<f64> {
     let mut s = Any::<f32>::new(kind);
     let (x, y) = regression_grid::<f32>(6);
     let mlp = Mlp::new(s.ops(), &[2, 16, 1], Activation::Tanh, 7).unwrap();
-    let mut opt = Optimizer::adam(0.02);
+    let mut opt = Optimizer::adam(0.02).unwrap();
     let mut losses = Vec::new();
     for _ in 0..epochs {
         let loss = mlp.loss(s.ops(), x.clone(), y.clone()).unwrap();

@@ -5,7 +5,7 @@
 //! mean's denominator) and gets no gradient. PyTorch raises on such a label; its `ignore_index`
 //! is the nearest analogue (but PyTorch also drops ignored rows from the mean).
 
-use super::index::nat_vec_at;
+use super::index::try_nat_vec_at;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// Shape rule: logits (classes) or (rows, classes) with rows, classes ≥ 1 → scalar.
@@ -34,7 +34,7 @@ fn dims(logits: &Shape) -> Result<(usize, usize)> {
 /// The labels the op reads (positions `labels_at..labels_at + rows` of the Nat environment) for `logits` of shape `logits`.
 pub fn labels(logits: &Shape, nats: &[usize], labels_at: usize) -> Result<Vec<usize>> {
     let (rows, _) = dims(logits)?;
-    Ok(nat_vec_at(nats, labels_at, rows))
+    try_nat_vec_at("crossEntropy", nats, labels_at, rows)
 }
 
 /// Row softmax `p` and log-sum-exp of one row (max-shifted).

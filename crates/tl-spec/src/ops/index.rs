@@ -27,6 +27,14 @@ pub fn nat_vec_at(nats: &[usize], at: usize, k: usize) -> Vec<usize> {
         .collect()
 }
 
+/// [`nat_vec_at`] for a `k` that comes from input: the `k` indices are checked against the
+/// allocation cap ([`crate::alloc`]) first, so an absurd `k` is an error naming `op`, not an abort.
+pub fn try_nat_vec_at(op: &'static str, nats: &[usize], at: usize, k: usize) -> Result<Vec<usize>> {
+    let mut v = crate::alloc::try_with_capacity(op, "Nat-environment indices", k)?;
+    v.extend((0..k).map(|j| at.checked_add(j).map_or(0, |p| nat_at(nats, p))));
+    Ok(v)
+}
+
 /// An index tensor's element read as a row index: non-negative integral values below `rows`
 /// are valid; anything else (negative, fractional, NaN, ±∞, too large) maps to `rows`, which
 /// every gather treats as out of range.
@@ -271,6 +279,18 @@ mod tests {
         assert_eq!(nat_at(&nats, 3), 0);
         assert_eq!(nat_vec_at(&nats, 1, 4), vec![1, 4, 0, 0]);
         assert_eq!(nat_vec_at(&nats, usize::MAX, 2), vec![0, 0]);
+        assert_eq!(try_nat_vec_at("g", &nats, 1, 4).unwrap(), vec![1, 4, 0, 0]);
+        let e = try_nat_vec_at("gatherScalarsNatVec", &nats, 0, 1 << 61).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::TooLarge {
+                    op: "gatherScalarsNatVec",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

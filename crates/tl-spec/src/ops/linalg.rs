@@ -32,7 +32,7 @@ pub fn matmul_shape(a: &Shape, b: &Shape) -> Result<Shape> {
             format!("inner dims differ: {a} · {b}"),
         ));
     }
-    Ok(Shape::new(&[m, p]))
+    Shape::try_new("matmul", &[m, p])
 }
 
 /// Shape rule of `bmm`: (B, m, n) · (B, n, p) → (B, m, p).
@@ -45,7 +45,7 @@ pub fn bmm_shape(a: &Shape, b: &Shape) -> Result<Shape> {
             format!("batch or inner dims differ: {a} · {b}"),
         ));
     }
-    Ok(Shape::new(&[ba, m, p]))
+    Shape::try_new("bmm", &[ba, m, p])
 }
 
 /// Shape rule of `linear(w, b, x)`: w (out, in), b (out), x (in) → (out) or x (B, in) → (B, out).
@@ -59,7 +59,7 @@ pub fn linear_shape(w: &Shape, b: &Shape, x: &Shape) -> Result<Shape> {
     }
     match *x.dims() {
         [i] if i == inp => Ok(Shape::new(&[out])),
-        [batch, i] if i == inp => Ok(Shape::new(&[batch, out])),
+        [batch, i] if i == inp => Shape::try_new("linear", &[batch, out]),
         _ => Err(Error::shape(
             "linear",
             format!("input must have shape [{inp}] or [B, {inp}] for weight {w}, got {x}"),
@@ -97,7 +97,7 @@ pub fn matmul<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let s = matmul_shape(a.shape(), b.shape())?;
     let (m, n) = (a.shape().dims()[0], a.shape().dims()[1]);
     let p = b.shape().dims()[1];
-    let mut out = vec![T::zero(); m * p];
+    let mut out = crate::alloc::try_vec("matmul", "output", s.numel(), T::zero())?;
     gemm(a.data(), false, b.data(), false, m, n, p, &mut out);
     Tensor::new(s, out)
 }
@@ -145,7 +145,7 @@ fn check_cotangent<T: Scalar>(op: &'static str, expected: &Shape, g: &Tensor<T>)
 pub fn bmm<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let s = bmm_shape(a.shape(), b.shape())?;
     let (bs, m, n, p) = (s.dims()[0], s.dims()[1], a.shape().dims()[2], s.dims()[2]);
-    let mut out = vec![T::zero(); bs * m * p];
+    let mut out = crate::alloc::try_vec("bmm", "output", s.numel(), T::zero())?;
     for k in 0..bs {
         let (ak, bk) = (
             &a.data()[k * m * n..(k + 1) * m * n],
@@ -229,7 +229,7 @@ pub fn linear<T: Scalar>(w: &Tensor<T>, b: &Tensor<T>, x: &Tensor<T>) -> Result<
     let s = linear_shape(w.shape(), b.shape(), x.shape())?;
     let (out, inp) = (w.shape().dims()[0], w.shape().dims()[1]);
     let (rows, _) = as_rows(x);
-    let mut y = vec![T::zero(); rows * out];
+    let mut y = crate::alloc::try_vec("linear", "output", s.numel(), T::zero())?;
     // y (rows, out) = x (rows, in) · Wᵀ (in, out)
     gemm(x.data(), false, w.data(), true, rows, inp, out, &mut y);
     for r in 0..rows {

@@ -29,8 +29,9 @@ fn reduce_axis<T: Scalar>(
     scale: T,
 ) -> Result<Tensor<T>> {
     let (outer, n, inner) = x.shape().split_at_axis(op, axis)?;
+    let out_shape = reduce_axis_shape(op, x.shape(), axis)?;
     let src = x.data();
-    let mut out = vec![T::zero(); outer * inner];
+    let mut out = crate::alloc::try_vec(op, "output", out_shape.check_size(op)?, T::zero())?;
     for o in 0..outer {
         for i in 0..inner {
             let mut acc = T::zero();
@@ -40,7 +41,7 @@ fn reduce_axis<T: Scalar>(
             out[o * inner + i] = acc * scale;
         }
     }
-    Tensor::new(reduce_axis_shape(op, x.shape(), axis)?, out)
+    Tensor::new(out_shape, out)
 }
 
 fn expand_axis<T: Scalar>(

@@ -3,9 +3,9 @@
 
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
-/// Shape rule of `reshape`: same element count.
+/// Shape rule of `reshape`: same element count (a target whose count overflows is an error).
 pub fn reshape_shape(x: &Shape, to: &Shape) -> Result<Shape> {
-    if x.numel() == to.numel() {
+    if x.checked_numel() == Some(to.check_size("reshape")?) {
         Ok(to.clone())
     } else {
         Err(Error::shape(
@@ -110,7 +110,7 @@ pub fn swap_last_two<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
 
 fn swap_adjacent_perm(rank: usize, depth: usize) -> Vec<usize> {
     let mut perm: Vec<usize> = (0..rank).collect();
-    if depth + 1 < rank {
+    if depth < rank.saturating_sub(1) {
         perm.swap(depth, depth + 1);
     }
     perm
@@ -141,6 +141,13 @@ mod tests {
         let s = swap_last_two(&x).unwrap();
         assert_eq!(s.get(&[1, 3, 2]), x.get(&[1, 2, 3]));
         assert_eq!(swap_adjacent(&x, 5), x);
+        assert_eq!(
+            swap_adjacent(&x, usize::MAX),
+            x,
+            "out of range (even at MAX) = identity"
+        );
+        assert_eq!(swap_adjacent(&x, 2), x);
+        assert_eq!(swap_adjacent_shape(x.shape(), usize::MAX), *x.shape());
         assert_eq!(swap_adjacent(&x, 1), s);
         let t = transpose2d(&Tensor::<f64>::from_fn([2, 3], |i| i as f64)).unwrap();
         assert_eq!(t.data(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
@@ -153,5 +160,8 @@ mod tests {
             .to_string();
         assert!(e.contains("transpose2d") && e.contains("[2, 3, 4]"), "{e}");
         assert!(reshape_shape(&Shape::new(&[2, 3]), &Shape::new(&[5])).is_err());
+        // Both saturate numel() at usize::MAX; they must still not be "equal sizes".
+        let huge = Shape::new(&[1 << 40, 1 << 40]);
+        assert!(reshape_shape(&huge, &Shape::new(&[1 << 41, 1 << 41])).is_err());
     }
 }

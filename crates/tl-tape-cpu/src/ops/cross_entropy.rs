@@ -4,7 +4,7 @@
 
 use smallvec::smallvec;
 use tl_ir::Op;
-use tl_spec::ops::index::nat_vec_at;
+use tl_spec::ops::index::try_nat_vec_at;
 use tl_spec::{Scalar, Shape, Tensor};
 
 use super::{Grads, check_arity, check_shape, out_shape, tensor, wrong_family};
@@ -67,7 +67,7 @@ fn setup<T: Scalar>(
         &[c] => (1, c),
         d => (d[0], d[1]),
     };
-    Ok((rows, c, nat_vec_at(nats, *labels_at, rows)))
+    Ok((rows, c, try_nat_vec_at(op.name(), nats, *labels_at, rows)?))
 }
 
 /// `m + log Σ exp(v − m)`, m the row max.

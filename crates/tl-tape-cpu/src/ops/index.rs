@@ -7,7 +7,7 @@
 
 use smallvec::smallvec;
 use tl_ir::Op;
-use tl_spec::ops::index::{nat_at, nat_vec_at};
+use tl_spec::ops::index::{nat_at, try_nat_vec_at};
 use tl_spec::{Scalar, Tensor};
 
 use super::{Grads, check_arity, check_shape, out_shape, tensor, wrong_family};
@@ -95,8 +95,12 @@ fn indices<T: Scalar>(
         | GatherScalarRaw { index }
         | GatherRowRaw { index } => vec![*index],
         GatherScalarNat { at } | GatherRowNat { at } => vec![nat_at(nats, *at)],
-        GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => nat_vec_at(nats, *at, *k),
-        GatherIndexTensor => x[1]
+        GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => {
+            try_nat_vec_at(op.name(), nats, *at, *k)?
+        }
+        GatherIndexTensor => x
+            .get(1)
+            .ok_or_else(|| wrong_family(op, "index"))?
             .data()
             .iter()
             .map(|&v| {

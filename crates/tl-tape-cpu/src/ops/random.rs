@@ -21,6 +21,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             seed,
             counter,
         } => {
+            tl_spec::alloc::check_shape::<T>(op.name(), shape)?;
             let k = rng::key(*seed, *counter);
             let data = (0..shape.numel() as u64)
                 .map(|i| rng::uniform::<T>(k, i))
@@ -33,6 +34,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             seed,
             counter,
         } => {
+            tl_spec::alloc::check_shape::<T>(op.name(), shape)?;
             let k = rng::key(*seed, *counter);
             let data = (0..shape.numel() as u64)
                 .map(|i| {

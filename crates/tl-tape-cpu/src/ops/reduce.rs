@@ -58,17 +58,22 @@ fn split(op: &Op, s: &Shape, axis: usize) -> Result<(usize, usize, usize, Shape)
         )
         .into());
     }
-    let outer = d[..axis].iter().product();
-    let inner = d[axis + 1..].iter().product();
+    // Saturating: a zero-element input may have dims whose product overflows; the output's
+    // size is checked before anything is allocated.
+    let outer = d[..axis].iter().fold(1usize, |a, &b| a.saturating_mul(b));
+    let inner = d[axis + 1..]
+        .iter()
+        .fold(1usize, |a, &b| a.saturating_mul(b));
     let mut out = d.to_vec();
     out.remove(axis);
     Ok((outer, d[axis], inner, Shape::new(&out)))
 }
 
 fn reduce_axis<T: Scalar>(op: &Op, x: &Tensor<T>, axis: usize, mean: bool) -> Result<Tensor<T>> {
-    let (outer, n, inner, out_shape) = split(op, x.shape(), axis)?;
+    let (_, n, inner, out_shape) = split(op, x.shape(), axis)?;
+    let len = out_shape.check_size(op.name())?;
     let src = x.data();
-    let mut out = vec![T::zero(); outer * inner];
+    let mut out = tl_spec::alloc::try_vec(op.name(), "output", len, T::zero())?;
     if inner == 1 {
         if n > 0 {
             for (o, row) in out.iter_mut().zip(src.chunks_exact(n)) {
@@ -100,10 +105,10 @@ fn expand_axis<T: Scalar>(
     g: &Tensor<T>,
     mean: bool,
 ) -> Result<Tensor<T>> {
-    let (outer, n, inner, out_shape) = split(op, x, axis)?;
+    let (_, n, inner, out_shape) = split(op, x, axis)?;
     check_shape(op, "cotangent", g, &out_shape)?;
     let gd = g.data();
-    let mut dx = vec![T::zero(); outer * n * inner];
+    let mut dx = vec![T::zero(); x.numel()];
     let scale = if mean {
         T::one() / T::lit(n as f64)
     } else {

@@ -28,11 +28,11 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         }
         PermuteBca => {
             let (a, b, c) = dims3(op, x.shape())?;
-            permute(x, Shape::new(&[b, c, a]), 1, a, b * c, 1)
+            permute(x, Shape::new(&[b, c, a]), 1, a, b.saturating_mul(c), 1)
         }
         PermuteCab => {
             let (a, b, c) = dims3(op, x.shape())?;
-            permute(x, Shape::new(&[c, a, b]), 1, a * b, c, 1)
+            permute(x, Shape::new(&[c, a, b]), 1, a.saturating_mul(b), c, 1)
         }
         SwapLastTwo => {
             let (a, b, c) = dims3(op, x.shape())?;
@@ -115,11 +115,15 @@ fn rank_error(op: &Op, rank: usize, s: &Shape) -> crate::Error {
 /// Swap axes `depth` and `depth + 1` (identity, sharing storage, when out of range).
 fn swap_adjacent<T: Scalar>(x: &Tensor<T>, depth: usize) -> Result<Tensor<T>> {
     let d = x.shape().dims();
-    if depth + 1 >= d.len() {
+    // `depth + 1 >= rank` without overflowing at `depth = usize::MAX` (SEMANTICS.md: identity).
+    if depth >= d.len().saturating_sub(1) {
         return Ok(x.clone());
     }
-    let pre: usize = d[..depth].iter().product();
-    let post: usize = d[depth + 2..].iter().product();
+    // Saturating: an empty tensor may have dims whose product overflows (permute returns early).
+    let pre = d[..depth].iter().fold(1usize, |a, &b| a.saturating_mul(b));
+    let post = d[depth + 2..]
+        .iter()
+        .fold(1usize, |a, &b| a.saturating_mul(b));
     let mut out_dims: SmallVec<[usize; 6]> = SmallVec::from_slice(d);
     out_dims.swap(depth, depth + 1);
     permute(x, Shape::new(&out_dims), pre, d[depth], d[depth + 1], post)
@@ -135,6 +139,10 @@ fn permute<T: Scalar>(
     cell: usize,
 ) -> Result<Tensor<T>> {
     let src = x.data();
+    if src.is_empty() {
+        // Nothing moves; the dims of an empty tensor may multiply past usize (never computed).
+        return tensor(out_shape, Vec::new());
+    }
     let block = rows * cols * cell;
     if src.len() != batch * block || out_shape.numel() != src.len() {
         return Err(SpecError::shape(

@@ -171,3 +171,93 @@ fn kernels_reject_inconsistent_operands_instead_of_panicking() {
     let e0 = Tensor::<f64>::zeros([2, 0]);
     assert!(ops::forward(&Op::LogSoftmax, &[&e0], &[]).is_err());
 }
+
+/// Issue 14: oversized or wrapping shapes on the CPU tape are errors naming the op, before any
+/// kernel allocates; `swapAdjacent(usize::MAX)` is the identity.
+#[test]
+fn oversized_outputs_are_refused_before_allocating() {
+    let mut t = Tape::<f32>::new();
+    let a = t.leaf(Tensor::zeros([1 << 32, 0]), Some("a"), true);
+    let b = t.leaf(Tensor::zeros([0, 1 << 32]), Some("b"), true);
+    let x = t.leaf(Tensor::from_fn([2, 3], |i| i as f32), Some("x"), true);
+    let one = t.leaf(Tensor::ones([1]), Some("one"), true);
+    let len = t.len();
+    let msg = t.apply(&Op::Matmul, &[a, b]).unwrap_err().to_string();
+    assert!(msg.contains("matmul") && msg.contains("too large"), "{msg}");
+    let big = Shape::new(&[100_000_000_000]);
+    let cases = [
+        Op::RandUniform {
+            shape: Shape::new(&[1 << 62]),
+            seed: 0,
+            counter: 0,
+        },
+        Op::RandUniform {
+            shape: big.clone(),
+            seed: 0,
+            counter: 0,
+        },
+        Op::BernoulliMask {
+            shape: big.clone(),
+            keep: 0.5,
+            seed: 0,
+            counter: 0,
+        },
+    ];
+    for op in cases {
+        let msg = t.apply(&op, &[]).unwrap_err().to_string();
+        assert!(
+            msg.contains(op.name()) && msg.contains("too large"),
+            "{msg}"
+        );
+    }
+    let msg = t
+        .apply(&Op::BroadcastTo(big.clone()), &[one])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("broadcastTo") && msg.contains("allocation cap"),
+        "{msg}"
+    );
+    let msg = t
+        .apply(
+            &Op::GatherRowsNatVec {
+                at: 0,
+                k: 100_000_000_000,
+            },
+            &[x],
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("gather") && msg.contains("allocation cap"),
+        "{msg}"
+    );
+    let e = t.leaf(Tensor::zeros([0, 100_000_000_000]), None, true);
+    let msg = t.apply(&Op::ReduceSum(0), &[e]).unwrap_err().to_string();
+    assert!(
+        msg.contains("reduceSum") && msg.contains("allocation cap"),
+        "{msg}"
+    );
+    assert_eq!(t.len(), len + 1, "only the extra leaf was added");
+    // The kernels themselves refuse too, when called directly.
+    let msg = tl_tape_cpu::ops::reduce::forward(&Op::ReduceSum(0), &[t.get(e).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("allocation cap"), "{msg}");
+    let msg = tl_tape_cpu::ops::random::forward::<f32>(
+        &Op::RandUniform {
+            shape: big,
+            seed: 0,
+            counter: 0,
+        },
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(msg.contains("allocation cap"), "{msg}");
+    // swapAdjacent out of range is the identity, forward and backward.
+    let s = t.apply(&Op::SwapAdjacent(usize::MAX), &[x]).unwrap();
+    assert_eq!(t.get(s).unwrap(), t.get(x).unwrap());
+    let g = t.backward_dense(s, &Tensor::ones([2, 3])).unwrap();
+    assert_eq!(g[x], Tensor::ones([2, 3]));
+}

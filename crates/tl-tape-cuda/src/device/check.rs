@@ -134,9 +134,10 @@ impl BroadcastPlan {
     }
 
     /// The source index of every result element, in row-major order of the result (the
-    /// per-thread index computation of the kernel, done with a mixed-radix counter).
-    pub fn source_indices(&self) -> Vec<usize> {
-        gather_indices(&self.to, &self.src_strides, self.to_len)
+    /// per-thread index computation of the kernel, done with a mixed-radix counter). The index
+    /// vector is checked against the allocation cap ([`tl_spec::alloc`]) first.
+    pub fn source_indices(&self) -> Result<Vec<usize>> {
+        gather_indices("broadcast", &self.to, &self.src_strides, self.to_len)
     }
 }
 
@@ -174,16 +175,22 @@ impl PermutePlan {
         })
     }
 
-    /// The source index of every output element, in row-major order of the output.
-    pub fn source_indices(&self) -> Vec<usize> {
-        gather_indices(&self.out, &self.src_strides, self.len)
+    /// The source index of every output element, in row-major order of the output (checked
+    /// against the allocation cap first).
+    pub fn source_indices(&self) -> Result<Vec<usize>> {
+        gather_indices("permute", &self.out, &self.src_strides, self.len)
     }
 }
 
 /// Source offsets of a strided gather over `dims`, in row-major order of `dims`.
-fn gather_indices(dims: &[usize], src_strides: &[usize], len: usize) -> Vec<usize> {
+fn gather_indices(
+    op: &'static str,
+    dims: &[usize],
+    src_strides: &[usize],
+    len: usize,
+) -> Result<Vec<usize>> {
     let rank = dims.len();
-    let mut out = Vec::with_capacity(len);
+    let mut out = tl_spec::alloc::try_with_capacity(op, "source indices", len)?;
     let mut counter: Dims = SmallVec::from_elem(0, rank);
     let mut src = 0usize;
     for _ in 0..len {
@@ -198,7 +205,7 @@ fn gather_indices(dims: &[usize], src_strides: &[usize], len: usize) -> Vec<usiz
             counter[k] = 0;
         }
     }
-    out
+    Ok(out)
 }
 
 /// Checked operand lengths of a (batched) product: `(a_len, b_len, out_len)` per batch entry.
@@ -242,7 +249,10 @@ mod tests {
     #[test]
     fn broadcast_plan_follows_numpy_rules() {
         let p = BroadcastPlan::new("broadcast", &[2, 1], &[3, 2, 2]).unwrap();
-        assert_eq!(p.source_indices(), vec![0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1]);
+        assert_eq!(
+            p.source_indices().unwrap(),
+            vec![0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1]
+        );
         assert!(BroadcastPlan::new("broadcast", &[], &[2, 2]).is_ok());
         let e = BroadcastPlan::new("broadcast", &[2], &[2, 3])
             .unwrap_err()
@@ -253,7 +263,7 @@ mod tests {
     #[test]
     fn permute_plan_rejects_non_permutations_and_high_rank() {
         let p = PermutePlan::new("permute", &[2, 3], &[1, 0]).unwrap();
-        assert_eq!(p.source_indices(), vec![0, 3, 1, 4, 2, 5]);
+        assert_eq!(p.source_indices().unwrap(), vec![0, 3, 1, 4, 2, 5]);
         assert!(PermutePlan::new("permute", &[2, 3], &[0, 0]).is_err());
         assert!(PermutePlan::new("permute", &[2, 3], &[0, 2]).is_err());
         assert!(PermutePlan::new("permute", &[2, 3], &[0]).is_err());

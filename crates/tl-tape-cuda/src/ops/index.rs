@@ -12,7 +12,7 @@
 
 use tl_ir::Op;
 use tl_spec::Shape;
-use tl_spec::ops::index::{index_value, nat_at, nat_vec_at};
+use tl_spec::ops::index::{index_value, nat_at, try_nat_vec_at};
 
 use super::with_scratch;
 use crate::device::{Buffer, Device};
@@ -48,7 +48,9 @@ pub fn indices<D: Device>(
         | GatherScalarRaw { index }
         | GatherRowRaw { index } => vec![*index],
         GatherScalarNat { at } | GatherRowNat { at } => vec![nat_at(nats, *at)],
-        GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => nat_vec_at(nats, *at, *k),
+        GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => {
+            try_nat_vec_at(op.name(), nats, *at, *k)?
+        }
         GatherIndexTensor => dev
             .download(x[1].buffer())?
             .into_iter()
@@ -117,7 +119,7 @@ fn cross_entropy_setup(
     x: &AnyBuffer,
     labels_at: usize,
     nats: &[usize],
-) -> (usize, usize, Vec<usize>) {
+) -> Result<(usize, usize, Vec<usize>)> {
     let (rows, c) = match x.shape().dims() {
         &[c] => (1, c),
         d => (
@@ -125,7 +127,11 @@ fn cross_entropy_setup(
             d.get(1).copied().unwrap_or(1),
         ),
     };
-    (rows, c, nat_vec_at(nats, labels_at, rows))
+    Ok((
+        rows,
+        c,
+        try_nat_vec_at("crossEntropy", nats, labels_at, rows)?,
+    ))
 }
 
 /// Forward of `crossEntropy`: the mean of the per-row losses.
@@ -135,7 +141,7 @@ pub fn cross_entropy<D: Device>(
     labels_at: usize,
     nats: &[usize],
 ) -> Result<Buffer> {
-    let (rows, c, labels) = cross_entropy_setup(x, labels_at, nats);
+    let (rows, c, labels) = cross_entropy_setup(x, labels_at, nats)?;
     with_scratch(dev, |dev, s| {
         let per = s.tmp(dev.cross_entropy_rows(x.buffer(), rows, c, &labels)?);
         dev.reduce_mean(per)
@@ -150,7 +156,7 @@ pub fn cross_entropy_back<D: Device>(
     g: Buffer,
     nats: &[usize],
 ) -> Result<Buffer> {
-    let (rows, c, labels) = cross_entropy_setup(x, labels_at, nats);
+    let (rows, c, labels) = cross_entropy_setup(x, labels_at, nats)?;
     dev.cross_entropy_rows_bwd(x.buffer(), g, rows, c, &labels)
 }
 

@@ -39,7 +39,8 @@ pub fn perm_of(op: &Op, rank: usize) -> Result<Vec<usize>> {
         Op::SwapLastTwo => fixed(&[0, 2, 1]),
         Op::SwapAdjacent(depth) => {
             let mut p: Vec<usize> = (0..rank).collect();
-            if depth + 1 < rank {
+            // `depth + 1 < rank` without overflowing at `depth = usize::MAX`.
+            if *depth < rank.saturating_sub(1) {
                 p.swap(*depth, depth + 1);
             }
             Ok(p)

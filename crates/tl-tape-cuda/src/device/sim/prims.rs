@@ -126,7 +126,7 @@ impl Launch for SimDevice {
 
     fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer> {
         const OP: &str = "broadcast";
-        let src = plan.source_indices();
+        let src = plan.source_indices()?;
         self.launch(OP, [x], plan.to_len, |[x], out| {
             for (o, &i) in out.iter_mut().zip(&src) {
                 *o = x[i];
@@ -141,7 +141,7 @@ impl Launch for SimDevice {
         plan: &BroadcastPlan,
     ) -> Result<Buffer> {
         const OP: &str = "reduce_broadcast";
-        let src = plan.source_indices();
+        let src = plan.source_indices()?;
         self.launch(OP, [g], plan.from_len, |[g], out| {
             // Per output element: its preimage in increasing row-major order of `g`, from 0.
             out.fill(0.0);
@@ -153,7 +153,7 @@ impl Launch for SimDevice {
 
     fn launch_permute(&mut self, x: Buffer, plan: &PermutePlan) -> Result<Buffer> {
         const OP: &str = "permute";
-        let src = plan.source_indices();
+        let src = plan.source_indices()?;
         self.launch(OP, [x], plan.len, |[x], out| {
             for (o, &i) in out.iter_mut().zip(&src) {
                 *o = x[i];

@@ -1,0 +1,182 @@
+//! The allocation cap: the largest single buffer any crate of the runtime will allocate.
+//!
+//! Shapes come from user input, and a shape of 10¹⁰ elements is well formed but cannot be held:
+//! asking the allocator for it aborts the process ("memory allocation of … bytes failed") or
+//! panics ("capacity overflow"). So every allocation whose size comes from input — host tensors
+//! made by the tapes and the reference rules, kernel workspaces, the CUDA simulation device and
+//! the CUDA caching allocator — is checked here first and refused with [`Error::TooLarge`]
+//! (naming the op, the element count and the bytes) *before* anything is allocated.
+//!
+//! | knob | effect |
+//! |---|---|
+//! | [`set_max_alloc_bytes`]`(Some(n))` | cap every single buffer at `n` bytes (process-wide) |
+//! | [`set_max_alloc_bytes`]`(None)` | back to the default |
+//! | environment variable [`ENV_VAR`] (`TL_MAX_ALLOC_BYTES`) | the default, in bytes; `K`, `M`, `G`, `T` suffixes (powers of 1024) accepted; read once, at the first check |
+//! | neither | the machine's physical memory (`MemTotal` of `/proc/meminfo`), or [`FALLBACK_BYTES`] (16 GiB) where that cannot be read |
+//!
+//! The cap bounds one buffer, not the sum of all of them: it turns "this request can never be
+//! satisfied" into an error, it is not a memory budget. Empty buffers are always allowed.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::{Error, Result, Shape};
+
+/// The environment variable that sets the default cap, in bytes (e.g. `8G`).
+pub const ENV_VAR: &str = "TL_MAX_ALLOC_BYTES";
+
+/// The default cap where neither [`ENV_VAR`] nor `/proc/meminfo` gives one: 16 GiB.
+pub const FALLBACK_BYTES: usize = 16 << 30;
+
+/// The override set by [`set_max_alloc_bytes`], plus one (0: none).
+static OVERRIDE: AtomicUsize = AtomicUsize::new(0);
+/// The default, computed once.
+static DEFAULT: OnceLock<usize> = OnceLock::new();
+
+/// Parse a byte count: decimal digits with an optional `K`, `M`, `G` or `T` suffix (powers of
+/// 1024, case-insensitive, an optional trailing `B` or `iB`). `None` when malformed or overflowing.
+pub fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let upper = s.to_ascii_uppercase();
+    let body = upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper);
+    let (digits, shift) = match body.chars().last()? {
+        'K' => (&body[..body.len() - 1], 10),
+        'M' => (&body[..body.len() - 1], 20),
+        'G' => (&body[..body.len() - 1], 30),
+        'T' => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let n: usize = digits.trim().parse().ok()?;
+    n.checked_mul(1usize.checked_shl(shift)?)
+}
+
+/// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`), if readable.
+pub fn physical_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: usize = line
+        .trim_start_matches("MemTotal:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
+}
+
+fn default_cap() -> usize {
+    std::env::var(ENV_VAR)
+        .ok()
+        .and_then(|v| parse_bytes(&v))
+        .or_else(physical_memory)
+        .unwrap_or(FALLBACK_BYTES)
+}
+
+/// The cap in bytes now in force (see the module documentation for where it comes from).
+pub fn max_alloc_bytes() -> usize {
+    match OVERRIDE.load(Ordering::Relaxed) {
+        0 => *DEFAULT.get_or_init(default_cap),
+        n => n - 1,
+    }
+}
+
+/// Set the process-wide cap (`Some(bytes)`) or return to the default (`None`); returns the cap
+/// that was in force before. A cap of `usize::MAX` is taken as `usize::MAX − 1`.
+pub fn set_max_alloc_bytes(bytes: Option<usize>) -> usize {
+    let before = max_alloc_bytes();
+    OVERRIDE.store(bytes.map_or(0, |b| b.saturating_add(1)), Ordering::Relaxed);
+    before
+}
+
+/// Check a buffer of `n` elements of `elem_bytes` bytes each for `op`: an error when the byte
+/// size overflows or exceeds the cap. `what` says which buffer (e.g. "output [3, 4]").
+pub fn check_bytes(op: &'static str, what: &str, n: usize, elem_bytes: usize) -> Result<()> {
+    if n == 0 || elem_bytes == 0 {
+        return Ok(());
+    }
+    let cap = max_alloc_bytes();
+    match n.checked_mul(elem_bytes) {
+        Some(bytes) if bytes <= cap && bytes <= isize::MAX as usize => Ok(()),
+        Some(bytes) => Err(Error::TooLarge {
+            op,
+            detail: format!(
+                "{what}: {n} element(s) of {elem_bytes} byte(s) = {bytes} bytes exceed the allocation cap of {cap} bytes (set {ENV_VAR} or tl_spec::alloc::set_max_alloc_bytes to change it)"
+            ),
+        }),
+        None => Err(Error::TooLarge {
+            op,
+            detail: format!(
+                "{what}: {n} element(s) of {elem_bytes} byte(s) overflow the byte count of this machine"
+            ),
+        }),
+    }
+}
+
+/// Check a buffer of `n` values of `T` for `op` against the cap (see [`check_bytes`]).
+pub fn check_len<T>(op: &'static str, what: &str, n: usize) -> Result<()> {
+    check_bytes(op, what, n, std::mem::size_of::<T>())
+}
+
+/// Check a tensor of `shape` holding `T` for `op`: its element count must not overflow and its
+/// bytes must fit under the cap.
+pub fn check_shape<T>(op: &'static str, shape: &Shape) -> Result<()> {
+    let n = shape.check_size(op)?;
+    check_len::<T>(op, &format!("a tensor of shape {shape}"), n)
+}
+
+/// An empty vector with room for `n` values, after [`check_len`]; the reservation itself is
+/// fallible (`try_reserve_exact`), so a refusal by the system allocator is an error too.
+pub fn try_with_capacity<T>(op: &'static str, what: &str, n: usize) -> Result<Vec<T>> {
+    check_len::<T>(op, what, n)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| Error::TooLarge {
+        op,
+        detail: format!("{what}: cannot allocate {n} element(s): {e}"),
+    })?;
+    Ok(v)
+}
+
+/// `vec![value; n]`, checked as [`try_with_capacity`].
+pub fn try_vec<T: Clone>(op: &'static str, what: &str, n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(op, what, n)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_parse_with_binary_suffixes() {
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("8K"), Some(8 << 10));
+        assert_eq!(parse_bytes(" 3 MiB "), Some(3 << 20));
+        assert_eq!(parse_bytes("2g"), Some(2 << 30));
+        assert_eq!(parse_bytes("1TB"), Some(1 << 40));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("99999999999999999999T"), None);
+    }
+
+    #[test]
+    fn overflowing_and_oversized_requests_are_refused_before_allocating() {
+        // Far above any machine's memory whatever the cap: 2^61 f64 values.
+        let e = try_vec::<f64>("test", "a buffer", 1 << 61, 0.0).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { op: "test", .. }), "{e}");
+        let e = check_len::<u64>("test", "a buffer", usize::MAX).unwrap_err();
+        assert!(e.to_string().contains("overflow"), "{e}");
+        assert!(check_len::<f32>("test", "empty", 0).is_ok());
+        assert_eq!(try_vec("test", "small", 3, 1.5f32).unwrap(), vec![1.5; 3]);
+    }
+
+    #[test]
+    fn physical_memory_is_read_on_linux() {
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(physical_memory().is_some_and(|b| b > 1 << 20));
+        }
+    }
+}
