@@ -62,6 +62,23 @@ fn check(
     Ok(())
 }
 
+/// The weight `(lead[0], lead[1], k…)` and bias `(outputs)` of a convolution, initialised as
+/// PyTorch does with the fan-in `lead[1]·∏k` (PyTorch takes `weight.size(1)`: the inputs of a
+/// convolution, the outputs of a transposed one).
+fn weight_and_bias<O: Train>(
+    vars: &Vars<'_, O>,
+    lead: [usize; 2],
+    outputs: usize,
+    kernel: &[usize],
+) -> Result<(Param, Param)> {
+    let fan_in = lead[1] * kernel.iter().product::<usize>();
+    let dims: Vec<usize> = lead.iter().chain(kernel).copied().collect();
+    Ok((
+        vars.param("weight", &dims, Init::default_weight(fan_in))?,
+        vars.param("bias", &[outputs], Init::default_bias(fan_in))?,
+    ))
+}
+
 /// A convolution (cross-correlation): weight (out, in, k…), bias (out); x (in, …) or
 /// (N, in, …) → (out, …) / (N, out, …). PyTorch: `nn.ConvNd(in, out, kernel, stride,
 /// padding)`, initialised as PyTorch does (`kaiming_uniform(a=√5)`, bias ±1/√(in·∏k)).
@@ -85,12 +102,10 @@ impl Conv {
         config: ConvConfig,
     ) -> Result<Self> {
         check("Conv::new", inputs, outputs, kernel, config)?;
-        let fan_in = inputs * kernel.iter().product::<usize>();
-        let mut dims = vec![outputs, inputs];
-        dims.extend_from_slice(kernel);
+        let (weight, bias) = weight_and_bias(vars, [outputs, inputs], outputs, kernel)?;
         Ok(Conv {
-            weight: vars.param("weight", &dims, Init::default_weight(fan_in))?,
-            bias: vars.param("bias", &[outputs], Init::default_bias(fan_in))?,
+            weight,
+            bias,
             config,
         })
     }
@@ -170,12 +185,10 @@ impl ConvTranspose {
         config: ConvConfig,
     ) -> Result<Self> {
         check("ConvTranspose::new", inputs, outputs, kernel, config)?;
-        let fan_in = outputs * kernel.iter().product::<usize>();
-        let mut dims = vec![inputs, outputs];
-        dims.extend_from_slice(kernel);
+        let (weight, bias) = weight_and_bias(vars, [inputs, outputs], outputs, kernel)?;
         Ok(ConvTranspose {
-            weight: vars.param("weight", &dims, Init::default_weight(fan_in))?,
-            bias: vars.param("bias", &[outputs], Init::default_bias(fan_in))?,
+            weight,
+            bias,
             config,
         })
     }
