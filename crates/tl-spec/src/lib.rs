@@ -22,6 +22,6 @@ mod tensor_host;
 
 pub use broadcast::{broadcast_to, can_broadcast_to, reduce_to};
 pub use error::{Error, Result};
-pub use scalar::Scalar;
+pub use scalar::{Scalar, Typed, TypedMut};
 pub use shape::Shape;
 pub use tensor::Tensor;

@@ -32,6 +32,41 @@ pub trait Scalar:
 
     /// Widen to `f64` (exact for both `f32` and `f64`).
     fn as_f64(self) -> f64;
+
+    /// `x` as the concrete type it is, so a kernel can reach type-specific code (the CPU GEMM)
+    /// without `unsafe`; [`Typed::Other`] for any other implementor.
+    fn typed(x: &[Self]) -> Typed<'_> {
+        let _ = x;
+        Typed::Other
+    }
+
+    /// [`Scalar::typed`] for a writable slice.
+    fn typed_mut(x: &mut [Self]) -> TypedMut<'_> {
+        let _ = x;
+        TypedMut::Other
+    }
+}
+
+/// A slice of some [`Scalar`] seen as its concrete type ([`Scalar::typed`]).
+#[derive(Debug)]
+pub enum Typed<'a> {
+    /// The slice holds `f32`s.
+    F32(&'a [f32]),
+    /// The slice holds `f64`s.
+    F64(&'a [f64]),
+    /// Another element type.
+    Other,
+}
+
+/// A writable slice of some [`Scalar`] seen as its concrete type ([`Scalar::typed_mut`]).
+#[derive(Debug)]
+pub enum TypedMut<'a> {
+    /// The slice holds `f32`s.
+    F32(&'a mut [f32]),
+    /// The slice holds `f64`s.
+    F64(&'a mut [f64]),
+    /// Another element type.
+    Other,
 }
 
 impl Scalar for f32 {
@@ -44,6 +79,14 @@ impl Scalar for f32 {
     fn as_f64(self) -> f64 {
         f64::from(self)
     }
+
+    fn typed(x: &[f32]) -> Typed<'_> {
+        Typed::F32(x)
+    }
+
+    fn typed_mut(x: &mut [f32]) -> TypedMut<'_> {
+        TypedMut::F32(x)
+    }
 }
 
 impl Scalar for f64 {
@@ -55,5 +98,13 @@ impl Scalar for f64 {
 
     fn as_f64(self) -> f64 {
         self
+    }
+
+    fn typed(x: &[f64]) -> Typed<'_> {
+        Typed::F64(x)
+    }
+
+    fn typed_mut(x: &mut [f64]) -> TypedMut<'_> {
+        TypedMut::F64(x)
     }
 }

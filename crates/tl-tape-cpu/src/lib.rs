@@ -5,6 +5,8 @@
 //!   [`Tape::backward_first_n`]) and sparse gradients for chosen leaves ([`Tape::backward_params`]).
 //!   Implements [`tl_ir::Recorder`], so `GraphData::replay` compiles into it.
 //! - [`ops`]: the CPU kernels, one module per op family.
+//! - [`gemm`]: the one matrix product they use (micro-kernel chosen at run time for the CPU) and
+//!   its thread knob, [`set_threads`] / `TL_NUM_THREADS`.
 //! - [`CustomOp`] / [`ClosureOp`]: user-defined ops.
 //! - [`Error`]: names the op and the shapes.
 
@@ -14,9 +16,11 @@
 
 mod custom;
 mod error;
+pub mod gemm;
 pub mod ops;
 mod tape;
 
 pub use custom::{ClosureOp, CustomOp};
 pub use error::{Error, Result};
+pub use gemm::{set_threads, threads};
 pub use tape::{Id, Node, NodeKind, Tape};

@@ -1,19 +1,17 @@
 //! `maskedSoftmax` and `multiHeadAttention`, forward and backward.
 //!
 //! Attention: the projections Q, K, V = x·W and the output y = C·wo run through one GEMM each
-//! (batch folded into rows, ndarray's `general_mat_mul`); the per-head core then runs either
-//! - unfused ([`plain`], here): per head the (n, n) scores `S = Q_h K_hᵀ/√d` by GEMM, masked
-//!   softmax in place, `O_h = A·V_h` by GEMM into C's head columns (strided views, no copies);
-//!   backward `dA = dO_h V_hᵀ`, `dV_h = Aᵀ dO_h`, `dS = A⊙(dA − Σ dA⊙A)/√d`, `dQ_h = dS K_h`,
-//!   `dK_h = dSᵀ Q_h`; or
-//! - fused ([`flash`]): row by row with an online softmax, never more than one row of scores.
+//! (batch folded into rows); the per-head core ([`core`]) then takes the query rows in blocks:
+//! per block, the scores `S = Q_blk K_hᵀ/√d` by GEMM, masked softmax in place, `O_blk = A·V_h` by
+//! GEMM into C's head columns (strided views, no copies); backward `dA = dO_blk V_hᵀ`,
+//! `dV_h += Aᵀ dO_blk`, `dS = A⊙(dA − Σ dA⊙A)/√d`, `dQ_blk = dS K_h`, `dK_h += dSᵀ Q_blk`.
+//! Unfused, a block is every row of the sample (the (n, n) scores of one head at a time); fused,
+//! a block holds at most [`core::FUSED_SCORES`] scores, so memory stays bounded for long
+//! sequences while every step is still a GEMM (each block holds whole rows, so its softmax is
+//! exact: no online rescaling).
 //!
 //! The backward recomputes Q, K, V and C (the tape keeps only operands and output).
 
-mod flash;
-
-use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2, Axis, Slice};
 use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::ops::attention::mha::{Dims, mha_dims};
@@ -22,6 +20,7 @@ use tl_spec::{Error as SpecError, Scalar, Tensor};
 
 use super::{Grads, check_arity, check_shape, dot_slice, tensor, wrong_family};
 use crate::Result;
+use crate::gemm::{Mat, matmul, rows, rows_mut};
 
 /// Forward value of `maskedSoftmax` / `multiHeadAttention`.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
@@ -39,19 +38,17 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         Op::MultiHeadAttention { heads, mask, fused } => {
             let dm = dims(op, x, *heads, mask.as_ref())?;
             let [q, k, v] = projections(op, &dm, x)?;
-            let c = if *fused {
-                flash::forward(&dm, &q, &k, &v, mask.as_ref())
-            } else {
-                plain::forward(op, &dm, &q, &k, &v, mask.as_ref())?
-            };
-            let rows = dm.batch * dm.n;
-            let mut y = vec![T::zero(); rows * dm.dm];
-            mm(
+            let block = core::block_rows(&dm, *fused);
+            let c = core::forward(op, &dm, [&q, &k, &v], mask.as_ref(), block)?;
+            let n_rows = dm.batch * dm.n;
+            let mut y = vec![T::zero(); n_rows * dm.dm];
+            matmul(
                 op,
-                mat(op, &c, rows, dm.p)?,
-                mat(op, x[3].data(), dm.p, dm.dm)?,
-                T::zero(),
-                &mut mat_mut(op, &mut y, rows, dm.dm)?,
+                rows_mut(op, &mut y, n_rows, dm.dm)?,
+                false,
+                rows(op, &c, n_rows, dm.p)?,
+                rows(op, x[3].data(), dm.p, dm.dm)?,
+                T::one(),
             )?;
             tensor(x[4].shape().clone(), y)
         }
@@ -86,56 +83,37 @@ pub fn backward<T: Scalar>(
         Op::MultiHeadAttention { heads, mask, fused } => {
             let dm = dims(op, x, *heads, mask.as_ref())?;
             check_shape(op, "cotangent", g, x[4].shape())?;
-            let (rows, p, dmod) = (dm.batch * dm.n, dm.p, dm.dm);
+            let (n_rows, p, dmod) = (dm.batch * dm.n, dm.p, dm.dm);
             let [q, k, v] = projections(op, &dm, x)?;
             // y = C·wo: dC = g·woᵀ, dwo = Cᵀ·g.
-            let gv = mat(op, g.data(), rows, dmod)?;
-            let mut dc = vec![T::zero(); rows * p];
-            let wo = mat(op, x[3].data(), p, dmod)?;
-            mm(
-                op,
-                gv,
-                wo.t(),
-                T::zero(),
-                &mut mat_mut(op, &mut dc, rows, p)?,
-            )?;
-            let (c, [dq, dk, dv]) = if *fused {
-                let c = flash::forward(&dm, &q, &k, &v, mask.as_ref());
-                (c, flash::backward(&dm, &q, &k, &v, &dc, mask.as_ref()))
-            } else {
-                plain::backward(op, &dm, &q, &k, &v, &dc, mask.as_ref())?
-            };
+            let gv = rows(op, g.data(), n_rows, dmod)?;
+            let wo = rows(op, x[3].data(), p, dmod)?;
+            let mut dc = vec![T::zero(); n_rows * p];
+            let dcv = rows_mut(op, &mut dc, n_rows, p)?;
+            matmul(op, dcv, false, gv, wo.t(), T::one())?;
+            let block = core::block_rows(&dm, *fused);
+            let (c, dqkv) = core::backward(op, &dm, [&q, &k, &v], &dc, mask.as_ref(), block)?;
             let mut dwo = vec![T::zero(); p * dmod];
-            let cv = mat(op, &c, rows, p)?;
-            mm(
-                op,
-                cv.t(),
-                gv,
-                T::zero(),
-                &mut mat_mut(op, &mut dwo, p, dmod)?,
-            )?;
+            let cv = rows(op, &c, n_rows, p)?;
+            let dwov = rows_mut(op, &mut dwo, p, dmod)?;
+            matmul(op, dwov, false, cv.t(), gv, T::one())?;
             // Q = x·wq: dwq = xᵀ·dQ, dx = Σ dQ·wqᵀ (likewise K, V).
-            let xv = mat(op, x[4].data(), rows, dmod)?;
-            let mut dx = vec![T::zero(); rows * dmod];
-            let mut dw: Vec<Option<Tensor<T>>> = Vec::with_capacity(5);
-            for (k, d) in [dq, dk, dv].iter().enumerate() {
-                let dv = mat(op, d, rows, p)?;
+            let xv = rows(op, x[4].data(), n_rows, dmod)?;
+            let mut dx = vec![T::zero(); n_rows * dmod];
+            let mut dw: Grads<T> = smallvec![];
+            for (k, d) in dqkv.iter().enumerate() {
+                let dv = rows(op, d, n_rows, p)?;
                 let mut dwk = vec![T::zero(); dmod * p];
-                mm(
-                    op,
-                    xv.t(),
-                    dv,
-                    T::zero(),
-                    &mut mat_mut(op, &mut dwk, dmod, p)?,
-                )?;
-                let wk = mat(op, x[k].data(), dmod, p)?;
-                let beta = if k == 0 { T::zero() } else { T::one() };
-                mm(op, dv, wk.t(), beta, &mut mat_mut(op, &mut dx, rows, dmod)?)?;
+                let dwkv = rows_mut(op, &mut dwk, dmod, p)?;
+                matmul(op, dwkv, false, xv.t(), dv, T::one())?;
+                let wk = rows(op, x[k].data(), dmod, p)?;
+                let dxv = rows_mut(op, &mut dx, n_rows, dmod)?;
+                matmul(op, dxv, k > 0, dv, wk.t(), T::one())?;
                 dw.push(Some(tensor(x[k].shape().clone(), dwk)?));
             }
             dw.push(Some(tensor(x[3].shape().clone(), dwo)?));
             dw.push(Some(tensor(x[4].shape().clone(), dx)?));
-            Ok(dw.into_iter().collect())
+            Ok(dw)
         }
         _ => Err(wrong_family(op, "attention")),
     }
@@ -175,215 +153,170 @@ fn dims<T: Scalar>(op: &Op, x: &[&Tensor<T>], heads: usize, mask: Option<&Mask>)
 
 /// Q, K, V (B·n, P) by one GEMM each.
 fn projections<T: Scalar>(op: &Op, dm: &Dims, x: &[&Tensor<T>]) -> Result<[Vec<T>; 3]> {
-    let rows = dm.batch * dm.n;
-    let xv = mat(op, x[4].data(), rows, dm.dm)?;
+    let n_rows = dm.batch * dm.n;
+    let xv = rows(op, x[4].data(), n_rows, dm.dm)?;
     let mut out = [Vec::new(), Vec::new(), Vec::new()];
     for (k, o) in out.iter_mut().enumerate() {
-        *o = vec![T::zero(); rows * dm.p];
-        let w = mat(op, x[k].data(), dm.dm, dm.p)?;
-        mm(op, xv, w, T::zero(), &mut mat_mut(op, o, rows, dm.p)?)?;
+        *o = vec![T::zero(); n_rows * dm.p];
+        let w = rows(op, x[k].data(), dm.dm, dm.p)?;
+        matmul(op, rows_mut(op, o, n_rows, dm.p)?, false, xv, w, T::one())?;
     }
     Ok(out)
 }
 
-/// `c ← a·b + beta·c` on (possibly strided) views; mismatched dims are an error, not a panic.
-fn mm<T: Scalar>(
-    op: &Op,
-    a: ArrayView2<'_, T>,
-    b: ArrayView2<'_, T>,
-    beta: T,
-    c: &mut ArrayViewMut2<'_, T>,
-) -> Result<()> {
-    if a.ncols() != b.nrows() || c.dim() != (a.nrows(), b.ncols()) {
-        return Err(SpecError::shape(
-            op.name(),
-            format!(
-                "gemm operands {:?} · {:?} do not fit a {:?} output",
-                a.dim(),
-                b.dim(),
-                c.dim()
-            ),
-        )
-        .into());
-    }
-    general_mat_mul(T::one(), &a, &b, beta, c);
-    Ok(())
-}
-
-fn mat<'a, T: Scalar>(op: &Op, data: &'a [T], r: usize, c: usize) -> Result<ArrayView2<'a, T>> {
-    ArrayView2::from_shape((r, c), data)
-        .map_err(|e| SpecError::shape(op.name(), format!("matrix view: {e}")).into())
-}
-
-fn mat_mut<'a, T: Scalar>(
-    op: &Op,
-    data: &'a mut [T],
-    r: usize,
-    c: usize,
-) -> Result<ArrayViewMut2<'a, T>> {
-    ArrayViewMut2::from_shape((r, c), data)
-        .map_err(|e| SpecError::shape(op.name(), format!("matrix view: {e}")).into())
-}
-
-/// The unfused core: materialized (heads, n, n) scores per sample.
-mod plain {
+/// The per-head core over blocks of query rows.
+pub mod core {
     use super::*;
 
-    /// C (B·n, P) from Q, K, V.
-    pub(super) fn forward<T: Scalar>(
+    /// At most this many scores (query rows × keys) exist at once on the fused path (64 KiB in
+    /// f32: an L2-sized block). Sequences up to 128 keys take every row in one block either way.
+    pub const FUSED_SCORES: usize = 1 << 14;
+
+    /// Query rows per block: every row unfused, at most [`FUSED_SCORES`] scores fused (at
+    /// least one row).
+    pub fn block_rows(dm: &Dims, fused: bool) -> usize {
+        let n = dm.n.max(1);
+        if fused {
+            (FUSED_SCORES / n).clamp(1, n)
+        } else {
+            n
+        }
+    }
+
+    /// One sample's Q, K, V (n, P) and the head's (n, d) column blocks of them.
+    struct Sample<'a, T> {
+        qkv: [Mat<'a, T>; 3],
+    }
+
+    impl<'a, T: Scalar> Sample<'a, T> {
+        fn new(op: &Op, dm: &Dims, b: usize, qkv: [&'a [T]; 3]) -> Result<Self> {
+            let blk = b * dm.n * dm.p..(b + 1) * dm.n * dm.p;
+            let m = |x: &'a [T]| rows(op, &x[blk.clone()], dm.n, dm.p);
+            Ok(Sample {
+                qkv: [m(qkv[0])?, m(qkv[1])?, m(qkv[2])?],
+            })
+        }
+
+        fn head(&self, dm: &Dims, h: usize) -> [Mat<'a, T>; 3] {
+            self.qkv.map(|x| x.col_block(h * dm.d, dm.d))
+        }
+    }
+
+    /// The probabilities of query rows `i0..i0 + r` of one head into `s` (r, n): scores by
+    /// GEMM, then the masked softmax of each row.
+    #[allow(clippy::too_many_arguments)]
+    fn probabilities<T: Scalar>(
         op: &Op,
         dm: &Dims,
-        q: &[T],
-        k: &[T],
-        v: &[T],
+        qh: Mat<'_, T>,
+        kh: Mat<'_, T>,
         mask: Option<&Mask>,
+        i0: usize,
+        r: usize,
+        s: &mut [T],
+    ) -> Result<()> {
+        let scale = T::one() / T::lit(dm.d as f64).sqrt();
+        let sv = rows_mut(op, s, r, dm.n)?;
+        matmul(op, sv, false, qh.row_block(i0, r), kh.t(), scale)?;
+        for (i, row) in s.chunks_exact_mut(dm.n).enumerate() {
+            softmax_row(row, mask.map(|m| m.row(i0 + i)));
+        }
+        Ok(())
+    }
+
+    /// C (B·n, P) from Q, K, V, `block` query rows at a time.
+    pub fn forward<T: Scalar>(
+        op: &Op,
+        dm: &Dims,
+        qkv: [&[T]; 3],
+        mask: Option<&Mask>,
+        block: usize,
     ) -> Result<Vec<T>> {
-        let mut c = vec![T::zero(); dm.batch * dm.n * dm.p];
-        for b in 0..dm.batch {
-            scores(op, dm, b, q, k, v, mask, Some(&mut c))?;
+        let Dims { n, p, d, heads, .. } = *dm;
+        let mut c = vec![T::zero(); dm.batch * n * p];
+        let mut s = vec![T::zero(); block * n];
+        for (b, cb) in c.chunks_exact_mut((n * p).max(1)).enumerate() {
+            let sample = Sample::new(op, dm, b, qkv)?;
+            let mut cb = rows_mut(op, cb, n, p)?;
+            for h in 0..heads {
+                let [qh, kh, vh] = sample.head(dm, h);
+                for i0 in (0..n).step_by(block) {
+                    let r = block.min(n - i0);
+                    let s = &mut s[..r * n];
+                    probabilities(op, dm, qh, kh, mask, i0, r, s)?;
+                    let out = cb.as_mut().block(i0, h * d, r, d);
+                    matmul(op, out, false, rows(op, s, r, n)?, vh, T::one())?;
+                }
+            }
         }
         Ok(c)
     }
 
-    /// The probabilities A (heads, n, n) of sample `b`; also writes `O_h = A·V_h` into C's head
-    /// columns when `c` is given.
-    #[allow(clippy::too_many_arguments)]
-    fn scores<T: Scalar>(
-        op: &Op,
-        dm: &Dims,
-        b: usize,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-        mask: Option<&Mask>,
-        c: Option<&mut Vec<T>>,
-    ) -> Result<Vec<T>> {
-        let Dims { n, p, d, heads, .. } = *dm;
-        let scale = T::one() / T::lit(d as f64).sqrt();
-        let blk = b * n * p..(b + 1) * n * p;
-        let (qb, kb, vb) = (
-            mat(op, &q[blk.clone()], n, p)?,
-            mat(op, &k[blk.clone()], n, p)?,
-            mat(op, &v[blk.clone()], n, p)?,
-        );
-        let mut a = vec![T::zero(); heads * n * n];
-        let mut c = c;
-        for (h, ah) in a.chunks_exact_mut(n * n).enumerate() {
-            let cols = Slice::from(h * d..(h + 1) * d);
-            let mut av = mat_mut(op, ah, n, n)?;
-            general_mat_mul_checked(
-                op,
-                scale,
-                qb.slice_axis(Axis(1), cols),
-                kb.slice_axis(Axis(1), cols).t(),
-                &mut av,
-            )?;
-            for (i, row) in ah.chunks_exact_mut(n).enumerate() {
-                softmax_row(row, mask.map(|m| m.row(i)));
-            }
-            if let Some(c) = c.as_mut() {
-                let mut cb = mat_mut(op, &mut c[blk.clone()], n, p)?;
-                let mut ch = cb.slice_axis_mut(Axis(1), cols);
-                mm(
-                    op,
-                    mat(op, ah, n, n)?,
-                    vb.slice_axis(Axis(1), cols),
-                    T::zero(),
-                    &mut ch,
-                )?;
-            }
-        }
-        Ok(a)
-    }
-
-    fn general_mat_mul_checked<T: Scalar>(
-        op: &Op,
-        alpha: T,
-        a: ArrayView2<'_, T>,
-        b: ArrayView2<'_, T>,
-        c: &mut ArrayViewMut2<'_, T>,
-    ) -> Result<()> {
-        mm(op, a, b, T::zero(), c)?;
-        c.mapv_inplace(|v| v * alpha);
-        Ok(())
-    }
-
-    /// `(C, [dQ, dK, dV])` from Q, K, V and dC.
+    /// `(C, [dQ, dK, dV])` from Q, K, V and dC, `block` query rows at a time.
     #[allow(clippy::type_complexity)]
-    pub(super) fn backward<T: Scalar>(
+    pub fn backward<T: Scalar>(
         op: &Op,
         dm: &Dims,
-        q: &[T],
-        k: &[T],
-        v: &[T],
+        qkv: [&[T]; 3],
         dc: &[T],
         mask: Option<&Mask>,
+        block: usize,
     ) -> Result<(Vec<T>, [Vec<T>; 3])> {
-        let Dims { n, p, d, .. } = *dm;
+        let Dims { n, p, d, heads, .. } = *dm;
         let scale = T::one() / T::lit(d as f64).sqrt();
         let len = dm.batch * n * p;
-        let mut c = vec![T::zero(); len];
-        let (mut dq, mut dk, mut dv) = (
-            vec![T::zero(); len],
-            vec![T::zero(); len],
-            vec![T::zero(); len],
+        let mut out = [(); 4].map(|_| vec![T::zero(); len]);
+        let (mut s, mut ds) = (vec![T::zero(); block * n], vec![T::zero(); block * n]);
+        let sample_len = (n * p).max(1);
+        let [c, dq, dk, dv] = &mut out;
+        let samples = (c
+            .chunks_exact_mut(sample_len)
+            .zip(dq.chunks_exact_mut(sample_len)))
+        .zip(
+            dk.chunks_exact_mut(sample_len)
+                .zip(dv.chunks_exact_mut(sample_len)),
         );
-        let mut da = vec![T::zero(); n * n];
-        for b in 0..dm.batch {
-            let a = scores(op, dm, b, q, k, v, mask, Some(&mut c))?;
-            let blk = b * n * p..(b + 1) * n * p;
-            let (qb, kb, vb) = (
-                mat(op, &q[blk.clone()], n, p)?,
-                mat(op, &k[blk.clone()], n, p)?,
-                mat(op, &v[blk.clone()], n, p)?,
-            );
-            let dcb = mat(op, &dc[blk.clone()], n, p)?;
-            for (h, ah) in a.chunks_exact(n * n).enumerate() {
-                let cols = Slice::from(h * d..(h + 1) * d);
-                let av = mat(op, ah, n, n)?;
-                let doh = dcb.slice_axis(Axis(1), cols);
-                // dA = dO_h·V_hᵀ; dV_h = Aᵀ·dO_h.
-                mm(
-                    op,
-                    doh,
-                    vb.slice_axis(Axis(1), cols).t(),
-                    T::zero(),
-                    &mut mat_mut(op, &mut da, n, n)?,
-                )?;
-                let mut dvb = mat_mut(op, &mut dv[blk.clone()], n, p)?;
-                mm(
-                    op,
-                    av.t(),
-                    doh,
-                    T::zero(),
-                    &mut dvb.slice_axis_mut(Axis(1), cols),
-                )?;
-                // dS = A⊙(dA − Σ dA⊙A)·scale, in place.
-                for (ar, dr) in ah.chunks_exact(n).zip(da.chunks_exact_mut(n)) {
-                    let dot = dot_slice(ar, dr);
-                    for (dv, &a) in dr.iter_mut().zip(ar) {
-                        *dv = a * (*dv - dot) * scale;
+        for (b, ((cb, dqb), (dkb, dvb))) in samples.enumerate() {
+            let sample = Sample::new(op, dm, b, qkv)?;
+            let dcb = rows(op, &dc[b * n * p..(b + 1) * n * p], n, p)?;
+            let mut cb = rows_mut(op, cb, n, p)?;
+            let mut dqb = rows_mut(op, dqb, n, p)?;
+            let mut dkb = rows_mut(op, dkb, n, p)?;
+            let mut dvb = rows_mut(op, dvb, n, p)?;
+            for h in 0..heads {
+                let [qh, kh, vh] = sample.head(dm, h);
+                let doh = dcb.col_block(h * d, d);
+                for i0 in (0..n).step_by(block) {
+                    let r = block.min(n - i0);
+                    let (s, ds) = (&mut s[..r * n], &mut ds[..r * n]);
+                    probabilities(op, dm, qh, kh, mask, i0, r, s)?;
+                    let a = rows(op, s, r, n)?;
+                    let do_blk = doh.row_block(i0, r);
+                    // O_blk = A·V_h (C is returned for dwo).
+                    let c_blk = cb.as_mut().block(i0, h * d, r, d);
+                    matmul(op, c_blk, false, a, vh, T::one())?;
+                    // dA = dO_blk·V_hᵀ; dV_h += Aᵀ·dO_blk.
+                    let dav = rows_mut(op, ds, r, n)?;
+                    matmul(op, dav, false, do_blk, vh.t(), T::one())?;
+                    let dv_h = dvb.as_mut().block(0, h * d, n, d);
+                    matmul(op, dv_h, true, a.t(), do_blk, T::one())?;
+                    // dS = A⊙(dA − Σ dA⊙A)·scale, in place.
+                    for (ar, dr) in s.chunks_exact(n).zip(ds.chunks_exact_mut(n)) {
+                        let dot = dot_slice(ar, dr);
+                        for (dv, &a) in dr.iter_mut().zip(ar) {
+                            *dv = a * (*dv - dot) * scale;
+                        }
                     }
+                    let dsv = rows(op, ds, r, n)?;
+                    // dQ_blk = dS·K_h; dK_h += dSᵀ·Q_blk.
+                    let dq_blk = dqb.as_mut().block(i0, h * d, r, d);
+                    matmul(op, dq_blk, false, dsv, kh, T::one())?;
+                    let dk_h = dkb.as_mut().block(0, h * d, n, d);
+                    matmul(op, dk_h, true, dsv.t(), qh.row_block(i0, r), T::one())?;
                 }
-                let ds = mat(op, &da, n, n)?;
-                let mut dqb = mat_mut(op, &mut dq[blk.clone()], n, p)?;
-                mm(
-                    op,
-                    ds,
-                    kb.slice_axis(Axis(1), cols),
-                    T::zero(),
-                    &mut dqb.slice_axis_mut(Axis(1), cols),
-                )?;
-                let mut dkb = mat_mut(op, &mut dk[blk.clone()], n, p)?;
-                mm(
-                    op,
-                    ds.t(),
-                    qb.slice_axis(Axis(1), cols),
-                    T::zero(),
-                    &mut dkb.slice_axis_mut(Axis(1), cols),
-                )?;
             }
         }
+        let [c, dq, dk, dv] = out;
         Ok((c, [dq, dk, dv]))
     }
 }

@@ -1,15 +1,15 @@
 //! Matrix-product kernels: `matmul`, `bmm` and `linear`, forward and backward, all through one
-//! real GEMM ([`gemm`]: ndarray's `general_mat_mul`, which runs `matrixmultiply`'s packed,
-//! register-blocked sgemm/dgemm for f32/f64). Transposed operands are strided views (`.t()`),
-//! never copies.
+//! real GEMM ([`gemm`], which hands ndarray views to [`crate::gemm::matmul`]: faer's kernels,
+//! chosen at run time for the CPU). Transposed operands are strided views (`.t()`), never
+//! copies.
 //!
 //! - matmul: `C = A·B`; `dA = G·Bᵀ`, `dB = Aᵀ·G`
 //! - bmm: the same per batch
 //! - linear(w, b, x): `Y = X·Wᵀ + b` with x viewed as (rows, in) (a 1-D x is one row);
 //!   `dW = Gᵀ·X`, `db = Σ_rows G`, `dX = G·W`
 
-use ndarray::linalg::general_mat_mul;
-use ndarray::{ArrayView2, ArrayViewMut2};
+use crate::gemm::{Mat, rows};
+use ndarray::ArrayView2;
 use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Shape, Tensor};
@@ -167,8 +167,9 @@ pub fn backward_masked<T: Scalar>(
     }
 }
 
-/// `c ← a·b + beta·c` with `c` a row-major (a.rows, b.cols) slice. Dimension mismatches (which
-/// `general_mat_mul` would panic on) are errors naming the op.
+/// `c ← a·b + beta·c` (`beta` 0 or 1) with `c` a row-major (a.rows, b.cols) slice. Dimension
+/// mismatches are errors naming the op. Row- and column-major views (`.t()`) go to the GEMM as
+/// they are; any other layout is copied first.
 pub fn gemm<T: Scalar>(
     op: &Op,
     a: &ArrayView2<'_, T>,
@@ -187,9 +188,39 @@ pub fn gemm<T: Scalar>(
         )
         .into());
     }
-    let mut cv = ArrayViewMut2::from_shape((m, n), c).map_err(|e| layout_error(op, e))?;
-    general_mat_mul(T::one(), a, b, beta, &mut cv);
-    Ok(())
+    let accumulate = if beta == T::zero() {
+        false
+    } else if beta == T::one() {
+        true
+    } else {
+        return Err(shape_error(
+            op,
+            format!("gemm with beta = {beta} (only 0 or 1)"),
+        ));
+    };
+    let (mut a_copy, mut b_copy) = (Vec::new(), Vec::new());
+    let a = mat_view(op, a, &mut a_copy)?;
+    let b = mat_view(op, b, &mut b_copy)?;
+    let c = crate::gemm::rows_mut(op, c, m, n)?;
+    crate::gemm::matmul(op, c, accumulate, a, b, T::one())
+}
+
+/// `v` as a GEMM view: row-major or column-major data as it is, anything else copied into
+/// `copy` (row-major).
+fn mat_view<'a, T: Scalar>(
+    op: &Op,
+    v: &ArrayView2<'a, T>,
+    copy: &'a mut Vec<T>,
+) -> Result<Mat<'a, T>> {
+    let (r, c) = v.dim();
+    if let Some(s) = v.to_slice() {
+        rows(op, s, r, c)
+    } else if let Some(s) = (*v).reversed_axes().to_slice() {
+        Ok(rows(op, s, c, r)?.t())
+    } else {
+        *copy = v.iter().copied().collect();
+        rows(op, copy, r, c)
+    }
 }
 
 /// A row-major (rows, cols) view of `data` (an error, not a panic, if the length is wrong).

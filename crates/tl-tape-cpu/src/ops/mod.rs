@@ -8,7 +8,7 @@
 //! - [`elementwise`] — pointwise maps, binary ops, `detach`, `constant`
 //! - [`shape`] — reshape/flatten (no copy), permutations (blocked transposes), `broadcastTo`
 //! - [`reduce`] — `sum`, `reduceSum`, `reduceMean`
-//! - [`linalg`] — `matmul`, `bmm`, `linear` through a real GEMM (`matrixmultiply` via ndarray)
+//! - [`linalg`] — `matmul`, `bmm`, `linear` through [`crate::gemm`]
 //! - [`softmax`] — row softmax and log-softmax along the last axis
 //! - [`loss`] — `mseLoss`; [`cross_entropy`] — `crossEntropy` (labels from the Nat environment)
 //! - [`concat`] — `concat0`, `sliceRange0` (Shape family); [`activation`] — `gelu`, `silu`
@@ -16,8 +16,8 @@
 //! - [`index`] — gathers (static, raw, Nat-environment, index-tensor) and scatter-adds
 //! - [`loss`] — `mseLoss`
 //! - [`norm`] — `layerNorm`, `batchnormChannelFirst` (two passes per group)
-//! - [`attention`] — `maskedSoftmax`, `multiHeadAttention` (unfused GEMM core or fused
-//!   streaming core)
+//! - [`attention`] — `maskedSoftmax`, `multiHeadAttention` (a GEMM core over blocks of query
+//!   rows: all rows at once unfused, bounded blocks fused)
 //! - [`conv`] — N-D `conv` and `convTranspose` through im2col + GEMM
 //! - [`pool`] — N-D `maxPool`, `avgPool`, `smoothMaxPool` in one pass per channel plane
 //! - [`spectral`] — `spectralConv1dRfft` (direct DFT over the kept modes)

@@ -1,0 +1,541 @@
+//! The one matrix product every CPU kernel goes through, and the knob for its threads.
+//!
+//! **Kernel.** [`matmul`] calls faer's `matmul`, which picks its micro-kernel at run time from
+//! what the CPU has: AVX-512 (`avx512f`) where present, else AVX2 + FMA, else portable code. One
+//! binary therefore runs the fastest path of whatever machine it lands on; the same tests run on
+//! both (the development machine has AVX2 only; the GPU machine's Xeon has AVX-512:
+//! docs/performance.md). faer replaced ndarray's `general_mat_mul` (matrixmultiply): measured
+//! side by side on the steps' shapes, matrixmultiply has no AVX-512 kernel and reaches 12–50
+//! GFLOP/s on skinny products (n = 16, k = 9–72, the im2col products of a small conv) where faer
+//! reaches 60–90 (docs/performance.md, "GEMM"), and faer's API is safe (this crate has no
+//! `unsafe`).
+//!
+//! **Views.** Operands are [`Mat`] / [`MatMut`] views over row-major slices ([`rows`],
+//! [`rows_mut`]); a transpose ([`Mat::t`]) or a block of rows or columns (one attention head) is
+//! a strided view, never a copy. [`matmul`] checks every view against its slice and the
+//! dimensions against each other before anything runs: a mismatch is an error naming the op,
+//! never a panic. `f32` and `f64` go to faer (reached through [`Scalar::typed`], no `unsafe`);
+//! any other [`Scalar`] gets a plain triple loop.
+//!
+//! **Threads.** [`set_threads`] (or the environment variable `TL_NUM_THREADS`, read once) sets
+//! how many threads one product may use; the default is the number of cores the process may run
+//! on. A product of fewer than [`PARALLEL_MIN_WORK`] multiply-adds always runs on the calling
+//! thread: splitting it costs more than it saves (measured in docs/performance.md). Threads come
+//! from rayon's global pool. The result does not depend on the thread count: the threads split
+//! the output into blocks, and every output's sum over k runs in the same order (tested).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use faer::{Accum, Par};
+use tl_ir::Op;
+use tl_spec::{Error as SpecError, Scalar, Typed, TypedMut};
+
+use crate::Result;
+
+/// Products with fewer multiply-adds (`m·n·k`) than this run on one thread whatever
+/// [`threads`] says (2²¹ ≈ a 128³ product; measured in docs/performance.md).
+pub const PARALLEL_MIN_WORK: usize = 1 << 21;
+
+/// 0 = not set by [`set_threads`]: the default applies.
+static THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// The default thread count: `TL_NUM_THREADS` if it is a positive integer, else the cores
+/// this process may run on.
+fn default_threads() -> usize {
+    static DEFAULT: OnceLock<usize> = OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        std::env::var("TL_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
+}
+
+/// How many threads one matrix product may use (at least 1).
+pub fn threads() -> usize {
+    match THREADS.load(Ordering::Relaxed) {
+        0 => default_threads(),
+        n => n,
+    }
+}
+
+/// Let one matrix product use up to `n` threads, process-wide; `0` restores the default (the
+/// `TL_NUM_THREADS` environment variable, else the number of cores). Returns the previous
+/// setting (`0` if it was the default), so `set_threads(set_threads(n))` restores it. Results
+/// do not change with `n`, only the time.
+pub fn set_threads(n: usize) -> usize {
+    THREADS.swap(n, Ordering::Relaxed)
+}
+
+/// The parallelism for an `m·k` by `k·n` product.
+fn parallelism(m: usize, n: usize, k: usize) -> Par {
+    let work = m.saturating_mul(n).saturating_mul(k);
+    match threads() {
+        t if t > 1 && work >= PARALLEL_MIN_WORK => Par::rayon(t),
+        _ => Par::Seq,
+    }
+}
+
+/// Where a view's elements lie: element (i, j) at `offset + i·rs + j·cs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Geometry {
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl Geometry {
+    fn t(self) -> Self {
+        Geometry {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// Rows `start..start + len` (saturating: an out-of-range block fails [`Geometry::fits`]).
+    fn row_block(self, start: usize, len: usize) -> Self {
+        Geometry {
+            offset: self.offset.saturating_add(start.saturating_mul(self.rs)),
+            rows: if start.saturating_add(len) <= self.rows {
+                len
+            } else {
+                usize::MAX
+            },
+            ..self
+        }
+    }
+
+    fn col_block(self, start: usize, len: usize) -> Self {
+        self.t().row_block(start, len).t()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rows == 0 || self.cols == 0
+    }
+
+    /// Whether every element lies inside a slice of `len`.
+    fn fits(&self, len: usize) -> bool {
+        if self.is_empty() {
+            return self.offset <= len && self.rows != usize::MAX && self.cols != usize::MAX;
+        }
+        let last = (self.rows - 1)
+            .checked_mul(self.rs)
+            .zip((self.cols - 1).checked_mul(self.cs))
+            .and_then(|(a, b)| a.checked_add(b)?.checked_add(self.offset));
+        last.is_some_and(|l| l < len)
+    }
+
+    fn at(&self, i: usize, j: usize) -> usize {
+        self.offset + i * self.rs + j * self.cs
+    }
+
+    /// `data` as a faer view, where the layout is one faer takes from a slice (unit column
+    /// stride and row stride ≥ cols, or the transpose); `None` otherwise. Built from faer's
+    /// column-major constructors only: faer 0.24.4's `MatMut::from_row_major_slice_with_stride_mut`
+    /// swaps the two strides (it writes outside the slice; found by this module's tests).
+    fn faer<'a, U>(&self, data: &'a [U]) -> Option<faer::MatRef<'a, U>> {
+        let s = data.get(self.offset..)?;
+        let (r, c) = (self.rows, self.cols);
+        if self.cs == 1 && self.rs >= c {
+            Some(faer::MatRef::from_column_major_slice_with_stride(s, c, r, self.rs).transpose())
+        } else if self.rs == 1 && self.cs >= r {
+            Some(faer::MatRef::from_column_major_slice_with_stride(
+                s, r, c, self.cs,
+            ))
+        } else {
+            None
+        }
+    }
+
+    fn faer_mut<'a, U>(&self, data: &'a mut [U]) -> Option<faer::MatMut<'a, U>> {
+        let s = data.get_mut(self.offset..)?;
+        let (r, c) = (self.rows, self.cols);
+        if self.cs == 1 && self.rs >= c {
+            let v = faer::MatMut::from_column_major_slice_with_stride_mut(s, c, r, self.rs);
+            Some(v.transpose_mut())
+        } else if self.rs == 1 && self.cs >= r {
+            Some(faer::MatMut::from_column_major_slice_with_stride_mut(
+                s, r, c, self.cs,
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+/// A read-only matrix view into a slice (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct Mat<'a, T> {
+    data: &'a [T],
+    g: Geometry,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// Rows.
+    pub fn nrows(&self) -> usize {
+        self.g.rows
+    }
+
+    /// Columns.
+    pub fn ncols(&self) -> usize {
+        self.g.cols
+    }
+
+    /// The transpose (a view).
+    pub fn t(self) -> Self {
+        Mat {
+            g: self.g.t(),
+            ..self
+        }
+    }
+
+    /// Rows `start..start + len` (a view; out of range is reported by [`matmul`]).
+    pub fn row_block(self, start: usize, len: usize) -> Self {
+        Mat {
+            g: self.g.row_block(start, len),
+            ..self
+        }
+    }
+
+    /// Columns `start..start + len` (a view; out of range is reported by [`matmul`]).
+    pub fn col_block(self, start: usize, len: usize) -> Self {
+        Mat {
+            g: self.g.col_block(start, len),
+            ..self
+        }
+    }
+}
+
+/// A writable matrix view into a slice (see the module docs).
+#[derive(Debug)]
+pub struct MatMut<'a, T> {
+    data: &'a mut [T],
+    g: Geometry,
+}
+
+impl<'a, T> MatMut<'a, T> {
+    /// A shorter-lived view of the same elements, so `self` can be used again afterwards.
+    pub fn as_mut(&mut self) -> MatMut<'_, T> {
+        MatMut {
+            data: self.data,
+            g: self.g,
+        }
+    }
+
+    /// The block of rows `r0..r0 + r` and columns `c0..c0 + c` (a view; out of range is
+    /// reported by [`matmul`]).
+    pub fn block(self, r0: usize, c0: usize, r: usize, c: usize) -> Self {
+        MatMut {
+            g: self.g.row_block(r0, r).col_block(c0, c),
+            ..self
+        }
+    }
+}
+
+/// The row-major `(r, c)` matrix held by `data` (an error naming `op` if the length is not
+/// `r·c`).
+pub fn rows<'a, T: Scalar>(op: &Op, data: &'a [T], r: usize, c: usize) -> Result<Mat<'a, T>> {
+    check_len(op, data.len(), r, c)?;
+    Ok(Mat {
+        data,
+        g: row_major(r, c),
+    })
+}
+
+/// The row-major `(r, c)` matrix held by `data`, writable (an error naming `op` if the length
+/// is not `r·c`).
+pub fn rows_mut<'a, T: Scalar>(
+    op: &Op,
+    data: &'a mut [T],
+    r: usize,
+    c: usize,
+) -> Result<MatMut<'a, T>> {
+    check_len(op, data.len(), r, c)?;
+    Ok(MatMut {
+        data,
+        g: row_major(r, c),
+    })
+}
+
+fn row_major(r: usize, c: usize) -> Geometry {
+    Geometry {
+        offset: 0,
+        rows: r,
+        cols: c,
+        rs: c,
+        cs: 1,
+    }
+}
+
+fn check_len(op: &Op, len: usize, r: usize, c: usize) -> Result<()> {
+    if r.checked_mul(c) != Some(len) {
+        return Err(SpecError::shape(
+            op.name(),
+            format!("a {len}-element buffer is not a ({r}, {c}) matrix"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// `c ← alpha·a·b` (`accumulate == false`) or `c ← c + alpha·a·b` (`accumulate == true`).
+/// Mismatched dimensions, or a view reaching outside its slice, are errors naming `op`.
+pub fn matmul<T: Scalar>(
+    op: &Op,
+    c: MatMut<'_, T>,
+    accumulate: bool,
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    alpha: T,
+) -> Result<()> {
+    let ((m, k), (k2, n)) = ((a.g.rows, a.g.cols), (b.g.rows, b.g.cols));
+    let fits = a.g.fits(a.data.len()) && b.g.fits(b.data.len()) && c.g.fits(c.data.len());
+    if k != k2 || (c.g.rows, c.g.cols) != (m, n) || !fits {
+        return Err(SpecError::shape(
+            op.name(),
+            format!(
+                "gemm operands ({m}, {k}) · ({k2}, {n}) do not fit a ({}, {}) output{}",
+                c.g.rows,
+                c.g.cols,
+                if fits {
+                    ""
+                } else {
+                    " (a view outside its buffer)"
+                }
+            ),
+        )
+        .into());
+    }
+    if c.g.is_empty() {
+        return Ok(());
+    }
+    let accum = if accumulate {
+        Accum::Add
+    } else {
+        Accum::Replace
+    };
+    let par = parallelism(m, n, k);
+    match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
+        (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
+            if let (Some(av), Some(bv), Some(cv)) = (a.g.faer(ad), b.g.faer(bd), c.g.faer_mut(cd)) {
+                faer::linalg::matmul::matmul(cv, accum, av, bv, alpha.as_f64() as f32, par);
+                return Ok(());
+            }
+        }
+        (Typed::F64(ad), Typed::F64(bd), TypedMut::F64(cd)) => {
+            if let (Some(av), Some(bv), Some(cv)) = (a.g.faer(ad), b.g.faer(bd), c.g.faer_mut(cd)) {
+                faer::linalg::matmul::matmul(cv, accum, av, bv, alpha.as_f64(), par);
+                return Ok(());
+            }
+        }
+        _ => {}
+    }
+    plain(c, accumulate, a, b, alpha);
+    Ok(())
+}
+
+/// The definition, for element types faer does not take and layouts it cannot view (views
+/// already checked against their slices).
+fn plain<T: Scalar>(c: MatMut<'_, T>, accumulate: bool, a: Mat<'_, T>, b: Mat<'_, T>, alpha: T) {
+    for i in 0..c.g.rows {
+        for j in 0..c.g.cols {
+            let mut s = T::zero();
+            for l in 0..a.g.cols {
+                s += a.data[a.g.at(i, l)] * b.data[b.g.at(l, j)];
+            }
+            let o = &mut c.data[c.g.at(i, j)];
+            *o = if accumulate {
+                *o + alpha * s
+            } else {
+                alpha * s
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic, non-trivial fill.
+    fn fill(len: usize, seed: u64) -> Vec<f64> {
+        (0..len as u64)
+            .map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f64) / 250.0 - 2.0)
+            .collect()
+    }
+
+    fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn products_transposes_and_column_blocks_match_the_definition() {
+        let (m, k, n) = (37, 19, 23);
+        let (a, b) = (fill(m * k, 1), fill(k * n, 2));
+        let want = naive(&a, &b, m, k, n);
+        let mut c = vec![f64::NAN; m * n];
+        let op = Op::Matmul;
+        let (av, bv) = (rows(&op, &a, m, k).unwrap(), rows(&op, &b, k, n).unwrap());
+        matmul(
+            &op,
+            rows_mut(&op, &mut c, m, n).unwrap(),
+            false,
+            av,
+            bv,
+            1.0,
+        )
+        .unwrap();
+        for (x, y) in c.iter().zip(&want) {
+            assert!((x - y).abs() <= 1e-12 * y.abs().max(1.0), "{x} vs {y}");
+        }
+        // (Bᵀ)ᵀ through a transposed view of the transposed data; alpha and accumulate.
+        let bt: Vec<f64> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+        let btv = rows(&op, &bt, n, k).unwrap().t();
+        matmul(
+            &op,
+            rows_mut(&op, &mut c, m, n).unwrap(),
+            true,
+            av,
+            btv,
+            -2.0,
+        )
+        .unwrap();
+        for (x, y) in c.iter().zip(&want) {
+            assert!((x + y).abs() <= 1e-12 * y.abs().max(1.0), "{x} vs {}", -y);
+        }
+        // Columns 5..12 of A (a strided block) times rows 5..12 of B.
+        let mut c2 = vec![0.0; m * n];
+        let (a2, b2) = (av.col_block(5, 7), bv.row_block(5, 7));
+        matmul(
+            &op,
+            rows_mut(&op, &mut c2, m, n).unwrap(),
+            false,
+            a2,
+            b2,
+            1.0,
+        )
+        .unwrap();
+        let want2 = (0..m * n).map(|ij| {
+            let (i, j) = (ij / n, ij % n);
+            (5..12).map(|l| a[i * k + l] * b[l * n + j]).sum::<f64>()
+        });
+        for (x, y) in c2.iter().zip(want2) {
+            assert!((x - y).abs() <= 1e-12 * y.abs().max(1.0), "{x} vs {y}");
+        }
+    }
+
+    /// The portable loop (other element types, odd layouts) agrees with faer's kernels.
+    #[test]
+    fn the_plain_loop_agrees_with_the_kernels() {
+        let op = Op::Matmul;
+        let (m, k, n) = (9, 7, 5);
+        let (a, b) = (fill(m * k, 5), fill(k * n, 6));
+        let (av, bv) = (
+            rows(&op, &a, m, k).unwrap(),
+            rows(&op, &b, n, k).unwrap().t(),
+        );
+        let (mut c1, mut c2) = (vec![1.0; m * n], vec![1.0; m * n]);
+        matmul(
+            &op,
+            rows_mut(&op, &mut c1, m, n).unwrap(),
+            true,
+            av,
+            bv,
+            0.5,
+        )
+        .unwrap();
+        plain(rows_mut(&op, &mut c2, m, n).unwrap(), true, av, bv, 0.5);
+        for (x, y) in c1.iter().zip(&c2) {
+            assert!((x - y).abs() <= 1e-12 * y.abs().max(1.0), "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn empty_and_degenerate_products() {
+        let op = Op::Matmul;
+        // k = 0: the product is all zeros (replacing NaN), or leaves c unchanged when adding.
+        let mut c = vec![f32::NAN; 6];
+        let e: [f32; 0] = [];
+        let (a, b) = (rows(&op, &e, 2, 0).unwrap(), rows(&op, &e, 0, 3).unwrap());
+        matmul(&op, rows_mut(&op, &mut c, 2, 3).unwrap(), false, a, b, 1.0).unwrap();
+        assert_eq!(c, [0.0; 6]);
+        let mut c = vec![1.5f32; 6];
+        matmul(&op, rows_mut(&op, &mut c, 2, 3).unwrap(), true, a, b, 1.0).unwrap();
+        assert_eq!(c, [1.5; 6]);
+        // m = 0 or n = 0: nothing to write, no error.
+        let mut none: [f32; 0] = [];
+        let z = rows(&op, &e, 0, 0).unwrap();
+        matmul(
+            &op,
+            rows_mut(&op, &mut none, 0, 0).unwrap(),
+            false,
+            z,
+            z,
+            1.0,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn mismatches_are_errors_naming_the_op() {
+        let op = Op::Bmm;
+        let d = [0.0f32; 6];
+        let e = rows(&op, &d, 4, 2).unwrap_err().to_string();
+        assert!(e.contains("bmm") && e.contains("(4, 2)"), "{e}");
+        let e = rows(&op, &d, usize::MAX, 2).unwrap_err().to_string();
+        assert!(e.contains("bmm"), "{e}");
+        let a = rows(&op, &d, 2, 3).unwrap();
+        let mut c = [0.0f32; 4];
+        let e = matmul(&op, rows_mut(&op, &mut c, 2, 2).unwrap(), false, a, a, 1.0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bmm") && e.contains("(2, 3) · (2, 3)"), "{e}");
+    }
+
+    /// The thread count changes the time, never the bits; the knob round-trips.
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let op = Op::Matmul;
+        let (m, k, n) = (160, 130, 150); // above PARALLEL_MIN_WORK
+        assert!(m * k * n >= PARALLEL_MIN_WORK);
+        let a: Vec<f32> = fill(m * k, 3).into_iter().map(|v| v as f32).collect();
+        let b: Vec<f32> = fill(k * n, 4).into_iter().map(|v| v as f32).collect();
+        let run = |t: usize| {
+            let prev = set_threads(t);
+            assert_eq!(threads(), t);
+            let mut c = vec![0.0f32; m * n];
+            let (av, bv) = (rows(&op, &a, m, k).unwrap(), rows(&op, &b, k, n).unwrap());
+            matmul(
+                &op,
+                rows_mut(&op, &mut c, m, n).unwrap(),
+                false,
+                av,
+                bv,
+                1.0,
+            )
+            .unwrap();
+            set_threads(prev);
+            c
+        };
+        let one = run(1);
+        for t in [2, 3, 4] {
+            let c = run(t);
+            let same = one.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{t} threads changed the result");
+        }
+        assert!(threads() >= 1);
+    }
+}
