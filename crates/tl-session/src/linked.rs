@@ -38,6 +38,17 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// the nodes recorded since. Cleared when a leaf is added, a Nat input overwritten, or the
     /// session reset.
     values: Vec<Tensor<T>>,
+    /// The devices of the last step's compiled tapes, kept so the next step's buffers come from
+    /// their caching allocators' pools (no device allocation in steady state).
+    devices: Devices,
+}
+
+/// Devices kept between the compiles of [`Train`](crate::Train) steps and reads.
+#[derive(Default)]
+struct Devices {
+    sim: Option<SimDevice>,
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    cuda: Option<tl_tape_cuda::CudaDevice>,
 }
 
 /// A linked session's graph replayed into a tape ("compiled").
@@ -94,6 +105,17 @@ impl<T: Scalar> Compiled<T> {
 
     /// Dense gradients of graph id `out` (cotangent `seed`) for every graph id, on the tape.
     pub fn backward_dense(&mut self, out: usize, seed: &Tensor<T>) -> Result<Vec<Tensor<T>>> {
+        self.backward_dense_where(out, seed, |_| true)
+    }
+
+    /// Like [`backward_dense`](Self::backward_dense), but only the graph ids where `wanted` is
+    /// true are read back (downloaded on CUDA); the others are empty tensors.
+    pub(crate) fn backward_dense_where(
+        &mut self,
+        out: usize,
+        seed: &Tensor<T>,
+        wanted: impl Fn(usize) -> bool,
+    ) -> Result<Vec<Tensor<T>>> {
         let to = *self.map.get(out).ok_or(Error::Count {
             what: "compiled backward_dense: graph id",
             expected: self.map.len(),
@@ -101,8 +123,12 @@ impl<T: Scalar> Compiled<T> {
         })?;
         on_compiled!(&mut self.tape,
             cpu(tape) => {
-                let g = tape.backward_dense(to, seed)?;
-                Ok(self.map.iter().map(|&t| g[t].clone()).collect())
+                let mut g = tape.backward_dense(to, seed)?;
+                let empty = || Tensor::vector(Vec::new());
+                let take = |(id, &t): (usize, &usize)| {
+                    if wanted(id) { std::mem::replace(&mut g[t], empty()) } else { empty() }
+                };
+                Ok(self.map.iter().enumerate().map(take).collect())
             },
             cuda(tape) => {
                 let s = AnyBuffer::upload(tape.device_mut(), seed)?;
@@ -112,7 +138,11 @@ impl<T: Scalar> Compiled<T> {
                 let out: Result<Vec<Tensor<T>>> = self
                     .map
                     .iter()
-                    .map(|&t| Ok(g[t].download(tape.device())?))
+                    .enumerate()
+                    .map(|(id, &t)| match wanted(id) {
+                        true => Ok(g[t].download(tape.device())?),
+                        false => Ok(Tensor::vector(Vec::new())),
+                    })
                     .collect();
                 tape.release_grads(g);
                 out
@@ -143,6 +173,7 @@ impl<T: Scalar> LinkedSession<T> {
             backend: Backend::Cpu,
             deterministic: false,
             values: Vec::new(),
+            devices: Devices::default(),
         }
     }
 
@@ -179,6 +210,10 @@ impl<T: Scalar> LinkedSession<T> {
     /// [`Options::deterministic`](crate::Options::deterministic) does for the eager session.
     pub fn set_deterministic(&mut self, on: bool) {
         self.deterministic = on;
+        #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+        {
+            self.devices.cuda = None; // made again with the new setting
+        }
     }
 
     /// The seed of the random ops.
@@ -307,6 +342,54 @@ impl<T: Scalar> LinkedSession<T> {
 
     /// Replay the graph into a fresh tape of `backend` ("compile").
     pub fn compile(&self, backend: Backend) -> Result<Compiled<T>> {
+        self.compile_with(backend, &mut Devices::default())
+    }
+
+    /// [`compile`](Self::compile) onto the devices the last step handed back
+    /// ([`recycle`](Self::recycle)), so the tape's buffers come from their pools.
+    pub(crate) fn compile_reusing(&mut self, backend: Backend) -> Result<Compiled<T>> {
+        let mut devices = std::mem::take(&mut self.devices);
+        let compiled = self.compile_with(backend, &mut devices);
+        self.devices = devices;
+        compiled
+    }
+
+    /// The allocator counters of the device the steps of the current backend compile onto
+    /// (kept between steps); `None` on the CPU or before the first step or read.
+    pub fn memory_usage(&self) -> Option<tl_tape_cuda::MemoryUsage> {
+        use tl_tape_cuda::Device;
+        match self.backend {
+            Backend::Cpu => None,
+            Backend::CudaSim => self.devices.sim.as_ref().map(|d| d.memory_usage()),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Backend::Cuda => self.devices.cuda.as_ref().map(|d| d.memory_usage()),
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+            Backend::Cuda => None,
+        }
+    }
+
+    /// For each graph id, whether it is a leaf of a parameter that optimizer steps update.
+    pub(crate) fn trainable_leaves(&self) -> Vec<bool> {
+        let mut wanted = vec![false; self.builder.graph().len()];
+        for (&leaf, &index) in &self.leaf_param {
+            if let (Some(w), Some(slot)) = (wanted.get_mut(leaf), self.params.slots.get(index)) {
+                *w = slot.requires_grad;
+            }
+        }
+        wanted
+    }
+
+    /// Hand a compiled tape's device back for the next [`compile_reusing`](Self::compile_reusing).
+    pub(crate) fn recycle(&mut self, compiled: Compiled<T>) {
+        match compiled.tape {
+            CompiledTape::Cpu(_) => {}
+            CompiledTape::CudaSim(t) => self.devices.sim = Some(t.into_device()),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            CompiledTape::Cuda(t) => self.devices.cuda = Some(t.into_device()),
+        }
+    }
+
+    fn compile_with(&self, backend: Backend, devices: &mut Devices) -> Result<Compiled<T>> {
         let g = self.builder.graph();
         let nats = &self.nats.values;
         Ok(match backend {
@@ -319,7 +402,8 @@ impl<T: Scalar> LinkedSession<T> {
                 }
             }
             Backend::CudaSim => {
-                let mut tape = CudaTape::new(SimDevice::new());
+                let dev = devices.sim.take().unwrap_or_default();
+                let mut tape = CudaTape::new(dev);
                 let map = g.replay(&mut tape, &self.leaves, nats)?;
                 Compiled {
                     tape: CompiledTape::CudaSim(tape),
@@ -328,7 +412,11 @@ impl<T: Scalar> LinkedSession<T> {
             }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => {
-                let mut tape = CudaTape::new(crate::eager::cuda_device(self.deterministic)?);
+                let dev = match devices.cuda.take() {
+                    Some(dev) => dev,
+                    None => crate::eager::cuda_device(self.deterministic)?,
+                };
+                let mut tape = CudaTape::new(dev);
                 let map = g.replay(&mut tape, &self.leaves, nats)?;
                 Compiled {
                     tape: CompiledTape::Cuda(tape),
@@ -336,7 +424,10 @@ impl<T: Scalar> LinkedSession<T> {
                 }
             }
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
-            Backend::Cuda => return Err(cuda_unavailable()),
+            Backend::Cuda => {
+                let _ = devices;
+                return Err(cuda_unavailable());
+            }
         })
     }
 

@@ -54,7 +54,8 @@ pub trait Train: Ops {
     /// `optimizer.load_state_dict(state)`).
     fn load_optimizer_state(&mut self, opt: &mut Optimizer, state: &StateDict) -> Result<()>;
 
-    /// The device allocator's counters, on a CUDA backend (`None` on the CPU).
+    /// The device allocator's counters, on a CUDA backend (`None` on the CPU). For the linked
+    /// session: the device its steps compile onto, once a step or read has run.
     fn memory_usage(&self) -> Option<MemoryUsage>;
 
     /// This session's id and its current pass (the number of resets so far); handles made
@@ -118,15 +119,26 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
         self.check_loss("backward_step", loss)?;
-        let mut compiled = self.compile(self.backend())?;
-        let l = loss_value(compiled.value(loss.id())?)?;
-        let grads = compiled.backward_dense(loss.id(), &Tensor::scalar(T::one()))?;
+        // The tape's device comes back for the next step (its pools are reused), and only the
+        // gradients of trainable parameter leaves are read back.
+        let mut compiled = self.compile_reusing(self.backend())?;
+        let wanted = self.trainable_leaves();
+        let result = compiled.value(loss.id()).and_then(|l| {
+            let one = Tensor::scalar(T::one());
+            let grads = compiled.backward_dense_where(loss.id(), &one, |id| wanted[id])?;
+            Ok((l, grads))
+        });
+        self.recycle(compiled);
+        let (l, grads) = result?;
         self.step(opt, &grads)?;
-        Ok(l)
+        loss_value(l)
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check_handle("read", r)?;
-        self.compile(self.backend())?.value(r.id())
+        let compiled = self.compile_reusing(self.backend())?;
+        let value = compiled.value(r.id());
+        self.recycle(compiled);
+        value
     }
     fn param_value(&mut self, p: &Param) -> Result<Tensor<T>> {
         LinkedSession::param_value(self, p)
@@ -153,7 +165,7 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
         LinkedSession::load_optimizer_state(self, opt, state)
     }
     fn memory_usage(&self) -> Option<MemoryUsage> {
-        None
+        LinkedSession::memory_usage(self)
     }
     fn stamp(&self) -> Stamp {
         LinkedSession::stamp(self)

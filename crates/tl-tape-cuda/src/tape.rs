@@ -301,6 +301,13 @@ impl<D: Device> CudaTape<D> {
         freed
     }
 
+    /// [`reset`](Self::reset) the tape and hand back its device, whose caching allocator keeps
+    /// the released blocks: the next tape built on it reuses them instead of allocating.
+    pub fn into_device(mut self) -> D {
+        self.reset();
+        self.dev
+    }
+
     /// [`reset`](Self::reset) under the CPU tape's name.
     pub fn clear(&mut self) -> usize {
         self.reset()
