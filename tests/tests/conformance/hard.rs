@@ -21,7 +21,11 @@ fn cfg() -> RunConfig {
 
 /// Every family on its own (values and gradients), then all of them mixed (values only).
 fn on<B: Backend>(backend: &B) {
-    let cfg = cfg();
+    on_with(backend, &cfg());
+}
+
+fn on_with<B: Backend>(backend: &B, cfg: &RunConfig) {
+    let cfg = *cfg;
     let mut reports: Vec<_> = families()
         .into_iter()
         .map(|f| check_hard_families(backend, &cfg, true, vec![f]))
@@ -45,12 +49,17 @@ fn the_cuda_sim_meets_the_reference_on_hard_inputs() {
 #[test]
 fn the_emulated_kernels_meet_the_reference_on_hard_inputs() {
     use tl_conformance::backend::OnDevice;
-    // Deterministic (the sim's twin) and not (the atomic kernels).
-    on(&OnDevice::new("cuda-emu", tl_tape_cuda::CudaDevice::new));
-    on(&OnDevice::nondeterministic(
-        "cuda-emu",
-        tl_tape_cuda::CudaDevice::new,
-    ));
+    // Deterministic (the sim's twin) and not (the atomic kernels); the emulator runs every
+    // thread as a fiber, so a quarter of the cases.
+    let cfg = RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 16);
+    on_with(
+        &OnDevice::new("cuda-emu", tl_tape_cuda::CudaDevice::new),
+        &cfg,
+    );
+    on_with(
+        &OnDevice::nondeterministic("cuda-emu", tl_tape_cuda::CudaDevice::new),
+        &cfg,
+    );
 }
 
 /// layerNorm over the last axis in f32 with the one-pass variance `Σx²/n − μ²` (clamped at 0).
