@@ -1,17 +1,21 @@
 //! The backend abstraction checks 1 and 2 run against: "record this graph with these leaf
 //! values, give me every id's value" and "dense backward from an output". Implemented here for
-//! the CPU tape in f32 and f64 and for the CUDA tape over the simulation device ([`CudaSim`],
-//! in [`cuda_sim`]); any wrapper a test builds (such as the deliberately broken ones in
-//! `tests/teeth.rs`) implements it the same way, or, over the sim, is a [`SimWith`]
-//! ([`sim_with`]) with a hook for what it changes. [`TapeApi`] ([`api`]) adds the rest of the tape
-//! API: `backward_dense_from`, `backward_first_n`, `backward_params`.
+//! the CPU tape in f32 and f64, for the CUDA tape over the simulation device ([`CudaSim`], in
+//! [`cuda_sim`]) or any other device ([`OnDevice`], in [`device`]: the kernel emulator), and
+//! for the f64 IR itself ([`IrRef`]); any wrapper a test builds (such as the deliberately
+//! broken ones in the conformance binary's `teeth` module) implements it the same way, or,
+//! over the sim, is a [`SimWith`] ([`sim_with`]) with a hook for what it changes. [`TapeApi`]
+//! ([`api`]) adds the rest of the tape API: `backward_dense_from`, `backward_first_n`,
+//! `backward_params`.
 
 pub mod api;
 pub mod cuda_sim;
+pub mod device;
 pub mod sim_with;
 
 pub use api::TapeApi;
 pub use cuda_sim::{CudaProgram, CudaSim, SimError, SimProgram};
+pub use device::{IrProgram, IrRef, OnDevice};
 pub use sim_with::SimWith;
 
 use std::marker::PhantomData;

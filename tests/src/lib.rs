@@ -21,7 +21,9 @@
 //!   [`entries`] and [`generate`] build the strategies, [`domain`] keeps values off kinks.
 //! - [`dag`]: random DAGs composed of registry ops.
 //! - [`checks`]: the checks, per op and per DAG; [`Backend`] / [`CpuTape`] / [`CudaSim`]
-//!   ([`backend`]).
+//!   ([`backend`]). Beyond one op: the conventions at kinks, ties, bounds, signed zeros and
+//!   NaN on every backend ([`checks::conventions`]), hard inputs f32 vs f64
+//!   ([`checks::hard`]), sizes past the kernels' grid limits ([`checks::grid`]).
 //! - [`metric`]: the error definition; [`report`]: [`Report`] and the proptest driver
 //!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`.
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).

@@ -15,6 +15,13 @@
 //! **Scalar error** (adjoint identities, finite differences of a scalar):
 //! `|a − b| / max(1, |a|, |b|)`.
 //!
+//! **Ulp distance** (the sim against the CPU f32 tape on pointwise and shape ops,
+//! [`crate::checks::sim`]): for two f32 values, how many representable f32 lie between them
+//! plus one ([`ulp_distance`]): 0 for equal values (`−0 = +0`, NaN = NaN), 1 for neighbours,
+//! `u64::MAX` when only one side is NaN or the infinities differ. Unlike the tensor error it
+//! does not forgive a small element next to a large one: each element is judged on its own
+//! magnitude.
+//!
 //! Tolerances ([`crate::Tol`]) are thresholds on these numbers.
 
 use tl_spec::{Scalar, Tensor};
@@ -65,6 +72,42 @@ pub fn worst_index<T: Scalar>(got: &Tensor<T>, want: &Tensor<f64>) -> Option<usi
         .map(|(i, _)| i)
 }
 
+/// The ulp distance between two f32 values (see the module docs).
+pub fn ulp_distance(a: f32, b: f32) -> u64 {
+    if a.is_nan() || b.is_nan() {
+        return if a.is_nan() && b.is_nan() {
+            0
+        } else {
+            u64::MAX
+        };
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return if a == b { 0 } else { u64::MAX };
+    }
+    // Map the bits onto a line where neighbouring floats are neighbouring integers and both
+    // zeros are 0.
+    let ord = |x: f32| {
+        let bits = x.to_bits();
+        let mag = i64::from(bits & 0x7fff_ffff);
+        if bits >> 31 == 1 { -mag } else { mag }
+    };
+    ord(a).abs_diff(ord(b))
+}
+
+/// The largest [`ulp_distance`] between corresponding elements and the flat index where it
+/// occurs (`(0, 0)` for empty tensors).
+pub fn tensor_ulps(got: &Tensor<f32>, want: &Tensor<f32>) -> (u64, usize) {
+    got.data()
+        .iter()
+        .zip(want.data())
+        .map(|(&g, &w)| ulp_distance(g, w))
+        .enumerate()
+        .fold(
+            (0, 0),
+            |(m, at), (i, d)| if d > m { (d, i) } else { (m, at) },
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +139,23 @@ mod tests {
             ),
             Some(1)
         );
+    }
+
+    #[test]
+    fn ulps_count_representable_floats_between_values() {
+        assert_eq!(ulp_distance(1.0, 1.0), 0);
+        assert_eq!(ulp_distance(0.0, -0.0), 0);
+        assert_eq!(ulp_distance(1.0, f32::from_bits(1.0f32.to_bits() + 3)), 3);
+        // Across zero: the smallest subnormals either side are 2 apart.
+        assert_eq!(ulp_distance(f32::from_bits(1), -f32::from_bits(1)), 2);
+        assert_eq!(ulp_distance(f32::NAN, f32::NAN), 0);
+        assert_eq!(ulp_distance(f32::NAN, 1.0), u64::MAX);
+        assert_eq!(ulp_distance(f32::INFINITY, f32::MAX), u64::MAX);
+        let (a, b) = (
+            Tensor::vector(vec![1.0f32, 2.0]),
+            Tensor::vector(vec![1.0f32, 2.5]),
+        );
+        assert_eq!(tensor_ulps(&a, &b), (1 << 21, 1));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 use proptest::prelude::*;
 use tl_ir::Op;
 
+use crate::checks::conventions::{at_exact, clamp_at_bounds, ties};
 use crate::domain::Domain::{Any, AwayFromZero, Positive};
 use crate::entries::*;
 use crate::generate::Size;
@@ -104,6 +105,15 @@ pub struct OpInfo {
     /// Operands that are indices (e.g. `gather`'s index tensor): never differentiated, so
     /// finite differences do not perturb them and require the VJP to give them no gradient.
     pub index_operands: &'static [usize],
+    /// Cases placed on the op's kinks, ties and bounds (exact zeros of either sign, `a = b`,
+    /// `x = lo`/`hi`), for ops with such conventions: the sim checks draw a quarter of their
+    /// cases from them ([`crate::checks::sim::sim_graph_cases`]), and the conventions checks
+    /// ([`crate::checks::conventions`]) all of theirs.
+    pub kinks: Option<fn(Size) -> BoxedStrategy<OpCase>>,
+    /// For pointwise and shape ops: the largest ulp distance ([`crate::metric::ulp_distance`])
+    /// allowed between the sim and the CPU f32 tape, values and gradients (check 6 ≈cpu).
+    /// `None`: the op reduces, and check 6 uses the f32 tolerance scaled by reduction length.
+    pub ulps: Option<u64>,
 }
 
 impl std::fmt::Debug for OpInfo {
@@ -125,6 +135,8 @@ fn entry(name: &'static str, generate: fn(Size) -> BoxedStrategy<OpCase>) -> OpI
         tol: Tol::DEFAULT,
         generate,
         index_operands: &[],
+        kinks: None,
+        ulps: None,
     }
 }
 
@@ -141,6 +153,18 @@ impl OpInfo {
 
     fn indices(mut self, operands: &'static [usize]) -> Self {
         self.index_operands = operands;
+        self
+    }
+
+    /// Draw the sim checks' kink share from `kinks`.
+    fn kinks(mut self, kinks: fn(Size) -> BoxedStrategy<OpCase>) -> Self {
+        self.kinks = Some(kinks);
+        self
+    }
+
+    /// Compare the sim with the CPU f32 tape within `bound` ulps.
+    fn ulps(mut self, bound: u64) -> Self {
+        self.ulps = Some(bound);
         self
     }
 
@@ -171,40 +195,47 @@ macro_rules! registry {
 }
 
 const POS: crate::Domain = Positive(0.2, 3.0);
+
+/// The ulp bound of check 6 (sim vs CPU f32 tape) for pointwise and shape ops: both compute
+/// in f32 with the host's libm, so they agree bit for bit or nearly. Measured over 2,000 cases
+/// per op (docs/verification.md, "Sim vs CPU in ulps"): 4 ulps at most (safeLog), 3 for div,
+/// inv and sigmoid, 2 for softplus, 0 for every other op; the bound is twice the worst.
+pub const SIM_ULPS: u64 = 8;
 const NO_OPERANDS: &str = "a seeded draw has no operands";
 const DETACH_NOTE: &str = "detach has no gradient by definition, while its value is the identity";
 
 registry! {
-    Op::Add => entry("add", |z| binary(z, Op::Add, ANY, ANY)),
-    Op::Sub => entry("sub", |z| binary(z, Op::Sub, ANY, ANY)),
-    Op::Mul => entry("mul", |z| binary(z, Op::Mul, ANY, ANY)),
-    Op::Div => entry("div", |z| binary(z, Op::Div, ANY, AwayFromZero(0.5, 2.0))),
-    Op::Scale(_) => entry("scale", |z| unary_param(z, -3.0f64..=3.0, Op::Scale, ANY)),
-    Op::Abs => entry("abs", |z| unary(z, Op::Abs, AwayFromZero(0.1, 2.0))),
-    Op::Sqrt => entry("sqrt", |z| unary(z, Op::Sqrt, POS)),
-    Op::Exp => entry("exp", |z| unary(z, Op::Exp, ANY)),
-    Op::Log => entry("log", |z| unary(z, Op::Log, POS)),
-    Op::Inv => entry("inv", |z| unary(z, Op::Inv, AwayFromZero(0.3, 2.0))),
-    Op::Relu => entry("relu", |z| unary(z, Op::Relu, AwayFromZero(0.1, 2.0))),
-    Op::Clamp { .. } => entry("clamp", clamp),
-    Op::Max => entry("max", |z| tie_free(z, Op::Max)),
-    Op::Min => entry("min", |z| tie_free(z, Op::Min)),
-    Op::Sigmoid => entry("sigmoid", |z| unary(z, Op::Sigmoid, Any(4.0))),
-    Op::Tanh => entry("tanh", |z| unary(z, Op::Tanh, Any(3.0))),
-    Op::Softplus => entry("softplus", |z| unary(z, Op::Softplus, Any(4.0))),
+    Op::Add => entry("add", |z| binary(z, Op::Add, ANY, ANY)).ulps(SIM_ULPS),
+    Op::Sub => entry("sub", |z| binary(z, Op::Sub, ANY, ANY)).ulps(SIM_ULPS),
+    Op::Mul => entry("mul", |z| binary(z, Op::Mul, ANY, ANY)).ulps(SIM_ULPS),
+    Op::Div => entry("div", |z| binary(z, Op::Div, ANY, AwayFromZero(0.5, 2.0))).ulps(SIM_ULPS),
+    Op::Scale(_) => entry("scale", |z| unary_param(z, -3.0f64..=3.0, Op::Scale, ANY)).ulps(SIM_ULPS),
+    Op::Abs => entry("abs", |z| unary(z, Op::Abs, AwayFromZero(0.1, 2.0))).ulps(SIM_ULPS).kinks(|z| at_exact(z, Op::Abs, 0.0)),
+    Op::Sqrt => entry("sqrt", |z| unary(z, Op::Sqrt, POS)).ulps(SIM_ULPS).kinks(|z| at_exact(z, Op::Sqrt, 0.0)),
+    Op::Exp => entry("exp", |z| unary(z, Op::Exp, ANY)).ulps(SIM_ULPS),
+    Op::Log => entry("log", |z| unary(z, Op::Log, POS)).ulps(SIM_ULPS),
+    Op::Inv => entry("inv", |z| unary(z, Op::Inv, AwayFromZero(0.3, 2.0))).ulps(SIM_ULPS),
+    Op::Relu => entry("relu", |z| unary(z, Op::Relu, AwayFromZero(0.1, 2.0))).ulps(SIM_ULPS).kinks(|z| at_exact(z, Op::Relu, 0.0)),
+    Op::Clamp { .. } => entry("clamp", clamp).ulps(SIM_ULPS).kinks(clamp_at_bounds),
+    Op::Max => entry("max", |z| tie_free(z, Op::Max)).ulps(SIM_ULPS).kinks(|z| ties(z, Op::Max)),
+    Op::Min => entry("min", |z| tie_free(z, Op::Min)).ulps(SIM_ULPS).kinks(|z| ties(z, Op::Min)),
+    Op::Sigmoid => entry("sigmoid", |z| unary(z, Op::Sigmoid, Any(4.0))).ulps(SIM_ULPS),
+    Op::Tanh => entry("tanh", |z| unary(z, Op::Tanh, Any(3.0))).ulps(SIM_ULPS),
+    Op::Softplus => entry("softplus", |z| unary(z, Op::Softplus, Any(4.0))).ulps(SIM_ULPS),
     Op::SafeLog { .. } => entry("safeLog", |z| {
         let eps = prop_oneof![Just(1e-6), 1e-4f64..=0.5];
         unary_param(z, eps, |eps| Op::SafeLog { eps }, Any(4.0))
-    }),
-    Op::Detach => entry("detach", |z| unary(z, Op::Detach, ANY)).no_fd(DETACH_NOTE),
-    Op::Constant(_) => entry("constant", constant).no_fd("constant has no operands"),
-    Op::Reshape(_) => entry("reshape", reshape),
-    Op::Flatten => entry("flatten", |z| unary(z, Op::Flatten, ANY)),
-    Op::Transpose2d => entry("transpose2d", |z| of_rank(z, Op::Transpose2d, 2, 80)),
-    Op::PermuteBca => entry("permuteBCA", |z| of_rank(z, Op::PermuteBca, 3, 20)),
-    Op::PermuteCab => entry("permuteCAB", |z| of_rank(z, Op::PermuteCab, 3, 20)),
-    Op::SwapLastTwo => entry("swapLastTwo", |z| of_rank(z, Op::SwapLastTwo, 3, 40)),
-    Op::SwapAdjacent(_) => entry("swapAdjacent", swap_adjacent),
+    })
+    .ulps(SIM_ULPS),
+    Op::Detach => entry("detach", |z| unary(z, Op::Detach, ANY)).no_fd(DETACH_NOTE).ulps(SIM_ULPS),
+    Op::Constant(_) => entry("constant", constant).no_fd("constant has no operands").ulps(SIM_ULPS),
+    Op::Reshape(_) => entry("reshape", reshape).ulps(SIM_ULPS),
+    Op::Flatten => entry("flatten", |z| unary(z, Op::Flatten, ANY)).ulps(SIM_ULPS),
+    Op::Transpose2d => entry("transpose2d", |z| of_rank(z, Op::Transpose2d, 2, 80)).ulps(SIM_ULPS),
+    Op::PermuteBca => entry("permuteBCA", |z| of_rank(z, Op::PermuteBca, 3, 20)).ulps(SIM_ULPS),
+    Op::PermuteCab => entry("permuteCAB", |z| of_rank(z, Op::PermuteCab, 3, 20)).ulps(SIM_ULPS),
+    Op::SwapLastTwo => entry("swapLastTwo", |z| of_rank(z, Op::SwapLastTwo, 3, 40)).ulps(SIM_ULPS),
+    Op::SwapAdjacent(_) => entry("swapAdjacent", swap_adjacent).ulps(SIM_ULPS),
     Op::BroadcastTo(_) => entry("broadcastTo", broadcast_to),
     Op::Sum => entry("sum", |z| unary(z, Op::Sum, ANY)),
     Op::ReduceSum(_) => entry("reduceSum", |z| reduce_axis(z, Op::ReduceSum)),
@@ -215,10 +246,10 @@ registry! {
     Op::Softmax => entry("softmax", |z| unary(z, Op::Softmax, Any(3.0))),
     Op::LogSoftmax => entry("logSoftmax", |z| unary(z, Op::LogSoftmax, Any(3.0))),
     Op::MseLoss => entry("mseLoss", mse_loss),
-    Op::Gelu => entry("gelu", |z| unary(z, Op::Gelu, Any(4.0))),
-    Op::Silu => entry("silu", |z| unary(z, Op::Silu, Any(4.0))),
-    Op::Concat => entry("concat0", concat),
-    Op::Slice { .. } => entry("sliceRange0", slice),
+    Op::Gelu => entry("gelu", |z| unary(z, Op::Gelu, Any(4.0))).ulps(SIM_ULPS),
+    Op::Silu => entry("silu", |z| unary(z, Op::Silu, Any(4.0))).ulps(SIM_ULPS),
+    Op::Concat => entry("concat0", concat).ulps(SIM_ULPS),
+    Op::Slice { .. } => entry("sliceRange0", slice).ulps(SIM_ULPS),
     Op::CrossEntropy { .. } => entry("crossEntropy", cross_entropy),
     Op::GatherScalar { .. } => entry("gatherScalar", |z| {
         gather_static(z, 1, true, |index| Op::GatherScalar { index })

@@ -1,11 +1,14 @@
 //! Run every check for every registry entry and the random DAGs, and tabulate the results
-//! (what `tl-verify` prints).
+//! (what `tl-verify` prints). After the op rows and the DAG row come the check families that
+//! are not one op ([`FAMILY_ROWS`]): the conventions at kinks, ties and bounds, the hard
+//! inputs, and the sizes past the kernels' grid limits, each in the columns of the backends it
+//! runs on.
 
 use std::fmt::Write as _;
 
-use crate::checks::sim;
 use crate::checks::*;
-use crate::{Check, CpuTape, OpInfo, Report, RunConfig, registry};
+use crate::checks::{conventions, grid, hard, sim};
+use crate::{Check, CpuTape, CudaSim, OpInfo, Report, RunConfig, registry};
 
 /// The columns of the table: a check and, for the tape checks, the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +102,67 @@ pub fn dag_cell(column: Column, cfg: &RunConfig) -> Report {
     }
 }
 
+/// The rows of check families that are not one op, after the DAG row:
+/// - `conventions` ([`conventions::check_conventions`]): hand-worked and generated cases at
+///   kinks, ties, bounds, signed zeros and NaN; values in the `1 fwd` columns, values and
+///   gradients in the `2 bwd` columns, on the CPU tape (f64, f32) and the sim;
+/// - `hard inputs` ([`hard::check_hard`]): large offsets, tiny variances, logits of ±80, `exp`
+///   near overflow, against the f64 IR, in the same columns;
+/// - `grid sizes` ([`grid`]): one case per reduction, scatter and conv family past 2¹⁸
+///   elements, sim vs CPU f32 (`6 ≈cpu sim`) and deterministic runs (`6 det sim`).
+pub const FAMILY_ROWS: [&str; 3] = ["conventions", "hard inputs", "grid sizes"];
+
+/// One column's cell of the family row `name` (`None`: the column does not apply, or `name`
+/// is not a family row). The grid cells run their fixed cases whatever `cfg.cases` says.
+pub fn family_cell(name: &str, column: Column, cfg: &RunConfig) -> Option<Report> {
+    let f64b = CpuTape::<f64>::new();
+    let f32b = CpuTape::<f32>::new();
+    let sim = CudaSim::new();
+    let grads = match column.check {
+        Check::Forward => false,
+        Check::Backward => true,
+        Check::CudaVsCpu if name == "grid sizes" => return Some(grid::check_grid_sim_vs_cpu()),
+        Check::Deterministic if name == "grid sizes" => {
+            return Some(grid::check_grid_deterministic());
+        }
+        _ => return None,
+    };
+    let which = match column.dtype {
+        Some("f64") => Which::F64(&f64b),
+        Some("f32") => Which::F32(&f32b),
+        Some("sim") => Which::Sim(&sim),
+        _ => return None,
+    };
+    match name {
+        "conventions" => Some(match which {
+            Which::F64(b) => conventions::check_conventions(b, cfg, grads),
+            Which::F32(b) => conventions::check_conventions(b, cfg, grads),
+            Which::Sim(b) => conventions::check_conventions(b, cfg, grads),
+        }),
+        "hard inputs" => Some(match which {
+            Which::F64(b) => hard::check_hard(b, cfg, grads),
+            Which::F32(b) => hard::check_hard(b, cfg, grads),
+            Which::Sim(b) => hard::check_hard(b, cfg, grads),
+        }),
+        _ => None,
+    }
+}
+
+/// A backend of the family rows.
+enum Which<'a> {
+    F64(&'a CpuTape<f64>),
+    F32(&'a CpuTape<f32>),
+    Sim(&'a CudaSim),
+}
+
+/// The family row `name` (one of [`FAMILY_ROWS`]).
+pub fn family_row(name: &str, cfg: &RunConfig) -> Row {
+    Row {
+        name: name.to_owned(),
+        cells: COLUMNS.iter().map(|&c| family_cell(name, c, cfg)).collect(),
+    }
+}
+
 /// Run the applicable checks of one entry on the CPU tape and the CUDA sim.
 pub fn op_row(entry: &OpInfo, cfg: &RunConfig) -> Row {
     let cells = COLUMNS
@@ -127,17 +191,21 @@ pub fn all_rows(cfg: &RunConfig) -> Vec<Row> {
         .collect()
 }
 
-/// The names of all rows: every registry entry, then `"dag"`.
+/// The names of all rows: every registry entry, then `"dag"`, then the [`FAMILY_ROWS`].
 pub fn row_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = registry::all().iter().map(|e| e.name).collect();
     names.push("dag");
+    names.extend(FAMILY_ROWS);
     names
 }
 
-/// The row named `name` (a registry op or `"dag"`), or `None` for an unknown name.
+/// The row named `name` (a registry op, `"dag"` or a family row), or `None` for an unknown
+/// name.
 pub fn row(name: &str, cfg: &RunConfig) -> Option<Row> {
     if name == "dag" {
         Some(dag_row(cfg))
+    } else if FAMILY_ROWS.contains(&name) {
+        Some(family_row(name, cfg))
     } else {
         registry::by_name(name).map(|e| op_row(&e, cfg))
     }

@@ -8,17 +8,21 @@
 //! - cuda: the session's clear "not available" error (no device in this build).
 
 use serde_json::json;
-use tl_conformance::verify::{COLUMNS, Row, Tally, dag_cell, op_cell, row, row_names, tally};
+use tl_conformance::verify::{
+    COLUMNS, FAMILY_ROWS, Row, Tally, dag_cell, family_cell, op_cell, row, row_names, tally,
+};
 use tl_conformance::{RunConfig, registry};
 use tl_session::Backend;
 
 use crate::{CliError, Result};
 
-/// The CUDA-sim row of `name` (a registry op or `"dag"`): the harness's sim columns only (1 fwd
+/// The CUDA-sim row of `name` (a registry op, `"dag"` or a family row): the harness's sim columns only (1 fwd
 /// sim, 2 bwd sim, 6 ≈cpu sim, 6 det sim), through `tl_conformance`'s own CUDA-sim backend;
 /// other columns are "n/a". Ops with no CUDA formula yet show as pending.
+/// The family rows (conventions, hard inputs, grid sizes) keep their sim cells the same way.
 pub fn sim_row(name: &str, cfg: &RunConfig) -> Option<Row> {
-    let entry = if name == "dag" {
+    let family = FAMILY_ROWS.contains(&name);
+    let entry = if name == "dag" || family {
         None
     } else {
         Some(registry::by_name(name)?)
@@ -31,6 +35,7 @@ pub fn sim_row(name: &str, cfg: &RunConfig) -> Option<Row> {
             }
             match &entry {
                 Some(e) => e.applies.get(col.check).then(|| op_cell(e, col, cfg)),
+                None if family => family_cell(name, col, cfg),
                 None => Some(dag_cell(col, cfg)),
             }
         })

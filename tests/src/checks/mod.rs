@@ -8,8 +8,11 @@
 
 mod adjoint;
 mod backward;
+pub mod conventions;
 mod finite_diff;
 mod forward;
+pub mod grid;
+pub mod hard;
 mod session;
 pub mod sim;
 pub mod tape_api;
@@ -35,8 +38,12 @@ use crate::{CaseResult, GraphCase, Measured, OpInfo, Tol};
 /// Cases for checks 1 and 2 from a registry entry: the one-node graph of a generated op case,
 /// leaves requiring grad with probability 0.8 each, and a random cotangent in `[-1, 1]`.
 pub fn op_graph_cases(entry: &OpInfo) -> BoxedStrategy<GraphCase> {
-    entry
-        .mixed_cases()
+    graph_cases(entry.mixed_cases())
+}
+
+/// Cases for checks 1 and 2 from any op-case strategy, as [`op_graph_cases`] builds them.
+pub fn graph_cases(cases: BoxedStrategy<crate::OpCase>) -> BoxedStrategy<GraphCase> {
+    cases
         .prop_flat_map(|case| {
             let n = case.inputs.len();
             (

@@ -5,27 +5,41 @@
 //!   [`PENDING`](crate::PENDING) instead of failing (per op) or keeps it out of the random DAGs
 //!   (listed in the report).
 //! - 6 (≈cpu): the sim and the CPU f32 tape on the same inputs give the same values and
-//!   gradients within the f32 tolerance.
+//!   gradients: within [`OpInfo::ulps`] ulps for pointwise and shape ops (both evaluate the
+//!   same f32 formulas with the host's libm), within the f32 tolerance scaled by reduction
+//!   length for the others and for random DAGs.
+//! - Kinks: for ops with conventions at kinks, ties and bounds ([`OpInfo::kinks`]), a quarter
+//!   of the cases of every per-op sim check sit on them ([`sim_graph_cases`]).
 //! - 6 (det): with deterministic mode on ([`tl_tape_cuda::determinism`]), three runs of the
 //!   same case — a fresh device, then one device twice (its allocator's cached blocks then hold
 //!   stale data) — give bit-identical values and gradients.
 //! - device = sim ([`check_device_vs_sim`]): another device (the kernel emulator's
 //!   `CudaDevice`, feature `cuda-emu`) gives the sim's values and gradients bit for bit, in
-//!   deterministic mode, for every case of an entry or of the random DAGs.
+//!   deterministic mode, for every case of an entry or of the random DAGs; and, with
+//!   deterministic reductions off (the atomic kernels), within the f32 tolerance
+//!   ([`check_device_vs_sim_nondet`]).
+//!
+//! The deterministic-reductions flag is process-wide: every check here that sets it holds
+//! [`flag_lock`] while it runs, so a check running with the flag off never overlaps one that
+//! needs it on.
 
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use tl_spec::Tensor;
 use tl_tape_cuda::determinism::set_deterministic_reductions;
 use tl_tape_cuda::{CudaTape, Device, SimDevice};
 
 use crate::backend::{CudaProgram, SimError};
 use crate::checks::{
-    backend_inputs, backend_tol, backward_case, compare_ids, forward_case, op_graph_cases,
+    backend_inputs, backend_tol, backward_case, compare_ids, forward_case, graph_cases,
+    op_graph_cases,
 };
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
+use crate::generate::Size;
+use crate::metric::tensor_ulps;
 use crate::{
     Backend, CaseError, CaseResult, CpuTape, CudaSim, GraphCase, Measured, OnPending, OpInfo,
     Report, RunConfig, Tol, registry, run_check_pending,
@@ -46,6 +60,25 @@ fn sim_err(e: SimError) -> CaseError {
     match e {
         SimError::Pending(op) => CaseError::Pending(op),
         SimError::Failed(msg) => CaseError::Fail(msg),
+    }
+}
+
+/// The lock every check holds while it depends on the process-wide deterministic-reductions
+/// flag (a panic while holding it does not poison it for the others).
+pub fn flag_lock() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The per-op cases of the sim checks: [`op_graph_cases`], and for an entry with
+/// [`OpInfo::kinks`] one case in four from those (small three times in four).
+pub fn sim_graph_cases(entry: &OpInfo) -> BoxedStrategy<GraphCase> {
+    match entry.kinks {
+        None => op_graph_cases(entry),
+        Some(kinks) => {
+            let on_kinks = prop_oneof![3 => kinks(Size::Small), 1 => kinks(Size::Large)].boxed();
+            prop_oneof![3 => op_graph_cases(entry), 1 => graph_cases(on_kinks)].boxed()
+        }
     }
 }
 
@@ -104,7 +137,7 @@ pub fn check_forward_sim(entry: &OpInfo, cfg: &RunConfig) -> Report {
     run_check_pending(
         label,
         cfg,
-        op_graph_cases(entry),
+        sim_graph_cases(entry),
         OnPending::PendCell,
         &[],
         |c| pending_aware(&sim, forward_case(&sim, c, &tol)),
@@ -127,7 +160,7 @@ pub fn check_backward_on<B: Backend + AsRef<CudaSim>>(
     run_check_pending(
         label,
         cfg,
-        op_graph_cases(entry),
+        sim_graph_cases(entry),
         OnPending::PendCell,
         &[],
         |c| pending_aware(backend.as_ref(), backward_case(backend, c, &tol)),
@@ -175,10 +208,14 @@ pub fn check_backward_dag_on<B: Backend + AsRef<CudaSim>>(backend: &B, cfg: &Run
 /// One case of check 6 (≈cpu): values (and, with `grads`, dense gradients of `case.out`) of the
 /// sim and the CPU f32 tape on the same f32 inputs agree within the f32 tolerance.
 pub fn sim_vs_cpu_case(case: &GraphCase, tol: &Tol, grads: bool) -> Result<Measured, CaseError> {
+    sim_vs_cpu_within(case, backend_tol::<f32>(tol, &case.graph), grads)
+}
+
+/// [`sim_vs_cpu_case`] with the final tolerance `tol` (on [`crate::metric::tensor_err`]).
+pub fn sim_vs_cpu_within(case: &GraphCase, tol: f64, grads: bool) -> Result<Measured, CaseError> {
     let (sim, cpu) = (CudaSim::new(), CpuTape::<f32>::new());
     let (leaves, _) = backend_inputs::<f32>(case);
     let seed: Tensor<f32> = case.seed.cast();
-    let tol = backend_tol::<f32>(tol, &case.graph);
     let cpu_prog = cpu
         .record(&case.graph, &leaves, &case.nats)
         .map_err(CaseError::Fail)?;
@@ -204,6 +241,69 @@ pub fn sim_vs_cpu_case(case: &GraphCase, tol: &Tol, grads: bool) -> Result<Measu
     Ok(m)
 }
 
+/// One case of check 6 (≈cpu) for a pointwise or shape op: values (and, with `grads`, dense
+/// gradients) of the sim and the CPU f32 tape on the same f32 inputs within `bound` ulps
+/// ([`crate::metric::ulp_distance`]) element by element. The error is the largest distance.
+pub fn sim_vs_cpu_ulps_case(
+    case: &GraphCase,
+    bound: u64,
+    grads: bool,
+) -> Result<Measured, CaseError> {
+    let (sim, cpu) = (CudaSim::new(), CpuTape::<f32>::new());
+    let (leaves, _) = backend_inputs::<f32>(case);
+    let seed: Tensor<f32> = case.seed.cast();
+    let cpu_prog = cpu
+        .record(&case.graph, &leaves, &case.nats)
+        .map_err(CaseError::Fail)?;
+    let sim_prog = sim
+        .try_record(&case.graph, &leaves, &case.nats)
+        .map_err(sim_err)?;
+    let mut pairs = vec![(
+        "value",
+        sim_prog.values().map_err(sim_err)?,
+        cpu.values(&cpu_prog).map_err(CaseError::Fail)?,
+    )];
+    if grads {
+        pairs.push((
+            "gradient",
+            sim_prog.backward_dense(case.out, &seed).map_err(sim_err)?,
+            cpu.backward_dense(&cpu_prog, case.out, &seed)
+                .map_err(CaseError::Fail)?,
+        ));
+    }
+    let mut worst = Measured {
+        err: 0.0,
+        tol: bound as f64,
+    };
+    for (what, got, want) in pairs {
+        for (id, (g, w)) in got.iter().zip(&want).enumerate() {
+            if g.shape() != w.shape() {
+                return Err(CaseError::Fail(format!(
+                    "sim vs cpu-f32 {what} of %{id}: shapes {} and {}",
+                    g.shape(),
+                    w.shape()
+                )));
+            }
+            let (ulps, at) = tensor_ulps(g, w);
+            let m = Measured::check(ulps as f64, bound as f64, || {
+                let origin = case
+                    .graph
+                    .node(id)
+                    .map_or_else(|| "leaf".to_owned(), |n| format!("{:?}", n.op()));
+                format!(
+                    "sim vs cpu-f32 {what} of %{id} ({origin}): {ulps} ulps apart at flat \
+                     index {at}: sim {:e}, cpu {:e}",
+                    g.data()[at],
+                    w.data()[at]
+                )
+            })
+            .map_err(CaseError::Fail)?;
+            worst = worst.max(m);
+        }
+    }
+    Ok(worst)
+}
+
 /// Values and (with `grads`) dense gradients of one run on `tape`; returns the tape reset.
 fn tape_run<D: Device>(
     tape: CudaTape<D>,
@@ -221,17 +321,23 @@ fn tape_run<D: Device>(
 
 /// How many elements of `other` differ in bits from `first` (values then gradients, as
 /// [`tape_run`] lists them), as a measurement with tolerance 0 that names the first one.
+///
+/// With `zero_sign` false, `+0` and `−0` count as the same: SEMANTICS.md does not fix the sign
+/// of a zero result, and the kernels' `fmaxf` and Rust's `f32::max` pick different zeros
+/// (`sqrt(−0)` is `−0` on the emulated kernels, `+0` on the sim).
 fn bit_differences(
     case: &GraphCase,
     first: &[Tensor<f32>],
     other: &[Tensor<f32>],
     what_differs: &str,
+    zero_sign: bool,
 ) -> Result<Measured, CaseError> {
     let mut differ = 0usize;
     let mut where_ = None;
     for (k, (a, b)) in first.iter().zip(other).enumerate() {
         for (i, (x, y)) in a.data().iter().zip(b.data()).enumerate() {
-            if x.to_bits() != y.to_bits() {
+            let zeros = !zero_sign && *x == 0.0 && *y == 0.0;
+            if x.to_bits() != y.to_bits() && !zeros {
                 differ += 1;
                 where_.get_or_insert((k, i, *x, *y));
             }
@@ -254,7 +360,8 @@ fn bit_differences(
 /// device twice) give bit-identical values and gradients. The error is the number of elements
 /// whose bits differ (tolerance 0).
 pub fn determinism_case(case: &GraphCase, grads: bool) -> Result<Measured, CaseError> {
-    // Process-wide, like `TL_DETERMINISTIC=1`; no check turns it off again.
+    // Process-wide, like `TL_DETERMINISTIC=1`.
+    let _flag = flag_lock();
     set_deterministic_reductions(true);
     let fresh = || CudaTape::new(SimDevice::new());
     let (first, _) = tape_run(fresh(), case, grads).map_err(sim_err)?;
@@ -266,24 +373,115 @@ pub fn determinism_case(case: &GraphCase, grads: bool) -> Result<Measured, CaseE
         ("third (reused device)", &third),
     ] {
         let what = format!("deterministic mode: the {run} run differs from the first");
-        worst = worst.max(bit_differences(case, &first, other, &what)?);
+        worst = worst.max(bit_differences(case, &first, other, &what, true)?);
     }
     Ok(worst)
 }
 
 /// One case of the device = sim check: deterministic mode on, the CUDA tape on a fresh `D`
-/// (from `device`) gives the sim's values and (with `grads`) dense gradients bit for bit.
+/// (from `device`) gives the sim's values and (with `grads`) dense gradients bit for bit, the
+/// sign of a zero aside (see [`bit_differences`]).
 pub fn device_vs_sim_case<D: Device>(
     case: &GraphCase,
     grads: bool,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Result<Measured, CaseError> {
+    let _flag = flag_lock();
     set_deterministic_reductions(true);
     let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
     let name = d.name();
     let (want, _) = tape_run(CudaTape::new(SimDevice::new()), case, grads).map_err(sim_err)?;
     let (got, _) = tape_run(CudaTape::new(d), case, grads).map_err(sim_err)?;
-    bit_differences(case, &want, &got, &format!("{name} differs from cuda-sim"))
+    let what = format!("{name} differs from cuda-sim");
+    bit_differences(case, &want, &got, &what, false)
+}
+
+/// One case of the device ≈ sim check with deterministic reductions **off** (the atomic
+/// kernels: any summation order): the CUDA tape on a fresh `D` gives the sim's values and
+/// (with `grads`) dense gradients within `tol` (as [`crate::metric::tensor_err`]). The flag is
+/// turned back on before the lock is released.
+pub fn device_vs_sim_nondet_case<D: Device>(
+    case: &GraphCase,
+    tol: f64,
+    grads: bool,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Result<Measured, CaseError> {
+    let (want, _) = tape_run(CudaTape::new(SimDevice::new()), case, grads).map_err(sim_err)?;
+    let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
+    let name = d.name();
+    let got = {
+        let _flag = flag_lock();
+        set_deterministic_reductions(false);
+        let r = tape_run(CudaTape::new(d), case, grads);
+        set_deterministic_reductions(true);
+        r.map_err(sim_err)?.0
+    };
+    let ids = case.graph.len();
+    let widen: Vec<Tensor<f64>> = want.iter().map(Tensor::cast).collect();
+    let (vals, grads_) = got.split_at(ids.min(got.len()));
+    let mut m = compare_ids(
+        &case.graph,
+        vals,
+        &widen[..ids.min(widen.len())],
+        tol,
+        &format!("{name} (non-deterministic) vs cuda-sim value"),
+    )
+    .map_err(CaseError::Fail)?;
+    if grads {
+        m = m.max(
+            compare_ids(
+                &case.graph,
+                grads_,
+                &widen[ids.min(widen.len())..],
+                tol,
+                &format!("{name} (non-deterministic) vs cuda-sim gradient"),
+            )
+            .map_err(CaseError::Fail)?,
+        );
+    }
+    Ok(m)
+}
+
+/// The device ≈ sim check with deterministic reductions off, for a registry entry (gradients
+/// too where check 2 applies): the f32 tolerance of the entry scaled by reduction length.
+pub fn check_device_vs_sim_nondet<D: Device>(
+    entry: &OpInfo,
+    cfg: &RunConfig,
+    name: &str,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
+    let label = format!("≈ sim nondet {} {name}", entry.name);
+    let (tol, grads) = (entry.tol, entry.applies.backward);
+    run_check_pending(
+        label,
+        cfg,
+        sim_graph_cases(entry),
+        OnPending::PendCell,
+        &[],
+        |c| {
+            let t = backend_tol::<f32>(&tol, &c.graph);
+            device_vs_sim_nondet_case(c, t, grads, device)
+        },
+    )
+}
+
+/// The device ≈ sim check with deterministic reductions off, on random DAGs.
+pub fn check_device_vs_sim_nondet_dag<D: Device>(
+    cfg: &RunConfig,
+    name: &str,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
+    run_check_pending(
+        format!("≈ sim nondet dag {name}"),
+        cfg,
+        sim_dag_cases(DagOptions::default()),
+        OnPending::SkipCase,
+        &known(),
+        |c| {
+            let t = backend_tol::<f32>(&DAG_TOL, &c.graph);
+            device_vs_sim_nondet_case(c, t, true, device)
+        },
+    )
 }
 
 /// The device = sim check for a registry entry (gradients too where check 2 applies), on the
@@ -299,7 +497,7 @@ pub fn check_device_vs_sim<D: Device>(
     run_check_pending(
         label,
         cfg,
-        op_graph_cases(entry),
+        sim_graph_cases(entry),
         OnPending::PendCell,
         &[],
         |c| device_vs_sim_case(c, grads, device),
@@ -322,17 +520,21 @@ pub fn check_device_vs_sim_dag<D: Device>(
     )
 }
 
-/// Check 6 (≈cpu) for a registry entry (gradients too where check 2 applies).
+/// Check 6 (≈cpu) for a registry entry (gradients too where check 2 applies): in ulps for
+/// pointwise and shape ops ([`OpInfo::ulps`]), within the scaled f32 tolerance otherwise.
 pub fn check_sim_vs_cpu(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let label = format!("6 ≈cpu {} cuda-sim", entry.name);
-    let (tol, grads) = (entry.tol, entry.applies.backward);
+    let (tol, grads, ulps) = (entry.tol, entry.applies.backward, entry.ulps);
     run_check_pending(
         label,
         cfg,
-        op_graph_cases(entry),
+        sim_graph_cases(entry),
         OnPending::PendCell,
         &[],
-        |c| sim_vs_cpu_case(c, &tol, grads),
+        |c| match ulps {
+            Some(bound) => sim_vs_cpu_ulps_case(c, bound, grads),
+            None => sim_vs_cpu_case(c, &tol, grads),
+        },
     )
 }
 
@@ -343,7 +545,7 @@ pub fn check_deterministic(entry: &OpInfo, cfg: &RunConfig) -> Report {
     run_check_pending(
         label,
         cfg,
-        op_graph_cases(entry),
+        sim_graph_cases(entry),
         OnPending::PendCell,
         &[],
         |c| determinism_case(c, grads),

@@ -1,149 +1,130 @@
 //! Conventions at kinks and ties (SEMANTICS.md), generated on purpose and checked against
-//! hand-worked gradients on both the CPU tape (f64 and f32) and the IR:
-//! max/min ties split the gradient in halves, relu'(0) = 0, sign(0) = 0 for abs, clamp passes
-//! gradient only strictly inside its bounds, sqrt has derivative 0 at x ≤ 0, detach blocks.
+//! hand-worked and rule-given values and gradients ([`tl_conformance::checks::conventions`]) on
+//! every backend: the IR, the CPU tape in f64 and f32, the CUDA sim and (feature `cuda-emu`)
+//! the emulated kernels. max/min ties split the gradient in halves (±0 ties too), relu'(0) = 0,
+//! sign(0) = 0 for abs, clamp passes gradient only strictly inside its bounds, sqrt has
+//! derivative 0 at x ≤ 0, detach blocks, and NaN maps to 0 (relu, sqrt), lo (clamp) or NaN
+//! (abs) with no gradient.
 
-use proptest::prelude::*;
-use proptest::test_runner::TestCaseError;
-use tl_conformance::generate::{Size, any_shape, tensor};
-use tl_conformance::{ANY, Backend, CpuTape, Domain, RunConfig};
+use proptest::strategy::{Strategy, ValueTree};
+use tl_conformance::backend::IrRef;
+use tl_conformance::checks::conventions::{
+    at_exact, check_conventions, clamp_at_bounds, hand_worked, ties, with_nan,
+};
+use tl_conformance::generate::Size;
+use tl_conformance::{Backend, CpuTape, CudaSim, RunConfig, assert_all_passed};
 use tl_ir::{GraphBuilder, Op};
-use tl_spec::{Scalar, Tensor};
+use tl_spec::Tensor;
 
-/// Value and leaf gradients of `op(leaves…)` with cotangent `g`, from the IR and from the CPU
-/// tape in `T` (converted to f64). Every leaf requires grad.
-fn both<T: Scalar>(
-    op: &Op,
-    leaves: &[Tensor<f64>],
-    g: &Tensor<f64>,
-) -> [(Tensor<f64>, Vec<Tensor<f64>>); 2] {
-    let mut b = GraphBuilder::new();
-    let ids: Vec<usize> = leaves
-        .iter()
-        .map(|t| b.leaf(t.shape().clone(), None).unwrap())
-        .collect();
-    let out = b.apply(op.clone(), &ids).unwrap();
-    let graph = b.finish();
-    let ir_v = graph.eval(leaves, &[]).unwrap()[out].clone();
-    let ir_g = graph.backprop_all(leaves, &[], out, g).unwrap()[..leaves.len()].to_vec();
-    let tape = CpuTape::<T>::new();
-    let lt: Vec<Tensor<T>> = leaves.iter().map(Tensor::cast).collect();
-    let p = tape.record(&graph, &lt, &[]).unwrap();
-    let tv = tape.values(&p).unwrap()[out].cast();
-    let tg = tape.backward_dense(&p, out, &g.cast()).unwrap()[..leaves.len()]
-        .iter()
-        .map(Tensor::cast)
-        .collect();
-    [(ir_v, ir_g), (tv, tg)]
+fn cfg() -> RunConfig {
+    RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 2)
 }
 
-/// Assert that IR, f64 tape and f32 tape all give `value` and `grads` (exactly in f64; to f32
-/// rounding in f32).
-fn expect(
-    op: &Op,
-    leaves: &[Tensor<f64>],
-    g: &Tensor<f64>,
-    value: &Tensor<f64>,
-    grads: &[Tensor<f64>],
-) {
-    let close = |a: &Tensor<f64>, b: &Tensor<f64>, tol: f64| {
-        a.shape() == b.shape()
-            && a.data()
-                .iter()
-                .zip(b.data())
-                .all(|(x, y)| (x - y).abs() <= tol * y.abs().max(1.0))
-    };
-    let runs = [both::<f64>(op, leaves, g), both::<f32>(op, leaves, g)];
-    for (k, [ir, tape]) in runs.iter().enumerate() {
-        let tol = if k == 0 { 0.0 } else { 1e-6 };
-        for (who, (v, gs)) in [("IR", ir), ("tape", tape)] {
-            assert!(
-                close(v, value, tol),
-                "{op:?} {who}: value {v:?}, expected {value:?}"
-            );
-            for (i, (got, want)) in gs.iter().zip(grads).enumerate() {
-                assert!(
-                    close(got, want, tol),
-                    "{op:?} {who}: grad of x{i} {got:?}, expected {want:?}"
-                );
-            }
-        }
-    }
-}
-
-fn v(x: &[f64]) -> Tensor<f64> {
-    Tensor::vector(x.to_vec())
+/// Values, then values and gradients, on `backend`.
+fn on<B: Backend>(backend: &B) {
+    let cfg = cfg();
+    let reports = [
+        check_conventions(backend, &cfg, false),
+        check_conventions(backend, &cfg, true),
+    ];
+    assert_all_passed(&reports, cfg.cases);
 }
 
 #[test]
-fn hand_worked_kinks_and_ties() {
-    let g = v(&[4.0, 4.0, 4.0]);
-    let (a, b) = (v(&[1.0, 2.0, 3.0]), v(&[1.0, 5.0, 0.0]));
-    expect(
-        &Op::Max,
-        &[a.clone(), b.clone()],
-        &g,
-        &v(&[1.0, 5.0, 3.0]),
-        &[v(&[2.0, 0.0, 4.0]), v(&[2.0, 4.0, 0.0])],
-    );
-    expect(
-        &Op::Min,
-        &[a, b],
-        &g,
-        &v(&[1.0, 2.0, 0.0]),
-        &[v(&[2.0, 4.0, 0.0]), v(&[2.0, 0.0, 4.0])],
-    );
+fn the_ir_follows_the_conventions() {
+    on(&IrRef);
+}
 
-    let x = v(&[-1.0, 0.0, 2.0]);
-    let ones = v(&[1.0, 1.0, 1.0]);
-    expect(
-        &Op::Relu,
-        std::slice::from_ref(&x),
-        &ones,
-        &v(&[0.0, 0.0, 2.0]),
-        &[v(&[0.0, 0.0, 1.0])],
-    );
-    expect(
-        &Op::Abs,
-        std::slice::from_ref(&x),
-        &ones,
-        &v(&[1.0, 0.0, 2.0]),
-        &[v(&[-1.0, 0.0, 1.0])],
-    );
-    let s = v(&[0.0, -1.0, 4.0]);
-    expect(
-        &Op::Sqrt,
-        &[s],
-        &ones,
-        &v(&[0.0, 0.0, 2.0]),
-        &[v(&[0.0, 0.0, 0.25])],
-    );
-    expect(
-        &Op::Detach,
-        std::slice::from_ref(&x),
-        &ones,
-        &x,
-        &[v(&[0.0, 0.0, 0.0])],
-    );
+#[test]
+fn the_cpu_tape_follows_the_conventions_in_f64_and_f32() {
+    on(&CpuTape::<f64>::new());
+    on(&CpuTape::<f32>::new());
+}
 
-    let c = v(&[-1.0, -0.5, 0.0, 1.0, 2.0]);
-    let clamp = Op::Clamp { lo: -1.0, hi: 1.0 };
-    expect(
-        &clamp,
-        &[c],
-        &v(&[1.0; 5]),
-        &v(&[-1.0, -0.5, 0.0, 1.0, 1.0]),
-        &[v(&[0.0, 1.0, 1.0, 0.0, 0.0])],
+#[test]
+fn the_cuda_sim_follows_the_conventions() {
+    on(&CudaSim::new());
+}
+
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn the_emulated_kernels_follow_the_conventions() {
+    use tl_conformance::backend::OnDevice;
+    // Deterministic (the sim's twin) and not (the atomic kernels).
+    on(&OnDevice::new("cuda-emu", tl_tape_cuda::CudaDevice::new));
+    on(&OnDevice::nondeterministic(
+        "cuda-emu",
+        tl_tape_cuda::CudaDevice::new,
+    ));
+}
+
+/// The first `n` values of a strategy from a fixed runner.
+fn draw<S: Strategy>(s: S, n: usize) -> Vec<S::Value> {
+    let mut runner = RunConfig::default().runner("conventions draw");
+    (0..n)
+        .map(|_| s.new_tree(&mut runner).unwrap().current())
+        .collect()
+}
+
+#[test]
+fn the_generators_land_on_the_kinks_with_both_zeros_and_nan() {
+    let zero_signs = |x: &[f64]| {
+        (
+            x.iter().any(|v| *v == 0.0 && v.is_sign_positive()),
+            x.iter().any(|v| *v == 0.0 && v.is_sign_negative()),
+        )
+    };
+    let cases = draw(ties(Size::Small, Op::Max), 64);
+    let pairs: Vec<(f64, f64)> = cases
+        .iter()
+        .flat_map(|c| {
+            c.inputs[0]
+                .data()
+                .iter()
+                .copied()
+                .zip(c.inputs[1].data().to_vec())
+        })
+        .collect();
+    assert!(pairs.iter().any(|(a, b)| a == b && *a != 0.0), "plain ties");
+    assert!(
+        pairs
+            .iter()
+            .any(|(a, b)| *a == 0.0 && *b == 0.0 && a.is_sign_negative() != b.is_sign_negative()),
+        "±0 ties"
     );
-    // A degenerate clamp (lo = hi) passes no gradient anywhere.
-    let flat = Op::Clamp { lo: 0.5, hi: 0.5 };
-    expect(
-        &flat,
-        &[v(&[0.0, 0.5, 1.0])],
-        &ones,
-        &v(&[0.5, 0.5, 0.5]),
-        &[v(&[0.0, 0.0, 0.0])],
+    assert!(pairs.iter().all(|(a, b)| a == b || (a - b).abs() >= 0.09));
+    for op in [Op::Relu, Op::Abs, Op::Sqrt] {
+        let xs: Vec<f64> = draw(at_exact(Size::Small, op, 0.0), 64)
+            .iter()
+            .flat_map(|c| c.inputs[0].data().to_vec())
+            .collect();
+        assert_eq!(zero_signs(&xs), (true, true));
+        assert!(xs.iter().all(|v| *v == 0.0 || v.abs() >= 0.09));
+    }
+    let clamps = draw(clamp_at_bounds(Size::Small), 64);
+    let (mut at_lo, mut at_hi, mut flat) = (false, false, false);
+    for c in &clamps {
+        let Op::Clamp { lo, hi } = c.op else {
+            panic!("{:?}", c.op)
+        };
+        flat |= lo == hi;
+        at_lo |= c.inputs[0].data().contains(&lo);
+        at_hi |= lo != hi && c.inputs[0].data().contains(&hi);
+        assert_eq!((lo as f32 as f64, hi as f32 as f64), (lo, hi));
+    }
+    assert!(at_lo && at_hi && flat);
+    let nans = draw(with_nan(Size::Small, Op::Relu), 16);
+    assert!(
+        nans.iter()
+            .any(|c| c.inputs[0].data().iter().any(|v| v.is_nan()))
     );
+    // Every value is exact in f32, so an f32 backend meets the same kinks.
+    for c in cases.iter().chain(&clamps) {
+        for x in &c.inputs {
+            assert!(x.data().iter().all(|v| *v as f32 as f64 == *v));
+        }
+    }
+    assert!(hand_worked().len() >= 18);
 }
 
 #[test]
@@ -153,148 +134,16 @@ fn max_of_an_id_with_itself_passes_the_whole_gradient() {
     let x = b.leaf([3], None).unwrap();
     let m = b.apply(Op::Max, &[x, x]).unwrap();
     let graph = b.finish();
-    let leaves = [v(&[-1.0, 0.0, 3.0])];
-    let g = v(&[1.0, 2.0, 3.0]);
+    let leaves = [Tensor::vector(vec![-1.0, 0.0, 3.0])];
+    let g = Tensor::vector(vec![1.0, 2.0, 3.0]);
     let ir = graph.backprop_all(&leaves, &[], m, &g).unwrap();
+    assert_eq!(ir[x], g);
     let tape = CpuTape::<f64>::new();
     let p = tape.record(&graph, &leaves, &[]).unwrap();
-    let tg = tape.backward_dense(&p, m, &g).unwrap();
-    assert_eq!(ir[x], g);
-    assert_eq!(tg[x], g);
-}
-
-/// Small and large shapes (fast kernels take other paths on large inputs).
-fn shapes() -> BoxedStrategy<tl_spec::Shape> {
-    prop_oneof![any_shape(Size::Small), any_shape(Size::Large)].boxed()
-}
-
-/// Each element of `a` paired with `b` equal to it (a tie) or apart by at least 0.1, by a mask.
-fn tied_pairs() -> impl Strategy<Value = (Tensor<f64>, Tensor<f64>, Tensor<f64>)> {
-    shapes().prop_flat_map(|s| {
-        let n = s.numel();
-        (
-            tensor(s.clone(), ANY),
-            tensor(s.clone(), Domain::AwayFromZero(0.1, 1.0)),
-            prop::collection::vec(any::<bool>(), n),
-            tensor(s, Domain::Any(1.0)),
-        )
-            .prop_map(|(a, d, tie, g)| {
-                let b = Tensor::from_fn(a.shape().clone(), |i| {
-                    if tie[i] {
-                        a.data()[i]
-                    } else {
-                        a.data()[i] + d.data()[i]
-                    }
-                });
-                (a, b, g)
-            })
-    })
-}
-
-/// Each element either exactly `at` or at least 0.1 away from it, and a cotangent.
-fn with_exact(at: f64) -> impl Strategy<Value = (Tensor<f64>, Tensor<f64>)> {
-    shapes().prop_flat_map(move |s| {
-        let n = s.numel();
-        (
-            tensor(s.clone(), Domain::AwayFromZero(0.1, 2.0)),
-            prop::collection::vec(any::<bool>(), n),
-            tensor(s, Domain::Any(1.0)),
-        )
-            .prop_map(move |(x, hit, g)| {
-                (
-                    Tensor::from_fn(x.shape().clone(), |i| {
-                        if hit[i] { at } else { at + x.data()[i] }
-                    }),
-                    g,
-                )
-            })
-    })
-}
-
-fn run<S: Strategy>(label: &str, s: S, f: impl Fn(S::Value) -> Result<(), TestCaseError>) {
-    let mut runner = RunConfig::from_env().runner(label);
-    if let Err(e) = runner.run(&s, f) {
-        panic!("{label}: {e}");
-    }
-}
-
-fn weight(cmp: std::cmp::Ordering) -> f64 {
-    match cmp {
-        std::cmp::Ordering::Greater => 1.0,
-        std::cmp::Ordering::Equal => 0.5,
-        std::cmp::Ordering::Less => 0.0,
-    }
-}
-
-#[test]
-fn generated_ties_split_max_and_min_gradients_in_halves() {
-    run("ties", tied_pairs(), |(a, b, g)| {
-        let order = |i: usize| a.data()[i].partial_cmp(&b.data()[i]).unwrap();
-        let sh = a.shape().clone();
-        let max_da = Tensor::from_fn(sh.clone(), |i| weight(order(i)) * g.data()[i]);
-        let max_db = Tensor::from_fn(sh.clone(), |i| weight(order(i).reverse()) * g.data()[i]);
-        let max_v = Tensor::from_fn(sh.clone(), |i| a.data()[i].max(b.data()[i]));
-        let min_v = Tensor::from_fn(sh, |i| a.data()[i].min(b.data()[i]));
-        expect(
-            &Op::Max,
-            &[a.clone(), b.clone()],
-            &g,
-            &max_v,
-            &[max_da.clone(), max_db.clone()],
-        );
-        // min is max with the roles of the operands swapped.
-        expect(
-            &Op::Min,
-            &[a.clone(), b.clone()],
-            &g,
-            &min_v,
-            &[max_db, max_da],
-        );
-        Ok(())
-    });
-}
-
-#[test]
-fn generated_zeros_and_bounds_follow_the_kink_conventions() {
-    run("relu-abs-at-0", with_exact(0.0), |(x, g)| {
-        let sh = x.shape().clone();
-        let relu_g = Tensor::from_fn(sh.clone(), |i| {
-            if x.data()[i] > 0.0 { g.data()[i] } else { 0.0 }
-        });
-        let abs_g = Tensor::from_fn(sh, |i| {
-            x.data()[i].signum() * if x.data()[i] == 0.0 { 0.0 } else { g.data()[i] }
-        });
-        expect(
-            &Op::Relu,
-            std::slice::from_ref(&x),
-            &g,
-            &x.map(|v| v.max(0.0)),
-            &[relu_g],
-        );
-        expect(
-            &Op::Abs,
-            std::slice::from_ref(&x),
-            &g,
-            &x.map(f64::abs),
-            &[abs_g],
-        );
-        Ok(())
-    });
-    for (label, at) in [("clamp-at-lo", -0.5), ("clamp-at-hi", 0.75)] {
-        run(label, with_exact(at), |(x, g)| {
-            let (lo, hi) = (-0.5, 0.75);
-            let grad = Tensor::from_fn(x.shape().clone(), |i| {
-                let v = x.data()[i];
-                if v > lo && v < hi { g.data()[i] } else { 0.0 }
-            });
-            expect(
-                &Op::Clamp { lo, hi },
-                std::slice::from_ref(&x),
-                &g,
-                &x.map(|v| v.clamp(lo, hi)),
-                &[grad],
-            );
-            Ok(())
-        });
-    }
+    assert_eq!(tape.backward_dense(&p, m, &g).unwrap()[x], g);
+    let sim = CudaSim::new();
+    let leaves32 = [leaves[0].cast::<f32>()];
+    let p = sim.record(&graph, &leaves32, &[]).unwrap();
+    let got = sim.backward_dense(&p, m, &g.cast()).unwrap();
+    assert_eq!(got[x].cast::<f64>(), g);
 }

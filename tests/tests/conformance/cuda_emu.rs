@@ -5,9 +5,18 @@
 //! The sim is checked against the f64 IR reference by checks 1, 2 and 6 (module `cuda_sim`), so
 //! this carries those checks over to the kernels themselves: the emulator runs the same kernel
 //! sources as a GPU, with the host's libm (as the sim) where a GPU has CUDA's own `expf`, ...
+//!
+//! Also: with deterministic reductions **off** (the atomic kernels), every entry, random DAGs
+//! and the grid-size cases within the f32 tolerance of the sim; and the grid-size cases (past
+//! 2¹⁸ elements) bit for bit in deterministic mode. The conventions and hard inputs run on the
+//! emulated kernels in the `conventions` and `hard` modules.
 #![cfg(feature = "cuda-emu")]
 
-use tl_conformance::checks::sim::{check_device_vs_sim, check_device_vs_sim_dag};
+use tl_conformance::checks::grid::{check_grid_device, grid_cases};
+use tl_conformance::checks::sim::{
+    check_device_vs_sim, check_device_vs_sim_dag, check_device_vs_sim_nondet,
+    check_device_vs_sim_nondet_dag,
+};
 use tl_conformance::{Check, Report, RunConfig, assert_all_passed, registry};
 use tl_tape_cuda::{CudaDevice, Device};
 
@@ -38,4 +47,37 @@ fn random_dags_on_the_emulated_kernels_equal_the_sim_bit_for_bit() {
     let cfg = cfg();
     let report = check_device_vs_sim_dag(&cfg, "cuda-emu", CudaDevice::new);
     assert_all_passed(&[report], cfg.cases);
+}
+
+/// An eighth of the default case count for the non-deterministic runs, unless `TL_CASES` is set.
+fn nondet_cfg() -> RunConfig {
+    RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 8)
+}
+
+#[test]
+fn every_registry_op_on_the_atomic_kernels_is_within_tolerance_of_the_sim() {
+    let cfg = nondet_cfg();
+    let reports: Vec<Report> = registry::all()
+        .iter()
+        .filter(|e| e.applies.get(Check::CudaVsCpu))
+        .map(|e| check_device_vs_sim_nondet(e, &cfg, "cuda-emu", CudaDevice::new))
+        .collect();
+    assert!(reports.len() > 50, "only {} entries", reports.len());
+    assert_all_passed(&reports, cfg.cases);
+    // The flag is back on for the checks that need it.
+    let _flag = tl_conformance::checks::sim::flag_lock();
+    assert!(tl_tape_cuda::determinism::deterministic_reductions());
+}
+
+#[test]
+fn random_dags_on_the_atomic_kernels_are_within_tolerance_of_the_sim() {
+    let cfg = nondet_cfg();
+    let report = check_device_vs_sim_nondet_dag(&cfg, "cuda-emu", CudaDevice::new);
+    assert_all_passed(&[report], cfg.cases);
+}
+
+#[test]
+fn past_one_grid_the_emulated_kernels_equal_the_sim_or_are_within_tolerance_without_determinism() {
+    let reports = check_grid_device("cuda-emu", CudaDevice::new);
+    assert_all_passed(&reports, grid_cases().len() as u32);
 }

@@ -162,3 +162,41 @@ fn the_table_counts_pending_cells_apart_and_names_their_ops() {
     assert!(line.contains("1 cell(s) pending, ops: exp"), "{line}");
     assert!(line.starts_with(PENDING), "{line}");
 }
+
+/// Records as the sim does, except `max(a, b)` as `relu(a − b) + b`: the same value up to
+/// rounding and the same gradient off ties, but a tie sends the whole gradient to `b` (a wrong
+/// tie rule, invisible to the tie-free registry cases).
+fn record_max_with_a_wrong_tie_rule(
+    tape: &mut CudaTape<SimDevice>,
+    op: &Op,
+    args: &[usize],
+) -> Result<usize, Error> {
+    if *op != Op::Max {
+        return tape.apply(op, args);
+    }
+    let d = tape.apply(&Op::Sub, &[args[0], args[1]])?;
+    let r = tape.apply(&Op::Relu, &[d])?;
+    tape.apply(&Op::Add, &[r, args[1]])
+}
+
+#[test]
+fn the_kink_share_of_the_sim_checks_catches_a_wrong_tie_rule() {
+    let cfg = cfg();
+    let mutant = SimWith::new("cuda-sim-max-tie", record_max_with_a_wrong_tie_rule);
+    let max = registry::by_name("max").unwrap();
+    // Without ties the mutant is right ...
+    let tie_free = tl_conformance::run_check(
+        "2 bwd max tie-free mutant".into(),
+        &cfg,
+        tl_conformance::checks::op_graph_cases(&max),
+        |c| tl_conformance::checks::backward_case(&mutant, c, &max.tol),
+    );
+    assert!(tie_free.passed(), "{tie_free}");
+    // ... and the sim check, a quarter of whose cases sit on ties, fails.
+    let r = check_backward_on(&mutant, &max, &cfg);
+    let msg = r.failure.expect("the kink share has ties");
+    assert!(msg.contains("gradient of %"), "{msg}");
+    // So does the conventions check on it.
+    let conv = tl_conformance::checks::conventions::check_conventions(&mutant, &cfg, true);
+    assert!(!conv.passed(), "{conv}");
+}

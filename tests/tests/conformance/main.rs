@@ -17,6 +17,8 @@ mod dag;
 mod edge_cases;
 mod finite_diff;
 mod forward;
+mod grid;
+mod hard;
 mod index;
 mod norm;
 mod optim;

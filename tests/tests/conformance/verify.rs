@@ -2,13 +2,15 @@
 //! drives its exit status and `--coverage`.
 
 use tl_conformance::RunConfig;
-use tl_conformance::verify::{COLUMNS, NAME_WIDTH, render, row, row_names, tally};
+use tl_conformance::verify::{COLUMNS, FAMILY_ROWS, NAME_WIDTH, render, row, row_names, tally};
 
 #[test]
 fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
     let names = row_names();
-    assert_eq!(names.len(), tl_conformance::registry::all().len() + 1);
-    assert_eq!(names.last(), Some(&"dag"));
+    let ops = tl_conformance::registry::all().len();
+    assert_eq!(names.len(), ops + 1 + FAMILY_ROWS.len());
+    assert_eq!(names[ops], "dag");
+    assert_eq!(&names[ops + 1..], FAMILY_ROWS);
     assert!(row("no-such-op", &RunConfig::default()).is_none());
 
     let cfg = RunConfig {
@@ -45,4 +47,39 @@ fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
         (COLUMNS.len(), COLUMNS.len()),
         "zero-case cells are what --coverage rejects"
     );
+}
+
+#[test]
+fn family_rows_fill_the_columns_of_their_backends_and_pass() {
+    let cfg = RunConfig {
+        cases: 4,
+        ..RunConfig::default()
+    };
+    let want = |name: &str, headers: &[&str]| {
+        let r = row(name, &cfg).unwrap();
+        let filled: Vec<String> = COLUMNS
+            .iter()
+            .zip(&r.cells)
+            .filter(|(_, c)| c.is_some())
+            .map(|(col, _)| col.header())
+            .collect();
+        assert_eq!(filled, headers, "{name}");
+        let t = tally(std::slice::from_ref(&r));
+        assert_eq!(
+            (t.passed, t.failed, t.empty),
+            (headers.len(), 0, 0),
+            "{name}"
+        );
+    };
+    let six = [
+        "1 fwd f64",
+        "1 fwd f32",
+        "1 fwd sim",
+        "2 bwd f64",
+        "2 bwd f32",
+        "2 bwd sim",
+    ];
+    want("conventions", &six);
+    want("hard inputs", &six);
+    want("grid sizes", &["6 ≈cpu sim", "6 det sim"]);
 }
