@@ -3,9 +3,7 @@
 //! into a parameter, naming it and leaving the parameter and the optimizer state unchanged, on
 //! every session kind. Also: oversized session ops are errors, not aborts.
 
-mod common;
-
-use common::{Any, KINDS};
+use crate::common::{Any, KINDS};
 use tl_session::{Backend, Error, Ops, Optimizer, Options, Session};
 use tl_spec::{Shape, Tensor};
 
