@@ -211,7 +211,7 @@ fn graph_output_is_written_atomically() {
     let dir = scratch("graph-atomic");
     let dot = dir.join("model.dot");
     let path = dot.to_str().unwrap();
-    let o = tl(&["graph", "--model", "mlp", "-o", path]);
+    let o = tl(&["graph", "--model", "transformer", "-o", path]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     let full = std::fs::read_to_string(&dot).unwrap();
     assert!(
@@ -221,7 +221,7 @@ fn graph_output_is_written_atomically() {
     );
 
     std::fs::write(&dot, "previous graph").unwrap();
-    let o = tl_with_file_size_limit(&["graph", "--model", "mlp", "-o", path]);
+    let o = tl_with_file_size_limit(&["graph", "--model", "transformer", "-o", path]);
     assert_one_line_error(&o, &["cannot write the graph", path, "too large"]);
     assert_eq!(std::fs::read_to_string(&dot).unwrap(), "previous graph");
     assert_eq!(listing(&dir), ["model.dot"], "no temporary file is left");
@@ -230,13 +230,19 @@ fn graph_output_is_written_atomically() {
     let sub = dir.join("sub");
     std::fs::create_dir(&sub).unwrap();
     std::fs::write(sub.join("keep"), "kept").unwrap();
-    let o = tl(&["graph", "--model", "mlp", "-o", sub.to_str().unwrap()]);
+    let o = tl(&[
+        "graph",
+        "--model",
+        "transformer",
+        "-o",
+        sub.to_str().unwrap(),
+    ]);
     assert_one_line_error(&o, &["cannot write the graph", sub.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(sub.join("keep")).unwrap(), "kept");
     assert_eq!(listing(&dir), ["model.dot", "sub"]);
 
     // Without the limit the write replaces the previous file.
-    let o = tl(&["graph", "--model", "mlp", "-o", path]);
+    let o = tl(&["graph", "--model", "transformer", "-o", path]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     assert_eq!(std::fs::read_to_string(&dot).unwrap(), full);
     let _ = std::fs::remove_dir_all(dir);

@@ -142,7 +142,7 @@ fn memory_stays_flat_over_two_thousand_steps_on_the_cpu_and_the_cuda_sim() {
                 });
             }
         }
-        assert_eq!(held.len(), 9, "{backend:?}");
+        assert_eq!(held.len(), 8, "{backend:?}");
         assert!(
             held.iter().all(|h| *h == held[0]),
             "{backend:?}: what is held between steps moved: {held:?}"
