@@ -180,8 +180,10 @@ fn cmd_graph(a: &GraphArgs) -> Result<ExitCode> {
     let text = dot::to_dot(&g, a.model.as_str());
     match &a.output {
         Some(p) => {
-            std::fs::write(p, text)
-                .map_err(|e| CliError::new(format!("cannot write {}: {e}", p.display())))?;
+            // Atomic (a temporary file in the same directory, synced, renamed over `p`): a
+            // failed write leaves the previous file intact.
+            tl_nn::checkpoint::write_atomic(p, text.as_bytes())
+                .map_err(|e| CliError::new(format!("cannot write the graph to {e}")))?;
             eprintln!(
                 "wrote {} ({} leaves, {} ops); render with `dot -Tsvg {} -o model.svg`",
                 p.display(),

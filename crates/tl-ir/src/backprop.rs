@@ -61,7 +61,10 @@ impl GraphData {
         let nl = self.num_leaves();
         for (k, node) in self.nodes().iter().enumerate().rev() {
             let id = nl + k;
-            if id > out || !rg[id] || !reached[id] {
+            // An empty value sends nothing to its operands: a VJP is linear in the cotangent, which
+            // has no element here (and the rule's loops over the operands' dims could run for
+            // hours on an empty [2⁶², 0]).
+            if id > out || !rg[id] || !reached[id] || grads[id].numel() == 0 {
                 continue;
             }
             let args: SmallVec<[&Tensor<T>; 3]> = node.args().iter().map(|&a| &values[a]).collect();

@@ -41,10 +41,16 @@ fn groups<T: Scalar>(op: &Op, x: &Tensor<T>) -> Groups {
 ///
 /// The output shape is inferred and checked against the allocation cap ([`tl_spec::alloc`])
 /// before anything is computed, so an oversized output is an error, not an abort.
+///
+/// An output with no element is returned as it is, without running the rule: there is nothing to
+/// compute, and a rule's loops over its operands' dims could run for hours (`[2⁶², 0]`).
 pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tensor<T>> {
     arity_check(op, x.len())?;
     let out = op.infer_shape(&shapes(x))?;
     tl_spec::alloc::check_shape::<T>(op.name(), &out)?;
+    if out.checked_numel() == Some(0) {
+        return Ok(Tensor::new(out, Vec::new())?);
+    }
     if let Some(idx) = gather_indices(op, x, nats)? {
         return Ok(ix::gather(op.name(), x[0], &idx, out)?);
     }
@@ -163,13 +169,13 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
             shape,
             seed,
             counter,
-        } => Ok(random::rand_uniform(shape, *seed, *counter)),
+        } => random::rand_uniform(shape, *seed, *counter),
         BernoulliMask {
             shape,
             keep,
             seed,
             counter,
-        } => Ok(random::bernoulli_mask(shape, *keep, *seed, *counter)),
+        } => random::bernoulli_mask(shape, *keep, *seed, *counter),
         Dropout {
             keep,
             seed,
@@ -345,6 +351,10 @@ pub fn jvp<T: Scalar>(
     arity_check(op, dx.len())?;
     let out = op.infer_shape(&shapes(x))?;
     tl_spec::alloc::check_shape::<T>(op.name(), &out)?;
+    if out.checked_numel() == Some(0) {
+        // No element: nothing to compute (as in `value`).
+        return Ok(Tensor::new(out, Vec::new())?);
+    }
     if let Some(idx) = gather_indices(op, x, nats)? {
         // Gathers are linear in x; the indices come from x (never from a tangent).
         return Ok(ix::gather(op.name(), dx[0], &idx, out)?);

@@ -79,21 +79,27 @@ impl Init {
 
     /// A tensor of `dims` drawn from this initialiser; `key` is called once, only by the
     /// random initialisers.
+    ///
+    /// A shape too large to allocate is an [`Error::Spec`](crate::Error::Spec) holding
+    /// `TooLarge` (see [`tl_spec::alloc`]).
     pub fn sample<T: Scalar>(
         self,
         dims: &[usize],
         key: impl FnOnce() -> Result<u64>,
     ) -> Result<Tensor<T>> {
+        const OP: &str = "Init::sample";
         let lit = |v: f64| T::lit(v);
         Ok(match self {
-            Init::Zeros => Tensor::zeros(dims),
-            Init::Ones => Tensor::ones(dims),
-            Init::Const(c) => Tensor::full(dims, lit(c)),
+            // The dims come from the layer's constructor (input): checked against the allocation
+            // cap, so an absurd layer is an error, not an abort.
+            Init::Zeros => Tensor::try_zeros(OP, dims)?,
+            Init::Ones => Tensor::try_full(OP, dims, T::one())?,
+            Init::Const(c) => Tensor::try_full(OP, dims, lit(c))?,
             Init::Uniform { lo, hi } => {
                 let k = key()?;
-                Tensor::from_fn(dims, |i| lit(lo + (hi - lo) * unit(k, i as u64)))
+                Tensor::try_from_fn(OP, dims, |i| lit(lo + (hi - lo) * unit(k, i as u64)))?
             }
-            Init::Normal { mean, std } => Tensor::randn_keyed(dims, key()?, mean, std),
+            Init::Normal { mean, std } => Tensor::try_randn_keyed(OP, dims, key()?, mean, std)?,
             Init::KaimingUniform { fan_in, a } => {
                 let bound = if fan_in == 0 {
                     0.0
@@ -122,6 +128,24 @@ impl Init {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 14: a layer too large to allocate is an error naming the initialiser, not an
+    /// abort; the key is not drawn for it.
+    #[test]
+    fn an_unallocatable_parameter_is_an_error() {
+        for init in [
+            Init::Zeros,
+            Init::Ones,
+            Init::Const(2.0),
+            Init::default_weight(4),
+        ] {
+            let e = init
+                .sample::<f32>(&[1 << 40, 1 << 20], || Ok(1))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("Init::sample") && e.contains("too large"), "{e}");
+        }
+    }
 
     fn draw(init: Init, n: usize) -> Vec<f64> {
         init.sample::<f64>(&[n], || Ok(tl_spec::rng::key(7, 0)))

@@ -383,7 +383,8 @@ impl<'g, O: Train> Scope<'g, O> {
 
     /// A constant scalar `v` broadcast to `shape`.
     pub fn full(&self, shape: &[usize], v: f64) -> Result<Var<'g, O>> {
-        self.constant(Tensor::full(shape, O::T::lit(v)))
+        // The shape is input: checked against the allocation cap.
+        self.constant(Tensor::try_full("Scope::full", shape, O::T::lit(v))?)
     }
 
     /// The parameter `p` in this pass.

@@ -82,6 +82,14 @@ impl Shape {
         sat_product(&self.0)
     }
 
+    /// The product of `dims`: 0 when any is 0 (however large the others), saturating at
+    /// `usize::MAX` otherwise. For row lengths and strides of tensors that may be empty:
+    /// `dims[1..]` of an empty `[0, 2⁶², 8]` has a product that overflows, which `iter().product()`
+    /// would panic on (debug) or wrap (release).
+    pub fn saturating_product(dims: &[usize]) -> usize {
+        sat_product(dims)
+    }
+
     /// Whether this is the scalar shape.
     pub fn is_scalar(&self) -> bool {
         self.0.is_empty()

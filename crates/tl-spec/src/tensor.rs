@@ -73,35 +73,37 @@ impl<T: Scalar> Tensor<T> {
 
     /// A tensor whose element at row-major position `i` is `f(i)`.
     ///
-    /// For shapes the caller controls. The allocation is not checked: a shape from input goes
-    /// through [`Tensor::try_from_fn`] (an oversized one would otherwise abort the process).
+    /// For shapes the caller controls (literals, the shape of a tensor that exists). A shape
+    /// from input goes through [`Tensor::try_from_fn`], as all of this workspace's library code
+    /// does.
+    ///
+    /// # Panics
+    ///
+    /// A programmer error: when the shape's element count overflows, its bytes exceed the
+    /// allocation cap ([`crate::alloc`]) or the system allocator refuses them. The message is
+    /// [`Tensor::try_from_fn`]'s error; the process is never aborted.
     pub fn from_fn(shape: impl Into<Shape>, f: impl FnMut(usize) -> T) -> Self {
-        let shape = shape.into();
-        let data = (0..shape.numel()).map(f).collect();
-        Tensor {
-            shape,
-            data: Arc::new(data),
-        }
+        Self::try_from_fn("Tensor::from_fn", shape, f).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A tensor of `shape` filled with `v`. PyTorch: `torch.full`.
     ///
     /// For shapes the caller controls; see [`Tensor::try_full`] for shapes from input.
+    ///
+    /// # Panics
+    ///
+    /// As [`Tensor::from_fn`]: a shape that cannot be allocated is a programmer error.
     pub fn full(shape: impl Into<Shape>, v: T) -> Self {
-        let shape = shape.into();
-        let data = vec![v; shape.numel()];
-        Tensor {
-            shape,
-            data: Arc::new(data),
-        }
+        Self::try_full("Tensor::full", shape, v).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// A tensor of zeros. PyTorch: `torch.zeros`.
+    /// A tensor of zeros. PyTorch: `torch.zeros`. Panics as [`Tensor::full`];
+    /// [`Tensor::try_zeros`] for shapes from input.
     pub fn zeros(shape: impl Into<Shape>) -> Self {
         Self::full(shape, T::zero())
     }
 
-    /// A tensor of ones. PyTorch: `torch.ones`.
+    /// A tensor of ones. PyTorch: `torch.ones`. Panics as [`Tensor::full`].
     pub fn ones(shape: impl Into<Shape>) -> Self {
         Self::full(shape, T::one())
     }

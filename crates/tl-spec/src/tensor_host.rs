@@ -26,6 +26,11 @@ impl<T: Scalar> Tensor<T> {
                 ),
             });
         }
+        if self.numel() == 0 {
+            // Another axis is 0: no position, so no index (the other dims' product may
+            // overflow, and a loop over them would run for nothing).
+            return Ok(Vec::new());
+        }
         let inner: usize = dims[axis + 1..].iter().product();
         let outer: usize = dims[..axis].iter().product();
         let data = self.data();
@@ -54,8 +59,18 @@ impl<T: Scalar> Tensor<T> {
     }
 
     /// [`Tensor::rand`] from a draw's key (`rng::key(seed, counter)`).
+    ///
+    /// [`Tensor::rand`], [`Tensor::rand_keyed`], [`Tensor::randn`] and [`Tensor::randn_keyed`]
+    /// are for shapes the caller controls and panic as [`Tensor::from_fn`] does; the `try_`
+    /// variants return [`Error::TooLarge`] instead (shapes from input).
     pub fn rand_keyed(shape: impl Into<Shape>, key: u64) -> Self {
-        Tensor::from_fn(shape, |i| rng::uniform(key, i as u64))
+        Self::try_rand_keyed("Tensor::rand", shape, key).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::rand_keyed`], checked against the allocation cap ([`crate::alloc`]): an
+    /// [`Error::TooLarge`] naming `op` when the shape cannot be allocated.
+    pub fn try_rand_keyed(op: &'static str, shape: impl Into<Shape>, key: u64) -> Result<Self> {
+        Tensor::try_from_fn(op, shape, |i| rng::uniform(key, i as u64))
     }
 
     /// Standard normal values, element `i` from [`rng::normal`] under `seed`. PyTorch:
@@ -64,9 +79,25 @@ impl<T: Scalar> Tensor<T> {
         Self::randn_keyed(shape, rng::key(seed, 0), 0.0, 1.0)
     }
 
-    /// Normal values with `mean` and `std` from a draw's key.
+    /// Normal values with `mean` and `std` from a draw's key. Panics as [`Tensor::from_fn`];
+    /// [`Tensor::try_randn_keyed`] for shapes from input.
     pub fn randn_keyed(shape: impl Into<Shape>, key: u64, mean: f64, std: f64) -> Self {
-        Tensor::from_fn(shape, |i| T::lit(mean + std * rng::normal(key, i as u64)))
+        Self::try_randn_keyed("Tensor::randn", shape, key, mean, std)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::randn_keyed`], checked against the allocation cap ([`crate::alloc`]): an
+    /// [`Error::TooLarge`] naming `op` when the shape cannot be allocated.
+    pub fn try_randn_keyed(
+        op: &'static str,
+        shape: impl Into<Shape>,
+        key: u64,
+        mean: f64,
+        std: f64,
+    ) -> Result<Self> {
+        Tensor::try_from_fn(op, shape, |i| {
+            T::lit(mean + std * rng::normal(key, i as u64))
+        })
     }
 }
 

@@ -402,6 +402,12 @@ impl<T: Scalar> Tape<T> {
             }
             let (lower, upper) = grads.split_at_mut(id);
             let Some(g) = upper[0].as_ref() else { continue };
+            if g.numel() == 0 {
+                // An empty value sends nothing to its parents: a VJP is linear in the cotangent,
+                // which has no element (and a kernel's loops over the parents' dims could run
+                // for hours on an empty [2⁶², 0]). Parents left without a cotangent get zeros.
+                continue;
+            }
             let inputs: SmallVec<[&Tensor<T>; 3]> =
                 node.parents.iter().map(|&p| &self.nodes[p].value).collect();
             let contribs: SmallVec<[Option<Tensor<T>>; 3]> = match &node.kind {

@@ -204,6 +204,18 @@ impl<D: Device> CudaTape<D> {
                 continue;
             }
             let Some(g) = slots[id].clone() else { continue };
+            if g.shape().checked_numel() == Some(0) {
+                // An empty value sends nothing to its parents: a backward formula is linear in
+                // the cotangent, which has no element (and its loops over the parents' dims
+                // could run for hours on an empty [2⁶², 0]). Parents left without a cotangent
+                // get zeros.
+                if keep.is_some_and(|k| !k[id])
+                    && let Some(g) = slots[id].take()
+                {
+                    dev.release(g.buffer());
+                }
+                continue;
+            }
             let inputs: SmallVec<[&AnyBuffer; 3]> =
                 node.parents.iter().map(|&p| &nodes[p].value).collect();
             let needs: SmallVec<[bool; 3]> = node

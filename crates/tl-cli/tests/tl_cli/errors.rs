@@ -180,3 +180,87 @@ fn missing_truncated_and_malformed_checkpoints() {
     assert_one_line_error(&o, &["unknown optimizer \"lion\""]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Run `tl args…` with writes to files limited to 512 bytes (`ulimit -f 1`, SIGXFSZ ignored), so a
+/// write past that fails with "File too large": an injected write error in the middle of a file.
+fn tl_with_file_size_limit(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"trap "" XFSZ; ulimit -f 1; exec "$0" "$@""#)
+        .arg(env!("CARGO_BIN_EXE_tl"))
+        .args(args)
+        .output()
+        .expect("sh runs")
+}
+
+/// The files in `dir`, sorted (to see that no temporary file was left behind).
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `tl graph -o` writes atomically (issue 14): a write that fails part-way leaves the previous
+/// file as it was, no temporary file behind, and one clear error line; a target that is a
+/// directory is refused the same way; a write that succeeds replaces the file.
+#[test]
+fn graph_output_is_written_atomically() {
+    let dir = scratch("graph-atomic");
+    let dot = dir.join("model.dot");
+    let path = dot.to_str().unwrap();
+    let o = tl(&["graph", "--model", "transformer", "-o", path]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let full = std::fs::read_to_string(&dot).unwrap();
+    assert!(
+        full.starts_with("digraph") && full.len() > 4096,
+        "the graph is larger than the 512-byte limit below: {} bytes",
+        full.len()
+    );
+
+    std::fs::write(&dot, "previous graph").unwrap();
+    let o = tl_with_file_size_limit(&["graph", "--model", "transformer", "-o", path]);
+    assert_one_line_error(&o, &["cannot write the graph", path, "too large"]);
+    assert_eq!(std::fs::read_to_string(&dot).unwrap(), "previous graph");
+    assert_eq!(listing(&dir), ["model.dot"], "no temporary file is left");
+
+    // The target is a directory: the rename fails; the directory and its content stay.
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("keep"), "kept").unwrap();
+    let o = tl(&[
+        "graph",
+        "--model",
+        "transformer",
+        "-o",
+        sub.to_str().unwrap(),
+    ]);
+    assert_one_line_error(&o, &["cannot write the graph", sub.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(sub.join("keep")).unwrap(), "kept");
+    assert_eq!(listing(&dir), ["model.dot", "sub"]);
+
+    // Without the limit the write replaces the previous file.
+    let o = tl(&["graph", "--model", "transformer", "-o", path]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert_eq!(std::fs::read_to_string(&dot).unwrap(), full);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `tl train --plot` writes atomically too: a failed write leaves the previous image intact.
+#[test]
+fn loss_plot_is_written_atomically() {
+    let dir = scratch("plot-atomic");
+    let png = dir.join("loss.png");
+    std::fs::write(&png, "previous plot").unwrap();
+    let args = ["train", "--epochs", "1", "--plot", png.to_str().unwrap()];
+    let o = tl_with_file_size_limit(&args);
+    assert_one_line_error(&o, &["cannot write plot", png.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&png).unwrap(), "previous plot");
+    assert_eq!(listing(&dir), ["loss.png"], "no temporary file is left");
+    let o = tl(&args);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -159,6 +159,21 @@ impl<T: Scalar> Session<T> {
         on_engine!(&self.engine, cpu(_) => None, cuda(t) => Some(t.device().memory_usage()))
     }
 
+    /// The buffers the device holds live, counted in the device's own table of buffers rather
+    /// than by the allocator's counters (from which [`MemoryUsage::live_buffers`] is derived as
+    /// `alloc_count − free_count`); `None` on the CPU backend. A leak test checks that the two
+    /// agree.
+    pub fn device_live_buffers(&self) -> Option<usize> {
+        on_engine!(&self.engine, cpu(_) => None, cuda(t) => Some(t.device().live_buffers()))
+    }
+
+    /// Nodes on the tape now: the current pass's leaves and ops (0 right after a
+    /// [`reset`](Self::reset)). On the CPU backend, which has no allocator to count, this and the
+    /// optimizer's state are what a long run could grow.
+    pub fn tape_len(&self) -> usize {
+        on_engine!(&self.engine, cpu(t) => t.len(), cuda(t) => t.len())
+    }
+
     pub(crate) fn check(&self, what: &'static str, r: &TensorRef) -> Result<()> {
         r.stamp.check(what, self.stamp)
     }

@@ -5,11 +5,15 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+// Issue 14: bad input gets errors, not panics, aborts or garbage.
+mod bad_input;
 mod catalogue;
 // `Backend::Cuda`: a clear error without a device, the real device or the kernel emulator with
 // `--features cuda` / `cuda-emu` (`cargo test -p tl-session --features cuda-emu --test
 // tl_session cuda::`).
 mod cuda;
+// The proptest fuzz of the public API; it fuzzes in a child process (its own allocation cap).
+mod fuzz;
 mod models;
 mod optim;
 mod optim_state;

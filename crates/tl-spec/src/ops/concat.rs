@@ -15,7 +15,12 @@ pub fn concat_shape(a: &Shape, b: &Shape) -> Result<Shape> {
         ));
     }
     let mut dims = a.dims().to_vec();
-    dims[0] += b.dims()[0];
+    dims[0] = dims[0]
+        .checked_add(b.dims()[0])
+        .ok_or_else(|| Error::TooLarge {
+            op: "concat0",
+            detail: format!("axis 0 of {a} joined to that of {b} overflows usize"),
+        })?;
     Ok(Shape::from(dims))
 }
 
@@ -96,8 +101,12 @@ pub fn slice_vjp<T: Scalar>(
     Ok(dx)
 }
 
-/// Elements per axis-0 row of `x` (rank ≥ 1).
+/// Elements per axis-0 row of `x` (rank ≥ 1); 0 when `x` holds no element, whatever its other
+/// dims (the product of those may overflow: `[1, 2⁶², 8, 0]`).
 fn row_len(x: &Shape) -> usize {
+    if x.dims().contains(&0) {
+        return 0;
+    }
     x.dims()[1..].iter().product()
 }
 

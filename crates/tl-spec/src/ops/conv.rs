@@ -211,8 +211,20 @@ fn transpose_out(
 ) -> Result<Vec<usize>> {
     (0..xs.len())
         .map(|i| {
-            let full = xs[i].saturating_sub(1) * p.stride[i] + kernel[i];
-            if xs[i] == 0 || full <= 2 * p.padding[i] {
+            let full = xs[i]
+                .saturating_sub(1)
+                .checked_mul(p.stride[i])
+                .and_then(|f| f.checked_add(kernel[i]))
+                .ok_or_else(|| Error::TooLarge {
+                    op,
+                    detail: format!(
+                        "the output extent ({} − 1)·{} + {} of spatial axis {i} of input {x} overflows usize",
+                        xs[i], p.stride[i], kernel[i]
+                    ),
+                })?;
+            // `full ≤ 2p` without computing 2p (which may overflow).
+            let pad = p.padding[i];
+            if xs[i] == 0 || pad >= full || full - pad <= pad {
                 Err(Error::shape(
                     op,
                     format!(
@@ -221,7 +233,7 @@ fn transpose_out(
                     ),
                 ))
             } else {
-                Ok(full - 2 * p.padding[i])
+                Ok(full - pad - pad)
             }
         })
         .collect()

@@ -58,9 +58,12 @@ pub fn layer_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape>
 /// N·H·W > 0, gamma and beta (C); output shaped like x.
 pub fn batch_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape> {
     let op = "batchnormChannelFirst";
+    x.check_size(op)?;
+    // Saturating: with C = 0, H·W may overflow ([1, 0, 2⁶², 2⁶²] holds no element).
+    let hw = |h: usize, w: usize| Shape::saturating_product(&[h, w]);
     let (n, c, hw) = match *x.dims() {
-        [c, h, w] => (1, c, h * w),
-        [n, c, h, w] => (n, c, h * w),
+        [c, h, w] => (1, c, hw(h, w)),
+        [n, c, h, w] => (n, c, hw(h, w)),
         _ => {
             return Err(Error::shape(
                 op,
@@ -68,7 +71,7 @@ pub fn batch_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape>
             ));
         }
     };
-    if n * hw == 0 {
+    if n == 0 || hw == 0 {
         return Err(Error::shape(
             op,
             format!("statistics are taken over N·H·W elements, which is 0 for x {x}"),
@@ -107,7 +110,8 @@ impl Groups {
         let d = x.dims();
         let r = d.len();
         let (c, hw) = if r >= 3 {
-            (d[r - 3], d[r - 2] * d[r - 1])
+            // Saturating: with C = 0 the product may overflow (no element is read then).
+            (d[r - 3], Shape::saturating_product(&d[r - 2..]))
         } else {
             (1, x.numel())
         };

@@ -26,7 +26,11 @@ pub struct PoolParams<'a> {
 fn geometry(op: &'static str, x: &Shape, p: PoolParams<'_>) -> Result<(Window, usize)> {
     let d = p.kernel.len();
     check_params(op, d, Some(p.kernel), p.stride, p.padding)?;
-    if let Some(i) = (0..d).find(|&i| 2 * p.padding[i] > p.kernel[i]) {
+    if let Some(i) = (0..d).find(|&i| {
+        p.padding[i]
+            .checked_mul(2)
+            .is_none_or(|p2| p2 > p.kernel[i])
+    }) {
         return Err(Error::param(
             op,
             format!(

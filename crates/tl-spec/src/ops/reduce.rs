@@ -31,7 +31,13 @@ fn reduce_axis<T: Scalar>(
     let (outer, n, inner) = x.shape().split_at_axis(op, axis)?;
     let out_shape = reduce_axis_shape(op, x.shape(), axis)?;
     let src = x.data();
-    let mut out = crate::alloc::try_vec(op, "output", out_shape.check_size(op)?, T::zero())?;
+    let len = out_shape.check_size(op)?;
+    let mut out = crate::alloc::try_vec(op, "output", len, T::zero())?;
+    if len == 0 {
+        // No output element: nothing to sum. The loops below would still walk `outer` (which
+        // can be 2⁶² for an input such as [2⁶², 3, 0]) with an empty inner extent.
+        return Tensor::new(out_shape, out);
+    }
     for o in 0..outer {
         for i in 0..inner {
             let mut acc = T::zero();

@@ -184,7 +184,16 @@ pub(crate) fn forward_out(
 ) -> Result<Vec<usize>> {
     (0..big.len())
         .map(|i| {
-            let padded = big[i] + 2 * padding[i];
+            let padded = padding[i]
+                .checked_mul(2)
+                .and_then(|p2| big[i].checked_add(p2))
+                .ok_or_else(|| Error::TooLarge {
+                    op,
+                    detail: format!(
+                        "the padded extent {} + 2·{} of spatial axis {i} of input {x} overflows usize",
+                        big[i], padding[i]
+                    ),
+                })?;
             if padded < kernel[i] {
                 Err(Error::shape(
                     op,

@@ -59,6 +59,11 @@ pub fn backward<T: Scalar>(
 }
 
 /// Elements per axis-0 row (rank ≥ 1, checked by the shape rule).
+/// 0 when the operand holds no element, whatever its other dims (their product may overflow:
+/// `[1, 2⁶², 8, 0]`).
 fn row_len(s: &Shape) -> usize {
+    if s.dims().contains(&0) {
+        return 0;
+    }
     s.dims()[1..].iter().product()
 }

@@ -134,12 +134,13 @@ fn view<'a, T: Scalar>(
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let cv = Conv::of(op, x)?;
     let (w, b, input) = (x[0].data(), x[1].data(), x[2].data());
-    let t = cv.geo.table();
+    let t = cv.geo.table(op)?;
     let (a, c, kl, ol, bl) = (cv.a, cv.c, t.kernel_len, t.small_len, t.big_len);
     let wv = view(op, w, a, c * kl)?;
-    let mut cols = vec![T::zero(); c * kl * ol];
+    // The im2col workspace (C·K rows of O cells) is sized by the input: checked (issue 14).
+    let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
     if cv.transpose {
-        let mut y = vec![T::zero(); cv.batches * c * bl];
+        let mut y = workspace(op, "output", &[cv.batches, c, bl])?;
         for n in 0..cv.batches {
             let xn = view(op, &input[n * a * ol..(n + 1) * a * ol], a, ol)?;
             gemm(op, &wv.t(), &xn, T::zero(), &mut cols)?;
@@ -149,7 +150,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         }
         tensor(cv.out_dims(), y)
     } else {
-        let mut y = vec![T::zero(); cv.batches * a * ol];
+        let mut y = workspace(op, "output", &[cv.batches, a, ol])?;
         for n in 0..cv.batches {
             im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
             let yn = &mut y[n * a * ol..(n + 1) * a * ol];
@@ -158,6 +159,14 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         }
         tensor(cv.out_dims(), y)
     }
+}
+
+/// A zeroed buffer of `∏ dims` values for `op` (`what` names it in errors): the product is
+/// checked for overflow and the bytes against the allocation cap ([`tl_spec::alloc`]), so a
+/// workspace too large to allocate is `TooLarge`, not an abort.
+fn workspace<T: Scalar>(op: &Op, what: &str, dims: &[usize]) -> Result<Vec<T>> {
+    let n = tl_spec::Shape::new(dims).check_size(op.name())?;
+    Ok(tl_spec::alloc::try_vec(op.name(), what, n, T::zero())?)
 }
 
 fn add_bias<T: Scalar>(y: &mut [T], b: &[T], cells: usize) {
@@ -195,18 +204,23 @@ pub fn backward_masked<T: Scalar>(
     let need = |i: usize| needed.get(i).copied().unwrap_or(true);
     let (need_w, need_b, need_x) = (need(0), need(1), need(2));
     let (w, input, gd) = (x[0].data(), x[2].data(), g.data());
-    let t = cv.geo.table();
+    let t = cv.geo.table(op)?;
     let (a, c, kl, ol, bl) = (cv.a, cv.c, t.kernel_len, t.small_len, t.big_len);
     let wv = view(op, w, a, c * kl)?;
+    // Workspaces and cotangents sized by the input: checked against the allocation cap.
     let mut cols = if need_w || need_x {
-        vec![T::zero(); c * kl * ol]
+        workspace(op, "the im2col workspace", &[c, kl, ol])?
     } else {
         Vec::new()
     };
-    let mut dw = vec![T::zero(); if need_w { a * c * kl } else { 0 }];
-    let mut dx = vec![T::zero(); if need_x { input.len() } else { 0 }];
+    let mut dw = workspace(op, "weight cotangent", &[a, c, if need_w { kl } else { 0 }])?;
+    let mut dx = workspace(
+        op,
+        "input cotangent",
+        &[if need_x { input.len() } else { 0 }],
+    )?;
     let out_c = if cv.transpose { c } else { a };
-    let mut db = vec![T::zero(); if need_b { out_c } else { 0 }];
+    let mut db = workspace(op, "bias cotangent", &[if need_b { out_c } else { 0 }])?;
     for n in 0..cv.batches {
         if cv.transpose {
             // g is big (C, B), x small (A, O).
@@ -310,5 +324,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Issue 14: a padding that makes the im2col workspace (and window table) larger than the
+    /// allocation cap is `TooLarge` naming the op, not an abort; an overflowing one is an error.
+    #[test]
+    fn an_oversized_im2col_workspace_is_an_error() {
+        let w = Tensor::<f64>::new([1, 1, 1], vec![1.0]).unwrap();
+        let b = Tensor::<f64>::vector(vec![0.0]);
+        let x = Tensor::<f64>::new([1, 1, 1], vec![1.0]).unwrap();
+        let op = Op::Conv {
+            stride: vec![1],
+            padding: vec![1 << 40],
+        };
+        let e = forward(&op, &[&w, &b, &x]).unwrap_err().to_string();
+        assert!(e.contains("conv") && e.contains("too large"), "{e}");
+        let op = Op::Conv {
+            stride: vec![1],
+            padding: vec![usize::MAX / 2 + 1],
+        };
+        assert!(forward(&op, &[&w, &b, &x]).is_err());
     }
 }

@@ -54,9 +54,20 @@ use crate::Result;
 /// Operand cotangents of one node: one entry per operand, `None` where no gradient flows.
 pub type Grads<T> = SmallVec<[Option<Tensor<T>>; 3]>;
 
-/// Forward value of `op` on `x` (shapes already checked by the shape rule); `nats` is the Nat
-/// environment, read by the families that take runtime indices or labels.
+/// Forward value of `op` on `x`, after its shape rule ([`Op::infer_shape`], whose error is
+/// returned); `nats` is the Nat environment, read by the families that take runtime indices or
+/// labels.
+///
+/// An output with no element is returned without running the kernel: there is nothing to
+/// compute, and a kernel's loops over its operands' dims could run for hours (the rows of an
+/// empty `[2⁶², 0]`).
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<Tensor<T>> {
+    // The shape rule first (the kernels are public: their operands may not have been checked).
+    check_arity(op, x)?;
+    let shape = out_shape(op, x)?;
+    if shape.checked_numel() == Some(0) {
+        return tensor(shape, Vec::new());
+    }
     match op {
         Op::Concat | Op::Slice { .. } => return concat::forward(op, x),
         Op::Gelu | Op::Silu => return activation::forward(op, x),

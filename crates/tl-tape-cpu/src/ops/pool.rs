@@ -29,7 +29,6 @@ enum Kind {
 
 struct Pool {
     kind: Kind,
-    planes: usize,
     out: Shape,
     table: Table,
 }
@@ -64,22 +63,25 @@ impl Pool {
                 format!("beta must be finite and non-zero, got {beta}"),
             ));
         }
-        if kernel.iter().zip(padding).any(|(&k, &p)| 2 * p > k) {
+        if kernel
+            .iter()
+            .zip(padding)
+            .any(|(&k, &p)| p.checked_mul(2).is_none_or(|p2| p2 > k))
+        {
             return Err(bad(
                 op,
                 format!("padding {padding:?} exceeds half the kernel {kernel:?}"),
             ));
         }
         let dims = x[0].shape().dims();
-        let (batches, channels, spatial) = split(op, "input", dims, kernel.len())?;
+        let (_, _, spatial) = split(op, "input", dims, kernel.len())?;
         let geo = Geometry::forward(op, &spatial, kernel, stride, padding)?;
         let mut out: Vec<usize> = dims[..dims.len() - spatial.len()].to_vec();
         out.extend_from_slice(&geo.small);
         Ok(Pool {
             kind,
-            planes: batches * channels,
             out: Shape::from(out),
-            table: geo.table(),
+            table: geo.table(op)?,
         })
     }
 }
@@ -92,12 +94,14 @@ struct Scratch<T> {
 }
 
 impl<T: Scalar> Scratch<T> {
-    fn new(n: usize) -> Self {
-        Scratch {
-            best: vec![T::zero(); n],
-            arg: vec![PAD; n],
-            sum: vec![T::zero(); n],
-        }
+    /// Scratch for `n` output cells, checked against the allocation cap ([`tl_spec::alloc`]).
+    fn new(op: &Op, n: usize) -> Result<Self> {
+        let name = op.name();
+        Ok(Scratch {
+            best: tl_spec::alloc::try_vec(name, "pool scratch (best)", n, T::zero())?,
+            arg: tl_spec::alloc::try_vec(name, "pool scratch (argmax)", n, PAD)?,
+            sum: tl_spec::alloc::try_vec(name, "pool scratch (sum)", n, T::zero())?,
+        })
     }
 
     /// Fill `arg` with each window's first argmax cell (PAD if none) and `best` with its value.
@@ -163,8 +167,9 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let p = Pool::of(op, x)?;
     let t = &p.table;
     let (ol, bl) = (t.small_len, t.big_len);
-    let mut y = vec![T::zero(); p.planes * ol];
-    let mut s = Scratch::new(ol);
+    let mut y =
+        tl_spec::alloc::try_vec(op.name(), "output", p.out.check_size(op.name())?, T::zero())?;
+    let mut s = Scratch::new(op, ol)?;
     let unpadded = t.kernel_len > 0 && !t.idx.contains(&PAD);
     for (plane, yp) in x[0]
         .data()
@@ -220,8 +225,8 @@ pub fn backward<T: Scalar>(
     check_shape(op, "cotangent", g, &p.out)?;
     let t = &p.table;
     let (ol, bl) = (t.small_len, t.big_len);
-    let mut dx = vec![T::zero(); x[0].numel()];
-    let mut s = Scratch::new(ol);
+    let mut dx = tl_spec::alloc::try_vec(op.name(), "input cotangent", x[0].numel(), T::zero())?;
+    let mut s = Scratch::new(op, ol)?;
     let planes = x[0]
         .data()
         .chunks_exact(bl.max(1))
@@ -313,7 +318,7 @@ mod tests {
             let p = Pool::of(&op, &[&x]).unwrap();
             assert!(!p.table.idx.contains(&PAD));
             let ol = p.table.small_len;
-            let mut s = Scratch::new(ol);
+            let mut s = Scratch::new(&op, ol).unwrap();
             for (plane, yp) in x.data().chunks_exact(24).zip(y.data().chunks_exact(ol)) {
                 s.argmax(&p.table, plane);
                 for (&a, &v) in s.arg.iter().zip(yp) {
@@ -321,5 +326,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Issue 14: a huge kernel over a padded empty input is a small output and a huge window
+    /// table; the table is refused (`TooLarge`, naming the op) before it is allocated.
+    #[test]
+    fn an_oversized_window_table_is_an_error() {
+        let x = Tensor::<f64>::new([1, 1, 0], vec![]).unwrap();
+        let op = Op::AvgPool {
+            kernel: vec![1 << 40],
+            stride: vec![1],
+            padding: vec![1 << 39],
+        };
+        let e = forward(&op, &[&x]).unwrap_err().to_string();
+        assert!(e.contains("avgPool") && e.contains("too large"), "{e}");
+        // Absurd paddings are errors, not overflows.
+        let op = Op::MaxPool {
+            kernel: vec![2],
+            stride: vec![1],
+            padding: vec![usize::MAX],
+        };
+        assert!(forward(&op, &[&x]).is_err());
     }
 }

@@ -7,7 +7,7 @@
 
 use smallvec::SmallVec;
 use tl_ir::Op;
-use tl_spec::Error as SpecError;
+use tl_spec::{Error as SpecError, Shape};
 
 use crate::Result;
 
@@ -48,15 +48,18 @@ impl Geometry {
         check_lens(op, big.len(), kernel, stride, padding)?;
         let mut small = Dims::new();
         for i in 0..big.len() {
-            let padded = big[i] + 2 * padding[i];
-            if padded < kernel[i] || stride[i] == 0 {
+            // Checked: an absurd padding must be an error, not an overflow.
+            let padded = padding[i]
+                .checked_mul(2)
+                .and_then(|p2| big[i].checked_add(p2));
+            let Some(padded) = padded.filter(|&p| p >= kernel[i] && stride[i] > 0) else {
                 return Err(bad(
                     op,
                     format!(
                         "kernel {kernel:?} / stride {stride:?} do not fit spatial dims {big:?} with padding {padding:?}"
                     ),
                 ));
-            }
+            };
             small.push((padded - kernel[i]) / stride[i] + 1);
         }
         Ok(Geometry {
@@ -79,16 +82,23 @@ impl Geometry {
         check_lens(op, small.len(), kernel, stride, padding)?;
         let mut big = Dims::new();
         for i in 0..small.len() {
-            let full = small[i].saturating_sub(1) * stride[i] + kernel[i];
-            if small[i] == 0 || full <= 2 * padding[i] || stride[i] == 0 {
+            // Checked: absurd strides or paddings must be errors, not overflows. `full > 2p` is
+            // tested as `full − p > p` (2p may overflow).
+            let full = small[i]
+                .saturating_sub(1)
+                .checked_mul(stride[i])
+                .and_then(|f| f.checked_add(kernel[i]));
+            let Some(full) = full.filter(|&f| {
+                small[i] > 0 && stride[i] > 0 && f > padding[i] && f - padding[i] > padding[i]
+            }) else {
                 return Err(bad(
                     op,
                     format!(
                         "spatial dims {small:?} with kernel {kernel:?}, stride {stride:?}, padding {padding:?} give an empty output"
                     ),
                 ));
-            }
-            big.push(full - 2 * padding[i]);
+            };
+            big.push(full - padding[i] - padding[i]);
         }
         Ok(Geometry {
             big,
@@ -99,17 +109,36 @@ impl Geometry {
         })
     }
 
-    /// The index table of this geometry.
-    pub(crate) fn table(&self) -> Table {
+    /// The index table of this geometry: `kernel_len · small_len` entries, a workspace sized by
+    /// the input (a large kernel over a padded empty input is small data and a huge table), so it
+    /// is checked against the allocation cap ([`tl_spec::alloc`]) and refused with
+    /// `TooLarge` naming `op` before anything is allocated.
+    pub(crate) fn table(&self, op: &Op) -> Result<Table> {
         let d = self.big.len();
-        let (big_len, small_len, kernel_len) = (
-            self.big.iter().product::<usize>(),
-            self.small.iter().product::<usize>(),
-            self.kernel.iter().product::<usize>(),
-        );
-        let mut idx = Vec::with_capacity(kernel_len * small_len);
+        let too_large = |what: &str, dims: &[usize]| -> crate::Error {
+            SpecError::TooLarge {
+                op: op.name(),
+                detail: format!("the {what} {dims:?} has more elements than usize can count"),
+            }
+            .into()
+        };
+        let product = |what: &str, dims: &[usize]| {
+            dims.iter()
+                .try_fold(1usize, |a, &b| a.checked_mul(b))
+                .ok_or_else(|| too_large(what, dims))
+        };
+        let big_len = Shape::saturating_product(&self.big);
+        let small_len = product("output window grid", &self.small)?;
+        let kernel_len = product("kernel", &self.kernel)?;
+        let entries = kernel_len
+            .checked_mul(small_len)
+            .ok_or_else(|| too_large("window index table of kernel × output", &self.small))?;
+        let mut idx: Vec<usize> =
+            tl_spec::alloc::try_with_capacity(op.name(), "the window index table", entries)?;
         let mut k: Dims = smallvec::smallvec![0; d];
-        for _ in 0..kernel_len {
+        // No output cell: no row of the table (and no walk over a huge kernel for nothing).
+        let rows = if small_len == 0 { 0 } else { kernel_len };
+        for _ in 0..rows {
             let mut o: Dims = smallvec::smallvec![0; d];
             for _ in 0..small_len {
                 let mut flat = 0;
@@ -127,12 +156,12 @@ impl Geometry {
             }
             advance(&mut k, &self.kernel);
         }
-        Table {
+        Ok(Table {
             idx,
             big_len,
             small_len,
             kernel_len,
-        }
+        })
     }
 }
 
@@ -204,6 +233,6 @@ mod tests {
         let g = Geometry::forward(&op, &[3], &[3], &[2], &[1]).unwrap();
         assert_eq!(g.small.as_slice(), &[2]);
         // k = 0: o = 0 reads −1 (pad), o = 1 reads 1; k = 1: 0, 2; k = 2: 1, 3 (pad).
-        assert_eq!(g.table().idx, vec![PAD, 1, 0, 2, 1, PAD]);
+        assert_eq!(g.table(&Op::Sum).unwrap().idx, vec![PAD, 1, 0, 2, 1, PAD]);
     }
 }

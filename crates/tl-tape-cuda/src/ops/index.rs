@@ -22,13 +22,18 @@ use crate::{AnyBuffer, Error, Result};
 pub fn rows_cols(x: &Shape) -> (usize, usize) {
     match x.dims() {
         &[n] => (n, 1),
-        [r, rest @ ..] => (*r, rest.iter().product()),
+        // Saturating: `rest` of an empty operand ([0, 2⁶², 8]) may overflow.
+        [r, rest @ ..] => (*r, Shape::saturating_product(rest)),
         [] => (1, 1),
     }
 }
 
-/// Elements per axis-0 row of a rank ≥ 1 operand.
+/// Elements per axis-0 row of a rank ≥ 1 operand: 0 when the operand holds no element, whatever
+/// its other dims (their product may overflow: `[1, 2⁶², 8, 0]`).
 fn row_len(x: &Shape) -> usize {
+    if x.dims().contains(&0) {
+        return 0;
+    }
     x.dims().iter().skip(1).product()
 }
 

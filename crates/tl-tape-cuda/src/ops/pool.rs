@@ -44,7 +44,7 @@ fn geometry(op: &Op, x: &Shape, y: &Shape) -> Result<(Windows, PoolKind)> {
     }
     let lead = xd.len() - d;
     let win = Windows {
-        batch: xd[..lead].iter().product(),
+        batch: Shape::saturating_product(&xd[..lead]),
         channels: 1,
         big: xd[lead..].to_vec(),
         small: yd[lead..].to_vec(),

@@ -40,7 +40,8 @@ fn draws_are_bit_identical_to_the_cpu_f32_path() {
             let spec_val = match &op {
                 Op::RandUniform { .. } => spec::rand_uniform::<f32>(&shape, seed, counter),
                 _ => spec::bernoulli_mask::<f32>(&shape, 0.3, seed, counter),
-            };
+            }
+            .unwrap();
             assert_eq!(bits(&got), bits(&spec_val), "{op:?} vs spec");
         }
     }

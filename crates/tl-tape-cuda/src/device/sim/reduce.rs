@@ -119,7 +119,11 @@ pub fn grid_sum(x: &[f32]) -> f32 {
 
 /// Sum over the middle axis of `x` viewed as (outer, n, inner), one output per (o, i),
 /// accumulated in increasing k from `0.0`; each sum is divided by `n` when `mean`.
+/// Nothing is done when `outer · inner` is 0 (no output element), however large `outer` is.
 pub fn axis_sum(x: &[f32], outer: usize, n: usize, inner: usize, mean: bool, out: &mut [f32]) {
+    if outer == 0 || inner == 0 {
+        return;
+    }
     for o in 0..outer {
         for i in 0..inner {
             let mut acc = 0.0f32;

@@ -10,13 +10,22 @@
 //! prints the case. Results that succeed are checked too (a tape value has the shape the shape
 //! rule promised; an accepted optimizer has valid hyper-parameters).
 //!
-//! An allocation failure aborts the process, which `catch_unwind` cannot see; so
-//! [`fuzz_in_a_child_process_exits_cleanly`] re-runs the fuzz test in a child process (this test
-//! binary, filtered to that one test) and asserts that the child exits successfully.
+//! The fuzzing runs in a child process only: [`fuzz_in_a_child_process_exits_cleanly`] runs this
+//! test binary again, filtered to [`fuzz_cases_in_this_process`], with the allocation cap lowered
+//! to 64 MiB through `TL_MAX_ALLOC_BYTES` (so an oversized but representable request is refused
+//! quickly instead of allocating gigabytes), and asserts that the child exits successfully within
+//! a time limit. That catches what `catch_unwind` cannot (an allocation failure aborts the
+//! process; a loop over the dims of an empty tensor can run for hours), and leaves the cap of the
+//! other tests of this binary alone.
 //!
-//! Cases: `TL_FUZZ_CASES` (default 128); the seed: `TL_FUZZ_SEED` (default fixed, so a failure
-//! reproduces). The allocation cap is lowered to 64 MiB for the whole binary, so an oversized but
-//! representable request is refused quickly instead of allocating gigabytes.
+//! | variable | effect | default |
+//! |---|---|---|
+//! | `TL_FUZZ_CASES` | the number of cases | 1000 (a fraction of a second in a debug build; 100 000 take about 10 s) |
+//! | `TL_FUZZ_SEED` | the seed (the same seed gives the same cases) | fixed |
+//! | `TL_FUZZ_ONLY` | run only the case of this index (0-based) of the sequence, to reproduce one | all |
+//! | `TL_FUZZ_TIMEOUT_S` | the child's time limit in seconds | 600 |
+//!
+//! For example `TL_FUZZ_CASES=5000 cargo test -p tl-session --test tl_session fuzz::`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -32,18 +41,21 @@ use tl_tape_cuda::{CudaTape, SimDevice};
 
 const CAP: usize = 64 << 20;
 
+/// The default number of cases (`TL_FUZZ_CASES` overrides it).
+const DEFAULT_CASES: u32 = 1000;
+/// Set in the child process: only there does [`fuzz_cases_in_this_process`] fuzz.
+const CHILD_VAR: &str = "TL_FUZZ_IN_CHILD";
+
+fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 fn cases() -> u32 {
-    std::env::var("TL_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(128)
+    env("TL_FUZZ_CASES").unwrap_or(DEFAULT_CASES)
 }
 
 fn seed() -> u64 {
-    std::env::var("TL_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x1414_1414)
+    env("TL_FUZZ_SEED").unwrap_or(0x1414_1414)
 }
 
 /// A dim: mostly small, sometimes zero, sometimes absurd.
@@ -456,16 +468,24 @@ fn run_case(c: &Case) {
     optimizers(c);
 }
 
-/// The fuzz body: every case under `catch_unwind`; the panicking cases are reported together.
-///
-/// Ignored for now: some kernels loop over the dims of an *empty* tensor (e.g. the reference
-/// gemm over m = 2^32 rows of an empty `[2^32, 0]` product), so a case can run for minutes.
-/// Run with `cargo test -p tl-session --test fuzz -- --ignored` until those loops are bounded.
+/// The fuzz body, run by [`fuzz_in_a_child_process_exits_cleanly`] in a child process (it does
+/// nothing elsewhere, so that it never lowers the allocation cap of the other tests): every case
+/// under `catch_unwind`; the panicking cases are reported together. Each case's index goes to
+/// stderr before it runs, so a case that hangs or aborts is named by the last line.
 #[test]
-#[ignore = "some empty-tensor loops over huge dims still take minutes (issue 14, follow-up)"]
-fn fuzz_public_api_never_panics() {
-    tl_spec::alloc::set_max_alloc_bytes(Some(CAP));
-    // Keep the default hook's message for the log, but count panics ourselves.
+#[ignore = "run in a child process by fuzz_in_a_child_process_exits_cleanly"]
+fn fuzz_cases_in_this_process() {
+    if std::env::var_os(CHILD_VAR).is_none() {
+        eprintln!(
+            "not in the fuzz child process: nothing to do (see fuzz_in_a_child_process_exits_cleanly)"
+        );
+        return;
+    }
+    assert_eq!(
+        tl_spec::alloc::max_alloc_bytes(),
+        CAP,
+        "the child runs under the lowered allocation cap"
+    );
     let config = Config {
         cases: cases(),
         failure_persistence: None,
@@ -477,25 +497,38 @@ fn fuzz_public_api_never_panics() {
         config,
         TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
     );
+    let only: Option<u32> = env("TL_FUZZ_ONLY");
     let mut panics: Vec<String> = Vec::new();
     let mut ran = 0u32;
+    let mut slowest = (std::time::Duration::ZERO, 0u32);
     let strategy = case();
-    for _ in 0..cases() {
+    for i in 0..cases() {
         let c = strategy
             .new_tree(&mut runner)
             .expect("strategy generates")
             .current();
+        if only.is_some_and(|o| o != i) {
+            continue;
+        }
+        eprintln!("fuzz case {i}");
         ran += 1;
+        let start = std::time::Instant::now();
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| run_case(&c))) {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            panics.push(format!("{msg}\n  case: {c:?}"));
+            panics.push(format!("case {i}: {msg}\n  case: {c:?}"));
         }
+        slowest = slowest.max((start.elapsed(), i));
     }
-    assert_eq!(ran, cases());
+    assert_eq!(ran, if only.is_some() { 1 } else { cases() });
+    // Read by the parent: the number of cases this child ran.
+    println!(
+        "fuzz cases run: {ran}; slowest: case {} in {:?}",
+        slowest.1, slowest.0
+    );
     assert!(
         panics.is_empty(),
         "{} of {ran} cases panicked:\n{}",
@@ -504,34 +537,85 @@ fn fuzz_public_api_never_panics() {
     );
 }
 
-/// Abort safety: the fuzz test again, in a child process (an abort cannot be caught in-process).
+/// No panic and no abort: the fuzz cases in a child process (this test binary filtered to
+/// [`fuzz_cases_in_this_process`]) under a 64 MiB allocation cap, which must exit successfully
+/// within `TL_FUZZ_TIMEOUT_S` seconds, having run every case.
 #[test]
-#[ignore = "runs the ignored fuzz body; see fuzz_public_api_never_panics"]
 fn fuzz_in_a_child_process_exits_cleanly() {
-    if std::env::var_os("TL_FUZZ_IN_CHILD").is_some() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    if std::env::var_os(CHILD_VAR).is_some() {
         return; // never recurse
     }
+    // The test's path as libtest names it: this module's path without the crate.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let name = format!("{module}::fuzz_cases_in_this_process");
     let exe = std::env::current_exe().expect("the test binary");
-    let out = std::process::Command::new(exe)
+    let mut child = Command::new(exe)
         .args([
-            "fuzz_public_api_never_panics",
+            name.as_str(),
             "--exact",
+            "--ignored",
+            "--nocapture",
             "--test-threads=1",
         ])
-        .env("TL_FUZZ_IN_CHILD", "1")
-        .env("TL_FUZZ_SEED", (seed() ^ 0x5eed).to_string())
+        .env(CHILD_VAR, "1")
         .env("TL_MAX_ALLOC_BYTES", CAP.to_string())
-        .output()
+        .env("TL_FUZZ_CASES", cases().to_string())
+        .env("TL_FUZZ_SEED", seed().to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("spawn the test binary");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped")));
+    let err = drain(Box::new(child.stderr.take().expect("piped")));
+    let limit = Duration::from_secs(env("TL_FUZZ_TIMEOUT_S").unwrap_or(600));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break Some(status);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = out.join().expect("stdout reader");
+    let stderr = err.join().expect("stderr reader");
+    let last = stderr.lines().rev().find(|l| l.starts_with("fuzz case "));
+    let Some(status) = status else {
+        panic!(
+            "the fuzz child ran past {limit:?}; the last case started: {last:?} (rerun it with TL_FUZZ_ONLY)\nstderr:\n{stderr}"
+        );
+    };
     assert!(
-        out.status.success(),
-        "the fuzz child exited with {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+        status.success(),
+        "the fuzz child exited with {status:?}; the last case started: {last:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    let expected = match env::<u32>("TL_FUZZ_ONLY") {
+        Some(_) => 1,
+        None => cases(),
+    };
     assert!(
-        stdout.contains("1 passed"),
-        "the child ran no fuzz test:\n{stdout}"
+        stdout.contains(&format!("fuzz cases run: {expected};")),
+        "the child did not run {expected} fuzz cases:\n{stdout}"
+    );
+    println!(
+        "{}",
+        stdout
+            .lines()
+            .find(|l| l.contains("fuzz cases run"))
+            .unwrap_or("")
     );
 }

@@ -3,9 +3,7 @@
 //! into a parameter, naming it and leaving the parameter and the optimizer state unchanged, on
 //! every session kind. Also: oversized session ops are errors, not aborts.
 
-mod common;
-
-use common::{Any, KINDS};
+use crate::common::{Any, KINDS};
 use tl_session::{Backend, Error, Ops, Optimizer, Options, Session};
 use tl_spec::{Shape, Tensor};
 
@@ -181,4 +179,92 @@ fn oversized_session_ops_are_errors() {
             "{kind:?}: {e}"
         );
     }
+}
+
+/// The sites the fuzz test found (issue 14), each once a hang or an overflow panic: ops on empty
+/// tensors whose other dims are huge (reduceSum/reduceMean walked 2⁴⁰ rows of an empty output in
+/// tl-spec and on the CUDA sim; sliceRange0's row length overflowed in tl-spec and on the CUDA
+/// tape) now give their empty result at once, forward and backward, on the IR, the CPU tape and
+/// the CUDA sim tape; overflowing shape arithmetic in batch norm's and pooling's shape rules is an
+/// error.
+#[test]
+fn fuzz_found_sites_return_at_once() {
+    use tl_ir::{GraphBuilder, Op};
+    use tl_tape_cpu::Tape;
+    use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
+
+    let start = std::time::Instant::now();
+    let empty = |dims: &[usize]| Tensor::<f64>::new(Shape::new(dims), vec![]).unwrap();
+    let big = 1usize << 20;
+    let huge = 1usize << 31; // within the CUDA ABI's u32 per dim
+    let cases = [
+        (
+            empty(&[big, big, 3, 0]),
+            Op::ReduceSum(2),
+            vec![big, big, 0],
+        ),
+        (
+            empty(&[big, big, 3, 0]),
+            Op::ReduceMean(2),
+            vec![big, big, 0],
+        ),
+        (
+            empty(&[2, huge, huge, huge, 0]),
+            Op::Slice { start: 1, len: 1 },
+            vec![1, huge, huge, huge, 0],
+        ),
+    ];
+    for (x, op, want) in cases {
+        let want = Shape::new(&want);
+        // IR: eval and backprop.
+        let mut b = GraphBuilder::new();
+        let l = b.leaf(x.shape().clone(), None).unwrap();
+        let y = b.apply(op.clone(), &[l]).unwrap();
+        let g = b.finish();
+        let values = g.eval(std::slice::from_ref(&x), &[]).unwrap();
+        assert_eq!(values[y].shape(), &want, "{op:?}");
+        let seed = Tensor::new(want.clone(), vec![]).unwrap();
+        let grads = g
+            .backprop_all(std::slice::from_ref(&x), &[], y, &seed)
+            .unwrap();
+        assert_eq!(grads[l].shape(), x.shape(), "{op:?}");
+        // CPU tape.
+        let mut t = Tape::<f64>::new();
+        let l = t.leaf(x.clone(), None, true);
+        let y = t.apply(&op, &[l]).unwrap();
+        assert_eq!(t.get(y).unwrap().shape(), &want, "{op:?}");
+        let grads = t.backward_dense(y, &seed).unwrap();
+        assert_eq!(grads[l].shape(), x.shape(), "{op:?}");
+        // CUDA tape on the simulation device.
+        let mut t = CudaTape::new(SimDevice::new());
+        let l = t.upload_leaf(&x, None, true).unwrap();
+        let y = t.apply(&op, &[l]).unwrap();
+        assert_eq!(t.get(y).unwrap().shape(), &want, "{op:?}");
+        let seed = AnyBuffer::full(t.device_mut(), &want, 1.0).unwrap();
+        let grads = t.backward_dense(y, &seed).unwrap();
+        assert_eq!(grads[l].shape(), x.shape(), "{op:?}");
+    }
+    // The reference kernels themselves (public), below the dispatchers' early return.
+    let x = empty(&[big, big, 3, 0]);
+    let r = tl_spec::ops::reduce::reduce_sum(&x, 2).unwrap();
+    assert_eq!(r.shape(), &Shape::new(&[big, big, 0]));
+    let x = empty(&[2, 1 << 62, 8, 0]);
+    let r = tl_spec::ops::concat::slice(&x, 1, 1).unwrap();
+    assert_eq!(r.shape(), &Shape::new(&[1, 1 << 62, 8, 0]));
+    // Shape arithmetic: H·W of an empty batch-norm input, 2·padding of a pool.
+    let r = tl_spec::ops::norm::batch_norm_shape(
+        &Shape::new(&[1, 0, 1 << 62, 1 << 62]),
+        &Shape::new(&[0]),
+        &Shape::new(&[0]),
+    );
+    assert_eq!(r.ok(), Some(Shape::new(&[1, 0, 1 << 62, 1 << 62])));
+    let pool = tl_spec::ops::pool::PoolParams {
+        kernel: &[2],
+        stride: &[1],
+        padding: &[usize::MAX],
+    };
+    let e = tl_spec::ops::pool::pool_shape("maxPool", &Shape::new(&[1, 4]), pool).unwrap_err();
+    assert!(e.to_string().contains("maxPool"), "{e}");
+    let slow = start.elapsed();
+    assert!(slow < std::time::Duration::from_secs(20), "took {slow:?}");
 }
