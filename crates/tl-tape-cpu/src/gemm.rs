@@ -8,7 +8,9 @@
 //! side by side on the steps' shapes, matrixmultiply has no AVX-512 kernel and reaches 12–50
 //! GFLOP/s on skinny products (n = 16, k = 9–72, the im2col products of a small conv) where faer
 //! reaches 60–90 (docs/performance.md, "GEMM"), and faer's API is safe (this crate has no
-//! `unsafe`).
+//! `unsafe`). faer is built without `std` (the workspace Cargo.toml says why: its std-only
+//! kernels leave the vector unit in a state that slowed all later scalar code ~30×), so its
+//! products run on the gemm crate's kernels, AVX-512 through its `x86-v4` variants.
 //!
 //! **Views.** Operands are [`Mat`] / [`MatMut`] views over row-major slices ([`rows`],
 //! [`rows_mut`]); a transpose ([`Mat::t`]) or a block of rows or columns (one attention head) is
@@ -20,7 +22,7 @@
 //! **Threads.** [`set_threads`] (or the environment variable `TL_NUM_THREADS`, read once) sets
 //! how many threads one product may use; the default is the number of cores the process may run
 //! on. A product of fewer than [`PARALLEL_MIN_WORK`] multiply-adds always runs on the calling
-//! thread: splitting it costs more than it saves (measured in docs/performance.md). Threads come
+//! thread: splitting it costs more than it saves. Threads come
 //! from rayon's global pool. The result does not depend on the thread count: the threads split
 //! the output into blocks, and every output's sum over k runs in the same order (tested).
 
@@ -34,7 +36,8 @@ use tl_spec::{Error as SpecError, Scalar, Typed, TypedMut};
 use crate::Result;
 
 /// Products with fewer multiply-adds (`m·n·k`) than this run on one thread whatever
-/// [`threads`] says (2²¹ ≈ a 128³ product; measured in docs/performance.md).
+/// [`threads`] says (2²¹ ≈ a 128³ product, four times the gemm crate's own default of
+/// 48·48·256). Not yet tuned by measurement: docs/performance.md says what is left.
 pub const PARALLEL_MIN_WORK: usize = 1 << 21;
 
 /// 0 = not set by [`set_threads`]: the default applies.
