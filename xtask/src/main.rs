@@ -5,11 +5,13 @@
 //!   `--check` that needs no nvcc (hash manifest, PTX ISA version).
 //! - [`stub`]: a stub `libcuda.so` so `--features cuda` links (and GPU tests skip) without a GPU.
 //! - [`bundle`]: stripped GPU test binaries plus a `run.sh` for the GPU machine.
+//! - [`mutants`]: planted single-point bugs, one at a time, against the harness.
 
 mod bundle;
 mod coverage;
 mod hash;
 mod kernels;
+mod mutants;
 mod stub;
 mod util;
 
@@ -34,7 +36,10 @@ subcommands:
       returns CUDA_ERROR_NO_DEVICE) and print the env vars that use it
   gpu-bundle
       build the stub, the --features cuda test binaries in release, and gather them,
-      stripped, with run.sh into gpu-bundle/ for a GPU machine";
+      stripped, with run.sh into gpu-bundle/ for a GPU machine
+  mutants [--list] [--check] [--only ID|AREA]... [--cases N] [--timeout S]
+      plant each bug of xtask/src/mutants/catalogue.rs in turn, run the harness
+      (tl-conformance; with cuda-emu for kernels), restore; report caught / missed";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -45,6 +50,7 @@ fn main() -> ExitCode {
     let rest: Vec<String> = args.collect();
     let result = match sub.as_str() {
         "coverage" => return coverage::run(&rest),
+        "mutants" => return mutants::run(&rest),
         "kernels" => match rest.as_slice() {
             [] => kernels::build(),
             [flag] if flag == "--check" => kernels::check(),

@@ -16,5 +16,6 @@ mod index;
 mod lifetime;
 mod norm;
 mod ops;
+mod oversized;
 mod random;
 mod wire;
