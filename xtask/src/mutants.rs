@@ -68,7 +68,7 @@ impl Area {
 /// Which build of the harness judges a mutant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Harness {
-    /// `cargo test -p tl-conformance --test conformance` (what `cargo test --workspace` runs).
+    /// `cargo test --workspace --test conformance` (what `cargo test --workspace` runs).
     Default,
     /// The same with `--features cuda-emu`: adds the emulated kernels (both reduction modes)
     /// and the device = sim bitwise checks. Needs a C++ compiler.
@@ -76,10 +76,17 @@ pub enum Harness {
 }
 
 impl Harness {
+    /// `--workspace` with a target filter, and the emulator's features as `.ci/run` names them:
+    /// cargo unifies dependency features over the selected packages, so this selection reuses
+    /// the builds of `cargo test --workspace` and of CI's emulator step instead of compiling
+    /// the dependencies again.
     fn cargo_args(self) -> Vec<&'static str> {
-        let mut a = vec!["test", "-p", "tl-conformance"];
+        let mut a = vec!["test", "--workspace"];
         if self == Harness::Emu {
-            a.extend(["--features", "cuda-emu"]);
+            a.extend([
+                "--features",
+                "tl-tape-cuda/cuda-emu,tl-conformance/cuda-emu,tl-session/cuda-emu,tl-cli/cuda-emu",
+            ]);
         }
         a.extend(["--test", "conformance"]);
         a

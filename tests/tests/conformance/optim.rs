@@ -189,17 +189,29 @@ fn tensor<T: Scalar>(v: &[f64]) -> Tensor<T> {
 }
 
 /// Record `Σ_p Σ w_p·c_p` for one step's gradients `c` (every leaf first: the linked session
-/// wants its leaves before any op).
+/// wants its leaves before any op). The parameters of even index are used twice, each use
+/// with `c/2` (exact in binary), so their gradient is still exactly `c` but reaches the
+/// optimizer as two contributions that the session must add (a step that kept only one was
+/// missed until this: `cargo xtask mutants`, `optim-sgd-first-gradient-only`).
 fn loss<S: Ops + ?Sized>(
     s: &mut S,
     ps: &[Param],
     grads: &[Vec<f64>],
 ) -> tl_session::Result<TensorRef> {
     let mut leaves = Vec::new();
-    for (p, g) in ps.iter().zip(grads) {
-        let w = s.use_param(p)?;
-        let c = s.input(tensor::<S::T>(g), false)?;
-        leaves.push((w, c));
+    for (k, (p, g)) in ps.iter().zip(grads).enumerate() {
+        if k % 2 == 0 {
+            let half: Vec<f64> = g.iter().map(|v| 0.5 * v).collect();
+            for _ in 0..2 {
+                let w = s.use_param(p)?;
+                let c = s.input(tensor::<S::T>(&half), false)?;
+                leaves.push((w, c));
+            }
+        } else {
+            let w = s.use_param(p)?;
+            let c = s.input(tensor::<S::T>(g), false)?;
+            leaves.push((w, c));
+        }
     }
     let mut total: Option<TensorRef> = None;
     for (w, c) in &leaves {
