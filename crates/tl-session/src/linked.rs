@@ -131,7 +131,8 @@ impl<T: Scalar> Compiled<T> {
                 Ok(self.map.iter().enumerate().map(take).collect())
             },
             cuda(tape) => {
-                let s = AnyBuffer::upload(tape.device_mut(), seed)?;
+                // The 1 of a scalar loss is filled on the device, not copied each step.
+                let s = AnyBuffer::upload_or_fill(tape.device_mut(), seed)?;
                 let g = tape.backward_dense(to, &s);
                 s.release(tape.device_mut());
                 let g = g?;
@@ -363,6 +364,21 @@ impl<T: Scalar> LinkedSession<T> {
             Backend::CudaSim => self.devices.sim.as_ref().map(|d| d.memory_usage()),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => self.devices.cuda.as_ref().map(|d| d.memory_usage()),
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+            Backend::Cuda => None,
+        }
+    }
+
+    /// The kernel launches and host↔device copies of the device the steps of the current
+    /// backend compile onto (kept between steps); `None` on the CPU or before the first step
+    /// or read.
+    pub fn traffic(&self) -> Option<tl_tape_cuda::Traffic> {
+        use tl_tape_cuda::Device;
+        match self.backend {
+            Backend::Cpu => None,
+            Backend::CudaSim => self.devices.sim.as_ref().map(|d| d.traffic()),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Backend::Cuda => self.devices.cuda.as_ref().map(|d| d.traffic()),
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => None,
         }

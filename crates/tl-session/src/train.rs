@@ -6,7 +6,7 @@
 //! compiled tape's dense gradients.
 
 use tl_spec::Tensor;
-use tl_tape_cuda::MemoryUsage;
+use tl_tape_cuda::{MemoryUsage, Traffic};
 
 use crate::optim::StateDict;
 use crate::{LinkedSession, NatVecRef, Ops, Optimizer, Param, Result, Session, Stamp, TensorRef};
@@ -58,6 +58,11 @@ pub trait Train: Ops {
     /// session: the device its steps compile onto, once a step or read has run.
     fn memory_usage(&self) -> Option<MemoryUsage>;
 
+    /// The device's kernel launches and host↔device copies so far, on a CUDA backend (`None`
+    /// on the CPU); subtract two readings for a step's work. For the linked session: the device
+    /// its steps compile onto, once a step or read has run.
+    fn traffic(&self) -> Option<Traffic>;
+
     /// This session's id and its current pass (the number of resets so far); handles made
     /// in an earlier pass are stale.
     fn stamp(&self) -> Stamp;
@@ -107,6 +112,9 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     }
     fn memory_usage(&self) -> Option<MemoryUsage> {
         Session::memory_usage(self)
+    }
+    fn traffic(&self) -> Option<Traffic> {
+        Session::traffic(self)
     }
     fn stamp(&self) -> Stamp {
         Session::stamp(self)
@@ -166,6 +174,9 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn memory_usage(&self) -> Option<MemoryUsage> {
         LinkedSession::memory_usage(self)
+    }
+    fn traffic(&self) -> Option<Traffic> {
+        LinkedSession::traffic(self)
     }
     fn stamp(&self) -> Stamp {
         LinkedSession::stamp(self)

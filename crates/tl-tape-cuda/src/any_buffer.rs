@@ -62,6 +62,23 @@ impl AnyBuffer {
         })
     }
 
+    /// [`upload`](Self::upload), except that a tensor whose elements are all the same (on the
+    /// wire, bit for bit: a backward seed of ones) is filled on the device instead: one kernel
+    /// launch rather than a host-to-device copy.
+    pub fn upload_or_fill<T: Scalar, D: Device>(dev: &mut D, t: &Tensor<T>) -> Result<AnyBuffer> {
+        let data = wire::to_wire("upload", t.data())?;
+        let buf = match data.split_first() {
+            Some((&v, rest)) if rest.iter().all(|r| r.to_bits() == v.to_bits()) => {
+                dev.full(data.len(), v)?
+            }
+            _ => dev.upload(&data)?,
+        };
+        Ok(AnyBuffer {
+            shape: t.shape().clone(),
+            buf,
+        })
+    }
+
     /// A buffer of zeros of `shape`.
     pub fn zeros<D: Device>(dev: &mut D, shape: &Shape) -> Result<AnyBuffer> {
         let buf = dev.zeros(shape.numel())?;
@@ -120,6 +137,33 @@ impl AnyBuffer {
 mod tests {
     use super::*;
     use crate::device::sim::SimDevice;
+
+    /// A uniform tensor is filled by a launch, anything else copied; both read back as
+    /// `upload` would give them (f64 values rounded to the wire's f32 the same way).
+    #[test]
+    fn upload_or_fill_fills_uniform_tensors_and_copies_the_rest() {
+        let mut dev = SimDevice::new();
+        for (t, filled) in [
+            (Tensor::<f64>::full([2, 3], 0.1), true),
+            (Tensor::<f64>::scalar(1.0), true),
+            (Tensor::<f64>::from_fn([3], |i| 0.1 + i as f64), false),
+            (Tensor::<f64>::zeros([0]), false),
+        ] {
+            let before = dev.traffic();
+            let b = AnyBuffer::upload_or_fill(&mut dev, &t).unwrap();
+            let d = dev.traffic() - before;
+            assert_eq!(
+                (d.launches, d.uploads),
+                (u64::from(filled), u64::from(!filled))
+            );
+            let want = AnyBuffer::upload(&mut dev, &t).unwrap();
+            assert_eq!(b.shape(), t.shape());
+            assert_eq!(
+                b.download::<f64, _>(&dev).unwrap(),
+                want.download::<f64, _>(&dev).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn upload_download_round_trip_and_shape_check() {

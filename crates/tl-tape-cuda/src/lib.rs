@@ -6,7 +6,8 @@
 //!   implementations: [`SimDevice`] (host f32, always built; the twin of every kernel, with the
 //!   deterministic kernels' reduction order) and, behind feature `cuda`, `CudaDevice` (cust,
 //!   kernels from `kernels/*.cu`; see docs/cuda.md).
-//! - [`alloc`]: the size-class caching allocator and its telemetry ([`MemoryUsage`]).
+//! - [`alloc`]: the size-class caching allocator and its telemetry ([`MemoryUsage`]);
+//!   [`traffic`]: kernel launches and host↔device copies ([`Traffic`]).
 //! - [`determinism`]: the deterministic-reductions switch (env `TL_DETERMINISTIC`).
 //! - [`abi`]: checked `u32` conversions at the kernel ABI. [`rng`]: SplitMix64 keying.
 //! - [`wire`]: the f32 wire format (f32 and f64 upload; other scalar types are an error).
@@ -51,6 +52,7 @@ mod error;
 pub mod ops;
 pub mod rng;
 mod tape;
+pub mod traffic;
 pub mod wire;
 
 pub use alloc::MemoryUsage;
@@ -61,3 +63,4 @@ pub use device::sim::SimDevice;
 pub use device::{Buffer, Device, Gemm};
 pub use error::{Error, Result};
 pub use tape::{CudaTape, Id, Node};
+pub use traffic::Traffic;

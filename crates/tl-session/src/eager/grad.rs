@@ -44,7 +44,8 @@ impl<T: Scalar> Session<T> {
         let grads = on_engine!(&mut self.engine,
             cpu(t) => Grads::Cpu(t.backward_dense(out.id, &seed)?),
             cuda(t) => {
-                let s = AnyBuffer::upload(t.device_mut(), &seed)?;
+                // The 1 of `backward(loss)` is filled on the device, not copied each step.
+                let s = AnyBuffer::upload_or_fill(t.device_mut(), &seed)?;
                 let g = t.backward_dense(out.id, &s);
                 s.release(t.device_mut());
                 Grads::Device(g?)

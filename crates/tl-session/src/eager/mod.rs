@@ -159,6 +159,12 @@ impl<T: Scalar> Session<T> {
         on_engine!(&self.engine, cpu(_) => None, cuda(t) => Some(t.device().memory_usage()))
     }
 
+    /// The device's kernel launches and host↔device copies so far (CUDA backends only):
+    /// subtract two readings for a step's work.
+    pub fn traffic(&self) -> Option<tl_tape_cuda::Traffic> {
+        on_engine!(&self.engine, cpu(_) => None, cuda(t) => Some(t.device().traffic()))
+    }
+
     /// The buffers the device holds live, counted in the device's own table of buffers rather
     /// than by the allocator's counters (from which [`MemoryUsage::live_buffers`] is derived as
     /// `alloc_count − free_count`); `None` on the CPU backend. A leak test checks that the two

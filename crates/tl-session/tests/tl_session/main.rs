@@ -19,4 +19,5 @@ mod optim;
 mod optim_state;
 mod random;
 mod sessions;
+mod traffic;
 mod train;

@@ -39,6 +39,7 @@ use std::collections::HashMap;
 
 use super::{Buffer, Device, Gemm};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
+use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Error, Result, abi};
 use driver::{Arg, DeviceMemory};
 use launch::{blocks, dims8};
@@ -52,6 +53,8 @@ pub struct CudaDevice {
     funcs: HashMap<&'static str, usize>,
     /// This device's choice of reduction path; `None` follows the process-wide flag.
     deterministic: Option<bool>,
+    /// Kernel launches and copies so far.
+    traffic: TrafficCounter,
 }
 
 impl CudaDevice {
@@ -64,6 +67,7 @@ impl CudaDevice {
             live: HashMap::new(),
             funcs: HashMap::new(),
             deterministic: None,
+            traffic: TrafficCounter::default(),
         };
         // Resolve one kernel now, so a PTX the driver refuses fails here, not at first use.
         d.func("tl_full")?;
@@ -215,14 +219,19 @@ impl Device for CudaDevice {
         driver::NAME
     }
     fn upload(&mut self, data: &[f32]) -> Result<Buffer> {
-        self.with_out("upload", data.len(), |_, out| {
+        self.with_out("upload", data.len(), |d, out| {
+            d.traffic.upload(data.len());
             driver::copy_to_device(out, data)
         })
     }
     fn download(&self, b: Buffer) -> Result<Vec<f32>> {
         let p = self.ptr("download", b)?;
         driver::enter()?;
+        self.traffic.download(b.len());
         driver::copy_to_host(p, b.len())
+    }
+    fn traffic(&self) -> Traffic {
+        self.traffic.get()
     }
     fn size(&self, b: Buffer) -> Result<usize> {
         self.ptr("size", b).map(|_| b.len())

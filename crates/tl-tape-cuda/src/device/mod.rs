@@ -33,6 +33,7 @@ pub mod cuda;
 
 use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
+use crate::traffic::Traffic;
 pub use buffer::{Buffer, Gemm};
 use check::{BroadcastPlan, PermutePlan};
 pub use launch::Launch;
@@ -105,6 +106,9 @@ pub trait Device: Launch {
 
     /// The allocator's counters.
     fn memory_usage(&self) -> MemoryUsage;
+
+    /// Kernel launches and host↔device copies since the device was made ([`Traffic`]).
+    fn traffic(&self) -> Traffic;
 
     /// Return cached blocks to the device (all of them when `force`). Live buffers are untouched.
     fn collect(&mut self, force: bool) -> Collected;

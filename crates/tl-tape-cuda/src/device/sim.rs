@@ -29,6 +29,7 @@ use std::collections::HashMap;
 
 use super::{Buffer, Device};
 use crate::alloc::{Allocation, CachingAllocator, Collected, HostMemory, MemoryUsage};
+use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Result, rng};
 use launch::view;
 
@@ -38,6 +39,7 @@ use launch::view;
 pub struct SimDevice {
     pool: CachingAllocator<HostMemory>,
     live: HashMap<u64, Allocation<Vec<f32>>>,
+    traffic: TrafficCounter,
 }
 
 impl Default for SimDevice {
@@ -61,6 +63,7 @@ impl SimDevice {
         SimDevice {
             pool: CachingAllocator::new(mem),
             live: HashMap::new(),
+            traffic: TrafficCounter::default(),
         }
     }
 
@@ -85,12 +88,19 @@ impl Device for SimDevice {
         "sim"
     }
     fn upload(&mut self, data: &[f32]) -> Result<Buffer> {
-        self.launch("upload", [], data.len(), |[], out| {
+        let b = self.run_body("upload", [], data.len(), |[], out| {
             out.copy_from_slice(data)
-        })
+        })?;
+        self.traffic.upload(data.len());
+        Ok(b)
     }
     fn download(&self, b: Buffer) -> Result<Vec<f32>> {
-        Ok(view(&self.live, "download", b)?.to_vec())
+        let v = view(&self.live, "download", b)?.to_vec();
+        self.traffic.download(v.len());
+        Ok(v)
+    }
+    fn traffic(&self) -> Traffic {
+        self.traffic.get()
     }
     fn size(&self, b: Buffer) -> Result<usize> {
         view(&self.live, "size", b).map(<[f32]>::len)

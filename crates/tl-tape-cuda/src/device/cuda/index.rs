@@ -22,7 +22,10 @@ fn with_u32(
     body: impl FnOnce(&mut CudaDevice, u64) -> Result<Buffer>,
 ) -> Result<Buffer> {
     let bits: Vec<f32> = vals.iter().map(|&v| f32::from_bits(v)).collect();
-    let tmp = d.with_out(op, bits.len(), |_, out| driver::copy_to_device(out, &bits))?;
+    let tmp = d.with_out(op, bits.len(), |d, out| {
+        d.traffic.upload(bits.len());
+        driver::copy_to_device(out, &bits)
+    })?;
     let r = d.ptr(op, tmp).and_then(|p| body(d, p));
     d.release(tmp);
     r

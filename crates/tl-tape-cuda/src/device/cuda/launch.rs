@@ -60,6 +60,7 @@ impl CudaDevice {
         args: &[Arg],
     ) -> Result<()> {
         let f = self.func(kernel)?;
+        self.traffic.launch();
         driver::launch(op, f, grid, BLOCK as u32, args)
     }
 

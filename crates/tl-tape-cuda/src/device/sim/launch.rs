@@ -36,7 +36,21 @@ impl SimDevice {
 
     /// One launch: check the ABI, look the operands up, allocate the output, run `kernel` on the
     /// operands' elements and the output's, register the output.
+    /// Counted as one kernel launch ([`crate::Traffic`]).
     pub(super) fn launch<const N: usize>(
+        &mut self,
+        op: &'static str,
+        ins: [Buffer; N],
+        out_len: usize,
+        kernel: impl FnOnce([&[f32]; N], &mut [f32]),
+    ) -> Result<Buffer> {
+        let out = self.run_body(op, ins, out_len, kernel)?;
+        self.traffic.launch();
+        Ok(out)
+    }
+
+    /// [`launch`](Self::launch)'s work without counting a launch (`upload` is a copy).
+    pub(super) fn run_body<const N: usize>(
         &mut self,
         op: &'static str,
         ins: [Buffer; N],
@@ -83,6 +97,7 @@ impl SimDevice {
             // As in `launch`: empty outputs, nothing to compute.
             kernel(views, &mut o1.block[..out_len], &mut o2.block[..out_len]);
         }
+        self.traffic.launch();
         Ok((self.insert(o1, out_len), self.insert(o2, out_len)))
     }
 

@@ -1,0 +1,141 @@
+//! GPU cost proxies of one training step, counted without a GPU: kernel launches, host↔device
+//! copies and allocations per step, for the step benches' models (mlp, cnn, transformer block;
+//! `benches/common/models.rs`), eager and linked, through the training loop's own calls
+//! ([`Train`]: reset, record, `backward_step` with SGD).
+//!
+//! ```sh
+//! cargo run --release -p tl-session --example gpu_proxies                 # the simulation device
+//! cargo run --release -p tl-session --features cuda-emu --example gpu_proxies -- --backend cuda
+//! ```
+//!
+//! On the simulation device a launch is one primitive; `--backend cuda` with `cuda-emu` runs
+//! the CUDA device's own launch code over the emulated kernels and counts every kernel
+//! (`tl_tape_cuda::Traffic`). Each figure is the third step's (the first two warm the pools),
+//! and the program checks that the fourth step does exactly the same work.
+
+#[path = "../benches/common/models.rs"]
+#[allow(missing_docs)]
+mod models;
+
+use models::BenchModel;
+use tl_session::{Backend, LinkedSession, Optimizer, Options, Param, Result, Session, Train};
+use tl_tape_cuda::{MemoryUsage, Traffic};
+
+/// One step's work: launches and copies, pool allocations, raw device allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StepWork {
+    traffic: Traffic,
+    allocs: u64,
+    device_allocs: u64,
+}
+
+fn reading<S: Train>(s: &S) -> (Traffic, MemoryUsage) {
+    (
+        s.traffic().unwrap_or_default(),
+        s.memory_usage().unwrap_or_default(),
+    )
+}
+
+fn step<S: Train<T = f32>>(
+    s: &mut S,
+    m: &BenchModel,
+    params: &[Param],
+    opt: &mut Optimizer,
+) -> Result<()> {
+    s.reset();
+    let at = s.record_nat_vec(&m.labels).pos();
+    let loss = m.loss(s, params, at)?;
+    s.backward_step(&loss, opt)?;
+    Ok(())
+}
+
+/// The work of the third and fourth steps of `m` in `s`.
+fn measure<S: Train<T = f32>>(mut s: S, m: &BenchModel) -> Result<[StepWork; 2]> {
+    let params = m.params(&mut s)?;
+    let mut opt = Optimizer::sgd(0.01)?;
+    for _ in 0..2 {
+        step(&mut s, m, &params, &mut opt)?;
+    }
+    let mut out = [None, None];
+    for o in &mut out {
+        let (t0, u0) = reading(&s);
+        step(&mut s, m, &params, &mut opt)?;
+        let (t1, u1) = reading(&s);
+        *o = Some(StepWork {
+            traffic: t1 - t0,
+            allocs: u1.alloc_count - u0.alloc_count,
+            device_allocs: u1.device_alloc_count - u0.device_alloc_count,
+        });
+    }
+    let [Some(a), Some(b)] = out else {
+        unreachable!("both steps measured")
+    };
+    Ok([a, b])
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let backend = match args.as_slice() {
+        [] => Backend::CudaSim,
+        [flag, b] if flag == "--backend" && b == "cuda-sim" => Backend::CudaSim,
+        [flag, b] if flag == "--backend" && b == "cuda" => Backend::Cuda,
+        _ => {
+            eprintln!("usage: gpu_proxies [--backend cuda-sim|cuda]");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match run(backend) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(backend: Backend) -> Result<()> {
+    let models = [
+        ("mlp b64", BenchModel::mlp(64)),
+        ("cnn b64", BenchModel::cnn(64)),
+        ("transformer n128", BenchModel::transformer(128)),
+    ];
+    println!("backend: {backend:?} (figures per training step, steady state)\n");
+    println!(
+        "| model | session | launches | uploads | upload bytes | downloads | download bytes | pool allocs | device allocs |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for (name, m) in &models {
+        for linked in [false, true] {
+            let work = if linked {
+                let mut s = LinkedSession::<f32>::new();
+                s.set_backend(backend)?;
+                measure(s, m)?
+            } else {
+                measure(Session::<f32>::new(Options::backend(backend))?, m)?
+            };
+            let w = work[0];
+            if work[1] != w {
+                return Err(tl_session::Error::Usage {
+                    what: "gpu_proxies",
+                    detail: format!(
+                        "{name}: steps 3 and 4 differ ({:?} vs {:?})",
+                        work[0], work[1]
+                    ),
+                });
+            }
+            let t = w.traffic;
+            println!(
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                if linked { "linked" } else { "eager" },
+                t.launches,
+                t.uploads,
+                t.upload_bytes,
+                t.downloads,
+                t.download_bytes,
+                w.allocs,
+                w.device_allocs
+            );
+        }
+    }
+    Ok(())
+}
