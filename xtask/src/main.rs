@@ -21,10 +21,10 @@ const USAGE: &str = "\
 usage: cargo xtask <subcommand> [args]
 
 subcommands:
-  coverage [--cases N] [--seed S] [--only OP]...
-      run every harness check for every op (cargo run --release -p tl-conformance
-      --bin tl-verify -- --coverage ...); fails if any cell fails or an applicable
-      cell ran zero cases
+  coverage [--release] [--cases N] [--seed S] [--only OP]...
+      run every harness check for every op (cargo run [--release] -p tl-conformance
+      --bin tl-verify -- --coverage ...; the dev profile unless --release); fails if
+      any cell fails or an applicable cell ran zero cases
   kernels
       build kernels/*.cu to kernels/ptx/<name>.ptx with nvcc 13.0 (pip-installed into
       target/nvcc if missing) and write kernels/ptx/MANIFEST
