@@ -358,27 +358,25 @@ impl<T: Scalar> LinkedSession<T> {
     /// The allocator counters of the device the steps of the current backend compile onto
     /// (kept between steps); `None` on the CPU or before the first step or read.
     pub fn memory_usage(&self) -> Option<tl_tape_cuda::MemoryUsage> {
-        use tl_tape_cuda::Device;
-        match self.backend {
-            Backend::Cpu => None,
-            Backend::CudaSim => self.devices.sim.as_ref().map(|d| d.memory_usage()),
-            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            Backend::Cuda => self.devices.cuda.as_ref().map(|d| d.memory_usage()),
-            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
-            Backend::Cuda => None,
-        }
+        self.device_counters().map(|(m, _)| m)
     }
 
-    /// The kernel launches and host↔device copies of the device the steps of the current
-    /// backend compile onto (kept between steps); `None` on the CPU or before the first step
-    /// or read.
+    /// The kernel launches and host↔device copies of that same device
+    /// ([`memory_usage`](Self::memory_usage)'s); `None` likewise.
     pub fn traffic(&self) -> Option<tl_tape_cuda::Traffic> {
+        self.device_counters().map(|(_, t)| t)
+    }
+
+    fn device_counters(&self) -> Option<(tl_tape_cuda::MemoryUsage, tl_tape_cuda::Traffic)> {
         use tl_tape_cuda::Device;
+        fn read<D: Device>(d: &D) -> (tl_tape_cuda::MemoryUsage, tl_tape_cuda::Traffic) {
+            (d.memory_usage(), d.traffic())
+        }
         match self.backend {
             Backend::Cpu => None,
-            Backend::CudaSim => self.devices.sim.as_ref().map(|d| d.traffic()),
+            Backend::CudaSim => self.devices.sim.as_ref().map(read),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            Backend::Cuda => self.devices.cuda.as_ref().map(|d| d.traffic()),
+            Backend::Cuda => self.devices.cuda.as_ref().map(read),
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => None,
         }
