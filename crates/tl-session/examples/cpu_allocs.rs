@@ -16,7 +16,7 @@
 mod models;
 
 use models::BenchModel;
-use tl_session::{LinkedSession, Optimizer, Options, Param, Result, Session, Train};
+use tl_session::{LinkedSession, Optimizer, Options, Result, Session, Train};
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
@@ -29,30 +29,17 @@ struct StepAllocs {
     live_after: usize,
 }
 
-fn step<S: Train<T = f32>>(
-    s: &mut S,
-    m: &BenchModel,
-    params: &[Param],
-    opt: &mut Optimizer,
-) -> Result<()> {
-    s.reset();
-    let at = s.record_nat_vec(&m.labels).pos();
-    let loss = m.loss(s, params, at)?;
-    s.backward_step(&loss, opt)?;
-    Ok(())
-}
-
 /// The allocations of the third and fourth steps of `m` in `s`.
 fn measure<S: Train<T = f32>>(mut s: S, m: &BenchModel) -> Result<[StepAllocs; 2]> {
     let params = m.params(&mut s)?;
     let mut opt = Optimizer::sgd(0.01)?;
     for _ in 0..2 {
-        step(&mut s, m, &params, &mut opt)?;
+        m.train_step(&mut s, &params, &mut opt)?;
     }
     let mut out = [None, None];
     for o in &mut out {
         let before = dhat::HeapStats::get();
-        step(&mut s, m, &params, &mut opt)?;
+        m.train_step(&mut s, &params, &mut opt)?;
         let after = dhat::HeapStats::get();
         *o = Some(StepAllocs {
             blocks: after.total_blocks - before.total_blocks,

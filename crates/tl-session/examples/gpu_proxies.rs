@@ -18,7 +18,7 @@
 mod models;
 
 use models::BenchModel;
-use tl_session::{Backend, LinkedSession, Optimizer, Options, Param, Result, Session, Train};
+use tl_session::{Backend, LinkedSession, Optimizer, Options, Result, Session, Train};
 use tl_tape_cuda::{MemoryUsage, Traffic};
 
 /// One step's work: launches and copies, pool allocations, raw device allocations.
@@ -36,30 +36,17 @@ fn reading<S: Train>(s: &S) -> (Traffic, MemoryUsage) {
     )
 }
 
-fn step<S: Train<T = f32>>(
-    s: &mut S,
-    m: &BenchModel,
-    params: &[Param],
-    opt: &mut Optimizer,
-) -> Result<()> {
-    s.reset();
-    let at = s.record_nat_vec(&m.labels).pos();
-    let loss = m.loss(s, params, at)?;
-    s.backward_step(&loss, opt)?;
-    Ok(())
-}
-
 /// The work of the third and fourth steps of `m` in `s`.
 fn measure<S: Train<T = f32>>(mut s: S, m: &BenchModel) -> Result<[StepWork; 2]> {
     let params = m.params(&mut s)?;
     let mut opt = Optimizer::sgd(0.01)?;
     for _ in 0..2 {
-        step(&mut s, m, &params, &mut opt)?;
+        m.train_step(&mut s, &params, &mut opt)?;
     }
     let mut out = [None, None];
     for o in &mut out {
         let (t0, u0) = reading(&s);
-        step(&mut s, m, &params, &mut opt)?;
+        m.train_step(&mut s, &params, &mut opt)?;
         let (t1, u1) = reading(&s);
         *o = Some(StepWork {
             traffic: t1 - t0,

@@ -12,7 +12,9 @@
 
 #![allow(dead_code)]
 
-use tl_session::{Backend, LinkedSession, Ops, Optimizer, Param, Result, Session, TensorRef};
+use tl_session::{
+    Backend, LinkedSession, Ops, Optimizer, Param, Result, Session, TensorRef, Train,
+};
 use tl_spec::{Shape, Tensor};
 
 /// Deterministic pseudo-random values in [-scale, scale).
@@ -124,6 +126,20 @@ impl BenchModel {
             .iter()
             .map(|t| s.param(t.clone(), None, true))
             .collect()
+    }
+
+    /// One training step through the training loop's calls ([`Train`]): reset, record the
+    /// labels and the loss, `backward_step` with `opt`. Returns the loss.
+    pub fn train_step<S: Train<T = f32>>(
+        &self,
+        s: &mut S,
+        params: &[Param],
+        opt: &mut Optimizer,
+    ) -> Result<f64> {
+        s.reset();
+        let at = s.record_nat_vec(&self.labels).pos();
+        let loss = self.loss(s, params, at)?;
+        s.backward_step(&loss, opt)
     }
 
     /// Record the parameters, the batch and the forward pass; returns the mean cross-entropy
