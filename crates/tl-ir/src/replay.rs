@@ -41,6 +41,28 @@ impl GraphData {
         for (leaf, value) in self.leaves().iter().zip(leaves) {
             map.push(rec.leaf(value.clone(), leaf.name.as_deref(), leaf.requires_grad)?);
         }
+        self.replay_nodes(rec, map)
+    }
+
+    /// The second half of [`replay`](Self::replay): record every node onto `rec`, whose
+    /// leaves the caller has recorded already (`leaf_ids[i]` is leaf `i`'s recorder id; e.g. a
+    /// parameter kept resident on a device instead of uploaded from a host value). The Nat
+    /// environment must be set. Returns, for each graph id, its recorder id.
+    pub fn replay_nodes<T: Scalar, R: Recorder<T>>(
+        &self,
+        rec: &mut R,
+        leaf_ids: Vec<usize>,
+    ) -> Result<Vec<usize>, R::Error> {
+        if leaf_ids.len() != self.leaves().len() {
+            return Err(crate::Error::Count {
+                what: "replay_nodes: leaf ids",
+                expected: self.leaves().len(),
+                got: leaf_ids.len(),
+            }
+            .into());
+        }
+        let mut map: Vec<Id> = leaf_ids;
+        map.reserve(self.nodes().len());
         let mut args = Vec::with_capacity(3);
         for node in self.nodes() {
             args.clear();

@@ -5,7 +5,8 @@
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, Buffer, Device};
 
-use crate::{Error, Param, Result};
+use crate::optim::DeviceOps;
+use crate::{Error, Optimizer, Param, Result};
 
 /// One parameter.
 #[derive(Debug, Clone)]
@@ -69,7 +70,14 @@ impl<T: Scalar> ParamStore<T> {
     /// The host value, synced from the device mirror first if that is newer.
     pub(crate) fn read<D: Device>(&mut self, p: &Param, dev: Option<&D>) -> Result<Tensor<T>> {
         self.slot("param_value", p)?;
-        let slot = &mut self.slots[p.index];
+        self.sync(p.index, dev)?;
+        Ok(self.slots[p.index].host.clone())
+    }
+
+    /// Make parameter `index`'s host value current: downloaded from its device mirror (on
+    /// `dev`) when an optimizer step on the device changed it.
+    pub(crate) fn sync<D: Device>(&mut self, index: usize, dev: Option<&D>) -> Result<()> {
+        let slot = &mut self.slots[index];
         if slot.host_stale {
             match (dev, &slot.device) {
                 (Some(dev), Some(buf)) => {
@@ -84,7 +92,15 @@ impl<T: Scalar> ParamStore<T> {
                 }
             }
         }
-        Ok(slot.host.clone())
+        Ok(())
+    }
+
+    /// Drop parameter `index`'s device mirror after its host value changed (released at the
+    /// next [`release_retired`](Self::release_retired)).
+    pub(crate) fn retire_mirror(&mut self, index: usize) {
+        if let Some(b) = self.slots[index].device.take() {
+            self.retired.push(b.buffer());
+        }
     }
 
     /// Overwrite the host value; the device mirror is invalidated (re-uploaded on next use).
@@ -100,9 +116,7 @@ impl<T: Scalar> ParamStore<T> {
         }
         slot.host = value;
         slot.host_stale = false;
-        if let Some(b) = slot.device.take() {
-            self.retired.push(b.buffer());
-        }
+        self.retire_mirror(p.index);
         Ok(())
     }
 
@@ -128,6 +142,69 @@ impl<T: Scalar> ParamStore<T> {
     /// values were synced).
     pub(crate) fn release_retired<D: Device>(&mut self, dev: &mut D) -> usize {
         dev.release_all(self.retired.drain(..))
+    }
+
+    /// One step of `opt` on parameter `index`, on the device: its gradient is the sum of
+    /// `grads` (one per use of the parameter, summed on the device), and the update runs on
+    /// the resident mirror, whose host copy is then stale (synced on read). PyTorch:
+    /// `optimizer.step()` on a CUDA parameter.
+    pub(crate) fn step_on_device<D: Device>(
+        &mut self,
+        dev: &mut D,
+        opt: &mut Optimizer,
+        index: usize,
+        grads: &[Buffer],
+    ) -> Result<()> {
+        let Some((&first, rest)) = grads.split_first() else {
+            return Ok(()); // not used in this pass: nothing to step
+        };
+        let key = (self.session, index);
+        let mut w = self.mirror(index, dev)?.buffer();
+        // One use (the common case) steps from the gradient itself; several are summed into a
+        // temporary first.
+        let sum = match rest.is_empty() {
+            true => None,
+            false => Some(dev.copy(first)?),
+        };
+        let mut r = Ok(());
+        if let Some(acc) = sum {
+            for &g in rest {
+                r = r.and_then(|()| Ok(dev.axpy_assign(acc, 1.0, g)?));
+            }
+        }
+        let g = sum.unwrap_or(first);
+        let r = r.and_then(|()| opt.update(&mut DeviceOps(dev), key, &mut w, &g));
+        if let Some(acc) = sum {
+            dev.release(acc);
+        }
+        let slot = &mut self.slots[index];
+        r.map_err(|e| e.with_param_name(slot.name.as_deref()))?;
+        slot.host_stale = true;
+        Ok(())
+    }
+
+    /// Bring every parameter home from `dev`: stale host values are downloaded, then every
+    /// mirror and retired buffer is released (e.g. before the session moves to another device).
+    pub(crate) fn unload<D: Device>(&mut self, dev: &mut D) -> Result<()> {
+        for slot in &mut self.slots {
+            if let Some(b) = slot.device.take() {
+                if slot.host_stale {
+                    match b.download(dev) {
+                        Ok(host) => {
+                            slot.host = host;
+                            slot.host_stale = false;
+                        }
+                        Err(e) => {
+                            slot.device = Some(b); // kept: the newer value is still there
+                            return Err(e.into());
+                        }
+                    }
+                }
+                dev.release(b.buffer());
+            }
+        }
+        self.release_retired(dev);
+        Ok(())
     }
 
     pub(crate) fn shape(&self, index: usize) -> &Shape {

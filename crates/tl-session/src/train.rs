@@ -8,6 +8,7 @@
 use tl_spec::Tensor;
 use tl_tape_cuda::{MemoryUsage, Traffic};
 
+use crate::linked::{CompiledTape, step_on_tape};
 use crate::optim::StateDict;
 use crate::{LinkedSession, NatVecRef, Ops, Optimizer, Param, Result, Session, Stamp, TensorRef};
 
@@ -127,17 +128,29 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
         self.check_loss("backward_step", loss)?;
-        // The tape's device comes back for the next step (its pools are reused), and only the
-        // gradients of trainable parameter leaves are read back.
+        // On a CUDA backend the parameters are compiled in as their resident mirrors, the
+        // update runs on the device and only the loss is read back; the tape's device comes
+        // back for the next step (its pools are reused).
+        let uses = self.trainable_uses();
         let mut compiled = self.compile_reusing(self.backend())?;
+        let (map, id) = (&compiled.map, loss.id());
+        let on_device = match &mut compiled.tape {
+            CompiledTape::Cpu(_) => None,
+            CompiledTape::CudaSim(t) => {
+                Some(step_on_tape(&mut self.params, &uses, t, map, id, opt))
+            }
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            CompiledTape::Cuda(t) => Some(step_on_tape(&mut self.params, &uses, t, map, id, opt)),
+        };
+        if let Some(result) = on_device {
+            self.recycle(compiled);
+            return loss_value(result?);
+        }
+        // On the CPU, the gradients of the trainable parameter leaves step the host values.
         let wanted = self.trainable_leaves();
-        let result = compiled.value(loss.id()).and_then(|l| {
-            let one = Tensor::scalar(T::one());
-            let grads = compiled.backward_dense_where(loss.id(), &one, |id| wanted[id])?;
-            Ok((l, grads))
-        });
-        self.recycle(compiled);
-        let (l, grads) = result?;
+        let l = compiled.value(id)?;
+        let one = Tensor::scalar(T::one());
+        let grads = compiled.backward_dense_where(id, &one, |id| wanted[id])?;
         self.step(opt, &grads)?;
         loss_value(l)
     }

@@ -1,10 +1,9 @@
 //! Backward, gradient reads and optimizer steps of the eager session.
 
 use tl_spec::{Scalar, Shape, Tensor};
-use tl_tape_cuda::{AnyBuffer, Device};
+use tl_tape_cuda::{AnyBuffer, Buffer};
 
 use super::{Grads, Session, on_engine};
-use crate::optim::DeviceOps;
 use crate::{Error, Optimizer, Param, Result, TensorRef};
 
 impl<T: Scalar> Session<T> {
@@ -144,20 +143,9 @@ impl<T: Scalar> Session<T> {
                     let Grads::Device(g) = grads else {
                         return Err(Self::no_backward("step"));
                     };
-                    // The whole update runs on the device, on the resident mirror: gradients
-                    // are summed there and the optimizer's formula uses device primitives.
-                    let dev = t.device_mut();
-                    let mirror = self.params.mirror(index, dev)?.buffer();
-                    let gsum = dev.copy(g[leaves[0]].buffer())?;
-                    let mut r = Ok(());
-                    for &l in &leaves[1..] {
-                        r = r.and_then(|()| Ok(dev.axpy_assign(gsum, 1.0, g[l].buffer())?));
-                    }
-                    let mut w = mirror;
-                    let r = r.and_then(|()| opt.update(&mut DeviceOps(dev), key, &mut w, &gsum));
-                    dev.release(gsum);
-                    r.map_err(|e| e.with_param_name(self.params.slots[index].name.as_deref()))?;
-                    self.params.slots[index].host_stale = true;
+                    // The whole update runs on the device, on the resident mirror.
+                    let gs: Vec<Buffer> = leaves.iter().map(|&l| g[l].buffer()).collect();
+                    self.params.step_on_device(t.device_mut(), opt, index, &gs)?;
                 },
             );
         }

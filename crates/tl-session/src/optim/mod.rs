@@ -465,6 +465,11 @@ impl Optimizer {
                 ..
             }
         );
+        // Plain SGD reads the gradient as it is (no copy: one kernel and buffer fewer per
+        // parameter and step on a device).
+        if wd == 0.0 && matches!(kind, Kind::Sgd { momentum, .. } if momentum == 0.0) {
+            return ops.axpy_assign(w, -lr, g);
+        }
         // Effective gradient: g + λ·w (L2), except AdamW, which decays w directly.
         let mut ge = ops.copy(g)?;
         if wd != 0.0 {

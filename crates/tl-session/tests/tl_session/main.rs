@@ -18,6 +18,8 @@ mod models;
 mod optim;
 mod optim_state;
 mod random;
+// The linked session's parameters resident on the device between steps.
+mod resident;
 mod sessions;
 mod traffic;
 mod train;

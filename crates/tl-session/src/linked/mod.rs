@@ -3,6 +3,8 @@
 //! `backprop_all`, tangents from its `jvp`; [`LinkedSession::compile`] replays the graph into a
 //! tape of either backend.
 
+mod device;
+
 use std::collections::HashMap;
 
 use tl_ir::{GraphBuilder, GraphData, Op};
@@ -15,6 +17,8 @@ use crate::eager::cuda_unavailable;
 use crate::handle::{NatEnv, Stamp, next_session_id};
 use crate::params::ParamStore;
 use crate::{Backend, Error, NatRef, NatVecRef, Ops, Optimizer, Param, Result, TensorRef};
+pub(crate) use device::step_on_tape;
+use device::{Devices, on_device};
 
 /// A session that records a `GraphData` as ops are called. All leaves (parameters, inputs,
 /// constants before the first op) must come before the first op node; [`LinkedSession::reset`]
@@ -39,16 +43,12 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// session reset.
     values: Vec<Tensor<T>>,
     /// The devices of the last step's compiled tapes, kept so the next step's buffers come from
-    /// their caching allocators' pools (no device allocation in steady state).
+    /// their caching allocators' pools (no device allocation in steady state) and the
+    /// parameters stay resident there.
     devices: Devices,
-}
-
-/// Devices kept between the compiles of [`Train`](crate::Train) steps and reads.
-#[derive(Default)]
-struct Devices {
-    sim: Option<SimDevice>,
-    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-    cuda: Option<tl_tape_cuda::CudaDevice>,
+    /// Whether a parameter leaf of this graph was recorded with a host value older than its
+    /// device mirror (synced by [`sync_leaves`](Self::sync_leaves) before host code reads it).
+    leaves_stale: bool,
 }
 
 /// A linked session's graph replayed into a tape ("compiled").
@@ -175,6 +175,7 @@ impl<T: Scalar> LinkedSession<T> {
             deterministic: false,
             values: Vec::new(),
             devices: Devices::default(),
+            leaves_stale: false,
         }
     }
 
@@ -194,13 +195,21 @@ impl<T: Scalar> LinkedSession<T> {
     }
 
     /// Compile steps and reads into `backend`'s tape from now on. `Backend::Cuda` without the
-    /// `cuda` feature or a device is an error here, not at the first step.
+    /// `cuda` feature or a device is an error here, not at the first step. Parameters resident
+    /// on the old backend's device come home first (their newest values downloaded).
+    /// Optimizer state kept on that device stays there: to move a stateful optimizer, export
+    /// it ([`optimizer_state`](Self::optimizer_state)) before and load it after.
     pub fn set_backend(&mut self, backend: Backend) -> Result<()> {
         if backend == Backend::Cuda {
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             return Err(cuda_unavailable());
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            drop(crate::eager::cuda_device(false)?);
+            if self.devices.cuda.is_none() {
+                drop(crate::eager::cuda_device(false)?);
+            }
+        }
+        if backend != self.backend {
+            self.unload_params()?;
         }
         self.backend = backend;
         Ok(())
@@ -212,8 +221,9 @@ impl<T: Scalar> LinkedSession<T> {
     pub fn set_deterministic(&mut self, on: bool) {
         self.deterministic = on;
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-        {
-            self.devices.cuda = None; // made again with the new setting
+        if let Some(dev) = &mut self.devices.cuda {
+            // The kept device (and the parameters resident on it) switches in place.
+            dev.set_deterministic(on.then_some(true));
         }
     }
 
@@ -242,9 +252,11 @@ impl<T: Scalar> LinkedSession<T> {
         self.builder.graph()
     }
 
-    /// The leaf values recorded so far, in leaf order.
-    pub fn leaf_values(&self) -> &[Tensor<T>] {
-        &self.leaves
+    /// The leaf values recorded so far, in leaf order (parameter leaves synced from the device
+    /// first when a device step changed them).
+    pub fn leaf_values(&mut self) -> Result<&[Tensor<T>]> {
+        self.sync_leaves()?;
+        Ok(&self.leaves)
     }
 
     /// The Nat environment.
@@ -260,6 +272,7 @@ impl<T: Scalar> LinkedSession<T> {
         self.leaf_param.clear();
         self.nats = NatEnv::default();
         self.values.clear();
+        self.leaves_stale = false;
         self.stamp.epoch += 1;
     }
 
@@ -300,14 +313,20 @@ impl<T: Scalar> LinkedSession<T> {
         self.handle(id)
     }
 
-    /// A parameter's current value.
+    /// A parameter's current value (downloaded from the device when a device step changed it).
     pub fn param_value(&mut self, p: &Param) -> Result<Tensor<T>> {
-        self.params.read::<SimDevice>(p, None)
+        self.params.slot("param_value", p)?;
+        self.sync_param(p.index)?;
+        Ok(self.params.slots[p.index].host.clone())
     }
 
-    /// Overwrite a parameter's value.
+    /// Overwrite a parameter's value (its device mirror, if any, is dropped and made again
+    /// from this value on next use). Leaves of the current graph keep the value they were
+    /// recorded with.
     pub fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
-        self.params.write(p, value)
+        self.params.write(p, value)?;
+        self.release_retired();
+        Ok(())
     }
 
     // ---- Nat environment ------------------------------------------------------------------
@@ -341,113 +360,32 @@ impl<T: Scalar> LinkedSession<T> {
 
     // ---- pure algorithms ------------------------------------------------------------------
 
-    /// Replay the graph into a fresh tape of `backend` ("compile").
-    pub fn compile(&self, backend: Backend) -> Result<Compiled<T>> {
-        self.compile_with(backend, &mut Devices::default())
-    }
-
-    /// [`compile`](Self::compile) onto the devices the last step handed back
-    /// ([`recycle`](Self::recycle)), so the tape's buffers come from their pools.
-    pub(crate) fn compile_reusing(&mut self, backend: Backend) -> Result<Compiled<T>> {
-        let mut devices = std::mem::take(&mut self.devices);
-        let compiled = self.compile_with(backend, &mut devices);
-        self.devices = devices;
-        compiled
-    }
-
-    /// The allocator counters of the device the steps of the current backend compile onto
-    /// (kept between steps); `None` on the CPU or before the first step or read.
-    pub fn memory_usage(&self) -> Option<tl_tape_cuda::MemoryUsage> {
-        self.device_counters().map(|(m, _)| m)
-    }
-
-    /// The kernel launches and host↔device copies of that same device
-    /// ([`memory_usage`](Self::memory_usage)'s); `None` likewise.
-    pub fn traffic(&self) -> Option<tl_tape_cuda::Traffic> {
-        self.device_counters().map(|(_, t)| t)
-    }
-
-    fn device_counters(&self) -> Option<(tl_tape_cuda::MemoryUsage, tl_tape_cuda::Traffic)> {
-        use tl_tape_cuda::Device;
-        fn read<D: Device>(d: &D) -> (tl_tape_cuda::MemoryUsage, tl_tape_cuda::Traffic) {
-            (d.memory_usage(), d.traffic())
-        }
-        match self.backend {
-            Backend::Cpu => None,
-            Backend::CudaSim => self.devices.sim.as_ref().map(read),
-            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            Backend::Cuda => self.devices.cuda.as_ref().map(read),
-            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
-            Backend::Cuda => None,
-        }
+    /// Replay the graph into a fresh tape of `backend` ("compile"), on a new device for the
+    /// CUDA backends (parameters uploaded from their host values).
+    pub fn compile(&mut self, backend: Backend) -> Result<Compiled<T>> {
+        self.sync_leaves()?;
+        self.compile_onto(backend, &mut Devices::default(), false)
     }
 
     /// For each graph id, whether it is a leaf of a parameter that optimizer steps update.
     pub(crate) fn trainable_leaves(&self) -> Vec<bool> {
         let mut wanted = vec![false; self.builder.graph().len()];
-        for (&leaf, &index) in &self.leaf_param {
-            if let (Some(w), Some(slot)) = (wanted.get_mut(leaf), self.params.slots.get(index)) {
-                *w = slot.requires_grad;
+        for leaves in self.trainable_uses().values() {
+            for &l in leaves {
+                wanted[l] = true;
             }
         }
         wanted
     }
 
-    /// Hand a compiled tape's device back for the next [`compile_reusing`](Self::compile_reusing).
-    pub(crate) fn recycle(&mut self, compiled: Compiled<T>) {
-        match compiled.tape {
-            CompiledTape::Cpu(_) => {}
-            CompiledTape::CudaSim(t) => self.devices.sim = Some(t.into_device()),
-            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda(t) => self.devices.cuda = Some(t.into_device()),
-        }
-    }
-
-    fn compile_with(&self, backend: Backend, devices: &mut Devices) -> Result<Compiled<T>> {
-        let g = self.builder.graph();
-        let nats = &self.nats.values;
-        Ok(match backend {
-            Backend::Cpu => {
-                let mut tape = Tape::new();
-                let map = g.replay(&mut tape, &self.leaves, nats)?;
-                Compiled {
-                    tape: CompiledTape::Cpu(tape),
-                    map,
-                }
-            }
-            Backend::CudaSim => {
-                let dev = devices.sim.take().unwrap_or_default();
-                let mut tape = CudaTape::new(dev);
-                let map = g.replay(&mut tape, &self.leaves, nats)?;
-                Compiled {
-                    tape: CompiledTape::CudaSim(tape),
-                    map,
-                }
-            }
-            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            Backend::Cuda => {
-                let dev = match devices.cuda.take() {
-                    Some(dev) => dev,
-                    None => crate::eager::cuda_device(self.deterministic)?,
-                };
-                let mut tape = CudaTape::new(dev);
-                let map = g.replay(&mut tape, &self.leaves, nats)?;
-                Compiled {
-                    tape: CompiledTape::Cuda(tape),
-                    map,
-                }
-            }
-            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
-            Backend::Cuda => {
-                let _ = devices;
-                return Err(cuda_unavailable());
-            }
-        })
-    }
-
     /// Dense gradients of `out` with cotangent `seed`, for every id (`GraphData::backprop_all`).
-    pub fn backward_dense_all(&self, out: &TensorRef, seed: &Tensor<T>) -> Result<Vec<Tensor<T>>> {
+    pub fn backward_dense_all(
+        &mut self,
+        out: &TensorRef,
+        seed: &Tensor<T>,
+    ) -> Result<Vec<Tensor<T>>> {
         self.check("backward_dense_all", out)?;
+        self.sync_leaves()?;
         Ok(self
             .builder
             .graph()
@@ -455,7 +393,7 @@ impl<T: Scalar> LinkedSession<T> {
     }
 
     /// [`backward_dense_all`](Self::backward_dense_all) from a scalar loss with seed 1.
-    pub fn backward_scalar_dense_all(&self, loss: &TensorRef) -> Result<Vec<Tensor<T>>> {
+    pub fn backward_scalar_dense_all(&mut self, loss: &TensorRef) -> Result<Vec<Tensor<T>>> {
         if !loss.shape.is_scalar() {
             return Err(Error::Shape {
                 what: "backward_scalar_dense_all",
@@ -485,7 +423,8 @@ impl<T: Scalar> LinkedSession<T> {
     }
 
     /// Tangents of every id given one tangent per leaf, in leaf order (`GraphData::jvp`).
-    pub fn jvp(&self, tangents: &[Tensor<T>]) -> Result<Vec<Tensor<T>>> {
+    pub fn jvp(&mut self, tangents: &[Tensor<T>]) -> Result<Vec<Tensor<T>>> {
+        self.sync_leaves()?;
         Ok(self
             .builder
             .graph()
@@ -495,7 +434,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// The tangent of `out` when leaf `leaf` moves along `tangent` and every other leaf is
     /// fixed. PyTorch: `torch.func.jvp` in one input.
     pub fn jvp_leaf(
-        &self,
+        &mut self,
         leaf: &TensorRef,
         tangent: Tensor<T>,
         out: &TensorRef,
@@ -525,7 +464,7 @@ impl<T: Scalar> LinkedSession<T> {
     }
 
     /// The derivative of `out` in a scalar leaf (tangent 1 on that leaf, 0 elsewhere).
-    pub fn jvp_scalar_leaf(&self, leaf: &TensorRef, out: &TensorRef) -> Result<Tensor<T>> {
+    pub fn jvp_scalar_leaf(&mut self, leaf: &TensorRef, out: &TensorRef) -> Result<Tensor<T>> {
         if !leaf.shape.is_scalar() {
             return Err(Error::Shape {
                 what: "jvp_scalar_leaf",
@@ -540,18 +479,31 @@ impl<T: Scalar> LinkedSession<T> {
 
     /// `opt`'s state for this session's parameters as named tensors. PyTorch:
     /// `optimizer.state_dict()`.
+    /// On a CUDA backend, the state of device steps is read back from the kept device.
     pub fn optimizer_state(&self, opt: &Optimizer) -> Result<crate::optim::StateDict> {
-        crate::optim::export_state::<T, SimDevice>(opt, &self.params, None)
+        let params = &self.params;
+        on_device!(self.devices, self.backend,
+            cpu => crate::optim::export_state::<T, SimDevice>(opt, params, None),
+            dev(d) => crate::optim::export_state(opt, params, d.as_ref()),
+        )
     }
 
     /// Load `state` (from `optimizer_state` of a session with the same parameter names) into
     /// `opt` for this session's parameters. PyTorch: `optimizer.load_state_dict(...)`.
+    /// On a CUDA backend the state is uploaded to the device the steps compile onto.
     pub fn load_optimizer_state(
         &mut self,
         opt: &mut Optimizer,
         state: &crate::optim::StateDict,
     ) -> Result<()> {
-        crate::optim::import_state::<T, SimDevice>(opt, &self.params, state, None)
+        // On a CUDA backend the state goes up to the kept device (made now if need be), where
+        // the device steps read it.
+        self.ensure_device()?;
+        let params = &self.params;
+        on_device!(self.devices, self.backend,
+            cpu => crate::optim::import_state::<T, SimDevice>(opt, params, state, None),
+            dev(mut d) => crate::optim::import_state(opt, params, state, d.as_mut()),
+        )
     }
 
     /// `w ← w − lr·g` for every trainable parameter used in this graph, from dense gradients
@@ -570,12 +522,8 @@ impl<T: Scalar> LinkedSession<T> {
                 got: grads.len(),
             });
         }
-        // Parameter index → its leaves, in leaf order (a parameter used twice sums both).
-        let mut by_param: HashMap<usize, Vec<usize>> = HashMap::new();
-        for (&leaf, &index) in &self.leaf_param {
-            if !self.params.slots[index].requires_grad {
-                continue;
-            }
+        let uses = self.trainable_uses();
+        for &leaf in uses.values().flatten() {
             let g = &grads[leaf];
             if g.shape() != self.leaves[leaf].shape() {
                 return Err(Error::Shape {
@@ -584,19 +532,19 @@ impl<T: Scalar> LinkedSession<T> {
                     got: g.shape().clone(),
                 });
             }
-            by_param.entry(index).or_default().push(leaf);
         }
-        let mut indices: Vec<usize> = by_param.keys().copied().collect();
-        indices.sort_unstable();
-        for index in indices {
-            let leaves = by_param.get_mut(&index).expect("collected above");
-            leaves.sort_unstable();
+        for (&index, leaves) in &uses {
+            // A parameter resident on a device is stepped on its host value, synced first;
+            // the mirror is made again from the new value on next use.
+            self.sync_param(index)?;
             let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &grads[l]).collect();
             let key = (self.params.session, index);
             let slot = &mut self.params.slots[index];
             opt.update_host(key, &mut slot.host, &gs)
                 .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
+            self.params.retire_mirror(index);
         }
+        self.release_retired();
         Ok(())
     }
 }
@@ -621,7 +569,11 @@ impl<T: Scalar> Ops for LinkedSession<T> {
     fn use_param(&mut self, p: &Param) -> Result<TensorRef> {
         let slot = self.params.slot("use_param", p)?;
         let (v, name, rg) = (slot.host.clone(), slot.name.clone(), slot.requires_grad);
+        // A value older than the device mirror is recorded as it is (a device step compiles
+        // the mirror in) and synced only when host code reads it.
+        let stale = slot.host_stale;
         let r = self.leaf(v, name.as_deref(), rg)?;
+        self.leaves_stale |= stale;
         self.leaf_param.insert(r.id, p.index);
         Ok(r)
     }
@@ -652,6 +604,7 @@ impl<T: Scalar> Ops for LinkedSession<T> {
 
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check("value", r)?;
+        self.sync_leaves()?;
         if r.id >= self.values.len() {
             let g = self.builder.graph();
             g.eval_into(&mut self.values, &self.leaves, &self.nats.values)?;

@@ -1,0 +1,302 @@
+//! Where a linked session's graph is compiled to, and what stays there between steps.
+//!
+//! The devices of the CUDA backends are kept between compiles, so a step's buffers come from
+//! their pools. Parameters live on that device as resident mirrors (as in the eager session):
+//! a compile borrows them as leaves instead of uploading host values, the optimizer updates
+//! them in place, and only the loss comes back. The host copy of a parameter is then stale;
+//! it is synced when something reads it (a parameter read, a pure evaluation of the graph, a
+//! host step, a move to another backend).
+
+use std::collections::BTreeMap;
+
+use tl_spec::{Scalar, Tensor};
+use tl_tape_cuda::{AnyBuffer, Buffer, CudaTape, Device, MemoryUsage, SimDevice, Traffic};
+
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+use crate::eager::cuda_unavailable;
+use crate::params::ParamStore;
+use crate::{Backend, Optimizer, Result};
+
+use super::{Compiled, CompiledTape, LinkedSession};
+
+/// Devices kept between the compiles of [`Train`](crate::Train) steps and reads.
+#[derive(Default)]
+pub(super) struct Devices {
+    pub(super) sim: Option<SimDevice>,
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    pub(super) cuda: Option<tl_tape_cuda::CudaDevice>,
+}
+
+/// Run `$body` with `$d` bound to the kept device of `$backend` (`&Option<D>`, or
+/// `&mut Option<D>` with `dev(mut d)`), or `$cpu` on the CPU backend (and on CUDA in a build
+/// without it).
+macro_rules! on_device {
+    ($devices:expr, $backend:expr, cpu => $cpu:expr, dev(mut $d:ident) => $body:expr $(,)?) => {
+        on_device!(@ $devices, $backend, $cpu, $d, $body, mut)
+    };
+    ($devices:expr, $backend:expr, cpu => $cpu:expr, dev($d:ident) => $body:expr $(,)?) => {
+        on_device!(@ $devices, $backend, $cpu, $d, $body,)
+    };
+    (@ $devices:expr, $backend:expr, $cpu:expr, $d:ident, $body:expr, $($m:tt)?) => {
+        match $backend {
+            Backend::Cpu => $cpu,
+            Backend::CudaSim => {
+                let $d = &$($m)? $devices.sim;
+                $body
+            }
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Backend::Cuda => {
+                let $d = &$($m)? $devices.cuda;
+                $body
+            }
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+            Backend::Cuda => $cpu,
+        }
+    };
+}
+pub(super) use on_device;
+
+/// Record the graph's leaves and nodes onto a CUDA tape: parameter leaves as the resident
+/// mirrors of `params` when `resident`, other leaves uploaded from their host values. The tape
+/// comes back even when replay fails, so its device (and the mirrors on it) is kept.
+fn replay_cuda<T: Scalar, D: Device>(
+    s: &mut LinkedSession<T>,
+    dev: D,
+    resident: bool,
+) -> (CudaTape<D>, Result<Vec<usize>>) {
+    let mut tape = CudaTape::new(dev);
+    tape.set_nats(s.nats.values.clone());
+    let g = s.builder.graph();
+    let mut leaves = Vec::with_capacity(g.leaves().len());
+    for (id, (leaf, value)) in g.leaves().iter().zip(&s.leaves).enumerate() {
+        let (name, rg) = (leaf.name.as_deref(), leaf.requires_grad);
+        let t = match s.leaf_param.get(&id) {
+            Some(&index) if resident => s
+                .params
+                .mirror(index, tape.device_mut())
+                .map(|m| tape.leaf_borrowed(m, name, rg)),
+            _ => tape.upload_leaf(value, name, rg).map_err(Into::into),
+        };
+        match t {
+            Ok(t) => leaves.push(t),
+            Err(e) => return (tape, Err(e)),
+        }
+    }
+    let map = g
+        .replay_nodes::<T, _>(&mut tape, leaves)
+        .map_err(Into::into);
+    (tape, map)
+}
+
+impl<T: Scalar> LinkedSession<T> {
+    /// Replay the graph onto `backend`'s kept device (made on first use), parameters as
+    /// resident mirrors. The device comes back through [`recycle`](Self::recycle); on a
+    /// failed replay it is kept here.
+    pub(crate) fn compile_reusing(&mut self, backend: Backend) -> Result<Compiled<T>> {
+        let mut devices = std::mem::take(&mut self.devices);
+        let compiled = self.compile_onto(backend, &mut devices, true);
+        self.devices = devices;
+        compiled
+    }
+
+    /// Replay onto the devices in `devices` (taken from there; a failed replay puts its
+    /// device back), parameters as resident mirrors when `resident`.
+    pub(super) fn compile_onto(
+        &mut self,
+        backend: Backend,
+        devices: &mut Devices,
+        resident: bool,
+    ) -> Result<Compiled<T>> {
+        match backend {
+            Backend::Cpu => {
+                let mut tape = tl_tape_cpu::Tape::new();
+                let g = self.builder.graph();
+                let map = g.replay(&mut tape, &self.leaves, &self.nats.values)?;
+                Ok(Compiled {
+                    tape: CompiledTape::Cpu(tape),
+                    map,
+                })
+            }
+            Backend::CudaSim => {
+                let dev = devices.sim.take().unwrap_or_default();
+                let (tape, map) = replay_cuda(self, dev, resident);
+                match map {
+                    Ok(map) => Ok(Compiled {
+                        tape: CompiledTape::CudaSim(tape),
+                        map,
+                    }),
+                    Err(e) => {
+                        devices.sim = Some(tape.into_device());
+                        Err(e)
+                    }
+                }
+            }
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Backend::Cuda => {
+                let dev = match devices.cuda.take() {
+                    Some(dev) => dev,
+                    None => crate::eager::cuda_device(self.deterministic)?,
+                };
+                let (tape, map) = replay_cuda(self, dev, resident);
+                match map {
+                    Ok(map) => Ok(Compiled {
+                        tape: CompiledTape::Cuda(tape),
+                        map,
+                    }),
+                    Err(e) => {
+                        devices.cuda = Some(tape.into_device());
+                        Err(e)
+                    }
+                }
+            }
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+            Backend::Cuda => {
+                let _ = (devices, resident);
+                Err(cuda_unavailable())
+            }
+        }
+    }
+
+    /// Make the current backend's kept device if there is none yet.
+    pub(super) fn ensure_device(&mut self) -> Result<()> {
+        match self.backend {
+            Backend::Cpu => {}
+            Backend::CudaSim => {
+                self.devices.sim.get_or_insert_with(SimDevice::default);
+            }
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Backend::Cuda => {
+                if self.devices.cuda.is_none() {
+                    self.devices.cuda = Some(crate::eager::cuda_device(self.deterministic)?);
+                }
+            }
+            #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+            Backend::Cuda => return Err(cuda_unavailable()),
+        }
+        Ok(())
+    }
+
+    /// Hand a compiled tape's device back for the next [`compile_reusing`](Self::compile_reusing).
+    pub(crate) fn recycle(&mut self, compiled: Compiled<T>) {
+        match compiled.tape {
+            CompiledTape::Cpu(_) => {}
+            CompiledTape::CudaSim(t) => self.devices.sim = Some(t.into_device()),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            CompiledTape::Cuda(t) => self.devices.cuda = Some(t.into_device()),
+        }
+    }
+
+    /// The allocator counters of the device the steps of the current backend compile onto
+    /// (kept between steps); `None` on the CPU or before the first step or read.
+    pub fn memory_usage(&self) -> Option<MemoryUsage> {
+        self.device_counters().map(|(m, _)| m)
+    }
+
+    /// The kernel launches and host↔device copies of that same device
+    /// ([`memory_usage`](Self::memory_usage)'s); `None` likewise.
+    pub fn traffic(&self) -> Option<Traffic> {
+        self.device_counters().map(|(_, t)| t)
+    }
+
+    fn device_counters(&self) -> Option<(MemoryUsage, Traffic)> {
+        fn read<D: Device>(d: &Option<D>) -> Option<(MemoryUsage, Traffic)> {
+            d.as_ref().map(|d| (d.memory_usage(), d.traffic()))
+        }
+        on_device!(self.devices, self.backend, cpu => None, dev(d) => read(d))
+    }
+
+    /// Parameter `index`'s host value made current (downloaded from the resident mirror when
+    /// a device step changed it).
+    pub(super) fn sync_param(&mut self, index: usize) -> Result<()> {
+        let params = &mut self.params;
+        on_device!(self.devices, self.backend,
+            cpu => params.sync::<SimDevice>(index, None),
+            dev(d) => params.sync(index, d.as_ref()),
+        )
+    }
+
+    /// Make the recorded parameter leaves' host values current (the pure evaluations, the
+    /// host step and a move to another backend read them).
+    pub(super) fn sync_leaves(&mut self) -> Result<()> {
+        if !self.leaves_stale {
+            return Ok(());
+        }
+        let pairs: Vec<(usize, usize)> = self.leaf_param.iter().map(|(&l, &i)| (l, i)).collect();
+        for (leaf, index) in pairs {
+            self.sync_param(index)?;
+            self.leaves[leaf] = self.params.slots[index].host.clone();
+        }
+        self.leaves_stale = false;
+        self.values.clear();
+        Ok(())
+    }
+
+    /// Bring every parameter home from the current backend's device (synced, mirrors
+    /// released): before the session compiles onto another one.
+    pub(super) fn unload_params(&mut self) -> Result<()> {
+        self.sync_leaves()?;
+        let params = &mut self.params;
+        on_device!(self.devices, self.backend,
+            cpu => Ok(()),
+            dev(mut d) => match d.as_mut() {
+                Some(d) => params.unload(d),
+                None => Ok(()),
+            },
+        )
+    }
+
+    /// Release the mirrors a host write retired, on the current backend's device.
+    pub(super) fn release_retired(&mut self) {
+        let params = &mut self.params;
+        on_device!(self.devices, self.backend,
+            cpu => {},
+            dev(mut d) => if let Some(d) = d.as_mut() {
+                params.release_retired(d);
+            },
+        )
+    }
+
+    /// For each trainable parameter used in this graph, its leaves in leaf order (a parameter
+    /// used twice gets the sum of both leaves' gradients), by parameter index.
+    pub(crate) fn trainable_uses(&self) -> BTreeMap<usize, Vec<usize>> {
+        let mut by_param: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (&leaf, &index) in &self.leaf_param {
+            if self.params.slots[index].requires_grad {
+                by_param.entry(index).or_default().push(leaf);
+            }
+        }
+        by_param.values_mut().for_each(|l| l.sort_unstable());
+        by_param
+    }
+}
+
+/// One training step on a compiled CUDA tape: the loss is read back (the step's only
+/// download), gradients flow to the trainable parameter leaves only, and `opt` updates each
+/// parameter's resident mirror on the device.
+pub(crate) fn step_on_tape<T: Scalar, D: Device>(
+    params: &mut ParamStore<T>,
+    uses: &BTreeMap<usize, Vec<usize>>,
+    tape: &mut CudaTape<D>,
+    map: &[usize],
+    loss: usize,
+    opt: &mut Optimizer,
+) -> Result<Tensor<T>> {
+    let to = map[loss];
+    let value = tape.read(to)?;
+    let wanted: Vec<usize> = uses.values().flatten().map(|&l| map[l]).collect();
+    // The 1 of a scalar loss is filled on the device, not copied each step.
+    let seed = AnyBuffer::upload_or_fill(tape.device_mut(), &Tensor::scalar(T::one()))?;
+    let grads = tape.backward_params(to, &seed, &wanted);
+    seed.release(tape.device_mut());
+    let grads = grads?;
+    let mut r = Ok(());
+    for (&index, leaves) in uses {
+        let gs: Vec<Buffer> = leaves.iter().map(|&l| grads[&map[l]].buffer()).collect();
+        r = params.step_on_device(tape.device_mut(), opt, index, &gs);
+        if r.is_err() {
+            break;
+        }
+    }
+    tape.release_grad_map(grads);
+    r.map(|()| value)
+}
