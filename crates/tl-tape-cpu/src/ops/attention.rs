@@ -18,7 +18,7 @@ use tl_spec::ops::attention::mha::{Dims, mha_dims};
 use tl_spec::ops::attention::{Mask, masked_softmax_shape};
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, check_arity, check_shape, dot_slice, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_shape, dot_slice, tensor, wrong_family};
 use crate::Result;
 use crate::gemm::{Mat, matmul, rows, rows_mut};
 
@@ -135,7 +135,11 @@ pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
     }
     let mut z = T::zero();
     for (j, v) in row.iter_mut().enumerate() {
-        *v = if ok(j) { (*v - m).exp() } else { T::zero() };
+        *v = if ok(j) {
+            approx::exp(*v - m)
+        } else {
+            T::zero()
+        };
         z += *v;
     }
     let inv = T::one() / z;

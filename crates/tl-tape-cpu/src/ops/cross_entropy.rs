@@ -7,7 +7,7 @@ use tl_ir::Op;
 use tl_spec::ops::index::try_nat_vec_at;
 use tl_spec::{Scalar, Shape, Tensor};
 
-use super::{Grads, check_arity, check_shape, out_shape, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_shape, out_shape, tensor, wrong_family};
 use crate::Result;
 
 /// Forward value of `crossEntropy`.
@@ -44,7 +44,7 @@ pub fn backward<T: Scalar>(
         if l < c {
             let z = lse(row);
             for (d, &v) in d.iter_mut().zip(row) {
-                *d = (v - z).exp() * k;
+                *d = approx::exp(v - z) * k;
             }
             d[l] -= k;
         }
@@ -75,7 +75,7 @@ fn lse<T: Scalar>(row: &[T]) -> T {
     let m = row.iter().copied().fold(T::neg_infinity(), T::max);
     let mut s = T::zero();
     for &v in row {
-        s += (v - m).exp();
+        s += approx::exp(v - m);
     }
     m + s.ln()
 }

@@ -12,7 +12,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, check_arity, check_shape, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
 use crate::Result;
 
 /// Forward value of a pointwise op (or `detach`, `constant`).
@@ -32,7 +32,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         }
         Abs => x[0].map(|v| v.abs()),
         Sqrt => x[0].map(|v| v.max(T::zero()).sqrt()),
-        Exp => x[0].map(|v| v.exp()),
+        Exp => x[0].map(approx::exp),
         Log => log(op, x[0])?,
         Inv => x[0].map(|v| T::one() / v),
         Relu => x[0].map(|v| if v > T::zero() { v } else { T::zero() }),

@@ -28,6 +28,7 @@
 //! shapes rather than panic.
 
 pub mod activation;
+mod approx;
 pub mod attention;
 pub mod concat;
 pub mod conv;

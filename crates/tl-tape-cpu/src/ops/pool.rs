@@ -17,7 +17,7 @@ use tl_ir::Op;
 use tl_spec::{Scalar, Shape, Tensor};
 
 use super::window::{Geometry, PAD, Table, bad, split};
-use super::{Grads, check_arity, check_shape, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
 use crate::Result;
 
 #[derive(Clone, Copy)]
@@ -156,7 +156,7 @@ impl<T: Scalar> Scratch<T> {
             let row = &t.idx[k * ol..(k + 1) * ol];
             for ((&i, &p), s) in row.iter().zip(&self.best).zip(&mut self.sum) {
                 let v = if i == PAD { T::zero() } else { plane[i] };
-                *s += (beta * (v - p)).exp();
+                *s += approx::exp(beta * (v - p));
             }
         }
     }
@@ -259,7 +259,7 @@ pub fn backward<T: Scalar>(
                     let row = t.idx[k * ol..(k + 1) * ol].iter();
                     for (((&i, &gv), &pv), &z) in row.zip(gp).zip(&s.best).zip(&s.sum) {
                         if i != PAD {
-                            dp[i] += gv * (beta * (plane[i] - pv)).exp() / z;
+                            dp[i] += gv * approx::exp(beta * (plane[i] - pv)) / z;
                         }
                     }
                 }

@@ -9,7 +9,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, check_arity, check_shape, dot_slice, sum_slice, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_shape, dot_slice, sum_slice, tensor, wrong_family};
 use crate::Result;
 
 /// Forward value of `softmax` / `logSoftmax`.
@@ -31,7 +31,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         if log {
             let lse = o
                 .iter()
-                .map(|&v| v.exp())
+                .map(|&v| approx::exp(v))
                 .fold(T::zero(), |a, b| a + b)
                 .ln();
             for o in o.iter_mut() {
@@ -39,7 +39,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             }
         } else {
             for o in o.iter_mut() {
-                *o = o.exp();
+                *o = approx::exp(*o);
             }
             let inv = T::one() / sum_slice(o);
             for o in o.iter_mut() {
@@ -73,7 +73,7 @@ pub fn backward<T: Scalar>(
         if log {
             let s = sum_slice(gr);
             for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
-                *d = g - y.exp() * s;
+                *d = g - approx::exp(y) * s;
             }
         } else {
             let dot = dot_slice(yr, gr);
