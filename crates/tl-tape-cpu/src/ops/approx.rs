@@ -1,6 +1,9 @@
 //! `exp` for the f32 kernels in straight-line arithmetic (selects, no calls), so a loop over a
-//! slice compiles to SIMD; f64 keeps libm, the precise path. Used by the softmax family
-//! (softmax, log-softmax, masked softmax, attention, cross-entropy, smooth max-pool) and `exp`.
+//! slice compiles to SIMD; f64 keeps libm, the precise path. Used where the loop is a map
+//! (softmax and the attention's probabilities, whose sum is a separate loop; the softmax,
+//! log-softmax, cross-entropy and smooth max-pool backward passes; `exp`). A loop that sums as
+//! it goes stays scalar whatever `exp` it calls, and there libm's `expf` (table-driven) is the
+//! faster one, so those keep it.
 //!
 //! Accuracy, checked below on a dense sweep against the f64 `exp`: within 2 ulp (subnormal
 //! results within 1e-45 absolute); NaN stays NaN, ±∞ give what libm gives. `tl verify
@@ -34,7 +37,10 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     const MAX: f32 = 88.722_83; // e^MAX just below f32::MAX
     const MIN: f32 = -103.972_08; // e^MIN rounds to the smallest subnormal
     let xc = x.clamp(MIN, MAX); // NaN passes through clamp and is selected back below
-    let n = (xc * std::f32::consts::LOG2_E).round();
+    // Round to nearest by the 1.5·2²³ shift (|x·log₂e| < 2²²): `f32::round` is a libm call
+    // on baseline x86-64 (no SSE4.1), which would stop the loop from vectorizing.
+    const SHIFT: f32 = 12_582_912.0;
+    let n = (xc * std::f32::consts::LOG2_E + SHIFT) - SHIFT;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4_f32;
     p = p * r + 1.398_199_9e-3;

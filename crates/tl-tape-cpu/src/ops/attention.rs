@@ -18,7 +18,7 @@ use tl_spec::ops::attention::mha::{Dims, mha_dims};
 use tl_spec::ops::attention::{Mask, masked_softmax_shape};
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, approx, check_arity, check_shape, dot_slice, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_shape, dot_slice, sum_slice, tensor, wrong_family};
 use crate::Result;
 use crate::gemm::{Mat, matmul, rows, rows_mut};
 
@@ -133,15 +133,21 @@ pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
         row.fill(T::zero());
         return;
     }
-    let mut z = T::zero();
-    for (j, v) in row.iter_mut().enumerate() {
-        *v = if ok(j) {
-            approx::exp(*v - m)
-        } else {
-            T::zero()
-        };
-        z += *v;
+    // Exponentials first, then the sum: two loops the compiler vectorizes (one loop that
+    // also accumulated would stay scalar).
+    match allowed {
+        None => row.iter_mut().for_each(|v| *v = approx::exp(*v - m)),
+        Some(_) => {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = if ok(j) {
+                    approx::exp(*v - m)
+                } else {
+                    T::zero()
+                };
+            }
+        }
     }
+    let z = sum_slice(row);
     let inv = T::one() / z;
     for v in row.iter_mut() {
         *v *= inv;
