@@ -56,10 +56,32 @@ macro_rules! on_device {
 }
 pub(super) use on_device;
 
-/// Record the graph's leaves and nodes onto a CUDA tape: parameter leaves as the resident
-/// mirrors of `params` when `resident`, other leaves uploaded from their host values. The tape
-/// comes back even when replay fails, so its device (and the mirrors on it) is kept.
+/// Record the graph's leaves and nodes onto a CUDA tape on `dev`: parameter leaves as their
+/// resident mirrors when `resident`, other leaves uploaded from their host values; `wrap`
+/// names the compiled tape's variant. A failed replay puts the device back into `slot`, so it
+/// (and the mirrors on it) is kept.
 fn replay_cuda<T: Scalar, D: Device>(
+    s: &mut LinkedSession<T>,
+    dev: D,
+    resident: bool,
+    slot: &mut Option<D>,
+    wrap: fn(CudaTape<D>) -> CompiledTape<T>,
+) -> Result<Compiled<T>> {
+    let (tape, map) = replay_cuda_leaves(s, dev, resident);
+    match map {
+        Ok(map) => Ok(Compiled {
+            tape: wrap(tape),
+            map,
+        }),
+        Err(e) => {
+            *slot = Some(tape.into_device());
+            Err(e)
+        }
+    }
+}
+
+/// [`replay_cuda`]'s replay; the tape comes back whatever the outcome.
+fn replay_cuda_leaves<T: Scalar, D: Device>(
     s: &mut LinkedSession<T>,
     dev: D,
     resident: bool,
@@ -119,17 +141,7 @@ impl<T: Scalar> LinkedSession<T> {
             }
             Backend::CudaSim => {
                 let dev = devices.sim.take().unwrap_or_default();
-                let (tape, map) = replay_cuda(self, dev, resident);
-                match map {
-                    Ok(map) => Ok(Compiled {
-                        tape: CompiledTape::CudaSim(tape),
-                        map,
-                    }),
-                    Err(e) => {
-                        devices.sim = Some(tape.into_device());
-                        Err(e)
-                    }
-                }
+                replay_cuda(self, dev, resident, &mut devices.sim, CompiledTape::CudaSim)
             }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => {
@@ -137,17 +149,7 @@ impl<T: Scalar> LinkedSession<T> {
                     Some(dev) => dev,
                     None => crate::eager::cuda_device(self.deterministic)?,
                 };
-                let (tape, map) = replay_cuda(self, dev, resident);
-                match map {
-                    Ok(map) => Ok(Compiled {
-                        tape: CompiledTape::Cuda(tape),
-                        map,
-                    }),
-                    Err(e) => {
-                        devices.cuda = Some(tape.into_device());
-                        Err(e)
-                    }
-                }
+                replay_cuda(self, dev, resident, &mut devices.cuda, CompiledTape::Cuda)
             }
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => {

@@ -40,11 +40,36 @@ fn close(a: &Tensor<f32>, b: &Tensor<f32>, what: &str) {
     }
 }
 
-fn params_of(s: &mut LinkedSession<f32>, mlp: &Mlp) -> Vec<Tensor<f32>> {
-    mlp.params()
-        .iter()
-        .map(|p| s.param_value(p).unwrap())
-        .collect()
+/// The two sessions' losses agree.
+fn same_losses(lc: &[f64], ld: &[f64], what: &str) {
+    assert_eq!(lc.len(), ld.len(), "{what}");
+    for (a, b) in lc.iter().zip(ld) {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.max(1.0),
+            "{what}: {lc:?} vs {ld:?}"
+        );
+    }
+}
+
+/// The two sessions' parameter values (read through `param_value`) agree.
+fn same_params(
+    cpu: &mut LinkedSession<f32>,
+    mlp_c: &Mlp,
+    dev: &mut LinkedSession<f32>,
+    mlp_d: &Mlp,
+    what: &str,
+) {
+    let read = |s: &mut LinkedSession<f32>, mlp: &Mlp| -> Vec<Tensor<f32>> {
+        mlp.params()
+            .iter()
+            .map(|p| s.param_value(p).unwrap())
+            .collect()
+    };
+    let (pc, pd) = (read(cpu, mlp_c), read(dev, mlp_d));
+    assert_eq!(pc.len(), pd.len(), "{what}");
+    for (i, (a, b)) in pc.iter().zip(&pd).enumerate() {
+        close(a, b, &format!("{what}: param {i}"));
+    }
 }
 
 #[test]
@@ -55,12 +80,7 @@ fn device_steps_keep_parameters_resident_and_host_reads_see_the_newest_values() 
         train(&mut cpu, &mlp_c, &mut opt_c, 4),
         train(&mut dev, &mlp_d, &mut opt_d, 4),
     );
-    for (a, b) in lc.iter().zip(&ld) {
-        assert!(
-            (a - b).abs() <= 1e-5 * a.max(1.0),
-            "losses {lc:?} vs {ld:?}"
-        );
-    }
+    same_losses(&lc, &ld, "losses");
     // A graph recorded after device steps evaluates and differentiates purely on the host
     // with the newest parameters (the leaves were recorded stale and are synced).
     let (x, y) = regression_grid::<f32>(6);
@@ -82,13 +102,7 @@ fn device_steps_keep_parameters_resident_and_host_reads_see_the_newest_values() 
         close(a, b, &format!("pure gradient of id {i}"));
     }
     // Parameter reads download the device's values.
-    for (i, (a, b)) in params_of(&mut cpu, &mlp_c)
-        .iter()
-        .zip(&params_of(&mut dev, &mlp_d))
-        .enumerate()
-    {
-        close(a, b, &format!("param {i}"));
-    }
+    same_params(&mut cpu, &mlp_c, &mut dev, &mlp_d, "read");
     // Momentum buffers: exported from the device, the host's values.
     let (sc, sd) = (
         cpu.optimizer_state(&opt_c).unwrap(),
@@ -118,12 +132,7 @@ fn host_writes_host_steps_and_backend_moves_follow_the_device_values() {
         train(&mut cpu, &mlp_c, &mut opt_c, 2),
         train(&mut dev, &mlp_d, &mut opt_d, 2),
     );
-    for (a, b) in lc.iter().zip(&ld) {
-        assert!(
-            (a - b).abs() <= 1e-5 * a.max(1.0),
-            "after set_param: {lc:?} vs {ld:?}"
-        );
-    }
+    same_losses(&lc, &ld, "after set_param");
     // A host step (dense gradients from the pure backprop) starts from the synced values.
     let (x, y) = regression_grid::<f32>(6);
     let mut sgd = Optimizer::sgd(0.05).unwrap();
@@ -133,13 +142,7 @@ fn host_writes_host_steps_and_backend_moves_follow_the_device_values() {
         let g = s.backward_scalar_dense_all(&loss).unwrap();
         s.step(&mut sgd, &g).unwrap();
     }
-    for (i, (a, b)) in params_of(&mut cpu, &mlp_c)
-        .iter()
-        .zip(&params_of(&mut dev, &mlp_d))
-        .enumerate()
-    {
-        close(a, b, &format!("after a host step: param {i}"));
-    }
+    same_params(&mut cpu, &mlp_c, &mut dev, &mlp_d, "after a host step");
     // A device step after the host step uploads the new host values, not the old mirrors.
     let mut sgd_c = Optimizer::sgd(0.05).unwrap();
     let mut sgd_d = Optimizer::sgd(0.05).unwrap();
@@ -147,24 +150,14 @@ fn host_writes_host_steps_and_backend_moves_follow_the_device_values() {
         train(&mut cpu, &mlp_c, &mut sgd_c, 2),
         train(&mut dev, &mlp_d, &mut sgd_d, 2),
     );
-    for (a, b) in lc.iter().zip(&ld) {
-        assert!(
-            (a - b).abs() <= 1e-5 * a.max(1.0),
-            "after a host step: {lc:?} vs {ld:?}"
-        );
-    }
+    same_losses(&lc, &ld, "after a host step");
     // Moving to the CPU brings the parameters home; training goes on from them.
     dev.set_backend(Backend::Cpu).unwrap();
     let (lc, ld) = (
         train(&mut cpu, &mlp_c, &mut sgd_c, 2),
         train(&mut dev, &mlp_d, &mut sgd_d, 2),
     );
-    for (a, b) in lc.iter().zip(&ld) {
-        assert!(
-            (a - b).abs() <= 1e-5 * a.max(1.0),
-            "after the move: {lc:?} vs {ld:?}"
-        );
-    }
+    same_losses(&lc, &ld, "after the move");
     assert!(
         dev.memory_usage().is_none(),
         "the CPU backend has no device"
