@@ -8,9 +8,12 @@
 //! - [`ops`]: one module per op family, each op's value, `*_vjp` and `*_jvp` side by side
 //! - [`rng`]: the counter-based SplitMix64 keying every backend shares
 //! - [`Error`]: every message names the op and the shapes
+//! - [`approx`]: f32 `exp` and `tanh` in straight-line arithmetic, shared bit for bit by the
+//!   CPU kernels, the CUDA simulation device and the CUDA kernels
 //! - [`alloc`]: the allocation cap every buffer whose size comes from input is checked against
 
 pub mod alloc;
+pub mod approx;
 pub mod broadcast;
 mod error;
 pub mod ops;

@@ -1,12 +1,14 @@
 //! `gelu` (tanh approximation, as PyTorch's `approximate="tanh"`) and `silu`: one pass over
 //! contiguous slices each, forward and backward. Both are stable for large |x|: tanh and the
 //! sigmoid saturate, and the GELU derivative drops its second term once tanh has saturated.
+//! In f32 the GELU's tanh is [`approx::tanh`] (the loops vectorize), the one the simulation
+//! device and the CUDA kernel use, so all three give the same bits.
 
 use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Scalar, Tensor};
 
-use super::{Grads, check_arity, check_shape, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
 use crate::Result;
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -17,7 +19,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     check_arity(op, x)?;
     let (c, a, half) = (T::lit(SQRT_2_OVER_PI), T::lit(GELU_CUBIC), T::lit(0.5));
     match op {
-        Op::Gelu => Ok(x[0].map(|v| half * v * (T::one() + (c * (v + a * v * v * v)).tanh()))),
+        Op::Gelu => Ok(x[0].map(|v| half * v * (T::one() + approx::tanh(c * (v + a * v * v * v))))),
         Op::Silu => Ok(x[0].map(|v| v * sigmoid(v))),
         _ => Err(wrong_family(op, "activation")),
     }
@@ -44,7 +46,7 @@ pub fn backward<T: Scalar>(
     let dx: Vec<T> = match op {
         Op::Gelu => pairs
             .map(|(&v, &g)| {
-                let t = (c * (v + a * v * v * v)).tanh();
+                let t = approx::tanh(c * (v + a * v * v * v));
                 let sech2 = one - t * t;
                 let tail = if sech2 == T::zero() {
                     T::zero()

@@ -1,66 +1,43 @@
-//! `exp` for the f32 kernels in straight-line arithmetic (selects, no calls), so a loop over a
-//! slice compiles to SIMD; f64 keeps libm, the precise path. Used where the loop is a map
-//! (softmax and the attention's probabilities, whose sum is a separate loop; the softmax,
-//! log-softmax, cross-entropy and smooth max-pool backward passes; `exp`). A loop that sums as
-//! it goes stays scalar whatever `exp` it calls, and there libm's `expf` (table-driven) is the
-//! faster one, so those keep it.
+//! The f32 kernels' `exp` and `tanh`: [`tl_spec::approx`]'s straight-line versions (selects, no
+//! calls), so a loop over a slice compiles to SIMD; f64 keeps libm, the precise path.
 //!
-//! Accuracy, checked below on a dense sweep against the f64 `exp`: within 2 ulp (subnormal
-//! results within 1e-45 absolute); NaN stays NaN, ±∞ give what libm gives. `tl verify
-//! --backend cuda-sim` keeps these ops within its 8 ulp of the simulation device (which uses
-//! libm, as the CUDA kernels use CUDA's `expf`).
-//!
-//! Not here: `tanh`. libm's scalar `tanhf` (through `expm1f`) is 39% of the transformer step
-//! (its gelu), but `1 ± tanh` and `1 − tanh²` in the gelu and tanh formulas cancel, so any
-//! other tanh, even one within 2 ulp, puts the CPU tape 9–37 ulp from the simulation device,
-//! beyond the harness's 8 (docs/performance.md).
+//! - `exp` where the loop is a map (softmax and the attention's probabilities, whose sum is a
+//!   separate loop; the softmax, log-softmax, cross-entropy and smooth max-pool backward
+//!   passes; `exp`). A loop that sums as it goes stays scalar whatever `exp` it calls, and there
+//!   libm's `expf` (table-driven) is the faster one, so those keep it. `tl verify --backend
+//!   cuda-sim` keeps these ops within its 8 ulp of the simulation device (libm there).
+//! - `tanh` in `gelu` only, forward and backward. Its formulas cancel (`1 + tanh u` near
+//!   u = −2.5, `1 − tanh²`), so the CPU tape can only leave libm where the simulation device
+//!   and the CUDA kernel compute the very same tanh: they do (`tl_spec::approx::tanh_f32` and
+//!   its twin in `kernels/activation.cu`), and the three agree bit for bit. The `tanh` op
+//!   itself keeps libm on every side.
 
 use tl_spec::Scalar;
+use tl_spec::approx::{exp_f32, tanh_f32};
+
+/// Whether `T` is f32 (the other [`Scalar`] is f64).
+#[inline(always)]
+fn is_f32<T: Scalar>() -> bool {
+    size_of::<T>() == 4
+}
 
 /// `e^v`: [`exp_f32`] for f32, libm for f64.
 #[inline(always)]
 pub(crate) fn exp<T: Scalar>(v: T) -> T {
-    if size_of::<T>() == 4 {
+    if is_f32::<T>() {
         T::lit(f64::from(exp_f32(v.as_f64() as f32)))
     } else {
         v.exp()
     }
 }
 
-/// `e^x` in f32: x = n·ln 2 + r with |r| ≤ ln 2 / 2 (Cody–Waite, two-part ln 2), a degree-6
-/// polynomial for e^r (Cephes' `expf` coefficients), then two scalings by powers of two so
-/// that n from −150 to 128 needs no special case (results below 2⁻¹²⁶ round as subnormals).
+/// `tanh v`: [`tanh_f32`] for f32, libm for f64.
 #[inline(always)]
-pub(crate) fn exp_f32(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const MAX: f32 = 88.722_83; // e^MAX just below f32::MAX
-    const MIN: f32 = -103.972_08; // e^MIN rounds to the smallest subnormal
-    let xc = x.clamp(MIN, MAX); // NaN passes through clamp and is selected back below
-    // Round to nearest by the 1.5·2²³ shift (|x·log₂e| < 2²²): `f32::round` is a libm call
-    // on baseline x86-64 (no SSE4.1), which would stop the loop from vectorizing.
-    const SHIFT: f32 = 12_582_912.0;
-    let n = (xc * std::f32::consts::LOG2_E + SHIFT) - SHIFT;
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let er = p * r * r + r + 1.0;
-    let n = n as i32;
-    let (n1, n2) = (n / 2, n - n / 2);
-    let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
-    let y = er * pow2(n1) * pow2(n2);
-    if x > MAX {
-        f32::INFINITY
-    } else if x < MIN {
-        0.0
-    } else if x.is_nan() {
-        x
+pub(crate) fn tanh<T: Scalar>(v: T) -> T {
+    if is_f32::<T>() {
+        T::lit(f64::from(tanh_f32(v.as_f64() as f32)))
     } else {
-        y
+        v.tanh()
     }
 }
 
@@ -68,69 +45,13 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
 mod tests {
     use super::*;
 
-    /// Every f32 in [lo, hi] with a stride of `step` bit patterns, plus the ends.
-    fn sweep(lo: f32, hi: f32, step: u32) -> Vec<f32> {
-        let mut out = Vec::new();
-        let mut push_range = |a: f32, b: f32| {
-            // Bit patterns are monotonic in magnitude for one sign.
-            let (a, b) = (a.to_bits(), b.to_bits());
-            let (a, b) = (a.min(b), a.max(b));
-            let mut k = a;
-            while k <= b {
-                out.push(f32::from_bits(k));
-                k = match k.checked_add(step) {
-                    Some(k) => k,
-                    None => break,
-                };
-            }
-        };
-        if lo < 0.0 {
-            push_range(-0.0, lo);
-        }
-        if hi > 0.0 {
-            push_range(0.0, hi);
-        }
-        out
-    }
-
-    fn ulps(got: f32, want: f64) -> f64 {
-        let w = want as f32;
-        let spacing = f64::from(f32::from_bits(w.abs().to_bits() + 1)) - f64::from(w.abs());
-        (f64::from(got) - want).abs() / spacing
-    }
-
     #[test]
-    fn exp_is_within_two_ulp_of_the_f64_exp_everywhere() {
-        let mut worst = (0.0, 0.0f32);
-        for x in sweep(-103.9, 88.72, 97) {
-            let (got, want) = (exp_f32(x), f64::from(x).exp());
-            if want < f64::from(f32::MIN_POSITIVE) {
-                assert!(
-                    (f64::from(got) - want).abs() <= 1.5e-45,
-                    "exp({x}) = {got}, {want}"
-                );
-                continue;
-            }
-            let u = ulps(got, want);
-            if u > worst.0 {
-                worst = (u, x);
-            }
-        }
-        assert!(worst.0 <= 2.0, "worst {} ulp at {}", worst.0, worst.1);
-        assert_eq!(exp_f32(0.0), 1.0);
-        assert_eq!(exp_f32(-0.0), 1.0);
-        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
-        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_f32(89.0), f32::INFINITY);
-        assert_eq!(exp_f32(-104.0), 0.0);
-        assert!(exp_f32(f32::NAN).is_nan());
-        assert!(exp_f32(88.72).is_finite());
-    }
-
-    #[test]
-    fn the_generic_face_takes_the_f32_path_for_f32_and_libm_for_f64() {
+    fn the_generic_faces_take_the_f32_path_for_f32_and_libm_for_f64() {
         let x = 0.731_f64;
         assert_eq!(exp(x), x.exp());
+        assert_eq!(tanh(x), x.tanh());
         assert_eq!(exp(x as f32), exp_f32(x as f32));
+        assert_eq!(tanh(x as f32), tanh_f32(x as f32));
+        assert_eq!(tanh(-2.5f32), tanh_f32(-2.5));
     }
 }

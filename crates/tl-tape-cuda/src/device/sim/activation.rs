@@ -1,6 +1,8 @@
 //! Per-element bodies of the activation kernels (`kernels/activation.cu`): GELU in PyTorch's
 //! tanh form and SiLU, forward and backward, with the kernels' operation order.
 
+use tl_spec::approx::tanh_f32;
+
 use super::pointwise::sigmoid;
 
 /// √(2/π) as the kernel's `f32` literal.
@@ -8,9 +10,10 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// The GELU cubic coefficient.
 const GELU_CUBIC: f32 = 0.044_715;
 
-/// `tanh(√(2/π)(v + 0.044715·v³))`, the cubic as `((a·v)·v)·v`.
+/// `tanh(√(2/π)(v + 0.044715·v³))`, the cubic as `((a·v)·v)·v`; the tanh is
+/// [`tanh_f32`] (the kernel's `tl_tanh_approx`, and the CPU tape's f32 gelu), not libm's.
 fn gelu_t(v: f32) -> f32 {
-    (SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)).tanh()
+    tanh_f32(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v))
 }
 
 /// `0.5·v·(1 + t)`.
