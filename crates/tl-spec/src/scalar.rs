@@ -72,10 +72,12 @@ pub enum TypedMut<'a> {
 impl Scalar for f32 {
     const NAME: &'static str = "f32";
 
+    #[inline(always)]
     fn lit(v: f64) -> Self {
         v as f32
     }
 
+    #[inline(always)]
     fn as_f64(self) -> f64 {
         f64::from(self)
     }
@@ -92,10 +94,12 @@ impl Scalar for f32 {
 impl Scalar for f64 {
     const NAME: &'static str = "f64";
 
+    #[inline(always)]
     fn lit(v: f64) -> Self {
         v
     }
 
+    #[inline(always)]
     fn as_f64(self) -> f64 {
         self
     }

@@ -7,6 +7,8 @@
 //! - [`ops`]: the CPU kernels, one module per op family.
 //! - [`gemm`]: the one matrix product they use (micro-kernel chosen at run time for the CPU) and
 //!   its thread knob, [`set_threads`] / `TL_NUM_THREADS`.
+//! - [`simd`]: the instruction set of the element-wise loops, chosen at run time (AVX-512,
+//!   AVX2 or the baseline; `TL_SIMD` / [`simd::set_level`] force one).
 //! - [`CustomOp`] / [`ClosureOp`]: user-defined ops.
 //! - [`Error`]: names the op and the shapes.
 
@@ -18,6 +20,7 @@ mod custom;
 mod error;
 pub mod gemm;
 pub mod ops;
+pub mod simd;
 mod tape;
 
 pub use custom::{ClosureOp, CustomOp};

@@ -8,7 +8,9 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Scalar, Tensor};
 
-use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
+use super::{
+    Grads, Map1, Map2, approx, check_arity, check_shape, map_simd, tensor, wrong_family, zip_simd,
+};
 use crate::Result;
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -17,9 +19,8 @@ const GELU_CUBIC: f64 = 0.044_715;
 /// Forward value of `gelu` / `silu`.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     check_arity(op, x)?;
-    let (c, a, half) = (T::lit(SQRT_2_OVER_PI), T::lit(GELU_CUBIC), T::lit(0.5));
     match op {
-        Op::Gelu => Ok(x[0].map(|v| half * v * (T::one() + approx::tanh(c * (v + a * v * v * v))))),
+        Op::Gelu => tensor(x[0].shape().clone(), map_simd(x[0].data(), Gelu::new())),
         Op::Silu => Ok(x[0].map(|v| v * sigmoid(v))),
         _ => Err(wrong_family(op, "activation")),
     }
@@ -36,26 +37,10 @@ pub fn backward<T: Scalar>(
     let s = x[0].shape();
     check_shape(op, "output", y, s)?;
     check_shape(op, "cotangent", g, s)?;
-    let (c, a, half, one) = (
-        T::lit(SQRT_2_OVER_PI),
-        T::lit(GELU_CUBIC),
-        T::lit(0.5),
-        T::one(),
-    );
+    let one = T::one();
     let pairs = x[0].data().iter().zip(g.data());
     let dx: Vec<T> = match op {
-        Op::Gelu => pairs
-            .map(|(&v, &g)| {
-                let t = approx::tanh(c * (v + a * v * v * v));
-                let sech2 = one - t * t;
-                let tail = if sech2 == T::zero() {
-                    T::zero()
-                } else {
-                    half * v * sech2 * c * (one + T::lit(3.0) * a * v * v)
-                };
-                (half * (one + t) + tail) * g
-            })
-            .collect(),
+        Op::Gelu => zip_simd(x[0].data(), g.data(), GeluBackward(Gelu::new())),
         Op::Silu => pairs
             .map(|(&v, &g)| {
                 let s = sigmoid(v);
@@ -65,6 +50,59 @@ pub fn backward<T: Scalar>(
         _ => return Err(wrong_family(op, "activation")),
     };
     Ok(smallvec![Some(tensor(s.clone(), dx)?)])
+}
+
+/// GELU's constants, in `T`; its value at one element ([`Map1`]).
+#[derive(Clone, Copy)]
+struct Gelu<T> {
+    c: T,
+    a: T,
+    half: T,
+}
+
+impl<T: Scalar> Gelu<T> {
+    fn new() -> Self {
+        Gelu {
+            c: T::lit(SQRT_2_OVER_PI),
+            a: T::lit(GELU_CUBIC),
+            half: T::lit(0.5),
+        }
+    }
+
+    /// `tanh(√(2/π)(v + 0.044715·v³))`, the cubic as `((a·v)·v)·v`.
+    #[inline(always)]
+    fn t(self, v: T) -> T {
+        approx::tanh(self.c * (v + self.a * v * v * v))
+    }
+}
+
+impl<T: Scalar> Map1<T> for Gelu<T> {
+    /// `0.5·v·(1 + t)`.
+    #[inline(always)]
+    fn at(self, v: T) -> T {
+        self.half * v * (T::one() + self.t(v))
+    }
+}
+
+/// GELU's cotangent at one element from `(v, g)` ([`Map2`]).
+#[derive(Clone, Copy)]
+struct GeluBackward<T>(Gelu<T>);
+
+impl<T: Scalar> Map2<T> for GeluBackward<T> {
+    /// `(0.5(1 + t) + 0.5·v·sech²·√(2/π)·(1 + 3a·v²))·g`, the second term 0 once `sech² = 0`.
+    #[inline(always)]
+    fn at(self, v: T, g: T) -> T {
+        let Gelu { c, a, half } = self.0;
+        let one = T::one();
+        let t = self.0.t(v);
+        let sech2 = one - t * t;
+        let tail = if sech2 == T::zero() {
+            T::zero()
+        } else {
+            half * v * sech2 * c * (one + T::lit(3.0) * a * v * v)
+        };
+        (half * (one + t) + tail) * g
+    }
 }
 
 /// The logistic sigmoid without overflow for either sign.

@@ -30,9 +30,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             masked_softmax_shape(x[0].shape(), mask)?;
             let mut y = x[0].data().to_vec();
             let n = mask.n().max(1);
-            for (r, row) in y.chunks_exact_mut(n).enumerate() {
-                softmax_row(row, Some(mask.row(r % n)));
-            }
+            softmax_rows(&mut y, n, |r| Some(mask.row(r % n)));
             tensor(x[0].shape().clone(), y)
         }
         Op::MultiHeadAttention { heads, mask, fused } => {
@@ -119,8 +117,34 @@ pub fn backward<T: Scalar>(
     }
 }
 
+/// [`softmax_row`] of every `n`-long row of `x` (row `r` allowed where `allowed(r)` says),
+/// compiled for the CPU's best instruction set ([`crate::simd`]).
+pub(crate) fn softmax_rows<'m, T: Scalar>(
+    x: &mut [T],
+    n: usize,
+    allowed: impl Fn(usize) -> Option<&'m [bool]>,
+) {
+    struct Rows<'a, T, A> {
+        x: &'a mut [T],
+        n: usize,
+        allowed: A,
+    }
+    impl<'m, T: Scalar, A: Fn(usize) -> Option<&'m [bool]>> crate::simd::Kernel for Rows<'_, T, A> {
+        type Output = ();
+        #[inline(always)]
+        fn call(self) {
+            for (r, row) in self.x.chunks_exact_mut(self.n.max(1)).enumerate() {
+                softmax_row(row, (self.allowed)(r));
+            }
+        }
+    }
+    crate::simd::vectorize(Rows { x, n, allowed });
+}
+
 /// Softmax of one row in place over the allowed entries (all when `allowed` is `None`);
 /// disallowed entries, and every entry of a row with nothing allowed, become exactly 0.
+/// Inlined so that the callers' [`crate::simd::vectorize`] compiles it at their width.
+#[inline(always)]
 pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
     let ok = |j: usize| allowed.is_none_or(|a| a.get(j).copied().unwrap_or(false));
     let mut m = T::neg_infinity();
@@ -228,9 +252,7 @@ pub mod core {
         let scale = T::one() / T::lit(dm.d as f64).sqrt();
         let sv = rows_mut(op, s, r, dm.n)?;
         matmul(op, sv, false, qh.row_block(i0, r), kh.t(), scale)?;
-        for (i, row) in s.chunks_exact_mut(dm.n).enumerate() {
-            softmax_row(row, mask.map(|m| m.row(i0 + i)));
-        }
+        softmax_rows(s, dm.n, |i| mask.map(|m| m.row(i0 + i)));
         Ok(())
     }
 

@@ -208,7 +208,74 @@ pub(crate) fn tensor<T: Scalar>(shape: impl Into<Shape>, data: Vec<T>) -> Result
     Ok(Tensor::new(shape, data)?)
 }
 
+/// One element's value, for [`map_simd`]. A named type with an `#[inline(always)]` method,
+/// not a closure: a closure with a large body is not inlined into the SIMD loop, and then the
+/// loop makes one call per element at the baseline width.
+pub(crate) trait Map1<T>: Copy {
+    /// The value at `v`.
+    fn at(self, v: T) -> T;
+}
+
+/// One element's value from two operands, for [`zip_simd`] (as [`Map1`]).
+pub(crate) trait Map2<T>: Copy {
+    /// The value at `(u, v)`.
+    fn at(self, u: T, v: T) -> T;
+}
+
+/// `f` at every element of `x`, the loop compiled for the CPU's best instruction set
+/// ([`crate::simd`]).
+#[inline(always)]
+pub(crate) fn map_simd<T: Scalar>(x: &[T], f: impl Map1<T>) -> Vec<T> {
+    crate::simd::vectorize(MapSimd { x, f })
+}
+
+/// `f` at every pair of elements of `a` and `b` (equal lengths), likewise.
+#[inline(always)]
+pub(crate) fn zip_simd<T: Scalar>(a: &[T], b: &[T], f: impl Map2<T>) -> Vec<T> {
+    crate::simd::vectorize(ZipSimd { a, b, f })
+}
+
+/// [`map_simd`]'s loop, as a kernel whose body inlines into the dispatch.
+struct MapSimd<'a, T, F> {
+    x: &'a [T],
+    f: F,
+}
+
+impl<T: Scalar, F: Map1<T>> crate::simd::Kernel for MapSimd<'_, T, F> {
+    type Output = Vec<T>;
+
+    #[inline(always)]
+    fn call(self) -> Vec<T> {
+        let mut out = vec![T::zero(); self.x.len()];
+        for (o, &v) in out.iter_mut().zip(self.x) {
+            *o = self.f.at(v);
+        }
+        out
+    }
+}
+
+/// [`zip_simd`]'s loop, likewise.
+struct ZipSimd<'a, T, F> {
+    a: &'a [T],
+    b: &'a [T],
+    f: F,
+}
+
+impl<T: Scalar, F: Map2<T>> crate::simd::Kernel for ZipSimd<'_, T, F> {
+    type Output = Vec<T>;
+
+    #[inline(always)]
+    fn call(self) -> Vec<T> {
+        let mut out = vec![T::zero(); self.a.len().min(self.b.len())];
+        for ((o, &u), &v) in out.iter_mut().zip(self.a).zip(self.b) {
+            *o = self.f.at(u, v);
+        }
+        out
+    }
+}
+
 /// Sum of a slice with eight independent accumulators, so the compiler can vectorize it.
+#[inline(always)]
 pub(crate) fn sum_slice<T: Scalar>(v: &[T]) -> T {
     let mut acc = [T::zero(); 8];
     let chunks = v.chunks_exact(8);

@@ -7,4 +7,5 @@ mod common;
 
 mod errors;
 mod kernels;
+mod simd;
 mod tape;

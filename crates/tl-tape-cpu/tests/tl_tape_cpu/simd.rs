@@ -1,0 +1,93 @@
+//! The element-wise loops give the same bits at every instruction set this CPU has
+//! (`tl_tape_cpu::simd`): AVX-512 and AVX2 against the baseline, forward and backward, f32 and
+//! f64, on lengths that leave a vector tail and on the values where the formulas switch
+//! branches. This is the only test that changes the level (others run at the default).
+
+use tl_ir::Op;
+use tl_spec::ops::attention::Mask;
+use tl_spec::{Scalar, Shape, Tensor};
+use tl_tape_cpu::ops;
+use tl_tape_cpu::simd::{self, Level};
+
+use crate::common::{Dom, Rng, random};
+
+/// Values where the kernels' formulas change branch or saturate, then random ones.
+fn edgy(rng: &mut Rng, shape: &[usize], wide: f64) -> Tensor<f64> {
+    let special = [
+        0.0, -0.0, 0.625, -0.625, -0.75, 1e-8, -1e-8, 4.0, -4.0, 9.5, -9.5, 30.0, -30.0, 1e30,
+        -1e30, 89.0, -104.0,
+    ];
+    let mut t = random(rng, &Shape::new(shape), Dom::Wide(wide));
+    let data: Vec<f64> = t
+        .data()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| special.get(i).copied().unwrap_or(v))
+        .collect();
+    t = Tensor::new(Shape::new(shape), data).unwrap();
+    t
+}
+
+/// Forward value and every operand cotangent of `op`, as bit patterns.
+fn run<T: Scalar>(op: &Op, inputs: &[Tensor<f64>], g: &Tensor<f64>) -> Vec<Vec<u64>> {
+    let x: Vec<Tensor<T>> = inputs.iter().map(|t| t.cast()).collect();
+    let xr: Vec<&Tensor<T>> = x.iter().collect();
+    let y = ops::forward(op, &xr, &[]).unwrap();
+    let g: Tensor<T> = g.cast();
+    let grads = ops::backward(op, &xr, &y, &g, &[]).unwrap();
+    let bits = |t: &Tensor<T>| t.data().iter().map(|v| v.as_f64().to_bits()).collect();
+    let mut out = vec![bits(&y)];
+    out.extend(grads.iter().flatten().map(bits));
+    out
+}
+
+#[test]
+fn every_simd_level_gives_the_baseline_bits() {
+    let mut rng = Rng(0x51d);
+    let (n, dm) = (37, 12); // 37: a vector tail at every width
+    let w = |rng: &mut Rng| random(rng, &Shape::new(&[dm, dm]), Dom::Wide(0.5));
+    let mha = |heads, mask, fused, rng: &mut Rng| {
+        let op = Op::MultiHeadAttention { heads, mask, fused };
+        let x = random(rng, &Shape::new(&[n, dm]), Dom::Any);
+        (op, vec![w(rng), w(rng), w(rng), w(rng), x])
+    };
+    let cases: Vec<(Op, Vec<Tensor<f64>>)> = vec![
+        (Op::Gelu, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Silu, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Exp, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (
+            Op::MaskedSoftmax {
+                mask: Mask::causal(n),
+            },
+            vec![edgy(&mut rng, &[2, n, n], 8.0)],
+        ),
+        mha(3, None, false, &mut rng),
+        mha(2, Some(Mask::causal(n)), true, &mut rng),
+    ];
+    let levels = Level::available();
+    for (op, inputs) in &cases {
+        let shape = ops::forward::<f64>(op, &inputs.iter().collect::<Vec<_>>(), &[])
+            .unwrap()
+            .shape()
+            .clone();
+        let g = random(&mut rng, &shape, Dom::Any);
+        assert!(simd::set_level(Some(Level::Scalar)));
+        let want32 = run::<f32>(op, inputs, &g);
+        let want64 = run::<f64>(op, inputs, &g);
+        for &level in &levels[1..] {
+            assert!(simd::set_level(Some(level)));
+            assert_eq!(simd::level(), level);
+            assert!(
+                run::<f32>(op, inputs, &g) == want32,
+                "{} f32 at {level:?}",
+                op.name()
+            );
+            assert!(
+                run::<f64>(op, inputs, &g) == want64,
+                "{} f64 at {level:?}",
+                op.name()
+            );
+        }
+    }
+    simd::set_level(None);
+}
