@@ -14,7 +14,9 @@
 //! scalar`, read once) forces a level, e.g. to time one against another.
 
 use std::sync::OnceLock;
+
 use std::sync::atomic::{AtomicU8, Ordering};
+use tl_spec::Scalar;
 
 /// An instruction set for the element-wise loops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +126,72 @@ pub fn vectorize<F: Kernel>(f: F) -> F::Output {
             None => f.call(),
         },
         _ => f.call(),
+    }
+}
+
+/// One element's value, for [`map`]. A named type with an `#[inline(always)]` method,
+/// not a closure: a closure with a large body is not inlined into the SIMD loop, and then the
+/// loop makes one call per element at the baseline width.
+pub trait Map1<T>: Copy {
+    /// The value at `v`.
+    fn at(self, v: T) -> T;
+}
+
+/// One element's value from two operands, for [`zip`] (as [`Map1`]).
+pub trait Map2<T>: Copy {
+    /// The value at `(u, v)`.
+    fn at(self, u: T, v: T) -> T;
+}
+
+/// `f` at every element of `x`, the loop compiled for the chosen instruction set
+/// ([`vectorize`]).
+#[inline(always)]
+pub fn map<T: Scalar>(x: &[T], f: impl Map1<T>) -> Vec<T> {
+    vectorize(MapSimd { x, f })
+}
+
+/// `f` at every pair of elements of `a` and `b` (the shorter length), likewise.
+#[inline(always)]
+pub fn zip<T: Scalar>(a: &[T], b: &[T], f: impl Map2<T>) -> Vec<T> {
+    vectorize(ZipSimd { a, b, f })
+}
+
+/// [`map`]'s loop, as a kernel whose body inlines into the dispatch.
+struct MapSimd<'a, T, F> {
+    x: &'a [T],
+    f: F,
+}
+
+impl<T: Scalar, F: Map1<T>> Kernel for MapSimd<'_, T, F> {
+    type Output = Vec<T>;
+
+    #[inline(always)]
+    fn call(self) -> Vec<T> {
+        let mut out = vec![T::zero(); self.x.len()];
+        for (o, &v) in out.iter_mut().zip(self.x) {
+            *o = self.f.at(v);
+        }
+        out
+    }
+}
+
+/// [`zip`]'s loop, likewise.
+struct ZipSimd<'a, T, F> {
+    a: &'a [T],
+    b: &'a [T],
+    f: F,
+}
+
+impl<T: Scalar, F: Map2<T>> Kernel for ZipSimd<'_, T, F> {
+    type Output = Vec<T>;
+
+    #[inline(always)]
+    fn call(self) -> Vec<T> {
+        let mut out = vec![T::zero(); self.a.len().min(self.b.len())];
+        for ((o, &u), &v) in out.iter_mut().zip(self.a).zip(self.b) {
+            *o = self.f.at(u, v);
+        }
+        out
     }
 }
 

@@ -349,12 +349,8 @@ impl Optimizer {
             self.state.entry(key).or_default().step += 1;
             let c = -self.lr;
             let new: Vec<T> = match grads {
-                [g] => w
-                    .data()
-                    .iter()
-                    .zip(g.data())
-                    .map(|(&w, &g)| T::lit(w.as_f64() + c * g.as_f64()))
-                    .collect(),
+                // The loop at the CPU's widest instruction set (the mlp step's largest loop).
+                [g] => tl_tape_cpu::simd::zip(w.data(), g.data(), Axpy(c)),
                 _ => w
                     .data()
                     .iter()
@@ -574,6 +570,17 @@ fn adam<O: VecOps>(
     let r = ops.axpy_assign(w, -lr / bc1, &u);
     ops.release(u);
     r
+}
+
+/// `w + c·g` in f64, rounded once to `T`: plain SGD's update of one element (`c = −lr`).
+#[derive(Clone, Copy)]
+struct Axpy(f64);
+
+impl<T: Scalar> tl_tape_cpu::simd::Map2<T> for Axpy {
+    #[inline(always)]
+    fn at(self, w: T, g: T) -> T {
+        T::lit(w.as_f64() + self.0 * g.as_f64())
+    }
 }
 
 #[cfg(test)]

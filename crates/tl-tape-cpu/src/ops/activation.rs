@@ -8,10 +8,9 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Scalar, Tensor};
 
-use super::{
-    Grads, Map1, Map2, approx, check_arity, check_shape, map_simd, tensor, wrong_family, zip_simd,
-};
+use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
 use crate::Result;
+use crate::simd::{self, Map1, Map2};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f64 = 0.044_715;
@@ -20,7 +19,7 @@ const GELU_CUBIC: f64 = 0.044_715;
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     check_arity(op, x)?;
     match op {
-        Op::Gelu => tensor(x[0].shape().clone(), map_simd(x[0].data(), Gelu::new())),
+        Op::Gelu => tensor(x[0].shape().clone(), simd::map(x[0].data(), Gelu::new())),
         Op::Silu => Ok(x[0].map(|v| v * sigmoid(v))),
         _ => Err(wrong_family(op, "activation")),
     }
@@ -40,7 +39,7 @@ pub fn backward<T: Scalar>(
     let one = T::one();
     let pairs = x[0].data().iter().zip(g.data());
     let dx: Vec<T> = match op {
-        Op::Gelu => zip_simd(x[0].data(), g.data(), GeluBackward(Gelu::new())),
+        Op::Gelu => simd::zip(x[0].data(), g.data(), GeluBackward(Gelu::new())),
         Op::Silu => pairs
             .map(|(&v, &g)| {
                 let s = sigmoid(v);
