@@ -22,9 +22,13 @@
 //! **Threads.** [`set_threads`] (or the environment variable `TL_NUM_THREADS`, read once) sets
 //! how many threads one product may use; the default is the number of cores the process may run
 //! on. A product of fewer than [`PARALLEL_MIN_WORK`] multiply-adds always runs on the calling
-//! thread: splitting it costs more than it saves. Threads come
-//! from rayon's global pool. The result does not depend on the thread count: the threads split
-//! the output into blocks, and every output's sum over k runs in the same order (tested).
+//! thread: splitting it costs more than it saves. A larger one is cut along the output's longer
+//! side into one block per thread (aligned to 16), each a sequential faer product on rayon's
+//! global pool. faer's own parallel split lost to one thread on the steps' skinny products on
+//! the 2-core VM (64×784·784×256: 294 µs on one thread, 351 µs on two); ours takes 158 µs
+//! (docs/performance.md). The result does not depend on the thread count: every output's sum
+//! over k runs in the same order whatever block it lands in (blocks never change the gemm
+//! crate's k-blocking, see `GEMM_SMALL_SIDE`; tested on skinny, tall and ragged shapes).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,10 +39,13 @@ use tl_spec::{Error as SpecError, Scalar, Typed, TypedMut};
 
 use crate::Result;
 
-/// Products with fewer multiply-adds (`m·n·k`) than this run on one thread whatever
-/// [`threads`] says (2²¹ ≈ a 128³ product, four times the gemm crate's own default of
-/// 48·48·256). Not yet tuned by measurement: docs/performance.md says what is left.
-pub const PARALLEL_MIN_WORK: usize = 1 << 21;
+/// Products with fewer multiply-adds (`m·n·k`) than this (2²² ≈ a 161³ product) run on one
+/// thread whatever [`threads`] says. Measured on the training steps with two threads on the
+/// 2-core VM (docs/performance.md): at 2²¹ the transformer's 128×64·64×256 products were split
+/// and its step got 22% slower than on one thread (waking the second thread costs more than
+/// half of a 40 µs product); at 2²² the mlp and cnn steps gain 10–20% and 20%, the transformer
+/// is unchanged; at 2²³ the mlp loses its 64×256·256×256 products' share of the gain.
+pub const PARALLEL_MIN_WORK: usize = 1 << 22;
 
 /// 0 = not set by [`set_threads`]: the default applies.
 static THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -73,11 +80,61 @@ pub fn set_threads(n: usize) -> usize {
 }
 
 /// The parallelism for an `m·k` by `k·n` product.
-fn parallelism(m: usize, n: usize, k: usize) -> Par {
+fn split_threads(m: usize, n: usize, k: usize) -> usize {
     let work = m.saturating_mul(n).saturating_mul(k);
     match threads() {
-        t if t > 1 && work >= PARALLEL_MIN_WORK => Par::rayon(t),
-        _ => Par::Seq,
+        t if t > 1 && work >= PARALLEL_MIN_WORK => t,
+        _ => 1,
+    }
+}
+
+/// Columns (or rows) per block are a multiple of this, so every block but the last fills the
+/// micro-kernels' tiles.
+const SPLIT_ALIGN: usize = 16;
+
+/// The gemm crate (under faer) takes another k-blocking when both sides of a product are at
+/// most this (`kc = min(k, 512)` instead of its cache-derived `kc`), which changes the order of
+/// the sums over k. A split never crosses it: a block stays on the side of the whole product
+/// (`results_do_not_depend_on_the_thread_count` holds us to it).
+const GEMM_SMALL_SIDE: usize = 64;
+
+/// `c ← alpha·a·b (+ c)` on `t` threads: the output's longer side is cut into `t` aligned
+/// blocks, each a sequential faer product on its own thread (rayon's pool). Each output element
+/// is still one sequential sum over k, so the bits do not depend on `t`.
+fn split_matmul<E: faer::traits::ComplexField + Copy>(
+    c: faer::MatMut<'_, E>,
+    accum: Accum,
+    a: faer::MatRef<'_, E>,
+    b: faer::MatRef<'_, E>,
+    alpha: E,
+    t: usize,
+) {
+    let (m, n) = (c.nrows(), c.ncols());
+    let (long, short) = (m.max(n), m.min(n));
+    let t1 = t / 2;
+    let mid = (long * t1 / t).div_ceil(SPLIT_ALIGN) * SPLIT_ALIGN;
+    let small = |side: usize| side <= GEMM_SMALL_SIDE;
+    // Both halves must be "small" exactly when the whole is (see GEMM_SMALL_SIDE).
+    let same_path =
+        small(short) && small(long) || !small(short) || !small(mid.min(long.saturating_sub(mid)));
+    if t < 2 || mid == 0 || mid >= long || !same_path {
+        faer::linalg::matmul::matmul(c, accum, a, b, alpha, Par::Seq);
+        return;
+    }
+    if n >= m {
+        let (c0, c1) = c.split_at_col_mut(mid);
+        let (b0, b1) = b.split_at_col(mid);
+        rayon::join(
+            || split_matmul(c0, accum, a, b0, alpha, t1),
+            || split_matmul(c1, accum, a, b1, alpha, t - t1),
+        );
+    } else {
+        let (c0, c1) = c.split_at_row_mut(mid);
+        let (a0, a1) = a.split_at_row(mid);
+        rayon::join(
+            || split_matmul(c0, accum, a0, b, alpha, t1),
+            || split_matmul(c1, accum, a1, b, alpha, t - t1),
+        );
     }
 }
 
@@ -324,17 +381,17 @@ pub fn matmul<T: Scalar>(
     } else {
         Accum::Replace
     };
-    let par = parallelism(m, n, k);
+    let t = split_threads(m, n, k);
     match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
         (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
             if let (Some(av), Some(bv), Some(cv)) = (a.g.faer(ad), b.g.faer(bd), c.g.faer_mut(cd)) {
-                faer::linalg::matmul::matmul(cv, accum, av, bv, alpha.as_f64() as f32, par);
+                split_matmul(cv, accum, av, bv, alpha.as_f64() as f32, t);
                 return Ok(());
             }
         }
         (Typed::F64(ad), Typed::F64(bd), TypedMut::F64(cd)) => {
             if let (Some(av), Some(bv), Some(cv)) = (a.g.faer(ad), b.g.faer(bd), c.g.faer_mut(cd)) {
-                faer::linalg::matmul::matmul(cv, accum, av, bv, alpha.as_f64(), par);
+                split_matmul(cv, accum, av, bv, alpha.as_f64(), t);
                 return Ok(());
             }
         }
@@ -512,32 +569,36 @@ mod tests {
     #[test]
     fn results_do_not_depend_on_the_thread_count() {
         let op = Op::Matmul;
-        let (m, k, n) = (160, 130, 150); // above PARALLEL_MIN_WORK
-        assert!(m * k * n >= PARALLEL_MIN_WORK);
-        let a: Vec<f32> = fill(m * k, 3).into_iter().map(|v| v as f32).collect();
-        let b: Vec<f32> = fill(k * n, 4).into_iter().map(|v| v as f32).collect();
-        let run = |t: usize| {
-            let prev = set_threads(t);
-            assert_eq!(threads(), t);
-            let mut c = vec![0.0f32; m * n];
-            let (av, bv) = (rows(&op, &a, m, k).unwrap(), rows(&op, &b, k, n).unwrap());
-            matmul(
-                &op,
-                rows_mut(&op, &mut c, m, n).unwrap(),
-                false,
-                av,
-                bv,
-                1.0,
-            )
-            .unwrap();
-            set_threads(prev);
-            c
-        };
-        let one = run(1);
-        for t in [2, 3, 4] {
-            let c = run(t);
-            let same = one.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{t} threads changed the result");
+        // Above PARALLEL_MIN_WORK: square-ish, the mlp's skinny forward (split by columns), its
+        // tall weight gradient (split by rows), a long k, and sides that leave ragged blocks.
+        for (m, k, n) in [
+            (200, 130, 170),
+            (64, 784, 256),
+            (784, 64, 256),
+            (33, 3000, 47),
+            (301, 197, 83),
+        ] {
+            assert!(m * k * n >= PARALLEL_MIN_WORK);
+            let a: Vec<f32> = fill(m * k, 3).into_iter().map(|v| v as f32).collect();
+            let b: Vec<f32> = fill(k * n, 4).into_iter().map(|v| v as f32).collect();
+            let run = |t: usize, accumulate: bool| {
+                let prev = set_threads(t);
+                assert_eq!(threads(), t);
+                let mut c: Vec<f32> = fill(m * n, 5).into_iter().map(|v| v as f32).collect();
+                let (av, bv) = (rows(&op, &a, m, k).unwrap(), rows(&op, &b, k, n).unwrap());
+                let cv = rows_mut(&op, &mut c, m, n).unwrap();
+                matmul(&op, cv, accumulate, av, bv, 0.75).unwrap();
+                set_threads(prev);
+                c
+            };
+            for accumulate in [false, true] {
+                let one = run(1, accumulate);
+                for t in [2, 3, 4] {
+                    let c = run(t, accumulate);
+                    let same = one.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{t} threads changed ({m}, {k}, {n}) acc {accumulate}");
+                }
+            }
         }
         assert!(threads() >= 1);
     }
