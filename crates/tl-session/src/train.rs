@@ -134,25 +134,21 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
         let uses = self.trainable_uses();
         let mut compiled = self.compile_reusing(self.backend())?;
         let (map, id) = (&compiled.map, loss.id());
-        let on_device = match &mut compiled.tape {
-            CompiledTape::Cpu(_) => None,
-            CompiledTape::CudaSim(t) => {
-                Some(step_on_tape(&mut self.params, &uses, t, map, id, opt))
+        let n_leaves = self.graph().leaves().len();
+        let result = match &mut compiled.tape {
+            // On the CPU, the gradients of the trainable parameter leaves step the host values.
+            CompiledTape::Cpu(tape) => {
+                let (l, grads) = cpu_grads(tape, &uses, map, id, n_leaves)?;
+                self.step(opt, &grads)?;
+                Ok(l)
             }
+            CompiledTape::CudaSim(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda(t) => Some(step_on_tape(&mut self.params, &uses, t, map, id, opt)),
+            CompiledTape::Cuda(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt),
         };
-        if let Some(result) = on_device {
-            self.recycle(compiled);
-            return loss_value(result?);
-        }
-        // On the CPU, the gradients of the trainable parameter leaves step the host values.
-        let wanted = self.trainable_leaves();
-        let l = compiled.value(id)?;
-        let one = Tensor::scalar(T::one());
-        let grads = compiled.backward_dense_where(id, &one, |id| wanted[id])?;
-        self.step(opt, &grads)?;
-        loss_value(l)
+        // The device (kept for the next step's pools) comes back whatever the outcome.
+        self.recycle(compiled);
+        loss_value(result?)
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check_handle("read", r)?;
@@ -194,4 +190,27 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     fn stamp(&self) -> Stamp {
         LinkedSession::stamp(self)
     }
+}
+
+/// The loss (graph id `loss`) and, for a linked step on the CPU tape, one gradient per leaf:
+/// the trainable parameter leaves' (`uses`), from sparse reverse accumulation (only they are
+/// read out; no zero tensor is made for the other nodes), the other leaves empty.
+fn cpu_grads<T: tl_spec::Scalar>(
+    tape: &tl_tape_cpu::Tape<T>,
+    uses: &std::collections::BTreeMap<usize, Vec<usize>>,
+    map: &[usize],
+    loss: usize,
+    n_leaves: usize,
+) -> Result<(Tensor<T>, Vec<Tensor<T>>)> {
+    let to = map[loss];
+    let value = tape.get(to)?.clone();
+    let wanted: Vec<usize> = uses.values().flatten().map(|&l| map[l]).collect();
+    let g = tape.backward_params(to, &Tensor::scalar(T::one()), &wanted)?;
+    let mut grads = vec![Tensor::vector(Vec::new()); n_leaves];
+    for &leaf in uses.values().flatten() {
+        if let (Some(slot), Some(gl)) = (grads.get_mut(leaf), g.get(&map[leaf])) {
+            *slot = gl.clone();
+        }
+    }
+    Ok((value, grads))
 }

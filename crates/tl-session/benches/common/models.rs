@@ -261,6 +261,7 @@ impl<'m> LinkedRun<'m> {
     /// A fresh session for `model`, compiled to `backend`'s tape at every step.
     pub fn on(model: &'m BenchModel, backend: Backend) -> Self {
         let mut s = LinkedSession::new();
+        s.set_backend(backend).expect("the backend is available");
         let params = model.params(&mut s).unwrap();
         LinkedRun {
             model,
@@ -271,22 +272,14 @@ impl<'m> LinkedRun<'m> {
         }
     }
 
-    /// One training step: reset, record the graph, compile it to the backend's tape, backward
-    /// on the tape, SGD update from the dense gradients. Returns the loss.
+    /// One training step as the training loop takes it ([`Train::backward_step`], through
+    /// [`BenchModel::train_step`]): reset, record the graph, compile it to the backend's tape,
+    /// backward to the trainable parameters only, SGD update (on a CUDA backend on the device,
+    /// parameters resident there). Returns the loss.
     pub fn step(&mut self) -> f32 {
-        let s = &mut self.s;
-        s.reset();
-        let at = s.record_nat_vec(&self.model.labels).pos();
-        let loss = self.model.loss(s, &self.params, at).unwrap();
-        let mut compiled = s.compile(self.backend).unwrap();
-        let grads = compiled
-            .backward_dense(loss.id(), &Tensor::scalar(1.0))
-            .unwrap();
-        s.step(&mut self.opt, &grads).unwrap();
-        value_of(&compiled, loss.id())
+        let loss = self
+            .model
+            .train_step(&mut self.s, &self.params, &mut self.opt);
+        loss.unwrap() as f32
     }
-}
-
-fn value_of(c: &tl_session::Compiled<f32>, id: usize) -> f32 {
-    c.value(id).unwrap().item().unwrap()
 }

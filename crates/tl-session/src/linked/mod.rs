@@ -367,17 +367,6 @@ impl<T: Scalar> LinkedSession<T> {
         self.compile_onto(backend, &mut Devices::default(), false)
     }
 
-    /// For each graph id, whether it is a leaf of a parameter that optimizer steps update.
-    pub(crate) fn trainable_leaves(&self) -> Vec<bool> {
-        let mut wanted = vec![false; self.builder.graph().len()];
-        for leaves in self.trainable_uses().values() {
-            for &l in leaves {
-                wanted[l] = true;
-            }
-        }
-        wanted
-    }
-
     /// Dense gradients of `out` with cotangent `seed`, for every id (`GraphData::backprop_all`).
     pub fn backward_dense_all(
         &mut self,
