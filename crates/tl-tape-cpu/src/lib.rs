@@ -7,6 +7,7 @@
 //! - [`ops`]: the CPU kernels, one module per op family.
 //! - [`gemm`]: the one matrix product they use (micro-kernel chosen at run time for the CPU) and
 //!   its thread knob, [`set_threads`] / `TL_NUM_THREADS`.
+//! - [`par`]: independent rows (pool planes, conv batch entries) split across those threads.
 //! - [`simd`]: the instruction set of the element-wise loops, chosen at run time (AVX-512,
 //!   AVX2 or the baseline; `TL_SIMD` / [`simd::set_level`] force one).
 //! - [`CustomOp`] / [`ClosureOp`]: user-defined ops.
@@ -20,6 +21,7 @@ mod custom;
 mod error;
 pub mod gemm;
 pub mod ops;
+pub mod par;
 pub mod simd;
 mod tape;
 

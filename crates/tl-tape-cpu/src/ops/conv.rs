@@ -9,7 +9,10 @@
 //!   `dW += x·im2col(G)ᵀ`, `db = Σ G`.
 //!
 //! The window index table is built once per call ([`super::window`]); im2col and col2im are
-//! flat gathers/scatters through it, with one `cols` buffer reused across the batch.
+//! flat gathers/scatters through it, with one `cols` buffer reused across the batch entries of
+//! a thread. Batch entries are independent in the forward pass and in conv's input cotangent,
+//! which split across threads ([`crate::par`]); the weight and bias cotangents sum over the
+//! batch in batch order on one thread, so the bits do not depend on the thread count.
 
 use ndarray::{ArrayView2, ShapeBuilder};
 use smallvec::smallvec;
@@ -137,26 +140,42 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let t = cv.geo.table(op)?;
     let (a, c, kl, ol, bl) = (cv.a, cv.c, t.kernel_len, t.small_len, t.big_len);
     let wv = view(op, w, a, c * kl)?;
-    // The im2col workspace (C·K rows of O cells) is sized by the input: checked (issue 14).
-    let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
+    // The im2col workspace (C·K rows of O cells) is sized by the input: checked (issue 14)
+    // before the output is made; each block of batch entries below makes its own.
+    let n_cols = tl_spec::Shape::new(&[c, kl, ol]).check_size(op.name())?;
+    tl_spec::alloc::check_len::<T>(op.name(), "the im2col workspace", n_cols)?;
+    // Batch entries are independent: split across threads when there is enough work.
+    let work = cv
+        .batches
+        .saturating_mul(a)
+        .saturating_mul(c * kl)
+        .saturating_mul(ol);
     if cv.transpose {
         let mut y = workspace(op, "output", &[cv.batches, c, bl])?;
-        for n in 0..cv.batches {
-            let xn = view(op, &input[n * a * ol..(n + 1) * a * ol], a, ol)?;
-            gemm(op, &wv.t(), &xn, T::zero(), &mut cols)?;
-            let yn = &mut y[n * c * bl..(n + 1) * c * bl];
-            col2im(&t, c, &cols, yn);
-            add_bias(yn, b, bl);
-        }
+        crate::par::rows(&mut y, c * bl, work, &|first, block: &mut [T]| {
+            let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
+            for (k, yn) in block.chunks_exact_mut((c * bl).max(1)).enumerate() {
+                let n = first + k;
+                let xn = view(op, &input[n * a * ol..(n + 1) * a * ol], a, ol)?;
+                gemm(op, &wv.t(), &xn, T::zero(), &mut cols)?;
+                col2im(&t, c, &cols, yn);
+                add_bias(yn, b, bl);
+            }
+            Ok(())
+        })?;
         tensor(cv.out_dims(), y)
     } else {
         let mut y = workspace(op, "output", &[cv.batches, a, ol])?;
-        for n in 0..cv.batches {
-            im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
-            let yn = &mut y[n * a * ol..(n + 1) * a * ol];
-            gemm(op, &wv, &view(op, &cols, c * kl, ol)?, T::zero(), yn)?;
-            add_bias(yn, b, ol);
-        }
+        crate::par::rows(&mut y, a * ol, work, &|first, block: &mut [T]| {
+            let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
+            for (k, yn) in block.chunks_exact_mut((a * ol).max(1)).enumerate() {
+                let n = first + k;
+                im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
+                gemm(op, &wv, &view(op, &cols, c * kl, ol)?, T::zero(), yn)?;
+                add_bias(yn, b, ol);
+            }
+            Ok(())
+        })?;
         tensor(cv.out_dims(), y)
     }
 }
@@ -208,7 +227,7 @@ pub fn backward_masked<T: Scalar>(
     let (a, c, kl, ol, bl) = (cv.a, cv.c, t.kernel_len, t.small_len, t.big_len);
     let wv = view(op, w, a, c * kl)?;
     // Workspaces and cotangents sized by the input: checked against the allocation cap.
-    let mut cols = if need_w || need_x {
+    let mut cols = if need_w || (need_x && cv.transpose) {
         workspace(op, "the im2col workspace", &[c, kl, ol])?
     } else {
         Vec::new()
@@ -221,6 +240,26 @@ pub fn backward_masked<T: Scalar>(
     )?;
     let out_c = if cv.transpose { c } else { a };
     let mut db = workspace(op, "bias cotangent", &[if need_b { out_c } else { 0 }])?;
+    // conv's input cotangent is per batch entry (dx_n = col2im(Wᵀ·G_n)): split across threads
+    // when there is enough work, each block with its own workspace. The weight and bias
+    // cotangents sum over the batch, in batch order, below.
+    if need_x && !cv.transpose {
+        let work = cv
+            .batches
+            .saturating_mul(a)
+            .saturating_mul(c * kl)
+            .saturating_mul(ol);
+        crate::par::rows(&mut dx, c * bl, work, &|first, block: &mut [T]| {
+            let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
+            for (k, dxn) in block.chunks_exact_mut((c * bl).max(1)).enumerate() {
+                let n = first + k;
+                let gv = view(op, &gd[n * a * ol..(n + 1) * a * ol], a, ol)?;
+                gemm(op, &wv.t(), &gv, T::zero(), &mut cols)?;
+                col2im(&t, c, &cols, dxn);
+            }
+            Ok(())
+        })?;
+    }
     for n in 0..cv.batches {
         if cv.transpose {
             // g is big (C, B), x small (A, O).
@@ -248,10 +287,6 @@ pub fn backward_masked<T: Scalar>(
                 im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
                 let colv = view(op, &cols, c * kl, ol)?;
                 gemm(op, &gv, &colv.t(), T::one(), &mut dw)?;
-            }
-            if need_x {
-                gemm(op, &wv.t(), &gv, T::zero(), &mut cols)?;
-                col2im(&t, c, &cols, &mut dx[n * c * bl..(n + 1) * c * bl]);
             }
             if need_b {
                 bias_sums(&mut db, gn, ol);

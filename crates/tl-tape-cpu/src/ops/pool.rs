@@ -2,7 +2,8 @@
 //! `(C, s..)` or `(N, C, s..)` operands.
 //!
 //! One pass per channel plane over the window index table ([`super::window`]), kernel offsets
-//! outer and output cells inner, with per-output accumulators allocated once per call:
+//! outer and output cells inner, with per-output accumulators allocated once per block of
+//! planes (planes are independent and split across threads, [`crate::par`]):
 //! - maxPool keeps the running max and its cell (strict `>`, so a tie keeps the first cell in
 //!   row-major window order; padded cells are skipped; a window with no real cell gives 0). The
 //!   backward recomputes the argmax and scatters `g` to it.
@@ -169,47 +170,52 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let (ol, bl) = (t.small_len, t.big_len);
     let mut y =
         tl_spec::alloc::try_vec(op.name(), "output", p.out.check_size(op.name())?, T::zero())?;
-    let mut s = Scratch::new(op, ol)?;
     let unpadded = t.kernel_len > 0 && !t.idx.contains(&PAD);
-    for (plane, yp) in x[0]
-        .data()
-        .chunks_exact(bl.max(1))
-        .zip(y.chunks_exact_mut(ol.max(1)))
-    {
-        match p.kind {
-            Kind::Max if unpadded => {
-                s.max_unpadded(t, plane);
-                yp.copy_from_slice(&s.best);
-            }
-            Kind::Max => {
-                s.argmax(t, plane);
-                for ((o, &a), &b) in yp.iter_mut().zip(&s.arg).zip(&s.best) {
-                    *o = if a == PAD { T::zero() } else { b };
+    // Planes are independent: split across threads when there is enough of them.
+    let work = x[0].numel() + y.len() * t.kernel_len;
+    crate::par::rows(&mut y, ol, work, &|first, block: &mut [T]| {
+        let mut s = Scratch::new(op, ol)?;
+        let planes = x[0].data().get(first * bl..).unwrap_or_default();
+        for (plane, yp) in planes
+            .chunks_exact(bl.max(1))
+            .zip(block.chunks_exact_mut(ol.max(1)))
+        {
+            match p.kind {
+                Kind::Max if unpadded => {
+                    s.max_unpadded(t, plane);
+                    yp.copy_from_slice(&s.best);
                 }
-            }
-            Kind::Avg => {
-                s.sum.fill(T::zero());
-                for k in 0..t.kernel_len {
-                    for (&i, acc) in t.idx[k * ol..(k + 1) * ol].iter().zip(&mut s.sum) {
-                        if i != PAD {
-                            *acc += plane[i];
-                        }
+                Kind::Max => {
+                    s.argmax(t, plane);
+                    for ((o, &a), &b) in yp.iter_mut().zip(&s.arg).zip(&s.best) {
+                        *o = if a == PAD { T::zero() } else { b };
                     }
                 }
-                let inv = T::one() / T::lit(t.kernel_len as f64);
-                for (o, &acc) in yp.iter_mut().zip(&s.sum) {
-                    *o = acc * inv;
+                Kind::Avg => {
+                    s.sum.fill(T::zero());
+                    for k in 0..t.kernel_len {
+                        for (&i, acc) in t.idx[k * ol..(k + 1) * ol].iter().zip(&mut s.sum) {
+                            if i != PAD {
+                                *acc += plane[i];
+                            }
+                        }
+                    }
+                    let inv = T::one() / T::lit(t.kernel_len as f64);
+                    for (o, &acc) in yp.iter_mut().zip(&s.sum) {
+                        *o = acc * inv;
+                    }
                 }
-            }
-            Kind::Smooth(beta) => {
-                let beta = T::lit(beta);
-                s.smooth(t, plane, beta);
-                for ((o, &pv), &z) in yp.iter_mut().zip(&s.best).zip(&s.sum) {
-                    *o = pv + z.ln() / beta;
+                Kind::Smooth(beta) => {
+                    let beta = T::lit(beta);
+                    s.smooth(t, plane, beta);
+                    for ((o, &pv), &z) in yp.iter_mut().zip(&s.best).zip(&s.sum) {
+                        *o = pv + z.ln() / beta;
+                    }
                 }
             }
         }
-    }
+        Ok(())
+    })?;
     tensor(p.out, y)
 }
 
@@ -226,46 +232,52 @@ pub fn backward<T: Scalar>(
     let t = &p.table;
     let (ol, bl) = (t.small_len, t.big_len);
     let mut dx = tl_spec::alloc::try_vec(op.name(), "input cotangent", x[0].numel(), T::zero())?;
-    let mut s = Scratch::new(op, ol)?;
-    let planes = x[0]
-        .data()
-        .chunks_exact(bl.max(1))
-        .zip(g.data().chunks_exact(ol.max(1)))
-        .zip(dx.chunks_exact_mut(bl.max(1)));
-    for ((plane, gp), dp) in planes {
-        match p.kind {
-            Kind::Max => {
-                s.argmax(t, plane);
-                for (&a, &gv) in s.arg.iter().zip(gp) {
-                    if a != PAD {
-                        dp[a] += gv;
-                    }
-                }
-            }
-            Kind::Avg => {
-                let inv = T::one() / T::lit(t.kernel_len as f64);
-                for k in 0..t.kernel_len {
-                    for (&i, &gv) in t.idx[k * ol..(k + 1) * ol].iter().zip(gp) {
-                        if i != PAD {
-                            dp[i] += gv * inv;
+    // Planes are independent: split across threads when there is enough of them.
+    let work = dx.len() + g.numel() * t.kernel_len;
+    crate::par::rows(&mut dx, bl, work, &|first, block: &mut [T]| {
+        let mut s = Scratch::new(op, ol)?;
+        let xs = x[0].data().get(first * bl..).unwrap_or_default();
+        let gs = g.data().get(first * ol..).unwrap_or_default();
+        let planes = xs
+            .chunks_exact(bl.max(1))
+            .zip(gs.chunks_exact(ol.max(1)))
+            .zip(block.chunks_exact_mut(bl.max(1)));
+        for ((plane, gp), dp) in planes {
+            match p.kind {
+                Kind::Max => {
+                    s.argmax(t, plane);
+                    for (&a, &gv) in s.arg.iter().zip(gp) {
+                        if a != PAD {
+                            dp[a] += gv;
                         }
                     }
                 }
-            }
-            Kind::Smooth(beta) => {
-                let beta = T::lit(beta);
-                s.smooth(t, plane, beta);
-                for k in 0..t.kernel_len {
-                    let row = t.idx[k * ol..(k + 1) * ol].iter();
-                    for (((&i, &gv), &pv), &z) in row.zip(gp).zip(&s.best).zip(&s.sum) {
-                        if i != PAD {
-                            dp[i] += gv * approx::exp(beta * (plane[i] - pv)) / z;
+                Kind::Avg => {
+                    let inv = T::one() / T::lit(t.kernel_len as f64);
+                    for k in 0..t.kernel_len {
+                        for (&i, &gv) in t.idx[k * ol..(k + 1) * ol].iter().zip(gp) {
+                            if i != PAD {
+                                dp[i] += gv * inv;
+                            }
+                        }
+                    }
+                }
+                Kind::Smooth(beta) => {
+                    let beta = T::lit(beta);
+                    s.smooth(t, plane, beta);
+                    for k in 0..t.kernel_len {
+                        let row = t.idx[k * ol..(k + 1) * ol].iter();
+                        for (((&i, &gv), &pv), &z) in row.zip(gp).zip(&s.best).zip(&s.sum) {
+                            if i != PAD {
+                                dp[i] += gv * approx::exp(beta * (plane[i] - pv)) / z;
+                            }
                         }
                     }
                 }
             }
         }
-    }
+        Ok(())
+    })?;
     Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])
 }
 

@@ -9,3 +9,4 @@ mod errors;
 mod kernels;
 mod simd;
 mod tape;
+mod threads;

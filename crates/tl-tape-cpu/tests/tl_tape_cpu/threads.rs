@@ -1,0 +1,81 @@
+//! Kernels that split their work across threads (the GEMM, pool planes, conv batch entries:
+//! `tl_tape_cpu::par`) give the same bits at every thread count, forward and backward, on
+//! sizes above the thresholds where the split happens.
+
+use tl_ir::Op;
+use tl_spec::{Shape, Tensor};
+use tl_tape_cpu::{ops, par, set_threads};
+
+use crate::common::{Dom, Rng, random};
+
+/// Forward value and every operand cotangent of `op`, as f32 bit patterns.
+fn run(op: &Op, inputs: &[Tensor<f32>], g: &Tensor<f32>) -> Vec<Vec<u32>> {
+    let x: Vec<&Tensor<f32>> = inputs.iter().collect();
+    let y = ops::forward(op, &x, &[]).unwrap();
+    let grads = ops::backward(op, &x, &y, g, &[]).unwrap();
+    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect();
+    let mut out = vec![bits(&y)];
+    out.extend(grads.iter().flatten().map(bits));
+    out
+}
+
+#[test]
+fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
+    let mut rng = Rng(0x7e4d);
+    let mut t =
+        |dims: &[usize]| -> Tensor<f32> { random(&mut rng, &Shape::new(dims), Dom::Any).cast() };
+    let pool = |kernel: usize, stride: usize, padding: usize, avg: bool| {
+        let (kernel, stride, padding) = (vec![kernel; 2], vec![stride; 2], vec![padding; 2]);
+        if avg {
+            Op::AvgPool {
+                kernel,
+                stride,
+                padding,
+            }
+        } else {
+            Op::MaxPool {
+                kernel,
+                stride,
+                padding,
+            }
+        }
+    };
+    // 33 batch entries / 264 planes: blocks of unequal size. With each case, the work the
+    // kernel counts (conv: batch · A · C·K · O; pool: input cells + output cells · K).
+    let planes = 33 * 8 * 1600;
+    let cases: Vec<(Op, Vec<Tensor<f32>>, usize)> = vec![
+        (
+            Op::conv2d(1, 1),
+            vec![t(&[8, 3, 3, 3]), t(&[8]), t(&[33, 3, 20, 20])],
+            33 * 8 * 27 * 400,
+        ),
+        (
+            Op::conv_transpose2d(1, 1),
+            vec![t(&[3, 8, 3, 3]), t(&[8]), t(&[33, 3, 20, 20])],
+            33 * 3 * 72 * 400,
+        ),
+        (pool(2, 2, 0, false), vec![t(&[33, 8, 40, 40])], planes * 2),
+        (
+            pool(3, 2, 1, false),
+            vec![t(&[33, 8, 40, 40])],
+            planes + planes / 4 * 9,
+        ),
+        (pool(3, 1, 1, true), vec![t(&[33, 8, 40, 40])], planes * 10),
+    ];
+    for (op, inputs, work) in &cases {
+        assert!(
+            *work >= par::PARALLEL_MIN_ELEMENTS,
+            "{op}: too small to split"
+        );
+        let x: Vec<&Tensor<f32>> = inputs.iter().collect();
+        let y = ops::forward(op, &x, &[]).unwrap();
+        let g = t(y.shape().dims());
+        let prev = set_threads(1);
+        let want = run(op, inputs, &g);
+        for threads in [2, 3, 4] {
+            set_threads(threads);
+            assert!(run(op, inputs, &g) == want, "{op} at {threads} threads");
+        }
+        set_threads(prev);
+    }
+}
