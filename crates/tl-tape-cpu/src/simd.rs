@@ -2,7 +2,7 @@
 //!
 //! The crate is built for baseline x86-64 (SSE2), so a loop the compiler vectorizes uses
 //! 4-wide SSE unless it is compiled again for a wider instruction set. [`vectorize`] runs a
-//! closure compiled for the best set this CPU has (AVX-512 `x86-v4`, else AVX2 `x86-v3`, else
+//! kernel compiled for the best set this CPU has (AVX-512 `x86-v4`, else AVX2 `x86-v3`, else
 //! the baseline), through `pulp`'s safe dispatch (the crate behind the GEMM's micro-kernel
 //! choice). What runs must inline into the dispatch, or it is compiled at the baseline width:
 //! a [`Kernel`] whose `call` is `#[inline(always)]` (a closure is not inlined reliably), with
@@ -14,8 +14,8 @@
 //! scalar`, read once) forces a level, e.g. to time one against another.
 
 use std::sync::OnceLock;
-
 use std::sync::atomic::{AtomicU8, Ordering};
+
 use tl_spec::Scalar;
 
 /// An instruction set for the element-wise loops.
