@@ -70,3 +70,21 @@ pub fn assert_close<T: Scalar>(what: &str, got: &Tensor<T>, want: &Tensor<T>) {
         );
     }
 }
+
+/// Forward value and every operand cotangent of `op` on the CPU kernels (`ops::forward`,
+/// `ops::backward` with output cotangent `g`), as bit patterns: for checks that two runs
+/// (another SIMD level, another thread count) give exactly the same result.
+pub fn kernel_bits<T: Scalar>(
+    op: &tl_ir::Op,
+    inputs: &[Tensor<T>],
+    g: &Tensor<T>,
+) -> Vec<Vec<u64>> {
+    use tl_tape_cpu::ops;
+    let x: Vec<&Tensor<T>> = inputs.iter().collect();
+    let y = ops::forward(op, &x, &[]).unwrap();
+    let grads = ops::backward(op, &x, &y, g, &[]).unwrap();
+    let bits = |t: &Tensor<T>| t.data().iter().map(|v| v.as_f64().to_bits()).collect();
+    let mut out = vec![bits(&y)];
+    out.extend(grads.iter().flatten().map(bits));
+    out
+}

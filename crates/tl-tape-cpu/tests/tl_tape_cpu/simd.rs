@@ -9,7 +9,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cpu::ops;
 use tl_tape_cpu::simd::{self, Level};
 
-use crate::common::{Dom, Rng, random};
+use crate::common::{Dom, Rng, kernel_bits, random};
 
 /// Values where the kernels' formulas change branch or saturate, then random ones.
 fn edgy(rng: &mut Rng, shape: &[usize], wide: f64) -> Tensor<f64> {
@@ -28,17 +28,10 @@ fn edgy(rng: &mut Rng, shape: &[usize], wide: f64) -> Tensor<f64> {
     t
 }
 
-/// Forward value and every operand cotangent of `op`, as bit patterns.
+/// [`kernel_bits`] in `T` for inputs and cotangent given in f64.
 fn run<T: Scalar>(op: &Op, inputs: &[Tensor<f64>], g: &Tensor<f64>) -> Vec<Vec<u64>> {
     let x: Vec<Tensor<T>> = inputs.iter().map(|t| t.cast()).collect();
-    let xr: Vec<&Tensor<T>> = x.iter().collect();
-    let y = ops::forward(op, &xr, &[]).unwrap();
-    let g: Tensor<T> = g.cast();
-    let grads = ops::backward(op, &xr, &y, &g, &[]).unwrap();
-    let bits = |t: &Tensor<T>| t.data().iter().map(|v| v.as_f64().to_bits()).collect();
-    let mut out = vec![bits(&y)];
-    out.extend(grads.iter().flatten().map(bits));
-    out
+    kernel_bits(op, &x, &g.cast())
 }
 
 #[test]

@@ -6,18 +6,7 @@ use tl_ir::Op;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cpu::{ops, par, set_threads};
 
-use crate::common::{Dom, Rng, random};
-
-/// Forward value and every operand cotangent of `op`, as f32 bit patterns.
-fn run(op: &Op, inputs: &[Tensor<f32>], g: &Tensor<f32>) -> Vec<Vec<u32>> {
-    let x: Vec<&Tensor<f32>> = inputs.iter().collect();
-    let y = ops::forward(op, &x, &[]).unwrap();
-    let grads = ops::backward(op, &x, &y, g, &[]).unwrap();
-    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect();
-    let mut out = vec![bits(&y)];
-    out.extend(grads.iter().flatten().map(bits));
-    out
-}
+use crate::common::{Dom, Rng, kernel_bits, random};
 
 #[test]
 fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
@@ -71,10 +60,13 @@ fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
         let y = ops::forward(op, &x, &[]).unwrap();
         let g = t(y.shape().dims());
         let prev = set_threads(1);
-        let want = run(op, inputs, &g);
+        let want = kernel_bits(op, inputs, &g);
         for threads in [2, 3, 4] {
             set_threads(threads);
-            assert!(run(op, inputs, &g) == want, "{op} at {threads} threads");
+            assert!(
+                kernel_bits(op, inputs, &g) == want,
+                "{op} at {threads} threads"
+            );
         }
         set_threads(prev);
     }
