@@ -7,7 +7,8 @@
 //! ```
 //!
 //! dhat's global allocator (testing mode) counts every block the process allocates. Each
-//! figure is the third step's (the first two warm up); the fourth is measured too and the
+//! figure is the sixth step's (five warm up: the tape's buffer pool fills in the first two); the
+//! seventh is measured too and the
 //! program fails unless it allocates the same number of blocks. One GEMM thread
 //! (`tl_tape_cpu::set_threads(1)`), so the count does not depend on the machine's cores.
 
@@ -29,11 +30,11 @@ struct StepAllocs {
     live_after: usize,
 }
 
-/// The allocations of the third and fourth steps of `m` in `s`.
+/// The allocations of the sixth and seventh steps of `m` in `s`.
 fn measure<S: Train<T = f32>>(mut s: S, m: &BenchModel) -> Result<[StepAllocs; 2]> {
     let params = m.params(&mut s)?;
     let mut opt = Optimizer::sgd(0.01)?;
-    for _ in 0..2 {
+    for _ in 0..5 {
         m.train_step(&mut s, &params, &mut opt)?;
     }
     let mut out = [None, None];
@@ -85,7 +86,7 @@ fn run() -> Result<()> {
             if a.blocks != b.blocks {
                 return Err(tl_session::Error::Usage {
                     what: "cpu_allocs",
-                    detail: format!("{name}: steps 3 and 4 differ ({a:?} vs {b:?})"),
+                    detail: format!("{name}: steps 6 and 7 differ ({a:?} vs {b:?})"),
                 });
             }
             println!(

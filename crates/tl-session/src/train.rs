@@ -137,10 +137,13 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
         let n_leaves = self.graph().leaves().len();
         let result = match &mut compiled.tape {
             // On the CPU, the gradients of the trainable parameter leaves step the host values.
+            // The update's new values come from the tape's spare buffers, and the gradients
+            // go there after it.
             CompiledTape::Cpu(tape) => {
                 let (l, grads) = cpu_grads(tape, &uses, map, id, n_leaves)?;
-                self.step(opt, &grads)?;
-                Ok(l)
+                let stepped = tape.with_pool(|| self.step(opt, &grads));
+                grads.into_iter().for_each(|g| tape.recycle(g));
+                stepped.map(|()| l)
             }
             CompiledTape::CudaSim(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]

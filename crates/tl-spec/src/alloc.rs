@@ -128,9 +128,13 @@ pub fn check_shape<T>(op: &'static str, shape: &Shape) -> Result<()> {
 }
 
 /// An empty vector with room for `n` values, after [`check_len`]; the reservation itself is
-/// fallible (`try_reserve_exact`), so a refusal by the system allocator is an error too.
-pub fn try_with_capacity<T>(op: &'static str, what: &str, n: usize) -> Result<Vec<T>> {
+/// fallible (`try_reserve_exact`), so a refusal by the system allocator is an error too. A
+/// spare buffer of the installed [`crate::pool`] serves the request where there is one.
+pub fn try_with_capacity<T: 'static>(op: &'static str, what: &str, n: usize) -> Result<Vec<T>> {
     check_len::<T>(op, what, n)?;
+    if let Some(v) = crate::pool::take(n) {
+        return Ok(v);
+    }
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|e| Error::TooLarge {
         op,
@@ -140,7 +144,12 @@ pub fn try_with_capacity<T>(op: &'static str, what: &str, n: usize) -> Result<Ve
 }
 
 /// `vec![value; n]`, checked as [`try_with_capacity`].
-pub fn try_vec<T: Clone>(op: &'static str, what: &str, n: usize, value: T) -> Result<Vec<T>> {
+pub fn try_vec<T: Clone + 'static>(
+    op: &'static str,
+    what: &str,
+    n: usize,
+    value: T,
+) -> Result<Vec<T>> {
     let mut v = try_with_capacity(op, what, n)?;
     v.resize(n, value);
     Ok(v)

@@ -11,12 +11,14 @@
 //! - [`approx`]: f32 `exp` and `tanh` in straight-line arithmetic, shared bit for bit by the
 //!   CPU kernels, the CUDA simulation device and the CUDA kernels
 //! - [`alloc`]: the allocation cap every buffer whose size comes from input is checked against
+//! - [`pool`]: buffer reuse across steps, a tape's spare buffers handed to its kernels
 
 pub mod alloc;
 pub mod approx;
 pub mod broadcast;
 mod error;
 pub mod ops;
+pub mod pool;
 pub mod rng;
 mod scalar;
 mod shape;

@@ -160,6 +160,13 @@ impl<T: Scalar> Tensor<T> {
         Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone())
     }
 
+    /// The data, if nothing else shares it (else the tensor back, unchanged). Used to pool a
+    /// buffer only when no other tensor can still read it ([`crate::pool::Pool::recycle`]).
+    pub fn try_into_vec(self) -> std::result::Result<Vec<T>, Self> {
+        let shape = self.shape;
+        Arc::try_unwrap(self.data).map_err(|data| Tensor { shape, data })
+    }
+
     /// Whether two tensors share the same storage (a no-copy reshape does).
     pub fn shares_storage_with(&self, other: &Tensor<T>) -> bool {
         Arc::ptr_eq(&self.data, &other.data)
@@ -228,9 +235,11 @@ impl<T: Scalar> Tensor<T> {
 
     /// Apply `f` to every element.
     pub fn map(&self, f: impl Fn(T) -> T) -> Self {
+        let mut data = crate::pool::with_capacity(self.data.len());
+        data.extend(self.data.iter().map(|&x| f(x)));
         Tensor {
             shape: self.shape.clone(),
-            data: Arc::new(self.data.iter().map(|&x| f(x)).collect()),
+            data: Arc::new(data),
         }
     }
 
@@ -242,15 +251,16 @@ impl<T: Scalar> Tensor<T> {
                 format!("operands have shapes {} and {}", self.shape, other.shape),
             ));
         }
+        let mut data = crate::pool::with_capacity(self.data.len());
+        data.extend(
+            self.data
+                .iter()
+                .zip(other.data.iter())
+                .map(|(&a, &b)| f(a, b)),
+        );
         Ok(Tensor {
             shape: self.shape.clone(),
-            data: Arc::new(
-                self.data
-                    .iter()
-                    .zip(other.data.iter())
-                    .map(|(&a, &b)| f(a, b))
-                    .collect(),
-            ),
+            data: Arc::new(data),
         })
     }
 

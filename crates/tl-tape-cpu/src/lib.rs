@@ -3,7 +3,9 @@
 //! - [`Tape`]: leaves, op application (shape rule, then kernel), value reads with shape checks,
 //!   dense reverse accumulation ([`Tape::backward_dense`], [`Tape::backward_dense_from`],
 //!   [`Tape::backward_first_n`]) and sparse gradients for chosen leaves ([`Tape::backward_params`]).
-//!   Implements [`tl_ir::Recorder`], so `GraphData::replay` compiles into it.
+//!   Implements [`tl_ir::Recorder`], so `GraphData::replay` compiles into it. It keeps a pool
+//!   of spare buffers ([`tl_spec::pool`]) that its kernels draw from, so a pass after
+//!   [`Tape::clear`] runs in the last pass's buffers.
 //! - [`ops`]: the CPU kernels, one module per op family.
 //! - [`gemm`]: the one matrix product they use (micro-kernel chosen at run time for the CPU) and
 //!   its thread knob, [`set_threads`] / `TL_NUM_THREADS`.

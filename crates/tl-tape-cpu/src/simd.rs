@@ -167,7 +167,7 @@ impl<T: Scalar, F: Map1<T>> Kernel for MapSimd<'_, T, F> {
 
     #[inline(always)]
     fn call(self) -> Vec<T> {
-        let mut out = vec![T::zero(); self.x.len()];
+        let mut out = tl_spec::pool::zeroed(self.x.len());
         for (o, &v) in out.iter_mut().zip(self.x) {
             *o = self.f.at(v);
         }
@@ -187,7 +187,7 @@ impl<T: Scalar, F: Map2<T>> Kernel for ZipSimd<'_, T, F> {
 
     #[inline(always)]
     fn call(self) -> Vec<T> {
-        let mut out = vec![T::zero(); self.a.len().min(self.b.len())];
+        let mut out = tl_spec::pool::zeroed(self.a.len().min(self.b.len()));
         for ((o, &u), &v) in out.iter_mut().zip(self.a).zip(self.b) {
             *o = self.f.at(u, v);
         }

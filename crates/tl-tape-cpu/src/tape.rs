@@ -1,13 +1,21 @@
 //! The CPU tape: a grow-only array of nodes; ids are indices. Each node holds its op,
 //! parent ids, forward value and `requires_grad`; backward dispatches on the op with `match`
 //! (see [`crate::ops`]), so the tape is plain data.
+//!
+//! **Buffers.** The tape owns a [`Pool`] of spare buffers and installs it while its kernels run
+//! (forward and backward), so they draw their outputs and workspaces from it. It fills up from
+//! what the tape no longer needs: the values of a [`Tape::clear`]ed pass, the cotangents
+//! reverse accumulation has consumed (the sparse path), gradients handed back with
+//! [`Tape::recycle`]. A training loop that clears the tape each step therefore runs every step
+//! after the first in the previous step's buffers (docs/performance.md, "Buffer reuse").
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 use tl_ir::{Op, Recorder};
+use tl_spec::pool::{self, Pool, PoolStats};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::{CustomOp, Error, Result, ops};
@@ -96,11 +104,25 @@ impl<T: Scalar> fmt::Debug for Node<T> {
 /// PyTorch comparison: the autograd graph recorded during a forward pass; `backward_dense` is
 /// `torch.autograd.grad` for every node at once, `backward_params` is `loss.backward()` followed
 /// by reading `.grad` of chosen leaves.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct Tape<T: Scalar> {
     nodes: Vec<Node<T>>,
     /// The Nat environment; shared copy-on-write with the nodes that snapshot it.
     nats: Arc<Vec<usize>>,
+    /// Spare buffers for the kernels (module documentation). Behind a lock because reverse
+    /// accumulation borrows the tape shared.
+    pool: Mutex<Pool<T>>,
+}
+
+/// A clone has the same nodes (sharing their values) and an empty pool.
+impl<T: Scalar> Clone for Tape<T> {
+    fn clone(&self) -> Self {
+        Tape {
+            nodes: self.nodes.clone(),
+            nats: Arc::clone(&self.nats),
+            pool: Mutex::default(),
+        }
+    }
 }
 
 impl<T: Scalar> fmt::Debug for Tape<T> {
@@ -117,7 +139,33 @@ impl<T: Scalar> Tape<T> {
         Tape {
             nodes: Vec::new(),
             nats: Arc::new(Vec::new()),
+            pool: Mutex::default(),
         }
+    }
+
+    /// The buffer pool (a poisoned lock is taken over: the pool holds only spare buffers).
+    fn pool(&self) -> MutexGuard<'_, Pool<T>> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hand a tensor this tape made back to its pool, for its kernels to reuse (kept only if
+    /// nothing else shares its storage). The eager session returns its last gradients this way.
+    pub fn recycle(&self, t: Tensor<T>) {
+        self.pool().recycle(t);
+    }
+
+    /// Run `f` with the tape's pool installed, so the buffers it allocates through
+    /// [`tl_spec::pool`] (kernels, a host optimizer step) come from the tape's spares.
+    pub fn with_pool<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut pool = self.pool();
+        let _installed = pool::install(&mut pool);
+        f()
+    }
+
+    /// The pool's counters: buffers reused, fresh allocations its kernels made while it was
+    /// installed, buffers held.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool().stats()
     }
 
     /// The Nat environment (runtime indices and labels) read by index ops.
@@ -165,9 +213,15 @@ impl<T: Scalar> Tape<T> {
         self.nodes.is_empty()
     }
 
-    /// Discard every node and the Nat environment (a fresh forward pass).
+    /// Discard every node and the Nat environment (a fresh forward pass). The values go to the
+    /// tape's pool for the next pass; the pool first drops what sat unused through the whole
+    /// pass that ends ([`Pool::trim`]).
     pub fn clear(&mut self) {
-        self.nodes.clear();
+        let pool = self.pool.get_mut().unwrap_or_else(|e| e.into_inner());
+        pool.trim();
+        for node in self.nodes.drain(..) {
+            pool.recycle(node.value);
+        }
         self.nats = Arc::new(Vec::new());
     }
 
@@ -256,6 +310,8 @@ impl<T: Scalar> Tape<T> {
             let shape = op.infer_shape(&shapes)?;
             // The output is refused before any kernel allocates it (tl_spec::alloc's cap).
             tl_spec::alloc::check_shape::<T>(op.name(), &shape)?;
+            let mut pool = self.pool();
+            let _installed = pool::install(&mut pool);
             let value = ops::forward(op, &inputs, &self.nats)?;
             if value.shape() != &shape {
                 return Err(Error::Shape {
@@ -281,6 +337,8 @@ impl<T: Scalar> Tape<T> {
             let inputs = self.inputs(op.name(), parents)?;
             let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
             let shape = op.infer_shape(&shapes)?;
+            let mut pool = self.pool();
+            let _installed = pool::install(&mut pool);
             let value = op.forward(&inputs)?;
             if value.shape() != &shape {
                 return Err(Error::Shape {
@@ -299,7 +357,7 @@ impl<T: Scalar> Tape<T> {
     /// Nodes that receive no contribution get zeros.
     pub fn backward_dense(&self, out: Id, seed: &Tensor<T>) -> Result<Vec<Tensor<T>>> {
         let grads = self.seeded("backward_dense", out, seed)?;
-        self.densify(self.accumulate(grads, out + 1)?)
+        self.densify(self.accumulate(grads, out + 1, None)?)
     }
 
     /// Reverse accumulation over the whole tape from an explicit dense gradient array
@@ -335,7 +393,7 @@ impl<T: Scalar> Tape<T> {
             }
         }
         let grads = grads0.into_iter().map(Some).collect();
-        self.densify(self.accumulate(grads, n)?)
+        self.densify(self.accumulate(grads, n, None)?)
     }
 
     /// Sparse gradients for chosen leaves only (the training-loop path): a map from each id in
@@ -350,9 +408,9 @@ impl<T: Scalar> Tape<T> {
             self.check_id("backward_params", w)?;
         }
         let grads = self.seeded("backward_params", out, seed)?;
-        let grads = self.accumulate(grads, out + 1)?;
+        let mut grads = self.accumulate(grads, out + 1, Some(wanted))?;
         // Clone (an Arc bump), not take: an id listed twice must get its gradient both times.
-        Ok(wanted
+        let found = wanted
             .iter()
             .map(|&w| {
                 let g = grads[w]
@@ -360,7 +418,11 @@ impl<T: Scalar> Tape<T> {
                     .unwrap_or_else(|| Tensor::zeros(self.nodes[w].value.shape().clone()));
                 (w, g)
             })
-            .collect())
+            .collect();
+        // What was not asked for (leaves that require grad, ids past `out`) goes to the pool.
+        let mut pool = self.pool();
+        grads.drain(..).flatten().for_each(|g| pool.recycle(g));
+        Ok(found)
     }
 
     fn seeded(&self, what: &str, out: Id, seed: &Tensor<T>) -> Result<Vec<Option<Tensor<T>>>> {
@@ -389,12 +451,17 @@ impl<T: Scalar> Tape<T> {
     /// The reverse loop: visit ids n−1 … 0; for each node that requires grad and has a
     /// cotangent, run its VJP and add each contribution into its parent. Contributions to
     /// parents that do not require grad are dropped; a contribution of the wrong shape is an
-    /// error naming the op.
+    /// error naming the op. With `keep = Some(ids)` only those ids' cotangents are wanted: every
+    /// other one goes to the pool once its VJP has run (and a contribution once it has been
+    /// added), so the backward pass reuses its own buffers; `None` keeps them all.
     fn accumulate(
         &self,
         mut grads: Vec<Option<Tensor<T>>>,
         n: usize,
+        keep: Option<&[Id]>,
     ) -> Result<Vec<Option<Tensor<T>>>> {
+        let mut pool = self.pool();
+        let _installed = pool::install(&mut pool);
         for id in (0..n).rev() {
             let node = &self.nodes[id];
             if !node.requires_grad || matches!(node.kind, NodeKind::Leaf) {
@@ -449,8 +516,17 @@ impl<T: Scalar> Tape<T> {
                 }
                 match &mut lower[p] {
                     slot @ None => *slot = Some(c),
-                    Some(acc) => ops::accumulate(acc, &c),
+                    Some(acc) => {
+                        ops::accumulate(acc, &c);
+                        pool::recycle(c);
+                    }
                 }
+            }
+            if let Some(keep) = keep
+                && !keep.contains(&id)
+                && let Some(g) = upper[0].take()
+            {
+                pool::recycle(g);
             }
         }
         Ok(grads)

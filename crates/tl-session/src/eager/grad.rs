@@ -3,15 +3,23 @@
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, Buffer};
 
-use super::{Grads, Session, on_engine};
+use super::{Engine, Grads, Session, on_engine};
 use crate::{Error, Optimizer, Param, Result, TensorRef};
 
 impl<T: Scalar> Session<T> {
+    /// Drop the last backward's gradients: device buffers go back to the device's pool, host
+    /// ones to the CPU tape's (its kernels reuse them in the next pass).
     pub(crate) fn release_grads(&mut self) {
-        if let Some(Grads::Device(g)) = self.grads.take() {
-            on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => {
+        match self.grads.take() {
+            Some(Grads::Device(g)) => on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => {
                 t.release_grads(g);
-            });
+            }),
+            Some(Grads::Cpu(g)) => {
+                if let Engine::Cpu(t) = &self.engine {
+                    g.into_iter().for_each(|x| t.recycle(x));
+                }
+            }
+            None => {}
         }
     }
 
@@ -130,13 +138,15 @@ impl<T: Scalar> Session<T> {
                 return Err(Self::no_backward("step"));
             };
             on_engine!(&mut self.engine,
-                cpu(_) => {
+                cpu(t) => {
                     let Grads::Cpu(g) = grads else {
                         return Err(Self::no_backward("step"));
                     };
                     let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &g[l]).collect();
                     let slot = &mut self.params.slots[index];
-                    opt.update_host(key, &mut slot.host, &gs)
+                    // The new values in the tape's spare buffers (the old ones go there when
+                    // the tape is cleared).
+                    t.with_pool(|| opt.update_host(key, &mut slot.host, &gs))
                         .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
                 },
                 cuda(t) => {

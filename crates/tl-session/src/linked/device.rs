@@ -131,7 +131,9 @@ impl<T: Scalar> LinkedSession<T> {
     ) -> Result<Compiled<T>> {
         match backend {
             Backend::Cpu => {
-                let mut tape = tl_tape_cpu::Tape::new();
+                // The last step's tape, cleared: its kernels draw from that step's buffers.
+                let mut tape = self.cpu_tape.take().unwrap_or_default();
+                tape.clear();
                 let g = self.builder.graph();
                 let map = g.replay(&mut tape, &self.leaves, &self.nats.values)?;
                 Ok(Compiled {
@@ -178,10 +180,15 @@ impl<T: Scalar> LinkedSession<T> {
         Ok(())
     }
 
-    /// Hand a compiled tape's device back for the next [`compile_reusing`](Self::compile_reusing).
+    /// Hand a compiled tape's device (a CPU tape: the tape and its buffers) back for the next
+    /// [`compile_reusing`](Self::compile_reusing).
     pub(crate) fn recycle(&mut self, compiled: Compiled<T>) {
         match compiled.tape {
-            CompiledTape::Cpu(_) => {}
+            CompiledTape::Cpu(mut t) => {
+                // Its values go to its pool now, not at the next compile (nothing reads them).
+                t.clear();
+                self.cpu_tape = Some(t);
+            }
             CompiledTape::CudaSim(t) => self.devices.sim = Some(t.into_device()),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             CompiledTape::Cuda(t) => self.devices.cuda = Some(t.into_device()),

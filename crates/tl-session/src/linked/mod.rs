@@ -46,6 +46,9 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// their caching allocators' pools (no device allocation in steady state) and the
     /// parameters stay resident there.
     devices: Devices,
+    /// The CPU tape of the last compile, cleared: its pool holds that step's buffers, which the
+    /// next compile's kernels reuse (docs/performance.md, "Buffer reuse").
+    cpu_tape: Option<Tape<T>>,
     /// Whether a parameter leaf of this graph was recorded with a host value older than its
     /// device mirror (synced by [`sync_leaves`](Self::sync_leaves) before host code reads it).
     leaves_stale: bool,
@@ -175,6 +178,7 @@ impl<T: Scalar> LinkedSession<T> {
             deterministic: false,
             values: Vec::new(),
             devices: Devices::default(),
+            cpu_tape: None,
             leaves_stale: false,
         }
     }
@@ -268,7 +272,12 @@ impl<T: Scalar> LinkedSession<T> {
     /// dropped; old handles become invalid. Parameters keep their values.
     pub fn reset(&mut self) {
         self.builder = GraphBuilder::new();
-        self.leaves.clear();
+        // Leaf values nothing else holds (a parameter's value before the last step) become
+        // spare buffers of the CPU tape.
+        match &self.cpu_tape {
+            Some(t) => self.leaves.drain(..).for_each(|v| t.recycle(v)),
+            None => self.leaves.clear(),
+        }
         self.leaf_param.clear();
         self.nats = NatEnv::default();
         self.values.clear();

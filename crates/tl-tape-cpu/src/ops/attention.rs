@@ -28,7 +28,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     match op {
         Op::MaskedSoftmax { mask } => {
             masked_softmax_shape(x[0].shape(), mask)?;
-            let mut y = x[0].data().to_vec();
+            let mut y = tl_spec::pool::with_capacity(x[0].numel());
+            y.extend_from_slice(x[0].data());
             let n = mask.n().max(1);
             softmax_rows(&mut y, n, |r| Some(mask.row(r % n)));
             tensor(x[0].shape().clone(), y)
@@ -39,7 +40,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             let block = core::block_rows(&dm, *fused);
             let c = core::forward(op, &dm, [&q, &k, &v], mask.as_ref(), block)?;
             let n_rows = dm.batch * dm.n;
-            let mut y = vec![T::zero(); n_rows * dm.dm];
+            let mut y = tl_spec::pool::zeroed(n_rows * dm.dm);
             matmul(
                 op,
                 rows_mut(op, &mut y, n_rows, dm.dm)?,
@@ -48,6 +49,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
                 rows(op, x[3].data(), dm.p, dm.dm)?,
                 T::one(),
             )?;
+            [q, k, v, c].into_iter().for_each(tl_spec::pool::give);
             tensor(x[4].shape().clone(), y)
         }
         _ => Err(wrong_family(op, "attention")),
@@ -68,7 +70,7 @@ pub fn backward<T: Scalar>(
             masked_softmax_shape(x[0].shape(), mask)?;
             check_shape(op, "output", y, x[0].shape())?;
             let n = mask.n().max(1);
-            let mut dx = vec![T::zero(); y.numel()];
+            let mut dx = tl_spec::pool::zeroed(y.numel());
             let rows = y.data().chunks_exact(n).zip(g.data().chunks_exact(n));
             for ((yr, gr), d) in rows.zip(dx.chunks_exact_mut(n)) {
                 let dot = dot_slice(yr, gr);
@@ -86,22 +88,22 @@ pub fn backward<T: Scalar>(
             // y = C·wo: dC = g·woᵀ, dwo = Cᵀ·g.
             let gv = rows(op, g.data(), n_rows, dmod)?;
             let wo = rows(op, x[3].data(), p, dmod)?;
-            let mut dc = vec![T::zero(); n_rows * p];
+            let mut dc = tl_spec::pool::zeroed(n_rows * p);
             let dcv = rows_mut(op, &mut dc, n_rows, p)?;
             matmul(op, dcv, false, gv, wo.t(), T::one())?;
             let block = core::block_rows(&dm, *fused);
             let (c, dqkv) = core::backward(op, &dm, [&q, &k, &v], &dc, mask.as_ref(), block)?;
-            let mut dwo = vec![T::zero(); p * dmod];
+            let mut dwo = tl_spec::pool::zeroed(p * dmod);
             let cv = rows(op, &c, n_rows, p)?;
             let dwov = rows_mut(op, &mut dwo, p, dmod)?;
             matmul(op, dwov, false, cv.t(), gv, T::one())?;
             // Q = x·wq: dwq = xᵀ·dQ, dx = Σ dQ·wqᵀ (likewise K, V).
             let xv = rows(op, x[4].data(), n_rows, dmod)?;
-            let mut dx = vec![T::zero(); n_rows * dmod];
+            let mut dx = tl_spec::pool::zeroed(n_rows * dmod);
             let mut dw: Grads<T> = smallvec![];
             for (k, d) in dqkv.iter().enumerate() {
                 let dv = rows(op, d, n_rows, p)?;
-                let mut dwk = vec![T::zero(); dmod * p];
+                let mut dwk = tl_spec::pool::zeroed(dmod * p);
                 let dwkv = rows_mut(op, &mut dwk, dmod, p)?;
                 matmul(op, dwkv, false, xv.t(), dv, T::one())?;
                 let wk = rows(op, x[k].data(), dmod, p)?;
@@ -111,6 +113,11 @@ pub fn backward<T: Scalar>(
             }
             dw.push(Some(tensor(x[3].shape().clone(), dwo)?));
             dw.push(Some(tensor(x[4].shape().clone(), dx)?));
+            // The scratch goes back to the tape's spares (crate::pool).
+            [q, k, v, dc, c]
+                .into_iter()
+                .chain(dqkv)
+                .for_each(tl_spec::pool::give);
             Ok(dw)
         }
         _ => Err(wrong_family(op, "attention")),
@@ -191,7 +198,7 @@ fn projections<T: Scalar>(op: &Op, dm: &Dims, x: &[&Tensor<T>]) -> Result<[Vec<T
     let xv = rows(op, x[4].data(), n_rows, dm.dm)?;
     let mut out = [Vec::new(), Vec::new(), Vec::new()];
     for (k, o) in out.iter_mut().enumerate() {
-        *o = vec![T::zero(); n_rows * dm.p];
+        *o = tl_spec::pool::zeroed(n_rows * dm.p);
         let w = rows(op, x[k].data(), dm.dm, dm.p)?;
         matmul(op, rows_mut(op, o, n_rows, dm.p)?, false, xv, w, T::one())?;
     }
@@ -265,8 +272,8 @@ pub mod core {
         block: usize,
     ) -> Result<Vec<T>> {
         let Dims { n, p, d, heads, .. } = *dm;
-        let mut c = vec![T::zero(); dm.batch * n * p];
-        let mut s = vec![T::zero(); block * n];
+        let mut c = tl_spec::pool::zeroed(dm.batch * n * p);
+        let mut s = tl_spec::pool::zeroed(block * n);
         for (b, cb) in c.chunks_exact_mut((n * p).max(1)).enumerate() {
             let sample = Sample::new(op, dm, b, qkv)?;
             let mut cb = rows_mut(op, cb, n, p)?;
@@ -281,6 +288,7 @@ pub mod core {
                 }
             }
         }
+        tl_spec::pool::give(s);
         Ok(c)
     }
 
@@ -297,8 +305,11 @@ pub mod core {
         let Dims { n, p, d, heads, .. } = *dm;
         let scale = T::one() / T::lit(d as f64).sqrt();
         let len = dm.batch * n * p;
-        let mut out = [(); 4].map(|_| vec![T::zero(); len]);
-        let (mut s, mut ds) = (vec![T::zero(); block * n], vec![T::zero(); block * n]);
+        let mut out = [(); 4].map(|_| tl_spec::pool::zeroed(len));
+        let (mut s, mut ds) = (
+            tl_spec::pool::zeroed(block * n),
+            tl_spec::pool::zeroed(block * n),
+        );
         let sample_len = (n * p).max(1);
         let [c, dq, dk, dv] = &mut out;
         let samples = (c
@@ -348,6 +359,8 @@ pub mod core {
                 }
             }
         }
+        tl_spec::pool::give(s);
+        tl_spec::pool::give(ds);
         let [c, dq, dk, dv] = out;
         Ok((c, [dq, dk, dv]))
     }

@@ -49,7 +49,7 @@ pub fn backward<T: Scalar>(
         }
         Op::Slice { start, .. } => {
             let row = row_len(x[0].shape());
-            let mut dx = vec![T::zero(); x[0].numel()];
+            let mut dx = tl_spec::pool::zeroed(x[0].numel());
             let at = start * row;
             dx[at..at + g.numel()].copy_from_slice(g.data());
             Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])

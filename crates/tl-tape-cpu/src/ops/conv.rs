@@ -161,6 +161,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
                 col2im(&t, c, &cols, yn);
                 add_bias(yn, b, bl);
             }
+            tl_spec::pool::give(cols);
             Ok(())
         })?;
         tensor(cv.out_dims(), y)
@@ -174,6 +175,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
                 gemm(op, &wv, &view(op, &cols, c * kl, ol)?, T::zero(), yn)?;
                 add_bias(yn, b, ol);
             }
+            tl_spec::pool::give(cols);
             Ok(())
         })?;
         tensor(cv.out_dims(), y)
@@ -257,6 +259,7 @@ pub fn backward_masked<T: Scalar>(
                 gemm(op, &wv.t(), &gv, T::zero(), &mut cols)?;
                 col2im(&t, c, &cols, dxn);
             }
+            tl_spec::pool::give(cols);
             Ok(())
         })?;
     }
@@ -293,6 +296,7 @@ pub fn backward_masked<T: Scalar>(
             }
         }
     }
+    tl_spec::pool::give(cols);
     let keep = |on: bool, shape: &tl_spec::Shape, data: Vec<T>| -> Result<Option<Tensor<T>>> {
         Ok(if on {
             Some(tensor(shape.clone(), data)?)

@@ -34,7 +34,7 @@ pub fn backward<T: Scalar>(
     check_shape(op, "output", y, &Shape::scalar())?;
     check_shape(op, "cotangent", g, &Shape::scalar())?;
     let k = g.data()[0] / T::lit(rows as f64);
-    let mut dx = vec![T::zero(); x[0].numel()];
+    let mut dx = tl_spec::pool::zeroed(x[0].numel());
     for ((row, d), &l) in x[0]
         .data()
         .chunks_exact(c)

@@ -119,7 +119,7 @@ pub fn backward<T: Scalar>(
         }
         Scale(c) => {
             let c = T::lit(*c);
-            one(gd.iter().map(|&g| c * g).collect())
+            one(g.map(|v| c * v).into_vec())
         }
         Abs => one(zip(gd, xd, |g, x| {
             if x > zero {
@@ -179,15 +179,15 @@ fn binary<T: Scalar>(op: &Op, x: &[&Tensor<T>], f: impl Fn(T, T) -> T) -> Result
 }
 
 fn zip<T: Scalar>(a: &[T], b: &[T], f: impl Fn(T, T) -> T) -> Vec<T> {
-    a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect()
+    let mut out = tl_spec::pool::with_capacity(a.len().min(b.len()));
+    out.extend(a.iter().zip(b).map(|(&a, &b)| f(a, b)));
+    out
 }
 
 fn zip3<T: Scalar>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) -> Vec<T> {
-    a.iter()
-        .zip(b)
-        .zip(c)
-        .map(|((&a, &b), &c)| f(a, b, c))
-        .collect()
+    let mut out = tl_spec::pool::with_capacity(a.len().min(b.len()).min(c.len()));
+    out.extend(a.iter().zip(b).zip(c).map(|((&a, &b), &c)| f(a, b, c)));
+    out
 }
 
 /// `ln x`, after checking every element is positive (a NaN or x ≤ 0 is an error naming the op,

@@ -28,7 +28,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
     }
     let idx = indices(op, x, nats, rows)?;
     let src = x[0].data();
-    let mut data = vec![T::zero(); out.numel()];
+    let mut data = tl_spec::pool::zeroed(out.numel());
     for (&i, o) in idx.iter().zip(data.chunks_exact_mut(cols.max(1))) {
         if i < rows {
             o.copy_from_slice(&src[i * cols..(i + 1) * cols]);
@@ -56,7 +56,7 @@ pub fn backward<T: Scalar>(
         return Ok(smallvec![Some(g.clone()), Some(dv)]);
     }
     let idx = indices(op, x, nats, rows)?;
-    let mut dx = vec![T::zero(); x[0].numel()];
+    let mut dx = tl_spec::pool::zeroed(x[0].numel());
     for (&i, gr) in idx.iter().zip(g.data().chunks_exact(cols.max(1))) {
         if i < rows {
             for (d, &v) in dx[i * cols..(i + 1) * cols].iter_mut().zip(gr) {

@@ -101,7 +101,7 @@ fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (T, T) {
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let (l, eps) = Layout::of(op, x)?;
     let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
-    let mut y = vec![T::zero(); xs.len()];
+    let mut y = tl_spec::pool::zeroed(xs.len());
     for k in 0..l.c {
         let (mean, rstd) = stats(&l, k, xs, eps);
         for r in l.segs(k) {
@@ -125,9 +125,9 @@ pub fn backward<T: Scalar>(
     check_shape(op, "output", y, x[0].shape())?;
     check_shape(op, "cotangent", g, x[0].shape())?;
     let (xs, gamma, gs) = (x[0].data(), x[1].data(), g.data());
-    let mut dx = vec![T::zero(); xs.len()];
-    let mut dgamma = vec![T::zero(); gamma.len()];
-    let mut dbeta = vec![T::zero(); gamma.len()];
+    let mut dx = tl_spec::pool::zeroed(xs.len());
+    let mut dgamma = tl_spec::pool::zeroed(gamma.len());
+    let mut dbeta = tl_spec::pool::zeroed(gamma.len());
     let m = l.count::<T>();
     for k in 0..l.c {
         let (mean, rstd) = stats(&l, k, xs, eps);

@@ -108,7 +108,7 @@ fn expand_axis<T: Scalar>(
     let (_, n, inner, out_shape) = split(op, x, axis)?;
     check_shape(op, "cotangent", g, &out_shape)?;
     let gd = g.data();
-    let mut dx = vec![T::zero(); x.numel()];
+    let mut dx = tl_spec::pool::zeroed(x.numel());
     let scale = if mean {
         T::one() / T::lit(n as f64)
     } else {

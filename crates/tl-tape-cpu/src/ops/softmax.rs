@@ -22,7 +22,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         _ => return Err(wrong_family(op, "softmax")),
     };
     let c = cols(op, x)?;
-    let mut out = vec![T::zero(); x.numel()];
+    let mut out = tl_spec::pool::zeroed(x.numel());
     for (row, o) in x.data().chunks_exact(c).zip(out.chunks_exact_mut(c)) {
         let m = row.iter().copied().fold(T::neg_infinity(), T::max);
         for (o, &v) in o.iter_mut().zip(row) {
@@ -67,7 +67,7 @@ pub fn backward<T: Scalar>(
     check_shape(op, "output", y, x.shape())?;
     check_shape(op, "cotangent", g, x.shape())?;
     let c = cols(op, x)?;
-    let mut dx = vec![T::zero(); x.numel()];
+    let mut dx = tl_spec::pool::zeroed(x.numel());
     let rows = y.data().chunks_exact(c).zip(g.data().chunks_exact(c));
     for ((yr, gr), d) in rows.zip(dx.chunks_exact_mut(c)) {
         if log {

@@ -46,7 +46,7 @@ pub fn forward_direct<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>>
 fn direct_forward<T: Scalar>(x: &[&Tensor<T>], n: usize, w: usize, m: usize) -> Result<Tensor<T>> {
     let plan = Plan::new(n, w, m);
     let (wr, wi) = (x[1].data(), x[2].data());
-    let mut y = vec![T::zero(); x[0].numel()];
+    let mut y = tl_spec::pool::zeroed(x[0].numel());
     let mut s = plan.scratch();
     for (xs, ys) in x[0]
         .data()
@@ -95,9 +95,9 @@ fn direct_backward<T: Scalar>(
 ) -> Result<Grads<T>> {
     let plan = Plan::new(n, w, m);
     let (wr, wi) = (x[1].data(), x[2].data());
-    let mut dx = vec![T::zero(); x[0].numel()];
-    let mut dwr = vec![T::zero(); wr.len()];
-    let mut dwi = vec![T::zero(); wi.len()];
+    let mut dx = tl_spec::pool::zeroed(x[0].numel());
+    let mut dwr = tl_spec::pool::zeroed(wr.len());
+    let mut dwi = tl_spec::pool::zeroed(wi.len());
     let mut s = plan.scratch();
     let slices = x[0]
         .data()
@@ -264,7 +264,7 @@ impl<T: Scalar> Plan<T> {
     }
 
     fn scratch(&self) -> Scratch<T> {
-        let z = vec![T::zero(); self.m * self.w];
+        let z = tl_spec::pool::zeroed(self.m * self.w);
         Scratch {
             ar: z.clone(),
             ai: z.clone(),

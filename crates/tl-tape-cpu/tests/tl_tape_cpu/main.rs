@@ -7,6 +7,7 @@ mod common;
 
 mod errors;
 mod kernels;
+mod pool;
 mod simd;
 mod tape;
 mod threads;

@@ -1,0 +1,121 @@
+//! Buffer reuse (`tl_spec::pool`): a tape cleared between passes runs the next pass in the last
+//! one's buffers, with the same bits as a fresh tape, and never hands out storage that is still
+//! readable elsewhere.
+
+use tl_ir::Op;
+use tl_spec::Tensor;
+use tl_tape_cpu::Tape;
+
+use crate::common::Rng;
+
+/// The f32 values of a small conv → gelu → linear → mul/add/exp → sum network.
+struct Inputs {
+    w_conv: Tensor<f32>,
+    b_conv: Tensor<f32>,
+    x: Tensor<f32>,
+    w_lin: Tensor<f32>,
+    b_lin: Tensor<f32>,
+}
+
+fn uniform(rng: &mut Rng, dims: &[usize]) -> Tensor<f32> {
+    Tensor::from_fn(dims, |_| rng.uniform(-1.0, 1.0) as f32)
+}
+
+fn inputs(seed: u64) -> Inputs {
+    let mut rng = Rng(seed);
+    Inputs {
+        w_conv: uniform(&mut rng, &[4, 2, 3, 3]),
+        b_conv: uniform(&mut rng, &[4]),
+        x: uniform(&mut rng, &[3, 2, 9, 9]),
+        w_lin: uniform(&mut rng, &[5, 4 * 9 * 9]),
+        b_lin: uniform(&mut rng, &[5]),
+    }
+}
+
+/// Record the network on `t` (cleared first), run sparse backward for the weights; every value
+/// and the weights' gradients, as bits.
+fn pass(t: &mut Tape<f32>, i: &Inputs) -> Vec<Vec<u32>> {
+    t.clear();
+    let wc = t.leaf(i.w_conv.clone(), Some("w_conv"), true);
+    let bc = t.leaf(i.b_conv.clone(), Some("b_conv"), true);
+    let x = t.leaf(i.x.clone(), Some("x"), false);
+    let wl = t.leaf(i.w_lin.clone(), Some("w_lin"), true);
+    let bl = t.leaf(i.b_lin.clone(), Some("b_lin"), true);
+    let conv = Op::Conv {
+        stride: vec![1, 1],
+        padding: vec![1, 1],
+    };
+    let y = t.apply(&conv, &[wc, bc, x]).unwrap();
+    let y = t.apply(&Op::Gelu, &[y]).unwrap();
+    let y = t.apply(&Op::Reshape([3, 4 * 9 * 9].into()), &[y]).unwrap();
+    let y = t.apply(&Op::Linear, &[wl, bl, y]).unwrap();
+    let e = t.apply(&Op::Exp, &[y]).unwrap();
+    let y = t.apply(&Op::Mul, &[y, e]).unwrap();
+    let y = t.apply(&Op::Add, &[y, e]).unwrap();
+    let loss = t.apply(&Op::Sum, &[y]).unwrap();
+    let wanted = [wc, bc, wl, bl];
+    let grads = t
+        .backward_params(loss, &Tensor::scalar(1.0), &wanted)
+        .unwrap();
+    let bits = |v: &Tensor<f32>| v.data().iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut out: Vec<Vec<u32>> = (0..t.len()).map(|id| bits(t.get(id).unwrap())).collect();
+    out.extend(wanted.iter().map(|w| bits(&grads[w])));
+    out
+}
+
+#[test]
+fn a_cleared_tape_reruns_in_its_own_buffers_with_the_same_bits() {
+    let mut kept = Tape::new();
+    let mut held = Vec::new();
+    for step in 0..8 {
+        let i = inputs(step);
+        let before = kept.pool_stats();
+        let reused = pass(&mut kept, &i);
+        let fresh = pass(&mut Tape::new(), &i);
+        assert_eq!(reused, fresh, "step {step}: a reused buffer changed a bit");
+        let after = kept.pool_stats();
+        if step >= 1 {
+            // Every buffer of the pass (8 op outputs, the backward pass's cotangents and
+            // workspaces) comes from the last pass's: no request goes to the system allocator.
+            assert_eq!(after.missed, before.missed, "step {step}: {after:?}");
+            assert!(after.reused - before.reused > 8, "step {step}: {after:?}");
+        }
+        held.push(after.held);
+    }
+    // What the pool keeps stops growing once the idle buffers start being trimmed.
+    let steady = held[tl_spec::pool::IDLE_TRIMS as usize + 1];
+    assert!(held.iter().all(|&h| h <= steady), "{held:?}");
+}
+
+#[test]
+fn storage_still_read_elsewhere_is_never_reused() {
+    let mut t = Tape::new();
+    let first = pass(&mut t, &inputs(1));
+    // Hold every value of the first pass, as a caller reading them would.
+    let held: Vec<Tensor<f32>> = (0..t.len()).map(|id| t.get(id).unwrap().clone()).collect();
+    for seed in 2..5 {
+        pass(&mut t, &inputs(seed));
+    }
+    let now: Vec<Vec<u32>> = held
+        .iter()
+        .map(|v| v.data().iter().map(|f| f.to_bits()).collect())
+        .collect();
+    assert_eq!(now, first[..held.len()], "a held value was overwritten");
+}
+
+#[test]
+fn gradients_handed_back_are_reused_and_a_clone_keeps_its_pool_empty() {
+    let mut t = Tape::new();
+    let x = t.leaf(Tensor::vector(vec![1.0f32; 1000]), None, true);
+    let y = t.apply(&Op::Exp, &[x]).unwrap();
+    let s = t.apply(&Op::Sum, &[y]).unwrap();
+    let g = t.backward_dense(s, &Tensor::scalar(1.0)).unwrap();
+    let held = t.pool_stats().held;
+    g.into_iter().for_each(|g| t.recycle(g));
+    assert!(t.pool_stats().held > held, "the gradients became spares");
+    assert_eq!(
+        t.clone().pool_stats().held,
+        0,
+        "a clone shares values, not spares"
+    );
+}
