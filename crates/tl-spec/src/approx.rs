@@ -22,7 +22,8 @@ pub fn exp_f32(x: f32) -> f32 {
     // Round to nearest by the 1.5·2²³ shift (|x·log₂e| < 2²²): `f32::round` is a libm call
     // on baseline x86-64 (no SSE4.1), which would stop the loop from vectorizing.
     const SHIFT: f32 = 12_582_912.0;
-    let n = (xc * std::f32::consts::LOG2_E + SHIFT) - SHIFT;
+    let shifted = xc * std::f32::consts::LOG2_E + SHIFT;
+    let n = shifted - SHIFT;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4_f32;
     p = p * r + 1.398_199_9e-3;
@@ -31,9 +32,12 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
-    let n = n as i32;
-    let (n1, n2) = (n / 2, n - n / 2);
-    let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    // n as an integer, read from the shifted sum's low mantissa bits (the same n as `n as
+    // i32`, whose saturating conversion does not vectorize); a NaN gives some n, and x back
+    // below.
+    let n = (shifted.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
+    let (n1, n2) = (n / 2, n.wrapping_sub(n / 2));
+    let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
     let y = er * pow2(n1) * pow2(n2);
     if x > MAX {
         f32::INFINITY

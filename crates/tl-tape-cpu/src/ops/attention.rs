@@ -153,29 +153,22 @@ pub(crate) fn softmax_rows<'m, T: Scalar>(
 /// Inlined so that the callers' [`crate::simd::vectorize`] compiles it at their width.
 #[inline(always)]
 pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
-    let ok = |j: usize| allowed.is_none_or(|a| a.get(j).copied().unwrap_or(false));
-    let mut m = T::neg_infinity();
-    for (j, &v) in row.iter().enumerate() {
-        if ok(j) && v > m {
-            m = v;
-        }
-    }
+    let m = row_max(row, allowed);
     if m == T::neg_infinity() {
         row.fill(T::zero());
         return;
     }
     // Exponentials first, then the sum: two loops the compiler vectorizes (one loop that
-    // also accumulated would stay scalar).
+    // also accumulated would stay scalar). Entries past the end of the mask are disallowed.
     match allowed {
         None => row.iter_mut().for_each(|v| *v = approx::exp(*v - m)),
-        Some(_) => {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = if ok(j) {
-                    approx::exp(*v - m)
-                } else {
-                    T::zero()
-                };
+        Some(ok) => {
+            let n = row.len().min(ok.len());
+            let (head, tail) = row.split_at_mut(n);
+            for (v, &ok) in head.iter_mut().zip(&ok[..n]) {
+                *v = if ok { approx::exp(*v - m) } else { T::zero() };
             }
+            tail.fill(T::zero());
         }
     }
     let z = sum_slice(row);
@@ -183,6 +176,51 @@ pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
     for v in row.iter_mut() {
         *v *= inv;
     }
+}
+
+/// The largest allowed entry of `row` (−∞ when none is), in 16 independent lanes so that it
+/// vectorizes. The same value as a left-to-right scan: a maximum does not depend on the order
+/// (NaNs are skipped either way; of two equal zeros either sign may win, and `v − m` is then
+/// the same for every entry but a zero, whose exponential is 1 either way).
+#[inline(always)]
+fn row_max<T: Scalar>(row: &[T], allowed: Option<&[bool]>) -> T {
+    const LANES: usize = 16;
+    let mut acc = [T::neg_infinity(); LANES];
+    let take = |a: &mut T, v: T, ok: bool| {
+        if ok && v > *a {
+            *a = v;
+        }
+    };
+    match allowed {
+        None => {
+            let chunks = row.chunks_exact(LANES);
+            let rest = chunks.remainder();
+            for c in chunks {
+                for (a, &v) in acc.iter_mut().zip(c) {
+                    take(a, v, true);
+                }
+            }
+            for (a, &v) in acc.iter_mut().zip(rest) {
+                take(a, v, true);
+            }
+        }
+        Some(ok) => {
+            let n = row.len().min(ok.len());
+            let (row, ok) = (&row[..n], &ok[..n]);
+            let (rows, oks) = (row.chunks_exact(LANES), ok.chunks_exact(LANES));
+            let (rest, ok_rest) = (rows.remainder(), oks.remainder());
+            for (c, o) in rows.zip(oks) {
+                for ((a, &v), &o) in acc.iter_mut().zip(c).zip(o) {
+                    take(a, v, o);
+                }
+            }
+            for ((a, &v), &o) in acc.iter_mut().zip(rest).zip(ok_rest) {
+                take(a, v, o);
+            }
+        }
+    }
+    acc.into_iter()
+        .fold(T::neg_infinity(), |m, v| if v > m { v } else { m })
 }
 
 fn dims<T: Scalar>(op: &Op, x: &[&Tensor<T>], heads: usize, mask: Option<&Mask>) -> Result<Dims> {
