@@ -185,6 +185,10 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
 /// A zeroed buffer of `∏ dims` values for `op` (`what` names it in errors): the product is
 /// checked for overflow and the bytes against the allocation cap ([`tl_spec::alloc`]), so a
 /// workspace too large to allocate is `TooLarge`, not an abort.
+/// Batch entries per partial sum of conv's weight cotangent (see [`backward`]): the chunks run
+/// across threads; the result depends on this constant, never on the thread count.
+pub const DW_CHUNK: usize = 8;
+
 fn workspace<T: Scalar>(op: &Op, what: &str, dims: &[usize]) -> Result<Vec<T>> {
     let n = tl_spec::Shape::new(dims).check_size(op.name())?;
     Ok(tl_spec::alloc::try_vec(op.name(), what, n, T::zero())?)
@@ -229,7 +233,7 @@ pub fn backward_masked<T: Scalar>(
     let (a, c, kl, ol, bl) = (cv.a, cv.c, t.kernel_len, t.small_len, t.big_len);
     let wv = view(op, w, a, c * kl)?;
     // Workspaces and cotangents sized by the input: checked against the allocation cap.
-    let mut cols = if need_w || (need_x && cv.transpose) {
+    let mut cols = if cv.transpose && (need_w || need_x) {
         workspace(op, "the im2col workspace", &[c, kl, ol])?
     } else {
         Vec::new()
@@ -243,8 +247,8 @@ pub fn backward_masked<T: Scalar>(
     let out_c = if cv.transpose { c } else { a };
     let mut db = workspace(op, "bias cotangent", &[if need_b { out_c } else { 0 }])?;
     // conv's input cotangent is per batch entry (dx_n = col2im(Wᵀ·G_n)): split across threads
-    // when there is enough work, each block with its own workspace. The weight and bias
-    // cotangents sum over the batch, in batch order, below.
+    // when there is enough work, each block with its own workspace. The bias cotangent sums
+    // over the batch in order, the weight cotangent in chunks (below).
     if need_x && !cv.transpose {
         let work = cv
             .batches
@@ -282,19 +286,46 @@ pub fn backward_masked<T: Scalar>(
             if need_b {
                 bias_sums(&mut db, gn, bl);
             }
-        } else {
-            // x is big (C, B), g small (A, O).
-            let gn = &gd[n * a * ol..(n + 1) * a * ol];
-            let gv = view(op, gn, a, ol)?;
-            if need_w {
-                im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
-                let colv = view(op, &cols, c * kl, ol)?;
-                gemm(op, &gv, &colv.t(), T::one(), &mut dw)?;
+        } else if need_b {
+            // x is big (C, B), g small (A, O); the weight cotangent is summed below.
+            bias_sums(&mut db, &gd[n * a * ol..(n + 1) * a * ol], ol);
+        }
+    }
+    if need_w && !cv.transpose {
+        // dw = Σ_n G_n·cols(x_n)ᵀ, in fixed chunks of the batch: each chunk's sum (in batch
+        // order) is one row of `partials`, the chunks run across threads, and their sums are
+        // added in chunk order, so the bits depend on DW_CHUNK, not on the thread count.
+        let row = dw.len();
+        let chunks = cv.batches.div_ceil(DW_CHUNK);
+        let mut partials = workspace(op, "weight cotangent partial sums", &[chunks, row])?;
+        let work = cv
+            .batches
+            .saturating_mul(a)
+            .saturating_mul(c * kl)
+            .saturating_mul(ol);
+        crate::par::rows(&mut partials, row, work, &|first, block: &mut [T]| {
+            let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
+            for (k, part) in block.chunks_exact_mut(row.max(1)).enumerate() {
+                let start = (first + k) * DW_CHUNK;
+                for n in start..(start + DW_CHUNK).min(cv.batches) {
+                    let gv = view(op, &gd[n * a * ol..(n + 1) * a * ol], a, ol)?;
+                    im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
+                    let colv = view(op, &cols, c * kl, ol)?;
+                    gemm(op, &gv, &colv.t(), T::one(), part)?;
+                }
             }
-            if need_b {
-                bias_sums(&mut db, gn, ol);
+            tl_spec::pool::give(cols);
+            Ok(())
+        })?;
+        // The first chunk's sum as it is (one chunk: the plain sum in batch order).
+        for (k, part) in partials.chunks_exact(row.max(1)).enumerate() {
+            if k == 0 {
+                dw.copy_from_slice(part);
+            } else {
+                dw.iter_mut().zip(part).for_each(|(d, &p)| *d += p);
             }
         }
+        tl_spec::pool::give(partials);
     }
     tl_spec::pool::give(cols);
     let keep = |on: bool, shape: &tl_spec::Shape, data: Vec<T>| -> Result<Option<Tensor<T>>> {
