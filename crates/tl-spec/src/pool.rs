@@ -14,8 +14,9 @@
 //!   the installed pool of its element type, if there is one, else allocates;
 //! - a kernel gives its scratch buffers back with [`give`] when it is done with them.
 //!
-//! A buffer is only ever handed out empty (length 0), so no value of an earlier step can be
-//! read through it. Retention is bounded: [`Pool::trim`] (the owner calls it once per step)
+//! A buffer is handed out empty (length 0), so no value of an earlier step can be read
+//! through it, except by [`for_overwrite`], for kernels that write every element before reading
+//! any (a product with β = 0), which skips the zero fill. Retention is bounded: [`Pool::trim`] (the owner calls it once per step)
 //! drops the buffers that stayed unused for [`IDLE_TRIMS`] steps, so the pool holds the
 //! buffers of the last few steps at most, and shrinks when the step changes. Nothing is pooled
 //! where no pool is installed (reference code, other threads): the behaviour is then plain
@@ -84,13 +85,12 @@ impl<T> Pool<T> {
         Self::default()
     }
 
-    /// Keep `buf` for a later request of its capacity (emptied; zero-capacity buffers are
-    /// dropped).
-    pub fn put(&mut self, mut buf: Vec<T>) {
+    /// Keep `buf` for a later request of its capacity (zero-capacity buffers are dropped). Its
+    /// values stay in it: [`Pool::take`] empties it, [`for_overwrite`] hands them out.
+    pub fn put(&mut self, buf: Vec<T>) {
         if buf.capacity() == 0 {
             return;
         }
-        buf.clear();
         self.free
             .entry(buf.capacity())
             .or_default()
@@ -100,6 +100,15 @@ impl<T> Pool<T> {
     /// An empty buffer of capacity exactly `n`, if the pool holds one (the most recently put
     /// first).
     pub fn take(&mut self, n: usize) -> Option<Vec<T>> {
+        let mut found = self.take_as_put(n);
+        if let Some(buf) = &mut found {
+            buf.clear();
+        }
+        found
+    }
+
+    /// A buffer of capacity exactly `n` with the values it was put with.
+    fn take_as_put(&mut self, n: usize) -> Option<Vec<T>> {
         let found = self.free.get_mut(&n).and_then(Vec::pop).map(|(_, buf)| buf);
         match found {
             Some(_) => self.stats.reused += 1,
@@ -218,6 +227,26 @@ pub fn zeroed<T: Scalar>(n: usize) -> Vec<T> {
     v
 }
 
+/// `n` values for a kernel that writes every one of them before it reads any (a matrix product
+/// with β = 0): a spare buffer from the installed pool keeps the values it held (no fill),
+/// else zeros. The values are those of some earlier tensor of this tape, never of anything
+/// that can still read them; a kernel that does not overwrite them all must use [`zeroed`].
+pub fn for_overwrite<T: Scalar>(n: usize) -> Vec<T> {
+    let found = match n {
+        0 => None,
+        _ => with_slot::<T, _>(|slot| slot.as_mut().and_then(|p| p.take_as_put(n))).flatten(),
+    };
+    match found {
+        Some(buf) if buf.len() == n => buf,
+        Some(mut buf) => {
+            buf.clear();
+            buf.resize(n, T::zero());
+            buf
+        }
+        None => vec![T::zero(); n],
+    }
+}
+
 /// A spare buffer of capacity exactly `n` from the installed pool, if any (counted as a miss
 /// otherwise). Empty requests are never pooled.
 pub fn take<T: 'static>(n: usize) -> Option<Vec<T>> {
@@ -265,6 +294,26 @@ mod tests {
         let s = pool.stats();
         assert_eq!((s.reused, s.held), (1, 1), "{s:?}");
         assert_eq!(zeroed::<f32>(3), vec![0.0; 3], "uninstalled: plain zeros");
+    }
+
+    #[test]
+    fn for_overwrite_skips_the_fill_only_for_a_pooled_buffer() {
+        let mut pool = Pool::<f32>::new();
+        pool.put(vec![1.0, 2.0, 3.0]);
+        assert_eq!(
+            for_overwrite::<f32>(3),
+            vec![0.0; 3],
+            "not installed: zeros"
+        );
+        let _g = install(&mut pool);
+        assert_eq!(
+            for_overwrite::<f32>(2),
+            vec![0.0; 2],
+            "no spare of that capacity"
+        );
+        // The spare's old values, for a kernel that overwrites them all.
+        assert_eq!(for_overwrite::<f32>(3), vec![1.0, 2.0, 3.0]);
+        assert_eq!(for_overwrite::<f32>(0), Vec::<f32>::new());
     }
 
     #[test]

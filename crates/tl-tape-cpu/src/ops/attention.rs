@@ -40,7 +40,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             let block = core::block_rows(&dm, *fused);
             let c = core::forward(op, &dm, [&q, &k, &v], mask.as_ref(), block)?;
             let n_rows = dm.batch * dm.n;
-            let mut y = tl_spec::pool::zeroed(n_rows * dm.dm);
+            let mut y = tl_spec::pool::for_overwrite(n_rows * dm.dm);
             matmul(
                 op,
                 rows_mut(op, &mut y, n_rows, dm.dm)?,
@@ -88,22 +88,22 @@ pub fn backward<T: Scalar>(
             // y = C·wo: dC = g·woᵀ, dwo = Cᵀ·g.
             let gv = rows(op, g.data(), n_rows, dmod)?;
             let wo = rows(op, x[3].data(), p, dmod)?;
-            let mut dc = tl_spec::pool::zeroed(n_rows * p);
+            let mut dc = tl_spec::pool::for_overwrite(n_rows * p);
             let dcv = rows_mut(op, &mut dc, n_rows, p)?;
             matmul(op, dcv, false, gv, wo.t(), T::one())?;
             let block = core::block_rows(&dm, *fused);
             let (c, dqkv) = core::backward(op, &dm, [&q, &k, &v], &dc, mask.as_ref(), block)?;
-            let mut dwo = tl_spec::pool::zeroed(p * dmod);
+            let mut dwo = tl_spec::pool::for_overwrite(p * dmod);
             let cv = rows(op, &c, n_rows, p)?;
             let dwov = rows_mut(op, &mut dwo, p, dmod)?;
             matmul(op, dwov, false, cv.t(), gv, T::one())?;
             // Q = x·wq: dwq = xᵀ·dQ, dx = Σ dQ·wqᵀ (likewise K, V).
             let xv = rows(op, x[4].data(), n_rows, dmod)?;
-            let mut dx = tl_spec::pool::zeroed(n_rows * dmod);
+            let mut dx = tl_spec::pool::for_overwrite(n_rows * dmod);
             let mut dw: Grads<T> = smallvec![];
             for (k, d) in dqkv.iter().enumerate() {
                 let dv = rows(op, d, n_rows, p)?;
-                let mut dwk = tl_spec::pool::zeroed(dmod * p);
+                let mut dwk = tl_spec::pool::for_overwrite(dmod * p);
                 let dwkv = rows_mut(op, &mut dwk, dmod, p)?;
                 matmul(op, dwkv, false, xv.t(), dv, T::one())?;
                 let wk = rows(op, x[k].data(), dmod, p)?;
@@ -236,7 +236,7 @@ fn projections<T: Scalar>(op: &Op, dm: &Dims, x: &[&Tensor<T>]) -> Result<[Vec<T
     let xv = rows(op, x[4].data(), n_rows, dm.dm)?;
     let mut out = [Vec::new(), Vec::new(), Vec::new()];
     for (k, o) in out.iter_mut().enumerate() {
-        *o = tl_spec::pool::zeroed(n_rows * dm.p);
+        *o = tl_spec::pool::for_overwrite(n_rows * dm.p);
         let w = rows(op, x[k].data(), dm.dm, dm.p)?;
         matmul(op, rows_mut(op, o, n_rows, dm.p)?, false, xv, w, T::one())?;
     }
