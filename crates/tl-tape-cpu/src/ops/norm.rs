@@ -101,6 +101,16 @@ fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (T, T) {
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let (l, eps) = Layout::of(op, x)?;
     let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
+    if l.per_column {
+        let y = crate::simd::vectorize(rows::Forward {
+            x: xs,
+            gamma,
+            beta,
+            cols: l.seg,
+            eps,
+        });
+        return tensor(x[0].shape().clone(), y);
+    }
     let mut y = tl_spec::pool::zeroed(xs.len());
     for k in 0..l.c {
         let (mean, rstd) = stats(&l, k, xs, eps);
@@ -125,6 +135,20 @@ pub fn backward<T: Scalar>(
     check_shape(op, "output", y, x[0].shape())?;
     check_shape(op, "cotangent", g, x[0].shape())?;
     let (xs, gamma, gs) = (x[0].data(), x[1].data(), g.data());
+    if l.per_column {
+        let [dx, dgamma, dbeta] = crate::simd::vectorize(rows::Backward {
+            x: xs,
+            gamma,
+            g: gs,
+            cols: l.seg,
+            eps,
+        });
+        return Ok(smallvec![
+            Some(tensor(x[0].shape().clone(), dx)?),
+            Some(tensor(x[1].shape().clone(), dgamma)?),
+            Some(tensor(x[2].shape().clone(), dbeta)?),
+        ]);
+    }
     let mut dx = tl_spec::pool::zeroed(xs.len());
     let mut dgamma = tl_spec::pool::zeroed(gamma.len());
     let mut dbeta = tl_spec::pool::zeroed(gamma.len());
@@ -157,6 +181,108 @@ pub fn backward<T: Scalar>(
         Some(tensor(x[1].shape().clone(), dgamma)?),
         Some(tensor(x[2].shape().clone(), dbeta)?),
     ])
+}
+
+/// Layer norm (one group per row, γ/β per column) as kernels for [`crate::simd::vectorize`]:
+/// the same formulas as the general path, with the row sums in eight lanes (Σ x as
+/// [`sum_slice`]; Σ (x−μ)², Σ ĝ, Σ ĝ·x̂ likewise) so every loop vectorizes; dγ and dβ still
+/// add the rows in order.
+mod rows {
+    use tl_spec::Scalar;
+
+    /// Σ f(i) over `0..n` in eight lanes, combined as [`super::sum_slice`] combines them.
+    #[inline(always)]
+    fn lanes<T: Scalar>(n: usize, f: impl Fn(usize) -> T) -> T {
+        let mut acc = [T::zero(); 8];
+        let full = n - n % 8;
+        for i in (0..full).step_by(8) {
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a += f(i + l);
+            }
+        }
+        let mut s =
+            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for i in full..n {
+            s += f(i);
+        }
+        s
+    }
+
+    /// Mean and 1/sqrt(var + ε) of one row.
+    #[inline(always)]
+    fn stats<T: Scalar>(row: &[T], eps: T) -> (T, T) {
+        let m = T::lit(row.len().max(1) as f64);
+        let mean = lanes(row.len(), |i| row[i]) / m;
+        let sq = lanes(row.len(), |i| (row[i] - mean) * (row[i] - mean));
+        (mean, T::one() / ((sq / m).max(T::zero()) + eps).sqrt())
+    }
+
+    pub(super) struct Forward<'a, T> {
+        pub x: &'a [T],
+        pub gamma: &'a [T],
+        pub beta: &'a [T],
+        pub cols: usize,
+        pub eps: T,
+    }
+
+    impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
+        type Output = Vec<T>;
+        #[inline(always)]
+        fn call(self) -> Vec<T> {
+            let mut y = tl_spec::pool::for_overwrite(self.x.len());
+            let c = self.cols.max(1);
+            for (yr, xr) in y.chunks_exact_mut(c).zip(self.x.chunks_exact(c)) {
+                let (mean, rstd) = stats(xr, self.eps);
+                let cells = yr.iter_mut().zip(xr).zip(self.gamma).zip(self.beta);
+                for (((o, &v), &ga), &be) in cells {
+                    *o = (v - mean) * rstd * ga + be;
+                }
+            }
+            y
+        }
+    }
+
+    pub(super) struct Backward<'a, T> {
+        pub x: &'a [T],
+        pub gamma: &'a [T],
+        pub g: &'a [T],
+        pub cols: usize,
+        pub eps: T,
+    }
+
+    impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
+        type Output = [Vec<T>; 3];
+        #[inline(always)]
+        fn call(self) -> [Vec<T>; 3] {
+            let mut dx = tl_spec::pool::for_overwrite(self.x.len());
+            let mut dgamma = tl_spec::pool::zeroed(self.gamma.len());
+            let mut dbeta = tl_spec::pool::zeroed(self.gamma.len());
+            let c = self.cols.max(1);
+            let m = T::lit(c as f64);
+            let rows = dx
+                .chunks_exact_mut(c)
+                .zip(self.x.chunks_exact(c))
+                .zip(self.g.chunks_exact(c));
+            for ((dr, xr), gr) in rows {
+                let (mean, rstd) = stats(xr, self.eps);
+                let gamma = self.gamma;
+                let (dga, dbe) = (&mut dgamma[..], &mut dbeta[..]);
+                for (((dg, db), &v), &gi) in dga.iter_mut().zip(dbe).zip(xr).zip(gr) {
+                    *db += gi;
+                    *dg += gi * ((v - mean) * rstd);
+                }
+                let n = xr.len().min(gr.len()).min(gamma.len());
+                let s1 = lanes(n, |i| gr[i] * gamma[i]);
+                let s2 = lanes(n, |i| gr[i] * gamma[i] * ((xr[i] - mean) * rstd));
+                let k = rstd / m;
+                for (((d, &v), &gi), &ga) in dr.iter_mut().zip(xr).zip(gr).zip(gamma) {
+                    let h = (v - mean) * rstd;
+                    *d = k * (m * gi * ga - s1 - h * s2);
+                }
+            }
+            [dx, dgamma, dbeta]
+        }
+    }
 }
 
 #[cfg(test)]

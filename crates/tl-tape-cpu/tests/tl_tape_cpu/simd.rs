@@ -56,6 +56,14 @@ fn every_simd_level_gives_the_baseline_bits() {
         ),
         mha(3, None, false, &mut rng),
         mha(2, Some(Mask::causal(n)), true, &mut rng),
+        (
+            Op::LayerNorm { eps: 1e-5 },
+            vec![
+                edgy(&mut rng, &[5, n], 4.0),
+                edgy(&mut rng, &[n], 2.0),
+                edgy(&mut rng, &[n], 2.0),
+            ],
+        ),
     ];
     let levels = Level::available();
     for (op, inputs) in &cases {
