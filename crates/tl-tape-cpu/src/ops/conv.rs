@@ -100,6 +100,16 @@ fn im2col<T: Scalar>(t: &Table, channels: usize, big: &[T], cols: &mut [T]) {
         let plane = &big[c * bl..(c + 1) * bl];
         for k in 0..kl {
             let row = &mut cols[(c * kl + k) * ol..(c * kl + k + 1) * ol];
+            // Stride-1 windows: whole runs of cells as slice copies.
+            if let Some(runs) = &t.runs {
+                if runs.padded[k] {
+                    row.fill(T::zero());
+                }
+                for &(o, i, len) in runs.row(k) {
+                    row[o..o + len].copy_from_slice(&plane[i..i + len]);
+                }
+                continue;
+            }
             for (r, &i) in row.iter_mut().zip(&t.idx[k * ol..(k + 1) * ol]) {
                 *r = if i == PAD { T::zero() } else { plane[i] };
             }
@@ -114,6 +124,17 @@ fn col2im<T: Scalar>(t: &Table, channels: usize, cols: &[T], big: &mut [T]) {
         let plane = &mut big[c * bl..(c + 1) * bl];
         for k in 0..kl {
             let row = &cols[(c * kl + k) * ol..(c * kl + k + 1) * ol];
+            // Stride-1 windows: each run is a slice add, runs in increasing `o`, so every big
+            // cell receives its contributions in the gather loop's order.
+            if let Some(runs) = &t.runs {
+                for &(o, i, len) in runs.row(k) {
+                    let dst = &mut plane[i..i + len];
+                    dst.iter_mut()
+                        .zip(&row[o..o + len])
+                        .for_each(|(p, &v)| *p += v);
+                }
+                continue;
+            }
             for (&v, &i) in row.iter().zip(&t.idx[k * ol..(k + 1) * ol]) {
                 if i != PAD {
                     plane[i] += v;
@@ -351,6 +372,41 @@ fn bias_sums<T: Scalar>(db: &mut [T], g: &[T], cells: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::window::Geometry;
+
+    #[test]
+    fn slice_runs_give_the_gathers_bits() {
+        // im2col and col2im through the runs of a stride-1 table equal the per-cell gathers;
+        // a strided table has no runs (short on average), so it keeps the gathers.
+        let op = Op::conv2d(1, 1);
+        for (big, kernel, stride, pad, has_runs) in [
+            (vec![7, 9], vec![3, 3], vec![1, 1], vec![1, 1], true),
+            (vec![5, 6], vec![2, 3], vec![1, 1], vec![0, 2], true),
+            (vec![11], vec![4], vec![1], vec![3], true),
+            (vec![9, 9], vec![3, 3], vec![2, 2], vec![1, 1], false),
+        ] {
+            let g = Geometry::forward(&op, &big, &kernel, &stride, &pad).unwrap();
+            let fast = g.table(&op).unwrap();
+            assert_eq!(fast.runs.is_some(), has_runs, "{big:?} {stride:?}");
+            let mut slow = g.table(&op).unwrap();
+            slow.runs = None;
+            let c = 2;
+            let plane: Vec<f32> = (0..c * fast.big_len)
+                .map(|i| (i as f32 * 0.37).sin())
+                .collect();
+            let n_cols = c * fast.kernel_len * fast.small_len;
+            let (mut a, mut b) = (vec![f32::NAN; n_cols], vec![f32::NAN; n_cols]);
+            im2col(&fast, c, &plane, &mut a);
+            im2col(&slow, c, &plane, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "im2col {big:?}");
+            let cols: Vec<f32> = (0..n_cols).map(|i| (i as f32 * 0.11).cos()).collect();
+            let (mut a, mut b) = (plane.clone(), plane.clone());
+            col2im(&fast, c, &cols, &mut a);
+            col2im(&slow, c, &cols, &mut b);
+            assert_eq!(bits(&a), bits(&b), "col2im {big:?}");
+        }
+    }
 
     #[test]
     fn two_d_conv_and_its_transpose_by_hand() {

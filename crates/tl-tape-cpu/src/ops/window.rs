@@ -34,6 +34,56 @@ pub(crate) struct Table {
     pub big_len: usize,
     pub small_len: usize,
     pub kernel_len: usize,
+    /// The same table as runs of consecutive cells, when they are long enough to copy as
+    /// slices (a stride-1 window: one run per output row); `None` otherwise.
+    pub runs: Option<Runs>,
+}
+
+/// A table's non-padded cells as runs: row `k`'s runs are `runs[start[k]..start[k + 1]]`, each
+/// `(o, i, len)`: small cells `o..o + len` read big cells `i..i + len`.
+pub(crate) struct Runs {
+    pub start: Vec<usize>,
+    pub runs: Vec<(usize, usize, usize)>,
+    /// Whether row `k` has padded cells (their columns are zero in im2col).
+    pub padded: Vec<bool>,
+}
+
+/// Runs shorter than this on average are not worth a slice copy each.
+const MIN_MEAN_RUN: usize = 4;
+
+impl Runs {
+    /// The runs of `idx` (rows of `ol` cells), or `None` when they are short on average.
+    fn of(idx: &[usize], ol: usize) -> Option<Runs> {
+        let (mut start, mut runs, mut padded) = (vec![0], Vec::new(), Vec::new());
+        for row in idx.chunks_exact(ol.max(1)) {
+            let mut o = 0;
+            while o < row.len() {
+                if row[o] == PAD {
+                    o += 1;
+                    continue;
+                }
+                let mut len = 1;
+                while o + len < row.len() && row[o + len] == row[o] + len {
+                    len += 1;
+                }
+                runs.push((o, row[o], len));
+                o += len;
+            }
+            start.push(runs.len());
+            padded.push(row.contains(&PAD));
+        }
+        let cells = idx.len() - idx.iter().filter(|&&i| i == PAD).count();
+        (cells >= MIN_MEAN_RUN * runs.len()).then_some(Runs {
+            start,
+            runs,
+            padded,
+        })
+    }
+
+    /// Row `k`'s runs.
+    pub fn row(&self, k: usize) -> &[(usize, usize, usize)] {
+        &self.runs[self.start[k]..self.start[k + 1]]
+    }
 }
 
 impl Geometry {
@@ -156,11 +206,13 @@ impl Geometry {
             }
             advance(&mut k, &self.kernel);
         }
+        let runs = Runs::of(&idx, small_len);
         Ok(Table {
             idx,
             big_len,
             small_len,
             kernel_len,
+            runs,
         })
     }
 }
