@@ -154,6 +154,43 @@ fn view<'a, T: Scalar>(
         .map_err(|e| bad(op, format!("matrix view: {e}")))
 }
 
+/// Multiply-adds of one GEMM per batch entry (the work measure of [`crate::par::rows`]).
+fn batch_work(cv: &Conv, t: &Table) -> usize {
+    cv.batches
+        .saturating_mul(cv.a)
+        .saturating_mul(cv.c * t.kernel_len)
+        .saturating_mul(t.small_len)
+}
+
+/// `out_n = col2im(Wᵀ·src_n)` (+ `bias` per big channel) for every batch entry `n`, entries
+/// split across threads, each block with its own workspace: convTranspose's forward (`src` =
+/// x) and conv's input cotangent (`src` = g). `src_n` is small (A, O), `out_n` big (C, B).
+fn col2im_products<T: Scalar>(
+    op: &Op,
+    cv: &Conv,
+    t: &Table,
+    wv: &ArrayView2<'_, T>,
+    src: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+) -> Result<()> {
+    let (a, c, kl, ol, bl) = (cv.a, cv.c, t.kernel_len, t.small_len, t.big_len);
+    crate::par::rows(out, c * bl, batch_work(cv, t), &|first, block: &mut [T]| {
+        let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
+        for (k, on) in block.chunks_exact_mut((c * bl).max(1)).enumerate() {
+            let n = first + k;
+            let sn = view(op, &src[n * a * ol..(n + 1) * a * ol], a, ol)?;
+            gemm(op, &wv.t(), &sn, T::zero(), &mut cols)?;
+            col2im(t, c, &cols, on);
+            if let Some(b) = bias {
+                add_bias(on, b, bl);
+            }
+        }
+        tl_spec::pool::give(cols);
+        Ok(())
+    })
+}
+
 /// Forward value of `conv` / `convTranspose`.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let cv = Conv::of(op, x)?;
@@ -166,25 +203,10 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let n_cols = tl_spec::Shape::new(&[c, kl, ol]).check_size(op.name())?;
     tl_spec::alloc::check_len::<T>(op.name(), "the im2col workspace", n_cols)?;
     // Batch entries are independent: split across threads when there is enough work.
-    let work = cv
-        .batches
-        .saturating_mul(a)
-        .saturating_mul(c * kl)
-        .saturating_mul(ol);
+    let work = batch_work(&cv, &t);
     if cv.transpose {
         let mut y = workspace(op, "output", &[cv.batches, c, bl])?;
-        crate::par::rows(&mut y, c * bl, work, &|first, block: &mut [T]| {
-            let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
-            for (k, yn) in block.chunks_exact_mut((c * bl).max(1)).enumerate() {
-                let n = first + k;
-                let xn = view(op, &input[n * a * ol..(n + 1) * a * ol], a, ol)?;
-                gemm(op, &wv.t(), &xn, T::zero(), &mut cols)?;
-                col2im(&t, c, &cols, yn);
-                add_bias(yn, b, bl);
-            }
-            tl_spec::pool::give(cols);
-            Ok(())
-        })?;
+        col2im_products(op, &cv, &t, &wv, input, Some(b), &mut y)?;
         tensor(cv.out_dims(), y)
     } else {
         let mut y = workspace(op, "output", &[cv.batches, a, ol])?;
@@ -271,22 +293,7 @@ pub fn backward_masked<T: Scalar>(
     // when there is enough work, each block with its own workspace. The bias cotangent sums
     // over the batch in order, the weight cotangent in chunks (below).
     if need_x && !cv.transpose {
-        let work = cv
-            .batches
-            .saturating_mul(a)
-            .saturating_mul(c * kl)
-            .saturating_mul(ol);
-        crate::par::rows(&mut dx, c * bl, work, &|first, block: &mut [T]| {
-            let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
-            for (k, dxn) in block.chunks_exact_mut((c * bl).max(1)).enumerate() {
-                let n = first + k;
-                let gv = view(op, &gd[n * a * ol..(n + 1) * a * ol], a, ol)?;
-                gemm(op, &wv.t(), &gv, T::zero(), &mut cols)?;
-                col2im(&t, c, &cols, dxn);
-            }
-            tl_spec::pool::give(cols);
-            Ok(())
-        })?;
+        col2im_products(op, &cv, &t, &wv, gd, None, &mut dx)?;
     }
     for n in 0..cv.batches {
         if cv.transpose {
@@ -319,11 +326,7 @@ pub fn backward_masked<T: Scalar>(
         let row = dw.len();
         let chunks = cv.batches.div_ceil(DW_CHUNK);
         let mut partials = workspace(op, "weight cotangent partial sums", &[chunks, row])?;
-        let work = cv
-            .batches
-            .saturating_mul(a)
-            .saturating_mul(c * kl)
-            .saturating_mul(ol);
+        let work = batch_work(&cv, &t);
         crate::par::rows(&mut partials, row, work, &|first, block: &mut [T]| {
             let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
             for (k, part) in block.chunks_exact_mut(row.max(1)).enumerate() {
