@@ -214,11 +214,13 @@ impl<T: Scalar> Tape<T> {
     }
 
     /// Discard every node and the Nat environment (a fresh forward pass). The values go to the
-    /// tape's pool for the next pass; the pool first drops what sat unused through the whole
-    /// pass that ends ([`Pool::trim`]).
+    /// tape's pool for the next pass; the pool first counts the pass that ends ([`Pool::trim`]:
+    /// what sat unused for a few passes is dropped). Clearing an empty tape counts no pass.
     pub fn clear(&mut self) {
         let pool = self.pool.get_mut().unwrap_or_else(|e| e.into_inner());
-        pool.trim();
+        if !self.nodes.is_empty() {
+            pool.trim();
+        }
         for node in self.nodes.drain(..) {
             pool.recycle(node.value);
         }

@@ -131,15 +131,21 @@ impl<T: Scalar> LinkedSession<T> {
     ) -> Result<Compiled<T>> {
         match backend {
             Backend::Cpu => {
-                // The last step's tape, cleared: its kernels draw from that step's buffers.
+                // The last step's tape (cleared by `recycle`): its kernels draw from that
+                // step's buffers. A failed replay keeps it, cleared, for the next compile.
                 let mut tape = self.cpu_tape.take().unwrap_or_default();
-                tape.clear();
                 let g = self.builder.graph();
-                let map = g.replay(&mut tape, &self.leaves, &self.nats.values)?;
-                Ok(Compiled {
-                    tape: CompiledTape::Cpu(tape),
-                    map,
-                })
+                match g.replay(&mut tape, &self.leaves, &self.nats.values) {
+                    Ok(map) => Ok(Compiled {
+                        tape: CompiledTape::Cpu(tape),
+                        map,
+                    }),
+                    Err(e) => {
+                        tape.clear();
+                        self.cpu_tape = Some(tape);
+                        Err(e.into())
+                    }
+                }
             }
             Backend::CudaSim => {
                 let dev = devices.sim.take().unwrap_or_default();

@@ -119,3 +119,18 @@ fn gradients_handed_back_are_reused_and_a_clone_keeps_its_pool_empty() {
         "a clone shares values, not spares"
     );
 }
+
+#[test]
+fn clearing_an_empty_tape_counts_no_pass() {
+    // A session may clear a tape that recorded nothing (a compile cleared by its recycle, then
+    // cleared again); the spares of the last real pass must survive that.
+    let mut t = Tape::new();
+    pass(&mut t, &inputs(1));
+    t.clear();
+    let held = t.pool_stats().held;
+    assert!(held > 0);
+    for _ in 0..2 * tl_spec::pool::IDLE_TRIMS {
+        t.clear();
+    }
+    assert_eq!(t.pool_stats().held, held);
+}
