@@ -59,10 +59,27 @@ __device__ __forceinline__ float tl_gelu_t(float v) {
     return tl_tanh_approx(TL_SQRT_2_OVER_PI * (v + TL_GELU_CUBIC * v * v * v));
 }
 
+__device__ __forceinline__ float tl_gelu_f(float v) { return 0.5f * v * (1.0f + tl_gelu_t(v)); }
+
 extern "C" __global__ void tl_gelu(const float* x, float* out, u64 n) {
+    TL_GRID_STRIDE(i, n) { out[i] = tl_gelu_f(x[i]); }
+}
+
+// The bias epilogue (device/bias.rs): x (outer, ch, inner) plus b (ch) broadcast, i.e. the
+// chain broadcast -> add in one launch (sim: launch_add_bias in device/sim/prims.rs).
+extern "C" __global__ void tl_add_bias(const float* x, const float* b, float* out, u64 n, u32 ch,
+                                       u32 inner) {
+    TL_GRID_STRIDE(i, n) { out[i] = x[i] + b[(i / inner) % ch]; }
+}
+
+// The same sum followed by an activation of it (act 1: relu as tl_relu, 2: gelu as tl_gelu);
+// both the sum (the activation's VJP reads it) and the activation are written.
+extern "C" __global__ void tl_add_bias_act(const float* x, const float* b, float* pre,
+                                           float* post, u64 n, u32 ch, u32 inner, u32 act) {
     TL_GRID_STRIDE(i, n) {
-        const float v = x[i];
-        out[i] = 0.5f * v * (1.0f + tl_gelu_t(v));
+        const float v = x[i] + b[(i / inner) % ch];
+        pre[i] = v;
+        post[i] = act == 1u ? (v > 0.0f ? v : 0.0f) : tl_gelu_f(v);
     }
 }
 

@@ -23,6 +23,23 @@ pub trait Recorder<T: Scalar> {
 
     /// Replace the Nat environment (runtime indices and labels) that later ops read.
     fn set_nats(&mut self, nats: &[usize]) -> Result<(), Self::Error>;
+
+    /// Record `op` applied to `args`, then the one-operand op `next` applied to its result;
+    /// returns both ids. A recorder that can run the pair as one step overrides this (the CUDA
+    /// tape fuses a bias epilogue with the activation after it: one launch for `linear` + `relu`);
+    /// the values must be the ones the two [`apply`](Self::apply) calls give, which is this
+    /// default. [`GraphData::replay`] calls it wherever a node's only operand is the node
+    /// recorded just before it.
+    fn apply_then(
+        &mut self,
+        op: &Op,
+        args: &[usize],
+        next: &Op,
+    ) -> Result<(usize, usize), Self::Error> {
+        let first = self.apply(op, args)?;
+        let second = self.apply(next, &[first])?;
+        Ok((first, second))
+    }
 }
 
 impl GraphData {
@@ -64,10 +81,26 @@ impl GraphData {
         let mut map: Vec<Id> = leaf_ids;
         map.reserve(self.nodes().len());
         let mut args = Vec::with_capacity(3);
-        for node in self.nodes() {
+        let nodes = self.nodes();
+        let mut k = 0;
+        while k < nodes.len() {
+            let node = &nodes[k];
             args.clear();
             args.extend(node.args().iter().map(|&a| map[a]));
-            map.push(rec.apply(node.op(), &args)?);
+            // The graph id node k receives is `map.len()`; a next node reading only it is a
+            // pair the recorder may fuse.
+            match nodes.get(k + 1) {
+                Some(next) if next.args() == [map.len()] => {
+                    let (a, b) = rec.apply_then(node.op(), &args, next.op())?;
+                    map.push(a);
+                    map.push(b);
+                    k += 2;
+                }
+                _ => {
+                    map.push(rec.apply(node.op(), &args)?);
+                    k += 1;
+                }
+            }
         }
         Ok(map)
     }

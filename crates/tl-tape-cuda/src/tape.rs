@@ -228,33 +228,53 @@ impl<D: Device> CudaTape<D> {
     /// the allocation cap ([`tl_spec::alloc`]), then the device formula. On error the tape is
     /// unchanged and nothing is left allocated.
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
-        let (nodes, dev, nats) = (&self.nodes, &mut self.dev, &self.nats);
-        let (fwd, requires_grad) = {
-            let inputs = parents
-                .iter()
-                .map(|&p| {
-                    nodes
-                        .get(p)
-                        .map(|n| &n.value)
-                        .ok_or_else(|| Error::UnknownId {
-                            what: op.name().to_owned(),
-                            id: p,
-                            len: nodes.len(),
-                        })
-                })
-                .collect::<Result<SmallVec<[&AnyBuffer; 3]>>>()?;
-            let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|v| v.shape()).collect();
-            let shape = op.infer_shape(&shapes)?;
-            // The f32 output is refused before the device allocates it (tl_spec::alloc's cap).
-            tl_spec::alloc::check_shape::<f32>(op.name(), &shape)?;
-            let fwd = ops::forward(dev, op, &inputs, &shape, nats)?;
-            let rg = op.is_differentiable() && parents.iter().any(|&p| nodes[p].requires_grad);
-            (fwd, rg)
+        let fwd = {
+            let (nodes, dev, nats) = (&self.nodes, &mut self.dev, &self.nats);
+            let inputs = operands(nodes, op, parents)?;
+            let shape = output_shape(op, &inputs)?;
+            ops::forward(dev, op, &inputs, &shape, nats)?
         };
+        Ok(self.push(op, parents, fwd))
+    }
+
+    /// [`apply`](Self::apply) `op` to `parents`, then the one-operand op `next` to its result;
+    /// returns both ids. Where `op` ends in a bias add (`linear`, `conv`, `convTranspose`) and
+    /// `next` is `relu` or `gelu`, both values come from one fused launch
+    /// ([`Device::add_bias_act`]) with the bits of the separate ones; any other pair is two
+    /// [`apply`](Self::apply) calls. The compiled (linked) path reaches it through
+    /// [`Recorder::apply_then`]. On error the tape is unchanged and nothing is left allocated.
+    pub fn apply_then(&mut self, op: &Op, parents: &[Id], next: &Op) -> Result<(Id, Id)> {
+        let fused = {
+            let (nodes, dev) = (&self.nodes, &mut self.dev);
+            let inputs = operands(nodes, op, parents)?;
+            let shape = output_shape(op, &inputs)?;
+            let next_shape = next.infer_shape(&[&shape])?;
+            tl_spec::alloc::check_shape::<f32>(next.name(), &next_shape)?;
+            ops::forward_then(dev, op, next, &inputs, [&shape, &next_shape])
+        };
+        match fused {
+            Some(pair) => {
+                let (first, second) = pair?;
+                let a = self.push(op, parents, first);
+                let b = self.push(next, &[a], second);
+                Ok((a, b))
+            }
+            None => {
+                let a = self.apply(op, parents)?;
+                let b = self.apply(next, &[a])?;
+                Ok((a, b))
+            }
+        }
+    }
+
+    /// Record the node `op(parents)` with its forward result; returns its id.
+    fn push(&mut self, op: &Op, parents: &[Id], fwd: ops::Forward) -> Id {
+        let requires_grad =
+            op.is_differentiable() && parents.iter().any(|&p| self.nodes[p].requires_grad);
         let mut cleanup = fwd.workspace;
         if !requires_grad {
             // No backward will run through this node: its workspace is dead already.
-            dev.release_all(cleanup.drain(..));
+            self.dev.release_all(cleanup.drain(..));
         }
         self.nodes.push(Node {
             name: None,
@@ -266,7 +286,7 @@ impl<D: Device> CudaTape<D> {
             cleanup,
             nats: op.reads_nats().then(|| Arc::clone(&self.nats)),
         });
-        Ok(self.nodes.len() - 1)
+        self.nodes.len() - 1
     }
 
     /// Give node `id` a debugging name.
@@ -323,6 +343,36 @@ impl<D: Device> CudaTape<D> {
     }
 }
 
+/// The values of `parents` as `op`'s operands (an unknown id is an error naming `op`).
+fn operands<'a>(
+    nodes: &'a [Node],
+    op: &Op,
+    parents: &[Id],
+) -> Result<SmallVec<[&'a AnyBuffer; 3]>> {
+    parents
+        .iter()
+        .map(|&p| {
+            nodes
+                .get(p)
+                .map(|n| &n.value)
+                .ok_or_else(|| Error::UnknownId {
+                    what: op.name().to_owned(),
+                    id: p,
+                    len: nodes.len(),
+                })
+        })
+        .collect()
+}
+
+/// `op`'s output shape on `inputs` (its shape rule), refused if its f32 buffer would exceed
+/// the allocation cap ([`tl_spec::alloc`]) before the device allocates it.
+fn output_shape(op: &Op, inputs: &[&AnyBuffer]) -> Result<Shape> {
+    let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|v| v.shape()).collect();
+    let shape = op.infer_shape(&shapes)?;
+    tl_spec::alloc::check_shape::<f32>(op.name(), &shape)?;
+    Ok(shape)
+}
+
 impl<T: Scalar, D: Device> Recorder<T> for CudaTape<D> {
     type Error = Error;
 
@@ -337,5 +387,9 @@ impl<T: Scalar, D: Device> Recorder<T> for CudaTape<D> {
     fn set_nats(&mut self, nats: &[usize]) -> Result<()> {
         CudaTape::set_nats(self, nats.to_vec());
         Ok(())
+    }
+
+    fn apply_then(&mut self, op: &Op, args: &[usize], next: &Op) -> Result<(usize, usize)> {
+        CudaTape::apply_then(self, op, args, next)
     }
 }

@@ -142,24 +142,40 @@ impl CudaDevice {
         })
     }
 
+    /// A row kernel `kernel(ins..., out, rows, cols, extra...)`, one block per row, with an
+    /// output as long as the first operand.
     fn rows(
         &mut self,
         kernel: &'static str,
         ins: &[Buffer],
         rows: usize,
         cols: usize,
+        extra: &[Arg],
+    ) -> Result<Buffer> {
+        self.rows_to(kernel, ins, ins[0].len(), rows, cols, extra)
+    }
+
+    /// [`rows`](Self::rows) with an output of `n` elements.
+    fn rows_to(
+        &mut self,
+        kernel: &'static str,
+        ins: &[Buffer],
+        n: usize,
+        rows: usize,
+        cols: usize,
+        extra: &[Arg],
     ) -> Result<Buffer> {
         let op = &kernel[3..];
         let mut args = ins
             .iter()
             .map(|&b| self.ptr(op, b).map(Arg::Ptr))
             .collect::<Result<Vec<_>>>()?;
-        let n = ins[0].len();
         self.with_out(op, n, |d, out| {
             if n == 0 {
                 return Ok(());
             }
             args.extend([Arg::Ptr(out), Arg::U32(rows as u32), Arg::U32(cols as u32)]);
+            args.extend_from_slice(extra);
             d.run(op, kernel, [rows.min(65_535) as u32, 1, 1], &args)
         })
     }

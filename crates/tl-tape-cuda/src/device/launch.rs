@@ -14,7 +14,7 @@
 #[cfg(doc)]
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
-use super::{Buffer, Gemm, NormLayout, PoolKind, WindowLens, Windows};
+use super::{Act, BiasLayout, Buffer, Gemm, NormLayout, PoolKind, WindowLens, Windows};
 use crate::Result;
 
 /// The work of each [`Device`] primitive whose operands [`Device`] validates (see the module
@@ -92,6 +92,17 @@ pub trait Launch {
         inner: usize,
         out_len: usize,
     ) -> Result<Buffer>;
+    /// The work of [`Device::add_bias`] (`act` `None`) and [`Device::add_bias_act`]; operands
+    /// already validated by them, `n` the output length. Returns the sum and, with `act`, its
+    /// activation.
+    fn launch_add_bias(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        n: usize,
+        act: Option<Act>,
+    ) -> Result<(Buffer, Option<Buffer>)>;
     /// The work of [`Device::broadcast`]; operands already validated by it — callers
     /// use `broadcast`.
     /// `plan` is the checked broadcast of `x`'s dims.
@@ -108,20 +119,28 @@ pub trait Launch {
     /// The work of [`Device::permute`]; operands already validated by it — callers use `permute`.
     /// `plan` is the checked permutation.
     fn launch_permute(&mut self, x: Buffer, plan: &PermutePlan) -> Result<Buffer>;
-    /// The work of [`Device::softmax_rows`]; operands already validated by it — callers
-    /// use `softmax_rows`.
-    fn launch_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
+    /// The work of [`Device::softmax_rows`] (`c` = 1) and [`Device::scaled_softmax_rows`];
+    /// operands already validated by them — callers use those. Softmax of `c·x` per row.
+    fn launch_softmax_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        c: f32,
+    ) -> Result<Buffer>;
     /// The work of [`Device::log_softmax_rows`]; operands already validated by it — callers
     /// use `log_softmax_rows`.
     fn launch_log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer>;
-    /// The work of [`Device::softmax_rows_bwd`]; operands already validated by it — callers
-    /// use `softmax_rows_bwd`.
+    /// The work of [`Device::softmax_rows_bwd`] (`c` = 1) and
+    /// [`Device::scaled_softmax_rows_bwd`]; operands already validated by them — callers use
+    /// those. `c` times the softmax VJP per row.
     fn launch_softmax_rows_bwd(
         &mut self,
         y: Buffer,
         g: Buffer,
         rows: usize,
         cols: usize,
+        c: f32,
     ) -> Result<Buffer>;
     /// The work of [`Device::log_softmax_rows_bwd`]; operands already validated by it — callers
     /// use `log_softmax_rows_bwd`.
@@ -250,7 +269,7 @@ pub trait Launch {
         x: Buffer,
         rows: usize,
         cols: usize,
-        labels: &[u32],
+        labels: Buffer,
     ) -> Result<Buffer>;
     /// The work of [`Device::cross_entropy_rows_bwd`]; operands already validated by it — callers
     /// use `cross_entropy_rows_bwd`.
@@ -261,6 +280,6 @@ pub trait Launch {
         g: Buffer,
         rows: usize,
         cols: usize,
-        labels: &[u32],
+        labels: Buffer,
     ) -> Result<Buffer>;
 }

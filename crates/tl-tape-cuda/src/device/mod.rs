@@ -19,6 +19,7 @@
 //! method that checks them and calls its `launch_<name>` method of [`Launch`], which each
 //! implementation writes and which only does the work.
 
+pub mod bias;
 mod buffer;
 pub mod check;
 pub mod index_check;
@@ -34,6 +35,7 @@ pub mod cuda;
 use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
+pub use bias::{Act, BiasLayout};
 pub use buffer::{Buffer, Gemm};
 use check::{BroadcastPlan, PermutePlan};
 pub use launch::Launch;
@@ -292,6 +294,39 @@ pub trait Device: Launch {
         self.launch_reduce_axis_mean(x, outer, n, inner, out_len)
     }
 
+    // ---- bias epilogue ([`bias`]) -------------------------------------------------------------
+
+    /// `x + b` with the bias `b` (ch) broadcast over `x` (outer, ch, inner): one launch for the
+    /// chain `add(x, broadcast(b))`, with its bits. PyTorch: `x + b.view(ch, 1)` (the bias add
+    /// of `F.linear` / `F.conv2d`).
+    fn add_bias(&mut self, x: Buffer, b: Buffer, layout: BiasLayout) -> Result<Buffer> {
+        let n = layout.check("add_bias", x, b)?;
+        let (sum, _) = self.launch_add_bias(x, b, layout, n, None)?;
+        Ok(sum)
+    }
+    /// [`add_bias`](Self::add_bias) followed by `act`, in one launch: returns the sum (the
+    /// activation's input, which its VJP reads) and the activation of it, each with the bits
+    /// the separate launches give. PyTorch: `F.relu(F.linear(x, w, b))` under a fusing compiler.
+    fn add_bias_act(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        act: Act,
+    ) -> Result<(Buffer, Buffer)> {
+        let n = layout.check("add_bias_act", x, b)?;
+        match self.launch_add_bias(x, b, layout, n, Some(act))? {
+            (sum, Some(y)) => Ok((sum, y)),
+            (sum, None) => {
+                self.release(sum);
+                Err(crate::Error::kernel(
+                    "add_bias_act",
+                    "the launch returned no activation",
+                ))
+            }
+        }
+    }
+
     // ---- layout -------------------------------------------------------------------------------
 
     /// numpy broadcast of `x` (dims `from`) to dims `to` (right-aligned; size-1 dims expand).
@@ -324,8 +359,20 @@ pub trait Device: Launch {
 
     /// `exp(x − m) / Σ exp(x − m)` per row, m the row max.
     fn softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
+        self.scaled_softmax_rows(x, 1.0, rows, cols)
+    }
+    /// `softmax(c·x)` per row: the chain `scale` → [`softmax_rows`](Self::softmax_rows) in one
+    /// launch, with its bits (each pass reads the rounded product `c·x`). PyTorch:
+    /// `torch.softmax(c * x, -1)`, as in attention's `QKᵀ/√d`.
+    fn scaled_softmax_rows(
+        &mut self,
+        x: Buffer,
+        c: f32,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer> {
         check::rows_cols("softmax_rows", x, rows, cols)?;
-        self.launch_softmax_rows(x, rows, cols)
+        self.launch_softmax_rows(x, rows, cols, c)
     }
     /// `x − m − log Σ exp(x − m)` per row, computed directly.
     fn log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
@@ -340,9 +387,21 @@ pub trait Device: Launch {
         rows: usize,
         cols: usize,
     ) -> Result<Buffer> {
+        self.scaled_softmax_rows_bwd(y, g, 1.0, rows, cols)
+    }
+    /// `c · softmax_rows_bwd(y, g)`: the VJP of [`scaled_softmax_rows`](Self::scaled_softmax_rows)
+    /// with respect to `x` (the chain `softmax_rows_bwd` → `scale` in one launch, same bits).
+    fn scaled_softmax_rows_bwd(
+        &mut self,
+        y: Buffer,
+        g: Buffer,
+        c: f32,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Buffer> {
         check::rows_cols("softmax_rows_bwd", y, rows, cols)?;
         check::same_len("softmax_rows_bwd", y, g)?;
-        self.launch_softmax_rows_bwd(y, g, rows, cols)
+        self.launch_softmax_rows_bwd(y, g, rows, cols, c)
     }
     /// Log-softmax VJP from its output: `g − exp(y) · Σ g` per row.
     fn log_softmax_rows_bwd(
@@ -568,9 +627,13 @@ pub trait Device: Launch {
         rows: usize,
         cols: usize,
         labels: &[usize],
-    ) -> Result<Buffer> {
-        let labels = index_check::labels("cross_entropy_rows", x, rows, cols, labels)?;
-        self.launch_cross_entropy_rows(x, rows, cols, &labels)
+    ) -> Result<Buffer>
+    where
+        Self: Sized,
+    {
+        let lab = self.upload_labels("cross_entropy_rows", x, rows, cols, labels)?;
+        let out = self.cross_entropy_rows_on(x, rows, cols, lab);
+        self.release_then(lab, out)
     }
     /// VJP of the mean of [`cross_entropy_rows`](Self::cross_entropy_rows) for the scalar
     /// cotangent `g`: `(softmax(row) − onehot(label)) · g/rows`, zero rows for labels ≥ cols.
@@ -581,10 +644,60 @@ pub trait Device: Launch {
         rows: usize,
         cols: usize,
         labels: &[usize],
+    ) -> Result<Buffer>
+    where
+        Self: Sized,
+    {
+        let lab = self.upload_labels("cross_entropy_rows_bwd", x, rows, cols, labels)?;
+        let out = self.cross_entropy_rows_bwd_on(x, g, rows, cols, lab);
+        self.release_then(lab, out)
+    }
+    /// Copy the row labels of a cross-entropy on logits `x` (rows, cols) to the device once,
+    /// for [`cross_entropy_rows_on`](Self::cross_entropy_rows_on) and its VJP: one element per
+    /// row holding the label's `u32` bit pattern, a label ≥ cols stored as `cols` (no class: a
+    /// zero row). `op` names the caller in errors (a label count other than `rows`).
+    /// PyTorch: `torch.tensor(labels, device="cuda")`.
+    fn upload_labels(
+        &mut self,
+        op: &'static str,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: &[usize],
+    ) -> Result<Buffer> {
+        let labels = index_check::labels(op, x, rows, cols, labels)?;
+        let bits: Vec<f32> = labels.into_iter().map(f32::from_bits).collect();
+        self.upload(&bits)
+    }
+    /// [`cross_entropy_rows`](Self::cross_entropy_rows) with labels already on the device
+    /// ([`upload_labels`](Self::upload_labels)). Any label value ≥ cols gives a zero row, so
+    /// no buffer content reads out of bounds.
+    fn cross_entropy_rows_on(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: Buffer,
+    ) -> Result<Buffer> {
+        const OP: &str = "cross_entropy_rows";
+        check::rows_cols(OP, x, rows, cols)?;
+        check::len_is(OP, "labels", labels, rows)?;
+        self.launch_cross_entropy_rows(x, rows, cols, labels)
+    }
+    /// [`cross_entropy_rows_bwd`](Self::cross_entropy_rows_bwd) with labels already on the
+    /// device ([`upload_labels`](Self::upload_labels)).
+    fn cross_entropy_rows_bwd_on(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: Buffer,
     ) -> Result<Buffer> {
         const OP: &str = "cross_entropy_rows_bwd";
-        let labels = index_check::labels(OP, x, rows, cols, labels)?;
+        check::rows_cols(OP, x, rows, cols)?;
+        check::len_is(OP, "labels", labels, rows)?;
         check::len_is(OP, "cotangent", g, 1)?;
-        self.launch_cross_entropy_rows_bwd(x, g, rows, cols, &labels)
+        self.launch_cross_entropy_rows_bwd(x, g, rows, cols, labels)
     }
 }

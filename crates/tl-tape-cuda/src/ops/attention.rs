@@ -97,11 +97,15 @@ fn chain<D: Device>(
     let kh = head(dev, s, x[1])?;
     let vh = head(dev, s, x[2])?;
     let raw = s.tmp(dev.bmm(qh, kh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
-    let scores = s.tmp(dev.scale(raw, inv_sqrt(d))?);
-    let a = s.tmp(match mask {
-        Some(m) => dev.masked_softmax_rows(scores, m.as_slice(), bh * n, n)?,
-        None => dev.softmax_rows(scores, bh * n, n)?,
-    });
+    let a = match mask {
+        Some(m) => {
+            let scores = s.tmp(dev.scale(raw, inv_sqrt(d))?);
+            dev.masked_softmax_rows(scores, m.as_slice(), bh * n, n)?
+        }
+        // scale → softmax in one launch (same bits).
+        None => dev.scaled_softmax_rows(raw, inv_sqrt(d), bh * n, n)?,
+    };
+    let a = s.tmp(a);
     let oh = s.tmp(dev.bmm(a, vh, bh, Gemm::nn(n, n, d))?);
     let c = s.tmp(dev.permute(oh, &[batch, heads, n, d], &SWAP)?);
     Ok(Chain { qh, kh, vh, a, c })
@@ -194,8 +198,8 @@ fn grads<D: Device>(
     let da = s.tmp(dev.bmm(doh, ch.vh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
     let dvh = s.tmp(dev.bmm(ch.a, doh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
     // Softmax VJP (0 where A is: masked entries, empty rows), then S = Q_h K_hᵀ/√d.
-    let dsr = s.tmp(dev.softmax_rows_bwd(ch.a, da, bh * n, n)?);
-    let ds = s.tmp(dev.scale(dsr, inv_sqrt(d))?);
+    // softmax VJP → scale by 1/√d in one launch (same bits as the two).
+    let ds = s.tmp(dev.scaled_softmax_rows_bwd(ch.a, da, inv_sqrt(d), bh * n, n)?);
     let dqh = s.tmp(dev.bmm(ds, ch.kh, bh, Gemm::nn(n, n, d))?);
     let dkh = s.tmp(dev.bmm(ds, ch.qh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
     let merge = [batch, heads, n, d];

@@ -16,7 +16,7 @@ use tl_ir::Op;
 use tl_spec::Shape;
 
 use super::{Scratch, with_scratch};
-use crate::device::{Buffer, Device, Gemm, Windows};
+use crate::device::{BiasLayout, Buffer, Device, Gemm, Windows};
 use crate::{AnyBuffer, Error, Result};
 
 /// The dims of one conv or convTranspose node.
@@ -100,23 +100,26 @@ impl Geo {
             dev.permute(r, &[self.a, self.n(), self.l], &[1, 0, 2])
         }
     }
-
-    /// The bias (ch) broadcast over `dims` = (ch, rest) or (N, ch, rest) and added to `y`.
-    fn add_bias<D: Device>(
-        dev: &mut D,
-        sc: &mut Scratch,
-        y: Buffer,
-        b: Buffer,
-        ch: usize,
-        to: &[usize],
-    ) -> Result<Buffer> {
-        let bb = sc.tmp(dev.broadcast(b, &[ch, 1], to)?);
-        dev.add(y, bb)
-    }
 }
 
 /// Forward of `conv` / `convTranspose` on operands `(w, b, x)` with output shape `shape`.
 pub fn forward<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer], shape: &Shape) -> Result<Buffer> {
+    forward_with(dev, op, x, shape, |dev, y, b, layout| {
+        dev.add_bias(y, b, layout)
+    })
+}
+
+/// The forward up to its bias, then `epilogue(dev, y, b, layout)`: `y` is the unbiased output
+/// in the output's layout (N, ch, spatial), a temporary released afterwards, and `layout` says
+/// how the bias `b` broadcasts over it. [`forward`] adds the bias; the CUDA tape's fused pair
+/// adds it and applies the activation that follows ([`super::forward_then`]).
+pub fn forward_with<D: Device, R>(
+    dev: &mut D,
+    op: &Op,
+    x: &[&AnyBuffer],
+    shape: &Shape,
+    epilogue: impl FnOnce(&mut D, Buffer, Buffer, BiasLayout) -> Result<R>,
+) -> Result<R> {
     let geo = Geo::of(op, x[0].shape(), x[2].shape(), shape)?;
     let (w, b, xb) = (x[0].buffer(), x[1].buffer(), x[2].buffer());
     let (n, a, l, ck) = (geo.n(), geo.a, geo.l, geo.ck());
@@ -124,19 +127,20 @@ pub fn forward<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer], shape: &Shape)
         if matches!(op, Op::Conv { .. }) {
             let cols = sc.tmp(dev.im2col(xb, &geo.win)?);
             let y = sc.tmp(dev.matmul(w, cols, Gemm::nn(a, ck, n * l))?);
-            let yb = Geo::add_bias(dev, sc, y, b, a, &[a, n * l])?;
-            if n == 1 {
-                return Ok(yb);
-            }
-            sc.tmp(yb);
-            geo.rows_to_small(dev, yb)
+            // (A, N·L) to (N, A, L) before the bias: the permute moves the same f32 sums.
+            let y = if n == 1 {
+                y
+            } else {
+                sc.tmp(geo.rows_to_small(dev, y)?)
+            };
+            epilogue(dev, y, b, BiasLayout::new(n, a, l))
         } else {
             let xr = geo.small_to_rows(dev, sc, xb)?;
             let cols = sc.tmp(dev.matmul(w, xr, Gemm::nn(ck, a, n * l).with_t(true, false))?);
             let y = sc.tmp(dev.col2im(cols, &geo.win)?);
             let c = geo.win.channels;
             let bl = shape.numel() / (n * c).max(1);
-            Geo::add_bias(dev, sc, y, b, c, &[n, c, bl])
+            epilogue(dev, y, b, BiasLayout::new(n, c, bl))
         }
     })
 }

@@ -139,30 +139,47 @@ fn cross_entropy_setup(
     ))
 }
 
-/// Forward of `crossEntropy`: the mean of the per-row losses.
+/// Forward of `crossEntropy`: `(loss, labels)`, the mean of the per-row losses and the labels
+/// on the device, handed back as workspace so the backward does not copy them again.
 pub fn cross_entropy<D: Device>(
     dev: &mut D,
     x: &AnyBuffer,
     labels_at: usize,
     nats: &[usize],
-) -> Result<Buffer> {
+) -> Result<(Buffer, Buffer)> {
+    const OP: &str = "crossEntropy";
     let (rows, c, labels) = cross_entropy_setup(x, labels_at, nats)?;
-    with_scratch(dev, |dev, s| {
-        let per = s.tmp(dev.cross_entropy_rows(x.buffer(), rows, c, &labels)?);
+    let lab = dev.upload_labels(OP, x.buffer(), rows, c, &labels)?;
+    let loss = with_scratch(dev, |dev, s| {
+        let per = s.tmp(dev.cross_entropy_rows_on(x.buffer(), rows, c, lab)?);
         dev.reduce_mean(per)
-    })
+    });
+    match loss {
+        Ok(l) => Ok((l, lab)),
+        Err(e) => {
+            dev.release(lab);
+            Err(e)
+        }
+    }
 }
 
-/// Backward of `crossEntropy` into the logits.
+/// Backward of `crossEntropy` into the logits: the forward's device labels while they are live
+/// (`workspace`), else the labels copied again (after the tape released its workspaces).
 pub fn cross_entropy_back<D: Device>(
     dev: &mut D,
     x: &AnyBuffer,
     labels_at: usize,
     g: Buffer,
     nats: &[usize],
+    workspace: &[Buffer],
 ) -> Result<Buffer> {
     let (rows, c, labels) = cross_entropy_setup(x, labels_at, nats)?;
-    dev.cross_entropy_rows_bwd(x.buffer(), g, rows, c, &labels)
+    match workspace.first() {
+        Some(&lab) if dev.is_live(lab) => {
+            dev.cross_entropy_rows_bwd_on(x.buffer(), g, rows, c, lab)
+        }
+        _ => dev.cross_entropy_rows_bwd(x.buffer(), g, rows, c, &labels),
+    }
 }
 
 /// `op` reached a gather formula but is not a gather (a dispatch bug, reported, not a panic).

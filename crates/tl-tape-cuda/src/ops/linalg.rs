@@ -5,7 +5,7 @@
 //! shape rule before any of these run.
 
 use super::with_scratch;
-use crate::device::{Buffer, Device, Gemm};
+use crate::device::{BiasLayout, Buffer, Device, Gemm};
 use crate::{AnyBuffer, Result};
 
 /// The dims of a (batched) product `a · b`: `batch` entries of (m, k)·(k, n).
@@ -111,6 +111,23 @@ impl LinearDims {
         b: &AnyBuffer,
         x: &AnyBuffer,
     ) -> Result<Buffer> {
+        self.forward_with(dev, w, b, x, |dev, xw, b, layout| {
+            dev.add_bias(xw, b, layout)
+        })
+    }
+
+    /// The product `x · wᵀ`, then `epilogue(dev, xw, b, layout)` with the bias's layout over it
+    /// (`xw` is a temporary, released afterwards): [`forward`](Self::forward) adds the bias,
+    /// the CUDA tape's fused pair also applies the activation after it
+    /// ([`super::forward_then`]).
+    pub fn forward_with<D: Device, R>(
+        &self,
+        dev: &mut D,
+        w: &AnyBuffer,
+        b: &AnyBuffer,
+        x: &AnyBuffer,
+        epilogue: impl FnOnce(&mut D, Buffer, Buffer, BiasLayout) -> Result<R>,
+    ) -> Result<R> {
         let LinearDims { rows, out, inp } = *self;
         with_scratch(dev, |dev, s| {
             let xw = s.tmp(dev.matmul(
@@ -118,8 +135,7 @@ impl LinearDims {
                 w.buffer(),
                 Gemm::nn(rows, inp, out).with_t(false, true),
             )?);
-            let bias = s.tmp(dev.broadcast(b.buffer(), &[out], &[rows, out])?);
-            dev.add(xw, bias)
+            epilogue(dev, xw, b.buffer(), BiasLayout::new(rows, out, 1))
         })
     }
 

@@ -28,7 +28,7 @@ use smallvec::SmallVec;
 use tl_ir::Op;
 use tl_spec::Shape;
 
-use crate::device::{Buffer, Device};
+use crate::device::{Act, Buffer, Device};
 use crate::{AnyBuffer, Result};
 
 /// The result of a forward formula.
@@ -165,7 +165,17 @@ pub fn forward<D: Device>(
         Silu => dev.silu(b(0)),
         Concat => dev.concat(b(0), b(1)),
         Slice { start, len } => index::slice(dev, x[0], *start, *len),
-        CrossEntropy { labels_at } => index::cross_entropy(dev, x[0], *labels_at, nats),
+        CrossEntropy { labels_at } => {
+            let (loss, labels) = index::cross_entropy(dev, x[0], *labels_at, nats)?;
+            let value = wrap(dev, op, shape, loss).inspect_err(|_| {
+                dev.release(labels);
+            })?;
+            return Ok(Forward {
+                value,
+                owned: true,
+                workspace: vec![labels],
+            });
+        }
         GatherScalar { .. }
         | GatherRow { .. }
         | GatherScalarRaw { .. }
@@ -182,6 +192,50 @@ pub fn forward<D: Device>(
         owned: true,
         workspace: Vec::new(),
     })
+}
+
+/// The forward values of `op` on `x` (output shape `shape`) and of the activation `next` on
+/// that value (shape `next_shape`), as one fused bias epilogue, where `op` ends in a bias add
+/// (`linear`, `conv`, `convTranspose`) and `next` is an activation the epilogue applies
+/// ([`Act`]); `None` for any other pair, which the caller records one op at a time. The
+/// values are the ones [`forward`] gives for each op (tests: `tl_tape_cuda::fused`).
+pub fn forward_then<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    next: &Op,
+    x: &[&AnyBuffer],
+    shapes: [&Shape; 2],
+) -> Option<Result<(Forward, Forward)>> {
+    let act = Act::of(next)?;
+    let epilogue = |dev: &mut D, y, b, layout| dev.add_bias_act(y, b, layout, act);
+    let pair = match op {
+        Op::Linear => {
+            linalg::LinearDims::of(x[0], x[2]).forward_with(dev, x[0], x[1], x[2], epilogue)
+        }
+        Op::Conv { .. } | Op::ConvTranspose { .. } => {
+            conv::forward_with(dev, op, x, shapes[0], epilogue)
+        }
+        _ => return None,
+    };
+    Some(pair.and_then(|(pre, post)| {
+        let value = |dev: &mut D, o: &Op, s: &Shape, b| {
+            wrap(dev, o, s, b).map(|value| Forward {
+                value,
+                owned: true,
+                workspace: Vec::new(),
+            })
+        };
+        let first = value(dev, op, shapes[0], pre).inspect_err(|_| {
+            dev.release(post);
+        })?;
+        match value(dev, next, shapes[1], post) {
+            Ok(second) => Ok((first, second)),
+            Err(e) => {
+                dev.release(first.value.buffer());
+                Err(e)
+            }
+        }
+    }))
 }
 
 /// The operand cotangents of `op` at operands `x` with output `y` and output cotangent `g`.
@@ -330,7 +384,7 @@ fn backward_into<D: Device>(
         }
         Slice { start, .. } => g.push(0, |d| index::slice_back(d, x[0], *start, gb)),
         CrossEntropy { labels_at } => g.push(0, |d| {
-            index::cross_entropy_back(d, x[0], *labels_at, gb, nats)
+            index::cross_entropy_back(d, x[0], *labels_at, gb, nats, workspace)
         }),
         GatherScalar { .. }
         | GatherRow { .. }

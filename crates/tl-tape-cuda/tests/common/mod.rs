@@ -136,3 +136,83 @@ pub fn check_graph_on<D: Device>(
     assert_eq!(u.live_bytes, 0, "{what}: leaked: {u}");
     assert_eq!(u.live_buffers(), 0, "{what}: leaked: {u}");
 }
+
+/// The fused launches against the chains of separate launches they replace, on `d`, bit for
+/// bit: `add_bias` (and `add_bias_act`) against `broadcast` → `add` (→ `relu` / `gelu`), and
+/// the scaled softmax rows (forward and VJP) against `scale` → `softmax_rows` and
+/// `softmax_rows_bwd` → `scale`. Inputs include ±0, ±∞, NaN and values where gelu's tanh
+/// saturates. Returns the mismatches, by name.
+pub fn fused_chain_mismatches<D: Device>(d: &mut D) -> Vec<String> {
+    use tl_tape_cuda::device::{Act, BiasLayout};
+    let mut g = Gen::new(0xb1a5);
+    let mut x: Vec<f32> = (0..1000).map(|_| g.range(-4.0, 4.0) as f32).collect();
+    for (k, v) in [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        30.0,
+        -30.0,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        x[k * 97] = v;
+    }
+    let b: Vec<f32> = (0..20).map(|_| g.range(-1.0, 1.0) as f32).collect();
+    let gr: Vec<f32> = (0..1000).map(|_| g.range(-1.0, 1.0) as f32).collect();
+    let mut bad = Vec::new();
+    let mut run = || -> tl_tape_cuda::Result<()> {
+        let (xb, bb, gb) = (d.upload(&x)?, d.upload(&b)?, d.upload(&gr)?);
+        let mut same = |d: &mut D, name: &str, fused: tl_tape_cuda::Buffer, plain| {
+            let (f, p) = (d.download(fused), d.download(plain));
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            if f.map(bits).ok() != p.map(bits).ok() {
+                bad.push(name.to_owned());
+            }
+            d.release(fused);
+            d.release(plain);
+        };
+        for (outer, ch, inner) in [(10, 20, 5), (50, 20, 1), (1, 20, 50)] {
+            let layout = BiasLayout::new(outer, ch, inner);
+            let wide = d.broadcast(bb, &[ch, 1], &[outer, ch, inner])?;
+            let sum = d.add(xb, wide)?;
+            d.release(wide);
+            let fused = d.add_bias(xb, bb, layout)?;
+            let plain = d.copy(sum)?;
+            same(d, "add_bias", fused, plain);
+            for act in [Act::Relu, Act::Gelu] {
+                let (pre, post) = d.add_bias_act(xb, bb, layout, act)?;
+                let plain = match act {
+                    Act::Relu => d.relu(sum)?,
+                    Act::Gelu => d.gelu(sum)?,
+                };
+                let plain_pre = d.copy(sum)?;
+                same(d, "add_bias_act (sum)", pre, plain_pre);
+                same(d, &format!("add_bias_act ({act:?})"), post, plain);
+            }
+            d.release(sum);
+        }
+        for c in [0.125f32, 0.3, 1.0] {
+            let scaled = d.scale(xb, c)?;
+            let plain = d.softmax_rows(scaled, 40, 25)?;
+            d.release(scaled);
+            let fused = d.scaled_softmax_rows(xb, c, 40, 25)?;
+            let y = d.copy(fused)?;
+            same(d, "scaled_softmax_rows", fused, plain);
+            let back = d.softmax_rows_bwd(y, gb, 40, 25)?;
+            let plain = d.scale(back, c)?;
+            d.release(back);
+            let fused = d.scaled_softmax_rows_bwd(y, gb, c, 40, 25)?;
+            same(d, "scaled_softmax_rows_bwd", fused, plain);
+            d.release(y);
+        }
+        d.release_all([xb, bb, gb]);
+        Ok(())
+    };
+    if let Err(e) = run() {
+        return vec![format!("launch failed: {e}")];
+    }
+    bad
+}

@@ -217,3 +217,13 @@ fn axpy_out_of_place_and_in_place_including_aliasing() {
     assert_eq!(dev.download(b).unwrap(), vec![2.0, -4.0, 16.0]);
     assert_eq!(dev.live_buffers(), 3, "in place: no new buffer");
 }
+
+/// The fused launches (bias epilogue, scaled softmax rows) give the bits of the chains of
+/// launches they replace (the kernel emulator runs the same check in `gpu.rs`).
+#[test]
+fn fused_chains_give_the_bits_of_their_separate_launches() {
+    let mut dev = SimDevice::new();
+    let bad = crate::common::fused_chain_mismatches(&mut dev);
+    assert!(bad.is_empty(), "fused != unfused: {bad:?}");
+    assert_eq!(dev.live_buffers(), 0, "every buffer released");
+}

@@ -17,7 +17,7 @@ use crate::common::{self, Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
-use tl_tape_cuda::device::{NormLayout, PoolKind, Windows};
+use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PoolKind, Windows};
 use tl_tape_cuda::{Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism};
 
 /// The CUDA device, or `None` (after saying so) when there is none.
@@ -175,6 +175,16 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         d.softmax_rows_bwd(sm, g, 4, 250)?
     );
     d.release(sm);
+    let c = 0.125f32;
+    let ssm = d.scaled_softmax_rows(x, c, 4, 250)?;
+    one!(rw, "scaled_softmax_rows", false, d.copy(ssm)?);
+    one!(
+        rw,
+        "scaled_softmax_rows_bwd",
+        false,
+        d.scaled_softmax_rows_bwd(ssm, g, c, 4, 250)?
+    );
+    d.release(ssm);
     let ls = d.log_softmax_rows(x, 10, 100)?;
     one!(
         rw,
@@ -237,6 +247,20 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     one!(act, "gelu_bwd", false, d.gelu_bwd(x, g)?);
     one!(act, "silu", false, d.silu(x)?);
     one!(act, "silu_bwd", false, d.silu_bwd(x, g)?);
+    // The bias epilogue: (outer, ch, inner) = (10, 20, 5) and a linear's (50, 20, 1).
+    let bias = d.upload(&i.y[..20])?;
+    for layout in [BiasLayout::new(10, 20, 5), BiasLayout::new(50, 20, 1)] {
+        one!(act, "add_bias", true, d.add_bias(x, bias, layout)?);
+        for (name, a, exact) in [
+            ("add_bias_act relu", Act::Relu, true),
+            ("add_bias_act gelu", Act::Gelu, false),
+        ] {
+            let (pre, post) = d.add_bias_act(x, bias, layout, a)?;
+            one!(act, name, true, pre);
+            one!(act, name, exact, post);
+        }
+    }
+    d.release(bias);
     let ix = "index";
     // 300 indices into 100 rows: repeats, and 100..102 out of range (zero rows, no scatter).
     let idx: Vec<usize> = (0..300).map(|k| (k * 37) % 103).collect();
@@ -360,6 +384,14 @@ fn compare(want: &[Out], got: &[Out], bits: bool) -> (Vec<(&'static str, f64, bo
 
 fn verdict(ok: bool) -> &'static str {
     if ok { "pass" } else { "FAIL" }
+}
+
+/// The fused launches give the bits of the chains they replace on the CUDA device too.
+#[test]
+fn fused_chains_give_the_bits_of_their_separate_launches_on_cuda() {
+    let Some(mut cuda) = gpu() else { return };
+    let bad = common::fused_chain_mismatches(&mut cuda);
+    assert!(bad.is_empty(), "fused != unfused on CUDA: {bad:?}");
 }
 
 /// Every primitive against the sim twice: with deterministic reductions (bit for bit where no

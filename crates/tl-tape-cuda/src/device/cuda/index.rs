@@ -145,30 +145,9 @@ pub(super) fn cross_entropy_rows(
     x: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[u32],
+    labels: Buffer,
 ) -> Result<Buffer> {
-    const OP: &str = "cross_entropy_rows";
-    let px = d.ptr(OP, x)?;
-    with_u32(d, OP, labels, |d, pl| {
-        d.with_out(OP, rows, |d, out| {
-            if rows == 0 {
-                return Ok(());
-            }
-            let args = [
-                Arg::Ptr(px),
-                Arg::Ptr(pl),
-                Arg::Ptr(out),
-                Arg::U32(rows as u32),
-                Arg::U32(cols as u32),
-            ];
-            d.run(
-                OP,
-                "tl_cross_entropy_rows",
-                [rows.min(65_535) as u32, 1, 1],
-                &args,
-            )
-        })
-    })
+    d.rows_to("tl_cross_entropy_rows", &[x, labels], rows, rows, cols, &[])
 }
 
 pub(super) fn cross_entropy_rows_bwd(
@@ -177,30 +156,13 @@ pub(super) fn cross_entropy_rows_bwd(
     g: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[u32],
+    labels: Buffer,
 ) -> Result<Buffer> {
-    const OP: &str = "cross_entropy_rows_bwd";
-    let (px, pg) = (d.ptr(OP, x)?, d.ptr(OP, g)?);
-    let n = x.len();
-    with_u32(d, OP, labels, |d, pl| {
-        d.with_out(OP, n, |d, out| {
-            if n == 0 {
-                return Ok(());
-            }
-            let args = [
-                Arg::Ptr(px),
-                Arg::Ptr(pl),
-                Arg::Ptr(pg),
-                Arg::Ptr(out),
-                Arg::U32(rows as u32),
-                Arg::U32(cols as u32),
-            ];
-            d.run(
-                OP,
-                "tl_cross_entropy_rows_bwd",
-                [rows.min(65_535) as u32, 1, 1],
-                &args,
-            )
-        })
-    })
+    d.rows(
+        "tl_cross_entropy_rows_bwd",
+        &[x, labels, g],
+        rows,
+        cols,
+        &[],
+    )
 }

@@ -8,7 +8,9 @@ use super::launch::dims8;
 use super::{CudaDevice, index};
 use crate::Result;
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
-use crate::device::{Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows};
+use crate::device::{
+    Act, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
+};
 
 impl Launch for CudaDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -123,6 +125,41 @@ impl Launch for CudaDevice {
         self.axis("reduce_axis_mean", x, [outer, n, inner], out_len, true)
     }
 
+    fn launch_add_bias(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        n: usize,
+        act: Option<Act>,
+    ) -> Result<(Buffer, Option<Buffer>)> {
+        let op = if act.is_some() {
+            "add_bias_act"
+        } else {
+            "add_bias"
+        };
+        let (px, pb) = (self.ptr(op, x)?, self.ptr(op, b)?);
+        // `ch` and `inner` of 0 only occur with n = 0 (no launch); 1 keeps the kernel's
+        // divisors non-zero regardless.
+        let extra = [
+            Arg::U32(crate::abi::to_u32(op, "channels", layout.ch.max(1))?),
+            Arg::U32(crate::abi::to_u32(op, "inner", layout.inner.max(1))?),
+        ];
+        let Some(act) = act else {
+            let out = self.with_out(op, n, |d, o| {
+                let ptrs = [Arg::Ptr(px), Arg::Ptr(pb), Arg::Ptr(o)];
+                d.grid_stride(op, "tl_add_bias", n, &ptrs, &extra)
+            })?;
+            return Ok((out, None));
+        };
+        let [pre, post] = self.with_outs::<2>(op, n, |d, [pre, post]| {
+            let ptrs = [Arg::Ptr(px), Arg::Ptr(pb), Arg::Ptr(pre), Arg::Ptr(post)];
+            let extra = [extra[0], extra[1], Arg::U32(Act::code(Some(act)))];
+            d.grid_stride(op, "tl_add_bias_act", n, &ptrs, &extra)
+        })?;
+        Ok((pre, Some(post)))
+    }
+
     fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer> {
         const OP: &str = "broadcast";
         self.gather(OP, x, &plan.to, &plan.src_strides, plan.to_len)
@@ -191,12 +228,18 @@ impl Launch for CudaDevice {
         self.gather(OP, x, &plan.out, &plan.src_strides, plan.len)
     }
 
-    fn launch_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
-        self.rows("tl_softmax_rows", &[x], rows, cols)
+    fn launch_softmax_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        c: f32,
+    ) -> Result<Buffer> {
+        self.rows("tl_softmax_rows", &[x], rows, cols, &[Arg::F32(c)])
     }
 
     fn launch_log_softmax_rows(&mut self, x: Buffer, rows: usize, cols: usize) -> Result<Buffer> {
-        self.rows("tl_log_softmax_rows", &[x], rows, cols)
+        self.rows("tl_log_softmax_rows", &[x], rows, cols, &[])
     }
 
     fn launch_softmax_rows_bwd(
@@ -205,8 +248,9 @@ impl Launch for CudaDevice {
         g: Buffer,
         rows: usize,
         cols: usize,
+        c: f32,
     ) -> Result<Buffer> {
-        self.rows("tl_softmax_rows_bwd", &[y, g], rows, cols)
+        self.rows("tl_softmax_rows_bwd", &[y, g], rows, cols, &[Arg::F32(c)])
     }
 
     fn launch_log_softmax_rows_bwd(
@@ -216,7 +260,7 @@ impl Launch for CudaDevice {
         rows: usize,
         cols: usize,
     ) -> Result<Buffer> {
-        self.rows("tl_log_softmax_rows_bwd", &[y, g], rows, cols)
+        self.rows("tl_log_softmax_rows_bwd", &[y, g], rows, cols, &[])
     }
 
     fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
@@ -358,7 +402,7 @@ impl Launch for CudaDevice {
         x: Buffer,
         rows: usize,
         cols: usize,
-        labels: &[u32],
+        labels: Buffer,
     ) -> Result<Buffer> {
         index::cross_entropy_rows(self, x, rows, cols, labels)
     }
@@ -369,7 +413,7 @@ impl Launch for CudaDevice {
         g: Buffer,
         rows: usize,
         cols: usize,
-        labels: &[u32],
+        labels: Buffer,
     ) -> Result<Buffer> {
         index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }

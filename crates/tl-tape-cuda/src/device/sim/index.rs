@@ -97,19 +97,24 @@ pub(super) fn cross_entropy_rows(
     x: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[u32],
+    labels: Buffer,
 ) -> Result<Buffer> {
-    d.launch("cross_entropy_rows", [x], rows, |[x], out| {
-        for (r, (o, &l)) in out.iter_mut().zip(labels).enumerate() {
-            let l = l as usize;
-            *o = if l < cols {
-                let xr = &x[r * cols..(r + 1) * cols];
-                lse(xr) - xr[l]
-            } else {
-                0.0
-            };
-        }
-    })
+    d.launch(
+        "cross_entropy_rows",
+        [x, labels],
+        rows,
+        |[x, labels], out| {
+            for (r, (o, &l)) in out.iter_mut().zip(labels).enumerate() {
+                let l = l.to_bits() as usize;
+                *o = if l < cols {
+                    let xr = &x[r * cols..(r + 1) * cols];
+                    lse(xr) - xr[l]
+                } else {
+                    0.0
+                };
+            }
+        },
+    )
 }
 
 pub(super) fn cross_entropy_rows_bwd(
@@ -118,25 +123,30 @@ pub(super) fn cross_entropy_rows_bwd(
     g: Buffer,
     rows: usize,
     cols: usize,
-    labels: &[u32],
+    labels: Buffer,
 ) -> Result<Buffer> {
-    d.launch("cross_entropy_rows_bwd", [x, g], x.len(), |[x, g], out| {
-        let k = g[0] / rows as f32;
-        for (r, &l) in labels.iter().enumerate() {
-            let (xr, dr) = (
-                &x[r * cols..(r + 1) * cols],
-                &mut out[r * cols..(r + 1) * cols],
-            );
-            let l = l as usize;
-            if l >= cols {
-                dr.fill(0.0);
-                continue;
+    d.launch(
+        "cross_entropy_rows_bwd",
+        [x, g, labels],
+        x.len(),
+        |[x, g, labels], out| {
+            let k = g[0] / rows as f32;
+            for (r, &l) in labels.iter().enumerate() {
+                let (xr, dr) = (
+                    &x[r * cols..(r + 1) * cols],
+                    &mut out[r * cols..(r + 1) * cols],
+                );
+                let l = l.to_bits() as usize;
+                if l >= cols {
+                    dr.fill(0.0);
+                    continue;
+                }
+                let z = lse(xr);
+                for (j, (o, &v)) in dr.iter_mut().zip(xr).enumerate() {
+                    let v = (v - z).exp() * k;
+                    *o = if j == l { v - k } else { v };
+                }
             }
-            let z = lse(xr);
-            for (j, (o, &v)) in dr.iter_mut().zip(xr).enumerate() {
-                let v = (v - z).exp() * k;
-                *o = if j == l { v - k } else { v };
-            }
-        }
-    })
+        },
+    )
 }

@@ -5,7 +5,9 @@
 use super::launch::view;
 use super::{SimDevice, activation, conv, index, norm, pointwise, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
-use crate::device::{Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows};
+use crate::device::{
+    Act, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
+};
 use crate::{Error, Result};
 
 impl Launch for SimDevice {
@@ -124,6 +126,38 @@ impl Launch for SimDevice {
         self.axis("reduce_axis_mean", x, [outer, n, inner], out_len, true)
     }
 
+    fn launch_add_bias(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        n: usize,
+        act: Option<Act>,
+    ) -> Result<(Buffer, Option<Buffer>)> {
+        // Per element: the sum `x + b[c]`, then the activation of the rounded sum (kernel
+        // tl_add_bias in activation.cu).
+        let sum = |x: &[f32], b: &[f32], i: usize| x[i] + b[layout.channel(i)];
+        let Some(act) = act else {
+            let out = self.launch("add_bias", [x, b], n, |[x, b], out| {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = sum(x, b, i);
+                }
+            })?;
+            return Ok((out, None));
+        };
+        let f = match act {
+            Act::Relu => pointwise::relu,
+            Act::Gelu => activation::gelu,
+        };
+        let (pre, post) = self.launch2("add_bias_act", [x, b], n, |[x, b], pre, post| {
+            for (i, (p, y)) in pre.iter_mut().zip(post.iter_mut()).enumerate() {
+                *p = sum(x, b, i);
+                *y = f(*p);
+            }
+        })?;
+        Ok((pre, Some(post)))
+    }
+
     fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer> {
         const OP: &str = "broadcast";
         let src = plan.source_indices()?;
@@ -161,9 +195,15 @@ impl Launch for SimDevice {
         })
     }
 
-    fn launch_softmax_rows(&mut self, x: Buffer, _rows: usize, cols: usize) -> Result<Buffer> {
+    fn launch_softmax_rows(
+        &mut self,
+        x: Buffer,
+        _rows: usize,
+        cols: usize,
+        c: f32,
+    ) -> Result<Buffer> {
         self.launch("softmax_rows", [x], x.len(), |[x], out| {
-            rows::softmax(x, cols.max(1), out)
+            rows::softmax(x, cols.max(1), c, out)
         })
     }
 
@@ -179,9 +219,10 @@ impl Launch for SimDevice {
         g: Buffer,
         _rows: usize,
         cols: usize,
+        c: f32,
     ) -> Result<Buffer> {
         self.launch("softmax_rows_bwd", [y, g], y.len(), |[y, g], out| {
-            rows::softmax_bwd(y, g, cols.max(1), out)
+            rows::softmax_bwd(y, g, cols.max(1), c, out)
         })
     }
 
@@ -360,7 +401,7 @@ impl Launch for SimDevice {
         x: Buffer,
         rows: usize,
         cols: usize,
-        labels: &[u32],
+        labels: Buffer,
     ) -> Result<Buffer> {
         index::cross_entropy_rows(self, x, rows, cols, labels)
     }
@@ -371,7 +412,7 @@ impl Launch for SimDevice {
         g: Buffer,
         rows: usize,
         cols: usize,
-        labels: &[u32],
+        labels: Buffer,
     ) -> Result<Buffer> {
         index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }
