@@ -165,8 +165,12 @@ pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
         Some(ok) => {
             let n = row.len().min(ok.len());
             let (head, tail) = row.split_at_mut(n);
+            // Every entry's exponential, then a select: an exponential under a branch is not
+            // vectorized (it ran one element at a time). A disallowed entry's exponential is
+            // computed and dropped, so the kept values are the same.
             for (v, &ok) in head.iter_mut().zip(&ok[..n]) {
-                *v = if ok { approx::exp(*v - m) } else { T::zero() };
+                let e = approx::exp(*v - m);
+                *v = if ok { e } else { T::zero() };
             }
             tail.fill(T::zero());
         }
@@ -186,10 +190,10 @@ pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
 fn row_max<T: Scalar>(row: &[T], allowed: Option<&[bool]>) -> T {
     const LANES: usize = 16;
     let mut acc = [T::neg_infinity(); LANES];
+    // Selects, not a conditional store, so that the masked loop vectorizes too.
     let take = |a: &mut T, v: T, ok: bool| {
-        if ok && v > *a {
-            *a = v;
-        }
+        let v = if ok { v } else { T::neg_infinity() };
+        *a = if v > *a { v } else { *a };
     };
     match allowed {
         None => {
