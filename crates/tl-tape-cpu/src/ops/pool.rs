@@ -87,6 +87,13 @@ impl Pool {
     }
 }
 
+/// What one window-cell visit of the argmax costs, in the element visits that
+/// [`crate::par::rows`] weighs against its threshold: a load, a compare and a data-dependent
+/// branch that mispredicts about half the time on activations, against one streamed element.
+/// Measured on the cnn step's second pool (64×16×14×14, 2×2): its backward (50 176 windows of 4
+/// cells) stayed on one thread at weight 1 and is split at 4 (docs/performance.md).
+const ARGMAX_COST: usize = 4;
+
 /// Per-output scratch of one call (reused across planes).
 struct Scratch<T> {
     best: Vec<T>,
@@ -172,7 +179,12 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         tl_spec::alloc::try_vec(op.name(), "output", p.out.check_size(op.name())?, T::zero())?;
     let unpadded = t.kernel_len > 0 && !t.idx.contains(&PAD);
     // Planes are independent: split across threads when there is enough of them.
-    let work = x[0].numel() + y.len() * t.kernel_len;
+    let per_visit = match p.kind {
+        Kind::Max if unpadded => 1,
+        Kind::Max => ARGMAX_COST,
+        _ => 1,
+    };
+    let work = x[0].numel() + y.len() * t.kernel_len * per_visit;
     crate::par::rows(&mut y, ol, work, &|first, block: &mut [T]| {
         let mut s = Scratch::new(op, ol)?;
         let planes = x[0].data().get(first * bl..).unwrap_or_default();
@@ -233,7 +245,12 @@ pub fn backward<T: Scalar>(
     let (ol, bl) = (t.small_len, t.big_len);
     let mut dx = tl_spec::alloc::try_vec(op.name(), "input cotangent", x[0].numel(), T::zero())?;
     // Planes are independent: split across threads when there is enough of them.
-    let work = dx.len() + g.numel() * t.kernel_len;
+    let per_visit = if matches!(p.kind, Kind::Max) {
+        ARGMAX_COST
+    } else {
+        1
+    };
+    let work = dx.len() + g.numel() * t.kernel_len * per_visit;
     crate::par::rows(&mut dx, bl, work, &|first, block: &mut [T]| {
         let mut s = Scratch::new(op, ol)?;
         let xs = x[0].data().get(first * bl..).unwrap_or_default();
