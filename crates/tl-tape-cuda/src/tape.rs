@@ -244,27 +244,22 @@ impl<D: Device> CudaTape<D> {
     /// [`apply`](Self::apply) calls. The compiled (linked) path reaches it through
     /// [`Recorder::apply_then`]. On error the tape is unchanged and nothing is left allocated.
     pub fn apply_then(&mut self, op: &Op, parents: &[Id], next: &Op) -> Result<(Id, Id)> {
-        let fused = {
+        let Some(act) = ops::fused_act(op, next) else {
+            let a = self.apply(op, parents)?;
+            let b = self.apply(next, &[a])?;
+            return Ok((a, b));
+        };
+        let (first, second) = {
             let (nodes, dev) = (&self.nodes, &mut self.dev);
             let inputs = operands(nodes, op, parents)?;
             let shape = output_shape(op, &inputs)?;
             let next_shape = next.infer_shape(&[&shape])?;
             tl_spec::alloc::check_shape::<f32>(next.name(), &next_shape)?;
-            ops::forward_then(dev, op, next, &inputs, [&shape, &next_shape])
+            ops::forward_then(dev, [op, next], act, &inputs, [&shape, &next_shape])?
         };
-        match fused {
-            Some(pair) => {
-                let (first, second) = pair?;
-                let a = self.push(op, parents, first);
-                let b = self.push(next, &[a], second);
-                Ok((a, b))
-            }
-            None => {
-                let a = self.apply(op, parents)?;
-                let b = self.apply(next, &[a])?;
-                Ok((a, b))
-            }
-        }
+        let a = self.push(op, parents, first);
+        let b = self.push(next, &[a], second);
+        Ok((a, b))
     }
 
     /// Record the node `op(parents)` with its forward result; returns its id.

@@ -112,6 +112,19 @@ pub fn labels(
         .collect())
 }
 
+/// Checked dims of a cross-entropy row kernel reading its labels from a device buffer
+/// (`Device::upload_labels`): `x` is (rows, cols) and `labels` holds one element per row.
+pub fn label_buffer(
+    op: &'static str,
+    x: Buffer,
+    rows: usize,
+    cols: usize,
+    labels: Buffer,
+) -> Result<()> {
+    check::rows_cols(op, x, rows, cols)?;
+    check::len_is(op, "labels", labels, rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -679,9 +679,7 @@ pub trait Device: Launch {
         cols: usize,
         labels: Buffer,
     ) -> Result<Buffer> {
-        const OP: &str = "cross_entropy_rows";
-        check::rows_cols(OP, x, rows, cols)?;
-        check::len_is(OP, "labels", labels, rows)?;
+        index_check::label_buffer("cross_entropy_rows", x, rows, cols, labels)?;
         self.launch_cross_entropy_rows(x, rows, cols, labels)
     }
     /// [`cross_entropy_rows_bwd`](Self::cross_entropy_rows_bwd) with labels already on the
@@ -695,8 +693,7 @@ pub trait Device: Launch {
         labels: Buffer,
     ) -> Result<Buffer> {
         const OP: &str = "cross_entropy_rows_bwd";
-        check::rows_cols(OP, x, rows, cols)?;
-        check::len_is(OP, "labels", labels, rows)?;
+        index_check::label_buffer(OP, x, rows, cols, labels)?;
         check::len_is(OP, "cotangent", g, 1)?;
         self.launch_cross_entropy_rows_bwd(x, g, rows, cols, labels)
     }

@@ -194,19 +194,27 @@ pub fn forward<D: Device>(
     })
 }
 
-/// The forward values of `op` on `x` (output shape `shape`) and of the activation `next` on
-/// that value (shape `next_shape`), as one fused bias epilogue, where `op` ends in a bias add
-/// (`linear`, `conv`, `convTranspose`) and `next` is an activation the epilogue applies
-/// ([`Act`]); `None` for any other pair, which the caller records one op at a time. The
-/// values are the ones [`forward`] gives for each op (tests: `tl_tape_cuda::fused`).
+/// The activation of a pair `op` → `next` that one fused bias epilogue runs: `op` ends in a
+/// bias add (`linear`, `conv`, `convTranspose`) and `next` is an activation the epilogue
+/// applies ([`Act`]). `None` for any other pair, which is recorded one op at a time.
+pub fn fused_act(op: &Op, next: &Op) -> Option<Act> {
+    match op {
+        Op::Linear | Op::Conv { .. } | Op::ConvTranspose { .. } => Act::of(next),
+        _ => None,
+    }
+}
+
+/// The forward values of `op` on `x` (output shape `shapes[0]`) and of the activation `act`
+/// applied to that value (`next`, shape `shapes[1]`), as one fused bias epilogue, for a pair
+/// [`fused_act`] accepts. The values are the ones [`forward`] gives for each op (tests:
+/// `tl_tape_cuda::fused`).
 pub fn forward_then<D: Device>(
     dev: &mut D,
-    op: &Op,
-    next: &Op,
+    [op, next]: [&Op; 2],
+    act: Act,
     x: &[&AnyBuffer],
     shapes: [&Shape; 2],
-) -> Option<Result<(Forward, Forward)>> {
-    let act = Act::of(next)?;
+) -> Result<(Forward, Forward)> {
     let epilogue = |dev: &mut D, y, b, layout| dev.add_bias_act(y, b, layout, act);
     let pair = match op {
         Op::Linear => {
@@ -215,9 +223,12 @@ pub fn forward_then<D: Device>(
         Op::Conv { .. } | Op::ConvTranspose { .. } => {
             conv::forward_with(dev, op, x, shapes[0], epilogue)
         }
-        _ => return None,
+        _ => Err(crate::Error::kernel(
+            op.name(),
+            "no bias epilogue to fuse an activation into",
+        )),
     };
-    Some(pair.and_then(|(pre, post)| {
+    pair.and_then(|(pre, post)| {
         let value = |dev: &mut D, o: &Op, s: &Shape, b| {
             wrap(dev, o, s, b).map(|value| Forward {
                 value,
@@ -235,7 +246,7 @@ pub fn forward_then<D: Device>(
                 Err(e)
             }
         }
-    }))
+    })
 }
 
 /// The operand cotangents of `op` at operands `x` with output `y` and output cotangent `g`.
