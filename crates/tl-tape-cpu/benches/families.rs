@@ -90,7 +90,7 @@ fn reductions(c: &mut Criterion) {
 }
 
 fn linalg(c: &mut Criterion) {
-    for n in [128, 512] {
+    for n in [128, 512, 1024] {
         let a = filled(&[n, n], 5, 1.0);
         let b = filled(&[n, n], 6, 1.0);
         case(
