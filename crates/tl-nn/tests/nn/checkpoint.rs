@@ -28,10 +28,41 @@ fn expected(name: &str) -> (Tensor<f32>, Tensor<f64>) {
     )
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tl-nn-test-{}", std::process::id()));
+/// A file path `name` in a fresh directory of its own, removed with what it holds when the
+/// value is dropped (at the end of the test, passed or failed).
+struct Tmp {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl std::ops::Deref for Tmp {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for Tmp {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn tmp(name: &str) -> Tmp {
+    let dir = std::env::temp_dir().join(format!("tl-nn-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    Tmp {
+        path: dir.join(name),
+        dir,
+    }
 }
 
 /// PyTorch's `nn.Sequential(Conv2d(1,3,3,padding=1), BatchNorm2d(3), ReLU(), MaxPool2d(2),
