@@ -94,6 +94,17 @@ pub fn set_max_alloc_bytes(bytes: Option<usize>) -> usize {
 /// Check a buffer of `n` elements of `elem_bytes` bytes each for `op`: an error when the byte
 /// size overflows or exceeds the cap. `what` says which buffer (e.g. "output [3, 4]").
 pub fn check_bytes(op: &'static str, what: &str, n: usize, elem_bytes: usize) -> Result<()> {
+    check_bytes_named(op, || what.to_owned(), n, elem_bytes)
+}
+
+/// [`check_bytes`] with the buffer's name made only for an error (a kernel's hot path checks
+/// every output and must not format a shape each time).
+fn check_bytes_named(
+    op: &'static str,
+    what: impl FnOnce() -> String,
+    n: usize,
+    elem_bytes: usize,
+) -> Result<()> {
     if n == 0 || elem_bytes == 0 {
         return Ok(());
     }
@@ -103,13 +114,15 @@ pub fn check_bytes(op: &'static str, what: &str, n: usize, elem_bytes: usize) ->
         Some(bytes) => Err(Error::TooLarge {
             op,
             detail: format!(
-                "{what}: {n} element(s) of {elem_bytes} byte(s) = {bytes} bytes exceed the allocation cap of {cap} bytes (set {ENV_VAR} or tl_spec::alloc::set_max_alloc_bytes to change it)"
+                "{}: {n} element(s) of {elem_bytes} byte(s) = {bytes} bytes exceed the allocation cap of {cap} bytes (set {ENV_VAR} or tl_spec::alloc::set_max_alloc_bytes to change it)",
+                what()
             ),
         }),
         None => Err(Error::TooLarge {
             op,
             detail: format!(
-                "{what}: {n} element(s) of {elem_bytes} byte(s) overflow the byte count of this machine"
+                "{}: {n} element(s) of {elem_bytes} byte(s) overflow the byte count of this machine",
+                what()
             ),
         }),
     }
@@ -124,7 +137,8 @@ pub fn check_len<T>(op: &'static str, what: &str, n: usize) -> Result<()> {
 /// bytes must fit under the cap.
 pub fn check_shape<T>(op: &'static str, shape: &Shape) -> Result<()> {
     let n = shape.check_size(op)?;
-    check_len::<T>(op, &format!("a tensor of shape {shape}"), n)
+    let what = || format!("a tensor of shape {shape}");
+    check_bytes_named(op, what, n, std::mem::size_of::<T>())
 }
 
 /// An empty vector with room for `n` values, after [`check_len`]; the reservation itself is
@@ -153,6 +167,21 @@ pub fn try_vec<T: Clone + 'static>(
     let mut v = try_with_capacity(op, what, n)?;
     v.resize(n, value);
     Ok(v)
+}
+
+/// `n` values for a kernel that writes every one of them before it reads any, checked as
+/// [`try_with_capacity`]: a spare buffer of the installed pool as it is
+/// ([`crate::pool::take_for_overwrite`]: no fill), else `n` zeros.
+pub fn try_for_overwrite<T: crate::Scalar>(
+    op: &'static str,
+    what: &str,
+    n: usize,
+) -> Result<Vec<T>> {
+    check_len::<T>(op, what, n)?;
+    match crate::pool::take_for_overwrite(n) {
+        Some(v) => Ok(v),
+        None => try_vec(op, what, n, T::zero()),
+    }
 }
 
 #[cfg(test)]

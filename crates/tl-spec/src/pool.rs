@@ -232,19 +232,24 @@ pub fn zeroed<T: Scalar>(n: usize) -> Vec<T> {
 /// else zeros. The values are those of some earlier tensor of this tape, never of anything
 /// that can still read them; a kernel that does not overwrite them all must use [`zeroed`].
 pub fn for_overwrite<T: Scalar>(n: usize) -> Vec<T> {
+    take_for_overwrite(n).unwrap_or_else(|| vec![T::zero(); n])
+}
+
+/// [`for_overwrite`]'s spare buffer of `n` values, if the installed pool has one; `None`
+/// otherwise (the caller then allocates as it likes: a kernel that pushes its values needs no
+/// fill at all).
+pub fn take_for_overwrite<T: Scalar>(n: usize) -> Option<Vec<T>> {
     let found = match n {
         0 => None,
         _ => with_slot::<T, _>(|slot| slot.as_mut().and_then(|p| p.take_as_put(n))).flatten(),
     };
-    match found {
-        Some(buf) if buf.len() == n => buf,
-        Some(mut buf) => {
+    found.map(|mut buf| {
+        if buf.len() != n {
             buf.clear();
             buf.resize(n, T::zero());
-            buf
         }
-        None => vec![T::zero(); n],
-    }
+        buf
+    })
 }
 
 /// A spare buffer of capacity exactly `n` from the installed pool, if any (counted as a miss

@@ -27,6 +27,34 @@ pub(crate) fn rows<T: Send>(
     split(out, row_len, 0, t, f)
 }
 
+/// Element-wise work: fill `out` by `f(first_index, block)` on contiguous blocks, one per
+/// thread when the elements streamed (`out.len() · streams`, operands and output) reach
+/// [`PARALLEL_MIN_ELEMENTS`], else one block on this thread. Blocks start on a multiple of
+/// [`CHUNK_ALIGN`] elements (whole vectors at every width). Each element is computed alone, so
+/// the bits do not depend on the split.
+pub(crate) fn chunks<T: Send>(
+    out: &mut [T],
+    streams: usize,
+    f: &(impl Fn(usize, &mut [T]) + Sync),
+) {
+    if !splits(out.len(), streams) {
+        return f(0, out);
+    }
+    let t = threads();
+    let _ = split(out, CHUNK_ALIGN, 0, t, &|first, block: &mut [T]| {
+        f(first * CHUNK_ALIGN, block);
+        Ok(())
+    });
+}
+
+/// Whether [`chunks`] cuts `n` elements of `streams` streams across threads.
+pub(crate) fn splits(n: usize, streams: usize) -> bool {
+    threads() > 1 && n >= 2 * CHUNK_ALIGN && n.saturating_mul(streams) >= PARALLEL_MIN_ELEMENTS
+}
+
+/// Block boundaries of [`chunks`], in elements (one AVX-512 vector of f32, two of f64).
+pub(crate) const CHUNK_ALIGN: usize = 16;
+
 fn split<T: Send>(
     out: &mut [T],
     row_len: usize,

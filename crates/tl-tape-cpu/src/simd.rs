@@ -129,71 +129,221 @@ pub fn vectorize<F: Kernel>(f: F) -> F::Output {
     }
 }
 
-/// One element's value, for [`map`]. A named type with an `#[inline(always)]` method,
-/// not a closure: a closure with a large body is not inlined into the SIMD loop, and then the
-/// loop makes one call per element at the baseline width.
-pub trait Map1<T>: Copy {
+/// One element's value, for [`map`]. A named type with an `#[inline(always)]` method for a
+/// large body: a closure with a large body is not inlined into the SIMD loop, and then the
+/// loop makes one call per element at the baseline width. Small closures (`|v| c * v`) implement
+/// it too.
+pub trait Map1<T>: Copy + Sync {
     /// The value at `v`.
     fn at(self, v: T) -> T;
 }
 
 /// One element's value from two operands, for [`zip`] (as [`Map1`]).
-pub trait Map2<T>: Copy {
+pub trait Map2<T>: Copy + Sync {
     /// The value at `(u, v)`.
     fn at(self, u: T, v: T) -> T;
 }
 
+/// One element's value from three operands, for [`zip3`] (as [`Map1`]).
+pub trait Map3<T>: Copy + Sync {
+    /// The value at `(u, v, w)`.
+    fn at(self, u: T, v: T, w: T) -> T;
+}
+
+impl<T, F: Fn(T) -> T + Copy + Sync> Map1<T> for F {
+    #[inline(always)]
+    fn at(self, v: T) -> T {
+        self(v)
+    }
+}
+
+impl<T, F: Fn(T, T) -> T + Copy + Sync> Map2<T> for F {
+    #[inline(always)]
+    fn at(self, u: T, v: T) -> T {
+        self(u, v)
+    }
+}
+
+impl<T, F: Fn(T, T, T) -> T + Copy + Sync> Map3<T> for F {
+    #[inline(always)]
+    fn at(self, u: T, v: T, w: T) -> T {
+        self(u, v, w)
+    }
+}
+
 /// `f` at every element of `x`, the loop compiled for the chosen instruction set
-/// ([`vectorize`]).
+/// ([`vectorize`]) and cut across threads when long enough ([`crate::par::chunks`]).
 #[inline(always)]
 pub fn map<T: Scalar>(x: &[T], f: impl Map1<T>) -> Vec<T> {
-    vectorize(MapSimd { x, f })
+    fill(x.len(), 2, &|r, out| {
+        let x = &x[r];
+        vectorize(MapSimd { x, out, f })
+    })
 }
 
 /// `f` at every pair of elements of `a` and `b` (the shorter length), likewise.
 #[inline(always)]
 pub fn zip<T: Scalar>(a: &[T], b: &[T], f: impl Map2<T>) -> Vec<T> {
-    vectorize(ZipSimd { a, b, f })
+    fill(a.len().min(b.len()), 3, &|r, out| {
+        let (a, b) = (&a[r.clone()], &b[r]);
+        vectorize(ZipSimd { a, b, out, f })
+    })
+}
+
+/// `f` at every triple of elements of `a`, `b` and `c` (the shortest length), likewise.
+#[inline(always)]
+pub fn zip3<T: Scalar>(a: &[T], b: &[T], c: &[T], f: impl Map3<T>) -> Vec<T> {
+    fill(a.len().min(b.len()).min(c.len()), 4, &|r, out| {
+        let (a, b, c) = (&a[r.clone()], &b[r.clone()], &c[r]);
+        vectorize(Zip3Simd { a, b, c, out, f })
+    })
+}
+
+/// Where a kernel puts its values: a block of a sized buffer, or pushed onto an empty one.
+enum Out<'a, T> {
+    /// A block of the output, each element overwritten.
+    Block(&'a mut [T]),
+    /// The whole output, pushed in order (no fill before).
+    Push(&'a mut Vec<T>),
+}
+
+/// Values pushed per stage of [`Out::Push`]: computed into a stack buffer by the same loop as
+/// a block, then appended (a copy within L1).
+const STAGE: usize = 256;
+
+/// An element-wise loop over `n` elements: `block(lo, out)` writes elements `lo..lo + out.len()`.
+trait Elems<T: Scalar> {
+    /// How many elements.
+    fn len(&self) -> usize;
+    /// Elements `lo..lo + out.len()` into `out`, a plain loop (inlined into the dispatch).
+    fn block(&self, lo: usize, out: &mut [T]);
+
+    /// Every element into `out`.
+    #[inline(always)]
+    fn store(&self, out: Out<'_, T>) {
+        match out {
+            Out::Block(b) => self.block(0, b),
+            Out::Push(v) => {
+                let mut stage = [T::zero(); STAGE];
+                let n = self.len();
+                let mut lo = 0;
+                while lo < n {
+                    let len = STAGE.min(n - lo);
+                    self.block(lo, &mut stage[..len]);
+                    v.extend_from_slice(&stage[..len]);
+                    lo += len;
+                }
+            }
+        }
+    }
+}
+
+/// The `n` values of an element-wise kernel `k(range, out)`, each computed alone from
+/// `streams - 1` operand slices: across threads into a spare pool buffer or a zeroed one when
+/// [`crate::par::chunks`] would split the work, else in one pass on this thread, into a
+/// spare pool buffer if there is one or pushed onto an empty buffer (no fill first).
+#[inline(always)]
+fn fill<T: Scalar>(
+    n: usize,
+    streams: usize,
+    k: &(impl Fn(std::ops::Range<usize>, Out<'_, T>) + Sync),
+) -> Vec<T> {
+    let spare = tl_spec::pool::take_for_overwrite(n);
+    if spare.is_none() && !crate::par::splits(n, streams) {
+        let mut out = tl_spec::pool::with_capacity(n);
+        k(0..n, Out::Push(&mut out));
+        return out;
+    }
+    let mut out = spare.unwrap_or_else(|| tl_spec::pool::zeroed(n));
+    crate::par::chunks(&mut out, streams, &|at, block: &mut [T]| {
+        k(at..at + block.len(), Out::Block(block))
+    });
+    out
 }
 
 /// [`map`]'s loop, as a kernel whose body inlines into the dispatch.
-struct MapSimd<'a, T, F> {
+struct MapSimd<'a, 'o, T, F> {
     x: &'a [T],
+    out: Out<'o, T>,
     f: F,
 }
 
-impl<T: Scalar, F: Map1<T>> Kernel for MapSimd<'_, T, F> {
-    type Output = Vec<T>;
+impl<T: Scalar, F: Map1<T>> Elems<T> for MapSimd<'_, '_, T, F> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.x.len()
+    }
 
     #[inline(always)]
-    fn call(self) -> Vec<T> {
-        let mut out = tl_spec::pool::zeroed(self.x.len());
-        for (o, &v) in out.iter_mut().zip(self.x) {
+    fn block(&self, lo: usize, out: &mut [T]) {
+        for (o, &v) in out.iter_mut().zip(&self.x[lo..]) {
             *o = self.f.at(v);
         }
-        out
     }
 }
 
 /// [`zip`]'s loop, likewise.
-struct ZipSimd<'a, T, F> {
+struct ZipSimd<'a, 'o, T, F> {
     a: &'a [T],
     b: &'a [T],
+    out: Out<'o, T>,
     f: F,
 }
 
-impl<T: Scalar, F: Map2<T>> Kernel for ZipSimd<'_, T, F> {
-    type Output = Vec<T>;
+impl<T: Scalar, F: Map2<T>> Elems<T> for ZipSimd<'_, '_, T, F> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.a.len().min(self.b.len())
+    }
 
     #[inline(always)]
-    fn call(self) -> Vec<T> {
-        let mut out = tl_spec::pool::zeroed(self.a.len().min(self.b.len()));
-        for ((o, &u), &v) in out.iter_mut().zip(self.a).zip(self.b) {
+    fn block(&self, lo: usize, out: &mut [T]) {
+        let ab = self.a[lo..].iter().zip(&self.b[lo..]);
+        for (o, (&u, &v)) in out.iter_mut().zip(ab) {
             *o = self.f.at(u, v);
         }
-        out
     }
 }
+
+/// [`zip3`]'s loop, likewise.
+struct Zip3Simd<'a, 'o, T, F> {
+    a: &'a [T],
+    b: &'a [T],
+    c: &'a [T],
+    out: Out<'o, T>,
+    f: F,
+}
+
+impl<T: Scalar, F: Map3<T>> Elems<T> for Zip3Simd<'_, '_, T, F> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.a.len().min(self.b.len()).min(self.c.len())
+    }
+
+    #[inline(always)]
+    fn block(&self, lo: usize, out: &mut [T]) {
+        let abc = self.a[lo..].iter().zip(&self.b[lo..]).zip(&self.c[lo..]);
+        for (o, ((&u, &v), &w)) in out.iter_mut().zip(abc) {
+            *o = self.f.at(u, v, w);
+        }
+    }
+}
+
+/// The three loops as [`Kernel`]s: the output moves out of the struct, the rest is read.
+macro_rules! kernel {
+    ($($k:ident: $m:ident),*) => {$(
+        impl<T: Scalar, F: $m<T>> Kernel for $k<'_, '_, T, F> {
+            type Output = ();
+
+            #[inline(always)]
+            fn call(mut self) {
+                let out = std::mem::replace(&mut self.out, Out::Block(&mut []));
+                self.store(out);
+            }
+        }
+    )*};
+}
+kernel!(MapSimd: Map1, ZipSimd: Map2, Zip3Simd: Map3);
 
 #[cfg(test)]
 mod tests {

@@ -163,7 +163,8 @@ fn batch_work(cv: &Conv, t: &Table) -> usize {
 }
 
 /// `out_n = col2im(Wᵀ·src_n)` (+ `bias` per big channel) for every batch entry `n`, entries
-/// split across threads, each block with its own workspace: convTranspose's forward (`src` =
+/// split across threads, each block with its own workspace; `out`'s values are not read (each
+/// entry is zeroed on its block's thread before the scatter-adds): convTranspose's forward (`src` =
 /// x) and conv's input cotangent (`src` = g). `src_n` is small (A, O), `out_n` big (C, B).
 fn col2im_products<T: Scalar>(
     op: &Op,
@@ -181,6 +182,7 @@ fn col2im_products<T: Scalar>(
             let n = first + k;
             let sn = view(op, &src[n * a * ol..(n + 1) * a * ol], a, ol)?;
             gemm(op, &wv.t(), &sn, T::zero(), &mut cols)?;
+            on.fill(T::zero());
             col2im(t, c, &cols, on);
             if let Some(b) = bias {
                 add_bias(on, b, bl);
@@ -205,11 +207,12 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     // Batch entries are independent: split across threads when there is enough work.
     let work = batch_work(&cv, &t);
     if cv.transpose {
-        let mut y = workspace(op, "output", &[cv.batches, c, bl])?;
+        let mut y = for_overwrite(op, "output", &[cv.batches, c, bl])?;
         col2im_products(op, &cv, &t, &wv, input, Some(b), &mut y)?;
         tensor(cv.out_dims(), y)
     } else {
-        let mut y = workspace(op, "output", &[cv.batches, a, ol])?;
+        // Each entry's product (β = 0) writes all of its cells.
+        let mut y = for_overwrite(op, "output", &[cv.batches, a, ol])?;
         crate::par::rows(&mut y, a * ol, work, &|first, block: &mut [T]| {
             let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
             for (k, yn) in block.chunks_exact_mut((a * ol).max(1)).enumerate() {
@@ -235,6 +238,13 @@ pub const DW_CHUNK: usize = 8;
 fn workspace<T: Scalar>(op: &Op, what: &str, dims: &[usize]) -> Result<Vec<T>> {
     let n = tl_spec::Shape::new(dims).check_size(op.name())?;
     Ok(tl_spec::alloc::try_vec(op.name(), what, n, T::zero())?)
+}
+
+/// [`workspace`] for a kernel that writes every value before reading any: a spare pool buffer
+/// keeps its old values ([`tl_spec::alloc::try_for_overwrite`]).
+fn for_overwrite<T: Scalar>(op: &Op, what: &str, dims: &[usize]) -> Result<Vec<T>> {
+    let n = tl_spec::Shape::new(dims).check_size(op.name())?;
+    Ok(tl_spec::alloc::try_for_overwrite(op.name(), what, n)?)
 }
 
 fn add_bias<T: Scalar>(y: &mut [T], b: &[T], cells: usize) {
@@ -282,7 +292,7 @@ pub fn backward_masked<T: Scalar>(
         Vec::new()
     };
     let mut dw = workspace(op, "weight cotangent", &[a, c, if need_w { kl } else { 0 }])?;
-    let mut dx = workspace(
+    let mut dx = for_overwrite(
         op,
         "input cotangent",
         &[if need_x { input.len() } else { 0 }],
@@ -314,10 +324,20 @@ pub fn backward_masked<T: Scalar>(
             if need_b {
                 bias_sums(&mut db, gn, bl);
             }
-        } else if need_b {
-            // x is big (C, B), g small (A, O); the weight cotangent is summed below.
-            bias_sums(&mut db, &gd[n * a * ol..(n + 1) * a * ol], ol);
         }
+    }
+    if need_b && !cv.transpose {
+        // g is small (A, O): each channel's sum over the batch, in batch order (the same bits
+        // as one pass per entry), channels split across threads.
+        crate::par::rows(&mut db, 1, gd.len(), &|first, block: &mut [T]| {
+            for (j, d) in block.iter_mut().enumerate() {
+                let ch = first + j;
+                for n in 0..cv.batches {
+                    *d += sum_slice(&gd[(n * a + ch) * ol..(n * a + ch + 1) * ol]);
+                }
+            }
+            Ok(())
+        })?;
     }
     if need_w && !cv.transpose {
         // dw = Σ_n G_n·cols(x_n)ᵀ, in fixed chunks of the batch: each chunk's sum (in batch
@@ -391,7 +411,7 @@ mod tests {
             let g = Geometry::forward(&op, &big, &kernel, &stride, &pad).unwrap();
             let fast = g.table(&op).unwrap();
             assert_eq!(fast.runs.is_some(), has_runs, "{big:?} {stride:?}");
-            let mut slow = g.table(&op).unwrap();
+            let mut slow = g.build(&op).unwrap();
             slow.runs = None;
             let c = 2;
             let plane: Vec<f32> = (0..c * fast.big_len)

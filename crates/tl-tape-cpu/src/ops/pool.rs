@@ -31,7 +31,7 @@ enum Kind {
 struct Pool {
     kind: Kind,
     out: Shape,
-    table: Table,
+    table: std::sync::Arc<Table>,
 }
 
 impl Pool {
@@ -175,8 +175,9 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let p = Pool::of(op, x)?;
     let t = &p.table;
     let (ol, bl) = (t.small_len, t.big_len);
-    let mut y =
-        tl_spec::alloc::try_vec(op.name(), "output", p.out.check_size(op.name())?, T::zero())?;
+    // Every plane's cells are written below.
+    let n = p.out.check_size(op.name())?;
+    let mut y = tl_spec::alloc::try_for_overwrite(op.name(), "output", n)?;
     let unpadded = t.kernel_len > 0 && !t.idx.contains(&PAD);
     // Planes are independent: split across threads when there is enough of them.
     let per_visit = match p.kind {
@@ -243,7 +244,8 @@ pub fn backward<T: Scalar>(
     check_shape(op, "cotangent", g, &p.out)?;
     let t = &p.table;
     let (ol, bl) = (t.small_len, t.big_len);
-    let mut dx = tl_spec::alloc::try_vec(op.name(), "input cotangent", x[0].numel(), T::zero())?;
+    // Zeroed by each block before its scatter-adds (on its own thread).
+    let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "input cotangent", x[0].numel())?;
     // Planes are independent: split across threads when there is enough of them.
     let per_visit = if matches!(p.kind, Kind::Max) {
         ARGMAX_COST
@@ -252,6 +254,7 @@ pub fn backward<T: Scalar>(
     };
     let work = dx.len() + g.numel() * t.kernel_len * per_visit;
     crate::par::rows(&mut dx, bl, work, &|first, block: &mut [T]| {
+        block.fill(T::zero());
         let mut s = Scratch::new(op, ol)?;
         let xs = x[0].data().get(first * bl..).unwrap_or_default();
         let gs = g.data().get(first * ol..).unwrap_or_default();

@@ -2,8 +2,12 @@
 //!
 //! A [`Table`] maps every (kernel offset `k`, small cell `o`) pair to the flat index of the big
 //! cell `o·stride + k − padding` it reads, or [`PAD`] for a padded cell. It is built once per
-//! call, so the N-D index arithmetic happens once per (output cell, kernel offset) and the inner
-//! loops are flat gathers and scatters over channels and batches.
+//! geometry and thread while in use ([`Geometry::table`] keeps the last few), so the N-D index
+//! arithmetic happens once per (output cell, kernel offset) and the inner loops are flat
+//! gathers and scatters over channels and batches.
+
+use std::cell::RefCell;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tl_ir::Op;
@@ -19,7 +23,7 @@ pub(crate) type Dims = SmallVec<[usize; 8]>;
 
 /// The geometry of one windowed op: spatial dims of the big and small blocks, the kernel, the
 /// stride and the padding.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Geometry {
     pub big: Dims,
     pub small: Dims,
@@ -47,6 +51,12 @@ pub(crate) struct Runs {
     /// Whether row `k` has padded cells (their columns are zero in im2col).
     pub padded: Vec<bool>,
 }
+
+/// How many geometries' tables [`Geometry::table`] keeps per thread.
+pub(crate) const CACHED_TABLES: usize = 16;
+
+/// Entries (8 bytes each) past which a table is not kept: 16 tables of 2¹⁶ entries, 8 MiB.
+pub(crate) const CACHED_TABLE_MAX: usize = 1 << 16;
 
 /// Runs shorter than this on average are not worth a slice copy each.
 const MIN_MEAN_RUN: usize = 4;
@@ -159,11 +169,40 @@ impl Geometry {
         })
     }
 
+    /// The index table of this geometry, built once per thread while it is among the last
+    /// [`CACHED_TABLES`] geometries used (a training step asks for the same few every step;
+    /// tables over [`CACHED_TABLE_MAX`] entries are built each time, so the cache holds a few MiB
+    /// at most). See [`Geometry::build`] for the checks.
+    pub(crate) fn table(&self, op: &Op) -> Result<Arc<Table>> {
+        thread_local! {
+            static TABLES: RefCell<Vec<(Geometry, Arc<Table>)>> = const { RefCell::new(Vec::new()) };
+        }
+        let hit = TABLES.with_borrow_mut(|cache| {
+            let i = cache.iter().position(|(g, _)| g == self)?;
+            // Most recent first.
+            let entry = cache.remove(i);
+            let t = entry.1.clone();
+            cache.insert(0, entry);
+            Some(t)
+        });
+        if let Some(t) = hit {
+            return Ok(t);
+        }
+        let t = Arc::new(self.build(op)?);
+        if t.idx.len() <= CACHED_TABLE_MAX {
+            TABLES.with_borrow_mut(|cache| {
+                cache.truncate(CACHED_TABLES - 1);
+                cache.insert(0, (self.clone(), t.clone()));
+            });
+        }
+        Ok(t)
+    }
+
     /// The index table of this geometry: `kernel_len · small_len` entries, a workspace sized by
     /// the input (a large kernel over a padded empty input is small data and a huge table), so it
     /// is checked against the allocation cap ([`tl_spec::alloc`]) and refused with
     /// `TooLarge` naming `op` before anything is allocated.
-    pub(crate) fn table(&self, op: &Op) -> Result<Table> {
+    pub(crate) fn build(&self, op: &Op) -> Result<Table> {
         let d = self.big.len();
         let too_large = |what: &str, dims: &[usize]| -> crate::Error {
             SpecError::TooLarge {

@@ -88,3 +88,21 @@ pub fn kernel_bits<T: Scalar>(
     out.extend(grads.iter().flatten().map(bits));
     out
 }
+
+/// A 2-D max-pool (`avg` false) or avg-pool with square kernel, stride and padding.
+pub fn pool2d(kernel: usize, stride: usize, padding: usize, avg: bool) -> tl_ir::Op {
+    let (kernel, stride, padding) = (vec![kernel; 2], vec![stride; 2], vec![padding; 2]);
+    if avg {
+        tl_ir::Op::AvgPool {
+            kernel,
+            stride,
+            padding,
+        }
+    } else {
+        tl_ir::Op::MaxPool {
+            kernel,
+            stride,
+            padding,
+        }
+    }
+}

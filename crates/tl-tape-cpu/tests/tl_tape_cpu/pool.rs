@@ -6,7 +6,7 @@ use tl_ir::Op;
 use tl_spec::Tensor;
 use tl_tape_cpu::Tape;
 
-use crate::common::Rng;
+use crate::common::{Rng, pool2d};
 
 /// The f32 values of a small conv → gelu → linear → mul/add/exp → sum network.
 struct Inputs {
@@ -133,4 +133,68 @@ fn clearing_an_empty_tape_counts_no_pass() {
         t.clear();
     }
     assert_eq!(t.pool_stats().held, held);
+}
+
+#[test]
+fn kernels_that_skip_the_zero_fill_write_every_value_they_return() {
+    // Kernels take output and cotangent buffers "for overwrite" (a spare buffer keeps its old
+    // values: tl_spec::pool::for_overwrite) and zero scatter targets on their own threads. A
+    // pool full of NaN buffers of every operand's and the output's size gives the bits of no
+    // pool at all, at one thread and split across two, or a kernel read a value it never wrote.
+    let mut rng = Rng(0x0f11);
+    let mut t = |dims: &[usize]| uniform(&mut rng, dims);
+    // Sizes past the thresholds of tl_tape_cpu::par, so two threads split every kernel.
+    let big = [33, 8, 40, 40];
+    let cases: Vec<(Op, Vec<Tensor<f32>>)> = vec![
+        (
+            Op::conv2d(1, 1),
+            vec![t(&[8, 3, 3, 3]), t(&[8]), t(&[33, 3, 20, 20])],
+        ),
+        (
+            Op::conv_transpose2d(1, 1),
+            vec![t(&[3, 8, 3, 3]), t(&[8]), t(&[33, 3, 20, 20])],
+        ),
+        (pool2d(2, 2, 0, false), vec![t(&big)]),
+        (pool2d(3, 2, 1, false), vec![t(&big)]),
+        (pool2d(3, 1, 1, true), vec![t(&big)]),
+        (Op::Relu, vec![t(&big)]),
+        (Op::Exp, vec![t(&big)]),
+        (Op::Gelu, vec![t(&big)]),
+        (Op::Mul, vec![t(&big), t(&big)]),
+        (Op::Max, vec![t(&big), t(&big)]),
+        (Op::Relu, vec![t(&[7, 5])]),
+    ];
+    let g_of = |op: &Op, x: &[Tensor<f32>]| {
+        let refs: Vec<&Tensor<f32>> = x.iter().collect();
+        let y = tl_tape_cpu::ops::forward(op, &refs, &[]).unwrap();
+        let mut k = 0usize;
+        Tensor::from_fn(y.shape().dims(), |_| {
+            k += 1;
+            ((k * 7 + 3) % 11) as f32 - 5.0
+        })
+    };
+    for (op, x) in &cases {
+        let g = g_of(op, x);
+        let prev = tl_tape_cpu::set_threads(1);
+        let want = crate::common::kernel_bits(op, x, &g);
+        for threads in [1, 2] {
+            tl_tape_cpu::set_threads(threads);
+            let mut nan = tl_spec::pool::Pool::<f32>::new();
+            let sizes = x.iter().map(Tensor::numel).chain([g.numel()]);
+            for n in sizes {
+                for _ in 0..4 {
+                    nan.put(vec![f32::NAN; n]);
+                }
+            }
+            let got = {
+                let _installed = tl_spec::pool::install(&mut nan);
+                crate::common::kernel_bits(op, x, &g)
+            };
+            assert!(
+                got == want,
+                "{op} at {threads} thread(s) read a stale value"
+            );
+        }
+        tl_tape_cpu::set_threads(prev);
+    }
 }

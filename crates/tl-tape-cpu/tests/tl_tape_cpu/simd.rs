@@ -48,6 +48,41 @@ fn every_simd_level_gives_the_baseline_bits() {
         (Op::Gelu, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Silu, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Exp, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Relu, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Abs, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Sqrt, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Inv, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Tanh, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Sigmoid, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::Softplus, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (
+            Op::SafeLog { eps: 1e-6 },
+            vec![edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        (Op::Scale(-0.3), vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (
+            Op::Clamp {
+                lo: -0.625,
+                hi: 4.0,
+            },
+            vec![edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        (
+            Op::Mul,
+            vec![edgy(&mut rng, &[3, n], 6.0), edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        (
+            Op::Div,
+            vec![edgy(&mut rng, &[3, n], 6.0), edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        (
+            Op::Max,
+            vec![edgy(&mut rng, &[3, n], 6.0), edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        (
+            Op::Sub,
+            vec![edgy(&mut rng, &[3, n], 6.0), edgy(&mut rng, &[3, n], 6.0)],
+        ),
         (
             Op::MaskedSoftmax {
                 mask: Mask::causal(n),

@@ -1,34 +1,18 @@
-//! Kernels that split their work across threads (the GEMM, pool planes, conv batch entries:
-//! `tl_tape_cpu::par`) give the same bits at every thread count, forward and backward, on
+//! Kernels that split their work across threads (the GEMM, pool planes, conv batch entries,
+//! element-wise maps: `tl_tape_cpu::par`) give the same bits at every thread count, forward and backward, on
 //! sizes above the thresholds where the split happens.
 
 use tl_ir::Op;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cpu::{ops, par, set_threads};
 
-use crate::common::{Dom, Rng, kernel_bits, random};
+use crate::common::{Dom, Rng, kernel_bits, pool2d, random};
 
 #[test]
 fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
     let mut rng = Rng(0x7e4d);
     let mut t =
         |dims: &[usize]| -> Tensor<f32> { random(&mut rng, &Shape::new(dims), Dom::Any).cast() };
-    let pool = |kernel: usize, stride: usize, padding: usize, avg: bool| {
-        let (kernel, stride, padding) = (vec![kernel; 2], vec![stride; 2], vec![padding; 2]);
-        if avg {
-            Op::AvgPool {
-                kernel,
-                stride,
-                padding,
-            }
-        } else {
-            Op::MaxPool {
-                kernel,
-                stride,
-                padding,
-            }
-        }
-    };
     // 33 batch entries / 264 planes: blocks of unequal size. With each case, the work the
     // kernel counts (conv: batch · A · C·K · O; pool: input cells + output cells · K).
     let planes = 33 * 8 * 1600;
@@ -43,13 +27,35 @@ fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
             vec![t(&[3, 8, 3, 3]), t(&[8]), t(&[33, 3, 20, 20])],
             33 * 3 * 72 * 400,
         ),
-        (pool(2, 2, 0, false), vec![t(&[33, 8, 40, 40])], planes * 2),
         (
-            pool(3, 2, 1, false),
+            pool2d(2, 2, 0, false),
+            vec![t(&[33, 8, 40, 40])],
+            planes * 2,
+        ),
+        (
+            pool2d(3, 2, 1, false),
             vec![t(&[33, 8, 40, 40])],
             planes + planes / 4 * 9,
         ),
-        (pool(3, 1, 1, true), vec![t(&[33, 8, 40, 40])], planes * 10),
+        (
+            pool2d(3, 1, 1, true),
+            vec![t(&[33, 8, 40, 40])],
+            planes * 10,
+        ),
+        // Element-wise maps (tl_tape_cpu::simd): output + operands streamed; an odd length, so
+        // the last block has a tail.
+        (Op::Relu, vec![t(&[3, 176_001])], 528_003 * 2),
+        (Op::Tanh, vec![t(&[3, 176_001])], 528_003 * 2),
+        (
+            Op::Mul,
+            vec![t(&[3, 176_001]), t(&[3, 176_001])],
+            528_003 * 3,
+        ),
+        (
+            Op::Max,
+            vec![t(&[3, 176_001]), t(&[3, 176_001])],
+            528_003 * 3,
+        ),
     ];
     for (op, inputs, work) in &cases {
         assert!(
