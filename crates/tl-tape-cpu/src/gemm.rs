@@ -384,8 +384,16 @@ pub fn matmul<T: Scalar>(
     let t = split_threads(m, n, k);
     match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
         (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
-            if let (Some(av), Some(bv), Some(cv)) = (a.g.faer(ad), b.g.faer(bd), c.g.faer_mut(cd)) {
+            let bt = (t == 1).then(|| row_major_rhs(m, &b.g, bd, &c.g)).flatten();
+            let (bd, bg) = match &bt {
+                Some(v) => (&v[..], row_major(k, n)),
+                None => (bd, b.g),
+            };
+            if let (Some(av), Some(bv), Some(cv)) = (a.g.faer(ad), bg.faer(bd), c.g.faer_mut(cd)) {
                 split_matmul(cv, accum, av, bv, alpha.as_f64() as f32, t);
+                if let Some(v) = bt {
+                    tl_spec::pool::give(v);
+                }
                 return Ok(());
             }
         }
@@ -399,6 +407,31 @@ pub fn matmul<T: Scalar>(
     }
     plain(c, accumulate, a, b, alpha);
     Ok(())
+}
+
+/// Sides (m, k, n) from which [`row_major_rhs`] copies a column-major right-hand side.
+const TRANSPOSE_MIN_SIDE: usize = 16;
+
+/// A row-major copy of a column-major right-hand side `b` (a transposed row-major matrix: the
+/// `x·wᵀ` of every linear layer) for a row-major output, at the AVX-512 level, when every side
+/// is at least [`TRANSPOSE_MIN_SIDE`]; `None` otherwise. The gemm crate packs such a `b` with
+/// one scalar load per element (its row stride is not 1): 64×256×256 takes 124 µs that way and
+/// 85 µs with the copy (transpose included), 128×256×64 49 against 39 µs, and no measured shape
+/// of the steps loses more than noise (docs/performance.md). Below 16 a side, the gemm crate's
+/// small-product path is faster strided. Same bits on every shape measured (each output is
+/// still one sum over k in the same order). Single-threaded products only: split across two
+/// threads the strided products were faster (mlp step 0.82–0.96 against 0.97–1.07 ms).
+fn row_major_rhs(m: usize, b: &Geometry, data: &[f32], c: &Geometry) -> Option<Vec<f32>> {
+    let (k, n) = (b.rows, b.cols);
+    let sides = m.min(k).min(n) >= TRANSPOSE_MIN_SIDE;
+    let layouts = b.rs == 1 && b.cs == k && c.cs == 1;
+    if !(sides && layouts && crate::simd::level() == crate::simd::Level::Avx512) {
+        return None;
+    }
+    let src = data.get(b.offset..b.offset.checked_add(k.checked_mul(n)?)?)?;
+    let mut out = tl_spec::pool::for_overwrite(k * n);
+    crate::simd::transpose_f32(src, n, k, &mut out);
+    Some(out)
 }
 
 /// The definition, for element types faer does not take and layouts it cannot view (views

@@ -345,6 +345,126 @@ macro_rules! kernel {
 }
 kernel!(MapSimd: Map1, ZipSimd: Map2, Zip3Simd: Map3);
 
+/// `dst ← srcᵀ`: `src` holds a row-major `(rows, cols)` matrix, `dst` receives the row-major
+/// `(cols, rows)` one (slices shorter than `rows · cols` leave `dst` unchanged). At the AVX-512
+/// level 16×16 tiles go through registers (16 row loads, four rounds of unpacks and lane
+/// shuffles, 16 whole-line stores); the edges, and every other level, copy element by element.
+pub fn transpose_f32(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    let n = rows.saturating_mul(cols);
+    if src.len() < n || dst.len() < n {
+        return;
+    }
+    let (mut r16, mut c16) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512
+        && let Some(v4) = pulp::x86::V4::try_new()
+    {
+        (r16, c16) = (rows / 16 * 16, cols / 16 * 16);
+        v4.vectorize(Tiles16 {
+            v4,
+            src,
+            rows: r16,
+            cols: c16,
+            stride: (cols, rows),
+            dst,
+        });
+    }
+    // The right edge of the tiled rows, then the rows below them (all of them if no tiles).
+    for i in 0..r16 {
+        for j in c16..cols {
+            dst[j * rows + i] = src[i * cols + j];
+        }
+    }
+    for i in r16..rows {
+        for (j, &v) in src[i * cols..(i + 1) * cols].iter().enumerate() {
+            dst[j * rows + i] = v;
+        }
+    }
+}
+
+/// [`transpose_f32`]'s tiles: the top-left `rows × cols` block (multiples of 16) of a source
+/// with row stride `stride.0`, into a destination with row stride `stride.1`.
+#[cfg(target_arch = "x86_64")]
+struct Tiles16<'a> {
+    v4: pulp::x86::V4,
+    src: &'a [f32],
+    rows: usize,
+    cols: usize,
+    stride: (usize, usize),
+    dst: &'a mut [f32],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Kernel for Tiles16<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let (ss, ds) = self.stride;
+        for i0 in (0..self.rows).step_by(16) {
+            for j0 in (0..self.cols).step_by(16) {
+                tile16(
+                    self.v4,
+                    &self.src[i0 * ss + j0..],
+                    ss,
+                    &mut self.dst[j0 * ds + i0..],
+                    ds,
+                );
+            }
+        }
+    }
+}
+
+/// One 16×16 tile: rows of `src` (stride `ss`) become rows of `dst` (stride `ds`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tile16(v4: pulp::x86::V4, src: &[f32], ss: usize, dst: &mut [f32], ds: usize) {
+    use core::arch::x86_64::__m512;
+    let a = v4.avx512f;
+    let r: [__m512; 16] = core::array::from_fn(|i| {
+        let mut row = [0.0f32; 16];
+        row.copy_from_slice(&src[i * ss..i * ss + 16]);
+        pulp::cast(row)
+    });
+    // Rows 2i, 2i+1 interleaved by pairs, then rows 4g..4g+4 by fours: u[4g + j] holds, in its
+    // 128-bit lane L, rows 4g..4g+4 of column 4L + j.
+    let t: [__m512; 16] = core::array::from_fn(|i| {
+        let (x, y) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            a._mm512_unpacklo_ps(x, y)
+        } else {
+            a._mm512_unpackhi_ps(x, y)
+        }
+    });
+    let u: [__m512; 16] = core::array::from_fn(|i| {
+        let (g, j) = (i / 4, i % 4);
+        let x = a._mm512_castps_pd(t[4 * g + j / 2]);
+        let y = a._mm512_castps_pd(t[4 * g + 2 + j / 2]);
+        a._mm512_castpd_ps(if j % 2 == 0 {
+            a._mm512_unpacklo_pd(x, y)
+        } else {
+            a._mm512_unpackhi_pd(x, y)
+        })
+    });
+    // Lanes gathered across the four row groups: column c's 16 rows in one register.
+    for j in 0..4 {
+        let lo = a._mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+        let hi = a._mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
+        let lo2 = a._mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+        let hi2 = a._mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
+        let cols = [
+            (j, a._mm512_shuffle_f32x4::<0x88>(lo, lo2)),
+            (8 + j, a._mm512_shuffle_f32x4::<0xdd>(lo, lo2)),
+            (4 + j, a._mm512_shuffle_f32x4::<0x88>(hi, hi2)),
+            (12 + j, a._mm512_shuffle_f32x4::<0xdd>(hi, hi2)),
+        ];
+        for (c, v) in cols {
+            let out: [f32; 16] = pulp::cast(v);
+            dst[c * ds..c * ds + 16].copy_from_slice(&out);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,5 +486,37 @@ mod tests {
                 assert_eq!(level(), default_level());
             }
         }
+    }
+
+    #[test]
+    fn transpose_at_every_level_and_shape() {
+        for &l in &Level::available() {
+            assert!(set_level(Some(l)));
+            let shapes = [
+                (0, 3),
+                (1, 1),
+                (3, 5),
+                (16, 16),
+                (7, 13),
+                (17, 33),
+                (64, 48),
+                (10, 256),
+            ];
+            for (r, c) in shapes {
+                let src: Vec<f32> = (0..r * c).map(|i| i as f32).collect();
+                let mut dst = vec![f32::NAN; r * c];
+                transpose_f32(&src, r, c, &mut dst);
+                for i in 0..r {
+                    for j in 0..c {
+                        assert_eq!(
+                            dst[j * r + i],
+                            src[i * c + j],
+                            "{l:?} {r}x{c} at ({i}, {j})"
+                        );
+                    }
+                }
+            }
+        }
+        set_level(None);
     }
 }

@@ -1,7 +1,7 @@
-//! The element-wise loops give the same bits at every instruction set this CPU has
-//! (`tl_tape_cpu::simd`): AVX-512 and AVX2 against the baseline, forward and backward, f32 and
-//! f64, on lengths that leave a vector tail and on the values where the formulas switch
-//! branches. This is the only test that changes the level (others run at the default).
+//! The element-wise loops (and the GEMM's operand copies) give the same bits at every
+//! instruction set this CPU has (`tl_tape_cpu::simd`): AVX-512 and AVX2 against the baseline,
+//! forward and backward, f32 and f64, on lengths that leave a vector tail and on the values
+//! where the formulas switch branches. This is the only test that changes the level (others run at the default).
 
 use tl_ir::Op;
 use tl_spec::ops::attention::Mask;
@@ -88,6 +88,15 @@ fn every_simd_level_gives_the_baseline_bits() {
                 mask: Mask::causal(n),
             },
             vec![edgy(&mut rng, &[2, n, n], 8.0)],
+        ),
+        // x·wᵀ: at AVX-512 the column-major wᵀ is copied row-major first (every side ≥ 16).
+        (
+            Op::Linear,
+            vec![
+                edgy(&mut rng, &[24, 40], 1.0),
+                edgy(&mut rng, &[24], 1.0),
+                edgy(&mut rng, &[n, 40], 2.0),
+            ],
         ),
         mha(3, None, false, &mut rng),
         mha(2, Some(Mask::causal(n)), true, &mut rng),
