@@ -98,10 +98,10 @@ pub fn backward<T: Scalar>(
     let (zero, one_t, half) = (T::zero(), T::one(), T::lit(0.5));
     match op {
         Add => Ok(smallvec![Some(g.clone()), Some(g.clone())]),
-        Sub => one(simd::map(gd, |v: T| -v)).map(|mut r| {
-            r.insert(0, Some(g.clone()));
-            r
-        }),
+        Sub => Ok(smallvec![
+            Some(g.clone()),
+            Some(tensor(s.clone(), simd::map(gd, |v: T| -v))?)
+        ]),
         Mul => two(
             zip(gd, x[1].data(), |g: T, b: T| g * b),
             zip(gd, xd, |g: T, a: T| g * a),
