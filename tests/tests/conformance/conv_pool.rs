@@ -116,6 +116,27 @@ fn max_pool_tie_sends_the_whole_gradient_to_the_first_cell() {
     let x2 = t(&[1, 2, 2], &[0.0, 7.0, 7.0, 1.0]);
     let d2 = grads(&Op::max_pool2d([2, 2], 1), &[&x2], &t(&[1, 1, 1], &[1.0]));
     assert_eq!(d2[0].data(), &[0.0, 1.0, 0.0, 0.0]);
+    // Padded windows (the general argmax): [2, 5, 5] with kernel 2, padding 1 has windows
+    // [pad, 2], [2, 5], [5, 5], [5, pad]; the tie [5, 5] goes to its first cell.
+    let op = Op::MaxPool {
+        kernel: vec![2],
+        stride: vec![1],
+        padding: vec![1],
+    };
+    let d = grads(&op, &[&t(&[1, 3], &[2.0, 5.0, 5.0])], &Tensor::ones([1, 4]));
+    assert_eq!(d[0].data(), &[1.0, 2.0, 1.0]);
+    // 2×2/2 (the pair kernel): three 3s tie in the first window, three 2s in the second.
+    let x3 = t(&[1, 2, 4], &[3.0, 3.0, 1.0, 2.0, 3.0, 0.0, 2.0, 2.0]);
+    let op = Op::max_pool2d([2, 2], 2);
+    assert_eq!(value(&op, &[&x3]).data(), &[3.0, 2.0]);
+    let d3 = grads(&op, &[&x3], &t(&[1, 1, 2], &[1.0, 2.0]));
+    assert_eq!(d3[0].data(), &[1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0]);
+    // A tie of −0 and +0 keeps the first cell's sign, on the IR and on the CPU.
+    let x4 = t(&[1, 2, 2], &[-0.0, 0.0, -1.0, -2.0]);
+    let ir = rules::value(&op, &[&x4], &[]).unwrap();
+    let cpu = ops::forward(&op, &[&x4], &[]).unwrap();
+    assert!(ir.data()[0] == 0.0 && ir.data()[0].is_sign_negative());
+    assert_eq!(cpu.data()[0].to_bits(), ir.data()[0].to_bits());
 }
 
 #[test]

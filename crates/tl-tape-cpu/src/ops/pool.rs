@@ -6,7 +6,10 @@
 //! planes (planes are independent and split across threads, [`crate::par`]):
 //! - maxPool keeps the running max and its cell (strict `>`, so a tie keeps the first cell in
 //!   row-major window order; padded cells are skipped; a window with no real cell gives 0). The
-//!   backward recomputes the argmax and scatters `g` to it.
+//!   backward recomputes the argmax and scatters `g` to it. Without padding both run on
+//!   branch-free selects (the comparison is a coin flip on activations); windows whose last
+//!   axis is two cells at stride two (every 2×2/2 pool) read whole rows of cells through
+//!   [`Pairs`] instead of the index table. Every path picks the same cells.
 //! - avgPool sums the real cells and divides by the kernel volume; the backward scatters
 //!   `g / volume`.
 //! - smoothMaxPool takes the pivot (max for β > 0, min for β < 0) over the window values with
@@ -32,6 +35,13 @@ struct Pool {
     kind: Kind,
     out: Shape,
     table: std::sync::Arc<Table>,
+    /// No window has a padded cell.
+    unpadded: bool,
+    /// Output cells per row (the last spatial axis) when the windows are [`Pairs`] (unpadded,
+    /// the last axis two cells at stride two: every 2×2/2 pool), else `None`.
+    pairs: Option<usize>,
+    /// No two windows share a cell (stride ≥ kernel on every axis).
+    disjoint: bool,
 }
 
 impl Pool {
@@ -79,10 +89,20 @@ impl Pool {
         let geo = Geometry::forward(op, &spatial, kernel, stride, padding)?;
         let mut out: Vec<usize> = dims[..dims.len() - spatial.len()].to_vec();
         out.extend_from_slice(&geo.small);
+        let table = geo.table(op)?;
+        let unpadded = table.kernel_len > 0 && !table.idx.contains(&PAD);
+        let last = |d: &[usize]| d.last().copied().unwrap_or(0);
+        let pairs = (unpadded && last(&geo.kernel) == 2 && last(&geo.stride) == 2)
+            .then(|| last(&geo.small))
+            .filter(|&ow| ow > 0);
+        let disjoint = geo.stride.iter().zip(&geo.kernel).all(|(s, k)| s >= k);
         Ok(Pool {
             kind,
             out: Shape::from(out),
-            table: geo.table(op)?,
+            table,
+            unpadded,
+            pairs,
+            disjoint,
         })
     }
 }
@@ -93,6 +113,10 @@ impl Pool {
 /// Measured on the cnn step's second pool (64×16×14×14, 2×2): its backward (50 176 windows of 4
 /// cells) stayed on one thread at weight 1 and is split at 4 (docs/performance.md).
 const ARGMAX_COST: usize = 4;
+
+/// The same for the branch-free argmax over windows without padded cells
+/// ([`Scratch::argmax_unpadded`]): a load, a compare and two selects.
+const ARGMAX_UNPADDED_COST: usize = 2;
 
 /// Per-output scratch of one call (reused across planes).
 struct Scratch<T> {
@@ -123,6 +147,28 @@ impl<T: Scalar> Scratch<T> {
                     *b = plane[i];
                     *a = i;
                 }
+            }
+        }
+    }
+
+    /// [`argmax`](Self::argmax) when no window has a padded cell, without branches on the data:
+    /// the first cell, then each later cell taken on a strict `v > best` through
+    /// [`std::hint::select_unpredictable`] (the comparison goes either way about half the time
+    /// on activations, so a branch mispredicts; the selects do not). Same cells, same values.
+    fn argmax_unpadded(&mut self, t: &Table, plane: &[T]) {
+        let ol = t.small_len;
+        let first = t.idx[..ol].iter();
+        for ((&i, b), a) in first.zip(&mut self.best).zip(&mut self.arg) {
+            *b = plane[i];
+            *a = i;
+        }
+        for k in 1..t.kernel_len {
+            let row = t.idx[k * ol..(k + 1) * ol].iter();
+            for ((&i, b), a) in row.zip(&mut self.best).zip(&mut self.arg) {
+                let v = plane[i];
+                let take = v > *b;
+                *b = std::hint::select_unpredictable(take, v, *b);
+                *a = std::hint::select_unpredictable(take, i, *a);
             }
         }
     }
@@ -170,6 +216,102 @@ impl<T: Scalar> Scratch<T> {
     }
 }
 
+/// Max pooling over windows whose last axis is two cells at stride two, unpadded: table row
+/// `k` (even) at output row `r` reads cells `base + 2c` and `base + 2c + 1` for the row's `ow`
+/// outputs `c` (row `k + 1` is the second of the pair), so a row of outputs reads `2·ow`
+/// consecutive cells and the loops are plain slices (no index loads, branch-free `>` selects,
+/// vectorised inside [`crate::simd::vectorize`]). The cells are visited in the table's order
+/// with the same strict `>`, so the values and cells are those of
+/// [`Scratch::max_unpadded`] / [`Scratch::argmax_unpadded`].
+struct Pairs<'a, T> {
+    table: &'a Table,
+    ow: usize,
+    plane: &'a [T],
+    /// The windows' maxima (no scatter), or scratch for the cells still to find (scatter).
+    out: &'a mut [T],
+    /// For the backward of disjoint windows: each window's max, its cotangent, and the plane's
+    /// cotangent, into which the cotangent is written at the argmax cell (each cell belongs
+    /// to at most one window; cells of no window keep their zero).
+    scatter: Option<(&'a [T], &'a [T], &'a mut [T])>,
+}
+
+impl<'a, T: Scalar> Pairs<'a, T> {
+    fn max(table: &'a Table, ow: usize, plane: &'a [T], out: &'a mut [T]) -> Self {
+        Pairs {
+            table,
+            ow,
+            plane,
+            out,
+            scatter: None,
+        }
+    }
+}
+
+/// `v` if `v > b` else `b`: the running max of the argmax scan (NaN never displaces).
+#[inline(always)]
+fn take<T: Scalar>(b: T, v: T) -> T {
+    std::hint::select_unpredictable(v > b, v, b)
+}
+
+impl<T: Scalar> crate::simd::Kernel for Pairs<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let Pairs {
+            table: t,
+            ow,
+            plane,
+            out,
+            scatter,
+        } = self;
+        let ol = t.small_len;
+        let rows = |k: usize| (0..ol / ow).map(move |r| (r, t.idx[k * ol + r * ow]));
+        match scatter {
+            None => {
+                for k in (0..t.kernel_len).step_by(2) {
+                    for (r, base) in rows(k) {
+                        let src = plane[base..base + 2 * ow].chunks_exact(2);
+                        let best = out[r * ow..(r + 1) * ow].iter_mut();
+                        if k == 0 {
+                            best.zip(src).for_each(|(b, p)| *b = take(p[0], p[1]));
+                        } else {
+                            best.zip(src)
+                                .for_each(|(b, p)| *b = take(take(*b, p[0]), p[1]));
+                        }
+                    }
+                }
+            }
+            Some((best, g, dp)) => {
+                // `want`: the max until its first cell is found, then NaN (equal to nothing).
+                // The argmax is the first cell equal to the max (every earlier cell is below
+                // it), or the first cell when it is NaN (the only way the max is NaN).
+                let want = out;
+                want.copy_from_slice(best);
+                let (zero, nan) = (T::zero(), T::nan());
+                for k in (0..t.kernel_len).step_by(2) {
+                    for (r, base) in rows(k) {
+                        let cells = base..base + 2 * ow;
+                        let src = plane[cells.clone()].chunks_exact(2);
+                        let dst = dp[cells].chunks_exact_mut(2);
+                        let w = want[r * ow..(r + 1) * ow].iter_mut();
+                        let gr = &g[r * ow..(r + 1) * ow];
+                        for (((p, d), w), &gv) in src.zip(dst).zip(w).zip(gr) {
+                            let first_nan = k == 0 && p[0].is_nan();
+                            let hit0 = p[0] == *w || first_nan;
+                            d[0] = std::hint::select_unpredictable(hit0, zero + gv, zero);
+                            *w = std::hint::select_unpredictable(hit0, nan, *w);
+                            let hit1 = p[1] == *w;
+                            d[1] = std::hint::select_unpredictable(hit1, zero + gv, zero);
+                            *w = std::hint::select_unpredictable(hit1, nan, *w);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Forward value of a pool.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let p = Pool::of(op, x)?;
@@ -178,7 +320,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     // Every plane's cells are written below.
     let n = p.out.check_size(op.name())?;
     let mut y = tl_spec::alloc::try_for_overwrite(op.name(), "output", n)?;
-    let unpadded = t.kernel_len > 0 && !t.idx.contains(&PAD);
+    let unpadded = p.unpadded;
     // Planes are independent: split across threads when there is enough of them.
     let per_visit = match p.kind {
         Kind::Max if unpadded => 1,
@@ -194,6 +336,10 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             .zip(block.chunks_exact_mut(ol.max(1)))
         {
             match p.kind {
+                Kind::Max if p.pairs.is_some() => {
+                    let ow = p.pairs.unwrap_or(1);
+                    crate::simd::vectorize(Pairs::max(t, ow, plane, yp));
+                }
                 Kind::Max if unpadded => {
                     s.max_unpadded(t, plane);
                     yp.copy_from_slice(&s.best);
@@ -247,10 +393,12 @@ pub fn backward<T: Scalar>(
     // Zeroed by each block before its scatter-adds (on its own thread).
     let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "input cotangent", x[0].numel())?;
     // Planes are independent: split across threads when there is enough of them.
-    let per_visit = if matches!(p.kind, Kind::Max) {
-        ARGMAX_COST
-    } else {
-        1
+    let unpadded = p.unpadded;
+    let per_visit = match p.kind {
+        Kind::Max if p.pairs.is_some() && p.disjoint => 1,
+        Kind::Max if unpadded => ARGMAX_UNPADDED_COST,
+        Kind::Max => ARGMAX_COST,
+        _ => 1,
     };
     let work = dx.len() + g.numel() * t.kernel_len * per_visit;
     crate::par::rows(&mut dx, bl, work, &|first, block: &mut [T]| {
@@ -264,8 +412,23 @@ pub fn backward<T: Scalar>(
             .zip(block.chunks_exact_mut(bl.max(1)));
         for ((plane, gp), dp) in planes {
             match p.kind {
+                Kind::Max if p.pairs.is_some() && p.disjoint => {
+                    let ow = p.pairs.unwrap_or(1);
+                    crate::simd::vectorize(Pairs::max(t, ow, plane, &mut s.best));
+                    crate::simd::vectorize(Pairs {
+                        table: t,
+                        ow,
+                        plane,
+                        out: &mut s.sum,
+                        scatter: Some((&s.best, gp, &mut *dp)),
+                    });
+                }
                 Kind::Max => {
-                    s.argmax(t, plane);
+                    if unpadded {
+                        s.argmax_unpadded(t, plane);
+                    } else {
+                        s.argmax(t, plane);
+                    }
                     for (&a, &gv) in s.arg.iter().zip(gp) {
                         if a != PAD {
                             dp[a] += gv;
@@ -322,9 +485,10 @@ mod tests {
     }
 
     #[test]
-    fn unpadded_max_is_the_value_at_the_argmax_nan_and_signed_zero_included() {
+    fn unpadded_max_and_argmax_agree_with_the_argmax_nan_and_signed_zero_included() {
         // Overlapping and tiling windows over data with NaNs (first cell and later cells), ties
-        // and ±0: the branch-free forward equals the argmax cell's value bit for bit.
+        // and ±0: the branch-free forward equals the argmax cell's value bit for bit, and the
+        // branch-free argmax picks the same cells as the general one.
         let vals = [
             0.5,
             f64::NAN,
@@ -356,6 +520,77 @@ mod tests {
                 for (&a, &v) in s.arg.iter().zip(yp) {
                     assert_eq!(plane[a].to_bits(), v.to_bits(), "{op:?}");
                 }
+                // The branch-free argmax picks the same cells.
+                let cells = s.arg.clone();
+                s.argmax_unpadded(&p.table, plane);
+                assert_eq!(s.arg, cells, "{op:?}");
+            }
+        }
+    }
+
+    /// The 2-wide fast path ([`Pairs`]) against the general argmax ([`Scratch::argmax`]), bit
+    /// for bit, forward and backward: NaNs in first and later cells, ties, ±0, a cotangent of
+    /// −0.0, odd sizes (cells in no window), 1-D to 3-D, and windows that overlap along an
+    /// earlier axis (the forward takes the fast path, the backward the table).
+    #[test]
+    fn pair_windows_match_the_general_argmax() {
+        let vals = [
+            0.5,
+            f64::NAN,
+            -0.0,
+            0.0,
+            2.0,
+            2.0,
+            -1.0,
+            f64::NAN,
+            3.0,
+            -0.0,
+            0.0,
+            -2.0,
+            1.5,
+        ];
+        let cases: [(&[usize], &[usize], &[usize]); 5] = [
+            (&[2, 3, 7, 9], &[2, 2], &[2, 2]),
+            (&[2, 3, 8, 8], &[2, 2], &[2, 2]),
+            (&[3, 11], &[2], &[2]),
+            (&[1, 2, 5, 4, 6], &[2, 1, 2], &[2, 3, 2]),
+            (&[2, 2, 7, 8], &[3, 2], &[1, 2]),
+        ];
+        let spread =
+            |dims: &[usize]| Tensor::<f64>::from_fn(dims, |i| vals[(i * 7 + i / 5) % vals.len()]);
+        let mut inputs: Vec<_> = cases.iter().map(|c| (spread(c.0), c.1, c.2)).collect();
+        // A second row of cells that ties at ±0 above the first row's max: the order within
+        // the pair decides the cell and the sign.
+        let (n, z) = (f64::NAN, -0.0);
+        let x = Tensor::new(
+            [1, 1, 2, 6],
+            vec![-1.0, -2.0, -1.0, -2.0, n, 1.0, z, 0.0, n, 2.0, 0.0, z],
+        );
+        inputs.push((x.unwrap(), &[2, 2], &[2, 2]));
+        for (x, kernel, stride) in inputs {
+            let op = Op::MaxPool {
+                kernel: kernel.to_vec(),
+                stride: stride.to_vec(),
+                padding: vec![0; kernel.len()],
+            };
+            let p = Pool::of(&op, &[&x]).unwrap();
+            assert!(p.pairs.is_some(), "{op:?}");
+            let y = forward(&op, &[&x]).unwrap();
+            let g = Tensor::<f64>::from_fn(y.shape().dims(), |i| [1.0, -0.0, -2.5][i % 3]);
+            let dx = backward(&op, &[&x], &y, &g).unwrap()[0].clone().unwrap();
+            let (t, ol, bl) = (&p.table, p.table.small_len, p.table.big_len);
+            let mut s = Scratch::new(&op, ol).unwrap();
+            let planes = x.data().chunks_exact(bl).zip(dx.data().chunks_exact(bl));
+            let outs = y.data().chunks_exact(ol).zip(g.data().chunks_exact(ol));
+            for ((plane, dp), (yp, gp)) in planes.zip(outs) {
+                s.argmax(t, plane);
+                let mut want = vec![0.0; bl];
+                for ((&a, &v), &gv) in s.arg.iter().zip(yp).zip(gp) {
+                    assert_eq!(plane[a].to_bits(), v.to_bits(), "{op:?}");
+                    want[a] += gv;
+                }
+                let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(dp), bits(&want), "{op:?}");
             }
         }
     }

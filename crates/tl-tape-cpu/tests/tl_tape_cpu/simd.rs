@@ -9,7 +9,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cpu::ops;
 use tl_tape_cpu::simd::{self, Level};
 
-use crate::common::{Dom, Rng, kernel_bits, random};
+use crate::common::{Dom, Rng, kernel_bits, pool2d, random};
 
 /// Values where the kernels' formulas change branch or saturate, then random ones.
 fn edgy(rng: &mut Rng, shape: &[usize], wide: f64) -> Tensor<f64> {
@@ -97,6 +97,12 @@ fn every_simd_level_gives_the_baseline_bits() {
                 edgy(&mut rng, &[24], 1.0),
                 edgy(&mut rng, &[n, 40], 2.0),
             ],
+        ),
+        // 2×2/2 max pooling runs its pair kernel at the chosen level (rows of 5 outputs and a
+        // cell in no window on each axis; ±0 and repeated values tie).
+        (
+            pool2d(2, 2, 0, false),
+            vec![edgy(&mut rng, &[2, 3, 11, 10], 6.0).map(|v| v.round())],
         ),
         mha(3, None, false, &mut rng),
         mha(2, Some(Mask::causal(n)), true, &mut rng),
