@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use smallvec::SmallVec;
 
 use crate::device::Device;
+use crate::ops::Cotangent;
 use crate::tape::{CudaTape, Id};
 use crate::{AnyBuffer, Error, Result, ops};
 
@@ -194,7 +195,9 @@ impl<D: Device> CudaTape<D> {
     /// For each node that requires grad and has a cotangent: run its backward formula and add
     /// each contribution into its parent's slot (in place). Contributions to parents that do
     /// not require grad are never computed (and released at once if a formula produced one).
-    /// With `keep` (the sparse path), a node's own slot is released once it has been visited.
+    /// With `keep` (the sparse path), a node's own slot is released once it has been visited,
+    /// or handed to the first parent that takes it as it is ([`Cotangent::Same`]: `add`, `sub`,
+    /// `reshape`), which saves that parent a copy.
     fn sweep(&mut self, slots: &mut Slots, n: usize, keep: Option<&[bool]>) -> Result<()> {
         let (nodes, dev) = (&self.nodes, &mut self.dev);
         for id in (0..n).rev() {
@@ -233,16 +236,25 @@ impl<D: Device> CudaTape<D> {
                 &node.cleanup,
                 node.nats(),
             )?;
+            // The sparse path drops this node's cotangent after the visit, so an identity
+            // contribution may take its buffer over (once) instead of copying it.
+            let drop_after = keep.is_some_and(|k| !k[id]);
+            let mut handed_over = false;
             let mut failed = None;
             for (&p, c) in node.parents.iter().zip(contribs) {
                 let Some(c) = c else { continue };
                 let parent = &nodes[p];
+                let release = |dev: &mut D, c: &Cotangent| {
+                    if let Cotangent::Owned(a) = c {
+                        dev.release(a.buffer());
+                    }
+                };
                 if failed.is_some() || !parent.requires_grad {
-                    dev.release(c.buffer());
+                    release(dev, &c);
                     continue;
                 }
                 if c.shape() != parent.value.shape() {
-                    dev.release(c.buffer());
+                    release(dev, &c);
                     failed = Some(Error::shape(
                         format!("{} backward: contribution to parent", op.name()),
                         p,
@@ -251,24 +263,47 @@ impl<D: Device> CudaTape<D> {
                     ));
                     continue;
                 }
-                match &slots[p] {
-                    None => slots[p] = Some(c),
-                    Some(acc) => {
+                let r = match (c, &slots[p]) {
+                    (Cotangent::Owned(c), None) => {
+                        slots[p] = Some(c);
+                        Ok(())
+                    }
+                    (Cotangent::Owned(c), Some(acc)) => {
                         let r = dev.axpy_assign(acc.buffer(), 1.0, c.buffer());
                         dev.release(c.buffer());
-                        if let Err(e) = r {
-                            failed = Some(e);
-                        }
+                        r
                     }
+                    // Accumulated straight from the output cotangent (no copy first).
+                    (Cotangent::Same(_), Some(acc)) => {
+                        dev.axpy_assign(acc.buffer(), 1.0, g.buffer())
+                    }
+                    (Cotangent::Same(shape), None) if drop_after && !handed_over => {
+                        g.reshaped(shape).map(|c| {
+                            slots[p] = Some(c);
+                            handed_over = true;
+                        })
+                    }
+                    (Cotangent::Same(shape), None) => g
+                        .copy(dev)
+                        .and_then(|c| {
+                            c.reshaped(shape).inspect_err(|_| {
+                                dev.release(c.buffer());
+                            })
+                        })
+                        .map(|c| slots[p] = Some(c)),
+                };
+                if let Err(e) = r {
+                    failed = Some(e);
+                }
+            }
+            if drop_after && let Some(g) = slots[id].take() {
+                // Handed over: the buffer now lives in a parent's slot.
+                if !handed_over {
+                    dev.release(g.buffer());
                 }
             }
             if let Some(e) = failed {
                 return Err(e);
-            }
-            if keep.is_some_and(|k| !k[id])
-                && let Some(g) = slots[id].take()
-            {
-                dev.release(g.buffer());
             }
         }
         Ok(())

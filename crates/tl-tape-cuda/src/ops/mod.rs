@@ -43,8 +43,30 @@ pub struct Forward {
     pub workspace: Vec<Buffer>,
 }
 
+/// One operand's cotangent from a backward formula.
+#[derive(Debug)]
+pub enum Cotangent {
+    /// A buffer of its own, which the caller owns.
+    Owned(AnyBuffer),
+    /// The output cotangent itself, read with this operand's shape (the same element count):
+    /// the VJP is the identity (`add`, `sub`'s first operand, `reshape`), so no copy is made.
+    /// It is not a new buffer: the caller copies it, accumulates from it or, where the output
+    /// cotangent is not needed afterwards, takes it over.
+    Same(Shape),
+}
+
+impl Cotangent {
+    /// The operand shape it is read with.
+    pub fn shape(&self) -> &Shape {
+        match self {
+            Cotangent::Owned(a) => a.shape(),
+            Cotangent::Same(s) => s,
+        }
+    }
+}
+
 /// Operand cotangents of one node: one entry per operand, `None` where none is computed.
-pub type Grads = SmallVec<[Option<AnyBuffer>; 3]>;
+pub type Grads = SmallVec<[Option<Cotangent>; 3]>;
 
 /// Temporaries of one formula, released by [`with_scratch`] whatever the outcome.
 #[derive(Debug, Default)]
@@ -269,7 +291,11 @@ pub fn backward<D: Device>(
     match r {
         Ok(()) => Ok(out),
         Err(e) => {
-            dev.release_all(out.into_iter().flatten().map(|a| a.buffer()));
+            let owned = out.into_iter().flatten().filter_map(|c| match c {
+                Cotangent::Owned(a) => Some(a.buffer()),
+                Cotangent::Same(_) => None,
+            });
+            dev.release_all(owned);
             Err(e)
         }
     }
@@ -295,11 +321,11 @@ fn backward_into<D: Device>(
     let mut g = Cotangents { dev, x, needs, out };
     match op {
         Add => {
-            g.push(0, |d| d.copy(gb))?;
-            g.push(1, |d| d.copy(gb))
+            g.same(0)?;
+            g.same(1)
         }
         Sub => {
-            g.push(0, |d| d.copy(gb))?;
+            g.same(0)?;
             g.push(1, |d| d.scale(gb, -1.0))
         }
         Mul => {
@@ -326,7 +352,7 @@ fn backward_into<D: Device>(
         // Not differentiable: the tape never visits them; no cotangent flows.
         Detach => g.none(1),
         Constant(_) => Ok(()),
-        Reshape(_) | Flatten => g.push(0, |d| d.copy(gb)),
+        Reshape(_) | Flatten => g.same(0),
         Transpose2d | PermuteBca | PermuteCab | SwapLastTwo | SwapAdjacent(_) => {
             g.push(0, |d| shape::permute_back(d, op, x[0], gb))
         }
@@ -440,14 +466,21 @@ impl<D: Device> Cotangents<'_, D> {
     /// order, so `k` is the number recorded so far.
     fn set(&mut self, k: usize, b: Option<Buffer>) -> Result<()> {
         let a = match b {
-            Some(b) => Some(
+            Some(b) => Some(Cotangent::Owned(
                 AnyBuffer::new("backward", self.x[k].shape().clone(), b).inspect_err(|_| {
                     self.dev.release(b);
                 })?,
-            ),
+            )),
             None => None,
         };
         self.out.push(a);
+        Ok(())
+    }
+
+    /// Operand `k`'s cotangent is the output cotangent itself (an identity VJP), if needed.
+    fn same(&mut self, k: usize) -> Result<()> {
+        let c = self.needs[k].then(|| Cotangent::Same(self.x[k].shape().clone()));
+        self.out.push(c);
         Ok(())
     }
 

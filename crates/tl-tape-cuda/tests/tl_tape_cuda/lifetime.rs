@@ -306,3 +306,66 @@ fn a_rejected_op_leaves_the_tape_and_the_device_unchanged() {
     assert_eq!(tape.device().memory_usage().live_bytes, before.live_bytes);
     assert_eq!(tape.device().live_buffers(), 2);
 }
+
+/// `add`, `sub` and `reshape` pass the output cotangent on as it is: on the sparse path the
+/// buffer is handed to the first parent that has no gradient yet (no copy), later parents copy
+/// it or accumulate from it. Covered: an operand used twice (`a + a`, `c − c`), a parent whose
+/// slot is already filled, reshapes in a chain, and the dense path (which must copy). The
+/// gradients match the dense path's and the closed form, and nothing leaks.
+#[test]
+fn identity_cotangents_are_handed_over_not_copied() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let data = |k: f64| Tensor::<f64>::from_fn([2, 3], |i| k + i as f64);
+    let a = tape.upload_leaf(&data(1.0), Some("a"), true).unwrap();
+    let b = tape.upload_leaf(&data(-2.0), Some("b"), true).unwrap();
+    let c = tape.upload_leaf(&data(0.5), Some("c"), true).unwrap();
+    // y = reshape(reshape((a + a) − b)) + reshape(b) + (c − c): ∂a = 2, ∂b = 0, ∂c = 0 under
+    // sum(w ⊙ y) with w = 1..6 (∂ = 2w, 0, 0).
+    let aa = tape.apply(&Op::Add, &[a, a]).unwrap();
+    let d = tape.apply(&Op::Sub, &[aa, b]).unwrap();
+    let r1 = tape.apply(&Op::Reshape(Shape::new(&[3, 2])), &[d]).unwrap();
+    let r2 = tape.apply(&Op::Reshape(Shape::new(&[6])), &[r1]).unwrap();
+    let rb = tape.apply(&Op::Reshape(Shape::new(&[6])), &[b]).unwrap();
+    let s1 = tape.apply(&Op::Add, &[r2, rb]).unwrap();
+    let cc = tape.apply(&Op::Sub, &[c, c]).unwrap();
+    let rc = tape.apply(&Op::Reshape(Shape::new(&[6])), &[cc]).unwrap();
+    let y = tape.apply(&Op::Add, &[s1, rc]).unwrap();
+    let w = Tensor::<f64>::from_fn([6], |i| 1.0 + i as f64);
+    let wi = tape.upload_leaf(&w, Some("w"), false).unwrap();
+    let wy = tape.apply(&Op::Mul, &[y, wi]).unwrap();
+    let loss = tape.apply(&Op::Sum, &[wy]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+
+    let dense = tape.backward_dense(loss, &seed).unwrap();
+    let want: Vec<Tensor<f32>> = [a, b, c]
+        .iter()
+        .map(|&i| dense[i].download(tape.device()).unwrap())
+        .collect();
+    tape.release_grads(dense);
+
+    let before = (tape.device().live_buffers(), tape.device().traffic());
+    let map = tape.backward_params(loss, &seed, &[a, b, c]).unwrap();
+    let launches = (tape.device().traffic() - before.1).launches;
+    assert_eq!(
+        tape.device().live_buffers(),
+        before.0 + 3,
+        "only the map's buffers"
+    );
+    for (k, &i) in [a, b, c].iter().enumerate() {
+        let got: Tensor<f32> = map[&i].download(tape.device()).unwrap();
+        assert_eq!(got.shape().dims(), &[2, 3]);
+        let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want[k]), "id {i} against the dense path");
+        let closed: Vec<f32> = (0..6)
+            .map(|j| [2.0 * (1.0 + j as f32), 0.0, 0.0][k])
+            .collect();
+        assert_eq!(got.data(), &closed[..], "id {i}");
+    }
+    assert_eq!(tape.release_grad_map(map), 3);
+    assert_eq!(tape.device().live_buffers(), before.0);
+    // The launches: the seed's copy, sum's broadcast, mul's product (w is constant), sub's
+    // negation twice (c − c and (a + a) − b), three accumulations where a parent already had a
+    // gradient (a, b, c once each) and two copies (the second operand of each add whose first
+    // operand took the buffer): 10. Copying every identity cotangent took ten more.
+    assert_eq!(launches, 10, "sparse backward launches");
+}

@@ -89,6 +89,8 @@ impl Launch for SimDevice {
         for (o, &v) in ys.block[..n].iter_mut().zip(&xs) {
             *o = pointwise::axpy(*o, v, c);
         }
+        // One kernel on the device, like every other primitive (it was not counted before).
+        self.traffic.launch();
         Ok(())
     }
 
