@@ -253,6 +253,15 @@ pub const MUTANTS: &[Mutant] = &[
     },
     // ---- tl-tape-cuda's simulation device ----
     Mutant {
+        id: "sim-sweep-hand-over-twice",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/backward.rs",
+        from: "(Cotangent::Same(shape), None) if drop_after && !handed_over => {",
+        to: "(Cotangent::Same(shape), None) if drop_after => {",
+        bug: "the sparse sweep hands one cotangent buffer to two parents (they then share it)",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-max-bwd-tie",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/sim/pointwise.rs",
