@@ -335,22 +335,19 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             .chunks_exact(bl.max(1))
             .zip(block.chunks_exact_mut(ol.max(1)))
         {
-            match p.kind {
-                Kind::Max if p.pairs.is_some() => {
-                    let ow = p.pairs.unwrap_or(1);
-                    crate::simd::vectorize(Pairs::max(t, ow, plane, yp));
-                }
-                Kind::Max if unpadded => {
+            match (p.kind, p.pairs) {
+                (Kind::Max, Some(ow)) => crate::simd::vectorize(Pairs::max(t, ow, plane, yp)),
+                (Kind::Max, None) if unpadded => {
                     s.max_unpadded(t, plane);
                     yp.copy_from_slice(&s.best);
                 }
-                Kind::Max => {
+                (Kind::Max, None) => {
                     s.argmax(t, plane);
                     for ((o, &a), &b) in yp.iter_mut().zip(&s.arg).zip(&s.best) {
                         *o = if a == PAD { T::zero() } else { b };
                     }
                 }
-                Kind::Avg => {
+                (Kind::Avg, _) => {
                     s.sum.fill(T::zero());
                     for k in 0..t.kernel_len {
                         for (&i, acc) in t.idx[k * ol..(k + 1) * ol].iter().zip(&mut s.sum) {
@@ -364,7 +361,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
                         *o = acc * inv;
                     }
                 }
-                Kind::Smooth(beta) => {
+                (Kind::Smooth(beta), _) => {
                     let beta = T::lit(beta);
                     s.smooth(t, plane, beta);
                     for ((o, &pv), &z) in yp.iter_mut().zip(&s.best).zip(&s.sum) {
@@ -394,10 +391,12 @@ pub fn backward<T: Scalar>(
     let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "input cotangent", x[0].numel())?;
     // Planes are independent: split across threads when there is enough of them.
     let unpadded = p.unpadded;
-    let per_visit = match p.kind {
-        Kind::Max if p.pairs.is_some() && p.disjoint => 1,
-        Kind::Max if unpadded => ARGMAX_UNPADDED_COST,
-        Kind::Max => ARGMAX_COST,
+    // The pair kernel's backward needs windows that share no cell.
+    let pairs = p.pairs.filter(|_| p.disjoint);
+    let per_visit = match (p.kind, pairs) {
+        (Kind::Max, Some(_)) => 1,
+        (Kind::Max, None) if unpadded => ARGMAX_UNPADDED_COST,
+        (Kind::Max, None) => ARGMAX_COST,
         _ => 1,
     };
     let work = dx.len() + g.numel() * t.kernel_len * per_visit;
@@ -411,9 +410,8 @@ pub fn backward<T: Scalar>(
             .zip(gs.chunks_exact(ol.max(1)))
             .zip(block.chunks_exact_mut(bl.max(1)));
         for ((plane, gp), dp) in planes {
-            match p.kind {
-                Kind::Max if p.pairs.is_some() && p.disjoint => {
-                    let ow = p.pairs.unwrap_or(1);
+            match (p.kind, pairs) {
+                (Kind::Max, Some(ow)) => {
                     crate::simd::vectorize(Pairs::max(t, ow, plane, &mut s.best));
                     crate::simd::vectorize(Pairs {
                         table: t,
@@ -423,7 +421,7 @@ pub fn backward<T: Scalar>(
                         scatter: Some((&s.best, gp, &mut *dp)),
                     });
                 }
-                Kind::Max => {
+                (Kind::Max, None) => {
                     if unpadded {
                         s.argmax_unpadded(t, plane);
                     } else {
@@ -435,7 +433,7 @@ pub fn backward<T: Scalar>(
                         }
                     }
                 }
-                Kind::Avg => {
+                (Kind::Avg, _) => {
                     let inv = T::one() / T::lit(t.kernel_len as f64);
                     for k in 0..t.kernel_len {
                         for (&i, &gv) in t.idx[k * ol..(k + 1) * ol].iter().zip(gp) {
@@ -445,7 +443,7 @@ pub fn backward<T: Scalar>(
                         }
                     }
                 }
-                Kind::Smooth(beta) => {
+                (Kind::Smooth(beta), _) => {
                     let beta = T::lit(beta);
                     s.smooth(t, plane, beta);
                     for k in 0..t.kernel_len {
