@@ -482,26 +482,29 @@ mod tests {
         assert_eq!(dx[0].as_ref().unwrap().data(), &[1.0, 2.0, 1.0]);
     }
 
+    /// Window values where max pooling's rules bite: NaNs, ties, ±0.
+    const EDGY: [f64; 13] = [
+        0.5,
+        f64::NAN,
+        -0.0,
+        0.0,
+        2.0,
+        2.0,
+        -1.0,
+        f64::NAN,
+        3.0,
+        -0.0,
+        0.0,
+        -2.0,
+        1.5,
+    ];
+
     #[test]
     fn unpadded_max_and_argmax_agree_with_the_argmax_nan_and_signed_zero_included() {
         // Overlapping and tiling windows over data with NaNs (first cell and later cells), ties
         // and ±0: the branch-free forward equals the argmax cell's value bit for bit, and the
         // branch-free argmax picks the same cells as the general one.
-        let vals = [
-            0.5,
-            f64::NAN,
-            -0.0,
-            0.0,
-            2.0,
-            2.0,
-            -1.0,
-            f64::NAN,
-            3.0,
-            -0.0,
-            0.0,
-            -2.0,
-        ];
-        let x = Tensor::<f64>::from_fn([2, 4, 6], |i| vals[(i * 7) % vals.len()]);
+        let x = Tensor::<f64>::from_fn([2, 4, 6], |i| EDGY[(i * 7) % EDGY.len()]);
         for (kernel, stride) in [(vec![2, 2], vec![2, 2]), (vec![3, 2], vec![1, 1])] {
             let op = Op::MaxPool {
                 kernel,
@@ -532,21 +535,6 @@ mod tests {
     /// earlier axis (the forward takes the fast path, the backward the table).
     #[test]
     fn pair_windows_match_the_general_argmax() {
-        let vals = [
-            0.5,
-            f64::NAN,
-            -0.0,
-            0.0,
-            2.0,
-            2.0,
-            -1.0,
-            f64::NAN,
-            3.0,
-            -0.0,
-            0.0,
-            -2.0,
-            1.5,
-        ];
         let cases: [(&[usize], &[usize], &[usize]); 5] = [
             (&[2, 3, 7, 9], &[2, 2], &[2, 2]),
             (&[2, 3, 8, 8], &[2, 2], &[2, 2]),
@@ -555,7 +543,7 @@ mod tests {
             (&[2, 2, 7, 8], &[3, 2], &[1, 2]),
         ];
         let spread =
-            |dims: &[usize]| Tensor::<f64>::from_fn(dims, |i| vals[(i * 7 + i / 5) % vals.len()]);
+            |dims: &[usize]| Tensor::<f64>::from_fn(dims, |i| EDGY[(i * 7 + i / 5) % EDGY.len()]);
         let mut inputs: Vec<_> = cases.iter().map(|c| (spread(c.0), c.1, c.2)).collect();
         // A second row of cells that ties at ±0 above the first row's max: the order within
         // the pair decides the cell and the sign.
