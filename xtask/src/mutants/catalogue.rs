@@ -262,6 +262,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-mha-workspace-swapped",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/ops/attention.rs",
+        from: "qh: w[0],",
+        to: "qh: w[1],",
+        bug: "attention's backward reads K per head where it kept Q (the forward's workspace)",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-max-bwd-tie",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/sim/pointwise.rs",

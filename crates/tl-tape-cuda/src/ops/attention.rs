@@ -6,8 +6,11 @@
 //! - `multiHeadAttention`: Q, K, V = x·W by one GEMM each over all B·n rows; heads split by a
 //!   permute (B, n, H, d) → (B, H, n, d); `S = Q_h K_hᵀ` by one bmm over the B·H heads, scaled
 //!   by 1/√d; A = (masked) row softmax; `O_h = A·V_h` by bmm; heads merged by the inverse
-//!   permute into C (B·n, P); y = C·wo. Backward recomputes that chain (the tape keeps only
-//!   operands and output) and runs `dC = g·woᵀ`, `dwo = Cᵀ·g`, `dA = dO_h V_hᵀ`,
+//!   permute into C (B·n, P); y = C·wo. The node keeps Q_h, K_h, V_h and C as workspace, and A
+//!   too unless the op is `fused` (the memory-lean form: O(n·P) floats kept, not O(H·n²); its
+//!   backward recomputes A, two launches). The backward reads them while they are live (the
+//!   whole chain is recomputed once the tape has released workspaces) and runs
+//!   `dC = g·woᵀ`, `dwo = Cᵀ·g`, `dA = dO_h V_hᵀ`,
 //!   `dV_h = Aᵀ dO_h`, `dS = softmax_bwd(A, dA)/√d`, `dQ_h = dS K_h`, `dK_h = dSᵀ Q_h`, then
 //!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch.
 //!
@@ -47,6 +50,17 @@ pub fn masked_softmax_back<D: Device>(
     dev.softmax_rows_bwd(y.buffer(), g, rows, n)
 }
 
+/// The attributes of a `multiHeadAttention` node: heads, mask, fused.
+fn attrs(op: &Op) -> Result<(usize, Option<&Mask>, bool)> {
+    match op {
+        Op::MultiHeadAttention { heads, mask, fused } => Ok((*heads, mask.as_ref(), *fused)),
+        _ => Err(crate::Error::kernel(
+            op.name(),
+            "not a multiHeadAttention node",
+        )),
+    }
+}
+
 /// The sizes of one attention node, checked by the shape rule.
 fn dims(op: &Op, x: &[&AnyBuffer], heads: usize, mask: Option<&Mask>) -> Result<Dims> {
     if x.len() != 5 {
@@ -58,19 +72,46 @@ fn dims(op: &Op, x: &[&AnyBuffer], heads: usize, mask: Option<&Mask>) -> Result<
     Ok(mha_dims(w, x[4].shape(), heads, mask)?.0)
 }
 
-/// The intermediates of the forward chain (all registered as scratch).
+/// The intermediates of the forward chain that the backward reads.
 struct Chain {
     qh: Buffer,
     kh: Buffer,
     vh: Buffer,
-    a: Buffer,
     c: Buffer,
+    /// The attention probabilities; `None` when the forward did not keep them (the `fused`
+    /// form): the backward recomputes them from `qh` and `kh`.
+    a: Option<Buffer>,
+}
+
+impl Chain {
+    /// The node's workspace: `[qh, kh, vh, c]`, then `a` where kept.
+    fn workspace(&self) -> Vec<Buffer> {
+        let mut w = vec![self.qh, self.kh, self.vh, self.c];
+        w.extend(self.a);
+        w
+    }
+
+    /// The chain kept by the forward, if every buffer of it is still live (the tape releases
+    /// workspaces after each backprop).
+    fn reuse<D: Device>(dev: &D, w: &[Buffer]) -> Option<Chain> {
+        if !(4..=5).contains(&w.len()) || !w.iter().all(|&b| dev.is_live(b)) {
+            return None;
+        }
+        Some(Chain {
+            qh: w[0],
+            kh: w[1],
+            vh: w[2],
+            c: w[3],
+            a: w.get(4).copied(),
+        })
+    }
 }
 
 /// (B, n, H, d) ↔ (B, H, n, d): the same permutation both ways.
 const SWAP: [usize; 4] = [0, 2, 1, 3];
 
-/// Q, K, V, the attention probabilities and C, every buffer a temporary of `s`.
+/// Q, K, V, C and the attention probabilities, every buffer a temporary of `s` (the forward
+/// takes back the ones it keeps with [`Scratch::keep`]).
 fn chain<D: Device>(
     dev: &mut D,
     s: &mut Scratch,
@@ -96,6 +137,28 @@ fn chain<D: Device>(
     let qh = head(dev, s, x[0])?;
     let kh = head(dev, s, x[1])?;
     let vh = head(dev, s, x[2])?;
+    let a = probabilities(dev, s, dm, qh, kh, mask)?;
+    let oh = s.tmp(dev.bmm(a, vh, bh, Gemm::nn(n, n, d))?);
+    let c = s.tmp(dev.permute(oh, &[batch, heads, n, d], &SWAP)?);
+    Ok(Chain {
+        qh,
+        kh,
+        vh,
+        c,
+        a: Some(a),
+    })
+}
+
+/// `A = softmax(Q_h K_hᵀ/√d)` (masked where `mask` says), a temporary of `s`.
+fn probabilities<D: Device>(
+    dev: &mut D,
+    s: &mut Scratch,
+    dm: &Dims,
+    qh: Buffer,
+    kh: Buffer,
+    mask: Option<&Mask>,
+) -> Result<Buffer> {
+    let (n, d, bh) = (dm.n, dm.d, dm.batch * dm.heads);
     let raw = s.tmp(dev.bmm(qh, kh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
     let a = match mask {
         Some(m) => {
@@ -105,10 +168,7 @@ fn chain<D: Device>(
         // scale → softmax in one launch (same bits).
         None => dev.scaled_softmax_rows(raw, inv_sqrt(d), bh * n, n)?,
     };
-    let a = s.tmp(a);
-    let oh = s.tmp(dev.bmm(a, vh, bh, Gemm::nn(n, n, d))?);
-    let c = s.tmp(dev.permute(oh, &[batch, heads, n, d], &SWAP)?);
-    Ok(Chain { qh, kh, vh, a, c })
+    Ok(s.tmp(a))
 }
 
 /// `1/√d` as the kernel's f32 (the reference's `1/sqrt(d)` rounded once).
@@ -116,32 +176,37 @@ fn inv_sqrt(d: usize) -> f32 {
     (1.0 / (d as f64).sqrt()) as f32
 }
 
-/// Forward of `multiHeadAttention` on `[wq, wk, wv, wo, x]`.
-pub fn mha<D: Device>(
-    dev: &mut D,
-    op: &Op,
-    x: &[&AnyBuffer],
-    heads: usize,
-    mask: Option<&Mask>,
-) -> Result<Buffer> {
+/// Forward of `multiHeadAttention` (`op`) on `[wq, wk, wv, wo, x]`: the value and the
+/// workspace the backward reuses (Q, K, V per head and C; the probabilities too unless the op
+/// is `fused`, whose backward recomputes them so that the node keeps O(n·P) floats, not
+/// O(H·n²)).
+pub fn mha<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer, Vec<Buffer>)> {
+    let (heads, mask, fused) = attrs(op)?;
     let dm = dims(op, x, heads, mask)?;
     with_scratch(dev, |dev, s| {
-        let ch = chain(dev, s, &dm, x, mask)?;
-        dev.matmul(ch.c, x[3].buffer(), Gemm::nn(dm.batch * dm.n, dm.p, dm.dm))
+        let mut ch = chain(dev, s, &dm, x, mask)?;
+        let y = dev.matmul(ch.c, x[3].buffer(), Gemm::nn(dm.batch * dm.n, dm.p, dm.dm))?;
+        if fused {
+            ch.a = None;
+        }
+        let w = ch.workspace();
+        s.keep(&w);
+        Ok((y, w))
     })
 }
 
 /// Backward of `multiHeadAttention`: `[dwq, dwk, dwv, dwo, dx]`, `None` where not needed.
-/// On error every cotangent already computed is released.
+/// `workspace` is what [`mha`] kept: read while every buffer of it is live, else the chain is
+/// recomputed. On error every cotangent already computed is released.
 pub fn mha_back<D: Device>(
     dev: &mut D,
     op: &Op,
     x: &[&AnyBuffer],
     g: Buffer,
     needs: &[bool],
-    heads: usize,
-    mask: Option<&Mask>,
+    workspace: &[Buffer],
 ) -> Result<[Option<Buffer>; 5]> {
+    let (heads, mask, _) = attrs(op)?;
     let dm = dims(op, x, heads, mask)?;
     let need = |k: usize| needs.get(k).copied().unwrap_or(false);
     if !(0..5).any(need) {
@@ -149,7 +214,11 @@ pub fn mha_back<D: Device>(
     }
     let mut out: [Option<Buffer>; 5] = [None; 5];
     let r = with_scratch(dev, |dev, s| {
-        grads(dev, s, &dm, x, g, &need, mask, &mut out)
+        let ch = match Chain::reuse(dev, workspace) {
+            Some(ch) => ch,
+            None => chain(dev, s, &dm, x, mask)?,
+        };
+        grads(dev, s, &dm, x, g, &need, mask, &ch, &mut out)
     });
     match r {
         Ok(()) => Ok(out),
@@ -169,6 +238,7 @@ fn grads<D: Device>(
     g: Buffer,
     need: &dyn Fn(usize) -> bool,
     mask: Option<&Mask>,
+    ch: &Chain,
     out: &mut [Option<Buffer>; 5],
 ) -> Result<()> {
     let Dims {
@@ -180,7 +250,6 @@ fn grads<D: Device>(
         ..
     } = *dm;
     let (rows, bh, dmod) = (batch * n, batch * heads, dm.dm);
-    let ch = chain(dev, s, dm, x, mask)?;
     // y = C·wo: dwo = Cᵀ·g, dC = g·woᵀ.
     if need(3) {
         out[3] = Some(dev.matmul(ch.c, g, Gemm::nn(p, rows, dmod).with_t(true, false))?);
@@ -194,12 +263,16 @@ fn grads<D: Device>(
         Gemm::nn(rows, dmod, p).with_t(false, true),
     )?);
     let doh = s.tmp(dev.permute(dc, &[batch, n, heads, d], &SWAP)?);
+    let a = match ch.a {
+        Some(a) => a,
+        None => probabilities(dev, s, dm, ch.qh, ch.kh, mask)?,
+    };
     // O_h = A·V_h: dA = dO_h·V_hᵀ, dV_h = Aᵀ·dO_h.
     let da = s.tmp(dev.bmm(doh, ch.vh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
-    let dvh = s.tmp(dev.bmm(ch.a, doh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
+    let dvh = s.tmp(dev.bmm(a, doh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
     // Softmax VJP (0 where A is: masked entries, empty rows), then S = Q_h K_hᵀ/√d.
     // softmax VJP → scale by 1/√d in one launch (same bits as the two).
-    let ds = s.tmp(dev.scaled_softmax_rows_bwd(ch.a, da, inv_sqrt(d), bh * n, n)?);
+    let ds = s.tmp(dev.scaled_softmax_rows_bwd(a, da, inv_sqrt(d), bh * n, n)?);
     let dqh = s.tmp(dev.bmm(ds, ch.kh, bh, Gemm::nn(n, n, d))?);
     let dkh = s.tmp(dev.bmm(ds, ch.qh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
     let merge = [batch, heads, n, d];

@@ -78,6 +78,11 @@ impl Scratch {
         self.0.push(b);
         b
     }
+
+    /// Take `keep` back from the temporaries: they outlive the formula (a forward's workspace).
+    pub fn keep(&mut self, keep: &[Buffer]) {
+        self.0.retain(|b| !keep.contains(b));
+    }
 }
 
 /// Run `f` with a scratch list, then release every temporary it registered.
@@ -96,6 +101,28 @@ pub fn wrap<D: Device>(dev: &mut D, op: &Op, shape: &Shape, b: Buffer) -> Result
     AnyBuffer::new(op.name(), shape.clone(), b).inspect_err(|_| {
         dev.release(b);
     })
+}
+
+/// A forward's fresh value `y` with the `workspace` its backward reuses; both released if `y`
+/// does not fit the op's output shape.
+fn kept<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    shape: &Shape,
+    y: Buffer,
+    workspace: Vec<Buffer>,
+) -> Result<Forward> {
+    match wrap(dev, op, shape, y) {
+        Ok(value) => Ok(Forward {
+            value,
+            owned: true,
+            workspace,
+        }),
+        Err(e) => {
+            dev.release_all(workspace);
+            Err(e)
+        }
+    }
 }
 
 /// The forward value of `op` on `x`, whose output shape (`shape`) the shape rule has inferred.
@@ -157,31 +184,20 @@ pub fn forward<D: Device>(
         LogSoftmax => softmax::forward(dev, x[0], true),
         LayerNorm { .. } | BatchNorm { .. } => {
             let (y, stats) = norm::forward(dev, op, x[0], x[1], x[2])?;
-            let value = wrap(dev, op, shape, y).inspect_err(|_| {
-                dev.release(stats);
-            })?;
-            return Ok(Forward {
-                value,
-                owned: true,
-                workspace: vec![stats],
-            });
+            return kept(dev, op, shape, y, vec![stats]);
         }
         MaskedSoftmax { mask } => attention::masked_softmax(dev, x[0], mask),
-        MultiHeadAttention { heads, mask, .. } => attention::mha(dev, op, x, *heads, mask.as_ref()),
+        MultiHeadAttention { .. } => {
+            let (y, w) = attention::mha(dev, op, x)?;
+            return kept(dev, op, shape, y, w);
+        }
         Conv { .. } | ConvTranspose { .. } => conv::forward(dev, op, x, shape),
         MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
             pool::forward(dev, op, x[0], shape)
         }
         MseLoss => {
             let (loss, diff) = loss::mse(dev, x[0], x[1])?;
-            let value = wrap(dev, op, shape, loss).inspect_err(|_| {
-                dev.release(diff);
-            })?;
-            return Ok(Forward {
-                value,
-                owned: true,
-                workspace: vec![diff],
-            });
+            return kept(dev, op, shape, loss, vec![diff]);
         }
         Gelu => dev.gelu(b(0)),
         Silu => dev.silu(b(0)),
@@ -189,14 +205,7 @@ pub fn forward<D: Device>(
         Slice { start, len } => index::slice(dev, x[0], *start, *len),
         CrossEntropy { labels_at } => {
             let (loss, labels) = index::cross_entropy(dev, x[0], *labels_at, nats)?;
-            let value = wrap(dev, op, shape, loss).inspect_err(|_| {
-                dev.release(labels);
-            })?;
-            return Ok(Forward {
-                value,
-                owned: true,
-                workspace: vec![labels],
-            });
+            return kept(dev, op, shape, loss, vec![labels]);
         }
         GatherScalar { .. }
         | GatherRow { .. }
@@ -393,8 +402,8 @@ fn backward_into<D: Device>(
             g.set_all(d)
         }
         MaskedSoftmax { mask } => g.push(0, |d| attention::masked_softmax_back(d, y, gb, mask)),
-        MultiHeadAttention { heads, mask, .. } => {
-            let d = attention::mha_back(g.dev, op, x, gb, g.needs, *heads, mask.as_ref())?;
+        MultiHeadAttention { .. } => {
+            let d = attention::mha_back(g.dev, op, x, gb, g.needs, workspace)?;
             g.set_all(d)
         }
         Conv { .. } | ConvTranspose { .. } => {

@@ -369,3 +369,70 @@ fn identity_cotangents_are_handed_over_not_copied() {
     // operand took the buffer): 10. Copying every identity cotangent took ten more.
     assert_eq!(launches, 10, "sparse backward launches");
 }
+
+#[test]
+fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabilities() {
+    let mut rnd = Gen::new(23);
+    let (dm, p, heads) = (6, 4, 2);
+    let shapes = [[dm, p], [dm, p], [dm, p], [p, dm], [5, dm]];
+    let causal = tl_spec::ops::attention::Mask::causal(5);
+    for (fused, mask) in [(false, None), (true, None), (false, Some(causal.clone()))] {
+        let mut tape = CudaTape::new(SimDevice::new());
+        let leaves: Vec<usize> = shapes
+            .iter()
+            .map(|s| {
+                let t = draw(&mut rnd, &Shape::new(s), Domain::Any);
+                tape.upload_leaf(&t, None, true).unwrap()
+            })
+            .collect();
+        let op = Op::MultiHeadAttention {
+            heads,
+            mask: mask.clone(),
+            fused,
+        };
+        let y = tape.apply(&op, &leaves).unwrap();
+        let w = tape
+            .upload_leaf(
+                &draw(&mut rnd, &Shape::new(&[5, dm]), Domain::Any),
+                None,
+                false,
+            )
+            .unwrap();
+        let wy = tape.apply(&Op::Mul, &[y, w]).unwrap();
+        let loss = tape.apply(&Op::Sum, &[wy]).unwrap();
+        let kept = tape.node(y).unwrap().cleanup().to_vec();
+        // Q, K, V per head and C; the probabilities (heads·n² floats) only when not fused.
+        assert_eq!(kept.len(), if fused { 4 } else { 5 }, "fused={fused}");
+        let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+        let run = |tape: &mut CudaTape<SimDevice>| {
+            let before = tape.device().traffic();
+            let g = tape.backward_dense(loss, &seed).unwrap();
+            let launches = (tape.device().traffic() - before).launches;
+            let got: Vec<Tensor<f32>> = leaves
+                .iter()
+                .map(|&i| g[i].download(tape.device()).unwrap())
+                .collect();
+            tape.release_grads(g);
+            (launches, got)
+        };
+        let (reused, from_workspace) = run(&mut tape);
+        assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
+        let (recomputed, again) = run(&mut tape);
+        let bits = |t: &[Tensor<f32>]| -> Vec<Vec<u32>> {
+            t.iter()
+                .map(|t| t.data().iter().map(|v| v.to_bits()).collect())
+                .collect()
+        };
+        assert_eq!(
+            bits(&from_workspace),
+            bits(&again),
+            "fused={fused} {mask:?}"
+        );
+        // Recomputing the chain: three projections and their head splits, the scores and the
+        // softmax (the masked one scales first: one launch more), A·V and the head merge.
+        // Only the scores and the softmax are recomputed by the fused form's backward.
+        let chain = if mask.is_some() { 11 } else { 10 };
+        let saved = if fused { chain - 2 } else { chain };
+        assert_eq!(recomputed - reused, saved, "fused={fused} {mask:?}");
+    }
+}
