@@ -100,6 +100,25 @@ extern "C" __global__ void tl_axpy_assign(float* y, const float* x, u64 n, float
     TL_GRID_STRIDE(i, n) { y[i] = y[i] + c * x[i]; }
 }
 
+// y_t <- y_t + c * x_t for the pairs t < count, pair t over blockIdx.y: one launch for a list
+// of tensors (an optimizer step over every parameter, PyTorch's multi-tensor "foreach" apply).
+// Each element is computed as tl_axpy_assign computes it. Unused slots are never read. No y may
+// be another pair's y or x (the caller launches such pairs one at a time).
+#define TL_PAIR(k) float *y##k, const float *x##k, u64 n##k
+extern "C" __global__ void tl_axpy_assign_list(float c, u32 count, TL_PAIR(0), TL_PAIR(1),
+                                               TL_PAIR(2), TL_PAIR(3), TL_PAIR(4), TL_PAIR(5),
+                                               TL_PAIR(6), TL_PAIR(7)) {
+    float* ys[8] = {y0, y1, y2, y3, y4, y5, y6, y7};
+    const float* xs[8] = {x0, x1, x2, x3, x4, x5, x6, x7};
+    const u64 ns[8] = {n0, n1, n2, n3, n4, n5, n6, n7};
+    const u32 t = blockIdx.y;
+    if (t >= count || t >= 8) return;
+    float* y = ys[t];
+    const float* x = xs[t];
+    TL_GRID_STRIDE(i, ns[t]) { y[i] = y[i] + c * x[i]; }
+}
+#undef TL_PAIR
+
 // Binary backward: both cotangents at once.
 extern "C" __global__ void tl_div_bwd(const float* a, const float* b, const float* g, float* da,
                                       float* db, u64 n) {

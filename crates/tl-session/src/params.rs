@@ -183,6 +183,39 @@ impl<T: Scalar> ParamStore<T> {
         Ok(())
     }
 
+    /// One step of `opt` on every parameter of `items` (`(index, gradients)`, as
+    /// [`ParamStore::step_on_device`] takes them). A plain SGD step of parameters with one
+    /// gradient each runs as one `axpy_assign_list` launch per eight parameters (PyTorch's
+    /// `foreach` SGD), with the same values as one step per parameter; anything else steps
+    /// parameter by parameter.
+    pub(crate) fn step_all_on_device<D: Device>(
+        &mut self,
+        dev: &mut D,
+        opt: &mut Optimizer,
+        items: &[(usize, Vec<Buffer>)],
+    ) -> Result<()> {
+        let single = items.iter().all(|(_, gs)| gs.len() == 1);
+        let Some(lr) = opt.plain_sgd_lr().filter(|_| single) else {
+            return items
+                .iter()
+                .try_for_each(|(index, gs)| self.step_on_device(dev, opt, *index, gs));
+        };
+        let mut pairs = Vec::with_capacity(items.len());
+        for (index, gs) in items {
+            let w = self.mirror(*index, dev).map_err(|e| {
+                let name = self.slots[*index].name.as_deref();
+                e.with_param_name(name)
+            })?;
+            pairs.push((w.buffer(), gs[0]));
+        }
+        dev.axpy_assign_list(-lr as f32, &pairs)?;
+        opt.count_plain_steps(items.iter().map(|(index, _)| (self.session, *index)));
+        for (index, _) in items {
+            self.slots[*index].host_stale = true;
+        }
+        Ok(())
+    }
+
     /// Bring every parameter home from `dev`: stale host values are downloaded, then every
     /// mirror and retired buffer is released (e.g. before the session moves to another device).
     pub(crate) fn unload<D: Device>(&mut self, dev: &mut D) -> Result<()> {

@@ -128,37 +128,41 @@ impl<T: Scalar> Session<T> {
         let mut used: Vec<usize> = self.leaf_param.values().copied().collect();
         used.sort_unstable();
         used.dedup();
-        for index in used {
-            if !self.params.slots[index].requires_grad {
-                continue;
-            }
-            let key = (self.params.session, index);
-            let leaves = self.leaves_of(index);
-            let Some(grads) = &self.grads else {
-                return Err(Self::no_backward("step"));
-            };
-            on_engine!(&mut self.engine,
-                cpu(t) => {
-                    let Grads::Cpu(g) = grads else {
-                        return Err(Self::no_backward("step"));
-                    };
+        used.retain(|&index| self.params.slots[index].requires_grad);
+        let uses: Vec<(usize, Vec<usize>)> = used
+            .into_iter()
+            .map(|index| (index, self.leaves_of(index)))
+            .collect();
+        let Some(grads) = &self.grads else {
+            return Err(Self::no_backward("step"));
+        };
+        on_engine!(&mut self.engine,
+            cpu(t) => {
+                let Grads::Cpu(g) = grads else {
+                    return Err(Self::no_backward("step"));
+                };
+                for (index, leaves) in &uses {
+                    let key = (self.params.session, *index);
                     let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &g[l]).collect();
-                    let slot = &mut self.params.slots[index];
+                    let slot = &mut self.params.slots[*index];
                     // The new values in the tape's spare buffers (the old ones go there when
                     // the tape is cleared).
                     t.with_pool(|| opt.update_host(key, &mut slot.host, &gs))
                         .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
-                },
-                cuda(t) => {
-                    let Grads::Device(g) = grads else {
-                        return Err(Self::no_backward("step"));
-                    };
-                    // The whole update runs on the device, on the resident mirror.
-                    let gs: Vec<Buffer> = leaves.iter().map(|&l| g[l].buffer()).collect();
-                    self.params.step_on_device(t.device_mut(), opt, index, &gs)?;
-                },
-            );
-        }
+                }
+            },
+            cuda(t) => {
+                let Grads::Device(g) = grads else {
+                    return Err(Self::no_backward("step"));
+                };
+                // The whole update runs on the device, on the resident mirrors.
+                let items: Vec<(usize, Vec<Buffer>)> = uses
+                    .iter()
+                    .map(|(index, leaves)| (*index, leaves.iter().map(|&l| g[l].buffer()).collect()))
+                    .collect();
+                self.params.step_all_on_device(t.device_mut(), opt, &items)?;
+            },
+        );
         Ok(())
     }
 

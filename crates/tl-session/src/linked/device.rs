@@ -304,14 +304,14 @@ pub(crate) fn step_on_tape<T: Scalar, D: Device>(
     let grads = tape.backward_params(to, &seed, &wanted);
     seed.release(tape.device_mut());
     let grads = grads?;
-    let mut r = Ok(());
-    for (&index, leaves) in uses {
-        let gs: Vec<Buffer> = leaves.iter().map(|&l| grads[&map[l]].buffer()).collect();
-        r = params.step_on_device(tape.device_mut(), opt, index, &gs);
-        if r.is_err() {
-            break;
-        }
-    }
+    let items: Vec<(usize, Vec<Buffer>)> = uses
+        .iter()
+        .map(|(&index, leaves)| {
+            let gs = leaves.iter().map(|&l| grads[&map[l]].buffer()).collect();
+            (index, gs)
+        })
+        .collect();
+    let r = params.step_all_on_device(tape.device_mut(), opt, &items);
     tape.release_grad_map(grads);
     r.map(|()| value)
 }

@@ -444,6 +444,23 @@ impl Optimizer {
         r
     }
 
+    /// The learning rate when this optimizer's step is exactly `w ← w − lr·g` (plain SGD: no
+    /// momentum, no weight decay, no finite check), which a device can run for many parameters
+    /// in one launch ([`Optimizer::count_plain_steps`] then keeps the state); `None` otherwise.
+    pub(crate) fn plain_sgd_lr(&self) -> Option<f64> {
+        let plain = matches!(self.kind, Kind::Sgd { momentum, .. } if momentum == 0.0);
+        (plain && self.weight_decay == 0.0 && !self.finite_check && self.validate().is_ok())
+            .then_some(self.lr)
+    }
+
+    /// The state a plain SGD step keeps for each of `keys` (its step count), for updates that
+    /// ran outside [`Optimizer::update`] on [`Optimizer::plain_sgd_lr`]'s word.
+    pub(crate) fn count_plain_steps(&mut self, keys: impl IntoIterator<Item = (u64, usize)>) {
+        for key in keys {
+            self.state.entry(key).or_default().step += 1;
+        }
+    }
+
     fn update_inner<O: VecOps>(
         &mut self,
         ops: &mut O,

@@ -151,3 +151,55 @@ fn a_classifier_step_uploads_its_labels_once() {
         assert_eq!((t[0].downloads, t[0].download_bytes), (1, 4), "{name}");
     }
 }
+
+/// A plain SGD step updates the parameters in one launch per eight (PyTorch's `foreach` SGD),
+/// with the values of one update per parameter: the parameters after two steps equal, bit for
+/// bit, those of the same steps taken parameter by parameter (the finite check's path, which
+/// commits the same values). Momentum steps parameter by parameter.
+#[test]
+fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
+    let (x, y) = regression_grid::<f32>(4);
+    for (widths, lists) in [(&[2, 16, 1][..], 1), (&[2, 8, 8, 8, 8, 8, 1][..], 2)] {
+        let params = 2 * (widths.len() as u64 - 1);
+        let mut values = Vec::new();
+        for (opt, launches) in [
+            (Optimizer::sgd(0.05).unwrap(), lists..=lists),
+            (
+                Optimizer::sgd(0.05).unwrap().check_finite(true),
+                params..=u64::MAX,
+            ),
+            // At least one launch per parameter (its buffer, then the update).
+            (Optimizer::momentum(0.05, 0.9).unwrap(), params..=u64::MAX),
+        ] {
+            let mut opt = opt;
+            let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
+            let mlp = Mlp::new(&mut s, widths, Activation::Tanh, 3).unwrap();
+            for _ in 0..2 {
+                s.reset();
+                let loss = mlp.loss(&mut s, x.clone(), y.clone()).unwrap();
+                s.backward(&loss).unwrap();
+                let before = s.traffic().unwrap();
+                s.step(&mut opt).unwrap();
+                let got = (s.traffic().unwrap() - before).launches;
+                assert!(launches.contains(&got), "{widths:?} {}: {got}", opt.name());
+            }
+            let w: Vec<Vec<u32>> = (mlp.layers.iter())
+                .flat_map(|(w, b)| [w, b])
+                .map(|p| {
+                    s.param_value(p)
+                        .unwrap()
+                        .data()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect();
+            values.push(w);
+        }
+        assert_eq!(
+            values[0], values[1],
+            "one launch per list against one per parameter"
+        );
+        assert_ne!(values[0], values[2], "momentum takes other steps");
+    }
+}

@@ -60,6 +60,10 @@ pub trait Launch {
     /// The work of [`Device::axpy_assign`]; operands already validated by it — callers
     /// use `axpy_assign`.
     fn launch_axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()>;
+    /// The work of [`Device::axpy_assign_list`] for at most
+    /// [`AXPY_LIST_MAX`](crate::device::AXPY_LIST_MAX) pairs that share no buffer with another
+    /// pair, lengths checked: one launch — callers use `axpy_assign_list`.
+    fn launch_axpy_assign_list(&mut self, c: f32, pairs: &[(Buffer, Buffer)]) -> Result<()>;
     /// The work of [`Device::div_bwd`]; operands already validated by it — callers use `div_bwd`.
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
     /// The work of [`Device::max_bwd`]; operands already validated by it — callers use `max_bwd`.

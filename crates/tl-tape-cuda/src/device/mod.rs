@@ -10,8 +10,9 @@
 //! plain data (`Copy`); the allocation behind it lives until it is released explicitly
 //! ([`Device::release`], idempotent), like a device pointer whose finalizer may run twice. Using
 //! a released handle is an [`Error::Released`](crate::Error::Released), never undefined
-//! behaviour. Every primitive returns fresh buffers except [`Device::axpy_assign`], which
-//! updates its first operand in place (optimizer steps, gradient accumulation).
+//! behaviour. Every primitive returns fresh buffers except [`Device::axpy_assign`] and
+//! [`Device::axpy_assign_list`], which update their `y` operands in place (optimizer steps,
+//! gradient accumulation).
 //!
 //! Every launch checks its element counts and dims against the `u32` kernel ABI
 //! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory. The operand
@@ -45,6 +46,9 @@ pub use window::{PoolKind, WindowLens, Windows};
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
 /// and strides in fixed arrays of this length).
 pub const MAX_RANK: usize = 8;
+
+/// The pairs one [`Device::axpy_assign_list`] launch takes (the kernel's parameter slots).
+pub const AXPY_LIST_MAX: usize = 8;
 
 /// One method per buffer primitive (TorchLean's CUDA buffer layer, first op set).
 ///
@@ -244,6 +248,32 @@ pub trait Device: Launch {
     fn axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()> {
         check::same_len("axpy_assign", y, x)?;
         self.launch_axpy_assign(y, c, x)
+    }
+    /// `y ← y + c · x` for every pair `(y, x)`, in order: the same values as
+    /// [`axpy_assign`](Device::axpy_assign) pair by pair, in one launch per
+    /// [`AXPY_LIST_MAX`] pairs (an optimizer step over every parameter; PyTorch's
+    /// `torch._foreach_add_(ys, xs, alpha=c)`). Pairs that share a buffer with another pair (a
+    /// `y` twice, or one pair's `y` as another's `x`) run one launch each, in order; `y` and `x`
+    /// of one pair may be the same buffer. Every pair's lengths are checked before anything
+    /// runs.
+    fn axpy_assign_list(&mut self, c: f32, pairs: &[(Buffer, Buffer)]) -> Result<()> {
+        for &(y, x) in pairs {
+            check::same_len("axpy_assign_list", y, x)?;
+        }
+        let shared = |k: usize| {
+            let (y, x) = pairs[k];
+            pairs.iter().enumerate().any(|(j, &(yj, xj))| {
+                j != k && (yj.id() == y.id() || xj.id() == y.id() || yj.id() == x.id())
+            })
+        };
+        if (0..pairs.len()).any(shared) {
+            return pairs
+                .iter()
+                .try_for_each(|&(y, x)| self.launch_axpy_assign(y, c, x));
+        }
+        pairs
+            .chunks(AXPY_LIST_MAX)
+            .try_for_each(|chunk| self.launch_axpy_assign_list(c, chunk))
     }
 
     // ---- pointwise, binary (backward) ---------------------------------------------------------

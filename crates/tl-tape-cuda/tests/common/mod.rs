@@ -216,3 +216,87 @@ pub fn fused_chain_mismatches<D: Device>(d: &mut D) -> Vec<String> {
     }
     bad
 }
+
+/// `axpy_assign_list` against `axpy_assign` pair by pair on `d`, bit for bit, and its launches:
+/// eleven disjoint pairs of different lengths (an empty one, one of a single element, one over
+/// many blocks, one whose `y` is its own `x`, ±∞ and NaN among the values) take two launches;
+/// pairs sharing a buffer (a `y` twice, a `y` read as another pair's `x`) take one launch each
+/// and still give the sequential result; a length mismatch anywhere is an error before any
+/// `y` changes. Returns the mismatches, by name.
+pub fn axpy_list_mismatches<D: Device>(d: &mut D) -> Vec<String> {
+    let mut g = Gen::new(0xa3);
+    let lens = [5, 0, 1, 300, 17, 70_000, 8, 33, 2, 64, 5];
+    let mut data = |n: usize, k: usize| -> Vec<f32> {
+        let mut v: Vec<f32> = (0..n).map(|_| g.range(-3.0, 3.0) as f32).collect();
+        if n > 3 && k.is_multiple_of(3) {
+            v[1] = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY][k % 9 / 3];
+        }
+        v
+    };
+    let ys: Vec<Vec<f32>> = lens.iter().enumerate().map(|(k, &n)| data(n, k)).collect();
+    let xs: Vec<Vec<f32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| data(n, k + 1))
+        .collect();
+    let c = -0.37f32;
+    let mut bad = Vec::new();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let mut run = || -> tl_tape_cuda::Result<()> {
+        let up = |d: &mut D, v: &[Vec<f32>]| -> tl_tape_cuda::Result<Vec<_>> {
+            v.iter().map(|v| d.upload(v)).collect()
+        };
+        let (y1, x1, y2, x2) = (up(d, &ys)?, up(d, &xs)?, up(d, &ys)?, up(d, &xs)?);
+        // Pair 3 reads its own y.
+        let pairs = |y: &[tl_tape_cuda::Buffer], x: &[tl_tape_cuda::Buffer]| -> Vec<_> {
+            (0..lens.len())
+                .map(|k| (y[k], if k == 3 { y[k] } else { x[k] }))
+                .collect()
+        };
+        let (list, one) = (pairs(&y1, &x1), pairs(&y2, &x2));
+        let before = d.traffic().launches;
+        d.axpy_assign_list(c, &list)?;
+        if d.traffic().launches - before != 2 {
+            bad.push(format!("{} launches", d.traffic().launches - before));
+        }
+        for &(y, x) in &one {
+            d.axpy_assign(y, c, x)?;
+        }
+        for k in 0..lens.len() {
+            if bits(d.download(y1[k])?) != bits(d.download(y2[k])?) {
+                bad.push(format!("pair {k} of {}", lens[k]));
+            }
+        }
+        // Shared buffers: y0 twice, then y0 read by the pair that follows.
+        let shared = [(y1[0], x1[0]), (y1[0], x1[0]), (y1[10], y1[0])];
+        let before = d.traffic().launches;
+        d.axpy_assign_list(c, &shared)?;
+        if d.traffic().launches - before != 3 {
+            bad.push("shared pairs: not one launch each".into());
+        }
+        for &(y, x) in &[(y2[0], x2[0]), (y2[0], x2[0]), (y2[10], y2[0])] {
+            d.axpy_assign(y, c, x)?;
+        }
+        for k in [0, 10] {
+            if bits(d.download(y1[k])?) != bits(d.download(y2[k])?) {
+                bad.push(format!("shared pair {k}"));
+            }
+        }
+        // A length mismatch in the last pair: an error naming the primitive, nothing written.
+        let before = d.download(y1[3])?;
+        let wrong = [(y1[3], x1[3]), (y1[6], x1[7])];
+        match d.axpy_assign_list(c, &wrong) {
+            Err(e) if e.to_string().contains("axpy_assign_list") => {}
+            other => bad.push(format!("mismatch accepted: {other:?}")),
+        }
+        if bits(d.download(y1[3])?) != bits(before) {
+            bad.push("a y changed before the error".into());
+        }
+        d.release_all(y1.into_iter().chain(x1).chain(y2).chain(x2));
+        Ok(())
+    };
+    if let Err(e) = run() {
+        bad.push(format!("error: {e}"));
+    }
+    bad
+}

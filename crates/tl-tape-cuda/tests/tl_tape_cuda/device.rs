@@ -218,6 +218,16 @@ fn axpy_out_of_place_and_in_place_including_aliasing() {
     assert_eq!(dev.live_buffers(), 3, "in place: no new buffer");
 }
 
+/// One launch per eight parameters for an optimizer step: the bits of one `axpy_assign` per
+/// pair (the kernel emulator runs the same check in `gpu.rs`).
+#[test]
+fn axpy_assign_list_gives_the_bits_of_one_launch_per_pair() {
+    let mut dev = SimDevice::new();
+    let bad = crate::common::axpy_list_mismatches(&mut dev);
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(dev.live_buffers(), 0, "every buffer released");
+}
+
 /// The fused launches (bias epilogue, scaled softmax rows) give the bits of the chains of
 /// launches they replace (the kernel emulator runs the same check in `gpu.rs`).
 #[test]

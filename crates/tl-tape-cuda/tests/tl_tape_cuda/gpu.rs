@@ -394,6 +394,14 @@ fn fused_chains_give_the_bits_of_their_separate_launches_on_cuda() {
     assert!(bad.is_empty(), "fused != unfused on CUDA: {bad:?}");
 }
 
+/// `axpy_assign_list` gives the bits of one `axpy_assign` per pair on the CUDA device too.
+#[test]
+fn axpy_assign_list_gives_the_bits_of_one_launch_per_pair_on_cuda() {
+    let Some(mut cuda) = gpu() else { return };
+    let bad = common::axpy_list_mismatches(&mut cuda);
+    assert!(bad.is_empty(), "axpy_assign_list on CUDA: {bad:?}");
+}
+
 /// Every primitive against the sim twice: with deterministic reductions (bit for bit where no
 /// transcendental function is involved), then without them, where the reductions, scatter-adds,
 /// col2im and the pool backward take their atomic kernels (within the f32 tolerance). One test,

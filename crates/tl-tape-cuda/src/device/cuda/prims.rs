@@ -91,6 +91,33 @@ impl Launch for CudaDevice {
         )
     }
 
+    fn launch_axpy_assign_list(&mut self, c: f32, pairs: &[(Buffer, Buffer)]) -> Result<()> {
+        const OP: &str = "axpy_assign_list";
+        let Some(&(y0, x0)) = pairs.first() else {
+            return Ok(());
+        };
+        // Unused slots repeat the first pair's pointers with no elements (never read).
+        let (py0, px0) = (self.ptr(OP, y0)?, self.ptr(OP, x0)?);
+        let mut args = vec![Arg::F32(c), Arg::U32(pairs.len() as u32)];
+        let mut longest = 0;
+        for k in 0..crate::device::AXPY_LIST_MAX {
+            match pairs.get(k) {
+                Some(&(y, x)) => {
+                    longest = longest.max(y.len());
+                    let (py, px) = (self.ptr(OP, y)?, self.ptr(OP, x)?);
+                    args.extend([Arg::Ptr(py), Arg::Ptr(px), Arg::U64(y.len() as u64)]);
+                }
+                None => args.extend([Arg::Ptr(py0), Arg::Ptr(px0), Arg::U64(0)]),
+            }
+        }
+        if longest == 0 {
+            return Ok(());
+        }
+        driver::enter()?;
+        let grid = [super::launch::blocks(longest), pairs.len() as u32, 1];
+        self.run(OP, "tl_axpy_assign_list", grid, &args)
+    }
+
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
         self.split3("tl_div_bwd", a, b, g)
     }

@@ -72,6 +72,27 @@ impl SimDevice {
         Ok(self.insert(out, out_len))
     }
 
+    /// `y ← y + c·x` in place, element by element as the kernel computes it (`y` and `x` may
+    /// be the same buffer); no launch counted (the callers count theirs).
+    pub(super) fn axpy_in_place(
+        &mut self,
+        op: &'static str,
+        y: Buffer,
+        c: f32,
+        x: Buffer,
+    ) -> Result<()> {
+        let xs = view(&self.live, op, x)?.to_vec();
+        let ys = self.live.get_mut(&y.id()).ok_or(Error::Released {
+            op,
+            buffer: y.id(),
+            len: y.len(),
+        })?;
+        for (o, &v) in ys.block[..y.len()].iter_mut().zip(&xs) {
+            *o = super::pointwise::axpy(*o, v, c);
+        }
+        Ok(())
+    }
+
     /// A launch with two outputs of `out_len` elements each.
     pub(super) fn launch2<const N: usize>(
         &mut self,

@@ -4,11 +4,11 @@
 
 use super::launch::view;
 use super::{SimDevice, activation, conv, index, norm, pointwise, rows};
+use crate::Result;
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
     Act, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
 };
-use crate::{Error, Result};
 
 impl Launch for SimDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -78,18 +78,23 @@ impl Launch for SimDevice {
     }
 
     fn launch_axpy_assign(&mut self, y: Buffer, c: f32, x: Buffer) -> Result<()> {
-        const OP: &str = "axpy_assign";
-        let n = y.len();
-        let xs = view(&self.live, OP, x)?.to_vec();
-        let ys = self.live.get_mut(&y.id()).ok_or(Error::Released {
-            op: OP,
-            buffer: y.id(),
-            len: y.len(),
-        })?;
-        for (o, &v) in ys.block[..n].iter_mut().zip(&xs) {
-            *o = pointwise::axpy(*o, v, c);
-        }
+        self.axpy_in_place("axpy_assign", y, c, x)?;
         // One kernel on the device, like every other primitive (it was not counted before).
+        self.traffic.launch();
+        Ok(())
+    }
+
+    fn launch_axpy_assign_list(&mut self, c: f32, pairs: &[(Buffer, Buffer)]) -> Result<()> {
+        const OP: &str = "axpy_assign_list";
+        // Every operand is looked up before any y is written (a released one fails first).
+        for &(y, x) in pairs {
+            view(&self.live, OP, y)?;
+            view(&self.live, OP, x)?;
+        }
+        for &(y, x) in pairs {
+            self.axpy_in_place(OP, y, c, x)?;
+        }
+        // One kernel on the device for the whole list.
         self.traffic.launch();
         Ok(())
     }
