@@ -29,6 +29,15 @@ impl<D: Device> CudaTape<D> {
         self.densify(slots)
     }
 
+    /// [`backward_dense`](Self::backward_dense) taking ownership of `seed`: its buffer becomes
+    /// `out`'s gradient slot, so it is not copied (one launch and buffer fewer; a buffer made
+    /// for this call, such as the 1 of a scalar loss). Released on error.
+    pub fn backward_dense_owned(&mut self, out: Id, seed: AnyBuffer) -> Result<Vec<AnyBuffer>> {
+        let slots = self.seeded_owned("backward_dense", out, seed)?;
+        let slots = self.run(slots, out + 1, None)?;
+        self.densify(slots)
+    }
+
     /// Reverse accumulation over the whole tape from an explicit dense gradient array (one
     /// distinct buffer per node, shapes matching), e.g. to seed several outputs at once. The
     /// tape takes ownership of `grads0`: its buffers are accumulated into and returned.
@@ -97,11 +106,36 @@ impl<D: Device> CudaTape<D> {
         for &w in wanted {
             self.check_id("backward_params", w)?;
         }
+        let slots = self.seeded("backward_params", out, seed)?;
+        self.sparse(out, slots, wanted)
+    }
+
+    /// [`backward_params`](Self::backward_params) taking ownership of `seed`, which becomes
+    /// `out`'s gradient slot instead of being copied (as
+    /// [`backward_dense_owned`](Self::backward_dense_owned)). Released on error.
+    pub fn backward_params_owned(
+        &mut self,
+        out: Id,
+        seed: AnyBuffer,
+        wanted: &[Id],
+    ) -> Result<HashMap<Id, AnyBuffer>> {
+        if let Some(e) = wanted
+            .iter()
+            .find_map(|&w| self.check_id("backward_params", w).err())
+        {
+            self.dev.release(seed.buffer());
+            return Err(e);
+        }
+        let slots = self.seeded_owned("backward_params", out, seed)?;
+        self.sparse(out, slots, wanted)
+    }
+
+    /// The sparse sweep from `slots` (seeded at `out`), keeping the `wanted` ids' gradients.
+    fn sparse(&mut self, out: Id, slots: Slots, wanted: &[Id]) -> Result<HashMap<Id, AnyBuffer>> {
         let mut keep = vec![false; self.len()];
         for &w in wanted {
             keep[w] = true;
         }
-        let slots = self.seeded("backward_params", out, seed)?;
         let mut slots = self.run(slots, out + 1, Some(&keep))?;
         let mut map = HashMap::with_capacity(wanted.len());
         for &w in wanted {
@@ -141,7 +175,7 @@ impl<D: Device> CudaTape<D> {
             .release_all(slots.into_iter().flatten().map(|g| g.buffer()));
     }
 
-    fn seeded(&mut self, what: &str, out: Id, seed: &AnyBuffer) -> Result<Slots> {
+    fn check_seed(&self, what: &str, out: Id, seed: &AnyBuffer) -> Result<()> {
         let node = self.check_id(what, out)?;
         if seed.shape() != node.value.shape() {
             return Err(Error::shape(
@@ -151,8 +185,24 @@ impl<D: Device> CudaTape<D> {
                 seed.shape(),
             ));
         }
+        Ok(())
+    }
+
+    /// The slots with a copy of `seed` at `out`.
+    fn seeded(&mut self, what: &str, out: Id, seed: &AnyBuffer) -> Result<Slots> {
+        self.check_seed(what, out, seed)?;
+        let copy = seed.copy(&mut self.dev)?;
+        self.seeded_owned(what, out, copy)
+    }
+
+    /// The slots with `seed` itself at `out` (released on error).
+    fn seeded_owned(&mut self, what: &str, out: Id, seed: AnyBuffer) -> Result<Slots> {
+        if let Err(e) = self.check_seed(what, out, &seed) {
+            self.dev.release(seed.buffer());
+            return Err(e);
+        }
         let mut slots: Slots = vec![None; self.len()];
-        slots[out] = Some(seed.copy(&mut self.dev)?);
+        slots[out] = Some(seed);
         Ok(slots)
     }
 

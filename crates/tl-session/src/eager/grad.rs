@@ -51,11 +51,10 @@ impl<T: Scalar> Session<T> {
         let grads = on_engine!(&mut self.engine,
             cpu(t) => Grads::Cpu(t.backward_dense(out.id, &seed)?),
             cuda(t) => {
-                // The 1 of `backward(loss)` is filled on the device, not copied each step.
+                // The 1 of `backward(loss)` is filled on the device and becomes the loss's
+                // gradient slot (not copied).
                 let s = AnyBuffer::upload_or_fill(t.device_mut(), &seed)?;
-                let g = t.backward_dense(out.id, &s);
-                s.release(t.device_mut());
-                Grads::Device(g?)
+                Grads::Device(t.backward_dense_owned(out.id, s)?)
             },
         );
         self.grads = Some(grads);

@@ -299,11 +299,9 @@ pub(crate) fn step_on_tape<T: Scalar, D: Device>(
     let to = map[loss];
     let value = tape.read(to)?;
     let wanted: Vec<usize> = uses.values().flatten().map(|&l| map[l]).collect();
-    // The 1 of a scalar loss is filled on the device, not copied each step.
+    // The 1 of a scalar loss is filled on the device and becomes the loss's gradient slot.
     let seed = AnyBuffer::upload_or_fill(tape.device_mut(), &Tensor::scalar(T::one()))?;
-    let grads = tape.backward_params(to, &seed, &wanted);
-    seed.release(tape.device_mut());
-    let grads = grads?;
+    let grads = tape.backward_params_owned(to, seed, &wanted)?;
     let items: Vec<(usize, Vec<Buffer>)> = uses
         .iter()
         .map(|(&index, leaves)| {

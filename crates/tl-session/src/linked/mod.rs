@@ -134,11 +134,9 @@ impl<T: Scalar> Compiled<T> {
                 Ok(self.map.iter().enumerate().map(take).collect())
             },
             cuda(tape) => {
-                // The 1 of a scalar loss is filled on the device, not copied each step.
+                // The 1 of a scalar loss is filled on the device and becomes its gradient slot.
                 let s = AnyBuffer::upload_or_fill(tape.device_mut(), seed)?;
-                let g = tape.backward_dense(to, &s);
-                s.release(tape.device_mut());
-                let g = g?;
+                let g = tape.backward_dense_owned(to, s)?;
                 let out: Result<Vec<Tensor<T>>> = self
                     .map
                     .iter()

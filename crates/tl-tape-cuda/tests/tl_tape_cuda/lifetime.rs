@@ -436,3 +436,57 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
         assert_eq!(recomputed - reused, saved, "fused={fused} {mask:?}");
     }
 }
+
+#[test]
+fn an_owned_seed_becomes_the_outputs_gradient_without_a_copy() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let x = tape
+        .upload_leaf(&Tensor::<f64>::vector(vec![0.5, -1.0, 2.0]), None, true)
+        .unwrap();
+    let y = tape.apply(&Op::Tanh, &[x]).unwrap();
+    let l = tape.apply(&Op::Sum, &[y]).unwrap();
+    let one = |tape: &mut CudaTape<SimDevice>| {
+        AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap()
+    };
+    let bits = |t: Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    // Dense: the same gradients as the copied seed's, one launch fewer, the seed is l's slot.
+    let seed = one(&mut tape);
+    let before = tape.device().traffic();
+    let copied = tape.backward_dense(l, &seed).unwrap();
+    let copied_launches = (tape.device().traffic() - before).launches;
+    let want = bits(copied[x].download(tape.device()).unwrap());
+    tape.release_grads(copied);
+    tape.device_mut().release(seed.buffer());
+    let live = tape.device().live_buffers();
+    let seed = one(&mut tape);
+    let before = tape.device().traffic();
+    let owned = tape.backward_dense_owned(l, seed.clone()).unwrap();
+    assert_eq!(
+        (tape.device().traffic() - before).launches,
+        copied_launches - 1
+    );
+    assert_eq!(
+        owned[l].buffer(),
+        seed.buffer(),
+        "the seed is the loss's gradient"
+    );
+    assert_eq!(bits(owned[x].download(tape.device()).unwrap()), want);
+    tape.release_grads(owned);
+    assert_eq!(
+        tape.device().live_buffers(),
+        live,
+        "nothing kept, nothing leaked"
+    );
+    // Sparse: the same.
+    let seed = one(&mut tape);
+    let map = tape.backward_params_owned(l, seed, &[x]).unwrap();
+    assert_eq!(bits(map[&x].download(tape.device()).unwrap()), want);
+    tape.release_grad_map(map);
+    assert_eq!(tape.device().live_buffers(), live);
+    // A seed of the wrong shape, or a bad wanted id: an error, and the seed is released.
+    let wrong = AnyBuffer::full(tape.device_mut(), &Shape::new(&[2]), 1.0).unwrap();
+    assert!(tape.backward_dense_owned(l, wrong).is_err());
+    let seed = one(&mut tape);
+    assert!(tape.backward_params_owned(l, seed, &[99]).is_err());
+    assert_eq!(tape.device().live_buffers(), live, "both seeds released");
+}
