@@ -1,6 +1,7 @@
 // Matrix products: our own tiled, register-blocked GEMM, out = op(a) . op(b) with op(a) (m, k)
-// and op(b) (k, n); `ta`: a stored (k, m); `tb`: b stored (n, k). Batched over blockIdx.z
-// (grid-stride), operands and result batch-major. Each output accumulates over p in increasing
+// and op(b) (k, n); `ta`: a stored (k, m); `tb`: b stored (n, k); with `into`, out <- out +
+// op(a) . op(b) (the finished sum added to out's element with one rounding, as a separate add
+// would). Batched over blockIdx.z (grid-stride), operands and result batch-major. Each output accumulates over p in increasing
 // order from 0 as acc + a*b with two roundings (--fmad=false), exactly as
 // device/sim/linalg.rs: tiling over k in order does not change the order.
 //
@@ -15,7 +16,7 @@
 #define TN 4
 
 extern "C" __global__ void tl_gemm(const float* a, const float* b, float* out, u32 batch, u32 m,
-                                   u32 k, u32 n, u32 ta, u32 tb) {
+                                   u32 k, u32 n, u32 ta, u32 tb, u32 into) {
     __shared__ float As[BK][BM];
     __shared__ float Bs[BK][BN + 1];
     const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -60,7 +61,9 @@ extern "C" __global__ void tl_gemm(const float* a, const float* b, float* out, u
             if (gi >= m) continue;
             for (int j = 0; j < TN; ++j) {
                 const u32 gj = col0 + tx * TN + j;
-                if (gj < n) C[(u64)gi * n + gj] = acc[i][j];
+                if (gj >= n) continue;
+                float* o = &C[(u64)gi * n + gj];
+                *o = into ? __fadd_rn(*o, acc[i][j]) : acc[i][j];
             }
         }
     }

@@ -108,6 +108,30 @@ impl CudaDevice {
         g: Gemm,
         [_, _, lo]: [usize; 3],
     ) -> Result<Buffer> {
+        self.with_out(op, batch * lo, |d, out| {
+            d.gemm_launch(op, a, b, out, false, batch, g)
+        })
+    }
+
+    /// `c ← c + op(a)·op(b)` (operands checked by `Device::matmul_acc`).
+    pub(super) fn gemm_into(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
+        const OP: &str = "matmul_acc";
+        let pc = self.ptr(OP, c)?;
+        self.gemm_launch(OP, a, b, pc, true, 1, g)
+    }
+
+    /// `tl_gemm` writing (`into == false`) or adding into (`into == true`) the buffer at `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_launch(
+        &mut self,
+        op: &'static str,
+        a: Buffer,
+        b: Buffer,
+        out: u64,
+        into: bool,
+        batch: usize,
+        g: Gemm,
+    ) -> Result<()> {
         let (pa, pb) = (self.ptr(op, a)?, self.ptr(op, b)?);
         let gx = g.n.div_ceil(64);
         let gy = g.m.div_ceil(64);
@@ -118,28 +142,27 @@ impl CudaDevice {
             ));
         }
         let gx = abi::to_u32(op, "grid", gx)?;
-        self.with_out(op, batch * lo, |d, out| {
-            if batch * lo == 0 {
-                return Ok(());
-            }
-            let args = [
-                Arg::Ptr(pa),
-                Arg::Ptr(pb),
-                Arg::Ptr(out),
-                Arg::U32(batch as u32),
-                Arg::U32(g.m as u32),
-                Arg::U32(g.k as u32),
-                Arg::U32(g.n as u32),
-                Arg::U32(u32::from(g.ta)),
-                Arg::U32(u32::from(g.tb)),
-            ];
-            d.run(
-                op,
-                "tl_gemm",
-                [gx, gy as u32, batch.min(65_535) as u32],
-                &args,
-            )
-        })
+        if batch * g.m * g.n == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::Ptr(pa),
+            Arg::Ptr(pb),
+            Arg::Ptr(out),
+            Arg::U32(batch as u32),
+            Arg::U32(g.m as u32),
+            Arg::U32(g.k as u32),
+            Arg::U32(g.n as u32),
+            Arg::U32(u32::from(g.ta)),
+            Arg::U32(u32::from(g.tb)),
+            Arg::U32(u32::from(into)),
+        ];
+        self.run(
+            op,
+            "tl_gemm",
+            [gx, gy as u32, batch.min(65_535) as u32],
+            &args,
+        )
     }
 
     /// A row kernel `kernel(ins..., out, rows, cols, extra...)`, one block per row, with an

@@ -158,6 +158,9 @@ pub trait Launch {
     /// The work of [`Device::matmul`]; operands already validated by it — callers use `matmul`.
     /// `lens` are [`check::gemm_lens`](super::check::gemm_lens)'.
     fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer>;
+    /// The work of [`Device::matmul_acc`]; operands already validated by it (`c` has `m·n`
+    /// elements and is neither operand) — callers use `matmul_acc`.
+    fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()>;
     /// The work of [`Device::bmm`]; operands already validated by it — callers use `bmm`.
     /// `lens` are [`check::gemm_lens`](super::check::gemm_lens)' (per batch entry).
     fn launch_bmm(

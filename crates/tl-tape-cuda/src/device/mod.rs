@@ -453,6 +453,23 @@ pub trait Device: Launch {
         let lens = check::gemm_lens("matmul", a, b, 1, g)?;
         self.launch_matmul(a, b, g, lens)
     }
+    /// `c ← c + op(a)·op(b)` in place: each element of the product summed as
+    /// [`matmul`](Self::matmul) sums it, then added to `c`'s element with one rounding, so the
+    /// bits of `add(c, matmul(a, b))` without the product's buffer and the add's launch.
+    /// `c` must have `m·n` elements and be neither operand. PyTorch: `torch.addmm(c, a, b,
+    /// out=c)`.
+    fn matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
+        const OP: &str = "matmul_acc";
+        let lens = check::gemm_lens(OP, a, b, 1, g)?;
+        check::len_is(OP, "accumulator", c, lens[2])?;
+        if c.id() == a.id() || c.id() == b.id() {
+            return Err(crate::Error::kernel(
+                OP,
+                "the accumulator is also an operand (the product would read what it writes)",
+            ));
+        }
+        self.launch_matmul_acc(c, a, b, g)
+    }
     /// `batch` independent products, operands and result stored batch-major.
     /// PyTorch: `torch.bmm`.
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {

@@ -12,7 +12,8 @@
 //!   whole chain is recomputed once the tape has released workspaces) and runs
 //!   `dC = g·woᵀ`, `dwo = Cᵀ·g`, `dA = dO_h V_hᵀ`,
 //!   `dV_h = Aᵀ dO_h`, `dS = softmax_bwd(A, dA)/√d`, `dQ_h = dS K_h`, `dK_h = dSᵀ Q_h`, then
-//!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch.
+//!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch (the sum's adds in the
+//!   products' epilogue, `matmul_acc`).
 //!
 //! The `fused` flag selects the streaming kernel on the CPU tape; the CUDA tape runs both
 //! forms through this composed path (same value; a streaming attention kernel is not written
@@ -288,12 +289,12 @@ fn grads<D: Device>(
         }
     }
     if need(4) {
+        // (dQ·wqᵀ + dK·wkᵀ) + dV·wvᵀ, the last two added in the products' epilogue.
         let back = Gemm::nn(rows, p, dmod).with_t(false, true);
-        let tq = s.tmp(dev.matmul(dq, x[0].buffer(), back)?);
-        let tk = s.tmp(dev.matmul(dk, x[1].buffer(), back)?);
-        let tv = s.tmp(dev.matmul(dv, x[2].buffer(), back)?);
-        let qk = s.tmp(dev.add(tq, tk)?);
-        out[4] = Some(dev.add(qk, tv)?);
+        let dx = dev.matmul(dq, x[0].buffer(), back)?;
+        out[4] = Some(dx);
+        dev.matmul_acc(dx, dk, x[1].buffer(), back)?;
+        dev.matmul_acc(dx, dv, x[2].buffer(), back)?;
     }
     Ok(())
 }

@@ -300,3 +300,65 @@ pub fn axpy_list_mismatches<D: Device>(d: &mut D) -> Vec<String> {
     }
     bad
 }
+
+/// `matmul_acc` against `add(c, matmul(a, b))` on `d`, bit for bit, over every transpose
+/// pair and shapes that do and do not fill the kernel's 64×64 tiles (a 0-wide one included),
+/// with one launch and no buffer of its own; an accumulator of the wrong length or one that
+/// is also an operand is an error that leaves it unchanged. Returns the mismatches, by name.
+pub fn matmul_acc_mismatches<D: Device>(d: &mut D) -> Vec<String> {
+    use tl_tape_cuda::device::Gemm;
+    let mut rnd = Gen::new(0x3acc);
+    let mut bad = Vec::new();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let mut run = || -> tl_tape_cuda::Result<()> {
+        for (m, k, n) in [
+            (3, 5, 2),
+            (70, 13, 75),
+            (64, 64, 64),
+            (1, 129, 17),
+            (4, 0, 3),
+        ] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let g = Gemm::nn(m, k, n).with_t(ta, tb);
+                let mut data = |len: usize| -> Vec<f32> {
+                    (0..len).map(|_| rnd.range(-2.0, 2.0) as f32).collect()
+                };
+                let (av, bv, cv) = (data(m * k), data(k * n), data(m * n));
+                let (a, b, c) = (d.upload(&av)?, d.upload(&bv)?, d.upload(&cv)?);
+                let p = d.matmul(a, b, g)?;
+                let want = d.add(c, p)?;
+                let live = d.memory_usage().live_buffers();
+                let before = d.traffic().launches;
+                d.matmul_acc(c, a, b, g)?;
+                let name = format!("{m}x{k}x{n} ta={ta} tb={tb}");
+                if d.traffic().launches - before != 1 || d.memory_usage().live_buffers() != live {
+                    bad.push(format!("{name}: not one launch without a buffer"));
+                }
+                if bits(d.download(c)?) != bits(d.download(want)?) {
+                    bad.push(name);
+                }
+                d.release_all([a, b, c, p, want]);
+            }
+        }
+        let (a, c) = (d.upload(&[1.0; 4])?, d.upload(&[0.5; 3])?);
+        let g = Gemm::nn(2, 2, 2);
+        for (what, r) in [
+            ("short accumulator", d.matmul_acc(c, a, a, g)),
+            ("accumulator is an operand", d.matmul_acc(a, a, a, g)),
+        ] {
+            match r {
+                Err(e) if e.to_string().contains("matmul_acc") => {}
+                other => bad.push(format!("{what} accepted: {other:?}")),
+            }
+        }
+        if d.download(a)? != [1.0; 4] || d.download(c)? != [0.5; 3] {
+            bad.push("a refused accumulation wrote".into());
+        }
+        d.release_all([a, c]);
+        Ok(())
+    };
+    if let Err(e) = run() {
+        bad.push(format!("error: {e}"));
+    }
+    bad
+}

@@ -228,6 +228,16 @@ fn axpy_assign_list_gives_the_bits_of_one_launch_per_pair() {
     assert_eq!(dev.live_buffers(), 0, "every buffer released");
 }
 
+/// A product added into an accumulator in its epilogue: the bits of `add(c, matmul(a, b))`
+/// (the kernel emulator runs the same check in `gpu.rs`).
+#[test]
+fn matmul_acc_gives_the_bits_of_a_product_then_an_add() {
+    let mut dev = SimDevice::new();
+    let bad = crate::common::matmul_acc_mismatches(&mut dev);
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(dev.live_buffers(), 0, "every buffer released");
+}
+
 /// The fused launches (bias epilogue, scaled softmax rows) give the bits of the chains of
 /// launches they replace (the kernel emulator runs the same check in `gpu.rs`).
 #[test]

@@ -402,6 +402,14 @@ fn axpy_assign_list_gives_the_bits_of_one_launch_per_pair_on_cuda() {
     assert!(bad.is_empty(), "axpy_assign_list on CUDA: {bad:?}");
 }
 
+/// `matmul_acc` gives the bits of a product then an add on the CUDA device too.
+#[test]
+fn matmul_acc_gives_the_bits_of_a_product_then_an_add_on_cuda() {
+    let Some(mut cuda) = gpu() else { return };
+    let bad = common::matmul_acc_mismatches(&mut cuda);
+    assert!(bad.is_empty(), "matmul_acc on CUDA: {bad:?}");
+}
+
 /// Every primitive against the sim twice: with deterministic reductions (bit for bit where no
 /// transcendental function is involved), then without them, where the reductions, scatter-adds,
 /// col2im and the pool backward take their atomic kernels (within the f32 tolerance). One test,

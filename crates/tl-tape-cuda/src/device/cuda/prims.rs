@@ -294,6 +294,10 @@ impl Launch for CudaDevice {
         self.gemm("matmul", a, b, 1, g, lens)
     }
 
+    fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
+        self.gemm_into(c, a, b, g)
+    }
+
     fn launch_bmm(
         &mut self,
         a: Buffer,

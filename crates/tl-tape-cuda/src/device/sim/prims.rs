@@ -3,12 +3,12 @@
 //! mapped indices arrive validated), each the twin of its CUDA kernel.
 
 use super::launch::view;
-use super::{SimDevice, activation, conv, index, norm, pointwise, rows};
-use crate::Result;
+use super::{SimDevice, activation, conv, index, linalg, norm, pointwise, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
     Act, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
 };
+use crate::{Error, Result};
 
 impl Launch for SimDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -247,6 +247,29 @@ impl Launch for SimDevice {
 
     fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
         self.bmm_named("matmul", a, b, 1, g, lens)
+    }
+
+    fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
+        const OP: &str = "matmul_acc";
+        // The product in a host temporary (the kernel keeps it in registers: no device buffer).
+        let mut p = vec![0.0f32; g.m * g.n];
+        linalg::gemm(
+            view(&self.live, OP, a)?,
+            view(&self.live, OP, b)?,
+            g,
+            &mut p,
+        );
+        let cs = self.live.get_mut(&c.id()).ok_or(Error::Released {
+            op: OP,
+            buffer: c.id(),
+            len: c.len(),
+        })?;
+        for (o, v) in cs.block[..c.len()].iter_mut().zip(p) {
+            *o += v; // the kernel's __fadd_rn(out, sum)
+        }
+        // One kernel on the device (the product and the add in its epilogue).
+        self.traffic.launch();
+        Ok(())
     }
 
     fn launch_bmm(
