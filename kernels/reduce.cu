@@ -25,6 +25,18 @@ extern "C" __global__ void tl_reduce_final(const float* partials, float* out, u3
     if (threadIdx.x == 0) out[0] = mean ? s / (float)n : s;
 }
 
+// Both paths in one launch when they would use one block (n <= 256): that block's tree sum s,
+// then / n for a mean. The second pass's tree over s and idle zeros, and the atomic add into a
+// zeroed out[0], add +0 to s, which changes nothing (s is never -0: every accumulator starts
+// at +0), so this gives the bits of either path.
+extern "C" __global__ void tl_reduce_one_block(const float* x, float* out, u64 n, u32 mean) {
+    __shared__ float smem[33];
+    float acc = 0.0f;
+    for (u64 i = threadIdx.x; i < n; i += TL_BLOCK) acc = acc + x[i];
+    float s = tl_block_tree(acc, 0.0f, AddOp(), smem);
+    if (threadIdx.x == 0) out[0] = mean ? s / (float)n : s;
+}
+
 // Non-deterministic single pass: each block's tree sum is atomically added to out[0], which the
 // host zeroes first (then divides for a mean with tl_reduce_div).
 extern "C" __global__ void tl_reduce_atomic(const float* x, float* out, u64 n) {

@@ -444,6 +444,60 @@ fn every_primitive_matches_the_simulation_device() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A full reduction that fits one block (n ≤ 256) is one launch, with the bits of the sim (the
+/// two-pass order) in both modes: −0 sums to +0 as the second pass and the atomic add give it,
+/// NaN and ∞ propagate, the mean of nothing is NaN. Larger ones keep their two (or three)
+/// launches.
+#[test]
+fn a_reduction_of_one_block_is_one_launch_with_the_sims_bits() {
+    let Some(mut cuda) = gpu() else { return };
+    let mut sim = SimDevice::new();
+    let _flag = common::flag_lock();
+    let wave: Vec<f32> = (0..256).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+    let cases: [(&str, Vec<f32>); 7] = [
+        ("-0 x5", vec![-0.0; 5]),
+        ("-0 x256", vec![-0.0; 256]),
+        ("cancel", vec![1e30, -1e30, 3.0]),
+        ("nan", vec![f32::NAN, 1.0]),
+        ("inf", vec![f32::INFINITY, 1.0, -2.0]),
+        ("empty", vec![]),
+        ("256 values", wave),
+    ];
+    let mut bad = Vec::new();
+    for deterministic in [true, false] {
+        determinism::set_deterministic_reductions(deterministic);
+        for (name, data) in &cases {
+            for mean in [false, true] {
+                let (s, _) = reduce_bits(&mut sim, data, mean);
+                let (c, launches) = reduce_bits(&mut cuda, data, mean);
+                if s != c || launches != 1 {
+                    bad.push(format!(
+                        "{name} mean={mean} deterministic={deterministic}: {c:#x} vs sim {s:#x}, {launches} launches"
+                    ));
+                }
+            }
+        }
+    }
+    determinism::set_deterministic_reductions(true);
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The bits of the sum (or mean) of `data` on `d`, and the launches it took.
+fn reduce_bits<D: Device>(d: &mut D, data: &[f32], mean: bool) -> (u32, u64) {
+    let x = d.upload(data).unwrap();
+    let before = d.traffic().launches;
+    let r = if mean {
+        d.reduce_mean(x)
+    } else {
+        d.reduce_sum(x)
+    }
+    .unwrap();
+    let launches = d.traffic().launches - before;
+    let v = d.download(r).unwrap()[0];
+    d.release_all([x, r]);
+    (v.to_bits(), launches)
+}
+
 /// One op applied to leaves of the given shapes and domains.
 fn single(op: Op, leaves: &[(&[usize], Domain)]) -> (Op, Vec<(Shape, Domain)>) {
     (

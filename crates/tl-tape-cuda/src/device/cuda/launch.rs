@@ -188,7 +188,8 @@ impl CudaDevice {
     }
 
     /// The full sum of `x` into a length-1 buffer (divided by `len` when `mean`): the
-    /// two-pass fixed-order kernels in deterministic mode, else one atomic pass.
+    /// two-pass fixed-order kernels in deterministic mode, else one atomic pass; one launch of
+    /// one block when either would use a single block (the same bits as both).
     pub(super) fn full_reduce(
         &mut self,
         op: &'static str,
@@ -200,6 +201,15 @@ impl CudaDevice {
         let g = grid_size(n);
         let deterministic = self.deterministic();
         self.with_out(op, 1, |d, out| {
+            if g == 1 {
+                let args = [
+                    Arg::Ptr(px),
+                    Arg::Ptr(out),
+                    Arg::U64(n as u64),
+                    Arg::U32(u32::from(mean)),
+                ];
+                return d.run(op, "tl_reduce_one_block", [1, 1, 1], &args);
+            }
             if deterministic {
                 let [partials] = d.with_outs::<1>(op, g, |d, [p]| {
                     let first = [Arg::Ptr(px), Arg::Ptr(p), Arg::U64(n as u64)];
