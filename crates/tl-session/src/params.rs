@@ -184,24 +184,27 @@ impl<T: Scalar> ParamStore<T> {
     }
 
     /// One step of `opt` on every parameter of `items` (`(index, gradients)`, as
-    /// [`ParamStore::step_on_device`] takes them). A plain SGD step of parameters with one
-    /// gradient each runs as one `axpy_assign_list` launch per eight parameters (PyTorch's
-    /// `foreach` SGD), with the same values as one step per parameter; anything else steps
-    /// parameter by parameter.
+    /// [`ParamStore::step_on_device`] takes them). In a plain SGD step the parameters with one
+    /// gradient are updated by one `axpy_assign_list` launch per eight (PyTorch's `foreach`
+    /// SGD), with the same values as one step per parameter; any other step, and parameters
+    /// used several times (their gradients are summed first), go parameter by parameter.
     pub(crate) fn step_all_on_device<D: Device>(
         &mut self,
         dev: &mut D,
         opt: &mut Optimizer,
         items: &[(usize, Vec<Buffer>)],
     ) -> Result<()> {
-        let single = items.iter().all(|(_, gs)| gs.len() == 1);
-        let Some(lr) = opt.plain_sgd_lr().filter(|_| single) else {
+        let Some(lr) = opt.plain_sgd_lr() else {
             return items
                 .iter()
                 .try_for_each(|(index, gs)| self.step_on_device(dev, opt, *index, gs));
         };
-        let mut pairs = Vec::with_capacity(items.len());
-        for (index, gs) in items {
+        let (single, other): (Vec<_>, Vec<_>) = items.iter().partition(|(_, gs)| gs.len() == 1);
+        for (index, gs) in other {
+            self.step_on_device(dev, opt, *index, gs)?;
+        }
+        let mut pairs = Vec::with_capacity(single.len());
+        for (index, gs) in &single {
             let w = self.mirror(*index, dev).map_err(|e| {
                 let name = self.slots[*index].name.as_deref();
                 e.with_param_name(name)
@@ -209,8 +212,8 @@ impl<T: Scalar> ParamStore<T> {
             pairs.push((w.buffer(), gs[0]));
         }
         dev.axpy_assign_list(-lr as f32, &pairs)?;
-        opt.count_plain_steps(items.iter().map(|(index, _)| (self.session, *index)));
-        for (index, _) in items {
+        opt.count_plain_steps(single.iter().map(|(index, _)| (self.session, *index)));
+        for (index, _) in single {
             self.slots[*index].host_stale = true;
         }
         Ok(())

@@ -203,3 +203,42 @@ fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
         assert_ne!(values[0], values[2], "momentum takes other steps");
     }
 }
+
+/// A parameter used twice in a plain SGD step is summed and updated on its own; the others
+/// still share one launch. Values equal the per-parameter path's bit for bit: `w` after the
+/// step is `w − lr·2wx` and `v` is `v − lr·1`.
+#[test]
+fn a_parameter_used_twice_steps_on_its_own_beside_the_list() {
+    use tl_session::Ops;
+    let mut results = Vec::new();
+    for opt in [
+        Optimizer::sgd(0.5).unwrap(),
+        Optimizer::sgd(0.5).unwrap().check_finite(true),
+    ] {
+        let mut opt = opt;
+        let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
+        let p = s.param(tl_spec::Tensor::vector(vec![1.0, 2.0]), None, true);
+        let q = s.param(tl_spec::Tensor::vector(vec![0.25, -4.0]), None, true);
+        let (p, q) = (p.unwrap(), q.unwrap());
+        let (w, w2, v) = (s.use_param(&p), s.use_param(&p), s.use_param(&q));
+        let (w, w2, v) = (w.unwrap(), w2.unwrap(), v.unwrap());
+        let x = s
+            .input(tl_spec::Tensor::vector(vec![3.0, -1.0]), false)
+            .unwrap();
+        let wx = s.mul(&w, &x).unwrap();
+        let wwx = s.mul(&wx, &w2).unwrap();
+        let y = s.add(&wwx, &v).unwrap();
+        let loss = s.sum(&y).unwrap();
+        s.backward(&loss).unwrap();
+        let before = s.traffic().unwrap();
+        s.step(&mut opt).unwrap();
+        let launches = (s.traffic().unwrap() - before).launches;
+        let (pw, qv) = (s.param_value(&p).unwrap(), s.param_value(&q).unwrap());
+        assert_eq!(pw.data(), &[1.0 - 0.5 * 6.0, 2.0 - 0.5 * -4.0]);
+        assert_eq!(qv.data(), &[0.25 - 0.5, -4.0 - 0.5]);
+        results.push(launches);
+    }
+    // The list path: p's gradients summed (a copy and an add) and its update, then q's list.
+    assert_eq!(results[0], 4, "plain SGD launches");
+    assert!(results[1] > results[0], "the per-parameter path takes more");
+}
