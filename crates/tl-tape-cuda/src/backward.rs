@@ -24,9 +24,8 @@ impl<D: Device> CudaTape<D> {
     /// node id. Nodes that receive no contribution get zeros — the result of a zero-initialized
     /// array seeded at `out`, as in TorchLean.
     pub fn backward_dense(&mut self, out: Id, seed: &AnyBuffer) -> Result<Vec<AnyBuffer>> {
-        let slots = self.seeded("backward_dense", out, seed)?;
-        let slots = self.run(slots, out + 1, None)?;
-        self.densify(slots)
+        let copy = self.seed_copy("backward_dense", out, seed)?;
+        self.backward_dense_owned(out, copy)
     }
 
     /// [`backward_dense`](Self::backward_dense) taking ownership of `seed`: its buffer becomes
@@ -106,8 +105,8 @@ impl<D: Device> CudaTape<D> {
         for &w in wanted {
             self.check_id("backward_params", w)?;
         }
-        let slots = self.seeded("backward_params", out, seed)?;
-        self.sparse(out, slots, wanted)
+        let copy = self.seed_copy("backward_params", out, seed)?;
+        self.backward_params_owned(out, copy, wanted)
     }
 
     /// [`backward_params`](Self::backward_params) taking ownership of `seed`, which becomes
@@ -127,11 +126,6 @@ impl<D: Device> CudaTape<D> {
             return Err(e);
         }
         let slots = self.seeded_owned("backward_params", out, seed)?;
-        self.sparse(out, slots, wanted)
-    }
-
-    /// The sparse sweep from `slots` (seeded at `out`), keeping the `wanted` ids' gradients.
-    fn sparse(&mut self, out: Id, slots: Slots, wanted: &[Id]) -> Result<HashMap<Id, AnyBuffer>> {
         let mut keep = vec![false; self.len()];
         for &w in wanted {
             keep[w] = true;
@@ -188,11 +182,10 @@ impl<D: Device> CudaTape<D> {
         Ok(())
     }
 
-    /// The slots with a copy of `seed` at `out`.
-    fn seeded(&mut self, what: &str, out: Id, seed: &AnyBuffer) -> Result<Slots> {
+    /// A copy of `seed`, checked against `out` first (nothing is copied for a wrong one).
+    fn seed_copy(&mut self, what: &str, out: Id, seed: &AnyBuffer) -> Result<AnyBuffer> {
         self.check_seed(what, out, seed)?;
-        let copy = seed.copy(&mut self.dev)?;
-        self.seeded_owned(what, out, copy)
+        seed.copy(&mut self.dev)
     }
 
     /// The slots with `seed` itself at `out` (released on error).

@@ -260,13 +260,17 @@ pub trait Device: Launch {
         for &(y, x) in pairs {
             check::same_len("axpy_assign_list", y, x)?;
         }
-        let shared = |k: usize| {
-            let (y, x) = pairs[k];
-            pairs.iter().enumerate().any(|(j, &(yj, xj))| {
-                j != k && (yj.id() == y.id() || xj.id() == y.id() || yj.id() == x.id())
-            })
+        // Shared: a `y` twice, or a pair's `x` that is another pair's `y` (one pass, not a
+        // comparison of every two pairs: a step over hundreds of parameters calls this).
+        let mut ys = std::collections::HashMap::with_capacity(pairs.len());
+        let twice = pairs
+            .iter()
+            .enumerate()
+            .any(|(k, &(y, _))| ys.insert(y.id(), k).is_some());
+        let crossed = || {
+            (pairs.iter().enumerate()).any(|(k, &(_, x))| ys.get(&x.id()).is_some_and(|&j| j != k))
         };
-        if (0..pairs.len()).any(shared) {
+        if twice || crossed() {
             return pairs
                 .iter()
                 .try_for_each(|&(y, x)| self.launch_axpy_assign(y, c, x));

@@ -282,6 +282,20 @@ pub fn axpy_list_mismatches<D: Device>(d: &mut D) -> Vec<String> {
                 bad.push(format!("shared pair {k}"));
             }
         }
+        // Only crossed (no y twice): pair 0 reads pair 1's y before pair 1 updates it.
+        let before = d.traffic().launches;
+        d.axpy_assign_list(c, &[(y1[10], y1[0]), (y1[0], x1[0])])?;
+        if d.traffic().launches - before != 2 {
+            bad.push("crossed pairs: not one launch each".into());
+        }
+        for &(y, x) in &[(y2[10], y2[0]), (y2[0], x2[0])] {
+            d.axpy_assign(y, c, x)?;
+        }
+        for k in [0, 10] {
+            if bits(d.download(y1[k])?) != bits(d.download(y2[k])?) {
+                bad.push(format!("crossed pair {k}"));
+            }
+        }
         // A length mismatch in the last pair: an error naming the primitive, nothing written.
         let before = d.download(y1[3])?;
         let wrong = [(y1[3], x1[3]), (y1[6], x1[7])];
