@@ -2,7 +2,8 @@
 //!
 //! The GPU machine has the driver, Python and PyTorch but no Rust toolchain (DESIGN.md "Running
 //! on a real GPU"), so we build here: the stub libcuda (to link), then `cargo test --release
-//! --features cuda --no-run` for `-p tl-tape-cuda` and for `-p tl-session --test tl_session`, and
+//! --features cuda --no-run` for `-p tl-tape-cuda`, `-p tl-session --test tl_session` and
+//! `-p tl-conformance --test conformance` (its `cuda_gpu` module alone runs there), and
 //! `cargo bench --no-run` for tl-session's `gpu` bench; their JSON messages name the
 //! executables. Tests go to `bin/`, the bench to `bench/`, stripped, with
 //! `benches/gpu/torch_bench.py` and a `run.sh` that runs each test there (the binaries load the
@@ -75,6 +76,9 @@ pub fn build() -> Result<(), String> {
         &[
             &["-p", "tl-tape-cuda"],
             &["-p", "tl-session", "--test", "tl_session"],
+            // The conformance suite's `cuda_gpu` module (run.sh runs only it): every registry
+            // op, random DAGs and the grid cases on the GPU against the sim.
+            &["-p", "tl-conformance", "--test", "conformance"],
         ],
     )?;
     // Issue 7's GPU bench (steps, matmul, elementwise bandwidth), joined with PyTorch's figures
@@ -107,13 +111,24 @@ pub fn build() -> Result<(), String> {
 fn executables(json: &str) -> Vec<String> {
     let key = "\"executable\":\"";
     json.lines()
-        .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && l.contains("\"test\":true"))
+        .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && test_profile(l))
         .filter_map(|l| {
             let i = l.find(key)? + key.len();
             let end = l[i..].find('"')?;
             Some(l[i..i + end].to_owned())
         })
         .collect()
+}
+
+/// Whether an artifact line was built in the test profile (`"profile":{…,"test":true}`): its
+/// target's own `"test":true` only says the target can be tested, and a binary an integration
+/// test needs (`tl-verify`) has it too.
+fn test_profile(line: &str) -> bool {
+    let key = "\"profile\":{";
+    line.find(key).is_some_and(|i| {
+        let rest = &line[i + key.len()..];
+        rest[..rest.find('}').unwrap_or(rest.len())].contains("\"test\":true")
+    })
 }
 
 /// The script run on the GPU machine.
@@ -131,29 +146,35 @@ for b in bin/*; do
     if ldd "$b" 2>/dev/null | grep libcuda | grep -q cuda-stub; then
         echo "refusing to run: $name would load the stub libcuda (fix LD_LIBRARY_PATH)"; exit 2
     fi
-    echo "==> $name"
-    "$b" --test-threads=1 --nocapture > "logs/$name.log" 2>&1
+    # The conformance binary holds the whole CPU suite too: only its GPU module runs here.
+    filter=""
+    case "$name" in conformance-*) filter="cuda_gpu::" ;; esac
+    echo "==> $name $filter"
+    start=$SECONDS
+    timeout "${TL_BIN_TIMEOUT:-300}" "$b" --test-threads=1 --nocapture $filter > "logs/$name.log" 2>&1
     rc=$?
     tail -n 5 "logs/$name.log"
     if grep -q "no CUDA device: skipping" "logs/$name.log"; then status=SKIPPED
+    elif [ $rc -eq 124 ]; then status=TIMEOUT
     elif [ $rc -eq 0 ]; then status=pass
     else status=FAIL; fi
-    rows+=("$(printf '%-32s %-8s (exit %d)' "$name" "$status" "$rc")")
+    rows+=("$(printf '%-32s %-8s (exit %d, %d s)' "$name" "$status" "$rc" $((SECONDS - start)))")
 done
 echo
 echo "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"
 echo "== summary: test binaries"
 printf '%s\n' "${rows[@]}"
-echo "== summary: op families (max relative error vs the simulation device)"
+echo "== summary: op families (max relative error: the gpu tests against the simulation device;"
+echo "   conformance-*: checks 1 and 2 against the f64 IR, the grid cases against the sim, repeat-bits: differing elements)"
 printf '%-28s %-12s %s\n' family max_err result
-grep -h '^GPU-SUMMARY' logs/*.log | awk '{ printf "%-28s %-12s %s\n", $2, $3, $4 }'
+grep -ho 'GPU-SUMMARY .*' logs/*.log | awk '{ printf "%-28s %-12s %s\n", $2, $3, $4 }'
 echo "== benchmark: ours vs PyTorch eager on this GPU (issue 7)"
 for b in bench/*; do
-    "$b" --backend cuda > logs/ours.jsonl 2> logs/bench.err
+    timeout "${TL_BENCH_TIMEOUT:-180}" "$b" --backend cuda > logs/ours.jsonl 2> logs/bench.err
     echo "bench exit $? ($(basename "$b")); stderr: $(tail -n 1 logs/bench.err)"
 done
 python3 torch_bench.py --ours logs/ours.jsonl 2>&1 | tee logs/bench.txt
-if printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED'; then exit 1; fi
+if printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED|TIMEOUT'; then exit 1; fi
 "#
 }
 
@@ -167,6 +188,8 @@ mod tests {
             r#"{"reason":"compiler-artifact","profile":{"test":true},"executable":"/t/gpu-1"}"#,
             "\n",
             r#"{"reason":"compiler-artifact","profile":{"test":false},"executable":null}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"test":true},"profile":{"test":false},"executable":"/t/bin"}"#,
             "\n",
             r#"{"reason":"build-finished","success":true}"#,
         );

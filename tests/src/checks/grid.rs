@@ -23,7 +23,7 @@ use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::Device;
 
 use crate::checks::sim::{
-    determinism_case, device_vs_sim_case, device_vs_sim_nondet_case, sim_vs_cpu_within,
+    determinism_case, device_vs_sim_case, device_vs_sim_within_case, sim_vs_cpu_within,
 };
 use crate::config::splitmix64;
 use crate::domain::unit;
@@ -163,7 +163,21 @@ pub fn check_grid_device<D: Device>(
             device_vs_sim_case(c, true, device)
         }),
         run_grid(format!("≈ sim nondet grid {name}"), |c| {
-            device_vs_sim_nondet_case(c, GRID_TOL, true, device)
+            device_vs_sim_within_case(c, GRID_TOL, true, false, device)
         }),
     ]
+}
+
+/// The grid cases on a device whose transcendental functions are not the host's (a real GPU):
+/// within [`GRID_TOL`] of the sim with deterministic reductions on, then off.
+pub fn check_grid_device_within<D: Device>(
+    name: &str,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> [Report; 2] {
+    [true, false].map(|det| {
+        let mode = if det { "det" } else { "nondet" };
+        run_grid(format!("≈ sim {mode} grid {name}"), |c| {
+            device_vs_sim_within_case(c, GRID_TOL, true, det, device)
+        })
+    })
 }

@@ -17,7 +17,9 @@
 //!   `CudaDevice`, feature `cuda-emu`) gives the sim's values and gradients bit for bit, in
 //!   deterministic mode, for every case of an entry or of the random DAGs; and, with
 //!   deterministic reductions off (the atomic kernels), within the f32 tolerance
-//!   ([`check_device_vs_sim_nondet`]).
+//!   ([`check_device_vs_sim_within`]). A real GPU, whose `expf`, `tanhf`, ... are CUDA's own,
+//!   is held to that tolerance in both modes, and to check 6 (det) on itself
+//!   ([`check_deterministic_on`]).
 //!
 //! The deterministic-reductions flag is process-wide: every check here that sets it holds
 //! [`flag_lock`] while it runs, so a check running with the flag off never overlaps one that
@@ -360,12 +362,26 @@ fn bit_differences(
 /// device twice) give bit-identical values and gradients. The error is the number of elements
 /// whose bits differ (tolerance 0).
 pub fn determinism_case(case: &GraphCase, grads: bool) -> Result<Measured, CaseError> {
+    determinism_on_case(case, grads, || Ok(SimDevice::new()))
+}
+
+/// [`determinism_case`] on the devices `device` makes (a real GPU's `CudaDevice`, say): three
+/// runs, on a fresh device twice and then on the second one again, bit for bit.
+pub fn determinism_on_case<D: Device>(
+    case: &GraphCase,
+    grads: bool,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Result<Measured, CaseError> {
     // Process-wide, like `TL_DETERMINISTIC=1`.
     let _flag = flag_lock();
     set_deterministic_reductions(true);
-    let fresh = || CudaTape::new(SimDevice::new());
-    let (first, _) = tape_run(fresh(), case, grads).map_err(sim_err)?;
-    let (second, reused) = tape_run(fresh(), case, grads).map_err(sim_err)?;
+    let fresh = || {
+        device()
+            .map(CudaTape::new)
+            .map_err(|e| CaseError::Fail(format!("device: {e}")))
+    };
+    let (first, _) = tape_run(fresh()?, case, grads).map_err(sim_err)?;
+    let (second, reused) = tape_run(fresh()?, case, grads).map_err(sim_err)?;
     let (third, _) = tape_run(reused, case, grads).map_err(sim_err)?;
     let mut worst = Measured { err: 0.0, tol: 0.0 };
     for (run, other) in [
@@ -396,25 +412,38 @@ pub fn device_vs_sim_case<D: Device>(
     bit_differences(case, &want, &got, &what, false)
 }
 
-/// One case of the device ≈ sim check with deterministic reductions **off** (the atomic
-/// kernels: any summation order): the CUDA tape on a fresh `D` gives the sim's values and
-/// (with `grads`) dense gradients within `tol` (as [`crate::metric::tensor_err`]). The flag is
-/// turned back on before the lock is released.
-pub fn device_vs_sim_nondet_case<D: Device>(
+/// One case of the device ≈ sim check: the CUDA tape on a fresh `D` gives the sim's values and
+/// (with `grads`) dense gradients within `tol` (as [`crate::metric::tensor_err`]), with the
+/// device's reductions deterministic or not (`deterministic` false: the atomic kernels, any
+/// summation order). The sim always runs deterministically; the flag is back on before the
+/// lock is released.
+pub fn device_vs_sim_within_case<D: Device>(
     case: &GraphCase,
     tol: f64,
     grads: bool,
+    deterministic: bool,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Result<Measured, CaseError> {
-    let (want, _) = tape_run(CudaTape::new(SimDevice::new()), case, grads).map_err(sim_err)?;
+    let want = {
+        let _flag = flag_lock();
+        set_deterministic_reductions(true);
+        tape_run(CudaTape::new(SimDevice::new()), case, grads)
+            .map_err(sim_err)?
+            .0
+    };
     let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
     let name = d.name();
     let got = {
         let _flag = flag_lock();
-        set_deterministic_reductions(false);
+        set_deterministic_reductions(deterministic);
         let r = tape_run(CudaTape::new(d), case, grads);
         set_deterministic_reductions(true);
         r.map_err(sim_err)?.0
+    };
+    let mode = if deterministic {
+        "deterministic"
+    } else {
+        "non-deterministic"
     };
     let ids = case.graph.len();
     let widen: Vec<Tensor<f64>> = want.iter().map(Tensor::cast).collect();
@@ -424,7 +453,7 @@ pub fn device_vs_sim_nondet_case<D: Device>(
         vals,
         &widen[..ids.min(widen.len())],
         tol,
-        &format!("{name} (non-deterministic) vs cuda-sim value"),
+        &format!("{name} ({mode}) vs cuda-sim value"),
     )
     .map_err(CaseError::Fail)?;
     if grads {
@@ -434,7 +463,7 @@ pub fn device_vs_sim_nondet_case<D: Device>(
                 grads_,
                 &widen[ids.min(widen.len())..],
                 tol,
-                &format!("{name} (non-deterministic) vs cuda-sim gradient"),
+                &format!("{name} ({mode}) vs cuda-sim gradient"),
             )
             .map_err(CaseError::Fail)?,
         );
@@ -442,15 +471,18 @@ pub fn device_vs_sim_nondet_case<D: Device>(
     Ok(m)
 }
 
-/// The device ≈ sim check with deterministic reductions off, for a registry entry (gradients
-/// too where check 2 applies): the f32 tolerance of the entry scaled by reduction length.
-pub fn check_device_vs_sim_nondet<D: Device>(
+/// The device ≈ sim check for a registry entry (gradients too where check 2 applies): the f32
+/// tolerance of the entry scaled by reduction length, with deterministic reductions or the
+/// atomic kernels (`deterministic` false).
+pub fn check_device_vs_sim_within<D: Device>(
     entry: &OpInfo,
     cfg: &RunConfig,
     name: &str,
+    deterministic: bool,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Report {
-    let label = format!("≈ sim nondet {} {name}", entry.name);
+    let mode = if deterministic { "det" } else { "nondet" };
+    let label = format!("≈ sim {mode} {} {name}", entry.name);
     let (tol, grads) = (entry.tol, entry.applies.backward);
     run_check_pending(
         label,
@@ -460,26 +492,28 @@ pub fn check_device_vs_sim_nondet<D: Device>(
         &[],
         |c| {
             let t = backend_tol::<f32>(&tol, &c.graph);
-            device_vs_sim_nondet_case(c, t, grads, device)
+            device_vs_sim_within_case(c, t, grads, deterministic, device)
         },
     )
 }
 
-/// The device ≈ sim check with deterministic reductions off, on random DAGs.
-pub fn check_device_vs_sim_nondet_dag<D: Device>(
+/// The device ≈ sim check on random DAGs, as [`check_device_vs_sim_within`].
+pub fn check_device_vs_sim_within_dag<D: Device>(
     cfg: &RunConfig,
     name: &str,
+    deterministic: bool,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Report {
+    let mode = if deterministic { "det" } else { "nondet" };
     run_check_pending(
-        format!("≈ sim nondet dag {name}"),
+        format!("≈ sim {mode} dag {name}"),
         cfg,
         sim_dag_cases(DagOptions::default()),
         OnPending::SkipCase,
         &known(),
         |c| {
             let t = backend_tol::<f32>(&DAG_TOL, &c.graph);
-            device_vs_sim_nondet_case(c, t, true, device)
+            device_vs_sim_within_case(c, t, true, deterministic, device)
         },
     )
 }
@@ -540,7 +574,17 @@ pub fn check_sim_vs_cpu(entry: &OpInfo, cfg: &RunConfig) -> Report {
 
 /// Check 6 (det) for a registry entry.
 pub fn check_deterministic(entry: &OpInfo, cfg: &RunConfig) -> Report {
-    let label = format!("6 det {} cuda-sim", entry.name);
+    check_deterministic_on(entry, cfg, "cuda-sim", || Ok(SimDevice::new()))
+}
+
+/// Check 6 (det) for a registry entry on the devices `device` makes.
+pub fn check_deterministic_on<D: Device>(
+    entry: &OpInfo,
+    cfg: &RunConfig,
+    name: &str,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
+    let label = format!("6 det {} {name}", entry.name);
     let grads = entry.applies.backward;
     run_check_pending(
         label,
@@ -548,7 +592,7 @@ pub fn check_deterministic(entry: &OpInfo, cfg: &RunConfig) -> Report {
         sim_graph_cases(entry),
         OnPending::PendCell,
         &[],
-        |c| determinism_case(c, grads),
+        |c| determinism_on_case(c, grads, device),
     )
 }
 
@@ -566,12 +610,21 @@ pub fn check_sim_vs_cpu_dag(cfg: &RunConfig) -> Report {
 
 /// Check 6 (det) on random DAGs.
 pub fn check_deterministic_dag(cfg: &RunConfig) -> Report {
+    check_deterministic_dag_on(cfg, "cuda-sim", || Ok(SimDevice::new()))
+}
+
+/// Check 6 (det) on random DAGs, on the devices `device` makes.
+pub fn check_deterministic_dag_on<D: Device>(
+    cfg: &RunConfig,
+    name: &str,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
     run_check_pending(
-        "6 det dag cuda-sim".into(),
+        format!("6 det dag {name}"),
         cfg,
         sim_dag_cases(DagOptions::default()),
         OnPending::SkipCase,
         &known(),
-        |c| determinism_case(c, true),
+        |c| determinism_on_case(c, true, device),
     )
 }

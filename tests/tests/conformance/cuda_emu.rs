@@ -14,8 +14,8 @@
 
 use tl_conformance::checks::grid::{check_grid_device, grid_cases};
 use tl_conformance::checks::sim::{
-    check_device_vs_sim, check_device_vs_sim_dag, check_device_vs_sim_nondet,
-    check_device_vs_sim_nondet_dag,
+    check_device_vs_sim, check_device_vs_sim_dag, check_device_vs_sim_within,
+    check_device_vs_sim_within_dag,
 };
 use tl_conformance::{Check, Report, RunConfig, assert_all_passed, registry};
 use tl_tape_cuda::{CudaDevice, Device};
@@ -60,7 +60,7 @@ fn every_registry_op_on_the_atomic_kernels_is_within_tolerance_of_the_sim() {
     let reports: Vec<Report> = registry::all()
         .iter()
         .filter(|e| e.applies.get(Check::CudaVsCpu))
-        .map(|e| check_device_vs_sim_nondet(e, &cfg, "cuda-emu", CudaDevice::new))
+        .map(|e| check_device_vs_sim_within(e, &cfg, "cuda-emu", false, CudaDevice::new))
         .collect();
     assert!(reports.len() > 50, "only {} entries", reports.len());
     assert_all_passed(&reports, cfg.cases);
@@ -72,7 +72,7 @@ fn every_registry_op_on_the_atomic_kernels_is_within_tolerance_of_the_sim() {
 #[test]
 fn random_dags_on_the_atomic_kernels_are_within_tolerance_of_the_sim() {
     let cfg = nondet_cfg();
-    let report = check_device_vs_sim_nondet_dag(&cfg, "cuda-emu", CudaDevice::new);
+    let report = check_device_vs_sim_within_dag(&cfg, "cuda-emu", false, CudaDevice::new);
     assert_all_passed(&[report], cfg.cases);
 }
 

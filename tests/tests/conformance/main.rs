@@ -12,6 +12,9 @@ mod conventions;
 // Needs the kernel emulator: `--features cuda-emu`.
 #[cfg(feature = "cuda-emu")]
 mod cuda_emu;
+// Needs a real GPU at run time (skips without one): `--features cuda`, the GPU bundle.
+#[cfg(feature = "cuda")]
+mod cuda_gpu;
 mod cuda_sim;
 mod dag;
 mod edge_cases;

@@ -447,7 +447,9 @@ fn every_primitive_matches_the_simulation_device() {
 /// A full reduction that fits one block (n ≤ 256) is one launch, with the bits of the sim (the
 /// two-pass order) in both modes: −0 sums to +0 as the second pass and the atomic add give it,
 /// NaN and ∞ propagate, the mean of nothing is NaN. Larger ones keep their two (or three)
-/// launches.
+/// launches. A NaN matches any NaN: IEEE 754 leaves its sign and payload open, and a GPU's
+/// arithmetic returns its canonical `0x7fffffff` where the host keeps the input's payload (the
+/// first run on an H100 showed it).
 #[test]
 fn a_reduction_of_one_block_is_one_launch_with_the_sims_bits() {
     let Some(mut cuda) = gpu() else { return };
@@ -470,7 +472,8 @@ fn a_reduction_of_one_block_is_one_launch_with_the_sims_bits() {
             for mean in [false, true] {
                 let (s, _) = reduce_bits(&mut sim, data, mean);
                 let (c, launches) = reduce_bits(&mut cuda, data, mean);
-                if s != c || launches != 1 {
+                let nans = f32::from_bits(s).is_nan() && f32::from_bits(c).is_nan();
+                if (s != c && !nans) || launches != 1 {
                     bad.push(format!(
                         "{name} mean={mean} deterministic={deterministic}: {c:#x} vs sim {s:#x}, {launches} launches"
                     ));
