@@ -16,36 +16,43 @@
 #define TN 4
 
 extern "C" __global__ void tl_gemm(const float* a, const float* b, float* out, u32 batch, u32 m,
-                                   u32 k, u32 n, u32 ta, u32 tb, u32 into) {
+                                   u32 k, u32 n, u32 ta, u32 tb, u32 into, u32 kc) {
     __shared__ float As[BK][BM];
     __shared__ float Bs[BK][BN + 1];
     const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    for (u32 z = blockIdx.z; z < batch; z += gridDim.z) {
-        const float* A = a + (u64)z * m * k;
-        const float* B = b + (u64)z * k * n;
-        float* C = out + (u64)z * m * n;
+    // Split-K: `k` in runs of kc (a multiple of BK unless it covers k), run s of product z
+    // written to out + (z·splits + s)·m·n for tl_gemm_sum_splits (sim: linalg::gemm).
+    const u32 splits = k > kc ? (k + kc - 1) / kc : 1;
+    const u64 jobs = (u64)batch * splits;
+    for (u64 zz = blockIdx.z; zz < jobs; zz += gridDim.z) {
+        const u64 z = zz / splits;
+        const u32 kb = (u32)(zz % splits) * kc;
+        const u32 ke = k - kb < kc ? k : kb + kc;
+        const float* A = a + z * m * k;
+        const float* B = b + z * k * n;
+        float* C = out + zz * m * n;
         float acc[TM][TN];
         for (int i = 0; i < TM; ++i)
             for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-        for (u32 p0 = 0; p0 < k; p0 += BK) {
+        for (u32 p0 = kb; p0 < ke; p0 += BK) {
             // 256 threads load the 16 x 64 slices of op(a) and op(b), 4 elements each.
             for (u32 e = threadIdx.x; e < BK * BM; e += 256) {
                 const u32 p = e / BM, i = e % BM;
                 const u32 gi = row0 + i, gp = p0 + p;
                 float v = 0.0f;
-                if (gi < m && gp < k) v = ta ? A[(u64)gp * m + gi] : A[(u64)gi * k + gp];
+                if (gi < m && gp < ke) v = ta ? A[(u64)gp * m + gi] : A[(u64)gi * k + gp];
                 As[p][i] = v;
             }
             for (u32 e = threadIdx.x; e < BK * BN; e += 256) {
                 const u32 p = e / BN, j = e % BN;
                 const u32 gj = col0 + j, gp = p0 + p;
                 float v = 0.0f;
-                if (gj < n && gp < k) v = tb ? B[(u64)gj * k + gp] : B[(u64)gp * n + gj];
+                if (gj < n && gp < ke) v = tb ? B[(u64)gj * k + gp] : B[(u64)gp * n + gj];
                 Bs[p][j] = v;
             }
             __syncthreads();
-            const u32 pend = (k - p0) < BK ? (k - p0) : BK;
+            const u32 pend = (ke - p0) < BK ? (ke - p0) : BK;
             for (u32 p = 0; p < pend; ++p) {
                 float ar[TM], br[TN];
                 for (int i = 0; i < TM; ++i) ar[i] = As[p][ty * TM + i];
@@ -66,5 +73,18 @@ extern "C" __global__ void tl_gemm(const float* a, const float* b, float* out, u
                 *o = into ? __fadd_rn(*o, acc[i][j]) : acc[i][j];
             }
         }
+    }
+}
+
+// The second kernel of a split product: out[z, e] (= or +=) the sum of the splits' runs
+// part[z·splits + s, e] in increasing s from +0 (sim: linalg::gemm).
+extern "C" __global__ void tl_gemm_sum_splits(const float* part, float* out, u64 total, u64 mn,
+                                              u32 splits, u32 into) {
+    TL_GRID_STRIDE(e, total) {
+        const u64 z = e / mn, r = e % mn;
+        const float* p = part + z * splits * mn + r;
+        float acc = 0.0f;
+        for (u32 s = 0; s < splits; ++s) acc = __fadd_rn(acc, p[(u64)s * mn]);
+        out[e] = into ? __fadd_rn(out[e], acc) : acc;
     }
 }

@@ -119,6 +119,33 @@ extern "C" __global__ void tl_norm_bwd_affine(const float* x, const float* stats
     }
 }
 
+// The same sums where each feature has many elements and the features are few (sim:
+// NormLayout::affine_by_block): one block per feature f, thread t accumulating the elements
+// e = t, t + 256, ... of f in increasing order from +0, then the block tree, for each sum.
+extern "C" __global__ void tl_norm_bwd_affine_block(const float* x, const float* stats,
+                                                    const float* g, float* dgamma, float* dbeta,
+                                                    u64 features, u32 outer, u32 groups, u32 seg,
+                                                    u32 per_column) {
+    __shared__ float smem[33];
+    const u32 len = per_column ? outer * groups : outer * seg;
+    for (u64 f = blockIdx.x; f < features; f += gridDim.x) {
+        float ag = 0.0f, ab = 0.0f;
+        for (u32 e = threadIdx.x; e < len; e += TL_BLOCK) {
+            const u64 i = per_column ? (u64)e * seg + f : tl_norm_index((u32)f, e, groups, seg);
+            const u32 k = (u32)((i / seg) % groups);
+            const float h = (x[i] - stats[k]) * stats[groups + k];
+            ab = ab + g[i];
+            ag = ag + g[i] * h;
+        }
+        const float sg = tl_block_tree(ag, 0.0f, AddOp(), smem);
+        const float sb = tl_block_tree(ab, 0.0f, AddOp(), smem);
+        if (threadIdx.x == 0) {
+            dgamma[f] = sg;
+            dbeta[f] = sb;
+        }
+    }
+}
+
 // Masked softmax of each row (rows, n); row r uses mask row r % n (mask: n * n floats, nonzero =
 // allowed). Masked entries and rows with nothing allowed are exactly 0.
 extern "C" __global__ void tl_masked_softmax_rows(const float* x, const float* mask, float* out,

@@ -64,3 +64,19 @@ extern "C" __global__ void tl_axis_sum(const float* x, float* out, u32 outer, u3
         out[j] = mean ? acc / (float)n : acc;
     }
 }
+
+// The same sum where the axis is long and the outputs few (sim: axis_sum_by_block): one block
+// per output element j, thread t accumulating k = t, t + 256, ... in increasing order from +0,
+// then the block tree.
+extern "C" __global__ void tl_axis_sum_block(const float* x, float* out, u32 outer, u32 n,
+                                             u32 inner, u32 mean) {
+    __shared__ float smem[33];
+    const u64 total = (u64)outer * inner;
+    for (u64 j = blockIdx.x; j < total; j += gridDim.x) {
+        const u64 o = j / inner, i = j % inner;
+        float acc = 0.0f;
+        for (u64 k = threadIdx.x; k < n; k += TL_BLOCK) acc = acc + x[(o * n + k) * inner + i];
+        const float s = tl_block_tree(acc, 0.0f, AddOp(), smem);
+        if (threadIdx.x == 0) out[j] = mean ? s / (float)n : s;
+    }
+}

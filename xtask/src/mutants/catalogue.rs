@@ -397,6 +397,24 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "the atomic pool backward skips each window's last cell",
         harness: Emu,
     },
+    Mutant {
+        id: "kernel-gemm-splits-reversed",
+        area: Kernel,
+        file: "kernels/linalg.cu",
+        from: "for (u32 s = 0; s < splits; ++s) acc = __fadd_rn(acc, p[(u64)s * mn]);",
+        to: "for (u32 s = splits; s-- > 0;) acc = __fadd_rn(acc, p[(u64)s * mn]);",
+        bug: "a split matmul adds the runs of k last to first, not in the sim's order",
+        harness: Emu,
+    },
+    Mutant {
+        id: "kernel-axis-block-sequential",
+        area: Kernel,
+        file: "kernels/reduce.cu",
+        from: "        for (u64 k = threadIdx.x; k < n; k += TL_BLOCK) acc = acc + x[(o * n + k) * inner + i];\n        const float s = tl_block_tree(acc, 0.0f, AddOp(), smem);",
+        to: "        if (threadIdx.x == 0) for (u64 k = 0; k < n; ++k) acc = acc + x[(o * n + k) * inner + i];\n        const float s = tl_block_tree(acc, 0.0f, AddOp(), smem);",
+        bug: "the block form of the axis sum walks the axis on one thread (the sequential order)",
+        harness: Emu,
+    },
     // ---- tl-session's optimizers ----
     Mutant {
         id: "optim-dampening-ignored",

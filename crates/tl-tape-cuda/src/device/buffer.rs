@@ -84,4 +84,34 @@ impl Gemm {
     pub fn with_t(self, ta: bool, tb: bool) -> Gemm {
         Gemm { ta, tb, ..self }
     }
+
+    /// The run of the contracted dimension one block of the matmul kernel sums (split-K): `k`
+    /// itself (at least 1) when the `batch` products' 64×64 output tiles are
+    /// [`SPLIT_K_TILES`] or more, or `k` is under two [`SPLIT_K_MIN_CHUNK`]s; otherwise `k` in
+    /// up to `min(k / SPLIT_K_MIN_CHUNK, ⌈256 / tiles⌉, SPLIT_K_MAX)` runs, each a multiple of
+    /// 16. A conv's weight gradient (a 16×72 output over `k` = 50 176) is one tile: one
+    /// block summing all of `k` took 2 ms on an H100. A function of the shape alone, so the
+    /// simulation device splits the same way ([`crate::device::sim::linalg::gemm`]).
+    pub fn k_chunk(&self, batch: usize) -> usize {
+        let tiles = batch * self.m.div_ceil(64) * self.n.div_ceil(64);
+        if tiles == 0 || tiles >= SPLIT_K_TILES || self.k < 2 * SPLIT_K_MIN_CHUNK {
+            return self.k.max(1);
+        }
+        let splits = (self.k / SPLIT_K_MIN_CHUNK)
+            .min(256usize.div_ceil(tiles))
+            .min(SPLIT_K_MAX);
+        self.k.div_ceil(splits).next_multiple_of(16)
+    }
+
+    /// How many runs of [`k_chunk`](Self::k_chunk) cover `k` (1: no split).
+    pub fn k_splits(&self, batch: usize) -> usize {
+        self.k.div_ceil(self.k_chunk(batch)).max(1)
+    }
 }
+
+/// Output tiles (64×64, over the batch) from which a matmul is not split along `k`.
+pub const SPLIT_K_TILES: usize = 64;
+/// The shortest run of `k` a split matmul gives one block.
+pub const SPLIT_K_MIN_CHUNK: usize = 128;
+/// The most runs a matmul's `k` is split into.
+pub const SPLIT_K_MAX: usize = 128;

@@ -37,6 +37,7 @@ mod prims;
 
 use std::collections::HashMap;
 
+use super::sim::reduce::axis_sum_by_block;
 use super::{Buffer, Device, Gemm};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
@@ -121,6 +122,8 @@ impl CudaDevice {
     }
 
     /// `tl_gemm` writing (`into == false`) or adding into (`into == true`) the buffer at `out`.
+    /// A product with few output tiles is split along `k` ([`Gemm::k_chunk`]): `tl_gemm`
+    /// writes each run's sums to a pool workspace, `tl_gemm_sum_splits` adds them into `out`.
     #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &mut self,
@@ -142,27 +145,45 @@ impl CudaDevice {
             ));
         }
         let gx = abi::to_u32(op, "grid", gx)?;
-        if batch * g.m * g.n == 0 {
+        let mn = g.m * g.n;
+        if batch * mn == 0 {
             return Ok(());
         }
-        let args = [
-            Arg::Ptr(pa),
-            Arg::Ptr(pb),
-            Arg::Ptr(out),
-            Arg::U32(batch as u32),
-            Arg::U32(g.m as u32),
-            Arg::U32(g.k as u32),
-            Arg::U32(g.n as u32),
-            Arg::U32(u32::from(g.ta)),
-            Arg::U32(u32::from(g.tb)),
-            Arg::U32(u32::from(into)),
-        ];
-        self.run(
-            op,
-            "tl_gemm",
-            [gx, gy as u32, batch.min(65_535) as u32],
-            &args,
-        )
+        let (kc, splits) = (g.k_chunk(batch), g.k_splits(batch));
+        let product = |out: u64, into: bool| {
+            [
+                Arg::Ptr(pa),
+                Arg::Ptr(pb),
+                Arg::Ptr(out),
+                Arg::U32(batch as u32),
+                Arg::U32(g.m as u32),
+                Arg::U32(g.k as u32),
+                Arg::U32(g.n as u32),
+                Arg::U32(u32::from(g.ta)),
+                Arg::U32(u32::from(g.tb)),
+                Arg::U32(u32::from(into)),
+                Arg::U32(kc as u32), // at most max(k, 1)
+            ]
+        };
+        let grid = |jobs: usize| [gx, gy as u32, jobs.min(65_535) as u32];
+        if splits == 1 {
+            return self.run(op, "tl_gemm", grid(batch), &product(out, into));
+        }
+        let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
+            d.run(op, "tl_gemm", grid(batch * splits), &product(part, false))?;
+            let total = batch * mn;
+            let sum = [
+                Arg::Ptr(part),
+                Arg::Ptr(out),
+                Arg::U64(total as u64),
+                Arg::U64(mn as u64),
+                Arg::U32(splits as u32),
+                Arg::U32(u32::from(into)),
+            ];
+            d.run(op, "tl_gemm_sum_splits", [blocks(total), 1, 1], &sum)
+        })?;
+        self.release(part);
+        Ok(())
     }
 
     /// A row kernel `kernel(ins..., out, rows, cols, extra...)`, one block per row, with an
@@ -229,7 +250,12 @@ impl CudaDevice {
                 Arg::U32(dims[2]),
                 Arg::U32(u32::from(mean)),
             ];
-            d.run(op, "tl_axis_sum", [blocks(out_len), 1, 1], &args)
+            if axis_sum_by_block(outer, n, inner) {
+                // One block per output (at most AXIS_BLOCK_MAX_OUT of them).
+                d.run(op, "tl_axis_sum_block", [out_len as u32, 1, 1], &args)
+            } else {
+                d.run(op, "tl_axis_sum", [blocks(out_len), 1, 1], &args)
+            }
         })
     }
 

@@ -247,3 +247,77 @@ fn fused_chains_give_the_bits_of_their_separate_launches() {
     assert!(bad.is_empty(), "fused != unfused: {bad:?}");
     assert_eq!(dev.live_buffers(), 0, "every buffer released");
 }
+
+/// A product with few output tiles over a long `k` is two launches (the runs of `k`, then their
+/// sums added in order) with the documented order's bits, and so is `matmul_acc`'s; a long
+/// axis into few outputs is one launch in the block order. Counted here because the sim's
+/// launch counts stand in for the GPU's (docs/performance.md).
+#[test]
+fn few_tile_products_split_k_in_two_launches_and_long_axis_sums_take_a_block() {
+    let mut dev = SimDevice::new();
+    let (m, k, n) = (4, 2048, 3);
+    let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.013).sin()).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| 1.0 + (i as f32 * 0.007).cos()).collect();
+    let (ab, bb) = (dev.upload(&a).unwrap(), dev.upload(&b).unwrap());
+    let g = Gemm::nn(m, k, n);
+    let chunk = g.k_chunk(1);
+    assert!(chunk < k, "the case must split");
+    let launches = |dev: &SimDevice| dev.traffic().launches;
+    let before = launches(&dev);
+    let c = dev.matmul(ab, bb, g).unwrap();
+    assert_eq!(launches(&dev) - before, 2, "a split product is two kernels");
+    let got = dev.download(c).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let run = |p0: usize| {
+                (p0..(p0 + chunk).min(k)).fold(0.0f32, |s, p| s + a[i * k + p] * b[p * n + j])
+            };
+            let want = (0..k).step_by(chunk).fold(0.0f32, |s, p0| s + run(p0));
+            assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "({i}, {j})");
+        }
+    }
+    // matmul_acc: c + the split sum, one rounding, two kernels.
+    let c0: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.5).collect();
+    let cb = dev.upload(&c0).unwrap();
+    let before = launches(&dev);
+    dev.matmul_acc(cb, ab, bb, g).unwrap();
+    assert_eq!(launches(&dev) - before, 2);
+    let acc = dev.download(cb).unwrap();
+    for (e, (o, (c, v))) in acc.iter().zip(c0.iter().zip(&got)).enumerate() {
+        assert_eq!(o.to_bits(), (c + v).to_bits(), "element {e}");
+    }
+    // A product with many tiles is one kernel.
+    let big = Gemm::nn(64 * 8, 1, 64 * 8);
+    assert_eq!(big.k_splits(1), 1);
+    // Axis sums: (3, 1000, 1) takes the block order; (3, 40, 1) the sequential one.
+    let x: Vec<f32> = (0..3000).map(|i| (i as f32 * 0.31).sin() * 1e3).collect();
+    let xb = dev.upload(&x).unwrap();
+    let before = launches(&dev);
+    let s = dev.reduce_axis_sum(xb, 3, 1000, 1).unwrap();
+    assert_eq!(launches(&dev) - before, 1);
+    let s = dev.download(s).unwrap();
+    for o in 0..3 {
+        let row = &x[o * 1000..(o + 1) * 1000];
+        let mut lanes = [0.0f32; 256];
+        for (kk, v) in row.iter().enumerate() {
+            lanes[kk % 256] += v;
+        }
+        let tree = tl_tape_cuda::device::sim::reduce::block_tree(&lanes, 0.0, |p, q| p + q);
+        assert_eq!(s[o].to_bits(), tree.to_bits(), "block order, row {o}");
+        let seq = row.iter().fold(0.0f32, |p, q| p + q);
+        assert_ne!(
+            tree.to_bits(),
+            seq.to_bits(),
+            "the orders must differ here ({o})"
+        );
+    }
+    let xs = dev.upload(&x[..120]).unwrap();
+    let s = dev.reduce_axis_sum(xs, 3, 40, 1).unwrap();
+    let s = dev.download(s).unwrap();
+    let seq = x[..40].iter().fold(0.0f32, |p, q| p + q);
+    assert_eq!(
+        s[0].to_bits(),
+        seq.to_bits(),
+        "a short axis stays sequential"
+    );
+}

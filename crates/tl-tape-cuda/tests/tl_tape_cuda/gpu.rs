@@ -137,6 +137,20 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         true,
         d.reduce_axis_mean(x, 4, 50, 5)?
     );
+    // A long axis into few outputs: one block per output (axis_sum_by_block).
+    let long = d.upload(&i.big[..21_000])?;
+    one!(
+        rd,
+        "reduce_axis_sum_block",
+        true,
+        d.reduce_axis_sum(long, 3, 1000, 7)?
+    );
+    one!(
+        rd,
+        "reduce_axis_mean_block",
+        true,
+        d.reduce_axis_mean(long, 1, 21_000, 1)?
+    );
     let sh = "shape";
     one!(
         sh,
@@ -197,6 +211,8 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     let layouts = [
         NormLayout::layer(10, 100),
         NormLayout::layer(2, 500),
+        // 100 rows per feature: dγ and dβ by one block per feature (affine_by_block).
+        NormLayout::layer(100, 10),
         NormLayout::channels(2, 5, 100),
         NormLayout::channels(1, 4, 250),
     ];
@@ -242,6 +258,23 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         );
     }
     one!(la, "bmm", true, d.bmm(x, y, 5, Gemm::nn(10, 20, 10))?);
+    // Few output tiles over a long k: split along k (Gemm::k_chunk), two kernels.
+    let ka = d.upload(&i.big[..16_000])?;
+    let kb = d.upload(&i.big[16_000..40_000])?;
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let g = Gemm::nn(16, 1000, 24).with_t(ta, tb);
+        assert!(g.k_splits(1) > 1, "the case must split");
+        one!(la, "matmul_split_k", true, d.matmul(ka, kb, g)?);
+    }
+    one!(
+        la,
+        "bmm_split_k",
+        true,
+        d.bmm(ka, kb, 2, Gemm::nn(8, 1000, 12))?
+    );
+    let c = d.upload(&i.g[..16 * 24])?;
+    d.matmul_acc(c, ka, kb, Gemm::nn(16, 1000, 24))?;
+    one!(la, "matmul_acc_split_k", true, c);
     let act = "activation";
     one!(act, "gelu", false, d.gelu(x)?);
     one!(act, "gelu_bwd", false, d.gelu_bwd(x, g)?);
@@ -297,7 +330,9 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         res.push((fam, name, exact, d.download(b)?));
         d.release(b);
     }
-    d.release_all([x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar]);
+    d.release_all([
+        x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar, long, ka, kb,
+    ]);
     Ok(res)
 }
 

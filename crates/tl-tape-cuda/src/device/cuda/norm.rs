@@ -116,7 +116,12 @@ impl CudaDevice {
                 Arg::U32(l.seg as u32),
                 Arg::U32(u32::from(l.per_column)),
             ]);
-            d.run(OP, "tl_norm_bwd_affine", [blocks(nf), 1, 1], &args)
+            if l.affine_by_block() {
+                // One block per feature (at most AXIS_BLOCK_MAX_OUT of them).
+                d.run(OP, "tl_norm_bwd_affine_block", [nf as u32, 1, 1], &args)
+            } else {
+                d.run(OP, "tl_norm_bwd_affine", [blocks(nf), 1, 1], &args)
+            }
         })?;
         Ok((dg, db))
     }

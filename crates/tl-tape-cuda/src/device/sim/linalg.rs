@@ -1,21 +1,34 @@
 //! The matmul kernel's arithmetic: one output element per thread (a tiled kernel computes the
 //! same thing), accumulated over `k` in increasing order from `0.0` as `acc + a·b` with two
-//! roundings (no FMA).
+//! roundings (no FMA). A product with few output tiles is split along `k`
+//! ([`Gemm::k_chunk`]): each run of `k` is summed that way from `0.0`, then the runs' sums are
+//! added in increasing order from `0.0` (the kernels `tl_gemm` and `tl_gemm_sum_splits`).
 
 use crate::device::Gemm;
 
-/// `out (m, n) = op(a) · op(b)` for one batch entry.
-pub fn gemm(a: &[f32], b: &[f32], g: Gemm, out: &mut [f32]) {
+/// `out (m, n) = op(a) · op(b)` for one of `batch` products (the split is the whole batch's:
+/// [`Gemm::k_chunk`]).
+pub fn gemm(a: &[f32], b: &[f32], g: Gemm, batch: usize, out: &mut [f32]) {
     let Gemm { m, k, n, ta, tb } = g;
+    let chunk = g.k_chunk(batch);
     for i in 0..m {
         for j in 0..n {
-            let mut acc = 0.0f32;
-            for p in 0..k {
-                let av = if ta { a[p * m + i] } else { a[i * k + p] };
-                let bv = if tb { b[j * k + p] } else { b[p * n + j] };
-                acc += av * bv;
-            }
-            out[i * n + j] = acc;
+            let run = |p0: usize, p1: usize| {
+                let mut acc = 0.0f32;
+                for p in p0..p1 {
+                    let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                    let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                    acc += av * bv;
+                }
+                acc
+            };
+            out[i * n + j] = if chunk >= k {
+                run(0, k)
+            } else {
+                (0..k)
+                    .step_by(chunk)
+                    .fold(0.0f32, |acc, p0| acc + run(p0, (p0 + chunk).min(k)))
+            };
         }
     }
 }
@@ -32,6 +45,7 @@ mod tests {
             &[1.0, 2.0, 3.0, 4.0],
             &[5.0, 6.0],
             Gemm::nn(2, 2, 1),
+            1,
             &mut out,
         );
         assert_eq!(out, [17.0, 39.0]);
@@ -40,6 +54,7 @@ mod tests {
             &[1.0, 3.0, 2.0, 4.0],
             &[5.0, 6.0],
             Gemm::nn(2, 2, 1).with_t(true, false),
+            1,
             &mut out,
         );
         assert_eq!(out, [17.0, 39.0]);
@@ -48,8 +63,39 @@ mod tests {
             &[1.0, 2.0, 3.0, 4.0],
             &[5.0, 6.0],
             Gemm::nn(2, 2, 1).with_t(false, true),
+            1,
             &mut out,
         );
         assert_eq!(out, [17.0, 39.0]);
+    }
+
+    #[test]
+    fn a_split_product_adds_the_runs_sums_in_order() {
+        // One output over k = 4096 (one tile): split into runs of `k_chunk`.
+        let k = 4096;
+        let g = Gemm::nn(1, k, 1);
+        let chunk = g.k_chunk(1);
+        assert!(chunk < k && chunk.is_multiple_of(16), "chunk {chunk}");
+        assert_eq!(g.k_splits(1), k.div_ceil(chunk));
+        let a: Vec<f32> = (0..k).map(|p| 1.0 + (p as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k).map(|p| (p as f32 * 0.11).cos() * 1e-3).collect();
+        let mut out = [0.0f32];
+        gemm(&a, &b, g, 1, &mut out);
+        let want = a
+            .chunks(chunk)
+            .zip(b.chunks(chunk))
+            .map(|(x, y)| x.iter().zip(y).fold(0.0f32, |s, (p, q)| s + p * q))
+            .fold(0.0f32, |s, r| s + r);
+        assert_eq!(out[0].to_bits(), want.to_bits());
+        let straight = a.iter().zip(&b).fold(0.0f32, |s, (p, q)| s + p * q);
+        assert_ne!(
+            want.to_bits(),
+            straight.to_bits(),
+            "the orders must differ here"
+        );
+        // Many tiles, or a short k: no split.
+        assert_eq!(Gemm::nn(512, k, 512).k_chunk(1), k);
+        assert_eq!(Gemm::nn(1, 200, 1).k_chunk(1), 200);
+        assert_eq!(Gemm::nn(1, 0, 1).k_chunk(1), 1);
     }
 }

@@ -60,7 +60,8 @@ pub fn bwd_x(x: &[f32], st: &[f32], gamma: &[f32], g: &[f32], l: NormLayout, dx:
     }
 }
 
-/// `(dγ, dβ)`: per feature, `Σ g·x̂` and `Σ g` in increasing index order.
+/// `(dγ, dβ)`: per feature, `Σ g·x̂` and `Σ g` in increasing index order — or, where
+/// [`NormLayout::affine_by_block`], each by one block in the block order ([`block_sum`]).
 pub fn bwd_affine(
     x: &[f32],
     st: &[f32],
@@ -69,29 +70,23 @@ pub fn bwd_affine(
     dgamma: &mut [f32],
     dbeta: &mut [f32],
 ) {
+    let by_block = l.affine_by_block();
     for f in 0..l.features() {
-        let (mut ag, mut ab) = (0.0f32, 0.0f32);
-        for_each_of_feature(l, f, |i| {
+        let terms = |e: usize| {
+            let i = l.feature_element(f, e);
             let k = (i / l.seg) % l.groups;
             let h = (x[i] - st[k]) * st[l.groups + k];
-            ab += g[i];
-            ag += g[i] * h;
-        });
-        dgamma[f] = ag;
-        dbeta[f] = ab;
-    }
-}
-
-/// Visit the elements of feature `f` in increasing index order.
-fn for_each_of_feature(l: NormLayout, f: usize, mut visit: impl FnMut(usize)) {
-    if l.per_column {
-        for r in 0..l.outer * l.groups {
-            visit(r * l.seg + f);
-        }
-    } else {
-        for e in 0..l.group_len() {
-            visit(l.index(f, e));
-        }
+            (g[i] * h, g[i])
+        };
+        let n = l.feature_len();
+        (dgamma[f], dbeta[f]) = if by_block {
+            (block_sum(n, |e| terms(e).0), block_sum(n, |e| terms(e).1))
+        } else {
+            (0..n).fold((0.0f32, 0.0f32), |(ag, ab), e| {
+                let (tg, tb) = terms(e);
+                (ag + tg, ab + tb)
+            })
+        };
     }
 }
 

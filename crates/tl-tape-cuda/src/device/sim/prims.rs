@@ -257,6 +257,7 @@ impl Launch for SimDevice {
             view(&self.live, OP, a)?,
             view(&self.live, OP, b)?,
             g,
+            1,
             &mut p,
         );
         let cs = self.live.get_mut(&c.id()).ok_or(Error::Released {
@@ -267,8 +268,12 @@ impl Launch for SimDevice {
         for (o, v) in cs.block[..c.len()].iter_mut().zip(p) {
             *o += v; // the kernel's __fadd_rn(out, sum)
         }
-        // One kernel on the device (the product and the add in its epilogue).
+        // One kernel on the device (the product and the add in its epilogue), two when the
+        // product is split along k (the add is then the second kernel's).
         self.traffic.launch();
+        if g.m * g.n > 0 && g.k_splits(1) > 1 {
+            self.traffic.launch();
+        }
         Ok(())
     }
 
