@@ -32,7 +32,7 @@ pub fn unit(key: u64, i: u64) -> f64 {
     f64::from(bits(key, i)) / 4_294_967_296.0
 }
 
-/// The uniform value of element `i` in `T`: [`unit`] rounded to the nearest `T`, kept in
+/// The uniform value of element `i` in `T`: [`unit()`] rounded to the nearest `T`, kept in
 /// `[0, 1)`. PyTorch: one element of `torch.rand`.
 ///
 /// In `f64` this is exactly `u / 2³²`. Rounding to `f32` would give exactly `1.0` for the top

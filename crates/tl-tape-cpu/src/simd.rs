@@ -172,7 +172,7 @@ impl<T, F: Fn(T, T, T) -> T + Copy + Sync> Map3<T> for F {
 }
 
 /// `f` at every element of `x`, the loop compiled for the chosen instruction set
-/// ([`vectorize`]) and cut across threads when long enough ([`crate::par::chunks`]).
+/// ([`vectorize`]) and cut across threads when long enough (`crate::par::chunks`).
 #[inline(always)]
 pub fn map<T: Scalar>(x: &[T], f: impl Map1<T>) -> Vec<T> {
     fill(x.len(), 2, &|r, out| {

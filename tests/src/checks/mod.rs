@@ -22,9 +22,9 @@ pub use backward::{backward_case, check_backward, check_backward_dag};
 pub use finite_diff::{FD_STEP, check_finite_diff, check_finite_diff_dag, fd_case, fd_dag_case};
 pub use forward::{check_forward, check_forward_dag, forward_case};
 pub use session::{
-    SESSION_CASES, check_session, check_session_cpu_dag, check_session_dag, check_session_sim,
-    check_session_sim_dag, replay_ops, session_case, session_cfg, session_cpu_case,
-    session_sim_case,
+    SESSION_CASES, check_session, check_session_cpu_dag, check_session_dag, check_session_dag_on,
+    check_session_on, check_session_sim, check_session_sim_dag, replay_ops, session_case,
+    session_cfg, session_cpu_case, session_device_case, session_sim_case,
 };
 
 use proptest::prelude::*;

@@ -217,7 +217,17 @@ pub fn session_cpu_case(case: &GraphCase, tol: &Tol) -> CaseResult {
 /// session (f64, on the same f32-rounded inputs and seed) agree within the f32 tolerance; a
 /// program using an op with no CUDA formula is [`CaseError::Pending`].
 pub fn session_sim_case(case: &GraphCase, tol: &Tol) -> Result<Measured, CaseError> {
-    let eager = match eager_pending::<f32>(case, Backend::CudaSim).map_err(CaseError::Fail)? {
+    session_device_case(case, tol, Backend::CudaSim)
+}
+
+/// [`session_sim_case`] with the eager session on `backend` (`Backend::Cuda`: a real GPU, or
+/// the kernel emulator).
+pub fn session_device_case(
+    case: &GraphCase,
+    tol: &Tol,
+    backend: Backend,
+) -> Result<Measured, CaseError> {
+    let eager = match eager_pending::<f32>(case, backend).map_err(CaseError::Fail)? {
         Ok(r) => r,
         Err(op) => return Err(CaseError::Pending(op)),
     };
@@ -244,14 +254,20 @@ pub fn check_session(entry: &OpInfo, cfg: &RunConfig) -> Report {
 /// Check 5 ("5 sess sim") for a registry entry: eager CUDA-sim vs linked; pending where the op
 /// has no CUDA formula.
 pub fn check_session_sim(entry: &OpInfo, cfg: &RunConfig) -> Report {
+    check_session_on(entry, cfg, Backend::CudaSim, "cuda-sim")
+}
+
+/// Check 5 for a registry entry with the eager session on `backend` (reported as `name`)
+/// against the linked session, as [`check_session_sim`].
+pub fn check_session_on(entry: &OpInfo, cfg: &RunConfig, backend: Backend, name: &str) -> Report {
     let tol = entry.tol;
     run_check_pending(
-        format!("5 sess {} cuda-sim-f32 vs linked", entry.name),
+        format!("5 sess {} {name}-f32 vs linked", entry.name),
         &session_cfg(cfg),
         op_graph_cases(entry),
         OnPending::PendCell,
         &[],
-        |c| session_sim_case(c, &tol),
+        |c| session_device_case(c, &tol, backend),
     )
 }
 
@@ -268,14 +284,19 @@ pub fn check_session_cpu_dag(cfg: &RunConfig) -> Report {
 /// Check 5 ("5 sess sim") on random DAGs: programs needing an op with no CUDA formula are
 /// skipped and listed.
 pub fn check_session_sim_dag(cfg: &RunConfig) -> Report {
+    check_session_dag_on(cfg, Backend::CudaSim, "cuda-sim")
+}
+
+/// Check 5 on random DAGs with the eager session on `backend` (reported as `name`).
+pub fn check_session_dag_on(cfg: &RunConfig, backend: Backend, name: &str) -> Report {
     let known: Vec<&'static str> = sim_pending_ops().iter().copied().collect();
     run_check_pending(
-        "5 sess dag cuda-sim-f32 vs linked".into(),
+        format!("5 sess dag {name}-f32 vs linked"),
         &session_cfg(cfg),
         sim_dag_cases(DagOptions::default()),
         OnPending::SkipCase,
         &known,
-        |c| session_sim_case(c, &DAG_TOL),
+        |c| session_device_case(c, &DAG_TOL, backend),
     )
 }
 

@@ -5,10 +5,10 @@
 //!   [`PENDING`](crate::PENDING) instead of failing (per op) or keeps it out of the random DAGs
 //!   (listed in the report).
 //! - 6 (≈cpu): the sim and the CPU f32 tape on the same inputs give the same values and
-//!   gradients: within [`OpInfo::ulps`] ulps for pointwise and shape ops (both evaluate the
+//!   gradients: within `OpInfo::ulps` ulps for pointwise and shape ops (both evaluate the
 //!   same f32 formulas with the host's libm), within the f32 tolerance scaled by reduction
 //!   length for the others and for random DAGs.
-//! - Kinks: for ops with conventions at kinks, ties and bounds ([`OpInfo::kinks`]), a quarter
+//! - Kinks: for ops with conventions at kinks, ties and bounds (`OpInfo::kinks`), a quarter
 //!   of the cases of every per-op sim check sit on them ([`sim_graph_cases`]).
 //! - 6 (det): with deterministic mode on ([`tl_tape_cuda::determinism`]), three runs of the
 //!   same case — a fresh device, then one device twice (its allocator's cached blocks then hold
@@ -73,7 +73,7 @@ pub fn flag_lock() -> MutexGuard<'static, ()> {
 }
 
 /// The per-op cases of the sim checks: [`op_graph_cases`], and for an entry with
-/// [`OpInfo::kinks`] one case in four from those (small three times in four).
+/// `OpInfo::kinks` one case in four from those (small three times in four).
 pub fn sim_graph_cases(entry: &OpInfo) -> BoxedStrategy<GraphCase> {
     match entry.kinks {
         None => op_graph_cases(entry),
@@ -396,7 +396,7 @@ pub fn determinism_on_case<D: Device>(
 
 /// One case of the device = sim check: deterministic mode on, the CUDA tape on a fresh `D`
 /// (from `device`) gives the sim's values and (with `grads`) dense gradients bit for bit, the
-/// sign of a zero aside (see [`bit_differences`]).
+/// sign of a zero aside (see `bit_differences`).
 pub fn device_vs_sim_case<D: Device>(
     case: &GraphCase,
     grads: bool,
@@ -555,7 +555,7 @@ pub fn check_device_vs_sim_dag<D: Device>(
 }
 
 /// Check 6 (≈cpu) for a registry entry (gradients too where check 2 applies): in ulps for
-/// pointwise and shape ops ([`OpInfo::ulps`]), within the scaled f32 tolerance otherwise.
+/// pointwise and shape ops (`OpInfo::ulps`), within the scaled f32 tolerance otherwise.
 pub fn check_sim_vs_cpu(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let label = format!("6 ≈cpu {} cuda-sim", entry.name);
     let (tol, grads, ulps) = (entry.tol, entry.applies.backward, entry.ulps);

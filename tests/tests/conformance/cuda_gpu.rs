@@ -14,7 +14,9 @@
 //!   variances, logits of ±80, `exp` near overflow);
 //! - the past-one-grid cases within the grid tolerance of the sim;
 //! - check 6 (det) on the GPU itself: deterministic mode on, three runs (a fresh device twice,
-//!   then the second again, its pool's cached blocks holding stale data) bit for bit.
+//!   then the second again, its pool's cached blocks holding stale data) bit for bit;
+//! - check 5: the eager session on `Backend::Cuda` against the linked session (f64, on the same
+//!   f32-rounded inputs), every registry entry and random DAGs.
 //!
 //! It is not held to the sim's bits or to the sim within the f32 tolerance: two f32 backends
 //! each within `tol` of the reference may be `2·tol` apart, and were (a random DAG through a
@@ -29,9 +31,11 @@ use tl_conformance::checks::grid::{check_grid_device_within, grid_cases};
 use tl_conformance::checks::hard::{check_hard, check_hard_families, families};
 use tl_conformance::checks::sim::{check_deterministic_dag_on, check_deterministic_on};
 use tl_conformance::checks::{
-    check_backward, check_backward_dag, check_forward, check_forward_dag,
+    check_backward, check_backward_dag, check_forward, check_forward_dag, check_session_dag_on,
+    check_session_on,
 };
 use tl_conformance::{Check, OpInfo, Report, RunConfig, assert_all_passed, registry};
+use tl_session::Backend;
 use tl_tape_cuda::{CudaDevice, Device};
 
 /// Whether a GPU answers; prints the skip line the bundle's run.sh looks for when not.
@@ -160,4 +164,19 @@ fn past_one_grid_the_gpu_is_within_tolerance_of_the_sim() {
     }
     let reports = check_grid_device_within("cuda", CudaDevice::new);
     summarise("grid", &reports, grid_cases().len() as u32);
+}
+
+#[test]
+fn check_5_the_eager_session_on_the_gpu_agrees_with_the_linked_session() {
+    if !gpu() {
+        return;
+    }
+    let cfg = cfg();
+    let session_cases = tl_conformance::checks::session_cfg(&cfg).cases;
+    let mut reports: Vec<Report> = entries()
+        .iter()
+        .map(|e| check_session_on(e, &cfg, Backend::Cuda, "cuda"))
+        .collect();
+    reports.push(check_session_dag_on(&cfg, Backend::Cuda, "cuda"));
+    summarise("session", &reports, session_cases);
 }

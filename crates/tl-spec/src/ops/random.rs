@@ -34,7 +34,7 @@ pub fn dropout_params(keep: f64) -> Result<()> {
 /// Uniform values in `[0, 1)`: element `i` is `rng::uniform(key(seed, counter), i)` (exactly
 /// `u/2³²` in f64; rounded and kept below 1 in f32). PyTorch: `torch.rand(shape)` (other bits).
 ///
-/// The shape comes from the op's parameter: an [`Error::TooLarge`](crate::Error::TooLarge) when
+/// The shape comes from the op's parameter: an [`Error::TooLarge`] when
 /// it cannot be allocated (see [`crate::alloc`]).
 pub fn rand_uniform<T: Scalar>(shape: &Shape, seed: u64, counter: u64) -> Result<Tensor<T>> {
     let k = rng::key(seed, counter);
@@ -44,7 +44,7 @@ pub fn rand_uniform<T: Scalar>(shape: &Shape, seed: u64, counter: u64) -> Result
 /// The 0/1 mask: element `i` is 1 if `keep > u_i/2³²`, else 0. PyTorch:
 /// `torch.bernoulli(torch.full(shape, keep))` (other bits).
 ///
-/// An [`Error::TooLarge`](crate::Error::TooLarge) when the shape cannot be allocated.
+/// An [`Error::TooLarge`] when the shape cannot be allocated.
 pub fn bernoulli_mask<T: Scalar>(
     shape: &Shape,
     keep: f64,

@@ -1,8 +1,8 @@
 //! `gelu` (tanh approximation, as PyTorch's `approximate="tanh"`) and `silu`: one pass over
 //! contiguous slices each, forward and backward. Both are stable for large |x|: tanh and the
 //! sigmoid saturate, and the GELU derivative drops its second term once tanh has saturated.
-//! In f32 the GELU's tanh is [`approx::tanh`] (the loops vectorize), the one the simulation
-//! device and the CUDA kernel use, so all three give the same bits.
+//! In f32 the GELU's tanh is [`tl_spec::approx::tanh_f32`] (the loops vectorize), the one the
+//! simulation device and the CUDA kernel use, so all three give the same bits.
 
 use smallvec::smallvec;
 use tl_ir::Op;

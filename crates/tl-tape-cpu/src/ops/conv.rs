@@ -8,7 +8,7 @@
 //! - convTranspose: `y = col2im(Wᵀ·x) + b`; backward `dx = W·im2col(G)`,
 //!   `dW += x·im2col(G)ᵀ`, `db = Σ G`.
 //!
-//! The window index table is built once per call ([`super::window`]); im2col and col2im are
+//! The window index table is built once per call (`super::window`); im2col and col2im are
 //! flat gathers/scatters through it, with one `cols` buffer reused across the batch entries of
 //! a thread. Batch entries are independent in the forward pass and in conv's input cotangent,
 //! which split across threads ([`crate::par`]); the weight and bias cotangents sum over the

@@ -11,7 +11,7 @@
 //! - [`linalg`] — `matmul`, `bmm`, `linear` through [`crate::gemm`]
 //! - [`softmax`] — row softmax and log-softmax along the last axis
 //! - [`loss`] — `mseLoss`; [`cross_entropy`] — `crossEntropy` (labels from the Nat environment)
-//! - [`concat`] — `concat0`, `sliceRange0` (Shape family); [`activation`] — `gelu`, `silu`
+//! - [`mod@concat`] — `concat0`, `sliceRange0` (Shape family); [`activation`] — `gelu`, `silu`
 //!   (Elementwise family)
 //! - [`index`] — gathers (static, raw, Nat-environment, index-tensor) and scatter-adds
 //! - [`loss`] — `mseLoss`

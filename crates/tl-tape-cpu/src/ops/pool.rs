@@ -1,7 +1,7 @@
 //! Pooling kernels: `maxPool`, `avgPool` and `smoothMaxPool`, N-D (spatial rank 1..=8), on
 //! `(C, s..)` or `(N, C, s..)` operands.
 //!
-//! One pass per channel plane over the window index table ([`super::window`]), kernel offsets
+//! One pass per channel plane over the window index table (`super::window`), kernel offsets
 //! outer and output cells inner, with per-output accumulators allocated once per block of
 //! planes (planes are independent and split across threads, [`crate::par`]):
 //! - maxPool keeps the running max and its cell (strict `>`, so a tie keeps the first cell in
@@ -9,7 +9,7 @@
 //!   backward recomputes the argmax and scatters `g` to it. Without padding both run on
 //!   branch-free selects (the comparison is a coin flip on activations); windows whose last
 //!   axis is two cells at stride two (every 2×2/2 pool) read whole rows of cells through
-//!   [`Pairs`] instead of the index table. Every path picks the same cells.
+//!   `Pairs` instead of the index table. Every path picks the same cells.
 //! - avgPool sums the real cells and divides by the kernel volume; the backward scatters
 //!   `g / volume`.
 //! - smoothMaxPool takes the pivot (max for β > 0, min for β < 0) over the window values with

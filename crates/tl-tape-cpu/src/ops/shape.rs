@@ -5,7 +5,7 @@
 //! Every permutation here is a batched 2-D transpose of contiguous blocks:
 //! (a, b, c) → (b, c, a) transposes the (a, b·c) matrix, (a, b, c) → (c, a, b) transposes (a·b, c),
 //! swapping adjacent axes (p, q) of (pre, p, q, post) transposes `pre` matrices of (p, q) cells of
-//! `post` contiguous elements. [`transpose_into`] does the 2-D case in cache-sized blocks.
+//! `post` contiguous elements. `transpose_into` does the 2-D case in cache-sized blocks.
 
 use smallvec::{SmallVec, smallvec};
 use tl_ir::Op;

@@ -1,8 +1,8 @@
 //! `spectralConv1dRfft`: the FNO spectral convolution.
 //!
-//! For `f32` and `f64` (every scalar type the tapes use) the kernel is [`fft`]: a real FFT of
+//! For `f32` and `f64` (every scalar type the tapes use) the kernel is `fft`: a real FFT of
 //! each channel through `realfft`/`rustfft`, the per-mode complex channel mix, inverse real
-//! FFTs. Any other `Scalar` type falls back to a direct DFT over the kept modes only ([`Plan`]:
+//! FFTs. Any other `Scalar` type falls back to a direct DFT over the kept modes only (`Plan`:
 //! cost `2·N·M·W` per transform, cos/sin tables built once per call from the N twiddles of the
 //! grid, angle index `(k·t) mod N`, the inverse's `α_k/N` folded in). Both were measured at FNO
 //! sizes (`benches/spectral.rs`): the FFT ties or wins from grid 64 × width 64 on and is

@@ -37,7 +37,7 @@ use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
 pub use bias::{Act, BiasLayout};
-pub use buffer::{Buffer, Gemm};
+pub use buffer::{Buffer, Gemm, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES};
 use check::{BroadcastPlan, PermutePlan};
 pub use launch::Launch;
 pub use norm::NormLayout;
