@@ -89,7 +89,7 @@ impl Gemm {
     /// itself (at least 1) when the `batch` products' 64×64 output tiles are
     /// [`SPLIT_K_TILES`] or more, or `k` is under two [`SPLIT_K_MIN_CHUNK`]s; otherwise `k` in
     /// up to `min(k / SPLIT_K_MIN_CHUNK, ⌈256 / tiles⌉, SPLIT_K_MAX)` runs, each a multiple of
-    /// 16. A conv's weight gradient (a 16×72 output over `k` = 50 176) is one tile: one
+    /// 16. A conv's weight gradient (an 8×9 output over `k` = 50 176) is one tile: one
     /// block summing all of `k` took 2 ms on an H100. A function of the shape alone, so the
     /// simulation device splits the same way ([`crate::device::sim::linalg::gemm`]).
     pub fn k_chunk(&self, batch: usize) -> usize {
