@@ -11,7 +11,8 @@
 //! loader would pick it), keeps each log, prints a summary table (per binary pass/FAIL/SKIPPED,
 //! and the per-family `GPU-SUMMARY` lines of the gpu tests: max error vs the simulation device,
 //! pass/FAIL), then runs the bench and the PyTorch script, which prints ours beside PyTorch
-//! eager with issue 7's GPU targets.
+//! eager with issue 7's GPU targets. `cli/tl` (tl-cli built with `--features cuda`) trains the
+//! mlp and the cnn on the CPU and then on the GPU, and run.sh prints each run's last line.
 
 use std::fs;
 use std::path::Path;
@@ -84,12 +85,15 @@ pub fn build() -> Result<(), String> {
     // Issue 7's GPU bench (steps, matmul, elementwise bandwidth), joined with PyTorch's figures
     // by benches/gpu/torch_bench.py on the GPU machine.
     let benches = build_exes("bench", &[&["-p", "tl-session", "--bench", "gpu"]])?;
+    // The README's main job on the GPU: `tl train --backend cuda`.
+    let cli = build_cli()?;
     let dir = util::root().join("gpu-bundle");
     if dir.exists() {
         fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let names = copy_stripped(&tests, &dir.join("bin"))?;
     let bench_names = copy_stripped(&benches, &dir.join("bench"))?;
+    copy_stripped(&[cli], &dir.join("cli"))?;
     let script = util::root().join("benches/gpu/torch_bench.py");
     fs::copy(&script, dir.join("torch_bench.py"))
         .map_err(|e| format!("copy {}: {e}", script.display()))?;
@@ -107,16 +111,43 @@ pub fn build() -> Result<(), String> {
     Ok(())
 }
 
+/// `cargo build --release --features cuda -p tl-cli` against the stub; the `tl` executable.
+fn build_cli() -> Result<String, String> {
+    let json = util::output(
+        Command::new(util::cargo())
+            .current_dir(util::root())
+            .env("CUDA_LIBRARY_PATH", stub::root())
+            .args([
+                "build",
+                "--release",
+                "--features",
+                "cuda",
+                "-p",
+                "tl-cli",
+                "--bin",
+                "tl",
+            ])
+            .arg("--message-format=json"),
+    )?;
+    json.lines()
+        .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
+        .find_map(|l| executable(l).filter(|e| e.ends_with("/tl")))
+        .ok_or_else(|| "cargo build -p tl-cli reported no `tl` executable".to_owned())
+}
+
+/// The `"executable":"…"` path of one JSON message, if it names one.
+fn executable(line: &str) -> Option<String> {
+    let key = "\"executable\":\"";
+    let i = line.find(key)? + key.len();
+    let end = line[i..].find('"')?;
+    Some(line[i..i + end].to_owned())
+}
+
 /// The `"executable":"…"` paths of cargo's JSON messages (test artifacts only).
 fn executables(json: &str) -> Vec<String> {
-    let key = "\"executable\":\"";
     json.lines()
         .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && test_profile(l))
-        .filter_map(|l| {
-            let i = l.find(key)? + key.len();
-            let end = l[i..].find('"')?;
-            Some(l[i..i + end].to_owned())
-        })
+        .filter_map(executable)
         .collect()
 }
 
@@ -168,6 +199,13 @@ echo "== summary: op families (max relative error: the gpu tests against the sim
 echo "   conformance-*: checks 1 and 2 against the f64 IR, the grid cases against the sim, repeat-bits: differing elements)"
 printf '%-28s %-12s %s\n' family max_err result
 grep -ho 'GPU-SUMMARY .*' logs/*.log | awk '{ printf "%-28s %-12s %s\n", $2, $3, $4 }'
+echo "== the README's main job on this GPU: tl train, CPU then --backend cuda (test accuracy)"
+for m in mlp cnn; do
+    for b in cpu cuda; do
+        line=$(timeout "${TL_TRAIN_TIMEOUT:-300}" cli/tl train --model "$m" --backend "$b" 2>&1 | tail -n 1)
+        printf '%-4s %-5s %s\n' "$m" "$b" "$line"
+    done
+done
 echo "== benchmark: ours vs PyTorch eager on this GPU (issue 7)"
 for b in bench/*; do
     timeout "${TL_BENCH_TIMEOUT:-180}" "$b" --backend cuda > logs/ours.jsonl 2> logs/bench.err
