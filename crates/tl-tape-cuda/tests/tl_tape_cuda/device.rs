@@ -286,9 +286,19 @@ fn few_tile_products_split_k_in_two_launches_and_long_axis_sums_take_a_block() {
     for (e, (o, (c, v))) in acc.iter().zip(c0.iter().zip(&got)).enumerate() {
         assert_eq!(o.to_bits(), (c + v).to_bits(), "element {e}");
     }
-    // A product with many tiles is one kernel.
-    let big = Gemm::nn(64 * 8, 1, 64 * 8);
-    assert_eq!(big.k_splits(1), 1);
+    // A short k is not split: one kernel (many tiles: the unit test in sim/linalg.rs).
+    let short = Gemm::nn(m, 200, n);
+    let (sa, sb) = (
+        dev.upload(&a[..m * 200]).unwrap(),
+        dev.upload(&b[..200 * n]).unwrap(),
+    );
+    let before = launches(&dev);
+    dev.matmul(sa, sb, short).unwrap();
+    assert_eq!(
+        launches(&dev) - before,
+        1,
+        "an unsplit product is one kernel"
+    );
     // Axis sums: (3, 1000, 1) takes the block order; (3, 40, 1) the sequential one.
     let x: Vec<f32> = (0..3000).map(|i| (i as f32 * 0.31).sin() * 1e3).collect();
     let xb = dev.upload(&x).unwrap();

@@ -80,7 +80,9 @@ pub fn bwd_affine(
         };
         let n = l.feature_len();
         (dgamma[f], dbeta[f]) = if by_block {
-            (block_sum(n, |e| terms(e).0), block_sum(n, |e| terms(e).1))
+            // Each term once: the kernel's one pass feeds both trees.
+            let (tg, tb): (Vec<f32>, Vec<f32>) = (0..n).map(terms).unzip();
+            (block_sum(n, |e| tg[e]), block_sum(n, |e| tb[e]))
         } else {
             (0..n).fold((0.0f32, 0.0f32), |(ag, ab), e| {
                 let (tg, tb) = terms(e);
