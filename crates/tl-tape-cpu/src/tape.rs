@@ -55,6 +55,9 @@ pub struct Node<T: Scalar> {
     name: Option<String>,
     /// The Nat environment this node read (only for ops that read it).
     nats: Option<Arc<Vec<usize>>>,
+    /// What the op's forward kept for its backward ([`ops::forward_saving`]); only for nodes
+    /// that require grad, given to the pool by [`Tape::clear`].
+    saved: Option<Arc<Vec<Vec<T>>>>,
 }
 
 impl<T: Scalar> Node<T> {
@@ -77,6 +80,11 @@ impl<T: Scalar> Node<T> {
     /// Optional debugging name.
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
+    }
+    /// What the forward kept for the backward ([`ops::forward_saving`]); empty for most ops
+    /// and for every node that does not require grad.
+    pub fn saved(&self) -> &[Vec<T>] {
+        self.saved.as_deref().map_or(&[], Vec::as_slice)
     }
 }
 
@@ -223,6 +231,9 @@ impl<T: Scalar> Tape<T> {
         }
         for node in self.nodes.drain(..) {
             pool.recycle(node.value);
+            if let Some(saved) = node.saved.and_then(|s| Arc::try_unwrap(s).ok()) {
+                saved.into_iter().for_each(|b| pool.put(b));
+            }
         }
         self.nats = Arc::new(Vec::new());
     }
@@ -241,6 +252,7 @@ impl<T: Scalar> Tape<T> {
             requires_grad,
             name: name.map(str::to_owned),
             nats: None,
+            saved: None,
         });
         self.nodes.len() - 1
     }
@@ -285,8 +297,9 @@ impl<T: Scalar> Tape<T> {
         parents: &[Id],
         value: Tensor<T>,
         differentiable: bool,
+        saved: Vec<Vec<T>>,
     ) -> Id {
-        let requires_grad = differentiable && parents.iter().any(|&p| self.nodes[p].requires_grad);
+        let requires_grad = self.grad_flows(differentiable, parents);
         let nats = match &kind {
             NodeKind::Op(op) if op.reads_nats() => Some(Arc::clone(&self.nats)),
             _ => None,
@@ -298,15 +311,23 @@ impl<T: Scalar> Tape<T> {
             requires_grad,
             name: None,
             nats,
+            saved: (!saved.is_empty()).then(|| Arc::new(saved)),
         });
         self.nodes.len() - 1
     }
 
+    /// Whether a node on `parents` will require grad: its op is `differentiable` and a parent
+    /// requires grad.
+    fn grad_flows(&self, differentiable: bool, parents: &[Id]) -> bool {
+        differentiable && parents.iter().any(|&p| self.nodes[p].requires_grad)
+    }
+
     /// Apply a built-in op to `parents`: the shape rule is checked first, then the output's size
-    /// against the allocation cap ([`tl_spec::alloc`]), then the CPU kernel runs. On error the
-    /// tape is unchanged.
+    /// against the allocation cap ([`tl_spec::alloc`]), then the CPU kernel runs. A node that
+    /// will require grad keeps what its backward reads ([`ops::forward_saving`]: attention's
+    /// intermediates) until [`Tape::clear`]. On error the tape is unchanged.
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
-        let value = {
+        let (value, saved) = {
             let inputs = self.inputs(op.name(), parents)?;
             let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
             let shape = op.infer_shape(&shapes)?;
@@ -314,7 +335,11 @@ impl<T: Scalar> Tape<T> {
             tl_spec::alloc::check_shape::<T>(op.name(), &shape)?;
             let mut pool = self.pool();
             let _installed = pool::install(&mut pool);
-            let value = ops::forward(op, &inputs, &self.nats)?;
+            let (value, saved) = if self.grad_flows(op.is_differentiable(), parents) {
+                ops::forward_saving(op, &inputs, &self.nats)?
+            } else {
+                (ops::forward(op, &inputs, &self.nats)?, Vec::new())
+            };
             if value.shape() != &shape {
                 return Err(Error::Shape {
                     what: format!("{} kernel output", op.name()),
@@ -323,13 +348,14 @@ impl<T: Scalar> Tape<T> {
                     got: value.shape().clone(),
                 });
             }
-            value
+            (value, saved)
         };
         Ok(self.push(
             NodeKind::Op(op.clone()),
             parents,
             value,
             op.is_differentiable(),
+            saved,
         ))
     }
 
@@ -352,7 +378,7 @@ impl<T: Scalar> Tape<T> {
             }
             value
         };
-        Ok(self.push(NodeKind::Custom(op), parents, value, true))
+        Ok(self.push(NodeKind::Custom(op), parents, value, true, Vec::new()))
     }
 
     /// Dense reverse accumulation: gradients of `out` (cotangent `seed`) for every node id.
@@ -489,7 +515,8 @@ impl<T: Scalar> Tape<T> {
                         .collect();
                     {
                         let nats = node.nats.as_deref().map_or(&[][..], Vec::as_slice);
-                        ops::backward_needed(op, &inputs, &node.value, g, &needed, nats)?
+                        let saved = node.saved.as_deref().map_or(&[][..], Vec::as_slice);
+                        ops::backward_needed(op, &inputs, &node.value, g, &needed, nats, saved)?
                     }
                 }
                 NodeKind::Custom(c) => c.backward(&inputs, &node.value, g)?.into_iter().collect(),

@@ -10,7 +10,7 @@ use tl_spec::{Scalar, Tensor};
 
 use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
 use crate::Result;
-use crate::simd::{self, Map1, Map2};
+use crate::simd::{self, Map1, Map2, Map3};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f64 = 0.044_715;
@@ -25,6 +25,21 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     }
 }
 
+/// `gelu`'s value and its `tanh` term `t` (what its backward reads, so that it evaluates no
+/// second tanh; [`backward_saved`]); `silu`: its value and nothing kept.
+pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
+    check_arity(op, x)?;
+    match op {
+        Op::Gelu => {
+            let gelu = Gelu::new();
+            let t = simd::map(x[0].data(), GeluTanh(gelu));
+            let y = simd::zip(x[0].data(), &t, GeluFromTanh(gelu));
+            Ok((tensor(x[0].shape().clone(), y)?, vec![t]))
+        }
+        _ => Ok((forward(op, x)?, Vec::new())),
+    }
+}
+
 /// Operand cotangent of `gelu` / `silu`.
 pub fn backward<T: Scalar>(
     op: &Op,
@@ -32,15 +47,38 @@ pub fn backward<T: Scalar>(
     y: &Tensor<T>,
     g: &Tensor<T>,
 ) -> Result<Grads<T>> {
+    backward_saved(op, x, y, g, &[])
+}
+
+/// [`backward`] reading `gelu`'s `t` from `saved` ([`forward_saving`]); with `saved` empty it
+/// evaluates the tanh again. The same bits either way; a list that does not fit is an error
+/// naming the op.
+pub fn backward_saved<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+    saved: &[Vec<T>],
+) -> Result<Grads<T>> {
     check_arity(op, x)?;
     let s = x[0].shape();
     check_shape(op, "output", y, s)?;
     check_shape(op, "cotangent", g, s)?;
     let one = T::one();
     let pairs = x[0].data().iter().zip(g.data());
-    let dx: Vec<T> = match op {
-        Op::Gelu => simd::zip(x[0].data(), g.data(), GeluBackward(Gelu::new())),
-        Op::Silu => pairs
+    let dx: Vec<T> = match (op, saved) {
+        (Op::Gelu, []) => simd::zip(x[0].data(), g.data(), GeluBackward(Gelu::new())),
+        (Op::Gelu, [t]) if t.len() == x[0].numel() => {
+            simd::zip3(x[0].data(), t, g.data(), GeluBackwardFromTanh(Gelu::new()))
+        }
+        (_, [_, ..]) => {
+            return Err(tl_spec::Error::shape(
+                op.name(),
+                format!("{} saved buffers do not fit the forward's", saved.len()),
+            )
+            .into());
+        }
+        (Op::Silu, []) => pairs
             .map(|(&v, &g)| {
                 let s = sigmoid(v);
                 s * (one + v * (one - s)) * g
@@ -83,25 +121,63 @@ impl<T: Scalar> Map1<T> for Gelu<T> {
     }
 }
 
+/// GELU's `t` at one element ([`Map1`]).
+#[derive(Clone, Copy)]
+struct GeluTanh<T>(Gelu<T>);
+
+impl<T: Scalar> Map1<T> for GeluTanh<T> {
+    #[inline(always)]
+    fn at(self, v: T) -> T {
+        self.0.t(v)
+    }
+}
+
+/// GELU's value from `(v, t)` ([`Map2`]): [`Gelu`]'s formula with its `t` given.
+#[derive(Clone, Copy)]
+struct GeluFromTanh<T>(Gelu<T>);
+
+impl<T: Scalar> Map2<T> for GeluFromTanh<T> {
+    #[inline(always)]
+    fn at(self, v: T, t: T) -> T {
+        self.0.half * v * (T::one() + t)
+    }
+}
+
 /// GELU's cotangent at one element from `(v, g)` ([`Map2`]).
 #[derive(Clone, Copy)]
 struct GeluBackward<T>(Gelu<T>);
 
 impl<T: Scalar> Map2<T> for GeluBackward<T> {
-    /// `(0.5(1 + t) + 0.5·v·sech²·√(2/π)·(1 + 3a·v²))·g`, the second term 0 once `sech² = 0`.
     #[inline(always)]
     fn at(self, v: T, g: T) -> T {
-        let Gelu { c, a, half } = self.0;
-        let one = T::one();
-        let t = self.0.t(v);
-        let sech2 = one - t * t;
-        let tail = if sech2 == T::zero() {
-            T::zero()
-        } else {
-            half * v * sech2 * c * (one + T::lit(3.0) * a * v * v)
-        };
-        (half * (one + t) + tail) * g
+        gelu_cotangent(self.0, v, self.0.t(v), g)
     }
+}
+
+/// GELU's cotangent at one element from `(v, t, g)` ([`Map3`]), `t` as the forward kept it.
+#[derive(Clone, Copy)]
+struct GeluBackwardFromTanh<T>(Gelu<T>);
+
+impl<T: Scalar> Map3<T> for GeluBackwardFromTanh<T> {
+    #[inline(always)]
+    fn at(self, v: T, t: T, g: T) -> T {
+        gelu_cotangent(self.0, v, t, g)
+    }
+}
+
+/// `(0.5(1 + t) + 0.5·v·sech²·√(2/π)·(1 + 3a·v²))·g` with `sech² = 1 − t²`, the second term 0
+/// once `sech² = 0`.
+#[inline(always)]
+fn gelu_cotangent<T: Scalar>(gelu: Gelu<T>, v: T, t: T, g: T) -> T {
+    let Gelu { c, a, half } = gelu;
+    let one = T::one();
+    let sech2 = one - t * t;
+    let tail = if sech2 == T::zero() {
+        T::zero()
+    } else {
+        half * v * sech2 * c * (one + T::lit(3.0) * a * v * v)
+    };
+    (half * (one + t) + tail) * g
 }
 
 /// The logistic sigmoid without overflow for either sign.

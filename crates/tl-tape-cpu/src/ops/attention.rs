@@ -10,7 +10,9 @@
 //! sequences while every step is still a GEMM (each block holds whole rows, so its softmax is
 //! exact: no online rescaling).
 //!
-//! The backward recomputes Q, K, V and C (the tape keeps only operands and output).
+//! Through the tape ([`forward_saving`], [`backward_saved`]) the backward reads Q, K, V, C and,
+//! unless `fused`, the probabilities A as the forward left them (PyTorch's saved tensors); called
+//! directly ([`forward`], [`backward`]) it recomputes them. The bits are the same either way.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -34,26 +36,63 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             softmax_rows(&mut y, n, |r| Some(mask.row(r % n)));
             tensor(x[0].shape().clone(), y)
         }
-        Op::MultiHeadAttention { heads, mask, fused } => {
-            let dm = dims(op, x, *heads, mask.as_ref())?;
-            let [q, k, v] = projections(op, &dm, x)?;
-            let block = core::block_rows(&dm, *fused);
-            let c = core::forward(op, &dm, [&q, &k, &v], mask.as_ref(), block)?;
-            let n_rows = dm.batch * dm.n;
-            let mut y = tl_spec::pool::for_overwrite(n_rows * dm.dm);
-            matmul(
-                op,
-                rows_mut(op, &mut y, n_rows, dm.dm)?,
-                false,
-                rows(op, &c, n_rows, dm.p)?,
-                rows(op, x[3].data(), dm.p, dm.dm)?,
-                T::one(),
-            )?;
-            [q, k, v, c].into_iter().for_each(tl_spec::pool::give);
-            tensor(x[4].shape().clone(), y)
+        Op::MultiHeadAttention { .. } => {
+            let (y, scratch) = mha_forward(op, x, false)?;
+            scratch.into_iter().for_each(tl_spec::pool::give);
+            Ok(y)
         }
         _ => Err(wrong_family(op, "attention")),
     }
+}
+
+/// `multiHeadAttention`'s value and what its backward reads, so that it does not compute them
+/// again (PyTorch's saved tensors): Q, K, V and C (each (B·n, P)), and unless the op is `fused`
+/// the probabilities A ((B, heads, n, n)). The fused form is the memory-lean one: it keeps
+/// O(B·n·P) floats, not O(B·heads·n²), and its backward recomputes A block by block. Any other
+/// op: its value and nothing saved. [`backward_saved`] takes the list back.
+pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
+    check_arity(op, x)?;
+    match op {
+        Op::MultiHeadAttention { .. } => mha_forward(op, x, true),
+        _ => Ok((forward(op, x)?, Vec::new())),
+    }
+}
+
+/// `multiHeadAttention`'s value with Q, K, V, C, and A where `keep_a` (the probabilities of
+/// every head at once) and the op is not `fused`.
+fn mha_forward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    keep_a: bool,
+) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
+    let Op::MultiHeadAttention { heads, mask, fused } = op else {
+        return Err(wrong_family(op, "attention"));
+    };
+    let dm = dims(op, x, *heads, mask.as_ref())?;
+    let [q, k, v] = projections(op, &dm, x)?;
+    let block = core::block_rows(&dm, *fused);
+    let mut a =
+        (keep_a && !fused).then(|| tl_spec::pool::for_overwrite(core::probabilities_len(&dm)));
+    let c = core::forward(
+        op,
+        &dm,
+        [&q, &k, &v],
+        mask.as_ref(),
+        block,
+        a.as_deref_mut(),
+    )?;
+    let n_rows = dm.batch * dm.n;
+    let mut y = tl_spec::pool::for_overwrite(n_rows * dm.dm);
+    matmul(
+        op,
+        rows_mut(op, &mut y, n_rows, dm.dm)?,
+        false,
+        rows(op, &c, n_rows, dm.p)?,
+        rows(op, x[3].data(), dm.p, dm.dm)?,
+        T::one(),
+    )?;
+    let saved = [q, k, v, c].into_iter().chain(a).collect();
+    Ok((tensor(x[4].shape().clone(), y)?, saved))
 }
 
 /// Operand cotangents of `maskedSoftmax` (one) / `multiHeadAttention` (wq, wk, wv, wo, x).
@@ -62,6 +101,20 @@ pub fn backward<T: Scalar>(
     x: &[&Tensor<T>],
     y: &Tensor<T>,
     g: &Tensor<T>,
+) -> Result<Grads<T>> {
+    backward_saved(op, x, y, g, &[])
+}
+
+/// [`backward`] reading what [`forward_saving`] kept (`saved`); with `saved` empty it
+/// recomputes Q, K, V, C and A from the operands. Either way the cotangents have the same bits
+/// (the same kernels in the same order produced them). A list that is not what the forward
+/// saves for these operands is an error naming the op.
+pub fn backward_saved<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+    saved: &[Vec<T>],
 ) -> Result<Grads<T>> {
     check_arity(op, x)?;
     check_shape(op, "cotangent", g, y.shape())?;
@@ -84,7 +137,19 @@ pub fn backward<T: Scalar>(
             let dm = dims(op, x, *heads, mask.as_ref())?;
             check_shape(op, "cotangent", g, x[4].shape())?;
             let (n_rows, p, dmod) = (dm.batch * dm.n, dm.p, dm.dm);
-            let [q, k, v] = projections(op, &dm, x)?;
+            // What the forward kept, or the same values computed again.
+            let recomputed = match saved {
+                [] => Some(projections(op, &dm, x)?),
+                _ => None,
+            };
+            let kept = match &recomputed {
+                Some([q, k, v]) => core::Kept {
+                    qkv: [q, k, v],
+                    c: None,
+                    a: None,
+                },
+                None => core::Kept::from_saved(op, &dm, *fused, saved)?,
+            };
             // y = C·wo: dC = g·woᵀ, dwo = Cᵀ·g.
             let gv = rows(op, g.data(), n_rows, dmod)?;
             let wo = rows(op, x[3].data(), p, dmod)?;
@@ -92,9 +157,9 @@ pub fn backward<T: Scalar>(
             let dcv = rows_mut(op, &mut dc, n_rows, p)?;
             matmul(op, dcv, false, gv, wo.t(), T::one())?;
             let block = core::block_rows(&dm, *fused);
-            let (c, dqkv) = core::backward(op, &dm, [&q, &k, &v], &dc, mask.as_ref(), block)?;
+            let (c, dqkv) = core::backward(op, &dm, &kept, &dc, mask.as_ref(), block)?;
+            let cv = rows(op, c.as_deref().or(kept.c).unwrap_or_default(), n_rows, p)?;
             let mut dwo = tl_spec::pool::for_overwrite(p * dmod);
-            let cv = rows(op, &c, n_rows, p)?;
             let dwov = rows_mut(op, &mut dwo, p, dmod)?;
             matmul(op, dwov, false, cv.t(), gv, T::one())?;
             // Q = x·wq: dwq = xᵀ·dQ, dx = Σ dQ·wqᵀ (likewise K, V).
@@ -113,10 +178,12 @@ pub fn backward<T: Scalar>(
             }
             dw.push(Some(tensor(x[3].shape().clone(), dwo)?));
             dw.push(Some(tensor(x[4].shape().clone(), dx)?));
-            // The scratch goes back to the tape's spares (crate::pool).
-            [q, k, v, dc, c]
-                .into_iter()
+            // The scratch goes back to the tape's spares (crate::pool); what the forward kept
+            // stays with the tape's node.
+            [dc].into_iter()
+                .chain(c)
                 .chain(dqkv)
+                .chain(recomputed.into_iter().flatten())
                 .for_each(tl_spec::pool::give);
             Ok(dw)
         }
@@ -266,6 +333,45 @@ pub mod core {
         }
     }
 
+    /// The length of the probabilities A of every sample and head, (B, heads, n, n).
+    pub fn probabilities_len(dm: &Dims) -> usize {
+        dm.batch * dm.heads * dm.n * dm.n
+    }
+
+    /// What the backward reads of the forward's intermediates: Q, K, V always; C and A where
+    /// the forward kept them (`None`: computed again).
+    pub struct Kept<'a, T> {
+        /// Q, K, V, each (B·n, P).
+        pub qkv: [&'a [T]; 3],
+        /// C (B·n, P), the heads' outputs before `wo`.
+        pub c: Option<&'a [T]>,
+        /// The probabilities, (B, heads, n, n).
+        pub a: Option<&'a [T]>,
+    }
+
+    impl<'a, T: Scalar> Kept<'a, T> {
+        /// The list [`super::forward_saving`] returns, checked against the dims: Q, K, V, C,
+        /// then A unless `fused`.
+        pub fn from_saved(op: &Op, dm: &Dims, fused: bool, saved: &'a [Vec<T>]) -> Result<Self> {
+            let len = dm.batch * dm.n * dm.p;
+            let lens = [len, len, len, len, probabilities_len(dm)];
+            let expected = if fused { &lens[..4] } else { &lens[..] };
+            let got: Vec<usize> = saved.iter().map(Vec::len).collect();
+            if got != expected {
+                return Err(SpecError::shape(
+                    op.name(),
+                    format!("saved buffers of lengths {got:?}, the forward keeps {expected:?}"),
+                )
+                .into());
+            }
+            Ok(Kept {
+                qkv: [&saved[0], &saved[1], &saved[2]],
+                c: Some(&saved[3]),
+                a: saved.get(4).map(Vec::as_slice),
+            })
+        }
+    }
+
     /// One sample's Q, K, V (n, P) and the head's (n, d) column blocks of them.
     struct Sample<'a, T> {
         qkv: [Mat<'a, T>; 3],
@@ -305,17 +411,29 @@ pub mod core {
         Ok(())
     }
 
-    /// C (B·n, P) from Q, K, V, `block` query rows at a time.
+    /// C (B·n, P) from Q, K, V, `block` query rows at a time; with `keep_a`
+    /// ([`probabilities_len`] long) the probabilities are written there too (`block` must then
+    /// be `n`: each head's scores are one block).
     pub fn forward<T: Scalar>(
         op: &Op,
         dm: &Dims,
         qkv: [&[T]; 3],
         mask: Option<&Mask>,
         block: usize,
+        mut keep_a: Option<&mut [T]>,
     ) -> Result<Vec<T>> {
         let Dims { n, p, d, heads, .. } = *dm;
+        if keep_a
+            .as_ref()
+            .is_some_and(|a| a.len() != probabilities_len(dm) || block < n)
+        {
+            return Err(SpecError::shape(op.name(), "probabilities buffer or block size").into());
+        }
         let mut c = tl_spec::pool::zeroed(dm.batch * n * p);
-        let mut s = tl_spec::pool::zeroed(block * n);
+        let mut scratch = match keep_a {
+            Some(_) => Vec::new(),
+            None => tl_spec::pool::zeroed(block * n),
+        };
         for (b, cb) in c.chunks_exact_mut((n * p).max(1)).enumerate() {
             let sample = Sample::new(op, dm, b, qkv)?;
             let mut cb = rows_mut(op, cb, n, p)?;
@@ -323,48 +441,61 @@ pub mod core {
                 let [qh, kh, vh] = sample.head(dm, h);
                 for i0 in (0..n).step_by(block) {
                     let r = block.min(n - i0);
-                    let s = &mut s[..r * n];
+                    let s = match keep_a.as_deref_mut() {
+                        Some(a) => &mut a[(b * heads + h) * n * n..][..r * n],
+                        None => &mut scratch[..r * n],
+                    };
                     probabilities(op, dm, qh, kh, mask, i0, r, s)?;
                     let out = cb.as_mut().block(i0, h * d, r, d);
                     matmul(op, out, false, rows(op, s, r, n)?, vh, T::one())?;
                 }
             }
         }
-        tl_spec::pool::give(s);
+        tl_spec::pool::give(scratch);
         Ok(c)
     }
 
-    /// `(C, [dQ, dK, dV])` from Q, K, V and dC, `block` query rows at a time.
+    /// `(C, [dQ, dK, dV])` from what the forward kept and dC, `block` query rows at a time: C
+    /// is computed (and returned) only when `kept` has none, A only when `kept` has none (the
+    /// same GEMMs and softmax as the forward, so the same bits).
     #[allow(clippy::type_complexity)]
     pub fn backward<T: Scalar>(
         op: &Op,
         dm: &Dims,
-        qkv: [&[T]; 3],
+        kept: &Kept<'_, T>,
         dc: &[T],
         mask: Option<&Mask>,
         block: usize,
-    ) -> Result<(Vec<T>, [Vec<T>; 3])> {
+    ) -> Result<(Option<Vec<T>>, [Vec<T>; 3])> {
         let Dims { n, p, d, heads, .. } = *dm;
         let scale = T::one() / T::lit(d as f64).sqrt();
         let len = dm.batch * n * p;
-        let mut out = [(); 4].map(|_| tl_spec::pool::zeroed(len));
-        let (mut s, mut ds) = (
-            tl_spec::pool::zeroed(block * n),
-            tl_spec::pool::zeroed(block * n),
-        );
+        if kept
+            .a
+            .is_some_and(|a| a.len() != probabilities_len(dm) || block < n)
+        {
+            return Err(SpecError::shape(op.name(), "probabilities buffer or block size").into());
+        }
+        let mut c = kept.c.is_none().then(|| tl_spec::pool::zeroed(len));
+        let mut out = [(); 3].map(|_| tl_spec::pool::zeroed(len));
+        let mut s = match kept.a {
+            Some(_) => Vec::new(),
+            None => tl_spec::pool::zeroed(block * n),
+        };
+        let mut ds = tl_spec::pool::zeroed(block * n);
         let sample_len = (n * p).max(1);
-        let [c, dq, dk, dv] = &mut out;
-        let samples = (c
+        let [dq, dk, dv] = &mut out;
+        let samples = dq
             .chunks_exact_mut(sample_len)
-            .zip(dq.chunks_exact_mut(sample_len)))
-        .zip(
-            dk.chunks_exact_mut(sample_len)
-                .zip(dv.chunks_exact_mut(sample_len)),
-        );
-        for (b, ((cb, dqb), (dkb, dvb))) in samples.enumerate() {
-            let sample = Sample::new(op, dm, b, qkv)?;
+            .zip(dk.chunks_exact_mut(sample_len))
+            .zip(dv.chunks_exact_mut(sample_len));
+        for (b, ((dqb, dkb), dvb)) in samples.enumerate() {
+            let sample = Sample::new(op, dm, b, kept.qkv)?;
             let dcb = rows(op, &dc[b * n * p..(b + 1) * n * p], n, p)?;
-            let mut cb = rows_mut(op, cb, n, p)?;
+            let mut cb = match &mut c {
+                Some(c) => Some(rows_mut(op, &mut c[b * n * p..(b + 1) * n * p], n, p)?),
+                None => None,
+            };
             let mut dqb = rows_mut(op, dqb, n, p)?;
             let mut dkb = rows_mut(op, dkb, n, p)?;
             let mut dvb = rows_mut(op, dvb, n, p)?;
@@ -373,13 +504,22 @@ pub mod core {
                 let doh = dcb.col_block(h * d, d);
                 for i0 in (0..n).step_by(block) {
                     let r = block.min(n - i0);
-                    let (s, ds) = (&mut s[..r * n], &mut ds[..r * n]);
-                    probabilities(op, dm, qh, kh, mask, i0, r, s)?;
+                    let ds = &mut ds[..r * n];
+                    let s: &[T] = match kept.a {
+                        Some(a) => &a[(b * heads + h) * n * n..][..r * n],
+                        None => {
+                            let s = &mut s[..r * n];
+                            probabilities(op, dm, qh, kh, mask, i0, r, s)?;
+                            s
+                        }
+                    };
                     let a = rows(op, s, r, n)?;
                     let do_blk = doh.row_block(i0, r);
-                    // O_blk = A·V_h (C is returned for dwo).
-                    let c_blk = cb.as_mut().block(i0, h * d, r, d);
-                    matmul(op, c_blk, false, a, vh, T::one())?;
+                    // O_blk = A·V_h (C is returned for dwo), unless the forward kept C.
+                    if let Some(cb) = &mut cb {
+                        let c_blk = cb.as_mut().block(i0, h * d, r, d);
+                        matmul(op, c_blk, false, a, vh, T::one())?;
+                    }
                     // dA = dO_blk·V_hᵀ; dV_h += Aᵀ·dO_blk.
                     let dav = rows_mut(op, ds, r, n)?;
                     matmul(op, dav, false, do_blk, vh.t(), T::one())?;
@@ -403,7 +543,6 @@ pub mod core {
         }
         tl_spec::pool::give(s);
         tl_spec::pool::give(ds);
-        let [c, dq, dk, dv] = out;
-        Ok((c, [dq, dk, dv]))
+        Ok((c, out))
     }
 }

@@ -92,6 +92,26 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
     }
 }
 
+/// [`forward`], plus the buffers the op's backward reads instead of computing them again
+/// (PyTorch's saved tensors; hand them to [`backward_needed`]): `multiHeadAttention` keeps its
+/// intermediates ([`attention::forward_saving`]), `gelu` its tanh term
+/// ([`activation::forward_saving`]); every other op returns an empty list. The cotangents have
+/// the same bits with or without them.
+pub fn forward_saving<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    nats: &[usize],
+) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
+    let keeps = matches!(op, Op::MultiHeadAttention { .. } | Op::Gelu);
+    if !keeps || out_shape(op, x)?.checked_numel() == Some(0) {
+        return Ok((forward(op, x, nats)?, Vec::new()));
+    }
+    match op {
+        Op::Gelu => activation::forward_saving(op, x),
+        _ => attention::forward_saving(op, x),
+    }
+}
+
 /// Operand cotangents of `op` at `x` with output `y` and output cotangent `g`; `nats` is the
 /// Nat environment the node's forward read.
 pub fn backward<T: Scalar>(
@@ -125,8 +145,9 @@ pub fn backward<T: Scalar>(
 }
 
 /// Like [`backward`], computing only the cotangents whose `needed` entry is true (missing
-/// entries count as true; the others are `None`). The tape passes each parent's `requires_grad`.
-/// Matrix products and convolutions skip the unneeded work; other families compute and discard.
+/// entries count as true; the others are `None`), and reading what [`forward_saving`] kept in
+/// `saved` (empty: computed again). The tape passes each parent's `requires_grad`. Matrix
+/// products and convolutions skip the unneeded work; other families compute and discard.
 pub fn backward_needed<T: Scalar>(
     op: &Op,
     x: &[&Tensor<T>],
@@ -134,10 +155,13 @@ pub fn backward_needed<T: Scalar>(
     g: &Tensor<T>,
     needed: &[bool],
     nats: &[usize],
+    saved: &[Vec<T>],
 ) -> Result<Grads<T>> {
     let mut grads = match op.family() {
         Family::Linalg => return linalg::backward_masked(op, x, y, g, needed),
         Family::Conv => return conv::backward_masked(op, x, y, g, needed),
+        Family::Attention => attention::backward_saved(op, x, y, g, saved)?,
+        _ if matches!(op, Op::Gelu) => activation::backward_saved(op, x, y, g, saved)?,
         _ => backward(op, x, y, g, nats)?,
     };
     for (d, &n) in grads.iter_mut().zip(needed) {

@@ -8,6 +8,7 @@ mod common;
 mod errors;
 mod kernels;
 mod pool;
+mod saved;
 mod simd;
 mod tape;
 mod threads;
