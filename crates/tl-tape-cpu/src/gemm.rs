@@ -23,8 +23,8 @@
 //! how many threads one product may use; the default is the number of cores the process may run
 //! on. A product of fewer than [`PARALLEL_MIN_WORK`] multiply-adds always runs on the calling
 //! thread: splitting it costs more than it saves. A larger one is cut along the output's longer
-//! side into one block per thread (aligned to 16), each a sequential faer product on rayon's
-//! global pool. faer's own parallel split lost to one thread on the steps' skinny products on
+//! side into one block per thread (aligned to 16), each a sequential faer product, the first
+//! on the calling thread and the others on rayon's pool ([`crate::par::join`]). faer's own parallel split lost to one thread on the steps' skinny products on
 //! the 2-core VM (64×784·784×256: 294 µs on one thread, 351 µs on two); ours takes 158 µs
 //! (docs/performance.md). The result does not depend on the thread count: every output's sum
 //! over k runs in the same order whatever block it lands in (blocks never change the gemm
@@ -124,14 +124,14 @@ fn split_matmul<E: faer::traits::ComplexField + Copy>(
     if n >= m {
         let (c0, c1) = c.split_at_col_mut(mid);
         let (b0, b1) = b.split_at_col(mid);
-        rayon::join(
+        crate::par::join(
             || split_matmul(c0, accum, a, b0, alpha, t1),
             || split_matmul(c1, accum, a, b1, alpha, t - t1),
         );
     } else {
         let (c0, c1) = c.split_at_row_mut(mid);
         let (a0, a1) = a.split_at_row(mid);
-        rayon::join(
+        crate::par::join(
             || split_matmul(c0, accum, a0, b, alpha, t1),
             || split_matmul(c1, accum, a1, b, alpha, t - t1),
         );

@@ -1,18 +1,116 @@
 //! Per-row work split across the threads of [`crate::threads`]: an output cut into blocks of
 //! whole rows, one block per thread, each filled by the same function. Used where rows are
 //! independent (pool planes, conv batch entries), so the bits do not depend on the split.
+//!
+//! **Fork-join from the caller's thread ([`join`]).** `rayon::join` called from a thread
+//! outside rayon's pool (the user's thread, which runs every op) hands both halves to the pool
+//! and puts the caller to sleep until they are done; on the 2-core VM each such region cost
+//! 12–25 µs of wake-ups, and a worker that had fallen asleep during the serial ops between two
+//! regions took ~50 µs to wake, so a region after a serial gap gained nothing
+//! (docs/performance.md). [`join`] runs the first half on the calling thread and offers the
+//! second to the pool; if no worker has started it by the time the first half is done, the
+//! caller runs it too. A pool worker stays awake for [`LINGER`] after the last such job it ran
+//! (OpenMP's `KMP_BLOCKTIME`, whose default is 200 ms), so the regions of one training step find
+//! it spinning instead of asleep.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::gemm::threads;
 
-/// Work (element visits) below which the rows stay on the calling thread: on the 2-core VM
-/// waking the second thread costs tens of µs (docs/performance.md), so a block must be worth
-/// well over that.
-pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 19;
+/// How long a pool worker spins for more work after the last half it ran for [`join`]: longer
+/// than the serial stretches between the parallel regions of a training step (tens to hundreds
+/// of µs), short enough that an idle process gives its core back at once to a human's eye.
+pub const LINGER: Duration = Duration::from_millis(2);
+
+/// Whether a worker is spinning ([`keep_warm`]).
+static LINGERING: AtomicBool = AtomicBool::new(false);
+
+/// Keep one pool worker awake: unless one is already spinning, spawn a job that runs whatever
+/// the pool is offered (`rayon::yield_now`) until [`LINGER`] passes without any.
+fn keep_warm() {
+    if LINGERING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    rayon::spawn(|| {
+        let mut last = Instant::now();
+        loop {
+            match rayon::yield_now() {
+                Some(rayon::Yield::Executed) => last = Instant::now(),
+                _ if last.elapsed() > LINGER => break,
+                _ => std::hint::spin_loop(),
+            }
+        }
+        LINGERING.store(false, Ordering::Release);
+    });
+}
+
+/// `(a(), b())`, possibly in parallel: on a pool worker, `rayon::join`; on any other thread,
+/// `a` on this thread while `b` is offered to the pool, and `b` on this thread too if no worker
+/// has taken it when `a` is done (see the module docs). A panic in either is propagated.
+pub fn join<RA: Send, RB: Send>(
+    a: impl FnOnce() -> RA + Send,
+    b: impl FnOnce() -> RB + Send,
+) -> (RA, RB) {
+    if rayon::current_thread_index().is_some() {
+        return rayon::join(a, b);
+    }
+    keep_warm();
+    let task = Mutex::new(Some(b));
+    let out: Mutex<Option<RB>> = Mutex::new(None);
+    let done = AtomicBool::new(false);
+    // Whoever takes `b` out of `task` runs it; `done` is set even if it panics (the scope then
+    // propagates the panic), so the wait below always ends.
+    let run_b = || {
+        let taken = task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(b) = taken {
+            let _set = SetOnDrop(&done);
+            let rb = b();
+            *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(rb);
+        }
+    };
+    let ra = rayon::in_place_scope(|s| {
+        s.spawn(|_| run_b());
+        let ra = a();
+        run_b();
+        while !done.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        ra
+    });
+    let rb = out.into_inner().unwrap_or_else(|e| e.into_inner());
+    (ra, rb.expect("join: the second half ran to completion"))
+}
+
+/// Sets its flag when dropped (also while unwinding).
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Elements streamed (output and operands) below which element-wise work stays on the calling
+/// thread ([`chunks`]). 2¹⁹ while a region put the caller to sleep; with [`join`], 2¹⁸ splits
+/// the cnn step's 200 704-element relu and gains there, while 2¹⁷ also split the transformer's
+/// gelu backward (4 × 32 768 elements, ~10 µs) and lost 8% on its two-core step
+/// (docs/performance.md).
+pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 18;
+
+/// Work (element visits, multiply-adds) from which [`rows`] splits a conv's or a pool's rows
+/// across threads. Lower than [`PARALLEL_MIN_ELEMENTS`]: a row block's visits are gathers,
+/// compares and products rather than streamed elements, and with [`join`] a region costs the
+/// caller no sleep. At 2¹⁷ the cnn step's second conv and pool (64×16×14×14, 200 704 cells:
+/// the bias cotangent's sums, the pool's forward and backward) split, and the two-core step
+/// gains about 10% over 2¹⁹ (docs/performance.md).
+pub const PARALLEL_MIN_ROW_WORK: usize = 1 << 17;
 
 /// Fill `out`, made of rows of `row_len` values, by `f(first_row, block)` on blocks of whole
 /// rows: one block per thread when `work` (element visits in all) reaches
-/// [`PARALLEL_MIN_ELEMENTS`], else one block on this thread. Each block's `f` gets its own
+/// [`PARALLEL_MIN_ROW_WORK`], else one block on this thread. Each block's `f` gets its own
 /// scratch if it needs one. The first error of any block is returned.
 pub(crate) fn rows<T: Send>(
     out: &mut [T],
@@ -21,7 +119,7 @@ pub(crate) fn rows<T: Send>(
     f: &(impl Fn(usize, &mut [T]) -> Result<()> + Sync),
 ) -> Result<()> {
     let t = match threads() {
-        t if t > 1 && work >= PARALLEL_MIN_ELEMENTS && row_len > 0 => t,
+        t if t > 1 && work >= PARALLEL_MIN_ROW_WORK && row_len > 0 => t,
         _ => 1,
     };
     split(out, row_len, 0, t, f)
@@ -69,7 +167,7 @@ fn split<T: Send>(
         return f(first, out);
     }
     let (a, b) = out.split_at_mut(mid * row_len);
-    let (ra, rb) = rayon::join(
+    let (ra, rb) = join(
         || split(a, row_len, first, t1, f),
         || split(b, row_len, first + mid, t - t1, f),
     );
@@ -80,6 +178,31 @@ fn split<T: Send>(
 mod tests {
     use super::*;
     use crate::gemm::set_threads;
+
+    #[test]
+    fn join_runs_both_halves_once_and_propagates_a_panic() {
+        use std::sync::atomic::AtomicUsize;
+        let runs = AtomicUsize::new(0);
+        for _ in 0..200 {
+            let (a, b) = join(
+                || runs.fetch_add(1, Ordering::Relaxed) + 1,
+                || {
+                    runs.fetch_add(1, Ordering::Relaxed);
+                    "b"
+                },
+            );
+            assert!(a >= 1 && b == "b");
+        }
+        assert_eq!(runs.load(Ordering::Relaxed), 400);
+        // From inside the pool (rayon's own join) and nested.
+        let ((x, y), z) = rayon::join(|| join(|| 1, || join(|| 2, || 3)), || 4);
+        assert_eq!((x, y, z), (1, (2, 3), 4));
+        // A panic in the second half, whoever runs it, reaches the caller (no hang).
+        let r = std::panic::catch_unwind(|| join(|| 1, || -> i32 { panic!("second half") }));
+        assert!(r.is_err());
+        let r = std::panic::catch_unwind(|| join(|| -> i32 { panic!("first half") }, || 2));
+        assert!(r.is_err());
+    }
 
     #[test]
     fn every_row_is_filled_once_whatever_the_thread_count() {
