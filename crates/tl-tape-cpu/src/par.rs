@@ -94,13 +94,13 @@ impl Drop for SetOnDrop<'_> {
 }
 
 /// Elements streamed (output and operands) below which element-wise work stays on the calling
-/// thread ([`chunks`]). 2¹⁹ while a region put the caller to sleep; with [`join`], 2¹⁸ splits
+/// thread (`chunks`). 2¹⁹ while a region put the caller to sleep; with [`join`], 2¹⁸ splits
 /// the cnn step's 200 704-element relu and gains there, while 2¹⁷ also split the transformer's
 /// gelu backward (4 × 32 768 elements, ~10 µs) and lost 8% on its two-core step
 /// (docs/performance.md).
 pub const PARALLEL_MIN_ELEMENTS: usize = 1 << 18;
 
-/// Work (element visits, multiply-adds) from which [`rows`] splits a conv's or a pool's rows
+/// Work (element visits, multiply-adds) from which `rows` splits a conv's or a pool's rows
 /// across threads. Lower than [`PARALLEL_MIN_ELEMENTS`]: a row block's visits are gathers,
 /// compares and products rather than streamed elements, and with [`join`] a region costs the
 /// caller no sleep. At 2¹⁷ the cnn step's second conv and pool (64×16×14×14, 200 704 cells:
