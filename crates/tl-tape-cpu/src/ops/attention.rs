@@ -71,8 +71,16 @@ fn mha_forward<T: Scalar>(
     let dm = dims(op, x, *heads, mask.as_ref())?;
     let [q, k, v] = projections(op, &dm, x)?;
     let block = core::block_rows(&dm, *fused);
-    let mut a =
-        (keep_a && !fused).then(|| tl_spec::pool::for_overwrite(core::probabilities_len(&dm)));
+    // Every head's probabilities at once: checked against the allocation cap before anything
+    // is allocated (the op's value alone may be far smaller).
+    let mut a = match keep_a && !fused {
+        true => Some(tl_spec::alloc::try_for_overwrite(
+            op.name(),
+            "the kept attention probabilities",
+            core::probabilities_len(op, &dm)?,
+        )?),
+        false => None,
+    };
     let c = core::forward(
         op,
         &dm,
@@ -333,9 +341,11 @@ pub mod core {
         }
     }
 
-    /// The length of the probabilities A of every sample and head, (B, heads, n, n).
-    pub fn probabilities_len(dm: &Dims) -> usize {
-        dm.batch * dm.heads * dm.n * dm.n
+    /// The length of the probabilities A of every sample and head, (B, heads, n, n); an error
+    /// naming `op` if it overflows.
+    pub fn probabilities_len(op: &Op, dm: &Dims) -> Result<usize> {
+        let shape = tl_spec::Shape::new(&[dm.batch, dm.heads, dm.n, dm.n]);
+        Ok(shape.check_size(op.name())?)
     }
 
     /// What the backward reads of the forward's intermediates: Q, K, V always; C and A where
@@ -354,7 +364,7 @@ pub mod core {
         /// then A unless `fused`.
         pub fn from_saved(op: &Op, dm: &Dims, fused: bool, saved: &'a [Vec<T>]) -> Result<Self> {
             let len = dm.batch * dm.n * dm.p;
-            let lens = [len, len, len, len, probabilities_len(dm)];
+            let lens = [len, len, len, len, probabilities_len(op, dm)?];
             let expected = if fused { &lens[..4] } else { &lens[..] };
             let got: Vec<usize> = saved.iter().map(Vec::len).collect();
             if got != expected {
@@ -369,6 +379,33 @@ pub mod core {
                 c: Some(&saved[3]),
                 a: saved.get(4).map(Vec::as_slice),
             })
+        }
+    }
+
+    /// A zeroed (r, n) block of scores, checked against the allocation cap first (an unfused
+    /// op's block is (n, n) however small its value is).
+    fn scores<T: Scalar>(op: &Op, r: usize, n: usize) -> Result<Vec<T>> {
+        let len = tl_spec::Shape::new(&[r, n]).check_size(op.name())?;
+        Ok(tl_spec::alloc::try_vec(
+            op.name(),
+            "attention scores",
+            len,
+            T::zero(),
+        )?)
+    }
+
+    /// A probabilities buffer of `a_len` (if any) must hold every head's (n, n) scores, one
+    /// block per head (`block ≥ n`).
+    fn check_whole_rows(op: &Op, dm: &Dims, a_len: Option<usize>, block: usize) -> Result<()> {
+        match a_len {
+            Some(len) if len != probabilities_len(op, dm)? || block < dm.n => {
+                Err(SpecError::shape(
+                    op.name(),
+                    format!("a probabilities buffer of {len} for blocks of {block} rows"),
+                )
+                .into())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -423,16 +460,11 @@ pub mod core {
         mut keep_a: Option<&mut [T]>,
     ) -> Result<Vec<T>> {
         let Dims { n, p, d, heads, .. } = *dm;
-        if keep_a
-            .as_ref()
-            .is_some_and(|a| a.len() != probabilities_len(dm) || block < n)
-        {
-            return Err(SpecError::shape(op.name(), "probabilities buffer or block size").into());
-        }
+        check_whole_rows(op, dm, keep_a.as_deref().map(<[T]>::len), block)?;
         let mut c = tl_spec::pool::zeroed(dm.batch * n * p);
         let mut scratch = match keep_a {
             Some(_) => Vec::new(),
-            None => tl_spec::pool::zeroed(block * n),
+            None => scores(op, block, n)?,
         };
         for (b, cb) in c.chunks_exact_mut((n * p).max(1)).enumerate() {
             let sample = Sample::new(op, dm, b, qkv)?;
@@ -470,19 +502,14 @@ pub mod core {
         let Dims { n, p, d, heads, .. } = *dm;
         let scale = T::one() / T::lit(d as f64).sqrt();
         let len = dm.batch * n * p;
-        if kept
-            .a
-            .is_some_and(|a| a.len() != probabilities_len(dm) || block < n)
-        {
-            return Err(SpecError::shape(op.name(), "probabilities buffer or block size").into());
-        }
+        check_whole_rows(op, dm, kept.a.map(<[T]>::len), block)?;
         let mut c = kept.c.is_none().then(|| tl_spec::pool::zeroed(len));
         let mut out = [(); 3].map(|_| tl_spec::pool::zeroed(len));
         let mut s = match kept.a {
             Some(_) => Vec::new(),
-            None => tl_spec::pool::zeroed(block * n),
+            None => scores(op, block, n)?,
         };
-        let mut ds = tl_spec::pool::zeroed(block * n);
+        let mut ds = scores(op, block, n)?;
         let sample_len = (n * p).max(1);
         let [dq, dk, dv] = &mut out;
         let samples = dq

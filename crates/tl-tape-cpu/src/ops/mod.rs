@@ -157,11 +157,11 @@ pub fn backward_needed<T: Scalar>(
     nats: &[usize],
     saved: &[Vec<T>],
 ) -> Result<Grads<T>> {
-    let mut grads = match op.family() {
-        Family::Linalg => return linalg::backward_masked(op, x, y, g, needed),
-        Family::Conv => return conv::backward_masked(op, x, y, g, needed),
-        Family::Attention => attention::backward_saved(op, x, y, g, saved)?,
-        _ if matches!(op, Op::Gelu) => activation::backward_saved(op, x, y, g, saved)?,
+    let mut grads = match (op, op.family()) {
+        (_, Family::Linalg) => return linalg::backward_masked(op, x, y, g, needed),
+        (_, Family::Conv) => return conv::backward_masked(op, x, y, g, needed),
+        (_, Family::Attention) => attention::backward_saved(op, x, y, g, saved)?,
+        (Op::Gelu | Op::Silu, _) => activation::backward_saved(op, x, y, g, saved)?,
         _ => backward(op, x, y, g, nats)?,
     };
     for (d, &n) in grads.iter_mut().zip(needed) {

@@ -147,3 +147,34 @@ fn a_kept_list_that_does_not_fit_is_an_error_naming_the_op() {
         .to_string();
     assert!(e.contains("gelu") && e.contains("saved"), "{e}");
 }
+
+#[test]
+fn scores_beyond_the_allocation_cap_are_an_error_before_any_is_allocated() {
+    // 200 000 tokens of one 1-wide head: the value is 200 000 floats, but the unfused scores
+    // (and the kept probabilities) are 4·10¹⁰ floats, 160 GB: refused, not aborted.
+    let n = 200_000;
+    let w = Tensor::<f32>::new([1, 1], vec![0.5]).unwrap();
+    let x = Tensor::<f32>::new([n, 1], vec![0.25; n]).unwrap();
+    let op = Op::MultiHeadAttention {
+        heads: 1,
+        mask: None,
+        fused: false,
+    };
+    let args = [&w, &w, &w, &w, &x];
+    let e = ops::forward(&op, &args, &[]).unwrap_err().to_string();
+    assert!(
+        e.contains("multiHeadAttention") && e.contains("allocation cap"),
+        "{e}"
+    );
+    let mut tape = Tape::<f32>::new();
+    let ids: Vec<usize> = args
+        .iter()
+        .map(|t| tape.leaf((*t).clone(), None, true))
+        .collect();
+    let e = tape.apply(&op, &ids).unwrap_err().to_string();
+    assert!(
+        e.contains("multiHeadAttention") && e.contains("allocation cap"),
+        "{e}"
+    );
+    assert_eq!(tape.len(), 5, "a failed apply leaves the tape unchanged");
+}
