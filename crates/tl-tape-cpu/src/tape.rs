@@ -325,7 +325,8 @@ impl<T: Scalar> Tape<T> {
     /// Apply a built-in op to `parents`: the shape rule is checked first, then the output's size
     /// against the allocation cap ([`tl_spec::alloc`]), then the CPU kernel runs. A node that
     /// will require grad keeps what its backward reads ([`ops::forward_saving`]: attention's
-    /// intermediates, gelu's tanh term) until [`Tape::clear`]. On error the tape is unchanged.
+    /// intermediates, gelu's tanh term, the norms' and cross-entropy's row statistics) until
+    /// [`Tape::clear`]. On error the tape is unchanged.
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
         let (value, saved) = {
             let inputs = self.inputs(op.name(), parents)?;

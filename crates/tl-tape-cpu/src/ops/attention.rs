@@ -10,9 +10,12 @@
 //! sequences while every step is still a GEMM (each block holds whole rows, so its softmax is
 //! exact: no online rescaling).
 //!
-//! Through the tape ([`forward_saving`], [`backward_saved`]) the backward reads Q, K, V, C and,
-//! unless `fused`, the probabilities A as the forward left them (PyTorch's saved tensors); called
-//! directly ([`forward`], [`backward`]) it recomputes them. The bits are the same either way.
+//! Through the tape ([`forward_saving`], [`backward_saved`]) the backward reads Q, K, V, C and
+//! the probabilities A as the forward left them (PyTorch's saved tensors); `fused`, it keeps
+//! each row's softmax statistics instead of A (its max and the reciprocal of its sum, as
+//! FlashAttention keeps the log-sum-exp), so the backward recomputes A block by block with one
+//! pass per row (`exp(s − max)·(1/sum)`), not the forward's four. Called directly ([`forward`],
+//! [`backward`]) it recomputes everything. The bits are the same either way.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -33,7 +36,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             let mut y = tl_spec::pool::with_capacity(x[0].numel());
             y.extend_from_slice(x[0].data());
             let n = mask.n().max(1);
-            softmax_rows(&mut y, n, |r| Some(mask.row(r % n)));
+            softmax_rows(&mut y, n, |r| Some(mask.row(r % n)), None);
             tensor(x[0].shape().clone(), y)
         }
         Op::MultiHeadAttention { .. } => {
@@ -46,10 +49,11 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
 }
 
 /// `multiHeadAttention`'s value and what its backward reads, so that it does not compute them
-/// again (PyTorch's saved tensors): Q, K, V and C (each (B·n, P)), and unless the op is `fused`
-/// the probabilities A ((B, heads, n, n)). The fused form is the memory-lean one: it keeps
-/// O(B·n·P) floats, not O(B·heads·n²), and its backward recomputes A block by block. Any other
-/// op: its value and nothing saved. [`backward_saved`] takes the list back.
+/// again (PyTorch's saved tensors): Q, K, V and C (each (B·n, P)), then the probabilities A
+/// ((B, heads, n, n)), or where the op is `fused` each row's softmax statistics ((B, heads, n,
+/// 2): max, 1/sum). The fused form is the memory-lean one: it keeps O(B·n·(P + heads)) floats,
+/// not O(B·heads·n²), and its backward recomputes A block by block from the statistics. Any
+/// other op: its value and nothing saved. [`backward_saved`] takes the list back.
 pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     check_arity(op, x)?;
     match op {
@@ -58,12 +62,12 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     }
 }
 
-/// `multiHeadAttention`'s value with Q, K, V, C, and A where `keep_a` (the probabilities of
-/// every head at once) and the op is not `fused`.
+/// `multiHeadAttention`'s value, with Q, K, V, C and A (unfused) or the row statistics (fused)
+/// where `keep` (see [`forward_saving`]).
 fn mha_forward<T: Scalar>(
     op: &Op,
     x: &[&Tensor<T>],
-    keep_a: bool,
+    keep: bool,
 ) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     let Op::MultiHeadAttention { heads, mask, fused } = op else {
         return Err(wrong_family(op, "attention"));
@@ -71,24 +75,22 @@ fn mha_forward<T: Scalar>(
     let dm = dims(op, x, *heads, mask.as_ref())?;
     let [q, k, v] = projections(op, &dm, x)?;
     let block = core::block_rows(&dm, *fused);
-    // Every head's probabilities at once: checked against the allocation cap before anything
-    // is allocated (the op's value alone may be far smaller).
-    let mut a = match keep_a && !fused {
+    // Every head's probabilities (or statistics) at once: checked against the allocation cap
+    // before anything is allocated (the op's value alone may be far smaller).
+    let mut kept = match keep {
         true => Some(tl_spec::alloc::try_for_overwrite(
             op.name(),
-            "the kept attention probabilities",
-            core::probabilities_len(op, &dm)?,
+            core::kept_what(*fused),
+            core::kept_len(op, &dm, *fused)?,
         )?),
         false => None,
     };
-    let c = core::forward(
-        op,
-        &dm,
-        [&q, &k, &v],
-        mask.as_ref(),
-        block,
-        a.as_deref_mut(),
-    )?;
+    let into = match (kept.as_deref_mut(), fused) {
+        (Some(a), false) => core::Keep::Probabilities(a),
+        (Some(st), true) => core::Keep::Stats(st),
+        (None, _) => core::Keep::Nothing,
+    };
+    let c = core::forward(op, &dm, [&q, &k, &v], mask.as_ref(), block, into)?;
     let n_rows = dm.batch * dm.n;
     let mut y = tl_spec::pool::for_overwrite(n_rows * dm.dm);
     matmul(
@@ -99,7 +101,7 @@ fn mha_forward<T: Scalar>(
         rows(op, x[3].data(), dm.p, dm.dm)?,
         T::one(),
     )?;
-    let saved = [q, k, v, c].into_iter().chain(a).collect();
+    let saved = [q, k, v, c].into_iter().chain(kept).collect();
     Ok((tensor(x[4].shape().clone(), y)?, saved))
 }
 
@@ -155,6 +157,7 @@ pub fn backward_saved<T: Scalar>(
                     qkv: [q, k, v],
                     c: None,
                     a: None,
+                    stats: None,
                 },
                 None => core::Kept::from_saved(op, &dm, *fused, saved)?,
             };
@@ -200,38 +203,106 @@ pub fn backward_saved<T: Scalar>(
 }
 
 /// [`softmax_row`] of every `n`-long row of `x` (row `r` allowed where `allowed(r)` says),
-/// compiled for the CPU's best instruction set ([`crate::simd`]).
+/// compiled for the CPU's best instruction set ([`crate::simd`]); with `stats`, row `r`'s max
+/// and 1/sum go to `stats[2r]`, `stats[2r + 1]` (for [`softmax_rows_from`]).
 pub(crate) fn softmax_rows<'m, T: Scalar>(
     x: &mut [T],
     n: usize,
     allowed: impl Fn(usize) -> Option<&'m [bool]>,
+    stats: Option<&mut [T]>,
 ) {
     struct Rows<'a, T, A> {
         x: &'a mut [T],
         n: usize,
         allowed: A,
+        stats: Option<&'a mut [T]>,
+    }
+    impl<'m, T: Scalar, A: Fn(usize) -> Option<&'m [bool]>> crate::simd::Kernel for Rows<'_, T, A> {
+        type Output = ();
+        #[inline(always)]
+        fn call(mut self) {
+            for (r, row) in self.x.chunks_exact_mut(self.n.max(1)).enumerate() {
+                let (m, inv) = softmax_row(row, (self.allowed)(r));
+                if let Some(st) = self
+                    .stats
+                    .as_deref_mut()
+                    .and_then(|s| s.get_mut(2 * r..2 * r + 2))
+                {
+                    st.copy_from_slice(&[m, inv]);
+                }
+            }
+        }
+    }
+    crate::simd::vectorize(Rows {
+        x,
+        n,
+        allowed,
+        stats,
+    });
+}
+
+/// The rows [`softmax_rows`] makes of the same scores, from the statistics it kept (`stats[2r]`
+/// the max, `stats[2r + 1]` 1/sum): `exp(v − max)·(1/sum)` where allowed, `0·(1/sum)`
+/// elsewhere, in one pass per row. The same operations on the same values, so the same bits.
+pub(crate) fn softmax_rows_from<'m, T: Scalar>(
+    x: &mut [T],
+    n: usize,
+    allowed: impl Fn(usize) -> Option<&'m [bool]>,
+    stats: &[T],
+) {
+    struct Rows<'a, T, A> {
+        x: &'a mut [T],
+        n: usize,
+        allowed: A,
+        stats: &'a [T],
     }
     impl<'m, T: Scalar, A: Fn(usize) -> Option<&'m [bool]>> crate::simd::Kernel for Rows<'_, T, A> {
         type Output = ();
         #[inline(always)]
         fn call(self) {
-            for (r, row) in self.x.chunks_exact_mut(self.n.max(1)).enumerate() {
-                softmax_row(row, (self.allowed)(r));
+            let rows = self.x.chunks_exact_mut(self.n.max(1));
+            for ((r, row), st) in rows.enumerate().zip(self.stats.chunks_exact(2)) {
+                let (m, inv) = (st[0], st[1]);
+                if m == T::neg_infinity() {
+                    row.fill(T::zero());
+                    continue;
+                }
+                match (self.allowed)(r) {
+                    None => row.iter_mut().for_each(|v| *v = approx::exp(*v - m) * inv),
+                    Some(ok) => {
+                        let n = row.len().min(ok.len());
+                        let (head, tail) = row.split_at_mut(n);
+                        // As the forward: the select, then the scaling (a NaN sum makes
+                        // every entry NaN there, the disallowed ones included).
+                        for (v, &ok) in head.iter_mut().zip(&ok[..n]) {
+                            let e = approx::exp(*v - m);
+                            *v = if ok { e } else { T::zero() } * inv;
+                        }
+                        tail.fill(T::zero() * inv);
+                    }
+                }
             }
         }
     }
-    crate::simd::vectorize(Rows { x, n, allowed });
+    crate::simd::vectorize(Rows {
+        x,
+        n,
+        allowed,
+        stats,
+    });
 }
 
 /// Softmax of one row in place over the allowed entries (all when `allowed` is `None`);
 /// disallowed entries, and every entry of a row with nothing allowed, become exactly 0.
-/// Inlined so that the callers' [`crate::simd::vectorize`] compiles it at their width.
+/// Returns the row's max and the reciprocal of its sum of exponentials (−∞ and 0 for a row
+/// with nothing allowed), what [`softmax_rows_from`] needs to make the row again. Inlined so
+/// that the callers' [`crate::simd::vectorize`] compiles it at their width.
 #[inline(always)]
-pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
+pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) -> (T, T) {
     let m = row_max(row, allowed);
     if m == T::neg_infinity() {
         row.fill(T::zero());
-        return;
+        return (m, T::zero());
     }
     // Exponentials first, then the sum: two loops the compiler vectorizes (one loop that
     // also accumulated would stay scalar). Entries past the end of the mask are disallowed.
@@ -255,6 +326,7 @@ pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) {
     for v in row.iter_mut() {
         *v *= inv;
     }
+    (m, inv)
 }
 
 /// The largest allowed entry of `row` (−∞ when none is), in 16 independent lanes so that it
@@ -348,8 +420,43 @@ pub mod core {
         Ok(shape.check_size(op.name())?)
     }
 
-    /// What the backward reads of the forward's intermediates: Q, K, V always; C and A where
-    /// the forward kept them (`None`: computed again).
+    /// The length of every query row's softmax statistics (max, 1/sum), (B, heads, n, 2); an
+    /// error naming `op` if it overflows.
+    pub fn stats_len(op: &Op, dm: &Dims) -> Result<usize> {
+        let shape = tl_spec::Shape::new(&[dm.batch, dm.heads, dm.n, 2]);
+        Ok(shape.check_size(op.name())?)
+    }
+
+    /// What the forward keeps besides Q, K, V and C: the probabilities unfused
+    /// ([`probabilities_len`]), the row statistics fused ([`stats_len`]).
+    pub fn kept_len(op: &Op, dm: &Dims, fused: bool) -> Result<usize> {
+        match fused {
+            true => stats_len(op, dm),
+            false => probabilities_len(op, dm),
+        }
+    }
+
+    /// What [`kept_len`] counts, in words (for an allocation error).
+    pub fn kept_what(fused: bool) -> &'static str {
+        match fused {
+            true => "the kept attention row statistics",
+            false => "the kept attention probabilities",
+        }
+    }
+
+    /// What [`forward`] writes besides C.
+    pub enum Keep<'a, T> {
+        /// Nothing.
+        Nothing,
+        /// Every head's probabilities, [`probabilities_len`] long (the block must be `n`).
+        Probabilities(&'a mut [T]),
+        /// Every query row's softmax statistics, [`stats_len`] long.
+        Stats(&'a mut [T]),
+    }
+
+    /// What the backward reads of the forward's intermediates: Q, K, V always; C and A (or
+    /// the statistics A is made again from) where the forward kept them (`None`: computed
+    /// again).
     pub struct Kept<'a, T> {
         /// Q, K, V, each (B·n, P).
         pub qkv: [&'a [T]; 3],
@@ -357,15 +464,16 @@ pub mod core {
         pub c: Option<&'a [T]>,
         /// The probabilities, (B, heads, n, n).
         pub a: Option<&'a [T]>,
+        /// Each query row's softmax max and 1/sum, (B, heads, n, 2).
+        pub stats: Option<&'a [T]>,
     }
 
     impl<'a, T: Scalar> Kept<'a, T> {
         /// The list [`super::forward_saving`] returns, checked against the dims: Q, K, V, C,
-        /// then A unless `fused`.
+        /// then A, or the row statistics when `fused`.
         pub fn from_saved(op: &Op, dm: &Dims, fused: bool, saved: &'a [Vec<T>]) -> Result<Self> {
             let len = dm.batch * dm.n * dm.p;
-            let lens = [len, len, len, len, probabilities_len(op, dm)?];
-            let expected = if fused { &lens[..4] } else { &lens[..] };
+            let expected = [len, len, len, len, kept_len(op, dm, fused)?];
             let got: Vec<usize> = saved.iter().map(Vec::len).collect();
             if got != expected {
                 return Err(SpecError::shape(
@@ -374,10 +482,12 @@ pub mod core {
                 )
                 .into());
             }
+            let last = Some(saved[4].as_slice());
             Ok(Kept {
                 qkv: [&saved[0], &saved[1], &saved[2]],
                 c: Some(&saved[3]),
-                a: saved.get(4).map(Vec::as_slice),
+                a: last.filter(|_| !fused),
+                stats: last.filter(|_| fused),
             })
         }
     }
@@ -409,6 +519,18 @@ pub mod core {
         }
     }
 
+    /// A statistics buffer of `len` (if any) must be [`stats_len`] long.
+    fn check_stats(op: &Op, dm: &Dims, len: Option<usize>) -> Result<()> {
+        match len {
+            Some(len) if len != stats_len(op, dm)? => Err(SpecError::shape(
+                op.name(),
+                format!("a row statistics buffer of {len}, not (batch, heads, n, 2)"),
+            )
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
     /// One sample's Q, K, V (n, P) and the head's (n, d) column blocks of them.
     struct Sample<'a, T> {
         qkv: [Mat<'a, T>; 3],
@@ -428,8 +550,19 @@ pub mod core {
         }
     }
 
+    /// Where the softmax statistics of query rows `i0..i0 + r` of one head go or come from.
+    enum Stats<'a, T> {
+        /// Neither kept nor known.
+        None,
+        /// Written here, 2 per row.
+        Keep(&'a mut [T]),
+        /// Read from here, 2 per row: the rows are made from them.
+        From(&'a [T]),
+    }
+
     /// The probabilities of query rows `i0..i0 + r` of one head into `s` (r, n): scores by
-    /// GEMM, then the masked softmax of each row.
+    /// GEMM, then the masked softmax of each row (or, from known statistics, the one pass that
+    /// makes the same rows).
     #[allow(clippy::too_many_arguments)]
     fn probabilities<T: Scalar>(
         op: &Op,
@@ -440,27 +573,45 @@ pub mod core {
         i0: usize,
         r: usize,
         s: &mut [T],
+        stats: Stats<'_, T>,
     ) -> Result<()> {
         let scale = T::one() / T::lit(dm.d as f64).sqrt();
         let sv = rows_mut(op, s, r, dm.n)?;
         matmul(op, sv, false, qh.row_block(i0, r), kh.t(), scale)?;
-        softmax_rows(s, dm.n, |i| mask.map(|m| m.row(i0 + i)));
+        let allowed = |i: usize| mask.map(|m| m.row(i0 + i));
+        match stats {
+            Stats::None => softmax_rows(s, dm.n, allowed, None),
+            Stats::Keep(st) => softmax_rows(s, dm.n, allowed, Some(st)),
+            Stats::From(st) => softmax_rows_from(s, dm.n, allowed, st),
+        }
         Ok(())
     }
 
-    /// C (B·n, P) from Q, K, V, `block` query rows at a time; with `keep_a`
-    /// ([`probabilities_len`] long) the probabilities are written there too (`block` must then
-    /// be `n`: each head's scores are one block).
+    /// The statistics of query rows `i0..i0 + r` of sample `b`'s head `h` in a (B, heads, n, 2)
+    /// buffer.
+    fn stats_rows(dm: &Dims, b: usize, h: usize, i0: usize, r: usize) -> std::ops::Range<usize> {
+        let start = ((b * dm.heads + h) * dm.n + i0) * 2;
+        start..start + 2 * r
+    }
+
+    /// C (B·n, P) from Q, K, V, `block` query rows at a time, writing what `keep` asks for too
+    /// (the probabilities need `block` = `n`: each head's scores are one block).
     pub fn forward<T: Scalar>(
         op: &Op,
         dm: &Dims,
         qkv: [&[T]; 3],
         mask: Option<&Mask>,
         block: usize,
-        mut keep_a: Option<&mut [T]>,
+        keep: Keep<'_, T>,
     ) -> Result<Vec<T>> {
         let Dims { n, p, d, heads, .. } = *dm;
+        let (mut keep_a, mut keep_stats) = match keep {
+            Keep::Nothing => (None, None),
+            Keep::Probabilities(a) => (Some(a), None),
+            Keep::Stats(st) => (None, Some(st)),
+        };
         check_whole_rows(op, dm, keep_a.as_deref().map(<[T]>::len), block)?;
+        check_stats(op, dm, keep_stats.as_deref().map(<[T]>::len))?;
         let mut c = tl_spec::pool::zeroed(dm.batch * n * p);
         let mut scratch = match keep_a {
             Some(_) => Vec::new(),
@@ -477,7 +628,11 @@ pub mod core {
                         Some(a) => &mut a[(b * heads + h) * n * n..][..r * n],
                         None => &mut scratch[..r * n],
                     };
-                    probabilities(op, dm, qh, kh, mask, i0, r, s)?;
+                    let stats = match keep_stats.as_deref_mut() {
+                        Some(st) => Stats::Keep(&mut st[stats_rows(dm, b, h, i0, r)]),
+                        None => Stats::None,
+                    };
+                    probabilities(op, dm, qh, kh, mask, i0, r, s, stats)?;
                     let out = cb.as_mut().block(i0, h * d, r, d);
                     matmul(op, out, false, rows(op, s, r, n)?, vh, T::one())?;
                 }
@@ -489,7 +644,8 @@ pub mod core {
 
     /// `(C, [dQ, dK, dV])` from what the forward kept and dC, `block` query rows at a time: C
     /// is computed (and returned) only when `kept` has none, A only when `kept` has none (the
-    /// same GEMMs and softmax as the forward, so the same bits).
+    /// same GEMMs and softmax as the forward, or the one pass from the kept statistics: the
+    /// same bits either way).
     #[allow(clippy::type_complexity)]
     pub fn backward<T: Scalar>(
         op: &Op,
@@ -503,6 +659,7 @@ pub mod core {
         let scale = T::one() / T::lit(d as f64).sqrt();
         let len = dm.batch * n * p;
         check_whole_rows(op, dm, kept.a.map(<[T]>::len), block)?;
+        check_stats(op, dm, kept.stats.map(<[T]>::len))?;
         let mut c = kept.c.is_none().then(|| tl_spec::pool::zeroed(len));
         let mut out = [(); 3].map(|_| tl_spec::pool::zeroed(len));
         let mut s = match kept.a {
@@ -536,7 +693,11 @@ pub mod core {
                         Some(a) => &a[(b * heads + h) * n * n..][..r * n],
                         None => {
                             let s = &mut s[..r * n];
-                            probabilities(op, dm, qh, kh, mask, i0, r, s)?;
+                            let stats = match kept.stats {
+                                Some(st) => Stats::From(&st[stats_rows(dm, b, h, i0, r)]),
+                                None => Stats::None,
+                            };
+                            probabilities(op, dm, qh, kh, mask, i0, r, s, stats)?;
                             s
                         }
                     };

@@ -1,6 +1,7 @@
 //! `crossEntropy` with labels from the Nat environment (positions `labels_at..labels_at + rows`): per
 //! row `lse(row) − row[label]` with a max-shifted log-sum-exp, averaged over all rows; a label ≥
-//! classes contributes 0 and gets no gradient. Backward: `(softmax(row) − onehot) · g / rows`.
+//! classes contributes 0 and gets no gradient. Backward: `(softmax(row) − onehot) · g / rows`,
+//! with each row's log-sum-exp as the forward kept it ([`forward_saving`]) or computed again.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -12,14 +13,28 @@ use crate::Result;
 
 /// Forward value of `crossEntropy`.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<Tensor<T>> {
+    let (y, kept) = forward_saving(op, x, nats)?;
+    kept.into_iter().for_each(tl_spec::pool::give);
+    Ok(y)
+}
+
+/// The value and each row's log-sum-exp (what [`backward_saved`] reads instead of computing it
+/// again; 0 for a row whose label is out of range, which has no gradient).
+pub fn forward_saving<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    nats: &[usize],
+) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     let (rows, c, labels) = setup(op, x, nats)?;
+    let mut z = tl_spec::pool::zeroed(rows);
     let mut s = T::zero();
-    for (row, &l) in x[0].data().chunks_exact(c).zip(&labels) {
+    for ((row, &l), z) in x[0].data().chunks_exact(c).zip(&labels).zip(&mut z) {
         if l < c {
-            s += lse(row) - row[l];
+            *z = lse(row);
+            s += *z - row[l];
         }
     }
-    Ok(Tensor::scalar(s / T::lit(rows as f64)))
+    Ok((Tensor::scalar(s / T::lit(rows as f64)), vec![z]))
 }
 
 /// Cotangent of the logits.
@@ -30,19 +45,41 @@ pub fn backward<T: Scalar>(
     g: &Tensor<T>,
     nats: &[usize],
 ) -> Result<Grads<T>> {
+    backward_saved(op, x, y, g, nats, &[])
+}
+
+/// [`backward`] reading each row's log-sum-exp from `saved` ([`forward_saving`]); with `saved`
+/// empty it computes them again. The same bits either way; a list that does not fit is an
+/// error naming the op.
+pub fn backward_saved<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+    nats: &[usize],
+    saved: &[Vec<T>],
+) -> Result<Grads<T>> {
     let (rows, c, labels) = setup(op, x, nats)?;
     check_shape(op, "output", y, &Shape::scalar())?;
     check_shape(op, "cotangent", g, &Shape::scalar())?;
+    let kept = match saved {
+        [] => None,
+        [z] if z.len() == rows => Some(z),
+        _ => {
+            let got: Vec<usize> = saved.iter().map(Vec::len).collect();
+            return Err(tl_spec::Error::shape(
+                op.name(),
+                format!("saved buffers of lengths {got:?}, the forward keeps [{rows}]"),
+            )
+            .into());
+        }
+    };
     let k = g.data()[0] / T::lit(rows as f64);
     let mut dx = tl_spec::pool::zeroed(x[0].numel());
-    for ((row, d), &l) in x[0]
-        .data()
-        .chunks_exact(c)
-        .zip(dx.chunks_exact_mut(c))
-        .zip(&labels)
-    {
+    let cells = x[0].data().chunks_exact(c).zip(dx.chunks_exact_mut(c));
+    for (i, ((row, d), &l)) in cells.zip(&labels).enumerate() {
         if l < c {
-            let z = lse(row);
+            let z = kept.map_or_else(|| lse(row), |z| z[i]);
             for (d, &v) in d.iter_mut().zip(row) {
                 *d = approx::exp(v - z) * k;
             }

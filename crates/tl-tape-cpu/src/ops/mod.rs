@@ -95,19 +95,26 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
 /// [`forward`], plus the buffers the op's backward reads instead of computing them again
 /// (PyTorch's saved tensors; hand them to [`backward_needed`]): `multiHeadAttention` keeps its
 /// intermediates ([`attention::forward_saving`]), `gelu` its tanh term
-/// ([`activation::forward_saving`]); every other op returns an empty list. The cotangents have
-/// the same bits with or without them.
+/// ([`activation::forward_saving`]), `layerNorm` and `batchnormChannelFirst` each group's mean
+/// and rstd ([`norm::forward_saving`]), `crossEntropy` each row's log-sum-exp
+/// ([`cross_entropy::forward_saving`]); every other op returns an empty list. The cotangents
+/// have the same bits with or without them.
 pub fn forward_saving<T: Scalar>(
     op: &Op,
     x: &[&Tensor<T>],
     nats: &[usize],
 ) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
-    let keeps = matches!(op, Op::MultiHeadAttention { .. } | Op::Gelu);
+    let keeps = matches!(
+        op,
+        Op::MultiHeadAttention { .. } | Op::Gelu | Op::CrossEntropy { .. }
+    ) || op.family() == Family::Norm;
     if !keeps || out_shape(op, x)?.checked_numel() == Some(0) {
         return Ok((forward(op, x, nats)?, Vec::new()));
     }
     match op {
         Op::Gelu => activation::forward_saving(op, x),
+        Op::CrossEntropy { .. } => cross_entropy::forward_saving(op, x, nats),
+        _ if op.family() == Family::Norm => norm::forward_saving(op, x),
         _ => attention::forward_saving(op, x),
     }
 }
@@ -162,6 +169,8 @@ pub fn backward_needed<T: Scalar>(
         (_, Family::Conv) => return conv::backward_masked(op, x, y, g, needed),
         (_, Family::Attention) => attention::backward_saved(op, x, y, g, saved)?,
         (Op::Gelu | Op::Silu, _) => activation::backward_saved(op, x, y, g, saved)?,
+        (_, Family::Norm) => norm::backward_saved(op, x, y, g, saved)?,
+        (Op::CrossEntropy { .. }, _) => cross_entropy::backward_saved(op, x, y, g, nats, saved)?,
         _ => backward(op, x, y, g, nats)?,
     };
     for (d, &n) in grads.iter_mut().zip(needed) {

@@ -2,9 +2,11 @@
 //!
 //! Per group (a row of the last axis for layer norm; a channel over N·H·W for batch norm):
 //! pass 1 the mean, pass 2 the biased variance Σ(x−μ)²/m (clamped ≥ 0), then
-//! `y = (x−μ)·rstd·γ + β` with `rstd = 1/sqrt(var + ε)`. The backward recomputes the statistics
-//! and applies, with `x̂ = (x−μ)·rstd` and `ĝ = g·γ`:
-//! `dβ = Σ g`, `dγ = Σ g·x̂`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
+//! `y = (x−μ)·rstd·γ + β` with `rstd = 1/sqrt(var + ε)`. The backward applies, with
+//! `x̂ = (x−μ)·rstd` and `ĝ = g·γ`:
+//! `dβ = Σ g`, `dγ = Σ g·x̂`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`; it reads each group's
+//! (μ, rstd) from what [`forward_saving`] kept (PyTorch's saved mean and rstd), or computes
+//! them again (same bits).
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -99,8 +101,17 @@ fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (T, T) {
 
 /// Forward value of a normalization op.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    let (y, stats) = forward_saving(op, x)?;
+    stats.into_iter().for_each(tl_spec::pool::give);
+    Ok(y)
+}
+
+/// The value and each group's (μ, rstd) as `[μ₀, rstd₀, μ₁, …]` (one list), what [`backward_saved`]
+/// reads instead of computing them again.
+pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     let (l, eps) = Layout::of(op, x)?;
     let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
+    let mut st = tl_spec::pool::for_overwrite(2 * l.c);
     if l.per_column {
         let y = crate::simd::vectorize(rows::Forward {
             x: xs,
@@ -108,12 +119,14 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             beta,
             cols: l.seg,
             eps,
+            stats: &mut st,
         });
-        return tensor(x[0].shape().clone(), y);
+        return Ok((tensor(x[0].shape().clone(), y)?, vec![st]));
     }
     let mut y = tl_spec::pool::zeroed(xs.len());
-    for k in 0..l.c {
+    for (k, sk) in st.chunks_exact_mut(2).enumerate() {
         let (mean, rstd) = stats(&l, k, xs, eps);
+        sk.copy_from_slice(&[mean, rstd]);
         for r in l.segs(k) {
             for (j, (o, &v)) in y[r.clone()].iter_mut().zip(&xs[r]).enumerate() {
                 let f = l.feature(k, j);
@@ -121,7 +134,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             }
         }
     }
-    tensor(x[0].shape().clone(), y)
+    Ok((tensor(x[0].shape().clone(), y)?, vec![st]))
 }
 
 /// Operand cotangents `(dx, dγ, dβ)` of a normalization op.
@@ -131,10 +144,38 @@ pub fn backward<T: Scalar>(
     y: &Tensor<T>,
     g: &Tensor<T>,
 ) -> Result<Grads<T>> {
+    backward_saved(op, x, y, g, &[])
+}
+
+/// [`backward`] reading each group's (μ, rstd) from `saved` ([`forward_saving`]); with `saved`
+/// empty it computes them again. The same bits either way; a list that does not fit is an
+/// error naming the op.
+pub fn backward_saved<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+    saved: &[Vec<T>],
+) -> Result<Grads<T>> {
     let (l, eps) = Layout::of(op, x)?;
     check_shape(op, "output", y, x[0].shape())?;
     check_shape(op, "cotangent", g, x[0].shape())?;
     let (xs, gamma, gs) = (x[0].data(), x[1].data(), g.data());
+    let kept = match saved {
+        [] => None,
+        [st] if st.len() == 2 * l.c => Some(&st[..]),
+        _ => {
+            let got: Vec<usize> = saved.iter().map(Vec::len).collect();
+            return Err(SpecError::shape(
+                op.name(),
+                format!(
+                    "saved buffers of lengths {got:?}, the forward keeps [{}]",
+                    2 * l.c
+                ),
+            )
+            .into());
+        }
+    };
     if l.per_column {
         let [dx, dgamma, dbeta] = crate::simd::vectorize(rows::Backward {
             x: xs,
@@ -142,6 +183,7 @@ pub fn backward<T: Scalar>(
             g: gs,
             cols: l.seg,
             eps,
+            stats: kept,
         });
         return Ok(smallvec![
             Some(tensor(x[0].shape().clone(), dx)?),
@@ -154,7 +196,10 @@ pub fn backward<T: Scalar>(
     let mut dbeta = tl_spec::pool::zeroed(gamma.len());
     let m = l.count::<T>();
     for k in 0..l.c {
-        let (mean, rstd) = stats(&l, k, xs, eps);
+        let (mean, rstd) = match kept {
+            Some(st) => (st[2 * k], st[2 * k + 1]),
+            None => stats(&l, k, xs, eps),
+        };
         let (mut s1, mut s2) = (T::zero(), T::zero());
         for r in l.segs(k) {
             for (j, (&v, &gi)) in xs[r.clone()].iter().zip(&gs[r]).enumerate() {
@@ -223,6 +268,8 @@ mod rows {
         pub beta: &'a [T],
         pub cols: usize,
         pub eps: T,
+        /// Each row's (μ, rstd), written.
+        pub stats: &'a mut [T],
     }
 
     impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
@@ -231,8 +278,10 @@ mod rows {
         fn call(self) -> Vec<T> {
             let mut y = tl_spec::pool::for_overwrite(self.x.len());
             let c = self.cols.max(1);
-            for (yr, xr) in y.chunks_exact_mut(c).zip(self.x.chunks_exact(c)) {
+            let rows = y.chunks_exact_mut(c).zip(self.x.chunks_exact(c));
+            for ((yr, xr), st) in rows.zip(self.stats.chunks_exact_mut(2)) {
                 let (mean, rstd) = stats(xr, self.eps);
+                st.copy_from_slice(&[mean, rstd]);
                 let cells = yr.iter_mut().zip(xr).zip(self.gamma).zip(self.beta);
                 for (((o, &v), &ga), &be) in cells {
                     *o = (v - mean) * rstd * ga + be;
@@ -248,6 +297,8 @@ mod rows {
         pub g: &'a [T],
         pub cols: usize,
         pub eps: T,
+        /// Each row's (μ, rstd) as the forward kept them, or `None` (computed again).
+        pub stats: Option<&'a [T]>,
     }
 
     impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
@@ -263,8 +314,11 @@ mod rows {
                 .chunks_exact_mut(c)
                 .zip(self.x.chunks_exact(c))
                 .zip(self.g.chunks_exact(c));
-            for ((dr, xr), gr) in rows {
-                let (mean, rstd) = stats(xr, self.eps);
+            for (r, ((dr, xr), gr)) in rows.enumerate() {
+                let (mean, rstd) = match self.stats {
+                    Some(st) => (st[2 * r], st[2 * r + 1]),
+                    None => stats(xr, self.eps),
+                };
                 let gamma = self.gamma;
                 let (dga, dbe) = (&mut dgamma[..], &mut dbeta[..]);
                 for (((dg, db), &v), &gi) in dga.iter_mut().zip(dbe).zip(xr).zip(gr) {

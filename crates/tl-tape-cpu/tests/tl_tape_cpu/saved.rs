@@ -1,5 +1,6 @@
 //! What a forward keeps for its backward (`ops::forward_saving`, `Node::saved`): attention's
-//! Q, K, V, C and (unfused) probabilities, and gelu's tanh term, on the tape give the same
+//! Q, K, V, C and probabilities (fused: each row's softmax statistics), the norms' mean and
+//! rstd per group, cross-entropy's log-sum-exp per row, and gelu's tanh term, on the tape give the same
 //! values and cotangents, bit for bit, as the kernels that compute them again
 //! (`ops::backward`); only nodes that require grad keep anything, and a list that does not fit
 //! is an error naming the op.
@@ -54,21 +55,56 @@ fn check<T: Scalar>(op: &Op, x: &[Tensor<f64>], expect_kept: &[usize]) {
 #[test]
 fn attention_reads_what_its_forward_kept_with_the_recomputed_bits() {
     let mut rng = Rng(0x5a7ed);
+    // A mask with a row that allows nothing (its probabilities are zeros; the kept max is −∞).
+    let holed = |n: usize| Mask::from_fn(n, |i, j| i != 3 && j <= i);
     // n = 130 with the fused bound: blocks of 126 and 4 query rows.
-    for (batch, n, heads, masked) in [(1, 9, 3, false), (2, 17, 2, true), (2, 130, 4, true)] {
+    let cases = [
+        (1, 9, 3, None),
+        (2, 17, 2, Some(Mask::causal(17))),
+        (1, 11, 2, Some(holed(11))),
+        (2, 130, 4, Some(Mask::causal(130))),
+    ];
+    for (batch, n, heads, mask) in cases {
         let dm = 4 * heads;
         let x = mha_inputs(&mut rng, batch, n, dm);
         for fused in [false, true] {
-            let mask = masked.then(|| Mask::causal(n));
-            let op = Op::MultiHeadAttention { heads, mask, fused };
-            let qkvc = vec![batch * n * dm; 4];
-            let mut kept = qkvc.clone();
-            if !fused {
-                kept.push(batch * heads * n * n);
-            }
+            let op = Op::MultiHeadAttention {
+                heads,
+                mask: mask.clone(),
+                fused,
+            };
+            let mut kept = vec![batch * n * dm; 4];
+            kept.push(match fused {
+                true => batch * heads * n * 2,
+                false => batch * heads * n * n,
+            });
             check::<f32>(&op, &x, &kept);
             check::<f64>(&op, &x, &kept);
         }
+    }
+}
+
+#[test]
+fn attention_kept_statistics_carry_infinite_and_nan_scores_as_the_forward_made_them() {
+    // A token of 1e20 makes f32 scores of ±∞ (rows whose max is +∞: NaN probabilities), and a
+    // NaN token NaN scores; the fused backward's rows made from the kept statistics must carry
+    // them exactly as the forward made them (a NaN row's masked entries included).
+    let mut rng = Rng(0x1f);
+    let (n, heads) = (7, 2);
+    let mut x = mha_inputs(&mut rng, 1, n, 4 * heads);
+    let mut data = x[4].data().to_vec();
+    data[2 * 4 * heads + 1] = 1e20;
+    data[5 * 4 * heads] = f64::NAN;
+    x[4] = Tensor::new(x[4].shape().clone(), data).unwrap();
+    for mask in [None, Some(Mask::causal(n))] {
+        let op = Op::MultiHeadAttention {
+            heads,
+            mask,
+            fused: true,
+        };
+        let qkvc = vec![n * 4 * heads; 4];
+        let kept: Vec<usize> = qkvc.into_iter().chain([heads * n * 2]).collect();
+        check::<f32>(&op, &x, &kept);
     }
 }
 
@@ -89,6 +125,73 @@ fn gelu_reads_its_kept_tanh_with_the_recomputed_bits() {
     x = Tensor::new(x.shape().clone(), data).unwrap();
     check::<f32>(&Op::Gelu, std::slice::from_ref(&x), &[3 * 37]);
     check::<f64>(&Op::Gelu, &[x], &[3 * 37]);
+}
+
+#[test]
+fn norms_read_their_kept_mean_and_rstd_with_the_recomputed_bits() {
+    let mut rng = Rng(0x1a7);
+    // layerNorm over rows of 64 (the row kernels) and of 5 (a ragged tail), batch norm over
+    // 3 channels of a (2, 3, 4, 5) batch; a constant row (variance 0) and a wide one.
+    for (dims, c, batch) in [
+        (vec![6, 64], 64, false),
+        (vec![3, 2, 5], 5, false),
+        (vec![2, 3, 4, 5], 3, true),
+    ] {
+        let mut x = random(&mut rng, &Shape::new(&dims), Dom::Wide(40.0));
+        let mut data = x.data().to_vec();
+        data[..c].fill(0.75);
+        x = Tensor::new(x.shape().clone(), data).unwrap();
+        let gamma = random(&mut rng, &Shape::new(&[c]), Dom::Any);
+        let beta = random(&mut rng, &Shape::new(&[c]), Dom::Any);
+        let (op, groups) = match batch {
+            true => (Op::BatchNorm { eps: 1e-5 }, c),
+            false => (Op::LayerNorm { eps: 1e-5 }, x.numel() / c),
+        };
+        let inputs = [x, gamma, beta];
+        check::<f32>(&op, &inputs, &[2 * groups]);
+        check::<f64>(&op, &inputs, &[2 * groups]);
+    }
+}
+
+#[test]
+fn cross_entropy_reads_its_kept_log_sum_exp_with_the_recomputed_bits() {
+    // 5 rows of 7 classes (one label out of range: no loss, no gradient), labels at 2.. in the
+    // Nat environment; a row with a large logit (the max shift matters).
+    let mut rng = Rng(0xce);
+    let mut x = random(&mut rng, &Shape::new(&[5, 7]), Dom::Wide(8.0));
+    let mut data = x.data().to_vec();
+    data[9] = 80.0;
+    x = Tensor::new(x.shape().clone(), data).unwrap();
+    let nats = vec![9, 9, 3, 0, 6, 7, 1];
+    let op = Op::CrossEntropy { labels_at: 2 };
+    fn bits<T: Scalar>(op: &Op, x: &Tensor<f64>, nats: &[usize]) {
+        let x: Tensor<T> = x.cast();
+        let g = Tensor::scalar(T::lit(0.7));
+        let mut tape = Tape::<T>::new();
+        tape.set_nats(nats.to_vec());
+        let id = tape.leaf(x.clone(), None, true);
+        let y = tape.apply(op, &[id]).unwrap();
+        let kept: Vec<usize> = tape.node(y).unwrap().saved().iter().map(Vec::len).collect();
+        assert_eq!(kept, [5]);
+        let taped = tape.backward_dense(y, &g).unwrap().swap_remove(id);
+        let yk = ops::forward(op, &[&x], nats).unwrap();
+        let recomputed = ops::backward(op, &[&x], &yk, &g, nats).unwrap();
+        let b = |t: &Tensor<T>| {
+            t.data()
+                .iter()
+                .map(|v| v.as_f64().to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(b(tape.get(y).unwrap()), b(&yk));
+        assert_eq!(b(&taped), b(recomputed[0].as_ref().unwrap()));
+        // A list that does not fit is an error naming the op.
+        let e = ops::backward_needed(op, &[&x], &yk, &g, &[true], nats, &[vec![T::zero(); 4]])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("crossEntropy") && e.contains("saved"), "{e}");
+    }
+    bits::<f32>(&op, &x, &nats);
+    bits::<f64>(&op, &x, &nats);
 }
 
 #[test]
@@ -133,7 +236,7 @@ fn a_kept_list_that_does_not_fit_is_an_error_naming_the_op() {
     let (y, saved) = ops::forward_saving(&op, &xr, &[]).unwrap();
     assert_eq!(saved.len(), 5);
     let g = Tensor::<f64>::zeros(y.shape().clone());
-    let short = &saved[..4]; // the fused form's list for an unfused op
+    let short = &saved[..4]; // one buffer short
     let e = ops::backward_needed(&op, &xr, &y, &g, &[true; 5], &[], short)
         .unwrap_err()
         .to_string();
@@ -146,6 +249,13 @@ fn a_kept_list_that_does_not_fit_is_an_error_naming_the_op() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("gelu") && e.contains("saved"), "{e}");
+    let x = Tensor::<f64>::zeros([3, 4]);
+    let gb = Tensor::<f64>::zeros([4]);
+    let ln = Op::LayerNorm { eps: 1e-5 };
+    let e = ops::backward_needed(&ln, &[&x, &gb, &gb], &x, &x, &[true; 3], &[], &saved[..1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("layerNorm") && e.contains("saved"), "{e}");
 }
 
 #[test]
