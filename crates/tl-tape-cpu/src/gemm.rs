@@ -384,6 +384,9 @@ pub fn matmul<T: Scalar>(
     let t = split_threads(m, n, k);
     match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
         (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
+            if t == 1 && column_major_product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha) {
+                return Ok(());
+            }
             let bt = (t == 1).then(|| row_major_rhs(m, &b.g, bd, &c.g)).flatten();
             let (bd, bg) = match &bt {
                 Some(v) => (&v[..], row_major(k, n)),
@@ -411,6 +414,87 @@ pub fn matmul<T: Scalar>(
 
 /// Sides (m, k, n) from which [`row_major_rhs`] copies a column-major right-hand side.
 const TRANSPOSE_MIN_SIDE: usize = 16;
+
+/// Whether an `(m, k)·(k, n)` product with a column-major right-hand side (`x·wᵀ`) and a
+/// row-major output is made at the AVX-512 level by [`row_major_rhs`] (copy `wᵀ` row-major,
+/// k·n elements) or by [`column_major_product`] (copy `x` column-major and the output back,
+/// m·k + m·n elements, and the output in first too when the product is added to it): the
+/// fewer copied elements.
+fn column_major_cheaper(m: usize, k: usize, n: usize, accumulate: bool) -> bool {
+    let outputs = m
+        .saturating_mul(n)
+        .saturating_mul(1 + usize::from(accumulate));
+    m.saturating_mul(k).saturating_add(outputs) < k.saturating_mul(n)
+}
+
+/// `c ← alpha·a·b (+ c)` for a row-major `a`, a column-major `b` (a transposed row-major
+/// matrix: a linear layer's `x·wᵀ`) and a row-major `c`, all contiguous, at the AVX-512 level,
+/// every side at least [`TRANSPOSE_MIN_SIDE`], when [`column_major_cheaper`]: the whole
+/// product in column-major form (faer's own layout), `a` copied column-major (and `c` too when
+/// accumulating, so the product is added to it inside the kernel as on the other paths) and
+/// the column-major result copied into `c`. Returns whether it did. A wide layer (k ≫ m, the mlp's 784 inputs
+/// for a batch of 64) then copies 64×784 + 64×256 elements instead of the 256×784 of `wᵀ`,
+/// and the gemm crate runs its fastest layout: 64×784·784×256 took 239 µs against 293 (the
+/// copy of `wᵀ` alone 50), 64×256·256×256 78 against 87, on every shape measured where the
+/// rule chooses it but one (32×288·288×64, +5%), and the rule keeps the row-major copy on the
+/// shapes where that is faster (128×256·256×64: 39 against 44 µs; docs/performance.md). Each
+/// output is still one sum over k in the same order, added to `c` by the kernel: the same
+/// bits (tested across levels).
+#[allow(clippy::too_many_arguments)]
+fn column_major_product(
+    a: Geometry,
+    ad: &[f32],
+    b: Geometry,
+    bd: &[f32],
+    c: Geometry,
+    cd: &mut [f32],
+    accumulate: bool,
+    alpha: impl Scalar,
+) -> bool {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let sides = m.min(k).min(n) >= TRANSPOSE_MIN_SIDE;
+    let layouts = a.cs == 1 && a.rs == k && b.rs == 1 && b.cs == k && c.cs == 1 && c.rs == n;
+    let avx512 = crate::simd::level() == crate::simd::Level::Avx512;
+    if !(sides && layouts && avx512 && column_major_cheaper(m, k, n, accumulate)) {
+        return false;
+    }
+    let (Some(a_src), Some(c_dst)) = (
+        ad.get(a.offset..a.offset + m * k),
+        cd.get_mut(c.offset..c.offset + m * n),
+    ) else {
+        return false;
+    };
+    let mut at = tl_spec::pool::for_overwrite(m * k);
+    crate::simd::transpose_f32(a_src, m, k, &mut at);
+    let mut ct = tl_spec::pool::for_overwrite(m * n);
+    let accum = match accumulate {
+        true => {
+            crate::simd::transpose_f32(c_dst, m, n, &mut ct);
+            Accum::Add
+        }
+        false => Accum::Replace,
+    };
+    let col_major = |rows, cols| Geometry {
+        offset: 0,
+        rows,
+        cols,
+        rs: 1,
+        cs: rows,
+    };
+    let views = (
+        col_major(m, k).faer(&at),
+        b.faer(bd),
+        col_major(m, n).faer_mut(&mut ct),
+    );
+    let (Some(av), Some(bv), Some(cv)) = views else {
+        return false;
+    };
+    split_matmul(cv, accum, av, bv, alpha.as_f64() as f32, 1);
+    crate::simd::transpose_f32(&ct, n, m, c_dst);
+    tl_spec::pool::give(at);
+    tl_spec::pool::give(ct);
+    true
+}
 
 /// A row-major copy of a column-major right-hand side `b` (a transposed row-major matrix: the
 /// `x·wᵀ` of every linear layer) for a row-major output, at the AVX-512 level, when every side

@@ -98,6 +98,17 @@ fn every_simd_level_gives_the_baseline_bits() {
                 edgy(&mut rng, &[n, 40], 2.0),
             ],
         ),
+        // A wide x·wᵀ (k ≫ m): at AVX-512 x and the bias-filled output are copied
+        // column-major, the product is added in column-major form and the result copied back
+        // (gemm::column_major_product); k = 600 spans more than one of the kernel's k blocks.
+        (
+            Op::Linear,
+            vec![
+                edgy(&mut rng, &[48, 600], 1.0),
+                edgy(&mut rng, &[48], 1.0),
+                edgy(&mut rng, &[20, 600], 2.0),
+            ],
+        ),
         // 2×2/2 max pooling runs its pair kernel at the chosen level (rows of 5 outputs and a
         // cell in no window on each axis; ±0 and repeated values tie).
         (
