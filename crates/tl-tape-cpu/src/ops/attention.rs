@@ -334,7 +334,7 @@ pub(crate) fn softmax_row<T: Scalar>(row: &mut [T], allowed: Option<&[bool]>) ->
 /// (NaNs are skipped either way; of two equal zeros either sign may win, and `v − m` is then
 /// the same for every entry but a zero, whose exponential is 1 either way).
 #[inline(always)]
-fn row_max<T: Scalar>(row: &[T], allowed: Option<&[bool]>) -> T {
+pub(crate) fn row_max<T: Scalar>(row: &[T], allowed: Option<&[bool]>) -> T {
     const LANES: usize = 16;
     let mut acc = [T::neg_infinity(); LANES];
     // Selects, not a conditional store, so that the masked loop vectorizes too.

@@ -3,7 +3,9 @@
 //! directly as `x − m − log Σ exp(x − m)`, never as `log(softmax)`.
 //!
 //! The backward passes reuse the forward output: softmax `dx = y·(g − Σ g·y)`, log-softmax
-//! `dx = g − exp(y)·Σ g`.
+//! `dx = g − exp(y)·Σ g`. Both directions run their rows as [`crate::simd::vectorize`] kernels
+//! (the CPU's widest instruction set; the row max in 16 lanes); a row of −∞ stays NaN, as in
+//! PyTorch (`maskedSoftmax` is the form that gives such rows zeros).
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -22,32 +24,58 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         _ => return Err(wrong_family(op, "softmax")),
     };
     let c = cols(op, x)?;
-    let mut out = tl_spec::pool::zeroed(x.numel());
-    for (row, o) in x.data().chunks_exact(c).zip(out.chunks_exact_mut(c)) {
-        let m = row.iter().copied().fold(T::neg_infinity(), T::max);
-        for (o, &v) in o.iter_mut().zip(row) {
-            *o = v - m;
-        }
-        if log {
-            let lse = o
-                .iter()
-                .map(|&v| v.exp()) // summed as it goes: scalar, where libm is faster
-                .fold(T::zero(), |a, b| a + b)
-                .ln();
-            for o in o.iter_mut() {
-                *o -= lse;
-            }
-        } else {
-            for o in o.iter_mut() {
-                *o = approx::exp(*o);
-            }
-            let inv = T::one() / sum_slice(o);
-            for o in o.iter_mut() {
-                *o *= inv;
-            }
-        }
-    }
+    let out = crate::simd::vectorize(Forward {
+        x: x.data(),
+        c,
+        log,
+    });
     tensor(x.shape().clone(), out)
+}
+
+/// The forward's rows as a kernel for [`crate::simd::vectorize`] (compiled for the CPU's best
+/// instruction set; the max in 16 lanes, [`super::attention::row_max`]).
+struct Forward<'a, T> {
+    x: &'a [T],
+    c: usize,
+    log: bool,
+}
+
+impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
+    type Output = Vec<T>;
+
+    #[inline(always)]
+    fn call(self) -> Vec<T> {
+        let mut out = tl_spec::pool::for_overwrite(self.x.len());
+        let rows = self
+            .x
+            .chunks_exact(self.c)
+            .zip(out.chunks_exact_mut(self.c));
+        for (row, o) in rows {
+            let m = super::attention::row_max(row, None);
+            for (o, &v) in o.iter_mut().zip(row) {
+                *o = v - m;
+            }
+            if self.log {
+                let lse = o
+                    .iter()
+                    .map(|&v| v.exp()) // summed as it goes: scalar, where libm is faster
+                    .fold(T::zero(), |a, b| a + b)
+                    .ln();
+                for o in o.iter_mut() {
+                    *o -= lse;
+                }
+            } else {
+                for o in o.iter_mut() {
+                    *o = approx::exp(*o);
+                }
+                let inv = T::one() / sum_slice(o);
+                for o in o.iter_mut() {
+                    *o *= inv;
+                }
+            }
+        }
+        out
+    }
 }
 
 /// Operand cotangent of `softmax` / `logSoftmax`, from the forward output `y`.
@@ -67,22 +95,45 @@ pub fn backward<T: Scalar>(
     check_shape(op, "output", y, x.shape())?;
     check_shape(op, "cotangent", g, x.shape())?;
     let c = cols(op, x)?;
-    let mut dx = tl_spec::pool::zeroed(x.numel());
-    let rows = y.data().chunks_exact(c).zip(g.data().chunks_exact(c));
-    for ((yr, gr), d) in rows.zip(dx.chunks_exact_mut(c)) {
-        if log {
-            let s = sum_slice(gr);
-            for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
-                *d = g - approx::exp(y) * s;
-            }
-        } else {
-            let dot = dot_slice(yr, gr);
-            for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
-                *d = y * (g - dot);
+    let dx = crate::simd::vectorize(Backward {
+        y: y.data(),
+        g: g.data(),
+        c,
+        log,
+    });
+    Ok(smallvec![Some(tensor(x.shape().clone(), dx)?)])
+}
+
+/// The backward's rows as a kernel for [`crate::simd::vectorize`].
+struct Backward<'a, T> {
+    y: &'a [T],
+    g: &'a [T],
+    c: usize,
+    log: bool,
+}
+
+impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
+    type Output = Vec<T>;
+
+    #[inline(always)]
+    fn call(self) -> Vec<T> {
+        let mut dx = tl_spec::pool::for_overwrite(self.y.len());
+        let rows = self.y.chunks_exact(self.c).zip(self.g.chunks_exact(self.c));
+        for ((yr, gr), d) in rows.zip(dx.chunks_exact_mut(self.c)) {
+            if self.log {
+                let s = sum_slice(gr);
+                for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
+                    *d = g - approx::exp(y) * s;
+                }
+            } else {
+                let dot = dot_slice(yr, gr);
+                for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
+                    *d = y * (g - dot);
+                }
             }
         }
+        dx
     }
-    Ok(smallvec![Some(tensor(x.shape().clone(), dx)?)])
 }
 
 /// The row length (last axis; 1 for a scalar). An empty last axis is an error.
@@ -124,6 +175,32 @@ mod tests {
         let s = Tensor::<f64>::scalar(3.5);
         assert_eq!(forward(&Op::Softmax, &[&s]).unwrap().data(), &[1.0]);
         assert_eq!(forward(&Op::LogSoftmax, &[&s]).unwrap().data(), &[0.0]);
+    }
+
+    #[test]
+    fn a_row_of_negative_infinity_is_nan_and_leaves_the_others_alone() {
+        // PyTorch: softmax of an all −∞ row is NaN (maskedSoftmax is the form that gives 0).
+        let x = Tensor::<f32>::new(
+            [2, 3],
+            vec![f32::NEG_INFINITY; 3]
+                .into_iter()
+                .chain([0.0, 1.0, 2.0])
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        for op in [Op::Softmax, Op::LogSoftmax] {
+            let y = forward(&op, &[&x]).unwrap();
+            assert!(
+                y.data()[..3].iter().all(|v| v.is_nan()),
+                "{op}: {:?}",
+                y.data()
+            );
+            assert!(
+                y.data()[3..].iter().all(|v| v.is_finite()),
+                "{op}: {:?}",
+                y.data()
+            );
+        }
     }
 
     #[test]

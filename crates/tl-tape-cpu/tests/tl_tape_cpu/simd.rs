@@ -28,6 +28,15 @@ fn edgy(rng: &mut Rng, shape: &[usize], wide: f64) -> Tensor<f64> {
     t
 }
 
+/// `t` (at least 2-D) with its last row set to −∞.
+fn neg_inf_row(t: Tensor<f64>) -> Tensor<f64> {
+    let c = *t.shape().dims().last().unwrap_or(&1);
+    let mut data = t.data().to_vec();
+    let n = data.len();
+    data[n - c..].fill(f64::NEG_INFINITY);
+    Tensor::new(t.shape().clone(), data).unwrap()
+}
+
 /// [`kernel_bits`] in `T` for inputs and cotangent given in f64.
 fn run<T: Scalar>(op: &Op, inputs: &[Tensor<f64>], g: &Tensor<f64>) -> Vec<Vec<u64>> {
     let x: Vec<Tensor<T>> = inputs.iter().map(|t| t.cast()).collect();
@@ -82,6 +91,12 @@ fn every_simd_level_gives_the_baseline_bits() {
         (
             Op::Sub,
             vec![edgy(&mut rng, &[3, n], 6.0), edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        // softmax / logSoftmax rows, one of them all −∞ (NaN out, as PyTorch).
+        (Op::Softmax, vec![neg_inf_row(edgy(&mut rng, &[4, n], 8.0))]),
+        (
+            Op::LogSoftmax,
+            vec![neg_inf_row(edgy(&mut rng, &[4, n], 8.0))],
         ),
         (
             Op::MaskedSoftmax {
