@@ -384,7 +384,7 @@ pub fn matmul<T: Scalar>(
     let t = split_threads(m, n, k);
     match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
         (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
-            if t == 1 && column_major_product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha) {
+            if column_major_product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha, t) {
                 return Ok(());
             }
             let bt = (t == 1).then(|| row_major_rhs(m, &b.g, bd, &c.g)).flatten();
@@ -432,14 +432,16 @@ fn column_major_cheaper(m: usize, k: usize, n: usize, accumulate: bool) -> bool 
 /// every side at least [`TRANSPOSE_MIN_SIDE`], when [`column_major_cheaper`]: the whole
 /// product in column-major form (faer's own layout), `a` copied column-major (and `c` too when
 /// accumulating, so the product is added to it inside the kernel as on the other paths) and
-/// the column-major result copied into `c`. Returns whether it did. A wide layer (k ≫ m, the mlp's 784 inputs
-/// for a batch of 64) then copies 64×784 + 64×256 elements instead of the 256×784 of `wᵀ`,
-/// and the gemm crate runs its fastest layout: 64×784·784×256 took 239 µs against 293 (the
+/// the column-major result copied into `c`. Returns whether it did. A wide layer (k ≫ m, the
+/// mlp's 784 inputs for a batch of 64) then copies 64×784 + 64×256 elements instead of the
+/// 256×784 of `wᵀ`, and the gemm crate runs its fastest layout: 64×784·784×256 took 239 µs against 293 (the
 /// copy of `wᵀ` alone 50), 64×256·256×256 78 against 87, on every shape measured where the
 /// rule chooses it but one (32×288·288×64, +5%), and the rule keeps the row-major copy on the
 /// shapes where that is faster (128×256·256×64: 39 against 44 µs; docs/performance.md). Each
 /// output is still one sum over k in the same order, added to `c` by the kernel: the same
-/// bits (tested across levels).
+/// bits (tested across levels and thread counts). On `threads` > 1 the copies stay on the
+/// calling thread and the column-major product is split as any other ([`split_matmul`]): the
+/// two-thread mlp step took 0.524 ms against 0.595 with its products split strided.
 #[allow(clippy::too_many_arguments)]
 fn column_major_product(
     a: Geometry,
@@ -450,6 +452,7 @@ fn column_major_product(
     cd: &mut [f32],
     accumulate: bool,
     alpha: impl Scalar,
+    threads: usize,
 ) -> bool {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let sides = m.min(k).min(n) >= TRANSPOSE_MIN_SIDE;
@@ -489,7 +492,7 @@ fn column_major_product(
     let (Some(av), Some(bv), Some(cv)) = views else {
         return false;
     };
-    split_matmul(cv, accum, av, bv, alpha.as_f64() as f32, 1);
+    split_matmul(cv, accum, av, bv, alpha.as_f64() as f32, threads);
     crate::simd::transpose_f32(&ct, n, m, c_dst);
     tl_spec::pool::give(at);
     tl_spec::pool::give(ct);
@@ -698,22 +701,32 @@ mod tests {
             assert!(m * k * n >= PARALLEL_MIN_WORK);
             let a: Vec<f32> = fill(m * k, 3).into_iter().map(|v| v as f32).collect();
             let b: Vec<f32> = fill(k * n, 4).into_iter().map(|v| v as f32).collect();
-            let run = |t: usize, accumulate: bool| {
+            // The same b stored transposed: a column-major right-hand side (x·wᵀ), which at
+            // AVX-512 takes the copied or the column-major path (column_major_product).
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let run = |t: usize, accumulate: bool, transposed: bool| {
                 let prev = set_threads(t);
                 assert_eq!(threads(), t);
                 let mut c: Vec<f32> = fill(m * n, 5).into_iter().map(|v| v as f32).collect();
-                let (av, bv) = (rows(&op, &a, m, k).unwrap(), rows(&op, &b, k, n).unwrap());
+                let av = rows(&op, &a, m, k).unwrap();
+                let bv = match transposed {
+                    false => rows(&op, &b, k, n).unwrap(),
+                    true => rows(&op, &bt, n, k).unwrap().t(),
+                };
                 let cv = rows_mut(&op, &mut c, m, n).unwrap();
                 matmul(&op, cv, accumulate, av, bv, 0.75).unwrap();
                 set_threads(prev);
                 c
             };
             for accumulate in [false, true] {
-                let one = run(1, accumulate);
-                for t in [2, 3, 4] {
-                    let c = run(t, accumulate);
+                let one = run(1, accumulate, false);
+                for (t, transposed) in [(1, true), (2, false), (2, true), (3, false), (4, true)] {
+                    let c = run(t, accumulate, transposed);
                     let same = one.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(same, "{t} threads changed ({m}, {k}, {n}) acc {accumulate}");
+                    assert!(
+                        same,
+                        "{t} threads (b transposed: {transposed}) changed ({m}, {k}, {n}) acc {accumulate}"
+                    );
                 }
             }
         }
