@@ -24,8 +24,9 @@
 //! on. A product of fewer than [`PARALLEL_MIN_WORK`] multiply-adds always runs on the calling
 //! thread: splitting it costs more than it saves. A larger one is cut along the output's longer
 //! side into one block per thread (aligned to 16), each a sequential faer product, the first
-//! on the calling thread and the others on rayon's pool ([`crate::par::join`]). faer's own parallel split lost to one thread on the steps' skinny products on
-//! the 2-core VM (64×784·784×256: 294 µs on one thread, 351 µs on two); ours takes 158 µs
+//! on the calling thread and the others on rayon's pool ([`crate::par::join`]). faer's own
+//! parallel split lost to one thread on the steps' skinny products on the 2-core VM
+//! (64×784·784×256: 294 µs on one thread, 351 µs on two); ours takes 158 µs
 //! (docs/performance.md). The result does not depend on the thread count: every output's sum
 //! over k runs in the same order whatever block it lands in (blocks never change the gemm
 //! crate's k-blocking, see `GEMM_SMALL_SIDE`; tested on skinny, tall and ragged shapes).
@@ -434,14 +435,15 @@ fn column_major_cheaper(m: usize, k: usize, n: usize, accumulate: bool) -> bool 
 /// accumulating, so the product is added to it inside the kernel as on the other paths) and
 /// the column-major result copied into `c`. Returns whether it did. A wide layer (k ≫ m, the
 /// mlp's 784 inputs for a batch of 64) then copies 64×784 + 64×256 elements instead of the
-/// 256×784 of `wᵀ`, and the gemm crate runs its fastest layout: 64×784·784×256 took 239 µs against 293 (the
-/// copy of `wᵀ` alone 50), 64×256·256×256 78 against 87, on every shape measured where the
-/// rule chooses it but one (32×288·288×64, +5%), and the rule keeps the row-major copy on the
-/// shapes where that is faster (128×256·256×64: 39 against 44 µs; docs/performance.md). Each
-/// output is still one sum over k in the same order, added to `c` by the kernel: the same
-/// bits (tested across levels and thread counts). On `threads` > 1 the copies stay on the
-/// calling thread and the column-major product is split as any other ([`split_matmul`]): the
-/// two-thread mlp step took 0.524 ms against 0.595 with its products split strided.
+/// 256×784 of `wᵀ`, and the gemm crate runs its fastest layout: 64×784·784×256 took 239 µs
+/// against 293 (the copy of `wᵀ` alone 50), 64×256·256×256 78 against 87, on every shape
+/// measured where the rule chooses it but one (32×288·288×64, +5%), and the rule keeps the
+/// row-major copy on the shapes where that is faster (128×256·256×64: 39 against 44 µs;
+/// docs/performance.md). Each output is still one sum over k in the same order, added to `c`
+/// by the kernel: the same bits (tested across levels and thread counts). On `threads` > 1
+/// the copies stay on the calling thread and the column-major product is split as any other
+/// ([`split_matmul`]): the two-thread mlp step took 0.524 ms against 0.595 with its products
+/// split strided.
 #[allow(clippy::too_many_arguments)]
 fn column_major_product(
     a: Geometry,
