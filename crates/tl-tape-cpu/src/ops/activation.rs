@@ -8,7 +8,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Scalar, Tensor};
 
-use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_saved, check_shape, tensor, wrong_family};
 use crate::Result;
 use crate::simd::{self, Map1, Map2, Map3};
 
@@ -66,19 +66,17 @@ pub fn backward_saved<T: Scalar>(
     check_shape(op, "cotangent", g, s)?;
     let one = T::one();
     let pairs = x[0].data().iter().zip(g.data());
-    let dx: Vec<T> = match (op, saved) {
-        (Op::Gelu, []) => simd::zip(x[0].data(), g.data(), GeluBackward(Gelu::new())),
-        (Op::Gelu, [t]) if t.len() == x[0].numel() => {
+    if !saved.is_empty() {
+        // gelu keeps its tanh term; silu keeps nothing.
+        let gelu = [x[0].numel()];
+        check_saved(op, saved, if *op == Op::Gelu { &gelu[..] } else { &[] })?;
+    }
+    let dx: Vec<T> = match (op, saved.first()) {
+        (Op::Gelu, None) => simd::zip(x[0].data(), g.data(), GeluBackward(Gelu::new())),
+        (Op::Gelu, Some(t)) => {
             simd::zip3(x[0].data(), t, g.data(), GeluBackwardFromTanh(Gelu::new()))
         }
-        (_, [_, ..]) => {
-            return Err(tl_spec::Error::shape(
-                op.name(),
-                format!("{} saved buffers do not fit the forward's", saved.len()),
-            )
-            .into());
-        }
-        (Op::Silu, []) => pairs
+        (Op::Silu, _) => pairs
             .map(|(&v, &g)| {
                 let s = sigmoid(v);
                 s * (one + v * (one - s)) * g

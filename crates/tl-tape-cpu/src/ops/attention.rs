@@ -23,7 +23,10 @@ use tl_spec::ops::attention::mha::{Dims, mha_dims};
 use tl_spec::ops::attention::{Mask, masked_softmax_shape};
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, approx, check_arity, check_shape, dot_slice, sum_slice, tensor, wrong_family};
+use super::{
+    Grads, approx, check_arity, check_saved, check_shape, dot_slice, sum_slice, tensor,
+    wrong_family,
+};
 use crate::Result;
 use crate::gemm::{Mat, matmul, rows, rows_mut};
 
@@ -474,14 +477,7 @@ pub mod core {
         pub fn from_saved(op: &Op, dm: &Dims, fused: bool, saved: &'a [Vec<T>]) -> Result<Self> {
             let len = dm.batch * dm.n * dm.p;
             let expected = [len, len, len, len, kept_len(op, dm, fused)?];
-            let got: Vec<usize> = saved.iter().map(Vec::len).collect();
-            if got != expected {
-                return Err(SpecError::shape(
-                    op.name(),
-                    format!("saved buffers of lengths {got:?}, the forward keeps {expected:?}"),
-                )
-                .into());
-            }
+            check_saved(op, saved, &expected)?;
             let last = Some(saved[4].as_slice());
             Ok(Kept {
                 qkv: [&saved[0], &saved[1], &saved[2]],

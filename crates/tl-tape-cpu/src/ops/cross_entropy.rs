@@ -8,7 +8,9 @@ use tl_ir::Op;
 use tl_spec::ops::index::try_nat_vec_at;
 use tl_spec::{Scalar, Shape, Tensor};
 
-use super::{Grads, approx, check_arity, check_shape, out_shape, tensor, wrong_family};
+use super::{
+    Grads, approx, check_arity, check_saved, check_shape, out_shape, tensor, wrong_family,
+};
 use crate::Result;
 
 /// Forward value of `crossEntropy`.
@@ -64,14 +66,9 @@ pub fn backward_saved<T: Scalar>(
     check_shape(op, "cotangent", g, &Shape::scalar())?;
     let kept = match saved {
         [] => None,
-        [z] if z.len() == rows => Some(z),
         _ => {
-            let got: Vec<usize> = saved.iter().map(Vec::len).collect();
-            return Err(tl_spec::Error::shape(
-                op.name(),
-                format!("saved buffers of lengths {got:?}, the forward keeps [{rows}]"),
-            )
-            .into());
+            check_saved(op, saved, &[rows])?;
+            Some(&saved[0])
         }
     };
     let k = g.data()[0] / T::lit(rows as f64);

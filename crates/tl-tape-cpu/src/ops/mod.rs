@@ -210,6 +210,20 @@ pub(crate) fn wrong_family(op: &Op, family: &str) -> crate::Error {
     SpecError::param(op.name(), format!("not an op of the {family} family")).into()
 }
 
+/// Check that the buffers [`forward_saving`] kept for `op` (`saved`, non-empty) have the
+/// `expected` lengths; a list that does not fit is an error naming the op.
+pub(crate) fn check_saved<T>(op: &Op, saved: &[Vec<T>], expected: &[usize]) -> Result<()> {
+    let got: Vec<usize> = saved.iter().map(Vec::len).collect();
+    if got == expected {
+        return Ok(());
+    }
+    Err(SpecError::shape(
+        op.name(),
+        format!("saved buffers of lengths {got:?}, the forward keeps {expected:?}"),
+    )
+    .into())
+}
+
 /// Check that `t` (named `what` in the message) has shape `expected`.
 pub(crate) fn check_shape<T: Scalar>(
     op: &Op,

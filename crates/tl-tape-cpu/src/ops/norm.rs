@@ -12,7 +12,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, check_arity, check_shape, sum_slice, tensor, wrong_family};
+use super::{Grads, check_arity, check_saved, check_shape, sum_slice, tensor, wrong_family};
 use crate::Result;
 
 /// How x is laid out into groups: `outer` blocks of `c` groups of `seg` contiguous elements;
@@ -163,17 +163,9 @@ pub fn backward_saved<T: Scalar>(
     let (xs, gamma, gs) = (x[0].data(), x[1].data(), g.data());
     let kept = match saved {
         [] => None,
-        [st] if st.len() == 2 * l.c => Some(&st[..]),
         _ => {
-            let got: Vec<usize> = saved.iter().map(Vec::len).collect();
-            return Err(SpecError::shape(
-                op.name(),
-                format!(
-                    "saved buffers of lengths {got:?}, the forward keeps [{}]",
-                    2 * l.c
-                ),
-            )
-            .into());
+            check_saved(op, saved, &[2 * l.c])?;
+            Some(&saved[0][..])
         }
     };
     if l.per_column {
