@@ -68,6 +68,8 @@ def jax(py, cores, key):
     res = subprocess.run(pin([py, str(Path(__file__).with_name("steps.py")), key], cores),
                          env=env, capture_output=True, text=True, check=True)
     m = re.search(rf"jax-jit {key} step: median ([0-9.]+) ms", res.stdout)
+    if m is None:
+        sys.exit(f"steps.py printed no median for {key}:\n{res.stdout}{res.stderr}")
     return float(m.group(1))
 
 
