@@ -137,15 +137,9 @@ pub fn backward_saved<T: Scalar>(
         Op::MaskedSoftmax { mask } => {
             masked_softmax_shape(x[0].shape(), mask)?;
             check_shape(op, "output", y, x[0].shape())?;
-            let n = mask.n().max(1);
-            let mut dx = tl_spec::pool::zeroed(y.numel());
-            let rows = y.data().chunks_exact(n).zip(g.data().chunks_exact(n));
-            for ((yr, gr), d) in rows.zip(dx.chunks_exact_mut(n)) {
-                let dot = dot_slice(yr, gr);
-                for ((d, &y), &g) in d.iter_mut().zip(yr).zip(gr) {
-                    *d = y * (g - dot);
-                }
-            }
+            let mut dx = tl_spec::pool::for_overwrite(g.numel());
+            dx.copy_from_slice(g.data());
+            softmax_vjp_rows(y.data(), &mut dx, mask.n(), None);
             Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])
         }
         Op::MultiHeadAttention { heads, mask, fused } => {
@@ -244,6 +238,40 @@ pub(crate) fn softmax_rows<'m, T: Scalar>(
         allowed,
         stats,
     });
+}
+
+/// The softmax's vector-Jacobian product, row by row in place: each row of `d` holds the
+/// cotangent g of the matching row y of `y` and becomes `y ⊙ (g − ⟨y, g⟩)`, times `scale`
+/// when given (the attention's `1/√d`), as a [`crate::simd::vectorize`] kernel (the same
+/// operations in the same order at every width, so the same bits).
+pub(crate) fn softmax_vjp_rows<T: Scalar>(y: &[T], d: &mut [T], n: usize, scale: Option<T>) {
+    struct Rows<'a, T> {
+        y: &'a [T],
+        d: &'a mut [T],
+        n: usize,
+        scale: Option<T>,
+    }
+    impl<T: Scalar> crate::simd::Kernel for Rows<'_, T> {
+        type Output = ();
+        #[inline(always)]
+        fn call(self) {
+            let n = self.n.max(1);
+            for (yr, dr) in self.y.chunks_exact(n).zip(self.d.chunks_exact_mut(n)) {
+                let dot = dot_slice(yr, dr);
+                match self.scale {
+                    Some(c) => dr
+                        .iter_mut()
+                        .zip(yr)
+                        .for_each(|(g, &y)| *g = y * (*g - dot) * c),
+                    None => dr
+                        .iter_mut()
+                        .zip(yr)
+                        .for_each(|(g, &y)| *g = y * (*g - dot)),
+                }
+            }
+        }
+    }
+    crate::simd::vectorize(Rows { y, d, n, scale });
 }
 
 /// The rows [`softmax_rows`] makes of the same scores, from the statistics it kept (`stats[2r]`

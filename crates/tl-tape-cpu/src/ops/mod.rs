@@ -275,7 +275,9 @@ pub(crate) fn sum_slice<T: Scalar>(v: &[T]) -> T {
     s
 }
 
-/// ⟨a, b⟩ with eight independent accumulators (the slices have equal length).
+/// ⟨a, b⟩ with eight independent accumulators (the slices have equal length); inlined, so that
+/// inside a [`crate::simd::vectorize`] kernel it runs at the kernel's width.
+#[inline(always)]
 pub(crate) fn dot_slice<T: Scalar>(a: &[T], b: &[T]) -> T {
     let mut acc = [T::zero(); 8];
     let ca = a.chunks_exact(8);

@@ -311,12 +311,7 @@ pub fn backward<T: Scalar>(
                 let dv_h = dvb.as_mut().block(0, h * d, n, d);
                 matmul(op, dv_h, true, a.t(), do_blk, T::one())?;
                 // dS = A⊙(dA − Σ dA⊙A)·scale, in place.
-                for (ar, dr) in s.chunks_exact(n).zip(ds.chunks_exact_mut(n)) {
-                    let dot = dot_slice(ar, dr);
-                    for (dv, &a) in dr.iter_mut().zip(ar) {
-                        *dv = a * (*dv - dot) * scale;
-                    }
-                }
+                softmax_vjp_rows(s, ds, n, Some(scale));
                 let dsv = rows(op, ds, r, n)?;
                 // dQ_blk = dS·K_h; dK_h += dSᵀ·Q_blk.
                 let dq_blk = dqb.as_mut().block(i0, h * d, r, d);
