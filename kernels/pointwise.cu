@@ -1,12 +1,9 @@
 // Pointwise kernels: one element per grid-stride iteration. Each body is the twin of the
 // function of the same name in crates/tl-tape-cuda/src/device/sim/pointwise.rs.
 #include "common.cuh"
+#include "approx.cuh"
 
-__device__ __forceinline__ float tl_sigmoid_f(float x) {
-    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
+__device__ __forceinline__ float tl_sigmoid_f(float x) { return tl_sigmoid_approx(x); }
 __device__ __forceinline__ float tl_softplus_f(float x) {
     return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
 }
@@ -29,7 +26,7 @@ TL_UNARY(log, logf(v))
 TL_UNARY(inv, 1.0f / v)
 TL_UNARY(relu, v > 0.0f ? v : 0.0f)
 TL_UNARY(sigmoid, tl_sigmoid_f(v))
-TL_UNARY(tanh, tanhf(v))
+TL_UNARY(tanh, tl_tanh_approx(v))
 TL_UNARY(softplus, tl_softplus_f(v))
 
 extern "C" __global__ void tl_safe_log(const float* x, float* out, u64 n, float eps) {

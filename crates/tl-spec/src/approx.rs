@@ -1,13 +1,14 @@
-//! `exp` and `tanh` for f32 in straight-line arithmetic (selects and bit moves, no calls), so
-//! that a loop over a slice compiles to SIMD. They are shared bit for bit: the CPU tape's f32
-//! kernels call them, the CUDA simulation device calls them where its kernel does, and
-//! `kernels/activation.cu` has their twins (`tl_exp_approx`, `tl_tanh_approx`: the same
-//! operations in the same order, built with `--fmad=false`), so those three agree exactly,
-//! which libm's `expf`/`tanhf` and CUDA's do not.
+//! `exp`, `tanh`, the logistic sigmoid and `ln` for f32 in straight-line arithmetic (selects
+//! and bit moves, no calls), so that a loop over a slice compiles to SIMD. The first three are
+//! shared bit for bit: the CPU tape's f32 kernels call them, the CUDA simulation device calls
+//! them where its kernel does, and `kernels/approx.cuh` has their twins (`tl_exp_approx`,
+//! `tl_tanh_approx`, `tl_sigmoid_approx`: the same operations in the same order, built with
+//! `--fmad=false`), so those three agree exactly, which libm's `expf`/`tanhf` and CUDA's do
+//! not. `log_f32` is the CPU tape's alone (see its doc).
 //!
 //! Accuracy, checked below on dense sweeps against f64: `exp_f32` within 2 ulp (subnormal
-//! results within 1e-45 absolute), `tanh_f32` within 2 ulp; NaN stays NaN, ±∞ give what
-//! libm gives.
+//! results within 1e-45 absolute), `tanh_f32` and `log_f32` within 2 ulp, `sigmoid_f32` within
+//! 3 ulp; NaN stays NaN, ±∞ give what libm gives.
 
 /// `e^x` in f32: x = n·ln 2 + r with |r| ≤ ln 2 / 2 (Cody–Waite, two-part ln 2), a degree-6
 /// polynomial for e^r (Cephes' `expf` coefficients), then two scalings by powers of two so
@@ -68,6 +69,62 @@ pub fn tanh_f32(x: f32) -> f32 {
     let big = 1.0 - 2.0 / (e + 1.0);
     let r = if a < 0.625 { small } else { big };
     r.copysign(x)
+}
+
+/// `ln x` in f32 (Cephes' `logf`): x = m·2^e with m in [√½, √2), then
+/// `(m − 1) + P(m − 1)` with a degree-8 polynomial and the two-part ln 2 times e; a subnormal
+/// x is scaled by 2²³ first (exact). Straight-line (selects and bit moves), so a loop over a
+/// slice vectorizes. `ln 0 = −∞`, `ln(+∞) = +∞`, NaN for x < 0 and for NaN. Used by the CPU
+/// tape's f32 `log`; the simulation device and the CUDA kernel keep libm's and CUDA's `logf`
+/// (a few ulp apart: the derivative `g/x` does not read the log, so nothing cancels).
+#[inline(always)]
+pub fn log_f32(x: f32) -> f32 {
+    const SQRT_HALF: f32 = std::f32::consts::FRAC_1_SQRT_2;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let subnormal = x < f32::MIN_POSITIVE;
+    let xs = if subnormal { x * 8_388_608.0 } else { x };
+    let bits = xs.to_bits();
+    // The exponent of xs for m in [0.5, 1): garbage for x ≤ 0, +∞ and NaN, selected away below.
+    let e = ((bits >> 23) & 0xff) as i32 - 126 - if subnormal { 23 } else { 0 };
+    let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
+    let low = m < SQRT_HALF;
+    let e = (if low { e - 1 } else { e }) as f32;
+    let m = if low { m + m - 1.0 } else { m - 1.0 };
+    let z = m * m;
+    let mut p = 7.037_683_6e-2_f32;
+    p = p * m - 1.151_461e-1;
+    p = p * m + 1.167_699_9e-1;
+    p = p * m - 1.242_014_1e-1;
+    p = p * m + 1.424_932_3e-1;
+    p = p * m - 1.666_805_8e-1;
+    p = p * m + 2.000_071_4e-1;
+    p = p * m - 2.499_999_4e-1;
+    p = p * m + 3.333_333e-1;
+    let mut y = p * m * z;
+    y += LN2_LO * e;
+    y -= 0.5 * z;
+    let r = m + y + LN2_HI * e;
+    if x == 0.0 {
+        f32::NEG_INFINITY
+    } else if x == f32::INFINITY {
+        x
+    } else if x > 0.0 {
+        r
+    } else {
+        f32::NAN
+    }
+}
+
+/// The logistic sigmoid `1/(1 + e^{−x})` without overflow for either sign: with
+/// `e = exp_f32(−|x|)` (never above 1), `1/(1 + e)` for x ≥ 0 and `e/(1 + e)` below, both
+/// written as one division of a selected numerator (the same bits as either branch alone), so
+/// a loop over a slice vectorizes. 0.5 at ±0, 1 at +∞, 0 at −∞; NaN stays NaN.
+#[inline(always)]
+pub fn sigmoid_f32(x: f32) -> f32 {
+    let e = exp_f32(-x.abs());
+    let num = if x >= 0.0 { 1.0 } else { e };
+    num / (1.0 + e)
 }
 
 #[cfg(test)]
@@ -160,5 +217,78 @@ mod tests {
         // Both branches meet at the switch without a step.
         let below = f32::from_bits(0.625f32.to_bits() - 1);
         assert!((tanh_f32(0.625) - tanh_f32(below)).abs() <= 2.0 * f32::EPSILON);
+    }
+
+    #[test]
+    fn sigmoid_is_within_three_ulp_of_the_f64_sigmoid_everywhere() {
+        let mut worst = (0.0, 0.0f32);
+        // Below −103.9 the f32 result is 0 (e^x under the smallest subnormal); above 17 it is 1.
+        for x in sweep(-103.0, 20.0, 61) {
+            let want = 1.0 / (1.0 + (-f64::from(x)).exp());
+            let got = sigmoid_f32(x);
+            if want < f64::from(f32::MIN_POSITIVE) {
+                assert!(
+                    (f64::from(got) - want).abs() <= 3e-45,
+                    "sigmoid({x}) = {got}"
+                );
+                continue;
+            }
+            let u = ulps(got, want);
+            if u > worst.0 {
+                worst = (u, x);
+            }
+        }
+        assert!(worst.0 <= 3.0, "worst {} ulp at {}", worst.0, worst.1);
+        assert_eq!(sigmoid_f32(0.0), 0.5);
+        assert_eq!(sigmoid_f32(-0.0), 0.5);
+        assert_eq!(sigmoid_f32(f32::INFINITY), 1.0);
+        assert_eq!(sigmoid_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid_f32(30.0), 1.0);
+        assert_eq!(sigmoid_f32(-200.0), 0.0);
+        assert!(sigmoid_f32(f32::NAN).is_nan());
+        // Symmetric to the last bit where 1 − σ is exact: σ(−x) = e/(1 + e), σ(x) = 1/(1 + e).
+        for x in [0.25f32, 1.0, 3.5, 9.0] {
+            let (e, p, m) = (exp_f32(-x), sigmoid_f32(x), sigmoid_f32(-x));
+            assert_eq!((p, m), (1.0 / (1.0 + e), e / (1.0 + e)), "x = {x}");
+        }
+    }
+
+    #[test]
+    fn log_is_within_two_ulp_of_the_f64_log_everywhere() {
+        let mut worst = (0.0, 0.0f32);
+        // Every positive finite f32 with a stride of 97 bit patterns: subnormals, [√½, √2)
+        // around 1 (where the result is tiny), up to f32::MAX.
+        let mut k = 1u32;
+        let mut xs = Vec::new();
+        while k < f32::INFINITY.to_bits() {
+            xs.push(f32::from_bits(k));
+            k += 97;
+        }
+        xs.extend([
+            f32::MIN_POSITIVE,
+            f32::MAX,
+            1.0,
+            2.0,
+            0.5,
+            1.0 + f32::EPSILON,
+            1.0 - 1e-7,
+        ]);
+        for x in xs {
+            let (got, want) = (log_f32(x), f64::from(x).ln());
+            let u = ulps(got, want);
+            if u > worst.0 {
+                worst = (u, x);
+            }
+        }
+        assert!(worst.0 <= 2.0, "worst {} ulp at {:e}", worst.0, worst.1);
+        assert_eq!(log_f32(1.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(log_f32(0.0), f32::NEG_INFINITY);
+        assert_eq!(log_f32(-0.0), f32::NEG_INFINITY);
+        assert_eq!(log_f32(f32::INFINITY), f32::INFINITY);
+        assert!(log_f32(-1.0).is_nan());
+        assert!(log_f32(-f32::MIN_POSITIVE / 4.0).is_nan());
+        assert!(log_f32(f32::NEG_INFINITY).is_nan());
+        assert!(log_f32(f32::NAN).is_nan());
+        assert_eq!(log_f32(std::f32::consts::E), 1.0);
     }
 }

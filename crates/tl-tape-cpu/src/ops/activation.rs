@@ -1,8 +1,9 @@
 //! `gelu` (tanh approximation, as PyTorch's `approximate="tanh"`) and `silu`: one pass over
 //! contiguous slices each, forward and backward. Both are stable for large |x|: tanh and the
 //! sigmoid saturate, and the GELU derivative drops its second term once tanh has saturated.
-//! In f32 the GELU's tanh is [`tl_spec::approx::tanh_f32`] (the loops vectorize), the one the
-//! simulation device and the CUDA kernel use, so all three give the same bits.
+//! In f32 the GELU's tanh is [`tl_spec::approx::tanh_f32`] and SiLU's sigmoid
+//! [`tl_spec::approx::sigmoid_f32`] (the loops vectorize), the ones the simulation device and
+//! the CUDA kernels use, so all three give the same bits.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -20,7 +21,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     check_arity(op, x)?;
     match op {
         Op::Gelu => tensor(x[0].shape().clone(), simd::map(x[0].data(), Gelu::new())),
-        Op::Silu => Ok(x[0].map(|v| v * sigmoid(v))),
+        Op::Silu => tensor(x[0].shape().clone(), simd::map(x[0].data(), Silu)),
         _ => Err(wrong_family(op, "activation")),
     }
 }
@@ -64,8 +65,6 @@ pub fn backward_saved<T: Scalar>(
     let s = x[0].shape();
     check_shape(op, "output", y, s)?;
     check_shape(op, "cotangent", g, s)?;
-    let one = T::one();
-    let pairs = x[0].data().iter().zip(g.data());
     if !saved.is_empty() {
         // gelu keeps its tanh term; silu keeps nothing.
         let gelu = [x[0].numel()];
@@ -76,12 +75,7 @@ pub fn backward_saved<T: Scalar>(
         (Op::Gelu, Some(t)) => {
             simd::zip3(x[0].data(), t, g.data(), GeluBackwardFromTanh(Gelu::new()))
         }
-        (Op::Silu, _) => pairs
-            .map(|(&v, &g)| {
-                let s = sigmoid(v);
-                s * (one + v * (one - s)) * g
-            })
-            .collect(),
+        (Op::Silu, _) => simd::zip(x[0].data(), g.data(), SiluBackward),
         _ => return Err(wrong_family(op, "activation")),
     };
     Ok(smallvec![Some(tensor(s.clone(), dx)?)])
@@ -178,12 +172,25 @@ fn gelu_cotangent<T: Scalar>(gelu: Gelu<T>, v: T, t: T, g: T) -> T {
     (half * (one + t) + tail) * g
 }
 
-/// The logistic sigmoid without overflow for either sign.
-fn sigmoid<T: Scalar>(v: T) -> T {
-    if v >= T::zero() {
-        T::one() / (T::one() + (-v).exp())
-    } else {
-        let e = v.exp();
-        e / (T::one() + e)
+/// SiLU's value at one element, `v·σ(v)` ([`Map1`]).
+#[derive(Clone, Copy)]
+struct Silu;
+
+impl<T: Scalar> Map1<T> for Silu {
+    #[inline(always)]
+    fn at(self, v: T) -> T {
+        v * approx::sigmoid(v)
+    }
+}
+
+/// SiLU's cotangent at one element from `(v, g)`, `σ(1 + v(1 − σ))·g` ([`Map2`]).
+#[derive(Clone, Copy)]
+struct SiluBackward;
+
+impl<T: Scalar> Map2<T> for SiluBackward {
+    #[inline(always)]
+    fn at(self, v: T, g: T) -> T {
+        let s = approx::sigmoid(v);
+        s * (T::one() + v * (T::one() - s)) * g
     }
 }

@@ -1,19 +1,21 @@
-//! The f32 kernels' `exp` and `tanh`: [`tl_spec::approx`]'s straight-line versions (selects, no
-//! calls), so a loop over a slice compiles to SIMD; f64 keeps libm, the precise path.
+//! The f32 kernels' `exp`, `log`, `tanh` and sigmoid: [`tl_spec::approx`]'s straight-line versions
+//! (selects, no calls), so a loop over a slice compiles to SIMD; f64 keeps libm, the precise path.
 //!
 //! - `exp` where the loop is a map (softmax and the attention's probabilities, whose sum is a
 //!   separate loop; the softmax, log-softmax, cross-entropy and smooth max-pool backward
 //!   passes; `exp`). A loop that sums as it goes stays scalar whatever `exp` it calls, and there
 //!   libm's `expf` (table-driven) is the faster one, so those keep it. `tl verify --backend
 //!   cuda-sim` keeps these ops within its 8 ulp of the simulation device (libm there).
-//! - `tanh` in `gelu` only, forward and backward. Its formulas cancel (`1 + tanh u` near
-//!   u = −2.5, `1 − tanh²`), so the CPU tape can only leave libm where the simulation device
-//!   and the CUDA kernel compute the very same tanh: they do (`tl_spec::approx::tanh_f32` and
-//!   its twin in `kernels/activation.cu`), and the three agree bit for bit. The `tanh` op
-//!   itself keeps libm on every side.
+//! - `log` in the `log` op, likewise within 8 ulp of the simulation device's libm `logf` (its
+//!   backward `g/x` reads no log).
+//! - `tanh` in `gelu` and the `tanh` op; the sigmoid in the `sigmoid` op, `silu` and the
+//!   backward passes of `softplus` and `safeLog`. Their derivatives cancel (`1 + tanh u` near
+//!   u = −2.5, `1 − tanh²`, `1 − σ`), so the CPU tape can only leave libm where the simulation
+//!   device and the CUDA kernels compute the very same function: they do (`tl_spec::approx`
+//!   and its twins in `kernels/approx.cuh`), and the three agree bit for bit.
 
 use tl_spec::Scalar;
-use tl_spec::approx::{exp_f32, tanh_f32};
+use tl_spec::approx::{exp_f32, log_f32, sigmoid_f32, tanh_f32};
 
 /// Whether `T` is f32 (the other [`Scalar`] is f64).
 #[inline(always)]
@@ -41,6 +43,29 @@ pub(crate) fn tanh<T: Scalar>(v: T) -> T {
     }
 }
 
+/// `ln v`: [`log_f32`] for f32, libm for f64.
+#[inline(always)]
+pub(crate) fn log<T: Scalar>(v: T) -> T {
+    if is_f32::<T>() {
+        T::lit(f64::from(log_f32(v.as_f64() as f32)))
+    } else {
+        v.ln()
+    }
+}
+
+/// The logistic sigmoid: [`sigmoid_f32`] for f32; for f64 the same formula with libm's `exp`
+/// (`e = exp(−|v|)`, then `1/(1 + e)` for v ≥ 0, `e/(1 + e)` below).
+#[inline(always)]
+pub(crate) fn sigmoid<T: Scalar>(v: T) -> T {
+    if is_f32::<T>() {
+        T::lit(f64::from(sigmoid_f32(v.as_f64() as f32)))
+    } else {
+        let e = (-v.abs()).exp();
+        let num = if v >= T::zero() { T::one() } else { e };
+        num / (T::one() + e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +78,10 @@ mod tests {
         assert_eq!(exp(x as f32), exp_f32(x as f32));
         assert_eq!(tanh(x as f32), tanh_f32(x as f32));
         assert_eq!(tanh(-2.5f32), tanh_f32(-2.5));
+        assert_eq!(sigmoid(-1.5f32), sigmoid_f32(-1.5));
+        assert_eq!(log(x), x.ln());
+        assert_eq!(log(x as f32), log_f32(x as f32));
+        assert_eq!(sigmoid(x), 1.0 / (1.0 + (-x).exp()));
+        assert_eq!(sigmoid(-x), (-x).exp() / (1.0 + (-x).exp()));
     }
 }

@@ -6,7 +6,9 @@
 //! `zip3`): compiled for the best instruction set the CPU has, cut across threads when long,
 //! branch-free where the compiler can select; nothing allocates per element. Backward passes reuse the forward output
 //! `y` where that is cheaper than recomputing (`exp`, `sigmoid`, `tanh`, `sqrt`, `inv`, `div`).
-//! Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
+//! In f32, `exp`, `log`, `tanh` and the sigmoid (`sigmoid`, the backward passes of `softplus`
+//! and `safeLog`) are [`tl_spec::approx`]'s (see `ops/approx.rs`); `softplus` and `safeLog`
+//! call libm. Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
 //! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0.
 
 use smallvec::smallvec;
@@ -48,14 +50,14 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
                 simd::map(x[0].data(), move |v: T| hi.min(lo.max(v))),
             )?
         }
-        Sigmoid => unary(x[0], sigmoid1)?,
-        Tanh => unary(x[0], |v: T| v.tanh())?,
-        Softplus => unary(x[0], |v: T| softplus_sigmoid(v).0)?,
+        Sigmoid => unary(x[0], approx::sigmoid)?,
+        Tanh => unary(x[0], approx::tanh)?,
+        Softplus => unary(x[0], softplus)?,
         SafeLog { eps } => {
             let eps = T::lit(*eps);
             tensor(
                 x[0].shape().clone(),
-                simd::map(x[0].data(), move |v: T| (softplus_sigmoid(v).0 + eps).ln()),
+                simd::map(x[0].data(), move |v: T| (softplus(v) + eps).ln()),
             )?
         }
         Detach => x[0].clone(),
@@ -166,12 +168,11 @@ pub fn backward<T: Scalar>(
         }
         Sigmoid => one(zip(gd, yd, |g: T, y: T| g * (y * (one_t - y)))),
         Tanh => one(zip(gd, yd, |g: T, y: T| g * (one_t - y * y))),
-        Softplus => one(zip(gd, xd, |g: T, x: T| g * softplus_sigmoid(x).1)),
+        Softplus => one(zip(gd, xd, |g: T, x: T| g * approx::sigmoid(x))),
         SafeLog { eps } => {
             let eps = T::lit(*eps);
             one(zip(gd, xd, |g: T, x: T| {
-                let (sp, sg) = softplus_sigmoid(x);
-                g * (sg / (sp + eps))
+                g * (approx::sigmoid(x) / (softplus(x) + eps))
             }))
         }
         Detach => Ok(smallvec![None]),
@@ -205,7 +206,10 @@ fn binary<T: Scalar>(op: &Op, x: &[&Tensor<T>], f: impl simd::Map2<T>) -> Result
 /// the shape, the value and its flat index).
 fn log<T: Scalar>(op: &Op, x: &Tensor<T>) -> Result<Tensor<T>> {
     let d = x.data();
-    if let Some(i) = d.iter().position(|&v| v.is_nan() || v <= T::zero()) {
+    let bad = (!all_positive(d))
+        .then(|| d.iter().position(|&v| v.is_nan() || v <= T::zero()))
+        .flatten();
+    if let Some(i) = bad {
         return Err(SpecError::domain(
             op.name(),
             format!(
@@ -216,23 +220,29 @@ fn log<T: Scalar>(op: &Op, x: &Tensor<T>) -> Result<Tensor<T>> {
         )
         .into());
     }
-    tensor(x.shape().clone(), simd::map(d, |v: T| v.ln()))
+    tensor(x.shape().clone(), simd::map(d, approx::log))
 }
 
-/// Stable sigmoid: `1/(1+e)` for x ≥ 0 and `e/(1+e)` for x < 0, with `e = exp(−|x|)`.
-fn sigmoid1<T: Scalar>(x: T) -> T {
-    let e = (-x.abs()).exp();
-    let r = T::one() / (T::one() + e);
-    if x >= T::zero() { r } else { e * r }
+/// Whether every element is > 0 (a NaN is not): one pass without an early exit, so that it
+/// runs at the CPU's width ([`simd::vectorize`]); the caller looks for the culprit only when
+/// there is one.
+fn all_positive<T: Scalar>(d: &[T]) -> bool {
+    struct AllPositive<'a, T>(&'a [T]);
+    impl<T: Scalar> simd::Kernel for AllPositive<'_, T> {
+        type Output = bool;
+        #[inline(always)]
+        fn call(self) -> bool {
+            let positive = |c: &[T]| c.iter().fold(true, |ok, &v| ok & (v > T::zero()));
+            self.0.chunks(1024).all(positive)
+        }
+    }
+    simd::vectorize(AllPositive(d))
 }
 
-/// `(softplus(x), sigmoid(x))` from one `exp(−|x|)`: softplus in the stable form
-/// `max(x,0) + log1p(exp(−|x|))`.
-fn softplus_sigmoid<T: Scalar>(x: T) -> (T, T) {
-    let e = (-x.abs()).exp();
-    let sp = x.max(T::zero()) + e.ln_1p();
-    let r = T::one() / (T::one() + e);
-    (sp, if x >= T::zero() { r } else { e * r })
+/// `softplus(x)` in the stable form `max(x, 0) + log1p(exp(−|x|))` (libm: the simulation
+/// device and the CUDA kernel compute it the same way, within a few ulp).
+fn softplus<T: Scalar>(x: T) -> T {
+    x.max(T::zero()) + (-x.abs()).exp().ln_1p()
 }
 
 #[cfg(test)]

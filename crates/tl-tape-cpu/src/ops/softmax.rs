@@ -1,6 +1,7 @@
 //! Row softmax and log-softmax along the last axis (leading axes folded into rows; a scalar is
 //! one row of one column), both stable (the row max is subtracted first), log-softmax computed
-//! directly as `x − m − log Σ exp(x − m)`, never as `log(softmax)`.
+//! directly as `x − m − log Σ exp(x − m)`, never as `log(softmax)` (the exponentials in f32 by
+//! [`tl_spec::approx::exp_f32`], summed in the blocked order of `sum_slice`).
 //!
 //! The backward passes reuse the forward output: softmax `dx = y·(g − Σ g·y)`, log-softmax
 //! `dx = g − exp(y)·Σ g`. Both directions run their rows as [`crate::simd::vectorize`] kernels
@@ -46,6 +47,12 @@ impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
     #[inline(always)]
     fn call(self) -> Vec<T> {
         let mut out = tl_spec::pool::for_overwrite(self.x.len());
+        // logSoftmax's exponentials of one row, summed after (a loop that sums as it goes
+        // would run one element at a time).
+        let mut exps = match self.log {
+            true => tl_spec::pool::for_overwrite(self.c),
+            false => Vec::new(),
+        };
         let rows = self
             .x
             .chunks_exact(self.c)
@@ -56,11 +63,10 @@ impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
                 *o = v - m;
             }
             if self.log {
-                let lse = o
-                    .iter()
-                    .map(|&v| v.exp()) // summed as it goes: scalar, where libm is faster
-                    .fold(T::zero(), |a, b| a + b)
-                    .ln();
+                for (e, &v) in exps.iter_mut().zip(o.iter()) {
+                    *e = approx::exp(v);
+                }
+                let lse = sum_slice(&exps).ln();
                 for o in o.iter_mut() {
                     *o -= lse;
                 }
@@ -74,6 +80,7 @@ impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
                 }
             }
         }
+        tl_spec::pool::give(exps);
         out
     }
 }

@@ -3,8 +3,11 @@
 //! Each function is the twin of the `kernels/pointwise.cu` body of the same name. Basic
 //! arithmetic (`+ − × ÷`, `sqrt`) is correctly rounded on both sides and matches bit for bit
 //! (the kernels must be built without FMA contraction: `--fmad=false` or `__fmul_rn`/`__fadd_rn`);
-//! transcendental functions (`expf`, `logf`, `tanhf`, `log1pf`) may differ from the host's by
-//! the few ulp CUDA documents, so sim vs GPU comparisons of those ops use a tolerance.
+//! `tanh` and the sigmoid (in `sigmoid`, `silu` and the backward passes of `softplus` and
+//! `safeLog`) are [`tl_spec::approx`]'s straight-line functions, whose twins are in
+//! `kernels/approx.cuh`: the same bits there and on the CPU tape. The other transcendental
+//! functions (`expf`, `logf`, `log1pf`) may differ from the host's by the few ulp CUDA
+//! documents, so sim vs GPU comparisons of those ops use a tolerance.
 //!
 //! Conventions are those of SEMANTICS.md ("Pointwise").
 
@@ -38,19 +41,16 @@ pub fn relu(x: f32) -> f32 {
     if x > 0.0 { x } else { 0.0 }
 }
 
-/// `1/(1+exp(−x))` for x ≥ 0, `e/(1+e)` with `e = exp(x)` below: no overflow either way.
+/// `1/(1+e)` for x ≥ 0, `e/(1+e)` below, `e = exp(−|x|)`: no overflow either way
+/// ([`tl_spec::approx::sigmoid_f32`], `tl_sigmoid_approx` in the kernels).
 pub fn sigmoid(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
+    tl_spec::approx::sigmoid_f32(x)
 }
 
-/// `tanh x` (`tanhf`): saturates to ±1 for large |x|, never `∞/∞ = NaN`.
+/// `tanh x`: saturates to ±1 for large |x|, never `∞/∞ = NaN`
+/// ([`tl_spec::approx::tanh_f32`], `tl_tanh_approx` in the kernels).
 pub fn tanh(x: f32) -> f32 {
-    x.tanh()
+    tl_spec::approx::tanh_f32(x)
 }
 
 /// `max(x, 0) + log1p(exp(−|x|))`.
