@@ -108,14 +108,21 @@ fn expand_axis<T: Scalar>(
     let (_, n, inner, out_shape) = split(op, x, axis)?;
     check_shape(op, "cotangent", g, &out_shape)?;
     let gd = g.data();
-    let mut dx = tl_spec::pool::zeroed(x.numel());
+    // Every element is written below (each block is `n` rows of `inner`).
+    let mut dx = tl_spec::pool::for_overwrite(x.numel());
     let scale = if mean {
         T::one() / T::lit(n as f64)
     } else {
         T::one()
     };
+    let value = |v: T| if mean { v * scale } else { v };
     if n > 0 && inner > 0 {
         for (block, grow) in dx.chunks_exact_mut(n * inner).zip(gd.chunks_exact(inner)) {
+            if inner == 1 {
+                // The last axis: one value per block (a copy per element would be a call).
+                block.fill(value(grow[0]));
+                continue;
+            }
             for row in block.chunks_exact_mut(inner) {
                 if mean {
                     for (d, &v) in row.iter_mut().zip(grow) {
@@ -151,6 +158,45 @@ mod tests {
             dx[0].as_ref().unwrap().data(),
             &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
         );
+    }
+
+    /// The backward writes every element of a buffer it takes from the pool without a fill:
+    /// spare buffers full of NaN must not show through, on the last axis (one value per
+    /// block) or an inner one.
+    #[test]
+    fn axis_backward_overwrites_a_spare_buffer_everywhere() {
+        let x = Tensor::<f64>::from_fn([2, 3, 2], |i| i as f64);
+        let mut spare = tl_spec::pool::Pool::<f64>::new();
+        let cases: [(Op, Vec<f64>, Vec<f64>); 4] = [
+            (
+                Op::ReduceSum(2),
+                (1..=6).map(f64::from).collect(),
+                [1., 1., 2., 2., 3., 3., 4., 4., 5., 5., 6., 6.].to_vec(),
+            ),
+            (
+                Op::ReduceMean(2),
+                (1..=6).map(f64::from).collect(),
+                [0.5, 0.5, 1., 1., 1.5, 1.5, 2., 2., 2.5, 2.5, 3., 3.].to_vec(),
+            ),
+            (
+                Op::ReduceSum(1),
+                [1., 2., 3., 4.].to_vec(),
+                [1., 2., 1., 2., 1., 2., 3., 4., 3., 4., 3., 4.].to_vec(),
+            ),
+            (
+                Op::ReduceMean(0),
+                (1..=6).map(f64::from).collect(),
+                [0.5, 1., 1.5, 2., 2.5, 3., 0.5, 1., 1.5, 2., 2.5, 3.].to_vec(),
+            ),
+        ];
+        for (op, g, want) in cases {
+            spare.put(vec![f64::NAN; 12]);
+            let _installed = tl_spec::pool::install(&mut spare);
+            let y = forward(&op, &[&x]).unwrap();
+            let g = Tensor::new(y.shape().clone(), g).unwrap();
+            let dx = backward(&op, &[&x], &y, &g).unwrap();
+            assert_eq!(dx[0].as_ref().unwrap().data(), &want[..], "{op:?}");
+        }
     }
 
     #[test]
