@@ -167,7 +167,7 @@ fn fft_forward<F: Scalar + FftNum>(
     m: usize,
 ) -> Result<Tensor<F>> {
     let mut f = fft::Fft::<F>::new(n, w, m);
-    let mut y = vec![F::zero(); x[0].numel()];
+    let mut y = tl_spec::pool::zeroed(x[0].numel());
     let slice = (n * w).max(1);
     for (xs, ys) in x[0]
         .data()
@@ -187,9 +187,9 @@ fn fft_backward<F: Scalar + FftNum>(
     m: usize,
 ) -> Result<Grads<F>> {
     let mut f = fft::Fft::<F>::new(n, w, m);
-    let mut dx = vec![F::zero(); x[0].numel()];
-    let mut dwr = vec![F::zero(); x[1].numel()];
-    let mut dwi = vec![F::zero(); x[2].numel()];
+    let mut dx = tl_spec::pool::zeroed(x[0].numel());
+    let mut dwr = tl_spec::pool::zeroed(x[1].numel());
+    let mut dwi = tl_spec::pool::zeroed(x[2].numel());
     let slice = (n * w).max(1);
     let slices = x[0]
         .data()
