@@ -38,7 +38,9 @@ pub fn backward<T: Scalar>(
     let dx = match op {
         Op::Sum => {
             check_shape(op, "cotangent", g, &Shape::scalar())?;
-            Tensor::full(x.shape().clone(), g.data()[0])
+            let mut dx = tl_spec::pool::for_overwrite(x.numel());
+            dx.fill(g.data()[0]);
+            tensor(x.shape().clone(), dx)?
         }
         Op::ReduceSum(axis) => expand_axis(op, x.shape(), *axis, g, false)?,
         Op::ReduceMean(axis) => expand_axis(op, x.shape(), *axis, g, true)?,
