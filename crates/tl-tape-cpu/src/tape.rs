@@ -469,12 +469,21 @@ impl<T: Scalar> Tape<T> {
         Ok(grads)
     }
 
+    /// Every node's gradient, zeros (in the tape's pool buffers) where none flowed.
     fn densify(&self, grads: Vec<Option<Tensor<T>>>) -> Result<Vec<Tensor<T>>> {
-        Ok(grads
-            .into_iter()
-            .zip(&self.nodes)
-            .map(|(g, n)| g.unwrap_or_else(|| Tensor::zeros(n.value.shape().clone())))
-            .collect())
+        self.with_pool(|| {
+            grads
+                .into_iter()
+                .zip(&self.nodes)
+                .map(|(g, n)| match g {
+                    Some(g) => Ok(g),
+                    None => {
+                        let zeros = pool::zeroed(n.value.numel());
+                        Ok(Tensor::new(n.value.shape().clone(), zeros)?)
+                    }
+                })
+                .collect()
+        })
     }
 
     /// The reverse loop: visit ids n−1 … 0; for each node that requires grad and has a
