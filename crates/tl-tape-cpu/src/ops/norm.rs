@@ -227,20 +227,29 @@ pub fn backward_saved<T: Scalar>(
 mod rows {
     use tl_spec::Scalar;
 
-    /// Σ f(i) over `0..n` in eight lanes, combined as [`super::sum_slice`] combines them.
+    /// Σ f(aᵢ, bᵢ, cᵢ) over the common length in eight lanes (element i into lane i mod 8,
+    /// then the tail in order), combined as [`super::sum_slice`] combines them. Written over
+    /// eight-element chunks, so the compiler keeps the eight lanes in one vector register (an
+    /// index closure `f(i + l)` compiled to one element at a time).
     #[inline(always)]
-    fn lanes<T: Scalar>(n: usize, f: impl Fn(usize) -> T) -> T {
+    fn lanes<T: Scalar>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) -> T {
+        let n = a.len().min(b.len()).min(c.len());
+        let (a, b, c) = (
+            a[..n].chunks_exact(8),
+            b[..n].chunks_exact(8),
+            c[..n].chunks_exact(8),
+        );
+        let tail = a.remainder().iter().zip(b.remainder()).zip(c.remainder());
         let mut acc = [T::zero(); 8];
-        let full = n - n % 8;
-        for i in (0..full).step_by(8) {
-            for (l, a) in acc.iter_mut().enumerate() {
-                *a += f(i + l);
+        for ((xa, xb), xc) in a.zip(b).zip(c) {
+            for (l, s) in acc.iter_mut().enumerate() {
+                *s += f(xa[l], xb[l], xc[l]);
             }
         }
         let mut s =
             ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for i in full..n {
-            s += f(i);
+        for ((&u, &v), &w) in tail {
+            s += f(u, v, w);
         }
         s
     }
@@ -249,8 +258,8 @@ mod rows {
     #[inline(always)]
     fn stats<T: Scalar>(row: &[T], eps: T) -> (T, T) {
         let m = T::lit(row.len().max(1) as f64);
-        let mean = lanes(row.len(), |i| row[i]) / m;
-        let sq = lanes(row.len(), |i| (row[i] - mean) * (row[i] - mean));
+        let mean = lanes(row, row, row, |x, _, _| x) / m;
+        let sq = lanes(row, row, row, |x, _, _| (x - mean) * (x - mean));
         (mean, T::one() / ((sq / m).max(T::zero()) + eps).sqrt())
     }
 
@@ -317,9 +326,8 @@ mod rows {
                     *db += gi;
                     *dg += gi * ((v - mean) * rstd);
                 }
-                let n = xr.len().min(gr.len()).min(gamma.len());
-                let s1 = lanes(n, |i| gr[i] * gamma[i]);
-                let s2 = lanes(n, |i| gr[i] * gamma[i] * ((xr[i] - mean) * rstd));
+                let s1 = lanes(gr, gamma, xr, |g, ga, _| g * ga);
+                let s2 = lanes(gr, gamma, xr, |g, ga, x| g * ga * ((x - mean) * rstd));
                 let k = rstd / m;
                 for (((d, &v), &gi), &ga) in dr.iter_mut().zip(xr).zip(gr).zip(gamma) {
                     let h = (v - mean) * rstd;
