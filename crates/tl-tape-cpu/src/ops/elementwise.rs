@@ -260,6 +260,37 @@ mod tests {
         gr[0].as_ref().unwrap().data().to_vec()
     }
 
+    /// `log`'s domain check is one vectorized pass: at every SIMD level, a culprit anywhere
+    /// (the tail past the last full vector included) is found with its flat index, and an
+    /// input that is all positive (a subnormal and +∞ among them) passes.
+    #[test]
+    fn log_finds_a_non_positive_value_at_every_level() {
+        let n = 2049;
+        let good: Vec<f32> = (0..n).map(|i| 0.5 + (i % 7) as f32).collect();
+        for level in crate::simd::Level::available() {
+            assert!(crate::simd::set_level(Some(level)));
+            let mut ok = good.clone();
+            ok[3] = 1e-40;
+            ok[7] = f32::INFINITY;
+            let y = forward(&Op::Log, &[&Tensor::vector(ok)]).unwrap();
+            assert_eq!(y.data()[7], f32::INFINITY);
+            for at in [0, 1500, n - 1] {
+                for bad in [0.0, -0.0, -1.0, f32::NAN, f32::NEG_INFINITY] {
+                    let mut x = good.clone();
+                    x[at] = bad;
+                    let e = forward(&Op::Log, &[&Tensor::vector(x)])
+                        .unwrap_err()
+                        .to_string();
+                    assert!(
+                        e.contains(&format!("flat index {at}")),
+                        "{level:?} {bad}: {e}"
+                    );
+                }
+            }
+        }
+        crate::simd::set_level(None);
+    }
+
     #[test]
     fn kink_conventions_by_hand() {
         let x = v(&[-1.0, 0.0, 2.0]);
