@@ -11,7 +11,8 @@
 //   __shfl_down_sync() exchanges through per-thread slots between two warp barriers;
 // - atomicAdd is a plain read-add-write (fibers never interleave inside it);
 // - __fadd_rn / __fmul_rn are single roundings, and the library is built with
-//   -ffp-contract=off, as nvcc's --fmad=false (xtask/src/kernels.rs);
+//   -ffp-contract=off, as nvcc's --fmad=false (xtask/src/kernels.rs); __fmaf_rn is the C
+//   library's fmaf, one rounding as IEEE 754 and CUDA define it;
 // - expf, logf, tanhf, ... are the host libm's, so they match the simulation device (which
 //   uses the same libm), not CUDA's few-ulp approximations.
 #pragma once
@@ -58,6 +59,12 @@ inline float __shfl_down_sync(unsigned int /*mask: the kernels shuffle whole war
 
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
+inline int __float_as_int(float f) {
+    int i;
+    std::memcpy(&i, &f, sizeof i);
+    return i;
+}
 inline float __int_as_float(int i) {
     float f;
     std::memcpy(&f, &i, sizeof f);

@@ -1,54 +1,61 @@
-//! `exp`, `tanh`, the logistic sigmoid and `ln` for f32 in straight-line arithmetic (selects
-//! and bit moves, no calls), so that a loop over a slice compiles to SIMD. The first three are
-//! shared bit for bit: the CPU tape's f32 kernels call them, the CUDA simulation device calls
-//! them where its kernel does, and `kernels/approx.cuh` has their twins (`tl_exp_approx`,
-//! `tl_tanh_approx`, `tl_sigmoid_approx`: the same operations in the same order, built with
-//! `--fmad=false`), so those three agree exactly, which libm's `expf`/`tanhf` and CUDA's do
-//! not. `log_f32` is the CPU tape's alone (see its doc).
+//! `exp`, `tanh`, the logistic sigmoid and `ln` for f32 in straight-line arithmetic (selects,
+//! bit moves and fused multiply-adds, no calls where the CPU has FMA), so that a loop over a
+//! slice compiles to SIMD. The first three are shared bit for bit: the CPU tape's f32 kernels
+//! call them, the CUDA simulation device calls them where its kernel does, and
+//! `kernels/approx.cuh` has their twins (`tl_exp_approx`, `tl_tanh_approx`,
+//! `tl_sigmoid_approx`: the same operations in the same order, built with `--fmad=false`, each
+//! [`f32::mul_add`] here a `__fmaf_rn` there), so those three agree exactly, which libm's
+//! `expf`/`tanhf` and CUDA's do not. `log_f32` is the CPU tape's alone (see its doc).
+//!
+//! A fused multiply-add rounds once, exactly as IEEE 754 specifies it, on every side: an FMA
+//! instruction where the CPU has one (the AVX2 and AVX-512 loops), libm's `fmaf` where it does
+//! not (the baseline build, the simulation device), `__fmaf_rn` on the GPU. Only the time
+//! differs. Written out, not contracted: Rust never fuses `a·b + c` by itself, and the kernels
+//! are built with `--fmad=false`.
 //!
 //! Accuracy, checked below on dense sweeps against f64: `exp_f32` within 2 ulp (subnormal
 //! results within 1e-45 absolute), `tanh_f32` and `log_f32` within 2 ulp, `sigmoid_f32` within
 //! 3 ulp; NaN stays NaN, ±∞ give what libm gives.
 
 /// `e^x` in f32: x = n·ln 2 + r with |r| ≤ ln 2 / 2 (Cody–Waite, two-part ln 2), a degree-6
-/// polynomial for e^r (Cephes' `expf` coefficients), then two scalings by powers of two so
-/// that n from −150 to 128 needs no special case (results below 2⁻¹²⁶ round as subnormals).
+/// polynomial for e^r (Cephes' `expf` coefficients) in fused multiply-adds, then two scalings
+/// by powers of two so that n from −150 to 128 needs no special case (results below 2⁻¹²⁶
+/// round as subnormals, once).
+///
+/// No select at the end: x is clamped to [−104, 89], where the arithmetic itself gives what
+/// the true e^x rounds to outside the finite range. Every x above ln(f32::MAX) (88.72284 and
+/// up) has n = 128 and e^r ≥ 1, so e^r·2⁶⁴·2⁶⁴ overflows to +∞; every x below −103.97208 has
+/// n = −150 and e^r < 1, so e^r·2⁻⁷⁵·2⁻⁷⁵ is under half the smallest subnormal and rounds to
+/// 0 (both checked over every f32 there by the tests). A NaN passes the clamp and makes e^r
+/// NaN, whatever n its bits give.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    const MAX: f32 = 88.722_83; // e^MAX just below f32::MAX
-    const MIN: f32 = -103.972_08; // e^MIN rounds to the smallest subnormal
-    let xc = x.clamp(MIN, MAX); // NaN passes through clamp and is selected back below
+    const HI: f32 = 89.0;
+    const LO: f32 = -104.0;
+    let xc = x.clamp(LO, HI);
     // Round to nearest by the 1.5·2²³ shift (|x·log₂e| < 2²²): `f32::round` is a libm call
     // on baseline x86-64 (no SSE4.1), which would stop the loop from vectorizing.
     const SHIFT: f32 = 12_582_912.0;
-    let shifted = xc * std::f32::consts::LOG2_E + SHIFT;
+    let shifted = xc.mul_add(std::f32::consts::LOG2_E, SHIFT);
     let n = shifted - SHIFT;
-    let r = xc - n * LN2_HI - n * LN2_LO;
+    let r = (-n).mul_add(LN2_HI, xc);
+    let r = (-n).mul_add(LN2_LO, r);
     let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let er = p * r * r + r + 1.0;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let er = (p * r).mul_add(r, r) + 1.0;
     // n as an integer, read from the shifted sum's low mantissa bits (the same n as `n as
-    // i32`, whose saturating conversion does not vectorize); a NaN gives some n, and x back
-    // below.
+    // i32`, whose saturating conversion does not vectorize), split by an arithmetic shift
+    // into n1 + n2 = n with both in [−75, 64].
     let n = (shifted.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
-    let (n1, n2) = (n / 2, n.wrapping_sub(n / 2));
+    let (n1, n2) = (n >> 1, n.wrapping_sub(n >> 1));
     let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
-    let y = er * pow2(n1) * pow2(n2);
-    if x > MAX {
-        f32::INFINITY
-    } else if x < MIN {
-        0.0
-    } else if x.is_nan() {
-        x
-    } else {
-        y
-    }
+    er * pow2(n1) * pow2(n2)
 }
 
 /// `tanh x` in f32 (Cephes' `tanhf`): for |x| < 0.625 the odd polynomial
@@ -60,11 +67,11 @@ pub fn tanh_f32(x: f32) -> f32 {
     let a = x.abs();
     let z = a * a;
     let mut p = -5.704_988_7e-3_f32;
-    p = p * z + 2.063_909e-2;
-    p = p * z - 5.373_971_6e-2;
-    p = p * z + 1.333_144_2e-1;
-    p = p * z - 3.333_328e-1;
-    let small = p * z * a + a;
+    p = p.mul_add(z, 2.063_909e-2);
+    p = p.mul_add(z, -5.373_971_6e-2);
+    p = p.mul_add(z, 1.333_144_2e-1);
+    p = p.mul_add(z, -3.333_328e-1);
+    let small = (p * z).mul_add(a, a);
     let e = exp_f32(a + a);
     let big = 1.0 - 2.0 / (e + 1.0);
     let r = if a < 0.625 { small } else { big };
@@ -93,18 +100,18 @@ pub fn log_f32(x: f32) -> f32 {
     let m = if low { m + m - 1.0 } else { m - 1.0 };
     let z = m * m;
     let mut p = 7.037_683_6e-2_f32;
-    p = p * m - 1.151_461e-1;
-    p = p * m + 1.167_699_9e-1;
-    p = p * m - 1.242_014_1e-1;
-    p = p * m + 1.424_932_3e-1;
-    p = p * m - 1.666_805_8e-1;
-    p = p * m + 2.000_071_4e-1;
-    p = p * m - 2.499_999_4e-1;
-    p = p * m + 3.333_333e-1;
-    let mut y = p * m * z;
-    y += LN2_LO * e;
-    y -= 0.5 * z;
-    let r = m + y + LN2_HI * e;
+    p = p.mul_add(m, -1.151_461e-1);
+    p = p.mul_add(m, 1.167_699_9e-1);
+    p = p.mul_add(m, -1.242_014_1e-1);
+    p = p.mul_add(m, 1.424_932_3e-1);
+    p = p.mul_add(m, -1.666_805_8e-1);
+    p = p.mul_add(m, 2.000_071_4e-1);
+    p = p.mul_add(m, -2.499_999_4e-1);
+    p = p.mul_add(m, 3.333_333e-1);
+    let y = (p * m) * z;
+    let y = LN2_LO.mul_add(e, y);
+    let y = (-0.5f32).mul_add(z, y);
+    let r = LN2_HI.mul_add(e, m + y);
     if x == 0.0 {
         f32::NEG_INFINITY
     } else if x == f32::INFINITY {
@@ -188,6 +195,45 @@ mod tests {
         assert_eq!(exp_f32(-104.0), 0.0);
         assert!(exp_f32(f32::NAN).is_nan());
         assert!(exp_f32(88.72).is_finite());
+    }
+
+    /// Every f32 from `a` to `b` (one sign), no stride.
+    fn every(a: f32, b: f32) -> impl Iterator<Item = f32> {
+        let (a, b) = (a.to_bits(), b.to_bits());
+        (a.min(b)..=a.max(b)).map(f32::from_bits)
+    }
+
+    #[test]
+    fn exp_overflows_and_underflows_exactly_where_the_true_exp_leaves_the_f32_range() {
+        // No select does this: the clamp to [−104, 89] and the arithmetic. Above ln(f32::MAX)
+        // the correctly rounded e^x is +∞, below −150·ln 2 it is 0; every f32 near both ends.
+        for x in every(88.0, 90.0) {
+            let (got, want) = (exp_f32(x), f64::from(x).exp());
+            if (want as f32).is_infinite() {
+                assert_eq!(got, f32::INFINITY, "exp({x:e})");
+            } else {
+                assert!(
+                    got.is_finite() && ulps(got, want) <= 2.0,
+                    "exp({x:e}) = {got:e}"
+                );
+            }
+        }
+        for x in every(-103.5, -105.0) {
+            let (got, want) = (exp_f32(x), f64::from(x).exp());
+            assert_eq!(
+                got == 0.0,
+                want as f32 == 0.0,
+                "exp({x:e}) = {got:e}, {want:e}"
+            );
+            assert!(
+                (f64::from(got) - want).abs() <= 1.5e-45,
+                "exp({x:e}) = {got:e}"
+            );
+        }
+        assert_eq!(exp_f32(1e30), f32::INFINITY);
+        assert_eq!(exp_f32(-1e30), 0.0);
+        assert_eq!(exp_f32(f32::MAX), f32::INFINITY);
+        assert_eq!(exp_f32(f32::MIN), 0.0);
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //! a [`Kernel`] whose `call` is `#[inline(always)]` (a closure is not inlined reliably), with
 //! plain loops over slices and `#[inline(always)]` helpers inside.
 //!
-//! The level changes the time, never the bits: Rust never fuses `a·b + c` into an FMA, and
-//! IEEE `+ − × ÷` and `sqrt` round the same at every width. The tests compare every level the
-//! machine has against the baseline, bit for bit; [`set_level`] (or `TL_SIMD=avx512|avx2|
-//! scalar`, read once) forces a level, e.g. to time one against another.
+//! The level changes the time, never the bits: Rust never fuses `a·b + c` into an FMA by
+//! itself, IEEE `+ − × ÷` and `sqrt` round the same at every width, and the FMAs written out
+//! ([`f32::mul_add`], in `tl_spec::approx`) round once at every level (an instruction at the
+//! AVX2 and AVX-512 levels, libm's `fmaf` at the baseline, slower but the same bits). The
+//! tests compare every level the machine has against the baseline, bit for bit; [`set_level`]
+//! (or `TL_SIMD=avx512|avx2|scalar`, read once) forces a level, e.g. to time one against
+//! another.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
