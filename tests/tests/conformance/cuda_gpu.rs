@@ -16,11 +16,16 @@
 //! - check 6 (det) on the GPU itself: deterministic mode on, three runs (a fresh device twice,
 //!   then the second again, its pool's cached blocks holding stale data) bit for bit;
 //! - check 5: the eager session on `Backend::Cuda` against the linked session (f64, on the same
-//!   f32-rounded inputs), every registry entry and random DAGs.
+//!   f32-rounded inputs), every registry entry and random DAGs;
+//! - the ops whose kernels are `kernels/approx.cuh`'s twins of `tl_spec::approx` (tanh, sigmoid,
+//!   gelu, silu: `registry::SAME_BITS`) equal the sim bit for bit, values and gradients, as
+//!   they do on the emulator: nothing in them is CUDA's libm, and each fused multiply-add is
+//!   written out, so what this adds is nvcc's code generation and the hardware's FMA.
 //!
-//! It is not held to the sim's bits or to the sim within the f32 tolerance: two f32 backends
-//! each within `tol` of the reference may be `2·tol` apart, and were (a random DAG through a
-//! batch norm over two elements, the atomic kernels 1.1e-4 from the sim, first H100 run).
+//! Otherwise it is not held to the sim's bits or to the sim within the f32 tolerance: two f32
+//! backends each within `tol` of the reference may be `2·tol` apart, and were (a random DAG
+//! through a batch norm over two elements, the atomic kernels 1.1e-4 from the sim, first H100
+//! run).
 //! Each check's largest error is printed as `GPU-SUMMARY conformance-<check> <max_err>
 //! pass|FAIL`, which the bundle's run.sh collects into its table.
 #![cfg(feature = "cuda")]
@@ -29,7 +34,9 @@ use tl_conformance::backend::OnDevice;
 use tl_conformance::checks::conventions::check_conventions;
 use tl_conformance::checks::grid::{check_grid_device_within, grid_cases};
 use tl_conformance::checks::hard::{check_hard, check_hard_families, families};
-use tl_conformance::checks::sim::{check_deterministic_dag_on, check_deterministic_on};
+use tl_conformance::checks::sim::{
+    check_deterministic_dag_on, check_deterministic_on, check_device_vs_sim,
+};
 use tl_conformance::checks::{
     check_backward, check_backward_dag, check_forward, check_forward_dag, check_session_dag_on,
     check_session_on,
@@ -120,6 +127,21 @@ fn checks_1_and_2_hold_on_the_gpu_for_random_dags() {
         ];
         summarise(&format!("dags-{mode}"), &reports, cfg.cases);
     }
+}
+
+#[test]
+fn the_approx_kernels_equal_the_sim_bit_for_bit_on_the_gpu() {
+    if !gpu() {
+        return;
+    }
+    let cfg = cfg();
+    let reports: Vec<Report> = entries()
+        .iter()
+        .filter(|e| e.ulps == Some(registry::SAME_BITS))
+        .map(|e| check_device_vs_sim(e, &cfg, "cuda", CudaDevice::new))
+        .collect();
+    assert_eq!(reports.len(), 4, "tanh, sigmoid, gelu and silu");
+    summarise("approx-bits", &reports, cfg.cases);
 }
 
 #[test]
