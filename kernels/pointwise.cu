@@ -4,9 +4,7 @@
 #include "approx.cuh"
 
 __device__ __forceinline__ float tl_sigmoid_f(float x) { return tl_sigmoid_approx(x); }
-__device__ __forceinline__ float tl_softplus_f(float x) {
-    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
-}
+__device__ __forceinline__ float tl_softplus_f(float x) { return tl_softplus_approx(x); }
 __device__ __forceinline__ float tl_sign_f(float x) {
     return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
 }
@@ -30,7 +28,7 @@ TL_UNARY(tanh, tl_tanh_approx(v))
 TL_UNARY(softplus, tl_softplus_f(v))
 
 extern "C" __global__ void tl_safe_log(const float* x, float* out, u64 n, float eps) {
-    TL_GRID_STRIDE(i, n) { out[i] = logf(tl_softplus_f(x[i]) + eps); }
+    TL_GRID_STRIDE(i, n) { out[i] = tl_log_approx(tl_softplus_f(x[i]) + eps); }
 }
 extern "C" __global__ void tl_clamp(const float* x, float* out, u64 n, float lo, float hi) {
     TL_GRID_STRIDE(i, n) { out[i] = fminf(hi, fmaxf(lo, x[i])); }

@@ -1,11 +1,11 @@
-//! `exp`, `tanh`, the logistic sigmoid and `ln` for f32 in straight-line arithmetic (selects,
-//! bit moves and fused multiply-adds, no calls where the CPU has FMA), so that a loop over a
-//! slice compiles to SIMD. The first three are shared bit for bit: the CPU tape's f32 kernels
+//! `exp`, `tanh`, the logistic sigmoid, `ln` and softplus for f32 in straight-line arithmetic
+//! (selects, bit moves and fused multiply-adds, no calls where the CPU has FMA), so that a
+//! loop over a slice compiles to SIMD. They are shared bit for bit: the CPU tape's f32 kernels
 //! call them, the CUDA simulation device calls them where its kernel does, and
 //! `kernels/approx.cuh` has their twins (`tl_exp_approx`, `tl_tanh_approx`,
-//! `tl_sigmoid_approx`: the same operations in the same order, built with `--fmad=false`, each
-//! [`f32::mul_add`] here a `__fmaf_rn` there), so those three agree exactly, which libm's
-//! `expf`/`tanhf` and CUDA's do not. `log_f32` is the CPU tape's alone (see its doc).
+//! `tl_sigmoid_approx`, `tl_log_approx`, `tl_softplus_approx`: the same operations in the same
+//! order, built with `--fmad=false`, each [`f32::mul_add`] here a `__fmaf_rn` there), so the
+//! sides agree exactly, which libm's `expf`/`tanhf`/`log1pf` and CUDA's do not.
 //!
 //! A fused multiply-add rounds once, exactly as IEEE 754 specifies it, on every side: an FMA
 //! instruction where the CPU has one (the AVX2 and AVX-512 loops), libm's `fmaf` where it does
@@ -14,8 +14,8 @@
 //! are built with `--fmad=false`.
 //!
 //! Accuracy, checked below on dense sweeps against f64: `exp_f32` within 2 ulp (subnormal
-//! results within 1e-45 absolute), `tanh_f32` and `log_f32` within 2 ulp, `sigmoid_f32` within
-//! 3 ulp; NaN stays NaN, ±∞ give what libm gives.
+//! results within 1e-45 absolute), `tanh_f32` and `log_f32` within 2 ulp, `sigmoid_f32` and
+//! `softplus_f32` within 3 ulp; NaN stays NaN, ±∞ give what libm gives.
 
 /// `e^x` in f32: x = n·ln 2 + r with |r| ≤ ln 2 / 2 (Cody–Waite, two-part ln 2), a degree-6
 /// polynomial for e^r (Cephes' `expf` coefficients) in fused multiply-adds, then two scalings
@@ -79,16 +79,16 @@ pub fn tanh_f32(x: f32) -> f32 {
 }
 
 /// `ln x` in f32 (Cephes' `logf`): x = m·2^e with m in [√½, √2), then
-/// `(m − 1) + P(m − 1)` with a degree-8 polynomial and the two-part ln 2 times e; a subnormal
-/// x is scaled by 2²³ first (exact). Straight-line (selects and bit moves), so a loop over a
-/// slice vectorizes. `ln 0 = −∞`, `ln(+∞) = +∞`, NaN for x < 0 and for NaN. Used by the CPU
-/// tape's f32 `log`; the simulation device and the CUDA kernel keep libm's and CUDA's `logf`
-/// (a few ulp apart: the derivative `g/x` does not read the log, so nothing cancels).
+/// `ln(1 + (m − 1)) + e·ln 2` by Cephes' degree-8 polynomial (a private helper shared with
+/// [`softplus_f32`]); a subnormal x is scaled by 2²³ first (exact). Straight-line (selects and bit moves), so a
+/// loop over a slice vectorizes. `ln 0 = −∞`, `ln(+∞) = +∞`, NaN for x < 0 and for NaN.
+/// Shared bit for bit with `tl_log_approx` in the kernels, used on all three sides for
+/// `safeLog`'s outer log; the `log` op itself uses it on the CPU tape only (the simulation
+/// device and the CUDA kernel keep libm's and CUDA's `logf` there, a few ulp apart: the
+/// derivative `g/x` does not read the log, so nothing cancels).
 #[inline(always)]
 pub fn log_f32(x: f32) -> f32 {
     const SQRT_HALF: f32 = std::f32::consts::FRAC_1_SQRT_2;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
     let subnormal = x < f32::MIN_POSITIVE;
     let xs = if subnormal { x * 8_388_608.0 } else { x };
     let bits = xs.to_bits();
@@ -97,21 +97,8 @@ pub fn log_f32(x: f32) -> f32 {
     let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
     let low = m < SQRT_HALF;
     let e = (if low { e - 1 } else { e }) as f32;
-    let m = if low { m + m - 1.0 } else { m - 1.0 };
-    let z = m * m;
-    let mut p = 7.037_683_6e-2_f32;
-    p = p.mul_add(m, -1.151_461e-1);
-    p = p.mul_add(m, 1.167_699_9e-1);
-    p = p.mul_add(m, -1.242_014_1e-1);
-    p = p.mul_add(m, 1.424_932_3e-1);
-    p = p.mul_add(m, -1.666_805_8e-1);
-    p = p.mul_add(m, 2.000_071_4e-1);
-    p = p.mul_add(m, -2.499_999_4e-1);
-    p = p.mul_add(m, 3.333_333e-1);
-    let y = (p * m) * z;
-    let y = LN2_LO.mul_add(e, y);
-    let y = (-0.5f32).mul_add(z, y);
-    let r = LN2_HI.mul_add(e, m + y);
+    let f = if low { m + m - 1.0 } else { m - 1.0 };
+    let r = log_reduced(f, e);
     if x == 0.0 {
         f32::NEG_INFINITY
     } else if x == f32::INFINITY {
@@ -121,6 +108,46 @@ pub fn log_f32(x: f32) -> f32 {
     } else {
         f32::NAN
     }
+}
+
+/// `ln(1 + f) + e·ln 2` for f in [√½ − 1, √2 − 1] and a whole e (Cephes' `logf` kernel):
+/// `f − f²/2 + f³·P(f)` with a degree-8 P, in fused multiply-adds, and the two-part ln 2
+/// times e. What [`log_f32`] and [`softplus_f32`] reduce their argument to.
+#[inline(always)]
+fn log_reduced(f: f32, e: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let z = f * f;
+    let mut p = 7.037_683_6e-2_f32;
+    p = p.mul_add(f, -1.151_461e-1);
+    p = p.mul_add(f, 1.167_699_9e-1);
+    p = p.mul_add(f, -1.242_014_1e-1);
+    p = p.mul_add(f, 1.424_932_3e-1);
+    p = p.mul_add(f, -1.666_805_8e-1);
+    p = p.mul_add(f, 2.000_071_4e-1);
+    p = p.mul_add(f, -2.499_999_4e-1);
+    p = p.mul_add(f, 3.333_333e-1);
+    let y = (p * f) * z;
+    let y = LN2_LO.mul_add(e, y);
+    let y = (-0.5f32).mul_add(z, y);
+    LN2_HI.mul_add(e, f + y)
+}
+
+/// `softplus x = max(x, 0) + ln(1 + u)`, u = e^{−|x|} ([`exp_f32`], in (0, 1]): the stable
+/// form of SEMANTICS.md. `ln(1 + u)` without rounding 1 + u where that would lose u: for
+/// u < √2 − 1 it is the polynomial of [`log_f32`] at f = u itself (exact, so a tiny u keeps every bit:
+/// softplus(−30) is e^{−30}, not 0), above it at f = (1 + u)/2 − 1 and e = 1 (1 + u in [√2,
+/// 2] rounded once; with u's own error that is the 3 ulp, near x = −0.56). Both computed and
+/// one selected, so a loop over a slice vectorizes. +∞ at +∞, 0 at −∞, NaN stays NaN. Shared bit for bit with
+/// `tl_softplus_approx` in the kernels.
+#[inline(always)]
+pub fn softplus_f32(x: f32) -> f32 {
+    const SQRT2_M1: f32 = 0.414_213_57;
+    let u = exp_f32(-x.abs());
+    let big = u >= SQRT2_M1;
+    let f = if big { (1.0 + u) * 0.5 - 1.0 } else { u };
+    let e = if big { 1.0 } else { 0.0 };
+    x.max(0.0) + log_reduced(f, e)
 }
 
 /// The logistic sigmoid `1/(1 + e^{−x})` without overflow for either sign: with
@@ -297,6 +324,43 @@ mod tests {
             let (e, p, m) = (exp_f32(-x), sigmoid_f32(x), sigmoid_f32(-x));
             assert_eq!((p, m), (1.0 / (1.0 + e), e / (1.0 + e)), "x = {x}");
         }
+    }
+
+    #[test]
+    fn softplus_is_within_three_ulp_of_the_f64_softplus_everywhere() {
+        let reference = |x: f64| x.max(0.0) + (-x.abs()).exp().ln_1p();
+        let mut worst = (0.0, 0.0f32);
+        // Below −103.9 the f32 result is 0 (e^x under the smallest subnormal); from 2²⁴ up it
+        // is x.
+        for x in sweep(-103.0, 3.0e7, 53) {
+            let (got, want) = (softplus_f32(x), reference(f64::from(x)));
+            if want < f64::from(f32::MIN_POSITIVE) {
+                assert!(
+                    (f64::from(got) - want).abs() <= 1.5e-45,
+                    "softplus({x:e}) = {got:e}, {want:e}"
+                );
+                continue;
+            }
+            let u = ulps(got, want);
+            if u > worst.0 {
+                worst = (u, x);
+            }
+        }
+        assert!(worst.0 <= 3.0, "worst {} ulp at {:e}", worst.0, worst.1);
+        // Where u = e^{−|x|} crosses √2 − 1 (|x| = 0.881): both branches, every f32 near it.
+        for x in every(0.87, 0.89).chain(every(-0.87, -0.89)) {
+            let u = ulps(softplus_f32(x), reference(f64::from(x)));
+            assert!(u <= 3.0, "softplus({x:e}): {u} ulp");
+        }
+        assert_eq!(softplus_f32(0.0), std::f32::consts::LN_2);
+        assert_eq!(softplus_f32(-0.0), std::f32::consts::LN_2);
+        assert_eq!(softplus_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(softplus_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(softplus_f32(1e30), 1e30);
+        assert_eq!(softplus_f32(-200.0), 0.0);
+        // A tiny u keeps its bits: ln(1 + u) is not rounded through 1 + u.
+        assert_eq!(softplus_f32(-30.0), exp_f32(-30.0));
+        assert!(softplus_f32(f32::NAN).is_nan());
     }
 
     #[test]

@@ -86,6 +86,8 @@ fn elementwise(c: &mut Criterion) {
         ("exp 256x1024", Op::Exp),
         ("log 256x1024", Op::Log),
         ("gelu 256x1024", Op::Gelu),
+        ("softplus 256x1024", Op::Softplus),
+        ("safeLog 256x1024", Op::SafeLog { eps: 1e-6 }),
     ] {
         case(c, "elementwise", name, op, vec![positive(&d, 3)]);
     }

@@ -1,5 +1,6 @@
-//! The f32 kernels' `exp`, `log`, `tanh` and sigmoid: [`tl_spec::approx`]'s straight-line versions
-//! (selects, no calls), so a loop over a slice compiles to SIMD; f64 keeps libm, the precise path.
+//! The f32 kernels' `exp`, `log`, `tanh`, sigmoid and softplus: [`tl_spec::approx`]'s
+//! straight-line versions (selects and FMAs, no calls), so a loop over a slice compiles to SIMD;
+//! f64 keeps libm, the precise path.
 //!
 //! - `exp` where the loop is a map (softmax and the attention's probabilities, whose sum is a
 //!   separate loop; the softmax, log-softmax, cross-entropy and smooth max-pool backward
@@ -7,7 +8,10 @@
 //!   libm's `expf` (table-driven) is the faster one, so those keep it. `tl verify --backend
 //!   cuda-sim` keeps these ops within its 8 ulp of the simulation device (libm there).
 //! - `log` in the `log` op, likewise within 8 ulp of the simulation device's libm `logf` (its
-//!   backward `g/x` reads no log).
+//!   backward `g/x` reads no log); and as `safeLog`'s outer log, where the simulation device
+//!   and the kernels call it too (below).
+//! - softplus in `softplus` and in `safeLog` and its backward: the simulation device and the
+//!   kernels compute the same function (`tl_softplus_approx`), so these agree bit for bit too.
 //! - `tanh` in `gelu` and the `tanh` op; the sigmoid in the `sigmoid` op, `silu` and the
 //!   backward passes of `softplus` and `safeLog`. Their derivatives cancel (`1 + tanh u` near
 //!   u = −2.5, `1 − tanh²`, `1 − σ`), so the CPU tape can only leave libm where the simulation
@@ -15,7 +19,7 @@
 //!   and its twins in `kernels/approx.cuh`), and the three agree bit for bit.
 
 use tl_spec::Scalar;
-use tl_spec::approx::{exp_f32, log_f32, sigmoid_f32, tanh_f32};
+use tl_spec::approx::{exp_f32, log_f32, sigmoid_f32, softplus_f32, tanh_f32};
 
 /// Whether `T` is f32 (the other [`Scalar`] is f64).
 #[inline(always)]
@@ -66,6 +70,17 @@ pub(crate) fn sigmoid<T: Scalar>(v: T) -> T {
     }
 }
 
+/// `softplus v = max(v, 0) + ln(1 + e^{−|v|})`: [`softplus_f32`] for f32; for f64 the same
+/// stable form with libm's `exp` and `ln_1p`.
+#[inline(always)]
+pub(crate) fn softplus<T: Scalar>(v: T) -> T {
+    if is_f32::<T>() {
+        T::lit(f64::from(softplus_f32(v.as_f64() as f32)))
+    } else {
+        v.max(T::zero()) + (-v.abs()).exp().ln_1p()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +98,7 @@ mod tests {
         assert_eq!(log(x as f32), log_f32(x as f32));
         assert_eq!(sigmoid(x), 1.0 / (1.0 + (-x).exp()));
         assert_eq!(sigmoid(-x), (-x).exp() / (1.0 + (-x).exp()));
+        assert_eq!(softplus(-x), (-x).exp().ln_1p());
+        assert_eq!(softplus(x as f32), softplus_f32(x as f32));
     }
 }

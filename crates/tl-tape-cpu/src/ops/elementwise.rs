@@ -6,9 +6,9 @@
 //! `zip3`): compiled for the best instruction set the CPU has, cut across threads when long,
 //! branch-free where the compiler can select; nothing allocates per element. Backward passes reuse the forward output
 //! `y` where that is cheaper than recomputing (`exp`, `sigmoid`, `tanh`, `sqrt`, `inv`, `div`).
-//! In f32, `exp`, `log`, `tanh` and the sigmoid (`sigmoid`, the backward passes of `softplus`
-//! and `safeLog`) are [`tl_spec::approx`]'s (see `ops/approx.rs`); `softplus` and `safeLog`
-//! call libm. Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
+//! In f32, `exp`, `log`, `tanh`, the sigmoid (`sigmoid`, the backward passes of `softplus`
+//! and `safeLog`) and softplus (`softplus`, `safeLog`) are [`tl_spec::approx`]'s (see
+//! `ops/approx.rs`). Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
 //! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0.
 
 use smallvec::smallvec;
@@ -52,14 +52,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         }
         Sigmoid => unary(x[0], approx::sigmoid)?,
         Tanh => unary(x[0], approx::tanh)?,
-        Softplus => unary(x[0], softplus)?,
-        SafeLog { eps } => {
-            let eps = T::lit(*eps);
-            tensor(
-                x[0].shape().clone(),
-                simd::map(x[0].data(), move |v: T| (softplus(v) + eps).ln()),
-            )?
-        }
+        Softplus => unary(x[0], approx::softplus)?,
+        SafeLog { eps } => unary(x[0], SafeLogAt(T::lit(*eps)))?,
         Detach => x[0].clone(),
         Constant(t) => t.cast(),
         _ => return Err(wrong_family(op, "elementwise")),
@@ -169,12 +163,7 @@ pub fn backward<T: Scalar>(
         Sigmoid => one(zip(gd, yd, |g: T, y: T| g * (y * (one_t - y)))),
         Tanh => one(zip(gd, yd, |g: T, y: T| g * (one_t - y * y))),
         Softplus => one(zip(gd, xd, |g: T, x: T| g * approx::sigmoid(x))),
-        SafeLog { eps } => {
-            let eps = T::lit(*eps);
-            one(zip(gd, xd, |g: T, x: T| {
-                g * (approx::sigmoid(x) / (softplus(x) + eps))
-            }))
-        }
+        SafeLog { eps } => one(zip(gd, xd, SafeLogBackward(T::lit(*eps)))),
         Detach => Ok(smallvec![None]),
         _ => Err(wrong_family(op, "elementwise")),
     }
@@ -239,10 +228,27 @@ fn all_positive<T: Scalar>(d: &[T]) -> bool {
     simd::vectorize(AllPositive(d))
 }
 
-/// `softplus(x)` in the stable form `max(x, 0) + log1p(exp(−|x|))` (libm: the simulation
-/// device and the CUDA kernel compute it the same way, within a few ulp).
-fn softplus<T: Scalar>(x: T) -> T {
-    x.max(T::zero()) + (-x.abs()).exp().ln_1p()
+/// `safeLog`'s value at one element, `ln(softplus(x) + eps)` (a named [`simd::Map1`]: its
+/// body is too large for a closure to inline into the SIMD loop).
+#[derive(Clone, Copy)]
+struct SafeLogAt<T>(T);
+
+impl<T: Scalar> simd::Map1<T> for SafeLogAt<T> {
+    #[inline(always)]
+    fn at(self, x: T) -> T {
+        approx::log(approx::softplus(x) + self.0)
+    }
+}
+
+/// `safeLog`'s cotangent at one element, `g·sigmoid(x)/(softplus(x) + eps)`.
+#[derive(Clone, Copy)]
+struct SafeLogBackward<T>(T);
+
+impl<T: Scalar> simd::Map2<T> for SafeLogBackward<T> {
+    #[inline(always)]
+    fn at(self, g: T, x: T) -> T {
+        g * (approx::sigmoid(x) / (approx::softplus(x) + self.0))
+    }
 }
 
 #[cfg(test)]

@@ -3,11 +3,12 @@
 //! Each function is the twin of the `kernels/pointwise.cu` body of the same name. Basic
 //! arithmetic (`+ − × ÷`, `sqrt`) is correctly rounded on both sides and matches bit for bit
 //! (the kernels must be built without FMA contraction: `--fmad=false` or `__fmul_rn`/`__fadd_rn`);
-//! `tanh` and the sigmoid (in `sigmoid`, `silu` and the backward passes of `softplus` and
-//! `safeLog`) are [`tl_spec::approx`]'s straight-line functions, whose twins are in
-//! `kernels/approx.cuh`: the same bits there and on the CPU tape. The other transcendental
-//! functions (`expf`, `logf`, `log1pf`) may differ from the host's by the few ulp CUDA
-//! documents, so sim vs GPU comparisons of those ops use a tolerance.
+//! `tanh`, the sigmoid (in `sigmoid`, `silu` and the backward passes of `softplus` and
+//! `safeLog`), softplus (`softplus`, `safeLog` and its backward) and `safeLog`'s log are
+//! [`tl_spec::approx`]'s straight-line functions, whose twins are in `kernels/approx.cuh`: the
+//! same bits there and on the CPU tape. The other transcendental functions (`expf`, `logf`)
+//! may differ from the host's by the few ulp CUDA documents, so sim vs GPU comparisons of
+//! those ops use a tolerance.
 //!
 //! Conventions are those of SEMANTICS.md ("Pointwise").
 
@@ -53,14 +54,16 @@ pub fn tanh(x: f32) -> f32 {
     tl_spec::approx::tanh_f32(x)
 }
 
-/// `max(x, 0) + log1p(exp(−|x|))`.
+/// `max(x, 0) + ln(1 + exp(−|x|))` ([`tl_spec::approx::softplus_f32`], `tl_softplus_approx`
+/// in the kernels).
 pub fn softplus(x: f32) -> f32 {
-    x.max(0.0) + (-x.abs()).exp().ln_1p()
+    tl_spec::approx::softplus_f32(x)
 }
 
-/// `log(softplus(x) + eps)`.
+/// `log(softplus(x) + eps)`, the log [`tl_spec::approx::log_f32`] (`tl_log_approx` in the
+/// kernels).
 pub fn safe_log(x: f32, eps: f32) -> f32 {
-    (softplus(x) + eps).ln()
+    tl_spec::approx::log_f32(softplus(x) + eps)
 }
 
 /// `min(hi, max(lo, x))`.
