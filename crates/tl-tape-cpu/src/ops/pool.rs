@@ -216,6 +216,37 @@ impl<T: Scalar> Scratch<T> {
     }
 }
 
+/// The smooth max-pool's backward scatter, `dx[i] += g·exp(β(x[i] − best))/sum` over every
+/// window's cells, as a [`crate::simd::vectorize`] kernel: the scatter stays one element at a
+/// time, but its exponential's fused multiply-adds are instructions (at the baseline they are
+/// libm calls).
+struct SmoothScatter<'a, T> {
+    table: &'a Table,
+    plane: &'a [T],
+    g: &'a [T],
+    best: &'a [T],
+    sum: &'a [T],
+    beta: T,
+    out: &'a mut [T],
+}
+
+impl<T: Scalar> crate::simd::Kernel for SmoothScatter<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let (t, ol) = (self.table, self.table.small_len);
+        for k in 0..t.kernel_len {
+            let row = t.idx[k * ol..(k + 1) * ol].iter();
+            for (((&i, &gv), &pv), &z) in row.zip(self.g).zip(self.best).zip(self.sum) {
+                if i != PAD {
+                    self.out[i] += gv * approx::exp(self.beta * (self.plane[i] - pv)) / z;
+                }
+            }
+        }
+    }
+}
+
 /// Max pooling over windows whose last axis is two cells at stride two, unpadded: table row
 /// `k` (even) at output row `r` reads cells `base + 2c` and `base + 2c + 1` for the row's `ow`
 /// outputs `c` (row `k + 1` is the second of the pair), so a row of outputs reads `2·ow`
@@ -446,14 +477,15 @@ pub fn backward<T: Scalar>(
                 (Kind::Smooth(beta), _) => {
                     let beta = T::lit(beta);
                     s.smooth(t, plane, beta);
-                    for k in 0..t.kernel_len {
-                        let row = t.idx[k * ol..(k + 1) * ol].iter();
-                        for (((&i, &gv), &pv), &z) in row.zip(gp).zip(&s.best).zip(&s.sum) {
-                            if i != PAD {
-                                dp[i] += gv * approx::exp(beta * (plane[i] - pv)) / z;
-                            }
-                        }
-                    }
+                    crate::simd::vectorize(SmoothScatter {
+                        table: t,
+                        plane,
+                        g: gp,
+                        best: &s.best,
+                        sum: &s.sum,
+                        beta,
+                        out: &mut *dp,
+                    });
                 }
             }
         }

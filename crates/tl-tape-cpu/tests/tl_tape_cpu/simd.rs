@@ -1,7 +1,9 @@
 //! The element-wise loops (and the GEMM's operand copies) give the same bits at every
 //! instruction set this CPU has (`tl_tape_cpu::simd`): AVX-512 and AVX2 against the baseline,
 //! forward and backward, f32 and f64, on lengths that leave a vector tail and on the values
-//! where the formulas switch branches. This is the only test that changes the level (others run at the default).
+//! where the formulas switch branches. This is the only module that changes the level (others
+//! run at the default); its tests take [`LEVEL`] first, so they never change it under each
+//! other.
 
 use tl_ir::Op;
 use tl_spec::ops::attention::Mask;
@@ -37,6 +39,9 @@ fn neg_inf_row(t: Tensor<f64>) -> Tensor<f64> {
     Tensor::new(t.shape().clone(), data).unwrap()
 }
 
+/// Held by each test that sets the process-wide level.
+static LEVEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// [`kernel_bits`] in `T` for inputs and cotangent given in f64.
 fn run<T: Scalar>(op: &Op, inputs: &[Tensor<f64>], g: &Tensor<f64>) -> Vec<Vec<u64>> {
     let x: Vec<Tensor<T>> = inputs.iter().map(|t| t.cast()).collect();
@@ -45,6 +50,7 @@ fn run<T: Scalar>(op: &Op, inputs: &[Tensor<f64>], g: &Tensor<f64>) -> Vec<Vec<u
 
 #[test]
 fn every_simd_level_gives_the_baseline_bits() {
+    let _level = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng(0x51d);
     let (n, dm) = (37, 12); // 37: a vector tail at every width
     let w = |rng: &mut Rng| random(rng, &Shape::new(&[dm, dm]), Dom::Wide(0.5));
@@ -166,6 +172,64 @@ fn every_simd_level_gives_the_baseline_bits() {
             );
             assert!(
                 run::<f64>(op, inputs, &g) == want64,
+                "{} f64 at {level:?}",
+                op.name()
+            );
+        }
+    }
+    simd::set_level(None);
+}
+
+/// The loops that call `exp` outside a map (cross-entropy's backward rows, the smooth max-pool's
+/// backward scatter) run inside `simd::vectorize` too: the same bits at every level, f32 and
+/// f64, values and the operand's cotangent.
+#[test]
+fn cross_entropy_and_smooth_max_pool_give_the_baseline_bits_at_every_level() {
+    let _level = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = Rng(0xce5);
+    // 6 rows of 37 classes (one label out of range: that row has no gradient), a large logit.
+    let mut logits = edgy(&mut rng, &[6, 37], 8.0).data().to_vec();
+    logits[40] = 80.0;
+    let logits = Tensor::new(Shape::new(&[6, 37]), logits).unwrap();
+    let planes = edgy(&mut rng, &[2, 3, 9, 11], 3.0);
+    let cases = [
+        (
+            Op::CrossEntropy { labels_at: 1 },
+            logits,
+            vec![99, 3, 0, 36, 37, 12, 5],
+        ),
+        (
+            Op::smooth_max_pool2d_pad([3, 2], 2, 1, 4.0),
+            planes.clone(),
+            vec![],
+        ),
+        (Op::smooth_max_pool2d([2, 3], 1, -2.5), planes, vec![]),
+    ];
+    fn bits<T: Scalar>(op: &Op, x: &Tensor<f64>, g: &Tensor<f64>, nats: &[usize]) -> Vec<u64> {
+        let (x, g): (Tensor<T>, Tensor<T>) = (x.cast(), g.cast());
+        let y = ops::forward(op, &[&x], nats).unwrap();
+        let dx = ops::backward(op, &[&x], &y, &g, nats).unwrap();
+        let dx = dx[0].as_ref().unwrap();
+        y.data()
+            .iter()
+            .chain(dx.data())
+            .map(|v| v.as_f64().to_bits())
+            .collect()
+    }
+    for (op, x, nats) in &cases {
+        let shape = ops::forward::<f64>(op, &[x], nats).unwrap().shape().clone();
+        let g = random(&mut rng, &shape, Dom::Any);
+        assert!(simd::set_level(Some(Level::Scalar)));
+        let (want32, want64) = (bits::<f32>(op, x, &g, nats), bits::<f64>(op, x, &g, nats));
+        for &level in &Level::available()[1..] {
+            assert!(simd::set_level(Some(level)));
+            assert!(
+                bits::<f32>(op, x, &g, nats) == want32,
+                "{} f32 at {level:?}",
+                op.name()
+            );
+            assert!(
+                bits::<f64>(op, x, &g, nats) == want64,
                 "{} f64 at {level:?}",
                 op.name()
             );
