@@ -80,8 +80,8 @@ pub fn tanh_f32(x: f32) -> f32 {
 
 /// `ln x` in f32 (Cephes' `logf`): x = m·2^e with m in [√½, √2), then
 /// `ln(1 + (m − 1)) + e·ln 2` by Cephes' degree-8 polynomial (a private helper shared with
-/// [`softplus_f32`]); a subnormal x is scaled by 2²³ first (exact). Straight-line (selects and bit moves), so a
-/// loop over a slice vectorizes. `ln 0 = −∞`, `ln(+∞) = +∞`, NaN for x < 0 and for NaN.
+/// [`softplus_f32`]); a subnormal x is scaled by 2²³ first (exact). Straight-line (selects,
+/// bit moves and fused multiply-adds), so a loop over a slice vectorizes. `ln 0 = −∞`, `ln(+∞) = +∞`, NaN for x < 0 and for NaN.
 /// Shared bit for bit with `tl_log_approx` in the kernels, used on all three sides for
 /// `safeLog`'s outer log; the `log` op itself uses it on the CPU tape only (the simulation
 /// device and the CUDA kernel keep libm's and CUDA's `logf` there, a few ulp apart: the
@@ -135,11 +135,11 @@ fn log_reduced(f: f32, e: f32) -> f32 {
 
 /// `softplus x = max(x, 0) + ln(1 + u)`, u = e^{−|x|} ([`exp_f32`], in (0, 1]): the stable
 /// form of SEMANTICS.md. `ln(1 + u)` without rounding 1 + u where that would lose u: for
-/// u < √2 − 1 it is the polynomial of [`log_f32`] at f = u itself (exact, so a tiny u keeps every bit:
-/// softplus(−30) is e^{−30}, not 0), above it at f = (1 + u)/2 − 1 and e = 1 (1 + u in [√2,
-/// 2] rounded once; with u's own error that is the 3 ulp, near x = −0.56). Both computed and
-/// one selected, so a loop over a slice vectorizes. +∞ at +∞, 0 at −∞, NaN stays NaN. Shared bit for bit with
-/// `tl_softplus_approx` in the kernels.
+/// u < √2 − 1 it is the polynomial of [`log_f32`] at f = u itself (exact, so a tiny u keeps
+/// every bit: softplus(−30) is e^{−30}, not 0), above it at f = (1 + u)/2 − 1 and e = 1
+/// (1 + u in [√2, 2] rounded once; with u's own error that is the 3 ulp, near x = −0.56).
+/// Both computed and one selected, so a loop over a slice vectorizes. +∞ at +∞, 0 at −∞, NaN
+/// stays NaN. Shared bit for bit with `tl_softplus_approx` in the kernels.
 #[inline(always)]
 pub fn softplus_f32(x: f32) -> f32 {
     const SQRT2_M1: f32 = 0.414_213_57;
