@@ -77,6 +77,10 @@
 mod eager;
 mod error;
 mod handle;
+// Compiled only where rustc shares generics between crates (the dev and test profiles).
+#[cfg(debug_assertions)]
+#[doc(hidden)]
+pub mod instances;
 mod linked;
 pub mod models;
 mod ops;

@@ -22,6 +22,10 @@
 mod custom;
 mod error;
 pub mod gemm;
+// Compiled only where rustc shares generics between crates (the dev and test profiles).
+#[cfg(debug_assertions)]
+#[doc(hidden)]
+pub mod instances;
 pub mod ops;
 pub mod par;
 pub mod simd;

@@ -49,6 +49,10 @@ mod backward;
 pub mod determinism;
 pub mod device;
 mod error;
+// Compiled only where rustc shares generics between crates (the dev and test profiles).
+#[cfg(debug_assertions)]
+#[doc(hidden)]
+pub mod instances;
 pub mod ops;
 pub mod rng;
 mod tape;

@@ -25,10 +25,10 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     check_arity(op, x)?;
     let (n, w, m) = dims(op, x)?;
     if let Some(a) = cast_args::<T, f32>(x) {
-        return cast_back(fft_forward(&a, n, w, m)?);
+        return cast_back(fft_forward_f32(&a, n, w, m)?);
     }
     if let Some(a) = cast_args::<T, f64>(x) {
-        return cast_back(fft_forward(&a, n, w, m)?);
+        return cast_back(fft_forward_f64(&a, n, w, m)?);
     }
     direct_forward(x, n, w, m)
 }
@@ -71,13 +71,13 @@ pub fn backward<T: Scalar>(
     let (n, w, m) = dims(op, x)?;
     check_shape(op, "cotangent", g, x[0].shape())?;
     if let (Some(a), Some(g)) = (cast_args::<T, f32>(x), cast_args::<T, f32>(&[g])) {
-        return fft_backward(&a, g[0], n, w, m)?
+        return fft_backward_f32(&a, g[0], n, w, m)?
             .into_iter()
             .map(opt_back)
             .collect();
     }
     if let (Some(a), Some(g)) = (cast_args::<T, f64>(x), cast_args::<T, f64>(&[g])) {
-        return fft_backward(&a, g[0], n, w, m)?
+        return fft_backward_f64(&a, g[0], n, w, m)?
             .into_iter()
             .map(opt_back)
             .collect();
@@ -158,6 +158,43 @@ fn cast_back<T: Scalar, F: Scalar>(t: Tensor<F>) -> Result<Tensor<T>> {
 
 fn opt_back<T: Scalar, F: Scalar>(t: Option<Tensor<F>>) -> Result<Option<Tensor<T>>> {
     t.map(cast_back).transpose()
+}
+
+// The FFT paths as plain functions of f32 and f64, so that they are compiled once, here: a
+// generic one would be compiled again (rustfft's planner and every algorithm it may pick, for
+// both types) in every crate that instantiates `forward`/`backward`, half of each test and
+// example binary's code (docs/verification.md, "Generic code compiled once").
+
+#[inline(never)]
+fn fft_forward_f32(x: &[&Tensor<f32>], n: usize, w: usize, m: usize) -> Result<Tensor<f32>> {
+    fft_forward(x, n, w, m)
+}
+
+#[inline(never)]
+fn fft_forward_f64(x: &[&Tensor<f64>], n: usize, w: usize, m: usize) -> Result<Tensor<f64>> {
+    fft_forward(x, n, w, m)
+}
+
+#[inline(never)]
+fn fft_backward_f32(
+    x: &[&Tensor<f32>],
+    g: &Tensor<f32>,
+    n: usize,
+    w: usize,
+    m: usize,
+) -> Result<Grads<f32>> {
+    fft_backward(x, g, n, w, m)
+}
+
+#[inline(never)]
+fn fft_backward_f64(
+    x: &[&Tensor<f64>],
+    g: &Tensor<f64>,
+    n: usize,
+    w: usize,
+    m: usize,
+) -> Result<Grads<f64>> {
+    fft_backward(x, g, n, w, m)
 }
 
 fn fft_forward<F: Scalar + FftNum>(
