@@ -131,35 +131,16 @@ fn build_cli() -> Result<String, String> {
     )?;
     json.lines()
         .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
-        .find_map(|l| executable(l).filter(|e| e.ends_with("/tl")))
+        .find_map(|l| util::executable(l).filter(|e| e.ends_with("/tl")))
         .ok_or_else(|| "cargo build -p tl-cli reported no `tl` executable".to_owned())
-}
-
-/// The `"executable":"…"` path of one JSON message, if it names one.
-fn executable(line: &str) -> Option<String> {
-    let key = "\"executable\":\"";
-    let i = line.find(key)? + key.len();
-    let end = line[i..].find('"')?;
-    Some(line[i..i + end].to_owned())
 }
 
 /// The `"executable":"…"` paths of cargo's JSON messages (test artifacts only).
 fn executables(json: &str) -> Vec<String> {
     json.lines()
-        .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && test_profile(l))
-        .filter_map(executable)
+        .filter(|l| l.contains("\"reason\":\"compiler-artifact\"") && util::test_profile(l))
+        .filter_map(util::executable)
         .collect()
-}
-
-/// Whether an artifact line was built in the test profile (`"profile":{…,"test":true}`): its
-/// target's own `"test":true` only says the target can be tested, and a binary an integration
-/// test needs (`tl-verify`) has it too.
-fn test_profile(line: &str) -> bool {
-    let key = "\"profile\":{";
-    line.find(key).is_some_and(|i| {
-        let rest = &line[i + key.len()..];
-        rest[..rest.find('}').unwrap_or(rest.len())].contains("\"test\":true")
-    })
 }
 
 /// The script run on the GPU machine.

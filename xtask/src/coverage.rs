@@ -1,34 +1,31 @@
-//! `cargo xtask coverage`: build `tl-verify` and run it with `--coverage`.
+//! `cargo xtask coverage`: run `tl-verify --coverage` as `cargo test --workspace` built it.
 //!
-//! In the dev profile by default (workspace at `opt-level = 1`, dependencies at 3), the build
-//! `cargo test --workspace` has already made: on the 2-core box the whole table then runs in
-//! about 3 minutes, where a release build first costs a second compile of every crate and its
-//! dependencies (about 10 minutes there). `--release` asks for the release build.
+//! `cargo test --workspace` builds `tl-verify` (tl-conformance's binary, for its integration
+//! tests) with the dependency features that tests resolve, dev-dependencies included. A
+//! `cargo run`/`cargo build` of it resolves them without the dev-dependencies (either's
+//! `use_std`, zerocopy's `simd`, ...), so it compiled rayon, gemm, faer and every crate of ours
+//! a second time: 110–150 s on the 2-core box for a table that runs in 2 s. So this builds
+//! with `cargo test --workspace --no-run` (nothing to do after the README's test command) and
+//! runs the binary that build names. `--release` does the same with `cargo test --release`.
 
 use std::process::{Command, ExitCode};
 
 use crate::util;
 
-/// `cargo run [--release] -p tl-conformance --bin tl-verify -- --coverage <args>`, output
-/// streamed (inherited stdio), exit status passed through.
+/// Build as `cargo test --workspace [--release]` does, then run `tl-verify --coverage <args>`
+/// (output inherited), exit status passed through.
 pub fn run(args: &[String]) -> ExitCode {
     let release = args.iter().any(|a| a == "--release");
-    let rest = args.iter().filter(|a| *a != "--release");
-    let mut cmd = Command::new(util::cargo());
-    cmd.arg("run");
-    if release {
-        cmd.arg("--release");
-    }
-    cmd.args([
-        "--quiet",
-        "-p",
-        "tl-conformance",
-        "--bin",
-        "tl-verify",
-        "--",
-    ])
-    .arg("--coverage")
-    .args(rest);
+    let rest: Vec<&String> = args.iter().filter(|a| *a != "--release").collect();
+    let exe = match built_exe(release) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("xtask coverage: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut cmd = Command::new(&exe);
+    cmd.arg("--coverage").args(rest);
     match cmd.status() {
         Ok(status) if status.success() => ExitCode::SUCCESS,
         Ok(status) => {
@@ -40,4 +37,27 @@ pub fn run(args: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo test --workspace --no-run [--release]`, and the path of the `tl-verify` executable
+/// it reports (cargo's JSON messages: the `compiler-artifact` of the bin target `tl-verify`
+/// built as a program, not as its own unit-test harness, `"test":true`).
+fn built_exe(release: bool) -> Result<String, String> {
+    let mut cmd = Command::new(util::cargo());
+    cmd.current_dir(util::root()).args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    if release {
+        cmd.arg("--release");
+    }
+    let out = util::output(&mut cmd)?;
+    out.lines()
+        .filter(|l| l.contains(r#""reason":"compiler-artifact""#))
+        .filter(|l| l.contains(r#""name":"tl-verify""#) && l.contains(r#""kind":["bin"]"#))
+        .filter(|l| !util::test_profile(l))
+        .find_map(util::executable)
+        .ok_or_else(|| format!("{cmd:?} built no `tl-verify` executable"))
 }

@@ -22,9 +22,9 @@ usage: cargo xtask <subcommand> [args]
 
 subcommands:
   coverage [--release] [--cases N] [--seed S] [--only OP]...
-      run every harness check for every op (cargo run [--release] -p tl-conformance
-      --bin tl-verify -- --coverage ...; the dev profile unless --release); fails if
-      any cell fails or an applicable cell ran zero cases
+      run every harness check for every op (tl-verify --coverage ..., as
+      cargo test --workspace [--release] builds it); fails if any cell fails or an
+      applicable cell ran zero cases
   kernels
       build kernels/*.cu to kernels/ptx/<name>.ptx with nvcc 13.0 (pip-installed into
       target/nvcc if missing) and write kernels/ptx/MANIFEST
