@@ -3,8 +3,8 @@
 //! `cargo test --workspace` builds `tl-verify` (tl-conformance's binary, for its integration
 //! tests) with the dependency features that tests resolve, dev-dependencies included. A
 //! `cargo run`/`cargo build` of it resolves them without the dev-dependencies (either's
-//! `use_std`, zerocopy's `simd`, ...), so it compiled rayon, gemm, faer and every crate of ours
-//! a second time: 110–150 s on the 2-core box for a table that runs in 2 s. So this builds
+//! `use_std`, zerocopy's `simd`, ...), so it compiled the gemm crates, faer and our crates
+//! above them a second time: 110–150 s on the 2-core box for a table that runs in 2 s. So this builds
 //! with `cargo test --workspace --no-run` (nothing to do after the README's test command) and
 //! runs the binary that build names. `--release` does the same with `cargo test --release`.
 

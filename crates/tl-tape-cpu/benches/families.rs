@@ -1,6 +1,8 @@
 //! One benchmark per op family at realistic sizes, f32: each op's forward alone and forward +
 //! backward (all operand cotangents), through `ops::forward` / `ops::backward` directly (no tape),
-//! so the figures are the kernels' own cost. A buffer pool is installed and every output goes
+//! so the figures are the kernels' own cost. An op whose forward keeps buffers for its
+//! backward (`ops::forward_saving`: attention, the norms, gelu, cross-entropy, safeLog) also
+//! gets "fwd+bwd kept", the path the tape takes (`ops::backward_needed` reading them). A buffer pool is installed and every output goes
 //! back to it, as a tape does between steps: without it each megabyte-sized output is a fresh
 //! allocation whose page faults cost more than most kernels (relu's forward + backward on
 //! 256×1024: 1.26 ms unpooled, most of it in the kernel's page-fault handler).
@@ -60,6 +62,20 @@ fn case(c: &mut Criterion, family: &str, label: &str, op: Op, inputs: Vec<Tensor
             grads.into_iter().flatten().for_each(pool::recycle);
         })
     });
+    let keeps = !ops::forward_saving(&op, &args, &[]).unwrap().1.is_empty();
+    if keeps {
+        group.bench_function(BenchmarkId::new("fwd+bwd kept", label), |b| {
+            b.iter(|| {
+                let _installed = pool::install(&mut spare);
+                let (y, saved) = ops::forward_saving(black_box(&op), &args, &[]).unwrap();
+                let grads = ops::backward_needed(&op, &args, &y, &g, &[], &[], &saved).unwrap();
+                pool::recycle(y);
+                saved.into_iter().for_each(pool::give);
+                black_box(&grads);
+                grads.into_iter().flatten().for_each(pool::recycle);
+            })
+        });
+    }
     group.finish();
 }
 

@@ -15,7 +15,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, approx, check_arity, check_shape, tensor, wrong_family};
+use super::{Grads, approx, check_arity, check_saved, check_shape, tensor, wrong_family};
 use crate::Result;
 use crate::simd::{self, zip, zip3};
 
@@ -169,6 +169,45 @@ pub fn backward<T: Scalar>(
     }
 }
 
+/// `safeLog`'s value and its `softplus(x) + eps` (what its backward divides by, so that it
+/// evaluates no second softplus; [`backward_saved`]); every other op: its value, nothing kept.
+pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
+    check_arity(op, x)?;
+    match op {
+        Op::SafeLog { eps } => {
+            let t = softplus_plus(x[0], T::lit(*eps));
+            let y = simd::map(&t, approx::log);
+            Ok((tensor(x[0].shape().clone(), y)?, vec![t]))
+        }
+        _ => Ok((forward(op, x)?, Vec::new())),
+    }
+}
+
+/// [`backward`] reading `safeLog`'s `softplus(x) + eps` from `saved` ([`forward_saving`]);
+/// with `saved` empty it evaluates the softplus again. The same bits either way; a list that
+/// does not fit is an error naming the op.
+pub fn backward_saved<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+    saved: &[Vec<T>],
+) -> Result<Grads<T>> {
+    let Op::SafeLog { .. } = op else {
+        return backward(op, x, y, g);
+    };
+    if saved.is_empty() {
+        return backward(op, x, y, g);
+    }
+    check_arity(op, x)?;
+    let s = x[0].shape();
+    check_shape(op, "output", y, s)?;
+    check_shape(op, "cotangent", g, s)?;
+    check_saved(op, saved, &[x[0].numel()])?;
+    let dx = zip3(g.data(), x[0].data(), &saved[0], SafeLogBackwardFromT);
+    Ok(smallvec![Some(tensor(s.clone(), dx)?)])
+}
+
 /// `f` at every element of `x`.
 fn unary<T: Scalar>(x: &Tensor<T>, f: impl simd::Map1<T>) -> Result<Tensor<T>> {
     tensor(x.shape().clone(), simd::map(x.data(), f))
@@ -234,10 +273,15 @@ fn all_positive<T: Scalar>(d: &[T]) -> bool {
 /// per vector, longer than the out-of-order window overlaps. The same operations on the same
 /// values (the sum rounded to `T` either way), so the same bits.
 fn safe_log<T: Scalar>(x: &Tensor<T>, eps: T) -> Result<Tensor<T>> {
-    let t = simd::map(x.data(), SoftplusPlus(eps));
+    let t = softplus_plus(x, eps);
     let y = simd::map(&t, approx::log);
     tl_spec::pool::give(t);
     tensor(x.shape().clone(), y)
+}
+
+/// `softplus(x) + eps` at every element: `safeLog`'s first pass, and what its forward keeps.
+fn softplus_plus<T: Scalar>(x: &Tensor<T>, eps: T) -> Vec<T> {
+    simd::map(x.data(), SoftplusPlus(eps))
 }
 
 /// `softplus(x) + eps` at one element (a named [`simd::Map1`]: its body is too large for a
@@ -260,6 +304,17 @@ impl<T: Scalar> simd::Map2<T> for SafeLogBackward<T> {
     #[inline(always)]
     fn at(self, g: T, x: T) -> T {
         g * (approx::sigmoid(x) / (approx::softplus(x) + self.0))
+    }
+}
+
+/// [`SafeLogBackward`] from `(g, x, t)` with `t = softplus(x) + eps` as the forward kept it.
+#[derive(Clone, Copy)]
+struct SafeLogBackwardFromT;
+
+impl<T: Scalar> simd::Map3<T> for SafeLogBackwardFromT {
+    #[inline(always)]
+    fn at(self, g: T, x: T, t: T) -> T {
+        g * (approx::sigmoid(x) / t)
     }
 }
 

@@ -97,7 +97,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
 /// intermediates ([`attention::forward_saving`]), `gelu` its tanh term
 /// ([`activation::forward_saving`]), `layerNorm` and `batchnormChannelFirst` each group's mean
 /// and rstd ([`norm::forward_saving`]), `crossEntropy` each row's log-sum-exp
-/// ([`cross_entropy::forward_saving`]); every other op returns an empty list. The cotangents
+/// ([`cross_entropy::forward_saving`]), `safeLog` its `softplus(x) + ε`
+/// ([`elementwise::forward_saving`]); every other op returns an empty list. The cotangents
 /// have the same bits with or without them.
 pub fn forward_saving<T: Scalar>(
     op: &Op,
@@ -106,7 +107,7 @@ pub fn forward_saving<T: Scalar>(
 ) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     let keeps = matches!(
         op,
-        Op::MultiHeadAttention { .. } | Op::Gelu | Op::CrossEntropy { .. }
+        Op::MultiHeadAttention { .. } | Op::Gelu | Op::CrossEntropy { .. } | Op::SafeLog { .. }
     ) || op.family() == Family::Norm;
     if !keeps || out_shape(op, x)?.checked_numel() == Some(0) {
         return Ok((forward(op, x, nats)?, Vec::new()));
@@ -114,6 +115,7 @@ pub fn forward_saving<T: Scalar>(
     match op {
         Op::Gelu => activation::forward_saving(op, x),
         Op::CrossEntropy { .. } => cross_entropy::forward_saving(op, x, nats),
+        Op::SafeLog { .. } => elementwise::forward_saving(op, x),
         _ if op.family() == Family::Norm => norm::forward_saving(op, x),
         _ => attention::forward_saving(op, x),
     }
@@ -171,6 +173,7 @@ pub fn backward_needed<T: Scalar>(
         (Op::Gelu | Op::Silu, _) => activation::backward_saved(op, x, y, g, saved)?,
         (_, Family::Norm) => norm::backward_saved(op, x, y, g, saved)?,
         (Op::CrossEntropy { .. }, _) => cross_entropy::backward_saved(op, x, y, g, nats, saved)?,
+        (Op::SafeLog { .. }, _) => elementwise::backward_saved(op, x, y, g, saved)?,
         _ => backward(op, x, y, g, nats)?,
     };
     for (d, &n) in grads.iter_mut().zip(needed) {

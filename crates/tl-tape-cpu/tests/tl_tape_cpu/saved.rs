@@ -1,6 +1,7 @@
 //! What a forward keeps for its backward (`ops::forward_saving`, `Node::saved`): attention's
 //! Q, K, V, C and probabilities (fused: each row's softmax statistics), the norms' mean and
-//! rstd per group, cross-entropy's log-sum-exp per row, and gelu's tanh term, on the tape give the same
+//! rstd per group, cross-entropy's log-sum-exp per row, gelu's tanh term and safeLog's
+//! `softplus(x) + ε`, on the tape give the same
 //! values and cotangents, bit for bit, as the kernels that compute them again
 //! (`ops::backward`); only nodes that require grad keep anything, and a list that does not fit
 //! is an error naming the op.
@@ -125,6 +126,29 @@ fn gelu_reads_its_kept_tanh_with_the_recomputed_bits() {
     x = Tensor::new(x.shape().clone(), data).unwrap();
     check::<f32>(&Op::Gelu, std::slice::from_ref(&x), &[3 * 37]);
     check::<f64>(&Op::Gelu, &[x], &[3 * 37]);
+}
+
+#[test]
+fn safe_log_reads_its_kept_softplus_with_the_recomputed_bits() {
+    let mut rng = Rng(0x5af);
+    // Where softplus switches branch (e^{−|x|} = √2 − 1 near |x| = 0.88), underflows to
+    // e^{−|x|} (x = −30), is x itself (x = 30) and where softplus + ε is ε alone (x = −120).
+    let special = [
+        0.0, -0.0, 0.88, -0.88, 0.881, -30.0, 30.0, -120.0, 1e8, -1e8,
+    ];
+    let x = random(&mut rng, &Shape::new(&[4, 29]), Dom::Wide(8.0));
+    let data: Vec<f64> = x
+        .data()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| special.get(i).copied().unwrap_or(v))
+        .collect();
+    let x = Tensor::new(x.shape().clone(), data).unwrap();
+    for eps in [1e-6, 0.5] {
+        let op = Op::SafeLog { eps };
+        check::<f32>(&op, std::slice::from_ref(&x), &[4 * 29]);
+        check::<f64>(&op, std::slice::from_ref(&x), &[4 * 29]);
+    }
 }
 
 #[test]
@@ -256,6 +280,12 @@ fn a_kept_list_that_does_not_fit_is_an_error_naming_the_op() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("layerNorm") && e.contains("saved"), "{e}");
+    // saved[0] has the attention input's length (24), not the safeLog operand's (4).
+    let sl = Op::SafeLog { eps: 1e-6 };
+    let e = ops::backward_needed(&sl, &[&xg], &xg, &xg, &[true], &[], &saved[..1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("safeLog") && e.contains("saved"), "{e}");
 }
 
 #[test]
