@@ -109,6 +109,13 @@ fn attention_kept_statistics_carry_infinite_and_nan_scores_as_the_forward_made_t
     }
 }
 
+/// `x` with its first elements replaced by `special`.
+fn with_first(x: Tensor<f64>, special: &[f64]) -> Tensor<f64> {
+    let data = x.data().iter().enumerate();
+    let data = data.map(|(i, &v)| special.get(i).copied().unwrap_or(v));
+    Tensor::new(x.shape().clone(), data.collect()).unwrap()
+}
+
 #[test]
 fn gelu_reads_its_kept_tanh_with_the_recomputed_bits() {
     let mut rng = Rng(0x9e1);
@@ -116,14 +123,10 @@ fn gelu_reads_its_kept_tanh_with_the_recomputed_bits() {
     let special = [
         0.0, -0.0, 0.55, -0.55, 0.6, 3.0, -3.0, 9.5, -9.5, 30.0, -30.0, 1e8,
     ];
-    let mut x = random(&mut rng, &Shape::new(&[3, 37]), Dom::Wide(6.0));
-    let data: Vec<f64> = x
-        .data()
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| special.get(i).copied().unwrap_or(v))
-        .collect();
-    x = Tensor::new(x.shape().clone(), data).unwrap();
+    let x = with_first(
+        random(&mut rng, &Shape::new(&[3, 37]), Dom::Wide(6.0)),
+        &special,
+    );
     check::<f32>(&Op::Gelu, std::slice::from_ref(&x), &[3 * 37]);
     check::<f64>(&Op::Gelu, &[x], &[3 * 37]);
 }
@@ -136,14 +139,10 @@ fn safe_log_reads_its_kept_softplus_with_the_recomputed_bits() {
     let special = [
         0.0, -0.0, 0.88, -0.88, 0.881, -30.0, 30.0, -120.0, 1e8, -1e8,
     ];
-    let x = random(&mut rng, &Shape::new(&[4, 29]), Dom::Wide(8.0));
-    let data: Vec<f64> = x
-        .data()
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| special.get(i).copied().unwrap_or(v))
-        .collect();
-    let x = Tensor::new(x.shape().clone(), data).unwrap();
+    let x = with_first(
+        random(&mut rng, &Shape::new(&[4, 29]), Dom::Wide(8.0)),
+        &special,
+    );
     for eps in [1e-6, 0.5] {
         let op = Op::SafeLog { eps };
         check::<f32>(&op, std::slice::from_ref(&x), &[4 * 29]);
