@@ -185,7 +185,7 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
 
 /// [`backward`] reading `safeLog`'s `softplus(x) + eps` from `saved` ([`forward_saving`]);
 /// with `saved` empty it evaluates the softplus again. The same bits either way; a list that
-/// does not fit is an error naming the op.
+/// does not fit (any list for an op that keeps nothing) is an error naming the op.
 pub fn backward_saved<T: Scalar>(
     op: &Op,
     x: &[&Tensor<T>],
@@ -193,9 +193,6 @@ pub fn backward_saved<T: Scalar>(
     g: &Tensor<T>,
     saved: &[Vec<T>],
 ) -> Result<Grads<T>> {
-    let Op::SafeLog { .. } = op else {
-        return backward(op, x, y, g);
-    };
     if saved.is_empty() {
         return backward(op, x, y, g);
     }
@@ -203,6 +200,10 @@ pub fn backward_saved<T: Scalar>(
     let s = x[0].shape();
     check_shape(op, "output", y, s)?;
     check_shape(op, "cotangent", g, s)?;
+    let Op::SafeLog { .. } = op else {
+        check_saved(op, saved, &[])?;
+        return backward(op, x, y, g);
+    };
     check_saved(op, saved, &[x[0].numel()])?;
     let dx = zip3(g.data(), x[0].data(), &saved[0], SafeLogBackwardFromT);
     Ok(smallvec![Some(tensor(s.clone(), dx)?)])

@@ -285,6 +285,11 @@ fn a_kept_list_that_does_not_fit_is_an_error_naming_the_op() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("safeLog") && e.contains("saved"), "{e}");
+    // An elementwise op that keeps nothing refuses a kept list rather than ignoring it.
+    let e = ops::elementwise::backward_saved(&Op::Exp, &[&xg], &xg, &xg, &[vec![0.0; 4]])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exp") && e.contains("saved"), "{e}");
 }
 
 #[test]
