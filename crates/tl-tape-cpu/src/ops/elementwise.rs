@@ -53,7 +53,11 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         Sigmoid => unary(x[0], approx::sigmoid)?,
         Tanh => unary(x[0], approx::tanh)?,
         Softplus => unary(x[0], approx::softplus)?,
-        SafeLog { eps } => safe_log(x[0], T::lit(*eps))?,
+        SafeLog { eps } => {
+            let (y, t) = safe_log_keeping(x[0], T::lit(*eps))?;
+            tl_spec::pool::give(t);
+            y
+        }
         Detach => x[0].clone(),
         Constant(t) => t.cast(),
         _ => return Err(wrong_family(op, "elementwise")),
@@ -175,9 +179,8 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     check_arity(op, x)?;
     match op {
         Op::SafeLog { eps } => {
-            let t = softplus_plus(x[0], T::lit(*eps));
-            let y = simd::map(&t, approx::log);
-            Ok((tensor(x[0].shape().clone(), y)?, vec![t]))
+            let (y, t) = safe_log_keeping(x[0], T::lit(*eps))?;
+            Ok((y, vec![t]))
         }
         _ => Ok((forward(op, x)?, Vec::new())),
     }
@@ -272,17 +275,12 @@ fn all_positive<T: Scalar>(d: &[T]) -> bool {
 /// log. One pass took 466 µs for 256×1024 on one core, the two 336 µs (`benches/families.rs`):
 /// the exponential, softplus's log and the outer log are one chain of ~60 dependent operations
 /// per vector, longer than the out-of-order window overlaps. The same operations on the same
-/// values (the sum rounded to `T` either way), so the same bits.
-fn safe_log<T: Scalar>(x: &Tensor<T>, eps: T) -> Result<Tensor<T>> {
-    let t = softplus_plus(x, eps);
+/// values (the sum rounded to `T` either way), so the same bits. Returns the value and the
+/// first pass, `softplus(x) + eps` (what [`forward_saving`] keeps).
+fn safe_log_keeping<T: Scalar>(x: &Tensor<T>, eps: T) -> Result<(Tensor<T>, Vec<T>)> {
+    let t = simd::map(x.data(), SoftplusPlus(eps));
     let y = simd::map(&t, approx::log);
-    tl_spec::pool::give(t);
-    tensor(x.shape().clone(), y)
-}
-
-/// `softplus(x) + eps` at every element: `safeLog`'s first pass, and what its forward keeps.
-fn softplus_plus<T: Scalar>(x: &Tensor<T>, eps: T) -> Vec<T> {
-    simd::map(x.data(), SoftplusPlus(eps))
+    Ok((tensor(x.shape().clone(), y)?, t))
 }
 
 /// `softplus(x) + eps` at one element (a named [`simd::Map1`]: its body is too large for a
