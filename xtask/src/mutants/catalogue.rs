@@ -265,9 +265,9 @@ pub const MUTANTS: &[Mutant] = &[
         id: "sim-mha-workspace-swapped",
         area: Sim,
         file: "crates/tl-tape-cuda/src/ops/attention.rs",
-        from: "qh: w[0],",
-        to: "qh: w[1],",
-        bug: "attention's backward reads K per head where it kept Q (the forward's workspace)",
+        from: "q: w[0],",
+        to: "q: w[1],",
+        bug: "attention's backward reads K where it kept Q (the forward's workspace)",
         harness: Plain,
     },
     Mutant {
@@ -404,6 +404,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "for (u32 s = 0; s < splits; ++s) acc = __fadd_rn(acc, p[(u64)s * mn]);",
         to: "for (u32 s = splits; s-- > 0;) acc = __fadd_rn(acc, p[(u64)s * mn]);",
         bug: "a split matmul adds the runs of k last to first, not in the sim's order",
+        harness: Emu,
+    },
+    Mutant {
+        id: "kernel-gemm-heads-row-stride",
+        area: Kernel,
+        file: "kernels/linalg.cu",
+        from: "r.ld = (u64)heads * cols;",
+        to: "r.ld = cols;",
+        bug: "a head-merged operand's rows are read one head's width apart, not all heads'",
         harness: Emu,
     },
     Mutant {

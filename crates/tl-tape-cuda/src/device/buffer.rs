@@ -1,5 +1,6 @@
-//! Buffer handles ([`Buffer`]) and the dims of a matrix product ([`Gemm`]), the plain data
-//! every [`Device`](super::Device) primitive takes.
+//! Buffer handles ([`Buffer`]), the dims of a matrix product ([`Gemm`]) and where a batched
+//! product's matrices lie ([`Batch`]): the plain data every [`Device`](super::Device) primitive
+//! takes.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +107,83 @@ impl Gemm {
     /// How many runs of [`k_chunk`](Self::k_chunk) cover `k` (1: no split).
     pub fn k_splits(&self, batch: usize) -> usize {
         self.k.div_ceil(self.k_chunk(batch)).max(1)
+    }
+
+    /// The stored (rows, cols) of operand `which` (0: `a`, 1: `b`, 2: the result): `a` is
+    /// (m, k), or (k, m) with `ta`; `b` is (k, n), or (n, k) with `tb`; the result (m, n).
+    pub fn stored(&self, which: usize) -> (usize, usize) {
+        match which {
+            0 if self.ta => (self.k, self.m),
+            0 => (self.m, self.k),
+            1 if self.tb => (self.n, self.k),
+            1 => (self.k, self.n),
+            _ => (self.m, self.n),
+        }
+    }
+}
+
+/// Where the `count` matrices of each operand of a batched product lie in its buffer.
+///
+/// Product `z` is head `z % heads` of group `z / heads`. An operand stored **head-merged** holds,
+/// per group, the matrices' rows in order with the heads' rows side by side: (groups, rows,
+/// heads, cols), the layout in which one product `x·W` leaves the queries of every attention
+/// head. The others are stored product-major, (count, rows, cols), as [`Device::bmm`] takes
+/// them. Both hold `count·rows·cols` floats; reading a head-merged operand in place is
+/// `permute([groups, rows, heads, cols], [0, 2, 1, 3])` without the copy.
+/// PyTorch: a `bmm` over `x.view(B, n, H, d).transpose(1, 2)`, which reads the strides.
+///
+/// [`Device::bmm`]: super::Device::bmm
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    /// Products in all (`groups · heads`).
+    pub count: usize,
+    /// Heads per group (1 for a plain batch).
+    pub heads: usize,
+    /// Which of `[a, b, result]` are stored head-merged.
+    pub merged: [bool; 3],
+}
+
+impl Batch {
+    /// `count` products, every operand product-major (what [`Device::bmm`] takes).
+    ///
+    /// [`Device::bmm`]: super::Device::bmm
+    pub fn plain(count: usize) -> Batch {
+        Batch {
+            count,
+            heads: 1,
+            merged: [false; 3],
+        }
+    }
+
+    /// `groups · heads` products, the operands flagged in `merged` (`[a, b, result]`) stored
+    /// head-merged.
+    pub fn heads(groups: usize, heads: usize, merged: [bool; 3]) -> Batch {
+        Batch {
+            count: groups.saturating_mul(heads),
+            heads,
+            merged,
+        }
+    }
+
+    /// The start of product `z`'s matrix in operand `which` (0: `a`, 1: `b`, 2: the result)
+    /// and the stride between its rows, the matrix being `rows × cols` as stored. The same
+    /// arithmetic as `mat_at` in `kernels/linalg.cu`.
+    pub fn at(&self, which: usize, z: usize, (rows, cols): (usize, usize)) -> (usize, usize) {
+        if self.merged[which] {
+            let h = self.heads.max(1);
+            ((z / h) * rows * h * cols + (z % h) * cols, h * cols)
+        } else {
+            (z * rows * cols, cols)
+        }
+    }
+
+    /// The kernel's flag word: bit 0 `a`, bit 1 `b`, bit 2 the result stored head-merged.
+    pub fn merged_bits(&self) -> u32 {
+        self.merged
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| u32::from(m) << i)
+            .sum()
     }
 }
 

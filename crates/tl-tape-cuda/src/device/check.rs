@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use super::{Buffer, Gemm, MAX_RANK};
+use super::{Batch, Buffer, Gemm, MAX_RANK};
 use crate::{Error, Result, abi};
 
 /// Dims or strides of one tensor, inline up to [`MAX_RANK`].
@@ -233,6 +233,21 @@ pub fn gemm_lens(
     len_is(op, "left operand", a, total[0])?;
     len_is(op, "right operand", b, total[1])?;
     Ok(per)
+}
+
+/// A batched product's layout: at least one head, and whole groups of heads.
+pub fn batch(op: &'static str, bt: Batch) -> Result<()> {
+    abi::to_u32(op, "heads", bt.heads)?;
+    if bt.heads == 0 || !bt.count.is_multiple_of(bt.heads) {
+        return Err(Error::kernel(
+            op,
+            format!(
+                "{} products are not whole groups of {} heads",
+                bt.count, bt.heads
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checked dims of a row kernel: `rows · cols` must be `x`'s length.

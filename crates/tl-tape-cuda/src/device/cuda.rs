@@ -38,7 +38,7 @@ mod prims;
 use std::collections::HashMap;
 
 use super::sim::reduce::axis_sum_by_block;
-use super::{Buffer, Device, Gemm};
+use super::{Batch, Buffer, Device, Gemm};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Error, Result, abi};
@@ -105,12 +105,12 @@ impl CudaDevice {
         op: &'static str,
         a: Buffer,
         b: Buffer,
-        batch: usize,
+        bt: Batch,
         g: Gemm,
         [_, _, lo]: [usize; 3],
     ) -> Result<Buffer> {
-        self.with_out(op, batch * lo, |d, out| {
-            d.gemm_launch(op, a, b, out, false, batch, g)
+        self.with_out(op, bt.count * lo, |d, out| {
+            d.gemm_launch(op, a, b, out, false, bt, g)
         })
     }
 
@@ -118,12 +118,14 @@ impl CudaDevice {
     pub(super) fn gemm_into(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
         const OP: &str = "matmul_acc";
         let pc = self.ptr(OP, c)?;
-        self.gemm_launch(OP, a, b, pc, true, 1, g)
+        self.gemm_launch(OP, a, b, pc, true, Batch::plain(1), g)
     }
 
-    /// `tl_gemm` writing (`into == false`) or adding into (`into == true`) the buffer at `out`.
-    /// A product with few output tiles is split along `k` ([`Gemm::k_chunk`]): `tl_gemm`
-    /// writes each run's sums to a pool workspace, `tl_gemm_sum_splits` adds them into `out`.
+    /// `tl_gemm` writing (`into == false`) or adding into (`into == true`) the buffer at `out`,
+    /// the `bt.count` products' matrices where `bt` says. A product with few output tiles is
+    /// split along `k` ([`Gemm::k_chunk`]): `tl_gemm` writes each run's sums to a pool
+    /// workspace (product-major), `tl_gemm_sum_splits` adds them into `out` (laid out as `bt`
+    /// says).
     #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &mut self,
@@ -132,7 +134,7 @@ impl CudaDevice {
         b: Buffer,
         out: u64,
         into: bool,
-        batch: usize,
+        bt: Batch,
         g: Gemm,
     ) -> Result<()> {
         let (pa, pb) = (self.ptr(op, a)?, self.ptr(op, b)?);
@@ -145,12 +147,15 @@ impl CudaDevice {
             ));
         }
         let gx = abi::to_u32(op, "grid", gx)?;
-        let mn = g.m * g.n;
+        let (batch, mn) = (bt.count, g.m * g.n);
         if batch * mn == 0 {
             return Ok(());
         }
         let (kc, splits) = (g.k_chunk(batch), g.k_splits(batch));
-        let product = |out: u64, into: bool| {
+        // Checked by `check::batch` (u32) and `check::gemm_lens` (each dim u32, the result's
+        // length too).
+        let heads = Arg::U32(bt.heads as u32);
+        let product = |out: u64, into: bool, merged: u32| {
             [
                 Arg::Ptr(pa),
                 Arg::Ptr(pb),
@@ -163,14 +168,19 @@ impl CudaDevice {
                 Arg::U32(u32::from(g.tb)),
                 Arg::U32(u32::from(into)),
                 Arg::U32(kc as u32), // at most max(k, 1)
+                heads,
+                Arg::U32(merged),
             ]
         };
         let grid = |jobs: usize| [gx, gy as u32, jobs.min(65_535) as u32];
+        let merged = bt.merged_bits();
         if splits == 1 {
-            return self.run(op, "tl_gemm", grid(batch), &product(out, into));
+            return self.run(op, "tl_gemm", grid(batch), &product(out, into, merged));
         }
         let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
-            d.run(op, "tl_gemm", grid(batch * splits), &product(part, false))?;
+            // The runs' sums product-major in the workspace: the result's flag cleared.
+            let runs = product(part, false, merged & 0b011);
+            d.run(op, "tl_gemm", grid(batch * splits), &runs)?;
             let total = batch * mn;
             let sum = [
                 Arg::Ptr(part),
@@ -179,6 +189,9 @@ impl CudaDevice {
                 Arg::U64(mn as u64),
                 Arg::U32(splits as u32),
                 Arg::U32(u32::from(into)),
+                Arg::U32(g.n as u32),
+                heads,
+                Arg::U32(u32::from(bt.merged[2])),
             ];
             d.run(op, "tl_gemm_sum_splits", [blocks(total), 1, 1], &sum)
         })?;

@@ -14,7 +14,7 @@
 #[cfg(doc)]
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
-use super::{Act, BiasLayout, Buffer, Gemm, NormLayout, PoolKind, WindowLens, Windows};
+use super::{Act, Batch, BiasLayout, Buffer, Gemm, NormLayout, PoolKind, WindowLens, Windows};
 use crate::Result;
 
 /// The work of each [`Device`] primitive whose operands [`Device`] validates (see the module
@@ -161,13 +161,14 @@ pub trait Launch {
     /// The work of [`Device::matmul_acc`]; operands already validated by it (`c` has `m·n`
     /// elements and is neither operand) — callers use `matmul_acc`.
     fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()>;
-    /// The work of [`Device::bmm`]; operands already validated by it — callers use `bmm`.
-    /// `lens` are [`check::gemm_lens`](super::check::gemm_lens)' (per batch entry).
+    /// The work of [`Device::bmm`] and [`Device::bmm_heads`]; operands already validated by
+    /// them — callers use those. `lens` are [`check::gemm_lens`](super::check::gemm_lens)' (per
+    /// product).
     fn launch_bmm(
         &mut self,
         a: Buffer,
         b: Buffer,
-        batch: usize,
+        bt: Batch,
         g: Gemm,
         lens: [usize; 3],
     ) -> Result<Buffer>;

@@ -37,7 +37,7 @@ use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
 pub use bias::{Act, BiasLayout};
-pub use buffer::{Buffer, Gemm, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES};
+pub use buffer::{Batch, Buffer, Gemm, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES};
 use check::{BroadcastPlan, PermutePlan};
 pub use launch::Launch;
 pub use norm::NormLayout;
@@ -478,7 +478,19 @@ pub trait Device: Launch {
     /// PyTorch: `torch.bmm`.
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         let lens = check::gemm_lens("bmm", a, b, batch, g)?;
-        self.launch_bmm(a, b, batch, g, lens)
+        self.launch_bmm(a, b, Batch::plain(batch), g, lens)
+    }
+    /// `bt.count` independent products whose operands and result lie as `bt` says: each
+    /// one head-merged (the (groups, rows, heads, cols) layout of an attention projection) or
+    /// product-major. Every output element is summed as [`bmm`](Self::bmm) sums it, so the
+    /// bits of `bmm` on the permuted operands, without the permutes' launches and copies.
+    /// `bt.heads` must be at least 1 and divide `bt.count`. PyTorch: `torch.matmul` on
+    /// `x.view(B, n, H, d).transpose(1, 2)`.
+    fn bmm_heads(&mut self, a: Buffer, b: Buffer, bt: Batch, g: Gemm) -> Result<Buffer> {
+        const OP: &str = "bmm_heads";
+        check::batch(OP, bt)?;
+        let lens = check::gemm_lens(OP, a, b, bt.count, g)?;
+        self.launch_bmm(a, b, bt, g, lens)
     }
 
     // ---- norm (layer/batch norm pieces, masked softmax) ---------------------------------------

@@ -3,15 +3,17 @@
 //!
 //! - `maskedSoftmax`: one masked row launch forward; backward [`Device::softmax_rows_bwd`]
 //!   (`y·(g − Σ g·y)`, which is 0 wherever y is: masked entries and empty rows).
-//! - `multiHeadAttention`: Q, K, V = x·W by one GEMM each over all B·n rows; heads split by a
-//!   permute (B, n, H, d) → (B, H, n, d); `S = Q_h K_hᵀ` by one bmm over the B·H heads, scaled
-//!   by 1/√d; A = (masked) row softmax; `O_h = A·V_h` by bmm; heads merged by the inverse
-//!   permute into C (B·n, P); y = C·wo. The node keeps Q_h, K_h, V_h and C as workspace, and A
-//!   too unless the op is `fused` (the memory-lean form: O(n·P) floats kept, not O(H·n²); its
+//! - `multiHeadAttention`: Q, K, V = x·W by one GEMM each over all B·n rows, each (B, n, H, d):
+//!   the heads side by side in every row, read and written in place by the head products
+//!   ([`Device::bmm_heads`], no permutes); `S = Q_h K_hᵀ` by one launch over the B·H heads,
+//!   scaled by 1/√d; A = (masked) row softmax; `O_h = A·V_h` by one launch writing C (B·n, P)
+//!   with its heads merged; y = C·wo. The node keeps Q, K, V and C as workspace, and A too
+//!   unless the op is `fused` (the memory-lean form: O(n·P) floats kept, not O(H·n²); its
 //!   backward recomputes A, two launches). The backward reads them while they are live (the
 //!   whole chain is recomputed once the tape has released workspaces) and runs
 //!   `dC = g·woᵀ`, `dwo = Cᵀ·g`, `dA = dO_h V_hᵀ`,
-//!   `dV_h = Aᵀ dO_h`, `dS = softmax_bwd(A, dA)/√d`, `dQ_h = dS K_h`, `dK_h = dSᵀ Q_h`, then
+//!   `dV_h = Aᵀ dO_h`, `dS = softmax_bwd(A, dA)/√d`, `dQ_h = dS K_h`, `dK_h = dSᵀ Q_h` (the
+//!   head products reading dC and writing dQ, dK, dV in the merged layout), then
 //!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch (the sum's adds in the
 //!   products' epilogue, `matmul_acc`).
 //!
@@ -25,7 +27,7 @@ use tl_spec::ops::attention::Mask;
 use tl_spec::ops::attention::mha::{Dims, mha_dims};
 
 use super::{Scratch, with_scratch};
-use crate::device::{Buffer, Device, Gemm};
+use crate::device::{Batch, Buffer, Device, Gemm};
 use crate::{AnyBuffer, Result};
 
 /// Rows and row length of `maskedSoftmax` on x (…, n, n).
@@ -73,21 +75,22 @@ fn dims(op: &Op, x: &[&AnyBuffer], heads: usize, mask: Option<&Mask>) -> Result<
     Ok(mha_dims(w, x[4].shape(), heads, mask)?.0)
 }
 
-/// The intermediates of the forward chain that the backward reads.
+/// The intermediates of the forward chain that the backward reads. Q, K, V and C are (B·n, P)
+/// with the heads merged ([`Batch`]).
 struct Chain {
-    qh: Buffer,
-    kh: Buffer,
-    vh: Buffer,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
     c: Buffer,
-    /// The attention probabilities; `None` when the forward did not keep them (the `fused`
-    /// form): the backward recomputes them from `qh` and `kh`.
+    /// The attention probabilities (B·H, n, n); `None` when the forward did not keep them (the
+    /// `fused` form): the backward recomputes them from `q` and `k`.
     a: Option<Buffer>,
 }
 
 impl Chain {
-    /// The node's workspace: `[qh, kh, vh, c]`, then `a` where kept.
+    /// The node's workspace: `[q, k, v, c]`, then `a` where kept.
     fn workspace(&self) -> Vec<Buffer> {
-        let mut w = vec![self.qh, self.kh, self.vh, self.c];
+        let mut w = vec![self.q, self.k, self.v, self.c];
         w.extend(self.a);
         w
     }
@@ -99,17 +102,20 @@ impl Chain {
             return None;
         }
         Some(Chain {
-            qh: w[0],
-            kh: w[1],
-            vh: w[2],
+            q: w[0],
+            k: w[1],
+            v: w[2],
             c: w[3],
             a: w.get(4).copied(),
         })
     }
 }
 
-/// (B, n, H, d) ↔ (B, H, n, d): the same permutation both ways.
-const SWAP: [usize; 4] = [0, 2, 1, 3];
+/// The B·H head products of one node, operands flagged in `merged` (`[a, b, result]`) read or
+/// written in the (B, n, H, d) layout of Q, K, V and C.
+fn by_head(dm: &Dims, merged: [bool; 3]) -> Batch {
+    Batch::heads(dm.batch, dm.heads, merged)
+}
 
 /// Q, K, V, C and the attention probabilities, every buffer a temporary of `s` (the forward
 /// takes back the ones it keeps with [`Scratch::keep`]).
@@ -120,47 +126,38 @@ fn chain<D: Device>(
     x: &[&AnyBuffer],
     mask: Option<&Mask>,
 ) -> Result<Chain> {
-    let Dims {
-        batch,
-        n,
-        p,
-        heads,
-        d,
-        ..
-    } = *dm;
+    let Dims { batch, n, p, d, .. } = *dm;
     let rows = batch * n;
-    let bh = batch * heads;
-    let split = [batch, n, heads, d];
-    let head = |dev: &mut D, s: &mut Scratch, w: &AnyBuffer| -> Result<Buffer> {
-        let proj = s.tmp(dev.matmul(x[4].buffer(), w.buffer(), Gemm::nn(rows, dm.dm, p))?);
-        Ok(s.tmp(dev.permute(proj, &split, &SWAP)?))
+    let mut proj = |dev: &mut D, w: &AnyBuffer| -> Result<Buffer> {
+        Ok(s.tmp(dev.matmul(x[4].buffer(), w.buffer(), Gemm::nn(rows, dm.dm, p))?))
     };
-    let qh = head(dev, s, x[0])?;
-    let kh = head(dev, s, x[1])?;
-    let vh = head(dev, s, x[2])?;
-    let a = probabilities(dev, s, dm, qh, kh, mask)?;
-    let oh = s.tmp(dev.bmm(a, vh, bh, Gemm::nn(n, n, d))?);
-    let c = s.tmp(dev.permute(oh, &[batch, heads, n, d], &SWAP)?);
+    let q = proj(dev, x[0])?;
+    let k = proj(dev, x[1])?;
+    let v = proj(dev, x[2])?;
+    let a = probabilities(dev, s, dm, q, k, mask)?;
+    // O_h = A·V_h, written into C with the heads merged.
+    let c = s.tmp(dev.bmm_heads(a, v, by_head(dm, [false, true, true]), Gemm::nn(n, n, d))?);
     Ok(Chain {
-        qh,
-        kh,
-        vh,
+        q,
+        k,
+        v,
         c,
         a: Some(a),
     })
 }
 
-/// `A = softmax(Q_h K_hᵀ/√d)` (masked where `mask` says), a temporary of `s`.
+/// `A = softmax(Q_h K_hᵀ/√d)` (masked where `mask` says), (B·H, n, n), a temporary of `s`.
 fn probabilities<D: Device>(
     dev: &mut D,
     s: &mut Scratch,
     dm: &Dims,
-    qh: Buffer,
-    kh: Buffer,
+    q: Buffer,
+    k: Buffer,
     mask: Option<&Mask>,
 ) -> Result<Buffer> {
     let (n, d, bh) = (dm.n, dm.d, dm.batch * dm.heads);
-    let raw = s.tmp(dev.bmm(qh, kh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
+    let scores = Gemm::nn(n, d, n).with_t(false, true);
+    let raw = s.tmp(dev.bmm_heads(q, k, by_head(dm, [true, true, false]), scores)?);
     let a = match mask {
         Some(m) => {
             let scores = s.tmp(dev.scale(raw, inv_sqrt(d))?);
@@ -263,23 +260,21 @@ fn grads<D: Device>(
         x[3].buffer(),
         Gemm::nn(rows, dmod, p).with_t(false, true),
     )?);
-    let doh = s.tmp(dev.permute(dc, &[batch, n, heads, d], &SWAP)?);
     let a = match ch.a {
         Some(a) => a,
-        None => probabilities(dev, s, dm, ch.qh, ch.kh, mask)?,
+        None => probabilities(dev, s, dm, ch.q, ch.k, mask)?,
     };
-    // O_h = A·V_h: dA = dO_h·V_hᵀ, dV_h = Aᵀ·dO_h.
-    let da = s.tmp(dev.bmm(doh, ch.vh, bh, Gemm::nn(n, d, n).with_t(false, true))?);
-    let dvh = s.tmp(dev.bmm(a, doh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
+    // O_h = A·V_h: dA = dO_h·V_hᵀ, dV_h = Aᵀ·dO_h (dO_h read from dC in place).
+    let da_g = Gemm::nn(n, d, n).with_t(false, true);
+    let da = s.tmp(dev.bmm_heads(dc, ch.v, by_head(dm, [true, true, false]), da_g)?);
+    let into = by_head(dm, [false, true, true]);
+    let dv = s.tmp(dev.bmm_heads(a, dc, into, Gemm::nn(n, n, d).with_t(true, false))?);
     // Softmax VJP (0 where A is: masked entries, empty rows), then S = Q_h K_hᵀ/√d.
     // softmax VJP → scale by 1/√d in one launch (same bits as the two).
     let ds = s.tmp(dev.scaled_softmax_rows_bwd(a, da, inv_sqrt(d), bh * n, n)?);
-    let dqh = s.tmp(dev.bmm(ds, ch.kh, bh, Gemm::nn(n, n, d))?);
-    let dkh = s.tmp(dev.bmm(ds, ch.qh, bh, Gemm::nn(n, n, d).with_t(true, false))?);
-    let merge = [batch, heads, n, d];
-    let dq = s.tmp(dev.permute(dqh, &merge, &SWAP)?);
-    let dk = s.tmp(dev.permute(dkh, &merge, &SWAP)?);
-    let dv = s.tmp(dev.permute(dvh, &merge, &SWAP)?);
+    let dq = s.tmp(dev.bmm_heads(ds, ch.k, into, Gemm::nn(n, n, d))?);
+    let dk_g = Gemm::nn(n, n, d).with_t(true, false);
+    let dk = s.tmp(dev.bmm_heads(ds, ch.q, into, dk_g)?);
     // Q = x·wq: dwq = xᵀ·dQ (likewise K, V); dx = dQ·wqᵀ + dK·wkᵀ + dV·wvᵀ.
     let proj = [dq, dk, dv];
     for (k, &dp) in proj.iter().enumerate() {

@@ -2,7 +2,7 @@
 //! argument checks that name the primitive, and primitives the tape ops do not reach (RNG,
 //! general permutations up to rank 8, matmul transpose flags, broadcast reduction order).
 
-use tl_tape_cuda::{Device, Error, Gemm, SimDevice, rng};
+use tl_tape_cuda::{Batch, Device, Error, Gemm, SimDevice, rng};
 
 #[test]
 fn counts_of_two_to_the_32_are_refused_before_any_allocation() {
@@ -173,6 +173,81 @@ fn matmul_transpose_flags_and_bmm_agree_with_explicit_transposes() {
     };
     let twice: Vec<f32> = c.iter().chain(&c).map(|v| v * 2.0).collect();
     assert_eq!(batched, twice);
+}
+
+/// `bmm_heads` on head-merged operands gives, bit for bit, `bmm` on the operands permuted from
+/// (groups, rows, heads, cols) to (groups, heads, rows, cols), with the result permuted back
+/// where it is merged: every layout of the three operands, every transpose, and a product split
+/// along k. One launch (two when split), no permutes.
+#[test]
+fn bmm_heads_reads_and_writes_the_merged_layout_as_permutes_would() {
+    let mut dev = SimDevice::new();
+    let (groups, heads) = (2, 3);
+    let count = groups * heads;
+    let swap = [0, 2, 1, 3];
+    for (m, k, n) in [(5, 7, 4), (2, 600, 3)] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let g = Gemm::nn(m, k, n).with_t(ta, tb);
+            let split = g.k_splits(count) > 1;
+            assert_eq!(split, k == 600, "{g:?}");
+            let data = |which: usize, seed: f32| -> Vec<f32> {
+                let (r, c) = g.stored(which);
+                (0..count * r * c)
+                    .map(|i| (i as f32 * seed).sin() + 0.1 * which as f32)
+                    .collect()
+            };
+            let (av, bv) = (data(0, 0.37), data(1, 0.23));
+            for bits in 0..8u32 {
+                let merged = [bits & 1 != 0, bits & 2 != 0, bits & 4 != 0];
+                let bt = Batch::heads(groups, heads, merged);
+                assert_eq!(bt.merged_bits(), bits);
+                let (ab, bb) = (dev.upload(&av).unwrap(), dev.upload(&bv).unwrap());
+                // The reference: permute the merged operands to product-major, bmm, permute back.
+                let plain = |dev: &mut SimDevice, x, which: usize| {
+                    let (r, c) = g.stored(which);
+                    if merged[which] {
+                        dev.permute(x, &[groups, r, heads, c], &swap).unwrap()
+                    } else {
+                        x
+                    }
+                };
+                let (pa, pb) = (plain(&mut dev, ab, 0), plain(&mut dev, bb, 1));
+                let mut want = dev.bmm(pa, pb, count, g).unwrap();
+                if merged[2] {
+                    want = dev.permute(want, &[groups, heads, m, n], &swap).unwrap();
+                }
+                let want = dev.download(want).unwrap();
+                let before = dev.traffic().launches;
+                let got = dev.bmm_heads(ab, bb, bt, g).unwrap();
+                let launches = dev.traffic().launches - before;
+                assert_eq!(launches, if split { 2 } else { 1 }, "{g:?} {merged:?}");
+                let got = dev.download(got).unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{g:?} merged {merged:?}: {got:?} vs {want:?}");
+            }
+        }
+    }
+    // Bad layouts and lengths are errors naming the primitive.
+    let x = dev.zeros(6 * 4).unwrap();
+    for (bt, what) in [
+        (Batch::heads(2, 0, [true; 3]), "heads"),
+        (
+            Batch {
+                count: 5,
+                heads: 2,
+                merged: [true; 3],
+            },
+            "heads",
+        ),
+        (Batch::heads(2, 3, [true; 3]), "element"),
+    ] {
+        let e = dev.bmm_heads(x, x, bt, Gemm::nn(2, 3, 2)).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("bmm_heads") && msg.contains(what), "{msg}");
+    }
 }
 
 #[test]

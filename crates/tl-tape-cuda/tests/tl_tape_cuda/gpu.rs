@@ -18,7 +18,9 @@ use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PoolKind, Windows};
-use tl_tape_cuda::{Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism};
+use tl_tape_cuda::{
+    Batch, Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism,
+};
 
 /// The CUDA device, or `None` (after saying so) when there is none.
 fn gpu() -> Option<CudaDevice> {
@@ -272,6 +274,26 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         true,
         d.bmm(ka, kb, 2, Gemm::nn(8, 1000, 12))?
     );
+    // Head-merged operands (attention's layout) in every combination, 2 groups of 5 heads;
+    // then a split product writing a merged result.
+    let ha = d.upload(&i.big[..10 * 6 * 20])?;
+    let hb = d.upload(&i.big[3000..3000 + 10 * 20 * 10])?;
+    for bits in 0..8u32 {
+        let bt = Batch::heads(2, 5, [bits & 1 != 0, bits & 2 != 0, bits & 4 != 0]);
+        for (ta, tb) in [(false, false), (true, true)] {
+            let hg = Gemm::nn(6, 20, 10).with_t(ta, tb);
+            one!(la, "bmm_heads", true, d.bmm_heads(ha, hb, bt, hg)?);
+        }
+    }
+    let sg = Gemm::nn(8, 500, 12);
+    assert!(sg.k_splits(4) > 1, "the case must split");
+    let merged = Batch::heads(2, 2, [true, false, true]);
+    one!(
+        la,
+        "bmm_heads_split_k",
+        true,
+        d.bmm_heads(ka, kb, merged, sg)?
+    );
     let c = d.upload(&i.g[..16 * 24])?;
     d.matmul_acc(c, ka, kb, Gemm::nn(16, 1000, 24))?;
     one!(la, "matmul_acc_split_k", true, c);
@@ -331,7 +353,7 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         d.release(b);
     }
     d.release_all([
-        x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar, long, ka, kb,
+        x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar, long, ka, kb, ha, hb,
     ]);
     Ok(res)
 }

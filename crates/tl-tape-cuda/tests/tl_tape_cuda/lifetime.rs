@@ -390,7 +390,14 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
             mask: mask.clone(),
             fused,
         };
+        let before = tape.device().traffic();
         let y = tape.apply(&op, &leaves).unwrap();
+        let forward = (tape.device().traffic() - before).launches;
+        // Three projections, the scores (reading the heads of Q and K in place), the softmax
+        // (the masked one scales first: one launch more), A·V written into C with its heads
+        // merged, the output projection: no head split or merge of their own.
+        let chain = if mask.is_some() { 7 } else { 6 };
+        assert_eq!(forward, chain + 1, "fused={fused} {mask:?}");
         let w = tape
             .upload_leaf(
                 &draw(&mut rnd, &Shape::new(&[5, dm]), Domain::Any),
@@ -401,7 +408,7 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
         let wy = tape.apply(&Op::Mul, &[y, w]).unwrap();
         let loss = tape.apply(&Op::Sum, &[wy]).unwrap();
         let kept = tape.node(y).unwrap().cleanup().to_vec();
-        // Q, K, V per head and C; the probabilities (heads·n² floats) only when not fused.
+        // Q, K, V and C; the probabilities (heads·n² floats) only when not fused.
         assert_eq!(kept.len(), if fused { 4 } else { 5 }, "fused={fused}");
         let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
         let run = |tape: &mut CudaTape<SimDevice>| {
@@ -428,10 +435,8 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
             bits(&again),
             "fused={fused} {mask:?}"
         );
-        // Recomputing the chain: three projections and their head splits, the scores and the
-        // softmax (the masked one scales first: one launch more), A·V and the head merge.
-        // Only the scores and the softmax are recomputed by the fused form's backward.
-        let chain = if mask.is_some() { 11 } else { 10 };
+        // Recomputing the chain (all of the forward but the output projection). Only the
+        // scores and the softmax are recomputed by the fused form's backward.
         let saved = if fused { chain - 2 } else { chain };
         assert_eq!(recomputed - reused, saved, "fused={fused} {mask:?}");
     }

@@ -9,7 +9,7 @@ use super::{CudaDevice, index};
 use crate::Result;
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
+    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
 };
 
 impl Launch for CudaDevice {
@@ -291,7 +291,7 @@ impl Launch for CudaDevice {
     }
 
     fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
-        self.gemm("matmul", a, b, 1, g, lens)
+        self.gemm("matmul", a, b, Batch::plain(1), g, lens)
     }
 
     fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
@@ -302,11 +302,11 @@ impl Launch for CudaDevice {
         &mut self,
         a: Buffer,
         b: Buffer,
-        batch: usize,
+        bt: Batch,
         g: Gemm,
         lens: [usize; 3],
     ) -> Result<Buffer> {
-        self.gemm("bmm", a, b, batch, g, lens)
+        self.gemm("bmm", a, b, bt, g, lens)
     }
 
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use super::{SimDevice, linalg, reduce};
 use crate::alloc::Allocation;
-use crate::device::{Buffer, Gemm};
+use crate::device::{Batch, Buffer, Gemm};
 use crate::{Error, Result, abi};
 
 /// The elements of a live buffer, or [`Error::Released`] naming `op`.
@@ -183,22 +183,18 @@ impl SimDevice {
         op: &'static str,
         a: Buffer,
         b: Buffer,
-        batch: usize,
+        bt: Batch,
         g: Gemm,
-        [la, lb, lo]: [usize; 3],
+        [_, _, lo]: [usize; 3],
     ) -> Result<Buffer> {
-        let out = self.launch(op, [a, b], batch * lo, |[a, b], out| {
-            for k in 0..batch {
-                linalg::gemm(
-                    &a[k * la..(k + 1) * la],
-                    &b[k * lb..(k + 1) * lb],
-                    g,
-                    batch,
-                    &mut out[k * lo..(k + 1) * lo],
-                );
+        let count = bt.count;
+        let out = self.launch(op, [a, b], count * lo, |[a, b], out| {
+            for z in 0..count {
+                let at = |which| linalg::At::of(bt, g, which, z);
+                linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)));
             }
         })?;
-        if batch * lo > 0 && g.k_splits(batch) > 1 {
+        if count * lo > 0 && g.k_splits(count) > 1 {
             // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
             self.traffic.launch();
         }

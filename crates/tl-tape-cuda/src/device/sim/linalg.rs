@@ -4,25 +4,49 @@
 //! ([`Gemm::k_chunk`]): each run of `k` is summed that way from `0.0`, then the runs' sums are
 //! added in increasing order from `0.0` (the kernels `tl_gemm` and `tl_gemm_sum_splits`).
 
-use crate::device::Gemm;
+use crate::device::{Batch, Gemm};
+
+/// Where one matrix lies in its buffer: its first element and the stride between its rows
+/// (from [`Batch::at`]).
+#[derive(Debug, Clone, Copy)]
+pub struct At {
+    /// Index of element (0, 0).
+    pub start: usize,
+    /// Elements from one row to the next.
+    pub ld: usize,
+}
+
+impl At {
+    /// A contiguous row-major matrix of `cols` columns at the buffer's start.
+    pub fn dense(cols: usize) -> At {
+        At { start: 0, ld: cols }
+    }
+
+    /// Product `z`'s matrix in operand `which` of a batched product laid out as `bt`.
+    pub fn of(bt: Batch, g: Gemm, which: usize, z: usize) -> At {
+        let (start, ld) = bt.at(which, z, g.stored(which));
+        At { start, ld }
+    }
+}
 
 /// `out (m, n) = op(a) · op(b)` for one of `batch` products (the split is the whole batch's:
-/// [`Gemm::k_chunk`]).
-pub fn gemm(a: &[f32], b: &[f32], g: Gemm, batch: usize, out: &mut [f32]) {
+/// [`Gemm::k_chunk`]), each matrix where its [`At`] says.
+pub fn gemm(a: (&[f32], At), b: (&[f32], At), g: Gemm, batch: usize, out: (&mut [f32], At)) {
     let Gemm { m, k, n, ta, tb } = g;
+    let ((a, pa), (b, pb), (out, po)) = (a, b, out);
     let chunk = g.k_chunk(batch);
     for i in 0..m {
         for j in 0..n {
             let run = |p0: usize, p1: usize| {
                 let mut acc = 0.0f32;
                 for p in p0..p1 {
-                    let av = if ta { a[p * m + i] } else { a[i * k + p] };
-                    let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                    let av = a[pa.start + if ta { p * pa.ld + i } else { i * pa.ld + p }];
+                    let bv = b[pb.start + if tb { j * pb.ld + p } else { p * pb.ld + j }];
                     acc += av * bv;
                 }
                 acc
             };
-            out[i * n + j] = if chunk >= k {
+            out[po.start + i * po.ld + j] = if chunk >= k {
                 run(0, k)
             } else {
                 (0..k)
@@ -33,6 +57,12 @@ pub fn gemm(a: &[f32], b: &[f32], g: Gemm, batch: usize, out: &mut [f32]) {
     }
 }
 
+/// [`gemm`] on contiguous row-major operands.
+pub fn gemm_dense(a: &[f32], b: &[f32], g: Gemm, batch: usize, out: &mut [f32]) {
+    let dense = |which| At::dense(g.stored(which).1);
+    gemm((a, dense(0)), (b, dense(1)), g, batch, (out, dense(2)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,7 +71,7 @@ mod tests {
     fn transpose_flags_read_the_stored_layouts() {
         // a = [[1, 2], [3, 4]], b = [[5], [6]]
         let mut out = [0.0; 2];
-        gemm(
+        gemm_dense(
             &[1.0, 2.0, 3.0, 4.0],
             &[5.0, 6.0],
             Gemm::nn(2, 2, 1),
@@ -50,7 +80,7 @@ mod tests {
         );
         assert_eq!(out, [17.0, 39.0]);
         // aᵀ stored: [[1, 3], [2, 4]] read transposed is a again
-        gemm(
+        gemm_dense(
             &[1.0, 3.0, 2.0, 4.0],
             &[5.0, 6.0],
             Gemm::nn(2, 2, 1).with_t(true, false),
@@ -59,7 +89,7 @@ mod tests {
         );
         assert_eq!(out, [17.0, 39.0]);
         // bᵀ stored (1, 2) read transposed
-        gemm(
+        gemm_dense(
             &[1.0, 2.0, 3.0, 4.0],
             &[5.0, 6.0],
             Gemm::nn(2, 2, 1).with_t(false, true),
@@ -80,7 +110,7 @@ mod tests {
         let a: Vec<f32> = (0..k).map(|p| 1.0 + (p as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..k).map(|p| (p as f32 * 0.11).cos() * 1e-3).collect();
         let mut out = [0.0f32];
-        gemm(&a, &b, g, 1, &mut out);
+        gemm_dense(&a, &b, g, 1, &mut out);
         let want = a
             .chunks(chunk)
             .zip(b.chunks(chunk))

@@ -6,7 +6,7 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, index, linalg, norm, pointwise, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
+    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
 };
 use crate::{Error, Result};
 
@@ -246,14 +246,14 @@ impl Launch for SimDevice {
     }
 
     fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
-        self.bmm_named("matmul", a, b, 1, g, lens)
+        self.bmm_named("matmul", a, b, Batch::plain(1), g, lens)
     }
 
     fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
         const OP: &str = "matmul_acc";
         // The product in a host temporary (the kernel keeps it in registers: no device buffer).
         let mut p = vec![0.0f32; g.m * g.n];
-        linalg::gemm(
+        linalg::gemm_dense(
             view(&self.live, OP, a)?,
             view(&self.live, OP, b)?,
             g,
@@ -281,11 +281,11 @@ impl Launch for SimDevice {
         &mut self,
         a: Buffer,
         b: Buffer,
-        batch: usize,
+        bt: Batch,
         g: Gemm,
         lens: [usize; 3],
     ) -> Result<Buffer> {
-        self.bmm_named("bmm", a, b, batch, g, lens)
+        self.bmm_named("bmm", a, b, bt, g, lens)
     }
 
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
