@@ -28,23 +28,38 @@ __device__ __forceinline__ u32 tl_norm_feature(u64 i, u32 groups, u32 seg, u32 p
     return per_column ? (u32)(i % seg) : (u32)((i / seg) % groups);
 }
 
-// stats[k] = mean, stats[groups + k] = 1 / sqrt(max(var, 0) + eps), two passes per group.
+// Group k's mean and 1 / sqrt(max(var, 0) + eps), two passes; every thread of the block gets
+// both.
+__device__ void tl_norm_group_stats(const float* x, u32 k, u32 m, u32 groups, u32 seg, float eps,
+                                    float* smem, float* mean_out, float* rstd_out) {
+    const float mf = (float)m;
+    float s, sq;
+    TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)]);
+    const float mean = s / mf;
+    TL_NORM_REDUCE(sq, m, 0.0f, AddOp(),
+                   (x[tl_norm_index(k, e, groups, seg)] - mean) *
+                       (x[tl_norm_index(k, e, groups, seg)] - mean));
+    const float var = fmaxf(sq / mf, 0.0f);
+    *mean_out = mean;
+    *rstd_out = 1.0f / sqrtf(var + eps);
+}
+
+// (x - mean) * rstd * gamma + beta, in this order (sim: norm::apply).
+__device__ __forceinline__ float tl_norm_affine(float x, float mean, float rstd, float gamma,
+                                                float beta) {
+    return (x - mean) * rstd * gamma + beta;
+}
+
+// stats[k] = mean, stats[groups + k] = 1 / sqrt(max(var, 0) + eps), one block per group.
 extern "C" __global__ void tl_norm_stats(const float* x, float* stats, u32 outer, u32 groups,
                                          u32 seg, float eps) {
     __shared__ float smem[33];
-    const u32 m = outer * seg;
-    const float mf = (float)m;
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
-        float s, sq;
-        TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)]);
-        const float mean = s / mf;
-        TL_NORM_REDUCE(sq, m, 0.0f, AddOp(),
-                       (x[tl_norm_index(k, e, groups, seg)] - mean) *
-                           (x[tl_norm_index(k, e, groups, seg)] - mean));
-        const float var = fmaxf(sq / mf, 0.0f);
+        float mean, rstd;
+        tl_norm_group_stats(x, k, outer * seg, groups, seg, eps, smem, &mean, &rstd);
         if (threadIdx.x == 0) {
             stats[k] = mean;
-            stats[groups + k] = 1.0f / sqrtf(var + eps);
+            stats[groups + k] = rstd;
         }
     }
 }
@@ -56,7 +71,29 @@ extern "C" __global__ void tl_norm_apply(const float* x, const float* stats, con
     TL_GRID_STRIDE(i, n) {
         const u32 k = (u32)((i / seg) % groups);
         const u32 f = tl_norm_feature(i, groups, seg, per_column);
-        y[i] = (x[i] - stats[k]) * stats[groups + k] * gamma[f] + beta[f];
+        y[i] = tl_norm_affine(x[i], stats[k], stats[groups + k], gamma[f], beta[f]);
+    }
+}
+
+// tl_norm_stats and tl_norm_apply in one launch for short groups (NormLayout::fused_forward):
+// each group's block writes its statistics, then normalizes its own elements.
+extern "C" __global__ void tl_norm_fwd(const float* x, const float* gamma, const float* beta,
+                                       float* y, float* stats, u32 outer, u32 groups, u32 seg,
+                                       u32 per_column, float eps) {
+    __shared__ float smem[33];
+    const u32 m = outer * seg;
+    for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
+        float mean, rstd;
+        tl_norm_group_stats(x, k, m, groups, seg, eps, smem, &mean, &rstd);
+        if (threadIdx.x == 0) {
+            stats[k] = mean;
+            stats[groups + k] = rstd;
+        }
+        for (u32 e = threadIdx.x; e < m; e += TL_BLOCK) {
+            const u64 i = tl_norm_index(k, e, groups, seg);
+            const u32 f = tl_norm_feature(i, groups, seg, per_column);
+            y[i] = tl_norm_affine(x[i], mean, rstd, gamma[f], beta[f]);
+        }
     }
 }
 

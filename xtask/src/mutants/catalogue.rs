@@ -416,6 +416,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-norm-fwd-reassociated",
+        area: Kernel,
+        file: "kernels/norm.cu",
+        from: "y[i] = tl_norm_affine(x[i], mean, rstd, gamma[f], beta[f]);",
+        to: "y[i] = (x[i] - mean) * (rstd * gamma[f]) + beta[f];",
+        bug: "the one-launch norm forward multiplies rstd by gamma first, not the sim's order",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-axis-block-sequential",
         area: Kernel,
         file: "kernels/reduce.cu",

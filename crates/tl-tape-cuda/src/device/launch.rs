@@ -175,6 +175,16 @@ pub trait Launch {
     /// The work of [`Device::norm_stats`]; operands already validated by it — callers
     /// use `norm_stats`.
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer>;
+    /// The work of [`Device::norm_forward`]; operands already validated by it — callers
+    /// use `norm_forward`.
+    fn launch_norm_forward(
+        &mut self,
+        x: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+        eps: f32,
+    ) -> Result<(Buffer, Buffer)>;
     /// The work of [`Device::norm_apply`]; operands already validated by it — callers
     /// use `norm_apply`.
     fn launch_norm_apply(

@@ -519,6 +519,24 @@ pub trait Device: Launch {
         l.check_affine(OP, "beta", beta)?;
         self.launch_norm_apply(x, stats, gamma, beta, l)
     }
+    /// [`norm_stats`](Self::norm_stats) then [`norm_apply`](Self::norm_apply): `(y, stats)`,
+    /// the bits of the two. One launch where the groups are short
+    /// ([`NormLayout::fused_forward`]), two otherwise. PyTorch: `torch.native_layer_norm`
+    /// (the output with the saved mean and rstd).
+    fn norm_forward(
+        &mut self,
+        x: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+        eps: f32,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_forward";
+        l.check_x(OP, x)?;
+        l.check_affine(OP, "gamma", gamma)?;
+        l.check_affine(OP, "beta", beta)?;
+        self.launch_norm_forward(x, gamma, beta, l, eps)
+    }
     /// The normalization's input cotangent in closed form: per group of m elements, with
     /// `x̂ = (x − μ)·rstd` and `ĝ = g·γ`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
     fn norm_bwd_x(

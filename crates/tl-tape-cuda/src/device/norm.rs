@@ -9,6 +9,10 @@
 use super::{Buffer, check};
 use crate::{Error, Result, abi};
 
+/// The longest group whose block also normalizes its elements in the forward's one launch
+/// ([`NormLayout::fused_forward`]): 16 elements per thread of a 256-thread block.
+pub const NORM_FUSED_MAX: usize = 4096;
+
 /// How x splits into normalization groups (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NormLayout {
@@ -82,6 +86,16 @@ impl NormLayout {
     /// features over 128 rows) took 44 µs on one block of threads on an H100.
     pub fn affine_by_block(&self) -> bool {
         crate::device::sim::reduce::by_block(self.feature_len(), self.features())
+    }
+
+    /// Whether [`Device::norm_forward`](crate::device::Device::norm_forward) is one launch
+    /// (`tl_norm_fwd`: each group's block writes its statistics, then normalizes its own
+    /// elements) rather than `norm_stats` and `norm_apply`: groups of at most
+    /// [`NORM_FUSED_MAX`] elements (a layer norm's rows). A long group (a batch norm's channel
+    /// over N·H·W) keeps the grid-wide apply, which spreads its elements over every block. The
+    /// bits are the same either way.
+    pub fn fused_forward(&self) -> bool {
+        self.group_len() <= NORM_FUSED_MAX
     }
 
     /// The index in x of element `e` of group `k`.

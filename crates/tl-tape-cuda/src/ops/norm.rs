@@ -48,14 +48,7 @@ pub fn forward<D: Device>(
     beta: &AnyBuffer,
 ) -> Result<(Buffer, Buffer)> {
     let (l, eps) = layout(op, x)?;
-    let stats = dev.norm_stats(x.buffer(), l, eps)?;
-    match dev.norm_apply(x.buffer(), stats, gamma.buffer(), beta.buffer(), l) {
-        Ok(y) => Ok((y, stats)),
-        Err(e) => {
-            dev.release(stats);
-            Err(e)
-        }
-    }
+    dev.norm_forward(x.buffer(), gamma.buffer(), beta.buffer(), l, eps)
 }
 
 /// The cotangents `[dx, dγ, dβ]` that `needs` asks for.

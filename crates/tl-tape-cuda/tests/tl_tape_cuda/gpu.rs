@@ -229,8 +229,21 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         one!(nm, "norm_bwd_affine", false, dg);
         one!(nm, "norm_bwd_affine", true, db);
         one!(nm, "norm_stats", false, st);
+        let (fy, fst) = d.norm_forward(x, ga, be, l, 1e-6)?;
+        one!(nm, "norm_forward", false, fy);
+        one!(nm, "norm_forward", false, fst);
         d.release_all([ga, be]);
     }
+    // Groups longer than NORM_FUSED_MAX: norm_forward as its two launches.
+    let l = NormLayout::channels(2, 5, 30_000);
+    assert!(!l.fused_forward());
+    let xl = d.upload(&i.big[..300_000])?;
+    let ga = d.upload(&i.pos[..5])?;
+    let be = d.upload(&i.y[..5])?;
+    let (ly, lst) = d.norm_forward(xl, ga, be, l, 1e-6)?;
+    one!(nm, "norm_forward", false, ly);
+    one!(nm, "norm_forward", false, lst);
+    d.release_all([xl, ga, be]);
     // A (10, 10) mask with an empty row 3 and a lone entry in row 7.
     let mask: Vec<bool> = (0..100)
         .map(|k| {

@@ -167,3 +167,46 @@ fn bad_operands_are_errors_naming_the_primitive() {
     // 3 rows of 2 are not whole (2, 2) blocks.
     assert!(d.masked_softmax_rows(x, &[true; 4], 3, 2).is_err());
 }
+
+/// `norm_forward` gives the bits of `norm_stats` then `norm_apply`: one launch for short groups
+/// (a layer norm's rows), two for groups longer than `NORM_FUSED_MAX`; operands checked under
+/// its own name.
+#[test]
+fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
+    let mut d = SimDevice::new();
+    for l in [
+        NormLayout::layer(3, 7),
+        NormLayout::channels(2, 3, 5),
+        NormLayout::channels(2, 3, 4000),
+    ] {
+        let n = l.outer * l.groups * l.seg;
+        let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 3.0 + 1.0).collect();
+        let f = l.features();
+        let x = d.upload(&xs).unwrap();
+        let ga = d
+            .upload(&(0..f).map(|i| 0.5 + i as f32).collect::<Vec<_>>())
+            .unwrap();
+        let be = d
+            .upload(&(0..f).map(|i| 0.25 * i as f32).collect::<Vec<_>>())
+            .unwrap();
+        let st = d.norm_stats(x, l, 1e-5).unwrap();
+        let y = d.norm_apply(x, st, ga, be, l).unwrap();
+        let before = d.traffic().launches;
+        let (fy, fst) = d.norm_forward(x, ga, be, l, 1e-5).unwrap();
+        let launches = d.traffic().launches - before;
+        assert_eq!(launches, if l.fused_forward() { 1 } else { 2 }, "{l:?}");
+        assert_eq!(l.fused_forward(), l.group_len() <= 4096, "{l:?}");
+        let bits = |d: &SimDevice, b| -> Vec<u32> {
+            d.download(b).unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(bits(&d, fy), bits(&d, y), "{l:?}");
+        assert_eq!(bits(&d, fst), bits(&d, st), "{l:?}");
+    }
+    let x = d.upload(&[1.0; 8]).unwrap();
+    let short = d.upload(&[1.0; 3]).unwrap();
+    let e = d
+        .norm_forward(x, short, short, NormLayout::layer(2, 4), 1e-5)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("norm_forward") && e.contains("gamma"), "{e}");
+}

@@ -33,6 +33,60 @@ impl CudaDevice {
         })
     }
 
+    /// `tl_norm_fwd` where the groups are short ([`NormLayout::fused_forward`]), else
+    /// `tl_norm_stats` then `tl_norm_apply`.
+    pub(super) fn norm_forward_impl(
+        &mut self,
+        x: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+        eps: f32,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_forward";
+        if !l.fused_forward() {
+            let st = self.norm_stats_impl(x, l, eps)?;
+            return match self.norm_apply_impl(x, st, gamma, beta, l) {
+                Ok(y) => Ok((y, st)),
+                Err(e) => {
+                    self.release(st);
+                    Err(e)
+                }
+            };
+        }
+        let ptrs = [x, gamma, beta]
+            .iter()
+            .map(|&b| self.ptr(OP, b).map(Arg::Ptr))
+            .collect::<Result<Vec<_>>>()?;
+        let mut y = None;
+        let st = self.with_out(OP, 2 * l.groups, |d, st| {
+            y = Some(d.with_out(OP, x.len(), |d, out| {
+                if l.groups == 0 {
+                    return Ok(());
+                }
+                let mut args = ptrs;
+                args.extend([
+                    Arg::Ptr(out),
+                    Arg::Ptr(st),
+                    Arg::U32(l.outer as u32),
+                    Arg::U32(l.groups as u32),
+                    Arg::U32(l.seg as u32),
+                    Arg::U32(u32::from(l.per_column)),
+                    Arg::F32(eps),
+                ]);
+                d.run(OP, "tl_norm_fwd", [per_group(l.groups), 1, 1], &args)
+            })?);
+            Ok(())
+        })?;
+        match y {
+            Some(y) => Ok((y, st)),
+            None => {
+                self.release(st);
+                Err(crate::Error::kernel(OP, "the output was not allocated"))
+            }
+        }
+    }
+
     pub(super) fn norm_apply_impl(
         &mut self,
         x: Buffer,

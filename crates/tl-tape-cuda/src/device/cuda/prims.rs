@@ -313,6 +313,17 @@ impl Launch for CudaDevice {
         self.norm_stats_impl(x, l, eps)
     }
 
+    fn launch_norm_forward(
+        &mut self,
+        x: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+        eps: f32,
+    ) -> Result<(Buffer, Buffer)> {
+        self.norm_forward_impl(x, gamma, beta, l, eps)
+    }
+
     fn launch_norm_apply(
         &mut self,
         x: Buffer,

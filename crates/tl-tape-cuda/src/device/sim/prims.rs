@@ -294,6 +294,32 @@ impl Launch for SimDevice {
         })
     }
 
+    fn launch_norm_forward(
+        &mut self,
+        x: Buffer,
+        gamma: Buffer,
+        beta: Buffer,
+        l: NormLayout,
+        eps: f32,
+    ) -> Result<(Buffer, Buffer)> {
+        let st = if l.fused_forward() {
+            // One kernel on the device (tl_norm_fwd): the statistics are not a launch of their
+            // own, the apply below counts it.
+            self.run_body("norm_forward", [x], 2 * l.groups, |[x], out| {
+                norm::stats(x, l, eps, out)
+            })?
+        } else {
+            self.launch_norm_stats(x, l, eps)?
+        };
+        match self.launch_norm_apply(x, st, gamma, beta, l) {
+            Ok(y) => Ok((y, st)),
+            Err(e) => {
+                crate::device::Device::release(self, st);
+                Err(e)
+            }
+        }
+    }
+
     fn launch_norm_apply(
         &mut self,
         x: Buffer,
