@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 
 use smallvec::SmallVec;
 
-use crate::device::Device;
+use crate::device::{Buffer, Device};
 use crate::ops::Cotangent;
 use crate::tape::{CudaTape, Id};
 use crate::{AnyBuffer, Error, Result, ops};
@@ -132,25 +132,37 @@ impl<D: Device> CudaTape<D> {
         }
         let mut slots = self.run(slots, out + 1, Some(&keep))?;
         let mut map = HashMap::with_capacity(wanted.len());
+        // The sweep may leave one buffer in several slots (a shared identity cotangent): each
+        // gradient handed out is a buffer of its own, and no slot released below frees one.
+        let mut given = HashSet::with_capacity(wanted.len());
         for &w in wanted {
             // An id listed twice keeps the gradient taken the first time (its slot is empty now).
             if map.contains_key(&w) {
                 continue;
             }
             let g = match slots[w].take() {
-                Some(g) => g,
-                None => match AnyBuffer::zeros(&mut self.dev, self.nodes[w].value.shape()) {
-                    Ok(z) => z,
-                    Err(e) => {
-                        self.release_grad_map(map);
-                        self.release_slots(slots);
-                        return Err(e);
-                    }
-                },
+                Some(g) if given.contains(&g.buffer().id()) => g.copy(&mut self.dev),
+                Some(g) => Ok(g),
+                None => AnyBuffer::zeros(&mut self.dev, self.nodes[w].value.shape()),
             };
-            map.insert(w, g);
+            match g {
+                Ok(g) => {
+                    given.insert(g.buffer().id());
+                    map.insert(w, g);
+                }
+                Err(e) => {
+                    self.release_grad_map(map);
+                    self.release_slots(slots);
+                    return Err(e);
+                }
+            }
         }
-        self.release_slots(slots);
+        let left = slots
+            .into_iter()
+            .flatten()
+            .map(|g| g.buffer())
+            .filter(|b| !given.contains(&b.id()));
+        self.dev.release_all(left);
         Ok(map)
     }
 
@@ -240,9 +252,14 @@ impl<D: Device> CudaTape<D> {
     /// not require grad are never computed (and released at once if a formula produced one).
     /// With `keep` (the sparse path), a node's own slot is released once it has been visited,
     /// or handed to the first parent that takes it as it is ([`Cotangent::Same`]: `add`, `sub`,
-    /// `reshape`), which saves that parent a copy.
+    /// `reshape`), which saves that parent a copy; a second such parent shares the buffer
+    /// (a residual `x + f(x)` sends the same cotangent to both). A shared buffer is never
+    /// written in place: a contribution to a slot whose buffer another slot holds is summed
+    /// into a fresh buffer (`add`, the bits of `axpy_assign` with 1) that replaces it, and the
+    /// buffer is released by its last holder.
     fn sweep(&mut self, slots: &mut Slots, n: usize, keep: Option<&[bool]>) -> Result<()> {
         let (nodes, dev) = (&self.nodes, &mut self.dev);
+        let mut shared = Shared::default();
         for id in (0..n).rev() {
             let node = &nodes[id];
             let Some(op) = node.op.as_ref() else { continue };
@@ -306,26 +323,27 @@ impl<D: Device> CudaTape<D> {
                     ));
                     continue;
                 }
-                let r = match (c, &slots[p]) {
+                let r = match (c, slots[p].clone()) {
                     (Cotangent::Owned(c), None) => {
                         slots[p] = Some(c);
                         Ok(())
                     }
                     (Cotangent::Owned(c), Some(acc)) => {
-                        let r = dev.axpy_assign(acc.buffer(), 1.0, c.buffer());
+                        let r = shared.accumulate(dev, &mut slots[p], &acc, c.buffer());
                         dev.release(c.buffer());
                         r
                     }
                     // Accumulated straight from the output cotangent (no copy first).
                     (Cotangent::Same(_), Some(acc)) => {
-                        dev.axpy_assign(acc.buffer(), 1.0, g.buffer())
+                        shared.accumulate(dev, &mut slots[p], &acc, g.buffer())
                     }
-                    (Cotangent::Same(shape), None) if drop_after && !handed_over => {
-                        g.reshaped(shape).map(|c| {
-                            slots[p] = Some(c);
-                            handed_over = true;
-                        })
-                    }
+                    (Cotangent::Same(shape), None) if drop_after => g.reshaped(shape).map(|c| {
+                        slots[p] = Some(c);
+                        if handed_over {
+                            shared.add_holder(g.buffer());
+                        }
+                        handed_over = true;
+                    }),
                     (Cotangent::Same(shape), None) => g
                         .copy(dev)
                         .and_then(|c| {
@@ -342,13 +360,69 @@ impl<D: Device> CudaTape<D> {
             if drop_after && let Some(g) = slots[id].take() {
                 // Handed over: the buffer now lives in a parent's slot.
                 if !handed_over {
-                    dev.release(g.buffer());
+                    shared.drop_holder(dev, g.buffer());
                 }
             }
             if let Some(e) = failed {
                 return Err(e);
             }
         }
+        Ok(())
+    }
+}
+
+/// The sparse sweep's buffers held by more than one gradient slot: for each, the number of
+/// holders beyond the first.
+#[derive(Default)]
+struct Shared(HashMap<u64, usize>);
+
+impl Shared {
+    /// One more slot holds `b`.
+    fn add_holder(&mut self, b: Buffer) {
+        *self.0.entry(b.id()).or_default() += 1;
+    }
+
+    /// Whether `b` left a shared set (another slot still holds it).
+    fn leave(&mut self, b: Buffer) -> bool {
+        match self.0.get_mut(&b.id()) {
+            Some(extra) => {
+                *extra -= 1;
+                if *extra == 0 {
+                    self.0.remove(&b.id());
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A slot lets go of `b`: released unless another slot holds it.
+    fn drop_holder<D: Device>(&mut self, dev: &mut D, b: Buffer) {
+        if !self.leave(b) {
+            dev.release(b);
+        }
+    }
+
+    /// `slot ← acc + x`, `acc` being the slot's value: in place (`axpy_assign` with 1, which
+    /// allows `x` to be `acc` itself) when the slot alone holds its buffer; otherwise into a
+    /// fresh buffer (`add`: the same bits) that replaces the slot's, leaving the shared one to
+    /// its other holders.
+    fn accumulate<D: Device>(
+        &mut self,
+        dev: &mut D,
+        slot: &mut Option<AnyBuffer>,
+        acc: &AnyBuffer,
+        x: Buffer,
+    ) -> Result<()> {
+        if !self.0.contains_key(&acc.buffer().id()) {
+            return dev.axpy_assign(acc.buffer(), 1.0, x);
+        }
+        let sum = dev.add(acc.buffer(), x)?;
+        let sum = AnyBuffer::new("backward", acc.shape().clone(), sum).inspect_err(|_| {
+            dev.release(sum);
+        })?;
+        self.leave(acc.buffer());
+        *slot = Some(sum);
         Ok(())
     }
 }

@@ -365,9 +365,50 @@ fn identity_cotangents_are_handed_over_not_copied() {
     assert_eq!(tape.device().live_buffers(), before.0);
     // The launches: the seed's copy, sum's broadcast, mul's product (w is constant), sub's
     // negation twice (c − c and (a + a) − b), three accumulations where a parent already had a
-    // gradient (a, b, c once each) and two copies (the second operand of each add whose first
-    // operand took the buffer): 10. Copying every identity cotangent took ten more.
-    assert_eq!(launches, 10, "sparse backward launches");
+    // gradient (a, b, c once each): 8. The second operand of each add whose first operand took
+    // the buffer shares it (b's and c's slots then receive sums into fresh buffers, which
+    // leave the shared one as s1 and r2 read it); copying it took two launches more, and
+    // copying every identity cotangent ten more.
+    assert_eq!(launches, 8, "sparse backward launches");
+}
+
+/// Two parameters added together receive one identity cotangent: the sweep shares its buffer
+/// between their slots, and `backward_params` hands each a buffer of its own (a copy for the
+/// second), releasing nothing a gradient uses.
+#[test]
+fn parameters_sharing_a_cotangent_get_buffers_of_their_own() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let p = tape
+        .upload_leaf(&Tensor::<f64>::vector(vec![1.0, 2.0, 3.0]), Some("p"), true)
+        .unwrap();
+    let q = tape
+        .upload_leaf(
+            &Tensor::<f64>::vector(vec![-1.0, 0.5, 4.0]),
+            Some("q"),
+            true,
+        )
+        .unwrap();
+    let w = tape
+        .upload_leaf(&Tensor::<f64>::vector(vec![3.0, -2.0, 0.25]), None, false)
+        .unwrap();
+    let y = tape.apply(&Op::Add, &[p, q]).unwrap();
+    let wy = tape.apply(&Op::Mul, &[y, w]).unwrap();
+    let loss = tape.apply(&Op::Sum, &[wy]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let live = tape.device().live_buffers();
+    let map = tape.backward_params(loss, &seed, &[p, q]).unwrap();
+    assert_eq!(
+        tape.device().live_buffers(),
+        live + 2,
+        "the two gradients only"
+    );
+    assert_ne!(map[&p].buffer().id(), map[&q].buffer().id());
+    for id in [p, q] {
+        let g: Tensor<f32> = map[&id].download(tape.device()).unwrap();
+        assert_eq!(g.data(), &[3.0, -2.0, 0.25], "id {id}");
+    }
+    assert_eq!(tape.release_grad_map(map), 2);
+    assert_eq!(tape.device().live_buffers(), live);
 }
 
 #[test]
