@@ -253,12 +253,12 @@ pub const MUTANTS: &[Mutant] = &[
     },
     // ---- tl-tape-cuda's simulation device ----
     Mutant {
-        id: "sim-sweep-hand-over-twice",
+        id: "sim-sweep-share-uncounted",
         area: Sim,
         file: "crates/tl-tape-cuda/src/backward.rs",
-        from: "(Cotangent::Same(shape), None) if drop_after && !handed_over => {",
-        to: "(Cotangent::Same(shape), None) if drop_after => {",
-        bug: "the sparse sweep hands one cotangent buffer to two parents (they then share it)",
+        from: "shared.add_holder(g.buffer());",
+        to: "let _ = g.buffer();",
+        bug: "the sparse sweep shares a cotangent buffer without counting its second holder",
         harness: Plain,
     },
     Mutant {
