@@ -42,6 +42,18 @@ extern "C" __global__ void tl_add_bias_act(const float* x, const float* b, float
     }
 }
 
+// The same sum followed by a residual add of r (of x's length), r + sum where `r_first`, else
+// sum + r, as `add` of the two would compute it; both the sum and the total are written.
+extern "C" __global__ void tl_add_bias_res(const float* x, const float* b, const float* r,
+                                           float* pre, float* out, u64 n, u32 ch, u32 inner,
+                                           u32 r_first) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i] + b[(i / inner) % ch];
+        pre[i] = v;
+        out[i] = r_first ? r[i] + v : v + r[i];
+    }
+}
+
 // 0.5 (1 + t) + 0.5 v sech^2 c (1 + 3 a v^2), the second term taken as 0 once tanh has
 // saturated (sech^2 == 0), so no 0 * inf for huge |v|.
 extern "C" __global__ void tl_gelu_bwd(const float* x, const float* g, float* out, u64 n) {

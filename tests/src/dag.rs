@@ -345,7 +345,23 @@ impl Dag {
                 let out = 1 + usize::from(p % 3);
                 let w = self.adapt(y, &Shape::new(&[out, inp]));
                 let bias = self.adapt(z, &Shape::new(&[out]));
-                self.add(Op::Linear, &[w, bias, input]);
+                // Two linears in three are followed by a residual add (a transformer block's
+                // pattern; one fused launch on the CUDA tape), the residual shaped first so
+                // that the add comes right after the linear, on either side of it.
+                let res = match p / 3 % 3 {
+                    0 => None,
+                    side => {
+                        let mut to = self.shape(input).dims().to_vec();
+                        *to.last_mut().expect("rank ≥ 1") = out;
+                        Some((side, self.adapt(x, &Shape::from(to))))
+                    }
+                };
+                let l = self.add(Op::Linear, &[w, bias, input]);
+                match res {
+                    Some((1, r)) => self.add(Op::Add, &[r, l]),
+                    Some((_, r)) => self.add(Op::Add, &[l, r]),
+                    None => l,
+                };
             }
             28 => self.push(Op::Softmax, &[x]),
             29 => self.push(Op::LogSoftmax, &[x]),

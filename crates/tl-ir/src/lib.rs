@@ -23,5 +23,5 @@ pub mod rules;
 pub use error::{Error, Result};
 pub use graph::{GraphBuilder, GraphData, Id, Leaf, Node};
 pub use op::{Family, Op};
-pub use replay::Recorder;
+pub use replay::{Recorder, Then};
 pub use tl_spec::{Scalar, Shape, Tensor};

@@ -1,8 +1,18 @@
 //! `Recorder`: what a tape must offer to be compiled into, and `GraphData::replay` ("compile").
 
+use smallvec::SmallVec;
 use tl_spec::{Scalar, Tensor};
 
 use crate::{GraphData, Id, Op};
+
+/// An operand of the op a recorder applies right after another ([`Recorder::apply_then`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// The result of the op applied just before.
+    First,
+    /// An id the recorder gave earlier.
+    Id(usize),
+}
 
 /// Anything that can record leaves and op applications: the CPU tape, the CUDA tape, and the
 /// eager sessions built on them. Eager execution and compiled replay share this one interface.
@@ -24,20 +34,37 @@ pub trait Recorder<T: Scalar> {
     /// Replace the Nat environment (runtime indices and labels) that later ops read.
     fn set_nats(&mut self, nats: &[usize]) -> Result<(), Self::Error>;
 
-    /// Record `op` applied to `args`, then the one-operand op `next` applied to its result;
-    /// returns both ids. A recorder that can run the pair as one step overrides this (the CUDA
-    /// tape fuses a bias epilogue with the activation after it: one launch for `linear` + `relu`);
+    /// Whether the recorder runs `op` then `next` (reading `next_args`, among them `op`'s result,
+    /// [`Then::First`]) as one step in [`apply_then`](Self::apply_then). [`GraphData::replay`]
+    /// offers a pair only where this says so, so that a pair it cannot fuse does not take a
+    /// node that the pair after it could use. The default: no pair.
+    fn fuses(&self, op: &Op, next: &Op, next_args: &[Then]) -> bool {
+        let _ = (op, next, next_args);
+        false
+    }
+
+    /// Record `op` applied to `args`, then `next` applied to `next_args` (among them the
+    /// first op's result, [`Then::First`]); returns both ids. A recorder that can run a pair as
+    /// one step overrides this and [`fuses`](Self::fuses) (the CUDA tape fuses a bias epilogue
+    /// with the activation after it, or with a residual add: one launch for `linear` + `relu`);
     /// the values must be the ones the two [`apply`](Self::apply) calls give, which is this
-    /// default. [`GraphData::replay`] calls it wherever a node's only operand is the node
-    /// recorded just before it.
+    /// default. [`GraphData::replay`] calls it for each pair `fuses` accepts.
     fn apply_then(
         &mut self,
         op: &Op,
         args: &[usize],
         next: &Op,
+        next_args: &[Then],
     ) -> Result<(usize, usize), Self::Error> {
         let first = self.apply(op, args)?;
-        let second = self.apply(next, &[first])?;
+        let args: SmallVec<[usize; 3]> = next_args
+            .iter()
+            .map(|a| match *a {
+                Then::First => first,
+                Then::Id(id) => id,
+            })
+            .collect();
+        let second = self.apply(next, &args)?;
         Ok((first, second))
     }
 }
@@ -81,17 +108,29 @@ impl GraphData {
         let mut map: Vec<Id> = leaf_ids;
         map.reserve(self.nodes().len());
         let mut args = Vec::with_capacity(3);
+        let mut then: SmallVec<[Then; 3]> = SmallVec::new();
         let nodes = self.nodes();
         let mut k = 0;
         while k < nodes.len() {
             let node = &nodes[k];
             args.clear();
             args.extend(node.args().iter().map(|&a| map[a]));
-            // The graph id node k receives is `map.len()`; a next node reading only it is a
-            // pair the recorder may fuse.
+            // The graph id node k receives is `map.len()`; a next node reading it is a pair
+            // the recorder may fuse.
+            let prev = map.len();
+            then.clear();
+            if let Some(next) = nodes.get(k + 1).filter(|n| n.args().contains(&prev)) {
+                then.extend(next.args().iter().map(|&a| {
+                    if a == prev {
+                        Then::First
+                    } else {
+                        Then::Id(map[a])
+                    }
+                }));
+            }
             match nodes.get(k + 1) {
-                Some(next) if next.args() == [map.len()] => {
-                    let (a, b) = rec.apply_then(node.op(), &args, next.op())?;
+                Some(next) if !then.is_empty() && rec.fuses(node.op(), next.op(), &then) => {
+                    let (a, b) = rec.apply_then(node.op(), &args, next.op(), &then)?;
                     map.push(a);
                     map.push(b);
                     k += 2;

@@ -256,3 +256,78 @@ fn outputs_over_the_allocation_cap_are_errors_not_aborts() {
         .unwrap_err();
     assert!(e.to_string().contains("allocation cap"), "{e}");
 }
+
+/// A recorder that logs what `replay` asks of it and fuses `linear` followed by `relu` of it
+/// or `add` with it (the CUDA tape's bias-epilogue pairs, without a device).
+#[derive(Default)]
+struct Log {
+    ids: usize,
+    calls: Vec<String>,
+}
+
+impl tl_ir::Recorder<f64> for Log {
+    type Error = Error;
+    fn leaf(&mut self, _: Tensor<f64>, _: Option<&str>, _: bool) -> Result<usize, Error> {
+        self.ids += 1;
+        Ok(self.ids - 1)
+    }
+    fn apply(&mut self, op: &Op, args: &[usize]) -> Result<usize, Error> {
+        self.calls.push(format!("{} {args:?}", op.name()));
+        self.ids += 1;
+        Ok(self.ids - 1)
+    }
+    fn set_nats(&mut self, _: &[usize]) -> Result<(), Error> {
+        Ok(())
+    }
+    fn fuses(&self, op: &Op, next: &Op, next_args: &[tl_ir::Then]) -> bool {
+        *op == Op::Linear && (*next == Op::Relu || *next == Op::Add) && !next_args.is_empty()
+    }
+    fn apply_then(
+        &mut self,
+        op: &Op,
+        args: &[usize],
+        next: &Op,
+        next_args: &[tl_ir::Then],
+    ) -> Result<(usize, usize), Error> {
+        self.calls.push(format!(
+            "{} {args:?} then {} {next_args:?}",
+            op.name(),
+            next.name()
+        ));
+        self.ids += 2;
+        Ok((self.ids - 2, self.ids - 1))
+    }
+}
+
+/// `replay` offers a pair only where the recorder's `fuses` accepts it, so an unfusable pair
+/// (`relu` → `linear`) does not take the `linear` that the pair after it (`linear` → `relu`)
+/// fuses; a residual `add` gets its other operand's recorder id on the right side.
+#[test]
+fn replay_offers_only_the_pairs_the_recorder_fuses() {
+    let mut b = GraphBuilder::new();
+    let x = b.leaf(vec![2, 3], None).unwrap();
+    let w = b.leaf(vec![3, 3], None).unwrap();
+    let bias = b.leaf(vec![3], None).unwrap();
+    let h = b.apply(Op::Relu, &[x]).unwrap();
+    let l = b.apply(Op::Linear, &[w, bias, h]).unwrap();
+    let r = b.apply(Op::Relu, &[l]).unwrap();
+    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
+    b.apply(Op::Add, &[h, l2]).unwrap();
+    let g = b.finish();
+    let leaves = [
+        Tensor::<f64>::zeros([2, 3]),
+        Tensor::<f64>::zeros([3, 3]),
+        Tensor::<f64>::zeros([3]),
+    ];
+    let mut rec = Log::default();
+    let ids = g.replay(&mut rec, &leaves, &[]).unwrap();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>());
+    assert_eq!(
+        rec.calls,
+        [
+            "relu [0]",
+            "linear [1, 2, 3] then relu [First]",
+            "linear [1, 2, 5] then add [Id(3), First]",
+        ]
+    );
+}

@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
-use tl_ir::{Op, Recorder};
+use tl_ir::{Op, Recorder, Then};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::device::{Buffer, Device};
@@ -237,28 +237,63 @@ impl<D: Device> CudaTape<D> {
         Ok(self.push(op, parents, fwd))
     }
 
-    /// [`apply`](Self::apply) `op` to `parents`, then the one-operand op `next` to its result;
-    /// returns both ids. Where `op` ends in a bias add (`linear`, `conv`, `convTranspose`) and
-    /// `next` is `relu` or `gelu`, both values come from one fused launch
-    /// ([`Device::add_bias_act`]) with the bits of the separate ones; any other pair is two
-    /// [`apply`](Self::apply) calls. The compiled (linked) path reaches it through
-    /// [`Recorder::apply_then`]. On error the tape is unchanged and nothing is left allocated.
-    pub fn apply_then(&mut self, op: &Op, parents: &[Id], next: &Op) -> Result<(Id, Id)> {
-        let Some(act) = ops::fused_act(op, next) else {
-            let a = self.apply(op, parents)?;
-            let b = self.apply(next, &[a])?;
-            return Ok((a, b));
-        };
-        let (first, second) = {
+    /// [`apply`](Self::apply) `op` to `parents`, then `next` to `next_args` (among them `op`'s
+    /// result, [`Then::First`]); returns both ids. Where `op` ends in a bias add (`linear`,
+    /// `conv`, `convTranspose`) and `next` is `relu` or `gelu` of its result, or an `add` of
+    /// its result and a value of the same shape (a residual), both values come from one fused
+    /// launch ([`Device::add_bias_act`], [`Device::add_bias_residual`]) with the bits of the
+    /// separate ones; any other pair is two [`apply`](Self::apply) calls. The compiled
+    /// (linked) path reaches it through [`Recorder::apply_then`]. On error the tape is
+    /// unchanged and nothing is left allocated.
+    pub fn apply_then(
+        &mut self,
+        op: &Op,
+        parents: &[Id],
+        next: &Op,
+        next_args: &[Then],
+    ) -> Result<(Id, Id)> {
+        let fused = {
             let (nodes, dev) = (&self.nodes, &mut self.dev);
             let inputs = operands(nodes, op, parents)?;
             let shape = output_shape(op, &inputs)?;
-            let next_shape = next.infer_shape(&[&shape])?;
-            tl_spec::alloc::check_shape::<f32>(next.name(), &next_shape)?;
-            ops::forward_then(dev, [op, next], act, &inputs, [&shape, &next_shape])?
+            let others = next_args
+                .iter()
+                .filter_map(|a| match *a {
+                    Then::Id(id) => Some(id),
+                    Then::First => None,
+                })
+                .collect::<SmallVec<[Id; 3]>>();
+            let others = operands(nodes, next, &others)?;
+            match ops::fusion(op, next, next_args, &others, &shape) {
+                Some(fusion) => {
+                    // `next`'s operand shapes in order: `op`'s output where it reads it.
+                    let mut k = 0;
+                    let in_next: SmallVec<[&Shape; 3]> = next_args
+                        .iter()
+                        .map(|a| match a {
+                            Then::First => &shape,
+                            Then::Id(_) => {
+                                k += 1;
+                                others[k - 1].shape()
+                            }
+                        })
+                        .collect();
+                    let next_shape = next.infer_shape(&in_next)?;
+                    tl_spec::alloc::check_shape::<f32>(next.name(), &next_shape)?;
+                    let shapes = [&shape, &next_shape];
+                    Some(ops::forward_then(dev, [op, next], fusion, &inputs, shapes)?)
+                }
+                None => None,
+            }
+        };
+        let Some((first, second)) = fused else {
+            let a = self.apply(op, parents)?;
+            let args = resolve(next_args, a);
+            let b = self.apply(next, &args)?;
+            return Ok((a, b));
         };
         let a = self.push(op, parents, first);
-        let b = self.push(next, &[a], second);
+        let b = self.push(next, &resolve(next_args, a), second);
         Ok((a, b))
     }
 
@@ -359,6 +394,17 @@ fn operands<'a>(
         .collect()
 }
 
+/// `next_args` as recorder ids, `first` standing for [`Then::First`].
+fn resolve(next_args: &[Then], first: Id) -> SmallVec<[Id; 3]> {
+    next_args
+        .iter()
+        .map(|a| match *a {
+            Then::First => first,
+            Then::Id(id) => id,
+        })
+        .collect()
+}
+
 /// `op`'s output shape on `inputs` (its shape rule), refused if its f32 buffer would exceed
 /// the allocation cap ([`tl_spec::alloc`]) before the device allocates it.
 fn output_shape(op: &Op, inputs: &[&AnyBuffer]) -> Result<Shape> {
@@ -384,7 +430,17 @@ impl<T: Scalar, D: Device> Recorder<T> for CudaTape<D> {
         Ok(())
     }
 
-    fn apply_then(&mut self, op: &Op, args: &[usize], next: &Op) -> Result<(usize, usize)> {
-        CudaTape::apply_then(self, op, args, next)
+    fn fuses(&self, op: &Op, next: &Op, next_args: &[Then]) -> bool {
+        ops::fusable(op, next, next_args)
+    }
+
+    fn apply_then(
+        &mut self,
+        op: &Op,
+        args: &[usize],
+        next: &Op,
+        next_args: &[Then],
+    ) -> Result<(usize, usize)> {
+        CudaTape::apply_then(self, op, args, next, next_args)
     }
 }

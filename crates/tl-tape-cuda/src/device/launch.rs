@@ -96,6 +96,16 @@ pub trait Launch {
         inner: usize,
         out_len: usize,
     ) -> Result<Buffer>;
+    /// The work of [`Device::add_bias_residual`]; operands already validated by it — callers
+    /// use `add_bias_residual`.
+    fn launch_add_bias_residual(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        r: Buffer,
+        r_first: bool,
+    ) -> Result<(Buffer, Buffer)>;
     /// The work of [`Device::add_bias`] (`act` `None`) and [`Device::add_bias_act`]; operands
     /// already validated by them, `n` the output length. Returns the sum and, with `act`, its
     /// activation.

@@ -361,6 +361,24 @@ pub trait Device: Launch {
         }
     }
 
+    /// [`add_bias`](Self::add_bias) followed by a residual add of `r` (as long as `x`), in
+    /// one launch: returns the sum and `r + sum` (`sum + r` unless `r_first`), each with the
+    /// bits of the separate launches (`add` of the two). PyTorch: `r + F.linear(x, w, b)`
+    /// under a fusing compiler, the residual branch of a transformer block.
+    fn add_bias_residual(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        r: Buffer,
+        r_first: bool,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "add_bias_residual";
+        let n = layout.check(OP, x, b)?;
+        check::len_is(OP, "residual", r, n)?;
+        self.launch_add_bias_residual(x, b, layout, r, r_first)
+    }
+
     // ---- layout -------------------------------------------------------------------------------
 
     /// numpy broadcast of `x` (dims `from`) to dims `to` (right-aligned; size-1 dims expand).

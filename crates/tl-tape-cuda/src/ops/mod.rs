@@ -25,7 +25,7 @@ pub mod softmax;
 pub mod spectral;
 
 use smallvec::SmallVec;
-use tl_ir::Op;
+use tl_ir::{Op, Then};
 use tl_spec::Shape;
 
 use crate::device::{Act, Buffer, Device};
@@ -225,28 +225,78 @@ pub fn forward<D: Device>(
     })
 }
 
-/// The activation of a pair `op` → `next` that one fused bias epilogue runs: `op` ends in a
-/// bias add (`linear`, `conv`, `convTranspose`) and `next` is an activation the epilogue
-/// applies ([`Act`]). `None` for any other pair, which is recorded one op at a time.
-pub fn fused_act(op: &Op, next: &Op) -> Option<Act> {
-    match op {
-        Op::Linear | Op::Conv { .. } | Op::ConvTranspose { .. } => Act::of(next),
+/// What a fused bias epilogue does after the bias add ([`forward_then`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Fusion<'a> {
+    /// Applies an activation ([`Device::add_bias_act`]).
+    Act(Act),
+    /// Adds a residual of the same shape ([`Device::add_bias_residual`]): `other + sum` when
+    /// `other_first` (the `add` reads it first), else `sum + other`.
+    Residual {
+        /// The other operand of the `add`.
+        other: &'a AnyBuffer,
+        /// Whether it is the `add`'s first operand.
+        other_first: bool,
+    },
+}
+
+/// Whether the pair `op` → `next` (reading `next_args`) is one a bias epilogue may run, before
+/// the shapes are known: `op` ends in a bias add (`linear`, `conv`, `convTranspose`) and
+/// `next` is an activation the epilogue applies ([`Act`]) of its result, or an `add` of its
+/// result and one other value. [`fusion`] decides with the values.
+pub fn fusable(op: &Op, next: &Op, next_args: &[Then]) -> bool {
+    matches!(op, Op::Linear | Op::Conv { .. } | Op::ConvTranspose { .. })
+        && match (next, next_args) {
+            (_, [Then::First]) => Act::of(next).is_some(),
+            (Op::Add, [Then::First, Then::Id(_)] | [Then::Id(_), Then::First]) => true,
+            _ => false,
+        }
+}
+
+/// The fusion of a pair `op` → `next` that one bias epilogue runs, `next` reading `op`'s result
+/// as `next_args` say ([`Then::First`]; `others` are the values of the [`Then::Id`]s): a pair
+/// [`fusable`] accepts, a residual `add`'s other value having `op`'s output shape (`shape`,
+/// no broadcast). `None` for any other pair, which is recorded one op at a time.
+pub fn fusion<'a>(
+    op: &Op,
+    next: &Op,
+    next_args: &[Then],
+    others: &[&'a AnyBuffer],
+    shape: &Shape,
+) -> Option<Fusion<'a>> {
+    if !fusable(op, next, next_args) {
+        return None;
+    }
+    match (next, next_args, others) {
+        (_, [Then::First], []) => Act::of(next).map(Fusion::Act),
+        (Op::Add, [Then::First, Then::Id(_)], [r]) | (Op::Add, [Then::Id(_), Then::First], [r])
+            if r.shape() == shape =>
+        {
+            Some(Fusion::Residual {
+                other: r,
+                other_first: next_args[0] != Then::First,
+            })
+        }
         _ => None,
     }
 }
 
-/// The forward values of `op` on `x` (output shape `shapes[0]`) and of the activation `act`
-/// applied to that value (`next`, shape `shapes[1]`), as one fused bias epilogue, for a pair
-/// [`fused_act`] accepts. The values are the ones [`forward`] gives for each op (tests:
-/// `tl_tape_cuda::fused`).
+/// The forward values of `op` on `x` (output shape `shapes[0]`) and of `next` after it
+/// (shape `shapes[1]`), as one fused bias epilogue, for a pair [`fusion`] accepts. The values
+/// are the ones [`forward`] gives for each op (tests: `tl_tape_cuda::fused`).
 pub fn forward_then<D: Device>(
     dev: &mut D,
     [op, next]: [&Op; 2],
-    act: Act,
+    fusion: Fusion<'_>,
     x: &[&AnyBuffer],
     shapes: [&Shape; 2],
 ) -> Result<(Forward, Forward)> {
-    let epilogue = |dev: &mut D, y, b, layout| dev.add_bias_act(y, b, layout, act);
+    let epilogue = |dev: &mut D, y, b, layout| match fusion {
+        Fusion::Act(act) => dev.add_bias_act(y, b, layout, act),
+        Fusion::Residual { other, other_first } => {
+            dev.add_bias_residual(y, b, layout, other.buffer(), other_first)
+        }
+    };
     let pair = match op {
         Op::Linear => {
             linalg::LinearDims::of(x[0], x[2]).forward_with(dev, x[0], x[1], x[2], epilogue)

@@ -3,7 +3,7 @@
 //! one epilogue launch, and the tape they leave is the unfused tape, bit for bit — every
 //! node's value and every dense gradient — with one launch fewer per fused pair.
 
-use tl_ir::{GraphBuilder, GraphData, Id, Op, Recorder};
+use tl_ir::{GraphBuilder, GraphData, Id, Op, Recorder, Then};
 use tl_spec::Tensor;
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Error, SimDevice};
 
@@ -57,9 +57,11 @@ fn run(graph: &GraphData, leaves: &[Tensor<f64>], fused: bool) -> (Vec<Vec<u32>>
     (all, launches)
 }
 
-/// A graph with every fusable pair and two that are not: `linear → relu`, `linear → gelu`,
+/// A graph with every fusable pair and some that are not: `linear → relu`, `linear → gelu`,
 /// a `conv → relu` on a batch of 3, a `convTranspose → gelu`, a `linear` whose value is also
-/// read past its activation, and `relu` after `add` (no bias epilogue: unfused).
+/// read past its activation, `relu` after `add` (no bias epilogue: unfused), residual adds
+/// after a `linear` with the residual first and second, and `linear` followed by `add` of
+/// itself twice, `mul` and `sub` (unfused).
 fn graph(g: &mut Gen) -> (GraphData, Vec<Tensor<f64>>, u64) {
     let mut b = GraphBuilder::new();
     let mut leaves = Vec::new();
@@ -73,6 +75,7 @@ fn graph(g: &mut Gen) -> (GraphData, Vec<Tensor<f64>>, u64) {
     let img = leaf(&mut b, &[3, 2, 5, 5]);
     let (wc, bc) = (leaf(&mut b, &[4, 2, 3, 3]), leaf(&mut b, &[4]));
     let (wt, bt) = (leaf(&mut b, &[4, 3, 2, 2]), leaf(&mut b, &[3]));
+    let res = leaf(&mut b, &[5, 4]);
     let h = b.apply(Op::Linear, &[w1, b1, x]).unwrap();
     let h = b.apply(Op::Relu, &[h]).unwrap();
     let z = b.apply(Op::Linear, &[w2, b2, h]).unwrap();
@@ -93,8 +96,24 @@ fn graph(g: &mut Gen) -> (GraphData, Vec<Tensor<f64>>, u64) {
     let t = b.apply(up, &[wt, bt, c]).unwrap();
     let t = b.apply(Op::Gelu, &[t]).unwrap();
     let s2 = b.apply(Op::Sum, &[t]).unwrap();
-    b.apply(Op::Add, &[s1, s2]).unwrap();
-    (b.finish(), leaves, 4)
+    // Residual adds: `res + linear`, `linear + (that)`; `l + l` and `l − y2` are not residual
+    // adds of the bias epilogue (unfused).
+    let l = b.apply(Op::Linear, &[w2, b2, h]).unwrap();
+    let y1 = b.apply(Op::Add, &[res, l]).unwrap();
+    let l = b.apply(Op::Linear, &[w2, b2, h]).unwrap();
+    let y2 = b.apply(Op::Add, &[l, y1]).unwrap();
+    let l = b.apply(Op::Linear, &[w2, b2, h]).unwrap();
+    let y3 = b.apply(Op::Add, &[l, l]).unwrap();
+    let l = b.apply(Op::Linear, &[w2, b2, h]).unwrap();
+    let y3 = b.apply(Op::Mul, &[y3, l]).unwrap();
+    let l = b.apply(Op::Linear, &[w2, b2, h]).unwrap();
+    let y3 = b.apply(Op::Sub, &[l, y3]).unwrap();
+    let s3 = b.apply(Op::Sum, &[y2]).unwrap();
+    let s4 = b.apply(Op::Sum, &[y3]).unwrap();
+    let t = b.apply(Op::Add, &[s1, s2]).unwrap();
+    let t = b.apply(Op::Add, &[t, s3]).unwrap();
+    b.apply(Op::Add, &[t, s4]).unwrap();
+    (b.finish(), leaves, 6)
 }
 
 #[test]
@@ -128,13 +147,13 @@ fn a_failed_fused_pair_leaves_the_tape_unchanged() {
         .unwrap();
     let live = tape.device().live_buffers();
     let e = tape
-        .apply_then(&Op::Linear, &[w, b, x], &Op::Relu)
+        .apply_then(&Op::Linear, &[w, b, x], &Op::Relu, &[Then::First])
         .unwrap_err();
     assert!(e.to_string().contains("linear"), "{e}");
     assert_eq!((tape.len(), tape.device().live_buffers()), (3, live));
     // An unknown operand id: named, nothing recorded.
     let e = tape
-        .apply_then(&Op::Linear, &[w, b, 9], &Op::Gelu)
+        .apply_then(&Op::Linear, &[w, b, 9], &Op::Gelu, &[Then::First])
         .unwrap_err();
     assert!(e.to_string().contains("linear"), "{e}");
     assert_eq!((tape.len(), tape.device().live_buffers()), (3, live));

@@ -327,6 +327,11 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
             one!(act, name, true, pre);
             one!(act, name, exact, post);
         }
+        for r_first in [true, false] {
+            let (pre, out) = d.add_bias_residual(x, bias, layout, g, r_first)?;
+            one!(act, "add_bias_residual", true, pre);
+            one!(act, "add_bias_residual", true, out);
+        }
     }
     d.release(bias);
     let ix = "index";

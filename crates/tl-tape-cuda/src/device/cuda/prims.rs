@@ -187,6 +187,30 @@ impl Launch for CudaDevice {
         Ok((pre, Some(post)))
     }
 
+    fn launch_add_bias_residual(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        r: Buffer,
+        r_first: bool,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "add_bias_residual";
+        let ins = [self.ptr(OP, x)?, self.ptr(OP, b)?, self.ptr(OP, r)?];
+        // As in `launch_add_bias`: divisors of at least 1 (0 only with n = 0, no launch).
+        let extra = [
+            Arg::U32(crate::abi::to_u32(OP, "channels", layout.ch.max(1))?),
+            Arg::U32(crate::abi::to_u32(OP, "inner", layout.inner.max(1))?),
+            Arg::U32(u32::from(r_first)),
+        ];
+        let n = x.len();
+        let [pre, out] = self.with_outs::<2>(OP, n, |d, [pre, out]| {
+            let ptrs = [ins[0], ins[1], ins[2], pre, out].map(Arg::Ptr);
+            d.grid_stride(OP, "tl_add_bias_res", n, &ptrs, &extra)
+        })?;
+        Ok((pre, out))
+    }
+
     fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer> {
         const OP: &str = "broadcast";
         self.gather(OP, x, &plan.to, &plan.src_strides, plan.to_len)

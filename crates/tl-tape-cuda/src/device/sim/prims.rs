@@ -165,6 +165,30 @@ impl Launch for SimDevice {
         Ok((pre, Some(post)))
     }
 
+    fn launch_add_bias_residual(
+        &mut self,
+        x: Buffer,
+        b: Buffer,
+        layout: BiasLayout,
+        r: Buffer,
+        r_first: bool,
+    ) -> Result<(Buffer, Buffer)> {
+        // The sum `x + b[c]`, then the residual add of the rounded sum (tl_add_bias_res).
+        self.launch2(
+            "add_bias_residual",
+            [x, b, r],
+            x.len(),
+            |[x, b, r], pre, out| {
+                for (i, (p, o)) in pre.iter_mut().zip(out.iter_mut()).enumerate() {
+                    *p = x[i] + b[layout.channel(i)];
+                    // In the `add`'s operand order (a NaN's payload follows the first).
+                    let (a, c) = if r_first { (r[i], *p) } else { (*p, r[i]) };
+                    *o = a + c;
+                }
+            },
+        )
+    }
+
     fn launch_broadcast(&mut self, x: Buffer, plan: &BroadcastPlan) -> Result<Buffer> {
         const OP: &str = "broadcast";
         let src = plan.source_indices()?;
