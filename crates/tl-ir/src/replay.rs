@@ -14,6 +14,18 @@ pub enum Then {
     Id(usize),
 }
 
+impl Then {
+    /// `args` as recorder ids, `first` being the first op's id.
+    pub fn resolve(args: &[Then], first: usize) -> SmallVec<[usize; 3]> {
+        args.iter()
+            .map(|a| match *a {
+                Then::First => first,
+                Then::Id(id) => id,
+            })
+            .collect()
+    }
+}
+
 /// Anything that can record leaves and op applications: the CPU tape, the CUDA tape, and the
 /// eager sessions built on them. Eager execution and compiled replay share this one interface.
 pub trait Recorder<T: Scalar> {
@@ -57,14 +69,7 @@ pub trait Recorder<T: Scalar> {
         next_args: &[Then],
     ) -> Result<(usize, usize), Self::Error> {
         let first = self.apply(op, args)?;
-        let args: SmallVec<[usize; 3]> = next_args
-            .iter()
-            .map(|a| match *a {
-                Then::First => first,
-                Then::Id(id) => id,
-            })
-            .collect();
-        let second = self.apply(next, &args)?;
+        let second = self.apply(next, &Then::resolve(next_args, first))?;
         Ok((first, second))
     }
 }

@@ -288,12 +288,12 @@ impl<D: Device> CudaTape<D> {
         };
         let Some((first, second)) = fused else {
             let a = self.apply(op, parents)?;
-            let args = resolve(next_args, a);
+            let args = Then::resolve(next_args, a);
             let b = self.apply(next, &args)?;
             return Ok((a, b));
         };
         let a = self.push(op, parents, first);
-        let b = self.push(next, &resolve(next_args, a), second);
+        let b = self.push(next, &Then::resolve(next_args, a), second);
         Ok((a, b))
     }
 
@@ -390,17 +390,6 @@ fn operands<'a>(
                     id: p,
                     len: nodes.len(),
                 })
-        })
-        .collect()
-}
-
-/// `next_args` as recorder ids, `first` standing for [`Then::First`].
-fn resolve(next_args: &[Then], first: Id) -> SmallVec<[Id; 3]> {
-    next_args
-        .iter()
-        .map(|a| match *a {
-            Then::First => first,
-            Then::Id(id) => id,
         })
         .collect()
 }
