@@ -243,8 +243,9 @@ impl<D: Device> CudaTape<D> {
     /// its result and a value of the same shape (a residual), both values come from one fused
     /// launch ([`Device::add_bias_act`], [`Device::add_bias_residual`]) with the bits of the
     /// separate ones; any other pair is two [`apply`](Self::apply) calls. The compiled
-    /// (linked) path reaches it through [`Recorder::apply_then`]. On error the tape is
-    /// unchanged and nothing is left allocated.
+    /// (linked) path reaches it through [`Recorder::apply_then`]. On error in a fused pair the
+    /// tape is unchanged and nothing is left allocated; an unfused pair errs as its two
+    /// `apply` calls do (the first node stays recorded when the second fails).
     pub fn apply_then(
         &mut self,
         op: &Op,

@@ -192,6 +192,22 @@ pub fn fused_chain_mismatches<D: Device>(d: &mut D) -> Vec<String> {
                 same(d, "add_bias_act (sum)", pre, plain_pre);
                 same(d, &format!("add_bias_act ({act:?})"), post, plain);
             }
+            for r_first in [true, false] {
+                let (pre, out) = d.add_bias_residual(xb, bb, layout, gb, r_first)?;
+                let plain = if r_first {
+                    d.add(gb, sum)?
+                } else {
+                    d.add(sum, gb)?
+                };
+                let plain_pre = d.copy(sum)?;
+                same(d, "add_bias_residual (sum)", pre, plain_pre);
+                same(
+                    d,
+                    &format!("add_bias_residual (r_first {r_first})"),
+                    out,
+                    plain,
+                );
+            }
             d.release(sum);
         }
         for c in [0.125f32, 0.3, 1.0] {

@@ -323,6 +323,41 @@ fn fused_chains_give_the_bits_of_their_separate_launches() {
     assert_eq!(dev.live_buffers(), 0, "every buffer released");
 }
 
+/// The bias epilogues check their operands against the layout before launching and name
+/// themselves: a bias or residual of the wrong length, an input that is not (outer, ch, inner).
+#[test]
+fn bias_epilogues_refuse_mismatched_operands_by_name() {
+    use tl_tape_cuda::device::{Act, BiasLayout};
+    let mut dev = SimDevice::new();
+    let x = dev.zeros(12).unwrap();
+    let b = dev.zeros(3).unwrap();
+    let (short, long) = (dev.zeros(11).unwrap(), dev.zeros(4).unwrap());
+    let layout = BiasLayout::new(2, 3, 2);
+    let live = dev.live_buffers();
+    let errors = [
+        dev.add_bias_residual(x, b, layout, short, true)
+            .unwrap_err(),
+        dev.add_bias_residual(x, long, layout, x, false)
+            .unwrap_err(),
+        dev.add_bias_residual(short, b, layout, x, false)
+            .unwrap_err(),
+        dev.add_bias_act(x, long, layout, Act::Relu).unwrap_err(),
+        dev.add_bias(short, b, layout).unwrap_err(),
+    ];
+    let names = [
+        ("add_bias_residual", "residual"),
+        ("add_bias_residual", "bias"),
+        ("add_bias_residual", "input"),
+        ("add_bias_act", "bias"),
+        ("add_bias", "input"),
+    ];
+    for (e, (op, what)) in errors.iter().zip(names) {
+        let msg = e.to_string();
+        assert!(msg.contains(op) && msg.contains(what), "{msg}");
+    }
+    assert_eq!(dev.live_buffers(), live, "nothing allocated");
+}
+
 /// A product with few output tiles over a long `k` is two launches (the runs of `k`, then their
 /// sums added in order) with the documented order's bits, and so is `matmul_acc`'s; a long
 /// axis into few outputs is one launch in the block order. Counted here because the sim's
