@@ -1,9 +1,9 @@
 //! [`Train`]: what one training loop needs beyond [`Ops`], implemented by both sessions, so the
 //! same loop (tl-nn's `Runtime::step`) drives the eager session and the linked one.
 //!
-//! The eager session steps from its tape's gradients; the linked session compiles its recorded
-//! graph into the tape of its [`Backend`] (`LinkedSession::set_backend`) and steps from the
-//! compiled tape's dense gradients.
+//! The eager session steps from its tape's gradients (on a device, the sparse backward's
+//! parameter gradients); the linked session compiles its recorded graph into the tape of its
+//! [`Backend`] (`LinkedSession::set_backend`) and steps from the compiled tape's gradients.
 
 use tl_spec::Tensor;
 use tl_tape_cuda::{MemoryUsage, Traffic};
@@ -22,7 +22,10 @@ pub trait Train: Ops {
 
     /// The value of the scalar `loss`, then backward from it and one step of `opt` on every
     /// trainable parameter the pass used. PyTorch: `loss.item(); loss.backward();
-    /// optimizer.step()`.
+    /// optimizer.step()`. Afterwards the parameters' gradients can be read (`Session::grad`);
+    /// the eager session on a device keeps only those (its tape's sparse backward, which frees
+    /// every other gradient as it goes: PyTorch's `.grad` of leaves), so reading another
+    /// tensor's gradient needs `Session::backward` instead.
     fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64>;
 
     /// The value of `r`, computed the fast way (the eager tape's value; for the linked session,
@@ -80,7 +83,8 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     }
     fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
         let l = loss_value(self.value(loss)?)?;
-        self.backward(loss)?;
+        // On a device the sparse sweep: the parameters' gradients only.
+        self.backward_params(loss)?;
         self.step(opt)?;
         Ok(l)
     }

@@ -14,6 +14,11 @@ impl<T: Scalar> Session<T> {
             Some(Grads::Device(g)) => on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => {
                 t.release_grads(g);
             }),
+            Some(Grads::DeviceParams(g)) => {
+                on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => {
+                    t.release_grad_map(g);
+                })
+            }
             Some(Grads::Cpu(g)) => {
                 if let Engine::Cpu(t) = &self.engine {
                     g.into_iter().for_each(|x| t.recycle(x));
@@ -61,6 +66,55 @@ impl<T: Scalar> Session<T> {
         Ok(())
     }
 
+    /// The training loop's backward on a device (from [`Train::backward_step`]): the tape's
+    /// sparse sweep from the scalar `loss`, which keeps the gradients of the trainable
+    /// parameters' leaves only and releases every other node's as soon as it has passed it (an
+    /// identity cotangent moves, or is shared, instead of being copied). The same parameter
+    /// gradients, bit for bit, as [`backward`](Self::backward); reading a non-parameter
+    /// tensor's gradient afterwards is an error (PyTorch keeps `.grad` for leaves only, too).
+    /// On the CPU engine this is [`backward`](Self::backward).
+    ///
+    /// [`Train::backward_step`]: crate::Train::backward_step
+    pub(crate) fn backward_params(&mut self, loss: &TensorRef) -> Result<()> {
+        if matches!(self.engine, Engine::Cpu(_)) {
+            return self.backward(loss);
+        }
+        self.check("backward", loss)?;
+        if !loss.shape.is_scalar() {
+            return Err(Error::Shape {
+                what: "backward_step (the loss must be a scalar)",
+                expected: Shape::scalar(),
+                got: loss.shape.clone(),
+            });
+        }
+        self.release_grads();
+        let wanted: Vec<usize> = self
+            .trainable_uses()
+            .into_iter()
+            .flat_map(|(_, leaves)| leaves)
+            .collect();
+        let grads = on_engine!(&mut self.engine,
+            cpu(_) => return Err(Self::no_backward("backward_step")),
+            cuda(t) => {
+                let s = AnyBuffer::upload_or_fill(t.device_mut(), &Tensor::scalar(T::one()))?;
+                t.backward_params_owned(loss.id, s, &wanted)?
+            },
+        );
+        self.grads = Some(Grads::DeviceParams(grads));
+        Ok(())
+    }
+
+    /// Every trainable parameter used in this pass with its tape leaves, by parameter index.
+    fn trainable_uses(&self) -> Vec<(usize, Vec<usize>)> {
+        let mut used: Vec<usize> = self.leaf_param.values().copied().collect();
+        used.sort_unstable();
+        used.dedup();
+        used.retain(|&index| self.params.slots[index].requires_grad);
+        used.into_iter()
+            .map(|index| (index, self.leaves_of(index)))
+            .collect()
+    }
+
     fn no_backward(what: &'static str) -> Error {
         Error::Usage {
             what,
@@ -77,6 +131,20 @@ impl<T: Scalar> Session<T> {
                 cpu(_) => Err(Self::no_backward("grad")),
                 cuda(t) => Ok(g[r.id].download(t.device())?),
             ),
+            Some(Grads::DeviceParams(g)) => match g.get(&r.id) {
+                Some(b) => on_engine!(&self.engine,
+                    cpu(_) => Err(Self::no_backward("grad")),
+                    cuda(t) => Ok(b.download(t.device())?),
+                ),
+                // A frozen parameter's leaf: nothing flows into it.
+                None if self.leaf_param.contains_key(&r.id) => Ok(Tensor::zeros(r.shape.clone())),
+                None => Err(Error::Usage {
+                    what: "grad",
+                    detail: "the training step (backward_step) keeps the parameters' gradients \
+                             only; call backward to read every tensor's"
+                        .into(),
+                }),
+            },
             Some(_) => Ok(Tensor::zeros(r.shape.clone())),
             None => Err(Self::no_backward("grad")),
         }
@@ -124,14 +192,7 @@ impl<T: Scalar> Session<T> {
         if self.grads.is_none() {
             return Err(Self::no_backward("step"));
         }
-        let mut used: Vec<usize> = self.leaf_param.values().copied().collect();
-        used.sort_unstable();
-        used.dedup();
-        used.retain(|&index| self.params.slots[index].requires_grad);
-        let uses: Vec<(usize, Vec<usize>)> = used
-            .into_iter()
-            .map(|index| (index, self.leaves_of(index)))
-            .collect();
+        let uses = self.trainable_uses();
         let Some(grads) = &self.grads else {
             return Err(Self::no_backward("step"));
         };
@@ -151,14 +212,19 @@ impl<T: Scalar> Session<T> {
                 }
             },
             cuda(t) => {
-                let Grads::Device(g) = grads else {
-                    return Err(Self::no_backward("step"));
+                let grad = |l: usize| match grads {
+                    Grads::Device(g) => g.get(l).map(AnyBuffer::buffer),
+                    Grads::DeviceParams(g) => g.get(&l).map(AnyBuffer::buffer),
+                    Grads::Cpu(_) => None,
                 };
                 // The whole update runs on the device, on the resident mirrors.
-                let items: Vec<(usize, Vec<Buffer>)> = uses
+                let items = uses
                     .iter()
-                    .map(|(index, leaves)| (*index, leaves.iter().map(|&l| g[l].buffer()).collect()))
-                    .collect();
+                    .map(|(index, leaves)| {
+                        let gs = leaves.iter().map(|&l| grad(l)).collect::<Option<Vec<Buffer>>>();
+                        gs.map(|gs| (*index, gs)).ok_or_else(|| Self::no_backward("step"))
+                    })
+                    .collect::<Result<Vec<(usize, Vec<Buffer>)>>>()?;
                 self.params.step_all_on_device(t.device_mut(), opt, &items)?;
             },
         );

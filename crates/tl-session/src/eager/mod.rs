@@ -92,6 +92,9 @@ pub(crate) use on_engine;
 pub(crate) enum Grads<T: Scalar> {
     Cpu(Vec<Tensor<T>>),
     Device(Vec<AnyBuffer>),
+    /// The trainable parameters' leaves only (the training loop's step on a device: the
+    /// tape's sparse backward, which releases every other gradient as it goes).
+    DeviceParams(HashMap<usize, AnyBuffer>),
 }
 
 /// An eager session: every op runs as it is called. PyTorch comparison: ordinary eager PyTorch

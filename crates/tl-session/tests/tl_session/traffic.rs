@@ -4,7 +4,7 @@
 //! are printed by `cargo run --release -p tl-session --example gpu_proxies` (docs/performance.md).
 
 use tl_session::models::{Activation, Mlp, regression_grid};
-use tl_session::{Backend, LinkedSession, Optimizer, Options, Session, Train};
+use tl_session::{Backend, LinkedSession, Ops, Optimizer, Options, Session, Train};
 use tl_tape_cuda::Traffic;
 
 /// The MLP 2-16-1 (4 parameters) on the 36-point regression grid (inputs x and y).
@@ -241,4 +241,82 @@ fn a_parameter_used_twice_steps_on_its_own_beside_the_list() {
     // The list path: p's gradients summed (a copy and an add) and its update, then q's list.
     assert_eq!(results[0], 4, "plain SGD launches");
     assert!(results[1] > results[0], "the per-parameter path takes more");
+}
+
+/// The eager session's training step on a device takes the tape's sparse backward
+/// (`backward_step`): the parameters after three steps are bit for bit those of `backward` +
+/// `step`, with fewer launches (the residual's cotangent is shared, not copied) and fewer pool
+/// allocations; a parameter's gradient is readable afterwards as after `backward`, a hidden
+/// tensor's is an error that says how to keep it.
+#[test]
+fn the_eager_device_step_keeps_the_parameters_gradients_only_with_the_same_bits() {
+    fn value(rows: usize, cols: usize, k: f32) -> tl_spec::Tensor<f32> {
+        tl_spec::Tensor::from_fn([rows, cols], |i| ((i as f32 + k) * 0.37).sin())
+    }
+    // y = sum(h + linear(relu(linear(h)))) with h = linear(x): a residual block.
+    let run = |sparse: bool| {
+        let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
+        let shapes = [(4, 3), (1, 4), (4, 4), (1, 4), (4, 4), (1, 4)];
+        let params: Vec<_> = shapes
+            .iter()
+            .enumerate()
+            .map(|(k, &(r, c))| {
+                let v = value(r, c, k as f32);
+                let v = if r == 1 { v.reshape([c]).unwrap() } else { v };
+                s.param(v, None, true).unwrap()
+            })
+            .collect();
+        let mut opt = Optimizer::sgd(0.1).unwrap();
+        let mut launches = Vec::new();
+        let mut grad = None;
+        for _ in 0..3 {
+            Train::reset(&mut s);
+            let before = s.traffic().unwrap();
+            let allocs = s.memory_usage().unwrap().alloc_count;
+            let p: Vec<_> = params.iter().map(|p| s.use_param(p).unwrap()).collect();
+            let x = s.input(value(5, 3, 9.0), false).unwrap();
+            let h = s.linear(&p[0], &p[1], &x).unwrap();
+            let a = s.linear(&p[2], &p[3], &h).unwrap();
+            let a = s.relu(&a).unwrap();
+            let b = s.linear(&p[4], &p[5], &a).unwrap();
+            let y = s.add(&h, &b).unwrap();
+            let loss = s.sum(&y).unwrap();
+            if sparse {
+                s.backward_step(&loss, &mut opt).unwrap();
+                let e = s.grad_of(&a).unwrap_err().to_string();
+                assert!(e.contains("grad") && e.contains("backward"), "{e}");
+            } else {
+                s.backward(&loss).unwrap();
+                s.step(&mut opt).unwrap();
+            }
+            let work = (
+                (s.traffic().unwrap() - before).launches,
+                s.memory_usage().unwrap().alloc_count - allocs,
+            );
+            launches.push(work);
+            grad = Some(s.grad(&params[0]).unwrap());
+        }
+        let values: Vec<Vec<u32>> = params
+            .iter()
+            .map(|p| {
+                let v = s.param_value(p).unwrap();
+                v.data().iter().map(|x| x.to_bits()).collect()
+            })
+            .collect();
+        let g = grad
+            .unwrap()
+            .data()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>();
+        (values, g, launches[2])
+    };
+    let (dense, dense_grad, (dense_launches, dense_allocs)) = run(false);
+    let (sparse, sparse_grad, (sparse_launches, sparse_allocs)) = run(true);
+    assert_eq!(sparse, dense, "parameters after three steps");
+    assert_eq!(sparse_grad, dense_grad, "the first weight's gradient");
+    assert!(
+        sparse_launches < dense_launches && sparse_allocs < dense_allocs,
+        "sparse {sparse_launches} launches, {sparse_allocs} allocations; dense {dense_launches}, {dense_allocs}"
+    );
 }
