@@ -185,8 +185,9 @@ pub trait Launch {
     /// The work of [`Device::norm_stats`]; operands already validated by it — callers
     /// use `norm_stats`.
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer>;
-    /// The work of [`Device::norm_forward`]; operands already validated by it — callers
-    /// use `norm_forward`.
+    /// The work of [`Device::norm_forward`] where it is one launch
+    /// ([`NormLayout::fused_forward`]; the other layouts take `launch_norm_stats` and
+    /// `launch_norm_apply`); operands already validated by it — callers use `norm_forward`.
     fn launch_norm_forward(
         &mut self,
         x: Buffer,

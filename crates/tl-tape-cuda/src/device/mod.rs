@@ -553,7 +553,17 @@ pub trait Device: Launch {
         l.check_x(OP, x)?;
         l.check_affine(OP, "gamma", gamma)?;
         l.check_affine(OP, "beta", beta)?;
-        self.launch_norm_forward(x, gamma, beta, l, eps)
+        if l.fused_forward() {
+            return self.launch_norm_forward(x, gamma, beta, l, eps);
+        }
+        let st = self.launch_norm_stats(x, l, eps)?;
+        match self.launch_norm_apply(x, st, gamma, beta, l) {
+            Ok(y) => Ok((y, st)),
+            Err(e) => {
+                self.release(st);
+                Err(e)
+            }
+        }
     }
     /// The normalization's input cotangent in closed form: per group of m elements, with
     /// `x̂ = (x − μ)·rstd` and `ĝ = g·γ`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.

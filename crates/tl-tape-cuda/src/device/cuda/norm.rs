@@ -33,8 +33,7 @@ impl CudaDevice {
         })
     }
 
-    /// `tl_norm_fwd` where the groups are short ([`NormLayout::fused_forward`]), else
-    /// `tl_norm_stats` then `tl_norm_apply`.
+    /// `tl_norm_fwd`, for the short groups of [`NormLayout::fused_forward`].
     pub(super) fn norm_forward_impl(
         &mut self,
         x: Buffer,
@@ -44,16 +43,6 @@ impl CudaDevice {
         eps: f32,
     ) -> Result<(Buffer, Buffer)> {
         const OP: &str = "norm_forward";
-        if !l.fused_forward() {
-            let st = self.norm_stats_impl(x, l, eps)?;
-            return match self.norm_apply_impl(x, st, gamma, beta, l) {
-                Ok(y) => Ok((y, st)),
-                Err(e) => {
-                    self.release(st);
-                    Err(e)
-                }
-            };
-        }
         let ptrs = [x, gamma, beta]
             .iter()
             .map(|&b| self.ptr(OP, b).map(Arg::Ptr))

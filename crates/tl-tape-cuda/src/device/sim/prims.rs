@@ -326,15 +326,11 @@ impl Launch for SimDevice {
         l: NormLayout,
         eps: f32,
     ) -> Result<(Buffer, Buffer)> {
-        let st = if l.fused_forward() {
-            // One kernel on the device (tl_norm_fwd): the statistics are not a launch of their
-            // own, the apply below counts it.
-            self.run_body("norm_forward", [x], 2 * l.groups, |[x], out| {
-                norm::stats(x, l, eps, out)
-            })?
-        } else {
-            self.launch_norm_stats(x, l, eps)?
-        };
+        // One kernel on the device (tl_norm_fwd): the statistics are not a launch of their own,
+        // the apply below counts it.
+        let st = self.run_body("norm_forward", [x], 2 * l.groups, |[x], out| {
+            norm::stats(x, l, eps, out)
+        })?;
         match self.launch_norm_apply(x, st, gamma, beta, l) {
             Ok(y) => Ok((y, st)),
             Err(e) => {
