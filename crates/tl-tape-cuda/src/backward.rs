@@ -323,20 +323,18 @@ impl<D: Device> CudaTape<D> {
                     ));
                     continue;
                 }
-                let r = match (c, slots[p].clone()) {
+                let r = match (c, slots[p].as_mut()) {
                     (Cotangent::Owned(c), None) => {
                         slots[p] = Some(c);
                         Ok(())
                     }
                     (Cotangent::Owned(c), Some(acc)) => {
-                        let r = shared.accumulate(dev, &mut slots[p], &acc, c.buffer());
+                        let r = shared.accumulate(dev, acc, c.buffer());
                         dev.release(c.buffer());
                         r
                     }
                     // Accumulated straight from the output cotangent (no copy first).
-                    (Cotangent::Same(_), Some(acc)) => {
-                        shared.accumulate(dev, &mut slots[p], &acc, g.buffer())
-                    }
+                    (Cotangent::Same(_), Some(acc)) => shared.accumulate(dev, acc, g.buffer()),
                     (Cotangent::Same(shape), None) if drop_after => g.reshaped(shape).map(|c| {
                         slots[p] = Some(c);
                         if handed_over {
@@ -403,26 +401,20 @@ impl Shared {
         }
     }
 
-    /// `slot ← acc + x`, `acc` being the slot's value: in place (`axpy_assign` with 1, which
+    /// `acc ← acc + x`, `acc` being a slot's value: in place (`axpy_assign` with 1, which
     /// allows `x` to be `acc` itself) when the slot alone holds its buffer; otherwise into a
     /// fresh buffer (`add`: the same bits) that replaces the slot's, leaving the shared one to
     /// its other holders.
-    fn accumulate<D: Device>(
-        &mut self,
-        dev: &mut D,
-        slot: &mut Option<AnyBuffer>,
-        acc: &AnyBuffer,
-        x: Buffer,
-    ) -> Result<()> {
-        if !self.0.contains_key(&acc.buffer().id()) {
-            return dev.axpy_assign(acc.buffer(), 1.0, x);
+    fn accumulate<D: Device>(&mut self, dev: &mut D, acc: &mut AnyBuffer, x: Buffer) -> Result<()> {
+        let held = acc.buffer();
+        if !self.0.contains_key(&held.id()) {
+            return dev.axpy_assign(held, 1.0, x);
         }
-        let sum = dev.add(acc.buffer(), x)?;
-        let sum = AnyBuffer::new("backward", acc.shape().clone(), sum).inspect_err(|_| {
+        let sum = dev.add(held, x)?;
+        *acc = AnyBuffer::new("backward", acc.shape().clone(), sum).inspect_err(|_| {
             dev.release(sum);
         })?;
-        self.leave(acc.buffer());
-        *slot = Some(sum);
+        self.leave(held);
         Ok(())
     }
 }
