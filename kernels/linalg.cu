@@ -8,15 +8,14 @@
 // order from 0 as acc + a*b with two roundings (--fmad=false), exactly as device/sim/linalg.rs:
 // tiling over k in order, and where the matrices lie, do not change the order.
 //
-// Tile: 64 x 64 outputs per block of 16 x 16 threads, 4 x 4 outputs per thread in registers,
-// k in steps of 16 through shared memory.
+// Two tilings of the same arithmetic, each 256 threads (16 x 16) with TM x TN outputs a thread
+// in registers: `tl_gemm`, 64 x 64 outputs a block, 4 x 4 a thread, k in steps of 16; and
+// `tl_gemm_wide`, 128 x 128 a block, 8 x 8 a thread, k in steps of 8, for products with
+// enough of its tiles to fill the device (device/cuda.rs, `GemmTiles`). Both stage the next
+// k-slice of op(a) and op(b) in registers while they multiply the current one out of one of
+// two shared buffers (one barrier a slice), and read global memory along each operand's
+// stored rows.
 #include "common.cuh"
-
-#define BM 64
-#define BN 64
-#define BK 16
-#define TM 4
-#define TN 4
 
 // Where product z's (rows x cols) matrix starts in its operand, and its row stride.
 struct MatAt {
@@ -35,14 +34,52 @@ __device__ inline MatAt mat_at(u64 z, u32 rows, u32 cols, u32 heads, u32 merged)
     return r;
 }
 
-extern "C" __global__ void tl_gemm(const float* a, const float* b, float* out, u32 batch, u32 m,
-                                   u32 k, u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads,
-                                   u32 merged) {
-    __shared__ float As[BK][BM];
-    __shared__ float Bs[BK][BN + 1];
+// Element e (< BK x B) of a k-slice of one operand: its slice row p (along k) and column c
+// (along m for a, n for b). A matrix stored along k (`along_k`: a not transposed, b
+// transposed) is read with p fastest, else with c fastest, so that a warp's reads follow the
+// stored rows.
+template <int BK, int B>
+__device__ inline void slice_pos(u32 e, bool along_k, u32& p, u32& c) {
+    if (along_k) {
+        p = e % BK;
+        c = e / BK;
+    } else {
+        p = e / B;
+        c = e % B;
+    }
+}
+
+// The output row (column) of a thread's i-th register: four consecutive ones, then the next
+// four 64 further on, so that a warp's shared-memory reads are consecutive.
+__device__ inline u32 reg_pos(u32 t, int i) { return (u32)(i / 4) * 64 + t * 4 + (u32)(i % 4); }
+
+// Four consecutive floats of shared memory (16-byte aligned) in one load on the GPU.
+__device__ inline void ld4(const float* p, float* r) {
+#ifdef __CUDA_ARCH__
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    r[0] = v.x;
+    r[1] = v.y;
+    r[2] = v.z;
+    r[3] = v.w;
+#else
+    // The emulator: the same four reads, and a misaligned address is a bug there too.
+    if (reinterpret_cast<u64>(p) % 16 != 0) __builtin_trap();
+    for (int q = 0; q < 4; ++q) r[q] = p[q];
+#endif
+}
+
+template <int BM, int BN, int BK, int TM, int TN>
+__device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k,
+                           u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {
+    static_assert(BM == 16 * TM && BN == 16 * TN, "16 x 16 threads cover the tile");
+    constexpr int LA = BK * BM / 256, LB = BK * BN / 256;  // elements a thread stages
+    // Rows padded by 4 floats: 16-byte aligned for `ld4`, and a k-fastest fill spreads over
+    // the banks.
+    __shared__ __align__(16) float As[2][BK][BM + 4];
+    __shared__ __align__(16) float Bs[2][BK][BN + 4];
     const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    // Split-K: `k` in runs of kc (a multiple of BK unless it covers k), run s of product z
+    // Split-K: `k` in runs of kc (a multiple of 16 unless it covers k), run s of product z
     // written to out + (z·splits + s)·m·n for tl_gemm_sum_splits (sim: linalg::gemm); the
     // launch then clears out's bit of `merged`.
     const u32 splits = k > kc ? (k + kc - 1) / kc : 1;
@@ -57,48 +94,83 @@ extern "C" __global__ void tl_gemm(const float* a, const float* b, float* out, u
         const float* A = a + pa.start;
         const float* B = b + pb.start;
         float* C = out + pc.start;
+        // The k-slice from p0 into registers (zeros outside the matrices; never summed).
+        float ra[LA], rb[LB];
+        auto fetch = [&](u32 p0) {
+            for (int l = 0; l < LA; ++l) {
+                u32 p, i;
+                slice_pos<BK, BM>(threadIdx.x + 256 * l, !ta, p, i);
+                const u32 gi = row0 + i, gp = p0 + p;
+                ra[l] = gi < m && gp < ke ? (ta ? A[gp * pa.ld + gi] : A[gi * pa.ld + gp]) : 0.0f;
+            }
+            for (int l = 0; l < LB; ++l) {
+                u32 p, j;
+                slice_pos<BK, BN>(threadIdx.x + 256 * l, tb, p, j);
+                const u32 gj = col0 + j, gp = p0 + p;
+                rb[l] = gj < n && gp < ke ? (tb ? B[gj * pb.ld + gp] : B[gp * pb.ld + gj]) : 0.0f;
+            }
+        };
+        auto stage = [&](int buf) {
+            for (int l = 0; l < LA; ++l) {
+                u32 p, i;
+                slice_pos<BK, BM>(threadIdx.x + 256 * l, !ta, p, i);
+                As[buf][p][i] = ra[l];
+            }
+            for (int l = 0; l < LB; ++l) {
+                u32 p, j;
+                slice_pos<BK, BN>(threadIdx.x + 256 * l, tb, p, j);
+                Bs[buf][p][j] = rb[l];
+            }
+        };
         float acc[TM][TN];
         for (int i = 0; i < TM; ++i)
             for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+        fetch(kb);
+        stage(0);
+        __syncthreads();
+        int buf = 0;
         for (u32 p0 = kb; p0 < ke; p0 += BK) {
-            // 256 threads load the 16 x 64 slices of op(a) and op(b), 4 elements each.
-            for (u32 e = threadIdx.x; e < BK * BM; e += 256) {
-                const u32 p = e / BM, i = e % BM;
-                const u32 gi = row0 + i, gp = p0 + p;
-                float v = 0.0f;
-                if (gi < m && gp < ke) v = ta ? A[gp * pa.ld + gi] : A[gi * pa.ld + gp];
-                As[p][i] = v;
-            }
-            for (u32 e = threadIdx.x; e < BK * BN; e += 256) {
-                const u32 p = e / BN, j = e % BN;
-                const u32 gj = col0 + j, gp = p0 + p;
-                float v = 0.0f;
-                if (gj < n && gp < ke) v = tb ? B[gj * pb.ld + gp] : B[gp * pb.ld + gj];
-                Bs[p][j] = v;
-            }
-            __syncthreads();
-            const u32 pend = (ke - p0) < BK ? (ke - p0) : BK;
+            const bool more = ke - p0 > BK;
+            if (more) fetch(p0 + BK);
+            // Only the slice's rows inside the run are summed: acc + 0·b could turn a -0 sum
+            // into +0 (and 0·inf is NaN).
+            const u32 pend = more ? BK : ke - p0;
             for (u32 p = 0; p < pend; ++p) {
                 float ar[TM], br[TN];
-                for (int i = 0; i < TM; ++i) ar[i] = As[p][ty * TM + i];
-                for (int j = 0; j < TN; ++j) br[j] = Bs[p][tx * TN + j];
+                for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
+                for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
                 for (int i = 0; i < TM; ++i)
                     for (int j = 0; j < TN; ++j)
                         acc[i][j] = __fadd_rn(acc[i][j], __fmul_rn(ar[i], br[j]));
             }
+            if (more) stage(buf ^ 1);
             __syncthreads();
+            buf ^= 1;
         }
         for (int i = 0; i < TM; ++i) {
-            const u32 gi = row0 + ty * TM + i;
+            const u32 gi = row0 + reg_pos(ty, i);
             if (gi >= m) continue;
             for (int j = 0; j < TN; ++j) {
-                const u32 gj = col0 + tx * TN + j;
+                const u32 gj = col0 + reg_pos(tx, j);
                 if (gj >= n) continue;
                 float* o = &C[gi * pc.ld + gj];
                 *o = into ? __fadd_rn(*o, acc[i][j]) : acc[i][j];
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) tl_gemm(const float* a, const float* b,
+                                                          float* out, u32 batch, u32 m, u32 k,
+                                                          u32 n, u32 ta, u32 tb, u32 into,
+                                                          u32 kc, u32 heads, u32 merged) {
+    gemm_tiles<64, 64, 16, 4, 4>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    tl_gemm_wide(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n,
+                 u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {
+    gemm_tiles<128, 128, 8, 8, 8>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
 }
 
 // The second kernel of a split product: out[z, e] (= or +=) the sum of the splits' runs

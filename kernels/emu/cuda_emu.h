@@ -29,6 +29,8 @@
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __shared__ static thread_local
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
 
 struct uint3 {
     unsigned int x, y, z;

@@ -64,7 +64,7 @@ pub use any_buffer::AnyBuffer;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::cuda::CudaDevice;
 pub use device::sim::SimDevice;
-pub use device::{Batch, Buffer, Device, Gemm};
+pub use device::{Batch, Buffer, Device, Gemm, GemmTiles};
 pub use error::{Error, Result};
 pub use tape::{CudaTape, Id, Node};
 pub use traffic::Traffic;

@@ -187,6 +187,46 @@ impl Batch {
     }
 }
 
+/// Which tiling the CUDA device's matrix product runs: `tl_gemm`, 64×64 outputs a block (4×4
+/// a thread), or `tl_gemm_wide`, 128×128 (8×8 a thread). Both sum every output in the same
+/// order, so the choice changes the time, never the bits (`kernels/linalg.cu`); the simulation
+/// device has one order and no tiles. Set per device with
+/// [`CudaDevice::set_gemm_tiles`](crate::CudaDevice::set_gemm_tiles).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GemmTiles {
+    /// Wide tiles where the launch has [`WIDE_MIN_TILES`] of them or more, else narrow (the
+    /// default).
+    #[default]
+    Auto,
+    /// Always 64×64.
+    Narrow,
+    /// Always 128×128.
+    Wide,
+}
+
+/// The wide tiles (128×128 outputs, over every job of the launch) from which
+/// [`GemmTiles::Auto`] takes them. On an H200 (2026-11-27, `gpu-bundle/gemmbench`) the wide
+/// tiling ran 2048³ (256 tiles) in 0.76 ms against 0.92, 4096³ in 5.97 against 7.11, and lost
+/// at 1024³ (64 tiles: 0.23 against 0.13 ms), where too few blocks fill the 132 multiprocessors.
+pub const WIDE_MIN_TILES: usize = 256;
+
+impl GemmTiles {
+    /// The side of the output tile for `jobs` products of (m, n) results (a split product's
+    /// runs counted as jobs): 64 or 128.
+    pub fn side(self, m: usize, n: usize, jobs: usize) -> usize {
+        match self {
+            GemmTiles::Narrow => 64,
+            GemmTiles::Wide => 128,
+            GemmTiles::Auto => {
+                let wide = jobs
+                    .saturating_mul(m.div_ceil(128))
+                    .saturating_mul(n.div_ceil(128));
+                if wide >= WIDE_MIN_TILES { 128 } else { 64 }
+            }
+        }
+    }
+}
+
 /// Output tiles (64×64, over the batch) from which a matmul is not split along `k`.
 pub const SPLIT_K_TILES: usize = 64;
 /// The shortest run of `k` a split matmul gives one block.

@@ -15,7 +15,7 @@
 //! reduction order. [`CudaDevice::new`] returns [`Error::NoDevice`] where the driver has no
 //! device (or is the stub of `cargo xtask cuda-stub`).
 //!
-//! Not yet run on a GPU: see docs/cuda.md.
+//! Runs on GPUs so far, and what they printed: docs/cuda.md.
 
 #[cfg(all(feature = "cuda", feature = "cuda-emu"))]
 compile_error!(
@@ -38,7 +38,7 @@ mod prims;
 use std::collections::HashMap;
 
 use super::sim::reduce::axis_sum_by_block;
-use super::{Batch, Buffer, Device, Gemm};
+use super::{Batch, Buffer, Device, Gemm, GemmTiles};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Error, Result, abi};
@@ -54,6 +54,8 @@ pub struct CudaDevice {
     funcs: HashMap<&'static str, usize>,
     /// This device's choice of reduction path; `None` follows the process-wide flag.
     deterministic: Option<bool>,
+    /// Which tiling the matrix products take.
+    gemm_tiles: GemmTiles,
     /// Kernel launches and copies so far.
     traffic: TrafficCounter,
 }
@@ -68,6 +70,7 @@ impl CudaDevice {
             live: HashMap::new(),
             funcs: HashMap::new(),
             deterministic: None,
+            gemm_tiles: GemmTiles::Auto,
             traffic: TrafficCounter::default(),
         };
         // Resolve one kernel now, so a PTX the driver refuses fails here, not at first use.
@@ -93,6 +96,18 @@ impl CudaDevice {
     pub fn deterministic(&self) -> bool {
         self.deterministic
             .unwrap_or_else(crate::determinism::deterministic_reductions)
+    }
+
+    /// Which tiling this device's matrix products run ([`GemmTiles::Auto`] by default: the
+    /// wide tiles for large products). The results are the same bits either way; forcing one
+    /// is for tests and measurements. PyTorch has no such switch (cuBLAS picks its kernel).
+    pub fn set_gemm_tiles(&mut self, tiles: GemmTiles) {
+        self.gemm_tiles = tiles;
+    }
+
+    /// The tiling set by [`set_gemm_tiles`](Self::set_gemm_tiles).
+    pub fn gemm_tiles(&self) -> GemmTiles {
+        self.gemm_tiles
     }
 
     /// Number of live buffers.
@@ -121,7 +136,8 @@ impl CudaDevice {
         self.gemm_launch(OP, a, b, pc, true, Batch::plain(1), g)
     }
 
-    /// `tl_gemm` writing (`into == false`) or adding into (`into == true`) the buffer at `out`,
+    /// `tl_gemm` (`tl_gemm_wide` where [`GemmTiles::side`] says 128) writing (`into == false`)
+    /// or adding into (`into == true`) the buffer at `out`,
     /// the `bt.count` products' matrices where `bt` says. A product with few output tiles is
     /// split along `k` ([`Gemm::k_chunk`]): `tl_gemm` writes each run's sums to a pool
     /// workspace (product-major), `tl_gemm_sum_splits` adds them into `out` (laid out as `bt`
@@ -138,20 +154,25 @@ impl CudaDevice {
         g: Gemm,
     ) -> Result<()> {
         let (pa, pb) = (self.ptr(op, a)?, self.ptr(op, b)?);
-        let gx = g.n.div_ceil(64);
-        let gy = g.m.div_ceil(64);
-        if gy > 65_535 {
-            return Err(Error::kernel(
-                op,
-                format!("m = {} exceeds the grid limit 65535·64", g.m),
-            ));
-        }
-        let gx = abi::to_u32(op, "grid", gx)?;
         let (batch, mn) = (bt.count, g.m * g.n);
         if batch * mn == 0 {
             return Ok(());
         }
         let (kc, splits) = (g.k_chunk(batch), g.k_splits(batch));
+        let side = self.gemm_tiles.side(g.m, g.n, batch * splits);
+        let kernel = if side == 128 {
+            "tl_gemm_wide"
+        } else {
+            "tl_gemm"
+        };
+        let gy = g.m.div_ceil(side);
+        if gy > 65_535 {
+            return Err(Error::kernel(
+                op,
+                format!("m = {} exceeds the grid limit 65535·{side}", g.m),
+            ));
+        }
+        let gx = abi::to_u32(op, "grid", g.n.div_ceil(side))?;
         // Checked by `check::batch` (u32) and `check::gemm_lens` (each dim u32, the result's
         // length too).
         let heads = Arg::U32(bt.heads as u32);
@@ -175,12 +196,12 @@ impl CudaDevice {
         let grid = |jobs: usize| [gx, gy as u32, jobs.min(65_535) as u32];
         let merged = bt.merged_bits();
         if splits == 1 {
-            return self.run(op, "tl_gemm", grid(batch), &product(out, into, merged));
+            return self.run(op, kernel, grid(batch), &product(out, into, merged));
         }
         let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
             // The runs' sums product-major in the workspace: the result's flag cleared.
             let runs = product(part, false, merged & 0b011);
-            d.run(op, "tl_gemm", grid(batch * splits), &runs)?;
+            d.run(op, kernel, grid(batch * splits), &runs)?;
             let total = batch * mn;
             let sum = [
                 Arg::Ptr(part),

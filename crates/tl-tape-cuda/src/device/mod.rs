@@ -37,7 +37,9 @@ use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
 pub use bias::{Act, BiasLayout};
-pub use buffer::{Batch, Buffer, Gemm, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES};
+pub use buffer::{
+    Batch, Buffer, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES, WIDE_MIN_TILES,
+};
 use check::{BroadcastPlan, PermutePlan};
 pub use launch::Launch;
 pub use norm::NormLayout;

@@ -2,7 +2,7 @@
 //! argument checks that name the primitive, and primitives the tape ops do not reach (RNG,
 //! general permutations up to rank 8, matmul transpose flags, broadcast reduction order).
 
-use tl_tape_cuda::{Batch, Device, Error, Gemm, SimDevice, rng};
+use tl_tape_cuda::{Batch, Device, Error, Gemm, GemmTiles, SimDevice, rng};
 
 #[test]
 fn counts_of_two_to_the_32_are_refused_before_any_allocation() {
@@ -356,6 +356,30 @@ fn bias_epilogues_refuse_mismatched_operands_by_name() {
         assert!(msg.contains(op) && msg.contains(what), "{msg}");
     }
     assert_eq!(dev.live_buffers(), live, "nothing allocated");
+}
+
+/// `GemmTiles::Auto` takes the wide tiles once a launch has `WIDE_MIN_TILES` of them (the
+/// jobs of a batch or of a split product counted), the forced choices whatever the shape.
+#[test]
+fn the_automatic_gemm_tiling_goes_wide_for_large_launches_only() {
+    use tl_tape_cuda::device::WIDE_MIN_TILES;
+    assert_eq!(WIDE_MIN_TILES, 256, "the doc's measurements are for 256");
+    let auto = GemmTiles::Auto;
+    assert_eq!(auto.side(2048, 2048, 1), 128, "16 x 16 wide tiles");
+    assert_eq!(auto.side(2047, 2048, 1), 128, "partial tiles count");
+    assert_eq!(auto.side(1920, 2048, 1), 64, "15 x 16 = 240");
+    assert_eq!(auto.side(1024, 1024, 1), 64);
+    assert_eq!(auto.side(512, 512, 16), 128, "16 products of 4 x 4");
+    assert_eq!(auto.side(64, 784, 1), 64, "the mlp's first layer");
+    assert_eq!(auto.side(0, 4096, 1), 64, "nothing to tile");
+    assert_eq!(
+        auto.side(usize::MAX, usize::MAX, usize::MAX),
+        128,
+        "no overflow"
+    );
+    assert_eq!(GemmTiles::Narrow.side(4096, 4096, 1), 64);
+    assert_eq!(GemmTiles::Wide.side(1, 1, 1), 128);
+    assert_eq!(GemmTiles::default(), auto);
 }
 
 /// A product with few output tiles over a long `k` is two launches (the runs of `k`, then their

@@ -19,7 +19,7 @@ use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PoolKind, Windows};
 use tl_tape_cuda::{
-    Batch, Buffer, CudaDevice, Device, Error, Gemm, Result, SimDevice, determinism,
+    Batch, Buffer, CudaDevice, Device, Error, Gemm, GemmTiles, Result, SimDevice, determinism,
 };
 
 /// The CUDA device, or `None` (after saying so) when there is none.
@@ -483,6 +483,83 @@ fn matmul_acc_gives_the_bits_of_a_product_then_an_add_on_cuda() {
     let Some(mut cuda) = gpu() else { return };
     let bad = common::matmul_acc_mismatches(&mut cuda);
     assert!(bad.is_empty(), "matmul_acc on CUDA: {bad:?}");
+}
+
+/// Both tilings of the matrix product (`tl_gemm`'s 64×64 and `tl_gemm_wide`'s 128×128) give
+/// the sim's bits: partial tiles in both dimensions, `k` not a multiple of either k-slice,
+/// every transpose, a split `k`, head-merged operands, an accumulating product, and ±∞ and NaN
+/// among the inputs (a NaN matches any NaN, as the GPU's canonical NaN differs from the
+/// host's payload).
+#[test]
+fn both_gemm_tilings_give_the_sims_bits() {
+    let Some(mut cuda) = gpu() else { return };
+    let mut sim = SimDevice::new();
+    let _flag = common::flag_lock();
+    determinism::set_deterministic_reductions(true);
+    let mut r = Gen::new(0x7e57);
+    let mut data: Vec<f32> = (0..60_000).map(|_| r.range(-2.0, 2.0) as f32).collect();
+    data[5] = f32::INFINITY;
+    data[40_000] = f32::NEG_INFINITY;
+    data[40_007] = f32::NAN;
+    let mut bad = Vec::new();
+    for tiles in [GemmTiles::Narrow, GemmTiles::Wide] {
+        cuda.set_gemm_tiles(tiles);
+        let got = gemm_cases(&mut cuda, &data).unwrap();
+        let want = gemm_cases(&mut sim, &data).unwrap();
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            let diff = w
+                .iter()
+                .zip(g)
+                .filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+                .count();
+            if diff > 0 || w.len() != g.len() {
+                bad.push(format!("{tiles:?} {name}: {diff} of {} differ", w.len()));
+            }
+        }
+    }
+    cuda.set_gemm_tiles(GemmTiles::Auto);
+    assert_eq!(cuda.memory_usage().live_bytes, 0, "leaked on the GPU");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The products of [`both_gemm_tilings_give_the_sims_bits`] on `d`, named.
+fn gemm_cases<D: Device>(d: &mut D, data: &[f32]) -> Result<Vec<(String, Vec<f32>)>> {
+    // Operands of exactly `len` elements: a from the start of `data`, b from 30 000 on (the
+    // ±∞ at 5 and 40 000, the NaN at 40 007).
+    let operands = |d: &mut D, la: usize, lb: usize| -> Result<(Buffer, Buffer)> {
+        Ok((
+            d.upload(&data[..la])?,
+            d.upload(&data[30_000..30_000 + lb])?,
+        ))
+    };
+    let mut out = Vec::new();
+    let mut keep = |d: &mut D, name: String, bufs: [Buffer; 3]| -> Result<()> {
+        out.push((name, d.download(bufs[2])?));
+        d.release_all(bufs);
+        Ok(())
+    };
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let g = Gemm::nn(130, 37, 150).with_t(ta, tb);
+        let (a, b) = operands(d, 130 * 37, 37 * 150)?;
+        let c = d.matmul(a, b, g)?;
+        keep(d, format!("matmul 130x37x150 ta={ta} tb={tb}"), [a, b, c])?;
+    }
+    // Few tiles over a long k: split into runs (Gemm::k_chunk).
+    let g = Gemm::nn(20, 1000, 24);
+    assert!(g.k_splits(1) > 1, "the case must split");
+    let (a, b) = operands(d, 20 * 1000, 1000 * 24)?;
+    let c = d.matmul(a, b, g)?;
+    keep(d, "matmul split k".into(), [a, b, c])?;
+    // 2 groups of 3 heads, every operand head-merged, b transposed (attention's scores).
+    let bt = Batch::heads(2, 3, [true, true, true]);
+    let (a, b) = operands(d, 6 * 70 * 20, 6 * 40 * 20)?;
+    let c = d.bmm_heads(a, b, bt, Gemm::nn(70, 20, 40).with_t(false, true))?;
+    keep(d, "bmm_heads merged".into(), [a, b, c])?;
+    let (a, b) = operands(d, 130 * 37, 37 * 150)?;
+    let c = d.upload(&data[10_000..10_000 + 130 * 150])?;
+    d.matmul_acc(c, a, b, Gemm::nn(130, 37, 150))?;
+    keep(d, "matmul_acc".into(), [a, b, c])?;
+    Ok(out)
 }
 
 /// Every primitive against the sim twice: with deterministic reductions (bit for bit where no
