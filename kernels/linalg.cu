@@ -5,12 +5,14 @@
 // (batch, rows, cols), or head-merged (groups, rows, heads, cols) where its bit of `merged` is
 // set (bit 0 a, bit 1 b, bit 2 out; product z is head z % heads of group z / heads): `mat_at`,
 // the arithmetic of Batch::at in device/buffer.rs. Each output accumulates over p in increasing
-// order from 0 as acc + a*b with two roundings (--fmad=false), exactly as device/sim/linalg.rs:
-// tiling over k in order, and where the matrices lie, do not change the order.
+// order from 0 as fma(a, b, acc), one rounding a term (__fmaf_rn; f32::mul_add in
+// device/sim/linalg.rs, bit for bit): tiling over k in order, and where the matrices lie, do
+// not change the order. (The file is built with --fmad=false like every kernel: the fused
+// multiply-add is asked for, never contracted by the compiler.)
 //
 // Two tilings of the same arithmetic, each 256 threads (16 x 16) with TM x TN outputs a thread
 // in registers: `tl_gemm`, 64 x 64 outputs a block, 4 x 4 a thread, k in steps of 16; and
-// `tl_gemm_wide`, 128 x 128 a block, 8 x 8 a thread, k in steps of 8, for products with
+// `tl_gemm_wide`, 128 x 128 a block, 8 x 8 a thread, k in steps of 16, for products with
 // enough of its tiles to fill the device (device/cuda.rs, `GemmTiles`). Both stage the next
 // k-slice of op(a) and op(b) in registers while they multiply the current one out of one of
 // two shared buffers (one barrier a slice), and read global memory along each operand's
@@ -141,7 +143,7 @@ __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch
                 for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
                 for (int i = 0; i < TM; ++i)
                     for (int j = 0; j < TN; ++j)
-                        acc[i][j] = __fadd_rn(acc[i][j], __fmul_rn(ar[i], br[j]));
+                        acc[i][j] = __fmaf_rn(ar[i], br[j], acc[i][j]);
             }
             if (more) stage(buf ^ 1);
             __syncthreads();
@@ -170,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(256) tl_gemm(const float* a, const 
 extern "C" __global__ void __launch_bounds__(256, 2)
     tl_gemm_wide(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n,
                  u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {
-    gemm_tiles<128, 128, 8, 8, 8>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+    gemm_tiles<128, 128, 16, 8, 8>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
 }
 
 // The second kernel of a split product: out[z, e] (= or +=) the sum of the splits' runs

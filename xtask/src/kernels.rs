@@ -5,7 +5,7 @@
 //! (git-ignored with the rest of `target/`); the wheels put it at
 //! `site-packages/nvidia/cu13/bin/nvcc`. PTX is built for `compute_80` (Ampere and newer; the
 //! driver JITs it for the actual GPU, e.g. sm_90 on H100) with `--fmad=false`, so `acc + a·b`
-//! is two roundings as in the simulation device.
+//! is two roundings as in the simulation device (a fused multiply-add is written `__fmaf_rn`).
 //!
 //! `kernels/ptx/MANIFEST` holds, per source, the FNV-1a 64 hash of the `.cu` (followed by every
 //! shared `kernels/*.cuh` header, in name order) and of the PTX generated from it. `--check` needs no nvcc: it fails when a `.cu` has no entry, a hash

@@ -404,7 +404,7 @@ fn few_tile_products_split_k_in_two_launches_and_long_axis_sums_take_a_block() {
     for i in 0..m {
         for j in 0..n {
             let run = |p0: usize| {
-                (p0..(p0 + chunk).min(k)).fold(0.0f32, |s, p| s + a[i * k + p] * b[p * n + j])
+                (p0..(p0 + chunk).min(k)).fold(0.0f32, |s, p| a[i * k + p].mul_add(b[p * n + j], s))
             };
             let want = (0..k).step_by(chunk).fold(0.0f32, |s, p0| s + run(p0));
             assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "({i}, {j})");

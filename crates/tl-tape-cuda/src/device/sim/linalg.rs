@@ -1,6 +1,6 @@
 //! The matmul kernel's arithmetic: one output element per thread (a tiled kernel computes the
-//! same thing), accumulated over `k` in increasing order from `0.0` as `acc + a·b` with two
-//! roundings (no FMA). A product with few output tiles is split along `k`
+//! same thing), accumulated over `k` in increasing order from `0.0` as `fma(a, b, acc)`, one
+//! rounding a term (`f32::mul_add`; `__fmaf_rn` in the kernels). A product with few output tiles is split along `k`
 //! ([`Gemm::k_chunk`]): each run of `k` is summed that way from `0.0`, then the runs' sums are
 //! added in increasing order from `0.0` (the kernels `tl_gemm` and `tl_gemm_sum_splits`).
 
@@ -42,7 +42,7 @@ pub fn gemm(a: (&[f32], At), b: (&[f32], At), g: Gemm, batch: usize, out: (&mut 
                 for p in p0..p1 {
                     let av = a[pa.start + if ta { p * pa.ld + i } else { i * pa.ld + p }];
                     let bv = b[pb.start + if tb { j * pb.ld + p } else { p * pb.ld + j }];
-                    acc += av * bv;
+                    acc = av.mul_add(bv, acc);
                 }
                 acc
             };
@@ -100,6 +100,23 @@ mod tests {
     }
 
     #[test]
+    fn each_term_is_one_fused_multiply_add() {
+        // −1·1, then (1 + ε)(1 − ε) = 1 − ε² exactly: rounded on its own that product is 1 and
+        // the sum 0; one fused rounding keeps −ε².
+        let e = f32::EPSILON;
+        let mut out = [0.0f32];
+        gemm_dense(
+            &[-1.0, 1.0 + e],
+            &[1.0, 1.0 - e],
+            Gemm::nn(1, 2, 1),
+            1,
+            &mut out,
+        );
+        assert_eq!(out[0], -e * e, "fma(1+ε, 1−ε, −1)");
+        assert_eq!((1.0 + e) * (1.0 - e) - 1.0, 0.0, "two roundings lose it");
+    }
+
+    #[test]
     fn a_split_product_adds_the_runs_sums_in_order() {
         // One output over k = 4096 (one tile): split into runs of `k_chunk`.
         let k = 4096;
@@ -114,10 +131,10 @@ mod tests {
         let want = a
             .chunks(chunk)
             .zip(b.chunks(chunk))
-            .map(|(x, y)| x.iter().zip(y).fold(0.0f32, |s, (p, q)| s + p * q))
+            .map(|(x, y)| x.iter().zip(y).fold(0.0f32, |s, (p, q)| p.mul_add(*q, s)))
             .fold(0.0f32, |s, r| s + r);
         assert_eq!(out[0].to_bits(), want.to_bits());
-        let straight = a.iter().zip(&b).fold(0.0f32, |s, (p, q)| s + p * q);
+        let straight = a.iter().zip(&b).fold(0.0f32, |s, (p, q)| p.mul_add(*q, s));
         assert_ne!(
             want.to_bits(),
             straight.to_bits(),

@@ -30,9 +30,10 @@
 //! reduced axis for `reduce_axis_sum` (a long axis into few outputs: one block per output,
 //! [`axis_sum_by_block`]), over the cotangent elements that map to the output (in
 //! row-major order of the cotangent) for `reduce_broadcast`, over `k` for each matmul output
-//! (few output tiles: in runs of `k`, [`crate::device::Gemm::k_chunk`]). No fused multiply-add
-//! anywhere: the CUDA kernels use `__fmul_rn` / `__fadd_rn` so that
-//! `acc + a·b` is two roundings, as in Rust.
+//! (few output tiles: in runs of `k`, [`crate::device::Gemm::k_chunk`]; each term one fused
+//! multiply-add, `sim/linalg.rs`). No contracted multiply-add: the CUDA kernels use
+//! `__fmul_rn` / `__fadd_rn` (and `--fmad=false`) so that `acc + a·b` is two roundings, as in
+//! Rust, and write `__fmaf_rn` where `f32::mul_add` is meant.
 
 /// Threads per block.
 pub const BLOCK: usize = 256;
