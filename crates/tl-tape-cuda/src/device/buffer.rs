@@ -191,7 +191,7 @@ impl Batch {
 /// a thread), or `tl_gemm_wide`, 128×128 (8×8 a thread). Both sum every output in the same
 /// order, so the choice changes the time, never the bits (`kernels/linalg.cu`); the simulation
 /// device has one order and no tiles. Set per device with
-/// [`CudaDevice::set_gemm_tiles`](crate::CudaDevice::set_gemm_tiles).
+/// `CudaDevice::set_gemm_tiles` (features `cuda`, `cuda-emu`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum GemmTiles {
     /// Wide tiles where the launch has [`WIDE_MIN_TILES`] of them or more, else narrow (the
