@@ -243,9 +243,9 @@ impl<D: Device> CudaTape<D> {
     /// its result and a value of the same shape (a residual), both values come from one fused
     /// launch ([`Device::add_bias_act`], [`Device::add_bias_residual`]) with the bits of the
     /// separate ones; any other pair is two [`apply`](Self::apply) calls. The compiled
-    /// (linked) path reaches it through [`Recorder::apply_then`]. On error in a fused pair the
-    /// tape is unchanged and nothing is left allocated; an unfused pair errs as its two
-    /// `apply` calls do (the first node stays recorded when the second fails).
+    /// (linked) path reaches it through [`Recorder::apply_then`]. On error the tape is
+    /// unchanged and nothing is left allocated, fused or not (an unfused pair whose second
+    /// `apply` fails takes its first node back off).
     pub fn apply_then(
         &mut self,
         op: &Op,
@@ -290,12 +290,28 @@ impl<D: Device> CudaTape<D> {
         let Some((first, second)) = fused else {
             let a = self.apply(op, parents)?;
             let args = Then::resolve(next_args, a);
-            let b = self.apply(next, &args)?;
-            return Ok((a, b));
+            return match self.apply(next, &args) {
+                Ok(b) => Ok((a, b)),
+                Err(e) => {
+                    self.pop_last();
+                    Err(e)
+                }
+            };
         };
         let a = self.push(op, parents, first);
         let b = self.push(next, &Then::resolve(next_args, a), second);
         Ok((a, b))
+    }
+
+    /// Remove the last node (no node refers to it yet), releasing its workspace and the
+    /// value it owns: what an `apply` that must be undone leaves behind.
+    fn pop_last(&mut self) {
+        if let Some(n) = self.nodes.pop() {
+            self.dev.release_all(n.cleanup);
+            if n.owned {
+                self.dev.release(n.value.buffer());
+            }
+        }
     }
 
     /// Record the node `op(parents)` with its forward result; returns its id.

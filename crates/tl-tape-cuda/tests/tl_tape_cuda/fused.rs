@@ -158,3 +158,42 @@ fn a_failed_fused_pair_leaves_the_tape_unchanged() {
     assert!(e.to_string().contains("linear"), "{e}");
     assert_eq!((tape.len(), tape.device().live_buffers()), (3, live));
 }
+
+/// An unfused pair whose second op fails takes its first node back off: the tape and the
+/// device are as before the call.
+#[test]
+fn a_failed_unfused_pair_leaves_the_tape_unchanged() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let leaf = |tape: &mut CudaTape<SimDevice>, dims: &[usize]| {
+        tape.upload_leaf(&Tensor::<f64>::zeros(dims.to_vec()), None, true)
+            .unwrap()
+    };
+    let (w, b, x) = (
+        leaf(&mut tape, &[4, 2]),
+        leaf(&mut tape, &[4]),
+        leaf(&mut tape, &[5, 2]),
+    );
+    let odd = leaf(&mut tape, &[7]);
+    let live = tape.device().live_buffers();
+    let e = tape
+        .apply_then(
+            &Op::Linear,
+            &[w, b, x],
+            &Op::Add,
+            &[Then::First, Then::Id(odd)],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("add"), "{e}");
+    assert_eq!((tape.len(), tape.device().live_buffers()), (4, live));
+    // The tape still records: the same pair with a fitting operand.
+    let ok = leaf(&mut tape, &[5, 4]);
+    let (a, c) = tape
+        .apply_then(
+            &Op::Linear,
+            &[w, b, x],
+            &Op::Add,
+            &[Then::First, Then::Id(ok)],
+        )
+        .unwrap();
+    assert_eq!((a, c), (5, 6));
+}
