@@ -95,9 +95,32 @@ const SPLIT_ALIGN: usize = 16;
 
 /// The gemm crate (under faer) takes another k-blocking when both sides of a product are at
 /// most this (`kc = min(k, 512)` instead of its cache-derived `kc`), which changes the order of
-/// the sums over k. A split never crosses it: a block stays on the side of the whole product
-/// (`results_do_not_depend_on_the_thread_count` holds us to it).
+/// the sums over k.
 const GEMM_SMALL_SIDE: usize = 64;
+
+/// Outputs (rows × cols) up to which the gemm crate runs its "horizontal" kernels (each output
+/// a dot product over k in vector lanes, then summed across them) where the left operand's
+/// rows and the right one's columns are contiguous: another order of the sums. Seen on an AVX2
+/// host, where the mlp's `x·wᵀ` layout reaches it (AVX-512 copies `x` column-major first).
+const GEMM_HORIZONTAL_OUTPUTS: usize = 16 * 16;
+
+/// m·n·k up to which faer hands an f32/f64 product to nano-gemm, its small-product kernels.
+const NANO_GEMM_MNK: usize = 16 * 16 * 16;
+
+/// The kernel families an `(rows, k)·(k, cols)` product can take in faer and the gemm crate
+/// whose sums over k run in different orders: nano-gemm, a matrix-vector product (one side
+/// 1), the horizontal kernels, the small-side k-blocking. [`split_matmul`] cuts a product only
+/// where both blocks fall in the whole product's families, so the bits never depend on the
+/// thread count (`results_do_not_depend_on_the_thread_count` holds us to it).
+fn sum_order_family(rows: usize, cols: usize, k: usize) -> [bool; 4] {
+    let outputs = rows.saturating_mul(cols);
+    [
+        outputs.saturating_mul(k) <= NANO_GEMM_MNK,
+        rows <= 1 || cols <= 1,
+        outputs <= GEMM_HORIZONTAL_OUTPUTS,
+        rows <= GEMM_SMALL_SIDE && cols <= GEMM_SMALL_SIDE,
+    ]
+}
 
 /// `c ← alpha·a·b (+ c)` on `t` threads: the output's longer side is cut into `t` aligned
 /// blocks, each a sequential faer product on its own thread (rayon's pool). Each output element
@@ -114,10 +137,10 @@ fn split_matmul<E: faer::traits::ComplexField + Copy>(
     let (long, short) = (m.max(n), m.min(n));
     let t1 = t / 2;
     let mid = (long * t1 / t).div_ceil(SPLIT_ALIGN) * SPLIT_ALIGN;
-    let small = |side: usize| side <= GEMM_SMALL_SIDE;
-    // Both halves must be "small" exactly when the whole is (see GEMM_SMALL_SIDE).
-    let same_path =
-        small(short) && small(long) || !small(short) || !small(mid.min(long.saturating_sub(mid)));
+    // Both blocks must sum over k as the whole product does (sum_order_family).
+    let k = a.ncols();
+    let family = |side: usize| sum_order_family(side, short, k);
+    let same_path = family(mid) == family(long) && family(long.saturating_sub(mid)) == family(long);
     if t < 2 || mid == 0 || mid >= long || !same_path {
         faer::linalg::matmul::matmul(c, accum, a, b, alpha, Par::Seq);
         return;
