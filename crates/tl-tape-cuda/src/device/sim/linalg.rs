@@ -35,14 +35,21 @@ pub fn gemm(a: (&[f32], At), b: (&[f32], At), g: Gemm, batch: usize, out: (&mut 
     let Gemm { m, k, n, ta, tb } = g;
     let ((a, pa), (b, pb), (out, po)) = (a, b, out);
     let chunk = g.k_chunk(batch);
+    // Element (i, p) of op(a) at a_row·i + a_step·p, (p, j) of op(b) at b_step·p + b_col·j.
+    let (a_row, a_step) = if ta { (1, pa.ld) } else { (pa.ld, 1) };
+    let (b_step, b_col) = if tb { (1, pb.ld) } else { (pb.ld, 1) };
     for i in 0..m {
         for j in 0..n {
             let run = |p0: usize, p1: usize| {
+                let (mut ai, mut bi) = (
+                    pa.start + i * a_row + p0 * a_step,
+                    pb.start + p0 * b_step + j * b_col,
+                );
                 let mut acc = 0.0f32;
-                for p in p0..p1 {
-                    let av = a[pa.start + if ta { p * pa.ld + i } else { i * pa.ld + p }];
-                    let bv = b[pb.start + if tb { j * pb.ld + p } else { p * pb.ld + j }];
-                    acc = av.mul_add(bv, acc);
+                for _ in p0..p1 {
+                    acc = a[ai].mul_add(b[bi], acc);
+                    ai += a_step;
+                    bi += b_step;
                 }
                 acc
             };
