@@ -440,10 +440,10 @@ pub fn matmul<T: Scalar>(
 const TRANSPOSE_MIN_SIDE: usize = 16;
 
 /// Whether an `(m, k)·(k, n)` product with a column-major right-hand side (`x·wᵀ`) and a
-/// row-major output is made at the AVX-512 level by [`row_major_rhs`] (copy `wᵀ` row-major,
-/// k·n elements) or by [`column_major_product`] (copy `x` column-major and the output back,
-/// m·k + m·n elements, and the output in first too when the product is added to it): the
-/// fewer copied elements.
+/// row-major output is made by [`column_major_product`] (copy `x` column-major and the output
+/// back, m·k + m·n elements, and the output in first too when the product is added to it)
+/// rather than by [`row_major_rhs`] (copy `wᵀ` row-major, k·n elements) at the AVX-512 level
+/// or strided at AVX2: the fewer copied elements.
 fn column_major_cheaper(m: usize, k: usize, n: usize, accumulate: bool) -> bool {
     let outputs = m
         .saturating_mul(n)
@@ -452,8 +452,9 @@ fn column_major_cheaper(m: usize, k: usize, n: usize, accumulate: bool) -> bool 
 }
 
 /// `c ← alpha·a·b (+ c)` for a row-major `a`, a column-major `b` (a transposed row-major
-/// matrix: a linear layer's `x·wᵀ`) and a row-major `c`, all contiguous, at the AVX-512 level,
-/// every side at least [`TRANSPOSE_MIN_SIDE`], when [`column_major_cheaper`]: the whole
+/// matrix: a linear layer's `x·wᵀ`) and a row-major `c`, all contiguous, at the AVX-512 or
+/// AVX2 level ([`copies_pay`]), every side at least [`TRANSPOSE_MIN_SIDE`], when
+/// [`column_major_cheaper`]: the whole
 /// product in column-major form (faer's own layout), `a` copied column-major (and `c` too when
 /// accumulating, so the product is added to it inside the kernel as on the other paths) and
 /// the column-major result copied into `c`. Returns whether it did. A wide layer (k ≫ m, the
@@ -462,7 +463,10 @@ fn column_major_cheaper(m: usize, k: usize, n: usize, accumulate: bool) -> bool 
 /// against 293 (the copy of `wᵀ` alone 50), 64×256·256×256 78 against 87, on every shape
 /// measured where the rule chooses it but one (32×288·288×64, +5%), and the rule keeps the
 /// row-major copy on the shapes where that is faster (128×256·256×64: 39 against 44 µs;
-/// docs/performance.md). Each output is still one sum over k in the same order, added to `c`
+/// docs/performance.md). At AVX2 (with 8×8 register transposes) the rule's choices gain as
+/// much against the strided product: 64×784·784×256 289 against 325 µs, 64×256·256×256 100
+/// against 107, 16×512·512×512 93 against 170; where it declines, the strided product was
+/// the fastest there. Each output is still one sum over k in the same order, added to `c`
 /// by the kernel: the same bits (tested across levels and thread counts). On `threads` > 1
 /// the copies stay on the calling thread and the column-major product is split as any other
 /// ([`split_matmul`]): the two-thread mlp step took 0.524 ms against 0.595 with its products
@@ -482,8 +486,7 @@ fn column_major_product(
     let (m, k, n) = (a.rows, a.cols, b.cols);
     let sides = m.min(k).min(n) >= TRANSPOSE_MIN_SIDE;
     let layouts = a.cs == 1 && a.rs == k && b.rs == 1 && b.cs == k && c.cs == 1 && c.rs == n;
-    let avx512 = crate::simd::level() == crate::simd::Level::Avx512;
-    if !(sides && layouts && avx512 && column_major_cheaper(m, k, n, accumulate)) {
+    if !(sides && layouts && copies_pay() && column_major_cheaper(m, k, n, accumulate)) {
         return false;
     }
     let (Some(a_src), Some(c_dst)) = (
@@ -524,9 +527,19 @@ fn column_major_product(
     true
 }
 
+/// Whether [`column_major_product`]'s copies pay at the current level: at AVX-512 and AVX2,
+/// where [`crate::simd::transpose_f32`] moves whole register tiles (the baseline copies
+/// element by element: 0.55 ns an element, more than the product gains).
+fn copies_pay() -> bool {
+    use crate::simd::{Level, level};
+    matches!(level(), Level::Avx512 | Level::Avx2)
+}
+
 /// A row-major copy of a column-major right-hand side `b` (a transposed row-major matrix: the
 /// `x·wᵀ` of every linear layer) for a row-major output, at the AVX-512 level, when every side
-/// is at least [`TRANSPOSE_MIN_SIDE`]; `None` otherwise. The gemm crate packs such a `b` with
+/// is at least [`TRANSPOSE_MIN_SIDE`]; `None` otherwise. (At AVX2 the strided product was as
+/// fast or faster on every shape measured: 128×256·256×64 48.7 against 49.5–55 µs with the
+/// copy, 256×784·784×256 1.13 against 1.19–1.41 ms.) The gemm crate packs such a `b` with
 /// one scalar load per element (its row stride is not 1): 64×256×256 takes 124 µs that way and
 /// 85 µs with the copy (transpose included), 128×256×64 49 against 39 µs, and no measured shape
 /// of the steps loses more than noise (docs/performance.md). Below 16 a side, the gemm crate's
@@ -727,7 +740,8 @@ mod tests {
             let a: Vec<f32> = fill(m * k, 3).into_iter().map(|v| v as f32).collect();
             let b: Vec<f32> = fill(k * n, 4).into_iter().map(|v| v as f32).collect();
             // The same b stored transposed: a column-major right-hand side (x·wᵀ), which at
-            // AVX-512 takes the copied or the column-major path (column_major_product).
+            // AVX-512 takes the copied or the column-major path and AVX2 the column-major or
+            // the strided one (column_major_product).
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
             let run = |t: usize, accumulate: bool, transposed: bool| {
                 let prev = set_threads(t);

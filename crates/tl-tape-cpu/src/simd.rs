@@ -349,47 +349,80 @@ macro_rules! kernel {
 kernel!(MapSimd: Map1, ZipSimd: Map2, Zip3Simd: Map3);
 
 /// `dst ← srcᵀ`: `src` holds a row-major `(rows, cols)` matrix, `dst` receives the row-major
-/// `(cols, rows)` one (slices shorter than `rows · cols` leave `dst` unchanged). At the AVX-512
-/// level 16×16 tiles go through registers (16 row loads, four rounds of unpacks and lane
-/// shuffles, 16 whole-line stores); the edges, and every other level, copy element by element.
+/// `(cols, rows)` one (slices shorter than `rows · cols` leave `dst` unchanged). Square tiles go
+/// through registers, 16×16 at the AVX-512 level and 8×8 at AVX2 (one load a row, rounds of
+/// unpacks and lane shuffles, one whole-line store a column); the edges, and the baseline
+/// level, copy element by element.
 pub fn transpose_f32(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     let n = rows.saturating_mul(cols);
     if src.len() < n || dst.len() < n {
         return;
     }
-    let (mut r16, mut c16) = (0, 0);
+    let (mut rt, mut ct) = (0, 0);
     #[cfg(target_arch = "x86_64")]
-    if level() == Level::Avx512
-        && let Some(v4) = pulp::x86::V4::try_new()
     {
-        (r16, c16) = (rows / 16 * 16, cols / 16 * 16);
-        v4.vectorize(Tiles16 {
-            v4,
-            src,
-            rows: r16,
-            cols: c16,
-            stride: (cols, rows),
-            dst,
-        });
+        let tiles = (src, rows, cols, &mut *dst);
+        match level() {
+            Level::Avx512 => {
+                if let Some(v4) = pulp::x86::V4::try_new() {
+                    (rt, ct) = transpose_tiles(v4, tiles);
+                }
+            }
+            Level::Avx2 => {
+                if let Some(v3) = pulp::x86::V3::try_new() {
+                    (rt, ct) = transpose_tiles(v3, tiles);
+                }
+            }
+            Level::Scalar => {}
+        }
     }
     // The right edge of the tiled rows, then the rows below them (all of them if no tiles).
-    for i in 0..r16 {
-        for j in c16..cols {
+    for i in 0..rt {
+        for j in ct..cols {
             dst[j * rows + i] = src[i * cols + j];
         }
     }
-    for i in r16..rows {
+    for i in rt..rows {
         for (j, &v) in src[i * cols..(i + 1) * cols].iter().enumerate() {
             dst[j * rows + i] = v;
         }
     }
 }
 
-/// [`transpose_f32`]'s tiles: the top-left `rows × cols` block (multiples of 16) of a source
-/// with row stride `stride.0`, into a destination with row stride `stride.1`.
+/// A level's square register transpose: [`Tile::SIDE`] rows of `src` (row stride `ss`) become
+/// as many rows of `dst` (row stride `ds`).
 #[cfg(target_arch = "x86_64")]
-struct Tiles16<'a> {
-    v4: pulp::x86::V4,
+trait Tile: pulp::Simd {
+    /// The tile's side: one register's lanes.
+    const SIDE: usize;
+    /// Transpose the `SIDE × SIDE` tile at the start of `src` into the start of `dst`.
+    fn tile(self, src: &[f32], ss: usize, dst: &mut [f32], ds: usize);
+}
+
+/// [`transpose_f32`]'s tiled part at `simd`'s level: the top-left block whose sides are
+/// multiples of [`Tile::SIDE`]; returns its sides.
+#[cfg(target_arch = "x86_64")]
+fn transpose_tiles<S: Tile>(
+    simd: S,
+    (src, rows, cols, dst): (&[f32], usize, usize, &mut [f32]),
+) -> (usize, usize) {
+    let (rt, ct) = (rows / S::SIDE * S::SIDE, cols / S::SIDE * S::SIDE);
+    simd.vectorize(Tiles {
+        simd,
+        src,
+        rows: rt,
+        cols: ct,
+        stride: (cols, rows),
+        dst,
+    });
+    (rt, ct)
+}
+
+/// [`transpose_f32`]'s tiles: the top-left `rows × cols` block (multiples of the tile's side)
+/// of a source with row stride `stride.0`, into a destination with row stride `stride.1`.
+#[cfg(target_arch = "x86_64")]
+struct Tiles<'a, S> {
+    simd: S,
     src: &'a [f32],
     rows: usize,
     cols: usize,
@@ -398,16 +431,15 @@ struct Tiles16<'a> {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Kernel for Tiles16<'_> {
+impl<S: Tile> Kernel for Tiles<'_, S> {
     type Output = ();
 
     #[inline(always)]
     fn call(self) {
         let (ss, ds) = self.stride;
-        for i0 in (0..self.rows).step_by(16) {
-            for j0 in (0..self.cols).step_by(16) {
-                tile16(
-                    self.v4,
+        for i0 in (0..self.rows).step_by(S::SIDE) {
+            for j0 in (0..self.cols).step_by(S::SIDE) {
+                self.simd.tile(
                     &self.src[i0 * ss + j0..],
                     ss,
                     &mut self.dst[j0 * ds + i0..],
@@ -418,62 +450,124 @@ impl Kernel for Tiles16<'_> {
     }
 }
 
-/// One 16×16 tile: rows of `src` (stride `ss`) become rows of `dst` (stride `ds`).
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn tile16(v4: pulp::x86::V4, src: &[f32], ss: usize, dst: &mut [f32], ds: usize) {
-    use core::arch::x86_64::__m512;
-    let a = v4.avx512f;
-    let r: [__m512; 16] = core::array::from_fn(|i| {
-        let mut row = [0.0f32; 16];
-        row.copy_from_slice(&src[i * ss..i * ss + 16]);
-        pulp::cast(row)
-    });
-    // Rows 2i, 2i+1 interleaved by pairs, then rows 4g..4g+4 by fours: u[4g + j] holds, in its
-    // 128-bit lane L, rows 4g..4g+4 of column 4L + j.
-    let t: [__m512; 16] = core::array::from_fn(|i| {
-        let (x, y) = (r[i & !1], r[i | 1]);
-        if i % 2 == 0 {
-            a._mm512_unpacklo_ps(x, y)
-        } else {
-            a._mm512_unpackhi_ps(x, y)
+impl Tile for pulp::x86::V4 {
+    const SIDE: usize = 16;
+
+    /// Rows 2i, 2i+1 interleaved by pairs, then by fours, then 128-bit lanes gathered across
+    /// the four row groups.
+    #[inline(always)]
+    fn tile(self, src: &[f32], ss: usize, dst: &mut [f32], ds: usize) {
+        use core::arch::x86_64::__m512;
+        let a = self.avx512f;
+        let r: [__m512; 16] = core::array::from_fn(|i| {
+            let mut row = [0.0f32; 16];
+            row.copy_from_slice(&src[i * ss..i * ss + 16]);
+            pulp::cast(row)
+        });
+        // Rows 2i, 2i+1 interleaved by pairs, then rows 4g..4g+4 by fours: u[4g + j] holds,
+        // in its 128-bit lane L, rows 4g..4g+4 of column 4L + j.
+        let t: [__m512; 16] = core::array::from_fn(|i| {
+            let (x, y) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                a._mm512_unpacklo_ps(x, y)
+            } else {
+                a._mm512_unpackhi_ps(x, y)
+            }
+        });
+        let u: [__m512; 16] = core::array::from_fn(|i| {
+            let (g, j) = (i / 4, i % 4);
+            let x = a._mm512_castps_pd(t[4 * g + j / 2]);
+            let y = a._mm512_castps_pd(t[4 * g + 2 + j / 2]);
+            a._mm512_castpd_ps(if j % 2 == 0 {
+                a._mm512_unpacklo_pd(x, y)
+            } else {
+                a._mm512_unpackhi_pd(x, y)
+            })
+        });
+        // Lanes gathered across the four row groups: column c's 16 rows in one register.
+        for j in 0..4 {
+            let lo = a._mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+            let hi = a._mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
+            let lo2 = a._mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+            let hi2 = a._mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
+            let cols = [
+                (j, a._mm512_shuffle_f32x4::<0x88>(lo, lo2)),
+                (8 + j, a._mm512_shuffle_f32x4::<0xdd>(lo, lo2)),
+                (4 + j, a._mm512_shuffle_f32x4::<0x88>(hi, hi2)),
+                (12 + j, a._mm512_shuffle_f32x4::<0xdd>(hi, hi2)),
+            ];
+            for (c, v) in cols {
+                let out: [f32; 16] = pulp::cast(v);
+                dst[c * ds..c * ds + 16].copy_from_slice(&out);
+            }
         }
-    });
-    let u: [__m512; 16] = core::array::from_fn(|i| {
-        let (g, j) = (i / 4, i % 4);
-        let x = a._mm512_castps_pd(t[4 * g + j / 2]);
-        let y = a._mm512_castps_pd(t[4 * g + 2 + j / 2]);
-        a._mm512_castpd_ps(if j % 2 == 0 {
-            a._mm512_unpacklo_pd(x, y)
-        } else {
-            a._mm512_unpackhi_pd(x, y)
-        })
-    });
-    // Lanes gathered across the four row groups: column c's 16 rows in one register.
-    for j in 0..4 {
-        let lo = a._mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
-        let hi = a._mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
-        let lo2 = a._mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
-        let hi2 = a._mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
-        let cols = [
-            (j, a._mm512_shuffle_f32x4::<0x88>(lo, lo2)),
-            (8 + j, a._mm512_shuffle_f32x4::<0xdd>(lo, lo2)),
-            (4 + j, a._mm512_shuffle_f32x4::<0x88>(hi, hi2)),
-            (12 + j, a._mm512_shuffle_f32x4::<0xdd>(hi, hi2)),
-        ];
-        for (c, v) in cols {
-            let out: [f32; 16] = pulp::cast(v);
-            dst[c * ds..c * ds + 16].copy_from_slice(&out);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tile for pulp::x86::V3 {
+    const SIDE: usize = 8;
+
+    /// Rows 2i, 2i+1 interleaved by pairs, then by fours within each 128-bit lane, then the
+    /// two lanes of the two row groups swapped into place.
+    #[inline(always)]
+    fn tile(self, src: &[f32], ss: usize, dst: &mut [f32], ds: usize) {
+        use core::arch::x86_64::__m256;
+        let a = self.avx;
+        let r: [__m256; 8] = core::array::from_fn(|i| {
+            let mut row = [0.0f32; 8];
+            row.copy_from_slice(&src[i * ss..i * ss + 8]);
+            pulp::cast(row)
+        });
+        let t: [__m256; 8] = core::array::from_fn(|i| {
+            let (x, y) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                a._mm256_unpacklo_ps(x, y)
+            } else {
+                a._mm256_unpackhi_ps(x, y)
+            }
+        });
+        // u[4g + j] holds, in its 128-bit lane L, rows 4g..4g+4 of column 4L + j.
+        let u: [__m256; 8] = core::array::from_fn(|i| {
+            let (g, j) = (i / 4, i % 4);
+            let (x, y) = (t[4 * g + j / 2], t[4 * g + 2 + j / 2]);
+            if j % 2 == 0 {
+                a._mm256_shuffle_ps::<0x44>(x, y)
+            } else {
+                a._mm256_shuffle_ps::<0xee>(x, y)
+            }
+        });
+        // Column j: lane 0 of both row groups; column 4 + j: lane 1 of both.
+        for j in 0..4 {
+            let cols = [
+                (j, a._mm256_permute2f128_ps::<0x20>(u[j], u[4 + j])),
+                (4 + j, a._mm256_permute2f128_ps::<0x31>(u[j], u[4 + j])),
+            ];
+            for (c, v) in cols {
+                let out: [f32; 8] = pulp::cast(v);
+                dst[c * ds..c * ds + 8].copy_from_slice(&out);
+            }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Held by every unit test that changes the process-wide level, so that none changes it
+    /// under another (the levels test asserts the level it set).
+    pub(crate) static LEVEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Take [`LEVEL`] (a test that failed while holding it does not poison the others).
+    pub(crate) fn hold_level() -> std::sync::MutexGuard<'static, ()> {
+        LEVEL.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     #[test]
     fn levels_can_be_forced_and_restored_and_unavailable_ones_are_refused() {
+        let _level = hold_level();
         let all = Level::available();
         assert_eq!(all[0], Level::Scalar);
         for &l in &all {
@@ -493,6 +587,7 @@ mod tests {
 
     #[test]
     fn transpose_at_every_level_and_shape() {
+        let _level = hold_level();
         for &l in &Level::available() {
             assert!(set_level(Some(l)));
             let shapes = [
@@ -500,6 +595,8 @@ mod tests {
                 (1, 1),
                 (3, 5),
                 (16, 16),
+                (8, 8),
+                (9, 24),
                 (7, 13),
                 (17, 33),
                 (64, 48),

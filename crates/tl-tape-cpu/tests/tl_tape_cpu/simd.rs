@@ -124,7 +124,7 @@ fn every_simd_level_gives_the_baseline_bits() {
                 edgy(&mut rng, &[n, 40], 2.0),
             ],
         ),
-        // A wide x·wᵀ (k ≫ m): at AVX-512 x and the bias-filled output are copied
+        // A wide x·wᵀ (k ≫ m): at AVX-512 and AVX2 x and the bias-filled output are copied
         // column-major, the product is added in column-major form and the result copied back
         // (gemm::column_major_product); k = 600 spans more than one of the kernel's k blocks.
         (
