@@ -1,16 +1,16 @@
 //! The FNO's data: the 1-D viscous Burgers' equation `u_t + u u_x = ν u_xx` on the periodic
 //! interval [0, 2π), solved pseudo-spectrally on a uniform grid.
 //!
-//! - Space: real FFT (`realfft`), wavenumbers k = 0..=grid/2; the nonlinear term in
-//!   conservative form `−(ik/2)·FFT(u²)`, dealiased by the 2/3 rule (bins k > grid/3 zeroed).
+//! - Space: real FFT (`realfft`, planned in `tl_fft`), wavenumbers k = 0..=grid/2; the nonlinear
+//!   term in conservative form `−(ik/2)·FFT(u²)`, dealiased by the 2/3 rule (bins k > grid/3
+//!   zeroed).
 //! - Time: fourth-order Runge–Kutta with an integrating factor `e^{−νk²t}` for the stiff viscous
 //!   term (IFRK4), fixed step `dt`.
 //! - Initial conditions: random smooth fields `Σ_{k=1..4} (a_k cos kx + b_k sin kx)/k²`, with
 //!   a_k, b_k uniform in ±1 from a fixed seed, scaled to a maximum of 1 on the grid.
 
-use realfft::num_complex::Complex;
-use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
 use std::sync::Arc;
+use tl_fft::{Complex, ComplexToReal, Real, RealToComplex};
 
 use tl_session::models::SplitMix;
 
@@ -34,12 +34,12 @@ pub struct Solver {
 impl Solver {
     /// A solver on `grid` (even, ≥ 4) points with viscosity `nu`.
     pub fn new(grid: usize, nu: f64) -> Self {
-        let mut planner = RealFftPlanner::<f64>::new();
+        let plans = f64::plans(grid);
         Solver {
             grid,
             nu,
-            fwd: planner.plan_fft_forward(grid),
-            inv: planner.plan_fft_inverse(grid),
+            fwd: plans.forward,
+            inv: plans.inverse,
         }
     }
 

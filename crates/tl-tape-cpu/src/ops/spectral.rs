@@ -1,19 +1,19 @@
 //! `spectralConv1dRfft`: the FNO spectral convolution.
 //!
-//! For `f32` and `f64` (every scalar type the tapes use) the kernel is `fft`: a real FFT of
-//! each channel through `realfft`/`rustfft`, the per-mode complex channel mix, inverse real
-//! FFTs. Any other `Scalar` type falls back to a direct DFT over the kept modes only (`Plan`:
-//! cost `2·N·M·W` per transform, cos/sin tables built once per call from the N twiddles of the
-//! grid, angle index `(k·t) mod N`, the inverse's `α_k/N` folded in). Both were measured at FNO
-//! sizes (`benches/spectral.rs`): the FFT ties or wins from grid 64 × width 64 on and is
-//! 1.35–2.2× faster at grid 256; figures in docs/semantics.md ("## Spectral").
+//! For `f32` and `f64` (every scalar type the tapes use) the kernel is `fft`: a real FFT of each
+//! channel through `realfft`/`rustfft` (planned in `tl_fft`), the per-mode complex channel mix,
+//! inverse real FFTs. Any other `Scalar` type falls back to a direct DFT over the kept modes only
+//! (`Plan`: cost `2·N·M·W` per transform, cos/sin tables built once per call from the N twiddles of
+//! the grid, angle index `(k·t) mod N`, the inverse's `α_k/N` folded in). Both were measured at FNO
+//! sizes (`benches/spectral.rs`): the FFT ties or wins from grid 64 × width 64 on and is 1.35–2.2×
+//! faster at grid 256; figures in docs/semantics.md ("## Spectral").
 
 mod fft;
 
 use std::any::Any;
 
-use realfft::FftNum;
 use smallvec::smallvec;
+use tl_fft::Real;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
@@ -197,7 +197,7 @@ fn fft_backward_f64(
     fft_backward(x, g, n, w, m)
 }
 
-fn fft_forward<F: Scalar + FftNum>(
+fn fft_forward<F: Scalar + Real>(
     x: &[&Tensor<F>],
     n: usize,
     w: usize,
@@ -216,7 +216,7 @@ fn fft_forward<F: Scalar + FftNum>(
     tensor(x[0].shape().clone(), y)
 }
 
-fn fft_backward<F: Scalar + FftNum>(
+fn fft_backward<F: Scalar + Real>(
     x: &[&Tensor<F>],
     g: &Tensor<F>,
     n: usize,

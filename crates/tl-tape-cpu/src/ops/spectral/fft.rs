@@ -1,5 +1,6 @@
 //! The f32/f64 path of `spectralConv1dRfft`: real FFTs of each channel through `realfft`
-//! (`rustfft`), then the complex mix of the first `modes` bins, then inverse real FFTs.
+//! (`rustfft`, planned in `tl_fft`), then the complex mix of the first `modes` bins, then
+//! inverse real FFTs.
 //!
 //! With `G = rfft` (unnormalized) and `H = irfft` (unnormalized, counting non-edge bins twice
 //! and ignoring the DC/Nyquist imaginary parts, as realfft's complex-to-real transform does):
@@ -7,15 +8,14 @@
 //! `dW[k,c,o] = conj(X[k,c])·gZ[k,o]`, `gX[k,c] = Σ_o gZ[k,o]·conj(W[k,c,o])` and
 //! `dx = H(gX/α_k)`, which is the transpose of the kept-bin DFT.
 
-use realfft::num_complex::Complex;
-use realfft::{ComplexToReal, FftNum, RealFftPlanner, RealToComplex};
 use std::sync::Arc;
+use tl_fft::{Complex, ComplexToReal, Real, RealToComplex};
 use tl_spec::{Error as SpecError, Scalar};
 
 use crate::Result;
 
 /// Plans and buffers for one call (grid `n`, width `w`, `m` kept modes).
-pub(super) struct Fft<F: FftNum> {
+pub(super) struct Fft<F: Real> {
     n: usize,
     w: usize,
     m: usize,
@@ -25,14 +25,16 @@ pub(super) struct Fft<F: FftNum> {
     spec: Vec<Complex<F>>,
 }
 
-fn fft_err(e: realfft::FftError) -> crate::Error {
+fn fft_err(e: tl_fft::FftError) -> crate::Error {
     SpecError::param("spectralConv1dRfft", format!("FFT failed: {e}")).into()
 }
 
-impl<F: FftNum + Scalar> Fft<F> {
+impl<F: Real + Scalar> Fft<F> {
     pub(super) fn new(n: usize, w: usize, m: usize) -> Self {
-        let mut p = RealFftPlanner::<F>::new();
-        let (fwd, inv) = (p.plan_fft_forward(n), p.plan_fft_inverse(n));
+        let tl_fft::Plans {
+            forward: fwd,
+            inverse: inv,
+        } = F::plans(n);
         Fft {
             n,
             w,
