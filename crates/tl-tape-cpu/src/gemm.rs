@@ -454,10 +454,9 @@ fn column_major_cheaper(m: usize, k: usize, n: usize, accumulate: bool) -> bool 
 /// `c ← alpha·a·b (+ c)` for a row-major `a`, a column-major `b` (a transposed row-major
 /// matrix: a linear layer's `x·wᵀ`) and a row-major `c`, all contiguous, at the AVX-512 or
 /// AVX2 level ([`copies_pay`]), every side at least [`TRANSPOSE_MIN_SIDE`], when
-/// [`column_major_cheaper`]: the whole
-/// product in column-major form (faer's own layout), `a` copied column-major (and `c` too when
-/// accumulating, so the product is added to it inside the kernel as on the other paths) and
-/// the column-major result copied into `c`. Returns whether it did. A wide layer (k ≫ m, the
+/// [`column_major_cheaper`]: the whole product in column-major form (faer's own layout), `a`
+/// copied column-major (and `c` too when accumulating, so the product is added to it inside
+/// the kernel as on the other paths) and the column-major result copied into `c`. Returns whether it did. A wide layer (k ≫ m, the
 /// mlp's 784 inputs for a batch of 64) then copies 64×784 + 64×256 elements instead of the
 /// 256×784 of `wᵀ`, and the gemm crate runs its fastest layout: 64×784·784×256 took 239 µs
 /// against 293 (the copy of `wᵀ` alone 50), 64×256·256×256 78 against 87, on every shape
