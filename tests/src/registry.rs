@@ -179,11 +179,14 @@ impl OpInfo {
 /// exhaustive match) and [`all`] (every entry, in declaration order).
 macro_rules! registry {
     ($($pat:pat => $entry:expr),+ $(,)?) => {
-        /// The registry entry for `op`'s variant. The `match` is exhaustive and has no wildcard
-        /// arm: a new `Op` variant fails to compile until the registry has an entry for it.
-        pub fn entry_of(op: &Op) -> OpInfo {
+        /// The registry entry for `op`'s variant; `None` for a user op ([`Op::User`]), whose
+        /// entry is the user's own ([`crate::user::UserEntry`]). The `match` is exhaustive
+        /// and has no wildcard arm: a new `Op` variant fails to compile until the registry has
+        /// an entry for it.
+        pub fn entry_of(op: &Op) -> Option<OpInfo> {
             match op {
-                $($pat => $entry,)+
+                $($pat => Some($entry),)+
+                Op::User(_) => None,
             }
         }
 

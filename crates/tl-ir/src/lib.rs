@@ -8,6 +8,7 @@
 //! - [`Recorder`] and [`GraphData::replay`]: compile a graph into any tape.
 //! - [`rules`]: each op's reference value, VJP and JVP, one match per face.
 //! - [`compose`]: composite ops recorded from primitive ones (multi-head attention).
+//! - [`user`]: ops defined outside the catalogue ([`UserOp`], held by [`Op::User`]).
 
 mod backprop;
 pub mod compose;
@@ -19,9 +20,11 @@ mod op;
 mod op_windowed;
 mod replay;
 pub mod rules;
+pub mod user;
 
 pub use error::{Error, Result};
 pub use graph::{GraphBuilder, GraphData, Id, Leaf, Node};
 pub use op::{Family, Op};
 pub use replay::{Recorder, Then};
 pub use tl_spec::{Scalar, Shape, Tensor};
+pub use user::{Param, UserOp, UserOpRef};

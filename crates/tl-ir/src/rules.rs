@@ -13,7 +13,7 @@ use tl_spec::ops::{activation as act, concat, cross_entropy as ce};
 use tl_spec::ops::{elementwise as ew, linalg, loss, random, reduce, shape, softmax, spectral};
 use tl_spec::{Scalar, Tensor, broadcast};
 
-use crate::{Error, Op, Result};
+use crate::{Error, Op, Result, user};
 
 /// The operands of one op application, in [`Op`] operand order.
 type Args<'a, T> = &'a [&'a Tensor<T>];
@@ -181,6 +181,9 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
             seed,
             counter,
         } => Ok(random::dropout(x[0], *keep, *seed, *counter)),
+        User(u) => u
+            .value(x)
+            .and_then(|y| user::check_shape(u, "reference value", y, &out)),
     };
     Ok(y?)
 }
@@ -336,6 +339,9 @@ pub fn vjp<T: Scalar>(
             seed,
             counter,
         } => one(random::dropout_vjp(x[0], *keep, *seed, *counter, g)),
+        User(u) => u
+            .vjp(x, g)
+            .and_then(|d| user::check_grads(u, "reference VJP", x, d)),
     };
     Ok(grads?)
 }
@@ -484,6 +490,9 @@ pub fn jvp<T: Scalar>(
             seed,
             counter,
         } => random::dropout_jvp(x[0], *keep, *seed, *counter, dx[0]),
+        User(u) => u
+            .jvp(x, dx)
+            .and_then(|t| user::check_shape(u, "reference JVP", t, &out)),
     };
     Ok(t?)
 }

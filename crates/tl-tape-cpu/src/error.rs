@@ -43,14 +43,6 @@ pub enum Error {
         /// The count given.
         got: usize,
     },
-    /// A user-defined op failed.
-    #[error("{op}: {detail}")]
-    Custom {
-        /// The custom op's name.
-        op: String,
-        /// What went wrong.
-        detail: String,
-    },
 }
 
 impl From<tl_spec::Error> for Error {

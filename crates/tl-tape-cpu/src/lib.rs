@@ -12,14 +12,12 @@
 //! - [`par`]: independent rows (pool planes, conv batch entries) split across those threads.
 //! - [`simd`]: the instruction set of the element-wise loops, chosen at run time (AVX-512,
 //!   AVX2 or the baseline; `TL_SIMD` / [`simd::set_level`] force one).
-//! - [`CustomOp`] / [`ClosureOp`]: user-defined ops.
 //! - [`Error`]: names the op and the shapes.
 
 // `Error` carries shapes inline (two `Shape`s, each a small vector), so it exceeds clippy's
 // 128-byte threshold for `Result<_, Error>`. Errors are the cold path and the type is public API
 // shared with the IR's error; boxing it is a separate, coordinated change.
 
-mod custom;
 mod error;
 pub mod gemm;
 // Compiled only where rustc shares generics between crates (the dev and test profiles).
@@ -31,7 +29,6 @@ pub mod par;
 pub mod simd;
 mod tape;
 
-pub use custom::{ClosureOp, CustomOp};
 pub use error::{Error, Result};
 pub use gemm::{set_threads, threads};
 pub use tape::{Id, Node, NodeKind, Tape};

@@ -18,29 +18,26 @@ use tl_ir::{Op, Recorder};
 use tl_spec::pool::{self, Pool, PoolStats};
 use tl_spec::{Scalar, Shape, Tensor};
 
-use crate::{CustomOp, Error, Result, ops};
+use crate::{Error, Result, ops};
 
 /// A node id on the tape.
 pub type Id = usize;
 
 /// What produced a node's value.
-#[derive(Clone)]
-pub enum NodeKind<T: Scalar> {
+#[derive(Clone, Debug)]
+pub enum NodeKind {
     /// A leaf (input or parameter).
     Leaf,
-    /// A built-in op.
+    /// An op of [`tl_ir::Op`], user ops ([`Op::User`]) included.
     Op(Op),
-    /// A user-defined op.
-    Custom(Arc<dyn CustomOp<T>>),
 }
 
-impl<T: Scalar> NodeKind<T> {
+impl NodeKind {
     /// The op's name (`"leaf"` for leaves).
     pub fn name(&self) -> &str {
         match self {
             NodeKind::Leaf => "leaf",
             NodeKind::Op(op) => op.name(),
-            NodeKind::Custom(c) => c.name(),
         }
     }
 }
@@ -48,7 +45,7 @@ impl<T: Scalar> NodeKind<T> {
 /// One recorded computation step.
 #[derive(Clone)]
 pub struct Node<T: Scalar> {
-    kind: NodeKind<T>,
+    kind: NodeKind,
     parents: SmallVec<[Id; 3]>,
     value: Tensor<T>,
     requires_grad: bool,
@@ -62,7 +59,7 @@ pub struct Node<T: Scalar> {
 
 impl<T: Scalar> Node<T> {
     /// What produced the node.
-    pub fn kind(&self) -> &NodeKind<T> {
+    pub fn kind(&self) -> &NodeKind {
         &self.kind
     }
     /// Parent ids, in operand order.
@@ -293,7 +290,7 @@ impl<T: Scalar> Tape<T> {
 
     fn push(
         &mut self,
-        kind: NodeKind<T>,
+        kind: NodeKind,
         parents: &[Id],
         value: Tensor<T>,
         differentiable: bool,
@@ -358,28 +355,6 @@ impl<T: Scalar> Tape<T> {
             op.is_differentiable(),
             saved,
         ))
-    }
-
-    /// Apply a user-defined op; its declared output shape is checked against its forward value.
-    pub fn apply_custom(&mut self, op: Arc<dyn CustomOp<T>>, parents: &[Id]) -> Result<Id> {
-        let value = {
-            let inputs = self.inputs(op.name(), parents)?;
-            let shapes: SmallVec<[&Shape; 3]> = inputs.iter().map(|t| t.shape()).collect();
-            let shape = op.infer_shape(&shapes)?;
-            let mut pool = self.pool();
-            let _installed = pool::install(&mut pool);
-            let value = op.forward(&inputs)?;
-            if value.shape() != &shape {
-                return Err(Error::Shape {
-                    what: format!("{} forward", op.name()),
-                    id: self.nodes.len(),
-                    expected: shape,
-                    got: value.shape().clone(),
-                });
-            }
-            value
-        };
-        Ok(self.push(NodeKind::Custom(op), parents, value, true, Vec::new()))
     }
 
     /// Dense reverse accumulation: gradients of `out` (cotangent `seed`) for every node id.
@@ -529,7 +504,6 @@ impl<T: Scalar> Tape<T> {
                         ops::backward_needed(op, &inputs, &node.value, g, &needed, nats, saved)?
                     }
                 }
-                NodeKind::Custom(c) => c.backward(&inputs, &node.value, g)?.into_iter().collect(),
                 NodeKind::Leaf => unreachable!("leaves are skipped above"),
             };
             if contribs.len() > node.parents.len() {

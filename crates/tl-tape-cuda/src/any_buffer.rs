@@ -53,7 +53,7 @@ impl AnyBuffer {
     }
 
     /// Upload a host tensor (converted to the f32 wire format; see [`crate::wire`]).
-    pub fn upload<T: Scalar, D: Device>(dev: &mut D, t: &Tensor<T>) -> Result<AnyBuffer> {
+    pub fn upload<T: Scalar, D: Device + ?Sized>(dev: &mut D, t: &Tensor<T>) -> Result<AnyBuffer> {
         let data = wire::to_wire("upload", t.data())?;
         let buf = dev.upload(&data)?;
         Ok(AnyBuffer {
@@ -65,7 +65,10 @@ impl AnyBuffer {
     /// [`upload`](Self::upload), except that a tensor whose elements are all the same (on the
     /// wire, bit for bit: a backward seed of ones) is filled on the device instead: one kernel
     /// launch rather than a host-to-device copy.
-    pub fn upload_or_fill<T: Scalar, D: Device>(dev: &mut D, t: &Tensor<T>) -> Result<AnyBuffer> {
+    pub fn upload_or_fill<T: Scalar, D: Device + ?Sized>(
+        dev: &mut D,
+        t: &Tensor<T>,
+    ) -> Result<AnyBuffer> {
         let data = wire::to_wire("upload", t.data())?;
         let buf = match data.split_first() {
             Some((&v, rest)) if rest.iter().all(|r| r.to_bits() == v.to_bits()) => {
@@ -80,7 +83,7 @@ impl AnyBuffer {
     }
 
     /// A buffer of zeros of `shape`.
-    pub fn zeros<D: Device>(dev: &mut D, shape: &Shape) -> Result<AnyBuffer> {
+    pub fn zeros<D: Device + ?Sized>(dev: &mut D, shape: &Shape) -> Result<AnyBuffer> {
         let buf = dev.zeros(shape.numel())?;
         Ok(AnyBuffer {
             shape: shape.clone(),
@@ -89,7 +92,7 @@ impl AnyBuffer {
     }
 
     /// A buffer of `shape` filled with `v`.
-    pub fn full<D: Device>(dev: &mut D, shape: &Shape, v: f32) -> Result<AnyBuffer> {
+    pub fn full<D: Device + ?Sized>(dev: &mut D, shape: &Shape, v: f32) -> Result<AnyBuffer> {
         let buf = dev.full(shape.numel(), v)?;
         Ok(AnyBuffer {
             shape: shape.clone(),
@@ -98,7 +101,7 @@ impl AnyBuffer {
     }
 
     /// Download into a host tensor of scalar type `T` (widened from f32 exactly).
-    pub fn download<T: Scalar, D: Device>(&self, dev: &D) -> Result<Tensor<T>> {
+    pub fn download<T: Scalar, D: Device + ?Sized>(&self, dev: &D) -> Result<Tensor<T>> {
         let data = dev.download(self.buf)?;
         if data.len() != self.shape.numel() {
             return Err(Error::Count {
@@ -114,7 +117,7 @@ impl AnyBuffer {
     }
 
     /// A fresh copy (device to device) with the same shape (TorchLean's checked copy).
-    pub fn copy<D: Device>(&self, dev: &mut D) -> Result<AnyBuffer> {
+    pub fn copy<D: Device + ?Sized>(&self, dev: &mut D) -> Result<AnyBuffer> {
         let buf = dev.copy(self.buf)?;
         Ok(AnyBuffer {
             shape: self.shape.clone(),
@@ -123,7 +126,7 @@ impl AnyBuffer {
     }
 
     /// Release the buffer; returns whether a live allocation was freed (idempotent).
-    pub fn release<D: Device>(&self, dev: &mut D) -> bool {
+    pub fn release<D: Device + ?Sized>(&self, dev: &mut D) -> bool {
         dev.release(self.buf)
     }
 

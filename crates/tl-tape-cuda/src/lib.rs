@@ -16,6 +16,9 @@
 //!   checks, dense and sparse reverse accumulation, release paths; implements
 //!   [`tl_ir::Recorder`], so `GraphData::replay` compiles into it.
 //! - [`ops`]: every op of the first op set, forward and backward, composed from primitives.
+//! - [`user`]: user ops ([`tl_ir::UserOp`]) on the device: their device implementation
+//!   ([`user::DeviceImpl`]) or their reference on the host, and the seeds' generic
+//!   [`CudaTape::unary`] / [`CudaTape::binary`].
 //! - [`Error`]: names the op and the shapes.
 //!
 //! ```
@@ -57,6 +60,7 @@ pub mod ops;
 pub mod rng;
 mod tape;
 pub mod traffic;
+pub mod user;
 pub mod wire;
 
 pub use alloc::MemoryUsage;

@@ -16,7 +16,7 @@ use tl_ir::{Op, Recorder, Then};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::device::{Buffer, Device};
-use crate::{AnyBuffer, Error, Result, ops};
+use crate::{AnyBuffer, Error, Result, ops, user};
 
 /// A node id on the tape.
 pub type Id = usize;
@@ -235,6 +235,40 @@ impl<D: Device> CudaTape<D> {
             ops::forward(dev, op, &inputs, &shape, nats)?
         };
         Ok(self.push(op, parents, fwd))
+    }
+
+    /// TorchLean's `Tape.unary`: record the op `name` on `x` with operand shape `sigma` and
+    /// output shape `tau` (both checked dynamically: an error naming the op otherwise),
+    /// `forward` on the operand buffer and `backward` (its VJP) on the operand and the output
+    /// cotangent. The op is [`user::unary_op`]; build that once to record it many times.
+    pub fn unary(
+        &mut self,
+        name: &'static str,
+        x: Id,
+        (sigma, tau): (Shape, Shape),
+        forward: impl Fn(&mut dyn Device, Buffer) -> Result<Buffer> + Send + Sync + 'static,
+        backward: impl Fn(&mut dyn Device, Buffer, Buffer) -> Result<Buffer> + Send + Sync + 'static,
+    ) -> Result<Id> {
+        let op = user::unary_op(name, sigma, tau, forward, backward);
+        self.apply(&Op::User(op), &[x])
+    }
+
+    /// TorchLean's `Tape.binary`: [`unary`](Self::unary) for two operands, whose `backward`
+    /// gives both cotangents. The op is [`user::binary_op`].
+    #[allow(clippy::type_complexity)]
+    pub fn binary(
+        &mut self,
+        name: &'static str,
+        (a, b): (Id, Id),
+        (sigma1, sigma2, tau): (Shape, Shape, Shape),
+        forward: impl Fn(&mut dyn Device, Buffer, Buffer) -> Result<Buffer> + Send + Sync + 'static,
+        backward: impl Fn(&mut dyn Device, Buffer, Buffer, Buffer) -> Result<(Buffer, Buffer)>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Result<Id> {
+        let op = user::binary_op(name, (sigma1, sigma2), tau, forward, backward);
+        self.apply(&Op::User(op), &[a, b])
     }
 
     /// [`apply`](Self::apply) `op` to `parents`, then `next` to `next_args` (among them `op`'s

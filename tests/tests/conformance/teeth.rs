@@ -1,17 +1,48 @@
 //! The harness has teeth: a backend whose `mul` backward is deliberately wrong (a mutated copy of
-//! the rule inside this test, recorded as a custom op; the real code is untouched) must make
+//! the rule inside this test, recorded as a user op; the real code is untouched) must make
 //! check 2 fail, with the shrunk case in the message, while check 1 still passes.
-
-use std::sync::Arc;
 
 use tl_conformance::checks::{check_backward, check_backward_dag, check_forward};
 use tl_conformance::{Backend, RunConfig, TapeProgram, registry};
-use tl_ir::{GraphData, Id, Op, Recorder};
-use tl_spec::{Shape, Tensor};
-use tl_tape_cpu::{ClosureOp, Error, Tape};
+use tl_ir::{GraphData, Id, Op, Recorder, UserOp};
+use tl_spec::{Scalar, Shape, Tensor};
+use tl_tape_cpu::{Error, Tape};
 
-/// Records every op on a CPU tape, except `mul`, recorded as a custom op whose backward returns
-/// `g·a` for the first operand instead of `g·b`.
+/// `mul` with a planted bug: its VJP returns `g·a` for the first operand instead of `g·b`.
+struct MutantMul;
+
+impl UserOp for MutantMul {
+    fn name(&self) -> &'static str {
+        "mul (mutant)"
+    }
+    fn arity(&self) -> usize {
+        2
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        Ok(Op::Mul
+            .infer_shape(s)
+            .map_err(|e| tl_spec::Error::shape("mul (mutant)", e.to_string()))?)
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        x[0].zip_map("mul", x[1], |a, b| a * b)
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        let wrong = g.zip_map("mul", x[0], |g, a| g * a)?; // should be g * b
+        let right = g.zip_map("mul", x[0], |g, a| g * a)?;
+        Ok(vec![Some(wrong), Some(right)])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let a = dx[0].zip_map("mul", x[1], |d, b| d * b)?;
+        let b = x[0].zip_map("mul", dx[1], |a, d| a * d)?;
+        a.add(&b)
+    }
+}
+
+/// Records every op on a CPU tape, except `mul`, recorded as the user op [`MutantMul`].
 struct MutantRecorder<'a>(&'a mut Tape<f64>);
 
 impl Recorder<f64> for MutantRecorder<'_> {
@@ -25,22 +56,7 @@ impl Recorder<f64> for MutantRecorder<'_> {
         if *op != Op::Mul {
             return self.0.apply(op, args);
         }
-        let shapes: Vec<Shape> = args
-            .iter()
-            .map(|&a| self.0.get(a).map(|t| t.shape().clone()))
-            .collect::<Result<_, _>>()?;
-        let out = op.infer_shape(&shapes.iter().collect::<Vec<_>>())?;
-        let mutant = ClosureOp::new(
-            "mul (mutant)",
-            out,
-            |x: &[&Tensor<f64>]| Ok(x[0].zip_map("mul", x[1], |a, b| a * b)?),
-            |x: &[&Tensor<f64>], g: &Tensor<f64>| {
-                let wrong = g.zip_map("mul", x[0], |g, a| g * a)?; // should be g * b
-                let right = g.zip_map("mul", x[0], |g, a| g * a)?;
-                Ok(vec![Some(wrong), Some(right)])
-            },
-        );
-        self.0.apply_custom(Arc::new(mutant), args)
+        self.0.apply(&Op::user(MutantMul), args)
     }
 
     fn set_nats(&mut self, nats: &[usize]) -> Result<(), Error> {

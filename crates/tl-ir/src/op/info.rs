@@ -74,6 +74,7 @@ impl Op {
             RandUniform { .. } => "randUniform",
             BernoulliMask { .. } => "bernoulliMask",
             Dropout { .. } => "dropout",
+            User(u) => u.name(),
         }
     }
 
@@ -134,6 +135,7 @@ impl Op {
             MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => Family::Pool,
             SpectralConv1dRfft { .. } => Family::Spectral,
             RandUniform { .. } | BernoulliMask { .. } | Dropout { .. } => Family::Random,
+            User(_) => Family::User,
         }
     }
 
@@ -151,6 +153,7 @@ impl Op {
             | ConvTranspose { .. }
             | SpectralConv1dRfft { .. } => 3,
             MultiHeadAttention { .. } => 5,
+            User(u) => u.arity(),
             _ => 1,
         }
     }
@@ -172,6 +175,9 @@ impl Op {
     /// Whether gradients flow through the op to its operands (false for `detach`, `constant`
     /// and the operand-free random draws).
     pub fn is_differentiable(&self) -> bool {
+        if let Op::User(u) = self {
+            return u.is_differentiable();
+        }
         !matches!(
             self,
             Op::Detach | Op::Constant(_) | Op::RandUniform { .. } | Op::BernoulliMask { .. }

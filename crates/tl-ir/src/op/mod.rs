@@ -12,6 +12,8 @@ use std::fmt;
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 
+use crate::UserOpRef;
+
 /// The family an op belongs to; each family's faces live in modules of the same name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -41,6 +43,8 @@ pub enum Family {
     Spectral,
     /// Seeded randomness (uniform draws, Bernoulli masks, dropout).
     Random,
+    /// Ops defined outside the catalogue ([`crate::user`]).
+    User,
 }
 
 /// One op, with its static parameters. Operand order follows the seeds (e.g. `Linear` takes
@@ -358,9 +362,19 @@ pub enum Op {
         /// Draw counter.
         counter: u64,
     },
+
+    // ---- user ----
+    /// An op defined outside the catalogue ([`crate::UserOp`]): its name, parameters, shape
+    /// rule and faces are the user's. PyTorch: an op of `torch.library.custom_op`.
+    User(UserOpRef),
 }
 
 impl Op {
+    /// The user op `op` ([`Op::User`]).
+    pub fn user(op: impl crate::UserOp) -> Op {
+        Op::User(UserOpRef::new(op))
+    }
+
     /// The default ε of the normalization ops (TorchLean's 1e-6; PyTorch's is 1e-5).
     pub const DEFAULT_EPS: f64 = 1e-6;
 
@@ -470,6 +484,7 @@ impl fmt::Debug for Op {
                 seed,
                 counter,
             } => write!(f, "dropout(keep={keep}, seed={seed}, counter={counter})"),
+            User(u) => write!(f, "{u:?}"),
             other => f.write_str(other.name()),
         }
     }

@@ -124,6 +124,7 @@ impl Op {
                 random::bernoulli_params(*keep).map(|()| shape.clone())
             }
             Dropout { keep, .. } => random::dropout_params(*keep).map(|()| s[0].clone()),
+            User(u) => u.infer_shape(s),
         };
         let out = out?;
         out.check_size(self.name())?;

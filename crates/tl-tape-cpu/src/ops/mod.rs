@@ -22,6 +22,7 @@
 //! - [`pool`] — N-D `maxPool`, `avgPool`, `smoothMaxPool` in one pass per channel plane
 //! - [`spectral`] — `spectralConv1dRfft` (direct DFT over the kept modes)
 //! - [`random`] — `randUniform`, `bernoulliMask`, `dropout` (bits from [`tl_spec::rng`])
+//! - [`user`] — user ops ([`tl_ir::UserOp`]): their own kernels, results checked
 //!
 //! Shapes are checked by [`Op::infer_shape`] before a kernel runs; the kernels check again where
 //! an inconsistency could otherwise index out of bounds, and return an error naming the op and the
@@ -44,6 +45,7 @@ pub mod reduce;
 pub mod shape;
 pub mod softmax;
 pub mod spectral;
+pub mod user;
 mod window;
 
 use smallvec::SmallVec;
@@ -89,6 +91,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
         Family::Pool => pool::forward(op, x),
         Family::Spectral => spectral::forward(op, x),
         Family::Random => random::forward(op, x),
+        Family::User => user::forward(op, x),
     }
 }
 
@@ -150,6 +153,7 @@ pub fn backward<T: Scalar>(
         Family::Pool => pool::backward(op, x, y, g),
         Family::Spectral => spectral::backward(op, x, y, g),
         Family::Random => random::backward(op, x, y, g),
+        Family::User => user::backward(op, x, y, g),
     }
 }
 

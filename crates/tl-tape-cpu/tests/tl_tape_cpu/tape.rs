@@ -1,16 +1,12 @@
 //! Tape semantics: fan-out accumulation, dropped contributions, detach, dense and sparse APIs,
-//! custom ops, and agreement of the whole tape with the IR's pure backprop.
-
-// The ClosureOp closures return `Result<_, tl_tape_cpu::Error>`, whose size trips this lint (see
-// the note in the crate's lib.rs).
+//! user ops, and agreement of the whole tape with the IR's pure backprop.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use crate::common::{Dom, Rng, assert_close, random};
-use tl_ir::{GraphBuilder, Op};
-use tl_spec::{Shape, Tensor};
-use tl_tape_cpu::{ClosureOp, CustomOp, Error, Tape};
+use tl_ir::{GraphBuilder, Op, UserOp};
+use tl_spec::{Scalar, Shape, Tensor};
+use tl_tape_cpu::{Error, Tape};
 
 fn v(d: &[f64]) -> Tensor<f64> {
     Tensor::vector(d.to_vec())
@@ -139,30 +135,50 @@ fn backward_params_returns_exactly_the_wanted_leaves() {
     assert!(e.contains("backward_params") && e.contains("99"), "{e}");
 }
 
+/// `x²` with a correct VJP, or (`bad`) a VJP that returns a cotangent of the wrong shape.
+struct Square {
+    bad: bool,
+}
+
+impl UserOp for Square {
+    fn name(&self) -> &'static str {
+        if self.bad { "badGrad" } else { "square" }
+    }
+    fn arity(&self) -> usize {
+        1
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        Ok(s[0].clone())
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        Ok(x[0].map(|v| v * v))
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        if self.bad {
+            return Ok(vec![Some(Tensor::zeros([3]))]);
+        }
+        Ok(vec![Some(
+            x[0].zip_map("square", g, |x, g| T::lit(2.0) * x * g)?,
+        )])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        x[0].zip_map("square", dx[0], |x, d| T::lit(2.0) * x * d)
+    }
+}
+
 #[test]
-fn custom_op_gradient_and_shape_checks() {
-    let square = ClosureOp::new(
-        "square",
-        Shape::new(&[2]),
-        |x: &[&Tensor<f64>]| Ok(x[0].map(|v| v * v)),
-        |x: &[&Tensor<f64>], g: &Tensor<f64>| {
-            Ok(vec![Some(x[0].zip_map("square", g, |x, g| 2.0 * x * g)?)])
-        },
-    );
-    let bad = ClosureOp::new(
-        "badGrad",
-        Shape::new(&[2]),
-        |x: &[&Tensor<f64>]| Ok(x[0].clone()),
-        |_: &[&Tensor<f64>], _: &Tensor<f64>| Ok(vec![Some(Tensor::zeros([3]))]),
-    );
+fn user_op_gradient_and_shape_checks() {
     let mut t = Tape::new();
     let x = t.leaf(v(&[3.0, -1.0]), None, true);
-    let s = t.apply_custom(Arc::new(square), &[x]).unwrap();
+    let s = t.apply(&Op::user(Square { bad: false }), &[x]).unwrap();
     let g = t.backward_dense(s, &v(&[1.0, 1.0])).unwrap();
     assert_eq!(g[x].data(), &[6.0, -2.0]);
 
-    let bad: Arc<dyn CustomOp<f64>> = Arc::new(bad);
-    let y = t.apply_custom(bad, &[x]).unwrap();
+    let y = t.apply(&Op::user(Square { bad: true }), &[x]).unwrap();
     let e = t
         .backward_dense(y, &v(&[1.0, 1.0]))
         .unwrap_err()
@@ -171,6 +187,9 @@ fn custom_op_gradient_and_shape_checks() {
         e.contains("badGrad") && e.contains("[2]") && e.contains("[3]"),
         "{e}"
     );
+    // The tape stays usable after the error.
+    let g = t.backward_dense(s, &v(&[1.0, 1.0])).unwrap();
+    assert_eq!(g[x].data(), &[6.0, -2.0]);
 }
 
 /// The core claim on a small program: the tape's dense backward equals the IR's pure

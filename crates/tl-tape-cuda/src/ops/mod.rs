@@ -217,6 +217,7 @@ pub fn forward<D: Device>(
         | GatherRowsNatVec { .. }
         | GatherIndexTensor => index::gather(dev, op, x, nats),
         ScatterAddVec { index } | ScatterAddRow { index } => index::scatter_add(dev, x, *index),
+        User(u) => return crate::user::forward(dev, op, u, x, shape),
     };
     Ok(Forward {
         value: wrap(dev, op, shape, value?)?,
@@ -376,6 +377,7 @@ fn backward_into<D: Device>(
     use self::elementwise as ew;
     use Op::*;
     let gb = g.buffer();
+    let cotangent = g;
     let xb = |k: usize| x[k].buffer();
     let mut g = Cotangents { dev, x, needs, out };
     match op {
@@ -499,6 +501,7 @@ fn backward_into<D: Device>(
             g.push(0, |d| d.copy(gb))?;
             g.push(1, |d| index::scatter_add_back_v(d, x, *index, gb))
         }
+        User(u) => crate::user::backward(g.dev, u, x, y, cotangent, needs, g.out),
     }
 }
 

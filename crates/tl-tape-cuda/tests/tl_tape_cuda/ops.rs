@@ -124,6 +124,8 @@ fn cases(op: &Op) -> Vec<Case> {
         | GatherIndexTensor
         | ScatterAddVec { .. }
         | ScatterAddRow { .. } => Vec::new(),
+        // User ops: module `user`.
+        User(_) => Vec::new(),
     }
 }
 
