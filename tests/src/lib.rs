@@ -27,6 +27,8 @@
 //! - [`metric`]: the error definition; [`report`]: [`Report`] and the proptest driver
 //!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`.
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
+//! - [`user`]: the harness as a library — checks 0–6 on your own op ([`user::check_user_op`])
+//!   and the catalogue's suite on your own backend ([`user::check_backend`]).
 
 pub mod backend;
 pub mod case;
@@ -39,6 +41,7 @@ pub mod generate;
 pub mod metric;
 pub mod registry;
 pub mod report;
+pub mod user;
 pub mod verify;
 
 pub use backend::{Backend, CpuTape, CudaSim, TapeApi, TapeProgram};

@@ -8,6 +8,8 @@
 //! invocation produces both, so an entry cannot be matched but not run, or run but not matched.
 //! The `registry` test then checks that every entry's generated ops map back to that entry.
 
+use std::sync::Arc;
+
 use proptest::prelude::*;
 use tl_ir::Op;
 
@@ -89,6 +91,9 @@ impl Tol {
     }
 }
 
+/// Generates an entry's cases of a given size (parameters, operand shapes and values).
+pub type Generate = Arc<dyn Fn(Size) -> BoxedStrategy<OpCase> + Send + Sync>;
+
 /// One registry entry.
 #[derive(Clone)]
 pub struct OpInfo {
@@ -101,15 +106,15 @@ pub struct OpInfo {
     /// Tolerances.
     pub tol: Tol,
     /// Generates valid cases (parameters, operand shapes and values) of a given size.
-    pub generate: fn(Size) -> BoxedStrategy<OpCase>,
+    pub generate: Generate,
     /// Operands that are indices (e.g. `gather`'s index tensor): never differentiated, so
     /// finite differences do not perturb them and require the VJP to give them no gradient.
-    pub index_operands: &'static [usize],
+    pub index_operands: Vec<usize>,
     /// Cases placed on the op's kinks, ties and bounds (exact zeros of either sign, `a = b`,
     /// `x = lo`/`hi`), for ops with such conventions: the sim checks draw a quarter of their
     /// cases from them ([`crate::checks::sim::sim_graph_cases`]), and the conventions checks
     /// ([`crate::checks::conventions`]) all of theirs.
-    pub kinks: Option<fn(Size) -> BoxedStrategy<OpCase>>,
+    pub kinks: Option<Generate>,
     /// For pointwise and shape ops: the largest ulp distance ([`crate::metric::ulp_distance`])
     /// allowed between the sim and the CPU f32 tape, values and gradients (check 6 ≈cpu).
     /// `None`: the op reduces, and check 6 uses the f32 tolerance scaled by reduction length.
@@ -133,8 +138,8 @@ fn entry(name: &'static str, generate: fn(Size) -> BoxedStrategy<OpCase>) -> OpI
         applies: Applies::ALL,
         note: "",
         tol: Tol::DEFAULT,
-        generate,
-        index_operands: &[],
+        generate: Arc::new(generate),
+        index_operands: Vec::new(),
         kinks: None,
         ulps: None,
     }
@@ -151,14 +156,14 @@ impl OpInfo {
         prop_oneof![3 => (self.generate)(Size::Small), 1 => (self.generate)(Size::Large)].boxed()
     }
 
-    fn indices(mut self, operands: &'static [usize]) -> Self {
-        self.index_operands = operands;
+    fn indices(mut self, operands: &[usize]) -> Self {
+        self.index_operands = operands.to_vec();
         self
     }
 
     /// Draw the sim checks' kink share from `kinks`.
     fn kinks(mut self, kinks: fn(Size) -> BoxedStrategy<OpCase>) -> Self {
-        self.kinks = Some(kinks);
+        self.kinks = Some(Arc::new(kinks));
         self
     }
 

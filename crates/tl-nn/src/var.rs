@@ -8,7 +8,7 @@
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
-use tl_ir::Op;
+use tl_ir::{Op, UserOpRef};
 use tl_session::{TensorRef, Train};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
@@ -273,6 +273,18 @@ impl<'g, O: Train> Var<'g, O> {
     /// Rows `start..start+len` of axis 0. PyTorch: `x[start:start+len]`.
     pub fn narrow0(&self, start: usize, len: usize) -> Result<Var<'g, O>> {
         self.record(|s| s.slice_range0(&self.r, start, len))
+    }
+
+    /// The user op `op` ([`tl_ir::UserOp`]) applied to `self` then `others`, in the op's
+    /// operand order: recorded like any catalogue op, so it runs eager and linked, on the CPU
+    /// and the CUDA tapes, and its gradients flow. PyTorch: calling a `torch.library.custom_op`.
+    pub fn user(&self, op: &UserOpRef, others: &[&Var<'g, O>]) -> Result<Var<'g, O>> {
+        for o in others {
+            self.same("Var::user", o)?;
+        }
+        let mut args: Vec<&TensorRef> = vec![&self.r];
+        args.extend(others.iter().map(|o| &o.r));
+        self.record(|s| s.user(op, &args))
     }
 
     /// Mean squared error against `target` (same shape). PyTorch: `F.mse_loss(x, target)`.

@@ -6,7 +6,7 @@
 //! from one line each: adding an op to the surface is a doc line plus
 //! `fn name[operands](static params) => Op::Variant(..);`.
 
-use tl_ir::Op;
+use tl_ir::{Op, UserOpRef};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::{Param, Result, TensorRef};
@@ -36,6 +36,14 @@ pub trait Ops {
 
     /// Record `op` applied to `args` (in the op's operand order). Every op method calls this.
     fn apply(&mut self, op: Op, args: &[&TensorRef]) -> Result<TensorRef>;
+
+    /// Record the user op `op` ([`tl_ir::UserOp`]) applied to `args`, like a catalogue op:
+    /// eager on the CPU or CUDA tape, or recorded into the linked session's graph.
+    /// PyTorch: calling a `torch.library.custom_op`.
+    fn user(&mut self, op: &UserOpRef, args: &[&TensorRef]) -> Result<TensorRef> {
+        self.apply(Op::User(op.clone()), args)
+            .map_err(|e| e.in_method("user"))
+    }
 
     /// Create a trainable parameter (not yet recorded). PyTorch: `nn.Parameter(init)`.
     fn param(

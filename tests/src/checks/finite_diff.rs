@@ -130,7 +130,7 @@ pub fn fd_dag_case(case: &GraphCase, tol: f64) -> CaseResult {
 pub fn check_finite_diff(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let label = format!("3 fd {}", entry.name);
     let tol = entry.tol.fd;
-    let index_operands = entry.index_operands;
+    let index_operands = &entry.index_operands;
     let cases = entry
         .cases()
         .prop_flat_map(|case| {

@@ -75,7 +75,7 @@ pub fn flag_lock() -> MutexGuard<'static, ()> {
 /// The per-op cases of the sim checks: [`op_graph_cases`], and for an entry with
 /// `OpInfo::kinks` one case in four from those (small three times in four).
 pub fn sim_graph_cases(entry: &OpInfo) -> BoxedStrategy<GraphCase> {
-    match entry.kinks {
+    match &entry.kinks {
         None => op_graph_cases(entry),
         Some(kinks) => {
             let on_kinks = prop_oneof![3 => kinks(Size::Small), 1 => kinks(Size::Large)].boxed();

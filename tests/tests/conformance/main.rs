@@ -32,4 +32,5 @@ mod spectral;
 mod tape_api;
 mod teeth;
 mod teeth_sim;
+mod user_ops;
 mod verify;

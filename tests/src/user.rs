@@ -1,0 +1,440 @@
+//! The harness as a library: your own op ([`check_user_op`]) and your own backend
+//! ([`check_backend`]) through the checks every catalogue op and backend passes.
+//!
+//! **A user op** ([`tl_ir::UserOp`]) is described by a [`UserEntry`]: how to draw its operand
+//! shapes, the domain of each operand (kept off its kinks and poles, as the registry does for
+//! the catalogue), its tolerances, the ulps its device may differ from the CPU by, which checks
+//! do not apply and why. [`check_user_op`] then runs, on the generated cases:
+//!
+//! - **0 finite** — the reference value, VJP and JVP are finite on the declared domain (unless
+//!   the entry allows non-finite values);
+//! - **1 fwd, 2 bwd** — the CPU tape (f64, f32; the op's CPU kernel) and the CUDA tape on the
+//!   simulation device (its device implementation, or its reference in f32) against the f64
+//!   IR's eval and backprop (the op's reference value and VJP);
+//! - **3 fd** — the reference VJP against central finite differences of the reference value;
+//! - **4 jvp** — the adjoint identity between the reference JVP and VJP;
+//! - **5 sess** — the eager session (CPU, CUDA sim) against the linked session (recorded,
+//!   compiled, replayed);
+//! - **6 ≈cpu, 6 det** — the sim against the CPU f32 tape (within the entry's ulps, or its f32
+//!   tolerance for an op that reduces), and bit-identical reruns in deterministic mode;
+//! - with feature `cuda-emu`, **≈ sim cuda-emu**: the op on the kernel emulator's `CudaDevice`
+//!   (its kernels from the user's `.cu`, compiled for the host) against the sim; with feature
+//!   `cuda`, the same on a real GPU when there is one (skipped, and said so, when not).
+//!
+//! The result is a [`UserReport`]: one [`Report`] per check and backend, each failure naming the
+//! check, the backend, the shrunk case (op, parameters, shapes, every value) and the error;
+//! [`UserReport::summary`] ends in `N passed, N failed`. One call in a `#[test]`:
+//!
+//! ```
+//! # use tl_conformance::user::{UserEntry, check_user_op};
+//! # use tl_conformance::{Domain, RunConfig};
+//! # use tl_ir::{UserOp, UserOpRef};
+//! # use tl_spec::{Scalar, Shape, Tensor};
+//! # struct Cube;
+//! # impl UserOp for Cube {
+//! #     fn name(&self) -> &'static str { "cube" }
+//! #     fn arity(&self) -> usize { 1 }
+//! #     fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> { Ok(s[0].clone()) }
+//! #     fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+//! #         Ok(x[0].map(|v| v * v * v))
+//! #     }
+//! #     fn vjp<T: Scalar>(&self, x: &[&Tensor<T>], g: &Tensor<T>)
+//! #         -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+//! #         Ok(vec![Some(x[0].zip_map("cube", g, |v, g| T::lit(3.0) * v * v * g)?)])
+//! #     }
+//! #     fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+//! #         x[0].zip_map("cube", dx[0], |v, d| T::lit(3.0) * v * v * d)
+//! #     }
+//! # }
+//! let entry = UserEntry::elementwise(UserOpRef::new(Cube)).domains(Domain::Any(2.0));
+//! let report = check_user_op(&entry, &RunConfig { cases: 8, ..RunConfig::default() });
+//! assert!(report.passed(), "{report}");
+//! println!("{}", report.summary()); // "cube: 13 passed, 0 failed" (14 with cuda-emu)
+//! ```
+//!
+//! **A backend** (a [`Backend`]: record a graph, read its values, dense backward) goes through
+//! [`check_backend`]: checks 1 and 2 for every registry op and on random DAGs, the conventions
+//! at kinks, ties and bounds, and the hard inputs, the suite the CPU tape and the CUDA sim pass.
+
+use std::fmt;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use tl_ir::{Op, UserOpRef};
+use tl_spec::{Shape, Tensor};
+
+use crate::checks::{
+    check_backward, check_backward_dag, check_forward, check_forward_dag, conventions, hard,
+};
+use crate::generate::{Size, any_shape, direction, tensor};
+use crate::registry::{Applies, Generate, OpInfo, Tol};
+use crate::{ANY, Backend, Domain, OpCase, Report, RunConfig, registry, run_check, verify};
+
+/// Draws the operand shapes of a user op's cases, by size.
+pub type Shapes = Arc<dyn Fn(Size) -> BoxedStrategy<Vec<Shape>> + Send + Sync>;
+
+/// What the harness needs to know of a user op: how to draw valid cases, and what to hold it
+/// to. PyTorch: an `OpInfo` entry with its `sample_inputs_func`.
+#[derive(Clone)]
+pub struct UserEntry {
+    op: UserOpRef,
+    shapes: Shapes,
+    domains: Vec<Domain>,
+    tol: Tol,
+    ulps: Option<u64>,
+    applies: Applies,
+    note: &'static str,
+    index_operands: Vec<usize>,
+    kinks: Option<Generate>,
+    finite: bool,
+}
+
+impl UserEntry {
+    /// `op` with operand shapes drawn by `shapes` (one shape per operand, satisfying the op's
+    /// shape rule), operands from [`ANY`] (`[-2, 2]`), the default tolerances, every check.
+    pub fn new(
+        op: UserOpRef,
+        shapes: impl Fn(Size) -> BoxedStrategy<Vec<Shape>> + Send + Sync + 'static,
+    ) -> Self {
+        let arity = op.arity();
+        UserEntry {
+            op,
+            shapes: Arc::new(shapes),
+            domains: vec![ANY; arity],
+            tol: Tol::DEFAULT,
+            ulps: None,
+            applies: Applies::ALL,
+            note: "",
+            index_operands: Vec::new(),
+            kinks: None,
+            finite: true,
+        }
+    }
+
+    /// `op` on operands that all share one shape, of any rank from 0 to 3 (small cases: dims up
+    /// to 4; large: up to 40), as for the catalogue's pointwise ops.
+    pub fn elementwise(op: UserOpRef) -> Self {
+        let arity = op.arity();
+        UserEntry::new(op, move |z| {
+            any_shape(z).prop_map(move |s| vec![s; arity]).boxed()
+        })
+    }
+
+    /// Draw operand `k` from `domain` (keep it off the op's kinks and poles where checks 1–3
+    /// need smoothness, as the registry does for `abs`, `log`, `div`, ...).
+    pub fn domain(mut self, k: usize, domain: Domain) -> Self {
+        if let Some(d) = self.domains.get_mut(k) {
+            *d = domain;
+        }
+        self
+    }
+
+    /// Draw every operand from `domain`.
+    pub fn domains(mut self, domain: Domain) -> Self {
+        self.domains.iter_mut().for_each(|d| *d = domain);
+        self
+    }
+
+    /// Hold the op to `tol` instead of [`Tol::DEFAULT`].
+    pub fn tol(mut self, tol: Tol) -> Self {
+        self.tol = tol;
+        self
+    }
+
+    /// The op is pointwise (or only moves data): its values and gradients on the sim (and the
+    /// emulated or real device) may differ from the CPU f32 tape by at most `ulps` units in the
+    /// last place. Without it, the f32 tolerance scaled by reduction length applies.
+    pub fn ulps(mut self, ulps: u64) -> Self {
+        self.ulps = Some(ulps);
+        self
+    }
+
+    /// Skip check 3 (finite differences), saying why (e.g. the op is piecewise constant).
+    pub fn no_fd(mut self, why: &'static str) -> Self {
+        self.applies = Applies::NO_FD;
+        self.note = why;
+        self
+    }
+
+    /// Operands that are indices: never perturbed by finite differences, and the VJP must give
+    /// them no gradient.
+    pub fn indices(mut self, operands: &[usize]) -> Self {
+        self.index_operands = operands.to_vec();
+        self
+    }
+
+    /// Cases placed on the op's kinks, ties or bounds, for the checks that compare backends at
+    /// them (a quarter of check 6's cases).
+    pub fn kinks(
+        mut self,
+        kinks: impl Fn(Size) -> BoxedStrategy<OpCase> + Send + Sync + 'static,
+    ) -> Self {
+        self.kinks = Some(Arc::new(kinks));
+        self
+    }
+
+    /// The op may return non-finite values on its domain (check 0 is skipped).
+    pub fn allow_non_finite(mut self) -> Self {
+        self.finite = false;
+        self
+    }
+
+    /// The op.
+    pub fn op(&self) -> &UserOpRef {
+        &self.op
+    }
+
+    /// Generated cases of size `z`: shapes from the entry's generator, operands from its
+    /// domains.
+    pub fn cases(&self, z: Size) -> BoxedStrategy<OpCase> {
+        let op = Op::User(self.op.clone());
+        let domains = self.domains.clone();
+        (self.shapes)(z)
+            .prop_flat_map(move |shapes| {
+                let operands: Vec<BoxedStrategy<Tensor<f64>>> = shapes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, s)| tensor(s, domains.get(k).copied().unwrap_or(ANY)))
+                    .collect();
+                let op = op.clone();
+                operands.prop_map(move |inputs| OpCase::new(op.clone(), inputs))
+            })
+            .boxed()
+    }
+
+    /// The entry as the registry's checks take it.
+    pub fn info(&self) -> OpInfo {
+        let me = self.clone();
+        OpInfo {
+            name: self.op.name(),
+            applies: self.applies,
+            note: self.note,
+            tol: self.tol,
+            generate: Arc::new(move |z| me.cases(z)),
+            index_operands: self.index_operands.clone(),
+            kinks: self.kinks.clone(),
+            ulps: self.ulps,
+        }
+    }
+}
+
+/// Every check of a user op, one [`Report`] each.
+#[derive(Debug, Clone)]
+pub struct UserReport {
+    /// The op's name.
+    pub op: &'static str,
+    /// One report per check and backend.
+    pub reports: Vec<Report>,
+    /// Checks that could not run here, with why (a GPU check without a GPU).
+    pub skipped: Vec<String>,
+}
+
+impl UserReport {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        self.reports.iter().all(Report::passed)
+    }
+
+    /// The reports that failed.
+    pub fn failures(&self) -> Vec<&Report> {
+        self.reports.iter().filter(|r| !r.passed()).collect()
+    }
+
+    /// One line: the op, and `N passed, N failed` over its checks.
+    pub fn summary(&self) -> String {
+        let failed = self.failures().len();
+        format!(
+            "{}: {} passed, {} failed",
+            self.op,
+            self.reports.len() - failed,
+            failed
+        )
+    }
+}
+
+impl fmt::Display for UserReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for r in &self.reports {
+            let mark = if r.passed() { "ok  " } else { "FAIL" };
+            writeln!(
+                f,
+                "{mark} {:<40} {:>5} case(s)  max err {:.2e}",
+                r.label, r.cases, r.max_err
+            )?;
+        }
+        for s in &self.skipped {
+            writeln!(f, "skip {s}")?;
+        }
+        for r in self.failures() {
+            writeln!(f, "\n{r}")?;
+        }
+        write!(f, "{}", self.summary())
+    }
+}
+
+/// Run checks 0–6 on the user op of `entry` (see the module documentation) with `cfg`'s case
+/// count and seed.
+pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
+    let info = entry.info();
+    let mut reports = Vec::new();
+    if entry.finite {
+        reports.push(check_finite(entry, cfg));
+    }
+    reports.extend(verify::op_row(&info, cfg).cells.into_iter().flatten());
+    let mut skipped = Vec::new();
+    device_checks(&info, cfg, &mut reports, &mut skipped);
+    UserReport {
+        op: entry.op.name(),
+        reports,
+        skipped,
+    }
+}
+
+/// The emulated or real device against the sim, where the build has one.
+#[allow(unused_variables)]
+fn device_checks(
+    info: &OpInfo,
+    cfg: &RunConfig,
+    reports: &mut Vec<Report>,
+    skipped: &mut Vec<String>,
+) {
+    #[cfg(feature = "cuda-emu")]
+    reports.push(crate::checks::sim::check_device_vs_sim_within(
+        info,
+        cfg,
+        "cuda-emu",
+        true,
+        tl_tape_cuda::CudaDevice::new,
+    ));
+    #[cfg(all(feature = "cuda", not(feature = "cuda-emu")))]
+    match tl_tape_cuda::CudaDevice::new() {
+        Ok(_) => reports.push(crate::checks::sim::check_device_vs_sim_within(
+            info,
+            cfg,
+            "cuda",
+            true,
+            tl_tape_cuda::CudaDevice::new,
+        )),
+        Err(e) => skipped.push(format!("≈ sim {} cuda: no CUDA device: {e}", info.name)),
+    }
+}
+
+/// Check 0: the reference value, VJP (for a random cotangent) and JVP (for random tangents) are
+/// finite on the entry's cases.
+pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
+    let op = Op::User(entry.op.clone());
+    let cases = entry
+        .info()
+        .mixed_cases()
+        .prop_flat_map(|case| {
+            let out = case.out_shape();
+            let tangents: Vec<BoxedStrategy<Tensor<f64>>> = case
+                .inputs
+                .iter()
+                .map(|t| direction(t.shape().clone()))
+                .collect();
+            (Just(case), direction(out), tangents)
+        })
+        .boxed();
+    run_check(
+        format!("0 finite {}", entry.op.name()),
+        cfg,
+        cases,
+        move |(case, g, dx)| {
+            let args = case.args();
+            let finite = |what: &str, t: &Tensor<f64>| match t
+                .data()
+                .iter()
+                .position(|v| !v.is_finite())
+            {
+                Some(i) => Err(format!(
+                    "{}: the reference {what} is {} at element {i} (the op declares finite values on this domain)",
+                    op.name(),
+                    t.data()[i]
+                )),
+                None => Ok(()),
+            };
+            let y = tl_ir::rules::value(&op, &args, &case.nats).map_err(|e| e.to_string())?;
+            finite("value", &y)?;
+            for d in tl_ir::rules::vjp(&op, &args, g, &case.nats)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .flatten()
+            {
+                finite("VJP", d)?;
+            }
+            let dx: Vec<&Tensor<f64>> = dx.iter().collect();
+            let t = tl_ir::rules::jvp(&op, &args, &dx, &case.nats).map_err(|e| e.to_string())?;
+            finite("JVP", &t)?;
+            Ok(crate::Measured::ZERO)
+        },
+    )
+}
+
+/// The catalogue's suite against a third-party backend: checks 1 (forward) and 2 (backward)
+/// for every registry op and on random DAGs, then the conventions (kinks, ties, bounds, signed
+/// zeros, NaN) and the hard inputs, values and gradients. A backend that cannot run an op
+/// fails that op's cells with its error. PyTorch has no such entry point; burn runs one test
+/// suite against every backend in the same spirit.
+pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
+    let mut reports = Vec::new();
+    for entry in registry::all() {
+        if entry.applies.forward {
+            reports.push(check_forward(backend, &entry, cfg));
+        }
+        if entry.applies.backward {
+            reports.push(check_backward(backend, &entry, cfg));
+        }
+    }
+    reports.push(check_forward_dag(backend, cfg));
+    reports.push(check_backward_dag(backend, cfg));
+    for grads in [false, true] {
+        reports.push(conventions::check_conventions(backend, cfg, grads));
+        reports.push(hard::check_hard(backend, cfg, grads));
+    }
+    BackendReport {
+        backend: backend.name(),
+        reports,
+    }
+}
+
+/// The suite's reports for one backend ([`check_backend`]).
+#[derive(Debug, Clone)]
+pub struct BackendReport {
+    /// The backend's name.
+    pub backend: String,
+    /// One report per check and op (or DAG, conventions, hard inputs).
+    pub reports: Vec<Report>,
+}
+
+impl BackendReport {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        self.reports.iter().all(Report::passed)
+    }
+
+    /// The reports that failed.
+    pub fn failures(&self) -> Vec<&Report> {
+        self.reports.iter().filter(|r| !r.passed()).collect()
+    }
+
+    /// One line: the backend, and `N passed, N failed` over its checks.
+    pub fn summary(&self) -> String {
+        let failed = self.failures().len();
+        format!(
+            "{}: {} passed, {} failed",
+            self.backend,
+            self.reports.len() - failed,
+            failed
+        )
+    }
+}
+
+impl fmt::Display for BackendReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for r in self.failures() {
+            writeln!(f, "{r}\n")?;
+        }
+        write!(f, "{}", self.summary())
+    }
+}

@@ -1,0 +1,435 @@
+//! The harness as a library (`tl_conformance::user`): user ops through checks 0–6, with teeth
+//! (a wrong VJP, a wrong CPU kernel, a wrong fast path past a size, a wrong device
+//! implementation and non-finite values each fail the public call, naming the check and the
+//! op), and the catalogue's suite against a third-party backend.
+
+use proptest::prelude::*;
+use tl_conformance::generate::Size;
+use tl_conformance::user::{UserEntry, check_backend, check_user_op};
+use tl_conformance::{Backend, CpuTape, Domain, RunConfig, TapeProgram};
+use tl_ir::{GraphData, Id, UserOp, UserOpRef};
+use tl_spec::{Scalar, Shape, Tensor};
+use tl_tape_cuda::user::{DeviceImpl, with_device};
+
+/// What a test variant of an op gets wrong.
+#[derive(Clone, Copy, PartialEq)]
+enum Bug {
+    None,
+    /// The VJP forgets a factor: `2x²·g` instead of `3x²·g`.
+    Vjp,
+    /// The CPU kernel's value is off by one part in 10⁴.
+    CpuKernel,
+    /// The CPU kernel's VJP is off by one part in 10⁴ (the reference VJP is right).
+    CpuVjp,
+    /// The CPU kernel has a "fast path" for operands of 64 elements or more, which is wrong.
+    FastPath,
+    /// The value is not finite for negative operands.
+    NonFinite,
+}
+
+/// `x³` elementwise, with an optional planted bug.
+struct Cube(Bug);
+
+impl UserOp for Cube {
+    fn name(&self) -> &'static str {
+        "cube"
+    }
+    fn arity(&self) -> usize {
+        1
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        Ok(s[0].clone())
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        if self.0 == Bug::NonFinite {
+            return Ok(x[0].map(|v| v * v * v * v.sqrt() / v.sqrt()));
+        }
+        Ok(x[0].map(|v| v * v * v))
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        let c = T::lit(if self.0 == Bug::Vjp { 2.0 } else { 3.0 });
+        Ok(vec![Some(x[0].zip_map("cube", g, |v, g| c * v * v * g)?)])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        x[0].zip_map("cube", dx[0], |v, d| T::lit(3.0) * v * v * d)
+    }
+    fn cpu_value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let y = self.value(x)?;
+        Ok(match self.0 {
+            Bug::CpuKernel => y.map(|v| v * T::lit(1.0001)),
+            Bug::FastPath if y.numel() >= 64 => y.map(|v| v * T::lit(1.0001)),
+            _ => y,
+        })
+    }
+    fn cpu_vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        _y: &Tensor<T>,
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        let d = self.vjp(x, g)?;
+        if self.0 != Bug::CpuVjp {
+            return Ok(d);
+        }
+        Ok(d.into_iter()
+            .map(|d| d.map(|d| d.map(|v| v * T::lit(1.0001))))
+            .collect())
+    }
+}
+
+/// `sqrt(a² + b²)`: a binary op with a pole at the origin (operands drawn away from zero).
+struct Hypot;
+
+impl UserOp for Hypot {
+    fn name(&self) -> &'static str {
+        "hypot"
+    }
+    fn arity(&self) -> usize {
+        2
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        if s[0] != s[1] {
+            return Err(tl_spec::Error::shape(
+                "hypot",
+                format!("operands {} and {} differ", s[0], s[1]),
+            ));
+        }
+        Ok(s[0].clone())
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        x[0].zip_map("hypot", x[1], |a, b| (a * a + b * b).sqrt())
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        let h = self.value(x)?;
+        let over = |t: &Tensor<T>| -> tl_spec::Result<Tensor<T>> {
+            t.zip_map("hypot", &h, |a, h| a / h)?
+                .zip_map("hypot", g, |r, g| r * g)
+        };
+        Ok(vec![Some(over(x[0])?), Some(over(x[1])?)])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let h = self.value(x)?;
+        let a = x[0].zip_map("hypot", dx[0], |a, d| a * d)?;
+        let b = x[1].zip_map("hypot", dx[1], |b, d| b * d)?;
+        a.add(&b)?.zip_map("hypot", &h, |n, h| n / h)
+    }
+}
+
+/// Log-sum-exp over the last axis (which is removed): a user op that reduces.
+struct RowLogSumExp;
+
+impl UserOp for RowLogSumExp {
+    fn name(&self) -> &'static str {
+        "rowLogSumExp"
+    }
+    fn arity(&self) -> usize {
+        1
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        match s[0].dims().split_last() {
+            Some((_, lead)) => Ok(Shape::new(lead)),
+            None => Err(tl_spec::Error::shape(
+                "rowLogSumExp",
+                "a scalar has no last axis",
+            )),
+        }
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let n = *x[0].shape().dims().last().unwrap_or(&1);
+        let out = self.infer_shape(&[x[0].shape()])?;
+        let rows: Vec<T> = x[0]
+            .data()
+            .chunks(n.max(1))
+            .map(|r| {
+                let m = r.iter().copied().fold(T::neg_infinity(), T::max);
+                m + r.iter().map(|&v| (v - m).exp()).sum::<T>().ln()
+            })
+            .collect();
+        Tensor::new(out, rows)
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        let n = *x[0].shape().dims().last().unwrap_or(&1);
+        let y = self.value(x)?;
+        let d: Vec<T> = x[0]
+            .data()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v - y.data()[i / n]).exp() * g.data()[i / n])
+            .collect();
+        Ok(vec![Some(Tensor::new(x[0].shape().clone(), d)?)])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let n = *x[0].shape().dims().last().unwrap_or(&1);
+        let y = self.value(x)?;
+        let mut t = vec![T::zero(); y.numel()];
+        for (i, (&v, &d)) in x[0].data().iter().zip(dx[0].data()).enumerate() {
+            t[i / n] += (v - y.data()[i / n]).exp() * d;
+        }
+        Tensor::new(y.shape().clone(), t)
+    }
+}
+
+/// Shapes of rank 1 to 3 (the last axis is reduced).
+fn rows(z: Size) -> BoxedStrategy<Vec<Shape>> {
+    tl_conformance::generate::any_shape(z)
+        .prop_filter("rank >= 1", |s| s.rank() >= 1)
+        .prop_map(|s| vec![s])
+        .boxed()
+}
+
+/// `cube` with a device implementation composed of the device's primitives: `x·x·x` forward,
+/// `3·x·x·g` backward; `wrong` computes `x·x` forward instead.
+fn cube_on_device(wrong: bool) -> UserOpRef {
+    let imp = DeviceImpl::new(
+        move |dev, x, _| {
+            let b = x[0].buffer();
+            let sq = dev.mul(b, b)?;
+            if wrong {
+                return Ok(sq);
+            }
+            let y = dev.mul(sq, b);
+            dev.release(sq);
+            y
+        },
+        |dev, x, _, g, needs| {
+            if !needs[0] {
+                return Ok(vec![None]);
+            }
+            let b = x[0].buffer();
+            let sq = dev.mul(b, b)?;
+            let t = dev.mul(sq, g.buffer());
+            dev.release(sq);
+            let t = t?;
+            let d = dev.scale(t, 3.0);
+            dev.release(t);
+            Ok(vec![Some(d?)])
+        },
+    );
+    with_device(UserOpRef::new(Cube(Bug::None)), imp)
+}
+
+fn cfg() -> RunConfig {
+    RunConfig::from_env_or(32)
+}
+
+#[test]
+fn correct_user_ops_pass_every_check() {
+    let cfg = cfg();
+    let entries = [
+        UserEntry::elementwise(UserOpRef::new(Cube(Bug::None))).ulps(8),
+        UserEntry::elementwise(UserOpRef::new(Hypot))
+            .domains(Domain::AwayFromZero(0.2, 2.0))
+            .ulps(8),
+        UserEntry::new(UserOpRef::new(RowLogSumExp), rows),
+        UserEntry::elementwise(cube_on_device(false)).ulps(8),
+    ];
+    for entry in &entries {
+        let report = check_user_op(entry, &cfg);
+        println!("{report}");
+        assert!(report.passed(), "{report}");
+        // Checks 0, 1 (f64, f32, sim), 2 (f64, f32, sim), 3, 4, 5 (cpu, sim), 6 (≈cpu, det).
+        assert!(report.reports.len() >= 13, "{report}");
+        assert!(
+            report.reports.iter().all(|r| r.cases >= cfg.cases / 2),
+            "{report}"
+        );
+        assert!(report.summary().ends_with(" passed, 0 failed"), "{report}");
+    }
+}
+
+/// The labels of the failed checks of `report`.
+fn failed(report: &tl_conformance::user::UserReport) -> Vec<String> {
+    report.failures().iter().map(|r| r.label.clone()).collect()
+}
+
+#[test]
+fn a_wrong_reference_vjp_fails_finite_differences_and_the_adjoint_check() {
+    let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::Vjp)));
+    let report = check_user_op(&entry, &cfg());
+    let bad = failed(&report);
+    for check in ["3 fd", "4 jvp"] {
+        assert!(
+            bad.iter()
+                .any(|l| l.starts_with(check) && l.contains("cube")),
+            "{check} should fail: {report}"
+        );
+    }
+    // The forward is right: check 1 passes on every backend.
+    assert!(!bad.iter().any(|l| l.starts_with("1 fwd")), "{report}");
+    // The failure is readable: the check, the op and the shrunk case with its values.
+    let text = report.to_string();
+    assert!(
+        text.contains("minimal failing input") && text.contains("op: cube"),
+        "{text}"
+    );
+    assert!(report.summary().contains(" failed") && !report.passed());
+}
+
+#[test]
+fn a_wrong_cpu_vjp_kernel_fails_backprop() {
+    let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::CpuVjp))).ulps(8);
+    let report = check_user_op(&entry, &cfg());
+    let bad = failed(&report);
+    assert!(
+        bad.iter()
+            .any(|l| l.starts_with("2 bwd") && l.contains("cpu-f64")),
+        "{report}"
+    );
+    // The reference is right: checks 3 and 4 pass.
+    assert!(
+        !bad.iter()
+            .any(|l| l.starts_with("3 fd") || l.starts_with("4 jvp")),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_wrong_cpu_kernel_fails_the_cpu_forward_and_the_sim_comparison() {
+    let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::CpuKernel))).ulps(8);
+    let bad = failed(&check_user_op(&entry, &cfg()));
+    assert!(
+        bad.iter()
+            .any(|l| l.starts_with("1 fwd") && l.contains("cpu-f64")),
+        "{bad:?}"
+    );
+    assert!(bad.iter().any(|l| l.starts_with("6 ≈cpu")), "{bad:?}");
+}
+
+#[test]
+fn a_wrong_fast_path_past_a_size_fails_the_harness() {
+    // Only operands of 64 elements or more take the broken path: the entry's large cases
+    // (dims up to 40) reach it.
+    let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::FastPath))).ulps(8);
+    let report = check_user_op(&entry, &cfg());
+    let bad = failed(&report);
+    assert!(bad.iter().any(|l| l.starts_with("1 fwd")), "{report}");
+}
+
+#[test]
+fn a_wrong_device_implementation_fails_the_sim_checks() {
+    let entry = UserEntry::elementwise(cube_on_device(true)).ulps(8);
+    let bad = failed(&check_user_op(&entry, &cfg()));
+    assert!(
+        bad.iter()
+            .any(|l| l.starts_with("1 fwd") && l.contains("sim")),
+        "{bad:?}"
+    );
+    assert!(bad.iter().any(|l| l.starts_with("6 ≈cpu")), "{bad:?}");
+    // The CPU tape runs the op's own kernel, which is right.
+    assert!(!bad.iter().any(|l| l.contains("cpu-f64")), "{bad:?}");
+}
+
+#[test]
+fn non_finite_values_on_the_declared_domain_fail_check_0() {
+    let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::NonFinite)));
+    let report = check_user_op(&entry, &cfg());
+    let zero = report
+        .reports
+        .iter()
+        .find(|r| r.label.starts_with("0 finite"))
+        .expect("check 0 runs");
+    let msg = zero.failure.as_deref().unwrap_or_default();
+    assert!(msg.contains("cube") && msg.contains("NaN"), "{report}");
+    // Allowed, check 0 does not run.
+    let allowed = check_user_op(
+        &UserEntry::elementwise(UserOpRef::new(Cube(Bug::None))).allow_non_finite(),
+        &RunConfig { cases: 2, ..cfg() },
+    );
+    assert!(
+        !allowed
+            .reports
+            .iter()
+            .any(|r| r.label.starts_with("0 finite"))
+    );
+}
+
+/// The CPU f32 tape as a "third-party" backend: every call delegated, and, when `skew`, every
+/// value of `exp` nodes off by one part in 10⁴.
+struct ThirdParty {
+    inner: CpuTape<f32>,
+    skew: bool,
+}
+
+impl Backend for ThirdParty {
+    type T = f32;
+    type Program = (TapeProgram<f32>, GraphData);
+
+    fn name(&self) -> String {
+        if self.skew {
+            "third-party-skewed"
+        } else {
+            "third-party"
+        }
+        .into()
+    }
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<f32>],
+        nats: &[usize],
+    ) -> Result<Self::Program, String> {
+        Ok((self.inner.record(graph, leaves, nats)?, graph.clone()))
+    }
+    fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
+        let mut v = self.inner.values(&p.0)?;
+        if self.skew {
+            let first = p.1.leaves().len();
+            for (k, node) in p.1.nodes().iter().enumerate() {
+                if *node.op() == tl_ir::Op::Exp {
+                    v[first + k] = v[first + k].map(|x| x * 1.0001);
+                }
+            }
+        }
+        Ok(v)
+    }
+    fn backward_dense(
+        &self,
+        p: &Self::Program,
+        out: Id,
+        seed: &Tensor<f32>,
+    ) -> Result<Vec<Tensor<f32>>, String> {
+        self.inner.backward_dense(&p.0, out, seed)
+    }
+}
+
+#[test]
+fn the_catalogue_suite_runs_against_a_third_party_backend() {
+    let cfg = RunConfig::from_env_or(4);
+    let good = check_backend(
+        &ThirdParty {
+            inner: CpuTape::new(),
+            skew: false,
+        },
+        &cfg,
+    );
+    assert!(good.passed(), "{good}");
+    assert!(good.reports.len() > 100, "{}", good.reports.len());
+    assert!(good.summary().ends_with(" passed, 0 failed"), "{good}");
+
+    let bad = check_backend(
+        &ThirdParty {
+            inner: CpuTape::new(),
+            skew: true,
+        },
+        &cfg,
+    );
+    let labels: Vec<&str> = bad.failures().iter().map(|r| r.label.as_str()).collect();
+    assert!(
+        labels
+            .iter()
+            .any(|l| l.contains("exp") && l.contains("third-party-skewed")),
+        "{labels:?}"
+    );
+}
