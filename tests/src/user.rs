@@ -258,7 +258,7 @@ impl fmt::Display for UserReport {
             let mark = if r.passed() { "ok  " } else { "FAIL" };
             writeln!(
                 f,
-                "{mark} {:<40} {:>5} case(s)  max err {:.2e}",
+                "{mark} {:<46} {:>5} case(s)  max err {:.2e}",
                 r.label, r.cases, r.max_err
             )?;
         }
@@ -281,8 +281,8 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
         reports.push(check_finite(entry, cfg));
     }
     reports.extend(verify::op_row(&info, cfg).cells.into_iter().flatten());
-    let mut skipped = Vec::new();
-    device_checks(&info, cfg, &mut reports, &mut skipped);
+    let (device, skipped) = device_checks(&info, cfg);
+    reports.extend(device);
     UserReport {
         op: entry.op.name(),
         reports,
@@ -290,14 +290,11 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
     }
 }
 
-/// The emulated or real device against the sim, where the build has one.
-#[allow(unused_variables)]
-fn device_checks(
-    info: &OpInfo,
-    cfg: &RunConfig,
-    reports: &mut Vec<Report>,
-    skipped: &mut Vec<String>,
-) {
+/// The emulated or real device against the sim, where the build has one: the reports, and
+/// the checks skipped with why.
+#[allow(unused_variables, unused_mut)]
+fn device_checks(info: &OpInfo, cfg: &RunConfig) -> (Vec<Report>, Vec<String>) {
+    let (mut reports, mut skipped) = (Vec::new(), Vec::new());
     #[cfg(feature = "cuda-emu")]
     reports.push(crate::checks::sim::check_device_vs_sim_within(
         info,
@@ -317,6 +314,7 @@ fn device_checks(
         )),
         Err(e) => skipped.push(format!("≈ sim {} cuda: no CUDA device: {e}", info.name)),
     }
+    (reports, skipped)
 }
 
 /// Check 0: the reference value, VJP (for a random cotangent) and JVP (for random tangents) are

@@ -43,6 +43,8 @@
 //! - [`Module`], [`Parameters`], [`Sequential`], [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
 //!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`].
+//! - Your own ops ([`tl_ir::UserOp`]): [`Var::user`] applies one, [`UserLayer`] makes a
+//!   one-operand op a layer (`examples/custom_op`, docs/guide.md "Your own op").
 //! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
 //!   initialisers on the project's counter RNG (one seed, the same model on every backend).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
@@ -54,6 +56,7 @@ mod labels;
 mod layers;
 mod module;
 mod runtime;
+mod user;
 mod var;
 mod vars;
 
@@ -70,6 +73,7 @@ pub use layers::{
 };
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};
+pub use user::UserLayer;
 pub use var::Var;
 pub use vars::Vars;
 

@@ -2,6 +2,7 @@
 //! sessions, checkpoints (PyTorch fixtures and bad files), labels and expressions.
 
 mod checkpoint;
+mod custom_op;
 mod expr;
 mod layers;
 mod training;

@@ -19,4 +19,5 @@ mod norm;
 mod ops;
 mod oversized;
 mod random;
+mod user_ops;
 mod wire;
