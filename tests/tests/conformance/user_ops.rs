@@ -433,3 +433,109 @@ fn the_catalogue_suite_runs_against_a_third_party_backend() {
         "{labels:?}"
     );
 }
+
+/// An op whose faces return the wrong shapes: the value (`Value`), the VJP's cotangent
+/// (`Vjp`), the JVP (`Jvp`), or the CPU kernel's value (`Kernel`).
+#[derive(Clone, Copy, PartialEq)]
+enum WrongShape {
+    Value,
+    Vjp,
+    Jvp,
+    Kernel,
+}
+
+struct Misshapen(WrongShape);
+
+impl UserOp for Misshapen {
+    fn name(&self) -> &'static str {
+        "misshapen"
+    }
+    fn arity(&self) -> usize {
+        1
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        Ok(s[0].clone())
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        if self.0 == WrongShape::Value {
+            return Ok(Tensor::zeros([x[0].numel() + 1]));
+        }
+        Ok(x[0].clone())
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        if self.0 == WrongShape::Vjp {
+            return Ok(vec![Some(Tensor::zeros([x[0].numel() + 1]))]);
+        }
+        Ok(vec![Some(g.clone())])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        if self.0 == WrongShape::Jvp {
+            return Ok(Tensor::zeros([x[0].numel() + 1]));
+        }
+        Ok(dx[0].clone())
+    }
+    fn cpu_value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        if self.0 == WrongShape::Kernel {
+            return Ok(Tensor::zeros([x[0].numel() + 1]));
+        }
+        self.value(x)
+    }
+}
+
+#[test]
+fn a_face_of_the_wrong_shape_is_an_error_naming_the_op_and_the_face() {
+    use tl_ir::{GraphBuilder, Op};
+    let x = Tensor::<f64>::new([2], vec![0.5, -1.0]).unwrap();
+    let graph = |w: WrongShape| {
+        let mut g = GraphBuilder::new();
+        let a = g.leaf([2], Some("x")).unwrap();
+        let y = g.apply(Op::user(Misshapen(w)), &[a]).unwrap();
+        (g.finish(), y)
+    };
+    let (g, _) = graph(WrongShape::Value);
+    let e = g
+        .eval(std::slice::from_ref(&x), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("misshapen") && e.contains("reference value") && e.contains("[3]"),
+        "{e}"
+    );
+
+    let (g, y) = graph(WrongShape::Vjp);
+    let seed = Tensor::<f64>::ones([2]);
+    let e = g
+        .backprop_all(std::slice::from_ref(&x), &[], y, &seed)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("misshapen") && e.contains("reference VJP") && e.contains("[3]"),
+        "{e}"
+    );
+
+    let (g, _) = graph(WrongShape::Jvp);
+    let e = g
+        .jvp(std::slice::from_ref(&x), &[], std::slice::from_ref(&x))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("misshapen") && e.contains("reference JVP"),
+        "{e}"
+    );
+
+    // The CPU tape checks its kernel against the shape rule; the tape stays usable.
+    let mut tape = tl_tape_cpu::Tape::<f64>::new();
+    let a = tape.leaf(x.clone(), None, true);
+    let e = tape
+        .apply(&Op::user(Misshapen(WrongShape::Kernel)), &[a])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("misshapen") && e.contains("CPU kernel"), "{e}");
+    assert_eq!(tape.len(), 1, "nothing recorded");
+    let y = tape.apply(&Op::Exp, &[a]).unwrap();
+    assert_eq!(tape.get(y).unwrap().data()[0], 0.5f64.exp());
+}

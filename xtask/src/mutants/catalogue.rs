@@ -133,7 +133,25 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "the JVP table sends sub to add's JVP",
         harness: Plain,
     },
+    Mutant {
+        id: "ir-user-value-shape-unchecked",
+        area: Ir,
+        file: "crates/tl-ir/src/rules.rs",
+        from: ".and_then(|y| user::check_shape(u, \"reference value\", y, &out)),",
+        to: ".map(|y| y),",
+        bug: "a user op's reference value of the wrong shape is taken as it is",
+        harness: Plain,
+    },
     // ---- tl-tape-cpu: the fast kernels ----
+    Mutant {
+        id: "cpu-user-kernel-ignored",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/ops/user.rs",
+        from: "u.cpu_vjp(x, y, g)?",
+        to: "u.vjp(x, g)?",
+        bug: "the CPU tape runs a user op's reference VJP, never its own CPU kernel (which then goes unchecked)",
+        harness: Plain,
+    },
     Mutant {
         id: "cpu-div-bwd-sign",
         area: Cpu,
