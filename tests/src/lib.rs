@@ -48,10 +48,10 @@ pub use backend::{Backend, CpuTape, CudaSim, TapeApi, TapeProgram};
 pub use case::{GraphCase, OpCase, Values, With};
 pub use config::RunConfig;
 pub use domain::{ANY, Domain, kink_margin};
-pub use registry::{Applies, OpInfo, Tol};
 /// The property-testing crate the harness draws its cases with, for [`user::UserEntry::new`]'s
 /// shape generators.
 pub use proptest;
+pub use registry::{Applies, OpInfo, Tol};
 pub use report::{
     CaseError, CaseResult, Check, Measured, OnPending, PENDING, Report, assert_all_passed,
     run_check, run_check_pending,

@@ -23,3 +23,4 @@ mod resident;
 mod sessions;
 mod traffic;
 mod train;
+mod user_ops;
