@@ -246,6 +246,12 @@ fn correct_user_ops_pass_every_check() {
             "{report}"
         );
         assert!(report.summary().ends_with(" passed, 0 failed"), "{report}");
+        // On the kernel emulator, the op runs on the emulated device against the sim too.
+        #[cfg(feature = "cuda-emu")]
+        assert!(
+            report.reports.iter().any(|r| r.label.contains("cuda-emu")),
+            "{report}"
+        );
     }
 }
 
