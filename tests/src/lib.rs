@@ -27,6 +27,9 @@
 //! - [`metric`]: the error definition; [`report`]: [`Report`] and the proptest driver
 //!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`.
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
+//! - [`nn`]: tl-nn's layers on every session against the same computation in plain catalogue
+//!   ops; [`checks::session_state`]: the sessions' state after Nat writes, parameter writes,
+//!   optimizer steps, new inputs and resets, eager = linked = a fresh recomputation.
 
 pub mod backend;
 pub mod case;
@@ -37,6 +40,7 @@ pub mod domain;
 pub mod entries;
 pub mod generate;
 pub mod metric;
+pub mod nn;
 pub mod registry;
 pub mod report;
 pub mod verify;
