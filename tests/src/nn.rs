@@ -1010,6 +1010,16 @@ fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<
         },
         |s, out| {
             let value = s.read(out)?;
+            if value.shape() != seed.shape() {
+                return Err(tl_nn::Error::Usage {
+                    what: "nn check",
+                    detail: format!(
+                        "the layer's output has shape {}, the reference's {}",
+                        value.shape(),
+                        seed.shape()
+                    ),
+                });
+            }
             let wrt = refs.borrow().clone();
             let grads = s.seeded_grads(out, seed, &wrt)?;
             Ok((value, grads))

@@ -356,19 +356,25 @@ impl<S: NatSession> Driven<S> {
             };
             let (want, _) = reference(&m.w_pass, &seg.x, nats)?;
             for (j, (r, w)) in seg.refs.iter().zip(&want).enumerate() {
-                let got = self
-                    .s
-                    .read(r)
-                    .map_err(|e| format!("{}: read after {after}: {e}", self.name))?;
-                let name = ["g = W[ids]", "z = g·x", "loss", "r = z[row]"][j];
-                worst = worst.max(Measured::check(tensor_err(&got, w), tol, || {
-                    format!(
-                        "{}: after {after}, recording {i}'s {name} reads {:?}, a fresh recomputation gives {:?}",
-                        self.name,
-                        got.data(),
-                        w.data()
-                    )
-                })?);
+                // Both reads: `Ops::value` (the linked session's cached pure evaluation) and
+                // `Train::read` (the linked session's compiled tape).
+                for how in ["value", "read"] {
+                    let got = match how {
+                        "value" => self.s.value(r),
+                        _ => self.s.read(r),
+                    };
+                    let got =
+                        got.map_err(|e| format!("{}: {how} after {after}: {e}", self.name))?;
+                    let name = ["g = W[ids]", "z = g·x", "loss", "r = z[row]"][j];
+                    worst = worst.max(Measured::check(tensor_err(&got, w), tol, || {
+                        format!(
+                            "{}: after {after}, recording {i}'s {name} ({how}) is {:?}, a fresh recomputation gives {:?}",
+                            self.name,
+                            got.data(),
+                            w.data()
+                        )
+                    })?);
+                }
             }
         }
         let p = self.p.clone();

@@ -16,7 +16,10 @@ use crate::{eager, linked, tensor};
 #[track_caller]
 fn error_naming<T: std::fmt::Debug>(r: tl_nn::Result<T>, names: &[&str]) -> String {
     let e = match r {
-        Ok(v) => panic!("expected an error naming {names:?}, got Ok({v:?})"),
+        Ok(v) => {
+            let v: String = format!("{v:?}").chars().take(200).collect();
+            panic!("expected an error naming {names:?}, got Ok({v}…)")
+        }
         Err(e) => e.to_string(),
     };
     for n in names {
