@@ -397,15 +397,11 @@ impl<S: NatSession> Driven<S> {
 /// Drive an eager and a linked session through `case` side by side; every read equals the
 /// fresh recomputation (and so the two sessions agree wherever their documented semantics
 /// coincide).
-///
-/// With `mid_pass_param_writes` false, a host parameter write ends the pass (the sessions
-/// start a fresh one, as tl-nn's `Runtime` does between passes) before the reads.
 fn run_state_case<E: NatSession, L: NatSession>(
     case: &StateCase,
     eager: E,
     linked: L,
     tol: f64,
-    mid_pass_param_writes: bool,
 ) -> CaseResult {
     let mut m = Model {
         w: case.w.clone(),
@@ -449,11 +445,6 @@ fn run_state_case<E: NatSession, L: NatSession>(
         } else {
             e.apply(op, &m)?;
             l.apply(op, &m)?;
-            if matches!(op, StateOp::SetParam(_)) && !mid_pass_param_writes {
-                m.w_pass = m.w.clone();
-                e.begin(&m)?;
-                l.begin(&m)?;
-            }
         }
         worst = worst.max(e.check(&m, tol, &after)?);
         worst = worst.max(l.check(&m, tol, &after)?);
@@ -477,42 +468,22 @@ fn op_name(op: &StateOp) -> &'static str {
 /// One sequence on eager CPU f64 and linked f64 (held to `Tol::DEFAULT.f64`).
 pub fn state_case_cpu(case: &StateCase) -> CaseResult {
     let eager = Session::<f64>::new(Options::backend(Backend::Cpu)).map_err(|e| e.to_string())?;
-    run_state_case(
-        case,
-        eager,
-        LinkedSession::<f64>::new(),
-        Tol::DEFAULT.f64,
-        true,
-    )
-    .map_err(|e| format!("cpu-f64: {e}"))
+    run_state_case(case, eager, LinkedSession::<f64>::new(), Tol::DEFAULT.f64)
+        .map_err(|e| format!("cpu-f64: {e}"))
 }
 
 /// One sequence on eager CUDA-sim f32 and linked f32 compiled onto the CUDA-sim tape (held to
-/// `Tol::DEFAULT.f32`). A host parameter write starts a fresh pass here: the linked session
-/// on a device backend reads the current pass through the parameters' resident mirrors, so a
-/// tensor recorded before a host write reads the *new* value there (the CPU backend and the
-/// eager sessions keep the recorded one, as `LinkedSession::set_param` documents); see
-/// [`state_case_sim_mid_pass_param_write`].
+/// `Tol::DEFAULT.f32`). Host parameter writes come in the middle of a pass too: a tensor
+/// recorded before the write keeps the recorded value in every read, also where the linked
+/// session compiles the pass with the parameters' resident device mirrors.
 pub fn state_case_sim(case: &StateCase) -> CaseResult {
-    sim_pair(case, false)
-}
-
-/// [`state_case_sim`] with host parameter writes in the middle of a pass, read before the
-/// next reset: fails today on the linked session (known bug, docs/verification.md "tl-nn
-/// layers and session state").
-pub fn state_case_sim_mid_pass_param_write(case: &StateCase) -> CaseResult {
-    sim_pair(case, true)
-}
-
-fn sim_pair(case: &StateCase, mid_pass_param_writes: bool) -> CaseResult {
     let eager =
         Session::<f32>::new(Options::backend(Backend::CudaSim)).map_err(|e| e.to_string())?;
     let mut linked = LinkedSession::<f32>::new();
     linked
         .set_backend(Backend::CudaSim)
         .map_err(|e| e.to_string())?;
-    run_state_case(case, eager, linked, Tol::DEFAULT.f32, mid_pass_param_writes)
-        .map_err(|e| format!("cuda-sim-f32: {e}"))
+    run_state_case(case, eager, linked, Tol::DEFAULT.f32).map_err(|e| format!("cuda-sim-f32: {e}"))
 }
 
 /// The session-state check on both pairs, `min(cfg.cases, STATE_CASES)` sequences each.
