@@ -30,9 +30,9 @@ use crate::checks::reduction_len;
 use crate::metric::{tensor_err, worst_index};
 use crate::{CaseResult, Measured, Report, RunConfig, Tol, run_check};
 
-/// The most cases one (layer, session) cell runs: each case builds a runtime and runs a
-/// whole pass.
-pub const NN_CASES: u32 = 12;
+/// The default number of cases of one (layer, session) cell when `TL_CASES` is not set (the
+/// sizes are small: 64 cases of all 75 cells take well under a second in the test profile).
+pub const NN_CASES: u32 = 64;
 
 /// The seed of the sessions' random ops (dropout masks), shared with the reference.
 pub const NN_SEED: u64 = 7;
@@ -289,6 +289,46 @@ impl LayerSpec {
             LayerSpec::Flatten { .. } => "Flatten",
             LayerSpec::Sequential { .. } => "Sequential",
         }
+    }
+
+    /// Whether the layer normalises its input over groups (LayerNorm: rows; BatchNorm:
+    /// channels).
+    fn normalises(&self) -> bool {
+        matches!(
+            self,
+            LayerSpec::LayerNorm { .. } | LayerSpec::BatchNorm { .. }
+        )
+    }
+
+    /// Spread a normalised input as the registry's norm entries do (`entries::norm`): within
+    /// each group the elements are a permutation of evenly spaced levels 1 apart plus x's own
+    /// value (in ±0.3), so every group of two or more elements has a variance well away from
+    /// 0, where f32 is well conditioned.
+    fn spread(&self, x: Tensor<f64>) -> Tensor<f64> {
+        let place = |i: usize| -> (usize, usize, usize) {
+            match self {
+                LayerSpec::LayerNorm { dim, .. } => (i / dim, i % dim, *dim),
+                LayerSpec::BatchNorm {
+                    channels, n, rest, ..
+                } => {
+                    let r = rest.iter().product::<usize>();
+                    let (b, ch, k) = (i / (channels * r), (i / r) % channels, i % r);
+                    (ch, b * r + k, n * r)
+                }
+                _ => (0, 0, 1),
+            }
+        };
+        let data = x
+            .data()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let (g, pos, count) = place(i);
+                let level = ((pos + g) % count) as f64 - (count as f64 - 1.0) / 2.0;
+                (v + level) as f32 as f64
+            })
+            .collect();
+        Tensor::new(x.shape().clone(), data).unwrap_or(x)
     }
 
     /// Whether the pass is a training pass.
@@ -933,6 +973,12 @@ pub fn layer_cases(name: &str) -> BoxedStrategy<LayerCase> {
                 })
                 .collect();
             let x = match spec.x_shape() {
+                Some(s) if spec.normalises() => {
+                    let spec = spec.clone();
+                    values(s, -0.3, 0.3)
+                        .prop_map(move |x| Some(spec.spread(x)))
+                        .boxed()
+                }
                 Some(s) => values(s, -1.5, 1.5).prop_map(Some).boxed(),
                 None => Just(None).boxed(),
             };
@@ -1119,18 +1165,14 @@ pub fn layer_case(case: &LayerCase, on: NnSession) -> CaseResult {
     r.map_err(|e| format!("{} {}: {e}", case.spec.name(), on.name()))
 }
 
-/// The check for the layer `name` on session `on`: `min(cfg.cases, NN_CASES)` cases, labelled
+/// The check for the layer `name` on session `on`: `cfg.cases` cases, labelled
 /// `nn <layer> <session>`.
 pub fn check_layer(name: &str, on: NnSession, cfg: &RunConfig) -> Report {
-    let cfg = RunConfig {
-        cases: cfg.cases.min(NN_CASES),
-        ..*cfg
-    };
     let label = format!("nn {name} {}", on.name());
     if name == "CrossEntropy" {
-        return run_check(label, &cfg, ce_cases(), move |c| ce_case(c, on));
+        return run_check(label, cfg, ce_cases(), move |c| ce_case(c, on));
     }
-    run_check(label, &cfg, layer_cases(name), move |c| layer_case(c, on))
+    run_check(label, cfg, layer_cases(name), move |c| layer_case(c, on))
 }
 
 /// Every layer on every session.
