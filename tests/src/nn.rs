@@ -1003,9 +1003,9 @@ pub fn layer_cases(name: &str) -> BoxedStrategy<LayerCase> {
         .boxed()
 }
 
-/// The output and the gradients (params in slot order, buffers `None`, then x) of `case` run
-/// through tl-nn on `session`.
-type Run<T> = (Tensor<T>, Vec<Option<Tensor<T>>>);
+/// The output, the gradients (params in slot order, buffers `None`, then x) and the buffers'
+/// values after the pass, of `case` run through tl-nn on `session`.
+type Run<T> = (Tensor<T>, Vec<Option<Tensor<T>>>, Vec<Tensor<T>>);
 
 fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<Run<O::T>, String> {
     let rt = Runtime::new(session);
@@ -1072,6 +1072,12 @@ fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<
         },
     );
     let (value, grads) = out.map_err(|e| format!("the pass failed: {e}"))?;
+    let mut buffers = Vec::new();
+    for (p, (_, slot)) in params.iter().zip(&slots) {
+        if *slot == Slot::Buffer {
+            buffers.push(rt.value_of(p).map_err(|e| format!("buffer value: {e}"))?);
+        }
+    }
     let grads = grads
         .into_iter()
         .enumerate()
@@ -1080,7 +1086,7 @@ fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<
             _ => Some(g),
         })
         .collect();
-    Ok((value, grads))
+    Ok((value, grads, buffers))
 }
 
 /// Compare one run with the f64 reference.
@@ -1112,7 +1118,57 @@ fn compare<T: Scalar>(case: &LayerCase, got: Run<T>) -> CaseResult {
             worst = worst.max(one(g, &want_g[i], tol, &what)?);
         }
     }
+    let want_b = buffers_after(case);
+    if got.2.len() != want_b.len() {
+        return Err(format!(
+            "{} buffers after the pass, {} expected",
+            got.2.len(),
+            want_b.len()
+        ));
+    }
+    for (k, (g, w)) in got.2.iter().zip(&want_b).enumerate() {
+        worst = worst.max(one(g, w, tol, &format!("buffer {k} after the pass"))?);
+    }
     Ok(worst)
+}
+
+/// The buffers' values after the pass: batch norm's running statistics move by PyTorch's rule
+/// in a training pass, `(1 − 0.1)·old + 0.1·batch` (mean; unbiased variance, the old one kept
+/// when the batch has one element per channel), and stay in an eval pass.
+fn buffers_after(case: &LayerCase) -> Vec<Tensor<f64>> {
+    let LayerSpec::BatchNorm {
+        channels,
+        n,
+        rest,
+        training,
+        ..
+    } = &case.spec
+    else {
+        return Vec::new();
+    };
+    let (old_m, old_v) = (&case.params[2], &case.params[3]);
+    let Some(x) = case.x.as_ref().filter(|_| *training) else {
+        return vec![old_m.clone(), old_v.clone()];
+    };
+    let (c, r) = (*channels, rest.iter().product::<usize>());
+    let count = n * r;
+    let group =
+        |ch: usize| (0..*n).flat_map(move |b| (0..r).map(move |k| x.data()[(b * c + ch) * r + k]));
+    let mom = 0.1;
+    let mean = Tensor::from_fn([c], |ch| {
+        let m = group(ch).sum::<f64>() / count as f64;
+        (1.0 - mom) * old_m.data()[ch] + mom * m
+    });
+    let var = Tensor::from_fn([c], |ch| {
+        let m = group(ch).sum::<f64>() / count as f64;
+        if count > 1 {
+            let v = group(ch).map(|v| (v - m) * (v - m)).sum::<f64>() / (count - 1) as f64;
+            (1.0 - mom) * old_v.data()[ch] + mom * v
+        } else {
+            old_v.data()[ch]
+        }
+    });
+    vec![mean, var]
 }
 
 fn one<T: Scalar>(got: &Tensor<T>, want: &Tensor<f64>, tol: f64, what: &str) -> CaseResult {

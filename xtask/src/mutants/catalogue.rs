@@ -544,6 +544,15 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "Embedding::forward accepts id == vocabulary size (the gather gives a zero row)",
         harness: Layers,
     },
+    Mutant {
+        id: "nn-batchnorm-running-var-biased",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/norm.rs",
+        from: "ss / (count - 1) as f64",
+        to: "ss / count as f64",
+        bug: "BatchNorm's running variance takes the biased batch variance (PyTorch: unbiased)",
+        harness: Layers,
+    },
     // ---- tl-session: state between reads ----
     Mutant {
         id: "session-linked-nat-write-keeps-cache",
