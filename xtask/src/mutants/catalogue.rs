@@ -572,4 +572,13 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "the linked session's value cache survives a Nat block write (labels, ids)",
         harness: Layers,
     },
+    Mutant {
+        id: "session-linked-device-mirror-after-host-write",
+        area: Session,
+        file: "crates/tl-session/src/linked/device.rs",
+        from: "Some(&index) if resident && !s.written.contains(&index) => s",
+        to: "Some(&index) if resident => s",
+        bug: "the linked session on a device compiles a pass with a parameter's mirror after a host write mid-pass (tensors recorded before it read the new value)",
+        harness: Layers,
+    },
 ];
