@@ -29,6 +29,9 @@
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
 //! - [`user`]: the harness as a library — checks 0–6 on your own op ([`user::check_user_op`])
 //!   and the catalogue's suite on your own backend ([`user::check_backend`]).
+//! - [`nn`]: tl-nn's layers on every session against the same computation in plain catalogue
+//!   ops; [`checks::session_state`]: the sessions' state after Nat writes, parameter writes,
+//!   optimizer steps, new inputs and resets, eager = linked = a fresh recomputation.
 
 pub mod backend;
 pub mod case;
@@ -39,6 +42,7 @@ pub mod domain;
 pub mod entries;
 pub mod generate;
 pub mod metric;
+pub mod nn;
 pub mod registry;
 pub mod report;
 pub mod user;

@@ -39,17 +39,23 @@ pub enum Area {
     Kernel,
     /// tl-session's optimizers.
     Optim,
+    /// tl-nn: layers, labels, the runtime.
+    Nn,
+    /// tl-session's state between reads: value caches, Nat writes, parameter mirrors.
+    Session,
 }
 
 impl Area {
     /// Every area, in report order.
-    pub const ALL: [Area; 6] = [
+    pub const ALL: [Area; 8] = [
         Area::Spec,
         Area::Ir,
         Area::Cpu,
         Area::Sim,
         Area::Kernel,
         Area::Optim,
+        Area::Nn,
+        Area::Session,
     ];
 
     /// The name used on the command line and in the report.
@@ -61,6 +67,8 @@ impl Area {
             Area::Sim => "sim",
             Area::Kernel => "kernel",
             Area::Optim => "optim",
+            Area::Nn => "nn",
+            Area::Session => "session",
         }
     }
 }
@@ -73,6 +81,11 @@ pub enum Harness {
     /// The same with `--features cuda-emu`: adds the emulated kernels (both reduction modes)
     /// and the device = sim bitwise checks. Needs a C++ compiler.
     Emu,
+    /// The checks of tl-nn and of the sessions' state: the conformance modules `nn_layers`
+    /// and `session_state` and tl-nn's `boundaries` tests
+    /// (`cargo test --workspace --test conformance --test nn -- nn_layers:: session_state::
+    /// boundaries::`).
+    Layers,
 }
 
 impl Harness {
@@ -89,13 +102,25 @@ impl Harness {
             ]);
         }
         a.extend(["--test", "conformance"]);
+        if self == Harness::Layers {
+            a.extend(["--test", "nn"]);
+        }
         a
+    }
+
+    /// The test binaries' arguments (after `--`): the filters of [`Harness::Layers`].
+    fn test_args(self) -> Vec<&'static str> {
+        match self {
+            Harness::Layers => vec!["--", "nn_layers::", "session_state::", "boundaries::"],
+            Harness::Default | Harness::Emu => Vec::new(),
+        }
     }
 
     fn name(self) -> &'static str {
         match self {
             Harness::Default => "conformance",
             Harness::Emu => "conformance + cuda-emu",
+            Harness::Layers => "nn layers + session state",
         }
     }
 }
@@ -170,7 +195,7 @@ usage: cargo xtask mutants [--list] [--check] [--only ID|AREA]... [--cases N] [-
   --list        print the planted bugs and exit
   --check       check that every mutant applies to the tree (its text occurs once); no build
   --only X      run the mutants whose id starts with X, or of area X
-                (spec, ir, cpu, sim, kernel, optim); repeatable
+                (spec, ir, cpu, sim, kernel, optim, nn, session); repeatable
   --cases N     TL_CASES for the harness runs (default: the harness's own)
   --timeout S   seconds one harness run may take before it counts as caught (default 1800)";
 
@@ -296,7 +321,12 @@ fn run_inner(args: &[String]) -> Result<ExitCode, String> {
 
     // The unmutated harness must pass, or nothing below means anything.
     let mut harnesses: Vec<Harness> = picked.iter().map(|m| m.harness).collect();
-    harnesses.sort_by_key(|h| *h == Harness::Emu);
+    // The emulator's build last; equal harnesses adjacent, so each baseline runs once.
+    harnesses.sort_by_key(|h| match h {
+        Harness::Default => 0,
+        Harness::Layers => 1,
+        Harness::Emu => 2,
+    });
     harnesses.dedup();
     for h in harnesses {
         eprintln!("==> baseline: {} (unmutated)", h.name());
@@ -418,7 +448,9 @@ fn harness(h: Harness, o: &Options, log: &Path) -> Result<Outcome, String> {
     if !cargo(&build, o, log, None)?.0 {
         return Ok(Outcome::Unviable);
     }
-    match cargo(&h.cargo_args(), o, log, Some(o.timeout))? {
+    let mut run = h.cargo_args();
+    run.extend(h.test_args());
+    match cargo(&run, o, log, Some(o.timeout))? {
         (true, _) => Ok(Outcome::Missed),
         (false, true) => Ok(Outcome::Timeout),
         (false, false) => {

@@ -14,6 +14,7 @@ mod forward;
 pub mod grid;
 pub mod hard;
 mod session;
+pub mod session_state;
 pub mod sim;
 pub mod tape_api;
 

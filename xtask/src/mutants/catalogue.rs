@@ -9,7 +9,7 @@
 use super::{Area, Harness, Mutant};
 
 use Area::*;
-use Harness::{Default as Plain, Emu};
+use Harness::{Default as Plain, Emu, Layers};
 
 /// Every planted bug, in the order they run (cheapest rebuilds last: kernels, optimizers and the
 /// CUDA sim rebuild fewer crates than the spec).
@@ -523,5 +523,80 @@ pub const MUTANTS: &[Mutant] = &[
         to: "Ok(self.0.axpy_assign(*y, (1.0 - c) as f32, *y)?)",
         bug: "the device optimizers' y ← c·y computes (2 − c)·y",
         harness: Plain,
+    },
+    // ---- tl-nn: layers and labels (judged by nn_layers::, session_state:: and tl-nn's
+    // boundaries:: tests) ----
+    Mutant {
+        id: "nn-linear-forgets-bias",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/linear.rs",
+        from: "let y = match &self.bias {",
+        to: "let y = match &None::<Param> {",
+        bug: "Linear's forward ignores its bias (x·Wᵀ)",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-conv-ignores-padding",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/conv.rs",
+        from: "let k = self.spatial();\n        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);",
+        to: "let k = self.spatial();\n        let (stride, padding) = (vec![self.config.stride; k], vec![0; k]);",
+        bug: "Conv's forward pads with 0 whatever its config says",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-label-off-by-one",
+        area: Nn,
+        file: "crates/tl-nn/src/labels.rs",
+        from: ".find(|(_, v)| **v >= classes)",
+        to: ".find(|(_, v)| **v > classes)",
+        bug: "Labels::new accepts label == classes (cross-entropy then silently gives 0 for it)",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-embedding-id-off-by-one",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/embedding.rs",
+        from: ".find(|(_, id)| **id >= num)",
+        to: ".find(|(_, id)| **id > num)",
+        bug: "Embedding::forward accepts id == vocabulary size (the gather gives a zero row)",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-batchnorm-running-var-biased",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/norm.rs",
+        from: "ss / (count - 1) as f64",
+        to: "ss / count as f64",
+        bug: "BatchNorm's running variance takes the biased batch variance (PyTorch: unbiased)",
+        harness: Layers,
+    },
+    // ---- tl-session: state between reads ----
+    Mutant {
+        id: "session-linked-nat-write-keeps-cache",
+        area: Session,
+        file: "crates/tl-session/src/linked/mod.rs",
+        from: "        self.values.clear();\n        self.nats.write(r, v, self.stamp)",
+        to: "        self.nats.write(r, v, self.stamp)",
+        bug: "the linked session's value cache survives a Nat write (reads return the old value)",
+        harness: Layers,
+    },
+    Mutant {
+        id: "session-linked-nat-vec-write-keeps-cache",
+        area: Session,
+        file: "crates/tl-session/src/linked/mod.rs",
+        from: "        self.values.clear();\n        self.nats.write_vec(r, vs, self.stamp)",
+        to: "        self.nats.write_vec(r, vs, self.stamp)",
+        bug: "the linked session's value cache survives a Nat block write (labels, ids)",
+        harness: Layers,
+    },
+    Mutant {
+        id: "session-linked-device-mirror-after-host-write",
+        area: Session,
+        file: "crates/tl-session/src/linked/device.rs",
+        from: "Some(&index) if resident && !s.written.contains(&index) => s",
+        to: "Some(&index) if resident => s",
+        bug: "the linked session on a device compiles a pass with a parameter's mirror after a host write mid-pass (tensors recorded before it read the new value)",
+        harness: Layers,
     },
 ];

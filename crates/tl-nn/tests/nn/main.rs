@@ -1,6 +1,7 @@
 //! tl-nn's integration tests, one binary: layers and initialisers, the training loop on both
 //! sessions, checkpoints (PyTorch fixtures and bad files), labels and expressions.
 
+mod boundaries;
 mod checkpoint;
 mod custom_op;
 mod expr;

@@ -93,7 +93,7 @@ fn replay_cuda_leaves<T: Scalar, D: Device>(
     for (id, (leaf, value)) in g.leaves().iter().zip(&s.leaves).enumerate() {
         let (name, rg) = (leaf.name.as_deref(), leaf.requires_grad);
         let t = match s.leaf_param.get(&id) {
-            Some(&index) if resident => s
+            Some(&index) if resident && !s.written.contains(&index) => s
                 .params
                 .mirror(index, tape.device_mut())
                 .map(|m| tape.leaf_borrowed(m, name, rg)),
@@ -238,6 +238,10 @@ impl<T: Scalar> LinkedSession<T> {
         }
         let pairs: Vec<(usize, usize)> = self.leaf_param.iter().map(|(&l, &i)| (l, i)).collect();
         for (leaf, index) in pairs {
+            if self.written.contains(&index) {
+                // Written from the host after this leaf was recorded: the leaf keeps its value.
+                continue;
+            }
             self.sync_param(index)?;
             self.leaves[leaf] = self.params.slots[index].host.clone();
         }

@@ -52,6 +52,10 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// Whether a parameter leaf of this graph was recorded with a host value older than its
     /// device mirror (synced by [`sync_leaves`](Self::sync_leaves) before host code reads it).
     leaves_stale: bool,
+    /// Parameters written from the host ([`set_param`](Self::set_param)) while this graph
+    /// had leaves of them: those leaves keep their recorded value, so a compile uploads it
+    /// instead of compiling in the parameter's (newer) resident mirror. Cleared by `reset`.
+    written: std::collections::HashSet<usize>,
 }
 
 /// A linked session's graph replayed into a tape ("compiled").
@@ -178,6 +182,7 @@ impl<T: Scalar> LinkedSession<T> {
             devices: Devices::default(),
             cpu_tape: None,
             leaves_stale: false,
+            written: std::collections::HashSet::new(),
         }
     }
 
@@ -280,6 +285,7 @@ impl<T: Scalar> LinkedSession<T> {
         self.nats = NatEnv::default();
         self.values.clear();
         self.leaves_stale = false;
+        self.written.clear();
         self.stamp.epoch += 1;
     }
 
@@ -331,7 +337,17 @@ impl<T: Scalar> LinkedSession<T> {
     /// from this value on next use). Leaves of the current graph keep the value they were
     /// recorded with.
     pub fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
+        self.params.slot("set_param", p)?;
+        let recorded = self.leaf_param.values().any(|&i| i == p.index);
+        if recorded {
+            // The leaves hold the value they were recorded with (synced from the device
+            // first if a device step made them stale), and compiles use it from now on.
+            self.sync_leaves()?;
+        }
         self.params.write(p, value)?;
+        if recorded {
+            self.written.insert(p.index);
+        }
         self.release_retired();
         Ok(())
     }

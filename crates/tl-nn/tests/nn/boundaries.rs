@@ -1,0 +1,415 @@
+//! Every user-facing check of tl-nn at its exact boundary: the last valid value is accepted
+//! (and gives the right answer), the first invalid value is an error (never a panic) whose
+//! message names the layer or call and the value. Forward-time checks run on the eager and
+//! the linked session.
+
+use tl_nn::{
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Labels, LayerNorm,
+    Linear, MaxPool, Module, MultiHeadAttention, Runtime, SpectralConv1d, data,
+};
+use tl_session::{Backend, Train};
+use tl_spec::Tensor;
+
+use crate::{eager, linked, tensor};
+
+/// The error of `r`, as text, asserting it is one and names every piece of `names`.
+#[track_caller]
+fn error_naming<T: std::fmt::Debug>(r: tl_nn::Result<T>, names: &[&str]) -> String {
+    let e = match r {
+        Ok(v) => {
+            let v: String = format!("{v:?}").chars().take(200).collect();
+            panic!("expected an error naming {names:?}, got Ok({v}…)")
+        }
+        Err(e) => e.to_string(),
+    };
+    for n in names {
+        assert!(e.contains(n), "the error should name {n:?}: {e}");
+    }
+    e
+}
+
+/// Run `f` on an eager (CPU f64) and a linked (f64) runtime.
+fn both(f: impl Fn(&str, &dyn Fn() -> Box<dyn AnyRt>)) {
+    f("eager", &|| Box::new(eager::<f64>(Backend::Cpu, 0)));
+    f("linked", &|| Box::new(linked::<f64>(0)));
+}
+
+/// The calls the boundary tests make, over either session.
+trait AnyRt {
+    fn labels_ce(&self, logits: Tensor<f64>, labels: &Labels) -> tl_nn::Result<f64>;
+    fn embed(&self, num: usize, dim: usize, ids: &[usize]) -> tl_nn::Result<Tensor<f64>>;
+    fn conv(&self, k: usize, pad: usize, size: usize) -> tl_nn::Result<Tensor<f64>>;
+    fn conv_t(
+        &self,
+        k: usize,
+        stride: usize,
+        pad: usize,
+        size: usize,
+    ) -> tl_nn::Result<Tensor<f64>>;
+    fn pool(
+        &self,
+        avg: bool,
+        k: usize,
+        stride: usize,
+        pad: usize,
+        size: usize,
+    ) -> tl_nn::Result<Tensor<f64>>;
+    fn spectral(&self, modes: usize, grid: usize) -> tl_nn::Result<Tensor<f64>>;
+    fn linear(&self, inputs: usize, x_last: usize) -> tl_nn::Result<Tensor<f64>>;
+    fn layer_norm(&self, dim: usize, x_last: usize) -> tl_nn::Result<Tensor<f64>>;
+    fn batch_norm(&self, channels: usize, x_channels: usize) -> tl_nn::Result<Tensor<f64>>;
+    fn accuracy(&self, rows: usize, labels: usize, batch: usize) -> tl_nn::Result<f64>;
+}
+
+impl<O: Train<T = f64>> AnyRt for Runtime<O> {
+    fn labels_ce(&self, logits: Tensor<f64>, labels: &Labels) -> tl_nn::Result<f64> {
+        let v = self.eval(&Vec::<tl_session::Param>::new(), |g| {
+            g.input(logits)?.cross_entropy(labels)
+        })?;
+        Ok(v.item()?)
+    }
+    fn embed(&self, num: usize, dim: usize, ids: &[usize]) -> tl_nn::Result<Tensor<f64>> {
+        let name = format!("emb{num}x{dim}_{}", self.named_params().len());
+        let e = Embedding::new(&self.vars().pp(name), num, dim)?;
+        self.eval(&e, |g| e.forward(g, ids))
+    }
+    fn conv(&self, k: usize, pad: usize, size: usize) -> tl_nn::Result<Tensor<f64>> {
+        let name = format!("conv{}", self.named_params().len());
+        let c = Conv::conv1d(&self.vars().pp(name), 1, 1, k, ConvConfig::padded(pad))?;
+        self.eval(&c, |g| c.forward(&g.input(tensor(&[1, size], 1))?))
+    }
+    fn conv_t(
+        &self,
+        k: usize,
+        stride: usize,
+        pad: usize,
+        size: usize,
+    ) -> tl_nn::Result<Tensor<f64>> {
+        let name = format!("convt{}", self.named_params().len());
+        let c = ConvTranspose::new(
+            &self.vars().pp(name),
+            1,
+            1,
+            &[k],
+            ConvConfig::new(stride, pad),
+        )?;
+        self.eval(&c, |g| c.forward(&g.input(tensor(&[1, size], 2))?))
+    }
+    fn pool(
+        &self,
+        avg: bool,
+        k: usize,
+        stride: usize,
+        pad: usize,
+        size: usize,
+    ) -> tl_nn::Result<Tensor<f64>> {
+        let x = tensor(&[1, size], 3);
+        if avg {
+            let p = AvgPool::new(&[k])?.stride(stride).padding(pad);
+            self.eval(&p, |g| p.forward(&g.input(x)?))
+        } else {
+            let p = MaxPool::new(&[k])?.stride(stride).padding(pad);
+            self.eval(&p, |g| p.forward(&g.input(x)?))
+        }
+    }
+    fn spectral(&self, modes: usize, grid: usize) -> tl_nn::Result<Tensor<f64>> {
+        let name = format!("spec{}", self.named_params().len());
+        let s = SpectralConv1d::new(&self.vars().pp(name), 2, modes)?;
+        self.eval(&s, |g| s.forward(&g.input(tensor(&[grid, 2], 4))?))
+    }
+    fn linear(&self, inputs: usize, x_last: usize) -> tl_nn::Result<Tensor<f64>> {
+        let name = format!("lin{}", self.named_params().len());
+        let l = Linear::new(&self.vars().pp(name), inputs, 2)?;
+        self.eval(&l, |g| l.forward(&g.input(tensor(&[3, x_last], 5))?))
+    }
+    fn layer_norm(&self, dim: usize, x_last: usize) -> tl_nn::Result<Tensor<f64>> {
+        let name = format!("ln{}", self.named_params().len());
+        let l = LayerNorm::new(&self.vars().pp(name), dim)?;
+        self.eval(&l, |g| l.forward(&g.input(tensor(&[2, x_last], 6))?))
+    }
+    fn batch_norm(&self, channels: usize, x_channels: usize) -> tl_nn::Result<Tensor<f64>> {
+        let name = format!("bn{}", self.named_params().len());
+        let b = BatchNorm::new(&self.vars().pp(name), channels)?;
+        self.eval(&b, |g| b.forward(&g.input(tensor(&[2, x_channels, 3], 7))?))
+    }
+    fn accuracy(&self, rows: usize, labels: usize, batch: usize) -> tl_nn::Result<f64> {
+        let name = format!("acc{}", self.named_params().len());
+        let l = Linear::new(&self.vars().pp(name), 2, 3)?;
+        let labels = Labels::new(vec![0; labels], 3)?;
+        self.accuracy(&l, &tensor(&[rows, 2], 8), &labels, batch)
+    }
+}
+
+#[test]
+fn labels_accept_the_last_class_and_reject_the_next() {
+    let l = Labels::new(vec![0, 2], 3).unwrap();
+    assert_eq!((l.values(), l.classes(), l.len()), (&[0, 2][..], 3, 2));
+    error_naming(
+        Labels::new(vec![0, 3], 3),
+        &["Labels::new", "label 3", "position 1", "3 classes"],
+    );
+    error_naming(Labels::new(vec![], 0), &["Labels::new", "at least 1"]);
+    // One class: label 0 is the only valid one.
+    Labels::new(vec![0, 0], 1).unwrap();
+    error_naming(
+        Labels::new(vec![1], 1),
+        &["Labels::new", "label 1", "1 classes"],
+    );
+    // select: the last position is valid, the next is not.
+    assert_eq!(l.select(&[1]).unwrap().values(), &[2]);
+    error_naming(
+        l.select(&[2]),
+        &["Labels::select", "position 2", "2 labels"],
+    );
+}
+
+#[test]
+fn cross_entropy_takes_the_last_class_and_rejects_mismatched_labels() {
+    both(|name, rt| {
+        let rt = rt();
+        // logits (2, 3): row 0 = [0, 0, 0], row 1 = [0, 0, ln 2]; label 2 is the last class.
+        let logits = Tensor::new([2, 3], vec![0.0, 0.0, 0.0, 0.0, 0.0, 2f64.ln()]).unwrap();
+        let want = (3f64.ln() + (4f64.ln() - 2f64.ln())) / 2.0;
+        let got = rt
+            .labels_ce(logits.clone(), &Labels::new(vec![2, 2], 3).unwrap())
+            .unwrap();
+        assert!((got - want).abs() < 1e-12, "{name}: {got} vs {want}");
+        // Labels of 4 classes against 3 logits, and one label too many: errors naming both.
+        let four = Labels::new(vec![3, 0], 4).unwrap();
+        error_naming(
+            rt.labels_ce(logits.clone(), &four),
+            &["Var::cross_entropy", "3 classes", "4 classes"],
+        );
+        let three_rows = Labels::new(vec![0, 1, 2], 3).unwrap();
+        error_naming(
+            rt.labels_ce(logits, &three_rows),
+            &["Var::cross_entropy", "2 row(s)", "3 value(s)"],
+        );
+    });
+}
+
+#[test]
+fn embedding_takes_the_last_row_and_rejects_the_vocabulary_size() {
+    both(|name, rt| {
+        let rt = rt();
+        let rows = rt.embed(4, 2, &[3, 0]).unwrap();
+        assert_eq!(rows.shape().dims(), [2, 2], "{name}");
+        let e = error_naming(
+            rt.embed(4, 2, &[0, 4]),
+            &["Embedding::forward", "id 4", "position 1", "4 rows"],
+        );
+        assert!(!e.contains("panick"), "{e}");
+        error_naming(rt.embed(0, 2, &[]), &["Embedding::new", "0 × 2"]);
+        error_naming(rt.embed(1, 0, &[]), &["Embedding::new", "1 × 0"]);
+    });
+    // The picked row is the table's last row, exactly.
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let e = Embedding::new(&rt.vars().pp("e"), 3, 2).unwrap();
+    let table = rt.value_of(&e.weight).unwrap();
+    let got = rt.eval(&e, |g| e.forward(g, &[2])).unwrap();
+    assert_eq!(got.data(), &table.data()[4..6]);
+}
+
+#[test]
+fn layer_sizes_of_zero_are_errors_naming_the_layer() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let v = rt.vars();
+    Linear::new(&v.pp("l1"), 1, 1).unwrap();
+    error_naming(Linear::new(&v.pp("l2"), 0, 1), &["Linear::new", "0 → 1"]);
+    error_naming(Linear::new(&v.pp("l3"), 1, 0), &["Linear::new", "1 → 0"]);
+    Conv::new(&v.pp("c1"), 1, 1, &[1; 8], ConvConfig::default()).unwrap();
+    error_naming(
+        Conv::new(&v.pp("c2"), 1, 1, &[1; 9], ConvConfig::default()),
+        &["Conv::new", "kernel [1, 1, 1, 1, 1, 1, 1, 1, 1]"],
+    );
+    error_naming(
+        Conv::new(&v.pp("c3"), 1, 1, &[], ConvConfig::default()),
+        &["Conv::new", "kernel []"],
+    );
+    error_naming(
+        Conv::new(&v.pp("c4"), 1, 1, &[2, 0], ConvConfig::default()),
+        &["Conv::new", "kernel [2, 0]"],
+    );
+    error_naming(
+        Conv::new(&v.pp("c5"), 0, 1, &[1], ConvConfig::default()),
+        &["Conv::new", "0 → 1"],
+    );
+    error_naming(
+        Conv::new(&v.pp("c6"), 1, 1, &[1], ConvConfig::new(0, 0)),
+        &["Conv::new", "stride 0"],
+    );
+    Conv::new(&v.pp("c7"), 1, 1, &[1], ConvConfig::new(1, 0)).unwrap();
+    error_naming(
+        ConvTranspose::new(&v.pp("t1"), 1, 0, &[1], ConvConfig::default()),
+        &["ConvTranspose::new", "1 → 0"],
+    );
+    MaxPool::new(&[1]).unwrap();
+    error_naming(MaxPool::new(&[1, 0]), &["MaxPool::new", "[1, 0]"]);
+    error_naming(AvgPool::new(&[]), &["AvgPool::new", "[]"]);
+    LayerNorm::with_eps(&v.pp("n1"), 1, f64::MIN_POSITIVE).unwrap();
+    error_naming(
+        LayerNorm::with_eps(&v.pp("n2"), 1, 0.0),
+        &["LayerNorm::new", "ε 0"],
+    );
+    error_naming(
+        LayerNorm::with_eps(&v.pp("n3"), 0, 1e-5),
+        &["LayerNorm::new", "dim 0"],
+    );
+    error_naming(
+        LayerNorm::with_eps(&v.pp("n4"), 1, f64::INFINITY),
+        &["LayerNorm::new", "ε inf"],
+    );
+    BatchNorm::with(&v.pp("b1"), 1, 1e-5, 1.0).unwrap();
+    BatchNorm::with(&v.pp("b2"), 1, 1e-5, 0.0).unwrap();
+    error_naming(
+        BatchNorm::with(&v.pp("b3"), 1, 1e-5, 1.0 + f64::EPSILON),
+        &["BatchNorm::new", "momentum 1.0000000000000002"],
+    );
+    error_naming(
+        BatchNorm::with(&v.pp("b4"), 1, 1e-5, -f64::MIN_POSITIVE),
+        &["BatchNorm::new", "momentum -"],
+    );
+    error_naming(
+        BatchNorm::with(&v.pp("b5"), 0, 1e-5, 0.1),
+        &["BatchNorm::new", "got 0"],
+    );
+    MultiHeadAttention::new(&v.pp("a1"), 3, 3, false).unwrap();
+    error_naming(
+        MultiHeadAttention::new(&v.pp("a2"), 3, 2, false),
+        &["MultiHeadAttention::new", "d 3, heads 2"],
+    );
+    error_naming(
+        MultiHeadAttention::new(&v.pp("a3"), 3, 0, false),
+        &["MultiHeadAttention::new", "heads 0"],
+    );
+    error_naming(
+        MultiHeadAttention::new(&v.pp("a4"), 0, 1, false),
+        &["MultiHeadAttention::new", "d 0"],
+    );
+    SpectralConv1d::new(&v.pp("s1"), 1, 1).unwrap();
+    error_naming(
+        SpectralConv1d::new(&v.pp("s2"), 1, 0),
+        &["SpectralConv1d::new", "modes 0"],
+    );
+    error_naming(
+        SpectralConv1d::new(&v.pp("s3"), 0, 1),
+        &["SpectralConv1d::new", "width 0"],
+    );
+}
+
+#[test]
+fn dropout_takes_probabilities_just_below_one() {
+    let below = f64::from_bits(1f64.to_bits() - 1);
+    Dropout::new(0.0).unwrap();
+    Dropout::new(below).unwrap();
+    error_naming(Dropout::new(1.0), &["Dropout::new", "got 1"]);
+    error_naming(Dropout::new(-f64::MIN_POSITIVE), &["Dropout::new", "got -"]);
+    error_naming(Dropout::new(f64::NAN), &["Dropout::new", "NaN"]);
+}
+
+#[test]
+fn convolution_and_pool_windows_fit_exactly_or_are_errors() {
+    both(|name, rt| {
+        let rt = rt();
+        // Conv k=3, no padding: an input of 3 gives one output, 2 is an error.
+        assert_eq!(rt.conv(3, 0, 3).unwrap().shape().dims(), [1, 1], "{name}");
+        error_naming(rt.conv(3, 0, 2), &["conv", "kernel [3]", "input [1, 2]"]);
+        // With padding 1, an input of 1 fits a kernel of 3 (1 + 2·1 = 3).
+        assert_eq!(rt.conv(3, 1, 1).unwrap().shape().dims(), [1, 1], "{name}");
+        // Transposed: out = (size − 1)·stride − 2·pad + k; (1 − 1)·1 − 2·1 + 3 = 1 fits,
+        // padding 2 gives −1: an error.
+        assert_eq!(
+            rt.conv_t(3, 1, 1, 1).unwrap().shape().dims(),
+            [1, 1],
+            "{name}"
+        );
+        error_naming(
+            rt.conv_t(3, 1, 2, 1),
+            &["convTranspose", "padding [2]", "empty output"],
+        );
+        for avg in [false, true] {
+            // Pool k=2: an input of 2 gives one window, 1 is an error; padding 1 (2·1 ≤ 2) is
+            // accepted, padding 2 is not; stride 0 is an error.
+            assert_eq!(
+                rt.pool(avg, 2, 2, 0, 2).unwrap().shape().dims(),
+                [1, 1],
+                "{name}"
+            );
+            error_naming(
+                rt.pool(avg, 2, 2, 0, 1),
+                &["pool", "kernel [2]", "input [1, 1]"],
+            );
+            assert_eq!(
+                rt.pool(avg, 2, 2, 1, 2).unwrap().shape().dims(),
+                [1, 2],
+                "{name}"
+            );
+            error_naming(rt.pool(avg, 2, 2, 2, 2), &["pool", "padding [2]"]);
+            error_naming(rt.pool(avg, 2, 0, 0, 2), &["pool", "stride [0]"]);
+        }
+        // Spectral: 3 modes need a grid of 4 (4/2 + 1 = 3); a grid of 3 keeps only 2.
+        assert_eq!(rt.spectral(3, 4).unwrap().shape().dims(), [4, 2], "{name}");
+        error_naming(
+            rt.spectral(3, 3),
+            &["spectralConv1dRfft", "grid 3", "got 3"],
+        );
+    });
+}
+
+#[test]
+fn input_widths_must_match_the_layer() {
+    both(|name, rt| {
+        let rt = rt();
+        assert_eq!(rt.linear(4, 4).unwrap().shape().dims(), [3, 2], "{name}");
+        error_naming(
+            rt.linear(4, 5),
+            &["Linear::forward", "[3, 5]", "4 input features"],
+        );
+        error_naming(
+            rt.linear(4, 3),
+            &["Linear::forward", "[3, 3]", "4 input features"],
+        );
+        assert_eq!(
+            rt.layer_norm(3, 3).unwrap().shape().dims(),
+            [2, 3],
+            "{name}"
+        );
+        error_naming(rt.layer_norm(3, 4), &["layerNorm", "x [2, 4]", "[3]"]);
+        assert_eq!(
+            rt.batch_norm(2, 2).unwrap().shape().dims(),
+            [2, 2, 3],
+            "{name}"
+        );
+        error_naming(
+            rt.batch_norm(2, 3),
+            &["BatchNorm::forward", "[2, 3, 3]", "2 channels"],
+        );
+    });
+}
+
+#[test]
+fn accuracy_and_batches_take_batch_one_and_reject_zero() {
+    both(|name, rt| {
+        let rt = rt();
+        let a = rt.accuracy(3, 3, 1).unwrap();
+        assert!((0.0..=1.0).contains(&a), "{name}: {a}");
+        // A batch larger than the data is one batch of everything.
+        assert_eq!(rt.accuracy(3, 3, 4).unwrap(), a, "{name}");
+        error_naming(rt.accuracy(3, 3, 0), &["Runtime::accuracy", "batch 0"]);
+        error_naming(rt.accuracy(3, 2, 1), &["Runtime::accuracy", "2 labels"]);
+        error_naming(rt.accuracy(0, 0, 1), &["Runtime::accuracy", "0 labels"]);
+    });
+    let (train, _) = data::digits().unwrap();
+    let train = train.truncate(5);
+    let b = train.batches::<f32>(5, data::CLASSES, 0).unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(train.batches::<f32>(1, data::CLASSES, 0).unwrap().len(), 5);
+    error_naming(
+        train.batches::<f32>(0, data::CLASSES, 0),
+        &["Split::batches", "at least 1"],
+    );
+    // Labels of the digits are 0..=9: 10 classes hold them, fewer may not.
+    let all = data::digits().unwrap().0;
+    all.labels(data::CLASSES).unwrap();
+    error_naming(all.labels(9), &["Labels::new", "label 9", "9 classes"]);
+}

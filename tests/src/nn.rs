@@ -1,0 +1,1344 @@
+//! tl-nn's layers under the harness: every layer of `tl_nn` (Linear, Conv, ConvTranspose,
+//! MaxPool, AvgPool, LayerNorm, BatchNorm, Embedding, Dropout, MultiHeadAttention,
+//! SpectralConv1d, the activations, Flatten, Sequential) on random sizes, parameters and
+//! inputs, on every session: eager CPU (f64, f32), eager CUDA simulation (f32) and linked
+//! (f64, f32).
+//!
+//! For each case the layer's output and the gradients of a random linear functional
+//! `⟨seed, output⟩` with respect to every trainable parameter and the input must equal the same
+//! computation written with plain catalogue ops ([`LayerSpec::reference`], a `GraphBuilder`
+//! graph evaluated and differentiated by the IR in f64: `eval` / `backprop_all`). The
+//! reference does not read the layer's fields: it is built from the case's own sizes and
+//! settings, so a layer that drops its bias, pads wrongly or swaps operands fails. Every value
+//! is f32-representable, so each session sees exactly the reference's inputs; tolerances are
+//! [`Tol::DEFAULT`]'s (f64: 1e-10; f32: 1e-4 scaled by the reference's longest reduction).
+
+use std::cell::RefCell;
+
+use proptest::prelude::*;
+use tl_ir::{GraphBuilder, GraphData, Id, Op};
+use tl_nn::{
+    Activation, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm,
+    Linear, MaxPool, Module, MultiHeadAttention, Parameters, Runtime, Sequential, SpectralConv1d,
+    Vars,
+};
+use tl_session::{Backend, LinkedSession, Options, Param, Session, TensorRef, Train};
+use tl_spec::ops::attention::Mask;
+use tl_spec::{Scalar, Shape, Tensor};
+
+use crate::checks::reduction_len;
+use crate::metric::{tensor_err, worst_index};
+use crate::{CaseResult, Measured, Report, RunConfig, Tol, run_check};
+
+/// The default number of cases of one (layer, session) cell when `TL_CASES` is not set (the
+/// sizes are small: 64 cases of all 75 cells take well under a second in the test profile).
+pub const NN_CASES: u32 = 64;
+
+/// The seed of the sessions' random ops (dropout masks), shared with the reference.
+pub const NN_SEED: u64 = 7;
+
+/// The sessions every layer runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NnSession {
+    /// Eager `Session<f64>` on the CPU tape.
+    CpuF64,
+    /// Eager `Session<f32>` on the CPU tape.
+    CpuF32,
+    /// Eager `Session<f32>` on the CUDA tape over the simulation device.
+    SimF32,
+    /// `LinkedSession<f64>` (values by IR eval, gradients by `backward_dense_all`).
+    LinkedF64,
+    /// `LinkedSession<f32>`.
+    LinkedF32,
+}
+
+impl NnSession {
+    /// Every session, in report order.
+    pub const ALL: [NnSession; 5] = [
+        NnSession::CpuF64,
+        NnSession::CpuF32,
+        NnSession::SimF32,
+        NnSession::LinkedF64,
+        NnSession::LinkedF32,
+    ];
+
+    /// The name in labels and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            NnSession::CpuF64 => "eager cpu-f64",
+            NnSession::CpuF32 => "eager cpu-f32",
+            NnSession::SimF32 => "eager cuda-sim-f32",
+            NnSession::LinkedF64 => "linked f64",
+            NnSession::LinkedF32 => "linked f32",
+        }
+    }
+}
+
+/// A session a layer case can run on: [`Train`] plus the gradients of a seeded backward pass.
+pub trait LayerSession: Train {
+    /// Backward from `out` with cotangent `seed`, then the gradient of each of `wrt`.
+    fn seeded_grads(
+        &mut self,
+        out: &TensorRef,
+        seed: Tensor<Self::T>,
+        wrt: &[TensorRef],
+    ) -> tl_session::Result<Vec<Tensor<Self::T>>>;
+}
+
+impl<T: Scalar> LayerSession for Session<T> {
+    fn seeded_grads(
+        &mut self,
+        out: &TensorRef,
+        seed: Tensor<T>,
+        wrt: &[TensorRef],
+    ) -> tl_session::Result<Vec<Tensor<T>>> {
+        self.backward_with_seed(out, seed)?;
+        wrt.iter().map(|r| self.grad_of(r)).collect()
+    }
+}
+
+impl<T: Scalar> LayerSession for LinkedSession<T> {
+    fn seeded_grads(
+        &mut self,
+        out: &TensorRef,
+        seed: Tensor<T>,
+        wrt: &[TensorRef],
+    ) -> tl_session::Result<Vec<Tensor<T>>> {
+        let dense = self.backward_dense_all(out, &seed)?;
+        wrt.iter().map(|r| self.grad_of(&dense, r)).collect()
+    }
+}
+
+/// The activations of [`Activation`], for generation.
+const ACTIVATIONS: [Activation; 6] = [
+    Activation::Relu,
+    Activation::Tanh,
+    Activation::Sigmoid,
+    Activation::Gelu,
+    Activation::Silu,
+    Activation::Softplus,
+];
+
+/// One layer with its sizes and settings (what the case generator draws).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayerSpec {
+    /// `Linear::with_bias(inputs, outputs, bias)` on x (lead…, inputs).
+    Linear {
+        /// Input features.
+        inputs: usize,
+        /// Output features.
+        outputs: usize,
+        /// Whether the layer has a bias.
+        bias: bool,
+        /// Leading axes of x (0 to 2 of them).
+        lead: Vec<usize>,
+    },
+    /// `Conv::new` (or `ConvTranspose::new` when `transpose`) on x ([N,] inputs, spatial…).
+    Conv {
+        /// Transposed convolution.
+        transpose: bool,
+        /// Input channels.
+        inputs: usize,
+        /// Output channels.
+        outputs: usize,
+        /// Kernel size per spatial axis.
+        kernel: Vec<usize>,
+        /// Stride (all axes).
+        stride: usize,
+        /// Padding (all axes).
+        padding: usize,
+        /// Batch size, if x has a batch axis.
+        batch: Option<usize>,
+        /// Spatial sizes of x.
+        spatial: Vec<usize>,
+    },
+    /// `MaxPool` (or `AvgPool` when `avg`) with stride and padding on x ([N,] C, spatial…).
+    Pool {
+        /// Average instead of max.
+        avg: bool,
+        /// Kernel per spatial axis.
+        kernel: Vec<usize>,
+        /// Stride (all axes).
+        stride: usize,
+        /// Padding (all axes; 2·padding ≤ every kernel size).
+        padding: usize,
+        /// x's leading axes (channels, or batch and channels).
+        lead: Vec<usize>,
+        /// Spatial sizes of x.
+        spatial: Vec<usize>,
+    },
+    /// `LayerNorm::with_eps(dim, eps)` on x (lead…, dim).
+    LayerNorm {
+        /// Normalised width.
+        dim: usize,
+        /// ε.
+        eps: f64,
+        /// Leading axes of x.
+        lead: Vec<usize>,
+    },
+    /// `BatchNorm::with(channels, eps, momentum 0.1)` on x (n, channels, rest…), in a training
+    /// pass (batch statistics) or an eval pass (running statistics).
+    BatchNorm {
+        /// Channels.
+        channels: usize,
+        /// Batch size.
+        n: usize,
+        /// Trailing axes.
+        rest: Vec<usize>,
+        /// ε.
+        eps: f64,
+        /// Training pass.
+        training: bool,
+    },
+    /// `Embedding::new(num, dim)` picking rows `ids`.
+    Embedding {
+        /// Rows of the table.
+        num: usize,
+        /// Width of a row.
+        dim: usize,
+        /// The ids picked.
+        ids: Vec<usize>,
+    },
+    /// `Dropout::new(p)` on x of `shape`, in a training or eval pass.
+    Dropout {
+        /// Drop probability.
+        p: f64,
+        /// Training pass.
+        training: bool,
+        /// x's shape.
+        shape: Vec<usize>,
+    },
+    /// `MultiHeadAttention::new(heads·head_dim, heads, causal)` on x ([B,] n, d).
+    Attention {
+        /// Heads.
+        heads: usize,
+        /// Width per head.
+        head_dim: usize,
+        /// Causal mask.
+        causal: bool,
+        /// Sequence length.
+        n: usize,
+        /// Batch size, if x has a batch axis.
+        batch: Option<usize>,
+    },
+    /// `SpectralConv1d::new(width, modes)` on x ([B,] grid, width).
+    Spectral {
+        /// Channels.
+        width: usize,
+        /// Kept bins.
+        modes: usize,
+        /// Grid points.
+        grid: usize,
+        /// Batch size, if x has a batch axis.
+        batch: Option<usize>,
+    },
+    /// An [`Activation`] on x of `shape`.
+    Activation {
+        /// Which.
+        act: Activation,
+        /// x's shape.
+        shape: Vec<usize>,
+    },
+    /// `Flatten` on x of `shape` (rank ≥ 2).
+    Flatten {
+        /// x's shape.
+        shape: Vec<usize>,
+    },
+    /// `Sequential`: Linear(inputs, hidden), Tanh, Linear(hidden, outputs) on x (rows, inputs).
+    Sequential {
+        /// Input features.
+        inputs: usize,
+        /// Hidden features.
+        hidden: usize,
+        /// Output features.
+        outputs: usize,
+        /// Rows of x.
+        rows: usize,
+    },
+}
+
+/// What a parameter slot of a layer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Trainable, values in [-1, 1].
+    Weight,
+    /// A buffer (no gradient); values in [0.5, 1.5] (a running variance must be positive).
+    Buffer,
+}
+
+impl LayerSpec {
+    /// The layer's name in labels (`Linear`, `Conv`, `ConvTranspose`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            LayerSpec::Linear { .. } => "Linear",
+            LayerSpec::Conv {
+                transpose: false, ..
+            } => "Conv",
+            LayerSpec::Conv {
+                transpose: true, ..
+            } => "ConvTranspose",
+            LayerSpec::Pool { avg: false, .. } => "MaxPool",
+            LayerSpec::Pool { avg: true, .. } => "AvgPool",
+            LayerSpec::LayerNorm { .. } => "LayerNorm",
+            LayerSpec::BatchNorm { .. } => "BatchNorm",
+            LayerSpec::Embedding { .. } => "Embedding",
+            LayerSpec::Dropout { .. } => "Dropout",
+            LayerSpec::Attention { .. } => "MultiHeadAttention",
+            LayerSpec::Spectral { .. } => "SpectralConv1d",
+            LayerSpec::Activation { .. } => "Activation",
+            LayerSpec::Flatten { .. } => "Flatten",
+            LayerSpec::Sequential { .. } => "Sequential",
+        }
+    }
+
+    /// Whether the layer normalises its input over groups (LayerNorm: rows; BatchNorm:
+    /// channels).
+    fn normalises(&self) -> bool {
+        matches!(
+            self,
+            LayerSpec::LayerNorm { .. } | LayerSpec::BatchNorm { .. }
+        )
+    }
+
+    /// Spread a normalised input as the registry's norm entries do (`entries::norm`): within
+    /// each group the elements are a permutation of evenly spaced levels 1 apart plus x's own
+    /// value (in ±0.3), so every group of two or more elements has a variance well away from
+    /// 0, where f32 is well conditioned.
+    fn spread(&self, x: Tensor<f64>) -> Tensor<f64> {
+        let place = |i: usize| -> (usize, usize, usize) {
+            match self {
+                LayerSpec::LayerNorm { dim, .. } => (i / dim, i % dim, *dim),
+                LayerSpec::BatchNorm {
+                    channels, n, rest, ..
+                } => {
+                    let r = rest.iter().product::<usize>();
+                    let (b, ch, k) = (i / (channels * r), (i / r) % channels, i % r);
+                    (ch, b * r + k, n * r)
+                }
+                _ => (0, 0, 1),
+            }
+        };
+        let data = x
+            .data()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let (g, pos, count) = place(i);
+                let level = ((pos + g) % count) as f64 - (count as f64 - 1.0) / 2.0;
+                (v + level) as f32 as f64
+            })
+            .collect();
+        Tensor::new(x.shape().clone(), data).unwrap_or(x)
+    }
+
+    /// Whether the pass is a training pass.
+    fn training(&self) -> bool {
+        match self {
+            LayerSpec::BatchNorm { training, .. } | LayerSpec::Dropout { training, .. } => {
+                *training
+            }
+            _ => false,
+        }
+    }
+
+    /// x's shape (`None`: the layer takes ids, not a tensor).
+    fn x_shape(&self) -> Option<Vec<usize>> {
+        let cat = |a: &[usize], b: &[usize]| a.iter().chain(b).copied().collect::<Vec<_>>();
+        let opt = |b: &Option<usize>| b.iter().copied().collect::<Vec<_>>();
+        Some(match self {
+            LayerSpec::Linear { inputs, lead, .. } => cat(lead, &[*inputs]),
+            LayerSpec::Conv {
+                inputs,
+                batch,
+                spatial,
+                ..
+            } => cat(&cat(&opt(batch), &[*inputs]), spatial),
+            LayerSpec::Pool { lead, spatial, .. } => cat(lead, spatial),
+            LayerSpec::LayerNorm { dim, lead, .. } => cat(lead, &[*dim]),
+            LayerSpec::BatchNorm {
+                channels, n, rest, ..
+            } => cat(&[*n, *channels], rest),
+            LayerSpec::Embedding { .. } => return None,
+            LayerSpec::Dropout { shape, .. }
+            | LayerSpec::Activation { shape, .. }
+            | LayerSpec::Flatten { shape } => shape.clone(),
+            LayerSpec::Attention {
+                heads,
+                head_dim,
+                n,
+                batch,
+                ..
+            } => cat(&opt(batch), &[*n, heads * head_dim]),
+            LayerSpec::Spectral {
+                width, grid, batch, ..
+            } => cat(&opt(batch), &[*grid, *width]),
+            LayerSpec::Sequential { inputs, rows, .. } => vec![*rows, *inputs],
+        })
+    }
+
+    /// The layer's parameters in `visit_params` order, with their shapes.
+    fn slots(&self) -> Vec<(Vec<usize>, Slot)> {
+        use Slot::*;
+        match self {
+            LayerSpec::Linear {
+                inputs,
+                outputs,
+                bias,
+                ..
+            } => {
+                let mut v = vec![(vec![*outputs, *inputs], Weight)];
+                if *bias {
+                    v.push((vec![*outputs], Weight));
+                }
+                v
+            }
+            LayerSpec::Conv {
+                transpose,
+                inputs,
+                outputs,
+                kernel,
+                ..
+            } => {
+                let lead = if *transpose {
+                    [*inputs, *outputs]
+                } else {
+                    [*outputs, *inputs]
+                };
+                let w = lead.iter().chain(kernel).copied().collect();
+                vec![(w, Weight), (vec![*outputs], Weight)]
+            }
+            LayerSpec::LayerNorm { dim, .. } => vec![(vec![*dim], Weight), (vec![*dim], Weight)],
+            LayerSpec::BatchNorm { channels, .. } => vec![
+                (vec![*channels], Weight),
+                (vec![*channels], Weight),
+                (vec![*channels], Buffer),
+                (vec![*channels], Buffer),
+            ],
+            LayerSpec::Embedding { num, dim, .. } => vec![(vec![*num, *dim], Weight)],
+            LayerSpec::Attention {
+                heads, head_dim, ..
+            } => {
+                let d = heads * head_dim;
+                vec![(vec![d, d], Weight); 4]
+            }
+            LayerSpec::Spectral { width, modes, .. } => {
+                vec![(vec![*modes, *width, *width], Weight); 2]
+            }
+            LayerSpec::Sequential {
+                inputs,
+                hidden,
+                outputs,
+                ..
+            } => vec![
+                (vec![*hidden, *inputs], Weight),
+                (vec![*hidden], Weight),
+                (vec![*outputs, *hidden], Weight),
+                (vec![*outputs], Weight),
+            ],
+            LayerSpec::Pool { .. }
+            | LayerSpec::Dropout { .. }
+            | LayerSpec::Activation { .. }
+            | LayerSpec::Flatten { .. } => Vec::new(),
+        }
+    }
+
+    /// The layer written with plain catalogue ops: `p` are the parameters' leaves (in
+    /// [`LayerSpec::slots`] order), `x` the input's; returns the output id.
+    pub fn reference(&self, b: &mut GraphBuilder, p: &[Id], x: Option<Id>) -> tl_ir::Result<Id> {
+        let x = || {
+            x.ok_or(tl_ir::Error::Count {
+                what: "nn reference: the layer's input",
+                expected: 1,
+                got: 0,
+            })
+        };
+        let reshape = |b: &mut GraphBuilder, v: Id, dims: &[usize]| {
+            b.apply(Op::Reshape(Shape::new(dims)), &[v])
+        };
+        match self {
+            LayerSpec::Linear {
+                inputs,
+                outputs,
+                lead,
+                ..
+            } => {
+                let rows = lead.iter().product::<usize>();
+                let bias = p.get(1).copied();
+                let y = linear_ref(b, p[0], bias, x()?, rows, *inputs, *outputs)?;
+                let out: Vec<usize> = lead.iter().chain([outputs]).copied().collect();
+                reshape(b, y, &out)
+            }
+            LayerSpec::Conv {
+                transpose,
+                kernel,
+                stride,
+                padding,
+                ..
+            } => {
+                let d = kernel.len();
+                let (stride, padding) = (vec![*stride; d], vec![*padding; d]);
+                let op = if *transpose {
+                    Op::ConvTranspose { stride, padding }
+                } else {
+                    Op::Conv { stride, padding }
+                };
+                b.apply(op, &[p[0], p[1], x()?])
+            }
+            LayerSpec::Pool {
+                avg,
+                kernel,
+                stride,
+                padding,
+                ..
+            } => {
+                let d = kernel.len();
+                let (kernel, stride, padding) =
+                    (kernel.clone(), vec![*stride; d], vec![*padding; d]);
+                let op = if *avg {
+                    Op::AvgPool {
+                        kernel,
+                        stride,
+                        padding,
+                    }
+                } else {
+                    Op::MaxPool {
+                        kernel,
+                        stride,
+                        padding,
+                    }
+                };
+                b.apply(op, &[x()?])
+            }
+            LayerSpec::LayerNorm { eps, .. } => {
+                b.apply(Op::LayerNorm { eps: *eps }, &[x()?, p[0], p[1]])
+            }
+            LayerSpec::BatchNorm {
+                channels,
+                n,
+                rest,
+                eps,
+                training,
+            } => {
+                let (c, r) = (*channels, rest.iter().product::<usize>());
+                let full: Vec<usize> = [*n, c].iter().chain(rest).copied().collect();
+                let to = Shape::new(&[*n, c, r, 1]);
+                let x4 = reshape(b, x()?, to.dims())?;
+                let y = if *training {
+                    b.apply(Op::BatchNorm { eps: *eps }, &[x4, p[0], p[1]])?
+                } else {
+                    // (x − mean)/√(var + ε)·γ + β per channel, the running statistics as given.
+                    let per = |b: &mut GraphBuilder, v: Id| -> tl_ir::Result<Id> {
+                        let v = reshape(b, v, &[c, 1, 1])?;
+                        b.apply(Op::BroadcastTo(to.clone()), &[v])
+                    };
+                    let eps = b.apply(Op::Constant(Tensor::full([c], *eps)), &[])?;
+                    let var = b.apply(Op::Add, &[p[3], eps])?;
+                    let sd = b.apply(Op::Sqrt, &[var])?;
+                    let (mean, sd, gamma, beta) =
+                        (per(b, p[2])?, per(b, sd)?, per(b, p[0])?, per(b, p[1])?);
+                    let centred = b.apply(Op::Sub, &[x4, mean])?;
+                    let xhat = b.apply(Op::Div, &[centred, sd])?;
+                    let scaled = b.apply(Op::Mul, &[xhat, gamma])?;
+                    b.apply(Op::Add, &[scaled, beta])?
+                };
+                reshape(b, y, &full)
+            }
+            LayerSpec::Embedding { num, ids, .. } => {
+                // One-hot rows times the table.
+                let k = ids.len();
+                let onehot =
+                    Tensor::from_fn(
+                        [k, *num],
+                        |i| {
+                            if ids[i / num] == i % num { 1.0 } else { 0.0 }
+                        },
+                    );
+                let oh = b.apply(Op::Constant(onehot), &[])?;
+                b.apply(Op::Matmul, &[oh, p[0]])
+            }
+            LayerSpec::Dropout {
+                p: drop, training, ..
+            } => {
+                if *training && *drop > 0.0 {
+                    let op = Op::Dropout {
+                        keep: 1.0 - drop,
+                        seed: NN_SEED,
+                        counter: 0,
+                    };
+                    b.apply(op, &[x()?])
+                } else {
+                    x()
+                }
+            }
+            LayerSpec::Attention {
+                heads, causal, n, ..
+            } => {
+                let op = Op::MultiHeadAttention {
+                    heads: *heads,
+                    mask: causal.then(|| Mask::causal(*n)),
+                    fused: false,
+                };
+                b.apply(op, &[p[0], p[1], p[2], p[3], x()?])
+            }
+            LayerSpec::Spectral { modes, .. } => b.apply(
+                Op::SpectralConv1dRfft { modes: *modes },
+                &[x()?, p[0], p[1]],
+            ),
+            LayerSpec::Activation { act, .. } => {
+                let op = match act {
+                    Activation::Relu => Op::Relu,
+                    Activation::Tanh => Op::Tanh,
+                    Activation::Sigmoid => Op::Sigmoid,
+                    Activation::Gelu => Op::Gelu,
+                    Activation::Silu => Op::Silu,
+                    Activation::Softplus => Op::Softplus,
+                };
+                b.apply(op, &[x()?])
+            }
+            LayerSpec::Flatten { shape } => {
+                let rest = shape[1..].iter().product::<usize>();
+                reshape(b, x()?, &[shape[0], rest])
+            }
+            LayerSpec::Sequential {
+                inputs,
+                hidden,
+                outputs,
+                rows,
+            } => {
+                let h = linear_ref(b, p[0], Some(p[1]), x()?, *rows, *inputs, *hidden)?;
+                let h = b.apply(Op::Tanh, &[h])?;
+                linear_ref(b, p[2], Some(p[3]), h, *rows, *hidden, *outputs)
+            }
+        }
+    }
+
+    /// The layer, made in `vars`.
+    fn build<O: Train + 'static>(&self, vars: &Vars<'_, O>) -> tl_nn::Result<Built<O>> {
+        let m: Box<dyn Module<O>> = match self {
+            LayerSpec::Linear {
+                inputs,
+                outputs,
+                bias,
+                ..
+            } => Box::new(Linear::with_bias(vars, *inputs, *outputs, *bias)?),
+            LayerSpec::Conv {
+                transpose,
+                inputs,
+                outputs,
+                kernel,
+                stride,
+                padding,
+                ..
+            } => {
+                let cfg = ConvConfig::new(*stride, *padding);
+                if *transpose {
+                    Box::new(ConvTranspose::new(vars, *inputs, *outputs, kernel, cfg)?)
+                } else {
+                    Box::new(Conv::new(vars, *inputs, *outputs, kernel, cfg)?)
+                }
+            }
+            LayerSpec::Pool {
+                avg,
+                kernel,
+                stride,
+                padding,
+                ..
+            } => {
+                if *avg {
+                    Box::new(AvgPool::new(kernel)?.stride(*stride).padding(*padding))
+                } else {
+                    Box::new(MaxPool::new(kernel)?.stride(*stride).padding(*padding))
+                }
+            }
+            LayerSpec::LayerNorm { dim, eps, .. } => {
+                Box::new(LayerNorm::with_eps(vars, *dim, *eps)?)
+            }
+            LayerSpec::BatchNorm { channels, eps, .. } => {
+                Box::new(BatchNorm::with(vars, *channels, *eps, 0.1)?)
+            }
+            LayerSpec::Embedding { num, dim, .. } => {
+                return Ok(Built::Embedding(Embedding::new(vars, *num, *dim)?));
+            }
+            LayerSpec::Dropout { p, .. } => Box::new(Dropout::new(*p)?),
+            LayerSpec::Attention {
+                heads,
+                head_dim,
+                causal,
+                ..
+            } => Box::new(MultiHeadAttention::new(
+                vars,
+                heads * head_dim,
+                *heads,
+                *causal,
+            )?),
+            LayerSpec::Spectral { width, modes, .. } => {
+                Box::new(SpectralConv1d::new(vars, *width, *modes)?)
+            }
+            LayerSpec::Activation { act, .. } => Box::new(*act),
+            LayerSpec::Flatten { .. } => Box::new(tl_nn::Flatten),
+            LayerSpec::Sequential {
+                inputs,
+                hidden,
+                outputs,
+                ..
+            } => Box::new(
+                Sequential::new()
+                    .add(Linear::new(&vars.pp(0), *inputs, *hidden)?)
+                    .add(Activation::Tanh)
+                    .add(Linear::new(&vars.pp(2), *hidden, *outputs)?),
+            ),
+        };
+        Ok(Built::Module(m))
+    }
+}
+
+/// `x2·Wᵀ + b` on (rows, inputs) with plain ops (x reshaped to rows first).
+fn linear_ref(
+    b: &mut GraphBuilder,
+    w: Id,
+    bias: Option<Id>,
+    x: Id,
+    rows: usize,
+    inputs: usize,
+    outputs: usize,
+) -> tl_ir::Result<Id> {
+    let x2 = b.apply(Op::Reshape(Shape::new(&[rows, inputs])), &[x])?;
+    let wt = b.apply(Op::Transpose2d, &[w])?;
+    let y = b.apply(Op::Matmul, &[x2, wt])?;
+    match bias {
+        Some(bias) => {
+            let bb = b.apply(Op::BroadcastTo(Shape::new(&[rows, outputs])), &[bias])?;
+            b.apply(Op::Add, &[y, bb])
+        }
+        None => Ok(y),
+    }
+}
+
+/// A built layer: a [`Module`], or the embedding (which takes ids).
+enum Built<O: Train> {
+    Module(Box<dyn Module<O>>),
+    Embedding(Embedding),
+}
+
+impl<O: Train> Parameters for Built<O> {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        match self {
+            Built::Module(m) => m.visit_params(f),
+            Built::Embedding(e) => e.visit_params(f),
+        }
+    }
+}
+
+/// One generated case: a layer, its parameters' values (in [`LayerSpec::slots`] order), the
+/// input (if the layer takes one) and the cotangent of the output.
+#[derive(Debug, Clone)]
+pub struct LayerCase {
+    /// The layer.
+    pub spec: LayerSpec,
+    /// Parameter values.
+    pub params: Vec<Tensor<f64>>,
+    /// The input.
+    pub x: Option<Tensor<f64>>,
+    /// The cotangent (the random linear functional of the output).
+    pub seed: Tensor<f64>,
+}
+
+impl LayerCase {
+    /// The reference graph: leaves are the parameters then x; returns it with the output id.
+    pub fn reference_graph(&self) -> tl_ir::Result<(GraphData, Id)> {
+        let mut b = GraphBuilder::new();
+        let p = self
+            .spec
+            .slots()
+            .iter()
+            .map(|(s, _)| b.leaf(Shape::new(s), None))
+            .collect::<tl_ir::Result<Vec<_>>>()?;
+        let x = match self.spec.x_shape() {
+            Some(s) => Some(b.leaf(Shape::new(&s), None)?),
+            None => None,
+        };
+        let out = self.spec.reference(&mut b, &p, x)?;
+        Ok((b.finish(), out))
+    }
+}
+
+/// f32-representable values uniform in `[lo, hi]` of `dims`.
+fn values(dims: Vec<usize>, lo: f64, hi: f64) -> BoxedStrategy<Tensor<f64>> {
+    let n = dims.iter().product::<usize>();
+    prop::collection::vec(lo..=hi, n)
+        .prop_map(move |v| {
+            let v = v.into_iter().map(|x| x as f32 as f64).collect();
+            Tensor::new(dims.clone(), v).expect("n elements")
+        })
+        .boxed()
+}
+
+fn opt_batch() -> impl Strategy<Value = Option<usize>> {
+    prop::option::of(1usize..=2)
+}
+
+/// The layer specs of the layer named `name` ([`LAYERS`]).
+pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
+    let lead = || prop::collection::vec(1usize..=3, 0..=2);
+    match name {
+        "Linear" => (1usize..=4, 1usize..=4, any::<bool>(), lead())
+            .prop_map(|(inputs, outputs, bias, lead)| LayerSpec::Linear {
+                inputs,
+                outputs,
+                bias,
+                lead,
+            })
+            .boxed(),
+        "Conv" | "ConvTranspose" => {
+            let transpose = name == "ConvTranspose";
+            (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=2, opt_batch())
+                .prop_flat_map(move |(d, inputs, outputs, stride, batch)| {
+                    (
+                        prop::collection::vec(1usize..=3, d),
+                        Just((inputs, outputs, stride, batch)),
+                    )
+                })
+                .prop_flat_map(move |(kernel, (inputs, outputs, stride, batch))| {
+                    let kmin = kernel.iter().copied().min().unwrap_or(1);
+                    let d = kernel.len();
+                    (
+                        Just(kernel.clone()),
+                        0..kmin,
+                        prop::collection::vec(0usize..=3, d),
+                        Just((inputs, outputs, stride, batch)),
+                    )
+                })
+                .prop_map(
+                    move |(kernel, padding, extra, (inputs, outputs, stride, batch))| {
+                        // Conv: size ≥ kernel; transposed: any size ≥ 1 whose output is ≥ 1.
+                        let spatial = kernel
+                            .iter()
+                            .zip(&extra)
+                            .map(|(k, e)| if transpose { 1 + e + padding } else { k + e })
+                            .collect();
+                        LayerSpec::Conv {
+                            transpose,
+                            inputs,
+                            outputs,
+                            kernel,
+                            stride,
+                            padding,
+                            batch,
+                            spatial,
+                        }
+                    },
+                )
+                .boxed()
+        }
+        "MaxPool" | "AvgPool" => {
+            let avg = name == "AvgPool";
+            (
+                prop::collection::vec(1usize..=3, 1..=2),
+                1usize..=3,
+                prop::collection::vec(1usize..=2, 1..=2),
+            )
+                .prop_flat_map(|(kernel, stride, lead)| {
+                    let kmin = kernel.iter().copied().min().unwrap_or(1);
+                    let d = kernel.len();
+                    (
+                        Just(kernel),
+                        Just(stride),
+                        0..=kmin / 2,
+                        Just(lead),
+                        prop::collection::vec(0usize..=3, d),
+                    )
+                })
+                .prop_map(move |(kernel, stride, padding, lead, extra)| {
+                    let spatial = kernel.iter().zip(&extra).map(|(k, e)| k + e).collect();
+                    LayerSpec::Pool {
+                        avg,
+                        kernel,
+                        stride,
+                        padding,
+                        lead,
+                        spatial,
+                    }
+                })
+                .boxed()
+        }
+        "LayerNorm" => (
+            1usize..=5,
+            prop::sample::select(vec![1e-5, 0.1]),
+            prop::collection::vec(1usize..=3, 1..=2),
+        )
+            .prop_map(|(dim, eps, lead)| LayerSpec::LayerNorm { dim, eps, lead })
+            .boxed(),
+        "BatchNorm" => (
+            1usize..=3,
+            2usize..=3,
+            prop::collection::vec(1usize..=3, 0..=2),
+            prop::sample::select(vec![1e-5, 0.1]),
+            any::<bool>(),
+        )
+            .prop_map(|(channels, n, rest, eps, training)| LayerSpec::BatchNorm {
+                channels,
+                n,
+                rest,
+                eps,
+                training,
+            })
+            .boxed(),
+        "Embedding" => (1usize..=5, 1usize..=3)
+            .prop_flat_map(|(num, dim)| {
+                (Just(num), Just(dim), prop::collection::vec(0..num, 1..=5))
+            })
+            .prop_map(|(num, dim, ids)| LayerSpec::Embedding { num, dim, ids })
+            .boxed(),
+        "Dropout" => (
+            prop::sample::select(vec![0.0, 0.25, 0.5]),
+            any::<bool>(),
+            prop::collection::vec(1usize..=4, 1..=3),
+        )
+            .prop_map(|(p, training, shape)| LayerSpec::Dropout { p, training, shape })
+            .boxed(),
+        "MultiHeadAttention" => (
+            1usize..=2,
+            1usize..=3,
+            any::<bool>(),
+            1usize..=4,
+            opt_batch(),
+        )
+            .prop_map(|(heads, head_dim, causal, n, batch)| LayerSpec::Attention {
+                heads,
+                head_dim,
+                causal,
+                n,
+                batch,
+            })
+            .boxed(),
+        "SpectralConv1d" => (1usize..=3, 1usize..=3, 0usize..=3, opt_batch())
+            .prop_map(|(width, modes, extra, batch)| LayerSpec::Spectral {
+                width,
+                modes,
+                // modes ≤ grid/2 + 1.
+                grid: (2 * modes).saturating_sub(2).max(1) + extra,
+                batch,
+            })
+            .boxed(),
+        "Activation" => (
+            prop::sample::select(ACTIVATIONS.to_vec()),
+            prop::collection::vec(1usize..=4, 1..=3),
+        )
+            .prop_map(|(act, shape)| LayerSpec::Activation { act, shape })
+            .boxed(),
+        "Flatten" => prop::collection::vec(1usize..=3, 2..=4)
+            .prop_map(|shape| LayerSpec::Flatten { shape })
+            .boxed(),
+        _ => (1usize..=4, 1usize..=4, 1usize..=4, 1usize..=3)
+            .prop_map(|(inputs, hidden, outputs, rows)| LayerSpec::Sequential {
+                inputs,
+                hidden,
+                outputs,
+                rows,
+            })
+            .boxed(),
+    }
+}
+
+/// Every layer the check covers, by name (one per type of `tl_nn`'s layers and modules).
+pub const LAYERS: [&str; 15] = [
+    "Linear",
+    "Conv",
+    "ConvTranspose",
+    "MaxPool",
+    "AvgPool",
+    "LayerNorm",
+    "BatchNorm",
+    "Embedding",
+    "Dropout",
+    "MultiHeadAttention",
+    "SpectralConv1d",
+    "Activation",
+    "Flatten",
+    "Sequential",
+    // The classification loss on a Linear's logits, with labels (tl-nn's `Labels`).
+    "CrossEntropy",
+];
+
+/// Cases of the layer named `name`: sizes, parameter values, input and cotangent.
+pub fn layer_cases(name: &str) -> BoxedStrategy<LayerCase> {
+    spec_strategy(name)
+        .prop_flat_map(|spec| {
+            let params: Vec<BoxedStrategy<Tensor<f64>>> = spec
+                .slots()
+                .into_iter()
+                .map(|(dims, slot)| match slot {
+                    Slot::Weight => values(dims, -1.0, 1.0),
+                    Slot::Buffer => values(dims, 0.5, 1.5),
+                })
+                .collect();
+            let x = match spec.x_shape() {
+                Some(s) if spec.normalises() => {
+                    let spec = spec.clone();
+                    values(s, -0.3, 0.3)
+                        .prop_map(move |x| Some(spec.spread(x)))
+                        .boxed()
+                }
+                Some(s) => values(s, -1.5, 1.5).prop_map(Some).boxed(),
+                None => Just(None).boxed(),
+            };
+            let out = LayerCase {
+                spec: spec.clone(),
+                params: Vec::new(),
+                x: None,
+                seed: Tensor::scalar(0.0),
+            }
+            .reference_graph()
+            .ok()
+            .and_then(|(g, out)| g.shape(out).ok().map(|s| s.dims().to_vec()))
+            .unwrap_or_default();
+            (Just(spec), params, x, values(out, -1.0, 1.0))
+        })
+        .prop_map(|(spec, params, x, seed)| LayerCase {
+            spec,
+            params,
+            x,
+            seed,
+        })
+        .boxed()
+}
+
+/// The output, the gradients (params in slot order, buffers `None`, then x) and the buffers'
+/// values after the pass, of `case` run through tl-nn on `session`.
+type Run<T> = (Tensor<T>, Vec<Option<Tensor<T>>>, Vec<Tensor<T>>);
+
+fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<Run<O::T>, String> {
+    let rt = Runtime::new(session);
+    let layer = case
+        .spec
+        .build(&rt.vars().pp("layer"))
+        .map_err(|e| format!("building the layer: {e}"))?;
+    let mut params = Vec::new();
+    layer.visit_params(&mut |p| params.push(p.clone()));
+    let slots = case.spec.slots();
+    if params.len() != slots.len() {
+        return Err(format!(
+            "the layer has {} parameters, the spec {}",
+            params.len(),
+            slots.len()
+        ));
+    }
+    for (p, v) in params.iter().zip(&case.params) {
+        rt.set_value(p, v.cast())
+            .map_err(|e| format!("set_value: {e}"))?;
+    }
+    let refs: RefCell<Vec<TensorRef>> = RefCell::new(Vec::new());
+    let seed: Tensor<O::T> = case.seed.cast();
+    let out = rt.record(
+        &layer,
+        case.spec.training(),
+        |g| {
+            let x = match &case.x {
+                Some(x) => Some(g.input_grad(x.cast())?),
+                None => None,
+            };
+            let mut r = refs.borrow_mut();
+            for p in &params {
+                r.push(g.param(p)?.tensor_ref().clone());
+            }
+            if let Some(x) = &x {
+                r.push(x.tensor_ref().clone());
+            }
+            drop(r);
+            match (&layer, &x, &case.spec) {
+                (Built::Module(m), Some(x), _) => m.forward(x),
+                (Built::Embedding(e), None, LayerSpec::Embedding { ids, .. }) => e.forward(g, ids),
+                _ => Err(tl_nn::Error::Usage {
+                    what: "nn check",
+                    detail: "a module takes x, the embedding ids".into(),
+                }),
+            }
+        },
+        |s, out| {
+            let value = s.read(out)?;
+            if value.shape() != seed.shape() {
+                return Err(tl_nn::Error::Usage {
+                    what: "nn check",
+                    detail: format!(
+                        "the layer's output has shape {}, the reference's {}",
+                        value.shape(),
+                        seed.shape()
+                    ),
+                });
+            }
+            let wrt = refs.borrow().clone();
+            let grads = s.seeded_grads(out, seed, &wrt)?;
+            Ok((value, grads))
+        },
+    );
+    let (value, grads) = out.map_err(|e| format!("the pass failed: {e}"))?;
+    let mut buffers = Vec::new();
+    for (p, (_, slot)) in params.iter().zip(&slots) {
+        if *slot == Slot::Buffer {
+            buffers.push(rt.value_of(p).map_err(|e| format!("buffer value: {e}"))?);
+        }
+    }
+    let grads = grads
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| match slots.get(i) {
+            Some((_, Slot::Buffer)) => None,
+            _ => Some(g),
+        })
+        .collect();
+    Ok((value, grads, buffers))
+}
+
+/// Compare one run with the f64 reference.
+fn compare<T: Scalar>(case: &LayerCase, got: Run<T>) -> CaseResult {
+    let (graph, out) = case
+        .reference_graph()
+        .map_err(|e| format!("reference graph: {e}"))?;
+    let mut leaves = case.params.clone();
+    leaves.extend(case.x.iter().cloned());
+    let want_v = graph
+        .eval(&leaves, &[])
+        .map_err(|e| format!("reference eval: {e}"))?;
+    let want_g = graph
+        .backprop_all(&leaves, &[], out, &case.seed)
+        .map_err(|e| format!("reference backprop_all: {e}"))?;
+    let tol = if T::NAME == "f64" {
+        Tol::DEFAULT.f64
+    } else {
+        Tol::DEFAULT.f32_for(reduction_len(&graph))
+    };
+    let mut worst = one(&got.0, &want_v[out], tol, "output")?;
+    for (i, g) in got.1.iter().enumerate() {
+        if let Some(g) = g {
+            let what = if i < case.params.len() {
+                format!("gradient of parameter {i}")
+            } else {
+                "gradient of the input".to_owned()
+            };
+            worst = worst.max(one(g, &want_g[i], tol, &what)?);
+        }
+    }
+    let want_b = buffers_after(case);
+    if got.2.len() != want_b.len() {
+        return Err(format!(
+            "{} buffers after the pass, {} expected",
+            got.2.len(),
+            want_b.len()
+        ));
+    }
+    for (k, (g, w)) in got.2.iter().zip(&want_b).enumerate() {
+        worst = worst.max(one(g, w, tol, &format!("buffer {k} after the pass"))?);
+    }
+    Ok(worst)
+}
+
+/// The buffers' values after the pass: batch norm's running statistics move by PyTorch's rule
+/// in a training pass, `(1 − 0.1)·old + 0.1·batch` (mean; unbiased variance, the old one kept
+/// when the batch has one element per channel), and stay in an eval pass.
+fn buffers_after(case: &LayerCase) -> Vec<Tensor<f64>> {
+    let LayerSpec::BatchNorm {
+        channels,
+        n,
+        rest,
+        training,
+        ..
+    } = &case.spec
+    else {
+        return Vec::new();
+    };
+    let (old_m, old_v) = (&case.params[2], &case.params[3]);
+    let Some(x) = case.x.as_ref().filter(|_| *training) else {
+        return vec![old_m.clone(), old_v.clone()];
+    };
+    let (c, r) = (*channels, rest.iter().product::<usize>());
+    let count = n * r;
+    let group =
+        |ch: usize| (0..*n).flat_map(move |b| (0..r).map(move |k| x.data()[(b * c + ch) * r + k]));
+    let mom = 0.1;
+    let mean = Tensor::from_fn([c], |ch| {
+        let m = group(ch).sum::<f64>() / count as f64;
+        (1.0 - mom) * old_m.data()[ch] + mom * m
+    });
+    let var = Tensor::from_fn([c], |ch| {
+        let m = group(ch).sum::<f64>() / count as f64;
+        if count > 1 {
+            let v = group(ch).map(|v| (v - m) * (v - m)).sum::<f64>() / (count - 1) as f64;
+            (1.0 - mom) * old_v.data()[ch] + mom * v
+        } else {
+            old_v.data()[ch]
+        }
+    });
+    vec![mean, var]
+}
+
+fn one<T: Scalar>(got: &Tensor<T>, want: &Tensor<f64>, tol: f64, what: &str) -> CaseResult {
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "{what}: shape {} from the layer, {} from the reference",
+            got.shape(),
+            want.shape()
+        ));
+    }
+    Measured::check(tensor_err(got, want), tol, || {
+        let i = worst_index(got, want).unwrap_or(0);
+        format!(
+            "{what} differs: at flat index {i} layer {} vs reference {}",
+            got.data()[i],
+            want.data()[i]
+        )
+    })
+}
+
+/// One case of a layer on one session: value and gradients equal the reference.
+pub fn layer_case(case: &LayerCase, on: NnSession) -> CaseResult {
+    let opts = |backend| Options {
+        backend,
+        deterministic: false,
+        seed: NN_SEED,
+    };
+    let r = (|| match on {
+        NnSession::CpuF64 => {
+            let s = Session::<f64>::new(opts(Backend::Cpu)).map_err(|e| e.to_string())?;
+            compare(case, run_layer(case, s)?)
+        }
+        NnSession::CpuF32 => {
+            let s = Session::<f32>::new(opts(Backend::Cpu)).map_err(|e| e.to_string())?;
+            compare(case, run_layer(case, s)?)
+        }
+        NnSession::SimF32 => {
+            let s = Session::<f32>::new(opts(Backend::CudaSim)).map_err(|e| e.to_string())?;
+            compare(case, run_layer(case, s)?)
+        }
+        NnSession::LinkedF64 => compare(
+            case,
+            run_layer(case, LinkedSession::<f64>::with_seed(NN_SEED))?,
+        ),
+        NnSession::LinkedF32 => compare(
+            case,
+            run_layer(case, LinkedSession::<f32>::with_seed(NN_SEED))?,
+        ),
+    })();
+    r.map_err(|e| format!("{} {}: {e}", case.spec.name(), on.name()))
+}
+
+/// The check for the layer `name` on session `on`: `cfg.cases` cases, labelled
+/// `nn <layer> <session>`.
+pub fn check_layer(name: &str, on: NnSession, cfg: &RunConfig) -> Report {
+    let label = format!("nn {name} {}", on.name());
+    if name == "CrossEntropy" {
+        return run_check(label, cfg, ce_cases(), move |c| ce_case(c, on));
+    }
+    run_check(label, cfg, layer_cases(name), move |c| layer_case(c, on))
+}
+
+/// Every layer on every session.
+pub fn check_all_layers(cfg: &RunConfig) -> Vec<Report> {
+    let mut out = Vec::new();
+    for name in LAYERS {
+        for on in NnSession::ALL {
+            out.push(check_layer(name, on, cfg));
+        }
+    }
+    out
+}
+
+// ---- cross-entropy with labels -------------------------------------------------------------
+
+/// A classification case: logits (rows, classes) and labels in `0..classes`.
+#[derive(Debug, Clone)]
+pub struct CeCase {
+    /// Logits.
+    pub logits: Tensor<f64>,
+    /// Labels.
+    pub labels: Vec<usize>,
+}
+
+fn ce_cases() -> BoxedStrategy<CeCase> {
+    (1usize..=4, 1usize..=5)
+        .prop_flat_map(|(rows, classes)| {
+            (
+                values(vec![rows, classes], -2.0, 2.0),
+                prop::collection::vec(0..classes, rows),
+            )
+        })
+        .prop_map(|(logits, labels)| CeCase { logits, labels })
+        .boxed()
+}
+
+/// `Var::cross_entropy` with `Labels` against `mean_r(logsumexp(x_r) − x_r[label_r])` written
+/// with plain ops (log-softmax, a one-hot mask, sum, scale), value and gradient of the logits.
+fn ce_case(case: &CeCase, on: NnSession) -> CaseResult {
+    let r = (|| match on {
+        NnSession::CpuF64 => ce_run(
+            case,
+            Session::<f64>::new(Options::default()).map_err(|e| e.to_string())?,
+        ),
+        NnSession::CpuF32 => ce_run(
+            case,
+            Session::<f32>::new(Options::default()).map_err(|e| e.to_string())?,
+        ),
+        NnSession::SimF32 => ce_run(
+            case,
+            Session::<f32>::new(Options::backend(Backend::CudaSim)).map_err(|e| e.to_string())?,
+        ),
+        NnSession::LinkedF64 => ce_run(case, LinkedSession::<f64>::new()),
+        NnSession::LinkedF32 => ce_run(case, LinkedSession::<f32>::new()),
+    })();
+    r.map_err(|e| format!("CrossEntropy {}: {e}", on.name()))
+}
+
+fn ce_run<O: LayerSession + 'static>(case: &CeCase, session: O) -> CaseResult {
+    let dims = case.logits.shape().dims().to_vec();
+    let (rows, classes) = (dims[0], dims[1]);
+    let labels = tl_nn::Labels::new(case.labels.clone(), classes).map_err(|e| e.to_string())?;
+    let rt = Runtime::new(session);
+    let xr: RefCell<Option<TensorRef>> = RefCell::new(None);
+    let got = rt
+        .record(
+            &Vec::<Param>::new(),
+            false,
+            |g| {
+                let x = g.input_grad(case.logits.cast())?;
+                *xr.borrow_mut() = Some(x.tensor_ref().clone());
+                x.cross_entropy(&labels)
+            },
+            |s, out| {
+                let v = s.read(out)?;
+                let x = xr.borrow().clone().into_iter().collect::<Vec<_>>();
+                let g = s.seeded_grads(out, Tensor::scalar(O::T::lit(1.0)), &x)?;
+                Ok((v, g))
+            },
+        )
+        .map_err(|e| format!("the pass failed: {e}"))?;
+    let mut b = GraphBuilder::new();
+    let x = b.leaf([rows, classes], None).map_err(|e| e.to_string())?;
+    let onehot = Tensor::from_fn([rows, classes], |i| {
+        if case.labels[i / classes] == i % classes {
+            1.0
+        } else {
+            0.0
+        }
+    });
+    let build = |b: &mut GraphBuilder| -> tl_ir::Result<Id> {
+        let ls = b.apply(Op::LogSoftmax, &[x])?;
+        let oh = b.apply(Op::Constant(onehot), &[])?;
+        let picked = b.apply(Op::Mul, &[ls, oh])?;
+        let s = b.apply(Op::Sum, &[picked])?;
+        b.apply(Op::Scale(-1.0 / rows as f64), &[s])
+    };
+    let out = build(&mut b).map_err(|e| e.to_string())?;
+    let graph = b.finish();
+    let leaves = [case.logits.clone()];
+    let want_v = graph.eval(&leaves, &[]).map_err(|e| e.to_string())?;
+    let want_g = graph
+        .backprop_all(&leaves, &[], out, &Tensor::scalar(1.0))
+        .map_err(|e| e.to_string())?;
+    let tol = if O::T::NAME == "f64" {
+        Tol::DEFAULT.f64
+    } else {
+        Tol::DEFAULT.f32_for(reduction_len(&graph))
+    };
+    let m = one(&got.0, &want_v[out], tol, "loss")?;
+    let g = got.1.first().ok_or("no gradient of the logits")?;
+    Ok(m.max(one(g, &want_g[0], tol, "gradient of the logits")?))
+}
