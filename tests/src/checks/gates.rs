@@ -130,12 +130,12 @@ pub fn settings() -> Vec<(&'static str, Gates)> {
     s
 }
 
-/// A run configuration with `cfg.cases / 16` cases (at least 2): each setting adds a full
+/// A run configuration with `cfg.cases / 4` cases (at least 2): each setting adds a full
 /// pass over the registry, so each gets a slice of the usual case count (`TL_CASES` still
 /// scales it).
 pub fn gated_cfg(cfg: &RunConfig) -> RunConfig {
     RunConfig {
-        cases: (cfg.cases / 16).max(2),
+        cases: (cfg.cases / 4).max(2),
         ..*cfg
     }
 }

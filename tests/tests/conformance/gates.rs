@@ -1,7 +1,7 @@
 //! Checks 1 and 2 with the CPU tape's size-, shape- and thread-gated fast paths forced on and
 //! off (`tl_tape_cpu::gates`), for every registry op and random DAGs, in f64 and f32; and the
 //! paths documented as bit-neutral (thread count, SIMD level, layout copies) bit for bit
-//! (`tl_conformance::checks::gates`). Each setting runs `TL_CASES / 16` cases.
+//! (`tl_conformance::checks::gates`). Each setting runs `TL_CASES / 4` cases.
 
 use tl_conformance::checks::gates::{check_gated, check_same_bits, gated_cfg, settings};
 use tl_conformance::{RunConfig, assert_all_passed, registry};
