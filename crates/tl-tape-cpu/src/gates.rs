@@ -229,4 +229,38 @@ mod tests {
         assert_eq!(current(), Gates::DEFAULT);
         assert_eq!(get(|g| g.dw_chunk, 8), 8);
     }
+
+    /// The overrides reach the decisions: a small element-wise op splits with every fast
+    /// path on and not by default, the level and the thread count follow, a level this CPU
+    /// lacks is ignored.
+    #[test]
+    fn overrides_reach_the_decisions() {
+        assert!(!crate::par::splits(64, 3));
+        {
+            let _on = force(Gates::fast_paths_on(2));
+            assert!(crate::par::splits(64, 3));
+            assert!(!crate::par::splits(16, 3), "below two aligned blocks");
+        }
+        {
+            let _off = force(Gates::fast_paths_off());
+            assert!(!crate::par::splits(1 << 30, 3));
+            assert_eq!(crate::simd::level(), Level::Scalar);
+        }
+        for level in Level::available() {
+            let _l = force(Gates::DEFAULT.with_level(level));
+            assert_eq!(crate::simd::level(), level);
+        }
+        let missing = [Level::Avx512, Level::Avx2]
+            .into_iter()
+            .find(|l| !l.is_available());
+        if let Some(l) = missing {
+            let _l = force(Gates::DEFAULT.with_level(l));
+            assert!(crate::simd::level().is_available());
+        }
+        let _zero = force(Gates {
+            threads: Some(0),
+            ..Gates::DEFAULT
+        });
+        assert_eq!(crate::threads(), 1);
+    }
 }
