@@ -39,6 +39,7 @@ use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Typed, TypedMut};
 
 use crate::Result;
+use crate::gates::GemmLayout;
 
 /// Products with fewer multiply-adds (`m·n·k`) than this (2²² ≈ a 161³ product) run on one
 /// thread whatever [`threads`] says. Measured on the training steps with two threads on the
@@ -64,8 +65,12 @@ fn default_threads() -> usize {
     })
 }
 
-/// How many threads one matrix product may use (at least 1).
+/// How many threads one matrix product may use (at least 1): the calling thread's
+/// [`crate::gates`] override if there is one, else [`set_threads`]'s setting, else the default.
 pub fn threads() -> usize {
+    if let Some(n) = crate::gates::current().threads {
+        return n.max(1);
+    }
     match THREADS.load(Ordering::Relaxed) {
         0 => default_threads(),
         n => n,
@@ -83,8 +88,9 @@ pub fn set_threads(n: usize) -> usize {
 /// The parallelism for an `m·k` by `k·n` product.
 fn split_threads(m: usize, n: usize, k: usize) -> usize {
     let work = m.saturating_mul(n).saturating_mul(k);
+    let min_work = crate::gates::get(|g| g.gemm_parallel_min_work, PARALLEL_MIN_WORK);
     match threads() {
-        t if t > 1 && work >= PARALLEL_MIN_WORK => t,
+        t if t > 1 && work >= min_work => t,
         _ => 1,
     }
 }
@@ -411,7 +417,7 @@ pub fn matmul<T: Scalar>(
             if column_major_product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha, t) {
                 return Ok(());
             }
-            let bt = (t == 1).then(|| row_major_rhs(m, &b.g, bd, &c.g)).flatten();
+            let bt = row_major_rhs(m, &b.g, bd, &c.g, t);
             let (bd, bg) = match &bt {
                 Some(v) => (&v[..], row_major(k, n)),
                 None => (bd, b.g),
@@ -438,6 +444,17 @@ pub fn matmul<T: Scalar>(
 
 /// Sides (m, k, n) from which [`row_major_rhs`] copies a column-major right-hand side.
 const TRANSPOSE_MIN_SIDE: usize = 16;
+
+/// Whether every side of an `(m, k)·(k, n)` product reaches [`TRANSPOSE_MIN_SIDE`] (or its
+/// [`crate::gates`] override).
+fn sides_reach(m: usize, k: usize, n: usize) -> bool {
+    m.min(k).min(n) >= crate::gates::get(|g| g.transpose_min_side, TRANSPOSE_MIN_SIDE)
+}
+
+/// The path the [`crate::gates`] override forces on an `x·wᵀ` product, if any.
+fn forced_layout() -> Option<GemmLayout> {
+    crate::gates::current().gemm_layout
+}
 
 /// Whether an `(m, k)·(k, n)` product with a column-major right-hand side (`x·wᵀ`) and a
 /// row-major output is made by [`column_major_product`] (copy `x` column-major and the output
@@ -483,9 +500,13 @@ fn column_major_product(
     threads: usize,
 ) -> bool {
     let (m, k, n) = (a.rows, a.cols, b.cols);
-    let sides = m.min(k).min(n) >= TRANSPOSE_MIN_SIDE;
+    let sides = sides_reach(m, k, n);
     let layouts = a.cs == 1 && a.rs == k && b.rs == 1 && b.cs == k && c.cs == 1 && c.rs == n;
-    if !(sides && layouts && copies_pay() && column_major_cheaper(m, k, n, accumulate)) {
+    let chosen = match forced_layout() {
+        Some(layout) => layout == GemmLayout::ColumnMajor,
+        None => copies_pay() && column_major_cheaper(m, k, n, accumulate),
+    };
+    if !(sides && layouts && chosen) {
         return false;
     }
     let (Some(a_src), Some(c_dst)) = (
@@ -543,13 +564,24 @@ fn copies_pay() -> bool {
 /// 85 µs with the copy (transpose included), 128×256×64 49 against 39 µs, and no measured shape
 /// of the steps loses more than noise (docs/performance.md). Below 16 a side, the gemm crate's
 /// small-product path is faster strided. Same bits on every shape measured (each output is
-/// still one sum over k in the same order). Single-threaded products only: split across two
-/// threads the strided products were faster (mlp step 0.82–0.96 against 0.97–1.07 ms).
-fn row_major_rhs(m: usize, b: &Geometry, data: &[f32], c: &Geometry) -> Option<Vec<f32>> {
+/// still one sum over k in the same order). Single-threaded products only (`threads == 1`):
+/// split across two threads the strided products were faster (mlp step 0.82–0.96 against
+/// 0.97–1.07 ms). A [`crate::gates`] override of the layout replaces the level and thread rule.
+fn row_major_rhs(
+    m: usize,
+    b: &Geometry,
+    data: &[f32],
+    c: &Geometry,
+    threads: usize,
+) -> Option<Vec<f32>> {
     let (k, n) = (b.rows, b.cols);
-    let sides = m.min(k).min(n) >= TRANSPOSE_MIN_SIDE;
+    let sides = sides_reach(m, k, n);
     let layouts = b.rs == 1 && b.cs == k && c.cs == 1;
-    if !(sides && layouts && crate::simd::level() == crate::simd::Level::Avx512) {
+    let chosen = match forced_layout() {
+        Some(layout) => layout == GemmLayout::RowMajorRhs,
+        None => threads == 1 && crate::simd::level() == crate::simd::Level::Avx512,
+    };
+    if !(sides && layouts && chosen) {
         return None;
     }
     let src = data.get(b.offset..b.offset.checked_add(k.checked_mul(n)?)?)?;

@@ -12,6 +12,8 @@
 //! - [`par`]: independent rows (pool planes, conv batch entries) split across those threads.
 //! - [`simd`]: the instruction set of the element-wise loops, chosen at run time (AVX-512,
 //!   AVX2 or the baseline; `TL_SIMD` / [`simd::set_level`] force one).
+//! - [`gates`]: per-thread overrides of every size-, shape- and thread-gated fast path, so tests
+//!   can force each one on or off (no override: the production decisions).
 //! - [`Error`]: names the op and the shapes.
 
 // `Error` carries shapes inline (two `Shape`s, each a small vector), so it exceeds clippy's
@@ -19,6 +21,7 @@
 // shared with the IR's error; boxing it is a separate, coordinated change.
 
 mod error;
+pub mod gates;
 pub mod gemm;
 // Compiled only where rustc shares generics between crates (the dev and test profiles).
 #[cfg(debug_assertions)]

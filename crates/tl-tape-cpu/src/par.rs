@@ -70,9 +70,13 @@ pub fn join<RA: Send, RB: Send>(
 }
 
 /// [`join`] on type-erased halves (each called exactly once).
+/// Both halves run under the calling thread's [`crate::gates`] overrides, whichever thread
+/// runs them.
 fn join_dyn(a: &mut (dyn FnMut() + Send), b: &mut (dyn FnMut() + Send)) {
+    let gates = crate::gates::current();
+    let b = &mut || crate::gates::with(gates, &mut *b);
     if rayon::current_thread_index().is_some() {
-        rayon::join(a, b);
+        rayon::join(|| crate::gates::with(gates, a), b);
         return;
     }
     keep_warm();
@@ -132,7 +136,7 @@ pub(crate) fn rows<T: Send>(
     f: &(impl Fn(usize, &mut [T]) -> Result<()> + Sync),
 ) -> Result<()> {
     let t = match threads() {
-        t if t > 1 && work >= PARALLEL_MIN_ROW_WORK && row_len > 0 => t,
+        t if t > 1 && work >= min_row_work() && row_len > 0 => t,
         _ => 1,
     };
     split(out, row_len, 0, t, f)
@@ -160,7 +164,17 @@ pub(crate) fn chunks<T: Send>(
 
 /// Whether [`chunks`] cuts `n` elements of `streams` streams across threads.
 pub(crate) fn splits(n: usize, streams: usize) -> bool {
-    threads() > 1 && n >= 2 * CHUNK_ALIGN && n.saturating_mul(streams) >= PARALLEL_MIN_ELEMENTS
+    threads() > 1 && n >= 2 * CHUNK_ALIGN && n.saturating_mul(streams) >= min_elements()
+}
+
+/// [`PARALLEL_MIN_ELEMENTS`], or its [`crate::gates`] override.
+fn min_elements() -> usize {
+    crate::gates::get(|g| g.parallel_min_elements, PARALLEL_MIN_ELEMENTS)
+}
+
+/// [`PARALLEL_MIN_ROW_WORK`], or its [`crate::gates`] override.
+fn min_row_work() -> usize {
+    crate::gates::get(|g| g.parallel_min_row_work, PARALLEL_MIN_ROW_WORK)
 }
 
 /// Block boundaries of [`chunks`], in elements (one AVX-512 vector of f32, two of f64).

@@ -92,8 +92,12 @@ fn default_level() -> Level {
     })
 }
 
-/// The level [`vectorize`] runs with now.
+/// The level [`vectorize`] runs with now: the calling thread's [`crate::gates`] override if it
+/// names a level this CPU has, else [`set_level`]'s, else the default.
 pub fn level() -> Level {
+    if let Some(l) = crate::gates::current().level.filter(|l| l.is_available()) {
+        return l;
+    }
     Level::from_code(FORCED.load(Ordering::Relaxed)).unwrap_or_else(default_level)
 }
 
@@ -228,10 +232,11 @@ trait Elems<T: Scalar> {
             Out::Block(b) => self.block(0, b),
             Out::Push(v) => {
                 let mut stage = [T::zero(); STAGE];
+                let size = crate::gates::get(|g| g.stage, STAGE).clamp(1, STAGE);
                 let n = self.len();
                 let mut lo = 0;
                 while lo < n {
-                    let len = STAGE.min(n - lo);
+                    let len = size.min(n - lo);
                     self.block(lo, &mut stage[..len]);
                     v.extend_from_slice(&stage[..len]);
                     lo += len;

@@ -11,6 +11,7 @@ mod backward;
 pub mod conventions;
 mod finite_diff;
 mod forward;
+pub mod gates;
 pub mod grid;
 pub mod hard;
 mod session;

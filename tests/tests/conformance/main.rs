@@ -20,6 +20,7 @@ mod dag;
 mod edge_cases;
 mod finite_diff;
 mod forward;
+mod gates;
 mod grid;
 mod hard;
 mod index;

@@ -269,6 +269,53 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "a gather's backward assigns repeated rows instead of adding them",
         harness: Plain,
     },
+    // Size-, shape- and thread-gated fast paths: the plain checks' small cases never cross
+    // these thresholds; the `gates` module of the harness forces them (tl_tape_cpu::gates).
+    Mutant {
+        id: "cpu-gemm-colmajor-accum",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/gemm.rs",
+        from: "crate::simd::transpose_f32(c_dst, m, n, &mut ct);\n            Accum::Add",
+        to: "crate::simd::transpose_f32(c_dst, m, n, &mut ct);\n            Accum::Replace",
+        bug: "the GEMM's column-major layout-copy path replaces the output it should add to",
+        harness: Plain,
+    },
+    Mutant {
+        id: "cpu-gemm-rowmajor-dims",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/gemm.rs",
+        from: "crate::simd::transpose_f32(src, n, k, &mut out);",
+        to: "crate::simd::transpose_f32(src, k, n, &mut out);",
+        bug: "the GEMM's row-major copy of wᵀ (AVX-512 only) transposes with its sides swapped",
+        harness: Plain,
+    },
+    Mutant {
+        id: "cpu-gemm-nano-guard",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/gemm.rs",
+        from: "const NANO_GEMM_MNK: usize = 16 * 16 * 16;",
+        to: "const NANO_GEMM_MNK: usize = 8 * 8 * 8;",
+        bug: "the GEMM's thread split misjudges nano-gemm's reach and cuts products whose bits then depend on the thread count",
+        harness: Plain,
+    },
+    Mutant {
+        id: "cpu-par-chunk-offset",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/par.rs",
+        from: "f(first * CHUNK_ALIGN, block);",
+        to: "f(first, block);",
+        bug: "the threaded element-wise split gives each block the offset of its index, not of its first element",
+        harness: Plain,
+    },
+    Mutant {
+        id: "cpu-conv-dw-chunks-assign",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/ops/conv.rs",
+        from: "dw.iter_mut().zip(part).for_each(|(d, &p)| *d += p);",
+        to: "dw.iter_mut().zip(part).for_each(|(d, &p)| *d = p);",
+        bug: "conv's weight cotangent keeps the last chunk of the batch instead of adding the chunks",
+        harness: Plain,
+    },
     // ---- tl-tape-cuda's simulation device ----
     Mutant {
         id: "sim-sweep-share-uncounted",

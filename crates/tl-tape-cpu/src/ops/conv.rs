@@ -344,14 +344,15 @@ pub fn backward_masked<T: Scalar>(
         // order) is one row of `partials`, the chunks run across threads, and their sums are
         // added in chunk order, so the bits depend on DW_CHUNK, not on the thread count.
         let row = dw.len();
-        let chunks = cv.batches.div_ceil(DW_CHUNK);
+        let dw_chunk = crate::gates::get(|g| g.dw_chunk, DW_CHUNK).max(1);
+        let chunks = cv.batches.div_ceil(dw_chunk);
         let mut partials = workspace(op, "weight cotangent partial sums", &[chunks, row])?;
         let work = batch_work(&cv, &t);
         crate::par::rows(&mut partials, row, work, &|first, block: &mut [T]| {
             let mut cols = workspace(op, "the im2col workspace", &[c, kl, ol])?;
             for (k, part) in block.chunks_exact_mut(row.max(1)).enumerate() {
-                let start = (first + k) * DW_CHUNK;
-                for n in start..(start + DW_CHUNK).min(cv.batches) {
+                let start = (first + k).saturating_mul(dw_chunk);
+                for n in start..start.saturating_add(dw_chunk).min(cv.batches) {
                     let gv = view(op, &gd[n * a * ol..(n + 1) * a * ol], a, ol)?;
                     im2col(&t, c, &input[n * c * bl..(n + 1) * c * bl], &mut cols);
                     let colv = view(op, &cols, c * kl, ol)?;

@@ -61,6 +61,11 @@ pub(crate) const CACHED_TABLE_MAX: usize = 1 << 16;
 /// Runs shorter than this on average are not worth a slice copy each.
 const MIN_MEAN_RUN: usize = 4;
 
+/// [`MIN_MEAN_RUN`], or its [`crate::gates`] override.
+fn min_mean_run() -> usize {
+    crate::gates::get(|g| g.min_mean_run, MIN_MEAN_RUN)
+}
+
 impl Runs {
     /// The runs of `idx` (rows of `ol` cells), or `None` when they are short on average.
     fn of(idx: &[usize], ol: usize) -> Option<Runs> {
@@ -83,7 +88,7 @@ impl Runs {
             padded.push(row.contains(&PAD));
         }
         let cells = idx.len() - idx.iter().filter(|&&i| i == PAD).count();
-        (cells >= MIN_MEAN_RUN * runs.len()).then_some(Runs {
+        (cells >= min_mean_run().saturating_mul(runs.len())).then_some(Runs {
             start,
             runs,
             padded,
@@ -172,16 +177,23 @@ impl Geometry {
     /// The index table of this geometry, built once per thread while it is among the last
     /// [`CACHED_TABLES`] geometries used (a training step asks for the same few every step;
     /// tables over [`CACHED_TABLE_MAX`] entries are built each time, so the cache holds a few MiB
-    /// at most). See [`Geometry::build`] for the checks.
+    /// at most). See [`Geometry::build`] for the checks. Under a [`crate::gates`] override of
+    /// the cache's limit or of the runs' threshold, only tables built under the same threshold
+    /// are reused, and a limit of 0 bypasses the cache.
     pub(crate) fn table(&self, op: &Op) -> Result<Arc<Table>> {
+        type Cached = (Geometry, usize, Arc<Table>);
         thread_local! {
-            static TABLES: RefCell<Vec<(Geometry, Arc<Table>)>> = const { RefCell::new(Vec::new()) };
+            static TABLES: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
         }
+        let limit = crate::gates::get(|g| g.cached_table_max, CACHED_TABLE_MAX);
+        let min_run = min_mean_run();
         let hit = TABLES.with_borrow_mut(|cache| {
-            let i = cache.iter().position(|(g, _)| g == self)?;
+            let i = cache
+                .iter()
+                .position(|(g, r, _)| g == self && *r == min_run && limit > 0)?;
             // Most recent first.
             let entry = cache.remove(i);
-            let t = entry.1.clone();
+            let t = entry.2.clone();
             cache.insert(0, entry);
             Some(t)
         });
@@ -189,10 +201,10 @@ impl Geometry {
             return Ok(t);
         }
         let t = Arc::new(self.build(op)?);
-        if t.idx.len() <= CACHED_TABLE_MAX {
+        if t.idx.len() <= limit {
             TABLES.with_borrow_mut(|cache| {
                 cache.truncate(CACHED_TABLES - 1);
-                cache.insert(0, (self.clone(), t.clone()));
+                cache.insert(0, (self.clone(), min_run, t.clone()));
             });
         }
         Ok(t)

@@ -13,7 +13,8 @@ pub const FUSED_SCORES: usize = 1 << 14;
 pub fn block_rows(dm: &Dims, fused: bool) -> usize {
     let n = dm.n.max(1);
     if fused {
-        (FUSED_SCORES / n).clamp(1, n)
+        let scores = crate::gates::get(|g| g.fused_scores, FUSED_SCORES);
+        (scores / n).clamp(1, n)
     } else {
         n
     }

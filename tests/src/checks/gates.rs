@@ -1,0 +1,261 @@
+//! Checks 1 and 2 on the CPU tape with its size-, shape- and thread-gated fast paths forced
+//! ([`tl_tape_cpu::gates`]).
+//!
+//! The cases the registry and the DAG generator draw are small, so most gated paths of the
+//! CPU tape (the GEMM's thread split and layout copies, the threaded element-wise and per-row
+//! splits, the fused attention's row blocks, conv's weight-cotangent chunks, the window
+//! tables' cache and runs, the element-wise staging, each SIMD level) never run in the plain
+//! checks. Here a [`Gated`] backend runs the CPU tape with a [`Gates`] override installed on
+//! the checking thread for every call (the tape carries it to its pool threads), and
+//! [`settings`] lists the overrides the module runs under: every fast path off, every fast
+//! path on (thresholds at 0 or 1) on one and on several threads, with each `x·wᵀ` layout path,
+//! and at each SIMD level this CPU has. Overrides are per thread, so these checks run in
+//! parallel with the rest of the suite without changing what it computes.
+//!
+//! - Checks 1 and 2 under each setting ([`check_gated`]): [`check_forward`]/[`check_backward`]
+//!   for an entry, [`check_forward_dag`]/[`check_backward_dag`] for random DAGs, against the
+//!   f64 IR with the usual tolerances.
+//! - Same bits ([`check_same_bits`]): the paths that the crate documents as changing the time
+//!   but not the bits (the thread count, the SIMD level, the layout copies) give values and
+//!   gradients bit-identical to one thread at the baseline level without copies, with every
+//!   split forced. This reaches the GEMM's sum-order guards (`split_matmul` cuts a product
+//!   only where both blocks sum over k as the whole does): a wrong guard changes bits, often
+//!   within tolerance.
+
+use proptest::prelude::*;
+use tl_ir::{GraphData, Id};
+use tl_spec::{Scalar, Tensor};
+use tl_tape_cpu::gates::{self, Gates, GemmLayout};
+use tl_tape_cpu::simd::Level;
+
+use crate::checks::{
+    backend_inputs, check_backward, check_backward_dag, check_forward, check_forward_dag,
+    op_graph_cases,
+};
+use crate::dag::{DagOptions, dag_cases};
+use crate::{Backend, CaseResult, CpuTape, GraphCase, Measured, OpInfo, Report, RunConfig};
+
+/// The CPU tape in `T` with `gates` installed on the calling thread for each call.
+#[derive(Debug, Clone, Copy)]
+pub struct Gated<T> {
+    /// A short name of the setting, in report labels.
+    pub label: &'static str,
+    /// The overrides.
+    pub gates: Gates,
+    tape: CpuTape<T>,
+}
+
+impl<T: Scalar> Gated<T> {
+    /// The CPU tape under `gates`, named `label` in reports.
+    pub fn new(label: &'static str, gates: Gates) -> Self {
+        Gated {
+            label,
+            gates,
+            tape: CpuTape::new(),
+        }
+    }
+}
+
+impl<T: Scalar> Backend for Gated<T> {
+    type T = T;
+    type Program = <CpuTape<T> as Backend>::Program;
+
+    fn name(&self) -> String {
+        format!("{} gates={}", self.tape.name(), self.label)
+    }
+
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<T>],
+        nats: &[usize],
+    ) -> Result<Self::Program, String> {
+        let _forced = gates::force(self.gates);
+        self.tape.record(graph, leaves, nats)
+    }
+
+    fn values(&self, program: &Self::Program) -> Result<Vec<Tensor<T>>, String> {
+        let _forced = gates::force(self.gates);
+        self.tape.values(program)
+    }
+
+    fn backward_dense(
+        &self,
+        program: &Self::Program,
+        out: Id,
+        seed: &Tensor<T>,
+    ) -> Result<Vec<Tensor<T>>, String> {
+        let _forced = gates::force(self.gates);
+        self.tape.backward_dense(program, out, seed)
+    }
+}
+
+/// The best SIMD level this CPU has.
+fn best_level() -> Level {
+    Level::available().last().copied().unwrap_or(Level::Scalar)
+}
+
+/// The overrides checks 1 and 2 run under, each with a short name: every fast path off; every
+/// fast path on, on one thread with the row-major copy of `wᵀ`, on three threads with the
+/// column-major product, on four with the row-major copy; and on two threads at every other
+/// SIMD level this CPU has (the best level is the one the others use).
+pub fn settings() -> Vec<(&'static str, Gates)> {
+    let best = best_level();
+    let mut s = vec![
+        ("off", Gates::fast_paths_off()),
+        (
+            "on-t1-rowmajor",
+            Gates::fast_paths_on(1)
+                .with_layout(GemmLayout::RowMajorRhs)
+                .with_level(best),
+        ),
+        ("on-t3-colmajor", Gates::fast_paths_on(3).with_level(best)),
+        (
+            "on-t4-rowmajor",
+            Gates::fast_paths_on(4)
+                .with_layout(GemmLayout::RowMajorRhs)
+                .with_level(best),
+        ),
+    ];
+    for level in Level::available() {
+        let label = match level {
+            Level::Scalar => "on-t2-scalar",
+            Level::Avx2 => "on-t2-avx2",
+            Level::Avx512 => "on-t2-avx512",
+        };
+        if level != best {
+            s.push((label, Gates::fast_paths_on(2).with_level(level)));
+        }
+    }
+    s
+}
+
+/// A run configuration with `cfg.cases / 4` cases (at least 2): each setting adds a full
+/// pass over the registry, so each gets a slice of the usual case count (`TL_CASES` still
+/// scales it).
+pub fn gated_cfg(cfg: &RunConfig) -> RunConfig {
+    RunConfig {
+        cases: (cfg.cases / 4).max(2),
+        ..*cfg
+    }
+}
+
+/// Checks 1 and 2 on every applicable registry entry and on random DAGs, in `T`, under every
+/// one of [`settings`], with `cfg`'s cases (see [`gated_cfg`]).
+pub fn check_gated<T: Scalar>(entries: &[OpInfo], cfg: &RunConfig) -> Vec<Report> {
+    let mut reports = Vec::new();
+    for (label, gates) in settings() {
+        let backend = Gated::<T>::new(label, gates);
+        for e in entries {
+            if e.applies.forward {
+                reports.push(check_forward(&backend, e, cfg));
+            }
+            if e.applies.backward {
+                reports.push(check_backward(&backend, e, cfg));
+            }
+        }
+        reports.push(check_forward_dag(&backend, cfg));
+        reports.push(check_backward_dag(&backend, cfg));
+    }
+    reports
+}
+
+/// The groups of settings [`check_same_bits`] compares, each a reference and the settings
+/// that must give its bits: every split forced on, one query row per attention block, one
+/// batch entry per weight-cotangent chunk, the cache and runs on, one value per stage; per
+/// `x·wᵀ` path (strided, row-major copy, column-major product: the paths themselves sum in
+/// different orders on small products, so each is its own group), the reference on one thread
+/// at the baseline level, the others on 2, 3 and 4 threads at the best level and on two
+/// threads at every level this CPU has.
+pub fn same_bits_settings() -> Vec<(Gates, Vec<(String, Gates)>)> {
+    let on = Gates::fast_paths_on;
+    let best = best_level();
+    let layouts = [
+        GemmLayout::Strided,
+        GemmLayout::RowMajorRhs,
+        GemmLayout::ColumnMajor,
+    ];
+    layouts
+        .into_iter()
+        .map(|layout| {
+            let reference = on(1).with_level(Level::Scalar).with_layout(layout);
+            let mut others: Vec<(String, Gates)> = [2, 3, 4]
+                .into_iter()
+                .map(|t| {
+                    let g = on(t).with_level(best).with_layout(layout);
+                    (format!("{layout:?} on {t} threads at {best:?}"), g)
+                })
+                .collect();
+            for level in Level::available() {
+                let g = on(2).with_level(level).with_layout(layout);
+                others.push((format!("{layout:?} on 2 threads at {level:?}"), g));
+            }
+            (reference, others)
+        })
+        .collect()
+}
+
+/// Values and dense gradients of `case` on the CPU tape in `T` under `gates`.
+fn run_under<T: Scalar>(gates: Gates, case: &GraphCase) -> Result<Vec<Tensor<T>>, String> {
+    let backend = Gated::<T>::new("", gates);
+    let (leaves, _) = backend_inputs::<T>(case);
+    let seed: Tensor<T> = case.seed.cast();
+    let program = backend.record(&case.graph, &leaves, &case.nats)?;
+    let mut all = backend.values(&program)?;
+    all.extend(backend.backward_dense(&program, case.out, &seed)?);
+    Ok(all)
+}
+
+/// One case of the same-bits check: every setting of each group of [`same_bits_settings`]
+/// gives its reference's values and gradients bit for bit (the first differing element is
+/// named).
+pub fn same_bits_case<T: Scalar>(case: &GraphCase) -> CaseResult {
+    for (reference, others) in same_bits_settings() {
+        let want = run_under::<T>(reference, case)?;
+        let ids = want.len() / 2;
+        for (label, gates) in others {
+            let got = run_under::<T>(gates, case)?;
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let bits = |t: &Tensor<T>| -> Vec<u64> {
+                    t.data().iter().map(|x| x.as_f64().to_bits()).collect()
+                };
+                let (gb, wb) = (bits(g), bits(w));
+                if g.shape() == w.shape() && gb == wb {
+                    continue;
+                }
+                let id = i % ids.max(1);
+                let what = if i < ids { "value" } else { "gradient" };
+                let origin = match case.graph.node(id) {
+                    Some(n) => format!("{:?}", n.op()),
+                    None => "leaf".to_owned(),
+                };
+                let at = gb.iter().zip(&wb).position(|(x, y)| x != y).unwrap_or(0);
+                let (x, y) = (g.data().get(at), w.data().get(at));
+                return Err(format!(
+                    "{what} of %{id} ({origin}) shapes {} / {}, {label}: at flat index {at} \
+                     {x:?}, on one thread at the baseline level {y:?}",
+                    g.shape(),
+                    w.shape()
+                ));
+            }
+        }
+    }
+    Ok(Measured::ZERO)
+}
+
+/// The same-bits check in `T` on every registry entry that has checks 1 and 2, and on random
+/// DAGs.
+pub fn check_same_bits<T: Scalar>(entries: &[OpInfo], cfg: &RunConfig) -> Vec<Report> {
+    let mut reports: Vec<Report> = entries
+        .iter()
+        .filter(|e| e.applies.forward && e.applies.backward)
+        .map(|e| {
+            let label = format!("gates same bits {} {}", e.name, T::NAME);
+            crate::run_check(label, cfg, op_graph_cases(e), same_bits_case::<T>)
+        })
+        .collect();
+    let label = format!("gates same bits dag {}", T::NAME);
+    let dags = dag_cases(DagOptions::default()).boxed();
+    reports.push(crate::run_check(label, cfg, dags, same_bits_case::<T>));
+    reports
+}
