@@ -36,7 +36,8 @@
 //! // `scale_bwd(const float* x, const float* g, float* dx, u64 n, float c)`.
 //! let module = KernelModule::new("my_scale")
 //!     // .ptx(include_str!("my_scale.ptx"))          // the GPU: the committed PTX
-//!     .emu(tl_tape_cuda::emu_kernels!(my_scale));   // the emulator (feature `cuda-emu`)
+//!     // .emu(tl_tape_cuda::emu_kernels!(my_scale))  // the emulator (feature `cuda-emu`)
+//!     ;
 //! let imp = ElementwiseKernels::new(module, "scale_fwd", "scale_bwd")
 //!     .param(2.0)
 //!     .device_impl();
@@ -502,10 +503,14 @@ impl std::fmt::Debug for EmuKernels {
 /// `build.rs` must compile the library under that feature), `None` otherwise. No `unsafe` in
 /// the calling crate: the declaration of the table's C symbol is in this macro.
 ///
+/// ```ignore
+/// // build.rs: tl_cuda_build::Emulator::new("my_kernels").kernels(&set)?.compile()?;
+/// let module = KernelModule::new("my_kernels")
+///     .ptx(include_str!("my_kernels.ptx"))
+///     .emu(tl_tape_cuda::emu_kernels!(my_kernels)); // the C symbol `tl_emu_table_my_kernels`
 /// ```
-/// let emu = tl_tape_cuda::emu_kernels!(my_kernels); // `tl_emu_table_my_kernels`
-/// # let _ = emu;
-/// ```
+///
+/// (Not run here: the symbol exists only in a crate whose build.rs built the library.)
 #[macro_export]
 macro_rules! emu_kernels {
     ($lib:ident) => {{
