@@ -58,8 +58,10 @@ impl UserOp for Scale {
 }
 
 /// `y = a·b`, elementwise (two operands).
+#[cfg(feature = "cuda-emu")]
 struct Mul;
 
+#[cfg(feature = "cuda-emu")]
 impl UserOp for Mul {
     fn name(&self) -> &'static str {
         "mul2"
@@ -104,6 +106,7 @@ fn scale_op(fwd: &'static str, bwd: &'static str) -> UserOpRef {
 }
 
 /// The largest distance in ulps between `got` and `want` (NaN anywhere: infinite).
+#[cfg(feature = "cuda-emu")]
 fn max_ulps(got: &[f32], want: &[f32]) -> u64 {
     assert_eq!(got.len(), want.len());
     let key = |v: f32| {

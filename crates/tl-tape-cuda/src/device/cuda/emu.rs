@@ -1,5 +1,5 @@
 //! The kernel emulator's driver (feature `cuda-emu`): the same functions as `driver.rs`, over
-//! `kernels/*.cu` compiled for the host by g++ with the runtime of `kernels/emu/` (built by
+//! `kernels/*.cu` compiled for the host by g++ with the runtime of `crates/tl-cuda-build/emu/` (built by
 //! `build.rs`; docs/cuda.md, "The kernel emulator"). [`super::CudaDevice`] runs unchanged on
 //! it: its allocator, launch shapes and arguments, and the kernel sources themselves, with one
 //! fiber per CUDA thread. What it cannot check is what nvcc and the GPU add: code generation,
