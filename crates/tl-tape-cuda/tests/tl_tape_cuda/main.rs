@@ -19,6 +19,6 @@ mod norm;
 mod ops;
 mod oversized;
 mod random;
+mod wire;
 // User ops with kernels from a user's .cu: the sim twin always, the kernels under cuda-emu.
 mod user_kernels;
-mod wire;
