@@ -1,239 +1,62 @@
-//! `cargo xtask kernels [--check]`: CUDA C → PTX with a pinned nvcc, and the check CI runs.
+//! `cargo xtask kernels [--check]`: CUDA C → PTX with the pinned nvcc, and the check CI runs,
+//! over the kernel sets of this repository. The pipeline itself is the library
+//! `tl-cuda-build` (crates/tl-cuda-build), which tl-tape-cuda's `build.rs` and a user's
+//! `build.rs` call too.
 //!
-//! nvcc comes from pip, pinned to 13.0 (DESIGN.md "CUDA": PTX ISA 9.0 is what driver 580 JITs;
-//! 13.1+ emits PTX it refuses). It is installed on demand into `target/nvcc/site-packages`
-//! (git-ignored with the rest of `target/`); the wheels put it at
-//! `site-packages/nvidia/cu13/bin/nvcc`. PTX is built for `compute_80` (Ampere and newer; the
-//! driver JITs it for the actual GPU, e.g. sm_90 on H100) with `--fmad=false`, so `acc + a·b`
-//! is two roundings as in the simulation device (a fused multiply-add is written `__fmaf_rn`).
-//!
-//! `kernels/ptx/MANIFEST` holds, per source, the FNV-1a 64 hash of the `.cu` (followed by every
-//! shared `kernels/*.cuh` header, in name order) and of the PTX generated from it. `--check` needs no nvcc: it fails when a `.cu` has no entry, a hash
-//! differs, a PTX file is missing, or any PTX declares `.version` above 9.0.
+//! nvcc comes from pip, pinned to 13.0 (DESIGN.md "CUDA": PTX ISA 9.0 is what driver 580 JITs),
+//! installed on demand into `target/nvcc/site-packages` (git-ignored with the rest of
+//! `target/`). The sets:
+//! - `kernels/`: every `kernels/*.cu`, hashed with every `kernels/*.cuh`; PTX and MANIFEST in
+//!   `kernels/ptx/`;
+//! - the worked example's kernel, `crates/tl-nn/examples/custom_op/gelu_erf.cu`, with its PTX
+//!   and MANIFEST next to it.
 
-use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use tl_cuda_build::{Kernels, Nvcc};
 
-use crate::{hash, util};
+use crate::util;
 
-/// The pip packages of the pinned toolchain.
-const PIP_PINS: [&str; 4] = [
-    "nvidia-cuda-nvcc==13.0.88",
-    "nvidia-nvvm==13.0.88",
-    "nvidia-cuda-crt==13.0.88",
-    "nvidia-cuda-runtime==13.0.96",
-];
-
-/// nvcc flags for every kernel file (recorded in the manifest).
-const NVCC_FLAGS: [&str; 5] = [
-    "-ptx",
-    "-arch=compute_80",
-    "--fmad=false",
-    "-O3",
-    "-std=c++17",
-];
-
-/// The highest PTX ISA version the target driver (580) loads.
-const MAX_PTX_VERSION: (u32, u32) = (9, 0);
-
-fn kernels_dir() -> PathBuf {
-    util::root().join("kernels")
+/// Every kernel set of the repository, with a name for messages.
+fn sets() -> Result<Vec<(&'static str, Kernels)>, String> {
+    let root = util::root();
+    let project = Kernels::in_dir(root.join("kernels")).map_err(|e| e.to_string())?;
+    let example = root.join("crates/tl-nn/examples/custom_op");
+    let gelu = Kernels::new(&example).source(example.join("gelu_erf.cu"));
+    Ok(vec![("kernels/", project), ("examples/custom_op/", gelu)])
 }
 
-/// The `.cu` files of `kernels/`, sorted by name.
-fn sources() -> Result<Vec<PathBuf>, String> {
-    files_with("cu")
-}
-
-/// The hash of a source as the manifest records it: the `.cu` then every `.cuh` header.
-fn source_hash(src: &Path) -> Result<String, String> {
-    let mut bytes = read(src)?;
-    for h in files_with("cuh")? {
-        bytes.extend(read(&h)?);
-    }
-    Ok(hash::hex(&bytes))
-}
-
-/// The files of `kernels/` with extension `ext`, sorted by name.
-fn files_with(ext: &str) -> Result<Vec<PathBuf>, String> {
-    let dir = kernels_dir();
-    let mut out: Vec<PathBuf> = fs::read_dir(&dir)
-        .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == ext))
-        .collect();
-    out.sort();
-    Ok(out)
-}
-
-fn stem(p: &Path) -> String {
-    p.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-fn read(p: &Path) -> Result<Vec<u8>, String> {
-    fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
-}
-
-/// nvcc, installing the pinned wheels into `target/nvcc` first if it is not there.
-fn nvcc() -> Result<PathBuf, String> {
-    let site = util::root().join("target/nvcc/site-packages");
-    let bin = site.join("nvidia/cu13/bin/nvcc");
-    if !bin.is_file() {
-        eprintln!("installing the pinned nvcc into {}", site.display());
-        util::status(
-            Command::new("python3")
-                .args(["-m", "pip", "install", "--quiet", "--target"])
-                .arg(&site)
-                .args(PIP_PINS),
-        )?;
-        if !bin.is_file() {
-            return Err(format!(
-                "pip installed {PIP_PINS:?} but {} is missing (wheel layout changed?)",
-                bin.display()
-            ));
-        }
-    }
-    Ok(bin)
-}
-
-/// `cargo xtask kernels`: every `.cu` to `kernels/ptx/<name>.ptx`, then the manifest.
+/// `cargo xtask kernels`: every set's sources to PTX, then each set's manifest.
 pub fn build() -> Result<(), String> {
-    let nvcc = nvcc()?;
-    let version = util::output(Command::new(&nvcc).arg("--version"))?;
-    let release = version
-        .lines()
-        .find(|l| l.contains("release"))
-        .unwrap_or("unknown")
-        .trim()
-        .to_owned();
-    let ptx_dir = kernels_dir().join("ptx");
-    fs::create_dir_all(&ptx_dir).map_err(|e| format!("{}: {e}", ptx_dir.display()))?;
-    let mut manifest = format!(
-        "# Generated by `cargo xtask kernels`; checked by `cargo xtask kernels --check`.\n\
-         # nvcc: {release}\n# flags: {}\n# <source> <fnv1a64 of .cu> <fnv1a64 of .ptx>\n",
-        NVCC_FLAGS.join(" ")
-    );
-    for src in sources()? {
-        let name = stem(&src);
-        let out = ptx_dir.join(format!("{name}.ptx"));
-        eprintln!("nvcc {} -> {}", src.display(), out.display());
-        util::status(
-            Command::new(&nvcc)
-                .args(NVCC_FLAGS)
-                .arg(&src)
-                .arg("-o")
-                .arg(&out),
-        )?;
-        let ptx = read(&out)?;
-        check_version(&name, &String::from_utf8_lossy(&ptx))?;
-        manifest.push_str(&format!(
-            "{name}.cu {} {}\n",
-            source_hash(&src)?,
-            hash::hex(&ptx)
-        ));
-    }
-    let path = ptx_dir.join("MANIFEST");
-    fs::write(&path, manifest).map_err(|e| format!("{}: {e}", path.display()))?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
-}
-
-/// Fail when the PTX's `.version` is above [`MAX_PTX_VERSION`] (or missing).
-fn check_version(name: &str, ptx: &str) -> Result<(), String> {
-    let v = ptx
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(".version "))
-        .ok_or_else(|| format!("{name}.ptx has no .version line"))?;
-    let parsed = v
-        .trim()
-        .split_once('.')
-        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
-        .ok_or_else(|| format!("{name}.ptx: cannot parse .version {v:?}"))?;
-    if parsed > MAX_PTX_VERSION {
-        return Err(format!(
-            "{name}.ptx declares PTX ISA .version {v}, above {}.{} (driver 580 will not load it): \
-             rebuild with nvcc 13.0 (`cargo xtask kernels`)",
-            MAX_PTX_VERSION.0, MAX_PTX_VERSION.1
-        ));
+    let site = util::root().join("target/nvcc/site-packages");
+    let nvcc = Nvcc::install_pinned(&site).map_err(|e| e.to_string())?;
+    for (name, set) in sets()? {
+        let written = set
+            .generate_ptx(&nvcc)
+            .map_err(|e| format!("{name}: {e}"))?;
+        eprintln!(
+            "{name}: {} PTX file(s), wrote {}",
+            written.len(),
+            set.manifest_path().display()
+        );
     }
     Ok(())
 }
 
-/// `cargo xtask kernels --check`: sources, PTX and manifest agree; every PTX ≤ ISA 9.0.
+/// `cargo xtask kernels --check`: in every set, sources, PTX and manifest agree; every PTX
+/// declares ISA ≤ 9.0. Needs no nvcc.
 pub fn check() -> Result<(), String> {
-    let ptx_dir = kernels_dir().join("ptx");
-    let manifest_path = ptx_dir.join("MANIFEST");
-    let manifest = fs::read_to_string(&manifest_path).map_err(|e| {
-        format!(
-            "cannot read {}: {e} (run `cargo xtask kernels`)",
-            manifest_path.display()
-        )
-    })?;
-    let entries: Vec<(&str, &str, &str)> = manifest
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            Some((w.next()?, w.next()?, w.next()?))
-        })
-        .collect();
     let mut problems = Vec::new();
-    let srcs = sources()?;
-    for src in &srcs {
-        let name = stem(src);
-        let file = format!("{name}.cu");
-        let Some(&(_, cu_hash, ptx_hash)) = entries.iter().find(|e| e.0 == file) else {
-            problems.push(format!("kernels/{file} has no MANIFEST entry"));
-            continue;
-        };
-        if source_hash(src)? != cu_hash {
-            problems.push(format!(
-                "kernels/{file} (or a .cuh it includes) changed since its PTX was generated"
-            ));
-        }
-        let ptx_path = ptx_dir.join(format!("{name}.ptx"));
-        match fs::read(&ptx_path) {
-            Ok(ptx) => {
-                if hash::hex(&ptx) != ptx_hash {
-                    problems.push(format!("kernels/ptx/{name}.ptx was edited by hand"));
-                }
-                if let Err(e) = check_version(&name, &String::from_utf8_lossy(&ptx)) {
-                    problems.push(e);
-                }
-            }
-            Err(e) => problems.push(format!("kernels/ptx/{name}.ptx: {e}")),
-        }
-    }
-    for (file, _, _) in &entries {
-        if !srcs.iter().any(|s| format!("{}.cu", stem(s)) == *file) {
-            problems.push(format!("MANIFEST lists {file}, which no longer exists"));
+    for (name, set) in sets()? {
+        match set.check() {
+            Ok(n) => println!("kernels --check: {name}: {n} source(s), PTX up to date"),
+            Err(e) => problems.push(format!("{name}: {e}")),
         }
     }
     if problems.is_empty() {
-        println!("kernels --check: {} source(s), PTX up to date", srcs.len());
         Ok(())
     } else {
         Err(format!(
-            "{}\nregenerate with `cargo xtask kernels` and commit kernels/ptx/",
+            "{}\nregenerate with `cargo xtask kernels` and commit the PTX and MANIFEST",
             problems.join("\n")
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ptx_versions_above_nine_zero_are_refused() {
-        assert!(check_version("a", "//\n.version 9.0\n.target sm_80").is_ok());
-        assert!(check_version("a", ".version 8.7\n").is_ok());
-        let e = check_version("a", ".version 9.1\n").unwrap_err();
-        assert!(e.contains("9.1") && e.contains("a.ptx"), "{e}");
-        assert!(check_version("a", ".version 10.0\n").is_err());
-        assert!(check_version("a", ".target sm_80\n").is_err());
     }
 }

@@ -9,7 +9,6 @@
 
 mod bundle;
 mod coverage;
-mod hash;
 mod kernels;
 mod mutants;
 mod stub;
@@ -26,8 +25,9 @@ subcommands:
       cargo test --workspace [--release] builds it); fails if any cell fails or an
       applicable cell ran zero cases
   kernels
-      build kernels/*.cu to kernels/ptx/<name>.ptx with nvcc 13.0 (pip-installed into
-      target/nvcc if missing) and write kernels/ptx/MANIFEST
+      build kernels/*.cu to kernels/ptx/<name>.ptx (and the worked example's
+      crates/tl-nn/examples/custom_op/gelu_erf.cu next to it) with nvcc 13.0
+      (pip-installed into target/nvcc if missing) and write each set's MANIFEST
   kernels --check
       fail if a .cu changed since its PTX was generated (MANIFEST hash) or a PTX file
       declares .version > 9.0; needs no nvcc

@@ -34,6 +34,7 @@ mod index;
 mod launch;
 mod norm;
 mod prims;
+mod user;
 
 use std::collections::HashMap;
 
@@ -316,6 +317,9 @@ impl CudaDevice {
 impl Device for CudaDevice {
     fn name(&self) -> &'static str {
         driver::NAME
+    }
+    fn user_kernels(&mut self) -> Option<&mut dyn crate::user::KernelDevice> {
+        Some(self)
     }
     fn upload(&mut self, data: &[f32]) -> Result<Buffer> {
         self.with_out("upload", data.len(), |d, out| {

@@ -64,6 +64,13 @@ pub trait Device: Launch {
     /// A short name of the implementation (`"sim"`, `"cuda"`).
     fn name(&self) -> &'static str;
 
+    /// This device as one that launches the user's own kernels (`CudaDevice`, on a GPU or on
+    /// the kernel emulator), or `None` (the default; the simulation device): a user op whose
+    /// implementation launches kernels runs its sim twin there ([`crate::user`]).
+    fn user_kernels(&mut self) -> Option<&mut dyn crate::user::KernelDevice> {
+        None
+    }
+
     // ---- memory ------------------------------------------------------------------------------
 
     /// Copy host elements into a fresh buffer. PyTorch: `torch.tensor(data, device="cuda")`.

@@ -21,3 +21,5 @@ mod oversized;
 mod random;
 mod user_ops;
 mod wire;
+// User ops with kernels from a user's .cu: the sim twin always, the kernels under cuda-emu.
+mod user_kernels;

@@ -21,7 +21,7 @@ pub enum Arg {
 }
 
 impl Arg {
-    /// The kernel emulator's tag for this argument's type (kernels/emu/cuda_emu.h, `TlEmuTag`).
+    /// The kernel emulator's tag for this argument's type (crates/tl-cuda-build/emu/cuda_emu.h, `TlEmuTag`).
     #[cfg_attr(not(feature = "cuda-emu"), allow(dead_code))]
     pub fn tag(&self) -> u8 {
         match self {

@@ -9,13 +9,14 @@
 //! recycles is never still in use by an earlier kernel.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use cust::sys;
 
 use super::arg;
 pub use super::arg::Arg;
 use crate::alloc::RawMemory;
+use crate::user::KernelModule;
 use crate::{Error, Result};
 
 /// What [`CudaDevice::name`](crate::Device::name) reports over this driver.
@@ -140,13 +141,75 @@ pub fn function(name: &'static str) -> Result<usize> {
     })
 }
 
+/// The users' modules loaded so far: (address and length of the PTX text, module handle).
+/// Loaded once per PTX text, never unloaded (as the project's modules).
+static USER_MODULES: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+
+/// The raw handle of kernel `name` of a user's module, its PTX loaded at the first call.
+pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize> {
+    enter()?;
+    let Some(ptx) = module.ptx_text() else {
+        return Err(Error::Driver {
+            op: name,
+            detail: "the module has no PTX (KernelModule::ptx(include_str!(..)) of the PTX \
+                     tl_cuda_build::Kernels::generate_ptx wrote)"
+                .to_owned(),
+        });
+    };
+    let key = (ptx.as_ptr() as usize, ptx.len());
+    let mut loaded = USER_MODULES.lock().unwrap_or_else(|p| p.into_inner());
+    let m = match loaded.iter().find(|e| (e.0, e.1) == key) {
+        Some(e) => e.2,
+        None => {
+            let image = std::ffi::CString::new(ptx).map_err(|_| Error::Driver {
+                op: "module load",
+                detail: format!("the PTX of module {} contains a NUL byte", module.name()),
+            })?;
+            let mut raw: sys::CUmodule = std::ptr::null_mut();
+            // SAFETY: the process-wide context is current on this thread (`enter` above);
+            // `image` is a NUL-terminated PTX image; `raw` is a valid out-pointer. The module
+            // is never unloaded.
+            let r = unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr().cast()) };
+            check("module load", r).map_err(|e| Error::Driver {
+                op: name,
+                detail: format!(
+                    "loading the PTX of module {}: {e} (CUDA_ERROR_UNKNOWN or an \
+                     unsupported-PTX error here usually means PTX newer than the driver)",
+                    module.name()
+                ),
+            })?;
+            loaded.push((key.0, key.1, raw as usize));
+            raw as usize
+        }
+    };
+    drop(loaded);
+    let cname = std::ffi::CString::new(name).map_err(|_| Error::kernel(name, "bad kernel name"))?;
+    let mut f: sys::CUfunction = std::ptr::null_mut();
+    // SAFETY: `m` is a loaded, never-unloaded module; `cname` is NUL-terminated; `f` is a
+    // valid out-pointer.
+    let r = unsafe { sys::cuModuleGetFunction(&mut f, m as sys::CUmodule, cname.as_ptr()) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(f as usize)
+    } else {
+        Err(Error::Driver {
+            op: name,
+            detail: format!(
+                "no kernel {name} in the PTX of module {} ({r:?})",
+                module.name()
+            ),
+        })
+    }
+}
+
 /// Launch `f` on the default stream with `grid` × `block` threads.
 pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Arg]) -> Result<()> {
     let mut vals: Vec<Arg> = args.to_vec();
     let ptrs = arg::params(&mut vals);
     // SAFETY: `f` is a function of a loaded module; `ptrs` points into `vals`, which outlives
     // the call (the driver copies parameters at launch) and matches the kernel's parameter
-    // list as written in kernels/*.cu (each call site passes the kernel's exact signature);
+    // list as written in kernels/*.cu (each call site passes the kernel's exact signature; a
+    // user kernel's arguments are the user op's, checked against its parameter list by the
+    // kernel emulator's tests, docs/cuda.md "Your own kernels");
     // every pointer argument is a live allocation of at least the length the launch covers
     // (checked by the caller); the null stream is the legacy default stream.
     check(op, unsafe {

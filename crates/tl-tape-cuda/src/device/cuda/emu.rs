@@ -1,5 +1,5 @@
 //! The kernel emulator's driver (feature `cuda-emu`): the same functions as `driver.rs`, over
-//! `kernels/*.cu` compiled for the host by g++ with the runtime of `kernels/emu/` (built by
+//! `kernels/*.cu` compiled for the host by g++ with the runtime of `crates/tl-cuda-build/emu/` (built by
 //! `build.rs`; docs/cuda.md, "The kernel emulator"). [`super::CudaDevice`] runs unchanged on
 //! it: its allocator, launch shapes and arguments, and the kernel sources themselves, with one
 //! fiber per CUDA thread. What it cannot check is what nvcc and the GPU add: code generation,
@@ -12,6 +12,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use super::arg;
 pub use super::arg::Arg;
 use crate::alloc::RawMemory;
+use crate::user::{EmuKernels, EmuTableFn, KernelModule};
 use crate::{Error, Result};
 
 /// What [`CudaDevice::name`](crate::Device::name) reports over this driver.
@@ -28,6 +29,12 @@ unsafe extern "C" {
         block: u32,
         params: *mut *mut c_void,
         sig: *const c_char,
+        err: *mut c_char,
+        cap: usize,
+    ) -> c_int;
+    fn tl_emu_register(
+        table: EmuTableFn,
+        name: *const c_char,
         err: *mut c_char,
         cap: usize,
     ) -> c_int;
@@ -94,6 +101,52 @@ pub fn function(name: &'static str) -> Result<usize> {
     usize::try_from(i).map_err(|_| Error::Driver {
         op: name,
         detail: "kernel not found in kernels/*.cu (kernel emulator)".to_owned(),
+    })
+}
+
+impl EmuKernels {
+    /// The kernel table `table` of the emulator library `lib`: what
+    /// [`emu_kernels!`](crate::emu_kernels) expands to (use the macro).
+    ///
+    /// # Safety
+    ///
+    /// `table` must be the table function that `tl_cuda_build::Emulator::compile` generated
+    /// for `lib` (`tl_emu_table_<lib>`), linked into the program: the emulator calls it and
+    /// reads the kernels it returns.
+    #[doc(hidden)]
+    pub unsafe fn from_table(lib: &'static str, table: EmuTableFn) -> Self {
+        EmuKernels { lib, table }
+    }
+}
+
+/// The index of kernel `name` of a user's module: its emulator table is registered with the
+/// runtime (once), then searched.
+pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize> {
+    let Some(emu) = module.emu_table() else {
+        return Err(Error::Driver {
+            op: name,
+            detail: "the module has no emulator build (build its .cu with \
+                     tl_cuda_build::Emulator in the build.rs, name it with \
+                     tl_tape_cuda::emu_kernels! under feature cuda-emu)"
+                .to_owned(),
+        });
+    };
+    let cname = CString::new(name).map_err(|_| Error::kernel(name, "bad kernel name"))?;
+    let mut err = [0 as c_char; ERR_CAP];
+    // SAFETY: `emu.table` is the table function of an emulator library
+    // (`EmuKernels::from_table`'s contract), which the runtime calls once and whose kernels
+    // it copies; `cname` is NUL-terminated and outlives the call; `err` has room for ERR_CAP
+    // bytes.
+    let i = unsafe { tl_emu_register(emu.table, cname.as_ptr(), err.as_mut_ptr(), ERR_CAP) };
+    usize::try_from(i).map_err(|_| {
+        let e = failed(name, &err);
+        match e {
+            Error::Driver { op, detail } => Error::Driver {
+                op,
+                detail: format!("{detail} (emulator library {})", emu.lib()),
+            },
+            other => other,
+        }
     })
 }
 

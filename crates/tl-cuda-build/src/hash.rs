@@ -10,7 +10,7 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The hash as 16 lowercase hex digits.
+/// The hash as 16 lowercase hex digits (the form the manifest records).
 pub fn hex(bytes: &[u8]) -> String {
     format!("{:016x}", fnv1a64(bytes))
 }

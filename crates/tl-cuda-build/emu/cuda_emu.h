@@ -1,7 +1,9 @@
 // The CUDA built-ins that kernels/*.cu use, for the host: the kernel emulator of
 // crates/tl-tape-cuda (feature `cuda-emu`, docs/cuda.md "The kernel emulator") compiles each
-// kernels/<family>.cu with g++ after this header, unchanged, and runs its kernels with
-// runtime.cpp: one fiber per CUDA thread, the blocks of a grid one after another.
+// kernels/<family>.cu (and a user's own .cu, tl_cuda_build::Emulator) with g++ after this
+// header, unchanged, and runs its kernels with runtime.cpp: one fiber per CUDA thread, the
+// blocks of a grid one after another. Built-ins a kernel uses that are missing here are a
+// compile error in the emulator build, not a silent difference.
 //
 // - threadIdx / blockIdx / blockDim / gridDim are per-OS-thread globals that the scheduler sets
 //   before it resumes a fiber (one fiber runs at a time on the launching thread);
@@ -11,7 +13,7 @@
 //   __shfl_down_sync() exchanges through per-thread slots between two warp barriers;
 // - atomicAdd is a plain read-add-write (fibers never interleave inside it);
 // - __fadd_rn / __fmul_rn are single roundings, and the library is built with
-//   -ffp-contract=off, as nvcc's --fmad=false (xtask/src/kernels.rs); __fmaf_rn is the C
+//   -ffp-contract=off, as nvcc's --fmad=false (tl_cuda_build::NVCC_FLAGS); __fmaf_rn is the C
 //   library's fmaf, one rounding as IEEE 754 and CUDA define it;
 // - expf, logf, tanhf, ... are the host libm's, so they match the simulation device (which
 //   uses the same libm), not CUDA's few-ulp approximations.

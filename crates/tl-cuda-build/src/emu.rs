@@ -1,0 +1,255 @@
+//! The host build of CUDA C sources for the kernel emulator (tl-tape-cuda's feature
+//! `cuda-emu`): each `.cu` compiled unchanged by the host C++ compiler after
+//! [`CUDA_EMU_H`], in its own translation unit and namespace, followed by the table of its
+//! kernels (name, parameter signature, entry point); one static library per [`Emulator`], whose
+//! table the function [`Emulator::table_symbol`] returns.
+//!
+//! The runtime that runs those tables (fibers, barriers, checked memory) is compiled once, into
+//! tl-tape-cuda. A user's library is linked into the user's crate and handed to the runtime
+//! at run time: `tl_tape_cuda::emu_kernels!(<lib>)` names its table, and the first launch of
+//! one of its kernels registers it.
+
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::kernels::{read, stem};
+use crate::{Error, Kernels, ptx};
+
+/// The CUDA built-ins for the host (`threadIdx`, `__syncthreads`, `__shfl_down_sync`,
+/// `atomicAdd`, `__fmaf_rn`, ...) and the kernel-table machinery (`TL_EMU_KERNEL`): included
+/// before every source.
+pub const CUDA_EMU_H: &str = include_str!("../emu/cuda_emu.h");
+
+/// The emulator's runtime (fibers, barriers, allocations with guard zones, launches, the
+/// registry of kernel tables); compiled by [`Emulator::with_runtime`] only (tl-tape-cuda).
+pub const RUNTIME_CPP: &str = include_str!("../emu/runtime.cpp");
+
+/// One translation unit: a source and the kernels its table lists.
+#[derive(Debug, Clone)]
+struct Unit {
+    source: PathBuf,
+    kernels: Vec<String>,
+}
+
+/// A static library of `.cu` sources compiled for the kernel emulator, built from a build
+/// script (it writes into `OUT_DIR` and prints cargo's link lines).
+#[derive(Debug, Clone)]
+pub struct Emulator {
+    lib: String,
+    units: Vec<Unit>,
+    includes: Vec<PathBuf>,
+    runtime: bool,
+}
+
+impl Emulator {
+    /// An empty library named `lib` (a C identifier: letters, digits, `_`), linked as
+    /// `lib<lib>.a`; its table is [`table_symbol`](Self::table_symbol).
+    pub fn new(lib: &str) -> Self {
+        Emulator {
+            lib: lib.to_owned(),
+            units: Vec::new(),
+            includes: Vec::new(),
+            runtime: false,
+        }
+    }
+
+    /// Every source of `set`, each with the kernel names of its committed PTX
+    /// (`.visible .entry`: the names the driver resolves) or, where it has no PTX yet, of its
+    /// source (`extern "C" __global__ void NAME(`). The set's header directories are searched.
+    pub fn kernels(mut self, set: &Kernels) -> Result<Self, Error> {
+        for src in set.sources() {
+            let ptx_path = set.ptx_path(src);
+            let names = match fs::read_to_string(&ptx_path) {
+                Ok(text) => ptx::entries(&text),
+                Err(_) => ptx::source_entries(&String::from_utf8_lossy(&read(src)?)),
+            };
+            self = self.source_with(src, names)?;
+        }
+        for h in set.headers() {
+            if let Some(dir) = h.parent() {
+                self = self.include(dir);
+            }
+        }
+        Ok(self)
+    }
+
+    /// Add `cu`, its kernel names read from the source (`extern "C" __global__ void NAME(`).
+    pub fn source(self, cu: impl AsRef<Path>) -> Result<Self, Error> {
+        let cu = cu.as_ref();
+        let names = ptx::source_entries(&String::from_utf8_lossy(&read(cu)?));
+        self.source_with(cu, names)
+    }
+
+    /// Add `cu` with the kernels its table lists.
+    pub fn source_with(
+        mut self,
+        cu: impl AsRef<Path>,
+        kernels: Vec<String>,
+    ) -> Result<Self, Error> {
+        let cu = cu.as_ref();
+        if kernels.is_empty() {
+            return Err(Error::new(format!(
+                "{}: no kernel found (a kernel is declared `extern \"C\" __global__ void NAME(`)",
+                cu.display()
+            )));
+        }
+        let source = cu
+            .canonicalize()
+            .map_err(|e| Error::new(format!("{}: {e}", cu.display())))?;
+        self.units.push(Unit { source, kernels });
+        Ok(self)
+    }
+
+    /// Add an include directory.
+    pub fn include(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.includes.push(dir.into());
+        self
+    }
+
+    /// Also compile the runtime ([`RUNTIME_CPP`]), with this library's table as the built-in
+    /// one. For tl-tape-cuda's build script only: a process holds one runtime.
+    #[doc(hidden)]
+    pub fn with_runtime(mut self) -> Self {
+        self.runtime = true;
+        self
+    }
+
+    /// The C symbol of this library's kernel table,
+    /// `const TlEmuKernel* tl_emu_table_<lib>(size_t* n)`.
+    pub fn table_symbol(&self) -> String {
+        format!("tl_emu_table_{}", self.lib)
+    }
+
+    /// Compile the library into `OUT_DIR` and tell cargo to link it (and the C++ standard
+    /// library). Prints `cargo:rerun-if-changed` for each source. Kernel names are C symbols:
+    /// they must be unique in the program, as the table lookup is by name.
+    pub fn compile(&self) -> Result<(), Error> {
+        if self.lib.is_empty()
+            || !self
+                .lib
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(Error::new(format!(
+                "emulator library name {:?}: use letters, digits and `_`",
+                self.lib
+            )));
+        }
+        if self.units.is_empty() {
+            return Err(Error::new(format!(
+                "emulator library {}: no source",
+                self.lib
+            )));
+        }
+        let out = PathBuf::from(
+            env::var("OUT_DIR")
+                .map_err(|_| Error::new("OUT_DIR is not set: call from a build script"))?,
+        );
+        let dir = out.join(format!("tl_emu_{}", self.lib));
+        fs::create_dir_all(&dir).map_err(|e| Error::new(format!("{}: {e}", dir.display())))?;
+        write(&dir.join("cuda_emu.h"), CUDA_EMU_H)?;
+
+        let mut build = cc::Build::new();
+        build
+            .cpp(true)
+            .std("c++17")
+            .opt_level(2)
+            // nvcc builds the PTX with --fmad=false: no contraction of a*b + c here either.
+            .flag("-ffp-contract=off")
+            .flag("-fno-fast-math")
+            // Kernels may take parameter lists they read only part of.
+            .flag("-Wno-unused-parameter")
+            .include(&dir);
+        for i in &self.includes {
+            build.include(i);
+        }
+        let mut table = String::from("#include \"cuda_emu.h\"\n#include <vector>\n\n");
+        let mut list = String::new();
+        for (k, unit) in self.units.iter().enumerate() {
+            println!("cargo:rerun-if-changed={}", unit.source.display());
+            if let Some(parent) = unit.source.parent() {
+                build.include(parent);
+            }
+            let ns = format!("tl_emu_{}_{k}_{}", self.lib, ident(&stem(&unit.source)));
+            let path = dir.join(format!("{ns}.cpp"));
+            write(&path, &unit_source(&ns, &unit.source, &unit.kernels))?;
+            build.file(&path);
+            let _ = writeln!(
+                table,
+                "extern \"C\" const TlEmuKernel* {ns}_table(std::size_t*);"
+            );
+            let _ = writeln!(list, "        {ns}_table,");
+        }
+        let sym = self.table_symbol();
+        let _ = write!(
+            table,
+            "\nextern \"C\" const TlEmuKernel* {sym}(std::size_t* n) {{\n\
+             \x20   static const std::vector<TlEmuKernel> all = [] {{\n\
+             \x20       const TlEmuKernel* (*units[])(std::size_t*) = {{\n{list}        }};\n\
+             \x20       std::vector<TlEmuKernel> v;\n\
+             \x20       for (auto u : units) {{\n\
+             \x20           std::size_t k = 0;\n\
+             \x20           const TlEmuKernel* t = u(&k);\n\
+             \x20           v.insert(v.end(), t, t + k);\n\
+             \x20       }}\n\
+             \x20       return v;\n\
+             \x20   }}();\n\
+             \x20   *n = all.size();\n\
+             \x20   return all.data();\n}}\n"
+        );
+        if self.runtime {
+            let _ = write!(
+                table,
+                "\nextern \"C\" const TlEmuKernel* tl_emu_builtin_table(std::size_t* n) {{\n\
+                 \x20   return {sym}(n);\n}}\n"
+            );
+            let rt = dir.join("runtime.cpp");
+            write(&rt, RUNTIME_CPP)?;
+            build.file(&rt);
+        }
+        let path = dir.join(format!("{sym}.cpp"));
+        write(&path, &table)?;
+        build.file(&path);
+        // cc prints the link lines (the library, the C++ standard library); fibers are libc's.
+        build
+            .try_compile(&self.lib)
+            .map_err(|e| Error::new(format!("emulator library {}: {e}", self.lib)))
+    }
+}
+
+/// One source's translation unit: the source inside namespace `ns`, then its table.
+fn unit_source(ns: &str, source: &Path, names: &[String]) -> String {
+    let mut s = format!(
+        "#include \"cuda_emu.h\"\n\nnamespace {ns} {{\n#include \"{}\"\n\n\
+         static const TlEmuKernel table[] = {{\n",
+        source.display()
+    );
+    for n in names {
+        let _ = writeln!(s, "    TL_EMU_KERNEL({n}),");
+    }
+    let _ = write!(
+        s,
+        "}};\n}}  // namespace {ns}\n\n\
+         extern \"C\" const TlEmuKernel* {ns}_table(std::size_t* n) {{\n\
+         \x20   *n = sizeof({ns}::table) / sizeof({ns}::table[0]);\n\
+         \x20   return {ns}::table;\n}}\n"
+    );
+    s
+}
+
+/// `s` with every character that is not a letter, digit or `_` replaced by `_`.
+fn ident(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+fn write(p: &Path, text: &str) -> Result<(), Error> {
+    // Unchanged files keep their mtime, so cc's objects are not rebuilt for nothing.
+    if fs::read_to_string(p).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    fs::write(p, text).map_err(|e| Error::new(format!("{}: {e}", p.display())))
+}

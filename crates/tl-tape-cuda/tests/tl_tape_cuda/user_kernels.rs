@@ -1,0 +1,379 @@
+//! User ops whose device side is a kernel from the user's own `.cu`
+//! (crates/tl-tape-cuda/tests/user_kernels/*.cu, built for the kernel emulator by build.rs
+//! through `tl_cuda_build::Emulator`, as a user's build.rs builds its own, and named here with
+//! `emu_kernels!`):
+//! - on the emulated `CudaDevice` (feature `cuda-emu`) the kernels run, and give the op's
+//!   reference in f32 within 2 ulps; deliberately wrong kernels are caught by that comparison
+//!   or by the emulator; errors name the op and the kernel and leave the tape usable;
+//! - on the `SimDevice` (every build) the op runs its sim twin: the reference in f32 on the
+//!   host, or the twin given.
+//!
+//! `cargo test -p tl-tape-cuda --features cuda-emu --test tl_tape_cuda user_kernels::`
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tl_ir::{Op, Param, UserOp, UserOpRef};
+use tl_spec::{Scalar, Shape, Tensor};
+use tl_tape_cuda::user::{
+    DeviceImpl, ElementwiseKernels, KernelArg, KernelModule, LaunchShape, launch, with_device,
+};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice};
+
+use crate::common::{Domain, Gen, draw};
+
+/// `y = c·x`, elementwise; a shape rule that may lie about the output (`out`), to reach the
+/// kernels' length check.
+struct Scale {
+    c: f64,
+    out: Option<Shape>,
+}
+
+impl UserOp for Scale {
+    fn name(&self) -> &'static str {
+        "scale"
+    }
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("c", Param::Float(self.c))]
+    }
+    fn arity(&self) -> usize {
+        1
+    }
+    fn infer_shape(&self, shapes: &[&Shape]) -> tl_spec::Result<Shape> {
+        Ok(self.out.clone().unwrap_or_else(|| shapes[0].clone()))
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        Ok(x[0].map(|v| T::lit(self.c) * v))
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        _x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        Ok(vec![Some(g.map(|v| T::lit(self.c) * v))])
+    }
+    fn jvp<T: Scalar>(&self, _x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        Ok(dx[0].map(|v| T::lit(self.c) * v))
+    }
+}
+
+/// `y = a·b`, elementwise (two operands).
+#[cfg(feature = "cuda-emu")]
+struct Mul;
+
+#[cfg(feature = "cuda-emu")]
+impl UserOp for Mul {
+    fn name(&self) -> &'static str {
+        "mul2"
+    }
+    fn arity(&self) -> usize {
+        2
+    }
+    fn infer_shape(&self, shapes: &[&Shape]) -> tl_spec::Result<Shape> {
+        Ok(shapes[0].clone())
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        x[0].zip_map("mul2", x[1], |a, b| a * b)
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        Ok(vec![
+            Some(g.zip_map("mul2", x[1], |g, b| g * b)?),
+            Some(g.zip_map("mul2", x[0], |g, a| g * a)?),
+        ])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let l = dx[0].zip_map("mul2", x[1], |d, b| d * b)?;
+        let r = x[0].zip_map("mul2", dx[1], |a, d| a * d)?;
+        l.zip_map("mul2", &r, |l, r| l + r)
+    }
+}
+
+/// The tests' kernel file in its compiled forms: only the emulator build (no PTX).
+fn module() -> KernelModule {
+    KernelModule::new("tl_test_user_kernels").emu(tl_tape_cuda::emu_kernels!(tl_test_user_kernels))
+}
+
+/// `Scale` with `c = 2` on the kernels `fwd`/`bwd` of the tests' module.
+fn scale_op(fwd: &'static str, bwd: &'static str) -> UserOpRef {
+    let imp = ElementwiseKernels::new(module(), fwd, bwd)
+        .param(2.0)
+        .device_impl();
+    with_device(UserOpRef::new(Scale { c: 2.0, out: None }), imp)
+}
+
+/// The largest distance in ulps between `got` and `want` (NaN anywhere: infinite).
+#[cfg(feature = "cuda-emu")]
+fn max_ulps(got: &[f32], want: &[f32]) -> u64 {
+    assert_eq!(got.len(), want.len());
+    let key = |v: f32| {
+        let b = v.to_bits() as i64;
+        if b < 0x8000_0000 { b } else { 0x8000_0000 - b }
+    };
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if g.is_nan() || w.is_nan() {
+                u64::MAX
+            } else {
+                key(g).abs_diff(key(w))
+            }
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Run `op` on `x` on `tape` forward and backward (seed `g`), returning (value, cotangents).
+fn run<D: Device>(
+    tape: &mut CudaTape<D>,
+    op: &UserOpRef,
+    x: &[Tensor<f32>],
+    g: &Tensor<f32>,
+) -> tl_tape_cuda::Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    let mut ids = Vec::new();
+    for t in x {
+        let b = AnyBuffer::upload(tape.device_mut(), t)?;
+        ids.push(tape.leaf(b, None, true));
+    }
+    let y = tape.apply(&Op::User(op.clone()), &ids)?;
+    let value: Tensor<f32> = tape.value(y, g.shape())?.download(tape.device())?;
+    let seed = AnyBuffer::upload(tape.device_mut(), g)?;
+    let grads = tape.backward_dense(y, &seed);
+    seed.release(tape.device_mut());
+    let grads = grads?;
+    let mut dx = Vec::new();
+    for id in ids {
+        let t: Tensor<f32> = grads[id].download(tape.device())?;
+        dx.push(t.data().to_vec());
+    }
+    tape.release_grads(grads);
+    tape.reset();
+    Ok((value.data().to_vec(), dx))
+}
+
+/// The op's reference in f32: (value, cotangents).
+fn reference(op: &UserOpRef, x: &[Tensor<f32>], g: &Tensor<f32>) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let refs: Vec<&Tensor<f32>> = x.iter().collect();
+    let y = op.value(&refs).unwrap();
+    let dx = op.vjp(&refs, g).unwrap();
+    (
+        y.data().to_vec(),
+        dx.into_iter().map(|d| d.unwrap().data().to_vec()).collect(),
+    )
+}
+
+fn inputs(n: usize, k: usize, seed: u64) -> (Vec<Tensor<f32>>, Tensor<f32>) {
+    let mut rng = Gen::new(seed);
+    let shape = Shape::new(&[n]);
+    let x = (0..k)
+        .map(|_| draw(&mut rng, &shape, Domain::Any).cast())
+        .collect();
+    (x, draw(&mut rng, &shape, Domain::Any).cast())
+}
+
+#[test]
+fn on_the_simulation_device_a_kernel_op_runs_its_reference_or_its_twin() {
+    let (x, g) = inputs(300, 1, 1);
+    let op = scale_op("tl_test_scale_fwd", "tl_test_scale_bwd");
+    let mut tape = CudaTape::new(SimDevice::new());
+    let got = run(&mut tape, &op, &x, &g).unwrap();
+    assert_eq!(got, reference(&op, &x, &g));
+
+    // A twin given: it runs (counted), and its values are the tape's.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (cf, cb) = (Arc::clone(&calls), Arc::clone(&calls));
+    let twin = DeviceImpl::new(
+        move |dev, x, _| {
+            cf.fetch_add(1, Ordering::SeqCst);
+            dev.scale(x[0].buffer(), 2.0)
+        },
+        move |dev, _, _, g, _| {
+            cb.fetch_add(1, Ordering::SeqCst);
+            Ok(vec![Some(dev.scale(g.buffer(), 2.0)?)])
+        },
+    );
+    let imp = ElementwiseKernels::new(module(), "tl_test_scale_fwd", "tl_test_scale_bwd")
+        .param(2.0)
+        .device_impl()
+        .with_sim_twin(twin);
+    let op = with_device(UserOpRef::new(Scale { c: 2.0, out: None }), imp);
+    let got = run(&mut tape, &op, &x, &g).unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the twin's forward and backward ran"
+    );
+    assert_eq!(got, reference(&op, &x, &g));
+
+    // Launching by hand on the sim is an error naming the op and the kernel.
+    let dev = tape.device_mut();
+    let b = dev.upload(&[1.0, 2.0]).unwrap();
+    let e = launch(
+        dev,
+        "scale",
+        &module(),
+        "tl_test_scale_fwd",
+        LaunchShape::GridStride(2),
+        &[
+            KernelArg::In(b),
+            KernelArg::Out(0),
+            KernelArg::U64(2),
+            KernelArg::F32(2.0),
+        ],
+        &[2],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("scale") && e.contains("tl_test_scale_fwd") && e.contains("no user kernels"),
+        "{e}"
+    );
+    dev.release(b);
+    assert_eq!(dev.memory_usage().live_bytes, 0);
+}
+
+#[cfg(feature = "cuda-emu")]
+mod emulated {
+    use super::*;
+    use tl_tape_cuda::CudaDevice;
+
+    fn tape() -> CudaTape<CudaDevice> {
+        CudaTape::new(CudaDevice::new().expect("the kernel emulator needs no device"))
+    }
+
+    #[test]
+    fn user_kernels_run_on_the_emulator_and_match_the_reference_in_f32() {
+        let mut tape = tape();
+        // 70 000 elements: more than one block, and a grid stride of more than one trip for
+        // none (274 blocks); 1 and 0 elements: the edges.
+        for (n, seed) in [(70_000, 2), (1, 3), (0, 4)] {
+            let (x, g) = inputs(n, 1, seed);
+            let op = scale_op("tl_test_scale_fwd", "tl_test_scale_bwd");
+            let before = tape.device().traffic();
+            let (y, dx) = run(&mut tape, &op, &x, &g).unwrap();
+            let after = tape.device().traffic();
+            let (want_y, want_dx) = reference(&op, &x, &g);
+            assert!(max_ulps(&y, &want_y) <= 2, "n = {n}: value");
+            assert!(max_ulps(&dx[0], &want_dx[0]) <= 2, "n = {n}: cotangent");
+            if n > 0 {
+                // The kernels ran: two launches (forward, backward); the operands were never
+                // downloaded for a host reference (the two downloads are the test's reads).
+                assert!(
+                    after.launches >= before.launches + 2,
+                    "{before:?} -> {after:?}"
+                );
+                assert_eq!(
+                    after.downloads,
+                    before.downloads + 2,
+                    "{before:?} -> {after:?}"
+                );
+            }
+        }
+        // Two operands, a cotangent for each.
+        let (x, g) = inputs(1000, 2, 5);
+        let imp =
+            ElementwiseKernels::new(module(), "tl_test_mul_fwd", "tl_test_mul_bwd").device_impl();
+        let op = with_device(UserOpRef::new(Mul), imp);
+        let (y, dx) = run(&mut tape, &op, &x, &g).unwrap();
+        let (want_y, want_dx) = reference(&op, &x, &g);
+        assert!(max_ulps(&y, &want_y) <= 2);
+        assert!(max_ulps(&dx[0], &want_dx[0]) <= 2 && max_ulps(&dx[1], &want_dx[1]) <= 2);
+        assert_eq!(tape.device().memory_usage().live_bytes, 0);
+    }
+
+    #[test]
+    fn wrong_kernels_are_caught() {
+        let mut tape = tape();
+        let (x, g) = inputs(1000, 1, 6);
+        // Forward without the grid stride: elements past 100 keep the emulator's NaN poison.
+        let op = scale_op("tl_test_scale_wrong_fwd", "tl_test_scale_bwd");
+        let (y, _) = run(&mut tape, &op, &x, &g).unwrap();
+        let (want_y, want_dx) = reference(&op, &x, &g);
+        assert!(y[..100] == want_y[..100] && y[100..].iter().all(|v| v.is_nan()));
+        assert_eq!(max_ulps(&y, &want_y), u64::MAX);
+        // Backward off by a relative 2^-21: a few ulps, more than the 2 allowed.
+        let op = scale_op("tl_test_scale_fwd", "tl_test_scale_wrong_bwd");
+        let (_, dx) = run(&mut tape, &op, &x, &g).unwrap();
+        let off = max_ulps(&dx[0], &want_dx[0]);
+        assert!((3..64).contains(&off), "{off} ulps");
+    }
+
+    #[test]
+    fn errors_name_the_op_and_the_kernel_and_leave_the_tape_usable() {
+        let mut tape = tape();
+        let (x, g) = inputs(64, 1, 7);
+        let leaf = AnyBuffer::upload(tape.device_mut(), &x[0]).unwrap();
+        let id = tape.leaf(leaf, None, true);
+        let live = tape.device().memory_usage().live_bytes;
+        let nodes = tape.len();
+        let expect = |tape: &mut CudaTape<CudaDevice>, op: UserOpRef, words: &[&str]| {
+            let e = tape.apply(&Op::User(op), &[id]).unwrap_err().to_string();
+            for w in words {
+                assert!(e.contains(w), "{w:?} missing from: {e}");
+            }
+            assert_eq!(tape.len(), nodes, "{e}");
+            assert_eq!(tape.device().memory_usage().live_bytes, live, "{e}");
+        };
+        // No such kernel in the module's library.
+        expect(
+            &mut tape,
+            scale_op("tl_test_nope", "tl_test_scale_bwd"),
+            &[
+                "scale",
+                "tl_test_nope",
+                "no kernel tl_test_nope in this library",
+                "tl_test_scale_fwd",
+            ],
+        );
+        // Arguments the kernel does not take (u64 length where it takes u32).
+        expect(
+            &mut tape,
+            scale_op("tl_test_scale_bad_sig", "tl_test_scale_bwd"),
+            &[
+                "scale",
+                "tl_test_scale_bad_sig",
+                "takes parameters (ppuf) but the launch passed (ppUf)",
+            ],
+        );
+        // Operands not of the output's length (a shape rule that lies).
+        let imp = ElementwiseKernels::new(module(), "tl_test_scale_fwd", "tl_test_scale_bwd")
+            .param(2.0)
+            .device_impl();
+        let op = UserOpRef::new(Scale {
+            c: 2.0,
+            out: Some(Shape::new(&[1])),
+        });
+        expect(
+            &mut tape,
+            with_device(op, imp),
+            &[
+                "scale",
+                "tl_test_scale_fwd",
+                "operand 0 has 64 elements",
+                "output's 1",
+            ],
+        );
+        // A module with no emulator build.
+        let imp =
+            ElementwiseKernels::new(KernelModule::new("bare"), "k_fwd", "k_bwd").device_impl();
+        let op = with_device(UserOpRef::new(Scale { c: 2.0, out: None }), imp);
+        expect(
+            &mut tape,
+            op,
+            &["scale", "k_fwd", "module bare", "no emulator build"],
+        );
+
+        // The tape goes on: the right kernels on the same leaf, forward and backward.
+        let op = scale_op("tl_test_scale_fwd", "tl_test_scale_bwd");
+        let y = tape.apply(&Op::User(op.clone()), &[id]).unwrap();
+        let seed = AnyBuffer::upload(tape.device_mut(), &g).unwrap();
+        let grads = tape.backward_dense(y, &seed).unwrap();
+        let dx: Tensor<f32> = grads[id].download(tape.device()).unwrap();
+        assert!(max_ulps(dx.data(), &reference(&op, &x, &g).1[0]) <= 2);
+        seed.release(tape.device_mut());
+        tape.release_grads(grads);
+    }
+}
