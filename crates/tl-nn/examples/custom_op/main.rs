@@ -3,11 +3,16 @@
 //! the harness's checks 0–6 by one public call — then the same op with a deliberately wrong
 //! VJP, which the harness rejects with a readable report.
 //!
-//! `cargo run --release -p tl-nn --example custom_op [-- --backend cuda-sim] [-- --linked]`;
-//! with `--features cuda-emu` the op's CUDA kernels (`gelu_erf.cu`) run on the kernel
-//! emulator and the harness compares them with the sim. The last line is the harness summary,
-//! `geluErf: N passed, 0 failed`; the exit status is non-zero if either verdict is wrong.
+//! The op carries its CUDA kernels (`gelu_erf.cu`, `kernel.rs`): on a GPU (`--features cuda`,
+//! `--backend cuda`) the committed PTX runs; with `--features cuda-emu` the kernels run on the
+//! kernel emulator and the harness compares them with the simulation device, where the op's
+//! reference in f32 is their twin.
+//!
+//! `cargo run --release -p tl-nn --example custom_op [-- --backend cpu|cuda-sim|cuda] [-- --linked]`.
+//! The last line is the harness summary, `geluErf: N passed, 0 failed`; the exit status is
+//! non-zero if either verdict is wrong.
 
+mod kernel;
 mod op;
 
 use std::process::ExitCode;
@@ -16,6 +21,7 @@ use tl_conformance::RunConfig;
 use tl_conformance::user::check_user_op;
 use tl_nn::{CLASSES, Linear, Module, PIXELS, Runtime, Sequential, UserLayer, data};
 use tl_session::{Backend, LinkedSession, Optimizer, Options, Session, Train};
+use tl_tape_cuda::user::with_device;
 
 /// Train a 784-64-10 MLP with the user op as its activation for a few epochs; returns the test
 /// accuracy.
@@ -47,17 +53,26 @@ fn train<O: Train<T = f32>>(rt: Runtime<O>, act: UserLayer) -> tl_nn::Result<f64
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let sim = args
+    let backend = match args
         .windows(2)
-        .any(|w| w[0] == "--backend" && w[1] == "cuda-sim");
+        .find(|w| w[0] == "--backend")
+        .map(|w| w[1].as_str())
+    {
+        None | Some("cpu") => Backend::Cpu,
+        Some("cuda-sim") => Backend::CudaSim,
+        Some("cuda") => Backend::Cuda,
+        Some(other) => {
+            eprintln!("error: unknown backend {other:?} (cpu, cuda-sim or cuda)");
+            return ExitCode::FAILURE;
+        }
+    };
     let linked = args.iter().any(|a| a == "--linked");
 
-    let gelu = op::gelu_erf(false);
+    let gelu = with_device(op::gelu_erf(false), kernel::device_impl());
     let act = UserLayer(gelu.clone());
     let acc = if linked {
         train(Runtime::new(LinkedSession::<f32>::with_seed(0)), act)
     } else {
-        let backend = if sim { Backend::CudaSim } else { Backend::Cpu };
         Session::<f32>::new(Options::backend(backend))
             .map_err(tl_nn::Error::from)
             .and_then(|s| train(Runtime::new(s), act))
@@ -71,7 +86,8 @@ fn main() -> ExitCode {
     }
 
     let cfg = RunConfig::from_env();
-    let wrong = check_user_op(&op::entry(op::gelu_erf(true)), &cfg);
+    let wrong = with_device(op::gelu_erf(true), kernel::device_impl());
+    let wrong = check_user_op(&op::entry(wrong), &cfg);
     println!("The op with a planted bug in its VJP:\n{wrong}\n");
     let right = check_user_op(&op::entry(gelu), &cfg);
     println!("The op as written:\n{right}");

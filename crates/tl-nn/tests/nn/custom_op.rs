@@ -2,6 +2,8 @@
 //! harness call, the planted wrong VJP rejected by it, and a model using the op as a layer
 //! taking the same training steps eager on the CPU, linked, and eager on the CUDA sim.
 
+#[path = "../../examples/custom_op/kernel.rs"]
+mod kernel;
 #[path = "../../examples/custom_op/op.rs"]
 mod op;
 
@@ -9,15 +11,24 @@ use tl_conformance::RunConfig;
 use tl_conformance::user::check_user_op;
 use tl_nn::{Linear, Module, Runtime, Sequential, UserLayer};
 use tl_session::{Backend, Optimizer, Train};
+use tl_tape_cuda::user::with_device;
 
 use crate::{eager, linked, tensor};
 
 #[test]
 fn the_example_op_passes_the_harness_and_its_wrong_twin_does_not() {
     let cfg = RunConfig::from_env_or(32);
-    let right = check_user_op(&op::entry(op::gelu_erf(false)), &cfg);
+    // With its kernels: on the sim their twin (the reference in f32), under `cuda-emu` the
+    // kernels themselves on the emulated device, compared with the sim.
+    let right = with_device(op::gelu_erf(false), kernel::device_impl());
+    let right = check_user_op(&op::entry(right), &cfg);
     assert!(right.passed(), "{right}");
     assert!(right.summary().ends_with(" passed, 0 failed"), "{right}");
+    #[cfg(feature = "cuda-emu")]
+    assert!(
+        right.reports.iter().any(|r| r.label.contains("cuda-emu")),
+        "{right}"
+    );
     let wrong = check_user_op(&op::entry(op::gelu_erf(true)), &cfg);
     let bad: Vec<&str> = wrong.failures().iter().map(|r| r.label.as_str()).collect();
     assert!(
@@ -31,7 +42,10 @@ fn losses<O: Train<T = f32>>(mut rt: Runtime<O>) -> Vec<f64> {
     let v = rt.vars();
     let model = Sequential::new()
         .add(Linear::new(&v.pp(0), 6, 5).unwrap())
-        .add(UserLayer(op::gelu_erf(false)))
+        .add(UserLayer(with_device(
+            op::gelu_erf(false),
+            kernel::device_impl(),
+        )))
         .add(Linear::new(&v.pp(2), 5, 3).unwrap());
     let mut opt = Optimizer::adam(1e-2).unwrap();
     let x = tensor::<f32>(&[4, 6], 11);
