@@ -205,3 +205,45 @@ fn a_wrong_device_implementation_is_an_error_and_the_tape_stays_usable() {
     let dx: Tensor<f32> = grads[x].download(tape.device()).unwrap();
     assert_eq!(dx.data(), &[1f32.exp(), 2f32.exp(), 3f32.exp()]);
 }
+
+#[test]
+fn a_device_implementation_must_return_fresh_buffers() {
+    let (mut tape, x) = tape_with(&[1.0, 2.0], &[2]);
+    // The forward hands back its operand (an identity "without a copy").
+    let aliasing = DeviceImpl::new(
+        |_, x, _| Ok(x[0].buffer()),
+        |_, _, _, g, _| Ok(vec![Some(g.buffer())]),
+    );
+    let e = tape
+        .apply(
+            &Op::User(with_device(UserOpRef::new(Double), aliasing)),
+            &[x],
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("double") && e.contains("fresh"), "{e}");
+    // The operand is intact.
+    assert_eq!(tape.read::<f32>(x).unwrap().data(), &[1.0, 2.0]);
+
+    // The backward hands back the cotangent itself.
+    let aliasing_bwd = DeviceImpl::new(
+        |dev, x, _| dev.scale(x[0].buffer(), 2.0),
+        |_, _, _, g, _| Ok(vec![Some(g.buffer())]),
+    );
+    let y = tape
+        .apply(
+            &Op::User(with_device(UserOpRef::new(Double), aliasing_bwd)),
+            &[x],
+        )
+        .unwrap();
+    let g = seed(&mut tape, &[2]);
+    let e = tape.backward_dense(y, &g).unwrap_err().to_string();
+    assert!(e.contains("double") && e.contains("fresh"), "{e}");
+    // The seed is still live and readable.
+    assert!(tape.device().is_live(g.buffer()));
+    let grads = tape.backward_dense(x, &g).unwrap();
+    assert_eq!(
+        grads[x].download::<f32, _>(tape.device()).unwrap().data(),
+        &[1.0, 1.0]
+    );
+}
