@@ -416,6 +416,15 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "the sim's second pass sums the partials left to right, not in the kernel's tree order",
         harness: Emu,
     },
+    Mutant {
+        id: "sim-user-host-vjp-reads-output",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/user/mod.rs",
+        from: "let g = g.download::<f32, _>(dev)?;",
+        to: "let g = y.download::<f32, _>(dev)?;",
+        bug: "a user op without a device implementation takes its output as the cotangent on the CUDA tape",
+        harness: Plain,
+    },
     // ---- kernels/*.cu, on the kernel emulator (both reduction modes) ----
     Mutant {
         id: "kernel-sqrt-bwd-at-zero",
