@@ -218,18 +218,25 @@ impl UserEntry {
     }
 }
 
-/// Every check of a user op, one [`Report`] each.
+/// The reports of one suite run: a user op's checks ([`check_user_op`]) or the catalogue's
+/// suite on a backend ([`check_backend`]).
 #[derive(Debug, Clone)]
-pub struct UserReport {
-    /// The op's name.
-    pub op: &'static str,
-    /// One report per check and backend.
+pub struct SuiteReport {
+    /// What was checked: the op's or the backend's name.
+    pub name: String,
+    /// One report per check and backend (or op).
     pub reports: Vec<Report>,
     /// Checks that could not run here, with why (a GPU check without a GPU).
     pub skipped: Vec<String>,
 }
 
-impl UserReport {
+/// A user op's reports ([`check_user_op`]).
+pub type UserReport = SuiteReport;
+
+/// A backend's reports ([`check_backend`]).
+pub type BackendReport = SuiteReport;
+
+impl SuiteReport {
     /// Whether every check passed.
     pub fn passed(&self) -> bool {
         self.reports.iter().all(Report::passed)
@@ -240,19 +247,21 @@ impl UserReport {
         self.reports.iter().filter(|r| !r.passed()).collect()
     }
 
-    /// One line: the op, and `N passed, N failed` over its checks.
+    /// One line: the name, and `N passed, N failed` over its checks.
     pub fn summary(&self) -> String {
         let failed = self.failures().len();
         format!(
             "{}: {} passed, {} failed",
-            self.op,
+            self.name,
             self.reports.len() - failed,
             failed
         )
     }
 }
 
-impl fmt::Display for UserReport {
+/// One line per check (`ok` or `FAIL`, cases, largest error), the skipped checks, every
+/// failure in full (the check, the backend, the shrunk case, the error), then the summary.
+impl fmt::Display for SuiteReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for r in &self.reports {
             let mark = if r.passed() { "ok  " } else { "FAIL" };
@@ -283,8 +292,8 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
     reports.extend(verify::op_row(&info, cfg).cells.into_iter().flatten());
     let (device, skipped) = device_checks(&info, cfg);
     reports.extend(device);
-    UserReport {
-        op: entry.op.name(),
+    SuiteReport {
+        name: entry.op.name().to_owned(),
         reports,
         skipped,
     }
@@ -390,49 +399,9 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
         reports.push(conventions::check_conventions(backend, cfg, grads));
         reports.push(hard::check_hard(backend, cfg, grads));
     }
-    BackendReport {
-        backend: backend.name(),
+    SuiteReport {
+        name: backend.name(),
         reports,
-    }
-}
-
-/// The suite's reports for one backend ([`check_backend`]).
-#[derive(Debug, Clone)]
-pub struct BackendReport {
-    /// The backend's name.
-    pub backend: String,
-    /// One report per check and op (or DAG, conventions, hard inputs).
-    pub reports: Vec<Report>,
-}
-
-impl BackendReport {
-    /// Whether every check passed.
-    pub fn passed(&self) -> bool {
-        self.reports.iter().all(Report::passed)
-    }
-
-    /// The reports that failed.
-    pub fn failures(&self) -> Vec<&Report> {
-        self.reports.iter().filter(|r| !r.passed()).collect()
-    }
-
-    /// One line: the backend, and `N passed, N failed` over its checks.
-    pub fn summary(&self) -> String {
-        let failed = self.failures().len();
-        format!(
-            "{}: {} passed, {} failed",
-            self.backend,
-            self.reports.len() - failed,
-            failed
-        )
-    }
-}
-
-impl fmt::Display for BackendReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for r in self.failures() {
-            writeln!(f, "{r}\n")?;
-        }
-        write!(f, "{}", self.summary())
+        skipped: Vec::new(),
     }
 }

@@ -172,7 +172,7 @@ pub trait KernelDevice {
 }
 
 /// [`KernelDevice::launch_user`] on `dev`, or an error naming `op` and `kernel` where `dev`
-/// launches no user kernels (the simulation device: a [`DeviceImpl::kernels`] never calls this
+/// launches no user kernels (the simulation device: a [`DeviceImpl::launching_kernels`] never calls this
 /// there, the op's sim twin runs instead).
 pub fn launch(
     dev: &mut dyn Device,
@@ -249,12 +249,12 @@ impl ElementwiseKernels {
         Ok(())
     }
 
-    /// The device implementation (a [`DeviceImpl::kernels`]: the sim twin runs where the
+    /// The device implementation (a [`DeviceImpl::launching_kernels`]: the sim twin runs where the
     /// device launches no user kernels).
     pub fn device_impl(self) -> DeviceImpl {
         let me = Arc::new(self);
         let fwd = Arc::clone(&me);
-        DeviceImpl::kernels(
+        DeviceImpl::new(
             move |dev, x, shape| {
                 let k = &*fwd;
                 let n = shape.numel();
@@ -311,5 +311,6 @@ impl ElementwiseKernels {
                 Ok(grads)
             },
         )
+        .launching_kernels()
     }
 }

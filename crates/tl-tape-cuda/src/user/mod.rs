@@ -23,7 +23,7 @@
 //! [`emu_kernels!`](crate::emu_kernels)). [`ElementwiseKernels`] turns a forward and a backward
 //! kernel of the module into a [`DeviceImpl`] (1-D grid-stride launches over the output's
 //! length); [`launch`] runs any kernel of it with explicit arguments and launch shape, for a
-//! [`DeviceImpl::kernels`] written by hand.
+//! [`DeviceImpl::launching_kernels`] written by hand.
 //!
 //! Only a device whose [`Device::user_kernels`] is `Some` launches them: `CudaDevice`, on the
 //! GPU or on the emulator. Everywhere else (the [`SimDevice`]) the op runs its *sim twin*: the
@@ -93,7 +93,7 @@ pub type BackwardFn = dyn Fn(
 /// with [`with_device`] (or `UserOpRef::with_extension`).
 ///
 /// One built with [`DeviceImpl::new`] runs on every device; one built with
-/// [`DeviceImpl::kernels`] (or [`ElementwiseKernels`]) launches the user's kernels, so it runs
+/// [`DeviceImpl::launching_kernels`] (or [`ElementwiseKernels`]) launches the user's kernels, so it runs
 /// only where [`Device::user_kernels`] is `Some`, and elsewhere the op runs its sim twin.
 #[derive(Clone)]
 pub struct DeviceImpl {
@@ -106,30 +106,12 @@ pub struct DeviceImpl {
 }
 
 impl DeviceImpl {
-    /// A device implementation that launches the user's kernels ([`launch`]): the same
-    /// arguments as [`DeviceImpl::new`]. On a device without [`Device::user_kernels`] the op
-    /// runs its sim twin instead ([`with_sim_twin`](Self::with_sim_twin); by default its
-    /// reference in `f32` on the host).
-    pub fn kernels(
-        forward: impl Fn(&mut dyn Device, &[&AnyBuffer], &Shape) -> Result<Buffer>
-        + Send
-        + Sync
-        + 'static,
-        backward: impl Fn(
-            &mut dyn Device,
-            &[&AnyBuffer],
-            &AnyBuffer,
-            &AnyBuffer,
-            &[bool],
-        ) -> Result<Vec<Option<Buffer>>>
-        + Send
-        + Sync
-        + 'static,
-    ) -> Self {
-        DeviceImpl {
-            launches_kernels: true,
-            ..DeviceImpl::new(forward, backward)
-        }
+    /// This implementation marked as launching the user's kernels ([`launch`]): on a device
+    /// without [`Device::user_kernels`] the op runs its sim twin instead
+    /// ([`with_sim_twin`](Self::with_sim_twin); by default its reference in `f32` on the host).
+    pub fn launching_kernels(mut self) -> Self {
+        self.launches_kernels = true;
+        self
     }
 
     /// This implementation with `twin` run on devices that cannot launch user kernels (a
@@ -140,7 +122,7 @@ impl DeviceImpl {
         self
     }
 
-    /// Whether this implementation launches user kernels ([`DeviceImpl::kernels`]).
+    /// Whether this implementation launches user kernels ([`DeviceImpl::launching_kernels`]).
     pub fn launches_kernels(&self) -> bool {
         self.launches_kernels
     }
