@@ -299,29 +299,28 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
     }
 }
 
-/// The emulated or real device against the sim, where the build has one: the reports, and
-/// the checks skipped with why.
+/// The emulated or real device against the sim, where the build has one (within the entry's
+/// ulps where it declares them, else its f32 tolerance): the reports, and the checks skipped
+/// with why.
 #[allow(unused_variables, unused_mut)]
 fn device_checks(info: &OpInfo, cfg: &RunConfig) -> (Vec<Report>, Vec<String>) {
     let (mut reports, mut skipped) = (Vec::new(), Vec::new());
-    #[cfg(feature = "cuda-emu")]
-    reports.push(crate::checks::sim::check_device_vs_sim_within(
-        info,
-        cfg,
-        "cuda-emu",
-        true,
-        tl_tape_cuda::CudaDevice::new,
-    ));
-    #[cfg(all(feature = "cuda", not(feature = "cuda-emu")))]
-    match tl_tape_cuda::CudaDevice::new() {
-        Ok(_) => reports.push(crate::checks::sim::check_device_vs_sim_within(
-            info,
-            cfg,
-            "cuda",
-            true,
-            tl_tape_cuda::CudaDevice::new,
-        )),
-        Err(e) => skipped.push(format!("≈ sim {} cuda: no CUDA device: {e}", info.name)),
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    {
+        use crate::checks::sim::{check_device_vs_sim_ulps, check_device_vs_sim_within};
+        use tl_tape_cuda::CudaDevice;
+        let name = if cfg!(feature = "cuda-emu") {
+            "cuda-emu"
+        } else {
+            "cuda"
+        };
+        match CudaDevice::new() {
+            Ok(_) => reports.push(match info.ulps {
+                Some(b) => check_device_vs_sim_ulps(info, cfg, name, b, CudaDevice::new),
+                None => check_device_vs_sim_within(info, cfg, name, true, CudaDevice::new),
+            }),
+            Err(e) => skipped.push(format!("≈ sim {} {name}: no CUDA device: {e}", info.name)),
+        }
     }
     (reports, skipped)
 }

@@ -471,6 +471,76 @@ pub fn device_vs_sim_within_case<D: Device>(
     Ok(m)
 }
 
+/// One case of the device ≈ sim check in ulps, for a pointwise op: deterministic mode on, the
+/// CUDA tape on a fresh `D` gives the sim's values and (with `grads`) dense gradients within
+/// `bound` ulps element by element ([`crate::metric::ulp_distance`]); the error is the largest
+/// distance. A user op's kernels on the emulator or a GPU against its sim twin.
+pub fn device_vs_sim_ulps_case<D: Device>(
+    case: &GraphCase,
+    bound: u64,
+    grads: bool,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Result<Measured, CaseError> {
+    let _flag = flag_lock();
+    set_deterministic_reductions(true);
+    let (want, _) = tape_run(CudaTape::new(SimDevice::new()), case, grads).map_err(sim_err)?;
+    let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
+    let name = d.name();
+    let (got, _) = tape_run(CudaTape::new(d), case, grads).map_err(sim_err)?;
+    let ids = case.graph.len();
+    let mut worst = Measured {
+        err: 0.0,
+        tol: bound as f64,
+    };
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (what, id) = if k < ids {
+            ("value", k)
+        } else {
+            ("gradient", k - ids)
+        };
+        if g.shape() != w.shape() {
+            return Err(CaseError::Fail(format!(
+                "{name} vs cuda-sim {what} of %{id}: shapes {} and {}",
+                g.shape(),
+                w.shape()
+            )));
+        }
+        let (ulps, at) = tensor_ulps(g, w);
+        let m = Measured::check(ulps as f64, bound as f64, || {
+            format!(
+                "{name} vs cuda-sim {what} of %{id}: {ulps} ulps apart at flat index {at}: \
+                 {name} {:e}, sim {:e}",
+                g.data()[at],
+                w.data()[at]
+            )
+        })
+        .map_err(CaseError::Fail)?;
+        worst = worst.max(m);
+    }
+    Ok(worst)
+}
+
+/// The device ≈ sim check in ulps ([`device_vs_sim_ulps_case`]) for an entry, on the device
+/// `name` made by `device`.
+pub fn check_device_vs_sim_ulps<D: Device>(
+    entry: &OpInfo,
+    cfg: &RunConfig,
+    name: &str,
+    bound: u64,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
+    let label = format!("≈ sim ulps {} {name}", entry.name);
+    let grads = entry.applies.backward;
+    run_check_pending(
+        label,
+        cfg,
+        sim_graph_cases(entry),
+        OnPending::PendCell,
+        &[],
+        |c| device_vs_sim_ulps_case(c, bound, grads, device),
+    )
+}
+
 /// The device ≈ sim check for a registry entry (gradients too where check 2 applies): the f32
 /// tolerance of the entry scaled by reduction length, with deterministic reductions or the
 /// atomic kernels (`deterministic` false).

@@ -545,3 +545,73 @@ fn a_face_of_the_wrong_shape_is_an_error_naming_the_op_and_the_face() {
     let y = tape.apply(&Op::Exp, &[a]).unwrap();
     assert_eq!(tape.get(y).unwrap().data()[0], 0.5f64.exp());
 }
+
+/// `2x` on the kernels of tl-tape-cuda's test module (`tests/user_kernels/*.cu`, built for the
+/// emulator by its build.rs as a user's crate builds its own): the public harness compares the
+/// kernels on the emulated device with the sim twin (the reference in f32), in ulps.
+#[cfg(feature = "cuda-emu")]
+mod kernels {
+    use super::*;
+    use tl_tape_cuda::user::{ElementwiseKernels, KernelModule};
+
+    struct Twice;
+
+    impl UserOp for Twice {
+        fn name(&self) -> &'static str {
+            "twice"
+        }
+        fn arity(&self) -> usize {
+            1
+        }
+        fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+            Ok(s[0].clone())
+        }
+        fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+            Ok(x[0].map(|v| T::lit(2.0) * v))
+        }
+        fn vjp<T: Scalar>(
+            &self,
+            _x: &[&Tensor<T>],
+            g: &Tensor<T>,
+        ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+            Ok(vec![Some(g.map(|v| T::lit(2.0) * v))])
+        }
+        fn jvp<T: Scalar>(
+            &self,
+            _x: &[&Tensor<T>],
+            dx: &[&Tensor<T>],
+        ) -> tl_spec::Result<Tensor<T>> {
+            Ok(dx[0].map(|v| T::lit(2.0) * v))
+        }
+    }
+
+    fn twice(fwd: &'static str, bwd: &'static str) -> UserEntry {
+        let module = KernelModule::new("tl_test_user_kernels")
+            .emu(tl_tape_cuda::emu_kernels!(tl_test_user_kernels));
+        let imp = ElementwiseKernels::new(module, fwd, bwd)
+            .param(2.0)
+            .device_impl();
+        UserEntry::elementwise(with_device(UserOpRef::new(Twice), imp)).ulps(1)
+    }
+
+    #[test]
+    fn a_users_kernels_pass_the_public_harness_on_the_emulator_and_wrong_ones_fail_it() {
+        let good = check_user_op(&twice("tl_test_scale_fwd", "tl_test_scale_bwd"), &cfg());
+        assert!(good.passed(), "{good}");
+        assert!(
+            good.reports
+                .iter()
+                .any(|r| r.label.contains("ulps") && r.label.contains("cuda-emu")),
+            "{good}"
+        );
+        // A forward that skips the grid stride (large cases keep NaN past element 100) and a
+        // backward a few ulps off: the emulated device's row fails, and only it.
+        let bad = check_user_op(
+            &twice("tl_test_scale_wrong_fwd", "tl_test_scale_wrong_bwd"),
+            &cfg(),
+        );
+        let failed = failed(&bad);
+        assert_eq!(failed.len(), 1, "{bad}");
+        assert!(failed[0].contains("cuda-emu"), "{bad}");
+    }
+}
