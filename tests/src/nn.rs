@@ -133,7 +133,7 @@ pub enum LayerSpec {
         /// Leading axes of x (0 to 2 of them).
         lead: Vec<usize>,
     },
-    /// `Conv::new` (or `ConvTranspose::new` when `transpose`) on x ([N,] inputs, spatial…).
+    /// `Conv::new` (or `ConvTranspose::new` when `transpose`) on x (\[N,\] inputs, spatial…).
     Conv {
         /// Transposed convolution.
         transpose: bool,
@@ -152,7 +152,7 @@ pub enum LayerSpec {
         /// Spatial sizes of x.
         spatial: Vec<usize>,
     },
-    /// `MaxPool` (or `AvgPool` when `avg`) with stride and padding on x ([N,] C, spatial…).
+    /// `MaxPool` (or `AvgPool` when `avg`) with stride and padding on x (\[N,\] C, spatial…).
     Pool {
         /// Average instead of max.
         avg: bool,
@@ -208,7 +208,7 @@ pub enum LayerSpec {
         /// x's shape.
         shape: Vec<usize>,
     },
-    /// `MultiHeadAttention::new(heads·head_dim, heads, causal)` on x ([B,] n, d).
+    /// `MultiHeadAttention::new(heads·head_dim, heads, causal)` on x (\[B,\] n, d).
     Attention {
         /// Heads.
         heads: usize,
@@ -221,7 +221,7 @@ pub enum LayerSpec {
         /// Batch size, if x has a batch axis.
         batch: Option<usize>,
     },
-    /// `SpectralConv1d::new(width, modes)` on x ([B,] grid, width).
+    /// `SpectralConv1d::new(width, modes)` on x (\[B,\] grid, width).
     Spectral {
         /// Channels.
         width: usize,
@@ -443,7 +443,7 @@ impl LayerSpec {
     }
 
     /// The layer written with plain catalogue ops: `p` are the parameters' leaves (in
-    /// [`LayerSpec::slots`] order), `x` the input's; returns the output id.
+    /// `LayerSpec::slots` order), `x` the input's; returns the output id.
     pub fn reference(&self, b: &mut GraphBuilder, p: &[Id], x: Option<Id>) -> tl_ir::Result<Id> {
         let x = || {
             x.ok_or(tl_ir::Error::Count {
@@ -729,7 +729,7 @@ impl<O: Train> Parameters for Built<O> {
     }
 }
 
-/// One generated case: a layer, its parameters' values (in [`LayerSpec::slots`] order), the
+/// One generated case: a layer, its parameters' values (in `LayerSpec::slots` order), the
 /// input (if the layer takes one) and the cotangent of the output.
 #[derive(Debug, Clone)]
 pub struct LayerCase {

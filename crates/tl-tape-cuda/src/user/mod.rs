@@ -26,7 +26,7 @@
 //! [`DeviceImpl::launching_kernels`] written by hand.
 //!
 //! Only a device whose [`Device::user_kernels`] is `Some` launches them: `CudaDevice`, on the
-//! GPU or on the emulator. Everywhere else (the [`SimDevice`]) the op runs its *sim twin*: the
+//! GPU or on the emulator. Everywhere else (the [`SimDevice`](crate::SimDevice)) the op runs its *sim twin*: the
 //! [`DeviceImpl::with_sim_twin`] given, by default its reference in `f32` on the host.
 //!
 //! ```
@@ -48,7 +48,7 @@
 //! [`CudaTape::unary`](crate::CudaTape::unary) and [`CudaTape::binary`](crate::CudaTape::binary)
 //! are the seeds' generic constructors; [`unary_op`] and [`binary_op`] build the same ops as
 //! handles, for the sessions and the IR. Such an op has no reference of its own: its value and
-//! VJP are its device closures run on a [`SimDevice`] (f32), and it has no JVP.
+//! VJP are its device closures run on a [`SimDevice`](crate::SimDevice) (f32), and it has no JVP.
 
 mod closures;
 mod kernels;
