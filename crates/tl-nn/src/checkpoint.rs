@@ -147,6 +147,7 @@ pub fn write(path: &Path, file: &File) -> Result<()> {
 /// corrupt, a header that claims more than the file holds) is an error; the crate checks the
 /// header's claims against the bytes read before anything is allocated from them.
 pub fn read(path: &Path) -> Result<File> {
+    regular_or_absent(path)?;
     let bytes = std::fs::read(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -182,6 +183,69 @@ pub fn read(path: &Path) -> Result<File> {
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// An error unless `path` is a regular file or does not exist: a directory, a FIFO (whose read
+/// would block until a writer comes), a socket or a device is refused before it is opened.
+fn regular_or_absent(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(bad(
+            path,
+            format!(
+                "not a regular file (a {}); a checkpoint is read from and written to a file",
+                kind_of(&m.file_type())
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What a non-regular file is, in words.
+fn kind_of(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "FIFO";
+        }
+        if t.is_socket() {
+            return "socket";
+        }
+        if t.is_block_device() || t.is_char_device() {
+            return "device";
+        }
+    }
+    if t.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
+}
+
+/// Remove the temporary files an earlier save to `dir/name` left behind when its process was
+/// killed mid-write (`.{name}.tmp-{pid}-{n}` whose process no longer runs). Only where the
+/// system lists its processes under `/proc`; elsewhere nothing is removed.
+fn remove_stale_temps(dir: &Path, name: &str) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !alive {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Write `bytes` to `path` atomically: a temporary file in the same directory, synced, then
 /// renamed over `path`. On any failure the temporary file is removed and `path` is untouched.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -206,6 +270,8 @@ pub fn write_atomic_with(
         .ok_or_else(|| bad(path, "the path names no file"))?
         .to_string_lossy()
         .into_owned();
+    regular_or_absent(path)?;
+    remove_stale_temps(&dir, &name);
     let tmp = dir.join(format!(
         ".{name}.tmp-{}-{}",
         std::process::id(),

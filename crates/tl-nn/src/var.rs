@@ -219,7 +219,18 @@ impl<'g, O: Train> Var<'g, O> {
         match self.dims() {
             [] => self.reshape(&[1, 1]),
             [b, rest @ ..] => {
-                let n = rest.iter().product();
+                let n = rest
+                    .iter()
+                    .try_fold(1usize, |n, &d| n.checked_mul(d))
+                    .ok_or_else(|| {
+                        usage(
+                            "Var::flatten_batch",
+                            format!(
+                                "the trailing dims {rest:?} of {} have more elements than usize holds",
+                                self.shape()
+                            ),
+                        )
+                    })?;
                 self.reshape(&[*b, n])
             }
         }

@@ -11,7 +11,7 @@
 //! |---|---|
 //! | [`set_max_alloc_bytes`]`(Some(n))` | cap every single buffer at `n` bytes (process-wide) |
 //! | [`set_max_alloc_bytes`]`(None)` | back to the default |
-//! | environment variable [`ENV_VAR`] (`TL_MAX_ALLOC_BYTES`) | the default, in bytes; `K`, `M`, `G`, `T` suffixes (powers of 1024) accepted; read once, at the first check |
+//! | environment variable [`ENV_VAR`] (`TL_MAX_ALLOC_BYTES`) | the default, in bytes; `K`, `M`, `G`, `T` suffixes (powers of 1024) accepted, with a decimal fraction before a suffix (`1.5G`); read once, at the first check. A value that does not parse is not silently ignored: one `warning:` line on stderr names the variable and the value, and the default below applies |
 //! | neither | the machine's physical memory (`MemTotal` of `/proc/meminfo`), or [`FALLBACK_BYTES`] (16 GiB) where that cannot be read |
 //!
 //! The cap bounds one buffer, not the sum of all of them: it turns "this request can never be
@@ -34,7 +34,8 @@ static OVERRIDE: AtomicUsize = AtomicUsize::new(0);
 static DEFAULT: OnceLock<usize> = OnceLock::new();
 
 /// Parse a byte count: decimal digits with an optional `K`, `M`, `G` or `T` suffix (powers of
-/// 1024, case-insensitive, an optional trailing `B` or `iB`). `None` when malformed or overflowing.
+/// 1024, case-insensitive, an optional trailing `B` or `iB`); before a suffix, a decimal
+/// fraction (`1.5G`, rounded down to whole bytes). `None` when malformed or overflowing.
 pub fn parse_bytes(s: &str) -> Option<usize> {
     let s = s.trim();
     let upper = s.to_ascii_uppercase();
@@ -49,8 +50,35 @@ pub fn parse_bytes(s: &str) -> Option<usize> {
         'T' => (&body[..body.len() - 1], 40),
         _ => (body, 0),
     };
-    let n: usize = digits.trim().parse().ok()?;
-    n.checked_mul(1usize.checked_shl(shift)?)
+    let digits = digits.trim();
+    let unit = 1usize.checked_shl(shift)?;
+    match digits.split_once('.') {
+        Some((whole, frac)) if shift > 0 => {
+            let all_digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+            if whole.is_empty() || frac.is_empty() || !all_digits(whole) || !all_digits(frac) {
+                return None;
+            }
+            let whole: usize = whole.parse().ok()?;
+            // The fraction's first digits, exactly: frac · unit / 10^len, rounded down.
+            let frac = &frac[..frac.len().min(12)];
+            let scale = 10u128.pow(frac.len() as u32);
+            let part = (frac.parse::<u128>().ok()? * unit as u128) / scale;
+            whole
+                .checked_mul(unit)?
+                .checked_add(usize::try_from(part).ok()?)
+        }
+        _ => digits.parse::<usize>().ok()?.checked_mul(unit),
+    }
+}
+
+/// The cap [`ENV_VAR`]'s value `v` sets, or the warning to print when it does not parse.
+pub fn cap_from_env(v: &str) -> std::result::Result<usize, String> {
+    parse_bytes(v).ok_or_else(|| {
+        format!(
+            "warning: {ENV_VAR}={v:?} is not a byte count (digits with an optional K, M, G or T \
+             suffix, e.g. 8G or 1.5G); the allocation cap is the default (the machine's memory)"
+        )
+    })
 }
 
 /// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`), if readable.
@@ -68,11 +96,17 @@ pub fn physical_memory() -> Option<usize> {
 }
 
 fn default_cap() -> usize {
-    std::env::var(ENV_VAR)
+    let from_env = std::env::var(ENV_VAR)
         .ok()
-        .and_then(|v| parse_bytes(&v))
-        .or_else(physical_memory)
-        .unwrap_or(FALLBACK_BYTES)
+        .and_then(|v| match cap_from_env(&v) {
+            Ok(n) => Some(n),
+            Err(warning) => {
+                // Once: the default is computed once per process.
+                eprintln!("{warning}");
+                None
+            }
+        });
+    from_env.or_else(physical_memory).unwrap_or(FALLBACK_BYTES)
 }
 
 /// The cap in bytes now in force (see the module documentation for where it comes from).
@@ -198,6 +232,24 @@ mod tests {
         assert_eq!(parse_bytes("lots"), None);
         assert_eq!(parse_bytes(""), None);
         assert_eq!(parse_bytes("99999999999999999999T"), None);
+        // A fraction before a suffix, rounded down to whole bytes; not without a suffix.
+        assert_eq!(parse_bytes("1.5G"), Some(3 << 29));
+        assert_eq!(parse_bytes("0.5k"), Some(512));
+        assert_eq!(parse_bytes("2.25MiB"), Some(9 << 18));
+        assert_eq!(parse_bytes("1.0000000001K"), Some(1024));
+        for bad in ["1.5", ".5G", "1.G", "1.-5G", "1..5G", "1,5G"] {
+            assert_eq!(parse_bytes(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_unparsable_environment_value_gives_a_warning_naming_it() {
+        assert_eq!(cap_from_env("1.5G"), Ok(3 << 29));
+        let w = cap_from_env("1,5G").unwrap_err();
+        assert!(
+            w.starts_with("warning:") && w.contains(ENV_VAR) && w.contains("\"1,5G\""),
+            "{w}"
+        );
     }
 
     #[test]

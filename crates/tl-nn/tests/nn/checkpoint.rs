@@ -275,3 +275,54 @@ fn a_failed_save_leaves_the_previous_file_intact() {
     checkpoint::write_atomic(&path, b"new").unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"new");
 }
+
+#[test]
+fn paths_that_are_not_regular_files_are_refused_before_they_are_opened() {
+    let dir = tmp("not-a-file");
+    // A directory where the checkpoint should be.
+    std::fs::create_dir_all(&*dir).unwrap();
+    let e = checkpoint::read(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("not a regular file") && e.contains("directory"),
+        "{e}"
+    );
+    let e = checkpoint::write_atomic(&dir, b"x")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    // A FIFO: reading it would block until a writer comes; it is refused at once.
+    let fifo = dir.parent().unwrap().join("pipe.safetensors");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        let e = checkpoint::read(&fifo).unwrap_err().to_string();
+        assert!(
+            e.contains("not a regular file") && e.contains("FIFO"),
+            "{e}"
+        );
+        let mut rt = eager::<f32>(Backend::Cpu, 0);
+        let model = mlp(&rt, 3, 4, 2);
+        let e = rt.load(&model, &fifo).unwrap_err().to_string();
+        assert!(e.contains("FIFO"), "{e}");
+    }
+}
+
+#[test]
+fn a_save_removes_the_temporary_files_a_killed_save_left() {
+    let path = tmp("stale.safetensors");
+    let dir = path.parent().unwrap().to_path_buf();
+    // What a save killed mid-write leaves: a temp file of a process that no longer runs (no pid
+    // reaches u32::MAX − 1), and one of this process, which is kept (a save may be running).
+    let dead = dir.join(".stale.safetensors.tmp-4294967294-0");
+    let ours = dir.join(format!(".stale.safetensors.tmp-{}-999", std::process::id()));
+    let other = dir.join(".other.safetensors.tmp-4294967294-0");
+    for f in [&dead, &ours, &other] {
+        std::fs::write(f, b"half a file").unwrap();
+    }
+    checkpoint::write_atomic(&path, b"new").unwrap();
+    assert_eq!(std::fs::read(&*path).unwrap(), b"new");
+    assert!(!dead.exists(), "the dead process's temp file is removed");
+    assert!(
+        ours.exists() && other.exists(),
+        "only this path's dead temp files go"
+    );
+}

@@ -130,3 +130,25 @@ fn labels_know_their_classes_and_bad_ones_are_errors() {
     // The right labels train.
     assert!(loss(&Labels::new(vec![1; 8], 5).unwrap()).unwrap() > 0.0);
 }
+
+#[test]
+fn flatten_batch_refuses_trailing_dims_whose_product_overflows() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let empty = tl_nn::Sequential::<Session<f64>>::new();
+    // No element at all, but 2³² · 2³² trailing elements per row: wrapped to [0, 0] before.
+    let huge = Tensor::<f64>::new([0, 1 << 32, 1 << 32], Vec::new()).unwrap();
+    let e = rt
+        .eval(&empty, |g| g.input(huge.clone())?.flatten_batch())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("flatten_batch") && e.contains("4294967296"),
+        "{e}"
+    );
+    // At the boundary: [0, 2³², 2³¹ − 1] fits and flattens to [0, (2³² )(2³¹ − 1)].
+    let fits = Tensor::<f64>::new([0, 1 << 32, (1 << 31) - 1], Vec::new()).unwrap();
+    let y = rt
+        .eval(&empty, |g| g.input(fits.clone())?.flatten_batch())
+        .unwrap();
+    assert_eq!(y.shape().dims(), &[0, (1usize << 32) * ((1 << 31) - 1)]);
+}
