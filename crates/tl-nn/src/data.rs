@@ -1,6 +1,7 @@
 //! Data shipped with the library, compiled in so examples and tests need no files: the UCI
-//! handwritten digits (1,797 8×8 images, `data/digits.csv.gz`, see `data/README.md`) with a
-//! fixed seeded train/test split, and minibatch helpers.
+//! handwritten digits (1,797 8×8 images, this crate's `data/digits.csv.gz`; sources and licence
+//! in the repository's `data/README.md`) with a fixed seeded train/test split, and minibatch
+//! helpers.
 
 use std::io::Read;
 
@@ -9,8 +10,8 @@ use tl_spec::{Scalar, Tensor};
 use crate::error::usage;
 use crate::{Labels, Result};
 
-/// `data/digits.csv.gz`: 1,797 lines of 64 pixels (0–16) and a label.
-const DIGITS_GZ: &[u8] = include_bytes!("../../../data/digits.csv.gz");
+/// `data/digits.csv.gz` (in this crate): 1,797 lines of 64 pixels (0–16) and a label.
+const DIGITS_GZ: &[u8] = include_bytes!("../data/digits.csv.gz");
 
 /// Number of digits images.
 pub const DIGITS_LEN: usize = 1797;
