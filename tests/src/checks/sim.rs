@@ -273,35 +273,59 @@ pub fn sim_vs_cpu_ulps_case(
                 .map_err(CaseError::Fail)?,
         ));
     }
+    let mut worst = Measured::ZERO;
+    for (what, got, want) in pairs {
+        worst = worst.max(within_ulps(
+            case,
+            what,
+            &got,
+            &want,
+            bound,
+            ("sim", "cpu-f32"),
+        )?);
+    }
+    Ok(worst)
+}
+
+/// `got` (from backend `names.0`) against `want` (from `names.1`), one tensor per graph id, in
+/// ulps ([`crate::metric::ulp_distance`]) element by element: the largest distance, held to
+/// `bound`; a failure names the two backends, `what` (value or gradient), the id, its op, the
+/// element and both values.
+fn within_ulps(
+    case: &GraphCase,
+    what: &str,
+    got: &[Tensor<f32>],
+    want: &[Tensor<f32>],
+    bound: u64,
+    (a, b): (&str, &str),
+) -> Result<Measured, CaseError> {
     let mut worst = Measured {
         err: 0.0,
         tol: bound as f64,
     };
-    for (what, got, want) in pairs {
-        for (id, (g, w)) in got.iter().zip(&want).enumerate() {
-            if g.shape() != w.shape() {
-                return Err(CaseError::Fail(format!(
-                    "sim vs cpu-f32 {what} of %{id}: shapes {} and {}",
-                    g.shape(),
-                    w.shape()
-                )));
-            }
-            let (ulps, at) = tensor_ulps(g, w);
-            let m = Measured::check(ulps as f64, bound as f64, || {
-                let origin = case
-                    .graph
-                    .node(id)
-                    .map_or_else(|| "leaf".to_owned(), |n| format!("{:?}", n.op()));
-                format!(
-                    "sim vs cpu-f32 {what} of %{id} ({origin}): {ulps} ulps apart at flat \
-                     index {at}: sim {:e}, cpu {:e}",
-                    g.data()[at],
-                    w.data()[at]
-                )
-            })
-            .map_err(CaseError::Fail)?;
-            worst = worst.max(m);
+    for (id, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.shape() != w.shape() {
+            return Err(CaseError::Fail(format!(
+                "{a} vs {b} {what} of %{id}: shapes {} and {}",
+                g.shape(),
+                w.shape()
+            )));
         }
+        let (ulps, at) = tensor_ulps(g, w);
+        let m = Measured::check(ulps as f64, bound as f64, || {
+            let origin = case
+                .graph
+                .node(id)
+                .map_or_else(|| "leaf".to_owned(), |n| format!("{:?}", n.op()));
+            format!(
+                "{a} vs {b} {what} of %{id} ({origin}): {ulps} ulps apart at flat index {at}: \
+                 {a} {:e}, {b} {:e}",
+                g.data()[at],
+                w.data()[at]
+            )
+        })
+        .map_err(CaseError::Fail)?;
+        worst = worst.max(m);
     }
     Ok(worst)
 }
@@ -487,37 +511,14 @@ pub fn device_vs_sim_ulps_case<D: Device>(
     let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
     let name = d.name();
     let (got, _) = tape_run(CudaTape::new(d), case, grads).map_err(sim_err)?;
-    let ids = case.graph.len();
-    let mut worst = Measured {
-        err: 0.0,
-        tol: bound as f64,
-    };
-    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-        let (what, id) = if k < ids {
-            ("value", k)
-        } else {
-            ("gradient", k - ids)
-        };
-        if g.shape() != w.shape() {
-            return Err(CaseError::Fail(format!(
-                "{name} vs cuda-sim {what} of %{id}: shapes {} and {}",
-                g.shape(),
-                w.shape()
-            )));
-        }
-        let (ulps, at) = tensor_ulps(g, w);
-        let m = Measured::check(ulps as f64, bound as f64, || {
-            format!(
-                "{name} vs cuda-sim {what} of %{id}: {ulps} ulps apart at flat index {at}: \
-                 {name} {:e}, sim {:e}",
-                g.data()[at],
-                w.data()[at]
-            )
-        })
-        .map_err(CaseError::Fail)?;
-        worst = worst.max(m);
-    }
-    Ok(worst)
+    let ids = case.graph.len().min(got.len()).min(want.len());
+    let ((got_values, got_grads), (want_values, want_grads)) =
+        (got.split_at(ids), want.split_at(ids));
+    let names = (name, "cuda-sim");
+    let m = within_ulps(case, "value", got_values, want_values, bound, names)?;
+    Ok(m.max(within_ulps(
+        case, "gradient", got_grads, want_grads, bound, names,
+    )?))
 }
 
 /// The device ≈ sim check in ulps ([`device_vs_sim_ulps_case`]) for an entry, on the device
