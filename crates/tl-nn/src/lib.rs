@@ -42,7 +42,9 @@
 //!   expressions nest: `x.matmul(&w)?.relu()?`. [`Scope`]: where a pass makes its inputs.
 //! - [`Module`], [`Parameters`], [`Sequential`], [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
-//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`].
+//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
+//!   the recurrent [`Lstm`] and [`Gru`] ([`RnnConfig`], [`RnnWeights`]), and [`ModuleList`]
+//!   (layers named by position).
 //! - Your own ops ([`tl_ir::UserOp`]): [`Var::user`] applies one, [`UserLayer`] makes a
 //!   one-operand op a layer (`examples/custom_op`, docs/guide.md "Your own op").
 //! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
@@ -68,8 +70,8 @@ pub use error::{Error, Result};
 pub use init::Init;
 pub use labels::Labels;
 pub use layers::{
-    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
-    MaxPool, MultiHeadAttention, SpectralConv1d,
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Gru, LayerNorm,
+    Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, RnnConfig, RnnWeights, SpectralConv1d,
 };
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};
