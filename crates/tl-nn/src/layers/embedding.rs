@@ -41,7 +41,9 @@ impl Embedding {
         if let Some((i, &id)) = ids.iter().enumerate().find(|(_, id)| **id >= num) {
             return Err(usage(
                 "Embedding::forward",
-                format!("id {id} at position {i} is out of range for num_embeddings {num}"),
+                format!(
+                    "id {id} at position {i} is out of range for a table of {num} rows (num_embeddings {num})"
+                ),
             ));
         }
         let table = g.param(&self.weight)?;
