@@ -1,14 +1,14 @@
 //! Recurrent layers, ModuleList and batched embeddings: LSTM and GRU against real PyTorch's
 //! outputs and final states (fixtures from make_rnn_fixtures.py, loaded by PyTorch's names) on
 //! every backend, their gradients against the IR's backprop and finite differences, eager =
-//! linked, and bad input.
+//! linked, and bad input; MultiHeadAttention in PyTorch's fused layout.
 
 use std::path::{Path, PathBuf};
 
 use tl_nn::checkpoint;
 use tl_nn::{
-    Embedding, Gru, Linear, Lstm, Module, ModuleList, Parameters, Result, RnnConfig, Runtime,
-    Scope, Var,
+    Embedding, Gru, Linear, Lstm, Module, ModuleList, MultiHeadAttention, Parameters, Result,
+    RnnConfig, Runtime, Scope, Var,
 };
 use tl_session::{Backend, Optimizer, Train};
 use tl_spec::{Scalar, Tensor};
@@ -607,4 +607,50 @@ fn embedding_takes_batches_of_id_sequences() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("[2, 2] holds 4 ids, got 3"), "{e}");
+}
+
+/// PyTorch's fused `in_proj_weight` / `out_proj.weight` (fixture from real
+/// `nn.MultiheadAttention(8, 2, bias=False, batch_first=True)`) load into the layer and give
+/// PyTorch's outputs, with and without the causal mask; saved back, they are the same tensors.
+#[test]
+fn multi_head_attention_loads_and_saves_pytorchs_fused_layout() {
+    fn check<O: Train>(rt: Runtime<O>, tol: f64) {
+        let mha = MultiHeadAttention::new(&rt.vars().pp("attn"), 8, 2, false).unwrap();
+        let causal = MultiHeadAttention {
+            causal: true,
+            ..mha.clone()
+        };
+        let p = fixture("mha.safetensors");
+        let f = checkpoint::read(&p).unwrap();
+        let w = |n: &str| cast::<f32, O::T>(&f.tensors[n].to_tensor::<f32>(&p, n).unwrap());
+        let (in_proj, out_proj) = (w("in_proj_weight"), w("out_proj.weight"));
+        mha.load_pytorch(&rt, &in_proj, &out_proj).unwrap();
+        let e = expected("mha");
+        let x: Tensor<O::T> = cast(&e["input"]);
+        for (m, key) in [(&mha, "output"), (&causal, "output_causal")] {
+            let got = rt.eval(m, |g| m.forward(&g.input(x.clone())?)).unwrap();
+            let d = max_diff(&got, &e[key]);
+            assert!(d < tol, "{key} ({}): max diff {d}", O::T::NAME);
+        }
+        let back = mha.pytorch_state(&rt).unwrap();
+        assert_eq!(back[0].0, "in_proj_weight");
+        assert_eq!(back[1].0, "out_proj.weight");
+        assert_eq!(back[0].1.data(), in_proj.data());
+        assert_eq!(back[1].1.data(), out_proj.data());
+        // A shape that does not fit changes nothing.
+        let before = rt.value_of(&mha.wq).unwrap();
+        let e = mha
+            .load_pytorch(&rt, &out_proj, &out_proj)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("in_proj_weight [24, 8]") && e.contains("got [8, 8]"),
+            "{e}"
+        );
+        assert_eq!(rt.value_of(&mha.wq).unwrap().data(), before.data());
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::Cpu, 0), 2e-6);
+    check(eager::<f32>(Backend::CudaSim, 0), 2e-6);
+    check(linked::<f32>(0), 2e-6);
 }
