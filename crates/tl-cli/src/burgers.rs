@@ -188,7 +188,10 @@ mod tests {
         let mut d = Draws::new(0);
         let unit = |bits: u64| (bits >> 11) as f64 / (1u64 << 53) as f64;
         assert_eq!(d.uniform(0.0, 1.0), unit(0xe220_a839_7b1d_cdaf));
-        assert_eq!(d.uniform(-1.0, 1.0), -1.0 + 2.0 * unit(0x6e78_9e6a_a1b9_65f4));
+        assert_eq!(
+            d.uniform(-1.0, 1.0),
+            -1.0 + 2.0 * unit(0x6e78_9e6a_a1b9_65f4)
+        );
     }
 
     #[test]

@@ -22,7 +22,11 @@ use crate::{
 /// between the linear layers (none after the last). The linear layers sit at the positions
 /// `nn.Sequential` gives them (0, 2, 4, …), so the names are `0.weight`, `0.bias`, `2.weight`, ….
 /// PyTorch: `nn.Sequential(nn.Linear(in, h), nn.ReLU(), …, nn.Linear(h, out))`.
-pub fn mlp<O: Train>(vars: &Vars<'_, O>, sizes: &[usize], act: Activation) -> Result<Sequential<O>> {
+pub fn mlp<O: Train>(
+    vars: &Vars<'_, O>,
+    sizes: &[usize],
+    act: Activation,
+) -> Result<Sequential<O>> {
     if sizes.len() < 2 {
         return Err(usage(
             "models::mlp",
@@ -138,7 +142,15 @@ impl Fno1d {
     /// The operator's parameters under `vars`, initialised with PyTorch's defaults.
     pub fn new<O: Train>(vars: &Vars<'_, O>, config: &FnoConfig) -> Result<Self> {
         let c = config;
-        if [c.in_channels, c.out_channels, c.width, c.modes, c.proj_hidden].contains(&0) {
+        if [
+            c.in_channels,
+            c.out_channels,
+            c.width,
+            c.modes,
+            c.proj_hidden,
+        ]
+        .contains(&0)
+        {
             return Err(usage(
                 "Fno1d::new",
                 format!("every size must be at least 1, got {c:?}"),

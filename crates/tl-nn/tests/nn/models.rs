@@ -47,7 +47,9 @@ fn mlp_names_its_layers_as_nn_sequential_does() {
     assert_eq!(net.len(), 5, "three linear layers, two activations");
     assert_eq!(
         names(&rt, &net),
-        ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+        [
+            "0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"
+        ]
     );
     let e = models::mlp(&rt.vars().pp("b"), &[4], Activation::Relu)
         .err()
@@ -128,7 +130,10 @@ fn cnn_rejects_a_config_without_features() {
     };
     assert_eq!(cfg.features(), 0);
     let e = models::cnn(&rt.vars(), &cfg).err().unwrap().to_string();
-    assert!(e.contains("models::cnn") && e.contains("no features"), "{e}");
+    assert!(
+        e.contains("models::cnn") && e.contains("no features"),
+        "{e}"
+    );
     let two = CnnConfig {
         height: 28,
         width: 28,
@@ -163,7 +168,15 @@ fn fno_run<O: Train<T = f32>>(mut rt: Runtime<O>) -> Vec<f64> {
     let fno = Fno1d::new(&rt.vars(), &cfg).unwrap();
     let n_names = names(&rt, &fno);
     assert_eq!(n_names.len(), 2 + 2 * (2 + 2) + 4);
-    assert_eq!(n_names[..4], ["lift.weight", "lift.bias", "spectral.0.weight_re", "spectral.0.weight_im"]);
+    assert_eq!(
+        n_names[..4],
+        [
+            "lift.weight",
+            "lift.bias",
+            "spectral.0.weight_re",
+            "spectral.0.weight_im"
+        ]
+    );
     assert_eq!(n_names[n_names.len() - 1], "proj.2.bias");
     let mut opt = Optimizer::adam(0.01).unwrap();
     (0..150)
@@ -226,7 +239,10 @@ fn lm_run<O: Train<T = f32>>(mut rt: Runtime<O>) -> Vec<f64> {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("TransformerLm::logits") && e.contains("got 5"), "{e}");
+    assert!(
+        e.contains("TransformerLm::logits") && e.contains("got 5"),
+        "{e}"
+    );
     let mut opt = Optimizer::adam(0.01).unwrap();
     (0..60)
         .map(|_| {
@@ -242,7 +258,11 @@ fn lm_run<O: Train<T = f32>>(mut rt: Runtime<O>) -> Vec<f64> {
 
 #[test]
 fn transformer_lm_learns_a_periodic_sequence_eager_and_linked() {
-    check([lm_run(eager(Backend::Cpu, 4)), lm_run(linked(4))], 0.8, 0.1);
+    check(
+        [lm_run(eager(Backend::Cpu, 4)), lm_run(linked(4))],
+        0.8,
+        0.1,
+    );
 }
 
 /// With a causal mask, changing the last position's input changes no earlier output; without

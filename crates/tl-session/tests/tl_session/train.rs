@@ -1,9 +1,9 @@
 //! The MLP learns a small fixed regression task on every session kind (a loss threshold, never a
 //! time), and the three kinds follow the same trajectory.
 
+use crate::common::mlp::{Mlp, regression_grid};
 use crate::common::{Any, KINDS, Kind};
 use tl_session::Optimizer;
-use crate::common::mlp::{Mlp, regression_grid};
 
 fn train(kind: Kind, epochs: usize) -> Vec<f64> {
     let mut s = Any::<f32>::new(kind);
