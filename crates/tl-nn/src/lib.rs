@@ -64,6 +64,7 @@ mod vars;
 
 pub mod checkpoint;
 pub mod data;
+pub mod models;
 
 pub use data::{CLASSES, PIXELS};
 pub use error::{Error, Result};

@@ -6,6 +6,7 @@ mod checkpoint;
 mod custom_op;
 mod expr;
 mod layers;
+mod models;
 mod rnn;
 mod training;
 

@@ -14,7 +14,6 @@ mod catalogue;
 mod cuda;
 // The proptest fuzz of the public API; it fuzzes in a child process (its own allocation cap).
 mod fuzz;
-mod models;
 mod optim;
 mod optim_state;
 mod random;
