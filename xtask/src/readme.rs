@@ -204,7 +204,7 @@ fn first_of(line: &str, key: &str) -> Option<String> {
 
 /// The string that follows `pat` in `line`, up to the next `"`.
 fn field(line: &str, pat: &str) -> Option<String> {
-    let start = line.find(&pat)? + pat.len();
+    let start = line.find(pat)? + pat.len();
     Some(line[start..start + line[start..].find('"')?].to_owned())
 }
 
