@@ -123,7 +123,11 @@ impl Optimizer {
 
     /// Begin a session step (see [`Optimizer::begin_step_host`]) with the gradients as `ops`
     /// vectors; several uses of a parameter are summed first.
-    pub(crate) fn begin_step<O: VecOps>(&mut self, ops: &mut O, grads: &[Vec<&O::V>]) -> Result<()> {
+    pub(crate) fn begin_step<O: VecOps>(
+        &mut self,
+        ops: &mut O,
+        grads: &[Vec<&O::V>],
+    ) -> Result<()> {
         self.pending = None;
         self.validate()?;
         self.lr_now()?;
@@ -163,7 +167,13 @@ impl Optimizer {
 
     /// `Σ|g|^p` (p = 1, 2) or `max|g|` (p = ∞) of one parameter's gradient `first + Σ rest`,
     /// after the value clamp.
-    fn norm_part<O: VecOps>(&self, ops: &mut O, first: &O::V, rest: &[&O::V], p: f64) -> Result<f64> {
+    fn norm_part<O: VecOps>(
+        &self,
+        ops: &mut O,
+        first: &O::V,
+        rest: &[&O::V],
+        p: f64,
+    ) -> Result<f64> {
         let mut temps = Vec::new();
         let r = (|| {
             let mut g = first;

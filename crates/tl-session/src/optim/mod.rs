@@ -745,7 +745,16 @@ impl Optimizer {
                 lr_decay,
                 eps,
                 initial_accumulator_value,
-            } => rules::adagrad(ops, st, w, &ge, lr, lr_decay, eps, initial_accumulator_value),
+            } => rules::adagrad(
+                ops,
+                st,
+                w,
+                &ge,
+                lr,
+                lr_decay,
+                eps,
+                initial_accumulator_value,
+            ),
         });
         ops.release(ge);
         r

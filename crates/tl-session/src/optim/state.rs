@@ -90,7 +90,10 @@ fn step_count(key: &str, t: &Tensor<f64>) -> Result<u64> {
     if !(v.is_finite() && (0.0..=MAX_STEP).contains(&v) && v.fract() == 0.0) {
         return Err(refuse(
             key,
-            format!("{} is not a step count (a whole number in [0, 2^53])", shown(v)),
+            format!(
+                "{} is not a step count (a whole number in [0, 2^53])",
+                shown(v)
+            ),
         ));
     }
     Ok(v as u64)

@@ -91,7 +91,17 @@ impl VecOps for HostOps {
     }
     fn clamp(&mut self, x: &Vec<f64>, lo: f64, hi: f64) -> Result<Vec<f64>> {
         // NaN stays NaN (PyTorch's clamp); f64::clamp would keep it too, but panics on lo > hi.
-        Ok(x.iter().map(|&v| if v < lo { lo } else if v > hi { hi } else { v }).collect())
+        Ok(x.iter()
+            .map(|&v| {
+                if v < lo {
+                    lo
+                } else if v > hi {
+                    hi
+                } else {
+                    v
+                }
+            })
+            .collect())
     }
     fn norm_part(&mut self, x: &Vec<f64>, p: f64) -> Result<f64> {
         Ok(if p == 1.0 {
@@ -159,7 +169,11 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
         }
         let dev = &mut *self.0;
         if p == 2.0 || p == 1.0 {
-            let t = if p == 2.0 { dev.mul(*x, *x)? } else { dev.abs(*x)? };
+            let t = if p == 2.0 {
+                dev.mul(*x, *x)?
+            } else {
+                dev.abs(*x)?
+            };
             let s = dev.reduce_sum(t);
             dev.release(t);
             let s = s?;

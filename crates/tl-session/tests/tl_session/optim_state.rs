@@ -216,7 +216,10 @@ fn resumed_runs_continue_the_exact_trajectory_in_the_linked_session() {
         assert!(eager_state.keys().eq(state.keys()), "{name}: state names");
         for (k, t) in &eager_state {
             for (a, b) in t.data().iter().zip(state[k].data()) {
-                assert!((a - b).abs() <= 1e-12 * b.abs().max(1e-3), "{name} {k}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-12 * b.abs().max(1e-3),
+                    "{name} {k}: {a} vs {b}"
+                );
             }
         }
         let values = pa.iter().map(|q| a.param_value(q).unwrap()).collect();
@@ -271,15 +274,50 @@ fn bad_state_is_a_clear_error_and_leaves_the_optimizer_unchanged() {
 fn state_out_of_the_rules_domain_is_refused_and_changes_nothing() {
     let cases: Vec<(Optimizer, &str, f64, &str)> = vec![
         (Optimizer::adam(0.1).unwrap(), "adam.m.w", f64::NAN, "NaN"),
-        (Optimizer::adam(0.1).unwrap(), "adam.v.w", f64::INFINITY, "inf"),
+        (
+            Optimizer::adam(0.1).unwrap(),
+            "adam.v.w",
+            f64::INFINITY,
+            "inf",
+        ),
         (Optimizer::adam(0.1).unwrap(), "adam.m.b", 1e300, "1e300"),
         (Optimizer::adam(0.1).unwrap(), "adam.v.b", -0.5, "≥ 0"),
-        (Optimizer::adam(0.1).unwrap(), "adam.step.w", 1e300, "not a step count"),
-        (Optimizer::adam(0.1).unwrap(), "adam.step.w", 9.1e15, "not a step count"),
-        (Optimizer::adamw(0.1).unwrap(), "adamw.step.b", -1.0, "not a step count"),
-        (Optimizer::momentum(0.1, 0.9).unwrap(), "sgd.momentum_buffer.w", -1e39, "magnitude"),
-        (Optimizer::rmsprop(0.1).unwrap(), "rmsprop.square_avg.w", -1.0, "≥ 0"),
-        (Optimizer::adagrad(0.1).unwrap(), "adagrad.sum.b", -2.0, "≥ 0"),
+        (
+            Optimizer::adam(0.1).unwrap(),
+            "adam.step.w",
+            1e300,
+            "not a step count",
+        ),
+        (
+            Optimizer::adam(0.1).unwrap(),
+            "adam.step.w",
+            9.1e15,
+            "not a step count",
+        ),
+        (
+            Optimizer::adamw(0.1).unwrap(),
+            "adamw.step.b",
+            -1.0,
+            "not a step count",
+        ),
+        (
+            Optimizer::momentum(0.1, 0.9).unwrap(),
+            "sgd.momentum_buffer.w",
+            -1e39,
+            "magnitude",
+        ),
+        (
+            Optimizer::rmsprop(0.1).unwrap(),
+            "rmsprop.square_avg.w",
+            -1.0,
+            "≥ 0",
+        ),
+        (
+            Optimizer::adagrad(0.1).unwrap(),
+            "adagrad.sum.b",
+            -2.0,
+            "≥ 0",
+        ),
         (
             Optimizer::adam(0.1)
                 .unwrap()
@@ -301,8 +339,14 @@ fn state_out_of_the_rules_domain_is_refused_and_changes_nothing() {
             let n = t.numel();
             *t = Tensor::new(t.shape().clone(), vec![*value; n]).unwrap();
             let before = s.optimizer_state(&o).unwrap();
-            let e = s.load_optimizer_state(&mut o, &state).unwrap_err().to_string();
-            assert!(e.contains(key) && e.contains(want), "{backend:?} {key}={value}: {e}");
+            let e = s
+                .load_optimizer_state(&mut o, &state)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(key) && e.contains(want),
+                "{backend:?} {key}={value}: {e}"
+            );
             assert_eq!(s.optimizer_state(&o).unwrap(), before, "{key}: changed");
             eager_steps(&mut s, &p, &mut o, 2..3);
             for q in &p {

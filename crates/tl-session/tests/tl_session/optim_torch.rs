@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use tl_session::{Backend, LinkedSession, Ops, Optimizer, Options, Param, Schedule, Session, Train};
+use tl_session::{
+    Backend, LinkedSession, Ops, Optimizer, Options, Param, Schedule, Session, Train,
+};
 use tl_spec::{Scalar, Tensor};
 
 /// One line of the fixture: the gradient norm PyTorch's clipping returned (NaN: none) and the
@@ -72,7 +74,8 @@ fn optimizer(name: &str) -> Optimizer {
 fn params<S: Ops>(s: &mut S) -> Vec<Param> {
     let t = |v: &[f64]| Tensor::vector(v.iter().map(|&x| S::T::lit(x)).collect());
     vec![
-        s.param(t(&[0.5, -1.2, 0.3, 2.0]), Some("w1"), true).unwrap(),
+        s.param(t(&[0.5, -1.2, 0.3, 2.0]), Some("w1"), true)
+            .unwrap(),
         s.param(t(&[-0.7, 0.4, 1.1]), Some("w2"), true).unwrap(),
     ]
 }
@@ -85,7 +88,10 @@ fn loss<S: Ops>(s: &mut S, p: &[Param], k: usize) -> tl_session::TensorRef {
     let a1 = s.input(t(&[1.5, -0.5, 2.0, 0.8]), false).unwrap();
     let c1 = s.input(t(&[1.0, -2.0, 0.5, 3.0]), false).unwrap();
     let a2 = s
-        .input(t(&[0.6, -1.1, 0.9].map(|v| v * (1.0 + 0.25 * k as f64))), false)
+        .input(
+            t(&[0.6, -1.1, 0.9].map(|v| v * (1.0 + 0.25 * k as f64))),
+            false,
+        )
         .unwrap();
     let x = s.mul(&w1, &a1).unwrap();
     let x = s.tanh(&x).unwrap();
@@ -146,7 +152,13 @@ fn rmsprop_adagrad_and_the_step_controls_follow_pytorch() {
         let sess32 = |b| Session::<f32>::new(Options::backend(b)).unwrap();
         check(sess32(Backend::Cpu), "cpu f32", name, rows, 1e-4);
         check(sess32(Backend::CudaSim), "cuda-sim f32", name, rows, 1e-4);
-        check(linked::<f32>(Backend::CudaSim), "linked sim f32", name, rows, 1e-4);
+        check(
+            linked::<f32>(Backend::CudaSim),
+            "linked sim f32",
+            name,
+            rows,
+            1e-4,
+        );
     }
 }
 
