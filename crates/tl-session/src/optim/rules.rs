@@ -84,6 +84,7 @@ pub(crate) fn rmsprop<O: VecOps>(
 /// ```text
 /// clr = lr / (1 + (t−1)·lr_decay) ; s ← s + g² ; w ← w − clr · g / (sqrt(s) + ε)
 /// ```
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn adagrad<O: VecOps>(
     ops: &mut O,
     st: &mut ParamState,
