@@ -49,6 +49,9 @@
 //!   one-operand op a layer (`examples/custom_op`, docs/guide.md "Your own op").
 //! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
 //!   initialisers on the project's counter RNG (one seed, the same model on every backend).
+//! - Training controls on the optimizer, inside the step: gradient clipping by norm or value, a
+//!   learning-rate [`Schedule`], a stop on a non-finite loss; [`Runtime::train_step`] returns
+//!   a [`StepReport`] (loss, learning rate, gradient norm).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
 //! - [`checkpoint`]: the file format and atomic writes; [`data`]: the digits data set.
 
@@ -58,6 +61,7 @@ mod labels;
 mod layers;
 mod module;
 mod runtime;
+mod train;
 mod user;
 mod var;
 mod vars;
@@ -76,6 +80,7 @@ pub use layers::{
 };
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};
+pub use train::{Schedule, StepReport, StepStats};
 pub use user::UserLayer;
 pub use var::Var;
 pub use vars::Vars;

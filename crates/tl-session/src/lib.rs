@@ -93,5 +93,5 @@ pub use error::{Error, Result};
 pub use handle::{NatRef, NatVecRef, Param, Stamp, TensorRef};
 pub use linked::{Compiled, CompiledTape, LinkedSession};
 pub use ops::Ops;
-pub use optim::Optimizer;
+pub use optim::{Optimizer, Schedule, StepStats};
 pub use train::Train;

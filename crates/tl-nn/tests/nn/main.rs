@@ -3,6 +3,7 @@
 
 mod boundaries;
 mod checkpoint;
+mod controls;
 mod custom_op;
 mod expr;
 mod layers;

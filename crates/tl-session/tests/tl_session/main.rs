@@ -16,6 +16,8 @@ mod cuda;
 mod fuzz;
 mod optim;
 mod optim_state;
+// RMSprop, Adagrad, clipping and a schedule against real PyTorch (fixtures/make_optimizers.py).
+mod optim_torch;
 mod random;
 // The linked session's parameters resident on the device between steps.
 mod resident;
