@@ -453,7 +453,11 @@ impl<T: Scalar> Tape<T> {
                 .map(|(g, n)| match g {
                     Some(g) => Ok(g),
                     None => {
-                        let zeros = pool::zeroed(n.value.numel());
+                        let zeros = tl_spec::alloc::try_zeroed(
+                            "backward",
+                            "zero gradient",
+                            n.value.numel(),
+                        )?;
                         Ok(Tensor::new(n.value.shape().clone(), zeros)?)
                     }
                 })
