@@ -270,7 +270,7 @@ fn causal_attention_does_not_see_the_future() {
         assert_eq!(row0 > 1e-9, sees, "row 0 changed by {row0}");
     }
     // Key padding: keys past `len` are invisible.
-    let pad = MultiHeadAttention::key_padding_mask(3, 2);
+    let pad = MultiHeadAttention::key_padding_mask(3, 2).unwrap();
     let a = rt
         .eval(&full, |g| {
             full.forward_masked(&g.input(x.clone())?, Some(pad.clone()))

@@ -239,7 +239,7 @@ impl TransformerLm {
             embed: (tok, pos),
             blocks,
             out,
-            mask: Mask::causal(c.context),
+            mask: Mask::causal(c.context)?,
         })
     }
 

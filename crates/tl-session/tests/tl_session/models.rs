@@ -234,7 +234,9 @@ fn transformer_block_is_causal() {
     for v in [a, b] {
         let l = blk.use_params(&mut s).unwrap();
         let x = s.input(Tensor::new([1, 4, 8], v).unwrap(), false).unwrap();
-        let y = blk.forward(&mut s, &l, &x, Some(&Mask::causal(4))).unwrap();
+        let y = blk
+            .forward(&mut s, &l, &x, Some(&Mask::causal(4).unwrap()))
+            .unwrap();
         out.push(s.value(&y).unwrap().data().to_vec());
     }
     assert_eq!(out[0][..24], out[1][..24]);
