@@ -350,7 +350,7 @@ impl Optimizer {
             let c = -self.lr;
             let new: Vec<T> = match grads {
                 // The loop at the CPU's widest instruction set (the mlp step's largest loop).
-                [g] => tl_tape_cpu::simd::zip(w.data(), g.data(), Axpy(c)),
+                [g] => tl_tape_cpu::simd::zip("sgd", w.data(), g.data(), Axpy(c))?,
                 _ => w
                     .data()
                     .iter()
