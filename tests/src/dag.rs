@@ -402,7 +402,7 @@ impl Dag {
                 let (wq, wk) = (self.adapt(y, &w), self.adapt(z, &w));
                 let wv = self.adapt(x, &w);
                 let wo = self.adapt(y, &Shape::new(&[width, dm]));
-                let mask = (p / 4 % 2 == 1).then(|| Mask::causal(n));
+                let mask = (p / 4 % 2 == 1).then(|| Mask::causal(n).unwrap());
                 let fused = p / 8 % 2 == 1;
                 let op = Op::MultiHeadAttention { heads, mask, fused };
                 self.add(op, &[wq, wk, wv, wo, x]);
@@ -417,9 +417,9 @@ impl Dag {
                     self.adapt(x, &Shape::new(&[n, n]))
                 };
                 let mask = if p % 2 == 1 {
-                    Mask::from_fn(n, |i, j| i > 0 && j <= i)
+                    Mask::from_fn(n, |i, j| i > 0 && j <= i).unwrap()
                 } else {
-                    Mask::causal(n)
+                    Mask::causal(n).unwrap()
                 };
                 self.add(Op::MaskedSoftmax { mask }, &[x]);
             }

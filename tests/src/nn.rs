@@ -575,7 +575,7 @@ impl LayerSpec {
             } => {
                 let op = Op::MultiHeadAttention {
                     heads: *heads,
-                    mask: causal.then(|| Mask::causal(*n)),
+                    mask: causal.then(|| Mask::causal(*n).unwrap()),
                     fused: false,
                 };
                 b.apply(op, &[p[0], p[1], p[2], p[3], x()?])

@@ -159,6 +159,14 @@ pub fn read(path: &Path) -> Result<File> {
         )
     };
     let st = SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
+    // The header's JSON object is read into a map, which keeps one of two entries of the same
+    // name: a file naming a tensor twice is refused instead.
+    if let Some(name) = duplicate_name(&bytes) {
+        return Err(bad(
+            path,
+            format!("the header names tensor {name:?} more than once"),
+        ));
+    }
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
     let metadata = meta
         .metadata()
@@ -179,6 +187,47 @@ pub fn read(path: &Path) -> Result<File> {
         );
     }
     Ok(File { tensors, metadata })
+}
+
+/// The first name the header of safetensors `bytes` gives twice (a tensor or `__metadata__`),
+/// if any. For a file [`SafeTensors::deserialize`] accepted: its header is a JSON object.
+fn duplicate_name(bytes: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = std::str::from_utf8(bytes.get(8..8usize.checked_add(len)?)?).ok()?;
+    let mut seen = std::collections::HashSet::new();
+    let skip_ws = |at: usize| at + header[at..].len() - header[at..].trim_start().len();
+    let mut at = skip_ws(0);
+    if !header[at..].starts_with('{') {
+        return None;
+    }
+    at = skip_ws(at + 1);
+    while header[at..].starts_with('"') {
+        // The key's extent: up to the first quote not escaped by a backslash.
+        let mut end = at + 1;
+        let raw = header.as_bytes();
+        while end < raw.len() && raw[end] != b'"' {
+            end += if raw[end] == b'\\' { 2 } else { 1 };
+        }
+        let key: String = serde_json::from_str(header.get(at..=end)?).ok()?;
+        if !seen.insert(key.clone()) {
+            return Some(key);
+        }
+        at = skip_ws(end + 1);
+        if !header[at..].starts_with(':') {
+            return None;
+        }
+        at = skip_ws(at + 1);
+        // The value: one JSON value, whose length the streaming parser reports.
+        let mut values =
+            serde_json::Deserializer::from_str(&header[at..]).into_iter::<serde_json::Value>();
+        values.next()?.ok()?;
+        at = skip_ws(at + values.byte_offset());
+        match header[at..].chars().next()? {
+            ',' => at = skip_ws(at + 1),
+            _ => return None,
+        }
+    }
+    None
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -294,7 +294,8 @@ impl<O: Train> Runtime<O> {
     }
 
     /// Classification accuracy of `model` on `(x, labels)` in batches of `batch` rows of `x`'s
-    /// leading axis: the share of rows whose largest logit is the label.
+    /// leading axis: the share of rows whose largest logit is the label. Labels of more classes
+    /// than the model has logits are an error naming both numbers.
     pub fn accuracy<M>(
         &self,
         model: &M,
@@ -322,6 +323,17 @@ impl<O: Train> Runtime<O> {
             let n = batch.min(rows - start);
             let xb = crate::data::rows(x, start, n)?;
             let logits = self.eval(model, |g| model.forward(&g.input(xb)?))?;
+            let classes = logits.shape().dims().last().copied().unwrap_or(1);
+            if labels.classes() > classes {
+                return Err(usage(
+                    "Runtime::accuracy",
+                    format!(
+                        "the labels have {} classes but the model gives {classes} logits per row (logits {})",
+                        labels.classes(),
+                        logits.shape()
+                    ),
+                ));
+            }
             let pred = logits.argmax(logits.shape().rank().saturating_sub(1))?;
             correct += pred
                 .iter()

@@ -55,8 +55,10 @@ impl MultiHeadAttention {
     }
 
     /// The mask that lets every query see the first `len` of `n` keys (padding after them).
-    pub fn key_padding_mask(n: usize, len: usize) -> Mask {
-        Mask::from_fn(n, |_, j| j < len)
+    /// An `n` whose n·n mask overflows or exceeds the allocation cap is an error
+    /// ([`Mask::from_fn`]).
+    pub fn key_padding_mask(n: usize, len: usize) -> Result<Mask> {
+        Ok(Mask::from_fn(n, |_, j| j < len)?)
     }
 
     /// Attention with an explicit mask (`None`: every key is allowed).
@@ -104,7 +106,10 @@ impl<O: Train> Module<O> for MultiHeadAttention {
                 ));
             }
         };
-        let mask = self.causal.then(|| Mask::causal(n));
+        let mask = match self.causal {
+            true => Some(Mask::causal(n)?),
+            false => None,
+        };
         self.forward_masked(x, mask)
     }
 }

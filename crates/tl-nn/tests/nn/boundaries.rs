@@ -59,6 +59,7 @@ trait AnyRt {
     fn layer_norm(&self, dim: usize, x_last: usize) -> tl_nn::Result<Tensor<f64>>;
     fn batch_norm(&self, channels: usize, x_channels: usize) -> tl_nn::Result<Tensor<f64>>;
     fn accuracy(&self, rows: usize, labels: usize, batch: usize) -> tl_nn::Result<f64>;
+    fn accuracy_of(&self, classes: usize) -> tl_nn::Result<f64>;
 }
 
 impl<O: Train<T = f64>> AnyRt for Runtime<O> {
@@ -137,6 +138,12 @@ impl<O: Train<T = f64>> AnyRt for Runtime<O> {
         let l = Linear::new(&self.vars().pp(name), 2, 3)?;
         let labels = Labels::new(vec![0; labels], 3)?;
         self.accuracy(&l, &tensor(&[rows, 2], 8), &labels, batch)
+    }
+    fn accuracy_of(&self, classes: usize) -> tl_nn::Result<f64> {
+        let name = format!("acc{}", self.named_params().len());
+        let l = Linear::new(&self.vars().pp(name), 2, 3)?;
+        let labels = Labels::new(vec![0, classes - 1], classes)?;
+        self.accuracy(&l, &tensor(&[2, 2], 8), &labels, 2)
     }
 }
 
@@ -398,6 +405,15 @@ fn accuracy_and_batches_take_batch_one_and_reject_zero() {
         error_naming(rt.accuracy(3, 3, 0), &["Runtime::accuracy", "batch 0"]);
         error_naming(rt.accuracy(3, 2, 1), &["Runtime::accuracy", "2 labels"]);
         error_naming(rt.accuracy(0, 0, 1), &["Runtime::accuracy", "0 labels"]);
+        // Labels of fewer classes than logits are fine; of more, an error naming both.
+        assert!(
+            rt.accuracy_of(2).is_ok() && rt.accuracy_of(3).is_ok(),
+            "{name}"
+        );
+        error_naming(
+            rt.accuracy_of(5),
+            &["Runtime::accuracy", "5 classes", "3 logits"],
+        );
     });
     let (train, _) = data::digits().unwrap();
     let train = train.truncate(5);

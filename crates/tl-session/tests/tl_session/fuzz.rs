@@ -101,7 +101,7 @@ fn float() -> impl Strategy<Value = f64> {
 }
 
 fn mask() -> impl Strategy<Value = Mask> {
-    (0usize..4).prop_map(Mask::causal)
+    (0usize..4).prop_map(|n| Mask::causal(n).unwrap())
 }
 
 /// An op with random (mostly invalid) parameters.

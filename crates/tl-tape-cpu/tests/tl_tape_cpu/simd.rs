@@ -111,7 +111,7 @@ fn every_simd_level_gives_the_baseline_bits() {
         ),
         (
             Op::MaskedSoftmax {
-                mask: Mask::causal(n),
+                mask: Mask::causal(n).unwrap(),
             },
             vec![edgy(&mut rng, &[2, n, n], 8.0)],
         ),
@@ -142,7 +142,7 @@ fn every_simd_level_gives_the_baseline_bits() {
             vec![edgy(&mut rng, &[2, 3, 11, 10], 6.0).map(|v| v.round())],
         ),
         mha(3, None, false, &mut rng),
-        mha(2, Some(Mask::causal(n)), true, &mut rng),
+        mha(2, Some(Mask::causal(n).unwrap()), true, &mut rng),
         (
             Op::LayerNorm { eps: 1e-5 },
             vec![

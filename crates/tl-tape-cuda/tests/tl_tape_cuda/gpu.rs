@@ -676,12 +676,16 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
         ),
         single(
             Op::MaskedSoftmax {
-                mask: Mask::causal(4),
+                mask: Mask::causal(4).unwrap(),
             },
             &[(&[2, 4, 4], Any)],
         ),
     ];
-    for (mask, fused) in [(None, false), (Some(Mask::causal(3)), false), (None, true)] {
+    for (mask, fused) in [
+        (None, false),
+        (Some(Mask::causal(3).unwrap()), false),
+        (None, true),
+    ] {
         let op = Op::MultiHeadAttention {
             heads: 2,
             mask,
