@@ -48,12 +48,15 @@
 //! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
 //!   initialisers on the project's counter RNG (one seed, the same model on every backend).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
+//! - [`losses`]: BCE with logits, NLL, L1, Huber and smooth L1 with PyTorch's [`Reduction`]s
+//!   (beside [`Var::mse_loss`] and [`Var::cross_entropy`]).
 //! - [`checkpoint`]: the file format and atomic writes; [`data`]: the digits data set.
 
 mod error;
 mod init;
 mod labels;
 mod layers;
+pub mod losses;
 mod module;
 mod runtime;
 mod user;
@@ -71,6 +74,7 @@ pub use layers::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
     MaxPool, MultiHeadAttention, SpectralConv1d,
 };
+pub use losses::Reduction;
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};
 pub use user::UserLayer;

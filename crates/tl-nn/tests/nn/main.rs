@@ -6,6 +6,8 @@ mod checkpoint;
 mod custom_op;
 mod expr;
 mod layers;
+mod losses;
+mod losses_fixture;
 mod training;
 
 use tl_nn::{Activation, Linear, Runtime, Sequential};

@@ -74,6 +74,14 @@ pub trait Launch {
     fn launch_gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
     /// The work of [`Device::silu_bwd`]; operands already validated by it — callers use `silu_bwd`.
     fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::point_act_bwd`]; operands already validated by it — callers use
+    /// `point_act_bwd`.
+    fn launch_point_act_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        act: crate::device::PointAct,
+    ) -> Result<Buffer>;
     /// The work of [`Device::reduce_axis_sum`]; operands already validated by it — callers
     /// use `reduce_axis_sum`.
     /// `out_len = outer·inner`, checked.
