@@ -87,9 +87,10 @@ extern "C" __global__ void tl_silu_bwd(const float* x, const float* g, float* ou
 
 // leakyRelu, elu and the exact (erf) GELU, forward and backward; twins of
 // crates/tl-tape-cuda/src/device/sim/point_act.rs. Kinks as PyTorch's autograd: the x <= 0
-// branch is taken at 0 (slope there: negative_slope, alpha). elu calls expm1f/expf and the
-// exact GELU erff/expf (CUDA's, within 1-2 ulp), so these agree with the sim within a few
-// ulps, not bit for bit.
+// branch is taken at 0 (slope there: negative_slope, alpha). The exact GELU's erf and exp are
+// tl_erf_approx and tl_exp_approx (approx.cuh), as on the sim and the CPU tape's f32 kernel:
+// the same bits on all three. elu calls CUDA's expm1f/expf (the host libm's on the emulator,
+// as the sim): within a few ulps of the sim on a GPU.
 #define TL_FRAC_1_SQRT_2 0.7071067811865476f
 #define TL_FRAC_1_SQRT_2PI 0.3989422804014327f
 
@@ -125,7 +126,7 @@ extern "C" __global__ void tl_elu_bwd(const float* x, const float* g, float* out
 extern "C" __global__ void tl_gelu_erf(const float* x, float* out, u64 n) {
     TL_GRID_STRIDE(i, n) {
         const float v = x[i];
-        out[i] = 0.5f * v * (1.0f + erff(v * TL_FRAC_1_SQRT_2));
+        out[i] = 0.5f * v * (1.0f + tl_erf_approx(v * TL_FRAC_1_SQRT_2));
     }
 }
 
@@ -133,8 +134,8 @@ extern "C" __global__ void tl_gelu_erf(const float* x, float* out, u64 n) {
 extern "C" __global__ void tl_gelu_erf_bwd(const float* x, const float* g, float* out, u64 n) {
     TL_GRID_STRIDE(i, n) {
         const float v = x[i];
-        const float cdf = 0.5f * (1.0f + erff(v * TL_FRAC_1_SQRT_2));
-        const float pdf = TL_FRAC_1_SQRT_2PI * expf(-(0.5f * v * v));
+        const float cdf = 0.5f * (1.0f + tl_erf_approx(v * TL_FRAC_1_SQRT_2));
+        const float pdf = TL_FRAC_1_SQRT_2PI * tl_exp_approx(-(0.5f * v * v));
         out[i] = (cdf + v * pdf) * g[i];
     }
 }

@@ -11,12 +11,12 @@
 //! `ops/approx.rs`). Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
 //! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0;
 //! leakyRelu'(0) = negative_slope and elu'(0) = alpha (PyTorch's autograd). `elu` calls libm's
-//! `expm1`/`exp` and `geluErf` [`tl_spec::special::erf`] (libm's `erf` in f64) in both types:
-//! their loops run through [`crate::simd`] like the others but stay calls per element.
+//! `expm1`/`exp`, and `geluErf` erf and exp from `ops/approx.rs` (f32: [`tl_spec::approx`]'s,
+//! f64: libm's): their loops run through [`crate::simd`] like the others but stay calls per
+//! element.
 
 use smallvec::smallvec;
 use tl_ir::Op;
-use tl_spec::special::erf;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
 use super::{Grads, approx, check_arity, check_saved, check_shape, tensor, wrong_family};
@@ -248,14 +248,14 @@ pub fn backward_saved<T: Scalar>(
 /// `½·v·(1 + erf(v/√2))`, the exact GELU.
 fn gelu_erf<T: Scalar>(v: T) -> T {
     let half = T::lit(0.5);
-    half * v * (T::one() + erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)))
+    half * v * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)))
 }
 
 /// `Φ(v) + v·φ(v)`, the exact GELU's slope: `½(1 + erf(v/√2)) + v·e^{−v²/2}/√(2π)`.
 fn gelu_erf_slope<T: Scalar>(v: T) -> T {
     let half = T::lit(0.5);
-    let cdf = half * (T::one() + erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)));
-    let pdf = T::lit(0.398_942_280_401_432_7) * (-(half * v * v)).exp();
+    let cdf = half * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)));
+    let pdf = T::lit(0.398_942_280_401_432_7) * approx::exp(-(half * v * v));
     cdf + v * pdf
 }
 

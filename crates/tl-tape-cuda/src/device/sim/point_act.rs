@@ -1,10 +1,10 @@
 //! Per-element bodies of the `leakyRelu`, `elu` and exact-GELU kernels
-//! (`kernels/activation.cu`, [`PointAct`]), with the kernels' operation order. `elu` calls
-//! libm's `expm1f`/`expf` and the GELU [`tl_spec::special::erf`] and `expf` where the kernels
-//! call CUDA's `expm1f`, `expf` and `erff`: the same functions as the CPU tape's f32 kernels,
-//! within a few ulps of the device's.
+//! (`kernels/activation.cu`, [`PointAct`]), with the kernels' operation order. The GELU's erf
+//! and exp are [`erf_f32`] and [`exp_f32`] (the kernels' `tl_erf_approx`, `tl_exp_approx`, and
+//! the CPU tape's f32 kernel): the same bits on all three. `elu` calls libm's `expm1f`/`expf`
+//! where the kernels call CUDA's (the host libm's on the emulator): a few ulps apart on a GPU.
 
-use tl_spec::special::erf;
+use tl_spec::approx::{erf_f32 as erf, exp_f32};
 
 use crate::device::PointAct;
 
@@ -53,7 +53,7 @@ pub fn backward(act: PointAct, v: f32, g: f32) -> f32 {
         }
         PointAct::GeluErf => {
             let cdf = 0.5 * (1.0 + erf(v * FRAC_1_SQRT_2));
-            let pdf = FRAC_1_SQRT_2PI * (-(0.5 * v * v)).exp();
+            let pdf = FRAC_1_SQRT_2PI * exp_f32(-(0.5 * v * v));
             (cdf + v * pdf) * g
         }
     }
