@@ -265,7 +265,16 @@ impl Dag {
                 self.add(op, &[x, y]);
             }
             6 => self.push(Op::Abs, &[x]),
-            7 => self.push(Op::Relu, &[x]),
+            // relu, or (one time in three each) leakyRelu and elu with a parameter from p.
+            7 => {
+                let s = f64::from(p / 3 % 5) * 0.25 - 0.5;
+                let op = match p % 3 {
+                    0 => Op::Relu,
+                    1 => Op::LeakyRelu { negative_slope: s },
+                    _ => Op::Elu { alpha: s + 1.0 },
+                };
+                self.push(op, &[x]);
+            }
             8 => self.push(Op::Sigmoid, &[x]),
             9 => self.push(Op::Tanh, &[x]),
             10 => self.push(Op::Softplus, &[x]),

@@ -53,12 +53,15 @@
 //!   learning-rate [`Schedule`], a stop on a non-finite loss; [`Runtime::train_step`] returns
 //!   a [`StepReport`] (loss, learning rate, gradient norm).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
+//! - [`losses`]: BCE with logits, NLL, L1, Huber and smooth L1 with PyTorch's [`Reduction`]s
+//!   (beside [`Var::mse_loss`] and [`Var::cross_entropy`]).
 //! - [`checkpoint`]: the file format and atomic writes; [`data`]: the digits data set.
 
 mod error;
 mod init;
 mod labels;
 mod layers;
+pub mod losses;
 mod module;
 mod runtime;
 mod train;
@@ -78,6 +81,7 @@ pub use layers::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Gru, LayerNorm,
     Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, RnnConfig, RnnWeights, SpectralConv1d,
 };
+pub use losses::Reduction;
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};
 pub use train::{Schedule, StepReport, StepStats};

@@ -105,7 +105,7 @@ impl<O: Train> Module<O> for Sequential<O> {
 
 /// An activation as a module (the same functions are methods of [`Var`]).
 /// PyTorch: `nn.ReLU()`, `nn.Tanh()`, …
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// `max(x, 0)`. PyTorch: `nn.ReLU`.
     Relu,
@@ -119,9 +119,22 @@ pub enum Activation {
     Silu,
     /// `log(1+exp(x))`. PyTorch: `nn.Softplus`.
     Softplus,
+    /// The exact GELU `½·x·(1 + erf(x/√2))`. PyTorch: `nn.GELU()` (its default).
+    GeluErf,
+    /// `x` for x > 0, else `negative_slope·x`. PyTorch: `nn.LeakyReLU(negative_slope)`
+    /// (PyTorch's default 0.01: [`Activation::LEAKY_RELU`]).
+    LeakyRelu(f64),
+    /// `x` for x > 0, else `alpha·(eˣ − 1)`. PyTorch: `nn.ELU(alpha)` (PyTorch's default 1.0:
+    /// [`Activation::ELU`]).
+    Elu(f64),
 }
 
 impl Activation {
+    /// `LeakyRelu` with PyTorch's default slope, 0.01 (`nn.LeakyReLU()`).
+    pub const LEAKY_RELU: Activation = Activation::LeakyRelu(0.01);
+    /// `Elu` with PyTorch's default alpha, 1.0 (`nn.ELU()`).
+    pub const ELU: Activation = Activation::Elu(1.0);
+
     /// Apply the activation to `x`.
     pub fn apply<'g, O: Train>(self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         match self {
@@ -131,6 +144,9 @@ impl Activation {
             Activation::Gelu => x.gelu(),
             Activation::Silu => x.silu(),
             Activation::Softplus => x.softplus(),
+            Activation::GeluErf => x.gelu_erf(),
+            Activation::LeakyRelu(slope) => x.leaky_relu(slope),
+            Activation::Elu(alpha) => x.elu(alpha),
         }
     }
 }

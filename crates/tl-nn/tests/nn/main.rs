@@ -7,6 +7,8 @@ mod controls;
 mod custom_op;
 mod expr;
 mod layers;
+mod losses;
+mod losses_fixture;
 mod models;
 mod rnn;
 mod training;

@@ -125,6 +125,7 @@ fn op() -> impl Strategy<Value = Op> {
         Op::Detach,
         Op::Gelu,
         Op::Silu,
+        Op::GeluErf,
         Op::Flatten,
         Op::Transpose2d,
         Op::PermuteBca,
@@ -165,6 +166,8 @@ fn op() -> impl Strategy<Value = Op> {
             Op::Scale(a),
             Op::Clamp { lo: a, hi: b },
             Op::SafeLog { eps: a },
+            Op::LeakyRelu { negative_slope: a },
+            Op::Elu { alpha: b },
             Op::LayerNorm { eps: a },
             Op::BatchNorm { eps: a },
             Op::Dropout {

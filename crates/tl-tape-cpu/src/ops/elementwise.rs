@@ -1,6 +1,6 @@
 //! Pointwise kernels: the binary ops (`add`, `sub`, `mul`, `div`, `max`, `min`), the unary maps
 //! (`scale`, `abs`, `sqrt`, `exp`, `log`, `inv`, `relu`, `clamp`, `sigmoid`, `tanh`, `softplus`,
-//! `safeLog`), `detach` and `constant`.
+//! `safeLog`, `leakyRelu`, `elu`, `geluErf`), `detach` and `constant`.
 //!
 //! Every kernel is one pass over contiguous slices through [`crate::simd`] (`map`, `zip`,
 //! `zip3`): compiled for the best instruction set the CPU has, cut across threads when long,
@@ -9,7 +9,11 @@
 //! In f32, `exp`, `log`, `tanh`, the sigmoid (`sigmoid`, the backward passes of `softplus`
 //! and `safeLog`) and softplus (`softplus`, `safeLog`) are [`tl_spec::approx`]'s (see
 //! `ops/approx.rs`). Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
-//! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0.
+//! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0;
+//! leakyRelu'(0) = negative_slope and elu'(0) = alpha (PyTorch's autograd). `elu` calls libm's
+//! `expm1`/`exp`, and `geluErf` erf and exp from `ops/approx.rs` (f32: [`tl_spec::approx`]'s,
+//! f64: libm's): their loops run through [`crate::simd`] like the others but stay calls per
+//! element.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -58,6 +62,19 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             tl_spec::pool::give(t);
             y
         }
+        LeakyRelu { negative_slope } => {
+            let s = T::lit(*negative_slope);
+            unary(op, x[0], move |v: T| if v > T::zero() { v } else { s * v })?
+        }
+        Elu { alpha } => {
+            let a = T::lit(*alpha);
+            unary(
+                op,
+                x[0],
+                move |v: T| if v > T::zero() { v } else { a * v.exp_m1() },
+            )?
+        }
+        GeluErf => unary(op, x[0], gelu_erf)?,
         Detach => x[0].clone(),
         Constant(t) => t.cast(),
         _ => return Err(wrong_family(op, "elementwise")),
@@ -166,6 +183,22 @@ pub fn backward<T: Scalar>(
         Tanh => one(zip(op.name(), gd, yd, |g: T, y: T| g * (one_t - y * y))?),
         Softplus => one(zip(op.name(), gd, xd, |g: T, x: T| g * approx::sigmoid(x))?),
         SafeLog { eps } => one(zip(op.name(), gd, xd, SafeLogBackward(T::lit(*eps)))?),
+        LeakyRelu { negative_slope } => {
+            let s = T::lit(*negative_slope);
+            one(zip(
+                op.name(),
+                gd,
+                xd,
+                move |g: T, x: T| if x > zero { g } else { s * g },
+            )?)
+        }
+        Elu { alpha } => {
+            let a = T::lit(*alpha);
+            one(zip(op.name(), gd, xd, move |g: T, x: T| {
+                if x > zero { g } else { a * x.exp() * g }
+            })?)
+        }
+        GeluErf => one(zip(op.name(), gd, xd, |g: T, x: T| gelu_erf_slope(x) * g)?),
         Detach => Ok(smallvec![None]),
         _ => Err(wrong_family(op, "elementwise")),
     }
@@ -214,6 +247,20 @@ pub fn backward_saved<T: Scalar>(
         SafeLogBackwardFromT,
     )?;
     Ok(smallvec![Some(tensor(s.clone(), dx)?)])
+}
+
+/// `½·v·(1 + erf(v/√2))`, the exact GELU.
+fn gelu_erf<T: Scalar>(v: T) -> T {
+    let half = T::lit(0.5);
+    half * v * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)))
+}
+
+/// `Φ(v) + v·φ(v)`, the exact GELU's slope: `½(1 + erf(v/√2)) + v·e^{−v²/2}/√(2π)`.
+fn gelu_erf_slope<T: Scalar>(v: T) -> T {
+    let half = T::lit(0.5);
+    let cdf = half * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)));
+    let pdf = T::lit(0.398_942_280_401_432_7) * approx::exp(-(half * v * v));
+    cdf + v * pdf
 }
 
 /// `f` at every element of `x`.

@@ -62,6 +62,14 @@ fn every_simd_level_gives_the_baseline_bits() {
     let cases: Vec<(Op, Vec<Tensor<f64>>)> = vec![
         (Op::Gelu, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Silu, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::GeluErf, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (
+            Op::LeakyRelu {
+                negative_slope: 0.2,
+            },
+            vec![edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        (Op::Elu { alpha: 0.7 }, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Exp, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Relu, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Abs, vec![edgy(&mut rng, &[3, n], 6.0)]),
