@@ -65,11 +65,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream> {
             let visit = fields.iter().map(visit_one);
             let children = fields.iter().map(child_one);
             let types: Vec<Type> = fields.iter().map(|f| f.ty.clone()).collect();
-            (
-                quote!(#(#visit)*),
-                quote!(#(#children)*),
-                types,
-            )
+            (quote!(#(#visit)*), quote!(#(#children)*), types)
         }
         Data::Enum(e) => {
             let (mut visit_arms, mut child_arms, mut types) = (Vec::new(), Vec::new(), Vec::new());
@@ -154,7 +150,10 @@ fn fields(
         }
         out.push(Field {
             access: access(i, f),
-            name: f.ident.as_ref().map_or_else(|| i.to_string(), Ident::to_string),
+            name: f
+                .ident
+                .as_ref()
+                .map_or_else(|| i.to_string(), Ident::to_string),
             ty: f.ty.clone(),
         });
     }
@@ -245,7 +244,10 @@ mod tests {
             "struct Block { ln: LayerNorm, #[parameters(skip)] width: usize, up: Linear }",
         )
         .unwrap();
-        let (ln, up) = (out.find("self . ln").unwrap(), out.find("self . up").unwrap());
+        let (ln, up) = (
+            out.find("self . ln").unwrap(),
+            out.find("self . up").unwrap(),
+        );
         assert!(ln < up, "{out}");
         assert!(!out.contains("width"), "{out}");
         assert!(out.contains("__f (\"ln\" , & self . ln)"), "{out}");
@@ -254,7 +256,10 @@ mod tests {
     #[test]
     fn tuple_structs_and_enums_name_their_fields_by_position() {
         let out = expand_str("struct Pair(Linear, #[parameters(skip)] f64, Linear);").unwrap();
-        assert!(out.contains("self . 0") && out.contains("self . 2"), "{out}");
+        assert!(
+            out.contains("self . 0") && out.contains("self . 2"),
+            "{out}"
+        );
         assert!(!out.contains("self . 1"), "{out}");
         let out = expand_str(
             "enum Model { Mlp(Sequential), Lm { body: Block, #[parameters(skip)] n: usize }, Empty }",
@@ -271,8 +276,14 @@ mod tests {
             "struct M<O: Train> { seq: Sequential<O>, head: Linear, more: Vec<Sequential<O>> }",
         )
         .unwrap();
-        assert!(out.contains("Sequential < O > : :: tl_nn :: Parameters"), "{out}");
-        assert!(out.contains("Vec < Sequential < O > > : :: tl_nn :: Parameters"), "{out}");
+        assert!(
+            out.contains("Sequential < O > : :: tl_nn :: Parameters"),
+            "{out}"
+        );
+        assert!(
+            out.contains("Vec < Sequential < O > > : :: tl_nn :: Parameters"),
+            "{out}"
+        );
         assert!(!out.contains("Linear : :: tl_nn"), "{out}");
     }
 
@@ -281,6 +292,9 @@ mod tests {
         let err = expand_str("union U { a: u32 }").unwrap_err();
         assert!(err.contains("structs and enums, not unions"), "{err}");
         let err = expand_str("struct S { #[parameters(flatten)] a: Linear }").unwrap_err();
-        assert!(err.contains("unknown #[parameters(...)] argument `flatten`"), "{err}");
+        assert!(
+            err.contains("unknown #[parameters(...)] argument `flatten`"),
+            "{err}"
+        );
     }
 }

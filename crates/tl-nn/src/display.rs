@@ -45,7 +45,10 @@ pub(crate) fn py_tuple(v: &[usize]) -> String {
         [one] => format!("({one},)"),
         _ => format!(
             "({})",
-            v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+            v.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
@@ -248,7 +251,7 @@ fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -283,7 +286,12 @@ impl fmt::Display for Summary {
                     .collect::<Vec<_>>()
                     .join(", ");
                 let path = if r.path.is_empty() { "-" } else { &r.path };
-                [path.to_owned(), r.module.clone(), params, thousands(r.count)]
+                [
+                    path.to_owned(),
+                    r.module.clone(),
+                    params,
+                    thousands(r.count),
+                ]
             })
             .collect();
         let header = ["layer", "type", "parameters", "count"].map(String::from);

@@ -85,11 +85,11 @@ pub use layers::{
     MaxPool, MultiHeadAttention, SpectralConv1d,
 };
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
+pub use runtime::{Runtime, Scope};
 /// `#[derive(Parameters)]`: `visit_params` and the printed children written from the fields
 /// (structs, tuple structs, enums; `Vec`, `Option`, `Box` of layers; generic models;
 /// `#[parameters(skip)]` for a field without layers). See the `tl-nn-derive` crate.
 pub use tl_nn_derive::Parameters;
-pub use runtime::{Runtime, Scope};
 pub use user::UserLayer;
 pub use var::Var;
 pub use vars::Vars;

@@ -197,7 +197,9 @@ impl<O: Train> Runtime<O> {
         self.training.set(training);
         let mut params = Vec::new();
         model.visit_params(&mut |p| params.push(p.clone()));
-        self.listing.borrow_mut().begin(params.iter().map(Param::index));
+        self.listing
+            .borrow_mut()
+            .begin(params.iter().map(Param::index));
         for p in params {
             if let std::collections::hash_map::Entry::Vacant(e) = leaves.entry(p.index()) {
                 e.insert(s.use_param(&p)?);

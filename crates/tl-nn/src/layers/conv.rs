@@ -86,7 +86,10 @@ fn axes(k: usize) -> String {
         1 => "L".into(),
         2 => "H, W".into(),
         3 => "D, H, W".into(),
-        _ => (1..=k).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", "),
+        _ => (1..=k)
+            .map(|i| format!("d{i}"))
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }
 
@@ -129,12 +132,12 @@ fn check_input<O: Train>(at: &At<'_, O>, x: &Var<'_, O>, k: usize, channels: usi
                     ""
                 }
             ),
-            None => format!("; reshape each sample of {m} values to ({channels}, {})", axes(k)),
+            None => format!(
+                "; reshape each sample of {m} values to ({channels}, {})",
+                axes(k)
+            ),
         };
-        return Err(at.input(format!(
-            "input {} is flat: {layouts}{fix}",
-            x.shape()
-        )));
+        return Err(at.input(format!("input {} is flat: {layouts}{fix}", x.shape())));
     }
     if dims.len() > k + 2 {
         return Err(at.input(format!("input {} has too many axes: {layouts}", x.shape())));

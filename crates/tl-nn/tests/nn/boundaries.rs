@@ -376,7 +376,10 @@ fn input_widths_must_match_the_layer() {
         );
         error_naming(
             rt.layer_norm(3, 4),
-            &["LayerNorm", "input [2, 4] has 4 features in its last axis, expected 3"],
+            &[
+                "LayerNorm",
+                "input [2, 4] has 4 features in its last axis, expected 3",
+            ],
         );
         assert_eq!(
             rt.batch_norm(2, 2).unwrap().shape().dims(),

@@ -94,7 +94,11 @@ fn net<O: Train>(rt: &Runtime<O>) -> Net<O> {
             .add(Activation::Relu)
             .add(Linear::new(&v.pp("head").pp(2), WIDTH, 2).unwrap()),
         scale: v
-            .param_from("scale", Tensor::<f64>::from_fn([2], |i| 1.0 + i as f64).cast(), true)
+            .param_from(
+                "scale",
+                Tensor::<f64>::from_fn([2], |i| 1.0 + i as f64).cast(),
+                true,
+            )
             .unwrap(),
         pair: Box::new(Pair(
             Linear::new(&v.pp("pair").pp(0), 2, 2).unwrap(),
@@ -119,7 +123,10 @@ impl<O: Train> Module<O> for Net<O> {
         }
         let y = self.head.forward(&h)?;
         let y = (&y * &x.scope().param(&self.scale)?)?;
-        let y = self.pair.2.forward(&self.pair.0.forward(&y)?.scale(self.pair.1)?)?;
+        let y = self
+            .pair
+            .2
+            .forward(&self.pair.0.forward(&y)?.scale(self.pair.1)?)?;
         match &self.mode {
             Mode::Plain(l) => l.forward(&y),
             Mode::Gated { gate, bias } => (&y * &gate.forward(&y)?.sigmoid()?)?.scale(*bias),

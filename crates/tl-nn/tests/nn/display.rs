@@ -91,7 +91,10 @@ fn every_layer_prints_its_settings() {
         (Activation::Softplus.to_string(), "Softplus()"),
         (Activation::Sigmoid.to_string(), "Sigmoid()"),
         (Activation::Tanh.to_string(), "Tanh()"),
-        (Sequential::<tl_session::Session<f64>>::new().to_string(), "Sequential()"),
+        (
+            Sequential::<tl_session::Session<f64>>::new().to_string(),
+            "Sequential()",
+        ),
     ];
     for (got, want) in cases {
         assert_eq!(got, want);
@@ -131,9 +134,7 @@ fn tiny<O: Train>(rt: &Runtime<O>) -> Tiny<O> {
             .collect(),
         skip: None,
         norm: Some(LayerNorm::new(&v.pp("norm"), 8).unwrap()),
-        gain: v
-            .param("gain", &[8], tl_nn::Init::Ones)
-            .unwrap(),
+        gain: v.param("gain", &[8], tl_nn::Init::Ones).unwrap(),
         head: Sequential::new()
             .add(Activation::Relu)
             .add(Linear::new(&v.pp("head").pp(1), 8, 10).unwrap()),
@@ -241,7 +242,10 @@ buffer values: 8"
     let s = rt.summary(&lin).unwrap();
     assert_eq!(s.rows.len(), 1);
     assert_eq!((s.rows[0].path.as_str(), s.total), ("", 8));
-    assert!(s.to_string().starts_with("layer  type    parameters"), "{s}");
+    assert!(
+        s.to_string().starts_with("layer  type    parameters"),
+        "{s}"
+    );
 }
 
 /// A hand-written model that names only some children still sums up: the parameters it lists

@@ -43,7 +43,10 @@ fn a_linear_error_names_the_layer_path_and_the_feature_counts() {
         r#"Linear "head": input [2, 1, 8, 8] has 8 features, expected 64; flatten it to (2, 64) first (a Flatten layer, or x.flatten_batch())"#
     );
     let e = forward_error(&rt, &head, &[]).to_string();
-    assert!(e.starts_with(r#"Linear "head": input [] is a scalar"#), "{e}");
+    assert!(
+        e.starts_with(r#"Linear "head": input [] is a scalar"#),
+        "{e}"
+    );
     // A layer made at the root of the namespace is named by its type alone.
     let root = Linear::new(&rt.vars(), 3, 2).unwrap();
     assert!(matches!(
@@ -97,7 +100,9 @@ fn a_flat_input_to_a_conv_says_how_to_shape_it() {
     let ct = ConvTranspose::new(&rt.vars().pp("up"), 4, 2, &[2, 2], ConvConfig::new(2, 0)).unwrap();
     let e = forward_error(&rt, &ct, &[1, 3, 4, 4]).to_string();
     assert!(
-        e.starts_with(r#"ConvTranspose2d "up": input [1, 3, 4, 4] has 3 channels at axis 1, expected 4"#),
+        e.starts_with(
+            r#"ConvTranspose2d "up": input [1, 3, 4, 4] has 3 channels at axis 1, expected 4"#
+        ),
         "{e}"
     );
 }
@@ -106,7 +111,14 @@ fn a_flat_input_to_a_conv_says_how_to_shape_it() {
 fn an_op_error_inside_a_layer_names_the_layer_once_and_the_op_once() {
     let rt = eager::<f64>(Backend::Cpu, 0);
     // A 5×5 kernel over a 3×3 image: the op's own shape rule refuses it.
-    let conv = Conv::conv2d(&rt.vars().pp("features").pp(0), 1, 2, 5, ConvConfig::default()).unwrap();
+    let conv = Conv::conv2d(
+        &rt.vars().pp("features").pp(0),
+        1,
+        2,
+        5,
+        ConvConfig::default(),
+    )
+    .unwrap();
     let e = forward_error(&rt, &conv, &[1, 1, 3, 3]);
     let msg = e.to_string();
     assert!(matches!(e, Error::Layer { .. }), "{e:?}");
@@ -118,10 +130,19 @@ fn an_op_error_inside_a_layer_names_the_layer_once_and_the_op_once() {
     let w = s.input(Tensor::zeros([2, 1, 5, 5]), false).unwrap();
     let b = s.input(Tensor::zeros([2]), false).unwrap();
     let x = s.input(Tensor::zeros([1, 1, 3, 3]), false).unwrap();
-    let msg = s.conv(&w, &b, &x, vec![1, 1], vec![0, 0]).unwrap_err().to_string();
-    assert!(msg.starts_with("conv: ") && !msg.contains("conv: conv:"), "{msg}");
+    let msg = s
+        .conv(&w, &b, &x, vec![1, 1], vec![0, 0])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.starts_with("conv: ") && !msg.contains("conv: conv:"),
+        "{msg}"
+    );
     // A method whose name differs from the op's keeps both.
-    let msg = s.broadcast_to(&b, tl_spec::Shape::new(&[3])).unwrap_err().to_string();
+    let msg = s
+        .broadcast_to(&b, tl_spec::Shape::new(&[3]))
+        .unwrap_err()
+        .to_string();
     assert!(msg.starts_with("broadcast_to: broadcastTo"), "{msg}");
 }
 
@@ -225,7 +246,9 @@ fn fails(which: usize) -> Result<()> {
         12 => {
             safetensors::SafeTensors::deserialize(&[1, 2, 3])?;
         }
-        13 => Err(Box::<dyn std::error::Error + Send + Sync>::from("my own error"))?,
+        13 => Err(Box::<dyn std::error::Error + Send + Sync>::from(
+            "my own error",
+        ))?,
         14 => {
             let rt = eager::<f64>(Backend::Cpu, 0);
             let v = rt.vars();
@@ -240,14 +263,19 @@ fn fails(which: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether an error is of the expected variant.
+type Variant = fn(&Error) -> bool;
+
 #[test]
 fn question_mark_converts_every_error_a_model_author_meets() {
-    let expect: [(&str, fn(&Error) -> bool); 15] = [
+    let expect: [(&str, Variant); 15] = [
         ("tensor:", |e| matches!(e, Error::Spec(_))),
         ("optimizer adam", |e| matches!(e, Error::Session(_))),
         ("eval: unknown id 9", |e| matches!(e, Error::Session(_))),
         ("unknown id 7", |e| matches!(e, Error::Session(_))),
-        ("no CUDA device: none here", |e| matches!(e, Error::Session(_))),
+        ("no CUDA device: none here", |e| {
+            matches!(e, Error::Session(_))
+        }),
         ("No such file", |e| matches!(e, Error::Other(_))),
         ("invalid digit", |e| matches!(e, Error::Other(_))),
         ("invalid float", |e| matches!(e, Error::Other(_))),
@@ -257,9 +285,10 @@ fn question_mark_converts_every_error_a_model_author_meets() {
         ("error", |e| matches!(e, Error::Other(_))),
         ("", |e| matches!(e, Error::Other(_))),
         ("my own error", |e| matches!(e, Error::Other(_))),
-        (r#"Linear "b": input [1, 4] has 4 features, expected 5"#, |e| {
-            matches!(e, Error::Input { .. })
-        }),
+        (
+            r#"Linear "b": input [1, 4] has 4 features, expected 5"#,
+            |e| matches!(e, Error::Input { .. }),
+        ),
     ];
     for (i, (text, variant)) in expect.iter().enumerate() {
         let e = fails(i).expect_err("each case fails");
