@@ -257,9 +257,9 @@ impl<O: Train> Module<O> for Conv {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let k = self.spatial();
+        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
         let at = At::new(g.rt, self, &self.weight);
         check_input(&at, x, k, self.weight.shape().dims()[1])?;
-        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
         w.op("Conv::forward", &[&b, x], |s| {
             s.conv(
                 w.tensor_ref(),
@@ -324,9 +324,9 @@ impl<O: Train> Module<O> for ConvTranspose {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let k = self.weight.shape().rank() - 2;
+        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
         let at = At::new(g.rt, self, &self.weight);
         check_input(&at, x, k, self.weight.shape().dims()[0])?;
-        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
         w.op("ConvTranspose::forward", &[&b, x], |s| {
             s.conv_transpose(
                 w.tensor_ref(),
