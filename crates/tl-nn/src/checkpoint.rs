@@ -346,11 +346,13 @@ pub fn write_atomic_with(
 
 impl<O: Train> Runtime<O> {
     /// `model`'s parameters by full name, read back to the host. PyTorch:
-    /// `model.state_dict()`.
+    /// `model.state_dict()`. An error naming them when `model` does not list parameters its
+    /// passes used ([`Runtime`], "Listed parameters"): the file would lack them.
     pub fn state_dict<M: Parameters + ?Sized>(
         &self,
         model: &M,
     ) -> Result<Vec<(String, Tensor<O::T>)>> {
+        self.check_listed("Runtime::state_dict", model)?;
         self.named_params_of(model)
             .into_iter()
             .map(|(name, p)| Ok((name, self.value_of(&p)?)))
@@ -372,6 +374,7 @@ impl<O: Train> Runtime<O> {
         opt: Option<&Optimizer>,
         metadata: &BTreeMap<String, String>,
     ) -> Result<()> {
+        self.check_listed("Runtime::save", model)?;
         let mut file = File {
             metadata: metadata.clone(),
             ..File::default()
@@ -409,6 +412,7 @@ impl<O: Train> Runtime<O> {
         path: &Path,
         opt: Option<&mut Optimizer>,
     ) -> Result<BTreeMap<String, String>> {
+        self.check_listed("Runtime::load", model)?;
         let file = read(path)?;
         self.load_file(model, path, &file, opt)?;
         Ok(file.metadata)
@@ -422,6 +426,7 @@ impl<O: Train> Runtime<O> {
         file: &File,
         opt: Option<&mut Optimizer>,
     ) -> Result<()> {
+        self.check_listed("Runtime::load", model)?;
         let named = self.named_params_of(model);
         // Validate everything first: the model must not be left half loaded.
         let mut values = Vec::with_capacity(named.len());

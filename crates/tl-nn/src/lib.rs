@@ -40,7 +40,8 @@
 //!   `state_dict` names).
 //! - [`Var`]: a tensor in a pass, with the ops as methods and `+ - * /` (broadcasting), so
 //!   expressions nest: `x.matmul(&w)?.relu()?`. [`Scope`]: where a pass makes its inputs.
-//! - [`Module`], [`Parameters`], [`Sequential`], [`Activation`], [`Flatten`], and the layers:
+//! - [`Module`], [`Parameters`] (write it with `#[derive(Parameters)]`), [`Sequential`],
+//!   [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
 //!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
 //!   the recurrent [`Lstm`] and [`Gru`] ([`RnnConfig`], [`RnnWeights`]), and [`ModuleList`]
@@ -55,12 +56,23 @@
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
 //! - [`losses`]: BCE with logits, NLL, L1, Huber and smooth L1 with PyTorch's [`Reduction`]s
 //!   (beside [`Var::mse_loss`] and [`Var::cross_entropy`]).
+//! - [`tree`] and every layer's `Display`: the model printed as PyTorch prints it;
+//!   [`Runtime::summary`]: its layers with parameter shapes and counts.
+//! - [`Error`]: every message names the layer, op or value; `?` converts the errors of the
+//!   crates below and of I/O and parsing. A parameter a model's pass uses but its
+//!   `visit_params` does not list is an error at `step`, `save` and `num_params` (listed
+//!   parameters, on [`Runtime`]).
 //! - [`checkpoint`]: the file format and atomic writes; [`data`]: the digits data set.
 
+// `#[derive(Parameters)]` names `::tl_nn`, also inside this crate.
+extern crate self as tl_nn;
+
+mod display;
 mod error;
 mod init;
 mod labels;
 mod layers;
+mod listed;
 pub mod losses;
 mod module;
 mod runtime;
@@ -74,6 +86,7 @@ pub mod data;
 pub mod models;
 
 pub use data::{CLASSES, PIXELS};
+pub use display::{Summary, SummaryRow, Tree, tree};
 pub use error::{Error, Result};
 pub use init::Init;
 pub use labels::Labels;
@@ -84,10 +97,20 @@ pub use layers::{
 pub use losses::Reduction;
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use runtime::{Runtime, Scope};
+/// `#[derive(Parameters)]`: `visit_params` and the printed children written from the fields
+/// (structs, tuple structs, enums; `Vec`, `Option`, `Box` of layers; generic models;
+/// `#[parameters(skip)]` for a field without layers). See the `tl-nn-derive` crate.
+pub use tl_nn_derive::Parameters;
 pub use train::{Schedule, StepReport, StepStats};
 pub use user::UserLayer;
 pub use var::Var;
 pub use vars::Vars;
+
+/// What `#[derive(Parameters)]` expands to names; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use tl_session::Param;
+}
 
 /// docs/guide.md ("Your first model"): its code blocks run as this crate's doctests.
 #[cfg(doctest)]

@@ -203,7 +203,7 @@ fn embedding_takes_the_last_row_and_rejects_the_vocabulary_size() {
         assert_eq!(rows.shape().dims(), [2, 2], "{name}");
         let e = error_naming(
             rt.embed(4, 2, &[0, 4]),
-            &["Embedding::forward", "id 4", "position 1", "4 rows"],
+            &["Embedding \"emb4x2_1\"", "id 4", "position 1", "4 rows"],
         );
         assert!(!e.contains("panick"), "{e}");
         error_naming(rt.embed(0, 2, &[]), &["Embedding::new", "0 × 2"]);
@@ -370,18 +370,24 @@ fn input_widths_must_match_the_layer() {
         assert_eq!(rt.linear(4, 4).unwrap().shape().dims(), [3, 2], "{name}");
         error_naming(
             rt.linear(4, 5),
-            &["Linear::forward", "[3, 5]", "4 input features"],
+            &["Linear \"lin2\"", "input [3, 5] has 5 features, expected 4"],
         );
         error_naming(
             rt.linear(4, 3),
-            &["Linear::forward", "[3, 3]", "4 input features"],
+            &["Linear \"lin4\"", "input [3, 3] has 3 features, expected 4"],
         );
         assert_eq!(
             rt.layer_norm(3, 3).unwrap().shape().dims(),
             [2, 3],
             "{name}"
         );
-        error_naming(rt.layer_norm(3, 4), &["layerNorm", "x [2, 4]", "[3]"]);
+        error_naming(
+            rt.layer_norm(3, 4),
+            &[
+                "LayerNorm",
+                "input [2, 4] has 4 features in its last axis, expected 3",
+            ],
+        );
         assert_eq!(
             rt.batch_norm(2, 2).unwrap().shape().dims(),
             [2, 2, 3],
@@ -389,7 +395,7 @@ fn input_widths_must_match_the_layer() {
         );
         error_naming(
             rt.batch_norm(2, 3),
-            &["BatchNorm::forward", "[2, 3, 3]", "2 channels"],
+            &["BatchNorm", "[2, 3, 3]", "2 channels"],
         );
     });
 }
