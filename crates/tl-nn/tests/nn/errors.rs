@@ -174,7 +174,7 @@ fn every_layer_names_its_path_in_a_forward_error() {
         ),
         (
             rt.eval(&emb, |g| emb.forward(g, &[1, 5])).unwrap_err(),
-            r#"Embedding "m.tok": id 5 at position 1 is out of range for a table of 5 rows"#,
+            r#"Embedding "m.tok": id 5 at position 1 is out of range for a table of 5 rows (num_embeddings 5)"#,
         ),
     ];
     for (e, want) in cases {
