@@ -48,14 +48,20 @@
 //! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
 //!   initialisers on the project's counter RNG (one seed, the same model on every backend).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
-//! - [`checkpoint`]: the file format and atomic writes; [`data`]: the digits data set.
+//! - [`checkpoint`]: the file format and atomic writes.
+//! - [`data`]: [`data::Dataset`] and [`data::DataLoader`] (seeded shuffle, drop-last,
+//!   collate), the digits data set, the King James text, character vocabularies and token
+//!   windows for language models. [`Rng`]: a seeded random stream on the project's counter
+//!   RNG; [`sample()`] / [`argmax`]: the next token from a language model's last logits.
 
 mod error;
 mod init;
 mod labels;
 mod layers;
 mod module;
+mod rng;
 mod runtime;
+mod sample;
 mod user;
 mod var;
 mod vars;
@@ -72,7 +78,9 @@ pub use layers::{
     MaxPool, MultiHeadAttention, SpectralConv1d,
 };
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
+pub use rng::Rng;
 pub use runtime::{Runtime, Scope};
+pub use sample::{argmax, sample};
 pub use user::UserLayer;
 pub use var::Var;
 pub use vars::Vars;

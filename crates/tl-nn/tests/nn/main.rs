@@ -4,6 +4,7 @@
 mod boundaries;
 mod checkpoint;
 mod custom_op;
+mod data;
 mod expr;
 mod layers;
 mod training;
