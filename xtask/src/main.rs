@@ -6,11 +6,13 @@
 //! - [`stub`]: a stub `libcuda.so` so `--features cuda` links (and GPU tests skip) without a GPU.
 //! - [`bundle`]: stripped GPU test binaries plus a `run.sh` for the GPU machine.
 //! - [`mutants`]: planted single-point bugs, one at a time, against the harness.
+//! - [`readme`]: every command of the README's tour, run (or skipped by a marker that says why).
 
 mod bundle;
 mod coverage;
 mod kernels;
 mod mutants;
+mod readme;
 mod stub;
 mod util;
 
@@ -39,7 +41,11 @@ subcommands:
       stripped, with run.sh into gpu-bundle/ for a GPU machine
   mutants [--list] [--check] [--only ID|AREA]... [--cases N] [--timeout S]
       plant each bug of xtask/src/mutants/catalogue.rs in turn, run the harness
-      (tl-conformance; with cuda-emu for kernels), restore; report caught / missed";
+      (tl-conformance; with cuda-emu for kernels), restore; report caught / missed
+  readme [--features F] [--list]
+      run every command of README.md's tour on the dev-profile test build (those whose
+      features are all in F; with no F, those without features); `# ci: skip, <why>`
+      above a command skips it; fails on the first non-zero exit";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -51,6 +57,7 @@ fn main() -> ExitCode {
     let result = match sub.as_str() {
         "coverage" => return coverage::run(&rest),
         "mutants" => return mutants::run(&rest),
+        "readme" => return readme::run(&rest),
         "kernels" => match rest.as_slice() {
             [] => kernels::build(),
             [flag] if flag == "--check" => kernels::check(),

@@ -1,7 +1,8 @@
 //! Side-by-side timings on this machine, in one process, same threads, same data: the mlp
 //! (784-256-256-10, batch 64) and cnn (28×28, batch 64) training steps (forward, backward, SGD
-//! update) in candle (CPU) and in this project (eager session; linked session = record,
-//! compile to the CPU tape, backward, update), and a 1024×1024 f32 matmul against the `gemm`
+//! update) in candle (CPU) and in this project (tl-nn's models and `Runtime::step` on the eager
+//! session and on the linked session = record, compile to the CPU tape, backward, update;
+//! candle starts from the same parameter values), and a 1024×1024 f32 matmul against the `gemm`
 //! crate called directly. Prints a table of medians and ratios (ours / peer; ≤ 1.0 is as fast
 //! or faster).
 //!
@@ -23,7 +24,7 @@ use tl_spec::Tensor;
 
 type CResult<T> = candle_core::Result<T>;
 
-/// The model in candle: the same parameter values, batch and labels.
+/// The model in candle: the same parameter values (ours, in the model's order), batch and labels.
 struct CandleRun {
     kind: Kind,
     vars: Vec<Var>,
@@ -37,14 +38,13 @@ fn to_candle(t: &Tensor<f32>, dev: &Device) -> CResult<CTensor> {
 }
 
 impl CandleRun {
-    fn new(m: &BenchModel) -> CResult<Self> {
+    fn new(m: &BenchModel, inits: &[Tensor<f32>]) -> CResult<Self> {
         let dev = Device::Cpu;
-        let vars: Vec<Var> = m
-            .inits
+        let vars: Vec<Var> = inits
             .iter()
             .map(|t| Var::from_tensor(&to_candle(t, &dev)?))
             .collect::<CResult<_>>()?;
-        let labels: Vec<u32> = m.labels.iter().map(|&l| l as u32).collect();
+        let labels: Vec<u32> = m.labels.values().iter().map(|&l| l as u32).collect();
         let labels = CTensor::from_vec(labels, m.labels.len(), &dev)?;
         let opt = SGD::new(vars.clone(), 0.01)?;
         Ok(CandleRun {
@@ -173,7 +173,8 @@ fn main() -> CResult<()> {
     ] {
         let mut eager = EagerRun::new(&model);
         let mut linked = LinkedRun::new(&model);
-        let mut candle = CandleRun::new(&model)?;
+        let inits = eager.param_values().expect("the parameters' values");
+        let mut candle = CandleRun::new(&model, &inits)?;
         // Same parameters, same batch: the first losses agree.
         let (le, ll, lc) = (eager.step(), linked.step(), candle.step()?);
         assert!(

@@ -42,11 +42,16 @@
 //!   expressions nest: `x.matmul(&w)?.relu()?`. [`Scope`]: where a pass makes its inputs.
 //! - [`Module`], [`Parameters`], [`Sequential`], [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
-//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`].
+//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
+//!   the recurrent [`Lstm`] and [`Gru`] ([`RnnConfig`], [`RnnWeights`]), and [`ModuleList`]
+//!   (layers named by position).
 //! - Your own ops ([`tl_ir::UserOp`]): [`Var::user`] applies one, [`UserLayer`] makes a
 //!   one-operand op a layer (`examples/custom_op`, docs/guide.md "Your own op").
 //! - [`Vars`]: hierarchical parameter names (`blocks.0.attn.wq`); [`Init`]: PyTorch's default
 //!   initialisers on the project's counter RNG (one seed, the same model on every backend).
+//! - Training controls on the optimizer, inside the step: gradient clipping by norm or value, a
+//!   learning-rate [`Schedule`], a stop on a non-finite loss; [`Runtime::train_step`] returns
+//!   a [`StepReport`] (loss, learning rate, gradient norm).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
 //! - [`checkpoint`]: the file format and atomic writes.
 //! - [`data`]: [`data::Dataset`] and [`data::DataLoader`] (seeded shuffle, drop-last,
@@ -62,25 +67,28 @@ mod module;
 mod rng;
 mod runtime;
 mod sample;
+mod train;
 mod user;
 mod var;
 mod vars;
 
 pub mod checkpoint;
 pub mod data;
+pub mod models;
 
 pub use data::{CLASSES, PIXELS};
 pub use error::{Error, Result};
 pub use init::Init;
 pub use labels::Labels;
 pub use layers::{
-    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
-    MaxPool, MultiHeadAttention, SpectralConv1d,
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Gru, LayerNorm,
+    Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, RnnConfig, RnnWeights, SpectralConv1d,
 };
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use rng::Rng;
 pub use runtime::{Runtime, Scope};
 pub use sample::{argmax, sample};
+pub use train::{Schedule, StepReport, StepStats};
 pub use user::UserLayer;
 pub use var::Var;
 pub use vars::Vars;

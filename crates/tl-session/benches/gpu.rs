@@ -9,7 +9,8 @@
 //! simulation device (small sizes; the figures mean nothing there).
 //!
 //! Rows (`name`, milliseconds, and for matmul/elementwise the rate):
-//! - `step/{eager,linked}/{mlp,cnn,transformer}`: the models of `common/models.rs`, SGD;
+//! - `step/{eager,linked}/{mlp,cnn,transformer}`: the tl-nn models of `common/models.rs`,
+//!   `Runtime::step` with SGD;
 //! - `matmul/{n}`: `sum(a·b)` with `a`, `b` of `n × n` (GFLOP/s counts the product only; the
 //!   sum's n² reads are under 0.1% of the work at n = 4096);
 //! - `scale/{bytes}` and `add/{bytes}`: one elementwise op over a 256 MB (`--quick`: 4 MB) f32
@@ -105,7 +106,7 @@ fn steps(a: &Args) {
             eager.step();
         });
         row(a.backend, &format!("step/eager/{name}"), ms, None);
-        let mut linked = LinkedRun::on(m, a.backend);
+        let mut linked = LinkedRun::on(m, a.backend).expect("backend checked in main");
         let ms = median_ms(a.iters, || {
             linked.step();
         });

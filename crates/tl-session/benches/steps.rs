@@ -1,7 +1,8 @@
 //! Training steps (forward, backward, SGD update), f32 on the CPU: the mlp 784-256-256-10 at
 //! batch 64, a small cnn at batch 64 and one transformer block on a 128-token sequence, each on
 //! the eager session and on the linked session (record the graph, compile it to the CPU tape,
-//! backward on the tape, update). The models are in `common/models.rs`.
+//! backward on the tape, update). The models are tl-nn's, trained with `Runtime::step`
+//! (`common/models.rs`).
 //!
 //! Run: `cargo bench -p tl-session --bench steps` (add `-- --quick` for a short run, or a filter
 //! such as `-- mlp`). Figures and the machine: docs/performance.md.

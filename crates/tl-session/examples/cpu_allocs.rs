@@ -1,6 +1,6 @@
-//! Heap allocations per training step on the CPU: the step benches' models (mlp, cnn,
-//! transformer block; `benches/common/models.rs`), eager and linked, through the training
-//! loop's own calls ([`Train`]: reset, record, `backward_step` with SGD).
+//! Heap allocations per training step on the CPU: the step benches' tl-nn models (mlp, cnn,
+//! transformer block; `benches/common/models.rs`), eager and linked, each step the user's
+//! `Runtime::step` (reset, record, `backward_step` with SGD).
 //!
 //! ```sh
 //! cargo run --release -p tl-session --example cpu_allocs
@@ -16,8 +16,9 @@
 #[allow(missing_docs)]
 mod models;
 
-use models::BenchModel;
-use tl_session::{LinkedSession, Optimizer, Options, Result, Session, Train};
+use models::{BenchModel, Run};
+use tl_nn::Result;
+use tl_session::{LinkedSession, Options, Session, Train};
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
@@ -31,16 +32,15 @@ struct StepAllocs {
 }
 
 /// The allocations of the sixth and seventh steps of `m` in `s`.
-fn measure<S: Train<T = f32>>(mut s: S, m: &BenchModel) -> Result<[StepAllocs; 2]> {
-    let params = m.params(&mut s)?;
-    let mut opt = Optimizer::sgd(0.01)?;
+fn measure<S: Train<T = f32>>(s: S, m: &BenchModel) -> Result<[StepAllocs; 2]> {
+    let mut run = Run::with_session(m, s)?;
     for _ in 0..5 {
-        m.train_step(&mut s, &params, &mut opt)?;
+        m.train_step(&mut run.rt, &run.net, &mut run.opt)?;
     }
     let mut out = [None, None];
     for o in &mut out {
         let before = dhat::HeapStats::get();
-        m.train_step(&mut s, &params, &mut opt)?;
+        m.train_step(&mut run.rt, &run.net, &mut run.opt)?;
         let after = dhat::HeapStats::get();
         *o = Some(StepAllocs {
             blocks: after.total_blocks - before.total_blocks,
@@ -84,7 +84,7 @@ fn run() -> Result<()> {
                 measure(Session::<f32>::new(Options::default())?, m)?
             };
             if a.blocks != b.blocks {
-                return Err(tl_session::Error::Usage {
+                return Err(tl_nn::Error::Usage {
                     what: "cpu_allocs",
                     detail: format!("{name}: steps 6 and 7 differ ({a:?} vs {b:?})"),
                 });

@@ -1,7 +1,7 @@
 //! GPU cost proxies of one training step, counted without a GPU: kernel launches, host↔device
-//! copies and allocations per step, for the step benches' models (mlp, cnn, transformer block;
-//! `benches/common/models.rs`), eager and linked, through the training loop's own calls
-//! ([`Train`]: reset, record, `backward_step` with SGD).
+//! copies and allocations per step, for the step benches' tl-nn models (mlp, cnn, transformer
+//! block; `benches/common/models.rs`), eager and linked, each step the user's `Runtime::step`
+//! (reset, record, `backward_step` with SGD).
 //!
 //! ```sh
 //! cargo run --release -p tl-session --example gpu_proxies                 # the simulation device
@@ -17,8 +17,9 @@
 #[allow(missing_docs)]
 mod models;
 
-use models::BenchModel;
-use tl_session::{Backend, LinkedSession, Optimizer, Options, Result, Session, Train};
+use models::{BenchModel, Run};
+use tl_nn::Result;
+use tl_session::{Backend, LinkedSession, Options, Session, Train};
 use tl_tape_cuda::{MemoryUsage, Traffic};
 
 /// One step's work: launches and copies, pool allocations, raw device allocations.
@@ -37,17 +38,16 @@ fn reading<S: Train>(s: &S) -> (Traffic, MemoryUsage) {
 }
 
 /// The work of the third and fourth steps of `m` in `s`.
-fn measure<S: Train<T = f32>>(mut s: S, m: &BenchModel) -> Result<[StepWork; 2]> {
-    let params = m.params(&mut s)?;
-    let mut opt = Optimizer::sgd(0.01)?;
+fn measure<S: Train<T = f32>>(s: S, m: &BenchModel) -> Result<[StepWork; 2]> {
+    let mut run = Run::with_session(m, s)?;
     for _ in 0..2 {
-        m.train_step(&mut s, &params, &mut opt)?;
+        m.train_step(&mut run.rt, &run.net, &mut run.opt)?;
     }
     let mut out = [None, None];
     for o in &mut out {
-        let (t0, u0) = reading(&s);
-        m.train_step(&mut s, &params, &mut opt)?;
-        let (t1, u1) = reading(&s);
+        let (t0, u0) = reading(&*run.rt.session());
+        m.train_step(&mut run.rt, &run.net, &mut run.opt)?;
+        let (t1, u1) = reading(&*run.rt.session());
         *o = Some(StepWork {
             traffic: t1 - t0,
             allocs: u1.alloc_count - u0.alloc_count,
@@ -102,7 +102,7 @@ fn run(backend: Backend) -> Result<()> {
             };
             let w = work[0];
             if work[1] != w {
-                return Err(tl_session::Error::Usage {
+                return Err(tl_nn::Error::Usage {
                     what: "gpu_proxies",
                     detail: format!(
                         "{name}: steps 3 and 4 differ ({:?} vs {:?})",

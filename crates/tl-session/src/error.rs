@@ -108,6 +108,17 @@ pub enum Error {
         /// Its value.
         value: f64,
     },
+    /// With `Optimizer::stop_on_non_finite_loss(true)`, the loss of a training step was NaN
+    /// or ±∞; nothing was stepped.
+    #[error(
+        "training step {step} (counted from 0): the loss is {value}; nothing was stepped (lower the learning rate, clip the gradients, or check the data)"
+    )]
+    NonFiniteLoss {
+        /// The step's index (the optimizer's steps done before it).
+        step: u64,
+        /// The loss.
+        value: f64,
+    },
     /// The requested backend is not available in this build or on this machine.
     #[error("backend {backend}: {detail}")]
     BackendUnavailable {

@@ -47,7 +47,8 @@
 //! - [`LinkedSession`]: the same calls record a `GraphData`; values by pure evaluation,
 //!   gradients by `backprop_all`, tangents by `jvp`, and [`LinkedSession::compile`] replays the
 //!   graph into either tape.
-//! - [`Ops`]: the one op surface both implement, so a model ([`models`]) is written once.
+//! - [`Ops`]: the one op surface both implement, so a model is written once (tl-nn's layers
+//!   and models are written on it).
 //! - [`Train`]: what a training loop needs beyond [`Ops`] (reset, backward + optimizer step,
 //!   parameter I/O), implemented by both sessions.
 //! - [`Optimizer`]: SGD, momentum SGD, Adam, AdamW with PyTorch's formulas, on host or device.
@@ -82,7 +83,6 @@ mod handle;
 #[doc(hidden)]
 pub mod instances;
 mod linked;
-pub mod models;
 mod ops;
 pub mod optim;
 mod params;
@@ -93,5 +93,5 @@ pub use error::{Error, Result};
 pub use handle::{NatRef, NatVecRef, Param, Stamp, TensorRef};
 pub use linked::{Compiled, CompiledTape, LinkedSession};
 pub use ops::Ops;
-pub use optim::Optimizer;
+pub use optim::{Optimizer, Schedule, StepStats};
 pub use train::Train;

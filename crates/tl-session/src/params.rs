@@ -194,6 +194,22 @@ impl<T: Scalar> ParamStore<T> {
         opt: &mut Optimizer,
         items: &[(usize, Vec<Buffer>)],
     ) -> Result<()> {
+        // The step's learning rate and clipping, from every gradient, before any update.
+        let grads: Vec<Vec<&Buffer>> = items.iter().map(|(_, gs)| gs.iter().collect()).collect();
+        let r = opt
+            .begin_step(&mut DeviceOps(&mut *dev), &grads)
+            .and_then(|()| self.step_all_begun(dev, opt, items));
+        opt.end_step(r.is_ok());
+        r
+    }
+
+    /// [`ParamStore::step_all_on_device`] once the optimizer's step has begun.
+    fn step_all_begun<D: Device>(
+        &mut self,
+        dev: &mut D,
+        opt: &mut Optimizer,
+        items: &[(usize, Vec<Buffer>)],
+    ) -> Result<()> {
         let Some(lr) = opt.plain_sgd_lr() else {
             return items
                 .iter()

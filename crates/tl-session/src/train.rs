@@ -83,6 +83,8 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     }
     fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
         let l = loss_value(self.value(loss)?)?;
+        // A non-finite loss stops here when the optimizer asks for it, before any change.
+        opt.observe_loss(l)?;
         // On a device the sparse sweep: the parameters' gradients only.
         self.backward_params(loss)?;
         self.step(opt)?;
@@ -145,7 +147,9 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
             // go there after it.
             CompiledTape::Cpu(tape) => {
                 let (l, grads) = cpu_grads(tape, &uses, map, id, n_leaves)?;
-                let stepped = tape.with_pool(|| self.step(opt, &grads));
+                let stepped = loss_value(l.clone())
+                    .and_then(|v| opt.observe_loss(v))
+                    .and_then(|()| tape.with_pool(|| self.step(opt, &grads)));
                 grads.into_iter().for_each(|g| tape.recycle(g));
                 stepped.map(|()| l)
             }

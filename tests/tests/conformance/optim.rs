@@ -1,7 +1,8 @@
 //! Optimizers in the harness: every rule's steps in the sessions (SGD, momentum SGD with
-//! dampening and Nesterov, Adam, AdamW) equal a reference written here in f64 from the update
-//! rules that PyTorch documents for `torch.optim.SGD`, `Adam` and `AdamW` (amsgrad and maximize
-//! off), over random cases: several parameters of random lengths, random initial values, a
+//! dampening and Nesterov, Adam, AdamW, RMSprop with momentum and centering, Adagrad) equal a
+//! reference written here in f64 from the update rules that PyTorch documents for
+//! `torch.optim.SGD`, `Adam`, `AdamW`, `RMSprop` and `Adagrad` (amsgrad and maximize off),
+//! over random cases: several parameters of random lengths, random initial values, a
 //! random gradient per parameter and step, several steps, random hyper-parameters in their
 //! valid ranges. On the eager CPU session and the linked session in f64 (≤ 1e-10 relative) and
 //! on the eager CPU session and the CUDA sim in f32 (≤ 1e-4, scaled by magnitude), where the
@@ -29,6 +30,15 @@ enum Rule {
     Adam { beta1: f64, beta2: f64, eps: f64 },
     /// `torch.optim.AdamW(betas=(β₁, β₂), eps=ε)`, decoupled weight decay.
     AdamW { beta1: f64, beta2: f64, eps: f64 },
+    /// `torch.optim.RMSprop(alpha=α, eps=ε, momentum=μ, centered=…)`.
+    RmsProp {
+        alpha: f64,
+        eps: f64,
+        momentum: f64,
+        centered: bool,
+    },
+    /// `torch.optim.Adagrad(lr_decay=η, eps=ε, initial_accumulator_value=s₀)`.
+    Adagrad { lr_decay: f64, eps: f64, init: f64 },
 }
 
 /// One random optimizer run.
@@ -72,6 +82,28 @@ fn rule() -> impl Strategy<Value = Rule> {
             beta2,
             eps: 10f64.powf(e)
         }),
+        (
+            0.8..0.999f64,
+            -8.0..-3.0f64,
+            prop_oneof![Just(0.0), 0.0..0.95f64],
+            any::<bool>()
+        )
+            .prop_map(|(alpha, e, momentum, centered)| Rule::RmsProp {
+                alpha,
+                eps: 10f64.powf(e),
+                momentum,
+                centered,
+            }),
+        (
+            prop_oneof![Just(0.0), 0.0..0.5f64],
+            -10.0..-3.0f64,
+            prop_oneof![Just(0.0), 0.0..1.0f64]
+        )
+            .prop_map(|(lr_decay, e, init)| Rule::Adagrad {
+                lr_decay,
+                eps: 10f64.powf(e),
+                init,
+            }),
     ]
 }
 
@@ -106,8 +138,13 @@ fn reference(c: &Case) -> Vec<Vec<f64>> {
     for (p, theta0) in c.params.iter().enumerate() {
         let mut theta = theta0.clone();
         for (i, th) in theta.iter_mut().enumerate() {
-            // SGD's momentum buffer b; Adam's first and second moments m, v.
+            // SGD's (and RMSprop's) momentum buffer b; Adam's first and second moments m, v
+            // (RMSprop: v is square_avg, m is grad_avg); Adagrad's sum s.
             let (mut b, mut m, mut v) = (0.0, 0.0, 0.0);
+            let mut s = match c.rule {
+                Rule::Adagrad { init, .. } => init,
+                _ => 0.0,
+            };
             for (t0, step) in c.grads.iter().enumerate() {
                 let t = t0 as i32 + 1;
                 let mut g = step[p][i];
@@ -141,6 +178,34 @@ fn reference(c: &Case) -> Vec<Vec<f64>> {
                         let v_hat = v / (1.0 - beta2.powi(t));
                         *th -= lr * m_hat / (v_hat.sqrt() + eps);
                     }
+                    Rule::RmsProp {
+                        alpha,
+                        eps,
+                        momentum: mu,
+                        centered,
+                    } => {
+                        g += wd * *th;
+                        // v ← αv + (1−α)g²; centered: m ← αm + (1−α)g, ṽ = v − m²
+                        v = alpha * v + (1.0 - alpha) * g * g;
+                        let avg = if centered {
+                            m = alpha * m + (1.0 - alpha) * g;
+                            (v - m * m).sqrt() + eps
+                        } else {
+                            v.sqrt() + eps
+                        };
+                        if mu > 0.0 {
+                            b = mu * b + g / avg;
+                            *th -= lr * b;
+                        } else {
+                            *th -= lr * g / avg;
+                        }
+                    }
+                    Rule::Adagrad { lr_decay, eps, .. } => {
+                        g += wd * *th;
+                        let clr = lr / (1.0 + f64::from(t - 1) * lr_decay);
+                        s += g * g;
+                        *th -= clr * g / (s.sqrt() + eps);
+                    }
                 }
             }
         }
@@ -168,6 +233,19 @@ fn optimizer(c: &Case) -> Optimizer {
         Rule::AdamW { beta1, beta2, eps } => {
             Optimizer::adamw(c.lr).and_then(|o| o.betas_eps(beta1, beta2, eps))
         }
+        Rule::RmsProp {
+            alpha,
+            eps,
+            momentum,
+            centered,
+        } => {
+            Optimizer::rmsprop(c.lr).and_then(|o| o.rmsprop_options(alpha, eps, momentum, centered))
+        }
+        Rule::Adagrad {
+            lr_decay,
+            eps,
+            init,
+        } => Optimizer::adagrad(c.lr).and_then(|o| o.adagrad_options(lr_decay, eps, init)),
     };
     built
         .and_then(|o| o.weight_decay(c.weight_decay))
@@ -338,10 +416,24 @@ fn the_comparison_tells_neighbouring_rules_apart() {
         nesterov,
     };
     // (the rule run, the rule of the wrong reference)
+    let rms = |momentum, centered| Rule::RmsProp {
+        alpha: 0.9,
+        eps: 1e-8,
+        momentum,
+        centered,
+    };
+    let adagrad = |lr_decay| Rule::Adagrad {
+        lr_decay,
+        eps: 1e-10,
+        init: 0.1,
+    };
     let pairs = [
         (base.rule, adam),
         (momentum(0.5, false), momentum(0.0, false)),
         (momentum(0.0, true), momentum(0.0, false)),
+        (rms(0.0, true), rms(0.0, false)),
+        (rms(0.5, false), rms(0.0, false)),
+        (adagrad(0.3), adagrad(0.0)),
     ];
     for (run, wrong) in pairs {
         let c = Case {

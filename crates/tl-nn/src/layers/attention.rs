@@ -1,10 +1,13 @@
 //! [`MultiHeadAttention`]: self-attention with `heads` heads and no biases.
 
 use tl_session::{Param, Train};
+use tl_spec::Tensor;
 use tl_spec::ops::attention::Mask;
+use tl_spec::ops::concat::{concat, slice};
+use tl_spec::ops::shape::transpose2d;
 
 use crate::error::usage;
-use crate::{Init, Module, Parameters, Result, Var, Vars};
+use crate::{Init, Module, Parameters, Result, Runtime, Var, Vars};
 
 /// Self-attention: `Q, K, V = x·Wq, x·Wk, x·Wv`, per head `softmax(QKᵀ/√d)·V`, heads
 /// concatenated, then `·Wo`. x is (n, d) or (B, n, d). The projections are (d, d) applied on
@@ -103,5 +106,60 @@ impl<O: Train> Module<O> for MultiHeadAttention {
         };
         let mask = self.causal.then(|| Mask::causal(n));
         self.forward_masked(x, mask)
+    }
+}
+
+/// PyTorch's fused layout: `nn.MultiheadAttention(d, heads, bias=False, batch_first=True)`
+/// keeps the three input projections as one `in_proj_weight` (3d, d) = `[wqᵀ; wkᵀ; wvᵀ]` and
+/// the output projection as `out_proj.weight` (d, d) = `woᵀ`.
+impl MultiHeadAttention {
+    /// This layer's parameters in PyTorch's names and layout, relative to the layer
+    /// (`in_proj_weight`, `out_proj.weight`): prefix them with the layer's path to write a
+    /// PyTorch `state_dict`. PyTorch: `mha.state_dict()` with `bias=False`.
+    #[allow(clippy::type_complexity)]
+    pub fn pytorch_state<O: Train>(
+        &self,
+        rt: &Runtime<O>,
+    ) -> Result<Vec<(&'static str, Tensor<O::T>)>> {
+        let t = |p: &Param| -> Result<Tensor<O::T>> { Ok(transpose2d(&rt.value_of(p)?)?) };
+        let in_proj = concat(&concat(&t(&self.wq)?, &t(&self.wk)?)?, &t(&self.wv)?)?;
+        Ok(vec![
+            ("in_proj_weight", in_proj),
+            ("out_proj.weight", t(&self.wo)?),
+        ])
+    }
+
+    /// Set this layer's parameters from PyTorch's `in_proj_weight` (3d, d) and
+    /// `out_proj.weight` (d, d). A shape that does not fit is an error naming it, and then
+    /// nothing changes. PyTorch: `mha.load_state_dict(...)` with `bias=False`.
+    pub fn load_pytorch<O: Train>(
+        &self,
+        rt: &Runtime<O>,
+        in_proj_weight: &Tensor<O::T>,
+        out_proj_weight: &Tensor<O::T>,
+    ) -> Result<()> {
+        let d = self.wq.shape().dims()[0];
+        if in_proj_weight.shape().dims() != [3 * d, d] || out_proj_weight.shape().dims() != [d, d] {
+            return Err(usage(
+                "MultiHeadAttention::load_pytorch",
+                format!(
+                    "need in_proj_weight [{}, {d}] and out_proj.weight [{d}, {d}], got {} and {}",
+                    3 * d,
+                    in_proj_weight.shape(),
+                    out_proj_weight.shape()
+                ),
+            ));
+        }
+        let part = |k: usize| -> Result<Tensor<O::T>> {
+            Ok(transpose2d(&slice(in_proj_weight, k * d, d)?)?)
+        };
+        let values = [part(0)?, part(1)?, part(2)?, transpose2d(out_proj_weight)?];
+        for (p, v) in [&self.wq, &self.wk, &self.wv, &self.wo]
+            .into_iter()
+            .zip(values)
+        {
+            rt.set_value(p, v)?;
+        }
+        Ok(())
     }
 }

@@ -33,14 +33,17 @@ impl Embedding {
         Ok(Embedding { weight })
     }
 
-    /// The rows at `ids` as (ids.len(), dim). An id out of range is an error naming it (the
-    /// spec's totalised gather would give a zero row).
+    /// The rows at `ids` as (ids.len(), dim). An id out of range is an error naming it and
+    /// the table's size (the spec's totalised gather would give a zero row). PyTorch:
+    /// `emb(torch.tensor(ids))`.
     pub fn forward<'g, O: Train>(&self, g: &Scope<'g, O>, ids: &[usize]) -> Result<Var<'g, O>> {
         let num = self.weight.shape().dims()[0];
         if let Some((i, &id)) = ids.iter().enumerate().find(|(_, id)| **id >= num) {
             return Err(usage(
                 "Embedding::forward",
-                format!("id {id} at position {i} is out of range for a table of {num} rows"),
+                format!(
+                    "id {id} at position {i} is out of range for a table of {num} rows (num_embeddings {num})"
+                ),
             ));
         }
         let table = g.param(&self.weight)?;
@@ -49,6 +52,60 @@ impl Embedding {
         table.op("Embedding::forward", &[], |s| {
             s.gather_rows_nat_vec(table.tensor_ref(), at, k)
         })
+    }
+
+    /// The rows at `ids`, an id tensor of shape `dims` stored row-major (`(B, n)` for a batch
+    /// of sequences), as `dims ++ (dim)`: `(B, n, dim)`. PyTorch: `emb(ids)` with `ids` of
+    /// shape `dims`.
+    pub fn forward_shaped<'g, O: Train>(
+        &self,
+        g: &Scope<'g, O>,
+        ids: &[usize],
+        dims: &[usize],
+    ) -> Result<Var<'g, O>> {
+        let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if n != Some(ids.len()) {
+            return Err(usage(
+                "Embedding::forward_shaped",
+                format!(
+                    "an id tensor of shape {dims:?} holds {} ids, got {}",
+                    n.map_or("more than usize".into(), |n| n.to_string()),
+                    ids.len()
+                ),
+            ));
+        }
+        let rows = self.forward(g, ids)?;
+        let mut out = dims.to_vec();
+        out.push(self.weight.shape().dims()[1]);
+        rows.reshape(&out)
+    }
+
+    /// The rows at a batch of equally long id sequences, as `(B, n, dim)`. PyTorch: `emb(ids)`
+    /// with `ids` of shape `(B, n)`.
+    pub fn forward_batch<'g, O: Train, S: AsRef<[usize]>>(
+        &self,
+        g: &Scope<'g, O>,
+        batch: &[S],
+    ) -> Result<Var<'g, O>> {
+        let n = batch.first().map_or(0, |s| s.as_ref().len());
+        if let Some((i, s)) = batch
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.as_ref().len() != n)
+        {
+            return Err(usage(
+                "Embedding::forward_batch",
+                format!(
+                    "the sequences must have one length: sequence 0 has {n} ids, sequence {i} has {}",
+                    s.as_ref().len()
+                ),
+            ));
+        }
+        let ids: Vec<usize> = batch
+            .iter()
+            .flat_map(|s| s.as_ref().iter().copied())
+            .collect();
+        self.forward_shaped(g, &ids, &[batch.len(), n])
     }
 }
 

@@ -3,10 +3,13 @@
 
 mod boundaries;
 mod checkpoint;
+mod controls;
 mod custom_op;
 mod data;
 mod expr;
 mod layers;
+mod models;
+mod rnn;
 mod training;
 
 use tl_nn::{Activation, Linear, Runtime, Sequential};

@@ -201,15 +201,24 @@ impl<T: Scalar> Session<T> {
                 let Grads::Cpu(g) = grads else {
                     return Err(Self::no_backward("step"));
                 };
-                for (index, leaves) in &uses {
-                    let key = (self.params.session, *index);
-                    let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &g[l]).collect();
-                    let slot = &mut self.params.slots[*index];
-                    // The new values in the tape's spare buffers (the old ones go there when
-                    // the tape is cleared).
-                    t.with_pool(|| opt.update_host(key, &mut slot.host, &gs))
-                        .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
-                }
+                let all: Vec<Vec<&Tensor<T>>> = uses
+                    .iter()
+                    .map(|(_, leaves)| leaves.iter().map(|&l| &g[l]).collect())
+                    .collect();
+                // The step's learning rate and clipping, from every gradient, before any update.
+                let r = opt.begin_step_host(&all).and_then(|()| {
+                    for ((index, _), gs) in uses.iter().zip(&all) {
+                        let key = (self.params.session, *index);
+                        let slot = &mut self.params.slots[*index];
+                        // The new values in the tape's spare buffers (the old ones go there
+                        // when the tape is cleared).
+                        t.with_pool(|| opt.update_host(key, &mut slot.host, gs))
+                            .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
+                    }
+                    Ok(())
+                });
+                opt.end_step(r.is_ok());
+                r?;
             },
             cuda(t) => {
                 let grad = |l: usize| match grads {

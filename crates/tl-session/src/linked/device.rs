@@ -301,7 +301,9 @@ pub(crate) fn step_on_tape<T: Scalar, D: Device>(
     opt: &mut Optimizer,
 ) -> Result<Tensor<T>> {
     let to = map[loss];
-    let value = tape.read(to)?;
+    let value: Tensor<T> = tape.read(to)?;
+    // A non-finite loss stops here when the optimizer asks for it, before the backward.
+    opt.observe_loss(value.item()?.as_f64())?;
     let wanted: Vec<usize> = uses.values().flatten().map(|&l| map[l]).collect();
     // The 1 of a scalar loss is filled on the device and becomes the loss's gradient slot.
     let seed = AnyBuffer::upload_or_fill(tape.device_mut(), &Tensor::scalar(T::one()))?;

@@ -545,17 +545,26 @@ impl<T: Scalar> LinkedSession<T> {
                 });
             }
         }
-        for (&index, leaves) in &uses {
-            // A parameter resident on a device is stepped on its host value, synced first;
-            // the mirror is made again from the new value on next use.
-            self.sync_param(index)?;
-            let gs: Vec<&Tensor<T>> = leaves.iter().map(|&l| &grads[l]).collect();
-            let key = (self.params.session, index);
-            let slot = &mut self.params.slots[index];
-            opt.update_host(key, &mut slot.host, &gs)
-                .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
-            self.params.retire_mirror(index);
-        }
+        let all: Vec<Vec<&Tensor<T>>> = uses
+            .values()
+            .map(|leaves| leaves.iter().map(|&l| &grads[l]).collect())
+            .collect();
+        // The step's learning rate and clipping, from every gradient, before any update.
+        let r = opt.begin_step_host(&all).and_then(|()| {
+            for ((&index, _), gs) in uses.iter().zip(&all) {
+                // A parameter resident on a device is stepped on its host value, synced
+                // first; the mirror is made again from the new value on next use.
+                self.sync_param(index)?;
+                let key = (self.params.session, index);
+                let slot = &mut self.params.slots[index];
+                opt.update_host(key, &mut slot.host, gs)
+                    .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
+                self.params.retire_mirror(index);
+            }
+            Ok(())
+        });
+        opt.end_step(r.is_ok());
+        r?;
         self.release_retired();
         Ok(())
     }

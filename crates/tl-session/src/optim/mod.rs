@@ -1,8 +1,15 @@
 //! Optimizers with PyTorch's formulas and defaults: SGD, momentum SGD (`torch.optim.SGD` with
 //! `momentum`, `dampening`, `nesterov`), Adam (`torch.optim.Adam`, L2 weight decay added to the
-//! gradient) and AdamW (`torch.optim.AdamW`, decoupled decay). Each update is written once against
-//! [`VecOps`], so the host path (CPU and linked sessions) and the device path (CUDA sessions:
-//! `scale`/`axpy`/`mul`/`div`/`sqrt` on the device) run the same formula.
+//! gradient), AdamW (`torch.optim.AdamW`, decoupled decay), RMSprop (`torch.optim.RMSprop`, with
+//! momentum and centered) and Adagrad (`torch.optim.Adagrad`). Each update is written once
+//! against [`VecOps`], so the host path (CPU and linked sessions) and the device path (CUDA
+//! sessions: `scale`/`axpy`/`mul`/`div`/`sqrt`/`clamp` on the device) run the same formula.
+//!
+//! Training controls travel with the optimizer and act inside every session step: gradient
+//! clipping by value and by global norm ([`Optimizer::clip_grad_value`],
+//! [`Optimizer::clip_grad_norm`]), a learning-rate [`Schedule`] ([`Optimizer::schedule`]) and
+//! [`Optimizer::stop_on_non_finite_loss`]; [`Optimizer::last_step`] reports the step's
+//! learning rate, gradient norm and loss.
 //!
 //! State (momentum buffers, Adam moments, the step count) is kept per parameter, keyed by the
 //! parameter's session and index, as PyTorch keys it by the parameter object.
@@ -15,12 +22,17 @@
 //! is refused with [`Error::NonFinite`](crate::Error) and leaves the parameter and the
 //! optimizer's state as they were.
 
+mod clip;
+mod rules;
+mod schedule;
 mod state;
 mod vec_ops;
 
 use std::collections::HashMap;
 
-pub use state::StateDict;
+pub use clip::StepStats;
+pub use schedule::Schedule;
+pub use state::{STATE_BOUND, StateDict};
 pub(crate) use state::{export as export_state, import as import_state};
 pub use vec_ops::{DeviceOps, HostOps, StateBuf, VecOps};
 
@@ -52,6 +64,27 @@ pub enum Kind {
         /// AdamW's decoupled weight decay (`w ← w·(1 − lr·λ)`) instead of L2 on the gradient.
         decoupled: bool,
     },
+    /// RMSprop. PyTorch: `torch.optim.RMSprop`.
+    RmsProp {
+        /// Smoothing constant α (default 0.99).
+        alpha: f64,
+        /// ε (default 1e-8).
+        eps: f64,
+        /// Momentum μ (default 0).
+        momentum: f64,
+        /// Normalize by the centered second moment (an estimate of the variance; default
+        /// false).
+        centered: bool,
+    },
+    /// Adagrad. PyTorch: `torch.optim.Adagrad`.
+    Adagrad {
+        /// Learning-rate decay: step t uses `lr / (1 + (t − 1)·lr_decay)` (default 0).
+        lr_decay: f64,
+        /// ε (default 1e-10).
+        eps: f64,
+        /// The sum of squared gradients' starting value (default 0).
+        initial_accumulator_value: f64,
+    },
 }
 
 /// Per-parameter state: step count and buffers.
@@ -72,6 +105,22 @@ pub struct Optimizer {
     pub kind: Kind,
     /// Whether a step that would write a non-finite value is refused ([`Optimizer::check_finite`]).
     finite_check: bool,
+    /// Clipping by global norm: `(max_norm, norm_type)`.
+    clip_norm: Option<(f64, f64)>,
+    /// Clipping by value.
+    clip_value: Option<f64>,
+    /// The learning-rate schedule.
+    schedule: Option<Schedule>,
+    /// Whether a non-finite loss stops the step.
+    stop_non_finite_loss: bool,
+    /// Session steps completed (the schedule's index of the next step).
+    steps: u64,
+    /// The clipping of the session step in progress.
+    pending: Option<clip::Pending>,
+    /// The loss of the session step in progress.
+    pending_loss: Option<f64>,
+    /// What the last session step did.
+    last: Option<StepStats>,
     pub(crate) state: HashMap<(u64, usize), ParamState>,
 }
 
@@ -92,13 +141,22 @@ impl Optimizer {
             weight_decay,
             kind,
             finite_check: false,
+            clip_norm: None,
+            clip_value: None,
+            schedule: None,
+            stop_non_finite_loss: false,
+            steps: 0,
+            pending: None,
+            pending_loss: None,
+            last: None,
             state: HashMap::new(),
         };
         o.validate()?;
         Ok(o)
     }
 
-    /// The rule's name, as errors print it (`sgd`, `momentum`, `adam`, `adamw`).
+    /// The rule's name, as errors print it (`sgd`, `momentum`, `adam`, `adamw`, `rmsprop`,
+    /// `adagrad`).
     pub fn name(&self) -> &'static str {
         match self.kind {
             Kind::Sgd { momentum: 0.0, .. } => "sgd",
@@ -107,13 +165,17 @@ impl Optimizer {
                 decoupled: false, ..
             } => "adam",
             Kind::Adam { .. } => "adamw",
+            Kind::RmsProp { .. } => "rmsprop",
+            Kind::Adagrad { .. } => "adagrad",
         }
     }
 
     /// Check every hyper-parameter: `lr` finite and ≥ 0; weight decay finite and ≥ 0; momentum
-    /// in `[0, 1)`; dampening in `[0, 1]`; Nesterov only with momentum > 0; betas in `[0, 1)`;
-    /// `eps` finite and > 0. Run when the optimizer is built
-    /// and before every step (the fields are public).
+    /// in `[0, 1)`; dampening in `[0, 1]`; Nesterov only with momentum > 0; betas and RMSprop's
+    /// α in `[0, 1)`; `eps` finite and > 0; Adagrad's `lr_decay` and initial accumulator finite
+    /// and ≥ 0; a clipping norm or value finite and ≥ 0, `norm_type` 1, 2 or ∞; the schedule's
+    /// own parameters ([`Schedule::validate`]). Run when the optimizer is built and before
+    /// every step (the fields are public).
     pub fn validate(&self) -> Result<()> {
         let name = self.name();
         let unit = |v: f64| (0.0..1.0).contains(&v);
@@ -162,8 +224,154 @@ impl Optimizer {
                     return Err(bad(name, "eps", eps, "a finite value > 0"));
                 }
             }
+            Kind::RmsProp {
+                alpha,
+                eps,
+                momentum,
+                ..
+            } => {
+                if !unit(alpha) {
+                    return Err(bad(name, "alpha", alpha, "a value in [0, 1)"));
+                }
+                if !(eps.is_finite() && eps > 0.0) {
+                    return Err(bad(name, "eps", eps, "a finite value > 0"));
+                }
+                if !unit(momentum) {
+                    return Err(bad(name, "momentum", momentum, "a value in [0, 1)"));
+                }
+            }
+            Kind::Adagrad {
+                lr_decay,
+                eps,
+                initial_accumulator_value,
+            } => {
+                if !(lr_decay.is_finite() && lr_decay >= 0.0) {
+                    return Err(bad(name, "lr_decay", lr_decay, "a finite value ≥ 0"));
+                }
+                if !(eps.is_finite() && eps > 0.0) {
+                    return Err(bad(name, "eps", eps, "a finite value > 0"));
+                }
+                let init = initial_accumulator_value;
+                if !(init.is_finite() && (0.0..=STATE_BOUND).contains(&init)) {
+                    return Err(bad(
+                        name,
+                        "initial_accumulator_value",
+                        init,
+                        "a finite value ≥ 0 (at most f32::MAX)",
+                    ));
+                }
+            }
+        }
+        if let Some((max_norm, norm_type)) = self.clip_norm {
+            if !(max_norm.is_finite() && max_norm >= 0.0) {
+                return Err(bad(name, "max_norm", max_norm, "a finite value ≥ 0"));
+            }
+            if !clip::norm_type_ok(norm_type) {
+                return Err(bad(name, "norm_type", norm_type, "1, 2 or infinity"));
+            }
+        }
+        if let Some(v) = self.clip_value
+            && !(v.is_finite() && v >= 0.0)
+        {
+            return Err(bad(name, "clip_value", v, "a finite value ≥ 0"));
+        }
+        if let Some(s) = &self.schedule {
+            s.validate()?;
         }
         Ok(())
+    }
+
+    /// RMSprop with PyTorch's defaults: α 0.99, eps 1e-8, no momentum, not centered, weight
+    /// decay 0 (`lr` has no default here; PyTorch's is 0.01). An error when `lr` is negative
+    /// or not finite.
+    pub fn rmsprop(lr: f64) -> Result<Self> {
+        Self::with(
+            lr,
+            0.0,
+            Kind::RmsProp {
+                alpha: 0.99,
+                eps: 1e-8,
+                momentum: 0.0,
+                centered: false,
+            },
+        )
+    }
+
+    /// Set RMSprop's α, eps, momentum and centering (no effect on other rules); an error when
+    /// α or momentum lies outside `[0, 1)` or eps is not a finite value > 0.
+    pub fn rmsprop_options(
+        mut self,
+        alpha: f64,
+        eps: f64,
+        momentum: f64,
+        centered: bool,
+    ) -> Result<Self> {
+        if let Kind::RmsProp { .. } = self.kind {
+            self.kind = Kind::RmsProp {
+                alpha,
+                eps,
+                momentum,
+                centered,
+            };
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Adagrad with PyTorch's defaults: lr_decay 0, eps 1e-10, initial accumulator 0, weight
+    /// decay 0. An error when `lr` is negative or not finite.
+    pub fn adagrad(lr: f64) -> Result<Self> {
+        Self::with(
+            lr,
+            0.0,
+            Kind::Adagrad {
+                lr_decay: 0.0,
+                eps: 1e-10,
+                initial_accumulator_value: 0.0,
+            },
+        )
+    }
+
+    /// Set Adagrad's lr_decay, eps and initial accumulator value (no effect on other rules);
+    /// an error when one is out of range.
+    pub fn adagrad_options(
+        mut self,
+        lr_decay: f64,
+        eps: f64,
+        initial_accumulator_value: f64,
+    ) -> Result<Self> {
+        if let Kind::Adagrad { .. } = self.kind {
+            self.kind = Kind::Adagrad {
+                lr_decay,
+                eps,
+                initial_accumulator_value,
+            };
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Set the learning-rate schedule the steps consult (PyTorch: a
+    /// `torch.optim.lr_scheduler` stepped after every `optimizer.step()`); step `k` of this
+    /// optimizer (from 0, [`Optimizer::steps_done`]) runs with `schedule.lr_at(lr, k)`.
+    pub fn schedule(mut self, schedule: Schedule) -> Result<Self> {
+        self.schedule = Some(schedule);
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// The schedule, if any.
+    pub fn lr_schedule(&self) -> Option<&Schedule> {
+        self.schedule.as_ref()
+    }
+
+    /// The learning rate the next step uses: `lr`, or the schedule's rate at
+    /// [`Optimizer::steps_done`]; an error past a one-cycle schedule's end.
+    pub fn lr_now(&self) -> Result<f64> {
+        match &self.schedule {
+            None => Ok(self.lr),
+            Some(s) => s.lr_at(self.lr, self.steps),
+        }
     }
 
     /// Plain SGD: `w ← w − lr·g`. PyTorch: `SGD(params, lr)`. An error when `lr` is negative or
@@ -344,10 +552,12 @@ impl Optimizer {
         grads: &[&Tensor<T>],
     ) -> Result<()> {
         let plain = matches!(self.kind, Kind::Sgd { momentum, .. } if momentum == 0.0)
-            && self.weight_decay == 0.0;
+            && self.weight_decay == 0.0
+            && self.clip_value.is_none();
         if plain {
+            // Norm clipping scales the gradient: folded into the coefficient.
+            let c = -self.lr_now()? * self.grad_coef();
             self.state.entry(key).or_default().step += 1;
-            let c = -self.lr;
             let new: Vec<T> = match grads {
                 // The loop at the CPU's widest instruction set (the mlp step's largest loop).
                 [g] => tl_tape_cpu::simd::zip(w.data(), g.data(), Axpy(c)),
@@ -449,8 +659,13 @@ impl Optimizer {
     /// in one launch ([`Optimizer::count_plain_steps`] then keeps the state); `None` otherwise.
     pub(crate) fn plain_sgd_lr(&self) -> Option<f64> {
         let plain = matches!(self.kind, Kind::Sgd { momentum, .. } if momentum == 0.0);
-        (plain && self.weight_decay == 0.0 && !self.finite_check && self.validate().is_ok())
-            .then_some(self.lr)
+        let lr = self.lr_now().ok()? * self.grad_coef();
+        (plain
+            && self.weight_decay == 0.0
+            && self.clip_value.is_none()
+            && !self.finite_check
+            && self.validate().is_ok())
+        .then_some(lr)
     }
 
     /// The state a plain SGD step keeps for each of `keys` (its step count), for updates that
@@ -468,7 +683,21 @@ impl Optimizer {
         w: &mut O::V,
         g: &O::V,
     ) -> Result<()> {
-        let (lr, wd, kind) = (self.lr, self.weight_decay, self.kind);
+        let (lr, wd, kind) = (self.lr_now()?, self.weight_decay, self.kind);
+        let clipping = self.clip_value.is_some() || self.grad_coef() != 1.0;
+        // Effective gradient: clipped, then g + λ·w (L2), except AdamW, which decays w directly.
+        // Plain SGD without clipping reads the gradient as it is (no copy: one kernel and
+        // buffer fewer per parameter and step on a device).
+        let plain = wd == 0.0 && matches!(kind, Kind::Sgd { momentum, .. } if momentum == 0.0);
+        if plain && !clipping {
+            self.state.entry(key).or_default().step += 1;
+            return ops.axpy_assign(w, -lr, g);
+        }
+        let mut ge = ops.copy(g)?;
+        if let Err(e) = self.clip_in_place(ops, &mut ge) {
+            ops.release(ge);
+            return Err(e);
+        }
         let st = self.state.entry(key).or_default();
         st.step += 1;
         let decoupled = matches!(
@@ -478,21 +707,14 @@ impl Optimizer {
                 ..
             }
         );
-        // Plain SGD reads the gradient as it is (no copy: one kernel and buffer fewer per
-        // parameter and step on a device).
-        if wd == 0.0 && matches!(kind, Kind::Sgd { momentum, .. } if momentum == 0.0) {
-            return ops.axpy_assign(w, -lr, g);
-        }
-        // Effective gradient: g + λ·w (L2), except AdamW, which decays w directly.
-        let mut ge = ops.copy(g)?;
-        if wd != 0.0 {
-            if decoupled {
-                ops.scale_assign(w, 1.0 - lr * wd)?;
-            } else {
-                ops.axpy_assign(&mut ge, wd, w)?;
-            }
-        }
-        let r = match kind {
+        let r = if wd == 0.0 {
+            Ok(())
+        } else if decoupled {
+            ops.scale_assign(w, 1.0 - lr * wd)
+        } else {
+            ops.axpy_assign(&mut ge, wd, w)
+        };
+        let r = r.and_then(|()| match kind {
             Kind::Sgd {
                 momentum,
                 dampening,
@@ -501,7 +723,39 @@ impl Optimizer {
             Kind::Adam {
                 beta1, beta2, eps, ..
             } => adam(ops, st, w, &ge, lr, beta1, beta2, eps),
-        };
+            Kind::RmsProp {
+                alpha,
+                eps,
+                momentum,
+                centered,
+            } => rules::rmsprop(
+                ops,
+                st,
+                w,
+                &ge,
+                lr,
+                rules::RmsProp {
+                    alpha,
+                    eps,
+                    momentum,
+                    centered,
+                },
+            ),
+            Kind::Adagrad {
+                lr_decay,
+                eps,
+                initial_accumulator_value,
+            } => rules::adagrad(
+                ops,
+                st,
+                w,
+                &ge,
+                lr,
+                lr_decay,
+                eps,
+                initial_accumulator_value,
+            ),
+        });
         ops.release(ge);
         r
     }
@@ -565,7 +819,8 @@ fn adam<O: VecOps>(
         st.bufs.push(O::into_state(m));
         st.bufs.push(O::into_state(v));
     }
-    let t = st.step as i32;
+    // Past i32::MAX steps β^t is 0 in f64 either way (a loaded step count may be that large).
+    let t = st.step.min(i32::MAX as u64) as i32;
     let (m_slot, v_slot) = st.bufs.split_at_mut(1);
     let m = O::state_mut(&mut m_slot[0])?;
     let v = O::state_mut(&mut v_slot[0])?;

@@ -2,11 +2,19 @@
 //! `load_state_dict`): named tensors per parameter, so a resumed run continues the exact
 //! trajectory.
 //!
-//! Names are `<rule>.<what>.<param>`: `<rule>` is `sgd` (plain and momentum SGD), `adam` or
-//! `adamw`; `<what>` is `step` (a scalar: the parameter's step count), `momentum_buffer` (SGD
-//! with momentum), `m` and `v` (Adam's moments); `<param>` is the parameter's name, or its index
-//! when it has none. Values are f64 tensors of the parameter's shape: host state (CPU and linked
-//! sessions) round-trips bit for bit; device state is f32 and widens exactly.
+//! Names are `<rule>.<what>.<param>`: `<rule>` is `sgd` (plain and momentum SGD), `adam`,
+//! `adamw`, `rmsprop` or `adagrad`; `<what>` is `step` (a scalar: the parameter's step count),
+//! `momentum_buffer` (SGD with momentum, RMSprop with momentum), `m` and `v` (Adam's moments),
+//! `square_avg` and `grad_avg` (RMSprop; the latter when centered), `sum` (Adagrad);
+//! `<param>` is the parameter's name, or its index when it has none. An optimizer with a
+//! learning-rate schedule adds `lr_scheduler.last_epoch` (a scalar: the steps done, the
+//! schedule's position). Values are f64 tensors of the parameter's shape: host state (CPU and
+//! linked sessions) round-trips bit for bit; device state is f32 and widens exactly.
+//!
+//! Import validates before anything changes: every value finite and of magnitude at most
+//! [`STATE_BOUND`] (`f32::MAX`: what a float32 run can hold; a larger moment, 1e300 say, would
+//! overflow the next update), second moments and accumulators (`v`, `square_avg`, `sum`) ≥ 0,
+//! step counts whole numbers in `[0, 2^53]`, shapes those of the parameters.
 
 use std::collections::BTreeMap;
 
@@ -20,8 +28,17 @@ use crate::{Error, Result};
 /// Named optimizer state tensors (PyTorch: `optimizer.state_dict()`), in name order.
 pub type StateDict = BTreeMap<String, Tensor<f64>>;
 
+/// The largest magnitude an imported state value may have: `f32::MAX` (≈ 3.4e38).
+pub const STATE_BOUND: f64 = f32::MAX as f64;
+
+/// The largest imported step count: 2^53, beyond which f64 no longer counts whole numbers.
+const MAX_STEP: f64 = 9_007_199_254_740_992.0;
+
+/// The name of the schedule's position in a state dict.
+const SCHEDULE_KEY: &str = "lr_scheduler.last_epoch";
+
 impl Optimizer {
-    /// The rule's name in state names: `sgd`, `adam` or `adamw`.
+    /// The rule's name in state names: `sgd`, `adam`, `adamw`, `rmsprop` or `adagrad`.
     pub fn rule_name(&self) -> &'static str {
         match self.kind {
             Kind::Sgd { .. } => "sgd",
@@ -31,17 +48,89 @@ impl Optimizer {
             Kind::Adam {
                 decoupled: true, ..
             } => "adamw",
+            Kind::RmsProp { .. } => "rmsprop",
+            Kind::Adagrad { .. } => "adagrad",
         }
     }
 
-    /// The names of the per-parameter buffers, in the order the update keeps them.
-    fn buffer_names(&self) -> &'static [&'static str] {
+    /// The names of the per-parameter buffers, in the order the update keeps them, each with
+    /// whether its values must be ≥ 0 (second moments, accumulators).
+    fn buffer_names(&self) -> &'static [(&'static str, bool)] {
+        const SQ: (&str, bool) = ("square_avg", true);
+        const MOM: (&str, bool) = ("momentum_buffer", false);
+        const AVG: (&str, bool) = ("grad_avg", false);
         match self.kind {
-            Kind::Sgd { momentum, .. } if momentum != 0.0 => &["momentum_buffer"],
+            Kind::Sgd { momentum, .. } if momentum != 0.0 => &[MOM],
             Kind::Sgd { .. } => &[],
-            Kind::Adam { .. } => &["m", "v"],
+            Kind::Adam { .. } => &[("m", false), ("v", true)],
+            Kind::RmsProp {
+                momentum, centered, ..
+            } => match (momentum > 0.0, centered) {
+                (false, false) => &[SQ],
+                (true, false) => &[SQ, MOM],
+                (false, true) => &[SQ, AVG],
+                (true, true) => &[SQ, MOM, AVG],
+            },
+            Kind::Adagrad { .. } => &[("sum", true)],
         }
     }
+}
+
+/// An import error naming the entry and what is wrong with it.
+fn refuse(key: &str, detail: String) -> Error {
+    Error::Usage {
+        what: "optimizer state import",
+        detail: format!("{key}: {detail}"),
+    }
+}
+
+/// A step count: a whole number in `[0, 2^53]`.
+fn step_count(key: &str, t: &Tensor<f64>) -> Result<u64> {
+    let v = t.item()?;
+    if !(v.is_finite() && (0.0..=MAX_STEP).contains(&v) && v.fract() == 0.0) {
+        return Err(refuse(
+            key,
+            format!(
+                "{} is not a step count (a whole number in [0, 2^53])",
+                shown(v)
+            ),
+        ));
+    }
+    Ok(v as u64)
+}
+
+/// `v` as a message prints it: `1e300` rather than 301 digits.
+fn shown(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-6..1e16).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
+}
+
+/// A state buffer's values: finite, |x| ≤ [`STATE_BOUND`], and ≥ 0 when `non_negative`.
+fn check_values(key: &str, data: &[f64], non_negative: bool) -> Result<()> {
+    for (i, &v) in data.iter().enumerate() {
+        if !v.is_finite() || v.abs() > STATE_BOUND {
+            return Err(refuse(
+                key,
+                format!(
+                    "element {i} is {}: state values must be finite with magnitude ≤ {STATE_BOUND:e}",
+                    shown(v)
+                ),
+            ));
+        }
+        if non_negative && v < 0.0 {
+            return Err(refuse(
+                key,
+                format!(
+                    "element {i} is {}: this running sum of squares must be ≥ 0",
+                    shown(v)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// How a parameter is named in state names: its name, or its index when it has none.
@@ -79,7 +168,7 @@ pub(crate) fn export<T: Scalar, D: Device>(
             format!("{rule}.step.{label}"),
             Tensor::scalar(st.step as f64),
         );
-        for (name, buf) in opt.buffer_names().iter().zip(&st.bufs) {
+        for ((name, _), buf) in opt.buffer_names().iter().zip(&st.bufs) {
             let data = match (buf, dev) {
                 (StateBuf::Host(v), _) => v.clone(),
                 (StateBuf::Device(b), Some(dev)) => {
@@ -97,6 +186,9 @@ pub(crate) fn export<T: Scalar, D: Device>(
                 Tensor::new(shape.clone(), data)?,
             );
         }
+    }
+    if opt.schedule.is_some() {
+        out.insert(SCHEDULE_KEY.into(), Tensor::scalar(opt.steps as f64));
     }
     Ok(out)
 }
@@ -118,17 +210,11 @@ pub(crate) fn import<T: Scalar, D: Device>(
         let Some(step) = state.get(&step_key) else {
             continue;
         };
+        let step = step_count(&step_key, step)?;
         used.insert(step_key);
-        let step = step.item()?;
-        if !(step >= 0.0 && step.fract() == 0.0) {
-            return Err(Error::Usage {
-                what: "optimizer state import",
-                detail: format!("{rule}.step.{label} = {step} is not a step count"),
-            });
-        }
         let shape: &Shape = params.shape(index);
         let mut bufs = Vec::new();
-        for name in opt.buffer_names() {
+        for &(name, non_negative) in opt.buffer_names() {
             let key = format!("{rule}.{name}.{label}");
             let t = state.get(&key).ok_or_else(|| Error::Usage {
                 what: "optimizer state import",
@@ -141,11 +227,25 @@ pub(crate) fn import<T: Scalar, D: Device>(
                     got: t.shape().clone(),
                 });
             }
+            check_values(&key, t.data(), non_negative)?;
             bufs.push(t.data().to_vec());
             used.insert(key);
         }
-        host.push((index, step as u64, bufs));
+        host.push((index, step, bufs));
     }
+    let schedule_steps = match state.get(SCHEDULE_KEY) {
+        None => None,
+        Some(_) if opt.schedule.is_none() => {
+            return Err(refuse(
+                SCHEDULE_KEY,
+                "the state has a learning-rate schedule's position, but this optimizer has no schedule".into(),
+            ));
+        }
+        Some(t) => {
+            used.insert(SCHEDULE_KEY.to_owned());
+            Some(step_count(SCHEDULE_KEY, t)?)
+        }
+    };
     if used.len() != state.len() {
         let unknown: Vec<&String> = state.keys().filter(|k| !used.contains(*k)).collect();
         return Err(Error::Usage {
@@ -186,6 +286,9 @@ pub(crate) fn import<T: Scalar, D: Device>(
         if let (Some(old), Some(dev)) = (opt.state.insert(key, st), dev.as_deref_mut()) {
             release(&old.bufs, dev);
         }
+    }
+    if let Some(n) = schedule_steps {
+        opt.steps = n;
     }
     Ok(())
 }

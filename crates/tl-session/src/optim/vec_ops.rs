@@ -21,8 +21,16 @@ pub trait VecOps {
     type V;
     /// Zeros of `x`'s length.
     fn zeros_like(&mut self, x: &Self::V) -> Result<Self::V>;
+    /// `v` at every element, of `x`'s length.
+    fn full_like(&mut self, x: &Self::V, v: f64) -> Result<Self::V>;
     /// A fresh copy.
     fn copy(&mut self, x: &Self::V) -> Result<Self::V>;
+    /// `min(hi, max(lo, x))`, fresh (gradient clipping by value).
+    fn clamp(&mut self, x: &Self::V, lo: f64, hi: f64) -> Result<Self::V>;
+    /// `Σ|x|` (`p` = 1), `Σx²` (`p` = 2) or `max|x|` (`p` = ∞, NaN when an element is NaN):
+    /// one parameter's share of a gradient norm. On the device the sums run there and one
+    /// scalar is read back; the maximum reads `|x|` back.
+    fn norm_part(&mut self, x: &Self::V, p: f64) -> Result<f64>;
     /// `y ← c · y`.
     fn scale_assign(&mut self, y: &mut Self::V, c: f64) -> Result<()>;
     /// `y ← y + c · x`.
@@ -55,6 +63,17 @@ fn wrong_kind(expected: &str) -> crate::Error {
     }
 }
 
+/// The largest `|v|`, NaN when any `v` is NaN (PyTorch's ∞-norm); 0 for none.
+fn max_abs(v: impl Iterator<Item = f64>) -> f64 {
+    v.fold(0.0, |m, v| {
+        if m.is_nan() || v.is_nan() {
+            f64::NAN
+        } else {
+            m.max(v.abs())
+        }
+    })
+}
+
 /// Host vectors in f64.
 #[derive(Debug, Default)]
 pub struct HostOps;
@@ -64,8 +83,34 @@ impl VecOps for HostOps {
     fn zeros_like(&mut self, x: &Vec<f64>) -> Result<Vec<f64>> {
         Ok(vec![0.0; x.len()])
     }
+    fn full_like(&mut self, x: &Vec<f64>, v: f64) -> Result<Vec<f64>> {
+        Ok(vec![v; x.len()])
+    }
     fn copy(&mut self, x: &Vec<f64>) -> Result<Vec<f64>> {
         Ok(x.clone())
+    }
+    fn clamp(&mut self, x: &Vec<f64>, lo: f64, hi: f64) -> Result<Vec<f64>> {
+        // NaN stays NaN (PyTorch's clamp); f64::clamp would keep it too, but panics on lo > hi.
+        Ok(x.iter()
+            .map(|&v| {
+                if v < lo {
+                    lo
+                } else if v > hi {
+                    hi
+                } else {
+                    v
+                }
+            })
+            .collect())
+    }
+    fn norm_part(&mut self, x: &Vec<f64>, p: f64) -> Result<f64> {
+        Ok(if p == 1.0 {
+            x.iter().map(|v| v.abs()).sum()
+        } else if p == 2.0 {
+            x.iter().map(|v| v * v).sum()
+        } else {
+            max_abs(x.iter().copied())
+        })
     }
     fn scale_assign(&mut self, y: &mut Vec<f64>, c: f64) -> Result<()> {
         y.iter_mut().for_each(|v| *v *= c);
@@ -109,8 +154,35 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
     fn zeros_like(&mut self, x: &Buffer) -> Result<Buffer> {
         Ok(self.0.zeros(x.len())?)
     }
+    fn full_like(&mut self, x: &Buffer, v: f64) -> Result<Buffer> {
+        Ok(self.0.full(x.len(), v as f32)?)
+    }
     fn copy(&mut self, x: &Buffer) -> Result<Buffer> {
         Ok(self.0.copy(*x)?)
+    }
+    fn clamp(&mut self, x: &Buffer, lo: f64, hi: f64) -> Result<Buffer> {
+        Ok(self.0.clamp(*x, lo as f32, hi as f32)?)
+    }
+    fn norm_part(&mut self, x: &Buffer, p: f64) -> Result<f64> {
+        if x.is_empty() {
+            return Ok(0.0);
+        }
+        let dev = &mut *self.0;
+        if p == 2.0 || p == 1.0 {
+            let t = if p == 2.0 {
+                dev.mul(*x, *x)?
+            } else {
+                dev.abs(*x)?
+            };
+            let s = dev.reduce_sum(t);
+            dev.release(t);
+            let s = s?;
+            let v = dev.download(s);
+            dev.release(s);
+            return Ok(f64::from(v?[0]));
+        }
+        let v = dev.download(*x)?;
+        Ok(max_abs(v.into_iter().map(f64::from)))
     }
     fn scale_assign(&mut self, y: &mut Buffer, c: f64) -> Result<()> {
         // y ← y + (c − 1)·y, in place, so the buffer (a parameter mirror) keeps its handle.

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod grid;
+pub mod mlp;
+
 use tl_session::{
     Backend, LinkedSession, Ops, Optimizer, Options, Param, Result, Session, TensorRef,
 };

@@ -14,9 +14,10 @@ mod catalogue;
 mod cuda;
 // The proptest fuzz of the public API; it fuzzes in a child process (its own allocation cap).
 mod fuzz;
-mod models;
 mod optim;
 mod optim_state;
+// RMSprop, Adagrad, clipping and a schedule against real PyTorch (fixtures/make_optimizers.py).
+mod optim_torch;
 mod random;
 // The linked session's parameters resident on the device between steps.
 mod resident;

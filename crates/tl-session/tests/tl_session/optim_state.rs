@@ -1,7 +1,10 @@
 //! Optimizer state export/import: k steps, export the parameters and the optimizer state,
 //! a fresh session and a fresh optimizer, import, n more steps == k + n straight steps, bit
-//! for bit, for SGD, momentum SGD (with dampening and Nesterov), Adam and AdamW, in the eager
-//! CPU and CUDA-sim sessions and the linked session.
+//! for bit, for SGD, momentum SGD (with dampening and Nesterov), Adam, AdamW, RMSprop
+//! (momentum, centered), Adagrad, and AdamW with a schedule and clipping (the schedule's
+//! position travels in the state), in the eager CPU and CUDA-sim sessions and the linked
+//! session. And state that is not finite, out of the rule's domain or with an absurd step
+//! count is refused before anything changes (issue 37, point 4).
 
 use tl_session::optim::StateDict;
 use tl_session::{Backend, Error, LinkedSession, Ops, Optimizer, Options, Param, Session};
@@ -29,6 +32,28 @@ fn optimizers() -> Vec<(&'static str, Optimizer)> {
             Optimizer::adam(0.05).unwrap().weight_decay(0.02).unwrap(),
         ),
         ("adamw", Optimizer::adamw(0.05).unwrap()),
+        ("rmsprop", Optimizer::rmsprop(0.01).unwrap()),
+        (
+            "rmsprop_centered_momentum",
+            Optimizer::rmsprop(0.01)
+                .and_then(|o| o.rmsprop_options(0.9, 1e-6, 0.5, true))
+                .and_then(|o| o.weight_decay(0.01))
+                .unwrap(),
+        ),
+        (
+            "adagrad",
+            Optimizer::adagrad(0.1)
+                .and_then(|o| o.adagrad_options(0.1, 1e-10, 0.2))
+                .unwrap(),
+        ),
+        (
+            "adamw_schedule_clip",
+            Optimizer::adamw(0.05)
+                .and_then(|o| o.schedule(tl_session::Schedule::exponential(0.8)?))
+                .and_then(|o| o.clip_grad_norm(0.3, 2.0))
+                .and_then(|o| o.clip_grad_value(0.5))
+                .unwrap(),
+        ),
     ]
 }
 
@@ -180,12 +205,23 @@ fn resumed_runs_continue_the_exact_trajectory_in_the_linked_session() {
         let mut oa = opt.clone();
         linked_steps(&mut a, &pa, &mut oa, 0..K);
         let state = a.optimizer_state(&oa).unwrap();
-        // The eager CPU session in f64 gives the same state names and values.
+        // The eager CPU session in f64 gives the same state names and values (within 1e-12:
+        // its gradients come from the tape's kernels, the linked ones from the compiled graph,
+        // and RMSprop's normalized steps carry their last-bit differences into the state).
         let mut e = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
         let pe = params(&mut e, None);
         let mut oe = opt.clone();
         eager_steps(&mut e, &pe, &mut oe, 0..K);
-        assert_eq!(e.optimizer_state(&oe).unwrap(), state, "{name}");
+        let eager_state = e.optimizer_state(&oe).unwrap();
+        assert!(eager_state.keys().eq(state.keys()), "{name}: state names");
+        for (k, t) in &eager_state {
+            for (a, b) in t.data().iter().zip(state[k].data()) {
+                assert!(
+                    (a - b).abs() <= 1e-12 * b.abs().max(1e-3),
+                    "{name} {k}: {a} vs {b}"
+                );
+            }
+        }
         let values = pa.iter().map(|q| a.param_value(q).unwrap()).collect();
         let mut b = LinkedSession::<f64>::new();
         let pb = params(&mut b, Some(values));
@@ -229,4 +265,95 @@ fn bad_state_is_a_clear_error_and_leaves_the_optimizer_unchanged() {
     t.param(Tensor::vector(vec![1.0]), Some("x"), true).unwrap();
     let e = t.optimizer_state(&adam).unwrap_err();
     assert!(e.to_string().contains("\"x\""), "{e}");
+}
+
+/// Issue 37 point 4: NaN, infinite or huge moments, a negative second moment or accumulator,
+/// and absurd step counts are refused with an error naming the entry, before anything changes
+/// (also on the CUDA sim, where the state would be uploaded); the next step stays finite.
+#[test]
+fn state_out_of_the_rules_domain_is_refused_and_changes_nothing() {
+    let cases: Vec<(Optimizer, &str, f64, &str)> = vec![
+        (Optimizer::adam(0.1).unwrap(), "adam.m.w", f64::NAN, "NaN"),
+        (
+            Optimizer::adam(0.1).unwrap(),
+            "adam.v.w",
+            f64::INFINITY,
+            "inf",
+        ),
+        (Optimizer::adam(0.1).unwrap(), "adam.m.b", 1e300, "1e300"),
+        (Optimizer::adam(0.1).unwrap(), "adam.v.b", -0.5, "≥ 0"),
+        (
+            Optimizer::adam(0.1).unwrap(),
+            "adam.step.w",
+            1e300,
+            "not a step count",
+        ),
+        (
+            Optimizer::adam(0.1).unwrap(),
+            "adam.step.w",
+            9.1e15,
+            "not a step count",
+        ),
+        (
+            Optimizer::adamw(0.1).unwrap(),
+            "adamw.step.b",
+            -1.0,
+            "not a step count",
+        ),
+        (
+            Optimizer::momentum(0.1, 0.9).unwrap(),
+            "sgd.momentum_buffer.w",
+            -1e39,
+            "magnitude",
+        ),
+        (
+            Optimizer::rmsprop(0.1).unwrap(),
+            "rmsprop.square_avg.w",
+            -1.0,
+            "≥ 0",
+        ),
+        (
+            Optimizer::adagrad(0.1).unwrap(),
+            "adagrad.sum.b",
+            -2.0,
+            "≥ 0",
+        ),
+        (
+            Optimizer::adam(0.1)
+                .unwrap()
+                .schedule(tl_session::Schedule::step(2, 0.5).unwrap())
+                .unwrap(),
+            "lr_scheduler.last_epoch",
+            0.5,
+            "not a step count",
+        ),
+    ];
+    for backend in [Backend::Cpu, Backend::CudaSim] {
+        for (opt, key, value, want) in &cases {
+            let mut s = Session::<f32>::new(Options::backend(backend)).unwrap();
+            let p = params(&mut s, None);
+            let mut o = opt.clone();
+            eager_steps(&mut s, &p, &mut o, 0..2);
+            let mut state = s.optimizer_state(&o).unwrap();
+            let t = state.get_mut(*key).unwrap_or_else(|| panic!("{key}"));
+            let n = t.numel();
+            *t = Tensor::new(t.shape().clone(), vec![*value; n]).unwrap();
+            let before = s.optimizer_state(&o).unwrap();
+            let e = s
+                .load_optimizer_state(&mut o, &state)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(key) && e.contains(want),
+                "{backend:?} {key}={value}: {e}"
+            );
+            assert_eq!(s.optimizer_state(&o).unwrap(), before, "{key}: changed");
+            eager_steps(&mut s, &p, &mut o, 2..3);
+            for q in &p {
+                let v = s.param_value(q).unwrap();
+                assert!(v.data().iter().all(|x| x.is_finite()), "{key}: {v:?}");
+            }
+            s.release_optimizer_state(&mut o);
+        }
+    }
 }

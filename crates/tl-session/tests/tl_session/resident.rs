@@ -4,7 +4,7 @@
 //! the graph, host steps, a move to another backend, and optimizer state. Each check runs the
 //! same calls on the CPU backend, whose parameters never leave the host, and compares.
 
-use tl_session::models::{Activation, Mlp, regression_grid};
+use crate::common::mlp::{Mlp, regression_grid};
 use tl_session::{Backend, LinkedSession, Ops, Optimizer, Train};
 use tl_spec::Tensor;
 
@@ -13,7 +13,7 @@ use tl_spec::Tensor;
 fn session(backend: Backend) -> (LinkedSession<f32>, Mlp, Optimizer) {
     let mut s = LinkedSession::<f32>::new();
     s.set_backend(backend).unwrap();
-    let mlp = Mlp::new(&mut s, &[2, 16, 1], Activation::Tanh, 7).unwrap();
+    let mlp = Mlp::new(&mut s, &[2, 16, 1], 7).unwrap();
     let opt = Optimizer::momentum(0.05, 0.9).unwrap();
     (s, mlp, opt)
 }

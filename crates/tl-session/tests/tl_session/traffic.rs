@@ -3,7 +3,7 @@
 //! CUDA device's own launch code over the emulated kernels. The figures for the bench models
 //! are printed by `cargo run --release -p tl-session --example gpu_proxies` (docs/performance.md).
 
-use tl_session::models::{Activation, Mlp, regression_grid};
+use crate::common::mlp::{Mlp, regression_grid};
 use tl_session::{Backend, LinkedSession, Ops, Optimizer, Options, Session, Train};
 use tl_tape_cuda::Traffic;
 
@@ -30,7 +30,7 @@ fn traffic_of<S: Train<T = f32>>(s: &mut S, mut step: impl FnMut(&mut S)) -> Vec
 /// The traffic of steps 3..=5 of an SGD run of the MLP in `s`.
 fn steps<S: Train<T = f32>>(mut s: S) -> Vec<Traffic> {
     let (x, y) = regression_grid::<f32>(6);
-    let mlp = Mlp::new(&mut s, &[2, 16, 1], Activation::Tanh, 7).unwrap();
+    let mlp = Mlp::new(&mut s, &[2, 16, 1], 7).unwrap();
     let mut opt = Optimizer::sgd(0.05).unwrap();
     traffic_of(&mut s, |s| {
         Train::reset(s);
@@ -173,7 +173,7 @@ fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
         ] {
             let mut opt = opt;
             let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
-            let mlp = Mlp::new(&mut s, widths, Activation::Tanh, 3).unwrap();
+            let mlp = Mlp::new(&mut s, widths, 3).unwrap();
             for _ in 0..2 {
                 s.reset();
                 let loss = mlp.loss(&mut s, x.clone(), y.clone()).unwrap();

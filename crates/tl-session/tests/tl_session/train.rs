@@ -1,14 +1,14 @@
 //! The MLP learns a small fixed regression task on every session kind (a loss threshold, never a
 //! time), and the three kinds follow the same trajectory.
 
+use crate::common::mlp::{Mlp, regression_grid};
 use crate::common::{Any, KINDS, Kind};
 use tl_session::Optimizer;
-use tl_session::models::{Activation, Mlp, regression_grid};
 
 fn train(kind: Kind, epochs: usize) -> Vec<f64> {
     let mut s = Any::<f32>::new(kind);
     let (x, y) = regression_grid::<f32>(6);
-    let mlp = Mlp::new(s.ops(), &[2, 16, 1], Activation::Tanh, 7).unwrap();
+    let mlp = Mlp::new(s.ops(), &[2, 16, 1], 7).unwrap();
     let mut opt = Optimizer::adam(0.02).unwrap();
     let mut losses = Vec::new();
     for _ in 0..epochs {
@@ -46,7 +46,7 @@ fn linked_cuda_steps_reuse_the_device_pools() {
         let mut s = LinkedSession::<f32>::new();
         s.set_backend(backend).unwrap();
         let (x, y) = regression_grid::<f32>(6);
-        let mlp = Mlp::new(&mut s, &[2, 16, 1], Activation::Tanh, 7).unwrap();
+        let mlp = Mlp::new(&mut s, &[2, 16, 1], 7).unwrap();
         let mut opt = Optimizer::sgd(0.05).unwrap();
         let mut out = Vec::new();
         for _ in 0..12 {

@@ -2,8 +2,11 @@
 //! product's matrices lie ([`Batch`]): the plain data every [`Device`](super::Device) primitive
 //! takes.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::alloc::{Allocation, CachingAllocator, RawMemory};
 
 /// A handle to a float32 device buffer of `len` elements.
 ///
@@ -13,6 +16,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Buffer {
     id: u64,
     len: usize,
+}
+
+/// The table of a device's live allocations, by buffer id.
+pub(crate) type LiveTable<B> = HashMap<u64, Allocation<B>>;
+
+/// [`Device::release`](super::Device::release) for both devices: remove `b` from `live` and
+/// return its allocation to `pool`; whether a live allocation was freed (`false` the second
+/// time, or for a handle of another device).
+pub(crate) fn release_live<M: RawMemory>(
+    pool: &mut CachingAllocator<M>,
+    live: &mut LiveTable<M::Block>,
+    b: Buffer,
+) -> bool {
+    live.remove(&b.id).map(|a| pool.free(a)).is_some()
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);

@@ -6,7 +6,8 @@
 //!   block with a `// SAFETY:` comment.
 //! - `launch`: how a primitive runs (allocate, launch, release on failure) and the shared
 //!   launch shapes.
-//! - `prims`: the [`Launch`](super::Launch) impl, the work of each primitive.
+//! - `prims`: the [`Launch`](super::Launch) impl, the work of each primitive; `index`: the
+//!   [`LaunchIndex`](super::LaunchIndex) impl, the index primitives'.
 //!
 //! Every primitive's operands are checked once, by [`Device`]'s provided methods, for this
 //! device as for [`SimDevice`](super::sim::SimDevice); `prims` only does the work, with the
@@ -38,8 +39,7 @@ mod user;
 
 use std::collections::HashMap;
 
-use super::sim::reduce::axis_sum_by_block;
-use super::{Batch, Buffer, Device, Gemm, GemmTiles};
+use super::{Batch, Buffer, Device, Gemm, GemmTiles, buffer};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Error, Result, abi};
@@ -114,20 +114,6 @@ impl CudaDevice {
     /// Number of live buffers.
     pub fn live_buffers(&self) -> usize {
         self.live.len()
-    }
-
-    fn gemm(
-        &mut self,
-        op: &'static str,
-        a: Buffer,
-        b: Buffer,
-        bt: Batch,
-        g: Gemm,
-        [_, _, lo]: [usize; 3],
-    ) -> Result<Buffer> {
-        self.with_out(op, bt.count * lo, |d, out| {
-            d.gemm_launch(op, a, b, out, false, bt, g)
-        })
     }
 
     /// `c ← c + op(a)·op(b)` (operands checked by `Device::matmul_acc`).
@@ -259,41 +245,6 @@ impl CudaDevice {
         })
     }
 
-    fn axis(
-        &mut self,
-        op: &'static str,
-        x: Buffer,
-        [outer, n, inner]: [usize; 3],
-        out_len: usize,
-        mean: bool,
-    ) -> Result<Buffer> {
-        let px = self.ptr(op, x)?;
-        let dims = [
-            abi::to_u32(op, "outer", outer)?,
-            abi::to_u32(op, "n", n)?,
-            abi::to_u32(op, "inner", inner)?,
-        ];
-        self.with_out(op, out_len, |d, out| {
-            if out_len == 0 {
-                return Ok(());
-            }
-            let args = [
-                Arg::Ptr(px),
-                Arg::Ptr(out),
-                Arg::U32(dims[0]),
-                Arg::U32(dims[1]),
-                Arg::U32(dims[2]),
-                Arg::U32(u32::from(mean)),
-            ];
-            if axis_sum_by_block(outer, n, inner) {
-                // One block per output (at most AXIS_BLOCK_MAX_OUT of them).
-                d.run(op, "tl_axis_sum_block", [out_len as u32, 1, 1], &args)
-            } else {
-                d.run(op, "tl_axis_sum", [blocks(out_len), 1, 1], &args)
-            }
-        })
-    }
-
     fn gather(
         &mut self,
         op: &'static str,
@@ -342,22 +293,13 @@ impl Device for CudaDevice {
     fn is_live(&self, b: Buffer) -> bool {
         self.live.contains_key(&b.id())
     }
-    fn zeros(&mut self, n: usize) -> Result<Buffer> {
-        self.full(n, 0.0)
-    }
     fn full(&mut self, n: usize, v: f32) -> Result<Buffer> {
         self.with_out("full", n, |d, out| {
             d.grid_stride("full", "tl_full", n, &[Arg::Ptr(out)], &[Arg::F32(v)])
         })
     }
     fn release(&mut self, b: Buffer) -> bool {
-        match self.live.remove(&b.id()) {
-            Some(a) => {
-                self.pool.free(a);
-                true
-            }
-            None => false,
-        }
+        buffer::release_live(&mut self.pool, &mut self.live, b)
     }
     fn memory_usage(&self) -> MemoryUsage {
         self.pool.usage()

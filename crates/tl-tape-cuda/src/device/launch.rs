@@ -8,8 +8,10 @@
 //! implementation, and computes what the implementations need from them (a [`WindowLens`], a
 //! [`BroadcastPlan`], indices mapped to `u32`, ...). It then calls `launch_<name>`, which only
 //! does the work: look the operands up (a released buffer is still an error there: that
-//! depends on device state), allocate, run the kernel. Callers use the [`Device`] methods; this
-//! trait is public only because [`Device`] names it as its supertrait.
+//! depends on device state), allocate, run the kernel. The index primitives' half is a trait of
+//! its own, [`LaunchIndex`], which each device implements in its `index` module. Callers use
+//! the [`Device`] methods; these traits are public only because [`Device`] names them as its
+//! supertraits.
 
 #[cfg(doc)]
 use super::Device;
@@ -20,7 +22,7 @@ use crate::Result;
 /// The work of each [`Device`] primitive whose operands [`Device`] validates (see the module
 /// docs). Implement it next to [`Device`]; call the [`Device`] methods, never these.
 #[doc(hidden)]
-pub trait Launch {
+pub trait Launch: LaunchIndex {
     /// The work of [`Device::abs_bwd`]; operands already validated by it — callers use `abs_bwd`.
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
     /// The work of [`Device::sqrt_bwd`]; operands already validated by it — callers use `sqrt_bwd`.
@@ -74,27 +76,16 @@ pub trait Launch {
     fn launch_gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
     /// The work of [`Device::silu_bwd`]; operands already validated by it — callers use `silu_bwd`.
     fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
-    /// The work of [`Device::reduce_axis_sum`]; operands already validated by it — callers
-    /// use `reduce_axis_sum`.
-    /// `out_len = outer·inner`, checked.
-    fn launch_reduce_axis_sum(
+    /// The work of [`Device::reduce_axis_sum`] (`mean` false) and [`Device::reduce_axis_mean`]
+    /// (`mean` true), `op` the caller's name; operands already validated by them — callers use
+    /// those. `x` viewed as `[outer, n, inner]`; `out_len = outer·inner`, checked.
+    fn launch_reduce_axis(
         &mut self,
+        op: &'static str,
         x: Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        dims: [usize; 3],
         out_len: usize,
-    ) -> Result<Buffer>;
-    /// The work of [`Device::reduce_axis_mean`]; operands already validated by it — callers
-    /// use `reduce_axis_mean`.
-    /// `out_len = outer·inner`, checked.
-    fn launch_reduce_axis_mean(
-        &mut self,
-        x: Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        out_len: usize,
+        mean: bool,
     ) -> Result<Buffer>;
     /// The work of [`Device::add_bias_residual`]; operands already validated by it — callers
     /// use `add_bias_residual`.
@@ -165,17 +156,16 @@ pub trait Launch {
         rows: usize,
         cols: usize,
     ) -> Result<Buffer>;
-    /// The work of [`Device::matmul`]; operands already validated by it — callers use `matmul`.
-    /// `lens` are [`check::gemm_lens`](super::check::gemm_lens)'.
-    fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer>;
     /// The work of [`Device::matmul_acc`]; operands already validated by it (`c` has `m·n`
     /// elements and is neither operand) — callers use `matmul_acc`.
     fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()>;
-    /// The work of [`Device::bmm`] and [`Device::bmm_heads`]; operands already validated by
-    /// them — callers use those. `lens` are [`check::gemm_lens`](super::check::gemm_lens)' (per
+    /// The work of [`Device::matmul`] (one plain product), [`Device::bmm`] and
+    /// [`Device::bmm_heads`], `op` the caller's name; operands already validated by them —
+    /// callers use those. `lens` are [`check::gemm_lens`](super::check::gemm_lens)' (per
     /// product).
     fn launch_bmm(
         &mut self,
+        op: &'static str,
         a: Buffer,
         b: Buffer,
         bt: Batch,
@@ -259,6 +249,13 @@ pub trait Launch {
         kind: PoolKind,
         lens: WindowLens,
     ) -> Result<Buffer>;
+}
+
+/// The work of the index primitives (`kernels/index.cu`), a part of [`Launch`] that each
+/// device writes in its own `index` module. Operands arrive validated, as for [`Launch`];
+/// call the [`Device`] methods, never these.
+#[doc(hidden)]
+pub trait LaunchIndex {
     /// The work of [`Device::gather_rows`]; operands already validated by it — callers
     /// use `gather_rows`.
     /// `idx` as [`index_check::row_indices`](super::index_check::row_indices) maps it.

@@ -41,7 +41,7 @@ pub use buffer::{
     Batch, Buffer, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES, WIDE_MIN_TILES,
 };
 use check::{BroadcastPlan, PermutePlan};
-pub use launch::Launch;
+pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use window::{PoolKind, WindowLens, Windows};
 
@@ -93,7 +93,9 @@ pub trait Device: Launch {
     fn is_live(&self, b: Buffer) -> bool;
 
     /// A buffer of `n` zeros. PyTorch: `torch.zeros(n)`.
-    fn zeros(&mut self, n: usize) -> Result<Buffer>;
+    fn zeros(&mut self, n: usize) -> Result<Buffer> {
+        self.full(n, 0.0)
+    }
 
     /// A buffer of `n` copies of `v`. PyTorch: `torch.full((n,), v)`.
     fn full(&mut self, n: usize, v: f32) -> Result<Buffer>;
@@ -323,7 +325,7 @@ pub trait Device: Launch {
         inner: usize,
     ) -> Result<Buffer> {
         let out_len = check::axis_lens("reduce_axis_sum", x, outer, n, inner)?;
-        self.launch_reduce_axis_sum(x, outer, n, inner, out_len)
+        self.launch_reduce_axis("reduce_axis_sum", x, [outer, n, inner], out_len, false)
     }
     /// [`reduce_axis_sum`](Self::reduce_axis_sum) divided by `n`.
     fn reduce_axis_mean(
@@ -334,7 +336,7 @@ pub trait Device: Launch {
         inner: usize,
     ) -> Result<Buffer> {
         let out_len = check::axis_lens("reduce_axis_mean", x, outer, n, inner)?;
-        self.launch_reduce_axis_mean(x, outer, n, inner, out_len)
+        self.launch_reduce_axis("reduce_axis_mean", x, [outer, n, inner], out_len, true)
     }
 
     // ---- bias epilogue ([`bias`]) -------------------------------------------------------------
@@ -482,7 +484,7 @@ pub trait Device: Launch {
     /// `op(a) · op(b)` → (m, n). PyTorch: `a @ b` (with `.t()` for the flags).
     fn matmul(&mut self, a: Buffer, b: Buffer, g: Gemm) -> Result<Buffer> {
         let lens = check::gemm_lens("matmul", a, b, 1, g)?;
-        self.launch_matmul(a, b, g, lens)
+        self.launch_bmm("matmul", a, b, Batch::plain(1), g, lens)
     }
     /// `c ← c + op(a)·op(b)` in place: each element of the product summed as
     /// [`matmul`](Self::matmul) sums it, then added to `c`'s element with one rounding, so the
@@ -505,7 +507,7 @@ pub trait Device: Launch {
     /// PyTorch: `torch.bmm`.
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
         let lens = check::gemm_lens("bmm", a, b, batch, g)?;
-        self.launch_bmm(a, b, Batch::plain(batch), g, lens)
+        self.launch_bmm("bmm", a, b, Batch::plain(batch), g, lens)
     }
     /// `bt.count` independent products whose operands and result lie as `bt` says: each
     /// one head-merged (the (groups, rows, heads, cols) layout of an attention projection) or
@@ -517,7 +519,7 @@ pub trait Device: Launch {
         const OP: &str = "bmm_heads";
         check::batch(OP, bt)?;
         let lens = check::gemm_lens(OP, a, b, bt.count, g)?;
-        self.launch_bmm(a, b, bt, g, lens)
+        self.launch_bmm(OP, a, b, bt, g, lens)
     }
 
     // ---- norm (layer/batch norm pieces, masked softmax) ---------------------------------------

@@ -7,7 +7,8 @@
 //! - [`rows`]: the softmax row kernels. [`linalg`]: the matmul kernel's arithmetic.
 //! - [`norm`]: layer/batch norm statistics, affine map and backward; the masked row softmax.
 //! - [`activation`]: per-element bodies of GELU and SiLU; `index`: gathers, the fixed-order
-//!   scatter-add, range copies and the cross-entropy rows.
+//!   scatter-add, range copies and the cross-entropy rows (the [`LaunchIndex`](super::LaunchIndex)
+//!   impl).
 //! - `launch`: how a primitive runs on the host; `prims`: the [`Launch`](super::Launch) impl,
 //!   the work of each primitive whose operands [`Device`]'s provided methods have checked.
 //!
@@ -27,7 +28,7 @@ pub mod rows;
 
 use std::collections::HashMap;
 
-use super::{Buffer, Device};
+use super::{Buffer, Device, buffer};
 use crate::alloc::{Allocation, CachingAllocator, Collected, HostMemory, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Result, rng};
@@ -108,20 +109,11 @@ impl Device for SimDevice {
     fn is_live(&self, b: Buffer) -> bool {
         self.live.contains_key(&b.id())
     }
-    fn zeros(&mut self, n: usize) -> Result<Buffer> {
-        self.full(n, 0.0)
-    }
     fn full(&mut self, n: usize, v: f32) -> Result<Buffer> {
         self.launch("full", [], n, |[], out| out.fill(v))
     }
     fn release(&mut self, b: Buffer) -> bool {
-        match self.live.remove(&b.id()) {
-            Some(a) => {
-                self.pool.free(a);
-                true
-            }
-            None => false,
-        }
+        buffer::release_live(&mut self.pool, &mut self.live, b)
     }
     fn memory_usage(&self) -> MemoryUsage {
         self.pool.usage()

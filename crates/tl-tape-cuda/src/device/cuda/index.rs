@@ -11,7 +11,7 @@ use super::CudaDevice;
 use super::driver::{self, Arg};
 use crate::Result;
 use crate::device::index_check::ScatterPlan;
-use crate::device::{Buffer, Device};
+use crate::device::{Buffer, Device, LaunchIndex};
 
 /// Upload `vals` (as raw `u32` bits) to a temporary buffer, run `body` with its address, then
 /// release the temporary.
@@ -31,138 +31,130 @@ fn with_u32(
     r
 }
 
-pub(super) fn gather_rows(
-    d: &mut CudaDevice,
-    x: Buffer,
-    rows: usize,
-    cols: usize,
-    idx: &[u32],
-) -> Result<Buffer> {
-    const OP: &str = "gather_rows";
-    let px = d.ptr(OP, x)?;
-    let n = idx.len() * cols;
-    let extra = [Arg::U32(rows as u32), Arg::U32(cols as u32)];
-    with_u32(d, OP, idx, |d, pi| {
-        d.with_out(OP, n, |d, out| {
-            let ptrs = [Arg::Ptr(px), Arg::Ptr(pi), Arg::Ptr(out)];
-            d.grid_stride(OP, "tl_gather_rows", n, &ptrs, &extra)
-        })
-    })
-}
-
-pub(super) fn scatter_add_rows(
-    d: &mut CudaDevice,
-    g: Buffer,
-    rows: usize,
-    cols: usize,
-    idx: &[u32],
-) -> Result<Buffer> {
-    const OP: &str = "scatter_add_rows";
-    let pg = d.ptr(OP, g)?;
-    let n_out = rows * cols;
-    if d.deterministic() {
-        // Fixed order: offsets (rows + 1) then order, in one upload.
-        let plan = ScatterPlan::new(rows, idx);
-        let meta: Vec<u32> = plan.offsets.iter().chain(&plan.order).copied().collect();
-        let order_at = 4 * (rows as u64 + 1);
-        with_u32(d, OP, &meta, |d, pm| {
-            d.with_out(OP, n_out, |d, out| {
-                let ptrs = [pg, pm, pm + order_at, out].map(Arg::Ptr);
-                d.grid_stride(
-                    OP,
-                    "tl_scatter_add_rows",
-                    n_out,
-                    &ptrs,
-                    &[Arg::U32(cols as u32)],
-                )
-            })
-        })
-    } else {
-        let n_in = idx.len() * cols;
+impl LaunchIndex for CudaDevice {
+    fn launch_gather_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer> {
+        const OP: &str = "gather_rows";
+        let px = self.ptr(OP, x)?;
+        let n = idx.len() * cols;
         let extra = [Arg::U32(rows as u32), Arg::U32(cols as u32)];
-        with_u32(d, OP, idx, |d, pi| {
-            d.with_out(OP, n_out, |d, out| {
-                d.grid_stride(OP, "tl_full", n_out, &[Arg::Ptr(out)], &[Arg::F32(0.0)])?;
-                let ptrs = [Arg::Ptr(pg), Arg::Ptr(pi), Arg::Ptr(out)];
-                d.grid_stride(OP, "tl_scatter_add_rows_atomic", n_in, &ptrs, &extra)
+        with_u32(self, OP, idx, |d, pi| {
+            d.with_out(OP, n, |d, out| {
+                let ptrs = [Arg::Ptr(px), Arg::Ptr(pi), Arg::Ptr(out)];
+                d.grid_stride(OP, "tl_gather_rows", n, &ptrs, &extra)
             })
         })
     }
-}
 
-pub(super) fn copy_range(
-    d: &mut CudaDevice,
-    x: Buffer,
-    start: usize,
-    len: usize,
-) -> Result<Buffer> {
-    const OP: &str = "copy_range";
-    let px = d.ptr(OP, x)?;
-    d.with_out(OP, len, |d, out| {
-        let ptrs = [Arg::Ptr(px), Arg::Ptr(out)];
-        d.grid_stride(OP, "tl_copy_range", len, &ptrs, &[Arg::U64(start as u64)])
-    })
-}
+    fn launch_scatter_add_rows(
+        &mut self,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+    ) -> Result<Buffer> {
+        const OP: &str = "scatter_add_rows";
+        let pg = self.ptr(OP, g)?;
+        let n_out = rows * cols;
+        if self.deterministic() {
+            // Fixed order: offsets (rows + 1) then order, in one upload.
+            let plan = ScatterPlan::new(rows, idx);
+            let meta: Vec<u32> = plan.offsets.iter().chain(&plan.order).copied().collect();
+            let order_at = 4 * (rows as u64 + 1);
+            with_u32(self, OP, &meta, |d, pm| {
+                d.with_out(OP, n_out, |d, out| {
+                    let ptrs = [pg, pm, pm + order_at, out].map(Arg::Ptr);
+                    d.grid_stride(
+                        OP,
+                        "tl_scatter_add_rows",
+                        n_out,
+                        &ptrs,
+                        &[Arg::U32(cols as u32)],
+                    )
+                })
+            })
+        } else {
+            let n_in = idx.len() * cols;
+            let extra = [Arg::U32(rows as u32), Arg::U32(cols as u32)];
+            with_u32(self, OP, idx, |d, pi| {
+                d.with_out(OP, n_out, |d, out| {
+                    d.grid_stride(OP, "tl_full", n_out, &[Arg::Ptr(out)], &[Arg::F32(0.0)])?;
+                    let ptrs = [Arg::Ptr(pg), Arg::Ptr(pi), Arg::Ptr(out)];
+                    d.grid_stride(OP, "tl_scatter_add_rows_atomic", n_in, &ptrs, &extra)
+                })
+            })
+        }
+    }
 
-pub(super) fn place_range(
-    d: &mut CudaDevice,
-    g: Buffer,
-    len: usize,
-    start: usize,
-) -> Result<Buffer> {
-    const OP: &str = "place_range";
-    let pg = d.ptr(OP, g)?;
-    let extra = [Arg::U64(start as u64), Arg::U64(g.len() as u64)];
-    d.with_out(OP, len, |d, out| {
-        let ptrs = [Arg::Ptr(pg), Arg::Ptr(out)];
-        d.grid_stride(OP, "tl_place_range", len, &ptrs, &extra)
-    })
-}
+    fn launch_copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
+        const OP: &str = "copy_range";
+        let px = self.ptr(OP, x)?;
+        self.with_out(OP, len, |d, out| {
+            let ptrs = [Arg::Ptr(px), Arg::Ptr(out)];
+            d.grid_stride(OP, "tl_copy_range", len, &ptrs, &[Arg::U64(start as u64)])
+        })
+    }
 
-pub(super) fn concat(d: &mut CudaDevice, a: Buffer, b: Buffer) -> Result<Buffer> {
-    const OP: &str = "concat";
-    let n = a.len() + b.len();
-    let (pa, pb) = (d.ptr(OP, a)?, d.ptr(OP, b)?);
-    d.with_out(OP, n, |d, out| {
-        let ptrs = [pa, pb, out].map(Arg::Ptr);
-        d.grid_stride(OP, "tl_concat", n, &ptrs, &[Arg::U64(a.len() as u64)])
-    })
-}
+    fn launch_place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
+        const OP: &str = "place_range";
+        let pg = self.ptr(OP, g)?;
+        let extra = [Arg::U64(start as u64), Arg::U64(g.len() as u64)];
+        self.with_out(OP, len, |d, out| {
+            let ptrs = [Arg::Ptr(pg), Arg::Ptr(out)];
+            d.grid_stride(OP, "tl_place_range", len, &ptrs, &extra)
+        })
+    }
 
-pub(super) fn add_range(d: &mut CudaDevice, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
-    const OP: &str = "add_range";
-    let (px, pv) = (d.ptr(OP, x)?, d.ptr(OP, v)?);
-    let n = x.len();
-    let extra = [Arg::U64(start as u64), Arg::U64(v.len() as u64)];
-    d.with_out(OP, n, |d, out| {
-        let ptrs = [px, pv, out].map(Arg::Ptr);
-        d.grid_stride(OP, "tl_add_range", n, &ptrs, &extra)
-    })
-}
+    fn launch_concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
+        const OP: &str = "concat";
+        let n = a.len() + b.len();
+        let (pa, pb) = (self.ptr(OP, a)?, self.ptr(OP, b)?);
+        self.with_out(OP, n, |d, out| {
+            let ptrs = [pa, pb, out].map(Arg::Ptr);
+            d.grid_stride(OP, "tl_concat", n, &ptrs, &[Arg::U64(a.len() as u64)])
+        })
+    }
 
-pub(super) fn cross_entropy_rows(
-    d: &mut CudaDevice,
-    x: Buffer,
-    rows: usize,
-    cols: usize,
-    labels: Buffer,
-) -> Result<Buffer> {
-    d.rows_to("tl_cross_entropy_rows", &[x, labels], rows, rows, cols, &[])
-}
+    fn launch_add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
+        const OP: &str = "add_range";
+        let (px, pv) = (self.ptr(OP, x)?, self.ptr(OP, v)?);
+        let n = x.len();
+        let extra = [Arg::U64(start as u64), Arg::U64(v.len() as u64)];
+        self.with_out(OP, n, |d, out| {
+            let ptrs = [px, pv, out].map(Arg::Ptr);
+            d.grid_stride(OP, "tl_add_range", n, &ptrs, &extra)
+        })
+    }
 
-pub(super) fn cross_entropy_rows_bwd(
-    d: &mut CudaDevice,
-    x: Buffer,
-    g: Buffer,
-    rows: usize,
-    cols: usize,
-    labels: Buffer,
-) -> Result<Buffer> {
-    d.rows(
-        "tl_cross_entropy_rows_bwd",
-        &[x, labels, g],
-        rows,
-        cols,
-        &[],
-    )
+    fn launch_cross_entropy_rows(
+        &mut self,
+        x: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: Buffer,
+    ) -> Result<Buffer> {
+        self.rows_to("tl_cross_entropy_rows", &[x, labels], rows, rows, cols, &[])
+    }
+
+    fn launch_cross_entropy_rows_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        rows: usize,
+        cols: usize,
+        labels: Buffer,
+    ) -> Result<Buffer> {
+        self.rows(
+            "tl_cross_entropy_rows_bwd",
+            &[x, labels, g],
+            rows,
+            cols,
+            &[],
+        )
+    }
 }

@@ -3,14 +3,15 @@
 //! mapped indices arrive validated). Checks that need device state (a live buffer, the grid
 //! limits of a launch) stay here.
 
+use super::CudaDevice;
 use super::driver::{self, Arg};
-use super::launch::dims8;
-use super::{CudaDevice, index};
-use crate::Result;
+use super::launch::{blocks, dims8};
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
+use crate::device::sim::reduce::axis_sum_by_block;
 use crate::device::{
     Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
 };
+use crate::{Result, abi};
 
 impl Launch for CudaDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -130,26 +131,39 @@ impl Launch for CudaDevice {
         self.split3("tl_min_bwd", a, b, g)
     }
 
-    fn launch_reduce_axis_sum(
+    fn launch_reduce_axis(
         &mut self,
+        op: &'static str,
         x: Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        [outer, n, inner]: [usize; 3],
         out_len: usize,
+        mean: bool,
     ) -> Result<Buffer> {
-        self.axis("reduce_axis_sum", x, [outer, n, inner], out_len, false)
-    }
-
-    fn launch_reduce_axis_mean(
-        &mut self,
-        x: Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        out_len: usize,
-    ) -> Result<Buffer> {
-        self.axis("reduce_axis_mean", x, [outer, n, inner], out_len, true)
+        let px = self.ptr(op, x)?;
+        let dims = [
+            abi::to_u32(op, "outer", outer)?,
+            abi::to_u32(op, "n", n)?,
+            abi::to_u32(op, "inner", inner)?,
+        ];
+        self.with_out(op, out_len, |d, out| {
+            if out_len == 0 {
+                return Ok(());
+            }
+            let args = [
+                Arg::Ptr(px),
+                Arg::Ptr(out),
+                Arg::U32(dims[0]),
+                Arg::U32(dims[1]),
+                Arg::U32(dims[2]),
+                Arg::U32(u32::from(mean)),
+            ];
+            if axis_sum_by_block(outer, n, inner) {
+                // One block per output (at most AXIS_BLOCK_MAX_OUT of them).
+                d.run(op, "tl_axis_sum_block", [out_len as u32, 1, 1], &args)
+            } else {
+                d.run(op, "tl_axis_sum", [blocks(out_len), 1, 1], &args)
+            }
+        })
     }
 
     fn launch_add_bias(
@@ -314,23 +328,22 @@ impl Launch for CudaDevice {
         self.rows("tl_log_softmax_rows_bwd", &[y, g], rows, cols, &[])
     }
 
-    fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
-        self.gemm("matmul", a, b, Batch::plain(1), g, lens)
-    }
-
     fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
         self.gemm_into(c, a, b, g)
     }
 
     fn launch_bmm(
         &mut self,
+        op: &'static str,
         a: Buffer,
         b: Buffer,
         bt: Batch,
         g: Gemm,
-        lens: [usize; 3],
+        [_, _, lo]: [usize; 3],
     ) -> Result<Buffer> {
-        self.gemm("bmm", a, b, bt, g, lens)
+        self.with_out(op, bt.count * lo, |d, out| {
+            d.gemm_launch(op, a, b, out, false, bt, g)
+        })
     }
 
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
@@ -425,62 +438,5 @@ impl Launch for CudaDevice {
 
     fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
         self.map2("tl_silu_bwd", x, g, &[])
-    }
-
-    fn launch_gather_rows(
-        &mut self,
-        x: Buffer,
-        rows: usize,
-        cols: usize,
-        idx: &[u32],
-    ) -> Result<Buffer> {
-        index::gather_rows(self, x, rows, cols, idx)
-    }
-
-    fn launch_scatter_add_rows(
-        &mut self,
-        g: Buffer,
-        rows: usize,
-        cols: usize,
-        idx: &[u32],
-    ) -> Result<Buffer> {
-        index::scatter_add_rows(self, g, rows, cols, idx)
-    }
-
-    fn launch_copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
-        index::copy_range(self, x, start, len)
-    }
-
-    fn launch_place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
-        index::place_range(self, g, len, start)
-    }
-
-    fn launch_concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
-        index::concat(self, a, b)
-    }
-
-    fn launch_add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
-        index::add_range(self, x, v, start)
-    }
-
-    fn launch_cross_entropy_rows(
-        &mut self,
-        x: Buffer,
-        rows: usize,
-        cols: usize,
-        labels: Buffer,
-    ) -> Result<Buffer> {
-        index::cross_entropy_rows(self, x, rows, cols, labels)
-    }
-
-    fn launch_cross_entropy_rows_bwd(
-        &mut self,
-        x: Buffer,
-        g: Buffer,
-        rows: usize,
-        cols: usize,
-        labels: Buffer,
-    ) -> Result<Buffer> {
-        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }
 }

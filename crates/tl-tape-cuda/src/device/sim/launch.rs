@@ -2,14 +2,13 @@
 //! operands up (a released one is an error), allocate the output from the pool, run the kernel
 //! body over host slices, register the output. The operands' shapes arrive checked by
 //! [`Device`](crate::device::Device)'s provided methods. Also the
-//! shared shapes of launches (one-input maps, two-input maps, two-output splits, axis
-//! reductions, batched products).
+//! shared shapes of launches (one-input maps, two-input maps, two-output splits).
 
 use std::collections::HashMap;
 
-use super::{SimDevice, linalg, reduce};
+use super::SimDevice;
 use crate::alloc::Allocation;
-use crate::device::{Batch, Buffer, Gemm};
+use crate::device::Buffer;
 use crate::{Error, Result, abi};
 
 /// The elements of a live buffer, or [`Error::Released`] naming `op`.
@@ -163,41 +162,5 @@ impl SimDevice {
                 (da[i], db[i]) = f(a[i], b[i], g[i]);
             }
         })
-    }
-
-    pub(super) fn axis(
-        &mut self,
-        op: &'static str,
-        x: Buffer,
-        [outer, n, inner]: [usize; 3],
-        out_len: usize,
-        mean: bool,
-    ) -> Result<Buffer> {
-        self.launch(op, [x], out_len, |[x], out| {
-            reduce::axis_sum(x, outer, n, inner, mean, out)
-        })
-    }
-
-    pub(super) fn bmm_named(
-        &mut self,
-        op: &'static str,
-        a: Buffer,
-        b: Buffer,
-        bt: Batch,
-        g: Gemm,
-        [_, _, lo]: [usize; 3],
-    ) -> Result<Buffer> {
-        let count = bt.count;
-        let out = self.launch(op, [a, b], count * lo, |[a, b], out| {
-            for z in 0..count {
-                let at = |which| linalg::At::of(bt, g, which, z);
-                linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)));
-            }
-        })?;
-        if count * lo > 0 && g.k_splits(count) > 1 {
-            // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
-            self.traffic.launch();
-        }
-        Ok(out)
     }
 }

@@ -3,7 +3,7 @@
 //! mapped indices arrive validated), each the twin of its CUDA kernel.
 
 use super::launch::view;
-use super::{SimDevice, activation, conv, index, linalg, norm, pointwise, rows};
+use super::{SimDevice, activation, conv, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
     Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
@@ -111,26 +111,17 @@ impl Launch for SimDevice {
         self.split3("min_bwd", a, b, g, pointwise::min_bwd)
     }
 
-    fn launch_reduce_axis_sum(
+    fn launch_reduce_axis(
         &mut self,
+        op: &'static str,
         x: Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        [outer, n, inner]: [usize; 3],
         out_len: usize,
+        mean: bool,
     ) -> Result<Buffer> {
-        self.axis("reduce_axis_sum", x, [outer, n, inner], out_len, false)
-    }
-
-    fn launch_reduce_axis_mean(
-        &mut self,
-        x: Buffer,
-        outer: usize,
-        n: usize,
-        inner: usize,
-        out_len: usize,
-    ) -> Result<Buffer> {
-        self.axis("reduce_axis_mean", x, [outer, n, inner], out_len, true)
+        self.launch(op, [x], out_len, |[x], out| {
+            reduce::axis_sum(x, outer, n, inner, mean, out)
+        })
     }
 
     fn launch_add_bias(
@@ -269,10 +260,6 @@ impl Launch for SimDevice {
         })
     }
 
-    fn launch_matmul(&mut self, a: Buffer, b: Buffer, g: Gemm, lens: [usize; 3]) -> Result<Buffer> {
-        self.bmm_named("matmul", a, b, Batch::plain(1), g, lens)
-    }
-
     fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
         const OP: &str = "matmul_acc";
         // The product in a host temporary (the kernel keeps it in registers: no device buffer).
@@ -303,13 +290,25 @@ impl Launch for SimDevice {
 
     fn launch_bmm(
         &mut self,
+        op: &'static str,
         a: Buffer,
         b: Buffer,
         bt: Batch,
         g: Gemm,
-        lens: [usize; 3],
+        [_, _, lo]: [usize; 3],
     ) -> Result<Buffer> {
-        self.bmm_named("bmm", a, b, bt, g, lens)
+        let count = bt.count;
+        let out = self.launch(op, [a, b], count * lo, |[a, b], out| {
+            for z in 0..count {
+                let at = |which| linalg::At::of(bt, g, which, z);
+                linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)));
+            }
+        })?;
+        if count * lo > 0 && g.k_splits(count) > 1 {
+            // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
+            self.traffic.launch();
+        }
+        Ok(out)
     }
 
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
@@ -439,62 +438,5 @@ impl Launch for SimDevice {
 
     fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
         self.map2("silu_bwd", x, g, activation::silu_bwd)
-    }
-
-    fn launch_gather_rows(
-        &mut self,
-        x: Buffer,
-        rows: usize,
-        cols: usize,
-        idx: &[u32],
-    ) -> Result<Buffer> {
-        index::gather_rows(self, x, rows, cols, idx)
-    }
-
-    fn launch_scatter_add_rows(
-        &mut self,
-        g: Buffer,
-        rows: usize,
-        cols: usize,
-        idx: &[u32],
-    ) -> Result<Buffer> {
-        index::scatter_add_rows(self, g, rows, cols, idx)
-    }
-
-    fn launch_copy_range(&mut self, x: Buffer, start: usize, len: usize) -> Result<Buffer> {
-        index::copy_range(self, x, start, len)
-    }
-
-    fn launch_place_range(&mut self, g: Buffer, len: usize, start: usize) -> Result<Buffer> {
-        index::place_range(self, g, len, start)
-    }
-
-    fn launch_concat(&mut self, a: Buffer, b: Buffer) -> Result<Buffer> {
-        index::concat(self, a, b)
-    }
-
-    fn launch_add_range(&mut self, x: Buffer, v: Buffer, start: usize) -> Result<Buffer> {
-        index::add_range(self, x, v, start)
-    }
-
-    fn launch_cross_entropy_rows(
-        &mut self,
-        x: Buffer,
-        rows: usize,
-        cols: usize,
-        labels: Buffer,
-    ) -> Result<Buffer> {
-        index::cross_entropy_rows(self, x, rows, cols, labels)
-    }
-
-    fn launch_cross_entropy_rows_bwd(
-        &mut self,
-        x: Buffer,
-        g: Buffer,
-        rows: usize,
-        cols: usize,
-        labels: Buffer,
-    ) -> Result<Buffer> {
-        index::cross_entropy_rows_bwd(self, x, g, rows, cols, labels)
     }
 }

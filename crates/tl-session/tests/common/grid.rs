@@ -1,9 +1,9 @@
-//! A small fixed regression task for examples and training tests: `y = sin(2x₀) + x₁²/2` on a
-//! grid of points in [−1, 1]².
+//! The regression task of the session tests and the `train_mlp` example.
 
 use tl_spec::{Scalar, Tensor};
 
-/// `(x, y)` with x of shape (n·n, 2) on an n × n grid and y of shape (n·n, 1).
+/// `(x, y)` of the task `y = sin(2x₀) + x₁²/2` on an n × n grid of [−1, 1]²: x (n·n, 2),
+/// y (n·n, 1).
 pub fn regression_grid<T: Scalar>(n: usize) -> (Tensor<T>, Tensor<T>) {
     let coord = |k: usize| -1.0 + 2.0 * k as f64 / (n.max(2) - 1) as f64;
     let pts: Vec<(f64, f64)> = (0..n * n).map(|i| (coord(i / n), coord(i % n))).collect();

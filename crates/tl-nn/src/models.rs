@@ -1,0 +1,383 @@
+//! Whole models built from the layers: the ones the `tl` command trains and the benchmarks time
+//! (`crates/tl-session/benches`, `benches/peers`), written as a user writes them. Each is generic
+//! over the session (`O: Train`), so it runs eager (CPU, CUDA sim, CUDA) and linked, and names
+//! its parameters as the PyTorch module would (`0.weight`, `blocks.1.attn.wq`, …), from the
+//! [`Vars`] it is given.
+//!
+//! - [`mlp`]: `Linear → act → … → Linear`. PyTorch: `nn.Sequential(nn.Linear, nn.ReLU, …)`.
+//! - [`cnn`]: `(Conv2d 3×3 pad 1 → ReLU → MaxPool2d 2) × L → Flatten → Linear`.
+//! - [`Fno1d`]: the 1-D Fourier neural operator (Li et al. 2021).
+//! - [`TransformerBlock`]: a pre-norm block; [`TransformerLm`]: a GPT-style char-level language
+//!   model built from it.
+
+use tl_session::{Param, Train};
+
+use crate::error::usage;
+use crate::{
+    Activation, Conv, ConvConfig, Embedding, Flatten, Init, LayerNorm, Linear, MaxPool, Module,
+    MultiHeadAttention, Parameters, Result, Scope, Sequential, SpectralConv1d, Var, Vars,
+};
+
+/// A multi-layer perceptron through the layer sizes `sizes` (`[in, hidden…, out]`), `act`
+/// between the linear layers (none after the last). The linear layers sit at the positions
+/// `nn.Sequential` gives them (0, 2, 4, …), so the names are `0.weight`, `0.bias`, `2.weight`, ….
+/// PyTorch: `nn.Sequential(nn.Linear(in, h), nn.ReLU(), …, nn.Linear(h, out))`.
+pub fn mlp<O: Train>(
+    vars: &Vars<'_, O>,
+    sizes: &[usize],
+    act: Activation,
+) -> Result<Sequential<O>> {
+    if sizes.len() < 2 {
+        return Err(usage(
+            "models::mlp",
+            format!("need at least an input and an output size, got {sizes:?}"),
+        ));
+    }
+    let mut net = Sequential::new();
+    let last = sizes.len() - 2;
+    for (k, pair) in sizes.windows(2).enumerate() {
+        net = net.add(Linear::new(&vars.pp(2 * k), pair[0], pair[1])?);
+        if k < last {
+            net = net.add(act);
+        }
+    }
+    Ok(net)
+}
+
+/// The shape of a [`cnn`]: input images, the output channels of each conv stage, the classes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CnnConfig {
+    /// Channels of the input images.
+    pub in_channels: usize,
+    /// Image height (each stage halves it, rounding down).
+    pub height: usize,
+    /// Image width (each stage halves it, rounding down).
+    pub width: usize,
+    /// Output channels of each conv stage.
+    pub channels: Vec<usize>,
+    /// Number of classes (logits per image).
+    pub classes: usize,
+}
+
+impl CnnConfig {
+    /// The number of features the head sees: channels × height × width after the last stage.
+    pub fn features(&self) -> usize {
+        let stages = self.channels.len();
+        let c = self.channels.last().copied().unwrap_or(self.in_channels);
+        let (h, w) = (
+            self.height.checked_shr(stages as u32).unwrap_or(0),
+            self.width.checked_shr(stages as u32).unwrap_or(0),
+        );
+        c.saturating_mul(h).saturating_mul(w)
+    }
+}
+
+/// A small convolutional classifier on images (B, in_channels, height, width) → logits
+/// (B, classes): per stage `Conv2d 3×3, stride 1, padding 1 → ReLU → MaxPool2d 2`, then
+/// `Flatten → Linear`. Layers sit at their `nn.Sequential` positions: stage `k`'s conv at `3k`,
+/// the head at `3L + 1` (two stages: `0.*`, `3.*`, `7.*`). An empty stage list, a zero size, or
+/// an image the stages shrink to nothing is an error.
+pub fn cnn<O: Train>(vars: &Vars<'_, O>, config: &CnnConfig) -> Result<Sequential<O>> {
+    let c = config;
+    if c.channels.is_empty()
+        || c.in_channels == 0
+        || c.classes == 0
+        || c.channels.contains(&0)
+        || c.features() == 0
+    {
+        return Err(usage(
+            "models::cnn",
+            format!("{c:?} leaves no features for the classifier (each stage halves the image)"),
+        ));
+    }
+    let same = ConvConfig {
+        stride: 1,
+        padding: 1,
+    };
+    let mut net = Sequential::new();
+    let mut cin = c.in_channels;
+    for (k, &cout) in c.channels.iter().enumerate() {
+        net = net
+            .add(Conv::conv2d(&vars.pp(3 * k), cin, cout, 3, same)?)
+            .add(Activation::Relu)
+            .add(MaxPool::new(&[2, 2])?);
+        cin = cout;
+    }
+    let head = 3 * c.channels.len() + 1;
+    Ok(net
+        .add(Flatten)
+        .add(Linear::new(&vars.pp(head), c.features(), c.classes)?))
+}
+
+/// The shape of an [`Fno1d`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FnoConfig {
+    /// Input channels per grid point.
+    pub in_channels: usize,
+    /// Output channels per grid point.
+    pub out_channels: usize,
+    /// Channel width of the Fourier layers.
+    pub width: usize,
+    /// Kept real-FFT bins (`≤ grid/2 + 1`, checked when the ops are recorded).
+    pub modes: usize,
+    /// Number of Fourier layers.
+    pub layers: usize,
+    /// Hidden width of the projection.
+    pub proj_hidden: usize,
+}
+
+/// The 1-D Fourier neural operator (Li et al. 2021, "FNO1d"), channels last: fields are
+/// (B, grid, channels). `lift` (a linear map to `width`), then `layers` of
+/// `gelu(spectral(h) + pointwise(h))` (no gelu after the last), then `proj.0 → gelu → proj.2`.
+/// Names: `lift.*`, `spectral.{k}.*`, `pointwise.{k}.*`, `proj.0.*`, `proj.2.*`. PyTorch: the
+/// reference `FNO1d` with channels last.
+pub struct Fno1d {
+    lift: Linear,
+    spectral: Vec<SpectralConv1d>,
+    pointwise: Vec<Linear>,
+    proj: (Linear, Linear),
+}
+
+impl Fno1d {
+    /// The operator's parameters under `vars`, initialised with PyTorch's defaults.
+    pub fn new<O: Train>(vars: &Vars<'_, O>, config: &FnoConfig) -> Result<Self> {
+        let c = config;
+        if [
+            c.in_channels,
+            c.out_channels,
+            c.width,
+            c.modes,
+            c.proj_hidden,
+        ]
+        .contains(&0)
+        {
+            return Err(usage(
+                "Fno1d::new",
+                format!("every size must be at least 1, got {c:?}"),
+            ));
+        }
+        let mut spectral = Vec::with_capacity(c.layers);
+        let mut pointwise = Vec::with_capacity(c.layers);
+        for k in 0..c.layers {
+            spectral.push(SpectralConv1d::new(
+                &vars.pp("spectral").pp(k),
+                c.width,
+                c.modes,
+            )?);
+            pointwise.push(Linear::new(&vars.pp("pointwise").pp(k), c.width, c.width)?);
+        }
+        Ok(Fno1d {
+            lift: Linear::new(&vars.pp("lift"), c.in_channels, c.width)?,
+            spectral,
+            pointwise,
+            proj: (
+                Linear::new(&vars.pp("proj").pp(0), c.width, c.proj_hidden)?,
+                Linear::new(&vars.pp("proj").pp(2), c.proj_hidden, c.out_channels)?,
+            ),
+        })
+    }
+}
+
+impl Parameters for Fno1d {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        self.lift.visit_params(f);
+        for (s, p) in self.spectral.iter().zip(&self.pointwise) {
+            s.visit_params(f);
+            p.visit_params(f);
+        }
+        self.proj.0.visit_params(f);
+        self.proj.1.visit_params(f);
+    }
+}
+
+impl<O: Train> Module<O> for Fno1d {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let mut h = self.lift.forward(x)?;
+        let last = self.spectral.len().saturating_sub(1);
+        for (k, (s, p)) in self.spectral.iter().zip(&self.pointwise).enumerate() {
+            h = (s.forward(&h)? + p.forward(&h)?)?;
+            if k < last {
+                h = h.gelu()?;
+            }
+        }
+        self.proj.1.forward(&self.proj.0.forward(&h)?.gelu()?)
+    }
+}
+
+/// The shape of a [`TransformerBlock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockConfig {
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads (dividing `d_model`).
+    pub heads: usize,
+    /// Width of the block's MLP.
+    pub d_ff: usize,
+    /// Whether attention masks the future (a language model's blocks do).
+    pub causal: bool,
+}
+
+/// A pre-norm transformer block on x (n, d) or (B, n, d): `h = x + attn(ln1(x))`, then
+/// `h + fc2(gelu(fc1(ln2(h))))`. Names: `ln1.*`, `attn.{wq,wk,wv,wo}`, `ln2.*`, `fc1.*`,
+/// `fc2.*`. PyTorch: `nn.TransformerEncoderLayer(norm_first=True, activation="gelu",
+/// dropout=0)` with attention without biases (and `is_causal` when `causal`).
+pub struct TransformerBlock {
+    ln1: LayerNorm,
+    attn: MultiHeadAttention,
+    ln2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl TransformerBlock {
+    /// The block's parameters under `vars`, initialised with PyTorch's defaults (layer norms
+    /// γ = 1, β = 0; see [`MultiHeadAttention`] and [`Linear`]).
+    pub fn new<O: Train>(vars: &Vars<'_, O>, config: &BlockConfig) -> Result<Self> {
+        let c = config;
+        if c.d_ff == 0 {
+            return Err(usage(
+                "TransformerBlock::new",
+                format!("the MLP width d_ff must be at least 1, got {c:?}"),
+            ));
+        }
+        Ok(TransformerBlock {
+            ln1: LayerNorm::new(&vars.pp("ln1"), c.d_model)?,
+            attn: MultiHeadAttention::new(&vars.pp("attn"), c.d_model, c.heads, c.causal)?,
+            ln2: LayerNorm::new(&vars.pp("ln2"), c.d_model)?,
+            fc1: Linear::new(&vars.pp("fc1"), c.d_model, c.d_ff)?,
+            fc2: Linear::new(&vars.pp("fc2"), c.d_ff, c.d_model)?,
+        })
+    }
+}
+
+impl Parameters for TransformerBlock {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        self.ln1.visit_params(f);
+        self.attn.visit_params(f);
+        self.ln2.visit_params(f);
+        self.fc1.visit_params(f);
+        self.fc2.visit_params(f);
+    }
+}
+
+impl<O: Train> Module<O> for TransformerBlock {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let h = (x + &self.attn.forward(&self.ln1.forward(x)?)?)?;
+        let m = self
+            .fc2
+            .forward(&self.fc1.forward(&self.ln2.forward(&h)?)?.gelu()?)?;
+        &h + &m
+    }
+}
+
+/// The shape of a [`TransformerLm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LmConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Context length (tokens per window).
+    pub context: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads of each block.
+    pub heads: usize,
+    /// MLP width of each block.
+    pub d_ff: usize,
+    /// Number of blocks.
+    pub blocks: usize,
+}
+
+/// A GPT-style char-level language model: token embedding `tok_emb` plus a learned positional
+/// embedding `pos_emb` (context, d_model), causal [`TransformerBlock`]s `blocks.{k}`, a final
+/// layer norm `ln_f` and a linear `head` to vocabulary logits.
+pub struct TransformerLm {
+    config: LmConfig,
+    tok: Embedding,
+    pos: Param,
+    blocks: Vec<TransformerBlock>,
+    ln_f: LayerNorm,
+    head: Linear,
+}
+
+impl TransformerLm {
+    /// The model's parameters under `vars`: PyTorch's defaults, and GPT-2's N(0, 0.02²) for
+    /// the positional embedding.
+    pub fn new<O: Train>(vars: &Vars<'_, O>, config: &LmConfig) -> Result<Self> {
+        let c = *config;
+        if c.vocab == 0 || c.context == 0 {
+            return Err(usage(
+                "TransformerLm::new",
+                format!("vocab and context must be at least 1, got {c:?}"),
+            ));
+        }
+        let block = BlockConfig {
+            d_model: c.d_model,
+            heads: c.heads,
+            d_ff: c.d_ff,
+            causal: true,
+        };
+        let blocks = (0..c.blocks)
+            .map(|k| TransformerBlock::new(&vars.pp("blocks").pp(k), &block))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TransformerLm {
+            config: c,
+            tok: Embedding::new(&vars.pp("tok_emb"), c.vocab, c.d_model)?,
+            pos: vars.param(
+                "pos_emb",
+                &[c.context, c.d_model],
+                Init::Normal {
+                    mean: 0.0,
+                    std: 0.02,
+                },
+            )?,
+            blocks,
+            ln_f: LayerNorm::new(&vars.pp("ln_f"), c.d_model)?,
+            head: Linear::new(&vars.pp("head"), c.d_model, c.vocab)?,
+        })
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &LmConfig {
+        &self.config
+    }
+
+    /// Next-token logits (batch, context, vocab) of `batch` windows of `context` token ids
+    /// (row-major: window, position); position t sees positions ≤ t only.
+    pub fn logits<'g, O: Train>(
+        &self,
+        g: &Scope<'g, O>,
+        tokens: &[usize],
+        batch: usize,
+    ) -> Result<Var<'g, O>> {
+        let c = &self.config;
+        if Some(tokens.len()) != batch.checked_mul(c.context) {
+            return Err(usage(
+                "TransformerLm::logits",
+                format!(
+                    "need batch × context = {batch} × {} token ids, got {}",
+                    c.context,
+                    tokens.len()
+                ),
+            ));
+        }
+        let x = self
+            .tok
+            .forward(g, tokens)?
+            .reshape(&[batch, c.context, c.d_model])?;
+        let mut h = (&x + &g.param(&self.pos)?)?;
+        for b in &self.blocks {
+            h = b.forward(&h)?;
+        }
+        self.head.forward(&self.ln_f.forward(&h)?)
+    }
+}
+
+impl Parameters for TransformerLm {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        self.tok.visit_params(f);
+        f(&self.pos);
+        self.blocks.visit_params(f);
+        self.ln_f.visit_params(f);
+        self.head.visit_params(f);
+    }
+}

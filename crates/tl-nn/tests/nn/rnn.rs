@@ -1,0 +1,656 @@
+//! Recurrent layers, ModuleList and batched embeddings: LSTM and GRU against real PyTorch's
+//! outputs and final states (fixtures from make_rnn_fixtures.py, loaded by PyTorch's names) on
+//! every backend, their gradients against the IR's backprop and finite differences, eager =
+//! linked, and bad input; MultiHeadAttention in PyTorch's fused layout.
+
+use std::path::{Path, PathBuf};
+
+use tl_nn::checkpoint;
+use tl_nn::{
+    Embedding, Gru, Linear, Lstm, Module, ModuleList, MultiHeadAttention, Parameters, Result,
+    RnnConfig, Runtime, Scope, Var,
+};
+use tl_session::{Backend, Optimizer, Train};
+use tl_spec::{Scalar, Tensor};
+
+use crate::{eager, linked, max_diff, tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The tensors of `<name>_expected.safetensors` as f64 (inputs are stored as f32).
+fn expected(name: &str) -> std::collections::BTreeMap<String, Tensor<f64>> {
+    let p = fixture(&format!("{name}_expected.safetensors"));
+    let f = checkpoint::read(&p).unwrap();
+    f.tensors
+        .iter()
+        .map(|(k, e)| {
+            let t = match e.to_tensor::<f64>(&p, k) {
+                Ok(t) => t,
+                Err(_) => cast(&e.to_tensor::<f32>(&p, k).unwrap()),
+            };
+            (k.clone(), t)
+        })
+        .collect()
+}
+
+/// `t` in another scalar type.
+fn cast<A: Scalar, B: Scalar>(t: &Tensor<A>) -> Tensor<B> {
+    let data = t.data().iter().map(|v| B::lit(v.as_f64())).collect();
+    Tensor::new(t.shape().clone(), data).unwrap()
+}
+
+/// The tensors flattened and joined (one eval pass returns them all).
+fn pack<'g, O: Train>(vs: &[&Var<'g, O>]) -> Result<Var<'g, O>> {
+    let mut out = vs[0].flatten()?;
+    for v in &vs[1..] {
+        out = out.concat0(&v.flatten()?)?;
+    }
+    Ok(out)
+}
+
+fn pack_host(ts: &[&Tensor<f64>]) -> Tensor<f64> {
+    let data: Vec<f64> = ts.iter().flat_map(|t| t.data().iter().copied()).collect();
+    Tensor::vector(data)
+}
+
+/// The model of fixture `name` (2 layers, 3 → 4) in `rt`.
+enum Rnn {
+    Lstm(Lstm),
+    Gru(Gru),
+}
+
+impl Rnn {
+    fn new<O: Train>(rt: &Runtime<O>, name: &str, cfg: RnnConfig) -> Rnn {
+        let v = rt.vars();
+        if name.starts_with("lstm") {
+            Rnn::Lstm(Lstm::new(&v, 3, 4, cfg).unwrap())
+        } else {
+            Rnn::Gru(Gru::new(&v, 3, 4, cfg).unwrap())
+        }
+    }
+
+    /// output, h_n (and c_n) packed, from the given initial state or zeros.
+    fn run<'g, O: Train>(
+        &self,
+        g: &Scope<'g, O>,
+        x: &Tensor<O::T>,
+        h0: Option<&Tensor<O::T>>,
+        c0: Option<&Tensor<O::T>>,
+    ) -> Result<Var<'g, O>> {
+        let x = g.input(x.clone())?;
+        let h0 = h0.map(|t| g.input(t.clone())).transpose()?;
+        let c0 = c0.map(|t| g.input(t.clone())).transpose()?;
+        match self {
+            Rnn::Lstm(m) => {
+                let state = h0.as_ref().zip(c0.as_ref());
+                let (out, (h, c)) = m.forward_state(&x, state)?;
+                pack(&[&out, &h, &c])
+            }
+            Rnn::Gru(m) => {
+                let (out, h) = m.forward_state(&x, h0.as_ref())?;
+                pack(&[&out, &h])
+            }
+        }
+    }
+}
+
+impl Parameters for Rnn {
+    fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
+        match self {
+            Rnn::Lstm(m) => m.visit_params(f),
+            Rnn::Gru(m) => m.visit_params(f),
+        }
+    }
+}
+
+const FIXTURES: [&str; 4] = ["lstm", "lstm_bf", "gru", "gru_bf"];
+
+fn config_of(name: &str) -> RnnConfig {
+    RnnConfig::default()
+        .num_layers(2)
+        .batch_first(name.ends_with("_bf"))
+}
+
+/// The fixture's expected packed values from the given state and from zeros.
+fn want(name: &str, e: &std::collections::BTreeMap<String, Tensor<f64>>) -> [Tensor<f64>; 2] {
+    let lstm = name.starts_with("lstm");
+    let given: Vec<&Tensor<f64>> = if lstm {
+        vec![&e["output"], &e["h_n"], &e["c_n"]]
+    } else {
+        vec![&e["output"], &e["h_n"]]
+    };
+    let zero: Vec<&Tensor<f64>> = if lstm {
+        vec![&e["output_zero"], &e["h_n_zero"], &e["c_n_zero"]]
+    } else {
+        vec![&e["output_zero"], &e["h_n_zero"]]
+    };
+    [pack_host(&given), pack_host(&zero)]
+}
+
+/// Load fixture `name` with PyTorch's names into `rt` and compare with PyTorch's outputs and
+/// final states, from the fixture's initial state and from zeros (also through
+/// `Module::forward`).
+fn check_fixture<O: Train>(mut rt: Runtime<O>, name: &str, tol: f64) {
+    let m = Rnn::new(&rt, name, config_of(name));
+    if O::T::NAME == "f32" {
+        rt.load(&m, fixture(&format!("{name}.safetensors")))
+            .unwrap();
+    } else {
+        // The file is float32: set the same values in the f64 session.
+        let p = fixture(&format!("{name}.safetensors"));
+        let f = checkpoint::read(&p).unwrap();
+        for (n, param) in rt.named_params_of(&m) {
+            let t = f.tensors[&n].to_tensor::<f32>(&p, &n).unwrap();
+            rt.set_value(&param, cast(&t)).unwrap();
+        }
+    }
+    let e = expected(name);
+    let [given, zero] = want(name, &e);
+    let (x, h0, c0) = (cast(&e["input"]), cast(&e["h0"]), e.get("c0").map(cast));
+    let got = rt
+        .eval(&m, |g| m.run(g, &x, Some(&h0), c0.as_ref()))
+        .unwrap();
+    let d = max_diff(&got, &given);
+    assert!(d < tol, "{name} ({}): from h0: max diff {d}", O::T::NAME);
+    let got = rt.eval(&m, |g| m.run(g, &x, None, None)).unwrap();
+    let d = max_diff(&got, &zero);
+    assert!(d < tol, "{name} ({}): from zeros: max diff {d}", O::T::NAME);
+    let out = rt
+        .eval(&m, |g| {
+            let x = g.input(x.clone())?;
+            match &m {
+                Rnn::Lstm(l) => l.forward(&x),
+                Rnn::Gru(l) => l.forward(&x),
+            }
+        })
+        .unwrap();
+    let d = max_diff(&out, &e["output_zero"]);
+    assert!(
+        d < tol,
+        "{name} ({}): Module::forward: max diff {d}",
+        O::T::NAME
+    );
+}
+
+#[test]
+fn lstm_and_gru_give_pytorchs_outputs_and_states_on_every_backend() {
+    for name in FIXTURES {
+        check_fixture(eager::<f64>(Backend::Cpu, 0), name, 1e-12);
+        check_fixture(linked::<f64>(0), name, 1e-12);
+        check_fixture(eager::<f32>(Backend::Cpu, 0), name, 2e-6);
+        check_fixture(eager::<f32>(Backend::CudaSim, 0), name, 2e-6);
+        check_fixture(linked::<f32>(0), name, 2e-6);
+    }
+}
+
+#[test]
+fn parameters_have_pytorchs_names_shapes_and_init() {
+    let rt = eager::<f64>(Backend::Cpu, 5);
+    let v = rt.vars().pp("rnn");
+    let lstm = Lstm::new(&v, 3, 16, RnnConfig::default().num_layers(2)).unwrap();
+    let named = rt.named_params_of(&lstm);
+    let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "rnn.weight_ih_l0",
+            "rnn.weight_hh_l0",
+            "rnn.bias_ih_l0",
+            "rnn.bias_hh_l0",
+            "rnn.weight_ih_l1",
+            "rnn.weight_hh_l1",
+            "rnn.bias_ih_l1",
+            "rnn.bias_hh_l1"
+        ]
+    );
+    let dims: Vec<&[usize]> = named.iter().map(|(_, p)| p.shape().dims()).collect();
+    assert_eq!(dims[0], &[64, 3]);
+    assert_eq!(dims[1], &[64, 16]);
+    assert_eq!(dims[2], &[64]);
+    assert_eq!(dims[4], &[64, 16]);
+    // PyTorch: every parameter uniform in ±1/√H = ±0.25, spread over the interval.
+    let all: Vec<f64> = named
+        .iter()
+        .flat_map(|(_, p)| rt.value_of(p).unwrap().into_vec())
+        .collect();
+    let (lo, hi) = all
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    assert!(lo >= -0.25 && hi < 0.25, "{lo} {hi}");
+    assert!(lo < -0.24 && hi > 0.24, "{lo} {hi}");
+
+    let gru = Gru::new(&rt.vars().pp("gru"), 5, 2, RnnConfig::default().bias(false)).unwrap();
+    let names: Vec<String> = rt.named_params_of(&gru).into_iter().map(|x| x.0).collect();
+    assert_eq!(names, ["gru.weight_ih_l0", "gru.weight_hh_l0"]);
+    assert_eq!(gru.layers()[0].weight_ih.shape().dims(), &[6, 5]);
+    assert_eq!((gru.input_size(), gru.hidden_size()), (5, 2));
+    assert_eq!(rt.num_params(&gru).unwrap(), 6 * 5 + 6 * 2);
+}
+
+/// A scalar loss touching every output: Σ out·r₁ + Σ h_n·r₂ (+ Σ c_n·r₃), with h_0 (and c_0)
+/// given.
+fn loss<'g, O: Train>(m: &Rnn, g: &Scope<'g, O>, x: &Tensor<O::T>) -> Result<Var<'g, O>> {
+    let (t, b, h, l) = (3, 2, 2, 2);
+    let h0 = g.input(tensor(&[l, b, h], 11))?;
+    let c0 = g.input(tensor(&[l, b, h], 12))?;
+    let x = g.input(x.clone())?;
+    let (out, states) = match m {
+        Rnn::Lstm(m) => {
+            let (out, (hn, cn)) = m.forward_state(&x, Some((&h0, &c0)))?;
+            (out, vec![hn, cn])
+        }
+        Rnn::Gru(m) => {
+            let (out, hn) = m.forward_state(&x, Some(&h0))?;
+            (out, vec![hn])
+        }
+    };
+    let r = g.input(tensor(&[b, t, h], 13))?;
+    let mut total = (&out * &r)?.sum()?;
+    for (i, s) in states.iter().enumerate() {
+        let w = g.input(tensor(&[l, b, h], 14 + i as u64))?;
+        total = (&total + &(s * &w)?.sum()?)?;
+    }
+    Ok(total)
+}
+
+fn small(rt: &Runtime<impl Train>, lstm: bool) -> Rnn {
+    let cfg = RnnConfig::default().num_layers(2).batch_first(true);
+    let v = rt.vars();
+    if lstm {
+        Rnn::Lstm(Lstm::new(&v, 3, 2, cfg).unwrap())
+    } else {
+        Rnn::Gru(Gru::new(&v, 3, 2, cfg).unwrap())
+    }
+}
+
+#[test]
+fn gradients_match_the_ir_and_finite_differences() {
+    for lstm in [true, false] {
+        let rt = linked::<f64>(7);
+        let m = small(&rt, lstm);
+        let x = tensor::<f64>(&[2, 3, 3], 9);
+        let (reference, tape) = rt
+            .record(
+                &m,
+                true,
+                |g| loss(&m, g, &x),
+                |s, l| {
+                    let reference = s.backward_scalar_dense_all(l)?;
+                    let tape = s
+                        .compile(Backend::Cpu)?
+                        .backward_dense(l.id(), &Tensor::scalar(1.0))?;
+                    Ok((reference, tape))
+                },
+            )
+            .unwrap();
+        for (a, b) in reference.iter().zip(&tape) {
+            assert!(max_diff(a, b) < 1e-12);
+        }
+        // Central differences on every parameter element (the params are the first leaves).
+        let h = 1e-6;
+        let mut checked = 0;
+        for (i, (name, p)) in rt.named_params_of(&m).into_iter().enumerate() {
+            let p0 = rt.value_of(&p).unwrap();
+            for k in 0..p0.data().len() {
+                let at = |delta: f64| {
+                    let mut t = p0.clone();
+                    t.data_mut()[k] += delta;
+                    rt.set_value(&p, t).unwrap();
+                    let l = rt.eval(&m, |g| loss(&m, g, &x)).unwrap().item().unwrap();
+                    rt.set_value(&p, p0.clone()).unwrap();
+                    l
+                };
+                let numeric = (at(h) - at(-h)) / (2.0 * h);
+                let analytic = reference[i].data()[k];
+                assert!(
+                    (numeric - analytic).abs() < 1e-7 * (1.0 + analytic.abs()),
+                    "lstm={lstm} {name}[{k}]: {numeric} vs {analytic}"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(
+            checked,
+            if lstm {
+                8 * 3 + 8 * 2 + 16 + 8 * 2 + 8 * 2 + 16
+            } else {
+                6 * 3 + 6 * 2 + 12 + 6 * 2 + 6 * 2 + 12
+            }
+        );
+    }
+}
+
+/// One SGD step with lr 1 moves each parameter by minus its gradient: eager CPU (f64) and the
+/// CUDA simulation (f32) take the linked session's step.
+#[test]
+fn eager_sessions_take_the_linked_sessions_step() {
+    fn step<O: Train>(mut rt: Runtime<O>, lstm: bool) -> Vec<Tensor<f64>> {
+        let m = small(&rt, lstm);
+        let x = tensor::<O::T>(&[2, 3, 3], 9);
+        let mut opt = Optimizer::sgd(1.0).unwrap();
+        rt.step(&m, &mut opt, |g| loss(&m, g, &x)).unwrap();
+        rt.state_dict(&m)
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| cast(&t))
+            .collect()
+    }
+    for lstm in [true, false] {
+        let want = step(linked::<f64>(3), lstm);
+        let before = {
+            let rt = linked::<f64>(3);
+            let m = small(&rt, lstm);
+            rt.state_dict(&m).unwrap()
+        };
+        // The step moved every parameter (the loss reaches all of them).
+        for ((n, b), w) in before.iter().zip(&want) {
+            assert!(max_diff(b, w) > 1e-6, "lstm={lstm}: {n} did not move");
+        }
+        for (got, tol) in [
+            (step(eager::<f64>(Backend::Cpu, 3), lstm), 1e-12),
+            (step(eager::<f32>(Backend::CudaSim, 3), lstm), 1e-5),
+            (step(eager::<f32>(Backend::Cpu, 3), lstm), 1e-5),
+        ] {
+            for (a, b) in got.iter().zip(&want) {
+                assert!(max_diff(a, b) < tol, "lstm={lstm}: {}", max_diff(a, b));
+            }
+        }
+    }
+}
+
+#[test]
+fn unbatched_input_is_a_batch_of_one() {
+    let rt = eager::<f64>(Backend::Cpu, 2);
+    let cfg = RnnConfig::default().num_layers(2);
+    let lstm = Lstm::new(&rt.vars().pp("l"), 3, 4, cfg).unwrap();
+    let gru = Gru::new(&rt.vars().pp("g"), 3, 4, cfg).unwrap();
+    let x = tensor::<f64>(&[5, 3], 1);
+    let h0 = tensor::<f64>(&[2, 4], 2);
+    let c0 = tensor::<f64>(&[2, 4], 3);
+    let models = Pair(&lstm, &gru);
+    let run = |batched: bool| {
+        rt.eval(&models, |g| {
+            let (x, h0, c0) = if batched {
+                (
+                    g.input(x.reshape([5, 1, 3]).unwrap())?,
+                    g.input(h0.reshape([2, 1, 4]).unwrap())?,
+                    g.input(c0.reshape([2, 1, 4]).unwrap())?,
+                )
+            } else {
+                (
+                    g.input(x.clone())?,
+                    g.input(h0.clone())?,
+                    g.input(c0.clone())?,
+                )
+            };
+            let (o1, (h1, c1)) = lstm.forward_state(&x, Some((&h0, &c0)))?;
+            let (o2, h2) = gru.forward_state(&x, Some(&h0))?;
+            if !batched {
+                assert_eq!(o1.dims(), &[5, 4]);
+                assert_eq!(h1.dims(), &[2, 4]);
+                assert_eq!(h2.dims(), &[2, 4]);
+            }
+            pack(&[&o1, &h1, &c1, &o2, &h2])
+        })
+        .unwrap()
+    };
+    assert_eq!(run(true).data(), run(false).data());
+}
+
+struct Pair<'a>(&'a Lstm, &'a Gru);
+
+impl Parameters for Pair<'_> {
+    fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
+        self.0.visit_params(f);
+        self.1.visit_params(f);
+    }
+}
+
+#[test]
+fn dropout_between_layers_acts_in_training_passes_only() {
+    let rt = eager::<f64>(Backend::Cpu, 4);
+    let cfg = RnnConfig::default().num_layers(2).dropout(0.5);
+    let m = Lstm::new(&rt.vars(), 3, 8, cfg).unwrap();
+    let x = tensor::<f64>(&[4, 2, 3], 1);
+    let run = |train: bool| {
+        if train {
+            rt.forward_train(&m, |g| m.forward(&g.input(x.clone())?))
+        } else {
+            rt.eval(&m, |g| m.forward(&g.input(x.clone())?))
+        }
+        .unwrap()
+    };
+    assert_eq!(run(false).data(), run(false).data());
+    assert!(max_diff(&run(true), &run(false)) > 1e-3);
+}
+
+#[test]
+fn bad_sizes_and_shapes_are_errors_naming_the_layer_and_the_value() {
+    let rt = eager::<f32>(Backend::Cpu, 0);
+    let v = rt.vars().pp("enc");
+    let err = |r: Result<Lstm>| r.unwrap_err().to_string();
+    let e = err(Lstm::new(&v, 3, 0, RnnConfig::default()));
+    assert!(
+        e.contains("Lstm::new")
+            && e.contains("\"enc\"")
+            && e.contains("hidden_size must be ≥ 1, got 0"),
+        "{e}"
+    );
+    let e = err(Lstm::new(&v, 0, 4, RnnConfig::default()));
+    assert!(e.contains("input_size must be ≥ 1, got 0"), "{e}");
+    let e = err(Lstm::new(&v, 3, 4, RnnConfig::default().num_layers(0)));
+    assert!(e.contains("num_layers must be ≥ 1, got 0"), "{e}");
+    let e = err(Lstm::new(&v, 3, 4, RnnConfig::default().dropout(1.0)));
+    assert!(e.contains("dropout") && e.contains("got 1"), "{e}");
+    // A model too large to hold is refused before any parameter is made (not a long loop).
+    let e = Gru::new(&v, 3, 4, RnnConfig::default().num_layers(usize::MAX / 2))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Gru::new") && (e.contains("too large") || e.contains("usize")),
+        "{e}"
+    );
+    let e = Gru::new(&v, 3, usize::MAX / 2, RnnConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Gru::new") && e.contains("overflow"), "{e}");
+    let e = Lstm::new(&v, 3, 1 << 28, RnnConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("LSTM \"enc\"") && e.contains("too large"), "{e}");
+    assert!(
+        rt.named_params().is_empty(),
+        "a refused layer made parameters"
+    );
+
+    let m = Lstm::new(&v, 3, 4, RnnConfig::default().num_layers(2)).unwrap();
+    let fwd = |x: &[usize], h0: Option<&[usize]>| {
+        rt.eval(&m, |g| {
+            let x = g.input(Tensor::zeros(x))?;
+            let h0 = h0.map(|d| g.input(Tensor::zeros(d))).transpose()?;
+            let state = h0.as_ref().map(|h| (h, h));
+            Ok(m.forward_state(&x, state)?.0)
+        })
+        .unwrap_err()
+        .to_string()
+    };
+    let e = fwd(&[5, 2, 7], None);
+    assert!(
+        e.contains("Lstm::forward")
+            && e.contains("\"enc\"")
+            && e.contains("3 input features, got 7"),
+        "{e}"
+    );
+    let e = fwd(&[5, 2, 2, 3], None);
+    assert!(
+        e.contains("(T, B, features)") && e.contains("[5, 2, 2, 3]"),
+        "{e}"
+    );
+    let e = fwd(&[3], None);
+    assert!(e.contains("got [3]"), "{e}");
+    let e = fwd(&[0, 2, 3], None);
+    assert!(e.contains("T = 0"), "{e}");
+    let e = fwd(&[5, 2, 3], Some(&[1, 2, 4]));
+    assert!(
+        e.contains("h_0 must be") && e.contains("[2, 2, 4]") && e.contains("got [1, 2, 4]"),
+        "{e}"
+    );
+    let e = fwd(&[5, 3], Some(&[2, 1, 4]));
+    assert!(e.contains("h_0") && e.contains("[2, 4]"), "{e}");
+}
+
+#[test]
+fn a_module_list_names_its_layers_by_position() {
+    let rt = eager::<f64>(Backend::Cpu, 1);
+    let v = rt.vars().pp("blocks");
+    let mut list = ModuleList::from_fn(&v, 2, |v, i| Linear::new(v, 3 + i, 4)).unwrap();
+    list.push_with(&v, |v| Linear::new(v, 4, 2)).unwrap();
+    list.push(Linear::new(&v.pp(list.len()), 2, 1).unwrap());
+    assert_eq!(list.len(), 4);
+    assert!(!list.is_empty() && list.get(4).is_none());
+    let names: Vec<String> = rt.named_params_of(&list).into_iter().map(|x| x.0).collect();
+    assert_eq!(
+        names,
+        [
+            "blocks.0.weight",
+            "blocks.0.bias",
+            "blocks.1.weight",
+            "blocks.1.bias",
+            "blocks.2.weight",
+            "blocks.2.bias",
+            "blocks.3.weight",
+            "blocks.3.bias"
+        ]
+    );
+    assert_eq!(list[1].weight.shape().dims(), &[4, 4]);
+    let ins: Vec<usize> = list.iter().map(|l| l.weight.shape().dims()[1]).collect();
+    assert_eq!(ins, [3, 4, 4, 2]);
+    // A layer's own names under the list: the same parameters.
+    assert_eq!(rt.named_params_of(&list[2])[0].0, "blocks.2.weight");
+    // Used in a forward pass: the layers chained by hand equal a Sequential-like loop.
+    let x = tensor::<f64>(&[2, 4], 3);
+    let got = rt
+        .eval(&list, |g| {
+            let mut h = g.input(x.clone())?;
+            for l in list.iter().skip(1) {
+                h = l.forward(&h)?.tanh()?;
+            }
+            Ok(h)
+        })
+        .unwrap();
+    assert_eq!(got.shape().dims(), &[2, 1]);
+    // Heterogeneous layers behind Box<dyn Module>.
+    let mut dyns: ModuleList<Box<dyn Module<tl_session::Session<f64>>>> = ModuleList::new();
+    let w = rt.vars().pp("mixed");
+    dyns.push_with(&w, |v| {
+        Ok(Box::new(Linear::new(v, 2, 2)?) as Box<dyn Module<tl_session::Session<f64>>>)
+    })
+    .unwrap();
+    dyns.push(Box::new(tl_nn::Activation::Relu));
+    dyns.push_with(&w, |v| {
+        Ok(Box::new(Gru::new(v, 2, 2, RnnConfig::default())?)
+            as Box<dyn Module<tl_session::Session<f64>>>)
+    })
+    .unwrap();
+    let names: Vec<String> = rt.named_params_of(&dyns).into_iter().map(|x| x.0).collect();
+    assert_eq!(names[0], "mixed.0.weight");
+    assert_eq!(names[2], "mixed.2.weight_ih_l0");
+}
+
+#[test]
+fn embedding_takes_batches_of_id_sequences() {
+    let rt = eager::<f64>(Backend::Cpu, 1);
+    let emb = Embedding::new(&rt.vars().pp("tok"), 5, 3).unwrap();
+    let table = rt.value_of(&emb.weight).unwrap();
+    let ids = [[4usize, 0, 2], [1, 1, 3]];
+    let got = rt.eval(&emb, |g| emb.forward_batch(g, &ids)).unwrap();
+    assert_eq!(got.shape().dims(), &[2, 3, 3]);
+    for (b, row) in ids.iter().enumerate() {
+        for (i, &id) in row.iter().enumerate() {
+            let at = (b * 3 + i) * 3;
+            assert_eq!(&got.data()[at..at + 3], &table.data()[id * 3..id * 3 + 3]);
+        }
+    }
+    let flat: Vec<usize> = ids.iter().flatten().copied().collect();
+    let shaped = rt
+        .eval(&emb, |g| emb.forward_shaped(g, &flat, &[2, 3]))
+        .unwrap();
+    assert_eq!(shaped.data(), got.data());
+    // Gradient: one SGD step adds −(how often each row was picked) to it.
+    let mut rt = rt;
+    let mut opt = Optimizer::sgd(1.0).unwrap();
+    rt.step(&emb, &mut opt, |g| emb.forward_batch(g, &ids)?.sum())
+        .unwrap();
+    let after = rt.value_of(&emb.weight).unwrap();
+    for (id, count) in [(0, 1.0), (1, 2.0), (2, 1.0), (3, 1.0), (4, 1.0)] {
+        for k in 0..3 {
+            let d = table.data()[id * 3 + k] - after.data()[id * 3 + k];
+            assert!((d - count).abs() < 1e-12, "row {id}: moved by {d}");
+        }
+    }
+    let e = rt
+        .eval(&emb, |g| emb.forward_batch(g, &[[0, 7], [1, 2]]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("id 7") && e.contains("num_embeddings 5"), "{e}");
+    let e = rt
+        .eval(&emb, |g| emb.forward_batch(g, &[vec![0, 1], vec![1]]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sequence 1 has 1"), "{e}");
+    let e = rt
+        .eval(&emb, |g| emb.forward_shaped(g, &[0, 1, 2], &[2, 2]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[2, 2] holds 4 ids, got 3"), "{e}");
+}
+
+/// PyTorch's fused `in_proj_weight` / `out_proj.weight` (fixture from real
+/// `nn.MultiheadAttention(8, 2, bias=False, batch_first=True)`) load into the layer and give
+/// PyTorch's outputs, with and without the causal mask; saved back, they are the same tensors.
+#[test]
+fn multi_head_attention_loads_and_saves_pytorchs_fused_layout() {
+    fn check<O: Train>(rt: Runtime<O>, tol: f64) {
+        let mha = MultiHeadAttention::new(&rt.vars().pp("attn"), 8, 2, false).unwrap();
+        let causal = MultiHeadAttention {
+            causal: true,
+            ..mha.clone()
+        };
+        let p = fixture("mha.safetensors");
+        let f = checkpoint::read(&p).unwrap();
+        let w = |n: &str| cast::<f32, O::T>(&f.tensors[n].to_tensor::<f32>(&p, n).unwrap());
+        let (in_proj, out_proj) = (w("in_proj_weight"), w("out_proj.weight"));
+        mha.load_pytorch(&rt, &in_proj, &out_proj).unwrap();
+        let e = expected("mha");
+        let x: Tensor<O::T> = cast(&e["input"]);
+        for (m, key) in [(&mha, "output"), (&causal, "output_causal")] {
+            let got = rt.eval(m, |g| m.forward(&g.input(x.clone())?)).unwrap();
+            let d = max_diff(&got, &e[key]);
+            assert!(d < tol, "{key} ({}): max diff {d}", O::T::NAME);
+        }
+        let back = mha.pytorch_state(&rt).unwrap();
+        assert_eq!(back[0].0, "in_proj_weight");
+        assert_eq!(back[1].0, "out_proj.weight");
+        assert_eq!(back[0].1.data(), in_proj.data());
+        assert_eq!(back[1].1.data(), out_proj.data());
+        // A shape that does not fit changes nothing.
+        let before = rt.value_of(&mha.wq).unwrap();
+        let e = mha
+            .load_pytorch(&rt, &out_proj, &out_proj)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("in_proj_weight [24, 8]") && e.contains("got [8, 8]"),
+            "{e}"
+        );
+        assert_eq!(rt.value_of(&mha.wq).unwrap().data(), before.data());
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::Cpu, 0), 2e-6);
+    check(eager::<f32>(Backend::CudaSim, 0), 2e-6);
+    check(linked::<f32>(0), 2e-6);
+}
