@@ -1,5 +1,5 @@
 // Activation kernels: GELU (tanh form, PyTorch `approximate="tanh"`) and SiLU, forward and
-// backward, one element per grid-stride iteration. Each body is the twin of the function of
+// backward, one element per grid-stride iteration (leakyRelu, elu and the exact GELU at the end). Each body is the twin of the function of
 // the same name in crates/tl-tape-cuda/src/device/sim/activation.rs (same operation order;
 // built with --fmad=false). The GELU's tanh and SiLU's sigmoid are tl_tanh_approx and
 // tl_sigmoid_approx (approx.cuh), the twins of tl_spec::approx::{tanh_f32, sigmoid_f32}, which
@@ -82,5 +82,60 @@ extern "C" __global__ void tl_silu_bwd(const float* x, const float* g, float* ou
         const float v = x[i];
         const float s = tl_act_sigmoid(v);
         out[i] = s * (1.0f + v * (1.0f - s)) * g[i];
+    }
+}
+
+// leakyRelu, elu and the exact (erf) GELU, forward and backward; twins of
+// crates/tl-tape-cuda/src/device/sim/point_act.rs. Kinks as PyTorch's autograd: the x <= 0
+// branch is taken at 0 (slope there: negative_slope, alpha). The exact GELU's erf and exp are
+// tl_erf_approx and tl_exp_approx (approx.cuh), as on the sim and the CPU tape's f32 kernel:
+// the same bits on all three. elu calls CUDA's expm1f/expf (the host libm's on the emulator,
+// as the sim): within a few ulps of the sim on a GPU.
+#define TL_FRAC_1_SQRT_2 0.7071067811865476f
+#define TL_FRAC_1_SQRT_2PI 0.3989422804014327f
+
+extern "C" __global__ void tl_leaky_relu(const float* x, float* out, u64 n, float slope) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        out[i] = v > 0.0f ? v : slope * v;
+    }
+}
+
+extern "C" __global__ void tl_leaky_relu_bwd(const float* x, const float* g, float* out, u64 n,
+                                             float slope) {
+    TL_GRID_STRIDE(i, n) { out[i] = x[i] > 0.0f ? g[i] : slope * g[i]; }
+}
+
+extern "C" __global__ void tl_elu(const float* x, float* out, u64 n, float alpha) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        out[i] = v > 0.0f ? v : alpha * expm1f(v);
+    }
+}
+
+// g for v > 0, else (alpha e^v) g.
+extern "C" __global__ void tl_elu_bwd(const float* x, const float* g, float* out, u64 n,
+                                      float alpha) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        out[i] = v > 0.0f ? g[i] : alpha * expf(v) * g[i];
+    }
+}
+
+// 0.5 v (1 + erf(v / sqrt 2)).
+extern "C" __global__ void tl_gelu_erf(const float* x, float* out, u64 n) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        out[i] = 0.5f * v * (1.0f + tl_erf_approx(v * TL_FRAC_1_SQRT_2));
+    }
+}
+
+// (Phi(v) + v phi(v)) g: Phi = 0.5 (1 + erf(v / sqrt 2)), phi = e^{-v^2/2} / sqrt(2 pi).
+extern "C" __global__ void tl_gelu_erf_bwd(const float* x, const float* g, float* out, u64 n) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        const float cdf = 0.5f * (1.0f + tl_erf_approx(v * TL_FRAC_1_SQRT_2));
+        const float pdf = TL_FRAC_1_SQRT_2PI * tl_exp_approx(-(0.5f * v * v));
+        out[i] = (cdf + v * pdf) * g[i];
     }
 }

@@ -1,5 +1,5 @@
-// exp, tanh, the logistic sigmoid, ln and softplus in straight-line arithmetic, the twins of
-// tl_spec::approx::{exp_f32, tanh_f32, sigmoid_f32, log_f32, softplus_f32}
+// exp, tanh, the logistic sigmoid, ln and softplus in straight-line arithmetic (and erf), the
+// twins of tl_spec::approx::{exp_f32, tanh_f32, sigmoid_f32, log_f32, softplus_f32, erf_f32}
 // (same operations in the same order; built with --fmad=false, so each rounds as on the host,
 // and the fused multiply-adds are written out: __fmaf_rn for f32::mul_add).
 // The simulation device and the CPU tape's f32 kernels call those functions where these are
@@ -103,4 +103,82 @@ __device__ __forceinline__ float tl_softplus_approx(float x) {
     const bool big = u >= 0.41421357f;
     const float f = big ? (1.0f + u) * 0.5f - 1.0f : u;
     return fmaxf(x, 0.0f) + tl_log_reduced(f, big ? 1.0f : 0.0f);
+}
+
+// erf x, the twin of tl_spec::approx::erf_f32: FreeBSD's erff, its two expf calls
+// tl_exp_approx, the sign of x put back last (same operations in the same order).
+__device__ __forceinline__ float tl_erf_approx(float x) {
+    const float erx = 8.4506291151e-01f;
+    const float a = fabsf(x);
+    if (a != a) return x;
+    float y;
+    if (a < 0.84375f) {
+        const float z = x * x;
+        const float r = 1.2837916613e-01f +
+                        z * (-3.2504209876e-01f +
+                             z * (-2.8481749818e-02f +
+                                  z * (-5.7702702470e-03f + z * -2.3763017452e-05f)));
+        const float s =
+            1.0f + z * (3.9791721106e-01f +
+                        z * (6.5022252500e-02f +
+                             z * (5.0813062117e-03f +
+                                  z * (1.3249473704e-04f + z * -3.9602282413e-06f))));
+        return x + x * (r / s);
+    } else if (a < 1.25f) {
+        const float s = a - 1.0f;
+        const float p =
+            -2.3621185683e-03f +
+            s * (4.1485610604e-01f +
+                 s * (-3.7220788002e-01f +
+                      s * (3.1834661961e-01f +
+                           s * (-1.1089469492e-01f +
+                                s * (3.5478305072e-02f + s * -2.1663755178e-03f)))));
+        const float q =
+            1.0f + s * (1.0642088205e-01f +
+                        s * (5.4039794207e-01f +
+                             s * (7.1828655899e-02f +
+                                  s * (1.2617121637e-01f +
+                                       s * (1.3637083583e-02f + s * 1.1984500103e-02f)))));
+        y = erx + p / q;
+    } else if (a < 6.0f) {
+        const float s = 1.0f / (a * a);
+        float r, big_s;
+        if (a < __int_as_float(0x4036db6d)) {
+            r = -9.8649440333e-03f +
+                s * (-6.9385856390e-01f +
+                     s * (-1.0558626175e+01f +
+                          s * (-6.2375331879e+01f +
+                               s * (-1.6239666748e+02f +
+                                    s * (-1.8460508728e+02f +
+                                         s * (-8.1287437439e+01f + s * -9.8143291473e+00f))))));
+            big_s = 1.0f +
+                    s * (1.9651271820e+01f +
+                         s * (1.3765776062e+02f +
+                              s * (4.3456588745e+02f +
+                                   s * (6.4538726807e+02f +
+                                        s * (4.2900814819e+02f +
+                                             s * (1.0863500214e+02f +
+                                                  s * (6.5702495575e+00f +
+                                                       s * -6.0424413532e-02f)))))));
+        } else {
+            r = -9.8649431020e-03f +
+                s * (-7.9928326607e-01f +
+                     s * (-1.7757955551e+01f +
+                          s * (-1.6063638306e+02f +
+                               s * (-6.3756646729e+02f +
+                                    s * (-1.0250950928e+03f + s * -4.8351919556e+02f)))));
+            big_s = 1.0f +
+                    s * (3.0338060379e+01f +
+                         s * (3.2579251099e+02f +
+                              s * (1.5367296143e+03f +
+                                   s * (3.1998581543e+03f +
+                                        s * (2.5530502930e+03f +
+                                             s * (4.7452853394e+02f + s * -2.2440952301e+01f))))));
+        }
+        const float z = __int_as_float(__float_as_int(a) & (int)0xffffe000u);
+        y = 1.0f - tl_exp_approx(-z * z - 0.5625f) * tl_exp_approx((z - a) * (z + a) + r / big_s) / a;
+    } else {
+        y = 1.0f;
+    }
+    return copysignf(y, x);
 }

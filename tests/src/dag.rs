@@ -265,7 +265,16 @@ impl Dag {
                 self.add(op, &[x, y]);
             }
             6 => self.push(Op::Abs, &[x]),
-            7 => self.push(Op::Relu, &[x]),
+            // relu, or (one time in three each) leakyRelu and elu with a parameter from p.
+            7 => {
+                let s = f64::from(p / 3 % 5) * 0.25 - 0.5;
+                let op = match p % 3 {
+                    0 => Op::Relu,
+                    1 => Op::LeakyRelu { negative_slope: s },
+                    _ => Op::Elu { alpha: s + 1.0 },
+                };
+                self.push(op, &[x]);
+            }
             8 => self.push(Op::Sigmoid, &[x]),
             9 => self.push(Op::Tanh, &[x]),
             10 => self.push(Op::Softplus, &[x]),
@@ -402,7 +411,7 @@ impl Dag {
                 let (wq, wk) = (self.adapt(y, &w), self.adapt(z, &w));
                 let wv = self.adapt(x, &w);
                 let wo = self.adapt(y, &Shape::new(&[width, dm]));
-                let mask = (p / 4 % 2 == 1).then(|| Mask::causal(n));
+                let mask = (p / 4 % 2 == 1).then(|| Mask::causal(n).unwrap());
                 let fused = p / 8 % 2 == 1;
                 let op = Op::MultiHeadAttention { heads, mask, fused };
                 self.add(op, &[wq, wk, wv, wo, x]);
@@ -417,9 +426,9 @@ impl Dag {
                     self.adapt(x, &Shape::new(&[n, n]))
                 };
                 let mask = if p % 2 == 1 {
-                    Mask::from_fn(n, |i, j| i > 0 && j <= i)
+                    Mask::from_fn(n, |i, j| i > 0 && j <= i).unwrap()
                 } else {
-                    Mask::causal(n)
+                    Mask::causal(n).unwrap()
                 };
                 self.add(Op::MaskedSoftmax { mask }, &[x]);
             }

@@ -76,7 +76,8 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
     };
     use Op::*;
     match op {
-        Abs | Relu | Inv => Some(min_over(x[0], &|v| v.abs())),
+        // elu's slope is continuous at 0 only for alpha = 1: every alpha counts as a kink.
+        Abs | Relu | Inv | LeakyRelu { .. } | Elu { .. } => Some(min_over(x[0], &|v| v.abs())),
         Sqrt | Log => Some(min_over(x[0], &|v| v)),
         Div => Some(min_over(x[1], &|v| v.abs())),
         Clamp { lo, hi } => Some(min_over(x[0], &|v| (v - lo).abs().min((v - hi).abs()))),
@@ -117,6 +118,7 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | MseLoss
         | Gelu
         | Silu
+        | GeluErf
         | Concat
         | Slice { .. }
         | CrossEntropy { .. }

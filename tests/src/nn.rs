@@ -110,13 +110,16 @@ impl<T: Scalar> LayerSession for LinkedSession<T> {
 }
 
 /// The activations of [`Activation`], for generation.
-const ACTIVATIONS: [Activation; 6] = [
+const ACTIVATIONS: [Activation; 9] = [
     Activation::Relu,
     Activation::Tanh,
     Activation::Sigmoid,
     Activation::Gelu,
     Activation::Silu,
     Activation::Softplus,
+    Activation::GeluErf,
+    Activation::LeakyRelu(0.2),
+    Activation::Elu(0.7),
 ];
 
 /// One layer with its sizes and settings (what the case generator draws).
@@ -575,7 +578,7 @@ impl LayerSpec {
             } => {
                 let op = Op::MultiHeadAttention {
                     heads: *heads,
-                    mask: causal.then(|| Mask::causal(*n)),
+                    mask: causal.then(|| Mask::causal(*n).unwrap()),
                     fused: false,
                 };
                 b.apply(op, &[p[0], p[1], p[2], p[3], x()?])
@@ -592,6 +595,9 @@ impl LayerSpec {
                     Activation::Gelu => Op::Gelu,
                     Activation::Silu => Op::Silu,
                     Activation::Softplus => Op::Softplus,
+                    Activation::GeluErf => Op::GeluErf,
+                    Activation::LeakyRelu(s) => Op::LeakyRelu { negative_slope: *s },
+                    Activation::Elu(alpha) => Op::Elu { alpha: *alpha },
                 };
                 b.apply(op, &[x()?])
             }

@@ -213,7 +213,7 @@ pub const SIM_ULPS: u64 = 8;
 
 /// The ulp bound of check 6 for the ops whose f32 transcendentals are all
 /// `tl_spec::approx`'s functions on both sides (`tanh`, `sigmoid`, `gelu`, `silu`,
-/// `softplus`, `safeLog`): the CPU tape and the sim call the very same functions with the same
+/// `softplus`, `safeLog`, `geluErf`): the CPU tape and the sim call the very same functions with the same
 /// operations around them, so they must agree bit for bit.
 pub const SAME_BITS: u64 = 0;
 const NO_OPERANDS: &str = "a seeded draw has no operands";
@@ -263,6 +263,21 @@ registry! {
     Op::MseLoss => entry("mseLoss", mse_loss),
     Op::Gelu => entry("gelu", |z| unary(z, Op::Gelu, Any(4.0))).ulps(SAME_BITS),
     Op::Silu => entry("silu", |z| unary(z, Op::Silu, Any(4.0))).ulps(SAME_BITS),
+    Op::GeluErf => entry("geluErf", |z| unary(z, Op::GeluErf, Any(4.0))).ulps(SAME_BITS),
+    // leakyRelu and elu: SIM_ULPS, not SAME_BITS (which also holds the GPU to the sim's bits):
+    // elu's kernels call CUDA's expm1f/expf, within a few ulps of libm's.
+    Op::LeakyRelu { .. } => entry("leakyRelu", |z| {
+        let slope = prop_oneof![Just(0.01), -2.0f64..=2.0];
+        unary_param(z, slope, |negative_slope| Op::LeakyRelu { negative_slope }, AwayFromZero(0.1, 2.0))
+    })
+    .ulps(SIM_ULPS)
+    .kinks(|z| at_exact(z, Op::LeakyRelu { negative_slope: 0.2 }, 0.0)),
+    Op::Elu { .. } => entry("elu", |z| {
+        let alpha = prop_oneof![Just(1.0), -2.0f64..=3.0];
+        unary_param(z, alpha, |alpha| Op::Elu { alpha }, AwayFromZero(0.1, 3.0))
+    })
+    .ulps(SIM_ULPS)
+    .kinks(|z| at_exact(z, Op::Elu { alpha: 0.5 }, 0.0)),
     Op::Concat => entry("concat0", concat).ulps(SIM_ULPS),
     Op::Slice { .. } => entry("sliceRange0", slice).ulps(SIM_ULPS),
     Op::CrossEntropy { .. } => entry("crossEntropy", cross_entropy),

@@ -95,6 +95,9 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         MseLoss => loss::mse_loss(x[0], x[1]),
         Gelu => Ok(act::gelu(x[0])),
         Silu => Ok(act::silu(x[0])),
+        GeluErf => Ok(act::gelu_erf(x[0])),
+        LeakyRelu { negative_slope } => Ok(act::leaky_relu(x[0], T::lit(*negative_slope))),
+        Elu { alpha } => Ok(act::elu(x[0], T::lit(*alpha))),
         Concat => concat::concat(x[0], x[1]),
         Slice { start, len } => concat::slice(x[0], *start, *len),
         CrossEntropy { labels_at } => {
@@ -250,6 +253,9 @@ pub fn vjp<T: Scalar>(
         MseLoss => two(loss::mse_loss_vjp(x[0], x[1], g)),
         Gelu => one(act::gelu_vjp(x[0], g)),
         Silu => one(act::silu_vjp(x[0], g)),
+        GeluErf => one(act::gelu_erf_vjp(x[0], g)),
+        LeakyRelu { negative_slope } => one(act::leaky_relu_vjp(x[0], T::lit(*negative_slope), g)),
+        Elu { alpha } => one(act::elu_vjp(x[0], T::lit(*alpha), g)),
         Concat => two(concat::concat_vjp(x[0], x[1], g)),
         Slice { start, len } => one(concat::slice_vjp(x[0], *start, *len, g)),
         CrossEntropy { labels_at } => ce::labels(x[0].shape(), nats, *labels_at)
@@ -400,6 +406,9 @@ pub fn jvp<T: Scalar>(
         MseLoss => loss::mse_loss_jvp(x[0], x[1], dx[0], dx[1]),
         Gelu => act::gelu_jvp(x[0], dx[0]),
         Silu => act::silu_jvp(x[0], dx[0]),
+        GeluErf => act::gelu_erf_jvp(x[0], dx[0]),
+        LeakyRelu { negative_slope } => act::leaky_relu_jvp(x[0], T::lit(*negative_slope), dx[0]),
+        Elu { alpha } => act::elu_jvp(x[0], T::lit(*alpha), dx[0]),
         // Linear in all operands: the op applied to the tangents.
         Concat | Slice { .. } | ScatterAddVec { .. } | ScatterAddRow { .. } => {
             return value(op, dx, nats);

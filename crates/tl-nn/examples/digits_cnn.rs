@@ -21,6 +21,7 @@ fn main() -> tl_nn::Result<()> {
         .add(MaxPool::new(&[2, 2])?) // 4×4 → 2×2
         .add(Flatten)
         .add(Linear::new(&v.pp(8), 32 * 2 * 2, CLASSES)?);
+    println!("{model}\n{}", rt.summary(&model)?); // layers, shapes, parameter counts
 
     let (train, test) = data::digits()?;
     let (train, test) = (train.shaped(&[1, 8, 8])?, test.shaped(&[1, 8, 8])?);

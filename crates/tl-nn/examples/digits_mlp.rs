@@ -14,7 +14,7 @@ fn main() -> tl_nn::Result<()> {
         .add(Linear::new(&v.pp(0), PIXELS, 128)?)
         .add(Activation::Relu)
         .add(Linear::new(&v.pp(2), 128, CLASSES)?);
-    println!("{} parameters", rt.num_params(&model)?);
+    println!("{model}\n{}", rt.summary(&model)?); // layers, shapes, parameter counts
 
     let (train, test) = data::digits()?;
     let mut opt = Optimizer::adam(1e-3)?;

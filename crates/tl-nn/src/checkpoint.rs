@@ -159,6 +159,14 @@ pub fn read(path: &Path) -> Result<File> {
         )
     };
     let st = SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
+    // The header's JSON object is read into a map, which keeps one of two entries of the same
+    // name: a file naming a tensor twice is refused instead.
+    if let Some(name) = duplicate_name(&bytes) {
+        return Err(bad(
+            path,
+            format!("the header names tensor {name:?} more than once"),
+        ));
+    }
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
     let metadata = meta
         .metadata()
@@ -179,6 +187,47 @@ pub fn read(path: &Path) -> Result<File> {
         );
     }
     Ok(File { tensors, metadata })
+}
+
+/// The first name the header of safetensors `bytes` gives twice (a tensor or `__metadata__`),
+/// if any. For a file [`SafeTensors::deserialize`] accepted: its header is a JSON object.
+fn duplicate_name(bytes: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = std::str::from_utf8(bytes.get(8..8usize.checked_add(len)?)?).ok()?;
+    let mut seen = std::collections::HashSet::new();
+    let skip_ws = |at: usize| at + header[at..].len() - header[at..].trim_start().len();
+    let mut at = skip_ws(0);
+    if !header[at..].starts_with('{') {
+        return None;
+    }
+    at = skip_ws(at + 1);
+    while header[at..].starts_with('"') {
+        // The key's extent: up to the first quote not escaped by a backslash.
+        let mut end = at + 1;
+        let raw = header.as_bytes();
+        while end < raw.len() && raw[end] != b'"' {
+            end += if raw[end] == b'\\' { 2 } else { 1 };
+        }
+        let key: String = serde_json::from_str(header.get(at..=end)?).ok()?;
+        if !seen.insert(key.clone()) {
+            return Some(key);
+        }
+        at = skip_ws(end + 1);
+        if !header[at..].starts_with(':') {
+            return None;
+        }
+        at = skip_ws(at + 1);
+        // The value: one JSON value, whose length the streaming parser reports.
+        let mut values =
+            serde_json::Deserializer::from_str(&header[at..]).into_iter::<serde_json::Value>();
+        values.next()?.ok()?;
+        at = skip_ws(at + values.byte_offset());
+        match header[at..].chars().next()? {
+            ',' => at = skip_ws(at + 1),
+            _ => return None,
+        }
+    }
+    None
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -297,11 +346,13 @@ pub fn write_atomic_with(
 
 impl<O: Train> Runtime<O> {
     /// `model`'s parameters by full name, read back to the host. PyTorch:
-    /// `model.state_dict()`.
+    /// `model.state_dict()`. An error naming them when `model` does not list parameters its
+    /// passes used ([`Runtime`], "Listed parameters"): the file would lack them.
     pub fn state_dict<M: Parameters + ?Sized>(
         &self,
         model: &M,
     ) -> Result<Vec<(String, Tensor<O::T>)>> {
+        self.check_listed("Runtime::state_dict", model)?;
         self.named_params_of(model)
             .into_iter()
             .map(|(name, p)| Ok((name, self.value_of(&p)?)))
@@ -323,6 +374,7 @@ impl<O: Train> Runtime<O> {
         opt: Option<&Optimizer>,
         metadata: &BTreeMap<String, String>,
     ) -> Result<()> {
+        self.check_listed("Runtime::save", model)?;
         let mut file = File {
             metadata: metadata.clone(),
             ..File::default()
@@ -360,6 +412,7 @@ impl<O: Train> Runtime<O> {
         path: &Path,
         opt: Option<&mut Optimizer>,
     ) -> Result<BTreeMap<String, String>> {
+        self.check_listed("Runtime::load", model)?;
         let file = read(path)?;
         self.load_file(model, path, &file, opt)?;
         Ok(file.metadata)
@@ -373,6 +426,7 @@ impl<O: Train> Runtime<O> {
         file: &File,
         opt: Option<&mut Optimizer>,
     ) -> Result<()> {
+        self.check_listed("Runtime::load", model)?;
         let named = self.named_params_of(model);
         // Validate everything first: the model must not be left half loaded.
         let mut values = Vec::with_capacity(named.len());

@@ -1,5 +1,8 @@
-//! The error type of tl-nn: the session's errors, plus bad labels, bad layer configurations and
-//! checkpoint files that do not fit the model, each naming what is wrong.
+//! The error type of tl-nn: the session's errors, plus bad labels, bad layer configurations,
+//! layer inputs of the wrong shape, parameters a model does not list and checkpoint files that
+//! do not fit the model, each naming what is wrong. It converts from every error a model
+//! author meets (the crates below tl-nn, I/O, number parsing, a boxed error of your own), so
+//! `?` works in any function returning [`Result`].
 
 use std::path::PathBuf;
 
@@ -40,6 +43,72 @@ pub enum Error {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A layer's input does not fit the layer: names the layer (its type and the path its
+    /// parameters were created under, `Linear "blocks.0.mlp.up"`), the input's shape, what the
+    /// layer expects, and the usual fix.
+    #[error("{layer}: {detail}")]
+    Input {
+        /// The layer: printed type and path.
+        layer: String,
+        /// What does not fit, and how to fix it.
+        detail: String,
+    },
+    /// An op inside a layer's forward pass failed (names the layer, then the op's error).
+    #[error("{layer}: {source}")]
+    Layer {
+        /// The layer: printed type and path.
+        layer: String,
+        /// The op's error.
+        source: Box<Error>,
+    },
+    /// Parameters a forward pass of the model used that its `visit_params` does not list: they
+    /// would train without being counted, saved or loaded (`tl_nn::Runtime`, "Listed
+    /// parameters"). Raised by `step`, `num_params`, `save`, `load` and `summary`.
+    #[error(
+        "{call}: the model does not list {} parameter(s) its forward pass uses: {}; list every layer in visit_params, or write it with #[derive(Parameters)]",
+        names.len(),
+        names.join(", ")
+    )]
+    Unlisted {
+        /// The call that refused (`Runtime::step`, `Runtime::save`, …).
+        call: &'static str,
+        /// Each missing parameter's full name and dims (`"head.weight" [10, 32]`).
+        names: Vec<String>,
+    },
+    /// Any other error met in a model's code (I/O without a path, a number that does not
+    /// parse, your own error boxed), carried as it is.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+/// `From` impls that go through another variant's own conversion.
+macro_rules! via {
+    ($($from:ty => $variant:ident),* $(,)?) => {
+        $(
+            impl From<$from> for Error {
+                fn from(e: $from) -> Self {
+                    Error::$variant(e.into())
+                }
+            }
+        )*
+    };
+}
+
+via! {
+    // The session wraps the errors of the crates below it.
+    tl_ir::Error => Session,
+    tl_tape_cpu::Error => Session,
+    tl_tape_cuda::Error => Session,
+    // Everything else a model's code meets, as it is.
+    Box<dyn std::error::Error + Send + Sync + 'static> => Other,
+    std::io::Error => Other,
+    std::num::ParseIntError => Other,
+    std::num::ParseFloatError => Other,
+    std::num::TryFromIntError => Other,
+    std::str::Utf8Error => Other,
+    std::string::FromUtf8Error => Other,
+    std::fmt::Error => Other,
+    safetensors::SafeTensorError => Other,
 }
 
 /// A [`Error::Usage`] error.

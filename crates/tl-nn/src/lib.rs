@@ -40,7 +40,8 @@
 //!   `state_dict` names).
 //! - [`Var`]: a tensor in a pass, with the ops as methods and `+ - * /` (broadcasting), so
 //!   expressions nest: `x.matmul(&w)?.relu()?`. [`Scope`]: where a pass makes its inputs.
-//! - [`Module`], [`Parameters`], [`Sequential`], [`Activation`], [`Flatten`], and the layers:
+//! - [`Module`], [`Parameters`] (write it with `#[derive(Parameters)]`), [`Sequential`],
+//!   [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
 //!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
 //!   the recurrent [`Lstm`] and [`Gru`] ([`RnnConfig`], [`RnnWeights`]), and [`ModuleList`]
@@ -53,16 +54,30 @@
 //!   learning-rate [`Schedule`], a stop on a non-finite loss; [`Runtime::train_step`] returns
 //!   a [`StepReport`] (loss, learning rate, gradient norm).
 //! - [`Labels`]: class targets that know their number of classes; a bad label is an error.
+//! - [`losses`]: BCE with logits, NLL, L1, Huber and smooth L1 with PyTorch's [`Reduction`]s
+//!   (beside [`Var::mse_loss`] and [`Var::cross_entropy`]).
+//! - [`tree`] and every layer's `Display`: the model printed as PyTorch prints it;
+//!   [`Runtime::summary`]: its layers with parameter shapes and counts.
+//! - [`Error`]: every message names the layer, op or value; `?` converts the errors of the
+//!   crates below and of I/O and parsing. A parameter a model's pass uses but its
+//!   `visit_params` does not list is an error at `step`, `save` and `num_params` (listed
+//!   parameters, on [`Runtime`]).
 //! - [`checkpoint`]: the file format and atomic writes.
 //! - [`data`]: [`data::Dataset`] and [`data::DataLoader`] (seeded shuffle, drop-last,
 //!   collate), the digits data set, the King James text, character vocabularies and token
 //!   windows for language models. [`Rng`]: a seeded random stream on the project's counter
 //!   RNG; [`sample()`] / [`argmax`]: the next token from a language model's last logits.
 
+// `#[derive(Parameters)]` names `::tl_nn`, also inside this crate.
+extern crate self as tl_nn;
+
+mod display;
 mod error;
 mod init;
 mod labels;
 mod layers;
+mod listed;
+pub mod losses;
 mod module;
 mod rng;
 mod runtime;
@@ -77,6 +92,7 @@ pub mod data;
 pub mod models;
 
 pub use data::{CLASSES, PIXELS};
+pub use display::{Summary, SummaryRow, Tree, tree};
 pub use error::{Error, Result};
 pub use init::Init;
 pub use labels::Labels;
@@ -84,14 +100,28 @@ pub use layers::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Gru, LayerNorm,
     Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, RnnConfig, RnnWeights, SpectralConv1d,
 };
+pub use losses::Reduction;
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use rng::Rng;
 pub use runtime::{Runtime, Scope};
 pub use sample::{argmax, sample};
+/// The CPU kernels' thread count (default: the cores; `TL_NUM_THREADS`), returning the
+/// previous one: tl-tape-cpu's `set_threads`, here so a model author need not depend on it.
+pub use tl_tape_cpu::{set_threads, threads};
+/// `#[derive(Parameters)]`: `visit_params` and the printed children written from the fields
+/// (structs, tuple structs, enums; `Vec`, `Option`, `Box` of layers; generic models;
+/// `#[parameters(skip)]` for a field without layers). See the `tl-nn-derive` crate.
+pub use tl_nn_derive::Parameters;
 pub use train::{Schedule, StepReport, StepStats};
 pub use user::UserLayer;
 pub use var::Var;
 pub use vars::Vars;
+
+/// What `#[derive(Parameters)]` expands to names; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use tl_session::Param;
+}
 
 /// docs/guide.md ("Your first model"): its code blocks run as this crate's doctests.
 #[cfg(doctest)]

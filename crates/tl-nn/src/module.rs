@@ -5,11 +5,37 @@ use tl_session::{Param, Train};
 
 use crate::{Result, Var};
 
-/// Something that owns parameters. PyTorch: `nn.Module.parameters()` and its buffers.
+/// Something that owns parameters. PyTorch: `nn.Module.parameters()` and its buffers, and
+/// what `print(model)` shows.
+///
+/// Write it with `#[derive(Parameters)]` (re-exported from `tl-nn-derive`): the derive visits
+/// every field in order and names the fields as the model's children. A hand-written
+/// `visit_params` must list every parameter the model's forward pass uses: one it leaves out
+/// is an error at `Runtime::step`, `save` and `num_params` (see [`crate::Runtime`], "Listed
+/// parameters").
 pub trait Parameters {
     /// Call `f` on every parameter (and buffer), in a fixed order: the order of
     /// `named_params_of` and of checkpoints.
     fn visit_params(&self, f: &mut dyn FnMut(&Param));
+
+    /// Call `f` on each sub-module with its name, in order: what [`crate::tree`] prints
+    /// under this module and what [`crate::Runtime::summary`] breaks it into. PyTorch:
+    /// `named_children()`. The derive names the fields; a layer has none (the default).
+    fn visit_children(&self, f: &mut dyn FnMut(&str, &dyn Parameters)) {
+        let _ = f;
+    }
+
+    /// The module's type as printed. PyTorch: the class name (`Linear`, `Conv2d`). Default:
+    /// the Rust type's name without its path and generic arguments.
+    fn module_name(&self) -> String {
+        crate::display::short_type_name(std::any::type_name::<Self>())
+    }
+
+    /// The module's settings as printed between its parentheses. PyTorch: `extra_repr()`
+    /// (`in_features=784, out_features=32, bias=True`). Default: none.
+    fn extra_repr(&self) -> String {
+        String::new()
+    }
 }
 
 /// A layer or a model: `forward` is written once, generic over the session, and runs eager
@@ -24,27 +50,65 @@ impl<P: Parameters + ?Sized> Parameters for Box<P> {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         (**self).visit_params(f)
     }
+    fn visit_children(&self, f: &mut dyn FnMut(&str, &dyn Parameters)) {
+        (**self).visit_children(f)
+    }
+    fn module_name(&self) -> String {
+        (**self).module_name()
+    }
+    fn extra_repr(&self) -> String {
+        (**self).extra_repr()
+    }
 }
 
+/// Every element, in order; printed as a list whose children are named `0`, `1`, ….
 impl<P: Parameters> Parameters for Vec<P> {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         for p in self {
             p.visit_params(f);
         }
     }
+    fn visit_children(&self, f: &mut dyn FnMut(&str, &dyn Parameters)) {
+        for (i, p) in self.iter().enumerate() {
+            f(&i.to_string(), p);
+        }
+    }
+    fn module_name(&self) -> String {
+        "Vec".into()
+    }
 }
 
+/// The module when present (printed as it), nothing when absent (printed `None`).
 impl<P: Parameters> Parameters for Option<P> {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         if let Some(p) = self {
             p.visit_params(f);
         }
     }
+    fn visit_children(&self, f: &mut dyn FnMut(&str, &dyn Parameters)) {
+        if let Some(p) = self {
+            p.visit_children(f);
+        }
+    }
+    fn module_name(&self) -> String {
+        self.as_ref()
+            .map_or_else(|| crate::display::NONE.into(), P::module_name)
+    }
+    fn extra_repr(&self) -> String {
+        self.as_ref().map(P::extra_repr).unwrap_or_default()
+    }
 }
 
+/// A bare parameter, printed with its shape: `Parameter([32, 16])`.
 impl Parameters for Param {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         f(self)
+    }
+    fn module_name(&self) -> String {
+        "Parameter".into()
+    }
+    fn extra_repr(&self) -> String {
+        format!("{:?}", self.shape().dims())
     }
 }
 
@@ -91,6 +155,14 @@ impl<O: Train> Parameters for Sequential<O> {
             l.visit_params(f);
         }
     }
+    fn visit_children(&self, f: &mut dyn FnMut(&str, &dyn Parameters)) {
+        for (i, l) in self.layers.iter().enumerate() {
+            f(&i.to_string(), &**l);
+        }
+    }
+    fn module_name(&self) -> String {
+        "Sequential".into()
+    }
 }
 
 impl<O: Train> Module<O> for Sequential<O> {
@@ -105,7 +177,7 @@ impl<O: Train> Module<O> for Sequential<O> {
 
 /// An activation as a module (the same functions are methods of [`Var`]).
 /// PyTorch: `nn.ReLU()`, `nn.Tanh()`, …
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// `max(x, 0)`. PyTorch: `nn.ReLU`.
     Relu,
@@ -119,9 +191,38 @@ pub enum Activation {
     Silu,
     /// `log(1+exp(x))`. PyTorch: `nn.Softplus`.
     Softplus,
+    /// The exact GELU `½·x·(1 + erf(x/√2))`. PyTorch: `nn.GELU()` (its default).
+    GeluErf,
+    /// `x` for x > 0, else `negative_slope·x`. PyTorch: `nn.LeakyReLU(negative_slope)`
+    /// (PyTorch's default 0.01: [`Activation::LEAKY_RELU`]).
+    LeakyRelu(f64),
+    /// `x` for x > 0, else `alpha·(eˣ − 1)`. PyTorch: `nn.ELU(alpha)` (PyTorch's default 1.0:
+    /// [`Activation::ELU`]).
+    Elu(f64),
 }
 
 impl Activation {
+    /// `LeakyRelu` with PyTorch's default slope, 0.01 (`nn.LeakyReLU()`).
+    pub const LEAKY_RELU: Activation = Activation::LeakyRelu(0.01);
+    /// `Elu` with PyTorch's default alpha, 1.0 (`nn.ELU()`).
+    pub const ELU: Activation = Activation::Elu(1.0);
+
+    /// How the activation prints: PyTorch's class name and `extra_repr()` (one arm per
+    /// variant).
+    fn pytorch(self) -> (&'static str, String) {
+        match self {
+            Activation::Relu => ("ReLU", String::new()),
+            Activation::Tanh => ("Tanh", String::new()),
+            Activation::Sigmoid => ("Sigmoid", String::new()),
+            Activation::Gelu => ("GELU", "approximate='tanh'".into()),
+            Activation::Silu => ("SiLU", String::new()),
+            Activation::Softplus => ("Softplus", String::new()),
+            Activation::GeluErf => ("GELU", String::new()),
+            Activation::LeakyRelu(s) => ("LeakyReLU", format!("negative_slope={s:?}")),
+            Activation::Elu(a) => ("ELU", format!("alpha={a:?}")),
+        }
+    }
+
     /// Apply the activation to `x`.
     pub fn apply<'g, O: Train>(self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         match self {
@@ -131,12 +232,21 @@ impl Activation {
             Activation::Gelu => x.gelu(),
             Activation::Silu => x.silu(),
             Activation::Softplus => x.softplus(),
+            Activation::GeluErf => x.gelu_erf(),
+            Activation::LeakyRelu(slope) => x.leaky_relu(slope),
+            Activation::Elu(alpha) => x.elu(alpha),
         }
     }
 }
 
 impl Parameters for Activation {
     fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+    fn module_name(&self) -> String {
+        self.pytorch().0.into()
+    }
+    fn extra_repr(&self) -> String {
+        self.pytorch().1
+    }
 }
 
 impl<O: Train> Module<O> for Activation {
@@ -151,6 +261,9 @@ pub struct Flatten;
 
 impl Parameters for Flatten {
     fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+    fn extra_repr(&self) -> String {
+        "start_dim=1, end_dim=-1".into()
+    }
 }
 
 impl<O: Train> Module<O> for Flatten {

@@ -14,6 +14,7 @@ use tl_session::{Optimizer, Param, TensorRef, Train};
 use tl_spec::{Scalar, Tensor};
 
 use crate::error::usage;
+use crate::listed::Listing;
 use crate::{Labels, Module, Parameters, Result, Var, Vars};
 
 /// A session, its named parameters, and the passes run on it. Generic over the session: the
@@ -21,6 +22,24 @@ use crate::{Labels, Module, Parameters, Result, Var, Vars};
 ///
 /// PyTorch comparison: the device plus `model.named_parameters()`, with `train_step` written
 /// once for you.
+///
+/// # Listed parameters
+///
+/// A parameter is *listed* by a model when the model's [`Parameters::visit_params`] visits it
+/// (`#[derive(Parameters)]` visits every field). Each pass records the listed parameters
+/// first; one the pass reads through [`Scope::param`] (every layer's `forward` does) that
+/// the model did not list would train without being counted, saved or loaded. So:
+/// - [`Runtime::step`] fails with [`crate::Error::Unlisted`] naming them, before the backward
+///   pass (no parameter or optimizer state changes);
+/// - [`Runtime::eval`], [`Runtime::forward_train`] and [`Runtime::record`] succeed, and the
+///   runtime remembers the gap for that model (known by the set of parameters it lists);
+/// - [`Runtime::num_params`], [`Runtime::save`] (`save_with`, `state_dict`),
+///   [`Runtime::load`] and [`Runtime::summary`] fail with the same error for a model whose
+///   passes, or the passes of a model inside it (whose listed set is a non-empty part of its
+///   own), used parameters it still does not list.
+///
+/// Before a model's first pass there is nothing to compare with: the gap shows at its first
+/// `step`.
 pub struct Runtime<O: Train> {
     session: RefCell<O>,
     /// Every parameter created through [`Vars`], by full name, in creation order.
@@ -29,6 +48,8 @@ pub struct Runtime<O: Train> {
     leaves: RefCell<HashMap<usize, TensorRef>>,
     /// Whether the open pass trains (dropout on, batch norm on batch statistics).
     training: Cell<bool>,
+    /// The parameters passes used that their model did not list (`crate::listed`).
+    pub(crate) listing: RefCell<Listing>,
 }
 
 impl<O: Train> Runtime<O> {
@@ -39,6 +60,7 @@ impl<O: Train> Runtime<O> {
             names: RefCell::new(Vec::new()),
             leaves: RefCell::new(HashMap::new()),
             training: Cell::new(false),
+            listing: RefCell::new(Listing::default()),
         }
     }
 
@@ -105,25 +127,29 @@ impl<O: Train> Runtime<O> {
         self.names.borrow().clone()
     }
 
+    /// The full name of `p` (`blocks.0.attn.wq`), or `param<index>` for a parameter not
+    /// created through this runtime's [`Vars`].
+    pub(crate) fn name_of(&self, p: &Param) -> String {
+        self.names
+            .borrow()
+            .iter()
+            .find(|(_, q)| q == p)
+            .map_or_else(|| format!("param{}", p.index()), |(n, _)| n.clone())
+    }
+
     /// `model`'s parameters with their full names, in the model's order. PyTorch:
     /// `model.named_parameters()` plus its buffers (batch norm's running statistics).
     pub fn named_params_of<M: Parameters + ?Sized>(&self, model: &M) -> Vec<(String, Param)> {
-        let names = self.names.borrow();
         let mut out = Vec::new();
-        model.visit_params(&mut |p| {
-            let name = names
-                .iter()
-                .find(|(_, q)| q == p)
-                .map(|(n, _)| n.clone())
-                .unwrap_or_else(|| format!("param{}", p.index()));
-            out.push((name, p.clone()));
-        });
+        model.visit_params(&mut |p| out.push((self.name_of(p), p.clone())));
         out
     }
 
     /// The number of scalar values in `model`'s trainable parameters. PyTorch:
-    /// `sum(p.numel() for p in model.parameters() if p.requires_grad)`.
+    /// `sum(p.numel() for p in model.parameters() if p.requires_grad)`. An error naming them
+    /// when `model` does not list parameters its passes used (see "Listed parameters").
     pub fn num_params<M: Parameters + ?Sized>(&self, model: &M) -> Result<usize> {
+        self.check_listed("Runtime::num_params", model)?;
         let s = self.session.borrow();
         let mut n = 0;
         for (_, p) in self.named_params_of(model) {
@@ -171,6 +197,9 @@ impl<O: Train> Runtime<O> {
         self.training.set(training);
         let mut params = Vec::new();
         model.visit_params(&mut |p| params.push(p.clone()));
+        self.listing
+            .borrow_mut()
+            .begin(params.iter().map(Param::index));
         for p in params {
             if let std::collections::hash_map::Entry::Vacant(e) = leaves.entry(p.index()) {
                 e.insert(s.use_param(&p)?);
@@ -181,6 +210,7 @@ impl<O: Train> Runtime<O> {
 
     /// Close the pass: every handle of it becomes invalid and its buffers are released.
     fn end(&self) {
+        self.listing.borrow_mut().end();
         self.leaves.borrow_mut().clear();
         self.session.borrow_mut().reset();
         self.training.set(false);
@@ -191,10 +221,14 @@ impl<O: Train> Runtime<O> {
         if let Some(r) = self.leaves.borrow().get(&p.index()) {
             return Ok(r.clone());
         }
+        self.listing.borrow_mut().note(p.index());
         let r = self.session.borrow_mut().use_param(p).map_err(|e| {
             usage(
                 "Scope::param",
-                format!("parameter #{} is not part of the model given to step/eval, and could not be recorded now: {e}", p.index()),
+                format!(
+                    "parameter {:?} is not listed by the model given to step/eval (its visit_params), and could not be recorded now: {e}",
+                    self.name_of(p)
+                ),
             )
         })?;
         self.leaves.borrow_mut().insert(p.index(), r.clone());
@@ -215,7 +249,11 @@ impl<O: Train> Runtime<O> {
         self.begin(model, true)?;
         let r = (|| {
             let scope = Scope { rt: self };
-            let loss = loss_fn(&scope)?;
+            // A parameter the model does not list is the error to report, also when the pass
+            // failed because of it (a linked session cannot record it after the first op).
+            let loss = loss_fn(&scope);
+            self.check_pass_listed("Runtime::step")?;
+            let loss = loss?;
             loss.check_here("Runtime::step")?;
             if !loss.shape().is_scalar() {
                 return Err(usage(
@@ -294,7 +332,8 @@ impl<O: Train> Runtime<O> {
     }
 
     /// Classification accuracy of `model` on `(x, labels)` in batches of `batch` rows of `x`'s
-    /// leading axis: the share of rows whose largest logit is the label.
+    /// leading axis: the share of rows whose largest logit is the label. Labels of more classes
+    /// than the model has logits are an error naming both numbers.
     pub fn accuracy<M>(
         &self,
         model: &M,
@@ -322,6 +361,17 @@ impl<O: Train> Runtime<O> {
             let n = batch.min(rows - start);
             let xb = crate::data::rows(x, start, n)?;
             let logits = self.eval(model, |g| model.forward(&g.input(xb)?))?;
+            let classes = logits.shape().dims().last().copied().unwrap_or(1);
+            if labels.classes() > classes {
+                return Err(usage(
+                    "Runtime::accuracy",
+                    format!(
+                        "the labels have {} classes but the model gives {classes} logits per row (logits {})",
+                        labels.classes(),
+                        logits.shape()
+                    ),
+                ));
+            }
             let pred = logits.argmax(logits.shape().rank().saturating_sub(1))?;
             correct += pred
                 .iter()

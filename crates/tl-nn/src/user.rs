@@ -13,6 +13,9 @@ pub struct UserLayer(pub UserOpRef);
 
 impl Parameters for UserLayer {
     fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+    fn extra_repr(&self) -> String {
+        format!("{:?}", self.0)
+    }
 }
 
 impl<O: Train> Module<O> for UserLayer {

@@ -177,6 +177,8 @@ impl<'g, O: Train> Var<'g, O> {
         gelu;
         /// `x·sigmoid(x)`. PyTorch: `F.silu`.
         silu;
+        /// The exact GELU `½·x·(1 + erf(x/√2))`. PyTorch: `F.gelu(x)` (`approximate="none"`).
+        gelu_erf;
         /// Identity without gradient. PyTorch: `x.detach()`.
         detach;
         /// All axes into one. PyTorch: `torch.flatten(x)`.
@@ -207,6 +209,18 @@ impl<'g, O: Train> Var<'g, O> {
     /// `min(hi, max(lo, x))`. PyTorch: `torch.clamp`.
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Var<'g, O>> {
         self.record(|s| s.clamp(&self.r, lo, hi))
+    }
+
+    /// `x` for x > 0, else `negative_slope·x` (gradient `negative_slope` at 0). PyTorch:
+    /// `F.leaky_relu(x, negative_slope)` (its default: 0.01).
+    pub fn leaky_relu(&self, negative_slope: f64) -> Result<Var<'g, O>> {
+        self.record(|s| s.leaky_relu(&self.r, negative_slope))
+    }
+
+    /// `x` for x > 0, else `alpha·(eˣ − 1)` (gradient `alpha` at 0). PyTorch: `F.elu(x, alpha)`
+    /// (its default: 1.0).
+    pub fn elu(&self, alpha: f64) -> Result<Var<'g, O>> {
+        self.record(|s| s.elu(&self.r, alpha))
     }
 
     /// The same elements in `dims` (row-major). PyTorch: `x.reshape(dims)`.

@@ -178,8 +178,9 @@ impl From<tl_tape_cuda::Error> for Error {
 
 impl Error {
     /// Name the Rust method `method` that recorded the failing op, before the op's own
-    /// message (which names the op as the IR spells it).
-    /// Handle errors keep their variant, with the method as the call they name.
+    /// message (which names the op as the IR spells it), unless that message starts with the
+    /// method's name already. Handle errors keep their variant, with the method as the call
+    /// they name.
     pub(crate) fn in_method(self, method: &'static str) -> Error {
         match self {
             Error::ForeignHandle {
@@ -200,6 +201,9 @@ impl Error {
                 handle_epoch,
                 epoch,
             },
+            // The op's message names it already when the method has the op's name (`conv`):
+            // not `conv: conv: …`.
+            other if other.to_string().starts_with(&format!("{method}:")) => other,
             other => Error::Method {
                 method,
                 source: Box::new(other),

@@ -180,6 +180,13 @@ pub trait Ops {
         fn gelu[x]() => Op::Gelu;
         /// `x·sigmoid(x)`. PyTorch: `F.silu`.
         fn silu[x]() => Op::Silu;
+        /// The exact GELU `½·x·(1 + erf(x/√2))`. PyTorch: `F.gelu(x)` (`approximate="none"`).
+        fn gelu_erf[x]() => Op::GeluErf;
+        /// `x` for x > 0, else `negative_slope·x`. PyTorch: `F.leaky_relu(x, negative_slope)`
+        /// (PyTorch's default slope: 0.01).
+        fn leaky_relu[x](negative_slope: f64) => Op::LeakyRelu { negative_slope };
+        /// `x` for x > 0, else `alpha·(eˣ − 1)`. PyTorch: `F.elu(x, alpha)` (default 1.0).
+        fn elu[x](alpha: f64) => Op::Elu { alpha };
         /// Join along axis 0 (1-D: the seeds' concat1d). PyTorch: `torch.cat([a, b], 0)`.
         fn concat0[a, b]() => Op::Concat;
         /// `x[start..start+len]` along axis 0 (bounds checked). PyTorch: `x[start:start+len]`.

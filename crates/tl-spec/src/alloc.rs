@@ -178,11 +178,19 @@ pub fn check_shape<T>(op: &'static str, shape: &Shape) -> Result<()> {
 /// An empty vector with room for `n` values, after [`check_len`]; the reservation itself is
 /// fallible (`try_reserve_exact`), so a refusal by the system allocator is an error too. A
 /// spare buffer of the installed [`crate::pool`] serves the request where there is one.
+///
+/// This is the one way the runtime allocates a buffer whose size comes from input: the other
+/// helpers here ([`try_vec`], [`try_zeroed`], [`try_for_overwrite`], [`try_collect`]) build on it.
 pub fn try_with_capacity<T: 'static>(op: &'static str, what: &str, n: usize) -> Result<Vec<T>> {
     check_len::<T>(op, what, n)?;
-    if let Some(v) = crate::pool::take(n) {
-        return Ok(v);
+    match crate::pool::take(n) {
+        Some(v) => Ok(v),
+        None => reserve(op, what, n),
     }
+}
+
+/// A fresh empty vector with room for `n` values, reserved with `try_reserve_exact`.
+fn reserve<T>(op: &'static str, what: &str, n: usize) -> Result<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|e| Error::TooLarge {
         op,
@@ -203,6 +211,32 @@ pub fn try_vec<T: Clone + 'static>(
     Ok(v)
 }
 
+/// `n` zeros, checked as [`try_with_capacity`] (a spare pool buffer, cleared and filled).
+pub fn try_zeroed<T: crate::Scalar>(op: &'static str, what: &str, n: usize) -> Result<Vec<T>> {
+    try_vec(op, what, n, T::zero())
+}
+
+/// The `n` values of `values` (which yields at most `n`: the rest are dropped) collected into a
+/// buffer checked as [`try_with_capacity`]; for a kernel that produces its output as an iterator
+/// (a fallible `.collect()`).
+pub fn try_collect<T: 'static>(
+    op: &'static str,
+    what: &str,
+    n: usize,
+    values: impl IntoIterator<Item = T>,
+) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(op, what, n)?;
+    v.extend(values.into_iter().take(n));
+    Ok(v)
+}
+
+/// A copy of `values`, checked as [`try_with_capacity`] (a fallible `.to_vec()`).
+pub fn try_copy<T: Copy + 'static>(op: &'static str, what: &str, values: &[T]) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(op, what, values.len())?;
+    v.extend_from_slice(values);
+    Ok(v)
+}
+
 /// `n` values for a kernel that writes every one of them before it reads any, checked as
 /// [`try_with_capacity`]: a spare buffer of the installed pool as it is
 /// ([`crate::pool::take_for_overwrite`]: no fill), else `n` zeros.
@@ -212,10 +246,12 @@ pub fn try_for_overwrite<T: crate::Scalar>(
     n: usize,
 ) -> Result<Vec<T>> {
     check_len::<T>(op, what, n)?;
-    match crate::pool::take_for_overwrite(n) {
-        Some(v) => Ok(v),
-        None => try_vec(op, what, n, T::zero()),
+    if let Some(v) = crate::pool::take_for_overwrite(n) {
+        return Ok(v);
     }
+    let mut v = reserve(op, what, n)?;
+    v.resize(n, T::zero());
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 //! `exp`, `tanh`, the logistic sigmoid, `ln` and softplus for f32 in straight-line arithmetic
+//! (and `erf`, [`erf_f32`], in scalar branches)
 //! (selects, bit moves and fused multiply-adds, no calls where the CPU has FMA), so that a
 //! loop over a slice compiles to SIMD. They are shared bit for bit: the CPU tape's f32 kernels
 //! call them, the CUDA simulation device calls them where its kernel does, and
@@ -159,6 +160,87 @@ pub fn sigmoid_f32(x: f32) -> f32 {
     let e = exp_f32(-x.abs());
     let num = if x >= 0.0 { 1.0 } else { e };
     num / (1.0 + e)
+}
+
+/// The error function in f32: FreeBSD's `erff` (Sun's rational approximations on
+/// [0, 0.84375), [0.84375, 1.25), [1.25, 1/0.35), [1/0.35, 6), then ±1), with its two `expf`
+/// calls [`exp_f32`], the sign of x put back last. Scalar branches, not straight-line: its
+/// callers (the CPU tape's f32 `geluErf`, the simulation device, `tl_erf_approx` in
+/// `kernels/approx.cuh`, the same operations in the same order) do not need it to vectorize.
+/// Within 2 ulp of the true value (checked below); NaN stays NaN, `erf(±∞) = ±1`.
+pub fn erf_f32(x: f32) -> f32 {
+    const ERX: f32 = 8.450_629_115_1e-1;
+    let a = x.abs();
+    if a.is_nan() {
+        return x;
+    }
+    let y = if a < 0.843_75 {
+        let z = x * x;
+        let r = 1.283_791_661_3e-1
+            + z * (-3.250_420_987_6e-1
+                + z * (-2.848_174_981_8e-2 + z * (-5.770_270_247e-3 + z * -2.376_301_745_2e-5)));
+        let s = 1.0
+            + z * (3.979_172_110_6e-1
+                + z * (6.502_225_25e-2
+                    + z * (5.081_306_211_7e-3
+                        + z * (1.324_947_370_4e-4 + z * -3.960_228_241_3e-6))));
+        return x + x * (r / s);
+    } else if a < 1.25 {
+        let s = a - 1.0;
+        let p = -2.362_118_568_3e-3
+            + s * (4.148_561_060_4e-1
+                + s * (-3.722_078_800_2e-1
+                    + s * (3.183_466_196_1e-1
+                        + s * (-1.108_946_949_2e-1
+                            + s * (3.547_830_507_2e-2 + s * -2.166_375_517_8e-3)))));
+        let q = 1.0
+            + s * (1.064_208_820_5e-1
+                + s * (5.403_979_420_7e-1
+                    + s * (7.182_865_589_9e-2
+                        + s * (1.261_712_163_7e-1
+                            + s * (1.363_708_358_3e-2 + s * 1.198_450_010_3e-2)))));
+        ERX + p / q
+    } else if a < 6.0 {
+        let s = 1.0 / (a * a);
+        let (r, big_s) = if a < f32::from_bits(0x4036_db6d) {
+            let r = -9.864_944_033_3e-3
+                + s * (-6.938_585_639e-1
+                    + s * (-1.055_862_617_5e1
+                        + s * (-6.237_533_187_9e1
+                            + s * (-1.623_966_674_8e2
+                                + s * (-1.846_050_872_8e2
+                                    + s * (-8.128_743_743_9e1 + s * -9.814_329_147_3))))));
+            let big_s = 1.0
+                + s * (1.965_127_182e1
+                    + s * (1.376_577_606_2e2
+                        + s * (4.345_658_874_5e2
+                            + s * (6.453_872_680_7e2
+                                + s * (4.290_081_481_9e2
+                                    + s * (1.086_350_021_4e2
+                                        + s * (6.570_249_557_5 + s * -6.042_441_353_2e-2)))))));
+            (r, big_s)
+        } else {
+            let r = -9.864_943_102e-3
+                + s * (-7.992_832_660_7e-1
+                    + s * (-1.775_795_555_1e1
+                        + s * (-1.606_363_830_6e2
+                            + s * (-6.375_664_672_9e2
+                                + s * (-1.025_095_092_8e3 + s * -4.835_191_955_6e2)))));
+            let big_s = 1.0
+                + s * (3.033_806_037_9e1
+                    + s * (3.257_925_109_9e2
+                        + s * (1.536_729_614_3e3
+                            + s * (3.199_858_154_3e3
+                                + s * (2.553_050_293e3
+                                    + s * (4.745_285_339_4e2 + s * -2.244_095_230_1e1))))));
+            (r, big_s)
+        };
+        let z = f32::from_bits(a.to_bits() & 0xffff_e000);
+        1.0 - exp_f32(-z * z - 0.5625) * exp_f32((z - a) * (z + a) + r / big_s) / a
+    } else {
+        1.0
+    };
+    y.copysign(x)
 }
 
 #[cfg(test)]
@@ -381,5 +463,33 @@ mod tests {
         assert!(log_f32(f32::NEG_INFINITY).is_nan());
         assert!(log_f32(f32::NAN).is_nan());
         assert_eq!(log_f32(std::f32::consts::E), 1.0);
+    }
+
+    /// `erf_f32` against libm's f64 `erf` on a dense sweep of [−7, 7] and at the branch edges.
+    #[test]
+    fn erf_f32_is_within_2_ulp() {
+        let ulp = |v: f32| (f32::from_bits(v.abs().to_bits() + 1) - v.abs()).max(f32::MIN_POSITIVE);
+        let mut worst = 0.0f64;
+        let edges = [
+            0.0f32,
+            -0.0,
+            1e-30,
+            0.843_75,
+            1.25,
+            f32::from_bits(0x4036_db6d),
+            6.0,
+        ];
+        let sweep = (0..=280_000).map(|i| -7.0 + i as f32 * 5e-5);
+        for x in edges.into_iter().chain(edges.map(|e| -e)).chain(sweep) {
+            let want = libm::erf(f64::from(x));
+            let got = erf_f32(x);
+            let err = (f64::from(got) - want).abs() / f64::from(ulp(want as f32));
+            worst = worst.max(err);
+        }
+        assert!(worst <= 2.0, "worst {worst} ulp");
+        assert!(erf_f32(-0.0).is_sign_negative());
+        assert_eq!(erf_f32(f32::INFINITY), 1.0);
+        assert_eq!(erf_f32(f32::NEG_INFINITY), -1.0);
+        assert!(erf_f32(f32::NAN).is_nan());
     }
 }

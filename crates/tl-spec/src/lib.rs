@@ -22,6 +22,7 @@ pub mod pool;
 pub mod rng;
 mod scalar;
 mod shape;
+pub mod special;
 mod tensor;
 mod tensor_host;
 

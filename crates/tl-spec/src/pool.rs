@@ -9,13 +9,13 @@
 //!
 //! - the owner puts buffers in ([`Pool::put`], or [`Pool::recycle`] for a tensor whose storage
 //!   nothing else shares) and, while its kernels run, [`install`]s the pool on its thread;
-//! - every allocation of the runtime's kernels (through [`crate::alloc::try_with_capacity`],
-//!   [`with_capacity`], [`zeroed`]) takes a spare buffer of exactly the requested capacity from
+//! - every allocation of the runtime's kernels (through [`crate::alloc::try_with_capacity`] and
+//!   the helpers beside it, all fallible) takes a spare buffer of exactly the requested capacity from
 //!   the installed pool of its element type, if there is one, else allocates;
 //! - a kernel gives its scratch buffers back with [`give`] when it is done with them.
 //!
 //! A buffer is handed out empty (length 0), so no value of an earlier step can be read
-//! through it, except by [`for_overwrite`], for kernels that write every element before reading
+//! through it, except by [`take_for_overwrite`] ([`crate::alloc::try_for_overwrite`]), for kernels that write every element before reading
 //! any (a product with β = 0), which skips the zero fill. Retention is bounded: [`Pool::trim`] (the owner calls it once per step)
 //! drops the buffers that stayed unused for [`IDLE_TRIMS`] steps, so the pool holds the
 //! buffers of the last few steps at most, and shrinks when the step changes. Nothing is pooled
@@ -86,7 +86,7 @@ impl<T> Pool<T> {
     }
 
     /// Keep `buf` for a later request of its capacity (zero-capacity buffers are dropped). Its
-    /// values stay in it: [`Pool::take`] empties it, [`for_overwrite`] hands them out.
+    /// values stay in it: [`Pool::take`] empties it, [`take_for_overwrite`] hands them out.
     pub fn put(&mut self, buf: Vec<T>) {
         if buf.capacity() == 0 {
             return;
@@ -214,30 +214,17 @@ impl<T: 'static> Drop for Guard<'_, T> {
 }
 
 /// An empty buffer with capacity for `n` values: a spare one from the installed pool of `T`
-/// when it has one of exactly that capacity, else a fresh allocation. For sizes already
-/// checked against the cap ([`crate::alloc`]); [`crate::alloc::try_with_capacity`] for others.
-pub fn with_capacity<T: 'static>(n: usize) -> Vec<T> {
+/// when it has one of exactly that capacity, else a fresh allocation. Infallible, so only for
+/// [`Tensor::map`]/[`Tensor::zip_map`], whose output has the size of a buffer that exists;
+/// everything else allocates through [`crate::alloc::try_with_capacity`].
+pub(crate) fn with_capacity<T: 'static>(n: usize) -> Vec<T> {
     take(n).unwrap_or_else(|| Vec::with_capacity(n))
 }
 
-/// `vec![T::zero(); n]` from the pool as [`with_capacity`].
-pub fn zeroed<T: Scalar>(n: usize) -> Vec<T> {
-    let mut v = with_capacity(n);
-    v.resize(n, T::zero());
-    v
-}
-
-/// `n` values for a kernel that writes every one of them before it reads any (a matrix product
-/// with β = 0): a spare buffer from the installed pool keeps the values it held (no fill),
-/// else zeros. The values are those of some earlier tensor of this tape, never of anything
-/// that can still read them; a kernel that does not overwrite them all must use [`zeroed`].
-pub fn for_overwrite<T: Scalar>(n: usize) -> Vec<T> {
-    take_for_overwrite(n).unwrap_or_else(|| vec![T::zero(); n])
-}
-
-/// [`for_overwrite`]'s spare buffer of `n` values, if the installed pool has one; `None`
-/// otherwise (the caller then allocates as it likes: a kernel that pushes its values needs no
-/// fill at all).
+/// A spare buffer of `n` values from the installed pool, with the values it was put with (no
+/// fill; resized to `n` if it held fewer), for a kernel that writes every value before it reads
+/// any; `None` where the pool has none ([`crate::alloc::try_for_overwrite`] then allocates
+/// zeros; a kernel that pushes its values needs no fill at all).
 pub fn take_for_overwrite<T: Scalar>(n: usize) -> Option<Vec<T>> {
     let found = match n {
         0 => None,
@@ -298,27 +285,24 @@ mod tests {
         }
         let s = pool.stats();
         assert_eq!((s.reused, s.held), (1, 1), "{s:?}");
-        assert_eq!(zeroed::<f32>(3), vec![0.0; 3], "uninstalled: plain zeros");
+        assert_eq!(
+            crate::alloc::try_zeroed::<f32>("test", "zeros", 3).unwrap(),
+            vec![0.0; 3],
+            "uninstalled: plain zeros"
+        );
     }
 
     #[test]
     fn for_overwrite_skips_the_fill_only_for_a_pooled_buffer() {
+        let for_overwrite = |n| crate::alloc::try_for_overwrite::<f32>("test", "out", n).unwrap();
         let mut pool = Pool::<f32>::new();
         pool.put(vec![1.0, 2.0, 3.0]);
-        assert_eq!(
-            for_overwrite::<f32>(3),
-            vec![0.0; 3],
-            "not installed: zeros"
-        );
+        assert_eq!(for_overwrite(3), vec![0.0; 3], "not installed: zeros");
         let _g = install(&mut pool);
-        assert_eq!(
-            for_overwrite::<f32>(2),
-            vec![0.0; 2],
-            "no spare of that capacity"
-        );
+        assert_eq!(for_overwrite(2), vec![0.0; 2], "no spare of that capacity");
         // The spare's old values, for a kernel that overwrites them all.
-        assert_eq!(for_overwrite::<f32>(3), vec![1.0, 2.0, 3.0]);
-        assert_eq!(for_overwrite::<f32>(0), Vec::<f32>::new());
+        assert_eq!(for_overwrite(3), vec![1.0, 2.0, 3.0]);
+        assert_eq!(for_overwrite(0), Vec::<f32>::new());
     }
 
     #[test]

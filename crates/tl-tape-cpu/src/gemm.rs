@@ -104,6 +104,9 @@ const SPLIT_ALIGN: usize = 16;
 /// the sums over k.
 const GEMM_SMALL_SIDE: usize = 64;
 
+/// The name the layout copies are checked under (their refusal only declines the fast path).
+const GEMM: &str = "gemm";
+
 /// Outputs (rows × cols) up to which the gemm crate runs its "horizontal" kernels (each output
 /// a dot product over k in vector lanes, then summed across them) where the left operand's
 /// rows and the right one's columns are contiguous: another order of the sums. Seen on an AVX2
@@ -515,9 +518,15 @@ fn column_major_product(
     ) else {
         return false;
     };
-    let mut at = tl_spec::pool::for_overwrite(m * k);
+    // The copies are an optimisation: where they cannot be allocated, the strided path runs.
+    let copies = (
+        tl_spec::alloc::try_for_overwrite(GEMM, "column-major copy of a", m * k),
+        tl_spec::alloc::try_for_overwrite(GEMM, "column-major copy of c", m * n),
+    );
+    let (Ok(mut at), Ok(mut ct)) = copies else {
+        return false;
+    };
     crate::simd::transpose_f32(a_src, m, k, &mut at);
-    let mut ct = tl_spec::pool::for_overwrite(m * n);
     let accum = match accumulate {
         true => {
             crate::simd::transpose_f32(c_dst, m, n, &mut ct);
@@ -585,7 +594,8 @@ fn row_major_rhs(
         return None;
     }
     let src = data.get(b.offset..b.offset.checked_add(k.checked_mul(n)?)?)?;
-    let mut out = tl_spec::pool::for_overwrite(k * n);
+    // An optimisation: where the copy cannot be allocated, the strided path runs.
+    let mut out = tl_spec::alloc::try_for_overwrite(GEMM, "row-major copy of b", k * n).ok()?;
     crate::simd::transpose_f32(src, n, k, &mut out);
     Some(out)
 }

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use tl_spec::Scalar;
 
+use crate::Result;
+
 /// An instruction set for the element-wise loops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
@@ -181,8 +183,8 @@ impl<T, F: Fn(T, T, T) -> T + Copy + Sync> Map3<T> for F {
 /// `f` at every element of `x`, the loop compiled for the chosen instruction set
 /// ([`vectorize`]) and cut across threads when long enough (`crate::par::chunks`).
 #[inline(always)]
-pub fn map<T: Scalar>(x: &[T], f: impl Map1<T>) -> Vec<T> {
-    fill(x.len(), 2, &|r, out| {
+pub fn map<T: Scalar>(op: &'static str, x: &[T], f: impl Map1<T>) -> Result<Vec<T>> {
+    fill(op, x.len(), 2, &|r, out| {
         let x = &x[r];
         vectorize(MapSimd { x, out, f })
     })
@@ -190,8 +192,8 @@ pub fn map<T: Scalar>(x: &[T], f: impl Map1<T>) -> Vec<T> {
 
 /// `f` at every pair of elements of `a` and `b` (the shorter length), likewise.
 #[inline(always)]
-pub fn zip<T: Scalar>(a: &[T], b: &[T], f: impl Map2<T>) -> Vec<T> {
-    fill(a.len().min(b.len()), 3, &|r, out| {
+pub fn zip<T: Scalar>(op: &'static str, a: &[T], b: &[T], f: impl Map2<T>) -> Result<Vec<T>> {
+    fill(op, a.len().min(b.len()), 3, &|r, out| {
         let (a, b) = (&a[r.clone()], &b[r]);
         vectorize(ZipSimd { a, b, out, f })
     })
@@ -199,8 +201,14 @@ pub fn zip<T: Scalar>(a: &[T], b: &[T], f: impl Map2<T>) -> Vec<T> {
 
 /// `f` at every triple of elements of `a`, `b` and `c` (the shortest length), likewise.
 #[inline(always)]
-pub fn zip3<T: Scalar>(a: &[T], b: &[T], c: &[T], f: impl Map3<T>) -> Vec<T> {
-    fill(a.len().min(b.len()).min(c.len()), 4, &|r, out| {
+pub fn zip3<T: Scalar>(
+    op: &'static str,
+    a: &[T],
+    b: &[T],
+    c: &[T],
+    f: impl Map3<T>,
+) -> Result<Vec<T>> {
+    fill(op, a.len().min(b.len()).min(c.len()), 4, &|r, out| {
         let (a, b, c) = (&a[r.clone()], &b[r.clone()], &c[r]);
         vectorize(Zip3Simd { a, b, c, out, f })
     })
@@ -252,21 +260,25 @@ trait Elems<T: Scalar> {
 /// spare pool buffer if there is one or pushed onto an empty buffer (no fill first).
 #[inline(always)]
 fn fill<T: Scalar>(
+    op: &'static str,
     n: usize,
     streams: usize,
     k: &(impl Fn(std::ops::Range<usize>, Out<'_, T>) + Sync),
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     let spare = tl_spec::pool::take_for_overwrite(n);
     if spare.is_none() && !crate::par::splits(n, streams) {
-        let mut out = tl_spec::pool::with_capacity(n);
+        let mut out = tl_spec::alloc::try_with_capacity(op, "output", n)?;
         k(0..n, Out::Push(&mut out));
-        return out;
+        return Ok(out);
     }
-    let mut out = spare.unwrap_or_else(|| tl_spec::pool::zeroed(n));
+    let mut out = match spare {
+        Some(spare) => spare,
+        None => tl_spec::alloc::try_zeroed(op, "output", n)?,
+    };
     crate::par::chunks(&mut out, streams, &|at, block: &mut [T]| {
         k(at..at + block.len(), Out::Block(block))
     });
-    out
+    Ok(out)
 }
 
 /// [`map`]'s loop, as a kernel whose body inlines into the dispatch.

@@ -417,12 +417,16 @@ impl<T: Scalar> Tape<T> {
         let found = wanted
             .iter()
             .map(|&w| {
-                let g = grads[w]
-                    .clone()
-                    .unwrap_or_else(|| Tensor::zeros(self.nodes[w].value.shape().clone()));
-                (w, g)
+                let g = match &grads[w] {
+                    Some(g) => g.clone(),
+                    None => {
+                        let shape = self.nodes[w].value.shape().clone();
+                        Tensor::try_zeros("backward_params", shape)?
+                    }
+                };
+                Ok((w, g))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         // What was not asked for (leaves that require grad, ids past `out`) goes to the pool.
         let mut pool = self.pool();
         grads.drain(..).flatten().for_each(|g| pool.recycle(g));
@@ -453,7 +457,11 @@ impl<T: Scalar> Tape<T> {
                 .map(|(g, n)| match g {
                     Some(g) => Ok(g),
                     None => {
-                        let zeros = pool::zeroed(n.value.numel());
+                        let zeros = tl_spec::alloc::try_zeroed(
+                            "backward",
+                            "zero gradient",
+                            n.value.numel(),
+                        )?;
                         Ok(Tensor::new(n.value.shape().clone(), zeros)?)
                     }
                 })

@@ -1,4 +1,4 @@
-//! DAG menu entries 40–47 (the Index family, concat/slice, gelu/silu, cross-entropy), split
+//! DAG menu entries 40–47 (the Index family, concat/slice, gelu/silu/geluErf, cross-entropy), split
 //! from `dag.rs` to keep it short.
 
 use tl_ir::Op;
@@ -8,7 +8,7 @@ use super::Dag;
 use tl_ir::Id;
 
 impl Dag {
-    /// Menu entries 40–47: gelu/silu, concat/slice, gathers (static, raw, Nat environment,
+    /// Menu entries 40–47: gelu/silu/geluErf, concat/slice, gathers (static, raw, Nat environment,
     /// index tensor), scatter-adds and cross-entropy. Runtime indices include out-of-range and
     /// repeated values; Nat-environment steps append theirs to `self.nats`.
     pub(super) fn index_step(&mut self, kind: u8, x: Id, y: Id, p: u16) {
@@ -22,7 +22,7 @@ impl Dag {
         };
         match kind {
             40 => {
-                let a = self.add([Op::Gelu, Op::Silu][p % 2].clone(), &[x]);
+                let a = self.add([Op::Gelu, Op::Silu, Op::GeluErf][p / 4 % 3].clone(), &[x]);
                 // Half the time a gated form `x · act(x)` (fan-out through the activation).
                 if p % 4 < 2 {
                     self.add(Op::Mul, &[x, a]);

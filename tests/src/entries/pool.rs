@@ -1,5 +1,7 @@
 //! Case generators for the pool family: tiny channels-first operands, spatial rank 1–3 (a few
-//! 4), optional batch, kernel 1–3, stride 1–2, padding up to half the kernel. maxPool operands
+//! 4), optional batch, kernel 1–3, stride 1–2 or, on about one axis in four, an absurd stride
+//! the shape rule still accepts ([`absurd_stride`]: past the padded input, past the CUDA
+//! kernels' u32 arguments, `usize::MAX`), padding up to half the kernel. maxPool operands
 //! are distinct values (a shuffled grid) so no window has a tie; smoothMaxPool draws β in
 //! ±[0.5, 4].
 
@@ -33,9 +35,12 @@ pub fn pool(z: Size, kind: PoolKind) -> BoxedStrategy<OpCase> {
         1..=z.pick(3, 4),
         prop::option::of(1usize..=2),
         beta,
+        prop::array::uniform4(0u8..12),
     )
-        .prop_flat_map(move |(d, c, batch, beta)| (Just((c, batch, beta)), axes(z, d)))
-        .prop_flat_map(move |((c, mut batch, beta), axes)| {
+        .prop_flat_map(move |(d, c, batch, beta, absurd)| {
+            (Just((c, batch, beta, absurd)), axes(z, d))
+        })
+        .prop_flat_map(move |((c, mut batch, beta, absurd), axes)| {
             let (mut kernel, mut stride, mut padding, mut spatial) =
                 (vec![], vec![], vec![], vec![]);
             let mut floor = vec![];
@@ -52,6 +57,10 @@ pub fn pool(z: Size, kind: PoolKind) -> BoxedStrategy<OpCase> {
             let limit = z.pick(128, crate::generate::LARGE_NUMEL);
             fit(limit, &mut batch, &mut spatial, &floor, &mut ch, 1);
             let c = ch[0];
+            for (i, s) in stride.iter_mut().enumerate() {
+                let padded = spatial[i] + 2 * padding[i];
+                *s = absurd_stride(absurd[i % 4], padded).unwrap_or(*s);
+            }
             let mut x: Vec<usize> = batch.into_iter().collect();
             x.push(c);
             x.extend_from_slice(&spatial);
@@ -81,6 +90,19 @@ pub fn pool(z: Size, kind: PoolKind) -> BoxedStrategy<OpCase> {
             x.prop_map(move |x| OpCase::new(op.clone(), vec![x]))
         })
         .boxed()
+}
+
+/// The stride of an axis whose padded extent is `padded` for the draw `pick`: one past the
+/// padded extent (one window), 2³³ (past the u32 arguments of the CUDA kernels) or
+/// `usize::MAX`, each for one pick in twelve; `None` (the drawn stride) otherwise. Any stride
+/// ≥ 1 is valid (SEMANTICS.md: out = (in + 2p − k)/s + 1): the backends must agree on these.
+pub fn absurd_stride(pick: u8, padded: usize) -> Option<usize> {
+    match pick {
+        0 => Some(padded + 1),
+        1 => Some(1 << 33),
+        2 => Some(usize::MAX),
+        _ => None,
+    }
 }
 
 /// A tensor of `shape` whose elements are a shuffled grid `(i − n/2)·Δ` with

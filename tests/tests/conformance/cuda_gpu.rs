@@ -18,7 +18,7 @@
 //! - check 5: the eager session on `Backend::Cuda` against the linked session (f64, on the same
 //!   f32-rounded inputs), every registry entry and random DAGs;
 //! - the ops whose kernels are `kernels/approx.cuh`'s twins of `tl_spec::approx` (tanh, sigmoid,
-//!   gelu, silu, softplus, safeLog: `registry::SAME_BITS`) equal the sim bit for bit, values and gradients, as
+//!   gelu, silu, softplus, safeLog, geluErf: `registry::SAME_BITS`) equal the sim bit for bit, values and gradients, as
 //!   they do on the emulator: nothing in them is CUDA's libm, and each fused multiply-add is
 //!   written out, so what this adds is nvcc's code generation and the hardware's FMA.
 //!
@@ -142,8 +142,8 @@ fn the_approx_kernels_equal_the_sim_bit_for_bit_on_the_gpu() {
         .collect();
     assert_eq!(
         reports.len(),
-        6,
-        "tanh, sigmoid, gelu, silu, softplus, safeLog"
+        7,
+        "tanh, sigmoid, gelu, silu, softplus, safeLog, geluErf"
     );
     summarise("approx-bits", &reports, cfg.cases);
 }

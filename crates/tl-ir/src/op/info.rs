@@ -47,6 +47,9 @@ impl Op {
             MseLoss => "mseLoss",
             Gelu => "gelu",
             Silu => "silu",
+            GeluErf => "geluErf",
+            LeakyRelu { .. } => "leakyRelu",
+            Elu { .. } => "elu",
             Concat => "concat0",
             Slice { .. } => "sliceRange0",
             CrossEntropy { .. } => "crossEntropy",
@@ -103,7 +106,10 @@ impl Op {
             | Detach
             | Constant(_)
             | Gelu
-            | Silu => Family::Elementwise,
+            | Silu
+            | GeluErf
+            | LeakyRelu { .. }
+            | Elu { .. } => Family::Elementwise,
             Reshape(_)
             | Flatten
             | Transpose2d

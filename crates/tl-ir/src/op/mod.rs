@@ -106,6 +106,21 @@ pub enum Op {
     Gelu,
     /// `x·sigmoid(x)`. PyTorch: `F.silu`.
     Silu,
+    /// The exact GELU `x·Φ(x) = ½·x·(1 + erf(x/√2))`. PyTorch: `F.gelu(x)`
+    /// (`approximate="none"`, its default).
+    GeluErf,
+    /// `x` for x > 0, else `negative_slope·x`; derivative `negative_slope` at x = 0 (as
+    /// PyTorch's autograd). PyTorch: `F.leaky_relu(x, negative_slope)` (default 0.01).
+    LeakyRelu {
+        /// The slope for x ≤ 0 (finite; PyTorch's default 0.01).
+        negative_slope: f64,
+    },
+    /// `x` for x > 0, else `alpha·(eˣ − 1)`; derivative `alpha·eˣ` for x ≤ 0 (so `alpha` at
+    /// x = 0, as PyTorch's autograd). PyTorch: `F.elu(x, alpha)` (default 1.0).
+    Elu {
+        /// The scale of the negative branch (finite; PyTorch's default 1.0).
+        alpha: f64,
+    },
 
     // ---- shape ----
     /// Same elements, new shape of equal size. PyTorch: `torch.reshape`.
@@ -397,6 +412,18 @@ impl Op {
         Op::Concat
     }
 
+    /// `leakyRelu` with PyTorch's default slope, 0.01.
+    pub fn leaky_relu() -> Op {
+        Op::LeakyRelu {
+            negative_slope: 0.01,
+        }
+    }
+
+    /// `elu` with PyTorch's default alpha, 1.0.
+    pub fn elu() -> Op {
+        Op::Elu { alpha: 1.0 }
+    }
+
     /// `slice1d(start, len)`: [`Op::Slice`] on a 1-D operand (the seeds' name for that case).
     pub fn slice1d(start: usize, len: usize) -> Op {
         Op::Slice { start, len }
@@ -410,6 +437,8 @@ impl fmt::Debug for Op {
             Scale(c) => write!(f, "scale({c})"),
             Clamp { lo, hi } => write!(f, "clamp({lo}, {hi})"),
             SafeLog { eps } => write!(f, "safeLog(eps={eps})"),
+            LeakyRelu { negative_slope } => write!(f, "leakyRelu(negative_slope={negative_slope})"),
+            Elu { alpha } => write!(f, "elu(alpha={alpha})"),
             Constant(t) => write!(f, "constant{}", t.shape()),
             Reshape(s) => write!(f, "reshape{s}"),
             SwapAdjacent(d) => write!(f, "swapAdjacent({d})"),

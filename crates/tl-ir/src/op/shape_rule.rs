@@ -4,8 +4,8 @@ use tl_spec::ops::attention::{masked_softmax_shape, mha};
 use tl_spec::ops::conv::ConvParams;
 use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{
-    concat, conv, cross_entropy, elementwise, index, linalg, loss, norm, random, reduce, shape,
-    softmax, spectral,
+    activation, concat, conv, cross_entropy, elementwise, index, linalg, loss, norm, random,
+    reduce, shape, softmax, spectral,
 };
 use tl_spec::{Error as SpecError, Shape, broadcast};
 
@@ -34,7 +34,11 @@ impl Op {
             Clamp { lo, hi } => elementwise::clamp_params(*lo, *hi).map(|()| s[0].clone()),
             SafeLog { eps } => elementwise::safe_log_params(*eps).map(|()| s[0].clone()),
             Abs | Sqrt | Exp | Log | Inv | Relu | Sigmoid | Tanh | Softplus | Detach | Gelu
-            | Silu => Ok(s[0].clone()),
+            | Silu | GeluErf => Ok(s[0].clone()),
+            LeakyRelu { negative_slope } => {
+                activation::leaky_relu_params(*negative_slope).map(|()| s[0].clone())
+            }
+            Elu { alpha } => activation::elu_params(*alpha).map(|()| s[0].clone()),
             Constant(t) => Ok(t.shape().clone()),
             Reshape(to) => shape::reshape_shape(s[0], to),
             Flatten => Ok(shape::flatten_shape(s[0])),

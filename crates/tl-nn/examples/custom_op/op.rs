@@ -1,5 +1,5 @@
 //! The exact GELU, `x·Φ(x) = ½·x·(1 + erf(x/√2))` (PyTorch's default `F.gelu`; the catalogue
-//! has only the tanh form), as a user op: shape rule, reference value / VJP / JVP generic over
+//! has it too, as `geluErf`: this example shows how you would add it yourself), as a user op: shape rule, reference value / VJP / JVP generic over
 //! the scalar, and the harness entry that describes it. `wrong: true` plants a bug in the VJP
 //! (the `x·φ(x)` term dropped, a classic slip), to show the harness failing.
 
@@ -14,9 +14,9 @@ pub struct GeluErf {
     pub wrong: bool,
 }
 
-/// `Φ(x)`, the standard normal CDF, in f64 (libm's erf: within an ulp).
+/// `Φ(x)`, the standard normal CDF, in f64 (the catalogue's erf, libm's: within an ulp).
 fn cdf(x: f64) -> f64 {
-    0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+    0.5 * (1.0 + tl_spec::special::erf(x / std::f64::consts::SQRT_2))
 }
 
 /// `φ(x)`, the standard normal density.

@@ -6,6 +6,8 @@ use tl_spec::ops::attention::Mask;
 use tl_spec::ops::concat::{concat, slice};
 use tl_spec::ops::shape::transpose2d;
 
+use super::At;
+use crate::display::py_bool;
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Runtime, Var, Vars};
 
@@ -55,8 +57,10 @@ impl MultiHeadAttention {
     }
 
     /// The mask that lets every query see the first `len` of `n` keys (padding after them).
-    pub fn key_padding_mask(n: usize, len: usize) -> Mask {
-        Mask::from_fn(n, |_, j| j < len)
+    /// An `n` whose n·n mask overflows or exceeds the allocation cap is an error
+    /// ([`Mask::from_fn`]).
+    pub fn key_padding_mask(n: usize, len: usize) -> Result<Mask> {
+        Ok(Mask::from_fn(n, |_, j| j < len)?)
     }
 
     /// Attention with an explicit mask (`None`: every key is allowed).
@@ -70,6 +74,14 @@ impl MultiHeadAttention {
         let [q, k, v, o] = w;
         let (q, k, v, o) = (q?, k?, v?, o?);
         let heads = self.heads;
+        let at = At::new(g.rt, self, &self.wq);
+        let d = self.wq.shape().dims()[0];
+        if !matches!(x.dims(), [_, w] | [_, _, w] if *w == d) {
+            return Err(at.input(format!(
+                "input {} must be (n, {d}) or (B, n, {d}): tokens of width {d}",
+                x.shape()
+            )));
+        }
         q.op("MultiHeadAttention::forward", &[&k, &v, &o, x], |s| {
             s.multi_head_attention(
                 q.tensor_ref(),
@@ -82,6 +94,7 @@ impl MultiHeadAttention {
                 false,
             )
         })
+        .map_err(|e| at.op_error(e))
     }
 }
 
@@ -91,20 +104,24 @@ impl Parameters for MultiHeadAttention {
             f(p);
         }
     }
+    fn extra_repr(&self) -> String {
+        format!(
+            "embed_dim={}, num_heads={}, bias=False, causal={}",
+            self.wq.shape().dims()[0],
+            self.heads,
+            py_bool(self.causal)
+        )
+    }
 }
 
 impl<O: Train> Module<O> for MultiHeadAttention {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        // Another rank: forward_masked's error names the layer and the layouts it takes.
         let n = match x.dims() {
-            [n, _] | [_, n, _] => *n,
-            _ => {
-                return Err(usage(
-                    "MultiHeadAttention::forward",
-                    format!("x must be (n, d) or (B, n, d), got {}", x.shape()),
-                ));
-            }
+            [n, _] | [_, n, _] => Some(*n),
+            _ => None,
         };
-        let mask = self.causal.then(|| Mask::causal(n));
+        let mask = n.filter(|_| self.causal).map(Mask::causal).transpose()?;
         self.forward_masked(x, mask)
     }
 }

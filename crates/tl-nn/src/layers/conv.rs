@@ -3,6 +3,8 @@
 
 use tl_session::{Param, Train};
 
+use super::At;
+use crate::display::py_tuple;
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Var, Vars};
 
@@ -58,6 +60,105 @@ fn check(
                 cfg.stride
             ),
         ));
+    }
+    Ok(())
+}
+
+/// PyTorch's `extra_repr()` of a convolution: `1, 16, kernel_size=(3, 3), stride=(1, 1),
+/// padding=(1, 1)` (padding left out when it is 0, as PyTorch does).
+fn conv_repr(inputs: usize, outputs: usize, weight: &Param, cfg: ConvConfig) -> String {
+    let kernel = &weight.shape().dims()[2..];
+    let k = kernel.len();
+    let mut s = format!(
+        "{inputs}, {outputs}, kernel_size={}, stride={}",
+        py_tuple(kernel),
+        py_tuple(&vec![cfg.stride; k])
+    );
+    if cfg.padding != 0 {
+        s.push_str(&format!(", padding={}", py_tuple(&vec![cfg.padding; k])));
+    }
+    s
+}
+
+/// The axes' names of a `k`-D input after batch and channels: `L`; `H, W`; `D, H, W`.
+fn axes(k: usize) -> String {
+    match k {
+        1 => "L".into(),
+        2 => "H, W".into(),
+        3 => "D, H, W".into(),
+        _ => (1..=k)
+            .map(|i| format!("d{i}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// The input check of a `k`-D convolution with `channels` input channels: x must be
+/// (N, channels, …k) or (channels, …k). The error says how to shape a flat input (the usual
+/// mistake: images as rows of pixels) or a batch without its channel axis.
+fn check_input<O: Train>(at: &At<'_, O>, x: &Var<'_, O>, k: usize, channels: usize) -> Result<()> {
+    let dims = x.dims();
+    let layouts = format!(
+        "a {k}-D convolution takes (N, {channels}, {a}) or ({channels}, {a})",
+        a = axes(k)
+    );
+    // `m` values per sample as `channels` × s^k, when s is a whole number.
+    let side = |m: usize| -> Option<usize> {
+        if m == 0 || channels == 0 || !m.is_multiple_of(channels) {
+            return None;
+        }
+        let per = m / channels;
+        let s = (per as f64).powf(1.0 / k as f64).round() as usize;
+        (s.checked_pow(k as u32) == Some(per)).then_some(s)
+    };
+    let reshape = |n: usize, s: usize| {
+        let mut to = vec![n, channels];
+        to.extend(std::iter::repeat_n(s, k));
+        format!("x.reshape(&{to:?})")
+    };
+    if dims.len() < k + 1 {
+        let (n, m) = match dims {
+            [n, m] => (*n, *m),
+            [m] => (1, *m),
+            _ => (1, 0),
+        };
+        let fix = match side(m) {
+            Some(s) => format!(
+                "; reshape it: {}{}",
+                reshape(n, s),
+                if k == 2 && channels == 1 && s == 8 {
+                    " (the digits: Split::shaped(&[1, 8, 8]))"
+                } else {
+                    ""
+                }
+            ),
+            None => format!(
+                "; reshape each sample of {m} values to ({channels}, {})",
+                axes(k)
+            ),
+        };
+        return Err(at.input(format!("input {} is flat: {layouts}{fix}", x.shape())));
+    }
+    if dims.len() > k + 2 {
+        return Err(at.input(format!("input {} has too many axes: {layouts}", x.shape())));
+    }
+    let axis = dims.len() - k - 1;
+    if dims[axis] != channels {
+        let mut detail = format!(
+            "input {} has {} channels at axis {axis}, expected {channels}: {layouts}",
+            x.shape(),
+            dims[axis]
+        );
+        // A batch of one-channel samples given without the channel axis: (N, H, W).
+        if axis == 0 && channels == 1 {
+            let mut to = vec![dims[0], 1];
+            to.extend_from_slice(&dims[1..]);
+            detail.push_str(&format!(
+                "; for a batch of {} one-channel samples add the channel axis: x.reshape(&{to:?})",
+                dims[0]
+            ));
+        }
+        return Err(at.input(detail));
     }
     Ok(())
 }
@@ -142,6 +243,13 @@ impl Parameters for Conv {
         f(&self.weight);
         f(&self.bias);
     }
+    fn module_name(&self) -> String {
+        format!("Conv{}d", self.spatial())
+    }
+    fn extra_repr(&self) -> String {
+        let d = self.weight.shape().dims();
+        conv_repr(d[1], d[0], &self.weight, self.config)
+    }
 }
 
 impl<O: Train> Module<O> for Conv {
@@ -150,6 +258,8 @@ impl<O: Train> Module<O> for Conv {
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let k = self.spatial();
         let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
+        let at = At::new(g.rt, self, &self.weight);
+        check_input(&at, x, k, self.weight.shape().dims()[1])?;
         w.op("Conv::forward", &[&b, x], |s| {
             s.conv(
                 w.tensor_ref(),
@@ -159,6 +269,7 @@ impl<O: Train> Module<O> for Conv {
                 padding,
             )
         })
+        .map_err(|e| at.op_error(e))
     }
 }
 
@@ -199,6 +310,13 @@ impl Parameters for ConvTranspose {
         f(&self.weight);
         f(&self.bias);
     }
+    fn module_name(&self) -> String {
+        format!("ConvTranspose{}d", self.weight.shape().rank() - 2)
+    }
+    fn extra_repr(&self) -> String {
+        let d = self.weight.shape().dims();
+        conv_repr(d[0], d[1], &self.weight, self.config)
+    }
 }
 
 impl<O: Train> Module<O> for ConvTranspose {
@@ -207,6 +325,8 @@ impl<O: Train> Module<O> for ConvTranspose {
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let k = self.weight.shape().rank() - 2;
         let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
+        let at = At::new(g.rt, self, &self.weight);
+        check_input(&at, x, k, self.weight.shape().dims()[0])?;
         w.op("ConvTranspose::forward", &[&b, x], |s| {
             s.conv_transpose(
                 w.tensor_ref(),
@@ -216,5 +336,6 @@ impl<O: Train> Module<O> for ConvTranspose {
                 padding,
             )
         })
+        .map_err(|e| at.op_error(e))
     }
 }

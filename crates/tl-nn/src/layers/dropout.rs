@@ -28,6 +28,9 @@ impl Dropout {
 
 impl Parameters for Dropout {
     fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+    fn extra_repr(&self) -> String {
+        format!("p={}", crate::display::py_float(self.p))
+    }
 }
 
 impl<O: Train> Module<O> for Dropout {

@@ -2,6 +2,7 @@
 
 use tl_session::{Param, Train};
 
+use super::At;
 use crate::error::usage;
 use crate::{Init, Parameters, Result, Scope, Var, Vars};
 
@@ -39,12 +40,9 @@ impl Embedding {
     pub fn forward<'g, O: Train>(&self, g: &Scope<'g, O>, ids: &[usize]) -> Result<Var<'g, O>> {
         let num = self.weight.shape().dims()[0];
         if let Some((i, &id)) = ids.iter().enumerate().find(|(_, id)| **id >= num) {
-            return Err(usage(
-                "Embedding::forward",
-                format!(
-                    "id {id} at position {i} is out of range for a table of {num} rows (num_embeddings {num})"
-                ),
-            ));
+            return Err(At::new(g.rt, self, &self.weight).input(format!(
+                "id {id} at position {i} is out of range for a table of {num} rows (num_embeddings {num})"
+            )));
         }
         let table = g.param(&self.weight)?;
         let at = g.rt.borrow_mut().record_nat_vec(ids).pos();
@@ -112,5 +110,9 @@ impl Embedding {
 impl Parameters for Embedding {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         f(&self.weight);
+    }
+    fn extra_repr(&self) -> String {
+        let d = self.weight.shape().dims();
+        format!("{}, {}", d[0], d[1])
     }
 }

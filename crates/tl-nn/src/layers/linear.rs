@@ -2,6 +2,8 @@
 
 use tl_session::{Param, Train};
 
+use super::At;
+use crate::display::py_bool;
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Var, Vars};
 
@@ -50,6 +52,13 @@ impl Parameters for Linear {
         f(&self.weight);
         self.bias.visit_params(f);
     }
+    fn extra_repr(&self) -> String {
+        let [outputs, inputs] = [0, 1].map(|i| self.weight.shape().dims()[i]);
+        format!(
+            "in_features={inputs}, out_features={outputs}, bias={}",
+            py_bool(self.bias.is_some())
+        )
+    }
 }
 
 impl<O: Train> Module<O> for Linear {
@@ -58,14 +67,30 @@ impl<O: Train> Module<O> for Linear {
         let w = g.param(&self.weight)?;
         let (outputs, inputs) = (self.weight.shape().dims()[0], self.weight.shape().dims()[1]);
         let dims = x.dims().to_vec();
-        if dims.last() != Some(&inputs) {
-            return Err(usage(
-                "Linear::forward",
-                format!(
-                    "x {} must end in the layer's {inputs} input features",
+        let at = At::new(g.rt, self, &self.weight);
+        match dims.last() {
+            None => {
+                return Err(at.input(format!(
+                    "input {} is a scalar, expected (…, {inputs}) features",
                     x.shape()
-                ),
-            ));
+                )));
+            }
+            Some(&n) if n != inputs => {
+                // An image batch (N, C, H, W) whose C·H·W is the layer's width: not flattened.
+                let fix = if dims.len() > 2 && dims[1..].iter().product::<usize>() == inputs {
+                    format!(
+                        "; flatten it to ({}, {inputs}) first (a Flatten layer, or x.flatten_batch())",
+                        dims[0]
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(at.input(format!(
+                    "input {} has {n} features, expected {inputs}{fix}",
+                    x.shape()
+                )));
+            }
+            Some(_) => {}
         }
         // The op takes (in) or (B, in); other ranks fold their leading axes into rows.
         let rows: usize = dims[..dims.len() - 1].iter().product();
@@ -79,7 +104,8 @@ impl<O: Train> Module<O> for Linear {
                 let b = g.param(b)?;
                 w.op("Linear::forward", &[&b, &x2], |s| {
                     s.linear(w.tensor_ref(), b.tensor_ref(), x2.tensor_ref())
-                })?
+                })
+                .map_err(|e| at.op_error(e))?
             }
             None => {
                 let x2 = if dims.len() == 1 {

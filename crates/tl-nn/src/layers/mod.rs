@@ -22,3 +22,50 @@ pub use norm::{BatchNorm, LayerNorm};
 pub use pool::{AvgPool, MaxPool};
 pub use rnn::{Gru, Lstm, RnnConfig, RnnWeights};
 pub use spectral::SpectralConv1d;
+
+use tl_session::{Param, Train};
+
+use crate::{Error, Parameters, Runtime};
+
+/// A layer as its forward errors name it: its printed type and the path its parameter was
+/// created under (`Linear "blocks.0.mlp.up"`; the type alone at the root).
+pub(crate) struct At<'a, O: Train> {
+    rt: &'a Runtime<O>,
+    layer: &'a dyn Parameters,
+    param: &'a Param,
+}
+
+impl<'a, O: Train> At<'a, O> {
+    /// `layer`, whose parameter `param` gives its path in `rt`.
+    pub(crate) fn new(rt: &'a Runtime<O>, layer: &'a dyn Parameters, param: &'a Param) -> Self {
+        At { rt, layer, param }
+    }
+
+    /// `Linear "blocks.0.mlp.up"`.
+    fn label(&self) -> String {
+        let name = self.rt.name_of(self.param);
+        match name.rsplit_once('.') {
+            Some((path, _)) => format!("{} {path:?}", self.layer.module_name()),
+            None => self.layer.module_name(),
+        }
+    }
+
+    /// [`Error::Input`]: the input does not fit; `detail` says how and what to do.
+    pub(crate) fn input(&self, detail: impl Into<String>) -> Error {
+        Error::Input {
+            layer: self.label(),
+            detail: detail.into(),
+        }
+    }
+
+    /// An error of an op inside the layer, as [`Error::Layer`] naming the layer.
+    pub(crate) fn op_error(&self, e: Error) -> Error {
+        match e {
+            e @ (Error::Input { .. } | Error::Layer { .. }) => e,
+            e => Error::Layer {
+                layer: self.label(),
+                source: Box::new(e),
+            },
+        }
+    }
+}

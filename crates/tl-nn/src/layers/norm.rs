@@ -3,6 +3,8 @@
 use tl_session::{Param, Train};
 use tl_spec::{Scalar, Shape, Tensor};
 
+use super::At;
+use crate::display::py_float;
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Var, Vars};
 
@@ -45,16 +47,33 @@ impl Parameters for LayerNorm {
         f(&self.weight);
         f(&self.bias);
     }
+    fn extra_repr(&self) -> String {
+        format!(
+            "({},), eps={}, elementwise_affine=True",
+            self.weight.shape().dims()[0],
+            py_float(self.eps)
+        )
+    }
 }
 
 impl<O: Train> Module<O> for LayerNorm {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
+        let at = At::new(g.rt, self, &self.weight);
+        let dim = self.weight.shape().dims()[0];
+        if x.dims().last() != Some(&dim) {
+            return Err(at.input(format!(
+                "input {} has {} features in its last axis, expected {dim}",
+                x.shape(),
+                x.dims().last().map_or("no".into(), usize::to_string)
+            )));
+        }
         let eps = self.eps;
         x.op("LayerNorm::forward", &[&w, &b], |s| {
             s.layer_norm(x.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
         })
+        .map_err(|e| at.op_error(e))
     }
 }
 
@@ -122,13 +141,15 @@ impl BatchNorm {
         let (n, rest) = match dims {
             [n, ch, rest @ ..] if *ch == c => (*n, rest.iter().product::<usize>()),
             _ => {
-                return Err(usage(
-                    "BatchNorm::forward",
-                    format!(
-                        "x {} must be (N, {c}, …): batch, then {c} channels",
-                        x.shape()
-                    ),
-                ));
+                let at = At::new(x.scope().rt, self, &self.weight);
+                let has = match dims {
+                    [_, ch, ..] => format!(" (it has {ch} at axis 1)"),
+                    _ => String::new(),
+                };
+                return Err(at.input(format!(
+                    "input {} must be (N, {c}, …): batch, then {c} channels{has}",
+                    x.shape()
+                )));
             }
         };
         Ok((x.reshape(&[n, c, rest, 1])?, n, rest))
@@ -188,6 +209,14 @@ impl Parameters for BatchNorm {
         f(&self.running_mean);
         f(&self.running_var);
     }
+    fn extra_repr(&self) -> String {
+        format!(
+            "{}, eps={}, momentum={}",
+            self.channels(),
+            py_float(self.eps),
+            py_float(self.momentum)
+        )
+    }
 }
 
 impl<O: Train> Module<O> for BatchNorm {
@@ -198,9 +227,11 @@ impl<O: Train> Module<O> for BatchNorm {
         let c = self.channels();
         let y = if g.training() {
             let eps = self.eps;
-            let y = x4.op("BatchNorm::forward", &[&w, &b], |s| {
-                s.batchnorm_channel_first(x4.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
-            })?;
+            let y = x4
+                .op("BatchNorm::forward", &[&w, &b], |s| {
+                    s.batchnorm_channel_first(x4.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
+                })
+                .map_err(|e| At::new(g.rt, self, &self.weight).op_error(e))?;
             self.update_running(&x4.value()?, n, r, g.rt)?;
             y
         } else {

@@ -30,8 +30,25 @@ impl Window {
     }
 }
 
+impl Window {
+    /// `kernel_size=2, stride=2, padding=0` (one number where the axes agree, as PyTorch
+    /// prints what it was given).
+    fn repr(&self) -> String {
+        let one = |v: &[usize]| match v {
+            [first, rest @ ..] if rest.iter().all(|x| x == first) => first.to_string(),
+            _ => crate::display::py_tuple(v),
+        };
+        format!(
+            "kernel_size={}, stride={}, padding={}",
+            one(&self.kernel),
+            one(&self.stride),
+            one(&self.padding)
+        )
+    }
+}
+
 macro_rules! pool_layer {
-    ($(#[$doc:meta])* $name:ident, $method:ident) => {
+    ($(#[$doc:meta])* $name:ident, $method:ident, $extra:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct $name {
@@ -60,6 +77,12 @@ macro_rules! pool_layer {
 
         impl Parameters for $name {
             fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+            fn module_name(&self) -> String {
+                format!("{}{}d", stringify!($name), self.window.kernel.len())
+            }
+            fn extra_repr(&self) -> String {
+                format!("{}{}", self.window.repr(), $extra)
+            }
         }
 
         impl<O: Train> Module<O> for $name {
@@ -77,11 +100,13 @@ pool_layer!(
     /// Max over each window; padded cells are ignored; ties go to the first element.
     /// PyTorch: `nn.MaxPoolNd`.
     MaxPool,
-    max_pool
+    max_pool,
+    ", dilation=1, ceil_mode=False"
 );
 pool_layer!(
     /// Mean over each window, padded cells counted as 0 (divisor = kernel volume).
     /// PyTorch: `nn.AvgPoolNd(count_include_pad=True)`.
     AvgPool,
-    avg_pool
+    avg_pool,
+    ""
 );

@@ -2,6 +2,7 @@
 
 use tl_session::{Param, Train};
 
+use super::At;
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Var, Vars};
 
@@ -50,6 +51,13 @@ impl Parameters for SpectralConv1d {
         f(&self.weight_re);
         f(&self.weight_im);
     }
+    fn extra_repr(&self) -> String {
+        format!(
+            "width={}, modes={}",
+            self.weight_re.shape().dims()[1],
+            self.modes
+        )
+    }
 }
 
 impl<O: Train> Module<O> for SpectralConv1d {
@@ -57,9 +65,18 @@ impl<O: Train> Module<O> for SpectralConv1d {
         let g = x.scope();
         let (re, im) = (g.param(&self.weight_re)?, g.param(&self.weight_im)?);
         let modes = self.modes;
+        let at = At::new(g.rt, self, &self.weight_re);
+        let width = self.weight_re.shape().dims()[1];
+        if !matches!(x.dims(), [_, w] | [_, _, w] if *w == width) {
+            return Err(at.input(format!(
+                "input {} must be (grid, {width}) or (B, grid, {width}): channels last",
+                x.shape()
+            )));
+        }
         x.op("SpectralConv1d::forward", &[&re, &im], |s| {
             s.spectral_conv1d_rfft(x.tensor_ref(), re.tensor_ref(), im.tensor_ref(), modes)
         })
+        .map_err(|e| at.op_error(e))
     }
 }
 

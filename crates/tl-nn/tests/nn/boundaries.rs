@@ -59,6 +59,7 @@ trait AnyRt {
     fn layer_norm(&self, dim: usize, x_last: usize) -> tl_nn::Result<Tensor<f64>>;
     fn batch_norm(&self, channels: usize, x_channels: usize) -> tl_nn::Result<Tensor<f64>>;
     fn accuracy(&self, rows: usize, labels: usize, batch: usize) -> tl_nn::Result<f64>;
+    fn accuracy_of(&self, classes: usize) -> tl_nn::Result<f64>;
 }
 
 impl<O: Train<T = f64>> AnyRt for Runtime<O> {
@@ -138,6 +139,12 @@ impl<O: Train<T = f64>> AnyRt for Runtime<O> {
         let labels = Labels::new(vec![0; labels], 3)?;
         self.accuracy(&l, &tensor(&[rows, 2], 8), &labels, batch)
     }
+    fn accuracy_of(&self, classes: usize) -> tl_nn::Result<f64> {
+        let name = format!("acc{}", self.named_params().len());
+        let l = Linear::new(&self.vars().pp(name), 2, 3)?;
+        let labels = Labels::new(vec![0, classes - 1], classes)?;
+        self.accuracy(&l, &tensor(&[2, 2], 8), &labels, 2)
+    }
 }
 
 #[test]
@@ -196,7 +203,7 @@ fn embedding_takes_the_last_row_and_rejects_the_vocabulary_size() {
         assert_eq!(rows.shape().dims(), [2, 2], "{name}");
         let e = error_naming(
             rt.embed(4, 2, &[0, 4]),
-            &["Embedding::forward", "id 4", "position 1", "4 rows"],
+            &["Embedding \"emb4x2_1\"", "id 4", "position 1", "4 rows"],
         );
         assert!(!e.contains("panick"), "{e}");
         error_naming(rt.embed(0, 2, &[]), &["Embedding::new", "0 × 2"]);
@@ -363,18 +370,24 @@ fn input_widths_must_match_the_layer() {
         assert_eq!(rt.linear(4, 4).unwrap().shape().dims(), [3, 2], "{name}");
         error_naming(
             rt.linear(4, 5),
-            &["Linear::forward", "[3, 5]", "4 input features"],
+            &["Linear \"lin2\"", "input [3, 5] has 5 features, expected 4"],
         );
         error_naming(
             rt.linear(4, 3),
-            &["Linear::forward", "[3, 3]", "4 input features"],
+            &["Linear \"lin4\"", "input [3, 3] has 3 features, expected 4"],
         );
         assert_eq!(
             rt.layer_norm(3, 3).unwrap().shape().dims(),
             [2, 3],
             "{name}"
         );
-        error_naming(rt.layer_norm(3, 4), &["layerNorm", "x [2, 4]", "[3]"]);
+        error_naming(
+            rt.layer_norm(3, 4),
+            &[
+                "LayerNorm",
+                "input [2, 4] has 4 features in its last axis, expected 3",
+            ],
+        );
         assert_eq!(
             rt.batch_norm(2, 2).unwrap().shape().dims(),
             [2, 2, 3],
@@ -382,7 +395,7 @@ fn input_widths_must_match_the_layer() {
         );
         error_naming(
             rt.batch_norm(2, 3),
-            &["BatchNorm::forward", "[2, 3, 3]", "2 channels"],
+            &["BatchNorm", "[2, 3, 3]", "2 channels"],
         );
     });
 }
@@ -398,6 +411,15 @@ fn accuracy_and_batches_take_batch_one_and_reject_zero() {
         error_naming(rt.accuracy(3, 3, 0), &["Runtime::accuracy", "batch 0"]);
         error_naming(rt.accuracy(3, 2, 1), &["Runtime::accuracy", "2 labels"]);
         error_naming(rt.accuracy(0, 0, 1), &["Runtime::accuracy", "0 labels"]);
+        // Labels of fewer classes than logits are fine; of more, an error naming both.
+        assert!(
+            rt.accuracy_of(2).is_ok() && rt.accuracy_of(3).is_ok(),
+            "{name}"
+        );
+        error_naming(
+            rt.accuracy_of(5),
+            &["Runtime::accuracy", "5 classes", "3 logits"],
+        );
     });
     let (train, _) = data::digits().unwrap();
     let train = train.truncate(5);

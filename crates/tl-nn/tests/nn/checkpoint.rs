@@ -247,6 +247,38 @@ fn corrupt_files_are_errors() {
     assert!(e.to_string().contains("does-not-exist"), "{e}");
 }
 
+/// A safetensors file of one F32 scalar per header entry, all at bytes 0..4 (the header as
+/// written, so it may name a tensor twice).
+fn file_with_header(entries: &[&str]) -> Vec<u8> {
+    let body: Vec<String> = entries
+        .iter()
+        .map(|name| format!(r#"{name}:{{"dtype":"F32","shape":[],"data_offsets":[0,4]}}"#))
+        .collect();
+    let header = format!("{{{}}}", body.join(", "));
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend_from_slice(&1.5f32.to_le_bytes());
+    b
+}
+
+/// A JSON map parse keeps one of two entries of the same name: the file is refused, naming
+/// the tensor, however the name is spelt (an escape decodes to the same name).
+#[test]
+fn a_header_naming_a_tensor_twice_is_refused() {
+    let p = tmp("duplicate.safetensors");
+    std::fs::write(&p, file_with_header(&[r#""w""#])).unwrap();
+    let f = checkpoint::read(&p).unwrap();
+    assert_eq!(f.tensors.len(), 1, "one name: read");
+    for names in [[r#""w""#, r#""w""#], [r#""w""#, r#""\u0077""#]] {
+        std::fs::write(&p, file_with_header(&names)).unwrap();
+        let e = checkpoint::read(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("\"w\"") && e.contains("more than once"),
+            "{names:?}: {e}"
+        );
+    }
+}
+
 #[test]
 fn a_failed_save_leaves_the_previous_file_intact() {
     let path = tmp("atomic.safetensors");

@@ -269,8 +269,10 @@ fn causal_attention_does_not_see_the_future() {
         );
         assert_eq!(row0 > 1e-9, sees, "row 0 changed by {row0}");
     }
-    // Key padding: keys past `len` are invisible.
-    let pad = MultiHeadAttention::key_padding_mask(3, 2);
+    // Key padding: keys past `len` are invisible; an n whose n·n mask overflows is an error.
+    let e = MultiHeadAttention::key_padding_mask(1 << 32, 1).unwrap_err();
+    assert!(e.to_string().contains("mask"), "{e}");
+    let pad = MultiHeadAttention::key_padding_mask(3, 2).unwrap();
     let a = rt
         .eval(&full, |g| {
             full.forward_masked(&g.input(x.clone())?, Some(pad.clone()))

@@ -1,13 +1,19 @@
 //! tl-nn's integration tests, one binary: layers and initialisers, the training loop on both
-//! sessions, checkpoints (PyTorch fixtures and bad files), labels and expressions.
+//! sessions, checkpoints (PyTorch fixtures and bad files), labels and expressions, the derive
+//! and the listed-parameter check, printed models and summaries, and error messages.
 
 mod boundaries;
 mod checkpoint;
 mod controls;
 mod custom_op;
 mod data;
+mod derive;
+mod display;
+mod errors;
 mod expr;
 mod layers;
+mod losses;
+mod losses_fixture;
 mod models;
 mod rnn;
 mod training;

@@ -560,7 +560,7 @@ impl Optimizer {
             self.state.entry(key).or_default().step += 1;
             let new: Vec<T> = match grads {
                 // The loop at the CPU's widest instruction set (the mlp step's largest loop).
-                [g] => tl_tape_cpu::simd::zip(w.data(), g.data(), Axpy(c)),
+                [g] => tl_tape_cpu::simd::zip("sgd", w.data(), g.data(), Axpy(c))?,
                 _ => w
                     .data()
                     .iter()

@@ -101,7 +101,7 @@ fn float() -> impl Strategy<Value = f64> {
 }
 
 fn mask() -> impl Strategy<Value = Mask> {
-    (0usize..4).prop_map(Mask::causal)
+    (0usize..4).prop_map(|n| Mask::causal(n).unwrap())
 }
 
 /// An op with random (mostly invalid) parameters.
@@ -125,6 +125,7 @@ fn op() -> impl Strategy<Value = Op> {
         Op::Detach,
         Op::Gelu,
         Op::Silu,
+        Op::GeluErf,
         Op::Flatten,
         Op::Transpose2d,
         Op::PermuteBca,
@@ -165,6 +166,8 @@ fn op() -> impl Strategy<Value = Op> {
             Op::Scale(a),
             Op::Clamp { lo: a, hi: b },
             Op::SafeLog { eps: a },
+            Op::LeakyRelu { negative_slope: a },
+            Op::Elu { alpha: b },
             Op::LayerNorm { eps: a },
             Op::BatchNorm { eps: a },
             Op::Dropout {

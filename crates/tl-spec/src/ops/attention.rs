@@ -18,7 +18,9 @@ use crate::{Error, Result, Scalar, Shape, Tensor};
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Mask {
     n: usize,
-    allowed: Arc<[bool]>,
+    /// The n·n entries (a `Vec` behind the `Arc`, so that sharing it copies nothing: an
+    /// `Arc<[bool]>` would copy the entries into a second, infallible allocation).
+    allowed: Arc<Vec<bool>>,
 }
 
 impl Mask {
@@ -32,21 +34,33 @@ impl Mask {
         }
         Ok(Mask {
             n,
-            allowed: allowed.into(),
+            allowed: Arc::new(allowed),
         })
     }
 
-    /// The mask with entry (i, j) = `f(i, j)`.
-    pub fn from_fn(n: usize, mut f: impl FnMut(usize, usize) -> bool) -> Mask {
-        let allowed: Vec<bool> = (0..n * n).map(|k| f(k / n, k % n)).collect();
-        Mask {
-            n,
-            allowed: allowed.into(),
+    /// The mask with entry (i, j) = `f(i, j)`. Its n·n entries are checked before anything is
+    /// allocated: an n whose square overflows, or whose mask exceeds the allocation cap
+    /// ([`crate::alloc`], `TL_MAX_ALLOC_BYTES`), or that the system allocator refuses, is a
+    /// [`Error::TooLarge`] naming `mask` and n.
+    pub fn from_fn(n: usize, mut f: impl FnMut(usize, usize) -> bool) -> Result<Mask> {
+        let what = || format!("an ({n}, {n}) attention mask");
+        let len = n.checked_mul(n).ok_or_else(|| Error::TooLarge {
+            op: "mask",
+            detail: format!("{}: {n}·{n} entries overflow usize", what()),
+        })?;
+        let mut allowed = crate::alloc::try_with_capacity("mask", &what(), len)?;
+        for i in 0..n {
+            allowed.extend((0..n).map(|j| f(i, j)));
         }
+        Ok(Mask {
+            n,
+            allowed: Arc::new(allowed),
+        })
     }
 
-    /// The causal mask: query i sees keys j ≤ i. PyTorch: `is_causal=True`.
-    pub fn causal(n: usize) -> Mask {
+    /// The causal mask: query i sees keys j ≤ i. PyTorch: `is_causal=True`. Checked as
+    /// [`Mask::from_fn`].
+    pub fn causal(n: usize) -> Result<Mask> {
         Mask::from_fn(n, |i, j| j <= i)
     }
 
@@ -57,8 +71,8 @@ impl Mask {
 
     /// Row `i` (the keys query `i` may attend to); an empty slice past the end.
     pub fn row(&self, i: usize) -> &[bool] {
-        self.allowed
-            .get(i * self.n..(i + 1) * self.n)
+        i.checked_mul(self.n)
+            .and_then(|at| self.allowed.get(at..)?.get(..self.n))
             .unwrap_or(&[])
     }
 
@@ -192,6 +206,61 @@ pub fn masked_softmax_jvp<T: Scalar>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Set in the child process of [`masks_under_a_lowered_cap_are_refused`].
+    const CHILD_VAR: &str = "TL_SPEC_MASK_CAP_CHILD";
+
+    /// Issue 37: n·n was computed unchecked (`causal(2³²)` wrapped to an empty mask, a larger n
+    /// aborted) and never met the allocation cap.
+    #[test]
+    fn masks_whose_entries_overflow_are_errors_naming_the_mask() {
+        for n in [1usize << 32, usize::MAX] {
+            let e = Mask::causal(n).unwrap_err().to_string();
+            assert!(e.contains("mask") && e.contains("overflow"), "{n}: {e}");
+            let e = Mask::from_fn(n, |_, _| true).unwrap_err().to_string();
+            assert!(e.contains(&format!("({n}, {n})")), "{n}: {e}");
+        }
+        let m = Mask::causal(3).unwrap();
+        assert_eq!(format!("{m:?}"), "mask[100/110/111]");
+        assert_eq!(
+            m.row(usize::MAX),
+            &[] as &[bool],
+            "a row past the end is empty"
+        );
+        assert!(Mask::causal(0).unwrap().as_slice().is_empty());
+    }
+
+    /// A 60 000-token causal mask (3.6 GB of entries) under `TL_MAX_ALLOC_BYTES=1G`: an error
+    /// naming the cap, before anything is allocated. In a child process, so that the lowered
+    /// cap (read once per process) touches no other test.
+    #[test]
+    fn masks_under_a_lowered_cap_are_refused() {
+        if std::env::var_os(CHILD_VAR).is_some() {
+            let e = Mask::causal(60_000).unwrap_err().to_string();
+            assert!(e.contains("mask") && e.contains("allocation cap"), "{e}");
+            assert_eq!(Mask::causal(1_000).unwrap().row(999).len(), 1_000);
+            println!("mask child: refused");
+            return;
+        }
+        let exe = std::env::current_exe().expect("the test binary");
+        let name = format!("{}::masks_under_a_lowered_cap_are_refused", module_path!());
+        let name = name.split_once("::").map_or(name.as_str(), |(_, m)| m);
+        let out = std::process::Command::new(exe)
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_VAR, "1")
+            .env(crate::alloc::ENV_VAR, "1G")
+            .output()
+            .expect("spawn the test binary");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            out.status.success() && stdout.contains("mask child: refused"),
+            "{:?}\n{stdout}\n{stderr}",
+            out.status
+        );
+    }
 
     #[test]
     fn masked_entries_are_exact_zeros_and_empty_rows_are_zero() {

@@ -20,8 +20,14 @@ const GELU_CUBIC: f64 = 0.044_715;
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     check_arity(op, x)?;
     match op {
-        Op::Gelu => tensor(x[0].shape().clone(), simd::map(x[0].data(), Gelu::new())),
-        Op::Silu => tensor(x[0].shape().clone(), simd::map(x[0].data(), Silu)),
+        Op::Gelu => tensor(
+            x[0].shape().clone(),
+            simd::map(op.name(), x[0].data(), Gelu::new())?,
+        ),
+        Op::Silu => tensor(
+            x[0].shape().clone(),
+            simd::map(op.name(), x[0].data(), Silu)?,
+        ),
         _ => Err(wrong_family(op, "activation")),
     }
 }
@@ -33,8 +39,8 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     match op {
         Op::Gelu => {
             let gelu = Gelu::new();
-            let t = simd::map(x[0].data(), GeluTanh(gelu));
-            let y = simd::zip(x[0].data(), &t, GeluFromTanh(gelu));
+            let t = simd::map(op.name(), x[0].data(), GeluTanh(gelu))?;
+            let y = simd::zip(op.name(), x[0].data(), &t, GeluFromTanh(gelu))?;
             Ok((tensor(x[0].shape().clone(), y)?, vec![t]))
         }
         _ => Ok((forward(op, x)?, Vec::new())),
@@ -71,11 +77,15 @@ pub fn backward_saved<T: Scalar>(
         check_saved(op, saved, if *op == Op::Gelu { &gelu[..] } else { &[] })?;
     }
     let dx: Vec<T> = match (op, saved.first()) {
-        (Op::Gelu, None) => simd::zip(x[0].data(), g.data(), GeluBackward(Gelu::new())),
-        (Op::Gelu, Some(t)) => {
-            simd::zip3(x[0].data(), t, g.data(), GeluBackwardFromTanh(Gelu::new()))
-        }
-        (Op::Silu, _) => simd::zip(x[0].data(), g.data(), SiluBackward),
+        (Op::Gelu, None) => simd::zip(op.name(), x[0].data(), g.data(), GeluBackward(Gelu::new()))?,
+        (Op::Gelu, Some(t)) => simd::zip3(
+            op.name(),
+            x[0].data(),
+            t,
+            g.data(),
+            GeluBackwardFromTanh(Gelu::new()),
+        )?,
+        (Op::Silu, _) => simd::zip(op.name(), x[0].data(), g.data(), SiluBackward)?,
         _ => return Err(wrong_family(op, "activation")),
     };
     Ok(smallvec![Some(tensor(s.clone(), dx)?)])

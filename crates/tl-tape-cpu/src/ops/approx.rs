@@ -19,7 +19,7 @@
 //!   and its twins in `kernels/approx.cuh`), and the three agree bit for bit.
 
 use tl_spec::Scalar;
-use tl_spec::approx::{exp_f32, log_f32, sigmoid_f32, softplus_f32, tanh_f32};
+use tl_spec::approx::{erf_f32, exp_f32, log_f32, sigmoid_f32, softplus_f32, tanh_f32};
 
 /// Whether `T` is f32 (the other [`Scalar`] is f64).
 #[inline(always)]
@@ -44,6 +44,17 @@ pub(crate) fn tanh<T: Scalar>(v: T) -> T {
         T::lit(f64::from(tanh_f32(v.as_f64() as f32)))
     } else {
         v.tanh()
+    }
+}
+
+/// `erf v`: [`erf_f32`] for f32 (the simulation device's and the kernels' erf, so `geluErf`
+/// agrees bit for bit), libm's f64 `erf` ([`tl_spec::special::erf`]) for f64.
+#[inline(always)]
+pub(crate) fn erf<T: Scalar>(v: T) -> T {
+    if is_f32::<T>() {
+        T::lit(f64::from(erf_f32(v.as_f64() as f32)))
+    } else {
+        tl_spec::special::erf(v)
     }
 }
 

@@ -38,7 +38,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     match op {
         Op::MaskedSoftmax { mask } => {
             masked_softmax_shape(x[0].shape(), mask)?;
-            let mut y = tl_spec::pool::with_capacity(x[0].numel());
+            let mut y = tl_spec::alloc::try_with_capacity(op.name(), "output", x[0].numel())?;
             y.extend_from_slice(x[0].data());
             let n = mask.n().max(1);
             softmax_rows(&mut y, n, |r| Some(mask.row(r % n)), None);
@@ -97,7 +97,7 @@ fn mha_forward<T: Scalar>(
     };
     let c = core::forward(op, &dm, [&q, &k, &v], mask.as_ref(), block, into)?;
     let n_rows = dm.batch * dm.n;
-    let mut y = tl_spec::pool::for_overwrite(n_rows * dm.dm);
+    let mut y = tl_spec::alloc::try_for_overwrite(op.name(), "output", n_rows * dm.dm)?;
     matmul(
         op,
         rows_mut(op, &mut y, n_rows, dm.dm)?,
@@ -137,7 +137,7 @@ pub fn backward_saved<T: Scalar>(
         Op::MaskedSoftmax { mask } => {
             masked_softmax_shape(x[0].shape(), mask)?;
             check_shape(op, "output", y, x[0].shape())?;
-            let mut dx = tl_spec::pool::for_overwrite(g.numel());
+            let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", g.numel())?;
             dx.copy_from_slice(g.data());
             softmax_vjp_rows(y.data(), &mut dx, mask.n(), None);
             Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])
@@ -163,22 +163,22 @@ pub fn backward_saved<T: Scalar>(
             // y = C·wo: dC = g·woᵀ, dwo = Cᵀ·g.
             let gv = rows(op, g.data(), n_rows, dmod)?;
             let wo = rows(op, x[3].data(), p, dmod)?;
-            let mut dc = tl_spec::pool::for_overwrite(n_rows * p);
+            let mut dc = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", n_rows * p)?;
             let dcv = rows_mut(op, &mut dc, n_rows, p)?;
             matmul(op, dcv, false, gv, wo.t(), T::one())?;
             let block = core::block_rows(&dm, *fused);
             let (c, dqkv) = core::backward(op, &dm, &kept, &dc, mask.as_ref(), block)?;
             let cv = rows(op, c.as_deref().or(kept.c).unwrap_or_default(), n_rows, p)?;
-            let mut dwo = tl_spec::pool::for_overwrite(p * dmod);
+            let mut dwo = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", p * dmod)?;
             let dwov = rows_mut(op, &mut dwo, p, dmod)?;
             matmul(op, dwov, false, cv.t(), gv, T::one())?;
             // Q = x·wq: dwq = xᵀ·dQ, dx = Σ dQ·wqᵀ (likewise K, V).
             let xv = rows(op, x[4].data(), n_rows, dmod)?;
-            let mut dx = tl_spec::pool::for_overwrite(n_rows * dmod);
+            let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", n_rows * dmod)?;
             let mut dw: Grads<T> = smallvec![];
             for (k, d) in dqkv.iter().enumerate() {
                 let dv = rows(op, d, n_rows, p)?;
-                let mut dwk = tl_spec::pool::for_overwrite(dmod * p);
+                let mut dwk = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", dmod * p)?;
                 let dwkv = rows_mut(op, &mut dwk, dmod, p)?;
                 matmul(op, dwkv, false, xv.t(), dv, T::one())?;
                 let wk = rows(op, x[k].data(), dmod, p)?;
@@ -420,7 +420,7 @@ fn projections<T: Scalar>(op: &Op, dm: &Dims, x: &[&Tensor<T>]) -> Result<[Vec<T
     let xv = rows(op, x[4].data(), n_rows, dm.dm)?;
     let mut out = [Vec::new(), Vec::new(), Vec::new()];
     for (k, o) in out.iter_mut().enumerate() {
-        *o = tl_spec::pool::for_overwrite(n_rows * dm.p);
+        *o = tl_spec::alloc::try_for_overwrite(op.name(), "projection", n_rows * dm.p)?;
         let w = rows(op, x[k].data(), dm.dm, dm.p)?;
         matmul(op, rows_mut(op, o, n_rows, dm.p)?, false, xv, w, T::one())?;
     }

@@ -4,6 +4,7 @@
 
 use smallvec::smallvec;
 use tl_ir::Op;
+use tl_spec::alloc::try_copy;
 use tl_spec::{Scalar, Shape, Tensor};
 
 use super::{Grads, check_arity, check_shape, out_shape, tensor, wrong_family};
@@ -15,14 +16,15 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let out = out_shape(op, x)?;
     match op {
         Op::Concat => {
-            let mut data = Vec::with_capacity(out.numel());
+            let mut data = tl_spec::alloc::try_with_capacity(op.name(), "output", out.numel())?;
             data.extend_from_slice(x[0].data());
             data.extend_from_slice(x[1].data());
             tensor(out, data)
         }
         Op::Slice { start, len } => {
             let row = row_len(x[0].shape());
-            tensor(out, x[0].data()[start * row..(start + len) * row].to_vec())
+            let rows = &x[0].data()[start * row..(start + len) * row];
+            tensor(out, tl_spec::alloc::try_copy(op.name(), "output", rows)?)
         }
         _ => Err(wrong_family(op, "concat/slice")),
     }
@@ -43,13 +45,19 @@ pub fn backward<T: Scalar>(
         Op::Concat => {
             let (ga, gb) = g.data().split_at(x[0].numel());
             Ok(smallvec![
-                Some(tensor(x[0].shape().clone(), ga.to_vec())?),
-                Some(tensor(x[1].shape().clone(), gb.to_vec())?)
+                Some(tensor(
+                    x[0].shape().clone(),
+                    try_copy(op.name(), "cotangent", ga)?
+                )?),
+                Some(tensor(
+                    x[1].shape().clone(),
+                    try_copy(op.name(), "cotangent", gb)?
+                )?)
             ])
         }
         Op::Slice { start, .. } => {
             let row = row_len(x[0].shape());
-            let mut dx = tl_spec::pool::zeroed(x[0].numel());
+            let mut dx = tl_spec::alloc::try_zeroed(op.name(), "cotangent", x[0].numel())?;
             let at = start * row;
             dx[at..at + g.numel()].copy_from_slice(g.data());
             Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])

@@ -28,7 +28,7 @@ pub fn forward_saving<T: Scalar>(
     nats: &[usize],
 ) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     let (rows, c, labels) = setup(op, x, nats)?;
-    let mut z = tl_spec::pool::zeroed(rows);
+    let mut z = tl_spec::alloc::try_zeroed(op.name(), "workspace", rows)?;
     let mut s = T::zero();
     for ((row, &l), z) in x[0].data().chunks_exact(c).zip(&labels).zip(&mut z) {
         if l < c {
@@ -71,7 +71,7 @@ pub fn backward_saved<T: Scalar>(
             Some(&saved[0])
         }
     };
-    let mut dx = tl_spec::pool::zeroed(x[0].numel());
+    let mut dx = tl_spec::alloc::try_zeroed(op.name(), "cotangent", x[0].numel())?;
     crate::simd::vectorize(BackwardRows {
         x: x[0].data(),
         dx: &mut dx,

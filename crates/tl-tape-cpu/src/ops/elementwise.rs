@@ -1,6 +1,6 @@
 //! Pointwise kernels: the binary ops (`add`, `sub`, `mul`, `div`, `max`, `min`), the unary maps
 //! (`scale`, `abs`, `sqrt`, `exp`, `log`, `inv`, `relu`, `clamp`, `sigmoid`, `tanh`, `softplus`,
-//! `safeLog`), `detach` and `constant`.
+//! `safeLog`, `leakyRelu`, `elu`, `geluErf`), `detach` and `constant`.
 //!
 //! Every kernel is one pass over contiguous slices through [`crate::simd`] (`map`, `zip`,
 //! `zip3`): compiled for the best instruction set the CPU has, cut across threads when long,
@@ -9,7 +9,11 @@
 //! In f32, `exp`, `log`, `tanh`, the sigmoid (`sigmoid`, the backward passes of `softplus`
 //! and `safeLog`) and softplus (`softplus`, `safeLog`) are [`tl_spec::approx`]'s (see
 //! `ops/approx.rs`). Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
-//! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0.
+//! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0;
+//! leakyRelu'(0) = negative_slope and elu'(0) = alpha (PyTorch's autograd). `elu` calls libm's
+//! `expm1`/`exp`, and `geluErf` erf and exp from `ops/approx.rs` (f32: [`tl_spec::approx`]'s,
+//! f64: libm's): their loops run through [`crate::simd`] like the others but stay calls per
+//! element.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -34,30 +38,43 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             let c = T::lit(*c);
             tensor(
                 x[0].shape().clone(),
-                simd::map(x[0].data(), move |v: T| c * v),
+                simd::map(op.name(), x[0].data(), move |v: T| c * v)?,
             )?
         }
-        Abs => unary(x[0], |v: T| v.abs())?,
-        Sqrt => unary(x[0], |v: T| v.max(T::zero()).sqrt())?,
-        Exp => unary(x[0], approx::exp)?,
+        Abs => unary(op, x[0], |v: T| v.abs())?,
+        Sqrt => unary(op, x[0], |v: T| v.max(T::zero()).sqrt())?,
+        Exp => unary(op, x[0], approx::exp)?,
         Log => log(op, x[0])?,
-        Inv => unary(x[0], |v: T| T::one() / v)?,
-        Relu => unary(x[0], |v: T| if v > T::zero() { v } else { T::zero() })?,
+        Inv => unary(op, x[0], |v: T| T::one() / v)?,
+        Relu => unary(op, x[0], |v: T| if v > T::zero() { v } else { T::zero() })?,
         Clamp { lo, hi } => {
             let (lo, hi) = (T::lit(*lo), T::lit(*hi));
             tensor(
                 x[0].shape().clone(),
-                simd::map(x[0].data(), move |v: T| hi.min(lo.max(v))),
+                simd::map(op.name(), x[0].data(), move |v: T| hi.min(lo.max(v)))?,
             )?
         }
-        Sigmoid => unary(x[0], approx::sigmoid)?,
-        Tanh => unary(x[0], approx::tanh)?,
-        Softplus => unary(x[0], approx::softplus)?,
+        Sigmoid => unary(op, x[0], approx::sigmoid)?,
+        Tanh => unary(op, x[0], approx::tanh)?,
+        Softplus => unary(op, x[0], approx::softplus)?,
         SafeLog { eps } => {
-            let (y, t) = safe_log_keeping(x[0], T::lit(*eps))?;
+            let (y, t) = safe_log_keeping(op, x[0], T::lit(*eps))?;
             tl_spec::pool::give(t);
             y
         }
+        LeakyRelu { negative_slope } => {
+            let s = T::lit(*negative_slope);
+            unary(op, x[0], move |v: T| if v > T::zero() { v } else { s * v })?
+        }
+        Elu { alpha } => {
+            let a = T::lit(*alpha);
+            unary(
+                op,
+                x[0],
+                move |v: T| if v > T::zero() { v } else { a * v.exp_m1() },
+            )?
+        }
+        GeluErf => unary(op, x[0], gelu_erf)?,
         Detach => x[0].clone(),
         Constant(t) => t.cast(),
         _ => return Err(wrong_family(op, "elementwise")),
@@ -100,16 +117,16 @@ pub fn backward<T: Scalar>(
         Add => Ok(smallvec![Some(g.clone()), Some(g.clone())]),
         Sub => Ok(smallvec![
             Some(g.clone()),
-            Some(tensor(s.clone(), simd::map(gd, |v: T| -v))?)
+            Some(tensor(s.clone(), simd::map(op.name(), gd, |v: T| -v)?)?)
         ]),
         Mul => two(
-            zip(gd, x[1].data(), |g: T, b: T| g * b),
-            zip(gd, xd, |g: T, a: T| g * a),
+            zip(op.name(), gd, x[1].data(), |g: T, b: T| g * b)?,
+            zip(op.name(), gd, xd, |g: T, a: T| g * a)?,
         ),
         Div => {
             // da = g/b; db = −g·a/b² = −da·y (y = a/b).
-            let da = zip(gd, x[1].data(), |g: T, b: T| g / b);
-            let db = zip(&da, yd, |d: T, y: T| -(d * y));
+            let da = zip(op.name(), gd, x[1].data(), |g: T, b: T| g / b)?;
+            let db = zip(op.name(), &da, yd, |d: T, y: T| -(d * y))?;
             two(da, db)
         }
         Max | Min => {
@@ -127,15 +144,15 @@ pub fn backward<T: Scalar>(
                 }
             };
             two(
-                zip3(gd, xd, bd, |g: T, a: T, b: T| w(a, b) * g),
-                zip3(gd, xd, bd, |g: T, a: T, b: T| w(b, a) * g),
+                zip3(op.name(), gd, xd, bd, |g: T, a: T, b: T| w(a, b) * g)?,
+                zip3(op.name(), gd, xd, bd, |g: T, a: T, b: T| w(b, a) * g)?,
             )
         }
         Scale(c) => {
             let c = T::lit(*c);
-            one(simd::map(gd, move |v: T| c * v))
+            one(simd::map(op.name(), gd, move |v: T| c * v)?)
         }
-        Abs => one(zip(gd, xd, |g: T, x: T| {
+        Abs => one(zip(op.name(), gd, xd, |g: T, x: T| {
             if x > zero {
                 g
             } else if x < zero {
@@ -143,31 +160,45 @@ pub fn backward<T: Scalar>(
             } else {
                 zero
             }
-        })),
-        Sqrt => one(zip3(
+        })?),
+        Sqrt => one(zip3(op.name(), gd, xd, yd, |g: T, x: T, y: T| {
+            if x > zero { g / (y + y) } else { zero }
+        })?),
+        Exp => one(zip(op.name(), gd, yd, |g: T, y: T| g * y)?),
+        Log => one(zip(op.name(), gd, xd, |g: T, x: T| g / x)?),
+        Inv => one(zip(op.name(), gd, yd, |g: T, y: T| -(g * y * y))?),
+        Relu => one(zip(
+            op.name(),
             gd,
             xd,
-            yd,
-            |g: T, x: T, y: T| {
-                if x > zero { g / (y + y) } else { zero }
-            },
-        )),
-        Exp => one(zip(gd, yd, |g: T, y: T| g * y)),
-        Log => one(zip(gd, xd, |g: T, x: T| g / x)),
-        Inv => one(zip(gd, yd, |g: T, y: T| -(g * y * y))),
-        Relu => one(zip(gd, xd, |g: T, x: T| if x > zero { g } else { zero })),
+            |g: T, x: T| if x > zero { g } else { zero },
+        )?),
         Clamp { lo, hi } => {
             let (lo, hi) = (T::lit(*lo), T::lit(*hi));
+            one(zip(op.name(), gd, xd, |g: T, x: T| {
+                if x > lo && x < hi { g } else { zero }
+            })?)
+        }
+        Sigmoid => one(zip(op.name(), gd, yd, |g: T, y: T| g * (y * (one_t - y)))?),
+        Tanh => one(zip(op.name(), gd, yd, |g: T, y: T| g * (one_t - y * y))?),
+        Softplus => one(zip(op.name(), gd, xd, |g: T, x: T| g * approx::sigmoid(x))?),
+        SafeLog { eps } => one(zip(op.name(), gd, xd, SafeLogBackward(T::lit(*eps)))?),
+        LeakyRelu { negative_slope } => {
+            let s = T::lit(*negative_slope);
             one(zip(
+                op.name(),
                 gd,
                 xd,
-                |g: T, x: T| if x > lo && x < hi { g } else { zero },
-            ))
+                move |g: T, x: T| if x > zero { g } else { s * g },
+            )?)
         }
-        Sigmoid => one(zip(gd, yd, |g: T, y: T| g * (y * (one_t - y)))),
-        Tanh => one(zip(gd, yd, |g: T, y: T| g * (one_t - y * y))),
-        Softplus => one(zip(gd, xd, |g: T, x: T| g * approx::sigmoid(x))),
-        SafeLog { eps } => one(zip(gd, xd, SafeLogBackward(T::lit(*eps)))),
+        Elu { alpha } => {
+            let a = T::lit(*alpha);
+            one(zip(op.name(), gd, xd, move |g: T, x: T| {
+                if x > zero { g } else { a * x.exp() * g }
+            })?)
+        }
+        GeluErf => one(zip(op.name(), gd, xd, |g: T, x: T| gelu_erf_slope(x) * g)?),
         Detach => Ok(smallvec![None]),
         _ => Err(wrong_family(op, "elementwise")),
     }
@@ -179,7 +210,7 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     check_arity(op, x)?;
     match op {
         Op::SafeLog { eps } => {
-            let (y, t) = safe_log_keeping(x[0], T::lit(*eps))?;
+            let (y, t) = safe_log_keeping(op, x[0], T::lit(*eps))?;
             Ok((y, vec![t]))
         }
         _ => Ok((forward(op, x)?, Vec::new())),
@@ -208,13 +239,33 @@ pub fn backward_saved<T: Scalar>(
         return backward(op, x, y, g);
     };
     check_saved(op, saved, &[x[0].numel()])?;
-    let dx = zip3(g.data(), x[0].data(), &saved[0], SafeLogBackwardFromT);
+    let dx = zip3(
+        op.name(),
+        g.data(),
+        x[0].data(),
+        &saved[0],
+        SafeLogBackwardFromT,
+    )?;
     Ok(smallvec![Some(tensor(s.clone(), dx)?)])
 }
 
+/// `½·v·(1 + erf(v/√2))`, the exact GELU.
+fn gelu_erf<T: Scalar>(v: T) -> T {
+    let half = T::lit(0.5);
+    half * v * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)))
+}
+
+/// `Φ(v) + v·φ(v)`, the exact GELU's slope: `½(1 + erf(v/√2)) + v·e^{−v²/2}/√(2π)`.
+fn gelu_erf_slope<T: Scalar>(v: T) -> T {
+    let half = T::lit(0.5);
+    let cdf = half * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)));
+    let pdf = T::lit(0.398_942_280_401_432_7) * approx::exp(-(half * v * v));
+    cdf + v * pdf
+}
+
 /// `f` at every element of `x`.
-fn unary<T: Scalar>(x: &Tensor<T>, f: impl simd::Map1<T>) -> Result<Tensor<T>> {
-    tensor(x.shape().clone(), simd::map(x.data(), f))
+fn unary<T: Scalar>(op: &Op, x: &Tensor<T>, f: impl simd::Map1<T>) -> Result<Tensor<T>> {
+    tensor(x.shape().clone(), simd::map(op.name(), x.data(), f)?)
 }
 
 /// Same-shape binary map; the error names the op and both shapes.
@@ -231,7 +282,7 @@ fn binary<T: Scalar>(op: &Op, x: &[&Tensor<T>], f: impl simd::Map2<T>) -> Result
         )
         .into());
     }
-    tensor(a.shape().clone(), zip(a.data(), b.data(), f))
+    tensor(a.shape().clone(), zip(op.name(), a.data(), b.data(), f)?)
 }
 
 /// `ln x`, after checking every element is positive (a NaN or x ≤ 0 is an error naming the op,
@@ -252,7 +303,7 @@ fn log<T: Scalar>(op: &Op, x: &Tensor<T>) -> Result<Tensor<T>> {
         )
         .into());
     }
-    tensor(x.shape().clone(), simd::map(d, approx::log))
+    tensor(x.shape().clone(), simd::map(op.name(), d, approx::log)?)
 }
 
 /// Whether every element is > 0 (a NaN is not): one pass without an early exit, so that it
@@ -277,9 +328,9 @@ fn all_positive<T: Scalar>(d: &[T]) -> bool {
 /// per vector, longer than the out-of-order window overlaps. The same operations on the same
 /// values (the sum rounded to `T` either way), so the same bits. Returns the value and the
 /// first pass, `softplus(x) + eps` (what [`forward_saving`] keeps).
-fn safe_log_keeping<T: Scalar>(x: &Tensor<T>, eps: T) -> Result<(Tensor<T>, Vec<T>)> {
-    let t = simd::map(x.data(), SoftplusPlus(eps));
-    let y = simd::map(&t, approx::log);
+fn safe_log_keeping<T: Scalar>(op: &Op, x: &Tensor<T>, eps: T) -> Result<(Tensor<T>, Vec<T>)> {
+    let t = simd::map(op.name(), x.data(), SoftplusPlus(eps))?;
+    let y = simd::map(op.name(), &t, approx::log)?;
     Ok((tensor(x.shape().clone(), y)?, t))
 }
 

@@ -28,7 +28,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>], nats: &[usize]) -> Result<T
     }
     let idx = indices(op, x, nats, rows)?;
     let src = x[0].data();
-    let mut data = tl_spec::pool::zeroed(out.numel());
+    let mut data = tl_spec::alloc::try_zeroed(op.name(), "output", out.numel())?;
     for (&i, o) in idx.iter().zip(data.chunks_exact_mut(cols.max(1))) {
         if i < rows {
             o.copy_from_slice(&src[i * cols..(i + 1) * cols]);
@@ -52,11 +52,12 @@ pub fn backward<T: Scalar>(
     let (rows, cols) = rows_cols(x[0]);
     if let Op::ScatterAddVec { index } | Op::ScatterAddRow { index } = op {
         let at = index * cols;
-        let dv = tensor(x[1].shape().clone(), g.data()[at..at + cols].to_vec())?;
+        let row = tl_spec::alloc::try_copy(op.name(), "cotangent", &g.data()[at..at + cols])?;
+        let dv = tensor(x[1].shape().clone(), row)?;
         return Ok(smallvec![Some(g.clone()), Some(dv)]);
     }
     let idx = indices(op, x, nats, rows)?;
-    let mut dx = tl_spec::pool::zeroed(x[0].numel());
+    let mut dx = tl_spec::alloc::try_zeroed(op.name(), "cotangent", x[0].numel())?;
     for (&i, gr) in idx.iter().zip(g.data().chunks_exact(cols.max(1))) {
         if i < rows {
             for (d, &v) in dx[i * cols..(i + 1) * cols].iter_mut().zip(gr) {
@@ -98,20 +99,18 @@ fn indices<T: Scalar>(
         GatherScalarsNatVec { at, k } | GatherRowsNatVec { at, k } => {
             try_nat_vec_at(op.name(), nats, *at, *k)?
         }
-        GatherIndexTensor => x
-            .get(1)
-            .ok_or_else(|| wrong_family(op, "index"))?
-            .data()
-            .iter()
-            .map(|&v| {
+        GatherIndexTensor => {
+            let idx = x.get(1).ok_or_else(|| wrong_family(op, "index"))?.data();
+            let rows_of = idx.iter().map(|&v| {
                 let v = v.as_f64();
                 if v >= 0.0 && v.fract() == 0.0 && v < rows as f64 {
                     v as usize
                 } else {
                     rows
                 }
-            })
-            .collect(),
+            });
+            tl_spec::alloc::try_collect(op.name(), "indices", idx.len(), rows_of)?
+        }
         _ => return Err(wrong_family(op, "index")),
     })
 }

@@ -23,7 +23,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     match op {
         Op::Matmul => {
             let (m, n, p) = matmul_dims(op, x[0], x[1])?;
-            let mut c = tl_spec::pool::for_overwrite(m * p);
+            let mut c = tl_spec::alloc::try_for_overwrite(op.name(), "output", m * p)?;
             let a = view(op, x[0].data(), m, n)?;
             let b = view(op, x[1].data(), n, p)?;
             gemm(op, &a, &b, T::zero(), &mut c)?;
@@ -31,7 +31,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         }
         Op::Bmm => {
             let (bs, m, n, p) = bmm_dims(op, x[0], x[1])?;
-            let mut c = tl_spec::pool::for_overwrite(bs * m * p);
+            let mut c = tl_spec::alloc::try_for_overwrite(op.name(), "output", bs * m * p)?;
             for_each_batch(
                 bs,
                 [m * n, n * p, m * p],
@@ -46,7 +46,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             let (w, b, xs) = (x[0], x[1], x[2]);
             let (out, inp, rows, y_shape) = linear_dims(op, w, b, xs)?;
             // Y starts as b in every row, then Y += X·Wᵀ.
-            let mut y = tl_spec::pool::with_capacity(rows * out);
+            let mut y = tl_spec::alloc::try_with_capacity(op.name(), "output", rows * out)?;
             for _ in 0..rows {
                 y.extend_from_slice(b.data());
             }
@@ -89,12 +89,12 @@ pub fn backward_masked<T: Scalar>(
             let (a, b) = (view(op, x[0].data(), m, n)?, view(op, x[1].data(), n, p)?);
             let gv = view(op, g.data(), m, p)?;
             let da = need(0).then(|| {
-                let mut da = tl_spec::pool::for_overwrite(m * n);
+                let mut da = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", m * n)?;
                 gemm(op, &gv, &b.t(), T::zero(), &mut da)?;
                 tensor(x[0].shape().clone(), da)
             });
             let db = need(1).then(|| {
-                let mut db = tl_spec::pool::for_overwrite(n * p);
+                let mut db = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", n * p)?;
                 gemm(op, &a.t(), &gv, T::zero(), &mut db)?;
                 tensor(x[1].shape().clone(), db)
             });
@@ -104,7 +104,7 @@ pub fn backward_masked<T: Scalar>(
             let (bs, m, n, p) = bmm_dims(op, x[0], x[1])?;
             check_shape(op, "cotangent", g, &Shape::new(&[bs, m, p]))?;
             let da = need(0).then(|| {
-                let mut da = tl_spec::pool::for_overwrite(bs * m * n);
+                let mut da = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", bs * m * n)?;
                 let sizes = [m * p, n * p, m * n];
                 for_each_batch(bs, sizes, g.data(), x[1].data(), &mut da, |g, b, d| {
                     gemm(
@@ -118,7 +118,7 @@ pub fn backward_masked<T: Scalar>(
                 tensor(x[0].shape().clone(), da)
             });
             let db = need(1).then(|| {
-                let mut db = tl_spec::pool::for_overwrite(bs * n * p);
+                let mut db = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", bs * n * p)?;
                 let sizes = [m * n, m * p, n * p];
                 for_each_batch(bs, sizes, x[0].data(), g.data(), &mut db, |a, g, d| {
                     gemm(
@@ -140,12 +140,12 @@ pub fn backward_masked<T: Scalar>(
             let gv = view(op, g.data(), rows, out)?;
             let dw = need(0).then(|| {
                 let xv = view(op, xs.data(), rows, inp)?;
-                let mut dw = tl_spec::pool::for_overwrite(out * inp);
+                let mut dw = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", out * inp)?;
                 gemm(op, &gv.t(), &xv, T::zero(), &mut dw)?;
                 tensor(w.shape().clone(), dw)
             });
             let db = need(1).then(|| {
-                let mut db = tl_spec::pool::zeroed(out);
+                let mut db = tl_spec::alloc::try_zeroed(op.name(), "cotangent", out)?;
                 if out > 0 {
                     for grow in g.data().chunks_exact(out) {
                         for (d, &v) in db.iter_mut().zip(grow) {
@@ -157,7 +157,7 @@ pub fn backward_masked<T: Scalar>(
             });
             let dx = need(2).then(|| {
                 let wv = view(op, w.data(), out, inp)?;
-                let mut dx = tl_spec::pool::for_overwrite(rows * inp);
+                let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", rows * inp)?;
                 gemm(op, &gv, &wv, T::zero(), &mut dx)?;
                 tensor(xs.shape().clone(), dx)
             });

@@ -3,6 +3,7 @@
 
 use smallvec::smallvec;
 use tl_ir::Op;
+use tl_spec::alloc::try_collect;
 use tl_spec::{Error as SpecError, Scalar, Shape, Tensor};
 
 use super::{Grads, check_arity, check_shape, tensor, wrong_family};
@@ -47,13 +48,10 @@ pub fn backward<T: Scalar>(
             check_shape(op, "cotangent", g, y.shape())?;
             check_shape(op, "cotangent", g, &Shape::scalar())?;
             let c = T::lit(2.0) * g.data()[0] / count(x[0].shape());
-            let da: Vec<T> = x[0]
-                .data()
-                .iter()
-                .zip(x[1].data())
-                .map(|(&p, &q)| c * (p - q))
-                .collect();
-            let db: Vec<T> = da.iter().map(|&v| -v).collect();
+            let n = x[0].numel();
+            let diff = x[0].data().iter().zip(x[1].data());
+            let da = try_collect(op.name(), "cotangent", n, diff.map(|(&p, &q)| c * (p - q)))?;
+            let db = try_collect(op.name(), "cotangent", n, da.iter().map(|&v| -v))?;
             Ok(smallvec![
                 Some(tensor(x[0].shape().clone(), da)?),
                 Some(tensor(x[1].shape().clone(), db)?)

@@ -111,8 +111,9 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
 pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     let (l, eps) = Layout::of(op, x)?;
     let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
-    let mut st = tl_spec::pool::for_overwrite(2 * l.c);
+    let mut st = tl_spec::alloc::try_for_overwrite(op.name(), "workspace", 2 * l.c)?;
     if l.per_column {
+        let y = tl_spec::alloc::try_for_overwrite(op.name(), "output", xs.len())?;
         let y = crate::simd::vectorize(rows::Forward {
             x: xs,
             gamma,
@@ -120,10 +121,11 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
             cols: l.seg,
             eps,
             stats: &mut st,
+            y,
         });
         return Ok((tensor(x[0].shape().clone(), y)?, vec![st]));
     }
-    let mut y = tl_spec::pool::zeroed(xs.len());
+    let mut y = tl_spec::alloc::try_zeroed(op.name(), "output", xs.len())?;
     for (k, sk) in st.chunks_exact_mut(2).enumerate() {
         let (mean, rstd) = stats(&l, k, xs, eps);
         sk.copy_from_slice(&[mean, rstd]);
@@ -169,6 +171,11 @@ pub fn backward_saved<T: Scalar>(
         }
     };
     if l.per_column {
+        let out = [
+            tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", xs.len())?,
+            tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
+            tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
+        ];
         let [dx, dgamma, dbeta] = crate::simd::vectorize(rows::Backward {
             x: xs,
             gamma,
@@ -176,6 +183,7 @@ pub fn backward_saved<T: Scalar>(
             cols: l.seg,
             eps,
             stats: kept,
+            out,
         });
         return Ok(smallvec![
             Some(tensor(x[0].shape().clone(), dx)?),
@@ -183,9 +191,9 @@ pub fn backward_saved<T: Scalar>(
             Some(tensor(x[2].shape().clone(), dbeta)?),
         ]);
     }
-    let mut dx = tl_spec::pool::zeroed(xs.len());
-    let mut dgamma = tl_spec::pool::zeroed(gamma.len());
-    let mut dbeta = tl_spec::pool::zeroed(gamma.len());
+    let mut dx = tl_spec::alloc::try_zeroed(op.name(), "cotangent", xs.len())?;
+    let mut dgamma = tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?;
+    let mut dbeta = tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?;
     let m = l.count::<T>();
     for k in 0..l.c {
         let (mean, rstd) = match kept {
@@ -271,13 +279,15 @@ mod rows {
         pub eps: T,
         /// Each row's (μ, rstd), written.
         pub stats: &'a mut [T],
+        /// The output (every value overwritten).
+        pub y: Vec<T>,
     }
 
     impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
         type Output = Vec<T>;
         #[inline(always)]
         fn call(self) -> Vec<T> {
-            let mut y = tl_spec::pool::for_overwrite(self.x.len());
+            let mut y = self.y;
             let c = self.cols.max(1);
             let rows = y.chunks_exact_mut(c).zip(self.x.chunks_exact(c));
             for ((yr, xr), st) in rows.zip(self.stats.chunks_exact_mut(2)) {
@@ -300,15 +310,15 @@ mod rows {
         pub eps: T,
         /// Each row's (μ, rstd) as the forward kept them, or `None` (computed again).
         pub stats: Option<&'a [T]>,
+        /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros, accumulated into).
+        pub out: [Vec<T>; 3],
     }
 
     impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
         type Output = [Vec<T>; 3];
         #[inline(always)]
         fn call(self) -> [Vec<T>; 3] {
-            let mut dx = tl_spec::pool::for_overwrite(self.x.len());
-            let mut dgamma = tl_spec::pool::zeroed(self.gamma.len());
-            let mut dbeta = tl_spec::pool::zeroed(self.gamma.len());
+            let [mut dx, mut dgamma, mut dbeta] = self.out;
             let c = self.cols.max(1);
             let m = T::lit(c as f64);
             let rows = dx

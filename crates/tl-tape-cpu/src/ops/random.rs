@@ -23,9 +23,9 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         } => {
             tl_spec::alloc::check_shape::<T>(op.name(), shape)?;
             let k = rng::key(*seed, *counter);
-            let data = (0..shape.numel() as u64)
-                .map(|i| rng::uniform::<T>(k, i))
-                .collect();
+            let n = shape.numel();
+            let draws = (0..n as u64).map(|i| rng::uniform::<T>(k, i));
+            let data = tl_spec::alloc::try_collect(op.name(), "output", n, draws)?;
             tensor(shape.clone(), data)
         }
         Op::BernoulliMask {
@@ -36,22 +36,22 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         } => {
             tl_spec::alloc::check_shape::<T>(op.name(), shape)?;
             let k = rng::key(*seed, *counter);
-            let data = (0..shape.numel() as u64)
-                .map(|i| {
-                    if rng::keep(k, i, *keep) {
-                        T::one()
-                    } else {
-                        T::zero()
-                    }
-                })
-                .collect();
+            let n = shape.numel();
+            let draws = (0..n as u64).map(|i| {
+                if rng::keep(k, i, *keep) {
+                    T::one()
+                } else {
+                    T::zero()
+                }
+            });
+            let data = tl_spec::alloc::try_collect(op.name(), "output", n, draws)?;
             tensor(shape.clone(), data)
         }
         Op::Dropout {
             keep,
             seed,
             counter,
-        } => masked(x[0], *keep, *seed, *counter),
+        } => masked(op, x[0], *keep, *seed, *counter),
         _ => Err(wrong_family(op, "random")),
     }
 }
@@ -72,29 +72,31 @@ pub fn backward<T: Scalar>(
             counter,
         } => {
             check_shape(op, "cotangent", g, x[0].shape())?;
-            Ok(smallvec![Some(masked(g, *keep, *seed, *counter)?)])
+            Ok(smallvec![Some(masked(op, g, *keep, *seed, *counter)?)])
         }
         _ => Err(wrong_family(op, "random")),
     }
 }
 
 /// `(v · mask) · (1/keep)` elementwise, the mask keyed by `(seed, counter)` over v's shape.
-fn masked<T: Scalar>(v: &Tensor<T>, keep: f64, seed: u64, counter: u64) -> Result<Tensor<T>> {
+fn masked<T: Scalar>(
+    op: &Op,
+    v: &Tensor<T>,
+    keep: f64,
+    seed: u64,
+    counter: u64,
+) -> Result<Tensor<T>> {
     let k = rng::key(seed, counter);
     let s = T::lit(1.0 / keep);
-    let data = v
-        .data()
-        .iter()
-        .enumerate()
-        .map(|(i, &a)| {
-            let m = if rng::keep(k, i as u64, keep) {
-                T::one()
-            } else {
-                T::zero()
-            };
-            (a * m) * s
-        })
-        .collect();
+    let values = v.data().iter().enumerate().map(|(i, &a)| {
+        let m = if rng::keep(k, i as u64, keep) {
+            T::one()
+        } else {
+            T::zero()
+        };
+        (a * m) * s
+    });
+    let data = tl_spec::alloc::try_collect(op.name(), "output", v.numel(), values)?;
     tensor(v.shape().clone(), data)
 }
 

@@ -38,7 +38,7 @@ pub fn backward<T: Scalar>(
     let dx = match op {
         Op::Sum => {
             check_shape(op, "cotangent", g, &Shape::scalar())?;
-            let mut dx = tl_spec::pool::for_overwrite(x.numel());
+            let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", x.numel())?;
             dx.fill(g.data()[0]);
             tensor(x.shape().clone(), dx)?
         }
@@ -111,7 +111,7 @@ fn expand_axis<T: Scalar>(
     check_shape(op, "cotangent", g, &out_shape)?;
     let gd = g.data();
     // Every element is written below (each block is `n` rows of `inner`).
-    let mut dx = tl_spec::pool::for_overwrite(x.numel());
+    let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", x.numel())?;
     let scale = if mean {
         T::one() / T::lit(n as f64)
     } else {

@@ -158,7 +158,7 @@ fn permute<T: Scalar>(
         // Transposing a row or a column vector moves no element.
         return Ok(x.reshape(out_shape)?);
     }
-    let mut out = tl_spec::pool::zeroed(src.len());
+    let mut out = tl_spec::alloc::try_zeroed("permute", "output", src.len())?;
     if block > 0 {
         for (s, d) in src.chunks_exact(block).zip(out.chunks_exact_mut(block)) {
             if cell == 1 {
@@ -282,7 +282,7 @@ fn broadcast<T: Scalar>(op: &Op, x: &Tensor<T>, to: &Shape) -> Result<Tensor<T>>
         return Ok(x.clone());
     }
     let src = x.data();
-    let mut out = tl_spec::pool::zeroed(to.numel());
+    let mut out = tl_spec::alloc::try_zeroed(op.name(), "output", to.numel())?;
     if !out.is_empty() {
         plan.for_each_run(|d, s, n, bcast| {
             if bcast {
@@ -302,7 +302,7 @@ fn unbroadcast<T: Scalar>(op: &Op, g: &Tensor<T>, from: &Shape) -> Result<Tensor
         return Ok(g.clone());
     }
     let gd = g.data();
-    let mut out = tl_spec::pool::zeroed(from.numel());
+    let mut out = tl_spec::alloc::try_zeroed(op.name(), "output", from.numel())?;
     if !gd.is_empty() {
         plan.for_each_run(|d, s, n, bcast| {
             let run = &gd[d..d + n];

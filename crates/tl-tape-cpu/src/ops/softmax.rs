@@ -25,10 +25,19 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         _ => return Err(wrong_family(op, "softmax")),
     };
     let c = cols(op, x)?;
+    let out = tl_spec::alloc::try_for_overwrite(op.name(), "output", x.numel())?;
+    // logSoftmax's exponentials of one row, summed after (a loop that sums as it goes would
+    // run one element at a time).
+    let exps = match log {
+        true => tl_spec::alloc::try_for_overwrite(op.name(), "row exponentials", c)?,
+        false => Vec::new(),
+    };
     let out = crate::simd::vectorize(Forward {
         x: x.data(),
         c,
         log,
+        out,
+        exps,
     });
     tensor(x.shape().clone(), out)
 }
@@ -39,6 +48,10 @@ struct Forward<'a, T> {
     x: &'a [T],
     c: usize,
     log: bool,
+    /// The output (every value overwritten).
+    out: Vec<T>,
+    /// logSoftmax's row of exponentials (`c` values; empty for softmax).
+    exps: Vec<T>,
 }
 
 impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
@@ -46,13 +59,7 @@ impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
 
     #[inline(always)]
     fn call(self) -> Vec<T> {
-        let mut out = tl_spec::pool::for_overwrite(self.x.len());
-        // logSoftmax's exponentials of one row, summed after (a loop that sums as it goes
-        // would run one element at a time).
-        let mut exps = match self.log {
-            true => tl_spec::pool::for_overwrite(self.c),
-            false => Vec::new(),
-        };
+        let (mut out, mut exps) = (self.out, self.exps);
         let rows = self
             .x
             .chunks_exact(self.c)
@@ -102,11 +109,13 @@ pub fn backward<T: Scalar>(
     check_shape(op, "output", y, x.shape())?;
     check_shape(op, "cotangent", g, x.shape())?;
     let c = cols(op, x)?;
+    let dx = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", y.numel())?;
     let dx = crate::simd::vectorize(Backward {
         y: y.data(),
         g: g.data(),
         c,
         log,
+        dx,
     });
     Ok(smallvec![Some(tensor(x.shape().clone(), dx)?)])
 }
@@ -117,6 +126,8 @@ struct Backward<'a, T> {
     g: &'a [T],
     c: usize,
     log: bool,
+    /// The cotangent (every value overwritten).
+    dx: Vec<T>,
 }
 
 impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
@@ -124,7 +135,7 @@ impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
 
     #[inline(always)]
     fn call(self) -> Vec<T> {
-        let mut dx = tl_spec::pool::for_overwrite(self.y.len());
+        let mut dx = self.dx;
         let rows = self.y.chunks_exact(self.c).zip(self.g.chunks_exact(self.c));
         for ((yr, gr), d) in rows.zip(dx.chunks_exact_mut(self.c)) {
             if self.log {

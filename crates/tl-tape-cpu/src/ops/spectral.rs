@@ -15,10 +15,14 @@ use std::any::Any;
 use smallvec::smallvec;
 use tl_fft::Real;
 use tl_ir::Op;
+use tl_spec::alloc::{try_collect, try_with_capacity, try_zeroed};
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
 use super::{Grads, check_arity, check_shape, tensor, wrong_family};
 use crate::Result;
+
+/// The op's name, for the allocation checks of the helpers that do not take the op.
+const OP: &str = "spectralConv1dRfft";
 
 /// Forward value of `spectralConv1dRfft` on `(x, wRe, wIm)`.
 pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
@@ -44,10 +48,10 @@ pub fn forward_direct<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>>
 
 /// The direct-DFT forward (the fallback for scalar types other than f32/f64).
 fn direct_forward<T: Scalar>(x: &[&Tensor<T>], n: usize, w: usize, m: usize) -> Result<Tensor<T>> {
-    let plan = Plan::new(n, w, m);
+    let plan = Plan::new(n, w, m)?;
     let (wr, wi) = (x[1].data(), x[2].data());
-    let mut y = tl_spec::pool::zeroed(x[0].numel());
-    let mut s = plan.scratch();
+    let mut y = try_zeroed(OP, "output", x[0].numel())?;
+    let mut s = plan.scratch()?;
     for (xs, ys) in x[0]
         .data()
         .chunks_exact(plan.slice())
@@ -93,12 +97,12 @@ fn direct_backward<T: Scalar>(
     w: usize,
     m: usize,
 ) -> Result<Grads<T>> {
-    let plan = Plan::new(n, w, m);
+    let plan = Plan::new(n, w, m)?;
     let (wr, wi) = (x[1].data(), x[2].data());
-    let mut dx = tl_spec::pool::zeroed(x[0].numel());
-    let mut dwr = tl_spec::pool::zeroed(wr.len());
-    let mut dwi = tl_spec::pool::zeroed(wi.len());
-    let mut s = plan.scratch();
+    let mut dx = try_zeroed(OP, "cotangent", x[0].numel())?;
+    let mut dwr = try_zeroed(OP, "cotangent", wr.len())?;
+    let mut dwi = try_zeroed(OP, "cotangent", wi.len())?;
+    let mut s = plan.scratch()?;
     let slices = x[0]
         .data()
         .chunks_exact(plan.slice())
@@ -204,7 +208,7 @@ fn fft_forward<F: Scalar + Real>(
     m: usize,
 ) -> Result<Tensor<F>> {
     let mut f = fft::Fft::<F>::new(n, w, m);
-    let mut y = tl_spec::pool::zeroed(x[0].numel());
+    let mut y = try_zeroed(OP, "output", x[0].numel())?;
     let slice = (n * w).max(1);
     for (xs, ys) in x[0]
         .data()
@@ -224,9 +228,9 @@ fn fft_backward<F: Scalar + Real>(
     m: usize,
 ) -> Result<Grads<F>> {
     let mut f = fft::Fft::<F>::new(n, w, m);
-    let mut dx = tl_spec::pool::zeroed(x[0].numel());
-    let mut dwr = tl_spec::pool::zeroed(x[1].numel());
-    let mut dwi = tl_spec::pool::zeroed(x[2].numel());
+    let mut dx = try_zeroed(OP, "cotangent", x[0].numel())?;
+    let mut dwr = try_zeroed(OP, "cotangent", x[1].numel())?;
+    let mut dwi = try_zeroed(OP, "cotangent", x[2].numel())?;
     let slice = (n * w).max(1);
     let slices = x[0]
         .data()
@@ -267,18 +271,18 @@ struct Scratch<T> {
 }
 
 impl<T: Scalar> Plan<T> {
-    fn new(n: usize, w: usize, modes: usize) -> Self {
-        let twiddle: Vec<(f64, f64)> = (0..n)
-            .map(|j| (2.0 * std::f64::consts::PI * j as f64 / n as f64).sin_cos())
-            .collect();
+    fn new(n: usize, w: usize, modes: usize) -> Result<Self> {
+        let turn = |j| (2.0 * std::f64::consts::PI * j as f64 / n as f64).sin_cos();
+        let twiddle = try_collect(OP, "twiddles", n, (0..n).map(turn))?;
+        let table = || try_with_capacity(OP, "DFT table", modes.saturating_mul(n));
         let mut plan = Plan {
             n,
             m: modes,
             w,
-            cos: Vec::with_capacity(modes * n),
-            sin: Vec::with_capacity(modes * n),
-            icos: Vec::with_capacity(modes * n),
-            isin: Vec::with_capacity(modes * n),
+            cos: table()?,
+            sin: table()?,
+            icos: table()?,
+            isin: table()?,
         };
         for k in 0..modes {
             let edge = k == 0 || 2 * k == n;
@@ -292,7 +296,7 @@ impl<T: Scalar> Plan<T> {
                 plan.isin.push(T::lit(a * s));
             }
         }
-        plan
+        Ok(plan)
     }
 
     /// Elements of one batch slice (N·W, at least 1 so chunking never sees 0).
@@ -300,14 +304,14 @@ impl<T: Scalar> Plan<T> {
         (self.n * self.w).max(1)
     }
 
-    fn scratch(&self) -> Scratch<T> {
-        let z = tl_spec::pool::zeroed(self.m * self.w);
-        Scratch {
-            ar: z.clone(),
-            ai: z.clone(),
-            br: z.clone(),
-            bi: z,
-        }
+    fn scratch(&self) -> Result<Scratch<T>> {
+        let z = || try_zeroed(OP, "spectrum", self.m * self.w);
+        Ok(Scratch {
+            ar: z()?,
+            ai: z()?,
+            br: z()?,
+            bi: z()?,
+        })
     }
 
     /// `re[k,·] = Σ_t cos[k,t]·x[t,·]`, `im[k,·] = −Σ_t sin[k,t]·x[t,·]`.

@@ -7,6 +7,7 @@ mod common;
 
 mod errors;
 mod kernels;
+mod oom;
 mod pool;
 mod saved;
 mod simd;

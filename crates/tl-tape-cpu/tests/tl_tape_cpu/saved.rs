@@ -57,13 +57,13 @@ fn check<T: Scalar>(op: &Op, x: &[Tensor<f64>], expect_kept: &[usize]) {
 fn attention_reads_what_its_forward_kept_with_the_recomputed_bits() {
     let mut rng = Rng(0x5a7ed);
     // A mask with a row that allows nothing (its probabilities are zeros; the kept max is −∞).
-    let holed = |n: usize| Mask::from_fn(n, |i, j| i != 3 && j <= i);
+    let holed = |n: usize| Mask::from_fn(n, |i, j| i != 3 && j <= i).unwrap();
     // n = 130 with the fused bound: blocks of 126 and 4 query rows.
     let cases = [
         (1, 9, 3, None),
-        (2, 17, 2, Some(Mask::causal(17))),
+        (2, 17, 2, Some(Mask::causal(17).unwrap())),
         (1, 11, 2, Some(holed(11))),
-        (2, 130, 4, Some(Mask::causal(130))),
+        (2, 130, 4, Some(Mask::causal(130).unwrap())),
     ];
     for (batch, n, heads, mask) in cases {
         let dm = 4 * heads;
@@ -97,7 +97,7 @@ fn attention_kept_statistics_carry_infinite_and_nan_scores_as_the_forward_made_t
     data[2 * 4 * heads + 1] = 1e20;
     data[5 * 4 * heads] = f64::NAN;
     x[4] = Tensor::new(x[4].shape().clone(), data).unwrap();
-    for mask in [None, Some(Mask::causal(n))] {
+    for mask in [None, Some(Mask::causal(n).unwrap())] {
         let op = Op::MultiHeadAttention {
             heads,
             mask,

@@ -62,6 +62,14 @@ fn every_simd_level_gives_the_baseline_bits() {
     let cases: Vec<(Op, Vec<Tensor<f64>>)> = vec![
         (Op::Gelu, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Silu, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (Op::GeluErf, vec![edgy(&mut rng, &[3, n], 6.0)]),
+        (
+            Op::LeakyRelu {
+                negative_slope: 0.2,
+            },
+            vec![edgy(&mut rng, &[3, n], 6.0)],
+        ),
+        (Op::Elu { alpha: 0.7 }, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Exp, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Relu, vec![edgy(&mut rng, &[3, n], 6.0)]),
         (Op::Abs, vec![edgy(&mut rng, &[3, n], 6.0)]),
@@ -111,7 +119,7 @@ fn every_simd_level_gives_the_baseline_bits() {
         ),
         (
             Op::MaskedSoftmax {
-                mask: Mask::causal(n),
+                mask: Mask::causal(n).unwrap(),
             },
             vec![edgy(&mut rng, &[2, n, n], 8.0)],
         ),
@@ -142,7 +150,7 @@ fn every_simd_level_gives_the_baseline_bits() {
             vec![edgy(&mut rng, &[2, 3, 11, 10], 6.0).map(|v| v.round())],
         ),
         mha(3, None, false, &mut rng),
-        mha(2, Some(Mask::causal(n)), true, &mut rng),
+        mha(2, Some(Mask::causal(n).unwrap()), true, &mut rng),
         (
             Op::LayerNorm { eps: 1e-5 },
             vec![

@@ -381,6 +381,13 @@ impl Device for CudaDevice {
     fn silu(&mut self, x: Buffer) -> Result<Buffer> {
         self.map1("tl_silu", x, &[])
     }
+    fn point_act(&mut self, x: Buffer, act: super::PointAct) -> Result<Buffer> {
+        let (kernel, _, param) = act.kernels();
+        match param {
+            Some(p) => self.map1(kernel, x, &[Arg::F32(p)]),
+            None => self.map1(kernel, x, &[]),
+        }
+    }
 }
 
 #[cfg(all(test, feature = "cuda-emu"))]

@@ -76,6 +76,14 @@ pub trait Launch: LaunchIndex {
     fn launch_gelu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
     /// The work of [`Device::silu_bwd`]; operands already validated by it — callers use `silu_bwd`.
     fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer>;
+    /// The work of [`Device::point_act_bwd`]; operands already validated by it — callers use
+    /// `point_act_bwd`.
+    fn launch_point_act_bwd(
+        &mut self,
+        x: Buffer,
+        g: Buffer,
+        act: crate::device::PointAct,
+    ) -> Result<Buffer>;
     /// The work of [`Device::reduce_axis_sum`] (`mean` false) and [`Device::reduce_axis_mean`]
     /// (`mean` true), `op` the caller's name; operands already validated by them — callers use
     /// those. `x` viewed as `[outer, n, inner]`; `out_len = outer·inner`, checked.

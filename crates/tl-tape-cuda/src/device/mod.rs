@@ -26,6 +26,7 @@ pub mod check;
 pub mod index_check;
 pub mod launch;
 pub mod norm;
+pub mod point_act;
 pub mod sim;
 pub mod window;
 
@@ -43,6 +44,7 @@ pub use buffer::{
 use check::{BroadcastPlan, PermutePlan};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
+pub use point_act::PointAct;
 pub use window::{PoolKind, WindowLens, Windows};
 
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
@@ -678,6 +680,15 @@ pub trait Device: Launch {
     fn silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
         check::same_len("silu_bwd", x, g)?;
         self.launch_silu_bwd(x, g)
+    }
+    /// `leakyRelu`, `elu` or the exact GELU ([`PointAct`]) at every element. PyTorch:
+    /// `F.leaky_relu`, `F.elu`, `F.gelu`.
+    fn point_act(&mut self, x: Buffer, act: PointAct) -> Result<Buffer>;
+    /// VJP of [`point_act`](Self::point_act) at `x` for the cotangent `g`; at x = 0 the
+    /// x ≤ 0 branch (PyTorch's autograd).
+    fn point_act_bwd(&mut self, x: Buffer, g: Buffer, act: PointAct) -> Result<Buffer> {
+        check::same_len(act.kernels().1, x, g)?;
+        self.launch_point_act_bwd(x, g, act)
     }
 
     // ---- index (kernels/index.cu) -------------------------------------------------------------

@@ -21,6 +21,7 @@ mod index;
 mod launch;
 pub mod linalg;
 pub mod norm;
+pub mod point_act;
 pub mod pointwise;
 mod prims;
 pub mod reduce;
@@ -186,5 +187,8 @@ impl Device for SimDevice {
     }
     fn silu(&mut self, x: Buffer) -> Result<Buffer> {
         self.map1("silu", x, activation::silu)
+    }
+    fn point_act(&mut self, x: Buffer, act: super::PointAct) -> Result<Buffer> {
+        self.map1(act.kernels().0, x, |v| point_act::forward(act, v))
     }
 }

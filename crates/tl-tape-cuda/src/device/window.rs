@@ -62,6 +62,33 @@ impl WindowLens {
 }
 
 impl Windows {
+    /// These windows with the stride of every axis of at most one window (`small[i] ≤ 1`)
+    /// lowered to the least that still gives one window, `big + 2p − k + 1`. Such an axis reads
+    /// the same cells whatever its stride, and the shape rules accept any stride ≥ 1 (one past
+    /// the input, 2³³, `usize::MAX`: docs/semantics.md, "Pool"), while [`Windows::check`] holds
+    /// every stride to the kernels' u32 arguments: the tape ops pass their windows through
+    /// this, so such strides compute as on the CPU.
+    pub fn normalize_strides(mut self) -> Self {
+        for i in 0..self.stride.len() {
+            let (Some(&n), Some(&big), Some(&k), Some(&p)) = (
+                self.small.get(i),
+                self.big.get(i),
+                self.kernel.get(i),
+                self.padding.get(i),
+            ) else {
+                break; // lengths that disagree: check() names them
+            };
+            let one_window = big
+                .saturating_add(p.saturating_mul(2))
+                .saturating_sub(k)
+                .saturating_add(1);
+            if n <= 1 && self.stride[i] > one_window {
+                self.stride[i] = one_window;
+            }
+        }
+        self
+    }
+
     /// Check the geometry (rank, list lengths, non-zero kernel and stride, the small dims
     /// matching the big ones) and every element count against the `u32` kernel ABI.
     pub fn check(&self, op: &'static str) -> Result<WindowLens> {

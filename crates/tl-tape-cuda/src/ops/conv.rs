@@ -65,7 +65,8 @@ impl Geo {
             kernel: wd[2..].to_vec(),
             stride: stride.clone(),
             padding: padding.clone(),
-        };
+        }
+        .normalize_strides();
         let lens = win.check(op.name())?;
         Ok(Geo {
             win,

@@ -28,7 +28,7 @@ use smallvec::SmallVec;
 use tl_ir::{Op, Then};
 use tl_spec::Shape;
 
-use crate::device::{Act, Buffer, Device};
+use crate::device::{Act, Buffer, Device, PointAct};
 use crate::{AnyBuffer, Result};
 
 /// The result of a forward formula.
@@ -101,6 +101,20 @@ pub fn wrap<D: Device>(dev: &mut D, op: &Op, shape: &Shape, b: Buffer) -> Result
     AnyBuffer::new(op.name(), shape.clone(), b).inspect_err(|_| {
         dev.release(b);
     })
+}
+
+/// The [`PointAct`] of `geluErf`, `leakyRelu` and `elu` (the GELU for any other op; callers
+/// match those three first).
+fn point_act(op: &Op) -> PointAct {
+    match op {
+        Op::LeakyRelu { negative_slope } => PointAct::LeakyRelu {
+            negative_slope: *negative_slope as f32,
+        },
+        Op::Elu { alpha } => PointAct::Elu {
+            alpha: *alpha as f32,
+        },
+        _ => PointAct::GeluErf,
+    }
 }
 
 /// A forward's fresh value `y` with the `workspace` its backward reuses; both released if `y`
@@ -201,6 +215,7 @@ pub fn forward<D: Device>(
         }
         Gelu => dev.gelu(b(0)),
         Silu => dev.silu(b(0)),
+        GeluErf | LeakyRelu { .. } | Elu { .. } => dev.point_act(b(0), point_act(op)),
         Concat => dev.concat(b(0), b(1)),
         Slice { start, len } => index::slice(dev, x[0], *start, *len),
         CrossEntropy { labels_at } => {
@@ -475,6 +490,9 @@ fn backward_into<D: Device>(
         }
         Gelu => g.push(0, |d| d.gelu_bwd(xb(0), gb)),
         Silu => g.push(0, |d| d.silu_bwd(xb(0), gb)),
+        GeluErf | LeakyRelu { .. } | Elu { .. } => {
+            g.push(0, |d| d.point_act_bwd(xb(0), gb, point_act(op)))
+        }
         Concat => {
             let n0 = x[0].shape().numel();
             g.push(0, |d| d.copy_range(gb, 0, n0))?;

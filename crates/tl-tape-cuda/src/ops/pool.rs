@@ -51,7 +51,8 @@ fn geometry(op: &Op, x: &Shape, y: &Shape) -> Result<(Windows, PoolKind)> {
         kernel: kernel.clone(),
         stride: stride.clone(),
         padding: padding.clone(),
-    };
+    }
+    .normalize_strides();
     Ok((win, kind))
 }
 

@@ -193,3 +193,74 @@ fn bad_geometry_and_lengths_are_errors_naming_the_primitive() {
     let one = dev.zeros(1).unwrap();
     assert!(dev.pool_bwd(one, one, &w9, PoolKind::Avg).is_err());
 }
+
+/// Issue 37: any stride the shape rule accepts, however large (past the padded input, past the
+/// kernels' u32 arguments, `usize::MAX`), pools on the sim as on the CPU tape: an axis with
+/// one window reads the same cells whatever its stride (SEMANTICS.md: out = (in + 2p − k)/s
+/// + 1). Values and input cotangents, max, avg and smooth max, batched and 2-D.
+#[test]
+fn pools_with_a_stride_past_the_input_agree_with_the_cpu_tape() {
+    use tl_ir::Op;
+    use tl_spec::Tensor;
+    use tl_tape_cuda::{AnyBuffer, CudaTape};
+    let x = Tensor::<f32>::from_fn([2, 3, 5, 4], |i| ((i * 7 % 11) as f32 - 5.0) * 0.3);
+    for s in [6, 1 << 33, usize::MAX] {
+        for (kernel, stride, padding) in [
+            (vec![2, 3], vec![s, 1], vec![1, 1]),
+            (vec![3, 2], vec![2, s], vec![0, 1]),
+            (vec![5, 4], vec![s, s], vec![0, 0]),
+        ] {
+            let ops = [
+                Op::MaxPool {
+                    kernel: kernel.clone(),
+                    stride: stride.clone(),
+                    padding: padding.clone(),
+                },
+                Op::AvgPool {
+                    kernel: kernel.clone(),
+                    stride: stride.clone(),
+                    padding: padding.clone(),
+                },
+                Op::SmoothMaxPool {
+                    kernel: kernel.clone(),
+                    stride: stride.clone(),
+                    padding: padding.clone(),
+                    beta: 2.0,
+                },
+            ];
+            for op in ops {
+                let mut cpu = tl_tape_cpu::Tape::<f32>::new();
+                let cx = cpu.leaf(x.clone(), Some("x"), true);
+                let cy = cpu.apply(&op, &[cx]).unwrap();
+                let want = cpu.get(cy).unwrap().clone();
+                let g = Tensor::<f32>::from_fn(want.shape().clone(), |i| 1.0 + i as f32 * 0.5);
+                let want_dx = cpu.backward_dense(cy, &g).unwrap()[cx].clone();
+
+                let mut sim = CudaTape::new(SimDevice::new());
+                let xi = sim.upload_leaf(&x, Some("x"), true).unwrap();
+                let yi = sim
+                    .apply(&op, &[xi])
+                    .unwrap_or_else(|e| panic!("{op}: the CPU pools, the sim says {e}"));
+                let y: Tensor<f32> = sim.read(yi).unwrap();
+                let seed = AnyBuffer::upload(sim.device_mut(), &g).unwrap();
+                let grads = sim.backward_dense(yi, &seed).unwrap();
+                let dx: Tensor<f32> = grads[xi].download(sim.device()).unwrap();
+                assert_eq!(y.shape(), want.shape(), "{op}");
+                // f32 on both sides, by different algorithms: a few ulps apart at most.
+                let near = |a: &[f32], b: &[f32]| {
+                    a.len() == b.len()
+                        && a.iter()
+                            .zip(b)
+                            .all(|(u, v)| (u - v).abs() <= 1e-5 * (1.0 + v.abs()))
+                };
+                assert!(near(y.data(), want.data()), "{op}: {y:?} vs {want:?}");
+                assert!(
+                    near(dx.data(), want_dx.data()),
+                    "{op}: {dx:?} vs {want_dx:?}"
+                );
+                sim.release_grads(grads);
+                seed.release(sim.device_mut());
+            }
+        }
+    }
+}

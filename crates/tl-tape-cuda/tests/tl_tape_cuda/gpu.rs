@@ -17,7 +17,7 @@ use crate::common::{self, Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
-use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PoolKind, Windows};
+use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PointAct, PoolKind, Windows};
 use tl_tape_cuda::{
     Batch, Buffer, CudaDevice, Device, Error, Gemm, GemmTiles, Result, SimDevice, determinism,
 };
@@ -315,6 +315,19 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     one!(act, "gelu_bwd", false, d.gelu_bwd(x, g)?);
     one!(act, "silu", false, d.silu(x)?);
     one!(act, "silu_bwd", false, d.silu_bwd(x, g)?);
+    for pa in [
+        PointAct::LeakyRelu {
+            negative_slope: 0.2,
+        },
+        PointAct::Elu { alpha: 0.7 },
+        PointAct::GeluErf,
+    ] {
+        let (fwd, bwd, _) = pa.kernels();
+        // leakyRelu has no transcendental: the same bits.
+        let exact = matches!(pa, PointAct::LeakyRelu { .. });
+        one!(act, fwd, exact, d.point_act(x, pa)?);
+        one!(act, bwd, exact, d.point_act_bwd(x, g, pa)?);
+    }
     // The bias epilogue: (outer, ch, inner) = (10, 20, 5) and a linear's (50, 20, 1).
     let bias = d.upload(&i.y[..20])?;
     for layout in [BiasLayout::new(10, 20, 5), BiasLayout::new(50, 20, 1)] {
@@ -676,12 +689,16 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
         ),
         single(
             Op::MaskedSoftmax {
-                mask: Mask::causal(4),
+                mask: Mask::causal(4).unwrap(),
             },
             &[(&[2, 4, 4], Any)],
         ),
     ];
-    for (mask, fused) in [(None, false), (Some(Mask::causal(3)), false), (None, true)] {
+    for (mask, fused) in [
+        (None, false),
+        (Some(Mask::causal(3).unwrap()), false),
+        (None, true),
+    ] {
         let op = Op::MultiHeadAttention {
             heads: 2,
             mask,
@@ -725,6 +742,15 @@ fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
     cases.push(single(Op::Inv, &[(m, NonZero)]));
     cases.push(single(Op::Clamp { lo: -0.5, hi: 0.7 }, &[(m, Any)]));
     cases.push(single(Op::SafeLog { eps: 1e-6 }, &[(m, Any)]));
+    cases.push(single(Op::GeluErf, &[(m, Any)]));
+    for op in [
+        Op::LeakyRelu {
+            negative_slope: 0.2,
+        },
+        Op::Elu { alpha: 0.7 },
+    ] {
+        cases.push(single(op, &[(m, NonZero)]));
+    }
     for op in [Op::Add, Op::Sub, Op::Mul, Op::Max, Op::Min, Op::MseLoss] {
         cases.push(single(op, &[(m, Any), (m, Any)]));
     }

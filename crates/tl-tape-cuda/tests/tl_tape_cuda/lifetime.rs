@@ -416,7 +416,7 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
     let mut rnd = Gen::new(23);
     let (dm, p, heads) = (6, 4, 2);
     let shapes = [[dm, p], [dm, p], [dm, p], [p, dm], [5, dm]];
-    let causal = tl_spec::ops::attention::Mask::causal(5);
+    let causal = tl_spec::ops::attention::Mask::causal(5).unwrap();
     for (fused, mask) in [(false, None), (true, None), (false, Some(causal.clone()))] {
         let mut tape = CudaTape::new(SimDevice::new());
         let leaves: Vec<usize> = shapes

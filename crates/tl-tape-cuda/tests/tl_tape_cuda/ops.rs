@@ -49,7 +49,8 @@ fn cases(op: &Op) -> Vec<Case> {
         Add | Sub | Mul | Max | Min => binary(Any, Any),
         Div => binary(Any, NonZero),
         Scale(_) | Exp | Sigmoid | Tanh | Softplus | SafeLog { .. } | Clamp { .. } => unary(Any),
-        Abs | Relu | Inv => unary(NonZero),
+        Abs | Relu | Inv | LeakyRelu { .. } | Elu { .. } => unary(NonZero),
+        GeluErf => unary(Any),
         Sqrt | Log => unary(Positive),
         // The graph wraps these so that gradients flow around them (see `graph_for`).
         Detach | Constant(_) => vec![case(op.clone(), &[(m23, Any)])],
@@ -151,6 +152,11 @@ fn all_ops() -> Vec<Op> {
         Tanh,
         Softplus,
         SafeLog { eps: 1e-6 },
+        GeluErf,
+        LeakyRelu {
+            negative_slope: 0.2,
+        },
+        Elu { alpha: 0.7 },
         Detach,
         Constant(Tensor::from_fn([2, 3], |i| i as f64 * 0.5 - 1.0)),
         Reshape(Shape::new(&[6, 4])),

@@ -210,7 +210,7 @@ pub fn forward<T: Scalar>(
     };
     check_whole_rows(op, dm, keep_a.as_deref().map(<[T]>::len), block)?;
     check_stats(op, dm, keep_stats.as_deref().map(<[T]>::len))?;
-    let mut c = tl_spec::pool::zeroed(dm.batch * n * p);
+    let mut c = tl_spec::alloc::try_zeroed(op.name(), "output", dm.batch * n * p)?;
     let mut scratch = match keep_a {
         Some(_) => Vec::new(),
         None => scores(op, block, n)?,
@@ -258,8 +258,12 @@ pub fn backward<T: Scalar>(
     let len = dm.batch * n * p;
     check_whole_rows(op, dm, kept.a.map(<[T]>::len), block)?;
     check_stats(op, dm, kept.stats.map(<[T]>::len))?;
-    let mut c = kept.c.is_none().then(|| tl_spec::pool::zeroed(len));
-    let mut out = [(); 3].map(|_| tl_spec::pool::zeroed(len));
+    let zeros = || tl_spec::alloc::try_zeroed(op.name(), "output or cotangent", len);
+    let mut c = match kept.c {
+        None => Some(zeros()?),
+        Some(_) => None,
+    };
+    let mut out = [zeros()?, zeros()?, zeros()?];
     let mut s = match kept.a {
         Some(_) => Vec::new(),
         None => scores(op, block, n)?,

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use tl_fft::{Complex, ComplexToReal, Real, RealToComplex};
 use tl_spec::{Error as SpecError, Scalar};
 
+use super::OP;
 use crate::Result;
+use tl_spec::alloc::try_vec;
 
 /// Plans and buffers for one call (grid `n`, width `w`, `m` kept modes).
 pub(super) struct Fft<F: Real> {
@@ -92,9 +94,9 @@ impl<F: Real + Scalar> Fft<F> {
     pub(super) fn forward(&mut self, x: &[F], wr: &[F], wi: &[F], y: &mut [F]) -> Result<()> {
         let (w, m) = (self.w, self.m);
         let zero = Complex::new(F::zero(), F::zero());
-        let mut xs = vec![zero; m * w];
+        let mut xs = try_vec(OP, "spectrum", m * w, zero)?;
         self.rfft(x, &mut xs)?;
-        let mut zs = vec![zero; m * w];
+        let mut zs = try_vec(OP, "spectrum", m * w, zero)?;
         for k in 0..m {
             for c in 0..w {
                 let a = xs[k * w + c];
@@ -122,9 +124,9 @@ impl<F: Real + Scalar> Fft<F> {
     ) -> Result<()> {
         let (n, w, m) = (self.n, self.w, self.m);
         let zero = Complex::new(F::zero(), F::zero());
-        let mut xs = vec![zero; m * w];
+        let mut xs = try_vec(OP, "spectrum", m * w, zero)?;
         self.rfft(x, &mut xs)?;
-        let mut gz = vec![zero; m * w];
+        let mut gz = try_vec(OP, "spectrum", m * w, zero)?;
         self.rfft(g, &mut gz)?;
         for k in 0..m {
             let edge = self.edge(k);
@@ -133,7 +135,7 @@ impl<F: Real + Scalar> Fft<F> {
                 *v = Complex::new(v.re * a, if edge { F::zero() } else { v.im * a });
             }
         }
-        let mut gx = vec![zero; m * w];
+        let mut gx = try_vec(OP, "spectrum", m * w, zero)?;
         for k in 0..m {
             let half = if self.edge(k) { F::one() } else { F::lit(0.5) };
             for c in 0..w {

@@ -9,7 +9,8 @@ use super::launch::{blocks, dims8};
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::sim::reduce::axis_sum_by_block;
 use crate::device::{
-    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
+    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PointAct, PoolKind, WindowLens,
+    Windows,
 };
 use crate::{Result, abi};
 
@@ -438,5 +439,13 @@ impl Launch for CudaDevice {
 
     fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
         self.map2("tl_silu_bwd", x, g, &[])
+    }
+
+    fn launch_point_act_bwd(&mut self, x: Buffer, g: Buffer, act: PointAct) -> Result<Buffer> {
+        let (_, kernel, param) = act.kernels();
+        match param {
+            Some(p) => self.map2(kernel, x, g, &[Arg::F32(p)]),
+            None => self.map2(kernel, x, g, &[]),
+        }
     }
 }

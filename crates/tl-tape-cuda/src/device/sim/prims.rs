@@ -6,7 +6,8 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PoolKind, WindowLens, Windows,
+    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PointAct, PoolKind, WindowLens,
+    Windows,
 };
 use crate::{Error, Result};
 
@@ -438,5 +439,11 @@ impl Launch for SimDevice {
 
     fn launch_silu_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
         self.map2("silu_bwd", x, g, activation::silu_bwd)
+    }
+
+    fn launch_point_act_bwd(&mut self, x: Buffer, g: Buffer, act: PointAct) -> Result<Buffer> {
+        self.map2(act.kernels().1, x, g, |v, g| {
+            super::point_act::backward(act, v, g)
+        })
     }
 }

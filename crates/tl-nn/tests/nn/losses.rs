@@ -1,0 +1,376 @@
+//! The losses of `tl_nn::losses` and the activations `geluErf`, `leakyRelu`, `elu` against
+//! PyTorch's values and gradients (`losses_fixture.rs`, written by
+//! `tests/fixtures/make_losses.py`), every reduction, on the eager CPU session, the linked
+//! session and the CUDA simulation; and their bad inputs.
+
+use tl_nn::losses::{
+    Reduction, binary_cross_entropy_with_logits, huber_loss, l1_loss, nll_loss, smooth_l1_loss,
+};
+use tl_nn::{Activation, Labels, Parameters, Runtime, Scope, Var};
+use tl_session::{Backend, Optimizer, Param, Train};
+use tl_spec::{Scalar, Shape, Tensor};
+
+use crate::losses_fixture as fx;
+use crate::{eager, linked};
+
+/// The input `x` as the one trainable parameter of a model.
+struct Input(Param);
+
+impl Parameters for Input {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.0)
+    }
+}
+
+fn t<T: Scalar>(v: &[f64], dims: &[usize]) -> Tensor<T> {
+    Tensor::new(Shape::new(dims), v.iter().map(|&x| T::lit(x)).collect()).unwrap()
+}
+
+/// Each loss of the fixture: its name, the fixture's values for mean, sum and none, the
+/// gradients of mean and sum, and the loss as a function of x (a `(3, 4)` tensor).
+fn cases<O: Train>() -> Vec<(&'static str, [&'static [f64]; 5], LossFn<O>)> {
+    vec![
+        (
+            "bce",
+            [
+                fx::BCE_MEAN,
+                fx::BCE_SUM,
+                fx::BCE_NONE,
+                fx::BCE_MEAN_GRAD,
+                fx::BCE_SUM_GRAD,
+            ],
+            Box::new(|x, g, r| {
+                let y = g.input(t(fx::Y, &[3, 4]))?;
+                binary_cross_entropy_with_logits(x, &y, None, None, r)
+            }),
+        ),
+        (
+            "bce weighted",
+            [
+                fx::BCE_WEIGHTED_MEAN,
+                fx::BCE_WEIGHTED_SUM,
+                fx::BCE_WEIGHTED_NONE,
+                fx::BCE_WEIGHTED_MEAN_GRAD,
+                fx::BCE_WEIGHTED_SUM_GRAD,
+            ],
+            Box::new(|x, g, r| {
+                let y = g.input(t(fx::Y, &[3, 4]))?;
+                let w = g.input(t(fx::WEIGHT, &[4]))?;
+                let pw = g.input(t(fx::POS_WEIGHT, &[4]))?;
+                binary_cross_entropy_with_logits(x, &y, Some(&w), Some(&pw), r)
+            }),
+        ),
+        (
+            "nll",
+            [
+                fx::NLL_MEAN,
+                fx::NLL_SUM,
+                fx::NLL_NONE,
+                fx::NLL_MEAN_GRAD,
+                fx::NLL_SUM_GRAD,
+            ],
+            Box::new(|x, _, r| {
+                let labels = Labels::new(fx::LABELS.to_vec(), 4)?;
+                nll_loss(&x.log_softmax()?, &labels, None, None, r)
+            }),
+        ),
+        (
+            "nll weighted, ignore_index",
+            [
+                fx::NLL_WEIGHTED_IGNORE_MEAN,
+                fx::NLL_WEIGHTED_IGNORE_SUM,
+                fx::NLL_WEIGHTED_IGNORE_NONE,
+                fx::NLL_WEIGHTED_IGNORE_MEAN_GRAD,
+                fx::NLL_WEIGHTED_IGNORE_SUM_GRAD,
+            ],
+            Box::new(|x, _, r| {
+                let labels = Labels::new(fx::LABELS.to_vec(), 4)?;
+                nll_loss(
+                    &x.log_softmax()?,
+                    &labels,
+                    Some(fx::CLASS_WEIGHT),
+                    Some(0),
+                    r,
+                )
+            }),
+        ),
+        (
+            "l1",
+            [
+                fx::L1_MEAN,
+                fx::L1_SUM,
+                fx::L1_NONE,
+                fx::L1_MEAN_GRAD,
+                fx::L1_SUM_GRAD,
+            ],
+            Box::new(|x, g, r| l1_loss(x, &g.input(t(fx::T, &[3, 4]))?, r)),
+        ),
+        (
+            "huber 1",
+            [
+                fx::HUBER_1_MEAN,
+                fx::HUBER_1_SUM,
+                fx::HUBER_1_NONE,
+                fx::HUBER_1_MEAN_GRAD,
+                fx::HUBER_1_SUM_GRAD,
+            ],
+            Box::new(|x, g, r| huber_loss(x, &g.input(t(fx::T, &[3, 4]))?, 1.0, r)),
+        ),
+        (
+            "huber 0.5",
+            [
+                fx::HUBER_0_5_MEAN,
+                fx::HUBER_0_5_SUM,
+                fx::HUBER_0_5_NONE,
+                fx::HUBER_0_5_MEAN_GRAD,
+                fx::HUBER_0_5_SUM_GRAD,
+            ],
+            Box::new(|x, g, r| huber_loss(x, &g.input(t(fx::T, &[3, 4]))?, 0.5, r)),
+        ),
+        (
+            "smooth l1 0.5",
+            [
+                fx::SMOOTH_L1_0_5_MEAN,
+                fx::SMOOTH_L1_0_5_SUM,
+                fx::SMOOTH_L1_0_5_NONE,
+                fx::SMOOTH_L1_0_5_MEAN_GRAD,
+                fx::SMOOTH_L1_0_5_SUM_GRAD,
+            ],
+            Box::new(|x, g, r| smooth_l1_loss(x, &g.input(t(fx::T, &[3, 4]))?, 0.5, r)),
+        ),
+        (
+            "smooth l1 0",
+            [
+                fx::SMOOTH_L1_0_MEAN,
+                fx::SMOOTH_L1_0_SUM,
+                fx::SMOOTH_L1_0_NONE,
+                fx::SMOOTH_L1_0_MEAN_GRAD,
+                fx::SMOOTH_L1_0_SUM_GRAD,
+            ],
+            Box::new(|x, g, r| smooth_l1_loss(x, &g.input(t(fx::T, &[3, 4]))?, 0.0, r)),
+        ),
+    ]
+}
+
+/// A loss of x: `(x, scope, reduction) ↦ loss`.
+type LossFn<O> =
+    Box<dyn for<'g> Fn(&Var<'g, O>, &Scope<'g, O>, Reduction) -> tl_nn::Result<Var<'g, O>>>;
+
+/// The largest difference relative to `max(1, |want|)`.
+fn rel(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+        .fold(0.0, f64::max)
+}
+
+/// Every case's values (three reductions) and gradients (mean, sum; by one SGD step of lr 1,
+/// so `x − x'` is the gradient) on `rt`, within `tol` of PyTorch's.
+fn check_all<O: Train>(rt: &mut Runtime<O>, tol: f64, backend: &str) {
+    let p = rt.vars().param_from("x", t(fx::X, &[3, 4]), true).unwrap();
+    let model = Input(p.clone());
+    for (name, want, loss) in cases::<O>() {
+        for (k, r) in [Reduction::Mean, Reduction::Sum, Reduction::None]
+            .into_iter()
+            .enumerate()
+        {
+            rt.set_value(&p, t(fx::X, &[3, 4])).unwrap();
+            let v = rt
+                .eval(&model, |g| loss(&g.param(&p)?, g, r))
+                .unwrap_or_else(|e| panic!("{backend} {name} {r:?}: {e}"));
+            let got: Vec<f64> = v.data().iter().map(|x| x.as_f64()).collect();
+            let err = rel(&got, want[k]);
+            assert!(
+                err <= tol,
+                "{backend} {name} {r:?}: {got:?} vs {:?}",
+                want[k]
+            );
+            if r == Reduction::None {
+                continue;
+            }
+            let mut opt = Optimizer::sgd(1.0).unwrap();
+            rt.step(&model, &mut opt, |g| loss(&g.param(&p)?, g, r))
+                .unwrap();
+            let after = rt.value_of(&p).unwrap();
+            let grad: Vec<f64> = fx::X
+                .iter()
+                .zip(after.data())
+                .map(|(x, a)| x - a.as_f64())
+                .collect();
+            let err = rel(&grad, want[3 + k]);
+            assert!(
+                err <= tol,
+                "{backend} {name} {r:?} gradient: {grad:?} vs {:?}",
+                want[3 + k]
+            );
+        }
+    }
+}
+
+#[test]
+fn losses_match_pytorch_on_every_reduction_and_backend() {
+    check_all(&mut eager::<f64>(Backend::Cpu, 0), 1e-12, "cpu");
+    check_all(&mut linked::<f64>(0), 1e-12, "linked");
+    check_all(&mut eager::<f32>(Backend::CudaSim, 0), 2e-6, "cuda-sim");
+}
+
+#[test]
+fn new_activations_match_pytorch_values_and_gradients() {
+    let cases = [
+        (Activation::GeluErf, fx::GELU_ERF, fx::GELU_ERF_GRAD),
+        (
+            Activation::LeakyRelu(0.2),
+            fx::LEAKY_RELU_0_2,
+            fx::LEAKY_RELU_0_2_GRAD,
+        ),
+        (Activation::Elu(0.7), fx::ELU_0_7, fx::ELU_0_7_GRAD),
+    ];
+    fn run<O: Train>(rt: &mut Runtime<O>, act: Activation, tol: f64, want: (&[f64], &[f64])) {
+        let p = rt.vars().param_from("x", t(fx::X, &[3, 4]), true).unwrap();
+        let model = Input(p.clone());
+        let v = rt.eval(&model, |g| act.apply(&g.param(&p)?)).unwrap();
+        let got: Vec<f64> = v.data().iter().map(|x| x.as_f64()).collect();
+        assert!(rel(&got, want.0) <= tol, "{act:?}: {got:?} vs {:?}", want.0);
+        let mut opt = Optimizer::sgd(1.0).unwrap();
+        rt.step(&model, &mut opt, |g| act.apply(&g.param(&p)?)?.sum())
+            .unwrap();
+        let after = rt.value_of(&p).unwrap();
+        let grad: Vec<f64> = fx::X
+            .iter()
+            .zip(after.data())
+            .map(|(x, a)| x - a.as_f64())
+            .collect();
+        assert!(
+            rel(&grad, want.1) <= tol,
+            "{act:?} gradient: {grad:?} vs {:?}",
+            want.1
+        );
+    }
+    for (act, v, g) in cases {
+        run(&mut eager::<f64>(Backend::Cpu, 0), act, 1e-14, (v, g));
+        run(&mut linked::<f64>(0), act, 1e-14, (v, g));
+        run(&mut eager::<f32>(Backend::CudaSim, 0), act, 1e-6, (v, g));
+    }
+    // PyTorch's defaults.
+    assert_eq!(Activation::LEAKY_RELU, Activation::LeakyRelu(0.01));
+    assert_eq!(Activation::ELU, Activation::Elu(1.0));
+}
+
+#[test]
+fn bad_loss_inputs_are_errors_naming_the_loss_and_the_value() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let empty = tl_nn::Sequential::<tl_session::Session<f64>>::new();
+    let err = |f: &dyn for<'g> Fn(
+        &Scope<'g, tl_session::Session<f64>>,
+    ) -> tl_nn::Result<Var<'g, tl_session::Session<f64>>>| {
+        rt.eval(&empty, f).unwrap_err().to_string()
+    };
+    let x = || t::<f64>(fx::X, &[3, 4]);
+    let e = err(&|g| {
+        l1_loss(
+            &g.input(x())?,
+            &g.input(Tensor::zeros([4, 3]))?,
+            Reduction::Mean,
+        )
+    });
+    assert!(
+        e.contains("l1_loss") && e.contains("[3, 4]") && e.contains("[4, 3]"),
+        "{e}"
+    );
+    let e = err(&|g| {
+        let x = g.input(x())?;
+        binary_cross_entropy_with_logits(
+            &x,
+            &g.input(Tensor::zeros([3]))?,
+            None,
+            None,
+            Reduction::Sum,
+        )
+    });
+    assert!(e.contains("binary_cross_entropy_with_logits"), "{e}");
+    // A weight that widens the loss.
+    let e = err(&|g| {
+        let x = g.input(x())?;
+        let w = g.input(Tensor::ones([2, 3, 4]))?;
+        binary_cross_entropy_with_logits(&x, &x, Some(&w), None, Reduction::Sum)
+    });
+    assert!(
+        e.contains("binary_cross_entropy_with_logits") && e.contains("[2, 3, 4]"),
+        "{e}"
+    );
+    for delta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let e = err(&|g| huber_loss(&g.input(x())?, &g.input(x())?, delta, Reduction::Mean));
+        assert!(
+            e.contains("huber_loss") && e.contains(&format!("{delta}")),
+            "{e}"
+        );
+    }
+    let e = err(&|g| smooth_l1_loss(&g.input(x())?, &g.input(x())?, -0.5, Reduction::Mean));
+    assert!(e.contains("smooth_l1_loss") && e.contains("-0.5"), "{e}");
+    // Labels: out of range (refused when made), a count or class number that does not fit,
+    // a weight per class of the wrong length, every row ignored.
+    let e = Labels::new(vec![0, 4], 4).unwrap_err().to_string();
+    assert!(e.contains("label 4") && e.contains("4 classes"), "{e}");
+    let e = err(&|g| {
+        let labels = Labels::new(vec![0, 1], 4)?;
+        nll_loss(&g.input(x())?, &labels, None, None, Reduction::Mean)
+    });
+    assert!(
+        e.contains("nll_loss") && e.contains("3 row(s)") && e.contains("2 value(s)"),
+        "{e}"
+    );
+    let e = err(&|g| {
+        let labels = Labels::new(vec![0, 1, 2], 5)?;
+        nll_loss(&g.input(x())?, &labels, None, None, Reduction::Mean)
+    });
+    assert!(e.contains("nll_loss") && e.contains("5 classes"), "{e}");
+    let e = err(&|g| {
+        let labels = Labels::new(vec![0, 1, 2], 4)?;
+        nll_loss(
+            &g.input(x())?,
+            &labels,
+            Some(&[1.0, 2.0]),
+            None,
+            Reduction::Mean,
+        )
+    });
+    assert!(e.contains("nll_loss") && e.contains("weight has 2"), "{e}");
+    let e = err(&|g| {
+        let labels = Labels::new(vec![1, 1, 1], 4)?;
+        nll_loss(&g.input(x())?, &labels, None, Some(1), Reduction::Mean)
+    });
+    assert!(e.contains("nll_loss") && e.contains("ignored"), "{e}");
+    let e = err(&|g| {
+        let labels = Labels::new(vec![1], 4)?;
+        nll_loss(
+            &g.input(Tensor::zeros([1, 2, 4]))?,
+            &labels,
+            None,
+            None,
+            Reduction::Sum,
+        )
+    });
+    assert!(e.contains("nll_loss") && e.contains("[1, 2, 4]"), "{e}");
+    // Leaky ReLU and ELU refuse a non-finite parameter, naming the op and the value.
+    let e = err(&|g| g.input(x())?.leaky_relu(f64::NAN));
+    assert!(e.contains("leakyRelu") && e.contains("NaN"), "{e}");
+    let e = err(&|g| g.input(x())?.elu(f64::INFINITY));
+    assert!(e.contains("elu") && e.contains("inf"), "{e}");
+}
+
+#[test]
+fn nll_of_one_unbatched_row_is_a_scalar() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let empty = tl_nn::Sequential::<tl_session::Session<f64>>::new();
+    let labels = Labels::new(vec![2], 4).unwrap();
+    for r in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let v = rt
+            .eval(&empty, |g| {
+                nll_loss(&g.input(t(&fx::X[..4], &[4]))?, &labels, None, None, r)
+            })
+            .unwrap();
+        assert!(v.shape().dims().is_empty());
+        assert_eq!(v.data()[0], -fx::X[2]);
+    }
+}
