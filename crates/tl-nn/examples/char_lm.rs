@@ -17,22 +17,13 @@ const N: usize = 32; // context: tokens per window
 const D: usize = 64; // model width
 
 /// Token and position embeddings, two causal pre-norm blocks, a final norm, a linear head.
+#[derive(Parameters)]
 struct Lm {
     tok: Embedding,
     pos: Embedding,
     blocks: Vec<TransformerBlock>,
     ln: LayerNorm,
     head: Linear,
-}
-
-impl Parameters for Lm {
-    fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
-        self.tok.visit_params(f);
-        self.pos.visit_params(f);
-        self.blocks.visit_params(f);
-        self.ln.visit_params(f);
-        self.head.visit_params(f);
-    }
 }
 
 impl Lm {

@@ -13,18 +13,11 @@ use tl_session::{Optimizer, Options, Session, Train};
 const N: usize = 32; // context: tokens per window
 
 /// Embedding (vocab, 32) → LSTM (32 → 128) → linear head to the vocabulary.
+#[derive(Parameters)]
 struct CharLstm {
     emb: Embedding,
     lstm: Lstm,
     head: Linear,
-}
-
-impl Parameters for CharLstm {
-    fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
-        self.emb.visit_params(f);
-        self.lstm.visit_params(f);
-        self.head.visit_params(f);
-    }
 }
 
 impl CharLstm {

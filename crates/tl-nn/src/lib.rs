@@ -105,13 +105,13 @@ pub use module::{Activation, Flatten, Module, Parameters, Sequential};
 pub use rng::Rng;
 pub use runtime::{Runtime, Scope};
 pub use sample::{argmax, sample};
-/// The CPU kernels' thread count (default: the cores; `TL_NUM_THREADS`), returning the
-/// previous one: tl-tape-cpu's `set_threads`, here so a model author need not depend on it.
-pub use tl_tape_cpu::{set_threads, threads};
 /// `#[derive(Parameters)]`: `visit_params` and the printed children written from the fields
 /// (structs, tuple structs, enums; `Vec`, `Option`, `Box` of layers; generic models;
 /// `#[parameters(skip)]` for a field without layers). See the `tl-nn-derive` crate.
 pub use tl_nn_derive::Parameters;
+/// The CPU kernels' thread count (default: the cores; `TL_NUM_THREADS`), returning the
+/// previous one: tl-tape-cpu's `set_threads`, here so a model author need not depend on it.
+pub use tl_tape_cpu::{set_threads, threads};
 pub use train::{Schedule, StepReport, StepStats};
 pub use user::UserLayer;
 pub use var::Var;
