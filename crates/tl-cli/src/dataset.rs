@@ -154,11 +154,11 @@ pub fn load(model: ModelName) -> Result<(Dataset, Dataset, Option<f32>)> {
         ModelName::Transformer => {
             let c = corpus();
             let test = Windows::new(c.test, CONTEXT);
-            let base = unigram_loss(&c.train, &test, c.vocab.len()) as f32;
-            let train = Windows::new(c.train, CONTEXT);
+            let train = Windows::new(c.train.clone(), CONTEXT);
             if train.len == 0 || test.len == 0 {
                 return Err(CliError::new("the text is too short for one window"));
             }
+            let base = unigram_loss(&c.train, &test, c.vocab.len())? as f32;
             (Dataset::Text(train), Dataset::Text(test), Some(base))
         }
     })

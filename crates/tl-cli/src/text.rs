@@ -1,10 +1,8 @@
-//! The transformer's data: `data/kjv-genesis-exodus.txt` as characters, a vocabulary of the
-//! distinct characters (sorted), and a fixed split by position (the first 90% trains, the rest
-//! tests). Examples are windows of `context + 1` characters starting every `context`
-//! characters: the first `context` are the input, each position's target is the next one.
-
-/// The text, compiled into the binary.
-const TEXT: &str = include_str!("../../../data/kjv-genesis-exodus.txt");
+//! The transformer's data: tl-nn's King James text (`tl_nn::data::kjv_text`) as characters,
+//! a vocabulary of the distinct characters (sorted), and a fixed split by position (the first
+//! 90% trains, the rest tests). Examples are windows of `context + 1` characters starting
+//! every `context` characters: the first `context` are the input, each position's target is
+//! the next one.
 
 /// Fraction of the text (by position) in the training split.
 pub const TRAIN_FRACTION: f64 = 0.9;
@@ -22,7 +20,7 @@ pub struct Corpus {
 
 /// Tokenize the shipped text.
 pub fn corpus() -> Corpus {
-    let chars: Vec<char> = TEXT.chars().collect();
+    let chars: Vec<char> = tl_nn::data::kjv_text().chars().collect();
     let mut vocab = chars.clone();
     vocab.sort_unstable();
     vocab.dedup();
@@ -75,17 +73,11 @@ impl Windows {
 
 /// Mean loss in nats per character of the unigram model fitted on `train` (add-one smoothing
 /// over `vocab` tokens) on the targets of `test`'s windows: the baseline a language model must
-/// beat.
-pub fn unigram_loss(train: &[usize], test: &Windows, vocab: usize) -> f64 {
-    let mut counts = vec![1.0f64; vocab];
-    for &t in train {
-        counts[t] += 1.0;
-    }
-    let total: f64 = counts.iter().sum();
+/// beat (`tl_nn::data::unigram_nll`).
+pub fn unigram_loss(train: &[usize], test: &Windows, vocab: usize) -> tl_nn::Result<f64> {
     let idx: Vec<usize> = (0..test.len).collect();
     let (_, targets) = test.batch(&idx);
-    let nll: f64 = targets.iter().map(|&t| -(counts[t] / total).ln()).sum();
-    nll / targets.len().max(1) as f64
+    tl_nn::data::unigram_nll(train, &targets, vocab)
 }
 
 #[cfg(test)]
@@ -119,7 +111,7 @@ mod tests {
     fn unigram_baseline_by_hand() {
         // Train "0 0 0 1" with vocab 2: counts 4, 2 (add-one), p = 2/3, 1/3.
         let test = Windows::new(vec![0, 1, 0], 1);
-        let l = unigram_loss(&[0, 0, 0, 1], &test, 2);
+        let l = unigram_loss(&[0, 0, 0, 1], &test, 2).unwrap();
         let want = (-(1.0f64 / 3.0).ln() - (2.0f64 / 3.0).ln()) / 2.0;
         assert!((l - want).abs() < 1e-12, "{l} vs {want}");
     }

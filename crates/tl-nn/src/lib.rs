@@ -62,7 +62,11 @@
 //!   crates below and of I/O and parsing. A parameter a model's pass uses but its
 //!   `visit_params` does not list is an error at `step`, `save` and `num_params` (listed
 //!   parameters, on [`Runtime`]).
-//! - [`checkpoint`]: the file format and atomic writes; [`data`]: the digits data set.
+//! - [`checkpoint`]: the file format and atomic writes.
+//! - [`data`]: [`data::Dataset`] and [`data::DataLoader`] (seeded shuffle, drop-last,
+//!   collate), the digits data set, the King James text, character vocabularies and token
+//!   windows for language models. [`Rng`]: a seeded random stream on the project's counter
+//!   RNG; [`sample()`] / [`argmax`]: the next token from a language model's last logits.
 
 // `#[derive(Parameters)]` names `::tl_nn`, also inside this crate.
 extern crate self as tl_nn;
@@ -75,7 +79,9 @@ mod layers;
 mod listed;
 pub mod losses;
 mod module;
+mod rng;
 mod runtime;
+mod sample;
 mod train;
 mod user;
 mod var;
@@ -96,14 +102,16 @@ pub use layers::{
 };
 pub use losses::Reduction;
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};
+pub use rng::Rng;
 pub use runtime::{Runtime, Scope};
-/// The CPU kernels' thread count (default: the cores; `TL_NUM_THREADS`), returning the
-/// previous one: tl-tape-cpu's `set_threads`, here so a model author need not depend on it.
-pub use tl_tape_cpu::{set_threads, threads};
+pub use sample::{argmax, sample};
 /// `#[derive(Parameters)]`: `visit_params` and the printed children written from the fields
 /// (structs, tuple structs, enums; `Vec`, `Option`, `Box` of layers; generic models;
 /// `#[parameters(skip)]` for a field without layers). See the `tl-nn-derive` crate.
 pub use tl_nn_derive::Parameters;
+/// The CPU kernels' thread count (default: the cores; `TL_NUM_THREADS`), returning the
+/// previous one: tl-tape-cpu's `set_threads`, here so a model author need not depend on it.
+pub use tl_tape_cpu::{set_threads, threads};
 pub use train::{Schedule, StepReport, StepStats};
 pub use user::UserLayer;
 pub use var::Var;

@@ -1,17 +1,17 @@
-//! Data shipped with the library, compiled in so examples and tests need no files: the UCI
-//! handwritten digits (1,797 8×8 images, this crate's `data/digits.csv.gz`; sources and licence
-//! in the repository's `data/README.md`) with a fixed seeded train/test split, and minibatch
-//! helpers.
+//! The UCI handwritten digits (1,797 8×8 images, this crate's `data/digits.csv.gz`; sources
+//! and licence in the repository's `data/README.md`) with a fixed seeded train/test split: a
+//! [`Split`] is a [`Dataset`] of `(image, label)`.
 
 use std::io::Read;
 
 use tl_spec::{Scalar, Tensor};
 
+use super::{Classify, DataLoader, Dataset, check_index};
 use crate::error::usage;
 use crate::{Labels, Result};
 
 /// `data/digits.csv.gz` (in this crate): 1,797 lines of 64 pixels (0–16) and a label.
-const DIGITS_GZ: &[u8] = include_bytes!("../data/digits.csv.gz");
+const DIGITS_GZ: &[u8] = include_bytes!("../../data/digits.csv.gz");
 
 /// Number of digits images.
 pub const DIGITS_LEN: usize = 1797;
@@ -104,7 +104,9 @@ impl Split {
     }
 
     /// Minibatches of `size` in a seeded random order (a different order per `seed`): each a
-    /// (B, features) tensor of `T` and its labels with `classes` classes.
+    /// (B, …) tensor of `T` (see [`Split::shaped`]) and its labels with `classes` classes,
+    /// the last one shorter. The same batches as epoch 0 of
+    /// `DataLoader::new(self, size, Classify { classes })?.shuffle(seed)`, collected.
     pub fn batches<T: Scalar>(
         &self,
         size: usize,
@@ -114,13 +116,27 @@ impl Split {
         if size == 0 {
             return Err(usage("Split::batches", "the batch size must be at least 1"));
         }
-        permutation(self.len(), seed)
-            .chunks(size)
-            .map(|idx| {
-                let (x, y) = self.batch(idx);
-                Ok((x.cast(), Labels::new(y, classes)?))
-            })
+        DataLoader::new(self, size, Classify { classes })?
+            .shuffle(seed)
+            .epoch(0)
+            .map(|b| b.map(|(x, labels): (Tensor<f32>, Labels)| (x.cast(), labels)))
             .collect()
+    }
+}
+
+/// Example `i` is its image (shaped as [`Split::shaped`] says) and its label.
+impl Dataset for Split {
+    type Item = (Tensor<f32>, usize);
+
+    fn len(&self) -> usize {
+        self.y.len()
+    }
+
+    fn get(&self, i: usize) -> Result<(Tensor<f32>, usize)> {
+        check_index("Split::get", i, self.len())?;
+        let f = self.features;
+        let x = Tensor::new(self.dims.clone(), self.x[i * f..(i + 1) * f].to_vec())?;
+        Ok((x, self.y[i]))
     }
 }
 
@@ -174,34 +190,19 @@ pub fn digits() -> Result<(Split, Split)> {
     Ok((pick(&order[..DIGITS_TRAIN]), pick(&order[DIGITS_TRAIN..])))
 }
 
-/// A seeded Fisher–Yates permutation of `0..n` (SplitMix64 draws).
+/// A seeded Fisher–Yates permutation of `0..n` from the sequential SplitMix64 generator
+/// (draw `k` is `splitmix64(seed + k·γ)`, reduced modulo the range): the order of the fixed
+/// digits split and of `tl train`'s epochs. New code: [`crate::Rng::permutation`] (the
+/// counter RNG, unbiased).
 pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
     let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
     let mut p: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
-        p.swap(i, j);
-    }
+    crate::rng::fisher_yates(&mut p, |bound| {
+        let draw = tl_spec::rng::splitmix64(state);
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        (draw % bound as u64) as usize
+    });
     p
-}
-
-/// Rows `start..start+n` of `x`'s leading axis.
-pub(crate) fn rows<T: Scalar>(x: &Tensor<T>, start: usize, n: usize) -> Result<Tensor<T>> {
-    let dims = x.shape().dims();
-    let row: usize = dims[1..].iter().product();
-    let mut out = dims.to_vec();
-    out[0] = n;
-    Ok(Tensor::new(
-        out,
-        x.data()[start * row..(start + n) * row].to_vec(),
-    )?)
 }
 
 #[cfg(test)]
@@ -235,6 +236,9 @@ mod tests {
 
     #[test]
     fn permutation_is_a_permutation() {
+        // The sequential SplitMix64 order the digits split was made with (it must not move).
+        assert_eq!(permutation(10, 3), [2, 8, 7, 4, 5, 6, 0, 1, 9, 3]);
+        assert_eq!(permutation(10, SPLIT_SEED), [6, 3, 2, 5, 7, 4, 0, 8, 9, 1]);
         let mut p = permutation(100, 3);
         assert_ne!(p, (0..100).collect::<Vec<_>>());
         p.sort_unstable();

@@ -1,0 +1,31 @@
+//! Data for training: the [`Dataset`] trait and the [`DataLoader`] that batches one (seeded
+//! shuffle per epoch, batch size, drop-last, a [`Collate`]: [`Stack`], [`Classify`] or a
+//! closure); the data sets shipped with the library, compiled in so examples and tests need
+//! no files: the UCI handwritten digits ([`digits`], a [`Dataset`] of images and labels) and
+//! the King James text ([`kjv_text`]); and for language models a character [`Vocab`],
+//! [`TokenWindows`] (batches of (B, n) inputs and next-token targets) and the
+//! [`unigram_nll`] baseline.
+
+mod digits;
+mod loader;
+mod text;
+
+use tl_spec::{Scalar, Tensor};
+
+pub use digits::{CLASSES, DIGITS_LEN, DIGITS_TRAIN, PIXELS, Split, digits, permutation};
+pub use loader::{Batches, Classify, Collate, DataLoader, Dataset, Stack, check_index, stack};
+pub use text::{TokenBatch, TokenWindows, Vocab, kjv_text, unigram_nll};
+
+use crate::Result;
+
+/// Rows `start..start+n` of `x`'s leading axis.
+pub(crate) fn rows<T: Scalar>(x: &Tensor<T>, start: usize, n: usize) -> Result<Tensor<T>> {
+    let dims = x.shape().dims();
+    let row: usize = dims[1..].iter().product();
+    let mut out = dims.to_vec();
+    out[0] = n;
+    Ok(Tensor::new(
+        out,
+        x.data()[start * row..(start + n) * row].to_vec(),
+    )?)
+}
