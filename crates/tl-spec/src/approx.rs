@@ -168,6 +168,9 @@ pub fn sigmoid_f32(x: f32) -> f32 {
 /// callers (the CPU tape's f32 `geluErf`, the simulation device, `tl_erf_approx` in
 /// `kernels/approx.cuh`, the same operations in the same order) do not need it to vectorize.
 /// Within 2 ulp of the true value (checked below); NaN stays NaN, `erf(±∞) = ±1`.
+// The constants are FreeBSD's literals as written (and as `approx.cuh` writes them): each rounds
+// to the same f32 as its shortest spelling, and keeping them verbatim lets a reader compare.
+#[allow(clippy::excessive_precision)]
 pub fn erf_f32(x: f32) -> f32 {
     const ERX: f32 = 8.450_629_115_1e-1;
     let a = x.abs();

@@ -26,9 +26,12 @@ fn t<T: Scalar>(v: &[f64], dims: &[usize]) -> Tensor<T> {
     Tensor::new(Shape::new(dims), v.iter().map(|&x| T::lit(x)).collect()).unwrap()
 }
 
-/// Each loss of the fixture: its name, the fixture's values for mean, sum and none, the
+/// One loss of the fixture: its name, the fixture's values for mean, sum and none, the
 /// gradients of mean and sum, and the loss as a function of x (a `(3, 4)` tensor).
-fn cases<O: Train>() -> Vec<(&'static str, [&'static [f64]; 5], LossFn<O>)> {
+type Case<O> = (&'static str, [&'static [f64]; 5], LossFn<O>);
+
+/// Every loss of the fixture.
+fn cases<O: Train>() -> Vec<Case<O>> {
     vec![
         (
             "bce",
@@ -261,11 +264,9 @@ fn new_activations_match_pytorch_values_and_gradients() {
 fn bad_loss_inputs_are_errors_naming_the_loss_and_the_value() {
     let rt = eager::<f64>(Backend::Cpu, 0);
     let empty = tl_nn::Sequential::<tl_session::Session<f64>>::new();
-    let err = |f: &dyn for<'g> Fn(
-        &Scope<'g, tl_session::Session<f64>>,
-    ) -> tl_nn::Result<Var<'g, tl_session::Session<f64>>>| {
-        rt.eval(&empty, f).unwrap_err().to_string()
-    };
+    type S = tl_session::Session<f64>;
+    type Pass<'a> = dyn for<'g> Fn(&Scope<'g, S>) -> tl_nn::Result<Var<'g, S>> + 'a;
+    let err = |f: &Pass<'_>| rt.eval(&empty, f).unwrap_err().to_string();
     let x = || t::<f64>(fx::X, &[3, 4]);
     let e = err(&|g| {
         l1_loss(
