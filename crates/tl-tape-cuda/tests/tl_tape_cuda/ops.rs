@@ -235,7 +235,7 @@ fn every_op_forward_and_backward_match_the_ir_reference() {
     }
     assert_eq!(
         checked.len(),
-        37,
+        40,
         "every variant of the first op set: {checked:?}"
     );
 }
