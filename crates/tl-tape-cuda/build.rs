@@ -47,5 +47,6 @@ fn emu() -> Result<(), tl_cuda_build::Error> {
     Emulator::new("tl_test_user_kernels")
         .source(user.join("scale2.cu"))?
         .source(user.join("scale2_wrong.cu"))?
+        .source(user.join("named_like_ours.cu"))?
         .compile()
 }

@@ -64,13 +64,12 @@ static int add_table(Registry& r, TlEmuTableFn fn, const Registry::Table** out, 
         }
     std::size_t n = 0;
     const TlEmuKernel* t = fn(&n);
+    // Names are per table, as kernel names are per module on a GPU (each unit's symbols are
+    // renamed by Emulator::compile): only a name twice in one table is ambiguous.
     for (std::size_t i = 0; i < n; ++i)
-        for (const auto& k : r.kernels)
-            if (std::strcmp(k.name, t[i].name) == 0) {
-                say(err, cap,
-                    "kernel %s is in two registered tables: kernel names must be unique in a "
-                    "program (they are C symbols)",
-                    t[i].name);
+        for (std::size_t j = 0; j < i; ++j)
+            if (std::strcmp(t[j].name, t[i].name) == 0) {
+                say(err, cap, "kernel %s is twice in one emulator library", t[i].name);
                 return 1;
             }
     r.tables.push_back(Registry::Table{fn, r.kernels.size(), n});
@@ -338,18 +337,19 @@ float tl_emu_shfl_down(float v, int off) {
 /// (non-zero) or forward (zero), whatever TL_EMU_SCHEDULE says.
 extern "C" void tl_emu_set_reverse(int on) { reverse_here = on ? 1 : 0; }
 
-/// The index of kernel `name` among the registered kernels, or -1.
+/// The index of kernel `name` in the built-in table (registered first), or -1.
 extern "C" int tl_emu_find(const char* name) {
     Registry& r = registry();
     std::lock_guard<std::mutex> g(r.lock);
-    for (std::size_t i = 0; i < r.kernels.size(); ++i)
+    const std::size_t end = r.tables.empty() ? 0 : r.tables[0].count;
+    for (std::size_t i = 0; i < end; ++i)
         if (std::strcmp(r.kernels[i].name, name) == 0) return (int)i;
     return -1;
 }
 
 /// Register the kernel table that `table` returns (a user's library; once per table), then
-/// the index of kernel `name` in that table: >= 0, or -1 with a message in err (a name that
-/// another table holds too; no such kernel in this table).
+/// the index of kernel `name` in that table: >= 0, or -1 with a message in err (a name twice
+/// in the table; no such kernel in it).
 extern "C" int tl_emu_register(TlEmuTableFn table, const char* name, char* err,
                                std::size_t cap) {
     Registry& r = registry();

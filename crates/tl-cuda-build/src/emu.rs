@@ -123,8 +123,9 @@ impl Emulator {
     }
 
     /// Compile the library into `OUT_DIR` and tell cargo to link it (and the C++ standard
-    /// library). Prints `cargo:rerun-if-changed` for each source. Kernel names are C symbols:
-    /// they must be unique in the program, as the table lookup is by name.
+    /// library). Prints `cargo:rerun-if-changed` for each source. A kernel name is looked up in
+    /// its library's table, as a GPU looks it up in its module: it must be unique in the
+    /// library, and may repeat a name of another library (the runtime's own kernels included).
     pub fn compile(&self) -> Result<(), Error> {
         if self.lib.is_empty()
             || !self
@@ -219,19 +220,32 @@ impl Emulator {
     }
 }
 
-/// One source's translation unit: the source inside namespace `ns`, then its table.
+/// One source's translation unit: the source inside namespace `ns`, then its table. Each
+/// kernel's C symbol is renamed to `<ns>_<name>` (a macro around the source), so kernels of
+/// different sources and libraries may share a name, as kernels of different modules do on a
+/// GPU; the table keeps the name as written (`TL_EMU_KERNEL` stringifies its argument before
+/// expansion).
 fn unit_source(ns: &str, source: &Path, names: &[String]) -> String {
-    let mut s = format!(
-        "#include \"cuda_emu.h\"\n\nnamespace {ns} {{\n#include \"{}\"\n\n\
+    let mut s = String::from("#include \"cuda_emu.h\"\n\n");
+    for n in names {
+        let _ = writeln!(s, "#define {n} {ns}_{n}");
+    }
+    let _ = write!(
+        s,
+        "\nnamespace {ns} {{\n#include \"{}\"\n\n\
          static const TlEmuKernel table[] = {{\n",
         source.display()
     );
     for n in names {
         let _ = writeln!(s, "    TL_EMU_KERNEL({n}),");
     }
+    s.push_str("};\n");
+    for n in names {
+        let _ = writeln!(s, "#undef {n}");
+    }
     let _ = write!(
         s,
-        "}};\n}}  // namespace {ns}\n\n\
+        "}}  // namespace {ns}\n\n\
          extern \"C\" const TlEmuKernel* {ns}_table(std::size_t* n) {{\n\
          \x20   *n = sizeof({ns}::table) / sizeof({ns}::table[0]);\n\
          \x20   return {ns}::table;\n}}\n"

@@ -284,6 +284,40 @@ mod emulated {
         assert_eq!(tape.device().memory_usage().live_bytes, 0);
     }
 
+    /// Kernel names are per module, as on a GPU: the tests' library has a `tl_scale`
+    /// (`y = c·x + 1`) as the runtime's kernels do (`y = c·x`); each launch finds its own.
+    #[test]
+    fn a_user_kernel_may_share_a_name_with_the_runtimes() {
+        let mut tape = tape();
+        let dev = tape.device_mut();
+        let x = dev.upload(&[1.0, -2.0, 3.5]).unwrap();
+        let ours = dev.scale(x, 2.0).unwrap();
+        let theirs = launch(
+            dev,
+            "scale",
+            &module(),
+            "tl_scale",
+            LaunchShape::GridStride(3),
+            &[
+                KernelArg::In(x),
+                KernelArg::Out(0),
+                KernelArg::U64(3),
+                KernelArg::F32(2.0),
+            ],
+            &[3],
+        )
+        .unwrap();
+        assert_eq!(dev.download(ours).unwrap(), vec![2.0, -4.0, 7.0]);
+        assert_eq!(dev.download(theirs[0]).unwrap(), vec![3.0, -3.0, 8.0]);
+        // The runtime's kernel still runs after the user's library registered.
+        let again = dev.scale(x, 3.0).unwrap();
+        assert_eq!(dev.download(again).unwrap(), vec![3.0, -6.0, 10.5]);
+        for b in [x, ours, theirs[0], again] {
+            dev.release(b);
+        }
+        assert_eq!(dev.memory_usage().live_bytes, 0);
+    }
+
     #[test]
     fn wrong_kernels_are_caught() {
         let mut tape = tape();
