@@ -112,9 +112,7 @@ impl Schedule {
     /// `StepLR(step_size, gamma)`; an error when `step_size` is 0 or γ is not a finite value
     /// > 0.
     pub fn step(step_size: u64, gamma: f64) -> Result<Schedule> {
-        let s = Schedule::Step { step_size, gamma };
-        s.validate()?;
-        Ok(s)
+        Schedule::Step { step_size, gamma }.checked()
     }
 
     /// `MultiStepLR(milestones, gamma)` (milestones in any order; a repeated one counts
@@ -122,28 +120,23 @@ impl Schedule {
     pub fn multi_step(milestones: &[u64], gamma: f64) -> Result<Schedule> {
         let mut milestones = milestones.to_vec();
         milestones.sort_unstable();
-        let s = Schedule::MultiStep { milestones, gamma };
-        s.validate()?;
-        Ok(s)
+        Schedule::MultiStep { milestones, gamma }.checked()
     }
 
     /// `ExponentialLR(gamma)`; an error when γ is not a finite value > 0.
     pub fn exponential(gamma: f64) -> Result<Schedule> {
-        let s = Schedule::Exponential { gamma };
-        s.validate()?;
-        Ok(s)
+        Schedule::Exponential { gamma }.checked()
     }
 
     /// `LinearLR(start_factor, end_factor, total_iters)`; an error when `start_factor` lies
     /// outside (0, 1], `end_factor` outside [0, 1], or `total_iters` is 0.
     pub fn linear(start_factor: f64, end_factor: f64, total_iters: u64) -> Result<Schedule> {
-        let s = Schedule::Linear {
+        Schedule::Linear {
             start_factor,
             end_factor,
             total_iters,
-        };
-        s.validate()?;
-        Ok(s)
+        }
+        .checked()
     }
 
     /// A linear warm-up over `warmup` steps from `lr · start_factor`, then cosine annealing to
@@ -155,14 +148,13 @@ impl Schedule {
         t_max: u64,
         eta_min: f64,
     ) -> Result<Schedule> {
-        let s = Schedule::CosineWarmup {
+        Schedule::CosineWarmup {
             warmup,
             start_factor,
             t_max,
             eta_min,
-        };
-        s.validate()?;
-        Ok(s)
+        }
+        .checked()
     }
 
     /// `OneCycleLR(max_lr, total_steps)` with PyTorch's defaults (`pct_start` 0.3,
@@ -183,15 +175,21 @@ impl Schedule {
         div_factor: f64,
         final_div_factor: f64,
     ) -> Result<Schedule> {
-        let s = Schedule::OneCycle {
+        Schedule::OneCycle {
             max_lr,
             total_steps,
             pct_start,
             div_factor,
             final_div_factor,
-        };
-        s.validate()?;
-        Ok(s)
+        }
+        .checked()
+    }
+
+    /// `self` if its values lie in the schedule's domain, else the error naming the first that
+    /// does not.
+    fn checked(self) -> Result<Schedule> {
+        self.validate()?;
+        Ok(self)
     }
 
     /// The name errors print: PyTorch's class name.
