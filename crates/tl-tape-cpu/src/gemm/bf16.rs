@@ -12,7 +12,8 @@
 //!   output one f32 accumulator over the pairs of k in increasing order), the row panels split
 //!   across threads as the f32 products are ([`super::split_threads`]: the bits do not depend
 //!   on the thread count), and `c ← alpha·sum (+ c)` last. `vdpbf16ps` treats subnormal
-//!   inputs and results as zero, within [`tl_spec::bf16::accumulation_bound`].
+//!   results (within [`tl_spec::bf16::accumulation_bound`]) and subnormal operands as zero
+//!   (docs/semantics.md, "Mixed precision").
 
 use tl_ir::Op;
 use tl_spec::bf16::{round, to_bits};
@@ -116,6 +117,7 @@ fn rounded(op: &Op, what: &str, v: Mat<'_, f32>) -> Result<Vec<f32>> {
 }
 
 /// The pair of bf16 values `(lo, hi)` as one 32-bit lane, `lo` in the low half.
+#[inline(always)]
 fn pair(lo: f32, hi: f32) -> u32 {
     u32::from(to_bits(lo)) | (u32::from(to_bits(hi)) << 16)
 }
@@ -125,7 +127,7 @@ fn pair(lo: f32, hi: f32) -> u32 {
 fn packed(
     op: &Op,
     token: avx512::Token,
-    mut c: MatMut<'_, f32>,
+    c: MatMut<'_, f32>,
     accumulate: bool,
     a: Mat<'_, f32>,
     b: Mat<'_, f32>,
@@ -146,40 +148,46 @@ fn packed(
     let b_len = np.checked_mul(kp).ok_or_else(too_big)?;
     let mut ap = tl_spec::alloc::try_vec(name, "packed bf16 a", a_len, [0u32; MR])?;
     let mut bp = tl_spec::alloc::try_vec(name, "packed bf16 b", b_len, [0u32; NR])?;
-    // Panel ib, pair p, row i: rows ib·MR + i, columns 2p and 2p + 1 of a (zero outside).
-    let at = |i: usize, l: usize| match i < m && l < k {
-        true => a.data[a.g.at(i, l)],
-        false => 0.0,
+    // a's lines are its rows (k along its columns), b's its columns.
+    let (ag, bg) = (a.g, b.g);
+    let a_lines = Lines {
+        data: a.data,
+        offset: ag.offset,
+        count: m,
+        stride: ag.rs,
+        k,
+        k_stride: ag.cs,
     };
-    for (q, lanes) in ap.iter_mut().enumerate() {
-        let (ib, p) = (q / kp, q % kp);
-        for (i, lane) in lanes.iter_mut().enumerate() {
-            let row = ib * MR + i;
-            *lane = pair(at(row, 2 * p), at(row, 2 * p + 1));
-        }
-    }
-    let bt = |l: usize, j: usize| match l < k && j < n {
-        true => b.data[b.g.at(l, j)],
-        false => 0.0,
+    let b_lines = Lines {
+        data: b.data,
+        offset: bg.offset,
+        count: n,
+        stride: bg.cs,
+        k,
+        k_stride: bg.rs,
     };
-    for (q, lanes) in bp.iter_mut().enumerate() {
-        let (jb, p) = (q / kp, q % kp);
-        for (j, lane) in lanes.iter_mut().enumerate() {
-            let col = jb * NR + j;
-            *lane = pair(bt(2 * p, col), bt(2 * p + 1, col));
-        }
-    }
     let mut sums = tl_spec::alloc::try_for_overwrite::<f32>(name, "bf16 product", m * n)?;
-    let panels = Panels {
-        token,
-        a: &ap,
-        b: &bp,
-        kp,
-        n,
-    };
-    match kp {
-        0 => sums.fill(0.0),
-        _ => panels.run(0, &mut sums, split_threads(m, n, k)),
+    if kp == 0 {
+        sums.fill(0.0);
+    } else {
+        crate::simd::vectorize(Pack {
+            lines: a_lines,
+            kp,
+            out: &mut ap,
+        });
+        crate::simd::vectorize(Pack {
+            lines: b_lines,
+            kp,
+            out: &mut bp,
+        });
+        let panels = Panels {
+            token,
+            a: &ap,
+            b: &bp,
+            kp,
+            n,
+        };
+        panels.run(0, &mut sums, split_threads(m, n, k));
     }
     // c ← alpha·sum (+ c).
     for (i, row) in sums.chunks_exact(n).enumerate() {
@@ -193,6 +201,92 @@ fn packed(
     }
     tl_spec::pool::give(sums);
     Ok(())
+}
+
+/// An operand as `count` lines of `k` values: value `l` of line `x` at
+/// `data[offset + x·stride + l·k_stride]` (a's rows, b's columns; views already checked).
+#[derive(Clone, Copy)]
+struct Lines<'a> {
+    data: &'a [f32],
+    offset: usize,
+    count: usize,
+    stride: usize,
+    k: usize,
+    k_stride: usize,
+}
+
+impl Lines<'_> {
+    #[inline(always)]
+    fn at(&self, x: usize, l: usize) -> f32 {
+        match l < self.k {
+            true => self.data[self.offset + x * self.stride + l * self.k_stride],
+            false => 0.0,
+        }
+    }
+}
+
+/// The packing of one operand into panels of `W` lines (a kernel for
+/// [`crate::simd::vectorize`]): panel `q`, pair `p`, lane `w` holds values `2p` and `2p + 1`
+/// of line `q·W + w`, rounded ([`pair`]); lanes past the last line and the pair past an odd
+/// k are left as they are (zero).
+struct Pack<'a, 'o, const W: usize> {
+    lines: Lines<'a>,
+    kp: usize,
+    out: &'o mut [[u32; W]],
+}
+
+impl<const W: usize> crate::simd::Kernel for Pack<'_, '_, W> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let (v, kp) = (self.lines, self.kp);
+        for (q, panel) in self.out.chunks_exact_mut(kp).enumerate() {
+            let x0 = q * W;
+            let w = W.min(v.count.saturating_sub(x0));
+            if v.k_stride == 1 {
+                // Each line contiguous along k: its pairs in turn.
+                for (lane, x) in (x0..x0 + w).enumerate() {
+                    let start = v.offset + x * v.stride;
+                    let line = &v.data[start..start + v.k];
+                    let (pairs, rest) = line.as_chunks::<2>();
+                    for (lanes, &[lo, hi]) in panel.iter_mut().zip(pairs) {
+                        lanes[lane] = pair(lo, hi);
+                    }
+                    if let ([last], Some(lanes)) = (rest, panel.last_mut()) {
+                        lanes[lane] = pair(*last, 0.0);
+                    }
+                }
+            } else if v.stride == 1 {
+                // The lines side by side: each pair of k is two contiguous runs.
+                let run = |l: usize| {
+                    let start = v.offset + l * v.k_stride + x0;
+                    (l < v.k).then(|| &v.data[start..start + w])
+                };
+                for (p, lanes) in panel.iter_mut().enumerate() {
+                    match (run(2 * p), run(2 * p + 1)) {
+                        (Some(r0), Some(r1)) => {
+                            for ((o, &lo), &hi) in lanes.iter_mut().zip(r0).zip(r1) {
+                                *o = pair(lo, hi);
+                            }
+                        }
+                        (Some(r0), None) => {
+                            for (o, &lo) in lanes.iter_mut().zip(r0) {
+                                *o = pair(lo, 0.0);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                for (p, lanes) in panel.iter_mut().enumerate() {
+                    for (lane, x) in (x0..x0 + w).enumerate() {
+                        lanes[lane] = pair(v.at(x, 2 * p), v.at(x, 2 * p + 1));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The packed operands of one AVX512-BF16 product.

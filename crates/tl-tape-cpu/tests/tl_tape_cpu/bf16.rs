@@ -132,9 +132,9 @@ fn every_bf16_kernel_matches_the_reference_on_every_edge() {
     let mut rng = Rng(39);
     for (m, k, n) in SHAPES {
         let (a, b) = (fill(&mut rng, m * k), fill(&mut rng, k * n));
-        let c0 = fill(&mut rng, m * n);
+        let c_init = fill(&mut rng, m * n);
         for b_t in [false, true] {
-            for (c0, alpha) in [(None, 1.0), (Some(&c0[..]), 1.0), (None, 0.375)] {
+            for (c0, alpha) in [(None, 1.0), (Some(&c_init[..]), 1.0), (None, 0.375)] {
                 let p = Product {
                     dims: (m, k, n),
                     a: &a,
