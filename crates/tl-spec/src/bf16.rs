@@ -86,7 +86,7 @@ mod tests {
             (f64::from(x) - f64::from(lo)).abs(),
             (hi_v - f64::from(x)).abs(),
         );
-        if dl < dh || (dl == dh && (lo.to_bits() >> 16) % 2 == 0) {
+        if dl < dh || (dl == dh && (lo.to_bits() >> 16).is_multiple_of(2)) {
             lo
         } else {
             hi
