@@ -106,9 +106,10 @@ impl Product<'_> {
     }
 }
 
-/// Sizes around the AVX512-BF16 kernel's 8-row and 32-column panels, odd and even k, k = 0,
-/// 1 and long, and a matrix-vector product either way.
-const SHAPES: [(usize, usize, usize); 14] = [
+/// Sizes around the AVX512-BF16 kernel's 12-row and 32-column panels (one partial panel, whole
+/// ones, whole ones and a partial one), odd and even k, k = 0, 1 and long, and a
+/// matrix-vector product either way.
+const SHAPES: [(usize, usize, usize); 16] = [
     (1, 1, 1),
     (1, 2, 1),
     (3, 0, 4),
@@ -123,6 +124,8 @@ const SHAPES: [(usize, usize, usize); 14] = [
     (70, 300, 1),
     (5, 1001, 3),
     (40, 77, 96),
+    (12, 6, 32),
+    (24, 9, 64),
 ];
 
 #[test]
