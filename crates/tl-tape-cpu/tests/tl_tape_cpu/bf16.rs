@@ -106,7 +106,7 @@ impl Product<'_> {
     }
 }
 
-/// Sizes around the AVX512-BF16 kernel's 12-row and 32-column panels (one partial panel, whole
+/// Sizes around the AVX512-BF16 kernel's 8-row and 32-column panels (one partial panel, whole
 /// ones, whole ones and a partial one), odd and even k, k = 0, 1 and long, and a
 /// matrix-vector product either way.
 const SHAPES: [(usize, usize, usize); 16] = [

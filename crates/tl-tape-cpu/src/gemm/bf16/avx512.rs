@@ -13,7 +13,7 @@ use core::arch::x86_64::{
 };
 
 /// Rows of a block (one register of a broadcast operand pair each).
-pub(crate) const MR: usize = 12;
+pub(crate) const MR: usize = 8;
 /// Columns of a block (two registers of 16 f32 sums).
 pub(crate) const NR: usize = 32;
 
