@@ -16,10 +16,15 @@
 //!   (docs/semantics.md, "Mixed precision").
 
 use tl_ir::Op;
-use tl_spec::bf16::{round, to_bits};
+use tl_spec::bf16::round;
+#[cfg(target_arch = "x86_64")]
+use tl_spec::bf16::to_bits;
 
-use super::{Mat, MatMut, product, row_major, split_threads};
+#[cfg(target_arch = "x86_64")]
+use super::split_threads;
+use super::{Mat, MatMut, product, row_major};
 use crate::Result;
+#[cfg(target_arch = "x86_64")]
 use crate::precision::Bf16Kernel;
 
 #[cfg(target_arch = "x86_64")]
@@ -117,6 +122,7 @@ fn rounded(op: &Op, what: &str, v: Mat<'_, f32>) -> Result<Vec<f32>> {
 }
 
 /// The pair of bf16 values `(lo, hi)` as one 32-bit lane, `lo` in the low half.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn pair(lo: f32, hi: f32) -> u32 {
     u32::from(to_bits(lo)) | (u32::from(to_bits(hi)) << 16)
@@ -205,6 +211,7 @@ fn packed(
 
 /// An operand as `count` lines of `k` values: value `l` of line `x` at
 /// `data[offset + x·stride + l·k_stride]` (a's rows, b's columns; views already checked).
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Lines<'a> {
     data: &'a [f32],
@@ -215,6 +222,7 @@ struct Lines<'a> {
     k_stride: usize,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Lines<'_> {
     #[inline(always)]
     fn at(&self, x: usize, l: usize) -> f32 {
@@ -229,12 +237,14 @@ impl Lines<'_> {
 /// [`crate::simd::vectorize`]): panel `q`, pair `p`, lane `w` holds values `2p` and `2p + 1`
 /// of line `q·W + w`, rounded ([`pair`]); lanes past the last line and the pair past an odd
 /// k are left as they are (zero).
+#[cfg(target_arch = "x86_64")]
 struct Pack<'a, 'o, const W: usize> {
     lines: Lines<'a>,
     kp: usize,
     out: &'o mut [[u32; W]],
 }
 
+#[cfg(target_arch = "x86_64")]
 impl<const W: usize> crate::simd::Kernel for Pack<'_, '_, W> {
     type Output = ();
 
