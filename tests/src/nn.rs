@@ -1201,6 +1201,7 @@ pub fn layer_case(case: &LayerCase, on: NnSession) -> CaseResult {
         backend,
         deterministic: false,
         seed: NN_SEED,
+        ..Options::default()
     };
     let r = (|| match on {
         NnSession::CpuF64 => {

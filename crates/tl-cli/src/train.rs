@@ -153,6 +153,7 @@ pub fn eager(backend: Backend, deterministic: bool, seed: u64) -> Result<Session
         backend,
         deterministic,
         seed,
+        ..Options::default()
     })
     .map_err(backend_error)
 }

@@ -12,9 +12,11 @@
 //!   CPU kernels, the CUDA simulation device and the CUDA kernels
 //! - [`alloc`]: the allocation cap every buffer whose size comes from input is checked against
 //! - [`pool`]: buffer reuse across steps, a tape's spare buffers handed to its kernels
+//! - [`bf16`]: bfloat16 rounding and the reference of a bf16 product (mixed precision)
 
 pub mod alloc;
 pub mod approx;
+pub mod bf16;
 pub mod broadcast;
 mod error;
 pub mod ops;

@@ -27,10 +27,12 @@
 //! | [`cached_table_max`](Gates::cached_table_max) | the window tables' `CACHED_TABLE_MAX` (2¹⁶ entries) |
 //! | [`min_mean_run`](Gates::min_mean_run) | the window tables' `MIN_MEAN_RUN` (4) |
 //! | [`stage`](Gates::stage) | the element-wise loops' `STAGE` (256 values) |
+//! | [`bf16_kernel`](Gates::bf16_kernel) | [`crate::precision::Bf16Kernel::current`] (AVX512-BF16 where present at the AVX-512 level) |
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 
+use crate::precision::Bf16Kernel;
 use crate::simd::Level;
 
 /// Which way an `x·wᵀ` product (row-major `a`, column-major `b`, row-major output) is made.
@@ -76,6 +78,9 @@ pub struct Gates {
     pub min_mean_run: Option<usize>,
     /// Values per stage of an element-wise loop that pushes its output (1 to 256).
     pub stage: Option<usize>,
+    /// The kernel of bf16 products ([`crate::precision`]), instead of the production choice;
+    /// a kernel this CPU lacks is ignored.
+    pub bf16_kernel: Option<Bf16Kernel>,
 }
 
 impl Gates {
@@ -93,13 +98,15 @@ impl Gates {
         cached_table_max: None,
         min_mean_run: None,
         stage: None,
+        bf16_kernel: None,
     };
 
     /// Every gated fast path on wherever it can run, on `threads` threads: every split
     /// threshold 0, layout copies from side 1 by the column-major product, one query row per
     /// fused-attention block, one batch entry per weight-cotangent chunk, every window table
-    /// cached and kept as runs, one value per stage. (`level` and the copy path are left to
-    /// the caller: see [`Gates::with_level`] and [`Gates::with_layout`].)
+    /// cached and kept as runs, one value per stage. (`level`, the copy path and the bf16
+    /// kernel are left to the caller: see [`Gates::with_level`], [`Gates::with_layout`] and
+    /// [`Gates::with_bf16_kernel`].)
     pub const fn fast_paths_on(threads: usize) -> Gates {
         Gates {
             threads: Some(threads),
@@ -114,12 +121,13 @@ impl Gates {
             cached_table_max: Some(usize::MAX),
             min_mean_run: Some(0),
             stage: Some(1),
+            bf16_kernel: None,
         }
     }
 
     /// Every gated fast path off: one thread, every split threshold `usize::MAX`, strided
     /// products, one block per attention sample, one weight-cotangent chunk, no cached table,
-    /// no runs, whole stages, the baseline instruction set.
+    /// no runs, whole stages, the baseline instruction set, the portable bf16 kernel.
     pub const fn fast_paths_off() -> Gates {
         Gates {
             threads: Some(1),
@@ -134,6 +142,7 @@ impl Gates {
             cached_table_max: Some(0),
             min_mean_run: Some(usize::MAX),
             stage: Some(usize::MAX),
+            bf16_kernel: Some(Bf16Kernel::Portable),
         }
     }
 
@@ -141,6 +150,14 @@ impl Gates {
     pub const fn with_level(self, level: Level) -> Gates {
         Gates {
             level: Some(level),
+            ..self
+        }
+    }
+
+    /// The same overrides with the bf16 product kernel `kernel`.
+    pub const fn with_bf16_kernel(self, kernel: Bf16Kernel) -> Gates {
+        Gates {
+            bf16_kernel: Some(kernel),
             ..self
         }
     }

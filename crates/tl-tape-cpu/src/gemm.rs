@@ -30,6 +30,11 @@
 //! (docs/performance.md). The result does not depend on the thread count: every output's sum
 //! over k runs in the same order whatever block it lands in (blocks never change the gemm
 //! crate's k-blocking, see `GEMM_SMALL_SIDE`; tested on skinny, tall and ragged shapes).
+//!
+//! **bf16.** Under [`crate::precision::Precision::Bf16`] (installed by a tape set to it) an
+//! f32 product reads its operands rounded to bf16 and sums in f32, on the AVX512-BF16
+//! micro-kernel where the CPU has it, else by rounding into f32 copies and running the f32
+//! path above (`gemm/bf16.rs`; the semantics in docs/semantics.md, "Mixed precision").
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +45,8 @@ use tl_spec::{Error as SpecError, Scalar, Typed, TypedMut};
 
 use crate::Result;
 use crate::gates::GemmLayout;
+
+pub(crate) mod bf16;
 
 /// Products with fewer multiply-adds (`m·n·k`) than this (2²² ≈ a 161³ product) run on one
 /// thread whatever [`threads`] says. Measured on the training steps with two threads on the
@@ -409,6 +416,21 @@ pub fn matmul<T: Scalar>(
     if c.g.is_empty() {
         return Ok(());
     }
+    if crate::precision::current() == crate::precision::Precision::Bf16
+        && let (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) =
+            (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data))
+    {
+        let (a, b) = (Mat { data: ad, g: a.g }, Mat { data: bd, g: b.g });
+        let c = MatMut { data: cd, g: c.g };
+        return bf16::matmul(op, c, accumulate, a, b, alpha.as_f64() as f32);
+    }
+    product(c, accumulate, a, b, alpha);
+    Ok(())
+}
+
+/// [`matmul`] at the operands' own precision, views already checked and `c` not empty.
+fn product<T: Scalar>(c: MatMut<'_, T>, accumulate: bool, a: Mat<'_, T>, b: Mat<'_, T>, alpha: T) {
+    let (m, k, n) = (a.g.rows, a.g.cols, b.g.cols);
     let accum = if accumulate {
         Accum::Add
     } else {
@@ -418,7 +440,7 @@ pub fn matmul<T: Scalar>(
     match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
         (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
             if column_major_product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha, t) {
-                return Ok(());
+                return;
             }
             let bt = row_major_rhs(m, &b.g, bd, &c.g, t);
             let (bd, bg) = match &bt {
@@ -430,19 +452,18 @@ pub fn matmul<T: Scalar>(
                 if let Some(v) = bt {
                     tl_spec::pool::give(v);
                 }
-                return Ok(());
+                return;
             }
         }
         (Typed::F64(ad), Typed::F64(bd), TypedMut::F64(cd)) => {
             if let (Some(av), Some(bv), Some(cv)) = (a.g.faer(ad), b.g.faer(bd), c.g.faer_mut(cd)) {
                 split_matmul(cv, accum, av, bv, alpha.as_f64(), t);
-                return Ok(());
+                return;
             }
         }
         _ => {}
     }
     plain(c, accumulate, a, b, alpha);
-    Ok(())
 }
 
 /// Sides (m, k, n) from which [`row_major_rhs`] copies a column-major right-hand side.

@@ -12,6 +12,8 @@
 //! - [`par`]: independent rows (pool planes, conv batch entries) split across those threads.
 //! - [`simd`]: the instruction set of the element-wise loops, chosen at run time (AVX-512,
 //!   AVX2 or the baseline; `TL_SIMD` / [`simd::set_level`] force one).
+//! - [`precision`]: bf16 autocast of a tape's matrix products ([`Tape::set_precision`]) and
+//!   the kernel they run on (AVX512-BF16 where present, else portable).
 //! - [`gates`]: per-thread overrides of every size-, shape- and thread-gated fast path, so tests
 //!   can force each one on or off (no override: the production decisions).
 //! - [`Error`]: names the op and the shapes.
@@ -29,9 +31,11 @@ pub mod gemm;
 pub mod instances;
 pub mod ops;
 pub mod par;
+pub mod precision;
 pub mod simd;
 mod tape;
 
 pub use error::{Error, Result};
 pub use gemm::{set_threads, threads};
+pub use precision::Precision;
 pub use tape::{Id, Node, NodeKind, Tape};

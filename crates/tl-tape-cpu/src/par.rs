@@ -70,13 +70,14 @@ pub fn join<RA: Send, RB: Send>(
 }
 
 /// [`join`] on type-erased halves (each called exactly once).
-/// Both halves run under the calling thread's [`crate::gates`] overrides, whichever thread
-/// runs them.
+/// Both halves run under the calling thread's [`crate::gates`] overrides and
+/// [`crate::precision`], whichever thread runs them.
 fn join_dyn(a: &mut (dyn FnMut() + Send), b: &mut (dyn FnMut() + Send)) {
-    let gates = crate::gates::current();
-    let b = &mut || crate::gates::with(gates, &mut *b);
+    let (gates, precision) = (crate::gates::current(), crate::precision::current());
+    let b = &mut || crate::gates::with(gates, || crate::precision::with(precision, &mut *b));
     if rayon::current_thread_index().is_some() {
-        rayon::join(|| crate::gates::with(gates, a), b);
+        let a = || crate::gates::with(gates, || crate::precision::with(precision, a));
+        rayon::join(a, b);
         return;
     }
     keep_warm();

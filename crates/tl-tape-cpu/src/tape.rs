@@ -18,6 +18,7 @@ use tl_ir::{Op, Recorder};
 use tl_spec::pool::{self, Pool, PoolStats};
 use tl_spec::{Scalar, Shape, Tensor};
 
+use crate::precision::Precision;
 use crate::{Error, Result, ops};
 
 /// A node id on the tape.
@@ -117,6 +118,8 @@ pub struct Tape<T: Scalar> {
     /// Spare buffers for the kernels (module documentation). Behind a lock because reverse
     /// accumulation borrows the tape shared.
     pool: Mutex<Pool<T>>,
+    /// The arithmetic of its matrix products ([`crate::precision`]), forward and backward.
+    precision: Precision,
 }
 
 /// A clone has the same nodes (sharing their values) and an empty pool.
@@ -126,6 +129,7 @@ impl<T: Scalar> Clone for Tape<T> {
             nodes: self.nodes.clone(),
             nats: Arc::clone(&self.nats),
             pool: Mutex::default(),
+            precision: self.precision,
         }
     }
 }
@@ -145,7 +149,22 @@ impl<T: Scalar> Tape<T> {
             nodes: Vec::new(),
             nats: Arc::new(Vec::new()),
             pool: Mutex::default(),
+            precision: Precision::F32,
         }
+    }
+
+    /// The arithmetic of this tape's matrix products from now on ([`crate::precision`]):
+    /// [`Precision::Bf16`] is bf16 autocast (operands rounded to bf16, f32 sums) for the
+    /// products of the ops applied and of the backward passes run afterwards;
+    /// [`Precision::F32`] (the default) is the plain f32 path, bit for bit. An `f64` tape
+    /// computes in f64 whatever the setting.
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
+    }
+
+    /// The arithmetic of this tape's matrix products ([`Tape::set_precision`]).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The buffer pool (a poisoned lock is taken over: the pool holds only spare buffers).
@@ -333,6 +352,7 @@ impl<T: Scalar> Tape<T> {
             tl_spec::alloc::check_shape::<T>(op.name(), &shape)?;
             let mut pool = self.pool();
             let _installed = pool::install(&mut pool);
+            let _precision = crate::precision::install(self.precision);
             let (value, saved) = if self.grad_flows(op.is_differentiable(), parents) {
                 ops::forward_saving(op, &inputs, &self.nats)?
             } else {
@@ -483,6 +503,7 @@ impl<T: Scalar> Tape<T> {
     ) -> Result<Vec<Option<Tensor<T>>>> {
         let mut pool = self.pool();
         let _installed = pool::install(&mut pool);
+        let _precision = crate::precision::install(self.precision);
         for id in (0..n).rev() {
             let node = &self.nodes[id];
             if !node.requires_grad || matches!(node.kind, NodeKind::Leaf) {

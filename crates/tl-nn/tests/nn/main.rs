@@ -2,6 +2,7 @@
 //! sessions, checkpoints (PyTorch fixtures and bad files), labels and expressions, the derive
 //! and the listed-parameter check, printed models and summaries, and error messages.
 
+mod autocast;
 mod boundaries;
 mod checkpoint;
 mod controls;

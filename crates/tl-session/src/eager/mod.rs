@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use tl_ir::Op;
 use tl_spec::{Scalar, Tensor};
-use tl_tape_cpu::Tape;
+use tl_tape_cpu::{Precision, Tape};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, MemoryUsage, SimDevice};
 
 use crate::handle::{NatEnv, Stamp, next_session_id};
@@ -51,6 +51,13 @@ pub struct Options {
     pub deterministic: bool,
     /// Seed for random ops.
     pub seed: u64,
+    /// The arithmetic of the matrix products (matmul, bmm, linear, conv, attention, forward and
+    /// backward): [`Precision::F32`] (the default, unchanged bit for bit) or
+    /// [`Precision::Bf16`], bf16 autocast: operands rounded to bf16, f32 sums; parameters,
+    /// optimizer state and every other op stay f32 (docs/semantics.md, "Mixed precision").
+    /// Bf16 needs an `f32` session on the CPU backend (an error at construction otherwise).
+    /// PyTorch: `torch.autocast("cpu", dtype=torch.bfloat16)` around the forward and backward.
+    pub precision: Precision,
 }
 
 impl Options {
@@ -116,8 +123,13 @@ impl<T: Scalar> Session<T> {
     /// A fresh session. `Backend::Cuda` without the `cuda` feature or without a usable GPU is
     /// an error naming what is missing.
     pub fn new(opts: Options) -> Result<Self> {
+        check_precision::<T>(opts)?;
         let engine = match opts.backend {
-            Backend::Cpu => Engine::Cpu(Tape::new()),
+            Backend::Cpu => {
+                let mut tape = Tape::new();
+                tape.set_precision(opts.precision);
+                Engine::Cpu(tape)
+            }
             Backend::CudaSim => Engine::Sim(CudaTape::new(SimDevice::new())),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => Engine::Gpu(CudaTape::new(cuda_device(opts.deterministic)?)),
@@ -291,6 +303,34 @@ impl<T: Scalar> Session<T> {
         self.nats = NatEnv::default();
         self.stamp.epoch += 1;
     }
+}
+
+/// bf16 autocast runs on the CPU tape of an `f32` session (the CUDA tape's bf16 products are
+/// not written yet; autocast concerns f32 only).
+fn check_precision<T: Scalar>(opts: Options) -> Result<()> {
+    if opts.precision == Precision::F32 {
+        return Ok(());
+    }
+    if opts.backend != Backend::Cpu {
+        return Err(Error::BackendUnavailable {
+            backend: opts.backend.name(),
+            detail: format!(
+                "precision {} (bf16 autocast) runs on Backend::Cpu only for now",
+                opts.precision.name()
+            ),
+        });
+    }
+    if T::NAME != "f32" {
+        return Err(Error::Usage {
+            what: "Session::new",
+            detail: format!(
+                "precision {} (bf16 autocast) needs an f32 session, not {}",
+                opts.precision.name(),
+                T::NAME
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The error of `Backend::Cuda` in a build without the `cuda` feature.

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bf16;
 mod errors;
 mod kernels;
 mod oom;
