@@ -1,8 +1,7 @@
 //! bf16 autocast against f32: training steps (forward, backward, SGD update) of tl-nn's mlp
 //! 784-256-256-10 at batch 64, small cnn at batch 64 and transformer block on 128 tokens, on
 //! the eager CPU session with `Options::precision` `F32` and `Bf16`. The bf16 products run on
-//! the kernel `Bf16Kernel::current` picks (AVX512-BF16 where present; `TL_SIMD=avx2` gives
-//! the portable one). Each pair first checks that both start from the same loss.
+//! the kernel `Bf16Kernel::current` picks. Each pair first checks that both start from the same loss.
 //!
 //! Run: `cargo bench -p tl-session --bench bf16` (add `-- --quick`, or a filter such as
 //! `-- mlp`). Figures and the machine: docs/performance.md, "bf16".

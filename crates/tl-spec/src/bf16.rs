@@ -60,7 +60,7 @@ pub fn matmul(a: &Tensor<f32>, b: &Tensor<f32>) -> Result<Tensor<f64>> {
 /// in any order: `(terms + 2)·2⁻²⁴·Σ|products|` (the standard bound for recursive summation,
 /// `γ_n ≤ n·u/(1 − n·u)`, with room for the two extra roundings and `n·u` far below 1), plus
 /// `(terms + 2)·2⁻¹²⁶` for hardware that flushes subnormal products and sums to zero
-/// (AVX512-BF16's `vdpbf16ps` does). `abs_sum` is `Σ_k |round(a_ik)·round(b_kj)|` (plus
+/// (AVX512-BF16's `vdpbf16ps` and AMX do). `abs_sum` is `Σ_k |round(a_ik)·round(b_kj)|` (plus
 /// `|c|` when accumulating).
 pub fn accumulation_bound(terms: usize, abs_sum: f64) -> f64 {
     let n = terms as f64 + 2.0;

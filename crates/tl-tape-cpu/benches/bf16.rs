@@ -1,6 +1,6 @@
 //! bf16 products against f32 (`tl_tape_cpu::precision`): `c = a·b` through the one GEMM
-//! (`gemm::matmul`), f32 and bf16 on every bf16 kernel this CPU has (portable; AVX512-BF16
-//! where present), on one thread and on the default thread count, at a square 512³, the mlp's
+//! (`gemm::matmul`), f32 and bf16 on every bf16 kernel this CPU has (`Bf16Kernel::available`),
+//! on one thread and on the default thread count, at a square 512³, the mlp's
 //! 64×784·784×256 (b column-major: a linear layer's `x·wᵀ`) and a long-k 128×2048·2048×128.
 //!
 //! Run: `cargo bench -p tl-tape-cpu --bench bf16` (add `-- --quick`, or a filter such as

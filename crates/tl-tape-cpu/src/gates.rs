@@ -27,7 +27,7 @@
 //! | [`cached_table_max`](Gates::cached_table_max) | the window tables' `CACHED_TABLE_MAX` (2¹⁶ entries) |
 //! | [`min_mean_run`](Gates::min_mean_run) | the window tables' `MIN_MEAN_RUN` (4) |
 //! | [`stage`](Gates::stage) | the element-wise loops' `STAGE` (256 values) |
-//! | [`bf16_kernel`](Gates::bf16_kernel) | [`crate::precision::Bf16Kernel::current`] (AVX512-BF16 where present at the AVX-512 level) |
+//! | [`bf16_kernel`](Gates::bf16_kernel) | [`crate::precision::Bf16Kernel::current`] (the portable kernel) |
 
 use std::cell::Cell;
 use std::marker::PhantomData;

@@ -32,9 +32,8 @@
 //! crate's k-blocking, see `GEMM_SMALL_SIDE`; tested on skinny, tall and ragged shapes).
 //!
 //! **bf16.** Under [`crate::precision::Precision::Bf16`] (installed by a tape set to it) an
-//! f32 product reads its operands rounded to bf16 and sums in f32, on the AVX512-BF16
-//! micro-kernel where the CPU has it, else by rounding into f32 copies and running the f32
-//! path above (`gemm/bf16.rs`; the semantics in docs/semantics.md, "Mixed precision").
+//! f32 product reads its operands rounded to bf16 and sums in f32: rounded into f32 copies,
+//! then the f32 path above (`gemm/bf16.rs`; the semantics in docs/semantics.md, "Mixed precision").
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};

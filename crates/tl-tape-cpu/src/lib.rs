@@ -13,7 +13,7 @@
 //! - [`simd`]: the instruction set of the element-wise loops, chosen at run time (AVX-512,
 //!   AVX2 or the baseline; `TL_SIMD` / [`simd::set_level`] force one).
 //! - [`precision`]: bf16 autocast of a tape's matrix products ([`Tape::set_precision`]) and
-//!   the kernel they run on (AVX512-BF16 where present, else portable).
+//!   the kernel they run on.
 //! - [`gates`]: per-thread overrides of every size-, shape- and thread-gated fast path, so tests
 //!   can force each one on or off (no override: the production decisions).
 //! - [`Error`]: names the op and the shapes.

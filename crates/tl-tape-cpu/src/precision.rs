@@ -43,13 +43,14 @@ impl Precision {
     }
 }
 
-/// The kernel of a bf16 product.
+/// The kernel of a bf16 product. One today; the enum is where a `vdpbf16ps` or AMX kernel
+/// would go (each needs an `unsafe` entry into code compiled for its instructions, which the
+/// project allows only in FFI modules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Bf16Kernel {
     /// Operands rounded into f32 copies, then the f32 GEMM (every CPU).
     Portable,
-    /// Operands rounded and packed as bf16 pairs, `vdpbf16ps` (AVX512-BF16) micro-kernels.
-    Avx512Bf16,
 }
 
 impl Bf16Kernel {
@@ -57,33 +58,24 @@ impl Bf16Kernel {
     pub fn is_available(self) -> bool {
         match self {
             Bf16Kernel::Portable => true,
-            Bf16Kernel::Avx512Bf16 => crate::gemm::bf16::avx512_available(),
         }
     }
 
     /// Every kernel this CPU can run, portable first.
     pub fn available() -> Vec<Bf16Kernel> {
-        [Bf16Kernel::Portable, Bf16Kernel::Avx512Bf16]
+        [Bf16Kernel::Portable]
             .into_iter()
             .filter(|k| k.is_available())
             .collect()
     }
 
     /// The kernel bf16 products run on now: the calling thread's [`crate::gates`] override if
-    /// it names one this CPU has, else AVX512-BF16 where the CPU has it and the element-wise
-    /// level is AVX-512, else the portable one.
+    /// it names one this CPU has, else the portable one.
     pub fn current() -> Bf16Kernel {
-        if let Some(k) = crate::gates::current()
+        crate::gates::current()
             .bf16_kernel
             .filter(|k| k.is_available())
-        {
-            return k;
-        }
-        let avx512 = crate::simd::level() == crate::simd::Level::Avx512;
-        match avx512 && Bf16Kernel::Avx512Bf16.is_available() {
-            true => Bf16Kernel::Avx512Bf16,
-            false => Bf16Kernel::Portable,
-        }
+            .unwrap_or(Bf16Kernel::Portable)
     }
 }
 

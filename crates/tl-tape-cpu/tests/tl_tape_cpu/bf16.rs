@@ -1,5 +1,5 @@
-//! bf16 autocast (`tl_tape_cpu::precision`): every bf16 kernel this CPU has (portable always,
-//! AVX512-BF16 where present; `Bf16Kernel::available()`) forced in turn against the reference
+//! bf16 autocast (`tl_tape_cpu::precision`): every bf16 kernel this CPU has
+//! (`Bf16Kernel::available()`: the portable one today) forced in turn against the reference
 //! (`tl_spec::bf16`: the exact product of the bf16-rounded operands, in f64) within the f32
 //! accumulation bound, on sizes that leave every kind of ragged panel and odd k, with the
 //! thread split forced on; and the tape: the default is the f32 path bit for bit, autocast
@@ -106,8 +106,8 @@ impl Product<'_> {
     }
 }
 
-/// Sizes around the AVX512-BF16 kernel's 8-row and 32-column panels (one partial panel, whole
-/// ones, whole ones and a partial one), odd and even k, k = 0, 1 and long, and a
+/// Sizes around 8-row and 32-column panels (one partial panel, whole ones, whole ones and a
+/// partial one: the blockings a packed kernel would have), odd and even k, k = 0, 1 and long, and a
 /// matrix-vector product either way.
 const SHAPES: [(usize, usize, usize); 16] = [
     (1, 1, 1),
