@@ -89,6 +89,7 @@ mod vars;
 
 pub mod checkpoint;
 pub mod data;
+pub mod dist;
 pub mod models;
 
 pub use data::{CLASSES, PIXELS};

@@ -94,4 +94,4 @@ pub use handle::{NatRef, NatVecRef, Param, Stamp, TensorRef};
 pub use linked::{Compiled, CompiledTape, LinkedSession};
 pub use ops::Ops;
 pub use optim::{Optimizer, Schedule, StepStats};
-pub use train::Train;
+pub use train::{GradReduce, Train};
