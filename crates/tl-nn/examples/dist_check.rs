@@ -3,7 +3,7 @@
 //! `mpirun -np 2 target/debug/examples/dist_check --steps 20 --batch 64` (build with
 //! `cargo build -p tl-nn --features mpi --example dist_check`). Every rank trains the digits MLP
 //! for `--steps` steps on its shard of each global batch ([`DataLoader::shard`]); after every
-//! step the ranks' parameters must be bit for bit identical (a hash of them is all-gathered).
+//! step the ranks' parameters must be bit for bit identical (their bytes are all-gathered).
 //! Then rank 0 trains the same model in one process with the global batch and the parameters
 //! must agree within `--tol`; it prints both runs' loss and test accuracy. Exit 0 on success,
 //! 1 with the error on every rank otherwise.
@@ -16,9 +16,11 @@
 //! - `--fault bad-input`: rank 1 feeds a batch of the wrong width at step 2: every rank stops
 //!   with an error naming rank 1;
 //! - `--fault hang`: rank 1 sleeps at step 2: rank 0's step times out naming rank 1;
-//! - `--fault bad-load`: rank 1 loads a checkpoint that does not exist: every rank's load fails.
+//! - `--fault bad-load`: rank 1 loads a checkpoint that does not exist: every rank's load fails;
+//! - `--fault shape`: rank 1's model has 33 hidden units: the start-up check names `0.weight`.
 
 use std::cell::Cell;
+use std::io::Write;
 use std::time::Duration;
 
 use tl_nn::data::{Classify, DataLoader, digits};
@@ -115,13 +117,13 @@ fn fail(message: String) -> tl_nn::Error {
     tl_nn::Error::Other(message.into())
 }
 
-/// The digits MLP, from seed 0.
-fn mlp(rt: &Rt) -> tl_nn::Result<Sequential<Session<f32>>> {
+/// The digits MLP with `hidden` units, from seed 0.
+fn mlp(rt: &Rt, hidden: usize) -> tl_nn::Result<Sequential<Session<f32>>> {
     let v = rt.vars();
     Ok(Sequential::new()
-        .add(Linear::new(&v.pp(0), PIXELS, 32)?)
+        .add(Linear::new(&v.pp(0), PIXELS, hidden)?)
         .add(Activation::Relu)
-        .add(Linear::new(&v.pp(2), 32, CLASSES)?))
+        .add(Linear::new(&v.pp(2), hidden, CLASSES)?))
 }
 
 /// Every parameter value of `model`, in order.
@@ -133,13 +135,6 @@ fn values(rt: &Rt, model: &Sequential<Session<f32>>) -> tl_nn::Result<Vec<f32>> 
     Ok(out)
 }
 
-/// FNV-1a over the values' bits.
-fn hash(v: &[f32]) -> u64 {
-    v.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
-        (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
 fn run(mpi: Mpi, a: &Args) -> tl_nn::Result<()> {
     let (rank, size) = (mpi.rank(), mpi.size());
     let mpi = mpi.with_timeout(Duration::from_secs_f64(a.timeout));
@@ -148,7 +143,9 @@ fn run(mpi: Mpi, a: &Args) -> tl_nn::Result<()> {
     let y_test = test.labels(CLASSES)?;
 
     let mut rt = Runtime::new(Session::<f32>::new(Options::default())?);
-    let model = mlp(&rt)?;
+    // `--fault shape`: rank 1's model is wider (the start-up check names the parameter).
+    let hidden = if a.fault == "shape" && rank == 1 { 33 } else { 32 };
+    let model = mlp(&rt, hidden)?;
     let comm = Planted {
         inner: mpi,
         plant: a.plant.clone(),
@@ -177,13 +174,17 @@ fn run(mpi: Mpi, a: &Args) -> tl_nn::Result<()> {
             last_loss = rt.step(&model, &mut opt, |g| {
                 model.forward(&g.input(x)?)?.cross_entropy(&labels)
             })?;
-            // The replicas must stay bit for bit identical.
-            let h = hash(&values(&rt, &model)?).to_le_bytes();
+            // The replicas must stay bit for bit identical: every rank's parameter bytes
+            // (kilobytes: the all-gather's long-record path) equal to this rank's.
+            let mine: Vec<u8> = values(&rt, &model)?
+                .iter()
+                .flat_map(|x| x.to_bits().to_le_bytes())
+                .collect();
             let comm = rt.collective().ok_or_else(|| fail("no group".into()))?;
-            let all = comm.all_gather_bytes(&h)?;
-            if let Some(r) = all.iter().position(|b| b[..] != h[..]) {
+            let all = comm.all_gather_bytes(&mine)?;
+            if let Some(r) = all.iter().position(|b| *b != mine) {
                 return Err(fail(format!(
-                    "rank {rank}: the ranks' parameters differ after step {step} (rank {r}'s hash is not this rank's)"
+                    "rank {rank}: the ranks' parameters differ after step {step} (rank {r}'s are not this rank's)"
                 )));
             }
             step += 1;
@@ -216,7 +217,7 @@ fn run(mpi: Mpi, a: &Args) -> tl_nn::Result<()> {
 
     // One process, the global batch, the same seeds.
     let mut one = Runtime::new(Session::<f32>::new(Options::default())?);
-    let reference = mlp(&one)?;
+    let reference = mlp(&one, 32)?;
     let mut opt1 = Optimizer::sgd(0.1)?;
     let full = DataLoader::new(&train, a.batch, Classify { classes: CLASSES })?
         .shuffle(1)
@@ -277,7 +278,9 @@ fn main() {
     };
     let rank = mpi.rank();
     if let Err(e) = run(mpi, &a) {
-        eprintln!("dist_check rank {rank}: error: {e}");
+        // One write, so that mpirun does not interleave it with another rank's line.
+        let line = format!("dist_check rank {rank}: error: {e}\n");
+        std::io::stderr().write_all(line.as_bytes()).ok();
         // A moment for the other ranks, which learned of the error in the same call, to print
         // theirs before mpirun ends the job on this rank's exit code.
         std::thread::sleep(Duration::from_millis(300));
