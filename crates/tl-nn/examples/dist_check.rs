@@ -144,7 +144,11 @@ fn run(mpi: Mpi, a: &Args) -> tl_nn::Result<()> {
 
     let mut rt = Runtime::new(Session::<f32>::new(Options::default())?);
     // `--fault shape`: rank 1's model is wider (the start-up check names the parameter).
-    let hidden = if a.fault == "shape" && rank == 1 { 33 } else { 32 };
+    let hidden = if a.fault == "shape" && rank == 1 {
+        33
+    } else {
+        32
+    };
     let model = mlp(&rt, hidden)?;
     let comm = Planted {
         inner: mpi,

@@ -7,7 +7,7 @@ use crate::Result;
 /// processes and the collective calls, which every rank makes in the same order. Every call
 /// returns the same result on every rank (a sum is computed once and shared, so the ranks
 /// stay bit for bit identical). Implemented by [`Local`] and, with the `mpi` feature,
-/// [`crate::dist::Mpi`]; a test wraps one to plant a fault.
+/// `tl_nn::dist::Mpi`; a test wraps one to plant a fault.
 pub trait Collective {
     /// This process's rank, `0..size()`.
     fn rank(&self) -> usize;

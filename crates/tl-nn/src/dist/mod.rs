@@ -5,7 +5,7 @@
 //! - [`Collective`]: what the training loop needs from a communication engine (rank, size,
 //!   sums and broadcasts of `f32`/`f64` buffers, an all-gather of small records that names a
 //!   rank that does not answer). Engines: [`Local`] (one process, identity) and, with the
-//!   `mpi` feature, [`Mpi`] (Open MPI or any MPI-3 library, through the `mpi` crate; started
+//!   `mpi` feature, `Mpi` (Open MPI or any MPI-3 library, through the `mpi` crate; started
 //!   with `mpirun -np N`).
 //! - [`Runtime::data_parallel`] makes a runtime one rank of a group: it checks that every rank
 //!   has the same parameter names and shapes (an error names the first that differs), copies
