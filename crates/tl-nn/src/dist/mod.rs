@@ -53,9 +53,18 @@ impl Group {
     /// Every rank's outcome of one collective phase named `what`: `Ok` when all succeeded;
     /// else this rank's own error, or an error naming the first rank that failed.
     fn agree<R>(&self, what: &'static str, mine: Result<R>) -> Result<R> {
-        let record = status::Status::of(self.steps.get(), &mine);
+        self.agree_layout(what, mine, &[])
+    }
+
+    /// [`Group::agree`] carrying a step's gradient layout (each buffer's length), which must
+    /// be the same on every rank.
+    fn agree_layout<R>(&self, what: &'static str, mine: Result<R>, layout: &[u64]) -> Result<R> {
+        let record = status::Status::of(self.steps.get(), &mine, layout);
         let all = self.comm.all_gather_bytes(&record.encode())?;
         let statuses = status::decode_all(what, &all)?;
+        if mine.is_ok() && statuses.iter().all(|s| s.ok) {
+            reduce::check_layout(&statuses)?;
+        }
         match mine {
             Err(e) => Err(e),
             Ok(r) => match statuses.iter().position(|s| !s.ok) {
@@ -85,16 +94,10 @@ impl Group {
         let out = {
             let mut hook = |grads: &mut [&mut [O::T]]| -> tl_session::Result<()> {
                 self.agreed.set(true);
+                let layout: Vec<u64> = grads.iter().map(|g| g.len() as u64).collect();
                 let r = self
-                    .agree("Runtime::step (data-parallel)", Ok(()))
-                    .and_then(|()| {
-                        reduce::mean::<O::T>(
-                            &*self.comm,
-                            self.steps.get(),
-                            self.bucket_elems,
-                            grads,
-                        )
-                    });
+                    .agree_layout("Runtime::step (data-parallel)", Ok(()), &layout)
+                    .and_then(|()| reduce::mean::<O::T>(&*self.comm, self.bucket_elems, grads));
                 r.map_err(|e| {
                     let detail = e.to_string();
                     failure = Some(e);

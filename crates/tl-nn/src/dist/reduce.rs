@@ -14,17 +14,13 @@ pub const DEFAULT_BUCKET_ELEMS: usize = 1 << 20;
 const WHAT: &str = "Runtime::step (data-parallel)";
 
 /// Replace every buffer of `grads` by its mean over the ranks: the buffers, concatenated in
-/// order, are reduced `bucket` elements at a time. Step `step`'s layout (the buffers' lengths)
-/// must be the same on every rank: it is compared first, and a difference is an error naming
-/// the ranks and their sizes.
+/// order, are reduced `bucket` elements at a time. The layout (the buffers' lengths) must be
+/// the same on every rank: the step's status exchange compared it ([`check_layout`]).
 pub(crate) fn mean<T: Scalar>(
     comm: &dyn Collective,
-    step: u64,
     bucket: usize,
     grads: &mut [&mut [T]],
 ) -> Result<()> {
-    let lens: Vec<u64> = grads.iter().map(|g| g.len() as u64).collect();
-    check_layout(comm, step, &lens)?;
     let total: usize = grads.iter().map(|g| g.len()).sum();
     let cap = bucket.min(total).max(1);
     let mut buf: Vec<T> = tl_spec::alloc::try_with_capacity(WHAT, "gradient bucket", cap)?;
@@ -65,37 +61,21 @@ pub(crate) fn mean<T: Scalar>(
     flush(&mut buf, &mut pieces, grads)
 }
 
-/// Each rank's gradient layout at `step`, compared with rank 0's.
-fn check_layout(comm: &dyn Collective, step: u64, lens: &[u64]) -> Result<()> {
-    let mut mine = Vec::with_capacity(8 * (lens.len() + 1));
-    mine.extend_from_slice(&step.to_le_bytes());
-    for l in lens {
-        mine.extend_from_slice(&l.to_le_bytes());
-    }
-    let all = comm.all_gather_bytes(&mine)?;
-    let decode = |b: &[u8]| -> Vec<u64> {
-        b.chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect()
-    };
-    let first = decode(&all[0]);
-    for (rank, b) in all.iter().enumerate().skip(1) {
-        let other = decode(b);
-        if other != first {
-            let show = |v: &[u64]| {
-                format!(
-                    "step {}, {} gradient buffer(s) of {:?} elements",
-                    v.first().copied().unwrap_or(0),
-                    v.len().saturating_sub(1),
-                    v.get(1..).unwrap_or(&[])
-                )
-            };
+/// Every rank's gradient layout equal to rank 0's, else an error naming the first rank that
+/// differs and both layouts.
+pub(crate) fn check_layout(all: &[super::status::Status]) -> Result<()> {
+    let first = &all[0].layout;
+    for (rank, s) in all.iter().enumerate().skip(1) {
+        if s.layout != *first {
             return Err(usage(
                 WHAT,
                 format!(
-                    "the ranks' gradients differ: rank 0 has {}, rank {rank} has {} (every rank must run the same model on the same shapes, step for step)",
-                    show(&first),
-                    show(&other)
+                    "the ranks' gradients differ at step {}: rank 0 has {} buffer(s) of {:?} elements, rank {rank} has {} of {:?} (every rank must run the same model on the same shapes, step for step)",
+                    s.step,
+                    first.len(),
+                    first,
+                    s.layout.len(),
+                    s.layout
                 ),
             ));
         }

@@ -16,10 +16,12 @@ pub(crate) struct Status {
     pub step: u64,
     /// The error's message when not `ok`.
     pub message: String,
+    /// A step's gradient layout: each buffer's length (empty outside a step).
+    pub layout: Vec<u64>,
 }
 
 impl Status {
-    pub(crate) fn of<R>(step: u64, r: &Result<R>) -> Status {
+    pub(crate) fn of<R>(step: u64, r: &Result<R>, layout: &[u64]) -> Status {
         let message = match r {
             Ok(_) => String::new(),
             Err(e) => cut(&e.to_string()),
@@ -28,24 +30,40 @@ impl Status {
             ok: r.is_ok(),
             step,
             message,
+            layout: layout.to_vec(),
         }
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(9 + self.message.len());
+        let mut out = Vec::with_capacity(17 + 8 * self.layout.len() + self.message.len());
         out.push(u8::from(self.ok));
         out.extend_from_slice(&self.step.to_le_bytes());
+        out.extend_from_slice(&(self.layout.len() as u64).to_le_bytes());
+        for l in &self.layout {
+            out.extend_from_slice(&l.to_le_bytes());
+        }
         out.extend_from_slice(self.message.as_bytes());
         out
     }
 
     fn decode(b: &[u8]) -> Option<Status> {
         let (&ok, rest) = b.split_first()?;
-        let step = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
+        let word = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(
+                rest.get(8 * i..8 * i + 8)?.try_into().ok()?,
+            ))
+        };
+        let step = word(0)?;
+        let n = usize::try_from(word(1)?).ok()?;
+        if n > rest.len() / 8 {
+            return None;
+        }
+        let layout = (0..n).map(|i| word(2 + i)).collect::<Option<Vec<u64>>>()?;
         Some(Status {
             ok: ok == 1,
             step,
-            message: String::from_utf8_lossy(&rest[8..]).into_owned(),
+            message: String::from_utf8_lossy(&rest[8 * (2 + n)..]).into_owned(),
+            layout,
         })
     }
 }
@@ -238,11 +256,12 @@ mod tests {
             ok: false,
             step: 7,
             message: "é".repeat(1000),
+            layout: vec![3, 0, 12],
         };
         let d = Status::decode(&s.encode()).unwrap();
         assert_eq!(d, s);
         let e: Result<()> = Err(usage("x", "é".repeat(1000)));
-        let cut = Status::of(3, &e);
+        let cut = Status::of(3, &e, &[]);
         assert!(
             cut.message.len() <= MAX_MESSAGE + "…".len(),
             "{}",
@@ -253,18 +272,13 @@ mod tests {
 
     #[test]
     fn ranks_at_different_steps_are_an_error_naming_them() {
-        let a = Status {
+        let at = |step| Status {
             ok: true,
-            step: 4,
+            step,
             message: String::new(),
-        }
-        .encode();
-        let b = Status {
-            ok: true,
-            step: 5,
-            message: String::new(),
-        }
-        .encode();
+            layout: Vec::new(),
+        };
+        let (a, b) = (at(4).encode(), at(5).encode());
         let e = decode_all("t", &[a.clone(), a.clone(), b])
             .unwrap_err()
             .to_string();

@@ -124,7 +124,7 @@ fn mlp<O: Train>(rt: &Runtime<O>) -> Sequential<O> {
         .add(Linear::new(&v.pp(2), 16, CLASSES).unwrap())
 }
 
-fn values<O: Train>(rt: &Runtime<O>, m: &Sequential<O>) -> Vec<f64> {
+fn values<O: Train, M: tl_nn::Parameters>(rt: &Runtime<O>, m: &M) -> Vec<f64> {
     rt.state_dict(m)
         .unwrap()
         .into_iter()
@@ -400,4 +400,41 @@ fn group_calls_outside_a_group_and_twice_are_errors() {
     std::fs::remove_file(&path).ok();
     let e = rt.load(&model, &path).unwrap_err().to_string();
     assert!(e.contains("No such file"), "{e}");
+}
+
+#[test]
+fn ranks_whose_steps_train_different_parameters_are_an_error() {
+    // Rank 1 freezes the bias after the start-up check: its step has one gradient buffer
+    // where rank 0's has two.
+    let handles: Vec<_> = group(2)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let freeze = c.rank == 1;
+                let mut rt = eager_f32();
+                let layer = Linear::new(&rt.vars().pp("fc"), 4, 4).unwrap();
+                rt.data_parallel(&layer, Box::new(c)).unwrap();
+                if freeze {
+                    assert_eq!(rt.set_trainable(&layer, "fc.bias", false).unwrap(), 1);
+                }
+                let before = values(&rt, &layer);
+                let mut opt = optimizer(false);
+                let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.1);
+                let e = rt
+                    .step(&layer, &mut opt, |g| layer.forward(&g.input(x)?)?.sum())
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(values(&rt, &layer), before);
+                e
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap();
+        assert!(
+            e.contains("the ranks' gradients differ at step 0")
+                && e.contains("rank 0 has 2 buffer(s) of [16, 4] elements, rank 1 has 1 of [16]"),
+            "{e}"
+        );
+    }
 }
