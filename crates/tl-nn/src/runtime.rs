@@ -244,6 +244,11 @@ impl<O: Train> Runtime<O> {
     ///
     /// PyTorch: `model.train(); opt.zero_grad(); loss = loss_fn(); loss.backward(); opt.step();
     /// loss.item()`.
+    ///
+    /// In a data-parallel group ([`Runtime::data_parallel`]) the ranks exchange their status
+    /// and average their gradients between the backward and the update (clipping and the
+    /// update see the mean); a rank's failure is every rank's error, and no rank updates. The
+    /// loss returned is this rank's.
     pub fn step<M, F>(&mut self, model: &M, opt: &mut Optimizer, loss_fn: F) -> Result<f64>
     where
         M: Parameters + ?Sized,
