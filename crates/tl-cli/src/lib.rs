@@ -17,6 +17,7 @@ pub mod burgers;
 pub mod checkpoint;
 pub mod cli;
 pub mod dataset;
+pub mod dist;
 pub mod dot;
 pub mod error;
 pub mod metrics;

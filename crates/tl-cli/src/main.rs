@@ -70,6 +70,10 @@ fn out(text: &str) {
 fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
     let cfg = TrainConfig::from_args(a)?;
     let report = train(&cfg, |line| out(&format!("{line}\n")))?;
+    if report.rank != 0 {
+        // Under mpirun rank 0 prints and writes the outputs (its checkpoint: `train`).
+        return Ok(ExitCode::SUCCESS);
+    }
     let baseline = report
         .baseline
         .map(|b| format!(" (unigram baseline {b:.4} nats/char)"))

@@ -107,6 +107,8 @@ impl TrainConfig {
 /// What a training run produced.
 #[derive(Debug, Clone)]
 pub struct TrainReport {
+    /// This process's rank under `mpirun` (0 in a one-process run): only rank 0 reports.
+    pub rank: usize,
     /// The loss of every minibatch step, in order.
     pub step_losses: Vec<f32>,
     /// The mean minibatch loss of each epoch run now.
@@ -184,6 +186,10 @@ fn run<O: Train<T = f32>>(
         Some(n) => train.truncate(n),
         None => train,
     };
+    // Under `mpirun -np N` (feature mpi): a rank of N; rank 0 alone logs (crate::dist).
+    let (rank, ranks) = crate::dist::join(rt, &m, cfg.batch_size)?;
+    let mut quiet = |_: &str| {};
+    let log: &mut dyn FnMut(&str) = if rank == 0 { log } else { &mut quiet };
     log(&format!(
         "tl train: {} on {} ({}, {}), {} epoch(s), batch {}, {:?} lr {}, seed {}",
         cfg.model.as_str(),
@@ -224,10 +230,13 @@ fn run<O: Train<T = f32>>(
     for epoch in done + 1..=total {
         let order = permutation(train.len(), cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37));
         let batches: Vec<&[usize]> = order.chunks(cfg.batch_size).collect();
-        let pb = bar(cfg.progress, batches.len(), epoch, total);
+        let pb = bar(cfg.progress && rank == 0, batches.len(), epoch, total);
         let start = Instant::now();
         let (mut sum, mut seen) = (0.0f64, 0usize);
         for idx in &batches {
+            let Some(idx) = crate::dist::shard(idx, cfg.batch_size, rank, ranks) else {
+                continue;
+            };
             let batch = train.batch(idx);
             let l = rt.step(&m, &mut opt, |g| Ok(m.forward(g, &batch)?.loss))? as f32;
             if !l.is_finite() {
@@ -236,8 +245,10 @@ fn run<O: Train<T = f32>>(
                 )));
             }
             step_losses.push(l);
-            sum += f64::from(l) * idx.len() as f64;
-            seen += idx.len();
+            // Under mpirun: rank 0's loss, the examples of every rank.
+            let n = idx.len() * ranks;
+            sum += f64::from(l) * n as f64;
+            seen += n;
             let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
             pb.set_message(format!("loss {l:.4} · {rate:.0} ex/s"));
             pb.inc(1);
@@ -263,6 +274,7 @@ fn run<O: Train<T = f32>>(
         checkpoint::save(rt, &m, path, header, &opt)?;
     }
     Ok(TrainReport {
+        rank,
         step_losses,
         epoch_losses,
         train: train_m,

@@ -366,8 +366,26 @@ impl<O: Train> Runtime<O> {
     }
 
     /// Save `model`'s parameters, `opt`'s state (as `optimizer.*` F64 tensors) when given, and
-    /// `metadata` (plus `format`).
+    /// `metadata` (plus `format`). In a data-parallel group ([`Runtime::data_parallel`]) every
+    /// rank calls it, rank 0 writes, and a failed write is an error on every rank.
     pub fn save_with<M: Parameters + ?Sized>(
+        &self,
+        model: &M,
+        path: &Path,
+        opt: Option<&Optimizer>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        // In a data-parallel group rank 0 writes, and every rank hears how that went.
+        let write_here = self.rank() == 0;
+        let written = if write_here {
+            self.save_file(model, path, opt, metadata)
+        } else {
+            Ok(())
+        };
+        self.agree_group("Runtime::save", written)
+    }
+
+    fn save_file<M: Parameters + ?Sized>(
         &self,
         model: &M,
         path: &Path,
@@ -405,17 +423,23 @@ impl<O: Train> Runtime<O> {
 
     /// [`Runtime::load`], and `opt`'s state from the file's `optimizer.*` tensors when `opt`
     /// is given (a file without them leaves `opt` as it is). On any error neither the model nor
-    /// `opt` changes.
+    /// `opt` changes. In a data-parallel group every rank loads the file, and a load that fails
+    /// on one rank is an error on every rank (a rank whose own load succeeded keeps the file's
+    /// values: stop the run).
     pub fn load_with<M: Parameters + ?Sized>(
         &mut self,
         model: &M,
         path: &Path,
         opt: Option<&mut Optimizer>,
     ) -> Result<BTreeMap<String, String>> {
-        self.check_listed("Runtime::load", model)?;
-        let file = read(path)?;
-        self.load_file(model, path, &file, opt)?;
-        Ok(file.metadata)
+        let loaded = (|| {
+            self.check_listed("Runtime::load", model)?;
+            let file = read(path)?;
+            self.load_file(model, path, &file, opt)?;
+            Ok(file.metadata)
+        })();
+        // In a data-parallel group a load that fails on one rank fails on every rank.
+        self.agree_group("Runtime::load", loaded)
     }
 
     /// Load `model`'s parameters (and `opt`'s state) from an already read `file`.

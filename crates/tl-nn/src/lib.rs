@@ -63,6 +63,8 @@
 //!   `visit_params` does not list is an error at `step`, `save` and `num_params` (listed
 //!   parameters, on [`Runtime`]).
 //! - [`checkpoint`]: the file format and atomic writes.
+//! - [`dist`]: data-parallel training ([`Runtime::data_parallel`], [`data::DataLoader::shard`]),
+//!   one process ([`dist::Local`]) or many under `mpirun` (`dist::Mpi`, feature `mpi`).
 //! - [`data`]: [`data::Dataset`] and [`data::DataLoader`] (seeded shuffle, drop-last,
 //!   collate), the digits data set, the King James text, character vocabularies and token
 //!   windows for language models. [`Rng`]: a seeded random stream on the project's counter
@@ -89,6 +91,7 @@ mod vars;
 
 pub mod checkpoint;
 pub mod data;
+pub mod dist;
 pub mod models;
 
 pub use data::{CLASSES, PIXELS};

@@ -50,6 +50,8 @@ pub struct Runtime<O: Train> {
     training: Cell<bool>,
     /// The parameters passes used that their model did not list (`crate::listed`).
     pub(crate) listing: RefCell<Listing>,
+    /// The data-parallel group this runtime is a rank of (`Runtime::data_parallel`).
+    pub(crate) group: Option<crate::dist::Group>,
 }
 
 impl<O: Train> Runtime<O> {
@@ -61,6 +63,7 @@ impl<O: Train> Runtime<O> {
             leaves: RefCell::new(HashMap::new()),
             training: Cell::new(false),
             listing: RefCell::new(Listing::default()),
+            group: None,
         }
     }
 
@@ -241,13 +244,18 @@ impl<O: Train> Runtime<O> {
     ///
     /// PyTorch: `model.train(); opt.zero_grad(); loss = loss_fn(); loss.backward(); opt.step();
     /// loss.item()`.
+    ///
+    /// In a data-parallel group ([`Runtime::data_parallel`]) the ranks exchange their status
+    /// and average their gradients between the backward and the update (clipping and the
+    /// update see the mean); a rank's failure is every rank's error, and no rank updates. The
+    /// loss returned is this rank's.
     pub fn step<M, F>(&mut self, model: &M, opt: &mut Optimizer, loss_fn: F) -> Result<f64>
     where
         M: Parameters + ?Sized,
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
-        self.begin(model, true)?;
-        let r = (|| {
+        let begun = self.begin(model, true);
+        let forward = begun.and_then(|()| {
             let scope = Scope { rt: self };
             // A parameter the model does not list is the error to report, also when the pass
             // failed because of it (a linked session cannot record it after the first op).
@@ -264,9 +272,14 @@ impl<O: Train> Runtime<O> {
                     ),
                 ));
             }
-            let r = loss.tensor_ref().clone();
-            Ok(self.session.borrow_mut().backward_step(&r, opt)?)
-        })();
+            Ok(loss.tensor_ref().clone())
+        });
+        // In a data-parallel group every rank hears of this rank's outcome, also a failure.
+        let r = if self.group.is_some() {
+            self.dist_backward_step(forward, opt)
+        } else {
+            forward.and_then(|r| Ok(self.session.borrow_mut().backward_step(&r, opt)?))
+        };
         self.end();
         r
     }

@@ -26,7 +26,27 @@ pub trait Train: Ops {
     /// the eager session on a device keeps only those (its tape's sparse backward, which frees
     /// every other gradient as it goes: PyTorch's `.grad` of leaves), so reading another
     /// tensor's gradient needs `Session::backward` instead.
-    fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64>;
+    fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
+        self.backward_step_reduced(loss, opt, None)
+    }
+
+    /// [`Train::backward_step`] with `reduce` called between the backward and the update, on
+    /// the gradients the update will read: one slice per trainable parameter leaf of the pass
+    /// (a parameter used twice has two), parameters in creation order, each one's leaves in
+    /// recording order. What `reduce` leaves in them is what the optimizer's clipping and
+    /// update see; an error from it stops the step before any parameter or optimizer state
+    /// changes. Data-parallel training averages the gradients across processes here
+    /// (tl-nn's `Runtime::data_parallel`). PyTorch: DistributedDataParallel's all-reduce
+    /// between `loss.backward()` and `optimizer.step()`.
+    ///
+    /// `reduce` is called on the CPU engine and the linked session's CPU backend; on a device
+    /// backend a `Some` is an error naming the backend (the gradients stay on the device).
+    fn backward_step_reduced(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut GradReduce<'_, Self::T>>,
+    ) -> Result<f64>;
 
     /// The value of `r`, computed the fast way (the eager tape's value; for the linked session,
     /// read from the graph compiled into its backend). PyTorch: `t.detach().cpu()`.
@@ -72,6 +92,19 @@ pub trait Train: Ops {
     fn stamp(&self) -> Stamp;
 }
 
+/// What [`Train::backward_step_reduced`] calls on a step's gradients before the update.
+pub type GradReduce<'a, T> = dyn FnMut(&mut [&mut [T]]) -> Result<()> + 'a;
+
+/// The error for a gradient hook on a backend whose gradients stay on a device.
+pub(crate) fn no_reduce_on_device() -> crate::Error {
+    crate::Error::Usage {
+        what: "backward_step_reduced",
+        detail: "a gradient reduction (data-parallel training) runs on the CPU backend; this \
+                 session's gradients are on a device (CUDA or its simulation)"
+            .into(),
+    }
+}
+
 /// The scalar value of a loss tensor as `f64`.
 fn loss_value<T: tl_spec::Scalar>(v: Tensor<T>) -> Result<f64> {
     Ok(tl_spec::Scalar::as_f64(v.item()?))
@@ -81,12 +114,20 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     fn reset(&mut self) {
         Session::reset(self);
     }
-    fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
+    fn backward_step_reduced(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut GradReduce<'_, T>>,
+    ) -> Result<f64> {
         let l = loss_value(self.value(loss)?)?;
         // A non-finite loss stops here when the optimizer asks for it, before any change.
         opt.observe_loss(l)?;
         // On a device the sparse sweep: the parameters' gradients only.
         self.backward_params(loss)?;
+        if let Some(reduce) = reduce {
+            self.reduce_grads(reduce)?;
+        }
         self.step(opt)?;
         Ok(l)
     }
@@ -132,7 +173,12 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     fn reset(&mut self) {
         LinkedSession::reset(self);
     }
-    fn backward_step(&mut self, loss: &TensorRef, opt: &mut Optimizer) -> Result<f64> {
+    fn backward_step_reduced(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        mut reduce: Option<&mut GradReduce<'_, T>>,
+    ) -> Result<f64> {
         self.check_loss("backward_step", loss)?;
         // On a CUDA backend the parameters are compiled in as their resident mirrors, the
         // update runs on the device and only the loss is read back; the tape's device comes
@@ -146,13 +192,18 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
             // The update's new values come from the tape's spare buffers, and the gradients
             // go there after it.
             CompiledTape::Cpu(tape) => {
-                let (l, grads) = cpu_grads(tape, &uses, map, id, n_leaves)?;
+                let (l, mut grads) = cpu_grads(tape, &uses, map, id, n_leaves)?;
                 let stepped = loss_value(l.clone())
                     .and_then(|v| opt.observe_loss(v))
+                    .and_then(|()| match reduce.as_mut() {
+                        Some(reduce) => reduce_leaves(&mut grads, uses.values().flatten(), reduce),
+                        None => Ok(()),
+                    })
                     .and_then(|()| tape.with_pool(|| self.step(opt, &grads)));
                 grads.into_iter().for_each(|g| tape.recycle(g));
                 stepped.map(|()| l)
             }
+            _ if reduce.is_some() => Err(no_reduce_on_device()),
             CompiledTape::CudaSim(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             CompiledTape::Cuda(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt),
@@ -224,4 +275,26 @@ fn cpu_grads<T: tl_spec::Scalar>(
         }
     }
     Ok((value, grads))
+}
+
+/// Hand the gradients of `leaves` (indices into `grads`, in that order) to `reduce`. A leaf
+/// listed twice, or out of range, is an error (the hook must see each buffer once).
+pub(crate) fn reduce_leaves<'l, T: tl_spec::Scalar>(
+    grads: &mut [Tensor<T>],
+    leaves: impl IntoIterator<Item = &'l usize>,
+    reduce: &mut GradReduce<'_, T>,
+) -> Result<()> {
+    let mut slots: Vec<Option<&mut Tensor<T>>> = grads.iter_mut().map(Some).collect();
+    let mut bufs = Vec::with_capacity(slots.len());
+    for &leaf in leaves {
+        let t = slots
+            .get_mut(leaf)
+            .and_then(Option::take)
+            .ok_or_else(|| crate::Error::Usage {
+                what: "backward_step_reduced",
+                detail: format!("gradient leaf {leaf} is missing or listed twice"),
+            })?;
+        bufs.push(t.data_mut());
+    }
+    reduce(&mut bufs)
 }

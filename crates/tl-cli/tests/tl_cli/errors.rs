@@ -264,3 +264,17 @@ fn loss_plot_is_written_atomically() {
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `tl train` started by mpirun with several ranks (here: the variable Open MPI sets) needs the
+/// `mpi` feature; without it, one clear line before anything is trained.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn mpirun_without_the_mpi_feature_is_a_clear_error() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_tl"))
+        .args(["train", "--epochs", "1", "--train-subset", "32"])
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .output()
+        .expect("the tl binary runs");
+    assert_one_line_error(&o, &["mpirun with 2 ranks", "--features mpi"]);
+    assert!(o.stdout.is_empty(), "nothing is trained or printed first");
+}

@@ -185,6 +185,8 @@ pub struct DataLoader<'d, D: ?Sized, C> {
     batch_size: usize,
     seed: Option<u64>,
     drop_last: bool,
+    /// `(rank, ranks)`: this rank's part of each global batch ([`DataLoader::shard`]).
+    shard: Option<(usize, usize)>,
 }
 
 impl<'d, D: Dataset + ?Sized, C: Collate<D::Item>> DataLoader<'d, D, C> {
@@ -203,7 +205,36 @@ impl<'d, D: Dataset + ?Sized, C: Collate<D::Item>> DataLoader<'d, D, C> {
             batch_size,
             seed: None,
             drop_last: false,
+            shard: None,
         })
+    }
+
+    /// Make this loader rank `rank` of `ranks` in data-parallel training: the batch size is
+    /// the *global* batch, and each batch this loader gives is this rank's part of it, the
+    /// `batch_size / ranks` examples at `rank · batch_size / ranks` of the global batch's
+    /// order (the same order on every rank with the same [`DataLoader::shuffle`] seed). The
+    /// ranks' parts are disjoint and together are the global batch, so `ranks` processes with
+    /// the mean of their gradients take the step one process takes on the global batch.
+    /// Remainder rule: a last global batch shorter than the batch size is left out (drop-last
+    /// is on), so every rank has the same number of equal batches. PyTorch:
+    /// `DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last=True)`, with
+    /// the per-rank batch `batch_size / ranks`.
+    ///
+    /// An error when `ranks` is 0, `rank ≥ ranks`, or the batch size is not a multiple of
+    /// `ranks` (naming them).
+    pub fn shard(mut self, rank: usize, ranks: usize) -> Result<Self> {
+        if ranks == 0 || rank >= ranks || !self.batch_size.is_multiple_of(ranks) {
+            return Err(usage(
+                "DataLoader::shard",
+                format!(
+                    "need rank < ranks and a global batch size that the ranks divide, got rank {rank} of {ranks} ranks and batch size {}",
+                    self.batch_size
+                ),
+            ));
+        }
+        self.shard = Some((rank, ranks));
+        self.drop_last = true;
+        Ok(self)
     }
 
     /// Visits the examples in a random order drawn from `seed` and the epoch (stream `epoch`
@@ -216,7 +247,8 @@ impl<'d, D: Dataset + ?Sized, C: Collate<D::Item>> DataLoader<'d, D, C> {
     /// Whether to leave out the last batch when it is shorter than the batch size. PyTorch:
     /// `drop_last`.
     pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.drop_last = drop_last;
+        // A sharded loader always leaves out the short last batch ([`DataLoader::shard`]).
+        self.drop_last = drop_last || self.shard.is_some();
         self
     }
 
@@ -292,8 +324,14 @@ impl<D: Dataset + ?Sized, C: Collate<D::Item>> Iterator for Batches<'_, '_, D, C
             return None;
         }
         let size = self.loader.batch_size;
-        let start = self.next * size;
-        let idx = &self.order[start..(start + size).min(self.order.len())];
+        let mut start = self.next * size;
+        let mut end = (start + size).min(self.order.len());
+        if let Some((rank, ranks)) = self.loader.shard {
+            let part = size / ranks;
+            start += rank * part;
+            end = start + part;
+        }
+        let idx = &self.order[start..end];
         self.next += 1;
         let items: Result<Vec<D::Item>> = idx.iter().map(|&i| self.loader.dataset.get(i)).collect();
         Some(items.and_then(|items| self.loader.collate.collate(items)))

@@ -10,6 +10,7 @@ mod custom_op;
 mod data;
 mod derive;
 mod display;
+mod dist;
 mod errors;
 mod expr;
 mod layers;

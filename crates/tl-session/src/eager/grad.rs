@@ -104,6 +104,23 @@ impl<T: Scalar> Session<T> {
         Ok(())
     }
 
+    /// Hand the last backward's trainable parameter gradients (one per leaf, in
+    /// [`Train::backward_step_reduced`]'s order) to `reduce`; on a device, an error.
+    ///
+    /// [`Train::backward_step_reduced`]: crate::Train::backward_step_reduced
+    pub(crate) fn reduce_grads(
+        &mut self,
+        reduce: &mut crate::train::GradReduce<'_, T>,
+    ) -> Result<()> {
+        let uses = self.trainable_uses();
+        match &mut self.grads {
+            Some(Grads::Cpu(g)) => {
+                crate::train::reduce_leaves(g, uses.iter().flat_map(|(_, l)| l), reduce)
+            }
+            _ => Err(crate::train::no_reduce_on_device()),
+        }
+    }
+
     /// Every trainable parameter used in this pass with its tape leaves, by parameter index.
     fn trainable_uses(&self) -> Vec<(usize, Vec<usize>)> {
         let mut used: Vec<usize> = self.leaf_param.values().copied().collect();

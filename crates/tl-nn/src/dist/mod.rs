@@ -1,0 +1,238 @@
+//! Data-parallel training: one process per rank, the same model on each, every rank's shard of
+//! each global batch, and the gradients averaged across ranks between the backward and the
+//! update. PyTorch: `DistributedDataParallel` with `DistributedSampler`.
+//!
+//! - [`Collective`]: what the training loop needs from a communication engine (rank, size,
+//!   sums and broadcasts of `f32`/`f64` buffers, an all-gather of small records that names a
+//!   rank that does not answer). Engines: [`Local`] (one process, identity) and, with the
+//!   `mpi` feature, `Mpi` (Open MPI or any MPI-3 library, through the `mpi` crate; started
+//!   with `mpirun -np N`).
+//! - [`Runtime::data_parallel`] makes a runtime one rank of a group: it checks that every rank
+//!   has the same parameter names and shapes (an error names the first that differs), copies
+//!   rank 0's parameter values to every rank, and from then on [`Runtime::step`] (and
+//!   `train_step`) averages the gradients across the ranks in buckets before the optimizer's
+//!   clipping and update, so every rank takes the same step.
+//! - [`crate::data::DataLoader::shard`]: each rank's part of each global batch.
+//! - Faults: each step starts with an all-gather of every rank's status, so a rank whose
+//!   forward or backward failed makes every rank's step fail with an error naming it (no rank
+//!   updates); a rank that does not answer within the engine's timeout is an error naming it.
+//!   [`Runtime::save`] writes on rank 0 only, and every rank learns whether it succeeded;
+//!   [`Runtime::load`] fails on every rank when it fails on one.
+//!
+//! docs/guide.md "Training on several processes" shows the loop and the `mpirun` command.
+
+mod collective;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod reduce;
+mod status;
+
+pub use collective::{Collective, Local};
+#[cfg(feature = "mpi")]
+pub use mpi::{DEFAULT_TIMEOUT, Mpi};
+pub use reduce::DEFAULT_BUCKET_ELEMS;
+
+use std::cell::Cell;
+
+use tl_session::{Optimizer, TensorRef, Train};
+
+use crate::error::usage;
+use crate::{Parameters, Result, Runtime};
+
+/// A runtime's place in a data-parallel group ([`Runtime::data_parallel`]).
+pub(crate) struct Group {
+    comm: Box<dyn Collective>,
+    bucket_elems: usize,
+    /// Steps taken in the group (each rank's count must agree).
+    steps: Cell<u64>,
+    /// Whether the open step has exchanged its status (its failure needs no second exchange).
+    agreed: Cell<bool>,
+}
+
+impl Group {
+    /// Every rank's outcome of one collective phase named `what`: `Ok` when all succeeded;
+    /// else this rank's own error, or an error naming the first rank that failed.
+    fn agree<R>(&self, what: &'static str, mine: Result<R>) -> Result<R> {
+        self.agree_layout(what, mine, &[])
+    }
+
+    /// [`Group::agree`] carrying a step's gradient layout (each buffer's length), which must
+    /// be the same on every rank.
+    fn agree_layout<R>(&self, what: &'static str, mine: Result<R>, layout: &[u64]) -> Result<R> {
+        let record = status::Status::of(self.steps.get(), &mine, layout);
+        let all = self.comm.all_gather_bytes(&record.encode())?;
+        let statuses = status::decode_all(what, &all)?;
+        if mine.is_ok() && statuses.iter().all(|s| s.ok) {
+            reduce::check_layout(&statuses)?;
+        }
+        match mine {
+            Err(e) => Err(e),
+            Ok(r) => match statuses.iter().position(|s| !s.ok) {
+                Some(rank) => Err(usage(
+                    what,
+                    format!(
+                        "rank {rank} failed (rank {} of {} stops with it): {}",
+                        self.comm.rank(),
+                        self.comm.size(),
+                        statuses[rank].message
+                    ),
+                )),
+                None => Ok(r),
+            },
+        }
+    }
+
+    /// One data-parallel step after a successful forward pass: backward, the status exchange
+    /// and the bucketed gradient mean inside the session's hook, then the update.
+    fn step<O: Train>(
+        &self,
+        session: &mut O,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+    ) -> Result<f64> {
+        let mut failure = None;
+        let out = {
+            let mut hook = |grads: &mut [&mut [O::T]]| -> tl_session::Result<()> {
+                self.agreed.set(true);
+                let layout: Vec<u64> = grads.iter().map(|g| g.len() as u64).collect();
+                let r = self
+                    .agree_layout("Runtime::step (data-parallel)", Ok(()), &layout)
+                    .and_then(|()| reduce::mean::<O::T>(&*self.comm, self.bucket_elems, grads));
+                r.map_err(|e| {
+                    let detail = e.to_string();
+                    failure = Some(e);
+                    tl_session::Error::Usage {
+                        what: "Runtime::step (data-parallel)",
+                        detail,
+                    }
+                })
+            };
+            session.backward_step_reduced(loss, opt, Some(&mut hook))
+        };
+        match (out, failure) {
+            (Ok(l), _) => Ok(l),
+            (Err(_), Some(e)) => Err(e),
+            (Err(e), None) => Err(e.into()),
+        }
+    }
+}
+
+impl<O: Train> Runtime<O> {
+    /// Make this runtime one rank of the data-parallel group `comm`, for `model`: checks that
+    /// every rank's `model` has the same parameters (names, shapes, in order; an error names
+    /// the first that differs and the ranks) and copies rank 0's parameter values to every
+    /// rank. From then on [`Runtime::step`] averages the gradients across the ranks (buckets of
+    /// [`DEFAULT_BUCKET_ELEMS`] elements; [`Runtime::set_bucket_elems`]), [`Runtime::save`]
+    /// writes on rank 0 only and every rank's [`Runtime::load`] succeeds or fails together.
+    /// Call it on every rank, at the same point, before the first step. PyTorch:
+    /// `DistributedDataParallel(model)` (which also broadcasts rank 0's parameters).
+    ///
+    /// With [`Local`] (one process) the steps are bit for bit those without a group.
+    pub fn data_parallel<M: Parameters + ?Sized>(
+        &mut self,
+        model: &M,
+        comm: Box<dyn Collective>,
+    ) -> Result<()> {
+        const WHAT: &str = "Runtime::data_parallel";
+        if self.group.is_some() {
+            return Err(usage(
+                WHAT,
+                "this runtime is in a data-parallel group already",
+            ));
+        }
+        self.check_listed(WHAT, model)?;
+        let params = self.named_params_of(model);
+        let mut mine = Vec::with_capacity(params.len());
+        {
+            let s = self.session();
+            for (name, p) in &params {
+                mine.push(status::ParamSig {
+                    name: name.clone(),
+                    dims: p.shape().dims().to_vec(),
+                    trainable: s.requires_grad(p)?,
+                });
+            }
+        }
+        let encoded = status::encode_sigs(comm.size(), <O::T as tl_spec::Scalar>::NAME, &mine);
+        let all = comm.all_gather_bytes(&encoded)?;
+        status::check_sigs(comm.rank(), &all)?;
+        // Rank 0's values everywhere (also when the ranks were seeded alike: a cheap guarantee).
+        for (_, p) in &params {
+            let mut t = self.value_of(p)?;
+            reduce::broadcast(&*comm, t.data_mut())?;
+            self.set_value(p, t)?;
+        }
+        self.group = Some(Group {
+            comm,
+            bucket_elems: DEFAULT_BUCKET_ELEMS,
+            steps: Cell::new(0),
+            agreed: Cell::new(false),
+        });
+        Ok(())
+    }
+
+    /// The number of gradient elements all-reduced at a time in a data-parallel step (at
+    /// least 1; the default is [`DEFAULT_BUCKET_ELEMS`]). An error outside a group or for 0.
+    pub fn set_bucket_elems(&mut self, elems: usize) -> Result<()> {
+        match &mut self.group {
+            Some(g) if elems > 0 => {
+                g.bucket_elems = elems;
+                Ok(())
+            }
+            Some(_) => Err(usage(
+                "Runtime::set_bucket_elems",
+                "the bucket size must be at least 1, got 0",
+            )),
+            None => Err(usage(
+                "Runtime::set_bucket_elems",
+                "not in a data-parallel group (call Runtime::data_parallel first)",
+            )),
+        }
+    }
+
+    /// This process's rank in its data-parallel group (0 without one).
+    pub fn rank(&self) -> usize {
+        self.group.as_ref().map_or(0, |g| g.comm.rank())
+    }
+
+    /// The number of ranks in the data-parallel group (1 without one).
+    pub fn world_size(&self) -> usize {
+        self.group.as_ref().map_or(1, |g| g.comm.size())
+    }
+
+    /// The group's engine, for the collectives a loop needs besides the step (a barrier,
+    /// an all-gather of a metric); `None` without a group.
+    pub fn collective(&self) -> Option<&dyn Collective> {
+        self.group.as_ref().map(|g| &*g.comm)
+    }
+
+    /// The step of a runtime in a group, from the forward pass's outcome: the hook's status
+    /// exchange when the pass succeeded, else this rank's failure told to every rank.
+    pub(crate) fn dist_backward_step(
+        &self,
+        forward: Result<TensorRef>,
+        opt: &mut Optimizer,
+    ) -> Result<f64> {
+        let Some(g) = self.group.as_ref() else {
+            return Err(usage("Runtime::step", "not in a data-parallel group"));
+        };
+        g.agreed.set(false);
+        let out = forward.and_then(|loss| g.step(&mut *self.borrow_mut(), &loss, opt));
+        let out = match out {
+            Err(e) if !g.agreed.get() => g.agree("Runtime::step (data-parallel)", Err::<f64, _>(e)),
+            out => out,
+        };
+        g.steps.set(g.steps.get() + 1);
+        out
+    }
+
+    /// Every rank's outcome `mine` of a phase all ranks run (a checkpoint's write on rank 0,
+    /// its load everywhere), told to every rank: an error on one is an error on all. Without a
+    /// group, `mine`.
+    pub(crate) fn agree_group<R>(&self, what: &'static str, mine: Result<R>) -> Result<R> {
+        match &self.group {
+            Some(g) => g.agree(what, mine),
+            None => mine,
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! Data-parallel training without MPI: [`Local`] (one rank) steps bit for bit as no group, and
+//! a test-only engine of threads in this process (`Threads`, each rank a thread with its own
+//! runtime) checks the arithmetic of N ranks against one process, planted bugs included. The
+//! same checks under `mpirun` with the MPI engine: `.ci/dist-check`.
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use tl_nn::data::{Classify, DataLoader, digits};
+use tl_nn::dist::{Collective, Local};
+use tl_nn::{Activation, CLASSES, Linear, Module, PIXELS, Runtime, Sequential};
+use tl_session::{Backend, Optimizer, Train};
+
+use crate::{eager, linked};
+
+/// Ranks as threads of this process, meeting at a barrier around shared slots; sums are taken
+/// in rank order, once, so every rank gets the same bits. Test-only: the project's engine for
+/// processes is MPI.
+struct Threads {
+    rank: usize,
+    size: usize,
+    barrier: Arc<Barrier>,
+    slots: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// A planted bug: `Some(k)` leaves the k-th all-reduce of each step's buckets undone.
+    skip: Option<usize>,
+    /// A planted bug: the all-reduce returns the mean instead of the sum.
+    mean_instead_of_sum: bool,
+    reduces: std::cell::Cell<usize>,
+}
+
+fn group(size: usize) -> Vec<Threads> {
+    let barrier = Arc::new(Barrier::new(size));
+    let slots = Arc::new(Mutex::new(vec![Vec::new(); size]));
+    (0..size)
+        .map(|rank| Threads {
+            rank,
+            size,
+            barrier: barrier.clone(),
+            slots: slots.clone(),
+            skip: None,
+            mean_instead_of_sum: false,
+            reduces: std::cell::Cell::new(0),
+        })
+        .collect()
+}
+
+impl Threads {
+    /// Every rank's bytes, after every rank has put its own.
+    fn exchange(&self, mine: Vec<u8>) -> Vec<Vec<u8>> {
+        self.slots.lock().unwrap()[self.rank] = mine;
+        self.barrier.wait();
+        let all = self.slots.lock().unwrap().clone();
+        self.barrier.wait();
+        all
+    }
+
+    fn sum<const N: usize, T: Copy + std::ops::AddAssign + std::ops::DivAssign>(
+        &self,
+        buf: &mut [T],
+        to: fn(T) -> [u8; N],
+        from: fn([u8; N]) -> T,
+        n: T,
+    ) {
+        let call = self.reduces.get();
+        self.reduces.set(call + 1);
+        let all = self.exchange(buf.iter().flat_map(|&x| to(x)).collect());
+        if self.skip == Some(call) {
+            return;
+        }
+        for (i, x) in buf.iter_mut().enumerate() {
+            let mut s = from(all[0][i * N..(i + 1) * N].try_into().unwrap());
+            for r in &all[1..] {
+                s += from(r[i * N..(i + 1) * N].try_into().unwrap());
+            }
+            if self.mean_instead_of_sum {
+                s /= n;
+            }
+            *x = s;
+        }
+    }
+}
+
+impl Collective for Threads {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_reduce_sum_f32(&self, buf: &mut [f32]) -> tl_nn::Result<()> {
+        self.sum(buf, f32::to_le_bytes, f32::from_le_bytes, self.size as f32);
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> tl_nn::Result<()> {
+        self.sum(buf, f64::to_le_bytes, f64::from_le_bytes, self.size as f64);
+        Ok(())
+    }
+    fn broadcast_f32(&self, buf: &mut [f32]) -> tl_nn::Result<()> {
+        let all = self.exchange(buf.iter().flat_map(|x| x.to_le_bytes()).collect());
+        for (i, x) in buf.iter_mut().enumerate() {
+            *x = f32::from_le_bytes(all[0][i * 4..i * 4 + 4].try_into().unwrap());
+        }
+        Ok(())
+    }
+    fn broadcast_f64(&self, buf: &mut [f64]) -> tl_nn::Result<()> {
+        let all = self.exchange(buf.iter().flat_map(|x| x.to_le_bytes()).collect());
+        for (i, x) in buf.iter_mut().enumerate() {
+            *x = f64::from_le_bytes(all[0][i * 8..i * 8 + 8].try_into().unwrap());
+        }
+        Ok(())
+    }
+    fn all_gather_bytes(&self, mine: &[u8]) -> tl_nn::Result<Vec<Vec<u8>>> {
+        // A new step's gathers come before its buckets.
+        self.reduces.set(0);
+        Ok(self.exchange(mine.to_vec()))
+    }
+}
+
+/// The digits MLP (hidden 16) from seed 3.
+fn mlp<O: Train>(rt: &Runtime<O>) -> Sequential<O> {
+    let v = rt.vars();
+    Sequential::new()
+        .add(Linear::new(&v.pp(0), PIXELS, 16).unwrap())
+        .add(Activation::Relu)
+        .add(Linear::new(&v.pp(2), 16, CLASSES).unwrap())
+}
+
+fn values<O: Train, M: tl_nn::Parameters>(rt: &Runtime<O>, m: &M) -> Vec<f64> {
+    rt.state_dict(m)
+        .unwrap()
+        .into_iter()
+        .flat_map(|(_, t)| t.data().iter().map(|x| x.as_f64()).collect::<Vec<_>>())
+        .collect()
+}
+
+use tl_spec::Scalar;
+
+fn optimizer(clip: bool) -> Optimizer {
+    let opt = Optimizer::sgd(0.1).unwrap();
+    if clip {
+        // A norm below the gradients': the clip changes every step, so it must see the mean.
+        opt.clip_grad_norm(0.05, 2.0).unwrap()
+    } else {
+        opt
+    }
+}
+
+/// `steps` steps of the MLP on rank `rank` of `comm` (or alone when `None`), global batch
+/// `batch`, bucket `bucket`: the parameters after.
+fn train<O: Train>(
+    mut rt: Runtime<O>,
+    comm: Option<Box<dyn Collective>>,
+    batch: usize,
+    steps: usize,
+    bucket: usize,
+    clip: bool,
+) -> Vec<f64> {
+    let (train, _) = digits().unwrap();
+    let model = mlp(&rt);
+    let mut loader = DataLoader::new(&train, batch, Classify { classes: CLASSES })
+        .unwrap()
+        .shuffle(5);
+    if let Some(comm) = comm {
+        let (rank, size) = (comm.rank(), comm.size());
+        rt.data_parallel(&model, comm).unwrap();
+        rt.set_bucket_elems(bucket).unwrap();
+        loader = loader.shard(rank, size).unwrap();
+    }
+    let mut opt = optimizer(clip);
+    for (x, labels) in loader.epoch(0).take(steps).map(Result::unwrap) {
+        let x = x.cast::<O::T>();
+        rt.step(&model, &mut opt, |g| {
+            model.forward(&g.input(x)?)?.cross_entropy(&labels)
+        })
+        .unwrap();
+    }
+    values(&rt, &model)
+}
+
+/// Every rank's parameters after `steps` steps, each rank a thread of `make`'s runtime.
+fn ranks<O: Train + 'static>(
+    make: fn() -> Runtime<O>,
+    comms: Vec<Threads>,
+    batch: usize,
+    steps: usize,
+    bucket: usize,
+    clip: bool,
+) -> Vec<Vec<f64>> {
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || train(make(), Some(Box::new(c)), batch, steps, bucket, clip))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn worst(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+fn eager_f32() -> Runtime<tl_session::Session<f32>> {
+    eager::<f32>(Backend::Cpu, 0)
+}
+
+fn linked_f64() -> Runtime<tl_session::LinkedSession<f64>> {
+    linked::<f64>(0)
+}
+
+#[test]
+fn a_group_of_one_steps_bit_for_bit_as_no_group() {
+    for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
+        let alone = train(eager_f32(), None, 32, 4, bucket, true);
+        let local = train(eager_f32(), Some(Box::new(Local)), 32, 4, bucket, true);
+        assert_eq!(alone, local, "bucket {bucket}");
+        let alone = train(linked_f64(), None, 32, 4, bucket, false);
+        let local = train(linked_f64(), Some(Box::new(Local)), 32, 4, bucket, false);
+        assert_eq!(alone, local, "linked, bucket {bucket}");
+    }
+}
+
+#[test]
+fn n_ranks_with_batch_b_over_n_take_the_steps_of_one_rank_with_batch_b() {
+    // Eager f32 (small buckets: parameters split across all-reduces), clipping on, 2 and 4 ranks.
+    for (n, bucket) in [(2, 100), (4, 7)] {
+        let one = train(eager_f32(), None, 64, 6, bucket, true);
+        let all = ranks(eager_f32, group(n), 64, 6, bucket, true);
+        for (r, p) in all.iter().enumerate() {
+            assert_eq!(p, &all[0], "{n} ranks: rank {r} differs from rank 0");
+        }
+        let d = worst(&all[0], &one);
+        assert!(d < 1e-5, "{n} ranks vs one: {d:e}");
+    }
+    // The linked session (f64: tight tolerance).
+    let one = train(linked_f64(), None, 64, 6, 50, false);
+    let all = ranks(linked_f64, group(2), 64, 6, 50, false);
+    assert_eq!(all[0], all[1]);
+    let d = worst(&all[0], &one);
+    assert!(d < 1e-12, "linked: {d:e}");
+}
+
+#[test]
+fn a_planted_wrong_mean_or_skipped_bucket_fails_the_check() {
+    let one = train(eager_f32(), None, 64, 6, 100, false);
+    let mut wrong = group(2);
+    wrong.iter_mut().for_each(|c| c.mean_instead_of_sum = true);
+    let all = ranks(eager_f32, wrong, 64, 6, 100, false);
+    assert_eq!(
+        all[0], all[1],
+        "a wrong mean is the same wrong mean on every rank"
+    );
+    assert!(worst(&all[0], &one) > 1e-3, "the wrong mean went unnoticed");
+    let mut skip = group(2);
+    skip.iter_mut().for_each(|c| c.skip = Some(1));
+    let all = ranks(eager_f32, skip, 64, 6, 100, false);
+    assert_ne!(all[0], all[1], "a skipped bucket leaves the ranks apart");
+}
+
+#[test]
+fn a_rank_that_fails_stops_every_rank_with_its_error() {
+    let handles: Vec<_> = group(2)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rank = c.rank;
+                let mut rt = eager_f32();
+                let model = mlp(&rt);
+                rt.data_parallel(&model, Box::new(c)).unwrap();
+                let mut opt = optimizer(false);
+                let width = if rank == 1 { PIXELS - 1 } else { PIXELS };
+                let x = tl_spec::Tensor::<f32>::zeros(vec![4, width]);
+                let labels = tl_nn::Labels::new(vec![0, 1, 2, 3], CLASSES).unwrap();
+                let before = values(&rt, &model);
+                let e = rt
+                    .step(&model, &mut opt, |g| {
+                        model.forward(&g.input(x)?)?.cross_entropy(&labels)
+                    })
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(values(&rt, &model), before, "rank {rank} stepped");
+                e
+            })
+        })
+        .collect();
+    let errors: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(errors[1].contains("63 features"), "{}", errors[1]);
+    assert!(
+        errors[0].contains("rank 1 failed") && errors[0].contains("63 features"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn ranks_whose_models_differ_are_an_error_naming_the_parameter() {
+    let handles: Vec<_> = group(2)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rt0 = eager_f32();
+                let v = rt0.vars();
+                let hidden = if c.rank == 1 { 17 } else { 16 };
+                let model: Sequential<tl_session::Session<f32>> = Sequential::new()
+                    .add(Linear::new(&v.pp(0), PIXELS, 16).unwrap())
+                    .add(Activation::Relu)
+                    .add(Linear::new(&v.pp(2), 16, hidden).unwrap());
+                let mut rt = rt0;
+                rt.data_parallel(&model, Box::new(c))
+                    .unwrap_err()
+                    .to_string()
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap();
+        assert!(
+            e.contains("parameter 2")
+                && e.contains("\"2.weight\" of shape [16, 16]")
+                && e.contains("[17, 16]"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn shards_are_disjoint_parts_of_the_global_batches() {
+    let data: Vec<usize> = (0..103).collect();
+    let collate = |v: Vec<usize>| -> tl_nn::Result<Vec<usize>> { Ok(v) };
+    let whole = DataLoader::new(&data[..], 8, collate)
+        .unwrap()
+        .shuffle(2)
+        .drop_last(true);
+    let parts: Vec<_> = (0..4)
+        .map(|r| {
+            DataLoader::new(&data[..], 8, collate)
+                .unwrap()
+                .shuffle(2)
+                .shard(r, 4)
+                .unwrap()
+        })
+        .collect();
+    for epoch in 0..2 {
+        let global: Vec<Vec<usize>> = whole.epoch(epoch).map(Result::unwrap).collect();
+        let mine: Vec<Vec<Vec<usize>>> = parts
+            .iter()
+            .map(|p| p.epoch(epoch).map(Result::unwrap).collect())
+            .collect();
+        assert_eq!(global.len(), 103 / 8);
+        for (b, g) in global.iter().enumerate() {
+            let joined: Vec<usize> = (0..4).flat_map(|r| mine[r][b].clone()).collect();
+            assert_eq!(&joined, g, "epoch {epoch}, batch {b}");
+        }
+        // Every example at most once per epoch (the 103 % 8 left over are left out).
+        let mut seen: Vec<usize> = mine.iter().flatten().flatten().copied().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 96);
+    }
+    for (rank, ranks, batch) in [(0, 0, 8), (4, 4, 8), (0, 3, 8)] {
+        let e = match DataLoader::new(&data[..], batch, collate)
+            .unwrap()
+            .shard(rank, ranks)
+        {
+            Ok(_) => panic!("rank {rank} of {ranks}, batch {batch}: no error"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("DataLoader::shard")
+                && e.contains(&format!(
+                    "rank {rank} of {ranks} ranks and batch size {batch}"
+                )),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn group_calls_outside_a_group_and_twice_are_errors() {
+    let mut rt = eager_f32();
+    let model = mlp(&rt);
+    assert_eq!((rt.rank(), rt.world_size()), (0, 1));
+    assert!(rt.collective().is_none());
+    let e = rt.set_bucket_elems(10).unwrap_err().to_string();
+    assert!(e.contains("not in a data-parallel group"), "{e}");
+    rt.data_parallel(&model, Box::new(Local)).unwrap();
+    let e = rt.set_bucket_elems(0).unwrap_err().to_string();
+    assert!(e.contains("at least 1, got 0"), "{e}");
+    let e = rt
+        .data_parallel(&model, Box::new(Local))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already"), "{e}");
+    // A checkpoint in a group of one: written by rank 0, loaded back.
+    let path = std::env::temp_dir().join(format!("tl-nn-dist-{}.safetensors", std::process::id()));
+    rt.save(&model, &path).unwrap();
+    rt.load(&model, &path).unwrap();
+    std::fs::remove_file(&path).ok();
+    let e = rt.load(&model, &path).unwrap_err().to_string();
+    assert!(e.contains("No such file"), "{e}");
+}
+
+#[test]
+fn ranks_whose_steps_train_different_parameters_are_an_error() {
+    // Rank 1 freezes the bias after the start-up check: its step has one gradient buffer
+    // where rank 0's has two.
+    let handles: Vec<_> = group(2)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let freeze = c.rank == 1;
+                let mut rt = eager_f32();
+                let layer = Linear::new(&rt.vars().pp("fc"), 4, 4).unwrap();
+                rt.data_parallel(&layer, Box::new(c)).unwrap();
+                if freeze {
+                    assert_eq!(rt.set_trainable(&layer, "fc.bias", false).unwrap(), 1);
+                }
+                let before = values(&rt, &layer);
+                let mut opt = optimizer(false);
+                let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.1);
+                let e = rt
+                    .step(&layer, &mut opt, |g| layer.forward(&g.input(x)?)?.sum())
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(values(&rt, &layer), before);
+                e
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap();
+        assert!(
+            e.contains("the ranks' gradients differ at step 0")
+                && e.contains("rank 0 has 2 buffer(s) of [16, 4] elements, rank 1 has 1 of [16]"),
+            "{e}"
+        );
+    }
+}
