@@ -4,8 +4,8 @@
 //! `fused = false` (the composed launches, which hold (heads, n, n) scores and probabilities).
 //!
 //! ```sh
-//! cargo run --release -p tl-tape-cuda --example flash_memory                  # n = 1k, 4k, 16k
-//! cargo run --release -p tl-tape-cuda --example flash_memory -- --n 1024,4096 --composed-max 4096
+//! cargo run -p tl-tape-cuda --example flash_memory                  # n = 1k, 4k, 16k
+//! cargo run -p tl-tape-cuda --example flash_memory -- --n 1024,4096 --composed-max 4096
 //! ```
 //!
 //! One causal attention, batch 1, one head of `d` = 4 (dModel 4: the sim computes every score on
@@ -83,7 +83,7 @@ fn run(n: usize, d: usize, fused: bool) -> Result<(usize, usize, usize, f64), St
     let y = tape.apply(&op, &leaves).map_err(e)?;
     let kept: usize = tape
         .node(y)
-        .map_err(e)?
+        .ok_or("the node is missing")?
         .cleanup()
         .iter()
         .map(|b| b.bytes())

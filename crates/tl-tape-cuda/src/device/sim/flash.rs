@@ -1,6 +1,6 @@
 //! Kernel bodies of the fused attention (kernels/attention.cu): `tl_flash_fwd`,
 //! `tl_flash_bwd_q`, `tl_flash_bwd_kv`, each the twin of its kernel — the same tiles of
-//! [`FLASH_TILE`] query rows and keys, the same tiles skipped under a causal mask, every sum in
+//! [`FLASH_TILE`](crate::device::FLASH_TILE) query rows and keys, the same tiles skipped under a causal mask, every sum in
 //! the kernel's order (the order is written in the kernel file's header and in
 //! docs/semantics.md, "Attention"):
 //!
