@@ -124,6 +124,34 @@ def torch_rows(dev, quick, iters):
             ms = (median_ms(iters, lambda: chain(8)) - median_ms(iters, lambda: chain(0))) / 8
             ms = max(ms, 1e-6)
             rows[f"{name}/{mb}MB"] = (ms, ("gbps", buffers * 4 * length / (ms * 1e-3) / 1e9))
+    rows.update(attention_rows(dev, quick, iters))
+    return rows
+
+
+def attention_rows(dev, quick, iters):
+    """One causal self-attention (dModel 256, 4 heads of 64, no biases) forward and backward,
+    as gpu.rs's `attention/*/n{n}` rows: the projections around F.scaled_dot_product_attention
+    (PyTorch picks its flash or memory-efficient kernel), the sum of the output, backward, and a
+    read of one gradient. Named `attention/sdpa/n{n}`."""
+    dm, heads = 256, 4
+    rows = {}
+    for n in ([64] if quick else [1024, 4096]):
+        wq, wk, wv, wo = params(dev, (dm, dm), (dm, dm), (dm, dm), (dm, dm))
+        x = torch.rand(n, dm, device=dev)
+
+        def step():
+            def split(t):
+                return t.view(n, heads, dm // heads).transpose(0, 1)
+            q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = a.transpose(0, 1).reshape(n, dm) @ wo
+            y.sum().backward()
+            g = wq.grad.sum().item()
+            for p in (wq, wk, wv, wo):
+                p.grad = None
+            return g
+
+        rows[f"attention/sdpa/n{n}"] = (median_ms(iters, step), None)
     return rows
 
 
@@ -148,7 +176,8 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(f"{'name':28} {'ours ms':>10} {'torch ms':>10} {'ours/torch':>10}  rates")
     for name, r in ours.items():
-        t = theirs.get(name) or theirs.get(name.replace("linked", "eager"))
+        t = (theirs.get(name) or theirs.get(name.replace("linked", "eager"))
+             or theirs.get(name.replace("/flash/", "/sdpa/").replace("/composed/", "/sdpa/")))
         if t is None:
             print(f"{name:28} {r['ms']:10.3f} {'-':>10}")
             continue

@@ -15,7 +15,12 @@
 //!   sum's n² reads are under 0.1% of the work at n = 4096);
 //! - `scale/{bytes}` and `add/{bytes}`: one elementwise op over a 256 MB (`--quick`: 4 MB) f32
 //!   buffer, as (chain of 8 ops then `sum`) minus (`sum` alone), divided by 8; GB/s counts
-//!   bytes read plus written.
+//!   bytes read plus written;
+//! - `attention/{flash,composed}/n{n}`: one causal `multiHeadAttention` (dModel 256, 4 heads
+//!   of 64, batch 1; `--quick`: n 64) forward and backward (`Session::backward` from the sum
+//!   of its output, then a gradient read), `fused` true (the flash kernels) or false (the
+//!   composed launches), n = 1024 and 4096; torch_bench.py times the same projections around
+//!   `F.scaled_dot_product_attention(is_causal=True)`.
 
 #[path = "common/models.rs"]
 mod common;
@@ -179,6 +184,46 @@ fn elementwise(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
     Ok(())
 }
 
+fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
+    let (dm, heads) = (256, 4);
+    let lengths: &[usize] = if a.quick { &[64] } else { &[1024, 4096] };
+    for &n in lengths {
+        let mask = tl_spec::ops::attention::Mask::causal(n)?;
+        let w: Vec<_> = (0..4)
+            .map(|k| s.param(filled(&[dm, dm], 10 + k, 0.06), None, true))
+            .collect::<tl_session::Result<_>>()?;
+        let x = s.param(filled(&[n, dm], 20, 1.0), Some("x"), false)?;
+        for (name, fused) in [("flash", true), ("composed", false)] {
+            let mut run = || -> tl_session::Result<()> {
+                s.reset();
+                let ws = w
+                    .iter()
+                    .map(|p| s.use_param(p))
+                    .collect::<tl_session::Result<Vec<_>>>()?;
+                let xa = s.use_param(&x)?;
+                let y = s.multi_head_attention(
+                    &ws[0],
+                    &ws[1],
+                    &ws[2],
+                    &ws[3],
+                    &xa,
+                    heads,
+                    Some(mask.clone()),
+                    fused,
+                )?;
+                let total = s.sum(&y)?;
+                s.backward(&total)?;
+                s.grad(&w[0])?;
+                Ok(())
+            };
+            run()?;
+            let ms = median_ms(a.iters, || run().unwrap());
+            row(a.backend, &format!("attention/{name}/n{n}"), ms, None);
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let a = match args() {
         Ok(a) => a,
@@ -195,7 +240,9 @@ fn main() {
         }
     };
     steps(&a);
-    let r = matmul(&a, &mut s).and_then(|()| elementwise(&a, &mut s));
+    let r = matmul(&a, &mut s)
+        .and_then(|()| elementwise(&a, &mut s))
+        .and_then(|()| attention(&a, &mut s));
     if let Err(e) = r {
         eprintln!("gpu bench: {e}");
         std::process::exit(1);

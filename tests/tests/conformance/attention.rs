@@ -1,9 +1,13 @@
 //! Multi-head attention three ways — the fused (streaming) op, the unfused op and the
 //! composition of primitive ops (`tl_ir::compose`) — agree in value and in every leaf gradient,
 //! on the IR (eval / backprop_all) and on the CPU tape, with and without a mask, including a
-//! mask row with nothing allowed. Plus the hard-mask conventions and the errors for bad input.
+//! mask row with nothing allowed; and in f32 on every backend (CPU f32, the CUDA tape on the
+//! sim, and under `cuda-emu` on the emulated kernels: the fused form there is the flash
+//! kernels), at lengths that are not multiples of the kernels' tile, the fused form bit-identical
+//! across runs. Plus the hard-mask conventions and the errors for bad input.
 
-use tl_conformance::{Backend, CpuTape};
+use tl_conformance::metric::tensor_err;
+use tl_conformance::{Backend, CpuTape, CudaSim};
 use tl_ir::{GraphBuilder, GraphData, Id, Op, compose};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
@@ -130,6 +134,90 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
             }
         }
     }
+}
+
+/// Value and the five leaf gradients of `g` on the f32 backend `be`.
+fn run_f32<B: Backend<T = f32>>(
+    be: &B,
+    g: &GraphData,
+    out: Id,
+    leaves: &[Tensor<f64>],
+    seed: &Tensor<f64>,
+) -> Vec<Tensor<f32>> {
+    let leaves: Vec<Tensor<f32>> = leaves.iter().map(Tensor::cast).collect();
+    let p = be.record(g, &leaves, &[]).unwrap();
+    let mut r = vec![be.values(&p).unwrap()[out].clone()];
+    r.extend_from_slice(&be.backward_dense(&p, out, &seed.cast()).unwrap()[..leaves.len()]);
+    r
+}
+
+/// fused = composed (the unfused op and the composition of primitives) on `be`, value and
+/// every gradient within the f32 tolerance (1e-4 of the f64 reference's scale); the fused
+/// form bit-identical on a second run. Lengths 17 and 33 cross the flash kernels' tiles of
+/// 16; the masks are causal, key padding, both, and one with a fully masked row.
+fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
+    let holes = |n: usize| Mask::from_fn(n, |i, j| i != 2 && (i + 2 * j) % 5 != 1).unwrap();
+    let pad = |n: usize| Mask::from_fn(n, |_, j| j % 4 != 3).unwrap();
+    let both = |n: usize| Mask::from_fn(n, |i, j| j <= i && j != 1).unwrap();
+    let setups: Vec<(Vec<usize>, usize, usize, Option<Mask>)> = vec![
+        (vec![17, 5], 6, 2, None),
+        (vec![2, 17, 3], 4, 2, Some(Mask::causal(17).unwrap())),
+        (vec![33, 4], 6, 3, Some(pad(33))),
+        (vec![2, 19, 3], 4, 1, Some(both(19))),
+        (vec![17, 3], 4, 2, Some(holes(17))),
+    ];
+    for (xs, p, heads, mask) in setups {
+        let leaves = operands(&xs, p);
+        let seed = vals(&xs, 9);
+        let (gc, oc) = graph(&leaves, heads, mask.as_ref(), None);
+        let reference = run(&gc, oc, &leaves, &seed)[0].clone();
+        let (gf, of) = graph(&leaves, heads, mask.as_ref(), Some(true));
+        let fused = run_f32(be, &gf, of, &leaves, &seed);
+        let again = run_f32(be, &gf, of, &leaves, &seed);
+        for kind in [Some(false), None] {
+            let (g, o) = graph(&leaves, heads, mask.as_ref(), kind);
+            let composed = run_f32(be, &g, o, &leaves, &seed);
+            for (k, ((f, c), r)) in fused.iter().zip(&composed).zip(&reference).enumerate() {
+                let what = format!(
+                    "{} {xs:?} heads={heads} {mask:?} {kind:?} item {k}",
+                    be.name()
+                );
+                assert!(
+                    tensor_err(f, r) <= 1e-4,
+                    "{what}: fused {:e}",
+                    tensor_err(f, r)
+                );
+                assert!(
+                    tensor_err(c, r) <= 1e-4,
+                    "{what}: composed {:e}",
+                    tensor_err(c, r)
+                );
+            }
+        }
+        for (k, (a, b)) in fused.iter().zip(&again).enumerate() {
+            let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{} {xs:?} {mask:?} item {k}: two runs",
+                be.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn fused_equals_composed_in_f32_on_the_cpu_and_the_cuda_sim() {
+    fused_equals_composed_on(&CpuTape::<f32>::new());
+    fused_equals_composed_on(&CudaSim::new());
+}
+
+/// The same on the emulated kernels (kernels/attention.cu for the fused form).
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn fused_equals_composed_in_f32_on_the_emulated_kernels() {
+    use tl_conformance::backend::OnDevice;
+    fused_equals_composed_on(&OnDevice::new("cuda-emu", tl_tape_cuda::CudaDevice::new));
 }
 
 #[test]

@@ -336,6 +336,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-flash-no-rescale",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/device/sim/flash.rs",
+        from: "let mut t = *a * alpha;",
+        to: "let mut t = *a;",
+        bug: "the sim's flash forward does not rescale its running output when a key tile raises the row's max",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-max-bwd-tie",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/sim/pointwise.rs",
@@ -505,6 +514,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "y[i] = tl_norm_affine(x[i], mean, rstd, gamma[f], beta[f]);",
         to: "y[i] = (x[i] - mean) * (rstd * gamma[f]) + beta[f];",
         bug: "the one-launch norm forward multiplies rstd by gamma first, not the sim's order",
+        harness: Emu,
+    },
+    Mutant {
+        id: "kernel-flash-no-rescale",
+        area: Kernel,
+        file: "kernels/attention.cu",
+        from: "float t = acc[u] * alpha;",
+        to: "float t = acc[u];",
+        bug: "the flash forward kernel does not rescale its running output when a key tile raises the row's max",
         harness: Emu,
     },
     Mutant {

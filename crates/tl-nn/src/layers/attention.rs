@@ -17,6 +17,11 @@ use crate::{Init, Module, Parameters, Result, Runtime, Var, Vars};
 /// Xavier-uniform (as PyTorch's `in_proj_weight`), Wo `kaiming_uniform(a=√5)`. A mask (true =
 /// allowed) is shared by the batch: causal, key padding, or any (n, n) pattern. PyTorch:
 /// `nn.MultiheadAttention(d, heads, bias=False, batch_first=True)` with `attn_mask`.
+///
+/// The attention core runs fused by default ([`flash`](Self::flash), the seeds' `useFlash :=
+/// true`): on the CUDA tape the flash kernels (kernels/attention.cu: O(n·d) device memory per
+/// call, never the (n, n) scores), on the CPU tape its fused core; the value is the same
+/// function as the composed path's (docs/semantics.md, "Attention").
 #[derive(Debug, Clone)]
 pub struct MultiHeadAttention {
     /// Query projection (d, d), named `wq`.
@@ -31,6 +36,11 @@ pub struct MultiHeadAttention {
     pub heads: usize,
     /// Whether `forward` applies a causal mask.
     pub causal: bool,
+    /// Whether the op runs fused (`multiHeadAttention`'s `fused`, the seeds' `useFlash`): `true`
+    /// by default where the head size is at most the CUDA kernels'
+    /// [`FLASH_MAX_HEAD`](tl_tape_cuda::device::FLASH_MAX_HEAD) (128), else `false` (the
+    /// composed path, which takes any head size). [`with_flash`](Self::with_flash) sets it.
+    pub flash: bool,
 }
 
 impl MultiHeadAttention {
@@ -53,7 +63,16 @@ impl MultiHeadAttention {
             wo: vars.param("wo", &[d, d], Init::default_weight(d))?,
             heads,
             causal,
+            flash: d / heads <= tl_tape_cuda::device::FLASH_MAX_HEAD,
         })
+    }
+
+    /// The same layer with the core fused (`true`) or composed (`false`). Fused with a head
+    /// size above [`FLASH_MAX_HEAD`](tl_tape_cuda::device::FLASH_MAX_HEAD), the CUDA tape
+    /// refuses the op with an error naming it (before anything runs); the CPU takes any.
+    pub fn with_flash(mut self, flash: bool) -> Self {
+        self.flash = flash;
+        self
     }
 
     /// The mask that lets every query see the first `len` of `n` keys (padding after them).
@@ -73,7 +92,7 @@ impl MultiHeadAttention {
         let w = [&self.wq, &self.wk, &self.wv, &self.wo].map(|p| g.param(p));
         let [q, k, v, o] = w;
         let (q, k, v, o) = (q?, k?, v?, o?);
-        let heads = self.heads;
+        let (heads, fused) = (self.heads, self.flash);
         let at = At::new(g.rt, self, &self.wq);
         let d = self.wq.shape().dims()[0];
         if !matches!(x.dims(), [_, w] | [_, _, w] if *w == d) {
@@ -91,7 +110,7 @@ impl MultiHeadAttention {
                 x.tensor_ref(),
                 heads,
                 mask,
-                false,
+                fused,
             )
         })
         .map_err(|e| at.op_error(e))

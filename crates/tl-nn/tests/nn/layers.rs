@@ -335,3 +335,55 @@ fn convolutions_and_pools_take_pytorch_shapes() {
     assert!(MaxPool::new(&[0]).is_err());
     assert!(Conv::conv2d(&v.pp("bad"), 0, 3, 3, cfg).is_err());
 }
+
+/// Attention runs fused by default (the seeds' `useFlash := true`): on the CUDA tape the flash
+/// kernels, whose value and gradients (through one SGD step) are the composed path's; heads
+/// past the kernels' 128 default to the composed path, and forcing them fused is an error
+/// naming the op.
+#[test]
+fn attention_is_fused_by_default_and_agrees_with_the_composed_path() {
+    let x = tensor::<f32>(&[2, 19, 8], 2);
+    let run = |flash: bool| {
+        let mut rt = eager::<f32>(Backend::CudaSim, 3);
+        let m = MultiHeadAttention::new(&rt.vars().pp("a"), 8, 2, true).unwrap();
+        assert!(m.flash, "fused by default");
+        let m = m.with_flash(flash);
+        let y = rt.eval(&m, |g| m.forward(&g.input(x.clone())?)).unwrap();
+        let mut opt = Optimizer::sgd(1.0).unwrap();
+        let loss = rt
+            .step(&m, &mut opt, |g| {
+                m.forward(&g.input(x.clone())?)?.tanh()?.sum()
+            })
+            .unwrap();
+        let params: Vec<Tensor<f32>> = [&m.wq, &m.wk, &m.wv, &m.wo]
+            .iter()
+            .map(|p| rt.value_of(p).unwrap())
+            .collect();
+        (y, loss, params)
+    };
+    let (yf, lf, pf) = run(true);
+    let (yc, lc, pc) = run(false);
+    assert!(max_diff(&yf, &yc) < 1e-5, "{}", max_diff(&yf, &yc));
+    assert!((lf - lc).abs() < 1e-4 * lc.abs().max(1.0), "{lf} vs {lc}");
+    for (a, b) in pf.iter().zip(&pc) {
+        // One step of lr 1: the parameters differ by the gradients' difference.
+        assert!(max_diff(a, b) < 1e-5, "{}", max_diff(a, b));
+    }
+    let rt = eager::<f32>(Backend::CudaSim, 3);
+    let wide = MultiHeadAttention::new(&rt.vars().pp("w"), 258, 2, false).unwrap();
+    assert!(!wide.flash, "head 129: composed by default");
+    let forced = wide.clone().with_flash(true);
+    let x = tensor::<f32>(&[3, 258], 4);
+    let e = rt
+        .eval(&forced, |g| forced.forward(&g.input(x.clone())?))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("multiHeadAttention") && e.contains("d = 129"),
+        "{e}"
+    );
+    assert!(
+        rt.eval(&wide, |g| wide.forward(&g.input(x.clone())?))
+            .is_ok()
+    );
+}

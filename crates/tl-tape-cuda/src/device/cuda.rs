@@ -31,6 +31,7 @@ mod driver;
 #[cfg(feature = "cuda-emu")]
 #[path = "cuda/emu.rs"]
 mod driver;
+mod flash;
 mod index;
 mod launch;
 mod norm;

@@ -16,7 +16,9 @@
 #[cfg(doc)]
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
-use super::{Act, Batch, BiasLayout, Buffer, Gemm, NormLayout, PoolKind, WindowLens, Windows};
+use super::{
+    Act, Batch, BiasLayout, Buffer, Flash, Gemm, NormLayout, PoolKind, WindowLens, Windows,
+};
 use crate::Result;
 
 /// The work of each [`Device`] primitive whose operands [`Device`] validates (see the module
@@ -232,6 +234,19 @@ pub trait Launch: LaunchIndex {
         rows: usize,
         n: usize,
     ) -> Result<Buffer>;
+    /// The work of [`Device::flash_attention`]; operands already validated by it — callers
+    /// use `flash_attention`.
+    fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)>;
+    /// The work of [`Device::flash_attention_bwd`]; operands already validated by it —
+    /// callers use `flash_attention_bwd`.
+    fn launch_flash_bwd(
+        &mut self,
+        qkv: [Buffer; 3],
+        o: Buffer,
+        lse: Buffer,
+        go: Buffer,
+        f: &Flash,
+    ) -> Result<[Buffer; 3]>;
     /// The work of [`Device::im2col`]; operands already validated by it — callers use `im2col`.
     /// `lens` are [`Windows::check`]'s.
     fn launch_im2col(&mut self, x: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer>;

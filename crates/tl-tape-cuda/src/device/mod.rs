@@ -23,6 +23,7 @@
 pub mod bias;
 mod buffer;
 pub mod check;
+pub mod flash;
 pub mod index_check;
 pub mod launch;
 pub mod norm;
@@ -42,6 +43,7 @@ pub use buffer::{
     Batch, Buffer, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES, WIDE_MIN_TILES,
 };
 use check::{BroadcastPlan, PermutePlan};
+pub use flash::{FLASH_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use point_act::PointAct;
@@ -624,6 +626,37 @@ pub trait Device: Launch {
     ) -> Result<Buffer> {
         norm::check_masked("masked_softmax_rows", x, mask, rows, n)?;
         self.launch_masked_softmax_rows(x, mask, rows, n)
+    }
+
+    // ---- attention (kernels/attention.cu; [`flash`]) -------------------------------------------
+
+    /// The fused ("flash") attention core on Q, K, V, each head-merged (B, n, H, d)
+    /// ([`flash`]): per head `O = softmax(Q Kᵀ/√d)·V` over the keys `f.mask` allows (a row with
+    /// none: zeros), in tiles of [`FLASH_TILE`] keys with the online softmax (running max and
+    /// sum, the output rescaled per tile), so no row of scores is ever stored. Returns `(O,
+    /// lse)`: O head-merged like Q, lse (B·H·n) each row's `m + ln l` (−∞ for a row with
+    /// nothing allowed), which [`flash_attention_bwd`](Self::flash_attention_bwd) reads. Head
+    /// sizes `1..=`[`FLASH_MAX_HEAD`]; larger ones, and a mask made for another n, are errors
+    /// before launch. PyTorch: `F.scaled_dot_product_attention(q, k, v, attn_mask)` (its
+    /// flash backend).
+    fn flash_attention(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
+        f.check_forward("flash_attention", qkv)?;
+        self.launch_flash_fwd(qkv, f)
+    }
+    /// The VJP of [`flash_attention`](Self::flash_attention) for the cotangent `go` of O, from
+    /// its output `o` and `lse`: `[dQ, dK, dV]`, recomputing the probabilities tile by tile
+    /// from lse (`p = exp(s − lse)`, `dS = p·(dP − Σ dO⊙O)/√d`). Two launches (dQ by query
+    /// tiles, dK and dV by key tiles), no atomics: the same order in both reduction modes.
+    fn flash_attention_bwd(
+        &mut self,
+        qkv: [Buffer; 3],
+        o: Buffer,
+        lse: Buffer,
+        go: Buffer,
+        f: &Flash,
+    ) -> Result<[Buffer; 3]> {
+        f.check_backward("flash_attention_bwd", qkv, o, lse, go)?;
+        self.launch_flash_bwd(qkv, o, lse, go, f)
     }
 
     // ---- conv ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 //! - [`reduce`]: the reduction order (fixed grid, two passes, warp-shuffle tree), documented there.
 //! - [`rows`]: the softmax row kernels. [`linalg`]: the matmul kernel's arithmetic.
 //! - [`norm`]: layer/batch norm statistics, affine map and backward; the masked row softmax.
+//! - [`flash`]: the fused attention core, forward and backward, in the kernels' tile order.
 //! - [`activation`]: per-element bodies of GELU and SiLU; `index`: gathers, the fixed-order
 //!   scatter-add, range copies and the cross-entropy rows (the [`LaunchIndex`](super::LaunchIndex)
 //!   impl).
@@ -17,6 +18,7 @@
 
 pub mod activation;
 pub mod conv;
+pub mod flash;
 mod index;
 mod launch;
 pub mod linalg;

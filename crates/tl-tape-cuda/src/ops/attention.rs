@@ -7,19 +7,21 @@
 //!   the heads side by side in every row, read and written in place by the head products
 //!   ([`Device::bmm_heads`], no permutes); `S = Q_h K_hᵀ` by one launch over the B·H heads,
 //!   scaled by 1/√d; A = (masked) row softmax; `O_h = A·V_h` by one launch writing C (B·n, P)
-//!   with its heads merged; y = C·wo. The node keeps Q, K, V and C as workspace, and A too
-//!   unless the op is `fused` (the memory-lean form: O(n·P) floats kept, not O(H·n²); its
-//!   backward recomputes A, two launches). The backward reads them while they are live (the
+//!   with its heads merged; y = C·wo (`fused = false`). The node keeps Q, K, V, C and A as
+//!   workspace (O(H·n²) floats). The backward reads them while they are live (the
 //!   whole chain is recomputed once the tape has released workspaces) and runs
 //!   `dC = g·woᵀ`, `dwo = Cᵀ·g`, `dA = dO_h V_hᵀ`,
 //!   `dV_h = Aᵀ dO_h`, `dS = softmax_bwd(A, dA)/√d`, `dQ_h = dS K_h`, `dK_h = dSᵀ Q_h` (the
 //!   head products reading dC and writing dQ, dK, dV in the merged layout), then
 //!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch (the sum's adds in the
 //!   products' epilogue, `matmul_acc`).
-//!
-//! The `fused` flag selects the streaming kernel on the CPU tape; the CUDA tape runs both
-//! forms through this composed path (same value; a streaming attention kernel is not written
-//! yet, see docs/cuda.md).
+//! - `fused` (the seeds' `useFlash`): the same projections and output GEMM around the fused
+//!   core [`Device::flash_attention`] (kernels/attention.cu: tiles of queries against tiles
+//!   of keys with the online softmax, one launch), which writes C and each row's log-sum-exp;
+//!   the node keeps Q, K, V, C and the log-sum-exp (O(n·P) floats, never an (n, n) matrix),
+//!   and the backward is [`Device::flash_attention_bwd`] (two launches recomputing the
+//!   probabilities tile by tile) between the same GEMMs. Head sizes above
+//!   [`FLASH_MAX_HEAD`](crate::device::FLASH_MAX_HEAD) are an error before anything runs.
 
 use tl_ir::Op;
 use tl_spec::Error as SpecError;
@@ -27,7 +29,7 @@ use tl_spec::ops::attention::Mask;
 use tl_spec::ops::attention::mha::{Dims, mha_dims};
 
 use super::{Scratch, with_scratch};
-use crate::device::{Batch, Buffer, Device, Gemm};
+use crate::device::{Batch, Buffer, Device, Flash, FlashDims, FlashMask, Gemm};
 use crate::{AnyBuffer, Result};
 
 /// Rows and row length of `maskedSoftmax` on x (…, n, n).
@@ -82,8 +84,8 @@ struct Chain {
     k: Buffer,
     v: Buffer,
     c: Buffer,
-    /// The attention probabilities (B·H, n, n); `None` when the forward did not keep them (the
-    /// `fused` form): the backward recomputes them from `q` and `k`.
+    /// The attention probabilities (B·H, n, n); `None` when a workspace without them is
+    /// reused: the backward recomputes them from `q` and `k`.
     a: Option<Buffer>,
 }
 
@@ -117,6 +119,20 @@ fn by_head(dm: &Dims, merged: [bool; 3]) -> Batch {
     Batch::heads(dm.batch, dm.heads, merged)
 }
 
+/// Q, K, V = x·W, (B·n, P) each with the heads merged, temporaries of `s`.
+fn projections<D: Device>(
+    dev: &mut D,
+    s: &mut Scratch,
+    dm: &Dims,
+    x: &[&AnyBuffer],
+) -> Result<[Buffer; 3]> {
+    let g = Gemm::nn(dm.batch * dm.n, dm.dm, dm.p);
+    let mut proj = |dev: &mut D, w: &AnyBuffer| -> Result<Buffer> {
+        Ok(s.tmp(dev.matmul(x[4].buffer(), w.buffer(), g)?))
+    };
+    Ok([proj(dev, x[0])?, proj(dev, x[1])?, proj(dev, x[2])?])
+}
+
 /// Q, K, V, C and the attention probabilities, every buffer a temporary of `s` (the forward
 /// takes back the ones it keeps with [`Scratch::keep`]).
 fn chain<D: Device>(
@@ -126,14 +142,8 @@ fn chain<D: Device>(
     x: &[&AnyBuffer],
     mask: Option<&Mask>,
 ) -> Result<Chain> {
-    let Dims { batch, n, p, d, .. } = *dm;
-    let rows = batch * n;
-    let mut proj = |dev: &mut D, w: &AnyBuffer| -> Result<Buffer> {
-        Ok(s.tmp(dev.matmul(x[4].buffer(), w.buffer(), Gemm::nn(rows, dm.dm, p))?))
-    };
-    let q = proj(dev, x[0])?;
-    let k = proj(dev, x[1])?;
-    let v = proj(dev, x[2])?;
+    let Dims { n, d, .. } = *dm;
+    let [q, k, v] = projections(dev, s, dm, x)?;
     let a = probabilities(dev, s, dm, q, k, mask)?;
     // O_h = A·V_h, written into C with the heads merged.
     let c = s.tmp(dev.bmm_heads(a, v, by_head(dm, [false, true, true]), Gemm::nn(n, n, d))?);
@@ -144,6 +154,70 @@ fn chain<D: Device>(
         c,
         a: Some(a),
     })
+}
+
+/// The fused core of one node: its sizes and its mask as the kernels read it. A head size
+/// the kernels do not take, or a mask of another side, is an error naming the op before
+/// anything is allocated.
+fn flash_of(op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
+    let dims = FlashDims {
+        batch: dm.batch,
+        n: dm.n,
+        heads: dm.heads,
+        d: dm.d,
+    };
+    dims.check(op.name())?;
+    Ok(Flash {
+        dims,
+        mask: FlashMask::of(op.name(), mask, dm.n)?,
+    })
+}
+
+/// What the fused forward keeps: Q, K, V, C (B·n, P) and each row's log-sum-exp (B·H·n).
+struct FlashChain {
+    qkv: [Buffer; 3],
+    c: Buffer,
+    lse: Buffer,
+}
+
+impl FlashChain {
+    /// Q, K, V by the projections, then C and the log-sum-exp by the fused core: every buffer
+    /// a temporary of `s`.
+    fn new<D: Device>(
+        dev: &mut D,
+        s: &mut Scratch,
+        dm: &Dims,
+        x: &[&AnyBuffer],
+        f: &Flash,
+    ) -> Result<FlashChain> {
+        let qkv = projections(dev, s, dm, x)?;
+        let (c, lse) = dev.flash_attention(qkv, f)?;
+        Ok(FlashChain {
+            qkv,
+            c: s.tmp(c),
+            lse: s.tmp(lse),
+        })
+    }
+
+    /// The node's workspace: `[q, k, v, c, lse]`.
+    fn workspace(&self) -> Vec<Buffer> {
+        let [q, k, v] = self.qkv;
+        vec![q, k, v, self.c, self.lse]
+    }
+
+    /// The chain the forward kept, if it is five buffers of the right lengths, all live.
+    fn reuse<D: Device>(dev: &D, w: &[Buffer], f: &Flash) -> Option<FlashChain> {
+        let (len, rows) = (f.dims.qkv_len(), f.dims.rows_len());
+        let lens_ok = w.len() == 5 && w[..4].iter().all(|b| b.len() == len) && w[4].len() == rows;
+        if !lens_ok || !w.iter().all(|&b| dev.is_live(b)) {
+            return None;
+        }
+        Some(FlashChain {
+            qkv: [w[0], w[1], w[2]],
+            c: w[3],
+            lse: w[4],
+        })
+    }
 }
 
 /// `A = softmax(Q_h K_hᵀ/√d)` (masked where `mask` says), (B·H, n, n), a temporary of `s`.
@@ -175,18 +249,25 @@ fn inv_sqrt(d: usize) -> f32 {
 }
 
 /// Forward of `multiHeadAttention` (`op`) on `[wq, wk, wv, wo, x]`: the value and the
-/// workspace the backward reuses (Q, K, V per head and C; the probabilities too unless the op
-/// is `fused`, whose backward recomputes them so that the node keeps O(n·P) floats, not
-/// O(H·n²)).
+/// workspace the backward reuses: Q, K, V and C, then the probabilities (composed) or each
+/// row's log-sum-exp (`fused`: the fused core, O(n·P) floats kept, not O(H·n²)).
 pub fn mha<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer, Vec<Buffer>)> {
     let (heads, mask, fused) = attrs(op)?;
     let dm = dims(op, x, heads, mask)?;
+    let out = Gemm::nn(dm.batch * dm.n, dm.p, dm.dm);
+    if fused {
+        let f = flash_of(op, &dm, mask)?;
+        return with_scratch(dev, |dev, s| {
+            let ch = FlashChain::new(dev, s, &dm, x, &f)?;
+            let y = dev.matmul(ch.c, x[3].buffer(), out)?;
+            let w = ch.workspace();
+            s.keep(&w);
+            Ok((y, w))
+        });
+    }
     with_scratch(dev, |dev, s| {
-        let mut ch = chain(dev, s, &dm, x, mask)?;
-        let y = dev.matmul(ch.c, x[3].buffer(), Gemm::nn(dm.batch * dm.n, dm.p, dm.dm))?;
-        if fused {
-            ch.a = None;
-        }
+        let ch = chain(dev, s, &dm, x, mask)?;
+        let y = dev.matmul(ch.c, x[3].buffer(), out)?;
         let w = ch.workspace();
         s.keep(&w);
         Ok((y, w))
@@ -204,19 +285,40 @@ pub fn mha_back<D: Device>(
     needs: &[bool],
     workspace: &[Buffer],
 ) -> Result<[Option<Buffer>; 5]> {
-    let (heads, mask, _) = attrs(op)?;
+    let (heads, mask, fused) = attrs(op)?;
     let dm = dims(op, x, heads, mask)?;
     let need = |k: usize| needs.get(k).copied().unwrap_or(false);
     if !(0..5).any(need) {
         return Ok([None, None, None, None, None]);
     }
+    let flash = match fused {
+        true => Some(flash_of(op, &dm, mask)?),
+        false => None,
+    };
     let mut out: [Option<Buffer>; 5] = [None; 5];
-    let r = with_scratch(dev, |dev, s| {
-        let ch = match Chain::reuse(dev, workspace) {
-            Some(ch) => ch,
-            None => chain(dev, s, &dm, x, mask)?,
-        };
-        grads(dev, s, &dm, x, g, &need, mask, &ch, &mut out)
+    let r = with_scratch(dev, |dev, s| match &flash {
+        Some(f) => {
+            let ch = match FlashChain::reuse(dev, workspace, f) {
+                Some(ch) => ch,
+                None => FlashChain::new(dev, s, &dm, x, f)?,
+            };
+            let Some(dc) = output_grads(dev, s, &dm, x, g, &need, ch.c, &mut out)? else {
+                return Ok(());
+            };
+            let d = dev.flash_attention_bwd(ch.qkv, ch.c, ch.lse, dc, f)?;
+            projection_grads(dev, &dm, x, &need, d.map(|b| s.tmp(b)), &mut out)
+        }
+        None => {
+            let ch = match Chain::reuse(dev, workspace) {
+                Some(ch) => ch,
+                None => chain(dev, s, &dm, x, mask)?,
+            };
+            let Some(dc) = output_grads(dev, s, &dm, x, g, &need, ch.c, &mut out)? else {
+                return Ok(());
+            };
+            let d = core_grads(dev, s, &dm, mask, &ch, dc)?;
+            projection_grads(dev, &dm, x, &need, d, &mut out)
+        }
     });
     match r {
         Ok(()) => Ok(out),
@@ -227,39 +329,43 @@ pub fn mha_back<D: Device>(
     }
 }
 
+/// `y = C·wo`: `dwo = Cᵀ·g` into `out[3]` where needed, and `dC = g·woᵀ` (a temporary of
+/// `s`), or `None` when no other cotangent is needed.
 #[allow(clippy::too_many_arguments)]
-fn grads<D: Device>(
+fn output_grads<D: Device>(
     dev: &mut D,
     s: &mut Scratch,
     dm: &Dims,
     x: &[&AnyBuffer],
     g: Buffer,
     need: &dyn Fn(usize) -> bool,
-    mask: Option<&Mask>,
-    ch: &Chain,
+    c: Buffer,
     out: &mut [Option<Buffer>; 5],
-) -> Result<()> {
-    let Dims {
-        batch,
-        n,
-        p,
-        heads,
-        d,
-        ..
-    } = *dm;
-    let (rows, bh, dmod) = (batch * n, batch * heads, dm.dm);
-    // y = C·wo: dwo = Cᵀ·g, dC = g·woᵀ.
+) -> Result<Option<Buffer>> {
+    let (rows, p, dmod) = (dm.batch * dm.n, dm.p, dm.dm);
     if need(3) {
-        out[3] = Some(dev.matmul(ch.c, g, Gemm::nn(p, rows, dmod).with_t(true, false))?);
+        out[3] = Some(dev.matmul(c, g, Gemm::nn(p, rows, dmod).with_t(true, false))?);
     }
     if ![0, 1, 2, 4].into_iter().any(need) {
-        return Ok(());
+        return Ok(None);
     }
-    let dc = s.tmp(dev.matmul(
-        g,
-        x[3].buffer(),
-        Gemm::nn(rows, dmod, p).with_t(false, true),
-    )?);
+    let back = Gemm::nn(rows, dmod, p).with_t(false, true);
+    Ok(Some(s.tmp(dev.matmul(g, x[3].buffer(), back)?)))
+}
+
+/// The composed core's backward: `[dQ, dK, dV]` (temporaries of `s`) from dC.
+fn core_grads<D: Device>(
+    dev: &mut D,
+    s: &mut Scratch,
+    dm: &Dims,
+    mask: Option<&Mask>,
+    ch: &Chain,
+    dc: Buffer,
+) -> Result<[Buffer; 3]> {
+    let Dims {
+        batch, n, heads, d, ..
+    } = *dm;
+    let bh = batch * heads;
     let a = match ch.a {
         Some(a) => a,
         None => probabilities(dev, s, dm, ch.q, ch.k, mask)?,
@@ -275,8 +381,20 @@ fn grads<D: Device>(
     let dq = s.tmp(dev.bmm_heads(ds, ch.k, into, Gemm::nn(n, n, d))?);
     let dk_g = Gemm::nn(n, n, d).with_t(true, false);
     let dk = s.tmp(dev.bmm_heads(ds, ch.q, into, dk_g)?);
-    // Q = x·wq: dwq = xᵀ·dQ (likewise K, V); dx = dQ·wqᵀ + dK·wkᵀ + dV·wvᵀ.
-    let proj = [dq, dk, dv];
+    Ok([dq, dk, dv])
+}
+
+/// `Q = x·wq`: `dwq = xᵀ·dQ` (likewise K, V) into `out[0..3]`, and
+/// `dx = dQ·wqᵀ + dK·wkᵀ + dV·wvᵀ` into `out[4]`, where needed.
+fn projection_grads<D: Device>(
+    dev: &mut D,
+    dm: &Dims,
+    x: &[&AnyBuffer],
+    need: &dyn Fn(usize) -> bool,
+    proj: [Buffer; 3],
+    out: &mut [Option<Buffer>; 5],
+) -> Result<()> {
+    let (rows, p, dmod) = (dm.batch * dm.n, dm.p, dm.dm);
     for (k, &dp) in proj.iter().enumerate() {
         if need(k) {
             let t = Gemm::nn(dmod, rows, p).with_t(true, false);
@@ -286,10 +404,10 @@ fn grads<D: Device>(
     if need(4) {
         // (dQ·wqᵀ + dK·wkᵀ) + dV·wvᵀ, the last two added in the products' epilogue.
         let back = Gemm::nn(rows, p, dmod).with_t(false, true);
-        let dx = dev.matmul(dq, x[0].buffer(), back)?;
+        let dx = dev.matmul(proj[0], x[0].buffer(), back)?;
         out[4] = Some(dx);
-        dev.matmul_acc(dx, dk, x[1].buffer(), back)?;
-        dev.matmul_acc(dx, dv, x[2].buffer(), back)?;
+        dev.matmul_acc(dx, proj[1], x[1].buffer(), back)?;
+        dev.matmul_acc(dx, proj[2], x[2].buffer(), back)?;
     }
     Ok(())
 }

@@ -436,8 +436,13 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
         let forward = (tape.device().traffic() - before).launches;
         // Three projections, the scores (reading the heads of Q and K in place), the softmax
         // (the masked one scales first: one launch more), A·V written into C with its heads
-        // merged, the output projection: no head split or merge of their own.
-        let chain = if mask.is_some() { 7 } else { 6 };
+        // merged, the output projection: no head split or merge of their own. Fused: the
+        // projections, the fused core, the output projection.
+        let chain = match (fused, mask.is_some()) {
+            (true, _) => 4,
+            (false, true) => 7,
+            (false, false) => 6,
+        };
         assert_eq!(forward, chain + 1, "fused={fused} {mask:?}");
         let w = tape
             .upload_leaf(
@@ -449,8 +454,11 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
         let wy = tape.apply(&Op::Mul, &[y, w]).unwrap();
         let loss = tape.apply(&Op::Sum, &[wy]).unwrap();
         let kept = tape.node(y).unwrap().cleanup().to_vec();
-        // Q, K, V and C; the probabilities (heads·n² floats) only when not fused.
-        assert_eq!(kept.len(), if fused { 4 } else { 5 }, "fused={fused}");
+        // Q, K, V and C; then the probabilities (heads·n² floats), or when fused each row's
+        // log-sum-exp (heads·n floats).
+        let last = if fused { heads * 5 } else { heads * 5 * 5 };
+        assert_eq!(kept.len(), 5, "fused={fused}");
+        assert_eq!(kept[4].len(), last, "fused={fused}");
         let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
         let run = |tape: &mut CudaTape<SimDevice>| {
             let before = tape.device().traffic();
@@ -476,10 +484,8 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
             bits(&again),
             "fused={fused} {mask:?}"
         );
-        // Recomputing the chain (all of the forward but the output projection). Only the
-        // scores and the softmax are recomputed by the fused form's backward.
-        let saved = if fused { chain - 2 } else { chain };
-        assert_eq!(recomputed - reused, saved, "fused={fused} {mask:?}");
+        // Recomputing the chain (all of the forward but the output projection).
+        assert_eq!(recomputed - reused, chain, "fused={fused} {mask:?}");
     }
 }
 

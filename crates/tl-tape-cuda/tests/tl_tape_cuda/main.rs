@@ -8,6 +8,7 @@ mod common;
 mod conv;
 mod determinism;
 mod device;
+mod flash;
 mod fused;
 // The real device (`--features cuda`) or the kernel emulator (`--features cuda-emu`):
 // `cargo test -p tl-tape-cuda --features cuda-emu --test tl_tape_cuda gpu::`.

@@ -9,8 +9,8 @@ use super::launch::{blocks, dims8};
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::sim::reduce::axis_sum_by_block;
 use crate::device::{
-    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PointAct, PoolKind, WindowLens,
-    Windows,
+    Act, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, NormLayout, PointAct, PoolKind,
+    WindowLens, Windows,
 };
 use crate::{Result, abi};
 
@@ -402,6 +402,21 @@ impl Launch for CudaDevice {
         n: usize,
     ) -> Result<Buffer> {
         self.masked_softmax_rows_impl(x, mask, rows, n)
+    }
+
+    fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
+        self.flash_fwd_impl(qkv, f)
+    }
+
+    fn launch_flash_bwd(
+        &mut self,
+        qkv: [Buffer; 3],
+        o: Buffer,
+        lse: Buffer,
+        go: Buffer,
+        f: &Flash,
+    ) -> Result<[Buffer; 3]> {
+        self.flash_bwd_impl(qkv, o, lse, go, f)
     }
 
     fn launch_im2col(&mut self, x: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {

@@ -121,6 +121,51 @@ impl SimDevice {
         Ok((self.insert(o1, out_len), self.insert(o2, out_len)))
     }
 
+    /// One launch with `K` outputs of the lengths `lens` (all released if one cannot be
+    /// allocated): `kernel` gets the operands' elements and the outputs'.
+    pub(super) fn launch_outs<const N: usize, const K: usize>(
+        &mut self,
+        op: &'static str,
+        ins: [Buffer; N],
+        lens: [usize; K],
+        kernel: impl FnOnce([&[f32]; N], [&mut [f32]; K]),
+    ) -> Result<[Buffer; K]> {
+        for &len in &lens {
+            abi::len_u32(op, len)?;
+        }
+        let mut views: [&[f32]; N] = [&[]; N];
+        for (v, b) in views.iter_mut().zip(ins) {
+            abi::len_u32(op, b.len())?;
+            *v = view(&self.live, op, b)?;
+        }
+        let mut allocs = Vec::with_capacity(K);
+        for &len in &lens {
+            match self.pool.allocate(op, len * 4) {
+                Ok(a) => allocs.push(a),
+                Err(e) => {
+                    allocs.into_iter().for_each(|a| self.pool.free(a));
+                    return Err(e);
+                }
+            }
+        }
+        let mut slices = allocs
+            .iter_mut()
+            .zip(lens)
+            .map(|(a, len)| &mut a.block[..len]);
+        let outs: [&mut [f32]; K] = std::array::from_fn(|_| slices.next().unwrap_or_default());
+        if lens.iter().any(|&l| l > 0) {
+            kernel(views, outs);
+        }
+        self.traffic.launch();
+        let bufs: Vec<Buffer> = allocs
+            .into_iter()
+            .zip(lens)
+            .map(|(a, len)| self.insert(a, len))
+            .collect();
+        bufs.try_into()
+            .map_err(|_| Error::kernel(op, "the outputs were not allocated"))
+    }
+
     pub(super) fn map1(
         &mut self,
         op: &'static str,

@@ -3,11 +3,11 @@
 //! mapped indices arrive validated), each the twin of its CUDA kernel.
 
 use super::launch::view;
-use super::{SimDevice, activation, conv, linalg, norm, pointwise, reduce, rows};
+use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, Batch, BiasLayout, Buffer, Gemm, Launch, NormLayout, PointAct, PoolKind, WindowLens,
-    Windows,
+    Act, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, NormLayout, PointAct, PoolKind,
+    WindowLens, Windows,
 };
 use crate::{Error, Result};
 
@@ -394,6 +394,45 @@ impl Launch for SimDevice {
         self.launch(OP, [x], x.len(), |[x], out| {
             norm::masked_softmax(x, mask, n.max(1), out)
         })
+    }
+
+    fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
+        let lens = [f.dims.qkv_len(), f.dims.rows_len()];
+        let [o, lse] = self.launch_outs("flash_attention", qkv, lens, |[q, k, v], [o, lse]| {
+            flash::forward(&flash::Qkv { q, k, v }, &f.dims, &f.mask, o, lse)
+        })?;
+        Ok((o, lse))
+    }
+
+    fn launch_flash_bwd(
+        &mut self,
+        qkv: [Buffer; 3],
+        o: Buffer,
+        lse: Buffer,
+        go: Buffer,
+        f: &Flash,
+    ) -> Result<[Buffer; 3]> {
+        const OP: &str = "flash_attention_bwd";
+        let [q, k, v] = qkv;
+        let lens = [f.dims.qkv_len(), f.dims.rows_len()];
+        let ins = [q, k, v, o, go, lse];
+        let [dq, delta] = self.launch_outs(OP, ins, lens, |[q, k, v, o, go, lse], [dq, dl]| {
+            let x = flash::Qkv { q, k, v };
+            flash::backward_q(&x, o, go, lse, &f.dims, &f.mask, dq, dl)
+        })?;
+        let ins = [q, k, v, go, lse, delta];
+        let kv = self.launch_outs(OP, ins, [lens[0]; 2], |[q, k, v, go, lse, dl], [dk, dv]| {
+            let x = flash::Qkv { q, k, v };
+            flash::backward_kv(&x, go, lse, dl, &f.dims, &f.mask, dk, dv)
+        });
+        crate::device::Device::release(self, delta);
+        match kv {
+            Ok([dk, dv]) => Ok([dq, dk, dv]),
+            Err(e) => {
+                crate::device::Device::release(self, dq);
+                Err(e)
+            }
+        }
     }
 
     fn launch_im2col(&mut self, x: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {

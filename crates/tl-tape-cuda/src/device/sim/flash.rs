@@ -1,0 +1,231 @@
+//! Kernel bodies of the fused attention (kernels/attention.cu): `tl_flash_fwd`,
+//! `tl_flash_bwd_q`, `tl_flash_bwd_kv`, each the twin of its kernel — the same tiles of
+//! [`FLASH_TILE`](crate::device::FLASH_TILE) query rows and keys, the same tiles skipped under a causal mask, every sum in
+//! the kernel's order (the order is written in the kernel file's header and in
+//! docs/semantics.md, "Attention"):
+//!
+//! - a score is `dot(q_i, k_j)·scale`, the dot a fused multiply-add chain over the head's
+//!   columns from +0; masked keys are −∞;
+//! - forward, per query row over the key tiles in order: the tile's max, `m' = max(m, mt)`,
+//!   `α = exp(m − m')`, `p = exp(s − m')`, `l = l·α + Σ p` (keys in order from +0), each
+//!   output column `o·α` then one fused multiply-add per key; at the end `o / l` and
+//!   `lse = m + ln l` (0 and −∞ for a row with nothing allowed);
+//! - backward: `delta_i = dot(dO_i, O_i)`, `p = exp(s − lse)`, `dS = p·(dP − delta)·scale`;
+//!   dQ sums over keys, dK and dV over query rows, each an FMA chain from +0 in increasing
+//!   order.
+
+use crate::device::{FLASH_TILE as T, FlashDims, FlashMask};
+
+/// The index of (b, i, h, c) in a head-merged (B, n, H, d) buffer.
+fn at(f: &FlashDims, b: usize, i: usize, h: usize, c: usize) -> usize {
+    ((b * f.n + i) * f.heads + h) * f.d + c
+}
+
+/// Row i of head h of sample b: `d` contiguous values.
+fn row<'a>(x: &'a [f32], f: &FlashDims, b: usize, i: usize, h: usize) -> &'a [f32] {
+    &x[at(f, b, i, h, 0)..][..f.d]
+}
+
+/// `Σ a_c·b_c` as a fused multiply-add chain from +0 in increasing c (`tl_fa_dot`).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0.0f32, |s, (&x, &y)| x.mul_add(y, s))
+}
+
+/// The tiles of `n`: `(start, len)` from `from` (a multiple of [`T`]) while `start < end`.
+fn tiles(from: usize, end: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (from..end).step_by(T).map(move |s| (s, T.min(n - s)))
+}
+
+/// The operands of one core.
+pub struct Qkv<'a> {
+    /// Q, K, V, head-merged.
+    pub q: &'a [f32],
+    /// K.
+    pub k: &'a [f32],
+    /// V.
+    pub v: &'a [f32],
+}
+
+/// `(p, dS)` of query row `i` and key `j` of head (b, h) (`tl_fa_p_ds`): 0 where masked or
+/// the row has nothing allowed (`lse = −∞`).
+#[allow(clippy::too_many_arguments)]
+fn p_ds(
+    x: &Qkv<'_>,
+    go: &[f32],
+    f: &FlashDims,
+    (b, h): (usize, usize),
+    (i, j): (usize, usize),
+    lse: f32,
+    delta: f32,
+    ok: bool,
+) -> (f32, f32) {
+    if !ok || lse == f32::NEG_INFINITY {
+        return (0.0, 0.0);
+    }
+    let scale = f.scale();
+    let s = dot(row(x.q, f, b, i, h), row(x.k, f, b, j, h)) * scale;
+    let p = (s - lse).exp();
+    let dp = dot(row(go, f, b, i, h), row(x.v, f, b, j, h));
+    (p, p * (dp - delta) * scale)
+}
+
+/// `tl_flash_fwd`: O (B·n·H·d) and lse (B·H·n).
+pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
+    let (n, d, scale) = (f.n, f.d, f.scale());
+    for bh in 0..f.batch * f.heads {
+        let (b, h) = (bh / f.heads, bh % f.heads);
+        for (i0, rows) in tiles(0, n, n) {
+            let mut m = [f32::NEG_INFINITY; T];
+            let mut l = [0.0f32; T];
+            let mut acc = vec![0.0f32; T * d];
+            let kend = if mask.causal() { i0 + rows } else { n };
+            for (j0, cols) in tiles(0, kend, n) {
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let mut p = [f32::NEG_INFINITY; T];
+                    for (jj, s) in p.iter_mut().enumerate().take(cols) {
+                        if mask.allowed(n, i, j0 + jj) {
+                            *s = dot(row(x.q, f, b, i, h), row(x.k, f, b, j0 + jj, h)) * scale;
+                        }
+                    }
+                    let mt = p[..cols].iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+                    let mn = m[r].max(mt);
+                    let mut alpha = 1.0f32;
+                    if mn == f32::NEG_INFINITY {
+                        p[..cols].fill(0.0);
+                    } else {
+                        alpha = (m[r] - mn).exp();
+                        let mut sum = 0.0f32;
+                        for s in &mut p[..cols] {
+                            *s = (*s - mn).exp();
+                            sum += *s;
+                        }
+                        l[r] = l[r] * alpha + sum;
+                        m[r] = mn;
+                    }
+                    for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
+                        let mut t = *a * alpha;
+                        for (jj, &pj) in p[..cols].iter().enumerate() {
+                            t = pj.mul_add(x.v[at(f, b, j0 + jj, h, c)], t);
+                        }
+                        *a = t;
+                    }
+                }
+            }
+            for r in 0..rows {
+                let i = i0 + r;
+                let none = m[r] == f32::NEG_INFINITY;
+                for c in 0..d {
+                    o[at(f, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
+                }
+                lse[bh * n + i] = if none {
+                    f32::NEG_INFINITY
+                } else {
+                    m[r] + l[r].ln()
+                };
+            }
+        }
+    }
+}
+
+/// `tl_flash_bwd_q`: dQ and delta (`dot(dO_i, O_i)` per row, B·H·n), from O, dO and lse.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_q(
+    x: &Qkv<'_>,
+    o: &[f32],
+    go: &[f32],
+    lse: &[f32],
+    f: &FlashDims,
+    mask: &FlashMask,
+    dq: &mut [f32],
+    delta: &mut [f32],
+) {
+    let (n, d) = (f.n, f.d);
+    for bh in 0..f.batch * f.heads {
+        let (b, h) = (bh / f.heads, bh % f.heads);
+        for (i0, rows) in tiles(0, n, n) {
+            for r in 0..rows {
+                let i = i0 + r;
+                delta[bh * n + i] = dot(row(go, f, b, i, h), row(o, f, b, i, h));
+            }
+            let mut acc = vec![0.0f32; T * d];
+            let kend = if mask.causal() { i0 + rows } else { n };
+            for (j0, cols) in tiles(0, kend, n) {
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let mut ds = [0.0f32; T];
+                    for (jj, v) in ds.iter_mut().enumerate().take(cols) {
+                        let ok = mask.allowed(n, i, j0 + jj);
+                        let (l, dl) = (lse[bh * n + i], delta[bh * n + i]);
+                        *v = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok).1;
+                    }
+                    for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
+                        let mut t = *a;
+                        for (jj, &s) in ds[..cols].iter().enumerate() {
+                            t = s.mul_add(x.k[at(f, b, j0 + jj, h, c)], t);
+                        }
+                        *a = t;
+                    }
+                }
+            }
+            for r in 0..rows {
+                for c in 0..d {
+                    dq[at(f, b, i0 + r, h, c)] = acc[r * d + c];
+                }
+            }
+        }
+    }
+}
+
+/// `tl_flash_bwd_kv`: dK and dV, from dO, lse and [`backward_q`]'s delta.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_kv(
+    x: &Qkv<'_>,
+    go: &[f32],
+    lse: &[f32],
+    delta: &[f32],
+    f: &FlashDims,
+    mask: &FlashMask,
+    dk: &mut [f32],
+    dv: &mut [f32],
+) {
+    let (n, d) = (f.n, f.d);
+    for bh in 0..f.batch * f.heads {
+        let (b, h) = (bh / f.heads, bh % f.heads);
+        for (j0, cols) in tiles(0, n, n) {
+            let mut acc_k = vec![0.0f32; T * d];
+            let mut acc_v = vec![0.0f32; T * d];
+            let istart = if mask.causal() { j0 } else { 0 };
+            for (i0, rows) in tiles(istart, n, n) {
+                let mut p = [[0.0f32; T]; T];
+                let mut ds = [[0.0f32; T]; T];
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let (l, dl) = (lse[bh * n + i], delta[bh * n + i]);
+                    for jj in 0..cols {
+                        let ok = mask.allowed(n, i, j0 + jj);
+                        (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok);
+                    }
+                }
+                for jj in 0..cols {
+                    for c in 0..d {
+                        let (mut tk, mut tv) = (acc_k[jj * d + c], acc_v[jj * d + c]);
+                        for r in 0..rows {
+                            tk = ds[r][jj].mul_add(x.q[at(f, b, i0 + r, h, c)], tk);
+                            tv = p[r][jj].mul_add(go[at(f, b, i0 + r, h, c)], tv);
+                        }
+                        acc_k[jj * d + c] = tk;
+                        acc_v[jj * d + c] = tv;
+                    }
+                }
+            }
+            for jj in 0..cols {
+                for c in 0..d {
+                    let k = at(f, b, j0 + jj, h, c);
+                    dk[k] = acc_k[jj * d + c];
+                    dv[k] = acc_v[jj * d + c];
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,480 @@
+//! The fused ("flash") attention core (`Device::flash_attention`, `flash_attention_bwd`;
+//! kernels/attention.cu and its sim twin) against an f64 reference of softmax attention, and
+//! `multiHeadAttention { fused: true }` on the CUDA tape: its value and gradients against the
+//! composed path and the IR, the memory it keeps, its launches, its errors.
+//!
+//! The shared cases ([`cases`], [`run_core`]) also run on the kernel emulator and a GPU
+//! (gpu.rs), where they must give the sim's bits (emulator) or its values within 1e-5 (GPU).
+
+use crate::common::{Domain, Gen, check_graph, draw};
+use tl_ir::{GraphBuilder, Op};
+use tl_spec::ops::attention::Mask;
+use tl_spec::{Shape, Tensor};
+use tl_tape_cuda::device::{FLASH_MAX_HEAD, Flash, FlashDims, FlashMask};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Result, SimDevice};
+
+/// One core: sizes and the (n, n) mask (`None`: every key).
+pub struct Case {
+    pub name: &'static str,
+    pub dims: FlashDims,
+    pub mask: Option<Mask>,
+}
+
+fn dims(batch: usize, n: usize, heads: usize, d: usize) -> FlashDims {
+    FlashDims { batch, n, heads, d }
+}
+
+/// Lengths that are and are not multiples of the tile (16), head sizes 1 to 128, and every
+/// mask form: none, causal, key padding, both, and a general mask with fully masked rows.
+pub fn cases() -> Vec<Case> {
+    let pad = |n: usize| Mask::from_fn(n, |_, j| j % 5 != 2).unwrap();
+    let both = |n: usize| Mask::from_fn(n, |i, j| j <= i && j % 4 != 1).unwrap();
+    // Rows 0 and 7 see nothing; the others an irregular pattern.
+    let odd = |n: usize| Mask::from_fn(n, |i, j| i != 0 && i != 7 && (i * 3 + j) % 5 != 0).unwrap();
+    vec![
+        Case {
+            name: "n1 d1",
+            dims: dims(1, 1, 1, 1),
+            mask: None,
+        },
+        Case {
+            name: "n16 d16",
+            dims: dims(1, 16, 2, 16),
+            mask: None,
+        },
+        Case {
+            name: "causal n17 d7",
+            dims: dims(2, 17, 2, 7),
+            mask: Some(Mask::causal(17).unwrap()),
+        },
+        Case {
+            name: "padding n40 d5",
+            dims: dims(1, 40, 3, 5),
+            mask: Some(pad(40)),
+        },
+        Case {
+            name: "causal+padding n33 d33",
+            dims: dims(2, 33, 1, 33),
+            mask: Some(both(33)),
+        },
+        Case {
+            name: "general n20 d3",
+            dims: dims(1, 20, 2, 3),
+            mask: Some(odd(20)),
+        },
+        Case {
+            name: "n5 d128",
+            dims: dims(1, 5, 1, FLASH_MAX_HEAD),
+            mask: Some(Mask::causal(5).unwrap()),
+        },
+    ]
+}
+
+/// Seeded Q, K, V and dO for `dims`, in [−1.5, 1.5].
+pub fn inputs(dims: &FlashDims, seed: u64) -> [Vec<f32>; 4] {
+    let mut g = Gen::new(seed);
+    let mut v = || -> Vec<f32> {
+        (0..dims.qkv_len())
+            .map(|_| g.range(-1.5, 1.5) as f32)
+            .collect()
+    };
+    [v(), v(), v(), v()]
+}
+
+/// `[O, lse, dQ, dK, dV]` of the fused core on `dev`; everything it allocated released.
+pub fn run_core<D: Device>(
+    dev: &mut D,
+    case: &Case,
+    data: &[Vec<f32>; 4],
+) -> Result<[Vec<f32>; 5]> {
+    let f = Flash {
+        dims: case.dims,
+        mask: FlashMask::of("test", case.mask.as_ref(), case.dims.n)?,
+    };
+    let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
+    let (q, k, v, go) = (q?, k?, v?, go?);
+    let (o, lse) = dev.flash_attention([q, k, v], &f)?;
+    let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], o, lse, go, &f)?;
+    let mut out = Vec::new();
+    for b in [o, lse, dq, dk, dv] {
+        out.push(dev.download(b)?);
+    }
+    dev.release_all([q, k, v, go, o, lse, dq, dk, dv]);
+    Ok([
+        out.remove(0),
+        out.remove(0),
+        out.remove(0),
+        out.remove(0),
+        out.remove(0),
+    ])
+}
+
+/// The f64 reference: `[O, lse, dQ, dK, dV]` of softmax attention per head, masked entries
+/// exactly 0, a row with nothing allowed 0 (lse −∞) and passing no gradient.
+fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
+    let FlashDims { batch, n, heads, d } = case.dims;
+    let at = |b: usize, i: usize, h: usize, c: usize| ((b * n + i) * heads + h) * d + c;
+    let x = |k: usize, i: usize| f64::from(data[k][i]);
+    let ok = |i: usize, j: usize| case.mask.as_ref().is_none_or(|m| m.allowed(i, j));
+    let scale = 1.0 / (d as f64).sqrt();
+    let len = case.dims.qkv_len();
+    let (mut o, mut lse) = (vec![0.0; len], vec![f64::NEG_INFINITY; batch * heads * n]);
+    let (mut dq, mut dk, mut dv) = (vec![0.0; len], vec![0.0; len], vec![0.0; len]);
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..n {
+                let s: Vec<Option<f64>> = (0..n)
+                    .map(|j| {
+                        ok(i, j).then(|| {
+                            (0..d)
+                                .map(|c| x(0, at(b, i, h, c)) * x(1, at(b, j, h, c)))
+                                .sum::<f64>()
+                                * scale
+                        })
+                    })
+                    .collect();
+                let m = s.iter().flatten().fold(f64::NEG_INFINITY, |a, &v| a.max(v));
+                if m == f64::NEG_INFINITY {
+                    continue;
+                }
+                let z: f64 = s.iter().flatten().map(|v| (v - m).exp()).sum();
+                lse[(b * heads + h) * n + i] = m + z.ln();
+                let p: Vec<f64> = s
+                    .iter()
+                    .map(|v| v.map_or(0.0, |v| (v - m).exp() / z))
+                    .collect();
+                for c in 0..d {
+                    o[at(b, i, h, c)] = (0..n).map(|j| p[j] * x(2, at(b, j, h, c))).sum();
+                }
+                // dP = dO·Vᵀ, dS = P(dP − Σ P dP)·scale.
+                let dp: Vec<f64> = (0..n)
+                    .map(|j| {
+                        (0..d)
+                            .map(|c| x(3, at(b, i, h, c)) * x(2, at(b, j, h, c)))
+                            .sum()
+                    })
+                    .collect();
+                let dot: f64 = (0..n).map(|j| p[j] * dp[j]).sum();
+                for j in 0..n {
+                    let ds = p[j] * (dp[j] - dot) * scale;
+                    for c in 0..d {
+                        dq[at(b, i, h, c)] += ds * x(1, at(b, j, h, c));
+                        dk[at(b, j, h, c)] += ds * x(0, at(b, i, h, c));
+                        dv[at(b, j, h, c)] += p[j] * x(3, at(b, i, h, c));
+                    }
+                }
+            }
+        }
+    }
+    [o, lse, dq, dk, dv]
+}
+
+/// The largest error of `got` against `want`, relative to `max(1, ‖want‖∞)`; −∞ must match
+/// −∞, a NaN is an infinite error.
+fn max_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(1.0f64, |m, v| m.max(v.abs()));
+    got.iter().zip(want).fold(0.0f64, |e, (&g, &w)| {
+        if w == f64::NEG_INFINITY {
+            return if g == f32::NEG_INFINITY {
+                e
+            } else {
+                f64::INFINITY
+            };
+        }
+        let d = (f64::from(g) - w).abs() / scale;
+        // A NaN is an infinite error (`max` would skip it).
+        e.max(if d.is_nan() { f64::INFINITY } else { d })
+    })
+}
+
+#[test]
+fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
+    for (k, case) in cases().iter().enumerate() {
+        let data = inputs(&case.dims, 100 + k as u64);
+        let mut dev = SimDevice::new();
+        let got = run_core(&mut dev, case, &data).unwrap();
+        let want = reference(case, &data);
+        for (name, (g, w)) in ["O", "lse", "dQ", "dK", "dV"]
+            .iter()
+            .zip(got.iter().zip(&want))
+        {
+            let e = max_err(g, w);
+            assert!(e <= 1e-5, "{}: {name} off by {e:e}", case.name);
+        }
+        let u = dev.memory_usage();
+        assert_eq!(u.live_bytes, 0, "{}: leaked {u}", case.name);
+    }
+}
+
+#[test]
+fn fully_masked_rows_give_zeros_and_pass_no_gradient() {
+    let case = &cases()[5];
+    let data = inputs(&case.dims, 7);
+    let [o, lse, dq, ..] = run_core(&mut SimDevice::new(), case, &data).unwrap();
+    let FlashDims { n, heads, d, .. } = case.dims;
+    for h in 0..heads {
+        for i in [0, 7] {
+            assert_eq!(lse[h * n + i], f32::NEG_INFINITY, "head {h} row {i}");
+            for c in 0..d {
+                let at = (i * heads + h) * d + c;
+                assert_eq!(
+                    (o[at].to_bits(), dq[at].to_bits()),
+                    (0, 0),
+                    "head {h} row {i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_refused_before_launch() {
+    let mut dev = SimDevice::new();
+    let f = |d: usize, n: usize| Flash {
+        dims: dims(1, n, 1, d),
+        mask: FlashMask::none(),
+    };
+    let q = dev.upload(&vec![0.5; 2 * 129]).unwrap();
+    let live = dev.memory_usage().live_bytes;
+    let launches = dev.traffic().launches;
+    // A head of 129: not supported (the composed path takes it).
+    let e = dev
+        .flash_attention([q, q, q], &f(129, 2))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("flash_attention") && e.contains("d = 129") && e.contains("1..=128"),
+        "{e}"
+    );
+    // Q of the wrong length.
+    let e = dev
+        .flash_attention([q, q, q], &f(128, 2))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Q has 258 element(s), expected 256"), "{e}");
+    // A mask made for another n.
+    let causal = FlashMask::of("test", Some(&Mask::causal(3).unwrap()), 3).unwrap();
+    let e = dev
+        .flash_attention(
+            [q, q, q],
+            &Flash {
+                dims: dims(1, 129, 1, 2),
+                mask: causal,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("made for n = 3") && e.contains("n = 129"), "{e}");
+    let e = FlashMask::of("multiHeadAttention", Some(&Mask::causal(3).unwrap()), 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("multiHeadAttention") && e.contains("(3, 3)") && e.contains("n = 4"),
+        "{e}"
+    );
+    // The backward's lse of the wrong length.
+    let g = f(2, 129);
+    let e = dev
+        .flash_attention_bwd([q, q, q], q, q, q, &g)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lse has 258 element(s), expected 129"), "{e}");
+    assert_eq!(dev.memory_usage().live_bytes, live, "nothing allocated");
+    assert_eq!(dev.traffic().launches, launches, "nothing launched");
+}
+
+/// `multiHeadAttention` over leaves `[wq, wk, wv, wo, x]` (x (B, n, dModel)), then a weighted
+/// sum, as one graph.
+fn mha_graph(op: Op, batch: usize, n: usize, dm: usize, p: usize) -> (tl_ir::GraphData, usize) {
+    let mut b = GraphBuilder::new();
+    let w = [[dm, p], [dm, p], [dm, p], [p, dm]].map(|s| b.leaf(s, None).unwrap());
+    let x = b.leaf([batch, n, dm], None).unwrap();
+    let r = b.leaf([batch, n, dm], None).unwrap();
+    let y = b.apply(op, &[w[0], w[1], w[2], w[3], x]).unwrap();
+    let yr = b.apply(Op::Mul, &[y, r]).unwrap();
+    let out = b.apply(Op::Sum, &[yr]).unwrap();
+    (b.finish(), out)
+}
+
+fn mha(heads: usize, mask: Option<Mask>, fused: bool) -> Op {
+    Op::MultiHeadAttention { heads, mask, fused }
+}
+
+/// The fused op on the CUDA tape (sim) against the IR (check 1 and 2), for lengths that are
+/// not multiples of the tile, every mask form, a fully masked row.
+#[test]
+fn the_fused_op_on_the_tape_matches_ir_eval_and_backprop() {
+    let mut g = Gen::new(5);
+    let odd = Mask::from_fn(19, |i, j| i != 4 && (i + 2 * j) % 3 != 0).unwrap();
+    let pad = Mask::from_fn(19, |_, j| j != 0 && j != 11).unwrap();
+    let both = Mask::from_fn(19, |i, j| j <= i && j != 3).unwrap();
+    for mask in [
+        None,
+        Some(Mask::causal(19).unwrap()),
+        Some(pad),
+        Some(both),
+        Some(odd),
+    ] {
+        let (graph, out) = mha_graph(mha(2, mask.clone(), true), 2, 19, 5, 6);
+        let leaves: Vec<Tensor<f64>> = graph
+            .leaves()
+            .iter()
+            .map(|l| draw(&mut g, &l.shape, Domain::Any))
+            .collect();
+        check_graph(
+            &format!("fused attention {mask:?}"),
+            &graph,
+            &leaves,
+            out,
+            &Tensor::scalar(1.0),
+        );
+    }
+}
+
+/// Values and gradients of `multiHeadAttention` on a fresh sim tape, as f64.
+fn tape_run(op: &Op, leaves: &[Tensor<f64>]) -> Vec<Tensor<f64>> {
+    let (graph, out) = mha_graph(op.clone(), 2, 21, 6, 8);
+    let mut tape = CudaTape::new(SimDevice::new());
+    let ids = graph.replay(&mut tape, leaves, &[]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let grads = tape.backward_dense(ids[out], &seed).unwrap();
+    let mut res = vec![tape.read(ids[out]).unwrap()];
+    for &id in &ids[..5] {
+        res.push(grads[id].download(tape.device()).unwrap());
+    }
+    tape.release_grads(grads);
+    res
+}
+
+/// fused = composed on the CUDA tape, value and every gradient (both within the f32
+/// tolerance of each other; the summation orders differ).
+#[test]
+fn the_fused_and_composed_paths_agree_on_the_tape() {
+    let mut g = Gen::new(9);
+    for mask in [None, Some(Mask::causal(21).unwrap())] {
+        let (graph, _) = mha_graph(mha(2, None, true), 2, 21, 6, 8);
+        let leaves: Vec<Tensor<f64>> = graph
+            .leaves()
+            .iter()
+            .map(|l| draw(&mut g, &l.shape, Domain::Any))
+            .collect();
+        let fused = tape_run(&mha(2, mask.clone(), true), &leaves);
+        let composed = tape_run(&mha(2, mask.clone(), false), &leaves);
+        for (k, (a, b)) in fused.iter().zip(&composed).enumerate() {
+            crate::common::close(a, b).unwrap_or_else(|e| panic!("{mask:?} result {k}: {e}"));
+        }
+        // Deterministic: a second run gives the same bits.
+        let again = tape_run(&mha(2, mask.clone(), true), &leaves);
+        for (a, b) in fused.iter().zip(&again) {
+            assert_eq!(
+                a.data(),
+                b.data(),
+                "{mask:?}: not bit-identical across runs"
+            );
+        }
+    }
+}
+
+/// The fused node keeps Q, K, V, C and one log-sum-exp per row (no (n, n) buffer), runs one
+/// core launch forward and two backward, and its backward recomputes only Q, K, V, C and the
+/// statistics once the workspace is gone.
+#[test]
+fn the_fused_node_keeps_o_n_floats_and_runs_three_core_launches() {
+    let mut rnd = Gen::new(23);
+    let (dm, p, heads, n) = (6, 4, 2, 37);
+    let shapes = [[dm, p], [dm, p], [dm, p], [p, dm], [n, dm]];
+    let mut tape = CudaTape::new(SimDevice::new());
+    let leaves: Vec<usize> = shapes
+        .iter()
+        .map(|s| {
+            let t = draw(&mut rnd, &Shape::new(s), Domain::Any);
+            tape.upload_leaf(&t, None, true).unwrap()
+        })
+        .collect();
+    let op = mha(heads, Some(Mask::causal(n).unwrap()), true);
+    let before = tape.device().traffic();
+    let live = tape.device().memory_usage().live_bytes;
+    let y = tape.apply(&op, &leaves).unwrap();
+    // Three projections, the fused core, the output projection.
+    assert_eq!((tape.device().traffic() - before).launches, 5);
+    let kept = tape.node(y).unwrap().cleanup().to_vec();
+    let lens: Vec<usize> = kept.iter().map(|b| b.len()).collect();
+    assert_eq!(
+        lens,
+        [n * p, n * p, n * p, n * p, heads * n],
+        "Q, K, V, C, lse"
+    );
+    let grown = tape.device().memory_usage().live_bytes - live;
+    assert_eq!(
+        grown,
+        4 * (4 * n * p + heads * n + n * dm),
+        "kept + y, bytes"
+    );
+    assert!(
+        grown < 4 * heads * n * n,
+        "less than one (heads, n, n) score matrix"
+    );
+    let loss = tape.apply(&Op::Sum, &[y]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let run = |tape: &mut CudaTape<SimDevice>| {
+        let before = tape.device().traffic();
+        let g = tape.backward_dense(loss, &seed).unwrap();
+        let launches = (tape.device().traffic() - before).launches;
+        let bits: Vec<Vec<u32>> = leaves
+            .iter()
+            .map(|&i| {
+                let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
+                t.data().iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        tape.release_grads(g);
+        (launches, bits)
+    };
+    let (reused, first) = run(&mut tape);
+    assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
+    let (recomputed, second) = run(&mut tape);
+    assert_eq!(
+        first, second,
+        "the same bits from the workspace or recomputed"
+    );
+    assert_eq!(
+        recomputed - reused,
+        4,
+        "three projections and the fused core"
+    );
+}
+
+/// A head the kernels do not take is an error naming the op before anything runs; the
+/// composed path takes it.
+#[test]
+fn a_head_past_the_kernel_is_an_error_and_the_composed_path_runs_it() {
+    let (dm, heads, p) = (3, 1, FLASH_MAX_HEAD + 1);
+    let mut g = Gen::new(4);
+    let shapes = [[dm, p], [dm, p], [dm, p], [p, dm], [2, dm]];
+    let mut tape = CudaTape::new(SimDevice::new());
+    let leaves: Vec<usize> = shapes
+        .iter()
+        .map(|s| {
+            tape.upload_leaf(&draw(&mut g, &Shape::new(s), Domain::Any), None, true)
+                .unwrap()
+        })
+        .collect();
+    let live = tape.device().memory_usage().live_bytes;
+    let launches = tape.device().traffic().launches;
+    let nodes = tape.len();
+    let e = tape
+        .apply(&mha(heads, None, true), &leaves)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("multiHeadAttention") && e.contains("d = 129") && e.contains("fused = false"),
+        "{e}"
+    );
+    assert_eq!(tape.device().memory_usage().live_bytes, live);
+    assert_eq!(tape.device().traffic().launches, launches);
+    assert_eq!(tape.len(), nodes);
+    assert!(tape.apply(&mha(heads, None, false), &leaves).is_ok());
+}
