@@ -14,9 +14,7 @@ use tl_session::{Backend, LinkedSession, Options, Session, Train};
 use crate::checkpoint::{self, Checkpoint, Header};
 use crate::cli::{ModelName, OptimizerName, Preset, TrainArgs};
 use crate::dataset::load;
-use crate::fno_paper::{
-    PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperRun, default_cache_dir,
-};
+use crate::fno_paper::{PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperRun, default_cache_dir};
 pub use crate::metrics::{Metrics, evaluate};
 use crate::model::{Defaults, Model, defaults};
 use crate::{CliError, Result};
@@ -156,7 +154,11 @@ fn preset(a: &TrainArgs, p: Preset) -> Result<(ModelName, Defaults, Option<Paper
         return Err(contradiction("--model", m.as_str().into(), "fno".into()));
     }
     if let Some(o) = a.optimizer.filter(|&o| o != OptimizerName::Adam) {
-        return Err(contradiction("--optimizer", o.as_str().into(), "adam".into()));
+        return Err(contradiction(
+            "--optimizer",
+            o.as_str().into(),
+            "adam".into(),
+        ));
     }
     if let Some(lr) = a.lr.filter(|&lr| lr != PAPER_LR) {
         return Err(contradiction("--lr", lr.to_string(), PAPER_LR.to_string()));

@@ -268,10 +268,7 @@ pub fn relative_l2_loss<'g, O: Train>(
     if input.dims().is_empty() {
         return Err(usage(
             what,
-            format!(
-                "input {} needs a batch axis (B, …)",
-                input.shape()
-            ),
+            format!("input {} needs a batch axis (B, …)", input.shape()),
         ));
     }
     let d = (input - target)?.flatten_batch()?;

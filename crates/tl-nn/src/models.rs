@@ -199,7 +199,13 @@ impl Parameters for Fno1d {
 
 impl<O: Train> Module<O> for Fno1d {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
-        let gelu = |h: &Var<'g, O>| if self.exact_gelu { h.gelu_erf() } else { h.gelu() };
+        let gelu = |h: &Var<'g, O>| {
+            if self.exact_gelu {
+                h.gelu_erf()
+            } else {
+                h.gelu()
+            }
+        };
         let mut h = self.lift.forward(x)?;
         let last = self.spectral.len().saturating_sub(1);
         for (k, (s, p)) in self.spectral.iter().zip(&self.pointwise).enumerate() {

@@ -4,8 +4,8 @@
 //! session and the CUDA simulation; and their bad inputs.
 
 use tl_nn::losses::{
-    Reduction, binary_cross_entropy_with_logits, huber_loss, l1_loss, nll_loss,
-    relative_l2_loss, smooth_l1_loss,
+    Reduction, binary_cross_entropy_with_logits, huber_loss, l1_loss, nll_loss, relative_l2_loss,
+    smooth_l1_loss,
 };
 use tl_nn::{Activation, Labels, Parameters, Runtime, Scope, Var};
 use tl_session::{Backend, Optimizer, Param, Train};
@@ -433,5 +433,8 @@ fn relative_l2_matches_its_closed_form() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("relative_l2_loss") && e.contains("batch axis"), "{e}");
+    assert!(
+        e.contains("relative_l2_loss") && e.contains("batch axis"),
+        "{e}"
+    );
 }
