@@ -119,6 +119,9 @@ impl Pairs {
     }
 }
 
+/// One solved pair: its index, u0 and u(T).
+type Solved = (usize, Vec<f64>, Vec<f64>);
+
 /// `Draws` stream of pair `i`.
 fn stream(seed: u64, i: usize) -> Draws {
     Draws::new(tl_spec::rng::splitmix64(
@@ -229,7 +232,7 @@ impl PaperData {
         self.validate()?;
         let (n, g) = (self.pairs(), self.source_grid);
         let threads = threads.clamp(1, n);
-        let rows: Vec<Vec<(usize, Vec<f64>, Vec<f64>)>> = std::thread::scope(|s| {
+        let rows: Vec<Vec<Solved>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|t| {
                     s.spawn(move || {
