@@ -58,6 +58,25 @@ impl ModelName {
     }
 }
 
+/// A named configuration of `tl train`: model, data, optimizer and schedule from a paper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// The FNO paper's Burgers benchmark (Li et al., ICLR 2021): its data (ν = 0.1, GRF initial
+    /// conditions, 8192-point solutions subsampled to --grid, 1000 / 200 pairs), its FNO (4
+    /// Fourier layers, width 64, 16 modes, projection 128), relative L2 loss, Adam 1e-3 halved
+    /// every 100 epochs, 500 epochs, batch 20 (docs/benchmarks.md).
+    FnoPaper,
+}
+
+impl Preset {
+    /// The name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Preset::FnoPaper => "fno-paper",
+        }
+    }
+}
+
 /// Which tape runs the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum BackendName {
@@ -127,9 +146,27 @@ impl OptimizerName {
 /// `tl train` options. Unset hyperparameters take the model's defaults.
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
-    /// The model to train.
-    #[arg(long, value_enum, default_value = "mlp")]
-    pub model: ModelName,
+    /// The model to train [default: mlp; fno with --preset fno-paper].
+    #[arg(long, value_enum)]
+    pub model: Option<ModelName>,
+    /// A paper's configuration (model, data, optimizer, schedule); flags that contradict it are
+    /// an error.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Training grid s of --preset fno-paper (a power of two, 32..=8192) [default: 256].
+    #[arg(long, value_name = "S")]
+    pub grid: Option<usize>,
+    /// Grid of the zero-shot super-resolution test of --preset fno-paper (a power of two up to
+    /// 8192; 0: none) [default: 4·S, at most 8192; none when S = 8192].
+    #[arg(long, value_name = "S")]
+    pub super_grid: Option<usize>,
+    /// Fourier modes of --preset fno-paper (at most S/2) [default: 16].
+    #[arg(long, value_name = "N")]
+    pub modes: Option<usize>,
+    /// Directory of the data cache of --preset fno-paper [default: $TL_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/tl, else ~/.cache/tl].
+    #[arg(long, value_name = "DIR")]
+    pub data_cache: Option<PathBuf>,
     /// The session backend.
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: BackendName,

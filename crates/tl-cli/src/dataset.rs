@@ -18,9 +18,11 @@ const BURGERS_SEEDS: (u64, u64) = (0xB0E6_0001, 0xB0E6_0002);
 /// Characters per transformer example.
 pub const CONTEXT: usize = 32;
 
-/// Fields on the Burgers' grid: inputs u0 and targets u(T), one row of [`GRID`] values each.
+/// Fields on a Burgers' grid: inputs u0 and targets u(T), one row of `grid` values each.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fields {
+    /// Points per row.
+    pub grid: usize,
     /// Initial conditions.
     pub x: Vec<f32>,
     /// Solutions at T.
@@ -48,7 +50,8 @@ pub enum Batch {
         /// Labels.
         labels: Vec<usize>,
     },
-    /// Input fields (B, grid, 2: u0 and the coordinate x/2π) and targets (B, grid, 1).
+    /// Input fields (B, grid, 2: u0 and the coordinate j/grid, i.e. x/L) and targets
+    /// (B, grid, 1).
     Fields {
         /// Inputs.
         x: Tensor<f32>,
@@ -71,7 +74,7 @@ impl Dataset {
     pub fn len(&self) -> usize {
         match self {
             Dataset::Classes(s) => s.len(),
-            Dataset::Fields(f) => f.y.len() / GRID,
+            Dataset::Fields(f) => f.y.len() / f.grid.max(1),
             Dataset::Text(w) => w.len,
         }
     }
@@ -87,8 +90,8 @@ impl Dataset {
         match self {
             Dataset::Classes(s) => Dataset::Classes(s.truncate(n)),
             Dataset::Fields(mut f) => {
-                f.x.truncate(n * GRID);
-                f.y.truncate(n * GRID);
+                f.x.truncate(n * f.grid);
+                f.y.truncate(n * f.grid);
                 Dataset::Fields(f)
             }
             Dataset::Text(mut w) => {
@@ -106,17 +109,17 @@ impl Dataset {
                 Batch::Classes { x, labels }
             }
             Dataset::Fields(f) => {
-                let b = idx.len();
-                let x = Tensor::from_fn([b, GRID, 2], |k| {
-                    let (e, rest) = (idx[k / (2 * GRID)], k % (2 * GRID));
+                let (b, g) = (idx.len(), f.grid);
+                let x = Tensor::from_fn([b, g, 2], |k| {
+                    let (e, rest) = (idx[k / (2 * g)], k % (2 * g));
                     let (j, ch) = (rest / 2, rest % 2);
                     if ch == 0 {
-                        f.x[e * GRID + j]
+                        f.x[e * g + j]
                     } else {
-                        j as f32 / GRID as f32
+                        j as f32 / g as f32
                     }
                 });
-                let y = Tensor::from_fn([b, GRID, 1], |k| f.y[idx[k / GRID] * GRID + k % GRID]);
+                let y = Tensor::from_fn([b, g, 1], |k| f.y[idx[k / g] * g + k % g]);
                 Batch::Fields { x, y }
             }
             Dataset::Text(w) => {
@@ -143,7 +146,11 @@ pub fn load(model: ModelName) -> Result<(Dataset, Dataset, Option<f32>)> {
             let make = |n, seed| {
                 let (x, y) = burgers::pairs(n, seed);
                 let f = |v: Vec<f64>| v.into_iter().map(|a| a as f32).collect();
-                Dataset::Fields(Fields { x: f(x), y: f(y) })
+                Dataset::Fields(Fields {
+                    grid: GRID,
+                    x: f(x),
+                    y: f(y),
+                })
             };
             (
                 make(BURGERS_TRAIN, BURGERS_SEEDS.0),
@@ -171,6 +178,7 @@ mod tests {
     #[test]
     fn field_batches_carry_u0_the_coordinate_and_the_target() {
         let f = Fields {
+            grid: GRID,
             x: (0..2 * GRID).map(|v| v as f32).collect(),
             y: (0..2 * GRID).map(|v| -(v as f32)).collect(),
         };

@@ -1,6 +1,7 @@
 //! # tl-cli: the `tl` command
 //!
-//! - `tl train`: train a model (mlp, cnn: digits classification; fno: Burgers' equation; transformer:
+//! - `tl train`: train a model (mlp, cnn: digits classification; fno: Burgers' equation, also as
+//!   the FNO paper's benchmark with `--preset fno-paper` ([`fno_paper`]); transformer:
 //!   char-level language model), built from tl-nn layers ([`model`]), on data shipped in the
 //!   repository (`data/`) or made by a solver in the project, eager or linked, on any session
 //!   backend, with one training loop over tl-nn's `Runtime` ([`train`]), a progress bar, a
@@ -20,6 +21,8 @@ pub mod dataset;
 pub mod dist;
 pub mod dot;
 pub mod error;
+pub mod fno_paper;
+pub mod grf;
 pub mod metrics;
 pub mod model;
 pub mod plot;

@@ -84,6 +84,18 @@ fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
         report.train.summary(),
         report.test.summary(),
     ));
+    if let (Some((s, m)), Some(p)) = (&report.super_res, &cfg.paper) {
+        out(&format!(
+            "zero-shot super-resolution: trained at s = {}, test at s = {s}: {}\n",
+            p.grid,
+            m.summary()
+        ));
+    }
+    out(&format!(
+        "wall time per epoch: {:.2} s ({} thread(s))\n",
+        report.epoch_secs,
+        tl_nn::threads()
+    ));
     if let Some(p) = &a.plot {
         plot::write_loss_png(p, &report.step_losses, &report.epoch_losses)?;
         out(&format!("wrote loss curve {}\n", p.display()));

@@ -45,6 +45,15 @@ pub fn rel_l2_sum(pred: &Tensor<f32>, target: &Tensor<f32>, len: usize) -> f64 {
         .sum()
 }
 
+/// `Σ (p − y)²` over every element.
+fn sq_err_sum(pred: &Tensor<f32>, target: &Tensor<f32>) -> f64 {
+    pred.data()
+        .iter()
+        .zip(target.data())
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum()
+}
+
 /// Metrics of the model on `split` (evaluation passes of up to 256 examples).
 pub fn evaluate<O: Train<T = f32>>(
     rt: &Runtime<O>,
@@ -61,7 +70,14 @@ pub fn evaluate<O: Train<T = f32>>(
             lv = o.loss.value()?.item()?;
             Ok(o.out)
         })?;
-        loss += f64::from(lv) * chunk.len() as f64;
+        match &batch {
+            // The mean squared error, whatever loss the model trains with.
+            Batch::Fields { y, .. } => {
+                let per = y.data().len() / chunk.len().max(1);
+                loss += sq_err_sum(&out, y) / per.max(1) as f64;
+            }
+            _ => loss += f64::from(lv) * chunk.len() as f64,
+        }
         match &batch {
             Batch::Classes { labels, .. } => {
                 let pred = out.argmax(out.shape().rank() - 1)?;

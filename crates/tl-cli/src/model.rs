@@ -3,6 +3,7 @@
 //! hyperparameters, and the task each is trained on. Parameter names are PyTorch
 //! `state_dict()` names (`0.weight`, `blocks.1.attn.wq`, …).
 
+use tl_nn::losses::{Reduction, relative_l2_loss};
 use tl_nn::models::{self, CnnConfig, Fno1d, FnoConfig, LmConfig, TransformerLm};
 use tl_nn::{Activation, Labels, Module, Parameters, Runtime, Scope, Sequential, Var};
 use tl_nn::{CLASSES, PIXELS};
@@ -86,6 +87,7 @@ pub const FNO: FnoConfig = FnoConfig {
     modes: 16,
     layers: 4,
     proj_hidden: 64,
+    exact_gelu: false,
 };
 
 /// The language model's sizes: context [`CONTEXT`], width 64, 4 heads, MLP width 256, 2
@@ -106,8 +108,11 @@ pub enum Model<O: Train> {
     /// `(Conv2d 3×3 pad 1 → ReLU → MaxPool2d 2) × 2 → Flatten → Linear` on the digits, with
     /// 16 then 32 channels. PyTorch: the same `nn.Sequential` (names `0.*`, `3.*`, `7.*`).
     Cnn(Sequential<O>),
-    /// FNO1d on Burgers' equation ([`FNO`] sizes).
+    /// FNO1d on Burgers' equation ([`FNO`] sizes), mean squared error.
     Fno(Fno1d),
+    /// FNO1d of `--preset fno-paper` (`PaperRun::fno_config`), relative L2 loss (the mean of
+    /// the batch's).
+    FnoPaper(Fno1d),
     /// Char-level transformer language model ([`LM`] sizes).
     Transformer(TransformerLm),
 }
@@ -149,12 +154,17 @@ impl<O: Train<T = f32>> Model<O> {
         })
     }
 
+    /// The FNO of `--preset fno-paper` with sizes `config`.
+    pub fn fno_paper(rt: &Runtime<O>, config: &FnoConfig) -> Result<Self> {
+        Ok(Model::FnoPaper(Fno1d::new(&rt.vars(), config)?))
+    }
+
     /// The model's name.
     pub fn name(&self) -> ModelName {
         match self {
             Model::Mlp(_) => ModelName::Mlp,
             Model::Cnn(_) => ModelName::Cnn,
-            Model::Fno(_) => ModelName::Fno,
+            Model::Fno(_) | Model::FnoPaper(_) => ModelName::Fno,
             Model::Transformer(_) => ModelName::Transformer,
         }
     }
@@ -177,6 +187,11 @@ impl<O: Train<T = f32>> Model<O> {
             (Model::Fno(m), Batch::Fields { x, y }) => {
                 let out = m.forward(&g.input(x.clone())?)?;
                 let loss = out.mse_loss(&g.input(y.clone())?)?;
+                Output { out, loss }
+            }
+            (Model::FnoPaper(m), Batch::Fields { x, y }) => {
+                let out = m.forward(&g.input(x.clone())?)?;
+                let loss = relative_l2_loss(&out, &g.input(y.clone())?, Reduction::Mean)?;
                 Output { out, loss }
             }
             (
@@ -209,7 +224,7 @@ impl<O: Train> Parameters for Model<O> {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         match self {
             Model::Mlp(m) | Model::Cnn(m) => m.visit_params(f),
-            Model::Fno(m) => m.visit_params(f),
+            Model::Fno(m) | Model::FnoPaper(m) => m.visit_params(f),
             Model::Transformer(m) => m.visit_params(f),
         }
     }

@@ -12,10 +12,11 @@ use tl_nn::data::permutation;
 use tl_session::{Backend, LinkedSession, Options, Session, Train};
 
 use crate::checkpoint::{self, Checkpoint, Header};
-use crate::cli::{ModelName, OptimizerName, TrainArgs};
+use crate::cli::{ModelName, OptimizerName, Preset, TrainArgs};
 use crate::dataset::load;
+use crate::fno_paper::{PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperRun, default_cache_dir};
 pub use crate::metrics::{Metrics, evaluate};
-use crate::model::{Model, defaults};
+use crate::model::{Defaults, Model, defaults};
 use crate::{CliError, Result};
 
 /// Everything a training run needs, with the model's defaults filled in.
@@ -47,14 +48,36 @@ pub struct TrainConfig {
     pub save: Option<PathBuf>,
     /// Draw progress bars on stderr.
     pub progress: bool,
+    /// `--preset fno-paper`: the paper's data, model, loss and optimizer schedule (with
+    /// `model` fno; `lr`, `batch_size`, `optimizer` as the paper's unless a test sets them).
+    pub paper: Option<PaperRun>,
 }
 
 impl TrainConfig {
     /// The configuration of `tl train` arguments (unset values from the model's defaults).
     pub fn from_args(a: &TrainArgs) -> Result<Self> {
-        let d = defaults(a.model);
+        let (model, d, paper) = match a.preset {
+            Some(p) => preset(a, p)?,
+            None => {
+                for (flag, set) in [
+                    ("--grid", a.grid.is_some()),
+                    ("--super-grid", a.super_grid.is_some()),
+                    ("--modes", a.modes.is_some()),
+                    ("--data-cache", a.data_cache.is_some()),
+                ] {
+                    if set {
+                        return Err(CliError::new(format!(
+                            "{flag} belongs to --preset fno-paper (the default fno data set is fixed at {} points)",
+                            crate::burgers::GRID
+                        )));
+                    }
+                }
+                let m = a.model.unwrap_or(ModelName::Mlp);
+                (m, defaults(m), None)
+            }
+        };
         let cfg = TrainConfig {
-            model: a.model,
+            model,
             backend: a.backend.backend(),
             epochs: a.epochs.unwrap_or(d.epochs),
             batch_size: a.batch_size.unwrap_or(d.batch_size),
@@ -67,6 +90,7 @@ impl TrainConfig {
             resume: a.resume.clone(),
             save: a.save.clone(),
             progress: true,
+            paper,
         };
         if cfg.batch_size == 0 {
             return Err(CliError::new("--batch-size must be at least 1"));
@@ -100,8 +124,61 @@ impl TrainConfig {
             resume: None,
             save: None,
             progress: false,
+            paper: None,
         }
     }
+
+    /// `--preset fno-paper` on the CPU, eager, without progress bars, with `run`'s data and
+    /// grids and the paper's hyperparameters.
+    pub fn fno_paper(run: PaperRun) -> Self {
+        TrainConfig {
+            epochs: PAPER_EPOCHS,
+            batch_size: PAPER_BATCH,
+            lr: PAPER_LR,
+            optimizer: OptimizerName::Adam,
+            paper: Some(run),
+            ..Self::defaults(ModelName::Fno)
+        }
+    }
+}
+
+/// The model, defaults and run of `--preset`, refusing flags that contradict it.
+fn preset(a: &TrainArgs, p: Preset) -> Result<(ModelName, Defaults, Option<PaperRun>)> {
+    let name = p.as_str();
+    let contradiction = |flag: &str, got: String, want: String| {
+        CliError::new(format!(
+            "--preset {name} contradicts {flag} {got}: the paper's is {want} (leave the flag out)"
+        ))
+    };
+    if let Some(m) = a.model.filter(|&m| m != ModelName::Fno) {
+        return Err(contradiction("--model", m.as_str().into(), "fno".into()));
+    }
+    if let Some(o) = a.optimizer.filter(|&o| o != OptimizerName::Adam) {
+        return Err(contradiction(
+            "--optimizer",
+            o.as_str().into(),
+            "adam".into(),
+        ));
+    }
+    if let Some(lr) = a.lr.filter(|&lr| lr != PAPER_LR) {
+        return Err(contradiction("--lr", lr.to_string(), PAPER_LR.to_string()));
+    }
+    if let Some(b) = a.batch_size.filter(|&b| b != PAPER_BATCH) {
+        return Err(contradiction(
+            "--batch-size",
+            b.to_string(),
+            PAPER_BATCH.to_string(),
+        ));
+    }
+    let dir = a.data_cache.clone().unwrap_or_else(default_cache_dir);
+    let run = PaperRun::new(PAPER, a.grid, a.super_grid, a.modes, dir)?;
+    let d = Defaults {
+        epochs: PAPER_EPOCHS,
+        batch_size: PAPER_BATCH,
+        lr: PAPER_LR,
+        optimizer: OptimizerName::Adam,
+    };
+    Ok((ModelName::Fno, d, Some(run)))
 }
 
 /// What a training run produced.
@@ -119,6 +196,11 @@ pub struct TrainReport {
     pub test: Metrics,
     /// The unigram model's test loss (language modelling only): the baseline to beat.
     pub baseline: Option<f32>,
+    /// `--preset fno-paper`: the zero-shot super-resolution test (its grid, and the metrics of
+    /// the model trained at `--grid` on the test pairs at that grid).
+    pub super_res: Option<(usize, Metrics)>,
+    /// Mean wall time of an epoch run now, in seconds.
+    pub epoch_secs: f64,
     /// The trained parameters, the optimizer's state and the total epochs (including resumed
     /// ones): what `--save` wrote.
     pub checkpoint: Checkpoint,
@@ -180,8 +262,14 @@ fn run<O: Train<T = f32>>(
     cfg: &TrainConfig,
     log: &mut dyn FnMut(&str),
 ) -> Result<TrainReport> {
-    let m = Model::new(cfg.model, rt)?;
-    let (train, test, baseline) = load(cfg.model)?;
+    let (m, (train, test, baseline), super_test) = match &cfg.paper {
+        Some(p) => {
+            let m = Model::fno_paper(rt, &p.fno_config())?;
+            let (tr, te, sup) = p.splits(log)?;
+            (m, (tr, te, None), sup)
+        }
+        None => (Model::new(cfg.model, rt)?, load(cfg.model)?, None),
+    };
     let train = match cfg.train_subset {
         Some(n) => train.truncate(n),
         None => train,
@@ -190,10 +278,20 @@ fn run<O: Train<T = f32>>(
     let (rank, ranks) = crate::dist::join(rt, &m, cfg.batch_size)?;
     let mut quiet = |_: &str| {};
     let log: &mut dyn FnMut(&str) = if rank == 0 { log } else { &mut quiet };
+    let data = match &cfg.paper {
+        Some(p) => format!(
+            "the FNO paper's Burgers set (--preset fno-paper: s = {}, {} modes, {} / {} pairs)",
+            p.grid,
+            p.modes,
+            train.len(),
+            test.len()
+        ),
+        None => crate::model::dataset(cfg.model).to_owned(),
+    };
     log(&format!(
         "tl train: {} on {} ({}, {}), {} epoch(s), batch {}, {:?} lr {}, seed {}",
         cfg.model.as_str(),
-        crate::model::dataset(cfg.model),
+        data,
         cfg.backend.name(),
         if cfg.linked { "linked" } else { "eager" },
         cfg.epochs,
@@ -203,7 +301,10 @@ fn run<O: Train<T = f32>>(
         cfg.seed
     ));
     let mut done = 0;
-    let mut opt = cfg.optimizer.build(cfg.lr)?;
+    let mut opt = match &cfg.paper {
+        Some(p) => p.optimizer(cfg.lr, train.len(), cfg.batch_size)?,
+        None => cfg.optimizer.build(cfg.lr)?,
+    };
     if let Some(path) = &cfg.resume {
         let file = checkpoint::read(path)?;
         let header = file.1;
@@ -227,6 +328,7 @@ fn run<O: Train<T = f32>>(
     }
     let (mut step_losses, mut epoch_losses) = (Vec::new(), Vec::new());
     let total = done + cfg.epochs;
+    let mut epoch_secs = 0.0;
     for epoch in done + 1..=total {
         let order = permutation(train.len(), cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37));
         let batches: Vec<&[usize]> = order.chunks(cfg.batch_size).collect();
@@ -257,13 +359,18 @@ fn run<O: Train<T = f32>>(
         let mean = (sum / seen.max(1) as f64) as f32;
         epoch_losses.push(mean);
         let secs = start.elapsed().as_secs_f64();
+        epoch_secs += secs / cfg.epochs as f64;
         log(&format!(
-            "epoch {epoch:>3}/{total}  loss {mean:.4}  {:.0} ex/s",
+            "epoch {epoch:>3}/{total}  loss {mean:.4}  {:.0} ex/s  {secs:.2} s",
             seen as f64 / secs.max(1e-9)
         ));
     }
     let train_m = evaluate(rt, &m, &train)?;
     let test_m = evaluate(rt, &m, &test)?;
+    let super_res = match (&super_test, &cfg.paper) {
+        (Some(d), Some(p)) => Some((p.super_grid.unwrap_or(p.grid), evaluate(rt, &m, d)?)),
+        _ => None,
+    };
     let header = Header {
         model: cfg.model,
         epochs: total,
@@ -280,6 +387,8 @@ fn run<O: Train<T = f32>>(
         train: train_m,
         test: test_m,
         baseline,
+        super_res,
+        epoch_secs,
         checkpoint,
     })
 }

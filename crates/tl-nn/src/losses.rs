@@ -1,6 +1,7 @@
 //! Losses beyond the catalogue's `mse_loss` and `cross_entropy`, with PyTorch's names,
 //! formulas and reductions: [`binary_cross_entropy_with_logits`], [`nll_loss`], [`l1_loss`],
-//! [`huber_loss`] and [`smooth_l1_loss`].
+//! [`huber_loss`] and [`smooth_l1_loss`]; and the relative L2 error of operator learning,
+//! [`relative_l2_loss`].
 //!
 //! Each is composed from catalogue ops (`softplus`, `abs`, `clamp`, `mul`, sums), so it runs
 //! on every backend and in the linked session, and its gradient is the composition's (checked
@@ -249,4 +250,30 @@ pub fn smooth_l1_loss<'g, O: Train>(
         return l1_loss(input, target, reduction);
     }
     reduction.apply(huber_terms(input, target, beta)?.scale(1.0 / beta)?)
+}
+
+/// The relative L2 error of each example (axis 0 is the batch; the rest are one example's
+/// elements): `ℓ_b = ‖input_b − target_b‖₂ / ‖target_b‖₂`, reduced over the batch (`None`: one
+/// value per example). The FNO paper's training loss (its `LpLoss(p=2)`, whose
+/// `size_average=False` is [`Reduction::Sum`]). The gradient is
+/// `(input_b − target_b) / (‖input_b − target_b‖·‖target_b‖)`; an example whose target is all
+/// zero gives an infinite loss, and one predicted exactly a NaN gradient (as in PyTorch).
+pub fn relative_l2_loss<'g, O: Train>(
+    input: &Var<'g, O>,
+    target: &Var<'g, O>,
+    reduction: Reduction,
+) -> Result<Var<'g, O>> {
+    let what = "relative_l2_loss";
+    same_shape(what, input, target)?;
+    if input.dims().is_empty() {
+        return Err(usage(
+            what,
+            format!("input {} needs a batch axis (B, …)", input.shape()),
+        ));
+    }
+    let d = (input - target)?.flatten_batch()?;
+    let y = target.flatten_batch()?;
+    let num = (&d * &d)?.sum_axis(1)?;
+    let den = (&y * &y)?.sum_axis(1)?;
+    reduction.apply((&num / &den)?.sqrt()?)
 }

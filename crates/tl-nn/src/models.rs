@@ -124,11 +124,16 @@ pub struct FnoConfig {
     pub layers: usize,
     /// Hidden width of the projection.
     pub proj_hidden: usize,
+    /// The exact GELU (`½x(1 + erf(x/√2))`, PyTorch's `F.gelu` default, which the paper's code
+    /// uses) instead of the tanh form.
+    pub exact_gelu: bool,
 }
 
 /// The 1-D Fourier neural operator (Li et al. 2021, "FNO1d"), channels last: fields are
 /// (B, grid, channels). `lift` (a linear map to `width`), then `layers` of
-/// `gelu(spectral(h) + pointwise(h))` (no gelu after the last), then `proj.0 → gelu → proj.2`.
+/// `gelu(spectral(h) + pointwise(h))` (no gelu after the last), then `proj.0 → gelu → proj.2`
+/// (GELU in the tanh form, or exact with [`FnoConfig::exact_gelu`]). The pointwise maps are the
+/// paper's 1×1 convolutions `w_k` (a `Linear` on the channel axis, channels last).
 /// Names: `lift.*`, `spectral.{k}.*`, `pointwise.{k}.*`, `proj.0.*`, `proj.2.*`. PyTorch: the
 /// reference `FNO1d` with channels last.
 pub struct Fno1d {
@@ -136,6 +141,7 @@ pub struct Fno1d {
     spectral: Vec<SpectralConv1d>,
     pointwise: Vec<Linear>,
     proj: (Linear, Linear),
+    exact_gelu: bool,
 }
 
 impl Fno1d {
@@ -174,6 +180,7 @@ impl Fno1d {
                 Linear::new(&vars.pp("proj").pp(0), c.width, c.proj_hidden)?,
                 Linear::new(&vars.pp("proj").pp(2), c.proj_hidden, c.out_channels)?,
             ),
+            exact_gelu: c.exact_gelu,
         })
     }
 }
@@ -192,15 +199,22 @@ impl Parameters for Fno1d {
 
 impl<O: Train> Module<O> for Fno1d {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let gelu = |h: &Var<'g, O>| {
+            if self.exact_gelu {
+                h.gelu_erf()
+            } else {
+                h.gelu()
+            }
+        };
         let mut h = self.lift.forward(x)?;
         let last = self.spectral.len().saturating_sub(1);
         for (k, (s, p)) in self.spectral.iter().zip(&self.pointwise).enumerate() {
             h = (s.forward(&h)? + p.forward(&h)?)?;
             if k < last {
-                h = h.gelu()?;
+                h = gelu(&h)?;
             }
         }
-        self.proj.1.forward(&self.proj.0.forward(&h)?.gelu()?)
+        self.proj.1.forward(&gelu(&self.proj.0.forward(&h)?)?)
     }
 }
 

@@ -6,5 +6,6 @@
 mod common;
 
 mod errors;
+mod fno_paper;
 mod learning;
 mod models;

@@ -4,7 +4,8 @@
 //! session and the CUDA simulation; and their bad inputs.
 
 use tl_nn::losses::{
-    Reduction, binary_cross_entropy_with_logits, huber_loss, l1_loss, nll_loss, smooth_l1_loss,
+    Reduction, binary_cross_entropy_with_logits, huber_loss, l1_loss, nll_loss, relative_l2_loss,
+    smooth_l1_loss,
 };
 use tl_nn::{Activation, Labels, Parameters, Runtime, Scope, Var};
 use tl_session::{Backend, Optimizer, Param, Train};
@@ -374,4 +375,66 @@ fn nll_of_one_unbatched_row_is_a_scalar() {
         assert!(v.shape().dims().is_empty());
         assert_eq!(v.data()[0], -fx::X[2]);
     }
+}
+
+/// `relative_l2_loss` of x against T (three examples of four): the values
+/// `‖x_b − t_b‖ / ‖t_b‖` and the gradient `(x_b − t_b) / (‖x_b − t_b‖·‖t_b‖)` (sum) computed
+/// here in f64, on the eager CPU session and the linked session; a scalar input is an error.
+#[test]
+fn relative_l2_matches_its_closed_form() {
+    let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+    let mut want = Vec::new();
+    let mut grad = Vec::new();
+    for b in 0..3 {
+        let (x, y) = (&fx::X[4 * b..4 * b + 4], &fx::T[4 * b..4 * b + 4]);
+        let d: Vec<f64> = x.iter().zip(y).map(|(a, c)| a - c).collect();
+        want.push(norm(&d) / norm(y));
+        grad.extend(d.iter().map(|v| v / (norm(&d) * norm(y))));
+    }
+    fn run<O: Train>(rt: &mut Runtime<O>, want: &[f64], grad: &[f64], tol: f64) {
+        let p = rt.vars().param_from("x", t(fx::X, &[3, 4]), true).unwrap();
+        let model = Input(p.clone());
+        let none = rt
+            .eval(&model, |g| {
+                relative_l2_loss(&g.param(&p)?, &g.input(t(fx::T, &[3, 4]))?, Reduction::None)
+            })
+            .unwrap();
+        let got: Vec<f64> = none.data().iter().map(|v| v.as_f64()).collect();
+        assert!(rel(&got, want) <= tol, "{got:?} vs {want:?}");
+        let mean = rt
+            .eval(&model, |g| {
+                relative_l2_loss(&g.param(&p)?, &g.input(t(fx::T, &[3, 4]))?, Reduction::Mean)
+            })
+            .unwrap();
+        let m = want.iter().sum::<f64>() / 3.0;
+        assert!((mean.data()[0].as_f64() - m).abs() <= tol, "{m}");
+        let mut opt = Optimizer::sgd(1.0).unwrap();
+        rt.step(&model, &mut opt, |g| {
+            relative_l2_loss(&g.param(&p)?, &g.input(t(fx::T, &[3, 4]))?, Reduction::Sum)
+        })
+        .unwrap();
+        let after = rt.value_of(&p).unwrap();
+        let got: Vec<f64> = fx::X
+            .iter()
+            .zip(after.data())
+            .map(|(x, a)| x - a.as_f64())
+            .collect();
+        assert!(rel(&got, grad) <= tol, "gradient {got:?} vs {grad:?}");
+    }
+    run(&mut eager::<f64>(Backend::Cpu, 0), &want, &grad, 1e-12);
+    run(&mut linked::<f64>(0), &want, &grad, 1e-12);
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let p = rt.vars().param_from("s", t(&[1.0], &[]), true).unwrap();
+    let e = rt
+        .eval(&Input(p), |g| {
+            let s = g.input(t(&[2.0], &[]))?;
+            relative_l2_loss(&s, &s, Reduction::Mean)
+        })
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("relative_l2_loss") && e.contains("batch axis"),
+        "{e}"
+    );
 }

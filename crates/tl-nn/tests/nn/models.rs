@@ -164,6 +164,7 @@ fn fno_run<O: Train<T = f32>>(mut rt: Runtime<O>) -> Vec<f64> {
         modes: 9,
         layers: 2,
         proj_hidden: 16,
+        exact_gelu: false,
     };
     let fno = Fno1d::new(&rt.vars(), &cfg).unwrap();
     let n_names = names(&rt, &fno);
@@ -204,6 +205,7 @@ fn fno_learns_a_smoothing_operator_eager_and_linked() {
         modes: 4,
         layers: 1,
         proj_hidden: 4,
+        exact_gelu: true,
     };
     let e = Fno1d::new(&rt.vars(), &bad).err().unwrap().to_string();
     assert!(e.contains("Fno1d::new") && e.contains("width: 0"), "{e}");

@@ -1,0 +1,139 @@
+//! `--preset fno-paper`: a reduced run of the FNO paper's Burgers benchmark (a small source
+//! grid, few pairs, three epochs; the full run is the documented command in
+//! docs/benchmarks.md, not a test), its data cache, and the flags it refuses.
+
+use std::path::PathBuf;
+
+use crate::common::{assert_one_line_error, scratch, tl};
+use tl_cli::fno_paper::{PAPER, PaperData, PaperRun};
+use tl_cli::train::{TrainConfig, train};
+
+/// The reduced set: 256-point solutions, 80 + 20 pairs.
+const REDUCED: PaperData = PaperData {
+    source_grid: 256,
+    n_train: 80,
+    n_test: 20,
+    ..PAPER
+};
+
+#[test]
+fn a_reduced_paper_run_learns_and_evaluates_at_a_finer_grid() {
+    let dir = scratch("fno-paper");
+    let run = PaperRun::new(REDUCED, Some(64), None, None, dir.clone()).unwrap();
+    // The default super-resolution grid: 4·64 = 256.
+    assert_eq!(run.super_grid, Some(256));
+    let cfg = TrainConfig {
+        epochs: 3,
+        ..TrainConfig::fno_paper(run.clone())
+    };
+    let mut log = Vec::new();
+    let r = train(&cfg, |l| log.push(l.to_owned())).unwrap();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("solving 100 Burgers pairs on 256 points")),
+        "{log:?}"
+    );
+    assert!(REDUCED.cache_path(&dir).exists());
+    // The relative L2 loss falls from epoch to epoch.
+    let e = &r.epoch_losses;
+    assert!(e[2] < e[1] && e[1] < e[0], "epoch losses {e:?}");
+    let rel = r.test.rel_l2.unwrap();
+    assert!(
+        rel < e[0],
+        "test relative L2 {rel} vs the first epoch's {}",
+        e[0]
+    );
+    // The zero-shot super-resolution test runs on the same test pairs at 256 points, and the
+    // resolution-independent operator gives about the same error there.
+    let (s, m) = r.super_res.unwrap();
+    let sup = m.rel_l2.unwrap();
+    assert_eq!(s, 256);
+    assert!(
+        sup.is_finite() && (sup - rel).abs() < 0.25 * rel,
+        "{sup} vs {rel}"
+    );
+    // A second run reads the cache instead of solving again.
+    let mut log = Vec::new();
+    let again = train(
+        &TrainConfig {
+            epochs: 1,
+            ..TrainConfig::fno_paper(run)
+        },
+        |l| log.push(l.to_owned()),
+    )
+    .unwrap();
+    assert!(log.iter().any(|l| l.starts_with("data: read")), "{log:?}");
+    let (a, b) = (again.epoch_losses[0], r.epoch_losses[0]);
+    assert!((a - b).abs() <= 1e-5 * b, "{a} vs {b}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn preset(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "train",
+        "--preset",
+        "fno-paper",
+        "--epochs",
+        "1",
+        "--data-cache",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    tl(&args)
+}
+
+#[test]
+fn bad_grids_modes_and_contradicting_flags_are_one_line_errors() {
+    let dir = scratch("fno-paper-flags");
+    for (extra, needles) in [
+        (&["--grid", "300"][..], &["--grid 300", "power of two"][..]),
+        (&["--grid", "16384"], &["--grid 16384", "up to 8192"]),
+        (&["--grid", "16"], &["--modes 16", "s/2 = 8"]),
+        (
+            &["--grid", "256", "--modes", "200"],
+            &["--modes 200", "s/2 = 128"],
+        ),
+        (
+            &["--super-grid", "1000"],
+            &["--super-grid 1000", "power of two"],
+        ),
+        (
+            &["--model", "cnn"],
+            &["--preset fno-paper contradicts --model cnn"],
+        ),
+        (
+            &["--optimizer", "sgd"],
+            &["contradicts --optimizer sgd", "adam"],
+        ),
+        (&["--lr", "0.01"], &["contradicts --lr 0.01", "0.001"]),
+        (
+            &["--batch-size", "32"],
+            &["contradicts --batch-size 32", "20"],
+        ),
+    ] {
+        assert_one_line_error(&preset(&dir, extra), needles);
+    }
+    // The paper's own values are no contradiction; nothing is solved before the check above,
+    // so the directory stays empty.
+    assert!(std::fs::read_dir(&dir).unwrap().next().is_none());
+    assert_one_line_error(
+        &tl(&["train", "--model", "fno", "--grid", "256"]),
+        &["--grid belongs to --preset fno-paper"],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_damaged_cache_or_an_unusable_cache_directory_is_an_error_naming_the_path() {
+    let dir = scratch("fno-paper-cache");
+    let path: PathBuf = PAPER.cache_path(&dir);
+    std::fs::write(&path, b"not a safetensors file").unwrap();
+    let o = preset(&dir, &[]);
+    assert_one_line_error(&o, &[path.to_str().unwrap(), "delete the file"]);
+    // A regular file where the directory should be.
+    let file = dir.join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let o = preset(&file, &[]);
+    assert_one_line_error(&o, &["cannot create the data cache directory", "plain"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
