@@ -5,14 +5,13 @@
 //! beats the baseline by at least 1 nat per character.
 //!
 //! `cargo run --release -p tl-nn --example char_lm` (1,000 steps); `CHAR_LM_STEPS=60` runs a
-//! short version that only has to beat the baseline; `CHAR_LM_PRECISION=bf16` trains with bf16
-//! autocast (`Options::precision`; docs/semantics.md, "Mixed precision").
+//! short version that only has to beat the baseline.
 
 use tl_nn::data::{TokenBatch, TokenWindows, Vocab, kjv_text, unigram_nll};
 use tl_nn::models::{BlockConfig, TransformerBlock};
 use tl_nn::{Embedding, LayerNorm, Linear, Module, Parameters, Result, Rng, Runtime};
 use tl_nn::{Schedule, Scope, Var, Vars, sample};
-use tl_session::{Optimizer, Options, Precision, Session, Train};
+use tl_session::{Optimizer, Options, Session, Train};
 
 const N: usize = 32; // context: tokens per window
 const D: usize = 64; // model width
@@ -67,15 +66,7 @@ fn main() -> Result<()> {
     let cut = tokens.len() * 9 / 10; // the first 90% trains
     let train = TokenWindows::new(tokens[..cut].to_vec(), N, v)?;
     let val = TokenWindows::new(tokens[cut..].to_vec(), N, v)?;
-    let precision = match std::env::var("CHAR_LM_PRECISION").as_deref() {
-        Ok("bf16") => Precision::Bf16,
-        _ => Precision::F32,
-    };
-    let opts = Options {
-        precision,
-        ..Options::default()
-    };
-    let mut rt = Runtime::new(Session::<f32>::new(opts)?);
+    let mut rt = Runtime::new(Session::<f32>::new(Options::default())?);
     let model = Lm::new(&rt.vars(), v)?;
     let schedule = Schedule::cosine_warmup(steps / 10, 0.01, steps - steps / 10, 1e-4)?;
     let opt = Optimizer::adamw(3e-3)?.clip_grad_norm(1.0, 2.0)?;
