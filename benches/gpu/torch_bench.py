@@ -128,20 +128,30 @@ def torch_rows(dev, quick, iters):
     return rows
 
 
+HEADS, HEAD = 8, 64
+
+
+def attention_lengths(quick):
+    return [64] if quick else [1024, 2048, 4096, 8192]
+
+
 def attention_rows(dev, quick, iters):
-    """One causal self-attention (dModel 256, 4 heads of 64, no biases) forward and backward,
-    as gpu.rs's `attention/*/n{n}` rows: the projections around F.scaled_dot_product_attention
-    (PyTorch picks its flash or memory-efficient kernel), the sum of the output, backward, and a
-    read of one gradient. Named `attention/sdpa/n{n}`."""
-    dm, heads = 256, 4
+    """As gpu.rs's attention rows. `attention/sdpa/n{n}`: one causal self-attention (dModel 512,
+    8 heads of 64, no biases) forward and backward, the projections around
+    F.scaled_dot_product_attention, the sum of the output, backward, and a read of one gradient.
+    `attention-core/sdpa/n{n}`: SDPA alone, forward and backward on causal (1, 8, n, 64) f32
+    Q, K, V (PyTorch picks its memory-efficient kernel: its flash kernel takes only 16-bit
+    types), timed to a read of sum(dV); `attention-core/sdpa-bf16/n{n}` the same in bf16 (its
+    flash kernel). Core rows carry TFLOP/s as FlashAttention counts them (causal: 7·n²·d·H)."""
+    dm = HEADS * HEAD
     rows = {}
-    for n in ([64] if quick else [1024, 4096]):
+    for n in attention_lengths(quick):
         wq, wk, wv, wo = params(dev, (dm, dm), (dm, dm), (dm, dm), (dm, dm))
         x = torch.rand(n, dm, device=dev)
 
         def step():
             def split(t):
-                return t.view(n, heads, dm // heads).transpose(0, 1)
+                return t.view(n, HEADS, HEAD).transpose(0, 1)
             q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             y = a.transpose(0, 1).reshape(n, dm) @ wo
@@ -152,6 +162,22 @@ def attention_rows(dev, quick, iters):
             return g
 
         rows[f"attention/sdpa/n{n}"] = (median_ms(iters, step), None)
+        flops = 7.0 * n * n * HEAD * HEADS
+        for name, dtype in [("sdpa", torch.float32), ("sdpa-bf16", torch.bfloat16)]:
+            q, k, v = (torch.rand(1, HEADS, n, HEAD, device=dev, dtype=dtype).requires_grad_()
+                       for _ in range(3))
+            go = torch.rand(1, HEADS, n, HEAD, device=dev, dtype=dtype)
+
+            def core():
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                o.backward(go)
+                g = v.grad.float().sum().item()
+                for t in (q, k, v):
+                    t.grad = None
+                return g
+
+            ms = median_ms(iters, core)
+            rows[f"attention-core/{name}/n{n}"] = (ms, ("tflops", flops / (ms * 1e-3) / 1e12))
     return rows
 
 
@@ -186,6 +212,18 @@ def main():
             unit, tv = t[1]
             rate = f"{unit}: ours {r.get(unit, 0):.1f}, torch {tv:.1f}"
         print(f"{name:28} {r['ms']:10.3f} {t[0]:10.3f} {r['ms'] / t[0]:10.2f}  {rate}")
+    # PyTorch's rows with no twin of ours (the bf16 flash kernel, for scale).
+    for name, t in theirs.items():
+        if "/sdpa-bf16/" in name:
+            print(f"{name:28} {'-':>10} {t[0]:10.3f} {'-':>10}  {t[1][0]}: torch {t[1][1]:.1f}")
+    # Issue 42's target: the fused core >= 0.7x PyTorch's attention speed (time ratio <= 1/0.7).
+    for k in ours:
+        if k.startswith("attention-core/flash/"):
+            t = theirs.get(k.replace("/flash/", "/sdpa/"))
+            if t:
+                speed = t[0] / ours[k]["ms"]
+                print(f"target {k} >= 0.7x torch f32 SDPA speed: {speed:.2f}x "
+                      f"{'PASS' if speed >= 0.7 else 'FAIL'}")
     # The issue's targets.
     mm = [k for k in ours if k.startswith("matmul/")]
     cp = [k for k in theirs if k.startswith("copy/")]

@@ -16,11 +16,17 @@
 //! - `scale/{bytes}` and `add/{bytes}`: one elementwise op over a 256 MB (`--quick`: 4 MB) f32
 //!   buffer, as (chain of 8 ops then `sum`) minus (`sum` alone), divided by 8; GB/s counts
 //!   bytes read plus written;
-//! - `attention/{flash,composed}/n{n}`: one causal `multiHeadAttention` (dModel 256, 4 heads
+//! - `attention/{flash,composed}/n{n}`: one causal `multiHeadAttention` (dModel 512, 8 heads
 //!   of 64, batch 1; `--quick`: n 64) forward and backward (`Session::backward` from the sum
 //!   of its output, then a gradient read), `fused` true (the flash kernels) or false (the
-//!   composed launches), n = 1024 and 4096; torch_bench.py times the same projections around
-//!   `F.scaled_dot_product_attention(is_causal=True)`.
+//!   composed launches), n = 1024 to 8192; torch_bench.py times the same projections around
+//!   `F.scaled_dot_product_attention(is_causal=True)`;
+//! - `attention-core/flash/n{n}`: the fused core alone on the device (`Device::flash_attention`
+//!   and its backward on causal Q, K, V of (1, n, 8, 64), then a sum of dV read back), with
+//!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
+//!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
+//!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
+//!   and `attention-core/sdpa-bf16/n{n}` the same in bf16 (its flash kernel), for scale.
 
 #[path = "common/models.rs"]
 mod common;
@@ -29,6 +35,8 @@ use std::time::Instant;
 
 use common::{BenchModel, EagerRun, LinkedRun, filled};
 use tl_session::{Backend, Ops, Options, Session};
+use tl_tape_cuda::device::{Flash, FlashDims, FlashMask};
+use tl_tape_cuda::{Device, SimDevice};
 
 struct Args {
     backend: Backend,
@@ -184,13 +192,24 @@ fn elementwise(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
     Ok(())
 }
 
+/// The attention rows' geometry: heads of 64, sequence lengths.
+const ATT_HEADS: usize = 8;
+const ATT_D: usize = 64;
+
+fn attention_lengths(a: &Args) -> &'static [usize] {
+    if a.quick {
+        &[64]
+    } else {
+        &[1024, 2048, 4096, 8192]
+    }
+}
+
 fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
-    let (dm, heads) = (256, 4);
-    let lengths: &[usize] = if a.quick { &[64] } else { &[1024, 4096] };
-    for &n in lengths {
+    let (dm, heads) = (ATT_HEADS * ATT_D, ATT_HEADS);
+    for &n in attention_lengths(a) {
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
         let w: Vec<_> = (0..4)
-            .map(|k| s.param(filled(&[dm, dm], 10 + k, 0.06), None, true))
+            .map(|k| s.param(filled(&[dm, dm], 10 + k, 0.04), None, true))
             .collect::<tl_session::Result<_>>()?;
         let x = s.param(filled(&[n, dm], 20, 1.0), Some("x"), false)?;
         for (name, fused) in [("flash", true), ("composed", false)] {
@@ -220,8 +239,69 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
             let ms = median_ms(a.iters, || run().unwrap());
             row(a.backend, &format!("attention/{name}/n{n}"), ms, None);
         }
+        s.reset();
     }
     Ok(())
+}
+
+/// The fused attention core alone on `dev`: forward and backward of causal attention over
+/// (1, n, 8, 64) Q, K, V, timed to a read of `sum(dV)` (which waits for every launch).
+fn attention_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
+    for &n in attention_lengths(a) {
+        let dims = FlashDims {
+            batch: 1,
+            n,
+            heads: ATT_HEADS,
+            d: ATT_D,
+        };
+        let mask = tl_spec::ops::attention::Mask::causal(n)?;
+        let f = Flash {
+            dims,
+            mask: FlashMask::of("bench", Some(&mask), n)?,
+        };
+        let len = dims.qkv_len();
+        let data: Vec<Vec<f32>> = (0..4)
+            .map(|k| filled(&[len], 30 + k, 1.0).data().to_vec())
+            .collect();
+        let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
+        let (q, k, v, go) = (q?, k?, v?, go?);
+        let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
+            let (o, lse) = dev.flash_attention([q, k, v], &f)?;
+            let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], o, lse, go, &f)?;
+            let total = dev.reduce_sum(dv)?;
+            let got = dev.download(total)?;
+            dev.release_all([o, lse, dq, dk, dv, total]);
+            Ok(got[0])
+        };
+        run(dev)?;
+        let ms = median_ms(a.iters, || {
+            run(dev).unwrap();
+        });
+        let flops = 7.0 * (n * n * ATT_D * ATT_HEADS) as f64;
+        row(
+            a.backend,
+            &format!("attention-core/flash/n{n}"),
+            ms,
+            Some(("tflops", flops / (ms * 1e-3) / 1e12)),
+        );
+        dev.release_all([q, k, v, go]);
+    }
+    Ok(())
+}
+
+/// [`attention_core`] on the backend's device (the CUDA device or the simulation device).
+fn attention_core_on(a: &Args) -> Result<(), String> {
+    let r = match a.backend {
+        #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+        Backend::Cuda => {
+            tl_tape_cuda::CudaDevice::new().and_then(|mut d| attention_core(a, &mut d))
+        }
+        #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+        Backend::Cuda => return Err("built without the `cuda` feature".into()),
+        Backend::CudaSim => attention_core(a, &mut SimDevice::new()),
+        Backend::Cpu => Ok(()),
+    };
+    r.map_err(|e| e.to_string())
 }
 
 fn main() {
@@ -242,7 +322,9 @@ fn main() {
     steps(&a);
     let r = matmul(&a, &mut s)
         .and_then(|()| elementwise(&a, &mut s))
-        .and_then(|()| attention(&a, &mut s));
+        .and_then(|()| attention(&a, &mut s))
+        .map_err(|e| e.to_string())
+        .and_then(|()| attention_core_on(&a));
     if let Err(e) = r {
         eprintln!("gpu bench: {e}");
         std::process::exit(1);

@@ -4,6 +4,7 @@
 //! op), and the catalogue's suite against a third-party backend.
 
 use proptest::prelude::*;
+use tl_conformance::checks::SESSION_CASES;
 use tl_conformance::generate::Size;
 use tl_conformance::user::{UserEntry, check_backend, check_user_op};
 use tl_conformance::{Backend, CpuTape, Domain, RunConfig, TapeProgram};
@@ -241,8 +242,17 @@ fn correct_user_ops_pass_every_check() {
         assert!(report.passed(), "{report}");
         // Checks 0, 1 (f64, f32, sim), 2 (f64, f32, sim), 3, 4, 5 (cpu, sim), 6 (≈cpu, det).
         assert!(report.reports.len() >= 13, "{report}");
+        // Most cases were valid (check 5 runs at most SESSION_CASES of them; the GPU bundle's
+        // TL_CASES=128 found this assertion holding it to 128).
+        let planned = |label: &str| match label.starts_with("5 sess") {
+            true => cfg.cases.min(SESSION_CASES),
+            false => cfg.cases,
+        };
         assert!(
-            report.reports.iter().all(|r| r.cases >= cfg.cases / 2),
+            report
+                .reports
+                .iter()
+                .all(|r| r.cases >= planned(&r.label) / 2),
             "{report}"
         );
         assert!(report.summary().ends_with(" passed, 0 failed"), "{report}");

@@ -22,6 +22,8 @@ fn the_example_op_passes_the_harness_and_its_wrong_twin_does_not() {
     // kernels themselves on the emulated device, compared with the sim.
     let right = with_device(op::gelu_erf(false), kernel::device_impl());
     let right = check_user_op(&op::entry(right), &cfg);
+    // Every row (and every row skipped, with why): the GPU bundle's log shows the device's.
+    println!("{right}");
     assert!(right.passed(), "{right}");
     assert!(right.summary().ends_with(" passed, 0 failed"), "{right}");
     #[cfg(feature = "cuda-emu")]

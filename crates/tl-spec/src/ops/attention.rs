@@ -21,6 +21,49 @@ pub struct Mask {
     /// The n·n entries (a `Vec` behind the `Arc`, so that sharing it copies nothing: an
     /// `Arc<[bool]>` would copy the entries into a second, infallible allocation).
     allowed: Arc<Vec<bool>>,
+    /// Its structure, found once when it is made (a function of `allowed`).
+    form: Arc<MaskForm>,
+}
+
+/// The structure of a [`Mask`], found once when the mask is made, so that a kernel can take a
+/// causal or key-padding mask in O(n) form without reading its n² entries again on each call.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum MaskForm {
+    /// Entry (i, j) = `(j ≤ i or not causal) and keep[j]`: no mask, a causal mask, a key
+    /// padding, or causal with key padding. `keep` is `None` when every key is kept.
+    Keys {
+        /// Query i sees only keys j ≤ i.
+        causal: bool,
+        /// Which keys take part (`None`: all of them).
+        keep: Option<Vec<bool>>,
+    },
+    /// Any other mask: only its entries say which keys each query sees.
+    Dense,
+}
+
+impl MaskForm {
+    /// The structure of the `n·n` row-major `allowed` (one pass over the entries at most per
+    /// candidate structure).
+    fn of(n: usize, allowed: &[bool]) -> MaskForm {
+        // Keep flags from the last row: every key ≤ n − 1 is causal-allowed there.
+        let keep: Vec<bool> = match n.checked_sub(1) {
+            Some(last) => allowed[last * n..].to_vec(),
+            None => Vec::new(),
+        };
+        let fits = |causal: bool| {
+            allowed.chunks_exact(n.max(1)).enumerate().all(|(i, row)| {
+                row.iter()
+                    .zip(&keep)
+                    .enumerate()
+                    .all(|(j, (&a, &k))| a == ((!causal || j <= i) && k))
+            })
+        };
+        let Some(causal) = [false, true].into_iter().find(|&c| fits(c)) else {
+            return MaskForm::Dense;
+        };
+        let keep = (!keep.iter().all(|&k| k)).then_some(keep);
+        MaskForm::Keys { causal, keep }
+    }
 }
 
 impl Mask {
@@ -32,10 +75,16 @@ impl Mask {
                 format!("{} entries cannot form an ({n}, {n}) mask", allowed.len()),
             ));
         }
-        Ok(Mask {
+        Ok(Mask::of_entries(n, allowed))
+    }
+
+    /// The mask of checked entries, its form found.
+    fn of_entries(n: usize, allowed: Vec<bool>) -> Mask {
+        Mask {
             n,
+            form: Arc::new(MaskForm::of(n, &allowed)),
             allowed: Arc::new(allowed),
-        })
+        }
     }
 
     /// The mask with entry (i, j) = `f(i, j)`. Its n·n entries are checked before anything is
@@ -52,10 +101,7 @@ impl Mask {
         for i in 0..n {
             allowed.extend((0..n).map(|j| f(i, j)));
         }
-        Ok(Mask {
-            n,
-            allowed: Arc::new(allowed),
-        })
+        Ok(Mask::of_entries(n, allowed))
     }
 
     /// The causal mask: query i sees keys j ≤ i. PyTorch: `is_causal=True`. Checked as
@@ -84,6 +130,11 @@ impl Mask {
     /// All entries, row-major.
     pub fn as_slice(&self) -> &[bool] {
         &self.allowed
+    }
+
+    /// Its structure (causal, key padding, both, none, or dense), found when it was made.
+    pub fn form(&self) -> &MaskForm {
+        &self.form
     }
 }
 
@@ -206,6 +257,29 @@ pub fn masked_softmax_jvp<T: Scalar>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_masks_form_is_found_when_it_is_made() {
+        let keys = |causal, keep: Option<Vec<bool>>| MaskForm::Keys { causal, keep };
+        let pad = [true, true, false, true, false];
+        let form = |f: &dyn Fn(usize, usize) -> bool| Mask::from_fn(5, f).unwrap().form().clone();
+        assert_eq!(*Mask::causal(5).unwrap().form(), keys(true, None));
+        assert_eq!(form(&|_, _| true), keys(false, None));
+        assert_eq!(form(&|_, j| pad[j]), keys(false, Some(pad.to_vec())));
+        assert_eq!(
+            form(&|i, j| j <= i && pad[j]),
+            keys(true, Some(pad.to_vec()))
+        );
+        // Anti-causal, one entry off causal, and a padding that differs in one row: dense.
+        assert_eq!(form(&|i, j| j >= i), MaskForm::Dense);
+        assert_eq!(form(&|i, j| j <= i && (i, j) != (3, 1)), MaskForm::Dense);
+        assert_eq!(form(&|i, j| pad[j] || (i, j) == (0, 2)), MaskForm::Dense);
+        assert_eq!(*Mask::new(0, vec![]).unwrap().form(), keys(false, None));
+        assert_eq!(
+            *Mask::new(1, vec![false]).unwrap().form(),
+            keys(false, Some(vec![false]))
+        );
+    }
 
     /// Set in the child process of [`masks_under_a_lowered_cap_are_refused`].
     const CHILD_VAR: &str = "TL_SPEC_MASK_CAP_CHILD";

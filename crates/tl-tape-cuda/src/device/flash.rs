@@ -11,7 +11,7 @@
 
 use super::{Buffer, check};
 use crate::{Error, Result, abi};
-use tl_spec::ops::attention::Mask;
+use tl_spec::ops::attention::{Mask, MaskForm};
 
 /// Query rows (and keys) per tile of the fused attention kernels (`TL_FA_T`).
 pub const FLASH_TILE: usize = 16;
@@ -126,8 +126,8 @@ impl FlashMask {
     }
 
     /// The kernels' form of `mask` for sequences of `n` (`None`: no mask). A mask of another
-    /// side is an error naming `op` and both sides. Reads every entry once (O(n²) on the host;
-    /// the device form is O(n) for causal and key-padding masks).
+    /// side is an error naming `op` and both sides. O(n) on the host for causal and key-padding
+    /// masks ([`Mask::form`]); a dense mask's n² entries are read once into its bits.
     pub fn of(op: &'static str, mask: Option<&Mask>, n: usize) -> Result<FlashMask> {
         let Some(mask) = mask else {
             return Ok(FlashMask::none());
@@ -141,38 +141,21 @@ impl FlashMask {
                 ),
             ));
         }
-        // Keep flags from the last row (every key ≤ n − 1 is causal-allowed there), then the
-        // two candidate structures checked against every entry.
-        let last = mask.row(n.saturating_sub(1));
-        let keep: Vec<bool> = last.to_vec();
-        let structured = |causal: bool| {
-            (0..n).all(|i| {
-                mask.row(i)
-                    .iter()
-                    .enumerate()
-                    .all(|(j, &a)| a == ((!causal || j <= i) && keep[j]))
-            })
-        };
-        let all_keep = keep.iter().all(|&k| k);
-        let keys = |mode: u32| FlashMask {
-            mode,
-            words: keep.iter().map(|&k| u32::from(k)).collect(),
-            n,
-        };
-        if structured(false) {
-            return Ok(match all_keep {
-                true => FlashMask { n, ..Self::none() },
-                false => keys(FLASH_KEEP),
-            });
-        }
-        if structured(true) {
-            return Ok(match all_keep {
-                true => FlashMask {
-                    mode: FLASH_CAUSAL,
+        // The structure was found when the mask was made: a causal or key-padding mask costs
+        // O(n) here, not a pass over its n² entries.
+        if let MaskForm::Keys { causal, keep } = mask.form() {
+            let mode = if *causal { FLASH_CAUSAL } else { 0 };
+            return Ok(match keep {
+                None => FlashMask {
+                    mode,
                     words: Vec::new(),
                     n,
                 },
-                false => keys(FLASH_CAUSAL | FLASH_KEEP),
+                Some(keep) => FlashMask {
+                    mode: mode | FLASH_KEEP,
+                    words: keep.iter().map(|&k| u32::from(k)).collect(),
+                    n,
+                },
             });
         }
         let per_row = n.div_ceil(32);
