@@ -116,8 +116,8 @@ pub fn build() -> Result<(), String> {
     fs::write(&run, run_sh()).map_err(|e| format!("{}: {e}", run.display()))?;
     util::status(Command::new("chmod").arg("+x").arg(&run))?;
     let size = util::output(Command::new("du").args(["-sh"]).arg(&dir)).unwrap_or_default();
-    // The folder is tens of MB (debug-free but unstripped symbols of Rust's std remain); xz
-    // brings it to a fifth for the copy.
+    // The folder is tens of MB (each test binary holds its crate's whole suite); xz brings it
+    // to a fifth for the copy.
     util::status(Command::new("tar").current_dir(util::root()).args([
         "-cJf",
         ARCHIVE,
@@ -220,8 +220,10 @@ grep -ho 'GPU-SUMMARY .*' logs/*.log | awk '{ printf "%-28s %-12s %s\n", $2, $3,
 echo "== the README's main job on this GPU: tl train, CPU then --backend cuda (test accuracy)"
 for m in mlp cnn transformer; do
     for b in cpu cuda; do
-        line=$(timeout "${TL_TRAIN_TIMEOUT:-300}" cli/tl train --model "$m" --backend "$b" 2>&1 | tail -n 1)
-        printf '%-4s %-5s %s\n' "$m" "$b" "$line"
+        out=$(timeout "${TL_TRAIN_TIMEOUT:-300}" cli/tl train --model "$m" --backend "$b" 2>&1)
+        printf '%s\n' "$out" > "logs/train-$m-$b.log"
+        line="$(printf '%s\n' "$out" | grep -E '^done:|^error' | tail -n 1); $(printf '%s\n' "$out" | grep 'wall time' | tail -n 1)"
+        printf '%-11s %-5s %s\n' "$m" "$b" "$line"
     done
 done
 echo "== benchmark: ours vs PyTorch eager on this GPU (issue 7)"

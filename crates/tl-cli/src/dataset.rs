@@ -101,11 +101,17 @@ impl Dataset {
         }
     }
 
-    /// The examples at `idx`.
-    pub fn batch(&self, idx: &[usize]) -> Batch {
-        match self {
+    /// The examples at `idx`; an index past the set is an error naming it.
+    pub fn batch(&self, idx: &[usize]) -> Result<Batch> {
+        if let Some(&i) = idx.iter().find(|&&i| i >= self.len()) {
+            return Err(CliError::new(format!(
+                "example {i} is out of range for a data set of {} example(s)",
+                self.len()
+            )));
+        }
+        Ok(match self {
             Dataset::Classes(s) => {
-                let (x, labels) = s.batch(idx);
+                let (x, labels) = s.batch(idx)?;
                 Batch::Classes { x, labels }
             }
             Dataset::Fields(f) => {
@@ -130,7 +136,7 @@ impl Dataset {
                     batch: idx.len(),
                 }
             }
-        }
+        })
     }
 }
 
@@ -184,7 +190,14 @@ mod tests {
         };
         let d = Dataset::Fields(f);
         assert_eq!(d.len(), 2);
-        let Batch::Fields { x, y } = d.batch(&[1]) else {
+        // An index past the set was an out-of-bounds panic.
+        let e = d
+            .batch(&[0, 2])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("example 2 is out of range"), "{e}");
+        let Batch::Fields { x, y } = d.batch(&[1]).unwrap() else {
             panic!("fields")
         };
         assert_eq!(x.shape().dims(), [1, GRID, 2]);

@@ -21,7 +21,7 @@ pub fn record(model: ModelName, batch: usize) -> Result<GraphData> {
     let m = Model::new(model, &rt)?;
     let (train, _, _) = load(model)?;
     let idx: Vec<usize> = (0..batch.clamp(1, train.len())).collect();
-    let b = train.batch(&idx);
+    let b = train.batch(&idx)?;
     let g = rt.record(
         &m,
         true,

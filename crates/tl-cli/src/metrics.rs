@@ -63,7 +63,7 @@ pub fn evaluate<O: Train<T = f32>>(
     let (mut loss, mut correct, mut rel) = (0.0f64, 0usize, 0.0f64);
     let idx: Vec<usize> = (0..split.len()).collect();
     for chunk in idx.chunks(256) {
-        let batch = split.batch(chunk);
+        let batch = split.batch(chunk)?;
         let mut lv = 0.0f32;
         let out = rt.eval(m, |g| {
             let o = m.forward(g, &batch)?;

@@ -339,7 +339,7 @@ fn run<O: Train<T = f32>>(
             let Some(idx) = crate::dist::shard(idx, cfg.batch_size, rank, ranks) else {
                 continue;
             };
-            let batch = train.batch(idx);
+            let batch = train.batch(idx)?;
             let l = rt.step(&m, &mut opt, |g| Ok(m.forward(g, &batch)?.loss))? as f32;
             if !l.is_finite() {
                 return Err(CliError::new(format!(

@@ -80,15 +80,25 @@ impl Split {
         self
     }
 
-    /// The examples at `idx` as a (B, …) tensor (see [`Split::shaped`]) and their labels.
-    pub fn batch(&self, idx: &[usize]) -> (Tensor<f32>, Vec<usize>) {
+    /// The examples at `idx` as a (B, …) tensor (see [`Split::shaped`]) and their labels; an
+    /// index past the split is an error naming it and the split's length.
+    pub fn batch(&self, idx: &[usize]) -> Result<(Tensor<f32>, Vec<usize>)> {
+        const WHAT: &str = "Split::batch";
         let f = self.features;
-        let mut x = Vec::with_capacity(idx.len() * f);
+        let len = idx.len().checked_mul(f).ok_or_else(|| {
+            usage(
+                WHAT,
+                format!("{} examples of {f} features overflow", idx.len()),
+            )
+        })?;
+        let mut x: Vec<f32> = tl_spec::alloc::try_with_capacity(WHAT, "the batch", len)?;
+        let mut y = Vec::with_capacity(idx.len());
         for &i in idx {
+            check_index(WHAT, i, self.len())?;
             x.extend_from_slice(&self.x[i * f..(i + 1) * f]);
+            y.push(self.y[i]);
         }
-        let y = idx.iter().map(|&i| self.y[i]).collect();
-        (Tensor::from_fn(self.batch_dims(idx.len()), |k| x[k]), y)
+        Ok((Tensor::new(self.batch_dims(idx.len()), x)?, y))
     }
 
     /// Every example as a (len, …) tensor of `T` (see [`Split::shaped`]).
@@ -178,16 +188,16 @@ pub fn digits() -> Result<(Split, Split)> {
         features: PIXELS,
         dims: vec![PIXELS],
     };
-    let pick = |idx: &[usize]| {
-        let (t, y) = all.batch(idx);
-        Split {
+    let pick = |idx: &[usize]| -> Result<Split> {
+        let (t, y) = all.batch(idx)?;
+        Ok(Split {
             x: t.into_vec(),
             y,
             features: PIXELS,
             dims: vec![PIXELS],
-        }
+        })
     };
-    Ok((pick(&order[..DIGITS_TRAIN]), pick(&order[DIGITS_TRAIN..])))
+    Ok((pick(&order[..DIGITS_TRAIN])?, pick(&order[DIGITS_TRAIN..])?))
 }
 
 /// A seeded Fisher–Yates permutation of `0..n` from the sequential SplitMix64 generator
@@ -208,6 +218,16 @@ pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_index_past_the_split_is_an_error_naming_it() {
+        let (_, test) = digits().unwrap();
+        let (x, y) = test.batch(&[3, 0]).unwrap();
+        assert_eq!((x.shape().dims(), y.len()), (&[2, 64][..], 2));
+        assert_eq!(&x.data()[..64], &test.x[3 * 64..4 * 64]);
+        let e = test.batch(&[0, 360]).unwrap_err().to_string();
+        assert!(e.contains("Split::batch") && e.contains("360"), "{e}");
+    }
 
     #[test]
     fn digits_split_is_fixed_disjoint_and_scaled() {
