@@ -16,50 +16,37 @@ use std::time::Instant;
 
 use tl_nn::data::{Classify, DataLoader, TokenBatch, TokenWindows, Vocab, digits, kjv_text};
 use tl_nn::dist::Mpi;
-use tl_nn::models::{BlockConfig, TransformerBlock};
-use tl_nn::{Activation, CLASSES, Embedding, LayerNorm, Linear, Module, PIXELS, Parameters};
+use tl_nn::models::{LmConfig, TransformerLm};
+use tl_nn::{Activation, CLASSES, Linear, Module, PIXELS};
 use tl_nn::{Result, Runtime, Scope, Sequential, Var, Vars};
 use tl_session::{Optimizer, Options, Session, Train};
 
 const N: usize = 32; // the LM's context
 const D: usize = 64; // the LM's width
 
-/// The character LM of examples/char_lm.rs.
-#[derive(Parameters)]
-struct Lm {
-    tok: Embedding,
-    pos: Embedding,
-    blocks: Vec<TransformerBlock>,
-    ln: LayerNorm,
-    head: Linear,
+/// The character LM: two causal pre-norm blocks of width 64 (examples/char_lm.rs's shape),
+/// as `tl_nn::models` builds it.
+fn lm_model<O: Train>(v: &Vars<'_, O>, vocab: usize) -> Result<TransformerLm> {
+    let config = LmConfig {
+        vocab,
+        context: N,
+        d_model: D,
+        heads: 4,
+        d_ff: 4 * D,
+        blocks: 2,
+    };
+    TransformerLm::new(v, &config)
 }
 
-impl Lm {
-    fn new<O: Train>(v: &Vars<'_, O>, vocab: usize) -> Result<Self> {
-        let c = BlockConfig {
-            d_model: D,
-            heads: 4,
-            d_ff: 4 * D,
-            causal: true,
-        };
-        let block = |i: usize| TransformerBlock::new(&v.pp("blocks").pp(i), &c);
-        Ok(Lm {
-            tok: Embedding::new(&v.pp("tok"), vocab, D)?,
-            pos: Embedding::new(&v.pp("pos"), N, D)?,
-            blocks: vec![block(0)?, block(1)?],
-            ln: LayerNorm::new(&v.pp("ln"), D)?,
-            head: Linear::new(&v.pp("head"), D, vocab)?,
-        })
-    }
-
-    fn loss<'g, O: Train>(&self, g: &Scope<'g, O>, b: &TokenBatch) -> Result<Var<'g, O>> {
-        let x = self.tok.forward_shaped(g, &b.inputs, &[b.batch, N])?;
-        let h = (x + self.pos.forward(g, &(0..N).collect::<Vec<_>>())?)?;
-        let h = self.blocks.iter().try_fold(h, |h, b| b.forward(&h))?;
-        self.head
-            .forward(&self.ln.forward(&h)?)?
-            .cross_entropy(&b.targets)
-    }
+/// The mean next-token cross-entropy of a batch.
+fn lm_loss<'g, O: Train>(
+    model: &TransformerLm,
+    g: &Scope<'g, O>,
+    b: &TokenBatch,
+) -> Result<Var<'g, O>> {
+    model
+        .logits(g, &b.inputs, b.batch)?
+        .cross_entropy(&b.targets)
 }
 
 struct Args {
@@ -146,7 +133,7 @@ fn lm(rt: &mut Rt, a: &Args, mpi: Mpi) -> Result<()> {
     let cut = tokens.len() * 9 / 10;
     let train = TokenWindows::new(tokens[..cut].to_vec(), N, v)?;
     let val = TokenWindows::new(tokens[cut..].to_vec(), N, v)?;
-    let model = Lm::new(&rt.vars(), v)?;
+    let model = lm_model(&rt.vars(), v)?;
     let (rank, size) = (
         tl_nn::dist::Collective::rank(&mpi),
         tl_nn::dist::Collective::size(&mpi),
@@ -158,14 +145,16 @@ fn lm(rt: &mut Rt, a: &Args, mpi: Mpi) -> Result<()> {
     let mut step = 0;
     for b in loader.epoch(0).take(a.steps) {
         let b = b?;
-        rt.step(&model, &mut opt, |g| model.loss(g, &b))?;
+        rt.step(&model, &mut opt, |g| lm_loss(&model, g, &b))?;
         step += 1;
     }
     let secs = start.elapsed().as_secs_f64();
     // The validation loss on the first 20 batches of 64 windows (every rank computes it).
     let mut losses = Vec::new();
     for b in val.loader(64)?.drop_last(true).epoch(0).take(20) {
-        losses.push(f64::from(rt.eval(&model, |g| model.loss(g, &b?))?.item()?));
+        losses.push(f64::from(
+            rt.eval(&model, |g| lm_loss(&model, g, &b?))?.item()?,
+        ));
     }
     let loss = losses.iter().sum::<f64>() / losses.len() as f64;
     if rank == 0 {
