@@ -9,7 +9,11 @@
 //! - [`Fno1d`]: the 1-D Fourier neural operator (Li et al. 2021).
 //! - [`TransformerBlock`]: a pre-norm block; [`TransformerLm`]: a GPT-style char-level language
 //!   model built from it.
+//! - [`ResNet`]: basic residual blocks ([`BasicBlock`]: conv-BN-ReLU-conv-BN + skip) at one width.
 
+mod resnet;
+
+pub use resnet::{BasicBlock, ResNet, ResNetConfig};
 use tl_session::{Param, Train};
 
 use crate::error::usage;
