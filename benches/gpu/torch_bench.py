@@ -100,6 +100,117 @@ def transformer(dev, n):
     return step
 
 
+class WideMlp(torch.nn.Module):
+    """784-4096-4096-10 relu (gpu.rs's wide-mlp)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(784, 4096), torch.nn.ReLU(),
+                                       torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                       torch.nn.Linear(4096, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Block(torch.nn.Module):
+    """tl_nn::models::BasicBlock: relu(x + bn2(conv2(relu(bn1(conv1 x)))))."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = torch.nn.Conv2d(c, c, 3, padding=1), torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(x + self.bn2(self.conv2(h)))
+
+
+class ResNet(torch.nn.Module):
+    """tl_nn::models::ResNet at gpu.rs's size: stem 3->64, 4 blocks, mean, linear 64->10."""
+
+    def __init__(self, c=64, blocks=4):
+        super().__init__()
+        self.stem, self.bn = torch.nn.Conv2d(3, c, 3, padding=1), torch.nn.BatchNorm2d(c)
+        self.blocks = torch.nn.Sequential(*[Block(c) for _ in range(blocks)])
+        self.head = torch.nn.Linear(c, 10)
+
+    def forward(self, x):
+        h = self.blocks(F.relu(self.bn(self.stem(x))))
+        return self.head(h.mean((2, 3)))
+
+
+class LmBlock(torch.nn.Module):
+    """tl_nn::models::TransformerBlock (causal, attention without biases, tanh-GELU)."""
+
+    def __init__(self, d, heads, ff):
+        super().__init__()
+        self.d, self.heads = d, heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.wq, self.wk, self.wv, self.wo = (torch.nn.Linear(d, d, bias=False) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(d, ff), torch.nn.Linear(ff, d)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        h = self.ln1(x)
+
+        def split(t):
+            return t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+        a = F.scaled_dot_product_attention(split(self.wq(h)), split(self.wk(h)),
+                                           split(self.wv(h)), is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, n, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class Lm(torch.nn.Module):
+    """tl_nn::models::TransformerLm at gpu.rs's size: vocab 72, context 128, width 256, 4 blocks."""
+
+    def __init__(self, vocab=72, ctx=128, d=256, heads=4, ff=1024, blocks=4):
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(ctx, d) * 0.02)
+        self.blocks = torch.nn.Sequential(*[LmBlock(d, heads, ff) for _ in range(blocks)])
+        self.ln_f, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        return self.head(self.ln_f(self.blocks(self.tok(tokens) + self.pos)))
+
+
+def realistic(dev, quick):
+    """(name, module, input, labels, optimizer) of the realistic-size models (issue 39)."""
+    torch.manual_seed(0)
+    out = []
+    b = 4 if quick else 256
+    m = WideMlp().to(dev)
+    out.append(("wide-mlp", m, torch.rand(b, 784, device=dev) * 2 - 1,
+                torch.randint(0, 10, (b,), device=dev), torch.optim.SGD(m.parameters(), 0.01)))
+    b, side = (2, 8) if quick else (32, 32)
+    m = ResNet().to(dev)
+    out.append(("resnet", m, torch.rand(b, 3, side, side, device=dev) * 2 - 1,
+                torch.randint(0, 10, (b,), device=dev),
+                torch.optim.SGD(m.parameters(), 0.01, momentum=0.9)))
+    b = 1 if quick else 16
+    m = Lm().to(dev)
+    out.append(("lm", m, torch.randint(0, 72, (b, 128), device=dev),
+                torch.randint(0, 72, (b * 128,), device=dev),
+                torch.optim.AdamW(m.parameters(), 1e-3)))
+    return out
+
+
+def module_step(model, x, y, opt, compiled):
+    fwd = torch.compile(model) if compiled else model
+
+    def step():
+        logits = fwd(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
 def torch_rows(dev, quick, iters):
     batch = 4 if quick else 64
     rows = {}
@@ -107,6 +218,26 @@ def torch_rows(dev, quick, iters):
                        ("transformer", lambda: transformer(dev, 16 if quick else 128))]:
         step = make()
         rows[f"step/eager/{name}"] = (median_ms(iters, step), None)
+    # The realistic sizes: eager, torch.compile (its compilation in the warm-up calls), and
+    # eager under bf16 autocast (AMP), for scale.
+    for name, model, x, y, opt in realistic(dev, quick):
+        try:
+            rows[f"step/eager/{name}"] = (
+                median_ms(iters, module_step(model, x, y, opt, False)), None)
+        except Exception as e:  # noqa: BLE001 (one model's failure must not hide the others)
+            print(f"torch eager {name}: {type(e).__name__}: {e}".splitlines()[0])
+            continue
+        try:
+            rows[f"step/compile/{name}"] = (
+                median_ms(iters, module_step(model, x, y, opt, True)), None)
+        except Exception as e:  # noqa: BLE001 (no Triton or no compiler: say so, go on)
+            print(f"torch.compile {name}: {type(e).__name__}: {e}".splitlines()[0])
+        amp = module_step(model, x, y, opt, False)
+
+        def amp_step(amp=amp):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return amp()
+        rows[f"step/amp-bf16/{name}"] = (median_ms(iters, amp_step), None)
     n = 64 if quick else 4096
     a = torch.rand(n, n, device=dev) * 0.01
     b = torch.rand(n, n, device=dev) * 0.01
@@ -212,8 +343,14 @@ def main():
             unit, tv = t[1]
             rate = f"{unit}: ours {r.get(unit, 0):.1f}, torch {tv:.1f}"
         print(f"{name:28} {r['ms']:10.3f} {t[0]:10.3f} {r['ms'] / t[0]:10.2f}  {rate}")
-    # PyTorch's rows with no twin of ours (the bf16 flash kernel, for scale).
+    # PyTorch's rows with no twin of ours: torch.compile and AMP steps (against our eager
+    # step), the bf16 flash kernel (for scale).
     for name, t in theirs.items():
+        if "/compile/" in name or "/amp-bf16/" in name:
+            o = ours.get("step/eager/" + name.split("/")[-1])
+            ratio = f"{o['ms'] / t[0]:10.2f}" if o else f"{'-':>10}"
+            print(f"{name:28} {o['ms'] if o else float('nan'):10.3f} {t[0]:10.3f} {ratio}  "
+                  "(ours: eager f32)")
         if "/sdpa-bf16/" in name:
             print(f"{name:28} {'-':>10} {t[0]:10.3f} {'-':>10}  {t[1][0]}: torch {t[1][1]:.1f}")
     # Issue 42's target: the fused core >= 0.7x PyTorch's attention speed (time ratio <= 1/0.7).

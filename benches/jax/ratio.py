@@ -6,10 +6,13 @@ ours / JAX (issue 13's figure; <= 1.0 means we are as fast or faster).
     python3 benches/jax/ratio.py --cores 2    # every core, each side with its default threads
     python3 benches/jax/ratio.py --rounds 5   # more alternations (default 3)
     python3 benches/jax/ratio.py --quick      # criterion --quick (a short, noisier run)
+    python3 benches/jax/ratio.py --models mlp,lm   # a subset (default: all six)
 
 Ours: `cargo bench -p tl-session --bench steps` (criterion medians read from
 target/criterion). JAX: steps.py beside this file (the same models: mlp 784-256-256-10 b64, cnn
-28x28 b64, transformer block n128 d64; f32, SGD 0.01), run by the Python in $JAX_PYTHON or
+28x28 b64, transformer block n128 d64 with SGD 0.01; wide mlp 784-4096-4096-10 b256 with SGD,
+resnet 3x32x32 b32 with momentum SGD, lm width 256 context 128 b16 with AdamW; f32), run by the
+Python in $JAX_PYTHON or
 python3. Without JAX the script says so in one line and prints our figures alone. Never run in
 CI: speed belongs in benchmarks.
 
@@ -23,7 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = [("mlp", "mlp 784-256-256-10 b64"), ("cnn", "cnn 28x28 b64"),
-          ("transformer", "transformer block n128 d64")]
+          ("transformer", "transformer block n128 d64"),
+          ("wide-mlp", "wide mlp 784-4096-4096-10 b256"), ("resnet", "resnet 3x32x32 c64 b32"),
+          ("lm", "lm d256 n128 b16")]
 
 
 def pin(cmd, cores):
@@ -82,11 +87,18 @@ def main():
     ap.add_argument("--cores", type=int, choices=[1, 2], default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=",".join(k for k, _ in MODELS),
+                    help="comma-separated subset of " + ", ".join(k for k, _ in MODELS))
     a = ap.parse_args()
+    keys = a.models.split(",")
+    unknown = [k for k in keys if k not in dict(MODELS)]
+    if unknown:
+        sys.exit(f"--models: unknown {unknown}; choose from {[k for k, _ in MODELS]}")
+    chosen = [(k, n) for k, n in MODELS if k in keys]
     py = jax_python()
-    rows = {key: {"jax": [], "eager": [], "linked": [], "re": [], "rl": []} for key, _ in MODELS}
+    rows = {key: {"jax": [], "eager": [], "linked": [], "re": [], "rl": []} for key, _ in chosen}
     for r in range(max(a.rounds, 1)):
-        for key, name in MODELS:
+        for key, name in chosen:
             o = ours(a.cores, a.quick, key, name)
             row = rows[key]
             row["eager"].append(o["eager"])
@@ -102,11 +114,11 @@ def main():
     avx = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
     where = "one core (taskset)" if a.cores == 1 else "all cores"
     print(f"\n{cpu} ({avx}), {where}; medians of {max(a.rounds, 1)} alternated rounds (range)\n")
-    print("| step (f32, SGD) | JAX-jit | eager | linked | eager/JAX | linked/JAX |")
+    print("| step (f32) | JAX-jit | eager | linked | eager/JAX | linked/JAX |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     ms = lambda x: f"{x:.3f}"
     ratio = lambda x: f"{x:.2f}"
-    for key, name in MODELS:
+    for key, name in chosen:
         row = rows[key]
         js = span(row["jax"], ms) if py else "-"
         re_ = span(row["re"], ratio) if py else "-"

@@ -1,12 +1,17 @@
 # Keep the models in step with crates/tl-session/benches/common/models.rs (tl-nn's models).
 """Anchor: JAX-jit (XLA CPU) training steps of the project's step benchmarks
 (crates/tl-session/benches/common/models.rs, built from tl_nn::models): mlp 784-256-256-10 b64,
-cnn 28x28 b64, transformer block n128 d64; f32, cross-entropy, SGD 0.01. The same shapes and the
-same initial distributions as tl-nn's PyTorch defaults: linear and conv weights and biases
-uniform in +-1/sqrt(fan_in); attention wq, wk, wv Xavier-uniform, applied as x @ W; layer norms
-1 and 0; inputs uniform in +-1 (other draws than ours). Prints the median step time of each.
+cnn 28x28 b64, transformer block n128 d64; f32, cross-entropy, SGD 0.01. And the realistic sizes:
+wide-mlp 784-4096-4096-10 b256 (SGD 0.01), resnet (models::ResNet: 3x32x32 b32, stem + 4 basic
+blocks of 64 channels with batch norm in training mode, SGD 0.01 momentum 0.9), lm
+(models::TransformerLm: vocab 72, context 128, width 256, 4 causal blocks, batch 16, AdamW 1e-3
+with PyTorch's defaults). The same shapes and the same initial distributions as tl-nn's PyTorch
+defaults: linear and conv weights and biases uniform in +-1/sqrt(fan_in); attention wq, wk, wv
+Xavier-uniform, applied as x @ W; layer and batch norms 1 and 0; embeddings N(0, 1), the LM's
+positions N(0, 0.02^2); inputs uniform in +-1 (other draws than ours). Prints the median step
+time of each.
 
-Run: python steps.py [mlp|cnn|transformer ...]   (pip install jax; pin to one core with taskset -c N
+Run: python steps.py [mlp|cnn|transformer|wide-mlp|resnet|lm ...]   (pip install jax; pin to one core with taskset -c N
 for a one-thread comparison)."""
 import sys, time
 import jax, jax.numpy as jnp
@@ -87,24 +92,130 @@ def transformer():
         return ce(x2 @ p[12].T + p[13], y)
     return p, loss
 
-def bench(name, make, iters=200):
-    p, loss = make()
+def ln(h, g, b):
+    m = h.mean(-1, keepdims=True)
+    v = ((h - m) ** 2).mean(-1, keepdims=True)
+    return (h - m) / jnp.sqrt(v + 1e-5) * g + b
+
+def wide_mlp():
+    ks = jax.random.split(jax.random.PRNGKey(3), 7)
+    shapes = [(4096, 784), (4096, 4096), (10, 4096)]
+    p = [t for k, sh in enumerate(shapes) for t in (w(ks[2 * k], sh), b(ks[2 * k + 1], sh))]
+    x = jax.random.uniform(ks[6], (256, 784), minval=-1, maxval=1)
+    y = (jnp.arange(256) * 7 + 3) % 10
+    def loss(p):
+        h = jax.nn.relu(x @ p[0].T + p[1])
+        h = jax.nn.relu(h @ p[2].T + p[3])
+        return ce(h @ p[4].T + p[5], y)
+    return p, loss, "sgd"
+
+def resnet():
+    c, blocks, batch = 64, 4, 32
+    ks = iter(jax.random.split(jax.random.PRNGKey(4), 64))
+    def conv_p(cin):
+        sh = (c, cin, 3, 3)
+        return [w(next(ks), sh), b(next(ks), sh)]
+    bn_p = lambda: [jnp.ones(c), jnp.zeros(c)]
+    p = conv_p(3) + bn_p()
+    for _ in range(blocks):
+        p += conv_p(c) + bn_p() + conv_p(c) + bn_p()
+    p += [w(next(ks), (10, c)), b(next(ks), (10, c))]
+    x = jax.random.uniform(next(ks), (batch, 3, 32, 32), minval=-1, maxval=1)
+    y = (jnp.arange(batch) * 7 + 3) % 10
+    def conv(h, k, bias):
+        o = jax.lax.conv_general_dilated(h, k, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return o + bias[None, :, None, None]
+    def bn(h, g, beta):
+        # Training mode: the batch's statistics (biased variance), as nn.BatchNorm2d.
+        m = h.mean((0, 2, 3), keepdims=True)
+        v = ((h - m) ** 2).mean((0, 2, 3), keepdims=True)
+        return (h - m) / jnp.sqrt(v + 1e-5) * g[None, :, None, None] + beta[None, :, None, None]
+    def loss(p):
+        h = jax.nn.relu(bn(conv(x, p[0], p[1]), p[2], p[3]))
+        for k in range(blocks):
+            q = p[4 + 8 * k: 12 + 8 * k]
+            t = jax.nn.relu(bn(conv(h, q[0], q[1]), q[2], q[3]))
+            h = jax.nn.relu(h + bn(conv(t, q[4], q[5]), q[6], q[7]))
+        return ce(h.mean((2, 3)) @ p[-2].T + p[-1], y)
+    return p, loss, "momentum"
+
+def lm():
+    vocab, n, d, heads, ff, blocks, batch = 72, 128, 256, 4, 1024, 4, 16
+    ks = iter(jax.random.split(jax.random.PRNGKey(5), 64))
+    p = [jax.random.normal(next(ks), (vocab, d)), 0.02 * jax.random.normal(next(ks), (n, d))]
+    for _ in range(blocks):
+        p += [jnp.ones(d), jnp.zeros(d)] + [xavier(next(ks), d) for _ in range(3)] + [w(next(ks), (d, d))]
+        p += [jnp.ones(d), jnp.zeros(d), w(next(ks), (ff, d)), b(next(ks), (ff, d)), w(next(ks), (d, ff)), b(next(ks), (d, ff))]
+    p += [jnp.ones(d), jnp.zeros(d), w(next(ks), (vocab, d)), b(next(ks), (vocab, d))]
+    tok = (jnp.arange(batch * n) * 31 + 7) % vocab
+    y = (jnp.arange(1, batch * n + 1) * 31 + 7) % vocab
+    causal = jnp.tril(jnp.ones((n, n), dtype=bool))
+    def mha(h, wq, wk, wv, wo):
+        split = lambda t: t.reshape(batch, n, heads, d // heads).transpose(0, 2, 1, 3)
+        q, k, v = split(h @ wq), split(h @ wk), split(h @ wv)
+        s = jnp.where(causal, q @ k.transpose(0, 1, 3, 2) / jnp.sqrt(d // heads), -jnp.inf)
+        a = jax.nn.softmax(s, axis=-1) @ v
+        return a.transpose(0, 2, 1, 3).reshape(batch, n, d) @ wo
+    def loss(p):
+        h = p[0][tok].reshape(batch, n, d) + p[1]
+        for k in range(blocks):
+            q = p[2 + 12 * k: 14 + 12 * k]
+            h = h + mha(ln(h, q[0], q[1]), q[2], q[3], q[4], q[5])
+            f = jax.nn.gelu(ln(h, q[6], q[7]) @ q[8].T + q[9], approximate=True)
+            h = h + f @ q[10].T + q[11]
+        logits = ln(h, p[-4], p[-3]) @ p[-2].T + p[-1]
+        return ce(logits.reshape(batch * n, vocab), y)
+    return p, loss, "adamw"
+
+def optimizer(kind, p):
+    """(state, update) of SGD 0.01, SGD 0.01 with momentum 0.9, or AdamW 1e-3 (betas 0.9,
+    0.999, eps 1e-8, weight decay 0.01: PyTorch's defaults), as the Rust side trains."""
+    if kind == "sgd":
+        return (), lambda p, g, s: ([a - 0.01 * b for a, b in zip(p, g)], s)
+    if kind == "momentum":
+        def upd(p, g, s):
+            buf = [0.9 * m + gi for m, gi in zip(s, g)]
+            return [a - 0.01 * m for a, m in zip(p, buf)], buf
+        return [jnp.zeros_like(a) for a in p], upd
+    def adamw(p, g, s):
+        m, v, t = s
+        t = t + 1
+        m = [0.9 * mi + 0.1 * gi for mi, gi in zip(m, g)]
+        v = [0.999 * vi + 0.001 * gi * gi for vi, gi in zip(v, g)]
+        c1, c2 = 1 - 0.9 ** t, 1 - 0.999 ** t
+        p = [a * (1 - 1e-3 * 0.01) - 1e-3 * (mi / c1) / (jnp.sqrt(vi / c2) + 1e-8)
+             for a, mi, vi in zip(p, m, v)]
+        return p, (m, v, t)
+    return ([jnp.zeros_like(a) for a in p], [jnp.zeros_like(a) for a in p], jnp.float32(0)), adamw
+
+def bench(name, make, seconds=3.0):
+    made = make()
+    p, loss, kind = made if len(made) == 3 else (*made, "sgd")
+    state, update = optimizer(kind, p)
     @jax.jit
-    def step(p):
-        g = jax.grad(loss)(p)
-        return [a - 0.01 * b for a, b in zip(p, g)]
-    for _ in range(20):
-        p = step(p)
+    def step(p, s):
+        return update(p, jax.grad(loss)(p), s)
+    t = time.perf_counter()
+    for _ in range(3):
+        p, state = step(p, state)
+    jax.block_until_ready(p)
+    # Warm-up: 20 steps, or fewer for the slow models; then timed steps for about `seconds`.
+    per = (time.perf_counter() - t) / 3
+    warm = max(2, min(20, int(1.0 / max(per, 1e-6))))
+    iters = max(10, min(200, int(seconds / max(per, 1e-6))))
+    for _ in range(warm):
+        p, state = step(p, state)
     jax.block_until_ready(p)
     ts = []
     for _ in range(iters):
         t = time.perf_counter()
-        p = step(p)
+        p, state = step(p, state)
         jax.block_until_ready(p)
         ts.append(time.perf_counter() - t)
     ts.sort()
     print(f"jax-jit {name} step: median {ts[len(ts)//2]*1e3:.3f} ms (min {ts[0]*1e3:.3f})")
 
-models = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+models = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "wide-mlp": wide_mlp,
+          "resnet": resnet, "lm": lm}
 for name in (sys.argv[1:] or models):
     bench(name, models[name])

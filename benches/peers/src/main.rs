@@ -84,7 +84,7 @@ impl CandleRun {
                 let h = h.flatten_from(1)?;
                 self.linear(4, &h)?
             }
-            Kind::Transformer => unimplemented!("the peer table covers the mlp and the cnn"),
+            _ => unimplemented!("the peer table covers the mlp and the cnn"),
         };
         let loss = candle_nn::loss::cross_entropy(&logits, &self.labels)?;
         self.opt.backward_step(&loss)?;

@@ -9,8 +9,8 @@
 //! simulation device (small sizes; the figures mean nothing there).
 //!
 //! Rows (`name`, milliseconds, and for matmul/elementwise the rate):
-//! - `step/{eager,linked}/{mlp,cnn,transformer}`: the tl-nn models of `common/models.rs`,
-//!   `Runtime::step` with SGD;
+//! - `step/{eager,linked}/{mlp,cnn,transformer,wide-mlp,resnet,lm}`: the tl-nn models of
+//!   `common/models.rs`, `Runtime::step` with each model's optimizer;
 //! - `matmul/{n}`: `sum(a·b)` with `a`, `b` of `n × n` (GFLOP/s counts the product only; the
 //!   sum's n² reads are under 0.1% of the work at n = 4096);
 //! - `scale/{bytes}` and `add/{bytes}`: one elementwise op over a 256 MB (`--quick`: 4 MB) f32
@@ -112,6 +112,16 @@ fn steps(a: &Args) {
             "transformer",
             BenchModel::transformer(if a.quick { 16 } else { 128 }),
         ),
+        // Issue 39's realistic sizes (`--quick`: small batches and images).
+        (
+            "wide-mlp",
+            BenchModel::wide_mlp(if a.quick { 4 } else { 256 }),
+        ),
+        (
+            "resnet",
+            BenchModel::resnet(if a.quick { 2 } else { 32 }, if a.quick { 8 } else { 32 }),
+        ),
+        ("lm", BenchModel::lm(if a.quick { 1 } else { 16 })),
     ];
     for (name, m) in &models {
         let mut eager = EagerRun::on(m, a.backend).expect("backend checked in main");

@@ -11,11 +11,22 @@
 //!   maxPool 2 → flatten (64, 784) → linear 784→10.
 //! - transformer block: x (128, 64) → x + mha(layerNorm x) (4 heads, no mask) → h +
 //!   ffn(layerNorm h) (64→256 gelu →64) → linear 64→10, per token.
+//!
+//! Realistic sizes (issue 39; `models::*` as a user builds them, each with its own optimizer):
+//! - wide mlp: 784-4096-4096-10, relu, batch 256, SGD 0.01.
+//! - resnet: `models::ResNet` on (32, 3, 32, 32): stem conv 3→64 + BN + ReLU, 4 basic blocks of
+//!   64 channels (conv-BN-ReLU-conv-BN + skip, ReLU), mean over the image, linear 64→10; SGD
+//!   0.01 with momentum 0.9.
+//! - lm: `models::TransformerLm`, vocabulary 72, context 128, width 256, 4 causal pre-norm blocks
+//!   (4 heads, MLP 1024), batch 16, next-token cross-entropy, AdamW 1e-3.
 
 #![allow(dead_code)]
 
-use tl_nn::models::{self, BlockConfig, CnnConfig, TransformerBlock};
-use tl_nn::{Activation, Labels, Linear, Module, Runtime, Sequential};
+use tl_nn::models::{
+    self, BlockConfig, CnnConfig, LmConfig, ResNet, ResNetConfig, TransformerBlock, TransformerLm,
+};
+use tl_nn::{Activation, Labels, Linear, Module, Parameters, Runtime, Sequential};
+use tl_session::Param;
 use tl_session::{Backend, LinkedSession, Optimizer, Options, Session, Train};
 use tl_spec::Tensor;
 
@@ -36,7 +47,31 @@ pub enum Kind {
     Cnn,
     /// One pre-norm transformer block and a linear head.
     Transformer,
+    /// 784-4096-4096-10 relu MLP.
+    WideMlp,
+    /// A ResNet of 4 basic blocks of 64 channels on 3×32×32 images.
+    ResNet,
+    /// A character transformer LM (width 256, 4 blocks, context 128).
+    Lm,
 }
+
+/// The LM's shape.
+pub const LM: LmConfig = LmConfig {
+    vocab: 72,
+    context: 128,
+    d_model: 256,
+    heads: 4,
+    d_ff: 1024,
+    blocks: 4,
+};
+
+/// The ResNet's shape.
+pub const RESNET: ResNetConfig = ResNetConfig {
+    in_channels: 3,
+    channels: 64,
+    blocks: 4,
+    classes: CLASSES,
+};
 
 /// Classes of every model.
 pub const CLASSES: usize = 10;
@@ -47,8 +82,30 @@ pub struct BenchModel {
     pub kind: Kind,
     /// The input batch.
     pub x: Tensor<f32>,
-    /// One class label per row (per token for the transformer).
+    /// One class label per row (per token for the transformer; the next token for the LM).
     pub labels: Labels,
+    /// The LM's input token ids (batch × context; empty for the other models).
+    pub tokens: Vec<usize>,
+}
+
+/// A built model: a layer stack, or one of `tl_nn::models`' structs.
+pub enum Net<O: Train> {
+    /// mlp, cnn, transformer, wide mlp.
+    Seq(Sequential<O>),
+    /// The ResNet.
+    Res(ResNet),
+    /// The LM.
+    Lm(TransformerLm),
+}
+
+impl<O: Train> Parameters for Net<O> {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        match self {
+            Net::Seq(m) => m.visit_params(f),
+            Net::Res(m) => m.visit_params(f),
+            Net::Lm(m) => m.visit_params(f),
+        }
+    }
 }
 
 fn labels(n: usize) -> Labels {
@@ -63,7 +120,49 @@ impl BenchModel {
             kind: Kind::Mlp,
             x: filled(&[batch, 784], 1, 1.0),
             labels: labels(batch),
+            tokens: Vec::new(),
         }
+    }
+
+    /// The wide mlp 784-4096-4096-10 at batch `batch`.
+    pub fn wide_mlp(batch: usize) -> Self {
+        BenchModel {
+            kind: Kind::WideMlp,
+            ..Self::mlp(batch)
+        }
+    }
+
+    /// The ResNet on (batch, 3, side, side) images (the benchmarks: side 32).
+    pub fn resnet(batch: usize, side: usize) -> Self {
+        BenchModel {
+            kind: Kind::ResNet,
+            x: filled(&[batch, 3, side, side], 4, 1.0),
+            labels: labels(batch),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// The LM on `batch` windows of its context (`LM.context` tokens each).
+    pub fn lm(batch: usize) -> Self {
+        let n = batch * LM.context;
+        let token = |i: usize| (i * 31 + 7) % LM.vocab;
+        BenchModel {
+            kind: Kind::Lm,
+            x: Tensor::from_fn([0], |_| 0.0),
+            labels: Labels::new((0..n).map(|i| token(i + 1)).collect(), LM.vocab)
+                .expect("tokens below the vocabulary"),
+            tokens: (0..n).map(token).collect(),
+        }
+    }
+
+    /// The optimizer a user trains this model with: AdamW 1e-3 for the LM, SGD 0.01 with
+    /// momentum 0.9 for the ResNet, SGD 0.01 otherwise.
+    pub fn optimizer(&self) -> tl_nn::Result<Optimizer> {
+        Ok(match self.kind {
+            Kind::Lm => Optimizer::adamw(1e-3)?,
+            Kind::ResNet => Optimizer::momentum(0.01, 0.9)?,
+            _ => Optimizer::sgd(0.01)?,
+        })
     }
 
     /// The small cnn on 28×28 images at batch `batch`.
@@ -72,6 +171,7 @@ impl BenchModel {
             kind: Kind::Cnn,
             x: filled(&[batch, 1, 28, 28], 2, 1.0),
             labels: labels(batch),
+            tokens: Vec::new(),
         }
     }
 
@@ -81,13 +181,17 @@ impl BenchModel {
             kind: Kind::Transformer,
             x: filled(&[n, 64], 3, 1.0),
             labels: labels(n),
+            tokens: Vec::new(),
         }
     }
 
     /// The model's parameters in `rt`, as a user builds them.
-    pub fn build<O: Train<T = f32>>(&self, rt: &Runtime<O>) -> tl_nn::Result<Sequential<O>> {
+    pub fn build<O: Train<T = f32>>(&self, rt: &Runtime<O>) -> tl_nn::Result<Net<O>> {
         let v = rt.vars();
-        match self.kind {
+        let seq = match self.kind {
+            Kind::ResNet => return Ok(Net::Res(ResNet::new(&v, &RESNET)?)),
+            Kind::Lm => return Ok(Net::Lm(TransformerLm::new(&v, &LM)?)),
+            Kind::WideMlp => models::mlp(&v, &[784, 4096, 4096, CLASSES], Activation::Relu),
             Kind::Mlp => models::mlp(&v, &[784, 256, 256, CLASSES], Activation::Relu),
             Kind::Cnn => models::cnn(
                 &v,
@@ -111,7 +215,8 @@ impl BenchModel {
                     .add(TransformerBlock::new(&v.pp(0), &block)?)
                     .add(Linear::new(&v.pp(1), d, CLASSES)?))
             }
-        }
+        };
+        seq.map(Net::Seq)
     }
 
     /// One training step of `net` (built by [`BenchModel::build`] in `rt`) with `opt`: the
@@ -119,12 +224,16 @@ impl BenchModel {
     pub fn train_step<O: Train<T = f32>>(
         &self,
         rt: &mut Runtime<O>,
-        net: &Sequential<O>,
+        net: &Net<O>,
         opt: &mut Optimizer,
     ) -> tl_nn::Result<f64> {
         rt.step(net, opt, |g| {
-            net.forward(&g.input(self.x.clone())?)?
-                .cross_entropy(&self.labels)
+            let logits = match net {
+                Net::Seq(m) => m.forward(&g.input(self.x.clone())?)?,
+                Net::Res(m) => m.forward(&g.input(self.x.clone())?)?,
+                Net::Lm(m) => m.logits(g, &self.tokens, self.tokens.len() / LM.context)?,
+            };
+            logits.cross_entropy(&self.labels)
         })
     }
 }
@@ -137,7 +246,7 @@ pub struct Run<'m, O: Train<T = f32>> {
     /// The runtime: the session and the named parameters.
     pub rt: Runtime<O>,
     /// The network.
-    pub net: Sequential<O>,
+    pub net: Net<O>,
     /// The optimizer.
     pub opt: Optimizer,
 }
@@ -156,7 +265,7 @@ impl<'m, O: Train<T = f32>> Run<'m, O> {
             model,
             rt,
             net,
-            opt: Optimizer::sgd(0.01)?,
+            opt: model.optimizer()?,
         })
     }
 
