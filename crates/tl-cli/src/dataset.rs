@@ -1,7 +1,7 @@
 //! Each model's dataset behind one interface: examples indexed `0..len`, minibatches by index.
 //! Digits images (mlp, cnn), Burgers' pairs (fno), text windows (transformer).
 
-use tl_nn::data::{Split, digits};
+use tl_nn::data::{Split, TokenBatch, digits};
 use tl_spec::Tensor;
 
 use crate::burgers::{self, GRID};
@@ -59,14 +59,7 @@ pub enum Batch {
         y: Tensor<f32>,
     },
     /// Token windows: `batch·context` inputs and as many next-token targets.
-    Tokens {
-        /// Inputs, row-major (window, position).
-        tokens: Vec<usize>,
-        /// Targets.
-        next: Vec<usize>,
-        /// Windows.
-        batch: usize,
-    },
+    Tokens(TokenBatch),
 }
 
 impl Dataset {
@@ -128,14 +121,7 @@ impl Dataset {
                 let y = Tensor::from_fn([b, g, 1], |k| f.y[idx[k / g] * g + k % g]);
                 Batch::Fields { x, y }
             }
-            Dataset::Text(w) => {
-                let (tokens, next) = w.batch(idx);
-                Batch::Tokens {
-                    tokens,
-                    next,
-                    batch: idx.len(),
-                }
-            }
+            Dataset::Text(w) => Batch::Tokens(w.batch(idx)?),
         })
     }
 }
@@ -165,13 +151,10 @@ pub fn load(model: ModelName) -> Result<(Dataset, Dataset, Option<f32>)> {
             )
         }
         ModelName::Transformer => {
-            let c = corpus();
-            let test = Windows::new(c.test, CONTEXT);
-            let train = Windows::new(c.train.clone(), CONTEXT);
-            if train.len == 0 || test.len == 0 {
-                return Err(CliError::new("the text is too short for one window"));
-            }
-            let base = unigram_loss(&c.train, &test, c.vocab.len())? as f32;
+            let c = corpus()?;
+            let test = Windows::new(c.test, CONTEXT, c.vocab.len())?;
+            let train = Windows::new(c.train.clone(), CONTEXT, c.vocab.len())?;
+            let base = unigram_loss(&c.train, &test)? as f32;
             (Dataset::Text(train), Dataset::Text(test), Some(base))
         }
     })

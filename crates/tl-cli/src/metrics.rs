@@ -87,7 +87,7 @@ pub fn evaluate<O: Train<T = f32>>(
                 let per = y.data().len() / chunk.len().max(1);
                 rel += rel_l2_sum(&out, y, per);
             }
-            Batch::Tokens { .. } => {}
+            Batch::Tokens(_) => {}
         }
     }
     let n = split.len().max(1) as f64;

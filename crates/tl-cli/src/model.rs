@@ -148,7 +148,7 @@ impl<O: Train<T = f32>> Model<O> {
             )?),
             ModelName::Fno => Model::Fno(Fno1d::new(&v, &FNO)?),
             ModelName::Transformer => {
-                let vocab = crate::text::corpus().vocab.len();
+                let vocab = crate::text::corpus()?.vocab.len();
                 Model::Transformer(TransformerLm::new(&v, &LmConfig { vocab, ..LM })?)
             }
         })
@@ -194,16 +194,9 @@ impl<O: Train<T = f32>> Model<O> {
                 let loss = relative_l2_loss(&out, &g.input(y.clone())?, Reduction::Mean)?;
                 Output { out, loss }
             }
-            (
-                Model::Transformer(m),
-                Batch::Tokens {
-                    tokens,
-                    next,
-                    batch,
-                },
-            ) => {
-                let out = m.logits(g, tokens, *batch)?;
-                let loss = out.cross_entropy(&Labels::new(next.clone(), m.config().vocab)?)?;
+            (Model::Transformer(m), Batch::Tokens(b)) => {
+                let out = m.logits(g, &b.inputs, b.batch)?;
+                let loss = out.cross_entropy(&b.targets)?;
                 Output { out, loss }
             }
             _ => {
