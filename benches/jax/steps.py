@@ -38,17 +38,22 @@ def ce(logits, y):
     logp = jax.nn.log_softmax(logits)
     return -jnp.mean(logp[jnp.arange(logits.shape[0]), y])
 
-def mlp():
-    ks = jax.random.split(jax.random.PRNGKey(0), 7)
-    shapes = [(256, 784), (256, 256), (10, 256)]
+def mlp_of(sizes, batch, seed):
+    """A relu MLP through `sizes`, cross-entropy on a fixed batch; SGD."""
+    ks = jax.random.split(jax.random.PRNGKey(seed), 2 * len(sizes) + 1)
+    shapes = [(o, i) for i, o in zip(sizes, sizes[1:])]
     p = [t for k, sh in enumerate(shapes) for t in (w(ks[2 * k], sh), b(ks[2 * k + 1], sh))]
-    x = jax.random.uniform(ks[6], (64, 784), minval=-1, maxval=1)
-    y = (jnp.arange(64) * 7 + 3) % 10
+    x = jax.random.uniform(ks[-1], (batch, sizes[0]), minval=-1, maxval=1)
+    y = (jnp.arange(batch) * 7 + 3) % 10
     def loss(p):
-        h = jax.nn.relu(x @ p[0].T + p[1])
-        h = jax.nn.relu(h @ p[2].T + p[3])
-        return ce(h @ p[4].T + p[5], y)
-    return p, loss
+        h = x
+        for k in range(0, len(p) - 2, 2):
+            h = jax.nn.relu(h @ p[k].T + p[k + 1])
+        return ce(h @ p[-2].T + p[-1], y)
+    return p, loss, "sgd"
+
+def mlp():
+    return mlp_of([784, 256, 256, 10], 64, 0)
 
 def cnn():
     ks = jax.random.split(jax.random.PRNGKey(1), 7)
@@ -98,16 +103,7 @@ def ln(h, g, b):
     return (h - m) / jnp.sqrt(v + 1e-5) * g + b
 
 def wide_mlp():
-    ks = jax.random.split(jax.random.PRNGKey(3), 7)
-    shapes = [(4096, 784), (4096, 4096), (10, 4096)]
-    p = [t for k, sh in enumerate(shapes) for t in (w(ks[2 * k], sh), b(ks[2 * k + 1], sh))]
-    x = jax.random.uniform(ks[6], (256, 784), minval=-1, maxval=1)
-    y = (jnp.arange(256) * 7 + 3) % 10
-    def loss(p):
-        h = jax.nn.relu(x @ p[0].T + p[1])
-        h = jax.nn.relu(h @ p[2].T + p[3])
-        return ce(h @ p[4].T + p[5], y)
-    return p, loss, "sgd"
+    return mlp_of([784, 4096, 4096, 10], 256, 3)
 
 def resnet():
     c, blocks, batch = 64, 4, 32

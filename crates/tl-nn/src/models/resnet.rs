@@ -1,7 +1,7 @@
 //! [`ResNet`]: a ResNet-style image classifier of basic residual blocks (He et al. 2016) at one
 //! width, the realistic-size CNN of the benchmarks.
 
-use tl_session::{Param, Train};
+use tl_session::Train;
 
 use crate::error::usage;
 use crate::{
@@ -25,6 +25,7 @@ pub struct ResNetConfig {
 /// each followed by batch norm, with the identity skip. Parameters `conv1.*`, `bn1.*`,
 /// `conv2.*`, `bn2.*`. PyTorch: torchvision's `BasicBlock` without downsampling (and with
 /// convolution biases).
+#[derive(Parameters)]
 pub struct BasicBlock {
     conv1: Conv,
     bn1: BatchNorm,
@@ -49,15 +50,6 @@ impl BasicBlock {
     }
 }
 
-impl Parameters for BasicBlock {
-    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
-        self.conv1.visit_params(f);
-        self.bn1.visit_params(f);
-        self.conv2.visit_params(f);
-        self.bn2.visit_params(f);
-    }
-}
-
 impl<O: Train> Module<O> for BasicBlock {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         let h = Activation::Relu.apply(&self.bn1.forward(&self.conv1.forward(x)?)?)?;
@@ -70,7 +62,9 @@ impl<O: Train> Module<O> for BasicBlock {
 /// `channels` (`stem.*`, `bn.*`), `blocks` [`BasicBlock`]s (`blocks.{k}.*`), the mean over
 /// the image, and a linear head (`head.*`). PyTorch: a CIFAR-style ResNet at one width, with
 /// `nn.AdaptiveAvgPool2d(1)` before the head.
+#[derive(Parameters)]
 pub struct ResNet {
+    #[parameters(skip)]
     config: ResNetConfig,
     stem: Conv,
     bn: BatchNorm,
@@ -103,15 +97,6 @@ impl ResNet {
     /// The configuration it was built with.
     pub fn config(&self) -> &ResNetConfig {
         &self.config
-    }
-}
-
-impl Parameters for ResNet {
-    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
-        self.stem.visit_params(f);
-        self.bn.visit_params(f);
-        self.blocks.visit_params(f);
-        self.head.visit_params(f);
     }
 }
 
