@@ -123,7 +123,7 @@ impl Elem {
     /// The number of values in a buffer of `len` words; an error for a length that is not a
     /// multiple of [`Elem::words`].
     fn count(self, call: &'static str, len: usize) -> Result<usize> {
-        if len % self.words() != 0 {
+        if !len.is_multiple_of(self.words()) {
             return Err(Error::Nccl {
                 call,
                 detail: format!(
