@@ -208,7 +208,8 @@ rows=()
 # NCCL from PyTorch's wheels (nvidia-nccl-cu*), unless TL_NCCL_LIBRARY names one already: the
 # tests' nccl:: modules and examples/nccl_check load it.
 if [ -z "${TL_NCCL_LIBRARY:-}" ]; then
-    nccl_dir=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null)
+    # A namespace package in the cu13 wheels (no __file__): its __path__ names the folder.
+    nccl_dir=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
     [ -n "$nccl_dir" ] && export TL_NCCL_LIBRARY="$nccl_dir/lib/libnccl.so.2"
 fi
 echo "TL_NCCL_LIBRARY=${TL_NCCL_LIBRARY:-<not found: the NCCL tests skip, nccl_check fails>}"

@@ -6,7 +6,7 @@
 //! a CUDA feature.
 //!
 //! On a GPU (NCCL from PyTorch's wheels):
-//! `TL_NCCL_LIBRARY=$(python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))")/lib/libnccl.so.2 target/release/examples/nccl_check`
+//! `TL_NCCL_LIBRARY=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])")/lib/libnccl.so.2 target/release/examples/nccl_check`
 //! (build: `eval "$(cargo xtask cuda-stub)"; cargo build --release -p tl-nn --features cuda --example nccl_check`;
 //! the GPU bundle carries it). Without a GPU, on the kernel emulator and the one-rank stub:
 //! `eval "$(cargo xtask nccl-stub)"; cargo run -p tl-nn --features cuda-emu --example nccl_check`.

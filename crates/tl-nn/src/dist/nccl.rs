@@ -1,5 +1,5 @@
 //! [`Nccl`]: the [`Collective`] engine over NCCL for CUDA runs (features `cuda`, `cuda-emu`),
-//! with a bootstrap engine (normally [`Mpi`](super::Mpi)) for the rendezvous and the control
+//! with a bootstrap engine (normally `Mpi`, feature `mpi`) for the rendezvous and the control
 //! messages.
 
 use std::cell::RefCell;

@@ -251,7 +251,7 @@ impl Nccl {
         };
         let hint = format!(
             "set {LIBRARY_VAR} to the path of libnccl.so.2 (PyTorch's wheels ship it: \
-             python3 -c \"import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))\" \
+             python3 -c \"import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])\" \
              prints the folder whose lib/ holds it), or, without a GPU, to the one-rank stub of \
              `cargo xtask nccl-stub`"
         );
