@@ -520,6 +520,38 @@ mod nccl {
     }
 
     #[test]
+    fn two_ranks_on_the_one_rank_stub_are_a_clear_error_on_each() {
+        let Some(probe) = engine() else {
+            return;
+        };
+        if !probe.library().starts_with("NCCL 0.0.0") {
+            // A real NCCL would run the two ranks (threads of one process, one GPU).
+            println!("not the stub ({}): skipping", probe.library());
+            return;
+        }
+        drop(probe);
+        let handles: Vec<_> = group(2)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    Nccl::init(Box::new(c))
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "ncclCommInitRank: NCCL: rank {rank} of 2: returned 5"
+                )) && e.contains("more than one rank needs the real libnccl.so.2"),
+                "rank {rank}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn a_rank_without_nccl_stops_every_rank_with_an_error_naming_it() {
         let err = Nccl::init_with_library("/nonexistent/libnccl.so.2", Box::new(Local))
             .unwrap_err()
