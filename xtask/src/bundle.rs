@@ -14,7 +14,10 @@
 //! pass/FAIL), then runs the bench and the PyTorch script, which prints ours beside PyTorch
 //! eager with issue 7's GPU targets. `cli/tl` (tl-cli built with `--features cuda`) trains the
 //! mlp, the cnn and the transformer on the CPU and then on the GPU, and run.sh prints each run's
-//! last line. The folder is also packed as `gpu-bundle.tar.xz` for the copy.
+//! last line. `examples/nccl_check` (tl-nn's example, `--features cuda`) loads NCCL from PyTorch's
+//! wheels (`TL_NCCL_LIBRARY`, which run.sh sets before the tests, so tl-tape-cuda's `nccl::`
+//! tests run on the real library too) and checks one rank's collectives and data-parallel steps
+//! with the NCCL engine. The folder is also packed as `gpu-bundle.tar.xz` for the copy.
 
 use std::fs;
 use std::path::Path;
@@ -102,6 +105,9 @@ pub fn build() -> Result<(), String> {
     let benches = build_exes("bench", &[&["-p", "tl-session", "--bench", "gpu"]])?;
     // The README's main job on the GPU: `tl train --backend cuda`.
     let cli = build_cli()?;
+    // NCCL with one rank, and data-parallel steps with the NCCL engine (docs/guide.md
+    // "Training on several processes").
+    let nccl_check = build_nccl_check()?;
     let dir = util::root().join("gpu-bundle");
     if dir.exists() {
         fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -109,6 +115,7 @@ pub fn build() -> Result<(), String> {
     let names = copy_stripped(&tests, &dir.join("bin"))?;
     let bench_names = copy_stripped(&benches, &dir.join("bench"))?;
     copy_stripped(&[cli], &dir.join("cli"))?;
+    copy_stripped(&[nccl_check], &dir.join("examples"))?;
     let script = util::root().join("benches/gpu/torch_bench.py");
     fs::copy(&script, dir.join("torch_bench.py"))
         .map_err(|e| format!("copy {}: {e}", script.display()))?;
@@ -144,26 +151,38 @@ pub fn build() -> Result<(), String> {
 
 /// `cargo build --release --features cuda -p tl-cli` against the stub; the `tl` executable.
 fn build_cli() -> Result<String, String> {
+    build_release(&["-p", "tl-cli", "--bin", "tl"], "/tl")
+}
+
+/// tl-nn's `nccl_check` example (`--features cuda`) against the stub libcuda: NCCL with one
+/// rank on the GPU (run.sh points `TL_NCCL_LIBRARY` at PyTorch's libnccl.so.2).
+fn build_nccl_check() -> Result<String, String> {
+    build_release(
+        &["-p", "tl-nn", "--example", "nccl_check"],
+        "/examples/nccl_check",
+    )
+}
+
+/// `cargo build --release --features cuda <what>` against the stub; the executable whose path
+/// ends in `suffix`.
+fn build_release(what: &[&str], suffix: &str) -> Result<String, String> {
     let json = util::output(
         Command::new(util::cargo())
             .current_dir(util::root())
             .env("CUDA_LIBRARY_PATH", stub::root())
-            .args([
-                "build",
-                "--release",
-                "--features",
-                "cuda",
-                "-p",
-                "tl-cli",
-                "--bin",
-                "tl",
-            ])
+            .args(["build", "--release", "--features", "cuda"])
+            .args(what)
             .arg("--message-format=json"),
     )?;
     json.lines()
         .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
-        .find_map(|l| util::executable(l).filter(|e| e.ends_with("/tl")))
-        .ok_or_else(|| "cargo build -p tl-cli reported no `tl` executable".to_owned())
+        .find_map(|l| util::executable(l).filter(|e| e.ends_with(suffix)))
+        .ok_or_else(|| {
+            format!(
+                "cargo build {} reported no executable ending in {suffix}",
+                what.join(" ")
+            )
+        })
 }
 
 /// The `"executable":"…"` paths of cargo's JSON messages (test artifacts only).
@@ -186,6 +205,14 @@ set -uo pipefail
 cd "$(dirname "$0")"
 mkdir -p logs
 rows=()
+# NCCL from PyTorch's wheels (nvidia-nccl-cu*), unless TL_NCCL_LIBRARY names one already: the
+# tests' nccl:: modules and examples/nccl_check load it.
+if [ -z "${TL_NCCL_LIBRARY:-}" ]; then
+    # A namespace package in the cu13 wheels (no __file__): its __path__ names the folder.
+    nccl_dir=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
+    [ -n "$nccl_dir" ] && export TL_NCCL_LIBRARY="$nccl_dir/lib/libnccl.so.2"
+fi
+echo "TL_NCCL_LIBRARY=${TL_NCCL_LIBRARY:-<not found: the NCCL tests skip, nccl_check fails>}"
 for b in bin/*; do
     name=$(basename "$b")
     if ldd "$b" 2>/dev/null | grep libcuda | grep -q cuda-stub; then
@@ -209,6 +236,12 @@ for b in bin/*; do
     else status=FAIL; fi
     rows+=("$(printf '%-32s %-8s (exit %d, %d s)' "$name" "$status" "$rc" $((SECONDS - start)))")
 done
+echo "== NCCL, one rank: examples/nccl_check (PASS/FAIL per check)"
+timeout "${TL_BIN_TIMEOUT:-300}" examples/nccl_check > logs/nccl_check.log 2>&1
+rc=$?
+cat logs/nccl_check.log
+if [ $rc -eq 0 ]; then status=pass; else status=FAIL; fi
+rows+=("$(printf '%-32s %-8s (exit %d)' nccl_check "$status" "$rc")")
 echo
 echo "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"
 echo "== summary: test binaries"

@@ -4,6 +4,7 @@
 //! - [`kernels`]: `kernels/*.cu` → `kernels/ptx/*.ptx` with the pinned pip nvcc, and the
 //!   `--check` that needs no nvcc (hash manifest, PTX ISA version).
 //! - [`stub`]: a stub `libcuda.so` so `--features cuda` links (and GPU tests skip) without a GPU.
+//! - [`nccl_stub`]: a one-rank stub NCCL so the NCCL path runs (on the kernel emulator) in CI.
 //! - [`bundle`]: stripped GPU test binaries plus a `run.sh` for the GPU machine.
 //! - [`mutants`]: planted single-point bugs, one at a time, against the harness.
 //! - [`readme`]: every command of the README's tour, run (or skipped by a marker that says why).
@@ -12,6 +13,7 @@ mod bundle;
 mod coverage;
 mod kernels;
 mod mutants;
+mod nccl_stub;
 mod readme;
 mod stub;
 mod util;
@@ -36,6 +38,9 @@ subcommands:
   cuda-stub
       build target/cuda-stub/lib64/libcuda.so (SONAME libcuda.so.1; every cu* symbol
       returns CUDA_ERROR_NO_DEVICE) and print the env vars that use it
+  nccl-stub
+      build target/nccl-stub/libnccl-stub.so (a one-rank NCCL: copies send to receive;
+      several ranks are refused) and print the TL_NCCL_LIBRARY line that loads it
   gpu-bundle
       build the stub, the --features cuda test binaries in release, and gather them,
       stripped, with run.sh into gpu-bundle/ for a GPU machine
@@ -64,6 +69,9 @@ fn main() -> ExitCode {
             _ => Err(format!("kernels: unexpected arguments {rest:?}\n\n{USAGE}")),
         },
         "cuda-stub" => stub::build().map(|env| {
+            println!("{env}");
+        }),
+        "nccl-stub" => nccl_stub::build().map(|env| {
             println!("{env}");
         }),
         "gpu-bundle" => bundle::build(),

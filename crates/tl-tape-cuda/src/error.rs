@@ -115,6 +115,15 @@ pub enum Error {
         /// The driver's error code.
         detail: String,
     },
+    /// NCCL could not be loaded, or one of its calls failed (features `cuda`, `cuda-emu`: the
+    /// `nccl` module): names the call, NCCL's code and message, and the library.
+    #[error("{call}: NCCL: {detail}")]
+    Nccl {
+        /// The NCCL call (`ncclAllReduce`, ...) or step (`load NCCL`).
+        call: &'static str,
+        /// What went wrong: NCCL's result code and `ncclGetErrorString`, or the loader's error.
+        detail: String,
+    },
     /// The op exists in the catalogue (IR, spec, CPU tape) but has no CUDA formula yet.
     #[error("{op}: not implemented on the CUDA tape yet (it runs on the CPU tape and the IR)")]
     Unsupported {

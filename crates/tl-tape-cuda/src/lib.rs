@@ -5,7 +5,8 @@
 //! - [`device`]: the [`Device`] trait (one method per buffer primitive of TorchLean's CUDA buffer layer) and its
 //!   implementations: [`SimDevice`] (host f32, always built; the twin of every kernel, with the
 //!   deterministic kernels' reduction order) and, behind feature `cuda`, `CudaDevice` (cust,
-//!   kernels from `kernels/*.cu`; see docs/cuda.md).
+//!   kernels from `kernels/*.cu`; see docs/cuda.md), and `nccl`
+//!   (NCCL loaded at run time, over `CudaDevice` buffers).
 //! - [`alloc`]: the size-class caching allocator and its telemetry ([`MemoryUsage`]);
 //!   [`traffic`]: kernel launches and host↔device copies ([`Traffic`]).
 //! - [`determinism`]: the deterministic-reductions switch (env `TL_DETERMINISTIC`).
@@ -67,6 +68,8 @@ pub use alloc::MemoryUsage;
 pub use any_buffer::AnyBuffer;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::cuda::CudaDevice;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub use device::cuda::nccl;
 pub use device::sim::SimDevice;
 pub use device::{Batch, Buffer, Device, Gemm, GemmTiles};
 pub use error::{Error, Result};

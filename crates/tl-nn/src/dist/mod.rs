@@ -6,7 +6,9 @@
 //!   sums and broadcasts of `f32`/`f64` buffers, an all-gather of small records that names a
 //!   rank that does not answer). Engines: [`Local`] (one process, identity) and, with the
 //!   `mpi` feature, `Mpi` (Open MPI or any MPI-3 library, through the `mpi` crate; started
-//!   with `mpirun -np N`).
+//!   with `mpirun -np N`), and with the `cuda` (or `cuda-emu`) feature `Nccl` (NCCL on the
+//!   GPU, loaded at run time; rendezvous and control messages through a bootstrap engine,
+//!   normally `Mpi`).
 //! - [`Runtime::data_parallel`] makes a runtime one rank of a group: it checks that every rank
 //!   has the same parameter names and shapes (an error names the first that differs), copies
 //!   rank 0's parameter values to every rank, and from then on [`Runtime::step`] (and
@@ -24,12 +26,16 @@
 mod collective;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod nccl;
 mod reduce;
 mod status;
 
 pub use collective::{Collective, Local};
 #[cfg(feature = "mpi")]
 pub use mpi::{DEFAULT_TIMEOUT, Mpi};
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub use nccl::Nccl;
 pub use reduce::DEFAULT_BUCKET_ELEMS;
 
 use std::cell::Cell;

@@ -438,3 +438,157 @@ fn ranks_whose_steps_train_different_parameters_are_an_error() {
         );
     }
 }
+
+/// The NCCL engine (features `cuda`, `cuda-emu`) with [`Local`] as its bootstrap: one rank, on
+/// the NCCL that `TL_NCCL_LIBRARY` names (CI: the one-rank stub of `cargo xtask nccl-stub`, over
+/// the kernel emulator, where its copies really run). Without the variable or a device the
+/// tests that need them print why and skip (CI checks that they did not).
+/// `eval "$(cargo xtask nccl-stub)"; cargo test -p tl-nn --features cuda-emu --test nn dist::nccl::`
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod nccl {
+    use super::*;
+    use tl_nn::dist::Nccl;
+
+    /// The engine over `Local`, or `None` after saying why not.
+    fn engine() -> Option<Nccl> {
+        if std::env::var_os("TL_NCCL_LIBRARY").is_none() {
+            println!("TL_NCCL_LIBRARY not set: skipping (eval \"$(cargo xtask nccl-stub)\")");
+            return None;
+        }
+        match Nccl::init(Box::new(Local)) {
+            Ok(e) => Some(e),
+            Err(e) if e.to_string().contains("no CUDA device") => {
+                println!("no CUDA device: skipping ({e})");
+                None
+            }
+            Err(e) => panic!("Nccl::init: {e}"),
+        }
+    }
+
+    #[test]
+    fn the_nccl_engine_over_local_steps_bit_for_bit_as_no_group() {
+        let Some(probe) = engine() else {
+            return;
+        };
+        println!("{}", probe.library());
+        // The collectives run on the device: values come back bit for bit (f64 as two words).
+        let before = probe.traffic();
+        let x: Vec<f32> = (0..999).map(|i| (i as f32).cos() * 3.5).collect();
+        let mut y = x.clone();
+        probe.all_reduce_sum_f32(&mut y).unwrap();
+        assert_eq!(y, x);
+        probe.broadcast_f32(&mut y).unwrap();
+        assert_eq!(y, x);
+        let z: Vec<f64> = (0..333).map(|i| (i as f64).sin() / 7.0).collect();
+        let mut w = z.clone();
+        probe.all_reduce_sum_f64(&mut w).unwrap();
+        probe.broadcast_f64(&mut w).unwrap();
+        assert_eq!(
+            w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            z.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        let t = probe.traffic();
+        assert_eq!(t.uploads - before.uploads, 4, "one upload per collective");
+        assert_eq!(
+            t.downloads - before.downloads,
+            4,
+            "one download per collective"
+        );
+        drop(probe);
+        for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
+            let alone = train(eager_f32(), None, 32, 4, bucket, true);
+            let nccl = train(
+                eager_f32(),
+                Some(Box::new(engine().unwrap())),
+                32,
+                4,
+                bucket,
+                true,
+            );
+            assert_eq!(alone, nccl, "bucket {bucket}");
+            let alone = train(linked_f64(), None, 32, 4, bucket, false);
+            let nccl = train(
+                linked_f64(),
+                Some(Box::new(engine().unwrap())),
+                32,
+                4,
+                bucket,
+                false,
+            );
+            assert_eq!(alone, nccl, "linked f64, bucket {bucket}");
+        }
+    }
+
+    #[test]
+    fn two_ranks_on_the_one_rank_stub_are_a_clear_error_on_each() {
+        let Some(probe) = engine() else {
+            return;
+        };
+        if !probe.library().starts_with("NCCL 0.0.0") {
+            // A real NCCL would run the two ranks (threads of one process, one GPU).
+            println!("not the stub ({}): skipping", probe.library());
+            return;
+        }
+        drop(probe);
+        let handles: Vec<_> = group(2)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    Nccl::init(Box::new(c))
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "ncclCommInitRank: NCCL: rank {rank} of 2: returned 5"
+                )) && e.contains("more than one rank needs the real libnccl.so.2"),
+                "rank {rank}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rank_without_nccl_stops_every_rank_with_an_error_naming_it() {
+        let err = Nccl::init_with_library("/nonexistent/libnccl.so.2", Box::new(Local))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot load /nonexistent/libnccl.so.2")
+                && err.contains("TL_NCCL_LIBRARY"),
+            "{err}"
+        );
+        let Some(lib) = std::env::var_os("TL_NCCL_LIBRARY") else {
+            println!("TL_NCCL_LIBRARY not set: skipping the two-rank part");
+            return;
+        };
+        // Rank 0 has the library, rank 1 does not: both stop before NCCL's rendezvous.
+        let libs = [lib, "/nonexistent/libnccl.so.2".into()];
+        let handles: Vec<_> = group(2)
+            .into_iter()
+            .zip(libs)
+            .map(|(c, lib)| {
+                std::thread::spawn(move || {
+                    Nccl::init_with_library(lib, Box::new(c))
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let e0 = out[0].as_ref().unwrap_err();
+        let e1 = out[1].as_ref().unwrap_err();
+        if e0.contains("no CUDA device") {
+            println!("no CUDA device: skipping ({e0})");
+            return;
+        }
+        assert!(
+            e0.contains("rank 1 could not start NCCL") && e0.contains("cannot load /nonexistent"),
+            "{e0}"
+        );
+        assert!(e1.contains("cannot load /nonexistent"), "{e1}");
+    }
+}

@@ -6,6 +6,8 @@
 //!   block with a `// SAFETY:` comment.
 //! - `launch`: how a primitive runs (allocate, launch, release on failure) and the shared
 //!   launch shapes.
+//! - [`nccl`]: NCCL (loaded at run time) over this device's buffers, for data-parallel
+//!   training on GPUs; its FFI blocks also carry `// SAFETY:` comments.
 //! - `prims`: the [`Launch`](super::Launch) impl, the work of each primitive; `index`: the
 //!   [`LaunchIndex`](super::LaunchIndex) impl, the index primitives'.
 //!
@@ -34,6 +36,7 @@ mod driver;
 mod flash;
 mod index;
 mod launch;
+pub mod nccl;
 mod norm;
 mod prims;
 mod user;

@@ -16,6 +16,10 @@ mod fused;
 mod gpu;
 mod index;
 mod lifetime;
+// NCCL over CudaDevice buffers: the loader's errors always, the collectives with
+// TL_NCCL_LIBRARY set (CI: `cargo xtask nccl-stub`).
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+mod nccl;
 mod norm;
 mod ops;
 mod oversized;

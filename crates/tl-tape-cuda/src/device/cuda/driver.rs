@@ -233,6 +233,14 @@ pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Ar
     })
 }
 
+/// Wait until every piece of work of the context has finished (a library's call on the
+/// default stream, e.g. an NCCL collective): an asynchronous failure shows up here, as `op`'s.
+pub fn synchronize(op: &'static str) -> Result<()> {
+    enter()?;
+    // SAFETY: the context is current on this thread (`enter` above); no pointers are passed.
+    check(op, unsafe { sys::cuCtxSynchronize() })
+}
+
 /// Copy `data` to device address `dst` (at least `data.len()` floats).
 pub fn copy_to_device(dst: u64, data: &[f32]) -> Result<()> {
     if data.is_empty() {

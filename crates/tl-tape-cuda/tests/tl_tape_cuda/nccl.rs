@@ -1,0 +1,180 @@
+//! NCCL over `CudaDevice` buffers (the `nccl` module; features `cuda`, `cuda-emu`).
+//!
+//! The loader's errors run everywhere. The collectives need a library: the file
+//! `TL_NCCL_LIBRARY` names (CI: the one-rank stub of `cargo xtask nccl-stub`, whose copies
+//! really run on the kernel emulator's host buffers; on a GPU: the real libnccl.so.2). Without
+//! the variable, or without a device, those tests print why and skip (CI checks that they
+//! did not). With one rank an all-reduce and a broadcast return their input, bit for bit.
+//!
+//! `eval "$(cargo xtask nccl-stub)"; cargo test -p tl-tape-cuda --features cuda-emu --test tl_tape_cuda nccl::`
+#![cfg(any(feature = "cuda", feature = "cuda-emu"))]
+
+use std::sync::Arc;
+
+use tl_tape_cuda::nccl::{Elem, LIBRARY_VAR, Nccl, NcclComm, NcclVersion, UniqueId};
+use tl_tape_cuda::{CudaDevice, Device, Error};
+
+/// The library `TL_NCCL_LIBRARY` names and a device, or `None` after saying why not.
+fn setup() -> Option<(Arc<Nccl>, CudaDevice)> {
+    if std::env::var_os(LIBRARY_VAR).is_none() {
+        println!(
+            "{LIBRARY_VAR} not set: skipping (eval \"$(cargo xtask nccl-stub)\" sets it to the stub)"
+        );
+        return None;
+    }
+    let dev = match CudaDevice::new() {
+        Ok(d) => d,
+        Err(e @ Error::NoDevice { .. }) => {
+            println!("no CUDA device: skipping ({e})");
+            return None;
+        }
+        Err(e) => panic!("CUDA device init failed: {e}"),
+    };
+    Some((Nccl::load().unwrap(), dev))
+}
+
+/// The NCCL error's call and detail.
+fn nccl_err<T: std::fmt::Debug>(r: Result<T, Error>) -> (&'static str, String) {
+    match r {
+        Err(Error::Nccl { call, detail }) => (call, detail),
+        other => panic!("expected an NCCL error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_missing_library_is_an_error_naming_it_and_the_variable() {
+    let (call, d) = nccl_err(Nccl::open("/nonexistent/libnccl.so.2"));
+    assert_eq!(call, "load NCCL");
+    assert!(
+        d.contains("cannot load /nonexistent/libnccl.so.2") && d.contains("TL_NCCL_LIBRARY"),
+        "{d}"
+    );
+    // A library that is not NCCL: the first missing symbol is named.
+    let (_, d) = nccl_err(Nccl::open("libm.so.6"));
+    assert!(
+        d.contains("libm.so.6") && d.contains("has no symbol ncclGetVersion"),
+        "{d}"
+    );
+}
+
+#[test]
+fn unique_ids_round_trip_through_bytes_of_the_right_length() {
+    let (call, d) = nccl_err(UniqueId::from_bytes(&[0u8; 127]));
+    assert_eq!(call, "UniqueId::from_bytes");
+    assert!(d.contains("128 bytes, got 127"), "{d}");
+    let bytes: Vec<u8> = (0..128u8).collect();
+    assert_eq!(
+        UniqueId::from_bytes(&bytes).unwrap().as_bytes()[..],
+        bytes[..]
+    );
+    assert_eq!(NcclVersion::from_code(22_105).to_string(), "2.21.5");
+    assert_eq!(NcclVersion::from_code(2_408).to_string(), "2.4.8");
+}
+
+#[test]
+fn one_rank_all_reduce_and_broadcast_return_the_input_bit_for_bit() {
+    let Some((nccl, mut dev)) = setup() else {
+        return;
+    };
+    let v = nccl.version().unwrap();
+    println!("NCCL {v} from {}", nccl.path());
+    let id = nccl.unique_id().unwrap();
+    let id = UniqueId::from_bytes(id.as_bytes()).unwrap();
+    let mut comm = NcclComm::init(&nccl, &id, 0, 1).unwrap();
+    assert_eq!((comm.rank(), comm.size()), (0, 1));
+    let live = dev.live_buffers();
+    let x: Vec<f32> = (0..1000)
+        .map(|i| (i as f32 * 0.37 - 100.0).sin() * 1e3)
+        .collect();
+    let b = dev.upload(&x).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let s = comm.all_reduce_sum(&mut dev, b, Elem::F32).unwrap();
+    assert_ne!(s.id(), b.id(), "a fresh buffer");
+    assert_eq!(bits(&dev.download(s).unwrap()), bits(&x));
+    let c = comm.broadcast(&mut dev, b, 0, Elem::F32).unwrap();
+    assert_eq!(bits(&dev.download(c).unwrap()), bits(&x));
+    assert_eq!(bits(&dev.download(b).unwrap()), bits(&x), "input unchanged");
+    // f64 values as two words each: the bits come back whole.
+    let y: Vec<f64> = (0..300).map(|i| (i as f64).sqrt() * 1e-7 - 3.0).collect();
+    let words: Vec<f32> = y
+        .iter()
+        .flat_map(|v| {
+            let u = v.to_bits();
+            [f32::from_bits(u as u32), f32::from_bits((u >> 32) as u32)]
+        })
+        .collect();
+    let w = dev.upload(&words).unwrap();
+    let r = comm.all_reduce_sum(&mut dev, w, Elem::F64).unwrap();
+    assert_eq!(bits(&dev.download(r).unwrap()), bits(&words));
+    // An empty buffer: an empty result, no call.
+    let e = dev.upload(&[]).unwrap();
+    let re = comm.all_reduce_sum(&mut dev, e, Elem::F32).unwrap();
+    assert_eq!(dev.download(re).unwrap(), Vec::<f32>::new());
+    for buf in [b, s, c, w, r, e, re] {
+        assert!(dev.release(buf));
+    }
+    assert_eq!(dev.live_buffers(), live);
+}
+
+#[test]
+fn bad_ranks_roots_and_lengths_are_errors_before_any_call() {
+    let Some((nccl, mut dev)) = setup() else {
+        return;
+    };
+    let id = nccl.unique_id().unwrap();
+    let (_, d) = nccl_err(NcclComm::init(&nccl, &id, 1, 1));
+    assert!(d.contains("rank 1 is not below the size 1"), "{d}");
+    let (_, d) = nccl_err(NcclComm::init(&nccl, &id, 0, 0));
+    assert!(d.contains("size 0"), "{d}");
+    let huge = i32::MAX as usize + 1;
+    let (_, d) = nccl_err(NcclComm::init(&nccl, &id, 0, huge));
+    assert!(d.contains("does not fit NCCL's int"), "{d}");
+    let mut comm = NcclComm::init(&nccl, &id, 0, 1).unwrap();
+    let live = dev.live_buffers();
+    let odd = dev.upload(&[1.0, 2.0, 3.0]).unwrap();
+    let (call, d) = nccl_err(comm.all_reduce_sum(&mut dev, odd, Elem::F64));
+    assert_eq!(call, "ncclAllReduce");
+    assert!(d.contains("3 words (odd)"), "{d}");
+    let (call, d) = nccl_err(comm.broadcast(&mut dev, odd, 1, Elem::F32));
+    assert_eq!(call, "ncclBroadcast");
+    assert!(d.contains("root 1 is not a rank"), "{d}");
+    dev.release(odd);
+    match comm.all_reduce_sum(&mut dev, odd, Elem::F32) {
+        Err(Error::Released { op, .. }) => assert_eq!(op, "ncclAllReduce"),
+        other => panic!("expected a released-buffer error, got {other:?}"),
+    }
+    assert_eq!(
+        dev.live_buffers(),
+        live,
+        "no buffer left behind by the errors"
+    );
+}
+
+#[test]
+fn several_ranks_on_the_stub_are_a_clear_error() {
+    let Some((nccl, _dev)) = setup() else {
+        return;
+    };
+    if nccl.version().unwrap().code != 0 {
+        // A real NCCL would wait for the second rank.
+        println!("not the stub (NCCL {}): skipping", nccl.version().unwrap());
+        return;
+    }
+    let id = nccl.unique_id().unwrap();
+    let (call, d) = nccl_err(NcclComm::init(&nccl, &id, 0, 2));
+    assert_eq!(call, "ncclCommInitRank");
+    assert!(
+        d.contains("rank 0 of 2: returned 5")
+            && d.contains("one-rank NCCL stub")
+            && d.contains(nccl.path()),
+        "{d}"
+    );
+    // A token that is not the stub's is refused by it.
+    let (_, d) = nccl_err(NcclComm::init(
+        &nccl,
+        &UniqueId::from_bytes(&[7; 128]).unwrap(),
+        0,
+        1,
+    ));
+    assert!(d.contains("returned 4 (invalid argument"), "{d}");
+}
