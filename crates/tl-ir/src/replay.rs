@@ -111,11 +111,37 @@ impl GraphData {
             .into());
         }
         let mut map: Vec<Id> = leaf_ids;
-        map.reserve(self.nodes().len());
+        self.replay_more(rec, &mut map)?;
+        Ok(map)
+    }
+
+    /// Continue a replay onto `rec`: `map` holds the recorder ids of the leaves and of the
+    /// first `map.len() − leaves` nodes (from an earlier [`replay`](Self::replay),
+    /// [`replay_nodes`](Self::replay_nodes) or call of this), and gets those of the nodes
+    /// recorded since. A graph that only grew between the calls gets the values a whole replay
+    /// would give (a pair split across two calls is recorded one op at a time, which
+    /// [`Recorder::apply_then`] must equal). A `map` longer than the graph is an error.
+    pub fn replay_more<T: Scalar, R: Recorder<T>>(
+        &self,
+        rec: &mut R,
+        map: &mut Vec<usize>,
+    ) -> Result<(), R::Error> {
+        let nodes = self.nodes();
+        let Some(mut k) = map
+            .len()
+            .checked_sub(self.leaves().len())
+            .filter(|&k| k <= nodes.len())
+        else {
+            return Err(crate::Error::Count {
+                what: "replay_more: recorder ids",
+                expected: self.len(),
+                got: map.len(),
+            }
+            .into());
+        };
+        map.reserve(nodes.len() - k);
         let mut args = Vec::with_capacity(3);
         let mut then: SmallVec<[Then; 3]> = SmallVec::new();
-        let nodes = self.nodes();
-        let mut k = 0;
         while k < nodes.len() {
             let node = &nodes[k];
             args.clear();
@@ -146,6 +172,6 @@ impl GraphData {
                 }
             }
         }
-        Ok(map)
+        Ok(())
     }
 }

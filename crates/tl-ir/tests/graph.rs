@@ -331,3 +331,39 @@ fn replay_offers_only_the_pairs_the_recorder_fuses() {
         ]
     );
 }
+
+/// `replay_more` continues a replay of a graph that grew: the nodes recorded since, with the
+/// ids the earlier replay gave; a pair split across the two calls is recorded one op at a
+/// time. A map longer than the graph is an error.
+#[test]
+fn replay_more_records_only_the_nodes_added_since() {
+    let mut b = GraphBuilder::new();
+    let x = b.leaf(vec![2, 3], None).unwrap();
+    let w = b.leaf(vec![3, 3], None).unwrap();
+    let bias = b.leaf(vec![3], None).unwrap();
+    let h = b.apply(Op::Relu, &[x]).unwrap();
+    let l = b.apply(Op::Linear, &[w, bias, h]).unwrap();
+    let leaves = [
+        Tensor::<f64>::zeros([2, 3]),
+        Tensor::<f64>::zeros([3, 3]),
+        Tensor::<f64>::zeros([3]),
+    ];
+    let mut rec = Log::default();
+    let mut ids = b.graph().replay(&mut rec, &leaves, &[]).unwrap();
+    assert_eq!(rec.calls, ["relu [0]", "linear [1, 2, 3]"]);
+    let r = b.apply(Op::Relu, &[l]).unwrap();
+    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
+    b.apply(Op::Add, &[h, l2]).unwrap();
+    b.graph().replay_more(&mut rec, &mut ids).unwrap();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>());
+    assert_eq!(
+        rec.calls[2..],
+        ["relu [4]", "linear [1, 2, 5] then add [Id(3), First]"]
+    );
+    // Nothing new: nothing recorded.
+    b.graph().replay_more(&mut rec, &mut ids).unwrap();
+    assert_eq!(rec.calls.len(), 4);
+    ids.push(99);
+    let e = b.graph().replay_more(&mut rec, &mut ids).unwrap_err();
+    assert!(e.to_string().contains("replay_more"), "{e}");
+}

@@ -184,7 +184,8 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
         // update runs on the device and only the loss is read back; the tape's device comes
         // back for the next step (its pools are reused).
         let uses = self.trainable_uses();
-        let mut compiled = self.compile_reusing(self.backend())?;
+        // The pass's tape if a read compiled part of the graph already.
+        let mut compiled = self.compile_pass(self.backend())?;
         let (map, id) = (&compiled.map, loss.id());
         let n_leaves = self.graph().leaves().len();
         let result = match &mut compiled.tape {
@@ -214,9 +215,10 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check_handle("read", r)?;
-        let compiled = self.compile_reusing(self.backend())?;
+        // Kept for the pass: the next read or the step replays only what is recorded since.
+        let compiled = self.compile_pass(self.backend())?;
         let value = compiled.value(r.id());
-        self.recycle(compiled);
+        self.keep_pass(compiled);
         value
     }
     fn param_value(&mut self, p: &Param) -> Result<Tensor<T>> {

@@ -167,8 +167,51 @@ impl<T: Scalar> LinkedSession<T> {
         }
     }
 
+    /// The current pass's compiled tape extended by the nodes recorded since it was made
+    /// ([`GraphData::replay_more`](tl_ir::GraphData::replay_more)), or, without one (or for
+    /// another backend), a compile onto `backend`'s kept device. Hand it back with
+    /// [`keep_pass`](Self::keep_pass) (a read) or [`recycle`](Self::recycle) (a step).
+    pub(crate) fn compile_pass(&mut self, backend: Backend) -> Result<Compiled<T>> {
+        let Some(mut c) = self.pass.take() else {
+            return self.compile_reusing(backend);
+        };
+        if c.backend() != backend {
+            self.recycle(c);
+            return self.compile_reusing(backend);
+        }
+        let g = self.builder.graph();
+        let more: Result<()> = match &mut c.tape {
+            CompiledTape::Cpu(t) => g.replay_more::<T, _>(t, &mut c.map).map_err(Into::into),
+            CompiledTape::CudaSim(t) => g.replay_more::<T, _>(t, &mut c.map).map_err(Into::into),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            CompiledTape::Cuda(t) => g.replay_more::<T, _>(t, &mut c.map).map_err(Into::into),
+        };
+        match more {
+            Ok(()) => Ok(c),
+            Err(e) => {
+                self.recycle(c);
+                Err(e)
+            }
+        }
+    }
+
+    /// Keep `compiled` as the current pass's tape ([`compile_pass`](Self::compile_pass)).
+    pub(crate) fn keep_pass(&mut self, compiled: Compiled<T>) {
+        self.end_pass();
+        self.pass = Some(compiled);
+    }
+
+    /// Hand the current pass's compiled tape (if any) back: its device to the kept devices.
+    pub(super) fn end_pass(&mut self) {
+        if let Some(c) = self.pass.take() {
+            self.recycle(c);
+            self.release_retired();
+        }
+    }
+
     /// Make the current backend's kept device if there is none yet.
     pub(super) fn ensure_device(&mut self) -> Result<()> {
+        self.end_pass();
         match self.backend {
             Backend::Cpu => {}
             Backend::CudaSim => {
@@ -214,15 +257,27 @@ impl<T: Scalar> LinkedSession<T> {
     }
 
     fn device_counters(&self) -> Option<(MemoryUsage, Traffic)> {
-        fn read<D: Device>(d: &Option<D>) -> Option<(MemoryUsage, Traffic)> {
-            d.as_ref().map(|d| (d.memory_usage(), d.traffic()))
+        fn read<D: Device>(d: Option<&D>) -> Option<(MemoryUsage, Traffic)> {
+            d.map(|d| (d.memory_usage(), d.traffic()))
         }
-        on_device!(self.devices, self.backend, cpu => None, dev(d) => read(d))
+        // During a pass the kept device is in the pass's compiled tape.
+        match self.pass.as_ref().map(|c| &c.tape) {
+            Some(CompiledTape::CudaSim(t)) => return read(Some(t.device())),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Some(CompiledTape::Cuda(t)) => return read(Some(t.device())),
+            _ => {}
+        }
+        on_device!(self.devices, self.backend, cpu => None, dev(d) => read(d.as_ref()))
     }
 
     /// Parameter `index`'s host value made current (downloaded from the resident mirror when
     /// a device step changed it).
     pub(super) fn sync_param(&mut self, index: usize) -> Result<()> {
+        if !self.params.slots[index].host_stale {
+            return Ok(());
+        }
+        // The download needs the kept device, which a pass's tape holds.
+        self.end_pass();
         let params = &mut self.params;
         on_device!(self.devices, self.backend,
             cpu => params.sync::<SimDevice>(index, None),
@@ -253,6 +308,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// Bring every parameter home from the current backend's device (synced, mirrors
     /// released): before the session compiles onto another one.
     pub(super) fn unload_params(&mut self) -> Result<()> {
+        self.end_pass();
         self.sync_leaves()?;
         let params = &mut self.params;
         on_device!(self.devices, self.backend,
@@ -264,8 +320,13 @@ impl<T: Scalar> LinkedSession<T> {
         )
     }
 
-    /// Release the mirrors a host write retired, on the current backend's device.
+    /// Release the mirrors a host write retired, on the current backend's device (during a
+    /// pass: when it ends).
     pub(super) fn release_retired(&mut self) {
+        if self.pass.is_some() {
+            // The kept device is in the pass's tape: released when the pass ends.
+            return;
+        }
         let params = &mut self.params;
         on_device!(self.devices, self.backend,
             cpu => {},

@@ -56,6 +56,13 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// had leaves of them: those leaves keep their recorded value, so a compile uploads it
     /// instead of compiling in the parameter's (newer) resident mirror. Cleared by `reset`.
     written: std::collections::HashSet<usize>,
+    /// The current pass's compiled tape, kept by a [`Train::read`](crate::Train::read): the
+    /// next read, or the step, replays only the nodes recorded since (a model that reads values
+    /// during its pass, as batch norm does for its running statistics, would otherwise replay
+    /// the graph once per read). Ended, its device handed back, by whatever changes what a
+    /// compile would see or needs the device: a reset, a new leaf, a Nat or parameter write, a
+    /// backend switch, a parameter sync, the optimizer state's import.
+    pass: Option<Compiled<T>>,
 }
 
 /// A linked session's graph replayed into a tape ("compiled").
@@ -90,6 +97,16 @@ pub struct Compiled<T: Scalar> {
 }
 
 impl<T: Scalar> Compiled<T> {
+    /// The backend whose tape this is.
+    pub fn backend(&self) -> Backend {
+        match &self.tape {
+            CompiledTape::Cpu(_) => Backend::Cpu,
+            CompiledTape::CudaSim(_) => Backend::CudaSim,
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            CompiledTape::Cuda(_) => Backend::Cuda,
+        }
+    }
+
     /// The value of every graph id, read from the tape.
     pub fn values(&self) -> Result<Vec<Tensor<T>>> {
         (0..self.map.len()).map(|id| self.value(id)).collect()
@@ -183,6 +200,7 @@ impl<T: Scalar> LinkedSession<T> {
             cpu_tape: None,
             leaves_stale: false,
             written: std::collections::HashSet::new(),
+            pass: None,
         }
     }
 
@@ -207,6 +225,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// Optimizer state kept on that device stays there: to move a stateful optimizer, export
     /// it ([`optimizer_state`](Self::optimizer_state)) before and load it after.
     pub fn set_backend(&mut self, backend: Backend) -> Result<()> {
+        self.end_pass();
         if backend == Backend::Cuda {
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             return Err(cuda_unavailable());
@@ -226,6 +245,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// kernels (`true`), or follow the process-wide flag (`false`, the default), as
     /// [`Options::deterministic`](crate::Options::deterministic) does for the eager session.
     pub fn set_deterministic(&mut self, on: bool) {
+        self.end_pass();
         self.deterministic = on;
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
         if let Some(dev) = &mut self.devices.cuda {
@@ -274,6 +294,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// Start a new graph: leaves, nodes, the Nat environment and the leaf → parameter map are
     /// dropped; old handles become invalid. Parameters keep their values.
     pub fn reset(&mut self) {
+        self.end_pass();
         self.builder = GraphBuilder::new();
         // Leaf values nothing else holds (a parameter's value before the last step) become
         // spare buffers of the CPU tape.
@@ -321,6 +342,7 @@ impl<T: Scalar> LinkedSession<T> {
 
     fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, rg: bool) -> Result<TensorRef> {
         let id = self.builder.leaf_with(value.shape().clone(), name, rg)?;
+        self.end_pass();
         self.leaves.push(value);
         self.values.clear();
         self.handle(id)
@@ -339,6 +361,8 @@ impl<T: Scalar> LinkedSession<T> {
     pub fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
         self.params.slot("set_param", p)?;
         let recorded = self.leaf_param.values().any(|&i| i == p.index);
+        // A pass's tape keeps what it compiled in: a leaf uploaded from its recorded value, or
+        // the parameter's old mirror, whose release waits for the end of the pass.
         if recorded {
             // The leaves hold the value they were recorded with (synced from the device
             // first if a device step made them stale), and compiles use it from now on.
@@ -356,20 +380,40 @@ impl<T: Scalar> LinkedSession<T> {
 
     /// Record a non-differentiable Nat input.
     pub fn record_nat(&mut self, v: usize) -> NatRef {
-        self.nats.record(self.stamp, v)
+        let r = self.nats.record(self.stamp, v);
+        self.pass_nats();
+        r
     }
     /// Read a recorded Nat input.
     pub fn read_nat(&self, r: NatRef) -> Result<usize> {
         self.nats.read(r, self.stamp)
     }
+    /// Give the pass's compiled tape (if any) the Nat environment as it is now: recording
+    /// appends, so the nodes it holds read the values they were compiled with.
+    fn pass_nats(&mut self) {
+        let Some(c) = &mut self.pass else {
+            return;
+        };
+        let nats = self.nats.values.clone();
+        match &mut c.tape {
+            CompiledTape::Cpu(t) => t.set_nats(nats),
+            CompiledTape::CudaSim(t) => t.set_nats(nats),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            CompiledTape::Cuda(t) => t.set_nats(nats),
+        }
+    }
+
     /// Overwrite a recorded Nat input (evaluation reads the current environment).
     pub fn write_nat(&mut self, r: NatRef, v: usize) -> Result<()> {
+        self.end_pass();
         self.values.clear();
         self.nats.write(r, v, self.stamp)
     }
     /// Record a block of Nat inputs.
     pub fn record_nat_vec(&mut self, vs: &[usize]) -> NatVecRef {
-        self.nats.record_vec(self.stamp, vs)
+        let r = self.nats.record_vec(self.stamp, vs);
+        self.pass_nats();
+        r
     }
     /// Read a recorded block.
     pub fn read_nat_vec(&self, r: NatVecRef) -> Result<Vec<usize>> {
@@ -377,6 +421,7 @@ impl<T: Scalar> LinkedSession<T> {
     }
     /// Overwrite a recorded block; `vs` must have the block's length.
     pub fn write_nat_vec(&mut self, r: NatVecRef, vs: &[usize]) -> Result<()> {
+        self.end_pass();
         self.values.clear();
         self.nats.write_vec(r, vs, self.stamp)
     }
@@ -494,6 +539,17 @@ impl<T: Scalar> LinkedSession<T> {
     /// On a CUDA backend, the state of device steps is read back from the kept device.
     pub fn optimizer_state(&self, opt: &Optimizer) -> Result<crate::optim::StateDict> {
         let params = &self.params;
+        // During a pass the kept device is in the pass's compiled tape.
+        match self.pass.as_ref().map(|c| &c.tape) {
+            Some(CompiledTape::CudaSim(t)) => {
+                return crate::optim::export_state(opt, params, Some(t.device()));
+            }
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Some(CompiledTape::Cuda(t)) => {
+                return crate::optim::export_state(opt, params, Some(t.device()));
+            }
+            _ => {}
+        }
         on_device!(self.devices, self.backend,
             cpu => crate::optim::export_state::<T, SimDevice>(opt, params, None),
             dev(d) => crate::optim::export_state(opt, params, d.as_ref()),

@@ -5,6 +5,7 @@
 
 use crate::common::mlp::{Mlp, regression_grid};
 use tl_session::{Backend, LinkedSession, Ops, Optimizer, Options, Session, Train};
+use tl_spec::Tensor;
 use tl_tape_cuda::Traffic;
 
 /// The MLP 2-16-1 (4 parameters) on the 36-point regression grid (inputs x and y).
@@ -319,4 +320,65 @@ fn the_eager_device_step_keeps_the_parameters_gradients_only_with_the_same_bits(
         sparse_launches < dense_launches && sparse_allocs < dense_allocs,
         "sparse {sparse_launches} launches, {sparse_allocs} allocations; dense {dense_launches}, {dense_allocs}"
     );
+}
+
+/// One linked pass on the sim: `b = exp(w)·w`, `y = sum(tanh(b)) + b[2]` (the index a Nat
+/// recorded after the first read), read after the product and after the sum when `reads`,
+/// then an SGD step. The launches and downloads of the pass, the values
+/// read, the loss, and the parameter before and after the step.
+fn pass_with_reads(reads: bool) -> (Traffic, Vec<Vec<f32>>, f64, [Vec<f32>; 2]) {
+    let mut s = LinkedSession::<f32>::new();
+    s.set_backend(Backend::CudaSim).unwrap();
+    let p = s
+        .param(Tensor::vector(vec![0.5, -1.0, 2.0]), Some("w"), true)
+        .unwrap();
+    let mut opt = Optimizer::sgd(0.1).unwrap();
+    // A first step makes the kept device (its counters start there).
+    for _ in 0..2 {
+        Train::reset(&mut s);
+        let w = s.use_param(&p).unwrap();
+        let loss = s.sum(&w).unwrap();
+        s.backward_step(&loss, &mut opt).unwrap();
+    }
+    let w0 = s.param_value(&p).unwrap().data().to_vec();
+    let before = s.traffic().unwrap();
+    Train::reset(&mut s);
+    let w = s.use_param(&p).unwrap();
+    let b = s.exp(&w).and_then(|a| s.mul(&a, &w)).unwrap();
+    let mut got = Vec::new();
+    if reads {
+        got.push(Train::read(&mut s, &b).unwrap().data().to_vec());
+    }
+    let i = s.record_nat(2);
+    let pick = s.gather_scalar_nat(&b, i.pos()).unwrap();
+    let loss = s
+        .tanh(&b)
+        .and_then(|c| s.sum(&c))
+        .and_then(|t| s.add(&t, &pick))
+        .unwrap();
+    if reads {
+        got.push(Train::read(&mut s, &loss).unwrap().data().to_vec());
+    }
+    let l = s.backward_step(&loss, &mut opt).unwrap();
+    let after = s.traffic().unwrap();
+    let w1 = s.param_value(&p).unwrap().data().to_vec();
+    (after - before, got, l, [w0, w1])
+}
+
+/// A read during a linked pass compiles the graph so far and keeps the tape for the pass: the
+/// next read and the step replay only the nodes recorded since, so the pass launches what it
+/// launches without reads (batch norm reads its input once per layer; each read replayed the
+/// pass from its start). The values read, the loss and the step are those of the plain pass.
+#[test]
+fn reads_during_a_linked_pass_replay_only_what_is_new() {
+    let (plain, _, l0, w0) = pass_with_reads(false);
+    let (read, got, l1, w1) = pass_with_reads(true);
+    assert_eq!(read.launches, plain.launches, "{read:?} vs {plain:?}");
+    assert_eq!(read.downloads, plain.downloads + 2, "{read:?} vs {plain:?}");
+    let b: Vec<f32> = w0[0].iter().map(|&x| x.exp() * x).collect();
+    for (g, want) in got[0].iter().zip(&b) {
+        assert!((g - want).abs() <= 1e-6 * want.abs().max(1.0), "{got:?}");
+    }
+    assert_eq!(f64::from(got[1][0]), l0);
+    assert_eq!((l1, &w1), (l0, &w0));
 }
