@@ -218,26 +218,21 @@ def torch_rows(dev, quick, iters):
                        ("transformer", lambda: transformer(dev, 16 if quick else 128))]:
         step = make()
         rows[f"step/eager/{name}"] = (median_ms(iters, step), None)
-    # The realistic sizes: eager, torch.compile (its compilation in the warm-up calls), and
-    # eager under bf16 autocast (AMP), for scale.
-    for name, model, x, y, opt in realistic(dev, quick):
+    # The realistic sizes: eager and eager under bf16 autocast (AMP), for scale;
+    # torch.compile's rows come last (compile_rows), within a time budget.
+    models = realistic(dev, quick)
+    for name, model, x, y, opt in models:
         try:
             rows[f"step/eager/{name}"] = (
                 median_ms(iters, module_step(model, x, y, opt, False)), None)
+            amp = module_step(model, x, y, opt, False)
+
+            def amp_step(amp=amp):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return amp()
+            rows[f"step/amp-bf16/{name}"] = (median_ms(iters, amp_step), None)
         except Exception as e:  # noqa: BLE001 (one model's failure must not hide the others)
             print(f"torch eager {name}: {type(e).__name__}: {e}".splitlines()[0])
-            continue
-        try:
-            rows[f"step/compile/{name}"] = (
-                median_ms(iters, module_step(model, x, y, opt, True)), None)
-        except Exception as e:  # noqa: BLE001 (no Triton or no compiler: say so, go on)
-            print(f"torch.compile {name}: {type(e).__name__}: {e}".splitlines()[0])
-        amp = module_step(model, x, y, opt, False)
-
-        def amp_step(amp=amp):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return amp()
-        rows[f"step/amp-bf16/{name}"] = (median_ms(iters, amp_step), None)
     n = 64 if quick else 4096
     a = torch.rand(n, n, device=dev) * 0.01
     b = torch.rand(n, n, device=dev) * 0.01
@@ -256,6 +251,22 @@ def torch_rows(dev, quick, iters):
             ms = max(ms, 1e-6)
             rows[f"{name}/{mb}MB"] = (ms, ("gbps", buffers * 4 * length / (ms * 1e-3) / 1e9))
     rows.update(attention_rows(dev, quick, iters))
+    return rows, models
+
+
+def compile_rows(models, iters, budget_s):
+    """torch.compile's step of each realistic model (its compilation in the warm-up calls),
+    while `budget_s` seconds last: a model not started by then is named as skipped."""
+    rows, start = {}, time.perf_counter()
+    for name, model, x, y, opt in models:
+        if time.perf_counter() - start > budget_s:
+            print(f"torch.compile {name}: skipped (the {budget_s:.0f} s budget is spent)")
+            continue
+        try:
+            rows[f"step/compile/{name}"] = (
+                median_ms(iters, module_step(model, x, y, opt, True)), None)
+        except Exception as e:  # noqa: BLE001 (no Triton or no compiler: say so, go on)
+            print(f"torch.compile {name}: {type(e).__name__}: {e}".splitlines()[0])
     return rows
 
 
@@ -317,6 +328,8 @@ def main():
     ap.add_argument("--ours", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--compile-budget-s", type=float, default=120.0,
+                    help="seconds for the torch.compile rows (0: none)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("torch_bench: no CUDA device for PyTorch: skipping")
@@ -329,7 +342,9 @@ def main():
                 r = json.loads(line)
                 ours[r["name"]] = r
     dev = torch.device("cuda")
-    theirs = torch_rows(dev, args.quick, args.iters)
+    theirs, models = torch_rows(dev, args.quick, args.iters)
+    if args.compile_budget_s > 0:
+        theirs.update(compile_rows(models, args.iters, args.compile_budget_s))
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(f"{'name':28} {'ours ms':>10} {'torch ms':>10} {'ours/torch':>10}  rates")
     for name, r in ours.items():

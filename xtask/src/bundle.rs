@@ -264,7 +264,7 @@ for b in bench/*; do
     timeout "${TL_BENCH_TIMEOUT:-180}" "$b" --backend cuda > logs/ours.jsonl 2> logs/bench.err
     echo "bench exit $? ($(basename "$b")); stderr: $(tail -n 1 logs/bench.err)"
 done
-python3 torch_bench.py --ours logs/ours.jsonl 2>&1 | tee logs/bench.txt
+python3 torch_bench.py --ours logs/ours.jsonl --compile-budget-s "${TL_TORCH_COMPILE_BUDGET:-120}" 2>&1 | tee logs/bench.txt
 if printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED|TIMEOUT'; then exit 1; fi
 "#
 }
