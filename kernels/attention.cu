@@ -84,89 +84,200 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
     *ds_out = ds;
 }
 
-// O = softmax(Q K^T * scale) V per head (masked as `mode` says) and lse = m + log(l) per row.
-extern "C" __global__ void tl_flash_fwd(const float* q, const float* k, const float* v,
-                                        const u32* mask, float* o, float* lse, u32 batch, u32 n,
-                                        u32 heads, u32 d, u32 mode, float scale) {
-    __shared__ float qs[TL_FA_T][TL_FA_LD];
-    __shared__ float ks[TL_FA_T][TL_FA_LD];
-    __shared__ float vs[TL_FA_T][TL_FA_LD];
-    __shared__ float ps[TL_FA_T][TL_FA_T + 1];
-    __shared__ float alpha_s[TL_FA_T];
-    __shared__ float m_s[TL_FA_T];
-    __shared__ float l_s[TL_FA_T];
-    const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
+// ---- Forward: register micro-tiles -----------------------------------------------------------
+//
+// A job is a block of BM query rows of one (b, h): BM = 64 when d <= 64, else 32 (shared
+// memory holds the block's Q transposed, BM x DM with DM = 64 or 128). The key loop takes
+// TL_FA_BN = 32 keys (two tiles of 16) per step:
+// 1. K^T into shared memory; each thread scores 4 rows x BM/32 keys (one fma chain over c per
+//    score, all of them in flight at once), Q read 4 rows at a time;
+// 2. the scores into pt (key-major); V replaces K; thread (r, t) of the first 2 BM takes row r's
+//    key tile t: its max, then (with the maxima of the tiles before it, fmaxf being
+//    order-free) m', alpha and the p_j in place, their sum in key order;
+// 3. thread (ry, cx) holds the outputs of rows 4 ry..4 ry+3, columns 4 cx..4 cx+3 and applies
+//    tile 0 then tile 1 (o * alpha, then one fma per key in order); the thread with cx = 0
+//    also keeps m and l of its rows, l = l * alpha + sum per tile.
+// Shared rows are XOR-swizzled (multiples of 4, so four-float loads stay whole) so that the
+// transposing stores do not all land in one bank.
+#define TL_FA_BN 32
+
+// The XOR of a transposed row: (x % 8) * 4, in 0..28.
+__device__ __forceinline__ u32 tl_fa_swz(u32 x) { return (x & 7u) << 2; }
+
+// Whether tile t (keys j0 + 16 t ..) of a step runs for query row i: it has keys, and a causal
+// mask skips tiles wholly above the diagonal (as the 16-row tiles of the order do).
+__device__ __forceinline__ bool tl_fa_runs(u32 mode, u32 j0, u32 t, u32 keys, u32 i) {
+    return t * TL_FA_T < keys && (!(mode & TL_FA_CAUSAL) || j0 / TL_FA_T + t <= i / TL_FA_T);
+}
+
+// Shared floats of the forward for (BM, DM): qt, kv, pt, three (tile, row) arrays, m and l.
+#define TL_FA_FWD_SMEM(BM, DM) \
+    ((BM) * (DM) + TL_FA_BN * (DM) + TL_FA_BN * (BM) + 6 * (BM) + 2 * (BM))
+
+template <u32 BM, u32 DM>
+__device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const float* v,
+                                          const u32* mask, float* o, float* lse, u32 batch,
+                                          u32 n, u32 heads, u32 d, u32 mode, float scale,
+                                          float* smem) {
+    constexpr u32 BN = TL_FA_BN;
+    constexpr u32 SX = 1024 / BM;  // score phase: threads across the keys of a step
+    constexpr u32 SK = BN / SX;    // keys per thread there
+    constexpr u32 CG = DM / 4;     // output phase: groups of 4 columns
+    float* qt = smem;              // qt[c * BM + (r ^ swz(c))]
+    float* kv = qt + BM * DM;      // K^T: kv[c * BN + (j ^ (c % 32))]; V: kv[j * DM + c]
+    float* pt = kv + BN * DM;      // pt[j * BM + (r ^ swz(j))]: scores, then p
+    float* mts = pt + BN * BM;     // [t * BM + r]: tile max
+    float* als = mts + 2 * BM;     // alpha
+    float* sms = als + 2 * BM;     // sum of p
+    float* ms = sms + 2 * BM;      // m of each row before the step
+    float* ls = ms + BM;           // l at the end
+    const u32 tid = threadIdx.x;
+    const u32 sy = tid / SX, sx = tid % SX;
+    const u32 ry = tid / CG, cx = tid % CG;
+    const u32 tiles = (n + BM - 1) / BM;
     const u64 jobs = (u64)batch * heads * tiles;
     for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
         const u32 bh = (u32)(job / tiles);
         const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (u32)(job % tiles) * TL_FA_T;
-        const u32 rows = tl_fa_len(n, i0);
-        const u32 i = i0 + ty;
-        __syncthreads();  // the previous job's reads of qs, m_s, l_s are done
-        tl_fa_load(qs, q, b, i0, rows, h, n, heads, d);
-        if (threadIdx.x < TL_FA_T) {
-            m_s[threadIdx.x] = -INFINITY;
-            l_s[threadIdx.x] = 0.0f;
+        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
+        const u32 rows = n - i0 < BM ? n - i0 : BM;
+        __syncthreads();  // the previous job's reads of qt, ms, ls are done
+        for (u32 e = tid; e < BM * d; e += TL_BLOCK) {
+            const u32 r = e / d, c = e % d;
+            qt[c * BM + (r ^ tl_fa_swz(c))] =
+                r < rows ? q[tl_fa_at(b, i0 + r, h, c, n, heads, d)] : 0.0f;
         }
-        float acc[TL_FA_COLS];
-        for (u32 u = 0; u < TL_FA_COLS; ++u) acc[u] = 0.0f;
+        if (tid < BM) ms[tid] = -INFINITY;
+        float acc[4][4], mr[4], lr[4];
+        for (u32 a = 0; a < 4; ++a) {
+            mr[a] = -INFINITY;
+            lr[a] = 0.0f;
+            for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
+        }
         const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
-        for (u32 j0 = 0; j0 < kend; j0 += TL_FA_T) {
-            const u32 cols = tl_fa_len(n, j0);
-            __syncthreads();  // the previous tile's reads of ks, vs, ps are done
-            tl_fa_load(ks, k, b, j0, cols, h, n, heads, d);
-            tl_fa_load(vs, v, b, j0, cols, h, n, heads, d);
+        for (u32 j0 = 0; j0 < kend; j0 += BN) {
+            const u32 keys = n - j0 < BN ? n - j0 : BN;
+            __syncthreads();  // the previous step's reads of kv and pt are done
+            for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
+                const u32 j = e / d, c = e % d;
+                kv[c * BN + (j ^ (c & 31u))] =
+                    j < keys ? k[tl_fa_at(b, j0 + j, h, c, n, heads, d)] : 0.0f;
+            }
             __syncthreads();
-            float s = -INFINITY;
-            if (ty < rows && tx < cols && tl_fa_allowed(mask, mode, n, i, j0 + tx))
-                s = tl_fa_dot(qs[ty], ks[tx], d) * scale;
-            ps[ty][tx] = s;
-            __syncthreads();
-            if (tx == 0) {
+            // 1. Scores: rows 4 sy + a, keys sx + SX bb.
+            float s[4][SK];
+            for (u32 a = 0; a < 4; ++a)
+                for (u32 bb = 0; bb < SK; ++bb) s[a][bb] = 0.0f;
+            for (u32 c = 0; c < d; ++c) {
+                float qr[4];
+                ld4(&qt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], qr);
+                for (u32 bb = 0; bb < SK; ++bb) {
+                    const float kk = kv[c * BN + ((sx + SX * bb) ^ (c & 31u))];
+                    for (u32 a = 0; a < 4; ++a) s[a][bb] = __fmaf_rn(qr[a], kk, s[a][bb]);
+                }
+            }
+            for (u32 a = 0; a < 4; ++a) {
+                const u32 r = sy * 4 + a;
+                for (u32 bb = 0; bb < SK; ++bb) {
+                    const u32 j = sx + SX * bb;
+                    const bool ok =
+                        r < rows && j < keys && tl_fa_allowed(mask, mode, n, i0 + r, j0 + j);
+                    pt[j * BM + (r ^ tl_fa_swz(j))] = ok ? s[a][bb] * scale : -INFINITY;
+                }
+            }
+            __syncthreads();  // the scores are in pt; the reads of K are done
+            // 2. V in place of K; each (row, tile) its max.
+            for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
+                const u32 j = e / d, c = e % d;
+                kv[j * DM + c] = j < keys ? v[tl_fa_at(b, j0 + j, h, c, n, heads, d)] : 0.0f;
+            }
+            const u32 r2 = tid % BM, t2 = tid / BM;
+            const bool runs2 = t2 < 2 && tl_fa_runs(mode, j0, t2, keys, i0 + r2);
+            const u32 jb = t2 * TL_FA_T, je = jb + tl_fa_len(keys, jb);
+            if (t2 < 2) {
                 float mt = -INFINITY;
-                for (u32 j = 0; j < cols; ++j) mt = fmaxf(mt, ps[ty][j]);
-                const float m = m_s[ty];
-                const float mn = fmaxf(m, mt);
-                float alpha = 1.0f;
+                if (runs2)
+                    for (u32 j = jb; j < je; ++j) mt = fmaxf(mt, pt[j * BM + (r2 ^ tl_fa_swz(j))]);
+                mts[t2 * BM + r2] = mt;
+            }
+            __syncthreads();
+            if (runs2) {
+                float mb = ms[r2];
+                for (u32 u = 0; u < t2; ++u) mb = fmaxf(mb, mts[u * BM + r2]);
+                const float mn = fmaxf(mb, mts[t2 * BM + r2]);
+                float alpha = 1.0f, sum = 0.0f;
                 if (mn == -INFINITY) {
-                    for (u32 j = 0; j < cols; ++j) ps[ty][j] = 0.0f;
+                    for (u32 j = jb; j < je; ++j) pt[j * BM + (r2 ^ tl_fa_swz(j))] = 0.0f;
                 } else {
-                    alpha = expf(m - mn);
-                    float sum = 0.0f;
-                    for (u32 j = 0; j < cols; ++j) {
-                        const float p = expf(ps[ty][j] - mn);
-                        ps[ty][j] = p;
+                    alpha = expf(mb - mn);
+                    for (u32 j = jb; j < je; ++j) {
+                        float* at = &pt[j * BM + (r2 ^ tl_fa_swz(j))];
+                        const float p = expf(*at - mn);
+                        *at = p;
                         sum = sum + p;
                     }
-                    l_s[ty] = l_s[ty] * alpha + sum;
-                    m_s[ty] = mn;
                 }
-                alpha_s[ty] = alpha;
+                als[t2 * BM + r2] = alpha;
+                sms[t2 * BM + r2] = sum;
             }
             __syncthreads();
-            const float alpha = alpha_s[ty];
-            for (u32 u = 0; u < TL_FA_COLS; ++u) {
-                const u32 c = tx + u * TL_FA_T;
-                if (c < d) {
-                    float t = acc[u] * alpha;
-                    for (u32 j = 0; j < cols; ++j) t = __fmaf_rn(ps[ty][j], vs[j][c], t);
-                    acc[u] = t;
+            // 3. O rows 4 ry + a, columns 4 cx + e: tile 0, then tile 1.
+            for (u32 t = 0; t < 2; ++t) {
+                if (!tl_fa_runs(mode, j0, t, keys, i0 + ry * 4)) break;
+                float al[4];
+                for (u32 a = 0; a < 4; ++a) {
+                    al[a] = als[t * BM + ry * 4 + a];
+                    for (u32 e = 0; e < 4; ++e) acc[a][e] = acc[a][e] * al[a];
+                }
+                const u32 jb3 = t * TL_FA_T, je3 = jb3 + tl_fa_len(keys, jb3);
+                for (u32 j = jb3; j < je3; ++j) {
+                    float pr[4], vr[4];
+                    ld4(&pt[j * BM + ((ry * 4) ^ tl_fa_swz(j))], pr);
+                    ld4(&kv[j * DM + cx * 4], vr);
+                    for (u32 a = 0; a < 4; ++a)
+                        for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(pr[a], vr[e], acc[a][e]);
+                }
+                if (cx == 0) {
+                    for (u32 a = 0; a < 4; ++a) {
+                        const float mn = fmaxf(mr[a], mts[t * BM + ry * 4 + a]);
+                        if (mn != -INFINITY) {
+                            lr[a] = lr[a] * al[a] + sms[t * BM + ry * 4 + a];
+                            mr[a] = mn;
+                        }
+                    }
                 }
             }
+            if (cx == 0)
+                for (u32 a = 0; a < 4; ++a) ms[ry * 4 + a] = mr[a];
         }
-        __syncthreads();  // m_s and l_s of the last tile are visible
-        if (ty < rows) {
-            const float m = m_s[ty], l = l_s[ty];
+        if (cx == 0)
+            for (u32 a = 0; a < 4; ++a) ls[ry * 4 + a] = lr[a];
+        __syncthreads();  // m and l of every row are visible
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 r = ry * 4 + a;
+            if (r >= rows) continue;
+            const float m = ms[r], l = ls[r];
             const bool none = m == -INFINITY;
-            for (u32 u = 0; u < TL_FA_COLS; ++u) {
-                const u32 c = tx + u * TL_FA_T;
-                if (c < d) o[tl_fa_at(b, i, h, c, n, heads, d)] = none ? 0.0f : acc[u] / l;
+            for (u32 e = 0; e < 4; ++e) {
+                const u32 c = cx * 4 + e;
+                if (c < d) o[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = none ? 0.0f : acc[a][e] / l;
             }
-            if (tx == 0) lse[(u64)bh * n + i] = none ? -INFINITY : m + logf(l);
+            if (cx == 0) lse[(u64)bh * n + i0 + r] = none ? -INFINITY : m + logf(l);
         }
     }
+}
+
+// O = softmax(Q K^T * scale) V per head (masked as `mode` says) and lse = m + log(l) per row:
+// blocks of 64 query rows when d <= 64, else 32 (tl_fa_fwd).
+extern "C" __global__ void tl_flash_fwd(const float* q, const float* k, const float* v,
+                                        const u32* mask, float* o, float* lse, u32 batch, u32 n,
+                                        u32 heads, u32 d, u32 mode, float scale) {
+    constexpr u32 A = TL_FA_FWD_SMEM(64, 64), B = TL_FA_FWD_SMEM(32, TL_FA_DMAX);
+    __shared__ __align__(16) float smem[A > B ? A : B];
+    if (d <= 64)
+        tl_fa_fwd<64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+    else
+        tl_fa_fwd<32, TL_FA_DMAX>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
 }
 
 // dQ of the fused attention, and delta_i = dot(dO_i, O_i) (which tl_flash_bwd_kv reads), one

@@ -65,6 +65,17 @@ impl FlashDims {
         self.batch * self.heads * self.n.div_ceil(FLASH_TILE)
     }
 
+    /// Query rows (or keys) per block of the CUDA kernels: 64 when `d ≤ 64`, else 32
+    /// (kernels/attention.cu; the order of every sum is that of the tiles of [`FLASH_TILE`]).
+    pub fn block_rows(&self) -> usize {
+        if self.d <= 64 { 64 } else { 32 }
+    }
+
+    /// Blocks that have work in one CUDA launch: `B·H·⌈n / block_rows⌉`.
+    pub fn blocks(&self) -> usize {
+        self.batch * self.heads * self.n.div_ceil(self.block_rows())
+    }
+
     /// Checked: n ≥ 1, `1 ≤ d ≤ FLASH_MAX_HEAD`, heads and batch ≥ 1, every count within the
     /// `u32` ABI. Returns `(qkv_len, rows_len)`.
     pub fn check(&self, op: &'static str) -> Result<(usize, usize)> {

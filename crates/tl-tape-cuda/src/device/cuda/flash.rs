@@ -9,7 +9,7 @@ use super::driver::Arg;
 use crate::Result;
 use crate::device::{Buffer, Device, Flash};
 
-/// Blocks of a launch over `jobs` tiles (grid-stride beyond 65 535).
+/// Blocks of a launch over `jobs` blocks of work (grid-stride beyond 65 535).
 fn grid(jobs: usize) -> [u32; 3] {
     [jobs.clamp(1, 65_535) as u32, 1, 1]
 }
@@ -69,7 +69,7 @@ impl CudaDevice {
                         Arg::Ptr(lse),
                     ];
                     args.extend(Self::flash_tail(f));
-                    d.run(OP, "tl_flash_fwd", grid(f.dims.jobs()), &args)
+                    d.run(OP, "tl_flash_fwd", grid(f.dims.blocks()), &args)
                 })?);
                 Ok(())
             })
