@@ -280,19 +280,28 @@ extern "C" __global__ void tl_flash_fwd(const float* q, const float* k, const fl
         tl_fa_fwd<32, TL_FA_DMAX>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
 }
 
-// dQ of the fused attention, and delta_i = dot(dO_i, O_i) (which tl_flash_bwd_kv reads), one
-// job per tile of query rows.
-extern "C" __global__ void tl_flash_bwd_q(const float* q, const float* k, const float* v,
-                                          const float* o, const float* go, const float* lse,
-                                          const u32* mask, float* dq, float* delta, u32 batch,
-                                          u32 n, u32 heads, u32 d, u32 mode, float scale) {
-    __shared__ float qs[TL_FA_T][TL_FA_LD];
-    __shared__ float gs[TL_FA_T][TL_FA_LD];
-    __shared__ float ks[TL_FA_T][TL_FA_LD];
-    __shared__ float vs[TL_FA_T][TL_FA_LD];
-    __shared__ float dss[TL_FA_T][TL_FA_T + 1];
-    __shared__ float lse_s[TL_FA_T];
-    __shared__ float delta_s[TL_FA_T];
+// ---- Backward, d > 64: one block of 16 x 16 threads per tile of 16 ----------------------------
+
+typedef float (*TlFaRows)[TL_FA_LD];
+typedef float (*TlFaTile)[TL_FA_T + 1];
+
+// Shared floats of tl_fa_bwd_q16 and tl_fa_bwd_kv16.
+#define TL_FA_BWD16_SMEM (4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1) + 2 * TL_FA_T)
+
+// dQ and delta, one job per tile of 16 query rows; thread (ty, tx) scores row ty against key
+// tx, then sums columns tx, tx + 16, ... of row ty.
+__device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, const float* v,
+                                              const float* o, const float* go, const float* lse,
+                                              const u32* mask, float* dq, float* delta,
+                                              u32 batch, u32 n, u32 heads, u32 d, u32 mode,
+                                              float scale, float* smem) {
+    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
+    TlFaRows gs = qs + TL_FA_T;
+    TlFaRows ks = gs + TL_FA_T;
+    TlFaRows vs = ks + TL_FA_T;
+    TlFaTile dss = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
+    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
+    float* delta_s = lse_s + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
     const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
     const u64 jobs = (u64)batch * heads * tiles;
@@ -348,19 +357,20 @@ extern "C" __global__ void tl_flash_bwd_q(const float* q, const float* k, const 
     }
 }
 
-// dK and dV of the fused attention, one job per tile of keys (reads delta from tl_flash_bwd_q).
-extern "C" __global__ void tl_flash_bwd_kv(const float* q, const float* k, const float* v,
-                                           const float* go, const float* lse, const float* delta,
-                                           const u32* mask, float* dk, float* dv, u32 batch,
-                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
-    __shared__ float qs[TL_FA_T][TL_FA_LD];
-    __shared__ float gs[TL_FA_T][TL_FA_LD];
-    __shared__ float ks[TL_FA_T][TL_FA_LD];
-    __shared__ float vs[TL_FA_T][TL_FA_LD];
-    __shared__ float ps[TL_FA_T][TL_FA_T + 1];
-    __shared__ float dss[TL_FA_T][TL_FA_T + 1];
-    __shared__ float lse_s[TL_FA_T];
-    __shared__ float delta_s[TL_FA_T];
+// dK and dV, one job per tile of 16 keys (reads delta from tl_flash_bwd_q).
+__device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, const float* v,
+                                               const float* go, const float* lse,
+                                               const float* delta, const u32* mask, float* dk,
+                                               float* dv, u32 batch, u32 n, u32 heads, u32 d,
+                                               u32 mode, float scale, float* smem) {
+    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
+    TlFaRows gs = qs + TL_FA_T;
+    TlFaRows ks = gs + TL_FA_T;
+    TlFaRows vs = ks + TL_FA_T;
+    TlFaTile ps = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
+    TlFaTile dss = ps + TL_FA_T;
+    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
+    float* delta_s = lse_s + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
     const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
     const u64 jobs = (u64)batch * heads * tiles;
@@ -419,4 +429,271 @@ extern "C" __global__ void tl_flash_bwd_kv(const float* q, const float* k, const
             }
         }
     }
+}
+
+// ---- Backward, d <= 64: register micro-tiles -------------------------------------------------
+//
+// tl_fa_bwd_q64: a job is a block of 64 query rows; shared memory holds the block's Q and dO
+// transposed (64 x 64 each) and, per step, 32 keys of K and V (rows, swizzled). Thread
+// (sy, sx) computes the scores and dP of rows 4 sy..4 sy+3 against keys sx and sx + 16 in one
+// pass over c (16 fma chains), then dS goes where V was and the same thread, as (ry, cx) =
+// (sy, sx), adds dS K to dQ rows 4 ry.., columns 4 cx.. over key tile 0 then tile 1, each key
+// in order.
+//
+// tl_fa_bwd_kv64: a job is a block of 64 keys (K and V transposed, resident); the query loop
+// takes one tile of 16 rows (Q, dO rows) per step. Thread (sy, sx) scores row sy against keys
+// 4 sx..4 sx+3 (s and dP, 8 chains), P and dS into shared memory; then thread (kx, cx) adds
+// rows 0.. of the tile to dK and dV of keys 4 kx.., columns 4 cx.. (32 chains).
+#define TL_FA_BWD64_SMEM (3 * 64 * 64)
+
+__device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, const float* v,
+                                              const float* o, const float* go, const float* lse,
+                                              const u32* mask, float* dq, float* delta,
+                                              u32 batch, u32 n, u32 heads, u32 d, u32 mode,
+                                              float scale, float* smem) {
+    constexpr u32 BM = 64, BN = TL_FA_BN, DM = 64;
+    float* qt = smem;            // qt[c * BM + (r ^ swz(c))]
+    float* gt = qt + DM * BM;    // dO, the same way
+    float* ks = gt + DM * BM;    // ks[j * DM + (c ^ swz(j))]
+    float* vs = ks + BN * DM;    // V as K; then dS: vs[j * BM + (r ^ swz(j))]
+    const u32 tid = threadIdx.x;
+    const u32 sy = tid / 16, sx = tid % 16;
+    const u32 tiles = (n + BM - 1) / BM;
+    const u64 jobs = (u64)batch * heads * tiles;
+    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
+        const u32 bh = (u32)(job / tiles);
+        const u32 b = bh / heads, h = bh % heads;
+        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
+        const u32 rows = n - i0 < BM ? n - i0 : BM;
+        __syncthreads();  // the previous job's reads are done
+        for (u32 e = tid; e < BM * d; e += TL_BLOCK) {
+            const u32 r = e / d, c = e % d;
+            const bool in = r < rows;
+            const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
+            qt[c * BM + (r ^ tl_fa_swz(c))] = in ? q[at] : 0.0f;
+            gt[c * BM + (r ^ tl_fa_swz(c))] = in ? go[at] : 0.0f;
+        }
+        __syncthreads();
+        if (tid < rows) {
+            float dl = 0.0f;
+            for (u32 c = 0; c < d; ++c)
+                dl = __fmaf_rn(gt[c * BM + (tid ^ tl_fa_swz(c))],
+                               o[tl_fa_at(b, i0 + tid, h, c, n, heads, d)], dl);
+            delta[(u64)bh * n + i0 + tid] = dl;
+        }
+        __syncthreads();  // delta of the block's rows is written
+        float lr[4], dr[4], acc[4][4];
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 r = sy * 4 + a;
+            lr[a] = r < rows ? lse[(u64)bh * n + i0 + r] : -INFINITY;
+            dr[a] = r < rows ? delta[(u64)bh * n + i0 + r] : 0.0f;
+            for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
+        }
+        const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
+        for (u32 j0 = 0; j0 < kend; j0 += BN) {
+            const u32 keys = n - j0 < BN ? n - j0 : BN;
+            __syncthreads();  // the previous step's reads of ks and vs are done
+            for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
+                const u32 j = e / d, c = e % d;
+                const bool in = j < keys;
+                const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
+                ks[j * DM + (c ^ tl_fa_swz(j))] = in ? k[at] : 0.0f;
+                vs[j * DM + (c ^ tl_fa_swz(j))] = in ? v[at] : 0.0f;
+            }
+            __syncthreads();
+            float s[4][2], dp[4][2];
+            for (u32 a = 0; a < 4; ++a)
+                for (u32 bb = 0; bb < 2; ++bb) s[a][bb] = dp[a][bb] = 0.0f;
+            for (u32 c = 0; c < d; ++c) {
+                float qr[4], gr[4];
+                ld4(&qt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], qr);
+                ld4(&gt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], gr);
+                for (u32 bb = 0; bb < 2; ++bb) {
+                    const u32 j = sx + 16 * bb;
+                    const float kk = ks[j * DM + (c ^ tl_fa_swz(j))];
+                    const float vv = vs[j * DM + (c ^ tl_fa_swz(j))];
+                    for (u32 a = 0; a < 4; ++a) {
+                        s[a][bb] = __fmaf_rn(qr[a], kk, s[a][bb]);
+                        dp[a][bb] = __fmaf_rn(gr[a], vv, dp[a][bb]);
+                    }
+                }
+            }
+            float ds[4][2];
+            for (u32 a = 0; a < 4; ++a) {
+                const u32 r = sy * 4 + a;
+                for (u32 bb = 0; bb < 2; ++bb) {
+                    const u32 j = sx + 16 * bb;
+                    const bool ok =
+                        r < rows && j < keys && tl_fa_allowed(mask, mode, n, i0 + r, j0 + j);
+                    ds[a][bb] = 0.0f;
+                    if (ok && lr[a] != -INFINITY) {
+                        const float p = expf(s[a][bb] * scale - lr[a]);
+                        ds[a][bb] = p * (dp[a][bb] - dr[a]) * scale;
+                    }
+                }
+            }
+            __syncthreads();  // the reads of V are done
+            for (u32 a = 0; a < 4; ++a)
+                for (u32 bb = 0; bb < 2; ++bb) {
+                    const u32 j = sx + 16 * bb;
+                    vs[j * BM + ((sy * 4 + a) ^ tl_fa_swz(j))] = ds[a][bb];
+                }
+            __syncthreads();
+            for (u32 t = 0; t < 2; ++t) {
+                if (!tl_fa_runs(mode, j0, t, keys, i0 + sy * 4)) break;
+                const u32 jb = t * TL_FA_T, je = jb + tl_fa_len(keys, jb);
+                for (u32 j = jb; j < je; ++j) {
+                    float dsr[4], kr[4];
+                    ld4(&vs[j * BM + ((sy * 4) ^ tl_fa_swz(j))], dsr);
+                    ld4(&ks[j * DM + ((sx * 4) ^ tl_fa_swz(j))], kr);
+                    for (u32 a = 0; a < 4; ++a)
+                        for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(dsr[a], kr[e], acc[a][e]);
+                }
+            }
+        }
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 r = sy * 4 + a;
+            if (r >= rows) continue;
+            for (u32 e = 0; e < 4; ++e) {
+                const u32 c = sx * 4 + e;
+                if (c < d) dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = acc[a][e];
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, const float* v,
+                                               const float* go, const float* lse,
+                                               const float* delta, const u32* mask, float* dk,
+                                               float* dv, u32 batch, u32 n, u32 heads, u32 d,
+                                               u32 mode, float scale, float* smem) {
+    constexpr u32 BN = 64, BM = TL_FA_T, DM = 64;
+    float* kt = smem;           // kt[c * BN + (j ^ swz(c))]
+    float* vt = kt + DM * BN;   // V, the same way
+    float* qs = vt + DM * BN;   // qs[r * DM + c]
+    float* gs = qs + BM * DM;   // dO rows
+    float* ps = gs + BM * DM;   // ps[r * BN + j]
+    float* dss = ps + BM * BN;  // dS, the same way
+    const u32 tid = threadIdx.x;
+    const u32 sy = tid / 16, sx = tid % 16;  // scores: row sy, keys 4 sx..
+    const u32 kx = tid / 16, cx = tid % 16;  // sums: keys 4 kx.., columns 4 cx..
+    const u32 tiles = (n + BN - 1) / BN;
+    const u64 jobs = (u64)batch * heads * tiles;
+    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
+        const u32 bh = (u32)(job / tiles);
+        const u32 b = bh / heads, h = bh % heads;
+        const u32 j0 = (u32)(job % tiles) * BN;  // the longest (causal) first
+        const u32 cols = n - j0 < BN ? n - j0 : BN;
+        __syncthreads();  // the previous job's reads are done
+        for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
+            const u32 j = e / d, c = e % d;
+            const bool in = j < cols;
+            const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
+            kt[c * BN + (j ^ tl_fa_swz(c))] = in ? k[at] : 0.0f;
+            vt[c * BN + (j ^ tl_fa_swz(c))] = in ? v[at] : 0.0f;
+        }
+        float ak[4][4], av[4][4];
+        for (u32 a = 0; a < 4; ++a)
+            for (u32 e = 0; e < 4; ++e) ak[a][e] = av[a][e] = 0.0f;
+        // This thread's keys 4 kx.. lie in one tile of 16: the query tiles from its start
+        // (causal), as the 16-key tiles of the order.
+        const bool causal = (mode & TL_FA_CAUSAL) != 0u;
+        const u32 mine = j0 + kx * 4;
+        const u32 istart = causal ? j0 : 0u;
+        for (u32 i0 = istart; i0 < n; i0 += BM) {
+            const u32 rows = tl_fa_len(n, i0);
+            __syncthreads();  // the previous step's reads of qs, gs, ps, dss are done
+            for (u32 e = tid; e < BM * d; e += TL_BLOCK) {
+                const u32 r = e / d, c = e % d;
+                const bool in = r < rows;
+                const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
+                qs[r * DM + c] = in ? q[at] : 0.0f;
+                gs[r * DM + c] = in ? go[at] : 0.0f;
+            }
+            __syncthreads();
+            float s[4], dp[4];
+            for (u32 a = 0; a < 4; ++a) s[a] = dp[a] = 0.0f;
+            for (u32 c = 0; c < d; ++c) {
+                float kr[4], vr[4];
+                ld4(&kt[c * BN + ((sx * 4) ^ tl_fa_swz(c))], kr);
+                ld4(&vt[c * BN + ((sx * 4) ^ tl_fa_swz(c))], vr);
+                const float qq = qs[sy * DM + c], gg = gs[sy * DM + c];
+                for (u32 a = 0; a < 4; ++a) {
+                    s[a] = __fmaf_rn(qq, kr[a], s[a]);
+                    dp[a] = __fmaf_rn(gg, vr[a], dp[a]);
+                }
+            }
+            const bool live = sy < rows;
+            const float l = live ? lse[(u64)bh * n + i0 + sy] : -INFINITY;
+            const float dl = live ? delta[(u64)bh * n + i0 + sy] : 0.0f;
+            for (u32 a = 0; a < 4; ++a) {
+                const u32 j = sx * 4 + a;
+                float p = 0.0f, ds = 0.0f;
+                if (live && j < cols && l != -INFINITY &&
+                    tl_fa_allowed(mask, mode, n, i0 + sy, j0 + j)) {
+                    p = expf(s[a] * scale - l);
+                    ds = p * (dp[a] - dl) * scale;
+                }
+                ps[sy * BN + j] = p;
+                dss[sy * BN + j] = ds;
+            }
+            __syncthreads();
+            if (!causal || i0 / TL_FA_T >= mine / TL_FA_T) {
+                for (u32 r = 0; r < rows; ++r) {
+                    float pr[4], dr[4], qr[4], gr[4];
+                    ld4(&ps[r * BN + kx * 4], pr);
+                    ld4(&dss[r * BN + kx * 4], dr);
+                    ld4(&qs[r * DM + cx * 4], qr);
+                    ld4(&gs[r * DM + cx * 4], gr);
+                    for (u32 a = 0; a < 4; ++a)
+                        for (u32 e = 0; e < 4; ++e) {
+                            ak[a][e] = __fmaf_rn(dr[a], qr[e], ak[a][e]);
+                            av[a][e] = __fmaf_rn(pr[a], gr[e], av[a][e]);
+                        }
+                }
+            }
+        }
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 j = kx * 4 + a;
+            if (j >= cols) continue;
+            for (u32 e = 0; e < 4; ++e) {
+                const u32 c = cx * 4 + e;
+                if (c < d) {
+                    const u64 at = tl_fa_at(b, j0 + j, h, c, n, heads, d);
+                    dk[at] = ak[a][e];
+                    dv[at] = av[a][e];
+                }
+            }
+        }
+    }
+}
+
+// dQ of the fused attention, and delta_i = dot(dO_i, O_i) (which tl_flash_bwd_kv reads):
+// blocks of 64 query rows when d <= 64 (tl_fa_bwd_q64), else tiles of 16 (tl_fa_bwd_q16).
+extern "C" __global__ void tl_flash_bwd_q(const float* q, const float* k, const float* v,
+                                          const float* o, const float* go, const float* lse,
+                                          const u32* mask, float* dq, float* delta, u32 batch,
+                                          u32 n, u32 heads, u32 d, u32 mode, float scale) {
+    constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
+    __shared__ __align__(16) float smem[A > B ? A : B];
+    if (d <= 64)
+        tl_fa_bwd_q64(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale, smem);
+    else
+        tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale, smem);
+}
+
+// dK and dV of the fused attention (reads delta from tl_flash_bwd_q): blocks of 64 keys when
+// d <= 64 (tl_fa_bwd_kv64), else tiles of 16 (tl_fa_bwd_kv16).
+extern "C" __global__ void tl_flash_bwd_kv(const float* q, const float* k, const float* v,
+                                           const float* go, const float* lse, const float* delta,
+                                           const u32* mask, float* dk, float* dv, u32 batch,
+                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
+    constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
+    __shared__ __align__(16) float smem[A > B ? A : B];
+    if (d <= 64)
+        tl_fa_bwd_kv64(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
+                       smem);
+    else
+        tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
+                       smem);
 }

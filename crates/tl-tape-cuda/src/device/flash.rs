@@ -60,20 +60,10 @@ impl FlashDims {
         (1.0 / (self.d as f64).sqrt()) as f32
     }
 
-    /// Jobs of one launch: `B·H·⌈n/16⌉` tiles (of query rows, or of keys).
-    pub fn jobs(&self) -> usize {
-        self.batch * self.heads * self.n.div_ceil(FLASH_TILE)
-    }
-
-    /// Query rows (or keys) per block of the CUDA kernels: 64 when `d ≤ 64`, else 32
-    /// (kernels/attention.cu; the order of every sum is that of the tiles of [`FLASH_TILE`]).
-    pub fn block_rows(&self) -> usize {
-        if self.d <= 64 { 64 } else { 32 }
-    }
-
-    /// Blocks that have work in one CUDA launch: `B·H·⌈n / block_rows⌉`.
-    pub fn blocks(&self) -> usize {
-        self.batch * self.heads * self.n.div_ceil(self.block_rows())
+    /// Blocks of one CUDA launch that take `rows` query rows (or keys) each:
+    /// `B·H·⌈n/rows⌉` (the kernels grid-stride over them).
+    pub fn blocks(&self, rows: usize) -> usize {
+        self.batch * self.heads * self.n.div_ceil(rows)
     }
 
     /// Checked: n ≥ 1, `1 ≤ d ≤ FLASH_MAX_HEAD`, heads and batch ≥ 1, every count within the
