@@ -5,9 +5,13 @@
 // ((b * n + i) * H + h) * d + c, as the projections x.W leave them. lse (and delta) hold one
 // value per (b, h, i) at (b * H + h) * n + i.
 //
-// One block of 256 threads = 16 x 16 per job; a job is a tile of TL_FA_T = 16 query rows of one
-// (b, h) (forward, dQ) or a tile of 16 keys (dK, dV); jobs grid-stride over blockIdx.x. Thread
-// (ty, tx) = (threadIdx.x / 16, threadIdx.x % 16). Head size d <= TL_FA_DMAX = 128.
+// Blocks of 256 threads; a job is a block of query rows of one (b, h) (forward: 64 rows when
+// d <= 64, else 32; dQ: 64) or of keys (dK, dV: 64), with register micro-tiles (tl_fa_fwd,
+// tl_fa_bwd_q64, tl_fa_bwd_kv64 say how); for d > 64 the backward takes one job per tile of
+// TL_FA_T = 16 rows (keys), 16 x 16 threads (tl_fa_bwd_q16, tl_fa_bwd_kv16). Jobs grid-stride
+// over blockIdx.x. Head size d <= TL_FA_DMAX = 128. The order below is per tile of 16 query
+// rows and 16 keys: rows (keys) are independent, so a block of 64 changes no result, and a
+// thread's many fma chains each run in the order written.
 //
 // Order (the sim's twin; no atomics, so both reduction modes are this order):
 // - a score is s = dot(q_i, k_j) * scale, the dot a fused multiply-add chain over c = 0..d-1
@@ -142,8 +146,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
         const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
         const u32 rows = n - i0 < BM ? n - i0 : BM;
         __syncthreads();  // the previous job's reads of qt, ms, ls are done
-        for (u32 e = tid; e < BM * d; e += TL_BLOCK) {
-            const u32 r = e / d, c = e % d;
+        for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
+            const u32 r = e / DM, c = e % DM;
+            if (c >= d) continue;
             qt[c * BM + (r ^ tl_fa_swz(c))] =
                 r < rows ? q[tl_fa_at(b, i0 + r, h, c, n, heads, d)] : 0.0f;
         }
@@ -158,8 +163,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = n - j0 < BN ? n - j0 : BN;
             __syncthreads();  // the previous step's reads of kv and pt are done
-            for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
-                const u32 j = e / d, c = e % d;
+            for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
+                const u32 j = e / DM, c = e % DM;
+                if (c >= d) continue;
                 kv[c * BN + (j ^ (c & 31u))] =
                     j < keys ? k[tl_fa_at(b, j0 + j, h, c, n, heads, d)] : 0.0f;
             }
@@ -187,8 +193,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             }
             __syncthreads();  // the scores are in pt; the reads of K are done
             // 2. V in place of K; each (row, tile) its max.
-            for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
-                const u32 j = e / d, c = e % d;
+            for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
+                const u32 j = e / DM, c = e % DM;
+                if (c >= d) continue;
                 kv[j * DM + c] = j < keys ? v[tl_fa_at(b, j0 + j, h, c, n, heads, d)] : 0.0f;
             }
             const u32 r2 = tid % BM, t2 = tid / BM;
@@ -466,8 +473,9 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
         const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
         const u32 rows = n - i0 < BM ? n - i0 : BM;
         __syncthreads();  // the previous job's reads are done
-        for (u32 e = tid; e < BM * d; e += TL_BLOCK) {
-            const u32 r = e / d, c = e % d;
+        for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
+            const u32 r = e / DM, c = e % DM;
+            if (c >= d) continue;
             const bool in = r < rows;
             const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
             qt[c * BM + (r ^ tl_fa_swz(c))] = in ? q[at] : 0.0f;
@@ -493,8 +501,9 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = n - j0 < BN ? n - j0 : BN;
             __syncthreads();  // the previous step's reads of ks and vs are done
-            for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
-                const u32 j = e / d, c = e % d;
+            for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
+                const u32 j = e / DM, c = e % DM;
+                if (c >= d) continue;
                 const bool in = j < keys;
                 const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
                 ks[j * DM + (c ^ tl_fa_swz(j))] = in ? k[at] : 0.0f;
@@ -585,8 +594,9 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
         const u32 j0 = (u32)(job % tiles) * BN;  // the longest (causal) first
         const u32 cols = n - j0 < BN ? n - j0 : BN;
         __syncthreads();  // the previous job's reads are done
-        for (u32 e = tid; e < BN * d; e += TL_BLOCK) {
-            const u32 j = e / d, c = e % d;
+        for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
+            const u32 j = e / DM, c = e % DM;
+            if (c >= d) continue;
             const bool in = j < cols;
             const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
             kt[c * BN + (j ^ tl_fa_swz(c))] = in ? k[at] : 0.0f;
@@ -603,8 +613,9 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
         for (u32 i0 = istart; i0 < n; i0 += BM) {
             const u32 rows = tl_fa_len(n, i0);
             __syncthreads();  // the previous step's reads of qs, gs, ps, dss are done
-            for (u32 e = tid; e < BM * d; e += TL_BLOCK) {
-                const u32 r = e / d, c = e % d;
+            for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
+                const u32 r = e / DM, c = e % DM;
+                if (c >= d) continue;
                 const bool in = r < rows;
                 const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
                 qs[r * DM + c] = in ? q[at] : 0.0f;
