@@ -105,6 +105,13 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
 // transposing stores do not all land in one bank.
 #define TL_FA_BN 32
 
+// Unroll a loop over c by 8 on the GPU (with d known, each copy's swizzle is a constant).
+#ifdef __CUDA_ARCH__
+#define TL_FA_UNROLL8 _Pragma("unroll 8")
+#else
+#define TL_FA_UNROLL8
+#endif
+
 // The XOR of a transposed row: (x % 8) * 4, in 0..28.
 __device__ __forceinline__ u32 tl_fa_swz(u32 x) { return (x & 7u) << 2; }
 
@@ -114,15 +121,30 @@ __device__ __forceinline__ bool tl_fa_runs(u32 mode, u32 j0, u32 t, u32 keys, u3
     return t * TL_FA_T < keys && (!(mode & TL_FA_CAUSAL) || j0 / TL_FA_T + t <= i / TL_FA_T);
 }
 
+// Rows [r0, r0 + rows) of head (b, h) of `src` (R rows of DM floats, 0 past `rows` or d) into
+// registers: reg[u] is element e = threadIdx.x + 256 u, row e / DM, column e % DM. Loaded a
+// phase before they go to shared memory, so that the loads fly while the block computes.
+template <u32 R, u32 DM>
+__device__ __forceinline__ void tl_fa_stage(float* reg, const float* src, u32 b, u32 r0,
+                                            u32 rows, u32 h, u32 n, u32 heads, u32 d) {
+    for (u32 u = 0; u < R * DM / TL_BLOCK; ++u) {
+        const u32 e = threadIdx.x + TL_BLOCK * u, r = e / DM, c = e % DM;
+        reg[u] = r < rows && c < d ? src[tl_fa_at(b, r0 + r, h, c, n, heads, d)] : 0.0f;
+    }
+}
+
 // Shared floats of the forward for (BM, DM): qt, kv, pt, three (tile, row) arrays, m and l.
 #define TL_FA_FWD_SMEM(BM, DM) \
     ((BM) * (DM) + TL_FA_BN * (DM) + TL_FA_BN * (BM) + 6 * (BM) + 2 * (BM))
 
-template <u32 BM, u32 DM>
+// DC: the head size when known at compile time (64: the loops over c unroll, their shared
+// addresses constant), else 0 and d at run time.
+template <u32 BM, u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const float* v,
                                           const u32* mask, float* o, float* lse, u32 batch,
-                                          u32 n, u32 heads, u32 d, u32 mode, float scale,
+                                          u32 n, u32 heads, u32 d_run, u32 mode, float scale,
                                           float* smem) {
+    const u32 d = DC ? DC : d_run;
     constexpr u32 BN = TL_FA_BN;
     constexpr u32 SX = 1024 / BM;  // score phase: threads across the keys of a step
     constexpr u32 SK = BN / SX;    // keys per thread there
@@ -160,20 +182,23 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
         }
         const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
+        constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
+        float kreg[NL], vreg[NL];
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, n < BN ? n : BN, h, n, heads, d);
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = n - j0 < BN ? n - j0 : BN;
             __syncthreads();  // the previous step's reads of kv and pt are done
-            for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
-                const u32 j = e / DM, c = e % DM;
-                if (c >= d) continue;
-                kv[c * BN + (j ^ (c & 31u))] =
-                    j < keys ? k[tl_fa_at(b, j0 + j, h, c, n, heads, d)] : 0.0f;
+            for (u32 u = 0; u < NL; ++u) {
+                const u32 e = tid + TL_BLOCK * u, j = e / DM, c = e % DM;
+                kv[c * BN + (j ^ (c & 31u))] = kreg[u];
             }
+            tl_fa_stage<BN, DM>(vreg, v, b, j0, keys, h, n, heads, d);
             __syncthreads();
             // 1. Scores: rows 4 sy + a, keys sx + SX bb.
             float s[4][SK];
             for (u32 a = 0; a < 4; ++a)
                 for (u32 bb = 0; bb < SK; ++bb) s[a][bb] = 0.0f;
+            TL_FA_UNROLL8
             for (u32 c = 0; c < d; ++c) {
                 float qr[4];
                 ld4(&qt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], qr);
@@ -193,11 +218,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             }
             __syncthreads();  // the scores are in pt; the reads of K are done
             // 2. V in place of K; each (row, tile) its max.
-            for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
-                const u32 j = e / DM, c = e % DM;
-                if (c >= d) continue;
-                kv[j * DM + c] = j < keys ? v[tl_fa_at(b, j0 + j, h, c, n, heads, d)] : 0.0f;
-            }
+            for (u32 u = 0; u < NL; ++u) kv[tid + TL_BLOCK * u] = vreg[u];
             const u32 r2 = tid % BM, t2 = tid / BM;
             const bool runs2 = t2 < 2 && tl_fa_runs(mode, j0, t2, keys, i0 + r2);
             const u32 jb = t2 * TL_FA_T, je = jb + tl_fa_len(keys, jb);
@@ -228,6 +249,10 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                 sms[t2 * BM + r2] = sum;
             }
             __syncthreads();
+            if (j0 + BN < kend) {  // the next step's K, in flight during this one's sums
+                const u32 nk = n - (j0 + BN) < BN ? n - (j0 + BN) : BN;
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nk, h, n, heads, d);
+            }
             // 3. O rows 4 ry + a, columns 4 cx + e: tile 0, then tile 1.
             for (u32 t = 0; t < 2; ++t) {
                 if (!tl_fa_runs(mode, j0, t, keys, i0 + ry * 4)) break;
@@ -276,15 +301,18 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
 
 // O = softmax(Q K^T * scale) V per head (masked as `mode` says) and lse = m + log(l) per row:
 // blocks of 64 query rows when d <= 64, else 32 (tl_fa_fwd).
-extern "C" __global__ void tl_flash_fwd(const float* q, const float* k, const float* v,
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const float* q, const float* k, const float* v,
                                         const u32* mask, float* o, float* lse, u32 batch, u32 n,
                                         u32 heads, u32 d, u32 mode, float scale) {
     constexpr u32 A = TL_FA_FWD_SMEM(64, 64), B = TL_FA_FWD_SMEM(32, TL_FA_DMAX);
     __shared__ __align__(16) float smem[A > B ? A : B];
-    if (d <= 64)
-        tl_fa_fwd<64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+    if (d == 64)
+        tl_fa_fwd<64, 64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+    else if (d < 64)
+        tl_fa_fwd<64, 64, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
     else
-        tl_fa_fwd<32, TL_FA_DMAX>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+        tl_fa_fwd<32, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale,
+                                     smem);
 }
 
 // ---- Backward, d > 64: one block of 16 x 16 threads per tile of 16 ----------------------------
@@ -453,11 +481,13 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
 // rows 0.. of the tile to dK and dV of keys 4 kx.., columns 4 cx.. (32 chains).
 #define TL_FA_BWD64_SMEM (3 * 64 * 64)
 
+template <u32 DC>
 __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, const float* v,
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
-                                              u32 batch, u32 n, u32 heads, u32 d, u32 mode,
+                                              u32 batch, u32 n, u32 heads, u32 d_run, u32 mode,
                                               float scale, float* smem) {
+    const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BM = 64, BN = TL_FA_BN, DM = 64;
     float* qt = smem;            // qt[c * BM + (r ^ swz(c))]
     float* gt = qt + DM * BM;    // dO, the same way
@@ -498,21 +528,23 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
         }
         const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
+        constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
+        float kreg[NL], vreg[NL];
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, n < BN ? n : BN, h, n, heads, d);
+        tl_fa_stage<BN, DM>(vreg, v, b, 0, n < BN ? n : BN, h, n, heads, d);
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = n - j0 < BN ? n - j0 : BN;
             __syncthreads();  // the previous step's reads of ks and vs are done
-            for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
-                const u32 j = e / DM, c = e % DM;
-                if (c >= d) continue;
-                const bool in = j < keys;
-                const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
-                ks[j * DM + (c ^ tl_fa_swz(j))] = in ? k[at] : 0.0f;
-                vs[j * DM + (c ^ tl_fa_swz(j))] = in ? v[at] : 0.0f;
+            for (u32 u = 0; u < NL; ++u) {
+                const u32 e = tid + TL_BLOCK * u, j = e / DM, c = e % DM;
+                ks[j * DM + (c ^ tl_fa_swz(j))] = kreg[u];
+                vs[j * DM + (c ^ tl_fa_swz(j))] = vreg[u];
             }
             __syncthreads();
             float s[4][2], dp[4][2];
             for (u32 a = 0; a < 4; ++a)
                 for (u32 bb = 0; bb < 2; ++bb) s[a][bb] = dp[a][bb] = 0.0f;
+            TL_FA_UNROLL8
             for (u32 c = 0; c < d; ++c) {
                 float qr[4], gr[4];
                 ld4(&qt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], qr);
@@ -548,6 +580,11 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                     vs[j * BM + ((sy * 4 + a) ^ tl_fa_swz(j))] = ds[a][bb];
                 }
             __syncthreads();
+            if (j0 + BN < kend) {  // the next step's K and V, in flight during this one's sums
+                const u32 nk = n - (j0 + BN) < BN ? n - (j0 + BN) : BN;
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nk, h, n, heads, d);
+                tl_fa_stage<BN, DM>(vreg, v, b, j0 + BN, nk, h, n, heads, d);
+            }
             for (u32 t = 0; t < 2; ++t) {
                 if (!tl_fa_runs(mode, j0, t, keys, i0 + sy * 4)) break;
                 const u32 jb = t * TL_FA_T, je = jb + tl_fa_len(keys, jb);
@@ -571,11 +608,13 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     }
 }
 
+template <u32 DC>
 __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
-                                               float* dv, u32 batch, u32 n, u32 heads, u32 d,
+                                               float* dv, u32 batch, u32 n, u32 heads, u32 d_run,
                                                u32 mode, float scale, float* smem) {
+    const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BN = 64, BM = TL_FA_T, DM = 64;
     float* kt = smem;           // kt[c * BN + (j ^ swz(c))]
     float* vt = kt + DM * BN;   // V, the same way
@@ -610,20 +649,21 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
         const bool causal = (mode & TL_FA_CAUSAL) != 0u;
         const u32 mine = j0 + kx * 4;
         const u32 istart = causal ? j0 : 0u;
+        constexpr u32 NL = BM * DM / TL_BLOCK;  // staged floats a thread
+        float qreg[NL], greg[NL];
+        tl_fa_stage<BM, DM>(qreg, q, b, istart, tl_fa_len(n, istart), h, n, heads, d);
+        tl_fa_stage<BM, DM>(greg, go, b, istart, tl_fa_len(n, istart), h, n, heads, d);
         for (u32 i0 = istart; i0 < n; i0 += BM) {
             const u32 rows = tl_fa_len(n, i0);
             __syncthreads();  // the previous step's reads of qs, gs, ps, dss are done
-            for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
-                const u32 r = e / DM, c = e % DM;
-                if (c >= d) continue;
-                const bool in = r < rows;
-                const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
-                qs[r * DM + c] = in ? q[at] : 0.0f;
-                gs[r * DM + c] = in ? go[at] : 0.0f;
+            for (u32 u = 0; u < NL; ++u) {
+                qs[tid + TL_BLOCK * u] = qreg[u];
+                gs[tid + TL_BLOCK * u] = greg[u];
             }
             __syncthreads();
             float s[4], dp[4];
             for (u32 a = 0; a < 4; ++a) s[a] = dp[a] = 0.0f;
+            TL_FA_UNROLL8
             for (u32 c = 0; c < d; ++c) {
                 float kr[4], vr[4];
                 ld4(&kt[c * BN + ((sx * 4) ^ tl_fa_swz(c))], kr);
@@ -649,6 +689,11 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 dss[sy * BN + j] = ds;
             }
             __syncthreads();
+            if (i0 + BM < n) {  // the next step's Q and dO rows, in flight during the sums
+                const u32 nr = tl_fa_len(n, i0 + BM);
+                tl_fa_stage<BM, DM>(qreg, q, b, i0 + BM, nr, h, n, heads, d);
+                tl_fa_stage<BM, DM>(greg, go, b, i0 + BM, nr, h, n, heads, d);
+            }
             if (!causal || i0 / TL_FA_T >= mine / TL_FA_T) {
                 for (u32 r = 0; r < rows; ++r) {
                     float pr[4], dr[4], qr[4], gr[4];
@@ -681,29 +726,36 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
 
 // dQ of the fused attention, and delta_i = dot(dO_i, O_i) (which tl_flash_bwd_kv reads):
 // blocks of 64 query rows when d <= 64 (tl_fa_bwd_q64), else tiles of 16 (tl_fa_bwd_q16).
-extern "C" __global__ void tl_flash_bwd_q(const float* q, const float* k, const float* v,
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const float* q, const float* k, const float* v,
                                           const float* o, const float* go, const float* lse,
                                           const u32* mask, float* dq, float* delta, u32 batch,
                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
-    if (d <= 64)
-        tl_fa_bwd_q64(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale, smem);
+    if (d == 64)
+        tl_fa_bwd_q64<64>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale,
+                          smem);
+    else if (d < 64)
+        tl_fa_bwd_q64<0>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale,
+                         smem);
     else
         tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale, smem);
 }
 
 // dK and dV of the fused attention (reads delta from tl_flash_bwd_q): blocks of 64 keys when
 // d <= 64 (tl_fa_bwd_kv64), else tiles of 16 (tl_fa_bwd_kv16).
-extern "C" __global__ void tl_flash_bwd_kv(const float* q, const float* k, const float* v,
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const float* q, const float* k, const float* v,
                                            const float* go, const float* lse, const float* delta,
                                            const u32* mask, float* dk, float* dv, u32 batch,
                                            u32 n, u32 heads, u32 d, u32 mode, float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
-    if (d <= 64)
-        tl_fa_bwd_kv64(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
-                       smem);
+    if (d == 64)
+        tl_fa_bwd_kv64<64>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
+                           smem);
+    else if (d < 64)
+        tl_fa_bwd_kv64<0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
+                          smem);
     else
         tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
                        smem);
