@@ -108,8 +108,12 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
 // Unroll a loop over c by 8 on the GPU (with d known, each copy's swizzle is a constant).
 #ifdef __CUDA_ARCH__
 #define TL_FA_UNROLL8 _Pragma("unroll 8")
+#define TL_FA_UNROLL2 _Pragma("unroll 2")
+#define TL_FA_UNROLL1 _Pragma("unroll 1")
 #else
+#define TL_FA_UNROLL1
 #define TL_FA_UNROLL8
+#define TL_FA_UNROLL2
 #endif
 
 // The XOR of a transposed row: (x % 8) * 4, in 0..28.
@@ -469,16 +473,17 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
 // ---- Backward, d <= 64: register micro-tiles -------------------------------------------------
 //
 // tl_fa_bwd_q64: a job is a block of 64 query rows; shared memory holds the block's Q and dO
-// transposed (64 x 64 each) and, per step, 32 keys of K and V (rows, swizzled). Thread
-// (sy, sx) computes the scores and dP of rows 4 sy..4 sy+3 against keys sx and sx + 16 in one
-// pass over c (16 fma chains), then dS goes where V was and the same thread, as (ry, cx) =
-// (sy, sx), adds dS K to dQ rows 4 ry.., columns 4 cx.. over key tile 0 then tile 1, each key
+// rows (64 x 64 each) and, per step, 32 keys of K and V (rows), all swizzled. Each thread
+// computes the scores and dP of 4 rows against 2 keys in one pass over c, four columns a load
+// (16 fma chains; a warp covers 16 rows x 16 keys), then dS goes where V was and thread
+// (sy, sx) adds dS K to dQ rows 4 sy.., columns 4 sx.. over key tile 0 then tile 1, each key
 // in order.
 //
-// tl_fa_bwd_kv64: a job is a block of 64 keys (K and V transposed, resident); the query loop
-// takes one tile of 16 rows (Q, dO rows) per step. Thread (sy, sx) scores row sy against keys
-// 4 sx..4 sx+3 (s and dP, 8 chains), P and dS into shared memory; then thread (kx, cx) adds
-// rows 0.. of the tile to dK and dV of keys 4 kx.., columns 4 cx.. (32 chains).
+// tl_fa_bwd_kv64: a job is a block of 64 keys (K and V rows, resident); the query loop takes
+// one tile of 16 rows (Q, dO rows) per step. Each thread scores one row against 4 keys (s and
+// dP, 8 chains, four columns a load; a warp covers 8 rows x 16 keys), P and dS into shared
+// memory; then thread (kx, cx) adds rows 0.. of the tile to dK and dV of keys 4 kx..,
+// columns 4 cx.. (32 chains).
 #define TL_FA_BWD64_SMEM (3 * 64 * 64)
 
 template <u32 DC>
@@ -489,12 +494,16 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                                               float scale, float* smem) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BM = 64, BN = TL_FA_BN, DM = 64;
-    float* qt = smem;            // qt[c * BM + (r ^ swz(c))]
-    float* gt = qt + DM * BM;    // dO, the same way
-    float* ks = gt + DM * BM;    // ks[j * DM + (c ^ swz(j))]
+    float* qs = smem;            // qs[r * DM + (c ^ swz(r))]
+    float* gs = qs + DM * BM;    // dO, the same way
+    float* ks = gs + DM * BM;    // ks[j * DM + (c ^ swz(j))]
     float* vs = ks + BN * DM;    // V as K; then dS: vs[j * BM + (r ^ swz(j))]
     const u32 tid = threadIdx.x;
-    const u32 sy = tid / 16, sx = tid % 16;
+    // Scores: warp w takes rows 16 (w / 2).. and keys 16 (w % 2).. of the step; its lane rows
+    // sr + 4 a, keys sk + 8 bb, reading four columns at once.
+    const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
+    const u32 sr = (w / 2) * 16 + lane / 8, sk = (w % 2) * 16 + lane % 8;
+    const u32 sy = tid / 16, sx = tid % 16;  // dQ: rows 4 sy.., columns 4 sx..
     const u32 tiles = (n + BM - 1) / BM;
     const u64 jobs = (u64)batch * heads * tiles;
     for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
@@ -508,21 +517,21 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             if (c >= d) continue;
             const bool in = r < rows;
             const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
-            qt[c * BM + (r ^ tl_fa_swz(c))] = in ? q[at] : 0.0f;
-            gt[c * BM + (r ^ tl_fa_swz(c))] = in ? go[at] : 0.0f;
+            qs[r * DM + (c ^ tl_fa_swz(r))] = in ? q[at] : 0.0f;
+            gs[r * DM + (c ^ tl_fa_swz(r))] = in ? go[at] : 0.0f;
         }
         __syncthreads();
         if (tid < rows) {
             float dl = 0.0f;
             for (u32 c = 0; c < d; ++c)
-                dl = __fmaf_rn(gt[c * BM + (tid ^ tl_fa_swz(c))],
+                dl = __fmaf_rn(gs[tid * DM + (c ^ tl_fa_swz(tid))],
                                o[tl_fa_at(b, i0 + tid, h, c, n, heads, d)], dl);
             delta[(u64)bh * n + i0 + tid] = dl;
         }
         __syncthreads();  // delta of the block's rows is written
         float lr[4], dr[4], acc[4][4];
         for (u32 a = 0; a < 4; ++a) {
-            const u32 r = sy * 4 + a;
+            const u32 r = sr + 4 * a;
             lr[a] = r < rows ? lse[(u64)bh * n + i0 + r] : -INFINITY;
             dr[a] = r < rows ? delta[(u64)bh * n + i0 + r] : 0.0f;
             for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
@@ -544,26 +553,44 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             float s[4][2], dp[4][2];
             for (u32 a = 0; a < 4; ++a)
                 for (u32 bb = 0; bb < 2; ++bb) s[a][bb] = dp[a][bb] = 0.0f;
-            TL_FA_UNROLL8
-            for (u32 c = 0; c < d; ++c) {
-                float qr[4], gr[4];
-                ld4(&qt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], qr);
-                ld4(&gt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], gr);
+            u32 c = 0;
+            TL_FA_UNROLL1
+            for (; c + 4 <= d; c += 4) {  // four columns at once, each chain in order
+                float kr[2][4], vr[2][4];
                 for (u32 bb = 0; bb < 2; ++bb) {
-                    const u32 j = sx + 16 * bb;
-                    const float kk = ks[j * DM + (c ^ tl_fa_swz(j))];
-                    const float vv = vs[j * DM + (c ^ tl_fa_swz(j))];
-                    for (u32 a = 0; a < 4; ++a) {
-                        s[a][bb] = __fmaf_rn(qr[a], kk, s[a][bb]);
-                        dp[a][bb] = __fmaf_rn(gr[a], vv, dp[a][bb]);
+                    const u32 j = sk + 8 * bb;
+                    ld4(&ks[j * DM + (c ^ tl_fa_swz(j))], kr[bb]);
+                    ld4(&vs[j * DM + (c ^ tl_fa_swz(j))], vr[bb]);
+                }
+                for (u32 a = 0; a < 4; ++a) {
+                    const u32 r = sr + 4 * a;
+                    float qr[4], gr[4];
+                    ld4(&qs[r * DM + (c ^ tl_fa_swz(r))], qr);
+                    ld4(&gs[r * DM + (c ^ tl_fa_swz(r))], gr);
+                    for (u32 bb = 0; bb < 2; ++bb)
+                        for (u32 cc = 0; cc < 4; ++cc) {
+                            s[a][bb] = __fmaf_rn(qr[cc], kr[bb][cc], s[a][bb]);
+                            dp[a][bb] = __fmaf_rn(gr[cc], vr[bb][cc], dp[a][bb]);
+                        }
+                }
+            }
+            for (; c < d; ++c) {
+                for (u32 a = 0; a < 4; ++a) {
+                    const u32 r = sr + 4 * a;
+                    const float qq = qs[r * DM + (c ^ tl_fa_swz(r))];
+                    const float gg = gs[r * DM + (c ^ tl_fa_swz(r))];
+                    for (u32 bb = 0; bb < 2; ++bb) {
+                        const u32 j = sk + 8 * bb;
+                        s[a][bb] = __fmaf_rn(qq, ks[j * DM + (c ^ tl_fa_swz(j))], s[a][bb]);
+                        dp[a][bb] = __fmaf_rn(gg, vs[j * DM + (c ^ tl_fa_swz(j))], dp[a][bb]);
                     }
                 }
             }
             float ds[4][2];
             for (u32 a = 0; a < 4; ++a) {
-                const u32 r = sy * 4 + a;
+                const u32 r = sr + 4 * a;
                 for (u32 bb = 0; bb < 2; ++bb) {
-                    const u32 j = sx + 16 * bb;
+                    const u32 j = sk + 8 * bb;
                     const bool ok =
                         r < rows && j < keys && tl_fa_allowed(mask, mode, n, i0 + r, j0 + j);
                     ds[a][bb] = 0.0f;
@@ -576,8 +603,8 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             __syncthreads();  // the reads of V are done
             for (u32 a = 0; a < 4; ++a)
                 for (u32 bb = 0; bb < 2; ++bb) {
-                    const u32 j = sx + 16 * bb;
-                    vs[j * BM + ((sy * 4 + a) ^ tl_fa_swz(j))] = ds[a][bb];
+                    const u32 j = sk + 8 * bb;
+                    vs[j * BM + ((sr + 4 * a) ^ tl_fa_swz(j))] = ds[a][bb];
                 }
             __syncthreads();
             if (j0 + BN < kend) {  // the next step's K and V, in flight during this one's sums
@@ -616,14 +643,17 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                                                u32 mode, float scale, float* smem) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BN = 64, BM = TL_FA_T, DM = 64;
-    float* kt = smem;           // kt[c * BN + (j ^ swz(c))]
-    float* vt = kt + DM * BN;   // V, the same way
-    float* qs = vt + DM * BN;   // qs[r * DM + c]
-    float* gs = qs + BM * DM;   // dO rows
-    float* ps = gs + BM * DM;   // ps[r * BN + j]
+    float* ks = smem;           // ks[j * DM + (c ^ swz(j))]
+    float* vs = ks + DM * BN;   // V, the same way
+    float* qs = vs + DM * BN;   // qs[r * DM + (c ^ swz(r))]
+    float* gs = qs + BM * DM;   // dO rows, the same way
+    float* ps = gs + BM * DM;   // ps[r * BN + (j ^ swz(r))]
     float* dss = ps + BM * BN;  // dS, the same way
     const u32 tid = threadIdx.x;
-    const u32 sy = tid / 16, sx = tid % 16;  // scores: row sy, keys 4 sx..
+    // Scores: warp w takes rows 8 (w / 4).. and keys 16 (w % 4).. of the step; its lane row
+    // sr, keys sk + 4 a, reading four columns at once (so a warp reads 8 rows and 16 keys).
+    const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
+    const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * 16 + lane % 4;
     const u32 kx = tid / 16, cx = tid % 16;  // sums: keys 4 kx.., columns 4 cx..
     const u32 tiles = (n + BN - 1) / BN;
     const u64 jobs = (u64)batch * heads * tiles;
@@ -638,8 +668,8 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             if (c >= d) continue;
             const bool in = j < cols;
             const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
-            kt[c * BN + (j ^ tl_fa_swz(c))] = in ? k[at] : 0.0f;
-            vt[c * BN + (j ^ tl_fa_swz(c))] = in ? v[at] : 0.0f;
+            ks[j * DM + (c ^ tl_fa_swz(j))] = in ? k[at] : 0.0f;
+            vs[j * DM + (c ^ tl_fa_swz(j))] = in ? v[at] : 0.0f;
         }
         float ak[4][4], av[4][4];
         for (u32 a = 0; a < 4; ++a)
@@ -657,36 +687,54 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             const u32 rows = tl_fa_len(n, i0);
             __syncthreads();  // the previous step's reads of qs, gs, ps, dss are done
             for (u32 u = 0; u < NL; ++u) {
-                qs[tid + TL_BLOCK * u] = qreg[u];
-                gs[tid + TL_BLOCK * u] = greg[u];
+                const u32 e = tid + TL_BLOCK * u, r = e / DM, c = e % DM;
+                qs[r * DM + (c ^ tl_fa_swz(r))] = qreg[u];
+                gs[r * DM + (c ^ tl_fa_swz(r))] = greg[u];
             }
             __syncthreads();
             float s[4], dp[4];
             for (u32 a = 0; a < 4; ++a) s[a] = dp[a] = 0.0f;
-            TL_FA_UNROLL8
-            for (u32 c = 0; c < d; ++c) {
-                float kr[4], vr[4];
-                ld4(&kt[c * BN + ((sx * 4) ^ tl_fa_swz(c))], kr);
-                ld4(&vt[c * BN + ((sx * 4) ^ tl_fa_swz(c))], vr);
-                const float qq = qs[sy * DM + c], gg = gs[sy * DM + c];
+            const float* qrow = &qs[sr * DM];
+            const float* grow = &gs[sr * DM];
+            const u32 rsw = tl_fa_swz(sr);
+            u32 c = 0;
+            TL_FA_UNROLL2
+            for (; c + 4 <= d; c += 4) {  // four columns at once, each chain in order
+                float qq[4], gg[4];
+                ld4(&qrow[c ^ rsw], qq);
+                ld4(&grow[c ^ rsw], gg);
                 for (u32 a = 0; a < 4; ++a) {
-                    s[a] = __fmaf_rn(qq, kr[a], s[a]);
-                    dp[a] = __fmaf_rn(gg, vr[a], dp[a]);
+                    const u32 j = sk + 4 * a;
+                    float kr[4], vr[4];
+                    ld4(&ks[j * DM + (c ^ tl_fa_swz(j))], kr);
+                    ld4(&vs[j * DM + (c ^ tl_fa_swz(j))], vr);
+                    for (u32 cc = 0; cc < 4; ++cc) {
+                        s[a] = __fmaf_rn(qq[cc], kr[cc], s[a]);
+                        dp[a] = __fmaf_rn(gg[cc], vr[cc], dp[a]);
+                    }
                 }
             }
-            const bool live = sy < rows;
-            const float l = live ? lse[(u64)bh * n + i0 + sy] : -INFINITY;
-            const float dl = live ? delta[(u64)bh * n + i0 + sy] : 0.0f;
+            for (; c < d; ++c) {
+                const float qq = qrow[c ^ rsw], gg = grow[c ^ rsw];
+                for (u32 a = 0; a < 4; ++a) {
+                    const u32 j = sk + 4 * a;
+                    s[a] = __fmaf_rn(qq, ks[j * DM + (c ^ tl_fa_swz(j))], s[a]);
+                    dp[a] = __fmaf_rn(gg, vs[j * DM + (c ^ tl_fa_swz(j))], dp[a]);
+                }
+            }
+            const bool live = sr < rows;
+            const float l = live ? lse[(u64)bh * n + i0 + sr] : -INFINITY;
+            const float dl = live ? delta[(u64)bh * n + i0 + sr] : 0.0f;
             for (u32 a = 0; a < 4; ++a) {
-                const u32 j = sx * 4 + a;
+                const u32 j = sk + 4 * a;
                 float p = 0.0f, ds = 0.0f;
                 if (live && j < cols && l != -INFINITY &&
-                    tl_fa_allowed(mask, mode, n, i0 + sy, j0 + j)) {
+                    tl_fa_allowed(mask, mode, n, i0 + sr, j0 + j)) {
                     p = expf(s[a] * scale - l);
                     ds = p * (dp[a] - dl) * scale;
                 }
-                ps[sy * BN + j] = p;
-                dss[sy * BN + j] = ds;
+                ps[sr * BN + (j ^ rsw)] = p;
+                dss[sr * BN + (j ^ rsw)] = ds;
             }
             __syncthreads();
             if (i0 + BM < n) {  // the next step's Q and dO rows, in flight during the sums
@@ -697,10 +745,10 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             if (!causal || i0 / TL_FA_T >= mine / TL_FA_T) {
                 for (u32 r = 0; r < rows; ++r) {
                     float pr[4], dr[4], qr[4], gr[4];
-                    ld4(&ps[r * BN + kx * 4], pr);
-                    ld4(&dss[r * BN + kx * 4], dr);
-                    ld4(&qs[r * DM + cx * 4], qr);
-                    ld4(&gs[r * DM + cx * 4], gr);
+                    ld4(&ps[r * BN + ((kx * 4) ^ tl_fa_swz(r))], pr);
+                    ld4(&dss[r * BN + ((kx * 4) ^ tl_fa_swz(r))], dr);
+                    ld4(&qs[r * DM + ((cx * 4) ^ tl_fa_swz(r))], qr);
+                    ld4(&gs[r * DM + ((cx * 4) ^ tl_fa_swz(r))], gr);
                     for (u32 a = 0; a < 4; ++a)
                         for (u32 e = 0; e < 4; ++e) {
                             ak[a][e] = __fmaf_rn(dr[a], qr[e], ak[a][e]);
