@@ -110,7 +110,9 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
 #define TL_FA_UNROLL8 _Pragma("unroll 8")
 #define TL_FA_UNROLL2 _Pragma("unroll 2")
 #define TL_FA_UNROLL1 _Pragma("unroll 1")
+#define TL_FA_UNROLL _Pragma("unroll")
 #else
+#define TL_FA_UNROLL
 #define TL_FA_UNROLL1
 #define TL_FA_UNROLL8
 #define TL_FA_UNROLL2
@@ -228,8 +230,15 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             const u32 jb = t2 * TL_FA_T, je = jb + tl_fa_len(keys, jb);
             if (t2 < 2) {
                 float mt = -INFINITY;
-                if (runs2)
+                if (runs2 && je - jb == TL_FA_T) {  // a whole tile: every read at once
+                    TL_FA_UNROLL
+                    for (u32 jj = 0; jj < TL_FA_T; ++jj) {
+                        const u32 j = jb + jj;
+                        mt = fmaxf(mt, pt[j * BM + (r2 ^ tl_fa_swz(j))]);
+                    }
+                } else if (runs2) {
                     for (u32 j = jb; j < je; ++j) mt = fmaxf(mt, pt[j * BM + (r2 ^ tl_fa_swz(j))]);
+                }
                 mts[t2 * BM + r2] = mt;
             }
             __syncthreads();
@@ -242,11 +251,26 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                     for (u32 j = jb; j < je; ++j) pt[j * BM + (r2 ^ tl_fa_swz(j))] = 0.0f;
                 } else {
                     alpha = expf(mb - mn);
-                    for (u32 j = jb; j < je; ++j) {
-                        float* at = &pt[j * BM + (r2 ^ tl_fa_swz(j))];
-                        const float p = expf(*at - mn);
-                        *at = p;
-                        sum = sum + p;
+                    if (je - jb == TL_FA_T) {  // a whole tile: the exps at once, then the sum
+                        float pv[TL_FA_T];
+                        TL_FA_UNROLL
+                        for (u32 jj = 0; jj < TL_FA_T; ++jj) {
+                            const u32 j = jb + jj;
+                            pv[jj] = expf(pt[j * BM + (r2 ^ tl_fa_swz(j))] - mn);
+                        }
+                        TL_FA_UNROLL
+                        for (u32 jj = 0; jj < TL_FA_T; ++jj) {
+                            const u32 j = jb + jj;
+                            pt[j * BM + (r2 ^ tl_fa_swz(j))] = pv[jj];
+                            sum = sum + pv[jj];
+                        }
+                    } else {
+                        for (u32 j = jb; j < je; ++j) {
+                            float* at = &pt[j * BM + (r2 ^ tl_fa_swz(j))];
+                            const float p = expf(*at - mn);
+                            *at = p;
+                            sum = sum + p;
+                        }
                     }
                 }
                 als[t2 * BM + r2] = alpha;
@@ -266,12 +290,18 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                     for (u32 e = 0; e < 4; ++e) acc[a][e] = acc[a][e] * al[a];
                 }
                 const u32 jb3 = t * TL_FA_T, je3 = jb3 + tl_fa_len(keys, jb3);
-                for (u32 j = jb3; j < je3; ++j) {
+                const auto key = [&](u32 j) {
                     float pr[4], vr[4];
                     ld4(&pt[j * BM + ((ry * 4) ^ tl_fa_swz(j))], pr);
                     ld4(&kv[j * DM + cx * 4], vr);
                     for (u32 a = 0; a < 4; ++a)
                         for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(pr[a], vr[e], acc[a][e]);
+                };
+                if (je3 - jb3 == TL_FA_T) {
+                    TL_FA_UNROLL
+                    for (u32 jj = 0; jj < TL_FA_T; ++jj) key(jb3 + jj);
+                } else {
+                    for (u32 j = jb3; j < je3; ++j) key(j);
                 }
                 if (cx == 0) {
                     for (u32 a = 0; a < 4; ++a) {
@@ -615,12 +645,18 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             for (u32 t = 0; t < 2; ++t) {
                 if (!tl_fa_runs(mode, j0, t, keys, i0 + sy * 4)) break;
                 const u32 jb = t * TL_FA_T, je = jb + tl_fa_len(keys, jb);
-                for (u32 j = jb; j < je; ++j) {
+                const auto key = [&](u32 j) {
                     float dsr[4], kr[4];
                     ld4(&vs[j * BM + ((sy * 4) ^ tl_fa_swz(j))], dsr);
                     ld4(&ks[j * DM + ((sx * 4) ^ tl_fa_swz(j))], kr);
                     for (u32 a = 0; a < 4; ++a)
                         for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(dsr[a], kr[e], acc[a][e]);
+                };
+                if (je - jb == TL_FA_T) {
+                    TL_FA_UNROLL
+                    for (u32 jj = 0; jj < TL_FA_T; ++jj) key(jb + jj);
+                } else {
+                    for (u32 j = jb; j < je; ++j) key(j);
                 }
             }
         }
