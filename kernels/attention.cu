@@ -728,6 +728,9 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 gs[r * DM + (c ^ tl_fa_swz(r))] = greg[u];
             }
             __syncthreads();
+            const bool live = sr < rows;  // the row's statistics, read before the sums
+            const float l = live ? lse[(u64)bh * n + i0 + sr] : -INFINITY;
+            const float dl = live ? delta[(u64)bh * n + i0 + sr] : 0.0f;
             float s[4], dp[4];
             for (u32 a = 0; a < 4; ++a) s[a] = dp[a] = 0.0f;
             const float* qrow = &qs[sr * DM];
@@ -758,9 +761,6 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                     dp[a] = __fmaf_rn(gg, vs[j * DM + (c ^ tl_fa_swz(j))], dp[a]);
                 }
             }
-            const bool live = sr < rows;
-            const float l = live ? lse[(u64)bh * n + i0 + sr] : -INFINITY;
-            const float dl = live ? delta[(u64)bh * n + i0 + sr] : 0.0f;
             for (u32 a = 0; a < 4; ++a) {
                 const u32 j = sk + 4 * a;
                 float p = 0.0f, ds = 0.0f;
@@ -779,7 +779,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 tl_fa_stage<BM, DM>(greg, go, b, i0 + BM, nr, h, n, heads, d);
             }
             if (!causal || i0 / TL_FA_T >= mine / TL_FA_T) {
-                for (u32 r = 0; r < rows; ++r) {
+                const auto row = [&](u32 r) {
                     float pr[4], dr[4], qr[4], gr[4];
                     ld4(&ps[r * BN + ((kx * 4) ^ tl_fa_swz(r))], pr);
                     ld4(&dss[r * BN + ((kx * 4) ^ tl_fa_swz(r))], dr);
@@ -790,6 +790,12 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                             ak[a][e] = __fmaf_rn(dr[a], qr[e], ak[a][e]);
                             av[a][e] = __fmaf_rn(pr[a], gr[e], av[a][e]);
                         }
+                };
+                if (rows == TL_FA_T) {  // a whole tile: rows in order, unrolled
+                    TL_FA_UNROLL
+                    for (u32 r = 0; r < TL_FA_T; ++r) row(r);
+                } else {
+                    for (u32 r = 0; r < rows; ++r) row(r);
                 }
             }
         }
