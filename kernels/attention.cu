@@ -5,9 +5,13 @@
 // ((b * n + i) * H + h) * d + c, as the projections x.W leave them. lse (and delta) hold one
 // value per (b, h, i) at (b * H + h) * n + i.
 //
-// One block of 256 threads = 16 x 16 per job; a job is a tile of TL_FA_T = 16 query rows of one
-// (b, h) (forward, dQ) or a tile of 16 keys (dK, dV); jobs grid-stride over blockIdx.x. Thread
-// (ty, tx) = (threadIdx.x / 16, threadIdx.x % 16). Head size d <= TL_FA_DMAX = 128.
+// Blocks of 256 threads; a job is a block of query rows of one (b, h) (forward: 64 rows when
+// d <= 64, else 32; dQ: 64) or of keys (dK, dV: 64), with register micro-tiles (tl_fa_fwd,
+// tl_fa_bwd_q64, tl_fa_bwd_kv64 say how); for d > 64 the backward takes one job per tile of
+// TL_FA_T = 16 rows (keys), 16 x 16 threads (tl_fa_bwd_q16, tl_fa_bwd_kv16). Jobs grid-stride
+// over blockIdx.x. Head size d <= TL_FA_DMAX = 128. The order below is per tile of 16 query
+// rows and 16 keys: rows (keys) are independent, so a block of 64 changes no result, and a
+// thread's many fma chains each run in the order written.
 //
 // Order (the sim's twin; no atomics, so both reduction modes are this order):
 // - a score is s = dot(q_i, k_j) * scale, the dot a fused multiply-add chain over c = 0..d-1
@@ -84,104 +88,289 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
     *ds_out = ds;
 }
 
-// O = softmax(Q K^T * scale) V per head (masked as `mode` says) and lse = m + log(l) per row.
-extern "C" __global__ void tl_flash_fwd(const float* q, const float* k, const float* v,
-                                        const u32* mask, float* o, float* lse, u32 batch, u32 n,
-                                        u32 heads, u32 d, u32 mode, float scale) {
-    __shared__ float qs[TL_FA_T][TL_FA_LD];
-    __shared__ float ks[TL_FA_T][TL_FA_LD];
-    __shared__ float vs[TL_FA_T][TL_FA_LD];
-    __shared__ float ps[TL_FA_T][TL_FA_T + 1];
-    __shared__ float alpha_s[TL_FA_T];
-    __shared__ float m_s[TL_FA_T];
-    __shared__ float l_s[TL_FA_T];
-    const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
+// ---- Forward: register micro-tiles -----------------------------------------------------------
+//
+// A job is a block of BM query rows of one (b, h): BM = 64 when d <= 64, else 32 (shared
+// memory holds the block's Q transposed, BM x DM with DM = 64 or 128). The key loop takes
+// TL_FA_BN = 32 keys (two tiles of 16) per step:
+// 1. K^T into shared memory; each thread scores 4 rows x BM/32 keys (one fma chain over c per
+//    score, all of them in flight at once), Q read 4 rows at a time;
+// 2. the scores into pt (key-major); V replaces K; thread (r, t) of the first 2 BM takes row r's
+//    key tile t: its max, then (with the maxima of the tiles before it, fmaxf being
+//    order-free) m', alpha and the p_j in place, their sum in key order;
+// 3. thread (ry, cx) holds the outputs of rows 4 ry..4 ry+3, columns 4 cx..4 cx+3 and applies
+//    tile 0 then tile 1 (o * alpha, then one fma per key in order); the thread with cx = 0
+//    also keeps m and l of its rows, l = l * alpha + sum per tile.
+// Shared rows are XOR-swizzled (multiples of 4, so four-float loads stay whole) so that the
+// transposing stores do not all land in one bank.
+#define TL_FA_BN 32
+
+// Unroll a loop over c by 8 on the GPU (with d known, each copy's swizzle is a constant).
+#ifdef __CUDA_ARCH__
+#define TL_FA_UNROLL8 _Pragma("unroll 8")
+#define TL_FA_UNROLL2 _Pragma("unroll 2")
+#define TL_FA_UNROLL1 _Pragma("unroll 1")
+#define TL_FA_UNROLL _Pragma("unroll")
+#else
+#define TL_FA_UNROLL
+#define TL_FA_UNROLL1
+#define TL_FA_UNROLL8
+#define TL_FA_UNROLL2
+#endif
+
+// The XOR of a transposed row: (x % 8) * 4, in 0..28.
+__device__ __forceinline__ u32 tl_fa_swz(u32 x) { return (x & 7u) << 2; }
+
+// Whether tile t (keys j0 + 16 t ..) of a step runs for query row i: it has keys, and a causal
+// mask skips tiles wholly above the diagonal (as the 16-row tiles of the order do).
+__device__ __forceinline__ bool tl_fa_runs(u32 mode, u32 j0, u32 t, u32 keys, u32 i) {
+    return t * TL_FA_T < keys && (!(mode & TL_FA_CAUSAL) || j0 / TL_FA_T + t <= i / TL_FA_T);
+}
+
+// Rows [r0, r0 + rows) of head (b, h) of `src` (R rows of DM floats, 0 past `rows` or d) into
+// registers: reg[u] is element e = threadIdx.x + 256 u, row e / DM, column e % DM. Loaded a
+// phase before they go to shared memory, so that the loads fly while the block computes.
+template <u32 R, u32 DM>
+__device__ __forceinline__ void tl_fa_stage(float* reg, const float* src, u32 b, u32 r0,
+                                            u32 rows, u32 h, u32 n, u32 heads, u32 d) {
+    for (u32 u = 0; u < R * DM / TL_BLOCK; ++u) {
+        const u32 e = threadIdx.x + TL_BLOCK * u, r = e / DM, c = e % DM;
+        reg[u] = r < rows && c < d ? src[tl_fa_at(b, r0 + r, h, c, n, heads, d)] : 0.0f;
+    }
+}
+
+// Shared floats of the forward for (BM, DM): qt, kv, pt, three (tile, row) arrays, m and l.
+#define TL_FA_FWD_SMEM(BM, DM) \
+    ((BM) * (DM) + TL_FA_BN * (DM) + TL_FA_BN * (BM) + 6 * (BM) + 2 * (BM))
+
+// DC: the head size when known at compile time (64: the loops over c unroll, their shared
+// addresses constant), else 0 and d at run time.
+template <u32 BM, u32 DM, u32 DC>
+__device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const float* v,
+                                          const u32* mask, float* o, float* lse, u32 batch,
+                                          u32 n, u32 heads, u32 d_run, u32 mode, float scale,
+                                          float* smem) {
+    const u32 d = DC ? DC : d_run;
+    constexpr u32 BN = TL_FA_BN;
+    constexpr u32 SX = 1024 / BM;  // score phase: threads across the keys of a step
+    constexpr u32 SK = BN / SX;    // keys per thread there
+    constexpr u32 CG = DM / 4;     // output phase: groups of 4 columns
+    float* qt = smem;              // qt[c * BM + (r ^ swz(c))]
+    float* kv = qt + BM * DM;      // K^T: kv[c * BN + (j ^ (c % 32))]; V: kv[j * DM + c]
+    float* pt = kv + BN * DM;      // pt[j * BM + (r ^ swz(j))]: scores, then p
+    float* mts = pt + BN * BM;     // [t * BM + r]: tile max
+    float* als = mts + 2 * BM;     // alpha
+    float* sms = als + 2 * BM;     // sum of p
+    float* ms = sms + 2 * BM;      // m of each row before the step
+    float* ls = ms + BM;           // l at the end
+    const u32 tid = threadIdx.x;
+    const u32 sy = tid / SX, sx = tid % SX;
+    const u32 ry = tid / CG, cx = tid % CG;
+    const u32 tiles = (n + BM - 1) / BM;
     const u64 jobs = (u64)batch * heads * tiles;
     for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
         const u32 bh = (u32)(job / tiles);
         const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (u32)(job % tiles) * TL_FA_T;
-        const u32 rows = tl_fa_len(n, i0);
-        const u32 i = i0 + ty;
-        __syncthreads();  // the previous job's reads of qs, m_s, l_s are done
-        tl_fa_load(qs, q, b, i0, rows, h, n, heads, d);
-        if (threadIdx.x < TL_FA_T) {
-            m_s[threadIdx.x] = -INFINITY;
-            l_s[threadIdx.x] = 0.0f;
+        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
+        const u32 rows = n - i0 < BM ? n - i0 : BM;
+        __syncthreads();  // the previous job's reads of qt, ms, ls are done
+        for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
+            const u32 r = e / DM, c = e % DM;
+            if (c >= d) continue;
+            qt[c * BM + (r ^ tl_fa_swz(c))] =
+                r < rows ? q[tl_fa_at(b, i0 + r, h, c, n, heads, d)] : 0.0f;
         }
-        float acc[TL_FA_COLS];
-        for (u32 u = 0; u < TL_FA_COLS; ++u) acc[u] = 0.0f;
+        if (tid < BM) ms[tid] = -INFINITY;
+        float acc[4][4], mr[4], lr[4];
+        for (u32 a = 0; a < 4; ++a) {
+            mr[a] = -INFINITY;
+            lr[a] = 0.0f;
+            for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
+        }
         const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
-        for (u32 j0 = 0; j0 < kend; j0 += TL_FA_T) {
-            const u32 cols = tl_fa_len(n, j0);
-            __syncthreads();  // the previous tile's reads of ks, vs, ps are done
-            tl_fa_load(ks, k, b, j0, cols, h, n, heads, d);
-            tl_fa_load(vs, v, b, j0, cols, h, n, heads, d);
+        constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
+        float kreg[NL], vreg[NL];
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, n < BN ? n : BN, h, n, heads, d);
+        for (u32 j0 = 0; j0 < kend; j0 += BN) {
+            const u32 keys = n - j0 < BN ? n - j0 : BN;
+            __syncthreads();  // the previous step's reads of kv and pt are done
+            for (u32 u = 0; u < NL; ++u) {
+                const u32 e = tid + TL_BLOCK * u, j = e / DM, c = e % DM;
+                kv[c * BN + (j ^ (c & 31u))] = kreg[u];
+            }
+            tl_fa_stage<BN, DM>(vreg, v, b, j0, keys, h, n, heads, d);
             __syncthreads();
-            float s = -INFINITY;
-            if (ty < rows && tx < cols && tl_fa_allowed(mask, mode, n, i, j0 + tx))
-                s = tl_fa_dot(qs[ty], ks[tx], d) * scale;
-            ps[ty][tx] = s;
-            __syncthreads();
-            if (tx == 0) {
+            // 1. Scores: rows 4 sy + a, keys sx + SX bb.
+            float s[4][SK];
+            for (u32 a = 0; a < 4; ++a)
+                for (u32 bb = 0; bb < SK; ++bb) s[a][bb] = 0.0f;
+            TL_FA_UNROLL8
+            for (u32 c = 0; c < d; ++c) {
+                float qr[4];
+                ld4(&qt[c * BM + ((sy * 4) ^ tl_fa_swz(c))], qr);
+                for (u32 bb = 0; bb < SK; ++bb) {
+                    const float kk = kv[c * BN + ((sx + SX * bb) ^ (c & 31u))];
+                    for (u32 a = 0; a < 4; ++a) s[a][bb] = __fmaf_rn(qr[a], kk, s[a][bb]);
+                }
+            }
+            for (u32 a = 0; a < 4; ++a) {
+                const u32 r = sy * 4 + a;
+                for (u32 bb = 0; bb < SK; ++bb) {
+                    const u32 j = sx + SX * bb;
+                    const bool ok =
+                        r < rows && j < keys && tl_fa_allowed(mask, mode, n, i0 + r, j0 + j);
+                    pt[j * BM + (r ^ tl_fa_swz(j))] = ok ? s[a][bb] * scale : -INFINITY;
+                }
+            }
+            __syncthreads();  // the scores are in pt; the reads of K are done
+            // 2. V in place of K; each (row, tile) its max.
+            for (u32 u = 0; u < NL; ++u) kv[tid + TL_BLOCK * u] = vreg[u];
+            const u32 r2 = tid % BM, t2 = tid / BM;
+            const bool runs2 = t2 < 2 && tl_fa_runs(mode, j0, t2, keys, i0 + r2);
+            const u32 jb = t2 * TL_FA_T, je = jb + tl_fa_len(keys, jb);
+            if (t2 < 2) {
                 float mt = -INFINITY;
-                for (u32 j = 0; j < cols; ++j) mt = fmaxf(mt, ps[ty][j]);
-                const float m = m_s[ty];
-                const float mn = fmaxf(m, mt);
-                float alpha = 1.0f;
-                if (mn == -INFINITY) {
-                    for (u32 j = 0; j < cols; ++j) ps[ty][j] = 0.0f;
-                } else {
-                    alpha = expf(m - mn);
-                    float sum = 0.0f;
-                    for (u32 j = 0; j < cols; ++j) {
-                        const float p = expf(ps[ty][j] - mn);
-                        ps[ty][j] = p;
-                        sum = sum + p;
+                if (runs2 && je - jb == TL_FA_T) {  // a whole tile: every read at once
+                    TL_FA_UNROLL
+                    for (u32 jj = 0; jj < TL_FA_T; ++jj) {
+                        const u32 j = jb + jj;
+                        mt = fmaxf(mt, pt[j * BM + (r2 ^ tl_fa_swz(j))]);
                     }
-                    l_s[ty] = l_s[ty] * alpha + sum;
-                    m_s[ty] = mn;
+                } else if (runs2) {
+                    for (u32 j = jb; j < je; ++j) mt = fmaxf(mt, pt[j * BM + (r2 ^ tl_fa_swz(j))]);
                 }
-                alpha_s[ty] = alpha;
+                mts[t2 * BM + r2] = mt;
             }
             __syncthreads();
-            const float alpha = alpha_s[ty];
-            for (u32 u = 0; u < TL_FA_COLS; ++u) {
-                const u32 c = tx + u * TL_FA_T;
-                if (c < d) {
-                    float t = acc[u] * alpha;
-                    for (u32 j = 0; j < cols; ++j) t = __fmaf_rn(ps[ty][j], vs[j][c], t);
-                    acc[u] = t;
+            if (runs2) {
+                float mb = ms[r2];
+                for (u32 u = 0; u < t2; ++u) mb = fmaxf(mb, mts[u * BM + r2]);
+                const float mn = fmaxf(mb, mts[t2 * BM + r2]);
+                float alpha = 1.0f, sum = 0.0f;
+                if (mn == -INFINITY) {
+                    for (u32 j = jb; j < je; ++j) pt[j * BM + (r2 ^ tl_fa_swz(j))] = 0.0f;
+                } else {
+                    alpha = expf(mb - mn);
+                    if (je - jb == TL_FA_T) {  // a whole tile: the exps at once, then the sum
+                        float pv[TL_FA_T];
+                        TL_FA_UNROLL
+                        for (u32 jj = 0; jj < TL_FA_T; ++jj) {
+                            const u32 j = jb + jj;
+                            pv[jj] = expf(pt[j * BM + (r2 ^ tl_fa_swz(j))] - mn);
+                        }
+                        TL_FA_UNROLL
+                        for (u32 jj = 0; jj < TL_FA_T; ++jj) {
+                            const u32 j = jb + jj;
+                            pt[j * BM + (r2 ^ tl_fa_swz(j))] = pv[jj];
+                            sum = sum + pv[jj];
+                        }
+                    } else {
+                        for (u32 j = jb; j < je; ++j) {
+                            float* at = &pt[j * BM + (r2 ^ tl_fa_swz(j))];
+                            const float p = expf(*at - mn);
+                            *at = p;
+                            sum = sum + p;
+                        }
+                    }
+                }
+                als[t2 * BM + r2] = alpha;
+                sms[t2 * BM + r2] = sum;
+            }
+            __syncthreads();
+            if (j0 + BN < kend) {  // the next step's K, in flight during this one's sums
+                const u32 nk = n - (j0 + BN) < BN ? n - (j0 + BN) : BN;
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nk, h, n, heads, d);
+            }
+            // 3. O rows 4 ry + a, columns 4 cx + e: tile 0, then tile 1.
+            for (u32 t = 0; t < 2; ++t) {
+                if (!tl_fa_runs(mode, j0, t, keys, i0 + ry * 4)) break;
+                float al[4];
+                for (u32 a = 0; a < 4; ++a) {
+                    al[a] = als[t * BM + ry * 4 + a];
+                    for (u32 e = 0; e < 4; ++e) acc[a][e] = acc[a][e] * al[a];
+                }
+                const u32 jb3 = t * TL_FA_T, je3 = jb3 + tl_fa_len(keys, jb3);
+                const auto key = [&](u32 j) {
+                    float pr[4], vr[4];
+                    ld4(&pt[j * BM + ((ry * 4) ^ tl_fa_swz(j))], pr);
+                    ld4(&kv[j * DM + cx * 4], vr);
+                    for (u32 a = 0; a < 4; ++a)
+                        for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(pr[a], vr[e], acc[a][e]);
+                };
+                if (je3 - jb3 == TL_FA_T) {
+                    TL_FA_UNROLL
+                    for (u32 jj = 0; jj < TL_FA_T; ++jj) key(jb3 + jj);
+                } else {
+                    for (u32 j = jb3; j < je3; ++j) key(j);
+                }
+                if (cx == 0) {
+                    for (u32 a = 0; a < 4; ++a) {
+                        const float mn = fmaxf(mr[a], mts[t * BM + ry * 4 + a]);
+                        if (mn != -INFINITY) {
+                            lr[a] = lr[a] * al[a] + sms[t * BM + ry * 4 + a];
+                            mr[a] = mn;
+                        }
+                    }
                 }
             }
+            if (cx == 0)
+                for (u32 a = 0; a < 4; ++a) ms[ry * 4 + a] = mr[a];
         }
-        __syncthreads();  // m_s and l_s of the last tile are visible
-        if (ty < rows) {
-            const float m = m_s[ty], l = l_s[ty];
+        if (cx == 0)
+            for (u32 a = 0; a < 4; ++a) ls[ry * 4 + a] = lr[a];
+        __syncthreads();  // m and l of every row are visible
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 r = ry * 4 + a;
+            if (r >= rows) continue;
+            const float m = ms[r], l = ls[r];
             const bool none = m == -INFINITY;
-            for (u32 u = 0; u < TL_FA_COLS; ++u) {
-                const u32 c = tx + u * TL_FA_T;
-                if (c < d) o[tl_fa_at(b, i, h, c, n, heads, d)] = none ? 0.0f : acc[u] / l;
+            for (u32 e = 0; e < 4; ++e) {
+                const u32 c = cx * 4 + e;
+                if (c < d) o[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = none ? 0.0f : acc[a][e] / l;
             }
-            if (tx == 0) lse[(u64)bh * n + i] = none ? -INFINITY : m + logf(l);
+            if (cx == 0) lse[(u64)bh * n + i0 + r] = none ? -INFINITY : m + logf(l);
         }
     }
 }
 
-// dQ of the fused attention, and delta_i = dot(dO_i, O_i) (which tl_flash_bwd_kv reads), one
-// job per tile of query rows.
-extern "C" __global__ void tl_flash_bwd_q(const float* q, const float* k, const float* v,
-                                          const float* o, const float* go, const float* lse,
-                                          const u32* mask, float* dq, float* delta, u32 batch,
-                                          u32 n, u32 heads, u32 d, u32 mode, float scale) {
-    __shared__ float qs[TL_FA_T][TL_FA_LD];
-    __shared__ float gs[TL_FA_T][TL_FA_LD];
-    __shared__ float ks[TL_FA_T][TL_FA_LD];
-    __shared__ float vs[TL_FA_T][TL_FA_LD];
-    __shared__ float dss[TL_FA_T][TL_FA_T + 1];
-    __shared__ float lse_s[TL_FA_T];
-    __shared__ float delta_s[TL_FA_T];
+// O = softmax(Q K^T * scale) V per head (masked as `mode` says) and lse = m + log(l) per row:
+// blocks of 64 query rows when d <= 64, else 32 (tl_fa_fwd).
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const float* q, const float* k, const float* v,
+                                        const u32* mask, float* o, float* lse, u32 batch, u32 n,
+                                        u32 heads, u32 d, u32 mode, float scale) {
+    constexpr u32 A = TL_FA_FWD_SMEM(64, 64), B = TL_FA_FWD_SMEM(32, TL_FA_DMAX);
+    __shared__ __align__(16) float smem[A > B ? A : B];
+    if (d == 64)
+        tl_fa_fwd<64, 64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+    else if (d < 64)
+        tl_fa_fwd<64, 64, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+    else
+        tl_fa_fwd<32, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale,
+                                     smem);
+}
+
+// ---- Backward, d > 64: one block of 16 x 16 threads per tile of 16 ----------------------------
+
+typedef float (*TlFaRows)[TL_FA_LD];
+typedef float (*TlFaTile)[TL_FA_T + 1];
+
+// Shared floats of tl_fa_bwd_q16 and tl_fa_bwd_kv16.
+#define TL_FA_BWD16_SMEM (4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1) + 2 * TL_FA_T)
+
+// dQ and delta, one job per tile of 16 query rows; thread (ty, tx) scores row ty against key
+// tx, then sums columns tx, tx + 16, ... of row ty.
+__device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, const float* v,
+                                              const float* o, const float* go, const float* lse,
+                                              const u32* mask, float* dq, float* delta,
+                                              u32 batch, u32 n, u32 heads, u32 d, u32 mode,
+                                              float scale, float* smem) {
+    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
+    TlFaRows gs = qs + TL_FA_T;
+    TlFaRows ks = gs + TL_FA_T;
+    TlFaRows vs = ks + TL_FA_T;
+    TlFaTile dss = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
+    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
+    float* delta_s = lse_s + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
     const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
     const u64 jobs = (u64)batch * heads * tiles;
@@ -237,19 +426,20 @@ extern "C" __global__ void tl_flash_bwd_q(const float* q, const float* k, const 
     }
 }
 
-// dK and dV of the fused attention, one job per tile of keys (reads delta from tl_flash_bwd_q).
-extern "C" __global__ void tl_flash_bwd_kv(const float* q, const float* k, const float* v,
-                                           const float* go, const float* lse, const float* delta,
-                                           const u32* mask, float* dk, float* dv, u32 batch,
-                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
-    __shared__ float qs[TL_FA_T][TL_FA_LD];
-    __shared__ float gs[TL_FA_T][TL_FA_LD];
-    __shared__ float ks[TL_FA_T][TL_FA_LD];
-    __shared__ float vs[TL_FA_T][TL_FA_LD];
-    __shared__ float ps[TL_FA_T][TL_FA_T + 1];
-    __shared__ float dss[TL_FA_T][TL_FA_T + 1];
-    __shared__ float lse_s[TL_FA_T];
-    __shared__ float delta_s[TL_FA_T];
+// dK and dV, one job per tile of 16 keys (reads delta from tl_flash_bwd_q).
+__device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, const float* v,
+                                               const float* go, const float* lse,
+                                               const float* delta, const u32* mask, float* dk,
+                                               float* dv, u32 batch, u32 n, u32 heads, u32 d,
+                                               u32 mode, float scale, float* smem) {
+    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
+    TlFaRows gs = qs + TL_FA_T;
+    TlFaRows ks = gs + TL_FA_T;
+    TlFaRows vs = ks + TL_FA_T;
+    TlFaTile ps = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
+    TlFaTile dss = ps + TL_FA_T;
+    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
+    float* delta_s = lse_s + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
     const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
     const u64 jobs = (u64)batch * heads * tiles;
@@ -308,4 +498,355 @@ extern "C" __global__ void tl_flash_bwd_kv(const float* q, const float* k, const
             }
         }
     }
+}
+
+// ---- Backward, d <= 64: register micro-tiles -------------------------------------------------
+//
+// tl_fa_bwd_q64: a job is a block of 64 query rows; shared memory holds the block's Q and dO
+// rows (64 x 64 each) and, per step, 32 keys of K and V (rows), all swizzled. Each thread
+// computes the scores and dP of 4 rows against 2 keys in one pass over c, four columns a load
+// (16 fma chains; a warp covers 16 rows x 16 keys), then dS goes where V was and thread
+// (sy, sx) adds dS K to dQ rows 4 sy.., columns 4 sx.. over key tile 0 then tile 1, each key
+// in order.
+//
+// tl_fa_bwd_kv64: a job is a block of 64 keys (K and V rows, resident); the query loop takes
+// one tile of 16 rows (Q, dO rows) per step. Each thread scores one row against 4 keys (s and
+// dP, 8 chains, four columns a load; a warp covers 8 rows x 16 keys), P and dS into shared
+// memory; then thread (kx, cx) adds rows 0.. of the tile to dK and dV of keys 4 kx..,
+// columns 4 cx.. (32 chains).
+#define TL_FA_BWD64_SMEM (3 * 64 * 64)
+
+template <u32 DC>
+__device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, const float* v,
+                                              const float* o, const float* go, const float* lse,
+                                              const u32* mask, float* dq, float* delta,
+                                              u32 batch, u32 n, u32 heads, u32 d_run, u32 mode,
+                                              float scale, float* smem) {
+    const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
+    constexpr u32 BM = 64, BN = TL_FA_BN, DM = 64;
+    float* qs = smem;            // qs[r * DM + (c ^ swz(r))]
+    float* gs = qs + DM * BM;    // dO, the same way
+    float* ks = gs + DM * BM;    // ks[j * DM + (c ^ swz(j))]
+    float* vs = ks + BN * DM;    // V as K; then dS: vs[j * BM + (r ^ swz(j))]
+    const u32 tid = threadIdx.x;
+    // Scores: warp w takes rows 16 (w / 2).. and keys 16 (w % 2).. of the step; its lane rows
+    // sr + 4 a, keys sk + 8 bb, reading four columns at once.
+    const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
+    const u32 sr = (w / 2) * 16 + lane / 8, sk = (w % 2) * 16 + lane % 8;
+    const u32 sy = tid / 16, sx = tid % 16;  // dQ: rows 4 sy.., columns 4 sx..
+    const u32 tiles = (n + BM - 1) / BM;
+    const u64 jobs = (u64)batch * heads * tiles;
+    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
+        const u32 bh = (u32)(job / tiles);
+        const u32 b = bh / heads, h = bh % heads;
+        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
+        const u32 rows = n - i0 < BM ? n - i0 : BM;
+        __syncthreads();  // the previous job's reads are done
+        for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
+            const u32 r = e / DM, c = e % DM;
+            if (c >= d) continue;
+            const bool in = r < rows;
+            const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
+            qs[r * DM + (c ^ tl_fa_swz(r))] = in ? q[at] : 0.0f;
+            gs[r * DM + (c ^ tl_fa_swz(r))] = in ? go[at] : 0.0f;
+        }
+        __syncthreads();
+        if (tid < rows) {
+            float dl = 0.0f;
+            for (u32 c = 0; c < d; ++c)
+                dl = __fmaf_rn(gs[tid * DM + (c ^ tl_fa_swz(tid))],
+                               o[tl_fa_at(b, i0 + tid, h, c, n, heads, d)], dl);
+            delta[(u64)bh * n + i0 + tid] = dl;
+        }
+        __syncthreads();  // delta of the block's rows is written
+        float lr[4], dr[4], acc[4][4];
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 r = sr + 4 * a;
+            lr[a] = r < rows ? lse[(u64)bh * n + i0 + r] : -INFINITY;
+            dr[a] = r < rows ? delta[(u64)bh * n + i0 + r] : 0.0f;
+            for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
+        }
+        const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
+        constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
+        float kreg[NL], vreg[NL];
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, n < BN ? n : BN, h, n, heads, d);
+        tl_fa_stage<BN, DM>(vreg, v, b, 0, n < BN ? n : BN, h, n, heads, d);
+        for (u32 j0 = 0; j0 < kend; j0 += BN) {
+            const u32 keys = n - j0 < BN ? n - j0 : BN;
+            __syncthreads();  // the previous step's reads of ks and vs are done
+            for (u32 u = 0; u < NL; ++u) {
+                const u32 e = tid + TL_BLOCK * u, j = e / DM, c = e % DM;
+                ks[j * DM + (c ^ tl_fa_swz(j))] = kreg[u];
+                vs[j * DM + (c ^ tl_fa_swz(j))] = vreg[u];
+            }
+            __syncthreads();
+            float s[4][2], dp[4][2];
+            for (u32 a = 0; a < 4; ++a)
+                for (u32 bb = 0; bb < 2; ++bb) s[a][bb] = dp[a][bb] = 0.0f;
+            u32 c = 0;
+            TL_FA_UNROLL1
+            for (; c + 4 <= d; c += 4) {  // four columns at once, each chain in order
+                float kr[2][4], vr[2][4];
+                for (u32 bb = 0; bb < 2; ++bb) {
+                    const u32 j = sk + 8 * bb;
+                    ld4(&ks[j * DM + (c ^ tl_fa_swz(j))], kr[bb]);
+                    ld4(&vs[j * DM + (c ^ tl_fa_swz(j))], vr[bb]);
+                }
+                for (u32 a = 0; a < 4; ++a) {
+                    const u32 r = sr + 4 * a;
+                    float qr[4], gr[4];
+                    ld4(&qs[r * DM + (c ^ tl_fa_swz(r))], qr);
+                    ld4(&gs[r * DM + (c ^ tl_fa_swz(r))], gr);
+                    for (u32 bb = 0; bb < 2; ++bb)
+                        for (u32 cc = 0; cc < 4; ++cc) {
+                            s[a][bb] = __fmaf_rn(qr[cc], kr[bb][cc], s[a][bb]);
+                            dp[a][bb] = __fmaf_rn(gr[cc], vr[bb][cc], dp[a][bb]);
+                        }
+                }
+            }
+            for (; c < d; ++c) {
+                for (u32 a = 0; a < 4; ++a) {
+                    const u32 r = sr + 4 * a;
+                    const float qq = qs[r * DM + (c ^ tl_fa_swz(r))];
+                    const float gg = gs[r * DM + (c ^ tl_fa_swz(r))];
+                    for (u32 bb = 0; bb < 2; ++bb) {
+                        const u32 j = sk + 8 * bb;
+                        s[a][bb] = __fmaf_rn(qq, ks[j * DM + (c ^ tl_fa_swz(j))], s[a][bb]);
+                        dp[a][bb] = __fmaf_rn(gg, vs[j * DM + (c ^ tl_fa_swz(j))], dp[a][bb]);
+                    }
+                }
+            }
+            float ds[4][2];
+            for (u32 a = 0; a < 4; ++a) {
+                const u32 r = sr + 4 * a;
+                for (u32 bb = 0; bb < 2; ++bb) {
+                    const u32 j = sk + 8 * bb;
+                    const bool ok =
+                        r < rows && j < keys && tl_fa_allowed(mask, mode, n, i0 + r, j0 + j);
+                    ds[a][bb] = 0.0f;
+                    if (ok && lr[a] != -INFINITY) {
+                        const float p = expf(s[a][bb] * scale - lr[a]);
+                        ds[a][bb] = p * (dp[a][bb] - dr[a]) * scale;
+                    }
+                }
+            }
+            __syncthreads();  // the reads of V are done
+            for (u32 a = 0; a < 4; ++a)
+                for (u32 bb = 0; bb < 2; ++bb) {
+                    const u32 j = sk + 8 * bb;
+                    vs[j * BM + ((sr + 4 * a) ^ tl_fa_swz(j))] = ds[a][bb];
+                }
+            __syncthreads();
+            if (j0 + BN < kend) {  // the next step's K and V, in flight during this one's sums
+                const u32 nk = n - (j0 + BN) < BN ? n - (j0 + BN) : BN;
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nk, h, n, heads, d);
+                tl_fa_stage<BN, DM>(vreg, v, b, j0 + BN, nk, h, n, heads, d);
+            }
+            for (u32 t = 0; t < 2; ++t) {
+                if (!tl_fa_runs(mode, j0, t, keys, i0 + sy * 4)) break;
+                const u32 jb = t * TL_FA_T, je = jb + tl_fa_len(keys, jb);
+                const auto key = [&](u32 j) {
+                    float dsr[4], kr[4];
+                    ld4(&vs[j * BM + ((sy * 4) ^ tl_fa_swz(j))], dsr);
+                    ld4(&ks[j * DM + ((sx * 4) ^ tl_fa_swz(j))], kr);
+                    for (u32 a = 0; a < 4; ++a)
+                        for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(dsr[a], kr[e], acc[a][e]);
+                };
+                if (je - jb == TL_FA_T) {
+                    TL_FA_UNROLL
+                    for (u32 jj = 0; jj < TL_FA_T; ++jj) key(jb + jj);
+                } else {
+                    for (u32 j = jb; j < je; ++j) key(j);
+                }
+            }
+        }
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 r = sy * 4 + a;
+            if (r >= rows) continue;
+            for (u32 e = 0; e < 4; ++e) {
+                const u32 c = sx * 4 + e;
+                if (c < d) dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = acc[a][e];
+            }
+        }
+    }
+}
+
+template <u32 DC>
+__device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, const float* v,
+                                               const float* go, const float* lse,
+                                               const float* delta, const u32* mask, float* dk,
+                                               float* dv, u32 batch, u32 n, u32 heads, u32 d_run,
+                                               u32 mode, float scale, float* smem) {
+    const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
+    constexpr u32 BN = 64, BM = TL_FA_T, DM = 64;
+    float* ks = smem;           // ks[j * DM + (c ^ swz(j))]
+    float* vs = ks + DM * BN;   // V, the same way
+    float* qs = vs + DM * BN;   // qs[r * DM + (c ^ swz(r))]
+    float* gs = qs + BM * DM;   // dO rows, the same way
+    float* ps = gs + BM * DM;   // ps[r * BN + (j ^ swz(r))]
+    float* dss = ps + BM * BN;  // dS, the same way
+    const u32 tid = threadIdx.x;
+    // Scores: warp w takes rows 8 (w / 4).. and keys 16 (w % 4).. of the step; its lane row
+    // sr, keys sk + 4 a, reading four columns at once (so a warp reads 8 rows and 16 keys).
+    const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
+    const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * 16 + lane % 4;
+    const u32 kx = tid / 16, cx = tid % 16;  // sums: keys 4 kx.., columns 4 cx..
+    const u32 tiles = (n + BN - 1) / BN;
+    const u64 jobs = (u64)batch * heads * tiles;
+    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
+        const u32 bh = (u32)(job / tiles);
+        const u32 b = bh / heads, h = bh % heads;
+        const u32 j0 = (u32)(job % tiles) * BN;  // the longest (causal) first
+        const u32 cols = n - j0 < BN ? n - j0 : BN;
+        __syncthreads();  // the previous job's reads are done
+        for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
+            const u32 j = e / DM, c = e % DM;
+            if (c >= d) continue;
+            const bool in = j < cols;
+            const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
+            ks[j * DM + (c ^ tl_fa_swz(j))] = in ? k[at] : 0.0f;
+            vs[j * DM + (c ^ tl_fa_swz(j))] = in ? v[at] : 0.0f;
+        }
+        float ak[4][4], av[4][4];
+        for (u32 a = 0; a < 4; ++a)
+            for (u32 e = 0; e < 4; ++e) ak[a][e] = av[a][e] = 0.0f;
+        // This thread's keys 4 kx.. lie in one tile of 16: the query tiles from its start
+        // (causal), as the 16-key tiles of the order.
+        const bool causal = (mode & TL_FA_CAUSAL) != 0u;
+        const u32 mine = j0 + kx * 4;
+        const u32 istart = causal ? j0 : 0u;
+        constexpr u32 NL = BM * DM / TL_BLOCK;  // staged floats a thread
+        float qreg[NL], greg[NL];
+        tl_fa_stage<BM, DM>(qreg, q, b, istart, tl_fa_len(n, istart), h, n, heads, d);
+        tl_fa_stage<BM, DM>(greg, go, b, istart, tl_fa_len(n, istart), h, n, heads, d);
+        for (u32 i0 = istart; i0 < n; i0 += BM) {
+            const u32 rows = tl_fa_len(n, i0);
+            __syncthreads();  // the previous step's reads of qs, gs, ps, dss are done
+            for (u32 u = 0; u < NL; ++u) {
+                const u32 e = tid + TL_BLOCK * u, r = e / DM, c = e % DM;
+                qs[r * DM + (c ^ tl_fa_swz(r))] = qreg[u];
+                gs[r * DM + (c ^ tl_fa_swz(r))] = greg[u];
+            }
+            __syncthreads();
+            const bool live = sr < rows;  // the row's statistics, read before the sums
+            const float l = live ? lse[(u64)bh * n + i0 + sr] : -INFINITY;
+            const float dl = live ? delta[(u64)bh * n + i0 + sr] : 0.0f;
+            float s[4], dp[4];
+            for (u32 a = 0; a < 4; ++a) s[a] = dp[a] = 0.0f;
+            const float* qrow = &qs[sr * DM];
+            const float* grow = &gs[sr * DM];
+            const u32 rsw = tl_fa_swz(sr);
+            u32 c = 0;
+            TL_FA_UNROLL2
+            for (; c + 4 <= d; c += 4) {  // four columns at once, each chain in order
+                float qq[4], gg[4];
+                ld4(&qrow[c ^ rsw], qq);
+                ld4(&grow[c ^ rsw], gg);
+                for (u32 a = 0; a < 4; ++a) {
+                    const u32 j = sk + 4 * a;
+                    float kr[4], vr[4];
+                    ld4(&ks[j * DM + (c ^ tl_fa_swz(j))], kr);
+                    ld4(&vs[j * DM + (c ^ tl_fa_swz(j))], vr);
+                    for (u32 cc = 0; cc < 4; ++cc) {
+                        s[a] = __fmaf_rn(qq[cc], kr[cc], s[a]);
+                        dp[a] = __fmaf_rn(gg[cc], vr[cc], dp[a]);
+                    }
+                }
+            }
+            for (; c < d; ++c) {
+                const float qq = qrow[c ^ rsw], gg = grow[c ^ rsw];
+                for (u32 a = 0; a < 4; ++a) {
+                    const u32 j = sk + 4 * a;
+                    s[a] = __fmaf_rn(qq, ks[j * DM + (c ^ tl_fa_swz(j))], s[a]);
+                    dp[a] = __fmaf_rn(gg, vs[j * DM + (c ^ tl_fa_swz(j))], dp[a]);
+                }
+            }
+            for (u32 a = 0; a < 4; ++a) {
+                const u32 j = sk + 4 * a;
+                float p = 0.0f, ds = 0.0f;
+                if (live && j < cols && l != -INFINITY &&
+                    tl_fa_allowed(mask, mode, n, i0 + sr, j0 + j)) {
+                    p = expf(s[a] * scale - l);
+                    ds = p * (dp[a] - dl) * scale;
+                }
+                ps[sr * BN + (j ^ rsw)] = p;
+                dss[sr * BN + (j ^ rsw)] = ds;
+            }
+            __syncthreads();
+            if (i0 + BM < n) {  // the next step's Q and dO rows, in flight during the sums
+                const u32 nr = tl_fa_len(n, i0 + BM);
+                tl_fa_stage<BM, DM>(qreg, q, b, i0 + BM, nr, h, n, heads, d);
+                tl_fa_stage<BM, DM>(greg, go, b, i0 + BM, nr, h, n, heads, d);
+            }
+            if (!causal || i0 / TL_FA_T >= mine / TL_FA_T) {
+                const auto row = [&](u32 r) {
+                    float pr[4], dr[4], qr[4], gr[4];
+                    ld4(&ps[r * BN + ((kx * 4) ^ tl_fa_swz(r))], pr);
+                    ld4(&dss[r * BN + ((kx * 4) ^ tl_fa_swz(r))], dr);
+                    ld4(&qs[r * DM + ((cx * 4) ^ tl_fa_swz(r))], qr);
+                    ld4(&gs[r * DM + ((cx * 4) ^ tl_fa_swz(r))], gr);
+                    for (u32 a = 0; a < 4; ++a)
+                        for (u32 e = 0; e < 4; ++e) {
+                            ak[a][e] = __fmaf_rn(dr[a], qr[e], ak[a][e]);
+                            av[a][e] = __fmaf_rn(pr[a], gr[e], av[a][e]);
+                        }
+                };
+                if (rows == TL_FA_T) {  // a whole tile: rows in order, unrolled
+                    TL_FA_UNROLL
+                    for (u32 r = 0; r < TL_FA_T; ++r) row(r);
+                } else {
+                    for (u32 r = 0; r < rows; ++r) row(r);
+                }
+            }
+        }
+        for (u32 a = 0; a < 4; ++a) {
+            const u32 j = kx * 4 + a;
+            if (j >= cols) continue;
+            for (u32 e = 0; e < 4; ++e) {
+                const u32 c = cx * 4 + e;
+                if (c < d) {
+                    const u64 at = tl_fa_at(b, j0 + j, h, c, n, heads, d);
+                    dk[at] = ak[a][e];
+                    dv[at] = av[a][e];
+                }
+            }
+        }
+    }
+}
+
+// dQ of the fused attention, and delta_i = dot(dO_i, O_i) (which tl_flash_bwd_kv reads):
+// blocks of 64 query rows when d <= 64 (tl_fa_bwd_q64), else tiles of 16 (tl_fa_bwd_q16).
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const float* q, const float* k, const float* v,
+                                          const float* o, const float* go, const float* lse,
+                                          const u32* mask, float* dq, float* delta, u32 batch,
+                                          u32 n, u32 heads, u32 d, u32 mode, float scale) {
+    constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
+    __shared__ __align__(16) float smem[A > B ? A : B];
+    if (d == 64)
+        tl_fa_bwd_q64<64>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale,
+                          smem);
+    else if (d < 64)
+        tl_fa_bwd_q64<0>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale,
+                         smem);
+    else
+        tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale, smem);
+}
+
+// dK and dV of the fused attention (reads delta from tl_flash_bwd_q): blocks of 64 keys when
+// d <= 64 (tl_fa_bwd_kv64), else tiles of 16 (tl_fa_bwd_kv16).
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const float* q, const float* k, const float* v,
+                                           const float* go, const float* lse, const float* delta,
+                                           const u32* mask, float* dk, float* dv, u32 batch,
+                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
+    constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
+    __shared__ __align__(16) float smem[A > B ? A : B];
+    if (d == 64)
+        tl_fa_bwd_kv64<64>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
+                           smem);
+    else if (d < 64)
+        tl_fa_bwd_kv64<0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
+                          smem);
+    else
+        tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
+                       smem);
 }

@@ -21,6 +21,21 @@ struct Dims8 {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n);            \
          i += (u64)gridDim.x * blockDim.x)
 
+// Four consecutive floats of shared memory (16-byte aligned) in one load on the GPU.
+__device__ inline void ld4(const float* p, float* r) {
+#ifdef __CUDA_ARCH__
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    r[0] = v.x;
+    r[1] = v.y;
+    r[2] = v.z;
+    r[3] = v.w;
+#else
+    // The emulator: the same four reads, and a misaligned address is a bug there too.
+    if (reinterpret_cast<u64>(p) % 16 != 0) __builtin_trap();
+    for (int q = 0; q < 4; ++q) r[q] = p[q];
+#endif
+}
+
 struct AddOp {
     __device__ float operator()(float a, float b) const { return a + b; }
 };

@@ -55,21 +55,6 @@ __device__ inline void slice_pos(u32 e, bool along_k, u32& p, u32& c) {
 // four 64 further on, so that a warp's shared-memory reads are consecutive.
 __device__ inline u32 reg_pos(u32 t, int i) { return (u32)(i / 4) * 64 + t * 4 + (u32)(i % 4); }
 
-// Four consecutive floats of shared memory (16-byte aligned) in one load on the GPU.
-__device__ inline void ld4(const float* p, float* r) {
-#ifdef __CUDA_ARCH__
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    r[0] = v.x;
-    r[1] = v.y;
-    r[2] = v.z;
-    r[3] = v.w;
-#else
-    // The emulator: the same four reads, and a misaligned address is a bug there too.
-    if (reinterpret_cast<u64>(p) % 16 != 0) __builtin_trap();
-    for (int q = 0; q < 4; ++q) r[q] = p[q];
-#endif
-}
-
 template <int BM, int BN, int BK, int TM, int TN>
 __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k,
                            u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {

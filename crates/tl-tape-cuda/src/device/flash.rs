@@ -5,9 +5,9 @@
 //! Q, K, V, O and their cotangents are head-merged (B, n, H, d) buffers, the layout the
 //! projections `x·W` leave (element (b, i, h, c) at `((b·n + i)·H + h)·d + c`); the row
 //! statistics `lse` (and the backward's `delta`) hold one value per (b, h, i) at
-//! `(b·H + h)·n + i`. Query rows and keys go in tiles of [`FLASH_TILE`]; the kernels hold a
-//! tile of Q, K, V (and dO) rows in shared memory, so the head size is at most
-//! [`FLASH_MAX_HEAD`].
+//! `(b·H + h)·n + i`. Query rows and keys go in tiles of [`FLASH_TILE`] (the order of every
+//! sum; the CUDA kernels take blocks of several tiles, [`FlashDims::blocks`]); the kernels hold
+//! Q, K, V (and dO) rows in shared memory, so the head size is at most [`FLASH_MAX_HEAD`].
 
 use super::{Buffer, check};
 use crate::{Error, Result, abi};
@@ -16,8 +16,8 @@ use tl_spec::ops::attention::{Mask, MaskForm};
 /// Query rows (and keys) per tile of the fused attention kernels (`TL_FA_T`).
 pub const FLASH_TILE: usize = 16;
 
-/// The largest head size `d` the fused attention kernels take (`TL_FA_DMAX`): one tile of 16
-/// rows of Q, K, V and dO, each `d` floats (plus one of padding), in 48 KiB of shared memory.
+/// The largest head size `d` the fused attention kernels take (`TL_FA_DMAX`): their blocks of
+/// Q, K, V and dO rows, each `d` floats, in 48 KiB of static shared memory.
 /// Every d in `1..=128` is supported (not only multiples of 16); a larger head is an error
 /// before launch (the composed path, `fused = false`, has no limit).
 pub const FLASH_MAX_HEAD: usize = 128;
@@ -60,9 +60,10 @@ impl FlashDims {
         (1.0 / (self.d as f64).sqrt()) as f32
     }
 
-    /// Jobs of one launch: `B·H·⌈n/16⌉` tiles (of query rows, or of keys).
-    pub fn jobs(&self) -> usize {
-        self.batch * self.heads * self.n.div_ceil(FLASH_TILE)
+    /// Blocks of one CUDA launch that take `rows` query rows (or keys) each:
+    /// `B·H·⌈n/rows⌉` (the kernels grid-stride over them).
+    pub fn blocks(&self, rows: usize) -> usize {
+        self.batch * self.heads * self.n.div_ceil(rows)
     }
 
     /// Checked: n ≥ 1, `1 ≤ d ≤ FLASH_MAX_HEAD`, heads and batch ≥ 1, every count within the

@@ -63,6 +63,26 @@ pub fn cases() -> Vec<Case> {
             mask: Some(odd(20)),
         },
         Case {
+            name: "causal n150 d64",
+            dims: dims(1, 150, 2, 64),
+            mask: Some(Mask::causal(150).unwrap()),
+        },
+        Case {
+            name: "general n100 d64",
+            dims: dims(1, 100, 1, 64),
+            mask: Some(odd(100)),
+        },
+        Case {
+            name: "padding n70 d65",
+            dims: dims(1, 70, 1, 65),
+            mask: Some(pad(70)),
+        },
+        Case {
+            name: "causal+padding n81 d100",
+            dims: dims(1, 81, 1, 100),
+            mask: Some(both(81)),
+        },
+        Case {
             name: "n5 d128",
             dims: dims(1, 5, 1, FLASH_MAX_HEAD),
             mask: Some(Mask::causal(5).unwrap()),

@@ -7,11 +7,23 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use crate::Result;
-use crate::device::{Buffer, Device, Flash};
+use crate::device::{Buffer, Device, FLASH_TILE, Flash};
 
-/// Blocks of a launch over `jobs` tiles (grid-stride beyond 65 535).
+/// Blocks of a launch over `jobs` blocks of work (grid-stride beyond 65 535).
 fn grid(jobs: usize) -> [u32; 3] {
     [jobs.clamp(1, 65_535) as u32, 1, 1]
+}
+
+/// Query rows per block of `tl_flash_fwd` (kernels/attention.cu `tl_fa_fwd`): 64 when
+/// d ≤ 64, else 32.
+fn fwd_rows(f: &Flash) -> usize {
+    if f.dims.d <= 64 { 64 } else { 32 }
+}
+
+/// Query rows (keys) per block of `tl_flash_bwd_q` (`tl_flash_bwd_kv`): 64 when d ≤ 64
+/// (`tl_fa_bwd_q64`, `tl_fa_bwd_kv64`), else one tile of [`FLASH_TILE`].
+fn bwd_rows(f: &Flash) -> usize {
+    if f.dims.d <= 64 { 64 } else { FLASH_TILE }
 }
 
 impl CudaDevice {
@@ -69,7 +81,7 @@ impl CudaDevice {
                         Arg::Ptr(lse),
                     ];
                     args.extend(Self::flash_tail(f));
-                    d.run(OP, "tl_flash_fwd", grid(f.dims.jobs()), &args)
+                    d.run(OP, "tl_flash_fwd", grid(f.dims.blocks(fwd_rows(f))), &args)
                 })?);
                 Ok(())
             })
@@ -116,7 +128,7 @@ impl CudaDevice {
         const OP: &str = "flash_attention_bwd";
         let [pq, pk, pv, po, pg, pl] = p;
         let tail = Self::flash_tail(f);
-        let jobs = grid(f.dims.jobs());
+        let jobs = grid(f.dims.blocks(bwd_rows(f)));
         let [dq] = self.with_outs::<1>(OP, f.dims.qkv_len(), |d, [dq]| {
             let mut args = [pq, pk, pv, po, pg, pl, pm, dq, pd].map(Arg::Ptr).to_vec();
             args.extend(tail);
