@@ -39,8 +39,10 @@ pub trait Train: Ops {
     /// (tl-nn's `Runtime::data_parallel`). PyTorch: DistributedDataParallel's all-reduce
     /// between `loss.backward()` and `optimizer.step()`.
     ///
-    /// `reduce` is called on the CPU engine and the linked session's CPU backend; on a device
-    /// backend a `Some` is an error naming the backend (the gradients stay on the device).
+    /// `reduce` is called on every engine of the eager session (on a device the gradients go
+    /// through the host: downloaded, reduced, uploaded back) and on the linked session's CPU
+    /// backend; a linked session compiled onto a device steps on its tape, where a `Some` is an
+    /// error saying so.
     fn backward_step_reduced(
         &mut self,
         loss: &TensorRef,
@@ -99,8 +101,9 @@ pub type GradReduce<'a, T> = dyn FnMut(&mut [&mut [T]]) -> Result<()> + 'a;
 pub(crate) fn no_reduce_on_device() -> crate::Error {
     crate::Error::Usage {
         what: "backward_step_reduced",
-        detail: "a gradient reduction (data-parallel training) runs on the CPU backend; this \
-                 session's gradients are on a device (CUDA or its simulation)"
+        detail: "a linked session compiled onto a device (CUDA or its simulation) steps on \
+                 the device's tape and takes no gradient reduction (data-parallel training): \
+                 use the eager session on a device, or the linked one on the CPU backend"
             .into(),
     }
 }

@@ -210,6 +210,12 @@ fn linked_f64() -> Runtime<tl_session::LinkedSession<f64>> {
     linked::<f64>(0)
 }
 
+/// The eager session on the simulation device: the gradients on a device, reduced through the
+/// host.
+fn eager_sim_f32() -> Runtime<tl_session::Session<f32>> {
+    eager::<f32>(Backend::CudaSim, 0)
+}
+
 #[test]
 fn a_group_of_one_steps_bit_for_bit_as_no_group() {
     for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
@@ -219,7 +225,27 @@ fn a_group_of_one_steps_bit_for_bit_as_no_group() {
         let alone = train(linked_f64(), None, 32, 4, bucket, false);
         let local = train(linked_f64(), Some(Box::new(Local)), 32, 4, bucket, false);
         assert_eq!(alone, local, "linked, bucket {bucket}");
+        let alone = train(eager_sim_f32(), None, 32, 4, bucket, true);
+        let local = train(eager_sim_f32(), Some(Box::new(Local)), 32, 4, bucket, true);
+        assert_eq!(alone, local, "eager on the sim, bucket {bucket}");
     }
+}
+
+/// On a device the step's gradients go down to the group's engine and back: N ranks on the
+/// simulation device take one rank's steps, and a planted wrong mean shows there too.
+#[test]
+fn n_ranks_on_a_device_take_the_steps_of_one_rank() {
+    let one = train(eager_sim_f32(), None, 64, 6, 100, true);
+    let all = ranks(eager_sim_f32, group(2), 64, 6, 100, true);
+    assert_eq!(all[0], all[1]);
+    let d = worst(&all[0], &one);
+    assert!(d < 1e-5, "2 ranks on the sim vs one: {d:e}");
+    // Without clipping (a clip to a norm below the gradients' hides a halved mean).
+    let one = train(eager_sim_f32(), None, 64, 6, 100, false);
+    let mut wrong = group(2);
+    wrong.iter_mut().for_each(|c| c.mean_instead_of_sum = true);
+    let all = ranks(eager_sim_f32, wrong, 64, 6, 100, false);
+    assert!(worst(&all[0], &one) > 1e-3, "the wrong mean went unnoticed");
 }
 
 #[test]
@@ -516,6 +542,18 @@ mod nccl {
                 false,
             );
             assert_eq!(alone, nccl, "linked f64, bucket {bucket}");
+            // The model on the CUDA device too: its gradients reach NCCL through the host.
+            let cuda = || eager::<f32>(Backend::Cuda, 0);
+            let alone = train(cuda(), None, 32, 4, bucket, true);
+            let nccl = train(
+                cuda(),
+                Some(Box::new(engine().unwrap())),
+                32,
+                4,
+                bucket,
+                true,
+            );
+            assert_eq!(alone, nccl, "eager on the CUDA device, bucket {bucket}");
         }
     }
 
@@ -591,4 +629,33 @@ mod nccl {
         );
         assert!(e1.contains("cannot load /nonexistent"), "{e1}");
     }
+}
+
+/// A linked session compiled onto a device steps on the device's tape: in a group its step is
+/// an error that says so and what to use, and nothing changes.
+#[test]
+fn a_linked_device_session_in_a_group_is_a_clear_error() {
+    let mut rt = linked::<f32>(0);
+    rt.session_mut().set_backend(Backend::CudaSim).unwrap();
+    let model = mlp(&rt);
+    rt.data_parallel(&model, Box::new(Local)).unwrap();
+    let before = values(&rt, &model);
+    let (train, _) = digits().unwrap();
+    let (x, labels) = DataLoader::new(&train, 8, Classify { classes: CLASSES })
+        .unwrap()
+        .epoch(0)
+        .next()
+        .unwrap()
+        .unwrap();
+    let e = rt
+        .step(&model, &mut optimizer(false), |g| {
+            model.forward(&g.input(x)?)?.cross_entropy(&labels)
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("linked session compiled onto a device") && e.contains("eager session"),
+        "{e}"
+    );
+    assert_eq!(values(&rt, &model), before);
 }

@@ -105,7 +105,10 @@ impl<T: Scalar> Session<T> {
     }
 
     /// Hand the last backward's trainable parameter gradients (one per leaf, in
-    /// [`Train::backward_step_reduced`]'s order) to `reduce`; on a device, an error.
+    /// [`Train::backward_step_reduced`]'s order) to `reduce`. On a device (after
+    /// [`backward_params`](Self::backward_params)) they go through the host: each downloaded,
+    /// the host slices reduced, each uploaded back in place of its buffer, so that a
+    /// data-parallel group's mean (its engine: MPI, NCCL) applies on every backend.
     ///
     /// [`Train::backward_step_reduced`]: crate::Train::backward_step_reduced
     pub(crate) fn reduce_grads(
@@ -113,10 +116,13 @@ impl<T: Scalar> Session<T> {
         reduce: &mut crate::train::GradReduce<'_, T>,
     ) -> Result<()> {
         let uses = self.trainable_uses();
+        let leaves = uses.iter().flat_map(|(_, l)| l);
         match &mut self.grads {
-            Some(Grads::Cpu(g)) => {
-                crate::train::reduce_leaves(g, uses.iter().flat_map(|(_, l)| l), reduce)
-            }
+            Some(Grads::Cpu(g)) => crate::train::reduce_leaves(g, leaves, reduce),
+            Some(Grads::DeviceParams(g)) => on_engine!(&mut self.engine,
+                cpu(_) => Err(crate::train::no_reduce_on_device()),
+                cuda(t) => reduce_through_host(t, g, leaves, reduce),
+            ),
             _ => Err(crate::train::no_reduce_on_device()),
         }
     }
@@ -285,6 +291,34 @@ impl<T: Scalar> Session<T> {
     pub fn release_optimizer_state(&mut self, opt: &mut Optimizer) -> usize {
         on_engine!(&mut self.engine, cpu(_) => 0, cuda(t) => opt.release_device_state(t.device_mut()))
     }
+}
+
+/// [`Session::reduce_grads`] on a device: the gradients of `leaves` (each in `grads`)
+/// downloaded, reduced on the host by `reduce`, uploaded back (the old buffers released).
+fn reduce_through_host<'l, T: Scalar, D: tl_tape_cuda::Device>(
+    tape: &mut tl_tape_cuda::CudaTape<D>,
+    grads: &mut std::collections::HashMap<usize, AnyBuffer>,
+    leaves: impl IntoIterator<Item = &'l usize>,
+    reduce: &mut crate::train::GradReduce<'_, T>,
+) -> Result<()> {
+    let leaves: Vec<usize> = leaves.into_iter().copied().collect();
+    let mut host = Vec::with_capacity(leaves.len());
+    for id in &leaves {
+        let g = grads.get(id).ok_or_else(|| Error::Usage {
+            what: "backward_step_reduced",
+            detail: format!("gradient leaf {id} is missing"),
+        })?;
+        host.push(g.download::<T, _>(tape.device())?);
+    }
+    let mut bufs: Vec<&mut [T]> = host.iter_mut().map(Tensor::data_mut).collect();
+    reduce(&mut bufs)?;
+    for (id, h) in leaves.iter().zip(&host) {
+        let up = AnyBuffer::upload(tape.device_mut(), h)?;
+        if let Some(old) = grads.insert(*id, up) {
+            old.release(tape.device_mut());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
