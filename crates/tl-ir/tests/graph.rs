@@ -299,26 +299,33 @@ impl tl_ir::Recorder<f64> for Log {
     }
 }
 
-/// `replay` offers a pair only where the recorder's `fuses` accepts it, so an unfusable pair
-/// (`relu` → `linear`) does not take the `linear` that the pair after it (`linear` → `relu`)
-/// fuses; a residual `add` gets its other operand's recorder id on the right side.
-#[test]
-fn replay_offers_only_the_pairs_the_recorder_fuses() {
+/// Leaves x (2, 3), w (3, 3), bias (3), then `h = relu(x)`, `l = linear(w, bias, h)`: the
+/// builder, the ids `[x, w, bias, h, l]` and the leaves' (zero) values.
+fn relu_linear() -> (GraphBuilder, [usize; 5], [Tensor<f64>; 3]) {
     let mut b = GraphBuilder::new();
     let x = b.leaf(vec![2, 3], None).unwrap();
     let w = b.leaf(vec![3, 3], None).unwrap();
     let bias = b.leaf(vec![3], None).unwrap();
     let h = b.apply(Op::Relu, &[x]).unwrap();
     let l = b.apply(Op::Linear, &[w, bias, h]).unwrap();
-    let r = b.apply(Op::Relu, &[l]).unwrap();
-    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
-    b.apply(Op::Add, &[h, l2]).unwrap();
-    let g = b.finish();
     let leaves = [
         Tensor::<f64>::zeros([2, 3]),
         Tensor::<f64>::zeros([3, 3]),
         Tensor::<f64>::zeros([3]),
     ];
+    (b, [x, w, bias, h, l], leaves)
+}
+
+/// `replay` offers a pair only where the recorder's `fuses` accepts it, so an unfusable pair
+/// (`relu` → `linear`) does not take the `linear` that the pair after it (`linear` → `relu`)
+/// fuses; a residual `add` gets its other operand's recorder id on the right side.
+#[test]
+fn replay_offers_only_the_pairs_the_recorder_fuses() {
+    let (mut b, [_, w, bias, h, l], leaves) = relu_linear();
+    let r = b.apply(Op::Relu, &[l]).unwrap();
+    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
+    b.apply(Op::Add, &[h, l2]).unwrap();
+    let g = b.finish();
     let mut rec = Log::default();
     let ids = g.replay(&mut rec, &leaves, &[]).unwrap();
     assert_eq!(ids, (0..8).collect::<Vec<_>>());
@@ -337,17 +344,7 @@ fn replay_offers_only_the_pairs_the_recorder_fuses() {
 /// time. A map longer than the graph is an error.
 #[test]
 fn replay_more_records_only_the_nodes_added_since() {
-    let mut b = GraphBuilder::new();
-    let x = b.leaf(vec![2, 3], None).unwrap();
-    let w = b.leaf(vec![3, 3], None).unwrap();
-    let bias = b.leaf(vec![3], None).unwrap();
-    let h = b.apply(Op::Relu, &[x]).unwrap();
-    let l = b.apply(Op::Linear, &[w, bias, h]).unwrap();
-    let leaves = [
-        Tensor::<f64>::zeros([2, 3]),
-        Tensor::<f64>::zeros([3, 3]),
-        Tensor::<f64>::zeros([3]),
-    ];
+    let (mut b, [_, w, bias, h, l], leaves) = relu_linear();
     let mut rec = Log::default();
     let mut ids = b.graph().replay(&mut rec, &leaves, &[]).unwrap();
     assert_eq!(rec.calls, ["relu [0]", "linear [1, 2, 3]"]);
