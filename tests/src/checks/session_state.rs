@@ -1,6 +1,7 @@
 //! The sessions' state between reads: random sequences of writes — a Nat block write
 //! (`NatVecRef`: gather ids, class labels), a Nat write (`NatRef`: a row index), a parameter
-//! written from the host, an optimizer step, a new input mid-pass, a reset — each followed by a
+//! written from the host, an optimizer step, a new input mid-pass (with a Nat of its own,
+//! recorded after the reads before it), a reset — each followed by a
 //! read of every tensor recorded in the pass and of the parameter, in the eager session and the
 //! linked session side by side. Every read must equal a fresh recomputation: the pass's program
 //! built anew as a `GraphData` and evaluated (or differentiated) by the IR in f64 on the
@@ -203,7 +204,10 @@ struct Driven<S: NatSession> {
     w: Option<TensorRef>,
     ids: Option<NatVecRef>,
     labels: Option<NatVecRef>,
-    row: Option<NatRef>,
+    /// The row index Nats of the pass, each holding the current row: one per recording of the
+    /// program (a new input records its own after the reads before it, so the linked
+    /// session's kept pass tape must take the grown Nat environment).
+    rows: Vec<NatRef>,
     segs: Vec<Segment>,
 }
 
@@ -241,7 +245,7 @@ impl<S: NatSession> Driven<S> {
             w: None,
             ids: None,
             labels: None,
-            row: None,
+            rows: Vec::new(),
             segs: Vec::new(),
         };
         d.begin(m)?;
@@ -267,16 +271,19 @@ impl<S: NatSession> Driven<S> {
         self.w = Some(w);
         self.ids = Some(self.s.record_nat_vec(&m.ids));
         self.labels = Some(self.s.record_nat_vec(&m.labels));
-        self.row = Some(self.s.nat(m.row));
+        self.rows = vec![self.s.nat(m.row)];
         self.segment(&x, m)
     }
 
     /// Record the program on input `x`.
     fn segment(&mut self, x: &TensorRef, m: &Model) -> Res<()> {
         let k = m.ids.len();
-        let (Some(w), Some(ids), Some(labels), Some(row)) =
-            (self.w.clone(), self.ids, self.labels, self.row)
-        else {
+        let (Some(w), Some(ids), Some(labels), Some(row)) = (
+            self.w.clone(),
+            self.ids,
+            self.labels,
+            self.rows.last().copied(),
+        ) else {
             return Err(format!("{}: no open pass", self.name));
         };
         let s = &mut self.s;
@@ -313,8 +320,15 @@ impl<S: NatSession> Driven<S> {
                     .map_err(|e| self.err("write labels", e))
             }
             StateOp::WriteRow(v) => {
-                let r = self.row.ok_or("no pass")?;
-                self.s.set_nat(r, *v).map_err(|e| self.err("write row", e))
+                if self.rows.is_empty() {
+                    return Err("no pass".into());
+                }
+                for r in self.rows.clone() {
+                    self.s
+                        .set_nat(r, *v)
+                        .map_err(|e| self.err("write row", e))?;
+                }
+                Ok(())
             }
             StateOp::SetParam(v) => {
                 let p = self.p.clone();
@@ -327,6 +341,8 @@ impl<S: NatSession> Driven<S> {
                     .s
                     .constant(v.cast())
                     .map_err(|e| self.err("constant", e))?;
+                let row = self.s.nat(m.row);
+                self.rows.push(row);
                 self.segment(&x, m)
             }
             StateOp::Reset => self.begin(m),

@@ -673,4 +673,13 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "the linked session on a device compiles a pass with a parameter's mirror after a host write mid-pass (tensors recorded before it read the new value)",
         harness: Layers,
     },
+    Mutant {
+        id: "session-linked-pass-tape-misses-new-nat",
+        area: Session,
+        file: "crates/tl-session/src/linked/mod.rs",
+        from: "        let r = self.nats.record(self.stamp, v);\n        self.pass_nats();\n        r",
+        to: "        self.nats.record(self.stamp, v)",
+        bug: "the linked session's kept pass tape does not take a Nat recorded after a read (ops recorded later read a missing index)",
+        harness: Layers,
+    },
 ];
