@@ -67,6 +67,22 @@ pub fn draw(g: &mut Gen, shape: &Shape, domain: Domain) -> Tensor<f64> {
     })
 }
 
+/// One leaf per shape on `tape`, each drawn from [`Domain::Any`] and requiring its gradient;
+/// their tape ids.
+pub fn random_leaves<D: Device>(
+    tape: &mut CudaTape<D>,
+    g: &mut Gen,
+    shapes: &[[usize; 2]],
+) -> Vec<usize> {
+    shapes
+        .iter()
+        .map(|s| {
+            let t = draw(g, &Shape::new(s), Domain::Any);
+            tape.upload_leaf(&t, None, true).unwrap()
+        })
+        .collect()
+}
+
 /// `got` (computed in f32) agrees with the f64 reference `want`: every element within
 /// `1e-4 · max(1, ‖want‖∞)`. Returns a description of the first disagreement.
 pub fn close(got: &Tensor<f64>, want: &Tensor<f64>) -> Result<(), String> {

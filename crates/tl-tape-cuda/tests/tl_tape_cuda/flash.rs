@@ -6,7 +6,7 @@
 //! The shared cases ([`cases`], [`run_core`]) also run on the kernel emulator and a GPU
 //! (gpu.rs), where they must give the sim's bits (emulator) or its values within 1e-5 (GPU).
 
-use crate::common::{Domain, Gen, check_graph, draw};
+use crate::common::{Domain, Gen, check_graph, draw, random_leaves};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
@@ -407,13 +407,7 @@ fn the_fused_node_keeps_o_n_floats_and_runs_three_core_launches() {
     let (dm, p, heads, n) = (6, 4, 2, 37);
     let shapes = [[dm, p], [dm, p], [dm, p], [p, dm], [n, dm]];
     let mut tape = CudaTape::new(SimDevice::new());
-    let leaves: Vec<usize> = shapes
-        .iter()
-        .map(|s| {
-            let t = draw(&mut rnd, &Shape::new(s), Domain::Any);
-            tape.upload_leaf(&t, None, true).unwrap()
-        })
-        .collect();
+    let leaves = random_leaves(&mut tape, &mut rnd, &shapes);
     let op = mha(heads, Some(Mask::causal(n).unwrap()), true);
     let before = tape.device().traffic();
     let live = tape.device().memory_usage().live_bytes;

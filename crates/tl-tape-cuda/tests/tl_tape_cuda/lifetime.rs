@@ -2,7 +2,7 @@
 //! idempotent, resets keep parameter mirrors, workspaces go after backprop, errors leave
 //! nothing allocated.
 
-use crate::common::{Domain, Gen, draw};
+use crate::common::{Domain, Gen, draw, random_leaves};
 use tl_ir::Op;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Error, SimDevice};
@@ -419,13 +419,7 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
     let causal = tl_spec::ops::attention::Mask::causal(5).unwrap();
     for (fused, mask) in [(false, None), (true, None), (false, Some(causal.clone()))] {
         let mut tape = CudaTape::new(SimDevice::new());
-        let leaves: Vec<usize> = shapes
-            .iter()
-            .map(|s| {
-                let t = draw(&mut rnd, &Shape::new(s), Domain::Any);
-                tape.upload_leaf(&t, None, true).unwrap()
-            })
-            .collect();
+        let leaves = random_leaves(&mut tape, &mut rnd, &shapes);
         let op = Op::MultiHeadAttention {
             heads,
             mask: mask.clone(),
