@@ -32,7 +32,19 @@ struct Product<'a> {
     alpha: f32,
 }
 
-impl Product<'_> {
+impl<'a> Product<'a> {
+    /// `c = a·b` (no transpose, no accumulation, α = 1).
+    fn plain(dims: (usize, usize, usize), a: &'a [f32], b: &'a [f32]) -> Self {
+        Product {
+            dims,
+            a,
+            b,
+            b_t: false,
+            c0: None,
+            alpha: 1.0,
+        }
+    }
+
     fn run(&self, kernel: Option<Bf16Kernel>, threads: usize) -> Vec<f32> {
         let (m, k, n) = self.dims;
         let mut g = Gates {
@@ -166,14 +178,7 @@ fn the_reference_check_sees_the_rounding() {
     let mut rng = Rng(40);
     let (m, k, n) = (16, 64, 64);
     let (a, b) = (fill(&mut rng, m * k), fill(&mut rng, k * n));
-    let p = Product {
-        dims: (m, k, n),
-        a: &a,
-        b: &b,
-        b_t: false,
-        c0: None,
-        alpha: 1.0,
-    };
+    let p = Product::plain((m, k, n), &a, &b);
     assert!(p.check(&p.run(None, 1)).is_err(), "f32 passed as bf16");
     let trunc = |v: &[f32]| -> Vec<f32> {
         v.iter()
@@ -204,12 +209,8 @@ fn bf16_results_do_not_depend_on_the_thread_count() {
     for kernel in Bf16Kernel::available() {
         for b_t in [false, true] {
             let p = Product {
-                dims: (m, k, n),
-                a: &a,
-                b: &b,
                 b_t,
-                c0: None,
-                alpha: 1.0,
+                ..Product::plain((m, k, n), &a, &b)
             };
             let one: Vec<u32> = p.run(Some(kernel), 1).iter().map(|v| v.to_bits()).collect();
             for t in [2, 3, 4] {
@@ -231,14 +232,7 @@ fn nan_and_infinity_propagate() {
     let a = [f32::NAN, 1.0, 1.0, f32::INFINITY, 1.0, 2.0, 1.0, 2.0, 3.0];
     let b = [1.0, 2.0, 1.0, 1.0, 1.0, 0.5];
     for kernel in Bf16Kernel::available() {
-        let p = Product {
-            dims: (m, k, n),
-            a: &a,
-            b: &b,
-            b_t: false,
-            c0: None,
-            alpha: 1.0,
-        };
+        let p = Product::plain((m, k, n), &a, &b);
         let c = p.run(Some(kernel), 1);
         assert!(c[0].is_nan() && c[1].is_nan(), "{kernel:?}: {c:?}");
         assert_eq!(
