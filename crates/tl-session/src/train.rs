@@ -31,7 +31,7 @@ pub trait Train: Ops {
     }
 
     /// [`Train::backward_step`] with `reduce` called between the backward and the update, on
-    /// the gradients the update will read: one slice per trainable parameter leaf of the pass
+    /// the gradients the update will read: one buffer per trainable parameter leaf of the pass
     /// (a parameter used twice has two), parameters in creation order, each one's leaves in
     /// recording order. What `reduce` leaves in them is what the optimizer's clipping and
     /// update see; an error from it stops the step before any parameter or optimizer state
@@ -39,15 +39,16 @@ pub trait Train: Ops {
     /// (tl-nn's `Runtime::data_parallel`). PyTorch: DistributedDataParallel's all-reduce
     /// between `loss.backward()` and `optimizer.step()`.
     ///
-    /// `reduce` is called on every engine of the eager session (on a device the gradients go
-    /// through the host: downloaded, reduced, uploaded back) and on the linked session's CPU
-    /// backend; a linked session compiled onto a device steps on its tape, where a `Some` is an
-    /// error saying so.
+    /// `reduce` is called on every engine of the eager session and on the linked session's CPU
+    /// backend. On a device the gradients stay in device memory when `reduce` takes them there
+    /// ([`GradReducer::reduce_on_device`]: NCCL, on the CUDA device); otherwise they go through
+    /// the host (downloaded, reduced, uploaded back). A linked session compiled onto a device
+    /// steps on its tape, where a `Some` is an error saying so.
     fn backward_step_reduced(
         &mut self,
         loss: &TensorRef,
         opt: &mut Optimizer,
-        reduce: Option<&mut GradReduce<'_, Self::T>>,
+        reduce: Option<&mut dyn GradReducer<Self::T>>,
     ) -> Result<f64>;
 
     /// The value of `r`, computed the fast way (the eager tape's value; for the linked session,
@@ -94,8 +95,34 @@ pub trait Train: Ops {
     fn stamp(&self) -> Stamp;
 }
 
-/// What [`Train::backward_step_reduced`] calls on a step's gradients before the update.
-pub type GradReduce<'a, T> = dyn FnMut(&mut [&mut [T]]) -> Result<()> + 'a;
+/// What [`Train::backward_step_reduced`] calls on a step's gradients before the update (any
+/// `FnMut(&mut [&mut [T]]) -> Result<()>` is one, on the host).
+pub trait GradReducer<T> {
+    /// Reduce the step's gradients on the host: one slice per trainable parameter leaf, in
+    /// [`Train::backward_step_reduced`]'s order.
+    fn reduce(&mut self, grads: &mut [&mut [T]]) -> Result<()>;
+
+    /// Reduce the step's gradients where they are, on the CUDA device `dev` (features `cuda`,
+    /// `cuda-emu`): one buffer of `f32` words per leaf, in the same order, each of which the
+    /// reducer may replace by another buffer of `dev` of the same length (releasing the one it
+    /// replaces). `None`, the default, when this reducer works on the host only: the session
+    /// then downloads the gradients, calls [`GradReducer::reduce`] and uploads them back.
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    fn reduce_on_device(
+        &mut self,
+        dev: &mut tl_tape_cuda::CudaDevice,
+        grads: &mut [tl_tape_cuda::Buffer],
+    ) -> Option<Result<()>> {
+        let _ = (dev, grads);
+        None
+    }
+}
+
+impl<T, F: FnMut(&mut [&mut [T]]) -> Result<()>> GradReducer<T> for F {
+    fn reduce(&mut self, grads: &mut [&mut [T]]) -> Result<()> {
+        self(grads)
+    }
+}
 
 /// The error for a gradient hook on a backend whose gradients stay on a device.
 pub(crate) fn no_reduce_on_device() -> crate::Error {
@@ -121,7 +148,7 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
         &mut self,
         loss: &TensorRef,
         opt: &mut Optimizer,
-        reduce: Option<&mut GradReduce<'_, T>>,
+        reduce: Option<&mut dyn GradReducer<T>>,
     ) -> Result<f64> {
         let l = loss_value(self.value(loss)?)?;
         // A non-finite loss stops here when the optimizer asks for it, before any change.
@@ -180,7 +207,7 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
         &mut self,
         loss: &TensorRef,
         opt: &mut Optimizer,
-        mut reduce: Option<&mut GradReduce<'_, T>>,
+        mut reduce: Option<&mut dyn GradReducer<T>>,
     ) -> Result<f64> {
         self.check_loss("backward_step", loss)?;
         // On a CUDA backend the parameters are compiled in as their resident mirrors, the
@@ -200,7 +227,9 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
                 let stepped = loss_value(l.clone())
                     .and_then(|v| opt.observe_loss(v))
                     .and_then(|()| match reduce.as_mut() {
-                        Some(reduce) => reduce_leaves(&mut grads, uses.values().flatten(), reduce),
+                        Some(reduce) => {
+                            reduce_leaves(&mut grads, uses.values().flatten(), &mut **reduce)
+                        }
                         None => Ok(()),
                     })
                     .and_then(|()| tape.with_pool(|| self.step(opt, &grads)));
@@ -287,7 +316,7 @@ fn cpu_grads<T: tl_spec::Scalar>(
 pub(crate) fn reduce_leaves<'l, T: tl_spec::Scalar>(
     grads: &mut [Tensor<T>],
     leaves: impl IntoIterator<Item = &'l usize>,
-    reduce: &mut GradReduce<'_, T>,
+    reduce: &mut dyn GradReducer<T>,
 ) -> Result<()> {
     let mut slots: Vec<Option<&mut Tensor<T>>> = grads.iter_mut().map(Some).collect();
     let mut bufs = Vec::with_capacity(slots.len());
@@ -301,5 +330,5 @@ pub(crate) fn reduce_leaves<'l, T: tl_spec::Scalar>(
             })?;
         bufs.push(t.data_mut());
     }
-    reduce(&mut bufs)
+    reduce.reduce(&mut bufs)
 }

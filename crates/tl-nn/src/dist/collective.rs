@@ -37,6 +37,32 @@ pub trait Collective {
     fn barrier(&self) -> Result<()> {
         self.all_gather_bytes(&[]).map(|_| ())
     }
+
+    /// Whether this engine sums buffers in CUDA device memory
+    /// ([`Collective::all_reduce_sum_device`]; features `cuda`, `cuda-emu`): then a session on
+    /// the CUDA device hands a data-parallel step's gradients over where they are, with no
+    /// host copy. `false` (the default) for host engines ([`Local`], `Mpi`).
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    fn reduces_on_device(&self) -> bool {
+        false
+    }
+
+    /// Replace every buffer of `bufs` (`f32` words on `dev`, the same lengths in the same
+    /// order on every rank) by its element-wise sum over the ranks, in place, on the device.
+    /// Only for an engine whose [`Collective::reduces_on_device`] is `true`; the default is an
+    /// error saying the engine reduces host buffers.
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    fn all_reduce_sum_device(
+        &self,
+        dev: &mut tl_tape_cuda::CudaDevice,
+        bufs: &[tl_tape_cuda::Buffer],
+    ) -> Result<()> {
+        let _ = (dev, bufs);
+        Err(crate::error::usage(
+            "Collective::all_reduce_sum_device",
+            "this engine sums host buffers only (reduces_on_device is false)",
+        ))
+    }
 }
 
 /// The engine of a single process: rank 0 of 1, every collective the identity. A runtime in a

@@ -89,37 +89,78 @@ impl Group {
     }
 
     /// One data-parallel step after a successful forward pass: backward, the status exchange
-    /// and the bucketed gradient mean inside the session's hook, then the update.
+    /// and the bucketed gradient mean inside the session's hook (in device memory when the
+    /// session is on the CUDA device and the engine reduces there: NCCL), then the update.
     fn step<O: Train>(
         &self,
         session: &mut O,
         loss: &TensorRef,
         opt: &mut Optimizer,
     ) -> Result<f64> {
-        let mut failure = None;
-        let out = {
-            let mut hook = |grads: &mut [&mut [O::T]]| -> tl_session::Result<()> {
-                self.agreed.set(true);
-                let layout: Vec<u64> = grads.iter().map(|g| g.len() as u64).collect();
-                let r = self
-                    .agree_layout("Runtime::step (data-parallel)", Ok(()), &layout)
-                    .and_then(|()| reduce::mean::<O::T>(&*self.comm, self.bucket_elems, grads));
-                r.map_err(|e| {
-                    let detail = e.to_string();
-                    failure = Some(e);
-                    tl_session::Error::Usage {
-                        what: "Runtime::step (data-parallel)",
-                        detail,
-                    }
-                })
-            };
-            session.backward_step_reduced(loss, opt, Some(&mut hook))
+        let mut hook = StepReducer {
+            group: self,
+            failure: None,
         };
-        match (out, failure) {
+        let out = session.backward_step_reduced(loss, opt, Some(&mut hook));
+        match (out, hook.failure) {
             (Ok(l), _) => Ok(l),
             (Err(_), Some(e)) => Err(e),
             (Err(e), None) => Err(e.into()),
         }
+    }
+
+    /// The step's status exchange, carrying the gradient layout (each buffer's length).
+    fn agree_step(&self, layout: Vec<u64>) -> Result<()> {
+        self.agreed.set(true);
+        self.agree_layout("Runtime::step (data-parallel)", Ok(()), &layout)
+    }
+}
+
+/// The gradient hook of a data-parallel step ([`Group::step`]): the status exchange, then the
+/// mean over the ranks; the first error is kept whole for the caller (the session sees a copy).
+struct StepReducer<'g> {
+    group: &'g Group,
+    failure: Option<crate::Error>,
+}
+
+impl StepReducer<'_> {
+    fn keep(&mut self, r: Result<()>) -> tl_session::Result<()> {
+        r.map_err(|e| {
+            let detail = e.to_string();
+            self.failure = Some(e);
+            tl_session::Error::Usage {
+                what: "Runtime::step (data-parallel)",
+                detail,
+            }
+        })
+    }
+}
+
+impl<T: tl_spec::Scalar> tl_session::GradReducer<T> for StepReducer<'_> {
+    fn reduce(&mut self, grads: &mut [&mut [T]]) -> tl_session::Result<()> {
+        let g = self.group;
+        let layout = grads.iter().map(|g| g.len() as u64).collect();
+        let r = g
+            .agree_step(layout)
+            .and_then(|()| reduce::mean::<T>(&*g.comm, g.bucket_elems, grads));
+        self.keep(r)
+    }
+
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    fn reduce_on_device(
+        &mut self,
+        dev: &mut tl_tape_cuda::CudaDevice,
+        grads: &mut [tl_tape_cuda::Buffer],
+    ) -> Option<tl_session::Result<()>> {
+        let g = self.group;
+        if !g.comm.reduces_on_device() {
+            return None;
+        }
+        let layout = grads.iter().map(|g| g.len() as u64).collect();
+        let r = g
+            .agree_step(layout)
+            .and_then(|()| reduce::mean_on_device(&*g.comm, g.bucket_elems, dev, grads));
+        Some(self.keep(r))
     }
 }
 

@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use tl_tape_cuda::nccl::{self, Elem, NcclComm, UniqueId};
-use tl_tape_cuda::{CudaDevice, Device, Traffic};
+use tl_tape_cuda::{Buffer, CudaDevice, Device, Traffic};
 
 use super::Collective;
 use super::status::{Status, decode_all};
@@ -20,12 +20,16 @@ const WHAT: &str = "Nccl::init";
 /// one process per GPU with `CUDA_VISIBLE_DEVICES` set per rank), ranks and size those of the
 /// bootstrap engine it was made with.
 ///
-/// - [`Collective::all_reduce_sum_f32`], `_f64` and the broadcasts go through NCCL on the
-///   device: the host slice is uploaded, reduced (or broadcast from rank 0) by `ncclAllReduce`
-///   (`ncclBroadcast`), and downloaded. The gradients reach the engine as host slices today
-///   (the data-parallel step hands the optimizer's gradients over on the host), so each bucket
-///   makes one upload and one download. NCCL's all-reduce computes each element's sum once and
-///   sends it to every rank, so the ranks stay bit for bit equal.
+/// - [`Collective::all_reduce_sum_device`]: the gradients of a session on the CUDA device
+///   (`Backend::Cuda`), summed in device memory by `ncclAllReduce` in place, one
+///   `ncclGroupStart`/`ncclGroupEnd` per bucket; the data-parallel step then divides them by
+///   the rank count on the device. No host copy of a gradient is made.
+/// - [`Collective::all_reduce_sum_f32`], `_f64` and the broadcasts (host slices: the
+///   parameters' broadcast at the start, and the gradients of a session on the CPU or the
+///   simulation device) go through NCCL on this engine's own device: the host slice is
+///   uploaded, reduced (or broadcast from rank 0) by `ncclAllReduce` (`ncclBroadcast`), and
+///   downloaded. NCCL's all-reduce computes each element's sum once and sends it to every
+///   rank, so the ranks stay bit for bit equal.
 /// - [`Collective::all_gather_bytes`] and [`Collective::barrier`] (the per-step status records,
 ///   with their timeout, and the start-up checks) go to the bootstrap engine.
 ///
@@ -208,5 +212,12 @@ impl Collective for Nccl {
     }
     fn barrier(&self) -> Result<()> {
         self.bootstrap.barrier()
+    }
+    fn reduces_on_device(&self) -> bool {
+        true
+    }
+    fn all_reduce_sum_device(&self, dev: &mut CudaDevice, bufs: &[Buffer]) -> Result<()> {
+        let mut inner = self.inner.borrow_mut();
+        Ok(inner.comm.all_reduce_sum_in_place(dev, bufs, Elem::F32)?)
     }
 }

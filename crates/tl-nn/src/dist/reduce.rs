@@ -61,6 +61,41 @@ pub(crate) fn mean<T: Scalar>(
     flush(&mut buf, &mut pieces, grads)
 }
 
+/// [`mean`] in CUDA device memory: the buffers (`f32` words on `dev`) grouped in order into
+/// buckets of at least `bucket` elements (a buffer is never split: NCCL chunks it itself), each
+/// bucket summed across the ranks in place by the engine
+/// ([`Collective::all_reduce_sum_device`]: one NCCL group), then every buffer divided by the
+/// rank count on the device (replaced by the quotient; the same `x / n` as [`mean`]'s, so the
+/// ranks' values are those of the host path). No host copy is made.
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub(crate) fn mean_on_device(
+    comm: &dyn Collective,
+    bucket: usize,
+    dev: &mut tl_tape_cuda::CudaDevice,
+    grads: &mut [tl_tape_cuda::Buffer],
+) -> Result<()> {
+    use tl_tape_cuda::Device;
+    let mut start = 0;
+    while start < grads.len() {
+        let mut end = start;
+        let mut elems = 0;
+        while end < grads.len() && (end == start || elems < bucket) {
+            elems += grads[end].len();
+            end += 1;
+        }
+        comm.all_reduce_sum_device(dev, &grads[start..end])?;
+        start = end;
+    }
+    let n = comm.size() as f32;
+    for g in grads.iter_mut() {
+        let d = dev.full(g.len(), n)?;
+        let q = dev.div(*g, d);
+        dev.release(d);
+        dev.release(std::mem::replace(g, q?));
+    }
+    Ok(())
+}
+
 /// Every rank's gradient layout equal to rank 0's, else an error naming the first rank that
 /// differs and both layouts.
 pub(crate) fn check_layout(all: &[super::status::Status]) -> Result<()> {

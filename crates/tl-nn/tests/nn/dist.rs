@@ -147,13 +147,25 @@ fn optimizer(clip: bool) -> Optimizer {
 /// `steps` steps of the MLP on rank `rank` of `comm` (or alone when `None`), global batch
 /// `batch`, bucket `bucket`: the parameters after.
 fn train<O: Train>(
-    mut rt: Runtime<O>,
+    rt: Runtime<O>,
     comm: Option<Box<dyn Collective>>,
     batch: usize,
     steps: usize,
     bucket: usize,
     clip: bool,
 ) -> Vec<f64> {
+    train_traffic(rt, comm, batch, steps, bucket, clip).0
+}
+
+/// [`train`], with the session's device traffic of the last step (`None` on the CPU).
+fn train_traffic<O: Train>(
+    mut rt: Runtime<O>,
+    comm: Option<Box<dyn Collective>>,
+    batch: usize,
+    steps: usize,
+    bucket: usize,
+    clip: bool,
+) -> (Vec<f64>, Option<tl_tape_cuda::Traffic>) {
     let (train, _) = digits().unwrap();
     let model = mlp(&rt);
     let mut loader = DataLoader::new(&train, batch, Classify { classes: CLASSES })
@@ -166,14 +178,17 @@ fn train<O: Train>(
         loader = loader.shard(rank, size).unwrap();
     }
     let mut opt = optimizer(clip);
+    let mut last = None;
     for (x, labels) in loader.epoch(0).take(steps).map(Result::unwrap) {
         let x = x.cast::<O::T>();
+        let before = rt.session().traffic();
         rt.step(&model, &mut opt, |g| {
             model.forward(&g.input(x)?)?.cross_entropy(&labels)
         })
         .unwrap();
+        last = rt.session().traffic().zip(before).map(|(a, b)| a - b);
     }
-    values(&rt, &model)
+    (values(&rt, &model), last)
 }
 
 /// Every rank's parameters after `steps` steps, each rank a thread of `make`'s runtime.
@@ -542,7 +557,7 @@ mod nccl {
                 false,
             );
             assert_eq!(alone, nccl, "linked f64, bucket {bucket}");
-            // The model on the CUDA device too: its gradients reach NCCL through the host.
+            // The model on the CUDA device too: its gradients are reduced there.
             let cuda = || eager::<f32>(Backend::Cuda, 0);
             let alone = train(cuda(), None, 32, 4, bucket, true);
             let nccl = train(
@@ -555,6 +570,94 @@ mod nccl {
             );
             assert_eq!(alone, nccl, "eager on the CUDA device, bucket {bucket}");
         }
+    }
+
+    /// A session on the CUDA device in an NCCL group reduces its gradients in device memory:
+    /// its step copies between host and device exactly what a step without a group copies (the
+    /// loss), where the host round trip would add a download and an upload per gradient. The
+    /// parameters are those of no group, bit for bit.
+    #[test]
+    fn on_the_cuda_device_the_gradients_never_leave_it() {
+        if engine().is_none() {
+            return;
+        }
+        let cuda = || eager::<f32>(Backend::Cuda, 0);
+        for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
+            let (alone, t_alone) = train_traffic(cuda(), None, 32, 3, bucket, true);
+            let comm = Box::new(engine().unwrap());
+            let (nccl, t_nccl) = train_traffic(cuda(), Some(comm), 32, 3, bucket, true);
+            assert_eq!(alone, nccl, "bucket {bucket}");
+            let (a, n) = (t_alone.unwrap(), t_nccl.unwrap());
+            assert!(a.downloads > 0, "the loss is read: {a:?}");
+            assert_eq!(
+                (n.uploads, n.upload_bytes, n.downloads, n.download_bytes),
+                (a.uploads, a.upload_bytes, a.downloads, a.download_bytes),
+                "bucket {bucket}: a step in the group copies more than one alone \
+                 (a host round trip of the gradients?): {n:?} against {a:?}"
+            );
+            // The mean's division on the device: a fill and a division per gradient (4).
+            assert_eq!(n.launches, a.launches + 8, "{n:?} against {a:?}");
+        }
+    }
+
+    /// NCCL with a planted bug in its device all-reduce: every sum comes back doubled.
+    struct Doubled(Nccl);
+
+    impl Collective for Doubled {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn size(&self) -> usize {
+            self.0.size()
+        }
+        fn all_reduce_sum_f32(&self, buf: &mut [f32]) -> tl_nn::Result<()> {
+            self.0.all_reduce_sum_f32(buf)
+        }
+        fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> tl_nn::Result<()> {
+            self.0.all_reduce_sum_f64(buf)
+        }
+        fn broadcast_f32(&self, buf: &mut [f32]) -> tl_nn::Result<()> {
+            self.0.broadcast_f32(buf)
+        }
+        fn broadcast_f64(&self, buf: &mut [f64]) -> tl_nn::Result<()> {
+            self.0.broadcast_f64(buf)
+        }
+        fn all_gather_bytes(&self, mine: &[u8]) -> tl_nn::Result<Vec<Vec<u8>>> {
+            self.0.all_gather_bytes(mine)
+        }
+        fn reduces_on_device(&self) -> bool {
+            self.0.reduces_on_device()
+        }
+        fn all_reduce_sum_device(
+            &self,
+            dev: &mut tl_tape_cuda::CudaDevice,
+            bufs: &[tl_tape_cuda::Buffer],
+        ) -> tl_nn::Result<()> {
+            use tl_tape_cuda::Device;
+            self.0.all_reduce_sum_device(dev, bufs)?;
+            for &b in bufs {
+                dev.axpy_assign(b, 1.0, b)?;
+            }
+            Ok(())
+        }
+    }
+
+    /// The planted doubled sum (in the device path only: the host collectives are NCCL's own)
+    /// moves the parameters away from no group's, so the check above would catch a wrong mean
+    /// on the device, and a return of the host path would leave this one equal.
+    #[test]
+    fn a_planted_wrong_mean_on_the_device_is_caught() {
+        if engine().is_none() {
+            return;
+        }
+        let cuda = || eager::<f32>(Backend::Cuda, 0);
+        let alone = train(cuda(), None, 32, 3, 100, false);
+        let doubled = Box::new(Doubled(engine().unwrap()));
+        let wrong = train(cuda(), Some(doubled), 32, 3, 100, false);
+        assert!(
+            worst(&alone, &wrong) > 1e-4,
+            "the doubled mean went unnoticed"
+        );
     }
 
     #[test]

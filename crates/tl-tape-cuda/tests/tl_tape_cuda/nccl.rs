@@ -116,6 +116,52 @@ fn one_rank_all_reduce_and_broadcast_return_the_input_bit_for_bit() {
     assert_eq!(dev.live_buffers(), live);
 }
 
+/// The in-place all-reduce of several buffers (one NCCL group): with one rank every buffer
+/// keeps its bits, no buffer is made and nothing is copied between host and device; a bad
+/// length or a released buffer anywhere in the list is an error before the group opens.
+#[test]
+fn one_rank_in_place_all_reduce_keeps_the_buffers_on_the_device() {
+    let Some((nccl, mut dev)) = setup() else {
+        return;
+    };
+    let id = nccl.unique_id().unwrap();
+    let mut comm = NcclComm::init(&nccl, &id, 0, 1).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let xs: Vec<Vec<f32>> = [7usize, 0, 1000, 1]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|i| (i as f32 * 0.91 + n as f32).cos() * 1e2)
+                .collect()
+        })
+        .collect();
+    let bufs: Vec<_> = xs.iter().map(|x| dev.upload(x).unwrap()).collect();
+    let (live, before) = (dev.live_buffers(), dev.traffic());
+    comm.all_reduce_sum_in_place(&mut dev, &bufs, Elem::F32)
+        .unwrap();
+    let t = dev.traffic() - before;
+    assert_eq!((t.uploads, t.downloads), (0, 0), "{t:?}");
+    assert_eq!(dev.live_buffers(), live, "in place: no buffer made");
+    for (b, x) in bufs.iter().zip(&xs) {
+        assert_eq!(bits(&dev.download(*b).unwrap()), bits(x));
+    }
+    // An odd buffer for f64 values, and a released one, after a good one: errors naming the call.
+    let (call, d) = nccl_err(comm.all_reduce_sum_in_place(&mut dev, &bufs, Elem::F64));
+    assert_eq!(call, "ncclAllReduce");
+    assert!(d.contains("7 words (odd)"), "{d}");
+    dev.release(bufs[3]);
+    match comm.all_reduce_sum_in_place(&mut dev, &bufs, Elem::F32) {
+        Err(Error::Released { op, .. }) => assert_eq!(op, "ncclAllReduce"),
+        other => panic!("expected a released-buffer error, got {other:?}"),
+    }
+    assert_eq!(bits(&dev.download(bufs[2]).unwrap()), bits(&xs[2]));
+    comm.all_reduce_sum_in_place(&mut dev, &[], Elem::F32)
+        .unwrap();
+    for b in &bufs[..3] {
+        assert!(dev.release(*b));
+    }
+}
+
 #[test]
 fn bad_ranks_roots_and_lengths_are_errors_before_any_call() {
     let Some((nccl, mut dev)) = setup() else {

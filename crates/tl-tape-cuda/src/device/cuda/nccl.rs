@@ -10,8 +10,9 @@
 //!
 //! Wrapped: `ncclGetVersion` ([`Nccl::version`]), `ncclGetUniqueId` ([`Nccl::unique_id`]),
 //! `ncclCommInitRank` ([`NcclComm::init`]), `ncclAllReduce` with `ncclSum` on `f32` and `f64`
-//! ([`NcclComm::all_reduce_sum`]), `ncclBroadcast` ([`NcclComm::broadcast`]) and
-//! `ncclCommDestroy` (when a [`NcclComm`] drops). Collectives run on the device's stream (the
+//! ([`NcclComm::all_reduce_sum`]; in place over several buffers in one
+//! `ncclGroupStart`/`ncclGroupEnd` with [`NcclComm::all_reduce_sum_in_place`]), `ncclBroadcast`
+//! ([`NcclComm::broadcast`]) and `ncclCommDestroy` (when a [`NcclComm`] drops). Collectives run on the device's stream (the
 //! legacy default stream of the process-wide context, where every kernel and copy of
 //! [`CudaDevice`] runs) and are waited for before they return. Ranks, sizes, roots and lengths
 //! are checked against NCCL's `int` and the buffers' lengths before any call.
@@ -78,6 +79,7 @@ type BroadcastFn = unsafe extern "C" fn(
     *mut c_void,
 ) -> NcclResult;
 type CommDestroyFn = unsafe extern "C" fn(RawComm) -> NcclResult;
+type GroupFn = unsafe extern "C" fn() -> NcclResult;
 type GetErrorStringFn = unsafe extern "C" fn(NcclResult) -> *const c_char;
 
 /// The entry points, resolved once when the library is loaded.
@@ -89,6 +91,8 @@ struct Fns {
     all_reduce: AllReduceFn,
     broadcast: BroadcastFn,
     comm_destroy: CommDestroyFn,
+    group_start: GroupFn,
+    group_end: GroupFn,
     get_error_string: GetErrorStringFn,
 }
 
@@ -283,6 +287,8 @@ impl Nccl {
             all_reduce: sym!("ncclAllReduce", AllReduceFn),
             broadcast: sym!("ncclBroadcast", BroadcastFn),
             comm_destroy: sym!("ncclCommDestroy", CommDestroyFn),
+            group_start: sym!("ncclGroupStart", GroupFn),
+            group_end: sym!("ncclGroupEnd", GroupFn),
             get_error_string: sym!("ncclGetErrorString", GetErrorStringFn),
         };
         Ok(Arc::new(Nccl {
@@ -435,6 +441,72 @@ impl NcclComm {
         elem: Elem,
     ) -> Result<Buffer> {
         self.collective("ncclBroadcast", dev, x, elem, Some(root))
+    }
+
+    /// `ncclAllReduce` with `ncclSum`, in place, on every buffer of `bufs` (values of type
+    /// `elem`), inside one `ncclGroupStart`/`ncclGroupEnd` (NCCL fuses the calls of a group
+    /// into one launch: a data-parallel step's gradient bucket), waited for before it returns.
+    /// Every rank passes buffers of the same lengths in the same order. The buffers stay on the
+    /// device: no host copy is made. PyTorch: `dist.all_reduce` of each tensor in a
+    /// `dist._coalescing_manager`.
+    pub fn all_reduce_sum_in_place(
+        &mut self,
+        dev: &mut CudaDevice,
+        bufs: &[Buffer],
+        elem: Elem,
+    ) -> Result<()> {
+        const CALL: &str = "ncclAllReduce";
+        // Every check before the group opens: an error leaves nothing half-enqueued.
+        let mut calls = Vec::with_capacity(bufs.len());
+        for &b in bufs {
+            let count = elem.count(CALL, b.len())?;
+            if count > 0 {
+                calls.push((dev.ptr(CALL, b)?, count));
+            }
+        }
+        if calls.is_empty() {
+            return Ok(());
+        }
+        driver::enter()?;
+        let nccl = &self.nccl;
+        let what = format!(
+            "rank {} of {}, {} in-place buffer(s) of {elem:?} values: ",
+            self.rank,
+            self.size,
+            calls.len()
+        );
+        // SAFETY: no arguments; the group is closed below on every path.
+        let rc = unsafe { (nccl.fns.group_start)() };
+        nccl.check("ncclGroupStart", &what, rc)?;
+        let mut enqueued = Ok(());
+        for (p, count) in calls {
+            let ptr = p as usize as *mut c_void;
+            // SAFETY: `ptr` is the live allocation of one buffer of `bufs` holding `count`
+            // values of the element type (checked by `ptr` and `count`), passed as both send
+            // and receive (NCCL's in-place form); `self.raw` is this live communicator; the
+            // null stream is the legacy default stream of the current context (`enter`),
+            // where the device's kernels and copies run.
+            let rc = unsafe {
+                (nccl.fns.all_reduce)(
+                    ptr,
+                    ptr,
+                    count,
+                    elem.nccl_type(),
+                    NCCL_SUM,
+                    self.raw,
+                    std::ptr::null_mut(),
+                )
+            };
+            enqueued = nccl.check(CALL, &what, rc);
+            if enqueued.is_err() {
+                break;
+            }
+        }
+        // SAFETY: no arguments; closes the group opened above.
+        let rc = unsafe { (nccl.fns.group_end)() };
+        enqueued?;
+        nccl.check("ncclGroupEnd", &what, rc)?;
+        driver::synchronize(CALL)
     }
 
     /// An all-reduce (`root == None`) or a broadcast from `root` of `x` into a fresh buffer.
