@@ -77,6 +77,7 @@
 
 mod eager;
 mod error;
+mod grad_reduce;
 mod handle;
 // Compiled only where rustc shares generics between crates (the dev and test profiles).
 #[cfg(debug_assertions)]

@@ -39,11 +39,10 @@ pub trait Train: Ops {
     /// (tl-nn's `Runtime::data_parallel`). PyTorch: DistributedDataParallel's all-reduce
     /// between `loss.backward()` and `optimizer.step()`.
     ///
-    /// `reduce` is called on every engine of the eager session and on the linked session's CPU
-    /// backend. On a device the gradients stay in device memory when `reduce` takes them there
-    /// ([`GradReducer::reduce_on_device`]: NCCL, on the CUDA device); otherwise they go through
-    /// the host (downloaded, reduced, uploaded back). A linked session compiled onto a device
-    /// steps on its tape, where a `Some` is an error saying so.
+    /// `reduce` is called on every backend of both sessions. On a device the gradients stay in
+    /// device memory when `reduce` takes them there ([`GradReducer::reduce_on_device`]: NCCL,
+    /// on the CUDA device); otherwise they go through the host (downloaded, reduced, uploaded
+    /// back).
     fn backward_step_reduced(
         &mut self,
         loss: &TensorRef,
@@ -124,14 +123,12 @@ impl<T, F: FnMut(&mut [&mut [T]]) -> Result<()>> GradReducer<T> for F {
     }
 }
 
-/// The error for a gradient hook on a backend whose gradients stay on a device.
-pub(crate) fn no_reduce_on_device() -> crate::Error {
+/// The error for a gradient hook called without a training step's gradients (the eager
+/// session's hook runs after its own `backward_params`, so this is a bug in the caller).
+pub(crate) fn no_step_gradients() -> crate::Error {
     crate::Error::Usage {
         what: "backward_step_reduced",
-        detail: "a linked session compiled onto a device (CUDA or its simulation) steps on \
-                 the device's tape and takes no gradient reduction (data-parallel training): \
-                 use the eager session on a device, or the linked one on the CPU backend"
-            .into(),
+        detail: "no gradients of a training step's backward to reduce".into(),
     }
 }
 
@@ -236,10 +233,11 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
                 grads.into_iter().for_each(|g| tape.recycle(g));
                 stepped.map(|()| l)
             }
-            _ if reduce.is_some() => Err(no_reduce_on_device()),
-            CompiledTape::CudaSim(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt),
+            CompiledTape::CudaSim(t) => {
+                step_on_tape(&mut self.params, &uses, t, map, id, opt, reduce)
+            }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt),
+            CompiledTape::Cuda(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt, reduce),
         };
         // The device (kept for the next step's pools) comes back whatever the outcome.
         self.recycle(compiled);

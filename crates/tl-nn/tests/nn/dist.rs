@@ -231,6 +231,17 @@ fn eager_sim_f32() -> Runtime<tl_session::Session<f32>> {
     eager::<f32>(Backend::CudaSim, 0)
 }
 
+/// The linked session compiled onto `backend` (a device: its steps run on the device's tape).
+fn linked_on(backend: Backend) -> Runtime<tl_session::LinkedSession<f32>> {
+    let mut rt = linked::<f32>(0);
+    rt.session_mut().set_backend(backend).unwrap();
+    rt
+}
+
+fn linked_sim_f32() -> Runtime<tl_session::LinkedSession<f32>> {
+    linked_on(Backend::CudaSim)
+}
+
 #[test]
 fn a_group_of_one_steps_bit_for_bit_as_no_group() {
     for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
@@ -243,24 +254,35 @@ fn a_group_of_one_steps_bit_for_bit_as_no_group() {
         let alone = train(eager_sim_f32(), None, 32, 4, bucket, true);
         let local = train(eager_sim_f32(), Some(Box::new(Local)), 32, 4, bucket, true);
         assert_eq!(alone, local, "eager on the sim, bucket {bucket}");
+        let alone = train(linked_sim_f32(), None, 32, 4, bucket, true);
+        let local = train(linked_sim_f32(), Some(Box::new(Local)), 32, 4, bucket, true);
+        assert_eq!(alone, local, "linked on the sim, bucket {bucket}");
     }
 }
 
-/// On a device the step's gradients go down to the group's engine and back: N ranks on the
-/// simulation device take one rank's steps, and a planted wrong mean shows there too.
+/// On the simulation device a host engine's step takes the gradients down to the host and
+/// back: N ranks take one rank's steps, for the eager session and the linked one (whose step
+/// runs on its compiled device tape), and a planted wrong mean shows there too.
 #[test]
 fn n_ranks_on_a_device_take_the_steps_of_one_rank() {
-    let one = train(eager_sim_f32(), None, 64, 6, 100, true);
-    let all = ranks(eager_sim_f32, group(2), 64, 6, 100, true);
-    assert_eq!(all[0], all[1]);
-    let d = worst(&all[0], &one);
-    assert!(d < 1e-5, "2 ranks on the sim vs one: {d:e}");
-    // Without clipping (a clip to a norm below the gradients' hides a halved mean).
-    let one = train(eager_sim_f32(), None, 64, 6, 100, false);
-    let mut wrong = group(2);
-    wrong.iter_mut().for_each(|c| c.mean_instead_of_sum = true);
-    let all = ranks(eager_sim_f32, wrong, 64, 6, 100, false);
-    assert!(worst(&all[0], &one) > 1e-3, "the wrong mean went unnoticed");
+    fn check<O: Train + 'static>(what: &str, make: fn() -> Runtime<O>) {
+        let one = train(make(), None, 64, 6, 100, true);
+        let all = ranks(make, group(2), 64, 6, 100, true);
+        assert_eq!(all[0], all[1], "{what}");
+        let d = worst(&all[0], &one);
+        assert!(d < 1e-5, "{what}: 2 ranks on the sim vs one: {d:e}");
+        // Without clipping (a clip to a norm below the gradients' hides a halved mean).
+        let one = train(make(), None, 64, 6, 100, false);
+        let mut wrong = group(2);
+        wrong.iter_mut().for_each(|c| c.mean_instead_of_sum = true);
+        let all = ranks(make, wrong, 64, 6, 100, false);
+        assert!(
+            worst(&all[0], &one) > 1e-3,
+            "{what}: the wrong mean went unnoticed"
+        );
+    }
+    check("eager", eager_sim_f32);
+    check("linked", linked_sim_f32);
 }
 
 #[test]
@@ -569,6 +591,17 @@ mod nccl {
                 true,
             );
             assert_eq!(alone, nccl, "eager on the CUDA device, bucket {bucket}");
+            let cuda = || linked_on(Backend::Cuda);
+            let alone = train(cuda(), None, 32, 4, bucket, true);
+            let nccl = train(
+                cuda(),
+                Some(Box::new(engine().unwrap())),
+                32,
+                4,
+                bucket,
+                true,
+            );
+            assert_eq!(alone, nccl, "linked on the CUDA device, bucket {bucket}");
         }
     }
 
@@ -581,23 +614,26 @@ mod nccl {
         if engine().is_none() {
             return;
         }
-        let cuda = || eager::<f32>(Backend::Cuda, 0);
-        for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
-            let (alone, t_alone) = train_traffic(cuda(), None, 32, 3, bucket, true);
-            let comm = Box::new(engine().unwrap());
-            let (nccl, t_nccl) = train_traffic(cuda(), Some(comm), 32, 3, bucket, true);
-            assert_eq!(alone, nccl, "bucket {bucket}");
-            let (a, n) = (t_alone.unwrap(), t_nccl.unwrap());
-            assert!(a.downloads > 0, "the loss is read: {a:?}");
-            assert_eq!(
-                (n.uploads, n.upload_bytes, n.downloads, n.download_bytes),
-                (a.uploads, a.upload_bytes, a.downloads, a.download_bytes),
-                "bucket {bucket}: a step in the group copies more than one alone \
-                 (a host round trip of the gradients?): {n:?} against {a:?}"
-            );
-            // The mean's division on the device: a fill and a division per gradient (4).
-            assert_eq!(n.launches, a.launches + 8, "{n:?} against {a:?}");
+        fn check<O: Train>(what: &str, make: impl Fn() -> Runtime<O>) {
+            for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
+                let (alone, t_alone) = train_traffic(make(), None, 32, 3, bucket, true);
+                let comm = Box::new(engine().unwrap());
+                let (nccl, t_nccl) = train_traffic(make(), Some(comm), 32, 3, bucket, true);
+                assert_eq!(alone, nccl, "{what}, bucket {bucket}");
+                let (a, n) = (t_alone.unwrap(), t_nccl.unwrap());
+                assert!(a.downloads > 0, "{what}: the loss is read: {a:?}");
+                assert_eq!(
+                    (n.uploads, n.upload_bytes, n.downloads, n.download_bytes),
+                    (a.uploads, a.upload_bytes, a.downloads, a.download_bytes),
+                    "{what}, bucket {bucket}: a step in the group copies more than one alone \
+                     (a host round trip of the gradients?): {n:?} against {a:?}"
+                );
+                // The mean's division on the device: a fill and a division per gradient (4).
+                assert_eq!(n.launches, a.launches + 8, "{what}: {n:?} against {a:?}");
+            }
         }
+        check("eager", || eager::<f32>(Backend::Cuda, 0));
+        check("linked", || linked_on(Backend::Cuda));
     }
 
     /// NCCL with a planted bug in its device all-reduce: every sum comes back doubled.
@@ -657,6 +693,14 @@ mod nccl {
         assert!(
             worst(&alone, &wrong) > 1e-4,
             "the doubled mean went unnoticed"
+        );
+        let cuda = || linked_on(Backend::Cuda);
+        let alone = train(cuda(), None, 32, 3, 100, false);
+        let doubled = Box::new(Doubled(engine().unwrap()));
+        let wrong = train(cuda(), Some(doubled), 32, 3, 100, false);
+        assert!(
+            worst(&alone, &wrong) > 1e-4,
+            "linked: the doubled mean went unnoticed"
         );
     }
 
@@ -732,33 +776,4 @@ mod nccl {
         );
         assert!(e1.contains("cannot load /nonexistent"), "{e1}");
     }
-}
-
-/// A linked session compiled onto a device steps on the device's tape: in a group its step is
-/// an error that says so and what to use, and nothing changes.
-#[test]
-fn a_linked_device_session_in_a_group_is_a_clear_error() {
-    let mut rt = linked::<f32>(0);
-    rt.session_mut().set_backend(Backend::CudaSim).unwrap();
-    let model = mlp(&rt);
-    rt.data_parallel(&model, Box::new(Local)).unwrap();
-    let before = values(&rt, &model);
-    let (train, _) = digits().unwrap();
-    let (x, labels) = DataLoader::new(&train, 8, Classify { classes: CLASSES })
-        .unwrap()
-        .epoch(0)
-        .next()
-        .unwrap()
-        .unwrap();
-    let e = rt
-        .step(&model, &mut optimizer(false), |g| {
-            model.forward(&g.input(x)?)?.cross_entropy(&labels)
-        })
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("linked session compiled onto a device") && e.contains("eager session"),
-        "{e}"
-    );
-    assert_eq!(values(&rt, &model), before);
 }

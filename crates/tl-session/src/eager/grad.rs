@@ -4,6 +4,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, Buffer};
 
 use super::{Engine, Grads, Session, on_engine};
+use crate::grad_reduce::ReduceOn;
 use crate::{Error, GradReducer, Optimizer, Param, Result, TensorRef};
 
 impl<T: Scalar> Session<T> {
@@ -117,22 +118,13 @@ impl<T: Scalar> Session<T> {
     pub(crate) fn reduce_grads(&mut self, reduce: &mut dyn GradReducer<T>) -> Result<()> {
         let uses = self.trainable_uses();
         let leaves: Vec<usize> = uses.iter().flat_map(|(_, l)| l.iter().copied()).collect();
-        match (&mut self.grads, &mut self.engine) {
-            (Some(Grads::Cpu(g)), _) => crate::train::reduce_leaves(g, &leaves, reduce),
-            (Some(Grads::DeviceParams(_)), Engine::Cpu(_)) => {
-                Err(crate::train::no_reduce_on_device())
-            }
-            (Some(Grads::DeviceParams(g)), Engine::Sim(t)) => {
-                reduce_through_host(t, g, &leaves, reduce)
-            }
-            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            (Some(Grads::DeviceParams(g)), Engine::Gpu(t)) => {
-                match reduce_on_device(t.device_mut(), g, &leaves, reduce) {
-                    Some(r) => r,
-                    None => reduce_through_host(t, g, &leaves, reduce),
-                }
-            }
-            _ => Err(crate::train::no_reduce_on_device()),
+        match &mut self.grads {
+            Some(Grads::Cpu(g)) => crate::train::reduce_leaves(g, &leaves, reduce),
+            Some(Grads::DeviceParams(g)) => on_engine!(&mut self.engine,
+                cpu(_) => Err(crate::train::no_step_gradients()),
+                cuda(t) => t.device_mut().reduce_grads(g, &leaves, reduce),
+            ),
+            _ => Err(crate::train::no_step_gradients()),
         }
     }
 
@@ -300,72 +292,6 @@ impl<T: Scalar> Session<T> {
     pub fn release_optimizer_state(&mut self, opt: &mut Optimizer) -> usize {
         on_engine!(&mut self.engine, cpu(_) => 0, cuda(t) => opt.release_device_state(t.device_mut()))
     }
-}
-
-/// The gradient of leaf `id` in `grads`, or an error naming it.
-fn leaf_grad(grads: &std::collections::HashMap<usize, AnyBuffer>, id: usize) -> Result<&AnyBuffer> {
-    grads.get(&id).ok_or_else(|| Error::Usage {
-        what: "backward_step_reduced",
-        detail: format!("gradient leaf {id} is missing"),
-    })
-}
-
-/// [`Session::reduce_grads`] on a device through the host: the gradients of `leaves` (each in
-/// `grads`) downloaded, reduced on the host by `reduce`, uploaded back (the old buffers
-/// released).
-fn reduce_through_host<T: Scalar, D: tl_tape_cuda::Device>(
-    tape: &mut tl_tape_cuda::CudaTape<D>,
-    grads: &mut std::collections::HashMap<usize, AnyBuffer>,
-    leaves: &[usize],
-    reduce: &mut dyn GradReducer<T>,
-) -> Result<()> {
-    let mut host = Vec::with_capacity(leaves.len());
-    for &id in leaves {
-        host.push(leaf_grad(grads, id)?.download::<T, _>(tape.device())?);
-    }
-    let mut bufs: Vec<&mut [T]> = host.iter_mut().map(Tensor::data_mut).collect();
-    reduce.reduce(&mut bufs)?;
-    for (id, h) in leaves.iter().zip(&host) {
-        let up = AnyBuffer::upload(tape.device_mut(), h)?;
-        if let Some(old) = grads.insert(*id, up) {
-            old.release(tape.device_mut());
-        }
-    }
-    Ok(())
-}
-
-/// [`Session::reduce_grads`] on the CUDA device, in device memory: the gradient buffers of
-/// `leaves` handed to `reduce`'s device path, and the buffers it leaves put back in `grads`
-/// (whatever its outcome, so every buffer stays owned once). `None` when `reduce` works on the
-/// host only.
-#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-fn reduce_on_device<T: Scalar>(
-    dev: &mut tl_tape_cuda::CudaDevice,
-    grads: &mut std::collections::HashMap<usize, AnyBuffer>,
-    leaves: &[usize],
-    reduce: &mut dyn GradReducer<T>,
-) -> Option<Result<()>> {
-    let mut shapes = Vec::with_capacity(leaves.len());
-    let mut bufs = Vec::with_capacity(leaves.len());
-    for &id in leaves {
-        match leaf_grad(grads, id) {
-            Ok(g) => {
-                shapes.push(g.shape().clone());
-                bufs.push(g.buffer());
-            }
-            Err(e) => return Some(Err(e)),
-        }
-    }
-    let out = reduce.reduce_on_device(dev, &mut bufs)?;
-    for ((&id, shape), buf) in leaves.iter().zip(shapes).zip(bufs) {
-        match AnyBuffer::new("backward_step_reduced (a reduced gradient)", shape, buf) {
-            Ok(g) => {
-                grads.insert(id, g);
-            }
-            Err(e) => return Some(out.and(Err(e.into()))),
-        }
-    }
-    Some(out)
 }
 
 #[cfg(test)]

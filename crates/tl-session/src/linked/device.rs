@@ -14,8 +14,9 @@ use tl_tape_cuda::{AnyBuffer, Buffer, CudaTape, Device, MemoryUsage, SimDevice, 
 
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 use crate::eager::cuda_unavailable;
+use crate::grad_reduce::ReduceOn;
 use crate::params::ParamStore;
-use crate::{Backend, Optimizer, Result};
+use crate::{Backend, GradReducer, Optimizer, Result};
 
 use super::{Compiled, CompiledTape, LinkedSession};
 
@@ -351,15 +352,16 @@ impl<T: Scalar> LinkedSession<T> {
 }
 
 /// One training step on a compiled CUDA tape: the loss is read back (the step's only
-/// download), gradients flow to the trainable parameter leaves only, and `opt` updates each
-/// parameter's resident mirror on the device.
-pub(crate) fn step_on_tape<T: Scalar, D: Device>(
+/// download), gradients flow to the trainable parameter leaves only, `reduce` (a data-parallel
+/// group's mean) sees them, and `opt` updates each parameter's resident mirror on the device.
+pub(crate) fn step_on_tape<T: Scalar, D: ReduceOn>(
     params: &mut ParamStore<T>,
     uses: &BTreeMap<usize, Vec<usize>>,
     tape: &mut CudaTape<D>,
     map: &[usize],
     loss: usize,
     opt: &mut Optimizer,
+    reduce: Option<&mut dyn GradReducer<T>>,
 ) -> Result<Tensor<T>> {
     let to = map[loss];
     let value: Tensor<T> = tape.read(to)?;
@@ -368,15 +370,22 @@ pub(crate) fn step_on_tape<T: Scalar, D: Device>(
     let wanted: Vec<usize> = uses.values().flatten().map(|&l| map[l]).collect();
     // The 1 of a scalar loss is filled on the device and becomes the loss's gradient slot.
     let seed = AnyBuffer::upload_or_fill(tape.device_mut(), &Tensor::scalar(T::one()))?;
-    let grads = tape.backward_params_owned(to, seed, &wanted)?;
-    let items: Vec<(usize, Vec<Buffer>)> = uses
-        .iter()
-        .map(|(&index, leaves)| {
-            let gs = leaves.iter().map(|&l| grads[&map[l]].buffer()).collect();
-            (index, gs)
-        })
-        .collect();
-    let r = params.step_all_on_device(tape.device_mut(), opt, &items);
+    let mut grads = tape.backward_params_owned(to, seed, &wanted)?;
+    // The group's mean before the clipping and the update (an error changes nothing).
+    let reduced = match reduce {
+        Some(reduce) => tape.device_mut().reduce_grads(&mut grads, &wanted, reduce),
+        None => Ok(()),
+    };
+    let r = reduced.and_then(|()| {
+        let items = uses
+            .iter()
+            .map(|(&index, leaves)| {
+                let gs = leaves.iter().map(|&l| grads[&map[l]].buffer()).collect();
+                (index, gs)
+            })
+            .collect::<Vec<(usize, Vec<Buffer>)>>();
+        params.step_all_on_device(tape.device_mut(), opt, &items)
+    });
     tape.release_grad_map(grads);
     r.map(|()| value)
 }
