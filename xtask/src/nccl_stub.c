@@ -4,17 +4,25 @@
  * one rank copies the send buffer into the receive buffer when they differ. A communicator of
  * several ranks is refused (ncclInvalidUsage, with a message saying why), so multi-rank use
  * without the real library is a clear error. The buffers are host memory under the kernel
- * emulator (tl-tape-cuda feature cuda-emu), where the copies really run. Never put it where a
- * real NCCL is wanted. */
+ * emulator (tl-tape-cuda feature cuda-emu), where the copies really run. With the variable
+ * TL_NCCL_STUB_HANG=k set when a communicator is made, its collectives after the first k never
+ * finish (a lost rank: the timeout's tests). Never put it where a real NCCL is wanted. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef struct stubComm { int nranks; } *ncclComm_t;
+/* `hang`: TL_NCCL_STUB_HANG=k was set when the communicator was made, so its first k
+ * collectives finish and the others never do (ncclCommGetAsyncError says ncclInProgress until
+ * ncclCommAbort): a rank lost after k collectives, for the tests of the collectives' timeout.
+ * -1 without the variable. `done`: the collectives finished so far. */
+typedef struct stubComm { int nranks; long hang; long done; int running; } *ncclComm_t;
 
-enum { ncclSuccess = 0, ncclSystemError = 2, ncclInvalidArgument = 4, ncclInvalidUsage = 5 };
+enum {
+    ncclSuccess = 0, ncclSystemError = 2, ncclInvalidArgument = 4, ncclInvalidUsage = 5,
+    ncclInProgress = 7
+};
 
 /* What the stub's unique ids hold, so a token that did not come from it is refused. */
 static const char MAGIC[] = "tl-nccl-stub one rank";
@@ -39,6 +47,10 @@ int ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
     *comm = malloc(sizeof **comm);
     if (*comm == NULL) return ncclSystemError;
     (*comm)->nranks = 1;
+    const char *hang = getenv("TL_NCCL_STUB_HANG");
+    (*comm)->hang = hang == NULL ? -1 : strtol(hang, NULL, 10);
+    (*comm)->done = 0;
+    (*comm)->running = 0;
     return ncclSuccess;
 }
 
@@ -59,6 +71,12 @@ static int one_rank(const void *send, void *recv, size_t count, int type, ncclCo
     if (comm == NULL || comm->nranks != 1 || size == 0) return ncclInvalidArgument;
     if (count == 0) return ncclSuccess;
     if (send == NULL || recv == NULL || count > SIZE_MAX / size) return ncclInvalidArgument;
+    /* Queued behind a hung collective (or hanging itself): enqueued, never finished. */
+    if (comm->running || (comm->hang >= 0 && comm->done >= comm->hang)) {
+        comm->running = 1; /* enqueued, never finished: the results are never written */
+        return ncclSuccess;
+    }
+    comm->done++;
     if (send != recv) memmove(recv, send, count * size);
     return ncclSuccess;
 }
@@ -81,6 +99,20 @@ int ncclBroadcast(const void *send, void *recv, size_t count, int type, int root
 int ncclGroupStart(void) { return ncclSuccess; }
 int ncclGroupEnd(void) { return ncclSuccess; }
 
+/* ncclInProgress while a collective of a hanging communicator "runs", else no error. */
+int ncclCommGetAsyncError(ncclComm_t comm, int *state) {
+    if (comm == NULL || state == NULL) return ncclInvalidArgument;
+    *state = comm->running ? ncclInProgress : ncclSuccess;
+    return ncclSuccess;
+}
+
+/* Stops whatever runs and frees the communicator (as ncclCommDestroy here). */
+int ncclCommAbort(ncclComm_t comm) {
+    if (comm == NULL) return ncclInvalidArgument;
+    free(comm);
+    return ncclSuccess;
+}
+
 int ncclCommDestroy(ncclComm_t comm) {
     if (comm == NULL) return ncclInvalidArgument;
     free(comm);
@@ -92,6 +124,7 @@ const char *ncclGetErrorString(int result) {
     case ncclSuccess: return "no error";
     case ncclSystemError: return "unhandled system error (the NCCL stub could not allocate)";
     case ncclInvalidArgument: return "invalid argument (NCCL stub)";
+    case ncclInProgress: return "operation in progress (NCCL stub)";
     case ncclInvalidUsage:
         return "invalid usage: this is the one-rank NCCL stub of `cargo xtask nccl-stub`; "
                "more than one rank needs the real libnccl.so.2 (set TL_NCCL_LIBRARY to it)";

@@ -4,7 +4,8 @@
 //! The C source is `nccl_stub.c` beside this file (embedded): the calls the `nccl` module loads,
 //! with nccl.h's signatures, for one rank (an all-reduce or a broadcast copies send to receive;
 //! more than one rank is `ncclInvalidUsage` with a message saying that the real library is
-//! needed). gcc builds it as `target/nccl-stub/libnccl-stub.so`; the command prints the
+//! needed; with `TL_NCCL_STUB_HANG=k` set, a communicator's collectives after the first k never
+//! finish: a lost rank, for the tests of the collectives' timeout). gcc builds it as `target/nccl-stub/libnccl-stub.so`; the command prints the
 //! `export TL_NCCL_LIBRARY=…` line that makes `Nccl::load` open it. NCCL is loaded at run time,
 //! so nothing links against the stub, and it is never on the loader's path.
 

@@ -30,13 +30,15 @@ mod mpi;
 mod nccl;
 mod reduce;
 mod status;
+mod timeout;
 
 pub use collective::{Collective, Local};
 #[cfg(feature = "mpi")]
-pub use mpi::{DEFAULT_TIMEOUT, Mpi};
+pub use mpi::Mpi;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use nccl::Nccl;
 pub use reduce::DEFAULT_BUCKET_ELEMS;
+pub use timeout::DEFAULT_TIMEOUT;
 
 use std::cell::Cell;
 

@@ -27,10 +27,6 @@ const BUFFERED_CALLS: usize = 16;
 /// 128 bytes or less in Open MPI and MPICH).
 const BSEND_OVERHEAD: usize = 512;
 
-/// How long a rank waits for the others at the start of a step by default: 120 s
-/// (`TL_DIST_TIMEOUT`, in seconds, overrides it).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-
 /// The MPI engine: this process's rank in `MPI_COMM_WORLD`. Sums are reduced to rank 0 and
 /// broadcast from there, so every rank gets the same bits whatever the library's algorithm.
 /// The per-step all-gather ([`Collective::all_gather_bytes`]) is point to point with a
@@ -62,22 +58,12 @@ impl std::fmt::Debug for Mpi {
 
 impl Mpi {
     /// Initialise MPI (once per process) with the timeout of `TL_DIST_TIMEOUT` (seconds) or
-    /// [`DEFAULT_TIMEOUT`]. Run outside `mpirun`, this is rank 0 of 1. An error when MPI is
-    /// initialised already or the variable is not a positive number of seconds.
+    /// [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT). Run outside `mpirun`, this is rank 0 of 1.
+    /// An error when MPI is initialised already or the variable is not a positive number of
+    /// seconds.
     pub fn init() -> Result<Mpi> {
         const WHAT: &str = "Mpi::init";
-        let timeout = match std::env::var("TL_DIST_TIMEOUT") {
-            Ok(v) => match v.trim().parse::<f64>() {
-                Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Duration::from_secs_f64(s),
-                _ => {
-                    return Err(usage(
-                        WHAT,
-                        format!("TL_DIST_TIMEOUT must be a positive number of seconds, got {v:?}"),
-                    ));
-                }
-            },
-            Err(_) => DEFAULT_TIMEOUT,
-        };
+        let timeout = super::timeout::from_env(WHAT)?;
         let mut universe = mpi::initialize().ok_or_else(|| {
             usage(
                 WHAT,

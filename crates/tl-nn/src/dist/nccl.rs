@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tl_tape_cuda::nccl::{self, Elem, NcclComm, UniqueId};
 use tl_tape_cuda::{Buffer, CudaDevice, Device, Traffic};
@@ -32,6 +33,12 @@ const WHAT: &str = "Nccl::init";
 ///   rank, so the ranks stay bit for bit equal.
 /// - [`Collective::all_gather_bytes`] and [`Collective::barrier`] (the per-step status records,
 ///   with their timeout, and the start-up checks) go to the bootstrap engine.
+/// - Every NCCL collective has a timeout (`TL_DIST_TIMEOUT` seconds, default
+///   [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT); [`Nccl::with_timeout`]): one that has not
+///   finished by then (a rank that does not take part) or that NCCL reports failed aborts the
+///   communicator (`ncclCommAbort`), and the ranks still there meet in the bootstrap's
+///   exchange, whose own timeout names the rank that does not come; the error says which.
+///   Every later collective of the engine is an error.
 ///
 /// `f64` buffers travel as their bits (two `f32` words per value, `ncclFloat64`).
 pub struct Nccl {
@@ -78,6 +85,7 @@ impl Nccl {
 
     fn start(library: Option<&OsStr>, bootstrap: Box<dyn Collective>) -> Result<Nccl> {
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
+        let timeout = super::timeout::from_env(WHAT)?;
         let opened = (|| -> Result<(Arc<nccl::Nccl>, CudaDevice)> {
             let lib = match library {
                 Some(p) => nccl::Nccl::open(p)?,
@@ -124,7 +132,8 @@ impl Nccl {
             }
             None => return Err(usage(WHAT, "rank 0 sent no unique id")),
         };
-        let comm = NcclComm::init(&lib, &id, rank, size)?;
+        let mut comm = NcclComm::init(&lib, &id, rank, size)?;
+        comm.set_timeout(timeout);
         Ok(Nccl {
             bootstrap,
             inner: RefCell::new(Inner { comm, dev }),
@@ -139,6 +148,40 @@ impl Nccl {
             Ok(v) => format!("NCCL {v} ({})", lib.path()),
             Err(_) => lib.path().to_owned(),
         }
+    }
+
+    /// The same engine with another timeout for its NCCL collectives (see the type's docs).
+    pub fn with_timeout(self, timeout: Duration) -> Nccl {
+        self.inner.borrow_mut().comm.set_timeout(timeout);
+        self
+    }
+
+    /// The timeout of the NCCL collectives.
+    pub fn timeout(&self) -> Duration {
+        self.inner.borrow().comm.timeout()
+    }
+
+    /// The error of a failed collective. When it aborted the communicator (a timeout, or a
+    /// failure NCCL reported while it ran), the ranks still there meet in the bootstrap's
+    /// exchange: a rank that does not come is named by the bootstrap's timeout.
+    fn failed(&self, e: tl_tape_cuda::Error) -> crate::Error {
+        if !self.inner.borrow().comm.is_aborted() {
+            return e.into();
+        }
+        let who = match self.bootstrap.all_gather_bytes(&[]) {
+            Err(lost) => format!("the ranks' exchange after it: {lost}"),
+            Ok(_) => "every rank answered the exchange after it, so no rank is lost: NCCL \
+                      itself stalled or failed (NCCL_DEBUG=INFO says more)"
+                .to_owned(),
+        };
+        usage(
+            "Nccl (collective)",
+            format!(
+                "rank {} of {}: {e}; {who}",
+                self.bootstrap.rank(),
+                self.bootstrap.size()
+            ),
+        )
     }
 
     /// The host↔device copies of this engine's collectives so far (its own device's counter).
@@ -160,7 +203,13 @@ impl Nccl {
             Some(r) => comm.broadcast(dev, x, r, elem),
         };
         dev.release(x);
-        let out = out?;
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                drop(inner);
+                return Err(self.failed(e));
+            }
+        };
         let got = dev.download(out);
         dev.release(out);
         words.copy_from_slice(&got?);
@@ -217,7 +266,11 @@ impl Collective for Nccl {
         true
     }
     fn all_reduce_sum_device(&self, dev: &mut CudaDevice, bufs: &[Buffer]) -> Result<()> {
-        let mut inner = self.inner.borrow_mut();
-        Ok(inner.comm.all_reduce_sum_in_place(dev, bufs, Elem::F32)?)
+        let out = self
+            .inner
+            .borrow_mut()
+            .comm
+            .all_reduce_sum_in_place(dev, bufs, Elem::F32);
+        out.map_err(|e| self.failed(e))
     }
 }

@@ -704,6 +704,141 @@ mod nccl {
         );
     }
 
+    /// A bootstrap that stands for `Mpi` with a lost rank 1: its exchanges pass, except the
+    /// empty one the NCCL engine makes after a collective failed, which fails as `Mpi`'s
+    /// timeout does, naming the rank that did not answer.
+    struct LostAfterNccl;
+
+    impl Collective for LostAfterNccl {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn size(&self) -> usize {
+            1
+        }
+        fn all_reduce_sum_f32(&self, _: &mut [f32]) -> tl_nn::Result<()> {
+            Ok(())
+        }
+        fn all_reduce_sum_f64(&self, _: &mut [f64]) -> tl_nn::Result<()> {
+            Ok(())
+        }
+        fn broadcast_f32(&self, _: &mut [f32]) -> tl_nn::Result<()> {
+            Ok(())
+        }
+        fn broadcast_f64(&self, _: &mut [f64]) -> tl_nn::Result<()> {
+            Ok(())
+        }
+        fn all_gather_bytes(&self, mine: &[u8]) -> tl_nn::Result<Vec<Vec<u8>>> {
+            if mine.is_empty() {
+                return Err(tl_nn::Error::Usage {
+                    what: "Mpi (collective)",
+                    detail: "rank(s) [1] did not answer within 0.2 s".into(),
+                });
+            }
+            Ok(vec![mine.to_vec()])
+        }
+    }
+
+    /// Run the test `name` again in a child process with the stub's `TL_NCCL_STUB_HANG=k` (a
+    /// communicator's collectives after the first `k` never finish: a lost rank), and check
+    /// that it passed within a minute (the child's timeouts are far shorter; a hang fails).
+    fn run_hanging(name: &str, k: usize) {
+        let limit = std::time::Duration::from_secs(60);
+        let exe = std::env::current_exe().unwrap();
+        let mut child = std::process::Command::new(exe)
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env("TL_NCCL_STUB_HANG", k.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > limit {
+                child.kill().ok();
+                panic!("{name} with a hanging NCCL did not end within {limit:?}: a hang");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{name} with a hanging NCCL failed:\n{text}"
+        );
+        assert!(text.contains("1 passed"), "{name} did not run:\n{text}");
+    }
+
+    /// A rank lost inside the step's device all-reduce: the other ranks' step is an error
+    /// after the NCCL timeout (not a hang) that names the lost rank when the bootstrap's
+    /// exchange does, and says NCCL itself stalled when every rank answers it; no parameter
+    /// changes. Runs in a child process with the stub's hanging mode after the MLP's four
+    /// parameter broadcasts (`TL_NCCL_STUB_HANG=4`); skips on a real NCCL.
+    #[test]
+    fn a_rank_lost_inside_an_nccl_all_reduce_is_an_error_naming_it() {
+        if std::env::var_os("TL_NCCL_STUB_HANG").is_none() {
+            let Some(probe) = engine() else {
+                return;
+            };
+            if !probe.library().starts_with("NCCL 0.0.0") {
+                println!("not the stub ({}): skipping", probe.library());
+                return;
+            }
+            let name = "dist::nccl::a_rank_lost_inside_an_nccl_all_reduce_is_an_error_naming_it";
+            return run_hanging(name, 4);
+        }
+        let (train, _) = digits().unwrap();
+        let (x, labels) = DataLoader::new(&train, 8, Classify { classes: CLASSES })
+            .unwrap()
+            .epoch(0)
+            .next()
+            .unwrap()
+            .unwrap();
+        let timeout = std::time::Duration::from_millis(200);
+        let bootstraps: [(Box<dyn Collective>, &str); 2] = [
+            (
+                Box::new(LostAfterNccl),
+                "the ranks' exchange after it: Mpi (collective): rank(s) [1] did not answer",
+            ),
+            (
+                Box::new(Local),
+                "every rank answered the exchange after it, so no rank is lost: NCCL itself stalled",
+            ),
+        ];
+        for (bootstrap, says) in bootstraps {
+            let mut rt = eager::<f32>(Backend::Cuda, 0);
+            let model = mlp(&rt);
+            let comm = Nccl::init(bootstrap).unwrap().with_timeout(timeout);
+            assert_eq!(comm.timeout(), timeout);
+            rt.data_parallel(&model, Box::new(comm)).unwrap();
+            let before = values(&rt, &model);
+            let start = std::time::Instant::now();
+            let e = rt
+                .step(&model, &mut optimizer(false), |g| {
+                    model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(start.elapsed() >= timeout, "{e}");
+            assert!(
+                e.contains("ncclAllReduce")
+                    && e.contains("not finished after 0.200 s (the timeout)")
+                    && e.contains(says),
+                "{e}"
+            );
+            assert_eq!(values(&rt, &model), before, "no parameter changed");
+            // The engine's communicator is gone: the next step is an error at once.
+            let e = rt
+                .step(&model, &mut optimizer(false), |g| {
+                    model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("the communicator was aborted"), "{e}");
+        }
+    }
+
     #[test]
     fn two_ranks_on_the_one_rank_stub_are_a_clear_error_on_each() {
         let Some(probe) = engine() else {

@@ -162,6 +162,98 @@ fn one_rank_in_place_all_reduce_keeps_the_buffers_on_the_device() {
     }
 }
 
+/// Run the test `name` of this binary again in a child process with the stub's
+/// `TL_NCCL_STUB_HANG=0` (its collectives never finish: a lost rank), and check that it
+/// passed, within `limit` of wall time (the child's timeouts are far shorter; a hang fails).
+fn run_hanging(name: &str, limit: std::time::Duration) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("TL_NCCL_STUB_HANG", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().ok();
+            panic!("{name} with a hanging NCCL did not end within {limit:?}: a hang");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{name} with a hanging NCCL failed:\n{text}"
+    );
+    assert!(text.contains("1 passed"), "{name} did not run:\n{text}");
+}
+
+/// A collective that never finishes (the stub's hanging mode: a rank that does not take part)
+/// is an error after the communicator's timeout, not a hang; the communicator is aborted and
+/// every later call on it is an error saying so. Run in a child process with the stub's
+/// variable set; with a real NCCL (no hanging mode) it skips.
+#[test]
+fn a_collective_that_never_finishes_times_out_and_aborts_the_communicator() {
+    if std::env::var_os("TL_NCCL_STUB_HANG").is_none() {
+        let Some((nccl, _)) = setup() else {
+            return;
+        };
+        if nccl.version().unwrap().code != 0 {
+            println!("not the stub ({}): skipping", nccl.path());
+            return;
+        }
+        let name = "nccl::a_collective_that_never_finishes_times_out_and_aborts_the_communicator";
+        return run_hanging(name, std::time::Duration::from_secs(60));
+    }
+    let (nccl, mut dev) = setup().expect("the parent checked the library and the device");
+    let id = nccl.unique_id().unwrap();
+    let mut comm = NcclComm::init(&nccl, &id, 0, 1).unwrap();
+    assert_eq!(comm.timeout(), tl_tape_cuda::nccl::DEFAULT_TIMEOUT);
+    comm.set_timeout(std::time::Duration::from_millis(200));
+    let live = dev.live_buffers();
+    let x = dev.upload(&[1.0, 2.0, 3.0]).unwrap();
+    let start = std::time::Instant::now();
+    let (call, d) = nccl_err(comm.all_reduce_sum(&mut dev, x, Elem::F32));
+    let waited = start.elapsed();
+    assert_eq!(call, "ncclAllReduce");
+    assert!(
+        d.contains("rank 0 of 1")
+            && d.contains("not finished after 0.200 s (the timeout)")
+            && d.contains("the communicator is aborted"),
+        "{d}"
+    );
+    assert!(
+        waited >= std::time::Duration::from_millis(200),
+        "{waited:?}"
+    );
+    assert!(comm.is_aborted());
+    // Every later call: an error before NCCL is called (the communicator is gone).
+    for r in [
+        comm.all_reduce_sum_in_place(&mut dev, &[x], Elem::F32),
+        comm.broadcast(&mut dev, x, 0, Elem::F32).map(|_| ()),
+    ] {
+        let (_, d) = nccl_err(r);
+        assert!(d.contains("the communicator was aborted"), "{d}");
+    }
+    dev.release(x);
+    assert_eq!(
+        dev.live_buffers(),
+        live,
+        "the unfinished result was released"
+    );
+    // The in-place form times out the same way on a fresh communicator.
+    let mut comm = NcclComm::init(&nccl, &id, 0, 1).unwrap();
+    comm.set_timeout(std::time::Duration::from_millis(50));
+    let y = dev.upload(&[4.0; 8]).unwrap();
+    let (_, d) = nccl_err(comm.all_reduce_sum_in_place(&mut dev, &[y], Elem::F32));
+    assert!(d.contains("not finished after 0.050 s"), "{d}");
+    dev.release(y);
+}
+
 #[test]
 fn bad_ranks_roots_and_lengths_are_errors_before_any_call() {
     let Some((nccl, mut dev)) = setup() else {

@@ -233,12 +233,17 @@ pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Ar
     })
 }
 
-/// Wait until every piece of work of the context has finished (a library's call on the
-/// default stream, e.g. an NCCL collective): an asynchronous failure shows up here, as `op`'s.
-pub fn synchronize(op: &'static str) -> Result<()> {
+/// Whether every piece of work on the legacy default stream has finished (`cuStreamQuery`):
+/// `false` while a kernel or a library's call (an NCCL collective) still runs. An asynchronous
+/// failure shows up here, as `op`'s.
+pub fn stream_done(op: &'static str) -> Result<bool> {
     enter()?;
-    // SAFETY: the context is current on this thread (`enter` above); no pointers are passed.
-    check(op, unsafe { sys::cuCtxSynchronize() })
+    // SAFETY: the context is current on this thread (`enter` above); the null stream is the
+    // legacy default stream of that context; no other pointer is passed.
+    match unsafe { sys::cuStreamQuery(std::ptr::null_mut()) } {
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        r => check(op, r).map(|()| true),
+    }
 }
 
 /// Copy `data` to device address `dst` (at least `data.len()` floats).

@@ -182,9 +182,9 @@ pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Ar
     }
 }
 
-/// Nothing to wait for: the emulator runs every launch, copy and library call to its end.
-pub fn synchronize(_op: &'static str) -> Result<()> {
-    Ok(())
+/// Always done: the emulator runs every launch, copy and library call to its end.
+pub fn stream_done(_op: &'static str) -> Result<bool> {
+    Ok(true)
 }
 
 /// Copy `data` to device address `dst` (at least `data.len()` floats).

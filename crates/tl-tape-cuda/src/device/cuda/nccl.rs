@@ -14,7 +14,11 @@
 //! `ncclGroupStart`/`ncclGroupEnd` with [`NcclComm::all_reduce_sum_in_place`]), `ncclBroadcast`
 //! ([`NcclComm::broadcast`]) and `ncclCommDestroy` (when a [`NcclComm`] drops). Collectives run on the device's stream (the
 //! legacy default stream of the process-wide context, where every kernel and copy of
-//! [`CudaDevice`] runs) and are waited for before they return. Ranks, sizes, roots and lengths
+//! [`CudaDevice`] runs) and are waited for before they return: by polling `cuStreamQuery` and
+//! `ncclCommGetAsyncError`, with a deadline ([`NcclComm::set_timeout`], default
+//! [`DEFAULT_TIMEOUT`]). A collective that has not finished by then (a rank that does not take
+//! part: lost, or stuck elsewhere), or that NCCL reports failed, is an error; the communicator
+//! is aborted (`ncclCommAbort`) and every later call on it is an error saying so. Ranks, sizes, roots and lengths
 //! are checked against NCCL's `int` and the buffers' lengths before any call.
 //!
 //! `cargo xtask nccl-stub` builds a one-rank stand-in (`target/nccl-stub/libnccl.so.2`) for
@@ -26,9 +30,10 @@
 
 use std::ffi::{CStr, OsStr, c_char, c_int, c_void};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{CudaDevice, driver};
-use crate::device::Buffer;
+use crate::device::{Buffer, Device};
 use crate::{Error, Result};
 
 /// The environment variable naming the NCCL library file to load.
@@ -56,6 +61,16 @@ struct RawUniqueId {
 /// `ncclSum` of `ncclRedOp_t`.
 const NCCL_SUM: c_int = 0;
 
+/// `ncclInProgress` of `ncclResult_t`: an operation still running (NCCL 2.14 and later).
+const NCCL_IN_PROGRESS: NcclResult = 7;
+
+/// How long a collective may take by default before it is taken for a hang
+/// ([`NcclComm::set_timeout`]).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The longest pause between two polls of a running collective.
+const MAX_POLL_PAUSE: Duration = Duration::from_micros(200);
+
 // The signatures of nccl.h (NCCL 2.x; the ABI of these calls has not changed since 2.0).
 type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> NcclResult;
 type GetUniqueIdFn = unsafe extern "C" fn(*mut RawUniqueId) -> NcclResult;
@@ -80,6 +95,8 @@ type BroadcastFn = unsafe extern "C" fn(
 ) -> NcclResult;
 type CommDestroyFn = unsafe extern "C" fn(RawComm) -> NcclResult;
 type GroupFn = unsafe extern "C" fn() -> NcclResult;
+type CommGetAsyncErrorFn = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
+type CommAbortFn = unsafe extern "C" fn(RawComm) -> NcclResult;
 type GetErrorStringFn = unsafe extern "C" fn(NcclResult) -> *const c_char;
 
 /// The entry points, resolved once when the library is loaded.
@@ -93,6 +110,8 @@ struct Fns {
     comm_destroy: CommDestroyFn,
     group_start: GroupFn,
     group_end: GroupFn,
+    comm_get_async_error: CommGetAsyncErrorFn,
+    comm_abort: CommAbortFn,
     get_error_string: GetErrorStringFn,
 }
 
@@ -289,6 +308,8 @@ impl Nccl {
             comm_destroy: sym!("ncclCommDestroy", CommDestroyFn),
             group_start: sym!("ncclGroupStart", GroupFn),
             group_end: sym!("ncclGroupEnd", GroupFn),
+            comm_get_async_error: sym!("ncclCommGetAsyncError", CommGetAsyncErrorFn),
+            comm_abort: sym!("ncclCommAbort", CommAbortFn),
             get_error_string: sym!("ncclGetErrorString", GetErrorStringFn),
         };
         Ok(Arc::new(Nccl {
@@ -352,6 +373,9 @@ pub struct NcclComm {
     raw: RawComm,
     rank: usize,
     size: usize,
+    timeout: Duration,
+    /// Set once `ncclCommAbort` has run: `raw` is gone.
+    aborted: bool,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -401,7 +425,97 @@ impl NcclComm {
             raw,
             rank,
             size,
+            timeout: DEFAULT_TIMEOUT,
+            aborted: false,
         })
+    }
+
+    /// How long a collective may run before it is an error and the communicator is aborted
+    /// (default [`DEFAULT_TIMEOUT`]): longer than any collective of the job takes when every
+    /// rank takes part.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// The collectives' timeout ([`NcclComm::set_timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether the communicator was aborted (a collective timed out or failed): every call on
+    /// it is an error from then on.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted
+    }
+
+    /// An error unless the communicator is usable.
+    fn usable(&self, call: &'static str) -> Result<()> {
+        if self.aborted {
+            return Err(Error::Nccl {
+                call,
+                detail: format!(
+                    "rank {} of {}: the communicator was aborted after an earlier collective \
+                     failed or timed out; make a new one",
+                    self.rank, self.size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// `ncclCommAbort`, once: NCCL stops the communicator's running operations and frees it.
+    fn abort(&mut self) {
+        if !self.aborted {
+            self.aborted = true;
+            // SAFETY: `raw` is this live communicator (never aborted before: the flag), freed
+            // by this call and never used again (every call checks `usable`; `Drop` skips it).
+            let _ = unsafe { (self.nccl.fns.comm_abort)(self.raw) };
+        }
+    }
+
+    /// Wait for the collective just enqueued: poll NCCL's asynchronous state and the stream
+    /// until both say done, an error, or the timeout (then abort; see the module docs).
+    fn wait(&mut self, call: &'static str, what: &str) -> Result<()> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            let mut state: NcclResult = 0;
+            // SAFETY: `raw` is this live communicator (checked usable before the collective);
+            // `state` is a valid out-pointer for one ncclResult_t.
+            let rc = unsafe { (self.nccl.fns.comm_get_async_error)(self.raw, &mut state) };
+            let nccl = &self.nccl;
+            let polled = nccl
+                .check("ncclCommGetAsyncError", what, rc)
+                .and_then(|()| match state {
+                    0 => driver::stream_done(call),
+                    NCCL_IN_PROGRESS => Ok(false),
+                    failed => nccl
+                        .check(call, &format!("{what}asynchronously: "), failed)
+                        .map(|()| false),
+                });
+            match polled {
+                Ok(true) => return Ok(()),
+                Ok(false) if start.elapsed() < self.timeout => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(MAX_POLL_PAUSE);
+                }
+                Ok(false) => {
+                    self.abort();
+                    return Err(Error::Nccl {
+                        call,
+                        detail: format!(
+                            "{what}not finished after {:.3} s (the timeout): a rank did not take \
+                             part (lost, or stuck elsewhere); the communicator is aborted",
+                            self.timeout.as_secs_f64()
+                        ),
+                    });
+                }
+                Err(e) => {
+                    self.abort();
+                    return Err(e);
+                }
+            }
+        }
     }
 
     /// This communicator's rank.
@@ -456,6 +570,7 @@ impl NcclComm {
         elem: Elem,
     ) -> Result<()> {
         const CALL: &str = "ncclAllReduce";
+        self.usable(CALL)?;
         // Every check before the group opens: an error leaves nothing half-enqueued.
         let mut calls = Vec::with_capacity(bufs.len());
         for &b in bufs {
@@ -506,7 +621,7 @@ impl NcclComm {
         let rc = unsafe { (nccl.fns.group_end)() };
         enqueued?;
         nccl.check("ncclGroupEnd", &what, rc)?;
-        driver::synchronize(CALL)
+        self.wait(CALL, &what)
     }
 
     /// An all-reduce (`root == None`) or a broadcast from `root` of `x` into a fresh buffer.
@@ -518,6 +633,7 @@ impl NcclComm {
         elem: Elem,
         root: Option<usize>,
     ) -> Result<Buffer> {
+        self.usable(call)?;
         let count = elem.count(call, x.len())?;
         let root = match root {
             None => None,
@@ -539,7 +655,7 @@ impl NcclComm {
             "rank {} of {}, {count} {elem:?} values: ",
             self.rank, self.size
         );
-        dev.with_out(call, x.len(), |_, out| {
+        let out = dev.with_out(call, x.len(), |_, out| {
             if count == 0 {
                 return Ok(());
             }
@@ -567,17 +683,27 @@ impl NcclComm {
                     (nccl.fns.broadcast)(send, recv, count, ty, r, raw, std::ptr::null_mut())
                 },
             };
-            nccl.check(call, &what, rc)?;
-            driver::synchronize(call)
-        })
+            nccl.check(call, &what, rc)
+        })?;
+        if count > 0
+            && let Err(e) = self.wait(call, &what)
+        {
+            dev.release(out);
+            return Err(e);
+        }
+        Ok(out)
     }
 }
 
 impl Drop for NcclComm {
-    /// `ncclCommDestroy` (its result is ignored: nothing is left to undo).
+    /// `ncclCommDestroy` (its result is ignored: nothing is left to undo), unless the
+    /// communicator was aborted (`ncclCommAbort` freed it).
     fn drop(&mut self) {
-        // SAFETY: `raw` came from `ncclCommInitRank` and is destroyed once, here; the library
-        // is still loaded (`self.nccl` holds it).
+        if self.aborted {
+            return;
+        }
+        // SAFETY: `raw` came from `ncclCommInitRank`, was not aborted, and is destroyed once,
+        // here; the library is still loaded (`self.nccl` holds it).
         let _ = unsafe { (self.nccl.fns.comm_destroy)(self.raw) };
     }
 }
