@@ -1,7 +1,9 @@
 //! NCCL on this machine, one rank: loads the library, prints its version, all-reduces and
 //! broadcasts device buffers (f32 and f64) and checks that one rank gets its input back bit for
 //! bit, then trains the digits MLP data-parallel with the NCCL engine (over `Local`, one rank)
-//! against the same steps without a group: the parameters must be equal, bit for bit. Prints
+//! against the same steps without a group: the parameters must be equal, bit for bit, on the
+//! CPU and with the model on the CUDA device (both sessions), where the gradients are reduced
+//! in device memory: a step in the group copies nothing more between host and device. Prints
 //! one `PASS`/`FAIL` line per check; exit 0 when all pass, 1 otherwise, 2 when built without
 //! a CUDA feature.
 //!
@@ -27,6 +29,10 @@ fn main() {
         "data-parallel digits MLP (Nccl over Local)",
         check::training(),
     );
+    report(
+        "data-parallel digits MLP on the CUDA device, gradients reduced there",
+        check::training_on_device(),
+    );
     std::process::exit(i32::from(failed > 0));
 }
 
@@ -41,7 +47,7 @@ mod check {
     use tl_nn::data::{Classify, DataLoader, digits};
     use tl_nn::dist::{Collective, Local, Nccl};
     use tl_nn::{Activation, CLASSES, Linear, Module, PIXELS, Runtime, Sequential};
-    use tl_session::{Optimizer, Options, Session};
+    use tl_session::{Backend, LinkedSession, Optimizer, Options, Session, Train};
     use tl_tape_cuda::nccl::{self, Elem, NcclComm};
     use tl_tape_cuda::{CudaDevice, Device};
 
@@ -91,13 +97,24 @@ mod check {
         ))
     }
 
-    /// The parameters after `steps` SGD steps of the MLP, with `comm` as the group (or none).
-    fn train(comm: Option<Nccl>, steps: usize) -> tl_nn::Result<(Vec<u32>, f64)> {
-        let (data, _) = digits()?;
-        let mut rt = Runtime::new(Session::<f32>::new(Options {
+    /// The eager session on `backend`, seed 7.
+    fn eager(backend: Backend) -> tl_nn::Result<Runtime<Session<f32>>> {
+        Ok(Runtime::new(Session::<f32>::new(Options {
             seed: 7,
+            backend,
             ..Options::default()
-        })?);
+        })?))
+    }
+
+    /// The parameters after `steps` SGD steps of the MLP on `rt`, with `comm` as the group (or
+    /// none), the last loss, and the session's host↔device copies of the last step
+    /// (`(uploads, downloads)`; zeros on the CPU).
+    fn train<O: Train<T = f32>>(
+        mut rt: Runtime<O>,
+        comm: Option<Nccl>,
+        steps: usize,
+    ) -> tl_nn::Result<(Vec<u32>, f64, (u64, u64))> {
+        let (data, _) = digits()?;
         let v = rt.vars();
         let model = Sequential::new()
             .add(Linear::new(&v.pp(0), PIXELS, 32)?)
@@ -112,25 +129,35 @@ mod check {
         }
         let mut opt = Optimizer::sgd(0.1)?;
         let mut loss = 0.0;
+        let mut copies = (0, 0);
         for batch in loader.epoch(0).take(steps) {
             let (x, labels) = batch?;
+            let before = rt.session().traffic().unwrap_or_default();
             loss = rt.step(&model, &mut opt, |g| {
                 model.forward(&g.input(x)?)?.cross_entropy(&labels)
             })?;
+            let t = rt.session().traffic().unwrap_or_default() - before;
+            copies = (t.uploads, t.downloads);
         }
         let params = rt
             .state_dict(&model)?
             .into_iter()
             .flat_map(|(_, t)| bits(t.data()))
             .collect();
-        Ok((params, loss))
+        Ok((params, loss, copies))
     }
 
     pub fn training() -> R {
         let steps = 10;
-        let (alone, l0) = train(None, steps).map_err(|e| e.to_string())?;
+        let (alone, l0, _) = train(eager(Backend::Cpu).map_err(|e| e.to_string())?, None, steps)
+            .map_err(|e| e.to_string())?;
         let engine = Nccl::init(Box::new(Local)).map_err(|e| e.to_string())?;
-        let (grouped, l1) = train(Some(engine), steps).map_err(|e| e.to_string())?;
+        let (grouped, l1, _) = train(
+            eager(Backend::Cpu).map_err(|e| e.to_string())?,
+            Some(engine),
+            steps,
+        )
+        .map_err(|e| e.to_string())?;
         if alone != grouped {
             let differ = alone.iter().zip(&grouped).filter(|(a, b)| a != b).count();
             return Err(format!(
@@ -141,6 +168,48 @@ mod check {
         Ok(format!(
             "{steps} steps, {} parameters equal bit for bit (loss {l0:.4} alone, {l1:.4} with NCCL)",
             alone.len()
+        ))
+    }
+
+    /// The same steps with the model on the CUDA device, for the eager and the linked session:
+    /// equal to no group bit for bit, and the step in the group copies between host and device
+    /// what the step alone copies (the gradients stay on the device).
+    pub fn training_on_device() -> R {
+        let steps = 10;
+        let e = |e: tl_nn::Error| e.to_string();
+        let linked = || -> tl_nn::Result<Runtime<LinkedSession<f32>>> {
+            let mut rt = Runtime::new(LinkedSession::<f32>::with_seed(7));
+            rt.session_mut().set_backend(Backend::Cuda)?;
+            Ok(rt)
+        };
+        let mut said = Vec::new();
+        for session in ["eager", "linked"] {
+            let run = |comm: Option<Nccl>| match session {
+                "eager" => train(eager(Backend::Cuda)?, comm, steps),
+                _ => train(linked()?, comm, steps),
+            };
+            let (alone, _, c0) = run(None).map_err(e)?;
+            let engine = Nccl::init(Box::new(Local)).map_err(e)?;
+            let (grouped, _, c1) = run(Some(engine)).map_err(e)?;
+            if alone != grouped {
+                let differ = alone.iter().zip(&grouped).filter(|(a, b)| a != b).count();
+                return Err(format!(
+                    "{session}: {differ} of {} parameters differ after {steps} steps",
+                    alone.len()
+                ));
+            }
+            if c1 != c0 {
+                return Err(format!(
+                    "{session}: a step in the group makes {c1:?} (uploads, downloads), one alone \
+                     {c0:?}: the gradients left the device"
+                ));
+            }
+            said.push(format!("{session} {c0:?}"));
+        }
+        Ok(format!(
+            "{steps} steps each, parameters equal bit for bit; (uploads, downloads) a step, \
+             alone = in the group: {}",
+            said.join(", ")
         ))
     }
 }

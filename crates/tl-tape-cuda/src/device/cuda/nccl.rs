@@ -11,15 +11,17 @@
 //! Wrapped: `ncclGetVersion` ([`Nccl::version`]), `ncclGetUniqueId` ([`Nccl::unique_id`]),
 //! `ncclCommInitRank` ([`NcclComm::init`]), `ncclAllReduce` with `ncclSum` on `f32` and `f64`
 //! ([`NcclComm::all_reduce_sum`]; in place over several buffers in one
-//! `ncclGroupStart`/`ncclGroupEnd` with [`NcclComm::all_reduce_sum_in_place`]), `ncclBroadcast`
-//! ([`NcclComm::broadcast`]) and `ncclCommDestroy` (when a [`NcclComm`] drops). Collectives run on the device's stream (the
-//! legacy default stream of the process-wide context, where every kernel and copy of
-//! [`CudaDevice`] runs) and are waited for before they return: by polling `cuStreamQuery` and
-//! `ncclCommGetAsyncError`, with a deadline ([`NcclComm::set_timeout`], default
-//! [`DEFAULT_TIMEOUT`]). A collective that has not finished by then (a rank that does not take
-//! part: lost, or stuck elsewhere), or that NCCL reports failed, is an error; the communicator
-//! is aborted (`ncclCommAbort`) and every later call on it is an error saying so. Ranks, sizes, roots and lengths
-//! are checked against NCCL's `int` and the buffers' lengths before any call.
+//! `ncclGroupStart`/`ncclGroupEnd` with [`NcclComm::all_reduce_sum_in_place`]),
+//! `ncclBroadcast` ([`NcclComm::broadcast`]), `ncclCommGetAsyncError` and `ncclCommAbort` (the
+//! collectives' timeout) and `ncclCommDestroy` (when a [`NcclComm`] drops). Collectives run on
+//! the device's stream (the legacy default stream of the process-wide context, where every
+//! kernel and copy of [`CudaDevice`] runs) and are waited for before they return: by polling
+//! `cuStreamQuery` and `ncclCommGetAsyncError`, with a deadline ([`NcclComm::set_timeout`],
+//! default [`DEFAULT_TIMEOUT`]). A collective that has not finished by then (a rank that does
+//! not take part: lost, or stuck elsewhere), or that NCCL reports failed, is an error; the
+//! communicator is aborted (`ncclCommAbort`) and every later call on it is an error saying so.
+//! Ranks, sizes, roots and lengths are checked against NCCL's `int` and the buffers' lengths
+//! before any call.
 //!
 //! `cargo xtask nccl-stub` builds a one-rank stand-in (`target/nccl-stub/libnccl.so.2`) for
 //! machines without NCCL: over the kernel emulator (`cuda-emu`) its copies really run, so the
