@@ -1,6 +1,7 @@
 //! A training step's gradient reduction on a device ([`Train::backward_step_reduced`] of both
 //! sessions on a CUDA tape): in device memory when the reducer works there
-//! ([`GradReducer::reduce_on_device`]: NCCL, on the CUDA device), else through the host.
+//! (`GradReducer::reduce_on_device`, features `cuda`, `cuda-emu`: NCCL, on the CUDA device),
+//! else through the host.
 //!
 //! [`Train::backward_step_reduced`]: crate::Train::backward_step_reduced
 

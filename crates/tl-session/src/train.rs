@@ -40,9 +40,9 @@ pub trait Train: Ops {
     /// between `loss.backward()` and `optimizer.step()`.
     ///
     /// `reduce` is called on every backend of both sessions. On a device the gradients stay in
-    /// device memory when `reduce` takes them there ([`GradReducer::reduce_on_device`]: NCCL,
-    /// on the CUDA device); otherwise they go through the host (downloaded, reduced, uploaded
-    /// back).
+    /// device memory when `reduce` takes them there (`GradReducer::reduce_on_device`, features
+    /// `cuda`, `cuda-emu`: NCCL, on the CUDA device); otherwise they go through the host
+    /// (downloaded, reduced, uploaded back).
     fn backward_step_reduced(
         &mut self,
         loss: &TensorRef,

@@ -108,13 +108,12 @@ impl<T: Scalar> Session<T> {
     /// Hand the last backward's trainable parameter gradients (one per leaf, in
     /// [`Train::backward_step_reduced`]'s order) to `reduce`. On the CUDA device (after
     /// [`backward_params`](Self::backward_params)) they stay there when `reduce` works on the
-    /// device ([`GradReducer::reduce_on_device`]: NCCL); otherwise (and on the simulation
-    /// device) they go through the host: each downloaded, the host slices reduced, each
-    /// uploaded back in place of its buffer, so that a data-parallel group's mean (its engine:
-    /// MPI, NCCL) applies on every backend.
+    /// device (`GradReducer::reduce_on_device`, features `cuda`, `cuda-emu`: NCCL); otherwise
+    /// (and on the simulation device) they go through the host: each downloaded, the host
+    /// slices reduced, each uploaded back in place of its buffer, so that a data-parallel
+    /// group's mean (its engine: MPI, NCCL) applies on every backend.
     ///
     /// [`Train::backward_step_reduced`]: crate::Train::backward_step_reduced
-    /// [`GradReducer::reduce_on_device`]: crate::GradReducer::reduce_on_device
     pub(crate) fn reduce_grads(&mut self, reduce: &mut dyn GradReducer<T>) -> Result<()> {
         let uses = self.trainable_uses();
         let leaves: Vec<usize> = uses.iter().flat_map(|(_, l)| l.iter().copied()).collect();
