@@ -207,16 +207,8 @@ fn fft_forward<F: Scalar + Real>(
     w: usize,
     m: usize,
 ) -> Result<Tensor<F>> {
-    let mut f = fft::Fft::<F>::new(n, w, m);
     let mut y = try_zeroed(OP, "output", x[0].numel())?;
-    let slice = (n * w).max(1);
-    for (xs, ys) in x[0]
-        .data()
-        .chunks_exact(slice)
-        .zip(y.chunks_exact_mut(slice))
-    {
-        f.forward(xs, x[1].data(), x[2].data(), ys)?;
-    }
+    fft::forward(x[0].data(), x[1].data(), x[2].data(), (n, w, m), &mut y)?;
     tensor(x[0].shape().clone(), y)
 }
 
@@ -227,19 +219,11 @@ fn fft_backward<F: Scalar + Real>(
     w: usize,
     m: usize,
 ) -> Result<Grads<F>> {
-    let mut f = fft::Fft::<F>::new(n, w, m);
     let mut dx = try_zeroed(OP, "cotangent", x[0].numel())?;
     let mut dwr = try_zeroed(OP, "cotangent", x[1].numel())?;
     let mut dwi = try_zeroed(OP, "cotangent", x[2].numel())?;
-    let slice = (n * w).max(1);
-    let slices = x[0]
-        .data()
-        .chunks_exact(slice)
-        .zip(g.data().chunks_exact(slice))
-        .zip(dx.chunks_exact_mut(slice));
-    for ((xs, gs), dxs) in slices {
-        f.backward(xs, x[1].data(), x[2].data(), gs, dxs, &mut dwr, &mut dwi)?;
-    }
+    let (xd, wr, wi) = (x[0].data(), x[1].data(), x[2].data());
+    fft::backward(xd, wr, wi, g.data(), (n, w, m), &mut dx, &mut dwr, &mut dwi)?;
     Ok(smallvec![
         Some(tensor(x[0].shape().clone(), dx)?),
         Some(tensor(x[1].shape().clone(), dwr)?),

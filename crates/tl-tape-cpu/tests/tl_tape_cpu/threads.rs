@@ -1,5 +1,5 @@
 //! Kernels that split their work across threads (the GEMM, pool planes, conv batch entries,
-//! element-wise maps: `tl_tape_cpu::par`) give the same bits at every thread count, forward and backward, on
+//! element-wise maps, the spectral conv's transforms and modes: `tl_tape_cpu::par`) give the same bits at every thread count, forward and backward, on
 //! sizes above the thresholds where the split happens.
 
 use tl_ir::Op;
@@ -55,6 +55,13 @@ fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
             Op::Max,
             vec![t(&[3, 176_001]), t(&[3, 176_001])],
             528_003 * 3,
+        ),
+        // The FNO's spectral conv: transforms split by slice (33), the mix by mode (17); the
+        // work of the mix, B·W²·M (the transforms' B·N·W·log₂N is more).
+        (
+            Op::SpectralConv1dRfft { modes: 17 },
+            vec![t(&[33, 64, 24]), t(&[17, 24, 24]), t(&[17, 24, 24])],
+            33 * 24 * 24 * 17,
         ),
     ];
     for (op, inputs, work) in &cases {
