@@ -140,12 +140,18 @@ pub struct FnoConfig {
 /// paper's 1×1 convolutions `w_k` (a `Linear` on the channel axis, channels last).
 /// Names: `lift.*`, `spectral.{k}.*`, `pointwise.{k}.*`, `proj.0.*`, `proj.2.*`. PyTorch: the
 /// reference `FNO1d` with channels last.
+///
+/// [`with_output_scale`](Self::with_output_scale) multiplies the output by a fixed constant:
+/// training such a model is training the plain one on targets divided by the constant (a
+/// scalar output normaliser), for targets much smaller than 1, where Adam's steps of about
+/// the learning rate per parameter would otherwise be large against the targets.
 pub struct Fno1d {
     lift: Linear,
     spectral: Vec<SpectralConv1d>,
     pointwise: Vec<Linear>,
     proj: (Linear, Linear),
     exact_gelu: bool,
+    output_scale: f64,
 }
 
 impl Fno1d {
@@ -185,7 +191,27 @@ impl Fno1d {
                 Linear::new(&vars.pp("proj").pp(2), c.proj_hidden, c.out_channels)?,
             ),
             exact_gelu: c.exact_gelu,
+            output_scale: 1.0,
         })
+    }
+
+    /// The model with its output multiplied by `scale` (finite and positive; 1, the default,
+    /// records no multiplication). PyTorch: `y = scale * fno(x)`, or training on `y / scale`.
+    pub fn with_output_scale(mut self, scale: f64) -> Result<Self> {
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(usage(
+                "Fno1d::with_output_scale",
+                format!("the scale must be finite and positive, got {scale}"),
+            ));
+        }
+        self.output_scale = scale;
+        Ok(self)
+    }
+
+    /// The constant the output is multiplied by (1 unless
+    /// [`with_output_scale`](Self::with_output_scale) set it).
+    pub fn output_scale(&self) -> f64 {
+        self.output_scale
     }
 }
 
@@ -218,7 +244,12 @@ impl<O: Train> Module<O> for Fno1d {
                 h = gelu(&h)?;
             }
         }
-        self.proj.1.forward(&gelu(&self.proj.0.forward(&h)?)?)
+        let out = self.proj.1.forward(&gelu(&self.proj.0.forward(&h)?)?)?;
+        if self.output_scale == 1.0 {
+            Ok(out)
+        } else {
+            out.scale(self.output_scale)
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use tl_nn::models::{
     self, BasicBlock, BlockConfig, CnnConfig, Fno1d, FnoConfig, LmConfig, ResNet, ResNetConfig,
     TransformerBlock, TransformerLm,
 };
-use tl_nn::{Activation, Labels, Module, Runtime};
+use tl_nn::{Activation, Labels, Module, Parameters, Runtime};
 use tl_session::{Backend, Optimizer, Train};
 use tl_spec::Tensor;
 
@@ -210,6 +210,65 @@ fn fno_learns_a_smoothing_operator_eager_and_linked() {
     };
     let e = Fno1d::new(&rt.vars(), &bad).err().unwrap().to_string();
     assert!(e.contains("Fno1d::new") && e.contains("width: 0"), "{e}");
+}
+
+#[test]
+fn fno_output_scale_multiplies_the_output_and_its_gradients() {
+    // Runtimes with the same seed hold the same parameters; one model scales its output by c.
+    let cfg = FnoConfig {
+        in_channels: 1,
+        out_channels: 1,
+        width: 4,
+        modes: 3,
+        layers: 2,
+        proj_hidden: 8,
+        exact_gelu: true,
+    };
+    let c = 0.01;
+    let x = Tensor::new([2, 8, 1], uniform(16, 3, 1.0)).unwrap();
+    // The output, and every parameter after one SGD step at rate `lr` on the output's sum.
+    let run = |scale: Option<f64>, lr: f64| {
+        let mut rt = eager::<f32>(Backend::Cpu, 7);
+        let fno = Fno1d::new(&rt.vars(), &cfg).unwrap();
+        let fno = match scale {
+            Some(c) => fno.with_output_scale(c).unwrap(),
+            None => fno,
+        };
+        let out = rt
+            .eval(&fno, |g| fno.forward(&g.input(x.clone())?))
+            .unwrap();
+        let mut before = Vec::new();
+        fno.visit_params(&mut |p| before.extend(rt.value_of(p).unwrap().into_vec()));
+        rt.step(&fno, &mut Optimizer::sgd(lr).unwrap(), |g| {
+            fno.forward(&g.input(x.clone())?)?.sum()
+        })
+        .unwrap();
+        let mut after = Vec::new();
+        fno.visit_params(&mut |p| after.extend(rt.value_of(p).unwrap().into_vec()));
+        assert!(before.iter().zip(&after).filter(|(a, b)| a != b).count() > after.len() / 2);
+        (out.into_vec(), after)
+    };
+    let (plain, plain_after) = run(None, 1.0);
+    let (scaled, scaled_after) = run(Some(c), 1.0 / c);
+    assert_eq!(run(Some(1.0), 1.0), (plain.clone(), plain_after.clone()));
+    for (a, b) in plain.iter().zip(&scaled) {
+        assert!(
+            (b - c as f32 * a).abs() <= 1e-6 * a.abs().max(1e-3),
+            "{b} vs c·{a}"
+        );
+    }
+    // Each gradient is c times the plain one, so a step at rate 1/c moves as the plain step.
+    for (a, b) in plain_after.iter().zip(&scaled_after) {
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-2), "{b} vs {a}");
+    }
+    let rt = eager::<f32>(Backend::Cpu, 0);
+    for (k, bad) in [0.0, -1.0, f64::NAN, f64::INFINITY].into_iter().enumerate() {
+        let e = Fno1d::new(&rt.vars().pp(k), &cfg)
+            .unwrap()
+            .with_output_scale(bad);
+        let e = e.err().unwrap().to_string();
+        assert!(e.contains("Fno1d::with_output_scale"), "{e}");
+    }
 }
 
 fn lm_run<O: Train<T = f32>>(mut rt: Runtime<O>) -> Vec<f64> {
