@@ -164,91 +164,176 @@ pub fn sigmoid_f32(x: f32) -> f32 {
 
 /// The error function in f32: FreeBSD's `erff` (Sun's rational approximations on
 /// [0, 0.84375), [0.84375, 1.25), [1.25, 1/0.35), [1/0.35, 6), then ±1), with its two `expf`
-/// calls [`exp_f32`], the sign of x put back last. Scalar branches, not straight-line: its
-/// callers (the CPU tape's f32 `geluErf`, the simulation device, `tl_erf_approx` in
-/// `kernels/approx.cuh`, the same operations in the same order) do not need it to vectorize.
+/// calls [`exp_f32`], the sign of x put back last. Straight-line: every interval's value is
+/// computed and the one for |x| selected, each with the operations, in the order, of the
+/// branch it replaces (`tl_erf_approx` in `kernels/approx.cuh` keeps the branches: the same
+/// bits), so a loop over a slice vectorizes (the CPU tape's f32 `geluErf`).
 /// Within 2 ulp of the true value (checked below); NaN stays NaN, `erf(±∞) = ±1`.
 // The constants are FreeBSD's literals as written (and as `approx.cuh` writes them): each rounds
 // to the same f32 as its shortest spelling, and keeping them verbatim lets a reader compare.
 #[allow(clippy::excessive_precision)]
+#[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
     const ERX: f32 = 8.450_629_115_1e-1;
     let a = x.abs();
-    if a.is_nan() {
-        return x;
-    }
-    let y = if a < 0.843_75 {
-        let z = x * x;
-        let r = 1.283_791_661_3e-1
-            + z * (-3.250_420_987_6e-1
-                + z * (-2.848_174_981_8e-2 + z * (-5.770_270_247e-3 + z * -2.376_301_745_2e-5)));
-        let s = 1.0
-            + z * (3.979_172_110_6e-1
-                + z * (6.502_225_25e-2
-                    + z * (5.081_306_211_7e-3
-                        + z * (1.324_947_370_4e-4 + z * -3.960_228_241_3e-6))));
-        return x + x * (r / s);
-    } else if a < 1.25 {
-        let s = a - 1.0;
-        let p = -2.362_118_568_3e-3
-            + s * (4.148_561_060_4e-1
-                + s * (-3.722_078_800_2e-1
-                    + s * (3.183_466_196_1e-1
-                        + s * (-1.108_946_949_2e-1
-                            + s * (3.547_830_507_2e-2 + s * -2.166_375_517_8e-3)))));
-        let q = 1.0
-            + s * (1.064_208_820_5e-1
-                + s * (5.403_979_420_7e-1
-                    + s * (7.182_865_589_9e-2
-                        + s * (1.261_712_163_7e-1
-                            + s * (1.363_708_358_3e-2 + s * 1.198_450_010_3e-2)))));
-        ERX + p / q
+    // [0, 0.84375): x + x·R(x²)/S(x²), odd by itself.
+    let z = x * x;
+    let r = 1.283_791_661_3e-1
+        + z * (-3.250_420_987_6e-1
+            + z * (-2.848_174_981_8e-2 + z * (-5.770_270_247e-3 + z * -2.376_301_745_2e-5)));
+    let s = 1.0
+        + z * (3.979_172_110_6e-1
+            + z * (6.502_225_25e-2
+                + z * (5.081_306_211_7e-3 + z * (1.324_947_370_4e-4 + z * -3.960_228_241_3e-6))));
+    let small = x + x * (r / s);
+    // [0.84375, 1.25): erx + P(|x| − 1)/Q(|x| − 1).
+    let s = a - 1.0;
+    let p = -2.362_118_568_3e-3
+        + s * (4.148_561_060_4e-1
+            + s * (-3.722_078_800_2e-1
+                + s * (3.183_466_196_1e-1
+                    + s * (-1.108_946_949_2e-1
+                        + s * (3.547_830_507_2e-2 + s * -2.166_375_517_8e-3)))));
+    let q = 1.0
+        + s * (1.064_208_820_5e-1
+            + s * (5.403_979_420_7e-1
+                + s * (7.182_865_589_9e-2
+                    + s * (1.261_712_163_7e-1
+                        + s * (1.363_708_358_3e-2 + s * 1.198_450_010_3e-2)))));
+    let middle = ERX + p / q;
+    // [1.25, 6): 1 − exp(−z² − 0.5625)·exp((z − a)(z + a) + R/S)/a, z = a with its low 13
+    // bits cleared, (R, S) of [1.25, 1/0.35) or of [1/0.35, 6).
+    let s = 1.0 / (a * a);
+    let r1 = -9.864_944_033_3e-3
+        + s * (-6.938_585_639e-1
+            + s * (-1.055_862_617_5e1
+                + s * (-6.237_533_187_9e1
+                    + s * (-1.623_966_674_8e2
+                        + s * (-1.846_050_872_8e2
+                            + s * (-8.128_743_743_9e1 + s * -9.814_329_147_3))))));
+    let s1 = 1.0
+        + s * (1.965_127_182e1
+            + s * (1.376_577_606_2e2
+                + s * (4.345_658_874_5e2
+                    + s * (6.453_872_680_7e2
+                        + s * (4.290_081_481_9e2
+                            + s * (1.086_350_021_4e2
+                                + s * (6.570_249_557_5 + s * -6.042_441_353_2e-2)))))));
+    let r2 = -9.864_943_102e-3
+        + s * (-7.992_832_660_7e-1
+            + s * (-1.775_795_555_1e1
+                + s * (-1.606_363_830_6e2
+                    + s * (-6.375_664_672_9e2
+                        + s * (-1.025_095_092_8e3 + s * -4.835_191_955_6e2)))));
+    let s2 = 1.0
+        + s * (3.033_806_037_9e1
+            + s * (3.257_925_109_9e2
+                + s * (1.536_729_614_3e3
+                    + s * (3.199_858_154_3e3
+                        + s * (2.553_050_293e3
+                            + s * (4.745_285_339_4e2 + s * -2.244_095_230_1e1))))));
+    let near = a < f32::from_bits(0x4036_db6d);
+    let (r, big_s) = (if near { r1 } else { r2 }, if near { s1 } else { s2 });
+    let z = f32::from_bits(a.to_bits() & 0xffff_e000);
+    let tail = 1.0 - exp_f32(-z * z - 0.5625) * exp_f32((z - a) * (z + a) + r / big_s) / a;
+    let y = if a < 1.25 {
+        middle
     } else if a < 6.0 {
-        let s = 1.0 / (a * a);
-        let (r, big_s) = if a < f32::from_bits(0x4036_db6d) {
-            let r = -9.864_944_033_3e-3
-                + s * (-6.938_585_639e-1
-                    + s * (-1.055_862_617_5e1
-                        + s * (-6.237_533_187_9e1
-                            + s * (-1.623_966_674_8e2
-                                + s * (-1.846_050_872_8e2
-                                    + s * (-8.128_743_743_9e1 + s * -9.814_329_147_3))))));
-            let big_s = 1.0
-                + s * (1.965_127_182e1
-                    + s * (1.376_577_606_2e2
-                        + s * (4.345_658_874_5e2
-                            + s * (6.453_872_680_7e2
-                                + s * (4.290_081_481_9e2
-                                    + s * (1.086_350_021_4e2
-                                        + s * (6.570_249_557_5 + s * -6.042_441_353_2e-2)))))));
-            (r, big_s)
-        } else {
-            let r = -9.864_943_102e-3
-                + s * (-7.992_832_660_7e-1
-                    + s * (-1.775_795_555_1e1
-                        + s * (-1.606_363_830_6e2
-                            + s * (-6.375_664_672_9e2
-                                + s * (-1.025_095_092_8e3 + s * -4.835_191_955_6e2)))));
-            let big_s = 1.0
-                + s * (3.033_806_037_9e1
-                    + s * (3.257_925_109_9e2
-                        + s * (1.536_729_614_3e3
-                            + s * (3.199_858_154_3e3
-                                + s * (2.553_050_293e3
-                                    + s * (4.745_285_339_4e2 + s * -2.244_095_230_1e1))))));
-            (r, big_s)
-        };
-        let z = f32::from_bits(a.to_bits() & 0xffff_e000);
-        1.0 - exp_f32(-z * z - 0.5625) * exp_f32((z - a) * (z + a) + r / big_s) / a
+        tail
     } else {
         1.0
     };
-    y.copysign(x)
+    if a.is_nan() {
+        x
+    } else if a < 0.843_75 {
+        small
+    } else {
+        y.copysign(x)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// FreeBSD's `erff` with its branches, as `kernels/approx.cuh` writes it: the reference
+    /// the straight-line [`erf_f32`] must equal bit for bit.
+    #[allow(clippy::excessive_precision)]
+    fn erf_f32_branches(x: f32) -> f32 {
+        const ERX: f32 = 8.450_629_115_1e-1;
+        let a = x.abs();
+        if a.is_nan() {
+            return x;
+        }
+        let y = if a < 0.843_75 {
+            let z = x * x;
+            let r = 1.283_791_661_3e-1
+                + z * (-3.250_420_987_6e-1
+                    + z * (-2.848_174_981_8e-2
+                        + z * (-5.770_270_247e-3 + z * -2.376_301_745_2e-5)));
+            let s = 1.0
+                + z * (3.979_172_110_6e-1
+                    + z * (6.502_225_25e-2
+                        + z * (5.081_306_211_7e-3
+                            + z * (1.324_947_370_4e-4 + z * -3.960_228_241_3e-6))));
+            return x + x * (r / s);
+        } else if a < 1.25 {
+            let s = a - 1.0;
+            let p = -2.362_118_568_3e-3
+                + s * (4.148_561_060_4e-1
+                    + s * (-3.722_078_800_2e-1
+                        + s * (3.183_466_196_1e-1
+                            + s * (-1.108_946_949_2e-1
+                                + s * (3.547_830_507_2e-2 + s * -2.166_375_517_8e-3)))));
+            let q = 1.0
+                + s * (1.064_208_820_5e-1
+                    + s * (5.403_979_420_7e-1
+                        + s * (7.182_865_589_9e-2
+                            + s * (1.261_712_163_7e-1
+                                + s * (1.363_708_358_3e-2 + s * 1.198_450_010_3e-2)))));
+            ERX + p / q
+        } else if a < 6.0 {
+            let s = 1.0 / (a * a);
+            let (r, big_s) = if a < f32::from_bits(0x4036_db6d) {
+                let r = -9.864_944_033_3e-3
+                    + s * (-6.938_585_639e-1
+                        + s * (-1.055_862_617_5e1
+                            + s * (-6.237_533_187_9e1
+                                + s * (-1.623_966_674_8e2
+                                    + s * (-1.846_050_872_8e2
+                                        + s * (-8.128_743_743_9e1 + s * -9.814_329_147_3))))));
+                let big_s = 1.0
+                    + s * (1.965_127_182e1
+                        + s * (1.376_577_606_2e2
+                            + s * (4.345_658_874_5e2
+                                + s * (6.453_872_680_7e2
+                                    + s * (4.290_081_481_9e2
+                                        + s * (1.086_350_021_4e2
+                                            + s * (6.570_249_557_5 + s * -6.042_441_353_2e-2)))))));
+                (r, big_s)
+            } else {
+                let r = -9.864_943_102e-3
+                    + s * (-7.992_832_660_7e-1
+                        + s * (-1.775_795_555_1e1
+                            + s * (-1.606_363_830_6e2
+                                + s * (-6.375_664_672_9e2
+                                    + s * (-1.025_095_092_8e3 + s * -4.835_191_955_6e2)))));
+                let big_s = 1.0
+                    + s * (3.033_806_037_9e1
+                        + s * (3.257_925_109_9e2
+                            + s * (1.536_729_614_3e3
+                                + s * (3.199_858_154_3e3
+                                    + s * (2.553_050_293e3
+                                        + s * (4.745_285_339_4e2 + s * -2.244_095_230_1e1))))));
+                (r, big_s)
+            };
+            let z = f32::from_bits(a.to_bits() & 0xffff_e000);
+            1.0 - exp_f32(-z * z - 0.5625) * exp_f32((z - a) * (z + a) + r / big_s) / a
+        } else {
+            1.0
+        };
+        y.copysign(x)
+    }
 
     /// Every f32 in [lo, hi] with a stride of `step` bit patterns, plus the ends.
     fn sweep(lo: f32, hi: f32, step: u32) -> Vec<f32> {
@@ -466,6 +551,50 @@ mod tests {
         assert!(log_f32(f32::NEG_INFINITY).is_nan());
         assert!(log_f32(f32::NAN).is_nan());
         assert_eq!(log_f32(std::f32::consts::E), 1.0);
+    }
+
+    /// The straight-line `erf_f32` is the branches' function bit for bit: at every interval's
+    /// edge and its neighbours, on a dense sweep of [−7, 7], and on every 4099th bit pattern
+    /// (NaNs, infinities and subnormals of both signs among them).
+    #[test]
+    fn erf_f32_straight_line_equals_the_branches() {
+        let edges = [
+            0.0f32,
+            1e-30,
+            0.843_75,
+            1.25,
+            f32::from_bits(0x4036_db6d),
+            6.0,
+        ];
+        let near = edges
+            .iter()
+            .flat_map(|e| [e.to_bits().saturating_sub(1), e.to_bits(), e.to_bits() + 1])
+            .flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)]);
+        let sweep = (0..=280_000).map(|i| -7.0 + i as f32 * 5e-5);
+        let patterns = (0..=u32::MAX / 4099).map(|i| f32::from_bits(i * 4099));
+        let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, -0.0];
+        for x in near.chain(sweep).chain(patterns).chain(specials) {
+            let (got, want) = (erf_f32(x), erf_f32_branches(x));
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "erf_f32({x:e}) = {got:e}, the branches give {want:e}"
+            );
+        }
+    }
+
+    /// Every f32 (about five minutes in release: `cargo test --release -p tl-spec --lib --
+    /// --ignored erf_f32_equals_the_branches_on_every_f32`).
+    #[test]
+    #[ignore = "every f32: run in release"]
+    fn erf_f32_equals_the_branches_on_every_f32() {
+        let bad = (0..=u32::MAX)
+            .map(f32::from_bits)
+            .filter(|&x| {
+                let (got, want) = (erf_f32(x), erf_f32_branches(x));
+                got.to_bits() != want.to_bits() && !(got.is_nan() && want.is_nan())
+            })
+            .count();
+        assert_eq!(bad, 0);
     }
 
     /// `erf_f32` against libm's f64 `erf` on a dense sweep of [−7, 7] and at the branch edges.

@@ -74,7 +74,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
                 move |v: T| if v > T::zero() { v } else { a * v.exp_m1() },
             )?
         }
-        GeluErf => unary(op, x[0], gelu_erf)?,
+        GeluErf => unary(op, x[0], GeluErfAt)?,
         Detach => x[0].clone(),
         Constant(t) => t.cast(),
         _ => return Err(wrong_family(op, "elementwise")),
@@ -198,7 +198,7 @@ pub fn backward<T: Scalar>(
                 if x > zero { g } else { a * x.exp() * g }
             })?)
         }
-        GeluErf => one(zip(op.name(), gd, xd, |g: T, x: T| gelu_erf_slope(x) * g)?),
+        GeluErf => one(zip(op.name(), gd, xd, GeluErfBackward)?),
         Detach => Ok(smallvec![None]),
         _ => Err(wrong_family(op, "elementwise")),
     }
@@ -250,12 +250,14 @@ pub fn backward_saved<T: Scalar>(
 }
 
 /// `½·v·(1 + erf(v/√2))`, the exact GELU.
+#[inline(always)]
 fn gelu_erf<T: Scalar>(v: T) -> T {
     let half = T::lit(0.5);
     half * v * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)))
 }
 
 /// `Φ(v) + v·φ(v)`, the exact GELU's slope: `½(1 + erf(v/√2)) + v·e^{−v²/2}/√(2π)`.
+#[inline(always)]
 fn gelu_erf_slope<T: Scalar>(v: T) -> T {
     let half = T::lit(0.5);
     let cdf = half * (T::one() + approx::erf(v * T::lit(std::f64::consts::FRAC_1_SQRT_2)));
@@ -360,6 +362,30 @@ impl<T: Scalar> simd::Map2<T> for SafeLogBackward<T> {
 /// [`SafeLogBackward`] from `(g, x, t)` with `t = softplus(x) + eps` as the forward kept it.
 #[derive(Clone, Copy)]
 struct SafeLogBackwardFromT;
+
+/// The exact GELU as a named [`simd::Map1`]: its body (erf's intervals, two `exp`s) is too
+/// large for a closure to be inlined into the SIMD loop, and a call per element runs erf's
+/// FMAs at the baseline width, through libm's `fmaf`.
+#[derive(Clone, Copy)]
+struct GeluErfAt;
+
+impl<T: Scalar> simd::Map1<T> for GeluErfAt {
+    #[inline(always)]
+    fn at(self, v: T) -> T {
+        gelu_erf(v)
+    }
+}
+
+/// `g · gelu_erf'(x)`, named for the same reason.
+#[derive(Clone, Copy)]
+struct GeluErfBackward;
+
+impl<T: Scalar> simd::Map2<T> for GeluErfBackward {
+    #[inline(always)]
+    fn at(self, g: T, x: T) -> T {
+        gelu_erf_slope(x) * g
+    }
+}
 
 impl<T: Scalar> simd::Map3<T> for SafeLogBackwardFromT {
     #[inline(always)]
