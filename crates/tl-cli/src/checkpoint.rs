@@ -21,10 +21,11 @@ use tl_session::{Optimizer, Train};
 use tl_spec::Tensor;
 
 use crate::cli::{ModelName, OptimizerName};
+use crate::fno_paper::PaperModel;
 use crate::{CliError, Result};
 
 /// A checkpoint's metadata: which model, how many epochs, which optimizer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Header {
     /// The model the parameters belong to.
     pub model: ModelName,
@@ -32,6 +33,8 @@ pub struct Header {
     pub epochs: usize,
     /// The optimizer whose state the file holds (`None`: no optimizer state).
     pub optimizer: Option<OptimizerName>,
+    /// A `--preset fno-paper` model: its modes, output scale and training grid.
+    pub paper: Option<PaperModel>,
 }
 
 impl Header {
@@ -43,6 +46,9 @@ impl Header {
         ]);
         if let Some(o) = self.optimizer {
             m.insert("optimizer".to_owned(), o.as_str().to_owned());
+        }
+        if let Some(p) = &self.paper {
+            p.write(&mut m);
         }
         m
     }
@@ -104,6 +110,13 @@ pub fn read(path: &Path) -> Result<(File, Header)> {
                 .ok_or_else(|| bad(format!("unknown optimizer {o:?} in the metadata")))?,
         ),
     };
+    let paper = PaperModel::read(meta).map_err(bad)?;
+    if paper.is_some() && model != ModelName::Fno {
+        return Err(bad(format!(
+            "a --preset fno-paper record on a {} model",
+            model.as_str()
+        )));
+    }
     if optimizer.is_none()
         && let Some(name) = file
             .tensors
@@ -120,6 +133,7 @@ pub fn read(path: &Path) -> Result<(File, Header)> {
             model,
             epochs,
             optimizer,
+            paper,
         },
     ))
 }

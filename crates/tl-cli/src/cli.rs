@@ -163,6 +163,10 @@ pub struct TrainArgs {
     /// Fourier modes of --preset fno-paper (at most S/2) [default: 16].
     #[arg(long, value_name = "N")]
     pub modes: Option<usize>,
+    /// Output scale of --preset fno-paper: the FNO's output is multiplied by C (1: the paper's
+    /// model as published; see docs/benchmarks.md) [default: 0.01].
+    #[arg(long, value_name = "C")]
+    pub output_scale: Option<f64>,
     /// Directory of the data cache of --preset fno-paper [default: $TL_CACHE_DIR, else
     /// $XDG_CACHE_HOME/tl, else ~/.cache/tl].
     #[arg(long, value_name = "DIR")]
@@ -208,15 +212,23 @@ pub struct TrainArgs {
 /// `tl eval` options.
 #[derive(Debug, Clone, Args)]
 pub struct EvalArgs {
-    /// The model the checkpoint holds.
-    #[arg(long, value_enum, default_value = "mlp")]
-    pub model: ModelName,
+    /// The model the checkpoint must hold [default: the checkpoint's].
+    #[arg(long, value_enum)]
+    pub model: Option<ModelName>,
     /// The checkpoint (safetensors) to evaluate.
     #[arg(long, value_name = "CKPT")]
     pub checkpoint: PathBuf,
     /// The session backend.
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: BackendName,
+    /// A --preset fno-paper checkpoint: the grid to test at (a power of two up to 8192; a
+    /// finer grid than the training one is the zero-shot super-resolution test) [default: the
+    /// training grid].
+    #[arg(long, value_name = "S")]
+    pub grid: Option<usize>,
+    /// A --preset fno-paper checkpoint: the directory of the data cache [default: as tl train].
+    #[arg(long, value_name = "DIR")]
+    pub data_cache: Option<PathBuf>,
 }
 
 /// `tl verify` options.

@@ -415,6 +415,67 @@ pub const PAPER_WEIGHT_DECAY: f64 = 1e-4;
 pub const PAPER_MODES: usize = 16;
 /// The paper's training grid of the table's first column.
 pub const PAPER_GRID: usize = 256;
+/// The preset's output scale: the FNO's output is multiplied by this constant, so the network
+/// itself fits u(·, 1)/0.01, of order 1 (`Fno1d::with_output_scale`; `--output-scale 1` is the
+/// paper's model as published). With ν = 0.1, u(·, 1) is about 1.6% of u0's size (rms about
+/// 0.009 against 0.53), and Adam moves each parameter by about the learning rate per step
+/// whatever the gradient's size, so without the scale the output bias alone jitters by 1e-3 at
+/// lr 1e-3 against targets of 0.009: the relative error then follows lr / rms(u(1)) down the
+/// schedule (docs/benchmarks.md, "Why the output scale").
+pub const PAPER_OUTPUT_SCALE: f64 = 0.01;
+
+/// What a `--preset fno-paper` checkpoint records beside its parameters (metadata `preset`,
+/// `grid`, `modes`, `output_scale`): the model it holds and the grid it was trained at, so
+/// `tl eval` and `--resume` rebuild the same model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PaperModel {
+    /// The training grid s.
+    pub grid: usize,
+    /// Fourier modes.
+    pub modes: usize,
+    /// The output scale.
+    pub output_scale: f64,
+}
+
+impl PaperModel {
+    /// The metadata value of `preset`.
+    pub const PRESET: &'static str = "fno-paper";
+
+    /// Add the metadata entries to `m`.
+    pub fn write(&self, m: &mut BTreeMap<String, String>) {
+        m.insert("preset".into(), Self::PRESET.into());
+        m.insert("grid".into(), self.grid.to_string());
+        m.insert("modes".into(), self.modes.to_string());
+        m.insert("output_scale".into(), format!("{:?}", self.output_scale));
+    }
+
+    /// The entries of a checkpoint's metadata (`None` without a `preset` entry); an error
+    /// names the entry that is missing or bad.
+    pub fn read(m: &BTreeMap<String, String>) -> std::result::Result<Option<Self>, String> {
+        match m.get("preset").map(String::as_str) {
+            None => return Ok(None),
+            Some(Self::PRESET) => {}
+            Some(other) => return Err(format!("unknown preset {other:?} in the metadata")),
+        }
+        fn get<T: std::str::FromStr>(
+            m: &BTreeMap<String, String>,
+            k: &str,
+        ) -> std::result::Result<T, String> {
+            m.get(k).and_then(|v| v.parse().ok()).ok_or_else(|| {
+                format!("--preset fno-paper checkpoint without a valid `{k}` in the metadata")
+            })
+        }
+        let model = PaperModel {
+            grid: get(m, "grid")?,
+            modes: get(m, "modes")?,
+            output_scale: get(m, "output_scale")?,
+        };
+        if model.modes == 0 || !(model.output_scale.is_finite() && model.output_scale > 0.0) {
+            return Err(format!("bad --preset fno-paper metadata {model:?}"));
+        }
+        Ok(Some(model))
+    }
+}
 
 /// A `--preset fno-paper` run: the data set, the training grid, the super-resolution grid, the
 /// modes, the cache directory.
@@ -430,6 +491,9 @@ pub struct PaperRun {
     pub modes: usize,
     /// Directory of the data cache.
     pub cache_dir: PathBuf,
+    /// The model's output scale ([`PAPER_OUTPUT_SCALE`] unless
+    /// [`with_output_scale`](Self::with_output_scale) sets it).
+    pub output_scale: f64,
 }
 
 impl PaperRun {
@@ -455,9 +519,55 @@ impl PaperRun {
             super_grid,
             modes: modes.unwrap_or(PAPER_MODES),
             cache_dir,
+            output_scale: PAPER_OUTPUT_SCALE,
         };
         run.validate()?;
         Ok(run)
+    }
+
+    /// The run with the model's output multiplied by `scale` (finite and positive; 1 is the
+    /// paper's model as published).
+    pub fn with_output_scale(mut self, scale: f64) -> Result<Self> {
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(CliError::new(format!(
+                "--output-scale {scale}: must be a positive number"
+            )));
+        }
+        self.output_scale = scale;
+        Ok(self)
+    }
+
+    /// What a checkpoint of this run records.
+    pub fn model(&self) -> PaperModel {
+        PaperModel {
+            grid: self.grid,
+            modes: self.modes,
+            output_scale: self.output_scale,
+        }
+    }
+
+    /// Check that a checkpoint's `--preset fno-paper` record (`None`: not a preset checkpoint)
+    /// holds this run's model; the grid may differ (the operator is resolution-invariant).
+    pub fn check_checkpoint(&self, path: &Path, saved: Option<PaperModel>) -> Result<()> {
+        let shown = path.display();
+        let Some(saved) = saved else {
+            return Err(CliError::new(format!(
+                "checkpoint {shown} holds the default fno model, not --preset fno-paper's"
+            )));
+        };
+        if saved.modes != self.modes {
+            return Err(CliError::new(format!(
+                "checkpoint {shown} has {} modes; this run has --modes {}",
+                saved.modes, self.modes
+            )));
+        }
+        if saved.output_scale != self.output_scale {
+            return Err(CliError::new(format!(
+                "checkpoint {shown} was trained with --output-scale {}; this run has --output-scale {}",
+                saved.output_scale, self.output_scale
+            )));
+        }
+        Ok(())
     }
 
     /// Check the grids and modes against each other and the data.

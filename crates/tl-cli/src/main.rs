@@ -8,7 +8,7 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use indicatif::{ProgressBar, ProgressStyle};
 use tl_cli::cli::{Cli, Command, EvalArgs, GraphArgs, TrainArgs, VerifyArgs};
-use tl_cli::train::{TrainConfig, eval_checkpoint, train};
+use tl_cli::train::{EvalConfig, TrainConfig, eval_checkpoint, train};
 use tl_cli::{CliError, Result, dot, plot, verify};
 use tl_conformance::RunConfig;
 use tl_conformance::verify::render_header;
@@ -108,13 +108,21 @@ fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
 }
 
 fn cmd_eval(a: &EvalArgs) -> Result<ExitCode> {
-    let (header, m) = eval_checkpoint(a.model, a.backend.backend(), &a.checkpoint)?;
+    let cfg = EvalConfig {
+        checkpoint: a.checkpoint.clone(),
+        model: a.model,
+        backend: a.backend.backend(),
+        grid: a.grid,
+        data_cache: a.data_cache.clone(),
+        ..EvalConfig::new(&a.checkpoint)
+    };
+    let r = eval_checkpoint(&cfg, &mut |line| eprintln!("{line}"))?;
     out(&format!(
-        "{} ({} epoch(s)) on the {} test split: {}\n",
-        header.model.as_str(),
-        header.epochs,
-        tl_cli::model::dataset(header.model),
-        m.summary()
+        "{} ({} epoch(s)) on {}: {}\n",
+        r.header.model.as_str(),
+        r.header.epochs,
+        r.data,
+        r.metrics.summary()
     ));
     Ok(ExitCode::SUCCESS)
 }

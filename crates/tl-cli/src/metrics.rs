@@ -26,7 +26,11 @@ impl Metrics {
     pub fn summary(&self) -> String {
         match (self.accuracy, self.rel_l2) {
             (Some(a), _) => format!("loss {:.4} accuracy {:.2}%", self.loss, 100.0 * a),
-            (_, Some(r)) => format!("mse {:.3e} relative L2 {:.2}%", self.loss, 100.0 * r),
+            (_, Some(r)) => format!(
+                "mse {:.3e} relative L2 {r:.3e} ({:.2}%)",
+                self.loss,
+                100.0 * r
+            ),
             _ => format!("loss {:.4} nats/char", self.loss),
         }
     }
@@ -114,6 +118,6 @@ mod tests {
             accuracy: None,
             rel_l2: Some(0.0456),
         };
-        assert_eq!(m.summary(), "mse 5.000e-1 relative L2 4.56%");
+        assert_eq!(m.summary(), "mse 5.000e-1 relative L2 4.560e-2 (4.56%)");
     }
 }

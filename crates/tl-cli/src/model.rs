@@ -154,9 +154,11 @@ impl<O: Train<T = f32>> Model<O> {
         })
     }
 
-    /// The FNO of `--preset fno-paper` with sizes `config`.
-    pub fn fno_paper(rt: &Runtime<O>, config: &FnoConfig) -> Result<Self> {
-        Ok(Model::FnoPaper(Fno1d::new(&rt.vars(), config)?))
+    /// The FNO of `--preset fno-paper` with sizes `config`, its output multiplied by
+    /// `output_scale`.
+    pub fn fno_paper(rt: &Runtime<O>, config: &FnoConfig, output_scale: f64) -> Result<Self> {
+        let fno = Fno1d::new(&rt.vars(), config)?.with_output_scale(output_scale)?;
+        Ok(Model::FnoPaper(fno))
     }
 
     /// The model's name.

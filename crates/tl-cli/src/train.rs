@@ -14,7 +14,9 @@ use tl_session::{Backend, LinkedSession, Options, Session, Train};
 use crate::checkpoint::{self, Checkpoint, Header};
 use crate::cli::{ModelName, OptimizerName, Preset, TrainArgs};
 use crate::dataset::load;
-use crate::fno_paper::{PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperRun, default_cache_dir};
+use crate::fno_paper::{
+    PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperData, PaperRun, default_cache_dir,
+};
 pub use crate::metrics::{Metrics, evaluate};
 use crate::model::{Defaults, Model, defaults};
 use crate::{CliError, Result};
@@ -63,6 +65,7 @@ impl TrainConfig {
                     ("--grid", a.grid.is_some()),
                     ("--super-grid", a.super_grid.is_some()),
                     ("--modes", a.modes.is_some()),
+                    ("--output-scale", a.output_scale.is_some()),
                     ("--data-cache", a.data_cache.is_some()),
                 ] {
                     if set {
@@ -171,7 +174,10 @@ fn preset(a: &TrainArgs, p: Preset) -> Result<(ModelName, Defaults, Option<Paper
         ));
     }
     let dir = a.data_cache.clone().unwrap_or_else(default_cache_dir);
-    let run = PaperRun::new(PAPER, a.grid, a.super_grid, a.modes, dir)?;
+    let mut run = PaperRun::new(PAPER, a.grid, a.super_grid, a.modes, dir)?;
+    if let Some(c) = a.output_scale {
+        run = run.with_output_scale(c)?;
+    }
     let d = Defaults {
         epochs: PAPER_EPOCHS,
         batch_size: PAPER_BATCH,
@@ -264,7 +270,7 @@ fn run<O: Train<T = f32>>(
 ) -> Result<TrainReport> {
     let (m, (train, test, baseline), super_test) = match &cfg.paper {
         Some(p) => {
-            let m = Model::fno_paper(rt, &p.fno_config())?;
+            let m = Model::fno_paper(rt, &p.fno_config(), p.output_scale)?;
             let (tr, te, sup) = p.splits(log)?;
             (m, (tr, te, None), sup)
         }
@@ -309,6 +315,16 @@ fn run<O: Train<T = f32>>(
         let file = checkpoint::read(path)?;
         let header = file.1;
         header.expect_model(path, cfg.model)?;
+        match (&cfg.paper, header.paper) {
+            (Some(p), saved) => p.check_checkpoint(path, saved)?,
+            (None, Some(_)) => {
+                return Err(CliError::new(format!(
+                    "checkpoint {} holds a --preset fno-paper model: resume it with --preset fno-paper",
+                    path.display()
+                )));
+            }
+            (None, None) => {}
+        }
         let same = header.optimizer == Some(cfg.optimizer);
         checkpoint::restore(rt, &m, cfg.model, path, &file, same.then_some(&mut opt))?;
         done = header.epochs;
@@ -375,6 +391,7 @@ fn run<O: Train<T = f32>>(
         model: cfg.model,
         epochs: total,
         optimizer: Some(cfg.optimizer),
+        paper: cfg.paper.as_ref().map(PaperRun::model),
     };
     let checkpoint = checkpoint::snapshot(rt, &m, header, &opt)?;
     if let Some(path) = &cfg.save {
@@ -393,17 +410,97 @@ fn run<O: Train<T = f32>>(
     })
 }
 
-/// Evaluate a checkpoint of `model` on the test split (eager, on `backend`).
-pub fn eval_checkpoint(
-    model: ModelName,
-    backend: Backend,
-    path: &std::path::Path,
-) -> Result<(Header, Metrics)> {
+/// What `tl eval` evaluates.
+#[derive(Debug, Clone)]
+pub struct EvalConfig {
+    /// The checkpoint.
+    pub checkpoint: PathBuf,
+    /// The model it must hold (`None`: whichever it holds).
+    pub model: Option<ModelName>,
+    /// The session backend (eager).
+    pub backend: Backend,
+    /// A `--preset fno-paper` checkpoint: the grid to test at (`None`: its training grid).
+    pub grid: Option<usize>,
+    /// A `--preset fno-paper` checkpoint: the data cache (`None`: [`default_cache_dir`]).
+    pub data_cache: Option<PathBuf>,
+    /// A `--preset fno-paper` checkpoint: the data set ([`PAPER`]; tests use smaller ones).
+    pub paper_data: PaperData,
+}
+
+impl EvalConfig {
+    /// Evaluate `checkpoint` on the CPU with nothing else set.
+    pub fn new(checkpoint: impl Into<PathBuf>) -> Self {
+        EvalConfig {
+            checkpoint: checkpoint.into(),
+            model: None,
+            backend: Backend::Cpu,
+            grid: None,
+            data_cache: None,
+            paper_data: PAPER,
+        }
+    }
+}
+
+/// What `tl eval` found: the checkpoint's header, the test split's name and the metrics.
+#[derive(Debug, Clone)]
+pub struct EvalReport {
+    /// The checkpoint's metadata.
+    pub header: Header,
+    /// The test split, in words.
+    pub data: String,
+    /// The metrics on it.
+    pub metrics: Metrics,
+}
+
+/// Evaluate a checkpoint on its model's test split (eager, on `cfg.backend`); a
+/// `--preset fno-paper` checkpoint on the paper's test pairs at its grid or `cfg.grid`.
+/// `log` hears of a data set being made (the paper's, when it is not cached yet).
+pub fn eval_checkpoint(cfg: &EvalConfig, log: &mut dyn FnMut(&str)) -> Result<EvalReport> {
+    let path = &cfg.checkpoint;
     let file = checkpoint::read(path)?;
-    let mut rt = Runtime::new(eager(backend, false, 0)?);
-    let m = Model::new(model, &rt)?;
-    checkpoint::restore(&mut rt, &m, model, path, &file, None)?;
-    let (_, test, _) = load(model)?;
+    let header = file.1;
+    if let Some(model) = cfg.model {
+        header.expect_model(path, model)?;
+    }
+    let mut rt = Runtime::new(eager(cfg.backend, false, 0)?);
+    let (m, test, data) = match header.paper {
+        Some(saved) => {
+            let dir = cfg.data_cache.clone().unwrap_or_else(default_cache_dir);
+            let grid = cfg.grid.unwrap_or(saved.grid);
+            let run = PaperRun::new(cfg.paper_data, Some(grid), Some(0), Some(saved.modes), dir)?
+                .with_output_scale(saved.output_scale)?;
+            let m = Model::fno_paper(&rt, &run.fno_config(), run.output_scale)?;
+            let (_, test, _) = run.splits(log)?;
+            let data = format!(
+                "the FNO paper's Burgers test pairs at s = {grid} (trained at s = {})",
+                saved.grid
+            );
+            (m, test, data)
+        }
+        None => {
+            for (flag, set) in [
+                ("--grid", cfg.grid.is_some()),
+                ("--data-cache", cfg.data_cache.is_some()),
+            ] {
+                if set {
+                    return Err(CliError::new(format!(
+                        "{flag} belongs to --preset fno-paper checkpoints; {} holds the {} model",
+                        path.display(),
+                        header.model.as_str()
+                    )));
+                }
+            }
+            let m = Model::new(header.model, &rt)?;
+            let (_, test, _) = load(header.model)?;
+            let data = format!("the {} test split", crate::model::dataset(header.model));
+            (m, test, data)
+        }
+    };
+    checkpoint::restore(&mut rt, &m, header.model, path, &file, None)?;
     let metrics = evaluate(&rt, &m, &test)?;
-    Ok((file.1, metrics))
+    Ok(EvalReport {
+        header,
+        data,
+        metrics,
+    })
 }

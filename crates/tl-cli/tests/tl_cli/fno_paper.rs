@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use crate::common::{assert_one_line_error, scratch, tl};
-use tl_cli::fno_paper::{PAPER, PaperData, PaperRun};
-use tl_cli::train::{TrainConfig, train};
+use tl_cli::cli::ModelName;
+use tl_cli::fno_paper::{PAPER, PAPER_OUTPUT_SCALE, PaperData, PaperRun};
+use tl_cli::train::{EvalConfig, TrainConfig, eval_checkpoint, train};
 
 /// The reduced set: 256-point solutions, 80 + 20 pairs.
 const REDUCED: PaperData = PaperData {
@@ -22,8 +23,10 @@ fn a_reduced_paper_run_learns_and_evaluates_at_a_finer_grid() {
     let run = PaperRun::new(REDUCED, Some(64), None, None, dir.clone()).unwrap();
     // The default super-resolution grid: 4·64 = 256.
     assert_eq!(run.super_grid, Some(256));
+    let ck = dir.join("ck.safetensors");
     let cfg = TrainConfig {
         epochs: 3,
+        save: Some(ck.clone()),
         ..TrainConfig::fno_paper(run.clone())
     };
     let mut log = Vec::new();
@@ -57,7 +60,7 @@ fn a_reduced_paper_run_learns_and_evaluates_at_a_finer_grid() {
     let again = train(
         &TrainConfig {
             epochs: 1,
-            ..TrainConfig::fno_paper(run)
+            ..TrainConfig::fno_paper(run.clone())
         },
         |l| log.push(l.to_owned()),
     )
@@ -65,7 +68,65 @@ fn a_reduced_paper_run_learns_and_evaluates_at_a_finer_grid() {
     assert!(log.iter().any(|l| l.starts_with("data: read")), "{log:?}");
     let (a, b) = (again.epoch_losses[0], r.epoch_losses[0]);
     assert!((a - b).abs() <= 1e-5 * b, "{a} vs {b}");
+    checkpoints_rebuild_the_preset_model(&dir, &ck, &run, &r);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `tl eval` and `--resume` on the reduced run's checkpoint `ck`: the model comes back from
+/// the checkpoint's metadata, at its grid or another, and a run that would build another model
+/// is an error.
+fn checkpoints_rebuild_the_preset_model(
+    dir: &std::path::Path,
+    ck: &std::path::Path,
+    run: &PaperRun,
+    r: &tl_cli::train::TrainReport,
+) {
+    let saved = tl_cli::checkpoint::load(ck).unwrap().header;
+    assert_eq!(saved.paper, Some(run.model()));
+    assert_eq!(run.model().output_scale, PAPER_OUTPUT_SCALE);
+    let eval = |grid: Option<usize>| {
+        let cfg = EvalConfig {
+            grid,
+            data_cache: Some(dir.to_owned()),
+            paper_data: REDUCED,
+            ..EvalConfig::new(ck)
+        };
+        eval_checkpoint(&cfg, &mut |_| {}).unwrap()
+    };
+    // The same model on the same pairs: the training run's own test metrics, exactly.
+    let e = eval(None);
+    assert_eq!(e.metrics.rel_l2, r.test.rel_l2);
+    assert!(e.data.contains("s = 64 (trained at s = 64)"), "{}", e.data);
+    let (s, sup) = r.super_res.as_ref().unwrap();
+    let e = eval(Some(*s));
+    assert_eq!(e.metrics.rel_l2, sup.rel_l2);
+    // Resuming with another output scale, or without the preset, would build another model.
+    let resume = |cfg: TrainConfig| {
+        let cfg = TrainConfig {
+            epochs: 1,
+            resume: Some(ck.to_owned()),
+            ..cfg
+        };
+        train(&cfg, |_| {}).err().unwrap().to_string()
+    };
+    let other = run.clone().with_output_scale(1.0).unwrap();
+    let e = resume(TrainConfig::fno_paper(other));
+    assert!(
+        e.contains("trained with --output-scale 0.01")
+            && e.contains("this run has --output-scale 1"),
+        "{e}"
+    );
+    let e = resume(TrainConfig::defaults(ModelName::Fno));
+    assert!(e.contains("resume it with --preset fno-paper"), "{e}");
+    // The checkpoint holds an fno model; `--model` must agree when it is given.
+    let o = tl(&[
+        "eval",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--model",
+        "mlp",
+    ]);
+    assert_one_line_error(&o, &["holds a fno model, not mlp"]);
 }
 
 fn preset(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
@@ -107,6 +168,10 @@ fn bad_grids_modes_and_contradicting_flags_are_one_line_errors() {
         ),
         (&["--lr", "0.01"], &["contradicts --lr 0.01", "0.001"]),
         (
+            &["--output-scale", "0"],
+            &["--output-scale 0", "positive number"],
+        ),
+        (
             &["--batch-size", "32"],
             &["contradicts --batch-size 32", "20"],
         ),
@@ -119,6 +184,10 @@ fn bad_grids_modes_and_contradicting_flags_are_one_line_errors() {
     assert_one_line_error(
         &tl(&["train", "--model", "fno", "--grid", "256"]),
         &["--grid belongs to --preset fno-paper"],
+    );
+    assert_one_line_error(
+        &tl(&["train", "--model", "fno", "--output-scale", "1"]),
+        &["--output-scale belongs to --preset fno-paper"],
     );
     let _ = std::fs::remove_dir_all(dir);
 }

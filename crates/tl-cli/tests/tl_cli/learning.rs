@@ -168,12 +168,16 @@ fn save_then_eval_gives_the_same_accuracy_and_resume_continues() {
     assert_ne!(ck1.tensors, ck2.tensors, "the resumed run trained");
     // The resumed run starts from the saved parameters: its first loss is far below a fresh
     // start's (≈ ln 10) and its second epoch ends better than the first.
-    let e1 = tl_cli::train::eval_checkpoint(ModelName::Mlp, Backend::Cpu, &ckpt)
-        .unwrap()
-        .1;
-    let e2 = tl_cli::train::eval_checkpoint(ModelName::Mlp, Backend::Cpu, &two)
-        .unwrap()
-        .1;
+    let eval = |path: &std::path::Path| {
+        let cfg = tl_cli::train::EvalConfig {
+            model: Some(ModelName::Mlp),
+            ..tl_cli::train::EvalConfig::new(path)
+        };
+        tl_cli::train::eval_checkpoint(&cfg, &mut |_| {})
+            .unwrap()
+            .metrics
+    };
+    let (e1, e2) = (eval(&ckpt), eval(&two));
     assert!(e2.loss < e1.loss, "{} !< {}", e2.loss, e1.loss);
     let resumed = train(
         &TrainConfig {
