@@ -157,6 +157,18 @@ fn train<O: Train>(
     train_traffic(rt, comm, batch, steps, bucket, clip).0
 }
 
+/// [`train`] (batch 32, 4 steps) on a fresh runtime of `make` alone, then on another in the
+/// group `comm` makes: the two parameter lists.
+fn alone_and_in<O: Train>(
+    make: impl Fn() -> Runtime<O>,
+    comm: impl Fn() -> Box<dyn Collective>,
+    bucket: usize,
+    clip: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let alone = train(make(), None, 32, 4, bucket, clip);
+    (alone, train(make(), Some(comm()), 32, 4, bucket, clip))
+}
+
 /// [`train`], with the session's device traffic of the last step (`None` on the CPU).
 fn train_traffic<O: Train>(
     mut rt: Runtime<O>,
@@ -245,18 +257,15 @@ fn linked_sim_f32() -> Runtime<tl_session::LinkedSession<f32>> {
 #[test]
 fn a_group_of_one_steps_bit_for_bit_as_no_group() {
     for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
-        let alone = train(eager_f32(), None, 32, 4, bucket, true);
-        let local = train(eager_f32(), Some(Box::new(Local)), 32, 4, bucket, true);
-        assert_eq!(alone, local, "bucket {bucket}");
-        let alone = train(linked_f64(), None, 32, 4, bucket, false);
-        let local = train(linked_f64(), Some(Box::new(Local)), 32, 4, bucket, false);
-        assert_eq!(alone, local, "linked, bucket {bucket}");
-        let alone = train(eager_sim_f32(), None, 32, 4, bucket, true);
-        let local = train(eager_sim_f32(), Some(Box::new(Local)), 32, 4, bucket, true);
-        assert_eq!(alone, local, "eager on the sim, bucket {bucket}");
-        let alone = train(linked_sim_f32(), None, 32, 4, bucket, true);
-        let local = train(linked_sim_f32(), Some(Box::new(Local)), 32, 4, bucket, true);
-        assert_eq!(alone, local, "linked on the sim, bucket {bucket}");
+        let local = || Box::new(Local) as Box<dyn Collective>;
+        let (alone, group) = alone_and_in(eager_f32, local, bucket, true);
+        assert_eq!(alone, group, "bucket {bucket}");
+        let (alone, group) = alone_and_in(linked_f64, local, bucket, false);
+        assert_eq!(alone, group, "linked, bucket {bucket}");
+        let (alone, group) = alone_and_in(eager_sim_f32, local, bucket, true);
+        assert_eq!(alone, group, "eager on the sim, bucket {bucket}");
+        let (alone, group) = alone_and_in(linked_sim_f32, local, bucket, true);
+        assert_eq!(alone, group, "linked on the sim, bucket {bucket}");
     }
 }
 
@@ -559,49 +568,18 @@ mod nccl {
         );
         drop(probe);
         for bucket in [7, tl_nn::dist::DEFAULT_BUCKET_ELEMS] {
-            let alone = train(eager_f32(), None, 32, 4, bucket, true);
-            let nccl = train(
-                eager_f32(),
-                Some(Box::new(engine().unwrap())),
-                32,
-                4,
-                bucket,
-                true,
-            );
-            assert_eq!(alone, nccl, "bucket {bucket}");
-            let alone = train(linked_f64(), None, 32, 4, bucket, false);
-            let nccl = train(
-                linked_f64(),
-                Some(Box::new(engine().unwrap())),
-                32,
-                4,
-                bucket,
-                false,
-            );
-            assert_eq!(alone, nccl, "linked f64, bucket {bucket}");
+            let nccl = || Box::new(engine().unwrap()) as Box<dyn Collective>;
+            let (alone, group) = alone_and_in(eager_f32, nccl, bucket, true);
+            assert_eq!(alone, group, "bucket {bucket}");
+            let (alone, group) = alone_and_in(linked_f64, nccl, bucket, false);
+            assert_eq!(alone, group, "linked f64, bucket {bucket}");
             // The model on the CUDA device too: its gradients are reduced there.
             let cuda = || eager::<f32>(Backend::Cuda, 0);
-            let alone = train(cuda(), None, 32, 4, bucket, true);
-            let nccl = train(
-                cuda(),
-                Some(Box::new(engine().unwrap())),
-                32,
-                4,
-                bucket,
-                true,
-            );
-            assert_eq!(alone, nccl, "eager on the CUDA device, bucket {bucket}");
+            let (alone, group) = alone_and_in(cuda, nccl, bucket, true);
+            assert_eq!(alone, group, "eager on the CUDA device, bucket {bucket}");
             let cuda = || linked_on(Backend::Cuda);
-            let alone = train(cuda(), None, 32, 4, bucket, true);
-            let nccl = train(
-                cuda(),
-                Some(Box::new(engine().unwrap())),
-                32,
-                4,
-                bucket,
-                true,
-            );
-            assert_eq!(alone, nccl, "linked on the CUDA device, bucket {bucket}");
+            let (alone, group) = alone_and_in(cuda, nccl, bucket, true);
+            assert_eq!(alone, group, "linked on the CUDA device, bucket {bucket}");
         }
     }
 
