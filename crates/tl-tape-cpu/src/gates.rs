@@ -2,7 +2,7 @@
 //!
 //! Several kernels switch to another path above a size, shape or thread-count threshold: the
 //! GEMM's thread split and layout copies, the element-wise and per-row thread splits, the fused
-//! attention's row blocks, conv's weight-cotangent chunks, the window tables' cache and runs,
+//! attention's memory-lean form and its row blocks, conv's weight-cotangent chunks, the window tables' cache and runs,
 //! the element-wise loops' staging and instruction set. The small cases a property test draws
 //! never cross most of those thresholds, so a bug on the far side would go unseen. A
 //! [`Gates`] value names, per gate, a threshold (or a path) to use instead of the production
@@ -22,6 +22,7 @@
 //! | [`gemm_parallel_min_work`](Gates::gemm_parallel_min_work) | [`crate::gemm::PARALLEL_MIN_WORK`] |
 //! | [`transpose_min_side`](Gates::transpose_min_side) | the GEMM's `TRANSPOSE_MIN_SIDE` (16) |
 //! | [`gemm_layout`](Gates::gemm_layout) | the GEMM's layout rule (`copies_pay`, `column_major_cheaper`, AVX-512 for `row_major_rhs`, one thread) |
+//! | [`fused_keep_max`](Gates::fused_keep_max) | [`crate::ops::attention::core::FUSED_KEEP_MAX`] |
 //! | [`fused_scores`](Gates::fused_scores) | [`crate::ops::attention::core::FUSED_SCORES`] |
 //! | [`dw_chunk`](Gates::dw_chunk) | [`crate::ops::conv::DW_CHUNK`] |
 //! | [`cached_table_max`](Gates::cached_table_max) | the window tables' `CACHED_TABLE_MAX` (2¹⁶ entries) |
@@ -68,6 +69,9 @@ pub struct Gates {
     /// The path of an `x·wᵀ` product whose sides reach the transpose threshold, instead of the
     /// production rule (level and cost).
     pub gemm_layout: Option<GemmLayout>,
+    /// The most probabilities (`B·heads·n²`) a fused attention keeps as the unfused one does;
+    /// past it, it runs memory-lean (row blocks, row statistics kept).
+    pub fused_keep_max: Option<usize>,
     /// Scores (query rows × keys) per block of the fused attention (at least one row a block).
     pub fused_scores: Option<usize>,
     /// Batch entries per partial sum of conv's weight cotangent (at least 1).
@@ -93,6 +97,7 @@ impl Gates {
         gemm_parallel_min_work: None,
         transpose_min_side: None,
         gemm_layout: None,
+        fused_keep_max: None,
         fused_scores: None,
         dw_chunk: None,
         cached_table_max: None,
@@ -102,8 +107,8 @@ impl Gates {
     };
 
     /// Every gated fast path on wherever it can run, on `threads` threads: every split
-    /// threshold 0, layout copies from side 1 by the column-major product, one query row per
-    /// fused-attention block, one batch entry per weight-cotangent chunk, every window table
+    /// threshold 0, layout copies from side 1 by the column-major product, every fused
+    /// attention memory-lean with one query row per block, one batch entry per weight-cotangent chunk, every window table
     /// cached and kept as runs, one value per stage. (`level`, the copy path and the bf16
     /// kernel are left to the caller: see [`Gates::with_level`], [`Gates::with_layout`] and
     /// [`Gates::with_bf16_kernel`].)
@@ -116,6 +121,7 @@ impl Gates {
             gemm_parallel_min_work: Some(0),
             transpose_min_side: Some(1),
             gemm_layout: Some(GemmLayout::ColumnMajor),
+            fused_keep_max: Some(0),
             fused_scores: Some(1),
             dw_chunk: Some(1),
             cached_table_max: Some(usize::MAX),
@@ -126,8 +132,9 @@ impl Gates {
     }
 
     /// Every gated fast path off: one thread, every split threshold `usize::MAX`, strided
-    /// products, one block per attention sample, one weight-cotangent chunk, no cached table,
-    /// no runs, whole stages, the baseline instruction set, the portable bf16 kernel.
+    /// products, fused attention as the unfused one (one block per sample, A kept), one
+    /// weight-cotangent chunk, no cached table, no runs, whole stages, the baseline instruction
+    /// set, the portable bf16 kernel.
     pub const fn fast_paths_off() -> Gates {
         Gates {
             threads: Some(1),
@@ -137,6 +144,7 @@ impl Gates {
             gemm_parallel_min_work: Some(usize::MAX),
             transpose_min_side: Some(usize::MAX),
             gemm_layout: Some(GemmLayout::Strided),
+            fused_keep_max: Some(usize::MAX),
             fused_scores: Some(usize::MAX),
             dw_chunk: Some(usize::MAX),
             cached_table_max: Some(0),

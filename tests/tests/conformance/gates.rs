@@ -48,6 +48,7 @@ fn the_settings_force_every_gate_both_ways() {
     assert!(zero_and_max(&|g| g.parallel_min_row_work));
     assert!(zero_and_max(&|g| g.gemm_parallel_min_work));
     assert!(zero_and_max(&|g| g.transpose_min_side));
+    assert!(zero_and_max(&|g| g.fused_keep_max));
     assert!(zero_and_max(&|g| g.fused_scores));
     assert!(zero_and_max(&|g| g.dw_chunk));
     assert!(zero_and_max(&|g| g.min_mean_run));

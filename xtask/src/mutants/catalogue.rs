@@ -225,6 +225,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "cpu-attn-lean-flag-only",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/ops/attention.rs",
+        from: "            let lean = core::lean(&dm, *fused);\n            check_shape",
+        to: "            let lean = *fused;\n            check_shape",
+        bug: "fused attention's backward reads row statistics where a small forward kept A",
+        harness: Plain,
+    },
+    Mutant {
         id: "cpu-maxpool-last-argmax",
         area: Cpu,
         file: "crates/tl-tape-cpu/src/ops/pool.rs",

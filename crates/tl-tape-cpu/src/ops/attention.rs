@@ -5,14 +5,15 @@
 //! per block, the scores `S = Q_blk K_hᵀ/√d` by GEMM, masked softmax in place, `O_blk = A·V_h` by
 //! GEMM into C's head columns (strided views, no copies); backward `dA = dO_blk V_hᵀ`,
 //! `dV_h += Aᵀ dO_blk`, `dS = A⊙(dA − Σ dA⊙A)/√d`, `dQ_blk = dS K_h`, `dK_h += dSᵀ Q_blk`.
-//! Unfused, a block is every row of the sample (the (n, n) scores of one head at a time); fused,
-//! a block holds at most [`core::FUSED_SCORES`] scores, so memory stays bounded for long
-//! sequences while every step is still a GEMM (each block holds whole rows, so its softmax is
-//! exact: no online rescaling).
+//! Unfused, a block is every row of the sample (the (n, n) scores of one head at a time); fused
+//! past [`core::FUSED_KEEP_MAX`] probabilities (memory-lean, [`core::lean`]), a block holds at
+//! most [`core::FUSED_SCORES`] scores, so memory stays bounded for long sequences while every
+//! step is still a GEMM (each block holds whole rows, so its softmax is exact: no online
+//! rescaling). A fused op below that size runs as the unfused one.
 //!
 //! Through the tape ([`forward_saving`], [`backward_saved`]) the backward reads Q, K, V, C and
-//! the probabilities A as the forward left them (PyTorch's saved tensors); `fused`, it keeps
-//! each row's softmax statistics instead of A (its max and the reciprocal of its sum, as
+//! the probabilities A as the forward left them (PyTorch's saved tensors); memory-lean, it
+//! keeps each row's softmax statistics instead of A (its max and the reciprocal of its sum, as
 //! FlashAttention keeps the log-sum-exp), so the backward recomputes A block by block with one
 //! pass per row (`exp(s − max)·(1/sum)`), not the forward's four. Called directly ([`forward`],
 //! [`backward`]) it recomputes everything. The bits are the same either way.
@@ -55,9 +56,10 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
 
 /// `multiHeadAttention`'s value and what its backward reads, so that it does not compute them
 /// again (PyTorch's saved tensors): Q, K, V and C (each (B·n, P)), then the probabilities A
-/// ((B, heads, n, n)), or where the op is `fused` each row's softmax statistics ((B, heads, n,
-/// 2): max, 1/sum). The fused form is the memory-lean one: it keeps O(B·n·(P + heads)) floats,
-/// not O(B·heads·n²), and its backward recomputes A block by block from the statistics. Any
+/// ((B, heads, n, n)), or where the op is `fused` and past [`core::FUSED_KEEP_MAX`]
+/// probabilities ([`core::lean`]) each row's softmax statistics ((B, heads, n, 2): max, 1/sum).
+/// The memory-lean form keeps O(B·n·(P + heads)) floats, not O(B·heads·n²), and its backward
+/// recomputes A block by block from the statistics. Any
 /// other op: its value and nothing saved. [`backward_saved`] takes the list back.
 pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     check_arity(op, x)?;
@@ -67,7 +69,7 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     }
 }
 
-/// `multiHeadAttention`'s value, with Q, K, V, C and A (unfused) or the row statistics (fused)
+/// `multiHeadAttention`'s value, with Q, K, V, C and A or the row statistics (memory-lean)
 /// where `keep` (see [`forward_saving`]).
 fn mha_forward<T: Scalar>(
     op: &Op,
@@ -78,19 +80,20 @@ fn mha_forward<T: Scalar>(
         return Err(wrong_family(op, "attention"));
     };
     let dm = dims(op, x, *heads, mask.as_ref())?;
+    let lean = core::lean(&dm, *fused);
     let [q, k, v] = projections(op, &dm, x)?;
-    let block = core::block_rows(&dm, *fused);
+    let block = core::block_rows(&dm, lean);
     // Every head's probabilities (or statistics) at once: checked against the allocation cap
     // before anything is allocated (the op's value alone may be far smaller).
     let mut kept = match keep {
         true => Some(tl_spec::alloc::try_for_overwrite(
             op.name(),
-            core::kept_what(*fused),
-            core::kept_len(op, &dm, *fused)?,
+            core::kept_what(lean),
+            core::kept_len(op, &dm, lean)?,
         )?),
         false => None,
     };
-    let into = match (kept.as_deref_mut(), fused) {
+    let into = match (kept.as_deref_mut(), lean) {
         (Some(a), false) => core::Keep::Probabilities(a),
         (Some(st), true) => core::Keep::Stats(st),
         (None, _) => core::Keep::Nothing,
@@ -144,6 +147,7 @@ pub fn backward_saved<T: Scalar>(
         }
         Op::MultiHeadAttention { heads, mask, fused } => {
             let dm = dims(op, x, *heads, mask.as_ref())?;
+            let lean = core::lean(&dm, *fused);
             check_shape(op, "cotangent", g, x[4].shape())?;
             let (n_rows, p, dmod) = (dm.batch * dm.n, dm.p, dm.dm);
             // What the forward kept, or the same values computed again.
@@ -158,7 +162,7 @@ pub fn backward_saved<T: Scalar>(
                     a: None,
                     stats: None,
                 },
-                None => core::Kept::from_saved(op, &dm, *fused, saved)?,
+                None => core::Kept::from_saved(op, &dm, lean, saved)?,
             };
             // y = C·wo: dC = g·woᵀ, dwo = Cᵀ·g.
             let gv = rows(op, g.data(), n_rows, dmod)?;
@@ -166,7 +170,7 @@ pub fn backward_saved<T: Scalar>(
             let mut dc = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", n_rows * p)?;
             let dcv = rows_mut(op, &mut dc, n_rows, p)?;
             matmul(op, dcv, false, gv, wo.t(), T::one())?;
-            let block = core::block_rows(&dm, *fused);
+            let block = core::block_rows(&dm, lean);
             let (c, dqkv) = core::backward(op, &dm, &kept, &dc, mask.as_ref(), block)?;
             let cv = rows(op, c.as_deref().or(kept.c).unwrap_or_default(), n_rows, p)?;
             let mut dwo = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", p * dmod)?;

@@ -1,5 +1,5 @@
 //! What a forward keeps for its backward (`ops::forward_saving`, `Node::saved`): attention's
-//! Q, K, V, C and probabilities (fused: each row's softmax statistics), the norms' mean and
+//! Q, K, V, C and probabilities (fused and memory-lean: each row's softmax statistics), the norms' mean and
 //! rstd per group, cross-entropy's log-sum-exp per row, gelu's tanh term and safeLog's
 //! `softplus(x) + ε`, on the tape give the same
 //! values and cotangents, bit for bit, as the kernels that compute them again
@@ -9,6 +9,7 @@
 use tl_ir::Op;
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Scalar, Shape, Tensor};
+use tl_tape_cpu::gates::{Gates, force};
 use tl_tape_cpu::{Tape, ops};
 
 use crate::common::{Dom, Rng, kernel_bits, random};
@@ -65,23 +66,55 @@ fn attention_reads_what_its_forward_kept_with_the_recomputed_bits() {
         (1, 11, 2, Some(holed(11))),
         (2, 130, 4, Some(Mask::causal(130).unwrap())),
     ];
+    // The fused op memory-lean at every size (forced), and as production decides: at these
+    // sizes it keeps the probabilities as the unfused op does.
+    let lean_everywhere = Gates {
+        fused_keep_max: Some(0),
+        ..Gates::DEFAULT
+    };
     for (batch, n, heads, mask) in cases {
         let dm = 4 * heads;
         let x = mha_inputs(&mut rng, batch, n, dm);
-        for fused in [false, true] {
+        for (fused, lean) in [(false, false), (true, false), (true, true)] {
             let op = Op::MultiHeadAttention {
                 heads,
                 mask: mask.clone(),
                 fused,
             };
-            let mut kept = vec![batch * n * dm; 4];
-            kept.push(match fused {
-                true => batch * heads * n * 2,
-                false => batch * heads * n * n,
-            });
-            check::<f32>(&op, &x, &kept);
-            check::<f64>(&op, &x, &kept);
+            let _g = lean.then(|| force(lean_everywhere));
+            check::<f32>(&op, &x, &kept_lens(batch, n, heads, lean));
+            check::<f64>(&op, &x, &kept_lens(batch, n, heads, lean));
         }
+    }
+}
+
+/// What a `multiHeadAttention` of `dm = 4·heads` keeps: Q, K, V, C, then the row statistics
+/// when memory-lean, else the probabilities.
+fn kept_lens(batch: usize, n: usize, heads: usize, lean: bool) -> Vec<usize> {
+    let mut kept = vec![batch * n * 4 * heads; 4];
+    kept.push(match lean {
+        true => batch * heads * n * 2,
+        false => batch * heads * n * n,
+    });
+    kept
+}
+
+#[test]
+fn fused_attention_runs_memory_lean_only_past_the_probabilities_it_keeps() {
+    // B·heads·n² just past FUSED_KEEP_MAX: the fused op keeps row statistics; one row fewer
+    // and it keeps the probabilities (the unfused op keeps them at every size).
+    let max = ops::attention::core::FUSED_KEEP_MAX;
+    let (batch, heads) = (2, 2);
+    let n_past = (1..).find(|&n| batch * heads * n * n > max).unwrap();
+    let mut rng = Rng(0x1ea7);
+    for (n, lean) in [(n_past - 1, false), (n_past, true)] {
+        let x = mha_inputs(&mut rng, batch, n, 4 * heads);
+        let op = Op::MultiHeadAttention {
+            heads,
+            mask: Some(Mask::causal(n).unwrap()),
+            fused: true,
+        };
+        check::<f32>(&op, &x, &kept_lens(batch, n, heads, lean));
     }
 }
 
@@ -103,9 +136,11 @@ fn attention_kept_statistics_carry_infinite_and_nan_scores_as_the_forward_made_t
             mask,
             fused: true,
         };
-        let qkvc = vec![n * 4 * heads; 4];
-        let kept: Vec<usize> = qkvc.into_iter().chain([heads * n * 2]).collect();
-        check::<f32>(&op, &x, &kept);
+        let _g = force(Gates {
+            fused_keep_max: Some(0),
+            ..Gates::DEFAULT
+        });
+        check::<f32>(&op, &x, &kept_lens(1, n, heads, true));
     }
 }
 

@@ -8,11 +8,30 @@ use super::*;
 /// f32: an L2-sized block). Sequences up to 128 keys take every row in one block either way.
 pub const FUSED_SCORES: usize = 1 << 14;
 
-/// Query rows per block: every row unfused, at most [`FUSED_SCORES`] scores fused (at
-/// least one row).
-pub fn block_rows(dm: &Dims, fused: bool) -> usize {
+/// The most probabilities (`B·heads·n²`: 1 MiB in f32) a `fused` op keeps for its backward as
+/// the unfused one does; past it, it runs memory-lean ([`lean`]). Below it the memory bound
+/// buys nothing worth the recomputation: keeping A instead of recomputing it block by block
+/// took the transformer step (n = 128, 4 heads) from 401–408 to 385–387 µs on one core
+/// (docs/performance.md).
+pub const FUSED_KEEP_MAX: usize = 1 << 18;
+
+/// Whether a `fused` op runs memory-lean: query rows in blocks of at most [`FUSED_SCORES`]
+/// scores and each row's softmax statistics kept instead of A. Only when its probabilities
+/// would exceed [`FUSED_KEEP_MAX`] (or the [`crate::gates`] override); below, it runs as the
+/// unfused op. The bits are the same either way.
+pub fn lean(dm: &Dims, fused: bool) -> bool {
+    let max = crate::gates::get(|g| g.fused_keep_max, FUSED_KEEP_MAX);
+    let probabilities = [dm.heads, dm.n, dm.n]
+        .into_iter()
+        .fold(dm.batch, usize::saturating_mul);
+    fused && probabilities > max
+}
+
+/// Query rows per block: every row unless `lean` ([`lean`]), else at most [`FUSED_SCORES`]
+/// scores (at least one row).
+pub fn block_rows(dm: &Dims, lean: bool) -> usize {
     let n = dm.n.max(1);
-    if fused {
+    if lean {
         let scores = crate::gates::get(|g| g.fused_scores, FUSED_SCORES);
         (scores / n).clamp(1, n)
     } else {
@@ -34,18 +53,18 @@ pub fn stats_len(op: &Op, dm: &Dims) -> Result<usize> {
     Ok(shape.check_size(op.name())?)
 }
 
-/// What the forward keeps besides Q, K, V and C: the probabilities unfused
-/// ([`probabilities_len`]), the row statistics fused ([`stats_len`]).
-pub fn kept_len(op: &Op, dm: &Dims, fused: bool) -> Result<usize> {
-    match fused {
+/// What the forward keeps besides Q, K, V and C: the probabilities ([`probabilities_len`]),
+/// or the row statistics ([`stats_len`]) when `lean` ([`lean`]).
+pub fn kept_len(op: &Op, dm: &Dims, lean: bool) -> Result<usize> {
+    match lean {
         true => stats_len(op, dm),
         false => probabilities_len(op, dm),
     }
 }
 
 /// What [`kept_len`] counts, in words (for an allocation error).
-pub fn kept_what(fused: bool) -> &'static str {
-    match fused {
+pub fn kept_what(lean: bool) -> &'static str {
+    match lean {
         true => "the kept attention row statistics",
         false => "the kept attention probabilities",
     }
@@ -77,17 +96,17 @@ pub struct Kept<'a, T> {
 
 impl<'a, T: Scalar> Kept<'a, T> {
     /// The list [`super::forward_saving`] returns, checked against the dims: Q, K, V, C,
-    /// then A, or the row statistics when `fused`.
-    pub fn from_saved(op: &Op, dm: &Dims, fused: bool, saved: &'a [Vec<T>]) -> Result<Self> {
+    /// then A, or the row statistics when `lean` ([`lean`]).
+    pub fn from_saved(op: &Op, dm: &Dims, lean: bool, saved: &'a [Vec<T>]) -> Result<Self> {
         let len = dm.batch * dm.n * dm.p;
-        let expected = [len, len, len, len, kept_len(op, dm, fused)?];
+        let expected = [len, len, len, len, kept_len(op, dm, lean)?];
         check_saved(op, saved, &expected)?;
         let last = Some(saved[4].as_slice());
         Ok(Kept {
             qkv: [&saved[0], &saved[1], &saved[2]],
             c: Some(&saved[3]),
-            a: last.filter(|_| !fused),
-            stats: last.filter(|_| fused),
+            a: last.filter(|_| !lean),
+            stats: last.filter(|_| lean),
         })
     }
 }
