@@ -47,9 +47,9 @@ use super::{Batch, Buffer, Device, Gemm, GemmTiles, buffer};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Error, Precision, Result, abi};
-use smallvec::SmallVec;
 use driver::{Arg, DeviceMemory};
 use launch::{blocks, dims8};
+use smallvec::SmallVec;
 
 /// The CUDA device: GPU 0 of the process-wide context, a caching allocator over its memory,
 /// and the embedded kernels. PyTorch: `torch.device("cuda")` with its caching allocator.

@@ -387,7 +387,13 @@ mod tests {
 
     /// Run a warp-matrix self-test kernel `(a, b, out, flag)` on 16×16 operands over one
     /// block of 64 threads (two warps, each computing the same tile), in the given order.
-    fn run_wmma(name: &'static str, a: &[f32], b: &[f32], flag: u32, reverse: bool) -> Result<Vec<f32>> {
+    fn run_wmma(
+        name: &'static str,
+        a: &[f32],
+        b: &[f32],
+        flag: u32,
+        reverse: bool,
+    ) -> Result<Vec<f32>> {
         let (pa, pb, out) = (alloc_floats(256), alloc_floats(256), alloc_floats(256));
         copy_to_device(pa, a)?;
         copy_to_device(pb, b)?;
@@ -471,7 +477,10 @@ mod tests {
         let d = run(2);
         assert!(d.contains("is not 256-bit (32-byte) aligned"), "{d}");
         let d = run(3);
-        assert!(d.contains("the lanes of a warp passed different pointers"), "{d}");
+        assert!(
+            d.contains("the lanes of a warp passed different pointers"),
+            "{d}"
+        );
         // The runtime is fine afterwards.
         run_wmma("tl_emu_test_wmma_bf16", &a, &b, 0, false).unwrap();
     }

@@ -101,7 +101,14 @@ pub fn gemm(
 /// [`gemm`] on contiguous row-major operands.
 pub fn gemm_dense(a: &[f32], b: &[f32], g: Gemm, batch: usize, out: &mut [f32], prec: Precision) {
     let dense = |which| At::dense(g.stored(which).1);
-    gemm((a, dense(0)), (b, dense(1)), g, batch, (out, dense(2)), prec);
+    gemm(
+        (a, dense(0)),
+        (b, dense(1)),
+        g,
+        batch,
+        (out, dense(2)),
+        prec,
+    );
 }
 
 #[cfg(test)]
@@ -189,5 +196,47 @@ mod tests {
         assert_eq!(Gemm::nn(512, k, 512).k_chunk(1), k);
         assert_eq!(Gemm::nn(1, 200, 1).k_chunk(1), 200);
         assert_eq!(Gemm::nn(1, 0, 1).k_chunk(1), 1);
+    }
+
+    #[test]
+    fn autocast_rounds_each_operand_and_pads_k_to_the_tensor_core_depth() {
+        // 1 + 2⁻⁹ rounds to 1 in bf16; TF32 (10 fraction bits) keeps it.
+        let x = 1.0 + 2f32.powi(-9);
+        let mut out = [0.0f32];
+        gemm_dense(
+            &[x],
+            &[3.0],
+            Gemm::nn(1, 1, 1),
+            1,
+            &mut out,
+            Precision::Bf16,
+        );
+        assert_eq!(out[0], 3.0);
+        gemm_dense(
+            &[x],
+            &[3.0],
+            Gemm::nn(1, 1, 1),
+            1,
+            &mut out,
+            Precision::Tf32,
+        );
+        assert_eq!(out[0], 3.0 * x);
+        // An underflowing product sums to −0 in f32; a run padded to 16 adds fma(0, 0, −0),
+        // which is +0; a run of exactly 16 terms is not padded.
+        let (a, b) = ([-2f32.powi(-100)], [2f32.powi(-100)]);
+        gemm_dense(&a, &b, Gemm::nn(1, 1, 1), 1, &mut out, Precision::F32);
+        assert_eq!(out[0].to_bits(), (-0.0f32).to_bits());
+        gemm_dense(&a, &b, Gemm::nn(1, 1, 1), 1, &mut out, Precision::Bf16);
+        assert_eq!(out[0].to_bits(), 0.0f32.to_bits());
+        let (a16, b16) = ([a[0]; TC_K], [b[0]; TC_K]);
+        gemm_dense(
+            &a16,
+            &b16,
+            Gemm::nn(1, TC_K, 1),
+            1,
+            &mut out,
+            Precision::Bf16,
+        );
+        assert_eq!(out[0].to_bits(), (-0.0f32).to_bits());
     }
 }
