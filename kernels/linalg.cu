@@ -212,17 +212,33 @@ struct Tf32 {
     __device__ static T cvt(float x) { return nvcuda::wmma::__float_to_tf32(x); }
 };
 
+// The shared memory of one precision's tiles: As (BM x LDA), Bs (BK x LDB) of its element type,
+// then Cs (BM x LDC floats). Rows padded by 16 bytes: ldm a multiple of 16 bytes and every
+// fragment's first element 32-byte aligned, as load_matrix_sync / store_matrix_sync require.
 template <class R>
-__device__ void gemm(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n,
-                     u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {
+struct Smem {
+    typedef typename R::T T;
+    static constexpr int PAD = 16 / (int)sizeof(T), LDA = BK + PAD, LDB = BN + PAD, LDC = BN + 4;
+    static constexpr int A_BYTES = BM * LDA * (int)sizeof(T), B_BYTES = BK * LDB * (int)sizeof(T);
+    static constexpr int BYTES = A_BYTES + B_BYTES + BM * LDC * 4;
+    static_assert(A_BYTES % 32 == 0 && B_BYTES % 32 == 0, "Bs and Cs stay 32-byte aligned");
+};
+// One buffer for both precisions (the kernel instantiates both: two sets of static arrays would
+// pass the 48 KiB of static shared memory a block may have).
+constexpr int SMEM_BYTES =
+    Smem<Bf16>::BYTES > Smem<Tf32>::BYTES ? Smem<Bf16>::BYTES : Smem<Tf32>::BYTES;
+
+template <class R>
+__device__ void gemm(unsigned char* smem, const float* a, const float* b, float* out, u32 batch,
+                     u32 m, u32 k, u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads,
+                     u32 merged) {
     namespace wmma = nvcuda::wmma;
     typedef typename R::T T;
-    // Rows padded by 16 bytes: ldm a multiple of 16 bytes and every fragment's first element
-    // 32-byte aligned, as load_matrix_sync / store_matrix_sync require.
-    constexpr int PAD = 16 / (int)sizeof(T), LDA = BK + PAD, LDB = BN + PAD, LDC = BN + 4;
-    __shared__ __align__(32) T As[BM * LDA];
-    __shared__ __align__(32) T Bs[BK * LDB];
-    __shared__ __align__(32) float Cs[BM * LDC];
+    typedef Smem<R> S;
+    constexpr int LDA = S::LDA, LDB = S::LDB, LDC = S::LDC;
+    T* As = reinterpret_cast<T*>(smem);
+    T* Bs = reinterpret_cast<T*>(smem + S::A_BYTES);
+    float* Cs = reinterpret_cast<float*>(smem + S::A_BYTES + S::B_BYTES);
     const u32 warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
     const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
     const u32 splits = k > kc ? (k + kc - 1) / kc : 1;
@@ -293,8 +309,9 @@ __device__ void gemm(const float* a, const float* b, float* out, u32 batch, u32 
 extern "C" __global__ void __launch_bounds__(128)
     tl_gemm_tc(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n, u32 ta,
                u32 tb, u32 into, u32 kc, u32 heads, u32 merged, u32 prec) {
+    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
     if (prec == 2)
-        tc::gemm<tc::Tf32>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+        tc::gemm<tc::Tf32>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
     else
-        tc::gemm<tc::Bf16>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+        tc::gemm<tc::Bf16>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
 }
