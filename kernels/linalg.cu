@@ -17,6 +17,12 @@
 // k-slice of op(a) and op(b) in registers while they multiply the current one out of one of
 // two shared buffers (one barrier a slice), and read global memory along each operand's
 // stored rows.
+//
+// The tensor-core GEMM `tl_gemm_tc` (autocast: bf16 or TF32 operands, f32 sums; device/cuda.rs
+// launches it when the tape's precision is not F32) is at the end of the file.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "common.cuh"
 
 // Where product z's (rows x cols) matrix starts in its operand, and its row stride.
@@ -175,4 +181,137 @@ extern "C" __global__ void tl_gemm_sum_splits(const float* part, float* out, u64
         float* o = out + pc.start + (r / n) * pc.ld + r % n;
         *o = into ? __fadd_rn(*o, acc) : acc;
     }
+}
+
+// ---- Tensor cores (autocast) -------------------------------------------------------------------
+//
+// tl_gemm_tc: the products of tl_gemm (the same arguments, transpose flags, batch, head-merged
+// operands, split-K runs of kc and `into`) with each operand element rounded as it is staged into
+// shared memory, `prec` 1: bf16 (__float2bfloat16, nearest even; m16n16k16 fragments), 2: TF32
+// (wmma::__float_to_tf32, nearest, ties away; m16n16k8), and f32 accumulator fragments (WMMA,
+// sm_80+). 128 threads (4 warps) a block, 64 x 64 outputs, each warp a 32 x 32 quarter as 2 x 2
+// fragments; k in slices of TC_BK = 16, zero-padded past the run's end (on the emulator that adds
+// fma(0, 0, acc) = acc + 0: device/sim/linalg.rs). The finished tile goes through shared memory to
+// global memory with the bounds and `into` of tl_gemm. The summation order inside mma_sync is the
+// hardware's: on the emulator the one cuda_emu.h documents, which the sim twin reproduces bit for
+// bit; on a GPU within tl_spec::bf16::accumulation_bound of the reference.
+namespace tc {
+
+constexpr int BM = 64, BN = 64, BK = 16, THREADS = 128;
+
+struct Bf16 {
+    typedef __nv_bfloat16 T;  // shared-memory element
+    typedef __nv_bfloat16 P;  // fragment precision
+    static constexpr int FK = 16;
+    __device__ static T cvt(float x) { return __float2bfloat16(x); }
+};
+struct Tf32 {
+    typedef float T;
+    typedef nvcuda::wmma::precision::tf32 P;
+    static constexpr int FK = 8;
+    __device__ static T cvt(float x) { return nvcuda::wmma::__float_to_tf32(x); }
+};
+
+// The shared memory of one precision's tiles: As (BM x LDA), Bs (BK x LDB) of its element type,
+// then Cs (BM x LDC floats). Rows padded by 16 bytes: ldm a multiple of 16 bytes and every
+// fragment's first element 32-byte aligned, as load_matrix_sync / store_matrix_sync require.
+template <class R>
+struct Smem {
+    typedef typename R::T T;
+    static constexpr int PAD = 16 / (int)sizeof(T), LDA = BK + PAD, LDB = BN + PAD, LDC = BN + 4;
+    static constexpr int A_BYTES = BM * LDA * (int)sizeof(T), B_BYTES = BK * LDB * (int)sizeof(T);
+    static constexpr int BYTES = A_BYTES + B_BYTES + BM * LDC * 4;
+    static_assert(A_BYTES % 32 == 0 && B_BYTES % 32 == 0, "Bs and Cs stay 32-byte aligned");
+};
+// One buffer for both precisions (the kernel instantiates both: two sets of static arrays would
+// pass the 48 KiB of static shared memory a block may have).
+constexpr int SMEM_BYTES =
+    Smem<Bf16>::BYTES > Smem<Tf32>::BYTES ? Smem<Bf16>::BYTES : Smem<Tf32>::BYTES;
+
+template <class R>
+__device__ void gemm(unsigned char* smem, const float* a, const float* b, float* out, u32 batch,
+                     u32 m, u32 k, u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads,
+                     u32 merged) {
+    namespace wmma = nvcuda::wmma;
+    typedef typename R::T T;
+    typedef Smem<R> S;
+    constexpr int LDA = S::LDA, LDB = S::LDB, LDC = S::LDC;
+    T* As = reinterpret_cast<T*>(smem);
+    T* Bs = reinterpret_cast<T*>(smem + S::A_BYTES);
+    float* Cs = reinterpret_cast<float*>(smem + S::A_BYTES + S::B_BYTES);
+    const u32 warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const u32 splits = k > kc ? (k + kc - 1) / kc : 1;
+    const u64 jobs = (u64)batch * splits;
+    for (u64 zz = blockIdx.z; zz < jobs; zz += gridDim.z) {
+        const u64 z = zz / splits;
+        const u32 kb = (u32)(zz % splits) * kc;
+        const u32 ke = k - kb < kc ? k : kb + kc;
+        const MatAt pa = mat_at(z, ta ? k : m, ta ? m : k, heads, merged & 1);
+        const MatAt pb = mat_at(z, tb ? n : k, tb ? k : n, heads, merged & 2);
+        const MatAt pc = mat_at(zz, m, n, heads, merged & 4);
+        const float* A = a + pa.start;
+        const float* B = b + pb.start;
+        float* C = out + pc.start;
+        wmma::fragment<wmma::accumulator, 16, 16, R::FK, float> acc[2][2];
+        for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (u32 p0 = kb; p0 < ke; p0 += BK) {
+            // Stage the slice, rounded: As (BM x BK) and Bs (BK x BN) row-major, zeros outside
+            // the matrices and past the run (read along each operand's stored rows).
+            for (int l = 0; l < BM * BK / THREADS; ++l) {
+                u32 p, i;
+                slice_pos<BK, BM>(threadIdx.x + THREADS * l, !ta, p, i);
+                const u32 gi = row0 + i, gp = p0 + p;
+                const float v =
+                    gi < m && gp < ke ? (ta ? A[gp * pa.ld + gi] : A[gi * pa.ld + gp]) : 0.0f;
+                As[i * LDA + p] = R::cvt(v);
+            }
+            for (int l = 0; l < BK * BN / THREADS; ++l) {
+                u32 p, j;
+                slice_pos<BK, BN>(threadIdx.x + THREADS * l, tb, p, j);
+                const u32 gj = col0 + j, gp = p0 + p;
+                const float v =
+                    gj < n && gp < ke ? (tb ? B[gj * pb.ld + gp] : B[gp * pb.ld + gj]) : 0.0f;
+                Bs[p * LDB + j] = R::cvt(v);
+            }
+            __syncthreads();
+            for (int kk = 0; kk < BK; kk += R::FK) {
+                wmma::fragment<wmma::matrix_a, 16, 16, R::FK, typename R::P, wmma::row_major> fa[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, R::FK, typename R::P, wmma::row_major> fb[2];
+                for (int i = 0; i < 2; ++i)
+                    wmma::load_matrix_sync(fa[i], &As[(wm * 32 + i * 16) * LDA + kk], LDA);
+                for (int j = 0; j < 2; ++j)
+                    wmma::load_matrix_sync(fb[j], &Bs[kk * LDB + wn * 32 + j * 16], LDB);
+                for (int i = 0; i < 2; ++i)
+                    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+        for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j)
+                wmma::store_matrix_sync(&Cs[(wm * 32 + i * 16) * LDC + wn * 32 + j * 16],
+                                        acc[i][j], LDC, wmma::mem_row_major);
+        __syncthreads();
+        for (int l = 0; l < BM * BN / THREADS; ++l) {
+            const u32 e = threadIdx.x + THREADS * l, r = e / BN, c = e % BN;
+            const u32 gi = row0 + r, gj = col0 + c;
+            if (gi >= m || gj >= n) continue;
+            float* o = &C[gi * pc.ld + gj];
+            *o = into ? __fadd_rn(*o, Cs[r * LDC + c]) : Cs[r * LDC + c];
+        }
+        __syncthreads();  // Cs is the next job's
+    }
+}
+
+}  // namespace tc
+
+extern "C" __global__ void __launch_bounds__(128)
+    tl_gemm_tc(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n, u32 ta,
+               u32 tb, u32 into, u32 kc, u32 heads, u32 merged, u32 prec) {
+    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
+    if (prec == 2)
+        tc::gemm<tc::Tf32>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+    else
+        tc::gemm<tc::Bf16>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
 }

@@ -153,3 +153,228 @@ TlEmuKernel tl_emu_kernel(const char* name, void (*f)(A...)) {
 }
 
 #define TL_EMU_KERNEL(k) tl_emu_kernel(#k, &k)
+
+// ---- Faults a kernel's built-ins detect ------------------------------------------------------
+
+// Record a misuse that CUDA leaves undefined (the first one of the launch wins); the launch then
+// fails with the kernel's name and this message, like the runtime's own checks.
+void tl_emu_fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// Whether the launch has recorded a fault (a built-in that detects one does no memory access).
+bool tl_emu_faulted();
+// A warp barrier at which every live lane of the warp passes `v`; true when they all passed the
+// same value (a *_sync built-in whose arguments CUDA requires to be warp-uniform).
+bool tl_emu_warp_same(std::uint64_t v);
+
+// ---- bf16 (cuda_bf16.h) ------------------------------------------------------------------------
+
+// The 16-bit encoding; conversions round as tl_spec::bf16 does (nearest, ties to even; NaN kept
+// quiet with its sign and top payload bits, where a GPU returns its canonical NaN: NaN either way).
+struct __nv_bfloat16 {
+    unsigned short x;
+};
+inline __nv_bfloat16 __float2bfloat16(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    __nv_bfloat16 h;
+    if (std::isnan(f)) {
+        h.x = (unsigned short)((u >> 16) | 0x0040u);
+        return h;
+    }
+    h.x = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return h;
+}
+inline float __bfloat162float(__nv_bfloat16 h) {
+    const std::uint32_t u = (std::uint32_t)h.x << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// ---- Warp matrix functions (mma.h: nvcuda::wmma) -----------------------------------------------
+//
+// The shapes CUDA has for bf16 (m16n16k16, m32n8k16, m8n32k16) and TF32 (m16n16k8), f32
+// accumulators. Warp-collective semantics: every lane of the warp must call each *_sync
+// function, with the same pointer, ldm and layout (checked: a warp barrier at which the lanes
+// compare them); each emulated thread then holds the WHOLE tile in its fragment (`x` is the tile
+// row-major, `num_elements` its size, where a GPU spreads it over the lanes), so a kernel may only
+// use fragment elements uniformly (`for (i < num_elements) f.x[i] = g(f.x[i])`), as CUDA requires.
+// Checked at each load and store, as CUDA requires: the pointer 256-bit (32-byte) aligned and ldm
+// a multiple of 16 bytes; a violation is a fault of the launch and the call touches no memory.
+//
+// mma_sync's order, the one the sim twin (device/sim/linalg.rs) reproduces bit for bit: for each
+// output element (i, j), d = c(i, j), then for kk = 0, 1, ..., K-1 in order
+// d = fmaf(a(i, kk), b(kk, j), d): each product exact (two bf16 or two TF32 values), each sum
+// rounded to f32. A TF32 operand is read through its top 19 bits (the low 13 cleared: the tensor
+// cores ignore them, so a kernel must round with __float_to_tf32 first). A GPU sums in its own
+// order: the same values within tl_spec::bf16::accumulation_bound, not the same bits.
+namespace nvcuda {
+namespace wmma {
+
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision {
+struct tf32 {};
+}  // namespace precision
+enum layout_t { mem_row_major, mem_col_major };
+
+// f32 → TF32 as PTX's cvt.rna.tf32.f32: nearest, ties away from zero (tl_spec::tf32::round).
+inline float __float_to_tf32(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    if (std::isnan(f)) {
+        u |= 0x00400000u;
+    } else if (!std::isinf(f)) {
+        u = (u + 0x1000u) & ~0x1fffu;
+    }
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+namespace detail {
+// (rows, cols) of a fragment's tile.
+template <typename Use, int M, int N, int K>
+struct tile;
+template <int M, int N, int K>
+struct tile<matrix_a, M, N, K> {
+    static constexpr int rows = M, cols = K;
+};
+template <int M, int N, int K>
+struct tile<matrix_b, M, N, K> {
+    static constexpr int rows = K, cols = N;
+};
+template <int M, int N, int K>
+struct tile<accumulator, M, N, K> {
+    static constexpr int rows = M, cols = N;
+};
+// The element a fragment stores, and how a product reads it.
+template <typename T>
+struct elem;
+template <>
+struct elem<__nv_bfloat16> {
+    typedef __nv_bfloat16 type;
+    static float value(__nv_bfloat16 h) { return __bfloat162float(h); }
+};
+template <>
+struct elem<precision::tf32> {
+    typedef float type;
+    static float value(float f) {
+        std::uint32_t u;
+        std::memcpy(&u, &f, sizeof u);
+        u &= ~0x1fffu;
+        std::memcpy(&f, &u, sizeof f);
+        return f;
+    }
+};
+template <>
+struct elem<float> {
+    typedef float type;
+    static float value(float f) { return f; }
+};
+template <int M, int N, int K, typename T>
+constexpr bool shape_ok() {
+    return (std::is_same<T, __nv_bfloat16>::value &&
+            ((M == 16 && N == 16 && K == 16) || (M == 32 && N == 8 && K == 16) ||
+             (M == 8 && N == 32 && K == 16))) ||
+           (std::is_same<T, precision::tf32>::value && M == 16 && N == 16 && K == 8) ||
+           (std::is_same<T, float>::value &&
+            ((M == 16 && N == 16 && (K == 16 || K == 8)) || (M == 32 && N == 8 && K == 16) ||
+             (M == 8 && N == 32 && K == 16)));
+}
+// The checks every load and store makes (module comment); false after a fault.
+inline bool access_ok(const char* what, const void* p, unsigned ldm, unsigned elem_bytes,
+                      int layout) {
+    const std::uint64_t key = (std::uint64_t)reinterpret_cast<std::uintptr_t>(p) * 31u +
+                              (std::uint64_t)ldm * 2u + (std::uint64_t)layout;
+    if (!tl_emu_warp_same(key)) {
+        tl_emu_fail("%s: the lanes of a warp passed different pointers, ldm or layouts (CUDA "
+                    "requires them warp-uniform)",
+                    what);
+        return false;
+    }
+    if (reinterpret_cast<std::uintptr_t>(p) % 32 != 0) {
+        tl_emu_fail("%s: pointer %p is not 256-bit (32-byte) aligned", what, p);
+        return false;
+    }
+    if (((std::uint64_t)ldm * elem_bytes) % 16 != 0) {
+        tl_emu_fail("%s: ldm %u (%u bytes) is not a multiple of 16 bytes", what, ldm,
+                    ldm * elem_bytes);
+        return false;
+    }
+    return !tl_emu_faulted();
+}
+}  // namespace detail
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    static_assert(detail::shape_ok<M, N, K, T>(), "a wmma shape/type CUDA does not have");
+    typedef typename detail::elem<T>::type element_type;
+    static constexpr int rows = detail::tile<Use, M, N, K>::rows;
+    static constexpr int cols = detail::tile<Use, M, N, K>::cols;
+    // The whole tile, row-major (see the comment above: a GPU holds num_elements per lane).
+    static constexpr int num_elements = rows * cols;
+    element_type x[num_elements];
+};
+
+template <typename Use, int M, int N, int K, typename T, typename L>
+inline void fill_fragment(fragment<Use, M, N, K, T, L>& f,
+                          typename fragment<Use, M, N, K, T, L>::element_type v) {
+    for (int i = 0; i < f.num_elements; ++i) f.x[i] = v;
+}
+
+template <typename Use, int M, int N, int K, typename T, typename L>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f,
+                             const typename fragment<Use, M, N, K, T, L>::element_type* p,
+                             unsigned ldm) {
+    static_assert(std::is_same<L, row_major>::value || std::is_same<L, col_major>::value,
+                  "matrix_a / matrix_b fragments name their layout");
+    typedef fragment<Use, M, N, K, T, L> F;
+    asm volatile("" ::: "memory");
+    const bool col = std::is_same<L, col_major>::value;
+    if (!detail::access_ok("load_matrix_sync", p, ldm, sizeof(typename F::element_type),
+                           col ? 1 : 0)) {
+        std::memset(f.x, 0xff, sizeof f.x);  // NaN (bf16 or f32): poison, no access
+        return;
+    }
+    for (int r = 0; r < F::rows; ++r)
+        for (int c = 0; c < F::cols; ++c)
+            f.x[r * F::cols + c] = col ? p[(std::size_t)c * ldm + r] : p[(std::size_t)r * ldm + c];
+}
+
+template <int M, int N, int K>
+inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float, void>& f,
+                              unsigned ldm, layout_t layout) {
+    typedef fragment<accumulator, M, N, K, float, void> F;
+    asm volatile("" ::: "memory");
+    const bool col = layout == mem_col_major;
+    if (!detail::access_ok("store_matrix_sync", p, ldm, sizeof(float), col ? 1 : 0)) return;
+    for (int r = 0; r < F::rows; ++r)
+        for (int c = 0; c < F::cols; ++c)
+            (col ? p[(std::size_t)c * ldm + r] : p[(std::size_t)r * ldm + c]) =
+                f.x[r * F::cols + c];
+    asm volatile("" ::: "memory");
+}
+
+template <int M, int N, int K, typename T, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, M, N, K, float, void>& d,
+                     const fragment<matrix_a, M, N, K, T, LA>& a,
+                     const fragment<matrix_b, M, N, K, T, LB>& b,
+                     const fragment<accumulator, M, N, K, float, void>& c) {
+    // Warp-collective: every lane of the warp arrives (a divergent call is a barrier error).
+    if (!tl_emu_warp_same(0)) return;
+    float out[M * N];
+    for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+            float acc = c.x[i * N + j];
+            for (int kk = 0; kk < K; ++kk)
+                acc = std::fmaf(detail::elem<T>::value(a.x[i * K + kk]),
+                                detail::elem<T>::value(b.x[kk * N + j]), acc);
+            out[i * N + j] = acc;
+        }
+    std::memcpy(d.x, out, sizeof out);
+}
+
+}  // namespace wmma
+}  // namespace nvcuda

@@ -8,7 +8,9 @@
 // - the launch shape against CUDA's limits (block 1..1024 threads, grid y and z <= 65535);
 // - writes past either end of an allocation passed to the kernel (guard zones, checked after
 //   the launch);
-// - a barrier that not every live thread of the block (or lane of the warp) reaches.
+// - a barrier that not every live thread of the block (or lane of the warp) reaches;
+// - a misuse a built-in detects (tl_emu_fail: the warp matrix functions' alignment, ldm and
+//   warp-uniform arguments), reported after the block that made it.
 // New memory and guard zones are filled with 0xFF bytes (a NaN), so a read of an unwritten or
 // out-of-bounds element poisons the result instead of passing for a plausible number.
 #include <ucontext.h>
@@ -145,9 +147,12 @@ bool guards_intact(const Allocation& a) {
 
 }  // namespace
 
+// 256-byte aligned, as cuMemAlloc's (GUARD is a multiple of 256): the warp matrix functions'
+// alignment checks see what they would on a GPU.
 extern "C" std::uint64_t tl_emu_alloc(std::size_t bytes) {
-    char* base = static_cast<char*>(std::malloc(bytes + 2 * GUARD));
-    if (base == nullptr) return 0;
+    void* mem = nullptr;
+    if (posix_memalign(&mem, 256, bytes + 2 * GUARD) != 0) return 0;
+    char* base = static_cast<char*>(mem);
     std::memset(base, POISON, bytes + 2 * GUARD);
     auto p = reinterpret_cast<std::uintptr_t>(base + GUARD);
     std::lock_guard<std::mutex> g(mem_lock);
@@ -228,7 +233,9 @@ struct Scheduler {
     std::unique_ptr<ucontext_t[]> ctx;  // never reallocated: glibc's contexts point into themselves
     std::unique_ptr<char[]> stacks;
     State state[MAX_BLOCK];
-    float slot[MAX_BLOCK];  // __shfl_down_sync's exchange
+    float slot[MAX_BLOCK];           // __shfl_down_sync's exchange
+    std::uint64_t slot64[MAX_BLOCK];  // tl_emu_warp_same's exchange
+    std::string fault;               // the launch's first tl_emu_fail message
     unsigned ready = 0;     // contexts made by getcontext so far
     unsigned n = 0;         // threads of the running block
     unsigned cur = 0;
@@ -333,6 +340,31 @@ float tl_emu_shfl_down(float v, int off) {
     return r;
 }
 
+void tl_emu_fail(const char* fmt, ...) {
+    Scheduler& S = *sched;
+    if (!S.fault.empty()) return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    S.fault = buf;
+}
+
+bool tl_emu_faulted() { return !sched->fault.empty(); }
+
+bool tl_emu_warp_same(std::uint64_t v) {
+    Scheduler& S = *sched;
+    const unsigned me = S.cur, lane = me % 32, warp0 = me - lane;
+    S.slot64[me] = v;
+    park(State::AtWarp);  // every live lane has written
+    bool same = true;
+    for (unsigned l = 0; l < 32 && warp0 + l < S.n; ++l)
+        if (S.state[warp0 + l] != State::Done) same &= S.slot64[warp0 + l] == v;
+    park(State::AtWarp);  // every lane has compared before the next exchange writes
+    return same;
+}
+
 /// The calling thread's later launches run the threads of each block in reverse order
 /// (non-zero) or forward (zero), whatever TL_EMU_SCHEDULE says.
 extern "C" void tl_emu_set_reverse(int on) { reverse_here = on ? 1 : 0; }
@@ -408,6 +440,7 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
     S.k = &k;
     S.params = params;
     S.n = block;
+    S.fault.clear();
     blockDim = dim3{block, 1, 1};
     gridDim = dim3{grid[0], grid[1], grid[2]};
     int rc = 0;
@@ -416,6 +449,10 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
             for (unsigned x = 0; x < grid[0] && rc == 0; ++x) {
                 blockIdx = uint3{x, y, z};
                 if (!run_block(err, cap)) rc = 1;
+                if (rc == 0 && !S.fault.empty()) {
+                    say(err, cap, "block (%u, %u, %u): %s", x, y, z, S.fault.c_str());
+                    rc = 1;
+                }
             }
     if (rc != 0) {
         std::string m(err);

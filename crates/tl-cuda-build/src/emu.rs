@@ -18,9 +18,14 @@ use crate::kernels::{read, stem};
 use crate::{Error, Kernels, ptx};
 
 /// The CUDA built-ins for the host (`threadIdx`, `__syncthreads`, `__shfl_down_sync`,
-/// `atomicAdd`, `__fmaf_rn`, ...) and the kernel-table machinery (`TL_EMU_KERNEL`): included
+/// `atomicAdd`, `__fmaf_rn`, `__nv_bfloat16`, the warp matrix functions `nvcuda::wmma`, ...) and the kernel-table machinery (`TL_EMU_KERNEL`): included
 /// before every source.
 pub const CUDA_EMU_H: &str = include_str!("../emu/cuda_emu.h");
+
+/// The stand-in for CUDA's `mma.h` and `cuda_bf16.h` in the emulator build: empty, as
+/// [`CUDA_EMU_H`] (included before every source) declares `nvcuda::wmma` and `__nv_bfloat16`.
+const EMU_STANDIN_H: &str = "// The kernel emulator's stand-in: cuda_emu.h, included before every source,\n\
+// declares what this CUDA header would (nvcuda::wmma, __nv_bfloat16).\n#pragma once\n";
 
 /// The emulator's runtime (fibers, barriers, allocations with guard zones, launches, the
 /// registry of kernel tables); compiled by [`Emulator::with_runtime`] only (tl-tape-cuda).
@@ -151,6 +156,11 @@ impl Emulator {
         let dir = out.join(format!("tl_emu_{}", self.lib));
         fs::create_dir_all(&dir).map_err(|e| Error::new(format!("{}: {e}", dir.display())))?;
         write(&dir.join("cuda_emu.h"), CUDA_EMU_H)?;
+        // A source's `#include <mma.h>` / `<cuda_bf16.h>` (inside its namespace): what they
+        // declare on a GPU, cuda_emu.h already has.
+        for h in ["mma.h", "cuda_bf16.h"] {
+            write(&dir.join(h), EMU_STANDIN_H)?;
+        }
 
         let mut build = cc::Build::new();
         build

@@ -6,11 +6,14 @@ use std::process::Command;
 use crate::Error;
 
 /// The pip packages of the pinned toolchain (nvcc 13.0: PTX ISA 9.0, which driver 580 JITs).
-pub const PIP_PINS: [&str; 4] = [
+/// `nvidia-cuda-cccl` holds `<nv/target>`, which `cuda_bf16.h` (and so `mma.h`, the warp
+/// matrix functions) includes.
+pub const PIP_PINS: [&str; 5] = [
     "nvidia-cuda-nvcc==13.0.88",
     "nvidia-nvvm==13.0.88",
     "nvidia-cuda-crt==13.0.88",
     "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cuda-cccl==13.0.85",
 ];
 
 /// nvcc's flags for every kernel file (recorded in the manifest): PTX only for `compute_80`
@@ -75,21 +78,23 @@ impl Nvcc {
     }
 
     /// The nvcc of the pinned wheels under `site_packages`, installing them there first with
-    /// `python3 -m pip install --target` when it is missing.
+    /// `python3 -m pip install --upgrade --target` when it, or a pinned header it needs
+    /// (`nv/target`, from an install that predates that pin), is missing.
     pub fn install_pinned(site_packages: &Path) -> Result<Nvcc, Error> {
         let bin = bin_in(site_packages);
-        if !bin.is_file() {
+        let cccl = site_packages.join("nvidia/cu13/include/nv/target");
+        if !bin.is_file() || !cccl.is_file() {
             eprintln!(
                 "installing the pinned nvcc into {}",
                 site_packages.display()
             );
             let status = Command::new("python3")
-                .args(["-m", "pip", "install", "--quiet", "--target"])
+                .args(["-m", "pip", "install", "--quiet", "--upgrade", "--target"])
                 .arg(site_packages)
                 .args(PIP_PINS)
                 .status()
                 .map_err(|e| Error::new(format!("cannot run python3 -m pip: {e}")))?;
-            if !status.success() || !bin.is_file() {
+            if !status.success() || !bin.is_file() || !cccl.is_file() {
                 return Err(Error::new(format!(
                     "pip install {PIP_PINS:?} ({status}) left no {}",
                     bin.display()

@@ -13,6 +13,8 @@
 //! - [`alloc`]: the allocation cap every buffer whose size comes from input is checked against
 //! - [`pool`]: buffer reuse across steps, a tape's spare buffers handed to its kernels
 //! - [`bf16`]: bfloat16 rounding and the reference of a bf16 product (mixed precision)
+//! - [`tf32`]: TensorFloat-32 rounding and its reference; [`precision`]: the autocast setting
+//!   ([`precision::Precision`]) every tape shares
 
 pub mod alloc;
 pub mod approx;
@@ -21,12 +23,14 @@ pub mod broadcast;
 mod error;
 pub mod ops;
 pub mod pool;
+pub mod precision;
 pub mod rng;
 mod scalar;
 mod shape;
 pub mod special;
 mod tensor;
 mod tensor_host;
+pub mod tf32;
 
 pub use broadcast::{broadcast_to, can_broadcast_to, reduce_to};
 pub use error::{Error, Result};

@@ -31,9 +31,10 @@
 //! over k runs in the same order whatever block it lands in (blocks never change the gemm
 //! crate's k-blocking, see `GEMM_SMALL_SIDE`; tested on skinny, tall and ragged shapes).
 //!
-//! **bf16.** Under [`crate::precision::Precision::Bf16`] (installed by a tape set to it) an
-//! f32 product reads its operands rounded to bf16 and sums in f32: rounded into f32 copies,
-//! then the f32 path above (`gemm/bf16.rs`; the semantics in docs/semantics.md, "Mixed precision").
+//! **Autocast.** Under [`crate::precision::Precision::Bf16`] or `Tf32` (installed by a tape set
+//! to it) an f32 product reads its operands rounded to bf16 (TF32) and sums in f32: rounded
+//! into f32 copies, then the f32 path above (`gemm/autocast.rs`; the semantics in
+//! docs/semantics.md, "Mixed precision").
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,7 +46,7 @@ use tl_spec::{Error as SpecError, Scalar, Typed, TypedMut};
 use crate::Result;
 use crate::gates::GemmLayout;
 
-pub(crate) mod bf16;
+pub(crate) mod autocast;
 
 /// Products with fewer multiply-adds (`m·n·k`) than this (2²² ≈ a 161³ product) run on one
 /// thread whatever [`threads`] says. Measured on the training steps with two threads on the
@@ -415,13 +416,14 @@ pub fn matmul<T: Scalar>(
     if c.g.is_empty() {
         return Ok(());
     }
-    if crate::precision::current() == crate::precision::Precision::Bf16
+    let precision = crate::precision::current();
+    if precision.is_autocast()
         && let (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) =
             (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data))
     {
         let (a, b) = (Mat { data: ad, g: a.g }, Mat { data: bd, g: b.g });
         let c = MatMut { data: cd, g: c.g };
-        return bf16::matmul(op, c, accumulate, a, b, alpha.as_f64() as f32);
+        return autocast::matmul(precision, op, c, accumulate, a, b, alpha.as_f64() as f32);
     }
     product(c, accumulate, a, b, alpha);
     Ok(())

@@ -1,4 +1,5 @@
-//! Mixed precision: the bf16 autocast setting of a tape, and the kernel its products run on.
+//! Mixed precision: the autocast setting of a tape ([`Precision`], shared with every tape:
+//! `tl_spec::precision`), and the kernel its products run on.
 //!
 //! [`Precision::Bf16`] makes every matrix product of an `f32` tape (matmul, bmm, linear,
 //! conv, attention: everything that goes through [`crate::gemm::matmul`], forward and
@@ -6,6 +7,8 @@
 //! f32; every other value, and the parameters and optimizer state, stay f32. The reference
 //! is [`tl_spec::bf16::matmul`]: the exact product of the rounded operands, from which a bf16
 //! product differs by at most its f32 accumulation ([`tl_spec::bf16::accumulation_bound`]).
+//! [`Precision::Tf32`] is the same with the operands rounded to TF32
+//! ([`tl_spec::tf32::round`]: nearest, ties away from zero), on the same code path.
 //! [`Precision::F32`] (the default) is today's path, bit for bit. An `f64` tape ignores the
 //! setting (autocast concerns f32 only, as PyTorch's).
 //!
@@ -22,26 +25,7 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 
-/// The arithmetic of a tape's matrix products.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// f32 operands, f32 sums (and f64 on an f64 tape): the default.
-    #[default]
-    F32,
-    /// bf16 autocast: f32 operands rounded to bf16 (nearest, ties to even), f32 sums. PyTorch:
-    /// `torch.autocast("cpu", dtype=torch.bfloat16)` around the products.
-    Bf16,
-}
-
-impl Precision {
-    /// The setting's name (`"f32"`, `"bf16"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-        }
-    }
-}
+pub use tl_spec::precision::Precision;
 
 /// The kernel of a bf16 product. One today; the enum is where a `vdpbf16ps` or AMX kernel
 /// would go (each needs an `unsafe` entry into code compiled for its instructions, which the

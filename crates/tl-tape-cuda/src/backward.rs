@@ -258,6 +258,7 @@ impl<D: Device> CudaTape<D> {
     /// into a fresh buffer (`add`, the bits of `axpy_assign` with 1) that replaces it, and the
     /// buffer is released by its last holder.
     fn sweep(&mut self, slots: &mut Slots, n: usize, keep: Option<&[bool]>) -> Result<()> {
+        let _precision = crate::precision::install(self.precision);
         let (nodes, dev) = (&self.nodes, &mut self.dev);
         let mut shared = Shared::default();
         for id in (0..n).rev() {

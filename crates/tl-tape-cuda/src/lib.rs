@@ -16,6 +16,8 @@
 //! - [`CudaTape`]: leaves, `apply` (shape rule, then device formula), value reads with shape
 //!   checks, dense and sparse reverse accumulation, release paths; implements
 //!   [`tl_ir::Recorder`], so `GraphData::replay` compiles into it.
+//! - [`precision`]: autocast ([`Precision`]: bf16 / TF32 products on tensor cores), set by
+//!   [`CudaTape::set_precision`].
 //! - [`ops`]: every op of the first op set, forward and backward, composed from primitives.
 //! - [`user`]: user ops ([`tl_ir::UserOp`]) on the device: their device implementation
 //!   ([`user::DeviceImpl`]) or their reference on the host, and the seeds' generic
@@ -58,6 +60,7 @@ mod error;
 #[doc(hidden)]
 pub mod instances;
 pub mod ops;
+pub mod precision;
 pub mod rng;
 mod tape;
 pub mod traffic;
@@ -73,5 +76,6 @@ pub use device::cuda::nccl;
 pub use device::sim::SimDevice;
 pub use device::{Batch, Buffer, Device, Gemm, GemmTiles};
 pub use error::{Error, Result};
+pub use precision::Precision;
 pub use tape::{CudaTape, Id, Node};
 pub use traffic::Traffic;

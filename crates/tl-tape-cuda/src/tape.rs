@@ -16,7 +16,7 @@ use tl_ir::{Op, Recorder, Then};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::device::{Buffer, Device};
-use crate::{AnyBuffer, Error, Result, ops, user};
+use crate::{AnyBuffer, Error, Precision, Result, ops, user};
 
 /// A node id on the tape.
 pub type Id = usize;
@@ -99,6 +99,8 @@ pub struct CudaTape<D: Device> {
     /// The Nat environment (runtime indices, labels) read by index ops; host-side, shared with
     /// the nodes that snapshot it.
     pub(crate) nats: Arc<Vec<usize>>,
+    /// The arithmetic of its matrix products ([`crate::precision`]), forward and backward.
+    pub(crate) precision: Precision,
 }
 
 impl<D: Device> fmt::Debug for CudaTape<D> {
@@ -117,7 +119,21 @@ impl<D: Device> CudaTape<D> {
             dev,
             nodes: Vec::new(),
             nats: Arc::new(Vec::new()),
+            precision: Precision::F32,
         }
+    }
+
+    /// The arithmetic of this tape's matrix products from now on ([`crate::precision`]):
+    /// [`Precision::Bf16`] / [`Precision::Tf32`] are autocast (operands rounded, f32 sums, on
+    /// the tensor-core GEMM) for the products of the ops applied and of the backward passes
+    /// run afterwards; [`Precision::F32`] (the default) is the plain f32 path, bit for bit.
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
+    }
+
+    /// The arithmetic of this tape's matrix products ([`CudaTape::set_precision`]).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The Nat environment (runtime indices and labels) read by index ops.
@@ -229,6 +245,7 @@ impl<D: Device> CudaTape<D> {
     /// unchanged and nothing is left allocated.
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
         let fwd = {
+            let _precision = crate::precision::install(self.precision);
             let (nodes, dev, nats) = (&self.nodes, &mut self.dev, &self.nats);
             let inputs = operands(nodes, op, parents)?;
             let shape = output_shape(op, &inputs)?;
@@ -288,6 +305,7 @@ impl<D: Device> CudaTape<D> {
         next_args: &[Then],
     ) -> Result<(Id, Id)> {
         let fused = {
+            let _precision = crate::precision::install(self.precision);
             let (nodes, dev) = (&self.nodes, &mut self.dev);
             let inputs = operands(nodes, op, parents)?;
             let shape = output_shape(op, &inputs)?;

@@ -1,8 +1,7 @@
 //! bf16 autocast through a [`Runtime`] (`Options::precision`): the default session trains bit
 //! for bit as an explicit `Precision::F32` one; under `Bf16` a linear layer's output is the
 //! reference product of the rounded operands (`tl_spec::bf16`), the parameters stay f32 through
-//! the optimizer's steps, the loss still falls; the backends and scalar types that have no
-//! bf16 path refuse it by name.
+//! the optimizer's steps, the loss still falls; an f64 session refuses it by name.
 
 use tl_nn::{Labels, Linear, Module, Runtime};
 use tl_session::{Backend, Optimizer, Options, Precision, Session};
@@ -112,16 +111,13 @@ fn a_bf16_linear_layer_is_the_reference_product() {
 
 #[test]
 fn bf16_is_refused_where_it_does_not_run() {
+    // Every backend has it (the CUDA tape's tensor-core GEMM); an f64 session does not.
     let sim = Session::<f32>::new(Options {
         backend: Backend::CudaSim,
         precision: Precision::Bf16,
         ..Options::default()
     });
-    let e = sim
-        .err()
-        .expect("bf16 on the CUDA sim is refused")
-        .to_string();
-    assert!(e.contains("cuda-sim") && e.contains("bf16"), "{e}");
+    assert!(sim.is_ok(), "bf16 on the CUDA sim");
     let f64s = Session::<f64>::new(Options {
         precision: Precision::Bf16,
         ..Options::default()

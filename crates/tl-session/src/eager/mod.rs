@@ -54,9 +54,12 @@ pub struct Options {
     /// The arithmetic of the matrix products (matmul, bmm, linear, conv, attention, forward and
     /// backward): [`Precision::F32`] (the default, unchanged bit for bit) or
     /// [`Precision::Bf16`], bf16 autocast: operands rounded to bf16, f32 sums; parameters,
-    /// optimizer state and every other op stay f32 (docs/semantics.md, "Mixed precision").
-    /// Bf16 needs an `f32` session on the CPU backend (an error at construction otherwise).
-    /// PyTorch: `torch.autocast("cpu", dtype=torch.bfloat16)` around the forward and backward.
+    /// optimizer state and every other op stay f32 (docs/semantics.md, "Mixed precision");
+    /// [`Precision::Tf32`] likewise with TF32 operands. Every backend: the CUDA ones run the
+    /// products on the tensor-core GEMM.
+    /// Autocast needs an `f32` session (an error at construction otherwise). PyTorch:
+    /// `torch.autocast(device, dtype=torch.bfloat16)` around the forward and backward;
+    /// `torch.backends.cuda.matmul.allow_tf32 = True`.
     pub precision: Precision,
 }
 
@@ -130,9 +133,17 @@ impl<T: Scalar> Session<T> {
                 tape.set_precision(opts.precision);
                 Engine::Cpu(tape)
             }
-            Backend::CudaSim => Engine::Sim(CudaTape::new(SimDevice::new())),
+            Backend::CudaSim => {
+                let mut tape = CudaTape::new(SimDevice::new());
+                tape.set_precision(opts.precision);
+                Engine::Sim(tape)
+            }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            Backend::Cuda => Engine::Gpu(CudaTape::new(cuda_device(opts.deterministic)?)),
+            Backend::Cuda => {
+                let mut tape = CudaTape::new(cuda_device(opts.deterministic)?);
+                tape.set_precision(opts.precision);
+                Engine::Gpu(tape)
+            }
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => return Err(cuda_unavailable()),
         };
@@ -305,32 +316,20 @@ impl<T: Scalar> Session<T> {
     }
 }
 
-/// bf16 autocast runs on the CPU tape of an `f32` session (the CUDA tape's bf16 products are
-/// not written yet; autocast concerns f32 only).
+/// Autocast (bf16 / TF32) runs on every backend's tape of an `f32` session (the CPU tape's
+/// rounded copies, the CUDA tape's tensor-core GEMM); autocast concerns f32 only.
 fn check_precision<T: Scalar>(opts: Options) -> Result<()> {
-    if opts.precision == Precision::F32 {
+    if opts.precision == Precision::F32 || T::NAME == "f32" {
         return Ok(());
     }
-    if opts.backend != Backend::Cpu {
-        return Err(Error::BackendUnavailable {
-            backend: opts.backend.name(),
-            detail: format!(
-                "precision {} (bf16 autocast) runs on Backend::Cpu only for now",
-                opts.precision.name()
-            ),
-        });
-    }
-    if T::NAME != "f32" {
-        return Err(Error::Usage {
-            what: "Session::new",
-            detail: format!(
-                "precision {} (bf16 autocast) needs an f32 session, not {}",
-                opts.precision.name(),
-                T::NAME
-            ),
-        });
-    }
-    Ok(())
+    Err(Error::Usage {
+        what: "Session::new",
+        detail: format!(
+            "precision {} (autocast) needs an f32 session, not {}",
+            opts.precision.name(),
+            T::NAME
+        ),
+    })
 }
 
 /// The error of `Backend::Cuda` in a build without the `cuda` feature.

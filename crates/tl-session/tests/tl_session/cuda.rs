@@ -3,7 +3,7 @@
 //! CUDA device" when it has none (the stub libcuda of `cargo xtask cuda-stub`, as CI runs it).
 //! On a real GPU, a few Adam steps of a small model match the CPU session.
 
-use tl_session::{Backend, Error, LinkedSession, Ops, Optimizer, Options, Session};
+use tl_session::{Backend, Error, LinkedSession, Ops, Optimizer, Options, Precision, Session};
 use tl_spec::Tensor;
 
 /// The session on the real device, or `None` (after checking the error) when there is none.
@@ -79,4 +79,80 @@ fn cuda_backend_is_a_clear_error_or_matches_the_cpu() {
     }
     // Only the two parameter mirrors stay resident.
     assert_eq!(gpu.memory_usage().unwrap().live_bytes, (6 + 2) * 4);
+}
+
+/// Three Adam steps of `sum(tanh(x·Wᵀ + b)²)` with a 24-wide contraction, on a session made
+/// with `opts`; returns the parameters after them.
+fn train_wide(opts: Options) -> Vec<Tensor<f32>> {
+    let mut s = Session::<f32>::new(opts).unwrap();
+    let data = |n: usize, k: u32| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32 * k % 97) as f32 - 48.0) / 61.0 + 1.0e-3)
+            .collect()
+    };
+    let w = s
+        .param(
+            Tensor::new([8, 24], data(8 * 24, 37)).unwrap(),
+            Some("w"),
+            true,
+        )
+        .unwrap();
+    let b = s
+        .param(Tensor::vector(data(8, 11)), Some("b"), true)
+        .unwrap();
+    let mut opt = Optimizer::adam(0.05).unwrap();
+    for _ in 0..3 {
+        let (wr, br) = (s.use_param(&w).unwrap(), s.use_param(&b).unwrap());
+        let x = s
+            .input(Tensor::new([5, 24], data(5 * 24, 53)).unwrap(), false)
+            .unwrap();
+        let y = s.linear(&wr, &br, &x).unwrap();
+        let t = s.tanh(&y).unwrap();
+        let t2 = s.mul(&t, &t).unwrap();
+        let l = s.sum(&t2).unwrap();
+        s.backward(&l).unwrap();
+        s.step(&mut opt).unwrap();
+        s.reset();
+    }
+    s.release_optimizer_state(&mut opt);
+    vec![s.param_value(&w).unwrap(), s.param_value(&b).unwrap()]
+}
+
+/// Autocast on the CUDA backends (the tensor-core GEMM: its sim twin, and under `cuda-emu` or
+/// on a GPU the kernel): each setting trains as the CPU session at the same setting, within
+/// f32 rounding of the sums, and not as f32.
+#[test]
+fn autocast_on_the_cuda_backends_trains_as_on_the_cpu() {
+    let with = |backend, precision| Options {
+        backend,
+        precision,
+        deterministic: true,
+        ..Options::default()
+    };
+    let mut backends = vec![Backend::CudaSim];
+    if cuda_session().is_some() {
+        backends.push(Backend::Cuda);
+    }
+    for backend in backends {
+        let f32s = train_wide(with(backend, Precision::F32));
+        for p in [Precision::Bf16, Precision::Tf32] {
+            let want = train_wide(with(Backend::Cpu, p));
+            let got = train_wide(with(backend, p));
+            for (a, b) in want.iter().zip(&got) {
+                for (x, y) in a.data().iter().zip(b.data()) {
+                    assert!((x - y).abs() < 1e-4, "{backend:?} {p:?}: {a:?} vs {b:?}");
+                }
+            }
+            assert_ne!(got, f32s, "{backend:?} {p:?} trained as f32");
+        }
+    }
+    // An f64 session refuses autocast by name.
+    let e = Session::<f64>::new(Options {
+        precision: Precision::Bf16,
+        ..Options::default()
+    })
+    .err()
+    .expect("bf16 in an f64 session")
+    .to_string();
+    assert!(e.contains("f64") && e.contains("bf16"), "{e}");
 }

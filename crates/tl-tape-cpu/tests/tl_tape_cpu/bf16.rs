@@ -527,3 +527,104 @@ fn an_f64_tape_ignores_autocast() {
     };
     assert_eq!(run(Precision::Bf16), run(Precision::F32));
 }
+
+/// TF32 (the same code path as bf16, its own rounding): every edge shape, both layouts of `b`,
+/// α and an existing output, within the accumulation bound of the TF32 reference
+/// (`tl_spec::tf32`); the bf16 reference and the unrounded f32 product are not (so the check
+/// sees which rounding ran); and on the tape a matmul's value and gradients.
+#[test]
+fn tf32_products_match_the_tf32_reference() {
+    use tl_spec::tf32;
+    let mut rng = Rng(45);
+    let run = |p: Precision, dims: (usize, usize, usize), a: &[f32], b: &[f32], b_t: bool| {
+        let (m, k, n) = dims;
+        let _p = precision::install(p);
+        let op = Op::Matmul;
+        let mut c = vec![0.5f32; m * n];
+        let av = rows(&op, a, m, k).unwrap();
+        let bv = match b_t {
+            true => rows(&op, b, n, k).unwrap().t(),
+            false => rows(&op, b, k, n).unwrap(),
+        };
+        let cv = rows_mut(&op, &mut c, m, n).unwrap();
+        matmul(&op, cv, true, av, bv, 0.375).unwrap();
+        c
+    };
+    // The reference misses: (output, how far off in bounds) for a product at `round`.
+    let misses = |dims: (usize, usize, usize), a: &[f32], b: &[f32], b_t: bool, got: &[f32]| {
+        let (m, k, n) = dims;
+        let mut worst = 0.0f64;
+        for i in 0..m {
+            for j in 0..n {
+                let (mut s, mut abs) = (0.0f64, 0.0f64);
+                for l in 0..k {
+                    let bl = if b_t { b[j * k + l] } else { b[l * n + j] };
+                    let p = f64::from(tf32::round(a[i * k + l])) * f64::from(tf32::round(bl));
+                    s += p;
+                    abs += p.abs();
+                }
+                let want = 0.375 * s + 0.5;
+                let bound = accumulation_bound(k, 0.375 * abs + 0.5);
+                worst = worst.max((f64::from(got[i * n + j]) - want).abs() / bound);
+            }
+        }
+        worst
+    };
+    for dims @ (m, k, n) in SHAPES {
+        let (a, b) = (fill(&mut rng, m * k), fill(&mut rng, k * n));
+        for b_t in [false, true] {
+            let got = run(Precision::Tf32, dims, &a, &b, b_t);
+            let w = misses(dims, &a, &b, b_t, &got);
+            assert!(w <= 1.0, "tf32 {dims:?} b_t {b_t}: {w} bounds off");
+        }
+    }
+    let dims = (16, 64, 64);
+    let (a, b) = (fill(&mut rng, 16 * 64), fill(&mut rng, 64 * 64));
+    for other in [Precision::F32, Precision::Bf16] {
+        let got = run(other, dims, &a, &b, false);
+        assert!(
+            misses(dims, &a, &b, false, &got) > 1.0,
+            "{other:?} passed as tf32"
+        );
+    }
+    // The tape: matmul's value and both gradients (the cotangent rounded too).
+    let (a, b, g) = (
+        tensor(&mut rng, &[7, 19]),
+        tensor(&mut rng, &[19, 5]),
+        tensor(&mut rng, &[7, 5]),
+    );
+    let r = on_tape(
+        Some(Precision::Tf32),
+        &Op::Matmul,
+        &[a.clone(), b.clone()],
+        &g,
+    );
+    let (ar, br, gr) = (
+        tf32::round_tensor(&a),
+        tf32::round_tensor(&b),
+        tf32::round_tensor(&g),
+    );
+    let t = |x: &Tensor<f64>| spec::shape::transpose2d(x).unwrap();
+    let mm = |x: &Tensor<f64>, y: &Tensor<f64>| spec::linalg::matmul(x, y).unwrap();
+    assert_within(
+        "tf32 matmul",
+        &r[0],
+        &mm(&ar, &br),
+        &mm(&abs(&ar), &abs(&br)),
+        19,
+    );
+    assert_within(
+        "tf32 da",
+        &r[1],
+        &mm(&gr, &t(&br)),
+        &mm(&abs(&gr), &t(&abs(&br))),
+        5,
+    );
+    assert_within(
+        "tf32 db",
+        &r[2],
+        &mm(&t(&ar), &gr),
+        &mm(&t(&abs(&ar)), &abs(&gr)),
+        7,
+    );
+}

@@ -46,9 +46,10 @@ use std::collections::HashMap;
 use super::{Batch, Buffer, Device, Gemm, GemmTiles, buffer};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
-use crate::{Error, Result, abi};
+use crate::{Error, Precision, Result, abi};
 use driver::{Arg, DeviceMemory};
 use launch::{blocks, dims8};
+use smallvec::SmallVec;
 
 /// The CUDA device: GPU 0 of the process-wide context, a caching allocator over its memory,
 /// and the embedded kernels. PyTorch: `torch.device("cuda")` with its caching allocator.
@@ -132,7 +133,9 @@ impl CudaDevice {
     /// the `bt.count` products' matrices where `bt` says. A product with few output tiles is
     /// split along `k` ([`Gemm::k_chunk`]): `tl_gemm` writes each run's sums to a pool
     /// workspace (product-major), `tl_gemm_sum_splits` adds them into `out` (laid out as `bt`
-    /// says).
+    /// says). Under autocast ([`crate::precision::current`] `Bf16` / `Tf32`) the products run
+    /// on the tensor cores instead: `tl_gemm_tc` (64×64 tiles, 128 threads, the same split and
+    /// arguments plus the precision), whatever the tiling setting.
     #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &mut self,
@@ -150,11 +153,17 @@ impl CudaDevice {
             return Ok(());
         }
         let (kc, splits) = (g.k_chunk(batch), g.k_splits(batch));
-        let side = self.gemm_tiles.side(g.m, g.n, batch * splits);
-        let kernel = if side == 128 {
-            "tl_gemm_wide"
-        } else {
-            "tl_gemm"
+        let prec = match crate::precision::current() {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(1),
+            Precision::Tf32 => Some(2),
+        };
+        let (kernel, side, threads) = match prec {
+            Some(_) => ("tl_gemm_tc", 64, 128),
+            None => match self.gemm_tiles.side(g.m, g.n, batch * splits) {
+                128 => ("tl_gemm_wide", 128, 256),
+                side => ("tl_gemm", side, 256),
+            },
         };
         let gy = g.m.div_ceil(side);
         if gy > 65_535 {
@@ -168,7 +177,7 @@ impl CudaDevice {
         // length too).
         let heads = Arg::U32(bt.heads as u32);
         let product = |out: u64, into: bool, merged: u32| {
-            [
+            let mut args: SmallVec<[Arg; 14]> = smallvec::smallvec![
                 Arg::Ptr(pa),
                 Arg::Ptr(pb),
                 Arg::Ptr(out),
@@ -182,17 +191,20 @@ impl CudaDevice {
                 Arg::U32(kc as u32), // at most max(k, 1)
                 heads,
                 Arg::U32(merged),
-            ]
+            ];
+            args.extend(prec.map(Arg::U32));
+            args
         };
         let grid = |jobs: usize| [gx, gy as u32, jobs.min(65_535) as u32];
         let merged = bt.merged_bits();
         if splits == 1 {
-            return self.run(op, kernel, grid(batch), &product(out, into, merged));
+            let args = product(out, into, merged);
+            return self.run_blocks_of(op, kernel, grid(batch), threads, &args);
         }
         let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
             // The runs' sums product-major in the workspace: the result's flag cleared.
             let runs = product(part, false, merged & 0b011);
-            d.run(op, kernel, grid(batch * splits), &runs)?;
+            d.run_blocks_of(op, kernel, grid(batch * splits), threads, &runs)?;
             let total = batch * mn;
             let sum = [
                 Arg::Ptr(part),

@@ -22,6 +22,13 @@
 //!   and the backward is [`Device::flash_attention_bwd`] (two launches recomputing the
 //!   probabilities tile by tile) between the same GEMMs. Head sizes above
 //!   [`FLASH_MAX_HEAD`](crate::device::FLASH_MAX_HEAD) are an error before anything runs.
+//! - **Autocast** ([`crate::precision`]: bf16 / TF32): every product above rounds its operands
+//!   (x, the weights, Q, K, A, V, C, and the backward's g, dC, dA's operands dO and V, dS),
+//!   the CPU tape's set. The fused core's kernels multiply in f32, so a `fused` node runs the
+//!   composed chain's products instead (keeping Q, K, V and C only, O(n·P) floats as fused;
+//!   the backward recomputes A). The 1/√d scale: folded into the softmax forward as on the
+//!   CPU (`S = round(Q)·round(K)ᵀ`, scaled in f32), applied to dS before the products read it
+//!   rounded backward, as on the CPU.
 
 use tl_ir::Op;
 use tl_spec::Error as SpecError;
@@ -255,7 +262,7 @@ pub fn mha<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer,
     let (heads, mask, fused) = attrs(op)?;
     let dm = dims(op, x, heads, mask)?;
     let out = Gemm::nn(dm.batch * dm.n, dm.p, dm.dm);
-    if fused {
+    if fused && !crate::precision::current().is_autocast() {
         let f = flash_of(op, &dm, mask)?;
         return with_scratch(dev, |dev, s| {
             let ch = FlashChain::new(dev, s, &dm, x, &f)?;
@@ -268,7 +275,12 @@ pub fn mha<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer,
     with_scratch(dev, |dev, s| {
         let ch = chain(dev, s, &dm, x, mask)?;
         let y = dev.matmul(ch.c, x[3].buffer(), out)?;
-        let w = ch.workspace();
+        let mut w = ch.workspace();
+        if fused {
+            // Autocast (module docs): O(n·P) kept as the fused core would, the probabilities
+            // recomputed by the backward.
+            w.truncate(4);
+        }
         s.keep(&w);
         Ok((y, w))
     })
@@ -291,9 +303,16 @@ pub fn mha_back<D: Device>(
     if !(0..5).any(need) {
         return Ok([None, None, None, None, None]);
     }
-    let flash = match fused {
+    let autocast = crate::precision::current().is_autocast();
+    let flash = match fused && !autocast {
         true => Some(flash_of(op, &dm, mask)?),
         false => None,
+    };
+    // A fused node under autocast kept `[q, k, v, c]` only; anything else (a forward run at
+    // another setting) is recomputed rather than misread.
+    let workspace = match fused && autocast && workspace.len() != 4 {
+        true => &[][..],
+        false => workspace,
     };
     let mut out: [Option<Buffer>; 5] = [None; 5];
     let r = with_scratch(dev, |dev, s| match &flash {

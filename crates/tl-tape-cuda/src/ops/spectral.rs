@@ -13,6 +13,10 @@
 //! ```
 //! The backward applies the transposed steps in reverse (recomputing Xr, Xi when a weight
 //! gradient is needed).
+//!
+//! These products are the DFT's, not autocast products (the CPU tape runs an FFT and an f32
+//! channel mix here): both directions install `Precision::F32` around them, so a tape under
+//! bf16 / TF32 autocast computes this op in f32 as the CPU tape does.
 
 use tl_spec::Shape;
 
@@ -127,6 +131,7 @@ fn modes_of(op: &tl_ir::Op) -> Result<usize> {
 
 /// Forward on operands `(x, wRe, wIm)`.
 pub fn forward<D: Device>(dev: &mut D, op: &tl_ir::Op, x: &[&AnyBuffer]) -> Result<Buffer> {
+    let _f32 = crate::precision::install(crate::Precision::F32);
     let d = Dims::of(x[0].shape(), modes_of(op)?)?;
     let (wre, wim) = (x[1].buffer(), x[2].buffer());
     with_scratch(dev, |dev, sc| {
@@ -159,6 +164,7 @@ pub fn backward<D: Device>(
     g: Buffer,
     needs: &[bool],
 ) -> Result<[Option<Buffer>; 3]> {
+    let _f32 = crate::precision::install(crate::Precision::F32);
     let d = Dims::of(x[0].shape(), modes_of(op)?)?;
     let (wre, wim) = (x[1].buffer(), x[2].buffer());
     let mut out: [Option<Buffer>; 3] = [None, None, None];

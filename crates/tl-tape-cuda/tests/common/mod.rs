@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod autocast;
+
 use std::sync::{Mutex, MutexGuard};
 
 use tl_ir::{GraphData, Id};

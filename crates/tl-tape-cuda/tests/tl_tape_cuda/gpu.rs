@@ -22,6 +22,9 @@ use tl_tape_cuda::{
     Batch, Buffer, CudaDevice, Device, Error, Gemm, GemmTiles, Result, SimDevice, determinism,
 };
 
+// The tensor-core GEMM under autocast (bf16 / TF32).
+mod tensor_cores;
+
 /// The CUDA device, or `None` (after saying so) when there is none.
 fn gpu() -> Option<CudaDevice> {
     match CudaDevice::new() {

@@ -5,6 +5,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+// Autocast (bf16 / TF32 products) on the sim; the kernels' side is gpu::tensor_cores::.
+mod autocast;
 mod conv;
 mod determinism;
 mod device;

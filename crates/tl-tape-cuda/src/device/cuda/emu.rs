@@ -384,4 +384,104 @@ mod tests {
         assert_eq!(run_selftest("tl_emu_test_synced", false).unwrap(), want);
         assert_eq!(run_selftest("tl_emu_test_synced", true).unwrap(), want);
     }
+
+    /// Run a warp-matrix self-test kernel `(a, b, out, flag)` on 16×16 operands over one
+    /// block of 64 threads (two warps, each computing the same tile), in the given order.
+    fn run_wmma(
+        name: &'static str,
+        a: &[f32],
+        b: &[f32],
+        flag: u32,
+        reverse: bool,
+    ) -> Result<Vec<f32>> {
+        let (pa, pb, out) = (alloc_floats(256), alloc_floats(256), alloc_floats(256));
+        copy_to_device(pa, a)?;
+        copy_to_device(pb, b)?;
+        // SAFETY: sets a thread-local flag of the runtime.
+        unsafe { tl_emu_set_reverse(c_int::from(reverse)) };
+        let args = [Arg::Ptr(pa), Arg::Ptr(pb), Arg::Ptr(out), Arg::U32(flag)];
+        let r = launch(name, function(name)?, [1, 1, 1], 64, &args);
+        // SAFETY: as above.
+        unsafe { tl_emu_set_reverse(0) };
+        let v = r.and_then(|()| copy_to_host(out, 256));
+        for p in [pa, pb, out] {
+            DeviceMemory.free(p, 1024);
+        }
+        v
+    }
+
+    /// 16×16 operands whose low bits matter to both roundings (and a tie of each).
+    fn wmma_operands() -> (Vec<f32>, Vec<f32>) {
+        let a: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0 + 1.0e-3 * (i as f32).sin())
+            .collect();
+        let mut b: Vec<f32> = (0..256)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0 + 1.0e-4 * (i as f32).cos())
+            .collect();
+        b[0] = 1.0 + 2f32.powi(-8); // a bf16 tie (to even: 1)
+        b[1] = 1.0 + 2f32.powi(-11); // a TF32 tie (away: 1 + 2⁻¹⁰)
+        (a, b)
+    }
+
+    /// The documented order of `mma_sync` over a 16×16×16 tile: `d = fma(r(a), r(b), d)` in
+    /// increasing k from 0, each operand read through `r`.
+    fn mma_order(a: &[f32], b: &[f32], r: impl Fn(f32) -> f32) -> Vec<f32> {
+        let mut out = vec![0.0f32; 256];
+        for i in 0..16 {
+            for j in 0..16 {
+                out[i * 16 + j] = (0..16).fold(0.0f32, |d, kk| {
+                    r(a[i * 16 + kk]).mul_add(r(b[kk * 16 + j]), d)
+                });
+            }
+        }
+        out
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn the_warp_matrix_functions_follow_their_documented_order() {
+        let (a, b) = wmma_operands();
+        let bf16 = mma_order(&a, &b, tl_spec::bf16::round);
+        let tf32 = mma_order(&a, &b, tl_spec::tf32::round);
+        let truncated = mma_order(&a, &b, |x| f32::from_bits(x.to_bits() & !0x1fff));
+        for reverse in [false, true] {
+            let got = run_wmma("tl_emu_test_wmma_bf16", &a, &b, 0, reverse).unwrap();
+            assert_eq!(bits(&got), bits(&bf16), "bf16, reverse {reverse}");
+            // mem_col_major stores the transpose.
+            let col = run_wmma("tl_emu_test_wmma_bf16", &a, &b, 4, reverse).unwrap();
+            let t: Vec<f32> = (0..256).map(|e| bf16[(e % 16) * 16 + e / 16]).collect();
+            assert_eq!(bits(&col), bits(&t), "bf16 col-major store");
+            let got = run_wmma("tl_emu_test_wmma_tf32", &a, &b, 1, reverse).unwrap();
+            assert_eq!(bits(&got), bits(&tf32), "tf32, reverse {reverse}");
+            // Unconverted TF32 operands are read through their top 19 bits: not the rounding.
+            let raw = run_wmma("tl_emu_test_wmma_tf32", &a, &b, 0, reverse).unwrap();
+            assert_eq!(bits(&raw), bits(&truncated), "tf32 unconverted");
+        }
+        assert_ne!(bits(&tf32), bits(&truncated));
+        assert_ne!(bits(&tf32), bits(&bf16));
+    }
+
+    #[test]
+    fn warp_matrix_misuse_is_an_error_naming_the_rule() {
+        let (a, b) = wmma_operands();
+        let run = |bad| detail(run_wmma("tl_emu_test_wmma_bf16", &a, &b, bad, false).map(|_| ()));
+        let d = run(1);
+        assert!(
+            d.contains("tl_emu_test_wmma_bf16")
+                && d.contains("load_matrix_sync: ldm 12 (24 bytes) is not a multiple of 16 bytes"),
+            "{d}"
+        );
+        let d = run(2);
+        assert!(d.contains("is not 256-bit (32-byte) aligned"), "{d}");
+        let d = run(3);
+        assert!(
+            d.contains("the lanes of a warp passed different pointers"),
+            "{d}"
+        );
+        // The runtime is fine afterwards.
+        run_wmma("tl_emu_test_wmma_bf16", &a, &b, 0, false).unwrap();
+    }
 }

@@ -59,9 +59,21 @@ impl CudaDevice {
         grid: [u32; 3],
         args: &[Arg],
     ) -> Result<()> {
+        self.run_blocks_of(op, kernel, grid, BLOCK as u32, args)
+    }
+
+    /// Launch `kernel` with `grid` blocks of `block` threads.
+    pub(super) fn run_blocks_of(
+        &mut self,
+        op: &'static str,
+        kernel: &'static str,
+        grid: [u32; 3],
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self.func(kernel)?;
         self.traffic.launch();
-        driver::launch(op, f, grid, BLOCK as u32, args)
+        driver::launch(op, f, grid, block, args)
     }
 
     /// Allocate `outs` buffers of `n` elements, run `body` with their addresses, and release

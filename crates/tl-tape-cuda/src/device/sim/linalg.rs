@@ -3,8 +3,24 @@
 //! rounding a term (`f32::mul_add`; `__fmaf_rn` in the kernels). A product with few output tiles is split along `k`
 //! ([`Gemm::k_chunk`]): each run of `k` is summed that way from `0.0`, then the runs' sums are
 //! added in increasing order from `0.0` (the kernels `tl_gemm` and `tl_gemm_sum_splits`).
+//!
+//! **Autocast** (`Precision::Bf16` / `Tf32`, [`crate::precision`]): the twin of the
+//! tensor-core kernel `tl_gemm_tc` as the kernel emulator runs it. Each operand element is
+//! rounded as it is staged ([`Precision::round`]); each run of `k` (the same split as above) is
+//! summed from `0.0` as `fma(round(a), round(b), acc)` in increasing `k` order, the order the
+//! emulator's `wmma::mma_sync` documents (each product of two rounded values is exact in f32,
+//! so this is `acc + a·b` with one rounding a term), over the run padded with zeros to a
+//! multiple of [`TC_K`]: the padding adds `fma(0, 0, acc)`, which is `acc + 0` (a `−0` sum
+//! becomes `+0`). The runs are then added as above. On a GPU the tensor cores sum each tile
+//! in their own order: within [`tl_spec::bf16::accumulation_bound`] of the reference, not
+//! these bits.
 
 use crate::device::{Batch, Gemm};
+use crate::precision::Precision;
+
+/// The `k` depth of one staged slice of the tensor-core GEMM (`BK` of `tl_gemm_tc`): a run of
+/// `k` is padded with zeros to a multiple of it.
+pub const TC_K: usize = 16;
 
 /// Where one matrix lies in its buffer: its first element and the stride between its rows
 /// (from [`Batch::at`]).
@@ -30,8 +46,15 @@ impl At {
 }
 
 /// `out (m, n) = op(a) · op(b)` for one of `batch` products (the split is the whole batch's:
-/// [`Gemm::k_chunk`]), each matrix where its [`At`] says.
-pub fn gemm(a: (&[f32], At), b: (&[f32], At), g: Gemm, batch: usize, out: (&mut [f32], At)) {
+/// [`Gemm::k_chunk`]), each matrix where its [`At`] says, at precision `prec` (module docs).
+pub fn gemm(
+    a: (&[f32], At),
+    b: (&[f32], At),
+    g: Gemm,
+    batch: usize,
+    out: (&mut [f32], At),
+    prec: Precision,
+) {
     let Gemm { m, k, n, ta, tb } = g;
     let ((a, pa), (b, pb), (out, po)) = (a, b, out);
     let chunk = g.k_chunk(batch);
@@ -46,6 +69,17 @@ pub fn gemm(a: (&[f32], At), b: (&[f32], At), g: Gemm, batch: usize, out: (&mut 
                     pb.start + p0 * b_step + j * b_col,
                 );
                 let mut acc = 0.0f32;
+                if prec.is_autocast() {
+                    for _ in p0..p1 {
+                        acc = prec.round(a[ai]).mul_add(prec.round(b[bi]), acc);
+                        ai += a_step;
+                        bi += b_step;
+                    }
+                    if !(p1 - p0).is_multiple_of(TC_K) {
+                        acc += 0.0; // the padding's fma(0, 0, acc)
+                    }
+                    return acc;
+                }
                 for _ in p0..p1 {
                     acc = a[ai].mul_add(b[bi], acc);
                     ai += a_step;
@@ -65,9 +99,16 @@ pub fn gemm(a: (&[f32], At), b: (&[f32], At), g: Gemm, batch: usize, out: (&mut 
 }
 
 /// [`gemm`] on contiguous row-major operands.
-pub fn gemm_dense(a: &[f32], b: &[f32], g: Gemm, batch: usize, out: &mut [f32]) {
+pub fn gemm_dense(a: &[f32], b: &[f32], g: Gemm, batch: usize, out: &mut [f32], prec: Precision) {
     let dense = |which| At::dense(g.stored(which).1);
-    gemm((a, dense(0)), (b, dense(1)), g, batch, (out, dense(2)));
+    gemm(
+        (a, dense(0)),
+        (b, dense(1)),
+        g,
+        batch,
+        (out, dense(2)),
+        prec,
+    );
 }
 
 #[cfg(test)]
@@ -84,6 +125,7 @@ mod tests {
             Gemm::nn(2, 2, 1),
             1,
             &mut out,
+            Precision::F32,
         );
         assert_eq!(out, [17.0, 39.0]);
         // aᵀ stored: [[1, 3], [2, 4]] read transposed is a again
@@ -93,6 +135,7 @@ mod tests {
             Gemm::nn(2, 2, 1).with_t(true, false),
             1,
             &mut out,
+            Precision::F32,
         );
         assert_eq!(out, [17.0, 39.0]);
         // bᵀ stored (1, 2) read transposed
@@ -102,6 +145,7 @@ mod tests {
             Gemm::nn(2, 2, 1).with_t(false, true),
             1,
             &mut out,
+            Precision::F32,
         );
         assert_eq!(out, [17.0, 39.0]);
     }
@@ -118,6 +162,7 @@ mod tests {
             Gemm::nn(1, 2, 1),
             1,
             &mut out,
+            Precision::F32,
         );
         assert_eq!(out[0], -e * e, "fma(1+ε, 1−ε, −1)");
         assert_eq!((1.0 + e) * (1.0 - e) - 1.0, 0.0, "two roundings lose it");
@@ -134,7 +179,7 @@ mod tests {
         let a: Vec<f32> = (0..k).map(|p| 1.0 + (p as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..k).map(|p| (p as f32 * 0.11).cos() * 1e-3).collect();
         let mut out = [0.0f32];
-        gemm_dense(&a, &b, g, 1, &mut out);
+        gemm_dense(&a, &b, g, 1, &mut out, Precision::F32);
         let want = a
             .chunks(chunk)
             .zip(b.chunks(chunk))
@@ -151,5 +196,47 @@ mod tests {
         assert_eq!(Gemm::nn(512, k, 512).k_chunk(1), k);
         assert_eq!(Gemm::nn(1, 200, 1).k_chunk(1), 200);
         assert_eq!(Gemm::nn(1, 0, 1).k_chunk(1), 1);
+    }
+
+    #[test]
+    fn autocast_rounds_each_operand_and_pads_k_to_the_tensor_core_depth() {
+        // 1 + 2⁻⁹ rounds to 1 in bf16; TF32 (10 fraction bits) keeps it.
+        let x = 1.0 + 2f32.powi(-9);
+        let mut out = [0.0f32];
+        gemm_dense(
+            &[x],
+            &[3.0],
+            Gemm::nn(1, 1, 1),
+            1,
+            &mut out,
+            Precision::Bf16,
+        );
+        assert_eq!(out[0], 3.0);
+        gemm_dense(
+            &[x],
+            &[3.0],
+            Gemm::nn(1, 1, 1),
+            1,
+            &mut out,
+            Precision::Tf32,
+        );
+        assert_eq!(out[0], 3.0 * x);
+        // An underflowing product sums to −0 in f32; a run padded to 16 adds fma(0, 0, −0),
+        // which is +0; a run of exactly 16 terms is not padded.
+        let (a, b) = ([-2f32.powi(-100)], [2f32.powi(-100)]);
+        gemm_dense(&a, &b, Gemm::nn(1, 1, 1), 1, &mut out, Precision::F32);
+        assert_eq!(out[0].to_bits(), (-0.0f32).to_bits());
+        gemm_dense(&a, &b, Gemm::nn(1, 1, 1), 1, &mut out, Precision::Bf16);
+        assert_eq!(out[0].to_bits(), 0.0f32.to_bits());
+        let (a16, b16) = ([a[0]; TC_K], [b[0]; TC_K]);
+        gemm_dense(
+            &a16,
+            &b16,
+            Gemm::nn(1, TC_K, 1),
+            1,
+            &mut out,
+            Precision::Bf16,
+        );
+        assert_eq!(out[0].to_bits(), (-0.0f32).to_bits());
     }
 }

@@ -271,6 +271,7 @@ impl Launch for SimDevice {
             g,
             1,
             &mut p,
+            crate::precision::current(),
         );
         let cs = self.live.get_mut(&c.id()).ok_or(Error::Released {
             op: OP,
@@ -299,10 +300,11 @@ impl Launch for SimDevice {
         [_, _, lo]: [usize; 3],
     ) -> Result<Buffer> {
         let count = bt.count;
+        let prec = crate::precision::current();
         let out = self.launch(op, [a, b], count * lo, |[a, b], out| {
             for z in 0..count {
                 let at = |which| linalg::At::of(bt, g, which, z);
-                linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)));
+                linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)), prec);
             }
         })?;
         if count * lo > 0 && g.k_splits(count) > 1 {

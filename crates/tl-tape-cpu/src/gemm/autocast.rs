@@ -1,9 +1,11 @@
-//! The bf16 products of [`super::matmul`] under [`crate::precision::Precision::Bf16`]: the
-//! operands rounded to bf16 (nearest, ties to even: [`tl_spec::bf16::round`]), f32 sums.
+//! The autocast products of [`super::matmul`] under [`Precision::Bf16`] or
+//! [`Precision::Tf32`]: the operands rounded ([`Precision::round`]: bf16 nearest-even,
+//! [`tl_spec::bf16::round`]; TF32 nearest, ties away, [`tl_spec::tf32::round`]), f32 sums.
 //!
-//! The kernel ([`crate::precision::Bf16Kernel::Portable`]): `a` and `b` rounded into f32 copies
-//! (`b` kept column-major when it was, so a linear layer's `x·wᵀ` takes the same layout paths),
-//! then the f32 GEMM. A product of two bf16 values is exact in f32, so the result is the
+//! One code path for both, parameterised by the rounding (the bf16 kernel is
+//! [`crate::precision::Bf16Kernel::Portable`]): `a` and `b` rounded into f32 copies (`b` kept
+//! column-major when it was, so a linear layer's `x·wᵀ` takes the same layout paths), then the
+//! f32 GEMM. A product of two bf16 (or two TF32) values is exact in f32, so the result is the
 //! reference's arithmetic with the f32 GEMM's sums (their order: [`super`]'s module docs).
 //!
 //! No `vdpbf16ps` (AVX512-BF16) or AMX kernel: entering code compiled for those instructions
@@ -11,14 +13,15 @@
 //! (docs/performance.md, "bf16 autocast on the CPU", says what that costs).
 
 use tl_ir::Op;
-use tl_spec::bf16::round;
+use tl_spec::precision::Precision;
 
 use super::{Mat, MatMut, product, row_major};
 use crate::Result;
 
-/// `c ← alpha·bf16(a)·bf16(b)` (`+ c` when `accumulate`), views checked and `c` not empty:
-/// rounded f32 copies, then the f32 GEMM.
+/// `c ← alpha·r(a)·r(b)` (`+ c` when `accumulate`), `r` the rounding of `p`, views checked
+/// and `c` not empty: rounded f32 copies, then the f32 GEMM.
 pub(super) fn matmul(
+    p: Precision,
     op: &Op,
     c: MatMut<'_, f32>,
     accumulate: bool,
@@ -27,12 +30,12 @@ pub(super) fn matmul(
     alpha: f32,
 ) -> Result<()> {
     let (m, k, n) = (a.g.rows, a.g.cols, b.g.cols);
-    let ar = rounded(op, "bf16 copy of a", a)?;
+    let ar = rounded(p, op, "rounded copy of a", a)?;
     // A column-major b (x·wᵀ) stays column-major: its transpose copied row-major.
     let b_column_major = b.g.rs == 1 && b.g.cs != 1;
     let br = match b_column_major {
-        true => rounded(op, "bf16 copy of b", b.t())?,
-        false => rounded(op, "bf16 copy of b", b)?,
+        true => rounded(p, op, "rounded copy of b", b.t())?,
+        false => rounded(p, op, "rounded copy of b", b)?,
     };
     let av = Mat {
         data: &ar[..],
@@ -55,21 +58,21 @@ pub(super) fn matmul(
     Ok(())
 }
 
-/// `v` rounded to bf16, row-major.
-fn rounded(op: &Op, what: &str, v: Mat<'_, f32>) -> Result<Vec<f32>> {
+/// `v` rounded as `p` reads it, row-major.
+fn rounded(p: Precision, op: &Op, what: &str, v: Mat<'_, f32>) -> Result<Vec<f32>> {
     let (r, c) = (v.g.rows, v.g.cols);
     let mut out = tl_spec::alloc::try_for_overwrite(op.name(), what, r * c)?;
     let contiguous = v.g.cs == 1 && v.g.rs == c;
     match v.data.get(v.g.offset..v.g.offset + r * c) {
         Some(src) if contiguous => {
             for (o, &x) in out.iter_mut().zip(src) {
-                *o = round(x);
+                *o = p.round(x);
             }
         }
         _ => {
             for (i, row) in out.chunks_exact_mut(c.max(1)).enumerate().take(r) {
                 for (j, o) in row.iter_mut().enumerate() {
-                    *o = round(v.data[v.g.at(i, j)]);
+                    *o = p.round(v.data[v.g.at(i, j)]);
                 }
             }
         }

@@ -1,0 +1,160 @@
+//! Autocast products (bf16 / TF32) on any device against the f64 reference of the rounded
+//! operands (`tl_spec::precision::Precision::round`), within `tl_spec::bf16::accumulation_bound`.
+
+use tl_spec::bf16::accumulation_bound;
+use tl_tape_cuda::device::{Batch, Gemm};
+use tl_tape_cuda::{Device, Precision, Result, precision};
+
+use super::Gen;
+
+/// One product's result and, per output element, the reference and its bound.
+pub struct Case {
+    pub name: String,
+    pub got: Vec<f32>,
+    pub want: Vec<f64>,
+    pub bound: Vec<f64>,
+}
+
+impl Case {
+    /// The first element outside the bound (or NaN), if any.
+    pub fn miss(&self) -> Option<String> {
+        let i = self
+            .got
+            .iter()
+            .zip(self.want.iter().zip(&self.bound))
+            .position(|(&g, (&w, &b))| g.is_nan() || (f64::from(g) - w).abs() > b)?;
+        Some(format!(
+            "{} at {i}: {} vs reference {} (bound {:e})",
+            self.name, self.got[i], self.want[i], self.bound[i]
+        ))
+    }
+}
+
+/// The reference of `bt.count` products `op(a)·op(b)` (+ `c0`), operands read through
+/// `round`, laid out as `bt` and `g` say.
+fn reference(
+    a: &[f32],
+    b: &[f32],
+    c0: Option<&[f32]>,
+    bt: Batch,
+    g: Gemm,
+    round: impl Fn(f32) -> f32,
+) -> (Vec<f64>, Vec<f64>) {
+    let len = bt.count * g.m * g.n;
+    let (mut want, mut bound) = (vec![0.0; len], vec![0.0; len]);
+    for z in 0..bt.count {
+        let (sa, la) = bt.at(0, z, g.stored(0));
+        let (sb, lb) = bt.at(1, z, g.stored(1));
+        let (sc, lc) = bt.at(2, z, g.stored(2));
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let (mut s, mut abs) = (0.0f64, 0.0f64);
+                for p in 0..g.k {
+                    let x = if g.ta {
+                        a[sa + p * la + i]
+                    } else {
+                        a[sa + i * la + p]
+                    };
+                    let y = if g.tb {
+                        b[sb + j * lb + p]
+                    } else {
+                        b[sb + p * lb + j]
+                    };
+                    let t = f64::from(round(x)) * f64::from(round(y));
+                    s += t;
+                    abs += t.abs();
+                }
+                let o = sc + i * lc + j;
+                let c = c0.map_or(0.0, |c| f64::from(c[o]));
+                want[o] = s + c;
+                bound[o] = accumulation_bound(g.k, abs + c.abs());
+            }
+        }
+    }
+    (want, bound)
+}
+
+/// Every kind of device product run at `run` (installed on this thread) on `d`, each with the
+/// reference at `reference`: matmul over every transpose pair on sizes that are and are not
+/// multiples of 16 and 64 (K < 16, K = 0, an empty output), a product split along k whose last
+/// run is not a multiple of 16, `matmul_acc`, `bmm`, and `bmm_heads` with head-merged operands.
+pub fn product_cases<D: Device>(
+    d: &mut D,
+    run: Precision,
+    reference_at: Precision,
+) -> Result<Vec<Case>> {
+    let _p = precision::install(run);
+    let mut rnd = Gen::new(0x7c0 + run as u64);
+    let mut data =
+        |len: usize| -> Vec<f32> { (0..len).map(|_| rnd.range(-2.0, 2.0) as f32).collect() };
+    let mut cases = Vec::new();
+    let mut one = |d: &mut D,
+                   name: String,
+                   bt: Batch,
+                   g: Gemm,
+                   acc: bool,
+                   (av, bv, cv): (Vec<f32>, Vec<f32>, Vec<f32>)|
+     -> Result<()> {
+        let (a, b) = (d.upload(&av)?, d.upload(&bv)?);
+        let out = match (acc, bt.heads > 1 || bt.merged.iter().any(|&m| m)) {
+            (true, _) => {
+                let c = d.upload(&cv)?;
+                d.matmul_acc(c, a, b, g)?;
+                c
+            }
+            (false, true) => d.bmm_heads(a, b, bt, g)?,
+            (false, false) if bt.count == 1 => d.matmul(a, b, g)?,
+            (false, false) => d.bmm(a, b, bt.count, g)?,
+        };
+        let got = d.download(out)?;
+        d.release_all([a, b, out]);
+        let (want, bound) = reference(&av, &bv, acc.then_some(&cv[..]), bt, g, |x| {
+            reference_at.round(x)
+        });
+        cases.push(Case {
+            name,
+            got,
+            want,
+            bound,
+        });
+        Ok(())
+    };
+    for (m, k, n) in [
+        (1, 1, 1),
+        (3, 0, 4),
+        (0, 4, 3),
+        (5, 7, 3),
+        (16, 16, 16),
+        (17, 31, 65),
+        (70, 13, 75),
+    ] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let g = Gemm::nn(m, k, n).with_t(ta, tb);
+            let ops = (data(m * k), data(k * n), Vec::new());
+            one(
+                d,
+                format!("matmul {m}x{k}x{n} ta={ta} tb={tb}"),
+                Batch::plain(1),
+                g,
+                false,
+                ops,
+            )?;
+        }
+    }
+    // Split along k (one 64×64 tile, k = 1000): runs of 144, the last of 136 (padded).
+    let g = Gemm::nn(16, 1000, 24);
+    assert!(g.k_splits(1) > 1 && !(1000 % g.k_chunk(1)).is_multiple_of(16));
+    let ops = (data(16 * 1000), data(1000 * 24), Vec::new());
+    one(d, "matmul split k".into(), Batch::plain(1), g, false, ops)?;
+    let g = Gemm::nn(70, 13, 75).with_t(false, true);
+    let ops = (data(70 * 13), data(13 * 75), data(70 * 75));
+    one(d, "matmul_acc".into(), Batch::plain(1), g, true, ops)?;
+    let g = Gemm::nn(9, 20, 11).with_t(true, false);
+    let ops = (data(3 * 9 * 20), data(3 * 20 * 11), Vec::new());
+    one(d, "bmm".into(), Batch::plain(3), g, false, ops)?;
+    let g = Gemm::nn(5, 8, 4).with_t(false, true);
+    let bt = Batch::heads(2, 3, [true, true, true]);
+    let ops = (data(6 * 5 * 8), data(6 * 4 * 8), Vec::new());
+    one(d, "bmm_heads".into(), bt, g, false, ops)?;
+    Ok(cases)
+}

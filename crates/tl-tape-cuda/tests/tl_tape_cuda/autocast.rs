@@ -1,0 +1,325 @@
+//! Autocast on the CUDA tape (`tl_tape_cuda::precision`), on the simulation device: every
+//! product kind against the f64 reference of the rounded operands within the f32 accumulation
+//! bound, a check that sees which rounding ran, and the tape (values and gradients of matmul,
+//! linear and conv against the reference; attention against the CPU tape at the same setting;
+//! the default exactly the f32 path; spectral ops left in f32). The kernels' side (emulated or
+//! on a GPU): `gpu::tensor_cores::`.
+
+use tl_ir::Op;
+use tl_spec::bf16::accumulation_bound;
+use tl_spec::ops::conv::ConvParams;
+use tl_spec::{Tensor, ops as spec};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Precision, SimDevice};
+
+use crate::common::Gen;
+use crate::common::autocast::product_cases;
+
+const AUTOCAST: [Precision; 2] = [Precision::Bf16, Precision::Tf32];
+
+#[test]
+fn every_product_kind_matches_the_reference_on_the_sim() {
+    let mut d = SimDevice::new();
+    for p in AUTOCAST {
+        for case in product_cases(&mut d, p, p).unwrap() {
+            assert_eq!(case.miss(), None, "{p:?}");
+        }
+    }
+    assert_eq!(d.memory_usage().live_buffers(), 0);
+}
+
+/// The reference check tells the settings apart: the f32 product, and the other rounding,
+/// miss each setting's bound on some case.
+#[test]
+fn the_reference_check_sees_the_rounding() {
+    let mut d = SimDevice::new();
+    for want in AUTOCAST {
+        for run in [Precision::F32, Precision::Bf16, Precision::Tf32] {
+            if run == want {
+                continue;
+            }
+            let cases = product_cases(&mut d, run, want).unwrap();
+            let misses = cases.iter().filter(|c| c.miss().is_some()).count();
+            assert!(misses > 0, "{run:?} passed as {want:?}");
+        }
+    }
+}
+
+fn tensor(rng: &mut Gen, shape: &[usize]) -> Tensor<f32> {
+    let n = shape.iter().product();
+    Tensor::new(shape, (0..n).map(|_| rng.range(-2.0, 2.0) as f32).collect()).unwrap()
+}
+
+/// The value and the parents' gradients of `op` on a CUDA tape over `dev` at `precision`
+/// (`None`: as made), seeded with `g`.
+pub fn on_cuda_tape<D: Device>(
+    dev: D,
+    precision: Option<Precision>,
+    op: &Op,
+    x: &[Tensor<f32>],
+    g: &Tensor<f32>,
+) -> Vec<Tensor<f32>> {
+    let mut t = CudaTape::new(dev);
+    if let Some(p) = precision {
+        t.set_precision(p);
+        assert_eq!(t.precision(), p);
+    }
+    let ids: Vec<_> = x
+        .iter()
+        .map(|v| t.upload_leaf(v, None, true).unwrap())
+        .collect();
+    let y = t.apply(op, &ids).unwrap();
+    let seed = AnyBuffer::upload(t.device_mut(), g).unwrap();
+    let grads = t.backward_dense(y, &seed).unwrap();
+    let mut out = vec![t.read::<f32>(y).unwrap()];
+    out.extend(
+        ids.iter()
+            .map(|&i| grads[i].download::<f32, _>(t.device()).unwrap()),
+    );
+    t.release_grads(grads);
+    seed.release(t.device_mut());
+    out
+}
+
+fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
+    ts.iter()
+        .map(|t| t.data().iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+fn rounded(p: Precision, t: &Tensor<f32>) -> Tensor<f64> {
+    t.map(|x| p.round(x)).cast()
+}
+
+fn abs(t: &Tensor<f64>) -> Tensor<f64> {
+    t.map(f64::abs)
+}
+
+fn assert_within(
+    what: &str,
+    got: &Tensor<f32>,
+    want: &Tensor<f64>,
+    abs_sum: &Tensor<f64>,
+    terms: usize,
+) {
+    assert_eq!(got.shape(), want.shape(), "{what}");
+    for (i, ((&g, &w), &s)) in got
+        .data()
+        .iter()
+        .zip(want.data())
+        .zip(abs_sum.data())
+        .enumerate()
+    {
+        let bound = accumulation_bound(terms, s);
+        assert!(
+            (f64::from(g) - w).abs() <= bound,
+            "{what} at {i}: {g} vs {w} (bound {bound:e})"
+        );
+    }
+}
+
+fn conv2d() -> Op {
+    Op::Conv {
+        stride: vec![1, 1],
+        padding: vec![1, 1],
+    }
+}
+
+/// Under each setting the tape's matmul (value, both gradients: the cotangent rounded too),
+/// linear and conv (the bias unrounded) equal the reference within the accumulation bound.
+#[test]
+fn the_tapes_products_match_the_reference_forward_and_backward() {
+    let mut rng = Gen::new(43);
+    for p in AUTOCAST {
+        let sim = || SimDevice::new();
+        let (a, b, g) = (
+            tensor(&mut rng, &[9, 37]),
+            tensor(&mut rng, &[37, 33]),
+            tensor(&mut rng, &[9, 33]),
+        );
+        let r = on_cuda_tape(sim(), Some(p), &Op::Matmul, &[a.clone(), b.clone()], &g);
+        let (ar, br, gr) = (rounded(p, &a), rounded(p, &b), rounded(p, &g));
+        let t = |x: &Tensor<f64>| spec::shape::transpose2d(x).unwrap();
+        let mm = |x: &Tensor<f64>, y: &Tensor<f64>| spec::linalg::matmul(x, y).unwrap();
+        assert_within(
+            "matmul",
+            &r[0],
+            &mm(&ar, &br),
+            &mm(&abs(&ar), &abs(&br)),
+            37,
+        );
+        assert_within(
+            "matmul da",
+            &r[1],
+            &mm(&gr, &t(&br)),
+            &mm(&abs(&gr), &t(&abs(&br))),
+            33,
+        );
+        assert_within(
+            "matmul db",
+            &r[2],
+            &mm(&t(&ar), &gr),
+            &mm(&t(&abs(&ar)), &abs(&gr)),
+            9,
+        );
+        let (w, bias, x) = (
+            tensor(&mut rng, &[11, 45]),
+            tensor(&mut rng, &[11]),
+            tensor(&mut rng, &[6, 45]),
+        );
+        let gy = tensor(&mut rng, &[6, 11]);
+        let r = on_cuda_tape(
+            sim(),
+            Some(p),
+            &Op::Linear,
+            &[w.clone(), bias.clone(), x.clone()],
+            &gy,
+        );
+        let b64: Tensor<f64> = bias.cast();
+        let want = spec::linalg::linear(&rounded(p, &w), &b64, &rounded(p, &x)).unwrap();
+        let abs_sum =
+            spec::linalg::linear(&abs(&rounded(p, &w)), &abs(&b64), &abs(&rounded(p, &x)));
+        assert_within("linear", &r[0], &want, &abs_sum.unwrap(), 45);
+        let (w, bias, x) = (
+            tensor(&mut rng, &[4, 3, 3, 3]),
+            tensor(&mut rng, &[4]),
+            tensor(&mut rng, &[2, 3, 7, 6]),
+        );
+        let gy = tensor(&mut rng, &[2, 4, 7, 6]);
+        let r = on_cuda_tape(
+            sim(),
+            Some(p),
+            &conv2d(),
+            &[w.clone(), bias.clone(), x.clone()],
+            &gy,
+        );
+        let cp = || ConvParams {
+            stride: &[1, 1],
+            padding: &[1, 1],
+        };
+        let b64: Tensor<f64> = bias.cast();
+        let want = spec::conv::conv(&rounded(p, &w), &b64, &rounded(p, &x), cp()).unwrap();
+        let abs_sum = spec::conv::conv(
+            &abs(&rounded(p, &w)),
+            &abs(&b64),
+            &abs(&rounded(p, &x)),
+            cp(),
+        );
+        assert_within("conv", &r[0], &want, &abs_sum.unwrap(), 27);
+    }
+}
+
+fn attention(fused: bool) -> Op {
+    Op::MultiHeadAttention {
+        heads: 2,
+        mask: None,
+        fused,
+    }
+}
+
+/// The CPU tape's value and gradients of `op` at `p`.
+fn on_cpu_tape(p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>) -> Vec<Tensor<f32>> {
+    let mut t = tl_tape_cpu::Tape::<f32>::new();
+    t.set_precision(p);
+    let ids: Vec<_> = x.iter().map(|v| t.leaf(v.clone(), None, true)).collect();
+    let y = t.apply(op, &ids).unwrap();
+    let grads = t.backward_dense(y, g).unwrap();
+    let mut out = vec![t.get(y).unwrap().clone()];
+    out.extend(ids.iter().map(|&i| grads[i].clone()));
+    out
+}
+
+/// Attention rounds the operands of each of its products (the CPU tape's set): under autocast
+/// the CUDA tape's value and gradients are within the setting's rounding of the CPU tape's at
+/// the same setting, not equal to the f32 ones; a `fused` node runs the composed products (the
+/// flash kernels multiply in f32), so fused and composed give the same bits.
+#[test]
+fn attention_rounds_its_products_as_the_cpu_tape_does() {
+    let mut rng = Gen::new(44);
+    let xs: Vec<_> = [[8, 8], [8, 8], [8, 8], [8, 8], [6, 8]]
+        .iter()
+        .map(|s| tensor(&mut rng, s))
+        .collect();
+    let gy = tensor(&mut rng, &[6, 8]);
+    for (p, tol) in [(Precision::Bf16, 0.03f32), (Precision::Tf32, 0.004)] {
+        let composed = on_cuda_tape(SimDevice::new(), Some(p), &attention(false), &xs, &gy);
+        let fused = on_cuda_tape(SimDevice::new(), Some(p), &attention(true), &xs, &gy);
+        assert_eq!(bits(&fused), bits(&composed), "{p:?}: fused vs composed");
+        let f32s = on_cuda_tape(SimDevice::new(), None, &attention(false), &xs, &gy);
+        let cpu = on_cpu_tape(p, &attention(false), &xs, &gy);
+        for (i, ((l, h), c)) in composed.iter().zip(&f32s).zip(&cpu).enumerate() {
+            let scale = h.data().iter().fold(0.0f32, |s, v| s.max(v.abs()));
+            let dist = |x: &Tensor<f32>, y: &Tensor<f32>| {
+                x.data()
+                    .iter()
+                    .zip(y.data())
+                    .fold(0.0f32, |s, (a, b)| s.max((a - b).abs()))
+            };
+            assert!(dist(l, h) > 0.0, "{p:?} attention {i}: equals f32");
+            assert!(
+                dist(l, c) <= tol * scale,
+                "{p:?} attention {i}: {} from the CPU's, scale {scale}",
+                dist(l, c)
+            );
+        }
+    }
+}
+
+/// The default tape is the f32 path bit for bit (`F32` set explicitly too), autocast changes
+/// every product's value; the spectral op (DFT matrices, an FFT on the CPU) stays f32 under
+/// autocast.
+#[test]
+fn the_default_is_the_f32_path_and_spectral_stays_f32() {
+    let mut rng = Gen::new(45);
+    let cases: Vec<(Op, Vec<Tensor<f32>>, Vec<usize>)> = vec![
+        (
+            Op::Matmul,
+            vec![tensor(&mut rng, &[5, 40]), tensor(&mut rng, &[40, 7])],
+            vec![5, 7],
+        ),
+        (
+            Op::Bmm,
+            vec![tensor(&mut rng, &[2, 5, 33]), tensor(&mut rng, &[2, 33, 6])],
+            vec![2, 5, 6],
+        ),
+        (
+            conv2d(),
+            vec![
+                tensor(&mut rng, &[4, 3, 3, 3]),
+                tensor(&mut rng, &[4]),
+                tensor(&mut rng, &[2, 3, 6, 6]),
+            ],
+            vec![2, 4, 6, 6],
+        ),
+    ];
+    assert_eq!(CudaTape::new(SimDevice::new()).precision(), Precision::F32);
+    for (op, x, shape) in &cases {
+        let g = tensor(&mut rng, shape);
+        let default = bits(&on_cuda_tape(SimDevice::new(), None, op, x, &g));
+        let explicit = bits(&on_cuda_tape(
+            SimDevice::new(),
+            Some(Precision::F32),
+            op,
+            x,
+            &g,
+        ));
+        assert_eq!(default, explicit, "{}", op.name());
+        for p in AUTOCAST {
+            let auto = bits(&on_cuda_tape(SimDevice::new(), Some(p), op, x, &g));
+            assert_ne!(auto[0], default[0], "{} at {p:?}", op.name());
+        }
+    }
+    let spectral = Op::SpectralConv1dRfft { modes: 4 };
+    let x: Vec<_> = [[2, 6, 3], [4, 3, 3], [4, 3, 3]]
+        .iter()
+        .map(|s| tensor(&mut rng, s))
+        .collect();
+    let g = tensor(&mut rng, &[2, 6, 3]);
+    let plain = bits(&on_cuda_tape(SimDevice::new(), None, &spectral, &x, &g));
+    for p in AUTOCAST {
+        assert_eq!(
+            bits(&on_cuda_tape(SimDevice::new(), Some(p), &spectral, &x, &g)),
+            plain,
+            "{p:?}"
+        );
+    }
+}

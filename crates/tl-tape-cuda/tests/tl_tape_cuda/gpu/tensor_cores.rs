@@ -1,0 +1,140 @@
+//! The tensor-core GEMM (`tl_gemm_tc`: bf16 / TF32 WMMA fragments, f32 accumulators) on the
+//! CUDA device. Everywhere (emulator and GPU): every product kind within the f32 accumulation
+//! bound of the reference on rounded operands. On the kernel emulator also the sim twin's bits
+//! (both schedules: CI runs `gpu::` with `TL_EMU_SCHEDULE=reverse` too); on a GPU the tensor
+//! cores sum in their own order, so only the bound holds there.
+
+use tl_ir::Op;
+use tl_spec::Tensor;
+use tl_tape_cuda::{Precision, SimDevice};
+
+use super::gpu;
+use crate::autocast::on_cuda_tape;
+use crate::common::Gen;
+use crate::common::autocast::product_cases;
+
+const AUTOCAST: [Precision; 2] = [Precision::Bf16, Precision::Tf32];
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn tensor_core_products_match_the_reference() {
+    let Some(mut cuda) = gpu() else { return };
+    let mut sim = SimDevice::new();
+    for p in AUTOCAST {
+        let got = product_cases(&mut cuda, p, p).unwrap();
+        for case in &got {
+            assert_eq!(
+                case.miss(),
+                None,
+                "{p:?} on {}",
+                tl_tape_cuda::Device::name(&cuda)
+            );
+        }
+        if cfg!(feature = "cuda-emu") {
+            let want = product_cases(&mut sim, p, p).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(
+                    bits(&g.got),
+                    bits(&w.got),
+                    "{p:?} {}: emulated kernel vs sim",
+                    g.name
+                );
+            }
+        }
+    }
+}
+
+fn tensor(rng: &mut Gen, shape: &[usize]) -> Tensor<f32> {
+    let n = shape.iter().product();
+    Tensor::new(shape, (0..n).map(|_| rng.range(-2.0, 2.0) as f32).collect()).unwrap()
+}
+
+/// The CUDA tape under autocast on the device against the same tape on the sim: matmul,
+/// linear, conv (the im2col GEMMs) and attention (fused: the composed products), values and
+/// gradients, deterministic reductions on; the sim's bits on the emulator, within the
+/// setting's rounding on a GPU.
+#[test]
+fn the_cuda_tape_under_autocast_matches_the_sim_tape() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut rng = Gen::new(46);
+    let conv = Op::Conv {
+        stride: vec![1, 1],
+        padding: vec![1, 1],
+    };
+    let attention = Op::MultiHeadAttention {
+        heads: 2,
+        mask: None,
+        fused: true,
+    };
+    let cases: Vec<(Op, Vec<Tensor<f32>>, Vec<usize>)> = vec![
+        (
+            Op::Matmul,
+            vec![tensor(&mut rng, &[19, 40]), tensor(&mut rng, &[40, 70])],
+            vec![19, 70],
+        ),
+        (
+            Op::Linear,
+            vec![
+                tensor(&mut rng, &[9, 20]),
+                tensor(&mut rng, &[9]),
+                tensor(&mut rng, &[5, 20]),
+            ],
+            vec![5, 9],
+        ),
+        (
+            conv,
+            vec![
+                tensor(&mut rng, &[4, 3, 3, 3]),
+                tensor(&mut rng, &[4]),
+                tensor(&mut rng, &[2, 3, 7, 6]),
+            ],
+            vec![2, 4, 7, 6],
+        ),
+        (
+            attention,
+            [[8, 8], [8, 8], [8, 8], [8, 8], [6, 8]]
+                .iter()
+                .map(|s| tensor(&mut rng, s))
+                .collect(),
+            vec![6, 8],
+        ),
+    ];
+    for p in AUTOCAST {
+        for (op, x, shape) in &cases {
+            let g = tensor(&mut rng, shape);
+            // Deterministic reductions: col2im's fixed order, the sim's.
+            let mut cuda = gpu().unwrap();
+            cuda.set_deterministic(Some(true));
+            let got = on_cuda_tape(cuda, Some(p), op, x, &g);
+            let want = on_cuda_tape(SimDevice::new(), Some(p), op, x, &g);
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                if cfg!(feature = "cuda-emu") {
+                    assert_eq!(
+                        bits(a.data()),
+                        bits(b.data()),
+                        "{p:?} {} output {i}",
+                        op.name()
+                    );
+                    continue;
+                }
+                let scale = b.data().iter().fold(0.0f32, |s, v| s.max(v.abs()));
+                let tol = if p == Precision::Bf16 { 0.03 } else { 0.004 } * scale;
+                let dist = a
+                    .data()
+                    .iter()
+                    .zip(b.data())
+                    .fold(0.0f32, |s, (x, y)| s.max((x - y).abs()));
+                assert!(
+                    dist <= tol,
+                    "{p:?} {} output {i}: {dist} from the sim's (scale {scale})",
+                    op.name()
+                );
+            }
+        }
+    }
+}
