@@ -15,6 +15,7 @@
 //! - [`bf16`]: bfloat16 rounding and the reference of a bf16 product (mixed precision)
 //! - [`tf32`]: TensorFloat-32 rounding and its reference; [`precision`]: the autocast setting
 //!   ([`precision::Precision`]) every tape shares
+//! - [`scoped`]: a thread-local setting for a scope (the autocast setting, the gate overrides)
 
 pub mod alloc;
 pub mod approx;
@@ -26,6 +27,7 @@ pub mod pool;
 pub mod precision;
 pub mod rng;
 mod scalar;
+pub mod scoped;
 mod shape;
 pub mod special;
 mod tensor;

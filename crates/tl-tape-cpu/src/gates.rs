@@ -31,7 +31,6 @@
 //! | [`bf16_kernel`](Gates::bf16_kernel) | [`crate::precision::Bf16Kernel::current`] (the portable kernel) |
 
 use std::cell::Cell;
-use std::marker::PhantomData;
 
 use crate::precision::Bf16Kernel;
 use crate::simd::Level;
@@ -192,26 +191,11 @@ pub fn current() -> Gates {
 /// dropped, which restores the previous overrides. Work this thread hands to the pool runs
 /// under them too.
 pub fn force(gates: Gates) -> Guard {
-    Guard {
-        prev: FORCED.with(|f| f.replace(gates)),
-        _this_thread: PhantomData,
-    }
+    tl_spec::scoped::install(&FORCED, gates)
 }
 
 /// Restores the overrides [`force`] replaced when dropped (on the thread that forced them).
-#[derive(Debug)]
-#[must_use = "the overrides are removed when the guard is dropped"]
-pub struct Guard {
-    prev: Gates,
-    /// Not `Send`: the guard restores the thread-local state of the thread that made it.
-    _this_thread: PhantomData<*const ()>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        FORCED.with(|f| f.set(self.prev));
-    }
-}
+pub type Guard = tl_spec::scoped::Guard<Gates>;
 
 /// Run `f` under `gates` on this thread (how [`crate::par::join`] carries them to the pool).
 pub(crate) fn with<R>(gates: Gates, f: impl FnOnce() -> R) -> R {

@@ -23,7 +23,6 @@
 //! [`crate::gates`] override forces either (a kernel the CPU lacks is ignored).
 
 use std::cell::Cell;
-use std::marker::PhantomData;
 
 pub use tl_spec::precision::Precision;
 
@@ -75,10 +74,7 @@ pub fn current() -> Precision {
 /// Install `p` on this thread until the returned guard is dropped (which restores the
 /// previous setting).
 pub fn install(p: Precision) -> Guard {
-    Guard {
-        prev: CURRENT.with(|c| c.replace(p)),
-        _this_thread: PhantomData,
-    }
+    tl_spec::scoped::install(&CURRENT, p)
 }
 
 /// Run `f` under `p` on this thread (how [`crate::par::join`] carries it to the pool).
@@ -88,19 +84,7 @@ pub(crate) fn with<R>(p: Precision, f: impl FnOnce() -> R) -> R {
 }
 
 /// Restores the precision [`install`] replaced when dropped (on the thread that installed it).
-#[derive(Debug)]
-#[must_use = "the setting is restored when the guard is dropped"]
-pub struct Guard {
-    prev: Precision,
-    /// Not `Send`: the guard restores the thread-local state of the thread that made it.
-    _this_thread: PhantomData<*const ()>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.prev));
-    }
-}
+pub type Guard = tl_spec::scoped::Guard<Precision>;
 
 #[cfg(test)]
 mod tests {

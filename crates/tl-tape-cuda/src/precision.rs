@@ -12,7 +12,6 @@
 //! spectral ops' DFT matrices: the CPU tape runs an FFT there) installs `F32` around them.
 
 use std::cell::Cell;
-use std::marker::PhantomData;
 
 pub use tl_spec::precision::Precision;
 
@@ -28,26 +27,11 @@ pub fn current() -> Precision {
 /// Install `p` on this thread until the returned guard is dropped (which restores the
 /// previous setting). Device products launched meanwhile on this thread round as `p` says.
 pub fn install(p: Precision) -> Guard {
-    Guard {
-        prev: CURRENT.with(|c| c.replace(p)),
-        _this_thread: PhantomData,
-    }
+    tl_spec::scoped::install(&CURRENT, p)
 }
 
 /// Restores the precision [`install`] replaced when dropped (on the thread that installed it).
-#[derive(Debug)]
-#[must_use = "the setting is restored when the guard is dropped"]
-pub struct Guard {
-    prev: Precision,
-    /// Not `Send`: the guard restores the thread-local state of the thread that made it.
-    _this_thread: PhantomData<*const ()>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.prev));
-    }
-}
+pub type Guard = tl_spec::scoped::Guard<Precision>;
 
 #[cfg(test)]
 mod tests {
