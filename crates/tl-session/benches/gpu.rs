@@ -11,8 +11,10 @@
 //! Rows (`name`, milliseconds, and for matmul/elementwise the rate):
 //! - `step/{eager,linked}/{mlp,cnn,transformer,wide-mlp,resnet,lm}`: the tl-nn models of
 //!   `common/models.rs`, `Runtime::step` with each model's optimizer;
-//! - `matmul/{n}`: `sum(a·b)` with `a`, `b` of `n × n` (GFLOP/s counts the product only; the
-//!   sum's n² reads are under 0.1% of the work at n = 4096);
+//! - `matmul/{n}`: `sum(a·b)` with `a`, `b` of `n × n`, n = 2048 and 4096 (GFLOP/s counts the
+//!   product only; the sum's n² reads are under 0.1% of the work at n = 4096); `matmul-tf32/{n}`
+//!   and `matmul-bf16/{n}` the same in a session with `Precision::Tf32` / `Bf16` (on `Cuda`
+//!   the tensor-core kernel `tl_gemm_tc`; f32 operands rounded as they are staged);
 //! - `scale/{bytes}` and `add/{bytes}`: one elementwise op over a 256 MB (`--quick`: 4 MB) f32
 //!   buffer, as (chain of 8 ops then `sum`) minus (`sum` alone), divided by 8; GB/s counts
 //!   bytes read plus written;
@@ -34,7 +36,7 @@ mod common;
 use std::time::Instant;
 
 use common::{BenchModel, EagerRun, LinkedRun, filled};
-use tl_session::{Backend, Ops, Options, Session};
+use tl_session::{Backend, Ops, Options, Precision, Session};
 use tl_tape_cuda::device::{Flash, FlashDims, FlashMask};
 use tl_tape_cuda::{Device, SimDevice};
 
@@ -137,8 +139,30 @@ fn steps(a: &Args) {
     }
 }
 
-fn matmul(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
-    let n = if a.quick { 64 } else { 4096 };
+/// The matmul rows: f32 on `s`, then TF32 and bf16 autocast (tensor cores on `Cuda`) on
+/// sessions of the same backend with that precision, at 2048² and 4096² (`--quick`: 64²).
+fn matmuls(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
+    let sizes: &[usize] = if a.quick { &[64] } else { &[2048, 4096] };
+    for &n in sizes {
+        matmul(a, s, "matmul", n)?;
+    }
+    for (prefix, precision) in [
+        ("matmul-tf32", Precision::Tf32),
+        ("matmul-bf16", Precision::Bf16),
+    ] {
+        let mut s = Session::<f32>::new(Options {
+            precision,
+            ..Options::backend(a.backend)
+        })?;
+        for &n in sizes {
+            matmul(a, &mut s, prefix, n)?;
+        }
+    }
+    Ok(())
+}
+
+/// `sum(a·b)` of two resident `n × n` parameters on `s`, as row `{prefix}/{n}`.
+fn matmul(a: &Args, s: &mut Session<f32>, prefix: &str, n: usize) -> tl_session::Result<()> {
     // Parameters stay resident on the device across resets: nothing is uploaded per iteration.
     let x = s.param(filled(&[n, n], 1, 0.01), Some("a"), false)?;
     let y = s.param(filled(&[n, n], 2, 0.01), Some("b"), false)?;
@@ -157,7 +181,7 @@ fn matmul(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
     let gflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e9;
     row(
         a.backend,
-        &format!("matmul/{n}"),
+        &format!("{prefix}/{n}"),
         ms,
         Some(("gflops", gflops)),
     );
@@ -330,7 +354,7 @@ fn main() {
         }
     };
     steps(&a);
-    let r = matmul(&a, &mut s)
+    let r = matmuls(&a, &mut s)
         .and_then(|()| elementwise(&a, &mut s))
         .and_then(|()| attention(&a, &mut s))
         .map_err(|e| e.to_string())
