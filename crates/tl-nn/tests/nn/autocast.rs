@@ -4,7 +4,7 @@
 //! the optimizer's steps, the loss still falls; an f64 session refuses it by name.
 
 use tl_nn::{Labels, Linear, Module, Runtime};
-use tl_session::{Backend, Optimizer, Options, Precision, Session};
+use tl_session::{Backend, LinkedSession, Optimizer, Options, Precision, Session};
 use tl_spec::bf16::{accumulation_bound, round, round_tensor};
 use tl_spec::{Tensor, ops::linalg};
 
@@ -23,22 +23,7 @@ fn runtime(precision: Option<Precision>) -> Runtime<Session<f32>> {
 
 /// Ten Adam steps of a 16 → 4 linear classifier: the losses and the final weight and bias.
 fn train(precision: Option<Precision>) -> (Vec<f64>, Vec<Tensor<f32>>) {
-    let mut rt = runtime(precision);
-    let model = Linear::new(&rt.vars(), 16, 4).unwrap();
-    let x = tensor::<f32>(&[8, 16], 1);
-    let labels = Labels::new(vec![0, 1, 2, 3, 3, 2, 1, 0], 4).unwrap();
-    let mut opt = Optimizer::adam(0.05).unwrap();
-    let losses = (0..10)
-        .map(|_| {
-            rt.step(&model, &mut opt, |g| {
-                model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
-            })
-            .unwrap()
-        })
-        .collect();
-    let bias = model.bias.as_ref().expect("a bias");
-    let params = [&model.weight, bias].map(|p| rt.value_of(p).unwrap());
-    (losses, params.to_vec())
+    train_with(runtime(precision))
 }
 
 fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
@@ -127,4 +112,76 @@ fn bf16_is_refused_where_it_does_not_run() {
         .expect("bf16 in an f64 session is refused")
         .to_string();
     assert!(e.contains("f64") && e.contains("bf16"), "{e}");
+}
+
+/// [`train`] on `backend`: a linked session set to `precision` (the eager session's seed) when
+/// `linked`, else an eager one.
+fn train_on(backend: Backend, linked: bool, precision: Precision) -> (Vec<f64>, Vec<Tensor<f32>>) {
+    if !linked {
+        let s = Session::new(Options {
+            seed: 3,
+            backend,
+            precision,
+            ..Options::default()
+        })
+        .unwrap();
+        return train_with(Runtime::new(s));
+    }
+    let mut s = LinkedSession::<f32>::with_seed(3);
+    s.set_backend(backend).unwrap();
+    s.set_precision(precision).unwrap();
+    assert_eq!(s.precision(), precision);
+    train_with(Runtime::new(s))
+}
+
+/// [`train`]'s ten steps in `rt`.
+fn train_with<O: tl_session::Train<T = f32>>(mut rt: Runtime<O>) -> (Vec<f64>, Vec<Tensor<f32>>) {
+    let model = Linear::new(&rt.vars(), 16, 4).unwrap();
+    let x = tensor::<f32>(&[8, 16], 1);
+    let labels = Labels::new(vec![0, 1, 2, 3, 3, 2, 1, 0], 4).unwrap();
+    let mut opt = Optimizer::adam(0.05).unwrap();
+    let losses = (0..10)
+        .map(|_| {
+            rt.step(&model, &mut opt, |g| {
+                model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+            })
+            .unwrap()
+        })
+        .collect();
+    let bias = model.bias.as_ref().expect("a bias");
+    let params = [&model.weight, bias].map(|p| rt.value_of(p).unwrap());
+    (losses, params.to_vec())
+}
+
+#[test]
+fn a_linked_session_trains_under_autocast_as_the_eager_one() {
+    let loss_bits = |l: &[f64]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for backend in [Backend::Cpu, Backend::CudaSim] {
+        for p in [Precision::F32, Precision::Bf16, Precision::Tf32] {
+            let (l_eager, p_eager) = train_on(backend, false, p);
+            let (l_linked, p_linked) = train_on(backend, true, p);
+            let what = format!("{backend:?} {p:?}");
+            assert_eq!(loss_bits(&l_linked), loss_bits(&l_eager), "{what}: losses");
+            assert_eq!(bits(&p_linked), bits(&p_eager), "{what}: parameters");
+        }
+        // The setting reaches the compiled tape: autocast changes the linked run.
+        let (l32, _) = train_on(backend, true, Precision::F32);
+        let (l16, _) = train_on(backend, true, Precision::Bf16);
+        assert_ne!(
+            l32, l16,
+            "{backend:?}: bf16 changed nothing on the linked session"
+        );
+    }
+}
+
+#[test]
+fn a_linked_f64_session_refuses_autocast_by_name() {
+    let mut s = LinkedSession::<f64>::new();
+    let e = s.set_precision(Precision::Bf16).unwrap_err().to_string();
+    assert!(
+        e.contains("LinkedSession::set_precision") && e.contains("f64") && e.contains("bf16"),
+        "{e}"
+    );
+    assert_eq!(s.precision(), Precision::F32);
+    assert!(s.set_precision(Precision::F32).is_ok());
 }

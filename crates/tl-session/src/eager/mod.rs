@@ -126,7 +126,7 @@ impl<T: Scalar> Session<T> {
     /// A fresh session. `Backend::Cuda` without the `cuda` feature or without a usable GPU is
     /// an error naming what is missing.
     pub fn new(opts: Options) -> Result<Self> {
-        check_precision::<T>(opts)?;
+        check_precision::<T>("Session::new", opts.precision)?;
         let engine = match opts.backend {
             Backend::Cpu => {
                 let mut tape = Tape::new();
@@ -317,16 +317,17 @@ impl<T: Scalar> Session<T> {
 }
 
 /// Autocast (bf16 / TF32) runs on every backend's tape of an `f32` session (the CPU tape's
-/// rounded copies, the CUDA tape's tensor-core GEMM); autocast concerns f32 only.
-fn check_precision<T: Scalar>(opts: Options) -> Result<()> {
-    if opts.precision == Precision::F32 || T::NAME == "f32" {
+/// rounded copies, the CUDA tape's tensor-core GEMM); autocast concerns f32 only. `what` names
+/// the call in the error.
+pub(crate) fn check_precision<T: Scalar>(what: &'static str, precision: Precision) -> Result<()> {
+    if precision == Precision::F32 || T::NAME == "f32" {
         return Ok(());
     }
     Err(Error::Usage {
-        what: "Session::new",
+        what,
         detail: format!(
             "precision {} (autocast) needs an f32 session, not {}",
-            opts.precision.name(),
+            precision.name(),
             T::NAME
         ),
     })

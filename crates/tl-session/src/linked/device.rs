@@ -89,6 +89,7 @@ fn replay_cuda_leaves<T: Scalar, D: Device>(
 ) -> (CudaTape<D>, Result<Vec<usize>>) {
     let mut tape = CudaTape::new(dev);
     tape.set_nats(s.nats.values.clone());
+    tape.set_precision(s.precision);
     let g = s.builder.graph();
     let mut leaves = Vec::with_capacity(g.leaves().len());
     for (id, (leaf, value)) in g.leaves().iter().zip(&s.leaves).enumerate() {
@@ -135,6 +136,7 @@ impl<T: Scalar> LinkedSession<T> {
                 // The last step's tape (cleared by `recycle`): its kernels draw from that
                 // step's buffers. A failed replay keeps it, cleared, for the next compile.
                 let mut tape = self.cpu_tape.take().unwrap_or_default();
+                tape.set_precision(self.precision);
                 let g = self.builder.graph();
                 match g.replay(&mut tape, &self.leaves, &self.nats.values) {
                     Ok(map) => Ok(Compiled {

@@ -16,7 +16,9 @@ use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 use crate::eager::cuda_unavailable;
 use crate::handle::{NatEnv, Stamp, next_session_id};
 use crate::params::ParamStore;
-use crate::{Backend, Error, NatRef, NatVecRef, Ops, Optimizer, Param, Result, TensorRef};
+use crate::{
+    Backend, Error, NatRef, NatVecRef, Ops, Optimizer, Param, Precision, Result, TensorRef,
+};
 pub(crate) use device::step_on_tape;
 use device::{Devices, on_device};
 
@@ -38,6 +40,8 @@ pub struct LinkedSession<T: Scalar = f32> {
     backend: Backend,
     /// Whether graphs compiled for `Backend::Cuda` use the fixed-order reductions.
     deterministic: bool,
+    /// The arithmetic of the compiled tapes' matrix products (autocast).
+    precision: Precision,
     /// The values of the graph's first ids, from the last `value` read: a read evaluates only
     /// the nodes recorded since. Cleared when a leaf is added, a Nat input overwritten, or the
     /// session reset.
@@ -195,6 +199,7 @@ impl<T: Scalar> LinkedSession<T> {
             rng_counter: 0,
             backend: Backend::Cpu,
             deterministic: false,
+            precision: Precision::F32,
             values: Vec::new(),
             devices: Devices::default(),
             cpu_tape: None,
@@ -252,6 +257,26 @@ impl<T: Scalar> LinkedSession<T> {
             // The kept device (and the parameters resident on it) switches in place.
             dev.set_deterministic(on.then_some(true));
         }
+    }
+
+    /// Compile steps and reads (`Train::read`) onto tapes whose matrix products run at
+    /// `precision` from now on: [`Precision::Bf16`] or [`Precision::Tf32`] autocast (operands
+    /// rounded, f32 sums; docs/semantics.md, "Mixed precision"), as
+    /// [`Options::precision`](crate::Options::precision) does for the eager session, on every
+    /// backend. The pure algorithms ([`Ops::value`], [`LinkedSession::backward_dense_all`], the
+    /// JVP) evaluate the graph in the IR's own arithmetic whatever the setting. Autocast needs
+    /// an `f32` session: an error otherwise.
+    pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+        crate::eager::check_precision::<T>("LinkedSession::set_precision", precision)?;
+        self.end_pass();
+        self.precision = precision;
+        Ok(())
+    }
+
+    /// The arithmetic of the compiled tapes' matrix products
+    /// ([`set_precision`](Self::set_precision)).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The seed of the random ops.
