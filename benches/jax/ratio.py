@@ -283,8 +283,8 @@ def memory_tables(chosen, mem, cores):
           "output aliased). RSS: before the first step -> high-water mark.\n")
     have_jax = any("jax" in m for m in mem.values())
     print("| step (f32) | eager peak | linked peak | JAX args + out + temp (donated) | eager / JAX | "
-          "RSS eager | RSS linked | RSS JAX |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "linked / JAX | RSS eager | RSS linked | RSS JAX |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for key, name in chosen:
         m = mem[key]
         e, l, j = m["eager"], m["linked"], m.get("jax")
@@ -292,25 +292,28 @@ def memory_tables(chosen, mem, cores):
         if j:
             total = j["argument"] + j["output"] + j["temp"] - j["alias"]
             donated = j["argument"] + j["donated_output"] + j["donated_temp"] - j["donated_alias"]
-            js, ratio_, rj = f"{mib(total)} ({mib(donated)})", f"{e['step_peak'] / total:.2f}", rss(j)
+            js, rj = f"{mib(total)} ({mib(donated)})", rss(j)
+            re_, rl = f"{e['step_peak'] / total:.2f}", f"{l['step_peak'] / total:.2f}"
         else:
-            js = ratio_ = rj = "-"
-        print(f"| {name} | {mib(e['step_peak'])} | {mib(l['step_peak'])} | {js} | {ratio_} | "
+            js = re_ = rl = rj = "-"
+        print(f"| {name} | {mib(e['step_peak'])} | {mib(l['step_peak'])} | {js} | {re_} | {rl} | "
               f"{rss(e)} | {rss(l)} | {rj} |")
-    print("\nWhere ours is held (eager; MiB): between steps, parameters + optimizer state + the "
-          "tape's pool (the last step's buffers, reused by the next) + the rest (the batch, the "
-          "GEMM's packing buffers, the session); the step's growth over that; what the process "
-          "keeps once the session is dropped." + (" JAX: XLA's parts." if have_jax else "") + "\n")
+    print("\nWhere ours is held (MiB; eager / linked where they differ): between steps, "
+          "parameters + optimizer state + the tape's pool (the last step's buffers, reused by "
+          "the next) + the rest (the batch, the GEMM's packing buffers, the session); the "
+          "step's growth over that; what the process keeps once the session is dropped."
+          + (" JAX: XLA's parts." if have_jax else "") + "\n")
     print("| step (f32) | params | optimizer state | pool | rest | live between steps | step growth | "
           "after drop |" + (" XLA args / out / temp | XLA temp donated |" if have_jax else ""))
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if have_jax else ""))
     for key, name in chosen:
-        e, j = mem[key]["eager"], mem[key].get("jax")
-        pool = e["pool_held"] or 0
-        rest = e["live_before_step"] - e["params"] - e["optimizer_state"] - pool
-        line = (f"| {name} | {mib(e['params'])} | {mib(e['optimizer_state'])} | {mib(pool)} | "
-                f"{mib(rest)} | {mib(e['live_before_step'])} | {mib(e['step_growth'])} | "
-                f"{mib(e['live_after_drop'])} |")
+        e, l, j = mem[key]["eager"], mem[key]["linked"], mem[key].get("jax")
+        pool = lambda r: r["pool_held"] or 0
+        rest = lambda r: r["live_before_step"] - r["params"] - r["optimizer_state"] - pool(r)
+        both = lambda f: mib(f(e)) if mib(f(e)) == mib(f(l)) else f"{mib(f(e))} / {mib(f(l))}"
+        line = (f"| {name} | {mib(e['params'])} | {both(lambda r: r['optimizer_state'])} | "
+                f"{both(pool)} | {both(rest)} | {both(lambda r: r['live_before_step'])} | "
+                f"{both(lambda r: r['step_growth'])} | {both(lambda r: r['live_after_drop'])} |")
         if have_jax:
             line += (f" {mib(j['argument'])} / {mib(j['output'])} / {mib(j['temp'])} | "
                      f"{mib(j['donated_temp'])} |" if j else " - | - |")

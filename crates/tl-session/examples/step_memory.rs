@@ -115,9 +115,8 @@ fn measure<S: Train<T = f32>>(
     }
     let mut steps = Vec::with_capacity(a.steps);
     for _ in 0..a.steps {
-        let (loss, span) = heap::measure(&ALLOC, || {
-            m.train_step(&mut run.rt, &run.net, &mut run.opt)
-        });
+        let (loss, span) =
+            heap::measure(&ALLOC, || m.train_step(&mut run.rt, &run.net, &mut run.opt));
         loss?;
         steps.push(span);
     }
@@ -169,7 +168,12 @@ fn run() -> Result<()> {
         ))
     })?;
     let r = if a.linked {
-        measure(LinkedSession::<f32>::new(), &m, &a, LinkedSession::pool_stats)?
+        measure(
+            LinkedSession::<f32>::new(),
+            &m,
+            &a,
+            LinkedSession::pool_stats,
+        )?
     } else {
         let s = Session::<f32>::new(Options::default())?;
         measure(s, &m, &a, Session::pool_stats)?

@@ -381,14 +381,22 @@ mod tests {
         pool.put(four);
         pool.put(vec![0.0; 10]);
         let s = pool.stats();
-        assert_eq!((s.held, s.held_bytes, s.peak_held_bytes), (2, 112, 112), "{s:?}");
+        assert_eq!(
+            (s.held, s.held_bytes, s.peak_held_bytes),
+            (2, 112, 112),
+            "{s:?}"
+        );
         let ten = pool.take(10).expect("held");
         assert_eq!(pool.stats().held_bytes, 32, "taking hands the bytes out");
         assert!(pool.take(7).is_none());
         assert_eq!(pool.stats().held_bytes, 32, "a miss changes nothing");
         pool.put(vec![0.0; 2]);
         let s = pool.stats();
-        assert_eq!((s.held_bytes, s.peak_held_bytes), (48, 112), "the peak stays");
+        assert_eq!(
+            (s.held_bytes, s.peak_held_bytes),
+            (48, 112),
+            "the peak stays"
+        );
         pool.put(ten);
         assert_eq!(pool.stats().peak_held_bytes, 128, "a new high-water mark");
         // Everything sits unused for IDLE_TRIMS trims: all of it is dropped.
@@ -396,7 +404,11 @@ mod tests {
             pool.trim();
         }
         let s = pool.stats();
-        assert_eq!((s.held, s.held_bytes, s.peak_held_bytes), (0, 0, 128), "{s:?}");
+        assert_eq!(
+            (s.held, s.held_bytes, s.peak_held_bytes),
+            (0, 0, 128),
+            "{s:?}"
+        );
         pool.put(vec![0.0; 3]);
         pool.clear();
         assert_eq!(pool.stats().held_bytes, 0);

@@ -46,7 +46,9 @@ fn run() -> Result<(), String> {
     let n = arg(1, "n", 2048)?;
     let runs = arg(2, "runs", 5)?;
     if n > 16_384 {
-        return Err(format!("gemm_peak: n = {n} is over 16384 (three n² f32 buffers)"));
+        return Err(format!(
+            "gemm_peak: n = {n} is over 16384 (three n² f32 buffers)"
+        ));
     }
     let (a, b) = (filled(n * n, 1), filled(n * n, 2));
     let mut c = vec![0.0f32; n * n];
