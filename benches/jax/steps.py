@@ -12,7 +12,9 @@ positions N(0, 0.02^2); inputs uniform in +-1 (other draws than ours). Prints th
 time of each.
 
 Run: python steps.py [mlp|cnn|transformer|wide-mlp|resnet|lm ...]   (pip install jax; pin to one core with taskset -c N
-for a one-thread comparison)."""
+for a one-thread comparison). `python steps.py --memory MODEL ...` prints XLA's memory and FLOP
+analysis of each compiled step and the process's RSS as JSON (`memory` below);
+`python steps.py --gemm [N]` times jax.jit(a @ b) at N x N (default 2048)."""
 import sys, time
 import jax, jax.numpy as jnp
 
@@ -211,7 +213,74 @@ def bench(name, make, seconds=3.0):
     ts.sort()
     print(f"jax-jit {name} step: median {ts[len(ts)//2]*1e3:.3f} ms (min {ts[0]*1e3:.3f})")
 
+def rss():
+    """(VmRSS, VmHWM) of this process in bytes, or (None, None) off Linux."""
+    try:
+        status = open("/proc/self/status").read()
+    except OSError:
+        return None, None
+    field = lambda k: next((int(l.split()[1]) * 1024 for l in status.splitlines()
+                            if l.startswith(k)), None)
+    return field("VmRSS:"), field("VmHWM:")
+
+def memory(name, make, warm=5, steps=3):
+    """One line of JSON: XLA's buffer assignment of the compiled step (memory_analysis(), bytes:
+    arguments = parameters and optimizer state, outputs = their new values, temporaries, aliased;
+    also with the arguments donated), XLA's FLOP count of the step (cost_analysis()), and the
+    process's RSS before the first step (after JAX's import and the parameters' creation) and
+    its high-water mark after compiling, `warm` warm-up steps and `steps` more."""
+    import json
+    made = make()
+    p, loss, kind = made if len(made) == 3 else (*made, "sgd")
+    state, update = optimizer(kind, p)
+    jax.block_until_ready((p, state))
+    rss_before, hwm_before = rss()
+    def step(p, s):
+        return update(p, jax.grad(loss)(p), s)
+    compiled = jax.jit(step).lower(p, state).compile()
+    donated = jax.jit(step, donate_argnums=(0, 1)).lower(p, state).compile()
+    ma, md = compiled.memory_analysis(), donated.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    for _ in range(warm + steps):
+        p, state = compiled(p, state)
+    jax.block_until_ready((p, state))
+    rss_end, hwm = rss()
+    print(json.dumps({
+        "model": name, "argument": ma.argument_size_in_bytes, "output": ma.output_size_in_bytes,
+        "temp": ma.temp_size_in_bytes, "alias": ma.alias_size_in_bytes,
+        "donated_temp": md.temp_size_in_bytes, "donated_alias": md.alias_size_in_bytes,
+        "donated_output": md.output_size_in_bytes,
+        "peak": getattr(ma, "peak_memory_in_bytes", None),
+        "donated_peak": getattr(md, "peak_memory_in_bytes", None),
+        "xla_flops": cost.get("flops") if cost else None,
+        "rss_before_first_step": rss_before, "rss_hwm_before_first_step": hwm_before,
+        "rss_end": rss_end, "rss_hwm": hwm}))
+
+def gemm(n, runs=5):
+    """XLA's f32 GEMM rate: jax.jit(a @ b) on (n, n) operands, the best of `runs` after a
+    warm-up, GFLOP/s (2·n³ FLOP a product)."""
+    ka, kb = jax.random.split(jax.random.PRNGKey(9))
+    a = jax.random.uniform(ka, (n, n), minval=-1, maxval=1)
+    b_ = jax.random.uniform(kb, (n, n), minval=-1, maxval=1)
+    f = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(f(a, b_))
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        jax.block_until_ready(f(a, b_))
+        best = min(best, time.perf_counter() - t)
+    print(f"jax_gemm n={n} best_ms={best * 1e3:.3f} gflops={2 * n ** 3 / best / 1e9:.1f}")
+
 models = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "wide-mlp": wide_mlp,
           "resnet": resnet, "lm": lm}
-for name in (sys.argv[1:] or models):
-    bench(name, models[name])
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["--memory"]:
+        for name in args[1:]:
+            memory(name, models[name])
+    elif args[:1] == ["--gemm"]:
+        gemm(int(args[1]) if len(args) > 1 else 2048)
+    else:
+        for name in (args or models):
+            bench(name, models[name])

@@ -39,6 +39,8 @@ pub struct Pool<T> {
     trims: u64,
     /// Buffers handed out and requests not served (see [`PoolStats`]).
     stats: PoolStats,
+    /// Bytes of the buffers held now (their capacities).
+    held_bytes: usize,
 }
 
 /// A buffer is dropped when this many trims have passed since it was put without it being
@@ -50,7 +52,7 @@ pub const IDLE_TRIMS: u64 = 3;
 const MAX_CAPACITIES: usize = 1024;
 
 /// What a pool has done since it was made: buffers it handed out (`reused`), requests it could
-/// not serve (`missed`, a fresh allocation), and what it holds now.
+/// not serve (`missed`, a fresh allocation), what it holds now and the most it has held.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// Requests served from the pool.
@@ -59,6 +61,10 @@ pub struct PoolStats {
     pub missed: u64,
     /// Buffers held now.
     pub held: usize,
+    /// Bytes of the buffers held now (capacity × element size).
+    pub held_bytes: usize,
+    /// The most bytes the pool has held at once since it was made (its high-water mark).
+    pub peak_held_bytes: usize,
 }
 
 impl<T> Default for Pool<T> {
@@ -67,6 +73,7 @@ impl<T> Default for Pool<T> {
             free: HashMap::new(),
             trims: 0,
             stats: PoolStats::default(),
+            held_bytes: 0,
         }
     }
 }
@@ -91,6 +98,8 @@ impl<T> Pool<T> {
         if buf.capacity() == 0 {
             return;
         }
+        self.held_bytes += bytes(&buf);
+        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held_bytes);
         self.free
             .entry(buf.capacity())
             .or_default()
@@ -110,8 +119,11 @@ impl<T> Pool<T> {
     /// A buffer of capacity exactly `n` with the values it was put with.
     fn take_as_put(&mut self, n: usize) -> Option<Vec<T>> {
         let found = self.free.get_mut(&n).and_then(Vec::pop).map(|(_, buf)| buf);
-        match found {
-            Some(_) => self.stats.reused += 1,
+        match &found {
+            Some(buf) => {
+                self.stats.reused += 1;
+                self.held_bytes -= bytes(buf);
+            }
             None => self.stats.missed += 1,
         }
         found
@@ -126,22 +138,40 @@ impl<T> Pool<T> {
         // Empty capacities keep their (small) entry, so a steady step allocates nothing here,
         // unless the pool has seen unusually many distinct capacities.
         let prune = self.free.len() > MAX_CAPACITIES;
+        let mut dropped = 0;
         self.free.retain(|_, bufs| {
-            bufs.retain(|(put, _)| now - put < IDLE_TRIMS);
+            bufs.retain(|(put, buf)| {
+                let keep = now - put < IDLE_TRIMS;
+                if !keep {
+                    dropped += bytes(buf);
+                }
+                keep
+            });
             !(prune && bufs.is_empty())
         });
+        self.held_bytes -= dropped;
     }
 
     /// Drop every buffer.
     pub fn clear(&mut self) {
         self.free.clear();
+        self.held_bytes = 0;
     }
 
-    /// The counters and the number of buffers held.
+    /// The counters, the buffers and bytes held now and the most bytes held at once.
     pub fn stats(&self) -> PoolStats {
         let held = self.free.values().map(Vec::len).sum();
-        PoolStats { held, ..self.stats }
+        PoolStats {
+            held,
+            held_bytes: self.held_bytes,
+            ..self.stats
+        }
     }
+}
+
+/// The bytes a buffer holds: its capacity × the element size.
+fn bytes<T>(buf: &Vec<T>) -> usize {
+    buf.capacity() * std::mem::size_of::<T>()
 }
 
 impl<T: Scalar> Pool<T> {
@@ -340,6 +370,58 @@ mod tests {
             "the unused one is gone, the reused one stays"
         );
         assert!(pool.take(2).is_some() && pool.take(3).is_none());
+    }
+
+    #[test]
+    fn held_bytes_follow_put_take_trim_and_clear() {
+        // Bytes by capacity, not length; f64 elements are 8 bytes.
+        let mut pool = Pool::<f64>::new();
+        let mut four = Vec::with_capacity(4);
+        four.push(1.0);
+        pool.put(four);
+        pool.put(vec![0.0; 10]);
+        let s = pool.stats();
+        assert_eq!(
+            (s.held, s.held_bytes, s.peak_held_bytes),
+            (2, 112, 112),
+            "{s:?}"
+        );
+        let ten = pool.take(10).expect("held");
+        assert_eq!(pool.stats().held_bytes, 32, "taking hands the bytes out");
+        assert!(pool.take(7).is_none());
+        assert_eq!(pool.stats().held_bytes, 32, "a miss changes nothing");
+        pool.put(vec![0.0; 2]);
+        let s = pool.stats();
+        assert_eq!(
+            (s.held_bytes, s.peak_held_bytes),
+            (48, 112),
+            "the peak stays"
+        );
+        pool.put(ten);
+        assert_eq!(pool.stats().peak_held_bytes, 128, "a new high-water mark");
+        // Everything sits unused for IDLE_TRIMS trims: all of it is dropped.
+        for _ in 0..IDLE_TRIMS {
+            pool.trim();
+        }
+        let s = pool.stats();
+        assert_eq!(
+            (s.held, s.held_bytes, s.peak_held_bytes),
+            (0, 0, 128),
+            "{s:?}"
+        );
+        pool.put(vec![0.0; 3]);
+        pool.clear();
+        assert_eq!(pool.stats().held_bytes, 0);
+        // Through the installed pool's free functions too.
+        let mut pool = Pool::<f32>::new();
+        {
+            let _g = install(&mut pool);
+            give(vec![0.0f32; 5]);
+            assert!(take_for_overwrite::<f32>(5).is_some());
+            give(vec![0.0f32; 6]);
+        }
+        let s = pool.stats();
+        assert_eq!((s.held_bytes, s.peak_held_bytes), (24, 24), "{s:?}");
     }
 
     #[test]

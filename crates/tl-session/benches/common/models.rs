@@ -185,6 +185,22 @@ impl BenchModel {
         }
     }
 
+    /// The model a benchmark key names, at the step benches' sizes: `mlp` (batch 64), `cnn`
+    /// (batch 64), `transformer` (n 128), `wide-mlp` (batch 256), `resnet` (3×32×32, batch
+    /// 32), `lm` (batch 16); `None` for another key. `benches/jax/ratio.py --models` takes the
+    /// same keys.
+    pub fn from_key(key: &str) -> Option<Self> {
+        Some(match key {
+            "mlp" => Self::mlp(64),
+            "cnn" => Self::cnn(64),
+            "transformer" => Self::transformer(128),
+            "wide-mlp" => Self::wide_mlp(256),
+            "resnet" => Self::resnet(32, 32),
+            "lm" => Self::lm(16),
+            _ => return None,
+        })
+    }
+
     /// The model's parameters in `rt`, as a user builds them.
     pub fn build<O: Train<T = f32>>(&self, rt: &Runtime<O>) -> tl_nn::Result<Net<O>> {
         let v = rt.vars();

@@ -6,6 +6,7 @@ mod grad;
 use std::collections::HashMap;
 
 use tl_ir::Op;
+use tl_spec::pool::PoolStats;
 use tl_spec::{Scalar, Tensor};
 use tl_tape_cpu::{Precision, Tape};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, MemoryUsage, SimDevice};
@@ -183,6 +184,17 @@ impl<T: Scalar> Session<T> {
     /// The device's allocator counters (CUDA backends only).
     pub fn memory_usage(&self) -> Option<MemoryUsage> {
         on_engine!(&self.engine, cpu(_) => None, cuda(t) => Some(t.device().memory_usage()))
+    }
+
+    /// The CPU tape's buffer pool: buffers reused and missed, the bytes it holds now and the
+    /// most it has held (after a [`reset`](Self::reset) it holds the last pass's buffers, which
+    /// the next pass's kernels reuse); `None` on a CUDA backend
+    /// ([`memory_usage`](Self::memory_usage) counts its device's buffers).
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        match &self.engine {
+            Engine::Cpu(t) => Some(t.pool_stats()),
+            _ => None,
+        }
     }
 
     /// The device's kernel launches and host↔device copies so far (CUDA backends only):

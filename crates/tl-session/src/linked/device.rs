@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use tl_spec::pool::PoolStats;
 use tl_spec::{Scalar, Tensor};
 use tl_tape_cuda::{AnyBuffer, Buffer, CudaTape, Device, MemoryUsage, SimDevice, Traffic};
 
@@ -251,6 +252,16 @@ impl<T: Scalar> LinkedSession<T> {
     /// (kept between steps); `None` on the CPU or before the first step or read.
     pub fn memory_usage(&self) -> Option<MemoryUsage> {
         self.device_counters().map(|(m, _)| m)
+    }
+
+    /// The CPU tape's buffer pool: buffers reused and missed, the bytes it holds now and the
+    /// most it has held (between steps it holds the last step's buffers, which the next step's
+    /// kernels reuse); `None` on another backend or before the first step.
+    pub fn pool_stats(&self) -> Option<PoolStats> {
+        match self.pass.as_ref().map(|c| &c.tape) {
+            Some(CompiledTape::Cpu(t)) => Some(t.pool_stats()),
+            _ => self.cpu_tape.as_ref().map(|t| t.pool_stats()),
+        }
     }
 
     /// The kernel launches and host↔device copies of that same device

@@ -18,6 +18,8 @@ mod optim;
 mod optim_state;
 // RMSprop, Adagrad, clipping and a schedule against real PyTorch (fixtures/make_optimizers.py).
 mod optim_torch;
+// The CPU tape's buffer pool between steps (`pool_stats`).
+mod pool;
 mod random;
 // The linked session's parameters resident on the device between steps.
 mod resident;
