@@ -1,5 +1,7 @@
 //! Backward, gradient reads and optimizer steps of the eager session.
 
+use std::collections::HashMap;
+
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::{AnyBuffer, Buffer};
 
@@ -23,6 +25,11 @@ impl<T: Scalar> Session<T> {
             Some(Grads::Cpu(g)) => {
                 if let Engine::Cpu(t) = &self.engine {
                     g.into_iter().for_each(|x| t.recycle(x));
+                }
+            }
+            Some(Grads::CpuParams(g)) => {
+                if let Engine::Cpu(t) = &self.engine {
+                    g.into_values().for_each(|x| t.recycle(x));
                 }
             }
             None => {}
@@ -67,19 +74,17 @@ impl<T: Scalar> Session<T> {
         Ok(())
     }
 
-    /// The training loop's backward on a device (from [`Train::backward_step`]): the tape's
-    /// sparse sweep from the scalar `loss`, which keeps the gradients of the trainable
-    /// parameters' leaves only and releases every other node's as soon as it has passed it (an
-    /// identity cotangent moves, or is shared, instead of being copied). The same parameter
-    /// gradients, bit for bit, as [`backward`](Self::backward); reading a non-parameter
-    /// tensor's gradient afterwards is an error (PyTorch keeps `.grad` for leaves only, too).
-    /// On the CPU engine this is [`backward`](Self::backward).
+    /// The training loop's backward (from [`Train::backward_step`]): the tape's sparse sweep
+    /// from the scalar `loss`, which keeps the gradients of the trainable parameters' leaves
+    /// only and releases every other node's as soon as it has passed it (on a device an
+    /// identity cotangent moves, or is shared, instead of being copied; on the CPU the others
+    /// go to the tape's pool, so a step holds about half the ResNet's gradient buffers a dense
+    /// backward would). The same parameter gradients, bit for bit, as
+    /// [`backward`](Self::backward); reading a non-parameter tensor's gradient afterwards is an
+    /// error (PyTorch keeps `.grad` for leaves only, too).
     ///
     /// [`Train::backward_step`]: crate::Train::backward_step
     pub(crate) fn backward_params(&mut self, loss: &TensorRef) -> Result<()> {
-        if matches!(self.engine, Engine::Cpu(_)) {
-            return self.backward(loss);
-        }
         self.check("backward", loss)?;
         if !loss.shape.is_scalar() {
             return Err(Error::Shape {
@@ -95,13 +100,17 @@ impl<T: Scalar> Session<T> {
             .flat_map(|(_, leaves)| leaves)
             .collect();
         let grads = on_engine!(&mut self.engine,
-            cpu(_) => return Err(Self::no_backward("backward_step")),
+            cpu(t) => Grads::CpuParams(t.backward_params(
+                loss.id,
+                &Tensor::scalar(T::one()),
+                &wanted,
+            )?),
             cuda(t) => {
                 let s = AnyBuffer::upload_or_fill(t.device_mut(), &Tensor::scalar(T::one()))?;
-                t.backward_params_owned(loss.id, s, &wanted)?
+                Grads::DeviceParams(t.backward_params_owned(loss.id, s, &wanted)?)
             },
         );
-        self.grads = Some(Grads::DeviceParams(grads));
+        self.grads = Some(grads);
         Ok(())
     }
 
@@ -119,6 +128,7 @@ impl<T: Scalar> Session<T> {
         let leaves: Vec<usize> = uses.iter().flat_map(|(_, l)| l.iter().copied()).collect();
         match &mut self.grads {
             Some(Grads::Cpu(g)) => crate::train::reduce_leaves(g, &leaves, reduce),
+            Some(Grads::CpuParams(g)) => reduce_map(g, &leaves, reduce),
             Some(Grads::DeviceParams(g)) => on_engine!(&mut self.engine,
                 cpu(_) => Err(crate::train::no_step_gradients()),
                 cuda(t) => t.device_mut().reduce_grads(g, &leaves, reduce),
@@ -159,18 +169,29 @@ impl<T: Scalar> Session<T> {
                     cpu(_) => Err(Self::no_backward("grad")),
                     cuda(t) => Ok(b.download(t.device())?),
                 ),
-                // A frozen parameter's leaf: nothing flows into it.
-                None if self.leaf_param.contains_key(&r.id) => Ok(Tensor::zeros(r.shape.clone())),
-                None => Err(Error::Usage {
-                    what: "grad",
-                    detail: "the training step (backward_step) keeps the parameters' gradients \
-                             only; call backward to read every tensor's"
-                        .into(),
-                }),
+                None => self.not_a_step_gradient(r),
+            },
+            Some(Grads::CpuParams(g)) => match g.get(&r.id) {
+                Some(t) => Ok(t.clone()),
+                None => self.not_a_step_gradient(r),
             },
             Some(_) => Ok(Tensor::zeros(r.shape.clone())),
             None => Err(Self::no_backward("grad")),
         }
+    }
+
+    /// [`grad_of`](Self::grad_of) of a tensor a training step's sparse backward kept no
+    /// gradient for: zeros for a frozen parameter's leaf (nothing flows into it), else an error.
+    fn not_a_step_gradient(&self, r: &TensorRef) -> Result<Tensor<T>> {
+        if self.leaf_param.contains_key(&r.id) {
+            return Ok(Tensor::zeros(r.shape.clone()));
+        }
+        Err(Error::Usage {
+            what: "grad",
+            detail: "the training step (backward_step) keeps the parameters' gradients only; \
+                     call backward to read every tensor's"
+                .into(),
+        })
     }
 
     fn leaves_of(&self, index: usize) -> Vec<usize> {
@@ -221,13 +242,16 @@ impl<T: Scalar> Session<T> {
         };
         on_engine!(&mut self.engine,
             cpu(t) => {
-                let Grads::Cpu(g) = grads else {
-                    return Err(Self::no_backward("step"));
+                let grad = |l: usize| match grads {
+                    Grads::Cpu(g) => g.get(l),
+                    Grads::CpuParams(g) => g.get(&l),
+                    Grads::Device(_) | Grads::DeviceParams(_) => None,
                 };
-                let all: Vec<Vec<&Tensor<T>>> = uses
+                let all = uses
                     .iter()
-                    .map(|(_, leaves)| leaves.iter().map(|&l| &g[l]).collect())
-                    .collect();
+                    .map(|(_, leaves)| leaves.iter().map(|&l| grad(l)).collect::<Option<Vec<_>>>())
+                    .collect::<Option<Vec<Vec<&Tensor<T>>>>>()
+                    .ok_or_else(|| Self::no_backward("step"))?;
                 // The step's learning rate and clipping, from every gradient, before any update.
                 let r = opt.begin_step_host(&all).and_then(|()| {
                     for ((index, _), gs) in uses.iter().zip(&all) {
@@ -247,7 +271,7 @@ impl<T: Scalar> Session<T> {
                 let grad = |l: usize| match grads {
                     Grads::Device(g) => g.get(l).map(AnyBuffer::buffer),
                     Grads::DeviceParams(g) => g.get(&l).map(AnyBuffer::buffer),
-                    Grads::Cpu(_) => None,
+                    Grads::Cpu(_) | Grads::CpuParams(_) => None,
                 };
                 // The whole update runs on the device, on the resident mirrors.
                 let items = uses
@@ -331,4 +355,27 @@ mod tests {
         assert!(!s.params.slots[0].host_stale);
         s.release_optimizer_state(&mut opt);
     }
+}
+
+/// [`crate::train::reduce_leaves`] over a sparse backward's gradients (which hold every leaf
+/// of `leaves`): moved into a slice indexed by leaf for the call, and back after it.
+fn reduce_map<T: Scalar>(
+    grads: &mut HashMap<usize, Tensor<T>>,
+    leaves: &[usize],
+    reduce: &mut dyn GradReducer<T>,
+) -> Result<()> {
+    let len = leaves.iter().max().map_or(0, |&l| l + 1);
+    let mut dense = vec![Tensor::vector(Vec::new()); len];
+    for &l in leaves {
+        if let Some(g) = grads.remove(&l) {
+            dense[l] = g;
+        }
+    }
+    let r = crate::train::reduce_leaves(&mut dense, leaves, reduce);
+    for (l, g) in dense.into_iter().enumerate() {
+        if leaves.contains(&l) {
+            grads.insert(l, g);
+        }
+    }
+    r
 }

@@ -102,6 +102,9 @@ pub(crate) use on_engine;
 /// Gradients of the last backward, by tape id.
 pub(crate) enum Grads<T: Scalar> {
     Cpu(Vec<Tensor<T>>),
+    /// The trainable parameters' leaves only (the training loop's step on the CPU: the tape's
+    /// sparse backward, which recycles every other gradient as it goes).
+    CpuParams(HashMap<usize, Tensor<T>>),
     Device(Vec<AnyBuffer>),
     /// The trainable parameters' leaves only (the training loop's step on a device: the
     /// tape's sparse backward, which releases every other gradient as it goes).

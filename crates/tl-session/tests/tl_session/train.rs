@@ -88,3 +88,47 @@ fn linked_cuda_steps_reuse_the_device_pools() {
     }
     assert!(sim[11].0 < sim[0].0, "the sim run learns");
 }
+
+/// The eager session's training step runs the tape's sparse backward on every engine: the
+/// parameters' gradients, and the parameters after the update, have the bits of a dense
+/// `backward` followed by `step`; an intermediate tensor's gradient is not kept (an error
+/// naming `backward`), a parameter's still reads.
+#[test]
+fn an_eager_step_keeps_the_parameters_gradients_only_with_the_dense_bits() {
+    use tl_session::{Backend, Options, Session, Train};
+    let bits = |t: &tl_spec::Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for backend in [Backend::Cpu, Backend::CudaSim] {
+        let run = |sparse: bool| {
+            let mut s = Session::<f32>::new(Options::backend(backend)).unwrap();
+            let (x, y) = regression_grid::<f32>(5);
+            let mlp = Mlp::new(&mut s, &[2, 8, 1], 3).unwrap();
+            let mut opt = Optimizer::adam(0.02).unwrap();
+            let mut grads = Vec::new();
+            for _ in 0..3 {
+                s.reset();
+                let loss = mlp.loss(&mut s, x.clone(), y.clone()).unwrap();
+                if sparse {
+                    s.backward_step(&loss, &mut opt).unwrap();
+                } else {
+                    s.backward(&loss).unwrap();
+                    s.step(&mut opt).unwrap();
+                }
+                grads.extend(mlp.params().iter().map(|p| bits(&s.grad(p).unwrap())));
+                let e = s.grad_of(&loss).map(|_| ()).map_err(|e| e.to_string());
+                assert_eq!(e.is_err(), sparse, "{backend:?} sparse={sparse}: {e:?}");
+                if let Err(e) = e {
+                    assert!(e.contains("backward"), "{e}");
+                }
+            }
+            let params: Vec<_> = mlp
+                .params()
+                .iter()
+                .map(|p| bits(&s.param_value(p).unwrap()))
+                .collect();
+            (grads, params)
+        };
+        let (sparse, dense) = (run(true), run(false));
+        assert_eq!(sparse.0, dense.0, "{backend:?}: gradients");
+        assert_eq!(sparse.1, dense.1, "{backend:?}: parameters");
+    }
+}
