@@ -317,6 +317,29 @@ impl<T: Scalar> Session<T> {
     }
 }
 
+/// [`crate::train::reduce_leaves`] over a sparse backward's gradients (which hold every leaf
+/// of `leaves`): moved into a slice indexed by leaf for the call, and back after it.
+fn reduce_map<T: Scalar>(
+    grads: &mut HashMap<usize, Tensor<T>>,
+    leaves: &[usize],
+    reduce: &mut dyn GradReducer<T>,
+) -> Result<()> {
+    let len = leaves.iter().max().map_or(0, |&l| l + 1);
+    let mut dense = vec![Tensor::vector(Vec::new()); len];
+    for &l in leaves {
+        if let Some(g) = grads.remove(&l) {
+            dense[l] = g;
+        }
+    }
+    let r = crate::train::reduce_leaves(&mut dense, leaves, reduce);
+    for (l, g) in dense.into_iter().enumerate() {
+        if leaves.contains(&l) {
+            grads.insert(l, g);
+        }
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use tl_spec::Tensor;
@@ -355,27 +378,4 @@ mod tests {
         assert!(!s.params.slots[0].host_stale);
         s.release_optimizer_state(&mut opt);
     }
-}
-
-/// [`crate::train::reduce_leaves`] over a sparse backward's gradients (which hold every leaf
-/// of `leaves`): moved into a slice indexed by leaf for the call, and back after it.
-fn reduce_map<T: Scalar>(
-    grads: &mut HashMap<usize, Tensor<T>>,
-    leaves: &[usize],
-    reduce: &mut dyn GradReducer<T>,
-) -> Result<()> {
-    let len = leaves.iter().max().map_or(0, |&l| l + 1);
-    let mut dense = vec![Tensor::vector(Vec::new()); len];
-    for &l in leaves {
-        if let Some(g) = grads.remove(&l) {
-            dense[l] = g;
-        }
-    }
-    let r = crate::train::reduce_leaves(&mut dense, leaves, reduce);
-    for (l, g) in dense.into_iter().enumerate() {
-        if leaves.contains(&l) {
-            grads.insert(l, g);
-        }
-    }
-    r
 }
