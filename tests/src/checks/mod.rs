@@ -7,6 +7,7 @@
 //! back to f64), so only the backend's arithmetic is measured, not the rounding of the inputs.
 
 mod adjoint;
+pub mod autocast;
 mod backward;
 pub mod conventions;
 mod finite_diff;

@@ -5,6 +5,7 @@
 
 mod adjoint;
 mod attention;
+mod autocast;
 mod backprop;
 mod bad_input;
 mod conv_pool;

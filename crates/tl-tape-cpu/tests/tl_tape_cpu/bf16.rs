@@ -7,7 +7,6 @@
 
 use tl_ir::Op;
 use tl_spec::bf16::{accumulation_bound, round};
-use tl_spec::ops::conv::ConvParams;
 use tl_spec::{Tensor, ops as spec};
 use tl_tape_cpu::gates::{self, Gates};
 use tl_tape_cpu::gemm::{matmul, rows, rows_mut};
@@ -248,10 +247,6 @@ fn tensor(rng: &mut Rng, shape: &[usize]) -> Tensor<f32> {
     Tensor::new(shape, fill(rng, n)).unwrap()
 }
 
-fn rounded(t: &Tensor<f32>) -> Tensor<f64> {
-    tl_spec::bf16::round_tensor(t)
-}
-
 fn abs(t: &Tensor<f64>) -> Tensor<f64> {
     t.map(f64::abs)
 }
@@ -403,84 +398,35 @@ fn the_default_tape_is_the_f32_path_bit_for_bit() {
     }
 }
 
-/// Under `Bf16` the tape's matmul, linear and conv values and matmul's gradients equal the
-/// f64 reference on rounded operands (the cotangent rounded too) within the f32
-/// accumulation bound; attention, whose products chain through a softmax, stays within bf16
-/// tolerance of f32. Every bf16 kernel this CPU has, in turn.
+/// Under `Bf16` attention, whose products chain through a softmax, stays within bf16
+/// tolerance of f32 and differs from it, on every bf16 kernel this CPU has. (The tape's
+/// matmul, linear and conv against the reference: the conformance suite's `autocast::`, one
+/// check for every tape.)
 #[test]
-fn autocast_on_the_tape_matches_the_reference() {
+fn autocast_attention_stays_within_bf16_of_f32() {
     let mut rng = Rng(43);
     for kernel in Bf16Kernel::available() {
         let _k = gates::force(Gates::DEFAULT.with_bf16_kernel(kernel));
         let bf16 = Some(Precision::Bf16);
-        // matmul: value a·b, gradients g·bᵀ and aᵀ·g.
-        let (a, b, g) = (
-            tensor(&mut rng, &[9, 37]),
-            tensor(&mut rng, &[37, 33]),
-            tensor(&mut rng, &[9, 33]),
-        );
-        let r = on_tape(bf16, &Op::Matmul, &[a.clone(), b.clone()], &g);
-        let (ar, br, gr) = (rounded(&a), rounded(&b), rounded(&g));
-        let t = |x: &Tensor<f64>| spec::shape::transpose2d(x).unwrap();
-        let mm = |x: &Tensor<f64>, y: &Tensor<f64>| spec::linalg::matmul(x, y).unwrap();
-        assert_within(
-            "matmul",
-            &r[0],
-            &mm(&ar, &br),
-            &mm(&abs(&ar), &abs(&br)),
-            37,
-        );
-        assert_within(
-            "matmul da",
-            &r[1],
-            &mm(&gr, &t(&br)),
-            &mm(&abs(&gr), &t(&abs(&br))),
-            33,
-        );
-        assert_within(
-            "matmul db",
-            &r[2],
-            &mm(&t(&ar), &gr),
-            &mm(&t(&abs(&ar)), &abs(&gr)),
-            9,
-        );
-        // linear: x·wᵀ + b (the bias unrounded).
-        let (w, bias, x) = (
-            tensor(&mut rng, &[11, 45]),
-            tensor(&mut rng, &[11]),
-            tensor(&mut rng, &[6, 45]),
-        );
-        let gy = tensor(&mut rng, &[6, 11]);
-        let r = on_tape(
-            bf16,
-            &Op::Linear,
-            &[w.clone(), bias.clone(), x.clone()],
-            &gy,
-        );
-        let b64: Tensor<f64> = bias.cast();
-        let want = spec::linalg::linear(&rounded(&w), &b64, &rounded(&x)).unwrap();
-        let abs_sum = spec::linalg::linear(&abs(&rounded(&w)), &abs(&b64), &abs(&rounded(&x)));
-        assert_within("linear", &r[0], &want, &abs_sum.unwrap(), 45);
-        // conv 2-D, padding 1: 3·3·3 products an output, the bias unrounded.
-        let (w, bias, x) = (
-            tensor(&mut rng, &[4, 3, 3, 3]),
-            tensor(&mut rng, &[4]),
-            tensor(&mut rng, &[2, 3, 7, 6]),
-        );
-        let gy = tensor(&mut rng, &[2, 4, 7, 6]);
-        let r = on_tape(bf16, &conv2d(), &[w.clone(), bias.clone(), x.clone()], &gy);
-        let p = ConvParams {
-            stride: &[1, 1],
-            padding: &[1, 1],
-        };
-        let b64: Tensor<f64> = bias.cast();
-        let want = spec::conv::conv(&rounded(&w), &b64, &rounded(&x), p).unwrap();
-        let p = ConvParams {
-            stride: &[1, 1],
-            padding: &[1, 1],
-        };
-        let abs_sum = spec::conv::conv(&abs(&rounded(&w)), &abs(&b64), &abs(&rounded(&x)), p);
-        assert_within("conv", &r[0], &want, &abs_sum.unwrap(), 27);
+        // The operands this test drew for the products now checked in the conformance suite,
+        // drawn still, so that attention sees the inputs it always has (its 5% is a sanity
+        // bound for these inputs, not a derived one).
+        let earlier: [&[usize]; 11] = [
+            &[9, 37],
+            &[37, 33],
+            &[9, 33],
+            &[11, 45],
+            &[11],
+            &[6, 45],
+            &[6, 11],
+            &[4, 3, 3, 3],
+            &[4],
+            &[2, 3, 7, 6],
+            &[2, 4, 7, 6],
+        ];
+        for shape in earlier {
+            tensor(&mut rng, shape);
+        }
         // attention: within a few bf16 ulps (2⁻⁸ relative) of f32, not equal to it.
         let op = Op::MultiHeadAttention {
             heads: 2,

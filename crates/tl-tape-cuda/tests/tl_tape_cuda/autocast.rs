@@ -1,14 +1,12 @@
 //! Autocast on the CUDA tape (`tl_tape_cuda::precision`), on the simulation device: every
 //! product kind against the f64 reference of the rounded operands within the f32 accumulation
-//! bound, a check that sees which rounding ran, and the tape (values and gradients of matmul,
-//! linear and conv against the reference; attention against the CPU tape at the same setting;
-//! the default exactly the f32 path; spectral ops left in f32). The kernels' side (emulated or
-//! on a GPU): `gpu::tensor_cores::`.
+//! bound, a check that sees which rounding ran, and the tape (attention against the CPU tape
+//! at the same setting; the default exactly the f32 path; spectral ops left in f32). The
+//! tape's matmul, linear and conv against the reference: the conformance suite's `autocast::`
+//! (one check for every tape). The kernels' side (emulated or on a GPU): `gpu::tensor_cores::`.
 
 use tl_ir::Op;
-use tl_spec::bf16::accumulation_bound;
-use tl_spec::ops::conv::ConvParams;
-use tl_spec::{Tensor, ops as spec};
+use tl_spec::Tensor;
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Precision, SimDevice};
 
 use crate::common::Gen;
@@ -86,125 +84,10 @@ fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn rounded(p: Precision, t: &Tensor<f32>) -> Tensor<f64> {
-    t.map(|x| p.round(x)).cast()
-}
-
-fn abs(t: &Tensor<f64>) -> Tensor<f64> {
-    t.map(f64::abs)
-}
-
-fn assert_within(
-    what: &str,
-    got: &Tensor<f32>,
-    want: &Tensor<f64>,
-    abs_sum: &Tensor<f64>,
-    terms: usize,
-) {
-    assert_eq!(got.shape(), want.shape(), "{what}");
-    for (i, ((&g, &w), &s)) in got
-        .data()
-        .iter()
-        .zip(want.data())
-        .zip(abs_sum.data())
-        .enumerate()
-    {
-        let bound = accumulation_bound(terms, s);
-        assert!(
-            (f64::from(g) - w).abs() <= bound,
-            "{what} at {i}: {g} vs {w} (bound {bound:e})"
-        );
-    }
-}
-
 fn conv2d() -> Op {
     Op::Conv {
         stride: vec![1, 1],
         padding: vec![1, 1],
-    }
-}
-
-/// Under each setting the tape's matmul (value, both gradients: the cotangent rounded too),
-/// linear and conv (the bias unrounded) equal the reference within the accumulation bound.
-#[test]
-fn the_tapes_products_match_the_reference_forward_and_backward() {
-    let mut rng = Gen::new(43);
-    for p in AUTOCAST {
-        let sim = || SimDevice::new();
-        let (a, b, g) = (
-            tensor(&mut rng, &[9, 37]),
-            tensor(&mut rng, &[37, 33]),
-            tensor(&mut rng, &[9, 33]),
-        );
-        let r = on_cuda_tape(sim(), Some(p), &Op::Matmul, &[a.clone(), b.clone()], &g);
-        let (ar, br, gr) = (rounded(p, &a), rounded(p, &b), rounded(p, &g));
-        let t = |x: &Tensor<f64>| spec::shape::transpose2d(x).unwrap();
-        let mm = |x: &Tensor<f64>, y: &Tensor<f64>| spec::linalg::matmul(x, y).unwrap();
-        assert_within(
-            "matmul",
-            &r[0],
-            &mm(&ar, &br),
-            &mm(&abs(&ar), &abs(&br)),
-            37,
-        );
-        assert_within(
-            "matmul da",
-            &r[1],
-            &mm(&gr, &t(&br)),
-            &mm(&abs(&gr), &t(&abs(&br))),
-            33,
-        );
-        assert_within(
-            "matmul db",
-            &r[2],
-            &mm(&t(&ar), &gr),
-            &mm(&t(&abs(&ar)), &abs(&gr)),
-            9,
-        );
-        let (w, bias, x) = (
-            tensor(&mut rng, &[11, 45]),
-            tensor(&mut rng, &[11]),
-            tensor(&mut rng, &[6, 45]),
-        );
-        let gy = tensor(&mut rng, &[6, 11]);
-        let r = on_cuda_tape(
-            sim(),
-            Some(p),
-            &Op::Linear,
-            &[w.clone(), bias.clone(), x.clone()],
-            &gy,
-        );
-        let b64: Tensor<f64> = bias.cast();
-        let want = spec::linalg::linear(&rounded(p, &w), &b64, &rounded(p, &x)).unwrap();
-        let abs_sum =
-            spec::linalg::linear(&abs(&rounded(p, &w)), &abs(&b64), &abs(&rounded(p, &x)));
-        assert_within("linear", &r[0], &want, &abs_sum.unwrap(), 45);
-        let (w, bias, x) = (
-            tensor(&mut rng, &[4, 3, 3, 3]),
-            tensor(&mut rng, &[4]),
-            tensor(&mut rng, &[2, 3, 7, 6]),
-        );
-        let gy = tensor(&mut rng, &[2, 4, 7, 6]);
-        let r = on_cuda_tape(
-            sim(),
-            Some(p),
-            &conv2d(),
-            &[w.clone(), bias.clone(), x.clone()],
-            &gy,
-        );
-        let cp = || ConvParams {
-            stride: &[1, 1],
-            padding: &[1, 1],
-        };
-        let b64: Tensor<f64> = bias.cast();
-        let want = spec::conv::conv(&rounded(p, &w), &b64, &rounded(p, &x), cp()).unwrap();
-        let abs_sum = spec::conv::conv(
-            &abs(&rounded(p, &w)),
-            &abs(&b64),
-            &abs(&rounded(p, &x)),
-            cp(),
-        );
-        assert_within("conv", &r[0], &want, &abs_sum.unwrap(), 27);
     }
 }
 

@@ -1,0 +1,110 @@
+//! Autocast's products on every tape (`checks::autocast`): under bf16 and TF32 the tape's
+//! matmul (value and both gradients), linear and conv equal the f64 reference on rounded
+//! operands within the f32 accumulation bound: the CPU tape on every bf16 kernel this CPU has,
+//! the CUDA tape on the simulation device and (feature `cuda-emu`) on the emulated kernels.
+
+use tl_conformance::checks::autocast::tape_products_match_the_reference;
+use tl_ir::Op;
+use tl_spec::Tensor;
+use tl_tape_cpu::gates::{self, Gates};
+use tl_tape_cpu::precision::Bf16Kernel;
+use tl_tape_cpu::{Precision, Tape};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice};
+
+const AUTOCAST: [Precision; 2] = [Precision::Bf16, Precision::Tf32];
+
+/// `op` on a fresh CPU tape at `p`: the value and every operand's gradient.
+fn on_cpu(
+    p: Precision,
+    op: &Op,
+    x: &[Tensor<f32>],
+    g: &Tensor<f32>,
+) -> Result<Vec<Tensor<f32>>, String> {
+    let mut t = Tape::<f32>::new();
+    t.set_precision(p);
+    let ids: Vec<_> = x.iter().map(|v| t.leaf(v.clone(), None, true)).collect();
+    let y = t.apply(op, &ids).map_err(|e| e.to_string())?;
+    let grads = t.backward_dense(y, g).map_err(|e| e.to_string())?;
+    let mut out = vec![t.get(y).map_err(|e| e.to_string())?.clone()];
+    out.extend(ids.iter().map(|&i| grads[i].clone()));
+    Ok(out)
+}
+
+/// `op` on a fresh CUDA tape over `dev` at `p`: the value and every operand's gradient.
+fn on_device<D: Device>(
+    dev: D,
+    p: Precision,
+    op: &Op,
+    x: &[Tensor<f32>],
+    g: &Tensor<f32>,
+) -> Result<Vec<Tensor<f32>>, String> {
+    let e = |e: tl_tape_cuda::Error| e.to_string();
+    let mut t = CudaTape::new(dev);
+    t.set_precision(p);
+    let ids = x
+        .iter()
+        .map(|v| t.upload_leaf(v, None, true).map_err(e))
+        .collect::<Result<Vec<_>, _>>()?;
+    let y = t.apply(op, &ids).map_err(e)?;
+    let seed = AnyBuffer::upload(t.device_mut(), g).map_err(e)?;
+    let grads = t.backward_dense(y, &seed).map_err(e)?;
+    let mut out = vec![t.read::<f32>(y).map_err(e)?];
+    for &i in &ids {
+        out.push(grads[i].download::<f32, _>(t.device()).map_err(e)?);
+    }
+    t.release_grads(grads);
+    seed.release(t.device_mut());
+    Ok(out)
+}
+
+#[test]
+fn tape_products_match_the_reference_on_the_cpu() {
+    for kernel in Bf16Kernel::available() {
+        let _k = gates::force(Gates::DEFAULT.with_bf16_kernel(kernel));
+        for p in AUTOCAST {
+            let r = tape_products_match_the_reference(&mut on_cpu, p, 43);
+            assert_eq!(r, Ok(()), "{kernel:?} {p:?}");
+        }
+    }
+}
+
+#[test]
+fn tape_products_match_the_reference_on_the_cuda_sim() {
+    for p in AUTOCAST {
+        let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            on_device(SimDevice::new(), p, op, x, g)
+        };
+        assert_eq!(
+            tape_products_match_the_reference(&mut run, p, 43),
+            Ok(()),
+            "{p:?}"
+        );
+    }
+}
+
+/// The check has teeth: the plain f32 tape (no rounding) misses the bf16 bound.
+#[test]
+fn the_check_sees_a_tape_that_does_not_round() {
+    let mut f32_tape = |_: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+        on_cpu(Precision::F32, op, x, g)
+    };
+    let r = tape_products_match_the_reference(&mut f32_tape, Precision::Bf16, 43);
+    assert!(r.as_ref().is_err_and(|e| e.contains("matmul")), "{r:?}");
+}
+
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn tape_products_match_the_reference_on_the_emulated_kernels() {
+    use tl_tape_cuda::CudaDevice;
+    for p in AUTOCAST {
+        let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            let dev = CudaDevice::new().map_err(|e| e.to_string())?;
+            on_device(dev, p, op, x, g)
+        };
+        assert_eq!(
+            tape_products_match_the_reference(&mut run, p, 43),
+            Ok(()),
+            "{p:?}"
+        );
+    }
+}
