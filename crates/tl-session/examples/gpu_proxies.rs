@@ -1,10 +1,13 @@
 //! GPU cost proxies of one training step, counted without a GPU: kernel launches, host↔device
-//! copies and allocations per step, for the step benches' tl-nn models (mlp, cnn, transformer
-//! block; `benches/common/models.rs`), eager and linked, each step the user's `Runtime::step`
-//! (reset, record, `backward_step` with SGD).
+//! copies and allocations per step, for the step benches' tl-nn models
+//! (`benches/common/models.rs`), eager and linked, each step the user's `Runtime::step` (reset,
+//! record, `backward_step` with the model's optimizer): the small ones (mlp, cnn, transformer
+//! block) by default, the realistic sizes (the wide mlp, the ResNet, the LM) with `--models
+//! realistic`, both with `--models all`.
 //!
 //! ```sh
 //! cargo run --release -p tl-session --example gpu_proxies                 # the simulation device
+//! cargo run --release -p tl-session --example gpu_proxies -- --models realistic
 //! cargo run --release -p tl-session --features cuda-emu --example gpu_proxies -- --backend cuda
 //! ```
 //!
@@ -60,18 +63,43 @@ fn measure<S: Train<T = f32>>(s: S, m: &BenchModel) -> Result<[StepWork; 2]> {
     Ok([a, b])
 }
 
+/// Which of the bench models to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Models {
+    /// The mlp, the cnn and the transformer block.
+    Small,
+    /// The wide mlp, the ResNet and the LM.
+    Realistic,
+    /// Both.
+    All,
+}
+
+const USAGE: &str = "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all]";
+
+fn parse(args: &[String]) -> Option<(Backend, Models)> {
+    let (mut backend, mut models) = (Backend::CudaSim, Models::Small);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next()?.as_str();
+        match (flag.as_str(), value) {
+            ("--backend", "cuda-sim") => backend = Backend::CudaSim,
+            ("--backend", "cuda") => backend = Backend::Cuda,
+            ("--models", "small") => models = Models::Small,
+            ("--models", "realistic") => models = Models::Realistic,
+            ("--models", "all") => models = Models::All,
+            _ => return None,
+        }
+    }
+    Some((backend, models))
+}
+
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let backend = match args.as_slice() {
-        [] => Backend::CudaSim,
-        [flag, b] if flag == "--backend" && b == "cuda-sim" => Backend::CudaSim,
-        [flag, b] if flag == "--backend" && b == "cuda" => Backend::Cuda,
-        _ => {
-            eprintln!("usage: gpu_proxies [--backend cuda-sim|cuda]");
-            return std::process::ExitCode::from(2);
-        }
+    let Some((backend, models)) = parse(&args) else {
+        eprintln!("{USAGE}");
+        return std::process::ExitCode::from(2);
     };
-    match run(backend) {
+    match run(backend, models) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -80,12 +108,22 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(backend: Backend) -> Result<()> {
-    let models = [
+fn run(backend: Backend, which: Models) -> Result<()> {
+    let small = [
         ("mlp b64", BenchModel::mlp(64)),
         ("cnn b64", BenchModel::cnn(64)),
         ("transformer n128", BenchModel::transformer(128)),
     ];
+    let realistic = [
+        ("wide mlp b256", BenchModel::wide_mlp(256)),
+        ("resnet b32", BenchModel::resnet(32, 32)),
+        ("lm b16", BenchModel::lm(16)),
+    ];
+    let models: Vec<_> = match which {
+        Models::Small => small.into_iter().collect(),
+        Models::Realistic => realistic.into_iter().collect(),
+        Models::All => small.into_iter().chain(realistic).collect(),
+    };
     println!("backend: {backend:?} (figures per training step, steady state)\n");
     println!(
         "| model | session | launches | uploads | upload bytes | downloads | download bytes | pool allocs | device allocs |"
