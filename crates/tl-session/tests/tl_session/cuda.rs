@@ -37,22 +37,25 @@ fn cuda_session() -> Option<Session<f32>> {
 
 /// Three Adam steps of `sum(tanh(W·x + b)²)`; returns the parameters after them.
 fn train(s: &mut Session<f32>) -> Vec<Tensor<f32>> {
-    let w = s
-        .param(
-            Tensor::new([2, 3], vec![0.1, -0.2, 0.3, 0.4, 0.5, -0.6]).unwrap(),
-            Some("w"),
-            true,
-        )
-        .unwrap();
-    let b = s
-        .param(Tensor::vector(vec![0.05, -0.05]), Some("b"), true)
-        .unwrap();
+    let w = Tensor::new([2, 3], vec![0.1, -0.2, 0.3, 0.4, 0.5, -0.6]).unwrap();
+    let x = Tensor::vector(vec![1.0, -2.0, 0.5]);
+    adam_steps(s, w, Tensor::vector(vec![0.05, -0.05]), x)
+}
+
+/// Three Adam steps (rate 0.05) of `sum(tanh(linear(w, b, x))²)` from the parameters `w`, `b`
+/// on `s`; returns the parameters after them.
+fn adam_steps(
+    s: &mut Session<f32>,
+    w: Tensor<f32>,
+    b: Tensor<f32>,
+    x: Tensor<f32>,
+) -> Vec<Tensor<f32>> {
+    let w = s.param(w, Some("w"), true).unwrap();
+    let b = s.param(b, Some("b"), true).unwrap();
     let mut opt = Optimizer::adam(0.05).unwrap();
     for _ in 0..3 {
         let (wr, br) = (s.use_param(&w).unwrap(), s.use_param(&b).unwrap());
-        let x = s
-            .input(Tensor::vector(vec![1.0, -2.0, 0.5]), false)
-            .unwrap();
+        let x = s.input(x.clone(), false).unwrap();
         let y = s.linear(&wr, &br, &x).unwrap();
         let t = s.tanh(&y).unwrap();
         let t2 = s.mul(&t, &t).unwrap();
@@ -90,32 +93,9 @@ fn train_wide(opts: Options) -> Vec<Tensor<f32>> {
             .map(|i| ((i as u32 * k % 97) as f32 - 48.0) / 61.0 + 1.0e-3)
             .collect()
     };
-    let w = s
-        .param(
-            Tensor::new([8, 24], data(8 * 24, 37)).unwrap(),
-            Some("w"),
-            true,
-        )
-        .unwrap();
-    let b = s
-        .param(Tensor::vector(data(8, 11)), Some("b"), true)
-        .unwrap();
-    let mut opt = Optimizer::adam(0.05).unwrap();
-    for _ in 0..3 {
-        let (wr, br) = (s.use_param(&w).unwrap(), s.use_param(&b).unwrap());
-        let x = s
-            .input(Tensor::new([5, 24], data(5 * 24, 53)).unwrap(), false)
-            .unwrap();
-        let y = s.linear(&wr, &br, &x).unwrap();
-        let t = s.tanh(&y).unwrap();
-        let t2 = s.mul(&t, &t).unwrap();
-        let l = s.sum(&t2).unwrap();
-        s.backward(&l).unwrap();
-        s.step(&mut opt).unwrap();
-        s.reset();
-    }
-    s.release_optimizer_state(&mut opt);
-    vec![s.param_value(&w).unwrap(), s.param_value(&b).unwrap()]
+    let w = Tensor::new([8, 24], data(8 * 24, 37)).unwrap();
+    let x = Tensor::new([5, 24], data(5 * 24, 53)).unwrap();
+    adam_steps(&mut s, w, Tensor::vector(data(8, 11)), x)
 }
 
 /// Autocast on the CUDA backends (the tensor-core GEMM: its sim twin, and under `cuda-emu` or
