@@ -6,6 +6,11 @@
 //! Run: `cargo bench -p tl-tape-cpu --bench bf16` (add `-- --quick`, or a filter such as
 //! `-- 512`). Figures and the machine: docs/performance.md, "bf16".
 
+#[path = "common/fill.rs"]
+#[allow(dead_code)]
+mod fill;
+
+use fill::values;
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -14,18 +19,6 @@ use tl_ir::Op;
 use tl_tape_cpu::gates::{self, Gates};
 use tl_tape_cpu::gemm::{matmul, rows, rows_mut};
 use tl_tape_cpu::precision::{self, Bf16Kernel, Precision};
-
-fn filled(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn gemm(c: &mut Criterion) {
     let shapes = [
@@ -43,7 +36,7 @@ fn gemm(c: &mut Criterion) {
         paths.push((format!("bf16 {k:?}"), Some(k)));
     }
     for (name, (m, k, n), b_t) in shapes {
-        let (a, b) = (filled(m * k, 1), filled(k * n, 2));
+        let (a, b) = (values(m * k, 1), values(k * n, 2));
         let mut out = vec![0.0f32; m * n];
         for threads in [1, tl_tape_cpu::threads()] {
             for (path, kernel) in &paths {

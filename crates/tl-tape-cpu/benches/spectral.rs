@@ -6,23 +6,16 @@
 //! Run: `cargo bench -p tl-tape-cpu --bench spectral -- --quick`. The decision this informed
 //! (and the figures) are in docs/semantics.md, "## Spectral".
 
+#[path = "common/fill.rs"]
+#[allow(dead_code)]
+mod fill;
+
+use fill::filled;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tl_ir::Op;
-use tl_spec::Tensor;
 use tl_tape_cpu::ops;
-
-/// Deterministic pseudo-random values in [-1, 1).
-fn filled(dims: &[usize], seed: u64) -> Tensor<f32> {
-    let mut s = seed;
-    Tensor::from_fn(dims, |_| {
-        s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    })
-}
 
 fn spectral(c: &mut Criterion) {
     let mut group = c.benchmark_group("spectralConv1dRfft forward f32");
@@ -33,9 +26,9 @@ fn spectral(c: &mut Criterion) {
         (256, 32, 16),
         (256, 64, 16),
     ] {
-        let x = filled(&[n, w], 1);
-        let wr = filled(&[m, w, w], 2);
-        let wi = filled(&[m, w, w], 3);
+        let x = filled(&[n, w], 1, 1.0);
+        let wr = filled(&[m, w, w], 2, 1.0);
+        let wi = filled(&[m, w, w], 3, 1.0);
         let op = Op::SpectralConv1dRfft { modes: m };
         let args = [&x, &wr, &wi];
         let id = format!("grid {n} width {w} modes {m}");

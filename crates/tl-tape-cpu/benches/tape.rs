@@ -3,23 +3,17 @@
 //!
 //! Run: `cargo bench -p tl-tape-cpu --bench tape` (add `-- --quick` for a short run).
 
+#[path = "common/fill.rs"]
+#[allow(dead_code)]
+mod fill;
+
+use fill::filled;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tl_ir::Op;
 use tl_spec::Tensor;
 use tl_tape_cpu::{Tape, ops};
-
-/// Deterministic pseudo-random values in [-scale, scale).
-fn filled(dims: &[usize], seed: u64, scale: f32) -> Tensor<f32> {
-    let mut s = seed;
-    Tensor::from_fn(dims, |_| {
-        s = s
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-    })
-}
 
 struct Mlp {
     params: Vec<Tensor<f32>>,

@@ -11,24 +11,16 @@
 //! model's step rate by it ("% of our GEMM peak"). The last line is machine-readable:
 //! `gemm_peak n=<n> threads=<t> best_ms=<ms> gflops=<rate>`.
 
+#[path = "../benches/common/fill.rs"]
+#[allow(dead_code)]
+mod fill;
+
+use fill::values;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use tl_ir::Op;
 use tl_tape_cpu::gemm::{matmul, rows, rows_mut};
-
-/// `n` values in [-1, 1) from a linear congruential sequence keyed by `seed`.
-fn filled(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// The positional argument `i` as a positive integer, or `default` when it is absent.
 fn arg(i: usize, name: &str, default: usize) -> Result<usize, String> {
@@ -50,7 +42,7 @@ fn run() -> Result<(), String> {
             "gemm_peak: n = {n} is over 16384 (three n² f32 buffers)"
         ));
     }
-    let (a, b) = (filled(n * n, 1), filled(n * n, 2));
+    let (a, b) = (values(n * n, 1), values(n * n, 2));
     let mut c = vec![0.0f32; n * n];
     let op = Op::Matmul;
     let mut best = f64::INFINITY;
