@@ -357,6 +357,12 @@ def main():
                 r = json.loads(line)
                 ours[r["name"]] = r
     dev = torch.device("cuda")
+    # Our f32 rows are true f32: PyTorch's too. Its default lets cuDNN's convolutions run on
+    # TF32 tensor cores (cudnn.allow_tf32 = True), which would time the cnn, the ResNet and
+    # the convolution rows against a 10-bit-mantissa product. The matmul rows set cuBLAS's flag
+    # themselves; the AMP rows are bf16 either way.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     theirs, models = torch_rows(dev, args.quick, args.iters)
     if args.compile_budget_s > 0:
         theirs.update(compile_rows(models, args.iters, args.compile_budget_s))
