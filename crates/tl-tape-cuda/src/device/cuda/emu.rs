@@ -27,6 +27,7 @@ unsafe extern "C" {
         index: c_int,
         grid: *const u32,
         block: u32,
+        shared: u32,
         params: *mut *mut c_void,
         sig: *const c_char,
         err: *mut c_char,
@@ -153,6 +154,20 @@ pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize>
 /// Run kernel `f` with `grid` × `block` threads; the emulator refuses arguments that do not
 /// match the kernel's parameters, pointers outside live allocations, and out-of-bounds writes.
 pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Arg]) -> Result<()> {
+    launch_shared(op, f, grid, block, 0, args)
+}
+
+/// [`launch`] with `shared` bytes of dynamic shared memory a block (`TL_DYNAMIC_SHARED`): the
+/// emulator refuses more than sm_90 allows a block (227 KiB), poisons it before each block and
+/// reports a write past either end.
+pub fn launch_shared(
+    op: &'static str,
+    f: usize,
+    grid: [u32; 3],
+    block: u32,
+    shared: u32,
+    args: &[Arg],
+) -> Result<()> {
     let index = c_int::try_from(f).map_err(|_| Error::kernel(op, "bad kernel index"))?;
     let mut vals: Vec<Arg> = args.to_vec();
     let mut ptrs = arg::params(&mut vals);
@@ -169,6 +184,7 @@ pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Ar
             index,
             grid.as_ptr(),
             block,
+            shared,
             ptrs.as_mut_ptr(),
             sig.as_ptr(),
             err.as_mut_ptr(),
@@ -364,6 +380,26 @@ mod tests {
         let d = detail(copy_to_host(p + 4, 8).map(|_| ()));
         assert!(d.contains("download of 8 floats"), "{d}");
         DeviceMemory.free(p, 32);
+    }
+
+    /// Dynamic shared memory starts each block as the poison (a NaN), so a read before any
+    /// write shows; the launch's bytes stay within what a block may have.
+    #[test]
+    fn unwritten_dynamic_shared_memory_is_nan() {
+        let out = alloc_floats(256);
+        let f = function("tl_emu_test_dynamic_unwritten").unwrap();
+        launch_shared("dyn", f, [2, 1, 1], 256, 1024, &[Arg::Ptr(out)]).unwrap();
+        assert!(copy_to_host(out, 256).unwrap().iter().all(|v| v.is_nan()));
+        let d = detail(launch_shared(
+            "dyn",
+            f,
+            [1, 1, 1],
+            256,
+            300_000,
+            &[Arg::Ptr(out)],
+        ));
+        assert!(d.contains("300000 bytes of dynamic shared memory"), "{d}");
+        DeviceMemory.free(out, 1024);
     }
 
     #[test]
