@@ -29,7 +29,9 @@
 //!   composed launches), n = 1024 to 8192; torch_bench.py times the same projections around
 //!   `F.scaled_dot_product_attention(is_causal=True)`;
 //! - `attention-core/flash/n{n}`: the fused core alone on the device (`Device::flash_attention`
-//!   and its backward on causal Q, K, V of (1, n, 8, 64), then a sum of dV read back), with
+//!   and its backward on causal Q, K, V of (1, n, 8, 64), then a sum of dV read back), and on
+//!   `Cuda` `attention-core/flash-wide/n{n}` the same with the forward's wide tiling
+//!   (`FlashTiles::Wide`: 64 keys a step in dynamic shared memory), with
 //!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
@@ -342,9 +344,9 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
 
 /// The fused attention core alone on `dev`: forward and backward of causal attention over
 /// (1, n, 8, 64) Q, K, V, timed to a read of `sum(dV)` (which waits for every launch).
-fn attention_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
+fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda::Result<()> {
     for &n in attention_lengths(a) {
-        let name = format!("attention-core/flash/n{n}");
+        let name = format!("attention-core/{label}/n{n}");
         if !a.wants(&name) {
             continue;
         }
@@ -393,12 +395,16 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> 
 fn attention_core_on(a: &Args) -> Result<(), String> {
     let r = match a.backend {
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-        Backend::Cuda => {
-            tl_tape_cuda::CudaDevice::new().and_then(|mut d| attention_core(a, &mut d))
-        }
+        Backend::Cuda => tl_tape_cuda::CudaDevice::new().and_then(|mut d| {
+            attention_core(a, &mut d, "flash")?;
+            // The forward's wide tiling (64 keys a step, dynamic shared memory): the same
+            // bits, timed beside the default so that the default follows the measurement.
+            d.set_flash_tiles(tl_tape_cuda::FlashTiles::Wide);
+            attention_core(a, &mut d, "flash-wide")
+        }),
         #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
         Backend::Cuda => return Err("built without the `cuda` feature".into()),
-        Backend::CudaSim => attention_core(a, &mut SimDevice::new()),
+        Backend::CudaSim => attention_core(a, &mut SimDevice::new(), "flash"),
         Backend::Cpu => Ok(()),
     };
     r.map_err(|e| e.to_string())

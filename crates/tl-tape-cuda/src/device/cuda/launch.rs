@@ -76,6 +76,21 @@ impl CudaDevice {
         driver::launch(op, f, grid, block, args)
     }
 
+    /// Launch `kernel` with `grid` blocks of 256 threads and `shared` bytes of dynamic shared
+    /// memory a block (`TL_DYNAMIC_SHARED`).
+    pub(super) fn run_shared(
+        &mut self,
+        op: &'static str,
+        kernel: &'static str,
+        grid: [u32; 3],
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = self.func(kernel)?;
+        self.traffic.launch();
+        driver::launch_shared(op, f, grid, BLOCK as u32, shared, args)
+    }
+
     /// Allocate `outs` buffers of `n` elements, run `body` with their addresses, and release
     /// them all if it fails.
     pub(super) fn with_outs<const K: usize>(
