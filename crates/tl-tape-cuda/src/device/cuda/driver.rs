@@ -208,16 +208,11 @@ pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize>
 /// The dynamic shared memory every kernel may take without opting in: 48 KiB.
 const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
 
-/// Launch `f` on the default stream with `grid` × `block` threads.
-pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Arg]) -> Result<()> {
-    launch_shared(op, f, grid, block, 0, args)
-}
-
-/// [`launch`] with `shared` bytes of dynamic shared memory a block (`TL_DYNAMIC_SHARED` in
-/// kernels/common.cuh). Past the 48 KiB every kernel may have, the kernel is opted in first
+/// Launch `f` on the default stream with `grid` × `block` threads and `shared` bytes of
+/// dynamic shared memory a block (0 for none; `TL_DYNAMIC_SHARED` in kernels/common.cuh). Past the 48 KiB every kernel may have, the kernel is opted in first
 /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); a request beyond what the GPU allows a
 /// block is an error naming `op` and the bytes.
-pub fn launch_shared(
+pub fn launch(
     op: &'static str,
     f: usize,
     grid: [u32; 3],

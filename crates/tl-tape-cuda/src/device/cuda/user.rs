@@ -82,7 +82,7 @@ impl KernelDevice for CudaDevice {
             return Ok(bufs);
         };
         self.traffic.launch();
-        match driver::launch_shared(kernel, f, grid, block, shared, &args) {
+        match driver::launch(kernel, f, grid, block, shared, &args) {
             Ok(()) => Ok(bufs),
             Err(e) => {
                 self.release_all(bufs);
