@@ -524,27 +524,37 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
 // ---- Backward, d <= 64: register micro-tiles -------------------------------------------------
 //
 // tl_fa_bwd_q64: a job is a block of 64 query rows; shared memory holds the block's Q and dO
-// rows (64 x 64 each) and, per step, 32 keys of K and V (rows), all swizzled. Each thread
+// rows (64 x DM each) and, per step, 32 keys of K and V (rows), all swizzled. Each thread
 // computes the scores and dP of 4 rows against 2 keys in one pass over c, four columns a load
 // (16 fma chains; a warp covers 16 rows x 16 keys), then dS goes where V was and thread
-// (sy, sx) adds dS K to dQ rows 4 sy.., columns 4 sx.. over key tile 0 then tile 1, each key
-// in order.
+// (sy, sx) adds dS K to dQ rows 4 sy.., columns 4 sx.. (and 64 + 4 sx.. when DM = 128) over
+// key tile 0 then tile 1, each key in order. DM = 64 (tl_flash_bwd_q, static shared memory)
+// or 128 (tl_flash_bwd_q_wide, d > 64, 96 KiB of dynamic shared memory: FlashTiles::Wide).
 //
-// tl_fa_bwd_kv64: a job is a block of 64 keys (K and V rows, resident); the query loop takes
-// one tile of 16 rows (Q, dO rows) per step. Each thread scores one row against 4 keys (s and
-// dP, 8 chains, four columns a load; a warp covers 8 rows x 16 keys), P and dS into shared
+// tl_fa_bwd_kv64: a job is a block of BN keys (K and V rows, resident); the query loop takes
+// one tile of 16 rows (Q, dO rows) per step. Each thread scores one row against BN/16 keys (s
+// and dP, four columns a load; a warp covers 8 rows x BN/4 keys), P and dS into shared
 // memory; then thread (kx, cx) adds rows 0.. of the tile to dK and dV of keys 4 kx..,
-// columns 4 cx.. (32 chains).
+// columns 4 cx.. (32 chains). BN = 64, DM = 64 (tl_flash_bwd_kv, static shared memory) or
+// BN = 32, DM = 128 (tl_flash_bwd_kv_wide, d > 64, 52 KiB of dynamic shared memory).
 #define TL_FA_BWD64_SMEM (3 * 64 * 64)
+// Shared floats of tl_fa_bwd_kv64 for BN keys of width DM: K and V, a tile of Q and dO rows,
+// P and dS. (device/cuda/flash.rs: BWD_KV_WIDE_SMEM_BYTES is this for (32, 128), in bytes.)
+#define TL_FA_BWD_KV_SMEM(BN, DM) (2 * (BN) * (DM) + 2 * TL_FA_T * (DM) + 2 * TL_FA_T * (BN))
+// Shared floats of tl_fa_bwd_q64 for head width DM: Q and dO (64 rows), K and V (32 rows).
+// (device/cuda/flash.rs: BWD_Q_WIDE_SMEM_BYTES is this for DM = 128, in bytes.)
+#define TL_FA_BWD_Q_SMEM(DM) ((2 * 64 + 2 * TL_FA_BN) * (DM))
 
-template <u32 DC>
+template <u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, const float* v,
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
                                               u32 batch, u32 n, u32 heads, u32 d_run, u32 mode,
                                               float scale, float* smem) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
-    constexpr u32 BM = 64, BN = TL_FA_BN, DM = 64;
+    constexpr u32 BM = 64, BN = TL_FA_BN;
+    constexpr u32 CH = DM / 64;  // dQ: groups of 64 columns a thread
+    static_assert(DM % 64 == 0, "dQ columns in groups of 64");
     float* qs = smem;            // qs[r * DM + (c ^ swz(r))]
     float* gs = qs + DM * BM;    // dO, the same way
     float* ks = gs + DM * BM;    // ks[j * DM + (c ^ swz(j))]
@@ -580,12 +590,12 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             delta[(u64)bh * n + i0 + tid] = dl;
         }
         __syncthreads();  // delta of the block's rows is written
-        float lr[4], dr[4], acc[4][4];
+        float lr[4], dr[4], acc[4][4 * CH];
         for (u32 a = 0; a < 4; ++a) {
             const u32 r = sr + 4 * a;
             lr[a] = r < rows ? lse[(u64)bh * n + i0 + r] : -INFINITY;
             dr[a] = r < rows ? delta[(u64)bh * n + i0 + r] : 0.0f;
-            for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
+            for (u32 e = 0; e < 4 * CH; ++e) acc[a][e] = 0.0f;
         }
         const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
         constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
@@ -667,11 +677,13 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                 if (!tl_fa_runs(mode, j0, t, keys, i0 + sy * 4)) break;
                 const u32 jb = t * TL_FA_T, je = jb + tl_fa_len(keys, jb);
                 const auto key = [&](u32 j) {
-                    float dsr[4], kr[4];
+                    float dsr[4], kr[4 * CH];
                     ld4(&vs[j * BM + ((sy * 4) ^ tl_fa_swz(j))], dsr);
-                    ld4(&ks[j * DM + ((sx * 4) ^ tl_fa_swz(j))], kr);
+                    for (u32 hh = 0; hh < CH; ++hh)
+                        ld4(&ks[j * DM + ((sx * 4 + 64 * hh) ^ tl_fa_swz(j))], &kr[4 * hh]);
                     for (u32 a = 0; a < 4; ++a)
-                        for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(dsr[a], kr[e], acc[a][e]);
+                        for (u32 e = 0; e < 4 * CH; ++e)
+                            acc[a][e] = __fmaf_rn(dsr[a], kr[e], acc[a][e]);
                 };
                 if (je - jb == TL_FA_T) {
                     TL_FA_UNROLL
@@ -684,22 +696,25 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
         for (u32 a = 0; a < 4; ++a) {
             const u32 r = sy * 4 + a;
             if (r >= rows) continue;
-            for (u32 e = 0; e < 4; ++e) {
-                const u32 c = sx * 4 + e;
+            for (u32 e = 0; e < 4 * CH; ++e) {
+                const u32 c = sx * 4 + 64 * (e / 4) + e % 4;
                 if (c < d) dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = acc[a][e];
             }
         }
     }
 }
 
-template <u32 DC>
+template <u32 BN, u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
                                                float* dv, u32 batch, u32 n, u32 heads, u32 d_run,
                                                u32 mode, float scale, float* smem) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
-    constexpr u32 BN = 64, BM = TL_FA_T, DM = 64;
+    constexpr u32 BM = TL_FA_T;
+    constexpr u32 KA = BN / 16;  // scores: keys a thread
+    constexpr u32 CGX = DM / 4;  // sums: threads across the columns
+    static_assert(BN % 16 == 0 && (BN / 4) * CGX == TL_BLOCK, "4 keys x 4 columns a thread");
     float* ks = smem;           // ks[j * DM + (c ^ swz(j))]
     float* vs = ks + DM * BN;   // V, the same way
     float* qs = vs + DM * BN;   // qs[r * DM + (c ^ swz(r))]
@@ -707,11 +722,11 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
     float* ps = gs + BM * DM;   // ps[r * BN + (j ^ swz(r))]
     float* dss = ps + BM * BN;  // dS, the same way
     const u32 tid = threadIdx.x;
-    // Scores: warp w takes rows 8 (w / 4).. and keys 16 (w % 4).. of the step; its lane row
-    // sr, keys sk + 4 a, reading four columns at once (so a warp reads 8 rows and 16 keys).
+    // Scores: warp w takes rows 8 (w / 4).. and keys BN/4 (w % 4).. of the step; its lane row
+    // sr, keys sk + 4 a, reading four columns at once (so a warp reads 8 rows and BN/4 keys).
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
-    const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * 16 + lane % 4;
-    const u32 kx = tid / 16, cx = tid % 16;  // sums: keys 4 kx.., columns 4 cx..
+    const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * (BN / 4) + lane % 4;
+    const u32 kx = tid / CGX, cx = tid % CGX;  // sums: keys 4 kx.., columns 4 cx..
     const u32 tiles = (n + BN - 1) / BN;
     const u64 jobs = (u64)batch * heads * tiles;
     for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
@@ -752,8 +767,8 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             const bool live = sr < rows;  // the row's statistics, read before the sums
             const float l = live ? lse[(u64)bh * n + i0 + sr] : -INFINITY;
             const float dl = live ? delta[(u64)bh * n + i0 + sr] : 0.0f;
-            float s[4], dp[4];
-            for (u32 a = 0; a < 4; ++a) s[a] = dp[a] = 0.0f;
+            float s[KA], dp[KA];
+            for (u32 a = 0; a < KA; ++a) s[a] = dp[a] = 0.0f;
             const float* qrow = &qs[sr * DM];
             const float* grow = &gs[sr * DM];
             const u32 rsw = tl_fa_swz(sr);
@@ -763,7 +778,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 float qq[4], gg[4];
                 ld4(&qrow[c ^ rsw], qq);
                 ld4(&grow[c ^ rsw], gg);
-                for (u32 a = 0; a < 4; ++a) {
+                for (u32 a = 0; a < KA; ++a) {
                     const u32 j = sk + 4 * a;
                     float kr[4], vr[4];
                     ld4(&ks[j * DM + (c ^ tl_fa_swz(j))], kr);
@@ -776,13 +791,13 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             }
             for (; c < d; ++c) {
                 const float qq = qrow[c ^ rsw], gg = grow[c ^ rsw];
-                for (u32 a = 0; a < 4; ++a) {
+                for (u32 a = 0; a < KA; ++a) {
                     const u32 j = sk + 4 * a;
                     s[a] = __fmaf_rn(qq, ks[j * DM + (c ^ tl_fa_swz(j))], s[a]);
                     dp[a] = __fmaf_rn(gg, vs[j * DM + (c ^ tl_fa_swz(j))], dp[a]);
                 }
             }
-            for (u32 a = 0; a < 4; ++a) {
+            for (u32 a = 0; a < KA; ++a) {
                 const u32 j = sk + 4 * a;
                 float p = 0.0f, ds = 0.0f;
                 if (live && j < cols && l != -INFINITY &&
@@ -844,13 +859,24 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const f
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_bwd_q64<64>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale,
-                          smem);
+        tl_fa_bwd_q64<64, 64>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode,
+                              scale, smem);
     else if (d < 64)
-        tl_fa_bwd_q64<0>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale,
-                         smem);
+        tl_fa_bwd_q64<64, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode,
+                             scale, smem);
     else
         tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale, smem);
+}
+
+// tl_flash_bwd_q for 64 < d <= 128 on blocks of 64 query rows (tl_fa_bwd_q64 with DM = 128),
+// in TL_FA_BWD_Q_SMEM(128) floats of dynamic shared memory: the same bits as the tiles of 16.
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q_wide(const float* q, const float* k, const float* v,
+                                          const float* o, const float* go, const float* lse,
+                                          const u32* mask, float* dq, float* delta, u32 batch,
+                                          u32 n, u32 heads, u32 d, u32 mode, float scale) {
+    TL_DYNAMIC_SHARED(float, smem);
+    tl_fa_bwd_q64<TL_FA_DMAX, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode,
+                                 scale, smem);
 }
 
 // dK and dV of the fused attention (reads delta from tl_flash_bwd_q): blocks of 64 keys when
@@ -862,12 +888,24 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const 
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_bwd_kv64<64>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
-                           smem);
+        tl_fa_bwd_kv64<64, 64, 64>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode,
+                                   scale, smem);
     else if (d < 64)
-        tl_fa_bwd_kv64<0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
-                          smem);
+        tl_fa_bwd_kv64<64, 64, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode,
+                                  scale, smem);
     else
         tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
                        smem);
+}
+
+// tl_flash_bwd_kv for 64 < d <= 128 on blocks of 32 keys (tl_fa_bwd_kv64 with BN = 32,
+// DM = 128), in TL_FA_BWD_KV_SMEM(32, 128) floats of dynamic shared memory: the same bits as
+// the tiles of 16.
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv_wide(const float* q, const float* k, const float* v,
+                                           const float* go, const float* lse, const float* delta,
+                                           const u32* mask, float* dk, float* dv, u32 batch,
+                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
+    TL_DYNAMIC_SHARED(float, smem);
+    tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d,
+                                      mode, scale, smem);
 }

@@ -30,8 +30,10 @@
 //!   `F.scaled_dot_product_attention(is_causal=True)`;
 //! - `attention-core/flash/n{n}`: the fused core alone on the device (`Device::flash_attention`
 //!   and its backward on causal Q, K, V of (1, n, 8, 64), then a sum of dV read back), and on
-//!   `Cuda` `attention-core/flash-wide/n{n}` the same with the forward's wide tiling
-//!   (`FlashTiles::Wide`: 64 keys a step in dynamic shared memory), with
+//!   `Cuda` `attention-core/flash-wide/n{n}` the same with the wide tilings (`FlashTiles::Wide`:
+//!   the forward's 64 keys a step in dynamic shared memory), and `attention-core/flash-d128/n{n}`
+//!   and `…/flash-wide-d128/n{n}` with heads of 128 at n = 1024 and 4096 (where `Wide` runs the
+//!   backward on register tiles instead of tiles of 16), with
 //!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
@@ -343,9 +345,14 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
 }
 
 /// The fused attention core alone on `dev`: forward and backward of causal attention over
-/// (1, n, 8, 64) Q, K, V, timed to a read of `sum(dV)` (which waits for every launch).
+/// (1, n, 8, d) Q, K, V (d = 64, or 128 in the rows labelled `-d128`, at n = 1024 and 4096),
+/// timed to a read of `sum(dV)` (which waits for every launch).
 fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda::Result<()> {
+    let d = if label.ends_with("-d128") { 128 } else { ATT_D };
     for &n in attention_lengths(a) {
+        if d != ATT_D && !a.quick && n != 1024 && n != 4096 {
+            continue;
+        }
         let name = format!("attention-core/{label}/n{n}");
         if !a.wants(&name) {
             continue;
@@ -354,7 +361,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             batch: 1,
             n,
             heads: ATT_HEADS,
-            d: ATT_D,
+            d,
         };
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
         let f = Flash {
@@ -379,7 +386,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
         let ms = median_ms(a, || {
             run(dev).unwrap();
         });
-        let flops = 7.0 * (n * n * ATT_D * ATT_HEADS) as f64;
+        let flops = 7.0 * (n * n * d * ATT_HEADS) as f64;
         row(
             a.backend,
             &name,
@@ -397,10 +404,13 @@ fn attention_core_on(a: &Args) -> Result<(), String> {
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
         Backend::Cuda => tl_tape_cuda::CudaDevice::new().and_then(|mut d| {
             attention_core(a, &mut d, "flash")?;
-            // The forward's wide tiling (64 keys a step, dynamic shared memory): the same
-            // bits, timed beside the default so that the default follows the measurement.
+            attention_core(a, &mut d, "flash-d128")?;
+            // The wide tilings (dynamic shared memory: the forward's 64 keys a step at d = 64,
+            // the backward's register tiles at d = 128): the same bits, timed beside the
+            // default so that the default follows the measurement.
             d.set_flash_tiles(tl_tape_cuda::FlashTiles::Wide);
-            attention_core(a, &mut d, "flash-wide")
+            attention_core(a, &mut d, "flash-wide")?;
+            attention_core(a, &mut d, "flash-wide-d128")
         }),
         #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
         Backend::Cuda => return Err("built without the `cuda` feature".into()),

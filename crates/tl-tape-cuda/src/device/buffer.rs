@@ -221,19 +221,21 @@ pub enum GemmTiles {
     Wide,
 }
 
-/// Which tiling the CUDA device's fused attention forward runs for heads of d ≤ 64:
-/// `tl_flash_fwd`, 32 keys a step in static shared memory, or `tl_flash_fwd_wide`, 64 keys a
-/// step (four tiles of 16: every thread in the softmax phase, half the barriers a key) in 51.5
-/// KiB of dynamic shared memory. Per query row every tile of 16 keys runs the same operations
-/// in the same order either way, so the choice changes the time, never the bits
-/// (`kernels/attention.cu`); d > 64 always takes the narrow kernel. Set per device with
-/// `CudaDevice::set_flash_tiles` (features `cuda`, `cuda-emu`).
+/// Which tilings the CUDA device's fused attention runs where dynamic shared memory allows
+/// larger ones: `Narrow` (the kernels in static shared memory) or `Wide`: the forward for
+/// d ≤ 64 with 64 keys a step (`tl_flash_fwd_wide`: four tiles of 16, every thread in the
+/// softmax phase, half the barriers a key; 51.5 KiB), and dQ for 64 < d ≤ 128 on blocks of 64
+/// query rows with register micro-tiles (`tl_flash_bwd_q_wide`, 96 KiB) instead of one
+/// block of 16 × 16 threads per tile of 16. Per row (key) every tile of 16 runs the same
+/// operations in the same order either way, so the choice changes the time, never the bits
+/// (`kernels/attention.cu`). Set per device with `CudaDevice::set_flash_tiles` (features
+/// `cuda`, `cuda-emu`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FlashTiles {
     /// 32 keys a step (the default: the kernel timed on an H200).
     #[default]
     Narrow,
-    /// 64 keys a step, where d ≤ 64.
+    /// 64 keys a step in the forward where d ≤ 64; dQ on blocks of 64 rows where d > 64.
     Wide,
 }
 

@@ -25,6 +25,14 @@ fn fwd_rows(f: &Flash) -> usize {
 /// and l; the emulator's guard zones catch a kernel that uses more).
 const FWD_WIDE_SMEM_BYTES: u32 = 4 * (3 * 64 * 64 + 3 * 4 * 64 + 2 * 64);
 
+/// Bytes of dynamic shared memory of `tl_flash_bwd_q_wide`: `TL_FA_BWD_Q_SMEM(128)` floats
+/// (kernels/attention.cu: Q and dO of 64 rows, K and V of 32, all 128 wide).
+const BWD_Q_WIDE_SMEM_BYTES: u32 = 4 * (2 * 64 + 2 * 32) * 128;
+
+/// Bytes of dynamic shared memory of `tl_flash_bwd_kv_wide`: `TL_FA_BWD_KV_SMEM(32, 128)`
+/// floats (K and V of 32 keys, a tile of 16 Q and dO rows, P and dS).
+const BWD_KV_WIDE_SMEM_BYTES: u32 = 4 * (2 * 32 * 128 + 2 * 16 * 128 + 2 * 16 * 32);
+
 /// Query rows (keys) per block of `tl_flash_bwd_q` (`tl_flash_bwd_kv`): 64 when d ≤ 64
 /// (`tl_fa_bwd_q64`, `tl_fa_bwd_kv64`), else one tile of [`FLASH_TILE`].
 fn bwd_rows(f: &Flash) -> usize {
@@ -142,12 +150,36 @@ impl CudaDevice {
         let [dq] = self.with_outs::<1>(OP, f.dims.qkv_len(), |d, [dq]| {
             let mut args = [pq, pk, pv, po, pg, pl, pm, dq, pd].map(Arg::Ptr).to_vec();
             args.extend(tail);
-            d.run(OP, "tl_flash_bwd_q", jobs, &args)
+            if d.flash_tiles == FlashTiles::Wide && f.dims.d > 64 {
+                // Blocks of 64 query rows, 128 wide, in dynamic shared memory.
+                let wide = grid(f.dims.blocks(64));
+                d.run_shared(
+                    OP,
+                    "tl_flash_bwd_q_wide",
+                    wide,
+                    BWD_Q_WIDE_SMEM_BYTES,
+                    &args,
+                )
+            } else {
+                d.run(OP, "tl_flash_bwd_q", jobs, &args)
+            }
         })?;
         let kv = self.with_outs::<2>(OP, f.dims.qkv_len(), |d, [dk, dv]| {
             let mut args = [pq, pk, pv, pg, pl, pd, pm, dk, dv].map(Arg::Ptr).to_vec();
             args.extend(tail);
-            d.run(OP, "tl_flash_bwd_kv", jobs, &args)
+            if d.flash_tiles == FlashTiles::Wide && f.dims.d > 64 {
+                // Blocks of 32 keys, 128 wide, in dynamic shared memory.
+                let wide = grid(f.dims.blocks(32));
+                d.run_shared(
+                    OP,
+                    "tl_flash_bwd_kv_wide",
+                    wide,
+                    BWD_KV_WIDE_SMEM_BYTES,
+                    &args,
+                )
+            } else {
+                d.run(OP, "tl_flash_bwd_kv", jobs, &args)
+            }
         });
         match kv {
             Ok([dk, dv]) => Ok([dq, dk, dv]),
