@@ -155,7 +155,10 @@ fn batch_moments_are_batchnorms_statistics() {
             .infer_shape(&[&s(bad)])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("batchMoments") && e.contains(&s(bad).to_string()), "{e}");
+        assert!(
+            e.contains("batchMoments") && e.contains(&s(bad).to_string()),
+            "{e}"
+        );
     }
     let e = Op::BatchMoments
         .infer_shape(&[&s(&[2, 2, 1, 2]), &s(&[2])])

@@ -46,7 +46,10 @@ fn host_update(x: &Tensor<f64>, old: (&[f64], &[f64])) -> (Vec<f64>, Vec<f64>) {
 /// Two training passes of a BatchNorm on `dims`-shaped batches in `rt`: its running mean and
 /// variance after each, beside the host computation's on the same (rounded) inputs.
 fn passes<O: Train>(rt: &Runtime<O>, dims: &[usize]) -> Vec<[(Vec<f64>, Vec<f64>); 2]> {
-    let name = format!("bn{}", dims.iter().map(|d| d.to_string()).collect::<String>());
+    let name = format!(
+        "bn{}",
+        dims.iter().map(|d| d.to_string()).collect::<String>()
+    );
     let bn = BatchNorm::with(&rt.vars().pp(&name), dims[1], 1e-5, MOMENTUM).unwrap();
     let f64s = |t: Tensor<O::T>| t.data().iter().map(|v| v.as_f64()).collect::<Vec<_>>();
     let mut want = (vec![0.0; dims[1]], vec![1.0; dims[1]]);
@@ -131,14 +134,18 @@ fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic
         BatchNorm::with(&v.pp("a"), c, 1e-5, MOMENTUM).unwrap(),
         BatchNorm::with(&v.pp("b"), c, 1e-5, MOMENTUM).unwrap(),
     ];
-    let model = tl_nn::Sequential::new().add(bns[0].clone()).add(bns[1].clone());
+    let model = tl_nn::Sequential::new()
+        .add(bns[0].clone())
+        .add(bns[1].clone());
     let mut opt = Optimizer::sgd(0.01).unwrap();
     let x = batch(&DIMS, 0).cast::<f32>();
     let mut last = None;
     for _ in 0..3 {
         let before = rt.session().traffic().unwrap_or_default();
-        rt.step(&model, &mut opt, |g| model.forward(&g.input(x.clone())?)?.sum())
-            .unwrap();
+        rt.step(&model, &mut opt, |g| {
+            model.forward(&g.input(x.clone())?)?.sum()
+        })
+        .unwrap();
         last = Some(rt.session().traffic().unwrap() - before);
     }
     last.unwrap()
@@ -176,7 +183,11 @@ fn a_device_training_pass_reads_back_the_moments_not_the_input() {
     check("linked sim", linked_on(Backend::CudaSim), linked_layer);
     #[cfg(feature = "cuda-emu")]
     {
-        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0), eager_layer);
+        check(
+            "eager cuda-emu",
+            eager::<f32>(Backend::Cuda, 0),
+            eager_layer,
+        );
         check("linked cuda-emu", linked_on(Backend::Cuda), linked_layer);
     }
 }

@@ -351,7 +351,11 @@ pub fn batch_moments_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tens
     if g.shape() != &out {
         return Err(Error::shape(
             "batchMoments",
-            format!("cotangent has shape {}, expected {out} for x {}", g.shape(), x.shape()),
+            format!(
+                "cotangent has shape {}, expected {out} for x {}",
+                g.shape(),
+                x.shape()
+            ),
         ));
     }
     let c = out.dims()[1];
@@ -443,8 +447,8 @@ mod tests {
     fn batch_moments_by_hand() {
         // (N=2, C=2, 1, 2): channel 0 holds 1, 2, 5, 8 (μ = 4, var = (9+4+1+16)/4 = 7.5),
         // channel 1 holds 3, 3, 3, 3 (μ = 3, var = 0).
-        let x = Tensor::<f64>::new([2, 2, 1, 2], vec![1.0, 2.0, 3.0, 3.0, 5.0, 8.0, 3.0, 3.0])
-            .unwrap();
+        let x =
+            Tensor::<f64>::new([2, 2, 1, 2], vec![1.0, 2.0, 3.0, 3.0, 5.0, 8.0, 3.0, 3.0]).unwrap();
         let y = batch_moments(&x).unwrap();
         assert_eq!(y.shape().dims(), [2, 2]);
         assert_eq!(y.data(), [4.0, 3.0, 7.5, 0.0]);
