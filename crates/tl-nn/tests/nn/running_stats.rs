@@ -152,10 +152,11 @@ fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic
 }
 
 /// On a device backend a training step reads back the loss and, per batch norm, O(C) values,
-/// never its (N, C, H, W) input (360 values each here): the eager session reads each layer's
-/// 2·C moments; the linked session also reads each layer's old running mean and variance (C
-/// each) back from its device mirror before the update. The eager session uploads the batch
-/// and each layer's 2·C new running statistics.
+/// never its (N, C, H, W) input (360 values each here): each layer's 2·C moments. The linked
+/// session also reads back every trainable parameter once a step (here each layer's weight
+/// and bias, C each): writing the new running statistics from the host mid-pass syncs the
+/// pass's device-updated leaves first (`LinkedSession::set_param`). The eager session uploads
+/// the batch and each layer's 2·C new running statistics.
 #[test]
 fn a_device_training_pass_reads_back_the_moments_not_the_input() {
     const LAYERS: u64 = 2;
