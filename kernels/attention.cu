@@ -91,16 +91,19 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
 // ---- Forward: register micro-tiles -----------------------------------------------------------
 //
 // A job is a block of BM query rows of one (b, h): BM = 64 when d <= 64, else 32 (shared
-// memory holds the block's Q transposed, BM x DM with DM = 64 or 128). The key loop takes
-// TL_FA_BN = 32 keys (two tiles of 16) per step:
-// 1. K^T into shared memory; each thread scores 4 rows x BM/32 keys (one fma chain over c per
-//    score, all of them in flight at once), Q read 4 rows at a time;
-// 2. the scores into pt (key-major); V replaces K; thread (r, t) of the first 2 BM takes row r's
-//    key tile t: its max, then (with the maxima of the tiles before it, fmaxf being
+// memory holds the block's Q transposed, BM x DM with DM = 64 or 128). The key loop takes BN
+// keys (BN / 16 tiles of 16) per step: TL_FA_BN = 32 (tl_flash_fwd, static shared memory) or
+// 64 (tl_flash_fwd_wide, d <= 64, dynamic shared memory: FlashTiles::Wide):
+// 1. K^T into shared memory; each thread scores 4 rows x BN·BM/1024 keys (one fma chain over
+//    c per score, all of them in flight at once), Q read 4 rows at a time;
+// 2. the scores into pt (key-major); V replaces K; thread (r, t) of the first BN/16 · BM takes
+//    row r's key tile t: its max, then (with the maxima of the tiles before it, fmaxf being
 //    order-free) m', alpha and the p_j in place, their sum in key order;
 // 3. thread (ry, cx) holds the outputs of rows 4 ry..4 ry+3, columns 4 cx..4 cx+3 and applies
-//    tile 0 then tile 1 (o * alpha, then one fma per key in order); the thread with cx = 0
-//    also keeps m and l of its rows, l = l * alpha + sum per tile.
+//    the step's tiles in order (o * alpha, then one fma per key in order); the thread with
+//    cx = 0 also keeps m and l of its rows, l = l * alpha + sum per tile.
+// Per row every tile of 16 keys is the same operations in the same order whatever BN is: the
+// two tilings give the same bits.
 // Shared rows are XOR-swizzled (multiples of 4, so four-float loads stay whole) so that the
 // transposing stores do not all land in one bank.
 #define TL_FA_BN 32
@@ -139,19 +142,21 @@ __device__ __forceinline__ void tl_fa_stage(float* reg, const float* src, u32 b,
     }
 }
 
-// Shared floats of the forward for (BM, DM): qt, kv, pt, three (tile, row) arrays, m and l.
-#define TL_FA_FWD_SMEM(BM, DM) \
-    ((BM) * (DM) + TL_FA_BN * (DM) + TL_FA_BN * (BM) + 6 * (BM) + 2 * (BM))
+// Shared floats of the forward for (BM, BN, DM): qt, kv, pt, three (tile, row) arrays, m and
+// l. (device/cuda/flash.rs: FWD_WIDE_SMEM_BYTES is this for (64, 64, 64), in bytes.)
+#define TL_FA_FWD_SMEM(BM, BN, DM) \
+    ((BM) * (DM) + (BN) * (DM) + (BN) * (BM) + 3 * ((BN) / TL_FA_T) * (BM) + 2 * (BM))
 
 // DC: the head size when known at compile time (64: the loops over c unroll, their shared
 // addresses constant), else 0 and d at run time.
-template <u32 BM, u32 DM, u32 DC>
+template <u32 BM, u32 BN, u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const float* v,
                                           const u32* mask, float* o, float* lse, u32 batch,
                                           u32 n, u32 heads, u32 d_run, u32 mode, float scale,
                                           float* smem) {
     const u32 d = DC ? DC : d_run;
-    constexpr u32 BN = TL_FA_BN;
+    constexpr u32 NT = BN / TL_FA_T;  // key tiles a step
+    static_assert(BN % TL_FA_T == 0 && NT * BM <= TL_BLOCK, "a thread per (row, tile)");
     constexpr u32 SX = 1024 / BM;  // score phase: threads across the keys of a step
     constexpr u32 SK = BN / SX;    // keys per thread there
     constexpr u32 CG = DM / 4;     // output phase: groups of 4 columns
@@ -159,9 +164,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
     float* kv = qt + BM * DM;      // K^T: kv[c * BN + (j ^ (c % 32))]; V: kv[j * DM + c]
     float* pt = kv + BN * DM;      // pt[j * BM + (r ^ swz(j))]: scores, then p
     float* mts = pt + BN * BM;     // [t * BM + r]: tile max
-    float* als = mts + 2 * BM;     // alpha
-    float* sms = als + 2 * BM;     // sum of p
-    float* ms = sms + 2 * BM;      // m of each row before the step
+    float* als = mts + NT * BM;    // alpha
+    float* sms = als + NT * BM;    // sum of p
+    float* ms = sms + NT * BM;     // m of each row before the step
     float* ls = ms + BM;           // l at the end
     const u32 tid = threadIdx.x;
     const u32 sy = tid / SX, sx = tid % SX;
@@ -226,9 +231,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             // 2. V in place of K; each (row, tile) its max.
             for (u32 u = 0; u < NL; ++u) kv[tid + TL_BLOCK * u] = vreg[u];
             const u32 r2 = tid % BM, t2 = tid / BM;
-            const bool runs2 = t2 < 2 && tl_fa_runs(mode, j0, t2, keys, i0 + r2);
+            const bool runs2 = t2 < NT && tl_fa_runs(mode, j0, t2, keys, i0 + r2);
             const u32 jb = t2 * TL_FA_T, je = jb + tl_fa_len(keys, jb);
-            if (t2 < 2) {
+            if (t2 < NT) {
                 float mt = -INFINITY;
                 if (runs2 && je - jb == TL_FA_T) {  // a whole tile: every read at once
                     TL_FA_UNROLL
@@ -281,8 +286,8 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                 const u32 nk = n - (j0 + BN) < BN ? n - (j0 + BN) : BN;
                 tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nk, h, n, heads, d);
             }
-            // 3. O rows 4 ry + a, columns 4 cx + e: tile 0, then tile 1.
-            for (u32 t = 0; t < 2; ++t) {
+            // 3. O rows 4 ry + a, columns 4 cx + e: the step's tiles in order.
+            for (u32 t = 0; t < NT; ++t) {
                 if (!tl_fa_runs(mode, j0, t, keys, i0 + ry * 4)) break;
                 float al[4];
                 for (u32 a = 0; a < 4; ++a) {
@@ -334,19 +339,35 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
 }
 
 // O = softmax(Q K^T * scale) V per head (masked as `mode` says) and lse = m + log(l) per row:
-// blocks of 64 query rows when d <= 64, else 32 (tl_fa_fwd).
+// blocks of 64 query rows when d <= 64, else 32 (tl_fa_fwd), 32 keys a step.
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const float* q, const float* k, const float* v,
                                         const u32* mask, float* o, float* lse, u32 batch, u32 n,
                                         u32 heads, u32 d, u32 mode, float scale) {
-    constexpr u32 A = TL_FA_FWD_SMEM(64, 64), B = TL_FA_FWD_SMEM(32, TL_FA_DMAX);
+    constexpr u32 A = TL_FA_FWD_SMEM(64, TL_FA_BN, 64);
+    constexpr u32 B = TL_FA_FWD_SMEM(32, TL_FA_BN, TL_FA_DMAX);
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_fwd<64, 64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+        tl_fa_fwd<64, TL_FA_BN, 64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale,
+                                        smem);
     else if (d < 64)
-        tl_fa_fwd<64, 64, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+        tl_fa_fwd<64, TL_FA_BN, 64, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale,
+                                       smem);
     else
-        tl_fa_fwd<32, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale,
-                                     smem);
+        tl_fa_fwd<32, TL_FA_BN, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode,
+                                               scale, smem);
+}
+
+// tl_flash_fwd for d <= 64 with 64 keys a step (four tiles: every thread in the softmax phase,
+// half the barriers a key), in TL_FA_FWD_SMEM(64, 64, 64) floats of dynamic shared memory (past
+// the 48 KiB of static arrays). The same bits as tl_flash_fwd.
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(const float* q, const float* k, const float* v,
+                                        const u32* mask, float* o, float* lse, u32 batch, u32 n,
+                                        u32 heads, u32 d, u32 mode, float scale) {
+    TL_DYNAMIC_SHARED(float, smem);
+    if (d == 64)
+        tl_fa_fwd<64, 64, 64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+    else
+        tl_fa_fwd<64, 64, 64, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
 }
 
 // ---- Backward, d > 64: one block of 16 x 16 threads per tile of 16 ----------------------------

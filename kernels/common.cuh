@@ -16,6 +16,13 @@ struct Dims8 {
     u32 d[8];
 };
 
+// The launch's dynamic shared memory as `T name[]`, 16-byte aligned (CudaDevice::run_shared
+// gives the bytes; past 48 KiB the driver layer opts the kernel in). The kernel emulator's
+// cuda_emu.h defines its own: the launch's guarded buffer.
+#ifndef TL_DYNAMIC_SHARED
+#define TL_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 // for (i = global thread index; i < n; i += total threads), in u64.
 #define TL_GRID_STRIDE(i, n)                                                         \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)(n);            \

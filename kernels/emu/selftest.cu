@@ -89,3 +89,9 @@ extern "C" __global__ void tl_emu_test_wmma_tf32(const float* a, const float* b,
     }
     wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
 }
+
+// Reads dynamic shared memory no thread wrote: the emulator's poison (a NaN).
+extern "C" __global__ void tl_emu_test_dynamic_unwritten(float* out) {
+    TL_DYNAMIC_SHARED(float, dyn);
+    out[threadIdx.x] = dyn[threadIdx.x];
+}

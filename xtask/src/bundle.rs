@@ -17,7 +17,11 @@
 //! last line. `examples/nccl_check` (tl-nn's example, `--features cuda`) loads NCCL from PyTorch's
 //! wheels (`TL_NCCL_LIBRARY`, which run.sh sets before the tests, so tl-tape-cuda's `nccl::`
 //! tests run on the real library too) and checks one rank's collectives and data-parallel steps
-//! with the NCCL engine. The folder is also packed as `gpu-bundle.tar.xz` for the copy.
+//! with the NCCL engine. Last, where the GPU machine has Nsight Compute (`ncu`), run.sh profiles
+//! one run (`--once --only …`) of the bench rows with targets (the 4096² GEMMs, the attention
+//! core at n = 4096, the convolutions; `TL_PROFILE_ROWS` overrides) into `logs/ncu.txt`: per
+//! kernel its duration, registers, occupancy and what limits it, and its stalls. The folder is
+//! also packed as `gpu-bundle.tar.xz` for the copy.
 
 use std::fs;
 use std::path::Path;
@@ -265,6 +269,24 @@ for b in bench/*; do
     echo "bench exit $? ($(basename "$b")); stderr: $(tail -n 1 logs/bench.err)"
 done
 python3 torch_bench.py --ours logs/ours.jsonl --compile-budget-s "${TL_TORCH_COMPILE_BUDGET:-120}" 2>&1 | tee logs/bench.txt
+# The kernels behind the rows with targets, under Nsight Compute when this machine has it: one
+# run of each row (--once), every launch of our GEMM, flash and convolution kernels, with the
+# sections that say why a kernel is slow (occupancy and its limiter, issue rate, stalls).
+echo "== kernel profile (ncu): logs/ncu.txt"
+ncu_bin=$(command -v ncu || ls -d /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+if [ -n "$ncu_bin" ]; then
+    for b in bench/*; do
+        timeout "${TL_PROFILE_TIMEOUT:-300}" "$ncu_bin" -k 'regex:^tl_(gemm|flash|conv)' \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+            "$b" --backend cuda --once \
+            --only "${TL_PROFILE_ROWS:-matmul/4096,matmul-tf32/4096,matmul-bf16/4096,attention-core/flash/n4096,attention-core/flash-wide/n4096,conv/}" \
+            > logs/ncu.txt 2>&1
+        echo "ncu exit $? ($(basename "$b"))"
+    done
+    grep -E '^  [a-z_0-9]+|Duration|Registers Per Thread|Theoretical Occupancy|Achieved Occupancy|Block Limit|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|ERR' logs/ncu.txt | head -n 200
+else
+    echo "ncu not found (PATH, /usr/local/cuda*/bin, /opt/nvidia/nsight-compute): no kernel profile"
+fi
 if printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED|TIMEOUT'; then exit 1; fi
 "#
 }
@@ -272,6 +294,21 @@ if printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED|TIMEOUT'; then exit 1; 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The generated script parses (`bash -n`): a quoting slip in the raw string would only
+    /// show on the GPU machine, where device time is short.
+    #[test]
+    fn run_sh_is_valid_bash() {
+        let out = Command::new("bash")
+            .args(["-n", "-c", run_sh()])
+            .output()
+            .expect("bash runs");
+        assert!(
+            out.status.success(),
+            "run.sh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     #[test]
     fn only_test_artifacts_with_executables_are_kept() {

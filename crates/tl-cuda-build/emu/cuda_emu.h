@@ -8,7 +8,9 @@
 // - threadIdx / blockIdx / blockDim / gridDim are per-OS-thread globals that the scheduler sets
 //   before it resumes a fiber (one fiber runs at a time on the launching thread);
 // - __shared__ is `static thread_local`: every fiber of the running block sees the same array,
-//   and two host threads launching at once do not share it;
+//   and two host threads launching at once do not share it; dynamic shared memory
+//   (TL_DYNAMIC_SHARED, declared in kernels/common.cuh for nvcc) is the launch's buffer of the
+//   bytes it asked for, poisoned before each block and guarded on both sides;
 // - __syncthreads() parks the fiber until every live thread of the block has arrived;
 //   __shfl_down_sync() exchanges through per-thread slots between two warp barriers;
 // - atomicAdd is a plain read-add-write (fibers never interleave inside it);
@@ -47,6 +49,9 @@ extern thread_local dim3 gridDim;
 // The barriers live in runtime.cpp, out of line, and the compiler barriers around the call
 // make it assume any memory (shared arrays included) and every built-in changed meanwhile.
 void tl_emu_syncthreads();
+void* tl_emu_dynamic_shared();
+// `extern __shared__ T name[]` (kernels/common.cuh): the running block's dynamic shared memory.
+#define TL_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(tl_emu_dynamic_shared())
 float tl_emu_shfl_down(float v, int offset);
 inline void __syncthreads() {
     asm volatile("" ::: "memory");

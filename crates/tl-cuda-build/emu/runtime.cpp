@@ -8,11 +8,14 @@
 // - the launch shape against CUDA's limits (block 1..1024 threads, grid y and z <= 65535);
 // - writes past either end of an allocation passed to the kernel (guard zones, checked after
 //   the launch);
+// - dynamic shared memory (TL_DYNAMIC_SHARED) beyond the GPU's per-block limit, and writes past
+//   either end of the launch's bytes of it (guard zones, checked after each block);
 // - a barrier that not every live thread of the block (or lane of the warp) reaches;
 // - a misuse a built-in detects (tl_emu_fail: the warp matrix functions' alignment, ldm and
 //   warp-uniform arguments), reported after the block that made it.
-// New memory and guard zones are filled with 0xFF bytes (a NaN), so a read of an unwritten or
-// out-of-bounds element poisons the result instead of passing for a plausible number.
+// New memory, each block's dynamic shared memory and guard zones are filled with 0xFF bytes (a
+// NaN), so a read of an unwritten or out-of-bounds element poisons the result instead of
+// passing for a plausible number.
 #include <ucontext.h>
 
 #include <atomic>
@@ -224,6 +227,9 @@ bool reversed() {
 
 constexpr unsigned MAX_BLOCK = 1024;
 constexpr std::size_t STACK = 64 * 1024;
+// The most dynamic shared memory a block may have: 227 KiB, what sm_90 (H100, H200) allows a
+// block that opts in (the driver layer sets the attribute; sm_80 allows 163 KiB).
+constexpr std::size_t MAX_DYNAMIC_SHARED = 227 * 1024;
 
 enum class State { Run, AtSync, AtWarp, Done };
 
@@ -241,6 +247,12 @@ struct Scheduler {
     unsigned cur = 0;
     const TlEmuKernel* k = nullptr;
     void** params = nullptr;
+    // The launch's dynamic shared memory with GUARD bytes on each side (`dynamic`, 128-byte
+    // aligned inside `dynamic_raw`: at least CUDA's alignment, so the warp matrix functions'
+    // checks see what a GPU gives; refilled with POISON before each block) and its size.
+    std::unique_ptr<char[]> dynamic_raw;
+    char* dynamic = nullptr;
+    std::size_t dynamic_bytes = 0, dynamic_cap = 0;
     Scheduler()
         : ctx(new ucontext_t[MAX_BLOCK]), stacks(new char[(std::size_t)MAX_BLOCK * STACK]) {}
 };
@@ -269,9 +281,24 @@ void fiber_main() {
     // returning resumes S.main through uc_link
 }
 
+// The start of the running launch's dynamic shared memory (GUARD bytes into its buffer).
+char* dynamic_start() { return sched->dynamic + GUARD; }
+
+// Whether the dynamic shared memory's guard zones are still POISON.
+bool dynamic_guards_intact() {
+    const Scheduler& S = *sched;
+    const char* after = S.dynamic + GUARD + S.dynamic_bytes;
+    for (std::size_t i = 0; i < GUARD; ++i)
+        if ((unsigned char)S.dynamic[i] != POISON || (unsigned char)after[i] != POISON)
+            return false;
+    return true;
+}
+
 // Run the block `blockIdx`; false (with a message) when a barrier can never be passed.
 bool run_block(char* err, std::size_t cap) {
     Scheduler& S = *sched;
+    // Shared memory is undefined at a block's start: poison, so a read before a write shows.
+    std::memset(S.dynamic, POISON, S.dynamic_bytes + 2 * GUARD);
     for (unsigned t = 0; t < S.n; ++t) {
         if (t >= S.ready) {
             getcontext(&S.ctx[t]);
@@ -328,6 +355,8 @@ bool run_block(char* err, std::size_t cap) {
 }  // namespace
 
 void tl_emu_syncthreads() { park(State::AtSync); }
+
+void* tl_emu_dynamic_shared() { return dynamic_start(); }
 
 float tl_emu_shfl_down(float v, int off) {
     Scheduler& S = *sched;
@@ -400,7 +429,8 @@ extern "C" int tl_emu_register(TlEmuTableFn table, const char* name, char* err,
 }
 
 extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32_t block,
-                             void** params, const char* sig, char* err, std::size_t cap) {
+                             std::uint32_t shared, void** params, const char* sig, char* err,
+                             std::size_t cap) {
     TlEmuKernel k;
     if (!kernel_at(index, &k)) {
         say(err, cap, "no kernel with index %d", index);
@@ -414,6 +444,12 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
         grid[0] > 0x7fffffffu || grid[1] > 65535 || grid[2] > 65535) {
         say(err, cap, "%s: launch shape grid (%u, %u, %u) x block %u is outside CUDA's limits",
             k.name, grid[0], grid[1], grid[2], block);
+        return 1;
+    }
+    if (shared > MAX_DYNAMIC_SHARED) {
+        say(err, cap,
+            "%s: %u bytes of dynamic shared memory: more than a block may have (%zu on sm_90)",
+            k.name, shared, MAX_DYNAMIC_SHARED);
         return 1;
     }
     // Pointer arguments: each inside a live allocation; remember them for the guard check.
@@ -441,6 +477,13 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
     S.params = params;
     S.n = block;
     S.fault.clear();
+    if (S.dynamic_raw == nullptr || S.dynamic_cap < shared + 2 * GUARD) {
+        S.dynamic_cap = shared + 2 * GUARD;
+        S.dynamic_raw.reset(new char[S.dynamic_cap + 128]);
+        const auto raw = reinterpret_cast<std::uintptr_t>(S.dynamic_raw.get());
+        S.dynamic = S.dynamic_raw.get() + ((128 - raw % 128) % 128);
+    }
+    S.dynamic_bytes = shared;
     blockDim = dim3{block, 1, 1};
     gridDim = dim3{grid[0], grid[1], grid[2]};
     int rc = 0;
@@ -451,6 +494,12 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
                 if (!run_block(err, cap)) rc = 1;
                 if (rc == 0 && !S.fault.empty()) {
                     say(err, cap, "block (%u, %u, %u): %s", x, y, z, S.fault.c_str());
+                    rc = 1;
+                }
+                if (rc == 0 && !dynamic_guards_intact()) {
+                    say(err, cap,
+                        "block (%u, %u, %u) wrote outside its %u bytes of dynamic shared memory",
+                        x, y, z, shared);
                     rc = 1;
                 }
             }

@@ -8,6 +8,11 @@
 //! `cargo bench -p tl-session --bench gpu -- --backend cuda-sim --quick` checks the code on the
 //! simulation device (small sizes; the figures mean nothing there).
 //!
+//! `--only P1,P2,…` runs the rows whose names start with one of the prefixes (`--only
+//! matmul/4096,attention-core`); `--once` runs each row's work once after its first call (no
+//! warm-up, no median: the figures are single runs), which is what a kernel profiler wants
+//! (the bundle's run.sh profiles `--once --only …` under `ncu` when the GPU machine has it).
+//!
 //! Rows (`name`, milliseconds, and for matmul/elementwise the rate):
 //! - `step/{eager,linked}/{mlp,cnn,transformer,wide-mlp,resnet,lm}`: the tl-nn models of
 //!   `common/models.rs`, `Runtime::step` with each model's optimizer;
@@ -24,7 +29,9 @@
 //!   composed launches), n = 1024 to 8192; torch_bench.py times the same projections around
 //!   `F.scaled_dot_product_attention(is_causal=True)`;
 //! - `attention-core/flash/n{n}`: the fused core alone on the device (`Device::flash_attention`
-//!   and its backward on causal Q, K, V of (1, n, 8, 64), then a sum of dV read back), with
+//!   and its backward on causal Q, K, V of (1, n, 8, 64), then a sum of dV read back), and on
+//!   `Cuda` `attention-core/flash-wide/n{n}` the same with the forward's wide tiling
+//!   (`FlashTiles::Wide`: 64 keys a step in dynamic shared memory), with
 //!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
@@ -44,6 +51,17 @@ struct Args {
     backend: Backend,
     quick: bool,
     iters: usize,
+    /// Row-name prefixes to run (`--only`; empty: every row).
+    only: Vec<String>,
+    /// One timed run a row, no warm-up (`--once`).
+    once: bool,
+}
+
+impl Args {
+    /// Whether row `name` runs (`--only`).
+    fn wants(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| name.starts_with(p.as_str()))
+    }
 }
 
 fn args() -> Result<Args, String> {
@@ -51,6 +69,8 @@ fn args() -> Result<Args, String> {
         backend: Backend::Cuda,
         quick: false,
         iters: 20,
+        only: Vec::new(),
+        once: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -64,6 +84,23 @@ fn args() -> Result<Args, String> {
                 }
             }
             "--quick" => a.quick = true,
+            "--once" => a.once = true,
+            "--only" => {
+                // (cargo appends `--bench`: a flag is not a value.)
+                a.only = it
+                    .next()
+                    .filter(|v| !v.starts_with("--"))
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if a.only.is_empty() {
+                    return Err(
+                        "--only needs row-name prefixes, e.g. matmul/4096,attention-core".into(),
+                    );
+                }
+            }
             "--iters" => {
                 a.iters = it
                     .next()
@@ -82,10 +119,14 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// Median wall time of `f` in milliseconds over `iters` runs after two warm-up runs.
-fn median_ms(iters: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    f();
+/// Median wall time of `f` in milliseconds over `a.iters` runs after two warm-up runs; with
+/// `--once`, the time of one run.
+fn median_ms(a: &Args, mut f: impl FnMut()) -> f64 {
+    let iters = if a.once { 1 } else { a.iters };
+    if !a.once {
+        f();
+        f();
+    }
     let mut t: Vec<f64> = (0..iters)
         .map(|_| {
             let start = Instant::now();
@@ -126,16 +167,22 @@ fn steps(a: &Args) {
         ("lm", BenchModel::lm(if a.quick { 1 } else { 16 })),
     ];
     for (name, m) in &models {
-        let mut eager = EagerRun::on(m, a.backend).expect("backend checked in main");
-        let ms = median_ms(a.iters, || {
-            eager.step();
-        });
-        row(a.backend, &format!("step/eager/{name}"), ms, None);
-        let mut linked = LinkedRun::on(m, a.backend).expect("backend checked in main");
-        let ms = median_ms(a.iters, || {
-            linked.step();
-        });
-        row(a.backend, &format!("step/linked/{name}"), ms, None);
+        let eager_row = format!("step/eager/{name}");
+        if a.wants(&eager_row) {
+            let mut eager = EagerRun::on(m, a.backend).expect("backend checked in main");
+            let ms = median_ms(a, || {
+                eager.step();
+            });
+            row(a.backend, &eager_row, ms, None);
+        }
+        let linked_row = format!("step/linked/{name}");
+        if a.wants(&linked_row) {
+            let mut linked = LinkedRun::on(m, a.backend).expect("backend checked in main");
+            let ms = median_ms(a, || {
+                linked.step();
+            });
+            row(a.backend, &linked_row, ms, None);
+        }
     }
 }
 
@@ -163,6 +210,10 @@ fn matmuls(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
 
 /// `sum(a·b)` of two resident `n × n` parameters on `s`, as row `{prefix}/{n}`.
 fn matmul(a: &Args, s: &mut Session<f32>, prefix: &str, n: usize) -> tl_session::Result<()> {
+    let name = format!("{prefix}/{n}");
+    if !a.wants(&name) {
+        return Ok(());
+    }
     // Parameters stay resident on the device across resets: nothing is uploaded per iteration.
     let x = s.param(filled(&[n, n], 1, 0.01), Some("a"), false)?;
     let y = s.param(filled(&[n, n], 2, 0.01), Some("b"), false)?;
@@ -175,24 +226,27 @@ fn matmul(a: &Args, s: &mut Session<f32>, prefix: &str, n: usize) -> tl_session:
         Ok(s.value(&total)?.item()?)
     };
     run()?;
-    let ms = median_ms(a.iters, || {
+    let ms = median_ms(a, || {
         run().unwrap();
     });
     let gflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e9;
-    row(
-        a.backend,
-        &format!("{prefix}/{n}"),
-        ms,
-        Some(("gflops", gflops)),
-    );
+    row(a.backend, &name, ms, Some(("gflops", gflops)));
     Ok(())
 }
 
 fn elementwise(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
     const CHAIN: usize = 8;
     let len = if a.quick { 1 << 20 } else { 1 << 26 };
+    let name = |op: &str| format!("{op}/{}MB", (len * 4) >> 20);
+    if !["scale", "add"].iter().any(|op| a.wants(&name(op))) {
+        return Ok(());
+    }
     let x = s.param(filled(&[len], 3, 1.0), Some("x"), false)?;
     for op in ["scale", "add"] {
+        let name = name(op);
+        if !a.wants(&name) {
+            continue;
+        }
         // Per iteration: (chain of ops, sum) or (sum alone) on the resident buffer; reset frees
         // the chain's outputs.
         let mut chain = |n: usize| -> tl_session::Result<()> {
@@ -210,15 +264,15 @@ fn elementwise(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
             Ok(())
         };
         chain(CHAIN)?;
-        let with = median_ms(a.iters, || chain(CHAIN).unwrap());
-        let without = median_ms(a.iters, || chain(0).unwrap());
+        let with = median_ms(a, || chain(CHAIN).unwrap());
+        let without = median_ms(a, || chain(0).unwrap());
         let ms = ((with - without) / CHAIN as f64).max(1e-6);
         // Bytes read plus written per op: scale reads one buffer, add two.
         let buffers = if op == "scale" { 2.0 } else { 3.0 };
         let moved = buffers * 4.0 * len as f64;
         row(
             a.backend,
-            &format!("{op}/{}MB", (len * 4) >> 20),
+            &name,
             ms,
             Some(("gbps", moved / (ms * 1e-3) / 1e9)),
         );
@@ -241,12 +295,22 @@ fn attention_lengths(a: &Args) -> &'static [usize] {
 fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
     let (dm, heads) = (ATT_HEADS * ATT_D, ATT_HEADS);
     for &n in attention_lengths(a) {
+        if !["flash", "composed"]
+            .iter()
+            .any(|p| a.wants(&format!("attention/{p}/n{n}")))
+        {
+            continue;
+        }
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
         let w: Vec<_> = (0..4)
             .map(|k| s.param(filled(&[dm, dm], 10 + k, 0.04), None, true))
             .collect::<tl_session::Result<_>>()?;
         let x = s.param(filled(&[n, dm], 20, 1.0), Some("x"), false)?;
         for (name, fused) in [("flash", true), ("composed", false)] {
+            let name = format!("attention/{name}/n{n}");
+            if !a.wants(&name) {
+                continue;
+            }
             let mut run = || -> tl_session::Result<()> {
                 s.reset();
                 let ws = w
@@ -270,8 +334,8 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
                 Ok(())
             };
             run()?;
-            let ms = median_ms(a.iters, || run().unwrap());
-            row(a.backend, &format!("attention/{name}/n{n}"), ms, None);
+            let ms = median_ms(a, || run().unwrap());
+            row(a.backend, &name, ms, None);
         }
         s.reset();
     }
@@ -280,8 +344,12 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
 
 /// The fused attention core alone on `dev`: forward and backward of causal attention over
 /// (1, n, 8, 64) Q, K, V, timed to a read of `sum(dV)` (which waits for every launch).
-fn attention_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
+fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda::Result<()> {
     for &n in attention_lengths(a) {
+        let name = format!("attention-core/{label}/n{n}");
+        if !a.wants(&name) {
+            continue;
+        }
         let dims = FlashDims {
             batch: 1,
             n,
@@ -308,13 +376,13 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> 
             Ok(got[0])
         };
         run(dev)?;
-        let ms = median_ms(a.iters, || {
+        let ms = median_ms(a, || {
             run(dev).unwrap();
         });
         let flops = 7.0 * (n * n * ATT_D * ATT_HEADS) as f64;
         row(
             a.backend,
-            &format!("attention-core/flash/n{n}"),
+            &name,
             ms,
             Some(("tflops", flops / (ms * 1e-3) / 1e12)),
         );
@@ -327,12 +395,16 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> 
 fn attention_core_on(a: &Args) -> Result<(), String> {
     let r = match a.backend {
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-        Backend::Cuda => {
-            tl_tape_cuda::CudaDevice::new().and_then(|mut d| attention_core(a, &mut d))
-        }
+        Backend::Cuda => tl_tape_cuda::CudaDevice::new().and_then(|mut d| {
+            attention_core(a, &mut d, "flash")?;
+            // The forward's wide tiling (64 keys a step, dynamic shared memory): the same
+            // bits, timed beside the default so that the default follows the measurement.
+            d.set_flash_tiles(tl_tape_cuda::FlashTiles::Wide);
+            attention_core(a, &mut d, "flash-wide")
+        }),
         #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
         Backend::Cuda => return Err("built without the `cuda` feature".into()),
-        Backend::CudaSim => attention_core(a, &mut SimDevice::new()),
+        Backend::CudaSim => attention_core(a, &mut SimDevice::new(), "flash"),
         Backend::Cpu => Ok(()),
     };
     r.map_err(|e| e.to_string())

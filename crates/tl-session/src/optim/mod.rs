@@ -12,7 +12,9 @@
 //! learning rate, gradient norm and loss.
 //!
 //! State (momentum buffers, Adam moments, the step count) is kept per parameter, keyed by the
-//! parameter's session and index, as PyTorch keys it by the parameter object.
+//! parameter's session and index, as PyTorch keys it by the parameter object, and stored in the
+//! parameter's type as PyTorch stores it ([`StateBuf`]): the host update of an f32 parameter
+//! runs its formula in f64 and rounds the new state, like the new parameter, once to f32.
 //!
 //! Hyper-parameters are validated when the optimizer is built (and again at every step, as the
 //! fields are public): a non-finite or negative learning rate, a negative or non-finite weight
@@ -492,7 +494,8 @@ impl Optimizer {
 
     /// Update a host tensor `w` from the sum of `grads` (one per use of the parameter, each of
     /// `w`'s shape), element for element in f64 exactly as [`Optimizer::update`] with
-    /// [`HostOps`] computes it. Plain SGD (no momentum, no weight decay) runs as one pass that
+    /// [`HostOps`] computes it, from the state stored in `T` (widened exactly) to the new state
+    /// rounded to `T` ([`StateBuf`]). Plain SGD (no momentum, no weight decay) runs as one pass that
     /// writes the new values, without the f64 copies of `w` and the gradient that the stateful
     /// rules need (the training-step hot path, docs/performance.md).
     pub fn update_host<T: Scalar>(
@@ -581,7 +584,12 @@ impl Optimizer {
                 .for_each(|(a, b)| *a += b.as_f64());
         }
         let mut wv: Vec<f64> = w.data().iter().map(|v| v.as_f64()).collect();
-        self.update_inner(&mut HostOps, key, &mut wv, &gv)?;
+        let r = self.update_inner(&mut HostOps, key, &mut wv, &gv);
+        // The state goes back to the parameter's type whatever the outcome.
+        if let Some(st) = self.state.get_mut(&key) {
+            vec_ops::store_as::<T>(&mut st.bufs);
+        }
+        r?;
         *w = Tensor::new(w.shape().clone(), wv.into_iter().map(T::lit).collect())?;
         Ok(())
     }
@@ -895,5 +903,62 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("[5]") && e.contains("[4]"), "{e}");
+    }
+
+    /// The host state of an f32 parameter is f32 (PyTorch's and the device's type): each step
+    /// is the f64 formula from the widened state, the new state rounded once to f32; an f64
+    /// parameter keeps f64 state. Several steps, so a state kept in f64 would drift from it.
+    #[test]
+    fn f32_parameters_keep_f32_state() {
+        let w0 = Tensor::<f32>::from_fn([7], |i| 0.3 * i as f32 - 0.71);
+        let grad =
+            |k: usize| Tensor::<f32>::from_fn([7], |i| ((i * 5 + k * 3) % 11) as f32 * 0.13 - 0.6);
+        for make in [
+            || Optimizer::adamw(0.05).unwrap(),
+            || Optimizer::momentum(0.1, 0.9).unwrap(),
+            || Optimizer::rmsprop(0.01).unwrap(),
+        ] {
+            let (mut opt, mut w) = (make(), w0.clone());
+            // The reference: HostOps on f64 vectors, the state rounded to f32 after each step.
+            let (mut reference, mut wr) = (make(), w0.clone());
+            for k in 0..4 {
+                let g = grad(k);
+                opt.update_host((1, 0), &mut w, &[&g]).unwrap();
+                let mut wv: Vec<f64> = wr.data().iter().map(|&v| f64::from(v)).collect();
+                let gv: Vec<f64> = g.data().iter().map(|&v| f64::from(v)).collect();
+                reference
+                    .update(&mut HostOps, (1, 0), &mut wv, &gv)
+                    .unwrap();
+                for b in &mut reference.state.get_mut(&(1, 0)).unwrap().bufs {
+                    let StateBuf::Host(v) = b else {
+                        panic!("f64 state")
+                    };
+                    v.iter_mut().for_each(|x| *x = f64::from(*x as f32));
+                }
+                wr = Tensor::new(wr.shape().clone(), wv.iter().map(|&v| v as f32).collect())
+                    .unwrap();
+                assert_eq!(w.data(), wr.data(), "{} step {k}", opt.rule_name());
+            }
+            let st = &opt.state[&(1, 0)];
+            assert!(!st.bufs.is_empty());
+            for (b, r) in st.bufs.iter().zip(&reference.state[&(1, 0)].bufs) {
+                let (StateBuf::HostF32(v), StateBuf::Host(r)) = (b, r) else {
+                    panic!("{}: an f32 parameter's state is {b:?}", opt.rule_name())
+                };
+                assert!(v.iter().zip(r).all(|(&a, &b)| f64::from(a) == b));
+            }
+            // An f64 parameter's state stays f64.
+            let mut w64 = Tensor::<f64>::from_fn([7], |i| 0.3 * i as f64 - 0.71);
+            let g64 = Tensor::<f64>::from_fn([7], |i| 0.1 * i as f64 - 0.2);
+            let mut opt64 = make();
+            opt64.update_host((1, 0), &mut w64, &[&g64]).unwrap();
+            opt64.update_host((1, 0), &mut w64, &[&g64]).unwrap();
+            assert!(
+                opt64.state[&(1, 0)]
+                    .bufs
+                    .iter()
+                    .all(|b| matches!(b, StateBuf::Host(_)))
+            );
+        }
     }
 }

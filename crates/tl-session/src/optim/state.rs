@@ -8,8 +8,10 @@
 //! `square_avg` and `grad_avg` (RMSprop; the latter when centered), `sum` (Adagrad);
 //! `<param>` is the parameter's name, or its index when it has none. An optimizer with a
 //! learning-rate schedule adds `lr_scheduler.last_epoch` (a scalar: the steps done, the
-//! schedule's position). Values are f64 tensors of the parameter's shape: host state (CPU and
-//! linked sessions) round-trips bit for bit; device state is f32 and widens exactly.
+//! schedule's position). Values are f64 tensors of the parameter's shape. State is kept in the
+//! parameter's type (f32 state for f32 parameters, on the host as on a device): it widens
+//! exactly, and an import into an f32 session rounds each value to f32, so a state exported
+//! from a session of the same type round-trips bit for bit.
 //!
 //! Import validates before anything changes: every value finite and of magnitude at most
 //! [`STATE_BOUND`] (`f32::MAX`: what a float32 run can hold; a larger moment, 1e300 say, would
@@ -171,6 +173,7 @@ pub(crate) fn export<T: Scalar, D: Device>(
         for ((name, _), buf) in opt.buffer_names().iter().zip(&st.bufs) {
             let data = match (buf, dev) {
                 (StateBuf::Host(v), _) => v.clone(),
+                (StateBuf::HostF32(v), _) => v.iter().map(|&x| f64::from(x)).collect(),
                 (StateBuf::Device(b), Some(dev)) => {
                     dev.download(*b)?.into_iter().map(f64::from).collect()
                 }
@@ -280,6 +283,7 @@ pub(crate) fn import<T: Scalar, D: Device>(
                 }
             });
         }
+        super::vec_ops::store_as::<T>(&mut st.bufs);
         fresh.push(((params.session, index), st));
     }
     for (key, st) in fresh {

@@ -6,11 +6,19 @@ use tl_tape_cuda::{Buffer, Device};
 
 use crate::Result;
 
-/// Where optimizer state lives: host vectors or device buffers.
+/// Where optimizer state lives and in which type: host vectors or device buffers.
+///
+/// State is stored in its parameter's type, as PyTorch keeps it: an `f32` parameter's
+/// momentum or moments are `f32` on the host as on a device (half the memory of `f64`). The
+/// host update ([`crate::Optimizer::update_host`]) widens them to `f64`, runs the formula in
+/// `f64` and rounds the new state once to `f32`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StateBuf {
-    /// Host state (CPU sessions, linked sessions).
+    /// Host state in `f64`: `f64` parameters, and [`crate::Optimizer::update`] called with
+    /// [`HostOps`] directly.
     Host(Vec<f64>),
+    /// Host state of `f32` parameters (CPU and linked sessions over `f32`).
+    HostF32(Vec<f32>),
     /// Device state (CUDA sessions); released with [`crate::Optimizer::release_device_state`].
     Device(Buffer),
 }
@@ -52,6 +60,19 @@ pub trait VecOps {
     fn into_state(v: Self::V) -> StateBuf;
     /// View optimizer state as a vector of this implementation (an error for the other kind).
     fn state_mut(s: &mut StateBuf) -> Result<&mut Self::V>;
+}
+
+/// Store host state in the parameter's type `T`: `f64` state of an `f32` parameter is rounded
+/// (to nearest) to `f32` (after [`HostOps`] widened it for an update); other state is left.
+pub(crate) fn store_as<T: tl_spec::Scalar>(bufs: &mut [StateBuf]) {
+    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
+        return;
+    }
+    for b in bufs {
+        if let StateBuf::Host(v) = b {
+            *b = StateBuf::HostF32(v.iter().map(|&x| x as f32).collect());
+        }
+    }
 }
 
 fn wrong_kind(expected: &str) -> crate::Error {
@@ -138,9 +159,14 @@ impl VecOps for HostOps {
         StateBuf::Host(v)
     }
     fn state_mut(s: &mut StateBuf) -> Result<&mut Vec<f64>> {
+        // f32 state is widened in place for the update (`Optimizer::update_host` rounds it
+        // back afterwards): exact, and the same formula as f64 state from here on.
+        if let StateBuf::HostF32(v) = s {
+            *s = StateBuf::Host(v.iter().map(|&x| f64::from(x)).collect());
+        }
         match s {
             StateBuf::Host(v) => Ok(v),
-            StateBuf::Device(_) => Err(wrong_kind("host")),
+            StateBuf::HostF32(_) | StateBuf::Device(_) => Err(wrong_kind("host")),
         }
     }
 }
@@ -227,7 +253,7 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
     fn state_mut(s: &mut StateBuf) -> Result<&mut Buffer> {
         match s {
             StateBuf::Device(v) => Ok(v),
-            StateBuf::Host(_) => Err(wrong_kind("device")),
+            StateBuf::Host(_) | StateBuf::HostF32(_) => Err(wrong_kind("device")),
         }
     }
 }

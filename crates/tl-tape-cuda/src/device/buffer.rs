@@ -221,6 +221,22 @@ pub enum GemmTiles {
     Wide,
 }
 
+/// Which tiling the CUDA device's fused attention forward runs for heads of d ≤ 64:
+/// `tl_flash_fwd`, 32 keys a step in static shared memory, or `tl_flash_fwd_wide`, 64 keys a
+/// step (four tiles of 16: every thread in the softmax phase, half the barriers a key) in 51.5
+/// KiB of dynamic shared memory. Per query row every tile of 16 keys runs the same operations
+/// in the same order either way, so the choice changes the time, never the bits
+/// (`kernels/attention.cu`); d > 64 always takes the narrow kernel. Set per device with
+/// `CudaDevice::set_flash_tiles` (features `cuda`, `cuda-emu`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FlashTiles {
+    /// 32 keys a step (the default: the kernel timed on an H200).
+    #[default]
+    Narrow,
+    /// 64 keys a step, where d ≤ 64.
+    Wide,
+}
+
 /// The wide tiles (128×128 outputs, over every job of the launch) from which
 /// [`GemmTiles::Auto`] takes them. On an H200 (2026-11-27, `gpu-bundle/gemmbench`) the wide
 /// tiling ran 2048³ (256 tiles) in 0.76 ms against 0.92, 4096³ in 5.97 against 7.11, and lost

@@ -43,7 +43,7 @@ mod user;
 
 use std::collections::HashMap;
 
-use super::{Batch, Buffer, Device, Gemm, GemmTiles, buffer};
+use super::{Batch, Buffer, Device, FlashTiles, Gemm, GemmTiles, buffer};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Error, Precision, Result, abi};
@@ -62,6 +62,8 @@ pub struct CudaDevice {
     deterministic: Option<bool>,
     /// Which tiling the matrix products take.
     gemm_tiles: GemmTiles,
+    /// Which tiling the fused attention forward takes.
+    flash_tiles: FlashTiles,
     /// Kernel launches and copies so far.
     traffic: TrafficCounter,
 }
@@ -77,6 +79,7 @@ impl CudaDevice {
             funcs: HashMap::new(),
             deterministic: None,
             gemm_tiles: GemmTiles::Auto,
+            flash_tiles: FlashTiles::Narrow,
             traffic: TrafficCounter::default(),
         };
         // Resolve one kernel now, so a PTX the driver refuses fails here, not at first use.
@@ -114,6 +117,18 @@ impl CudaDevice {
     /// The tiling set by [`set_gemm_tiles`](Self::set_gemm_tiles).
     pub fn gemm_tiles(&self) -> GemmTiles {
         self.gemm_tiles
+    }
+
+    /// Which tiling this device's fused attention forward runs ([`FlashTiles::Narrow`] by
+    /// default). The same bits either way; the GPU bench times both
+    /// (`attention-core/flash-wide/n*`) so that the default follows the measurement.
+    pub fn set_flash_tiles(&mut self, tiles: FlashTiles) {
+        self.flash_tiles = tiles;
+    }
+
+    /// The tiling set by [`set_flash_tiles`](Self::set_flash_tiles).
+    pub fn flash_tiles(&self) -> FlashTiles {
+        self.flash_tiles
     }
 
     /// Number of live buffers.

@@ -40,7 +40,8 @@ use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
 pub use bias::{Act, BiasLayout};
 pub use buffer::{
-    Batch, Buffer, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES, WIDE_MIN_TILES,
+    Batch, Buffer, FlashTiles, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES,
+    WIDE_MIN_TILES,
 };
 use check::{BroadcastPlan, PermutePlan};
 pub use flash::{FLASH_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};

@@ -143,12 +143,20 @@ pub enum LaunchShape {
     /// A 1-D grid-stride launch over `n` elements, as the project's kernels: blocks of 256
     /// threads, `clamp(⌈n/256⌉, 1, 65535)` of them; nothing is launched for `n = 0`.
     GridStride(usize),
-    /// `grid` blocks (x, y, z) of `block` threads.
+    /// `grid` blocks (x, y, z) of `block` threads, each with `shared` bytes of dynamic shared
+    /// memory (PyTorch's `<<<grid, block, shared>>>`; 0 for none). The kernel declares it with
+    /// `TL_DYNAMIC_SHARED(float, name)` (docs/cuda.md, "Your own kernels": the emulator's
+    /// `cuda_emu.h` defines the macro, the kernel's own `#ifndef` defines it for nvcc as
+    /// `extern __shared__ float name[]`). Past 48 KiB the kernel is opted in at launch; beyond
+    /// what the GPU allows a block (227 KiB on sm_90, as the emulator checks) the launch fails
+    /// with an error naming the kernel.
     Grid {
         /// Blocks along x, y, z.
         grid: [u32; 3],
         /// Threads per block (1 to 1024).
         block: u32,
+        /// Bytes of dynamic shared memory per block.
+        shared: u32,
     },
 }
 

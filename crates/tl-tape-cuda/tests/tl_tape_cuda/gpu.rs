@@ -19,7 +19,8 @@ use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PointAct, PoolKind, Windows};
 use tl_tape_cuda::{
-    Batch, Buffer, CudaDevice, Device, Error, Gemm, GemmTiles, Result, SimDevice, determinism,
+    Batch, Buffer, CudaDevice, Device, Error, FlashTiles, Gemm, GemmTiles, Result, SimDevice,
+    determinism,
 };
 
 // The tensor-core GEMM under autocast (bf16 / TF32).
@@ -614,16 +615,22 @@ fn every_primitive_matches_the_simulation_device() {
 
 /// The fused attention core (kernels/attention.cu) against its sim twin on every case of
 /// the `flash` module (lengths off the tile, head sizes 1 to 128, every mask form, fully
-/// masked rows), forward and backward: bit for bit on the kernel emulator (its `expf`/`logf`
-/// are the host's, as the sim's), within 1e-5 on a GPU (CUDA's differ by a few ulps). The
-/// kernels use no atomics, so the reduction mode changes nothing.
+/// masked rows), forward and backward, with either forward tiling (`FlashTiles`): bit for bit
+/// on the kernel emulator (its `expf`/`logf` are the host's, as the sim's), within 1e-5 on a
+/// GPU (CUDA's differ by a few ulps). The kernels use no atomics, so the reduction mode
+/// changes nothing.
 #[test]
 fn the_fused_attention_kernels_match_their_sim_twin() {
     let Some(mut cuda) = gpu() else { return };
     let exact = cfg!(feature = "cuda-emu");
     let mut worst = 0.0f64;
     let mut bad = Vec::new();
-    for (k, case) in crate::flash::cases().iter().enumerate() {
+    let cases = crate::flash::cases();
+    let runs = [FlashTiles::Narrow, FlashTiles::Wide]
+        .into_iter()
+        .flat_map(|t| cases.iter().enumerate().map(move |(k, c)| (t, k, c)));
+    for (tiles, k, case) in runs {
+        cuda.set_flash_tiles(tiles);
         let data = crate::flash::inputs(&case.dims, 100 + k as u64);
         let want = crate::flash::run_core(&mut SimDevice::new(), case, &data).unwrap();
         let got = crate::flash::run_core(&mut cuda, case, &data).unwrap();
@@ -649,7 +656,7 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
             worst = worst.max(err);
             if (exact && !same) || err > 1e-5 {
                 bad.push(format!(
-                    "{}: {name}: max rel error {err:e} (bit-exact expected: {exact})",
+                    "{tiles:?} {}: {name}: max rel error {err:e} (bit-exact expected: {exact})",
                     case.name
                 ));
             }

@@ -318,6 +318,57 @@ mod emulated {
         assert_eq!(dev.memory_usage().live_bytes, 0);
     }
 
+    /// A user kernel with dynamic shared memory (`LaunchShape::Grid`'s `shared`): 64 KiB a
+    /// block, past the 48 KiB of static arrays, gives each block's run reversed; more bytes
+    /// than a block may have, or fewer than the kernel uses, are errors naming the kernel.
+    #[test]
+    fn a_user_kernel_takes_dynamic_shared_memory() {
+        let mut tape = tape();
+        let dev = tape.device_mut();
+        let words: u32 = 16 * 1024;
+        let n = 2 * words as usize;
+        let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let x = dev.upload(&xs).unwrap();
+        let reverse = |dev: &mut CudaDevice, shared: u32| {
+            launch(
+                dev,
+                "block_reverse",
+                &module(),
+                "tl_test_block_reverse",
+                LaunchShape::Grid {
+                    grid: [2, 1, 1],
+                    block: 256,
+                    shared,
+                },
+                &[KernelArg::In(x), KernelArg::Out(0), KernelArg::U32(words)],
+                &[n],
+            )
+        };
+        let y = reverse(dev, 4 * words).unwrap();
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let (b, w) = (i / words as usize, i % words as usize);
+                xs[b * words as usize + words as usize - 1 - w]
+            })
+            .collect();
+        assert_eq!(dev.download(y[0]).unwrap(), want);
+        dev.release(y[0]);
+        for (shared, says) in [
+            (228 * 1024, "more than a block may have"),
+            (4 * words - 4, "wrote outside its"),
+        ] {
+            let e = reverse(dev, shared).unwrap_err().to_string();
+            assert!(
+                e.contains("block_reverse")
+                    && e.contains("tl_test_block_reverse")
+                    && e.contains(says),
+                "{e}"
+            );
+        }
+        dev.release(x);
+        assert_eq!(dev.memory_usage().live_bytes, 0);
+    }
+
     #[test]
     fn wrong_kernels_are_caught() {
         let mut tape = tape();

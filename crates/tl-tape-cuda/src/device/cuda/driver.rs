@@ -8,7 +8,7 @@
 //! legacy default stream, so every launch and copy is ordered, and a block the allocator
 //! recycles is never still in use by an earlier kernel.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, OnceLock};
 
 use cust::sys;
@@ -205,8 +205,43 @@ pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize>
     }
 }
 
-/// Launch `f` on the default stream with `grid` × `block` threads.
-pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Arg]) -> Result<()> {
+/// The dynamic shared memory every kernel may take without opting in: 48 KiB.
+const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
+
+/// Launch `f` on the default stream with `grid` × `block` threads and `shared` bytes of
+/// dynamic shared memory a block (0 for none; `TL_DYNAMIC_SHARED` in kernels/common.cuh). Past the 48 KiB every kernel may have, the kernel is opted in first
+/// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); a request beyond what the GPU allows a
+/// block is an error naming `op` and the bytes.
+pub fn launch(
+    op: &'static str,
+    f: usize,
+    grid: [u32; 3],
+    block: u32,
+    shared: u32,
+    args: &[Arg],
+) -> Result<()> {
+    if shared > DEFAULT_DYNAMIC_SHARED {
+        let bytes = c_int::try_from(shared)
+            .map_err(|_| Error::kernel(op, format!("{shared} bytes of dynamic shared memory")))?;
+        // SAFETY: `f` is a function of a loaded module; the attribute and value are plain
+        // integers.
+        let r = unsafe {
+            sys::cuFuncSetAttribute(
+                f as sys::CUfunction,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::Driver {
+                op,
+                detail: format!(
+                    "{shared} bytes of dynamic shared memory a block: more than this GPU \
+                     allows ({r:?})"
+                ),
+            });
+        }
+    }
     let mut vals: Vec<Arg> = args.to_vec();
     let ptrs = arg::params(&mut vals);
     // SAFETY: `f` is a function of a loaded module; `ptrs` points into `vals`, which outlives
@@ -225,7 +260,7 @@ pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Ar
             block,
             1,
             1,
-            0,
+            shared,
             std::ptr::null_mut(),
             ptrs.as_ptr() as *mut *mut c_void,
             std::ptr::null_mut(),

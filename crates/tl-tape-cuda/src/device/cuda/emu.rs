@@ -27,6 +27,7 @@ unsafe extern "C" {
         index: c_int,
         grid: *const u32,
         block: u32,
+        shared: u32,
         params: *mut *mut c_void,
         sig: *const c_char,
         err: *mut c_char,
@@ -150,9 +151,19 @@ pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize>
     })
 }
 
-/// Run kernel `f` with `grid` × `block` threads; the emulator refuses arguments that do not
-/// match the kernel's parameters, pointers outside live allocations, and out-of-bounds writes.
-pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Arg]) -> Result<()> {
+/// Run kernel `f` with `grid` × `block` threads and `shared` bytes of dynamic shared memory a
+/// block (0 for none; `TL_DYNAMIC_SHARED`); the emulator refuses arguments that do not match
+/// the kernel's parameters, pointers outside live allocations, and out-of-bounds writes; it
+/// refuses more than sm_90 allows a block (227 KiB), poisons it before each block and
+/// reports a write past either end.
+pub fn launch(
+    op: &'static str,
+    f: usize,
+    grid: [u32; 3],
+    block: u32,
+    shared: u32,
+    args: &[Arg],
+) -> Result<()> {
     let index = c_int::try_from(f).map_err(|_| Error::kernel(op, "bad kernel index"))?;
     let mut vals: Vec<Arg> = args.to_vec();
     let mut ptrs = arg::params(&mut vals);
@@ -169,6 +180,7 @@ pub fn launch(op: &'static str, f: usize, grid: [u32; 3], block: u32, args: &[Ar
             index,
             grid.as_ptr(),
             block,
+            shared,
             ptrs.as_mut_ptr(),
             sig.as_ptr(),
             err.as_mut_ptr(),
@@ -265,7 +277,7 @@ mod tests {
 
     /// `tl_full` over one block of 256 threads with the given arguments.
     fn full(args: &[Arg]) -> Result<()> {
-        launch("full", function("tl_full")?, [1, 1, 1], 256, args)
+        launch("full", function("tl_full")?, [1, 1, 1], 256, 0, args)
     }
 
     /// Launch a self-test kernel over one block of 256 threads on this thread, in the given
@@ -274,7 +286,7 @@ mod tests {
         let out = alloc_floats(256);
         // SAFETY: sets a thread-local flag of the runtime.
         unsafe { tl_emu_set_reverse(c_int::from(reverse)) };
-        let r = launch(name, function(name)?, [1, 1, 1], 256, &[Arg::Ptr(out)]);
+        let r = launch(name, function(name)?, [1, 1, 1], 256, 0, &[Arg::Ptr(out)]);
         // SAFETY: as above.
         unsafe { tl_emu_set_reverse(0) };
         let v = r.and_then(|()| copy_to_host(out, 256));
@@ -291,6 +303,7 @@ mod tests {
             f,
             [4, 1, 1],
             256,
+            0,
             &[Arg::Ptr(out), Arg::U64(1000), Arg::F32(2.5)],
         )
         .unwrap();
@@ -346,7 +359,7 @@ mod tests {
         let f = function("tl_full").unwrap();
         let args = [Arg::Ptr(out), Arg::U64(4), Arg::F32(1.0)];
         for (grid, block) in [([1, 1, 1], 1025), ([1, 1, 1], 0), ([1, 65_536, 1], 256)] {
-            let d = detail(launch("full", f, grid, block, &args));
+            let d = detail(launch("full", f, grid, block, 0, &args));
             assert!(d.contains("outside CUDA's limits"), "{d}");
         }
         DeviceMemory.free(out, 16);
@@ -364,6 +377,19 @@ mod tests {
         let d = detail(copy_to_host(p + 4, 8).map(|_| ()));
         assert!(d.contains("download of 8 floats"), "{d}");
         DeviceMemory.free(p, 32);
+    }
+
+    /// Dynamic shared memory starts each block as the poison (a NaN), so a read before any
+    /// write shows; the launch's bytes stay within what a block may have.
+    #[test]
+    fn unwritten_dynamic_shared_memory_is_nan() {
+        let out = alloc_floats(256);
+        let f = function("tl_emu_test_dynamic_unwritten").unwrap();
+        launch("dyn", f, [2, 1, 1], 256, 1024, &[Arg::Ptr(out)]).unwrap();
+        assert!(copy_to_host(out, 256).unwrap().iter().all(|v| v.is_nan()));
+        let d = detail(launch("dyn", f, [1, 1, 1], 256, 300_000, &[Arg::Ptr(out)]));
+        assert!(d.contains("300000 bytes of dynamic shared memory"), "{d}");
+        DeviceMemory.free(out, 1024);
     }
 
     #[test]
@@ -400,7 +426,7 @@ mod tests {
         // SAFETY: sets a thread-local flag of the runtime.
         unsafe { tl_emu_set_reverse(c_int::from(reverse)) };
         let args = [Arg::Ptr(pa), Arg::Ptr(pb), Arg::Ptr(out), Arg::U32(flag)];
-        let r = launch(name, function(name)?, [1, 1, 1], 64, &args);
+        let r = launch(name, function(name)?, [1, 1, 1], 64, 0, &args);
         // SAFETY: as above.
         unsafe { tl_emu_set_reverse(0) };
         let v = r.and_then(|()| copy_to_host(out, 256));

@@ -7,7 +7,7 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use crate::Result;
-use crate::device::{Buffer, Device, FLASH_TILE, Flash};
+use crate::device::{Buffer, Device, FLASH_TILE, Flash, FlashTiles};
 
 /// Blocks of a launch over `jobs` blocks of work (grid-stride beyond 65 535).
 fn grid(jobs: usize) -> [u32; 3] {
@@ -19,6 +19,11 @@ fn grid(jobs: usize) -> [u32; 3] {
 fn fwd_rows(f: &Flash) -> usize {
     if f.dims.d <= 64 { 64 } else { 32 }
 }
+
+/// Bytes of dynamic shared memory of `tl_flash_fwd_wide`: `TL_FA_FWD_SMEM(64, 64, 64)` floats
+/// (kernels/attention.cu: Q^T, K^T or V, the scores, three (tile, row) arrays of four tiles, m
+/// and l; the emulator's guard zones catch a kernel that uses more).
+const FWD_WIDE_SMEM_BYTES: u32 = 4 * (3 * 64 * 64 + 3 * 4 * 64 + 2 * 64);
 
 /// Query rows (keys) per block of `tl_flash_bwd_q` (`tl_flash_bwd_kv`): 64 when d ≤ 64
 /// (`tl_fa_bwd_q64`, `tl_fa_bwd_kv64`), else one tile of [`FLASH_TILE`].
@@ -81,7 +86,12 @@ impl CudaDevice {
                         Arg::Ptr(lse),
                     ];
                     args.extend(Self::flash_tail(f));
-                    d.run(OP, "tl_flash_fwd", grid(f.dims.blocks(fwd_rows(f))), &args)
+                    let jobs = grid(f.dims.blocks(fwd_rows(f)));
+                    if d.flash_tiles == FlashTiles::Wide && f.dims.d <= 64 {
+                        d.run_shared(OP, "tl_flash_fwd_wide", jobs, FWD_WIDE_SMEM_BYTES, &args)
+                    } else {
+                        d.run(OP, "tl_flash_fwd", jobs, &args)
+                    }
                 })?);
                 Ok(())
             })

@@ -71,9 +71,34 @@ impl CudaDevice {
         block: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_kernel(op, kernel, (grid, block, 0), args)
+    }
+
+    /// Launch `kernel` with `grid` blocks of 256 threads and `shared` bytes of dynamic shared
+    /// memory a block (`TL_DYNAMIC_SHARED`).
+    pub(super) fn run_shared(
+        &mut self,
+        op: &'static str,
+        kernel: &'static str,
+        grid: [u32; 3],
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.launch_kernel(op, kernel, (grid, BLOCK as u32, shared), args)
+    }
+
+    /// The one launch path of our kernels: resolve, count, launch with `(grid, block,
+    /// shared bytes)`.
+    fn launch_kernel(
+        &mut self,
+        op: &'static str,
+        kernel: &'static str,
+        (grid, block, shared): ([u32; 3], u32, u32),
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self.func(kernel)?;
         self.traffic.launch();
-        driver::launch(op, f, grid, block, args)
+        driver::launch(op, f, grid, block, shared, args)
     }
 
     /// Allocate `outs` buffers of `n` elements, run `body` with their addresses, and release

@@ -31,8 +31,12 @@ impl KernelDevice for CudaDevice {
         };
         let launch = match shape {
             LaunchShape::GridStride(0) => None,
-            LaunchShape::GridStride(n) => Some(([blocks(n), 1, 1], BLOCK as u32)),
-            LaunchShape::Grid { grid, block } => Some((grid, block)),
+            LaunchShape::GridStride(n) => Some(([blocks(n), 1, 1], BLOCK as u32, 0)),
+            LaunchShape::Grid {
+                grid,
+                block,
+                shared,
+            } => Some((grid, block, shared)),
         };
         // The inputs first: a released buffer fails before anything is allocated.
         let mut raw = Vec::with_capacity(args.len());
@@ -74,11 +78,11 @@ impl KernelDevice for CudaDevice {
             .into_iter()
             .map(|r| r.unwrap_or_else(|k| Arg::Ptr(ptrs[k])))
             .collect();
-        let Some((grid, block)) = launch else {
+        let Some((grid, block, shared)) = launch else {
             return Ok(bufs);
         };
         self.traffic.launch();
-        match driver::launch(kernel, f, grid, block, &args) {
+        match driver::launch(kernel, f, grid, block, shared, &args) {
             Ok(()) => Ok(bufs),
             Err(e) => {
                 self.release_all(bufs);
