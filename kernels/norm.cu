@@ -28,10 +28,10 @@ __device__ __forceinline__ u32 tl_norm_feature(u64 i, u32 groups, u32 seg, u32 p
     return per_column ? (u32)(i % seg) : (u32)((i / seg) % groups);
 }
 
-// Group k's mean and 1 / sqrt(max(var, 0) + eps), two passes; every thread of the block gets
-// both.
-__device__ void tl_norm_group_stats(const float* x, u32 k, u32 m, u32 groups, u32 seg, float eps,
-                                    float* smem, float* mean_out, float* rstd_out) {
+// Group k's mean and biased variance max(sum (x - mean)^2 / m, 0), two passes; every thread of
+// the block gets both.
+__device__ void tl_norm_group_moments(const float* x, u32 k, u32 m, u32 groups, u32 seg,
+                                      float* smem, float* mean_out, float* var_out) {
     const float mf = (float)m;
     float s, sq;
     TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)]);
@@ -39,8 +39,16 @@ __device__ void tl_norm_group_stats(const float* x, u32 k, u32 m, u32 groups, u3
     TL_NORM_REDUCE(sq, m, 0.0f, AddOp(),
                    (x[tl_norm_index(k, e, groups, seg)] - mean) *
                        (x[tl_norm_index(k, e, groups, seg)] - mean));
-    const float var = fmaxf(sq / mf, 0.0f);
     *mean_out = mean;
+    *var_out = fmaxf(sq / mf, 0.0f);
+}
+
+// Group k's mean and 1 / sqrt(max(var, 0) + eps), two passes; every thread of the block gets
+// both.
+__device__ void tl_norm_group_stats(const float* x, u32 k, u32 m, u32 groups, u32 seg, float eps,
+                                    float* smem, float* mean_out, float* rstd_out) {
+    float var;
+    tl_norm_group_moments(x, k, m, groups, seg, smem, mean_out, &var);
     *rstd_out = 1.0f / sqrtf(var + eps);
 }
 
@@ -61,6 +69,33 @@ extern "C" __global__ void tl_norm_stats(const float* x, float* stats, u32 outer
             stats[k] = mean;
             stats[groups + k] = rstd;
         }
+    }
+}
+
+// batchMoments: out[k] = mean, out[groups + k] = max(var, 0) (biased), one block per group: the
+// sums of tl_norm_stats, without eps.
+extern "C" __global__ void tl_norm_moments(const float* x, float* out, u32 outer, u32 groups,
+                                           u32 seg) {
+    __shared__ float smem[33];
+    for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
+        float mean, var;
+        tl_norm_group_moments(x, k, outer * seg, groups, seg, smem, &mean, &var);
+        if (threadIdx.x == 0) {
+            out[k] = mean;
+            out[groups + k] = var;
+        }
+    }
+}
+
+// batchMoments' VJP: dx = (g[k] + 2 * g[groups + k] * (x - mean[k])) / m, in this order,
+// grid-stride over the n elements (moments = the forward's output, [means, variances]).
+extern "C" __global__ void tl_norm_moments_bwd(const float* x, const float* moments,
+                                               const float* g, float* dx, u64 n, u32 groups,
+                                               u32 seg, u32 m) {
+    const float mf = (float)m;
+    TL_GRID_STRIDE(i, n) {
+        const u32 k = (u32)((i / seg) % groups);
+        dx[i] = (g[k] + 2.0f * g[groups + k] * (x[i] - moments[k])) / mf;
     }
 }
 

@@ -396,10 +396,15 @@ impl Dag {
                         self.add(Op::Reshape(Shape::new(&[r, c, 1])), &[x])
                     }
                 };
-                let d = self.shape(x);
-                let ch = Shape::new(&[d.dims()[d.rank() - 3]]);
-                let (g, b) = (self.adapt(y, &ch), self.adapt(z, &ch));
-                self.add(Op::BatchNorm { eps: 0.05 }, &[x, g, b]);
+                if p / 2 % 2 == 1 {
+                    // The statistics alone: (2, C).
+                    self.add(Op::BatchMoments, &[x]);
+                } else {
+                    let d = self.shape(x);
+                    let ch = Shape::new(&[d.dims()[d.rank() - 3]]);
+                    let (g, b) = (self.adapt(y, &ch), self.adapt(z, &ch));
+                    self.add(Op::BatchNorm { eps: 0.05 }, &[x, g, b]);
+                }
             }
             38 => {
                 let x = self.as_rank(x, 2);

@@ -136,6 +136,7 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | ScatterAddRow { .. }
         | LayerNorm { .. }
         | BatchNorm { .. }
+        | BatchMoments
         | MaskedSoftmax { .. }
         | MultiHeadAttention { .. }
         | Conv { .. }

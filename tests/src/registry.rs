@@ -310,6 +310,7 @@ registry! {
     Op::ScatterAddRow { .. } => entry("scatterAddRow", |z| scatter_add(z, true)),
     Op::LayerNorm { .. } => entry("layerNorm", layer_norm),
     Op::BatchNorm { .. } => entry("batchnormChannelFirst", batch_norm),
+    Op::BatchMoments => entry("batchMoments", batch_moments),
     Op::MaskedSoftmax { .. } => entry("maskedSoftmax", masked_softmax),
     Op::MultiHeadAttention { .. } => entry("multiHeadAttention", multi_head_attention),
     Op::Conv { .. } => entry("conv", conv),

@@ -121,6 +121,7 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         )),
         LayerNorm { eps } => norm::layer_norm(x[0], x[1], x[2], T::lit(*eps)),
         BatchNorm { eps } => norm::batch_norm(x[0], x[1], x[2], T::lit(*eps)),
+        BatchMoments => norm::batch_moments(x[0]),
         MaskedSoftmax { mask } => att::masked_softmax(x[0], mask),
         MultiHeadAttention { heads, mask, .. } => {
             mha::multi_head_attention([x[0], x[1], x[2], x[3]], x[4], *heads, mask.as_ref())
@@ -281,6 +282,7 @@ pub fn vjp<T: Scalar>(
             norm::normalize_vjp(groups(op, x[0]), x[0], x[1], x[2], T::lit(*eps), g)
                 .map(|(dx, dg, db)| vec![Some(dx), Some(dg), Some(db)])
         }
+        BatchMoments => one(norm::batch_moments_vjp(x[0], g)),
         MaskedSoftmax { mask } => one(att::masked_softmax_vjp(x[0], mask, g)),
         MultiHeadAttention { heads, mask, .. } => {
             let w = [x[0], x[1], x[2], x[3]];
@@ -431,6 +433,7 @@ pub fn jvp<T: Scalar>(
             let gr = groups(op, x[0]);
             norm::normalize_jvp(gr, x[0], x[1], T::lit(*eps), dx[0], dx[1], dx[2])
         }
+        BatchMoments => norm::batch_moments_jvp(x[0], dx[0]),
         MaskedSoftmax { mask } => att::masked_softmax_jvp(x[0], mask, dx[0]),
         // Forward mode through the composition of primitive ops (`compose`).
         MultiHeadAttention { heads, mask, .. } => {

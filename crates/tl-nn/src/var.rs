@@ -181,6 +181,10 @@ impl<'g, O: Train> Var<'g, O> {
         gelu_erf;
         /// Identity without gradient. PyTorch: `x.detach()`.
         detach;
+        /// Per-channel batch mean (row 0) and biased variance (row 1) of (C, H, W) or
+        /// (N, C, H, W), shaped (2, C). PyTorch: `torch.var_mean(x, dim=(0, 2, 3),
+        /// unbiased=False)`.
+        batch_moments;
         /// All axes into one. PyTorch: `torch.flatten(x)`.
         flatten;
         /// (m, n) → (n, m). PyTorch: `x.T`.

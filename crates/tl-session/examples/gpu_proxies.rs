@@ -3,7 +3,7 @@
 //! (`benches/common/models.rs`), eager and linked, each step the user's `Runtime::step` (reset,
 //! record, `backward_step` with the model's optimizer): the small ones (mlp, cnn, transformer
 //! block) by default, the realistic sizes (the wide mlp, the ResNet, the LM) with `--models
-//! realistic`, both with `--models all`.
+//! realistic`, both with `--models all`, the ResNet alone with `--models resnet`.
 //!
 //! ```sh
 //! cargo run --release -p tl-session --example gpu_proxies                 # the simulation device
@@ -72,9 +72,12 @@ enum Models {
     Realistic,
     /// Both.
     All,
+    /// The realistic ResNet alone (its batch norms' traffic, without the hour of the rest).
+    ResNet,
 }
 
-const USAGE: &str = "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all]";
+const USAGE: &str =
+    "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all|resnet]";
 
 fn parse(args: &[String]) -> Option<(Backend, Models)> {
     let (mut backend, mut models) = (Backend::CudaSim, Models::Small);
@@ -87,6 +90,7 @@ fn parse(args: &[String]) -> Option<(Backend, Models)> {
             ("--models", "small") => models = Models::Small,
             ("--models", "realistic") => models = Models::Realistic,
             ("--models", "all") => models = Models::All,
+            ("--models", "resnet") => models = Models::ResNet,
             _ => return None,
         }
     }
@@ -123,6 +127,10 @@ fn run(backend: Backend, which: Models) -> Result<()> {
         Models::Small => small.into_iter().collect(),
         Models::Realistic => realistic.into_iter().collect(),
         Models::All => small.into_iter().chain(realistic).collect(),
+        Models::ResNet => realistic
+            .into_iter()
+            .filter(|(n, _)| n.starts_with("resnet"))
+            .collect(),
     };
     println!("backend: {backend:?} (figures per training step, steady state)\n");
     println!(

@@ -230,6 +230,9 @@ pub trait Ops {
         fn layer_norm[x, gamma, beta](eps: f64) => Op::LayerNorm { eps };
         /// Batch norm with batch statistics, (C,H,W) or (N,C,H,W). PyTorch: `F.batch_norm(training=True)`.
         fn batchnorm_channel_first[x, gamma, beta](eps: f64) => Op::BatchNorm { eps };
+        /// Per-channel batch mean (row 0) and biased variance (row 1) of (C,H,W) or
+        /// (N,C,H,W), shaped (2, C). PyTorch: `torch.var_mean(x, dim=(0, 2, 3), unbiased=False)`.
+        fn batch_moments[x]() => Op::BatchMoments;
         /// Softmax over the last axis with a hard (n, n) mask.
         fn masked_softmax[x](mask: tl_spec::ops::attention::Mask) => Op::MaskedSoftmax { mask };
         /// Multi-head self-attention (no biases); `fused` picks the streaming kernel.

@@ -85,7 +85,7 @@ pub fn reduction_len(graph: &GraphData) -> usize {
             Op::BroadcastTo(to) => to.numel() / numel(0).max(1),
             Op::MaskedSoftmax { .. } | Op::CrossEntropy { .. } => last(0),
             Op::LayerNorm { .. } => last(0).max(numel(0) / last(0).max(1)),
-            Op::BatchNorm { .. } => numel(0),
+            Op::BatchNorm { .. } | Op::BatchMoments => numel(0),
             Op::SpectralConv1dRfft { .. } => (0..node.args().len()).map(numel).max().unwrap_or(1),
             Op::MultiHeadAttention { .. } => largest(),
             Op::MaxPool { kernel, .. }

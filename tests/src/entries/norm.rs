@@ -1,4 +1,5 @@
-//! Case generators for the normalization family: `layerNorm` and `batchnormChannelFirst`.
+//! Case generators for the normalization family: `layerNorm`, `batchnormChannelFirst` and
+//! `batchMoments`.
 //!
 //! Normalized values are spread out on purpose: within each group the elements are a
 //! permutation of evenly spaced levels (1 apart) plus a perturbation of at most
@@ -51,6 +52,14 @@ pub fn layer_norm(z: Size) -> BoxedStrategy<OpCase> {
             let x = spread(x, |i| (i / d, i % d, d));
             OpCase::new(Op::LayerNorm { eps }, vec![x, g, b])
         })
+        .boxed()
+}
+
+/// `batchMoments(x)`: x (C, H, W) or (N, C, H, W) with dims 1–3 (large: up to 8), spread per
+/// channel as [`batch_norm`]'s x (channels of one element included: variance 0).
+pub fn batch_moments(z: Size) -> BoxedStrategy<OpCase> {
+    batch_norm(z)
+        .prop_map(|case| OpCase::new(Op::BatchMoments, vec![case.inputs[0].clone()]))
         .boxed()
 }
 

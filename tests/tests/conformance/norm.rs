@@ -1,6 +1,7 @@
 //! Normalization conventions with hand-worked values, on the IR and on the CPU tape (f64 and
 //! f32): layerNorm of one row (biased variance, ε inside the square root), batchnorm statistics
-//! spanning N·H·W, and clear errors for bad ε and empty statistics axes.
+//! spanning N·H·W, batchMoments (the same statistics, (2, C), and its VJP), and clear errors
+//! for bad ε and empty statistics axes.
 
 use tl_conformance::{Backend, CpuTape};
 use tl_ir::{GraphBuilder, Op};
@@ -123,6 +124,47 @@ fn batchnorm_statistics_span_n_h_w() {
             assert_eq!(ta.data(), tb.data());
         }
     }
+}
+
+#[test]
+fn batch_moments_are_batchnorms_statistics() {
+    // The x of `batchnorm_statistics_span_n_h_w`: channel 0 μ = 3, var = 5; channel 1 μ = 2,
+    // var = 3 (biased, over N·H·W = 4).
+    let x = Tensor::new([2, 2, 1, 2], vec![0.0, 2.0, 1.0, 1.0, 4.0, 6.0, 1.0, 5.0]).unwrap();
+    // Cotangent (gμ, gv) = ((1, 0), (0, 1)): channel 0 gets 1/4, channel 1 2·(x − 2)/4.
+    let g = Tensor::new([2, 2], vec![1.0, 0.0, 0.0, 1.0]).unwrap();
+    let want_dx = [0.25, 0.25, -0.5, -0.5, 0.25, 0.25, -0.5, 1.5];
+    for (k, res) in all_three(&Op::BatchMoments, std::slice::from_ref(&x), &g)
+        .iter()
+        .enumerate()
+    {
+        let tol = if k == 2 { 1e-6 } else { 1e-12 };
+        assert_eq!(res[0].shape().dims(), [2, 2]);
+        close("moments", &res[0], &[3.0, 2.0, 5.0, 3.0], tol);
+        close("dx", &res[1], &want_dx, tol);
+    }
+    // Unbatched (C, H, W): the first sample alone. Channel 0: [0, 2] (μ 1, var 1); channel 1:
+    // [1, 1] (μ 1, var 0).
+    let unb = Tensor::new([2, 1, 2], x.data()[..4].to_vec()).unwrap();
+    for res in all_three(&Op::BatchMoments, &[unb], &g) {
+        close("moments", &res[0], &[1.0, 1.0, 1.0, 0.0], 1e-6);
+    }
+    let s = |d: &[usize]| Shape::new(d);
+    for bad in [&[2, 3][..], &[2, 0, 3], &[0, 2, 1, 1], &[1, 2, 3, 4, 5]] {
+        let e = Op::BatchMoments
+            .infer_shape(&[&s(bad)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("batchMoments") && e.contains(&s(bad).to_string()),
+            "{e}"
+        );
+    }
+    let e = Op::BatchMoments
+        .infer_shape(&[&s(&[2, 2, 1, 2]), &s(&[2])])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("batchMoments"), "{e}");
 }
 
 #[test]

@@ -66,6 +66,7 @@ impl Op {
             ScatterAddRow { .. } => "scatterAddRow",
             LayerNorm { .. } => "layerNorm",
             BatchNorm { .. } => "batchnormChannelFirst",
+            BatchMoments => "batchMoments",
             MaskedSoftmax { .. } => "maskedSoftmax",
             MultiHeadAttention { .. } => "multiHeadAttention",
             Conv { .. } => "conv",
@@ -135,7 +136,7 @@ impl Op {
             | GatherIndexTensor
             | ScatterAddVec { .. }
             | ScatterAddRow { .. } => Family::Index,
-            LayerNorm { .. } | BatchNorm { .. } => Family::Norm,
+            LayerNorm { .. } | BatchNorm { .. } | BatchMoments => Family::Norm,
             MaskedSoftmax { .. } | MultiHeadAttention { .. } => Family::Attention,
             Conv { .. } | ConvTranspose { .. } => Family::Conv,
             MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => Family::Pool,

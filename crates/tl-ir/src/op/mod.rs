@@ -261,6 +261,12 @@ pub enum Op {
         /// ε > 0, finite.
         eps: f64,
     },
+    /// `x ↦ (2, C)`: the per-channel batch mean (row 0) and biased variance (row 1) of x
+    /// (C, H, W) or (N, C, H, W), over N·H·W elements: the statistics `batchnormChannelFirst`
+    /// normalizes with, computed where x lives so that a running-statistics update reads 2·C
+    /// values. Differentiable (`dx = (gμ + 2·gv·(x − μ))/m`). PyTorch: `torch.var_mean(x,
+    /// dim=(0, 2, 3), unbiased=False)`.
+    BatchMoments,
 
     // ---- attention ----
     /// Softmax along the last axis with a static hard mask (n, n) broadcast over leading axes;
@@ -459,6 +465,7 @@ impl fmt::Debug for Op {
             }
             LayerNorm { eps } => write!(f, "layerNorm(eps={eps})"),
             BatchNorm { eps } => write!(f, "batchnormChannelFirst(eps={eps})"),
+            BatchMoments => f.write_str("batchMoments"),
             MaskedSoftmax { mask } => write!(f, "maskedSoftmax({mask:?})"),
             MultiHeadAttention { heads, mask, fused } => {
                 write!(f, "multiHeadAttention(heads={heads}, fused={fused}")?;

@@ -77,6 +77,7 @@ impl Op {
                 .and_then(|()| norm::layer_norm_shape(s[0], s[1], s[2])),
             BatchNorm { eps } => norm::norm_params(self.name(), *eps)
                 .and_then(|()| norm::batch_norm_shape(s[0], s[1], s[2])),
+            BatchMoments => norm::batch_moments_shape(s[0]),
             MaskedSoftmax { mask } => masked_softmax_shape(s[0], mask),
             MultiHeadAttention { heads, mask, .. } => {
                 mha::mha_dims([s[0], s[1], s[2], s[3]], s[4], *heads, mask.as_ref())

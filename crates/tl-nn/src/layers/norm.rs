@@ -155,34 +155,18 @@ impl BatchNorm {
         Ok((x.reshape(&[n, c, rest, 1])?, n, rest))
     }
 
-    /// Update the running statistics from the batch (values of x as (N, C, R)).
-    fn update_running<O: Train>(
-        &self,
-        x: &Tensor<O::T>,
-        n: usize,
-        r: usize,
-        rt: &crate::Runtime<O>,
-    ) -> Result<()> {
+    /// Update the running statistics from the batch moments of x4 (N, C, R, 1): the op
+    /// `batchMoments` runs where x lives (on a CUDA backend, on the device), so only its 2·C
+    /// values (the means, then the biased variances) are read back, never x itself.
+    fn update_running<O: Train>(&self, x4: &Var<'_, O>, rt: &crate::Runtime<O>) -> Result<()> {
+        let moments = x4
+            .detach()?
+            .batch_moments()
+            .and_then(|m| m.value())
+            .map_err(|e| At::new(rt, self, &self.weight).op_error(e))?;
         let c = self.channels();
-        let count = n * r;
-        let data = x.data();
-        let (mut mean, mut var) = (vec![0.0f64; c], vec![0.0f64; c]);
-        for ch in 0..c {
-            let vals = (0..n).flat_map(|b| {
-                data[(b * c + ch) * r..(b * c + ch + 1) * r]
-                    .iter()
-                    .map(|v| v.as_f64())
-            });
-            let m = vals.clone().sum::<f64>() / count as f64;
-            let ss: f64 = vals.map(|v| (v - m) * (v - m)).sum();
-            mean[ch] = m;
-            // PyTorch's running variance is unbiased (n − 1); one element keeps the old one.
-            var[ch] = if count > 1 {
-                ss / (count - 1) as f64
-            } else {
-                f64::NAN
-            };
-        }
+        let count = x4.shape().numel() / c;
+        let (mean, var) = running_update(moments.data(), c, count);
         let mom = self.momentum;
         let old_m = rt.value_of(&self.running_mean)?;
         let old_v = rt.value_of(&self.running_var)?;
@@ -200,6 +184,24 @@ impl BatchNorm {
         rt.set_value(&self.running_mean, new_m)?;
         rt.set_value(&self.running_var, new_v)
     }
+}
+
+/// The batch statistics a running-statistics update takes, from `batchMoments`' values
+/// (`[μ…, var…]`, the biased variances of `count` elements per channel): the means and
+/// PyTorch's unbiased variances `var·count/(count − 1)`, NaN where a channel has one element
+/// (its running variance is kept).
+fn running_update<T: Scalar>(moments: &[T], c: usize, count: usize) -> (Vec<f64>, Vec<f64>) {
+    let mean = moments[..c].iter().map(|v| v.as_f64()).collect();
+    let var = (moments[c..2 * c].iter())
+        .map(|v| {
+            if count > 1 {
+                v.as_f64() * count as f64 / (count - 1) as f64
+            } else {
+                f64::NAN
+            }
+        })
+        .collect();
+    (mean, var)
 }
 
 impl Parameters for BatchNorm {
@@ -232,7 +234,7 @@ impl<O: Train> Module<O> for BatchNorm {
                     s.batchnorm_channel_first(x4.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
                 })
                 .map_err(|e| At::new(g.rt, self, &self.weight).op_error(e))?;
-            self.update_running(&x4.value()?, n, r, g.rt)?;
+            self.update_running(&x4, g.rt)?;
             y
         } else {
             // (x − running_mean)/√(running_var + ε)·γ + β, the statistics as constants.

@@ -18,6 +18,7 @@ mod losses;
 mod losses_fixture;
 mod models;
 mod rnn;
+mod running_stats;
 mod training;
 
 use tl_nn::{Activation, Linear, Runtime, Sequential};

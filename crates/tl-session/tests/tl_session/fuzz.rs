@@ -140,6 +140,7 @@ fn op() -> impl Strategy<Value = Op> {
         Op::LogSoftmax,
         Op::MseLoss,
         Op::GatherIndexTensor,
+        Op::BatchMoments,
     ]);
     let with_usize = (param(), param()).prop_flat_map(|(a, b)| {
         prop::sample::select(vec![

@@ -58,6 +58,20 @@ pub fn layer_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape>
 /// N·H·W > 0, gamma and beta (C); output shaped like x.
 pub fn batch_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape> {
     let op = "batchnormChannelFirst";
+    let c = channel_dims(op, x)?;
+    check_affine(op, &format!("{c} channels of x {x}"), c, gamma, beta)?;
+    Ok(x.clone())
+}
+
+/// Shape rule of `batchMoments(x)`: x (C, H, W) or (N, C, H, W) with N·H·W > 0; output (2, C)
+/// (row 0 the means, row 1 the biased variances).
+pub fn batch_moments_shape(x: &Shape) -> Result<Shape> {
+    let c = channel_dims("batchMoments", x)?;
+    Ok(Shape::new(&[2, c]))
+}
+
+/// C of a channel-first x (C, H, W) or (N, C, H, W) whose per-channel groups are non-empty.
+fn channel_dims(op: &'static str, x: &Shape) -> Result<usize> {
     x.check_size(op)?;
     // Saturating: with C = 0, H·W may overflow ([1, 0, 2⁶², 2⁶²] holds no element).
     let hw = |h: usize, w: usize| Shape::saturating_product(&[h, w]);
@@ -77,8 +91,7 @@ pub fn batch_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape>
             format!("statistics are taken over N·H·W elements, which is 0 for x {x}"),
         ));
     }
-    check_affine(op, &format!("{c} channels of x {x}"), c, gamma, beta)?;
-    Ok(x.clone())
+    Ok(c)
 }
 
 /// Which elements are normalized together: element `i` lies in group `group(i)` and uses
@@ -297,6 +310,89 @@ pub fn batch_norm<T: Scalar>(
     normalize(Groups::channels(x.shape()), x, gamma, beta, eps)
 }
 
+/// `batchMoments`: the per-channel batch mean and biased (population) variance of x (C, H, W)
+/// or (N, C, H, W), as (2, C): row 0 the means, row 1 the variances, over each channel's
+/// m = N·H·W elements, two passes, the variance clamped at ≥ 0 (the statistics
+/// `batchnormChannelFirst` normalizes with). PyTorch: `torch.var_mean(x, dim=(0, 2, 3),
+/// unbiased=False)` stacked as (mean, var); `nn.BatchNorm2d` updates its running
+/// statistics from these (the variance scaled by m/(m − 1)).
+pub fn batch_moments<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
+    let out = batch_moments_shape(x.shape())?;
+    let (mean, var) = moments(x, out.dims()[1]);
+    Tensor::new(out, mean.into_iter().chain(var).collect())
+}
+
+/// Per-channel means and biased variances (two passes, clamped at ≥ 0) of x (…, C, H, W).
+fn moments<T: Scalar>(x: &Tensor<T>, c: usize) -> (Vec<T>, Vec<T>) {
+    let gr = Groups::channels(x.shape());
+    let (mut sum, mut cnt) = (vec![T::zero(); c], vec![0usize; c]);
+    for (i, &v) in x.data().iter().enumerate() {
+        let (g, _) = gr.of(i);
+        sum[g] += v;
+        cnt[g] += 1;
+    }
+    let count: Vec<T> = cnt.iter().map(|&n| T::lit(n.max(1) as f64)).collect();
+    let mean: Vec<T> = sum.iter().zip(&count).map(|(&s, &n)| s / n).collect();
+    let mut sq = vec![T::zero(); c];
+    for (i, &v) in x.data().iter().enumerate() {
+        let (g, _) = gr.of(i);
+        sq[g] += (v - mean[g]) * (v - mean[g]);
+    }
+    let var = (sq.iter().zip(&count))
+        .map(|(&s, &n)| (s / n).max(T::zero()))
+        .collect();
+    (mean, var)
+}
+
+/// VJP of [`batch_moments`]: with g = (gμ, gv) (2, C), per channel of m elements
+/// `dx = (gμ + 2·gv·(x − μ))/m`.
+pub fn batch_moments_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
+    let out = batch_moments_shape(x.shape())?;
+    if g.shape() != &out {
+        return Err(Error::shape(
+            "batchMoments",
+            format!(
+                "cotangent has shape {}, expected {out} for x {}",
+                g.shape(),
+                x.shape()
+            ),
+        ));
+    }
+    let c = out.dims()[1];
+    let (mean, _) = moments(x, c);
+    let m = T::lit((x.numel() / c) as f64);
+    let gr = Groups::channels(x.shape());
+    let two = T::lit(2.0);
+    let dx = (x.data().iter().enumerate())
+        .map(|(i, &v)| {
+            let (k, _) = gr.of(i);
+            (g.data()[k] + two * g.data()[c + k] * (v - mean[k])) / m
+        })
+        .collect();
+    Tensor::new(x.shape().clone(), dx)
+}
+
+/// JVP of [`batch_moments`]: per channel, `dμ = mean(dx)` and `dvar = 2·mean((x − μ)·dx)`.
+pub fn batch_moments_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tensor<T>> {
+    same("batchMoments", x, dx)?;
+    let out = batch_moments_shape(x.shape())?;
+    let c = out.dims()[1];
+    let (mean, _) = moments(x, c);
+    let m = T::lit((x.numel() / c) as f64);
+    let gr = Groups::channels(x.shape());
+    let (mut dm, mut dv) = (vec![T::zero(); c], vec![T::zero(); c]);
+    for (i, (&v, &d)) in x.data().iter().zip(dx.data()).enumerate() {
+        let (k, _) = gr.of(i);
+        dm[k] += d;
+        dv[k] += (v - mean[k]) * d;
+    }
+    let two = T::lit(2.0);
+    let data = (dm.iter().map(|&s| s / m))
+        .chain(dv.iter().map(|&s| two * s / m))
+        .collect();
+    Tensor::new(out, data)
+}
+
 fn same<T: Scalar>(op: &'static str, x: &Tensor<T>, g: &Tensor<T>) -> Result<()> {
     if x.shape() == g.shape() {
         Ok(())
@@ -340,5 +436,26 @@ mod tests {
         assert!(batch_norm_shape(&s(&[2, 0, 3]), &s(&[2]), &s(&[2])).is_err());
         assert!(batch_norm_shape(&s(&[2, 3]), &s(&[2]), &s(&[2])).is_err());
         assert!(batch_norm_shape(&s(&[4, 2, 1, 3]), &s(&[2]), &s(&[2])).is_ok());
+        assert_eq!(batch_moments_shape(&s(&[4, 2, 1, 3])).unwrap(), s(&[2, 2]));
+        assert_eq!(batch_moments_shape(&s(&[3, 1, 1])).unwrap(), s(&[2, 3]));
+        let e = batch_moments_shape(&s(&[2, 3])).unwrap_err().to_string();
+        assert!(e.contains("batchMoments") && e.contains("[2, 3]"), "{e}");
+        assert!(batch_moments_shape(&s(&[0, 2, 1, 1])).is_err());
+    }
+
+    #[test]
+    fn batch_moments_by_hand() {
+        // (N=2, C=2, 1, 2): channel 0 holds 1, 2, 5, 8 (μ = 4, var = (9+4+1+16)/4 = 7.5),
+        // channel 1 holds 3, 3, 3, 3 (μ = 3, var = 0).
+        let x =
+            Tensor::<f64>::new([2, 2, 1, 2], vec![1.0, 2.0, 3.0, 3.0, 5.0, 8.0, 3.0, 3.0]).unwrap();
+        let y = batch_moments(&x).unwrap();
+        assert_eq!(y.shape().dims(), [2, 2]);
+        assert_eq!(y.data(), [4.0, 3.0, 7.5, 0.0]);
+        // VJP with gμ = (1, 0), gv = (1, 0): dx = (1 + 2(x − 4))/4 on channel 0, 0 elsewhere.
+        let g = Tensor::new([2, 2], vec![1.0, 0.0, 1.0, 0.0]).unwrap();
+        let dx = batch_moments_vjp(&x, &g).unwrap();
+        assert_eq!(dx.data(), [-1.25, -0.75, 0.0, 0.0, 0.75, 2.25, 0.0, 0.0]);
+        assert!(batch_moments_vjp(&x, &x).is_err());
     }
 }

@@ -7,6 +7,10 @@
 //! `dβ = Σ g`, `dγ = Σ g·x̂`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`; it reads each group's
 //! (μ, rstd) from what [`forward_saving`] kept (PyTorch's saved mean and rstd), or computes
 //! them again (same bits).
+//!
+//! `batchMoments` is the statistics alone: per channel the mean and biased variance of the
+//! same two passes (`[μ…, var…]`, shaped (2, C)), and the backward
+//! `dx = (gμ + 2·gv·(x − μ))/m`.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -81,6 +85,12 @@ impl Layout {
 
 /// Mean and 1/sqrt(var + ε) of group k, in two passes.
 fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (T, T) {
+    let (mean, var) = moments(l, k, x);
+    (mean, T::one() / (var + eps).sqrt())
+}
+
+/// Mean and biased variance (clamped at ≥ 0) of group k, in two passes.
+fn moments<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> (T, T) {
     let m = l.count::<T>();
     let mean = l
         .segs(k)
@@ -95,8 +105,59 @@ fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (T, T) {
                 .fold(T::zero(), |a, b| a + b)
         })
         .fold(T::zero(), |a, b| a + b);
-    let var = (sq / m).max(T::zero());
-    (mean, T::one() / (var + eps).sqrt())
+    (mean, (sq / m).max(T::zero()))
+}
+
+/// The channel layout of `batchMoments`' operand (checked by the shape rule).
+fn moments_layout<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Layout> {
+    check_arity(op, x)?;
+    op.infer_shape(&[x[0].shape()]).map_err(|e| match e {
+        tl_ir::Error::Spec(s) => crate::Error::from(s),
+        other => SpecError::shape(op.name(), other.to_string()).into(),
+    })?;
+    let d = x[0].shape().dims();
+    let r = d.len();
+    Ok(Layout {
+        outer: if r == 4 { d[0] } else { 1 },
+        c: d[r - 3],
+        seg: d[r - 2] * d[r - 1],
+        per_column: false,
+    })
+}
+
+/// `batchMoments`: `[μ₀…μ_{C−1}, var₀…var_{C−1}]` shaped (2, C).
+fn moments_forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+    let l = moments_layout(op, x)?;
+    let mut out = tl_spec::alloc::try_zeroed(op.name(), "output", 2 * l.c)?;
+    for k in 0..l.c {
+        (out[k], out[l.c + k]) = moments(&l, k, x[0].data());
+    }
+    tensor(tl_spec::Shape::new(&[2, l.c]), out)
+}
+
+/// `batchMoments`' cotangent `dx = (gμ + 2·gv·(x − μ))/m`, μ read from the output y.
+fn moments_backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+) -> Result<Grads<T>> {
+    let l = moments_layout(op, x)?;
+    let out = tl_spec::Shape::new(&[2, l.c]);
+    check_shape(op, "output", y, &out)?;
+    check_shape(op, "cotangent", g, &out)?;
+    let (xs, ys, gs) = (x[0].data(), y.data(), g.data());
+    let mut dx = tl_spec::alloc::try_zeroed(op.name(), "cotangent", xs.len())?;
+    let (m, two) = (l.count::<T>(), T::lit(2.0));
+    for k in 0..l.c {
+        let (mean, gm, gv) = (ys[k], gs[k], gs[l.c + k]);
+        for r in l.segs(k) {
+            for (d, &v) in dx[r.clone()].iter_mut().zip(&xs[r]) {
+                *d = (gm + two * gv * (v - mean)) / m;
+            }
+        }
+    }
+    Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])
 }
 
 /// Forward value of a normalization op.
@@ -109,6 +170,9 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
 /// The value and each group's (μ, rstd) as `[μ₀, rstd₀, μ₁, …]` (one list), what [`backward_saved`]
 /// reads instead of computing them again.
 pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
+    if let Op::BatchMoments = op {
+        return Ok((moments_forward(op, x)?, Vec::new()));
+    }
     let (l, eps) = Layout::of(op, x)?;
     let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
     let mut st = tl_spec::alloc::try_for_overwrite(op.name(), "workspace", 2 * l.c)?;
@@ -159,6 +223,10 @@ pub fn backward_saved<T: Scalar>(
     g: &Tensor<T>,
     saved: &[Vec<T>],
 ) -> Result<Grads<T>> {
+    if let Op::BatchMoments = op {
+        check_saved(op, saved, &[])?;
+        return moments_backward(op, x, y, g);
+    }
     let (l, eps) = Layout::of(op, x)?;
     check_shape(op, "output", y, x[0].shape())?;
     check_shape(op, "cotangent", g, x[0].shape())?;

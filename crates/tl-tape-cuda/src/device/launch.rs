@@ -185,6 +185,18 @@ pub trait Launch: LaunchIndex {
     /// The work of [`Device::norm_stats`]; operands already validated by it — callers
     /// use `norm_stats`.
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer>;
+    /// The work of [`Device::norm_moments`]; operands already validated by it — callers
+    /// use `norm_moments`.
+    fn launch_norm_moments(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer>;
+    /// The work of [`Device::norm_moments_bwd`]; operands already validated by it — callers
+    /// use `norm_moments_bwd`.
+    fn launch_norm_moments_bwd(
+        &mut self,
+        x: Buffer,
+        moments: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer>;
     /// The work of [`Device::norm_forward`] where it is one launch
     /// ([`NormLayout::fused_forward`]; the other layouts take `launch_norm_stats` and
     /// `launch_norm_apply`); operands already validated by it — callers use `norm_forward`.

@@ -537,6 +537,29 @@ pub trait Device: Launch {
         l.check_x("norm_stats", x)?;
         self.launch_norm_stats(x, l, eps)
     }
+    /// Per group of `l`: the mean μ and the biased variance `max(Σ(x − μ)²/m, 0)`, the sums of
+    /// [`norm_stats`](Self::norm_stats) (the same bits of μ and of the variance it adds ε
+    /// to). Returns `2·groups` values: the means, then the variances (`batchMoments`).
+    /// PyTorch: `torch.var_mean(x, unbiased=False)` per group.
+    fn norm_moments(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
+        l.check_x("norm_moments", x)?;
+        self.launch_norm_moments(x, l)
+    }
+    /// The VJP of [`norm_moments`](Self::norm_moments): with `g = [gμ…, gv…]` and `moments`
+    /// its output, per element of group k (m elements) `dx = (gμ_k + 2·gv_k·(x − μ_k))/m`.
+    fn norm_moments_bwd(
+        &mut self,
+        x: Buffer,
+        moments: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_moments_bwd";
+        l.check_x(OP, x)?;
+        check::len_is(OP, "moments", moments, 2 * l.groups)?;
+        check::len_is(OP, "cotangent", g, 2 * l.groups)?;
+        self.launch_norm_moments_bwd(x, moments, g, l)
+    }
     /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
     fn norm_apply(
         &mut self,

@@ -200,6 +200,7 @@ pub fn forward<D: Device>(
             let (y, stats) = norm::forward(dev, op, x[0], x[1], x[2])?;
             return kept(dev, op, shape, y, vec![stats]);
         }
+        BatchMoments => norm::moments(dev, op, x[0]),
         MaskedSoftmax { mask } => attention::masked_softmax(dev, x[0], mask),
         MultiHeadAttention { .. } => {
             let (y, w) = attention::mha(dev, op, x)?;
@@ -468,6 +469,7 @@ fn backward_into<D: Device>(
             let d = norm::backward(g.dev, op, x[0], x[1], gb, g.needs, workspace)?;
             g.set_all(d)
         }
+        BatchMoments => g.push(0, |d| norm::moments_back(d, op, x[0], y, gb)),
         MaskedSoftmax { mask } => g.push(0, |d| attention::masked_softmax_back(d, y, gb, mask)),
         MultiHeadAttention { .. } => {
             let d = attention::mha_back(g.dev, op, x, gb, g.needs, workspace)?;

@@ -5,6 +5,10 @@
 //! `dβ = Σ g`). The forward keeps the per-group statistics (means, reciprocal standard
 //! deviations) as the node's workspace; the backward reuses them while they are live and
 //! recomputes them once the tape has released workspaces.
+//!
+//! `batchMoments` is the statistics alone, one launch each way: [`Device::norm_moments`]
+//! (`[μ…, var…]`) and [`Device::norm_moments_bwd`] (`dx = (gμ + 2·gv·(x − μ))/m`, μ read
+//! from the op's output).
 
 use tl_ir::Op;
 use tl_spec::Error as SpecError;
@@ -15,28 +19,49 @@ use crate::{AnyBuffer, Result};
 
 /// The layout and ε of a normalization op on x.
 pub fn layout(op: &Op, x: &AnyBuffer) -> Result<(NormLayout, f32)> {
-    let d = x.shape().dims();
     match *op {
         Op::LayerNorm { eps } => {
             let (rows, cols) = x.shape().rows_cols();
             Ok((NormLayout::layer(rows, cols), ew::param(eps)))
         }
-        Op::BatchNorm { eps } => {
-            let (n, c, hw) = match *d {
-                [c, h, w] => (1, c, h * w),
-                [n, c, h, w] => (n, c, h * w),
-                _ => {
-                    return Err(SpecError::shape(
-                        op.name(),
-                        format!("x must be (C, H, W) or (N, C, H, W), got {}", x.shape()),
-                    )
-                    .into());
-                }
-            };
-            Ok((NormLayout::channels(n, c, hw), ew::param(eps)))
-        }
+        Op::BatchNorm { eps } => Ok((channels(op, x)?, ew::param(eps))),
         _ => Err(SpecError::param(op.name(), "not a normalization op").into()),
     }
+}
+
+/// The per-channel layout of x (C, H, W) or (N, C, H, W) (`batchnormChannelFirst`,
+/// `batchMoments`).
+fn channels(op: &Op, x: &AnyBuffer) -> Result<NormLayout> {
+    let (n, c, hw) = match *x.shape().dims() {
+        [c, h, w] => (1, c, h * w),
+        [n, c, h, w] => (n, c, h * w),
+        _ => {
+            return Err(SpecError::shape(
+                op.name(),
+                format!("x must be (C, H, W) or (N, C, H, W), got {}", x.shape()),
+            )
+            .into());
+        }
+    };
+    Ok(NormLayout::channels(n, c, hw))
+}
+
+/// `batchMoments`' value, `[μ…, var…]` ((2, C)).
+pub fn moments<D: Device>(dev: &mut D, op: &Op, x: &AnyBuffer) -> Result<Buffer> {
+    let l = channels(op, x)?;
+    dev.norm_moments(x.buffer(), l)
+}
+
+/// `batchMoments`' cotangent dx from its output `y` (the means it reads) and cotangent `g`.
+pub fn moments_back<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &AnyBuffer,
+    y: &AnyBuffer,
+    g: Buffer,
+) -> Result<Buffer> {
+    let l = channels(op, x)?;
+    dev.norm_moments_bwd(x.buffer(), y.buffer(), g, l)
 }
 
 /// Forward: `(y, stats)`, the statistics handed back as workspace.

@@ -749,6 +749,8 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
             Op::BatchNorm { eps: 1e-3 },
             &[(&[2, 3, 2, 2], Any), (&[3], Any), (&[3], Any)],
         ),
+        single(Op::BatchMoments, &[(&[2, 3, 2, 2], Any)]),
+        single(Op::BatchMoments, &[(&[4, 5, 3], Any)]),
         single(
             Op::MaskedSoftmax {
                 mask: Mask::causal(4).unwrap(),

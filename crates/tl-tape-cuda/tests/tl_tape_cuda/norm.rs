@@ -210,3 +210,64 @@ fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
         .to_string();
     assert!(e.contains("norm_forward") && e.contains("gamma"), "{e}");
 }
+
+/// `norm_moments` (`batchMoments`): the means and biased variances by hand, the same bits as
+/// the means `norm_stats` keeps and as its rstd once ε is added (one statistics code path),
+/// one launch; `norm_moments_bwd` the closed form `(gμ + 2·gv·(x − μ))/m`; bad operands are
+/// errors naming the primitive.
+#[test]
+fn moments_are_the_statistics_without_eps_and_their_vjp_is_the_closed_form() {
+    let mut d = SimDevice::new();
+    // (N=2, C=2, HW=2): channel 0 = [0, 2, 4, 6] (μ 3, var 5), channel 1 = [1, 1, 3, 3] (μ 2,
+    // var 1).
+    let x = d.upload(&[0.0, 2.0, 1.0, 1.0, 4.0, 6.0, 3.0, 3.0]).unwrap();
+    let l = NormLayout::channels(2, 2, 2);
+    let before = d.traffic().launches;
+    let mo = d.norm_moments(x, l).unwrap();
+    assert_eq!(d.traffic().launches, before + 1);
+    let got = d.download(mo).unwrap();
+    close(&got, &[3.0, 2.0, 5.0, 1.0], 0.0);
+    let eps = 0.5f32;
+    let st = d.norm_stats(x, l, eps).unwrap();
+    let st = d.download(st).unwrap();
+    assert_eq!(&st[..2], &got[..2]);
+    for k in 0..2 {
+        assert_eq!(
+            st[2 + k].to_bits(),
+            (1.0 / (got[2 + k] + eps).sqrt()).to_bits()
+        );
+    }
+    // g = (gμ, gv) = ((1, 0), (0.5, 2)): channel 0 dx = (1 + (x − 3))/4, channel 1
+    // dx = 4·(x − 2)/4.
+    let g = d.upload(&[1.0, 0.0, 0.5, 2.0]).unwrap();
+    let dx = d.norm_moments_bwd(x, mo, g, l).unwrap();
+    let want = [-0.5, 0.0, -1.0, -1.0, 0.5, 1.0, 1.0, 1.0];
+    close(&d.download(dx).unwrap(), &want, 0.0);
+    // Errors name the primitive: x of the wrong length, moments or cotangent not 2·C.
+    let e = d
+        .norm_moments(x, NormLayout::channels(3, 2, 2))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Kernel {
+                op: "norm_moments",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    for (m, g) in [(x, g), (mo, x)] {
+        let e = d.norm_moments_bwd(x, m, g, l).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Kernel {
+                    op: "norm_moments_bwd",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}

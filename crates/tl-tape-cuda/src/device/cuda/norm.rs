@@ -33,6 +33,52 @@ impl CudaDevice {
         })
     }
 
+    /// `tl_norm_moments` (`batchMoments`), one block per group.
+    pub(super) fn norm_moments_impl(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
+        const OP: &str = "norm_moments";
+        let px = self.ptr(OP, x)?;
+        self.with_out(OP, 2 * l.groups, |d, out| {
+            if l.groups == 0 {
+                return Ok(());
+            }
+            let args = [
+                Arg::Ptr(px),
+                Arg::Ptr(out),
+                Arg::U32(l.outer as u32),
+                Arg::U32(l.groups as u32),
+                Arg::U32(l.seg as u32),
+            ];
+            d.run(OP, "tl_norm_moments", [per_group(l.groups), 1, 1], &args)
+        })
+    }
+
+    /// `tl_norm_moments_bwd`, grid-stride over x's elements.
+    pub(super) fn norm_moments_bwd_impl(
+        &mut self,
+        x: Buffer,
+        moments: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_moments_bwd";
+        let n = x.len();
+        let ptrs = [x, moments, g]
+            .iter()
+            .map(|&b| self.ptr(OP, b).map(Arg::Ptr))
+            .collect::<Result<Vec<_>>>()?;
+        // check_x bounds outer·seg by x's length, which fits a u32.
+        let extra = [
+            Arg::U32(l.groups as u32),
+            Arg::U32(l.seg as u32),
+            Arg::U32(l.group_len() as u32),
+        ];
+        self.with_out(OP, n, |d, out| {
+            let mut p = ptrs.clone();
+            p.push(Arg::Ptr(out));
+            d.grid_stride(OP, "tl_norm_moments_bwd", n, &p, &extra)
+        })
+    }
+
     /// `tl_norm_fwd`, for the short groups of [`NormLayout::fused_forward`].
     pub(super) fn norm_forward_impl(
         &mut self,

@@ -351,6 +351,20 @@ impl Launch for CudaDevice {
         self.norm_stats_impl(x, l, eps)
     }
 
+    fn launch_norm_moments(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
+        self.norm_moments_impl(x, l)
+    }
+
+    fn launch_norm_moments_bwd(
+        &mut self,
+        x: Buffer,
+        moments: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        self.norm_moments_bwd_impl(x, moments, g, l)
+    }
+
     fn launch_norm_forward(
         &mut self,
         x: Buffer,

@@ -14,19 +14,43 @@
 use super::reduce::{block_max, block_sum};
 use crate::device::NormLayout;
 
+/// Group k's mean and biased variance `max(Σ (x − μ)²/m, 0)`, two passes (`tl_norm_group_moments`).
+fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (f32, f32) {
+    let m = l.group_len();
+    let mf = m as f32;
+    let mean = block_sum(m, |e| x[l.index(k, e)]) / mf;
+    let sq = block_sum(m, |e| {
+        let d = x[l.index(k, e)] - mean;
+        d * d
+    });
+    (mean, (sq / mf).max(0.0))
+}
+
 /// `out = [means…, rstds…]` of the groups of `l`.
 pub fn stats(x: &[f32], l: NormLayout, eps: f32, out: &mut [f32]) {
-    let (g, m) = (l.groups, l.group_len());
+    let g = l.groups;
     for k in 0..g {
-        let mf = m as f32;
-        let mean = block_sum(m, |e| x[l.index(k, e)]) / mf;
-        let sq = block_sum(m, |e| {
-            let d = x[l.index(k, e)] - mean;
-            d * d
-        });
-        let var = (sq / mf).max(0.0);
+        let (mean, var) = group_moments(x, l, k);
         out[k] = mean;
         out[g + k] = 1.0 / (var + eps).sqrt();
+    }
+}
+
+/// `out = [means…, variances…]` of the groups of `l` (`tl_norm_moments`, `batchMoments`).
+pub fn moments(x: &[f32], l: NormLayout, out: &mut [f32]) {
+    let g = l.groups;
+    for k in 0..g {
+        (out[k], out[g + k]) = group_moments(x, l, k);
+    }
+}
+
+/// `dx = (gμ + 2·gv·(x − μ))/m` per element (`tl_norm_moments_bwd`), μ from `mo`
+/// ([`moments`]' output) and `g = [gμ…, gv…]`.
+pub fn moments_bwd(x: &[f32], mo: &[f32], g: &[f32], l: NormLayout, dx: &mut [f32]) {
+    let mf = l.group_len() as f32;
+    for (i, (d, &v)) in dx.iter_mut().zip(x).enumerate() {
+        let k = (i / l.seg) % l.groups;
+        *d = (g[k] + 2.0 * g[l.groups + k] * (v - mo[k])) / mf;
     }
 }
 

@@ -320,6 +320,26 @@ impl Launch for SimDevice {
         })
     }
 
+    fn launch_norm_moments(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
+        self.launch("norm_moments", [x], 2 * l.groups, |[x], out| {
+            norm::moments(x, l, out)
+        })
+    }
+
+    fn launch_norm_moments_bwd(
+        &mut self,
+        x: Buffer,
+        moments: Buffer,
+        g: Buffer,
+        l: NormLayout,
+    ) -> Result<Buffer> {
+        const OP: &str = "norm_moments_bwd";
+        let n = x.len();
+        self.launch(OP, [x, moments, g], n, |[x, mo, g], dx| {
+            norm::moments_bwd(x, mo, g, l, dx)
+        })
+    }
+
     fn launch_norm_forward(
         &mut self,
         x: Buffer,
