@@ -11,13 +11,18 @@
 //!   `dx = w · cols(g)` permuted to (N, A, L), `dw = x' · cols(g)ᵀ`, `db = Σ g` per channel.
 //!
 //! The permutes are skipped for N = 1, where (A, 1, L) and (1, A, L) share a layout.
+//!
+//! The conv forward takes the implicit-GEMM kernel instead ([`Device::conv_implicit`]: `y`
+//! straight in (N, A, L), no column matrix, no permute) where [`gates::conv_implicit`] says:
+//! `f32` products with at least [`gates::CONV_IMPLICIT_MIN_TILES`] output tiles, where it gives
+//! the im2col path's bits. The backward keeps `im2col`/`col2im`.
 
 use tl_ir::Op;
 use tl_spec::Shape;
 
 use super::{Scratch, with_scratch};
 use crate::device::{BiasLayout, Buffer, Device, Gemm, Windows};
-use crate::{AnyBuffer, Error, Result};
+use crate::{AnyBuffer, Error, Result, gates};
 
 /// The dims of one conv or convTranspose node.
 struct Geo {
@@ -125,7 +130,12 @@ pub fn forward_with<D: Device, R>(
     let (w, b, xb) = (x[0].buffer(), x[1].buffer(), x[2].buffer());
     let (n, a, l, ck) = (geo.n(), geo.a, geo.l, geo.ck());
     with_scratch(dev, |dev, sc| {
-        if matches!(op, Op::Conv { .. }) {
+        if matches!(op, Op::Conv { .. })
+            && gates::conv_implicit(a, n * l, crate::precision::current())
+        {
+            let y = sc.tmp(dev.conv_implicit(w, xb, &geo.win, a)?);
+            epilogue(dev, y, b, BiasLayout::new(n, a, l))
+        } else if matches!(op, Op::Conv { .. }) {
             let cols = sc.tmp(dev.im2col(xb, &geo.win)?);
             let y = sc.tmp(dev.matmul(w, cols, Gemm::nn(a, ck, n * l))?);
             // (A, N·L) to (N, A, L) before the bias: the permute moves the same f32 sums.

@@ -1,4 +1,5 @@
-//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, their
+//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `conv_implicit`, `pool`,
+//! `pool_bwd`, their
 //! operands already checked by [`Device`](crate::device::Device)'s provided methods. `col2im`
 //! and `pool_bwd` take the gather kernels (one thread per output element, fixed order) in
 //! deterministic mode and the `atomicAdd` scatters into a zeroed output otherwise, both set up
@@ -7,7 +8,7 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use super::launch::dims8;
-use crate::Result;
+use crate::{Error, Result};
 use crate::device::{Buffer, PoolKind, WindowLens, Windows};
 
 /// The kernels' geometry arguments (`TL_GEO_PARAMS` in conv.cu); checked by [`Windows::check`],
@@ -55,6 +56,41 @@ impl CudaDevice {
                 &[Arg::Ptr(px), Arg::Ptr(out)],
                 &extra,
             )
+        })
+    }
+
+    /// `tl_conv_implicit`: one block of 256 threads per 64×64 output tile of the
+    /// `(out_channels, batch·small)` product, written in `(batch, out_channels, small)` order.
+    pub(super) fn conv_implicit_impl(
+        &mut self,
+        w: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        l: WindowLens,
+    ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit";
+        let (pw, px) = (self.ptr(OP, w)?, self.ptr(OP, x)?);
+        let y_len = win.batch * out_channels * l.small;
+        let gy = out_channels.div_ceil(64);
+        if gy > 65_535 {
+            return Err(Error::kernel(
+                OP,
+                format!("{out_channels} output channels exceed the grid limit 65535·64"),
+            ));
+        }
+        // Each count below is at most y_len (u32: checked by `Device::conv_implicit`).
+        let gx = (win.batch * l.small).div_ceil(64) as u32;
+        let mut args = vec![Arg::Ptr(pw), Arg::Ptr(px)];
+        let mut extra = geo_args(win, &l);
+        extra.push(Arg::U32(out_channels as u32));
+        self.with_out(OP, y_len, |d, out| {
+            if y_len == 0 {
+                return Ok(());
+            }
+            args.push(Arg::Ptr(out));
+            args.extend(extra);
+            d.run_blocks_of(OP, "tl_conv_implicit", [gx, gy as u32, 1], 256, &args)
         })
     }
 
