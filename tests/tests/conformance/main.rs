@@ -10,6 +10,7 @@ mod backprop;
 mod bad_input;
 mod conv_pool;
 mod conventions;
+mod conv_implicit;
 // Needs the kernel emulator: `--features cuda-emu`.
 #[cfg(feature = "cuda-emu")]
 mod cuda_emu;
