@@ -490,6 +490,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-conv-implicit-edge",
+        area: Kernel,
+        file: "kernels/conv.cu",
+        from: "if (pos < 0 || pos >= (long long)g.big.d[i]) return 0.0f;",
+        to: "if (pos < 0 || pos > (long long)g.big.d[i]) return 0.0f;",
+        bug: "the implicit-GEMM conv's loader reads the cell past each axis's end instead of the padding's zero",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-gemm-splits-reversed",
         area: Kernel,
         file: "kernels/linalg.cu",
