@@ -359,7 +359,10 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
         let shape = format!("n{batch}-c{c}-a{out}-{side}x{side}");
         let flops = 2.0 * (batch * out * l.small * c * 9) as f64;
         for (name, f) in [
-            ("implicit", &implicit as &dyn Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>),
+            (
+                "implicit",
+                &implicit as &dyn Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>,
+            ),
             ("im2col", &im2col),
         ] {
             let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {

@@ -71,7 +71,10 @@ mod tests {
         {
             let _on = force_conv_implicit_min_tiles(Some(0));
             assert!(conv_implicit(1, 1, Precision::F32));
-            assert!(!conv_implicit(1, 1, Precision::Bf16), "autocast keeps the GEMM");
+            assert!(
+                !conv_implicit(1, 1, Precision::Bf16),
+                "autocast keeps the GEMM"
+            );
             {
                 let _off = force_conv_implicit_min_tiles(Some(usize::MAX));
                 assert!(!conv_implicit(64, 32 * 1024, Precision::F32));

@@ -8,9 +8,9 @@ mod attention;
 mod autocast;
 mod backprop;
 mod bad_input;
+mod conv_implicit;
 mod conv_pool;
 mod conventions;
-mod conv_implicit;
 // Needs the kernel emulator: `--features cuda-emu`.
 #[cfg(feature = "cuda-emu")]
 mod cuda_emu;

@@ -35,9 +35,9 @@ pub mod window;
 #[allow(unsafe_code)]
 pub mod cuda;
 
-use crate::{Result, abi};
 use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
+use crate::{Result, abi};
 pub use bias::{Act, BiasLayout};
 pub use buffer::{
     Batch, Buffer, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES, WIDE_MIN_TILES,

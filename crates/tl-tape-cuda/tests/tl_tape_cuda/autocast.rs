@@ -111,7 +111,11 @@ fn autocast_keeps_the_conv_off_the_implicit_kernel() {
     let f32_implicit = run(Precision::F32, 0);
     for p in AUTOCAST {
         let forced = run(p, 0);
-        assert_eq!(forced, run(p, usize::MAX), "{p:?}: the gate changed the path");
+        assert_eq!(
+            forced,
+            run(p, usize::MAX),
+            "{p:?}: the gate changed the path"
+        );
         assert_ne!(forced, f32_implicit, "{p:?}: the operands were not rounded");
     }
 }

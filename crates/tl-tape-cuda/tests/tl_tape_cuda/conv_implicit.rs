@@ -49,12 +49,47 @@ fn case(
 /// 16-deep slice), many channels, and one product the im2col GEMM splits along `k`.
 pub fn cases() -> Vec<Case> {
     vec![
-        case("2d stride 2x1 pad 1", (2, 5, 7), &[10, 10], &[3, 2], &[2, 1], &[1, 1]),
-        case("2d 67 -> 70 channels", (3, 67, 70), &[9, 11], &[3, 3], &[1, 1], &[1, 1]),
+        case(
+            "2d stride 2x1 pad 1",
+            (2, 5, 7),
+            &[10, 10],
+            &[3, 2],
+            &[2, 1],
+            &[1, 1],
+        ),
+        case(
+            "2d 67 -> 70 channels",
+            (3, 67, 70),
+            &[9, 11],
+            &[3, 3],
+            &[1, 1],
+            &[1, 1],
+        ),
         case("1d batch 1", (1, 3, 4), &[130], &[5], &[3], &[2]),
-        case("3d", (1, 4, 9), &[5, 5, 5], &[2, 3, 2], &[1, 2, 2], &[1, 1, 0]),
-        case("4d", (2, 2, 3), &[3, 4, 3, 3], &[2, 2, 1, 2], &[1; 4], &[0, 1, 0, 1]),
-        case("2d 1x1 kernel", (2, 16, 65), &[8, 8], &[1, 1], &[1, 1], &[0, 0]),
+        case(
+            "3d",
+            (1, 4, 9),
+            &[5, 5, 5],
+            &[2, 3, 2],
+            &[1, 2, 2],
+            &[1, 1, 0],
+        ),
+        case(
+            "4d",
+            (2, 2, 3),
+            &[3, 4, 3, 3],
+            &[2, 2, 1, 2],
+            &[1; 4],
+            &[0, 1, 0, 1],
+        ),
+        case(
+            "2d 1x1 kernel",
+            (2, 16, 65),
+            &[8, 8],
+            &[1, 1],
+            &[1, 1],
+            &[0, 0],
+        ),
         case("2d split k", (1, 64, 8), &[6, 6], &[3, 3], &[1, 1], &[1, 1]),
     ]
 }
@@ -63,7 +98,11 @@ pub fn cases() -> Vec<Case> {
 pub fn operands(c: &Case, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let l = c.win.check("test").unwrap();
     let mut r = Gen::new(seed);
-    let mut v = |n: usize| (0..n).map(|_| r.range(-2.0, 2.0) as f32).collect::<Vec<_>>();
+    let mut v = |n: usize| {
+        (0..n)
+            .map(|_| r.range(-2.0, 2.0) as f32)
+            .collect::<Vec<_>>()
+    };
     let w = v(c.out_channels * c.win.channels * l.kernel);
     let x = v(l.big_len());
     (w, x)
@@ -117,13 +156,21 @@ fn the_implicit_conv_gives_the_im2col_gemms_bits_where_that_is_not_split() {
             assert_ne!(got, want, "{}: the split sums in another order", c.name);
         }
     }
-    assert!(split >= 2 && split + 4 <= cases().len(), "{split} cases split k");
+    assert!(
+        split >= 2 && split + 4 <= cases().len(),
+        "{split} cases split k"
+    );
     assert_eq!(d.memory_usage().live_buffers(), 0);
 }
 
 /// The value and the three gradients of a batched conv on a CUDA tape over the sim, with the
 /// implicit kernel's threshold at `min_tiles`, and the launches of the forward.
-fn on_tape(min_tiles: usize, op: &Op, xs: &[Tensor<f32>], g: &Tensor<f32>) -> (Vec<Tensor<f32>>, u64) {
+fn on_tape(
+    min_tiles: usize,
+    op: &Op,
+    xs: &[Tensor<f32>],
+    g: &Tensor<f32>,
+) -> (Vec<Tensor<f32>>, u64) {
     let _gate = gates::force_conv_implicit_min_tiles(Some(min_tiles));
     let mut t = CudaTape::new(SimDevice::new());
     let ids: Vec<_> = xs
@@ -136,7 +183,10 @@ fn on_tape(min_tiles: usize, op: &Op, xs: &[Tensor<f32>], g: &Tensor<f32>) -> (V
     let seed = AnyBuffer::upload(t.device_mut(), g).unwrap();
     let grads = t.backward_dense(y, &seed).unwrap();
     let mut out = vec![t.read::<f32>(y).unwrap()];
-    out.extend(ids.iter().map(|&i| grads[i].download::<f32, _>(t.device()).unwrap()));
+    out.extend(
+        ids.iter()
+            .map(|&i| grads[i].download::<f32, _>(t.device()).unwrap()),
+    );
     (out, launches)
 }
 
@@ -176,7 +226,10 @@ fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
         for (k, (a, b)) in got.iter().zip(&want).enumerate() {
             assert_eq!(a.shape(), b.shape());
             for (u, v) in a.data().iter().zip(b.data()) {
-                assert!((u - v).abs() <= 1e-5 * (1.0 + v.abs()), "{name} output {k}: {u} vs {v}");
+                assert!(
+                    (u - v).abs() <= 1e-5 * (1.0 + v.abs()),
+                    "{name} output {k}: {u} vs {v}"
+                );
             }
         }
     }
@@ -207,14 +260,36 @@ fn bad_operands_are_errors_naming_the_primitive() {
     let (w, x) = operands(c, 1);
     let (wb, xb) = (d.upload(&w).unwrap(), d.upload(&x).unwrap());
     let short = d.upload(&w[1..]).unwrap();
-    for (wb, xb, a) in [(short, xb, c.out_channels), (wb, wb, c.out_channels), (wb, xb, 6)] {
+    for (wb, xb, a) in [
+        (short, xb, c.out_channels),
+        (wb, wb, c.out_channels),
+        (wb, xb, 6),
+    ] {
         let e = d.conv_implicit(wb, xb, &c.win, a).unwrap_err();
-        assert!(matches!(e, Error::Kernel { op: "conv_implicit", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Kernel {
+                    op: "conv_implicit",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
     let mut bad = c.win.clone();
     bad.small[0] += 1;
     let e = d.conv_implicit(wb, xb, &bad, c.out_channels).unwrap_err();
-    assert!(matches!(e, Error::Kernel { op: "conv_implicit", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Kernel {
+                op: "conv_implicit",
+                ..
+            }
+        ),
+        "{e}"
+    );
     d.release_all([wb, xb, short]);
     assert_eq!(d.memory_usage().live_buffers(), 0);
 }

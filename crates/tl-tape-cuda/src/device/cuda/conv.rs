@@ -8,8 +8,8 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use super::launch::dims8;
-use crate::{Error, Result};
 use crate::device::{Buffer, PoolKind, WindowLens, Windows};
+use crate::{Error, Result};
 
 /// The kernels' geometry arguments (`TL_GEO_PARAMS` in conv.cu); checked by [`Windows::check`],
 /// so every count fits a `u32`.
