@@ -202,7 +202,7 @@ extern "C" __global__ void tl_pool_bwd_atomic(const float* x, const float* gr, f
     }
 }
 
-// ---- Implicit-GEMM convolution (forward) -------------------------------------------------------
+// ---- Implicit-GEMM convolution (forward; the input cotangent, tl_conv_implicit_dx, after it) ----
 //
 // tl_conv_implicit: y (N, A, L) = w (A, C·K) · im2col(x) (C·K, N·L) without the column matrix
 // (sim: conv::conv_implicit; the selection rule: ops::conv::implicit in the crate, docs/cuda.md).
@@ -314,6 +314,128 @@ __device__ void tiles(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const fl
     }
 }
 
+// The small cell whose window cell k reads the big cell at per-axis positions jp[i] + padding
+// (`jp` holds them), or -1 (window_of with the position decomposed once).
+template <int R>
+__device__ inline long long window_at(const Geo& g, const long long* jp, u32 k, int rank) {
+    u64 flat = 0, st = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+        const long long t = jp[i] - (long long)(k % g.kernel.d[i]);
+        k /= g.kernel.d[i];
+        if (t < 0 || t % g.stride.d[i] != 0 || t / g.stride.d[i] >= (long long)g.small.d[i])
+            return -1;
+        flat += (u64)(t / g.stride.d[i]) * st;
+        st *= g.small.d[i];
+    }
+    return (long long)flat;
+}
+
+// Big cell j's per-axis positions plus padding, into jp.
+template <int R>
+__device__ inline void big_pos(const Geo& g, u64 j, long long* jp, int rank) {
+    for (int i = rank - 1; i >= 0; --i) {
+        jp[i] = (long long)(j % g.big.d[i]) + (long long)g.padding.d[i];
+        j /= g.big.d[i];
+    }
+}
+
+// The input cotangent: dx (N, C, big) = col2im(wᵀ · g') without the column matrix. Rows c,
+// columns (n, j), depth a; for each window cell k from last to first, the term
+// part = Σ_a w[a, c, k] · g[n, a, o] (fma from 0 in increasing a, 16 a slice) of the small cell o
+// whose window cell k reads j, added to the output as acc + part where o exists (the gather
+// col2im's order over the GEMM's sums).
+template <int R>
+__device__ void tiles_dx(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const float* w,
+                         const float* gr, float* dx, const Geo& g, u32 batch, u32 channels,
+                         u32 kl, u32 sl, u32 bl, u32 depth) {
+    const int rank = R ? R : (int)g.rank;
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const u32 m = channels, ck = channels * kl;
+    const u64 n = (u64)batch * bl;
+    // The loader's column (as in `tiles`) and the thread's output columns, decomposed.
+    const u32 jb = threadIdx.x % BN, pb = threadIdx.x / BN;
+    const u64 gcol = (u64)col0 + jb;
+    const bool col_in = gcol < n;
+    const float* gb = gr + (col_in ? gcol / bl : 0) * depth * sl;
+    long long jp[R ? R : 8], op[TN][R ? R : 8];
+    big_pos<R>(g, col_in ? gcol % bl : 0, jp, rank);
+    bool out_in[TN];
+    for (int j = 0; j < TN; ++j) {
+        const u64 gj = (u64)col0 + reg_pos(tx, j);
+        out_in[j] = gj < n;
+        big_pos<R>(g, out_in[j] ? gj % bl : 0, op[j], rank);
+    }
+    const u32 sa = (depth + BK - 1) / BK;  // slices of a per window cell
+    const u32 steps = kl * sa;
+    float ra[LA], rb[LB];
+    // Step s: window cell kl - 1 - s / sa, a from 16·(s % sa).
+    auto fetch = [&](u32 s) {
+        const u32 k = kl - 1 - s / sa, a0 = (s % sa) * BK;
+        for (int l = 0; l < LA; ++l) {
+            const u32 e = threadIdx.x + 256 * l, i = e % BM, p = e / BM;  // c fastest
+            const u32 gi = row0 + i, ga = a0 + p;
+            ra[l] = gi < m && ga < depth ? w[(u64)ga * ck + (u64)gi * kl + k] : 0.0f;
+        }
+        const long long o = col_in ? window_at<R>(g, jp, k, rank) : -1;
+        for (int l = 0; l < LB; ++l) {
+            const u32 ga = a0 + pb + (u32)(256 / BN) * l;
+            rb[l] = o >= 0 && ga < depth ? gb[(u64)ga * sl + (u64)o] : 0.0f;
+        }
+    };
+    auto stage = [&](int buf) {
+        for (int l = 0; l < LA; ++l) {
+            const u32 e = threadIdx.x + 256 * l;
+            As[buf][e / BM][e % BM] = ra[l];
+        }
+        for (int l = 0; l < LB; ++l) Bs[buf][pb + (256 / BN) * l][jb] = rb[l];
+    };
+    float acc[TM][TN], part[TM][TN];
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) acc[i][j] = part[i][j] = 0.0f;
+    if (steps > 0) {
+        fetch(0);
+        stage(0);
+    }
+    __syncthreads();
+    int buf = 0;
+    for (u32 s = 0; s < steps; ++s) {
+        const bool more = s + 1 < steps;
+        if (more) fetch(s + 1);
+        const u32 a0 = (s % sa) * BK;
+        const u32 pend = depth - a0 < BK ? depth - a0 : BK;
+        for (u32 p = 0; p < pend; ++p) {
+            float ar[TM], br[TN];
+            for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
+            for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
+            for (int i = 0; i < TM; ++i)
+                for (int j = 0; j < TN; ++j) part[i][j] = __fmaf_rn(ar[i], br[j], part[i][j]);
+        }
+        if (s % sa == sa - 1) {  // the window cell's last slice: add its terms where o exists
+            const u32 k = kl - 1 - s / sa;
+            for (int j = 0; j < TN; ++j) {
+                const bool has = out_in[j] && window_at<R>(g, op[j], k, rank) >= 0;
+                for (int i = 0; i < TM; ++i) {
+                    if (has) acc[i][j] = __fadd_rn(acc[i][j], part[i][j]);
+                    part[i][j] = 0.0f;
+                }
+            }
+        }
+        if (more) stage(buf ^ 1);
+        __syncthreads();
+        buf ^= 1;
+    }
+    for (int j = 0; j < TN; ++j) {
+        const u64 gj = (u64)col0 + reg_pos(tx, j);
+        if (gj >= n) continue;
+        const u64 b = gj / bl, jj = gj % bl;
+        for (int i = 0; i < TM; ++i) {
+            const u32 gi = row0 + reg_pos(ty, i);
+            if (gi < m) dx[(b * m + gi) * bl + jj] = acc[i][j];
+        }
+    }
+}
+
 }  // namespace igemm
 
 // Grid (⌈N·L/64⌉, ⌈A/64⌉), 256 threads; m = A, the weight (A, C, kernel...) row-major.
@@ -335,5 +457,26 @@ extern "C" __global__ void __launch_bounds__(256)
             break;
         default:
             igemm::tiles<0>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
+    }
+}
+
+// Grid (⌈N·big/64⌉, ⌈C/64⌉), 256 threads; `depth` = A, the cotangent g (N, A, small).
+extern "C" __global__ void __launch_bounds__(256)
+    tl_conv_implicit_dx(const float* w, const float* gr, float* dx, TL_GEO_PARAMS, u32 depth) {
+    TL_GEO;
+    __shared__ __align__(16) float As[2][igemm::BK][igemm::BM + 4];
+    __shared__ __align__(16) float Bs[2][igemm::BK][igemm::BN + 4];
+    switch (rank) {
+        case 1:
+            igemm::tiles_dx<1>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+            break;
+        case 2:
+            igemm::tiles_dx<2>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+            break;
+        case 3:
+            igemm::tiles_dx<3>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+            break;
+        default:
+            igemm::tiles_dx<0>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
     }
 }

@@ -5,18 +5,19 @@
 //!
 //! | gate | production rule | override |
 //! |---|---|---|
-//! | conv forward by the implicit-GEMM kernel ([`conv_implicit`]) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
+//! | conv forward and input cotangent by the implicit-GEMM kernels ([`conv_implicit`]) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
 
 use std::cell::Cell;
 
 use crate::device::SPLIT_K_TILES;
 use crate::precision::Precision;
 
-/// The fewest 64×64 tiles of a conv's `(out_channels, batch·small)` output from which its
-/// forward runs the implicit-GEMM kernel (`tl_conv_implicit`) instead of `im2col` and the GEMM:
-/// [`SPLIT_K_TILES`], where the GEMM stops splitting `k`, so there the two paths give the same
-/// bits. Below it the im2col GEMM may split a long `k` over more blocks, which the implicit
-/// kernel does not.
+/// The fewest 64×64 output tiles from which a conv's forward (`(out_channels, batch·small)`
+/// outputs) runs the implicit-GEMM kernel `tl_conv_implicit` instead of `im2col` and the GEMM,
+/// and its input cotangent (`(channels, batch·big)` outputs) `tl_conv_implicit_dx` instead of
+/// the GEMM and `col2im`: [`SPLIT_K_TILES`], where the GEMM stops splitting `k`, so there the
+/// two paths give the same bits. Below it the GEMM may split a long `k` over more blocks,
+/// which the implicit kernels do not.
 pub const CONV_IMPLICIT_MIN_TILES: usize = SPLIT_K_TILES;
 
 /// The most 64-row tiles of output channels a grid holds (`gridDim.y`).
@@ -27,8 +28,8 @@ thread_local! {
 }
 
 /// Use `min_tiles` instead of [`CONV_IMPLICIT_MIN_TILES`] on this thread until the guard
-/// drops (`None`: the production threshold): `Some(0)` sends every `f32` conv forward to the
-/// implicit kernel, `Some(usize::MAX)` none.
+/// drops (`None`: the production threshold): `Some(0)` sends every `f32` conv forward and input
+/// cotangent to the implicit kernels, `Some(usize::MAX)` none.
 pub fn force_conv_implicit_min_tiles(min_tiles: Option<usize>) -> Guard {
     tl_spec::scoped::install(&CONV_IMPLICIT_MIN, min_tiles)
 }
@@ -36,16 +37,19 @@ pub fn force_conv_implicit_min_tiles(min_tiles: Option<usize>) -> Guard {
 /// Restores the override [`force_conv_implicit_min_tiles`] replaced when dropped.
 pub type Guard = tl_spec::scoped::Guard<Option<usize>>;
 
-/// Whether a conv forward with `out_channels` output channels over `cols = batch·small`
-/// output positions runs the implicit-GEMM kernel at precision `prec`: only `f32` products
-/// (the kernel does not round its operands, so autocast keeps the im2col GEMM on the tensor
-/// cores), at least the threshold's tiles, and a grid that holds the output channels.
-pub fn conv_implicit(out_channels: usize, cols: usize, prec: Precision) -> bool {
+/// Whether a conv product with `rows` output rows (the forward: output channels; the input
+/// cotangent: input channels) over `cols` output columns (`batch·small`; `batch·big`) runs its
+/// implicit-GEMM kernel at precision `prec`: only `f32` products (the kernels do not round
+/// their operands, so autocast keeps the GEMM on the tensor cores), at least the threshold's
+/// tiles, and a grid that holds the rows.
+pub fn conv_implicit(rows: usize, cols: usize, prec: Precision) -> bool {
     let min = CONV_IMPLICIT_MIN
         .with(Cell::get)
         .unwrap_or(CONV_IMPLICIT_MIN_TILES);
-    let rows = out_channels.div_ceil(64);
-    prec == Precision::F32 && rows <= GRID_Y_MAX && rows.saturating_mul(cols.div_ceil(64)) >= min
+    let tiles_y = rows.div_ceil(64);
+    prec == Precision::F32
+        && tiles_y <= GRID_Y_MAX
+        && tiles_y.saturating_mul(cols.div_ceil(64)) >= min
 }
 
 #[cfg(test)]

@@ -695,6 +695,31 @@ pub trait Device: Launch {
         abi::len_u32(OP, w_len)?;
         self.launch_conv_implicit(w, x, win, out_channels, lens)
     }
+    /// The input cotangent of [`conv_implicit`](Self::conv_implicit) by the implicit-GEMM
+    /// kernel: `dx = col2im(wᵀ · g')` (`g'` the cotangent `g` `(batch, out_channels, small...)`
+    /// as `(out_channels, batch·small)`) without the column matrix; the result is
+    /// `(batch, channels, big...)`. Each element sums, over its window cells `k` from last to
+    /// first where a small cell `o` reads it, `part = Σ_a w[a, c, k]·g[n, a, o]` (`fma` from 0 in
+    /// increasing `a`) as `acc + part` from 0: the bits of the gather `col2im` over the GEMM
+    /// wherever that GEMM is not split along `k` ([`Gemm::k_chunk`]). Fixed order in both
+    /// reduction modes. PyTorch: `torch.nn.grad.conv2d_input`.
+    fn conv_implicit_dx(
+        &mut self,
+        w: Buffer,
+        g: Buffer,
+        win: &Windows,
+        out_channels: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit_dx";
+        let lens = win.check(OP)?;
+        let g_len = check::product(OP, &[win.batch, out_channels, lens.small])?;
+        check::len_is(OP, "cotangent", g, g_len)?;
+        let w_len = check::product(OP, &[out_channels, win.channels, lens.kernel])?;
+        check::len_is(OP, "weight", w, w_len)?;
+        abi::len_u32(OP, g_len)?;
+        abi::len_u32(OP, w_len)?;
+        self.launch_conv_implicit_dx(w, g, win, out_channels, lens)
+    }
     /// The adjoint of [`im2col`](Self::im2col): `x[n, c, j] = Σ cols[c, k, n, o]` over the
     /// window cells `(o, k)` that read `j`. On sim and in deterministic mode each output element
     /// sums its cells in increasing `o`; otherwise one `atomicAdd` per column element.

@@ -1,6 +1,7 @@
 //! The implicit-GEMM conv forward (`Device::conv_implicit`; kernels/conv.cu `tl_conv_implicit`)
-//! on the simulation device: the bits of `matmul(w, im2col(x))` (permuted to (N, A, L)) where
-//! that product is not split along `k`, within f32 rounding of it where it is; the tape's
+//! and input cotangent (`Device::conv_implicit_dx`, `tl_conv_implicit_dx`) on the simulation
+//! device: the bits of `matmul(w, im2col(x))` (permuted to (N, A, L)), and of `col2im(wᵀ·g')`,
+//! where that product is not split along `k`, within f32 rounding of it where it is; the tape's
 //! selection rule (`tl_tape_cuda::gates`) forced both ways, values and gradients against the
 //! CPU tape; its errors. The kernel against this twin: `gpu::the_implicit_conv_kernel_gives_the_sims_bits`.
 
@@ -117,6 +118,81 @@ pub fn implicit<D: Device>(d: &mut D, c: &Case, w: &[f32], x: &[f32]) -> Result<
     out
 }
 
+/// A seeded cotangent of `c`'s output `(batch, out_channels, small)`.
+pub fn cotangent(c: &Case, seed: u64) -> Vec<f32> {
+    let l = c.win.check("test").unwrap();
+    let mut r = Gen::new(seed);
+    (0..c.win.batch * c.out_channels * l.small)
+        .map(|_| r.range(-2.0, 2.0) as f32)
+        .collect()
+}
+
+/// `conv_implicit_dx` on `d`, downloaded.
+pub fn implicit_dx<D: Device>(d: &mut D, c: &Case, w: &[f32], g: &[f32]) -> Result<Vec<f32>> {
+    let (wb, gb) = (d.upload(w)?, d.upload(g)?);
+    let dx = d.conv_implicit_dx(wb, gb, &c.win, c.out_channels)?;
+    let out = d.download(dx);
+    d.release_all([wb, gb, dx]);
+    out
+}
+
+/// The col2im path on `d`: `col2im(wᵀ · g')` with `g'` the cotangent as (A, N·L), and its GEMM.
+fn by_col2im<D: Device>(d: &mut D, c: &Case, w: &[f32], g: &[f32]) -> (Vec<f32>, Gemm) {
+    let l = c.win.check("test").unwrap();
+    let (n, a) = (c.win.batch, c.out_channels);
+    let gm = Gemm::nn(c.win.channels * l.kernel, a, n * l.small).with_t(true, false);
+    let (wb, gb) = (d.upload(w).unwrap(), d.upload(g).unwrap());
+    let gr = d.permute(gb, &[n, a, l.small], &[1, 0, 2]).unwrap();
+    let dcols = d.matmul(wb, gr, gm).unwrap();
+    let dx = d.col2im(dcols, &c.win).unwrap();
+    let out = d.download(dx).unwrap();
+    d.release_all([wb, gb, gr, dcols, dx]);
+    (out, gm)
+}
+
+/// `got` against `want`: the same bits where `same_bits`, else within 1e-5 of the largest
+/// magnitude and not the same bits (the split sums in another order).
+fn agree(name: &str, got: &[f32], want: &[f32], same_bits: bool) {
+    assert_eq!(got.len(), want.len(), "{name}");
+    if same_bits {
+        let differ = got
+            .iter()
+            .zip(want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{name}: {differ} of {} differ", got.len());
+    } else {
+        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        for (a, b) in got.iter().zip(want) {
+            assert!((a - b).abs() <= 1e-5 * scale, "{name}: {a} vs {b}");
+        }
+        assert_ne!(got, want, "{name}: the split sums in another order");
+    }
+}
+
+#[test]
+fn the_implicit_input_cotangent_gives_col2ims_bits_where_its_gemm_is_not_split() {
+    let mut d = SimDevice::new();
+    for c in cases() {
+        let (w, _) = operands(&c, 8);
+        let g = cotangent(&c, 9);
+        let got = implicit_dx(&mut d, &c, &w, &g).unwrap();
+        let (want, gm) = by_col2im(&mut d, &c, &w, &g);
+        // k = A here, under 256 in every case: never split.
+        assert_eq!(gm.k_splits(1), 1, "{}", c.name);
+        agree(c.name, &got, &want, true);
+    }
+    // A split one: 300 output channels summed over one tile of outputs.
+    let c = case("2d a300", (1, 2, 300), &[4, 4], &[2, 2], &[2, 2], &[0, 0]);
+    let (w, _) = operands(&c, 10);
+    let g = cotangent(&c, 11);
+    let got = implicit_dx(&mut d, &c, &w, &g).unwrap();
+    let (want, gm) = by_col2im(&mut d, &c, &w, &g);
+    assert!(gm.k_splits(1) > 1);
+    agree(c.name, &got, &want, false);
+    assert_eq!(d.memory_usage().live_buffers(), 0);
+}
+
 /// The im2col path on `d`: `matmul(w, im2col(x))` permuted to (N, A, L), and its GEMM.
 fn by_im2col<D: Device>(d: &mut D, c: &Case, w: &[f32], x: &[f32]) -> (Vec<f32>, Gemm) {
     let l = c.win.check("test").unwrap();
@@ -199,7 +275,8 @@ fn tensor(r: &mut Gen, shape: &[usize]) -> Tensor<f32> {
 /// and the bias) where the im2col path takes four (im2col, the GEMM, the permute, the bias);
 /// both within f32 rounding of the CPU tape, values and gradients. Unforced, a small conv keeps
 /// im2col; the ResNet's first conv (64 channels over 32·32 positions, batch 4: 64 tiles) takes
-/// the implicit kernel, with the im2col path's bits.
+/// the implicit kernels (forward, and the input cotangent: 3 channels over 4·32·32 cells), with
+/// the im2col path's bits, value and every gradient.
 #[test]
 fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
     let mut r = Gen::new(3);
@@ -250,7 +327,13 @@ fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
     let (old, old_launches) = on_tape(usize::MAX, &resnet, &rs, &rg);
     assert_eq!((prod_launches, old_launches), (2, 4));
     let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&prod[0]), bits(&old[0]), "the same bits as im2col");
+    for k in 0..4 {
+        assert_eq!(
+            bits(&prod[k]),
+            bits(&old[k]),
+            "output {k}: the im2col path's bits"
+        );
+    }
 }
 
 #[test]
@@ -277,6 +360,25 @@ fn bad_operands_are_errors_naming_the_primitive() {
             "{e}"
         );
     }
+    let g = d.upload(&cotangent(c, 2)).unwrap();
+    for (wb, gb, a) in [
+        (short, g, c.out_channels),
+        (wb, xb, c.out_channels),
+        (wb, g, 6),
+    ] {
+        let e = d.conv_implicit_dx(wb, gb, &c.win, a).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Kernel {
+                    op: "conv_implicit_dx",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    assert!(d.release(g));
     let mut bad = c.win.clone();
     bad.small[0] += 1;
     let e = d.conv_implicit(wb, xb, &bad, c.out_channels).unwrap_err();

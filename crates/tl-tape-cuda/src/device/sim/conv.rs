@@ -49,6 +49,35 @@ pub fn conv_implicit(w: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut [f
     }
 }
 
+/// The implicit-GEMM conv's input cotangent (`tl_conv_implicit_dx`): thread `(n, c, j)` walks
+/// the window cells `k` from last to first; where small cell `o` reads `j` through cell `k`, it
+/// sums `part = Σ_a w[a, c, k]·g[n, a, o]` in increasing `a` from `0.0` as `fma`, and adds it:
+/// `acc + part` from `0.0` (the gather [`col2im`] of the GEMM `wᵀ · g'`, unsplit).
+pub fn conv_implicit_dx(w: &[f32], g: &[f32], win: &Windows, a: usize, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        win.kernel.iter().product::<usize>(),
+        win.small.iter().product::<usize>(),
+        win.big.iter().product::<usize>(),
+    );
+    let ck = win.channels * kl;
+    for (i, v) in out.iter_mut().enumerate() {
+        let j = i % bl;
+        let c = (i / bl) % win.channels;
+        let n = i / (bl * win.channels);
+        let mut acc = 0.0f32;
+        for k in (0..kl).rev() {
+            if let Some(o) = win.window_of(j, k) {
+                let mut part = 0.0f32;
+                for r in 0..a {
+                    part = w[r * ck + c * kl + k].mul_add(g[(n * a + r) * sl + o], part);
+                }
+                acc += part;
+            }
+        }
+        *v = acc;
+    }
+}
+
 /// The gather form of `col2im`: thread `(n, c, j)` walks the window cells `k` from last to first
 /// (so the small cells `o` reading `j` come in increasing order) and sums `cols[c, k, n, o]`
 /// from 0.
