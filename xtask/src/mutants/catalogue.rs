@@ -499,6 +499,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-conv-implicit-dx-stride",
+        area: Kernel,
+        file: "kernels/conv.cu",
+        from: "if (t < 0 || t % g.stride.d[i] != 0 || t / g.stride.d[i] >= (long long)g.small.d[i])",
+        to: "if (t < 0 || t / g.stride.d[i] >= (long long)g.small.d[i])",
+        bug: "the implicit-GEMM input cotangent lets a window cell read a big cell its stride skips",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-gemm-splits-reversed",
         area: Kernel,
         file: "kernels/linalg.cu",
