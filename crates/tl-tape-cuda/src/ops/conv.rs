@@ -176,7 +176,7 @@ pub fn backward<D: Device>(
             let prec = crate::precision::current();
             let big: usize = geo.win.big.iter().product();
             let dx_implicit = needs[2] && gates::conv_implicit(geo.win.channels, n * big, prec);
-            let gr = if needs[0] || needs[1] || !dx_implicit {
+            let gr = if needs[0] || needs[1] || (needs[2] && !dx_implicit) {
                 geo.small_to_rows(dev, sc, g)?
             } else {
                 g
