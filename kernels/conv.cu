@@ -201,3 +201,282 @@ extern "C" __global__ void tl_pool_bwd_atomic(const float* x, const float* gr, f
         }
     }
 }
+
+// ---- Implicit-GEMM convolution (forward; the input cotangent, tl_conv_implicit_dx, after it) ----
+//
+// tl_conv_implicit: y (N, A, L) = w (A, C·K) · im2col(x) (C·K, N·L) without the column matrix
+// (sim: conv::conv_implicit; the selection rule: ops::conv::implicit in the crate, docs/cuda.md).
+// The arithmetic of tl_gemm on that product (kernels/linalg.cu): 256 threads (16 x 16) a block,
+// 64 x 64 outputs, 4 x 4 a thread in registers, k = C·K in slices of 16 staged through two
+// shared buffers; each output accumulates over p = c·K + k in increasing order from 0 as
+// fma(w, x, acc), a padding cell as fma(w, 0, acc), as the GEMM sums the column matrix's zeros.
+// So where the im2col GEMM is not split along k (Gemm::k_chunk) both give the same bits. The
+// loader of op(b) gathers each slice's window cells straight from x: each thread keeps one
+// column (n, o) of every slice, so its window origin o·stride − padding per axis is computed
+// once; the finished tile is written in (N, A, L) order, so no permute follows.
+namespace igemm {
+
+constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4;
+constexpr int LA = BK * BM / 256, LB = BK * BN / 256;  // elements a thread stages
+
+// The output row (column) of a thread's i-th register (reg_pos in kernels/linalg.cu).
+__device__ inline u32 reg_pos(u32 t, int i) { return (u32)(i / 4) * 64 + t * 4 + (u32)(i % 4); }
+
+// R: the spatial rank when known at compile time (1, 2, 3), or 0 for any rank <= 8.
+template <int R>
+__device__ void tiles(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const float* w,
+                      const float* x, float* y, const Geo& g, u32 batch, u32 channels, u32 kl,
+                      u32 sl, u32 bl, u32 m) {
+    const int rank = R ? R : (int)g.rank;
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const u32 k = channels * kl;
+    const u64 n = (u64)batch * sl;
+    // This thread's column of op(b) in every slice, and its slice rows p0 + LB·l (slice_pos
+    // with the column fastest: e = threadIdx.x + 256·l gives column e % 64, row e / 64).
+    const u32 jb = threadIdx.x % BN, pb = threadIdx.x / BN;
+    const u64 gcol = (u64)col0 + jb;
+    const bool col_in = gcol < n;
+    const u64 bi = col_in ? gcol / sl : 0;
+    const float* xb = x + bi * channels * bl;
+    long long org[R ? R : 8];  // per axis: the big position of window cell 0
+    {
+        u64 o = col_in ? gcol % sl : 0;
+        for (int i = rank - 1; i >= 0; --i) {
+            org[i] = (long long)((o % g.small.d[i]) * g.stride.d[i]) - (long long)g.padding.d[i];
+            o /= g.small.d[i];
+        }
+    }
+    // Element p of this thread's column: x[n, c, cell(o, kk)] with p = c·K + kk, or 0.
+    auto gather = [&](u32 p) -> float {
+        u32 kk = p % kl;
+        u64 flat = 0, st = 1;
+        for (int i = rank - 1; i >= 0; --i) {
+            const long long pos = org[i] + (long long)(kk % g.kernel.d[i]);
+            kk /= g.kernel.d[i];
+            if (pos < 0 || pos >= (long long)g.big.d[i]) return 0.0f;
+            flat += (u64)pos * st;
+            st *= g.big.d[i];
+        }
+        return xb[(u64)(p / kl) * bl + flat];
+    };
+    float ra[LA], rb[LB];
+    auto fetch = [&](u32 p0) {
+        for (int l = 0; l < LA; ++l) {
+            const u32 e = threadIdx.x + 256 * l, p = e % BK, i = e / BK;  // w along k
+            const u32 gi = row0 + i, gp = p0 + p;
+            ra[l] = gi < m && gp < k ? w[(u64)gi * k + gp] : 0.0f;
+        }
+        for (int l = 0; l < LB; ++l) {
+            const u32 gp = p0 + pb + (u32)(256 / BN) * l;
+            rb[l] = col_in && gp < k ? gather(gp) : 0.0f;
+        }
+    };
+    auto stage = [&](int buf) {
+        for (int l = 0; l < LA; ++l) {
+            const u32 e = threadIdx.x + 256 * l;
+            As[buf][e % BK][e / BK] = ra[l];
+        }
+        for (int l = 0; l < LB; ++l) Bs[buf][pb + (256 / BN) * l][jb] = rb[l];
+    };
+    float acc[TM][TN];
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+    fetch(0);
+    stage(0);
+    __syncthreads();
+    int buf = 0;
+    for (u32 p0 = 0; p0 < k; p0 += BK) {
+        const bool more = k - p0 > BK;
+        if (more) fetch(p0 + BK);
+        // Only the slice's rows inside k are summed (as in tl_gemm: acc + 0·b could turn a -0
+        // sum into +0).
+        const u32 pend = more ? BK : k - p0;
+        for (u32 p = 0; p < pend; ++p) {
+            float ar[TM], br[TN];
+            for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
+            for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
+            for (int i = 0; i < TM; ++i)
+                for (int j = 0; j < TN; ++j) acc[i][j] = __fmaf_rn(ar[i], br[j], acc[i][j]);
+        }
+        if (more) stage(buf ^ 1);
+        __syncthreads();
+        buf ^= 1;
+    }
+    for (int j = 0; j < TN; ++j) {
+        const u64 gj = (u64)col0 + reg_pos(tx, j);
+        if (gj >= n) continue;
+        const u64 b = gj / sl, o = gj % sl;
+        for (int i = 0; i < TM; ++i) {
+            const u32 gi = row0 + reg_pos(ty, i);
+            if (gi < m) y[(b * m + gi) * sl + o] = acc[i][j];
+        }
+    }
+}
+
+// The small cell whose window cell k reads the big cell at per-axis positions jp[i] + padding
+// (`jp` holds them), or -1 (window_of with the position decomposed once).
+template <int R>
+__device__ inline long long window_at(const Geo& g, const long long* jp, u32 k, int rank) {
+    u64 flat = 0, st = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+        const long long t = jp[i] - (long long)(k % g.kernel.d[i]);
+        k /= g.kernel.d[i];
+        if (t < 0 || t % g.stride.d[i] != 0 || t / g.stride.d[i] >= (long long)g.small.d[i])
+            return -1;
+        flat += (u64)(t / g.stride.d[i]) * st;
+        st *= g.small.d[i];
+    }
+    return (long long)flat;
+}
+
+// Big cell j's per-axis positions plus padding, into jp.
+template <int R>
+__device__ inline void big_pos(const Geo& g, u64 j, long long* jp, int rank) {
+    for (int i = rank - 1; i >= 0; --i) {
+        jp[i] = (long long)(j % g.big.d[i]) + (long long)g.padding.d[i];
+        j /= g.big.d[i];
+    }
+}
+
+// The input cotangent: dx (N, C, big) = col2im(wᵀ · g') without the column matrix. Rows c,
+// columns (n, j), depth a; for each window cell k from last to first, the term
+// part = Σ_a w[a, c, k] · g[n, a, o] (fma from 0 in increasing a, 16 a slice) of the small cell o
+// whose window cell k reads j, added to the output as acc + part where o exists (the gather
+// col2im's order over the GEMM's sums).
+template <int R>
+__device__ void tiles_dx(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const float* w,
+                         const float* gr, float* dx, const Geo& g, u32 batch, u32 channels,
+                         u32 kl, u32 sl, u32 bl, u32 depth) {
+    const int rank = R ? R : (int)g.rank;
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const u32 m = channels, ck = channels * kl;
+    const u64 n = (u64)batch * bl;
+    // The loader's column (as in `tiles`) and the thread's output columns, decomposed.
+    const u32 jb = threadIdx.x % BN, pb = threadIdx.x / BN;
+    const u64 gcol = (u64)col0 + jb;
+    const bool col_in = gcol < n;
+    const float* gb = gr + (col_in ? gcol / bl : 0) * depth * sl;
+    long long jp[R ? R : 8], op[TN][R ? R : 8];
+    big_pos<R>(g, col_in ? gcol % bl : 0, jp, rank);
+    bool out_in[TN];
+    for (int j = 0; j < TN; ++j) {
+        const u64 gj = (u64)col0 + reg_pos(tx, j);
+        out_in[j] = gj < n;
+        big_pos<R>(g, out_in[j] ? gj % bl : 0, op[j], rank);
+    }
+    const u32 sa = (depth + BK - 1) / BK;  // slices of a per window cell
+    const u32 steps = kl * sa;
+    float ra[LA], rb[LB];
+    // Step s: window cell kl - 1 - s / sa, a from 16·(s % sa).
+    auto fetch = [&](u32 s) {
+        const u32 k = kl - 1 - s / sa, a0 = (s % sa) * BK;
+        for (int l = 0; l < LA; ++l) {
+            const u32 e = threadIdx.x + 256 * l, i = e % BM, p = e / BM;  // c fastest
+            const u32 gi = row0 + i, ga = a0 + p;
+            ra[l] = gi < m && ga < depth ? w[(u64)ga * ck + (u64)gi * kl + k] : 0.0f;
+        }
+        const long long o = col_in ? window_at<R>(g, jp, k, rank) : -1;
+        for (int l = 0; l < LB; ++l) {
+            const u32 ga = a0 + pb + (u32)(256 / BN) * l;
+            rb[l] = o >= 0 && ga < depth ? gb[(u64)ga * sl + (u64)o] : 0.0f;
+        }
+    };
+    auto stage = [&](int buf) {
+        for (int l = 0; l < LA; ++l) {
+            const u32 e = threadIdx.x + 256 * l;
+            As[buf][e / BM][e % BM] = ra[l];
+        }
+        for (int l = 0; l < LB; ++l) Bs[buf][pb + (256 / BN) * l][jb] = rb[l];
+    };
+    float acc[TM][TN], part[TM][TN];
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) acc[i][j] = part[i][j] = 0.0f;
+    if (steps > 0) {
+        fetch(0);
+        stage(0);
+    }
+    __syncthreads();
+    int buf = 0;
+    for (u32 s = 0; s < steps; ++s) {
+        const bool more = s + 1 < steps;
+        if (more) fetch(s + 1);
+        const u32 a0 = (s % sa) * BK;
+        const u32 pend = depth - a0 < BK ? depth - a0 : BK;
+        for (u32 p = 0; p < pend; ++p) {
+            float ar[TM], br[TN];
+            for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
+            for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
+            for (int i = 0; i < TM; ++i)
+                for (int j = 0; j < TN; ++j) part[i][j] = __fmaf_rn(ar[i], br[j], part[i][j]);
+        }
+        if (s % sa == sa - 1) {  // the window cell's last slice: add its terms where o exists
+            const u32 k = kl - 1 - s / sa;
+            for (int j = 0; j < TN; ++j) {
+                const bool has = out_in[j] && window_at<R>(g, op[j], k, rank) >= 0;
+                for (int i = 0; i < TM; ++i) {
+                    if (has) acc[i][j] = __fadd_rn(acc[i][j], part[i][j]);
+                    part[i][j] = 0.0f;
+                }
+            }
+        }
+        if (more) stage(buf ^ 1);
+        __syncthreads();
+        buf ^= 1;
+    }
+    for (int j = 0; j < TN; ++j) {
+        const u64 gj = (u64)col0 + reg_pos(tx, j);
+        if (gj >= n) continue;
+        const u64 b = gj / bl, jj = gj % bl;
+        for (int i = 0; i < TM; ++i) {
+            const u32 gi = row0 + reg_pos(ty, i);
+            if (gi < m) dx[(b * m + gi) * bl + jj] = acc[i][j];
+        }
+    }
+}
+
+}  // namespace igemm
+
+// Grid (⌈N·L/64⌉, ⌈A/64⌉), 256 threads; m = A, the weight (A, C, kernel...) row-major.
+extern "C" __global__ void __launch_bounds__(256)
+    tl_conv_implicit(const float* w, const float* x, float* y, TL_GEO_PARAMS, u32 m) {
+    TL_GEO;
+    // One set of shared buffers for every rank's instance (each declaring its own would add up).
+    __shared__ __align__(16) float As[2][igemm::BK][igemm::BM + 4];
+    __shared__ __align__(16) float Bs[2][igemm::BK][igemm::BN + 4];
+    switch (rank) {
+        case 1:
+            igemm::tiles<1>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
+            break;
+        case 2:
+            igemm::tiles<2>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
+            break;
+        case 3:
+            igemm::tiles<3>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
+            break;
+        default:
+            igemm::tiles<0>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
+    }
+}
+
+// Grid (⌈N·big/64⌉, ⌈C/64⌉), 256 threads; `depth` = A, the cotangent g (N, A, small).
+extern "C" __global__ void __launch_bounds__(256)
+    tl_conv_implicit_dx(const float* w, const float* gr, float* dx, TL_GEO_PARAMS, u32 depth) {
+    TL_GEO;
+    __shared__ __align__(16) float As[2][igemm::BK][igemm::BM + 4];
+    __shared__ __align__(16) float Bs[2][igemm::BK][igemm::BN + 4];
+    switch (rank) {
+        case 1:
+            igemm::tiles_dx<1>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+            break;
+        case 2:
+            igemm::tiles_dx<2>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+            break;
+        case 3:
+            igemm::tiles_dx<3>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+            break;
+        default:
+            igemm::tiles_dx<0>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+    }
+}

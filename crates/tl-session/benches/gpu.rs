@@ -37,7 +37,13 @@
 //!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
-//!   and `attention-core/sdpa-bf16/n{n}` the same in bf16 (its flash kernel), for scale.
+//!   and `attention-core/sdpa-bf16/n{n}` the same in bf16 (its flash kernel), for scale;
+//! - `conv/{implicit,im2col}/{shape}`: the ResNet's conv forward on the device, f32, no bias,
+//!   3×3, padding 1, batch 32 on 32×32 images (`--quick`: batch 2 on 8×8), the stem (3 → 64
+//!   channels) and a block's conv (64 → 64): `Device::conv_implicit` (the implicit-GEMM kernel)
+//!   or the im2col path (`im2col`, the GEMM, the permute to (N, A, L)), timed to a read of the
+//!   output's sum; GFLOP/s counts 2·N·A·L·C·K. torch_bench.py's `conv/cudnn/{shape}` is
+//!   `F.conv2d` on the same operands (cuDNN, TF32 off, `cudnn.benchmark` on).
 
 #[path = "common/models.rs"]
 mod common;
@@ -46,8 +52,8 @@ use std::time::Instant;
 
 use common::{BenchModel, EagerRun, LinkedRun, filled};
 use tl_session::{Backend, Ops, Options, Precision, Session};
-use tl_tape_cuda::device::{Flash, FlashDims, FlashMask};
-use tl_tape_cuda::{Device, SimDevice};
+use tl_tape_cuda::device::{Flash, FlashDims, FlashMask, Windows};
+use tl_tape_cuda::{Buffer, Device, Gemm, SimDevice};
 
 struct Args {
     backend: Backend,
@@ -398,8 +404,78 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
     Ok(())
 }
 
-/// [`attention_core`] on the backend's device (the CUDA device or the simulation device).
-fn attention_core_on(a: &Args) -> Result<(), String> {
+/// The ResNet's conv forward on `dev` by the implicit-GEMM kernel and by the im2col path
+/// (module docs), timed to a read of the output's sum.
+fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
+    let (batch, side) = if a.quick { (2, 8) } else { (32, 32) };
+    for (c, out) in [(3, 64), (64, 64)] {
+        let win = Windows {
+            batch,
+            channels: c,
+            big: vec![side, side],
+            small: vec![side, side],
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            padding: vec![1, 1],
+        };
+        let l = win.check("bench")?;
+        let shape = format!("n{batch}-c{c}-a{out}-{side}x{side}");
+        if !["implicit", "im2col"]
+            .iter()
+            .any(|p| a.wants(&format!("conv/{p}/{shape}")))
+        {
+            continue;
+        }
+        let x = dev.upload(filled(&[l.big_len()], 40, 1.0).data())?;
+        let w = dev.upload(filled(&[out * c * 9], 41, 0.1).data())?;
+        let g = Gemm::nn(out, c * 9, batch * l.small);
+        let implicit = |dev: &mut D| -> tl_tape_cuda::Result<Vec<Buffer>> {
+            Ok(vec![dev.conv_implicit(w, x, &win, out)?])
+        };
+        let im2col = |dev: &mut D| -> tl_tape_cuda::Result<Vec<Buffer>> {
+            let cols = dev.im2col(x, &win)?;
+            let y = dev.matmul(w, cols, g)?;
+            let p = dev.permute(y, &[out, batch, l.small], &[1, 0, 2])?;
+            Ok(vec![cols, y, p])
+        };
+        let flops = 2.0 * (batch * out * l.small * c * 9) as f64;
+        for (name, f) in [
+            (
+                "implicit",
+                &implicit as &dyn Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>,
+            ),
+            ("im2col", &im2col),
+        ] {
+            let row_name = format!("conv/{name}/{shape}");
+            if !a.wants(&row_name) {
+                continue;
+            }
+            let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
+                let bufs = f(dev)?;
+                let total = dev.reduce_sum(bufs[bufs.len() - 1])?;
+                let got = dev.download(total)?;
+                dev.release_all(bufs.into_iter().chain([total]));
+                Ok(got[0])
+            };
+            run(dev)?;
+            let ms = median_ms(a, || {
+                run(dev).unwrap();
+            });
+            row(
+                a.backend,
+                &row_name,
+                ms,
+                Some(("gflops", flops / (ms * 1e-3) / 1e9)),
+            );
+        }
+        dev.release_all([x, w]);
+    }
+    Ok(())
+}
+
+/// [`attention_core`] (with both flash tilings on `Cuda`) and [`convs`] on the backend's
+/// device (the CUDA device or the simulation device).
+fn device_rows(a: &Args) -> Result<(), String> {
     let r = match a.backend {
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
         Backend::Cuda => tl_tape_cuda::CudaDevice::new().and_then(|mut d| {
@@ -410,11 +486,15 @@ fn attention_core_on(a: &Args) -> Result<(), String> {
             // default so that the default follows the measurement.
             d.set_flash_tiles(tl_tape_cuda::FlashTiles::Wide);
             attention_core(a, &mut d, "flash-wide")?;
-            attention_core(a, &mut d, "flash-wide-d128")
+            attention_core(a, &mut d, "flash-wide-d128")?;
+            convs(a, &mut d)
         }),
         #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
         Backend::Cuda => return Err("built without the `cuda` feature".into()),
-        Backend::CudaSim => attention_core(a, &mut SimDevice::new(), "flash"),
+        Backend::CudaSim => {
+            let mut d = SimDevice::new();
+            attention_core(a, &mut d, "flash").and_then(|()| convs(a, &mut d))
+        }
         Backend::Cpu => Ok(()),
     };
     r.map_err(|e| e.to_string())
@@ -440,7 +520,7 @@ fn main() {
         .and_then(|()| elementwise(&a, &mut s))
         .and_then(|()| attention(&a, &mut s))
         .map_err(|e| e.to_string())
-        .and_then(|()| attention_core_on(&a));
+        .and_then(|()| device_rows(&a));
     if let Err(e) = r {
         eprintln!("gpu bench: {e}");
         std::process::exit(1);

@@ -10,6 +10,7 @@
 //! - [`alloc`]: the size-class caching allocator and its telemetry ([`MemoryUsage`]);
 //!   [`traffic`]: kernel launches and host↔device copies ([`Traffic`]).
 //! - [`determinism`]: the deterministic-reductions switch (env `TL_DETERMINISTIC`).
+//!   [`gates`]: the size-gated paths' rules (the implicit-GEMM conv) and their test overrides.
 //! - [`abi`]: checked `u32` conversions at the kernel ABI. [`rng`]: SplitMix64 keying.
 //! - [`wire`]: the f32 wire format (f32 and f64 upload; other scalar types are an error).
 //! - [`AnyBuffer`]: a device buffer with its runtime shape.
@@ -55,6 +56,7 @@ mod backward;
 pub mod determinism;
 pub mod device;
 mod error;
+pub mod gates;
 // Compiled only where rustc shares generics between crates (the dev and test profiles).
 #[cfg(debug_assertions)]
 #[doc(hidden)]

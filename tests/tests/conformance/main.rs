@@ -8,6 +8,7 @@ mod attention;
 mod autocast;
 mod backprop;
 mod bad_input;
+mod conv_implicit;
 mod conv_pool;
 mod conventions;
 // Needs the kernel emulator: `--features cuda-emu`.

@@ -262,6 +262,26 @@ pub trait Launch: LaunchIndex {
     /// The work of [`Device::im2col`]; operands already validated by it — callers use `im2col`.
     /// `lens` are [`Windows::check`]'s.
     fn launch_im2col(&mut self, x: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer>;
+    /// The work of [`Device::conv_implicit`]; operands already validated by it — callers use
+    /// `conv_implicit`. `lens` are [`Windows::check`]'s.
+    fn launch_conv_implicit(
+        &mut self,
+        w: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer>;
+    /// The work of [`Device::conv_implicit_dx`]; operands already validated by it — callers
+    /// use `conv_implicit_dx`. `lens` are [`Windows::check`]'s.
+    fn launch_conv_implicit_dx(
+        &mut self,
+        w: Buffer,
+        g: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer>;
     /// The work of [`Device::col2im`]; operands already validated by it — callers use `col2im`.
     /// `lens` are [`Windows::check`]'s.
     fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer>;

@@ -35,9 +35,9 @@ pub mod window;
 #[allow(unsafe_code)]
 pub mod cuda;
 
-use crate::Result;
 use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
+use crate::{Result, abi};
 pub use bias::{Act, BiasLayout};
 pub use buffer::{
     Batch, Buffer, FlashTiles, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES,
@@ -692,6 +692,57 @@ pub trait Device: Launch {
         let lens = w.check("im2col")?;
         check::len_is("im2col", "input", x, lens.big_len())?;
         self.launch_im2col(x, w, lens)
+    }
+    /// The convolution `y[n, a, o] = Σ_p w[a, p] · cols[p, n, o]` with `cols = im2col(x)`
+    /// (`p = c·K + k` over the input channels and kernel cells), by the implicit-GEMM kernel:
+    /// the column matrix is never made, each tile of it is gathered from `x` as it is staged.
+    /// `w` is `(out_channels, channels, kernel...)`, `x` `(batch, channels, big...)`, the result
+    /// `(batch, out_channels, small...)`, no bias. Each output sums its terms in increasing `p`
+    /// from 0 as `fma(w, x, acc)` (a padding cell as `fma(w, 0, acc)`): the bits of
+    /// `matmul(w, im2col(x))` wherever that product is not split along `k` ([`Gemm::k_chunk`]),
+    /// permuted to `(batch, out_channels, small)`. PyTorch: `F.conv2d` (and 1-D/3-D) without
+    /// bias, dilation 1, groups 1.
+    fn conv_implicit(
+        &mut self,
+        w: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit";
+        let lens = win.check(OP)?;
+        check::len_is(OP, "input", x, lens.big_len())?;
+        let w_len = check::product(OP, &[out_channels, win.channels, lens.kernel])?;
+        check::len_is(OP, "weight", w, w_len)?;
+        let y_len = check::product(OP, &[win.batch, out_channels, lens.small])?;
+        abi::len_u32(OP, y_len)?;
+        abi::len_u32(OP, w_len)?;
+        self.launch_conv_implicit(w, x, win, out_channels, lens)
+    }
+    /// The input cotangent of [`conv_implicit`](Self::conv_implicit) by the implicit-GEMM
+    /// kernel: `dx = col2im(wᵀ · g')` (`g'` the cotangent `g` `(batch, out_channels, small...)`
+    /// as `(out_channels, batch·small)`) without the column matrix; the result is
+    /// `(batch, channels, big...)`. Each element sums, over its window cells `k` from last to
+    /// first where a small cell `o` reads it, `part = Σ_a w[a, c, k]·g[n, a, o]` (`fma` from 0 in
+    /// increasing `a`) as `acc + part` from 0: the bits of the gather `col2im` over the GEMM
+    /// wherever that GEMM is not split along `k` ([`Gemm::k_chunk`]). Fixed order in both
+    /// reduction modes. PyTorch: `torch.nn.grad.conv2d_input`.
+    fn conv_implicit_dx(
+        &mut self,
+        w: Buffer,
+        g: Buffer,
+        win: &Windows,
+        out_channels: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit_dx";
+        let lens = win.check(OP)?;
+        let g_len = check::product(OP, &[win.batch, out_channels, lens.small])?;
+        check::len_is(OP, "cotangent", g, g_len)?;
+        let w_len = check::product(OP, &[out_channels, win.channels, lens.kernel])?;
+        check::len_is(OP, "weight", w, w_len)?;
+        abi::len_u32(OP, g_len)?;
+        abi::len_u32(OP, w_len)?;
+        self.launch_conv_implicit_dx(w, g, win, out_channels, lens)
     }
     /// The adjoint of [`im2col`](Self::im2col): `x[n, c, j] = Σ cols[c, k, n, o]` over the
     /// window cells `(o, k)` that read `j`. On sim and in deterministic mode each output element

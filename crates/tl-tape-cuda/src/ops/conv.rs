@@ -11,13 +11,20 @@
 //!   `dx = w · cols(g)` permuted to (N, A, L), `dw = x' · cols(g)ᵀ`, `db = Σ g` per channel.
 //!
 //! The permutes are skipped for N = 1, where (A, 1, L) and (1, A, L) share a layout.
+//!
+//! The conv forward takes the implicit-GEMM kernel instead ([`Device::conv_implicit`]: `y`
+//! straight in (N, A, L), no column matrix, no permute), and the conv's input cotangent
+//! likewise ([`Device::conv_implicit_dx`]: from `g` as it is, no `wᵀ·g'` columns, no
+//! `col2im`), each where [`gates::conv_implicit`] says for its product: `f32` with at least
+//! [`gates::CONV_IMPLICIT_MIN_TILES`] output tiles, where they give the im2col path's bits. The
+//! weight cotangent and convTranspose keep `im2col`/`col2im`.
 
 use tl_ir::Op;
 use tl_spec::Shape;
 
 use super::{Scratch, with_scratch};
 use crate::device::{BiasLayout, Buffer, Device, Gemm, Windows};
-use crate::{AnyBuffer, Error, Result};
+use crate::{AnyBuffer, Error, Result, gates};
 
 /// The dims of one conv or convTranspose node.
 struct Geo {
@@ -125,7 +132,12 @@ pub fn forward_with<D: Device, R>(
     let (w, b, xb) = (x[0].buffer(), x[1].buffer(), x[2].buffer());
     let (n, a, l, ck) = (geo.n(), geo.a, geo.l, geo.ck());
     with_scratch(dev, |dev, sc| {
-        if matches!(op, Op::Conv { .. }) {
+        if matches!(op, Op::Conv { .. })
+            && gates::conv_implicit(a, n * l, crate::precision::current())
+        {
+            let y = sc.tmp(dev.conv_implicit(w, xb, &geo.win, a)?);
+            epilogue(dev, y, b, BiasLayout::new(n, a, l))
+        } else if matches!(op, Op::Conv { .. }) {
             let cols = sc.tmp(dev.im2col(xb, &geo.win)?);
             let y = sc.tmp(dev.matmul(w, cols, Gemm::nn(a, ck, n * l))?);
             // (A, N·L) to (N, A, L) before the bias: the permute moves the same f32 sums.
@@ -161,7 +173,14 @@ pub fn backward<D: Device>(
     let mut out: [Option<Buffer>; 3] = [None, None, None];
     let r = with_scratch(dev, |dev, sc| {
         if matches!(op, Op::Conv { .. }) {
-            let gr = geo.small_to_rows(dev, sc, g)?;
+            let prec = crate::precision::current();
+            let big: usize = geo.win.big.iter().product();
+            let dx_implicit = needs[2] && gates::conv_implicit(geo.win.channels, n * big, prec);
+            let gr = if needs[0] || needs[1] || (needs[2] && !dx_implicit) {
+                geo.small_to_rows(dev, sc, g)?
+            } else {
+                g
+            };
             if needs[0] {
                 let cols = sc.tmp(dev.im2col(xb, &geo.win)?);
                 out[0] = Some(dev.matmul(gr, cols, Gemm::nn(a, n * l, ck).with_t(false, true))?);
@@ -169,7 +188,9 @@ pub fn backward<D: Device>(
             if needs[1] {
                 out[1] = Some(dev.reduce_axis_sum(gr, a, n * l, 1)?);
             }
-            if needs[2] {
+            if dx_implicit {
+                out[2] = Some(dev.conv_implicit_dx(w, g, &geo.win, a)?);
+            } else if needs[2] {
                 let dcols =
                     sc.tmp(dev.matmul(w, gr, Gemm::nn(ck, a, n * l).with_t(true, false))?);
                 out[2] = Some(dev.col2im(dcols, &geo.win)?);

@@ -91,6 +91,35 @@ fn conv2d() -> Op {
     }
 }
 
+/// Autocast keeps a conv on the im2col GEMM (the tensor-core products round their operands;
+/// the implicit-GEMM kernel does not): with the implicit kernel's gate forced on, a conv at
+/// `Bf16` / `Tf32` gives the bits of the gate forced off, and not the f32 kernel's.
+#[test]
+fn autocast_keeps_the_conv_off_the_implicit_kernel() {
+    use tl_tape_cuda::gates::force_conv_implicit_min_tiles;
+    let mut rng = Gen::new(45);
+    let x = vec![
+        tensor(&mut rng, &[4, 3, 3, 3]),
+        tensor(&mut rng, &[4]),
+        tensor(&mut rng, &[2, 3, 6, 6]),
+    ];
+    let g = tensor(&mut rng, &[2, 4, 6, 6]);
+    let run = |p: Precision, min: usize| {
+        let _gate = force_conv_implicit_min_tiles(Some(min));
+        bits(&on_cuda_tape(SimDevice::new(), Some(p), &conv2d(), &x, &g)[..1])
+    };
+    let f32_implicit = run(Precision::F32, 0);
+    for p in AUTOCAST {
+        let forced = run(p, 0);
+        assert_eq!(
+            forced,
+            run(p, usize::MAX),
+            "{p:?}: the gate changed the path"
+        );
+        assert_ne!(forced, f32_implicit, "{p:?}: the operands were not rounded");
+    }
+}
+
 fn attention(fused: bool) -> Op {
     Op::MultiHeadAttention {
         heads: 2,

@@ -539,6 +539,62 @@ fn both_gemm_tilings_give_the_sims_bits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// The implicit-GEMM conv kernels (`tl_conv_implicit`, `tl_conv_implicit_dx`) against their
+/// sim twins on every case of
+/// the `conv_implicit` module (ranks 1 to 4, stride, padding, batch 1, partial tiles, many
+/// channels), ±∞ and NaN among the inputs: bit for bit (one FMA a term, in the twin's order),
+/// emulated (both schedules in CI) and on a GPU. No atomics: the reduction mode changes nothing.
+#[test]
+fn the_implicit_conv_kernel_gives_the_sims_bits() {
+    use crate::conv_implicit::{cases, cotangent, implicit, implicit_dx, operands};
+    let Some(mut cuda) = gpu() else { return };
+    let mut sim = SimDevice::new();
+    let mut bad = Vec::new();
+    for (k, c) in cases().iter().enumerate() {
+        let (w, mut x) = operands(c, 11 + k as u64);
+        if k == 1 {
+            x[3] = f32::INFINITY;
+            x[500] = f32::NAN;
+        }
+        let mut g = cotangent(c, 31 + k as u64);
+        if k == 1 {
+            g[7] = f32::NEG_INFINITY;
+        }
+        for (what, want, got) in [
+            (
+                "forward",
+                implicit(&mut sim, c, &w, &x).unwrap(),
+                implicit(&mut cuda, c, &w, &x).unwrap(),
+            ),
+            (
+                "dx",
+                implicit_dx(&mut sim, c, &w, &g).unwrap(),
+                implicit_dx(&mut cuda, c, &w, &g).unwrap(),
+            ),
+        ] {
+            let diff = want
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()))
+                .count();
+            if diff > 0 || want.len() != got.len() {
+                bad.push(format!(
+                    "{} {what}: {diff} of {} differ",
+                    c.name,
+                    want.len()
+                ));
+            }
+        }
+    }
+    println!(
+        "GPU-SUMMARY conv-implicit {} cases {}",
+        cases().len(),
+        verdict(bad.is_empty())
+    );
+    assert_eq!(cuda.memory_usage().live_bytes, 0, "leaked on the GPU");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// The products of [`both_gemm_tilings_give_the_sims_bits`] on `d`, named.
 fn gemm_cases<D: Device>(d: &mut D, data: &[f32]) -> Result<Vec<(String, Vec<f32>)>> {
     // Operands of exactly `len` elements: a from the start of `data`, b from 30 000 on (the

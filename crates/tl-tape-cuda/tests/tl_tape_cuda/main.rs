@@ -8,6 +8,8 @@ mod common;
 // Autocast (bf16 / TF32 products) on the sim; the kernels' side is gpu::tensor_cores::.
 mod autocast;
 mod conv;
+// The implicit-GEMM conv forward on the sim (its kernel: gpu::).
+mod conv_implicit;
 mod determinism;
 mod device;
 mod flash;

@@ -1,4 +1,5 @@
-//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `pool`, `pool_bwd`, their
+//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `conv_implicit`, `pool`,
+//! `pool_bwd`, their
 //! operands already checked by [`Device`](crate::device::Device)'s provided methods. `col2im`
 //! and `pool_bwd` take the gather kernels (one thread per output element, fixed order) in
 //! deterministic mode and the `atomicAdd` scatters into a zeroed output otherwise, both set up
@@ -7,8 +8,8 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use super::launch::dims8;
-use crate::Result;
 use crate::device::{Buffer, PoolKind, WindowLens, Windows};
+use crate::{Error, Result, abi};
 
 /// The kernels' geometry arguments (`TL_GEO_PARAMS` in conv.cu); checked by [`Windows::check`],
 /// so every count fits a `u32`.
@@ -55,6 +56,75 @@ impl CudaDevice {
                 &[Arg::Ptr(px), Arg::Ptr(out)],
                 &extra,
             )
+        })
+    }
+
+    /// `tl_conv_implicit`: the output `(batch, out_channels, small)` in 64×64 tiles of the
+    /// `(out_channels, batch·small)` product.
+    pub(super) fn conv_implicit_impl(
+        &mut self,
+        w: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        l: WindowLens,
+    ) -> Result<Buffer> {
+        let tiles = (out_channels, win.batch * l.small);
+        let kernel = ("conv_implicit", "tl_conv_implicit");
+        self.implicit_launch(kernel, [w, x], tiles, win, l, out_channels)
+    }
+
+    /// `tl_conv_implicit_dx`: the input cotangent `(batch, channels, big)` in 64×64 tiles of
+    /// the `(channels, batch·big)` product.
+    pub(super) fn conv_implicit_dx_impl(
+        &mut self,
+        w: Buffer,
+        g: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        l: WindowLens,
+    ) -> Result<Buffer> {
+        let tiles = (win.channels, win.batch * l.big);
+        let kernel = ("conv_implicit_dx", "tl_conv_implicit_dx");
+        self.implicit_launch(kernel, [w, g], tiles, win, l, out_channels)
+    }
+
+    /// The launch both implicit-GEMM kernels share: `kernel.1(ins..., out, geometry...,
+    /// out_channels)` over a fresh output of `rows·cols` elements, one block of 256 threads
+    /// per 64×64 tile (grid `(⌈cols/64⌉, ⌈rows/64⌉)`).
+    fn implicit_launch(
+        &mut self,
+        (op, kernel): (&'static str, &'static str),
+        ins: [Buffer; 2],
+        (rows, cols): (usize, usize),
+        win: &Windows,
+        l: WindowLens,
+        out_channels: usize,
+    ) -> Result<Buffer> {
+        let mut args = vec![
+            Arg::Ptr(self.ptr(op, ins[0])?),
+            Arg::Ptr(self.ptr(op, ins[1])?),
+        ];
+        let gy = rows.div_ceil(64);
+        if gy > 65_535 {
+            return Err(Error::kernel(
+                op,
+                format!("{rows} channels exceed the grid limit 65535·64"),
+            ));
+        }
+        // rows·cols is the output's length, and `Windows::check` / the `Device` method hold
+        // every count to u32.
+        let n = rows * cols;
+        let gx = abi::to_u32(op, "grid", cols.div_ceil(64))?;
+        let mut extra = geo_args(win, &l);
+        extra.push(Arg::U32(out_channels as u32));
+        self.with_out(op, n, |d, out| {
+            if n == 0 {
+                return Ok(());
+            }
+            args.push(Arg::Ptr(out));
+            args.extend(extra);
+            d.run_blocks_of(op, kernel, [gx, gy as u32, 1], 256, &args)
         })
     }
 

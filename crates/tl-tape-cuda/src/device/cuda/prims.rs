@@ -437,6 +437,28 @@ impl Launch for CudaDevice {
         self.im2col_impl(x, w, lens)
     }
 
+    fn launch_conv_implicit(
+        &mut self,
+        w: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.conv_implicit_impl(w, x, win, out_channels, lens)
+    }
+
+    fn launch_conv_implicit_dx(
+        &mut self,
+        w: Buffer,
+        g: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.conv_implicit_dx_impl(w, g, win, out_channels, lens)
+    }
+
     fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
         self.col2im_impl(cols, w, lens)
     }

@@ -1,5 +1,6 @@
 //! The conv family's kernels on the host (twins of kernels/conv.cu): `im2col`, the fixed-order
-//! (gather) `col2im`, the pooling forward and the fixed-order pooling backward. Every output
+//! (gather) `col2im`, the implicit-GEMM convolution, the pooling forward and the fixed-order
+//! pooling backward. Every output
 //! element is computed by one "thread" that walks its cells in the order the CUDA kernel does.
 
 use crate::device::{PoolKind, Windows};
@@ -19,6 +20,61 @@ pub fn im2col(x: &[f32], w: &Windows, out: &mut [f32]) {
         *v = w
             .cell(o, k)
             .map_or(0.0, |j| x[(n * w.channels + c) * bl + j]);
+    }
+}
+
+/// The implicit-GEMM convolution (`tl_conv_implicit`): `out[n, a, o] = Σ_p w[a, p] · x[n, c,
+/// cell(o, k)]` over `p = c·K + k` in increasing order from `0.0` as `fma(w, x, acc)`, a
+/// padding cell contributing `fma(w, 0, acc)`, as the tiled kernel sums its staged slices; one
+/// thread per output element. `a` output channels; `w` is `(a, channels·K)` row-major.
+pub fn conv_implicit(w: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        win.kernel.iter().product::<usize>(),
+        win.small.iter().product::<usize>(),
+        win.big.iter().product::<usize>(),
+    );
+    let ck = win.channels * kl;
+    for (i, v) in out.iter_mut().enumerate() {
+        let o = i % sl;
+        let r = (i / sl) % a;
+        let n = i / (sl * a);
+        let xn = &x[n * win.channels * bl..];
+        let wr = &w[r * ck..(r + 1) * ck];
+        let mut acc = 0.0f32;
+        for (p, &wv) in wr.iter().enumerate() {
+            let xv = win.cell(o, p % kl).map_or(0.0, |j| xn[(p / kl) * bl + j]);
+            acc = wv.mul_add(xv, acc);
+        }
+        *v = acc;
+    }
+}
+
+/// The implicit-GEMM conv's input cotangent (`tl_conv_implicit_dx`): thread `(n, c, j)` walks
+/// the window cells `k` from last to first; where small cell `o` reads `j` through cell `k`, it
+/// sums `part = Σ_a w[a, c, k]·g[n, a, o]` in increasing `a` from `0.0` as `fma`, and adds it:
+/// `acc + part` from `0.0` (the gather [`col2im`] of the GEMM `wᵀ · g'`, unsplit).
+pub fn conv_implicit_dx(w: &[f32], g: &[f32], win: &Windows, a: usize, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        win.kernel.iter().product::<usize>(),
+        win.small.iter().product::<usize>(),
+        win.big.iter().product::<usize>(),
+    );
+    let ck = win.channels * kl;
+    for (i, v) in out.iter_mut().enumerate() {
+        let j = i % bl;
+        let c = (i / bl) % win.channels;
+        let n = i / (bl * win.channels);
+        let mut acc = 0.0f32;
+        for k in (0..kl).rev() {
+            if let Some(o) = win.window_of(j, k) {
+                let mut part = 0.0f32;
+                for r in 0..a {
+                    part = w[r * ck + c * kl + k].mul_add(g[(n * a + r) * sl + o], part);
+                }
+                acc += part;
+            }
+        }
+        *v = acc;
     }
 }
 

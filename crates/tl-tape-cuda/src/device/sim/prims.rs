@@ -463,6 +463,33 @@ impl Launch for SimDevice {
         })
     }
 
+    fn launch_conv_implicit(
+        &mut self,
+        w: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        let y_len = win.batch * out_channels * lens.small;
+        self.launch("conv_implicit", [w, x], y_len, |[w, x], out| {
+            conv::conv_implicit(w, x, win, out_channels, out)
+        })
+    }
+
+    fn launch_conv_implicit_dx(
+        &mut self,
+        w: Buffer,
+        g: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.launch("conv_implicit_dx", [w, g], lens.big_len(), |[w, g], out| {
+            conv::conv_implicit_dx(w, g, win, out_channels, out)
+        })
+    }
+
     fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
         self.launch("col2im", [cols], lens.big_len(), |[c], out| {
             conv::col2im(c, w, out)

@@ -1,0 +1,90 @@
+//! Size-gated paths of the CUDA tape and their overrides, for tests (the CPU tape's
+//! `tl_tape_cpu::gates` is the model): a fast path taken above a threshold is tested with the
+//! threshold forced both ways. An override is installed **on the calling thread** until the
+//! returned guard drops; with none installed every decision is the production one.
+//!
+//! | gate | production rule | override |
+//! |---|---|---|
+//! | conv forward and input cotangent by the implicit-GEMM kernels ([`conv_implicit`]) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
+
+use std::cell::Cell;
+
+use crate::device::SPLIT_K_TILES;
+use crate::precision::Precision;
+
+/// The fewest 64×64 output tiles from which a conv's forward (`(out_channels, batch·small)`
+/// outputs) runs the implicit-GEMM kernel `tl_conv_implicit` instead of `im2col` and the GEMM,
+/// and its input cotangent (`(channels, batch·big)` outputs) `tl_conv_implicit_dx` instead of
+/// the GEMM and `col2im`: [`SPLIT_K_TILES`], where the GEMM stops splitting `k`, so there the
+/// two paths give the same bits. Below it the GEMM may split a long `k` over more blocks,
+/// which the implicit kernels do not.
+pub const CONV_IMPLICIT_MIN_TILES: usize = SPLIT_K_TILES;
+
+/// The most 64-row tiles of output channels a grid holds (`gridDim.y`).
+const GRID_Y_MAX: usize = 65_535;
+
+thread_local! {
+    static CONV_IMPLICIT_MIN: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Use `min_tiles` instead of [`CONV_IMPLICIT_MIN_TILES`] on this thread until the guard
+/// drops (`None`: the production threshold): `Some(0)` sends every `f32` conv forward and input
+/// cotangent to the implicit kernels, `Some(usize::MAX)` none.
+pub fn force_conv_implicit_min_tiles(min_tiles: Option<usize>) -> Guard {
+    tl_spec::scoped::install(&CONV_IMPLICIT_MIN, min_tiles)
+}
+
+/// Restores the override [`force_conv_implicit_min_tiles`] replaced when dropped.
+pub type Guard = tl_spec::scoped::Guard<Option<usize>>;
+
+/// Whether a conv product with `rows` output rows (the forward: output channels; the input
+/// cotangent: input channels) over `cols` output columns (`batch·small`; `batch·big`) runs its
+/// implicit-GEMM kernel at precision `prec`: only `f32` products (the kernels do not round
+/// their operands, so autocast keeps the GEMM on the tensor cores), at least the threshold's
+/// tiles, and a grid that holds the rows.
+pub fn conv_implicit(rows: usize, cols: usize, prec: Precision) -> bool {
+    let min = CONV_IMPLICIT_MIN
+        .with(Cell::get)
+        .unwrap_or(CONV_IMPLICIT_MIN_TILES);
+    let tiles_y = rows.div_ceil(64);
+    prec == Precision::F32
+        && tiles_y <= GRID_Y_MAX
+        && tiles_y.saturating_mul(cols.div_ceil(64)) >= min
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule_counts_output_tiles_and_keeps_autocast_on_the_gemm() {
+        // The ResNet's 64 channels over 32·32·32 positions: 512 tiles.
+        assert!(conv_implicit(64, 32 * 1024, Precision::F32));
+        assert!(!conv_implicit(64, 32 * 1024, Precision::Bf16));
+        assert!(!conv_implicit(64, 32 * 1024, Precision::Tf32));
+        // 63 tiles: one short.
+        assert!(!conv_implicit(64, 63 * 64, Precision::F32));
+        assert!(conv_implicit(64, 64 * 64, Precision::F32));
+        assert!(conv_implicit(65, 32 * 64, Precision::F32));
+        // More output channels than a grid's rows of tiles hold.
+        assert!(!conv_implicit(65_536 * 64, 64, Precision::F32));
+    }
+
+    #[test]
+    fn the_override_forces_either_way_and_restores() {
+        {
+            let _on = force_conv_implicit_min_tiles(Some(0));
+            assert!(conv_implicit(1, 1, Precision::F32));
+            assert!(
+                !conv_implicit(1, 1, Precision::Bf16),
+                "autocast keeps the GEMM"
+            );
+            {
+                let _off = force_conv_implicit_min_tiles(Some(usize::MAX));
+                assert!(!conv_implicit(64, 32 * 1024, Precision::F32));
+            }
+            assert!(conv_implicit(1, 1, Precision::F32));
+        }
+        assert!(!conv_implicit(1, 1, Precision::F32));
+    }
+}
