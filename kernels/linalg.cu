@@ -42,6 +42,44 @@ __device__ inline MatAt mat_at(u64 z, u32 rows, u32 cols, u32 heads, u32 merged)
     return r;
 }
 
+// One job of a product split along k into runs of kc (a multiple of 16 unless it covers k):
+// job zz is run zz % splits of product z = zz / splits, k in [kb, ke); A, B the product's
+// operands (transpose flags ta, tb; head-merged per `merged`), C the run's output matrix zz
+// (tl_gemm_sum_splits adds the runs; unsplit, zz = z). One decomposition for tl_gemm,
+// tl_gemm_wide and tl_gemm_tc (sim: linalg::gemm).
+struct GemmJob {
+    u32 kb, ke;
+    MatAt pa, pb, pc;
+    const float* A;
+    const float* B;
+    float* C;
+};
+__device__ inline u32 gemm_splits(u32 k, u32 kc) { return k > kc ? (k + kc - 1) / kc : 1; }
+__device__ inline GemmJob gemm_job(u64 zz, u32 splits, const float* a, const float* b, float* out,
+                                   u32 m, u32 k, u32 n, u32 ta, u32 tb, u32 kc, u32 heads,
+                                   u32 merged) {
+    GemmJob j;
+    const u64 z = zz / splits;
+    j.kb = (u32)(zz % splits) * kc;
+    j.ke = k - j.kb < kc ? k : j.kb + kc;
+    j.pa = mat_at(z, ta ? k : m, ta ? m : k, heads, merged & 1);
+    j.pb = mat_at(z, tb ? n : k, tb ? k : n, heads, merged & 2);
+    j.pc = mat_at(zz, m, n, heads, merged & 4);
+    j.A = a + j.pa.start;
+    j.B = b + j.pb.start;
+    j.C = out + j.pc.start;
+    return j;
+}
+
+// Element (row i, k index p) of op(a) (`ta`: a stored (k, m)) and element (k index p, column
+// j) of op(b) (`tb`: b stored (n, k)) of a job, 0 outside the matrices or past the run's end.
+__device__ inline float gemm_a_at(const GemmJob& g, u32 ta, u32 m, u32 i, u32 p) {
+    return i < m && p < g.ke ? (ta ? g.A[p * g.pa.ld + i] : g.A[i * g.pa.ld + p]) : 0.0f;
+}
+__device__ inline float gemm_b_at(const GemmJob& g, u32 tb, u32 n, u32 p, u32 j) {
+    return j < n && p < g.ke ? (tb ? g.B[j * g.pb.ld + p] : g.B[p * g.pb.ld + j]) : 0.0f;
+}
+
 // Element e (< BK x B) of a k-slice of one operand: its slice row p (along k) and column c
 // (along m for a, n for b). A matrix stored along k (`along_k`: a not transposed, b
 // transposed) is read with p fastest, else with c fastest, so that a warp's reads follow the
@@ -75,32 +113,23 @@ __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch
     // Split-K: `k` in runs of kc (a multiple of 16 unless it covers k), run s of product z
     // written to out + (z·splits + s)·m·n for tl_gemm_sum_splits (sim: linalg::gemm); the
     // launch then clears out's bit of `merged`.
-    const u32 splits = k > kc ? (k + kc - 1) / kc : 1;
+    const u32 splits = gemm_splits(k, kc);
     const u64 jobs = (u64)batch * splits;
     for (u64 zz = blockIdx.z; zz < jobs; zz += gridDim.z) {
-        const u64 z = zz / splits;
-        const u32 kb = (u32)(zz % splits) * kc;
-        const u32 ke = k - kb < kc ? k : kb + kc;
-        const MatAt pa = mat_at(z, ta ? k : m, ta ? m : k, heads, merged & 1);
-        const MatAt pb = mat_at(z, tb ? n : k, tb ? k : n, heads, merged & 2);
-        const MatAt pc = mat_at(zz, m, n, heads, merged & 4);
-        const float* A = a + pa.start;
-        const float* B = b + pb.start;
-        float* C = out + pc.start;
+        const GemmJob job = gemm_job(zz, splits, a, b, out, m, k, n, ta, tb, kc, heads, merged);
+        const u32 kb = job.kb, ke = job.ke;
         // The k-slice from p0 into registers (zeros outside the matrices; never summed).
         float ra[LA], rb[LB];
         auto fetch = [&](u32 p0) {
             for (int l = 0; l < LA; ++l) {
                 u32 p, i;
                 slice_pos<BK, BM>(threadIdx.x + 256 * l, !ta, p, i);
-                const u32 gi = row0 + i, gp = p0 + p;
-                ra[l] = gi < m && gp < ke ? (ta ? A[gp * pa.ld + gi] : A[gi * pa.ld + gp]) : 0.0f;
+                ra[l] = gemm_a_at(job, ta, m, row0 + i, p0 + p);
             }
             for (int l = 0; l < LB; ++l) {
                 u32 p, j;
                 slice_pos<BK, BN>(threadIdx.x + 256 * l, tb, p, j);
-                const u32 gj = col0 + j, gp = p0 + p;
-                rb[l] = gj < n && gp < ke ? (tb ? B[gj * pb.ld + gp] : B[gp * pb.ld + gj]) : 0.0f;
+                rb[l] = gemm_b_at(job, tb, n, p0 + p, col0 + j);
             }
         };
         auto stage = [&](int buf) {
@@ -146,7 +175,7 @@ __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch
             for (int j = 0; j < TN; ++j) {
                 const u32 gj = col0 + reg_pos(tx, j);
                 if (gj >= n) continue;
-                float* o = &C[gi * pc.ld + gj];
+                float* o = &job.C[gi * job.pc.ld + gj];
                 *o = into ? __fadd_rn(*o, acc[i][j]) : acc[i][j];
             }
         }
@@ -241,18 +270,11 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
     float* Cs = reinterpret_cast<float*>(smem + S::A_BYTES + S::B_BYTES);
     const u32 warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
     const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    const u32 splits = k > kc ? (k + kc - 1) / kc : 1;
+    const u32 splits = gemm_splits(k, kc);
     const u64 jobs = (u64)batch * splits;
     for (u64 zz = blockIdx.z; zz < jobs; zz += gridDim.z) {
-        const u64 z = zz / splits;
-        const u32 kb = (u32)(zz % splits) * kc;
-        const u32 ke = k - kb < kc ? k : kb + kc;
-        const MatAt pa = mat_at(z, ta ? k : m, ta ? m : k, heads, merged & 1);
-        const MatAt pb = mat_at(z, tb ? n : k, tb ? k : n, heads, merged & 2);
-        const MatAt pc = mat_at(zz, m, n, heads, merged & 4);
-        const float* A = a + pa.start;
-        const float* B = b + pb.start;
-        float* C = out + pc.start;
+        const GemmJob job = gemm_job(zz, splits, a, b, out, m, k, n, ta, tb, kc, heads, merged);
+        const u32 kb = job.kb, ke = job.ke;
         wmma::fragment<wmma::accumulator, 16, 16, R::FK, float> acc[2][2];
         for (int i = 0; i < 2; ++i)
             for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
@@ -262,18 +284,12 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
             for (int l = 0; l < BM * BK / THREADS; ++l) {
                 u32 p, i;
                 slice_pos<BK, BM>(threadIdx.x + THREADS * l, !ta, p, i);
-                const u32 gi = row0 + i, gp = p0 + p;
-                const float v =
-                    gi < m && gp < ke ? (ta ? A[gp * pa.ld + gi] : A[gi * pa.ld + gp]) : 0.0f;
-                As[i * LDA + p] = R::cvt(v);
+                As[i * LDA + p] = R::cvt(gemm_a_at(job, ta, m, row0 + i, p0 + p));
             }
             for (int l = 0; l < BK * BN / THREADS; ++l) {
                 u32 p, j;
                 slice_pos<BK, BN>(threadIdx.x + THREADS * l, tb, p, j);
-                const u32 gj = col0 + j, gp = p0 + p;
-                const float v =
-                    gj < n && gp < ke ? (tb ? B[gj * pb.ld + gp] : B[gp * pb.ld + gj]) : 0.0f;
-                Bs[p * LDB + j] = R::cvt(v);
+                Bs[p * LDB + j] = R::cvt(gemm_b_at(job, tb, n, p0 + p, col0 + j));
             }
             __syncthreads();
             for (int kk = 0; kk < BK; kk += R::FK) {
@@ -297,7 +313,7 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
             const u32 e = threadIdx.x + THREADS * l, r = e / BN, c = e % BN;
             const u32 gi = row0 + r, gj = col0 + c;
             if (gi >= m || gj >= n) continue;
-            float* o = &C[gi * pc.ld + gj];
+            float* o = &job.C[gi * job.pc.ld + gj];
             *o = into ? __fadd_rn(*o, Cs[r * LDC + c]) : Cs[r * LDC + c];
         }
         __syncthreads();  // Cs is the next job's
