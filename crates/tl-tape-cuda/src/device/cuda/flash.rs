@@ -14,29 +14,47 @@ fn grid(jobs: usize) -> [u32; 3] {
     [jobs.clamp(1, 65_535) as u32, 1, 1]
 }
 
-/// Query rows per block of `tl_flash_fwd` (kernels/attention.cu `tl_fa_fwd`): 64 when
-/// d ≤ 64, else 32.
-fn fwd_rows(f: &Flash) -> usize {
-    if f.dims.d <= 64 { 64 } else { 32 }
+/// The fused attention's three launches.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// `O` and the log-sum-exp.
+    Forward,
+    /// dQ and delta.
+    BackwardQ,
+    /// dK and dV.
+    BackwardKv,
 }
 
-/// Bytes of dynamic shared memory of `tl_flash_fwd_wide`: `TL_FA_FWD_SMEM(64, 64, 64)` floats
-/// (kernels/attention.cu: Q^T, K^T or V, the scores, three (tile, row) arrays of four tiles, m
-/// and l; the emulator's guard zones catch a kernel that uses more).
-const FWD_WIDE_SMEM_BYTES: u32 = 4 * (3 * 64 * 64 + 3 * 4 * 64 + 2 * 64);
-
-/// Bytes of dynamic shared memory of `tl_flash_bwd_q_wide`: `TL_FA_BWD_Q_SMEM(128)` floats
-/// (kernels/attention.cu: Q and dO of 64 rows, K and V of 32, all 128 wide).
-const BWD_Q_WIDE_SMEM_BYTES: u32 = 4 * (2 * 64 + 2 * 32) * 128;
-
-/// Bytes of dynamic shared memory of `tl_flash_bwd_kv_wide`: `TL_FA_BWD_KV_SMEM(32, 128)`
-/// floats (K and V of 32 keys, a tile of 16 Q and dO rows, P and dS).
-const BWD_KV_WIDE_SMEM_BYTES: u32 = 4 * (2 * 32 * 128 + 2 * 16 * 128 + 2 * 16 * 32);
-
-/// Query rows (keys) per block of `tl_flash_bwd_q` (`tl_flash_bwd_kv`): 64 when d ≤ 64
-/// (`tl_fa_bwd_q64`, `tl_fa_bwd_kv64`), else one tile of [`FLASH_TILE`].
-fn bwd_rows(f: &Flash) -> usize {
-    if f.dims.d <= 64 { 64 } else { FLASH_TILE }
+/// The kernel a phase runs for `f` under `tiles`, the query rows (keys) each of its blocks
+/// takes, and its bytes of dynamic shared memory (0: static arrays only); kernels/attention.cu
+/// says how each tiles its work. The narrow kernels: the forward on 64 query rows when d ≤ 64,
+/// else 32; the backward on 64 rows (keys) when d ≤ 64 (`tl_fa_bwd_q64`, `tl_fa_bwd_kv64`),
+/// else one tile of [`FLASH_TILE`]. `FlashTiles::Wide`: the forward's 64 keys a step where
+/// d ≤ 64 (`TL_FA_FWD_SMEM(64, 64, 64)` floats: Q^T, K^T or V, the scores, three (tile, row)
+/// arrays of four tiles, m and l), and for d > 64 dQ on 64 rows (`TL_FA_BWD_Q_SMEM(128)`: Q
+/// and dO of 64 rows, K and V of 32) and dK/dV on 32 keys (`TL_FA_BWD_KV_SMEM(32, 128)`: K
+/// and V, a tile of 16 Q and dO rows, P and dS). The emulator's guard zones catch a kernel
+/// that uses more than it is given.
+fn kernel(tiles: FlashTiles, f: &Flash, phase: Phase) -> (&'static str, usize, u32) {
+    let (wide, small) = (tiles == FlashTiles::Wide, f.dims.d <= 64);
+    match phase {
+        Phase::Forward if wide && small => (
+            "tl_flash_fwd_wide",
+            64,
+            4 * (3 * 64 * 64 + 3 * 4 * 64 + 2 * 64),
+        ),
+        Phase::Forward => ("tl_flash_fwd", if small { 64 } else { 32 }, 0),
+        Phase::BackwardQ if wide && !small => {
+            ("tl_flash_bwd_q_wide", 64, 4 * (2 * 64 + 2 * 32) * 128)
+        }
+        Phase::BackwardQ => ("tl_flash_bwd_q", if small { 64 } else { FLASH_TILE }, 0),
+        Phase::BackwardKv if wide && !small => (
+            "tl_flash_bwd_kv_wide",
+            32,
+            4 * (2 * 32 * 128 + 2 * 16 * 128 + 2 * 16 * 32),
+        ),
+        Phase::BackwardKv => ("tl_flash_bwd_kv", if small { 64 } else { FLASH_TILE }, 0),
+    }
 }
 
 impl CudaDevice {
@@ -57,6 +75,12 @@ impl CudaDevice {
         let r = self.ptr(op, buf).and_then(|pm| body(self, pm));
         self.release(buf);
         r
+    }
+
+    /// Launch `phase`'s kernel for `f` under this device's [`FlashTiles`] ([`kernel`]).
+    fn run_flash(&mut self, op: &'static str, f: &Flash, phase: Phase, args: &[Arg]) -> Result<()> {
+        let (name, rows, shared) = kernel(self.flash_tiles, f, phase);
+        self.run_shared(op, name, grid(f.dims.blocks(rows)), shared, args)
     }
 
     /// The sizes, mode and scale every fused attention kernel takes last (checked for the ABI
@@ -94,12 +118,7 @@ impl CudaDevice {
                         Arg::Ptr(lse),
                     ];
                     args.extend(Self::flash_tail(f));
-                    let jobs = grid(f.dims.blocks(fwd_rows(f)));
-                    if d.flash_tiles == FlashTiles::Wide && f.dims.d <= 64 {
-                        d.run_shared(OP, "tl_flash_fwd_wide", jobs, FWD_WIDE_SMEM_BYTES, &args)
-                    } else {
-                        d.run(OP, "tl_flash_fwd", jobs, &args)
-                    }
+                    d.run_flash(OP, f, Phase::Forward, &args)
                 })?);
                 Ok(())
             })
@@ -146,40 +165,15 @@ impl CudaDevice {
         const OP: &str = "flash_attention_bwd";
         let [pq, pk, pv, po, pg, pl] = p;
         let tail = Self::flash_tail(f);
-        let jobs = grid(f.dims.blocks(bwd_rows(f)));
         let [dq] = self.with_outs::<1>(OP, f.dims.qkv_len(), |d, [dq]| {
             let mut args = [pq, pk, pv, po, pg, pl, pm, dq, pd].map(Arg::Ptr).to_vec();
             args.extend(tail);
-            if d.flash_tiles == FlashTiles::Wide && f.dims.d > 64 {
-                // Blocks of 64 query rows, 128 wide, in dynamic shared memory.
-                let wide = grid(f.dims.blocks(64));
-                d.run_shared(
-                    OP,
-                    "tl_flash_bwd_q_wide",
-                    wide,
-                    BWD_Q_WIDE_SMEM_BYTES,
-                    &args,
-                )
-            } else {
-                d.run(OP, "tl_flash_bwd_q", jobs, &args)
-            }
+            d.run_flash(OP, f, Phase::BackwardQ, &args)
         })?;
         let kv = self.with_outs::<2>(OP, f.dims.qkv_len(), |d, [dk, dv]| {
             let mut args = [pq, pk, pv, pg, pl, pd, pm, dk, dv].map(Arg::Ptr).to_vec();
             args.extend(tail);
-            if d.flash_tiles == FlashTiles::Wide && f.dims.d > 64 {
-                // Blocks of 32 keys, 128 wide, in dynamic shared memory.
-                let wide = grid(f.dims.blocks(32));
-                d.run_shared(
-                    OP,
-                    "tl_flash_bwd_kv_wide",
-                    wide,
-                    BWD_KV_WIDE_SMEM_BYTES,
-                    &args,
-                )
-            } else {
-                d.run(OP, "tl_flash_bwd_kv", jobs, &args)
-            }
+            d.run_flash(OP, f, Phase::BackwardKv, &args)
         });
         match kv {
             Ok([dk, dv]) => Ok([dq, dk, dv]),
