@@ -15,40 +15,38 @@ fn per_group(n: usize) -> u32 {
 
 impl CudaDevice {
     pub(super) fn norm_stats_impl(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
-        const OP: &str = "norm_stats";
-        let px = self.ptr(OP, x)?;
-        self.with_out(OP, 2 * l.groups, |d, out| {
-            if l.groups == 0 {
-                return Ok(());
-            }
-            let args = [
-                Arg::Ptr(px),
-                Arg::Ptr(out),
-                Arg::U32(l.outer as u32),
-                Arg::U32(l.groups as u32),
-                Arg::U32(l.seg as u32),
-                Arg::F32(eps),
-            ];
-            d.run(OP, "tl_norm_stats", [per_group(l.groups), 1, 1], &args)
-        })
+        self.per_group_moments("norm_stats", "tl_norm_stats", x, l, Some(eps))
     }
 
     /// `tl_norm_moments` (`batchMoments`), one block per group.
     pub(super) fn norm_moments_impl(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
-        const OP: &str = "norm_moments";
-        let px = self.ptr(OP, x)?;
-        self.with_out(OP, 2 * l.groups, |d, out| {
+        self.per_group_moments("norm_moments", "tl_norm_moments", x, l, None)
+    }
+
+    /// One block per group of x: `kernel` (`tl_norm_stats` with `eps`, `tl_norm_moments`
+    /// without) writes two values per group.
+    fn per_group_moments(
+        &mut self,
+        op: &'static str,
+        kernel: &'static str,
+        x: Buffer,
+        l: NormLayout,
+        eps: Option<f32>,
+    ) -> Result<Buffer> {
+        let px = self.ptr(op, x)?;
+        self.with_out(op, 2 * l.groups, |d, out| {
             if l.groups == 0 {
                 return Ok(());
             }
-            let args = [
+            let mut args = vec![
                 Arg::Ptr(px),
                 Arg::Ptr(out),
                 Arg::U32(l.outer as u32),
                 Arg::U32(l.groups as u32),
                 Arg::U32(l.seg as u32),
             ];
-            d.run(OP, "tl_norm_moments", [per_group(l.groups), 1, 1], &args)
+            args.extend(eps.map(Arg::F32));
+            d.run(op, kernel, [per_group(l.groups), 1, 1], &args)
         })
     }
 
