@@ -553,6 +553,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-flash-wide-kv-columns",
+        area: Kernel,
+        file: "kernels/attention.cu",
+        from: "tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>",
+        to: "tl_fa_bwd_kv64<32, TL_FA_DMAX, 64>",
+        bug: "the wide dK/dV kernel (FlashTiles::Wide, heads over 64) takes the 64-column specialization: a head's last columns get no gradient",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-axis-block-sequential",
         area: Kernel,
         file: "kernels/reduce.cu",
