@@ -14,7 +14,9 @@
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use tl_conformance::RunConfig;
-use tl_session::{Backend, LinkedSession, Ops, Optimizer, Options, Param, Session, TensorRef};
+use tl_session::{
+    Backend, LinkedSession, Ops, Optimizer, Options, Param, Session, TensorRef, Train,
+};
 use tl_spec::{Scalar, Tensor};
 
 /// A rule and its own hyper-parameters.
@@ -321,6 +323,24 @@ fn eager<T: Scalar>(backend: Backend, c: &Case) -> tl_session::Result<Vec<Vec<f6
     ps.iter().map(|p| Ok(f64s(&s.param_value(p)?))).collect()
 }
 
+/// The eager CPU session stepping as `Runtime::step` does, each step ending its pass
+/// (`backward_step_reduced_then_reset`: the parameters written in place): the parameters
+/// after the last step.
+fn eager_in_place<T: Scalar>(c: &Case) -> tl_session::Result<Vec<Vec<f64>>> {
+    let mut s = Session::<T>::new(Options::backend(Backend::Cpu))?;
+    let ps = c
+        .params
+        .iter()
+        .map(|w| s.param(tensor(w), None, true))
+        .collect::<tl_session::Result<Vec<_>>>()?;
+    let mut opt = optimizer(c);
+    for step in &c.grads {
+        let l = loss(&mut s, &ps, step)?;
+        s.backward_step_reduced_then_reset(&l, &mut opt, None)?;
+    }
+    ps.iter().map(|p| Ok(f64s(&s.param_value(p)?))).collect()
+}
+
 /// The linked session (f64): the parameters after the last step.
 fn linked(c: &Case) -> tl_session::Result<Vec<Vec<f64>>> {
     let mut s = LinkedSession::<f64>::new();
@@ -371,9 +391,11 @@ fn optimizer_steps_match_pytorchs_update_rules() {
     let result = runner.run(&case(), |c| {
         let want = reference(&c);
         compare(eager::<f64>(Backend::Cpu, &c), &want, 1e-10, "cpu f64")?;
+        compare(eager_in_place::<f64>(&c), &want, 1e-10, "cpu f64 in place")?;
         compare(linked(&c), &want, 1e-10, "linked f64")?;
         let want32 = reference(&rounded::<f32>(&c));
         compare(eager::<f32>(Backend::Cpu, &c), &want32, 1e-4, "cpu f32")?;
+        compare(eager_in_place::<f32>(&c), &want32, 1e-4, "cpu f32 in place")?;
         compare(
             eager::<f32>(Backend::CudaSim, &c),
             &want32,
@@ -460,5 +482,72 @@ fn the_comparison_tells_neighbouring_rules_apart() {
             ..rounded::<f32>(&c)
         });
         assert!(compare(eager::<f32>(Backend::CudaSim, &c), &bad32, 1e-4, "sim").is_err());
+    }
+}
+
+/// A parameter longer than two of the host update's blocks
+/// (`tl_session::optim::HOST_BLOCK` elements each: the stateful rules widen a block at a time
+/// to f64): every rule's steps equal the reference across the blocks' seams and the short last
+/// block, f64 and f32, stepped both ways on the CPU and on the linked session.
+#[test]
+fn a_parameter_of_several_host_blocks_steps_as_the_reference() {
+    let n = 2 * tl_session::optim::HOST_BLOCK + 5;
+    let wave = |i: usize, t: usize| ((i * 37 + t * 11) % 101) as f64 / 50.0 - 1.0;
+    let rules = [
+        Rule::Sgd {
+            momentum: 0.9,
+            dampening: 0.2,
+            nesterov: false,
+        },
+        Rule::Sgd {
+            momentum: 0.8,
+            dampening: 0.0,
+            nesterov: true,
+        },
+        Rule::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        },
+        Rule::AdamW {
+            beta1: 0.8,
+            beta2: 0.99,
+            eps: 1e-6,
+        },
+        Rule::RmsProp {
+            alpha: 0.9,
+            eps: 1e-8,
+            momentum: 0.5,
+            centered: true,
+        },
+        Rule::Adagrad {
+            lr_decay: 0.1,
+            eps: 1e-10,
+            init: 0.1,
+        },
+    ];
+    for rule in rules {
+        let c = Case {
+            rule,
+            lr: 0.05,
+            weight_decay: 0.01,
+            params: vec![(0..n).map(|i| wave(i, 0)).collect()],
+            grads: (1..4)
+                .map(|t| vec![(0..n).map(|i| wave(i, t)).collect()])
+                .collect(),
+        };
+        let what = format!("{rule:?}");
+        let want = reference(&c);
+        let want32 = reference(&rounded::<f32>(&c));
+        let runs = [
+            (eager::<f64>(Backend::Cpu, &c), &want, 1e-10, "cpu f64"),
+            (eager_in_place::<f64>(&c), &want, 1e-10, "cpu f64 in place"),
+            (linked(&c), &want, 1e-10, "linked f64"),
+            (eager::<f32>(Backend::Cpu, &c), &want32, 1e-4, "cpu f32"),
+            (eager_in_place::<f32>(&c), &want32, 1e-4, "cpu f32 in place"),
+        ];
+        for (got, want, tol, how) in runs {
+            compare(got, want, tol, how).unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
     }
 }

@@ -635,6 +635,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "optim-host-block-offset",
+        area: Optim,
+        file: "crates/tl-session/src/optim/mod.rs",
+        from: ".try_for_each(|(whole, part)| put_block(whole, lo, part))",
+        to: ".try_for_each(|(whole, part)| put_block(whole, 0, part))",
+        bug: "a stateful host update writes every block's new state at the start of the parameter's state",
+        harness: Plain,
+    },
+    Mutant {
         id: "optim-device-scale-sign",
         area: Optim,
         file: "crates/tl-session/src/optim/vec_ops.rs",

@@ -584,23 +584,101 @@ impl Optimizer {
             }
             return Ok(());
         }
-        let mut gv = vec![0.0f64; w.numel()];
-        for g in grads {
-            gv.iter_mut()
-                .zip(g.data())
-                .for_each(|(a, b)| *a += b.as_f64());
+        self.update_host_blocks(key, w, grads, HOST_BLOCK)
+    }
+
+    /// The stateful rules on the host, [`HOST_BLOCK`] elements (`block` here) at a time: each
+    /// block's parameter values, gradient sum and state widened to f64, [`HostOps`]' formula
+    /// run on them, the new values and state written back in the parameter's type (`w` in
+    /// place when nothing else holds it). Every rule is element-wise, so the bits are those of
+    /// one whole-vector update; the f64 copies are a block's, not the parameter's. A first step
+    /// makes the state for every block (each block sees no state, as a whole-vector first step
+    /// does). An error leaves `w` and the state as they were: with [`HostOps`] every error
+    /// (the learning rate, state of a device) does not depend on the values, so it comes from
+    /// the first block, before anything is written.
+    fn update_host_blocks<T: Scalar>(
+        &mut self,
+        key: (u64, usize),
+        w: &mut Tensor<T>,
+        grads: &[&Tensor<T>],
+        block: usize,
+    ) -> Result<()> {
+        let (n, block) = (w.numel(), block.max(1));
+        let had = self.state.contains_key(&key);
+        let mut st = self.state.remove(&key).unwrap_or_default();
+        // On an error: the state as it was (none if there was none).
+        let restore = |state: &mut HashMap<(u64, usize), ParamState>, st: ParamState| {
+            if had {
+                state.insert(key, st);
+            }
+        };
+        let fresh = st.bufs.is_empty();
+        // What a first step makes, whole (the blocks' parts copied in).
+        let mut made: Vec<StateBuf> = Vec::new();
+        let mut step;
+        let d = w.data_mut();
+        let mut lo = 0;
+        loop {
+            let hi = n.min(lo + block);
+            let bufs = match fresh {
+                true => Ok(Vec::new()),
+                false => st.bufs.iter().map(|b| widened(b, lo..hi)).collect(),
+            };
+            let bufs = match bufs {
+                Ok(b) => b,
+                Err(e) => {
+                    restore(&mut self.state, st);
+                    return Err(e);
+                }
+            };
+            self.state.insert(
+                key,
+                ParamState {
+                    step: st.step,
+                    bufs,
+                },
+            );
+            let gv: Vec<f64> = (lo..hi)
+                .map(|i| grads.iter().fold(0.0, |s, g| s + g.data()[i].as_f64()))
+                .collect();
+            let mut wv: Vec<f64> = d[lo..hi].iter().map(|v| v.as_f64()).collect();
+            let r = self.update_inner(&mut HostOps, key, &mut wv, &gv);
+            let mut done = self.state.remove(&key).unwrap_or_default();
+            // The new state in the parameter's type, into the whole state.
+            vec_ops::store_as::<T>(&mut done.bufs);
+            let r = r.and_then(|()| {
+                if fresh && lo == 0 {
+                    made = done
+                        .bufs
+                        .iter()
+                        .map(|b| zeros_as(b, n))
+                        .collect::<Result<_>>()?;
+                }
+                let whole = if fresh { &mut made } else { &mut st.bufs };
+                whole
+                    .iter_mut()
+                    .zip(&done.bufs)
+                    .try_for_each(|(whole, part)| put_block(whole, lo, part))
+            });
+            if let Err(e) = r {
+                restore(&mut self.state, st);
+                return Err(e);
+            }
+            step = done.step;
+            d[lo..hi]
+                .iter_mut()
+                .zip(wv)
+                .for_each(|(o, v)| *o = T::lit(v));
+            lo = hi;
+            if lo >= n {
+                break;
+            }
         }
-        let mut wv: Vec<f64> = w.data().iter().map(|v| v.as_f64()).collect();
-        let r = self.update_inner(&mut HostOps, key, &mut wv, &gv);
-        // The state goes back to the parameter's type whatever the outcome.
-        if let Some(st) = self.state.get_mut(&key) {
-            vec_ops::store_as::<T>(&mut st.bufs);
+        if fresh {
+            st.bufs = made;
         }
-        r?;
-        match w.unique_data_mut() {
-            Some(d) => d.iter_mut().zip(wv).for_each(|(o, v)| *o = T::lit(v)),
-            None => *w = Tensor::new(w.shape().clone(), wv.into_iter().map(T::lit).collect())?,
-        }
+        st.step = step;
+        self.state.insert(key, st);
         Ok(())
     }
 
@@ -862,6 +940,53 @@ fn adam<O: VecOps>(
     r
 }
 
+/// Elements a stateful host update widens to f64 at a time ([`Optimizer::update_host`]): for
+/// Adam the parameter, the gradient sum, the two moments and a temporary, 16 Ki elements each,
+/// about 640 KiB, an L2-sized working set, where whole vectors of a large parameter would
+/// stream through memory once per operation of the rule and be the step's largest allocation.
+pub const HOST_BLOCK: usize = 1 << 14;
+
+/// Elements `r` of a host state buffer, widened to f64 (exact); device state is the error
+/// [`HostOps`] gives it.
+fn widened(b: &StateBuf, r: std::ops::Range<usize>) -> Result<StateBuf> {
+    match b {
+        StateBuf::Host(v) => Ok(StateBuf::Host(v[r].to_vec())),
+        StateBuf::HostF32(v) => Ok(StateBuf::Host(v[r].iter().map(|&x| f64::from(x)).collect())),
+        StateBuf::Device(_) => {
+            let mut b = b.clone();
+            HostOps::state_mut(&mut b)?;
+            Ok(b)
+        }
+    }
+}
+
+/// Zeros of `n` elements of `like`'s host kind (fallible: a first step's whole state).
+fn zeros_as(like: &StateBuf, n: usize) -> Result<StateBuf> {
+    const WHAT: &str = "optimizer state";
+    Ok(match like {
+        StateBuf::HostF32(_) => {
+            StateBuf::HostF32(tl_spec::alloc::try_zeroed("optimizer step", WHAT, n)?)
+        }
+        _ => StateBuf::Host(tl_spec::alloc::try_zeroed("optimizer step", WHAT, n)?),
+    })
+}
+
+/// Copy the block `part` into `whole` from element `lo` (the same host kind: the block was
+/// stored as the whole is).
+fn put_block(whole: &mut StateBuf, lo: usize, part: &StateBuf) -> Result<()> {
+    match (whole, part) {
+        (StateBuf::Host(w), StateBuf::Host(p)) => w[lo..lo + p.len()].copy_from_slice(p),
+        (StateBuf::HostF32(w), StateBuf::HostF32(p)) => w[lo..lo + p.len()].copy_from_slice(p),
+        _ => {
+            return Err(Error::Usage {
+                what: "optimizer step",
+                detail: "a state block of another kind than the parameter's state".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `w + c·g` in f64, rounded once to `T`: plain SGD's update of one element (`c = −lr`).
 #[derive(Clone, Copy)]
 struct Axpy(f64);
@@ -913,6 +1038,94 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("[5]") && e.contains("[4]"), "{e}");
+    }
+
+    /// The stateful rules updated a block at a time give the whole-vector update's bits, in
+    /// f32 and f64, over several steps (the first one making the state), with one gradient and
+    /// two, with weight decay and clipping; blocks of 1, 3 and 7 of 10 elements (a short last
+    /// block) against one block of all.
+    #[test]
+    fn blocked_host_updates_give_the_whole_updates_bits() {
+        type Make = fn() -> Optimizer;
+        let rules: [Make; 8] = [
+            || Optimizer::momentum(0.1, 0.9).unwrap(),
+            || {
+                Optimizer::momentum(0.1, 0.9)
+                    .unwrap()
+                    .dampening_nesterov(0.0, true)
+                    .unwrap()
+            },
+            || {
+                Optimizer::momentum(0.1, 0.8)
+                    .unwrap()
+                    .dampening_nesterov(0.3, false)
+                    .unwrap()
+                    .weight_decay(0.01)
+                    .unwrap()
+            },
+            || Optimizer::adam(0.05).unwrap().clip_grad_value(0.4).unwrap(),
+            || Optimizer::adamw(0.05).unwrap().weight_decay(0.1).unwrap(),
+            || {
+                Optimizer::rmsprop(0.01)
+                    .unwrap()
+                    .rmsprop_options(0.9, 1e-6, 0.5, true)
+                    .unwrap()
+            },
+            || {
+                Optimizer::adagrad(0.1)
+                    .unwrap()
+                    .adagrad_options(0.01, 1e-10, 0.1)
+                    .unwrap()
+            },
+            || Optimizer::sgd(0.1).unwrap().weight_decay(0.02).unwrap(),
+        ];
+        type Run = (Vec<u64>, u64, Vec<StateBuf>);
+        fn run<T: Scalar>(make: Make, block: usize, two: bool) -> Run {
+            let mut w = Tensor::<T>::from_fn([10], |i| T::lit(0.3 * i as f64 - 1.1));
+            let mut opt = make();
+            for k in 0..3 {
+                let g1 = Tensor::<T>::from_fn([10], |i| {
+                    T::lit(((i * 7 + k * 3) % 11) as f64 * 0.13 - 0.6)
+                });
+                let g2 = Tensor::<T>::from_fn([10], |i| T::lit(0.05 * i as f64 - 0.2));
+                let grads: Vec<&Tensor<T>> = if two { vec![&g1, &g2] } else { vec![&g1] };
+                opt.update_host_blocks((1, 0), &mut w, &grads, block)
+                    .unwrap();
+            }
+            let st = &opt.state[&(1, 0)];
+            let w = w.data().iter().map(|v| v.as_f64().to_bits()).collect();
+            (w, st.step, st.bufs.clone())
+        }
+        for make in rules {
+            for two in [false, true] {
+                let (whole32, whole64) = (run::<f32>(make, 10, two), run::<f64>(make, 10, two));
+                assert_eq!(whole32.1, 3);
+                assert!(matches!(whole32.2[..], [StateBuf::HostF32(_), ..] | []));
+                assert!(matches!(whole64.2[..], [StateBuf::Host(_), ..] | []));
+                for block in [1, 3, 7] {
+                    let what = format!("{} block {block} two {two}", make().rule_name());
+                    assert_eq!(run::<f32>(make, block, two), whole32, "{what}");
+                    assert_eq!(run::<f64>(make, block, two), whole64, "{what}");
+                }
+            }
+        }
+        // An error (device state on the host) leaves the parameter and the state as they were.
+        let mut opt = Optimizer::momentum(0.1, 0.9).unwrap();
+        let mut sim = tl_tape_cuda::SimDevice::default();
+        let dev = StateBuf::Device(tl_tape_cuda::Device::zeros(&mut sim, 10).unwrap());
+        opt.state.insert(
+            (1, 0),
+            ParamState {
+                step: 4,
+                bufs: vec![dev.clone()],
+            },
+        );
+        let mut w = Tensor::<f32>::from_fn([10], |i| i as f32);
+        let g = Tensor::<f32>::zeros([10]);
+        assert!(opt.update_host_blocks((1, 0), &mut w, &[&g], 3).is_err());
+        assert_eq!(w.data(), Tensor::<f32>::from_fn([10], |i| i as f32).data());
+        assert_eq!(opt.state[&(1, 0)].step, 4);
+        assert_eq!(opt.state[&(1, 0)].bufs, vec![dev]);
     }
 
     /// The host state of an f32 parameter is f32 (PyTorch's and the device's type): each step
