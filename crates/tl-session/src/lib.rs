@@ -96,4 +96,4 @@ pub use linked::{Compiled, CompiledTape, LinkedSession};
 pub use ops::Ops;
 pub use optim::{Optimizer, Schedule, StepStats};
 pub use tl_tape_cpu::Precision;
-pub use train::{GradReducer, Train};
+pub use train::{GradReducer, StepPass, Train};

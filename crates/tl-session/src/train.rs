@@ -48,7 +48,9 @@ pub trait Train: Ops {
         loss: &TensorRef,
         opt: &mut Optimizer,
         reduce: Option<&mut dyn GradReducer<Self::T>>,
-    ) -> Result<f64>;
+    ) -> Result<f64> {
+        self.backward_step_pass(loss, opt, reduce, StepPass::KeepOpen)
+    }
 
     /// [`Train::backward_step_reduced`], then [`Train::reset`] (also on error): the step is the
     /// pass's last act, so nothing can read the pass's values after the update, and on the CPU
@@ -63,10 +65,18 @@ pub trait Train: Ops {
         opt: &mut Optimizer,
         reduce: Option<&mut dyn GradReducer<Self::T>>,
     ) -> Result<f64> {
-        let r = self.backward_step_reduced(loss, opt, reduce);
-        self.reset();
-        r
+        self.backward_step_pass(loss, opt, reduce, StepPass::End)
     }
+
+    /// The step behind [`Train::backward_step_reduced`] (`pass`: [`StepPass::KeepOpen`]) and
+    /// [`Train::backward_step_reduced_then_reset`] ([`StepPass::End`]).
+    fn backward_step_pass(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut dyn GradReducer<Self::T>>,
+        pass: StepPass,
+    ) -> Result<f64>;
 
     /// The value of `r`, computed the fast way (the eager tape's value; for the linked session,
     /// read from the graph compiled into its backend). PyTorch: `t.detach().cpu()`.
@@ -110,6 +120,17 @@ pub trait Train: Ops {
     /// This session's id and its current pass (the number of resets so far); handles made
     /// in an earlier pass are stale.
     fn stamp(&self) -> Stamp;
+}
+
+/// What becomes of a training step's pass ([`Train::backward_step_pass`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepPass {
+    /// The pass stays open: its values read as before the step (on the CPU the update writes
+    /// the new parameter values beside the old ones the pass holds).
+    KeepOpen,
+    /// The step is the pass's last act: the pass is reset afterwards, also on error, and the
+    /// CPU update writes the parameters in place.
+    End,
 }
 
 /// What [`Train::backward_step_reduced`] calls on a step's gradients before the update (any
@@ -159,23 +180,32 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     fn reset(&mut self) {
         Session::reset(self);
     }
-    fn backward_step_reduced(
+    fn backward_step_pass(
         &mut self,
         loss: &TensorRef,
         opt: &mut Optimizer,
         reduce: Option<&mut dyn GradReducer<T>>,
+        pass: StepPass,
     ) -> Result<f64> {
-        self.train_step(loss, opt, reduce, false)
-    }
-    fn backward_step_reduced_then_reset(
-        &mut self,
-        loss: &TensorRef,
-        opt: &mut Optimizer,
-        reduce: Option<&mut dyn GradReducer<T>>,
-    ) -> Result<f64> {
-        let r = self.train_step(loss, opt, reduce, true);
-        Session::reset(self);
-        r
+        let stepped = (|| {
+            let l = loss_value(self.value(loss)?)?;
+            // A non-finite loss stops here when the optimizer asks for it, before any change.
+            opt.observe_loss(l)?;
+            // On a device the sparse sweep: the parameters' gradients only.
+            self.backward_params(loss)?;
+            if let Some(reduce) = reduce {
+                self.reduce_grads(reduce)?;
+            }
+            if pass == StepPass::End {
+                self.release_pass_values();
+            }
+            self.step(opt)?;
+            Ok(l)
+        })();
+        if pass == StepPass::End {
+            Session::reset(self);
+        }
+        stepped
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.value(r)
@@ -212,33 +242,6 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     }
     fn stamp(&self) -> Stamp {
         Session::stamp(self)
-    }
-}
-
-impl<T: tl_spec::Scalar> Session<T> {
-    /// [`Train::backward_step_reduced`]; with `ends_pass` the pass's values are let go of
-    /// before the update ([`Session::release_pass_values`]), which the caller follows with a
-    /// reset.
-    fn train_step(
-        &mut self,
-        loss: &TensorRef,
-        opt: &mut Optimizer,
-        reduce: Option<&mut dyn GradReducer<T>>,
-        ends_pass: bool,
-    ) -> Result<f64> {
-        let l = loss_value(self.value(loss)?)?;
-        // A non-finite loss stops here when the optimizer asks for it, before any change.
-        opt.observe_loss(l)?;
-        // On a device the sparse sweep: the parameters' gradients only.
-        self.backward_params(loss)?;
-        if let Some(reduce) = reduce {
-            self.reduce_grads(reduce)?;
-        }
-        if ends_pass {
-            self.release_pass_values();
-        }
-        self.step(opt)?;
-        Ok(l)
     }
 }
 
@@ -304,23 +307,18 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     fn reset(&mut self) {
         LinkedSession::reset(self);
     }
-    fn backward_step_reduced(
+    fn backward_step_pass(
         &mut self,
         loss: &TensorRef,
         opt: &mut Optimizer,
         reduce: Option<&mut dyn GradReducer<T>>,
+        pass: StepPass,
     ) -> Result<f64> {
-        self.train_step(loss, opt, reduce, false)
-    }
-    fn backward_step_reduced_then_reset(
-        &mut self,
-        loss: &TensorRef,
-        opt: &mut Optimizer,
-        reduce: Option<&mut dyn GradReducer<T>>,
-    ) -> Result<f64> {
-        let r = self.train_step(loss, opt, reduce, true);
-        LinkedSession::reset(self);
-        r
+        let stepped = self.train_step(loss, opt, reduce, pass == StepPass::End);
+        if pass == StepPass::End {
+            LinkedSession::reset(self);
+        }
+        stepped
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check_handle("read", r)?;
