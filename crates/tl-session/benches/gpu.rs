@@ -426,7 +426,8 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
         };
         let l = win.check("bench")?;
         let shape = format!("n{batch}-c{c}-a{out}-{side}x{side}");
-        let rows = ["conv", "conv-dw"].map(|k| ["implicit", "im2col"].map(|p| format!("{k}/{p}/{shape}")));
+        let rows =
+            ["conv", "conv-dw"].map(|k| ["implicit", "im2col"].map(|p| format!("{k}/{p}/{shape}")));
         if !rows.iter().flatten().any(|r| a.wants(r)) {
             continue;
         }

@@ -71,9 +71,7 @@ fn run(n: usize, c: usize, a: usize, min_tiles: usize) -> Result<(Vec<u32>, usiz
     if peak <= before.peak_bytes {
         return Err("the backward's peak is the forward's: measure a larger conv".into());
     }
-    let dw = grads[ids[0]]
-        .download::<f32, _>(t.device())
-        .map_err(e)?;
+    let dw = grads[ids[0]].download::<f32, _>(t.device()).map_err(e)?;
     let bits = dw.data().iter().map(|v| v.to_bits()).collect();
     Ok((bits, peak - before.live_bytes))
 }
@@ -81,7 +79,9 @@ fn run(n: usize, c: usize, a: usize, min_tiles: usize) -> Result<(Vec<u32>, usiz
 fn main() -> Result<(), String> {
     let n = batch()?;
     let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
-    println!("| conv (batch {n}, 32×32) | column matrix | backward peak, implicit | backward peak, im2col | saved |");
+    println!(
+        "| conv (batch {n}, 32×32) | column matrix | backward peak, implicit | backward peak, im2col | saved |"
+    );
     println!("| --- | ---: | ---: | ---: | ---: |");
     for (c, a) in [(3, 64), (64, 64)] {
         let (on_bits, on) = run(n, c, a, 0)?;

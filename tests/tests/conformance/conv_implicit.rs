@@ -75,7 +75,11 @@ fn a_split_weight_cotangent_on_the_emulated_kernel_equals_the_sim_bit_for_bit() 
         };
         let _gate = force_conv_implicit_min_tiles(Some(min_tiles));
         let mut t = CudaTape::new(dev);
-        let leaves = [fill(&[6, 5, 3, 3], 1), fill(&[6], 2), fill(&[3, 5, 13, 11], 3)];
+        let leaves = [
+            fill(&[6, 5, 3, 3], 1),
+            fill(&[6], 2),
+            fill(&[3, 5, 13, 11], 3),
+        ];
         let ids: Vec<_> = leaves
             .iter()
             .enumerate()
@@ -99,7 +103,15 @@ fn a_split_weight_cotangent_on_the_emulated_kernel_equals_the_sim_bit_for_bit() 
     assert_eq!(win.dw_gemm(6).k_splits(1), 3);
     let sim = dw(SimDevice::new(), 0);
     let differ = |got: Vec<u32>| got.iter().zip(&sim).filter(|(a, b)| a != b).count();
-    assert_eq!(differ(dw(CudaDevice::new().unwrap(), 0)), 0, "emulated kernel vs sim");
-    assert_eq!(differ(dw(SimDevice::new(), usize::MAX)), 0, "im2col path vs kernel");
+    assert_eq!(
+        differ(dw(CudaDevice::new().unwrap(), 0)),
+        0,
+        "emulated kernel vs sim"
+    );
+    assert_eq!(
+        differ(dw(SimDevice::new(), usize::MAX)),
+        0,
+        "im2col path vs kernel"
+    );
     assert_eq!(sim.len(), 6 * 5 * 9);
 }
