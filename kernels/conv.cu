@@ -202,7 +202,7 @@ extern "C" __global__ void tl_pool_bwd_atomic(const float* x, const float* gr, f
     }
 }
 
-// ---- Implicit-GEMM convolution (forward; the input cotangent, tl_conv_implicit_dx, after it) ----
+// ---- Implicit-GEMM convolution (forward; the cotangents tl_conv_implicit_dx, _dw after it) ----
 //
 // tl_conv_implicit: y (N, A, L) = w (A, C·K) · im2col(x) (C·K, N·L) without the column matrix
 // (sim: conv::conv_implicit; the selection rule: ops::conv::implicit in the crate, docs/cuda.md).
@@ -436,6 +436,113 @@ __device__ void tiles_dx(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
     }
 }
 
+// The weight cotangent: dw (A, C·K) = g' (A, N·L) · im2col(x)ᵀ (N·L, C·K) without the column
+// matrix (nor the permute of g to g'). Rows a, columns q = c·K + k, depth p = n·L + o. The GEMM
+// tl_gemm runs on that product (Gemm::nn(A, N·L, C·K), b transposed) split along its depth
+// into runs of kc (Gemm::k_chunk; one run covering N·L where it does not split): block z sums
+// run z, p in [z·kc, min((z + 1)·kc, N·L)), in increasing p from 0 as fma(g, x, acc), a
+// padding cell as fma(g, 0, acc), and writes its tile to out + z·A·C·K (the run's matrix,
+// added by tl_gemm_sum_splits; unsplit, the result itself): the im2col path's bits, split or
+// not. The loaders: every element a thread stages has the same slice row p (threadIdx.x % 16),
+// so (n, o) and the window origin o·stride − padding are decomposed once a slice; its four
+// columns q of the weight side are fixed, so their (c, kernel offsets) are decomposed once.
+template <int R>
+__device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const float* gr,
+                         const float* x, float* out, const Geo& g, u32 batch, u32 channels,
+                         u32 kl, u32 sl, u32 bl, u32 m, u32 kc) {
+    constexpr int RK = R ? R : 8;
+    const int rank = R ? R : (int)g.rank;
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const u32 n = channels * kl, depth = batch * sl;
+    const u32 kb = blockIdx.z * kc, ke = depth - kb < kc ? depth : kb + kc;
+    out += (u64)blockIdx.z * m * n;
+    // The thread's slice row and its staged rows (a) and columns (q): e = threadIdx.x + 256·l
+    // gives row e % 16 and column e / 16 (slice_pos along k, as tl_gemm reads a and bᵀ).
+    const u32 pp = threadIdx.x % BK, e0 = threadIdx.x / BK;
+    static_assert(LA == LB, "one column set for both operands");
+    u32 qc[LB];             // the channel c of each staged column, or `channels` past n
+    u32 qk[LB][RK];         // its kernel offsets per axis
+    for (int l = 0; l < LB; ++l) {
+        const u32 q = col0 + e0 + (u32)(256 / BK) * l;
+        qc[l] = q < n ? q / kl : channels;
+        u32 kk = q < n ? q % kl : 0;
+        for (int i = rank - 1; i >= 0; --i) {
+            qk[l][i] = (u32)(kk % g.kernel.d[i]);
+            kk /= g.kernel.d[i];
+        }
+    }
+    float ra[LA], rb[LB];
+    auto fetch = [&](u32 p0) {
+        const u32 gp = p0 + pp;
+        const bool in = gp < ke;
+        const u32 nb = in ? gp / sl : 0;
+        u32 o = in ? gp % sl : 0;
+        long long org[RK];  // per axis: the big position of window cell 0 of small cell o
+        for (int i = rank - 1; i >= 0; --i) {
+            org[i] = (long long)(o % g.small.d[i]) * (long long)g.stride.d[i] -
+                     (long long)g.padding.d[i];
+            o /= g.small.d[i];
+        }
+        const u32 oo = in ? gp % sl : 0;
+        for (int l = 0; l < LA; ++l) {
+            const u32 gi = row0 + e0 + (u32)(256 / BK) * l;
+            ra[l] = in && gi < m ? gr[((u64)nb * m + gi) * sl + oo] : 0.0f;
+        }
+        const float* xn = x + (u64)nb * channels * bl;
+        for (int l = 0; l < LB; ++l) {
+            float v = 0.0f;
+            if (in && qc[l] < channels) {
+                u64 flat = 0, st = 1;
+                bool pad = false;
+                for (int i = rank - 1; i >= 0; --i) {
+                    const long long pos = org[i] + (long long)qk[l][i];
+                    if (pos < 0 || pos >= (long long)g.big.d[i]) pad = true;
+                    flat += (u64)pos * st;
+                    st *= g.big.d[i];
+                }
+                if (!pad) v = xn[(u64)qc[l] * bl + flat];
+            }
+            rb[l] = v;
+        }
+    };
+    auto stage = [&](int buf) {
+        for (int l = 0; l < LA; ++l) As[buf][pp][e0 + (256 / BK) * l] = ra[l];
+        for (int l = 0; l < LB; ++l) Bs[buf][pp][e0 + (256 / BK) * l] = rb[l];
+    };
+    float acc[TM][TN];
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+    fetch(kb);
+    stage(0);
+    __syncthreads();
+    int buf = 0;
+    for (u32 p0 = kb; p0 < ke; p0 += BK) {
+        const bool more = ke - p0 > BK;
+        if (more) fetch(p0 + BK);
+        // Only the slice's rows inside the run are summed (as in tl_gemm).
+        const u32 pend = more ? BK : ke - p0;
+        for (u32 p = 0; p < pend; ++p) {
+            float ar[TM], br[TN];
+            for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
+            for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
+            for (int i = 0; i < TM; ++i)
+                for (int j = 0; j < TN; ++j) acc[i][j] = __fmaf_rn(ar[i], br[j], acc[i][j]);
+        }
+        if (more) stage(buf ^ 1);
+        __syncthreads();
+        buf ^= 1;
+    }
+    for (int i = 0; i < TM; ++i) {
+        const u32 gi = row0 + reg_pos(ty, i);
+        if (gi >= m) continue;
+        for (int j = 0; j < TN; ++j) {
+            const u32 gj = col0 + reg_pos(tx, j);
+            if (gj < n) out[(u64)gi * n + gj] = acc[i][j];
+        }
+    }
+}
+
 }  // namespace igemm
 
 // Grid (⌈N·L/64⌉, ⌈A/64⌉), 256 threads; m = A, the weight (A, C, kernel...) row-major.
@@ -478,5 +585,28 @@ extern "C" __global__ void __launch_bounds__(256)
             break;
         default:
             igemm::tiles_dx<0>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
+    }
+}
+
+// Grid (⌈C·K/64⌉, ⌈A/64⌉, runs), 256 threads; `m` = A, the cotangent g (N, A, small), `kc` the
+// run of N·L a block sums (Gemm::k_chunk), run z's (A, C·K) tile written at out + z·A·C·K.
+extern "C" __global__ void __launch_bounds__(256)
+    tl_conv_implicit_dw(const float* gr, const float* x, float* out, TL_GEO_PARAMS, u32 m,
+                        u32 kc) {
+    TL_GEO;
+    __shared__ __align__(16) float As[2][igemm::BK][igemm::BM + 4];
+    __shared__ __align__(16) float Bs[2][igemm::BK][igemm::BN + 4];
+    switch (rank) {
+        case 1:
+            igemm::tiles_dw<1>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
+            break;
+        case 2:
+            igemm::tiles_dw<2>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
+            break;
+        case 3:
+            igemm::tiles_dw<3>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
+            break;
+        default:
+            igemm::tiles_dw<0>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
     }
 }

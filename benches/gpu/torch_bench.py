@@ -344,7 +344,9 @@ def conv_rows(dev, quick, iters):
     32x32 images (quick: batch 2 of 8x8), the stem (3 -> 64 channels) and a block's conv
     (64 -> 64), `F.conv2d` in true f32 (cuDNN with TF32 off, `cudnn.benchmark` on), timed to a
     read of the output's sum. `conv/cudnn/{shape}` beside our `conv/implicit/` and
-    `conv/im2col/` rows; GFLOP/s counts 2·N·A·L·C·K."""
+    `conv/im2col/` rows; `conv-dw/cudnn/{shape}` the weight gradient from a cotangent of the
+    output (`torch.nn.grad.conv2d_weight`, cuDNN's), beside our `conv-dw/` rows, timed to a read
+    of its sum; GFLOP/s counts 2·N·A·L·C·K."""
     batch, side = (2, 8) if quick else (32, 32)
     rows = {}
     was_tf32, was_bench = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
@@ -356,6 +358,12 @@ def conv_rows(dev, quick, iters):
             ms = median_ms(iters, lambda x=x, w=w: F.conv2d(x, w, padding=1).sum().item())
         flops = 2.0 * batch * out * side * side * c * 9
         rows[f"conv/cudnn/n{batch}-c{c}-a{out}-{side}x{side}"] = (
+            ms, ("gflops", flops / (ms * 1e-3) / 1e9))
+        gy = torch.rand(batch, out, side, side, device=dev) * 0.1
+        with torch.no_grad():
+            ms = median_ms(iters, lambda x=x, w=w, gy=gy: torch.nn.grad.conv2d_weight(
+                x, w.shape, gy, padding=1).sum().item())
+        rows[f"conv-dw/cudnn/n{batch}-c{c}-a{out}-{side}x{side}"] = (
             ms, ("gflops", flops / (ms * 1e-3) / 1e9))
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = was_tf32, was_bench
     return rows

@@ -43,7 +43,13 @@
 //!   channels) and a block's conv (64 → 64): `Device::conv_implicit` (the implicit-GEMM kernel)
 //!   or the im2col path (`im2col`, the GEMM, the permute to (N, A, L)), timed to a read of the
 //!   output's sum; GFLOP/s counts 2·N·A·L·C·K. torch_bench.py's `conv/cudnn/{shape}` is
-//!   `F.conv2d` on the same operands (cuDNN, TF32 off, `cudnn.benchmark` on).
+//!   `F.conv2d` on the same operands (cuDNN, TF32 off, `cudnn.benchmark` on);
+//! - `conv-dw/{implicit,im2col}/{shape}`: the same convs' weight cotangent from a cotangent of
+//!   the output: `Device::conv_implicit_dw` (the implicit-GEMM kernel, split along N·L as the
+//!   GEMM splits it) or the im2col path (the permute of the cotangent to (A, N·L), `im2col`,
+//!   the GEMM `g'·colsᵀ`), timed to a read of the result's sum, GFLOP/s as above;
+//!   torch_bench.py's `conv-dw/cudnn/{shape}` is `torch.nn.grad.conv2d_weight` (cuDNN's
+//!   weight gradient) on the same operands.
 
 #[path = "common/models.rs"]
 mod common;
@@ -404,8 +410,8 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
     Ok(())
 }
 
-/// The ResNet's conv forward on `dev` by the implicit-GEMM kernel and by the im2col path
-/// (module docs), timed to a read of the output's sum.
+/// The ResNet's conv forward and weight cotangent on `dev` by the implicit-GEMM kernels and by
+/// the im2col path (module docs), timed to a read of the result's sum.
 fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
     let (batch, side) = if a.quick { (2, 8) } else { (32, 32) };
     for (c, out) in [(3, 64), (64, 64)] {
@@ -420,14 +426,14 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
         };
         let l = win.check("bench")?;
         let shape = format!("n{batch}-c{c}-a{out}-{side}x{side}");
-        if !["implicit", "im2col"]
-            .iter()
-            .any(|p| a.wants(&format!("conv/{p}/{shape}")))
-        {
+        let rows =
+            ["conv", "conv-dw"].map(|k| ["implicit", "im2col"].map(|p| format!("{k}/{p}/{shape}")));
+        if !rows.iter().flatten().any(|r| a.wants(r)) {
             continue;
         }
         let x = dev.upload(filled(&[l.big_len()], 40, 1.0).data())?;
         let w = dev.upload(filled(&[out * c * 9], 41, 0.1).data())?;
+        let gy = dev.upload(filled(&[batch * out * l.small], 42, 0.1).data())?;
         let g = Gemm::nn(out, c * 9, batch * l.small);
         let implicit = |dev: &mut D| -> tl_tape_cuda::Result<Vec<Buffer>> {
             Ok(vec![dev.conv_implicit(w, x, &win, out)?])
@@ -438,16 +444,25 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
             let p = dev.permute(y, &[out, batch, l.small], &[1, 0, 2])?;
             Ok(vec![cols, y, p])
         };
+        let implicit_dw = |dev: &mut D| -> tl_tape_cuda::Result<Vec<Buffer>> {
+            Ok(vec![dev.conv_implicit_dw(gy, x, &win, out)?])
+        };
+        let im2col_dw = |dev: &mut D| -> tl_tape_cuda::Result<Vec<Buffer>> {
+            let gr = dev.permute(gy, &[batch, out, l.small], &[1, 0, 2])?;
+            let cols = dev.im2col(x, &win)?;
+            let dw = dev.matmul(gr, cols, win.dw_gemm(out))?;
+            Ok(vec![gr, cols, dw])
+        };
         let flops = 2.0 * (batch * out * l.small * c * 9) as f64;
-        for (name, f) in [
-            (
-                "implicit",
-                &implicit as &dyn Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>,
-            ),
-            ("im2col", &im2col),
-        ] {
-            let row_name = format!("conv/{name}/{shape}");
-            if !a.wants(&row_name) {
+        type Run<'a, D> = &'a dyn Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>;
+        let runs: [(&String, Run<D>); 4] = [
+            (&rows[0][0], &implicit),
+            (&rows[0][1], &im2col),
+            (&rows[1][0], &implicit_dw),
+            (&rows[1][1], &im2col_dw),
+        ];
+        for (row_name, f) in runs {
+            if !a.wants(row_name) {
                 continue;
             }
             let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
@@ -463,12 +478,12 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
             });
             row(
                 a.backend,
-                &row_name,
+                row_name,
                 ms,
                 Some(("gflops", flops / (ms * 1e-3) / 1e9)),
             );
         }
-        dev.release_all([x, w]);
+        dev.release_all([x, w, gy]);
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 //!
 //! | gate | production rule | override |
 //! |---|---|---|
-//! | conv forward and input cotangent by the implicit-GEMM kernels ([`conv_implicit`]) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
+//! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
 
 use std::cell::Cell;
 
@@ -17,7 +17,9 @@ use crate::precision::Precision;
 /// and its input cotangent (`(channels, batch·big)` outputs) `tl_conv_implicit_dx` instead of
 /// the GEMM and `col2im`: [`SPLIT_K_TILES`], where the GEMM stops splitting `k`, so there the
 /// two paths give the same bits. Below it the GEMM may split a long `k` over more blocks,
-/// which the implicit kernels do not.
+/// which those two kernels do not. The weight cotangent (`tl_conv_implicit_dw`, which splits
+/// its `k = batch·small` as the GEMM does, so its bits are the GEMM's at any size) follows the
+/// forward's decision.
 pub const CONV_IMPLICIT_MIN_TILES: usize = SPLIT_K_TILES;
 
 /// The most 64-row tiles of output channels a grid holds (`gridDim.y`).
@@ -28,8 +30,8 @@ thread_local! {
 }
 
 /// Use `min_tiles` instead of [`CONV_IMPLICIT_MIN_TILES`] on this thread until the guard
-/// drops (`None`: the production threshold): `Some(0)` sends every `f32` conv forward and input
-/// cotangent to the implicit kernels, `Some(usize::MAX)` none.
+/// drops (`None`: the production threshold): `Some(0)` sends every `f32` conv forward, input
+/// and weight cotangent to the implicit kernels, `Some(usize::MAX)` none.
 pub fn force_conv_implicit_min_tiles(min_tiles: Option<usize>) -> Guard {
     tl_spec::scoped::install(&CONV_IMPLICIT_MIN, min_tiles)
 }
@@ -37,8 +39,9 @@ pub fn force_conv_implicit_min_tiles(min_tiles: Option<usize>) -> Guard {
 /// Restores the override [`force_conv_implicit_min_tiles`] replaced when dropped.
 pub type Guard = tl_spec::scoped::Guard<Option<usize>>;
 
-/// Whether a conv product with `rows` output rows (the forward: output channels; the input
-/// cotangent: input channels) over `cols` output columns (`batch·small`; `batch·big`) runs its
+/// Whether a conv product with `rows` output rows (the forward and the weight cotangent: output
+/// channels; the input cotangent: input channels) over `cols` output columns (`batch·small`;
+/// `batch·big`) runs its
 /// implicit-GEMM kernel at precision `prec`: only `f32` products (the kernels do not round
 /// their operands, so autocast keeps the GEMM on the tensor cores), at least the threshold's
 /// tiles, and a grid that holds the rows.

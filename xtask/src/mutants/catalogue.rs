@@ -508,6 +508,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-conv-implicit-dw-run-end",
+        area: Kernel,
+        file: "kernels/conv.cu",
+        from: "const u32 kb = blockIdx.z * kc, ke = depth - kb < kc ? depth : kb + kc;",
+        to: "const u32 kb = blockIdx.z * kc, ke = depth;",
+        bug: "each split run of the implicit-GEMM weight cotangent sums to the end of N·L, not to its own end",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-gemm-splits-reversed",
         area: Kernel,
         file: "kernels/linalg.cu",

@@ -216,11 +216,33 @@ impl CudaDevice {
             let args = product(out, into, merged);
             return self.run_blocks_of(op, kernel, grid(batch), threads, &args);
         }
-        let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
+        self.with_split_runs(op, out, into, bt, g, |d, part| {
             // The runs' sums product-major in the workspace: the result's flag cleared.
             let runs = product(part, false, merged & 0b011);
-            d.run_blocks_of(op, kernel, grid(batch * splits), threads, &runs)?;
+            d.run_blocks_of(op, kernel, grid(batch * splits), threads, &runs)
+        })
+    }
+
+    /// A product split along `k` ([`Gemm::k_chunk`]): `runs(d, part)` writes each run's
+    /// `(m, n)` sums product-major into a pool workspace at `part` (`bt.count · splits`
+    /// matrices), then `tl_gemm_sum_splits` adds them in increasing order into `out` (`=`, or
+    /// `+=` with `into`; laid out as `bt` says), and the workspace is released. The second half
+    /// of [`gemm_launch`](Self::gemm_launch) and of the implicit-GEMM conv's weight cotangent.
+    pub(super) fn with_split_runs(
+        &mut self,
+        op: &'static str,
+        out: u64,
+        into: bool,
+        bt: Batch,
+        g: Gemm,
+        runs: impl FnOnce(&mut Self, u64) -> Result<()>,
+    ) -> Result<()> {
+        let (batch, mn, splits) = (bt.count, g.m * g.n, g.k_splits(bt.count));
+        let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
+            runs(d, part)?;
             let total = batch * mn;
+            // Checked by the callers (`check::batch`, `check::gemm_lens`, `Windows::check`):
+            // every count is a u32.
             let sum = [
                 Arg::Ptr(part),
                 Arg::Ptr(out),
@@ -229,7 +251,7 @@ impl CudaDevice {
                 Arg::U32(splits as u32),
                 Arg::U32(u32::from(into)),
                 Arg::U32(g.n as u32),
-                heads,
+                Arg::U32(bt.heads as u32),
                 Arg::U32(u32::from(bt.merged[2])),
             ];
             d.run(op, "tl_gemm_sum_splits", [blocks(total), 1, 1], &sum)

@@ -282,6 +282,16 @@ pub trait Launch: LaunchIndex {
         out_channels: usize,
         lens: WindowLens,
     ) -> Result<Buffer>;
+    /// The work of [`Device::conv_implicit_dw`]; operands already validated by it — callers
+    /// use `conv_implicit_dw`. `lens` are [`Windows::check`]'s.
+    fn launch_conv_implicit_dw(
+        &mut self,
+        g: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer>;
     /// The work of [`Device::col2im`]; operands already validated by it — callers use `col2im`.
     /// `lens` are [`Windows::check`]'s.
     fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer>;

@@ -744,6 +744,33 @@ pub trait Device: Launch {
         abi::len_u32(OP, w_len)?;
         self.launch_conv_implicit_dx(w, g, win, out_channels, lens)
     }
+    /// The weight cotangent of [`conv_implicit`](Self::conv_implicit) by the implicit-GEMM
+    /// kernel: `dw = g' · im2col(x)ᵀ` (`g'` the cotangent `g` `(batch, out_channels, small...)`
+    /// as `(out_channels, batch·small)`) without the column matrix nor the permute of `g`; the
+    /// result is `(out_channels, channels, kernel...)`. Element `(a, q)` (`q = c·K + k`) sums
+    /// `g[n, a, o]·x[n, c, cell(o, k)]` over `p = n·L + o` (a padding cell as `fma(g, 0, acc)`)
+    /// split as the GEMM `Gemm::nn(out_channels, batch·small, channels·K)` splits its `k`
+    /// ([`Gemm::k_chunk`]): each run in increasing `p` from 0 as `fma`, the runs added in
+    /// increasing order from 0 (one run: its sum). So the bits of `matmul(g', im2col(x))` with
+    /// `b` transposed at every size, split or not. Fixed order in both reduction modes.
+    /// PyTorch: `torch.nn.grad.conv2d_weight` (dilation 1, groups 1).
+    fn conv_implicit_dw(
+        &mut self,
+        g: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+    ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit_dw";
+        let lens = win.check(OP)?;
+        check::len_is(OP, "input", x, lens.big_len())?;
+        let g_len = check::product(OP, &[win.batch, out_channels, lens.small])?;
+        check::len_is(OP, "cotangent", g, g_len)?;
+        let w_len = check::product(OP, &[out_channels, win.channels, lens.kernel])?;
+        abi::len_u32(OP, g_len)?;
+        abi::len_u32(OP, w_len)?;
+        self.launch_conv_implicit_dw(g, x, win, out_channels, lens)
+    }
     /// The adjoint of [`im2col`](Self::im2col): `x[n, c, j] = Σ cols[c, k, n, o]` over the
     /// window cells `(o, k)` that read `j`. On sim and in deterministic mode each output element
     /// sums its cells in increasing `o`; otherwise one `atomicAdd` per column element.

@@ -10,7 +10,7 @@
 //! [`Device::pool`]: super::Device::pool
 //! [`Device::pool_bwd`]: super::Device::pool_bwd
 
-use super::{MAX_RANK, check};
+use super::{Gemm, MAX_RANK, check};
 use crate::{Error, Result, abi};
 
 /// The geometry of one windowed launch over `batch · channels` planes. PyTorch: the arguments
@@ -181,6 +181,16 @@ impl Windows {
             stride *= self.small[i];
         }
         Some(flat)
+    }
+
+    /// The product of a conv's weight cotangent over these windows with `out_channels` output
+    /// channels: `dw (A, C·K) = g' (A, N·L) · colsᵀ` with the column matrix `cols (C·K, N·L)`
+    /// read transposed. The im2col path runs it as a [`Gemm`]; `conv_implicit_dw` splits its
+    /// `k = N·L` as that GEMM does ([`Gemm::k_chunk`]).
+    pub fn dw_gemm(&self, out_channels: usize) -> Gemm {
+        let kernel: usize = self.kernel.iter().product();
+        let small: usize = self.small.iter().product();
+        Gemm::nn(out_channels, self.batch * small, self.channels * kernel).with_t(false, true)
     }
 }
 

@@ -17,7 +17,9 @@
 //! likewise ([`Device::conv_implicit_dx`]: from `g` as it is, no `wᵀ·g'` columns, no
 //! `col2im`), each where [`gates::conv_implicit`] says for its product: `f32` with at least
 //! [`gates::CONV_IMPLICIT_MIN_TILES`] output tiles, where they give the im2col path's bits. The
-//! weight cotangent and convTranspose keep `im2col`/`col2im`.
+//! weight cotangent takes [`Device::conv_implicit_dw`] (from `g` and `x` as they are, no column
+//! matrix) where the forward does: it splits `k = N·L` as the GEMM does, so it gives the im2col
+//! path's bits at any size. convTranspose keeps `im2col`/`col2im`.
 
 use tl_ir::Op;
 use tl_spec::Shape;
@@ -176,14 +178,20 @@ pub fn backward<D: Device>(
             let prec = crate::precision::current();
             let big: usize = geo.win.big.iter().product();
             let dx_implicit = needs[2] && gates::conv_implicit(geo.win.channels, n * big, prec);
-            let gr = if needs[0] || needs[1] || (needs[2] && !dx_implicit) {
+            // The weight cotangent follows the forward's gate (its column matrix is the
+            // forward's operand); its kernel splits k as the GEMM does, so any size gives the
+            // same bits.
+            let dw_implicit = needs[0] && gates::conv_implicit(a, n * l, prec);
+            let gr = if (needs[0] && !dw_implicit) || needs[1] || (needs[2] && !dx_implicit) {
                 geo.small_to_rows(dev, sc, g)?
             } else {
                 g
             };
-            if needs[0] {
+            if dw_implicit {
+                out[0] = Some(dev.conv_implicit_dw(g, xb, &geo.win, a)?);
+            } else if needs[0] {
                 let cols = sc.tmp(dev.im2col(xb, &geo.win)?);
-                out[0] = Some(dev.matmul(gr, cols, Gemm::nn(a, n * l, ck).with_t(false, true))?);
+                out[0] = Some(dev.matmul(gr, cols, geo.win.dw_gemm(a))?);
             }
             if needs[1] {
                 out[1] = Some(dev.reduce_axis_sum(gr, a, n * l, 1)?);

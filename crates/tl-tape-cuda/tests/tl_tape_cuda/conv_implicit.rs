@@ -1,9 +1,12 @@
-//! The implicit-GEMM conv forward (`Device::conv_implicit`; kernels/conv.cu `tl_conv_implicit`)
-//! and input cotangent (`Device::conv_implicit_dx`, `tl_conv_implicit_dx`) on the simulation
-//! device: the bits of `matmul(w, im2col(x))` (permuted to (N, A, L)), and of `col2im(wᵀ·g')`,
-//! where that product is not split along `k`, within f32 rounding of it where it is; the tape's
-//! selection rule (`tl_tape_cuda::gates`) forced both ways, values and gradients against the
-//! CPU tape; its errors. The kernel against this twin: `gpu::the_implicit_conv_kernel_gives_the_sims_bits`.
+//! The implicit-GEMM conv forward (`Device::conv_implicit`; kernels/conv.cu `tl_conv_implicit`),
+//! input cotangent (`Device::conv_implicit_dx`, `tl_conv_implicit_dx`) and weight cotangent
+//! (`Device::conv_implicit_dw`, `tl_conv_implicit_dw`) on the simulation device: the bits of
+//! `matmul(w, im2col(x))` (permuted to (N, A, L)), and of `col2im(wᵀ·g')`, where that product
+//! is not split along `k`, within f32 rounding of it where it is; the bits of
+//! `matmul(g', im2col(x)ᵀ)` split or not; the tape's selection rule (`tl_tape_cuda::gates`)
+//! forced both ways, values and gradients against the CPU tape, and the weight cotangent's
+//! device memory without the column matrix; its errors. The kernels against these twins:
+//! `gpu::the_implicit_conv_kernel_gives_the_sims_bits`.
 
 use tl_ir::Op;
 use tl_spec::Tensor;
@@ -47,7 +50,9 @@ fn case(
 
 /// Ranks 1 to 4 (4: the kernel's any-rank path), stride and padding, batch 1, tiles cut by
 /// every edge (output channels and positions not multiples of 64, `C·K` not a multiple of the
-/// 16-deep slice), many channels, and one product the im2col GEMM splits along `k`.
+/// 16-deep slice), many channels, one forward product the im2col GEMM splits along `k`, and
+/// three weight cotangents it splits (`N·L` = 297 over 20 tiles in runs of 160 and 137; 429 in
+/// runs of 144, 144, 141; 602 over two row tiles in runs of 160, the last 122).
 pub fn cases() -> Vec<Case> {
     vec![
         case(
@@ -92,6 +97,15 @@ pub fn cases() -> Vec<Case> {
             &[0, 0],
         ),
         case("2d split k", (1, 64, 8), &[6, 6], &[3, 3], &[1, 1], &[1, 1]),
+        case(
+            "2d dw split k",
+            (3, 5, 6),
+            &[13, 11],
+            &[3, 3],
+            &[1, 1],
+            &[1, 1],
+        ),
+        case("1d dw split k", (2, 3, 70), &[300], &[4], &[1], &[2]),
     ]
 }
 
@@ -134,6 +148,57 @@ pub fn implicit_dx<D: Device>(d: &mut D, c: &Case, w: &[f32], g: &[f32]) -> Resu
     let out = d.download(dx);
     d.release_all([wb, gb, dx]);
     out
+}
+
+/// `conv_implicit_dw` on `d`, downloaded.
+pub fn implicit_dw<D: Device>(d: &mut D, c: &Case, g: &[f32], x: &[f32]) -> Result<Vec<f32>> {
+    let (gb, xb) = (d.upload(g)?, d.upload(x)?);
+    let dw = d.conv_implicit_dw(gb, xb, &c.win, c.out_channels)?;
+    let out = d.download(dw);
+    d.release_all([gb, xb, dw]);
+    out
+}
+
+/// The im2col path of the weight cotangent on `d`: `g' · im2col(x)ᵀ` with `g'` the cotangent
+/// as (A, N·L), and its GEMM.
+fn by_im2col_dw<D: Device>(d: &mut D, c: &Case, g: &[f32], x: &[f32]) -> (Vec<f32>, Gemm) {
+    let l = c.win.check("test").unwrap();
+    let gm = c.win.dw_gemm(c.out_channels);
+    let (gb, xb) = (d.upload(g).unwrap(), d.upload(x).unwrap());
+    let gr = d
+        .permute(gb, &[c.win.batch, c.out_channels, l.small], &[1, 0, 2])
+        .unwrap();
+    let cols = d.im2col(xb, &c.win).unwrap();
+    let dw = d.matmul(gr, cols, gm).unwrap();
+    let out = d.download(dw).unwrap();
+    d.release_all([gb, xb, gr, cols, dw]);
+    (out, gm)
+}
+
+#[test]
+fn the_implicit_weight_cotangent_gives_the_im2col_gemms_bits_split_or_not() {
+    let mut d = SimDevice::new();
+    let mut split = Vec::new();
+    for c in cases() {
+        let (_, x) = operands(&c, 12);
+        let g = cotangent(&c, 13);
+        let got = implicit_dw(&mut d, &c, &g, &x).unwrap();
+        let (want, gm) = by_im2col_dw(&mut d, &c, &g, &x);
+        if gm.k_splits(1) > 1 {
+            split.push((c.name, gm.k_chunk(1), gm.k_splits(1)));
+        }
+        agree(c.name, &got, &want, true);
+    }
+    assert_eq!(
+        split,
+        [
+            ("2d 67 -> 70 channels", 160, 2),
+            ("2d dw split k", 144, 3),
+            ("1d dw split k", 160, 4)
+        ],
+        "the cases' splits"
+    );
+    assert_eq!(d.memory_usage().live_buffers(), 0);
 }
 
 /// The col2im path on `d`: `col2im(wᵀ · g')` with `g'` the cotangent as (A, N·L), and its GEMM.
@@ -273,10 +338,12 @@ fn tensor(r: &mut Gen, shape: &[usize]) -> Tensor<f32> {
 
 /// The gate forced both ways on the tape: forced on, the forward is two launches (the kernel
 /// and the bias) where the im2col path takes four (im2col, the GEMM, the permute, the bias);
-/// both within f32 rounding of the CPU tape, values and gradients. Unforced, a small conv keeps
-/// im2col; the ResNet's first conv (64 channels over 32·32 positions, batch 4: 64 tiles) takes
-/// the implicit kernels (forward, and the input cotangent: 3 channels over 4·32·32 cells), with
-/// the im2col path's bits, value and every gradient.
+/// both within f32 rounding of the CPU tape, values and gradients, and the weight cotangent
+/// the same bits either way. Unforced, a small conv keeps im2col; the ResNet's first conv (64
+/// channels over 32·32 positions, batch 4: 64 tiles) takes the implicit kernels (forward, the
+/// input cotangent: 3 channels over 4·32·32 cells, and the weight cotangent: one tile summed
+/// over 4·32·32 positions, which the GEMM splits along k), with the im2col path's bits, value
+/// and every gradient.
 #[test]
 fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
     let mut r = Gen::new(3);
@@ -293,6 +360,8 @@ fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
     let (on, on_launches) = on_tape(0, &op, &xs, &g);
     let (off, off_launches) = on_tape(usize::MAX, &op, &xs, &g);
     assert_eq!((on_launches, off_launches), (2, 4));
+    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&on[1]), bits(&off[1]), "dw: the im2col path's bits");
     let mut cpu = tl_tape_cpu::Tape::<f32>::new();
     let ids: Vec<_> = xs.iter().map(|v| cpu.leaf(v.clone(), None, true)).collect();
     let y = cpu.apply(&op, &ids).unwrap();
@@ -326,7 +395,6 @@ fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
     let (prod, prod_launches) = on_tape(gates::CONV_IMPLICIT_MIN_TILES, &resnet, &rs, &rg);
     let (old, old_launches) = on_tape(usize::MAX, &resnet, &rs, &rg);
     assert_eq!((prod_launches, old_launches), (2, 4));
-    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for k in 0..4 {
         assert_eq!(
             bits(&prod[k]),
@@ -334,6 +402,83 @@ fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
             "output {k}: the im2col path's bits"
         );
     }
+}
+
+/// The device memory of a conv's weight cotangent on the sim (the GPU's caching allocator, so
+/// the telemetry counts what a GPU holds; peaks are bytes requested by live buffers). The
+/// primitive: above its operands, `conv_implicit_dw` allocates its result alone, the im2col
+/// path the permuted cotangent `(A, N·L)`, the column matrix `(C·K, N·L)` and the result. On
+/// the tape (the forward by the implicit kernel, then the backward with only the weight
+/// needing its cotangent), the gate forced on lowers the backward's peak by at least the
+/// column matrix, with the same bits. (`cargo run --release -p tl-tape-cuda --example
+/// conv_memory` prints the ResNet's figures.)
+#[test]
+fn the_implicit_weight_cotangent_allocates_no_column_matrix() {
+    let c = &cases()[1];
+    let l = c.win.check("test").unwrap();
+    let (_, x) = operands(c, 15);
+    let g = cotangent(c, 16);
+    let (dw, gr, cols) = (
+        c.out_channels * c.win.channels * l.kernel * 4,
+        c.out_channels * c.win.batch * l.small * 4,
+        l.cols_len() * 4,
+    );
+    for (implicit, want) in [(true, dw), (false, gr + cols + dw)] {
+        let mut d = SimDevice::new();
+        let base = d.memory_usage().live_bytes;
+        let got = if implicit {
+            implicit_dw(&mut d, c, &g, &x).unwrap()
+        } else {
+            by_im2col_dw(&mut d, c, &g, &x).0
+        };
+        let above = d.memory_usage().peak_bytes - base - (g.len() + x.len()) * 4;
+        assert_eq!(above, want, "implicit {implicit}");
+        assert_eq!(got.len() * 4, dw);
+    }
+
+    let mut r = Gen::new(5);
+    let op = Op::Conv {
+        stride: vec![1, 1],
+        padding: vec![1, 1],
+    };
+    let (n, c, a, side) = (3, 4, 8, 9);
+    let xs = [
+        tensor(&mut r, &[a, c, 3, 3]),
+        tensor(&mut r, &[a]),
+        tensor(&mut r, &[n, c, side, side]),
+    ];
+    let g = tensor(&mut r, &[n, a, side, side]);
+    let (on, on_peak) = dw_peak(&op, &xs, &g, 0);
+    let (off, off_peak) = dw_peak(&op, &xs, &g, usize::MAX);
+    let cols = c * 9 * n * side * side * 4;
+    assert!(off_peak >= on_peak + cols, "on {on_peak}, off {off_peak}");
+    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&on), bits(&off));
+}
+
+/// The weight cotangent of `op` on a CUDA tape over the sim with the implicit-GEMM threshold at
+/// `min_tiles` for the backward (the forward forced on), and the peak bytes of the backward.
+pub fn dw_peak(
+    op: &Op,
+    xs: &[Tensor<f32>],
+    g: &Tensor<f32>,
+    min_tiles: usize,
+) -> (Tensor<f32>, usize) {
+    let mut t = CudaTape::new(SimDevice::new());
+    let ids: Vec<_> = xs
+        .iter()
+        .enumerate()
+        .map(|(k, v)| t.upload_leaf(v, None, k == 0).unwrap())
+        .collect();
+    let y = {
+        let _gate = gates::force_conv_implicit_min_tiles(Some(0));
+        t.apply(op, &ids).unwrap()
+    };
+    let seed = AnyBuffer::upload(t.device_mut(), g).unwrap();
+    let _gate = gates::force_conv_implicit_min_tiles(Some(min_tiles));
+    let grads = t.backward_dense(y, &seed).unwrap();
+    let peak = t.device().memory_usage().peak_bytes;
+    (grads[ids[0]].download::<f32, _>(t.device()).unwrap(), peak)
 }
 
 #[test]
@@ -372,6 +517,23 @@ fn bad_operands_are_errors_naming_the_primitive() {
                 e,
                 Error::Kernel {
                     op: "conv_implicit_dx",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    for (gb, xb, a) in [
+        (short, xb, c.out_channels),
+        (g, wb, c.out_channels),
+        (g, xb, 6),
+    ] {
+        let e = d.conv_implicit_dw(gb, xb, &c.win, a).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Kernel {
+                    op: "conv_implicit_dw",
                     ..
                 }
             ),

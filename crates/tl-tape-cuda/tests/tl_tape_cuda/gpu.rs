@@ -539,14 +539,15 @@ fn both_gemm_tilings_give_the_sims_bits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The implicit-GEMM conv kernels (`tl_conv_implicit`, `tl_conv_implicit_dx`) against their
-/// sim twins on every case of
-/// the `conv_implicit` module (ranks 1 to 4, stride, padding, batch 1, partial tiles, many
-/// channels), ±∞ and NaN among the inputs: bit for bit (one FMA a term, in the twin's order),
-/// emulated (both schedules in CI) and on a GPU. No atomics: the reduction mode changes nothing.
+/// The implicit-GEMM conv kernels (`tl_conv_implicit`, `tl_conv_implicit_dx`,
+/// `tl_conv_implicit_dw`) against their sim twins on every case of the `conv_implicit` module
+/// (ranks 1 to 4, stride, padding, batch 1, partial tiles, many channels, weight cotangents
+/// split along `N·L` into 2, 3 and 4 runs), ±∞ and NaN among the inputs: bit for bit (one FMA a
+/// term, in the twin's order; split runs added by `tl_gemm_sum_splits`), emulated (both
+/// schedules in CI) and on a GPU. No atomics: the reduction mode changes nothing.
 #[test]
 fn the_implicit_conv_kernel_gives_the_sims_bits() {
-    use crate::conv_implicit::{cases, cotangent, implicit, implicit_dx, operands};
+    use crate::conv_implicit::{cases, cotangent, implicit, implicit_dw, implicit_dx, operands};
     let Some(mut cuda) = gpu() else { return };
     let mut sim = SimDevice::new();
     let mut bad = Vec::new();
@@ -570,6 +571,11 @@ fn the_implicit_conv_kernel_gives_the_sims_bits() {
                 "dx",
                 implicit_dx(&mut sim, c, &w, &g).unwrap(),
                 implicit_dx(&mut cuda, c, &w, &g).unwrap(),
+            ),
+            (
+                "dw",
+                implicit_dw(&mut sim, c, &g, &x).unwrap(),
+                implicit_dw(&mut cuda, c, &g, &x).unwrap(),
             ),
         ] {
             let diff = want

@@ -1,5 +1,5 @@
-//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `conv_implicit`, `pool`,
-//! `pool_bwd`, their
+//! The conv family on cust (kernels/conv.cu): `im2col`, `col2im`, `conv_implicit` (and its
+//! cotangents `conv_implicit_dx`, `conv_implicit_dw`), `pool`, `pool_bwd`, their
 //! operands already checked by [`Device`](crate::device::Device)'s provided methods. `col2im`
 //! and `pool_bwd` take the gather kernels (one thread per output element, fixed order) in
 //! deterministic mode and the `atomicAdd` scatters into a zeroed output otherwise, both set up
@@ -8,7 +8,7 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use super::launch::dims8;
-use crate::device::{Buffer, PoolKind, WindowLens, Windows};
+use crate::device::{Batch, Buffer, PoolKind, WindowLens, Windows};
 use crate::{Error, Result, abi};
 
 /// The kernels' geometry arguments (`TL_GEO_PARAMS` in conv.cu); checked by [`Windows::check`],
@@ -87,6 +87,52 @@ impl CudaDevice {
         let tiles = (win.channels, win.batch * l.big);
         let kernel = ("conv_implicit_dx", "tl_conv_implicit_dx");
         self.implicit_launch(kernel, [w, g], tiles, win, l, out_channels)
+    }
+
+    /// `tl_conv_implicit_dw`: the weight cotangent `(out_channels, channels·K)` in 64×64 tiles,
+    /// one block per tile and run of the split of [`Windows::dw_gemm`] (grid `(⌈C·K/64⌉,
+    /// ⌈A/64⌉, runs)`, 256 threads); split, the runs go to a workspace that
+    /// `tl_gemm_sum_splits` adds, as the GEMM's runs do ([`CudaDevice::with_split_runs`]).
+    pub(super) fn conv_implicit_dw_impl(
+        &mut self,
+        g: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        l: WindowLens,
+    ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit_dw";
+        let (pg, px) = (self.ptr(OP, g)?, self.ptr(OP, x)?);
+        let gm = win.dw_gemm(out_channels);
+        let (mn, kc, splits) = (gm.m * gm.n, gm.k_chunk(1), gm.k_splits(1));
+        let gy = gm.m.div_ceil(64);
+        if gy > 65_535 {
+            return Err(Error::kernel(
+                OP,
+                format!("{} channels exceed the grid limit 65535·64", gm.m),
+            ));
+        }
+        let gx = abi::to_u32(OP, "grid", gm.n.div_ceil(64))?;
+        // `Device::conv_implicit_dw` holds the cotangent's and the result's lengths to u32, so
+        // k = batch·small (a factor of the cotangent's length where the result is not empty),
+        // kc ≤ max(k, 1) and splits ≤ SPLIT_K_MAX are u32 too.
+        let mut extra = geo_args(win, &l);
+        extra.extend([Arg::U32(out_channels as u32), Arg::U32(kc as u32)]);
+        let grid = [gx, gy as u32, splits as u32];
+        let run = move |d: &mut Self, dst: u64| {
+            let mut args = vec![Arg::Ptr(pg), Arg::Ptr(px), Arg::Ptr(dst)];
+            args.extend(extra);
+            d.run_blocks_of(OP, "tl_conv_implicit_dw", grid, 256, &args)
+        };
+        self.with_out(OP, mn, |d, out| {
+            if mn == 0 {
+                Ok(())
+            } else if splits == 1 {
+                run(d, out)
+            } else {
+                d.with_split_runs(OP, out, false, Batch::plain(1), gm, run)
+            }
+        })
     }
 
     /// The launch both implicit-GEMM kernels share: `kernel.1(ins..., out, geometry...,

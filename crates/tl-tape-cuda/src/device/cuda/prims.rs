@@ -459,6 +459,17 @@ impl Launch for CudaDevice {
         self.conv_implicit_dx_impl(w, g, win, out_channels, lens)
     }
 
+    fn launch_conv_implicit_dw(
+        &mut self,
+        g: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        self.conv_implicit_dw_impl(g, x, win, out_channels, lens)
+    }
+
     fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
         self.col2im_impl(cols, w, lens)
     }

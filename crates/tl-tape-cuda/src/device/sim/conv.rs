@@ -3,6 +3,7 @@
 //! pooling backward. Every output
 //! element is computed by one "thread" that walks its cells in the order the CUDA kernel does.
 
+use super::linalg;
 use crate::device::{PoolKind, Windows};
 
 /// `cols[c, k, n, o] = x[n, c, cell(o, k)]` (0 for padding); one thread per column element.
@@ -75,6 +76,39 @@ pub fn conv_implicit_dx(w: &[f32], g: &[f32], win: &Windows, a: usize, out: &mut
             }
         }
         *v = acc;
+    }
+}
+
+/// The implicit-GEMM conv's weight cotangent (`tl_conv_implicit_dw`): thread `(r, c, k)` sums
+/// `g[n, r, o] · x[n, c, cell(o, k)]` over `p = n·L + o` (a padding cell as `fma(g, 0, acc)`)
+/// in the runs of [`Windows::dw_gemm`]'s split ([`crate::device::Gemm::k_chunk`]), each in
+/// increasing `p` from `0.0` as `fma(g, x, acc)`, the runs added by [`linalg::split_sum`]: the
+/// arithmetic of [`linalg::gemm`] on `g' · im2col(x)ᵀ`, term for term. `a` output channels; the
+/// result `(a, channels·K)` row-major.
+pub fn conv_implicit_dw(g: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut [f32]) {
+    let (kl, sl, bl) = (
+        win.kernel.iter().product::<usize>(),
+        win.small.iter().product::<usize>(),
+        win.big.iter().product::<usize>(),
+    );
+    let ck = win.channels * kl;
+    let gm = win.dw_gemm(a);
+    let chunk = gm.k_chunk(1);
+    for (i, v) in out.iter_mut().enumerate() {
+        let (r, q) = (i / ck, i % ck);
+        let (c, k) = (q / kl, q % kl);
+        let run = |p0: usize, p1: usize| {
+            let mut acc = 0.0f32;
+            for p in p0..p1 {
+                let (n, o) = (p / sl, p % sl);
+                let xv = win
+                    .cell(o, k)
+                    .map_or(0.0, |j| x[(n * win.channels + c) * bl + j]);
+                acc = g[(n * a + r) * sl + o].mul_add(xv, acc);
+            }
+            acc
+        };
+        *v = linalg::split_sum(gm.k, chunk, run);
     }
 }
 

@@ -87,14 +87,22 @@ pub fn gemm(
                 }
                 acc
             };
-            out[po.start + i * po.ld + j] = if chunk >= k {
-                run(0, k)
-            } else {
-                (0..k)
-                    .step_by(chunk)
-                    .fold(0.0f32, |acc, p0| acc + run(p0, (p0 + chunk).min(k)))
-            };
+            out[po.start + i * po.ld + j] = split_sum(k, chunk, run);
         }
+    }
+}
+
+/// One output of a product whose `k` is split into runs of `chunk` ([`Gemm::k_chunk`]):
+/// `run(0, k)` where one run covers `k`, else each run's sum `run(p0, p1)` added in increasing
+/// order from `0.0` (`tl_gemm_sum_splits`). Shared by [`gemm`] and the implicit-GEMM conv's
+/// weight cotangent ([`super::conv::conv_implicit_dw`]).
+pub fn split_sum(k: usize, chunk: usize, run: impl Fn(usize, usize) -> f32) -> f32 {
+    if chunk >= k {
+        run(0, k)
+    } else {
+        (0..k)
+            .step_by(chunk)
+            .fold(0.0f32, |acc, p0| acc + run(p0, (p0 + chunk).min(k)))
     }
 }
 

@@ -490,6 +490,25 @@ impl Launch for SimDevice {
         })
     }
 
+    fn launch_conv_implicit_dw(
+        &mut self,
+        g: Buffer,
+        x: Buffer,
+        win: &Windows,
+        out_channels: usize,
+        lens: WindowLens,
+    ) -> Result<Buffer> {
+        let dw_len = out_channels * win.channels * lens.kernel;
+        let dw = self.launch("conv_implicit_dw", [g, x], dw_len, |[g, x], out| {
+            conv::conv_implicit_dw(g, x, win, out_channels, out)
+        })?;
+        if dw_len > 0 && win.dw_gemm(out_channels).k_splits(1) > 1 {
+            // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
+            self.traffic.launch();
+        }
+        Ok(dw)
+    }
+
     fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
         self.launch("col2im", [cols], lens.big_len(), |[c], out| {
             conv::col2im(c, w, out)
