@@ -165,9 +165,7 @@ impl BatchNorm {
         // (2, C): the means, then the biased variances.
         let moments = (x4.detach()?.batch_moments()).map_err(|e| at().op_error(e))?;
         let row = |k| {
-            let r = moments.tensor_ref();
-            (moments.op("BatchNorm::forward", &[], |s| s.gather_row(r, k)))
-                .map_err(|e| at().op_error(e))
+            (moments.narrow0(k, 1).and_then(|m| m.reshape(&[c]))).map_err(|e| at().op_error(e))
         };
         let (mean, var) = (row(0)?, row(1)?);
         let updates = [
