@@ -164,9 +164,8 @@ impl BatchNorm {
         let count = x4.shape().numel() / c;
         // (2, C): the means, then the biased variances.
         let moments = (x4.detach()?.batch_moments()).map_err(|e| at().op_error(e))?;
-        let row = |k| {
-            (moments.narrow0(k, 1).and_then(|m| m.reshape(&[c]))).map_err(|e| at().op_error(e))
-        };
+        let row =
+            |k| (moments.narrow0(k, 1).and_then(|m| m.reshape(&[c]))).map_err(|e| at().op_error(e));
         let (mean, var) = (row(0)?, row(1)?);
         let updates = [
             (&self.running_mean, &mean, RunningStat::Mean),

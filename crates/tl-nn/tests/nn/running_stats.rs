@@ -36,7 +36,9 @@ fn host_rule<T: Scalar>(moments: &[T], count: usize, old: (&[T], &[T])) -> (Vec<
     let mut var = Vec::with_capacity(c);
     for k in 0..c {
         let (om, ov) = (old.0[k].as_f64(), old.1[k].as_f64());
-        mean.push(T::lit((1.0 - MOMENTUM) * om + MOMENTUM * moments[k].as_f64()));
+        mean.push(T::lit(
+            (1.0 - MOMENTUM) * om + MOMENTUM * moments[k].as_f64(),
+        ));
         let v = if count > 1 {
             moments[c + k].as_f64() * count as f64 / (count - 1) as f64
         } else {
@@ -68,7 +70,9 @@ fn check_passes<O: Train>(name: &str, rt: &Runtime<O>, dims: &[usize]) {
         // BatchNorm's layout: (N, C, R, 1).
         let as_4d = [dims[0], c, count / dims[0], 1];
         let moments = rt
-            .forward_train(&bn, |g| g.input(x.clone())?.reshape(&as_4d)?.batch_moments())
+            .forward_train(&bn, |g| {
+                g.input(x.clone())?.reshape(&as_4d)?.batch_moments()
+            })
             .unwrap();
         rt.forward_train(&bn, |g| bn.forward(&g.input(x.clone())?))
             .unwrap();
@@ -130,8 +134,7 @@ fn a_single_element_per_channel_keeps_the_running_variance() {
         let bn = BatchNorm::with(&rt.vars().pp("bn"), 3, 1e-5, MOMENTUM).unwrap();
         for k in 0..PASSES {
             let x = batch(&[1, 3, 1, 1], k).cast::<O::T>();
-            rt.forward_train(&bn, |g| bn.forward(&g.input(x)?))
-                .unwrap();
+            rt.forward_train(&bn, |g| bn.forward(&g.input(x)?)).unwrap();
             let var = rt.value_of(&bn.running_var).unwrap();
             assert!(var.data().iter().all(|v| v.as_f64() == 1.0), "{name}");
             let mean = rt.value_of(&bn.running_mean).unwrap();
@@ -274,7 +277,11 @@ fn a_linked_host_write_touches_only_its_parameter() {
         })
         .unwrap();
     }
-    for (p, bytes) in [(&bn.running_mean, c * 4), (lin.bias.as_ref().unwrap(), 64 * 4), (&bn.weight, c * 4)] {
+    for (p, bytes) in [
+        (&bn.running_mean, c * 4),
+        (lin.bias.as_ref().unwrap(), 64 * 4),
+        (&bn.weight, c * 4),
+    ] {
         let new = Tensor::from_fn(p.shape().clone(), |i| i as f32 + 0.5);
         let (t, leaf) = rt
             .record(
@@ -335,17 +342,36 @@ fn update_running_rejects_bad_input() {
             .map(|e| e.expect_err(name).to_string())
             .collect();
         assert!(texts[0].contains("requires grad"), "{name}: {}", texts[0]);
-        assert!(texts[1].contains("[2, 3]") && texts[1].contains("[3]"), "{name}: {}", texts[1]);
+        assert!(
+            texts[1].contains("[2, 3]") && texts[1].contains("[3]"),
+            "{name}: {}",
+            texts[1]
+        );
         for t in &texts[2..] {
-            assert!(t.contains("update_running") && t.contains("momentum"), "{name}: {t}");
+            assert!(
+                t.contains("update_running") && t.contains("momentum"),
+                "{name}: {t}"
+            );
         }
-        assert!(texts.iter().all(|t| t.contains("update_running")), "{name}: {texts:?}");
+        assert!(
+            texts.iter().all(|t| t.contains("update_running")),
+            "{name}: {texts:?}"
+        );
         // A statistic of an ended pass.
         let e = (rt.session_mut())
-            .update_running(&bn.running_mean, &stale.unwrap(), MOMENTUM, RunningStat::Mean)
+            .update_running(
+                &bn.running_mean,
+                &stale.unwrap(),
+                MOMENTUM,
+                RunningStat::Mean,
+            )
             .unwrap_err();
         assert!(matches!(e, Error::StaleHandle { .. }), "{name}: {e}");
-        assert_eq!(rt.value_of(&bn.running_mean).unwrap().data(), before.data(), "{name}");
+        assert_eq!(
+            rt.value_of(&bn.running_mean).unwrap().data(),
+            before.data(),
+            "{name}"
+        );
     }
     check("eager cpu", eager::<f32>(Backend::Cpu, 0));
     check("eager sim", eager::<f32>(Backend::CudaSim, 0));

@@ -34,22 +34,23 @@ impl<T: Scalar> LinkedSession<T> {
         let index = buffer.index;
         // The pass's tape holds every node of the graph, `stat` among them.
         let to = compiled.map.get(stat.id).copied().unwrap_or(usize::MAX);
-        let host = match &mut compiled.tape {
-            CompiledTape::Cpu(t) => t.get(to).map_err(Into::into).and_then(|s| {
-                on_host(&self.params.slots[index].host, s, momentum, kind).map(Some)
-            }),
-            CompiledTape::CudaSim(t) => match t.get(to).map(|s| s.buffer()) {
-                Ok(s) => (self.update_resident(index, t.device_mut(), s, momentum, kind))
-                    .map(|()| None),
-                Err(e) => Err(e.into()),
-            },
-            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda(t) => match t.get(to).map(|s| s.buffer()) {
-                Ok(s) => (self.update_resident(index, t.device_mut(), s, momentum, kind))
-                    .map(|()| None),
-                Err(e) => Err(e.into()),
-            },
-        };
+        let host =
+            match &mut compiled.tape {
+                CompiledTape::Cpu(t) => t.get(to).map_err(Into::into).and_then(|s| {
+                    on_host(&self.params.slots[index].host, s, momentum, kind).map(Some)
+                }),
+                CompiledTape::CudaSim(t) => match t.get(to).map(|s| s.buffer()) {
+                    Ok(s) => (self.update_resident(index, t.device_mut(), s, momentum, kind))
+                        .map(|()| None),
+                    Err(e) => Err(e.into()),
+                },
+                #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+                CompiledTape::Cuda(t) => match t.get(to).map(|s| s.buffer()) {
+                    Ok(s) => (self.update_resident(index, t.device_mut(), s, momentum, kind))
+                        .map(|()| None),
+                    Err(e) => Err(e.into()),
+                },
+            };
         // Kept for the pass, as after a read.
         self.keep_pass(compiled);
         match host? {

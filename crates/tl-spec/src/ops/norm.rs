@@ -508,16 +508,27 @@ mod tests {
     fn running_update_by_hand() {
         let var = |count| RunningStat::Variance { count };
         // 0.9·1 + 0.1·3 and the unbiased 2·4/3.
-        assert_eq!(running_update(1.0, 3.0, 0.1, RunningStat::Mean), 0.9 * 1.0 + 0.1 * 3.0);
-        assert_eq!(running_update(1.0, 2.0, 0.1, var(4)), 0.9 * 1.0 + 0.1 * (2.0 * 4.0 / 3.0));
+        assert_eq!(
+            running_update(1.0, 3.0, 0.1, RunningStat::Mean),
+            0.9 * 1.0 + 0.1 * 3.0
+        );
+        assert_eq!(
+            running_update(1.0, 2.0, 0.1, var(4)),
+            0.9 * 1.0 + 0.1 * (2.0 * 4.0 / 3.0)
+        );
         // One element, or a NaN variance: kept; a NaN mean propagates.
         assert_eq!(running_update(1.5, 2.0, 0.1, var(1)), 1.5);
         assert_eq!(running_update(1.5, f64::NAN, 0.1, var(8)), 1.5);
         assert!(running_update(1.5, f64::NAN, 0.1, RunningStat::Mean).is_nan());
         assert!(running_momentum("m", 0.0).is_ok() && running_momentum("m", 1.0).is_ok());
         for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
-            let e = running_momentum("update_running", bad).unwrap_err().to_string();
-            assert!(e.contains("update_running") && e.contains("momentum"), "{e}");
+            let e = running_momentum("update_running", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("update_running") && e.contains("momentum"),
+                "{e}"
+            );
         }
     }
 }

@@ -38,7 +38,6 @@ pub mod cuda;
 use crate::alloc::{Collected, MemoryUsage};
 use crate::traffic::Traffic;
 use crate::{Result, abi};
-use tl_spec::ops::norm::RunningStat;
 pub use bias::{Act, BiasLayout};
 pub use buffer::{
     Batch, Buffer, FlashTiles, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES,
@@ -49,6 +48,7 @@ pub use flash::{FLASH_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use point_act::PointAct;
+use tl_spec::ops::norm::RunningStat;
 pub use window::{PoolKind, WindowLens, Windows};
 
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims

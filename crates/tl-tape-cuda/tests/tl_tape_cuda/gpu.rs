@@ -218,13 +218,23 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     // The running-statistics update: in f64, one rounding, so bit for bit; a variance with NaN
     // entries (kept) and of one element (kept).
     let nan_var = i.pos.iter().enumerate();
-    let nan_var: Vec<f32> = nan_var.map(|(k, &v)| if k % 5 == 0 { f32::NAN } else { v }).collect();
+    let nan_var: Vec<f32> = nan_var
+        .map(|(k, &v)| if k % 5 == 0 { f32::NAN } else { v })
+        .collect();
     let nan_var = d.upload(&nan_var)?;
     for (name, stat, kind) in [
         ("running_update mean", y, RunningStat::Mean),
         ("running_update var", p, RunningStat::Variance { count: 7 }),
-        ("running_update var NaN", nan_var, RunningStat::Variance { count: 1000 }),
-        ("running_update var one", p, RunningStat::Variance { count: 1 }),
+        (
+            "running_update var NaN",
+            nan_var,
+            RunningStat::Variance { count: 1000 },
+        ),
+        (
+            "running_update var one",
+            p,
+            RunningStat::Variance { count: 1 },
+        ),
     ] {
         for m in [0.1, 1.0 / 3.0] {
             one!(nm, name, true, d.running_update(p, stat, m, kind)?);

@@ -1,8 +1,8 @@
 //! The norm family's primitives on the simulation device, with hand-worked values: statistics
 //! (two-pass biased variance), the affine map, the closed-form backward and the masked softmax.
 
-use tl_tape_cuda::device::NormLayout;
 use tl_spec::ops::norm::RunningStat;
+use tl_tape_cuda::device::NormLayout;
 use tl_tape_cuda::{Device, Error, SimDevice};
 
 fn close(got: &[f32], want: &[f64], tol: f64) {
@@ -290,7 +290,11 @@ fn running_update_is_the_f64_rule_rounded_once() {
     assert_eq!(d.traffic().launches, before + 1);
     let got = d.download(mean).unwrap();
     for k in [0, 1, 3] {
-        assert_eq!(got[k].to_bits(), f64_rule(old[k], f64::from(stat[k])).to_bits(), "{k}");
+        assert_eq!(
+            got[k].to_bits(),
+            f64_rule(old[k], f64::from(stat[k])).to_bits(),
+            "{k}"
+        );
     }
     assert!(got[2].is_nan(), "a NaN mean propagates");
     // 0.9·0.3 + 0.1·1.7 in f32 arithmetic is another float.
@@ -301,16 +305,29 @@ fn running_update_is_the_f64_rule_rounded_once() {
         .unwrap();
     let got = d.download(var).unwrap();
     let unbiased = |v: f32| f64::from(v) * 4.0 / 3.0;
-    assert_eq!(got[0].to_bits(), f64_rule(old[0], unbiased(stat[0])).to_bits());
+    assert_eq!(
+        got[0].to_bits(),
+        f64_rule(old[0], unbiased(stat[0])).to_bits()
+    );
     assert_eq!(got[2], old[2], "a NaN variance keeps the running value");
     let one = d
         .running_update(r, s, m, RunningStat::Variance { count: 1 })
         .unwrap();
-    assert_eq!(d.download(one).unwrap(), old, "one element keeps every running value");
-    assert_eq!(d.download(r).unwrap(), old, "the running buffer is not written");
+    assert_eq!(
+        d.download(one).unwrap(),
+        old,
+        "one element keeps every running value"
+    );
+    assert_eq!(
+        d.download(r).unwrap(),
+        old,
+        "the running buffer is not written"
+    );
     // Errors: lengths that disagree, a momentum outside [0, 1].
     let short = d.upload(&[1.0]).unwrap();
-    let e = d.running_update(r, short, m, RunningStat::Mean).unwrap_err();
+    let e = d
+        .running_update(r, short, m, RunningStat::Mean)
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -324,6 +341,9 @@ fn running_update_is_the_f64_rule_rounded_once() {
     for bad in [-0.5, 1.5, f64::NAN] {
         let e = d.running_update(r, s, bad, RunningStat::Mean).unwrap_err();
         let t = e.to_string();
-        assert!(t.contains("running_update") && t.contains("momentum"), "{t}");
+        assert!(
+            t.contains("running_update") && t.contains("momentum"),
+            "{t}"
+        );
     }
 }
