@@ -278,7 +278,11 @@ impl<O: Train> Runtime<O> {
         let r = if self.group.is_some() {
             self.dist_backward_step(forward, opt)
         } else {
-            forward.and_then(|r| Ok(self.session.borrow_mut().backward_step(&r, opt)?))
+            // The pass ends with the step: the CPU update writes the parameters in place.
+            forward.and_then(|r| {
+                let mut s = self.session.borrow_mut();
+                Ok(s.backward_step_reduced_then_reset(&r, opt, None)?)
+            })
         };
         self.end();
         r

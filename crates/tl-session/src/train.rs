@@ -51,6 +51,24 @@ pub trait Train: Ops {
         reduce: Option<&mut dyn GradReducer<Self::T>>,
     ) -> Result<f64>;
 
+    /// [`Train::backward_step_reduced`], then [`Train::reset`] (also on error): the step is the
+    /// pass's last act, so nothing can read the pass's values after the update, and on the CPU
+    /// each parameter's new values are written over its old ones, where a step that leaves the
+    /// pass open writes them into a new buffer beside the old values the pass holds (one
+    /// parameter-sized set less at a training step's peak: docs/performance.md, "GFLOP/s and
+    /// memory per step"). The same loss, parameters and optimizer state, bit for bit. tl-nn's
+    /// `Runtime::step` steps this way. PyTorch: `optimizer.step()` updating `p` in place.
+    fn backward_step_reduced_then_reset(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut dyn GradReducer<Self::T>>,
+    ) -> Result<f64> {
+        let r = self.backward_step_reduced(loss, opt, reduce);
+        self.reset();
+        r
+    }
+
     /// The value of `r`, computed the fast way (the eager tape's value; for the linked session,
     /// read from the graph compiled into its backend). PyTorch: `t.detach().cpu()`.
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<Self::T>>;
@@ -167,16 +185,17 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
         opt: &mut Optimizer,
         reduce: Option<&mut dyn GradReducer<T>>,
     ) -> Result<f64> {
-        let l = loss_value(self.value(loss)?)?;
-        // A non-finite loss stops here when the optimizer asks for it, before any change.
-        opt.observe_loss(l)?;
-        // On a device the sparse sweep: the parameters' gradients only.
-        self.backward_params(loss)?;
-        if let Some(reduce) = reduce {
-            self.reduce_grads(reduce)?;
-        }
-        self.step(opt)?;
-        Ok(l)
+        self.train_step(loss, opt, reduce, false)
+    }
+    fn backward_step_reduced_then_reset(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut dyn GradReducer<T>>,
+    ) -> Result<f64> {
+        let r = self.train_step(loss, opt, reduce, true);
+        Session::reset(self);
+        r
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.value(r)
@@ -225,15 +244,43 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     }
 }
 
-impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
-    fn reset(&mut self) {
-        LinkedSession::reset(self);
+impl<T: tl_spec::Scalar> Session<T> {
+    /// [`Train::backward_step_reduced`]; with `ends_pass` the pass's values are let go of
+    /// before the update ([`Session::release_pass_values`]), which the caller follows with a
+    /// reset.
+    fn train_step(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut dyn GradReducer<T>>,
+        ends_pass: bool,
+    ) -> Result<f64> {
+        let l = loss_value(self.value(loss)?)?;
+        // A non-finite loss stops here when the optimizer asks for it, before any change.
+        opt.observe_loss(l)?;
+        // On a device the sparse sweep: the parameters' gradients only.
+        self.backward_params(loss)?;
+        if let Some(reduce) = reduce {
+            self.reduce_grads(reduce)?;
+        }
+        if ends_pass {
+            self.release_pass_values();
+        }
+        self.step(opt)?;
+        Ok(l)
     }
-    fn backward_step_reduced(
+}
+
+impl<T: tl_spec::Scalar> LinkedSession<T> {
+    /// [`Train::backward_step_reduced`]; with `ends_pass` the compiled tape and the recorded
+    /// leaves let go of the parameters' values before a CPU update (which then writes them in
+    /// place), and the caller follows with a reset.
+    fn train_step(
         &mut self,
         loss: &TensorRef,
         opt: &mut Optimizer,
         mut reduce: Option<&mut dyn GradReducer<T>>,
+        ends_pass: bool,
     ) -> Result<f64> {
         self.check_loss("backward_step", loss)?;
         // On a CUDA backend the parameters are compiled in as their resident mirrors, the
@@ -245,9 +292,9 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
         let (map, id) = (&compiled.map, loss.id());
         let n_leaves = self.graph().leaves().len();
         let result = match &mut compiled.tape {
-            // On the CPU, the gradients of the trainable parameter leaves step the host values.
-            // The update's new values come from the tape's spare buffers, and the gradients
-            // go there after it.
+            // On the CPU, the gradients of the trainable parameter leaves step the host values:
+            // in place when the step ends the pass, else into the tape's spare buffers. The
+            // gradients go there after it.
             CompiledTape::Cpu(tape) => {
                 let (l, mut grads) = cpu_grads(tape, &uses, map, id, n_leaves)?;
                 let stepped = loss_value(l.clone())
@@ -258,7 +305,15 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
                         }
                         None => Ok(()),
                     })
-                    .and_then(|()| tape.with_pool(|| self.step(opt, &grads)));
+                    .and_then(|()| {
+                        if ends_pass {
+                            // Nothing reads the pass after this step: its tape and leaves let
+                            // go of the parameters' values, which the update then overwrites.
+                            tape.clear();
+                            self.leaves.drain(..).for_each(|v| tape.recycle(v));
+                        }
+                        tape.with_pool(|| self.step(opt, &grads))
+                    });
                 grads.into_iter().for_each(|g| tape.recycle(g));
                 stepped.map(|()| l)
             }
@@ -271,6 +326,30 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
         // The device (kept for the next step's pools) comes back whatever the outcome.
         self.recycle(compiled);
         loss_value(result?)
+    }
+}
+
+impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
+    fn reset(&mut self) {
+        LinkedSession::reset(self);
+    }
+    fn backward_step_reduced(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut dyn GradReducer<T>>,
+    ) -> Result<f64> {
+        self.train_step(loss, opt, reduce, false)
+    }
+    fn backward_step_reduced_then_reset(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        reduce: Option<&mut dyn GradReducer<T>>,
+    ) -> Result<f64> {
+        let r = self.train_step(loss, opt, reduce, true);
+        LinkedSession::reset(self);
+        r
     }
     fn read(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check_handle("read", r)?;

@@ -155,6 +155,13 @@ impl<T: Scalar> Tensor<T> {
         Arc::make_mut(&mut self.data).as_mut_slice()
     }
 
+    /// Mutable access to the elements if nothing else shares the storage; `None` (and no
+    /// copy) if something does. An update that can write in place uses it, and makes a new
+    /// buffer otherwise.
+    pub fn unique_data_mut(&mut self) -> Option<&mut [T]> {
+        Arc::get_mut(&mut self.data).map(Vec::as_mut_slice)
+    }
+
     /// The elements as an owned vector (copies only if the storage is shared).
     pub fn into_vec(self) -> Vec<T> {
         Arc::try_unwrap(self.data).unwrap_or_else(|shared| (*shared).clone())

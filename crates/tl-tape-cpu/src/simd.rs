@@ -214,6 +214,37 @@ pub fn zip3<T: Scalar>(
     })
 }
 
+/// `a[i] ← f(a[i], b[i])` for every `i` below the shorter length, in place: [`zip`]'s loop
+/// writing into its first operand (no output buffer; an optimizer's update of a parameter
+/// nothing else holds), across threads under the same rule as [`zip`]. Each element is
+/// computed alone, so the bits are [`zip`]'s whatever the split.
+#[inline(always)]
+pub fn zip_assign<T: Scalar>(a: &mut [T], b: &[T], f: impl Map2<T>) {
+    let n = a.len().min(b.len());
+    crate::par::chunks(&mut a[..n], 3, &|at, block: &mut [T]| {
+        let b = &b[at..at + block.len()];
+        vectorize(ZipAssignSimd { a: block, b, f })
+    });
+}
+
+/// [`zip_assign`]'s loop, as a kernel whose body inlines into the dispatch.
+struct ZipAssignSimd<'a, 'b, T, F> {
+    a: &'a mut [T],
+    b: &'b [T],
+    f: F,
+}
+
+impl<T: Scalar, F: Map2<T>> Kernel for ZipAssignSimd<'_, '_, T, F> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        for (u, &v) in self.a.iter_mut().zip(self.b) {
+            *u = self.f.at(*u, v);
+        }
+    }
+}
+
 /// Where a kernel puts its values: a block of a sized buffer, or pushed onto an empty one.
 enum Out<'a, T> {
     /// A block of the output, each element overwritten.
@@ -635,5 +666,40 @@ pub(crate) mod tests {
             }
         }
         set_level(None);
+    }
+
+    /// `zip_assign` writes `zip`'s values into its first operand, bit for bit, at every level,
+    /// on one thread and split across two (the split forced at every length), including the
+    /// lengths around a vector's width and a shorter second operand.
+    #[test]
+    fn zip_assign_gives_zip_in_place_at_every_level_and_split() {
+        let _level = hold_level();
+        let f = |u: f32, v: f32| (f64::from(u) - 0.37 * f64::from(v)) as f32;
+        for &l in &Level::available() {
+            for gates in [
+                crate::gates::Gates::fast_paths_off().with_level(l),
+                crate::gates::Gates::fast_paths_on(2).with_level(l),
+            ] {
+                let _g = crate::gates::force(gates);
+                for (n, m) in [
+                    (0, 0),
+                    (1, 1),
+                    (15, 15),
+                    (16, 16),
+                    (17, 17),
+                    (1000, 1000),
+                    (300, 290),
+                ] {
+                    let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.731).sin()).collect();
+                    let b: Vec<f32> = (0..m).map(|i| (i as f32 * 0.173).cos()).collect();
+                    let want = zip("test", &a, &b, f).unwrap();
+                    let mut got = a.clone();
+                    zip_assign(&mut got, &b, f);
+                    let k = n.min(m);
+                    assert_eq!(&got[..k], &want[..], "{l:?} {gates:?} n={n} m={m}");
+                    assert_eq!(&got[k..], &a[k..], "past the shorter operand: unchanged");
+                }
+            }
+        }
     }
 }

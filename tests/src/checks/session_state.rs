@@ -1,7 +1,8 @@
 //! The sessions' state between reads: random sequences of writes — a Nat block write
 //! (`NatVecRef`: gather ids, class labels), a Nat write (`NatRef`: a row index), a parameter
-//! written from the host, an optimizer step, a new input mid-pass (with a Nat of its own,
-//! recorded after the reads before it), a reset — each followed by a
+//! written from the host, an optimizer step (leaving the pass open, or ending it, which writes
+//! the CPU parameters in place), a new input mid-pass (with a Nat of its own, recorded after
+//! the reads before it), a reset — each followed by a
 //! read of every tensor recorded in the pass and of the parameter, in the eager session and the
 //! linked session side by side. Every read must equal a fresh recomputation: the pass's program
 //! built anew as a `GraphData` and evaluated (or differentiated) by the IR in f64 on the
@@ -48,6 +49,9 @@ pub enum StateOp {
     /// One SGD step with this learning rate on a fresh pass's loss (`backward_step`), then a
     /// fresh pass.
     Step(f64),
+    /// The same step as the pass's last act (`backward_step_reduced_then_reset`, which writes
+    /// the CPU parameters in place), then a fresh pass.
+    StepThenReset(f64),
     /// A new input recorded mid-pass (`constant`), and the program again on it.
     NewInput(Tensor<f64>),
     /// `reset`, then the program recorded again on the current values.
@@ -91,6 +95,7 @@ pub fn state_cases() -> BoxedStrategy<StateCase> {
                 (0..k).prop_map(StateOp::WriteRow),
                 values([rows, dim], -1.0, 1.0).prop_map(StateOp::SetParam),
                 prop::sample::select(vec![0.5, 0.125]).prop_map(StateOp::Step),
+                prop::sample::select(vec![0.5, 0.125]).prop_map(StateOp::StepThenReset),
                 values([k, dim], -1.5, 1.5).prop_map(StateOp::NewInput),
                 Just(StateOp::Reset),
             ];
@@ -346,18 +351,27 @@ impl<S: NatSession> Driven<S> {
                 self.segment(&x, m)
             }
             StateOp::Reset => self.begin(m),
-            StateOp::Step(lr) => Err(format!("step {lr} is driven by run_state_case")),
+            StateOp::Step(lr) | StateOp::StepThenReset(lr) => {
+                Err(format!("step {lr} is driven by run_state_case"))
+            }
         }
     }
 
-    /// One SGD step on a fresh pass's loss; returns the loss.
-    fn step(&mut self, lr: f64, m: &Model) -> Res<f64> {
+    /// One SGD step on a fresh pass's loss, ending the pass with it when `ends_pass`; returns
+    /// the loss.
+    fn step(&mut self, lr: f64, ends_pass: bool, m: &Model) -> Res<f64> {
         self.begin(m)?;
         let loss = self.segs[0].refs[2].clone();
         let mut opt = Optimizer::sgd(lr).map_err(|e| self.err("sgd", e))?;
-        self.s
-            .backward_step(&loss, &mut opt)
-            .map_err(|e| self.err("backward_step", e))
+        match ends_pass {
+            false => {
+                (self.s.backward_step(&loss, &mut opt)).map_err(|e| self.err("backward_step", e))
+            }
+            true => (self
+                .s
+                .backward_step_reduced_then_reset(&loss, &mut opt, None))
+            .map_err(|e| self.err("backward_step_reduced_then_reset", e)),
+        }
     }
 
     /// Read every tensor of the pass and the parameter, and compare with the model.
@@ -440,13 +454,14 @@ fn run_state_case<E: NatSession, L: NatSession>(
             StateOp::SetParam(v) => m.w = v.clone(),
             StateOp::NewInput(v) => m.x = v.clone(),
             StateOp::Reset => m.w_pass = m.w.clone(),
-            StateOp::Read | StateOp::Step(_) => {}
+            StateOp::Read | StateOp::Step(_) | StateOp::StepThenReset(_) => {}
         }
-        if let StateOp::Step(lr) = op {
+        if let StateOp::Step(lr) | StateOp::StepThenReset(lr) = op {
+            let ends_pass = matches!(op, StateOp::StepThenReset(_));
             m.w_pass = m.w.clone();
             let (want, grad) = reference(&m.w, &m.x, &m.nats())?;
             let want_loss = want[2].data()[0];
-            for got in [e.step(*lr, &m)?, l.step(*lr, &m)?] {
+            for got in [e.step(*lr, ends_pass, &m)?, l.step(*lr, ends_pass, &m)?] {
                 worst = worst.max(Measured::check(
                     crate::metric::scalar_err(got, want_loss),
                     tol,
@@ -476,6 +491,7 @@ fn op_name(op: &StateOp) -> &'static str {
         StateOp::WriteRow(_) => "write_nat row",
         StateOp::SetParam(_) => "set_param",
         StateOp::Step(_) => "sgd step",
+        StateOp::StepThenReset(_) => "sgd step ending the pass",
         StateOp::NewInput(_) => "new input",
         StateOp::Reset => "reset",
     }

@@ -103,7 +103,8 @@ impl Group {
             group: self,
             failure: None,
         };
-        let out = session.backward_step_reduced(loss, opt, Some(&mut hook));
+        // The pass ends with the step (`Runtime::step` resets it next): updates in place.
+        let out = session.backward_step_reduced_then_reset(loss, opt, Some(&mut hook));
         match (out, hook.failure) {
             (Ok(l), _) => Ok(l),
             (Err(_), Some(e)) => Err(e),

@@ -2,7 +2,7 @@
 //! linked with the same code; the reset lives inside the step, so memory stays flat; a handle
 //! kept from an earlier pass is an error.
 
-use tl_nn::{CLASSES, Labels, Module, PIXELS, Runtime, data};
+use tl_nn::{CLASSES, Labels, Module, PIXELS, Parameters, Runtime, data};
 use tl_session::{Backend, Ops, Optimizer, Train};
 
 use crate::{eager, linked, mlp, tensor};
@@ -167,6 +167,46 @@ fn memory_stays_flat_over_two_thousand_steps_on_the_cpu_and_the_cuda_sim() {
             losses[0],
             losses[1999]
         );
+    }
+}
+
+/// `Runtime::step` ends its pass with the step, so on the CPU the optimizer writes every
+/// parameter in place: each keeps its buffer from step to step (where a step that left the
+/// pass open would write a new buffer beside the old values the pass still held), eager and
+/// linked, plain SGD and AdamW.
+#[test]
+fn a_cpu_step_updates_the_parameters_in_place() {
+    fn run<O: Train<T = f32>>(mut rt: Runtime<O>, mut opt: Optimizer) {
+        let model = mlp(&rt, 6, 8, 3);
+        let x = tensor::<f32>(&[4, 6], 7);
+        let labels = Labels::new(vec![0, 1, 2, 1], 3).unwrap();
+        let mut params = Vec::new();
+        model.visit_params(&mut |p| params.push(p.clone()));
+        // Where each parameter's values live (the reading clone dropped at once).
+        let storage = |rt: &Runtime<O>| -> Vec<usize> {
+            (params.iter())
+                .map(|p| rt.value_of(p).unwrap().data().as_ptr() as usize)
+                .collect()
+        };
+        let (first, mut values) = (storage(&rt), Vec::new());
+        for _ in 0..3 {
+            rt.step(&model, &mut opt, |g| {
+                model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+            })
+            .unwrap();
+            assert_eq!(storage(&rt), first, "{}", opt.rule_name());
+            // A copy: a kept clone would share the buffer, and the next update could not
+            // write it in place.
+            values.push(rt.value_of(&params[0]).unwrap().data().to_vec());
+        }
+        assert_ne!(values[0], values[2], "the steps moved nothing");
+    }
+    for make in [
+        || Optimizer::sgd(0.1).unwrap(),
+        || Optimizer::adamw(0.01).unwrap(),
+    ] {
+        run(eager::<f32>(Backend::Cpu, 0), make());
+        run(linked::<f32>(0), make());
     }
 }
 

@@ -257,8 +257,9 @@ impl<T: Scalar> Session<T> {
                     for ((index, _), gs) in uses.iter().zip(&all) {
                         let key = (self.params.session, *index);
                         let slot = &mut self.params.slots[*index];
-                        // The new values in the tape's spare buffers (the old ones go there
-                        // when the tape is cleared).
+                        // The new values over the old ones when the tape let go of them (a
+                        // step that ends the pass), else in the tape's spare buffers (the old
+                        // ones go there when the tape is cleared).
                         t.with_pool(|| opt.update_host(key, &mut slot.host, gs))
                             .map_err(|e| e.with_param_name(slot.name.as_deref()))?;
                     }

@@ -313,6 +313,16 @@ impl<T: Scalar> Session<T> {
         Ok(())
     }
 
+    /// Before a step that ends the pass (`Train::backward_step_reduced_then_reset`): the CPU
+    /// tape's values go to its pool, so the parameters' values are theirs alone and the update
+    /// writes them in place. The gradients and the leaf → parameter map stay for the step; a
+    /// reset must follow. (On a device the update already runs in place, on the mirrors.)
+    pub(crate) fn release_pass_values(&mut self) {
+        if let Engine::Cpu(t) = &mut self.engine {
+            t.clear();
+        }
+    }
+
     /// Start a fresh tape: every `TensorRef`, `NatRef` and gradient of the old one becomes
     /// invalid (a clear error if used). On CUDA, releases the tape's buffers, the gradients and
     /// retired parameter mirrors; live parameter mirrors stay resident.

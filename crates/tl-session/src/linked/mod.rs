@@ -29,7 +29,7 @@ use device::{Devices, on_device};
 pub struct LinkedSession<T: Scalar = f32> {
     stamp: Stamp,
     builder: GraphBuilder,
-    leaves: Vec<Tensor<T>>,
+    pub(crate) leaves: Vec<Tensor<T>>,
     pub(crate) params: ParamStore<T>,
     leaf_param: HashMap<usize, usize>,
     nats: NatEnv,
@@ -630,7 +630,10 @@ impl<T: Scalar> LinkedSession<T> {
     /// One optimizer step for every trainable parameter used in this graph, from dense
     /// gradients (a parameter used twice gets the sum of both leaves' gradients).
     pub fn step(&mut self, opt: &mut Optimizer, grads: &[Tensor<T>]) -> Result<()> {
-        if grads.len() < self.leaves.len() {
+        // Checked against the graph's leaves: a step that ends its pass
+        // (`Train::backward_step_reduced_then_reset`) has let go of the leaf values.
+        let leaves = self.builder.graph().leaves();
+        if grads.len() < leaves.len() {
             return Err(Error::Count {
                 what: "step: gradient array length (at least the leaves)",
                 expected: self.builder.graph().len(),
@@ -640,10 +643,10 @@ impl<T: Scalar> LinkedSession<T> {
         let uses = self.trainable_uses();
         for &leaf in uses.values().flatten() {
             let g = &grads[leaf];
-            if g.shape() != self.leaves[leaf].shape() {
+            if g.shape() != &leaves[leaf].shape {
                 return Err(Error::Shape {
                     what: "step: gradient of a parameter leaf",
-                    expected: self.leaves[leaf].shape().clone(),
+                    expected: leaves[leaf].shape.clone(),
                     got: g.shape().clone(),
                 });
             }

@@ -561,20 +561,27 @@ impl Optimizer {
             // Norm clipping scales the gradient: folded into the coefficient.
             let c = -self.lr_now()? * self.grad_coef();
             self.state.entry(key).or_default().step += 1;
-            let new: Vec<T> = match grads {
-                // The loop at the CPU's widest instruction set (the mlp step's largest loop).
-                [g] => tl_tape_cpu::simd::zip("sgd", w.data(), g.data(), Axpy(c))?,
-                _ => w
-                    .data()
-                    .iter()
+            let sum = |i: usize| grads.iter().fold(0.0, |s, g| s + g.data()[i].as_f64());
+            // In place when nothing else holds w's values (a step that ends its pass:
+            // `Train::backward_step_and_reset`), else into a new buffer. The loop runs at the
+            // CPU's widest instruction set (the mlp step's largest loop).
+            match (grads, w.unique_data_mut()) {
+                ([g], Some(d)) => tl_tape_cpu::simd::zip_assign(d, g.data(), Axpy(c)),
+                (_, Some(d)) => d
+                    .iter_mut()
                     .enumerate()
-                    .map(|(i, &wv)| {
-                        let s = grads.iter().fold(0.0, |s, g| s + g.data()[i].as_f64());
-                        T::lit(wv.as_f64() + c * s)
-                    })
-                    .collect(),
-            };
-            *w = Tensor::new(w.shape().clone(), new)?;
+                    .for_each(|(i, v)| *v = T::lit(v.as_f64() + c * sum(i))),
+                ([g], None) => {
+                    let new = tl_tape_cpu::simd::zip("sgd", w.data(), g.data(), Axpy(c))?;
+                    *w = Tensor::new(w.shape().clone(), new)?;
+                }
+                (_, None) => {
+                    let new = (w.data().iter().enumerate())
+                        .map(|(i, &v)| T::lit(v.as_f64() + c * sum(i)))
+                        .collect();
+                    *w = Tensor::new(w.shape().clone(), new)?;
+                }
+            }
             return Ok(());
         }
         let mut gv = vec![0.0f64; w.numel()];
@@ -590,7 +597,10 @@ impl Optimizer {
             vec_ops::store_as::<T>(&mut st.bufs);
         }
         r?;
-        *w = Tensor::new(w.shape().clone(), wv.into_iter().map(T::lit).collect())?;
+        match w.unique_data_mut() {
+            Some(d) => d.iter_mut().zip(wv).for_each(|(o, v)| *o = T::lit(v)),
+            None => *w = Tensor::new(w.shape().clone(), wv.into_iter().map(T::lit).collect())?,
+        }
         Ok(())
     }
 

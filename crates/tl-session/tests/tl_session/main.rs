@@ -14,6 +14,8 @@ mod catalogue;
 mod cuda;
 // The proptest fuzz of the public API; it fuzzes in a child process (its own allocation cap).
 mod fuzz;
+// A step that ends its pass updates the CPU parameters in place.
+mod in_place;
 mod optim;
 mod optim_state;
 // RMSprop, Adagrad, clipping and a schedule against real PyTorch (fixtures/make_optimizers.py).
