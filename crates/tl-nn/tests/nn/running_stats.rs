@@ -153,7 +153,8 @@ fn a_single_element_per_channel_keeps_the_running_variance() {
 }
 
 /// The traffic of the third SGD step of `Sequential(BatchNorm, BatchNorm)` on batch (N, C, H,
-/// W), loss the sum of the output.
+/// W), loss the sum of the output; the device holds as many live buffers after the third step
+/// as after the second (the replaced mirrors are released).
 fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic {
     let v = rt.vars();
     let c = DIMS[1];
@@ -167,6 +168,7 @@ fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic
     let mut opt = Optimizer::sgd(0.01).unwrap();
     let x = batch(&DIMS, 0).cast::<f32>();
     let mut last = None;
+    let mut live = Vec::new();
     for _ in 0..3 {
         let before = rt.session().traffic().unwrap_or_default();
         rt.step(&model, &mut opt, |g| {
@@ -174,7 +176,9 @@ fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic
         })
         .unwrap();
         last = Some(rt.session().traffic().unwrap() - before);
+        live.push(rt.session().memory_usage().unwrap().live_buffers());
     }
+    assert_eq!(live[1], live[2], "live buffers after steps 1-3: {live:?}");
     last.unwrap()
 }
 
