@@ -99,6 +99,26 @@ extern "C" __global__ void tl_norm_moments_bwd(const float* x, const float* mome
     }
 }
 
+// Running statistics (sim: norm::running_update, the rule tl_spec::ops::norm::running_update):
+// out = (1 - momentum) * running + momentum * s in double, rounded once to float, s = stat
+// widened; with unbiased != 0 s is a biased variance made unbiased, s * num / den, and the
+// running value is kept where den == 0 (one element) or s is NaN. Grid-stride over n.
+extern "C" __global__ void tl_running_update(const float* running, const float* stat, float* out,
+                                             u64 n, double momentum, u32 unbiased, double num,
+                                             double den) {
+    TL_GRID_STRIDE(i, n) {
+        const double old = (double)running[i];
+        double s = (double)stat[i];
+        bool keep = false;
+        if (unbiased) {
+            keep = den == 0.0;
+            if (!keep) s = s * num / den;
+            keep = keep || s != s;
+        }
+        out[i] = keep ? (float)old : (float)((1.0 - momentum) * old + momentum * s);
+    }
+}
+
 // y = (x - mean) * rstd * gamma + beta, grid-stride over the n elements.
 extern "C" __global__ void tl_norm_apply(const float* x, const float* stats, const float* gamma,
                                          const float* beta, float* y, u64 n, u32 groups, u32 seg,

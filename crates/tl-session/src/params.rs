@@ -138,6 +138,30 @@ impl<T: Scalar> ParamStore<T> {
         Ok(b)
     }
 
+    /// The running-statistics update of parameter `index` on `dev` (`Device::running_update`
+    /// from its mirror, uploaded first if missing, and `stat`): the result becomes the mirror,
+    /// whose host copy is then stale (synced on read). Returns the old mirror, which a pass's
+    /// leaves may still borrow: the caller retires or keeps it.
+    pub(crate) fn update_running_on_device<D: Device>(
+        &mut self,
+        index: usize,
+        dev: &mut D,
+        stat: Buffer,
+        momentum: f64,
+        kind: tl_spec::ops::norm::RunningStat,
+    ) -> Result<AnyBuffer> {
+        let old = self.mirror(index, dev)?;
+        let new = dev.running_update(old.buffer(), stat, momentum, kind)?;
+        let slot = &mut self.slots[index];
+        slot.device = Some(AnyBuffer::new(
+            "update_running",
+            slot.host.shape().clone(),
+            new,
+        )?);
+        slot.host_stale = true;
+        Ok(old)
+    }
+
     /// Release every device mirror and retired buffer (the session is going away or the host
     /// values were synced).
     pub(crate) fn release_retired<D: Device>(&mut self, dev: &mut D) -> usize {

@@ -6,6 +6,7 @@
 //! [`Backend`] (`LinkedSession::set_backend`) and steps from the compiled tape's gradients.
 
 use tl_spec::Tensor;
+use tl_spec::ops::norm::RunningStat;
 use tl_tape_cuda::{MemoryUsage, Traffic};
 
 use crate::linked::{CompiledTape, step_on_tape};
@@ -87,6 +88,25 @@ pub trait Train: Ops {
 
     /// Overwrite a parameter's value (same shape). PyTorch: `p.data.copy_(value)`.
     fn set_param(&mut self, p: &Param, value: Tensor<Self::T>) -> Result<()>;
+
+    /// Fold `stat`, a tensor of the current pass with the shape of `buffer` (a parameter that
+    /// does not require grad), into it: per element `buffer ← (1 − momentum)·buffer +
+    /// momentum·s`, `s` the statistic as `kind` says (a variance made unbiased; where that is
+    /// NaN the buffer keeps its value), computed in f64 and rounded once to the buffer's type
+    /// ([`running_update`](tl_spec::ops::norm::running_update); on a CUDA backend the
+    /// device's f32). On a CUDA backend the update runs on the device, where the statistic and
+    /// the buffer's resident mirror live: nothing is downloaded or uploaded. Leaves of the
+    /// buffer already recorded in this pass keep the value they were recorded with. Errors:
+    /// a parameter that requires grad, a statistic of another shape, a momentum outside
+    /// [0, 1]. PyTorch: `running.mul_(1 − m).add_(s, alpha=m)` under `torch.no_grad()`
+    /// (`nn.BatchNorm2d`'s running statistics).
+    fn update_running(
+        &mut self,
+        buffer: &Param,
+        stat: &TensorRef,
+        momentum: f64,
+        kind: RunningStat,
+    ) -> Result<()>;
 
     /// The name a parameter was created with.
     fn param_name(&self, p: &Param) -> Result<Option<String>>;
@@ -216,6 +236,15 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
         Session::set_param(self, p, value)
     }
+    fn update_running(
+        &mut self,
+        buffer: &Param,
+        stat: &TensorRef,
+        momentum: f64,
+        kind: RunningStat,
+    ) -> Result<()> {
+        Session::update_running(self, buffer, stat, momentum, kind)
+    }
     fn param_name(&self, p: &Param) -> Result<Option<String>> {
         Session::param_name(self, p)
     }
@@ -333,6 +362,15 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
         LinkedSession::set_param(self, p, value)
+    }
+    fn update_running(
+        &mut self,
+        buffer: &Param,
+        stat: &TensorRef,
+        momentum: f64,
+        kind: RunningStat,
+    ) -> Result<()> {
+        LinkedSession::update_running(self, buffer, stat, momentum, kind)
     }
     fn param_name(&self, p: &Param) -> Result<Option<String>> {
         Ok(self.params.slot("param_name", p)?.name.clone())

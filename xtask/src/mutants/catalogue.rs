@@ -702,10 +702,10 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "nn-batchnorm-running-var-biased",
         area: Nn,
-        file: "crates/tl-nn/src/layers/norm.rs",
-        from: "v.as_f64() * count as f64 / (count - 1) as f64",
-        to: "v.as_f64()",
-        bug: "BatchNorm's running variance takes the biased batch variance (PyTorch: unbiased)",
+        file: "crates/tl-spec/src/ops/norm.rs",
+        from: "if count > 1 => stat * count as f64 / (count - 1) as f64,",
+        to: "if count > 1 => stat,",
+        bug: "BatchNorm's running variance (the host rule and the sim's running_update) takes the biased batch variance (PyTorch: unbiased)",
         harness: Layers,
     },
     // ---- tl-session: state between reads ----

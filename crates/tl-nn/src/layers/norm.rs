@@ -1,6 +1,6 @@
 //! [`LayerNorm`] and [`BatchNorm`]. PyTorch: `nn.LayerNorm`, `nn.BatchNorm1d/2d/3d`.
 
-use tl_session::{Param, Train};
+use tl_session::{Param, RunningStat, Train};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use super::At;
@@ -156,52 +156,29 @@ impl BatchNorm {
     }
 
     /// Update the running statistics from the batch moments of x4 (N, C, R, 1): the op
-    /// `batchMoments` runs where x lives (on a CUDA backend, on the device), so only its 2·C
-    /// values (the means, then the biased variances) are read back, never x itself.
+    /// `batchMoments` and the update (`Train::update_running`, PyTorch's rule in f64) run where
+    /// x and the statistics live, so on a CUDA backend nothing is read back or uploaded.
     fn update_running<O: Train>(&self, x4: &Var<'_, O>, rt: &crate::Runtime<O>) -> Result<()> {
-        let moments = x4
-            .detach()?
-            .batch_moments()
-            .and_then(|m| m.value())
-            .map_err(|e| At::new(rt, self, &self.weight).op_error(e))?;
+        let at = || At::new(rt, self, &self.weight);
         let c = self.channels();
         let count = x4.shape().numel() / c;
-        let (mean, var) = running_update(moments.data(), c, count);
-        let mom = self.momentum;
-        let old_m = rt.value_of(&self.running_mean)?;
-        let old_v = rt.value_of(&self.running_var)?;
-        let new_m = Tensor::from_fn([c], |i| {
-            O::T::lit((1.0 - mom) * old_m.data()[i].as_f64() + mom * mean[i])
-        });
-        let new_v = Tensor::from_fn([c], |i| {
-            let old = old_v.data()[i].as_f64();
-            O::T::lit(if var[i].is_nan() {
-                old
-            } else {
-                (1.0 - mom) * old + mom * var[i]
-            })
-        });
-        rt.set_value(&self.running_mean, new_m)?;
-        rt.set_value(&self.running_var, new_v)
+        // (2, C): the means, then the biased variances.
+        let moments = (x4.detach()?.batch_moments()).map_err(|e| at().op_error(e))?;
+        let row =
+            |k| (moments.narrow0(k, 1).and_then(|m| m.reshape(&[c]))).map_err(|e| at().op_error(e));
+        let (mean, var) = (row(0)?, row(1)?);
+        let updates = [
+            (&self.running_mean, &mean, RunningStat::Mean),
+            (&self.running_var, &var, RunningStat::Variance { count }),
+        ];
+        for (buffer, stat, kind) in updates {
+            let r = rt
+                .borrow_mut()
+                .update_running(buffer, stat.tensor_ref(), self.momentum, kind);
+            r.map_err(|e| at().op_error(e.into()))?;
+        }
+        Ok(())
     }
-}
-
-/// The batch statistics a running-statistics update takes, from `batchMoments`' values
-/// (`[μ…, var…]`, the biased variances of `count` elements per channel): the means and
-/// PyTorch's unbiased variances `var·count/(count − 1)`, NaN where a channel has one element
-/// (its running variance is kept).
-fn running_update<T: Scalar>(moments: &[T], c: usize, count: usize) -> (Vec<f64>, Vec<f64>) {
-    let mean = moments[..c].iter().map(|v| v.as_f64()).collect();
-    let var = (moments[c..2 * c].iter())
-        .map(|v| {
-            if count > 1 {
-                v.as_f64() * count as f64 / (count - 1) as f64
-            } else {
-                f64::NAN
-            }
-        })
-        .collect();
-    (mean, var)
 }
 
 impl Parameters for BatchNorm {

@@ -1,10 +1,11 @@
-//! BatchNorm's running statistics from `batchMoments` (the per-channel moments computed where
-//! the data lives): the same values as the host computation they replaced (the mean and the
-//! unbiased variance in f64 over the input read back), on every session and backend, and on a
-//! CUDA backend a training pass reads back 2·C values per layer, never the input.
+//! BatchNorm's running statistics: `batchMoments` and the update (`Train::update_running`) run
+//! where the data lives. The values are those of the host rule the update replaced (the
+//! moments read back, PyTorch's rule in f64, rounded once), bit for bit, on every session and
+//! backend; on a CUDA backend a training step reads back the loss only and uploads nothing for
+//! the statistics; a linked session's host write of one parameter touches that parameter only.
 
-use tl_nn::{BatchNorm, Module, Runtime};
-use tl_session::{Backend, Optimizer, Train};
+use tl_nn::{BatchNorm, Linear, Module, Runtime};
+use tl_session::{Backend, Error, Optimizer, RunningStat, Train};
 use tl_spec::{Scalar, Tensor};
 
 use crate::{eager, linked};
@@ -12,6 +13,8 @@ use crate::{eager, linked};
 /// (N, C, H, W) of the batches.
 const DIMS: [usize; 4] = [4, 3, 5, 6];
 const MOMENTUM: f64 = 0.1;
+/// Training passes per check.
+const PASSES: usize = 3;
 
 /// Batch `k`: per channel a different mean and spread, so every statistic is exercised.
 fn batch(dims: &[usize], k: usize) -> Tensor<f64> {
@@ -23,100 +26,77 @@ fn batch(dims: &[usize], k: usize) -> Tensor<f64> {
     })
 }
 
-/// The host computation `BatchNorm::update_running` made before `batchMoments`: the mean and
-/// the unbiased variance of each channel of x in f64, PyTorch's momentum rule, one element
-/// per channel keeping the old variance.
-fn host_update(x: &Tensor<f64>, old: (&[f64], &[f64])) -> (Vec<f64>, Vec<f64>) {
-    let d = x.shape().dims();
-    let (n, c, r) = (d[0], d[1], d[2..].iter().product::<usize>());
-    let count = n * r;
-    let (mut mean, mut var) = (old.0.to_vec(), old.1.to_vec());
-    for ch in 0..c {
-        let vals = (0..n).flat_map(|b| x.data()[(b * c + ch) * r..(b * c + ch + 1) * r].iter());
-        let m = vals.clone().sum::<f64>() / count as f64;
-        let ss: f64 = vals.map(|v| (v - m) * (v - m)).sum();
-        mean[ch] = (1.0 - MOMENTUM) * mean[ch] + MOMENTUM * m;
-        if count > 1 {
-            var[ch] = (1.0 - MOMENTUM) * var[ch] + MOMENTUM * ss / (count - 1) as f64;
-        }
+/// The host rule `BatchNorm::update_running` computed before the update moved to the session:
+/// the moments `[μ…, var…]` read back, `(1 − m)·old + m·μ` and, with the unbiased
+/// `var·count/(count − 1)` (NaN for one element, which keeps the old variance), the same for
+/// the variance, in f64, each rounded once to `T`.
+fn host_rule<T: Scalar>(moments: &[T], count: usize, old: (&[T], &[T])) -> (Vec<T>, Vec<T>) {
+    let c = old.0.len();
+    let mut mean = Vec::with_capacity(c);
+    let mut var = Vec::with_capacity(c);
+    for k in 0..c {
+        let (om, ov) = (old.0[k].as_f64(), old.1[k].as_f64());
+        mean.push(T::lit(
+            (1.0 - MOMENTUM) * om + MOMENTUM * moments[k].as_f64(),
+        ));
+        let v = if count > 1 {
+            moments[c + k].as_f64() * count as f64 / (count - 1) as f64
+        } else {
+            f64::NAN
+        };
+        var.push(T::lit(if v.is_nan() {
+            ov
+        } else {
+            (1.0 - MOMENTUM) * ov + MOMENTUM * v
+        }));
     }
     (mean, var)
 }
 
-/// Two training passes of a BatchNorm on `dims`-shaped batches in `rt`: its running mean and
-/// variance after each, beside the host computation's on the same (rounded) inputs.
-fn passes<O: Train>(rt: &Runtime<O>, dims: &[usize]) -> Vec<[(Vec<f64>, Vec<f64>); 2]> {
-    let name = format!(
-        "bn{}",
-        dims.iter().map(|d| d.to_string()).collect::<String>()
-    );
-    let bn = BatchNorm::with(&rt.vars().pp(&name), dims[1], 1e-5, MOMENTUM).unwrap();
-    let f64s = |t: Tensor<O::T>| t.data().iter().map(|v| v.as_f64()).collect::<Vec<_>>();
-    let mut want = (vec![0.0; dims[1]], vec![1.0; dims[1]]);
-    let mut out = Vec::new();
-    for k in 0..2 {
+fn bits<T: Scalar>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.as_f64().to_bits()).collect()
+}
+
+/// `PASSES` training passes of a BatchNorm on `dims`-shaped batches in `rt`: after each, its
+/// running statistics must have the host rule's bits, the rule applied to the moments of the
+/// same batch computed by the same backend (a pass of its own).
+fn check_passes<O: Train>(name: &str, rt: &Runtime<O>, dims: &[usize]) {
+    let tag: String = dims.iter().map(|d| d.to_string()).collect();
+    let bn = BatchNorm::with(&rt.vars().pp(format!("bn{tag}")), dims[1], 1e-5, MOMENTUM).unwrap();
+    let (c, count) = (dims[1], dims.iter().product::<usize>() / dims[1]);
+    let mut want = (vec![O::T::lit(0.0); c], vec![O::T::lit(1.0); c]);
+    for k in 0..PASSES {
         let x = batch(dims, k).cast::<O::T>();
+        // BatchNorm's layout: (N, C, R, 1).
+        let as_4d = [dims[0], c, count / dims[0], 1];
+        let moments = rt
+            .forward_train(&bn, |g| {
+                g.input(x.clone())?.reshape(&as_4d)?.batch_moments()
+            })
+            .unwrap();
         rt.forward_train(&bn, |g| bn.forward(&g.input(x.clone())?))
             .unwrap();
-        want = host_update(&x.cast(), (&want.0, &want.1));
+        want = host_rule(moments.data(), count, (&want.0, &want.1));
         let got = (
-            f64s(rt.value_of(&bn.running_mean).unwrap()),
-            f64s(rt.value_of(&bn.running_var).unwrap()),
+            rt.value_of(&bn.running_mean).unwrap(),
+            rt.value_of(&bn.running_var).unwrap(),
         );
-        out.push([got, want.clone()]);
-    }
-    out
-}
-
-fn close(what: &str, got: &[f64], want: &[f64], tol: f64) {
-    for (k, (a, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (a - w).abs() <= tol * w.abs().max(1.0),
-            "{what}[{k}]: {a} vs the host computation's {w} (tolerance {tol})"
+        let at = format!("{name} {dims:?} pass {k}");
+        assert_eq!(
+            bits(got.0.data()),
+            bits(&want.0),
+            "{at} running_mean: {:?} vs {:?}",
+            got.0.data(),
+            want.0
+        );
+        assert_eq!(
+            bits(got.1.data()),
+            bits(&want.1),
+            "{at} running_var: {:?} vs {:?}",
+            got.1.data(),
+            want.1
         );
     }
-}
-
-/// The running statistics equal the host computation: to 1e-12 in f64 (the same sums in
-/// another order), to 1e-5 relative in f32 (sums of 120 f32 terms against f64 ones; the
-/// statistics are O(1)), on the CPU tape, the simulation device and (feature `cuda-emu`) the
-/// CUDA device over the emulated kernels, eager and linked.
-#[test]
-fn running_statistics_equal_the_host_computation() {
-    fn check<O: Train>(name: &str, rt: Runtime<O>, tol: f64) {
-        for dims in [&DIMS[..], &[2, 3, 4], &[1, 2, 1, 1]] {
-            for (k, [got, want]) in passes(&rt, dims).iter().enumerate() {
-                let at = format!("{name} {dims:?} pass {k}");
-                close(&format!("{at} running_mean"), &got.0, &want.0, tol);
-                close(&format!("{at} running_var"), &got.1, &want.1, tol);
-            }
-        }
-    }
-    check("eager cpu f64", eager::<f64>(Backend::Cpu, 0), 1e-12);
-    check("eager cpu f32", eager::<f32>(Backend::Cpu, 0), 1e-5);
-    check("eager sim", eager::<f32>(Backend::CudaSim, 0), 1e-5);
-    check("linked f64", linked::<f64>(0), 1e-12);
-    check("linked f32", linked::<f32>(0), 1e-5);
-    check("linked sim", linked_on(Backend::CudaSim), 1e-5);
-    #[cfg(feature = "cuda-emu")]
-    {
-        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0), 1e-5);
-        check("linked cuda-emu", linked_on(Backend::Cuda), 1e-5);
-    }
-}
-
-/// One element per channel (N = H = W = 1): the mean moves, the variance stays exactly.
-#[test]
-fn a_single_element_per_channel_keeps_the_running_variance() {
-    fn check<O: Train>(name: &str, rt: Runtime<O>) {
-        for [got, want] in passes(&rt, &[1, 3, 1, 1]) {
-            assert_eq!(got.1, vec![1.0; 3], "{name}");
-            close(name, &got.0, &want.0, 1e-6);
-        }
-    }
-    check("eager cpu", eager::<f32>(Backend::Cpu, 0));
-    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
-    check("linked sim", linked_on(Backend::CudaSim));
 }
 
 fn linked_on(backend: Backend) -> Runtime<tl_session::LinkedSession<f32>> {
@@ -125,8 +105,56 @@ fn linked_on(backend: Backend) -> Runtime<tl_session::LinkedSession<f32>> {
     rt
 }
 
+/// Every session and backend, with (N, C, H, W), an unbatched-like (N, C, L) and one element
+/// per channel (N = H = W = 1: the running variance is kept, the mean moves).
+#[test]
+fn running_statistics_equal_the_host_rule_bit_for_bit() {
+    fn check<O: Train>(name: &str, rt: Runtime<O>) {
+        for dims in [&DIMS[..], &[2, 3, 4], &[1, 3, 1, 1]] {
+            check_passes(name, &rt, dims);
+        }
+    }
+    check("eager cpu f64", eager::<f64>(Backend::Cpu, 0));
+    check("eager cpu f32", eager::<f32>(Backend::Cpu, 0));
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked cpu f64", linked::<f64>(0));
+    check("linked cpu f32", linked::<f32>(0));
+    check("linked sim", linked_on(Backend::CudaSim));
+    #[cfg(feature = "cuda-emu")]
+    {
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+        check("linked cuda-emu", linked_on(Backend::Cuda));
+    }
+}
+
+/// One element per channel (N = H = W = 1): the mean moves, the variance stays exactly.
+#[test]
+fn a_single_element_per_channel_keeps_the_running_variance() {
+    fn check<O: Train>(name: &str, rt: Runtime<O>) {
+        let bn = BatchNorm::with(&rt.vars().pp("bn"), 3, 1e-5, MOMENTUM).unwrap();
+        for k in 0..PASSES {
+            let x = batch(&[1, 3, 1, 1], k).cast::<O::T>();
+            rt.forward_train(&bn, |g| bn.forward(&g.input(x)?)).unwrap();
+            let var = rt.value_of(&bn.running_var).unwrap();
+            assert!(var.data().iter().all(|v| v.as_f64() == 1.0), "{name}");
+            let mean = rt.value_of(&bn.running_mean).unwrap();
+            assert!(mean.data().iter().any(|v| v.as_f64() != 0.0), "{name}");
+        }
+    }
+    check("eager cpu", eager::<f32>(Backend::Cpu, 0));
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked cpu", linked::<f32>(0));
+    check("linked sim", linked_on(Backend::CudaSim));
+    #[cfg(feature = "cuda-emu")]
+    {
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+        check("linked cuda-emu", linked_on(Backend::Cuda));
+    }
+}
+
 /// The traffic of the third SGD step of `Sequential(BatchNorm, BatchNorm)` on batch (N, C, H,
-/// W), loss the sum of the output.
+/// W), loss the sum of the output; the device holds as many live buffers after the third step
+/// as after the second (the replaced mirrors are released).
 fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic {
     let v = rt.vars();
     let c = DIMS[1];
@@ -140,6 +168,7 @@ fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic
     let mut opt = Optimizer::sgd(0.01).unwrap();
     let x = batch(&DIMS, 0).cast::<f32>();
     let mut last = None;
+    let mut live = Vec::new();
     for _ in 0..3 {
         let before = rt.session().traffic().unwrap_or_default();
         rt.step(&model, &mut opt, |g| {
@@ -147,48 +176,214 @@ fn step_traffic<O: Train<T = f32>>(rt: &mut Runtime<O>) -> tl_tape_cuda::Traffic
         })
         .unwrap();
         last = Some(rt.session().traffic().unwrap() - before);
+        live.push(rt.session().memory_usage().unwrap().live_buffers());
     }
+    assert_eq!(live[1], live[2], "live buffers after steps 1-3: {live:?}");
     last.unwrap()
 }
 
-/// On a device backend a training step reads back the loss and, per batch norm, O(C) values,
-/// never its (N, C, H, W) input (360 values each here): each layer's 2·C moments. The linked
-/// session also reads back every trainable parameter once a step (here each layer's weight
-/// and bias, C each): writing the new running statistics from the host mid-pass syncs the
-/// pass's device-updated leaves first (`LinkedSession::set_param`). The eager session uploads
-/// the batch and each layer's 2·C new running statistics.
+/// On a device backend a training step of batch norms reads back the loss and nothing else
+/// (neither the input nor the moments, nor, in the linked session, any parameter) and uploads
+/// the batch and nothing else (no running statistics): the update runs on the device.
 #[test]
-fn a_device_training_pass_reads_back_the_moments_not_the_input() {
-    const LAYERS: u64 = 2;
-    let c = DIMS[1] as u64;
-    let numel: u64 = DIMS.iter().map(|&d| d as u64).product();
-    fn check<O: Train<T = f32>>(name: &str, mut rt: Runtime<O>, per_layer: [u64; 2]) {
+fn a_device_training_step_reads_back_only_the_loss() {
+    fn check<O: Train<T = f32>>(name: &str, mut rt: Runtime<O>) {
         let t = step_traffic(&mut rt);
         let numel: u64 = DIMS.iter().map(|&d| d as u64).product();
         assert_eq!(
             (t.downloads, t.download_bytes),
-            (1 + LAYERS * per_layer[0], 4 + LAYERS * per_layer[1]),
-            "{name}: the loss and O(C) values per layer: {t:?}"
+            (1, 4),
+            "{name}: the loss only: {t:?}"
         );
-        assert!(t.download_bytes < numel * 4, "{name}: {t:?}");
+        assert_eq!(
+            (t.uploads, t.upload_bytes),
+            (1, numel * 4),
+            "{name}: the batch only: {t:?}"
+        );
     }
-    let eager_layer = [1, 2 * c * 4];
-    let linked_layer = [3, 4 * c * 4];
-    check("eager sim", eager::<f32>(Backend::CudaSim, 0), eager_layer);
-    let t = step_traffic(&mut eager::<f32>(Backend::CudaSim, 0));
-    assert_eq!(
-        (t.uploads, t.upload_bytes),
-        (1 + 2 * LAYERS, numel * 4 + LAYERS * 2 * c * 4),
-        "eager sim: the batch and each layer's running statistics: {t:?}"
-    );
-    check("linked sim", linked_on(Backend::CudaSim), linked_layer);
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked sim", linked_on(Backend::CudaSim));
     #[cfg(feature = "cuda-emu")]
     {
-        check(
-            "eager cuda-emu",
-            eager::<f32>(Backend::Cuda, 0),
-            eager_layer,
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+        check("linked cuda-emu", linked_on(Backend::Cuda));
+    }
+}
+
+/// The leaf of a running statistic recorded in a pass keeps the value it was recorded with
+/// after the pass's update (PyTorch raises on reading a tensor modified in place; here the
+/// leaf is the value before): read from the pass's tape, from a tape compiled again (linked:
+/// the pass ended by a setting change), and from the pure evaluation (linked).
+#[test]
+fn a_recorded_leaf_keeps_its_value_after_the_update() {
+    fn check<O: Train<T = f32>>(name: &str, rt: Runtime<O>, recompile: fn(&mut O)) {
+        let bn = BatchNorm::with(&rt.vars().pp("bn"), 3, 1e-5, MOMENTUM).unwrap();
+        for k in 0..PASSES {
+            let before = rt.value_of(&bn.running_var).unwrap();
+            let x = batch(&DIMS, k).cast::<f32>();
+            let leaf = rt
+                .record(
+                    &bn,
+                    true,
+                    |g| {
+                        bn.forward(&g.input(x)?)?;
+                        g.param(&bn.running_var)
+                    },
+                    |s, r| {
+                        let on_tape = s.read(r)?;
+                        recompile(s);
+                        Ok(vec![on_tape, s.read(r)?, s.value(r)?])
+                    },
+                )
+                .unwrap();
+            for (j, v) in leaf.iter().enumerate() {
+                assert_eq!(v.data(), before.data(), "{name} pass {k} read {j}");
+            }
+            assert_ne!(
+                rt.value_of(&bn.running_var).unwrap().data(),
+                before.data(),
+                "{name}: the buffer itself moved"
+            );
+        }
+    }
+    fn none<O>(_: &mut O) {}
+    fn end_pass(s: &mut tl_session::LinkedSession<f32>) {
+        s.set_deterministic(false);
+    }
+    check("eager cpu", eager::<f32>(Backend::Cpu, 0), none);
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0), none);
+    check("linked cpu", linked::<f32>(0), end_pass);
+    check("linked sim", linked_on(Backend::CudaSim), end_pass);
+    #[cfg(feature = "cuda-emu")]
+    {
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0), none);
+        check("linked cuda-emu", linked_on(Backend::Cuda), end_pass);
+    }
+}
+
+/// In a linked session on a device, after steps that left every parameter newer on the
+/// device than on the host, a host write of one parameter during a pass downloads at most
+/// that parameter (its leaves keep their recorded value), never the others; the write is what
+/// the parameter reads afterwards.
+#[test]
+fn a_linked_host_write_touches_only_its_parameter() {
+    let mut rt = linked_on(Backend::CudaSim);
+    let v = rt.vars();
+    let (c, f) = (DIMS[1], DIMS[3]);
+    let bn = BatchNorm::with(&v.pp("bn"), c, 1e-5, MOMENTUM).unwrap();
+    let lin = Linear::new(&v.pp("lin"), f, 64).unwrap();
+    let model = tl_nn::Sequential::new().add(bn.clone()).add(lin.clone());
+    let mut opt = Optimizer::sgd(0.01).unwrap();
+    let x = batch(&DIMS, 0).cast::<f32>();
+    for _ in 0..2 {
+        rt.step(&model, &mut opt, |g| {
+            model.forward(&g.input(x.clone())?)?.sum()
+        })
+        .unwrap();
+    }
+    for (p, bytes) in [
+        (&bn.running_mean, c * 4),
+        (lin.bias.as_ref().unwrap(), 64 * 4),
+        (&bn.weight, c * 4),
+    ] {
+        let new = Tensor::from_fn(p.shape().clone(), |i| i as f32 + 0.5);
+        let (t, leaf) = rt
+            .record(
+                &model,
+                true,
+                |g| {
+                    model.forward(&g.input(x.clone())?)?;
+                    g.param(p)
+                },
+                |s, r| {
+                    let before = s.traffic().unwrap_or_default();
+                    s.set_param(p, new.clone())?;
+                    let t = s.traffic().unwrap() - before;
+                    Ok((t, s.read(r)?))
+                },
+            )
+            .unwrap();
+        assert!(
+            t.downloads <= 1 && t.download_bytes <= bytes as u64,
+            "{p:?}: at most its own {bytes} bytes: {t:?}"
         );
-        check("linked cuda-emu", linked_on(Backend::Cuda), linked_layer);
+        assert_ne!(leaf.data(), new.data(), "{p:?}: the leaf keeps its value");
+        assert_eq!(rt.value_of(p).unwrap().data(), new.data(), "{p:?}");
+    }
+}
+
+/// Bad input to `update_running` is an error naming the call and what is wrong, on both
+/// sessions and every backend: a parameter that requires grad, a statistic of another shape,
+/// a momentum outside [0, 1], a statistic of an ended pass.
+#[test]
+fn update_running_rejects_bad_input() {
+    fn check<O: Train>(name: &str, mut rt: Runtime<O>) {
+        let bn = BatchNorm::with(&rt.vars().pp("bn"), 3, 1e-5, MOMENTUM).unwrap();
+        let x = batch(&DIMS, 0).cast::<O::T>();
+        let before = rt.value_of(&bn.running_mean).unwrap();
+        let mut stale = None;
+        let errors = rt
+            .record(
+                &bn,
+                true,
+                |g| g.input(x)?.batch_moments(),
+                |s, m| {
+                    let mean = s.gather_row(m, 0)?;
+                    stale = Some(mean.clone());
+                    let mean_kind = RunningStat::Mean;
+                    Ok(vec![
+                        s.update_running(&bn.weight, &mean, MOMENTUM, mean_kind),
+                        s.update_running(&bn.running_mean, m, MOMENTUM, mean_kind),
+                        s.update_running(&bn.running_mean, &mean, 1.5, mean_kind),
+                        s.update_running(&bn.running_mean, &mean, f64::NAN, mean_kind),
+                        s.update_running(&bn.running_mean, &mean, -0.1, mean_kind),
+                    ])
+                },
+            )
+            .unwrap();
+        let texts: Vec<String> = errors
+            .into_iter()
+            .map(|e| e.expect_err(name).to_string())
+            .collect();
+        assert!(texts[0].contains("requires grad"), "{name}: {}", texts[0]);
+        assert!(
+            texts[1].contains("[2, 3]") && texts[1].contains("[3]"),
+            "{name}: {}",
+            texts[1]
+        );
+        for t in &texts[2..] {
+            assert!(
+                t.contains("update_running") && t.contains("momentum"),
+                "{name}: {t}"
+            );
+        }
+        assert!(
+            texts.iter().all(|t| t.contains("update_running")),
+            "{name}: {texts:?}"
+        );
+        // A statistic of an ended pass.
+        let e = (rt.session_mut())
+            .update_running(
+                &bn.running_mean,
+                &stale.unwrap(),
+                MOMENTUM,
+                RunningStat::Mean,
+            )
+            .unwrap_err();
+        assert!(matches!(e, Error::StaleHandle { .. }), "{name}: {e}");
+        assert_eq!(
+            rt.value_of(&bn.running_mean).unwrap().data(),
+            before.data(),
+            "{name}"
+        );
+    }
+    check("eager cpu", eager::<f32>(Backend::Cpu, 0));
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked cpu", linked::<f32>(0));
+    check("linked sim", linked_on(Backend::CudaSim));
+    #[cfg(feature = "cuda-emu")]
+    {
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+        check("linked cuda-emu", linked_on(Backend::Cuda));
     }
 }

@@ -7,7 +7,7 @@
 //! it is synced when something reads it (a parameter read, a pure evaluation of the graph, a
 //! host step, a move to another backend).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tl_spec::pool::PoolStats;
 use tl_spec::{Scalar, Tensor};
@@ -96,6 +96,10 @@ fn replay_cuda_leaves<T: Scalar, D: Device>(
     for (id, (leaf, value)) in g.leaves().iter().zip(&s.leaves).enumerate() {
         let (name, rg) = (leaf.name.as_deref(), leaf.requires_grad);
         let t = match s.leaf_param.get(&id) {
+            // Updated on the device since it was recorded: the mirror it was recorded with.
+            Some(index) if resident && s.pinned.contains_key(index) => {
+                Ok(tape.leaf_borrowed(s.pinned[index].clone(), name, rg))
+            }
             Some(&index) if resident && !s.written.contains(&index) => s
                 .params
                 .mirror(index, tape.device_mut())
@@ -305,18 +309,63 @@ impl<T: Scalar> LinkedSession<T> {
         if !self.leaves_stale {
             return Ok(());
         }
-        let pairs: Vec<(usize, usize)> = self.leaf_param.iter().map(|(&l, &i)| (l, i)).collect();
-        for (leaf, index) in pairs {
-            if self.written.contains(&index) {
-                // Written from the host after this leaf was recorded: the leaf keeps its value.
-                continue;
-            }
-            self.sync_param(index)?;
-            self.leaves[leaf] = self.params.slots[index].host.clone();
+        let params: BTreeSet<usize> = self.leaf_param.values().copied().collect();
+        for index in params {
+            self.sync_param_leaves(index)?;
         }
         self.leaves_stale = false;
         self.values.clear();
         Ok(())
+    }
+
+    /// [`sync_leaves`](Self::sync_leaves) for the leaves of parameter `index` only: each holds
+    /// the value it was recorded with afterwards. A leaf recorded with a host value older than
+    /// the device mirror gets the mirror's value: the pinned one if the parameter was updated
+    /// on the device since, else the parameter's (synced). A leaf written from the host since
+    /// keeps its value. Nothing is downloaded unless some leaf was recorded stale.
+    pub(super) fn sync_param_leaves(&mut self, index: usize) -> Result<()> {
+        if !self.leaves_stale || self.written.contains(&index) {
+            return Ok(());
+        }
+        let leaves: Vec<usize> = (self.leaf_param.iter())
+            .filter(|&(_, &i)| i == index)
+            .map(|(&l, _)| l)
+            .collect();
+        if leaves.is_empty() {
+            return Ok(());
+        }
+        let value = match self.pinned.get(&index).cloned() {
+            Some(b) => self.download_kept(&b)?,
+            None => {
+                self.sync_param(index)?;
+                self.params.slots[index].host.clone()
+            }
+        };
+        for leaf in leaves {
+            self.leaves[leaf] = value.clone();
+        }
+        self.values.clear();
+        Ok(())
+    }
+
+    /// The value of a buffer of the current backend's kept device (the pass ends: its tape
+    /// holds the device).
+    fn download_kept(&mut self, b: &AnyBuffer) -> Result<Tensor<T>> {
+        self.end_pass();
+        fn read<T: Scalar, D: Device>(d: Option<&D>, b: &AnyBuffer) -> Result<Tensor<T>> {
+            match d {
+                Some(d) => Ok(b.download(d)?),
+                None => Err(crate::Error::Usage {
+                    what: "param_value",
+                    detail: "a device buffer of this graph is kept but no device is attached"
+                        .into(),
+                }),
+            }
+        }
+        on_device!(self.devices, self.backend,
+            cpu => read::<T, SimDevice>(None, b),
+            dev(d) => read(d.as_ref(), b),
+        )
     }
 
     /// Bring every parameter home from the current backend's device (synced, mirrors
@@ -324,6 +373,12 @@ impl<T: Scalar> LinkedSession<T> {
     pub(super) fn unload_params(&mut self) -> Result<()> {
         self.end_pass();
         self.sync_leaves()?;
+        // The leaves now hold the pinned mirrors' values: compiles on the next device upload
+        // them, as for a host write.
+        for (index, b) in self.pinned.drain() {
+            self.written.insert(index);
+            self.params.retired.push(b.buffer());
+        }
         let params = &mut self.params;
         on_device!(self.devices, self.backend,
             cpu => Ok(()),

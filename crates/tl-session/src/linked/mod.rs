@@ -4,6 +4,7 @@
 //! tape of either backend.
 
 mod device;
+mod running;
 
 use std::collections::HashMap;
 
@@ -60,6 +61,11 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// had leaves of them: those leaves keep their recorded value, so a compile uploads it
     /// instead of compiling in the parameter's (newer) resident mirror. Cleared by `reset`.
     written: std::collections::HashSet<usize>,
+    /// Parameters updated on the device ([`update_running`](Self::update_running)) while this
+    /// graph had leaves of them compiled from their resident mirror: that mirror, the value
+    /// those leaves were recorded with, which compiles of this graph keep borrowing for them
+    /// (and a sync of the leaves downloads). Released by `reset`.
+    pinned: HashMap<usize, AnyBuffer>,
     /// The current pass's compiled tape, kept by a [`Train::read`](crate::Train::read): the
     /// next read, or the step, replays only the nodes recorded since (a model that reads values
     /// during its pass, as batch norm does for its running statistics, would otherwise replay
@@ -205,6 +211,7 @@ impl<T: Scalar> LinkedSession<T> {
             cpu_tape: None,
             leaves_stale: false,
             written: std::collections::HashSet::new(),
+            pinned: HashMap::new(),
             pass: None,
         }
     }
@@ -332,6 +339,10 @@ impl<T: Scalar> LinkedSession<T> {
         self.values.clear();
         self.leaves_stale = false;
         self.written.clear();
+        // The pinned mirrors: nothing reads them once the graph is gone.
+        let pinned = self.pinned.drain().map(|(_, b)| b.buffer());
+        self.params.retired.extend(pinned);
+        self.release_retired();
         self.stamp.epoch += 1;
     }
 
@@ -382,20 +393,31 @@ impl<T: Scalar> LinkedSession<T> {
 
     /// Overwrite a parameter's value (its device mirror, if any, is dropped and made again
     /// from this value on next use). Leaves of the current graph keep the value they were
-    /// recorded with.
+    /// recorded with. Only this parameter is touched: no other parameter is synced from the
+    /// device.
     pub fn set_param(&mut self, p: &Param, value: Tensor<T>) -> Result<()> {
         self.params.slot("set_param", p)?;
+        if value.shape() != self.params.shape(p.index) {
+            return Err(Error::Shape {
+                what: "set_param",
+                expected: self.params.shape(p.index).clone(),
+                got: value.shape().clone(),
+            });
+        }
         let recorded = self.leaf_param.values().any(|&i| i == p.index);
         // A pass's tape keeps what it compiled in: a leaf uploaded from its recorded value, or
         // the parameter's old mirror, whose release waits for the end of the pass.
         if recorded {
-            // The leaves hold the value they were recorded with (synced from the device
-            // first if a device step made them stale), and compiles use it from now on.
-            self.sync_leaves()?;
+            // Its leaves hold the value they were recorded with (synced from the device first
+            // if a device step made them stale), and compiles use it from now on.
+            self.sync_param_leaves(p.index)?;
         }
         self.params.write(p, value)?;
         if recorded {
             self.written.insert(p.index);
+            if let Some(b) = self.pinned.remove(&p.index) {
+                self.params.retired.push(b.buffer());
+            }
         }
         self.release_retired();
         Ok(())

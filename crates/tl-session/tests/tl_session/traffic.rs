@@ -367,8 +367,8 @@ fn pass_with_reads(reads: bool) -> (Traffic, Vec<Vec<f32>>, f64, [Vec<f32>; 2]) 
 
 /// A read during a linked pass compiles the graph so far and keeps the tape for the pass: the
 /// next read and the step replay only the nodes recorded since, so the pass launches what it
-/// launches without reads (batch norm reads its input once per layer; each read replayed the
-/// pass from its start). The values read, the loss and the step are those of the plain pass.
+/// launches without reads (batch norm's running-statistics update compiles the pass so far
+/// the same way, once per layer; each used to replay the pass from its start). The values read, the loss and the step are those of the plain pass.
 #[test]
 fn reads_during_a_linked_pass_replay_only_what_is_new() {
     let (plain, _, l0, w0) = pass_with_reads(false);

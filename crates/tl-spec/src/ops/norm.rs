@@ -408,6 +408,51 @@ fn same<T: Scalar>(op: &'static str, x: &Tensor<T>, g: &Tensor<T>) -> Result<()>
     }
 }
 
+/// Which batch statistic a running-statistics update folds into its buffer
+/// ([`running_update`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunningStat {
+    /// A batch mean, folded in as it is (a NaN mean makes the running mean NaN).
+    Mean,
+    /// A biased (population) batch variance of `count` elements per entry, folded in as the
+    /// unbiased `var·count/(count − 1)`; where that is NaN (`count` ≤ 1, or a NaN variance)
+    /// the running value is kept.
+    Variance {
+        /// The elements each variance was taken over (N·H·W for a batch norm).
+        count: usize,
+    },
+}
+
+/// Check a running-statistics momentum: finite and in [0, 1].
+pub fn running_momentum(op: &'static str, momentum: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&momentum) {
+        Ok(())
+    } else {
+        Err(Error::param(
+            op,
+            format!("momentum must be in [0, 1], got {momentum}"),
+        ))
+    }
+}
+
+/// One element of PyTorch's running-statistics update, in f64: `(1 − momentum)·running +
+/// momentum·s`, with `s` the statistic as [`RunningStat`] says (a variance made unbiased, a NaN
+/// one keeping `running`). Every backend computes this in f64 and rounds the result once to
+/// the buffer's type. PyTorch: `running.mul_(1 − m).add_(s, alpha=m)` in `nn.BatchNorm2d`'s
+/// training forward.
+pub fn running_update(running: f64, stat: f64, momentum: f64, kind: RunningStat) -> f64 {
+    let s = match kind {
+        RunningStat::Mean => stat,
+        RunningStat::Variance { count } if count > 1 => stat * count as f64 / (count - 1) as f64,
+        RunningStat::Variance { .. } => return running,
+    };
+    if s.is_nan() && kind != RunningStat::Mean {
+        running
+    } else {
+        (1.0 - momentum) * running + momentum * s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,5 +502,33 @@ mod tests {
         let dx = batch_moments_vjp(&x, &g).unwrap();
         assert_eq!(dx.data(), [-1.25, -0.75, 0.0, 0.0, 0.75, 2.25, 0.0, 0.0]);
         assert!(batch_moments_vjp(&x, &x).is_err());
+    }
+
+    #[test]
+    fn running_update_by_hand() {
+        let var = |count| RunningStat::Variance { count };
+        // 0.9·1 + 0.1·3 and the unbiased 2·4/3.
+        assert_eq!(
+            running_update(1.0, 3.0, 0.1, RunningStat::Mean),
+            0.9 * 1.0 + 0.1 * 3.0
+        );
+        assert_eq!(
+            running_update(1.0, 2.0, 0.1, var(4)),
+            0.9 * 1.0 + 0.1 * (2.0 * 4.0 / 3.0)
+        );
+        // One element, or a NaN variance: kept; a NaN mean propagates.
+        assert_eq!(running_update(1.5, 2.0, 0.1, var(1)), 1.5);
+        assert_eq!(running_update(1.5, f64::NAN, 0.1, var(8)), 1.5);
+        assert!(running_update(1.5, f64::NAN, 0.1, RunningStat::Mean).is_nan());
+        assert!(running_momentum("m", 0.0).is_ok() && running_momentum("m", 1.0).is_ok());
+        for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
+            let e = running_momentum("update_running", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("update_running") && e.contains("momentum"),
+                "{e}"
+            );
+        }
     }
 }

@@ -48,6 +48,7 @@ pub use flash::{FLASH_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use point_act::PointAct;
+use tl_spec::ops::norm::RunningStat;
 pub use window::{PoolKind, WindowLens, Windows};
 
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
@@ -559,6 +560,23 @@ pub trait Device: Launch {
         check::len_is(OP, "moments", moments, 2 * l.groups)?;
         check::len_is(OP, "cotangent", g, 2 * l.groups)?;
         self.launch_norm_moments_bwd(x, moments, g, l)
+    }
+    /// The running-statistics update of a buffer from a batch statistic `stat` (as long as
+    /// `running`), into a fresh buffer: per element
+    /// [`running_update`](tl_spec::ops::norm::running_update) of the two widened to f64, the
+    /// result rounded once to f32 (BatchNorm's running mean and variance, updated where they
+    /// live). `momentum` must be in [0, 1]. PyTorch: `running.mul_(1 − m).add_(s, alpha=m)`.
+    fn running_update(
+        &mut self,
+        running: Buffer,
+        stat: Buffer,
+        momentum: f64,
+        kind: RunningStat,
+    ) -> Result<Buffer> {
+        const OP: &str = "running_update";
+        check::same_len(OP, running, stat)?;
+        tl_spec::ops::norm::running_momentum(OP, momentum)?;
+        self.launch_running_update(running, stat, momentum, kind)
     }
     /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
     fn norm_apply(

@@ -1,6 +1,7 @@
 //! The norm family's primitives on the simulation device, with hand-worked values: statistics
 //! (two-pass biased variance), the affine map, the closed-form backward and the masked softmax.
 
+use tl_spec::ops::norm::RunningStat;
 use tl_tape_cuda::device::NormLayout;
 use tl_tape_cuda::{Device, Error, SimDevice};
 
@@ -268,6 +269,81 @@ fn moments_are_the_statistics_without_eps_and_their_vjp_is_the_closed_form() {
                 }
             ),
             "{e}"
+        );
+    }
+}
+
+/// `running_update`: PyTorch's running-statistics rule per element in f64, rounded once to f32
+/// (not f32 arithmetic), into a fresh buffer in one launch; the unbiased variance, a NaN or
+/// one-element variance keeping the running value; bad operands are errors naming the
+/// primitive.
+#[test]
+fn running_update_is_the_f64_rule_rounded_once() {
+    let mut d = SimDevice::new();
+    let old = [1.0f32, 0.3, -2.5, 7.0];
+    let stat = [3.0f32, 1.7, f32::NAN, 0.7];
+    let (r, s) = (d.upload(&old).unwrap(), d.upload(&stat).unwrap());
+    let m = 0.1;
+    let f64_rule = |o: f32, v: f64| ((1.0 - m) * f64::from(o) + m * v) as f32;
+    let before = d.traffic().launches;
+    let mean = d.running_update(r, s, m, RunningStat::Mean).unwrap();
+    assert_eq!(d.traffic().launches, before + 1);
+    let got = d.download(mean).unwrap();
+    for k in [0, 1, 3] {
+        assert_eq!(
+            got[k].to_bits(),
+            f64_rule(old[k], f64::from(stat[k])).to_bits(),
+            "{k}"
+        );
+    }
+    assert!(got[2].is_nan(), "a NaN mean propagates");
+    // 0.9·0.3 + 0.1·1.7 in f32 arithmetic is another float.
+    let f32_rule = 0.9f32 * 0.3 + 0.1f32 * 1.7;
+    assert_ne!(got[1].to_bits(), f32_rule.to_bits());
+    let var = d
+        .running_update(r, s, m, RunningStat::Variance { count: 4 })
+        .unwrap();
+    let got = d.download(var).unwrap();
+    let unbiased = |v: f32| f64::from(v) * 4.0 / 3.0;
+    assert_eq!(
+        got[0].to_bits(),
+        f64_rule(old[0], unbiased(stat[0])).to_bits()
+    );
+    assert_eq!(got[2], old[2], "a NaN variance keeps the running value");
+    let one = d
+        .running_update(r, s, m, RunningStat::Variance { count: 1 })
+        .unwrap();
+    assert_eq!(
+        d.download(one).unwrap(),
+        old,
+        "one element keeps every running value"
+    );
+    assert_eq!(
+        d.download(r).unwrap(),
+        old,
+        "the running buffer is not written"
+    );
+    // Errors: lengths that disagree, a momentum outside [0, 1].
+    let short = d.upload(&[1.0]).unwrap();
+    let e = d
+        .running_update(r, short, m, RunningStat::Mean)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Kernel {
+                op: "running_update",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    for bad in [-0.5, 1.5, f64::NAN] {
+        let e = d.running_update(r, s, bad, RunningStat::Mean).unwrap_err();
+        let t = e.to_string();
+        assert!(
+            t.contains("running_update") && t.contains("momentum"),
+            "{t}"
         );
     }
 }

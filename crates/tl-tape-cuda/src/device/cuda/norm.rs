@@ -7,6 +7,7 @@ use super::driver::Arg;
 use super::launch::blocks;
 use crate::Result;
 use crate::device::{Buffer, Device, NormLayout};
+use tl_spec::ops::norm::RunningStat;
 
 /// Blocks of a one-block-per-group (or per-row) launch.
 fn per_group(n: usize) -> u32 {
@@ -48,6 +49,30 @@ impl CudaDevice {
             args.extend(eps.map(Arg::F32));
             d.run(op, kernel, [per_group(l.groups), 1, 1], &args)
         })
+    }
+
+    /// `tl_running_update`, grid-stride over the elements: the rule's kind as a flag and the
+    /// unbiased correction's numerator and denominator in f64 (a denominator of 0 keeps the
+    /// running value: one element).
+    pub(super) fn running_update_impl(
+        &mut self,
+        running: Buffer,
+        stat: Buffer,
+        momentum: f64,
+        kind: RunningStat,
+    ) -> Result<Buffer> {
+        let (unbiased, num, den) = match kind {
+            RunningStat::Mean => (0, 0.0, 0.0),
+            RunningStat::Variance { count } if count > 1 => (1, count as f64, (count - 1) as f64),
+            RunningStat::Variance { .. } => (1, 0.0, 0.0),
+        };
+        let extra = [
+            Arg::F64(momentum),
+            Arg::U32(unbiased),
+            Arg::F64(num),
+            Arg::F64(den),
+        ];
+        self.map2("tl_running_update", running, stat, &extra)
     }
 
     /// `tl_norm_moments_bwd`, grid-stride over x's elements.

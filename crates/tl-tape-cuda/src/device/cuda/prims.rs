@@ -13,6 +13,7 @@ use crate::device::{
     WindowLens, Windows,
 };
 use crate::{Result, abi};
+use tl_spec::ops::norm::RunningStat;
 
 impl Launch for CudaDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -363,6 +364,16 @@ impl Launch for CudaDevice {
         l: NormLayout,
     ) -> Result<Buffer> {
         self.norm_moments_bwd_impl(x, moments, g, l)
+    }
+
+    fn launch_running_update(
+        &mut self,
+        running: Buffer,
+        stat: Buffer,
+        momentum: f64,
+        kind: RunningStat,
+    ) -> Result<Buffer> {
+        self.running_update_impl(running, stat, momentum, kind)
     }
 
     fn launch_norm_forward(

@@ -13,6 +13,7 @@
 
 use super::reduce::{block_max, block_sum};
 use crate::device::NormLayout;
+use tl_spec::ops::norm::RunningStat;
 
 /// Group k's mean and biased variance `max(Σ (x − μ)²/m, 0)`, two passes (`tl_norm_group_moments`).
 fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (f32, f32) {
@@ -42,6 +43,13 @@ pub fn moments(x: &[f32], l: NormLayout, out: &mut [f32]) {
     for k in 0..g {
         (out[k], out[g + k]) = group_moments(x, l, k);
     }
+}
+
+/// One element of `tl_running_update`: the rule of
+/// [`running_update`](tl_spec::ops::norm::running_update) on the widened operands, rounded once
+/// to f32.
+pub fn running_update(running: f32, stat: f32, momentum: f64, kind: RunningStat) -> f32 {
+    tl_spec::ops::norm::running_update(f64::from(running), f64::from(stat), momentum, kind) as f32
 }
 
 /// `dx = (gμ + 2·gv·(x − μ))/m` per element (`tl_norm_moments_bwd`), μ from `mo`

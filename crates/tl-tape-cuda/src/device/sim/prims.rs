@@ -10,6 +10,7 @@ use crate::device::{
     WindowLens, Windows,
 };
 use crate::{Error, Result};
+use tl_spec::ops::norm::RunningStat;
 
 impl Launch for SimDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -337,6 +338,18 @@ impl Launch for SimDevice {
         let n = x.len();
         self.launch(OP, [x, moments, g], n, |[x, mo, g], dx| {
             norm::moments_bwd(x, mo, g, l, dx)
+        })
+    }
+
+    fn launch_running_update(
+        &mut self,
+        running: Buffer,
+        stat: Buffer,
+        momentum: f64,
+        kind: RunningStat,
+    ) -> Result<Buffer> {
+        self.map2("running_update", running, stat, |r, s| {
+            norm::running_update(r, s, momentum, kind)
         })
     }
 
