@@ -305,8 +305,15 @@ fn loss<S: Ops + ?Sized>(
     Ok(total.expect("at least one parameter"))
 }
 
-/// The eager session on `backend`: the parameters after the last step.
-fn eager<T: Scalar>(backend: Backend, c: &Case) -> tl_session::Result<Vec<Vec<f64>>> {
+/// The eager session on `backend`: the parameters after the last step. Each step is a
+/// backward, a step and a reset, or, with `in_place`, a step that ends its pass as
+/// `Runtime::step` takes it (`backward_step_reduced_then_reset`: on the CPU the parameters are
+/// written in place).
+fn eager<T: Scalar>(
+    backend: Backend,
+    c: &Case,
+    in_place: bool,
+) -> tl_session::Result<Vec<Vec<f64>>> {
     let mut s = Session::<T>::new(Options::backend(backend))?;
     let ps = c
         .params
@@ -316,27 +323,13 @@ fn eager<T: Scalar>(backend: Backend, c: &Case) -> tl_session::Result<Vec<Vec<f6
     let mut opt = optimizer(c);
     for step in &c.grads {
         let l = loss(&mut s, &ps, step)?;
-        s.backward(&l)?;
-        s.step(&mut opt)?;
-        s.reset();
-    }
-    ps.iter().map(|p| Ok(f64s(&s.param_value(p)?))).collect()
-}
-
-/// The eager CPU session stepping as `Runtime::step` does, each step ending its pass
-/// (`backward_step_reduced_then_reset`: the parameters written in place): the parameters
-/// after the last step.
-fn eager_in_place<T: Scalar>(c: &Case) -> tl_session::Result<Vec<Vec<f64>>> {
-    let mut s = Session::<T>::new(Options::backend(Backend::Cpu))?;
-    let ps = c
-        .params
-        .iter()
-        .map(|w| s.param(tensor(w), None, true))
-        .collect::<tl_session::Result<Vec<_>>>()?;
-    let mut opt = optimizer(c);
-    for step in &c.grads {
-        let l = loss(&mut s, &ps, step)?;
-        s.backward_step_reduced_then_reset(&l, &mut opt, None)?;
+        if in_place {
+            s.backward_step_reduced_then_reset(&l, &mut opt, None)?;
+        } else {
+            s.backward(&l)?;
+            s.step(&mut opt)?;
+            s.reset();
+        }
     }
     ps.iter().map(|p| Ok(f64s(&s.param_value(p)?))).collect()
 }
@@ -390,14 +383,34 @@ fn optimizer_steps_match_pytorchs_update_rules() {
     let mut runner = cfg.runner("optim");
     let result = runner.run(&case(), |c| {
         let want = reference(&c);
-        compare(eager::<f64>(Backend::Cpu, &c), &want, 1e-10, "cpu f64")?;
-        compare(eager_in_place::<f64>(&c), &want, 1e-10, "cpu f64 in place")?;
+        compare(
+            eager::<f64>(Backend::Cpu, &c, false),
+            &want,
+            1e-10,
+            "cpu f64",
+        )?;
+        compare(
+            eager::<f64>(Backend::Cpu, &c, true),
+            &want,
+            1e-10,
+            "cpu f64 in place",
+        )?;
         compare(linked(&c), &want, 1e-10, "linked f64")?;
         let want32 = reference(&rounded::<f32>(&c));
-        compare(eager::<f32>(Backend::Cpu, &c), &want32, 1e-4, "cpu f32")?;
-        compare(eager_in_place::<f32>(&c), &want32, 1e-4, "cpu f32 in place")?;
         compare(
-            eager::<f32>(Backend::CudaSim, &c),
+            eager::<f32>(Backend::Cpu, &c, false),
+            &want32,
+            1e-4,
+            "cpu f32",
+        )?;
+        compare(
+            eager::<f32>(Backend::Cpu, &c, true),
+            &want32,
+            1e-4,
+            "cpu f32 in place",
+        )?;
+        compare(
+            eager::<f32>(Backend::CudaSim, &c, false),
             &want32,
             1e-4,
             "cuda-sim f32",
@@ -468,20 +481,42 @@ fn the_comparison_tells_neighbouring_rules_apart() {
         });
         // The right reference passes, the wrong one fails, on both precisions.
         compare(
-            eager::<f64>(Backend::Cpu, &c),
+            eager::<f64>(Backend::Cpu, &c, false),
             &reference(&c),
             1e-10,
             "cpu f64",
         )
         .unwrap();
-        assert!(compare(eager::<f64>(Backend::Cpu, &c), &bad, 1e-10, "cpu f64").is_err());
+        assert!(
+            compare(
+                eager::<f64>(Backend::Cpu, &c, false),
+                &bad,
+                1e-10,
+                "cpu f64"
+            )
+            .is_err()
+        );
         let want32 = reference(&rounded::<f32>(&c));
-        compare(eager::<f32>(Backend::CudaSim, &c), &want32, 1e-4, "sim").unwrap();
+        compare(
+            eager::<f32>(Backend::CudaSim, &c, false),
+            &want32,
+            1e-4,
+            "sim",
+        )
+        .unwrap();
         let bad32 = reference(&Case {
             rule: wrong,
             ..rounded::<f32>(&c)
         });
-        assert!(compare(eager::<f32>(Backend::CudaSim, &c), &bad32, 1e-4, "sim").is_err());
+        assert!(
+            compare(
+                eager::<f32>(Backend::CudaSim, &c, false),
+                &bad32,
+                1e-4,
+                "sim"
+            )
+            .is_err()
+        );
     }
 }
 
@@ -540,11 +575,31 @@ fn a_parameter_of_several_host_blocks_steps_as_the_reference() {
         let want = reference(&c);
         let want32 = reference(&rounded::<f32>(&c));
         let runs = [
-            (eager::<f64>(Backend::Cpu, &c), &want, 1e-10, "cpu f64"),
-            (eager_in_place::<f64>(&c), &want, 1e-10, "cpu f64 in place"),
+            (
+                eager::<f64>(Backend::Cpu, &c, false),
+                &want,
+                1e-10,
+                "cpu f64",
+            ),
+            (
+                eager::<f64>(Backend::Cpu, &c, true),
+                &want,
+                1e-10,
+                "cpu f64 in place",
+            ),
             (linked(&c), &want, 1e-10, "linked f64"),
-            (eager::<f32>(Backend::Cpu, &c), &want32, 1e-4, "cpu f32"),
-            (eager_in_place::<f32>(&c), &want32, 1e-4, "cpu f32 in place"),
+            (
+                eager::<f32>(Backend::Cpu, &c, false),
+                &want32,
+                1e-4,
+                "cpu f32",
+            ),
+            (
+                eager::<f32>(Backend::Cpu, &c, true),
+                &want32,
+                1e-4,
+                "cpu f32 in place",
+            ),
         ];
         for (got, want, tol, how) in runs {
             compare(got, want, tol, how).unwrap_or_else(|e| panic!("{what}: {e}"));
