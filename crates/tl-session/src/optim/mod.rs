@@ -616,7 +616,17 @@ impl Optimizer {
         // What a first step makes, whole (the blocks' parts copied in).
         let mut made: Vec<StateBuf> = Vec::new();
         let mut step;
-        let d = w.data_mut();
+        // The new values over the old ones when nothing else holds them, else into a new buffer
+        // (not into a copy of the old values).
+        let mut out = if w.unique_data_mut().is_some() {
+            NewValues::InPlace(w.data_mut())
+        } else {
+            let new = tl_spec::alloc::try_with_capacity("optimizer step", "parameter", n)?;
+            NewValues::Fresh {
+                old: w.clone(),
+                new,
+            }
+        };
         let mut lo = 0;
         loop {
             let hi = n.min(lo + block);
@@ -641,7 +651,11 @@ impl Optimizer {
             let gv: Vec<f64> = (lo..hi)
                 .map(|i| grads.iter().fold(0.0, |s, g| s + g.data()[i].as_f64()))
                 .collect();
-            let mut wv: Vec<f64> = d[lo..hi].iter().map(|v| v.as_f64()).collect();
+            let old = match &out {
+                NewValues::InPlace(d) => &d[lo..hi],
+                NewValues::Fresh { old, .. } => &old.data()[lo..hi],
+            };
+            let mut wv: Vec<f64> = old.iter().map(|v| v.as_f64()).collect();
             let r = self.update_inner(&mut HostOps, key, &mut wv, &gv);
             let mut done = self.state.remove(&key).unwrap_or_default();
             // The new state in the parameter's type, into the whole state.
@@ -665,14 +679,19 @@ impl Optimizer {
                 return Err(e);
             }
             step = done.step;
-            d[lo..hi]
-                .iter_mut()
-                .zip(wv)
-                .for_each(|(o, v)| *o = T::lit(v));
+            match &mut out {
+                NewValues::InPlace(d) => (d[lo..hi].iter_mut())
+                    .zip(wv)
+                    .for_each(|(o, v)| *o = T::lit(v)),
+                NewValues::Fresh { new, .. } => new.extend(wv.into_iter().map(T::lit)),
+            }
             lo = hi;
             if lo >= n {
                 break;
             }
+        }
+        if let NewValues::Fresh { new, .. } = out {
+            *w = Tensor::new(w.shape().clone(), new)?;
         }
         if fresh {
             st.bufs = made;
@@ -946,6 +965,15 @@ fn adam<O: VecOps>(
 /// stream through memory once per operation of the rule and be the step's largest allocation.
 pub const HOST_BLOCK: usize = 1 << 14;
 
+/// Where a host update writes a parameter's new values: over the old ones (nothing else holds
+/// them), or into a new buffer beside them.
+enum NewValues<'a, T> {
+    /// The parameter's own elements.
+    InPlace(&'a mut [T]),
+    /// A share of the old values, read block by block, and the new buffer.
+    Fresh { old: Tensor<T>, new: Vec<T> },
+}
+
 /// Elements `r` of a host state buffer, widened to f64 (exact); device state is the error
 /// [`HostOps`] gives it.
 fn widened(b: &StateBuf, r: std::ops::Range<usize>) -> Result<StateBuf> {
@@ -1080,10 +1108,13 @@ mod tests {
             || Optimizer::sgd(0.1).unwrap().weight_decay(0.02).unwrap(),
         ];
         type Run = (Vec<u64>, u64, Vec<StateBuf>);
-        fn run<T: Scalar>(make: Make, block: usize, two: bool) -> Run {
+        // `shared`: a share of w held across each update (as a pass's leaf holds it), so the
+        // new values go to a new buffer and the share keeps the old ones.
+        fn run<T: Scalar>(make: Make, block: usize, two: bool, shared: bool) -> Run {
             let mut w = Tensor::<T>::from_fn([10], |i| T::lit(0.3 * i as f64 - 1.1));
             let mut opt = make();
             for k in 0..3 {
+                let held = shared.then(|| (w.clone(), w.data().to_vec()));
                 let g1 = Tensor::<T>::from_fn([10], |i| {
                     T::lit(((i * 7 + k * 3) % 11) as f64 * 0.13 - 0.6)
                 });
@@ -1091,6 +1122,10 @@ mod tests {
                 let grads: Vec<&Tensor<T>> = if two { vec![&g1, &g2] } else { vec![&g1] };
                 opt.update_host_blocks((1, 0), &mut w, &grads, block)
                     .unwrap();
+                if let Some((share, before)) = held {
+                    assert_eq!(share.data(), &before[..], "the held share moved");
+                    assert!(!w.shares_storage_with(&share));
+                }
             }
             let st = &opt.state[&(1, 0)];
             let w = w.data().iter().map(|v| v.as_f64().to_bits()).collect();
@@ -1098,14 +1133,19 @@ mod tests {
         }
         for make in rules {
             for two in [false, true] {
-                let (whole32, whole64) = (run::<f32>(make, 10, two), run::<f64>(make, 10, two));
+                let (whole32, whole64) = (
+                    run::<f32>(make, 10, two, false),
+                    run::<f64>(make, 10, two, false),
+                );
                 assert_eq!(whole32.1, 3);
                 assert!(matches!(whole32.2[..], [StateBuf::HostF32(_), ..] | []));
                 assert!(matches!(whole64.2[..], [StateBuf::Host(_), ..] | []));
                 for block in [1, 3, 7] {
                     let what = format!("{} block {block} two {two}", make().rule_name());
-                    assert_eq!(run::<f32>(make, block, two), whole32, "{what}");
-                    assert_eq!(run::<f64>(make, block, two), whole64, "{what}");
+                    for shared in [false, true] {
+                        assert_eq!(run::<f32>(make, block, two, shared), whole32, "{what}");
+                        assert_eq!(run::<f64>(make, block, two, shared), whole64, "{what}");
+                    }
                 }
             }
         }
