@@ -520,6 +520,14 @@ fn axpy_assign_list_gives_the_bits_of_one_launch_per_pair_on_cuda() {
     assert!(bad.is_empty(), "axpy_assign_list on CUDA: {bad:?}");
 }
 
+/// The fused optimizer steps give the bits of their primitives on the CUDA device too.
+#[test]
+fn fused_optimizer_steps_give_the_bits_of_their_primitives_on_cuda() {
+    let Some(mut cuda) = gpu() else { return };
+    let bad = common::optim::optimizer_update_mismatches(&mut cuda);
+    assert!(bad.is_empty(), "fused != composed on CUDA: {bad:?}");
+}
+
 /// `matmul_acc` gives the bits of a product then an add on the CUDA device too.
 #[test]
 fn matmul_acc_gives_the_bits_of_a_product_then_an_add_on_cuda() {
