@@ -45,6 +45,26 @@ __device__ __forceinline__ u32 tl_fa_len(u32 n, u32 r0) {
     return n - r0 < (u32)TL_FA_T ? n - r0 : (u32)TL_FA_T;
 }
 
+// Job `job` of a kernel's grid-stride loop over (b, h, block of R rows of n): tiles = ⌈n / R⌉
+// blocks per head, bh = b·heads + h = job / tiles, and the block's first row r0 and row count
+// len = min(R, n - r0). The block is job % tiles, or counted from the last with `last_first`
+// (under a causal mask the longest query blocks first).
+struct TlFaJob {
+    u32 bh, b, h, r0, len;
+};
+__device__ __forceinline__ u32 tl_fa_tiles(u32 n, u32 R) { return (n + R - 1) / R; }
+__device__ __forceinline__ TlFaJob tl_fa_job(u64 job, u32 tiles, u32 R, u32 n, u32 heads,
+                                             bool last_first) {
+    TlFaJob j;
+    j.bh = (u32)(job / tiles);
+    j.b = j.bh / heads;
+    j.h = j.bh % heads;
+    const u32 t = (u32)(job % tiles);
+    j.r0 = (last_first ? tiles - 1 - t : t) * R;
+    j.len = n - j.r0 < R ? n - j.r0 : R;
+    return j;
+}
+
 __device__ __forceinline__ u64 tl_fa_at(u32 b, u32 i, u32 h, u32 c, u32 n, u32 heads, u32 d) {
     return (((u64)b * n + i) * heads + h) * d + c;
 }
@@ -171,13 +191,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
     const u32 tid = threadIdx.x;
     const u32 sy = tid / SX, sx = tid % SX;
     const u32 ry = tid / CG, cx = tid % CG;
-    const u32 tiles = (n + BM - 1) / BM;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
-        const u32 rows = n - i0 < BM ? n - i0 : BM;
+    const u32 tiles = tl_fa_tiles(n, BM);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, n, heads, true);
         __syncthreads();  // the previous job's reads of qt, ms, ls are done
         for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
             const u32 r = e / DM, c = e % DM;
@@ -378,6 +394,25 @@ typedef float (*TlFaTile)[TL_FA_T + 1];
 // Shared floats of tl_fa_bwd_q16 and tl_fa_bwd_kv16.
 #define TL_FA_BWD16_SMEM (4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1) + 2 * TL_FA_T)
 
+// Their shared memory (TL_FA_BWD16_SMEM floats): tiles of Q, dO, K and V rows; two 16 x 16
+// tiles (kv16: P and dS; q16: dS in the first); the query tile's lse and delta.
+struct TlFaBwd16 {
+    TlFaRows qs, gs, ks, vs;
+    TlFaTile ts;
+    float *lse_s, *delta_s;
+};
+__device__ __forceinline__ TlFaBwd16 tl_fa_bwd16_smem(float* smem) {
+    TlFaBwd16 m;
+    m.qs = reinterpret_cast<TlFaRows>(smem);
+    m.gs = m.qs + TL_FA_T;
+    m.ks = m.gs + TL_FA_T;
+    m.vs = m.ks + TL_FA_T;
+    m.ts = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
+    m.lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
+    m.delta_s = m.lse_s + TL_FA_T;
+    return m;
+}
+
 // dQ and delta, one job per tile of 16 query rows; thread (ty, tx) scores row ty against key
 // tx, then sums columns tx, tx + 16, ... of row ty.
 __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, const float* v,
@@ -385,21 +420,11 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
                                               const u32* mask, float* dq, float* delta,
                                               u32 batch, u32 n, u32 heads, u32 d, u32 mode,
                                               float scale, float* smem) {
-    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
-    TlFaRows gs = qs + TL_FA_T;
-    TlFaRows ks = gs + TL_FA_T;
-    TlFaRows vs = ks + TL_FA_T;
-    TlFaTile dss = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
-    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
-    float* delta_s = lse_s + TL_FA_T;
+    const auto [qs, gs, ks, vs, dss, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (u32)(job % tiles) * TL_FA_T;
-        const u32 rows = tl_fa_len(n, i0);
+    const u32 tiles = tl_fa_tiles(n, TL_FA_T);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, TL_FA_T, n, heads, false);
         const u32 i = i0 + ty;
         __syncthreads();
         tl_fa_load(qs, q, b, i0, rows, h, n, heads, d);
@@ -453,22 +478,12 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
                                                const float* delta, const u32* mask, float* dk,
                                                float* dv, u32 batch, u32 n, u32 heads, u32 d,
                                                u32 mode, float scale, float* smem) {
-    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
-    TlFaRows gs = qs + TL_FA_T;
-    TlFaRows ks = gs + TL_FA_T;
-    TlFaRows vs = ks + TL_FA_T;
-    TlFaTile ps = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
-    TlFaTile dss = ps + TL_FA_T;
-    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
-    float* delta_s = lse_s + TL_FA_T;
+    const auto [qs, gs, ks, vs, ps, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
+    const TlFaTile dss = ps + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 j0 = (u32)(job % tiles) * TL_FA_T;
-        const u32 cols = tl_fa_len(n, j0);
+    const u32 tiles = tl_fa_tiles(n, TL_FA_T);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, TL_FA_T, n, heads, false);
         __syncthreads();
         tl_fa_load(ks, k, b, j0, cols, h, n, heads, d);
         tl_fa_load(vs, v, b, j0, cols, h, n, heads, d);
@@ -565,13 +580,9 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
     const u32 sr = (w / 2) * 16 + lane / 8, sk = (w % 2) * 16 + lane % 8;
     const u32 sy = tid / 16, sx = tid % 16;  // dQ: rows 4 sy.., columns 4 sx..
-    const u32 tiles = (n + BM - 1) / BM;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
-        const u32 rows = n - i0 < BM ? n - i0 : BM;
+    const u32 tiles = tl_fa_tiles(n, BM);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, n, heads, true);
         __syncthreads();  // the previous job's reads are done
         for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
             const u32 r = e / DM, c = e % DM;
@@ -727,13 +738,9 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
     const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * (BN / 4) + lane % 4;
     const u32 kx = tid / CGX, cx = tid % CGX;  // sums: keys 4 kx.., columns 4 cx..
-    const u32 tiles = (n + BN - 1) / BN;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 j0 = (u32)(job % tiles) * BN;  // the longest (causal) first
-        const u32 cols = n - j0 < BN ? n - j0 : BN;
+    const u32 tiles = tl_fa_tiles(n, BN);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, BN, n, heads, false);
         __syncthreads();  // the previous job's reads are done
         for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
             const u32 j = e / DM, c = e % DM;
