@@ -107,18 +107,7 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
             op.infer_shape(&shapes(x))?;
             ix::scatter_add(op.name(), x[0], x[1], *index)
         }
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => Err(tl_spec::Error::param(
-            op.name(),
-            "gathers dispatch before this match",
-        )),
+        crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } => norm::layer_norm(x[0], x[1], x[2], T::lit(*eps)),
         BatchNorm { eps } => norm::batch_norm(x[0], x[1], x[2], T::lit(*eps)),
         BatchMoments => norm::batch_moments(x[0]),
@@ -266,18 +255,7 @@ pub fn vjp<T: Scalar>(
             op.infer_shape(&shapes(x))?;
             two(ix::scatter_add_vjp(op.name(), x[0], x[1], *index, g))
         }
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => Err(tl_spec::Error::param(
-            op.name(),
-            "gathers dispatch before this match",
-        )),
+        crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } | BatchNorm { eps } => {
             norm::normalize_vjp(groups(op, x[0]), x[0], x[1], x[2], T::lit(*eps), g)
                 .map(|(dx, dg, db)| vec![Some(dx), Some(dg), Some(db)])
@@ -417,18 +395,7 @@ pub fn jvp<T: Scalar>(
         }
         CrossEntropy { labels_at } => ce::labels(x[0].shape(), nats, *labels_at)
             .and_then(|l| ce::cross_entropy_jvp(x[0], &l, dx[0])),
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => Err(tl_spec::Error::param(
-            op.name(),
-            "gathers dispatch before this match",
-        )),
+        crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } | BatchNorm { eps } => {
             let gr = groups(op, x[0]);
             norm::normalize_jvp(gr, x[0], x[1], T::lit(*eps), dx[0], dx[1], dx[2])
@@ -507,6 +474,12 @@ pub fn jvp<T: Scalar>(
             .and_then(|t| user::check_shape(u, "reference JVP", t, &out)),
     };
     Ok(t?)
+}
+
+/// The error of a gather reaching a rule's op match: [`gather_indices`] sends every gather to
+/// its own rule before the match (so this does not happen).
+fn gathers_dispatch_first(op: &Op) -> tl_spec::Error {
+    tl_spec::Error::param(op.name(), "gathers dispatch before this match")
 }
 
 fn shapes<'a, T: Scalar>(x: Args<'a, T>) -> Vec<&'a tl_spec::Shape> {
