@@ -162,6 +162,23 @@ __device__ __forceinline__ void tl_fa_stage(float* reg, const float* src, u32 b,
     }
 }
 
+// Rows [r0, r0 + rows) of head (b, h) of `x` and of `y` (R rows of DM floats, zeros past
+// `rows`; columns from d on left as they are) into the swizzled shared rows
+// xs[r * DM + (c ^ swz(r))] and ys (the same way), every thread of the block.
+template <u32 R, u32 DM>
+__device__ __forceinline__ void tl_fa_load_swz2(float* xs, float* ys, const float* x,
+                                                const float* y, u32 b, u32 r0, u32 rows, u32 h,
+                                                u32 n, u32 heads, u32 d) {
+    for (u32 e = threadIdx.x; e < R * DM; e += TL_BLOCK) {
+        const u32 r = e / DM, c = e % DM;
+        if (c >= d) continue;
+        const bool in = r < rows;
+        const u64 at = tl_fa_at(b, r0 + (in ? r : 0u), h, c, n, heads, d);
+        xs[r * DM + (c ^ tl_fa_swz(r))] = in ? x[at] : 0.0f;
+        ys[r * DM + (c ^ tl_fa_swz(r))] = in ? y[at] : 0.0f;
+    }
+}
+
 // Shared floats of the forward for (BM, BN, DM): qt, kv, pt, three (tile, row) arrays, m and
 // l. (device/cuda/flash.rs: FWD_WIDE_SMEM_BYTES is this for (64, 64, 64), in bytes.)
 #define TL_FA_FWD_SMEM(BM, BN, DM) \
@@ -584,14 +601,7 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, n, heads, true);
         __syncthreads();  // the previous job's reads are done
-        for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
-            const u32 r = e / DM, c = e % DM;
-            if (c >= d) continue;
-            const bool in = r < rows;
-            const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
-            qs[r * DM + (c ^ tl_fa_swz(r))] = in ? q[at] : 0.0f;
-            gs[r * DM + (c ^ tl_fa_swz(r))] = in ? go[at] : 0.0f;
-        }
+        tl_fa_load_swz2<BM, DM>(qs, gs, q, go, b, i0, rows, h, n, heads, d);
         __syncthreads();
         if (tid < rows) {
             float dl = 0.0f;
@@ -742,14 +752,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, BN, n, heads, false);
         __syncthreads();  // the previous job's reads are done
-        for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
-            const u32 j = e / DM, c = e % DM;
-            if (c >= d) continue;
-            const bool in = j < cols;
-            const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
-            ks[j * DM + (c ^ tl_fa_swz(j))] = in ? k[at] : 0.0f;
-            vs[j * DM + (c ^ tl_fa_swz(j))] = in ? v[at] : 0.0f;
-        }
+        tl_fa_load_swz2<BN, DM>(ks, vs, k, v, b, j0, cols, h, n, heads, d);
         float ak[4][4], av[4][4];
         for (u32 a = 0; a < 4; ++a)
             for (u32 e = 0; e < 4; ++e) ak[a][e] = av[a][e] = 0.0f;
