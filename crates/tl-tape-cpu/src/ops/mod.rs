@@ -1,7 +1,10 @@
 //! The CPU kernels, one module per op family, and the dispatch from an [`Op`] to them.
 //!
 //! Each family module exposes `forward(op, x)` and `backward(op, x, y, g)` with the signatures of
-//! [`forward`] and [`backward`]. The kernels are an implementation independent of the reference
+//! [`forward`] and [`backward`]; a family whose backward can skip work or reuse what the forward
+//! kept has that form instead (`backward_masked(.., needed)`: [`linalg`], [`conv`];
+//! `backward_saved(.., saved)`: [`activation`], [`attention`], [`norm`], [`cross_entropy`]),
+//! where an empty list means every cotangent and nothing saved. The kernels are an implementation independent of the reference
 //! rules (`tl_spec::ops`, `tl_ir::rules`), which the verification harness compares them against:
 //! they never call those functions.
 //!
