@@ -791,10 +791,10 @@ impl Optimizer {
         }
     }
 
-    /// The step of `update_inner` without clipping, as one [`VecOps::adam_step`] or
-    /// [`VecOps::momentum_step`] call (on a device, one launch): Adam and AdamW, and momentum
-    /// SGD once its buffer exists; `None` for the rules and steps that run primitive by
-    /// primitive. The same values, state and step count as the composed rule.
+    /// The step of `update_inner` from the gradient `g` (clipped where clipping applies) as one
+    /// [`VecOps::adam_step`] or [`VecOps::momentum_step`] call (on a device, one launch): Adam
+    /// and AdamW, and momentum SGD once its buffer exists; `None` for the rules and steps that
+    /// run primitive by primitive. The same values, state and step count as the composed rule.
     #[allow(clippy::too_many_arguments)]
     fn fused_step<O: VecOps>(
         &mut self,
@@ -872,17 +872,30 @@ impl Optimizer {
             self.state.entry(key).or_default().step += 1;
             return ops.axpy_assign(w, -lr, g);
         }
-        if !clipping
-            && ops.fused_steps()
-            && let Some(r) = self.fused_step(ops, key, w, g, lr, wd, kind)
+        // The clipped gradient: a copy, which clipping writes.
+        let clipped = if clipping {
+            let mut ge = ops.copy(g)?;
+            if let Err(e) = self.clip_in_place(ops, &mut ge) {
+                ops.release(ge);
+                return Err(e);
+            }
+            Some(ge)
+        } else {
+            None
+        };
+        if ops.fused_steps()
+            && let Some(r) =
+                self.fused_step(ops, key, w, clipped.as_ref().unwrap_or(g), lr, wd, kind)
         {
+            if let Some(ge) = clipped {
+                ops.release(ge);
+            }
             return r;
         }
-        let mut ge = ops.copy(g)?;
-        if let Err(e) = self.clip_in_place(ops, &mut ge) {
-            ops.release(ge);
-            return Err(e);
-        }
+        let mut ge = match clipped {
+            Some(ge) => ge,
+            None => ops.copy(g)?,
+        };
         let st = self.state.entry(key).or_default();
         st.step += 1;
         let decoupled = matches!(

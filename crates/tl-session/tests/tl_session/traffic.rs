@@ -208,7 +208,8 @@ fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
 /// Adam, AdamW and momentum SGD (after its first step) update each parameter in one launch
 /// (`Device::adam_update`, `Device::momentum_update`; PyTorch's fused Adam), where the rule
 /// composed from the primitives takes one launch per operation: 12 a parameter for AdamW, 4
-/// for momentum SGD. The same bits either way.
+/// for momentum SGD. With clipping, the clipped gradient feeds the same launch. The same
+/// bits either way.
 #[test]
 fn adam_and_momentum_steps_take_one_launch_per_parameter() {
     let (x, y) = regression_grid::<f32>(4);
@@ -222,6 +223,14 @@ fn adam_and_momentum_steps_take_one_launch_per_parameter() {
             Optimizer::momentum(0.05, 0.9)
                 .unwrap()
                 .dampening_nesterov(0.0, true)
+                .unwrap(),
+            Optimizer::adamw(1e-2)
+                .unwrap()
+                .clip_grad_norm(0.5, 2.0)
+                .unwrap(),
+            Optimizer::momentum(0.05, 0.9)
+                .unwrap()
+                .clip_grad_value(0.05)
                 .unwrap(),
         ]
     };
@@ -251,10 +260,15 @@ fn adam_and_momentum_steps_take_one_launch_per_parameter() {
         })
     };
     let (fused, composed) = (run(true), run(false));
-    let per_param = [12, 12, 4, 5];
-    for ((f, c), k) in fused.iter().zip(&composed).zip(per_param) {
-        assert_eq!(f.1, params, "{}: one launch per parameter", f.0);
-        assert_eq!(c.1, k * params, "{}: composed", c.0);
+    // The rule's launches a parameter when composed (the clipped ones besides the clipping).
+    let per_param = [12, 12, 4, 5, 11, 3];
+    for (k, ((f, c), per)) in fused.iter().zip(&composed).zip(per_param).enumerate() {
+        if k < 4 {
+            assert_eq!(f.1, params, "{}: one launch per parameter", f.0);
+            assert_eq!(c.1, per * params, "{}: composed", c.0);
+        } else {
+            assert_eq!(c.1 - f.1, (per - 1) * params, "{}: clipped", c.0);
+        }
         assert_eq!(f.2, c.2, "{}: fused and composed steps differ", f.0);
     }
 }
