@@ -1,6 +1,6 @@
 //! [`LayerNorm`] and [`BatchNorm`]. PyTorch: `nn.LayerNorm`, `nn.BatchNorm1d/2d/3d`.
 
-use tl_session::{Param, RunningStat, Train};
+use tl_session::{Param, Train};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use super::At;
@@ -156,28 +156,22 @@ impl BatchNorm {
     }
 
     /// Update the running statistics from the batch moments of x4 (N, C, R, 1): the op
-    /// `batchMoments` and the update (`Train::update_running`, PyTorch's rule in f64) run where
-    /// x and the statistics live, so on a CUDA backend nothing is read back or uploaded.
+    /// `batchMoments` ((2, C): the means, then the biased variances) and the update of both
+    /// buffers from it (`Train::update_running`, PyTorch's rule in f64; one kernel on a CUDA
+    /// backend) run where x and the statistics live, so on a CUDA backend nothing is read back
+    /// or uploaded.
     fn update_running<O: Train>(&self, x4: &Var<'_, O>, rt: &crate::Runtime<O>) -> Result<()> {
         let at = || At::new(rt, self, &self.weight);
-        let c = self.channels();
-        let count = x4.shape().numel() / c;
-        // (2, C): the means, then the biased variances.
+        let count = x4.shape().numel() / self.channels();
         let moments = (x4.detach()?.batch_moments()).map_err(|e| at().op_error(e))?;
-        let row =
-            |k| (moments.narrow0(k, 1).and_then(|m| m.reshape(&[c]))).map_err(|e| at().op_error(e));
-        let (mean, var) = (row(0)?, row(1)?);
-        let updates = [
-            (&self.running_mean, &mean, RunningStat::Mean),
-            (&self.running_var, &var, RunningStat::Variance { count }),
-        ];
-        for (buffer, stat, kind) in updates {
-            let r = rt
-                .borrow_mut()
-                .update_running(buffer, stat.tensor_ref(), self.momentum, kind);
-            r.map_err(|e| at().op_error(e.into()))?;
-        }
-        Ok(())
+        let r = rt.borrow_mut().update_running(
+            &self.running_mean,
+            &self.running_var,
+            moments.tensor_ref(),
+            self.momentum,
+            count,
+        );
+        r.map_err(|e| at().op_error(e.into()))
     }
 }
 
