@@ -122,6 +122,13 @@ extern "C" __global__ void tl_running_update_moments(const float* mean, const fl
     }
 }
 
+// BatchNorm's eval scale from its running variance (sim: norm::running_inv_std, the rule
+// tl_spec::ops::norm::running_inv_std): out = 1 / sqrt(var + eps) in double, rounded once to
+// float. Grid-stride over n.
+extern "C" __global__ void tl_running_inv_std(const float* var, float* out, u64 n, double eps) {
+    TL_GRID_STRIDE(i, n) { out[i] = (float)(1.0 / sqrt((double)var[i] + eps)); }
+}
+
 // y = (x - mean) * rstd * gamma + beta, grid-stride over the n elements.
 extern "C" __global__ void tl_norm_apply(const float* x, const float* stats, const float* gamma,
                                          const float* beta, float* y, u64 n, u32 groups, u32 seg,

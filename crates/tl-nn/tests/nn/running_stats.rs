@@ -6,7 +6,7 @@
 
 use tl_nn::{BatchNorm, Linear, Module, Runtime};
 use tl_session::{Backend, Error, Optimizer, Train};
-use tl_spec::{Scalar, Tensor};
+use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::{eager, linked};
 
@@ -449,6 +449,88 @@ fn a_device_update_is_one_launch_of_the_reference_rule() {
         assert_ne!(bits(&other_count), bits(&want_var), "{name}");
     }
     check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked sim", linked_on(Backend::CudaSim));
+    #[cfg(feature = "cuda-emu")]
+    {
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+        check("linked cuda-emu", linked_on(Backend::Cuda));
+    }
+}
+
+/// The eval forward as it was before it read the running statistics where they live: the
+/// statistics read back to the host, then −μ and `1/√(var + ε)` (f64, rounded once) uploaded
+/// as constants of the pass.
+fn eval_with_host_constants<O: Train>(
+    rt: &Runtime<O>,
+    bn: &BatchNorm,
+    x: &Tensor<O::T>,
+) -> Tensor<O::T> {
+    let (dims, c) = (x.shape().dims().to_vec(), bn.running_mean.shape().numel());
+    let r = dims[2..].iter().product::<usize>();
+    let rm = rt.value_of(&bn.running_mean).unwrap();
+    let rv = rt.value_of(&bn.running_var).unwrap();
+    let neg: Vec<O::T> = rm.data().iter().map(|v| -*v).collect();
+    let inv: Vec<O::T> = (rv.data().iter())
+        .map(|v| O::T::lit(1.0 / (v.as_f64() + bn.eps).sqrt()))
+        .collect();
+    rt.eval(bn, |g| {
+        let to = Shape::new(&[dims[0], c, r, 1]);
+        let x4 = g.input(x.clone())?.reshape(&[dims[0], c, r, 1])?;
+        fn to_4d<'g, O: Train>(
+            v: tl_nn::Var<'g, O>,
+            to: &Shape,
+        ) -> tl_nn::Result<tl_nn::Var<'g, O>> {
+            v.reshape(&[to.dims()[1], 1, 1])?.broadcast_to(to)
+        }
+        let per_channel = |v| to_4d(v, &to);
+        let mean = per_channel(g.constant(Tensor::new([c], neg)?)?)?;
+        let inv = per_channel(g.constant(Tensor::new([c], inv)?)?)?;
+        let xhat = ((&x4 + &mean)? * inv)?;
+        let w = per_channel(g.param(&bn.weight)?)?;
+        let b = per_channel(g.param(&bn.bias)?)?;
+        ((&xhat * &w)? + b)?.reshape(&dims)
+    })
+    .unwrap()
+}
+
+/// An eval pass reads the running statistics where they live: on a device backend, after
+/// training passes, it uploads the batch and downloads the output and nothing else (no
+/// statistic read back, none uploaded as a constant), every pass; on every session and
+/// backend its output has the bits of the former host-constant recipe.
+#[test]
+fn an_eval_pass_reads_the_running_statistics_where_they_live() {
+    fn check<O: Train>(name: &str, rt: Runtime<O>) {
+        let bn = BatchNorm::with(&rt.vars().pp("bn"), DIMS[1], 1e-5, MOMENTUM).unwrap();
+        for k in 0..PASSES {
+            let x = batch(&DIMS, k).cast::<O::T>();
+            rt.forward_train(&bn, |g| bn.forward(&g.input(x)?)).unwrap();
+        }
+        let x = batch(&DIMS, PASSES).cast::<O::T>();
+        let numel: u64 = DIMS.iter().map(|&d| d as u64).product();
+        let bytes = numel * 4;
+        let mut outs = Vec::new();
+        for pass in 0..2 {
+            let before = rt.session().traffic();
+            outs.push((rt.eval(&bn, |g| bn.forward(&g.input(x.clone())?))).unwrap());
+            if let (Some(b), Some(a)) = (before, rt.session().traffic()) {
+                let t = a - b;
+                let copies = (t.uploads, t.upload_bytes, t.downloads, t.download_bytes);
+                assert_eq!(copies, (1, bytes, 1, bytes), "{name} eval {pass}: {t:?}");
+            }
+        }
+        let want = eval_with_host_constants(&rt, &bn, &x);
+        for (pass, got) in outs.iter().enumerate() {
+            assert_eq!(bits(got.data()), bits(want.data()), "{name} eval {pass}");
+        }
+        // The running statistics moved: the check is not on the initial (0, 1).
+        let rm = rt.value_of(&bn.running_mean).unwrap();
+        assert!(rm.data().iter().any(|v| v.as_f64() != 0.0), "{name}");
+    }
+    check("eager cpu f64", eager::<f64>(Backend::Cpu, 0));
+    check("eager cpu f32", eager::<f32>(Backend::Cpu, 0));
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked cpu f64", linked::<f64>(0));
+    check("linked cpu f32", linked::<f32>(0));
     check("linked sim", linked_on(Backend::CudaSim));
     #[cfg(feature = "cuda-emu")]
     {

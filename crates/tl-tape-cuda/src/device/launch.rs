@@ -207,6 +207,9 @@ pub trait Launch: LaunchIndex {
         momentum: f64,
         count: usize,
     ) -> Result<(Buffer, Buffer)>;
+    /// The work of [`Device::running_inv_std`]; operands already validated by it — callers
+    /// use `running_inv_std`.
+    fn launch_running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer>;
     /// The work of [`Device::norm_forward`] where it is one launch
     /// ([`NormLayout::fused_forward`]; the other layouts take `launch_norm_stats` and
     /// `launch_norm_apply`); operands already validated by it — callers use `norm_forward`.

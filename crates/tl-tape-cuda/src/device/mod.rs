@@ -586,6 +586,19 @@ pub trait Device: Launch {
         tl_spec::ops::norm::running_momentum(OP, momentum)?;
         self.launch_running_update_moments(mean, var, moments, momentum, count)
     }
+    /// BatchNorm's eval scale from its running variance, into a fresh buffer: per element
+    /// [`running_inv_std`](tl_spec::ops::norm::running_inv_std), `1/sqrt(var + eps)` on the
+    /// variance widened to f64, rounded once to f32 (the host's rule, so an eval pass has the
+    /// same bits on every backend). `eps` must be finite and > 0. PyTorch:
+    /// `torch.rsqrt(running_var + eps)` (`F.batch_norm` in eval mode, in f32).
+    fn running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer> {
+        const OP: &str = "running_inv_std";
+        if !(eps > 0.0 && eps.is_finite()) {
+            let detail = format!("eps must be finite and > 0, got {eps}");
+            return Err(crate::Error::kernel(OP, detail));
+        }
+        self.launch_running_inv_std(var, eps)
+    }
     /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
     fn norm_apply(
         &mut self,

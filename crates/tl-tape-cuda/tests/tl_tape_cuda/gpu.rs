@@ -227,6 +227,10 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
             one!(nm, "running_update_moments var", true, rv);
         }
     }
+    // BatchNorm's eval scale 1/sqrt(var + eps), in f64 and rounded once: bit for bit.
+    for eps in [1e-5, 0.25] {
+        one!(nm, "running_inv_std", true, d.running_inv_std(p, eps)?);
+    }
     let layouts = [
         NormLayout::layer(10, 100),
         NormLayout::layer(2, 500),

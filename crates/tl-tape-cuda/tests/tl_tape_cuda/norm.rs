@@ -353,3 +353,36 @@ fn running_update_moments_is_the_f64_rule_rounded_once() {
         );
     }
 }
+
+/// `running_inv_std`: BatchNorm's eval scale `1/sqrt(var + eps)` per element in f64, rounded
+/// once to f32 (the host's rule), one launch into a fresh buffer; a bad ε is an error naming
+/// the primitive.
+#[test]
+fn running_inv_std_is_the_f64_rule_rounded_once() {
+    let mut d = SimDevice::new();
+    let var: Vec<f32> = (0..64)
+        .map(|k| k as f32 * 0.37 + 0.01)
+        .chain([0.0])
+        .collect();
+    let v = d.upload(&var).unwrap();
+    let eps = 1e-5;
+    let before = d.traffic().launches;
+    let s = d.running_inv_std(v, eps).unwrap();
+    assert_eq!(d.traffic().launches, before + 1);
+    let got = d.download(s).unwrap();
+    let rule = |v: f32| (1.0 / (f64::from(v) + eps).sqrt()) as f32;
+    for (k, (&g, &v)) in got.iter().zip(&var).enumerate() {
+        assert_eq!(g.to_bits(), rule(v).to_bits(), "{k}: var {v}");
+    }
+    // f32 arithmetic (add, sqrt, reciprocal: three roundings) differs somewhere.
+    let f32_rule = |v: f32| 1.0 / (v + eps as f32).sqrt();
+    assert!(
+        got.iter()
+            .zip(&var)
+            .any(|(g, &v)| g.to_bits() != f32_rule(v).to_bits())
+    );
+    for bad in [0.0, -1e-5, f64::NAN, f64::INFINITY] {
+        let e = d.running_inv_std(v, bad).unwrap_err().to_string();
+        assert!(e.contains("running_inv_std") && e.contains("eps"), "{e}");
+    }
+}

@@ -376,6 +376,10 @@ impl Launch for CudaDevice {
         self.running_update_moments_impl(mean, var, moments, momentum, count)
     }
 
+    fn launch_running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer> {
+        self.map1("tl_running_inv_std", var, &[Arg::F64(eps)])
+    }
+
     fn launch_norm_forward(
         &mut self,
         x: Buffer,

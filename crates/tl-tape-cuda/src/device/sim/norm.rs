@@ -69,6 +69,13 @@ pub fn running_update_moments(
     }
 }
 
+/// One element of `tl_running_inv_std`: the rule of
+/// [`running_inv_std`](tl_spec::ops::norm::running_inv_std) on the widened variance, rounded
+/// once to f32.
+pub fn running_inv_std(var: f32, eps: f64) -> f32 {
+    tl_spec::ops::norm::running_inv_std(f64::from(var), eps) as f32
+}
+
 /// `dx = (gμ + 2·gv·(x − μ))/m` per element (`tl_norm_moments_bwd`), μ from `mo`
 /// ([`moments`]' output) and `g = [gμ…, gv…]`.
 pub fn moments_bwd(x: &[f32], mo: &[f32], g: &[f32], l: NormLayout, dx: &mut [f32]) {

@@ -357,6 +357,10 @@ impl Launch for SimDevice {
         )
     }
 
+    fn launch_running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer> {
+        self.map1("running_inv_std", var, |v| norm::running_inv_std(v, eps))
+    }
+
     fn launch_norm_forward(
         &mut self,
         x: Buffer,
