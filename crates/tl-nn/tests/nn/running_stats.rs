@@ -376,7 +376,7 @@ fn update_running_rejects_bad_input() {
             .unwrap_err();
         assert!(matches!(e, Error::StaleHandle { .. }), "{name}: {e}");
         assert_eq!(rt.value_of(rm).unwrap().data(), before.data(), "{name}");
-        let ones = vec![O::T::lit(1.0); 3];
+        let ones = [O::T::lit(1.0); 3];
         assert_eq!(rt.value_of(rv).unwrap().data(), &ones[..], "{name}");
     }
     check("eager cpu", eager::<f32>(Backend::Cpu, 0));
