@@ -45,6 +45,26 @@ __device__ __forceinline__ u32 tl_fa_len(u32 n, u32 r0) {
     return n - r0 < (u32)TL_FA_T ? n - r0 : (u32)TL_FA_T;
 }
 
+// Job `job` of a kernel's grid-stride loop over (b, h, block of R rows of n): tiles = ⌈n / R⌉
+// blocks per head, bh = b·heads + h = job / tiles, and the block's first row r0 and row count
+// len = min(R, n - r0). The block is job % tiles, or counted from the last with `last_first`
+// (under a causal mask the longest query blocks first).
+struct TlFaJob {
+    u32 bh, b, h, r0, len;
+};
+__device__ __forceinline__ u32 tl_fa_tiles(u32 n, u32 R) { return (n + R - 1) / R; }
+__device__ __forceinline__ TlFaJob tl_fa_job(u64 job, u32 tiles, u32 R, u32 n, u32 heads,
+                                             bool last_first) {
+    TlFaJob j;
+    j.bh = (u32)(job / tiles);
+    j.b = j.bh / heads;
+    j.h = j.bh % heads;
+    const u32 t = (u32)(job % tiles);
+    j.r0 = (last_first ? tiles - 1 - t : t) * R;
+    j.len = n - j.r0 < R ? n - j.r0 : R;
+    return j;
+}
+
 __device__ __forceinline__ u64 tl_fa_at(u32 b, u32 i, u32 h, u32 c, u32 n, u32 heads, u32 d) {
     return (((u64)b * n + i) * heads + h) * d + c;
 }
@@ -142,6 +162,23 @@ __device__ __forceinline__ void tl_fa_stage(float* reg, const float* src, u32 b,
     }
 }
 
+// Rows [r0, r0 + rows) of head (b, h) of `x` and of `y` (R rows of DM floats, zeros past
+// `rows`; columns from d on left as they are) into the swizzled shared rows
+// xs[r * DM + (c ^ swz(r))] and ys (the same way), every thread of the block.
+template <u32 R, u32 DM>
+__device__ __forceinline__ void tl_fa_load_swz2(float* xs, float* ys, const float* x,
+                                                const float* y, u32 b, u32 r0, u32 rows, u32 h,
+                                                u32 n, u32 heads, u32 d) {
+    for (u32 e = threadIdx.x; e < R * DM; e += TL_BLOCK) {
+        const u32 r = e / DM, c = e % DM;
+        if (c >= d) continue;
+        const bool in = r < rows;
+        const u64 at = tl_fa_at(b, r0 + (in ? r : 0u), h, c, n, heads, d);
+        xs[r * DM + (c ^ tl_fa_swz(r))] = in ? x[at] : 0.0f;
+        ys[r * DM + (c ^ tl_fa_swz(r))] = in ? y[at] : 0.0f;
+    }
+}
+
 // Shared floats of the forward for (BM, BN, DM): qt, kv, pt, three (tile, row) arrays, m and
 // l. (device/cuda/flash.rs: FWD_WIDE_SMEM_BYTES is this for (64, 64, 64), in bytes.)
 #define TL_FA_FWD_SMEM(BM, BN, DM) \
@@ -171,13 +208,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
     const u32 tid = threadIdx.x;
     const u32 sy = tid / SX, sx = tid % SX;
     const u32 ry = tid / CG, cx = tid % CG;
-    const u32 tiles = (n + BM - 1) / BM;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
-        const u32 rows = n - i0 < BM ? n - i0 : BM;
+    const u32 tiles = tl_fa_tiles(n, BM);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, n, heads, true);
         __syncthreads();  // the previous job's reads of qt, ms, ls are done
         for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
             const u32 r = e / DM, c = e % DM;
@@ -378,6 +411,25 @@ typedef float (*TlFaTile)[TL_FA_T + 1];
 // Shared floats of tl_fa_bwd_q16 and tl_fa_bwd_kv16.
 #define TL_FA_BWD16_SMEM (4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1) + 2 * TL_FA_T)
 
+// Their shared memory (TL_FA_BWD16_SMEM floats): tiles of Q, dO, K and V rows; two 16 x 16
+// tiles (kv16: P and dS; q16: dS in the first); the query tile's lse and delta.
+struct TlFaBwd16 {
+    TlFaRows qs, gs, ks, vs;
+    TlFaTile ts;
+    float *lse_s, *delta_s;
+};
+__device__ __forceinline__ TlFaBwd16 tl_fa_bwd16_smem(float* smem) {
+    TlFaBwd16 m;
+    m.qs = reinterpret_cast<TlFaRows>(smem);
+    m.gs = m.qs + TL_FA_T;
+    m.ks = m.gs + TL_FA_T;
+    m.vs = m.ks + TL_FA_T;
+    m.ts = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
+    m.lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
+    m.delta_s = m.lse_s + TL_FA_T;
+    return m;
+}
+
 // dQ and delta, one job per tile of 16 query rows; thread (ty, tx) scores row ty against key
 // tx, then sums columns tx, tx + 16, ... of row ty.
 __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, const float* v,
@@ -385,21 +437,11 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
                                               const u32* mask, float* dq, float* delta,
                                               u32 batch, u32 n, u32 heads, u32 d, u32 mode,
                                               float scale, float* smem) {
-    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
-    TlFaRows gs = qs + TL_FA_T;
-    TlFaRows ks = gs + TL_FA_T;
-    TlFaRows vs = ks + TL_FA_T;
-    TlFaTile dss = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
-    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
-    float* delta_s = lse_s + TL_FA_T;
+    const auto [qs, gs, ks, vs, dss, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (u32)(job % tiles) * TL_FA_T;
-        const u32 rows = tl_fa_len(n, i0);
+    const u32 tiles = tl_fa_tiles(n, TL_FA_T);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, TL_FA_T, n, heads, false);
         const u32 i = i0 + ty;
         __syncthreads();
         tl_fa_load(qs, q, b, i0, rows, h, n, heads, d);
@@ -453,22 +495,12 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
                                                const float* delta, const u32* mask, float* dk,
                                                float* dv, u32 batch, u32 n, u32 heads, u32 d,
                                                u32 mode, float scale, float* smem) {
-    TlFaRows qs = reinterpret_cast<TlFaRows>(smem);
-    TlFaRows gs = qs + TL_FA_T;
-    TlFaRows ks = gs + TL_FA_T;
-    TlFaRows vs = ks + TL_FA_T;
-    TlFaTile ps = reinterpret_cast<TlFaTile>(smem + 4 * TL_FA_T * TL_FA_LD);
-    TlFaTile dss = ps + TL_FA_T;
-    float* lse_s = smem + 4 * TL_FA_T * TL_FA_LD + 2 * TL_FA_T * (TL_FA_T + 1);
-    float* delta_s = lse_s + TL_FA_T;
+    const auto [qs, gs, ks, vs, ps, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
+    const TlFaTile dss = ps + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = (n + TL_FA_T - 1) / TL_FA_T;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 j0 = (u32)(job % tiles) * TL_FA_T;
-        const u32 cols = tl_fa_len(n, j0);
+    const u32 tiles = tl_fa_tiles(n, TL_FA_T);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, TL_FA_T, n, heads, false);
         __syncthreads();
         tl_fa_load(ks, k, b, j0, cols, h, n, heads, d);
         tl_fa_load(vs, v, b, j0, cols, h, n, heads, d);
@@ -565,22 +597,11 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
     const u32 sr = (w / 2) * 16 + lane / 8, sk = (w % 2) * 16 + lane % 8;
     const u32 sy = tid / 16, sx = tid % 16;  // dQ: rows 4 sy.., columns 4 sx..
-    const u32 tiles = (n + BM - 1) / BM;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 i0 = (tiles - 1 - (u32)(job % tiles)) * BM;  // the longest (causal) first
-        const u32 rows = n - i0 < BM ? n - i0 : BM;
+    const u32 tiles = tl_fa_tiles(n, BM);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, n, heads, true);
         __syncthreads();  // the previous job's reads are done
-        for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
-            const u32 r = e / DM, c = e % DM;
-            if (c >= d) continue;
-            const bool in = r < rows;
-            const u64 at = tl_fa_at(b, i0 + (in ? r : 0u), h, c, n, heads, d);
-            qs[r * DM + (c ^ tl_fa_swz(r))] = in ? q[at] : 0.0f;
-            gs[r * DM + (c ^ tl_fa_swz(r))] = in ? go[at] : 0.0f;
-        }
+        tl_fa_load_swz2<BM, DM>(qs, gs, q, go, b, i0, rows, h, n, heads, d);
         __syncthreads();
         if (tid < rows) {
             float dl = 0.0f;
@@ -727,22 +748,11 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
     const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * (BN / 4) + lane % 4;
     const u32 kx = tid / CGX, cx = tid % CGX;  // sums: keys 4 kx.., columns 4 cx..
-    const u32 tiles = (n + BN - 1) / BN;
-    const u64 jobs = (u64)batch * heads * tiles;
-    for (u64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-        const u32 bh = (u32)(job / tiles);
-        const u32 b = bh / heads, h = bh % heads;
-        const u32 j0 = (u32)(job % tiles) * BN;  // the longest (causal) first
-        const u32 cols = n - j0 < BN ? n - j0 : BN;
+    const u32 tiles = tl_fa_tiles(n, BN);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, BN, n, heads, false);
         __syncthreads();  // the previous job's reads are done
-        for (u32 e = tid; e < BN * DM; e += TL_BLOCK) {
-            const u32 j = e / DM, c = e % DM;
-            if (c >= d) continue;
-            const bool in = j < cols;
-            const u64 at = tl_fa_at(b, j0 + (in ? j : 0u), h, c, n, heads, d);
-            ks[j * DM + (c ^ tl_fa_swz(j))] = in ? k[at] : 0.0f;
-            vs[j * DM + (c ^ tl_fa_swz(j))] = in ? v[at] : 0.0f;
-        }
+        tl_fa_load_swz2<BN, DM>(ks, vs, k, v, b, j0, cols, h, n, heads, d);
         float ak[4][4], av[4][4];
         for (u32 a = 0; a < 4; ++a)
             for (u32 e = 0; e < 4; ++e) ak[a][e] = av[a][e] = 0.0f;

@@ -10,6 +10,7 @@
 // - fast (deterministic mode off): *scatters*, one thread per column element / window, adding
 //   into the zeroed output with atomicAdd (order left to the hardware).
 #include "common.cuh"
+#include "gemm_tile.cuh"
 
 struct Geo {
     u32 rank;
@@ -206,7 +207,8 @@ extern "C" __global__ void tl_pool_bwd_atomic(const float* x, const float* gr, f
 //
 // tl_conv_implicit: y (N, A, L) = w (A, C·K) · im2col(x) (C·K, N·L) without the column matrix
 // (sim: conv::conv_implicit; the selection rule: ops::conv::implicit in the crate, docs/cuda.md).
-// The arithmetic of tl_gemm on that product (kernels/linalg.cu): 256 threads (16 x 16) a block,
+// The arithmetic of tl_gemm on that product (kernels/linalg.cu; the tile and its k loop are
+// kernels/gemm_tile.cuh, shared by both): 256 threads (16 x 16) a block,
 // 64 x 64 outputs, 4 x 4 a thread in registers, k = C·K in slices of 16 staged through two
 // shared buffers; each output accumulates over p = c·K + k in increasing order from 0 as
 // fma(w, x, acc), a padding cell as fma(w, 0, acc), as the GEMM sums the column matrix's zeros.
@@ -218,9 +220,6 @@ namespace igemm {
 
 constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4;
 constexpr int LA = BK * BM / 256, LB = BK * BN / 256;  // elements a thread stages
-
-// The output row (column) of a thread's i-th register (reg_pos in kernels/linalg.cu).
-__device__ inline u32 reg_pos(u32 t, int i) { return (u32)(i / 4) * 64 + t * 4 + (u32)(i % 4); }
 
 // R: the spatial rank when known at compile time (1, 2, 3), or 0 for any rank <= 8.
 template <int R>
@@ -280,29 +279,7 @@ __device__ void tiles(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const fl
         for (int l = 0; l < LB; ++l) Bs[buf][pb + (256 / BN) * l][jb] = rb[l];
     };
     float acc[TM][TN];
-    for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-    fetch(0);
-    stage(0);
-    __syncthreads();
-    int buf = 0;
-    for (u32 p0 = 0; p0 < k; p0 += BK) {
-        const bool more = k - p0 > BK;
-        if (more) fetch(p0 + BK);
-        // Only the slice's rows inside k are summed (as in tl_gemm: acc + 0·b could turn a -0
-        // sum into +0).
-        const u32 pend = more ? BK : k - p0;
-        for (u32 p = 0; p < pend; ++p) {
-            float ar[TM], br[TN];
-            for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
-            for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
-            for (int i = 0; i < TM; ++i)
-                for (int j = 0; j < TN; ++j) acc[i][j] = __fmaf_rn(ar[i], br[j], acc[i][j]);
-        }
-        if (more) stage(buf ^ 1);
-        __syncthreads();
-        buf ^= 1;
-    }
+    tile_run(As, Bs, 0, k, fetch, stage, acc);
     for (int j = 0; j < TN; ++j) {
         const u64 gj = (u64)col0 + reg_pos(tx, j);
         if (gj >= n) continue;
@@ -403,14 +380,7 @@ __device__ void tiles_dx(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
         const bool more = s + 1 < steps;
         if (more) fetch(s + 1);
         const u32 a0 = (s % sa) * BK;
-        const u32 pend = depth - a0 < BK ? depth - a0 : BK;
-        for (u32 p = 0; p < pend; ++p) {
-            float ar[TM], br[TN];
-            for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
-            for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
-            for (int i = 0; i < TM; ++i)
-                for (int j = 0; j < TN; ++j) part[i][j] = __fmaf_rn(ar[i], br[j], part[i][j]);
-        }
+        tile_fma(As[buf], Bs[buf], depth - a0 < BK ? depth - a0 : BK, part);
         if (s % sa == sa - 1) {  // the window cell's last slice: add its terms where o exists
             const u32 k = kl - 1 - s / sa;
             for (int j = 0; j < TN; ++j) {
@@ -511,28 +481,7 @@ __device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
         for (int l = 0; l < LB; ++l) Bs[buf][pp][e0 + (256 / BK) * l] = rb[l];
     };
     float acc[TM][TN];
-    for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-    fetch(kb);
-    stage(0);
-    __syncthreads();
-    int buf = 0;
-    for (u32 p0 = kb; p0 < ke; p0 += BK) {
-        const bool more = ke - p0 > BK;
-        if (more) fetch(p0 + BK);
-        // Only the slice's rows inside the run are summed (as in tl_gemm).
-        const u32 pend = more ? BK : ke - p0;
-        for (u32 p = 0; p < pend; ++p) {
-            float ar[TM], br[TN];
-            for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
-            for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
-            for (int i = 0; i < TM; ++i)
-                for (int j = 0; j < TN; ++j) acc[i][j] = __fmaf_rn(ar[i], br[j], acc[i][j]);
-        }
-        if (more) stage(buf ^ 1);
-        __syncthreads();
-        buf ^= 1;
-    }
+    tile_run(As, Bs, kb, ke, fetch, stage, acc);
     for (int i = 0; i < TM; ++i) {
         const u32 gi = row0 + reg_pos(ty, i);
         if (gi >= m) continue;
@@ -543,49 +492,51 @@ __device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
     }
 }
 
+// f(Rank<R>(), As, Bs) with the block's shared buffers, R the spatial rank where it is 1, 2 or
+// 3 (an instance compiled per rank), else 0 (any rank <= 8). One set of shared buffers for
+// every rank's instance (each declaring its own would add up).
+template <int R>
+struct Rank {
+    static constexpr int value = R;
+};
+template <typename F>
+__device__ __forceinline__ void by_rank(u32 rank, F&& f) {
+    __shared__ __align__(16) float As[2][BK][BM + 4];
+    __shared__ __align__(16) float Bs[2][BK][BN + 4];
+    switch (rank) {
+        case 1:
+            f(Rank<1>(), As, Bs);
+            break;
+        case 2:
+            f(Rank<2>(), As, Bs);
+            break;
+        case 3:
+            f(Rank<3>(), As, Bs);
+            break;
+        default:
+            f(Rank<0>(), As, Bs);
+    }
+}
+
 }  // namespace igemm
 
 // Grid (⌈N·L/64⌉, ⌈A/64⌉), 256 threads; m = A, the weight (A, C, kernel...) row-major.
 extern "C" __global__ void __launch_bounds__(256)
     tl_conv_implicit(const float* w, const float* x, float* y, TL_GEO_PARAMS, u32 m) {
     TL_GEO;
-    // One set of shared buffers for every rank's instance (each declaring its own would add up).
-    __shared__ __align__(16) float As[2][igemm::BK][igemm::BM + 4];
-    __shared__ __align__(16) float Bs[2][igemm::BK][igemm::BN + 4];
-    switch (rank) {
-        case 1:
-            igemm::tiles<1>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
-            break;
-        case 2:
-            igemm::tiles<2>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
-            break;
-        case 3:
-            igemm::tiles<3>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
-            break;
-        default:
-            igemm::tiles<0>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
-    }
+    igemm::by_rank(rank, [&](auto r, auto As, auto Bs) {
+        igemm::tiles<decltype(r)::value>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
+    });
 }
 
 // Grid (⌈N·big/64⌉, ⌈C/64⌉), 256 threads; `depth` = A, the cotangent g (N, A, small).
 extern "C" __global__ void __launch_bounds__(256)
     tl_conv_implicit_dx(const float* w, const float* gr, float* dx, TL_GEO_PARAMS, u32 depth) {
     TL_GEO;
-    __shared__ __align__(16) float As[2][igemm::BK][igemm::BM + 4];
-    __shared__ __align__(16) float Bs[2][igemm::BK][igemm::BN + 4];
-    switch (rank) {
-        case 1:
-            igemm::tiles_dx<1>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
-            break;
-        case 2:
-            igemm::tiles_dx<2>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
-            break;
-        case 3:
-            igemm::tiles_dx<3>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
-            break;
-        default:
-            igemm::tiles_dx<0>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl, depth);
-    }
+    igemm::by_rank(rank, [&](auto r, auto As, auto Bs) {
+        igemm::tiles_dx<decltype(r)::value>(As, Bs, w, gr, dx, g, batch, channels, kl, sl, bl,
+                                            depth);
+    });
 }
 
 // Grid (⌈C·K/64⌉, ⌈A/64⌉, runs), 256 threads; `m` = A, the cotangent g (N, A, small), `kc` the
@@ -594,19 +545,8 @@ extern "C" __global__ void __launch_bounds__(256)
     tl_conv_implicit_dw(const float* gr, const float* x, float* out, TL_GEO_PARAMS, u32 m,
                         u32 kc) {
     TL_GEO;
-    __shared__ __align__(16) float As[2][igemm::BK][igemm::BM + 4];
-    __shared__ __align__(16) float Bs[2][igemm::BK][igemm::BN + 4];
-    switch (rank) {
-        case 1:
-            igemm::tiles_dw<1>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
-            break;
-        case 2:
-            igemm::tiles_dw<2>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
-            break;
-        case 3:
-            igemm::tiles_dw<3>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
-            break;
-        default:
-            igemm::tiles_dw<0>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m, kc);
-    }
+    igemm::by_rank(rank, [&](auto r, auto As, auto Bs) {
+        igemm::tiles_dw<decltype(r)::value>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m,
+                                            kc);
+    });
 }

@@ -24,6 +24,7 @@
 #include <mma.h>
 
 #include "common.cuh"
+#include "gemm_tile.cuh"
 
 // Where product z's (rows x cols) matrix starts in its operand, and its row stride.
 struct MatAt {
@@ -95,10 +96,6 @@ __device__ inline void slice_pos(u32 e, bool along_k, u32& p, u32& c) {
     }
 }
 
-// The output row (column) of a thread's i-th register: four consecutive ones, then the next
-// four 64 further on, so that a warp's shared-memory reads are consecutive.
-__device__ inline u32 reg_pos(u32 t, int i) { return (u32)(i / 4) * 64 + t * 4 + (u32)(i % 4); }
-
 template <int BM, int BN, int BK, int TM, int TN>
 __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k,
                            u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {
@@ -145,30 +142,7 @@ __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch
             }
         };
         float acc[TM][TN];
-        for (int i = 0; i < TM; ++i)
-            for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-        fetch(kb);
-        stage(0);
-        __syncthreads();
-        int buf = 0;
-        for (u32 p0 = kb; p0 < ke; p0 += BK) {
-            const bool more = ke - p0 > BK;
-            if (more) fetch(p0 + BK);
-            // Only the slice's rows inside the run are summed: acc + 0·b could turn a -0 sum
-            // into +0 (and 0·inf is NaN).
-            const u32 pend = more ? BK : ke - p0;
-            for (u32 p = 0; p < pend; ++p) {
-                float ar[TM], br[TN];
-                for (int i = 0; i < TM; i += 4) ld4(&As[buf][p][reg_pos(ty, i)], &ar[i]);
-                for (int j = 0; j < TN; j += 4) ld4(&Bs[buf][p][reg_pos(tx, j)], &br[j]);
-                for (int i = 0; i < TM; ++i)
-                    for (int j = 0; j < TN; ++j)
-                        acc[i][j] = __fmaf_rn(ar[i], br[j], acc[i][j]);
-            }
-            if (more) stage(buf ^ 1);
-            __syncthreads();
-            buf ^= 1;
-        }
+        tile_run(As, Bs, kb, ke, fetch, stage, acc);
         for (int i = 0; i < TM; ++i) {
             const u32 gi = row0 + reg_pos(ty, i);
             if (gi >= m) continue;

@@ -122,16 +122,8 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | Concat
         | Slice { .. }
         | CrossEntropy { .. }
-        | GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
         // The index operand of `gather` is never perturbed (it is an index operand).
-        | GatherIndexTensor
+        | tl_ir::gather_ops!()
         | ScatterAddVec { .. }
         | ScatterAddRow { .. }
         | LayerNorm { .. }

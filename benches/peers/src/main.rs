@@ -8,8 +8,8 @@
 //!
 //! Run (from the repository root): `cargo run --release --manifest-path benches/peers/Cargo.toml`
 //! (`-- --iters 50` for more iterations). Threads: candle and gemm use rayon
-//! (`RAYON_NUM_THREADS`, default: all cores); our GEMM uses matrixmultiply's threads
-//! (`MATMUL_NUM_THREADS`, default: physical cores).
+//! (`RAYON_NUM_THREADS`, default: all cores); our products use `tl_tape_cpu::threads()`
+//! (`TL_NUM_THREADS`, default: the cores this process may run on).
 
 #[path = "../../../crates/tl-session/benches/common/models.rs"]
 mod models;
@@ -163,8 +163,8 @@ fn main() -> CResult<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rayon = candle_core::utils::get_num_threads();
     println!(
-        "cores {threads}, candle/gemm rayon threads {rayon}, MATMUL_NUM_THREADS {}; {iters} timed iterations per cell (median)",
-        std::env::var("MATMUL_NUM_THREADS").unwrap_or_else(|_| "unset".into())
+        "cores {threads}, candle/gemm rayon threads {rayon}, our product threads {} (TL_NUM_THREADS); {iters} timed iterations per cell (median)",
+        tl_tape_cpu::threads()
     );
     let mut rows = Vec::new();
     for (name, model) in [

@@ -2,6 +2,8 @@
 //! (`conv2d`, `convTranspose2d`, `maxPool2d`, `maxPool2dPad`, ...). They are not separate
 //! variants: each returns the N-D [`Op`] with 2-element parameter vectors.
 
+use tl_spec::ops::pool::PoolParams;
+
 use crate::Op;
 
 impl Op {
@@ -71,6 +73,34 @@ impl Op {
             stride: vec![stride; 2],
             padding: vec![padding; 2],
             beta,
+        }
+    }
+
+    /// The window of a pool op (`maxPool`, `avgPool`, `smoothMaxPool`): its kernel, stride and
+    /// padding per spatial axis; `None` for any other op.
+    pub fn pool_params(&self) -> Option<PoolParams<'_>> {
+        match self {
+            Op::MaxPool {
+                kernel,
+                stride,
+                padding,
+            }
+            | Op::AvgPool {
+                kernel,
+                stride,
+                padding,
+            }
+            | Op::SmoothMaxPool {
+                kernel,
+                stride,
+                padding,
+                ..
+            } => Some(PoolParams {
+                kernel,
+                stride,
+                padding,
+            }),
+            _ => None,
         }
     }
 }

@@ -107,18 +107,7 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
             op.infer_shape(&shapes(x))?;
             ix::scatter_add(op.name(), x[0], x[1], *index)
         }
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => Err(tl_spec::Error::param(
-            op.name(),
-            "gathers dispatch before this match",
-        )),
+        crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } => norm::layer_norm(x[0], x[1], x[2], T::lit(*eps)),
         BatchNorm { eps } => norm::batch_norm(x[0], x[1], x[2], T::lit(*eps)),
         BatchMoments => norm::batch_moments(x[0]),
@@ -130,44 +119,11 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         ConvTranspose { stride, padding } => {
             conv::conv_transpose(x[0], x[1], x[2], ConvParams { stride, padding })
         }
-        MaxPool {
-            kernel,
-            stride,
-            padding,
-        } => pool::max_pool(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-        ),
-        AvgPool {
-            kernel,
-            stride,
-            padding,
-        } => pool::avg_pool(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-        ),
-        SmoothMaxPool {
-            kernel,
-            stride,
-            padding,
-            beta,
-        } => pool::smooth_max_pool(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-            *beta,
-        ),
+        MaxPool { .. } => window(op).and_then(|p| pool::max_pool(x[0], p)),
+        AvgPool { .. } => window(op).and_then(|p| pool::avg_pool(x[0], p)),
+        SmoothMaxPool { beta, .. } => {
+            window(op).and_then(|p| pool::smooth_max_pool(x[0], p, *beta))
+        }
         SpectralConv1dRfft { modes } => spectral::spectral_conv1d(x[0], x[1], x[2], *modes),
         RandUniform {
             shape,
@@ -266,18 +222,7 @@ pub fn vjp<T: Scalar>(
             op.infer_shape(&shapes(x))?;
             two(ix::scatter_add_vjp(op.name(), x[0], x[1], *index, g))
         }
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => Err(tl_spec::Error::param(
-            op.name(),
-            "gathers dispatch before this match",
-        )),
+        crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } | BatchNorm { eps } => {
             norm::normalize_vjp(groups(op, x[0]), x[0], x[1], x[2], T::lit(*eps), g)
                 .map(|(dx, dg, db)| vec![Some(dx), Some(dg), Some(db)])
@@ -297,47 +242,11 @@ pub fn vjp<T: Scalar>(
             conv::conv_transpose_vjp(x[0], x[1], x[2], ConvParams { stride, padding }, g)
                 .map(|(dw, db, dx)| vec![Some(dw), Some(db), Some(dx)])
         }
-        MaxPool {
-            kernel,
-            stride,
-            padding,
-        } => one(pool::max_pool_vjp(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-            g,
-        )),
-        AvgPool {
-            kernel,
-            stride,
-            padding,
-        } => one(pool::avg_pool_vjp(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-            g,
-        )),
-        SmoothMaxPool {
-            kernel,
-            stride,
-            padding,
-            beta,
-        } => one(pool::smooth_max_pool_vjp(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-            *beta,
-            g,
-        )),
+        MaxPool { .. } => one(window(op).and_then(|p| pool::max_pool_vjp(x[0], p, g))),
+        AvgPool { .. } => one(window(op).and_then(|p| pool::avg_pool_vjp(x[0], p, g))),
+        SmoothMaxPool { beta, .. } => {
+            one(window(op).and_then(|p| pool::smooth_max_pool_vjp(x[0], p, *beta, g)))
+        }
         SpectralConv1dRfft { modes } => spectral::spectral_conv1d_vjp(x[0], x[1], x[2], *modes, g)
             .map(|(dx, dr, di)| vec![Some(dx), Some(dr), Some(di)]),
         // Operand-free draws: nothing to differentiate.
@@ -417,18 +326,7 @@ pub fn jvp<T: Scalar>(
         }
         CrossEntropy { labels_at } => ce::labels(x[0].shape(), nats, *labels_at)
             .and_then(|l| ce::cross_entropy_jvp(x[0], &l, dx[0])),
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => Err(tl_spec::Error::param(
-            op.name(),
-            "gathers dispatch before this match",
-        )),
+        crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } | BatchNorm { eps } => {
             let gr = groups(op, x[0]);
             norm::normalize_jvp(gr, x[0], x[1], T::lit(*eps), dx[0], dx[1], dx[2])
@@ -452,47 +350,11 @@ pub fn jvp<T: Scalar>(
                 conv::conv_transpose_jvp(x[0], x[1], x[2], p, t)
             }
         }
-        MaxPool {
-            kernel,
-            stride,
-            padding,
-        } => pool::max_pool_jvp(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-            dx[0],
-        ),
-        AvgPool {
-            kernel,
-            stride,
-            padding,
-        } => pool::avg_pool_jvp(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-            dx[0],
-        ),
-        SmoothMaxPool {
-            kernel,
-            stride,
-            padding,
-            beta,
-        } => pool::smooth_max_pool_jvp(
-            x[0],
-            PoolParams {
-                kernel,
-                stride,
-                padding,
-            },
-            *beta,
-            dx[0],
-        ),
+        MaxPool { .. } => window(op).and_then(|p| pool::max_pool_jvp(x[0], p, dx[0])),
+        AvgPool { .. } => window(op).and_then(|p| pool::avg_pool_jvp(x[0], p, dx[0])),
+        SmoothMaxPool { beta, .. } => {
+            window(op).and_then(|p| pool::smooth_max_pool_jvp(x[0], p, *beta, dx[0]))
+        }
         SpectralConv1dRfft { modes } => {
             spectral::spectral_conv1d_jvp(x[0], x[1], x[2], *modes, dx[0], dx[1], dx[2])
         }
@@ -507,6 +369,19 @@ pub fn jvp<T: Scalar>(
             .and_then(|t| user::check_shape(u, "reference JVP", t, &out)),
     };
     Ok(t?)
+}
+
+/// The error of a gather reaching a rule's op match: [`gather_indices`] sends every gather to
+/// its own rule before the match (so this does not happen).
+fn gathers_dispatch_first(op: &Op) -> tl_spec::Error {
+    tl_spec::Error::param(op.name(), "gathers dispatch before this match")
+}
+
+/// The window of a pool op ([`Op::pool_params`]); the pool arms of the rule matches call it,
+/// so the error (another op) does not happen.
+fn window(op: &Op) -> tl_spec::Result<PoolParams<'_>> {
+    op.pool_params()
+        .ok_or_else(|| tl_spec::Error::param(op.name(), "not a pool op"))
 }
 
 fn shapes<'a, T: Scalar>(x: Args<'a, T>) -> Vec<&'a tl_spec::Shape> {

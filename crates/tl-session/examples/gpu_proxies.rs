@@ -3,7 +3,9 @@
 //! (`benches/common/models.rs`), eager and linked, each step the user's `Runtime::step` (reset,
 //! record, `backward_step` with the model's optimizer): the small ones (mlp, cnn, transformer
 //! block) by default, the realistic sizes (the wide mlp, the ResNet, the LM) with `--models
-//! realistic`, both with `--models all`, the ResNet alone with `--models resnet`.
+//! realistic`, both with `--models all`, one realistic model alone with `--models wide-mlp`,
+//! `resnet` or `lm` (the sim computes every product on the host: the three take most of an
+//! hour on one core).
 //!
 //! ```sh
 //! cargo run --release -p tl-session --example gpu_proxies                 # the simulation device
@@ -72,12 +74,12 @@ enum Models {
     Realistic,
     /// Both.
     All,
-    /// The realistic ResNet alone (its batch norms' traffic, without the hour of the rest).
-    ResNet,
+    /// One realistic model alone: the name's prefix (`wide mlp`, `resnet`, `lm`).
+    One(&'static str),
 }
 
 const USAGE: &str =
-    "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all|resnet]";
+    "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all|wide-mlp|resnet|lm]";
 
 fn parse(args: &[String]) -> Option<(Backend, Models)> {
     let (mut backend, mut models) = (Backend::CudaSim, Models::Small);
@@ -90,7 +92,9 @@ fn parse(args: &[String]) -> Option<(Backend, Models)> {
             ("--models", "small") => models = Models::Small,
             ("--models", "realistic") => models = Models::Realistic,
             ("--models", "all") => models = Models::All,
-            ("--models", "resnet") => models = Models::ResNet,
+            ("--models", "wide-mlp") => models = Models::One("wide mlp"),
+            ("--models", "resnet") => models = Models::One("resnet"),
+            ("--models", "lm") => models = Models::One("lm"),
             _ => return None,
         }
     }
@@ -127,9 +131,9 @@ fn run(backend: Backend, which: Models) -> Result<()> {
         Models::Small => small.into_iter().collect(),
         Models::Realistic => realistic.into_iter().collect(),
         Models::All => small.into_iter().chain(realistic).collect(),
-        Models::ResNet => realistic
+        Models::One(name) => realistic
             .into_iter()
-            .filter(|(n, _)| n.starts_with("resnet"))
+            .filter(|(n, _)| n.starts_with(name))
             .collect(),
     };
     println!("backend: {backend:?} (figures per training step, steady state)\n");

@@ -6,6 +6,7 @@
 //! | gate | production rule | override |
 //! |---|---|---|
 //! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
+//! | an optimizer step on a device in one launch per parameter ([`fused_optimizer`]: [`Device::adam_update`](crate::Device::adam_update), [`Device::momentum_update`](crate::Device::momentum_update)) instead of one launch per operation of the rule | always (Adam, AdamW, momentum SGD after its first step, without clipping) | [`force_fused_optimizer`]: `Some(false)` composes the rule from the primitives |
 
 use std::cell::Cell;
 
@@ -55,6 +56,26 @@ pub fn conv_implicit(rows: usize, cols: usize, prec: Precision) -> bool {
         && tiles_y.saturating_mul(cols.div_ceil(64)) >= min
 }
 
+thread_local! {
+    static FUSED_OPTIMIZER: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Whether an optimizer step on a device runs its rule in one launch per parameter (`true`
+/// unless overridden on this thread): the session's device path asks before each step.
+pub fn fused_optimizer() -> bool {
+    FUSED_OPTIMIZER.with(Cell::get).unwrap_or(true)
+}
+
+/// Override [`fused_optimizer`] on this thread until the guard drops: `Some(false)` runs every
+/// device optimizer step as its composed primitives (the fused kernels' reference), `None`
+/// the production choice.
+pub fn force_fused_optimizer(fused: Option<bool>) -> FusedGuard {
+    tl_spec::scoped::install(&FUSED_OPTIMIZER, fused)
+}
+
+/// Restores the override [`force_fused_optimizer`] replaced when dropped.
+pub type FusedGuard = tl_spec::scoped::Guard<Option<bool>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +110,15 @@ mod tests {
             assert!(conv_implicit(1, 1, Precision::F32));
         }
         assert!(!conv_implicit(1, 1, Precision::F32));
+    }
+
+    #[test]
+    fn the_fused_optimizer_is_the_default_and_the_override_restores() {
+        assert!(fused_optimizer());
+        {
+            let _off = force_fused_optimizer(Some(false));
+            assert!(!fused_optimizer());
+        }
+        assert!(fused_optimizer());
     }
 }

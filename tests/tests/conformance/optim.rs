@@ -6,7 +6,10 @@
 //! random gradient per parameter and step, several steps, random hyper-parameters in their
 //! valid ranges. On the eager CPU session and the linked session in f64 (≤ 1e-10 relative) and
 //! on the eager CPU session and the CUDA sim in f32 (≤ 1e-4, scaled by magnitude), where the
-//! reference starts from the same f32-rounded values.
+//! reference starts from the same f32-rounded values; under `cuda-emu` also on the emulated
+//! kernels. On a device, Adam, AdamW and momentum SGD step in one launch per parameter
+//! (`tl_tape_cuda::gates::fused_optimizer`): those steps must give the bits of the rule
+//! composed from the device's primitives, the gate forced off.
 //!
 //! Each parameter `w` enters the loss as `Σ w·c` with `c` a constant input, so its gradient is
 //! exactly `c` on every backend, and the reference sees the gradients the optimizer sees.
@@ -352,6 +355,28 @@ fn linked(c: &Case) -> tl_session::Result<Vec<Vec<f64>>> {
     ps.iter().map(|p| Ok(f64s(&s.param_value(p)?))).collect()
 }
 
+/// The device's steps (fused where the gate allows) bit for bit those of the rule composed
+/// from the primitives (`force_fused_optimizer(Some(false))`).
+fn fused_equals_composed(backend: Backend, c: &Case) -> Result<(), TestCaseError> {
+    let bits = |r: tl_session::Result<Vec<Vec<f64>>>| -> Result<Vec<Vec<u64>>, TestCaseError> {
+        let r = r.map_err(|e| TestCaseError::fail(format!("{}: {e}", backend.name())))?;
+        Ok(r.iter()
+            .map(|p| p.iter().map(|v| v.to_bits()).collect())
+            .collect())
+    };
+    let fused = bits(eager::<f32>(backend, c, false))?;
+    let composed = {
+        let _off = tl_tape_cuda::gates::force_fused_optimizer(Some(false));
+        bits(eager::<f32>(backend, c, false))?
+    };
+    prop_assert!(
+        fused == composed,
+        "{}: the fused optimizer steps differ from the composed rule",
+        backend.name()
+    );
+    Ok(())
+}
+
 fn f64s<T: Scalar>(t: &Tensor<T>) -> Vec<f64> {
     t.data().iter().map(|v| v.as_f64()).collect()
 }
@@ -415,6 +440,17 @@ fn optimizer_steps_match_pytorchs_update_rules() {
             1e-4,
             "cuda-sim f32",
         )?;
+        fused_equals_composed(Backend::CudaSim, &c)?;
+        #[cfg(feature = "cuda-emu")]
+        {
+            compare(
+                eager::<f32>(Backend::Cuda, &c, false),
+                &want32,
+                1e-4,
+                "cuda-emu f32",
+            )?;
+            fused_equals_composed(Backend::Cuda, &c)?;
+        }
         Ok(())
     });
     if let Err(e) = result {

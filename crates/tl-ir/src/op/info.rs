@@ -125,17 +125,7 @@ impl Op {
             Matmul | Bmm | Linear => Family::Linalg,
             Softmax | LogSoftmax => Family::Softmax,
             MseLoss | CrossEntropy { .. } => Family::Loss,
-            GatherScalar { .. }
-            | GatherRow { .. }
-            | GatherScalarRaw { .. }
-            | GatherRowRaw { .. }
-            | GatherScalarNat { .. }
-            | GatherRowNat { .. }
-            | GatherScalarsNatVec { .. }
-            | GatherRowsNatVec { .. }
-            | GatherIndexTensor
-            | ScatterAddVec { .. }
-            | ScatterAddRow { .. } => Family::Index,
+            crate::gather_ops!() | ScatterAddVec { .. } | ScatterAddRow { .. } => Family::Index,
             LayerNorm { .. } | BatchNorm { .. } | BatchMoments => Family::Norm,
             MaskedSoftmax { .. } | MultiHeadAttention { .. } => Family::Attention,
             Conv { .. } | ConvTranspose { .. } => Family::Conv,

@@ -14,6 +14,24 @@ use tl_spec::{Shape, Tensor};
 
 use crate::UserOpRef;
 
+/// The pattern of every gather op (the variants `gather_indices` in [`rules`](crate::rules)
+/// reads indices for), for the matches that treat them alike:
+/// `match op { tl_ir::gather_ops!() => ..., _ => ... }`.
+#[macro_export]
+macro_rules! gather_ops {
+    () => {
+        $crate::Op::GatherScalar { .. }
+            | $crate::Op::GatherRow { .. }
+            | $crate::Op::GatherScalarRaw { .. }
+            | $crate::Op::GatherRowRaw { .. }
+            | $crate::Op::GatherScalarNat { .. }
+            | $crate::Op::GatherRowNat { .. }
+            | $crate::Op::GatherScalarsNatVec { .. }
+            | $crate::Op::GatherRowsNatVec { .. }
+            | $crate::Op::GatherIndexTensor
+    };
+}
+
 /// The family an op belongs to; each family's faces live in modules of the same name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {

@@ -791,6 +791,70 @@ impl Optimizer {
         }
     }
 
+    /// The step of `update_inner` without clipping, as one [`VecOps::adam_step`] or
+    /// [`VecOps::momentum_step`] call (on a device, one launch): Adam and AdamW, and momentum
+    /// SGD once its buffer exists; `None` for the rules and steps that run primitive by
+    /// primitive. The same values, state and step count as the composed rule.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_step<O: VecOps>(
+        &mut self,
+        ops: &mut O,
+        key: (u64, usize),
+        w: &mut O::V,
+        g: &O::V,
+        lr: f64,
+        wd: f64,
+        kind: Kind,
+    ) -> Option<Result<()>> {
+        let st = self.state.entry(key).or_default();
+        match kind {
+            Kind::Adam {
+                beta1,
+                beta2,
+                eps,
+                decoupled,
+            } => {
+                if st.bufs.is_empty()
+                    && let Err(e) = adam_state(ops, st, g)
+                {
+                    return Some(Err(e));
+                }
+                st.step += 1;
+                let mut c = AdamStep::new(lr, beta1, beta2, eps, st.step);
+                // The composed step's weight decay: `w ← (1 − lr·λ)·w` (AdamW) or `g + λ·w`.
+                if wd != 0.0 {
+                    if decoupled {
+                        c.decay = Some(1.0 - lr * wd);
+                    } else {
+                        c.l2 = Some(wd);
+                    }
+                }
+                let (m, v) = st.bufs.split_at_mut(1);
+                Some(
+                    O::state_mut(&mut m[0])
+                        .and_then(|m| Ok((m, O::state_mut(&mut v[0])?)))
+                        .and_then(|(m, v)| ops.adam_step(w, m, v, g, &c)),
+                )
+            }
+            Kind::Sgd {
+                momentum,
+                dampening,
+                nesterov,
+            } if momentum != 0.0 && !st.bufs.is_empty() => {
+                st.step += 1;
+                let c = MomentumStep {
+                    l2: (wd != 0.0).then_some(wd),
+                    momentum,
+                    dampening,
+                    nesterov,
+                    lr,
+                };
+                Some(O::state_mut(&mut st.bufs[0]).and_then(|b| ops.momentum_step(w, b, g, &c)))
+            }
+            _ => None,
+        }
+    }
+
     fn update_inner<O: VecOps>(
         &mut self,
         ops: &mut O,
@@ -807,6 +871,12 @@ impl Optimizer {
         if plain && !clipping {
             self.state.entry(key).or_default().step += 1;
             return ops.axpy_assign(w, -lr, g);
+        }
+        if !clipping
+            && ops.fused_steps()
+            && let Some(r) = self.fused_step(ops, key, w, g, lr, wd, kind)
+        {
+            return r;
         }
         let mut ge = ops.copy(g)?;
         if let Err(e) = self.clip_in_place(ops, &mut ge) {
@@ -837,7 +907,13 @@ impl Optimizer {
             } => sgd(ops, st, w, &mut ge, lr, momentum, dampening, nesterov),
             Kind::Adam {
                 beta1, beta2, eps, ..
-            } => adam(ops, st, w, &ge, lr, beta1, beta2, eps),
+            } => adam(
+                ops,
+                st,
+                w,
+                &ge,
+                &AdamStep::new(lr, beta1, beta2, eps, st.step),
+            ),
             Kind::RmsProp {
                 alpha,
                 eps,
@@ -917,44 +993,105 @@ fn sgd<O: VecOps>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One Adam(W) step's coefficients in `f64`, as the rule's operations read them (both the
+/// composed rule and [`VecOps::adam_step`]). PyTorch's formula at step `t`: `m ← β₁m + (1−β₁)g`,
+/// `v ← β₂v + (1−β₂)g²`, `w ← w − (lr/(1−β₁ᵗ))·m/(sqrt(v)/sqrt(1−β₂ᵗ) + ε)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamStep {
+    /// AdamW's decoupled decay, the scale `1 − lr·λ` applied to `w` first (`None`: none).
+    pub decay: Option<f64>,
+    /// Adam's L2 weight decay λ, the gradient read as `g + λ·w` (`None`: none).
+    pub l2: Option<f64>,
+    /// β₁.
+    pub beta1: f64,
+    /// β₂.
+    pub beta2: f64,
+    /// ε.
+    pub eps: f64,
+    /// `1/sqrt(1 − β₂ᵗ)`.
+    pub inv_sqrt_bc2: f64,
+    /// `−lr/(1 − β₁ᵗ)`.
+    pub step: f64,
+}
+
+impl AdamStep {
+    /// The coefficients of step `t` (counted from 1), without weight decay.
+    fn new(lr: f64, beta1: f64, beta2: f64, eps: f64, t: u64) -> AdamStep {
+        // Past i32::MAX steps β^t is 0 in f64 either way (a loaded step count may be that large).
+        let t = t.min(i32::MAX as u64) as i32;
+        let bc1 = 1.0 - beta1.powi(t);
+        let bc2 = 1.0 - beta2.powi(t);
+        AdamStep {
+            decay: None,
+            l2: None,
+            beta1,
+            beta2,
+            eps,
+            inv_sqrt_bc2: 1.0 / bc2.sqrt(),
+            step: -lr / bc1,
+        }
+    }
+}
+
+/// One momentum SGD step's coefficients in `f64` (a step after the first), as
+/// [`VecOps::momentum_step`] reads them: PyTorch's `b ← μb + (1 − dampening)g`, then `w ← w −
+/// lr·b` (Nesterov: `w ← w − lr·(g + μb)`), with `g + λ·w` for the gradient under L2 decay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MomentumStep {
+    /// L2 weight decay λ (`None`: none).
+    pub l2: Option<f64>,
+    /// μ.
+    pub momentum: f64,
+    /// The dampening.
+    pub dampening: f64,
+    /// Whether the step takes the Nesterov form.
+    pub nesterov: bool,
+    /// The learning rate.
+    pub lr: f64,
+}
+
+/// Adam's two moments, zeros of `g`'s length, as `st`'s state.
+fn adam_state<O: VecOps>(ops: &mut O, st: &mut ParamState, g: &O::V) -> Result<()> {
+    let m = ops.zeros_like(g)?;
+    let v = match ops.zeros_like(g) {
+        Ok(v) => v,
+        Err(e) => {
+            ops.release(m);
+            return Err(e);
+        }
+    };
+    st.bufs.push(O::into_state(m));
+    st.bufs.push(O::into_state(v));
+    Ok(())
+}
+
 fn adam<O: VecOps>(
     ops: &mut O,
     st: &mut ParamState,
     w: &mut O::V,
     ge: &O::V,
-    lr: f64,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
+    c: &AdamStep,
 ) -> Result<()> {
     if st.bufs.is_empty() {
-        let m = ops.zeros_like(ge)?;
-        let v = ops.zeros_like(ge)?;
-        st.bufs.push(O::into_state(m));
-        st.bufs.push(O::into_state(v));
+        adam_state(ops, st, ge)?;
     }
-    // Past i32::MAX steps β^t is 0 in f64 either way (a loaded step count may be that large).
-    let t = st.step.min(i32::MAX as u64) as i32;
     let (m_slot, v_slot) = st.bufs.split_at_mut(1);
     let m = O::state_mut(&mut m_slot[0])?;
     let v = O::state_mut(&mut v_slot[0])?;
     // m ← β₁m + (1−β₁)g ; v ← β₂v + (1−β₂)g²
-    ops.scale_assign(m, beta1)?;
-    ops.axpy_assign(m, 1.0 - beta1, ge)?;
+    ops.scale_assign(m, c.beta1)?;
+    ops.axpy_assign(m, 1.0 - c.beta1, ge)?;
     let g2 = ops.mul(ge, ge)?;
-    ops.scale_assign(v, beta2)?;
-    let r = ops.axpy_assign(v, 1.0 - beta2, &g2);
+    ops.scale_assign(v, c.beta2)?;
+    let r = ops.axpy_assign(v, 1.0 - c.beta2, &g2);
     ops.release(g2);
     r?;
     // w ← w − (lr / (1−β₁ᵗ)) · m / (sqrt(v)/sqrt(1−β₂ᵗ) + ε)   (PyTorch's formula)
-    let bc1 = 1.0 - beta1.powi(t);
-    let bc2 = 1.0 - beta2.powi(t);
-    let denom = ops.sqrt_scale_add(v, 1.0 / bc2.sqrt(), eps)?;
+    let denom = ops.sqrt_scale_add(v, c.inv_sqrt_bc2, c.eps)?;
     let u = ops.div(m, &denom);
     ops.release(denom);
     let u = u?;
-    let r = ops.axpy_assign(w, -lr / bc1, &u);
+    let r = ops.axpy_assign(w, c.step, &u);
     ops.release(u);
     r
 }

@@ -2,8 +2,10 @@
 //! their two implementations: host `Vec<f64>` and device buffers (TorchLean's primitives:
 //! `scale`, `axpy`, `mul`, `div`, `sqrt`), so the CUDA update runs on the device.
 
+use tl_tape_cuda::device::{AdamUpdate, MomentumUpdate};
 use tl_tape_cuda::{Buffer, Device};
 
+use super::{AdamStep, MomentumStep};
 use crate::Result;
 
 /// Where optimizer state lives and in which type: host vectors or device buffers.
@@ -60,6 +62,42 @@ pub trait VecOps {
     fn into_state(v: Self::V) -> StateBuf;
     /// View optimizer state as a vector of this implementation (an error for the other kind).
     fn state_mut(s: &mut StateBuf) -> Result<&mut Self::V>;
+
+    /// Whether [`VecOps::adam_step`] and [`VecOps::momentum_step`] run a whole step in one
+    /// call (a device: one launch per parameter, unless
+    /// `tl_tape_cuda::gates::force_fused_optimizer` says otherwise). `false` (the default):
+    /// the optimizer runs its rule one primitive at a time.
+    fn fused_steps(&self) -> bool {
+        false
+    }
+
+    /// One Adam(W) step of `w` and its moments `m`, `v` from the gradient `g` in one call,
+    /// with the values the rule's primitives give one by one. Called only when
+    /// [`VecOps::fused_steps`]; the default is an error.
+    fn adam_step(
+        &mut self,
+        w: &mut Self::V,
+        m: &mut Self::V,
+        v: &mut Self::V,
+        g: &Self::V,
+        c: &AdamStep,
+    ) -> Result<()> {
+        let _ = (w, m, v, g, c);
+        Err(not_fused("adam_step"))
+    }
+
+    /// One momentum SGD step (after the first) of `w` and its momentum buffer `b` from the
+    /// gradient `g` in one call, as [`VecOps::adam_step`].
+    fn momentum_step(
+        &mut self,
+        w: &mut Self::V,
+        b: &mut Self::V,
+        g: &Self::V,
+        c: &MomentumStep,
+    ) -> Result<()> {
+        let _ = (w, b, g, c);
+        Err(not_fused("momentum_step"))
+    }
 }
 
 /// Store host state in the parameter's type `T`: `f64` state of an `f32` parameter is rounded
@@ -73,6 +111,21 @@ pub(crate) fn store_as<T: tl_spec::Scalar>(bufs: &mut [StateBuf]) {
             *b = StateBuf::HostF32(v.iter().map(|&x| x as f32).collect());
         }
     }
+}
+
+/// The error of a fused step asked of an implementation without one.
+fn not_fused(what: &'static str) -> crate::Error {
+    crate::Error::Usage {
+        what,
+        detail:
+            "this VecOps runs the optimizer's rule one primitive at a time (fused_steps is false)"
+                .into(),
+    }
+}
+
+/// The `f32` coefficient of `y ← y + k·y` that [`DeviceOps`] launches for `y ← c·y`.
+fn scale_coef(c: f64) -> f32 {
+    (c - 1.0) as f32
 }
 
 fn wrong_kind(expected: &str) -> crate::Error {
@@ -212,7 +265,7 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
     }
     fn scale_assign(&mut self, y: &mut Buffer, c: f64) -> Result<()> {
         // y ← y + (c − 1)·y, in place, so the buffer (a parameter mirror) keeps its handle.
-        Ok(self.0.axpy_assign(*y, (c - 1.0) as f32, *y)?)
+        Ok(self.0.axpy_assign(*y, scale_coef(c), *y)?)
     }
     fn axpy_assign(&mut self, y: &mut Buffer, c: f64, x: &Buffer) -> Result<()> {
         Ok(self.0.axpy_assign(*y, c as f32, *x)?)
@@ -249,6 +302,49 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
     }
     fn into_state(v: Buffer) -> StateBuf {
         StateBuf::Device(v)
+    }
+    fn fused_steps(&self) -> bool {
+        tl_tape_cuda::gates::fused_optimizer()
+    }
+    fn adam_step(
+        &mut self,
+        w: &mut Buffer,
+        m: &mut Buffer,
+        v: &mut Buffer,
+        g: &Buffer,
+        c: &AdamStep,
+    ) -> Result<()> {
+        // Each coefficient as the primitive it replaces receives it (scale_assign, axpy_assign,
+        // sqrt_scale_add above).
+        let k = AdamUpdate {
+            decay: c.decay.map(scale_coef),
+            l2: c.l2.map(|x| x as f32),
+            b1m1: scale_coef(c.beta1),
+            omb1: (1.0 - c.beta1) as f32,
+            b2m1: scale_coef(c.beta2),
+            omb2: (1.0 - c.beta2) as f32,
+            inv_sqrt_bc2: c.inv_sqrt_bc2 as f32,
+            eps: c.eps as f32,
+            step: c.step as f32,
+        };
+        Ok(self.0.adam_update(*w, *m, *v, *g, &k)?)
+    }
+    fn momentum_step(
+        &mut self,
+        w: &mut Buffer,
+        b: &mut Buffer,
+        g: &Buffer,
+        c: &MomentumStep,
+    ) -> Result<()> {
+        let k = MomentumUpdate {
+            l2: c.l2.map(|x| x as f32),
+            mom_m1: scale_coef(c.momentum),
+            omd: (1.0 - c.dampening) as f32,
+            momentum: c.momentum as f32,
+            nesterov: c.nesterov,
+            step: (-c.lr) as f32,
+        };
+        Ok(self.0.momentum_update(*w, *b, *g, &k)?)
     }
     fn state_mut(s: &mut StateBuf) -> Result<&mut Buffer> {
         match s {

@@ -205,6 +205,60 @@ fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
     }
 }
 
+/// Adam, AdamW and momentum SGD (after its first step) update each parameter in one launch
+/// (`Device::adam_update`, `Device::momentum_update`; PyTorch's fused Adam), where the rule
+/// composed from the primitives takes one launch per operation: 12 a parameter for AdamW, 4
+/// for momentum SGD. The same bits either way.
+#[test]
+fn adam_and_momentum_steps_take_one_launch_per_parameter() {
+    let (x, y) = regression_grid::<f32>(4);
+    let widths = [2, 8, 8, 1];
+    let params = 2 * (widths.len() as u64 - 1);
+    let optimizers = || {
+        [
+            Optimizer::adamw(1e-2).unwrap(),
+            Optimizer::adam(1e-2).unwrap().weight_decay(0.01).unwrap(),
+            Optimizer::momentum(0.05, 0.9).unwrap(),
+            Optimizer::momentum(0.05, 0.9)
+                .unwrap()
+                .dampening_nesterov(0.0, true)
+                .unwrap(),
+        ]
+    };
+    // (launches of the third step, parameter bits after it) for each optimizer.
+    let run = |fused: bool| {
+        let _gate = tl_tape_cuda::gates::force_fused_optimizer(Some(fused));
+        optimizers().map(|mut opt| {
+            let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
+            let mlp = Mlp::new(&mut s, &widths, 3).unwrap();
+            let mut launches = 0;
+            for _ in 0..3 {
+                s.reset();
+                let loss = mlp.loss(&mut s, x.clone(), y.clone()).unwrap();
+                s.backward(&loss).unwrap();
+                let before = s.traffic().unwrap();
+                s.step(&mut opt).unwrap();
+                launches = (s.traffic().unwrap() - before).launches;
+            }
+            let bits: Vec<Vec<u32>> = (mlp.layers.iter())
+                .flat_map(|(w, b)| [w, b])
+                .map(|p| {
+                    let v = s.param_value(p).unwrap();
+                    v.data().iter().map(|v| v.to_bits()).collect()
+                })
+                .collect();
+            (opt.name(), launches, bits)
+        })
+    };
+    let (fused, composed) = (run(true), run(false));
+    let per_param = [12, 12, 4, 5];
+    for ((f, c), k) in fused.iter().zip(&composed).zip(per_param) {
+        assert_eq!(f.1, params, "{}: one launch per parameter", f.0);
+        assert_eq!(c.1, k * params, "{}: composed", c.0);
+        assert_eq!(f.2, c.2, "{}: fused and composed steps differ", f.0);
+    }
+}
+
 /// A parameter used twice in a plain SGD step is summed and updated on its own; the others
 /// still share one launch. Values equal the per-parameter path's bit for bit: `w` after the
 /// step is `w − lr·2wx` and `v` is `v − lr·1`.

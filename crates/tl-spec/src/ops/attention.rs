@@ -10,6 +10,7 @@ pub mod mha;
 use std::fmt;
 use std::sync::Arc;
 
+use super::same_shape;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// A static (n, n) boolean attention mask, row-major; `true` = allowed. Row `i` says which keys
@@ -226,16 +227,7 @@ pub fn masked_softmax_vjp<T: Scalar>(
     g: &Tensor<T>,
 ) -> Result<Tensor<T>> {
     let y = masked_softmax(x, mask)?;
-    if g.shape() != x.shape() {
-        return Err(Error::shape(
-            "maskedSoftmax",
-            format!(
-                "(co)tangent has shape {}, expected {}",
-                g.shape(),
-                x.shape()
-            ),
-        ));
-    }
+    same_shape("maskedSoftmax", x, g)?;
     let c = mask.n().max(1);
     let mut out = Vec::with_capacity(x.numel());
     for (yr, gr) in y.data().chunks(c).zip(g.data().chunks(c)) {

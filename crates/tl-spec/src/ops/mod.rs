@@ -22,3 +22,22 @@ pub mod shape;
 pub mod softmax;
 pub mod spectral;
 pub mod window;
+
+use crate::{Error, Result, Scalar, Tensor};
+
+/// Check that a (co)tangent `g` of op `op` has the shape of `x`; the error names the op and both
+/// shapes.
+pub(crate) fn same_shape<T: Scalar>(op: &'static str, x: &Tensor<T>, g: &Tensor<T>) -> Result<()> {
+    if x.shape() == g.shape() {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            op,
+            format!(
+                "(co)tangent has shape {}, expected {}",
+                g.shape(),
+                x.shape()
+            ),
+        ))
+    }
+}

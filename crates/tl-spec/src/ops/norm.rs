@@ -12,6 +12,7 @@
 //!
 //! So the reference value, VJP and JVP are written once over a [`Groups`] description.
 
+use super::same_shape;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// Check ε: finite and > 0.
@@ -226,7 +227,7 @@ pub fn normalize_vjp<T: Scalar>(
     eps: T,
     g: &Tensor<T>,
 ) -> Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
-    same("normalize", x, g)?;
+    same_shape("normalize", x, g)?;
     let st = stats(x, gr, eps);
     let ng = st.mean.len();
     let mut dgamma = vec![T::zero(); gamma.numel()];
@@ -266,7 +267,7 @@ pub fn normalize_jvp<T: Scalar>(
     dgamma: &Tensor<T>,
     dbeta: &Tensor<T>,
 ) -> Result<Tensor<T>> {
-    same("normalize", x, dx)?;
+    same_shape("normalize", x, dx)?;
     let st = stats(x, gr, eps);
     let ng = st.mean.len();
     let (mut dmean, mut cov) = (vec![T::zero(); ng], vec![T::zero(); ng]);
@@ -374,7 +375,7 @@ pub fn batch_moments_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tens
 
 /// JVP of [`batch_moments`]: per channel, `dμ = mean(dx)` and `dvar = 2·mean((x − μ)·dx)`.
 pub fn batch_moments_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tensor<T>> {
-    same("batchMoments", x, dx)?;
+    same_shape("batchMoments", x, dx)?;
     let out = batch_moments_shape(x.shape())?;
     let c = out.dims()[1];
     let (mean, _) = moments(x, c);
@@ -391,21 +392,6 @@ pub fn batch_moments_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Ten
         .chain(dv.iter().map(|&s| two * s / m))
         .collect();
     Tensor::new(out, data)
-}
-
-fn same<T: Scalar>(op: &'static str, x: &Tensor<T>, g: &Tensor<T>) -> Result<()> {
-    if x.shape() == g.shape() {
-        Ok(())
-    } else {
-        Err(Error::shape(
-            op,
-            format!(
-                "(co)tangent has shape {}, expected {}",
-                g.shape(),
-                x.shape()
-            ),
-        ))
-    }
 }
 
 /// Which batch statistic a running-statistics update folds into its buffer

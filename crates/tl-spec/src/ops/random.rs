@@ -4,6 +4,7 @@
 //! Element `i` (row-major) of a draw uses `u_i = bits(key(seed, counter), i)`. The mask never
 //! carries a gradient; `dropout` is linear in `x` for a fixed key.
 
+use super::same_shape;
 use crate::{Error, Result, Scalar, Shape, Tensor, rng};
 
 /// Parameter check of `bernoulliMask`: `keep` in `[0, 1]` (NaN is rejected).
@@ -86,7 +87,7 @@ pub fn dropout_vjp<T: Scalar>(
     counter: u64,
     g: &Tensor<T>,
 ) -> Result<Tensor<T>> {
-    same(x, g)?;
+    same_shape("dropout", x, g)?;
     Ok(dropout(g, keep, seed, counter))
 }
 
@@ -98,23 +99,8 @@ pub fn dropout_jvp<T: Scalar>(
     counter: u64,
     dx: &Tensor<T>,
 ) -> Result<Tensor<T>> {
-    same(x, dx)?;
+    same_shape("dropout", x, dx)?;
     Ok(dropout(dx, keep, seed, counter))
-}
-
-fn same<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<()> {
-    if x.shape() == g.shape() {
-        Ok(())
-    } else {
-        Err(Error::shape(
-            "dropout",
-            format!(
-                "(co)tangent has shape {}, expected {}",
-                g.shape(),
-                x.shape()
-            ),
-        ))
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Softmax and log-softmax along the last axis; leading axes are folded into rows.
 //! A scalar is treated as one row of one column.
 
+use super::same_shape;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// Shape rule of `softmax` / `logSoftmax`: shape-preserving; the last axis must be non-empty.
@@ -31,7 +32,7 @@ pub fn softmax<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
 }
 /// VJP of `softmax`: `y · (g − Σ g·y)` per row.
 pub fn softmax_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
-    same("softmax", x, g)?;
+    same_shape("softmax", x, g)?;
     let y = softmax(x);
     let (_, c) = x.shape().rows_cols();
     let mut out = Vec::with_capacity(x.numel());
@@ -59,7 +60,7 @@ pub fn log_softmax<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
 }
 /// VJP of `logSoftmax`: `g − exp(y) · Σ g` per row.
 pub fn log_softmax_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
-    same("logSoftmax", x, g)?;
+    same_shape("logSoftmax", x, g)?;
     let p = softmax(x);
     let (_, c) = x.shape().rows_cols();
     let mut out = Vec::with_capacity(x.numel());
@@ -71,7 +72,7 @@ pub fn log_softmax_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor
 }
 /// JVP of `logSoftmax`: `dx − Σ softmax(x)·dx` per row.
 pub fn log_softmax_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tensor<T>> {
-    same("logSoftmax", x, dx)?;
+    same_shape("logSoftmax", x, dx)?;
     let p = softmax(x);
     let (_, c) = x.shape().rows_cols();
     let mut out = Vec::with_capacity(x.numel());
@@ -80,21 +81,6 @@ pub fn log_softmax_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tenso
         out.extend(dr.iter().map(|&d| d - s));
     }
     Tensor::new(x.shape().clone(), out)
-}
-
-fn same<T: Scalar>(op: &'static str, x: &Tensor<T>, g: &Tensor<T>) -> Result<()> {
-    if x.shape() == g.shape() {
-        Ok(())
-    } else {
-        Err(Error::shape(
-            op,
-            format!(
-                "(co)tangent has shape {}, expected {}",
-                g.shape(),
-                x.shape()
-            ),
-        ))
-    }
 }
 
 #[cfg(test)]

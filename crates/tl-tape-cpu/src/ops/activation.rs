@@ -47,18 +47,8 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     }
 }
 
-/// Operand cotangent of `gelu` / `silu`.
-pub fn backward<T: Scalar>(
-    op: &Op,
-    x: &[&Tensor<T>],
-    y: &Tensor<T>,
-    g: &Tensor<T>,
-) -> Result<Grads<T>> {
-    backward_saved(op, x, y, g, &[])
-}
-
-/// [`backward`] reading `gelu`'s `t` from `saved` ([`forward_saving`]); with `saved` empty it
-/// evaluates the tanh again. The same bits either way; a list that does not fit is an error
+/// Operand cotangent of `gelu` / `silu`, reading `gelu`'s `t` from `saved` ([`forward_saving`]);
+/// with `saved` empty it evaluates the tanh again. The same bits either way; a list that does not fit is an error
 /// naming the op.
 pub fn backward_saved<T: Scalar>(
     op: &Op,

@@ -16,7 +16,7 @@
 //! keeps each row's softmax statistics instead of A (its max and the reciprocal of its sum, as
 //! FlashAttention keeps the log-sum-exp), so the backward recomputes A block by block with one
 //! pass per row (`exp(s − max)·(1/sum)`), not the forward's four. Called directly ([`forward`],
-//! [`backward`]) it recomputes everything. The bits are the same either way.
+//! [`backward_saved`] with nothing saved) it recomputes everything. The bits are the same either way.
 
 use smallvec::smallvec;
 use tl_ir::Op;
@@ -25,8 +25,8 @@ use tl_spec::ops::attention::{Mask, masked_softmax_shape};
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
 use super::{
-    Grads, approx, check_arity, check_saved, check_shape, dot_slice, sum_slice, tensor,
-    wrong_family,
+    Grads, approx, check_arity, check_backward, check_saved, check_shape, dot_slice, sum_slice,
+    tensor, wrong_family,
 };
 use crate::Result;
 use crate::gemm::{Mat, matmul, rows, rows_mut};
@@ -113,18 +113,8 @@ fn mha_forward<T: Scalar>(
     Ok((tensor(x[4].shape().clone(), y)?, saved))
 }
 
-/// Operand cotangents of `maskedSoftmax` (one) / `multiHeadAttention` (wq, wk, wv, wo, x).
-pub fn backward<T: Scalar>(
-    op: &Op,
-    x: &[&Tensor<T>],
-    y: &Tensor<T>,
-    g: &Tensor<T>,
-) -> Result<Grads<T>> {
-    backward_saved(op, x, y, g, &[])
-}
-
-/// [`backward`] reading what [`forward_saving`] kept (`saved`); with `saved` empty it
-/// recomputes Q, K, V, C and A from the operands. Either way the cotangents have the same bits
+/// Operand cotangents of `maskedSoftmax` (one) / `multiHeadAttention` (wq, wk, wv, wo, x),
+/// reading what [`forward_saving`] kept (`saved`); with `saved` empty it recomputes Q, K, V, C and A from the operands. Either way the cotangents have the same bits
 /// (the same kernels in the same order produced them). A list that is not what the forward
 /// saves for these operands is an error naming the op.
 pub fn backward_saved<T: Scalar>(
@@ -134,8 +124,7 @@ pub fn backward_saved<T: Scalar>(
     g: &Tensor<T>,
     saved: &[Vec<T>],
 ) -> Result<Grads<T>> {
-    check_arity(op, x)?;
-    check_shape(op, "cotangent", g, y.shape())?;
+    check_backward(op, x, y, g)?;
     match op {
         Op::MaskedSoftmax { mask } => {
             masked_softmax_shape(x[0].shape(), mask)?;

@@ -231,7 +231,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
 /// A zeroed buffer of `∏ dims` values for `op` (`what` names it in errors): the product is
 /// checked for overflow and the bytes against the allocation cap ([`tl_spec::alloc`]), so a
 /// workspace too large to allocate is `TooLarge`, not an abort.
-/// Batch entries per partial sum of conv's weight cotangent (see [`backward`]): the chunks run
+/// Batch entries per partial sum of conv's weight cotangent (see [`backward_masked`]): the chunks run
 /// across threads; the result depends on this constant, never on the thread count.
 pub const DW_CHUNK: usize = 8;
 
@@ -255,18 +255,9 @@ fn add_bias<T: Scalar>(y: &mut [T], b: &[T], cells: usize) {
     }
 }
 
-/// Operand cotangents `(dw, db, dx)` of `conv` / `convTranspose`.
-pub fn backward<T: Scalar>(
-    op: &Op,
-    x: &[&Tensor<T>],
-    y: &Tensor<T>,
-    g: &Tensor<T>,
-) -> Result<Grads<T>> {
-    backward_masked(op, x, y, g, &[])
-}
-
-/// Like [`backward`], computing only the cotangents whose `needed` entry is true (missing
-/// entries count as true; the others are `None`). A first layer, whose input needs no
+/// Operand cotangents `(dw, db, dx)` of `conv` / `convTranspose`, computing only those whose
+/// `needed` entry is true (missing entries count as true, so `&[]` computes all three; the
+/// others are `None`). A first layer, whose input needs no
 /// gradient, skips the `col2im` pass; frozen weights skip the weight GEMM and its `im2col`.
 pub fn backward_masked<T: Scalar>(
     op: &Op,
@@ -464,7 +455,7 @@ mod tests {
         for (op, operands) in &cases {
             let y = forward(op, operands).unwrap();
             let g = Tensor::from_fn(y.shape().clone(), |i| (i as f64 * 0.7).cos());
-            let full = backward(op, operands, &y, &g).unwrap();
+            let full = backward_masked(op, operands, &y, &g, &[]).unwrap();
             for bits in 0..8u8 {
                 let mask = [bits & 1 != 0, bits & 2 != 0, bits & 4 != 0];
                 let some = backward_masked(op, operands, &y, &g, &mask).unwrap();

@@ -39,19 +39,8 @@ pub fn forward_saving<T: Scalar>(
     Ok((Tensor::scalar(s / T::lit(rows as f64)), vec![z]))
 }
 
-/// Cotangent of the logits.
-pub fn backward<T: Scalar>(
-    op: &Op,
-    x: &[&Tensor<T>],
-    y: &Tensor<T>,
-    g: &Tensor<T>,
-    nats: &[usize],
-) -> Result<Grads<T>> {
-    backward_saved(op, x, y, g, nats, &[])
-}
-
-/// [`backward`] reading each row's log-sum-exp from `saved` ([`forward_saving`]); with `saved`
-/// empty it computes them again. The same bits either way; a list that does not fit is an
+/// Cotangent of the logits, reading each row's log-sum-exp from `saved` ([`forward_saving`]);
+/// with `saved` empty it computes them again. The same bits either way; a list that does not fit is an
 /// error naming the op.
 pub fn backward_saved<T: Scalar>(
     op: &Op,

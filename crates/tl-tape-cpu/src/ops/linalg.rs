@@ -14,7 +14,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Shape, Tensor};
 
-use super::{Grads, check_arity, check_shape, tensor, wrong_family};
+use super::{Grads, check_arity, check_backward, check_shape, tensor, wrong_family};
 use crate::Result;
 
 /// Forward value of a matrix product.
@@ -59,18 +59,9 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     }
 }
 
-/// Operand cotangents of a matrix product.
-pub fn backward<T: Scalar>(
-    op: &Op,
-    x: &[&Tensor<T>],
-    y: &Tensor<T>,
-    g: &Tensor<T>,
-) -> Result<Grads<T>> {
-    backward_masked(op, x, y, g, &[true; 3])
-}
-
-/// Like [`backward`], but the cotangent of operand `k` is computed only where `needed[k]` is true
-/// (missing entries count as true); the others are `None`. The tape passes its parents'
+/// Operand cotangents of a matrix product; that of operand `k` is computed only where
+/// `needed[k]` is true (missing entries count as true, so `&[]` computes all); the others are
+/// `None`. The tape passes its parents'
 /// `requires_grad`, so e.g. `linear`'s input gradient (a full GEMM) is skipped for a data batch.
 pub fn backward_masked<T: Scalar>(
     op: &Op,
@@ -79,8 +70,7 @@ pub fn backward_masked<T: Scalar>(
     g: &Tensor<T>,
     needed: &[bool],
 ) -> Result<Grads<T>> {
-    check_arity(op, x)?;
-    check_shape(op, "cotangent", g, y.shape())?;
+    check_backward(op, x, y, g)?;
     let need = |k: usize| needed.get(k).copied().unwrap_or(true);
     match op {
         Op::Matmul => {
@@ -335,7 +325,7 @@ mod tests {
         let c = forward(&Op::Matmul, &[&a, &b]).unwrap();
         assert_eq!(c.data(), &[17.0, 39.0]);
         let g = Tensor::new([2, 1], vec![1.0, -1.0]).unwrap();
-        let gr = backward(&Op::Matmul, &[&a, &b], &c, &g).unwrap();
+        let gr = backward_masked(&Op::Matmul, &[&a, &b], &c, &g, &[]).unwrap();
         // dA = g·bᵀ = [[5, 6], [-5, -6]]; dB = aᵀ·g = [[1-3], [2-4]]
         assert_eq!(gr[0].as_ref().unwrap().data(), &[5.0, 6.0, -5.0, -6.0]);
         assert_eq!(gr[1].as_ref().unwrap().data(), &[-2.0, -2.0]);
@@ -354,7 +344,7 @@ mod tests {
         let x = Tensor::<f64>::from_fn([4, 2], |i| (i * i) as f64);
         let y = forward(&Op::Linear, &[&w, &b, &x]).unwrap();
         let g = Tensor::from_fn([4, 3], |i| 1.0 - i as f64);
-        let full = backward(&Op::Linear, &[&w, &b, &x], &y, &g).unwrap();
+        let full = backward_masked(&Op::Linear, &[&w, &b, &x], &y, &g, &[]).unwrap();
         let some =
             backward_masked(&Op::Linear, &[&w, &b, &x], &y, &g, &[true, false, false]).unwrap();
         assert_eq!(some[0], full[0]);
@@ -362,7 +352,7 @@ mod tests {
         let a = Tensor::<f64>::from_fn([2, 3], |i| i as f64);
         let c = forward(&Op::Matmul, &[&a, &w]).unwrap();
         let gc = Tensor::ones([2, 2]);
-        let full = backward(&Op::Matmul, &[&a, &w], &c, &gc).unwrap();
+        let full = backward_masked(&Op::Matmul, &[&a, &w], &c, &gc, &[]).unwrap();
         let some = backward_masked(&Op::Matmul, &[&a, &w], &c, &gc, &[false, true]).unwrap();
         assert!(some[0].is_none());
         assert_eq!(some[1], full[1]);

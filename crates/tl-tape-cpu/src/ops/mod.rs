@@ -1,7 +1,10 @@
 //! The CPU kernels, one module per op family, and the dispatch from an [`Op`] to them.
 //!
 //! Each family module exposes `forward(op, x)` and `backward(op, x, y, g)` with the signatures of
-//! [`forward`] and [`backward`]. The kernels are an implementation independent of the reference
+//! [`forward`] and [`backward`]; a family whose backward can skip work or reuse what the forward
+//! kept has that form instead (`backward_masked(.., needed)`: [`linalg`], [`conv`];
+//! `backward_saved(.., saved)`: [`activation`], [`attention`], [`norm`], [`cross_entropy`]),
+//! where an empty list means every cotangent and nothing saved. The kernels are an implementation independent of the reference
 //! rules (`tl_spec::ops`, `tl_ir::rules`), which the verification harness compares them against:
 //! they never call those functions.
 //!
@@ -125,7 +128,8 @@ pub fn forward_saving<T: Scalar>(
 }
 
 /// Operand cotangents of `op` at `x` with output `y` and output cotangent `g`; `nats` is the
-/// Nat environment the node's forward read.
+/// Nat environment the node's forward read. ([`backward_needed`] with every cotangent needed
+/// and nothing saved.)
 pub fn backward<T: Scalar>(
     op: &Op,
     x: &[&Tensor<T>],
@@ -133,28 +137,7 @@ pub fn backward<T: Scalar>(
     g: &Tensor<T>,
     nats: &[usize],
 ) -> Result<Grads<T>> {
-    match op {
-        Op::Concat | Op::Slice { .. } => return concat::backward(op, x, y, g),
-        Op::Gelu | Op::Silu => return activation::backward(op, x, y, g),
-        Op::CrossEntropy { .. } => return cross_entropy::backward(op, x, y, g, nats),
-        _ => {}
-    }
-    match op.family() {
-        Family::Elementwise => elementwise::backward(op, x, y, g),
-        Family::Shape => shape::backward(op, x, y, g),
-        Family::Reduce => reduce::backward(op, x, y, g),
-        Family::Linalg => linalg::backward(op, x, y, g),
-        Family::Softmax => softmax::backward(op, x, y, g),
-        Family::Loss => loss::backward(op, x, y, g),
-        Family::Index => index::backward(op, x, y, g, nats),
-        Family::Norm => norm::backward(op, x, y, g),
-        Family::Attention => attention::backward(op, x, y, g),
-        Family::Conv => conv::backward(op, x, y, g),
-        Family::Pool => pool::backward(op, x, y, g),
-        Family::Spectral => spectral::backward(op, x, y, g),
-        Family::Random => random::backward(op, x, y, g),
-        Family::User => user::backward(op, x, y, g),
-    }
+    backward_needed(op, x, y, g, &[], nats, &[])
 }
 
 /// Like [`backward`], computing only the cotangents whose `needed` entry is true (missing
@@ -178,7 +161,17 @@ pub fn backward_needed<T: Scalar>(
         (_, Family::Norm) => norm::backward_saved(op, x, y, g, saved)?,
         (Op::CrossEntropy { .. }, _) => cross_entropy::backward_saved(op, x, y, g, nats, saved)?,
         (Op::SafeLog { .. }, _) => elementwise::backward_saved(op, x, y, g, saved)?,
-        _ => backward(op, x, y, g, nats)?,
+        (Op::Concat | Op::Slice { .. }, _) => concat::backward(op, x, y, g)?,
+        (_, Family::Elementwise) => elementwise::backward(op, x, y, g)?,
+        (_, Family::Shape) => shape::backward(op, x, y, g)?,
+        (_, Family::Reduce) => reduce::backward(op, x, y, g)?,
+        (_, Family::Softmax) => softmax::backward(op, x, y, g)?,
+        (_, Family::Loss) => loss::backward(op, x, y, g)?,
+        (_, Family::Index) => index::backward(op, x, y, g, nats)?,
+        (_, Family::Pool) => pool::backward(op, x, y, g)?,
+        (_, Family::Spectral) => spectral::backward(op, x, y, g)?,
+        (_, Family::Random) => random::backward(op, x, y, g)?,
+        (_, Family::User) => user::backward(op, x, y, g)?,
     };
     for (d, &n) in grads.iter_mut().zip(needed) {
         if !n {
@@ -231,6 +224,18 @@ pub(crate) fn check_saved<T>(op: &Op, saved: &[Vec<T>], expected: &[usize]) -> R
         format!("saved buffers of lengths {got:?}, the forward keeps {expected:?}"),
     )
     .into())
+}
+
+/// Check a backward's operands: their count, and the cotangent `g` against the output `y`'s
+/// shape.
+pub(crate) fn check_backward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    y: &Tensor<T>,
+    g: &Tensor<T>,
+) -> Result<()> {
+    check_arity(op, x)?;
+    check_shape(op, "cotangent", g, y.shape())
 }
 
 /// Check that `t` (named `what` in the message) has shape `expected`.

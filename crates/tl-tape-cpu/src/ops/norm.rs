@@ -203,18 +203,8 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     Ok((tensor(x[0].shape().clone(), y)?, vec![st]))
 }
 
-/// Operand cotangents `(dx, dγ, dβ)` of a normalization op.
-pub fn backward<T: Scalar>(
-    op: &Op,
-    x: &[&Tensor<T>],
-    y: &Tensor<T>,
-    g: &Tensor<T>,
-) -> Result<Grads<T>> {
-    backward_saved(op, x, y, g, &[])
-}
-
-/// [`backward`] reading each group's (μ, rstd) from `saved` ([`forward_saving`]); with `saved`
-/// empty it computes them again. The same bits either way; a list that does not fit is an
+/// Operand cotangents `(dx, dγ, dβ)` of a normalization op, reading each group's (μ, rstd) from
+/// `saved` ([`forward_saving`]); with `saved` empty it computes them again. The same bits either way; a list that does not fit is an
 /// error naming the op.
 pub fn backward_saved<T: Scalar>(
     op: &Op,

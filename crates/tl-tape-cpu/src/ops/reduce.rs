@@ -10,7 +10,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Shape, Tensor};
 
-use super::{Grads, check_arity, check_shape, sum_slice, tensor, wrong_family};
+use super::{Grads, check_arity, check_backward, check_shape, sum_slice, tensor, wrong_family};
 use crate::Result;
 
 /// Forward value of a reduction.
@@ -32,9 +32,8 @@ pub fn backward<T: Scalar>(
     y: &Tensor<T>,
     g: &Tensor<T>,
 ) -> Result<Grads<T>> {
-    check_arity(op, x)?;
+    check_backward(op, x, y, g)?;
     let x = x[0];
-    check_shape(op, "cotangent", g, y.shape())?;
     let dx = match op {
         Op::Sum => {
             check_shape(op, "cotangent", g, &Shape::scalar())?;

@@ -11,7 +11,7 @@ use smallvec::{SmallVec, smallvec};
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Shape, Tensor};
 
-use super::{Grads, check_arity, check_shape, tensor, wrong_family};
+use super::{Grads, check_arity, check_backward, check_shape, tensor, wrong_family};
 use crate::Result;
 
 /// Forward value of a shape op.
@@ -52,9 +52,8 @@ pub fn backward<T: Scalar>(
     y: &Tensor<T>,
     g: &Tensor<T>,
 ) -> Result<Grads<T>> {
-    check_arity(op, x)?;
+    check_backward(op, x, y, g)?;
     let x = x[0];
-    check_shape(op, "cotangent", g, y.shape())?;
     use Op::*;
     let dx = match op {
         Reshape(_) | Flatten => reshape(op, g, x.shape())?,

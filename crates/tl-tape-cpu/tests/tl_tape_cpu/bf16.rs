@@ -302,13 +302,6 @@ fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn conv2d() -> Op {
-    Op::Conv {
-        stride: vec![1, 1],
-        padding: vec![1, 1],
-    }
-}
-
 /// The default tape gives the f32 kernels' bits; `Precision::F32` set explicitly gives the
 /// same; `Bf16` gives other values (so the default is not bf16).
 #[test]
@@ -340,7 +333,7 @@ fn the_default_tape_is_the_f32_path_bit_for_bit() {
             vec![4, 9],
         ),
         (
-            conv2d(),
+            Op::conv2d(1, 1),
             vec![
                 tensor(&mut rng, &[4, 3, 3, 3]),
                 tensor(&mut rng, &[4]),

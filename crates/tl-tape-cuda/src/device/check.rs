@@ -40,6 +40,24 @@ pub fn same_len3(op: &'static str, a: Buffer, b: Buffer, g: Buffer) -> Result<us
     Ok(n)
 }
 
+/// The buffers of an in-place update with several outputs are distinct allocations (`names`
+/// say which is which): one written twice, or an output read as an input, would make the
+/// result depend on the order of the writes.
+pub fn distinct(op: &'static str, named: &[(&str, Buffer)]) -> Result<()> {
+    for (k, &(a, x)) in named.iter().enumerate() {
+        if let Some(&(b, _)) = named[..k].iter().find(|(_, y)| y.id() == x.id()) {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "{b} and {a} are the same buffer (#{}); they must be distinct",
+                    x.id()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checked dims of an axis reduction: `x` is (outer, n, inner); returns `outer·inner`, the
 /// output's length.
 pub fn axis_lens(

@@ -38,6 +38,7 @@ mod index;
 mod launch;
 pub mod nccl;
 mod norm;
+mod optim;
 mod prims;
 mod user;
 

@@ -17,7 +17,8 @@
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
 use super::{
-    Act, Batch, BiasLayout, Buffer, Flash, Gemm, NormLayout, PoolKind, WindowLens, Windows,
+    Act, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumUpdate, NormLayout, PoolKind,
+    WindowLens, Windows,
 };
 use crate::Result;
 
@@ -68,6 +69,25 @@ pub trait Launch: LaunchIndex {
     /// [`AXPY_LIST_MAX`](crate::device::AXPY_LIST_MAX) pairs that share no buffer with another
     /// pair, lengths checked: one launch — callers use `axpy_assign_list`.
     fn launch_axpy_assign_list(&mut self, c: f32, pairs: &[(Buffer, Buffer)]) -> Result<()>;
+    /// The work of [`Device::adam_update`]; operands already validated by it — callers use
+    /// `adam_update`.
+    fn launch_adam_update(
+        &mut self,
+        w: Buffer,
+        m: Buffer,
+        v: Buffer,
+        g: Buffer,
+        c: &AdamUpdate,
+    ) -> Result<()>;
+    /// The work of [`Device::momentum_update`]; operands already validated by it — callers
+    /// use `momentum_update`.
+    fn launch_momentum_update(
+        &mut self,
+        w: Buffer,
+        b: Buffer,
+        g: Buffer,
+        c: &MomentumUpdate,
+    ) -> Result<()>;
     /// The work of [`Device::div_bwd`]; operands already validated by it — callers use `div_bwd`.
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
     /// The work of [`Device::max_bwd`]; operands already validated by it — callers use `max_bwd`.

@@ -27,6 +27,7 @@ pub mod flash;
 pub mod index_check;
 pub mod launch;
 pub mod norm;
+pub mod optim;
 pub mod point_act;
 pub mod sim;
 pub mod window;
@@ -47,6 +48,7 @@ use check::{BroadcastPlan, PermutePlan};
 pub use flash::{FLASH_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
+pub use optim::{AdamUpdate, MomentumUpdate};
 pub use point_act::PointAct;
 pub use window::{PoolKind, WindowLens, Windows};
 
@@ -294,6 +296,44 @@ pub trait Device: Launch {
         pairs
             .chunks(AXPY_LIST_MAX)
             .try_for_each(|chunk| self.launch_axpy_assign_list(c, chunk))
+    }
+
+    /// One Adam(W) step in place: `w` and its moments `m`, `v` updated from the gradient `g`,
+    /// per element as [`AdamUpdate::element`] says (the composed step's operations in its
+    /// order, so its bits), in one launch. All four the same length; `w`, `m`, `v` and `g`
+    /// distinct buffers. PyTorch: `torch.optim.Adam(…, fused=True)`'s step for one parameter.
+    fn adam_update(
+        &mut self,
+        w: Buffer,
+        m: Buffer,
+        v: Buffer,
+        g: Buffer,
+        c: &AdamUpdate,
+    ) -> Result<()> {
+        const OP: &str = "adam_update";
+        check::same_len(OP, w, m)?;
+        check::same_len(OP, w, v)?;
+        check::same_len(OP, w, g)?;
+        check::distinct(OP, &[("w", w), ("m", m), ("v", v), ("g", g)])?;
+        self.launch_adam_update(w, m, v, g, c)
+    }
+
+    /// One momentum SGD step in place (a step after the first): `w` and its momentum buffer
+    /// `b` updated from the gradient `g`, per element as [`MomentumUpdate::element`] says, in
+    /// one launch. All three the same length and distinct buffers. PyTorch: `torch.optim.SGD(…,
+    /// momentum=μ)`'s step for one parameter.
+    fn momentum_update(
+        &mut self,
+        w: Buffer,
+        b: Buffer,
+        g: Buffer,
+        c: &MomentumUpdate,
+    ) -> Result<()> {
+        const OP: &str = "momentum_update";
+        check::same_len(OP, w, b)?;
+        check::same_len(OP, w, g)?;
+        check::distinct(OP, &[("w", w), ("b", b), ("g", g)])?;
+        self.launch_momentum_update(w, b, g, c)
     }
 
     // ---- pointwise, binary (backward) ---------------------------------------------------------

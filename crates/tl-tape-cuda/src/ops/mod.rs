@@ -223,15 +223,7 @@ pub fn forward<D: Device>(
             let (loss, labels) = index::cross_entropy(dev, x[0], *labels_at, nats)?;
             return kept(dev, op, shape, loss, vec![labels]);
         }
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => index::gather(dev, op, x, nats),
+        tl_ir::gather_ops!() => index::gather(dev, op, x, nats),
         ScatterAddVec { index } | ScatterAddRow { index } => index::scatter_add(dev, x, *index),
         User(u) => return crate::user::forward(dev, op, u, x, shape),
     };
@@ -504,15 +496,7 @@ fn backward_into<D: Device>(
         CrossEntropy { labels_at } => g.push(0, |d| {
             index::cross_entropy_back(d, x[0], *labels_at, gb, nats, workspace)
         }),
-        GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor => {
+        tl_ir::gather_ops!() => {
             g.push(0, |d| index::gather_back(d, op, x, gb, nats))?;
             // The index tensor of `gather` is never differentiable.
             g.none(x.len() - 1)

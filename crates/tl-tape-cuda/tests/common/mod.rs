@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod autocast;
+pub mod optim;
 
 use std::sync::{Mutex, MutexGuard};
 

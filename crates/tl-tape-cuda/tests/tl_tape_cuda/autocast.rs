@@ -84,13 +84,6 @@ fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn conv2d() -> Op {
-    Op::Conv {
-        stride: vec![1, 1],
-        padding: vec![1, 1],
-    }
-}
-
 /// Autocast keeps a conv on the im2col GEMM (the tensor-core products round their operands;
 /// the implicit-GEMM kernel does not): with the implicit kernel's gate forced on, a conv at
 /// `Bf16` / `Tf32` gives the bits of the gate forced off, and not the f32 kernel's.
@@ -106,7 +99,7 @@ fn autocast_keeps_the_conv_off_the_implicit_kernel() {
     let g = tensor(&mut rng, &[2, 4, 6, 6]);
     let run = |p: Precision, min: usize| {
         let _gate = force_conv_implicit_min_tiles(Some(min));
-        bits(&on_cuda_tape(SimDevice::new(), Some(p), &conv2d(), &x, &g)[..1])
+        bits(&on_cuda_tape(SimDevice::new(), Some(p), &Op::conv2d(1, 1), &x, &g)[..1])
     };
     let f32_implicit = run(Precision::F32, 0);
     for p in AUTOCAST {
@@ -194,7 +187,7 @@ fn the_default_is_the_f32_path_and_spectral_stays_f32() {
             vec![2, 5, 6],
         ),
         (
-            conv2d(),
+            Op::conv2d(1, 1),
             vec![
                 tensor(&mut rng, &[4, 3, 3, 3]),
                 tensor(&mut rng, &[4]),

@@ -303,6 +303,49 @@ fn axpy_assign_list_gives_the_bits_of_one_launch_per_pair() {
     assert_eq!(dev.live_buffers(), 0, "every buffer released");
 }
 
+/// An Adam(W) or momentum SGD step in one launch: the bits of the chain of primitives the
+/// session's device path composed before (the kernel emulator runs the same check in
+/// `gpu.rs`).
+#[test]
+fn fused_optimizer_steps_give_the_bits_of_their_primitives() {
+    let mut dev = SimDevice::new();
+    let bad = crate::common::optim::optimizer_update_mismatches(&mut dev);
+    assert!(bad.is_empty(), "fused != composed: {bad:?}");
+    assert_eq!(dev.live_buffers(), 0, "every buffer released");
+}
+
+/// The fused optimizer steps refuse operands of other lengths and buffers passed twice, by
+/// name, before writing anything.
+#[test]
+fn fused_optimizer_steps_refuse_mismatched_or_shared_buffers() {
+    use crate::common::optim::{adam_cases, momentum_cases};
+    let mut dev = SimDevice::new();
+    let [w, m, v, g] = [1.0f32, 2.0, 3.0, 4.0].map(|x| dev.upload(&[x; 3]).unwrap());
+    let short = dev.zeros(2).unwrap();
+    let (a, s) = (adam_cases()[0], momentum_cases()[0]);
+    let errors = [
+        dev.adam_update(w, m, v, short, &a).unwrap_err(),
+        dev.adam_update(w, m, m, g, &a).unwrap_err(),
+        dev.adam_update(w, m, v, w, &a).unwrap_err(),
+        dev.momentum_update(w, short, g, &s).unwrap_err(),
+        dev.momentum_update(w, w, g, &s).unwrap_err(),
+    ];
+    let wanted = [
+        ("adam_update", "3 and 2 elements"),
+        ("adam_update", "m and v are the same buffer"),
+        ("adam_update", "w and g are the same buffer"),
+        ("momentum_update", "3 and 2 elements"),
+        ("momentum_update", "w and b are the same buffer"),
+    ];
+    for (e, (op, what)) in errors.iter().zip(wanted) {
+        let msg = e.to_string();
+        assert!(msg.contains(op) && msg.contains(what), "{msg}");
+    }
+    for (b, x) in [(w, 1.0), (m, 2.0), (v, 3.0), (g, 4.0)] {
+        assert_eq!(dev.download(b).unwrap(), vec![x; 3], "nothing written");
+    }
+}
+
 /// A product added into an accumulator in its epilogue: the bits of `add(c, matmul(a, b))`
 /// (the kernel emulator runs the same check in `gpu.rs`).
 #[test]

@@ -24,6 +24,10 @@ fn dims(batch: usize, n: usize, heads: usize, d: usize) -> FlashDims {
     FlashDims { batch, n, heads, d }
 }
 
+fn case(name: &'static str, dims: FlashDims, mask: Option<Mask>) -> Case {
+    Case { name, dims, mask }
+}
+
 /// Lengths that are and are not multiples of the tile (16), head sizes 1 to 128, and every
 /// mask form: none, causal, key padding, both, and a general mask with fully masked rows.
 pub fn cases() -> Vec<Case> {
@@ -31,62 +35,23 @@ pub fn cases() -> Vec<Case> {
     let both = |n: usize| Mask::from_fn(n, |i, j| j <= i && j % 4 != 1).unwrap();
     // Rows 0 and 7 see nothing; the others an irregular pattern.
     let odd = |n: usize| Mask::from_fn(n, |i, j| i != 0 && i != 7 && (i * 3 + j) % 5 != 0).unwrap();
+    let causal = |n: usize| Mask::causal(n).unwrap();
     vec![
-        Case {
-            name: "n1 d1",
-            dims: dims(1, 1, 1, 1),
-            mask: None,
-        },
-        Case {
-            name: "n16 d16",
-            dims: dims(1, 16, 2, 16),
-            mask: None,
-        },
-        Case {
-            name: "causal n17 d7",
-            dims: dims(2, 17, 2, 7),
-            mask: Some(Mask::causal(17).unwrap()),
-        },
-        Case {
-            name: "padding n40 d5",
-            dims: dims(1, 40, 3, 5),
-            mask: Some(pad(40)),
-        },
-        Case {
-            name: "causal+padding n33 d33",
-            dims: dims(2, 33, 1, 33),
-            mask: Some(both(33)),
-        },
-        Case {
-            name: "general n20 d3",
-            dims: dims(1, 20, 2, 3),
-            mask: Some(odd(20)),
-        },
-        Case {
-            name: "causal n150 d64",
-            dims: dims(1, 150, 2, 64),
-            mask: Some(Mask::causal(150).unwrap()),
-        },
-        Case {
-            name: "general n100 d64",
-            dims: dims(1, 100, 1, 64),
-            mask: Some(odd(100)),
-        },
-        Case {
-            name: "padding n70 d65",
-            dims: dims(1, 70, 1, 65),
-            mask: Some(pad(70)),
-        },
-        Case {
-            name: "causal+padding n81 d100",
-            dims: dims(1, 81, 1, 100),
-            mask: Some(both(81)),
-        },
-        Case {
-            name: "n5 d128",
-            dims: dims(1, 5, 1, FLASH_MAX_HEAD),
-            mask: Some(Mask::causal(5).unwrap()),
-        },
+        case("n1 d1", dims(1, 1, 1, 1), None),
+        case("n16 d16", dims(1, 16, 2, 16), None),
+        case("causal n17 d7", dims(2, 17, 2, 7), Some(causal(17))),
+        case("padding n40 d5", dims(1, 40, 3, 5), Some(pad(40))),
+        case("causal+padding n33 d33", dims(2, 33, 1, 33), Some(both(33))),
+        case("general n20 d3", dims(1, 20, 2, 3), Some(odd(20))),
+        case("causal n150 d64", dims(1, 150, 2, 64), Some(causal(150))),
+        case("general n100 d64", dims(1, 100, 1, 64), Some(odd(100))),
+        case("padding n70 d65", dims(1, 70, 1, 65), Some(pad(70))),
+        case(
+            "causal+padding n81 d100",
+            dims(1, 81, 1, 100),
+            Some(both(81)),
+        ),
+        case("n5 d128", dims(1, 5, 1, FLASH_MAX_HEAD), Some(causal(5))),
     ]
 }
 

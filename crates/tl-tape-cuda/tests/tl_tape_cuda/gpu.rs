@@ -511,6 +511,14 @@ fn axpy_assign_list_gives_the_bits_of_one_launch_per_pair_on_cuda() {
     assert!(bad.is_empty(), "axpy_assign_list on CUDA: {bad:?}");
 }
 
+/// The fused optimizer steps give the bits of their primitives on the CUDA device too.
+#[test]
+fn fused_optimizer_steps_give_the_bits_of_their_primitives_on_cuda() {
+    let Some(mut cuda) = gpu() else { return };
+    let bad = common::optim::optimizer_update_mismatches(&mut cuda);
+    assert!(bad.is_empty(), "fused != composed on CUDA: {bad:?}");
+}
+
 /// `matmul_acc` gives the bits of a product then an add on the CUDA device too.
 #[test]
 fn matmul_acc_gives_the_bits_of_a_product_then_an_add_on_cuda() {
@@ -815,6 +823,39 @@ fn single(op: Op, leaves: &[(&[usize], Domain)]) -> (Op, Vec<(Shape, Domain)>) {
     )
 }
 
+/// Each single-op case as a graph, its leaf values and output cotangent drawn in turn from
+/// `Gen::new(seed)`, checked on a CUDA tape against the IR reference: over the CUDA device
+/// when `on_gpu`, else over the sim (no GPU: the same graphs, so the case list itself stays
+/// valid).
+fn check_single_op_cases(cases: &[(Op, Vec<(Shape, Domain)>)], seed: u64, on_gpu: bool) {
+    let mut rnd = Gen::new(seed);
+    for (op, leaves) in cases {
+        let mut g = GraphBuilder::new();
+        let ids: Vec<usize> = leaves
+            .iter()
+            .map(|(s, _)| g.leaf_with(s.clone(), None, true).unwrap())
+            .collect();
+        let out = g.apply(op.clone(), &ids).unwrap();
+        let graph = g.finish();
+        let values: Vec<Tensor<f64>> = leaves.iter().map(|(s, d)| draw(&mut rnd, s, *d)).collect();
+        let seed = draw(&mut rnd, graph.shape(out).unwrap(), Domain::Any);
+        if on_gpu {
+            let what = format!("{op:?} on CUDA");
+            check_graph_on(
+                CudaDevice::new().unwrap(),
+                &what,
+                &graph,
+                &values,
+                out,
+                &seed,
+            );
+        } else {
+            let what = format!("{op:?} on sim");
+            check_graph_on(SimDevice::new(), &what, &graph, &values, out, &seed);
+        }
+    }
+}
+
 /// The norm family's ops (issue 4): layer/batch norm, masked softmax, attention (both forms,
 /// masked and not, batched).
 fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
@@ -925,27 +966,7 @@ fn the_cuda_tape_matches_the_reference_on_the_first_op_set() {
         &[(&[6, 4], Any), (&[6], Any), (&[5, 4], Any)],
     ));
     cases.extend(norm_family_cases());
-    let mut rnd = Gen::new(11);
-    for (op, leaves) in &cases {
-        let mut g = GraphBuilder::new();
-        let ids: Vec<usize> = leaves
-            .iter()
-            .map(|(s, _)| g.leaf_with(s.clone(), None, true).unwrap())
-            .collect();
-        let out = g.apply(op.clone(), &ids).unwrap();
-        let graph = g.finish();
-        let values: Vec<Tensor<f64>> = leaves.iter().map(|(s, d)| draw(&mut rnd, s, *d)).collect();
-        let seed = draw(&mut rnd, graph.shape(out).unwrap(), Domain::Any);
-        if on_gpu {
-            let device = CudaDevice::new().unwrap();
-            let what = format!("{op:?} on CUDA");
-            check_graph_on(device, &what, &graph, &values, out, &seed);
-        } else {
-            // No GPU: the same graphs on sim, so the case list itself stays valid.
-            let what = format!("{op:?} on sim");
-            check_graph_on(SimDevice::new(), &what, &graph, &values, out, &seed);
-        }
-    }
+    check_single_op_cases(&cases, 11, on_gpu);
     if !on_gpu {
         return;
     }
@@ -1008,38 +1029,7 @@ fn the_cuda_tape_matches_the_reference_on_conv_pool_and_spectral() {
             &[(&[2, 6, 3], Any), (&[4, 3, 3], Any), (&[4, 3, 3], Any)],
         ),
     ];
-    let mut rnd = Gen::new(12);
-    for (op, leaves) in &cases {
-        let mut g = GraphBuilder::new();
-        let ids: Vec<usize> = leaves
-            .iter()
-            .map(|(s, _)| g.leaf_with(s.clone(), None, true).unwrap())
-            .collect();
-        let out = g.apply(op.clone(), &ids).unwrap();
-        let graph = g.finish();
-        let values: Vec<Tensor<f64>> = leaves.iter().map(|(s, d)| draw(&mut rnd, s, *d)).collect();
-        let seed = draw(&mut rnd, graph.shape(out).unwrap(), Domain::Any);
-        if on_gpu {
-            let device = CudaDevice::new().unwrap();
-            check_graph_on(
-                device,
-                &format!("{op:?} on CUDA"),
-                &graph,
-                &values,
-                out,
-                &seed,
-            );
-        } else {
-            check_graph_on(
-                SimDevice::new(),
-                &format!("{op:?} on sim"),
-                &graph,
-                &values,
-                out,
-                &seed,
-            );
-        }
-    }
+    check_single_op_cases(&cases, 12, on_gpu);
     if on_gpu {
         println!("GPU-SUMMARY tape(conv) checked {} pass", cases.len());
     }

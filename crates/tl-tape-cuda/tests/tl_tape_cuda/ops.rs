@@ -116,15 +116,7 @@ fn cases(op: &Op) -> Vec<Case> {
         | Concat
         | Slice { .. }
         | CrossEntropy { .. }
-        | GatherScalar { .. }
-        | GatherRow { .. }
-        | GatherScalarRaw { .. }
-        | GatherRowRaw { .. }
-        | GatherScalarNat { .. }
-        | GatherRowNat { .. }
-        | GatherScalarsNatVec { .. }
-        | GatherRowsNatVec { .. }
-        | GatherIndexTensor
+        | tl_ir::gather_ops!()
         | ScatterAddVec { .. }
         | ScatterAddRow { .. } => Vec::new(),
         // User ops: module `user`.

@@ -9,8 +9,8 @@ use super::launch::{blocks, dims8};
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::sim::reduce::axis_sum_by_block;
 use crate::device::{
-    Act, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, NormLayout, PointAct, PoolKind,
-    WindowLens, Windows,
+    Act, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumUpdate, NormLayout,
+    PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Result, abi};
 
@@ -118,6 +118,27 @@ impl Launch for CudaDevice {
         driver::enter()?;
         let grid = [super::launch::blocks(longest), pairs.len() as u32, 1];
         self.run(OP, "tl_axpy_assign_list", grid, &args)
+    }
+
+    fn launch_adam_update(
+        &mut self,
+        w: Buffer,
+        m: Buffer,
+        v: Buffer,
+        g: Buffer,
+        c: &AdamUpdate,
+    ) -> Result<()> {
+        self.adam_update_impl(w, m, v, g, c)
+    }
+
+    fn launch_momentum_update(
+        &mut self,
+        w: Buffer,
+        b: Buffer,
+        g: Buffer,
+        c: &MomentumUpdate,
+    ) -> Result<()> {
+        self.momentum_update_impl(w, b, g, c)
     }
 
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {

@@ -71,6 +71,36 @@ impl SimDevice {
         Ok(self.insert(out, out_len))
     }
 
+    /// An in-place update of the distinct buffers `outs` (checked by the caller) from their
+    /// own elements and `g`'s, index by index (`kernel` maps the values at one index to the new
+    /// ones); every operand is looked up before anything is written. Counted as one launch.
+    pub(super) fn update_in_place<const N: usize>(
+        &mut self,
+        op: &'static str,
+        outs: [Buffer; N],
+        g: Buffer,
+        kernel: impl Fn([f32; N], f32) -> [f32; N],
+    ) -> Result<()> {
+        let gs = view(&self.live, op, g)?;
+        let mut cols: [Vec<f32>; N] = std::array::from_fn(|_| Vec::new());
+        for (col, b) in cols.iter_mut().zip(outs) {
+            *col = view(&self.live, op, b)?.to_vec();
+        }
+        for (i, &gi) in gs.iter().enumerate() {
+            let new = kernel(std::array::from_fn(|k| cols[k][i]), gi);
+            for (col, v) in cols.iter_mut().zip(new) {
+                col[i] = v;
+            }
+        }
+        for (col, b) in cols.iter().zip(outs) {
+            if let Some(a) = self.live.get_mut(&b.id()) {
+                a.block[..b.len()].copy_from_slice(col);
+            }
+        }
+        self.traffic.launch();
+        Ok(())
+    }
+
     /// `y ← y + c·x` in place, element by element as the kernel computes it (`y` and `x` may
     /// be the same buffer); no launch counted (the callers count theirs).
     pub(super) fn axpy_in_place(

@@ -6,8 +6,8 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, NormLayout, PointAct, PoolKind,
-    WindowLens, Windows,
+    Act, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumUpdate, NormLayout,
+    PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Error, Result};
 
@@ -98,6 +98,33 @@ impl Launch for SimDevice {
         // One kernel on the device for the whole list.
         self.traffic.launch();
         Ok(())
+    }
+
+    fn launch_adam_update(
+        &mut self,
+        w: Buffer,
+        m: Buffer,
+        v: Buffer,
+        g: Buffer,
+        c: &AdamUpdate,
+    ) -> Result<()> {
+        self.update_in_place("adam_update", [w, m, v], g, |[w, m, v], g| {
+            let (w, m, v) = c.element(w, m, v, g);
+            [w, m, v]
+        })
+    }
+
+    fn launch_momentum_update(
+        &mut self,
+        w: Buffer,
+        b: Buffer,
+        g: Buffer,
+        c: &MomentumUpdate,
+    ) -> Result<()> {
+        self.update_in_place("momentum_update", [w, b], g, |[w, b], g| {
+            let (w, b) = c.element(w, b, g);
+            [w, b]
+        })
     }
 
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
