@@ -99,24 +99,34 @@ extern "C" __global__ void tl_norm_moments_bwd(const float* x, const float* mome
     }
 }
 
-// Running statistics (sim: norm::running_update, the rule tl_spec::ops::norm::running_update):
-// out = (1 - momentum) * running + momentum * s in double, rounded once to float, s = stat
-// widened; with unbiased != 0 s is a biased variance made unbiased, s * num / den, and the
-// running value is kept where den == 0 (one element) or s is NaN. Grid-stride over n.
-extern "C" __global__ void tl_running_update(const float* running, const float* stat, float* out,
-                                             u64 n, double momentum, u32 unbiased, double num,
-                                             double den) {
+// Running statistics (sim: norm::running_update_moments, the rule
+// tl_spec::ops::norm::running_update): BatchNorm's running mean and variance in one launch from
+// moments = [means (n), biased variances (n)] (batchMoments' (2, C)). Per element i, in double
+// and rounded once to float: out_mean = (1 - momentum) * mean + momentum * moments[i]; the
+// variance s = moments[n + i] made unbiased, s * num / den, and out_var = (1 - momentum) * var
+// + momentum * s, var kept where den == 0 (one element per channel) or s is NaN. Grid-stride
+// over n.
+extern "C" __global__ void tl_running_update_moments(const float* mean, const float* var,
+                                                     const float* moments, float* out_mean,
+                                                     float* out_var, u64 n, double momentum,
+                                                     double num, double den) {
     TL_GRID_STRIDE(i, n) {
-        const double old = (double)running[i];
-        double s = (double)stat[i];
-        bool keep = false;
-        if (unbiased) {
-            keep = den == 0.0;
-            if (!keep) s = s * num / den;
-            keep = keep || s != s;
-        }
-        out[i] = keep ? (float)old : (float)((1.0 - momentum) * old + momentum * s);
+        const double m = (double)mean[i];
+        out_mean[i] = (float)((1.0 - momentum) * m + momentum * (double)moments[i]);
+        const double v = (double)var[i];
+        double s = (double)moments[n + i];
+        bool keep = den == 0.0;
+        if (!keep) s = s * num / den;
+        keep = keep || s != s;
+        out_var[i] = keep ? (float)v : (float)((1.0 - momentum) * v + momentum * s);
     }
+}
+
+// BatchNorm's eval scale from its running variance (sim: norm::running_inv_std, the rule
+// tl_spec::ops::norm::running_inv_std): out = 1 / sqrt(var + eps) in double, rounded once to
+// float. Grid-stride over n.
+extern "C" __global__ void tl_running_inv_std(const float* var, float* out, u64 n, double eps) {
+    TL_GRID_STRIDE(i, n) { out[i] = (float)(1.0 / sqrt((double)var[i] + eps)); }
 }
 
 // y = (x - mean) * rstd * gamma + beta, grid-stride over the n elements.

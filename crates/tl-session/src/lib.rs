@@ -96,6 +96,5 @@ pub use handle::{NatRef, NatVecRef, Param, Stamp, TensorRef};
 pub use linked::{Compiled, CompiledTape, LinkedSession};
 pub use ops::Ops;
 pub use optim::{Optimizer, Schedule, StepStats};
-pub use tl_spec::ops::norm::RunningStat;
 pub use tl_tape_cpu::Precision;
 pub use train::{GradReducer, StepPass, Train};

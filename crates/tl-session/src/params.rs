@@ -138,27 +138,29 @@ impl<T: Scalar> ParamStore<T> {
         Ok(b)
     }
 
-    /// The running-statistics update of parameter `index` on `dev` (`Device::running_update`
-    /// from its mirror, uploaded first if missing, and `stat`): the result becomes the mirror,
-    /// whose host copy is then stale (synced on read). Returns the old mirror, which a pass's
-    /// leaves may still borrow: the caller retires or keeps it.
+    /// BatchNorm's running-statistics update of parameters `[mean, var]` on `dev`
+    /// (`Device::running_update_moments`, one launch, from their mirrors, uploaded first if
+    /// missing, and `moments`, the (2, C) batch means and biased variances of `count` elements
+    /// each): the results become the mirrors, whose host copies are then stale (synced on
+    /// read). Returns the old mirrors, which a pass's leaves may still borrow: the caller
+    /// retires or keeps them.
     pub(crate) fn update_running_on_device<D: Device>(
         &mut self,
-        index: usize,
+        [mean, var]: [usize; 2],
         dev: &mut D,
-        stat: Buffer,
+        moments: Buffer,
         momentum: f64,
-        kind: tl_spec::ops::norm::RunningStat,
-    ) -> Result<AnyBuffer> {
-        let old = self.mirror(index, dev)?;
-        let new = dev.running_update(old.buffer(), stat, momentum, kind)?;
-        let slot = &mut self.slots[index];
-        slot.device = Some(AnyBuffer::new(
-            "update_running",
-            slot.host.shape().clone(),
-            new,
-        )?);
-        slot.host_stale = true;
+        count: usize,
+    ) -> Result<[AnyBuffer; 2]> {
+        let old = [self.mirror(mean, dev)?, self.mirror(var, dev)?];
+        let (new_mean, new_var) =
+            dev.running_update_moments(old[0].buffer(), old[1].buffer(), moments, momentum, count)?;
+        for (index, new) in [(mean, new_mean), (var, new_var)] {
+            let slot = &mut self.slots[index];
+            let shape = slot.host.shape().clone();
+            slot.device = Some(AnyBuffer::new("update_running", shape, new)?);
+            slot.host_stale = true;
+        }
         Ok(old)
     }
 

@@ -6,7 +6,6 @@
 //! [`Backend`] (`LinkedSession::set_backend`) and steps from the compiled tape's gradients.
 
 use tl_spec::Tensor;
-use tl_spec::ops::norm::RunningStat;
 use tl_tape_cuda::{MemoryUsage, Traffic};
 
 use crate::linked::{CompiledTape, step_on_tape};
@@ -89,23 +88,31 @@ pub trait Train: Ops {
     /// Overwrite a parameter's value (same shape). PyTorch: `p.data.copy_(value)`.
     fn set_param(&mut self, p: &Param, value: Tensor<Self::T>) -> Result<()>;
 
-    /// Fold `stat`, a tensor of the current pass with the shape of `buffer` (a parameter that
-    /// does not require grad), into it: per element `buffer ← (1 − momentum)·buffer +
-    /// momentum·s`, `s` the statistic as `kind` says (a variance made unbiased; where that is
-    /// NaN the buffer keeps its value), computed in f64 and rounded once to the buffer's type
-    /// ([`running_update`](tl_spec::ops::norm::running_update); on a CUDA backend the
-    /// device's f32). On a CUDA backend the update runs on the device, where the statistic and
-    /// the buffer's resident mirror live: nothing is downloaded or uploaded. Leaves of the
-    /// buffer already recorded in this pass keep the value they were recorded with. Errors:
-    /// a parameter that requires grad, a statistic of another shape, a momentum outside
-    /// [0, 1]. PyTorch: `running.mul_(1 − m).add_(s, alpha=m)` under `torch.no_grad()`
-    /// (`nn.BatchNorm2d`'s running statistics).
+    /// BatchNorm's running statistics: fold `moments`, a (2, C…) tensor of the current pass
+    /// (the batch means, then the biased batch variances of `count` elements each: the op
+    /// `batchMoments`), into the buffer parameters `mean` and `var` (two parameters of shape
+    /// (C…) that do not require grad), per element `buffer ← (1 − momentum)·buffer +
+    /// momentum·s`: for `mean` s is the batch mean, for `var` the batch variance made unbiased
+    /// (`·count/(count − 1)`; where that is NaN, `count` ≤ 1 or a NaN variance, the buffer keeps
+    /// its value), computed in f64 and rounded once to the buffer's type
+    /// ([`running_update`](tl_spec::ops::norm::running_update) with
+    /// [`RunningStat::Mean`](tl_spec::ops::norm::RunningStat::Mean) and
+    /// [`RunningStat::Variance`](tl_spec::ops::norm::RunningStat::Variance); on a CUDA backend
+    /// the device's f32). On a CUDA backend the update runs on the device, where the moments
+    /// and the buffers' resident mirrors live, one kernel launch for both buffers: nothing is
+    /// downloaded or uploaded. Leaves of the buffers already recorded in this pass keep the
+    /// value they were recorded with. Errors: a parameter that requires grad, the same
+    /// parameter twice, buffers of two shapes, moments not (2, C…), a momentum outside [0, 1].
+    /// PyTorch: `running_mean.mul_(1 − m).add_(μ, alpha=m)` and `running_var.mul_(1 −
+    /// m).add_(var·count/(count − 1), alpha=m)` under `torch.no_grad()` (`nn.BatchNorm2d`'s
+    /// training forward; two kernels on CUDA).
     fn update_running(
         &mut self,
-        buffer: &Param,
-        stat: &TensorRef,
+        mean: &Param,
+        var: &Param,
+        moments: &TensorRef,
         momentum: f64,
-        kind: RunningStat,
+        count: usize,
     ) -> Result<()>;
 
     /// The name a parameter was created with.
@@ -238,12 +245,13 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     }
     fn update_running(
         &mut self,
-        buffer: &Param,
-        stat: &TensorRef,
+        mean: &Param,
+        var: &Param,
+        moments: &TensorRef,
         momentum: f64,
-        kind: RunningStat,
+        count: usize,
     ) -> Result<()> {
-        Session::update_running(self, buffer, stat, momentum, kind)
+        Session::update_running(self, mean, var, moments, momentum, count)
     }
     fn param_name(&self, p: &Param) -> Result<Option<String>> {
         Session::param_name(self, p)
@@ -365,12 +373,13 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn update_running(
         &mut self,
-        buffer: &Param,
-        stat: &TensorRef,
+        mean: &Param,
+        var: &Param,
+        moments: &TensorRef,
         momentum: f64,
-        kind: RunningStat,
+        count: usize,
     ) -> Result<()> {
-        LinkedSession::update_running(self, buffer, stat, momentum, kind)
+        LinkedSession::update_running(self, mean, var, moments, momentum, count)
     }
     fn param_name(&self, p: &Param) -> Result<Option<String>> {
         Ok(self.params.slot("param_name", p)?.name.clone())

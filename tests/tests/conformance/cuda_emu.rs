@@ -81,3 +81,60 @@ fn past_one_grid_the_emulated_kernels_equal_the_sim_or_are_within_tolerance_with
     let reports = check_grid_device("cuda-emu", CudaDevice::new);
     assert_all_passed(&reports, grid_cases().len() as u32);
 }
+
+/// BatchNorm's running-statistics update (`running_update_moments`, `tl_running_update_moments`:
+/// both statistics in one launch) on the emulated kernel: each element the reference rule
+/// `tl_spec::ops::norm::running_update` in f64 rounded once, the mean from the moments' first
+/// row, the variance from the second made unbiased with `count`, bit for bit and equal to the
+/// sim; NaN and one-element variances keep the running value.
+#[test]
+fn the_running_statistics_update_on_the_emulated_kernel_is_the_reference_rule() {
+    use tl_spec::ops::norm::{RunningStat, running_update};
+    use tl_tape_cuda::SimDevice;
+    const C: usize = 37;
+    let wave = |k: usize, a: f32, b: f32| a * ((k * 7 + 3) % 11) as f32 / 11.0 + b;
+    let mean: Vec<f32> = (0..C).map(|k| wave(k, 3.0, -1.5)).collect();
+    let var: Vec<f32> = (0..C).map(|k| wave(k, 2.0, 0.25)).collect();
+    // The batch means, then the biased batch variances (every ninth NaN).
+    let moments: Vec<f32> = (0..C)
+        .map(|k| wave(k + 5, 4.0, -2.0))
+        .chain((0..C).map(|k| {
+            if k % 9 == 4 {
+                f32::NAN
+            } else {
+                wave(k + 2, 1.5, 0.1)
+            }
+        }))
+        .collect();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut emu = CudaDevice::new().unwrap();
+    let mut sim = SimDevice::new();
+    fn on<D: Device>(d: &mut D, ins: [&[f32]; 3], m: f64, count: usize) -> (Vec<f32>, Vec<f32>) {
+        let [a, b, c] = ins.map(|v| d.upload(v).unwrap());
+        let before = d.traffic().launches;
+        let (nm, nv) = d.running_update_moments(a, b, c, m, count).unwrap();
+        assert_eq!(d.traffic().launches, before + 1, "{}: one launch", d.name());
+        (d.download(nm).unwrap(), d.download(nv).unwrap())
+    }
+    let ins = [&mean[..], &var[..], &moments[..]];
+    for count in [1, 2, 120] {
+        for m in [0.1, 1.0 / 3.0, 1.0] {
+            let (gm, gv) = on(&mut emu, ins, m, count);
+            let (sm, sv) = on(&mut sim, ins, m, count);
+            let rule = |old: f32, s: f32, kind| {
+                running_update(f64::from(old), f64::from(s), m, kind) as f32
+            };
+            let var_kind = RunningStat::Variance { count };
+            let want_m: Vec<f32> = (0..C)
+                .map(|k| rule(mean[k], moments[k], RunningStat::Mean))
+                .collect();
+            let want_v: Vec<f32> = (0..C)
+                .map(|k| rule(var[k], moments[C + k], var_kind))
+                .collect();
+            let at = format!("count {count}, momentum {m}");
+            assert_eq!(bits(&gm), bits(&want_m), "{at}: emulated mean");
+            assert_eq!(bits(&gv), bits(&want_v), "{at}: emulated variance");
+            assert_eq!((bits(&sm), bits(&sv)), (bits(&gm), bits(&gv)), "{at}: sim");
+        }
+    }
+}

@@ -553,6 +553,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-running-update-var-from-means",
+        area: Kernel,
+        file: "kernels/norm.cu",
+        from: "double s = (double)moments[n + i];",
+        to: "double s = (double)moments[i];",
+        bug: "BatchNorm's one-launch running-statistics update folds the batch means (the moments' first row) into the running variance",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-adam-reciprocal",
         area: Kernel,
         file: "kernels/optim.cu",

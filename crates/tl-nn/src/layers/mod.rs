@@ -5,6 +5,7 @@ mod attention;
 mod conv;
 mod dropout;
 mod embedding;
+mod inv_std;
 mod linear;
 mod list;
 mod norm;

@@ -1,9 +1,9 @@
 //! [`LayerNorm`] and [`BatchNorm`]. PyTorch: `nn.LayerNorm`, `nn.BatchNorm1d/2d/3d`.
 
-use tl_session::{Param, RunningStat, Train};
-use tl_spec::{Scalar, Shape, Tensor};
+use tl_session::{Param, Train};
+use tl_spec::Shape;
 
-use super::At;
+use super::{At, inv_std};
 use crate::display::py_float;
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Var, Vars};
@@ -156,28 +156,22 @@ impl BatchNorm {
     }
 
     /// Update the running statistics from the batch moments of x4 (N, C, R, 1): the op
-    /// `batchMoments` and the update (`Train::update_running`, PyTorch's rule in f64) run where
-    /// x and the statistics live, so on a CUDA backend nothing is read back or uploaded.
+    /// `batchMoments` ((2, C): the means, then the biased variances) and the update of both
+    /// buffers from it (`Train::update_running`, PyTorch's rule in f64; one kernel on a CUDA
+    /// backend) run where x and the statistics live, so on a CUDA backend nothing is read back
+    /// or uploaded.
     fn update_running<O: Train>(&self, x4: &Var<'_, O>, rt: &crate::Runtime<O>) -> Result<()> {
         let at = || At::new(rt, self, &self.weight);
-        let c = self.channels();
-        let count = x4.shape().numel() / c;
-        // (2, C): the means, then the biased variances.
+        let count = x4.shape().numel() / self.channels();
         let moments = (x4.detach()?.batch_moments()).map_err(|e| at().op_error(e))?;
-        let row =
-            |k| (moments.narrow0(k, 1).and_then(|m| m.reshape(&[c]))).map_err(|e| at().op_error(e));
-        let (mean, var) = (row(0)?, row(1)?);
-        let updates = [
-            (&self.running_mean, &mean, RunningStat::Mean),
-            (&self.running_var, &var, RunningStat::Variance { count }),
-        ];
-        for (buffer, stat, kind) in updates {
-            let r = rt
-                .borrow_mut()
-                .update_running(buffer, stat.tensor_ref(), self.momentum, kind);
-            r.map_err(|e| at().op_error(e.into()))?;
-        }
-        Ok(())
+        let r = rt.borrow_mut().update_running(
+            &self.running_mean,
+            &self.running_var,
+            moments.tensor_ref(),
+            self.momentum,
+            count,
+        );
+        r.map_err(|e| at().op_error(e.into()))
     }
 }
 
@@ -214,22 +208,17 @@ impl<O: Train> Module<O> for BatchNorm {
             self.update_running(&x4, g.rt)?;
             y
         } else {
-            // (x − running_mean)/√(running_var + ε)·γ + β, the statistics as constants.
-            let rm = g.rt.value_of(&self.running_mean)?;
-            let rv = g.rt.value_of(&self.running_var)?;
-            let per_channel =
-                |v: Vec<O::T>| -> Result<Tensor<O::T>> { Ok(Tensor::new([c, 1, 1], v)?) };
-            let mean = g.constant(per_channel(rm.data().iter().map(|v| -*v).collect())?)?;
-            let inv = g.constant(per_channel(
-                rv.data()
-                    .iter()
-                    .map(|v| O::T::lit(1.0 / (v.as_f64() + self.eps).sqrt()))
-                    .collect(),
-            )?)?;
+            // (x − running_mean)·(1/√(running_var + ε))·γ + β, the statistics read where they
+            // live (on a CUDA backend their resident mirrors: nothing downloaded or uploaded),
+            // the scale in f64 rounded once (`inv_std`).
+            let rm = g.param(&self.running_mean)?;
+            let inv = g
+                .param(&self.running_var)?
+                .user(&inv_std::op(self.eps), &[])?;
             let to = Shape::new(&[n, c, r, 1]);
-            let xhat = ((&x4 + &mean.broadcast_to(&to)?)? * inv.broadcast_to(&to)?)?;
-            let gamma = w.reshape(&[c, 1, 1])?.broadcast_to(&to)?;
-            let beta = b.reshape(&[c, 1, 1])?.broadcast_to(&to)?;
+            let per_channel = |v: &Var<'g, O>| v.reshape(&[c, 1, 1])?.broadcast_to(&to);
+            let xhat = ((&x4 - &per_channel(&rm)?)? * per_channel(&inv)?)?;
+            let (gamma, beta) = (per_channel(&w)?, per_channel(&b)?);
             ((&xhat * &gamma)? + beta)?
         };
         y.reshape(x.dims())

@@ -5,8 +5,8 @@
 //! the statistics; a linked session's host write of one parameter touches that parameter only.
 
 use tl_nn::{BatchNorm, Linear, Module, Runtime};
-use tl_session::{Backend, Error, Optimizer, RunningStat, Train};
-use tl_spec::{Scalar, Tensor};
+use tl_session::{Backend, Error, Optimizer, Train};
+use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::{eager, linked};
 
@@ -313,14 +313,17 @@ fn a_linked_host_write_touches_only_its_parameter() {
 }
 
 /// Bad input to `update_running` is an error naming the call and what is wrong, on both
-/// sessions and every backend: a parameter that requires grad, a statistic of another shape,
-/// a momentum outside [0, 1], a statistic of an ended pass.
+/// sessions and every backend: a parameter that requires grad (as the mean or the variance),
+/// the same buffer twice, buffers of two shapes, moments not (2, C), a momentum outside
+/// [0, 1], moments of an ended pass; nothing is written.
 #[test]
 fn update_running_rejects_bad_input() {
     fn check<O: Train>(name: &str, mut rt: Runtime<O>) {
         let bn = BatchNorm::with(&rt.vars().pp("bn"), 3, 1e-5, MOMENTUM).unwrap();
+        let bn4 = BatchNorm::with(&rt.vars().pp("bn4"), 4, 1e-5, MOMENTUM).unwrap();
         let x = batch(&DIMS, 0).cast::<O::T>();
         let before = rt.value_of(&bn.running_mean).unwrap();
+        let (rm, rv) = (&bn.running_mean, &bn.running_var);
         let mut stale = None;
         let errors = rt
             .record(
@@ -328,15 +331,18 @@ fn update_running_rejects_bad_input() {
                 true,
                 |g| g.input(x)?.batch_moments(),
                 |s, m| {
-                    let mean = s.gather_row(m, 0)?;
-                    stale = Some(mean.clone());
-                    let mean_kind = RunningStat::Mean;
+                    stale = Some(m.clone());
+                    let row = s.gather_row(m, 0)?;
+                    let count = 120;
                     Ok(vec![
-                        s.update_running(&bn.weight, &mean, MOMENTUM, mean_kind),
-                        s.update_running(&bn.running_mean, m, MOMENTUM, mean_kind),
-                        s.update_running(&bn.running_mean, &mean, 1.5, mean_kind),
-                        s.update_running(&bn.running_mean, &mean, f64::NAN, mean_kind),
-                        s.update_running(&bn.running_mean, &mean, -0.1, mean_kind),
+                        s.update_running(&bn.weight, rv, m, MOMENTUM, count),
+                        s.update_running(rm, &bn.bias, m, MOMENTUM, count),
+                        s.update_running(rm, rm, m, MOMENTUM, count),
+                        s.update_running(rm, &bn4.running_var, m, MOMENTUM, count),
+                        s.update_running(rm, rv, &row, MOMENTUM, count),
+                        s.update_running(rm, rv, m, 1.5, count),
+                        s.update_running(rm, rv, m, f64::NAN, count),
+                        s.update_running(rm, rv, m, -0.1, count),
                     ])
                 },
             )
@@ -345,41 +351,186 @@ fn update_running_rejects_bad_input() {
             .into_iter()
             .map(|e| e.expect_err(name).to_string())
             .collect();
-        assert!(texts[0].contains("requires grad"), "{name}: {}", texts[0]);
-        assert!(
-            texts[1].contains("[2, 3]") && texts[1].contains("[3]"),
-            "{name}: {}",
-            texts[1]
-        );
-        for t in &texts[2..] {
+        for t in &texts[..2] {
+            assert!(t.contains("requires grad"), "{name}: {t}");
+        }
+        assert!(texts[2].contains("same parameter"), "{name}: {}", texts[2]);
+        let shapes = [(3, "[3]", "[4]"), (4, "[2, 3]", "[3]")];
+        for (i, a, b) in shapes {
             assert!(
-                t.contains("update_running") && t.contains("momentum"),
-                "{name}: {t}"
+                texts[i].contains(a) && texts[i].contains(b),
+                "{name}: {}",
+                texts[i]
             );
+        }
+        for t in &texts[5..] {
+            assert!(t.contains("momentum"), "{name}: {t}");
         }
         assert!(
             texts.iter().all(|t| t.contains("update_running")),
             "{name}: {texts:?}"
         );
-        // A statistic of an ended pass.
+        // Moments of an ended pass.
         let e = (rt.session_mut())
-            .update_running(
-                &bn.running_mean,
-                &stale.unwrap(),
-                MOMENTUM,
-                RunningStat::Mean,
-            )
+            .update_running(rm, rv, &stale.unwrap(), MOMENTUM, 120)
             .unwrap_err();
         assert!(matches!(e, Error::StaleHandle { .. }), "{name}: {e}");
-        assert_eq!(
-            rt.value_of(&bn.running_mean).unwrap().data(),
-            before.data(),
-            "{name}"
-        );
+        assert_eq!(rt.value_of(rm).unwrap().data(), before.data(), "{name}");
+        let ones = [O::T::lit(1.0); 3];
+        assert_eq!(rt.value_of(rv).unwrap().data(), &ones[..], "{name}");
     }
     check("eager cpu", eager::<f32>(Backend::Cpu, 0));
     check("eager sim", eager::<f32>(Backend::CudaSim, 0));
     check("linked cpu", linked::<f32>(0));
+    check("linked sim", linked_on(Backend::CudaSim));
+    #[cfg(feature = "cuda-emu")]
+    {
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+        check("linked cuda-emu", linked_on(Backend::Cuda));
+    }
+}
+
+/// On a device the update of both running statistics is one kernel launch and two pool
+/// allocations (the new mirrors), nothing copied either way; the values are those of the
+/// reference rule (`tl_spec::ops::norm::running_update`) applied to the moments, the mean
+/// from the first row, the variance from the second made unbiased with the batch's N·H·W,
+/// bit for bit, so a kernel that swapped the rows or took another count fails.
+#[test]
+fn a_device_update_is_one_launch_of_the_reference_rule() {
+    use tl_spec::ops::norm::{RunningStat, running_update};
+    fn check<O: Train<T = f32>>(name: &str, rt: Runtime<O>) {
+        let bn = BatchNorm::with(&rt.vars().pp("bn"), 3, 1e-5, MOMENTUM).unwrap();
+        // A first pass leaves the buffers' mirrors on the device.
+        let first = batch(&DIMS, 0).cast::<f32>();
+        rt.forward_train(&bn, |g| bn.forward(&g.input(first)?))
+            .unwrap();
+        let old_mean = rt.value_of(&bn.running_mean).unwrap();
+        let old_var = rt.value_of(&bn.running_var).unwrap();
+        let x = batch(&DIMS, 1).cast::<f32>();
+        let count = DIMS.iter().product::<usize>() / 3;
+        let (moments, work) = rt
+            .record(
+                &bn,
+                true,
+                |g| g.input(x)?.batch_moments(),
+                |s, m| {
+                    let moments = s.read(m)?;
+                    let (t0, u0) = (s.traffic().unwrap(), s.memory_usage().unwrap());
+                    s.update_running(&bn.running_mean, &bn.running_var, m, MOMENTUM, count)?;
+                    let (t1, u1) = (s.traffic().unwrap(), s.memory_usage().unwrap());
+                    Ok((moments, (t1 - t0, u1.alloc_count - u0.alloc_count)))
+                },
+            )
+            .unwrap();
+        let (t, allocs) = work;
+        assert_eq!(t.launches, 1, "{name}: {t:?}");
+        assert_eq!(allocs, 2, "{name}");
+        assert_eq!((t.uploads, t.downloads), (0, 0), "{name}: {t:?}");
+        let mo = moments.data();
+        let rule = |old: f32, s: f32, kind| {
+            running_update(f64::from(old), f64::from(s), MOMENTUM, kind) as f32
+        };
+        let (om, ov) = (old_mean.data(), old_var.data());
+        let mean = RunningStat::Mean;
+        let want_mean: Vec<f32> = (0..3).map(|k| rule(om[k], mo[k], mean)).collect();
+        let var = RunningStat::Variance { count };
+        let want_var: Vec<f32> = (0..3).map(|k| rule(ov[k], mo[3 + k], var)).collect();
+        let got = (
+            rt.value_of(&bn.running_mean).unwrap(),
+            rt.value_of(&bn.running_var).unwrap(),
+        );
+        assert_eq!(bits(got.0.data()), bits(&want_mean), "{name} running_mean");
+        assert_eq!(bits(got.1.data()), bits(&want_var), "{name} running_var");
+        // The other pairing, or the count of all elements, gives other values.
+        let swapped: Vec<f32> = (0..3).map(|k| rule(ov[k], mo[k], var)).collect();
+        let all = RunningStat::Variance { count: count * 3 };
+        let other_count: Vec<f32> = (0..3).map(|k| rule(ov[k], mo[3 + k], all)).collect();
+        assert_ne!(bits(&swapped), bits(&want_var), "{name}");
+        assert_ne!(bits(&other_count), bits(&want_var), "{name}");
+    }
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked sim", linked_on(Backend::CudaSim));
+    #[cfg(feature = "cuda-emu")]
+    {
+        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+        check("linked cuda-emu", linked_on(Backend::Cuda));
+    }
+}
+
+/// The eval forward as it was before it read the running statistics where they live: the
+/// statistics read back to the host, then −μ and `1/√(var + ε)` (f64, rounded once) uploaded
+/// as constants of the pass.
+fn eval_with_host_constants<O: Train>(
+    rt: &Runtime<O>,
+    bn: &BatchNorm,
+    x: &Tensor<O::T>,
+) -> Tensor<O::T> {
+    let (dims, c) = (x.shape().dims().to_vec(), bn.running_mean.shape().numel());
+    let r = dims[2..].iter().product::<usize>();
+    let rm = rt.value_of(&bn.running_mean).unwrap();
+    let rv = rt.value_of(&bn.running_var).unwrap();
+    let neg: Vec<O::T> = rm.data().iter().map(|v| -*v).collect();
+    let inv: Vec<O::T> = (rv.data().iter())
+        .map(|v| O::T::lit(1.0 / (v.as_f64() + bn.eps).sqrt()))
+        .collect();
+    rt.eval(bn, |g| {
+        let to = Shape::new(&[dims[0], c, r, 1]);
+        let x4 = g.input(x.clone())?.reshape(&[dims[0], c, r, 1])?;
+        fn to_4d<'g, O: Train>(
+            v: tl_nn::Var<'g, O>,
+            to: &Shape,
+        ) -> tl_nn::Result<tl_nn::Var<'g, O>> {
+            v.reshape(&[to.dims()[1], 1, 1])?.broadcast_to(to)
+        }
+        let per_channel = |v| to_4d(v, &to);
+        let mean = per_channel(g.constant(Tensor::new([c], neg)?)?)?;
+        let inv = per_channel(g.constant(Tensor::new([c], inv)?)?)?;
+        let xhat = ((&x4 + &mean)? * inv)?;
+        let w = per_channel(g.param(&bn.weight)?)?;
+        let b = per_channel(g.param(&bn.bias)?)?;
+        ((&xhat * &w)? + b)?.reshape(&dims)
+    })
+    .unwrap()
+}
+
+/// An eval pass reads the running statistics where they live: on a device backend, after
+/// training passes, it uploads the batch and downloads the output and nothing else (no
+/// statistic read back, none uploaded as a constant), every pass; on every session and
+/// backend its output has the bits of the former host-constant recipe.
+#[test]
+fn an_eval_pass_reads_the_running_statistics_where_they_live() {
+    fn check<O: Train>(name: &str, rt: Runtime<O>) {
+        let bn = BatchNorm::with(&rt.vars().pp("bn"), DIMS[1], 1e-5, MOMENTUM).unwrap();
+        for k in 0..PASSES {
+            let x = batch(&DIMS, k).cast::<O::T>();
+            rt.forward_train(&bn, |g| bn.forward(&g.input(x)?)).unwrap();
+        }
+        let x = batch(&DIMS, PASSES).cast::<O::T>();
+        let numel: u64 = DIMS.iter().map(|&d| d as u64).product();
+        let bytes = numel * 4;
+        let mut outs = Vec::new();
+        for pass in 0..2 {
+            let before = rt.session().traffic();
+            outs.push((rt.eval(&bn, |g| bn.forward(&g.input(x.clone())?))).unwrap());
+            if let (Some(b), Some(a)) = (before, rt.session().traffic()) {
+                let t = a - b;
+                let copies = (t.uploads, t.upload_bytes, t.downloads, t.download_bytes);
+                assert_eq!(copies, (1, bytes, 1, bytes), "{name} eval {pass}: {t:?}");
+            }
+        }
+        let want = eval_with_host_constants(&rt, &bn, &x);
+        for (pass, got) in outs.iter().enumerate() {
+            assert_eq!(bits(got.data()), bits(want.data()), "{name} eval {pass}");
+        }
+        // The running statistics moved: the check is not on the initial (0, 1).
+        let rm = rt.value_of(&bn.running_mean).unwrap();
+        assert!(rm.data().iter().any(|v| v.as_f64() != 0.0), "{name}");
+    }
+    check("eager cpu f64", eager::<f64>(Backend::Cpu, 0));
+    check("eager cpu f32", eager::<f32>(Backend::Cpu, 0));
+    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+    check("linked cpu f64", linked::<f64>(0));
+    check("linked cpu f32", linked::<f32>(0));
     check("linked sim", linked_on(Backend::CudaSim));
     #[cfg(feature = "cuda-emu")]
     {

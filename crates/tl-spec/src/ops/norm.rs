@@ -439,6 +439,14 @@ pub fn running_update(running: f64, stat: f64, momentum: f64, kind: RunningStat)
     }
 }
 
+/// BatchNorm's eval scale from a running variance, in f64: `1/sqrt(var + eps)`. Every backend
+/// computes this in f64 and rounds the result once to its type, so an eval pass normalises
+/// with the same scale wherever the running variance lives. PyTorch: `torch.rsqrt(running_var
+/// + eps)` in `F.batch_norm`'s eval mode (in the tensor's type).
+pub fn running_inv_std(var: f64, eps: f64) -> f64 {
+    1.0 / (var + eps).sqrt()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +496,12 @@ mod tests {
         let dx = batch_moments_vjp(&x, &g).unwrap();
         assert_eq!(dx.data(), [-1.25, -0.75, 0.0, 0.0, 0.75, 2.25, 0.0, 0.0]);
         assert!(batch_moments_vjp(&x, &x).is_err());
+    }
+
+    #[test]
+    fn running_inv_std_by_hand() {
+        assert_eq!(running_inv_std(3.0, 1.0), 0.5);
+        assert_eq!(running_inv_std(0.0, 0.25), 2.0);
     }
 
     #[test]

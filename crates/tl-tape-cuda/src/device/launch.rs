@@ -217,15 +217,19 @@ pub trait Launch: LaunchIndex {
         g: Buffer,
         l: NormLayout,
     ) -> Result<Buffer>;
-    /// The work of [`Device::running_update`]; operands already validated by it — callers
-    /// use `running_update`.
-    fn launch_running_update(
+    /// The work of [`Device::running_update_moments`]; operands already validated by it —
+    /// callers use `running_update_moments`.
+    fn launch_running_update_moments(
         &mut self,
-        running: Buffer,
-        stat: Buffer,
+        mean: Buffer,
+        var: Buffer,
+        moments: Buffer,
         momentum: f64,
-        kind: tl_spec::ops::norm::RunningStat,
-    ) -> Result<Buffer>;
+        count: usize,
+    ) -> Result<(Buffer, Buffer)>;
+    /// The work of [`Device::running_inv_std`]; operands already validated by it — callers
+    /// use `running_inv_std`.
+    fn launch_running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer>;
     /// The work of [`Device::norm_forward`] where it is one launch
     /// ([`NormLayout::fused_forward`]; the other layouts take `launch_norm_stats` and
     /// `launch_norm_apply`); operands already validated by it — callers use `norm_forward`.

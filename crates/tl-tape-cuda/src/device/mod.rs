@@ -50,7 +50,6 @@ pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use optim::{AdamUpdate, MomentumUpdate};
 pub use point_act::PointAct;
-use tl_spec::ops::norm::RunningStat;
 pub use window::{PoolKind, WindowLens, Windows};
 
 /// The highest rank `permute`, `broadcast` and `reduce_broadcast` accept (the kernels pass dims
@@ -601,22 +600,44 @@ pub trait Device: Launch {
         check::len_is(OP, "cotangent", g, 2 * l.groups)?;
         self.launch_norm_moments_bwd(x, moments, g, l)
     }
-    /// The running-statistics update of a buffer from a batch statistic `stat` (as long as
-    /// `running`), into a fresh buffer: per element
-    /// [`running_update`](tl_spec::ops::norm::running_update) of the two widened to f64, the
-    /// result rounded once to f32 (BatchNorm's running mean and variance, updated where they
-    /// live). `momentum` must be in [0, 1]. PyTorch: `running.mul_(1 − m).add_(s, alpha=m)`.
-    fn running_update(
+    /// BatchNorm's running-statistics update, both statistics in one launch, into two fresh
+    /// buffers: from `moments` (`2·n` values: the batch means, then the biased batch variances
+    /// of `count` elements each, [`norm_moments`](Self::norm_moments)' output, `batchMoments`'
+    /// (2, C)), per element the running `mean` (`n`) takes the rule of
+    /// [`running_update`](tl_spec::ops::norm::running_update) with
+    /// [`RunningStat::Mean`](tl_spec::ops::norm::RunningStat::Mean) and the running `var` (`n`) with
+    /// [`RunningStat::Variance`](tl_spec::ops::norm::RunningStat::Variance) of
+    /// `count`, each on the operands widened to f64 and rounded once to f32: the bits of the
+    /// two updates one statistic at a time. `momentum` must be in [0, 1]. Returns the new mean
+    /// and the new variance. PyTorch: `running_mean.mul_(1 − m).add_(μ, alpha=m)` and
+    /// `running_var.mul_(1 − m).add_(var·count/(count − 1), alpha=m)` (`nn.BatchNorm2d`'s
+    /// training forward, two kernels).
+    fn running_update_moments(
         &mut self,
-        running: Buffer,
-        stat: Buffer,
+        mean: Buffer,
+        var: Buffer,
+        moments: Buffer,
         momentum: f64,
-        kind: RunningStat,
-    ) -> Result<Buffer> {
-        const OP: &str = "running_update";
-        check::same_len(OP, running, stat)?;
+        count: usize,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "running_update_moments";
+        let n = check::same_len(OP, mean, var)?;
+        check::len_is(OP, "moments", moments, 2 * n)?;
         tl_spec::ops::norm::running_momentum(OP, momentum)?;
-        self.launch_running_update(running, stat, momentum, kind)
+        self.launch_running_update_moments(mean, var, moments, momentum, count)
+    }
+    /// BatchNorm's eval scale from its running variance, into a fresh buffer: per element
+    /// [`running_inv_std`](tl_spec::ops::norm::running_inv_std), `1/sqrt(var + eps)` on the
+    /// variance widened to f64, rounded once to f32 (the host's rule, so an eval pass has the
+    /// same bits on every backend). `eps` must be finite and > 0. PyTorch:
+    /// `torch.rsqrt(running_var + eps)` (`F.batch_norm` in eval mode, in f32).
+    fn running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer> {
+        const OP: &str = "running_inv_std";
+        if !(eps > 0.0 && eps.is_finite()) {
+            let detail = format!("eps must be finite and > 0, got {eps}");
+            return Err(crate::Error::kernel(OP, detail));
+        }
+        self.launch_running_inv_std(var, eps)
     }
     /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
     fn norm_apply(

@@ -16,7 +16,6 @@
 use crate::common::{self, Domain, Gen, check_graph_on, draw};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
-use tl_spec::ops::norm::RunningStat;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PointAct, PoolKind, Windows};
 use tl_tape_cuda::{
@@ -215,30 +214,22 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     );
     d.release(ls);
     let nm = "norm";
-    // The running-statistics update: in f64, one rounding, so bit for bit; a variance with NaN
-    // entries (kept) and of one element (kept).
+    // BatchNorm's running-statistics update, both statistics in one launch: in f64, one
+    // rounding, so bit for bit; variances with NaN entries (kept), and of one element (kept).
     let nan_var = i.pos.iter().enumerate();
-    let nan_var: Vec<f32> = nan_var
-        .map(|(k, &v)| if k % 5 == 0 { f32::NAN } else { v })
-        .collect();
-    let nan_var = d.upload(&nan_var)?;
-    for (name, stat, kind) in [
-        ("running_update mean", y, RunningStat::Mean),
-        ("running_update var", p, RunningStat::Variance { count: 7 }),
-        (
-            "running_update var NaN",
-            nan_var,
-            RunningStat::Variance { count: 1000 },
-        ),
-        (
-            "running_update var one",
-            p,
-            RunningStat::Variance { count: 1 },
-        ),
-    ] {
+    let nan_var = nan_var.map(|(k, &v)| if k % 5 == 0 { f32::NAN } else { v });
+    let moments: Vec<f32> = i.y.iter().copied().chain(nan_var).collect();
+    let moments = d.upload(&moments)?;
+    for count in [7, 1000, 1] {
         for m in [0.1, 1.0 / 3.0] {
-            one!(nm, name, true, d.running_update(p, stat, m, kind)?);
+            let (rm, rv) = d.running_update_moments(x, p, moments, m, count)?;
+            one!(nm, "running_update_moments mean", true, rm);
+            one!(nm, "running_update_moments var", true, rv);
         }
+    }
+    // BatchNorm's eval scale 1/sqrt(var + eps), in f64 and rounded once: bit for bit.
+    for eps in [1e-5, 0.25] {
+        one!(nm, "running_inv_std", true, d.running_inv_std(p, eps)?);
     }
     let layouts = [
         NormLayout::layer(10, 100),
@@ -414,7 +405,7 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         d.release(b);
     }
     d.release_all([
-        x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar, long, ka, kb, ha, hb, nan_var,
+        x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar, long, ka, kb, ha, hb, moments,
     ]);
     Ok(res)
 }

@@ -1,7 +1,6 @@
 //! The norm family's primitives on the simulation device, with hand-worked values: statistics
 //! (two-pass biased variance), the affine map, the closed-form backward and the masked softmax.
 
-use tl_spec::ops::norm::RunningStat;
 use tl_tape_cuda::device::NormLayout;
 use tl_tape_cuda::{Device, Error, SimDevice};
 
@@ -273,77 +272,117 @@ fn moments_are_the_statistics_without_eps_and_their_vjp_is_the_closed_form() {
     }
 }
 
-/// `running_update`: PyTorch's running-statistics rule per element in f64, rounded once to f32
-/// (not f32 arithmetic), into a fresh buffer in one launch; the unbiased variance, a NaN or
-/// one-element variance keeping the running value; bad operands are errors naming the
-/// primitive.
+/// `running_update_moments`: BatchNorm's two running statistics in one launch from the
+/// (2, n) moments: the running mean takes the first row as it is, the running variance the
+/// second made unbiased (·count/(count − 1)), each PyTorch's rule per element in f64 rounded
+/// once to f32 (not f32 arithmetic), into two fresh buffers; a NaN or one-element variance
+/// keeps the running value; bad operands are errors naming the primitive.
 #[test]
-fn running_update_is_the_f64_rule_rounded_once() {
+fn running_update_moments_is_the_f64_rule_rounded_once() {
     let mut d = SimDevice::new();
-    let old = [1.0f32, 0.3, -2.5, 7.0];
-    let stat = [3.0f32, 1.7, f32::NAN, 0.7];
-    let (r, s) = (d.upload(&old).unwrap(), d.upload(&stat).unwrap());
+    let mean = [1.0f32, 0.3, -2.5, 7.0];
+    let var = [0.5f32, 2.0, 1.25, 3.0];
+    // The batch means, then the biased batch variances.
+    let mo = [3.0f32, 1.7, f32::NAN, 0.7, 2.0, 0.4, f32::NAN, 5.5];
+    let (rm, rv) = (d.upload(&mean).unwrap(), d.upload(&var).unwrap());
+    let moments = d.upload(&mo).unwrap();
     let m = 0.1;
     let f64_rule = |o: f32, v: f64| ((1.0 - m) * f64::from(o) + m * v) as f32;
+    let unbiased = |v: f32| f64::from(v) * 4.0 / 3.0;
     let before = d.traffic().launches;
-    let mean = d.running_update(r, s, m, RunningStat::Mean).unwrap();
-    assert_eq!(d.traffic().launches, before + 1);
-    let got = d.download(mean).unwrap();
+    let (nm, nv) = d.running_update_moments(rm, rv, moments, m, 4).unwrap();
+    assert_eq!(d.traffic().launches, before + 1, "one launch for both");
+    let (got_m, got_v) = (d.download(nm).unwrap(), d.download(nv).unwrap());
     for k in [0, 1, 3] {
-        assert_eq!(
-            got[k].to_bits(),
-            f64_rule(old[k], f64::from(stat[k])).to_bits(),
-            "{k}"
-        );
+        let want = f64_rule(mean[k], f64::from(mo[k]));
+        assert_eq!(got_m[k].to_bits(), want.to_bits(), "mean {k}");
+        let want = f64_rule(var[k], unbiased(mo[4 + k]));
+        assert_eq!(got_v[k].to_bits(), want.to_bits(), "var {k}");
     }
-    assert!(got[2].is_nan(), "a NaN mean propagates");
+    assert!(got_m[2].is_nan(), "a NaN mean propagates");
+    assert_eq!(got_v[2], var[2], "a NaN variance keeps the running value");
     // 0.9·0.3 + 0.1·1.7 in f32 arithmetic is another float.
     let f32_rule = 0.9f32 * 0.3 + 0.1f32 * 1.7;
-    assert_ne!(got[1].to_bits(), f32_rule.to_bits());
-    let var = d
-        .running_update(r, s, m, RunningStat::Variance { count: 4 })
-        .unwrap();
-    let got = d.download(var).unwrap();
-    let unbiased = |v: f32| f64::from(v) * 4.0 / 3.0;
+    assert_ne!(got_m[1].to_bits(), f32_rule.to_bits());
+    // The mean row as it is, the variance row unbiased with this count: the other pairing or
+    // another count gives other bits.
+    assert_ne!(got_v[0], f64_rule(var[0], f64::from(mo[4])));
+    assert_ne!(got_v[0], f64_rule(var[0], f64::from(mo[0]) * 4.0 / 3.0));
+    assert_ne!(got_m[0], f64_rule(mean[0], f64::from(mo[4])));
+    let (om, ov) = d.running_update_moments(rm, rv, moments, m, 1).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mean_one = d.download(om).unwrap();
+    assert_eq!(bits(&mean_one), bits(&got_m), "the mean ignores the count");
     assert_eq!(
-        got[0].to_bits(),
-        f64_rule(old[0], unbiased(stat[0])).to_bits()
-    );
-    assert_eq!(got[2], old[2], "a NaN variance keeps the running value");
-    let one = d
-        .running_update(r, s, m, RunningStat::Variance { count: 1 })
-        .unwrap();
-    assert_eq!(
-        d.download(one).unwrap(),
-        old,
-        "one element keeps every running value"
+        d.download(ov).unwrap(),
+        var,
+        "one element keeps every running variance"
     );
     assert_eq!(
-        d.download(r).unwrap(),
-        old,
-        "the running buffer is not written"
+        d.download(rm).unwrap(),
+        mean,
+        "the running mean is not written"
     );
-    // Errors: lengths that disagree, a momentum outside [0, 1].
+    assert_eq!(
+        d.download(rv).unwrap(),
+        var,
+        "the running variance is not written"
+    );
+    // Errors: a variance of another length, moments not twice as long, a momentum outside
+    // [0, 1].
     let short = d.upload(&[1.0]).unwrap();
-    let e = d
-        .running_update(r, short, m, RunningStat::Mean)
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Kernel {
-                op: "running_update",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    for (a, b, mo) in [(rm, short, moments), (rm, rv, rv)] {
+        let e = d.running_update_moments(a, b, mo, m, 4).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Kernel {
+                    op: "running_update_moments",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
     for bad in [-0.5, 1.5, f64::NAN] {
-        let e = d.running_update(r, s, bad, RunningStat::Mean).unwrap_err();
+        let e = (d.running_update_moments(rm, rv, moments, bad, 4)).unwrap_err();
         let t = e.to_string();
         assert!(
-            t.contains("running_update") && t.contains("momentum"),
+            t.contains("running_update_moments") && t.contains("momentum"),
             "{t}"
         );
+    }
+}
+
+/// `running_inv_std`: BatchNorm's eval scale `1/sqrt(var + eps)` per element in f64, rounded
+/// once to f32 (the host's rule), one launch into a fresh buffer; a bad ε is an error naming
+/// the primitive.
+#[test]
+fn running_inv_std_is_the_f64_rule_rounded_once() {
+    let mut d = SimDevice::new();
+    let var: Vec<f32> = (0..64)
+        .map(|k| k as f32 * 0.37 + 0.01)
+        .chain([0.0])
+        .collect();
+    let v = d.upload(&var).unwrap();
+    let eps = 1e-5;
+    let before = d.traffic().launches;
+    let s = d.running_inv_std(v, eps).unwrap();
+    assert_eq!(d.traffic().launches, before + 1);
+    let got = d.download(s).unwrap();
+    let rule = |v: f32| (1.0 / (f64::from(v) + eps).sqrt()) as f32;
+    for (k, (&g, &v)) in got.iter().zip(&var).enumerate() {
+        assert_eq!(g.to_bits(), rule(v).to_bits(), "{k}: var {v}");
+    }
+    // f32 arithmetic (add, sqrt, reciprocal: three roundings) differs somewhere.
+    let f32_rule = |v: f32| 1.0 / (v + eps as f32).sqrt();
+    assert!(
+        got.iter()
+            .zip(&var)
+            .any(|(g, &v)| g.to_bits() != f32_rule(v).to_bits())
+    );
+    for bad in [0.0, -1e-5, f64::NAN, f64::INFINITY] {
+        let e = d.running_inv_std(v, bad).unwrap_err().to_string();
+        assert!(e.contains("running_inv_std") && e.contains("eps"), "{e}");
     }
 }

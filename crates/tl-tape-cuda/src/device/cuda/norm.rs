@@ -7,7 +7,6 @@ use super::driver::Arg;
 use super::launch::blocks;
 use crate::Result;
 use crate::device::{Buffer, Device, NormLayout};
-use tl_spec::ops::norm::RunningStat;
 
 /// Blocks of a one-block-per-group (or per-row) launch.
 fn per_group(n: usize) -> u32 {
@@ -51,28 +50,33 @@ impl CudaDevice {
         })
     }
 
-    /// `tl_running_update`, grid-stride over the elements: the rule's kind as a flag and the
-    /// unbiased correction's numerator and denominator in f64 (a denominator of 0 keeps the
-    /// running value: one element).
-    pub(super) fn running_update_impl(
+    /// `tl_running_update_moments`, grid-stride over the `n` channels: both statistics in one
+    /// launch, the unbiased correction's numerator and denominator in f64 (a denominator of 0
+    /// keeps the running variance: one element per channel).
+    pub(super) fn running_update_moments_impl(
         &mut self,
-        running: Buffer,
-        stat: Buffer,
+        mean: Buffer,
+        var: Buffer,
+        moments: Buffer,
         momentum: f64,
-        kind: RunningStat,
-    ) -> Result<Buffer> {
-        let (unbiased, num, den) = match kind {
-            RunningStat::Mean => (0, 0.0, 0.0),
-            RunningStat::Variance { count } if count > 1 => (1, count as f64, (count - 1) as f64),
-            RunningStat::Variance { .. } => (1, 0.0, 0.0),
+        count: usize,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "running_update_moments";
+        let (num, den) = match count {
+            c if c > 1 => (c as f64, (c - 1) as f64),
+            _ => (0.0, 0.0),
         };
-        let extra = [
-            Arg::F64(momentum),
-            Arg::U32(unbiased),
-            Arg::F64(num),
-            Arg::F64(den),
-        ];
-        self.map2("tl_running_update", running, stat, &extra)
+        let n = mean.len();
+        let ptrs = [mean, var, moments]
+            .iter()
+            .map(|&b| self.ptr(OP, b))
+            .collect::<Result<Vec<_>>>()?;
+        let extra = [Arg::F64(momentum), Arg::F64(num), Arg::F64(den)];
+        let [m, v] = self.with_outs::<2>(OP, n, |d, [om, ov]| {
+            let args = [ptrs[0], ptrs[1], ptrs[2], om, ov].map(Arg::Ptr);
+            d.grid_stride(OP, "tl_running_update_moments", n, &args, &extra)
+        })?;
+        Ok((m, v))
     }
 
     /// `tl_norm_moments_bwd`, grid-stride over x's elements.

@@ -13,7 +13,6 @@ use crate::device::{
     PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Result, abi};
-use tl_spec::ops::norm::RunningStat;
 
 impl Launch for CudaDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -387,14 +386,19 @@ impl Launch for CudaDevice {
         self.norm_moments_bwd_impl(x, moments, g, l)
     }
 
-    fn launch_running_update(
+    fn launch_running_update_moments(
         &mut self,
-        running: Buffer,
-        stat: Buffer,
+        mean: Buffer,
+        var: Buffer,
+        moments: Buffer,
         momentum: f64,
-        kind: RunningStat,
-    ) -> Result<Buffer> {
-        self.running_update_impl(running, stat, momentum, kind)
+        count: usize,
+    ) -> Result<(Buffer, Buffer)> {
+        self.running_update_moments_impl(mean, var, moments, momentum, count)
+    }
+
+    fn launch_running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer> {
+        self.map1("tl_running_inv_std", var, &[Arg::F64(eps)])
     }
 
     fn launch_norm_forward(

@@ -45,11 +45,35 @@ pub fn moments(x: &[f32], l: NormLayout, out: &mut [f32]) {
     }
 }
 
-/// One element of `tl_running_update`: the rule of
+/// `tl_running_update_moments`: per element the rule of
 /// [`running_update`](tl_spec::ops::norm::running_update) on the widened operands, rounded once
-/// to f32.
-pub fn running_update(running: f32, stat: f32, momentum: f64, kind: RunningStat) -> f32 {
-    tl_spec::ops::norm::running_update(f64::from(running), f64::from(stat), momentum, kind) as f32
+/// to f32, the running mean from `mo`'s first half ([`RunningStat::Mean`]) and the running
+/// variance from its second ([`RunningStat::Variance`] of `count`).
+pub fn running_update_moments(
+    mean: &[f32],
+    var: &[f32],
+    mo: &[f32],
+    momentum: f64,
+    count: usize,
+    out_mean: &mut [f32],
+    out_var: &mut [f32],
+) {
+    let rule = |running: f32, stat: f32, kind| {
+        tl_spec::ops::norm::running_update(f64::from(running), f64::from(stat), momentum, kind)
+            as f32
+    };
+    let (mu, v) = mo.split_at(mean.len());
+    for (i, (om, ov)) in out_mean.iter_mut().zip(out_var.iter_mut()).enumerate() {
+        *om = rule(mean[i], mu[i], RunningStat::Mean);
+        *ov = rule(var[i], v[i], RunningStat::Variance { count });
+    }
+}
+
+/// One element of `tl_running_inv_std`: the rule of
+/// [`running_inv_std`](tl_spec::ops::norm::running_inv_std) on the widened variance, rounded
+/// once to f32.
+pub fn running_inv_std(var: f32, eps: f64) -> f32 {
+    tl_spec::ops::norm::running_inv_std(f64::from(var), eps) as f32
 }
 
 /// `dx = (gμ + 2·gv·(x − μ))/m` per element (`tl_norm_moments_bwd`), μ from `mo`

@@ -10,7 +10,6 @@ use crate::device::{
     PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Error, Result};
-use tl_spec::ops::norm::RunningStat;
 
 impl Launch for SimDevice {
     fn launch_abs_bwd(&mut self, x: Buffer, g: Buffer) -> Result<Buffer> {
@@ -368,16 +367,25 @@ impl Launch for SimDevice {
         })
     }
 
-    fn launch_running_update(
+    fn launch_running_update_moments(
         &mut self,
-        running: Buffer,
-        stat: Buffer,
+        mean: Buffer,
+        var: Buffer,
+        moments: Buffer,
         momentum: f64,
-        kind: RunningStat,
-    ) -> Result<Buffer> {
-        self.map2("running_update", running, stat, |r, s| {
-            norm::running_update(r, s, momentum, kind)
-        })
+        count: usize,
+    ) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "running_update_moments";
+        self.launch2(
+            OP,
+            [mean, var, moments],
+            mean.len(),
+            |[m, v, mo], om, ov| norm::running_update_moments(m, v, mo, momentum, count, om, ov),
+        )
+    }
+
+    fn launch_running_inv_std(&mut self, var: Buffer, eps: f64) -> Result<Buffer> {
+        self.map1("running_inv_std", var, |v| norm::running_inv_std(v, eps))
     }
 
     fn launch_norm_forward(

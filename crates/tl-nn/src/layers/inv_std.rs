@@ -1,0 +1,51 @@
+//! BatchNorm's eval scale `1/sqrt(running_var + ε)` as an op of the pass: [`op`], a user op
+//! ([`tl_ir::UserOp`]) whose value is [`running_inv_std`] in f64 rounded once to the scalar
+//! type, with a device implementation (`Device::running_inv_std`, one launch of
+//! `tl_running_inv_std`), so an eval pass on a CUDA backend reads the running variance from its
+//! resident mirror: nothing downloaded, nothing uploaded, the bits of the host's rule.
+
+use tl_ir::{Param as OpParam, UserOp, UserOpRef};
+use tl_spec::ops::norm::running_inv_std;
+use tl_spec::{Result, Scalar, Shape, Tensor};
+use tl_tape_cuda::user::{DeviceImpl, with_device};
+
+/// `1/sqrt(v + ε)` per element of a running variance (not differentiable: a buffer's scale).
+struct RunningInvStd {
+    eps: f64,
+}
+
+impl UserOp for RunningInvStd {
+    fn name(&self) -> &'static str {
+        "batchnormRunningInvStd"
+    }
+    fn params(&self) -> Vec<(&'static str, OpParam)> {
+        vec![("eps", OpParam::Float(self.eps))]
+    }
+    fn arity(&self) -> usize {
+        1
+    }
+    fn infer_shape(&self, shapes: &[&Shape]) -> Result<Shape> {
+        Ok(shapes[0].clone())
+    }
+    fn is_differentiable(&self) -> bool {
+        false
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
+        Ok(x[0].map(|v| T::lit(running_inv_std(v.as_f64(), self.eps))))
+    }
+    fn vjp<T: Scalar>(&self, x: &[&Tensor<T>], _: &Tensor<T>) -> Result<Vec<Option<Tensor<T>>>> {
+        Ok(vec![None; x.len()])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], _: &[&Tensor<T>]) -> Result<Tensor<T>> {
+        Ok(Tensor::zeros(x[0].shape().clone()))
+    }
+}
+
+/// The op `1/sqrt(running_var + eps)` with its device implementation attached.
+pub(crate) fn op(eps: f64) -> UserOpRef {
+    let imp = DeviceImpl::new(
+        move |dev, x, _| dev.running_inv_std(x[0].buffer(), eps),
+        |_, x, _, _, _| Ok(vec![None; x.len()]),
+    );
+    with_device(UserOpRef::new(RunningInvStd { eps }), imp)
+}
