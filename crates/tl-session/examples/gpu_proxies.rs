@@ -78,8 +78,7 @@ enum Models {
     One(&'static str),
 }
 
-const USAGE: &str =
-    "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all|wide-mlp|resnet|lm]";
+const USAGE: &str = "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all|wide-mlp|resnet|lm]";
 
 fn parse(args: &[String]) -> Option<(Backend, Models)> {
     let (mut backend, mut models) = (Backend::CudaSim, Models::Small);

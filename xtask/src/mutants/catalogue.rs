@@ -537,7 +537,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "kernel-gemm-unfused",
         area: Kernel,
-        file: "kernels/linalg.cu",
+        file: "kernels/gemm_tile.cuh",
         from: "acc[i][j] = __fmaf_rn(ar[i], br[j], acc[i][j]);",
         to: "acc[i][j] = __fadd_rn(acc[i][j], __fmul_rn(ar[i], br[j]));",
         bug: "a matrix product's terms rounded twice (multiply, then add), not fused as the sim's",

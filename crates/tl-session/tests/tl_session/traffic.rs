@@ -165,7 +165,10 @@ fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
         let params = 2 * (widths.len() as u64 - 1);
         let mut values = Vec::new();
         for (opt, steps) in [
-            (Optimizer::sgd(0.05).unwrap(), [lists..=lists, lists..=lists]),
+            (
+                Optimizer::sgd(0.05).unwrap(),
+                [lists..=lists, lists..=lists],
+            ),
             (
                 Optimizer::sgd(0.05).unwrap().check_finite(true),
                 [params..=u64::MAX, params..=u64::MAX],
@@ -334,7 +337,11 @@ fn adam_lists_keep_each_parameters_own_step_count() {
             f64::from_bits(b[0])
         })
         .collect();
-    assert_eq!(steps, [3.0, 3.0, 2.0, 3.0], "each parameter's own step count");
+    assert_eq!(
+        steps,
+        [3.0, 3.0, 2.0, 3.0],
+        "each parameter's own step count"
+    );
 }
 
 /// A parameter used twice in a plain SGD step is summed and updated on its own; the others

@@ -17,8 +17,8 @@
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
 use super::{
-    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumSlot, MomentumUpdate,
-    NormLayout, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumSlot,
+    MomentumUpdate, NormLayout, PoolKind, WindowLens, Windows,
 };
 use crate::Result;
 
@@ -96,8 +96,11 @@ pub trait Launch: LaunchIndex {
     /// The work of [`Device::momentum_update_list`] for at most
     /// [`OPTIM_LIST_MAX`](crate::device::OPTIM_LIST_MAX) slots that share no buffer, operands
     /// checked: one launch — callers use `momentum_update_list`.
-    fn launch_momentum_update_list(&mut self, c: &MomentumUpdate, slots: &[MomentumSlot])
-    -> Result<()>;
+    fn launch_momentum_update_list(
+        &mut self,
+        c: &MomentumUpdate,
+        slots: &[MomentumSlot],
+    ) -> Result<()>;
     /// The work of [`Device::div_bwd`]; operands already validated by it — callers use `div_bwd`.
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;
     /// The work of [`Device::max_bwd`]; operands already validated by it — callers use `max_bwd`.

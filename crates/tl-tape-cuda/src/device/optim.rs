@@ -16,10 +16,10 @@
 use std::collections::HashSet;
 
 use super::Buffer;
-use super::check;
-use super::sim::pointwise::{axpy, sqrt};
 #[cfg(doc)]
 use super::Device;
+use super::check;
+use super::sim::pointwise::{axpy, sqrt};
 use crate::{Error, Result};
 
 /// The parameters one list launch takes ([`Device::adam_update_list`],

@@ -345,7 +345,13 @@ fn shared_and_refused<D: Device>(d: &mut D, g: &mut Gen) -> Result<Vec<String>> 
     for s in adam(&reference) {
         d.adam_update(s.w, s.m, s.v, s.g, &s.c)?;
     }
-    bad.extend(differing(d, "shared adam list", &["w", "m", "v"], &list, &one)?);
+    bad.extend(differing(
+        d,
+        "shared adam list",
+        &["w", "m", "v"],
+        &list,
+        &one,
+    )?);
     let s = momentum_cases()[2];
     let momentum = |b: &[[Buffer; 4]]| -> Vec<MomentumSlot> {
         (b.iter())
@@ -354,12 +360,20 @@ fn shared_and_refused<D: Device>(d: &mut D, g: &mut Gen) -> Result<Vec<String>> 
     };
     let n = launches(d, |d| d.momentum_update_list(&s, &momentum(&slots)))?;
     if n != slots.len() {
-        bad.push(format!("shared momentum list: {n} launches, not one per slot"));
+        bad.push(format!(
+            "shared momentum list: {n} launches, not one per slot"
+        ));
     }
     for m in momentum(&reference) {
         d.momentum_update(m.w, m.b, m.g, &s)?;
     }
-    bad.extend(differing(d, "shared momentum list", &["w", "b"], &list, &one)?);
+    bad.extend(differing(
+        d,
+        "shared momentum list",
+        &["w", "b"],
+        &list,
+        &one,
+    )?);
     // Empty lists: nothing launched.
     let n = launches(d, |d| {
         d.adam_update_list(&[])?;
@@ -383,16 +397,29 @@ fn shared_and_refused<D: Device>(d: &mut D, g: &mut Gen) -> Result<Vec<String>> 
     let mut mshort = momentum(&list);
     mshort[5].b = list[0][1];
     let errors = [
-        (d.adam_update_list(&short), "slot 2: operands have 1 and 300 elements"),
-        (d.adam_update_list(&twice), "slot 1: m and v are the same buffer"),
-        (d.adam_update_list(&own), "slot 6: w and g are the same buffer"),
+        (
+            d.adam_update_list(&short),
+            "slot 2: operands have 1 and 300 elements",
+        ),
+        (
+            d.adam_update_list(&twice),
+            "slot 1: m and v are the same buffer",
+        ),
+        (
+            d.adam_update_list(&own),
+            "slot 6: w and g are the same buffer",
+        ),
         (
             d.momentum_update_list(&s, &mshort),
             "slot 5: operands have 70000 and 5 elements",
         ),
     ];
     for (k, (r, want)) in errors.into_iter().enumerate() {
-        let op = if k < 3 { "adam_update_list" } else { "momentum_update_list" };
+        let op = if k < 3 {
+            "adam_update_list"
+        } else {
+            "momentum_update_list"
+        };
         match r {
             Err(e) if e.to_string().contains(op) && e.to_string().contains(want) => {}
             other => bad.push(format!("refusal {k}: {other:?}, wanted {op}: {want}")),

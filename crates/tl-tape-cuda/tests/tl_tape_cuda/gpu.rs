@@ -534,7 +534,10 @@ fn fused_optimizer_steps_give_the_bits_of_their_primitives_on_cuda() {
 fn fused_optimizer_lists_give_the_bits_of_one_launch_per_parameter_on_cuda() {
     let Some(mut cuda) = gpu() else { return };
     let bad = common::optim::optimizer_list_mismatches(&mut cuda);
-    assert!(bad.is_empty(), "list != one launch per parameter on CUDA: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "list != one launch per parameter on CUDA: {bad:?}"
+    );
 }
 
 /// `matmul_acc` gives the bits of a product then an add on the CUDA device too.

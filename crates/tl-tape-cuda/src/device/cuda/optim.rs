@@ -5,8 +5,8 @@
 
 use super::CudaDevice;
 use super::driver::{self, Arg};
-use crate::Result;
 use super::launch::blocks;
+use crate::Result;
 use crate::device::{AdamSlot, AdamUpdate, Buffer, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};
 
 /// The kernels' flags (`TL_OPT_*` in kernels/optim.cu): decoupled weight decay first, the
