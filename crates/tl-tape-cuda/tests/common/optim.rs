@@ -205,7 +205,7 @@ const LIST_LENS: [usize; 11] = [5, 0, 1, 300, 17, 70_000, 8, 33, 17, 64, 5];
 fn list_operands<D: Device, const N: usize>(
     d: &mut D,
     g: &mut Gen,
-) -> Result<(Vec<[Buffer; N]>, Vec<[Buffer; N]>)> {
+) -> Result<[Vec<[Buffer; N]>; 2]> {
     let ranges = [(-3.0, 3.0), (-0.5, 0.5), (0.0, 0.2), (-2.0, 2.0)];
     let (mut list, mut one) = (Vec::new(), Vec::new());
     for (k, &n) in LIST_LENS.iter().enumerate() {
@@ -223,7 +223,7 @@ fn list_operands<D: Device, const N: usize>(
         list.push(up()?);
         one.push(up()?);
     }
-    Ok((list, one))
+    Ok([list, one])
 }
 
 /// The written buffers (the first `w`) of `a` and `b`, slot by slot, whose bits differ, named
@@ -278,7 +278,7 @@ pub fn optimizer_list_mismatches<D: Device>(d: &mut D) -> Vec<String> {
             .chain([("adam, cases interleaved".to_string(), mixed.collect(), 3)])
             .collect();
         for (what, cs, want) in &lists {
-            let (list, one) = list_operands::<D, 4>(d, &mut g)?;
+            let [list, one] = list_operands::<D, 4>(d, &mut g)?;
             let slots: Vec<AdamSlot> = (list.iter().zip(cs))
                 .map(|(&[w, m, v, g], &c)| AdamSlot { w, m, v, g, c })
                 .collect();
@@ -294,7 +294,7 @@ pub fn optimizer_list_mismatches<D: Device>(d: &mut D) -> Vec<String> {
         }
         for (i, c) in momentum_cases().iter().enumerate() {
             let what = format!("momentum case {i}");
-            let (list, one) = list_operands::<D, 3>(d, &mut g)?;
+            let [list, one] = list_operands::<D, 3>(d, &mut g)?;
             let slots: Vec<MomentumSlot> = (list.iter())
                 .map(|&[w, b, g]| MomentumSlot { w, b, g })
                 .collect();
@@ -322,7 +322,7 @@ pub fn optimizer_list_mismatches<D: Device>(d: &mut D) -> Vec<String> {
 fn shared_and_refused<D: Device>(d: &mut D, g: &mut Gen) -> Result<Vec<String>> {
     let mut bad = Vec::new();
     let c = adam_cases()[1];
-    let (list, one) = list_operands::<D, 4>(d, g)?;
+    let [list, one] = list_operands::<D, 4>(d, g)?;
     // Every slot but the empty one (which a CUDA device does not launch on its own); slot 8
     // reads slot 4's gradient, slot 10 reads slot 0's parameter, which slot 0 updates first.
     let shared = |b: &[[Buffer; 4]]| -> Vec<[Buffer; 4]> {
