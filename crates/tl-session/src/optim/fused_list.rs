@@ -44,37 +44,48 @@ impl Optimizer {
         params: &[((u64, usize), Buffer, Buffer)],
     ) -> Result<()> {
         let (lr, wd, kind) = (self.lr_now()?, self.weight_decay, self.kind);
-        let mut ops = DeviceOps(dev);
+        let mut ops = DeviceOps(&mut *dev);
         let (mut adam, mut momentum, mut coefs) = (Vec::new(), Vec::new(), None);
-        for &(key, mut w, g) in params {
-            let Some(c) = self.fused_coefs(&mut ops, key, &g, lr, wd, kind) else {
-                self.update_inner(&mut ops, key, &mut w, &g)?;
-                continue;
-            };
-            let bufs = &mut self.state.entry(key).or_default().bufs;
-            let mut state = |k: usize| -> Result<Buffer> {
-                Ok(*<DeviceOps<D> as VecOps>::state_mut(&mut bufs[k])?)
-            };
-            match c? {
-                Fused::Adam(c) => adam.push(AdamSlot {
-                    w,
-                    m: state(0)?,
-                    v: state(1)?,
-                    g,
-                    c: adam_update(&c),
-                }),
-                Fused::Momentum(c) => {
-                    momentum.push(MomentumSlot { w, b: state(0)?, g });
-                    coefs = Some(momentum_update(&c));
+        let mut collect = || -> Result<()> {
+            for &(key, mut w, g) in params {
+                let Some(c) = self.fused_coefs(&mut ops, key, &g, lr, wd, kind) else {
+                    self.update_inner(&mut ops, key, &mut w, &g)?;
+                    continue;
+                };
+                let bufs = &mut self.state.entry(key).or_default().bufs;
+                let mut state = |k: usize| -> Result<Buffer> {
+                    Ok(*<DeviceOps<D> as VecOps>::state_mut(&mut bufs[k])?)
+                };
+                match c? {
+                    Fused::Adam(c) => adam.push(AdamSlot {
+                        w,
+                        m: state(0)?,
+                        v: state(1)?,
+                        g,
+                        c: adam_update(&c),
+                    }),
+                    Fused::Momentum(c) => {
+                        momentum.push(MomentumSlot { w, b: state(0)?, g });
+                        coefs = Some(momentum_update(&c));
+                    }
                 }
             }
-        }
-        if !adam.is_empty() {
-            dev.adam_update_list(&adam)?;
-        }
-        if let Some(c) = coefs {
-            dev.momentum_update_list(&c, &momentum)?;
-        }
-        Ok(())
+            Ok(())
+        };
+        // After an error (an allocation of a first step's state), the parameters before it
+        // still take the steps they have counted, as one step per parameter would have run
+        // them; the error is returned.
+        let r = collect();
+        let mut launch = || -> tl_tape_cuda::Result<()> {
+            if !adam.is_empty() {
+                dev.adam_update_list(&adam)?;
+            }
+            if let Some(c) = coefs {
+                dev.momentum_update_list(&c, &momentum)?;
+            }
+            Ok(())
+        };
+        let launched = launch();
+        r.and(launched.map_err(Into::into))
     }
 }

@@ -72,9 +72,7 @@ impl AdamUpdate {
         let denom = axpy(self.eps, sqrt(v), self.inv_sqrt_bc2);
         (axpy(w, m / denom, self.step), m, v)
     }
-}
 
-impl AdamUpdate {
     /// Whether a step with `other`'s coefficients can share one list launch with this one:
     /// every coefficient the kernel takes for the whole list (all but the bias corrections
     /// `inv_sqrt_bc2` and `step`, which come per slot) has the same bits.
