@@ -212,8 +212,12 @@ impl<T: Scalar> ParamStore<T> {
     /// One step of `opt` on every parameter of `items` (`(index, gradients)`, as
     /// [`ParamStore::step_on_device`] takes them). In a plain SGD step the parameters with one
     /// gradient are updated by one `axpy_assign_list` launch per eight (PyTorch's `foreach`
-    /// SGD), with the same values as one step per parameter; any other step, and parameters
-    /// used several times (their gradients are summed first), go parameter by parameter.
+    /// SGD); in an Adam, AdamW or momentum SGD step that runs fused (no clipping, no finite
+    /// check: `Optimizer::fused_list_ok`) by one `adam_update_list` / `momentum_update_list`
+    /// launch per eight (`Optimizer::fused_list_step`; a momentum SGD parameter's first step,
+    /// which makes its buffer, on its own) — the same values and state as one step per
+    /// parameter either way. Any other step, and parameters used several times (their
+    /// gradients are summed first), go parameter by parameter.
     pub(crate) fn step_all_on_device<D: Device>(
         &mut self,
         dev: &mut D,
@@ -236,11 +240,12 @@ impl<T: Scalar> ParamStore<T> {
         opt: &mut Optimizer,
         items: &[(usize, Vec<Buffer>)],
     ) -> Result<()> {
-        let Some(lr) = opt.plain_sgd_lr() else {
+        let plain = opt.plain_sgd_lr();
+        if plain.is_none() && !opt.fused_list_ok() {
             return items
                 .iter()
                 .try_for_each(|(index, gs)| self.step_on_device(dev, opt, *index, gs));
-        };
+        }
         let (single, other): (Vec<_>, Vec<_>) = items.iter().partition(|(_, gs)| gs.len() == 1);
         for (index, gs) in other {
             self.step_on_device(dev, opt, *index, gs)?;
@@ -253,12 +258,26 @@ impl<T: Scalar> ParamStore<T> {
             })?;
             pairs.push((w.buffer(), gs[0]));
         }
-        dev.axpy_assign_list(-lr as f32, &pairs)?;
-        opt.count_plain_steps(single.iter().map(|(index, _)| (self.session, *index)));
+        let r = match plain {
+            Some(lr) => {
+                let r = dev.axpy_assign_list(-lr as f32, &pairs);
+                if r.is_ok() {
+                    opt.count_plain_steps(single.iter().map(|(index, _)| (self.session, *index)));
+                }
+                r.map_err(Into::into)
+            }
+            None => {
+                let params: Vec<_> = (single.iter().zip(&pairs))
+                    .map(|((index, _), &(w, g))| ((self.session, *index), w, g))
+                    .collect();
+                opt.fused_list_step(dev, &params)
+            }
+        };
+        // The list step may have written every parameter before an error: all are marked.
         for (index, _) in single {
             self.slots[*index].host_stale = true;
         }
-        Ok(())
+        r
     }
 
     /// Bring every parameter home from `dev`: stale host values are downloaded, then every

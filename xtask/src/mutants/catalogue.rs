@@ -571,6 +571,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-adam-list-slot-gradient",
+        area: Kernel,
+        file: "kernels/optim.cu",
+        from: "        g = g##k;              \\\n",
+        to: "        g = g0;                \\\n",
+        bug: "every slot of the Adam list kernel reads slot 0's gradient",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-flash-no-rescale",
         area: Kernel,
         file: "kernels/attention.cu",

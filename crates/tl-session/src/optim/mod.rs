@@ -25,6 +25,7 @@
 //! optimizer's state as they were.
 
 mod clip;
+mod fused_list;
 mod rules;
 mod schedule;
 mod state;
@@ -806,6 +807,37 @@ impl Optimizer {
         wd: f64,
         kind: Kind,
     ) -> Option<Result<()>> {
+        let c = match self.fused_coefs(ops, key, g, lr, wd, kind)? {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        let st = self.state.entry(key).or_default();
+        Some(match c {
+            Fused::Adam(c) => {
+                let (m, v) = st.bufs.split_at_mut(1);
+                O::state_mut(&mut m[0])
+                    .and_then(|m| Ok((m, O::state_mut(&mut v[0])?)))
+                    .and_then(|(m, v)| ops.adam_step(w, m, v, g, &c))
+            }
+            Fused::Momentum(c) => {
+                O::state_mut(&mut st.bufs[0]).and_then(|b| ops.momentum_step(w, b, g, &c))
+            }
+        })
+    }
+
+    /// The coefficients of parameter `key`'s fused step ([`Optimizer::fused_step`], and the
+    /// list steps of [`Optimizer::fused_list_step`]) with its state made ready: Adam's moments
+    /// made at its first step, the step counted. `None` (nothing changed but an empty state
+    /// made) for the rules and steps that run primitive by primitive.
+    fn fused_coefs<O: VecOps>(
+        &mut self,
+        ops: &mut O,
+        key: (u64, usize),
+        g: &O::V,
+        lr: f64,
+        wd: f64,
+        kind: Kind,
+    ) -> Option<Result<Fused>> {
         let st = self.state.entry(key).or_default();
         match kind {
             Kind::Adam {
@@ -829,12 +861,7 @@ impl Optimizer {
                         c.l2 = Some(wd);
                     }
                 }
-                let (m, v) = st.bufs.split_at_mut(1);
-                Some(
-                    O::state_mut(&mut m[0])
-                        .and_then(|m| Ok((m, O::state_mut(&mut v[0])?)))
-                        .and_then(|(m, v)| ops.adam_step(w, m, v, g, &c)),
-                )
+                Some(Ok(Fused::Adam(c)))
             }
             Kind::Sgd {
                 momentum,
@@ -842,14 +869,13 @@ impl Optimizer {
                 nesterov,
             } if momentum != 0.0 && !st.bufs.is_empty() => {
                 st.step += 1;
-                let c = MomentumStep {
+                Some(Ok(Fused::Momentum(MomentumStep {
                     l2: (wd != 0.0).then_some(wd),
                     momentum,
                     dampening,
                     nesterov,
                     lr,
-                };
-                Some(O::state_mut(&mut st.bufs[0]).and_then(|b| ops.momentum_step(w, b, g, &c)))
+                })))
             }
             _ => None,
         }
@@ -1004,6 +1030,15 @@ fn sgd<O: VecOps>(
     } else {
         ops.axpy_assign(w, -lr, b)
     }
+}
+
+/// A fused step's coefficients ([`Optimizer::fused_coefs`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fused {
+    /// An Adam(W) step.
+    Adam(AdamStep),
+    /// A momentum SGD step after the first.
+    Momentum(MomentumStep),
 }
 
 /// One Adam(W) step's coefficients in `f64`, as the rule's operations read them (both the

@@ -128,6 +128,35 @@ fn scale_coef(c: f64) -> f32 {
     (c - 1.0) as f32
 }
 
+/// The device kernel's coefficients of an Adam(W) step: each as the primitive it replaces
+/// receives it ([`DeviceOps`]' `scale_assign`, `axpy_assign`, `sqrt_scale_add`), so the fused
+/// step has the composed step's bits.
+pub(super) fn adam_update(c: &AdamStep) -> AdamUpdate {
+    AdamUpdate {
+        decay: c.decay.map(scale_coef),
+        l2: c.l2.map(|x| x as f32),
+        b1m1: scale_coef(c.beta1),
+        omb1: (1.0 - c.beta1) as f32,
+        b2m1: scale_coef(c.beta2),
+        omb2: (1.0 - c.beta2) as f32,
+        inv_sqrt_bc2: c.inv_sqrt_bc2 as f32,
+        eps: c.eps as f32,
+        step: c.step as f32,
+    }
+}
+
+/// The device kernel's coefficients of a momentum SGD step, as [`adam_update`]'s.
+pub(super) fn momentum_update(c: &MomentumStep) -> MomentumUpdate {
+    MomentumUpdate {
+        l2: c.l2.map(|x| x as f32),
+        mom_m1: scale_coef(c.momentum),
+        omd: (1.0 - c.dampening) as f32,
+        momentum: c.momentum as f32,
+        nesterov: c.nesterov,
+        step: (-c.lr) as f32,
+    }
+}
+
 fn wrong_kind(expected: &str) -> crate::Error {
     crate::Error::Usage {
         what: "optimizer step",
@@ -314,20 +343,7 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
         g: &Buffer,
         c: &AdamStep,
     ) -> Result<()> {
-        // Each coefficient as the primitive it replaces receives it (scale_assign, axpy_assign,
-        // sqrt_scale_add above).
-        let k = AdamUpdate {
-            decay: c.decay.map(scale_coef),
-            l2: c.l2.map(|x| x as f32),
-            b1m1: scale_coef(c.beta1),
-            omb1: (1.0 - c.beta1) as f32,
-            b2m1: scale_coef(c.beta2),
-            omb2: (1.0 - c.beta2) as f32,
-            inv_sqrt_bc2: c.inv_sqrt_bc2 as f32,
-            eps: c.eps as f32,
-            step: c.step as f32,
-        };
-        Ok(self.0.adam_update(*w, *m, *v, *g, &k)?)
+        Ok(self.0.adam_update(*w, *m, *v, *g, &adam_update(c))?)
     }
     fn momentum_step(
         &mut self,
@@ -336,15 +352,7 @@ impl<D: Device> VecOps for DeviceOps<'_, D> {
         g: &Buffer,
         c: &MomentumStep,
     ) -> Result<()> {
-        let k = MomentumUpdate {
-            l2: c.l2.map(|x| x as f32),
-            mom_m1: scale_coef(c.momentum),
-            omd: (1.0 - c.dampening) as f32,
-            momentum: c.momentum as f32,
-            nesterov: c.nesterov,
-            step: (-c.lr) as f32,
-        };
-        Ok(self.0.momentum_update(*w, *b, *g, &k)?)
+        Ok(self.0.momentum_update(*w, *b, *g, &momentum_update(c))?)
     }
     fn state_mut(s: &mut StateBuf) -> Result<&mut Buffer> {
         match s {

@@ -156,26 +156,33 @@ fn a_classifier_step_uploads_its_labels_once() {
 /// A plain SGD step updates the parameters in one launch per eight (PyTorch's `foreach` SGD),
 /// with the values of one update per parameter: the parameters after two steps equal, bit for
 /// bit, those of the same steps taken parameter by parameter (the finite check's path, which
-/// commits the same values). Momentum steps parameter by parameter.
+/// commits the same values). Momentum steps parameter by parameter at its first step (which
+/// makes its buffers), then in the list launches of momentum SGD.
 #[test]
 fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
     let (x, y) = regression_grid::<f32>(4);
     for (widths, lists) in [(&[2, 16, 1][..], 1), (&[2, 8, 8, 8, 8, 8, 1][..], 2)] {
         let params = 2 * (widths.len() as u64 - 1);
         let mut values = Vec::new();
-        for (opt, launches) in [
-            (Optimizer::sgd(0.05).unwrap(), lists..=lists),
+        for (opt, steps) in [
+            (
+                Optimizer::sgd(0.05).unwrap(),
+                [lists..=lists, lists..=lists],
+            ),
             (
                 Optimizer::sgd(0.05).unwrap().check_finite(true),
-                params..=u64::MAX,
+                [params..=u64::MAX, params..=u64::MAX],
             ),
-            // At least one launch per parameter (its buffer, then the update).
-            (Optimizer::momentum(0.05, 0.9).unwrap(), params..=u64::MAX),
+            // At least one launch per parameter (its buffer, then the update), then the lists.
+            (
+                Optimizer::momentum(0.05, 0.9).unwrap(),
+                [params..=u64::MAX, lists..=lists],
+            ),
         ] {
             let mut opt = opt;
             let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
             let mlp = Mlp::new(&mut s, widths, 3).unwrap();
-            for _ in 0..2 {
+            for launches in steps {
                 s.reset();
                 let loss = mlp.loss(&mut s, x.clone(), y.clone()).unwrap();
                 s.backward(&loss).unwrap();
@@ -205,15 +212,16 @@ fn a_plain_sgd_step_takes_one_launch_per_eight_parameters() {
     }
 }
 
-/// Adam, AdamW and momentum SGD (after its first step) update each parameter in one launch
-/// (`Device::adam_update`, `Device::momentum_update`; PyTorch's fused Adam), where the rule
-/// composed from the primitives takes one launch per operation: 12 a parameter for AdamW, 4
-/// for momentum SGD. With clipping, the clipped gradient feeds the same launch. The same
-/// bits either way.
+/// Adam, AdamW and momentum SGD (after its first step) update up to eight parameters in one
+/// launch (`Device::adam_update_list`, `Device::momentum_update_list`; PyTorch's multi-tensor
+/// `foreach` Adam and SGD): ten parameters take two launches, where the rule composed from
+/// the primitives takes one launch per operation: 12 a parameter for Adam(W), 4 for momentum
+/// SGD, 5 for Nesterov's. With clipping (not in the lists), the clipped gradient feeds one
+/// launch a parameter. The same bits either way.
 #[test]
-fn adam_and_momentum_steps_take_one_launch_per_parameter() {
+fn adam_and_momentum_steps_take_one_launch_per_eight_parameters() {
     let (x, y) = regression_grid::<f32>(4);
-    let widths = [2, 8, 8, 1];
+    let widths = [2, 8, 8, 8, 8, 1];
     let params = 2 * (widths.len() as u64 - 1);
     let optimizers = || {
         [
@@ -262,15 +270,92 @@ fn adam_and_momentum_steps_take_one_launch_per_parameter() {
     let (fused, composed) = (run(true), run(false));
     // The rule's launches a parameter when composed (the clipped ones besides the clipping).
     let per_param = [12, 12, 4, 5, 11, 3];
+    assert_eq!(params, 10);
     for (k, ((f, c), per)) in fused.iter().zip(&composed).zip(per_param).enumerate() {
         if k < 4 {
-            assert_eq!(f.1, params, "{}: one launch per parameter", f.0);
+            assert_eq!(f.1, 2, "{}: one launch per eight parameters", f.0);
             assert_eq!(c.1, per * params, "{}: composed", c.0);
         } else {
             assert_eq!(c.1 - f.1, (per - 1) * params, "{}: clipped", c.0);
         }
         assert_eq!(f.2, c.2, "{}: fused and composed steps differ", f.0);
     }
+}
+
+/// An Adam list launch keeps each parameter's own step count: parameter 2, left out of the
+/// first pass, steps one behind the others (its bias corrections those of its own step, as
+/// PyTorch counts steps per parameter) and still shares their launch; parameter 3, used twice
+/// (its gradients summed first), steps on its own beside the list. The bits and the step
+/// counts equal the composed rule's.
+#[test]
+fn adam_lists_keep_each_parameters_own_step_count() {
+    let run = |fused: bool| {
+        let _gate = tl_tape_cuda::gates::force_fused_optimizer(Some(fused));
+        let mut s = Session::<f32>::new(Options::backend(Backend::CudaSim)).unwrap();
+        let ps: Vec<_> = (0..4)
+            .map(|k| {
+                let w = vec![0.5 - 0.3 * k as f32, 1.25, -0.75];
+                s.param(Tensor::vector(w), None, true).unwrap()
+            })
+            .collect();
+        let mut opt = Optimizer::adamw(0.1).unwrap();
+        let mut launches = Vec::new();
+        for step in 0..3 {
+            s.reset();
+            let mut total = None;
+            for (k, p) in ps.iter().enumerate() {
+                if step == 0 && k == 2 {
+                    continue;
+                }
+                for _ in 0..(if k == 3 { 2 } else { 1 }) {
+                    let w = s.use_param(p).unwrap();
+                    let c = vec![1.0 + k as f32, -0.5, 0.25 + step as f32];
+                    let c = s.input(Tensor::vector(c), false).unwrap();
+                    let y = s.mul(&w, &c).unwrap();
+                    let l = s.sum(&y).unwrap();
+                    total = Some(match total {
+                        None => l,
+                        Some(t) => s.add(&t, &l).unwrap(),
+                    });
+                }
+            }
+            s.backward(&total.unwrap()).unwrap();
+            let before = s.traffic().unwrap();
+            s.step(&mut opt).unwrap();
+            launches.push((s.traffic().unwrap() - before).launches);
+        }
+        let bits: Vec<Vec<u32>> = (ps.iter())
+            .map(|p| {
+                let v = s.param_value(p).unwrap();
+                v.data().iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        // Every state tensor (step counts, moments) by name, as bits.
+        let state: Vec<(String, Vec<u64>)> = (s.optimizer_state(&opt).unwrap().into_iter())
+            .map(|(k, t)| (k, t.data().iter().map(|v| v.to_bits()).collect()))
+            .collect();
+        (launches, bits, state)
+    };
+    let (fused, composed) = (run(true), run(false));
+    // Each step: one list launch, parameter 3's own step (its first gradient copied, the
+    // second added, then its update), and two zero fills (Adam's moments) for each parameter
+    // at its first step: three at the first, parameter 2 at the second.
+    assert_eq!(fused.0, [1 + 3 + 2 * 3, 1 + 3 + 2, 1 + 3], "fused launches");
+    assert_eq!(fused.1, composed.1, "fused and composed steps differ");
+    assert_eq!(fused.2, composed.2, "the optimizer's state");
+    let steps: Vec<f64> = (0..4)
+        .map(|k| {
+            let (_, b) = (fused.2.iter())
+                .find(|(name, _)| *name == format!("adamw.step.{k}"))
+                .expect("a step count per parameter");
+            f64::from_bits(b[0])
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [3.0, 3.0, 2.0, 3.0],
+        "each parameter's own step count"
+    );
 }
 
 /// A parameter used twice in a plain SGD step is summed and updated on its own; the others

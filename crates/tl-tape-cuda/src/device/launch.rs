@@ -17,8 +17,8 @@
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
 use super::{
-    Act, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumUpdate, NormLayout, PoolKind,
-    WindowLens, Windows,
+    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumSlot,
+    MomentumUpdate, NormLayout, PoolKind, WindowLens, Windows,
 };
 use crate::Result;
 
@@ -87,6 +87,19 @@ pub trait Launch: LaunchIndex {
         b: Buffer,
         g: Buffer,
         c: &MomentumUpdate,
+    ) -> Result<()>;
+    /// The work of [`Device::adam_update_list`] for at most
+    /// [`OPTIM_LIST_MAX`](crate::device::OPTIM_LIST_MAX) slots that share no buffer and whose
+    /// coefficients agree but for the bias corrections (the kernel takes the others from slot
+    /// 0), operands checked: one launch — callers use `adam_update_list`.
+    fn launch_adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()>;
+    /// The work of [`Device::momentum_update_list`] for at most
+    /// [`OPTIM_LIST_MAX`](crate::device::OPTIM_LIST_MAX) slots that share no buffer, operands
+    /// checked: one launch — callers use `momentum_update_list`.
+    fn launch_momentum_update_list(
+        &mut self,
+        c: &MomentumUpdate,
+        slots: &[MomentumSlot],
     ) -> Result<()>;
     /// The work of [`Device::div_bwd`]; operands already validated by it — callers use `div_bwd`.
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)>;

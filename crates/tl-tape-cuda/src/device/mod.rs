@@ -10,9 +10,10 @@
 //! plain data (`Copy`); the allocation behind it lives until it is released explicitly
 //! ([`Device::release`], idempotent), like a device pointer whose finalizer may run twice. Using
 //! a released handle is an [`Error::Released`](crate::Error::Released), never undefined
-//! behaviour. Every primitive returns fresh buffers except [`Device::axpy_assign`] and
-//! [`Device::axpy_assign_list`], which update their `y` operands in place (optimizer steps,
-//! gradient accumulation).
+//! behaviour. Every primitive returns fresh buffers except [`Device::axpy_assign`],
+//! [`Device::axpy_assign_list`] and the optimizer steps ([`Device::adam_update`],
+//! [`Device::momentum_update`] and their list forms), which update their operands in place
+//! (optimizer steps, gradient accumulation).
 //!
 //! Every launch checks its element counts and dims against the `u32` kernel ABI
 //! ([`crate::abi`]) and its operands' lengths ([`check`]) before touching memory. The operand
@@ -48,7 +49,7 @@ use check::{BroadcastPlan, PermutePlan};
 pub use flash::{FLASH_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
-pub use optim::{AdamUpdate, MomentumUpdate};
+pub use optim::{AdamSlot, AdamUpdate, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};
 pub use point_act::PointAct;
 pub use window::{PoolKind, WindowLens, Windows};
 
@@ -334,6 +335,46 @@ pub trait Device: Launch {
         check::same_len(OP, w, g)?;
         check::distinct(OP, &[("w", w), ("b", b), ("g", g)])?;
         self.launch_momentum_update(w, b, g, c)
+    }
+
+    /// One Adam(W) step of every parameter of `slots` ([`AdamSlot`]: `w`, `m`, `v` updated in
+    /// place from `g` with the slot's coefficients): each slot's elements as
+    /// [`adam_update`](Device::adam_update) computes them, so its bits, in one launch per
+    /// [`OPTIM_LIST_MAX`] slots whose coefficients agree but for the bias corrections (those
+    /// come per slot: [`AdamUpdate::shares_launch_with`]; slots that differ otherwise go in
+    /// launches of their own). Within each slot the lengths agree and the buffers are
+    /// distinct, checked for every slot before anything runs (an error naming the slot); a list
+    /// in which one buffer occurs in two slots runs one launch per slot, in order. PyTorch:
+    /// `torch.optim.Adam(…, foreach=True)`'s multi-tensor step.
+    fn adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()> {
+        let bufs = slots.iter().map(|s| [s.w, s.m, s.v, s.g]);
+        if optim::check_list("adam_update_list", ["w", "m", "v", "g"], bufs)? {
+            return slots
+                .iter()
+                .try_for_each(|s| self.launch_adam_update(s.w, s.m, s.v, s.g, &s.c));
+        }
+        optim::adam_launches(slots)
+            .iter()
+            .try_for_each(|chunk| self.launch_adam_update_list(chunk))
+    }
+
+    /// One momentum SGD step (a step after the first) of every parameter of `slots`
+    /// ([`MomentumSlot`]: `w`, `b` updated in place from `g`) with the coefficients `c`: each
+    /// slot's elements as [`momentum_update`](Device::momentum_update) computes them, in one
+    /// launch per [`OPTIM_LIST_MAX`] slots. Checked as
+    /// [`adam_update_list`](Device::adam_update_list), with the same fallback to one launch a
+    /// slot when a buffer occurs in two slots. PyTorch: `torch.optim.SGD(…, momentum=μ,
+    /// foreach=True)`'s step.
+    fn momentum_update_list(&mut self, c: &MomentumUpdate, slots: &[MomentumSlot]) -> Result<()> {
+        let bufs = slots.iter().map(|s| [s.w, s.b, s.g]);
+        if optim::check_list("momentum_update_list", ["w", "b", "g"], bufs)? {
+            return slots
+                .iter()
+                .try_for_each(|s| self.launch_momentum_update(s.w, s.b, s.g, c));
+        }
+        slots
+            .chunks(OPTIM_LIST_MAX)
+            .try_for_each(|chunk| self.launch_momentum_update_list(c, chunk))
     }
 
     // ---- pointwise, binary (backward) ---------------------------------------------------------

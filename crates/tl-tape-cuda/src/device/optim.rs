@@ -1,7 +1,10 @@
 //! Optimizer steps in one launch per parameter ([`Device::adam_update`],
 //! [`Device::momentum_update`]; kernels `tl_adam_update`, `tl_momentum_update` in
-//! `kernels/optim.cu`): the coefficients as the kernels receive them, and the per-element rule
-//! that the kernels and the simulation device's twins compute.
+//! `kernels/optim.cu`) or per list of up to [`OPTIM_LIST_MAX`] parameters
+//! ([`Device::adam_update_list`], [`Device::momentum_update_list`]; kernels
+//! `tl_adam_update_list`, `tl_momentum_update_list`): the coefficients as the kernels receive
+//! them, the per-element rule that the kernels and the simulation device's twins compute, and
+//! the list forms' operand checks and launch grouping.
 //!
 //! Each element is computed as the composed step computes it, one primitive per operation
 //! ([`Device::axpy_assign`], [`Device::mul`], [`Device::sqrt`], [`Device::axpy`],
@@ -10,9 +13,19 @@
 //! step has the composed step's bits. PyTorch comparison: `torch.optim.Adam(…, fused=True)`,
 //! `torch.optim.SGD(…, momentum=…, foreach=True)`.
 
-use super::sim::pointwise::{axpy, sqrt};
+use std::collections::HashSet;
+
+use super::Buffer;
 #[cfg(doc)]
-use super::{Buffer, Device};
+use super::Device;
+use super::check;
+use super::sim::pointwise::{axpy, sqrt};
+use crate::{Error, Result};
+
+/// The parameters one list launch takes ([`Device::adam_update_list`],
+/// [`Device::momentum_update_list`]): the kernels' slots, eight as `tl_axpy_assign_list`'s
+/// (48 bytes of kernel parameters a slot for Adam, far inside the 4 KiB parameter space).
+pub const OPTIM_LIST_MAX: usize = 8;
 
 /// One Adam(W) step's coefficients, `f32` as the kernel receives them. Per element, with `g`
 /// the gradient:
@@ -59,6 +72,106 @@ impl AdamUpdate {
         let denom = axpy(self.eps, sqrt(v), self.inv_sqrt_bc2);
         (axpy(w, m / denom, self.step), m, v)
     }
+
+    /// Whether a step with `other`'s coefficients can share one list launch with this one:
+    /// every coefficient the kernel takes for the whole list (all but the bias corrections
+    /// `inv_sqrt_bc2` and `step`, which come per slot) has the same bits.
+    pub fn shares_launch_with(&self, other: &AdamUpdate) -> bool {
+        let list = |c: &AdamUpdate| {
+            [
+                c.decay.map(f32::to_bits),
+                c.l2.map(f32::to_bits),
+                Some(c.b1m1.to_bits()),
+                Some(c.omb1.to_bits()),
+                Some(c.b2m1.to_bits()),
+                Some(c.omb2.to_bits()),
+                Some(c.eps.to_bits()),
+            ]
+        };
+        list(self) == list(other)
+    }
+}
+
+/// One parameter of [`Device::adam_update_list`]: its value `w`, its moments `m`, `v`, its
+/// gradient `g` and its step's coefficients (the bias corrections follow the parameter's own
+/// step count).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamSlot {
+    /// The parameter, updated in place.
+    pub w: Buffer,
+    /// The first moment, updated in place.
+    pub m: Buffer,
+    /// The second moment, updated in place.
+    pub v: Buffer,
+    /// The gradient, read.
+    pub g: Buffer,
+    /// The step's coefficients.
+    pub c: AdamUpdate,
+}
+
+/// One parameter of [`Device::momentum_update_list`]: its value `w`, its momentum buffer `b`
+/// and its gradient `g` (the coefficients are the list's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MomentumSlot {
+    /// The parameter, updated in place.
+    pub w: Buffer,
+    /// The momentum buffer, updated in place.
+    pub b: Buffer,
+    /// The gradient, read.
+    pub g: Buffer,
+}
+
+/// `e` (an operand error of one slot) with the slot's index in its detail.
+fn in_slot(k: usize, e: Error) -> Error {
+    match e {
+        Error::Kernel { op, detail } => Error::kernel(op, format!("slot {k}: {detail}")),
+        e => e,
+    }
+}
+
+/// The checks of a list step whose slots hold the buffers `slots` (named as `names` say, the
+/// written ones first, the gradient last): within each slot the lengths agree and the buffers
+/// are distinct, as the one-parameter step requires (an error naming `op` and the slot).
+/// Returns whether a buffer occurs in two slots: such a list runs one parameter at a time, in
+/// order.
+pub(crate) fn check_list<const N: usize>(
+    op: &'static str,
+    names: [&str; N],
+    slots: impl ExactSizeIterator<Item = [Buffer; N]> + Clone,
+) -> Result<bool> {
+    let mut seen = HashSet::with_capacity(N * slots.len());
+    let mut shared = false;
+    for (k, bufs) in slots.enumerate() {
+        let r = bufs[1..]
+            .iter()
+            .try_for_each(|&b| check::same_len(op, bufs[0], b).map(drop))
+            .and_then(|()| {
+                let named: [(&str, Buffer); N] = std::array::from_fn(|i| (names[i], bufs[i]));
+                check::distinct(op, &named)
+            });
+        r.map_err(|e| in_slot(k, e))?;
+        // Distinct within the slot: a repeat is another slot's buffer.
+        shared |= !bufs.iter().all(|b| seen.insert(b.id()));
+    }
+    Ok(shared)
+}
+
+/// The launches of an Adam list whose buffers are all distinct: the slots grouped by the
+/// coefficients they share ([`AdamUpdate::shares_launch_with`]; in a step every parameter
+/// usually has the same step count, so one group), in the order each group first occurs,
+/// each group cut into runs of [`OPTIM_LIST_MAX`].
+pub(crate) fn adam_launches(slots: &[AdamSlot]) -> Vec<Vec<AdamSlot>> {
+    let mut groups: Vec<Vec<AdamSlot>> = Vec::new();
+    for s in slots {
+        match groups.iter_mut().find(|g| g[0].c.shares_launch_with(&s.c)) {
+            Some(g) => g.push(*s),
+            None => groups.push(vec![*s]),
+        }
+    }
+    groups
+        .iter()
+        .flat_map(|g| g.chunks(OPTIM_LIST_MAX).map(<[AdamSlot]>::to_vec))
+        .collect()
 }
 
 /// One momentum SGD step's coefficients (a step after the first, whose momentum buffer is

@@ -314,6 +314,18 @@ fn fused_optimizer_steps_give_the_bits_of_their_primitives() {
     assert_eq!(dev.live_buffers(), 0, "every buffer released");
 }
 
+/// The list forms of the fused optimizer steps: the bits of one launch per parameter, in one
+/// launch per eight parameters whose coefficients agree but for the bias corrections; shared
+/// buffers fall back to one launch a parameter; bad slots refused by name (the kernel
+/// emulator runs the same check in `gpu.rs`).
+#[test]
+fn fused_optimizer_lists_give_the_bits_of_one_launch_per_parameter() {
+    let mut dev = SimDevice::new();
+    let bad = crate::common::optim::optimizer_list_mismatches(&mut dev);
+    assert!(bad.is_empty(), "list != one launch per parameter: {bad:?}");
+    assert_eq!(dev.live_buffers(), 0, "every buffer released");
+}
+
 /// The fused optimizer steps refuse operands of other lengths and buffers passed twice, by
 /// name, before writing anything.
 #[test]

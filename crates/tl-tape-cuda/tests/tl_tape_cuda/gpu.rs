@@ -519,6 +519,18 @@ fn fused_optimizer_steps_give_the_bits_of_their_primitives_on_cuda() {
     assert!(bad.is_empty(), "fused != composed on CUDA: {bad:?}");
 }
 
+/// The list forms of the fused optimizer steps give the bits of one launch per parameter on
+/// the CUDA device too (the list kernels' slots, per-slot bias corrections and grouping).
+#[test]
+fn fused_optimizer_lists_give_the_bits_of_one_launch_per_parameter_on_cuda() {
+    let Some(mut cuda) = gpu() else { return };
+    let bad = common::optim::optimizer_list_mismatches(&mut cuda);
+    assert!(
+        bad.is_empty(),
+        "list != one launch per parameter on CUDA: {bad:?}"
+    );
+}
+
 /// `matmul_acc` gives the bits of a product then an add on the CUDA device too.
 #[test]
 fn matmul_acc_gives_the_bits_of_a_product_then_an_add_on_cuda() {

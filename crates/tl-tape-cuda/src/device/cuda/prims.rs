@@ -9,8 +9,8 @@ use super::launch::{blocks, dims8};
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::sim::reduce::axis_sum_by_block;
 use crate::device::{
-    Act, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumUpdate, NormLayout,
-    PointAct, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot,
+    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Result, abi};
 
@@ -139,6 +139,18 @@ impl Launch for CudaDevice {
         c: &MomentumUpdate,
     ) -> Result<()> {
         self.momentum_update_impl(w, b, g, c)
+    }
+
+    fn launch_adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()> {
+        self.adam_update_list_impl(slots)
+    }
+
+    fn launch_momentum_update_list(
+        &mut self,
+        c: &MomentumUpdate,
+        slots: &[MomentumSlot],
+    ) -> Result<()> {
+        self.momentum_update_list_impl(c, slots)
     }
 
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {

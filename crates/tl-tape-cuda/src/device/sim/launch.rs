@@ -73,7 +73,8 @@ impl SimDevice {
 
     /// An in-place update of the distinct buffers `outs` (checked by the caller) from their
     /// own elements and `g`'s, index by index (`kernel` maps the values at one index to the new
-    /// ones); every operand is looked up before anything is written. Counted as one launch.
+    /// ones); every operand is looked up before anything is written. No launch counted (the
+    /// callers count theirs: one for a parameter, one for a list).
     pub(super) fn update_in_place<const N: usize>(
         &mut self,
         op: &'static str,
@@ -97,7 +98,6 @@ impl SimDevice {
                 a.block[..b.len()].copy_from_slice(col);
             }
         }
-        self.traffic.launch();
         Ok(())
     }
 

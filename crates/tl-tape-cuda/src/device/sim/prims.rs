@@ -6,8 +6,8 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumUpdate, NormLayout,
-    PointAct, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot,
+    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Error, Result};
 
@@ -111,7 +111,9 @@ impl Launch for SimDevice {
         self.update_in_place("adam_update", [w, m, v], g, |[w, m, v], g| {
             let (w, m, v) = c.element(w, m, v, g);
             [w, m, v]
-        })
+        })?;
+        self.traffic.launch();
+        Ok(())
     }
 
     fn launch_momentum_update(
@@ -124,7 +126,49 @@ impl Launch for SimDevice {
         self.update_in_place("momentum_update", [w, b], g, |[w, b], g| {
             let (w, b) = c.element(w, b, g);
             [w, b]
-        })
+        })?;
+        self.traffic.launch();
+        Ok(())
+    }
+
+    fn launch_adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()> {
+        const OP: &str = "adam_update_list";
+        // Every operand is looked up before anything is written (a released one fails first).
+        for s in slots {
+            for b in [s.w, s.m, s.v, s.g] {
+                view(&self.live, OP, b)?;
+            }
+        }
+        for s in slots {
+            self.update_in_place(OP, [s.w, s.m, s.v], s.g, |[w, m, v], g| {
+                let (w, m, v) = s.c.element(w, m, v, g);
+                [w, m, v]
+            })?;
+        }
+        // One kernel on the device for the whole list.
+        self.traffic.launch();
+        Ok(())
+    }
+
+    fn launch_momentum_update_list(
+        &mut self,
+        c: &MomentumUpdate,
+        slots: &[MomentumSlot],
+    ) -> Result<()> {
+        const OP: &str = "momentum_update_list";
+        for s in slots {
+            for b in [s.w, s.b, s.g] {
+                view(&self.live, OP, b)?;
+            }
+        }
+        for s in slots {
+            self.update_in_place(OP, [s.w, s.b], s.g, |[w, b], g| {
+                let (w, b) = c.element(w, b, g);
+                [w, b]
+            })?;
+        }
+        self.traffic.launch();
+        Ok(())
     }
 
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {
