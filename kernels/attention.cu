@@ -13,7 +13,8 @@
 // rows and 16 keys: rows (keys) are independent, so a block of 64 changes no result, and a
 // thread's many fma chains each run in the order written.
 //
-// Order (the sim's twin; no atomics, so both reduction modes are this order):
+// Order (the sim's twin; no atomics: the forward, and the backward in both reduction modes
+// except where the one-pass backward at the end of this file runs, whose dQ adds per key block):
 // - a score is s = dot(q_i, k_j) * scale, the dot a fused multiply-add chain over c = 0..d-1
 //   from +0; masked (or past n) keys are -inf;
 // - forward, per query row, over key tiles in increasing order: the tile's max mt (fmaxf over

@@ -227,3 +227,55 @@ impl CudaDevice {
         })
     }
 }
+
+#[cfg(all(test, feature = "cuda-emu"))]
+mod tests {
+    //! Which backward runs, on the kernel emulator: the kernels a fresh device resolved.
+    use super::*;
+    use crate::device::{FlashDims, FlashMask};
+
+    /// The `tl_flash_bwd*` kernels a fresh device with reductions `deterministic` resolves for
+    /// one backward of head size `d` under the override `force`, sorted; the backward is two
+    /// launches either way.
+    fn bwd_kernels(deterministic: bool, force: Option<bool>, d: usize) -> Vec<&'static str> {
+        let _gate = gates::force_flash_bwd_one_pass(force);
+        let mut dev = CudaDevice::new().unwrap();
+        dev.set_deterministic(Some(deterministic));
+        let f = Flash {
+            dims: FlashDims {
+                batch: 1,
+                n: 20,
+                heads: 2,
+                d,
+            },
+            mask: FlashMask::none(),
+        };
+        let x = dev.upload(&vec![0.25; f.dims.qkv_len()]).unwrap();
+        let (o, lse) = dev.flash_attention([x, x, x], &f).unwrap();
+        let before = dev.traffic().launches;
+        let [dq, dk, dv] = dev.flash_attention_bwd([x, x, x], o, lse, x, &f).unwrap();
+        assert_eq!(dev.traffic().launches - before, 2, "d = {d}");
+        dev.release_all([x, o, lse, dq, dk, dv]);
+        assert_eq!(dev.memory_usage().live_bytes, 0);
+        let mut names: Vec<&'static str> = dev
+            .funcs
+            .keys()
+            .copied()
+            .filter(|k| k.starts_with("tl_flash_bwd"))
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[test]
+    fn the_backward_follows_the_reduction_mode_the_gate_and_the_head_size() {
+        let one = ["tl_flash_bwd_atomic", "tl_flash_bwd_delta"];
+        let two = ["tl_flash_bwd_kv", "tl_flash_bwd_q"];
+        assert_eq!(bwd_kernels(false, None, 64), one, "atomics allowed");
+        assert_eq!(bwd_kernels(true, None, 64), two, "deterministic");
+        assert_eq!(bwd_kernels(false, None, 65), two, "a head over 64");
+        assert_eq!(bwd_kernels(true, Some(true), 8), one, "forced on");
+        assert_eq!(bwd_kernels(false, Some(false), 8), two, "forced off");
+        assert_eq!(bwd_kernels(true, Some(true), 65), two, "forced, but the head is too big");
+    }
+}
