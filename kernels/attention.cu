@@ -728,9 +728,10 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
 
 // The one-pass backward's dQ (tl_flash_bwd_atomic, DM = 64): after tl_fa_bwd_kv64's sums of
 // a step, thread (r, cx), r = tid / 16, adds dS K of query row r of the step's tile over the
-// block's keys 0..keys-1 in order (one fma chain from +0 per column, columns 4 cx..), then
-// atomicAdds the four sums into the zeroed dQ: the order across key blocks is the hardware's.
-// Reads dss and ks only, which the next step rewrites after its first barrier.
+// block's keys 0..keys-1 in order (one fma chain from +0 per column, columns 4 cx..; dS read
+// four keys at a time), then atomicAdds the four sums into the zeroed dQ: the order across
+// key blocks is the hardware's. Reads dss and ks only, which the next step rewrites after
+// its first barrier.
 template <u32 BN, u32 DM>
 __device__ __forceinline__ void tl_fa_dq_atomic(const float* dss, const float* ks, float* dq,
                                                 u32 b, u32 h, u32 i0, u32 rows, u32 keys, u32 n,
@@ -740,12 +741,19 @@ __device__ __forceinline__ void tl_fa_dq_atomic(const float* dss, const float* k
     if (r >= rows) return;
     const u32 rsw = tl_fa_swz(r);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (u32 j = 0; j < keys; ++j) {
-        const float s = dss[r * BN + (j ^ rsw)];
+    const auto key = [&](u32 j, float s) {
         float kr[4];
         ld4(&ks[j * DM + ((cx * 4) ^ tl_fa_swz(j))], kr);
         for (u32 e = 0; e < 4; ++e) acc[e] = __fmaf_rn(s, kr[e], acc[e]);
+    };
+    u32 j = 0;
+    TL_FA_UNROLL2
+    for (; j + 4 <= keys; j += 4) {  // keys j..j+3 stay together under the swizzle
+        float sr[4];
+        ld4(&dss[r * BN + (j ^ rsw)], sr);
+        for (u32 jj = 0; jj < 4; ++jj) key(j + jj, sr[jj]);
     }
+    for (; j < keys; ++j) key(j, dss[r * BN + (j ^ rsw)]);
     for (u32 e = 0; e < 4; ++e) {
         const u32 c = cx * 4 + e;
         if (c < d) atomicAdd(&dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)], acc[e]);
