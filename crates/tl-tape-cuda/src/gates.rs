@@ -149,7 +149,10 @@ mod tests {
     fn the_one_pass_flash_backward_follows_the_reduction_mode_and_the_override() {
         assert!(flash_bwd_one_pass(false, 64));
         assert!(!flash_bwd_one_pass(true, 64));
-        assert!(!flash_bwd_one_pass(false, 65), "heads over 64 take the two kernels");
+        assert!(
+            !flash_bwd_one_pass(false, 65),
+            "heads over 64 take the two kernels"
+        );
         {
             let _on = force_flash_bwd_one_pass(Some(true));
             assert!(flash_bwd_one_pass(true, 1));

@@ -46,9 +46,7 @@ pub use buffer::{
     WIDE_MIN_TILES,
 };
 use check::{BroadcastPlan, PermutePlan};
-pub use flash::{
-    FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask,
-};
+pub use flash::{FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use optim::{AdamSlot, AdamUpdate, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};

@@ -276,6 +276,10 @@ mod tests {
         assert_eq!(bwd_kernels(false, None, 65), two, "a head over 64");
         assert_eq!(bwd_kernels(true, Some(true), 8), one, "forced on");
         assert_eq!(bwd_kernels(false, Some(false), 8), two, "forced off");
-        assert_eq!(bwd_kernels(true, Some(true), 65), two, "forced, but the head is too big");
+        assert_eq!(
+            bwd_kernels(true, Some(true), 65),
+            two,
+            "forced, but the head is too big"
+        );
     }
 }
