@@ -1,10 +1,10 @@
 //! The fused attention on the CUDA device (kernels/attention.cu): `tl_flash_fwd` forward;
 //! backward `tl_flash_bwd_q` then `tl_flash_bwd_kv` (the sim's order, no atomics), or, where
-//! [`gates::flash_bwd_one_pass`] says so (deterministic reductions off, d ≤
-//! [`FLASH_ONE_PASS_MAX_HEAD`](crate::device::FLASH_ONE_PASS_MAX_HEAD)), `tl_flash_bwd_delta` then `tl_flash_bwd_atomic` (one pass over
-//! the key blocks, dQ added with `atomicAdd`). Operands already checked by [`Device`]'s
-//! provided methods ([`Flash`]'s checks). The mask's words (if its mode has any) go up per
-//! launch and are released on every path.
+//! [`gates::flash_bwd_one_pass`] says so (deterministic reductions off, d ≤ 64:
+//! [`FLASH_ONE_PASS_MAX_HEAD`](crate::device::FLASH_ONE_PASS_MAX_HEAD)), `tl_flash_bwd_delta`
+//! then `tl_flash_bwd_atomic` (one pass over the key blocks, dQ added with `atomicAdd`).
+//! Operands already checked by [`Device`]'s provided methods ([`Flash`]'s checks). The mask's
+//! words (if its mode has any) go up per launch and are released on every path.
 
 use super::CudaDevice;
 use super::driver::Arg;
@@ -204,7 +204,8 @@ impl CudaDevice {
 
     /// `tl_flash_bwd_delta` (delta into `pd`, dQ zeroed) then `tl_flash_bwd_atomic` (dK, dV,
     /// and dQ added over the key blocks with `atomicAdd`): the one-pass backward, d ≤
-    /// [`FLASH_ONE_PASS_MAX_HEAD`](crate::device::FLASH_ONE_PASS_MAX_HEAD); `p` and `pm` as [`Self::flash_bwd_launches`].
+    /// [`FLASH_ONE_PASS_MAX_HEAD`](crate::device::FLASH_ONE_PASS_MAX_HEAD); `p` and `pm` as
+    /// [`Self::flash_bwd_launches`].
     fn flash_bwd_one_pass(
         &mut self,
         p: [u64; 6],
