@@ -12,10 +12,10 @@
 //!   shape and the seed's) and from an id past the graph's (`len`, `usize::MAX`; naming the id).
 //!
 //! Every call runs under [`std::panic::catch_unwind`]: a panic fails the case with the panic's
-//! message. After the refused `record` calls the good case is recorded and checked as check 1
-//! does, and after the refused `backward_dense` calls the same program's values and gradients
-//! are checked against the f64 IR as checks 1 and 2 do: a refused call leaves the backend, and
-//! the program, as they were.
+//! message and location. After the refused `record` calls the good case is recorded and checked
+//! as check 1 does, and after the refused `backward_dense` calls the same program's values and
+//! gradients are checked against the f64 IR as checks 1 and 2 do: a refused call leaves the
+//! backend, and the program, as they were.
 //!
 //! Not bad input, so it must not be refused:
 //!
@@ -30,12 +30,17 @@
 //!   (`log` of NaN), the backend may refuse or compute, but not panic. Its `backward_dense` on
 //!   them must not panic either.
 //!
-//! The panic hook is left as it is (it is process-wide; swapping it would hide the panics of
-//! tests running in parallel): a caught panic is printed by the default hook, which the test
-//! harness captures, and the report quotes its message.
+//! **Panics.** A panic inside a guarded call is caught and its message and location (`file:line`)
+//! are quoted in the report. It is not printed: the first guarded call installs, once, a panic
+//! hook that stays silent for a panic on a thread that is inside a guarded call (a thread-local
+//! flag) and hands every other panic to the hook that was there before, unchanged. Tests
+//! running in parallel thus print their panics as before, and a backend that panics on every
+//! bad call does not print hundreds of messages and backtraces while its failure is shrunk.
 
 use std::any::Any;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::cell::{Cell, RefCell};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Once;
 
 use tl_spec::{Shape, Tensor};
 
@@ -85,18 +90,18 @@ pub fn bad_input_case<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> C
     let nats = &case.nats;
 
     // Leaves of the wrong shape, each in turn.
-    for (k, leaf) in leaves.iter().enumerate() {
-        for (how, shape) in wrong_shapes(leaf.shape()) {
+    for (k, leaf) in graph.leaves().iter().enumerate() {
+        for (how, shape) in wrong_shapes(&leaf.shape) {
             let mut bad = leaves.clone();
             bad[k] = Tensor::ones(shape.clone());
             let what = format!(
                 "record with leaf %{k} of shape {shape} ({how}) where the graph has {}",
-                leaf.shape()
+                leaf.shape
             );
             refused(
                 &what,
                 guard(|| backend.record(graph, &bad, nats).map(|_| ())),
-                &[Name::Shape(leaf.shape()), Name::Shape(&shape)],
+                &[Name::Shape(&leaf.shape), Name::Shape(&shape)],
             )?;
         }
     }
@@ -118,7 +123,7 @@ pub fn bad_input_case<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> C
             .unwrap_or_else(|| Tensor::ones(Shape::scalar())),
     );
     let what = format!(
-        "record with {} leaf values for a graph of {n} leaves",
+        "record with {} leaf value(s) for a graph of {n} leaves",
         n + 1
     );
     refused(
@@ -251,7 +256,7 @@ fn non_finite_leaves<B: Backend>(backend: &B, case: &GraphCase) -> Result<(), St
             .eval(&reference, &case.nats)
             .map_err(|e| e.to_string())
     })
-    .map_err(|p| panicked(&format!("the IR's eval ({what})"), &p))?;
+    .map_err(|p| format!("{what}: the IR reference's eval panicked: {p}"))?;
     let recorded = guard(|| {
         let program = backend.record(graph, &leaves, &case.nats)?;
         let values = backend.values(&program)?;
@@ -366,9 +371,43 @@ impl Name<'_> {
 /// What a guarded call gave: the call's own result, or the message of its panic.
 type Guarded<R> = Result<Result<R, String>, String>;
 
-/// Run `f`, catching a panic (its message in `Err`).
+thread_local! {
+    /// Whether this thread is inside [`guard`] (its panics are caught and reported there).
+    static GUARDED: Cell<bool> = const { Cell::new(false) };
+    /// Where this thread's last caught panic happened, as the hook saw it.
+    static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Install, once, the hook that keeps a guarded thread's panics quiet (see the module
+/// documentation) and passes every other panic to the previous hook.
+fn quiet_hook() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if GUARDED.with(Cell::get) {
+                let at = info.location().map(ToString::to_string);
+                PANIC_AT.with(|p| *p.borrow_mut() = at);
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Run `f`, catching a panic (its message, quoted, and location in `Err`).
 fn guard<R>(f: impl FnOnce() -> Result<R, String>) -> Guarded<R> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|p| panic_message(p.as_ref()))
+    quiet_hook();
+    let outer = GUARDED.with(|g| g.replace(true));
+    let r = panic::catch_unwind(AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(outer));
+    r.map_err(|p| {
+        let msg = panic_message(p.as_ref());
+        match PANIC_AT.with(RefCell::take) {
+            Some(at) => format!("{msg:?} at {at}"),
+            None => format!("{msg:?}"),
+        }
+    })
 }
 
 /// A panic payload's text (`panic!` gives a `&str` or a `String`).
@@ -380,7 +419,7 @@ fn panic_message(p: &(dyn Any + Send)) -> String {
 }
 
 fn panicked(what: &str, msg: &str) -> String {
-    format!("{what}: the backend panicked ({msg:?}); bad input must be an error, never a panic")
+    format!("{what}: the backend panicked: {msg}; bad input must be an error, never a panic")
 }
 
 /// A bad call's outcome: an error whose message is not empty and names each of `names`.

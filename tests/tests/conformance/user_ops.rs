@@ -557,13 +557,13 @@ fn check_backend_fails_a_backend_that_panics_on_too_few_leaves() {
         failures
             .iter()
             .any(|f| f.contains("leaf value(s) for a graph of")
-                && f.contains("the backend panicked")
-                && f.contains("index out of bounds")),
+                && f.contains("the backend panicked: \"index out of bounds")
+                && f.contains("\" at tests/tests/conformance/user_ops.rs:")),
         "{failures:#?}"
     );
     assert!(
         failures.iter().any(
-            |f| f.contains("record with 1 leaf values for a graph of 0 leaves")
+            |f| f.contains("record with 1 leaf value(s) for a graph of 0 leaves")
                 && f.contains("accepted it (returned Ok)")
         ),
         "{failures:#?}"
