@@ -2,8 +2,9 @@
 //! (a wrong VJP, a wrong CPU kernel, a wrong fast path past a size, a wrong device
 //! implementation and non-finite values each fail the public call, naming the check and the
 //! op), and the catalogue's suite against a third-party backend, with teeth too (a skewed `exp`
-//! fails check 1; a backend that panics on too few leaves, accepts a leaf of the wrong shape or
-//! refuses non-finite leaves fails check 7, bad input).
+//! fails check 1; a backend that panics on too few leaves, accepts a leaf or a seed of the
+//! wrong shape, is not the same after a refused backward or refuses non-finite leaves fails
+//! check 7, bad input).
 
 use proptest::prelude::*;
 use tl_conformance::checks::SESSION_CASES;
@@ -465,15 +466,26 @@ enum Careless {
     /// Takes any leaf value of the right element count, reshaped to the graph's shape: a
     /// transposed leaf or one of another rank is accepted.
     Numel,
+    /// Takes any seed of the output's element count, reshaped.
+    Seed,
+    /// A refused `backward_dense` leaves its scratch behind (here: the forward values), and the
+    /// next one adds it to the gradients.
+    Sticky,
     /// Refuses NaN and infinities in leaf values (which are not bad input: IEEE arithmetic).
     NonFinite,
 }
 
 struct CarelessBackend(Careless);
 
+/// The careless backend's program: the tape, and the scratch a refused backward left.
+struct CarelessProgram {
+    tape: TapeProgram<f32>,
+    scratch: std::cell::RefCell<Option<Vec<Tensor<f32>>>>,
+}
+
 impl Backend for CarelessBackend {
     type T = f32;
-    type Program = TapeProgram<f32>;
+    type Program = CarelessProgram;
 
     fn name(&self) -> String {
         format!("careless-{:?}", self.0).to_lowercase()
@@ -496,20 +508,22 @@ impl Backend for CarelessBackend {
                     _ => Ok(v.clone()),
                 })
                 .collect::<Result<_, _>>()?,
-            Careless::NonFinite => {
+            Careless::NonFinite
                 if leaves
                     .iter()
-                    .any(|t| t.data().iter().any(|v| !v.is_finite()))
-                {
-                    return Err("a leaf holds a non-finite value".into());
-                }
-                leaves.to_vec()
+                    .any(|t| t.data().iter().any(|v| !v.is_finite())) =>
+            {
+                return Err("a leaf holds a non-finite value".into());
             }
+            _ => leaves.to_vec(),
         };
-        TapeProgram::replay(graph, &leaves, nats)
+        Ok(CarelessProgram {
+            tape: TapeProgram::replay(graph, &leaves, nats)?,
+            scratch: Default::default(),
+        })
     }
     fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
-        p.values()
+        p.tape.values()
     }
     fn backward_dense(
         &self,
@@ -517,7 +531,29 @@ impl Backend for CarelessBackend {
         out: Id,
         seed: &Tensor<f32>,
     ) -> Result<Vec<Tensor<f32>>, String> {
-        p.backward_dense(out, seed)
+        let want = p.tape.values()?.get(out).map(|v| v.shape().clone());
+        let seed = match want {
+            Some(s) if self.0 == Careless::Seed && s.numel() == seed.shape().numel() => {
+                Tensor::new(s, seed.data().to_vec()).map_err(|e| e.to_string())?
+            }
+            _ => seed.clone(),
+        };
+        let grads = p.tape.backward_dense(out, &seed);
+        if self.0 != Careless::Sticky {
+            return grads;
+        }
+        let Ok(grads) = grads else {
+            *p.scratch.borrow_mut() = Some(p.tape.values()?);
+            return grads;
+        };
+        match p.scratch.borrow_mut().take() {
+            Some(left) => grads
+                .iter()
+                .zip(&left)
+                .map(|(g, l)| g.add(l).map_err(|e| e.to_string()))
+                .collect(),
+            None => Ok(grads),
+        }
     }
 }
 
@@ -590,6 +626,30 @@ fn check_backend_fails_a_backend_that_accepts_a_leaf_of_the_wrong_shape() {
         err.contains("leaf %0 of shape [3, 2] (transposed) where the graph has [2, 3]")
             && err.contains("accepted it"),
         "{err}"
+    );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_accepts_a_seed_of_the_wrong_shape() {
+    let failures = check_7_failures(Careless::Seed, &[]);
+    assert!(failures.len() > 60, "{}", failures.len());
+    assert!(
+        failures.iter().all(|f| f.contains("with a seed of shape")
+            && (f.contains("(one rank more)") || f.contains("(transposed)"))
+            && f.contains("the backend accepted it (returned Ok)")),
+        "{failures:#?}"
+    );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_is_not_the_same_after_a_refused_backward() {
+    let failures = check_7_failures(Careless::Sticky, &[]);
+    assert!(failures.len() > 50, "{}", failures.len());
+    assert!(
+        failures.iter().any(|f| f
+            .contains("after the refused backward_dense calls, gradient of %")
+            && f.contains("differs")),
+        "{failures:#?}"
     );
 }
 
