@@ -398,6 +398,7 @@ fn quiet_hook() {
 /// Run `f`, catching a panic (its message, quoted, and location in `Err`).
 fn guard<R>(f: impl FnOnce() -> Result<R, String>) -> Guarded<R> {
     quiet_hook();
+    PANIC_AT.with(RefCell::take);
     let outer = GUARDED.with(|g| g.replace(true));
     let r = panic::catch_unwind(AssertUnwindSafe(f));
     GUARDED.with(|g| g.set(outer));
