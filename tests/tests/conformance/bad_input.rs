@@ -328,7 +328,7 @@ fn the_cuda_sim_refuses_bad_input_clearly() {
 
 #[cfg(feature = "cuda-emu")]
 #[test]
-fn the_emulated_device_refuses_bad_input_clearly() {
+fn the_emulated_kernels_refuse_bad_input_clearly() {
     use tl_conformance::backend::OnDevice;
     // The emulator runs every thread as a fiber: half of check 7's cases (at least one).
     let cfg = cfg7();
