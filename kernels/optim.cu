@@ -1,8 +1,8 @@
-// Optimizer steps in one launch per parameter, or per list of up to eight parameters. Each
-// element is computed as the composed device step computes it (crates/tl-session/src/optim: one
-// primitive per operation of the rule, tl_axpy_assign, tl_mul, tl_sqrt, tl_axpy, tl_div, each an
-// f32 operation rounded once), in the same order, so a fused step has the composed step's bits
-// while reading each buffer once. Twins: AdamUpdate::element and MomentumUpdate::element in
+// Optimizer steps in one launch per list of up to eight parameters (a one-parameter step is a
+// list of one). Each element is computed as the composed device step computes it
+// (crates/tl-session/src/optim: one primitive per operation of the rule, tl_axpy_assign, tl_mul,
+// tl_sqrt, tl_axpy, tl_div, each an f32 operation rounded once), in the same order, so a fused
+// step has the composed step's bits while reading each buffer once. Twins: AdamUpdate::element and MomentumUpdate::element in
 // crates/tl-tape-cuda/src/device/optim.rs.
 #include "common.cuh"
 
@@ -39,14 +39,6 @@ __device__ __forceinline__ void tl_adam_elements(float* w, float* m, float* v, c
     }
 }
 
-extern "C" __global__ void tl_adam_update(float* w, float* m, float* v, const float* g, u64 n,
-                                          u32 flags, float decay, float l2, float b1m1,
-                                          float omb1, float b2m1, float omb2,
-                                          float inv_sqrt_bc2, float eps, float step) {
-    tl_adam_elements(w, m, v, g, n, flags, decay, l2, b1m1, omb1, b2m1, omb2, inv_sqrt_bc2, eps,
-                     step);
-}
-
 // One momentum SGD step of w and its momentum buffer b from the gradient g (b already holds
 // the first step's gradient), over n elements:
 //   b <- b + mom_m1 * b; b <- b + omd * g      (mom_m1 = momentum - 1, omd = 1 - dampening)
@@ -71,16 +63,10 @@ __device__ __forceinline__ void tl_momentum_elements(float* w, float* b, const f
     }
 }
 
-extern "C" __global__ void tl_momentum_update(float* w, float* b, const float* g, u64 n,
-                                              u32 flags, float l2, float mom_m1, float omd,
-                                              float momentum, float step) {
-    tl_momentum_elements(w, b, g, n, flags, l2, mom_m1, omd, momentum, step);
-}
-
-// The list forms: up to eight parameters (slots) in one launch, blockIdx.y the slot, each
-// slot's elements computed as the one-parameter kernel computes them. The coefficients are
-// the list's, except Adam's bias corrections (inv_sqrt_bc2, step), which follow each
-// parameter's own step count and so come per slot. Slots past `count` are never read; no
+// The kernels: up to eight parameters (slots) in one launch, blockIdx.y the slot, each slot's
+// elements computed by the functions above. The coefficients are the list's, except Adam's bias
+// corrections (inv_sqrt_bc2, step), which follow each parameter's own step count and so come per
+// slot. Slots past `count` are never read; no
 // buffer of a slot may be another slot's (the caller launches such lists one parameter at a
 // time). A switch, not arrays indexed by the slot, as in tl_axpy_assign_list (pointwise.cu).
 #define TL_ADAM_SLOT(k) \

@@ -8,6 +8,8 @@
 //! 4. **adjoint** — ⟨J v, w⟩ = ⟨v, Jᵀ w⟩ between the JVP and the VJP;
 //! 6. **CUDA** — the CUDA tape on the simulation device ([`CudaSim`]) == the CPU f32 tape, and
 //!    deterministic mode is bit-identical across runs ([`checks::sim`]).
+//! 7. **bad input** — wrong leaf shapes and counts, seed shapes and output ids are errors that
+//!    name them, never a panic or `Ok`, on any [`Backend`] ([`checks::bad_input`]).
 //!
 //! Checks 1–2 run in f64 (tolerance 1e-10) and f32 (1e-4, scaled by reduction length) through
 //! the [`Backend`] trait, on the CPU tape and the CUDA sim; all run per op and on random DAGs

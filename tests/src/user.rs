@@ -54,7 +54,13 @@
 //!
 //! **A backend** (a [`Backend`]: record a graph, read its values, dense backward) goes through
 //! [`check_backend`]: checks 1 and 2 for every registry op and on random DAGs, the conventions
-//! at kinks, ties and bounds, and the hard inputs, the suite the CPU tape and the CUDA sim pass.
+//! at kinks, ties and bounds, and the hard inputs, the suite the CPU tape and the CUDA sim pass;
+//! and **7 bad input** ([`crate::checks::bad_input`]) for every registry op and on random DAGs:
+//! leaf values of the wrong shape, too few or too many leaves, a seed of the wrong shape and an
+//! output id past the graph's are each an `Err` naming the shapes, counts or id, never a panic
+//! (caught, and quoted in the report) and never an `Ok`; the backend still gives the IR's
+//! values and gradients after refusing; a short or out-of-range Nat environment (total reads)
+//! and non-finite leaf values are not refused.
 
 use std::fmt;
 use std::sync::Arc;
@@ -63,6 +69,7 @@ use proptest::prelude::*;
 use tl_ir::{Op, UserOpRef};
 use tl_spec::{Shape, Tensor};
 
+use crate::checks::bad_input::{bad_input_cfg, check_bad_input, check_bad_input_dag};
 use crate::checks::{
     check_backward, check_backward_dag, check_forward, check_forward_dag, conventions, hard,
 };
@@ -379,17 +386,23 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 
 /// The catalogue's suite against a third-party backend: checks 1 (forward) and 2 (backward)
 /// for every registry op and on random DAGs, then the conventions (kinks, ties, bounds, signed
-/// zeros, NaN) and the hard inputs, values and gradients. A backend that cannot run an op
-/// fails that op's cells with its error. PyTorch has no such entry point; burn runs one test
-/// suite against every backend in the same spirit.
+/// zeros, NaN) and the hard inputs, values and gradients, then check 7 (bad input, see
+/// [`crate::checks::bad_input`]) for every registry op and on random DAGs, on an eighth of
+/// `cfg`'s cases ([`bad_input_cfg`]): the wrong leaf shapes and counts, seed shapes and output
+/// ids must be errors that name them, never a panic or an `Ok`, and leave the backend working;
+/// a short Nat environment and non-finite leaves must not be refused. A backend that cannot
+/// run an op fails that op's cells with its error. PyTorch has no such entry point; burn runs
+/// one test suite against every backend in the same spirit.
 pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
     let mut reports = Vec::new();
-    for entry in registry::all() {
+    let bad_cfg = bad_input_cfg(cfg);
+    let entries = registry::all();
+    for entry in &entries {
         if entry.applies.forward {
-            reports.push(check_forward(backend, &entry, cfg));
+            reports.push(check_forward(backend, entry, cfg));
         }
         if entry.applies.backward {
-            reports.push(check_backward(backend, &entry, cfg));
+            reports.push(check_backward(backend, entry, cfg));
         }
     }
     reports.push(check_forward_dag(backend, cfg));
@@ -398,6 +411,10 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
         reports.push(conventions::check_conventions(backend, cfg, grads));
         reports.push(hard::check_hard(backend, cfg, grads));
     }
+    for entry in &entries {
+        reports.push(check_bad_input(backend, entry, &bad_cfg));
+    }
+    reports.push(check_bad_input_dag(backend, &bad_cfg));
     SuiteReport {
         name: backend.name(),
         reports,

@@ -89,16 +89,17 @@ impl<D: Device> Backend for OnDevice<D> {
     }
 }
 
-/// The pure f64 IR as a backend: `record` keeps the graph and leaves, `values` is
-/// `GraphData::eval`, `backward_dense` is `GraphData::backprop_all`.
+/// The pure f64 IR as a backend: `record` runs `GraphData::eval` (so bad leaf values are
+/// refused there, as the trait asks of every backend), `values` hands its values back,
+/// `backward_dense` is `GraphData::backprop_values` on them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IrRef;
 
-/// What [`IrRef`] records: the graph, its leaves and Nat environment.
+/// What [`IrRef`] records: the graph, the value of every id and the Nat environment.
 #[derive(Debug, Clone)]
 pub struct IrProgram {
     graph: GraphData,
-    leaves: Vec<Tensor<f64>>,
+    values: Vec<Tensor<f64>>,
     nats: Vec<usize>,
 }
 
@@ -116,17 +117,18 @@ impl Backend for IrRef {
         leaves: &[Tensor<f64>],
         nats: &[usize],
     ) -> Result<IrProgram, String> {
+        let values = graph
+            .eval(leaves, nats)
+            .map_err(|e| format!("IR eval: {e}"))?;
         Ok(IrProgram {
             graph: graph.clone(),
-            leaves: leaves.to_vec(),
+            values,
             nats: nats.to_vec(),
         })
     }
 
     fn values(&self, p: &IrProgram) -> Result<Vec<Tensor<f64>>, String> {
-        p.graph
-            .eval(&p.leaves, &p.nats)
-            .map_err(|e| format!("IR eval: {e}"))
+        Ok(p.values.clone())
     }
 
     fn backward_dense(
@@ -136,7 +138,7 @@ impl Backend for IrRef {
         seed: &Tensor<f64>,
     ) -> Result<Vec<Tensor<f64>>, String> {
         p.graph
-            .backprop_all(&p.leaves, &p.nats, out, seed)
+            .backprop_values(&p.values, &p.nats, out, seed)
             .map_err(|e| format!("IR backprop_all: {e}"))
     }
 }

@@ -1,5 +1,7 @@
-//! The checks 1–6 (check 5, the sessions agree: [`check_session_dag`]). Each takes a case strategy (from a registry entry or the random-DAG
-//! generator), runs it through [`crate::run_check`] and returns a [`crate::Report`].
+//! The checks 1–7 (check 5, the sessions agree: [`check_session_dag`]; check 7, bad input is
+//! refused with a clear error: [`bad_input`]). Each takes a case strategy (from a registry entry
+//! or the random-DAG generator), runs it through [`crate::run_check`] and returns a
+//! [`crate::Report`].
 //!
 //! Checks 1 and 2 are generic over [`crate::Backend`] and its scalar type: an f64 backend is held
 //! to `Tol::f64`, any other to `Tol::f32` scaled by the graph's longest reduction. The reference is
@@ -9,6 +11,7 @@
 mod adjoint;
 pub mod autocast;
 mod backward;
+pub mod bad_input;
 pub mod conventions;
 mod finite_diff;
 mod forward;

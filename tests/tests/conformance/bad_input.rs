@@ -1,10 +1,18 @@
 //! Bad input never panics: graph building, IR evaluation/differentiation and the CPU tape
-//! return errors that name the op (or call) and the shapes, and leave state unchanged.
+//! return errors that name the op (or call) and the shapes, and leave state unchanged. And
+//! check 7 ([`tl_conformance::checks::bad_input`], part of `check_backend`) on every backend of
+//! the project: the IR reference, the CPU tape in f64 and f32, the CUDA sim and (feature
+//! `cuda-emu`) the emulated device, for every registry op, a user op and random DAGs.
 
 use proptest::prelude::*;
-use tl_conformance::{RunConfig, registry};
-use tl_ir::{Error as IrError, GraphBuilder, GraphData, Op};
-use tl_spec::{Shape, Tensor};
+use tl_conformance::backend::IrRef;
+use tl_conformance::checks::bad_input::{
+    bad_input_cfg, check_bad_input, check_bad_input_dag, wrong_shapes,
+};
+use tl_conformance::user::UserEntry;
+use tl_conformance::{Backend, CpuTape, CudaSim, Report, RunConfig, assert_all_passed, registry};
+use tl_ir::{Error as IrError, GraphBuilder, GraphData, Op, UserOp, UserOpRef};
+use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cpu::Tape;
 
 fn err_text<T: std::fmt::Debug, E: std::fmt::Display>(r: Result<T, E>) -> String {
@@ -242,4 +250,121 @@ fn shape_rules_agree_with_values_on_arbitrary_shapes() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// `a·b − a` elementwise (∂/∂a = b − 1, ∂/∂b = a): a two-operand user op for check 7.
+struct MulSub;
+
+impl UserOp for MulSub {
+    fn name(&self) -> &'static str {
+        "mulSub"
+    }
+    fn arity(&self) -> usize {
+        2
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        match s {
+            [a, b] if a == b => Ok((*a).clone()),
+            _ => Err(tl_spec::Error::shape(
+                "mulSub",
+                format!("two operands of one shape, got {s:?}"),
+            )),
+        }
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        x[0].zip_map("mulSub", x[1], |a, b| a * b - a)
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        let da = x[1].zip_map("mulSub", g, |b, g| (b - T::one()) * g)?;
+        let db = x[0].zip_map("mulSub", g, |a, g| a * g)?;
+        Ok(vec![Some(da), Some(db)])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let t = x[1].zip_map("mulSub", dx[0], |b, d| (b - T::one()) * d)?;
+        t.add(&x[0].zip_map("mulSub", dx[1], |a, d| a * d)?)
+    }
+}
+
+/// Check 7's case count here: an eighth of the default (or of `TL_CASES`), as `check_backend`.
+fn cfg7() -> RunConfig {
+    bad_input_cfg(&RunConfig::from_env())
+}
+
+/// Check 7 for every registry entry, the user op and random DAGs on `backend`.
+fn check_7<B: Backend>(backend: &B, cfg: &RunConfig) {
+    let user = UserEntry::elementwise(UserOpRef::new(MulSub)).info();
+    let mut reports: Vec<Report> = registry::all()
+        .iter()
+        .chain([&user])
+        .map(|e| check_bad_input(backend, e, cfg))
+        .collect();
+    reports.push(check_bad_input_dag(backend, cfg));
+    assert!(
+        reports.iter().all(|r| r.label.starts_with("7 bad input ")),
+        "{reports:?}"
+    );
+    assert_all_passed(&reports, cfg.cases);
+}
+
+#[test]
+fn the_ir_reference_refuses_bad_input_clearly() {
+    check_7(&IrRef, &cfg7());
+}
+
+#[test]
+fn the_cpu_tape_refuses_bad_input_clearly_in_f64_and_f32() {
+    check_7(&CpuTape::<f64>::new(), &cfg7());
+    check_7(&CpuTape::<f32>::new(), &cfg7());
+}
+
+#[test]
+fn the_cuda_sim_refuses_bad_input_clearly() {
+    check_7(&CudaSim::new(), &cfg7());
+}
+
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn the_emulated_kernels_refuse_bad_input_clearly() {
+    use tl_conformance::backend::OnDevice;
+    // The emulator runs every thread as a fiber: half of check 7's cases (at least one).
+    let cfg = cfg7();
+    let cfg = RunConfig {
+        cases: (cfg.cases / 2).max(1),
+        ..cfg
+    };
+    check_7(
+        &OnDevice::new("cuda-emu", tl_tape_cuda::CudaDevice::new),
+        &cfg,
+    );
+}
+
+#[test]
+fn the_wrong_shapes_are_wrong_in_each_way() {
+    let shapes = |dims: &[usize]| -> Vec<(&str, String)> {
+        wrong_shapes(&Shape::new(dims))
+            .into_iter()
+            .map(|(how, s)| (how, s.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        shapes(&[2, 3]),
+        [
+            ("one element more", "[2, 4]".to_owned()),
+            ("transposed", "[3, 2]".to_owned()),
+            ("one rank more", "[1, 2, 3]".to_owned()),
+        ]
+    );
+    // A scalar has no transpose; nor has a square matrix.
+    assert_eq!(
+        shapes(&[]),
+        [
+            ("one element more", "[2]".to_owned()),
+            ("one rank more", "[1]".to_owned()),
+        ]
+    );
+    assert_eq!(shapes(&[3, 3]).len(), 2);
 }

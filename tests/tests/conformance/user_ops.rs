@@ -1,13 +1,19 @@
 //! The harness as a library (`tl_conformance::user`): user ops through checks 0–6, with teeth
 //! (a wrong VJP, a wrong CPU kernel, a wrong fast path past a size, a wrong device
 //! implementation and non-finite values each fail the public call, naming the check and the
-//! op), and the catalogue's suite against a third-party backend.
+//! op), and the catalogue's suite against a third-party backend, with teeth too (a skewed `exp`
+//! fails check 1; a backend that panics on too few leaves, accepts a leaf or a seed of the
+//! wrong shape, is not the same after a refused backward or refuses non-finite leaves fails
+//! check 7, bad input).
 
 use proptest::prelude::*;
 use tl_conformance::checks::SESSION_CASES;
+use tl_conformance::checks::bad_input::bad_input_case;
 use tl_conformance::generate::Size;
 use tl_conformance::user::{UserEntry, check_backend, check_user_op};
-use tl_conformance::{Backend, CpuTape, Domain, RunConfig, TapeProgram};
+use tl_conformance::{
+    Backend, CpuTape, Domain, GraphCase, OpCase, Report, RunConfig, TapeProgram, Tol,
+};
 use tl_ir::{GraphData, Id, UserOp, UserOpRef};
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::user::{DeviceImpl, with_device};
@@ -447,6 +453,217 @@ fn the_catalogue_suite_runs_against_a_third_party_backend() {
             .iter()
             .any(|l| l.contains("exp") && l.contains("third-party-skewed")),
         "{labels:?}"
+    );
+}
+
+/// What a careless third-party backend gets wrong on bad input (each delegates to the CPU f32
+/// tape otherwise, so checks 1 and 2 pass).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Careless {
+    /// Reads the graph's leaf count of values without checking how many it was given: too few
+    /// panics (an index out of bounds), extra ones are ignored.
+    Count,
+    /// Takes any leaf value of the right element count, reshaped to the graph's shape: a
+    /// transposed leaf or one of another rank is accepted.
+    Numel,
+    /// Takes any seed of the output's element count, reshaped.
+    Seed,
+    /// A refused `backward_dense` leaves its scratch behind (here: the forward values), and the
+    /// next one adds it to the gradients.
+    Sticky,
+    /// Refuses NaN and infinities in leaf values (which are not bad input: IEEE arithmetic).
+    NonFinite,
+}
+
+struct CarelessBackend(Careless);
+
+/// The careless backend's program: the tape, and the scratch a refused backward left.
+struct CarelessProgram {
+    tape: TapeProgram<f32>,
+    scratch: std::cell::RefCell<Option<Vec<Tensor<f32>>>>,
+}
+
+impl Backend for CarelessBackend {
+    type T = f32;
+    type Program = CarelessProgram;
+
+    fn name(&self) -> String {
+        format!("careless-{:?}", self.0).to_lowercase()
+    }
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<f32>],
+        nats: &[usize],
+    ) -> Result<Self::Program, String> {
+        let leaves: Vec<Tensor<f32>> = match self.0 {
+            Careless::Count => (0..graph.num_leaves()).map(|k| leaves[k].clone()).collect(),
+            Careless::Numel => leaves
+                .iter()
+                .enumerate()
+                .map(|(k, v)| match graph.leaves().get(k) {
+                    Some(l) if l.shape.numel() == v.shape().numel() => {
+                        Tensor::new(l.shape.clone(), v.data().to_vec()).map_err(|e| e.to_string())
+                    }
+                    _ => Ok(v.clone()),
+                })
+                .collect::<Result<_, _>>()?,
+            Careless::NonFinite
+                if leaves
+                    .iter()
+                    .any(|t| t.data().iter().any(|v| !v.is_finite())) =>
+            {
+                return Err("a leaf holds a non-finite value".into());
+            }
+            _ => leaves.to_vec(),
+        };
+        Ok(CarelessProgram {
+            tape: TapeProgram::replay(graph, &leaves, nats)?,
+            scratch: Default::default(),
+        })
+    }
+    fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
+        p.tape.values()
+    }
+    fn backward_dense(
+        &self,
+        p: &Self::Program,
+        out: Id,
+        seed: &Tensor<f32>,
+    ) -> Result<Vec<Tensor<f32>>, String> {
+        let want = p.tape.values()?.get(out).map(|v| v.shape().clone());
+        let seed = match want {
+            Some(s) if self.0 == Careless::Seed && s.numel() == seed.shape().numel() => {
+                Tensor::new(s, seed.data().to_vec()).map_err(|e| e.to_string())?
+            }
+            _ => seed.clone(),
+        };
+        let grads = p.tape.backward_dense(out, &seed);
+        if self.0 != Careless::Sticky {
+            return grads;
+        }
+        let Ok(grads) = grads else {
+            *p.scratch.borrow_mut() = Some(p.tape.values()?);
+            return grads;
+        };
+        match p.scratch.borrow_mut().take() {
+            Some(left) => grads
+                .iter()
+                .zip(&left)
+                .map(|(g, l)| g.add(l).map_err(|e| e.to_string()))
+                .collect(),
+            None => Ok(grads),
+        }
+    }
+}
+
+/// The failure messages of check 7 for `careless` under `check_backend`; every other check
+/// passes, but those whose label contains one of `also`.
+fn check_7_failures(careless: Careless, also: &[&str]) -> Vec<String> {
+    let report = check_backend(&CarelessBackend(careless), &RunConfig::from_env_or(4));
+    let (sevens, others): (Vec<&Report>, Vec<&Report>) = report
+        .failures()
+        .into_iter()
+        .partition(|r| r.label.starts_with("7 bad input "));
+    assert!(
+        others
+            .iter()
+            .all(|r| also.iter().any(|a| r.label.contains(a))),
+        "only check 7 fails: {report}"
+    );
+    let ran = report
+        .reports
+        .iter()
+        .filter(|r| r.label.starts_with("7 bad input "))
+        .count();
+    assert!(ran > 70, "{ran} check-7 reports");
+    sevens
+        .iter()
+        .map(|r| r.failure.clone().unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_panics_on_too_few_leaves() {
+    let failures = check_7_failures(Careless::Count, &[]);
+    // Every op with an operand panics; the operand-free draws (constant, randUniform,
+    // bernoulliMask) accept the extra leaf.
+    assert!(failures.len() > 60, "{}", failures.len());
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains("leaf value(s) for a graph of")
+                && f.contains("the backend panicked: \"index out of bounds")
+                && f.contains("\" at tests/tests/conformance/user_ops.rs:")),
+        "{failures:#?}"
+    );
+    assert!(
+        failures.iter().any(
+            |f| f.contains("record with 1 leaf value(s) for a graph of 0 leaves")
+                && f.contains("accepted it (returned Ok)")
+        ),
+        "{failures:#?}"
+    );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_accepts_a_leaf_of_the_wrong_shape() {
+    let failures = check_7_failures(Careless::Numel, &[]);
+    assert!(failures.len() > 60, "{}", failures.len());
+    // Shrunk to scalars and dims of 1, where a leading 1 is the wrong shape left.
+    assert!(
+        failures.iter().any(|f| f.contains("(one rank more)")
+            && f.contains("the backend accepted it (returned Ok)")),
+        "{failures:#?}"
+    );
+    // A (2, 3) leaf given as (3, 2).
+    let x = Tensor::from_fn([2, 3], |i| i as f64);
+    let case = OpCase::new(tl_ir::Op::Transpose2d, vec![x]);
+    let case = GraphCase::from_op(&case, &[true], Tensor::ones([3, 2]));
+    let err = bad_input_case(&CarelessBackend(Careless::Numel), &case, &Tol::DEFAULT)
+        .expect_err("the transposed leaf is accepted");
+    assert!(
+        err.contains("leaf %0 of shape [3, 2] (transposed) where the graph has [2, 3]")
+            && err.contains("accepted it"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_accepts_a_seed_of_the_wrong_shape() {
+    let failures = check_7_failures(Careless::Seed, &[]);
+    assert!(failures.len() > 60, "{}", failures.len());
+    assert!(
+        failures.iter().all(|f| f.contains("with a seed of shape")
+            && (f.contains("(one rank more)") || f.contains("(transposed)"))
+            && f.contains("the backend accepted it (returned Ok)")),
+        "{failures:#?}"
+    );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_is_not_the_same_after_a_refused_backward() {
+    let failures = check_7_failures(Careless::Sticky, &[]);
+    assert!(failures.len() > 50, "{}", failures.len());
+    assert!(
+        failures.iter().any(|f| f
+            .contains("after the refused backward_dense calls, gradient of %")
+            && f.contains("differs")),
+        "{failures:#?}"
+    );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_refuses_non_finite_leaves() {
+    // The conventions' NaN cases fail checks 1 and 2 too.
+    let failures = check_7_failures(Careless::NonFinite, &["conventions"]);
+    assert!(failures.len() > 60, "{}", failures.len());
+    assert!(
+        failures
+            .iter()
+            .all(|f| f.contains("NaN, +inf and -inf in every leaf: refused")
+                && f.contains("non-finite values are not bad input")),
+        "{failures:#?}"
     );
 }
 

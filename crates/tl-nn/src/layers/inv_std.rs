@@ -49,3 +49,32 @@ pub(crate) fn op(eps: f64) -> UserOpRef {
     );
     with_device(UserOpRef::new(RunningInvStd { eps }), imp)
 }
+
+#[cfg(test)]
+mod tests {
+    use tl_conformance::user::{UserEntry, check_user_op};
+    use tl_conformance::{Domain, RunConfig};
+
+    /// The op through the harness a user's op goes through: its f64 rule rounded once on the
+    /// CPU tape, the sim's `running_inv_std` (and, with `cuda-emu`, the emulated
+    /// `tl_running_inv_std` kernel) within an ulp of it, both sessions; nothing differentiable
+    /// (its VJP and JVP are zero).
+    #[test]
+    fn the_eval_scale_passes_the_user_op_checks() {
+        for eps in [1e-5, 0.5] {
+            let entry = UserEntry::elementwise(super::op(eps))
+                .domains(Domain::Positive(1e-3, 4.0))
+                .ulps(1)
+                .no_fd("not differentiable: a buffer's scale, its VJP is zero");
+            let cfg = RunConfig {
+                cases: 16,
+                ..RunConfig::default()
+            };
+            let report = check_user_op(&entry, &cfg);
+            assert!(report.passed(), "eps {eps}:\n{report}");
+            // The emulated `tl_running_inv_std` is among the rows when the build has it.
+            let emulated = report.reports.iter().any(|r| r.label.contains("cuda-emu"));
+            assert_eq!(emulated, cfg!(feature = "cuda-emu"), "{report}");
+        }
+    }
+}

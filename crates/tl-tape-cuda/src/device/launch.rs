@@ -17,8 +17,8 @@
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
 use super::{
-    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumSlot,
-    MomentumUpdate, NormLayout, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumSlot, MomentumUpdate,
+    NormLayout, PoolKind, WindowLens, Windows,
 };
 use crate::Result;
 
@@ -69,35 +69,19 @@ pub trait Launch: LaunchIndex {
     /// [`AXPY_LIST_MAX`](crate::device::AXPY_LIST_MAX) pairs that share no buffer with another
     /// pair, lengths checked: one launch — callers use `axpy_assign_list`.
     fn launch_axpy_assign_list(&mut self, c: f32, pairs: &[(Buffer, Buffer)]) -> Result<()>;
-    /// The work of [`Device::adam_update`]; operands already validated by it — callers use
-    /// `adam_update`.
-    fn launch_adam_update(
-        &mut self,
-        w: Buffer,
-        m: Buffer,
-        v: Buffer,
-        g: Buffer,
-        c: &AdamUpdate,
-    ) -> Result<()>;
-    /// The work of [`Device::momentum_update`]; operands already validated by it — callers
-    /// use `momentum_update`.
-    fn launch_momentum_update(
-        &mut self,
-        w: Buffer,
-        b: Buffer,
-        g: Buffer,
-        c: &MomentumUpdate,
-    ) -> Result<()>;
-    /// The work of [`Device::adam_update_list`] for at most
-    /// [`OPTIM_LIST_MAX`](crate::device::OPTIM_LIST_MAX) slots that share no buffer and whose
-    /// coefficients agree but for the bias corrections (the kernel takes the others from slot
-    /// 0), operands checked: one launch — callers use `adam_update_list`.
-    fn launch_adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()>;
-    /// The work of [`Device::momentum_update_list`] for at most
-    /// [`OPTIM_LIST_MAX`](crate::device::OPTIM_LIST_MAX) slots that share no buffer, operands
-    /// checked: one launch — callers use `momentum_update_list`.
+    /// The work of [`Device::adam_update_list`] (and of [`Device::adam_update`], one slot) for
+    /// at most [`OPTIM_LIST_MAX`](crate::device::OPTIM_LIST_MAX) slots that share no buffer and
+    /// whose coefficients agree but for the bias corrections (the kernel takes the others from
+    /// slot 0), operands checked: one launch, its errors naming `op` (the method called) —
+    /// callers use those methods.
+    fn launch_adam_update_list(&mut self, op: &'static str, slots: &[AdamSlot]) -> Result<()>;
+    /// The work of [`Device::momentum_update_list`] (and of [`Device::momentum_update`], one
+    /// slot) for at most [`OPTIM_LIST_MAX`](crate::device::OPTIM_LIST_MAX) slots that share no
+    /// buffer, operands checked: one launch, its errors naming `op` — callers use those
+    /// methods.
     fn launch_momentum_update_list(
         &mut self,
+        op: &'static str,
         c: &MomentumUpdate,
         slots: &[MomentumSlot],
     ) -> Result<()>;

@@ -316,7 +316,8 @@ pub trait Device: Launch {
         check::same_len(OP, w, v)?;
         check::same_len(OP, w, g)?;
         check::distinct(OP, &[("w", w), ("m", m), ("v", v), ("g", g)])?;
-        self.launch_adam_update(w, m, v, g, c)
+        let c = *c;
+        self.launch_adam_update_list(OP, &[AdamSlot { w, m, v, g, c }])
     }
 
     /// One momentum SGD step in place (a step after the first): `w` and its momentum buffer
@@ -334,7 +335,7 @@ pub trait Device: Launch {
         check::same_len(OP, w, b)?;
         check::same_len(OP, w, g)?;
         check::distinct(OP, &[("w", w), ("b", b), ("g", g)])?;
-        self.launch_momentum_update(w, b, g, c)
+        self.launch_momentum_update_list(OP, c, &[MomentumSlot { w, b, g }])
     }
 
     /// One Adam(W) step of every parameter of `slots` ([`AdamSlot`]: `w`, `m`, `v` updated in
@@ -347,15 +348,16 @@ pub trait Device: Launch {
     /// in which one buffer occurs in two slots runs one launch per slot, in order. PyTorch:
     /// `torch.optim.Adam(…, foreach=True)`'s multi-tensor step.
     fn adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()> {
+        const OP: &str = "adam_update_list";
         let bufs = slots.iter().map(|s| [s.w, s.m, s.v, s.g]);
-        if optim::check_list("adam_update_list", ["w", "m", "v", "g"], bufs)? {
+        if optim::check_list(OP, ["w", "m", "v", "g"], bufs)? {
             return slots
                 .iter()
-                .try_for_each(|s| self.launch_adam_update(s.w, s.m, s.v, s.g, &s.c));
+                .try_for_each(|s| self.launch_adam_update_list(OP, std::slice::from_ref(s)));
         }
         optim::adam_launches(slots)
             .iter()
-            .try_for_each(|chunk| self.launch_adam_update_list(chunk))
+            .try_for_each(|chunk| self.launch_adam_update_list(OP, chunk))
     }
 
     /// One momentum SGD step (a step after the first) of every parameter of `slots`
@@ -366,15 +368,16 @@ pub trait Device: Launch {
     /// slot when a buffer occurs in two slots. PyTorch: `torch.optim.SGD(…, momentum=μ,
     /// foreach=True)`'s step.
     fn momentum_update_list(&mut self, c: &MomentumUpdate, slots: &[MomentumSlot]) -> Result<()> {
+        const OP: &str = "momentum_update_list";
         let bufs = slots.iter().map(|s| [s.w, s.b, s.g]);
-        if optim::check_list("momentum_update_list", ["w", "b", "g"], bufs)? {
-            return slots
-                .iter()
-                .try_for_each(|s| self.launch_momentum_update(s.w, s.b, s.g, c));
+        if optim::check_list(OP, ["w", "b", "g"], bufs)? {
+            return slots.iter().try_for_each(|s| {
+                self.launch_momentum_update_list(OP, c, std::slice::from_ref(s))
+            });
         }
         slots
             .chunks(OPTIM_LIST_MAX)
-            .try_for_each(|chunk| self.launch_momentum_update_list(c, chunk))
+            .try_for_each(|chunk| self.launch_momentum_update_list(OP, c, chunk))
     }
 
     // ---- pointwise, binary (backward) ---------------------------------------------------------

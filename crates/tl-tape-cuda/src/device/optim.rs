@@ -1,8 +1,8 @@
 //! Optimizer steps in one launch per parameter ([`Device::adam_update`],
-//! [`Device::momentum_update`]; kernels `tl_adam_update`, `tl_momentum_update` in
-//! `kernels/optim.cu`) or per list of up to [`OPTIM_LIST_MAX`] parameters
-//! ([`Device::adam_update_list`], [`Device::momentum_update_list`]; kernels
-//! `tl_adam_update_list`, `tl_momentum_update_list`): the coefficients as the kernels receive
+//! [`Device::momentum_update`]) or per list of up to [`OPTIM_LIST_MAX`] parameters
+//! ([`Device::adam_update_list`], [`Device::momentum_update_list`]), both by the kernels
+//! `tl_adam_update_list`, `tl_momentum_update_list` in `kernels/optim.cu` (one parameter: a
+//! list of one): the coefficients as the kernels receive
 //! them, the per-element rule that the kernels and the simulation device's twins compute, and
 //! the list forms' operand checks and launch grouping.
 //!

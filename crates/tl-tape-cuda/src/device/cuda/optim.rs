@@ -1,13 +1,13 @@
 //! The fused optimizer steps on the CUDA device (kernels/optim.cu): one grid-stride launch per
-//! parameter, or per list of up to [`OPTIM_LIST_MAX`] parameters (`blockIdx.y` the slot), its
-//! operands already checked by [`Device`](crate::device::Device)'s provided methods; the rule
+//! list of up to [`OPTIM_LIST_MAX`] parameters (`blockIdx.y` the slot; a one-parameter step is
+//! a list of one), its operands already checked by [`Device`](crate::device::Device)'s provided methods; the rule
 //! is [`AdamUpdate::element`] / [`MomentumUpdate::element`].
 
 use super::CudaDevice;
 use super::driver::{self, Arg};
 use super::launch::blocks;
 use crate::Result;
-use crate::device::{AdamSlot, AdamUpdate, Buffer, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};
+use crate::device::{AdamSlot, AdamUpdate, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};
 
 /// The kernels' flags (`TL_OPT_*` in kernels/optim.cu): decoupled weight decay first, the
 /// gradient read with L2 weight decay, momentum SGD's Nesterov form.
@@ -21,55 +21,13 @@ fn flag(on: bool, flag: u32) -> u32 {
 }
 
 impl CudaDevice {
-    /// `tl_adam_update` over `w`, `m`, `v` in place from `g`.
-    pub(super) fn adam_update_impl(
-        &mut self,
-        w: Buffer,
-        m: Buffer,
-        v: Buffer,
-        g: Buffer,
-        c: &AdamUpdate,
-    ) -> Result<()> {
-        const OP: &str = "adam_update";
-        let ptrs = [w, m, v, g].map(|b| self.ptr(OP, b));
-        let [pw, pm, pv, pg] = ptrs;
-        let ptrs = [Arg::Ptr(pw?), Arg::Ptr(pm?), Arg::Ptr(pv?), Arg::Ptr(pg?)];
-        let [flags, decay, l2, b1m1, omb1, b2m1, omb2] = adam_shared(c);
-        let extra = [
-            flags,
-            decay,
-            l2,
-            b1m1,
-            omb1,
-            b2m1,
-            omb2,
-            Arg::F32(c.inv_sqrt_bc2),
-            Arg::F32(c.eps),
-            Arg::F32(c.step),
-        ];
-        driver::enter()?;
-        self.grid_stride(OP, "tl_adam_update", w.len(), &ptrs, &extra)
-    }
-
-    /// `tl_momentum_update` over `w`, `b` in place from `g`.
-    pub(super) fn momentum_update_impl(
-        &mut self,
-        w: Buffer,
-        b: Buffer,
-        g: Buffer,
-        c: &MomentumUpdate,
-    ) -> Result<()> {
-        const OP: &str = "momentum_update";
-        let [pw, pb, pg] = [w, b, g].map(|x| self.ptr(OP, x));
-        let ptrs = [Arg::Ptr(pw?), Arg::Ptr(pb?), Arg::Ptr(pg?)];
-        driver::enter()?;
-        self.grid_stride(OP, "tl_momentum_update", w.len(), &ptrs, &momentum_coefs(c))
-    }
-
     /// `tl_adam_update_list` over at most [`OPTIM_LIST_MAX`] slots (the list's coefficients
-    /// from slot 0's, the bias corrections from each slot's).
-    pub(super) fn adam_update_list_impl(&mut self, slots: &[AdamSlot]) -> Result<()> {
-        const OP: &str = "adam_update_list";
+    /// from slot 0's, the bias corrections from each slot's), errors naming `op`.
+    pub(super) fn adam_update_list_impl(
+        &mut self,
+        op: &'static str,
+        slots: &[AdamSlot],
+    ) -> Result<()> {
         let Some(first) = slots.first() else {
             return Ok(());
         };
@@ -78,7 +36,7 @@ impl CudaDevice {
         let mut args = vec![flags, decay, l2, b1m1, omb1, b2m1, omb2, Arg::F32(c.eps)];
         args.push(Arg::U32(slots.len() as u32));
         let per_slot = |s: &AdamSlot, n: usize| -> Result<[Arg; 7]> {
-            let [w, m, v, g] = [s.w, s.m, s.v, s.g].map(|b| self.ptr(OP, b));
+            let [w, m, v, g] = [s.w, s.m, s.v, s.g].map(|b| self.ptr(op, b));
             Ok([
                 Arg::Ptr(w?),
                 Arg::Ptr(m?),
@@ -95,20 +53,20 @@ impl CudaDevice {
         }
         driver::enter()?;
         let grid = [blocks(longest), slots.len() as u32, 1];
-        self.run(OP, "tl_adam_update_list", grid, &args)
+        self.run(op, "tl_adam_update_list", grid, &args)
     }
 
-    /// `tl_momentum_update_list` over at most [`OPTIM_LIST_MAX`] slots.
+    /// `tl_momentum_update_list` over at most [`OPTIM_LIST_MAX`] slots, errors naming `op`.
     pub(super) fn momentum_update_list_impl(
         &mut self,
+        op: &'static str,
         c: &MomentumUpdate,
         slots: &[MomentumSlot],
     ) -> Result<()> {
-        const OP: &str = "momentum_update_list";
         let mut args = momentum_coefs(c).to_vec();
         args.push(Arg::U32(slots.len() as u32));
         let per_slot = |s: &MomentumSlot, n: usize| -> Result<[Arg; 4]> {
-            let [w, b, g] = [s.w, s.b, s.g].map(|x| self.ptr(OP, x));
+            let [w, b, g] = [s.w, s.b, s.g].map(|x| self.ptr(op, x));
             Ok([Arg::Ptr(w?), Arg::Ptr(b?), Arg::Ptr(g?), Arg::U64(n as u64)])
         };
         let longest = list_args(&mut args, slots, |s| s.w.len(), per_slot)?;
@@ -117,12 +75,12 @@ impl CudaDevice {
         }
         driver::enter()?;
         let grid = [blocks(longest), slots.len() as u32, 1];
-        self.run(OP, "tl_momentum_update_list", grid, &args)
+        self.run(op, "tl_momentum_update_list", grid, &args)
     }
 }
 
-/// The Adam kernels' coefficients shared by a whole list: flags, decay, l2, b1m1, omb1, b2m1,
-/// omb2 (ε follows in the list kernel, after the bias correction in the one-parameter one).
+/// The Adam kernel's coefficients shared by a whole list: flags, decay, l2, b1m1, omb1, b2m1,
+/// omb2 (ε follows).
 fn adam_shared(c: &AdamUpdate) -> [Arg; 7] {
     [
         Arg::U32(flag(c.decay.is_some(), FLAG_DECAY) | flag(c.l2.is_some(), FLAG_L2)),
@@ -135,7 +93,7 @@ fn adam_shared(c: &AdamUpdate) -> [Arg; 7] {
     ]
 }
 
-/// The momentum kernels' coefficients: flags, l2, mom_m1, omd, momentum, step.
+/// The momentum kernel's coefficients: flags, l2, mom_m1, omd, momentum, step.
 fn momentum_coefs(c: &MomentumUpdate) -> [Arg; 6] {
     [
         Arg::U32(flag(c.l2.is_some(), FLAG_L2) | flag(c.nesterov, FLAG_NESTEROV)),

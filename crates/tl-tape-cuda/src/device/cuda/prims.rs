@@ -9,8 +9,8 @@ use super::launch::{blocks, dims8};
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::sim::reduce::axis_sum_by_block;
 use crate::device::{
-    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot,
-    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot, MomentumUpdate,
+    NormLayout, PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Result, abi};
 
@@ -120,37 +120,17 @@ impl Launch for CudaDevice {
         self.run(OP, "tl_axpy_assign_list", grid, &args)
     }
 
-    fn launch_adam_update(
-        &mut self,
-        w: Buffer,
-        m: Buffer,
-        v: Buffer,
-        g: Buffer,
-        c: &AdamUpdate,
-    ) -> Result<()> {
-        self.adam_update_impl(w, m, v, g, c)
-    }
-
-    fn launch_momentum_update(
-        &mut self,
-        w: Buffer,
-        b: Buffer,
-        g: Buffer,
-        c: &MomentumUpdate,
-    ) -> Result<()> {
-        self.momentum_update_impl(w, b, g, c)
-    }
-
-    fn launch_adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()> {
-        self.adam_update_list_impl(slots)
+    fn launch_adam_update_list(&mut self, op: &'static str, slots: &[AdamSlot]) -> Result<()> {
+        self.adam_update_list_impl(op, slots)
     }
 
     fn launch_momentum_update_list(
         &mut self,
+        op: &'static str,
         c: &MomentumUpdate,
         slots: &[MomentumSlot],
     ) -> Result<()> {
-        self.momentum_update_list_impl(c, slots)
+        self.momentum_update_list_impl(op, c, slots)
     }
 
     fn launch_div_bwd(&mut self, a: Buffer, b: Buffer, g: Buffer) -> Result<(Buffer, Buffer)> {

@@ -6,8 +6,8 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, AdamSlot, AdamUpdate, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot,
-    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot, MomentumUpdate,
+    NormLayout, PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Error, Result};
 
@@ -100,47 +100,15 @@ impl Launch for SimDevice {
         Ok(())
     }
 
-    fn launch_adam_update(
-        &mut self,
-        w: Buffer,
-        m: Buffer,
-        v: Buffer,
-        g: Buffer,
-        c: &AdamUpdate,
-    ) -> Result<()> {
-        self.update_in_place("adam_update", [w, m, v], g, |[w, m, v], g| {
-            let (w, m, v) = c.element(w, m, v, g);
-            [w, m, v]
-        })?;
-        self.traffic.launch();
-        Ok(())
-    }
-
-    fn launch_momentum_update(
-        &mut self,
-        w: Buffer,
-        b: Buffer,
-        g: Buffer,
-        c: &MomentumUpdate,
-    ) -> Result<()> {
-        self.update_in_place("momentum_update", [w, b], g, |[w, b], g| {
-            let (w, b) = c.element(w, b, g);
-            [w, b]
-        })?;
-        self.traffic.launch();
-        Ok(())
-    }
-
-    fn launch_adam_update_list(&mut self, slots: &[AdamSlot]) -> Result<()> {
-        const OP: &str = "adam_update_list";
+    fn launch_adam_update_list(&mut self, op: &'static str, slots: &[AdamSlot]) -> Result<()> {
         // Every operand is looked up before anything is written (a released one fails first).
         for s in slots {
             for b in [s.w, s.m, s.v, s.g] {
-                view(&self.live, OP, b)?;
+                view(&self.live, op, b)?;
             }
         }
         for s in slots {
-            self.update_in_place(OP, [s.w, s.m, s.v], s.g, |[w, m, v], g| {
+            self.update_in_place(op, [s.w, s.m, s.v], s.g, |[w, m, v], g| {
                 let (w, m, v) = s.c.element(w, m, v, g);
                 [w, m, v]
             })?;
@@ -152,17 +120,17 @@ impl Launch for SimDevice {
 
     fn launch_momentum_update_list(
         &mut self,
+        op: &'static str,
         c: &MomentumUpdate,
         slots: &[MomentumSlot],
     ) -> Result<()> {
-        const OP: &str = "momentum_update_list";
         for s in slots {
             for b in [s.w, s.b, s.g] {
-                view(&self.live, OP, b)?;
+                view(&self.live, op, b)?;
             }
         }
         for s in slots {
-            self.update_in_place(OP, [s.w, s.b], s.g, |[w, b], g| {
+            self.update_in_place(op, [s.w, s.b], s.g, |[w, b], g| {
                 let (w, b) = c.element(w, b, g);
                 [w, b]
             })?;
