@@ -13,7 +13,8 @@
 // rows and 16 keys: rows (keys) are independent, so a block of 64 changes no result, and a
 // thread's many fma chains each run in the order written.
 //
-// Order (the sim's twin; no atomics, so both reduction modes are this order):
+// Order (the sim's twin; no atomics: the forward, and the backward in both reduction modes
+// except where the one-pass backward at the end of this file runs, whose dQ adds per key block):
 // - a score is s = dot(q_i, k_j) * scale, the dot a fused multiply-add chain over c = 0..d-1
 //   from +0; masked (or past n) keys are -inf;
 // - forward, per query row, over key tiles in increasing order: the tile's max mt (fmaxf over
@@ -725,12 +726,48 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     }
 }
 
-template <u32 BN, u32 DM, u32 DC>
+// The one-pass backward's dQ (tl_flash_bwd_atomic, DM = 64): after tl_fa_bwd_kv64's sums of
+// a step, thread (r, cx), r = tid / 16, adds dS K of query row r of the step's tile over the
+// block's keys 0..keys-1 in order (one fma chain from +0 per column, columns 4 cx..; dS read
+// four keys at a time), then atomicAdds the four sums into the zeroed dQ: the order across
+// key blocks is the hardware's. Reads dss and ks only, which the next step rewrites after
+// its first barrier.
+template <u32 BN, u32 DM>
+__device__ __forceinline__ void tl_fa_dq_atomic(const float* dss, const float* ks, float* dq,
+                                                u32 b, u32 h, u32 i0, u32 rows, u32 keys, u32 n,
+                                                u32 heads, u32 d) {
+    static_assert(DM == 64 && TL_FA_T * DM / 4 == TL_BLOCK, "a row, four columns a thread");
+    const u32 r = threadIdx.x / 16, cx = threadIdx.x % 16;
+    if (r >= rows) return;
+    const u32 rsw = tl_fa_swz(r);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const auto key = [&](u32 j, float s) {
+        float kr[4];
+        ld4(&ks[j * DM + ((cx * 4) ^ tl_fa_swz(j))], kr);
+        for (u32 e = 0; e < 4; ++e) acc[e] = __fmaf_rn(s, kr[e], acc[e]);
+    };
+    u32 j = 0;
+    TL_FA_UNROLL2
+    for (; j + 4 <= keys; j += 4) {  // keys j..j+3 stay together under the swizzle
+        float sr[4];
+        ld4(&dss[r * BN + (j ^ rsw)], sr);
+        for (u32 jj = 0; jj < 4; ++jj) key(j + jj, sr[jj]);
+    }
+    for (; j < keys; ++j) key(j, dss[r * BN + (j ^ rsw)]);
+    for (u32 e = 0; e < 4; ++e) {
+        const u32 c = cx * 4 + e;
+        if (c < d) atomicAdd(&dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)], acc[e]);
+    }
+}
+
+// DQ (tl_flash_bwd_atomic): also dQ += dS K per step (tl_fa_dq_atomic) into `dq`, zeroed before.
+template <u32 BN, u32 DM, u32 DC, bool DQ = false>
 __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
                                                float* dv, u32 batch, u32 n, u32 heads, u32 d_run,
-                                               u32 mode, float scale, float* smem) {
+                                               u32 mode, float scale, float* smem,
+                                               float* dq = nullptr) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BM = TL_FA_T;
     constexpr u32 KA = BN / 16;  // scores: keys a thread
@@ -844,6 +881,11 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                     for (u32 r = 0; r < rows; ++r) row(r);
                 }
             }
+            if constexpr (DQ) {  // causal: keys past the tile's last row are masked for all
+                const u32 last = i0 + rows - j0;
+                tl_fa_dq_atomic<BN, DM>(dss, ks, dq, b, h, i0, rows,
+                                        causal && last < cols ? last : cols, n, heads, d);
+            }
         }
         for (u32 a = 0; a < 4; ++a) {
             const u32 j = kx * 4 + a;
@@ -918,4 +960,45 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv_wide(c
     TL_DYNAMIC_SHARED(float, smem);
     tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d,
                                       mode, scale, smem);
+}
+
+// ---- Backward in one pass (deterministic reductions off; d <= 64) ------------------------------
+//
+// FlashAttention-2's order of work: tl_flash_bwd_delta writes delta and zeroes dQ, then
+// tl_flash_bwd_atomic takes a block of 64 keys a job as tl_flash_bwd_kv does (the same
+// scores, P, dS and dK, dV sums: tl_fa_bwd_kv64 with DQ) and adds each step's dS K into dQ
+// with atomicAdd (tl_fa_dq_atomic): five tile products a step instead of the two kernels'
+// seven. dK, dV and delta have the two-kernel path's bits; dQ's sum over key blocks is in the
+// order the atomics land (device/cuda/flash.rs selects it; the sim has no twin of it).
+
+// delta_i = dot(dO_i, O_i) (the fma chain of tl_fa_bwd_q64) and row i of dQ zeroed: one thread
+// per (b, i, h) row, grid-stride.
+extern "C" __global__ void tl_flash_bwd_delta(const float* o, const float* go, float* dq,
+                                              float* delta, u32 batch, u32 n, u32 heads, u32 d) {
+    TL_GRID_STRIDE(t, (u64)batch * n * heads) {
+        const u32 h = (u32)(t % heads), i = (u32)((t / heads) % n), b = (u32)(t / heads / n);
+        const u64 at = t * d;
+        float dl = 0.0f;
+        for (u32 c = 0; c < d; ++c) {
+            dl = __fmaf_rn(go[at + c], o[at + c], dl);
+            dq[at + c] = 0.0f;
+        }
+        delta[((u64)b * heads + h) * n + i] = dl;
+    }
+}
+
+// dQ, dK and dV of the fused attention for d <= 64 (reads delta, adds into the dQ that
+// tl_flash_bwd_delta zeroed). Never launched for d > 64 (the two kernels run there).
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_atomic(const float* q, const float* k, const float* v,
+                                               const float* go, const float* lse, const float* delta,
+                                               const u32* mask, float* dq, float* dk, float* dv,
+                                               u32 batch, u32 n, u32 heads, u32 d, u32 mode,
+                                               float scale) {
+    __shared__ __align__(16) float smem[TL_FA_BWD_KV_SMEM(64, 64)];
+    if (d == 64)
+        tl_fa_bwd_kv64<64, 64, 64, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads,
+                                         d, mode, scale, smem, dq);
+    else if (d < 64)
+        tl_fa_bwd_kv64<64, 64, 0, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads,
+                                        d, mode, scale, smem, dq);
 }

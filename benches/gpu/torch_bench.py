@@ -369,6 +369,14 @@ def conv_rows(dev, quick, iters):
     return rows
 
 
+def sdpa_twin(name):
+    """PyTorch's row for one of our flash rows: `/flash/`, `/flash-wide/`, `/flash-one-pass/`
+    and `/flash-two-pass/` (the backward forced onto one path) all time against `/sdpa/`."""
+    for ours in ("/flash-wide/", "/flash-one-pass/", "/flash-two-pass/", "/flash/"):
+        name = name.replace(ours, "/sdpa/")
+    return name
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", required=True)
@@ -401,8 +409,7 @@ def main():
     print(f"{'name':28} {'ours ms':>10} {'torch ms':>10} {'ours/torch':>10}  rates")
     for name, r in ours.items():
         t = (theirs.get(name) or theirs.get(name.replace("linked", "eager"))
-             or theirs.get(name.replace("/flash-wide/", "/sdpa/").replace("/flash/", "/sdpa/")
-                           .replace("/composed/", "/sdpa/"))
+             or theirs.get(sdpa_twin(name).replace("/composed/", "/sdpa/"))
              or theirs.get(name.replace("/implicit/", "/cudnn/").replace("/im2col/", "/cudnn/")))
         if t is None:
             print(f"{name:28} {r['ms']:10.3f} {'-':>10}")
@@ -425,7 +432,7 @@ def main():
     # Issue 42's target: the fused core >= 0.7x PyTorch's attention speed (time ratio <= 1/0.7).
     for k in ours:
         if k.startswith("attention-core/flash") and "-d128" not in k:
-            t = theirs.get(k.replace("/flash-wide/", "/sdpa/").replace("/flash/", "/sdpa/"))
+            t = theirs.get(sdpa_twin(k))
             if t:
                 speed = t[0] / ours[k]["ms"]
                 print(f"target {k} >= 0.7x torch f32 SDPA speed: {speed:.2f}x "

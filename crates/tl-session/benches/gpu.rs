@@ -30,10 +30,14 @@
 //!   `F.scaled_dot_product_attention(is_causal=True)`;
 //! - `attention-core/flash/n{n}`: the fused core alone on the device (`Device::flash_attention`
 //!   and its backward on causal Q, K, V of (1, n, 8, 64), then a sum of dV read back), and on
-//!   `Cuda` `attention-core/flash-wide/n{n}` the same with the wide tilings (`FlashTiles::Wide`:
-//!   the forward's 64 keys a step in dynamic shared memory), and `attention-core/flash-d128/n{n}`
-//!   and `…/flash-wide-d128/n{n}` with heads of 128 at n = 1024 and 4096 (where `Wide` runs the
-//!   backward on register tiles instead of tiles of 16), with
+//!   `Cuda` `attention-core/flash-one-pass/n{n}` and `…/flash-two-pass/n{n}` the same with the
+//!   backward forced onto one path (`gates::force_flash_bwd_one_pass`: the one-pass kernel,
+//!   dQ by `atomicAdd`, which `flash` runs when deterministic reductions are off, or the two
+//!   fixed-order kernels), `attention-core/flash-wide/n{n}` the same with the wide tilings
+//!   (`FlashTiles::Wide`: the forward's 64 keys a step in dynamic shared memory), and
+//!   `attention-core/flash-d128/n{n}` and `…/flash-wide-d128/n{n}` with heads of 128 at
+//!   n = 1024 and 4096 (where `Wide` runs the backward on register tiles instead of tiles of
+//!   16), with
 //!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
@@ -495,6 +499,12 @@ fn device_rows(a: &Args) -> Result<(), String> {
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
         Backend::Cuda => tl_tape_cuda::CudaDevice::new().and_then(|mut d| {
             attention_core(a, &mut d, "flash")?;
+            // The two backward paths side by side whatever the reduction mode: one pass (dQ
+            // by atomicAdd over the key blocks) and the two fixed-order kernels.
+            for (label, one_pass) in [("flash-one-pass", true), ("flash-two-pass", false)] {
+                let _gate = tl_tape_cuda::gates::force_flash_bwd_one_pass(Some(one_pass));
+                attention_core(a, &mut d, label)?;
+            }
             attention_core(a, &mut d, "flash-d128")?;
             // The wide tilings (dynamic shared memory: the forward's 64 keys a step at d = 64,
             // the backward's register tiles at d = 128): the same bits, timed beside the

@@ -10,6 +10,7 @@
 //! | `reduce_sum` / `reduce_mean` to one value | per-block partials combined with `atomicAdd` | fixed grid, per-thread strided sums, warp-shuffle tree, partials array, second pass (see [`crate::device::sim`]) |
 //! | broadcast backward (`reduce_broadcast`) | one `atomicAdd` per cotangent element | one thread per output element, summing its preimage in increasing row-major order |
 //! | scatter-add (later op sets), pooling backward | `atomicAdd` | one thread per output element, fixed order |
+//! | fused attention backward (`flash_attention_bwd`, head size d ≤ 64) | one pass over blocks of 64 keys (`tl_flash_bwd_atomic`): each block's dQ sums added with `atomicAdd` | two kernels (`tl_flash_bwd_q` for dQ over query tiles, `tl_flash_bwd_kv`), every sum in key (row) order ([`crate::gates::force_flash_bwd_one_pass`] forces either path) |
 //!
 //! The simulation device runs the fixed-order path always (it *is* the twin of the deterministic
 //! kernels), so on sim the flag changes nothing and results are reproducible bit for bit.

@@ -7,10 +7,11 @@
 //! |---|---|---|
 //! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
 //! | an optimizer step on a device in one launch per parameter, or per eight in a step over all of them ([`fused_optimizer`]: [`Device::adam_update`](crate::Device::adam_update), [`Device::momentum_update`](crate::Device::momentum_update) and their `_list` forms) instead of one launch per operation of the rule | always (Adam, AdamW, momentum SGD after its first step) | [`force_fused_optimizer`]: `Some(false)` composes the rule from the primitives |
+//! | the fused attention backward on a `CudaDevice` in one pass (`tl_flash_bwd_delta`, `tl_flash_bwd_atomic`: dQ added over the key blocks with `atomicAdd`) instead of the two fixed-order kernels (`tl_flash_bwd_q`, `tl_flash_bwd_kv`) ([`flash_bwd_one_pass`]) | the device's reductions not deterministic (`CudaDevice::deterministic`) and d ≤ [`FLASH_ONE_PASS_MAX_HEAD`] | [`force_flash_bwd_one_pass`]: `Some(true)` one pass wherever d ≤ 64, `Some(false)` never |
 
 use std::cell::Cell;
 
-use crate::device::SPLIT_K_TILES;
+use crate::device::{FLASH_ONE_PASS_MAX_HEAD, SPLIT_K_TILES};
 use crate::precision::Precision;
 
 /// The fewest 64×64 output tiles from which a conv's forward (`(out_channels, batch·small)`
@@ -76,6 +77,28 @@ pub fn force_fused_optimizer(fused: Option<bool>) -> FusedGuard {
 /// Restores the override [`force_fused_optimizer`] replaced when dropped.
 pub type FusedGuard = tl_spec::scoped::Guard<Option<bool>>;
 
+thread_local! {
+    static FLASH_ONE_PASS: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Whether the fused attention backward of head size `d` on a CUDA device whose reductions
+/// are `deterministic` (or not) runs in one pass (`tl_flash_bwd_atomic`, dQ by `atomicAdd`):
+/// when they are not and `d ≤` [`FLASH_ONE_PASS_MAX_HEAD`], unless overridden on this thread.
+/// The simulation device always runs the fixed-order twin of the two kernels.
+pub fn flash_bwd_one_pass(deterministic: bool, d: usize) -> bool {
+    d <= FLASH_ONE_PASS_MAX_HEAD && FLASH_ONE_PASS.with(Cell::get).unwrap_or(!deterministic)
+}
+
+/// Override [`flash_bwd_one_pass`] on this thread until the guard drops: `Some(true)` runs
+/// the one-pass backward wherever the head fits it (d ≤ 64) whatever the reduction mode,
+/// `Some(false)` the two fixed-order kernels, `None` the production choice.
+pub fn force_flash_bwd_one_pass(one_pass: Option<bool>) -> OnePassGuard {
+    tl_spec::scoped::install(&FLASH_ONE_PASS, one_pass)
+}
+
+/// Restores the override [`force_flash_bwd_one_pass`] replaced when dropped.
+pub type OnePassGuard = tl_spec::scoped::Guard<Option<bool>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +143,26 @@ mod tests {
             assert!(!fused_optimizer());
         }
         assert!(fused_optimizer());
+    }
+
+    #[test]
+    fn the_one_pass_flash_backward_follows_the_reduction_mode_and_the_override() {
+        assert!(flash_bwd_one_pass(false, 64));
+        assert!(!flash_bwd_one_pass(true, 64));
+        assert!(
+            !flash_bwd_one_pass(false, 65),
+            "heads over 64 take the two kernels"
+        );
+        {
+            let _on = force_flash_bwd_one_pass(Some(true));
+            assert!(flash_bwd_one_pass(true, 1));
+            assert!(!flash_bwd_one_pass(false, 128));
+            {
+                let _off = force_flash_bwd_one_pass(Some(false));
+                assert!(!flash_bwd_one_pass(false, 64));
+            }
+            assert!(flash_bwd_one_pass(true, 64));
+        }
+        assert!(!flash_bwd_one_pass(true, 64));
     }
 }

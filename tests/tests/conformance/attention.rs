@@ -154,8 +154,8 @@ fn run_f32<B: Backend<T = f32>>(
 /// fused = composed (the unfused op and the composition of primitives) on `be`, value and
 /// every gradient within the f32 tolerance (1e-4 of the f64 reference's scale); the fused
 /// form bit-identical on a second run. Lengths 17 and 33 cross the flash kernels' tiles of
-/// 16; the masks are causal, key padding, both, and one with a fully masked row; heads of 1–3
-/// and one of 66.
+/// 16, 70 their blocks of 64 (the one-pass backward adds dQ over two key blocks); the masks
+/// are causal, key padding, both, and one with a fully masked row; heads of 1–3 and one of 66.
 fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
     let holes = |n: usize| Mask::from_fn(n, |i, j| i != 2 && (i + 2 * j) % 5 != 1).unwrap();
     let pad = |n: usize| Mask::from_fn(n, |_, j| j % 4 != 3).unwrap();
@@ -164,6 +164,7 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
         (vec![17, 5], 6, 2, None),
         (vec![2, 17, 3], 4, 2, Some(Mask::causal(17).unwrap())),
         (vec![33, 4], 6, 3, Some(pad(33))),
+        (vec![2, 70, 3], 6, 2, Some(pad(70))),
         (vec![2, 19, 3], 4, 1, Some(both(19))),
         (vec![17, 3], 4, 2, Some(holes(17))),
         // A head of 66 (> 64): the flash backward's other kernels.
@@ -221,6 +222,19 @@ fn fused_equals_composed_in_f32_on_the_cpu_and_the_cuda_sim() {
 fn fused_equals_composed_in_f32_on_the_emulated_kernels() {
     use tl_conformance::backend::OnDevice;
     fused_equals_composed_on(&OnDevice::new("cuda-emu", tl_tape_cuda::CudaDevice::new));
+}
+
+/// The same on the emulated kernels with deterministic reductions off: the one-pass flash
+/// backward (`tl_flash_bwd_atomic`: dQ added over blocks of 64 keys with `atomicAdd`) for the
+/// heads up to 64, the two kernels for the head of 66.
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn fused_equals_composed_in_f32_on_the_emulated_atomic_kernels() {
+    use tl_conformance::backend::OnDevice;
+    fused_equals_composed_on(&OnDevice::nondeterministic(
+        "cuda-emu",
+        tl_tape_cuda::CudaDevice::new,
+    ));
 }
 
 /// The same on the emulated kernels with the wide flash tilings (`FlashTiles::Wide`: 64 keys a

@@ -598,6 +598,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-flash-one-pass-dq-stored",
+        area: Kernel,
+        file: "kernels/attention.cu",
+        from: "if (c < d) atomicAdd(&dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)], acc[e]);",
+        to: "if (c < d) dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = acc[e];",
+        bug: "the one-pass flash backward (deterministic reductions off) stores each key block's dQ sums instead of adding them with atomicAdd: the last block to land wins",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-axis-block-sequential",
         area: Kernel,
         file: "kernels/reduce.cu",

@@ -22,6 +22,12 @@ pub const FLASH_TILE: usize = 16;
 /// before launch (the composed path, `fused = false`, has no limit).
 pub const FLASH_MAX_HEAD: usize = 128;
 
+/// The largest head size the one-pass backward takes (`tl_flash_bwd_atomic`: the key block's
+/// K and V, 64 floats a row, in the static shared memory of `tl_flash_bwd_kv`); larger heads
+/// (up to [`FLASH_MAX_HEAD`]) run the two-kernel backward whatever the reduction mode
+/// ([`crate::gates::flash_bwd_one_pass`]).
+pub const FLASH_ONE_PASS_MAX_HEAD: usize = 64;
+
 /// Mask mode bit: causal (key j ≤ query i) (`TL_FA_CAUSAL`).
 pub const FLASH_CAUSAL: u32 = 1;
 /// Mask mode bit: a keep flag per key (`TL_FA_KEEP`).

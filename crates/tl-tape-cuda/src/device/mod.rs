@@ -46,7 +46,7 @@ pub use buffer::{
     WIDE_MIN_TILES,
 };
 use check::{BroadcastPlan, PermutePlan};
-pub use flash::{FLASH_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
+pub use flash::{FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use optim::{AdamSlot, AdamUpdate, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};
@@ -793,7 +793,10 @@ pub trait Device: Launch {
     /// The VJP of [`flash_attention`](Self::flash_attention) for the cotangent `go` of O, from
     /// its output `o` and `lse`: `[dQ, dK, dV]`, recomputing the probabilities tile by tile
     /// from lse (`p = exp(s − lse)`, `dS = p·(dP − Σ dO⊙O)/√d`). Two launches (dQ by query
-    /// tiles, dK and dV by key tiles), no atomics: the same order in both reduction modes.
+    /// tiles, dK and dV by key tiles), no atomics, on the sim and, with deterministic
+    /// reductions on, on CUDA; with them off (and d ≤ [`FLASH_ONE_PASS_MAX_HEAD`]) CUDA runs
+    /// the one-pass backward (dK, dV by key blocks, dQ added across them with `atomicAdd`:
+    /// last-bit differences between runs; [`crate::gates::flash_bwd_one_pass`]).
     fn flash_attention_bwd(
         &mut self,
         qkv: [Buffer; 3],

@@ -20,7 +20,7 @@ use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::{Act, BiasLayout, NormLayout, PointAct, PoolKind, Windows};
 use tl_tape_cuda::{
     Batch, Buffer, CudaDevice, Device, Error, FlashTiles, Gemm, GemmTiles, Result, SimDevice,
-    determinism,
+    determinism, gates,
 };
 
 // The tensor-core GEMM under autocast (bf16 / TF32).
@@ -712,15 +712,49 @@ fn every_primitive_matches_the_simulation_device() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `[O, lse, dQ, dK, dV]` of `case` on `cuda` against its sim twin: each result's largest
+/// error relative to `max(1, ‖sim‖∞)` (NaN: infinite) and whether its bits are the sim's.
+fn flash_vs_sim(
+    cuda: &mut CudaDevice,
+    case: &crate::flash::Case,
+    seed: u64,
+) -> [(&'static str, f64, bool); 5] {
+    let data = crate::flash::inputs(&case.dims, seed);
+    let want = crate::flash::run_core(&mut SimDevice::new(), case, &data).unwrap();
+    let got = crate::flash::run_core(cuda, case, &data).unwrap();
+    let names = ["O", "lse", "dQ", "dK", "dV"];
+    std::array::from_fn(|k| {
+        let (w, g) = (&want[k], &got[k]);
+        let scale = w
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
+        let mut err = 0.0f64;
+        let mut same = true;
+        for (&a, &b) in w.iter().zip(g) {
+            same &= a.to_bits() == b.to_bits();
+            let e = if a == b {
+                0.0
+            } else {
+                (f64::from(a) - f64::from(b)).abs() / scale
+            };
+            err = err.max(if e.is_nan() { f64::INFINITY } else { e });
+        }
+        (names[k], err, same)
+    })
+}
+
 /// The fused attention core (kernels/attention.cu) against its sim twin on every case of
 /// the `flash` module (lengths off the tile, head sizes 1 to 128, every mask form, fully
-/// masked rows), forward and backward, with either forward tiling (`FlashTiles`): bit for bit
-/// on the kernel emulator (its `expf`/`logf` are the host's, as the sim's), within 1e-5 on a
-/// GPU (CUDA's differ by a few ulps). The kernels use no atomics, so the reduction mode
-/// changes nothing.
+/// masked rows), forward and backward, with either tiling (`FlashTiles`), the backward
+/// forced onto the two fixed-order kernels (`gates::force_flash_bwd_one_pass(Some(false))`;
+/// the one-pass backward has its own test below): bit for bit on the kernel emulator (its
+/// `expf`/`logf` are the host's, as the sim's), within 1e-5 on a GPU (CUDA's differ by a few
+/// ulps). Those kernels use no atomics, so the reduction mode changes nothing.
 #[test]
 fn the_fused_attention_kernels_match_their_sim_twin() {
     let Some(mut cuda) = gpu() else { return };
+    let _two = gates::force_flash_bwd_one_pass(Some(false));
     let exact = cfg!(feature = "cuda-emu");
     let mut worst = 0.0f64;
     let mut bad = Vec::new();
@@ -730,28 +764,7 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
         .flat_map(|t| cases.iter().enumerate().map(move |(k, c)| (t, k, c)));
     for (tiles, k, case) in runs {
         cuda.set_flash_tiles(tiles);
-        let data = crate::flash::inputs(&case.dims, 100 + k as u64);
-        let want = crate::flash::run_core(&mut SimDevice::new(), case, &data).unwrap();
-        let got = crate::flash::run_core(&mut cuda, case, &data).unwrap();
-        for (name, (w, g)) in ["O", "lse", "dQ", "dK", "dV"]
-            .iter()
-            .zip(want.iter().zip(&got))
-        {
-            let scale = w
-                .iter()
-                .filter(|v| v.is_finite())
-                .fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
-            let mut err = 0.0f64;
-            let mut same = true;
-            for (&a, &b) in w.iter().zip(g) {
-                same &= a.to_bits() == b.to_bits();
-                let e = if a == b {
-                    0.0
-                } else {
-                    (f64::from(a) - f64::from(b)).abs() / scale
-                };
-                err = err.max(if e.is_nan() { f64::INFINITY } else { e });
-            }
+        for (name, err, same) in flash_vs_sim(&mut cuda, case, 100 + k as u64) {
             worst = worst.max(err);
             if (exact && !same) || err > 1e-5 {
                 bad.push(format!(
@@ -763,6 +776,86 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
     }
     println!(
         "GPU-SUMMARY attention {worst:.3e} {}",
+        verdict(bad.is_empty())
+    );
+    let u = cuda.memory_usage();
+    assert_eq!(u.live_bytes, 0, "leaked on the GPU: {u}");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The one-pass backward (`tl_flash_bwd_delta`, `tl_flash_bwd_atomic`: dQ added over the
+/// blocks of 64 keys with `atomicAdd`), forced with `gates::force_flash_bwd_one_pass`, against
+/// the sim's fixed-order twin: on every case of the `flash` module and on longer ones (n up to
+/// 257, several blocks of keys, B and H > 1, d in {8, 16, 64}, every mask form, fully masked
+/// rows). dQ within 1e-5 (its sum over the key blocks is in the order the atomics land);
+/// on the kernel emulator O, lse, dK and dV bit for bit (the same code and order as the two
+/// kernels), and heads over 64 (the two kernels, the fallback) every result bit for bit. On a
+/// GPU everything within 1e-5. Also `TL_EMU_SCHEDULE=reverse` (CI): a missing barrier or a
+/// dQ sum that depends on the thread order shows there.
+#[test]
+fn the_one_pass_flash_backward_matches_the_sim_within_tolerance() {
+    use crate::flash::Case;
+    use tl_tape_cuda::device::{FLASH_ONE_PASS_MAX_HEAD, FlashDims};
+    let Some(mut cuda) = gpu() else { return };
+    let _one = gates::force_flash_bwd_one_pass(Some(true));
+    let exact = cfg!(feature = "cuda-emu");
+    let dims = |batch, n, heads, d| FlashDims { batch, n, heads, d };
+    let pad = |n: usize| Mask::from_fn(n, |_, j| j % 7 != 3).unwrap();
+    let both = |n: usize| Mask::from_fn(n, |i, j| j <= i && j % 3 != 1).unwrap();
+    // Rows 0, 7 and 70 see nothing.
+    let odd = |n: usize| {
+        Mask::from_fn(n, |i, j| ![0, 7, 70].contains(&i) && (i * 5 + j) % 7 != 0).unwrap()
+    };
+    let mut cases = crate::flash::cases();
+    cases.extend([
+        Case {
+            name: "causal n200 B2 H3 d8",
+            dims: dims(2, 200, 3, 8),
+            mask: Some(Mask::causal(200).unwrap()),
+        },
+        Case {
+            name: "padding n130 H2 d16",
+            dims: dims(1, 130, 2, 16),
+            mask: Some(pad(130)),
+        },
+        Case {
+            name: "general n97 B2 H2 d64",
+            dims: dims(2, 97, 2, 64),
+            mask: Some(odd(97)),
+        },
+        Case {
+            name: "causal+padding n65 H2 d16",
+            dims: dims(1, 65, 2, 16),
+            mask: Some(both(65)),
+        },
+        Case {
+            name: "n257 d8",
+            dims: dims(1, 257, 1, 8),
+            mask: None,
+        },
+        Case {
+            name: "causal n80 d66 (two kernels)",
+            dims: dims(1, 80, 1, 66),
+            mask: Some(Mask::causal(80).unwrap()),
+        },
+    ]);
+    let mut worst = 0.0f64;
+    let mut bad = Vec::new();
+    for (k, case) in cases.iter().enumerate() {
+        let one_pass = case.dims.d <= FLASH_ONE_PASS_MAX_HEAD;
+        for (name, err, same) in flash_vs_sim(&mut cuda, case, 300 + k as u64) {
+            worst = worst.max(err);
+            let bits = exact && (name != "dQ" || !one_pass);
+            if (bits && !same) || err > 1e-5 {
+                bad.push(format!(
+                    "{}: {name}: max rel error {err:e} (bit-exact expected: {bits})",
+                    case.name
+                ));
+            }
+        }
+    }
+    println!(
+        "GPU-SUMMARY attention-one-pass {worst:.3e} {}",
         verdict(bad.is_empty())
     );
     let u = cuda.memory_usage();

@@ -1,20 +1,23 @@
-//! The fused attention on the CUDA device (kernels/attention.cu): `tl_flash_fwd` forward,
-//! `tl_flash_bwd_q` then `tl_flash_bwd_kv` backward, operands already checked by
-//! [`Device`]'s provided methods ([`Flash`]'s checks). No atomics: both reduction modes run the
-//! sim's order. The mask's words (if its mode has any) go up per launch and are released on
-//! every path.
+//! The fused attention on the CUDA device (kernels/attention.cu): `tl_flash_fwd` forward;
+//! backward `tl_flash_bwd_q` then `tl_flash_bwd_kv` (the sim's order, no atomics), or, where
+//! [`gates::flash_bwd_one_pass`] says so (deterministic reductions off, d ≤ 64:
+//! [`FLASH_ONE_PASS_MAX_HEAD`](crate::device::FLASH_ONE_PASS_MAX_HEAD)), `tl_flash_bwd_delta`
+//! then `tl_flash_bwd_atomic` (one pass over the key blocks, dQ added with `atomicAdd`).
+//! Operands already checked by [`Device`]'s provided methods ([`Flash`]'s checks). The mask's
+//! words (if its mode has any) go up per launch and are released on every path.
 
 use super::CudaDevice;
 use super::driver::Arg;
 use crate::Result;
 use crate::device::{Buffer, Device, FLASH_TILE, Flash, FlashTiles};
+use crate::gates;
 
 /// Blocks of a launch over `jobs` blocks of work (grid-stride beyond 65 535).
 fn grid(jobs: usize) -> [u32; 3] {
     [jobs.clamp(1, 65_535) as u32, 1, 1]
 }
 
-/// The fused attention's three launches.
+/// The fused attention's launches.
 #[derive(Debug, Clone, Copy)]
 enum Phase {
     /// `O` and the log-sum-exp.
@@ -23,7 +26,14 @@ enum Phase {
     BackwardQ,
     /// dK and dV.
     BackwardKv,
+    /// The one-pass backward's first launch: delta, and dQ zeroed (one thread per row).
+    BackwardDelta,
+    /// The one-pass backward: dK and dV per block of 64 keys, dQ added with `atomicAdd`.
+    BackwardAtomic,
 }
+
+/// Threads of a block (`TL_BLOCK`): `tl_flash_bwd_delta`'s rows per block.
+const BLOCK: usize = 256;
 
 /// The kernel a phase runs for `f` under `tiles`, the query rows (keys) each of its blocks
 /// takes, and its bytes of dynamic shared memory (0: static arrays only); kernels/attention.cu
@@ -34,7 +44,9 @@ enum Phase {
 /// arrays of four tiles, m and l), and for d > 64 dQ on 64 rows (`TL_FA_BWD_Q_SMEM(128)`: Q
 /// and dO of 64 rows, K and V of 32) and dK/dV on 32 keys (`TL_FA_BWD_KV_SMEM(32, 128)`: K
 /// and V, a tile of 16 Q and dO rows, P and dS). The emulator's guard zones catch a kernel
-/// that uses more than it is given.
+/// that uses more than it is given. The one-pass backward (d ≤ 64 only, whatever `tiles`):
+/// `tl_flash_bwd_delta` one row a thread, `tl_flash_bwd_atomic` 64 keys a block in the static
+/// arrays of `tl_flash_bwd_kv`.
 fn kernel(tiles: FlashTiles, f: &Flash, phase: Phase) -> (&'static str, usize, u32) {
     let (wide, small) = (tiles == FlashTiles::Wide, f.dims.d <= 64);
     match phase {
@@ -54,6 +66,8 @@ fn kernel(tiles: FlashTiles, f: &Flash, phase: Phase) -> (&'static str, usize, u
             4 * (2 * 32 * 128 + 2 * 16 * 128 + 2 * 16 * 32),
         ),
         Phase::BackwardKv => ("tl_flash_bwd_kv", if small { 64 } else { FLASH_TILE }, 0),
+        Phase::BackwardDelta => ("tl_flash_bwd_delta", BLOCK, 0),
+        Phase::BackwardAtomic => ("tl_flash_bwd_atomic", 64, 0),
     }
 }
 
@@ -147,7 +161,11 @@ impl CudaDevice {
         }
         self.with_mask(OP, f, p[0], |d, pm| {
             let (delta, pd) = d.alloc(OP, f.dims.rows_len())?;
-            let r = d.flash_bwd_launches(p, pm, pd, f);
+            let r = if gates::flash_bwd_one_pass(d.deterministic(), f.dims.d) {
+                d.flash_bwd_one_pass(p, pm, pd, f)
+            } else {
+                d.flash_bwd_launches(p, pm, pd, f)
+            };
             d.release(delta);
             r
         })
@@ -182,5 +200,87 @@ impl CudaDevice {
                 Err(e)
             }
         }
+    }
+
+    /// `tl_flash_bwd_delta` (delta into `pd`, dQ zeroed) then `tl_flash_bwd_atomic` (dK, dV,
+    /// and dQ added over the key blocks with `atomicAdd`): the one-pass backward, d ≤
+    /// [`FLASH_ONE_PASS_MAX_HEAD`](crate::device::FLASH_ONE_PASS_MAX_HEAD); `p` and `pm` as
+    /// [`Self::flash_bwd_launches`].
+    fn flash_bwd_one_pass(
+        &mut self,
+        p: [u64; 6],
+        pm: u64,
+        pd: u64,
+        f: &Flash,
+    ) -> Result<[Buffer; 3]> {
+        const OP: &str = "flash_attention_bwd";
+        let [pq, pk, pv, po, pg, pl] = p;
+        let tail = Self::flash_tail(f);
+        self.with_outs::<3>(OP, f.dims.qkv_len(), |d, [dq, dk, dv]| {
+            let mut args = [po, pg, dq, pd].map(Arg::Ptr).to_vec();
+            args.extend_from_slice(&tail[..4]);
+            d.run_flash(OP, f, Phase::BackwardDelta, &args)?;
+            let mut args = [pq, pk, pv, pg, pl, pd, pm, dq, dk, dv]
+                .map(Arg::Ptr)
+                .to_vec();
+            args.extend(tail);
+            d.run_flash(OP, f, Phase::BackwardAtomic, &args)
+        })
+    }
+}
+
+#[cfg(all(test, feature = "cuda-emu"))]
+mod tests {
+    //! Which backward runs, on the kernel emulator: the kernels a fresh device resolved.
+    use super::*;
+    use crate::device::{FlashDims, FlashMask};
+
+    /// The `tl_flash_bwd*` kernels a fresh device with reductions `deterministic` resolves for
+    /// one backward of head size `d` under the override `force`, sorted; the backward is two
+    /// launches either way.
+    fn bwd_kernels(deterministic: bool, force: Option<bool>, d: usize) -> Vec<&'static str> {
+        let _gate = gates::force_flash_bwd_one_pass(force);
+        let mut dev = CudaDevice::new().unwrap();
+        dev.set_deterministic(Some(deterministic));
+        let f = Flash {
+            dims: FlashDims {
+                batch: 1,
+                n: 20,
+                heads: 2,
+                d,
+            },
+            mask: FlashMask::none(),
+        };
+        let x = dev.upload(&vec![0.25; f.dims.qkv_len()]).unwrap();
+        let (o, lse) = dev.flash_attention([x, x, x], &f).unwrap();
+        let before = dev.traffic().launches;
+        let [dq, dk, dv] = dev.flash_attention_bwd([x, x, x], o, lse, x, &f).unwrap();
+        assert_eq!(dev.traffic().launches - before, 2, "d = {d}");
+        dev.release_all([x, o, lse, dq, dk, dv]);
+        assert_eq!(dev.memory_usage().live_bytes, 0);
+        let mut names: Vec<&'static str> = dev
+            .funcs
+            .keys()
+            .copied()
+            .filter(|k| k.starts_with("tl_flash_bwd"))
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[test]
+    fn the_backward_follows_the_reduction_mode_the_gate_and_the_head_size() {
+        let one = ["tl_flash_bwd_atomic", "tl_flash_bwd_delta"];
+        let two = ["tl_flash_bwd_kv", "tl_flash_bwd_q"];
+        assert_eq!(bwd_kernels(false, None, 64), one, "atomics allowed");
+        assert_eq!(bwd_kernels(true, None, 64), two, "deterministic");
+        assert_eq!(bwd_kernels(false, None, 65), two, "a head over 64");
+        assert_eq!(bwd_kernels(true, Some(true), 8), one, "forced on");
+        assert_eq!(bwd_kernels(false, Some(false), 8), two, "forced off");
+        assert_eq!(
+            bwd_kernels(true, Some(true), 65),
+            two,
+            "forced, but the head is too big"
+        );
     }
 }
