@@ -206,6 +206,14 @@ extern "C" __global__ void tl_gemm_sum_splits(const float* part, float* out, u64
 // tl_spec::bf16::accumulation_bound of the reference.
 namespace tc {
 
+// Unroll the next loop fully in the PTX, so that the accumulator fragments it indexes stay in
+// registers (the emulator's g++ unrolls as it likes).
+#ifdef __CUDACC__
+#define TC_UNROLL _Pragma("unroll")
+#else
+#define TC_UNROLL
+#endif
+
 constexpr int BM = 128, BN = 128, BK = 16, THREADS = 256;
 constexpr int WM = 64, WN = 32, FI = WM / 16, FJ = WN / 16;  // a warp's outputs, its fragments
 constexpr int WARPS_N = BN / WN;
@@ -349,7 +357,9 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
             }
         };
         k_slices<BK>(job.kb, job.ke, fetch, stage, compute);
-        for (int i = 0; i < FI; ++i)
+        TC_UNROLL
+        for (int i = 0; i < FI; ++i) {
+            TC_UNROLL
             for (int j = 0; j < FJ; ++j) {
                 wmma::store_matrix_sync(Cw, acc[i][j], LDC, wmma::mem_row_major);
                 __syncwarp();
@@ -363,6 +373,7 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
                 }
                 __syncwarp();  // read before the next fragment's store
             }
+        }
         // (k_slices ends on a barrier, so the next job's first stage waits for every warp's
         // last reads of the buffers; the scratch is the warp's own.)
     }
