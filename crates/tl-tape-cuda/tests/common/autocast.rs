@@ -159,7 +159,14 @@ pub fn product_cases<D: Device>(
     let g = Gemm::nn(130, 600, 140).with_t(true, true);
     assert!(g.k_splits(1) > 1 && !(600 % g.k_chunk(1)).is_multiple_of(16));
     let ops = (data(130 * 600), data(600 * 140), data(130 * 140));
-    one(d, "matmul_acc split k".into(), Batch::plain(1), g, true, ops)?;
+    one(
+        d,
+        "matmul_acc split k".into(),
+        Batch::plain(1),
+        g,
+        true,
+        ops,
+    )?;
     let g = Gemm::nn(9, 20, 11).with_t(true, false);
     let ops = (data(3 * 9 * 20), data(3 * 20 * 11), Vec::new());
     one(d, "bmm".into(), Batch::plain(3), g, false, ops)?;
@@ -175,7 +182,14 @@ pub fn product_cases<D: Device>(
         let g = Gemm::nn(130, 6, 140).with_t(ta, tb);
         let bt = Batch::heads(1, 2, [true, true, true]);
         let ops = (data(2 * 130 * 6), data(2 * 6 * 140), Vec::new());
-        one(d, format!("bmm_heads 130x6x140 ta={ta} tb={tb}"), bt, g, false, ops)?;
+        one(
+            d,
+            format!("bmm_heads 130x6x140 ta={ta} tb={tb}"),
+            bt,
+            g,
+            false,
+            ops,
+        )?;
     }
     Ok(cases)
 }
