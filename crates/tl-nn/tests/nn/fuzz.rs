@@ -28,7 +28,8 @@
 //!
 //! | variable | effect | default |
 //! |---|---|---|
-//! | `TL_FUZZ_CASES` | cases per property | 1000 (about 0.2 s for the checkpoint's in a debug build) |
+//! | `TL_CASES` | cases per property | 1000 (about 0.2 s for the checkpoint's in a debug build) |
+//! | `TL_SEED` | the seed (the same seed and count give the same cases) | tl-conformance's |
 //!
 //! `cargo test -p tl-nn --test nn fuzz::` runs them all.
 
@@ -38,8 +39,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use peak_alloc::PeakAlloc;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use serde_json::{Value, json};
+use tl_conformance::RunConfig;
 use tl_nn::Runtime;
 use tl_nn::checkpoint::{self, Entry};
 use tl_nn::data::Vocab;
@@ -63,19 +65,14 @@ const ALLOC_FACTOR: usize = 4;
 /// Plus this much (the runtime's own bookkeeping, error messages).
 const ALLOC_SLACK: usize = 256 << 10;
 
-fn cases() -> u32 {
-    std::env::var("TL_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+/// Cases per property: `TL_CASES`, else 1000; `TL_SEED` picks the stream (tl-conformance's
+/// [`RunConfig`]: the same seed and count give the same cases).
+fn run_config() -> RunConfig {
+    RunConfig::from_env_or(1000)
 }
 
-fn config() -> Config {
-    Config {
-        cases: cases(),
-        failure_persistence: None,
-        ..Config::default()
-    }
+fn cases() -> u32 {
+    run_config().cases
 }
 
 /// A fresh directory of this process for the fuzz files.
@@ -605,7 +602,7 @@ fn checkpoint_fuzz_cases() {
     let s = std::cell::RefCell::new(subject(&dir));
     let good = s.borrow().good.clone();
     let path = dir.join("corrupt.safetensors");
-    let mut runner = TestRunner::new(config());
+    let mut runner = run_config().runner("fuzz checkpoint");
     let result = runner.run(&corruption(), |c| {
         check_file(&mut s.borrow_mut(), &path, &corrupt(&good, &c))
     });
@@ -645,7 +642,6 @@ fn checkpoint_corruptions_are_refused_or_load_consistently() {
             "--test-threads=1",
         ])
         .env(CHILD_VAR, "1")
-        .env("TL_FUZZ_CASES", cases().to_string())
         .output()
         .unwrap();
     let took = start.elapsed();
@@ -680,7 +676,7 @@ fn checkpoint_corruptions_are_refused_or_load_consistently() {
 /// either translated exactly or refused naming the character or token.
 #[test]
 fn vocab_encode_decode_take_any_text_and_tokens() {
-    let mut runner = TestRunner::new(config());
+    let mut runner = run_config().runner("fuzz vocab");
     runner
         .run(
             &(
@@ -724,7 +720,7 @@ fn vocab_encode_decode_take_any_text_and_tokens() {
 #[test]
 fn alloc_cap_parser_takes_any_text() {
     use tl_spec::alloc::parse_bytes;
-    let mut runner = TestRunner::new(config());
+    let mut runner = run_config().runner("fuzz alloc cap");
     runner
         .run(
             &(any::<usize>(), 0usize..5, "\\PC{0,12}"),
@@ -750,7 +746,7 @@ fn alloc_cap_parser_takes_any_text() {
 fn entries_whose_bytes_do_not_fit_their_dims_are_errors() {
     let dir = dir();
     let path = dir.join("entry.safetensors");
-    let mut runner = TestRunner::new(config());
+    let mut runner = run_config().runner("fuzz entries");
     runner
         .run(
             &(prop::collection::vec(0usize..5, 0..4), 0usize..80),
