@@ -11,7 +11,7 @@
 //! checked values hold (`--batch-size` ≥ 1, a positive finite `--lr`, …) or an error naming the
 //! flag. Nothing panics (a panic fails the property, which prints the shrunk input).
 //!
-//! `TL_CASES` (default 256) and `TL_SEED` as for the harness:
+//! `TL_CASES` (default 2000) and `TL_SEED` as for the harness:
 //! `cargo test -p tl-cli --test tl_cli fuzz::`.
 
 use std::collections::BTreeMap;
@@ -20,13 +20,13 @@ use clap::Parser;
 use proptest::prelude::*;
 use tl_cli::checkpoint;
 use tl_cli::cli::{Cli, Command, ModelName, OptimizerName};
-use tl_cli::fno_paper::PaperModel;
+use tl_cli::fno_paper::{PAPER, PaperModel, PaperRun};
 use tl_cli::train::TrainConfig;
 use tl_conformance::RunConfig;
 use tl_nn::checkpoint::{Entry, FORMAT, File};
 
 fn run_config() -> RunConfig {
-    RunConfig::from_env_or(256)
+    RunConfig::from_env_or(2000)
 }
 
 /// A metadata value: absent, one of `good`, a boundary, or any text.
@@ -209,47 +209,63 @@ fn checkpoint_metadata_is_refused_naming_the_file_or_read_exactly() {
     );
 }
 
-/// A flag's value: a good one, a boundary, or any text.
+/// A flag's value: a number at a boundary, a name, or any text.
 fn flag_value() -> impl Strategy<Value = String> {
     prop_oneof![
-        3 => prop::sample::select(&[
-            "0", "1", "2", "64", "0.001", "1e-3", "-1", "-0.0", "NaN", "inf", "-inf", "1e309",
-            "18446744073709551615", "18446744073709551616", "mlp", "fno", "adam", "cpu",
-            "fno-paper", "",
+        2 => prop::sample::select(&[
+            "4611686018427387904", "9223372036854775808", "18446744073709551615",
+            "18446744073709551616", "1e309",
         ][..])
         .prop_map(str::to_owned),
+        2 => prop::sample::select(&[
+            "0", "1", "2", "64", "-1", "-0.0", "NaN", "inf", "-inf", "1e-3",
+        ][..])
+        .prop_map(str::to_owned),
+        1 => prop::sample::select(&["mlp", "fno", "adam", "cpu", "fno-paper", ""][..])
+            .prop_map(str::to_owned),
         1 => "\\PC{0,8}",
     ]
 }
 
-/// `tl train` / `tl eval` arguments: a subcommand and up to 6 flags with values.
+/// The flags of `tl train` and `tl eval` whose values are checked.
+const FLAGS: [&str; 15] = [
+    "--model",
+    "--preset",
+    "--grid",
+    "--super-grid",
+    "--modes",
+    "--output-scale",
+    "--backend",
+    "--epochs",
+    "--batch-size",
+    "--lr",
+    "--optimizer",
+    "--seed",
+    "--train-subset",
+    "--checkpoint",
+    "--data-cache",
+];
+
+/// `tl train` / `tl eval` arguments: a subcommand, half the time `--preset fno-paper` (whose
+/// flags are checked further), and up to 3 other flags (each at most once) with values.
 fn args() -> impl Strategy<Value = Vec<String>> {
-    let flag = prop::sample::select(
-        &[
-            "--model",
-            "--preset",
-            "--grid",
-            "--super-grid",
-            "--modes",
-            "--output-scale",
-            "--backend",
-            "--epochs",
-            "--batch-size",
-            "--lr",
-            "--optimizer",
-            "--seed",
-            "--train-subset",
-            "--checkpoint",
-            "--data-cache",
-        ][..],
-    );
+    let flags = prop::sample::subsequence(&FLAGS[..], 0..=3)
+        .prop_shuffle()
+        .prop_flat_map(|f| {
+            let n = f.len();
+            (Just(f), prop::collection::vec(flag_value(), n))
+        });
     (
-        prop::sample::select(&["train", "eval"][..]),
-        prop::collection::vec((flag, flag_value()), 0..6),
+        prop::sample::select(&["train", "train", "train", "eval"][..]),
+        any::<bool>(),
+        flags,
     )
-        .prop_map(|(sub, flags)| {
+        .prop_map(|(sub, paper, (flags, values))| {
             let mut v = vec!["tl".to_owned(), sub.to_owned()];
-            for (f, x) in flags {
+            if paper {
+                v.extend(["--preset".to_owned(), "fno-paper".to_owned()]);
+            }
+            for (f, x) in flags.into_iter().zip(values) {
                 v.push(f.to_owned());
                 v.push(x);
             }
@@ -299,4 +315,25 @@ fn command_lines_parse_to_valid_configurations_or_are_refused() {
         refused.get(),
         accepted.get()
     );
+}
+
+/// Found by reading the check the command-line property drives: `--modes` of 2⁶³ or more
+/// overflowed `2 * modes` in `PaperRun::validate` (a panic in a debug build; in a release build
+/// it wrapped to 0 and the absurd mode count passed the check). Now it is refused, naming the
+/// flag, from the command line and from a checkpoint's metadata alike.
+#[test]
+fn a_huge_modes_count_is_refused_not_an_overflow() {
+    for modes in ["9223372036854775808", "18446744073709551615"] {
+        let argv = ["tl", "train", "--preset", "fno-paper", "--modes", modes];
+        let Command::Train(a) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!()
+        };
+        let e = TrainConfig::from_args(&a).unwrap_err().to_string();
+        assert!(e.contains("--modes") && e.contains(modes), "{e}");
+        // `tl eval` of a checkpoint whose metadata says so makes the same run.
+        let dir = std::env::temp_dir();
+        let saved = modes.parse().unwrap();
+        let e = PaperRun::new(PAPER, Some(256), Some(0), Some(saved), dir).unwrap_err();
+        assert!(e.to_string().contains(modes), "{e}");
+    }
 }
