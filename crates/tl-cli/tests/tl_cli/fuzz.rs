@@ -20,7 +20,7 @@ use clap::Parser;
 use proptest::prelude::*;
 use tl_cli::checkpoint;
 use tl_cli::cli::{Cli, Command, ModelName, OptimizerName};
-use tl_cli::fno_paper::{PAPER, PaperModel, PaperRun};
+use tl_cli::fno_paper::{PAPER, PaperData, PaperModel, PaperRun};
 use tl_cli::train::TrainConfig;
 use tl_conformance::RunConfig;
 use tl_nn::checkpoint::{Entry, FORMAT, File};
@@ -336,4 +336,57 @@ fn a_huge_modes_count_is_refused_not_an_overflow() {
         let e = PaperRun::new(PAPER, Some(256), Some(0), Some(saved), dir).unwrap_err();
         assert!(e.to_string().contains(modes), "{e}");
     }
+}
+
+/// The `--preset fno-paper` data cache (a safetensors file `tl` wrote) truncated at any byte or
+/// with 1–8 bytes flipped: `PaperData::read_cache` refuses it naming the file and telling the
+/// user to delete it, or (a flip in the header's padding, say) reads exactly the pairs written.
+#[test]
+fn a_corrupted_data_cache_is_refused_or_read_exactly() {
+    let data = PaperData {
+        source_grid: 16,
+        n_train: 2,
+        n_test: 1,
+        ..PAPER
+    };
+    let dir = crate::common::scratch("fuzz-cache");
+    let pairs = data.load_or_generate(&dir, 1, &mut |_| {}).unwrap();
+    let good = std::fs::read(data.cache_path(&dir)).unwrap();
+    let n = std::cell::Cell::new(0u32);
+    let corruption = prop_oneof![
+        any::<prop::sample::Index>().prop_map(|i| vec![(i, 0u8)]),
+        prop::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..=8),
+    ];
+    let mut runner = run_config().runner("fuzz tl data cache");
+    runner
+        .run(&corruption, |flips| {
+            let mut bytes = good.clone();
+            match flips[..] {
+                [(at, 0)] => bytes.truncate(at.index(good.len())),
+                _ => {
+                    for (at, mask) in &flips {
+                        bytes[at.index(good.len())] ^= mask;
+                    }
+                }
+            }
+            n.set(n.get() + 1);
+            let path = dir.join(format!("cache-{}.safetensors", n.get()));
+            std::fs::write(&path, &bytes).unwrap();
+            let read = data.read_cache(&path);
+            let _ = std::fs::remove_file(&path);
+            match read {
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(
+                        msg.contains(&path.display().to_string())
+                            && msg.contains("delete the file"),
+                        "{msg}"
+                    );
+                }
+                Ok(p) => prop_assert!(p == pairs, "a damaged cache read as other pairs"),
+            }
+            Ok(())
+        })
+        .unwrap();
+    let _ = std::fs::remove_dir_all(dir);
 }
