@@ -588,7 +588,9 @@ impl PaperRun {
             grid_ok("--super-grid", s)?;
         }
         let min_grid = self.super_grid.map_or(self.grid, |s| s.min(self.grid));
-        if self.modes == 0 || 2 * self.modes > min_grid {
+        // `modes > s/2` rather than `2 * modes > s`: a --modes of 2⁶³ or more (from the command
+        // line or a checkpoint) must not overflow.
+        if self.modes == 0 || self.modes > min_grid / 2 {
             return Err(CliError::new(format!(
                 "--modes {}: must be between 1 and s/2 = {} (the grid of {min_grid} points keeps at most s/2 Fourier modes)",
                 self.modes,

@@ -74,7 +74,8 @@ impl Entry {
         }
     }
 
-    /// The tensor, which must be stored as `T`'s dtype; `name` is for the error.
+    /// The tensor, which must be stored as `T`'s dtype with exactly its dims' elements' bytes
+    /// (else an error naming the file, `name`, the shape and the byte counts).
     pub fn to_tensor<T: Scalar>(&self, path: &Path, name: &str) -> Result<Tensor<T>> {
         if self.dtype != dtype_of::<T>() {
             return Err(bad(
@@ -83,6 +84,23 @@ impl Entry {
                     "tensor {name:?} is {:?}, but the model's parameters are {:?}",
                     self.dtype,
                     dtype_of::<T>()
+                ),
+            ));
+        }
+        // The bytes must be exactly the dims' elements: a public `Entry` can be built with
+        // any, and decoding would drop a partial element or let a short buffer through.
+        let size = std::mem::size_of::<T>();
+        let want = tl_spec::Shape::new(&self.dims)
+            .checked_numel()
+            .and_then(|n| n.checked_mul(size));
+        if want != Some(self.bytes.len()) {
+            return Err(bad(
+                path,
+                format!(
+                    "tensor {name:?} of shape {:?} holds {} bytes, not {} ({size} per element)",
+                    self.dims,
+                    self.bytes.len(),
+                    want.map_or_else(|| "a representable count".to_owned(), |n| n.to_string())
                 ),
             ));
         }

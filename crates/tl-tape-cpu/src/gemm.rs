@@ -152,7 +152,9 @@ fn split_matmul<E: faer::traits::ComplexField + Copy>(
     let (m, n) = (c.nrows(), c.ncols());
     let (long, short) = (m.max(n), m.min(n));
     let t1 = t / 2;
-    let mid = (long * t1 / t).div_ceil(SPLIT_ALIGN) * SPLIT_ALIGN;
+    let mid = crate::par::share(long, t1, t)
+        .div_ceil(SPLIT_ALIGN)
+        .saturating_mul(SPLIT_ALIGN);
     // Both blocks must sum over k as the whole product does (sum_order_family).
     let k = a.ncols();
     let family = |side: usize| sum_order_family(side, short, k);

@@ -181,6 +181,17 @@ fn min_row_work() -> usize {
 /// Block boundaries of [`chunks`], in elements (one AVX-512 vector of f32, two of f64).
 pub(crate) const CHUNK_ALIGN: usize = 16;
 
+/// `len · part / whole` rounded down (0 when `whole` is 0), without overflow: the first block's
+/// share when `len` units are cut for `part` of `whole` threads. A thread count from
+/// `TL_NUM_THREADS` or `set_threads` may be as large as `usize::MAX`.
+pub(crate) fn share(len: usize, part: usize, whole: usize) -> usize {
+    let exact = (len as u128 * part as u128)
+        .checked_div(whole as u128)
+        .unwrap_or(0);
+    // part ≤ whole, so the share is at most len.
+    usize::try_from(exact).unwrap_or(len)
+}
+
 fn split<T: Send>(
     out: &mut [T],
     row_len: usize,
@@ -190,7 +201,7 @@ fn split<T: Send>(
 ) -> Result<()> {
     let n_rows = out.len().checked_div(row_len).unwrap_or(0);
     let t1 = t / 2;
-    let mid = n_rows * t1 / t.max(1);
+    let mid = share(n_rows, t1, t);
     if t < 2 || mid == 0 || mid >= n_rows {
         return f(first, out);
     }

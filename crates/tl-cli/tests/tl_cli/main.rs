@@ -7,5 +7,6 @@ mod common;
 
 mod errors;
 mod fno_paper;
+mod fuzz;
 mod learning;
 mod models;

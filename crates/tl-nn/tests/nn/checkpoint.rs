@@ -358,3 +358,25 @@ fn a_save_removes_the_temporary_files_a_killed_save_left() {
         "only this path's dead temp files go"
     );
 }
+
+/// Found by `fuzz::entries_whose_bytes_do_not_fit_their_dims_are_errors`: an `Entry` of 5 bytes
+/// for a scalar F32 decoded to the scalar of its first 4 (the odd byte dropped). Now the bytes
+/// must be exactly the dims' elements.
+#[test]
+fn an_entry_whose_bytes_do_not_fit_its_dims_is_an_error() {
+    let path = Path::new("five-bytes.safetensors");
+    for (dims, len) in [(vec![], 5), (vec![2], 9), (vec![2], 4), (vec![0], 1)] {
+        let e = Entry {
+            dtype: safetensors::Dtype::F32,
+            dims: dims.clone(),
+            bytes: vec![0; len],
+        };
+        let err = e.to_tensor::<f32>(path, "w").unwrap_err().to_string();
+        assert!(
+            err.contains("five-bytes.safetensors")
+                && err.contains("\"w\"")
+                && err.contains(&format!("holds {len} bytes")),
+            "{dims:?} {len}: {err}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! tl-nn's integration tests, one binary: layers and initialisers, the training loop on both
 //! sessions, checkpoints (PyTorch fixtures and bad files), labels and expressions, the derive
-//! and the listed-parameter check, printed models and summaries, and error messages.
+//! and the listed-parameter check, printed models and summaries, error messages, and generated
+//! corruptions of every reader's input (`fuzz`).
 
 mod autocast;
 mod boundaries;
@@ -13,6 +14,7 @@ mod display;
 mod dist;
 mod errors;
 mod expr;
+mod fuzz;
 mod layers;
 mod losses;
 mod losses_fixture;

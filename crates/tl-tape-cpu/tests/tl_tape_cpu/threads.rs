@@ -84,3 +84,39 @@ fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
         set_threads(prev);
     }
 }
+
+/// `TL_NUM_THREADS` (or `set_threads`) of any size: an absurd count (2⁶⁴ − 1, 2³²) splits no
+/// further than the work allows and gives the one-thread bits, never an overflow or a panic.
+#[test]
+fn absurd_thread_counts_give_the_one_thread_bits() {
+    use tl_tape_cpu::gates::{Gates, force};
+    let mut rng = Rng(0x7e4e);
+    let mut t =
+        |dims: &[usize]| -> Tensor<f32> { random(&mut rng, &Shape::new(dims), Dom::Any).cast() };
+    let cases: Vec<(Op, Vec<Tensor<f32>>)> = vec![
+        (Op::Matmul, vec![t(&[37, 29]), t(&[29, 41])]),
+        (Op::Relu, vec![t(&[3, 1001])]),
+        (Op::Mul, vec![t(&[3, 1001]), t(&[3, 1001])]),
+        (pool2d(2, 2, 0, false), vec![t(&[5, 3, 8, 8])]),
+        (
+            Op::conv2d(1, 1),
+            vec![t(&[4, 3, 3, 3]), t(&[4]), t(&[5, 3, 6, 6])],
+        ),
+    ];
+    for (op, inputs) in &cases {
+        let x: Vec<&Tensor<f32>> = inputs.iter().collect();
+        let y = ops::forward(op, &x, &[]).unwrap();
+        let g = t(y.shape().dims());
+        let want = {
+            let _g = force(Gates::fast_paths_on(1));
+            kernel_bits(op, inputs, &g)
+        };
+        for threads in [usize::MAX, usize::MAX / 2 + 1, 1 << 32, 1000] {
+            let _g = force(Gates::fast_paths_on(threads));
+            assert!(
+                kernel_bits(op, inputs, &g) == want,
+                "{op} at {threads} threads"
+            );
+        }
+    }
+}
