@@ -152,9 +152,18 @@ pub fn product_cases<D: Device>(
     assert!(g.k_splits(1) > 1 && !(1000 % g.k_chunk(1)).is_multiple_of(16));
     let ops = (data(16 * 1000), data(1000 * 24), Vec::new());
     one(d, "matmul split k".into(), Batch::plain(1), g, false, ops)?;
-    let g = Gemm::nn(70, 13, 75).with_t(false, true);
-    let ops = (data(70 * 13), data(13 * 75), data(70 * 75));
-    one(d, "matmul_acc".into(), Batch::plain(1), g, true, ops)?;
+    for (m, k, n) in [(70, 13, 75), (133, 20, 131)] {
+        let g = Gemm::nn(m, k, n).with_t(false, true);
+        let ops = (data(m * k), data(k * n), data(m * n));
+        one(
+            d,
+            format!("matmul_acc {m}x{k}x{n}"),
+            Batch::plain(1),
+            g,
+            true,
+            ops,
+        )?;
+    }
     // Split along k over 3×3 64×64 tiles (k = 600: runs of 160, the last of 120), into.
     let g = Gemm::nn(130, 600, 140).with_t(true, true);
     assert!(g.k_splits(1) > 1 && !(600 % g.k_chunk(1)).is_multiple_of(16));
