@@ -33,17 +33,15 @@ __device__ __forceinline__ void tile_fma(const float (*as)[LDA], const float (*b
     }
 }
 
-// The k loop over the depth run [kb, ke) into acc (zeroed first): slice p0 = kb, kb + BK, ...
-// is multiplied out of one of the two shared buffers while the next one is fetched into
-// registers (`fetch(p0)`: the thread's elements of the slice from p0, zeros outside the
-// operands) and then staged into the other buffer (`stage(buf)`); one barrier a slice. Only the
-// slice's rows inside the run are summed: acc + 0·b could turn a -0 sum into +0 (and 0·inf is
-// NaN).
-template <int BK, int LDA, int LDB, int TM, int TN, typename Fetch, typename Stage>
-__device__ __forceinline__ void tile_run(float (*As)[BK][LDA], float (*Bs)[BK][LDB], u32 kb, u32 ke,
-                                         Fetch& fetch, Stage& stage, float (&acc)[TM][TN]) {
-    for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+// The double-buffered k loop over the depth run [kb, ke) in slices of BK: slice p0 = kb, kb + BK,
+// ... is computed (`compute(buf, pend)`: pend of its rows inside the run) out of one of the two
+// shared buffers while the next one is fetched into registers (`fetch(p0)`: the thread's
+// elements of the slice from p0, zeros outside the operands) and then staged into the other
+// buffer (`stage(buf)`); one barrier a slice (stage writes the buffer computed one slice before,
+// behind that slice's barrier). Shared by tile_run and the tensor-core GEMM (linalg.cu, tc).
+template <int BK, typename Fetch, typename Stage, typename Compute>
+__device__ __forceinline__ void k_slices(u32 kb, u32 ke, Fetch& fetch, Stage& stage,
+                                         Compute& compute) {
     fetch(kb);
     stage(0);
     __syncthreads();
@@ -51,9 +49,20 @@ __device__ __forceinline__ void tile_run(float (*As)[BK][LDA], float (*Bs)[BK][L
     for (u32 p0 = kb; p0 < ke; p0 += BK) {
         const bool more = ke - p0 > BK;
         if (more) fetch(p0 + BK);
-        tile_fma(As[buf], Bs[buf], more ? BK : ke - p0, acc);
+        compute(buf, more ? (u32)BK : ke - p0);
         if (more) stage(buf ^ 1);
         __syncthreads();
         buf ^= 1;
     }
+}
+
+// The k loop (k_slices) over the depth run [kb, ke) into acc (zeroed first). Only the slice's
+// rows inside the run are summed: acc + 0·b could turn a -0 sum into +0 (and 0·inf is NaN).
+template <int BK, int LDA, int LDB, int TM, int TN, typename Fetch, typename Stage>
+__device__ __forceinline__ void tile_run(float (*As)[BK][LDA], float (*Bs)[BK][LDB], u32 kb, u32 ke,
+                                         Fetch& fetch, Stage& stage, float (&acc)[TM][TN]) {
+    for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+    auto compute = [&](int buf, u32 pend) { tile_fma(As[buf], Bs[buf], pend, acc); };
+    k_slices<BK>(kb, ke, fetch, stage, compute);
 }

@@ -192,15 +192,33 @@ extern "C" __global__ void tl_gemm_sum_splits(const float* part, float* out, u64
 // operands, split-K runs of kc and `into`) with each operand element rounded as it is staged into
 // shared memory, `prec` 1: bf16 (__float2bfloat16, nearest even; m16n16k16 fragments), 2: TF32
 // (wmma::__float_to_tf32, nearest, ties away; m16n16k8), and f32 accumulator fragments (WMMA,
-// sm_80+). 128 threads (4 warps) a block, 64 x 64 outputs, each warp a 32 x 32 quarter as 2 x 2
-// fragments; k in slices of TC_BK = 16, zero-padded past the run's end (on the emulator that adds
-// fma(0, 0, acc) = acc + 0: device/sim/linalg.rs). The finished tile goes through shared memory to
-// global memory with the bounds and `into` of tl_gemm. The summation order inside mma_sync is the
-// hardware's: on the emulator the one cuda_emu.h documents, which the sim twin reproduces bit for
-// bit; on a GPU within tl_spec::bf16::accumulation_bound of the reference.
+// sm_80+). 256 threads (8 warps, 2 x 4) a block, 128 x 128 outputs, each warp 64 x 32 as 4 x 2
+// fragments; k in slices of BK = 16, zero-padded past the run's end (on the emulator that adds
+// fma(0, 0, acc) = acc + 0: device/sim/linalg.rs, TC_K), double-buffered (k_slices of
+// gemm_tile.cuh: the next slice is read into registers while the tensor cores multiply the
+// current one, then rounded into the other buffer; one barrier a slice). Each thread reads its
+// slice elements in groups of four along the operand's stored rows: one 16-byte load where the
+// matrix's start and row stride allow it and the group lies inside the matrix and the run, four
+// scalar reads (gemm_a_at / gemm_b_at) otherwise. Each warp writes its finished fragments one by
+// one through its own 16 x 16 scratch in shared memory to global memory, with the bounds and
+// `into` of tl_gemm. The summation order inside mma_sync is the hardware's: on the emulator the
+// one cuda_emu.h documents, which the sim twin reproduces bit for bit; on a GPU within
+// tl_spec::bf16::accumulation_bound of the reference.
 namespace tc {
 
-constexpr int BM = 64, BN = 64, BK = 16, THREADS = 128;
+// Unroll the next loop fully in the PTX, so that the accumulator fragments it indexes stay in
+// registers (the emulator's g++ unrolls as it likes).
+#ifdef __CUDACC__
+#define TC_UNROLL _Pragma("unroll")
+#else
+#define TC_UNROLL
+#endif
+
+constexpr int BM = 128, BN = 128, BK = 16, THREADS = 256;
+constexpr int WM = 64, WN = 32, FI = WM / 16, FJ = WN / 16;  // a warp's outputs, its fragments
+constexpr int WARPS_N = BN / WN;
+static_assert((BM / WM) * WARPS_N * 32 == THREADS, "the warps cover the tile");
+constexpr int GA = BM * BK / 4 / THREADS, GB = BK * BN / 4 / THREADS;  // groups a thread stages
 
 struct Bf16 {
     typedef __nv_bfloat16 T;  // shared-memory element
@@ -215,21 +233,55 @@ struct Tf32 {
     __device__ static T cvt(float x) { return nvcuda::wmma::__float_to_tf32(x); }
 };
 
-// The shared memory of one precision's tiles: As (BM x LDA), Bs (BK x LDB) of its element type,
-// then Cs (BM x LDC floats). Rows padded by 16 bytes: ldm a multiple of 16 bytes and every
-// fragment's first element 32-byte aligned, as load_matrix_sync / store_matrix_sync require.
+// The shared memory of one precision's tiles: two buffers of As (BM x LDA) and Bs (BK x LDB) of
+// its element type, then each warp's 16 x LDC float scratch. Rows padded by 16 bytes: ldm a
+// multiple of 16 bytes and every fragment's first element 32-byte aligned, as load_matrix_sync /
+// store_matrix_sync require.
 template <class R>
 struct Smem {
     typedef typename R::T T;
-    static constexpr int PAD = 16 / (int)sizeof(T), LDA = BK + PAD, LDB = BN + PAD, LDC = BN + 4;
+    static constexpr int PAD = 16 / (int)sizeof(T), LDA = BK + PAD, LDB = BN + PAD, LDC = 16 + 4;
     static constexpr int A_BYTES = BM * LDA * (int)sizeof(T), B_BYTES = BK * LDB * (int)sizeof(T);
-    static constexpr int BYTES = A_BYTES + B_BYTES + BM * LDC * 4;
-    static_assert(A_BYTES % 32 == 0 && B_BYTES % 32 == 0, "Bs and Cs stay 32-byte aligned");
+    static constexpr int C_BYTES = 16 * LDC * 4;
+    static constexpr int BYTES = 2 * (A_BYTES + B_BYTES) + THREADS / 32 * C_BYTES;
+    static_assert(A_BYTES % 32 == 0 && B_BYTES % 32 == 0 && C_BYTES % 32 == 0,
+                  "every buffer stays 32-byte aligned");
 };
 // One buffer for both precisions (the kernel instantiates both: two sets of static arrays would
 // pass the 48 KiB of static shared memory a block may have).
 constexpr int SMEM_BYTES =
     Smem<Bf16>::BYTES > Smem<Tf32>::BYTES ? Smem<Bf16>::BYTES : Smem<Tf32>::BYTES;
+static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory");
+
+// Group g of a k-slice of one operand (B columns along m or n; `along_k` as slice_pos): its
+// first element's slice row p and column c; the group's four elements follow the stored rows
+// (p, p + 1, ... along k, else c, c + 1, ...).
+template <int B>
+__device__ inline void group_pos(u32 g, bool along_k, u32& p, u32& c) {
+    slice_pos<BK / 4, B / 4>(g, along_k, p, c);
+    if (along_k)
+        p *= 4;
+    else
+        c *= 4;
+}
+
+// The four elements of op(a) (`is_a`; else op(b)) of a job from (row or column c, k index p)
+// along the stored rows into r: one 16-byte load when `vec` (the matrix 16-byte aligned, its row
+// stride a multiple of 4) and the group is inside the matrix (`lim` = m or n) and the run, else
+// gemm_a_at / gemm_b_at (zeros outside).
+__device__ inline void group_at(const GemmJob& g, bool is_a, u32 t, u32 lim, u32 c, u32 p,
+                                bool along_k, bool vec, float* r) {
+    const float* base = is_a ? g.A : g.B;
+    const u64 ld = is_a ? g.pa.ld : g.pb.ld;
+    if (vec && c < lim && p < g.ke && (along_k ? g.ke - p >= 4 : lim - c >= 4)) {
+        ld4(along_k ? &base[c * ld + p] : &base[p * ld + c], r);
+        return;
+    }
+    for (u32 q = 0; q < 4; ++q) {
+        const u32 cq = along_k ? c : c + q, pq = along_k ? p + q : p;
+        r[q] = is_a ? gemm_a_at(g, t, lim, cq, pq) : gemm_b_at(g, t, lim, pq, cq);
+    }
+}
 
 template <class R>
 __device__ void gemm(unsigned char* smem, const float* a, const float* b, float* out, u32 batch,
@@ -239,64 +291,97 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
     typedef typename R::T T;
     typedef Smem<R> S;
     constexpr int LDA = S::LDA, LDB = S::LDB, LDC = S::LDC;
-    T* As = reinterpret_cast<T*>(smem);
-    T* Bs = reinterpret_cast<T*>(smem + S::A_BYTES);
-    float* Cs = reinterpret_cast<float*>(smem + S::A_BYTES + S::B_BYTES);
-    const u32 warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+    T* const As = reinterpret_cast<T*>(smem);                          // [2][BM * LDA]
+    T* const Bs = reinterpret_cast<T*>(smem + 2 * S::A_BYTES);         // [2][BK * LDB]
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 wm = warp / WARPS_N, wn = warp % WARPS_N;
+    float* const Cw = reinterpret_cast<float*>(smem + 2 * (S::A_BYTES + S::B_BYTES) +
+                                               warp * S::C_BYTES);  // the warp's scratch
     const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
     const u32 splits = gemm_splits(k, kc);
     const u64 jobs = (u64)batch * splits;
     for (u64 zz = blockIdx.z; zz < jobs; zz += gridDim.z) {
         const GemmJob job = gemm_job(zz, splits, a, b, out, m, k, n, ta, tb, kc, heads, merged);
-        const u32 kb = job.kb, ke = job.ke;
-        wmma::fragment<wmma::accumulator, 16, 16, R::FK, float> acc[2][2];
-        for (int i = 0; i < 2; ++i)
-            for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-        for (u32 p0 = kb; p0 < ke; p0 += BK) {
-            // Stage the slice, rounded: As (BM x BK) and Bs (BK x BN) row-major, zeros outside
-            // the matrices and past the run (read along each operand's stored rows).
-            for (int l = 0; l < BM * BK / THREADS; ++l) {
+        const bool vec_a = reinterpret_cast<u64>(job.A) % 16 == 0 && job.pa.ld % 4 == 0;
+        const bool vec_b = reinterpret_cast<u64>(job.B) % 16 == 0 && job.pb.ld % 4 == 0;
+        // The slice from p0 into registers, as read (zeros outside the matrices and the run).
+        float ra[GA][4], rb[GB][4];
+        auto fetch = [&](u32 p0) {
+            for (int l = 0; l < GA; ++l) {
                 u32 p, i;
-                slice_pos<BK, BM>(threadIdx.x + THREADS * l, !ta, p, i);
-                As[i * LDA + p] = R::cvt(gemm_a_at(job, ta, m, row0 + i, p0 + p));
+                group_pos<BM>(threadIdx.x + THREADS * l, !ta, p, i);
+                group_at(job, true, ta, m, row0 + i, p0 + p, !ta, vec_a, ra[l]);
             }
-            for (int l = 0; l < BK * BN / THREADS; ++l) {
+            for (int l = 0; l < GB; ++l) {
                 u32 p, j;
-                slice_pos<BK, BN>(threadIdx.x + THREADS * l, tb, p, j);
-                Bs[p * LDB + j] = R::cvt(gemm_b_at(job, tb, n, p0 + p, col0 + j));
+                group_pos<BN>(threadIdx.x + THREADS * l, tb, p, j);
+                group_at(job, false, tb, n, col0 + j, p0 + p, tb, vec_b, rb[l]);
             }
-            __syncthreads();
+        };
+        // ... rounded into buffer buf: As (BM x BK) and Bs (BK x BN) row-major.
+        auto stage = [&](int buf) {
+            T* as = As + buf * BM * LDA;
+            T* bs = Bs + buf * BK * LDB;
+            for (int l = 0; l < GA; ++l) {
+                u32 p, i;
+                group_pos<BM>(threadIdx.x + THREADS * l, !ta, p, i);
+                for (int q = 0; q < 4; ++q)
+                    as[(ta ? i + q : i) * LDA + (ta ? p : p + q)] = R::cvt(ra[l][q]);
+            }
+            for (int l = 0; l < GB; ++l) {
+                u32 p, j;
+                group_pos<BN>(threadIdx.x + THREADS * l, tb, p, j);
+                for (int q = 0; q < 4; ++q)
+                    bs[(tb ? p + q : p) * LDB + (tb ? j : j + q)] = R::cvt(rb[l][q]);
+            }
+        };
+        wmma::fragment<wmma::accumulator, 16, 16, R::FK, float> acc[FI][FJ];
+        for (int i = 0; i < FI; ++i)
+            for (int j = 0; j < FJ; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+        // The whole slice, zero-padded past the run (the sim twin's padding: TC_K).
+        auto compute = [&](int buf, u32) {
+            const T* as = As + buf * BM * LDA;
+            const T* bs = Bs + buf * BK * LDB;
             for (int kk = 0; kk < BK; kk += R::FK) {
-                wmma::fragment<wmma::matrix_a, 16, 16, R::FK, typename R::P, wmma::row_major> fa[2];
-                wmma::fragment<wmma::matrix_b, 16, 16, R::FK, typename R::P, wmma::row_major> fb[2];
-                for (int i = 0; i < 2; ++i)
-                    wmma::load_matrix_sync(fa[i], &As[(wm * 32 + i * 16) * LDA + kk], LDA);
-                for (int j = 0; j < 2; ++j)
-                    wmma::load_matrix_sync(fb[j], &Bs[kk * LDB + wn * 32 + j * 16], LDB);
-                for (int i = 0; i < 2; ++i)
-                    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                wmma::fragment<wmma::matrix_a, 16, 16, R::FK, typename R::P, wmma::row_major>
+                    fa[FI];
+                wmma::fragment<wmma::matrix_b, 16, 16, R::FK, typename R::P, wmma::row_major>
+                    fb[FJ];
+                for (int i = 0; i < FI; ++i)
+                    wmma::load_matrix_sync(fa[i], &as[(wm * WM + i * 16) * LDA + kk], LDA);
+                for (int j = 0; j < FJ; ++j)
+                    wmma::load_matrix_sync(fb[j], &bs[kk * LDB + wn * WN + j * 16], LDB);
+                for (int i = 0; i < FI; ++i)
+                    for (int j = 0; j < FJ; ++j)
+                        wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
             }
-            __syncthreads();
+        };
+        k_slices<BK>(job.kb, job.ke, fetch, stage, compute);
+        TC_UNROLL
+        for (int i = 0; i < FI; ++i) {
+            TC_UNROLL
+            for (int j = 0; j < FJ; ++j) {
+                wmma::store_matrix_sync(Cw, acc[i][j], LDC, wmma::mem_row_major);
+                __syncwarp();
+                const u32 r0 = row0 + wm * WM + i * 16, c0 = col0 + wn * WN + j * 16;
+                for (int l = 0; l < 256 / 32; ++l) {
+                    const u32 e = lane + 32 * l, r = e / 16, c = e % 16;
+                    const u32 gi = r0 + r, gj = c0 + c;
+                    if (gi >= m || gj >= n) continue;
+                    float* o = &job.C[gi * job.pc.ld + gj];
+                    *o = into ? __fadd_rn(*o, Cw[r * LDC + c]) : Cw[r * LDC + c];
+                }
+                __syncwarp();  // read before the next fragment's store
+            }
         }
-        for (int i = 0; i < 2; ++i)
-            for (int j = 0; j < 2; ++j)
-                wmma::store_matrix_sync(&Cs[(wm * 32 + i * 16) * LDC + wn * 32 + j * 16],
-                                        acc[i][j], LDC, wmma::mem_row_major);
-        __syncthreads();
-        for (int l = 0; l < BM * BN / THREADS; ++l) {
-            const u32 e = threadIdx.x + THREADS * l, r = e / BN, c = e % BN;
-            const u32 gi = row0 + r, gj = col0 + c;
-            if (gi >= m || gj >= n) continue;
-            float* o = &job.C[gi * job.pc.ld + gj];
-            *o = into ? __fadd_rn(*o, Cs[r * LDC + c]) : Cs[r * LDC + c];
-        }
-        __syncthreads();  // Cs is the next job's
+        // (k_slices ends on a barrier, so the next job's first stage waits for every warp's
+        // last reads of the buffers; the scratch is the warp's own.)
     }
 }
 
 }  // namespace tc
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(256, 2)
     tl_gemm_tc(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n, u32 ta,
                u32 tb, u32 into, u32 kc, u32 heads, u32 merged, u32 prec) {
     __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];

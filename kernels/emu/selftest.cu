@@ -33,6 +33,15 @@ extern "C" __global__ void tl_emu_test_synced(float* out) {
     out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
 }
 
+// Each thread reads the next lane's slot of its own warp after __syncwarp: every order gives
+// out[t] = (warp base) + (t + 1) % 32 + 1.
+extern "C" __global__ void tl_emu_test_warp_synced(float* out) {
+    __shared__ float s[TL_BLOCK];
+    s[threadIdx.x] = (float)threadIdx.x + 1.0f;
+    __syncwarp();
+    out[threadIdx.x] = s[threadIdx.x / 32 * 32 + (threadIdx.x + 1) % 32];
+}
+
 // The warp matrix functions (cuda_emu.h's nvcuda::wmma), run by every warp of the block (each
 // computes the same tile and stores the same values). out (16 x 16) = a (16 x 16, row-major) .
 // b (16 x 16) with bf16 fragments, the operands rounded as they are staged in shared memory.

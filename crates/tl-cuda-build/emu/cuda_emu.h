@@ -11,7 +11,8 @@
 //   and two host threads launching at once do not share it; dynamic shared memory
 //   (TL_DYNAMIC_SHARED, declared in kernels/common.cuh for nvcc) is the launch's buffer of the
 //   bytes it asked for, poisoned before each block and guarded on both sides;
-// - __syncthreads() parks the fiber until every live thread of the block has arrived;
+// - __syncthreads() parks the fiber until every live thread of the block has arrived,
+//   __syncwarp() until every live lane of its warp has;
 //   __shfl_down_sync() exchanges through per-thread slots between two warp barriers;
 // - atomicAdd is a plain read-add-write (fibers never interleave inside it);
 // - __fadd_rn / __fmul_rn are single roundings, and the library is built with
@@ -53,9 +54,16 @@ void* tl_emu_dynamic_shared();
 // `extern __shared__ T name[]` (kernels/common.cuh): the running block's dynamic shared memory.
 #define TL_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(tl_emu_dynamic_shared())
 float tl_emu_shfl_down(float v, int offset);
+void tl_emu_syncwarp();
 inline void __syncthreads() {
     asm volatile("" ::: "memory");
     tl_emu_syncthreads();
+    asm volatile("" ::: "memory");
+}
+// Every live lane of the warp arrives (the kernels sync whole warps).
+inline void __syncwarp(unsigned int /*mask*/ = 0xffffffffu) {
+    asm volatile("" ::: "memory");
+    tl_emu_syncwarp();
     asm volatile("" ::: "memory");
 }
 inline float __shfl_down_sync(unsigned int /*mask: the kernels shuffle whole warps*/, float v,

@@ -356,6 +356,8 @@ bool run_block(char* err, std::size_t cap) {
 
 void tl_emu_syncthreads() { park(State::AtSync); }
 
+void tl_emu_syncwarp() { park(State::AtWarp); }
+
 void* tl_emu_dynamic_shared() { return dynamic_start(); }
 
 float tl_emu_shfl_down(float v, int off) {

@@ -544,6 +544,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-gemm-stage-live-buffer",
+        area: Kernel,
+        file: "kernels/gemm_tile.cuh",
+        from: "if (more) stage(buf ^ 1);",
+        to: "if (more) stage(buf);",
+        bug: "the double-buffered GEMM k loop stages the next slice over the one other threads still multiply",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-norm-fwd-reassociated",
         area: Kernel,
         file: "kernels/norm.cu",

@@ -150,7 +150,7 @@ impl CudaDevice {
     /// split along `k` ([`Gemm::k_chunk`]): `tl_gemm` writes each run's sums to a pool
     /// workspace (product-major), `tl_gemm_sum_splits` adds them into `out` (laid out as `bt`
     /// says). Under autocast ([`crate::precision::current`] `Bf16` / `Tf32`) the products run
-    /// on the tensor cores instead: `tl_gemm_tc` (64×64 tiles, 128 threads, the same split and
+    /// on the tensor cores instead: `tl_gemm_tc` (128×128 tiles, 256 threads, the same split and
     /// arguments plus the precision), whatever the tiling setting.
     #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
@@ -175,7 +175,7 @@ impl CudaDevice {
             Precision::Tf32 => Some(2),
         };
         let (kernel, side, threads) = match prec {
-            Some(_) => ("tl_gemm_tc", 64, 128),
+            Some(_) => ("tl_gemm_tc", 128, 256),
             None => match self.gemm_tiles.side(g.m, g.n, batch * splits) {
                 128 => ("tl_gemm_wide", 128, 256),
                 side => ("tl_gemm", side, 256),

@@ -76,8 +76,11 @@ fn reference(
 
 /// Every kind of device product run at `run` (installed on this thread) on `d`, each with the
 /// reference at `reference`: matmul over every transpose pair on sizes that are and are not
-/// multiples of 16 and 64 (K < 16, K = 0, an empty output), a product split along k whose last
-/// run is not a multiple of 16, `matmul_acc`, `bmm`, and `bmm_heads` with head-merged operands.
+/// multiples of 16, 64 and 128 (K < 16, K = 0, an empty output; outputs past one 128×128 tile of
+/// the tensor-core kernel, with row strides that are and are not multiples of 4 for its 16-byte
+/// loads), a product split along k whose last run is not a multiple of 16 (one tile, and several
+/// with `matmul_acc`), `matmul_acc`, `bmm`, and `bmm_heads` with head-merged operands (matrices
+/// whose starts are and are not 16-byte aligned, groups of four that cross the matrix's edge).
 pub fn product_cases<D: Device>(
     d: &mut D,
     run: Precision,
@@ -127,6 +130,9 @@ pub fn product_cases<D: Device>(
         (16, 16, 16),
         (17, 31, 65),
         (70, 13, 75),
+        (132, 40, 200),
+        (129, 17, 130),
+        (1, 24, 257),
     ] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             let g = Gemm::nn(m, k, n).with_t(ta, tb);
@@ -146,15 +152,53 @@ pub fn product_cases<D: Device>(
     assert!(g.k_splits(1) > 1 && !(1000 % g.k_chunk(1)).is_multiple_of(16));
     let ops = (data(16 * 1000), data(1000 * 24), Vec::new());
     one(d, "matmul split k".into(), Batch::plain(1), g, false, ops)?;
-    let g = Gemm::nn(70, 13, 75).with_t(false, true);
-    let ops = (data(70 * 13), data(13 * 75), data(70 * 75));
-    one(d, "matmul_acc".into(), Batch::plain(1), g, true, ops)?;
+    for (m, k, n) in [(70, 13, 75), (133, 20, 131)] {
+        let g = Gemm::nn(m, k, n).with_t(false, true);
+        let ops = (data(m * k), data(k * n), data(m * n));
+        one(
+            d,
+            format!("matmul_acc {m}x{k}x{n}"),
+            Batch::plain(1),
+            g,
+            true,
+            ops,
+        )?;
+    }
+    // Split along k over 3×3 64×64 tiles (k = 600: runs of 160, the last of 120), into.
+    let g = Gemm::nn(130, 600, 140).with_t(true, true);
+    assert!(g.k_splits(1) > 1 && !(600 % g.k_chunk(1)).is_multiple_of(16));
+    let ops = (data(130 * 600), data(600 * 140), data(130 * 140));
+    one(
+        d,
+        "matmul_acc split k".into(),
+        Batch::plain(1),
+        g,
+        true,
+        ops,
+    )?;
     let g = Gemm::nn(9, 20, 11).with_t(true, false);
     let ops = (data(3 * 9 * 20), data(3 * 20 * 11), Vec::new());
     one(d, "bmm".into(), Batch::plain(3), g, false, ops)?;
+    let g = Gemm::nn(130, 20, 132);
+    let ops = (data(2 * 130 * 20), data(2 * 20 * 132), Vec::new());
+    one(d, "bmm 130x20x132".into(), Batch::plain(2), g, false, ops)?;
     let g = Gemm::nn(5, 8, 4).with_t(false, true);
     let bt = Batch::heads(2, 3, [true, true, true]);
     let ops = (data(6 * 5 * 8), data(6 * 4 * 8), Vec::new());
     one(d, "bmm_heads".into(), bt, g, false, ops)?;
+    // Two heads of 6 columns (row stride 12, head 1's start 6 floats in) and of 130 / 140.
+    for (ta, tb) in [(false, true), (true, false)] {
+        let g = Gemm::nn(130, 6, 140).with_t(ta, tb);
+        let bt = Batch::heads(1, 2, [true, true, true]);
+        let ops = (data(2 * 130 * 6), data(2 * 6 * 140), Vec::new());
+        one(
+            d,
+            format!("bmm_heads 130x6x140 ta={ta} tb={tb}"),
+            bt,
+            g,
+            false,
+            ops,
+        )?;
+    }
     Ok(cases)
 }

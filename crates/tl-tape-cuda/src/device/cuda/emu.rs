@@ -409,6 +409,15 @@ mod tests {
         let want: Vec<f32> = (0..256).map(|t| ((t + 1) % 256 + 1) as f32).collect();
         assert_eq!(run_selftest("tl_emu_test_synced", false).unwrap(), want);
         assert_eq!(run_selftest("tl_emu_test_synced", true).unwrap(), want);
+        // __syncwarp: the same exchange within each warp.
+        let want: Vec<f32> = (0..256)
+            .map(|t| (t / 32 * 32 + (t + 1) % 32 + 1) as f32)
+            .collect();
+        assert_eq!(
+            run_selftest("tl_emu_test_warp_synced", false).unwrap(),
+            want
+        );
+        assert_eq!(run_selftest("tl_emu_test_warp_synced", true).unwrap(), want);
     }
 
     /// Run a warp-matrix self-test kernel `(a, b, out, flag)` on 16×16 operands over one
