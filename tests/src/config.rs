@@ -81,7 +81,9 @@ pub fn parse_number(s: &str) -> Option<u64> {
 fn instead(var: &str) -> String {
     match var {
         "TL_SEED" => format!("the default seed, {DEFAULT_SEED:#x}"),
-        _ => format!("each check's default case count ({DEFAULT_CASES} unless the check sets its own)"),
+        _ => format!(
+            "each check's default case count ({DEFAULT_CASES} unless the check sets its own)"
+        ),
     }
 }
 
@@ -156,7 +158,15 @@ mod tests {
         assert_eq!(read("TL_SEED", &u64::MAX.to_string()), Ok(Some(u64::MAX)));
         assert_eq!(read("TL_SEED", ""), Ok(None));
         assert_eq!(read("TL_CASES", "  "), Ok(None));
-        for bad in ["-1", "1e3", "0x", "0xfg", "18446744073709551616", "五", "many"] {
+        for bad in [
+            "-1",
+            "1e3",
+            "0x",
+            "0xfg",
+            "18446744073709551616",
+            "五",
+            "many",
+        ] {
             let w = read("TL_CASES", bad).unwrap_err();
             assert!(
                 w.starts_with(&format!("warning: TL_CASES={bad:?} is not a number"))

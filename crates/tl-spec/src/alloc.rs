@@ -293,7 +293,15 @@ mod tests {
         // unicode digits or suffixes are not byte counts.
         assert_eq!(cap_from_env("0"), Ok(0));
         assert_eq!(cap_from_env(" 0K "), Ok(0));
-        for bad in ["-1", "-1G", "18446744073709551616", "16777216T", "٨G", "8Ｇ", "8 G B x"] {
+        for bad in [
+            "-1",
+            "-1G",
+            "18446744073709551616",
+            "16777216T",
+            "٨G",
+            "8Ｇ",
+            "8 G B x",
+        ] {
             let w = cap_from_env(bad).unwrap_err();
             assert!(w.contains(&format!("{ENV_VAR}={bad:?}")), "{bad}: {w}");
         }

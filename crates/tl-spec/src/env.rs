@@ -136,7 +136,13 @@ mod tests {
              using the default, 2 threads"
         );
         // Unicode and quotes are shown escaped by `{:?}`, never raw.
-        let w = interpret("V", Some(&os("ｆｏｕｒ\"")), "x", parse_positive, || "d".into());
+        let w = interpret(
+            "V",
+            Some(&os("ｆｏｕｒ\"")),
+            "x",
+            parse_positive,
+            || "d".into(),
+        );
         assert!(w.unwrap_err().contains("V=\"ｆｏｕｒ\\\"\""));
     }
 
@@ -147,7 +153,10 @@ mod tests {
         let raw = OsString::from_vec(vec![b'4', 0xff]);
         let w = interpret("V", Some(&raw), "a count", parse_positive, || "d".into());
         let w = w.unwrap_err();
-        assert!(w.contains("V=\"4\u{fffd}\"") && w.contains("not UTF-8"), "{w}");
+        assert!(
+            w.contains("V=\"4\u{fffd}\"") && w.contains("not UTF-8"),
+            "{w}"
+        );
     }
 
     #[test]

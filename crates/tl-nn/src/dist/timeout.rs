@@ -76,6 +76,9 @@ mod tests {
     fn a_timeout_that_is_not_utf8_is_an_error() {
         use std::os::unix::ffi::OsStrExt;
         let e = timeout_from(Some(OsStr::from_bytes(b"3\xff"))).unwrap_err();
-        assert!(e.contains("TL_DIST_TIMEOUT") && e.contains("3\u{fffd}"), "{e}");
+        assert!(
+            e.contains("TL_DIST_TIMEOUT") && e.contains("3\u{fffd}"),
+            "{e}"
+        );
     }
 }

@@ -376,7 +376,11 @@ fn step_counts_are_scalars_holding_whole_numbers() {
     eager_steps(&mut s, &p, &mut o, 0..2);
     let good = s.optimizer_state(&o).unwrap();
     for key in ["adam.step.w", "adam.step.2", "lr_scheduler.last_epoch"] {
-        assert_eq!(good[key].shape().dims(), &[] as &[usize], "{key} as exported");
+        assert_eq!(
+            good[key].shape().dims(),
+            &[] as &[usize],
+            "{key} as exported"
+        );
         for dims in [vec![1], vec![1, 1], vec![0], vec![2]] {
             let mut state = good.clone();
             let n = dims.iter().product();
