@@ -10,7 +10,7 @@
 //! - [`Error`]: every message names the op and the shapes
 //! - [`approx`]: f32 `exp` and `tanh` in straight-line arithmetic, shared bit for bit by the
 //!   CPU kernels, the CUDA simulation device and the CUDA kernels
-//! - [`env`]: reading the `TL_*` environment variables (a value, or the default with one
+//! - [`env`](mod@env): reading the `TL_*` environment variables (a value, or the default with one
 //!   warning)
 //! - [`alloc`]: the allocation cap every buffer whose size comes from input is checked against
 //! - [`pool`]: buffer reuse across steps, a tape's spare buffers handed to its kernels
