@@ -1,6 +1,8 @@
 //! Run configuration: how many cases per check (`TL_CASES`), which seed (`TL_SEED`), and the
 //! deterministic proptest runner built from them.
 
+use std::sync::OnceLock;
+
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 /// Default number of cases per check when `TL_CASES` is not set: small, so that
@@ -31,7 +33,8 @@ impl Default for RunConfig {
 
 impl RunConfig {
     /// `TL_CASES` and `TL_SEED` from the environment, falling back to the defaults.
-    /// A value that does not parse is reported and ignored (the default is used).
+    /// Each is read once per process; unset or empty is the default, and a value that does not
+    /// parse is reported (one warning naming the variable and the value) and ignored.
     pub fn from_env() -> Self {
         Self::from_env_or(DEFAULT_CASES)
     }
@@ -64,17 +67,52 @@ impl RunConfig {
     }
 }
 
-fn env_number(var: &str) -> Option<u64> {
-    let raw = std::env::var(var).ok()?;
-    let raw = raw.trim();
-    let parsed = match raw.strip_prefix("0x") {
+/// A number as `TL_CASES` and `TL_SEED` take it: decimal, or hexadecimal after `0x`, that fits
+/// `u64`.
+pub fn parse_number(s: &str) -> Option<u64> {
+    let s = s.trim();
+    match s.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => raw.parse().ok(),
-    };
-    if parsed.is_none() {
-        eprintln!("tl-conformance: ignoring {var}={raw:?} (not a number)");
+        None => s.parse().ok(),
     }
-    parsed
+}
+
+/// What is used in place of a bad `var`, for its warning.
+fn instead(var: &str) -> String {
+    match var {
+        "TL_SEED" => format!("the default seed, {DEFAULT_SEED:#x}"),
+        _ => format!(
+            "each check's default case count ({DEFAULT_CASES} unless the check sets its own)"
+        ),
+    }
+}
+
+/// How the raw value of `var` (`TL_CASES` or `TL_SEED`) reads: the number, `Ok(None)` when
+/// unset or empty, or the warning to print ([`tl_spec::env::interpret`]).
+pub fn number_from(
+    var: &str,
+    raw: Option<&std::ffi::OsStr>,
+) -> std::result::Result<Option<u64>, String> {
+    tl_spec::env::interpret(
+        var,
+        raw,
+        "a number (decimal, or hexadecimal after 0x)",
+        parse_number,
+        || instead(var),
+    )
+}
+
+/// `TL_CASES` or `TL_SEED`, read (and warned about) once per process.
+fn env_number(var: &'static str) -> Option<u64> {
+    static CASES: OnceLock<Option<u64>> = OnceLock::new();
+    static SEED: OnceLock<Option<u64>> = OnceLock::new();
+    let cell = if var == "TL_SEED" { &SEED } else { &CASES };
+    *cell.get_or_init(|| {
+        number_from(var, std::env::var_os(var).as_deref()).unwrap_or_else(|w| {
+            eprintln!("{w}");
+            None
+        })
+    })
 }
 
 /// 32 seed bytes from a base seed and a label (FNV-1a of the label, then splitmix64 to spread).
@@ -109,5 +147,38 @@ mod tests {
         assert_eq!(seed_bytes(1, "add"), seed_bytes(1, "add"));
         assert_ne!(seed_bytes(1, "add"), seed_bytes(1, "sub"));
         assert_ne!(seed_bytes(1, "add"), seed_bytes(2, "add"));
+    }
+
+    #[test]
+    fn case_and_seed_variable_values() {
+        let read = |var: &str, v: &str| number_from(var, Some(v.as_ref()));
+        assert_eq!(read("TL_CASES", "500"), Ok(Some(500)));
+        assert_eq!(read("TL_CASES", " 0 "), Ok(Some(0)));
+        assert_eq!(read("TL_SEED", "0x7e"), Ok(Some(0x7e)));
+        assert_eq!(read("TL_SEED", &u64::MAX.to_string()), Ok(Some(u64::MAX)));
+        assert_eq!(read("TL_SEED", ""), Ok(None));
+        assert_eq!(read("TL_CASES", "  "), Ok(None));
+        for bad in [
+            "-1",
+            "1e3",
+            "0x",
+            "0xfg",
+            "18446744073709551616",
+            "五",
+            "many",
+        ] {
+            let w = read("TL_CASES", bad).unwrap_err();
+            assert!(
+                w.starts_with(&format!("warning: TL_CASES={bad:?} is not a number"))
+                    && w.contains("default case count"),
+                "{w}"
+            );
+            let w = read("TL_SEED", bad).unwrap_err();
+            assert!(
+                w.starts_with(&format!("warning: TL_SEED={bad:?} is not a number"))
+                    && w.ends_with("the default seed, 0x7e570f7ea5"),
+                "{w}"
+            );
+        }
     }
 }

@@ -8,12 +8,29 @@ use tl_session::Train;
 
 use crate::error::{CliError, Result};
 
+/// The variables an MPI launcher sets to the rank count: Open MPI's, then MPICH's and Slurm's.
+const RANK_VARS: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
+
+/// What a rank count should be, for its warning.
+const RANKS_EXPECTS: &str = "a rank count (a positive integer)";
+
+/// What is used in place of a bad rank count, for its warning.
+fn ranks_instead() -> String {
+    "one process (no data-parallel training)".to_owned()
+}
+
 /// The rank count an MPI launcher gave this process (Open MPI's `OMPI_COMM_WORLD_SIZE`,
-/// MPICH's and Slurm's `PMI_SIZE`), if any.
+/// MPICH's and Slurm's `PMI_SIZE`), if any; a value that is not a positive integer is one
+/// warning and no rank count ([`tl_spec::env::read`]).
 pub fn launched_ranks() -> Option<usize> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+    RANK_VARS.iter().find_map(|v| {
+        tl_spec::env::read(
+            v,
+            RANKS_EXPECTS,
+            tl_spec::env::parse_positive,
+            ranks_instead,
+        )
+    })
 }
 
 /// Join the data-parallel group of the processes `mpirun` started, for `model`, with global
@@ -66,7 +83,27 @@ pub fn shard(idx: &[usize], batch: usize, rank: usize, ranks: usize) -> Option<&
 
 #[cfg(test)]
 mod tests {
-    use super::shard;
+    use super::{RANKS_EXPECTS, ranks_instead, shard};
+
+    #[test]
+    fn a_bad_launcher_rank_count_warns_and_runs_one_process() {
+        let read = |v: &str| {
+            tl_spec::env::interpret(
+                "PMI_SIZE",
+                Some(v.as_ref()),
+                RANKS_EXPECTS,
+                tl_spec::env::parse_positive,
+                ranks_instead,
+            )
+        };
+        assert_eq!(read("4"), Ok(Some(4)));
+        assert_eq!(read(""), Ok(None));
+        assert_eq!(
+            read("0").unwrap_err(),
+            "warning: PMI_SIZE=\"0\" is not a rank count (a positive integer); using one \
+             process (no data-parallel training)"
+        );
+    }
 
     #[test]
     fn shards_split_full_batches_and_leave_out_a_short_one() {

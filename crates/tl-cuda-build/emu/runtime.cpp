@@ -210,7 +210,8 @@ namespace {
 // The order in which the threads of a block run between barriers: forward (0, 1, ...) or
 // reverse. A kernel that reads another thread's write without a barrier between them gives
 // different results in the two orders. TL_EMU_SCHEDULE=reverse picks the second for the
-// process; tl_emu_set_reverse sets either for the calling thread's launches.
+// process (forward, empty or unset the first; another value warns once and is forward);
+// tl_emu_set_reverse sets either for the calling thread's launches.
 std::atomic<int> reverse_order{-1};
 thread_local int reverse_here = -1;
 
@@ -218,9 +219,26 @@ bool reversed() {
     if (reverse_here >= 0) return reverse_here == 1;
     int r = reverse_order.load(std::memory_order_relaxed);
     if (r < 0) {
+        // Unset or empty: forward. "forward" or "reverse" (exactly); anything else is forward
+        // with one warning (the tl_spec::env form), printed by the thread that stores it.
         const char* e = std::getenv("TL_EMU_SCHEDULE");
-        r = (e != nullptr && std::strcmp(e, "reverse") == 0) ? 1 : 0;
-        reverse_order.store(r, std::memory_order_relaxed);
+        bool bad = false;
+        r = 0;
+        if (e != nullptr && e[0] != '\0') {
+            if (std::strcmp(e, "reverse") == 0) {
+                r = 1;
+            } else if (std::strcmp(e, "forward") != 0) {
+                bad = true;
+            }
+        }
+        int unset = -1;
+        if (reverse_order.compare_exchange_strong(unset, r, std::memory_order_relaxed) && bad) {
+            std::fprintf(stderr,
+                         "warning: TL_EMU_SCHEDULE=\"%s\" is not a schedule (forward or "
+                         "reverse); using the default, forward\n",
+                         e);
+        }
+        r = reverse_order.load(std::memory_order_relaxed);
     }
     return r == 1;
 }

@@ -11,7 +11,7 @@
 //! |---|---|
 //! | [`set_max_alloc_bytes`]`(Some(n))` | cap every single buffer at `n` bytes (process-wide) |
 //! | [`set_max_alloc_bytes`]`(None)` | back to the default |
-//! | environment variable [`ENV_VAR`] (`TL_MAX_ALLOC_BYTES`) | the default, in bytes; `K`, `M`, `G`, `T` suffixes (powers of 1024) accepted, with a decimal fraction before a suffix (`1.5G`); read once, at the first check. A value that does not parse is not silently ignored: one `warning:` line on stderr names the variable and the value, and the default below applies |
+//! | environment variable [`ENV_VAR`] (`TL_MAX_ALLOC_BYTES`) | the default, in bytes; `K`, `M`, `G`, `T` suffixes (powers of 1024) accepted, with a decimal fraction before a suffix (`1.5G`); read once, at the first check. Unset or empty: the default below. A value that does not parse is not silently ignored: one `warning:` line on stderr names the variable, the value and the default used instead ([`crate::env`]) |
 //! | neither | the machine's physical memory (`MemTotal` of `/proc/meminfo`), or [`FALLBACK_BYTES`] (16 GiB) where that cannot be read |
 //!
 //! The cap bounds one buffer, not the sum of all of them: it turns "this request can never be
@@ -71,14 +71,21 @@ pub fn parse_bytes(s: &str) -> Option<usize> {
     }
 }
 
-/// The cap [`ENV_VAR`]'s value `v` sets, or the warning to print when it does not parse.
+/// What [`ENV_VAR`] should hold, for its warning.
+const EXPECTS: &str = "a byte count (digits with an optional K, M, G or T suffix, e.g. 8G or 1.5G)";
+
+/// What is used in place of a bad [`ENV_VAR`], for its warning.
+fn instead() -> String {
+    match physical_memory() {
+        Some(n) => format!("the default, the machine's memory ({n} bytes)"),
+        None => format!("the default, {FALLBACK_BYTES} bytes"),
+    }
+}
+
+/// The cap [`ENV_VAR`]'s value `v` sets, or the warning to print when it does not parse
+/// ([`crate::env::warning`]'s form: the variable, the value, the default used instead).
 pub fn cap_from_env(v: &str) -> std::result::Result<usize, String> {
-    parse_bytes(v).ok_or_else(|| {
-        format!(
-            "warning: {ENV_VAR}={v:?} is not a byte count (digits with an optional K, M, G or T \
-             suffix, e.g. 8G or 1.5G); the allocation cap is the default (the machine's memory)"
-        )
-    })
+    parse_bytes(v).ok_or_else(|| crate::env::warning(ENV_VAR, v, EXPECTS, &instead()))
 }
 
 /// The machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`), if readable.
@@ -96,17 +103,10 @@ pub fn physical_memory() -> Option<usize> {
 }
 
 fn default_cap() -> usize {
-    let from_env = std::env::var(ENV_VAR)
-        .ok()
-        .and_then(|v| match cap_from_env(&v) {
-            Ok(n) => Some(n),
-            Err(warning) => {
-                // Once: the default is computed once per process.
-                eprintln!("{warning}");
-                None
-            }
-        });
-    from_env.or_else(physical_memory).unwrap_or(FALLBACK_BYTES)
+    // Once: the default is computed once per process, so a bad value warns once.
+    crate::env::read(ENV_VAR, EXPECTS, parse_bytes, instead)
+        .or_else(physical_memory)
+        .unwrap_or(FALLBACK_BYTES)
 }
 
 /// The cap in bytes now in force (see the module documentation for where it comes from).
@@ -283,9 +283,35 @@ mod tests {
         assert_eq!(cap_from_env("1.5G"), Ok(3 << 29));
         let w = cap_from_env("1,5G").unwrap_err();
         assert!(
-            w.starts_with("warning:") && w.contains(ENV_VAR) && w.contains("\"1,5G\""),
+            w.starts_with("warning:")
+                && w.contains(ENV_VAR)
+                && w.contains("\"1,5G\"")
+                && w.contains("using the default"),
             "{w}"
         );
+        // Boundaries: zero is a cap (every non-empty buffer refused); a sign, an overflow,
+        // unicode digits or suffixes are not byte counts.
+        assert_eq!(cap_from_env("0"), Ok(0));
+        assert_eq!(cap_from_env(" 0K "), Ok(0));
+        for bad in [
+            "-1",
+            "-1G",
+            "18446744073709551616",
+            "16777216T",
+            "٨G",
+            "8Ｇ",
+            "8 G B x",
+        ] {
+            let w = cap_from_env(bad).unwrap_err();
+            assert!(w.contains(&format!("{ENV_VAR}={bad:?}")), "{bad}: {w}");
+        }
+        // Unset, empty or spaces: the default, with no warning (not a parse at all).
+        let read = |raw: &str| {
+            crate::env::interpret(ENV_VAR, Some(raw.as_ref()), EXPECTS, parse_bytes, instead)
+        };
+        assert_eq!(read(""), Ok(None));
+        assert_eq!(read("  "), Ok(None));
+        assert_eq!(read(" 8K "), Ok(Some(8 << 10)));
     }
 
     #[test]

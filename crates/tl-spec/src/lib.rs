@@ -10,6 +10,8 @@
 //! - [`Error`]: every message names the op and the shapes
 //! - [`approx`]: f32 `exp` and `tanh` in straight-line arithmetic, shared bit for bit by the
 //!   CPU kernels, the CUDA simulation device and the CUDA kernels
+//! - [`env`](mod@env): reading the `TL_*` environment variables (a value, or the default with one
+//!   warning)
 //! - [`alloc`]: the allocation cap every buffer whose size comes from input is checked against
 //! - [`pool`]: buffer reuse across steps, a tape's spare buffers handed to its kernels
 //! - [`bf16`]: bfloat16 rounding and the reference of a bf16 product (mixed precision)
@@ -21,6 +23,7 @@ pub mod alloc;
 pub mod approx;
 pub mod bf16;
 pub mod broadcast;
+pub mod env;
 mod error;
 pub mod ops;
 pub mod pool;

@@ -59,16 +59,37 @@ pub const PARALLEL_MIN_WORK: usize = 1 << 22;
 /// 0 = not set by [`set_threads`]: the default applies.
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
+/// The environment variable that sets the default thread count.
+pub const THREADS_VAR: &str = "TL_NUM_THREADS";
+
+/// The cores this process may run on (at least 1).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// What [`THREADS_VAR`] should hold, for its warning.
+const THREADS_EXPECTS: &str = "a thread count (a positive integer)";
+
+/// What is used in place of a bad [`THREADS_VAR`], for its warning.
+fn threads_instead() -> String {
+    format!(
+        "the default, {} threads (the cores this process may run on)",
+        cores()
+    )
+}
+
 /// The default thread count: `TL_NUM_THREADS` if it is a positive integer, else the cores
-/// this process may run on.
+/// this process may run on (after one warning when it is set to anything else).
 fn default_threads() -> usize {
     static DEFAULT: OnceLock<usize> = OnceLock::new();
     *DEFAULT.get_or_init(|| {
-        std::env::var("TL_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        tl_spec::env::read(
+            THREADS_VAR,
+            THREADS_EXPECTS,
+            tl_spec::env::parse_positive,
+            threads_instead,
+        )
+        .unwrap_or_else(cores)
     })
 }
 
@@ -662,6 +683,35 @@ mod tests {
             }
         }
         c
+    }
+
+    #[test]
+    fn thread_count_variable_values() {
+        let read = |v: &str| {
+            tl_spec::env::interpret(
+                THREADS_VAR,
+                Some(v.as_ref()),
+                THREADS_EXPECTS,
+                tl_spec::env::parse_positive,
+                threads_instead,
+            )
+        };
+        assert_eq!(read("1"), Ok(Some(1)));
+        assert_eq!(read(" 4 "), Ok(Some(4)));
+        assert_eq!(read(&usize::MAX.to_string()), Ok(Some(usize::MAX)));
+        assert_eq!(read(""), Ok(None));
+        assert_eq!(read("   "), Ok(None));
+        for bad in ["four", "0", "-2", "2.5", "18446744073709551616", "٤"] {
+            let w = read(bad).unwrap_err();
+            assert_eq!(
+                w,
+                format!(
+                    "warning: TL_NUM_THREADS={bad:?} is not a thread count (a positive integer); \
+                     using the default, {} threads (the cores this process may run on)",
+                    cores()
+                )
+            );
+        }
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! ([`f32::mul_add`], in `tl_spec::approx`) round once at every level (an instruction at the
 //! AVX2 and AVX-512 levels, libm's `fmaf` at the baseline, slower but the same bits). The
 //! tests compare every level the machine has against the baseline, bit for bit; [`set_level`]
-//! (or `TL_SIMD=avx512|avx2|scalar`, read once) forces a level, e.g. to time one against
+//! (or `TL_SIMD=avx512|avx2|scalar`, read once; a level this CPU lacks or another value: one
+//! warning, then the best level) forces a level, e.g. to time one against
 //! another.
 
 use std::sync::OnceLock;
@@ -77,19 +78,66 @@ impl Level {
 /// 0 = not forced by [`set_level`]: the default applies.
 static FORCED: AtomicU8 = AtomicU8::new(0);
 
-/// The best available level, or `TL_SIMD`'s if it names an available one.
+/// The environment variable that forces the default level: `scalar`, `avx2` or `avx512`.
+pub const SIMD_VAR: &str = "TL_SIMD";
+
+/// What [`SIMD_VAR`] should hold, for its warning.
+const LEVEL_EXPECTS: &str = "a SIMD level (scalar, avx2 or avx512)";
+
+/// A level's name as [`SIMD_VAR`] spells it (any case accepted).
+fn parse_level(s: &str) -> Option<Level> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "scalar" => Some(Level::Scalar),
+        "avx2" => Some(Level::Avx2),
+        "avx512" => Some(Level::Avx512),
+        _ => None,
+    }
+}
+
+impl Level {
+    /// The level's name as [`SIMD_VAR`] spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+}
+
+/// The best level this CPU has.
+fn best() -> Level {
+    *Level::available().last().unwrap_or(&Level::Scalar)
+}
+
+/// What is used in place of a bad [`SIMD_VAR`], for its warning.
+fn level_instead() -> String {
+    format!("the default, {} (the best this CPU has)", best().name())
+}
+
+/// The warning for a [`SIMD_VAR`] that names a level this CPU lacks.
+fn unavailable(l: Level) -> String {
+    let has: Vec<&str> = Level::available().into_iter().map(Level::name).collect();
+    tl_spec::env::warning(
+        SIMD_VAR,
+        l.name(),
+        &format!("a level this CPU has ({})", has.join(", ")),
+        &level_instead(),
+    )
+}
+
+/// [`SIMD_VAR`]'s level if it names one this CPU has, else the best available (after one
+/// warning when it is set to anything else).
 fn default_level() -> Level {
     static DEFAULT: OnceLock<Level> = OnceLock::new();
     *DEFAULT.get_or_init(|| {
-        let wanted = match std::env::var("TL_SIMD").as_deref().map(str::trim) {
-            Ok("scalar") => Some(Level::Scalar),
-            Ok("avx2") => Some(Level::Avx2),
-            Ok("avx512") => Some(Level::Avx512),
-            _ => None,
-        };
-        match wanted {
+        match tl_spec::env::read(SIMD_VAR, LEVEL_EXPECTS, parse_level, level_instead) {
             Some(l) if l.is_available() => l,
-            _ => *Level::available().last().unwrap_or(&Level::Scalar),
+            Some(l) => {
+                eprintln!("{}", unavailable(l));
+                best()
+            }
+            None => best(),
         }
     })
 }
@@ -611,6 +659,42 @@ pub(crate) mod tests {
     /// Take [`LEVEL`] (a test that failed while holding it does not poison the others).
     pub(crate) fn hold_level() -> std::sync::MutexGuard<'static, ()> {
         LEVEL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    #[test]
+    fn level_variable_values() {
+        let read = |v: &str| {
+            tl_spec::env::interpret(
+                SIMD_VAR,
+                Some(v.as_ref()),
+                LEVEL_EXPECTS,
+                parse_level,
+                level_instead,
+            )
+        };
+        assert_eq!(read("scalar"), Ok(Some(Level::Scalar)));
+        assert_eq!(read(" AVX2 "), Ok(Some(Level::Avx2)));
+        assert_eq!(read("avx512"), Ok(Some(Level::Avx512)));
+        assert_eq!(read(""), Ok(None));
+        for bad in ["avx512f", "sse2", "0", "avx-512", "ａｖｘ２"] {
+            let w = read(bad).unwrap_err();
+            assert_eq!(
+                w,
+                format!(
+                    "warning: TL_SIMD={bad:?} is not a SIMD level (scalar, avx2 or avx512); \
+                     using the default, {} (the best this CPU has)",
+                    best().name()
+                )
+            );
+        }
+        let w = unavailable(Level::Avx512);
+        assert!(
+            w.starts_with("warning: TL_SIMD=\"avx512\" is not a level this CPU has (scalar"),
+            "{w}"
+        );
+        for l in [Level::Scalar, Level::Avx2, Level::Avx512] {
+            assert_eq!(parse_level(l.name()), Some(l));
+        }
     }
 
     #[test]

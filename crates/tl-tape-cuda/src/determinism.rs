@@ -16,7 +16,8 @@
 //! kernels), so on sim the flag changes nothing and results are reproducible bit for bit.
 //!
 //! The initial value comes from the environment variable [`ENV_VAR`] (`TL_DETERMINISTIC=1`,
-//! `true`, `on` or `yes` turn it on), read once on first use. PyTorch equivalent:
+//! `true`, `on` or `yes` turn it on; `0`, `false`, `off`, `no` or empty leave it off; any other
+//! value leaves it off with one warning on stderr), read once on first use. PyTorch equivalent:
 //! `torch.use_deterministic_algorithms(True)`.
 
 use std::sync::OnceLock;
@@ -27,19 +28,27 @@ pub const ENV_VAR: &str = "TL_DETERMINISTIC";
 
 static FLAG: OnceLock<AtomicBool> = OnceLock::new();
 
+/// What [`ENV_VAR`] should hold, for its warning.
+const EXPECTS: &str = "a switch (1, true, on, yes or 0, false, off, no)";
+
+/// What is used in place of a bad [`ENV_VAR`], for its warning.
+fn instead() -> String {
+    "the default, off".to_owned()
+}
+
 fn flag() -> &'static AtomicBool {
-    FLAG.get_or_init(|| AtomicBool::new(parse_flag(std::env::var(ENV_VAR).ok().as_deref())))
+    FLAG.get_or_init(|| {
+        let on = tl_spec::env::read(ENV_VAR, EXPECTS, tl_spec::env::parse_switch, instead);
+        AtomicBool::new(on.unwrap_or(false))
+    })
 }
 
 /// How the environment variable's value is read: `1`, `true`, `on`, `yes` (any case, surrounding
-/// spaces ignored) mean on; anything else, or no variable, means off.
+/// spaces ignored) mean on; `0`, `false`, `off`, `no`, an empty value or no variable mean off.
+/// Anything else is off too, and when read from the environment it prints one warning naming
+/// the variable and the value ([`tl_spec::env::read`]).
 pub fn parse_flag(value: Option<&str>) -> bool {
-    value.is_some_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "on" | "yes"
-        )
-    })
+    value.and_then(tl_spec::env::parse_switch).unwrap_or(false)
 }
 
 /// Turn deterministic reductions on or off for the whole process.
@@ -72,6 +81,33 @@ mod tests {
             assert!(!parse_flag(Some(v)), "{v:?}");
         }
         assert!(!parse_flag(None));
+    }
+
+    #[test]
+    fn env_values_that_are_neither_warn_and_leave_it_off() {
+        let read = |v: &str| {
+            tl_spec::env::interpret(
+                ENV_VAR,
+                Some(v.as_ref()),
+                EXPECTS,
+                tl_spec::env::parse_switch,
+                instead,
+            )
+        };
+        assert_eq!(read(" Yes "), Ok(Some(true)));
+        assert_eq!(read("OFF"), Ok(Some(false)));
+        assert_eq!(read("no"), Ok(Some(false)));
+        assert_eq!(read(""), Ok(None));
+        for bad in ["2", "-1", "enable", "ｏｎ", "true!"] {
+            assert_eq!(
+                read(bad).unwrap_err(),
+                format!(
+                    "warning: TL_DETERMINISTIC={bad:?} is not a switch (1, true, on, yes or 0, \
+                     false, off, no); using the default, off"
+                )
+            );
+            assert!(!parse_flag(Some(bad)));
+        }
     }
 
     #[test]

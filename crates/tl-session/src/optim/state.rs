@@ -3,11 +3,11 @@
 //! trajectory.
 //!
 //! Names are `<rule>.<what>.<param>`: `<rule>` is `sgd` (plain and momentum SGD), `adam`,
-//! `adamw`, `rmsprop` or `adagrad`; `<what>` is `step` (a scalar: the parameter's step count),
+//! `adamw`, `rmsprop` or `adagrad`; `<what>` is `step` (a scalar, shape `[]`: the parameter's step count),
 //! `momentum_buffer` (SGD with momentum, RMSprop with momentum), `m` and `v` (Adam's moments),
 //! `square_avg` and `grad_avg` (RMSprop; the latter when centered), `sum` (Adagrad);
 //! `<param>` is the parameter's name, or its index when it has none. An optimizer with a
-//! learning-rate schedule adds `lr_scheduler.last_epoch` (a scalar: the steps done, the
+//! learning-rate schedule adds `lr_scheduler.last_epoch` (a scalar, shape `[]`: the steps done, the
 //! schedule's position). Values are f64 tensors of the parameter's shape. State is kept in the
 //! parameter's type (f32 state for f32 parameters, on the host as on a device): it widens
 //! exactly, and an import into an f32 session rounds each value to f32, so a state exported
@@ -16,7 +16,8 @@
 //! Import validates before anything changes: every value finite and of magnitude at most
 //! [`STATE_BOUND`] (`f32::MAX`: what a float32 run can hold; a larger moment, 1e300 say, would
 //! overflow the next update), second moments and accumulators (`v`, `square_avg`, `sum`) ≥ 0,
-//! step counts whole numbers in `[0, 2^53]`, shapes those of the parameters.
+//! step counts 0-d tensors (shape `[]`, as PyTorch's `state_dict()` stores `step`) holding
+//! whole numbers in `[0, 2^53]`, shapes those of the parameters.
 
 use std::collections::BTreeMap;
 
@@ -86,9 +87,19 @@ fn refuse(key: &str, detail: String) -> Error {
     }
 }
 
-/// A step count: a whole number in `[0, 2^53]`.
+/// A step count: a 0-d tensor (shape `[]`, as PyTorch's `state_dict()` stores `step` and as
+/// [`export`] writes it) holding a whole number in `[0, 2^53]`.
 fn step_count(key: &str, t: &Tensor<f64>) -> Result<u64> {
-    let v = t.item()?;
+    if t.shape().rank() != 0 {
+        return Err(refuse(
+            key,
+            format!(
+                "shape {} is not a step count's: it must be a scalar (shape [])",
+                t.shape()
+            ),
+        ));
+    }
+    let v = t.data()[0];
     if !(v.is_finite() && (0.0..=MAX_STEP).contains(&v) && v.fract() == 0.0) {
         return Err(refuse(
             key,

@@ -357,3 +357,76 @@ fn state_out_of_the_rules_domain_is_refused_and_changes_nothing() {
         }
     }
 }
+
+/// A step count is a 0-d tensor, as PyTorch's `state_dict()` stores `step` and as the export
+/// writes it: one of shape `[1]`, `[1, 1]`, `[0]` or `[2]` is refused with an error naming the
+/// entry and the shape; its value must be a whole number in `[0, 2^53]`, named when it is not.
+/// Nothing changes on a refusal; the boundary values load.
+#[test]
+fn step_counts_are_scalars_holding_whole_numbers() {
+    let sched = || {
+        Optimizer::adam(0.1)
+            .unwrap()
+            .schedule(tl_session::Schedule::step(2, 0.5).unwrap())
+            .unwrap()
+    };
+    let mut s = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+    let p = params(&mut s, None);
+    let mut o = sched();
+    eager_steps(&mut s, &p, &mut o, 0..2);
+    let good = s.optimizer_state(&o).unwrap();
+    for key in ["adam.step.w", "adam.step.2", "lr_scheduler.last_epoch"] {
+        assert_eq!(
+            good[key].shape().dims(),
+            &[] as &[usize],
+            "{key} as exported"
+        );
+        for dims in [vec![1], vec![1, 1], vec![0], vec![2]] {
+            let mut state = good.clone();
+            let n = dims.iter().product();
+            state.insert(
+                key.to_owned(),
+                Tensor::new(dims.clone(), vec![2.0; n]).unwrap(),
+            );
+            let before = s.optimizer_state(&o).unwrap();
+            let e = s
+                .load_optimizer_state(&mut o, &state)
+                .unwrap_err()
+                .to_string();
+            let shape = tl_spec::Shape::new(&dims).to_string();
+            assert!(
+                e.contains(key) && e.contains(&shape) && e.contains("scalar"),
+                "{key} {dims:?}: {e}"
+            );
+            assert_eq!(s.optimizer_state(&o).unwrap(), before, "{key}: changed");
+        }
+        for bad in [
+            -1.0,
+            -f64::MIN_POSITIVE,
+            0.5,
+            f64::NAN,
+            f64::INFINITY,
+            9_007_199_254_740_994.0,
+        ] {
+            let mut state = good.clone();
+            state.insert(key.to_owned(), Tensor::scalar(bad));
+            let e = s
+                .load_optimizer_state(&mut o, &state)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(key) && e.contains("not a step count"),
+                "{key}={bad}: {e}"
+            );
+        }
+        for fine in [0.0, 9_007_199_254_740_992.0] {
+            let mut state = good.clone();
+            state.insert(key.to_owned(), Tensor::scalar(fine));
+            let mut o2 = sched();
+            s.load_optimizer_state(&mut o2, &state)
+                .unwrap_or_else(|e| panic!("{key}={fine}: {e}"));
+            assert_eq!(s.optimizer_state(&o2).unwrap()[key].data(), &[fine]);
+            s.release_optimizer_state(&mut o2);
+        }
+    }
+}
