@@ -295,7 +295,11 @@ pub const TC_TILE: usize = 128;
 /// ([`Gemm::k_chunk_tiled`]): [`GEMM_TILE`] in f32, [`TC_TILE`] under autocast (the
 /// tensor-core GEMM). The CUDA launch and the sim twin both take it from here.
 pub fn split_tile(prec: Precision) -> usize {
-    if prec.is_autocast() { TC_TILE } else { GEMM_TILE }
+    if prec.is_autocast() {
+        TC_TILE
+    } else {
+        GEMM_TILE
+    }
 }
 
 #[cfg(test)]

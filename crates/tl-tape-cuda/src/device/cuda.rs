@@ -178,7 +178,7 @@ impl CudaDevice {
             Precision::Tf32 => Some(2),
         };
         let (kernel, side, threads) = match prec {
-            Some(_) => ("tl_gemm_tc", 128, 256),
+            Some(_) => ("tl_gemm_tc", super::TC_TILE, 256),
             None => match self.gemm_tiles.side(g.m, g.n, batch * splits) {
                 128 => ("tl_gemm_wide", 128, 256),
                 side => ("tl_gemm", side, 256),
@@ -232,6 +232,7 @@ impl CudaDevice {
     /// (`bt.count · splits` matrices), then `tl_gemm_sum_splits` adds them in increasing order into `out` (`=`, or
     /// `+=` with `into`; laid out as `bt` says), and the workspace is released. The second half
     /// of [`gemm_launch`](Self::gemm_launch) and of the implicit-GEMM conv's weight cotangent.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn with_split_runs(
         &mut self,
         op: &'static str,

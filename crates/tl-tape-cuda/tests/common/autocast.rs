@@ -191,7 +191,14 @@ pub fn product_cases<D: Device>(
     assert_eq!(g.k_splits_tiled(16, GEMM_TILE), 1);
     assert_eq!(g.k_chunk_tiled(16, TC_TILE), 160);
     let ops = (data(16 * 65 * 300), data(16 * 70 * 300), Vec::new());
-    one(d, "bmm split k 16x65x300x70".into(), Batch::plain(16), g, false, ops)?;
+    one(
+        d,
+        "bmm split k 16x65x300x70".into(),
+        Batch::plain(16),
+        g,
+        false,
+        ops,
+    )?;
     let g = Gemm::nn(5, 8, 4).with_t(false, true);
     let bt = Batch::heads(2, 3, [true, true, true]);
     let ops = (data(6 * 5 * 8), data(6 * 4 * 8), Vec::new());

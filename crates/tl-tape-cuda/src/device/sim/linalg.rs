@@ -216,7 +216,9 @@ mod tests {
         assert_eq!(g.k_splits(batch), 1);
         assert_eq!(g.k_chunk_tiled(batch, crate::device::TC_TILE), 160);
         let p = Precision::Bf16;
-        let a: Vec<f32> = (0..65 * 300).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let a: Vec<f32> = (0..65 * 300)
+            .map(|i| (i as f32 * 0.37).sin() * 3.0)
+            .collect();
         let b: Vec<f32> = (0..300 * 70).map(|i| (i as f32 * 0.11).cos()).collect();
         let mut out = vec![0.0f32; 65 * 70];
         gemm_dense(&a, &b, g, batch, &mut out, p);
