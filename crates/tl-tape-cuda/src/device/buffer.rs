@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc::{Allocation, CachingAllocator, RawMemory};
+use crate::precision::Precision;
 
 /// A handle to a float32 device buffer of `len` elements.
 ///
@@ -103,15 +104,25 @@ impl Gemm {
         Gemm { ta, tb, ..self }
     }
 
-    /// The run of the contracted dimension one block of the matmul kernel sums (split-K): `k`
-    /// itself (at least 1) when the `batch` products' 64×64 output tiles are
+    /// The run of the contracted dimension one block of the f32 matmul kernel sums (split-K):
+    /// [`k_chunk_tiled`](Self::k_chunk_tiled) counting [`GEMM_TILE`]×[`GEMM_TILE`] output
+    /// tiles. `tl_gemm`, `tl_gemm_wide` and the implicit-GEMM conv's weight cotangent split this
+    /// way whatever their own tile.
+    pub fn k_chunk(&self, batch: usize) -> usize {
+        self.k_chunk_tiled(batch, GEMM_TILE)
+    }
+
+    /// The run of the contracted dimension one block sums (split-K), for a kernel whose output
+    /// tiles are `tile`×`tile`: `k` itself (at least 1) when the `batch` products' tiles are
     /// [`SPLIT_K_TILES`] or more, or `k` is under two [`SPLIT_K_MIN_CHUNK`]s; otherwise `k` in
     /// up to `min(k / SPLIT_K_MIN_CHUNK, ⌈256 / tiles⌉, SPLIT_K_MAX)` runs, each a multiple of
     /// 16. A conv's weight gradient (an 8×9 output over `k` = 50 176) is one tile: one
-    /// block summing all of `k` took 2 ms on an H100. A function of the shape alone, so the
-    /// simulation device splits the same way ([`crate::device::sim::linalg::gemm`]).
-    pub fn k_chunk(&self, batch: usize) -> usize {
-        let tiles = batch * self.m.div_ceil(64) * self.n.div_ceil(64);
+    /// block summing all of `k` took 2 ms on an H100. A function of the shape and the tile
+    /// alone, so the simulation device splits the same way
+    /// ([`crate::device::sim::linalg::gemm`]). The tile of a product at a precision:
+    /// [`split_tile`].
+    pub fn k_chunk_tiled(&self, batch: usize, tile: usize) -> usize {
+        let tiles = batch * self.m.div_ceil(tile) * self.n.div_ceil(tile);
         if tiles == 0 || tiles >= SPLIT_K_TILES || self.k < 2 * SPLIT_K_MIN_CHUNK {
             return self.k.max(1);
         }
@@ -123,7 +134,12 @@ impl Gemm {
 
     /// How many runs of [`k_chunk`](Self::k_chunk) cover `k` (1: no split).
     pub fn k_splits(&self, batch: usize) -> usize {
-        self.k.div_ceil(self.k_chunk(batch)).max(1)
+        self.k_splits_tiled(batch, GEMM_TILE)
+    }
+
+    /// How many runs of [`k_chunk_tiled`](Self::k_chunk_tiled) cover `k` (1: no split).
+    pub fn k_splits_tiled(&self, batch: usize, tile: usize) -> usize {
+        self.k.div_ceil(self.k_chunk_tiled(batch, tile)).max(1)
     }
 
     /// The stored (rows, cols) of operand `which` (0: `a`, 1: `b`, 2: the result): `a` is
@@ -262,9 +278,76 @@ impl GemmTiles {
     }
 }
 
-/// Output tiles (64×64, over the batch) from which a matmul is not split along `k`.
+/// Output tiles (over the batch, each of the kernel's own side: [`split_tile`]) from which a
+/// matmul is not split along `k`.
 pub const SPLIT_K_TILES: usize = 64;
 /// The shortest run of `k` a split matmul gives one block.
 pub const SPLIT_K_MIN_CHUNK: usize = 128;
 /// The most runs a matmul's `k` is split into.
 pub const SPLIT_K_MAX: usize = 128;
+
+/// The output tile side the f32 GEMM's split counts ([`Gemm::k_chunk`]): `tl_gemm`'s 64.
+pub const GEMM_TILE: usize = 64;
+/// The output tile side of the tensor-core GEMM `tl_gemm_tc` (128×128), which its split counts.
+pub const TC_TILE: usize = 128;
+
+/// The tile side whose count decides the split of a product run at `prec`
+/// ([`Gemm::k_chunk_tiled`]): [`GEMM_TILE`] in f32, [`TC_TILE`] under autocast (the
+/// tensor-core GEMM). The CUDA launch and the sim twin both take it from here.
+pub fn split_tile(prec: Precision) -> usize {
+    if prec.is_autocast() {
+        TC_TILE
+    } else {
+        GEMM_TILE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (kc, runs) of `g` over `batch` products counting `tile`×`tile` tiles.
+    fn split(g: Gemm, batch: usize, tile: usize) -> (usize, usize) {
+        (g.k_chunk_tiled(batch, tile), g.k_splits_tiled(batch, tile))
+    }
+
+    #[test]
+    fn the_tensor_core_split_counts_its_own_tiles() {
+        assert_eq!(split_tile(Precision::F32), GEMM_TILE);
+        assert_eq!(split_tile(Precision::Bf16), TC_TILE);
+        assert_eq!(split_tile(Precision::Tf32), TC_TILE);
+        let sq = |s: usize| Gemm::nn(s, s, s);
+        // 512³: 64 tiles of 64 (no split in f32), 16 of 128: four runs of 128 under autocast.
+        assert_eq!(split(sq(512), 1, GEMM_TILE), (512, 1));
+        assert_eq!(split(sq(512), 1, TC_TILE), (128, 4));
+        // 512 × 4096 × 512: 16 tensor-core tiles, ⌈256 / 16⌉ = 16 runs of 256.
+        assert_eq!(split(Gemm::nn(512, 4096, 512), 1, TC_TILE), (256, 16));
+        assert_eq!(split(Gemm::nn(512, 4096, 512), 1, GEMM_TILE), (4096, 1));
+        // From 64 tiles of its own the GPU is filled: 1024³ has 64 of 128, no split either way.
+        for s in [1024, 2048, 4096] {
+            assert_eq!(split(sq(s), 1, GEMM_TILE), (s, 1), "{s}");
+            assert_eq!(split(sq(s), 1, TC_TILE), (s, 1), "{s}");
+        }
+        assert_eq!(split(Gemm::nn(128, 4096, 128), 64, TC_TILE), (4096, 1));
+        assert_eq!(split(Gemm::nn(128, 4096, 128), 63, TC_TILE).1, 5);
+        // 16 products of 65 × 70 over k = 300: 64 tiles of 64 (f32: no split), 16 of 128
+        // (autocast: runs of 160, the last of 140).
+        let g = Gemm::nn(65, 300, 70);
+        assert_eq!(split(g, 16, GEMM_TILE), (300, 1));
+        assert_eq!(split(g, 16, TC_TILE), (160, 2));
+        // The f32 decision is k_chunk's, unchanged: one tile over a long k, or short k.
+        let one = Gemm::nn(16, 1000, 24);
+        assert_eq!(split(one, 1, GEMM_TILE), (one.k_chunk(1), one.k_splits(1)));
+        assert_eq!(split(one, 1, GEMM_TILE), (144, 7));
+        assert_eq!(split(one, 1, TC_TILE), (144, 7));
+        assert_eq!(sq(512).k_chunk(1), 512);
+        assert_eq!(Gemm::nn(130, 600, 140).k_chunk(1), 160);
+        // Small products never split: k under two minimum runs, or nothing to compute.
+        for tile in [GEMM_TILE, TC_TILE] {
+            assert_eq!(split(Gemm::nn(1, 255, 1), 1, tile), (255, 1));
+            assert_eq!(split(Gemm::nn(1, 0, 1), 1, tile), (1, 1));
+            assert_eq!(split(Gemm::nn(0, 4096, 5), 1, tile), (4096, 1));
+            assert_eq!(split(sq(16), 1, tile), (16, 1));
+        }
+    }
+}

@@ -150,8 +150,9 @@ impl CudaDevice {
     /// split along `k` ([`Gemm::k_chunk`]): `tl_gemm` writes each run's sums to a pool
     /// workspace (product-major), `tl_gemm_sum_splits` adds them into `out` (laid out as `bt`
     /// says). Under autocast ([`crate::precision::current`] `Bf16` / `Tf32`) the products run
-    /// on the tensor cores instead: `tl_gemm_tc` (128×128 tiles, 256 threads, the same split and
-    /// arguments plus the precision), whatever the tiling setting.
+    /// on the tensor cores instead: `tl_gemm_tc` (128×128 tiles, 256 threads, the same
+    /// arguments plus the precision, the split counting its own tiles: [`super::split_tile`]),
+    /// whatever the tiling setting.
     #[allow(clippy::too_many_arguments)]
     fn gemm_launch(
         &mut self,
@@ -168,14 +169,16 @@ impl CudaDevice {
         if batch * mn == 0 {
             return Ok(());
         }
-        let (kc, splits) = (g.k_chunk(batch), g.k_splits(batch));
-        let prec = match crate::precision::current() {
+        let current = crate::precision::current();
+        let tile = super::split_tile(current);
+        let (kc, splits) = (g.k_chunk_tiled(batch, tile), g.k_splits_tiled(batch, tile));
+        let prec = match current {
             Precision::F32 => None,
             Precision::Bf16 => Some(1),
             Precision::Tf32 => Some(2),
         };
         let (kernel, side, threads) = match prec {
-            Some(_) => ("tl_gemm_tc", 128, 256),
+            Some(_) => ("tl_gemm_tc", super::TC_TILE, 256),
             None => match self.gemm_tiles.side(g.m, g.n, batch * splits) {
                 128 => ("tl_gemm_wide", 128, 256),
                 side => ("tl_gemm", side, 256),
@@ -217,18 +220,19 @@ impl CudaDevice {
             let args = product(out, into, merged);
             return self.run_blocks_of(op, kernel, grid(batch), threads, &args);
         }
-        self.with_split_runs(op, out, into, bt, g, |d, part| {
+        self.with_split_runs(op, out, into, bt, g, splits, |d, part| {
             // The runs' sums product-major in the workspace: the result's flag cleared.
             let runs = product(part, false, merged & 0b011);
             d.run_blocks_of(op, kernel, grid(batch * splits), threads, &runs)
         })
     }
 
-    /// A product split along `k` ([`Gemm::k_chunk`]): `runs(d, part)` writes each run's
-    /// `(m, n)` sums product-major into a pool workspace at `part` (`bt.count · splits`
-    /// matrices), then `tl_gemm_sum_splits` adds them in increasing order into `out` (`=`, or
+    /// A product split along `k` into `splits` runs ([`Gemm::k_splits_tiled`]): `runs(d, part)`
+    /// writes each run's `(m, n)` sums product-major into a pool workspace at `part`
+    /// (`bt.count · splits` matrices), then `tl_gemm_sum_splits` adds them in increasing order into `out` (`=`, or
     /// `+=` with `into`; laid out as `bt` says), and the workspace is released. The second half
     /// of [`gemm_launch`](Self::gemm_launch) and of the implicit-GEMM conv's weight cotangent.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn with_split_runs(
         &mut self,
         op: &'static str,
@@ -236,9 +240,10 @@ impl CudaDevice {
         into: bool,
         bt: Batch,
         g: Gemm,
+        splits: usize,
         runs: impl FnOnce(&mut Self, u64) -> Result<()>,
     ) -> Result<()> {
-        let (batch, mn, splits) = (bt.count, g.m * g.n, g.k_splits(bt.count));
+        let (batch, mn) = (bt.count, g.m * g.n);
         let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
             runs(d, part)?;
             let total = batch * mn;

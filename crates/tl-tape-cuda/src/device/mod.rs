@@ -42,8 +42,8 @@ use crate::traffic::Traffic;
 use crate::{Result, abi};
 pub use bias::{Act, BiasLayout};
 pub use buffer::{
-    Batch, Buffer, FlashTiles, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK, SPLIT_K_TILES,
-    WIDE_MIN_TILES,
+    Batch, Buffer, FlashTiles, GEMM_TILE, Gemm, GemmTiles, SPLIT_K_MAX, SPLIT_K_MIN_CHUNK,
+    SPLIT_K_TILES, TC_TILE, WIDE_MIN_TILES, split_tile,
 };
 use check::{BroadcastPlan, PermutePlan};
 pub use flash::{FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};

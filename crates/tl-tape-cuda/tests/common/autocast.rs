@@ -2,7 +2,7 @@
 //! operands (`tl_spec::precision::Precision::round`), within `tl_spec::bf16::accumulation_bound`.
 
 use tl_spec::bf16::accumulation_bound;
-use tl_tape_cuda::device::{Batch, Gemm};
+use tl_tape_cuda::device::{Batch, GEMM_TILE, Gemm, TC_TILE};
 use tl_tape_cuda::{Device, Precision, Result, precision};
 
 use super::Gen;
@@ -79,7 +79,8 @@ fn reference(
 /// multiples of 16, 64 and 128 (K < 16, K = 0, an empty output; outputs past one 128×128 tile of
 /// the tensor-core kernel, with row strides that are and are not multiples of 4 for its 16-byte
 /// loads), a product split along k whose last run is not a multiple of 16 (one tile, and several
-/// with `matmul_acc`), `matmul_acc`, `bmm`, and `bmm_heads` with head-merged operands (matrices
+/// with `matmul_acc`; a `bmm` split only as the kernel counts its 128×128 tiles), `matmul_acc`,
+/// `bmm`, and `bmm_heads` with head-merged operands (matrices
 /// whose starts are and are not 16-byte aligned, groups of four that cross the matrix's edge).
 pub fn product_cases<D: Device>(
     d: &mut D,
@@ -147,9 +148,10 @@ pub fn product_cases<D: Device>(
             )?;
         }
     }
-    // Split along k (one 64×64 tile, k = 1000): runs of 144, the last of 136 (padded).
+    // Split along k (one 128×128 tile, k = 1000): runs of 144, the last of 136 (padded).
     let g = Gemm::nn(16, 1000, 24);
-    assert!(g.k_splits(1) > 1 && !(1000 % g.k_chunk(1)).is_multiple_of(16));
+    let kc = g.k_chunk_tiled(1, TC_TILE);
+    assert!(g.k_splits_tiled(1, TC_TILE) > 1 && !(1000 % kc).is_multiple_of(16));
     let ops = (data(16 * 1000), data(1000 * 24), Vec::new());
     one(d, "matmul split k".into(), Batch::plain(1), g, false, ops)?;
     for (m, k, n) in [(70, 13, 75), (133, 20, 131)] {
@@ -164,9 +166,10 @@ pub fn product_cases<D: Device>(
             ops,
         )?;
     }
-    // Split along k over 3×3 64×64 tiles (k = 600: runs of 160, the last of 120), into.
+    // Split along k over 2×2 128×128 tiles (k = 600: runs of 160, the last of 120), into.
     let g = Gemm::nn(130, 600, 140).with_t(true, true);
-    assert!(g.k_splits(1) > 1 && !(600 % g.k_chunk(1)).is_multiple_of(16));
+    let kc = g.k_chunk_tiled(1, TC_TILE);
+    assert!(g.k_splits_tiled(1, TC_TILE) > 1 && !(600 % kc).is_multiple_of(16));
     let ops = (data(130 * 600), data(600 * 140), data(130 * 140));
     one(
         d,
@@ -182,6 +185,20 @@ pub fn product_cases<D: Device>(
     let g = Gemm::nn(130, 20, 132);
     let ops = (data(2 * 130 * 20), data(2 * 20 * 132), Vec::new());
     one(d, "bmm 130x20x132".into(), Batch::plain(2), g, false, ops)?;
+    // Split along k only as the tensor-core kernel counts its tiles: 16 products of 65×70 are
+    // 64 tiles of 64 (the f32 GEMM's count: no split) but 16 of 128: runs of 160 and 140.
+    let g = Gemm::nn(65, 300, 70).with_t(false, true);
+    assert_eq!(g.k_splits_tiled(16, GEMM_TILE), 1);
+    assert_eq!(g.k_chunk_tiled(16, TC_TILE), 160);
+    let ops = (data(16 * 65 * 300), data(16 * 70 * 300), Vec::new());
+    one(
+        d,
+        "bmm split k 16x65x300x70".into(),
+        Batch::plain(16),
+        g,
+        false,
+        ops,
+    )?;
     let g = Gemm::nn(5, 8, 4).with_t(false, true);
     let bt = Batch::heads(2, 3, [true, true, true]);
     let ops = (data(6 * 5 * 8), data(6 * 4 * 8), Vec::new());

@@ -130,7 +130,7 @@ impl CudaDevice {
             } else if splits == 1 {
                 run(d, out)
             } else {
-                d.with_split_runs(OP, out, false, Batch::plain(1), gm, run)
+                d.with_split_runs(OP, out, false, Batch::plain(1), gm, splits, run)
             }
         })
     }

@@ -6,7 +6,8 @@
 //!
 //! **Autocast** (`Precision::Bf16` / `Tf32`, [`crate::precision`]): the twin of the
 //! tensor-core kernel `tl_gemm_tc` as the kernel emulator runs it. Each operand element is
-//! rounded as it is staged ([`Precision::round`]); each run of `k` (the same split as above) is
+//! rounded as it is staged ([`Precision::round`]); each run of `k` (split as above but counting
+//! the kernel's own 128×128 tiles, [`crate::device::TC_TILE`]: [`Gemm::k_chunk_tiled`]) is
 //! summed from `0.0` as `fma(round(a), round(b), acc)` in increasing `k` order, the order the
 //! emulator's `wmma::mma_sync` documents (each product of two rounded values is exact in f32,
 //! so this is `acc + a·b` with one rounding a term), over the run padded with zeros to a
@@ -15,7 +16,7 @@
 //! in their own order: within [`tl_spec::bf16::accumulation_bound`] of the reference, not
 //! these bits.
 
-use crate::device::{Batch, Gemm};
+use crate::device::{Batch, Gemm, split_tile};
 use crate::precision::Precision;
 
 /// The `k` depth of one staged slice of the tensor-core GEMM (`BK` of `tl_gemm_tc`): a run of
@@ -46,7 +47,8 @@ impl At {
 }
 
 /// `out (m, n) = op(a) · op(b)` for one of `batch` products (the split is the whole batch's:
-/// [`Gemm::k_chunk`]), each matrix where its [`At`] says, at precision `prec` (module docs).
+/// [`Gemm::k_chunk_tiled`] over the tiles of the kernel `prec` runs, [`split_tile`]), each
+/// matrix where its [`At`] says, at precision `prec` (module docs).
 pub fn gemm(
     a: (&[f32], At),
     b: (&[f32], At),
@@ -57,7 +59,7 @@ pub fn gemm(
 ) {
     let Gemm { m, k, n, ta, tb } = g;
     let ((a, pa), (b, pb), (out, po)) = (a, b, out);
-    let chunk = g.k_chunk(batch);
+    let chunk = g.k_chunk_tiled(batch, split_tile(prec));
     // Element (i, p) of op(a) at a_row·i + a_step·p, (p, j) of op(b) at b_step·p + b_col·j.
     let (a_row, a_step) = if ta { (1, pa.ld) } else { (pa.ld, 1) };
     let (b_step, b_col) = if tb { (1, pb.ld) } else { (pb.ld, 1) };
@@ -204,6 +206,41 @@ mod tests {
         assert_eq!(Gemm::nn(512, k, 512).k_chunk(1), k);
         assert_eq!(Gemm::nn(1, 200, 1).k_chunk(1), 200);
         assert_eq!(Gemm::nn(1, 0, 1).k_chunk(1), 1);
+    }
+
+    #[test]
+    fn an_autocast_product_splits_as_the_tensor_core_kernel_counts_its_tiles() {
+        // 16 products of 65 × 70 over k = 300: 64 tiles of 64 (the f32 GEMM does not split),
+        // 16 of 128 (the tensor-core kernel's: runs of 160 and 140).
+        let (g, batch) = (Gemm::nn(65, 300, 70), 16);
+        assert_eq!(g.k_splits(batch), 1);
+        assert_eq!(g.k_chunk_tiled(batch, crate::device::TC_TILE), 160);
+        let p = Precision::Bf16;
+        let a: Vec<f32> = (0..65 * 300)
+            .map(|i| (i as f32 * 0.37).sin() * 3.0)
+            .collect();
+        let b: Vec<f32> = (0..300 * 70).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut out = vec![0.0f32; 65 * 70];
+        gemm_dense(&a, &b, g, batch, &mut out, p);
+        let (mut split_differs, mut f32_out) = (0, vec![0.0f32; 65 * 70]);
+        gemm_dense(&a, &b, g, batch, &mut f32_out, Precision::F32);
+        for i in 0..65 {
+            for j in 0..70 {
+                let run = |p0: usize, p1: usize| {
+                    (p0..p1).fold(0.0f32, |s, q| {
+                        p.round(a[i * 300 + q]).mul_add(p.round(b[q * 70 + j]), s)
+                    })
+                };
+                let want = 0.0 + run(0, 160) + (run(160, 300) + 0.0);
+                let got = out[i * 70 + j];
+                assert_eq!(got.to_bits(), want.to_bits(), "({i}, {j})");
+                split_differs += usize::from(got.to_bits() != run(0, 300).to_bits());
+            }
+        }
+        assert!(split_differs > 0, "the orders must differ somewhere");
+        // The f32 product at the same shape is one run (k_chunk's decision).
+        let straight = (0..300).fold(0.0f32, |s, q| a[q].mul_add(b[q * 70], s));
+        assert_eq!(f32_out[0].to_bits(), straight.to_bits());
     }
 
     #[test]

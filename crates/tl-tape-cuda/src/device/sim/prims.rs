@@ -7,7 +7,7 @@ use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce,
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
     Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot, MomentumUpdate,
-    NormLayout, PointAct, PoolKind, WindowLens, Windows,
+    NormLayout, PointAct, PoolKind, WindowLens, Windows, split_tile,
 };
 use crate::{Error, Result};
 
@@ -304,13 +304,14 @@ impl Launch for SimDevice {
         const OP: &str = "matmul_acc";
         // The product in a host temporary (the kernel keeps it in registers: no device buffer).
         let mut p = vec![0.0f32; g.m * g.n];
+        let prec = crate::precision::current();
         linalg::gemm_dense(
             view(&self.live, OP, a)?,
             view(&self.live, OP, b)?,
             g,
             1,
             &mut p,
-            crate::precision::current(),
+            prec,
         );
         let cs = self.live.get_mut(&c.id()).ok_or(Error::Released {
             op: OP,
@@ -323,7 +324,7 @@ impl Launch for SimDevice {
         // One kernel on the device (the product and the add in its epilogue), two when the
         // product is split along k (the add is then the second kernel's).
         self.traffic.launch();
-        if g.m * g.n > 0 && g.k_splits(1) > 1 {
+        if g.m * g.n > 0 && g.k_splits_tiled(1, split_tile(prec)) > 1 {
             self.traffic.launch();
         }
         Ok(())
@@ -346,7 +347,7 @@ impl Launch for SimDevice {
                 linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)), prec);
             }
         })?;
-        if count * lo > 0 && g.k_splits(count) > 1 {
+        if count * lo > 0 && g.k_splits_tiled(count, split_tile(prec)) > 1 {
             // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
             self.traffic.launch();
         }
