@@ -16,6 +16,24 @@ const MOMENTUM: f64 = 0.1;
 /// Training passes per check.
 const PASSES: usize = 3;
 
+/// Runs `check(name, runtime)` on every session and backend: eager and linked, CPU f64 and f32,
+/// the sim, and under `cuda-emu` the emulated device.
+macro_rules! on_every_runtime {
+    ($check:ident) => {
+        $check("eager cpu f64", eager::<f64>(Backend::Cpu, 0));
+        $check("eager cpu f32", eager::<f32>(Backend::Cpu, 0));
+        $check("eager sim", eager::<f32>(Backend::CudaSim, 0));
+        $check("linked cpu f64", linked::<f64>(0));
+        $check("linked cpu f32", linked::<f32>(0));
+        $check("linked sim", linked_on(Backend::CudaSim));
+        #[cfg(feature = "cuda-emu")]
+        {
+            $check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
+            $check("linked cuda-emu", linked_on(Backend::Cuda));
+        }
+    };
+}
+
 /// Batch `k`: per channel a different mean and spread, so every statistic is exercised.
 fn batch(dims: &[usize], k: usize) -> Tensor<f64> {
     let (c, r) = (dims[1], dims[2..].iter().product::<usize>());
@@ -114,17 +132,7 @@ fn running_statistics_equal_the_host_rule_bit_for_bit() {
             check_passes(name, &rt, dims);
         }
     }
-    check("eager cpu f64", eager::<f64>(Backend::Cpu, 0));
-    check("eager cpu f32", eager::<f32>(Backend::Cpu, 0));
-    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
-    check("linked cpu f64", linked::<f64>(0));
-    check("linked cpu f32", linked::<f32>(0));
-    check("linked sim", linked_on(Backend::CudaSim));
-    #[cfg(feature = "cuda-emu")]
-    {
-        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
-        check("linked cuda-emu", linked_on(Backend::Cuda));
-    }
+    on_every_runtime!(check);
 }
 
 /// One element per channel (N = H = W = 1): the mean moves, the variance stays exactly.
@@ -526,15 +534,5 @@ fn an_eval_pass_reads_the_running_statistics_where_they_live() {
         let rm = rt.value_of(&bn.running_mean).unwrap();
         assert!(rm.data().iter().any(|v| v.as_f64() != 0.0), "{name}");
     }
-    check("eager cpu f64", eager::<f64>(Backend::Cpu, 0));
-    check("eager cpu f32", eager::<f32>(Backend::Cpu, 0));
-    check("eager sim", eager::<f32>(Backend::CudaSim, 0));
-    check("linked cpu f64", linked::<f64>(0));
-    check("linked cpu f32", linked::<f32>(0));
-    check("linked sim", linked_on(Backend::CudaSim));
-    #[cfg(feature = "cuda-emu")]
-    {
-        check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
-        check("linked cuda-emu", linked_on(Backend::Cuda));
-    }
+    on_every_runtime!(check);
 }
