@@ -152,6 +152,41 @@ impl Measured {
     pub const ZERO: Measured = Measured { err: 0.0, tol: 0.0 };
 }
 
+/// Run `check` once on each of `cases` (fixed cases, each with a name); the report counts the
+/// cases run and keeps the first failure, with the case's name.
+pub fn run_fixed(
+    label: String,
+    cases: &[(&str, crate::GraphCase)],
+    check: impl Fn(&crate::GraphCase) -> Result<Measured, CaseError>,
+) -> Report {
+    let mut report = Report {
+        label,
+        cases: 0,
+        max_err: 0.0,
+        tol: 0.0,
+        failure: None,
+        pending: Vec::new(),
+    };
+    for (name, case) in cases {
+        match check(case) {
+            Ok(m) => {
+                report.cases += 1;
+                report.max_err = report.max_err.max(m.err);
+                report.tol = report.tol.max(m.tol);
+            }
+            Err(CaseError::Fail(msg)) => {
+                report.failure = Some(format!("case {name}: {msg}"));
+                break;
+            }
+            Err(CaseError::Pending(op)) => {
+                report.failure = Some(format!("case {name}: no CUDA formula for {op}"));
+                break;
+            }
+        }
+    }
+    report
+}
+
 /// Run `check` on `cfg.cases` values of `strategy` with a deterministic, shrinking proptest
 /// runner, and summarise. On failure the report holds proptest's shrunk minimal input
 /// (printed with its `Debug`, which for the harness' cases shows op, parameters, shapes and

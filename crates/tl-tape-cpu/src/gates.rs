@@ -20,6 +20,7 @@
 //! | [`parallel_min_elements`](Gates::parallel_min_elements) | [`crate::par::PARALLEL_MIN_ELEMENTS`] |
 //! | [`parallel_min_row_work`](Gates::parallel_min_row_work) | [`crate::par::PARALLEL_MIN_ROW_WORK`] |
 //! | [`gemm_parallel_min_work`](Gates::gemm_parallel_min_work) | [`crate::gemm::PARALLEL_MIN_WORK`] |
+//! | [`narrow_max_k`](Gates::narrow_max_k) | [`crate::gemm::NARROW_MAX_K`] (16-wide products, AVX-512) |
 //! | [`transpose_min_side`](Gates::transpose_min_side) | the GEMM's `TRANSPOSE_MIN_SIDE` (16) |
 //! | [`gemm_layout`](Gates::gemm_layout) | the GEMM's layout rule (`copies_pay`, `column_major_cheaper`, AVX-512 for `row_major_rhs`, one thread) |
 //! | [`fused_keep_max`](Gates::fused_keep_max) | [`crate::ops::attention::core::FUSED_KEEP_MAX`] |
@@ -63,6 +64,9 @@ pub struct Gates {
     pub parallel_min_row_work: Option<usize>,
     /// Multiply-adds from which a matrix product is split across threads.
     pub gemm_parallel_min_work: Option<usize>,
+    /// The deepest (k) 16-wide f32 product that takes the AVX-512 kernel of one register per
+    /// output row (`0`: none does; at most [`crate::gemm::NARROW_MAX_K`]).
+    pub narrow_max_k: Option<usize>,
     /// The smallest side (m, k, n) of an `x·wᵀ` product that may take a layout copy.
     pub transpose_min_side: Option<usize>,
     /// The path of an `x·wᵀ` product whose sides reach the transpose threshold, instead of the
@@ -94,6 +98,7 @@ impl Gates {
         parallel_min_elements: None,
         parallel_min_row_work: None,
         gemm_parallel_min_work: None,
+        narrow_max_k: None,
         transpose_min_side: None,
         gemm_layout: None,
         fused_keep_max: None,
@@ -106,7 +111,7 @@ impl Gates {
     };
 
     /// Every gated fast path on wherever it can run, on `threads` threads: every split
-    /// threshold 0, layout copies from side 1 by the column-major product, every fused
+    /// threshold 0, the 16-wide product kernel at every depth it takes, layout copies from side 1 by the column-major product, every fused
     /// attention memory-lean with one query row per block, one batch entry per weight-cotangent chunk, every window table
     /// cached and kept as runs, one value per stage. (`level`, the copy path and the bf16
     /// kernel are left to the caller: see [`Gates::with_level`], [`Gates::with_layout`] and
@@ -118,6 +123,7 @@ impl Gates {
             parallel_min_elements: Some(0),
             parallel_min_row_work: Some(0),
             gemm_parallel_min_work: Some(0),
+            narrow_max_k: Some(usize::MAX),
             transpose_min_side: Some(1),
             gemm_layout: Some(GemmLayout::ColumnMajor),
             fused_keep_max: Some(0),
@@ -131,7 +137,7 @@ impl Gates {
     }
 
     /// Every gated fast path off: one thread, every split threshold `usize::MAX`, strided
-    /// products, fused attention as the unfused one (one block per sample, A kept), one
+    /// products (none by the 16-wide kernel), fused attention as the unfused one (one block per sample, A kept), one
     /// weight-cotangent chunk, no cached table, no runs, whole stages, the baseline instruction
     /// set, the portable bf16 kernel.
     pub const fn fast_paths_off() -> Gates {
@@ -141,6 +147,7 @@ impl Gates {
             parallel_min_elements: Some(usize::MAX),
             parallel_min_row_work: Some(usize::MAX),
             gemm_parallel_min_work: Some(usize::MAX),
+            narrow_max_k: Some(0),
             transpose_min_side: Some(usize::MAX),
             gemm_layout: Some(GemmLayout::Strided),
             fused_keep_max: Some(usize::MAX),

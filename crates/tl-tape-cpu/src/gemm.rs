@@ -47,6 +47,9 @@ use crate::Result;
 use crate::gates::GemmLayout;
 
 pub(crate) mod autocast;
+mod narrow;
+
+pub use narrow::MAX_K as NARROW_MAX_K;
 
 /// Products with fewer multiply-adds (`m·n·k`) than this (2²² ≈ a 161³ product) run on one
 /// thread whatever [`threads`] says. Measured on the training steps with two threads on the
@@ -463,6 +466,11 @@ fn product<T: Scalar>(c: MatMut<'_, T>, accumulate: bool, a: Mat<'_, T>, b: Mat<
     let t = split_threads(m, n, k);
     match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
         (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
+            if narrow::applies(&a.g, &b.g, &c.g)
+                && narrow::product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha.as_f64() as f32)
+            {
+                return;
+            }
             if column_major_product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha, t) {
                 return;
             }
@@ -885,5 +893,70 @@ mod tests {
             }
         }
         assert!(threads() >= 1);
+    }
+
+    /// The 16-wide kernel (`narrow`) gives the gemm path's bits on every shape it takes, at
+    /// its edges (k = 1 and `NARROW_MAX_K`, ragged row blocks, the families it leaves to the
+    /// gemm crate), for a row-major and a transposed left-hand side, replacing and
+    /// accumulating, with and without a scale; on an AVX-512 machine it must take most cases.
+    #[test]
+    fn sixteen_wide_products_give_the_gemm_bits() {
+        use crate::gates::{Gates, force};
+        let op = Op::Matmul;
+        let avx512 = crate::simd::level() == crate::simd::Level::Avx512;
+        let (mut taken, mut cases) = (0, 0);
+        for m in [1, 7, 8, 9, 16, 17, 24, 64, 129] {
+            for k in [1, 3, 16, 77, 128, 300, NARROW_MAX_K, NARROW_MAX_K + 1] {
+                let a: Vec<f32> = fill(m * k, 7).into_iter().map(|v| v as f32).collect();
+                // b: columns 16..32 of a (k, 40) matrix; c: columns 8..24 of an (m, 30) one.
+                let b: Vec<f32> = fill(k * 40, 8).into_iter().map(|v| v as f32).collect();
+                let c0: Vec<f32> = fill(m * 30, 9).into_iter().map(|v| v as f32).collect();
+                for (transposed, accumulate, alpha) in [
+                    (false, false, 1.0f32),
+                    (false, true, 1.0),
+                    (true, true, 1.0),
+                    (true, false, 0.25),
+                    (false, true, 0.75),
+                ] {
+                    let run = |gates: Gates| {
+                        let _g = force(gates);
+                        let mut c = c0.clone();
+                        let av = match transposed {
+                            false => rows(&op, &a, m, k).unwrap(),
+                            true => rows(&op, &a, k, m).unwrap().t(),
+                        };
+                        let bv = rows(&op, &b, k, 40).unwrap().col_block(16, 16);
+                        let cv = rows_mut(&op, &mut c, m, 30).unwrap().block(0, 8, m, 16);
+                        let took = narrow::applies(&av.g, &bv.g, &cv.g);
+                        matmul(&op, cv, accumulate, av, bv, alpha).unwrap();
+                        (c, took)
+                    };
+                    let (gemm, off) = run(Gates {
+                        narrow_max_k: Some(0),
+                        ..Gates::DEFAULT
+                    });
+                    let (ours, took) = run(Gates::DEFAULT);
+                    assert!(!off);
+                    cases += 1;
+                    taken += usize::from(took);
+                    let same = gemm
+                        .iter()
+                        .zip(&ours)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "m {m} k {k} transposed {transposed} accumulate {accumulate} alpha {alpha}: the 16-wide kernel (taken: {took}) differs from the gemm path"
+                    );
+                    // Taken exactly outside the gemm crate's small-product (m·16·k ≤ 16³) and
+                    // horizontal (m·16 ≤ 256) kernels, within one k-block, at AVX-512.
+                    let expected = avx512 && m > 16 && m * 16 * k > 4096 && k <= NARROW_MAX_K;
+                    assert_eq!(took, expected, "m {m} k {k}: which path");
+                }
+            }
+        }
+        assert!(
+            !avx512 || taken > cases / 4,
+            "taken in {taken} of {cases} cases"
+        );
     }
 }

@@ -206,41 +206,149 @@ fn run_under<T: Scalar>(gates: Gates, case: &GraphCase) -> Result<Vec<Tensor<T>>
     Ok(all)
 }
 
-/// One case of the same-bits check: every setting of each group of [`same_bits_settings`]
-/// gives its reference's values and gradients bit for bit (the first differing element is
-/// named).
-pub fn same_bits_case<T: Scalar>(case: &GraphCase) -> CaseResult {
-    for (reference, others) in same_bits_settings() {
-        let want = run_under::<T>(reference, case)?;
-        let ids = want.len() / 2;
-        for (label, gates) in others {
-            let got = run_under::<T>(gates, case)?;
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let bits = |t: &Tensor<T>| -> Vec<u64> {
-                    t.data().iter().map(|x| x.as_f64().to_bits()).collect()
-                };
-                let (gb, wb) = (bits(g), bits(w));
-                if g.shape() == w.shape() && gb == wb {
-                    continue;
-                }
-                let id = i % ids.max(1);
-                let what = if i < ids { "value" } else { "gradient" };
-                let origin = match case.graph.node(id) {
-                    Some(n) => format!("{:?}", n.op()),
-                    None => "leaf".to_owned(),
-                };
-                let at = gb.iter().zip(&wb).position(|(x, y)| x != y).unwrap_or(0);
-                let (x, y) = (g.data().get(at), w.data().get(at));
-                return Err(format!(
-                    "{what} of %{id} ({origin}) shapes {} / {}, {label}: at flat index {at} \
-                     {x:?}, on one thread at the baseline level {y:?}",
-                    g.shape(),
-                    w.shape()
-                ));
+/// `case` under each of `others` gives its values and gradients under `reference` bit for
+/// bit (the first differing element is named, with the setting's label).
+fn same_bits_as<T: Scalar>(
+    case: &GraphCase,
+    reference: Gates,
+    others: &[(String, Gates)],
+) -> CaseResult {
+    let want = run_under::<T>(reference, case)?;
+    let ids = want.len() / 2;
+    for (label, gates) in others {
+        let got = run_under::<T>(*gates, case)?;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let bits = |t: &Tensor<T>| -> Vec<u64> {
+                t.data().iter().map(|x| x.as_f64().to_bits()).collect()
+            };
+            let (gb, wb) = (bits(g), bits(w));
+            if g.shape() == w.shape() && gb == wb {
+                continue;
             }
+            let id = i % ids.max(1);
+            let what = if i < ids { "value" } else { "gradient" };
+            let origin = match case.graph.node(id) {
+                Some(n) => format!("{:?}", n.op()),
+                None => "leaf".to_owned(),
+            };
+            let at = gb.iter().zip(&wb).position(|(x, y)| x != y).unwrap_or(0);
+            let (x, y) = (g.data().get(at), w.data().get(at));
+            return Err(format!(
+                "{what} of %{id} ({origin}) shapes {} / {}, {label}: at flat index {at} \
+                 {x:?}, under the reference setting {y:?}",
+                g.shape(),
+                w.shape()
+            ));
         }
     }
     Ok(Measured::ZERO)
+}
+
+/// One case of the same-bits check: every setting of each group of [`same_bits_settings`]
+/// gives its reference's values and gradients bit for bit (the first differing element is
+/// named; the reference is one thread at the baseline level).
+pub fn same_bits_case<T: Scalar>(case: &GraphCase) -> CaseResult {
+    for (reference, others) in same_bits_settings() {
+        same_bits_as::<T>(case, reference, &others)?;
+    }
+    Ok(Measured::ZERO)
+}
+
+/// Fixed cases whose shapes cross gates that the registry's small cases never reach (see
+/// [`check_shape_gates`]): the GEMM's 16-wide kernel (`tl_tape_cpu::gemm::NARROW_MAX_K`: a
+/// product 16 wide with more than 16 rows and more than 16³ multiply-adds, at the AVX-512
+/// level): a (40, 24)·(24, 16) product, and multi-head attention with heads 16 wide on 24
+/// tokens (its `A·V_h`, `dS·K_h`, `Aᵀ·dO_h` and `dSᵀ·Q_h`), fused and unfused, with and
+/// without a causal mask.
+pub fn shape_gate_cases() -> Vec<(&'static str, GraphCase)> {
+    use crate::checks::grid::{one_op, positive};
+    use tl_ir::Op;
+    let (n, dm) = (24, 32);
+    let mha = |mask: Option<tl_spec::ops::attention::Mask>, fused: bool, seed: u64| {
+        let op = Op::MultiHeadAttention {
+            heads: dm / 16,
+            mask,
+            fused,
+        };
+        let w = |s: u64| positive([dm, dm], seed + s).map(|v| (v - 1.0) * 0.5);
+        let x = positive([n, dm], seed + 4).map(|v| v - 1.0);
+        one_op(op, vec![w(0), w(1), w(2), w(3), x], seed + 5)
+    };
+    let causal = || Some(tl_spec::ops::attention::Mask::causal(n).expect("a causal mask"));
+    vec![
+        (
+            "matmul 40x24 24x16",
+            one_op(
+                Op::Matmul,
+                vec![positive([40, 24], 1), positive([24, 16], 2)],
+                3,
+            ),
+        ),
+        ("mha heads 16 fused", mha(None, true, 10)),
+        ("mha heads 16 unfused", mha(None, false, 20)),
+        ("mha heads 16 causal fused", mha(causal(), true, 30)),
+        ("mha heads 16 causal unfused", mha(causal(), false, 40)),
+    ]
+}
+
+/// [`shape_gate_cases`] in `T`: checks 1 and 2 (against the f64 IR, [`crate::dag::DAG_TOL`])
+/// under the production decisions and under every one of [`settings`]; and the same bits with
+/// each of those gates off as on (production's, and every fast path on two threads at the best
+/// level), which a bug in a gated path changes even within tolerance.
+pub fn check_shape_gates<T: Scalar>() -> Vec<Report> {
+    use crate::checks::{backward_case, forward_case};
+    use crate::report::run_fixed;
+    let cases = shape_gate_cases();
+    let tol = crate::dag::DAG_TOL;
+    let mut all = vec![("default", Gates::DEFAULT)];
+    all.extend(settings());
+    let mut reports = Vec::new();
+    for (label, gates) in all {
+        let backend = Gated::<T>::new(label, gates);
+        let name = backend.name();
+        reports.push(run_fixed(
+            format!("1 fwd shape gates {name}"),
+            &cases,
+            |c| forward_case(&backend, c, &tol).map_err(crate::CaseError::Fail),
+        ));
+        reports.push(run_fixed(
+            format!("2 bwd shape gates {name}"),
+            &cases,
+            |c| backward_case(&backend, c, &tol).map_err(crate::CaseError::Fail),
+        ));
+    }
+    let off = Gates {
+        narrow_max_k: Some(0),
+        ..Gates::DEFAULT
+    };
+    let on2 = Gates::fast_paths_on(2).with_level(best_level());
+    let pairs = [
+        (
+            off,
+            (
+                "the 16-wide kernel on (production)".to_owned(),
+                Gates::DEFAULT,
+            ),
+        ),
+        (
+            Gates {
+                narrow_max_k: Some(0),
+                ..on2
+            },
+            (
+                "the 16-wide kernel on (every fast path, 2 threads)".to_owned(),
+                on2,
+            ),
+        ),
+    ];
+    for (reference, other) in pairs {
+        let label = format!("gates same bits shape gates {} ({})", T::NAME, other.0);
+        let others = [other];
+        reports.push(run_fixed(label, &cases, |c| {
+            same_bits_as::<T>(c, reference, &others).map_err(crate::CaseError::Fail)
+        }));
+    }
+    reports
 }
 
 /// The same-bits check in `T` on every registry entry that has checks 1 and 2, and on random

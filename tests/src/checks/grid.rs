@@ -38,7 +38,7 @@ pub const GRID_N: usize = 300_007;
 pub const GRID_TOL: f64 = 2e-4;
 
 /// A tensor of `shape` with elements `U(0.5, 1.5)` from `seed`.
-fn positive(shape: impl Into<Shape>, seed: u64) -> Tensor<f64> {
+pub(crate) fn positive(shape: impl Into<Shape>, seed: u64) -> Tensor<f64> {
     Tensor::from_fn(shape, |i| {
         0.5 + unit(splitmix64(
             seed.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9)),
@@ -47,7 +47,7 @@ fn positive(shape: impl Into<Shape>, seed: u64) -> Tensor<f64> {
 }
 
 /// The one-op graph `op(leaves…)` with every leaf requiring grad and a positive cotangent.
-fn one_op(op: Op, leaves: Vec<Tensor<f64>>, seed: u64) -> GraphCase {
+pub(crate) fn one_op(op: Op, leaves: Vec<Tensor<f64>>, seed: u64) -> GraphCase {
     let mut b = GraphBuilder::new();
     let ids: Vec<usize> = leaves
         .iter()
@@ -111,32 +111,7 @@ pub fn run_grid(
     label: String,
     check: impl Fn(&GraphCase) -> Result<Measured, CaseError>,
 ) -> Report {
-    let mut report = Report {
-        label,
-        cases: 0,
-        max_err: 0.0,
-        tol: 0.0,
-        failure: None,
-        pending: Vec::new(),
-    };
-    for (name, case) in grid_cases() {
-        match check(&case) {
-            Ok(m) => {
-                report.cases += 1;
-                report.max_err = report.max_err.max(m.err);
-                report.tol = report.tol.max(m.tol);
-            }
-            Err(CaseError::Fail(msg)) => {
-                report.failure = Some(format!("grid case {name}: {msg}"));
-                break;
-            }
-            Err(CaseError::Pending(op)) => {
-                report.failure = Some(format!("grid case {name}: no CUDA formula for {op}"));
-                break;
-            }
-        }
-    }
-    report
+    crate::report::run_fixed(label, &grid_cases(), check)
 }
 
 /// Check 6 (≈cpu) on the grid cases: the sim and the CPU f32 tape, values and gradients,

@@ -67,3 +67,15 @@ fn the_settings_force_every_gate_both_ways() {
         assert!(has(&|g| g.level == Some(level)), "{level:?}");
     }
 }
+
+/// Shapes past the gates the registry's cases never cross (the GEMM's 16-wide kernel: a
+/// product of more than 16 rows, attention with heads 16 wide), checks 1 and 2 under every
+/// setting and the same bits with each gate off as on, in f32 and f64.
+#[test]
+fn shapes_past_the_gates_match_the_ir_and_keep_the_bits() {
+    use tl_conformance::checks::gates::check_shape_gates;
+    let mut reports = check_shape_gates::<f32>();
+    reports.extend(check_shape_gates::<f64>());
+    let cases = tl_conformance::checks::gates::shape_gate_cases().len() as u32;
+    assert_all_passed(&reports, cases);
+}

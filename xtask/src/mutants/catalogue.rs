@@ -299,6 +299,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "cpu-gemm-narrow-column-order",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/gemm/narrow.rs",
+        from: "acc[j] = fma(col[j], bk, acc[j]);",
+        to: "acc[j] = fma(col[ROWS - 1 - j], bk, acc[j]);",
+        bug: "the GEMM's 16-wide kernel (AVX-512 only) reads a transposed left-hand side's column in reverse",
+        harness: Plain,
+    },
+    Mutant {
         id: "cpu-gemm-nano-guard",
         area: Cpu,
         file: "crates/tl-tape-cpu/src/gemm.rs",
