@@ -88,18 +88,21 @@ fn instead(var: &str) -> String {
 }
 
 /// How the raw value of `var` (`TL_CASES` or `TL_SEED`) reads: the number, `Ok(None)` when
-/// unset or empty, or the warning to print ([`tl_spec::env::interpret`]).
+/// unset or empty, or the warning to print ([`tl_spec::env::interpret`]). `TL_CASES` must be
+/// positive: with 0 cases every check would pass without looking at anything.
 pub fn number_from(
     var: &str,
     raw: Option<&std::ffi::OsStr>,
 ) -> std::result::Result<Option<u64>, String> {
-    tl_spec::env::interpret(
-        var,
-        raw,
-        "a number (decimal, or hexadecimal after 0x)",
-        parse_number,
-        || instead(var),
-    )
+    let cases = var == "TL_CASES";
+    let (expects, parse): (&str, fn(&str) -> Option<u64>) = match cases {
+        true => (
+            "a positive number (decimal, or hexadecimal after 0x; 0 cases would check nothing)",
+            |s| parse_number(s).filter(|&n| n > 0),
+        ),
+        false => ("a number (decimal, or hexadecimal after 0x)", parse_number),
+    };
+    tl_spec::env::interpret(var, raw, expects, parse, || instead(var))
 }
 
 /// `TL_CASES` or `TL_SEED`, read (and warned about) once per process.
@@ -153,7 +156,15 @@ mod tests {
     fn case_and_seed_variable_values() {
         let read = |var: &str, v: &str| number_from(var, Some(v.as_ref()));
         assert_eq!(read("TL_CASES", "500"), Ok(Some(500)));
-        assert_eq!(read("TL_CASES", " 0 "), Ok(Some(0)));
+        assert_eq!(read("TL_SEED", " 0 "), Ok(Some(0)));
+        let w = read("TL_CASES", " 0 ").unwrap_err();
+        assert!(
+            w.starts_with("warning: TL_CASES=\" 0 \" is not a positive number")
+                && w.contains("0 cases would check nothing")
+                && w.contains("default case count"),
+            "{w}"
+        );
+        assert!(read("TL_CASES", "0x0").is_err());
         assert_eq!(read("TL_SEED", "0x7e"), Ok(Some(0x7e)));
         assert_eq!(read("TL_SEED", &u64::MAX.to_string()), Ok(Some(u64::MAX)));
         assert_eq!(read("TL_SEED", ""), Ok(None));
@@ -169,8 +180,9 @@ mod tests {
         ] {
             let w = read("TL_CASES", bad).unwrap_err();
             assert!(
-                w.starts_with(&format!("warning: TL_CASES={bad:?} is not a number"))
-                    && w.contains("default case count"),
+                w.starts_with(&format!(
+                    "warning: TL_CASES={bad:?} is not a positive number"
+                )) && w.contains("default case count"),
                 "{w}"
             );
             let w = read("TL_SEED", bad).unwrap_err();

@@ -29,7 +29,7 @@
 //! - [`metric`]: the error definition; [`report`]: [`Report`] and the proptest driver
 //!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`.
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
-//! - [`user`]: the harness as a library — checks 0–6 on your own op ([`user::check_user_op`])
+//! - [`user`]: the harness as a library — checks 0–7 on your own op ([`user::check_user_op`])
 //!   and the catalogue's suite on your own backend ([`user::check_backend`]).
 //! - [`nn`]: tl-nn's layers on every session against the same computation in plain catalogue
 //!   ops; [`checks::session_state`]: the sessions' state after Nat writes, parameter writes,

@@ -17,6 +17,12 @@
 //!   compiled, replayed);
 //! - **6 ≈cpu, 6 det** — the sim against the CPU f32 tape (within the entry's ulps, or its f32
 //!   tolerance for an op that reduces), and bit-identical reruns in deterministic mode;
+//! - **7 bad input** ([`crate::checks::bad_input`], on an eighth of the cases) — the CPU tape
+//!   (f64, f32) and the sim, and the emulated or real device where the build has one, given the
+//!   op's cases with leaves of the wrong shape or count, bad seeds and ids (each an `Err`, never a
+//!   panic) and with NaN, +∞ and −∞ in every operand: the op's kernels must compute those (of
+//!   the IR's shapes) wherever its reference does, and never panic (a panic is caught and
+//!   quoted);
 //! - with feature `cuda-emu`, **≈ sim cuda-emu**: the op on the kernel emulator's `CudaDevice`
 //!   (its kernels from the user's `.cu`, compiled for the host) against the sim; with feature
 //!   `cuda`, the same on a real GPU when there is one (skipped, and said so, when not).
@@ -49,7 +55,7 @@
 //! let entry = UserEntry::elementwise(UserOpRef::new(Cube)).domains(Domain::Any(2.0));
 //! let report = check_user_op(&entry, &RunConfig { cases: 8, ..RunConfig::default() });
 //! assert!(report.passed(), "{report}");
-//! println!("{}", report.summary()); // "cube: 13 passed, 0 failed" (14 with cuda-emu)
+//! println!("{}", report.summary()); // "cube: 16 passed, 0 failed" (18 with cuda-emu)
 //! ```
 //!
 //! **A backend** (a [`Backend`]: record a graph, read its values, dense backward) goes through
@@ -75,7 +81,9 @@ use crate::checks::{
 };
 use crate::generate::{Size, any_shape, direction, tensor};
 use crate::registry::{Applies, Generate, OpInfo, Tol};
-use crate::{ANY, Backend, Domain, OpCase, Report, RunConfig, registry, run_check, verify};
+use crate::{
+    ANY, Backend, CpuTape, CudaSim, Domain, OpCase, Report, RunConfig, registry, run_check, verify,
+};
 
 /// Draws the operand shapes of a user op's cases, by size.
 pub type Shapes = Arc<dyn Fn(Size) -> BoxedStrategy<Vec<Shape>> + Send + Sync>;
@@ -288,8 +296,8 @@ impl fmt::Display for SuiteReport {
     }
 }
 
-/// Run checks 0–6 on the user op of `entry` (see the module documentation) with `cfg`'s case
-/// count and seed.
+/// Run checks 0–7 on the user op of `entry` (see the module documentation) with `cfg`'s case
+/// count and seed (check 7 with an eighth of it: [`bad_input_cfg`]).
 pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
     let info = entry.info();
     let mut reports = Vec::new();
@@ -297,6 +305,10 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
         reports.push(check_finite(entry, cfg));
     }
     reports.extend(verify::op_row(&info, cfg).cells.into_iter().flatten());
+    let bad_cfg = bad_input_cfg(cfg);
+    reports.push(check_bad_input(&CpuTape::<f64>::new(), &info, &bad_cfg));
+    reports.push(check_bad_input(&CpuTape::<f32>::new(), &info, &bad_cfg));
+    reports.push(check_bad_input(&CudaSim::new(), &info, &bad_cfg));
     let (device, skipped) = device_checks(&info, cfg);
     reports.extend(device);
     SuiteReport {
@@ -307,8 +319,8 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
 }
 
 /// The emulated or real device against the sim, where the build has one (within the entry's
-/// ulps where it declares them, else its f32 tolerance): the reports, and the checks skipped
-/// with why.
+/// ulps where it declares them, else its f32 tolerance), and check 7 on it: the reports, and
+/// the checks skipped with why.
 #[allow(unused_variables, unused_mut)]
 fn device_checks(info: &OpInfo, cfg: &RunConfig) -> (Vec<Report>, Vec<String>) {
     let (mut reports, mut skipped) = (Vec::new(), Vec::new());
@@ -322,11 +334,18 @@ fn device_checks(info: &OpInfo, cfg: &RunConfig) -> (Vec<Report>, Vec<String>) {
             "cuda"
         };
         match CudaDevice::new() {
-            Ok(_) => reports.push(match info.ulps {
-                Some(b) => check_device_vs_sim_ulps(info, cfg, name, b, CudaDevice::new),
-                None => check_device_vs_sim_within(info, cfg, name, true, CudaDevice::new),
-            }),
-            Err(e) => skipped.push(format!("≈ sim {} {name}: no CUDA device: {e}", info.name)),
+            Ok(_) => {
+                reports.push(match info.ulps {
+                    Some(b) => check_device_vs_sim_ulps(info, cfg, name, b, CudaDevice::new),
+                    None => check_device_vs_sim_within(info, cfg, name, true, CudaDevice::new),
+                });
+                let device = crate::backend::OnDevice::new(name, CudaDevice::new);
+                reports.push(check_bad_input(&device, info, &bad_input_cfg(cfg)));
+            }
+            Err(e) => skipped.push(format!(
+                "≈ sim {} {name} and 7 bad input {} {name}: no CUDA device: {e}",
+                info.name, info.name
+            )),
         }
     }
     (reports, skipped)

@@ -1,4 +1,4 @@
-//! The harness as a library (`tl_conformance::user`): user ops through checks 0–6, with teeth
+//! The harness as a library (`tl_conformance::user`): user ops through checks 0–7, with teeth
 //! (a wrong VJP, a wrong CPU kernel, a wrong fast path past a size, a wrong device
 //! implementation and non-finite values each fail the public call, naming the check and the
 //! op), and the catalogue's suite against a third-party backend, with teeth too (a skewed `exp`
@@ -8,7 +8,7 @@
 
 use proptest::prelude::*;
 use tl_conformance::checks::SESSION_CASES;
-use tl_conformance::checks::bad_input::bad_input_case;
+use tl_conformance::checks::bad_input::{bad_input_case, bad_input_cfg};
 use tl_conformance::generate::Size;
 use tl_conformance::user::{UserEntry, check_backend, check_user_op};
 use tl_conformance::{
@@ -32,6 +32,9 @@ enum Bug {
     FastPath,
     /// The value is not finite for negative operands.
     NonFinite,
+    /// The CPU kernel panics on a NaN operand (an `expect` on a comparison), where IEEE
+    /// arithmetic and the reference compute NaN.
+    PanicsOnNan,
 }
 
 /// `x³` elementwise, with an optional planted bug.
@@ -69,6 +72,10 @@ impl UserOp for Cube {
         Ok(match self.0 {
             Bug::CpuKernel => y.map(|v| v * T::lit(1.0001)),
             Bug::FastPath if y.numel() >= 64 => y.map(|v| v * T::lit(1.0001)),
+            Bug::PanicsOnNan => y.map(|v| {
+                v.partial_cmp(&T::zero()).expect("cube: an ordered operand");
+                v
+            }),
             _ => y,
         })
     }
@@ -246,13 +253,28 @@ fn correct_user_ops_pass_every_check() {
         let report = check_user_op(entry, &cfg);
         println!("{report}");
         assert!(report.passed(), "{report}");
-        // Checks 0, 1 (f64, f32, sim), 2 (f64, f32, sim), 3, 4, 5 (cpu, sim), 6 (≈cpu, det).
-        assert!(report.reports.len() >= 13, "{report}");
+        // Checks 0, 1 (f64, f32, sim), 2 (f64, f32, sim), 3, 4, 5 (cpu, sim), 6 (≈cpu, det),
+        // 7 (f64, f32, sim).
+        assert!(report.reports.len() >= 16, "{report}");
+        assert_eq!(
+            report
+                .reports
+                .iter()
+                .filter(|r| r.label.starts_with("7 bad input"))
+                .count(),
+            3 + usize::from(cfg!(feature = "cuda-emu")),
+            "{report}"
+        );
         // Most cases were valid (check 5 runs at most SESSION_CASES of them; the GPU bundle's
         // TL_CASES=128 found this assertion holding it to 128).
-        let planned = |label: &str| match label.starts_with("5 sess") {
-            true => cfg.cases.min(SESSION_CASES),
-            false => cfg.cases,
+        let planned = |label: &str| {
+            if label.starts_with("5 sess") {
+                cfg.cases.min(SESSION_CASES)
+            } else if label.starts_with("7 bad input") {
+                bad_input_cfg(&cfg).cases
+            } else {
+                cfg.cases
+            }
         };
         assert!(
             report
@@ -327,6 +349,23 @@ fn a_wrong_cpu_kernel_fails_the_cpu_forward_and_the_sim_comparison() {
         "{bad:?}"
     );
     assert!(bad.iter().any(|l| l.starts_with("6 ≈cpu")), "{bad:?}");
+}
+
+#[test]
+fn a_cpu_kernel_that_panics_on_nan_fails_check_7_only() {
+    // Finite operands everywhere else: only check 7's NaN, +inf and -inf operands reach it.
+    let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::PanicsOnNan))).ulps(8);
+    let report = check_user_op(&entry, &cfg());
+    let bad = failed(&report);
+    assert!(
+        !bad.is_empty() && bad.iter().all(|l| l.starts_with("7 bad input cube cpu-")),
+        "{report}"
+    );
+    let text = report.to_string();
+    assert!(
+        text.contains("panicked") && text.contains("an ordered operand"),
+        "{text}"
+    );
 }
 
 #[test]

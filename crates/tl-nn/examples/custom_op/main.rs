@@ -1,6 +1,6 @@
 //! Your own op, verified everywhere: the exact (erf) GELU, which the catalogue lacks, written
 //! as a user op (`op.rs`), used in a tl-nn model that trains on the digits, and put through
-//! the harness's checks 0–6 by one public call — then the same op with a deliberately wrong
+//! the harness's checks 0–7 by one public call — then the same op with a deliberately wrong
 //! VJP, which the harness rejects with a readable report.
 //!
 //! The op carries its CUDA kernels (`gelu_erf.cu`, `kernel.rs`): on a GPU (`--features cuda`,

@@ -46,12 +46,27 @@ const DEFAULT_CASES: u32 = 1000;
 /// Set in the child process: only there does [`fuzz_cases_in_this_process`] fuzz.
 const CHILD_VAR: &str = "TL_FUZZ_IN_CHILD";
 
+/// The number `name` holds; `None` when unset or empty. A value that does not parse stops the
+/// test, naming it: a mistyped `TL_FUZZ_CASES=10k` must not quietly run the default.
 fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
+    let raw = std::env::var_os(name)?;
+    let text = raw.to_string_lossy();
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    match text.parse() {
+        Ok(v) => Some(v),
+        Err(_) => panic!("{name}={raw:?} is not a number (unset it for the default)"),
+    }
 }
 
 fn cases() -> u32 {
-    env("TL_FUZZ_CASES").unwrap_or(DEFAULT_CASES)
+    match env("TL_FUZZ_CASES") {
+        Some(0) => panic!("TL_FUZZ_CASES=0 would fuzz nothing (unset it for {DEFAULT_CASES})"),
+        Some(n) => n,
+        None => DEFAULT_CASES,
+    }
 }
 
 fn seed() -> u64 {
