@@ -75,7 +75,9 @@ use proptest::prelude::*;
 use tl_ir::{Op, UserOpRef};
 use tl_spec::{Shape, Tensor};
 
-use crate::checks::bad_input::{bad_input_cfg, check_bad_input, check_bad_input_dag};
+use crate::checks::bad_input::{
+    bad_input_cfg, check_bad_input, check_bad_input_dag, check_oversized,
+};
 use crate::checks::{
     check_backward, check_backward_dag, check_forward, check_forward_dag, conventions, hard,
 };
@@ -409,7 +411,8 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 /// [`crate::checks::bad_input`]) for every registry op and on random DAGs, on an eighth of
 /// `cfg`'s cases ([`bad_input_cfg`]): the wrong leaf shapes and counts, seed shapes and output
 /// ids must be errors that name them, never a panic or an `Ok`, and leave the backend working;
-/// a short Nat environment and non-finite leaves must not be refused. A backend that cannot
+/// a short Nat environment and non-finite leaves must not be refused; and graphs whose outputs
+/// no machine holds ([`check_oversized`]) must be errors naming the op. A backend that cannot
 /// run an op fails that op's cells with its error. PyTorch has no such entry point; burn runs
 /// one test suite against every backend in the same spirit.
 pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
@@ -434,6 +437,7 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
         reports.push(check_bad_input(backend, entry, &bad_cfg));
     }
     reports.push(check_bad_input_dag(backend, &bad_cfg));
+    reports.push(check_oversized(backend));
     SuiteReport {
         name: backend.name(),
         reports,

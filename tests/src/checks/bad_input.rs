@@ -9,7 +9,9 @@
 //!   count). `record` must fail, its message naming the expected and the given shape;
 //! - one leaf too few and one too many: `record` fails, naming both counts;
 //! - `backward_dense` on a good program with a seed of each wrong shape (naming the output's
-//!   shape and the seed's) and from an id past the graph's (`len`, `usize::MAX`; naming the id).
+//!   shape and the seed's) and from an id past the graph's (`len`, `usize::MAX`; naming the id);
+//! - once per backend, graphs whose outputs no machine holds ([`check_oversized`]): each an
+//!   error naming the op.
 //!
 //! Every call runs under [`std::panic::catch_unwind`]: a panic fails the case with the panic's
 //! message and location. After the refused `record` calls the good case is recorded and checked
@@ -36,6 +38,10 @@
 //! flag) and hands every other panic to the hook that was there before, unchanged. Tests
 //! running in parallel thus print their panics as before, and a backend that panics on every
 //! bad call does not print hundreds of messages and backtraces while its failure is shrunk.
+
+mod oversized;
+
+pub use oversized::{BIG, Oversized, check_oversized, oversized_cases};
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -347,6 +353,8 @@ enum Name<'a> {
     Shape(&'a Shape),
     /// A count or an id, as a whole number in the text.
     Count(usize),
+    /// An op, by its name.
+    Op(&'a str),
 }
 
 impl Name<'_> {
@@ -354,6 +362,7 @@ impl Name<'_> {
         match self {
             Name::Shape(s) => s.to_string(),
             Name::Count(n) => n.to_string(),
+            Name::Op(op) => format!("the op {op}"),
         }
     }
 
@@ -364,6 +373,7 @@ impl Name<'_> {
                 let n = n.to_string();
                 msg.split(|c: char| !c.is_ascii_digit()).any(|w| w == n)
             }
+            Name::Op(op) => msg.contains(op),
         }
     }
 }

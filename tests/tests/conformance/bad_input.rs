@@ -7,7 +7,8 @@
 use proptest::prelude::*;
 use tl_conformance::backend::IrRef;
 use tl_conformance::checks::bad_input::{
-    bad_input_cfg, check_bad_input, check_bad_input_dag, wrong_shapes,
+    bad_input_cfg, check_bad_input, check_bad_input_dag, check_oversized, oversized_cases,
+    wrong_shapes,
 };
 use tl_conformance::user::UserEntry;
 use tl_conformance::{Backend, CpuTape, CudaSim, Report, RunConfig, assert_all_passed, registry};
@@ -308,6 +309,8 @@ fn check_7<B: Backend>(backend: &B, cfg: &RunConfig) {
         "{reports:?}"
     );
     assert_all_passed(&reports, cfg.cases);
+    let oversized = check_oversized(backend);
+    assert_all_passed(&[oversized], oversized_cases().len() as u32);
 }
 
 #[test]

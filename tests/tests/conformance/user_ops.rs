@@ -512,6 +512,8 @@ enum Careless {
     Sticky,
     /// Refuses NaN and infinities in leaf values (which are not bad input: IEEE arithmetic).
     NonFinite,
+    /// Asserts (panics) where a value is too large to allocate, instead of returning an error.
+    Huge,
 }
 
 struct CarelessBackend(Careless);
@@ -535,6 +537,12 @@ impl Backend for CarelessBackend {
         leaves: &[Tensor<f32>],
         nats: &[usize],
     ) -> Result<Self::Program, String> {
+        if self.0 == Careless::Huge {
+            for id in 0..graph.len() {
+                let n = graph.shape(id).map_or(0, Shape::numel);
+                assert!(n < 1 << 30, "{n} elements do not fit in memory");
+            }
+        }
         let leaves: Vec<Tensor<f32>> = match self.0 {
             Careless::Count => (0..graph.num_leaves()).map(|k| leaves[k].clone()).collect(),
             Careless::Numel => leaves
@@ -702,6 +710,18 @@ fn check_backend_fails_a_backend_that_refuses_non_finite_leaves() {
             .iter()
             .all(|f| f.contains("NaN, +inf and -inf in every leaf: refused")
                 && f.contains("non-finite values are not bad input")),
+        "{failures:#?}"
+    );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_panics_on_an_output_too_large_to_allocate() {
+    let failures = check_7_failures(Careless::Huge, &[]);
+    assert_eq!(failures.len(), 1, "{failures:#?}");
+    assert!(
+        failures[0].contains("record and values of randUniform [1e11]")
+            && failures[0].contains("the backend panicked: \"100000000000 elements do not fit")
+            && failures[0].contains("bad input must be an error, never a panic"),
         "{failures:#?}"
     );
 }
