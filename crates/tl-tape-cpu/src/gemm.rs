@@ -905,12 +905,20 @@ mod tests {
         let op = Op::Matmul;
         let avx512 = crate::simd::level() == crate::simd::Level::Avx512;
         let (mut taken, mut cases) = (0, 0);
-        for m in [1, 7, 8, 9, 16, 17, 24, 64, 129] {
-            for k in [1, 3, 16, 77, 128, 300, NARROW_MAX_K, NARROW_MAX_K + 1] {
+        let w = 16;
+        for m in [1, 7, 8, 9, 16, 17, 24, 64, 129, 300] {
+            for k in [1, 2, 3, 16, 77, 128, 300, NARROW_MAX_K, NARROW_MAX_K + 1] {
                 let a: Vec<f32> = fill(m * k, 7).into_iter().map(|v| v as f32).collect();
-                // b: columns 16..32 of a (k, 40) matrix; c: columns 8..24 of an (m, 30) one.
-                let b: Vec<f32> = fill(k * 40, 8).into_iter().map(|v| v as f32).collect();
-                let c0: Vec<f32> = fill(m * 30, 9).into_iter().map(|v| v as f32).collect();
+                // b: columns 16..16 + w of a (k, w + 24) matrix; c: columns 8..8 + w of an
+                // (m, w + 14) one.
+                let b: Vec<f32> = fill(k * (w + 24), 8)
+                    .into_iter()
+                    .map(|v| v as f32)
+                    .collect();
+                let c0: Vec<f32> = fill(m * (w + 14), 9)
+                    .into_iter()
+                    .map(|v| v as f32)
+                    .collect();
                 for (transposed, accumulate, alpha) in [
                     (false, false, 1.0f32),
                     (false, true, 1.0),
@@ -925,8 +933,8 @@ mod tests {
                             false => rows(&op, &a, m, k).unwrap(),
                             true => rows(&op, &a, k, m).unwrap().t(),
                         };
-                        let bv = rows(&op, &b, k, 40).unwrap().col_block(16, 16);
-                        let cv = rows_mut(&op, &mut c, m, 30).unwrap().block(0, 8, m, 16);
+                        let bv = rows(&op, &b, k, w + 24).unwrap().col_block(16, w);
+                        let cv = rows_mut(&op, &mut c, m, w + 14).unwrap().block(0, 8, m, w);
                         let took = narrow::applies(&av.g, &bv.g, &cv.g);
                         matmul(&op, cv, accumulate, av, bv, alpha).unwrap();
                         (c, took)
@@ -945,12 +953,18 @@ mod tests {
                         .all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(
                         same,
-                        "m {m} k {k} transposed {transposed} accumulate {accumulate} alpha {alpha}: the 16-wide kernel (taken: {took}) differs from the gemm path"
+                        "w {w} m {m} k {k} transposed {transposed} accumulate {accumulate} alpha {alpha}: the narrow kernel (taken: {took}) differs from the gemm path"
                     );
-                    // Taken exactly outside the gemm crate's small-product (m·16·k ≤ 16³) and
-                    // horizontal (m·16 ≤ 256) kernels, within one k-block, at AVX-512.
-                    let expected = avx512 && m > 16 && m * 16 * k > 4096 && k <= NARROW_MAX_K;
-                    assert_eq!(took, expected, "m {m} k {k}: which path");
+                    // Taken exactly outside the gemm crate's small-product (m·16·k ≤ 16³),
+                    // horizontal (m·16 ≤ 256) and k ≤ 2 kernels, within one k-block and one
+                    // thread's work, at AVX-512.
+                    let expected = avx512
+                        && m * w > 256
+                        && m > 1
+                        && m * w * k > 4096
+                        && (3..=NARROW_MAX_K).contains(&k)
+                        && m * k * w <= PARALLEL_MIN_WORK;
+                    assert_eq!(took, expected, "w {w} m {m} k {k}: which path");
                 }
             }
         }

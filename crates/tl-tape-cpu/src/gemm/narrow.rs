@@ -7,9 +7,9 @@
 //! by a broadcast of each left-hand element and added, one fused multiply-add per element. Each
 //! output is one sum over k in order from zero, times `alpha` (unless 1), then added to `c` when
 //! accumulating: the order the gemm crate's kernels keep on the shapes this path takes (one
-//! k-block: its `kc` is at least `min(k, 512)`; not its small-product, matrix-vector or
-//! horizontal kernels), so the bits are those of the gemm path (the tests compare them bit for
-//! bit) and do not depend on the level.
+//! k-block: its `kc` is at least `min(k, 512)`; not its small-product, matrix-vector,
+//! horizontal or k ≤ 2 kernels), so the bits are those of the gemm path (the tests compare
+//! them bit for bit) and do not depend on the level.
 
 use super::Geometry;
 
@@ -28,10 +28,11 @@ const MAX_MK: usize = super::PARALLEL_MIN_WORK / WIDTH;
 const ROWS: usize = 8;
 
 /// Whether an `(m, k)·(k, 16)` f32 product into `c` takes this path: the AVX-512 level, a
-/// right-hand side and an output 16 wide with unit column stride, 1 ≤ k ≤ `max_k` (the
-/// [`crate::gates`] override of [`MAX_K`]), m·k within one thread's work, and none of the gemm
-/// crate's other kernel families (`super::sum_order_family`: more than one row and more than
-/// its small-product and horizontal outputs).
+/// right-hand side and an output 16 wide with unit column stride, 3 ≤ k ≤ `max_k` (the
+/// [`crate::gates`] override of [`MAX_K`]; at k ≤ 2 the gemm crate takes its `gevv` kernel,
+/// another order), m·k within one thread's work, and none of the gemm crate's other kernel
+/// families (`super::sum_order_family`: more than one row and more than its small-product and
+/// horizontal outputs).
 pub(super) fn applies(a: &Geometry, b: &Geometry, c: &Geometry) -> bool {
     let (m, k) = (a.rows, a.cols);
     let max_k = crate::gates::get(|g| g.narrow_max_k, MAX_K).min(MAX_K);
@@ -39,7 +40,7 @@ pub(super) fn applies(a: &Geometry, b: &Geometry, c: &Geometry) -> bool {
     b.cols == WIDTH
         && b.cs == 1
         && c.cs == 1
-        && (1..=max_k).contains(&k)
+        && (3..=max_k).contains(&k)
         && m.saturating_mul(k) <= MAX_MK
         && !(nano || vector || horizontal)
         && crate::simd::level() == crate::simd::Level::Avx512
