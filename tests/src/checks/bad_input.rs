@@ -41,7 +41,7 @@
 
 mod oversized;
 
-pub use oversized::{BIG, Oversized, check_oversized, oversized_cases};
+pub use oversized::{BIG, check_oversized, oversized_cases};
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
