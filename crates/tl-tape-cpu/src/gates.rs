@@ -1,9 +1,10 @@
 //! Overrides of the size-, shape- and thread-gated fast paths, for tests.
 //!
 //! Several kernels switch to another path above a size, shape or thread-count threshold: the
-//! GEMM's thread split and layout copies, the element-wise and per-row thread splits, the fused
-//! attention's memory-lean form and its row blocks, conv's weight-cotangent chunks, the window tables' cache and runs,
-//! the element-wise loops' staging and instruction set. The small cases a property test draws
+//! GEMM's thread split, layout copies and 16-wide kernel, the element-wise and per-row thread
+//! splits, the fused attention's memory-lean form and its row blocks, conv's weight-cotangent
+//! chunks, the window tables' cache and runs, the element-wise loops' staging and instruction
+//! set. The small cases a property test draws
 //! never cross most of those thresholds, so a bug on the far side would go unseen. A
 //! [`Gates`] value names, per gate, a threshold (or a path) to use instead of the production
 //! one; [`force`] installs it **on the calling thread** until the returned [`Guard`] is
@@ -20,7 +21,7 @@
 //! | [`parallel_min_elements`](Gates::parallel_min_elements) | [`crate::par::PARALLEL_MIN_ELEMENTS`] |
 //! | [`parallel_min_row_work`](Gates::parallel_min_row_work) | [`crate::par::PARALLEL_MIN_ROW_WORK`] |
 //! | [`gemm_parallel_min_work`](Gates::gemm_parallel_min_work) | [`crate::gemm::PARALLEL_MIN_WORK`] |
-//! | [`narrow_max_k`](Gates::narrow_max_k) | [`crate::gemm::NARROW_MAX_K`] (16-wide products, AVX-512) |
+//! | [`narrow_max_k`](Gates::narrow_max_k) | [`crate::gemm::NARROW_MAX_K`] (16-wide products at AVX-512) |
 //! | [`transpose_min_side`](Gates::transpose_min_side) | the GEMM's `TRANSPOSE_MIN_SIDE` (16) |
 //! | [`gemm_layout`](Gates::gemm_layout) | the GEMM's layout rule (`copies_pay`, `column_major_cheaper`, AVX-512 for `row_major_rhs`, one thread) |
 //! | [`fused_keep_max`](Gates::fused_keep_max) | [`crate::ops::attention::core::FUSED_KEEP_MAX`] |
@@ -111,9 +112,10 @@ impl Gates {
     };
 
     /// Every gated fast path on wherever it can run, on `threads` threads: every split
-    /// threshold 0, the 16-wide product kernel at every depth it takes, layout copies from side 1 by the column-major product, every fused
-    /// attention memory-lean with one query row per block, one batch entry per weight-cotangent chunk, every window table
-    /// cached and kept as runs, one value per stage. (`level`, the copy path and the bf16
+    /// threshold 0, the 16-wide product kernel at every depth it takes, layout copies from
+    /// side 1 by the column-major product, every fused attention memory-lean with one query
+    /// row per block, one batch entry per weight-cotangent chunk, every window table cached
+    /// and kept as runs, one value per stage. (`level`, the copy path and the bf16
     /// kernel are left to the caller: see [`Gates::with_level`], [`Gates::with_layout`] and
     /// [`Gates::with_bf16_kernel`].)
     pub const fn fast_paths_on(threads: usize) -> Gates {
@@ -137,9 +139,9 @@ impl Gates {
     }
 
     /// Every gated fast path off: one thread, every split threshold `usize::MAX`, strided
-    /// products (none by the 16-wide kernel), fused attention as the unfused one (one block per sample, A kept), one
-    /// weight-cotangent chunk, no cached table, no runs, whole stages, the baseline instruction
-    /// set, the portable bf16 kernel.
+    /// products (none by the 16-wide kernel), fused attention as the unfused one (one block
+    /// per sample, A kept), one weight-cotangent chunk, no cached table, no runs, whole
+    /// stages, the baseline instruction set, the portable bf16 kernel.
     pub const fn fast_paths_off() -> Gates {
         Gates {
             threads: Some(1),

@@ -21,6 +21,9 @@
 //!   split forced. This reaches the GEMM's sum-order guards (`split_matmul` cuts a product
 //!   only where both blocks sum over k as the whole does): a wrong guard changes bits, often
 //!   within tolerance.
+//! - Shapes past the gates ([`check_shape_gates`]): fixed cases large enough for the gates the
+//!   registry's small cases never cross (the GEMM's 16-wide kernel), checks 1 and 2 under every
+//!   setting and the same bits with each such gate off as on.
 
 use proptest::prelude::*;
 use tl_ir::{GraphData, Id};

@@ -47,6 +47,10 @@ fn the_settings_force_every_gate_both_ways() {
     assert!(zero_and_max(&|g| g.parallel_min_elements));
     assert!(zero_and_max(&|g| g.parallel_min_row_work));
     assert!(zero_and_max(&|g| g.gemm_parallel_min_work));
+    assert!(has(&|g| g.narrow_max_k == Some(0)));
+    assert!(has(&|g| g
+        .narrow_max_k
+        .is_some_and(|k| k >= tl_tape_cpu::gemm::NARROW_MAX_K)));
     assert!(zero_and_max(&|g| g.transpose_min_side));
     assert!(zero_and_max(&|g| g.fused_keep_max));
     assert!(zero_and_max(&|g| g.fused_scores));

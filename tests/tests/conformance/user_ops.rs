@@ -719,8 +719,8 @@ fn check_backend_fails_a_backend_that_panics_on_an_output_too_large_to_allocate(
     let failures = check_7_failures(Careless::Huge, &[]);
     assert_eq!(failures.len(), 1, "{failures:#?}");
     assert!(
-        failures[0].contains("case randUniform [1e11]: record and values")
-            && failures[0].contains("the backend panicked: \"100000000000 elements do not fit")
+        failures[0].contains("case randUniform [1e14]: record and values")
+            && failures[0].contains("the backend panicked: \"100000000000000 elements do not fit")
             && failures[0].contains("bad input must be an error, never a panic"),
         "{failures:#?}"
     );
