@@ -467,7 +467,16 @@ fn product<T: Scalar>(c: MatMut<'_, T>, accumulate: bool, a: Mat<'_, T>, b: Mat<
     match (T::typed(a.data), T::typed(b.data), T::typed_mut(c.data)) {
         (Typed::F32(ad), Typed::F32(bd), TypedMut::F32(cd)) => {
             if narrow::applies(&a.g, &b.g, &c.g)
-                && narrow::product(a.g, ad, b.g, bd, c.g, cd, accumulate, alpha.as_f64() as f32)
+                && narrow::product(
+                    Mat { data: ad, g: a.g },
+                    Mat { data: bd, g: b.g },
+                    MatMut {
+                        data: &mut *cd,
+                        g: c.g,
+                    },
+                    accumulate,
+                    alpha.as_f64() as f32,
+                )
             {
                 return;
             }

@@ -11,7 +11,7 @@
 //! horizontal or k ≤ 2 kernels), so the bits are those of the gemm path (the tests compare
 //! them bit for bit) and do not depend on the level.
 
-use super::Geometry;
+use super::{Geometry, Mat, MatMut};
 
 /// The output width this path takes.
 const WIDTH: usize = 16;
@@ -49,20 +49,16 @@ pub(super) fn applies(a: &Geometry, b: &Geometry, c: &Geometry) -> bool {
 /// `c ← alpha·a·b (+ c)` for a product [`applies`] accepts, views already checked. Returns
 /// `false` (nothing written: the caller's path runs) where AVX-512 is missing or the
 /// contiguous copy of `b` cannot be allocated.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn product(
-    a: Geometry,
-    ad: &[f32],
-    b: Geometry,
-    bd: &[f32],
-    c: Geometry,
-    cd: &mut [f32],
+    a: Mat<'_, f32>,
+    b: Mat<'_, f32>,
+    c: MatMut<'_, f32>,
     accumulate: bool,
     alpha: f32,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if let Some(simd) = pulp::x86::V4::try_new() {
-        let k = a.cols;
+        let (k, bd, b) = (a.g.cols, b.data, b.g);
         let Ok(mut rows) = tl_spec::alloc::try_for_overwrite(super::GEMM, "b's rows", k * WIDTH)
         else {
             return false;
@@ -74,17 +70,15 @@ pub(super) fn product(
         simd.vectorize(Kernel {
             simd,
             a,
-            ad,
             b: pulp::as_arrays::<WIDTH, f32>(&rows).0,
             c,
-            cd,
             accumulate,
             alpha,
         });
         tl_spec::pool::give(rows);
         return true;
     }
-    let _ = (a, ad, b, bd, c, cd, accumulate, alpha);
+    let _ = (a, b, c, accumulate, alpha);
     false
 }
 
@@ -92,11 +86,9 @@ pub(super) fn product(
 #[cfg(target_arch = "x86_64")]
 struct Kernel<'a> {
     simd: pulp::x86::V4,
-    a: Geometry,
-    ad: &'a [f32],
+    a: Mat<'a, f32>,
     b: &'a [[f32; WIDTH]],
-    c: Geometry,
-    cd: &'a mut [f32],
+    c: MatMut<'a, f32>,
     accumulate: bool,
     alpha: f32,
 }
@@ -110,11 +102,9 @@ impl pulp::NullaryFnOnce for Kernel<'_> {
         use pulp::Simd;
         let Kernel {
             simd: s,
-            a,
-            ad,
+            a: Mat { data: ad, g: a },
             b,
-            c,
-            cd,
+            c: MatMut { data: cd, g: c },
             accumulate,
             alpha,
         } = self;
@@ -171,6 +161,5 @@ impl pulp::NullaryFnOnce for Kernel<'_> {
             }
             i0 += r;
         }
-        let _ = k;
     }
 }
