@@ -207,6 +207,10 @@ pub struct TrainArgs {
     /// Use only the first N training examples (quick runs and tests).
     #[arg(long, value_name = "N")]
     pub train_subset: Option<usize>,
+    /// Evaluate on only the first N test examples (quick runs and tests; for the transformer
+    /// the unigram baseline is computed on the same windows).
+    #[arg(long, value_name = "N")]
+    pub test_subset: Option<usize>,
 }
 
 /// `tl eval` options.

@@ -126,13 +126,21 @@ impl Dataset {
     }
 }
 
-/// A model's train and test splits, and the test loss of the baseline a language model must
-/// beat (the unigram model; `None` for the other tasks).
-pub fn load(model: ModelName) -> Result<(Dataset, Dataset, Option<f32>)> {
+/// A model's train and test splits, the test split cut to its first `test_subset` examples
+/// when one is given, and the test loss of the baseline a language model must beat (the
+/// unigram model, on the test windows kept; `None` for the other tasks).
+pub fn load(
+    model: ModelName,
+    test_subset: Option<usize>,
+) -> Result<(Dataset, Dataset, Option<f32>)> {
+    let cut = |test: Dataset| match test_subset {
+        Some(n) => test.truncate(n),
+        None => test,
+    };
     Ok(match model {
         ModelName::Mlp | ModelName::Cnn => {
             let (train, test) = digits()?;
-            (Dataset::Classes(train), Dataset::Classes(test), None)
+            (Dataset::Classes(train), cut(Dataset::Classes(test)), None)
         }
         ModelName::Fno => {
             let make = |n, seed| {
@@ -146,13 +154,16 @@ pub fn load(model: ModelName) -> Result<(Dataset, Dataset, Option<f32>)> {
             };
             (
                 make(BURGERS_TRAIN, BURGERS_SEEDS.0),
-                make(BURGERS_TEST, BURGERS_SEEDS.1),
+                cut(make(BURGERS_TEST, BURGERS_SEEDS.1)),
                 None,
             )
         }
         ModelName::Transformer => {
             let c = corpus()?;
-            let test = Windows::new(c.test, CONTEXT, c.vocab.len())?;
+            let mut test = Windows::new(c.test, CONTEXT, c.vocab.len())?;
+            if let Some(n) = test_subset {
+                test.len = test.len.min(n);
+            }
             let train = Windows::new(c.train.clone(), CONTEXT, c.vocab.len())?;
             let base = unigram_loss(&c.train, &test)? as f32;
             (Dataset::Text(train), Dataset::Text(test), Some(base))
@@ -190,5 +201,30 @@ mod tests {
         );
         assert_eq!(y.data()[3], -(GRID as f32 + 3.0));
         assert_eq!(d.truncate(1).len(), 1);
+    }
+
+    #[test]
+    fn a_test_subset_keeps_the_first_examples_and_the_baseline_follows_them() {
+        for model in [ModelName::Mlp, ModelName::Fno, ModelName::Transformer] {
+            let (_, full, full_base) = load(model, None).unwrap();
+            let (_, five, base) = load(model, Some(5)).unwrap();
+            assert_eq!(five.len(), 5, "{model:?}");
+            // The first five examples, unchanged.
+            let idx = [0, 1, 2, 3, 4];
+            let (a, b) = (five.batch(&idx).unwrap(), full.batch(&idx).unwrap());
+            assert_eq!(a, b, "{model:?}");
+            // A subset larger than the split keeps it whole.
+            let (_, all, _) = load(model, Some(usize::MAX)).unwrap();
+            assert_eq!(all.len(), full.len(), "{model:?}");
+            // The baseline is the unigram model's loss on the windows kept.
+            if let Dataset::Text(w) = &five {
+                let c = corpus().unwrap();
+                let want = unigram_loss(&c.train, w).unwrap() as f32;
+                assert_eq!(base, Some(want));
+                assert_ne!(base, full_base, "the full split's baseline");
+            } else {
+                assert_eq!((base, full_base), (None, None), "{model:?}");
+            }
+        }
     }
 }

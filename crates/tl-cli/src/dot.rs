@@ -19,7 +19,7 @@ use crate::model::Model;
 pub fn record(model: ModelName, batch: usize) -> Result<GraphData> {
     let rt = Runtime::new(LinkedSession::<f32>::new());
     let m = Model::new(model, &rt)?;
-    let (train, _, _) = load(model)?;
+    let (train, _, _) = load(model, None)?;
     let idx: Vec<usize> = (0..batch.clamp(1, train.len())).collect();
     let b = train.batch(&idx)?;
     let g = rt.record(

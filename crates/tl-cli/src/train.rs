@@ -13,7 +13,7 @@ use tl_session::{Backend, LinkedSession, Options, Session, Train};
 
 use crate::checkpoint::{self, Checkpoint, Header};
 use crate::cli::{ModelName, OptimizerName, Preset, TrainArgs};
-use crate::dataset::load;
+use crate::dataset::{Dataset, load};
 use crate::fno_paper::{
     PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperData, PaperRun, default_cache_dir,
 };
@@ -44,6 +44,9 @@ pub struct TrainConfig {
     pub deterministic: bool,
     /// Use only this many training examples.
     pub train_subset: Option<usize>,
+    /// Evaluate on only the first this many examples of the test split (and of the paper
+    /// run's super-resolution pairs); the language model's baseline on the same windows.
+    pub test_subset: Option<usize>,
     /// Start from this checkpoint.
     pub resume: Option<PathBuf>,
     /// Save the trained model and optimizer state here.
@@ -90,6 +93,7 @@ impl TrainConfig {
             linked: a.linked,
             deterministic: a.deterministic,
             train_subset: a.train_subset,
+            test_subset: a.test_subset,
             resume: a.resume.clone(),
             save: a.save.clone(),
             progress: true,
@@ -106,6 +110,9 @@ impl TrainConfig {
         }
         if cfg.train_subset == Some(0) {
             return Err(CliError::new("--train-subset must be at least 1"));
+        }
+        if cfg.test_subset == Some(0) {
+            return Err(CliError::new("--test-subset must be at least 1"));
         }
         Ok(cfg)
     }
@@ -124,6 +131,7 @@ impl TrainConfig {
             linked: false,
             deterministic: false,
             train_subset: None,
+            test_subset: None,
             resume: None,
             save: None,
             progress: false,
@@ -272,9 +280,17 @@ fn run<O: Train<T = f32>>(
         Some(p) => {
             let m = Model::fno_paper(rt, &p.fno_config(), p.output_scale)?;
             let (tr, te, sup) = p.splits(log)?;
-            (m, (tr, te, None), sup)
+            let cut = |d: Dataset| match cfg.test_subset {
+                Some(n) => d.truncate(n),
+                None => d,
+            };
+            (m, (tr, cut(te), None), sup.map(cut))
         }
-        None => (Model::new(cfg.model, rt)?, load(cfg.model)?, None),
+        None => (
+            Model::new(cfg.model, rt)?,
+            load(cfg.model, cfg.test_subset)?,
+            None,
+        ),
     };
     let train = match cfg.train_subset {
         Some(n) => train.truncate(n),
@@ -491,7 +507,7 @@ pub fn eval_checkpoint(cfg: &EvalConfig, log: &mut dyn FnMut(&str)) -> Result<Ev
                 }
             }
             let m = Model::new(header.model, &rt)?;
-            let (_, test, _) = load(header.model)?;
+            let (_, test, _) = load(header.model, None)?;
             let data = format!("the {} test split", crate::model::dataset(header.model));
             (m, test, data)
         }

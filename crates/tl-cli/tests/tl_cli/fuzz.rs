@@ -228,7 +228,7 @@ fn flag_value() -> impl Strategy<Value = String> {
 }
 
 /// The flags of `tl train` and `tl eval` whose values are checked.
-const FLAGS: [&str; 15] = [
+const FLAGS: [&str; 16] = [
     "--model",
     "--preset",
     "--grid",
@@ -242,6 +242,7 @@ const FLAGS: [&str; 15] = [
     "--optimizer",
     "--seed",
     "--train-subset",
+    "--test-subset",
     "--checkpoint",
     "--data-cache",
 ];
@@ -298,6 +299,7 @@ fn command_lines_parse_to_valid_configurations_or_are_refused() {
                     prop_assert!(cfg.batch_size >= 1, "{argv:?}");
                     prop_assert!(cfg.lr.is_finite() && cfg.lr > 0.0, "{argv:?}");
                     prop_assert!(cfg.train_subset != Some(0), "{argv:?}");
+                    prop_assert!(cfg.test_subset != Some(0), "{argv:?}");
                     if let Some(p) = &cfg.paper {
                         let m = p.model();
                         prop_assert!(m.modes > 0 && m.grid.is_power_of_two(), "{argv:?}: {m:?}");

@@ -100,39 +100,50 @@ fn cnn_save_eval_and_graph_through_the_binary() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn cnn_fno_and_transformer_train_the_same_on_the_cuda_sim_eager_and_linked() {
-    // A few steps of each model: the CUDA tape over the simulation device (conv, pools,
-    // spectral conv, gathers, layerNorm, attention, crossEntropy all have CUDA formulas) takes
-    // the same steps as the CPU tape, within f32 rounding.
-    for (model, subset) in [
-        (ModelName::Cnn, 96),
-        (ModelName::Fno, 60),
-        (ModelName::Transformer, 48),
-    ] {
-        let d = TrainConfig::defaults(model);
-        let base = TrainConfig {
-            epochs: 1,
-            train_subset: Some(subset),
-            ..d
+/// A few steps of `model` on `subset` training examples: the CUDA tape over the simulation
+/// device (conv, pools, spectral conv, gathers, layerNorm, attention, crossEntropy all have
+/// CUDA formulas), eager and linked, takes the same steps as the CPU tape, within f32 rounding.
+/// One test per model, so the three run side by side.
+fn trains_the_same_on_the_cuda_sim_eager_and_linked(model: ModelName, subset: usize) {
+    let d = TrainConfig::defaults(model);
+    let base = TrainConfig {
+        epochs: 1,
+        train_subset: Some(subset),
+        // The steps are compared, not the final metrics: a few test examples (the
+        // transformer's whole test split on the sim took 14 s).
+        test_subset: Some(8),
+        ..d
+    };
+    let cpu = train(&base, |_| {}).unwrap();
+    assert!(cpu.step_losses.len() >= 3, "{model:?}");
+    for linked in [false, true] {
+        let cfg = TrainConfig {
+            backend: Backend::CudaSim,
+            linked,
+            ..base.clone()
         };
-        let cpu = train(&base, |_| {}).unwrap();
-        assert!(cpu.step_losses.len() >= 3, "{model:?}");
-        for linked in [false, true] {
-            let cfg = TrainConfig {
-                backend: Backend::CudaSim,
-                linked,
-                ..base.clone()
-            };
-            let r =
-                train(&cfg, |_| {}).unwrap_or_else(|e| panic!("{model:?} linked={linked}: {e}"));
-            assert_eq!(r.step_losses.len(), cpu.step_losses.len());
-            for (a, b) in r.step_losses.iter().zip(&cpu.step_losses) {
-                assert!(
-                    (a - b).abs() <= 1e-3 * b.abs().max(1.0),
-                    "{model:?} linked={linked}: {a} vs {b}"
-                );
-            }
+        let r = train(&cfg, |_| {}).unwrap_or_else(|e| panic!("{model:?} linked={linked}: {e}"));
+        assert_eq!(r.step_losses.len(), cpu.step_losses.len());
+        for (a, b) in r.step_losses.iter().zip(&cpu.step_losses) {
+            assert!(
+                (a - b).abs() <= 1e-3 * b.abs().max(1.0),
+                "{model:?} linked={linked}: {a} vs {b}"
+            );
         }
     }
+}
+
+#[test]
+fn cnn_trains_the_same_on_the_cuda_sim_eager_and_linked() {
+    trains_the_same_on_the_cuda_sim_eager_and_linked(ModelName::Cnn, 96);
+}
+
+#[test]
+fn fno_trains_the_same_on_the_cuda_sim_eager_and_linked() {
+    trains_the_same_on_the_cuda_sim_eager_and_linked(ModelName::Fno, 60);
+}
+
+#[test]
+fn transformer_trains_the_same_on_the_cuda_sim_eager_and_linked() {
+    trains_the_same_on_the_cuda_sim_eager_and_linked(ModelName::Transformer, 48);
 }
