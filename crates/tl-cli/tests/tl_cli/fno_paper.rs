@@ -68,6 +68,25 @@ fn a_reduced_paper_run_learns_and_evaluates_at_a_finer_grid() {
     assert!(log.iter().any(|l| l.starts_with("data: read")), "{log:?}");
     let (a, b) = (again.epoch_losses[0], r.epoch_losses[0]);
     assert!((a - b).abs() <= 1e-5 * b, "{a} vs {b}");
+    // `--test-subset`: the same training, evaluated on the first test pairs only (the test and
+    // the super-resolution metrics both); a subset of all 20 pairs is the whole split.
+    let subset = |n| {
+        let cfg = TrainConfig {
+            epochs: 1,
+            test_subset: Some(n),
+            ..TrainConfig::fno_paper(run.clone())
+        };
+        train(&cfg, |_| {}).unwrap()
+    };
+    let (two, all) = (subset(2), subset(REDUCED.n_test));
+    let metrics = |r: &tl_cli::train::TrainReport| {
+        let sup = r.super_res.as_ref().map(|(_, m)| m.rel_l2);
+        (r.test.rel_l2, sup)
+    };
+    assert_eq!(two.step_losses, again.step_losses);
+    assert_eq!(metrics(&all), metrics(&again));
+    let (t2, ta) = (metrics(&two), metrics(&again));
+    assert!(t2.0 != ta.0 && t2.1 != ta.1, "{t2:?} vs {ta:?}");
     checkpoints_rebuild_the_preset_model(&dir, &ck, &run, &r);
     let _ = std::fs::remove_dir_all(dir);
 }
