@@ -94,6 +94,15 @@ impl Dataset {
         }
     }
 
+    /// [`Dataset::truncate`] to `n` examples where `n` is given (`--train-subset`,
+    /// `--test-subset`), else the whole set.
+    pub fn first(self, n: Option<usize>) -> Self {
+        match n {
+            Some(n) => self.truncate(n),
+            None => self,
+        }
+    }
+
     /// The examples at `idx`; an index past the set is an error naming it.
     pub fn batch(&self, idx: &[usize]) -> Result<Batch> {
         if let Some(&i) = idx.iter().find(|&&i| i >= self.len()) {
@@ -133,14 +142,14 @@ pub fn load(
     model: ModelName,
     test_subset: Option<usize>,
 ) -> Result<(Dataset, Dataset, Option<f32>)> {
-    let cut = |test: Dataset| match test_subset {
-        Some(n) => test.truncate(n),
-        None => test,
-    };
     Ok(match model {
         ModelName::Mlp | ModelName::Cnn => {
             let (train, test) = digits()?;
-            (Dataset::Classes(train), cut(Dataset::Classes(test)), None)
+            (
+                Dataset::Classes(train),
+                Dataset::Classes(test).first(test_subset),
+                None,
+            )
         }
         ModelName::Fno => {
             let make = |n, seed| {
@@ -154,19 +163,20 @@ pub fn load(
             };
             (
                 make(BURGERS_TRAIN, BURGERS_SEEDS.0),
-                cut(make(BURGERS_TEST, BURGERS_SEEDS.1)),
+                make(BURGERS_TEST, BURGERS_SEEDS.1).first(test_subset),
                 None,
             )
         }
         ModelName::Transformer => {
             let c = corpus()?;
-            let mut test = Windows::new(c.test, CONTEXT, c.vocab.len())?;
-            if let Some(n) = test_subset {
-                test.len = test.len.min(n);
-            }
+            let test =
+                Dataset::Text(Windows::new(c.test, CONTEXT, c.vocab.len())?).first(test_subset);
+            let base = match &test {
+                Dataset::Text(w) => Some(unigram_loss(&c.train, w)? as f32),
+                _ => None,
+            };
             let train = Windows::new(c.train.clone(), CONTEXT, c.vocab.len())?;
-            let base = unigram_loss(&c.train, &test)? as f32;
-            (Dataset::Text(train), Dataset::Text(test), Some(base))
+            (Dataset::Text(train), test, base)
         }
     })
 }

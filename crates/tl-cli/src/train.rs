@@ -280,10 +280,7 @@ fn run<O: Train<T = f32>>(
         Some(p) => {
             let m = Model::fno_paper(rt, &p.fno_config(), p.output_scale)?;
             let (tr, te, sup) = p.splits(log)?;
-            let cut = |d: Dataset| match cfg.test_subset {
-                Some(n) => d.truncate(n),
-                None => d,
-            };
+            let cut = |d: Dataset| d.first(cfg.test_subset);
             (m, (tr, cut(te), None), sup.map(cut))
         }
         None => (
@@ -292,10 +289,7 @@ fn run<O: Train<T = f32>>(
             None,
         ),
     };
-    let train = match cfg.train_subset {
-        Some(n) => train.truncate(n),
-        None => train,
-    };
+    let train = train.first(cfg.train_subset);
     // Under `mpirun -np N` (feature mpi): a rank of N; rank 0 alone logs (crate::dist).
     let (rank, ranks) = crate::dist::join(rt, &m, cfg.batch_size)?;
     let mut quiet = |_: &str| {};
