@@ -408,7 +408,10 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(f"{'name':28} {'ours ms':>10} {'torch ms':>10} {'ours/torch':>10}  rates")
     for name, r in ours.items():
-        t = (theirs.get(name) or theirs.get(name.replace("linked", "eager"))
+        # Our bf16 steps time against PyTorch's AMP step (eager under bf16 autocast).
+        amp_twin = "step/amp-bf16/" + name.split("/")[-1] if name.startswith("step-bf16/") else ""
+        t = (theirs.get(name) or theirs.get(amp_twin)
+             or theirs.get(name.replace("linked", "eager"))
              or theirs.get(sdpa_twin(name).replace("/composed/", "/sdpa/"))
              or theirs.get(name.replace("/implicit/", "/cudnn/").replace("/im2col/", "/cudnn/")))
         if t is None:
@@ -427,6 +430,21 @@ def main():
             ratio = f"{o['ms'] / t[0]:10.2f}" if o else f"{'-':>10}"
             print(f"{name:28} {o['ms'] if o else float('nan'):10.3f} {t[0]:10.3f} {ratio}  "
                   "(ours: eager f32)")
+    # Issue 39: realistic-size steps <= 1.0x PyTorch eager in f32, <= 1.2x AMP in bf16.
+    for k in ours:
+        model = k.split("/")[-1]
+        if model not in ("wide-mlp", "resnet", "lm"):
+            continue
+        if k.startswith("step/"):
+            want, t = 1.0, theirs.get(f"step/eager/{model}")
+        elif k.startswith("step-bf16/"):
+            want, t = 1.2, theirs.get(f"step/amp-bf16/{model}")
+        else:
+            continue
+        if t:
+            ratio = ours[k]["ms"] / t[0]
+            print(f"target {k} <= {want:.1f}x torch: {ratio:.2f}x "
+                  f"{'PASS' if ratio <= want else 'FAIL'}")
         if "/sdpa-bf16/" in name:
             print(f"{name:28} {'-':>10} {t[0]:10.3f} {'-':>10}  {t[1][0]}: torch {t[1][1]:.1f}")
     # Issue 42's target: the fused core >= 0.7x PyTorch's attention speed (time ratio <= 1/0.7).

@@ -16,6 +16,8 @@
 //! Rows (`name`, milliseconds, and for matmul/elementwise the rate):
 //! - `step/{eager,linked}/{mlp,cnn,transformer,wide-mlp,resnet,lm}`: the tl-nn models of
 //!   `common/models.rs`, `Runtime::step` with each model's optimizer;
+//!   `step-bf16/{eager,linked}/{wide-mlp,resnet,lm}` the realistic ones in sessions with
+//!   `Precision::Bf16` (torch_bench.py's twin: the AMP bf16 step);
 //! - `matmul/{n}`: `sum(a·b)` with `a`, `b` of `n × n`, n = 2048 and 4096 (GFLOP/s counts the
 //!   product only; the sum's n² reads are under 0.1% of the work at n = 4096); `matmul-tf32/{n}`
 //!   and `matmul-bf16/{n}` the same in a session with `Precision::Tf32` / `Bf16` (on `Cuda`
@@ -61,7 +63,7 @@ mod common;
 use std::time::Instant;
 
 use common::{BenchModel, EagerRun, LinkedRun, filled};
-use tl_session::{Backend, Ops, Options, Precision, Session};
+use tl_session::{Backend, LinkedSession, Ops, Options, Precision, Session};
 use tl_tape_cuda::device::{Flash, FlashDims, FlashMask, Windows};
 use tl_tape_cuda::{Buffer, Device, Gemm, SimDevice};
 
@@ -185,6 +187,18 @@ fn steps(a: &Args) {
         ("lm", BenchModel::lm(if a.quick { 1 } else { 16 })),
     ];
     for (name, m) in &models {
+        f32_steps(a, name, m);
+        // The realistic sizes again under bf16 autocast (`Precision::Bf16`: tensor-core products
+        // on `Cuda`), against PyTorch's AMP rows.
+        if ["wide-mlp", "resnet", "lm"].contains(name) {
+            bf16_steps(a, name, m);
+        }
+    }
+}
+
+/// `step/{eager,linked}/{name}`: f32 steps of `m`.
+fn f32_steps(a: &Args, name: &str, m: &BenchModel) {
+    {
         let eager_row = format!("step/eager/{name}");
         if a.wants(&eager_row) {
             let mut eager = EagerRun::on(m, a.backend).expect("backend checked in main");
@@ -201,6 +215,35 @@ fn steps(a: &Args) {
             });
             row(a.backend, &linked_row, ms, None);
         }
+    }
+}
+
+/// `step-bf16/{eager,linked}/{name}`: steps of `m` in sessions with `Precision::Bf16`.
+fn bf16_steps(a: &Args, name: &str, m: &BenchModel) {
+    let eager_row = format!("step-bf16/eager/{name}");
+    if a.wants(&eager_row) {
+        let s = Session::new(Options {
+            precision: Precision::Bf16,
+            ..Options::backend(a.backend)
+        })
+        .expect("backend checked in main");
+        let mut eager = EagerRun::with_session(m, s).expect("the model builds");
+        let ms = median_ms(a, || {
+            eager.step();
+        });
+        row(a.backend, &eager_row, ms, None);
+    }
+    let linked_row = format!("step-bf16/linked/{name}");
+    if a.wants(&linked_row) {
+        let mut s = LinkedSession::new();
+        s.set_backend(a.backend).expect("backend checked in main");
+        s.set_precision(Precision::Bf16)
+            .expect("f32 sessions take bf16");
+        let mut linked = LinkedRun::with_session(m, s).expect("the model builds");
+        let ms = median_ms(a, || {
+            linked.step();
+        });
+        row(a.backend, &linked_row, ms, None);
     }
 }
 
