@@ -20,8 +20,10 @@
 //! with the NCCL engine. Last, where the GPU machine has Nsight Compute (`ncu`), run.sh profiles
 //! one run (`--once --only …`) of the bench rows with targets (the 4096² GEMMs, the attention
 //! core at n = 4096, the convolutions; `TL_PROFILE_ROWS` overrides) into `logs/ncu.txt`: per
-//! kernel its duration, registers, occupancy and what limits it, and its stalls. The folder is
-//! also packed as `gpu-bundle.tar.xz` for the copy.
+//! kernel its duration, registers, occupancy and what limits it, and its stalls.
+//! `TL_RUN_PARTS` (comma-separated `tests`, `nccl`, `train`, `bench`, `ncu`; default all) runs
+//! only the parts it names: a second run in a short GPU lease takes what a change touched. The
+//! folder is also packed as `gpu-bundle.tar.xz` for the copy.
 
 use std::fs;
 use std::path::Path;
@@ -209,6 +211,16 @@ set -uo pipefail
 cd "$(dirname "$0")"
 mkdir -p logs
 rows=()
+# Which parts run (TL_RUN_PARTS, comma-separated; default all): tests (the test binaries),
+# nccl (examples/nccl_check), train (`tl train` on the CPU and the GPU), bench (ours and
+# torch_bench.py), ncu (the kernel profile). A second run in a short lease can take only what a
+# change touched, e.g. TL_RUN_PARTS=bench,ncu.
+parts=",${TL_RUN_PARTS:-tests,nccl,train,bench,ncu},"
+for p in $(tr ',' ' ' <<<"${TL_RUN_PARTS:-}"); do
+    case "$p" in tests|nccl|train|bench|ncu) ;; *) echo "TL_RUN_PARTS: unknown part '$p' (tests, nccl, train, bench, ncu)"; exit 2 ;; esac
+done
+want() { [[ "$parts" == *",$1,"* ]]; }
+echo "parts: ${parts:1:-1}"
 # NCCL from PyTorch's wheels (nvidia-nccl-cu*), unless TL_NCCL_LIBRARY names one already: the
 # tests' nccl:: modules and examples/nccl_check load it.
 if [ -z "${TL_NCCL_LIBRARY:-}" ]; then
@@ -217,7 +229,7 @@ if [ -z "${TL_NCCL_LIBRARY:-}" ]; then
     [ -n "$nccl_dir" ] && export TL_NCCL_LIBRARY="$nccl_dir/lib/libnccl.so.2"
 fi
 echo "TL_NCCL_LIBRARY=${TL_NCCL_LIBRARY:-<not found: the NCCL tests skip, nccl_check fails>}"
-for b in bin/*; do
+want tests && for b in bin/*; do
     name=$(basename "$b")
     if ldd "$b" 2>/dev/null | grep libcuda | grep -q cuda-stub; then
         echo "refusing to run: $name would load the stub libcuda (fix LD_LIBRARY_PATH)"; exit 2
@@ -240,22 +252,28 @@ for b in bin/*; do
     else status=FAIL; fi
     rows+=("$(printf '%-32s %-8s (exit %d, %d s)' "$name" "$status" "$rc" $((SECONDS - start)))")
 done
-echo "== NCCL, one rank: examples/nccl_check (PASS/FAIL per check)"
-timeout "${TL_BIN_TIMEOUT:-300}" examples/nccl_check > logs/nccl_check.log 2>&1
-rc=$?
-cat logs/nccl_check.log
-if [ $rc -eq 0 ]; then status=pass; else status=FAIL; fi
-rows+=("$(printf '%-32s %-8s (exit %d)' nccl_check "$status" "$rc")")
+if want nccl; then
+    echo "== NCCL, one rank: examples/nccl_check (PASS/FAIL per check)"
+    timeout "${TL_BIN_TIMEOUT:-300}" examples/nccl_check > logs/nccl_check.log 2>&1
+    rc=$?
+    cat logs/nccl_check.log
+    if [ $rc -eq 0 ]; then status=pass; else status=FAIL; fi
+    rows+=("$(printf '%-32s %-8s (exit %d)' nccl_check "$status" "$rc")")
+fi
 echo
 echo "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"
-echo "== summary: test binaries"
-printf '%s\n' "${rows[@]}"
-echo "== summary: op families (max relative error: the gpu tests against the simulation device;"
-echo "   conformance-*: checks 1 and 2 against the f64 IR, the grid cases against the sim, repeat-bits: differing elements)"
-printf '%-28s %-12s %s\n' family max_err result
-grep -ho 'GPU-SUMMARY .*' logs/*.log | awk '{ printf "%-28s %-12s %s\n", $2, $3, $4 }'
-echo "== the README's main job on this GPU: tl train, CPU then --backend cuda (test accuracy)"
-for m in mlp cnn transformer; do
+if [ ${#rows[@]} -gt 0 ]; then
+    echo "== summary: test binaries"
+    printf '%s\n' "${rows[@]}"
+fi
+if want tests; then
+    echo "== summary: op families (max relative error: the gpu tests against the simulation device;"
+    echo "   conformance-*: checks 1 and 2 against the f64 IR, the grid cases against the sim, repeat-bits: differing elements)"
+    printf '%-28s %-12s %s\n' family max_err result
+    grep -ho 'GPU-SUMMARY .*' logs/*.log | awk '{ printf "%-28s %-12s %s\n", $2, $3, $4 }'
+fi
+want train && echo "== the README's main job on this GPU: tl train, CPU then --backend cuda (test accuracy)"
+want train && for m in mlp cnn transformer; do
     for b in cpu cuda; do
         out=$(timeout "${TL_TRAIN_TIMEOUT:-300}" cli/tl train --model "$m" --backend "$b" 2>&1)
         printf '%s\n' "$out" > "logs/train-$m-$b.log"
@@ -263,18 +281,22 @@ for m in mlp cnn transformer; do
         printf '%-11s %-5s %s\n' "$m" "$b" "$line"
     done
 done
-echo "== benchmark: ours vs PyTorch eager on this GPU (issue 7)"
-for b in bench/*; do
-    timeout "${TL_BENCH_TIMEOUT:-180}" "$b" --backend cuda > logs/ours.jsonl 2> logs/bench.err
-    echo "bench exit $? ($(basename "$b")); stderr: $(tail -n 1 logs/bench.err)"
-done
-python3 torch_bench.py --ours logs/ours.jsonl --compile-budget-s "${TL_TORCH_COMPILE_BUDGET:-120}" 2>&1 | tee logs/bench.txt
+if want bench; then
+    echo "== benchmark: ours vs PyTorch eager on this GPU (issue 7)"
+    for b in bench/*; do
+        timeout "${TL_BENCH_TIMEOUT:-180}" "$b" --backend cuda > logs/ours.jsonl 2> logs/bench.err
+        echo "bench exit $? ($(basename "$b")); stderr: $(tail -n 1 logs/bench.err)"
+    done
+    python3 torch_bench.py --ours logs/ours.jsonl --compile-budget-s "${TL_TORCH_COMPILE_BUDGET:-120}" 2>&1 | tee logs/bench.txt
+fi
 # The kernels behind the rows with targets, under Nsight Compute when this machine has it: one
 # run of each row (--once), every launch of our GEMM, flash and convolution kernels, with the
 # sections that say why a kernel is slow (occupancy and its limiter, issue rate, stalls).
-echo "== kernel profile (ncu): logs/ncu.txt"
-ncu_bin=$(command -v ncu || ls -d /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-if [ -n "$ncu_bin" ]; then
+want ncu && echo "== kernel profile (ncu): logs/ncu.txt"
+want ncu && ncu_bin=$(command -v ncu || ls -d /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+if ! want ncu; then
+    :
+elif [ -n "$ncu_bin" ]; then
     for b in bench/*; do
         timeout "${TL_PROFILE_TIMEOUT:-300}" "$ncu_bin" -k 'regex:^tl_(gemm|flash|conv)' \
             --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
@@ -287,7 +309,7 @@ if [ -n "$ncu_bin" ]; then
 else
     echo "ncu not found (PATH, /usr/local/cuda*/bin, /opt/nvidia/nsight-compute): no kernel profile"
 fi
-if printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED|TIMEOUT'; then exit 1; fi
+if [ ${#rows[@]} -gt 0 ] && printf '%s\n' "${rows[@]}" | grep -q -E 'FAIL|SKIPPED|TIMEOUT'; then exit 1; fi
 "#
 }
 
@@ -308,6 +330,64 @@ mod tests {
             "run.sh: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// A bundle of stand-ins (a test binary, `tl`, the bench, nccl_check and torch_bench.py
+    /// that each print their name) in a fresh folder; run.sh's output and exit status there
+    /// under `TL_RUN_PARTS=parts`.
+    fn run_parts(parts: &str) -> (String, i32) {
+        let dir = std::env::temp_dir().join(format!("tl-bundle-parts-{}", std::process::id()));
+        let dir = dir.join(parts.replace(',', "_"));
+        let _ = fs::remove_dir_all(&dir);
+        let fake = |path: &str, body: &str| {
+            let f = dir.join(path);
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(&f, format!("#!/bin/sh\n{body}\n")).unwrap();
+            util::status(Command::new("chmod").arg("+x").arg(&f)).unwrap();
+        };
+        fake("bin/t-1", "echo 'ran the test binary'");
+        fake("cli/tl", "echo 'done: trained'");
+        fake("bench/gpu-1", "echo '{}'");
+        fake("examples/nccl_check", "echo 'PASS nccl'");
+        fs::write(dir.join("torch_bench.py"), "print('ran torch_bench')\n").unwrap();
+        fs::write(dir.join("run.sh"), run_sh()).unwrap();
+        let out = Command::new("bash")
+            .arg(dir.join("run.sh"))
+            .env("TL_RUN_PARTS", parts)
+            .output()
+            .expect("bash runs");
+        let _ = fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (text, out.status.code().unwrap_or(-1))
+    }
+
+    /// `TL_RUN_PARTS` runs the parts it names and no other; an unknown part is refused.
+    #[test]
+    fn run_sh_runs_the_parts_named() {
+        let marks = [
+            ("tests", "ran the test binary"),
+            ("nccl", "PASS nccl"),
+            ("train", "done: trained"),
+            ("bench", "ran torch_bench"),
+            ("ncu", "== kernel profile (ncu)"),
+        ];
+        for parts in ["tests", "train,bench", "nccl,ncu", ""] {
+            let (text, code) = run_parts(parts);
+            assert_eq!(code, 0, "TL_RUN_PARTS={parts}:\n{text}");
+            for (part, mark) in marks {
+                let named = parts.is_empty() || parts.split(',').any(|p| p == part);
+                assert_eq!(
+                    text.contains(mark),
+                    named,
+                    "TL_RUN_PARTS={parts}, part {part}:\n{text}"
+                );
+            }
+        }
+        let (text, code) = run_parts("tests,bogus");
+        assert_eq!(code, 2, "{text}");
+        assert!(text.contains("unknown part 'bogus'"), "{text}");
+        assert!(!text.contains("ran the test binary"), "{text}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! CPU and with the model on the CUDA device (both sessions), where the gradients are reduced
 //! in device memory: a step in the group copies nothing more between host and device. Prints
 //! one `PASS`/`FAIL` line per check; exit 0 when all pass, 1 otherwise, 2 when built without
-//! a CUDA feature.
+//! a CUDA feature or given a bad `TL_NCCL_CHECK_STEPS` (the training steps each comparison
+//! takes; 10 by default, CI's emulator run takes 2).
 //!
 //! On a GPU (NCCL from PyTorch's wheels):
 //! `TL_NCCL_LIBRARY=$(python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])")/lib/libnccl.so.2 target/release/examples/nccl_check`
@@ -23,15 +24,22 @@ fn main() {
             println!("FAIL {name}: {e}");
         }
     };
+    let steps = match check::steps() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("nccl_check: {e}");
+            std::process::exit(2);
+        }
+    };
     report("load", check::load());
     report("all-reduce and broadcast (one rank)", check::collectives());
     report(
         "data-parallel digits MLP (Nccl over Local)",
-        check::training(),
+        check::training(steps),
     );
     report(
         "data-parallel digits MLP on the CUDA device, gradients reduced there",
-        check::training_on_device(),
+        check::training_on_device(steps),
     );
     std::process::exit(i32::from(failed > 0));
 }
@@ -147,8 +155,17 @@ mod check {
         Ok((params, loss, copies))
     }
 
-    pub fn training() -> R {
-        let steps = 10;
+    /// Training steps a comparison takes: `TL_NCCL_CHECK_STEPS` (a positive count), else 10.
+    pub fn steps() -> Result<usize, String> {
+        match std::env::var("TL_NCCL_CHECK_STEPS") {
+            Err(_) => Ok(10),
+            Ok(v) => v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                format!("TL_NCCL_CHECK_STEPS must be a positive number of steps, got {v:?}")
+            }),
+        }
+    }
+
+    pub fn training(steps: usize) -> R {
         let (alone, l0, _) = train(eager(Backend::Cpu).map_err(|e| e.to_string())?, None, steps)
             .map_err(|e| e.to_string())?;
         let engine = Nccl::init(Box::new(Local)).map_err(|e| e.to_string())?;
@@ -174,8 +191,7 @@ mod check {
     /// The same steps with the model on the CUDA device, for the eager and the linked session:
     /// equal to no group bit for bit, and the step in the group copies between host and device
     /// what the step alone copies (the gradients stay on the device).
-    pub fn training_on_device() -> R {
-        let steps = 10;
+    pub fn training_on_device(steps: usize) -> R {
         let e = |e: tl_nn::Error| e.to_string();
         let linked = || -> tl_nn::Result<Runtime<LinkedSession<f32>>> {
             let mut rt = Runtime::new(LinkedSession::<f32>::with_seed(7));
