@@ -58,15 +58,20 @@ fn sq_err_sum(pred: &Tensor<f32>, target: &Tensor<f32>) -> f64 {
         .sum()
 }
 
-/// Metrics of the model on `split` (evaluation passes of up to 256 examples).
+/// Metrics of the model on `split`, in evaluation passes of up to `batch` examples (at least
+/// one). A pass keeps its activations until it ends, so `batch` bounds the evaluation's memory:
+/// with the training batch, a pass holds what a training step holds and reuses the buffers of
+/// the step's pool (the FNO paper run's evaluation in passes of 256 pairs took 1.9 GB and
+/// 2.2× the time of passes of its batch of 20: docs/benchmarks.md).
 pub fn evaluate<O: Train<T = f32>>(
     rt: &Runtime<O>,
     m: &Model<O>,
     split: &Dataset,
+    batch: usize,
 ) -> Result<Metrics> {
     let (mut loss, mut correct, mut rel) = (0.0f64, 0usize, 0.0f64);
     let idx: Vec<usize> = (0..split.len()).collect();
-    for chunk in idx.chunks(256) {
+    for chunk in idx.chunks(batch.max(1)) {
         let batch = split.batch(chunk)?;
         let mut lv = 0.0f32;
         let out = rt.eval(m, |g| {
@@ -106,6 +111,36 @@ pub fn evaluate<O: Train<T = f32>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::ModelName;
+    use crate::dataset::load;
+    use tl_session::{Options, Session};
+
+    /// Passes of any size give the metrics of one pass over the split: every example counted
+    /// once, a short last pass weighted by its size (23 examples in passes of 23, 5 and 1; a
+    /// batch of 0 is taken as 1, not a panic). The loss may differ in its last bits (the
+    /// products' shapes change), the accuracy not at all.
+    #[test]
+    fn metrics_do_not_depend_on_the_evaluation_batch() {
+        for model in [ModelName::Mlp, ModelName::Fno, ModelName::Transformer] {
+            let rt = Runtime::new(Session::<f32>::new(Options::default()).unwrap());
+            let m = Model::new(model, &rt).unwrap();
+            let (_, split, _) = load(model, Some(23)).unwrap();
+            let whole = evaluate(&rt, &m, &split, 23).unwrap();
+            for batch in [5, 1, 0] {
+                let got = evaluate(&rt, &m, &split, batch).unwrap();
+                let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * a.abs().max(b.abs());
+                assert!(
+                    close(got.loss, whole.loss),
+                    "{model:?} batch {batch}: {got:?} against {whole:?}"
+                );
+                assert_eq!(got.accuracy, whole.accuracy, "{model:?} batch {batch}");
+                match (got.rel_l2, whole.rel_l2) {
+                    (Some(a), Some(b)) => assert!(close(a, b), "{model:?} batch {batch}"),
+                    (a, b) => assert_eq!(a, b, "{model:?} batch {batch}"),
+                }
+            }
+        }
+    }
 
     #[test]
     fn relative_l2_by_hand() {

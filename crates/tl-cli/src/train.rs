@@ -391,10 +391,13 @@ fn run<O: Train<T = f32>>(
             seen as f64 / secs.max(1e-9)
         ));
     }
-    let train_m = evaluate(rt, &m, &train)?;
-    let test_m = evaluate(rt, &m, &test)?;
+    let train_m = evaluate(rt, &m, &train, cfg.batch_size)?;
+    let test_m = evaluate(rt, &m, &test, cfg.batch_size)?;
     let super_res = match (&super_test, &cfg.paper) {
-        (Some(d), Some(p)) => Some((p.super_grid.unwrap_or(p.grid), evaluate(rt, &m, d)?)),
+        (Some(d), Some(p)) => Some((
+            p.super_grid.unwrap_or(p.grid),
+            evaluate(rt, &m, d, cfg.batch_size)?,
+        )),
         _ => None,
     };
     let header = Header {
@@ -507,7 +510,13 @@ pub fn eval_checkpoint(cfg: &EvalConfig, log: &mut dyn FnMut(&str)) -> Result<Ev
         }
     };
     checkpoint::restore(&mut rt, &m, header.model, path, &file, None)?;
-    let metrics = evaluate(&rt, &m, &test)?;
+    // The model's default training batch (a checkpoint does not record the run's).
+    let metrics = evaluate(
+        &rt,
+        &m,
+        &test,
+        crate::model::defaults(header.model).batch_size,
+    )?;
     Ok(EvalReport {
         header,
         data,
