@@ -290,7 +290,11 @@ impl<O: Train> Runtime<O> {
 
     /// An evaluation pass: a fresh pass in eval mode (no dropout; batch norm on its running
     /// statistics), `f`'s output read back as a host tensor; no gradients, no parameter
-    /// change. PyTorch: `model.eval(); with torch.no_grad(): f().cpu()`.
+    /// change. PyTorch: `model.eval(); with torch.no_grad(): f().cpu()`, except for memory:
+    /// the pass's intermediate values stay until it ends (the session records it as it
+    /// records a training step), so its peak grows with the examples in one call. Evaluate a
+    /// large set in batches; at the training batch a pass holds what a step holds and reuses
+    /// its buffers (`tl`'s evaluation does this).
     pub fn eval<M, F>(&self, model: &M, f: F) -> Result<Tensor<O::T>>
     where
         M: Parameters + ?Sized,
