@@ -166,16 +166,10 @@ fn row(backend: Backend, name: &str, ms: f64, rate: Option<(&str, f64)>) {
     );
 }
 
-fn steps(a: &Args) {
-    let batch = if a.quick { 4 } else { 64 };
-    let models = [
-        ("mlp", BenchModel::mlp(batch)),
-        ("cnn", BenchModel::cnn(batch)),
-        (
-            "transformer",
-            BenchModel::transformer(if a.quick { 16 } else { 128 }),
-        ),
-        // Issue 39's realistic sizes (`--quick`: small batches and images).
+/// Issue 39's realistic sizes (`--quick`: small batches and images), named as the rows name
+/// them.
+fn realistic(a: &Args) -> [(&'static str, BenchModel); 3] {
+    [
         (
             "wide-mlp",
             BenchModel::wide_mlp(if a.quick { 4 } else { 256 }),
@@ -185,13 +179,31 @@ fn steps(a: &Args) {
             BenchModel::resnet(if a.quick { 2 } else { 32 }, if a.quick { 8 } else { 32 }),
         ),
         ("lm", BenchModel::lm(if a.quick { 1 } else { 16 })),
+    ]
+}
+
+fn steps(a: &Args) {
+    let batch = if a.quick { 4 } else { 64 };
+    let small = [
+        ("mlp", BenchModel::mlp(batch)),
+        ("cnn", BenchModel::cnn(batch)),
+        (
+            "transformer",
+            BenchModel::transformer(if a.quick { 16 } else { 128 }),
+        ),
     ];
-    for (name, m) in &models {
+    for (name, m) in small.iter().chain(&realistic(a)) {
         f32_steps(a, name, m);
-        // The realistic sizes again under bf16 autocast (`Precision::Bf16`: tensor-core products
-        // on `Cuda`), against PyTorch's AMP rows.
-        if ["wide-mlp", "resnet", "lm"].contains(name) {
-            bf16_steps(a, name, m);
+    }
+}
+
+/// The realistic sizes under bf16 autocast (`Precision::Bf16`: tensor-core products on
+/// `Cuda`), against PyTorch's AMP rows. Run last, and a model whose step fails prints its error
+/// instead of a row: the rows before it stand.
+fn bf16_rows(a: &Args) {
+    for (name, m) in &realistic(a) {
+        if let Err(e) = bf16_steps(a, name, m) {
+            eprintln!("gpu bench: step-bf16/…/{name}: {e}");
         }
     }
 }
@@ -219,15 +231,15 @@ fn f32_steps(a: &Args, name: &str, m: &BenchModel) {
 }
 
 /// `step-bf16/{eager,linked}/{name}`: steps of `m` in sessions with `Precision::Bf16`.
-fn bf16_steps(a: &Args, name: &str, m: &BenchModel) {
+fn bf16_steps(a: &Args, name: &str, m: &BenchModel) -> tl_nn::Result<()> {
     let eager_row = format!("step-bf16/eager/{name}");
     if a.wants(&eager_row) {
         let s = Session::new(Options {
             precision: Precision::Bf16,
             ..Options::backend(a.backend)
-        })
-        .expect("backend checked in main");
-        let mut eager = EagerRun::with_session(m, s).expect("the model builds");
+        })?;
+        let mut eager = EagerRun::with_session(m, s)?;
+        eager.try_step()?;
         let ms = median_ms(a, || {
             eager.step();
         });
@@ -236,15 +248,16 @@ fn bf16_steps(a: &Args, name: &str, m: &BenchModel) {
     let linked_row = format!("step-bf16/linked/{name}");
     if a.wants(&linked_row) {
         let mut s = LinkedSession::new();
-        s.set_backend(a.backend).expect("backend checked in main");
-        s.set_precision(Precision::Bf16)
-            .expect("f32 sessions take bf16");
-        let mut linked = LinkedRun::with_session(m, s).expect("the model builds");
+        s.set_backend(a.backend)?;
+        s.set_precision(Precision::Bf16)?;
+        let mut linked = LinkedRun::with_session(m, s)?;
+        linked.try_step()?;
         let ms = median_ms(a, || {
             linked.step();
         });
         row(a.backend, &linked_row, ms, None);
     }
+    Ok(())
 }
 
 /// The matmul rows: f32 on `s`, then TF32 and bf16 autocast (tensor cores on `Cuda`) on
@@ -589,6 +602,7 @@ fn main() {
         .and_then(|()| attention(&a, &mut s))
         .map_err(|e| e.to_string())
         .and_then(|()| device_rows(&a));
+    bf16_rows(&a);
     if let Err(e) = r {
         eprintln!("gpu bench: {e}");
         std::process::exit(1);

@@ -287,10 +287,15 @@ impl<'m, O: Train<T = f32>> Run<'m, O> {
 
     /// One training step ([`BenchModel::train_step`]). Returns the loss.
     pub fn step(&mut self) -> f32 {
+        self.try_step().expect("a bench training step")
+    }
+
+    /// One training step; its loss, or the step's error.
+    pub fn try_step(&mut self) -> tl_nn::Result<f32> {
         let loss = self
             .model
-            .train_step(&mut self.rt, &self.net, &mut self.opt);
-        loss.expect("a bench training step") as f32
+            .train_step(&mut self.rt, &self.net, &mut self.opt)?;
+        Ok(loss as f32)
     }
 
     /// The parameters' current values, in the model's order (per layer: weight, then bias).
