@@ -44,6 +44,10 @@
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
 //!   and `attention-core/sdpa-bf16/n{n}` the same in bf16 (its flash kernel), for scale;
+//! - `gemm-core/{f32,tf32,bf16}/{n}`: the device's matmul alone, 16 products back to back
+//!   then one read, n = 1024 and 2048, and `gemm-core/{tf32,bf16}/1024-split256` with the
+//!   split-K threshold raised to 256 tiles (`gates::force_split_k_tiles`); torch_bench.py's
+//!   twins: cuBLAS the same way;
 //! - `conv/{implicit,im2col}/{shape}`: the ResNet's conv forward on the device, f32, no bias,
 //!   3×3, padding 1, batch 32 on 32×32 images (`--quick`: batch 2 on 8×8), the stem (3 → 64
 //!   channels) and a block's conv (64 → 64): `Device::conv_implicit` (the implicit-GEMM kernel)
@@ -548,12 +552,70 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
     Ok(())
 }
 
-/// [`attention_core`] (with both flash tilings on `Cuda`) and [`convs`] on the backend's
-/// device (the CUDA device or the simulation device).
+/// Products a `gemm-core` row runs back to back before it reads a result (the read waits for
+/// them all), so that one launch and read are a sixteenth of each product's figure.
+const BACK_TO_BACK: usize = 16;
+
+/// `gemm-core/{f32,tf32,bf16}/{n}`: the device's `n × n` matmul alone at each precision
+/// (autocast installed as a tape installs it: TF32 and bf16 on the tensor-core kernel), n =
+/// 1024 and 2048 (`--quick`: 64); ms and GFLOP/s per product. `gemm-core/{tf32,bf16}/1024-split256`
+/// the same with the split-K threshold at 256 output tiles instead of
+/// [`tl_tape_cuda::device::SPLIT_K_TILES`] (`gates::force_split_k_tiles`): 1024³ on the
+/// tensor-core kernel's 128-wide tiles is 64 tiles, one block each on a GPU of 132
+/// multiprocessors by default, 4 runs of k (256 blocks) under 256. torch_bench.py's twins:
+/// cuBLAS in the same mode, back to back as well.
+fn gemm_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
+    let sizes: &[usize] = if a.quick { &[64] } else { &[1024, 2048] };
+    for (label, prec) in [
+        ("f32", Precision::F32),
+        ("tf32", Precision::Tf32),
+        ("bf16", Precision::Bf16),
+    ] {
+        let _precision = tl_tape_cuda::precision::install(prec);
+        for &n in sizes {
+            let splits: &[(&str, Option<usize>)] = match (prec, n) {
+                (Precision::F32, _) | (_, 2048) => &[("", None)],
+                _ => &[("", None), ("-split256", Some(256))],
+            };
+            for &(suffix, split) in splits {
+                let name = format!("gemm-core/{label}/{n}{suffix}");
+                if !a.wants(&name) {
+                    continue;
+                }
+                let _split = tl_tape_cuda::gates::force_split_k_tiles(split);
+                let x = dev.upload(filled(&[n, n], 1, 0.01).data())?;
+                let y = dev.upload(filled(&[n, n], 2, 0.01).data())?;
+                let g = Gemm::nn(n, n, n);
+                let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
+                    let mut outs = Vec::with_capacity(BACK_TO_BACK);
+                    for _ in 0..BACK_TO_BACK {
+                        outs.push(dev.matmul(x, y, g)?);
+                    }
+                    let total = dev.reduce_sum(outs[BACK_TO_BACK - 1])?;
+                    let got = dev.download(total)?;
+                    dev.release_all(outs.into_iter().chain([total]));
+                    Ok(got[0])
+                };
+                run(dev)?;
+                let ms = median_ms(a, || {
+                    run(dev).unwrap();
+                }) / BACK_TO_BACK as f64;
+                let gflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e9;
+                row(a.backend, &name, ms, Some(("gflops", gflops)));
+                dev.release_all([x, y]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`gemm_core`], [`attention_core`] (with both flash tilings on `Cuda`) and [`convs`] on the
+/// backend's device (the CUDA device or the simulation device).
 fn device_rows(a: &Args) -> Result<(), String> {
     let r = match a.backend {
         #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
         Backend::Cuda => tl_tape_cuda::CudaDevice::new().and_then(|mut d| {
+            gemm_core(a, &mut d)?;
             attention_core(a, &mut d, "flash")?;
             // The two backward paths side by side whatever the reduction mode: one pass (dQ
             // by atomicAdd over the key blocks) and the two fixed-order kernels.
@@ -574,7 +636,9 @@ fn device_rows(a: &Args) -> Result<(), String> {
         Backend::Cuda => return Err("built without the `cuda` feature".into()),
         Backend::CudaSim => {
             let mut d = SimDevice::new();
-            attention_core(a, &mut d, "flash").and_then(|()| convs(a, &mut d))
+            gemm_core(a, &mut d)
+                .and_then(|()| attention_core(a, &mut d, "flash"))
+                .and_then(|()| convs(a, &mut d))
         }
         Backend::Cpu => Ok(()),
     };

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
 //! | an optimizer step on a device in one launch per parameter, or per eight in a step over all of them ([`fused_optimizer`]: [`Device::adam_update`](crate::Device::adam_update), [`Device::momentum_update`](crate::Device::momentum_update) and their `_list` forms) instead of one launch per operation of the rule | always (Adam, AdamW, momentum SGD after its first step) | [`force_fused_optimizer`]: `Some(false)` composes the rule from the primitives |
+//! | a matmul split along `k` over several blocks (split-K: [`Gemm::k_chunk_tiled`](crate::Gemm::k_chunk_tiled), the simulation device and the CUDA launch alike) | under [`split_k_tiles`] output tiles of the kernel's own side, `k` at least two runs of 128 | [`force_split_k_tiles`]: `Some(n)` splits below `n` tiles, `Some(0)` never |
 //! | the fused attention backward on a `CudaDevice` in one pass (`tl_flash_bwd_delta`, `tl_flash_bwd_atomic`: dQ added over the key blocks with `atomicAdd`) instead of the two fixed-order kernels (`tl_flash_bwd_q`, `tl_flash_bwd_kv`) ([`flash_bwd_one_pass`]) | the device's reductions not deterministic (`CudaDevice::deterministic`) and d ≤ [`FLASH_ONE_PASS_MAX_HEAD`] | [`force_flash_bwd_one_pass`]: `Some(true)` one pass wherever d ≤ 64, `Some(false)` never |
 
 use std::cell::Cell;
@@ -55,6 +56,26 @@ pub fn conv_implicit(rows: usize, cols: usize, prec: Precision) -> bool {
     prec == Precision::F32
         && tiles_y <= GRID_Y_MAX
         && tiles_y.saturating_mul(cols.div_ceil(64)) >= min
+}
+
+thread_local! {
+    static SPLIT_K_MIN_TILES: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The output tiles from which a matmul is not split along `k`: [`SPLIT_K_TILES`] unless
+/// overridden on this thread ([`force_split_k_tiles`]). The sim and the CUDA launch read it
+/// alike, so they split the same way under an override too.
+pub fn split_k_tiles() -> usize {
+    SPLIT_K_MIN_TILES.with(Cell::get).unwrap_or(SPLIT_K_TILES)
+}
+
+/// Use `tiles` instead of [`SPLIT_K_TILES`] on this thread until the guard drops (`None`: the
+/// production threshold): `Some(0)` splits no product, `Some(usize::MAX)` every one whose `k`
+/// allows. For timing other thresholds (the GPU bench's `gemm-core/…/split-*` rows): at the
+/// production threshold the implicit-GEMM convs give the bits of the GEMM path
+/// ([`CONV_IMPLICIT_MIN_TILES`]); under another, not necessarily.
+pub fn force_split_k_tiles(tiles: Option<usize>) -> Guard {
+    tl_spec::scoped::install(&SPLIT_K_MIN_TILES, tiles)
 }
 
 thread_local! {
@@ -115,6 +136,29 @@ mod tests {
         assert!(conv_implicit(65, 32 * 64, Precision::F32));
         // More output channels than a grid's rows of tiles hold.
         assert!(!conv_implicit(65_536 * 64, 64, Precision::F32));
+    }
+
+    #[test]
+    fn the_split_threshold_override_moves_the_split_and_restores() {
+        use crate::device::{Gemm, TC_TILE};
+        // 1024³ on the tensor-core kernel's 128-wide tiles: 64 tiles, no split by default.
+        let g = Gemm::nn(1024, 1024, 1024);
+        assert_eq!(g.k_splits_tiled(1, TC_TILE), 1);
+        {
+            let _more = force_split_k_tiles(Some(256));
+            assert_eq!(split_k_tiles(), 256);
+            // min(1024 / 128, ⌈256 / 64⌉) = 4 runs of 256.
+            assert_eq!(g.k_splits_tiled(1, TC_TILE), 4);
+            {
+                let _never = force_split_k_tiles(Some(0));
+                assert_eq!(Gemm::nn(64, 4096, 64).k_splits_tiled(1, TC_TILE), 1);
+            }
+            assert_eq!(g.k_splits_tiled(1, TC_TILE), 4);
+        }
+        assert_eq!(split_k_tiles(), SPLIT_K_TILES);
+        assert_eq!(g.k_splits_tiled(1, TC_TILE), 1);
+        // The default splits a one-tile product with a long k.
+        assert!(Gemm::nn(64, 4096, 64).k_splits_tiled(1, TC_TILE) > 1);
     }
 
     #[test]

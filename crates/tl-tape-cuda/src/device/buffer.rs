@@ -114,16 +114,17 @@ impl Gemm {
 
     /// The run of the contracted dimension one block sums (split-K), for a kernel whose output
     /// tiles are `tile`×`tile`: `k` itself (at least 1) when the `batch` products' tiles are
-    /// [`SPLIT_K_TILES`] or more, or `k` is under two [`SPLIT_K_MIN_CHUNK`]s; otherwise `k` in
+    /// [`SPLIT_K_TILES`] or more (the thread's [`crate::gates::split_k_tiles`] under an
+    /// override), or `k` is under two [`SPLIT_K_MIN_CHUNK`]s; otherwise `k` in
     /// up to `min(k / SPLIT_K_MIN_CHUNK, ⌈256 / tiles⌉, SPLIT_K_MAX)` runs, each a multiple of
     /// 16. A conv's weight gradient (an 8×9 output over `k` = 50 176) is one tile: one
-    /// block summing all of `k` took 2 ms on an H100. A function of the shape and the tile
-    /// alone, so the simulation device splits the same way
+    /// block summing all of `k` took 2 ms on an H100. A function of the shape, the tile and
+    /// the thread's override alone, so the simulation device splits the same way
     /// ([`crate::device::sim::linalg::gemm`]). The tile of a product at a precision:
     /// [`split_tile`].
     pub fn k_chunk_tiled(&self, batch: usize, tile: usize) -> usize {
         let tiles = batch * self.m.div_ceil(tile) * self.n.div_ceil(tile);
-        if tiles == 0 || tiles >= SPLIT_K_TILES || self.k < 2 * SPLIT_K_MIN_CHUNK {
+        if tiles == 0 || tiles >= crate::gates::split_k_tiles() || self.k < 2 * SPLIT_K_MIN_CHUNK {
             return self.k.max(1);
         }
         let splits = (self.k / SPLIT_K_MIN_CHUNK)
@@ -279,7 +280,8 @@ impl GemmTiles {
 }
 
 /// Output tiles (over the batch, each of the kernel's own side: [`split_tile`]) from which a
-/// matmul is not split along `k`.
+/// matmul is not split along `k` (overridden per thread by
+/// [`gates::force_split_k_tiles`](crate::gates::force_split_k_tiles)).
 pub const SPLIT_K_TILES: usize = 64;
 /// The shortest run of `k` a split matmul gives one block.
 pub const SPLIT_K_MIN_CHUNK: usize = 128;

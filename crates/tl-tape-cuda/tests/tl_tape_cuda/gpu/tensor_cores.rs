@@ -6,7 +6,8 @@
 
 use tl_ir::Op;
 use tl_spec::Tensor;
-use tl_tape_cuda::{Precision, SimDevice};
+use tl_tape_cuda::device::TC_TILE;
+use tl_tape_cuda::{Device, Gemm, Precision, SimDevice};
 
 use super::gpu;
 use crate::autocast::on_cuda_tape;
@@ -55,6 +56,54 @@ fn bf16_tensor_core_products_match_the_reference() {
 #[test]
 fn tf32_tensor_core_products_match_the_reference() {
     tensor_core_products_match_the_reference(Precision::Tf32);
+}
+
+/// `a·b` (`g`) on `dev` under the precision installed on this thread.
+fn product<D: Device>(dev: &mut D, a: &Tensor<f32>, b: &Tensor<f32>, g: Gemm) -> Vec<f32> {
+    let (x, y) = (dev.upload(a.data()).unwrap(), dev.upload(b.data()).unwrap());
+    let c = dev.matmul(x, y, g).unwrap();
+    let got = dev.download(c).unwrap();
+    dev.release_all([x, y, c]);
+    got
+}
+
+/// The split-K threshold's override (`gates::force_split_k_tiles`) reaches the device's launch
+/// and the sim alike: a one-tile bf16 product with k = 512 splits into 4 runs by default and
+/// into none under `Some(0)`, and on the emulator each setting gives the sim's bits (the two
+/// settings' bits differ: the override moved the sum order). On a GPU, within the f32 sums'
+/// rounding of the sim.
+#[test]
+fn the_split_threshold_override_splits_the_device_and_the_sim_alike() {
+    let Some(mut cuda) = gpu() else { return };
+    let mut sim = SimDevice::new();
+    let mut rng = Gen::new(47);
+    let (a, b) = (tensor(&mut rng, &[64, 512]), tensor(&mut rng, &[512, 64]));
+    let g = Gemm::nn(64, 512, 64);
+    let _bf16 = tl_tape_cuda::precision::install(Precision::Bf16);
+    let mut runs = Vec::new();
+    for (split, splits) in [(None, 4), (Some(0), 1)] {
+        let _gate = tl_tape_cuda::gates::force_split_k_tiles(split);
+        assert_eq!(g.k_splits_tiled(1, TC_TILE), splits, "{split:?}");
+        let (on_cuda, on_sim) = (product(&mut cuda, &a, &b, g), product(&mut sim, &a, &b, g));
+        if cfg!(feature = "cuda-emu") {
+            assert_eq!(
+                bits(&on_cuda),
+                bits(&on_sim),
+                "{split:?}: emulated kernel vs sim"
+            );
+        } else {
+            let scale = on_sim.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            for (c, s) in on_cuda.iter().zip(&on_sim) {
+                assert!((c - s).abs() <= 1e-4 * scale, "{split:?}: {c} against {s}");
+            }
+        }
+        runs.push(on_sim);
+    }
+    assert_ne!(
+        bits(&runs[0]),
+        bits(&runs[1]),
+        "the override changed no sum"
+    );
 }
 
 fn tensor(rng: &mut Gen, shape: &[usize]) -> Tensor<f32> {
