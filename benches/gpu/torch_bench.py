@@ -255,46 +255,41 @@ def torch_rows(dev, quick, iters):
 BACK_TO_BACK = 16
 
 
-def gemm_core_rows(dev, quick, iters):
-    """As gpu.rs's gemm-core rows: 16 products of n x n matrices back to back, then one read
-    (the read waits for all of them); ms and GFLOP/s per product, in true f32, with TF32
-    allowed and in bf16, as matmul_rows."""
+def product_rows(dev, sizes, iters, name, count):
+    """Rows name(mode, n) of `count` products of n x n matrices back to back, then a read of
+    the last one's sum (which waits for all of them): ms and GFLOP/s per product, in true f32
+    (TF32 off), with TF32 allowed (f32 in and out, cuBLAS on tensor cores: our
+    `Precision::Tf32`) and in bf16 (the operands converted once beforehand: cuBLAS's bf16 GEMM,
+    f32 accumulation)."""
     rows = {}
-    for n in [64] if quick else [1024, 2048]:
+    for n in sizes:
         a = torch.rand(n, n, device=dev) * 0.01
         b = torch.rand(n, n, device=dev) * 0.01
-        a16, b16 = a.bfloat16(), b.bfloat16()
-        for label, tf32, x, y in [("f32", False, a, b), ("tf32", True, a, b),
-                                  ("bf16", False, a16, b16)]:
+        for mode, tf32, x, y in [("f32", False, a, b), ("tf32", True, a, b),
+                                 ("bf16", False, a.bfloat16(), b.bfloat16())]:
             torch.backends.cuda.matmul.allow_tf32 = tf32
 
             def run(x=x, y=y):
-                outs = [x @ y for _ in range(BACK_TO_BACK)]
+                outs = [x @ y for _ in range(count)]
                 return outs[-1].float().sum().item()
             with torch.no_grad():
-                ms = median_ms(iters, run) / BACK_TO_BACK
-            rows[f"gemm-core/{label}/{n}"] = (ms, ("gflops", 2 * n**3 / (ms * 1e-3) / 1e9))
+                ms = median_ms(iters, run) / count
+            rows[name(mode, n)] = (ms, ("gflops", 2 * n**3 / (ms * 1e-3) / 1e9))
         torch.backends.cuda.matmul.allow_tf32 = False
     return rows
+
+
+def gemm_core_rows(dev, quick, iters):
+    """As gpu.rs's gemm-core rows: the products alone, 16 back to back."""
+    return product_rows(dev, [64] if quick else [1024, 2048], iters,
+                        lambda mode, n: f"gemm-core/{mode}/{n}", BACK_TO_BACK)
 
 
 def matmul_rows(dev, quick, iters):
-    """As gpu.rs's matmul rows: sum(a @ b) of n x n f32 matrices in true f32 (TF32 off), with
-    TF32 allowed (f32 in and out, cuBLAS on tensor cores: our `Precision::Tf32`), and in bf16
-    (the operands converted once beforehand: cuBLAS's bf16 GEMM, f32 accumulation)."""
-    rows = {}
-    for n in [64] if quick else [2048, 4096]:
-        a = torch.rand(n, n, device=dev) * 0.01
-        b = torch.rand(n, n, device=dev) * 0.01
-        a16, b16 = a.bfloat16(), b.bfloat16()
-        for name, tf32, x, y in [("matmul", False, a, b), ("matmul-tf32", True, a, b),
-                                 ("matmul-bf16", False, a16, b16)]:
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            with torch.no_grad():
-                ms = median_ms(iters, lambda x=x, y=y: (x @ y).float().sum().item())
-            rows[f"{name}/{n}"] = (ms, ("gflops", 2 * n**3 / (ms * 1e-3) / 1e9))
-        torch.backends.cuda.matmul.allow_tf32 = False
-    return rows
+    """As gpu.rs's matmul rows: sum(a @ b), one product a row."""
+    prefix = {"f32": "matmul", "tf32": "matmul-tf32", "bf16": "matmul-bf16"}
+    return product_rows(dev, [64] if quick else [2048, 4096], iters,
+                        lambda mode, n: f"{prefix[mode]}/{n}", 1)
 
 
 def compile_rows(models, iters, budget_s):
