@@ -155,14 +155,20 @@ mod check {
         Ok((params, loss, copies))
     }
 
-    /// Training steps a comparison takes: `TL_NCCL_CHECK_STEPS` (a positive count), else 10.
+    /// Training steps a comparison takes: `TL_NCCL_CHECK_STEPS` (a positive count; unset or
+    /// empty: 10), read as the library reads its variables (`tl_spec::env`), but a bad value
+    /// is an error: a check must not run other than asked.
     pub fn steps() -> Result<usize, String> {
-        match std::env::var("TL_NCCL_CHECK_STEPS") {
-            Err(_) => Ok(10),
-            Ok(v) => v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-                format!("TL_NCCL_CHECK_STEPS must be a positive number of steps, got {v:?}")
-            }),
-        }
+        const NAME: &str = "TL_NCCL_CHECK_STEPS";
+        tl_spec::env::interpret(
+            NAME,
+            std::env::var_os(NAME).as_deref(),
+            "a number of steps (a positive integer)",
+            tl_spec::env::parse_positive,
+            || "none (nccl_check stops)".into(),
+        )
+        .map(|n| n.unwrap_or(10))
+        .map_err(|w| w.trim_start_matches("warning: ").to_owned())
     }
 
     pub fn training(steps: usize) -> R {

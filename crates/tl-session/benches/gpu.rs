@@ -67,7 +67,7 @@ mod common;
 use std::time::Instant;
 
 use common::{BenchModel, EagerRun, LinkedRun, filled};
-use tl_session::{Backend, LinkedSession, Ops, Options, Precision, Session};
+use tl_session::{Backend, LinkedSession, Ops, Options, Precision, Session, Train};
 use tl_tape_cuda::device::{Flash, FlashDims, FlashMask, Windows};
 use tl_tape_cuda::{Buffer, Device, Gemm, SimDevice};
 
@@ -197,70 +197,56 @@ fn steps(a: &Args) {
         ),
     ];
     for (name, m) in small.iter().chain(&realistic(a)) {
-        f32_steps(a, name, m);
+        step_rows(a, "step", name, m, Precision::F32);
     }
 }
 
 /// The realistic sizes under bf16 autocast (`Precision::Bf16`: tensor-core products on
-/// `Cuda`), against PyTorch's AMP rows. Run last, and a model whose step fails prints its error
-/// instead of a row: the rows before it stand.
+/// `Cuda`), against PyTorch's AMP rows; run last.
 fn bf16_rows(a: &Args) {
     for (name, m) in &realistic(a) {
-        if let Err(e) = bf16_steps(a, name, m) {
-            eprintln!("gpu bench: step-bf16/…/{name}: {e}");
-        }
+        step_rows(a, "step-bf16", name, m, Precision::Bf16);
     }
 }
 
-/// `step/{eager,linked}/{name}`: f32 steps of `m`.
-fn f32_steps(a: &Args, name: &str, m: &BenchModel) {
-    {
-        let eager_row = format!("step/eager/{name}");
+/// `{prefix}/{eager,linked}/{name}`: training steps of `m` on an eager and a linked session
+/// with autocast `precision`. A model whose first step fails prints its error instead of a
+/// row, and the bench goes on.
+fn step_rows(a: &Args, prefix: &str, name: &str, m: &BenchModel, precision: Precision) {
+    let eager_row = format!("{prefix}/eager/{name}");
+    let linked_row = format!("{prefix}/linked/{name}");
+    let r = (|| -> tl_nn::Result<()> {
         if a.wants(&eager_row) {
-            let mut eager = EagerRun::on(m, a.backend).expect("backend checked in main");
-            let ms = median_ms(a, || {
-                eager.step();
-            });
-            row(a.backend, &eager_row, ms, None);
+            let s = Session::new(Options {
+                precision,
+                ..Options::backend(a.backend)
+            })?;
+            time_steps(a, &eager_row, EagerRun::with_session(m, s)?)?;
         }
-        let linked_row = format!("step/linked/{name}");
         if a.wants(&linked_row) {
-            let mut linked = LinkedRun::on(m, a.backend).expect("backend checked in main");
-            let ms = median_ms(a, || {
-                linked.step();
-            });
-            row(a.backend, &linked_row, ms, None);
+            let mut s = LinkedSession::new();
+            s.set_backend(a.backend)?;
+            s.set_precision(precision)?;
+            time_steps(a, &linked_row, LinkedRun::with_session(m, s)?)?;
         }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        eprintln!("gpu bench: {prefix}/…/{name}: {e}");
     }
 }
 
-/// `step-bf16/{eager,linked}/{name}`: steps of `m` in sessions with `Precision::Bf16`.
-fn bf16_steps(a: &Args, name: &str, m: &BenchModel) -> tl_nn::Result<()> {
-    let eager_row = format!("step-bf16/eager/{name}");
-    if a.wants(&eager_row) {
-        let s = Session::new(Options {
-            precision: Precision::Bf16,
-            ..Options::backend(a.backend)
-        })?;
-        let mut eager = EagerRun::with_session(m, s)?;
-        eager.try_step()?;
-        let ms = median_ms(a, || {
-            eager.step();
-        });
-        row(a.backend, &eager_row, ms, None);
-    }
-    let linked_row = format!("step-bf16/linked/{name}");
-    if a.wants(&linked_row) {
-        let mut s = LinkedSession::new();
-        s.set_backend(a.backend)?;
-        s.set_precision(Precision::Bf16)?;
-        let mut linked = LinkedRun::with_session(m, s)?;
-        linked.try_step()?;
-        let ms = median_ms(a, || {
-            linked.step();
-        });
-        row(a.backend, &linked_row, ms, None);
-    }
+/// Row `name`: the median step of `run`, after a first step whose error is returned.
+fn time_steps<O: Train<T = f32>>(
+    a: &Args,
+    name: &str,
+    mut run: common::Run<'_, O>,
+) -> tl_nn::Result<()> {
+    run.try_step()?;
+    let ms = median_ms(a, || {
+        run.step();
+    });
+    row(a.backend, name, ms, None);
     Ok(())
 }
 
