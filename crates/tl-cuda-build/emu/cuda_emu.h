@@ -17,7 +17,9 @@
 // - atomicAdd is a plain read-add-write (fibers never interleave inside it);
 // - __fadd_rn / __fmul_rn are single roundings, and the library is built with
 //   -ffp-contract=off, as nvcc's --fmad=false (tl_cuda_build::NVCC_FLAGS); __fmaf_rn is the C
-//   library's fmaf, one rounding as IEEE 754 and CUDA define it;
+//   library's fmaf, one rounding as IEEE 754 and CUDA define it (on x86-64 each source is
+//   also built with -mfma, where fmaf is the FMA instruction inline: the same roundings, and
+//   launches use that build when the CPU has FMA);
 // - expf, logf, tanhf, ... are the host libm's, so they match the simulation device (which
 //   uses the same libm), not CUDA's few-ulp approximations.
 #pragma once
@@ -139,12 +141,15 @@ struct TlEmuTag<T, std::enable_if_t<std::is_class_v<T> && sizeof(T) == 8 * sizeo
 };
 
 /// A kernel of the table: its name, parameter signature, and how to call it with CUDA's
-/// `kernelParams` convention (one pointer to each argument's value).
+/// `kernelParams` convention (one pointer to each argument's value); `fn_fma` is the same
+/// kernel built with -mfma (null where there is no such build), which launches take when the
+/// CPU has FMA.
 struct TlEmuKernel {
     const char* name;
     const char* sig;
     void (*call)(void* fn, void** params);
     void* fn;
+    void* fn_fma;
 };
 
 template <typename... A>
@@ -162,7 +167,7 @@ struct TlEmuThunk {
 template <typename... A>
 TlEmuKernel tl_emu_kernel(const char* name, void (*f)(A...)) {
     return TlEmuKernel{name, TlEmuThunk<A...>::sig, &TlEmuThunk<A...>::call,
-                       reinterpret_cast<void*>(f)};
+                       reinterpret_cast<void*>(f), nullptr};
 }
 
 #define TL_EMU_KERNEL(k) tl_emu_kernel(#k, &k)

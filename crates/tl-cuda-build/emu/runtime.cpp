@@ -1,6 +1,6 @@
 // The kernel emulator's runtime (docs/cuda.md "The kernel emulator"): device memory with
-// guard zones, and launches that run every thread of a block as a fiber (ucontext) on the
-// launching OS thread, the blocks of the grid one after another.
+// guard zones, and launches that run every thread of a block as a fiber on the launching OS
+// thread, the blocks of the grid one after another.
 //
 // What it checks that a GPU would only show as garbage or a crash:
 // - a launch's arguments against the kernel's parameter list (count and type of each);
@@ -58,6 +58,31 @@ struct Registry {
 };
 
 static void say(char* err, std::size_t cap, const char* fmt, ...);
+
+// ---- Which build of a kernel runs ------------------------------------------------------------
+// On x86-64 every kernel is also built with -mfma (tl_cuda_build::Emulator::compile; fn_fma):
+// fmaf inline instead of a library call, the same roundings. Launches take that build when the
+// CPU has FMA, unless the launching thread asked for the plain one (tl_emu_set_plain_kernels).
+
+static bool cpu_has_fma() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("fma") != 0;
+    }();
+    return has;
+#else
+    return false;
+#endif
+}
+
+// -1 not set (the -mfma build where there is one), else the last tl_emu_set_plain_kernels.
+thread_local int plain_here = -1;
+
+// The function a launch of `k` on this thread calls.
+static void* build_to_run(const TlEmuKernel& k) {
+    return k.fn_fma != nullptr && plain_here != 1 && cpu_has_fma() ? k.fn_fma : k.fn;
+}
 
 // Add table `fn` (once); 0 on success, else 1 with a message in err.
 static int add_table(Registry& r, TlEmuTableFn fn, const Registry::Table** out, char* err,
@@ -243,6 +268,54 @@ bool reversed() {
     return r == 1;
 }
 
+// ---- Switching fibers ----
+// A block's threads are fibers: each runs until it reaches a barrier (or ends), then the
+// launching thread resumes the next. Two ways to switch, the same schedule:
+// - the assembly switch (x86-64 ELF: Linux, the BSDs): saves the callee-saved registers on the
+//   running fiber's stack and loads the other's stack pointer, a few instructions;
+// - ucontext (everywhere else, and where tl_emu_set_portable_fibers asks for it): glibc's
+//   swapcontext also saves and restores the signal mask, a system call per switch, which made
+//   it 90% of the emulator's time (perf, conformance's attention tests).
+// The assembly switch does not switch the x87 control word or MXCSR: every fiber runs on the
+// launching OS thread, and no kernel changes them.
+#if defined(__x86_64__) && defined(__ELF__)
+#define TL_EMU_SWITCH 1
+// Save rbp, rbx, r12-r15 on the running stack, store its pointer in *from, switch to the stack
+// `to` and restore its registers; `ret` then resumes that fiber where it called this (or, the
+// first time, enters fiber_entry: start_fiber builds that stack).
+extern "C" void tl_emu_switch(void** from, void* to);
+asm(R"(
+    .text
+    .p2align 4
+    .globl tl_emu_switch
+    .hidden tl_emu_switch
+    .type tl_emu_switch, @function
+tl_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size tl_emu_switch, .-tl_emu_switch
+)");
+#else
+#define TL_EMU_SWITCH 0
+#endif
+
+// Whether this thread's launches use ucontext even where the assembly switch is built: -1 not
+// set (no), else the last tl_emu_set_portable_fibers.
+thread_local int portable_here = -1;
+
 constexpr unsigned MAX_BLOCK = 1024;
 constexpr std::size_t STACK = 64 * 1024;
 // The most dynamic shared memory a block may have: 227 KiB, what sm_90 (H100, H200) allows a
@@ -253,8 +326,14 @@ enum class State { Run, AtSync, AtWarp, Done };
 
 // The launching OS thread's scheduler: one slot per thread of a block, reused block after block.
 struct Scheduler {
+    // This launch's switch: ucontext (`portable`) or the assembly one.
+    bool portable = !TL_EMU_SWITCH;
+    // The assembly switch's saved stack pointers: the launching thread's and each fiber's.
+    void* main_sp = nullptr;
+    void* sp[MAX_BLOCK];
+    // ucontext's: never reallocated, glibc's contexts point into themselves.
     ucontext_t main;
-    std::unique_ptr<ucontext_t[]> ctx;  // never reallocated: glibc's contexts point into themselves
+    std::unique_ptr<ucontext_t[]> ctx;
     std::unique_ptr<char[]> stacks;
     State state[MAX_BLOCK];
     float slot[MAX_BLOCK];           // __shfl_down_sync's exchange
@@ -284,19 +363,84 @@ void set_thread(unsigned t) {
     threadIdx = uint3{t, 0, 0};
 }
 
+// Fiber `me` gives the OS thread back to the launching thread's loop.
+void to_main(unsigned me) {
+    Scheduler& S = *sched;
+#if TL_EMU_SWITCH
+    if (!S.portable) {
+        tl_emu_switch(&S.sp[me], S.main_sp);
+        return;
+    }
+#endif
+    swapcontext(&S.ctx[me], &S.main);
+}
+
+// The launching thread's loop runs fiber `t` until it parks or ends.
+void resume(unsigned t) {
+    Scheduler& S = *sched;
+#if TL_EMU_SWITCH
+    if (!S.portable) {
+        tl_emu_switch(&S.main_sp, S.sp[t]);
+        return;
+    }
+#endif
+    swapcontext(&S.main, &S.ctx[t]);
+}
+
 void park(State s) {
     Scheduler& S = *sched;
     unsigned me = S.cur;
     S.state[me] = s;
-    swapcontext(&S.ctx[me], &S.main);
+    to_main(me);
     set_thread(me);
 }
 
-void fiber_main() {
+// A fiber's body: the kernel, then Done.
+void run_kernel() {
     Scheduler& S = *sched;
     S.k->call(S.k->fn, S.params);
     S.state[S.cur] = State::Done;
-    // returning resumes S.main through uc_link
+}
+
+// ucontext's entry: returning resumes S.main through uc_link.
+void fiber_main() { run_kernel(); }
+
+#if TL_EMU_SWITCH
+// The assembly switch's entry (start_fiber puts it where tl_emu_switch returns to): it
+// leaves by switching to the launching thread, which never resumes an ended fiber.
+[[noreturn]] void fiber_entry() {
+    run_kernel();
+    tl_emu_switch(&sched->sp[sched->cur], sched->main_sp);
+    std::abort();
+}
+#endif
+
+// Make fiber `t` start the kernel from the top of its stack when next resumed.
+void start_fiber(unsigned t) {
+    Scheduler& S = *sched;
+    char* stack = S.stacks.get() + (std::size_t)t * STACK;
+#if TL_EMU_SWITCH
+    if (!S.portable) {
+        // What tl_emu_switch pops, from a 16-byte aligned top: six registers, then the address
+        // its `ret` jumps to (fiber_entry), then a return address for fiber_entry, which
+        // never returns: at entry the stack is 8 bytes off 16-byte alignment, as after a call.
+        auto top = reinterpret_cast<std::uintptr_t>(stack + STACK) & ~std::uintptr_t{15};
+        void** sp = reinterpret_cast<void**>(top);
+        *--sp = nullptr;
+        *--sp = reinterpret_cast<void*>(&fiber_entry);
+        for (int r = 0; r < 6; ++r) *--sp = nullptr;
+        S.sp[t] = sp;
+        return;
+    }
+#endif
+    if (t >= S.ready) {
+        getcontext(&S.ctx[t]);
+        S.ready = t + 1;
+    }
+    S.ctx[t].uc_stack.ss_sp = stack;
+    S.ctx[t].uc_stack.ss_size = STACK;
+    S.ctx[t].uc_link = &S.main;
+    makecontext(&S.ctx[t], fiber_main, 0);
 }
 
 // The start of the running launch's dynamic shared memory (GUARD bytes into its buffer).
@@ -318,14 +462,7 @@ bool run_block(char* err, std::size_t cap) {
     // Shared memory is undefined at a block's start: poison, so a read before a write shows.
     std::memset(S.dynamic, POISON, S.dynamic_bytes + 2 * GUARD);
     for (unsigned t = 0; t < S.n; ++t) {
-        if (t >= S.ready) {
-            getcontext(&S.ctx[t]);
-            S.ready = t + 1;
-        }
-        S.ctx[t].uc_stack.ss_sp = S.stacks.get() + (std::size_t)t * STACK;
-        S.ctx[t].uc_stack.ss_size = STACK;
-        S.ctx[t].uc_link = &S.main;
-        makecontext(&S.ctx[t], fiber_main, 0);
+        start_fiber(t);
         S.state[t] = State::Run;
     }
     const bool rev = reversed();
@@ -334,7 +471,7 @@ bool run_block(char* err, std::size_t cap) {
             const unsigned t = rev ? S.n - 1 - i : i;
             if (S.state[t] != State::Run) continue;
             set_thread(t);
-            swapcontext(&S.main, &S.ctx[t]);
+            resume(t);
         }
         // Every thread has now finished or waits at a barrier.
         bool any_live = false, released = false;
@@ -418,6 +555,25 @@ bool tl_emu_warp_same(std::uint64_t v) {
 /// (non-zero) or forward (zero), whatever TL_EMU_SCHEDULE says.
 extern "C" void tl_emu_set_reverse(int on) { reverse_here = on ? 1 : 0; }
 
+/// The calling thread's later launches switch fibers with ucontext (non-zero) or, where it is
+/// built, the assembly switch (zero, the default).
+extern "C" void tl_emu_set_portable_fibers(int on) { portable_here = on ? 1 : 0; }
+
+/// Whether the assembly switch is built (x86-64 ELF), so launches use it by default.
+extern "C" int tl_emu_switch_built() { return TL_EMU_SWITCH; }
+
+/// The calling thread's later launches run the plain build of each kernel (non-zero) or, where
+/// there is one and the CPU has FMA, the -mfma build (zero, the default).
+extern "C" void tl_emu_set_plain_kernels(int on) { plain_here = on ? 1 : 0; }
+
+/// Whether a launch of kernel `index` on this thread runs its -mfma build (1), the plain one
+/// (0), or there is no such kernel (-1).
+extern "C" int tl_emu_runs_fma_build(int index) {
+    TlEmuKernel k;
+    if (!kernel_at(index, &k)) return -1;
+    return build_to_run(k) == k.fn_fma ? 1 : 0;
+}
+
 /// The index of kernel `name` in the built-in table (registered first), or -1.
 extern "C" int tl_emu_find(const char* name) {
     Registry& r = registry();
@@ -493,8 +649,10 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
         sched = owned.get();
     }
     Scheduler& S = *sched;
+    k.fn = build_to_run(k);
     S.k = &k;
     S.params = params;
+    S.portable = !TL_EMU_SWITCH || portable_here == 1;
     S.n = block;
     S.fault.clear();
     if (S.dynamic_raw == nullptr || S.dynamic_cap < shared + 2 * GUARD) {

@@ -176,13 +176,22 @@ impl Emulator {
         for i in &self.includes {
             build.include(i);
         }
-        let mut table = String::from("#include \"cuda_emu.h\"\n#include <vector>\n\n");
-        let mut list = String::new();
-        for (k, unit) in self.units.iter().enumerate() {
+        for unit in &self.units {
             println!("cargo:rerun-if-changed={}", unit.source.display());
             if let Some(parent) = unit.source.parent() {
                 build.include(parent);
             }
+        }
+        // On x86-64 every source is built a second time with -mfma: there __fmaf_rn (the C
+        // library's fmaf) is the FMA instruction inline instead of a call, the same rounding,
+        // and the kernels with most products run several times faster. The runtime launches
+        // that build when the CPU has FMA (docs/cuda.md, "The kernel emulator").
+        let fma = env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "x86_64");
+        let mut fma_build = build.clone();
+        fma_build.flag("-mfma");
+        let mut table = String::from("#include \"cuda_emu.h\"\n#include <vector>\n\n");
+        let (mut list, mut fma_list) = (String::new(), String::new());
+        for (k, unit) in self.units.iter().enumerate() {
             let ns = format!("tl_emu_{}_{k}_{}", self.lib, ident(&stem(&unit.source)));
             let path = dir.join(format!("{ns}.cpp"));
             write(&path, &unit_source(&ns, &unit.source, &unit.kernels))?;
@@ -192,18 +201,46 @@ impl Emulator {
                 "extern \"C\" const TlEmuKernel* {ns}_table(std::size_t*);"
             );
             let _ = writeln!(list, "        {ns}_table,");
+            if fma {
+                let ns = format!("{ns}_fma");
+                let path = dir.join(format!("{ns}.cpp"));
+                write(&path, &unit_source(&ns, &unit.source, &unit.kernels))?;
+                fma_build.file(&path);
+                let _ = writeln!(
+                    table,
+                    "extern \"C\" const TlEmuKernel* {ns}_table(std::size_t*);"
+                );
+                let _ = writeln!(fma_list, "        {ns}_table,");
+            } else {
+                fma_list.push_str("        nullptr,\n");
+            }
+        }
+        if fma {
+            let objects = fma_build
+                .try_compile_intermediates()
+                .map_err(|e| Error::new(format!("emulator library {} (-mfma): {e}", self.lib)))?;
+            build.objects(objects);
         }
         let sym = self.table_symbol();
+        // The table: each unit's kernels, with their -mfma build's functions (same order) as
+        // fn_fma.
         let _ = write!(
             table,
             "\nextern \"C\" const TlEmuKernel* {sym}(std::size_t* n) {{\n\
              \x20   static const std::vector<TlEmuKernel> all = [] {{\n\
-             \x20       const TlEmuKernel* (*units[])(std::size_t*) = {{\n{list}        }};\n\
+             \x20       typedef const TlEmuKernel* (*Unit)(std::size_t*);\n\
+             \x20       const Unit units[] = {{\n{list}        }};\n\
+             \x20       const Unit fma_units[] = {{\n{fma_list}        }};\n\
              \x20       std::vector<TlEmuKernel> v;\n\
-             \x20       for (auto u : units) {{\n\
-             \x20           std::size_t k = 0;\n\
-             \x20           const TlEmuKernel* t = u(&k);\n\
-             \x20           v.insert(v.end(), t, t + k);\n\
+             \x20       for (std::size_t u = 0; u < sizeof units / sizeof units[0]; ++u) {{\n\
+             \x20           std::size_t k = 0, kf = 0;\n\
+             \x20           const TlEmuKernel* t = units[u](&k);\n\
+             \x20           const TlEmuKernel* f = fma_units[u] ? fma_units[u](&kf) : nullptr;\n\
+             \x20           for (std::size_t i = 0; i < k; ++i) {{\n\
+             \x20               TlEmuKernel e = t[i];\n\
+             \x20               if (f != nullptr && i < kf) e.fn_fma = f[i].fn;\n\
+             \x20               v.push_back(e);\n\
+             \x20           }}\n\
              \x20       }}\n\
              \x20       return v;\n\
              \x20   }}();\n\

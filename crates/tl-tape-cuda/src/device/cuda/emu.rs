@@ -57,6 +57,14 @@ unsafe extern "C" {
     ) -> c_int;
     #[cfg(test)]
     fn tl_emu_set_reverse(on: c_int);
+    #[cfg(test)]
+    fn tl_emu_set_portable_fibers(on: c_int);
+    #[cfg(test)]
+    fn tl_emu_switch_built() -> c_int;
+    #[cfg(test)]
+    fn tl_emu_set_plain_kernels(on: c_int);
+    #[cfg(test)]
+    fn tl_emu_runs_fma_build(index: c_int) -> c_int;
 }
 
 /// The runtime's message in `err` (NUL-terminated by `vsnprintf`) as our error.
@@ -396,6 +404,181 @@ mod tests {
     fn a_barrier_not_every_thread_reaches_is_an_error() {
         let d = detail(run_selftest("tl_emu_test_divergent", false).map(|_| ()));
         assert!(d.contains("threads wait at different barriers"), "{d}");
+    }
+
+    /// Run `f` with this thread's launches switching fibers by ucontext (`portable`) or by
+    /// the runtime's assembly switch (where built).
+    fn with_fibers<T>(portable: bool, f: impl FnOnce() -> T) -> T {
+        // SAFETY: sets a thread-local flag of the runtime; no pointers are involved.
+        unsafe { tl_emu_set_portable_fibers(c_int::from(portable)) };
+        let r = f();
+        // SAFETY: as above.
+        unsafe { tl_emu_set_portable_fibers(0) };
+        r
+    }
+
+    /// The sum of `x` by the two-pass reduction kernels (16 blocks of 256 threads: strided
+    /// sums, warp shuffles, a block tree behind barriers; then one block over the partials).
+    fn two_pass_sum(x: &[f32]) -> f32 {
+        let (px, partials, out) = (alloc_floats(x.len()), alloc_floats(16), alloc_floats(1));
+        copy_to_device(px, x).unwrap();
+        let n = Arg::U64(x.len() as u64);
+        let first = [Arg::Ptr(px), Arg::Ptr(partials), n];
+        launch(
+            "sum",
+            function("tl_reduce_partials").unwrap(),
+            [16, 1, 1],
+            256,
+            0,
+            &first,
+        )
+        .unwrap();
+        let second = [
+            Arg::Ptr(partials),
+            Arg::Ptr(out),
+            Arg::U32(16),
+            n,
+            Arg::U32(0),
+        ];
+        launch(
+            "sum",
+            function("tl_reduce_final").unwrap(),
+            [1, 1, 1],
+            256,
+            0,
+            &second,
+        )
+        .unwrap();
+        let s = copy_to_host(out, 1).unwrap()[0];
+        for (p, len) in [(px, x.len()), (partials, 16), (out, 1)] {
+            DeviceMemory.free(p, 4 * len);
+        }
+        s
+    }
+
+    #[test]
+    fn both_fiber_switches_run_blocks_alike() {
+        // The assembly switch is built on x86-64 ELF (Linux, the BSDs), and launches use it by
+        // default there.
+        // SAFETY: reads a constant of the runtime.
+        let built = unsafe { tl_emu_switch_built() } != 0;
+        if cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+            assert!(
+                built,
+                "the runtime's assembly fiber switch is not built on x86-64 Linux"
+            );
+        }
+        let x: Vec<f32> = (0..4000)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let want: f64 = x.iter().map(|&v| f64::from(v)).sum();
+        let [fast, portable] = [false, true].map(|p| with_fibers(p, || two_pass_sum(&x)));
+        assert_eq!(fast.to_bits(), portable.to_bits());
+        assert!((f64::from(fast) - want).abs() < 1e-3, "{fast} vs {want}");
+        // Each on a thread of its own: static __shared__ arrays are per OS thread and keep
+        // their values, so the racy kernel must run first there to read unwritten slots.
+        for p in [false, true] {
+            std::thread::spawn(move || {
+                with_fibers(p, || {
+                    let fwd = run_selftest("tl_emu_test_race", false).unwrap();
+                    assert_ne!(fwd, run_selftest("tl_emu_test_race", true).unwrap());
+                    let want: Vec<f32> = (0..256).map(|t| ((t + 1) % 256 + 1) as f32).collect();
+                    for reverse in [false, true] {
+                        assert_eq!(run_selftest("tl_emu_test_synced", reverse).unwrap(), want);
+                    }
+                    let d = detail(run_selftest("tl_emu_test_divergent", false).map(|_| ()));
+                    assert!(d.contains("threads wait at different barriers"), "{d}");
+                });
+            })
+            .join()
+            .unwrap();
+        }
+    }
+
+    /// `a (m×k) · b (k×n)` by `kernel` (`tl_gemm`, or `tl_gemm_tc` with precision `tc`),
+    /// launched as the device launches it unsplit, built plain or with -mfma (`plain`); the
+    /// output's bits and whether the -mfma build ran.
+    fn gemm_bits(kernel: &'static str, tc: Option<u32>, plain: bool) -> (Vec<u32>, bool) {
+        let (m, k, n) = (70usize, 50usize, 90usize);
+        let fill = |len: usize, s: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7919 + s) % 257) as f32 / 64.0 - 2.0)
+                .collect()
+        };
+        let (a, b) = (fill(m * k, 1), fill(k * n, 2));
+        let (pa, pb, out) = (
+            alloc_floats(m * k),
+            alloc_floats(k * n),
+            alloc_floats(m * n),
+        );
+        copy_to_device(pa, &a).unwrap();
+        copy_to_device(pb, &b).unwrap();
+        let side = if tc.is_some() { 128 } else { 64 };
+        let u = |v: usize| Arg::U32(v as u32);
+        let mut args = vec![
+            Arg::Ptr(pa),
+            Arg::Ptr(pb),
+            Arg::Ptr(out),
+            u(1),
+            u(m),
+            u(k),
+            u(n),
+        ];
+        args.extend([u(0), u(0), u(0), u(k), u(1), u(0)]);
+        args.extend(tc.map(Arg::U32));
+        let f = function(kernel).unwrap();
+        let grid = [n.div_ceil(side) as u32, m.div_ceil(side) as u32, 1];
+        // SAFETY: set and read thread-local flags of the runtime; no pointers are involved.
+        let fma = unsafe {
+            tl_emu_set_plain_kernels(c_int::from(plain));
+            tl_emu_runs_fma_build(f as c_int) == 1
+        };
+        let r = launch(kernel, f, grid, 256, 0, &args);
+        // SAFETY: as above.
+        unsafe { tl_emu_set_plain_kernels(0) };
+        r.unwrap();
+        let got = copy_to_host(out, m * n).unwrap();
+        for (p, len) in [(pa, m * k), (pb, k * n), (out, m * n)] {
+            DeviceMemory.free(p, 4 * len);
+        }
+        // Within f32 rounding of the f64 product (the bf16 products: of the rounded operands,
+        // so only a loose bound here; the harness checks them exactly).
+        let tol = if tc.is_some() { 0.1 } else { 1e-4 };
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                    .sum();
+                let g = f64::from(got[i * n + j]);
+                assert!(
+                    (g - want).abs() <= tol * (1.0 + want.abs()),
+                    "{kernel} ({i}, {j}): {g} vs {want}"
+                );
+            }
+        }
+        (bits(&got), fma)
+    }
+
+    #[test]
+    fn the_fma_build_of_a_kernel_gives_the_plain_builds_bits() {
+        // The -mfma build exists on x86-64 and runs by default where the CPU has FMA.
+        #[cfg(target_arch = "x86_64")]
+        let has_fma = std::arch::is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        let has_fma = false;
+        for (kernel, tc) in [("tl_gemm", None), ("tl_gemm_tc", Some(1))] {
+            let (fma_bits, ran_fma) = gemm_bits(kernel, tc, false);
+            let (plain_bits, ran_fma_anyway) = gemm_bits(kernel, tc, true);
+            assert_eq!(
+                ran_fma, has_fma,
+                "{kernel}: the -mfma build runs where the CPU has FMA"
+            );
+            assert!(!ran_fma_anyway, "{kernel}: the plain build was asked for");
+            assert_eq!(
+                fma_bits, plain_bits,
+                "{kernel}: the two builds' bits differ"
+            );
+        }
     }
 
     #[test]
