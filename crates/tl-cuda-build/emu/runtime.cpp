@@ -277,7 +277,9 @@ bool reversed() {
 //   swapcontext also saves and restores the signal mask, a system call per switch, which made
 //   it 90% of the emulator's time (perf, conformance's attention tests).
 // The assembly switch does not switch the x87 control word or MXCSR: every fiber runs on the
-// launching OS thread, and no kernel changes them.
+// launching OS thread, and no kernel changes them. Nor does it keep a CET shadow stack: a
+// process runs with one only when every object it links is marked for it, and Rust's objects
+// are not (rustc's default).
 #if defined(__x86_64__) && defined(__ELF__)
 #define TL_EMU_SWITCH 1
 // Save rbp, rbx, r12-r15 on the running stack, store its pointer in *from, switch to the stack
