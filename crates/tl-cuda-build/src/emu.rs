@@ -191,26 +191,23 @@ impl Emulator {
         fma_build.flag("-mfma");
         let mut table = String::from("#include \"cuda_emu.h\"\n#include <vector>\n\n");
         let (mut list, mut fma_list) = (String::new(), String::new());
-        for (k, unit) in self.units.iter().enumerate() {
-            let ns = format!("tl_emu_{}_{k}_{}", self.lib, ident(&stem(&unit.source)));
+        // Unit `ns` (the source `unit`) into `build`, its table declared and listed in `list`.
+        let mut add = |ns: &str, unit: &Unit, build: &mut cc::Build, list: &mut String| {
             let path = dir.join(format!("{ns}.cpp"));
-            write(&path, &unit_source(&ns, &unit.source, &unit.kernels))?;
+            write(&path, &unit_source(ns, &unit.source, &unit.kernels))?;
             build.file(&path);
             let _ = writeln!(
                 table,
                 "extern \"C\" const TlEmuKernel* {ns}_table(std::size_t*);"
             );
             let _ = writeln!(list, "        {ns}_table,");
+            Ok::<(), Error>(())
+        };
+        for (k, unit) in self.units.iter().enumerate() {
+            let ns = format!("tl_emu_{}_{k}_{}", self.lib, ident(&stem(&unit.source)));
+            add(&ns, unit, &mut build, &mut list)?;
             if fma {
-                let ns = format!("{ns}_fma");
-                let path = dir.join(format!("{ns}.cpp"));
-                write(&path, &unit_source(&ns, &unit.source, &unit.kernels))?;
-                fma_build.file(&path);
-                let _ = writeln!(
-                    table,
-                    "extern \"C\" const TlEmuKernel* {ns}_table(std::size_t*);"
-                );
-                let _ = writeln!(fma_list, "        {ns}_table,");
+                add(&format!("{ns}_fma"), unit, &mut fma_build, &mut fma_list)?;
             } else {
                 fma_list.push_str("        nullptr,\n");
             }

@@ -423,16 +423,14 @@ mod tests {
         let (px, partials, out) = (alloc_floats(x.len()), alloc_floats(16), alloc_floats(1));
         copy_to_device(px, x).unwrap();
         let n = Arg::U64(x.len() as u64);
-        let first = [Arg::Ptr(px), Arg::Ptr(partials), n];
-        launch(
-            "sum",
-            function("tl_reduce_partials").unwrap(),
-            [16, 1, 1],
-            256,
-            0,
-            &first,
-        )
-        .unwrap();
+        let run = |name: &'static str, blocks: u32, args: &[Arg]| {
+            launch("sum", function(name).unwrap(), [blocks, 1, 1], 256, 0, args).unwrap();
+        };
+        run(
+            "tl_reduce_partials",
+            16,
+            &[Arg::Ptr(px), Arg::Ptr(partials), n],
+        );
         let second = [
             Arg::Ptr(partials),
             Arg::Ptr(out),
@@ -440,15 +438,7 @@ mod tests {
             n,
             Arg::U32(0),
         ];
-        launch(
-            "sum",
-            function("tl_reduce_final").unwrap(),
-            [1, 1, 1],
-            256,
-            0,
-            &second,
-        )
-        .unwrap();
+        run("tl_reduce_final", 1, &second);
         let s = copy_to_host(out, 1).unwrap()[0];
         for (p, len) in [(px, x.len()), (partials, 16), (out, 1)] {
             DeviceMemory.free(p, 4 * len);
