@@ -131,6 +131,11 @@ impl Emulator {
     /// library). Prints `cargo:rerun-if-changed` for each source. A kernel name is looked up in
     /// its library's table, as a GPU looks it up in its module: it must be unique in the
     /// library, and may repeat a name of another library (the runtime's own kernels included).
+    ///
+    /// For an x86-64 target each source is compiled twice, the second time with `-mfma` (where
+    /// `__fmaf_rn` is the FMA instruction instead of a call to the C library's `fmaf`: the same
+    /// rounding); the runtime launches that build when the CPU has FMA, the plain one
+    /// otherwise.
     pub fn compile(&self) -> Result<(), Error> {
         if self.lib.is_empty()
             || !self
