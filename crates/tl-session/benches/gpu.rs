@@ -162,6 +162,27 @@ fn median_ms(a: &Args, mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
+/// [`median_ms`] of the device work `f`, each run ending in a read: `f` launches and returns
+/// its buffers, the last one's sum is read back (which waits for every launch), and all are
+/// released. One run first, whose error (a refused launch) is returned.
+fn device_ms<D: Device>(
+    a: &Args,
+    dev: &mut D,
+    f: impl Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>,
+) -> tl_tape_cuda::Result<f64> {
+    let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
+        let bufs = f(dev)?;
+        let total = dev.reduce_sum(bufs[bufs.len() - 1])?;
+        let got = dev.download(total)?;
+        dev.release_all(bufs.into_iter().chain([total]));
+        Ok(got[0])
+    };
+    run(dev)?;
+    Ok(median_ms(a, || {
+        run(dev).unwrap();
+    }))
+}
+
 fn row(backend: Backend, name: &str, ms: f64, rate: Option<(&str, f64)>) {
     let rate = rate.map_or(String::new(), |(unit, v)| format!(", \"{unit}\": {v:.3}"));
     println!(
@@ -436,18 +457,11 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             .collect();
         let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
         let (q, k, v, go) = (q?, k?, v?, go?);
-        let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
+        let ms = device_ms(a, dev, |dev| {
             let (o, lse) = dev.flash_attention([q, k, v], &f)?;
             let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], o, lse, go, &f)?;
-            let total = dev.reduce_sum(dv)?;
-            let got = dev.download(total)?;
-            dev.release_all([o, lse, dq, dk, dv, total]);
-            Ok(got[0])
-        };
-        run(dev)?;
-        let ms = median_ms(a, || {
-            run(dev).unwrap();
-        });
+            Ok(vec![o, lse, dq, dk, dv])
+        })?;
         let flops = 7.0 * (n * n * d * ATT_HEADS) as f64;
         row(
             a.backend,
@@ -515,17 +529,7 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
             if !a.wants(row_name) {
                 continue;
             }
-            let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
-                let bufs = f(dev)?;
-                let total = dev.reduce_sum(bufs[bufs.len() - 1])?;
-                let got = dev.download(total)?;
-                dev.release_all(bufs.into_iter().chain([total]));
-                Ok(got[0])
-            };
-            run(dev)?;
-            let ms = median_ms(a, || {
-                run(dev).unwrap();
-            });
+            let ms = device_ms(a, dev, f)?;
             row(
                 a.backend,
                 row_name,
@@ -572,20 +576,9 @@ fn gemm_core<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
                 let x = dev.upload(filled(&[n, n], 1, 0.01).data())?;
                 let y = dev.upload(filled(&[n, n], 2, 0.01).data())?;
                 let g = Gemm::nn(n, n, n);
-                let run = |dev: &mut D| -> tl_tape_cuda::Result<f32> {
-                    let mut outs = Vec::with_capacity(BACK_TO_BACK);
-                    for _ in 0..BACK_TO_BACK {
-                        outs.push(dev.matmul(x, y, g)?);
-                    }
-                    let total = dev.reduce_sum(outs[BACK_TO_BACK - 1])?;
-                    let got = dev.download(total)?;
-                    dev.release_all(outs.into_iter().chain([total]));
-                    Ok(got[0])
-                };
-                run(dev)?;
-                let ms = median_ms(a, || {
-                    run(dev).unwrap();
-                }) / BACK_TO_BACK as f64;
+                let ms = device_ms(a, dev, |dev| {
+                    (0..BACK_TO_BACK).map(|_| dev.matmul(x, y, g)).collect()
+                })? / BACK_TO_BACK as f64;
                 let gflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e9;
                 row(a.backend, &name, ms, Some(("gflops", gflops)));
                 dev.release_all([x, y]);
