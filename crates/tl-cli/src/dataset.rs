@@ -118,7 +118,7 @@ impl Dataset {
             }
             Dataset::Fields(f) => {
                 let (b, g) = (idx.len(), f.grid);
-                let x = Tensor::from_fn([b, g, 2], |k| {
+                let x = Tensor::try_from_fn("batch", [b, g, 2], |k| {
                     let (e, rest) = (idx[k / (2 * g)], k % (2 * g));
                     let (j, ch) = (rest / 2, rest % 2);
                     if ch == 0 {
@@ -126,8 +126,8 @@ impl Dataset {
                     } else {
                         j as f32 / g as f32
                     }
-                });
-                let y = Tensor::from_fn([b, g, 1], |k| f.y[idx[k / g] * g + k % g]);
+                })?;
+                let y = Tensor::try_from_fn("batch", [b, g, 1], |k| f.y[idx[k / g] * g + k % g])?;
                 Batch::Fields { x, y }
             }
             Dataset::Text(w) => Batch::Tokens(w.batch(idx)?),

@@ -52,7 +52,7 @@ impl GraphData {
         }
         let rg = self.requires_grad();
         let mut grads: Vec<Tensor<T>> = (0..self.len())
-            .map(|id| Ok(Tensor::zeros(self.shape(id)?.clone())))
+            .map(|id| Ok(Tensor::try_zeros("backprop", self.shape(id)?.clone())?))
             .collect::<Result<_>>()?;
         grads[out] = seed.clone();
         // Whether some cotangent has reached the id (the seed reaches `out`).

@@ -60,22 +60,22 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         Sub => ew::sub(x[0], x[1]),
         Mul => ew::mul(x[0], x[1]),
         Div => ew::div(x[0], x[1]),
-        Scale(c) => Ok(ew::scale(x[0], T::lit(*c))),
-        Abs => Ok(ew::abs(x[0])),
-        Sqrt => Ok(ew::sqrt(x[0])),
-        Exp => Ok(ew::exp(x[0])),
+        Scale(c) => ew::scale(x[0], T::lit(*c)),
+        Abs => ew::abs(x[0]),
+        Sqrt => ew::sqrt(x[0]),
+        Exp => ew::exp(x[0]),
         Log => ew::log(x[0]),
-        Inv => Ok(ew::inv(x[0])),
-        Relu => Ok(ew::relu(x[0])),
-        Clamp { lo, hi } => Ok(ew::clamp(x[0], T::lit(*lo), T::lit(*hi))),
+        Inv => ew::inv(x[0]),
+        Relu => ew::relu(x[0]),
+        Clamp { lo, hi } => ew::clamp(x[0], T::lit(*lo), T::lit(*hi)),
         Max => ew::max(x[0], x[1]),
         Min => ew::min(x[0], x[1]),
-        Sigmoid => Ok(ew::sigmoid(x[0])),
-        Tanh => Ok(ew::tanh(x[0])),
-        Softplus => Ok(ew::softplus(x[0])),
-        SafeLog { eps } => Ok(ew::safe_log(x[0], T::lit(*eps))),
+        Sigmoid => ew::sigmoid(x[0]),
+        Tanh => ew::tanh(x[0]),
+        Softplus => ew::softplus(x[0]),
+        SafeLog { eps } => ew::safe_log(x[0], T::lit(*eps)),
         Detach => Ok(x[0].clone()),
-        Constant(t) => Ok(t.cast()),
+        Constant(t) => t.try_cast(op.name()),
         Reshape(to) => x[0].reshape(to.clone()),
         Flatten => Ok(shape::flatten(x[0])),
         Transpose2d => shape::transpose2d(x[0]),
@@ -93,11 +93,11 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         Softmax => Ok(softmax::softmax(x[0])),
         LogSoftmax => Ok(softmax::log_softmax(x[0])),
         MseLoss => loss::mse_loss(x[0], x[1]),
-        Gelu => Ok(act::gelu(x[0])),
-        Silu => Ok(act::silu(x[0])),
-        GeluErf => Ok(act::gelu_erf(x[0])),
-        LeakyRelu { negative_slope } => Ok(act::leaky_relu(x[0], T::lit(*negative_slope))),
-        Elu { alpha } => Ok(act::elu(x[0], T::lit(*alpha))),
+        Gelu => act::gelu(x[0]),
+        Silu => act::silu(x[0]),
+        GeluErf => act::gelu_erf(x[0]),
+        LeakyRelu { negative_slope } => act::leaky_relu(x[0], T::lit(*negative_slope)),
+        Elu { alpha } => act::elu(x[0], T::lit(*alpha)),
         Concat => concat::concat(x[0], x[1]),
         Slice { start, len } => concat::slice(x[0], *start, *len),
         CrossEntropy { labels_at } => {
@@ -302,8 +302,8 @@ pub fn jvp<T: Scalar>(
         Tanh => ew::tanh_jvp(x[0], dx[0]),
         Softplus => ew::softplus_jvp(x[0], dx[0]),
         SafeLog { eps } => ew::safe_log_jvp(x[0], T::lit(*eps), dx[0]),
-        Detach => Ok(Tensor::zeros(x[0].shape().clone())),
-        Constant(c) => Ok(Tensor::zeros(c.shape().clone())),
+        Detach => Tensor::try_zeros(op.name(), x[0].shape().clone()),
+        Constant(c) => Tensor::try_zeros(op.name(), c.shape().clone()),
         // Linear ops: the JVP is the op applied to the tangent.
         Reshape(_) | Flatten | Transpose2d | PermuteBca | PermuteCab | SwapLastTwo
         | SwapAdjacent(_) | BroadcastTo(_) | Sum | ReduceSum(_) | ReduceMean(_) => {
@@ -358,7 +358,9 @@ pub fn jvp<T: Scalar>(
         SpectralConv1dRfft { modes } => {
             spectral::spectral_conv1d_jvp(x[0], x[1], x[2], *modes, dx[0], dx[1], dx[2])
         }
-        RandUniform { shape, .. } | BernoulliMask { shape, .. } => Ok(Tensor::zeros(shape.clone())),
+        RandUniform { shape, .. } | BernoulliMask { shape, .. } => {
+            Tensor::try_zeros(op.name(), shape.clone())
+        }
         Dropout {
             keep,
             seed,

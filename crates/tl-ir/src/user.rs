@@ -296,6 +296,7 @@ impl UserOpRef {
     /// The reference value at any scalar type.
     pub fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         typed(
+            self.name(),
             x,
             |x| self.op.f64().value(x),
             |x| self.op.f32().value(x),
@@ -310,6 +311,7 @@ impl UserOpRef {
         g: &Tensor<T>,
     ) -> Result<Vec<Option<Tensor<T>>>> {
         typed_grads(
+            self.name(),
             x,
             g,
             |x, g| self.op.f64().vjp(x, g),
@@ -323,6 +325,7 @@ impl UserOpRef {
         all.extend_from_slice(dx);
         let n = x.len();
         typed(
+            self.name(),
             &all,
             |a| self.op.f64().jvp(&a[..n], &a[n..]),
             |a| self.op.f32().jvp(&a[..n], &a[n..]),
@@ -333,6 +336,7 @@ impl UserOpRef {
     /// The CPU kernel's forward at any scalar type.
     pub fn cpu_value<T: Scalar>(&self, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         typed(
+            self.name(),
             x,
             |x| self.op.f64().cpu_value(x),
             |x| self.op.f32().cpu_value(x),
@@ -351,6 +355,7 @@ impl UserOpRef {
         all.push(y);
         let n = x.len();
         typed_grads(
+            self.name(),
             &all,
             g,
             |a, g| self.op.f64().cpu_vjp(&a[..n], a[n], g),
@@ -360,42 +365,56 @@ impl UserOpRef {
 }
 
 /// `x` seen as `f64` or `f32` tensors without a copy (another scalar type is converted to `f64`
-/// and back), `f` run at that type, its result seen as `T` again.
+/// and back, a conversion's buffer checked as [`Tensor::try_cast`]'s, naming `op`), `f` run at
+/// that type, its result seen as `T` again.
 fn typed<T: Scalar>(
+    op: &'static str,
     x: &[&Tensor<T>],
     f64_face: impl FnOnce(&[&Tensor<f64>]) -> Result<Tensor<f64>>,
     f32_face: impl FnOnce(&[&Tensor<f32>]) -> Result<Tensor<f32>>,
     other: impl FnOnce(&[&Tensor<f64>]) -> Result<Tensor<f64>>,
 ) -> Result<Tensor<T>> {
     if let Some(x) = downcast_all::<T, f64>(x) {
-        return f64_face(&x).map(recast);
+        return recast(op, f64_face(&x)?);
     }
     if let Some(x) = downcast_all::<T, f32>(x) {
-        return f32_face(&x).map(recast);
+        return recast(op, f32_face(&x)?);
     }
-    let wide: Vec<Tensor<f64>> = x.iter().map(|t| t.cast()).collect();
+    let wide = widen(op, x)?;
     let refs: Vec<&Tensor<f64>> = wide.iter().collect();
-    other(&refs).map(|y| y.cast())
+    recast(op, other(&refs)?)
 }
 
 /// [`typed`] for a VJP (operands and a cotangent in, a list of cotangents out).
 fn typed_grads<T: Scalar>(
+    op: &'static str,
     x: &[&Tensor<T>],
     g: &Tensor<T>,
     f64_face: impl FnOnce(&[&Tensor<f64>], &Tensor<f64>) -> Result<Vec<Option<Tensor<f64>>>>,
     f32_face: impl FnOnce(&[&Tensor<f32>], &Tensor<f32>) -> Result<Vec<Option<Tensor<f32>>>>,
 ) -> Result<Vec<Option<Tensor<T>>>> {
-    let recast_all =
-        |v: Vec<Option<Tensor<_>>>| v.into_iter().map(|t| t.map(recast)).collect::<Vec<_>>();
+    fn recast_all<S: Scalar, T: Scalar>(
+        op: &'static str,
+        v: Vec<Option<Tensor<S>>>,
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        v.into_iter()
+            .map(|t| t.map(|t| recast(op, t)).transpose())
+            .collect()
+    }
     if let (Some(x), Some(g)) = (downcast_all::<T, f64>(x), downcast::<T, f64>(g)) {
-        return f64_face(&x, g).map(recast_all);
+        return recast_all(op, f64_face(&x, g)?);
     }
     if let (Some(x), Some(g)) = (downcast_all::<T, f32>(x), downcast::<T, f32>(g)) {
-        return f32_face(&x, g).map(|v| v.into_iter().map(|t| t.map(recast)).collect());
+        return recast_all(op, f32_face(&x, g)?);
     }
-    let wide: Vec<Tensor<f64>> = x.iter().map(|t| t.cast()).collect();
+    let wide = widen(op, x)?;
     let refs: Vec<&Tensor<f64>> = wide.iter().collect();
-    f64_face(&refs, &g.cast()).map(|v| v.into_iter().map(|t| t.map(|t| t.cast())).collect())
+    recast_all(op, f64_face(&refs, &g.try_cast(op)?)?)
+}
+
+/// Every operand converted to `f64` (for a scalar type other than `f32` and `f64`).
+fn widen<T: Scalar>(op: &'static str, x: &[&Tensor<T>]) -> Result<Vec<Tensor<f64>>> {
+    x.iter().map(|t| t.try_cast(op)).collect()
 }
 
 /// `t` as a `Tensor<S>` when `T` is `S`.
@@ -408,10 +427,13 @@ fn downcast_all<'a, T: Scalar, S: Scalar>(x: &[&'a Tensor<T>]) -> Option<Vec<&'a
     x.iter().map(|t| downcast::<T, S>(t)).collect()
 }
 
-/// A tensor of `S` as a tensor of `T`: shared (no copy) when the types are the same, which is
-/// the only way [`typed`] calls it; converted otherwise.
-fn recast<S: Scalar, T: Scalar>(t: Tensor<S>) -> Tensor<T> {
-    downcast::<S, T>(&t).cloned().unwrap_or_else(|| t.cast())
+/// A tensor of `S` as a tensor of `T`: shared (no copy) when the types are the same, converted
+/// otherwise (checked as [`Tensor::try_cast`], naming `op`).
+fn recast<S: Scalar, T: Scalar>(op: &'static str, t: Tensor<S>) -> Result<Tensor<T>> {
+    match downcast::<S, T>(&t) {
+        Some(same) => Ok(same.clone()),
+        None => t.try_cast(op),
+    }
 }
 
 impl PartialEq for UserOpRef {

@@ -44,15 +44,15 @@ pub fn round(x: f32) -> f32 {
 }
 
 /// Every element of `t` rounded to bf16 ([`round`]), as an f64 tensor (exact).
-pub fn round_tensor(t: &Tensor<f32>) -> Tensor<f64> {
-    t.map(round).cast()
+pub fn round_tensor(t: &Tensor<f32>) -> Result<Tensor<f64>> {
+    t.try_map("bf16", round)?.try_cast("bf16")
 }
 
 /// The reference of a bf16 matrix product: `(m, k)·(k, n)` of the f32 operands rounded to
 /// bf16, each product and the sum in f64 ([`crate::ops::linalg::matmul`]). A bf16 path's f32
 /// result differs from it by at most [`accumulation_bound`].
 pub fn matmul(a: &Tensor<f32>, b: &Tensor<f32>) -> Result<Tensor<f64>> {
-    crate::ops::linalg::matmul(&round_tensor(a), &round_tensor(b))
+    crate::ops::linalg::matmul(&round_tensor(a)?, &round_tensor(b)?)
 }
 
 /// How far an f32 accumulation of `terms` exact products (plus one scaling by a power-of-two

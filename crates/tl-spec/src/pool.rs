@@ -243,14 +243,6 @@ impl<T: 'static> Drop for Guard<'_, T> {
     }
 }
 
-/// An empty buffer with capacity for `n` values: a spare one from the installed pool of `T`
-/// when it has one of exactly that capacity, else a fresh allocation. Infallible, so only for
-/// [`Tensor::map`]/[`Tensor::zip_map`], whose output has the size of a buffer that exists;
-/// everything else allocates through [`crate::alloc::try_with_capacity`].
-pub(crate) fn with_capacity<T: 'static>(n: usize) -> Vec<T> {
-    take(n).unwrap_or_else(|| Vec::with_capacity(n))
-}
-
 /// A spare buffer of `n` values from the installed pool, with the values it was put with (no
 /// fill; resized to `n` if it held fewer), for a kernel that writes every value before it reads
 /// any; `None` where the pool has none ([`crate::alloc::try_for_overwrite`] then allocates
@@ -306,7 +298,7 @@ mod tests {
         assert!(take::<f32>(3).is_none());
         {
             let _g = install(&mut pool);
-            let v = with_capacity::<f32>(3);
+            let v = crate::alloc::try_with_capacity::<f32>("test", "buffer", 3).unwrap();
             assert!(v.is_empty() && v.capacity() == 3, "handed out empty");
             // Another capacity, another type: not served.
             assert!(take::<f32>(4).is_none());

@@ -50,8 +50,9 @@ impl Precision {
     /// from it by at most [`crate::bf16::accumulation_bound`] (products of two rounded values
     /// are exact in f32 for every setting but `F32`).
     pub fn matmul_reference(self, a: &Tensor<f32>, b: &Tensor<f32>) -> Result<Tensor<f64>> {
-        let r = |t: &Tensor<f32>| -> Tensor<f64> { t.map(|x| self.round(x)).cast() };
-        crate::ops::linalg::matmul(&r(a), &r(b))
+        let op = "matmul";
+        let r = |t: &Tensor<f32>| t.try_map(op, |x| self.round(x))?.try_cast::<f64>(op);
+        crate::ops::linalg::matmul(&r(a)?, &r(b)?)
     }
 }
 

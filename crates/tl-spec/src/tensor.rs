@@ -240,17 +240,37 @@ impl<T: Scalar> Tensor<T> {
         self.view().to_owned()
     }
 
-    /// Apply `f` to every element.
-    pub fn map(&self, f: impl Fn(T) -> T) -> Self {
-        let mut data = crate::pool::with_capacity(self.data.len());
-        data.extend(self.data.iter().map(|&x| f(x)));
-        Tensor {
+    /// `f` applied to every element, into a buffer checked as [`crate::alloc::try_with_capacity`]
+    /// (a spare buffer of the installed [`crate::pool`] where there is one): an
+    /// [`Error::TooLarge`] naming `op` when the allocation is refused. This is how library code
+    /// maps a tensor.
+    pub fn try_map(&self, op: &'static str, f: impl Fn(T) -> T) -> Result<Self> {
+        let data = crate::alloc::try_collect(
+            op,
+            "tensor",
+            self.data.len(),
+            self.data.iter().map(|&x| f(x)),
+        )?;
+        Ok(Tensor {
             shape: self.shape.clone(),
             data: Arc::new(data),
-        }
+        })
     }
 
-    /// Combine two tensors of the same shape elementwise; a shape error names `op` otherwise.
+    /// `f` applied to every element: [`Tensor::try_map`] for tensors the caller controls (tests,
+    /// examples).
+    ///
+    /// # Panics
+    ///
+    /// As [`Tensor::from_fn`]: when the allocation is refused (the message is
+    /// [`Tensor::try_map`]'s error); the process is never aborted.
+    pub fn map(&self, f: impl Fn(T) -> T) -> Self {
+        self.try_map("Tensor::map", f)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Combine two tensors of the same shape elementwise; a shape error names `op` otherwise, and
+    /// the output is allocated as [`Tensor::try_map`]'s.
     pub fn zip_map(&self, op: &'static str, other: &Self, f: impl Fn(T, T) -> T) -> Result<Self> {
         if self.shape != other.shape {
             return Err(Error::shape(
@@ -258,25 +278,45 @@ impl<T: Scalar> Tensor<T> {
                 format!("operands have shapes {} and {}", self.shape, other.shape),
             ));
         }
-        let mut data = crate::pool::with_capacity(self.data.len());
-        data.extend(
+        let data = crate::alloc::try_collect(
+            op,
+            "tensor",
+            self.data.len(),
             self.data
                 .iter()
                 .zip(other.data.iter())
                 .map(|(&a, &b)| f(a, b)),
-        );
+        )?;
         Ok(Tensor {
             shape: self.shape.clone(),
             data: Arc::new(data),
         })
     }
 
-    /// Convert every element to another scalar type (via `f64`).
-    pub fn cast<U: Scalar>(&self) -> Tensor<U> {
-        Tensor {
+    /// Every element converted to another scalar type (via `f64`), into a buffer checked as
+    /// [`Tensor::try_map`]'s: an [`Error::TooLarge`] naming `op` when the allocation is refused.
+    pub fn try_cast<U: Scalar>(&self, op: &'static str) -> Result<Tensor<U>> {
+        let data = crate::alloc::try_collect(
+            op,
+            "tensor",
+            self.data.len(),
+            self.data.iter().map(|&x| U::lit(x.as_f64())),
+        )?;
+        Ok(Tensor {
             shape: self.shape.clone(),
-            data: Arc::new(self.data.iter().map(|&x| U::lit(x.as_f64())).collect()),
-        }
+            data: Arc::new(data),
+        })
+    }
+
+    /// Every element converted to another scalar type (via `f64`): [`Tensor::try_cast`] for
+    /// tensors the caller controls.
+    ///
+    /// # Panics
+    ///
+    /// As [`Tensor::map`], when the allocation is refused.
+    pub fn cast<U: Scalar>(&self) -> Tensor<U> {
+        self.try_cast("Tensor::cast")
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Elementwise sum of two same-shaped tensors.

@@ -36,15 +36,15 @@ pub fn round(x: f32) -> f32 {
 }
 
 /// Every element of `t` rounded to TF32 ([`round`]), as an f64 tensor (exact).
-pub fn round_tensor(t: &Tensor<f32>) -> Tensor<f64> {
-    t.map(round).cast()
+pub fn round_tensor(t: &Tensor<f32>) -> Result<Tensor<f64>> {
+    t.try_map("tf32", round)?.try_cast("tf32")
 }
 
 /// The reference of a TF32 matrix product: `(m, k)·(k, n)` of the f32 operands rounded to
 /// TF32, each product and the sum in f64. A TF32 path's f32 result differs from it by at most
 /// [`crate::bf16::accumulation_bound`].
 pub fn matmul(a: &Tensor<f32>, b: &Tensor<f32>) -> Result<Tensor<f64>> {
-    crate::ops::linalg::matmul(&round_tensor(a), &round_tensor(b))
+    crate::ops::linalg::matmul(&round_tensor(a)?, &round_tensor(b)?)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ pub const MUTANTS: &[Mutant] = &[
         id: "spec-sub-vjp-sign",
         area: Spec,
         file: "crates/tl-spec/src/ops/elementwise.rs",
-        from: "Ok((g.clone(), g.map(|g| -g)))",
+        from: "Ok((g.clone(), g.try_map(\"sub\", |g| -g)?))",
         to: "Ok((g.clone(), g.clone()))",
         bug: "sub's VJP gives +g to the subtrahend",
         harness: Plain,

@@ -129,7 +129,10 @@ impl Split {
         DataLoader::new(self, size, Classify { classes })?
             .shuffle(seed)
             .epoch(0)
-            .map(|b| b.map(|(x, labels): (Tensor<f32>, Labels)| (x.cast(), labels)))
+            .map(|b| {
+                let (x, labels): (Tensor<f32>, Labels) = b?;
+                Ok((x.try_cast("Split::batches")?, labels))
+            })
             .collect()
     }
 }

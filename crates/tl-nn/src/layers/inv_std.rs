@@ -31,13 +31,15 @@ impl UserOp for RunningInvStd {
         false
     }
     fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
-        Ok(x[0].map(|v| T::lit(running_inv_std(v.as_f64(), self.eps))))
+        x[0].try_map(self.name(), |v| {
+            T::lit(running_inv_std(v.as_f64(), self.eps))
+        })
     }
     fn vjp<T: Scalar>(&self, x: &[&Tensor<T>], _: &Tensor<T>) -> Result<Vec<Option<Tensor<T>>>> {
         Ok(vec![None; x.len()])
     }
     fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], _: &[&Tensor<T>]) -> Result<Tensor<T>> {
-        Ok(Tensor::zeros(x[0].shape().clone()))
+        Tensor::try_zeros(self.name(), x[0].shape().clone())
     }
 }
 

@@ -73,7 +73,7 @@ fn a_bf16_linear_layer_is_the_reference_product() {
         .value_of(layer.bias.as_ref().expect("a bias"))
         .unwrap()
         .cast();
-    let (wr, xr) = (round_tensor(&w), round_tensor(&x));
+    let (wr, xr) = (round_tensor(&w).unwrap(), round_tensor(&x).unwrap());
     let want = linalg::linear(&wr, &b, &xr).unwrap();
     let abs = |t: &Tensor<f64>| t.map(f64::abs);
     let abs_sum = linalg::linear(&abs(&wr), &abs(&b), &abs(&xr)).unwrap();

@@ -175,7 +175,7 @@ impl<T: Scalar> Session<T> {
                 Some(t) => Ok(t.clone()),
                 None => self.not_a_step_gradient(r),
             },
-            Some(_) => Ok(Tensor::zeros(r.shape.clone())),
+            Some(_) => Ok(Tensor::try_zeros("grad", r.shape.clone())?),
             None => Err(Self::no_backward("grad")),
         }
     }
@@ -184,7 +184,7 @@ impl<T: Scalar> Session<T> {
     /// gradient for: zeros for a frozen parameter's leaf (nothing flows into it), else an error.
     fn not_a_step_gradient(&self, r: &TensorRef) -> Result<Tensor<T>> {
         if self.leaf_param.contains_key(&r.id) {
-            return Ok(Tensor::zeros(r.shape.clone()));
+            return Ok(Tensor::try_zeros("grad", r.shape.clone())?);
         }
         Err(Error::Usage {
             what: "grad",
@@ -212,7 +212,7 @@ impl<T: Scalar> Session<T> {
         if self.grads.is_none() {
             return Err(Self::no_backward("grad"));
         }
-        let mut acc = Tensor::zeros(p.shape.clone());
+        let mut acc = Tensor::try_zeros("grad", p.shape.clone())?;
         for id in self.leaves_of(p.index) {
             let r = TensorRef {
                 stamp: self.stamp,

@@ -561,8 +561,8 @@ impl<T: Scalar> LinkedSession<T> {
         let mut ts: Vec<Tensor<T>> = self
             .leaves
             .iter()
-            .map(|l| Tensor::zeros(l.shape().clone()))
-            .collect();
+            .map(|l| Tensor::try_zeros("jvp_leaf", l.shape().clone()))
+            .collect::<tl_spec::Result<_>>()?;
         ts[leaf.id] = tangent;
         Ok(self.jvp(&ts)?.swap_remove(out.id))
     }
@@ -719,7 +719,7 @@ impl<T: Scalar> Ops for LinkedSession<T> {
         if self.builder.graph().nodes().is_empty() {
             self.leaf(value, None, false)
         } else {
-            self.apply(Op::Constant(value.cast()), &[])
+            self.apply(Op::Constant(value.try_cast("constant")?), &[])
         }
     }
 

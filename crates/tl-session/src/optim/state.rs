@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 
+use tl_spec::alloc::{try_collect, try_copy};
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::Device;
 
@@ -164,6 +165,9 @@ fn labels<T: Scalar>(params: &ParamStore<T>) -> Result<Vec<String>> {
     Ok(labels)
 }
 
+/// What an export's allocation errors name.
+const WHAT: &str = "optimizer state export";
+
 /// Export `opt`'s state for the parameters of `params` (device state read from `dev`).
 pub(crate) fn export<T: Scalar, D: Device>(
     opt: &Optimizer,
@@ -183,14 +187,17 @@ pub(crate) fn export<T: Scalar, D: Device>(
         );
         for ((name, _), buf) in opt.buffer_names().iter().zip(&st.bufs) {
             let data = match (buf, dev) {
-                (StateBuf::Host(v), _) => v.clone(),
-                (StateBuf::HostF32(v), _) => v.iter().map(|&x| f64::from(x)).collect(),
+                (StateBuf::Host(v), _) => try_copy(WHAT, name, v)?,
+                (StateBuf::HostF32(v), _) => {
+                    try_collect(WHAT, name, v.len(), v.iter().map(|&x| f64::from(x)))?
+                }
                 (StateBuf::Device(b), Some(dev)) => {
-                    dev.download(*b)?.into_iter().map(f64::from).collect()
+                    let v = dev.download(*b)?;
+                    try_collect(WHAT, name, v.len(), v.into_iter().map(f64::from))?
                 }
                 (StateBuf::Device(_), None) => {
                     return Err(Error::Usage {
-                        what: "optimizer state export",
+                        what: WHAT,
                         detail: "the state is on a device, but this session has none".into(),
                     });
                 }

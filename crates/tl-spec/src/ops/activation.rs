@@ -65,8 +65,8 @@ pub fn silu_deriv1<T: Scalar>(x: T) -> T {
 }
 
 /// `gelu(x)` elementwise, tanh form. PyTorch: `F.gelu(x, approximate="tanh")`.
-pub fn gelu<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
-    x.map(gelu1)
+pub fn gelu<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
+    x.try_map("gelu", gelu1)
 }
 /// VJP of `gelu`: `gelu'(x)·g`.
 pub fn gelu_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
@@ -78,8 +78,8 @@ pub fn gelu_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tensor<T>> {
 }
 
 /// `silu(x) = x·sigmoid(x)` elementwise. PyTorch: `F.silu(x)`.
-pub fn silu<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
-    x.map(silu1)
+pub fn silu<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
+    x.try_map("silu", silu1)
 }
 /// VJP of `silu`: `silu'(x)·g`.
 pub fn silu_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
@@ -108,8 +108,8 @@ pub fn gelu_erf_deriv1<T: Scalar>(x: T) -> T {
 }
 
 /// `geluErf(x) = x·Φ(x)` elementwise. PyTorch: `F.gelu(x)` (`approximate="none"`).
-pub fn gelu_erf<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
-    x.map(gelu_erf1)
+pub fn gelu_erf<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
+    x.try_map("geluErf", gelu_erf1)
 }
 /// VJP of `geluErf`: `(Φ(x) + x·φ(x))·g`.
 pub fn gelu_erf_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
@@ -121,8 +121,10 @@ pub fn gelu_erf_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tensor<T
 }
 
 /// `x` for x > 0, else `negative_slope·x`. PyTorch: `F.leaky_relu(x, negative_slope)`.
-pub fn leaky_relu<T: Scalar>(x: &Tensor<T>, negative_slope: T) -> Tensor<T> {
-    x.map(|x| if x > T::zero() { x } else { negative_slope * x })
+pub fn leaky_relu<T: Scalar>(x: &Tensor<T>, negative_slope: T) -> Result<Tensor<T>> {
+    x.try_map("leakyRelu", |x| {
+        if x > T::zero() { x } else { negative_slope * x }
+    })
 }
 /// VJP of `leakyRelu`: `g` where x > 0, else `negative_slope·g` (x = 0 included).
 pub fn leaky_relu_vjp<T: Scalar>(
@@ -144,8 +146,11 @@ pub fn leaky_relu_jvp<T: Scalar>(
 }
 
 /// `x` for x > 0, else `alpha·(eˣ − 1)` (as `expm1`). PyTorch: `F.elu(x, alpha)`.
-pub fn elu<T: Scalar>(x: &Tensor<T>, alpha: T) -> Tensor<T> {
-    x.map(|x| if x > T::zero() { x } else { alpha * x.exp_m1() })
+pub fn elu<T: Scalar>(x: &Tensor<T>, alpha: T) -> Result<Tensor<T>> {
+    x.try_map(
+        "elu",
+        |x| if x > T::zero() { x } else { alpha * x.exp_m1() },
+    )
 }
 /// VJP of `elu`: `g` where x > 0, else `alpha·eˣ·g` (x = 0 included).
 pub fn elu_vjp<T: Scalar>(x: &Tensor<T>, alpha: T, g: &Tensor<T>) -> Result<Tensor<T>> {
@@ -178,21 +183,24 @@ mod tests {
             }
         };
         close(
-            gelu_erf(&x).data(),
+            gelu_erf(&x).unwrap().data(),
             &[0.0, -0.0, 0.841344746068543, -0.15865525393145702],
         );
         close(
             gelu_erf_vjp(&x, &ones).unwrap().data(),
             &[0.5, 0.5, 1.0833154705876864, -0.08331547058768635],
         );
-        let l = leaky_relu(&x, 0.2);
+        let l = leaky_relu(&x, 0.2).unwrap();
         assert_eq!(l.data(), &[0.0, -0.0, 1.0, -0.2]);
         assert!(l.data()[1].is_sign_negative());
         assert_eq!(
             leaky_relu_vjp(&x, 0.2, &ones).unwrap().data(),
             &[0.2, 0.2, 1.0, 0.2]
         );
-        close(elu(&x, 0.5).data(), &[0.0, -0.0, 1.0, -0.31606027941427883]);
+        close(
+            elu(&x, 0.5).unwrap().data(),
+            &[0.0, -0.0, 1.0, -0.31606027941427883],
+        );
         close(
             elu_vjp(&x, 0.5, &ones).unwrap().data(),
             &[0.5, 0.5, 1.0, 0.18393972058572117],

@@ -396,9 +396,9 @@ fn jvp<T: Scalar>(
     p: ConvParams<'_>,
     t: ConvTangents<'_, T>,
 ) -> Result<Tensor<T>> {
+    let op = if transpose { "convTranspose" } else { "conv" };
     for (what, a, da) in [("weight", w, t.dw), ("bias", b, t.db), ("input", x, t.dx)] {
         if a.shape() != da.shape() {
-            let op = if transpose { "convTranspose" } else { "conv" };
             return Err(Error::shape(
                 op,
                 format!(
@@ -410,7 +410,7 @@ fn jvp<T: Scalar>(
         }
     }
     let mut y = apply(transpose, t.dw, t.db, x, p)?;
-    let zero = Tensor::zeros(b.shape().clone());
+    let zero = Tensor::try_zeros(op, b.shape().clone())?;
     y.add_assign(&apply(transpose, w, &zero, t.dx, p)?)?;
     Ok(y)
 }

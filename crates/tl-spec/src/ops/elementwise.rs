@@ -134,7 +134,7 @@ pub fn sub_vjp<T: Scalar>(
 ) -> Result<(Tensor<T>, Tensor<T>)> {
     binary_shape("sub", a.shape(), b.shape())?;
     binary_shape("sub", a.shape(), g.shape())?;
-    Ok((g.clone(), g.map(|g| -g)))
+    Ok((g.clone(), g.try_map("sub", |g| -g)?))
 }
 /// JVP of `sub`: `da − db`.
 pub fn sub_jvp<T: Scalar>(
@@ -301,8 +301,8 @@ macro_rules! unary_op {
     ($(#[$doc:meta])* $name:ident, $vjp:ident, $jvp:ident, $op:literal,
      value = |$x:ident| $value:expr, deriv = |$dx:ident| $deriv:expr) => {
         $(#[$doc])*
-        pub fn $name<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
-            x.map(|$x| $value)
+        pub fn $name<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
+            x.try_map($op, |$x| $value)
         }
         #[doc = concat!("VJP of `", $op, "`: `f'(x)·g`.")]
         pub fn $vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
@@ -395,7 +395,7 @@ pub fn softplus1<T: Scalar>(x: T) -> T {
 /// `ln x`; errors on any x ≤ 0 or NaN (never a silent NaN).
 pub fn log<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
     check_positive("log", x)?;
-    Ok(x.map(|x| x.ln()))
+    x.try_map("log", |x| x.ln())
 }
 /// VJP of `log`: `g/x`.
 pub fn log_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
@@ -423,8 +423,8 @@ fn check_positive<T: Scalar>(op: &'static str, x: &Tensor<T>) -> Result<()> {
 }
 
 /// `c · x`.
-pub fn scale<T: Scalar>(x: &Tensor<T>, c: T) -> Tensor<T> {
-    x.map(|x| c * x)
+pub fn scale<T: Scalar>(x: &Tensor<T>, c: T) -> Result<Tensor<T>> {
+    x.try_map("scale", |x| c * x)
 }
 /// VJP of `scale`: `c · g`.
 pub fn scale_vjp<T: Scalar>(x: &Tensor<T>, c: T, g: &Tensor<T>) -> Result<Tensor<T>> {
@@ -436,8 +436,8 @@ pub fn scale_jvp<T: Scalar>(x: &Tensor<T>, c: T, dx: &Tensor<T>) -> Result<Tenso
 }
 
 /// `min(hi, max(lo, x))`.
-pub fn clamp<T: Scalar>(x: &Tensor<T>, lo: T, hi: T) -> Tensor<T> {
-    x.map(|x| hi.min(lo.max(x)))
+pub fn clamp<T: Scalar>(x: &Tensor<T>, lo: T, hi: T) -> Result<Tensor<T>> {
+    x.try_map("clamp", |x| hi.min(lo.max(x)))
 }
 fn clamp_deriv<T: Scalar>(x: T, lo: T, hi: T) -> T {
     if x > lo && x < hi {
@@ -456,8 +456,8 @@ pub fn clamp_jvp<T: Scalar>(x: &Tensor<T>, lo: T, hi: T, dx: &Tensor<T>) -> Resu
 }
 
 /// `log(softplus(x) + eps)`: finite for every finite x. (Not `log(max(x, eps))`.)
-pub fn safe_log<T: Scalar>(x: &Tensor<T>, eps: T) -> Tensor<T> {
-    x.map(|x| (softplus1(x) + eps).ln())
+pub fn safe_log<T: Scalar>(x: &Tensor<T>, eps: T) -> Result<Tensor<T>> {
+    x.try_map("safeLog", |x| (softplus1(x) + eps).ln())
 }
 fn safe_log_deriv<T: Scalar>(x: T, eps: T) -> T {
     sigmoid1(x) / (softplus1(x) + eps)
@@ -486,14 +486,17 @@ mod tests {
         assert_eq!(abs_vjp(&x, &g).unwrap().data(), &[-1.0, 0.0, 1.0]);
         assert_eq!(relu_vjp(&x, &g).unwrap().data(), &[0.0, 0.0, 1.0]);
         assert_eq!(sqrt_vjp(&x, &g).unwrap().data()[..2], [0.0, 0.0]);
-        assert_eq!(sqrt(&x).data(), &[0.0, 0.0, 2f64.sqrt()]);
+        assert_eq!(sqrt(&x).unwrap().data(), &[0.0, 0.0, 2f64.sqrt()]);
         let c = t(&[-1.0, -0.5, 0.0, 1.0, 2.0]);
         let gc = t(&[1.0; 5]);
         assert_eq!(
             clamp_vjp(&c, -1.0, 1.0, &gc).unwrap().data(),
             &[0.0, 1.0, 1.0, 0.0, 0.0]
         );
-        assert_eq!(clamp(&c, -1.0, 1.0).data(), &[-1.0, -0.5, 0.0, 1.0, 1.0]);
+        assert_eq!(
+            clamp(&c, -1.0, 1.0).unwrap().data(),
+            &[-1.0, -0.5, 0.0, 1.0, 1.0]
+        );
     }
 
     #[test]
@@ -519,11 +522,17 @@ mod tests {
     #[test]
     fn stable_forms_do_not_overflow() {
         let x = t(&[-1000.0, 1000.0]);
-        assert_eq!(sigmoid(&x).data(), &[0.0, 1.0]);
-        assert_eq!(softplus(&x).data(), &[0.0, 1000.0]);
-        assert!(safe_log(&x, 1e-6).data().iter().all(|v| v.is_finite()));
+        assert_eq!(sigmoid(&x).unwrap().data(), &[0.0, 1.0]);
+        assert_eq!(softplus(&x).unwrap().data(), &[0.0, 1000.0]);
+        assert!(
+            safe_log(&x, 1e-6)
+                .unwrap()
+                .data()
+                .iter()
+                .all(|v| v.is_finite())
+        );
         // safeLog is log(softplus(x) + eps), not log(max(x, eps)).
-        let v = safe_log(&t(&[0.0]), 1e-6).data()[0];
+        let v = safe_log(&t(&[0.0]), 1e-6).unwrap().data()[0];
         assert!((v - (2f64.ln() + 1e-6).ln()).abs() < 1e-15);
     }
 

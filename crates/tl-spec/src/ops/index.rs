@@ -206,7 +206,7 @@ pub fn gather_vjp<T: Scalar>(
             ),
         ));
     }
-    let mut dx = Tensor::zeros(x_shape.clone());
+    let mut dx = Tensor::try_zeros(op, x_shape.clone())?;
     let d = dx.data_mut();
     for (&i, gr) in idx.iter().zip(g.data().chunks(cols.max(1))) {
         if i < rows {

@@ -275,7 +275,7 @@ pub fn linear_jvp<T: Scalar>(
     db: &Tensor<T>,
     dx: &Tensor<T>,
 ) -> Result<Tensor<T>> {
-    let zero_b = Tensor::zeros(b.shape().clone());
+    let zero_b = Tensor::try_zeros("linear", b.shape().clone())?;
     linear(dw, db, x)?.add(&linear(w, &zero_b, dx)?)
 }
 

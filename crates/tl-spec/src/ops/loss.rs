@@ -44,7 +44,7 @@ pub fn mse_loss_vjp<T: Scalar>(
     })?;
     let c = T::lit(2.0) * g / n(yhat.shape());
     let d = yhat.zip_map("mseLoss", y, |a, b| c * (a - b))?;
-    let neg = d.map(|v| -v);
+    let neg = d.try_map("mseLoss", |v| -v)?;
     Ok((d, neg))
 }
 /// JVP of `mseLoss`: `Σ 2(ŷ−y)(dŷ−dy) / N`.

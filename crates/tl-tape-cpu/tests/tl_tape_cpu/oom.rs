@@ -1,11 +1,13 @@
 //! Under a process memory limit below the allocation cap, an output the system allocator refuses
 //! is an error naming the op, not an abort ("memory allocation of … bytes failed"): every
-//! input-sized buffer of the CPU tape, pooled or not, is reserved with `try_reserve_exact`
-//! (`tl_spec::alloc::try_with_capacity`). An abort cannot be caught in-process, so the requests
-//! run in a child process (this test binary filtered to [`requests_under_a_memory_limit`]) under
-//! `ulimit -v`.
+//! input-sized buffer of the CPU tape, pooled or not, and every output of the reference
+//! semantics built through `Tensor::try_map`/`zip_map`/`try_cast` (tl-spec's ops, the IR's
+//! `eval`) is reserved with `try_reserve_exact` (`tl_spec::alloc::try_with_capacity`). An abort
+//! cannot be caught in-process, so the requests run in a child process (this test binary filtered
+//! to [`requests_under_a_memory_limit`]) under `ulimit -v`.
 
-use tl_ir::Op;
+use tl_ir::{GraphBuilder, Op};
+use tl_spec::ops::{activation, elementwise};
 use tl_spec::{Shape, Tensor};
 use tl_tape_cpu::Tape;
 
@@ -69,7 +71,48 @@ fn requests_under_a_memory_limit() {
         assert_eq!(t.len(), len, "{op}: the tape is unchanged");
         println!("refused: {msg}");
     }
+    reference_outputs_are_refused();
     println!("oom child: all refused");
+}
+
+/// Elements of the operand of [`reference_outputs_are_refused`]: 2^28 + 2^27 f32 values, 1.5
+/// GiB, which fits under the child's 2 GiB; an output of the same size does not.
+const REF_N: usize = (1 << 28) + (1 << 27);
+
+/// The reference's elementwise outputs (one per kind of construction: a unary op's `try_map`,
+/// an activation's, a cast, a VJP's `zip_map`, an IR node's value) are refused with the op's
+/// name. The operand's zeros come from `vec!` (pages the child never touches).
+fn reference_outputs_are_refused() {
+    let big = Tensor::<f32>::new([REF_N], vec![0.0; REF_N]).expect("1.5 GiB of zeros");
+    let cases: [(&str, tl_spec::Result<Tensor<f32>>); 5] = [
+        ("exp", elementwise::exp(&big)),
+        ("gelu", activation::gelu(&big)),
+        ("scale", elementwise::scale(&big, 2.0)),
+        ("cast", big.try_cast::<f32>("cast")),
+        ("tanh", elementwise::tanh_vjp(&big, &big)),
+    ];
+    for (op, got) in cases {
+        let msg = got.map(|_| ()).expect_err(op).to_string();
+        assert!(
+            msg.contains(op) && msg.contains("cannot allocate"),
+            "{op}: {msg}"
+        );
+        println!("refused: {msg}");
+    }
+    let mut g = GraphBuilder::new();
+    let x = g.leaf([REF_N], Some("x")).expect("leaf");
+    g.apply(Op::Sigmoid, &[x]).expect("sigmoid node");
+    let msg = g
+        .finish()
+        .eval(&[big], &[])
+        .map(|_| ())
+        .expect_err("eval")
+        .to_string();
+    assert!(
+        msg.contains("sigmoid") && msg.contains("cannot allocate"),
+        "eval: {msg}"
+    );
+    println!("refused: {msg}");
 }
 
 /// The child exits successfully having refused every request: before the fix it aborted with
