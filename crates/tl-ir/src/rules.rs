@@ -82,7 +82,7 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         PermuteBca => shape::permute_bca(x[0]),
         PermuteCab => shape::permute_cab(x[0]),
         SwapLastTwo => shape::swap_last_two(x[0]),
-        SwapAdjacent(d) => Ok(shape::swap_adjacent(x[0], *d)),
+        SwapAdjacent(d) => shape::swap_adjacent(x[0], *d),
         BroadcastTo(to) => broadcast::broadcast_to(x[0], to),
         Sum => Ok(reduce::sum(x[0])),
         ReduceSum(axis) => reduce::reduce_sum(x[0], *axis),
@@ -90,8 +90,8 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         Matmul => linalg::matmul(x[0], x[1]),
         Bmm => linalg::bmm(x[0], x[1]),
         Linear => linalg::linear(x[0], x[1], x[2]),
-        Softmax => Ok(softmax::softmax(x[0])),
-        LogSoftmax => Ok(softmax::log_softmax(x[0])),
+        Softmax => softmax::softmax(x[0]),
+        LogSoftmax => softmax::log_softmax(x[0]),
         MseLoss => loss::mse_loss(x[0], x[1]),
         Gelu => act::gelu(x[0]),
         Silu => act::silu(x[0]),
@@ -140,7 +140,7 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
             keep,
             seed,
             counter,
-        } => Ok(random::dropout(x[0], *keep, *seed, *counter)),
+        } => random::dropout(x[0], *keep, *seed, *counter),
         User(u) => u
             .value(x)
             .and_then(|y| user::check_shape(u, "reference value", y, &out)),
@@ -196,7 +196,7 @@ pub fn vjp<T: Scalar>(
         PermuteBca => one(shape::permute_cab(g)),
         PermuteCab => one(shape::permute_bca(g)),
         SwapLastTwo => one(shape::swap_last_two(g)),
-        SwapAdjacent(d) => Ok(vec![Some(shape::swap_adjacent(g, *d))]),
+        SwapAdjacent(d) => Ok(vec![Some(shape::swap_adjacent(g, *d)?)]),
         BroadcastTo(_) => one(broadcast::reduce_to(g, x[0].shape())),
         Sum => one(reduce::sum_vjp(x[0], g)),
         ReduceSum(axis) => one(reduce::reduce_sum_vjp(x[0], *axis, g)),
@@ -415,7 +415,7 @@ pub fn gather_indices<T: Scalar>(
             try_nat_vec_at(op.name(), nats, *at, *k)?
         }
         GatherIndexTensor => match x.get(1) {
-            Some(idx) => ix::index_tensor_values(idx, rows()),
+            Some(idx) => ix::index_tensor_values(op.name(), idx, rows())?,
             None => return Ok(None),
         },
         _ => return Ok(None),

@@ -67,9 +67,13 @@ pub fn source_indices(from: &Shape, to: &Shape) -> Result<Vec<usize>> {
 /// Broadcast `x` to `to`. PyTorch: `x.expand(to).contiguous()`.
 pub fn broadcast_to<T: Scalar>(x: &Tensor<T>, to: &Shape) -> Result<Tensor<T>> {
     let idx = source_indices(x.shape(), to)?;
-    crate::alloc::check_len::<T>("broadcastTo", "output", idx.len())?;
     let src = x.data();
-    Tensor::new(to.clone(), idx.into_iter().map(|i| src[i]).collect())
+    let n = idx.len();
+    let values = idx.into_iter().map(|i| src[i]);
+    Tensor::new(
+        to.clone(),
+        crate::alloc::try_collect("broadcastTo", "output", n, values)?,
+    )
 }
 
 /// Sum `g` (shaped like a broadcast result) back to `from`: the VJP of `broadcast_to`.

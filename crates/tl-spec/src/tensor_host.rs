@@ -34,7 +34,7 @@ impl<T: Scalar> Tensor<T> {
         let inner: usize = dims[axis + 1..].iter().product();
         let outer: usize = dims[..axis].iter().product();
         let data = self.data();
-        let mut out = Vec::with_capacity(outer * inner);
+        let mut out = crate::alloc::try_with_capacity("Tensor::argmax", "indices", outer * inner)?;
         for o in 0..outer {
             for i in 0..inner {
                 let at = |k: usize| data[(o * len + k) * inner + i];

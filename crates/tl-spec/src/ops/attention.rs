@@ -207,7 +207,7 @@ pub fn masked_softmax_row<T: Scalar>(row: &[T], allowed: &[bool], out: &mut [T])
 pub fn masked_softmax<T: Scalar>(x: &Tensor<T>, mask: &Mask) -> Result<Tensor<T>> {
     masked_softmax_shape(x.shape(), mask)?;
     let n = mask.n();
-    let mut out = vec![T::zero(); x.numel()];
+    let mut out = crate::alloc::try_zeroed("maskedSoftmax", "output", x.numel())?;
     for (r, (row, o)) in x
         .data()
         .chunks(n.max(1))
@@ -229,7 +229,7 @@ pub fn masked_softmax_vjp<T: Scalar>(
     let y = masked_softmax(x, mask)?;
     same_shape("maskedSoftmax", x, g)?;
     let c = mask.n().max(1);
-    let mut out = Vec::with_capacity(x.numel());
+    let mut out = crate::alloc::try_with_capacity("maskedSoftmax", "gradient", x.numel())?;
     for (yr, gr) in y.data().chunks(c).zip(g.data().chunks(c)) {
         let dot: T = yr.iter().zip(gr).map(|(&y, &g)| y * g).sum();
         out.extend(yr.iter().zip(gr).map(|(&y, &g)| y * (g - dot)));

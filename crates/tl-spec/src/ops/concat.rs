@@ -2,6 +2,7 @@
 //! `sliceRange0`/`slice1d`). Both are linear: their JVPs are the op applied to the tangents; the
 //! VJP of `concat0` splits the cotangent, that of `sliceRange0` pads it with zeros.
 
+use crate::alloc::{try_copy, try_with_capacity};
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// Shape rule of `concat0(a, b)`: ranks ≥ 1 with equal trailing dims → (a₀ + b₀, rest...).
@@ -27,7 +28,7 @@ pub fn concat_shape(a: &Shape, b: &Shape) -> Result<Shape> {
 /// `concat0(a, b)`: the rows of `a` then those of `b`. PyTorch: `torch.cat([a, b], dim=0)`.
 pub fn concat<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let out = concat_shape(a.shape(), b.shape())?;
-    let mut data = Vec::with_capacity(out.numel());
+    let mut data = try_with_capacity("concat0", "output", out.numel())?;
     data.extend_from_slice(a.data());
     data.extend_from_slice(b.data());
     Tensor::new(out, data)
@@ -48,8 +49,8 @@ pub fn concat_vjp<T: Scalar>(
     }
     let (ga, gb) = g.data().split_at(a.numel());
     Ok((
-        Tensor::new(a.shape().clone(), ga.to_vec())?,
-        Tensor::new(b.shape().clone(), gb.to_vec())?,
+        Tensor::new(a.shape().clone(), try_copy("concat0", "gradient", ga)?)?,
+        Tensor::new(b.shape().clone(), try_copy("concat0", "gradient", gb)?)?,
     ))
 }
 
@@ -78,7 +79,8 @@ pub fn slice_shape(x: &Shape, start: usize, len: usize) -> Result<Shape> {
 pub fn slice<T: Scalar>(x: &Tensor<T>, start: usize, len: usize) -> Result<Tensor<T>> {
     let out = slice_shape(x.shape(), start, len)?;
     let row = row_len(x.shape());
-    Tensor::new(out, x.data()[start * row..(start + len) * row].to_vec())
+    let rows = &x.data()[start * row..(start + len) * row];
+    Tensor::new(out, try_copy("sliceRange0", "output", rows)?)
 }
 
 /// VJP of `sliceRange0`: the cotangent placed at rows `start..start+len` of zeros of x's shape.

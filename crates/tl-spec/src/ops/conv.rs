@@ -93,15 +93,29 @@ impl Geo {
         }
     }
 
+    /// The op's name: `conv` or `convTranspose`.
+    fn op(&self) -> &'static str {
+        if self.transpose {
+            "convTranspose"
+        } else {
+            "conv"
+        }
+    }
+
+    /// `n` zeros for a product's result, allocated fallibly (an error naming the op).
+    fn zeros<T: Scalar>(&self, what: &str, n: usize) -> Result<Vec<T>> {
+        crate::alloc::try_zeroed(self.op(), what, n)
+    }
+
     /// `small[n, a, o] = Σ_{c,k} w[a, c, k]·big[n, c, pos(o, k)]`.
-    fn correlate<T: Scalar>(&self, w: &[T], big: &[T]) -> Vec<T> {
+    fn correlate<T: Scalar>(&self, w: &[T], big: &[T]) -> Result<Vec<T>> {
         let (kl, bl, sl) = (
             self.win.kernel_len(),
             self.win.big_len(),
             self.win.small_len(),
         );
-        let windows = self.win.windows();
-        let mut out = vec![T::zero(); self.win.batches() * self.small_c * sl];
+        let windows = self.win.windows(self.op())?;
+        let mut out = self.zeros("output", self.win.batches() * self.small_c * sl)?;
         for n in 0..self.win.batches() {
             for a in 0..self.small_c {
                 for (o, win) in windows.iter().enumerate() {
@@ -118,18 +132,18 @@ impl Geo {
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// `big[n, c, pos(o, k)] += w[a, c, k]·small[n, a, o]` (the adjoint of [`Geo::correlate`]).
-    fn spread<T: Scalar>(&self, w: &[T], small: &[T]) -> Vec<T> {
+    fn spread<T: Scalar>(&self, w: &[T], small: &[T]) -> Result<Vec<T>> {
         let (kl, bl, sl) = (
             self.win.kernel_len(),
             self.win.big_len(),
             self.win.small_len(),
         );
-        let windows = self.win.windows();
-        let mut out = vec![T::zero(); self.win.batches() * self.big_c * bl];
+        let windows = self.win.windows(self.op())?;
+        let mut out = self.zeros("output", self.win.batches() * self.big_c * bl)?;
         for n in 0..self.win.batches() {
             for a in 0..self.small_c {
                 for (o, win) in windows.iter().enumerate() {
@@ -145,18 +159,18 @@ impl Geo {
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// `dw[a, c, k] = Σ_{n,o} small[n, a, o]·big[n, c, pos(o, k)]`.
-    fn weight_grad<T: Scalar>(&self, small: &[T], big: &[T]) -> Vec<T> {
+    fn weight_grad<T: Scalar>(&self, small: &[T], big: &[T]) -> Result<Vec<T>> {
         let (kl, bl, sl) = (
             self.win.kernel_len(),
             self.win.big_len(),
             self.win.small_len(),
         );
-        let windows = self.win.windows();
-        let mut dw = vec![T::zero(); self.small_c * self.big_c * kl];
+        let windows = self.win.windows(self.op())?;
+        let mut dw = self.zeros("weight gradient", self.small_c * self.big_c * kl)?;
         for n in 0..self.win.batches() {
             for a in 0..self.small_c {
                 for (o, win) in windows.iter().enumerate() {
@@ -172,7 +186,7 @@ impl Geo {
                 }
             }
         }
-        dw
+        Ok(dw)
     }
 
     /// Output channels and spatial cells per channel.
@@ -191,13 +205,13 @@ impl Geo {
         }
     }
 
-    fn bias_grad<T: Scalar>(&self, g: &[T]) -> Vec<T> {
+    fn bias_grad<T: Scalar>(&self, g: &[T]) -> Result<Vec<T>> {
         let (ch, cells) = self.out_layout();
-        let mut db = vec![T::zero(); ch];
+        let mut db = self.zeros("bias gradient", ch)?;
         for (i, &v) in g.iter().enumerate() {
             db[(i / cells.max(1)) % ch.max(1)] += v;
         }
-        db
+        Ok(db)
     }
 }
 
@@ -255,13 +269,8 @@ fn check_g<T: Scalar>(geo: &Geo, what: &str, g: &Tensor<T>) -> Result<()> {
     if g.shape() == &want {
         Ok(())
     } else {
-        let op = if geo.transpose {
-            "convTranspose"
-        } else {
-            "conv"
-        };
         Err(Error::shape(
-            op,
+            geo.op(),
             format!("{what} has shape {}, expected {want}", g.shape()),
         ))
     }
@@ -296,9 +305,9 @@ fn apply<T: Scalar>(
 ) -> Result<Tensor<T>> {
     let geo = Geo::new(transpose, w.shape(), b.shape(), x.shape(), p)?;
     let mut y = if transpose {
-        geo.spread(w.data(), x.data())
+        geo.spread(w.data(), x.data())?
     } else {
-        geo.correlate(w.data(), x.data())
+        geo.correlate(w.data(), x.data())?
     };
     geo.add_bias(&mut y, b.data());
     Tensor::new(geo.out_shape(), y)
@@ -338,16 +347,16 @@ fn vjp<T: Scalar>(
     check_g(&geo, "cotangent", g)?;
     let (dw, dx) = if transpose {
         (
-            geo.weight_grad(x.data(), g.data()),
-            geo.correlate(w.data(), g.data()),
+            geo.weight_grad(x.data(), g.data())?,
+            geo.correlate(w.data(), g.data())?,
         )
     } else {
         (
-            geo.weight_grad(g.data(), x.data()),
-            geo.spread(w.data(), g.data()),
+            geo.weight_grad(g.data(), x.data())?,
+            geo.spread(w.data(), g.data())?,
         )
     };
-    let db = geo.bias_grad(g.data());
+    let db = geo.bias_grad(g.data())?;
     Ok((
         Tensor::new(w.shape().clone(), dw)?,
         Tensor::new(b.shape().clone(), db)?,

@@ -70,7 +70,7 @@ pub fn cross_entropy_vjp<T: Scalar>(
         )
     })?;
     let k = g / T::lit(rows as f64);
-    let mut out = Vec::with_capacity(logits.numel());
+    let mut out = crate::alloc::try_with_capacity("crossEntropy", "gradient", logits.numel())?;
     for (row, &l) in logits.data().chunks(c).zip(labels) {
         if l < c {
             let z = lse(row);

@@ -67,13 +67,8 @@ fn zip3<T: Scalar>(
 ) -> Result<Tensor<T>> {
     binary_shape(op, a.shape(), b.shape())?;
     binary_shape(op, a.shape(), c.shape())?;
-    let data = a
-        .data()
-        .iter()
-        .zip(b.data())
-        .zip(c.data())
-        .map(|((&a, &b), &c)| f(a, b, c))
-        .collect();
+    let values = (a.data().iter().zip(b.data()).zip(c.data())).map(|((&a, &b), &c)| f(a, b, c));
+    let data = crate::alloc::try_collect(op, "output", a.numel(), values)?;
     Tensor::new(a.shape().clone(), data)
 }
 
@@ -85,9 +80,8 @@ fn zip4<T: Scalar>(
     for t in [b, c, d] {
         binary_shape(op, a.shape(), t.shape())?;
     }
-    let data = (0..a.numel())
-        .map(|i| f(a.data()[i], b.data()[i], c.data()[i], d.data()[i]))
-        .collect();
+    let values = (0..a.numel()).map(|i| f(a.data()[i], b.data()[i], c.data()[i], d.data()[i]));
+    let data = crate::alloc::try_collect(op, "output", a.numel(), values)?;
     Tensor::new(a.shape().clone(), data)
 }
 

@@ -19,16 +19,10 @@ pub fn nat_at(nats: &[usize], at: usize) -> usize {
     nats.get(at).copied().unwrap_or(0)
 }
 
-/// The `k` Nats at positions `at..at + k` of the environment, each read with [`nat_at`]
-/// (0 past the end).
-pub fn nat_vec_at(nats: &[usize], at: usize, k: usize) -> Vec<usize> {
-    (0..k)
-        .map(|j| at.checked_add(j).map_or(0, |p| nat_at(nats, p)))
-        .collect()
-}
-
-/// [`nat_vec_at`] for a `k` that comes from input: the `k` indices are checked against the
-/// allocation cap ([`crate::alloc`]) first, so an absurd `k` is an error naming `op`, not an abort.
+/// The `k` Nats at positions `at..at + k` of the environment, each read with [`nat_at`] (0 past
+/// the end). `k` comes from input: the `k` indices are checked against the allocation cap
+/// ([`crate::alloc`]) and allocated fallibly, so an absurd `k` is an error naming `op`, not an
+/// abort.
 pub fn try_nat_vec_at(op: &'static str, nats: &[usize], at: usize, k: usize) -> Result<Vec<usize>> {
     let mut v = crate::alloc::try_with_capacity(op, "Nat-environment indices", k)?;
     v.extend((0..k).map(|j| at.checked_add(j).map_or(0, |p| nat_at(nats, p))));
@@ -47,9 +41,15 @@ pub fn index_value<T: Scalar>(v: T, rows: usize) -> usize {
     }
 }
 
-/// The indices held by a 1-D index tensor, via [`index_value`].
-pub fn index_tensor_values<T: Scalar>(idx: &Tensor<T>, rows: usize) -> Vec<usize> {
-    idx.data().iter().map(|&v| index_value(v, rows)).collect()
+/// The indices held by a 1-D index tensor, via [`index_value`], allocated fallibly (an error
+/// naming `op`).
+pub fn index_tensor_values<T: Scalar>(
+    op: &'static str,
+    idx: &Tensor<T>,
+    rows: usize,
+) -> Result<Vec<usize>> {
+    let values = idx.data().iter().map(|&v| index_value(v, rows));
+    crate::alloc::try_collect(op, "indices", idx.numel(), values)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ pub fn gather<T: Scalar>(
 ) -> Result<Tensor<T>> {
     need_rank(op, "operand", x.shape(), &[1, 2])?;
     let (rows, cols) = rows_cols(x.shape());
-    let mut data = Vec::with_capacity(idx.len() * cols);
+    let mut data = crate::alloc::try_with_capacity(op, "output", out.numel())?;
     for &i in idx {
         if i < rows {
             data.extend_from_slice(&x.data()[i * cols..(i + 1) * cols]);
@@ -261,9 +261,10 @@ pub fn scatter_add_vjp<T: Scalar>(
             format!("cotangent has shape {}, expected {}", g.shape(), x.shape()),
         ));
     }
+    let row = &g.data()[index * cols..(index + 1) * cols];
     let dv = Tensor::new(
         v.shape().clone(),
-        g.data()[index * cols..(index + 1) * cols].to_vec(),
+        crate::alloc::try_copy(op, "gradient", row)?,
     )?;
     Ok((g.clone(), dv))
 }
@@ -277,8 +278,11 @@ mod tests {
         let nats = [3, 1, 4];
         assert_eq!(nat_at(&nats, 2), 4);
         assert_eq!(nat_at(&nats, 3), 0);
-        assert_eq!(nat_vec_at(&nats, 1, 4), vec![1, 4, 0, 0]);
-        assert_eq!(nat_vec_at(&nats, usize::MAX, 2), vec![0, 0]);
+        assert_eq!(try_nat_vec_at("t", &nats, 1, 4).unwrap(), vec![1, 4, 0, 0]);
+        assert_eq!(
+            try_nat_vec_at("t", &nats, usize::MAX, 2).unwrap(),
+            vec![0, 0]
+        );
         assert_eq!(try_nat_vec_at("g", &nats, 1, 4).unwrap(), vec![1, 4, 0, 0]);
         let e = try_nat_vec_at("gatherScalarsNatVec", &nats, 0, 1 << 61).unwrap_err();
         assert!(

@@ -1,5 +1,6 @@
 //! Matrix products: `matmul` (2-D), `bmm` (batched) and `linear` (`W·x + b`), as naive loops.
 
+use crate::alloc::try_zeroed;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 fn dims2(op: &'static str, what: &str, s: &Shape) -> Result<(usize, usize)> {
@@ -97,7 +98,7 @@ pub fn matmul<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let s = matmul_shape(a.shape(), b.shape())?;
     let (m, n) = (a.shape().dims()[0], a.shape().dims()[1]);
     let p = b.shape().dims()[1];
-    let mut out = crate::alloc::try_vec("matmul", "output", s.numel(), T::zero())?;
+    let mut out = try_zeroed("matmul", "output", s.numel())?;
     gemm(a.data(), false, b.data(), false, m, n, p, &mut out);
     Tensor::new(s, out)
 }
@@ -111,9 +112,9 @@ pub fn matmul_vjp<T: Scalar>(
     check_cotangent("matmul", &s, g)?;
     let (m, n) = (a.shape().dims()[0], a.shape().dims()[1]);
     let p = b.shape().dims()[1];
-    let mut da = vec![T::zero(); m * n];
+    let mut da = try_zeroed("matmul", "gradient", m * n)?;
     gemm(g.data(), false, b.data(), true, m, p, n, &mut da);
-    let mut db = vec![T::zero(); n * p];
+    let mut db = try_zeroed("matmul", "gradient", n * p)?;
     gemm(a.data(), true, g.data(), false, n, m, p, &mut db);
     Ok((
         Tensor::new(a.shape().clone(), da)?,
@@ -145,7 +146,7 @@ fn check_cotangent<T: Scalar>(op: &'static str, expected: &Shape, g: &Tensor<T>)
 pub fn bmm<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let s = bmm_shape(a.shape(), b.shape())?;
     let (bs, m, n, p) = (s.dims()[0], s.dims()[1], a.shape().dims()[2], s.dims()[2]);
-    let mut out = crate::alloc::try_vec("bmm", "output", s.numel(), T::zero())?;
+    let mut out = try_zeroed("bmm", "output", s.numel())?;
     for k in 0..bs {
         let (ak, bk) = (
             &a.data()[k * m * n..(k + 1) * m * n],
@@ -173,8 +174,8 @@ pub fn bmm_vjp<T: Scalar>(
     let s = bmm_shape(a.shape(), b.shape())?;
     check_cotangent("bmm", &s, g)?;
     let (bs, m, n, p) = (s.dims()[0], s.dims()[1], a.shape().dims()[2], s.dims()[2]);
-    let mut da = vec![T::zero(); bs * m * n];
-    let mut db = vec![T::zero(); bs * n * p];
+    let mut da = try_zeroed("bmm", "gradient", bs * m * n)?;
+    let mut db = try_zeroed("bmm", "gradient", bs * n * p)?;
     for k in 0..bs {
         let ak = &a.data()[k * m * n..(k + 1) * m * n];
         let bk = &b.data()[k * n * p..(k + 1) * n * p];
@@ -229,7 +230,7 @@ pub fn linear<T: Scalar>(w: &Tensor<T>, b: &Tensor<T>, x: &Tensor<T>) -> Result<
     let s = linear_shape(w.shape(), b.shape(), x.shape())?;
     let (out, inp) = (w.shape().dims()[0], w.shape().dims()[1]);
     let (rows, _) = as_rows(x);
-    let mut y = crate::alloc::try_vec("linear", "output", s.numel(), T::zero())?;
+    let mut y = try_zeroed("linear", "output", s.numel())?;
     // y (rows, out) = x (rows, in) · Wᵀ (in, out)
     gemm(x.data(), false, w.data(), true, rows, inp, out, &mut y);
     for r in 0..rows {
@@ -250,15 +251,15 @@ pub fn linear_vjp<T: Scalar>(
     check_cotangent("linear", &s, g)?;
     let (out, inp) = (w.shape().dims()[0], w.shape().dims()[1]);
     let (rows, _) = as_rows(x);
-    let mut dw = vec![T::zero(); out * inp];
+    let mut dw = try_zeroed("linear", "weight gradient", out * inp)?;
     gemm(g.data(), true, x.data(), false, out, rows, inp, &mut dw);
-    let mut db = vec![T::zero(); out];
+    let mut db = try_zeroed("linear", "bias gradient", out)?;
     for row in g.data().chunks(out.max(1)).take(rows) {
         for (d, &v) in db.iter_mut().zip(row) {
             *d += v;
         }
     }
-    let mut dx = vec![T::zero(); rows * inp];
+    let mut dx = try_zeroed("linear", "input gradient", rows * inp)?;
     gemm(g.data(), false, w.data(), false, rows, out, inp, &mut dx);
     Ok((
         Tensor::new(w.shape().clone(), dw)?,

@@ -13,6 +13,7 @@
 //! So the reference value, VJP and JVP are written once over a [`Groups`] description.
 
 use super::same_shape;
+use crate::alloc::try_collect;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// Check ε: finite and > 0.
@@ -164,7 +165,7 @@ struct Stats<T> {
     count: Vec<T>,
 }
 
-fn stats<T: Scalar>(x: &Tensor<T>, gr: Groups, eps: T) -> Stats<T> {
+fn stats<T: Scalar>(x: &Tensor<T>, gr: Groups, eps: T) -> Result<Stats<T>> {
     let ng = gr.count(x.numel());
     let mut sum = vec![T::zero(); ng];
     let mut cnt = vec![0usize; ng];
@@ -185,18 +186,17 @@ fn stats<T: Scalar>(x: &Tensor<T>, gr: Groups, eps: T) -> Stats<T> {
         .zip(&count)
         .map(|(&s, &c)| T::one() / ((s / c).max(T::zero()) + eps).sqrt())
         .collect();
-    let xhat = (x.data().iter().enumerate())
-        .map(|(i, &v)| {
-            let (g, _) = gr.of(i);
-            (v - mean[g]) * rstd[g]
-        })
-        .collect();
-    Stats {
+    let xhat = (x.data().iter().enumerate()).map(|(i, &v)| {
+        let (g, _) = gr.of(i);
+        (v - mean[g]) * rstd[g]
+    });
+    let xhat = try_collect("normalize", "normalized input", x.numel(), xhat)?;
+    Ok(Stats {
         mean,
         rstd,
         xhat,
         count,
-    }
+    })
 }
 
 /// `(x − μ)/sqrt(var + ε)·γ + β` over the groups `gr`.
@@ -207,14 +207,15 @@ pub fn normalize<T: Scalar>(
     beta: &Tensor<T>,
     eps: T,
 ) -> Result<Tensor<T>> {
-    let st = stats(x, gr, eps);
-    let y = (st.xhat.iter().enumerate())
-        .map(|(i, &h)| {
-            let (_, f) = gr.of(i);
-            h * gamma.data()[f] + beta.data()[f]
-        })
-        .collect();
-    Tensor::new(x.shape().clone(), y)
+    let st = stats(x, gr, eps)?;
+    let y = (st.xhat.iter().enumerate()).map(|(i, &h)| {
+        let (_, f) = gr.of(i);
+        h * gamma.data()[f] + beta.data()[f]
+    });
+    Tensor::new(
+        x.shape().clone(),
+        try_collect("normalize", "output", x.numel(), y)?,
+    )
 }
 
 /// VJP of [`normalize`]: `(dx, dγ, dβ)` with `dβ = Σ g`, `dγ = Σ g·x̂` (per feature) and, per
@@ -228,7 +229,7 @@ pub fn normalize_vjp<T: Scalar>(
     g: &Tensor<T>,
 ) -> Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
     same_shape("normalize", x, g)?;
-    let st = stats(x, gr, eps);
+    let st = stats(x, gr, eps)?;
     let ng = st.mean.len();
     let mut dgamma = vec![T::zero(); gamma.numel()];
     let mut dbeta = vec![T::zero(); beta.numel()];
@@ -241,13 +242,12 @@ pub fn normalize_vjp<T: Scalar>(
         s1[grp] += gh;
         s2[grp] += gh * h;
     }
-    let dx = (g.data().iter().zip(&st.xhat).enumerate())
-        .map(|(i, (&gi, &h))| {
-            let (grp, f) = gr.of(i);
-            let m = st.count[grp];
-            st.rstd[grp] / m * (m * gi * gamma.data()[f] - s1[grp] - h * s2[grp])
-        })
-        .collect();
+    let dx = (g.data().iter().zip(&st.xhat).enumerate()).map(|(i, (&gi, &h))| {
+        let (grp, f) = gr.of(i);
+        let m = st.count[grp];
+        st.rstd[grp] / m * (m * gi * gamma.data()[f] - s1[grp] - h * s2[grp])
+    });
+    let dx = try_collect("normalize", "gradient", x.numel(), dx)?;
     Ok((
         Tensor::new(x.shape().clone(), dx)?,
         Tensor::new(gamma.shape().clone(), dgamma)?,
@@ -268,7 +268,7 @@ pub fn normalize_jvp<T: Scalar>(
     dbeta: &Tensor<T>,
 ) -> Result<Tensor<T>> {
     same_shape("normalize", x, dx)?;
-    let st = stats(x, gr, eps);
+    let st = stats(x, gr, eps)?;
     let ng = st.mean.len();
     let (mut dmean, mut cov) = (vec![T::zero(); ng], vec![T::zero(); ng]);
     for (i, (&v, &d)) in x.data().iter().zip(dx.data()).enumerate() {
@@ -276,15 +276,16 @@ pub fn normalize_jvp<T: Scalar>(
         dmean[grp] += d / st.count[grp];
         cov[grp] += (v - st.mean[grp]) * d / st.count[grp];
     }
-    let dy = (dx.data().iter().zip(&st.xhat).enumerate())
-        .map(|(i, (&d, &h))| {
-            let (grp, f) = gr.of(i);
-            let r = st.rstd[grp];
-            let dh = r * (d - dmean[grp] - h * r * cov[grp]);
-            dh * gamma.data()[f] + h * dgamma.data()[f] + dbeta.data()[f]
-        })
-        .collect();
-    Tensor::new(x.shape().clone(), dy)
+    let dy = (dx.data().iter().zip(&st.xhat).enumerate()).map(|(i, (&d, &h))| {
+        let (grp, f) = gr.of(i);
+        let r = st.rstd[grp];
+        let dh = r * (d - dmean[grp] - h * r * cov[grp]);
+        dh * gamma.data()[f] + h * dgamma.data()[f] + dbeta.data()[f]
+    });
+    Tensor::new(
+        x.shape().clone(),
+        try_collect("normalize", "tangent", x.numel(), dy)?,
+    )
 }
 
 /// `layerNorm` over the last axis. PyTorch: `F.layer_norm(x, (D,), gamma, beta, eps)` (whose
@@ -364,13 +365,14 @@ pub fn batch_moments_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tens
     let m = T::lit((x.numel() / c) as f64);
     let gr = Groups::channels(x.shape());
     let two = T::lit(2.0);
-    let dx = (x.data().iter().enumerate())
-        .map(|(i, &v)| {
-            let (k, _) = gr.of(i);
-            (g.data()[k] + two * g.data()[c + k] * (v - mean[k])) / m
-        })
-        .collect();
-    Tensor::new(x.shape().clone(), dx)
+    let dx = (x.data().iter().enumerate()).map(|(i, &v)| {
+        let (k, _) = gr.of(i);
+        (g.data()[k] + two * g.data()[c + k] * (v - mean[k])) / m
+    });
+    Tensor::new(
+        x.shape().clone(),
+        try_collect("batchMoments", "gradient", x.numel(), dx)?,
+    )
 }
 
 /// JVP of [`batch_moments`]: per channel, `dμ = mean(dx)` and `dvar = 2·mean((x − μ)·dx)`.

@@ -80,7 +80,7 @@ fn each_window(
 ) -> Result<Shape> {
     let (win, c) = geometry(op, x, p)?;
     let (bl, sl) = (win.big_len(), win.small_len());
-    let windows = win.windows();
+    let windows = win.windows(op)?;
     let mut cells = Vec::new();
     for plane in 0..win.batches() * c {
         for (o, w) in windows.iter().enumerate() {
@@ -120,7 +120,8 @@ fn gather<T: Scalar>(
     p: PoolParams<'_>,
     f: impl Fn(&[Option<usize>]) -> T,
 ) -> Result<Tensor<T>> {
-    let mut out = Vec::new();
+    let out_shape = pool_shape(op, x.shape(), p)?;
+    let mut out = crate::alloc::try_with_capacity(op, "output", out_shape.numel())?;
     let shape = each_window(op, x.shape(), p, |cells, _| out.push(f(cells)))?;
     Tensor::new(shape, out)
 }
@@ -139,7 +140,7 @@ fn scatter<T: Scalar>(
             format!("cotangent has shape {}, expected {out_shape}", g.shape()),
         ));
     }
-    let mut dx = vec![T::zero(); x.numel()];
+    let mut dx = crate::alloc::try_zeroed(op, "gradient", x.numel())?;
     each_window(op, x.shape(), p, |cells, o| f(cells, g.data()[o], &mut dx))?;
     Tensor::new(x.shape().clone(), dx)
 }

@@ -65,10 +65,10 @@ pub fn bernoulli_mask<T: Scalar>(
 /// `(x · mask) · s` with `s = 1/keep` rounded to `T` and the mask of [`bernoulli_mask`] over x's
 /// shape: kept elements are scaled by `1/keep`, dropped ones are 0. PyTorch:
 /// `F.dropout(x, p = 1 − keep, training=True)` (other bits).
-pub fn dropout<T: Scalar>(x: &Tensor<T>, keep: f64, seed: u64, counter: u64) -> Tensor<T> {
+pub fn dropout<T: Scalar>(x: &Tensor<T>, keep: f64, seed: u64, counter: u64) -> Result<Tensor<T>> {
     let k = rng::key(seed, counter);
     let s = T::lit(1.0 / keep);
-    let mut out = x.data().to_vec();
+    let mut out = crate::alloc::try_copy("dropout", "output", x.data())?;
     for (i, v) in out.iter_mut().enumerate() {
         *v = if rng::keep(k, i as u64, keep) {
             *v * s
@@ -76,7 +76,7 @@ pub fn dropout<T: Scalar>(x: &Tensor<T>, keep: f64, seed: u64, counter: u64) -> 
             T::zero()
         };
     }
-    Tensor::new(x.shape().clone(), out).expect("dropout preserves the shape")
+    Tensor::new(x.shape().clone(), out)
 }
 
 /// VJP of `dropout`: `(g · mask) · s`, the same mask as the forward (same key, same shape).
@@ -88,7 +88,7 @@ pub fn dropout_vjp<T: Scalar>(
     g: &Tensor<T>,
 ) -> Result<Tensor<T>> {
     same_shape("dropout", x, g)?;
-    Ok(dropout(g, keep, seed, counter))
+    dropout(g, keep, seed, counter)
 }
 
 /// JVP of `dropout`: `(dx · mask) · s` (dropout is linear in x for a fixed key).
@@ -100,7 +100,7 @@ pub fn dropout_jvp<T: Scalar>(
     dx: &Tensor<T>,
 ) -> Result<Tensor<T>> {
     same_shape("dropout", x, dx)?;
-    Ok(dropout(dx, keep, seed, counter))
+    dropout(dx, keep, seed, counter)
 }
 
 #[cfg(test)]
@@ -131,7 +131,7 @@ mod tests {
     #[test]
     fn dropout_scales_kept_elements_and_its_gradient_uses_the_same_mask() {
         let x = Tensor::<f64>::from_fn([50], |i| i as f64 + 1.0);
-        let y = dropout(&x, 0.25, 3, 0);
+        let y = dropout(&x, 0.25, 3, 0).unwrap();
         let m = bernoulli_mask::<f64>(x.shape(), 0.25, 3, 0).unwrap();
         for ((&y, &m), &x) in y.data().iter().zip(m.data()).zip(x.data()) {
             assert_eq!(y, m * x * 4.0);

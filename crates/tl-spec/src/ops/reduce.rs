@@ -14,7 +14,7 @@ pub fn sum_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
             format!("cotangent must be a scalar, got {}", g.shape()),
         ));
     }
-    Ok(Tensor::full(x.shape().clone(), g.data()[0]))
+    Tensor::try_full("sum", x.shape().clone(), g.data()[0])
 }
 
 /// Shape rule of `reduceSum` / `reduceMean`: the axis is removed.

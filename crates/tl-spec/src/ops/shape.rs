@@ -46,13 +46,14 @@ fn permuted_shape(x: &Shape, perm: &[usize]) -> Shape {
     Shape::new(&perm.iter().map(|&p| x.dims()[p]).collect::<Vec<_>>())
 }
 
-/// Permute axes: output axis k is input axis `perm[k]` (the naive multi-index loop).
-pub fn permute<T: Scalar>(x: &Tensor<T>, perm: &[usize]) -> Tensor<T> {
+/// Permute axes: output axis k is input axis `perm[k]` (the naive multi-index loop); the output
+/// is allocated fallibly, an error naming `op`.
+pub fn permute<T: Scalar>(op: &'static str, x: &Tensor<T>, perm: &[usize]) -> Result<Tensor<T>> {
     let out_shape = permuted_shape(x.shape(), perm);
     let in_strides = x.shape().strides();
     let out_dims = out_shape.dims().to_vec();
     let src = x.data();
-    Tensor::from_fn(out_shape, |mut flat| {
+    Tensor::try_from_fn(op, out_shape, |mut flat| {
         // Decompose the output flat index into its multi-index, outermost last.
         let mut offset = 0;
         for k in (0..out_dims.len()).rev() {
@@ -72,7 +73,7 @@ pub fn transpose2d_shape(x: &Shape) -> Result<Shape> {
 /// `transpose2d`: (m, n) → (n, m).
 pub fn transpose2d<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
     transpose2d_shape(x.shape())?;
-    Ok(permute(x, &[1, 0]))
+    permute("transpose2d", x, &[1, 0])
 }
 
 /// Shape rule of `permuteBCA`: (a, b, c) → (b, c, a).
@@ -83,7 +84,7 @@ pub fn permute_bca_shape(x: &Shape) -> Result<Shape> {
 /// (a, b, c) → (b, c, a). Its inverse is [`permute_cab`].
 pub fn permute_bca<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
     permute_bca_shape(x.shape())?;
-    Ok(permute(x, &[1, 2, 0]))
+    permute("permuteBCA", x, &[1, 2, 0])
 }
 
 /// Shape rule of `permuteCAB`: (a, b, c) → (c, a, b).
@@ -94,7 +95,7 @@ pub fn permute_cab_shape(x: &Shape) -> Result<Shape> {
 /// (a, b, c) → (c, a, b). Its inverse is [`permute_bca`].
 pub fn permute_cab<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
     permute_cab_shape(x.shape())?;
-    Ok(permute(x, &[2, 0, 1]))
+    permute("permuteCAB", x, &[2, 0, 1])
 }
 
 /// Shape rule of `swapLastTwo`: (a, b, c) → (a, c, b).
@@ -105,7 +106,7 @@ pub fn swap_last_two_shape(x: &Shape) -> Result<Shape> {
 /// (a, b, c) → (a, c, b); its own inverse.
 pub fn swap_last_two<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
     swap_last_two_shape(x.shape())?;
-    Ok(permute(x, &[0, 2, 1]))
+    permute("swapLastTwo", x, &[0, 2, 1])
 }
 
 fn swap_adjacent_perm(rank: usize, depth: usize) -> Vec<usize> {
@@ -121,8 +122,12 @@ pub fn swap_adjacent_shape(x: &Shape, depth: usize) -> Shape {
     permuted_shape(x, &swap_adjacent_perm(x.rank(), depth))
 }
 /// Swap axes `depth` and `depth + 1` (identity when `depth + 1 ≥ rank`); its own inverse.
-pub fn swap_adjacent<T: Scalar>(x: &Tensor<T>, depth: usize) -> Tensor<T> {
-    permute(x, &swap_adjacent_perm(x.shape().rank(), depth))
+pub fn swap_adjacent<T: Scalar>(x: &Tensor<T>, depth: usize) -> Result<Tensor<T>> {
+    permute(
+        "swapAdjacent",
+        x,
+        &swap_adjacent_perm(x.shape().rank(), depth),
+    )
 }
 
 #[cfg(test)]
@@ -140,15 +145,15 @@ mod tests {
         assert_eq!(z, x);
         let s = swap_last_two(&x).unwrap();
         assert_eq!(s.get(&[1, 3, 2]), x.get(&[1, 2, 3]));
-        assert_eq!(swap_adjacent(&x, 5), x);
+        assert_eq!(swap_adjacent(&x, 5).unwrap(), x);
         assert_eq!(
-            swap_adjacent(&x, usize::MAX),
+            swap_adjacent(&x, usize::MAX).unwrap(),
             x,
             "out of range (even at MAX) = identity"
         );
-        assert_eq!(swap_adjacent(&x, 2), x);
+        assert_eq!(swap_adjacent(&x, 2).unwrap(), x);
         assert_eq!(swap_adjacent_shape(x.shape(), usize::MAX), *x.shape());
-        assert_eq!(swap_adjacent(&x, 1), s);
+        assert_eq!(swap_adjacent(&x, 1).unwrap(), s);
         let t = transpose2d(&Tensor::<f64>::from_fn([2, 3], |i| i as f64)).unwrap();
         assert_eq!(t.data(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
     }

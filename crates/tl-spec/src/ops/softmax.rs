@@ -2,6 +2,7 @@
 //! A scalar is treated as one row of one column.
 
 use super::same_shape;
+use crate::alloc::try_with_capacity;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// Shape rule of `softmax` / `logSoftmax`: shape-preserving; the last axis must be non-empty.
@@ -21,21 +22,21 @@ fn rows<T: Scalar>(x: &Tensor<T>) -> impl Iterator<Item = &[T]> {
 }
 
 /// `exp(x − m) / Σ exp(x − m)` per row, m the row max. PyTorch: `torch.softmax(x, -1)`.
-pub fn softmax<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
-    let mut out = Vec::with_capacity(x.numel());
+pub fn softmax<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
+    let mut out = try_with_capacity("softmax", "output", x.numel())?;
     for row in rows(x) {
         let m = row.iter().copied().fold(T::neg_infinity(), T::max);
         let z: T = row.iter().map(|&v| (v - m).exp()).sum();
         out.extend(row.iter().map(|&v| (v - m).exp() / z));
     }
-    Tensor::new(x.shape().clone(), out).expect("softmax preserves the shape")
+    Tensor::new(x.shape().clone(), out)
 }
 /// VJP of `softmax`: `y · (g − Σ g·y)` per row.
 pub fn softmax_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
     same_shape("softmax", x, g)?;
-    let y = softmax(x);
+    let y = softmax(x)?;
     let (_, c) = x.shape().rows_cols();
-    let mut out = Vec::with_capacity(x.numel());
+    let mut out = try_with_capacity("softmax", "gradient", x.numel())?;
     for (yr, gr) in y.data().chunks(c.max(1)).zip(g.data().chunks(c.max(1))) {
         let dot: T = yr.iter().zip(gr).map(|(&y, &g)| y * g).sum();
         out.extend(yr.iter().zip(gr).map(|(&y, &g)| y * (g - dot)));
@@ -49,21 +50,21 @@ pub fn softmax_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tensor<T>
 }
 
 /// `x − m − log Σ exp(x − m)` per row, computed directly (never `log(softmax)`).
-pub fn log_softmax<T: Scalar>(x: &Tensor<T>) -> Tensor<T> {
-    let mut out = Vec::with_capacity(x.numel());
+pub fn log_softmax<T: Scalar>(x: &Tensor<T>) -> Result<Tensor<T>> {
+    let mut out = try_with_capacity("logSoftmax", "output", x.numel())?;
     for row in rows(x) {
         let m = row.iter().copied().fold(T::neg_infinity(), T::max);
         let lse = row.iter().map(|&v| (v - m).exp()).sum::<T>().ln();
         out.extend(row.iter().map(|&v| v - m - lse));
     }
-    Tensor::new(x.shape().clone(), out).expect("logSoftmax preserves the shape")
+    Tensor::new(x.shape().clone(), out)
 }
 /// VJP of `logSoftmax`: `g − exp(y) · Σ g` per row.
 pub fn log_softmax_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor<T>> {
     same_shape("logSoftmax", x, g)?;
-    let p = softmax(x);
+    let p = softmax(x)?;
     let (_, c) = x.shape().rows_cols();
-    let mut out = Vec::with_capacity(x.numel());
+    let mut out = try_with_capacity("logSoftmax", "gradient", x.numel())?;
     for (pr, gr) in p.data().chunks(c.max(1)).zip(g.data().chunks(c.max(1))) {
         let s: T = gr.iter().copied().sum();
         out.extend(pr.iter().zip(gr).map(|(&p, &g)| g - p * s));
@@ -73,9 +74,9 @@ pub fn log_softmax_vjp<T: Scalar>(x: &Tensor<T>, g: &Tensor<T>) -> Result<Tensor
 /// JVP of `logSoftmax`: `dx − Σ softmax(x)·dx` per row.
 pub fn log_softmax_jvp<T: Scalar>(x: &Tensor<T>, dx: &Tensor<T>) -> Result<Tensor<T>> {
     same_shape("logSoftmax", x, dx)?;
-    let p = softmax(x);
+    let p = softmax(x)?;
     let (_, c) = x.shape().rows_cols();
-    let mut out = Vec::with_capacity(x.numel());
+    let mut out = try_with_capacity("logSoftmax", "tangent", x.numel())?;
     for (pr, dr) in p.data().chunks(c.max(1)).zip(dx.data().chunks(c.max(1))) {
         let s: T = pr.iter().zip(dr).map(|(&p, &d)| p * d).sum();
         out.extend(dr.iter().map(|&d| d - s));
@@ -90,11 +91,11 @@ mod tests {
     #[test]
     fn rows_sum_to_one_and_large_inputs_are_stable() {
         let x = Tensor::<f64>::new([2, 3], vec![1000.0, 1001.0, 1002.0, -5.0, 0.0, 5.0]).unwrap();
-        let y = softmax(&x);
+        let y = softmax(&x).unwrap();
         for r in y.data().chunks(3) {
             assert!((r.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         }
-        let l = log_softmax(&x);
+        let l = log_softmax(&x).unwrap();
         assert!(l.data().iter().all(|v| v.is_finite()));
         // Shift invariance: row 0 equals softmax of [0, 1, 2].
         let e: Vec<f64> = [0.0f64, 1.0, 2.0].iter().map(|v| v.exp()).collect();

@@ -19,6 +19,7 @@
 //!
 //! A batched x (B, N, W) is the same op on each of the B slices; weight gradients sum over B.
 
+use crate::alloc::{try_with_capacity, try_zeroed};
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 const OP: &str = "spectralConv1dRfft";
@@ -80,9 +81,15 @@ struct Basis<T> {
 }
 
 impl<T: Scalar> Basis<T> {
-    fn new(n: usize, m: usize, w: usize) -> Self {
-        let mut cos = Vec::with_capacity(m * n);
-        let mut sin = Vec::with_capacity(m * n);
+    /// The tables of `m` bins over a grid of `n` for `w` channels; the m·n entries of each
+    /// table checked and allocated fallibly (an error naming the op).
+    fn new(n: usize, m: usize, w: usize) -> Result<Self> {
+        let entries = m.checked_mul(n).ok_or_else(|| Error::TooLarge {
+            op: OP,
+            detail: format!("the DFT basis of {m} mode(s) × a grid of {n} overflows"),
+        })?;
+        let mut cos = try_with_capacity(OP, "DFT basis", entries)?;
+        let mut sin = try_with_capacity(OP, "DFT basis", entries)?;
         for k in 0..m {
             let edge = k == 0 || 2 * k == n;
             for t in 0..n {
@@ -97,14 +104,14 @@ impl<T: Scalar> Basis<T> {
                 T::lit(alpha / n as f64)
             })
             .collect();
-        Basis {
+        Ok(Basis {
             n,
             m,
             w,
             cos,
             sin,
             inv,
-        }
+        })
     }
 
     /// (Xr, Xi), each M×W, of one slice x (N×W).
@@ -230,7 +237,7 @@ fn setup<T: Scalar>(
 ) -> Result<(usize, Basis<T>)> {
     spectral_conv1d_shape(x.shape(), w_re.shape(), w_im.shape(), modes)?;
     let (b, n, w) = dims(x.shape())?;
-    Ok((b, Basis::new(n, modes, w)))
+    Ok((b, Basis::new(n, modes, w)?))
 }
 
 /// `y = irfft(keep_modes(rfft(x)) · (wRe + i·wIm))` per channel mix, as in the module docs.
@@ -243,7 +250,7 @@ pub fn spectral_conv1d<T: Scalar>(
     modes: usize,
 ) -> Result<Tensor<T>> {
     let (_, basis) = setup(x, w_re, w_im, modes)?;
-    let mut out = Vec::with_capacity(x.numel());
+    let mut out = try_with_capacity(OP, "output", x.numel())?;
     for xs in x.data().chunks(basis.n * basis.w.max(1)) {
         let (xr, xi) = basis.rfft(xs);
         let (zr, zi) = basis.mix(&xr, &xi, w_re.data(), w_im.data());
@@ -268,9 +275,9 @@ pub fn spectral_conv1d_vjp<T: Scalar>(
         ));
     }
     let slice = basis.n * basis.w.max(1);
-    let mut dx = Vec::with_capacity(x.numel());
-    let mut dwr = vec![T::zero(); w_re.numel()];
-    let mut dwi = vec![T::zero(); w_im.numel()];
+    let mut dx = try_with_capacity(OP, "gradient", x.numel())?;
+    let mut dwr = try_zeroed(OP, "weight gradient", w_re.numel())?;
+    let mut dwi = try_zeroed(OP, "weight gradient", w_im.numel())?;
     for (xs, gs) in x.data().chunks(slice).zip(g.data().chunks(slice)) {
         let (xr, xi) = basis.rfft(xs);
         let (gzr, gzi) = basis.irfft_t(gs);

@@ -64,13 +64,22 @@ impl Window {
     }
 
     /// For each small cell (row-major), the positions of its window's cells in row-major
-    /// kernel order (`None` for padded cells).
-    pub fn windows(&self) -> Vec<Vec<Option<usize>>> {
+    /// kernel order (`None` for padded cells). The table (small cells × kernel cells entries)
+    /// is checked against the allocation cap and allocated fallibly: an error naming `op`.
+    pub fn windows(&self, op: &'static str) -> Result<Vec<Vec<Option<usize>>>> {
+        let (sl, kl) = (self.small_len(), self.kernel_len());
+        let entries = sl.checked_mul(kl).ok_or_else(|| Error::TooLarge {
+            op,
+            detail: format!("the window table of {sl} cell(s) × {kl} kernel cell(s) overflows"),
+        })?;
+        crate::alloc::check_len::<Option<usize>>(op, "window table", entries)?;
         let ks = cells(&self.kernel);
-        cells(&self.small)
-            .iter()
-            .map(|o| ks.iter().map(|k| self.position(o, k)).collect())
-            .collect()
+        let mut table = crate::alloc::try_with_capacity(op, "window table", sl)?;
+        for o in cells(&self.small) {
+            let row = ks.iter().map(|k| self.position(&o, k));
+            table.push(crate::alloc::try_collect(op, "window table", kl, row)?);
+        }
+        Ok(table)
     }
 
     /// The operand shape `(N?, channels, spatial...)`.
@@ -228,7 +237,7 @@ mod tests {
             padding: vec![1],
         };
         assert_eq!(
-            w.windows(),
+            w.windows("test").unwrap(),
             vec![vec![None, Some(0), Some(1)], vec![Some(1), Some(2), None]]
         );
     }

@@ -7,7 +7,7 @@
 //! to [`requests_under_a_memory_limit`]) under `ulimit -v`.
 
 use tl_ir::{GraphBuilder, Op};
-use tl_spec::ops::{activation, elementwise};
+use tl_spec::ops::{activation, attention, concat, elementwise, random, softmax};
 use tl_spec::{Shape, Tensor};
 use tl_tape_cpu::Tape;
 
@@ -79,17 +79,28 @@ fn requests_under_a_memory_limit() {
 /// GiB, which fits under the child's 2 GiB; an output of the same size does not.
 const REF_N: usize = (1 << 28) + (1 << 27);
 
-/// The reference's elementwise outputs (one per kind of construction: a unary op's `try_map`,
-/// an activation's, a cast, a VJP's `zip_map`, an IR node's value) are refused with the op's
-/// name. The operand's zeros come from `vec!` (pages the child never touches).
+/// The reference's outputs are refused with the op's name: element-wise ones (a unary op's
+/// `try_map`, an activation's, a cast, a VJP's `zip_map`, an IR node's value), rows (softmax,
+/// dropout, concat) and attention's n² weights (from an input of n = 20 000 elements). The
+/// operand's zeros come from `vec!` (pages the child never touches).
 fn reference_outputs_are_refused() {
     let big = Tensor::<f32>::new([REF_N], vec![0.0; REF_N]).expect("1.5 GiB of zeros");
-    let cases: [(&str, tl_spec::Result<Tensor<f32>>); 5] = [
+    let one = Tensor::<f32>::ones([1]);
+    let (x, w) = (
+        Tensor::<f32>::zeros([20_000, 1]),
+        Tensor::<f32>::ones([1, 1]),
+    );
+    let attention = attention::mha::multi_head_attention([&w, &w, &w, &w], &x, 1, None);
+    let cases: [(&str, tl_spec::Result<Tensor<f32>>); 9] = [
         ("exp", elementwise::exp(&big)),
         ("gelu", activation::gelu(&big)),
         ("scale", elementwise::scale(&big, 2.0)),
         ("cast", big.try_cast::<f32>("cast")),
         ("tanh", elementwise::tanh_vjp(&big, &big)),
+        ("softmax", softmax::softmax(&big)),
+        ("dropout", random::dropout(&big, 0.5, 1, 0)),
+        ("concat0", concat::concat(&big, &one)),
+        ("multiHeadAttention", attention),
     ];
     for (op, got) in cases {
         let msg = got.map(|_| ()).expect_err(op).to_string();

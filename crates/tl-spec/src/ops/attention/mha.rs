@@ -10,6 +10,19 @@
 use super::{Mask, check_mask, masked_softmax_row};
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
+/// The op's name, in its errors.
+const OP: &str = "multiHeadAttention";
+
+/// `a·b` zeros (a buffer of the op), the count checked for overflow and the buffer allocated
+/// fallibly: an error naming the op.
+fn zeros<T: Scalar>(what: &str, a: usize, b: usize) -> Result<Vec<T>> {
+    let n = a.checked_mul(b).ok_or_else(|| Error::TooLarge {
+        op: OP,
+        detail: format!("{what}: {a}·{b} elements overflow usize"),
+    })?;
+    crate::alloc::try_zeroed(OP, what, n)
+}
+
 /// The sizes of one attention application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims {
@@ -35,7 +48,7 @@ pub fn mha_dims(
     heads: usize,
     mask: Option<&Mask>,
 ) -> Result<(Dims, Shape)> {
-    let op = "multiHeadAttention";
+    let op = OP;
     let (batch, n, dm) = match *x.dims() {
         [n, dm] => (1, n, dm),
         [b, n, dm] => (b, n, dm),
@@ -123,12 +136,18 @@ fn mm<T: Scalar>(
 }
 
 /// Per-sample, per-head attention: A (heads, n, n) and C (n, P) of one sample.
-fn core<T: Scalar>(dm: &Dims, q: &[T], k: &[T], v: &[T], mask: Option<&Mask>) -> (Vec<T>, Vec<T>) {
+fn core<T: Scalar>(
+    dm: &Dims,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    mask: Option<&Mask>,
+) -> Result<(Vec<T>, Vec<T>)> {
     let Dims { n, p, heads, d, .. } = *dm;
     let scale = T::one() / T::lit(d as f64).sqrt();
     let all = vec![true; n];
-    let mut a = vec![T::zero(); heads * n * n];
-    let mut c = vec![T::zero(); n * p];
+    let mut a = zeros("attention weights", heads, n.saturating_mul(n))?;
+    let mut c = zeros("attention output", n, p)?;
     let mut s = vec![T::zero(); n];
     for h in 0..heads {
         for i in 0..n {
@@ -146,17 +165,18 @@ fn core<T: Scalar>(dm: &Dims, q: &[T], k: &[T], v: &[T], mask: Option<&Mask>) ->
             }
         }
     }
-    (a, c)
+    Ok((a, c))
 }
 
 /// Q, K, V of all rows (B·n, P).
-fn projections<T: Scalar>(dm: &Dims, w: [&Tensor<T>; 3], x: &Tensor<T>) -> [Vec<T>; 3] {
+fn projections<T: Scalar>(dm: &Dims, w: [&Tensor<T>; 3], x: &Tensor<T>) -> Result<[Vec<T>; 3]> {
     let rows = dm.batch * dm.n;
-    w.map(|w| {
-        let mut o = vec![T::zero(); rows * dm.p];
+    let project = |w: &Tensor<T>| -> Result<Vec<T>> {
+        let mut o = zeros("projection", rows, dm.p)?;
         mm(x.data(), false, w.data(), false, rows, dm.dm, dm.p, &mut o);
-        o
-    })
+        Ok(o)
+    };
+    Ok([project(w[0])?, project(w[1])?, project(w[2])?])
 }
 
 /// Multi-head self-attention. PyTorch: `nn.MultiheadAttention(dModel, heads, bias=False)` in
@@ -169,12 +189,12 @@ pub fn multi_head_attention<T: Scalar>(
     mask: Option<&Mask>,
 ) -> Result<Tensor<T>> {
     let (dm, shape) = mha_dims(w.map(Tensor::shape), x.shape(), heads, mask)?;
-    let [q, k, v] = projections(&dm, [w[0], w[1], w[2]], x);
+    let [q, k, v] = projections(&dm, [w[0], w[1], w[2]], x)?;
     let (n, p) = (dm.n, dm.p);
-    let mut y = vec![T::zero(); dm.batch * n * dm.dm];
+    let mut y = zeros("output", dm.batch * n, dm.dm)?;
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
-        let (_, c) = core(&dm, &q[r.clone()], &k[r.clone()], &v[r], mask);
+        let (_, c) = core(&dm, &q[r.clone()], &k[r.clone()], &v[r], mask)?;
         let yb = &mut y[b * n * dm.dm..(b + 1) * n * dm.dm];
         mm(&c, false, w[3].data(), false, n, p, dm.dm, yb);
     }
@@ -192,28 +212,28 @@ pub fn multi_head_attention_vjp<T: Scalar>(
     let (dm, shape) = mha_dims(w.map(Tensor::shape), x.shape(), heads, mask)?;
     if g.shape() != &shape {
         return Err(Error::shape(
-            "multiHeadAttention",
+            OP,
             format!("cotangent has shape {}, expected {shape}", g.shape()),
         ));
     }
     let Dims { n, p, d, .. } = dm;
     let scale = T::one() / T::lit(d as f64).sqrt();
-    let [q, k, v] = projections(&dm, [w[0], w[1], w[2]], x);
+    let [q, k, v] = projections(&dm, [w[0], w[1], w[2]], x)?;
     let rows = dm.batch * n;
     let (mut dq, mut dk, mut dv) = (
-        vec![T::zero(); rows * p],
-        vec![T::zero(); rows * p],
-        vec![T::zero(); rows * p],
+        zeros("gradient", rows, p)?,
+        zeros("gradient", rows, p)?,
+        zeros("gradient", rows, p)?,
     );
-    let mut dwo = vec![T::zero(); p * dm.dm];
+    let mut dwo = zeros("weight gradient", p, dm.dm)?;
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
         let (qb, kb, vb) = (&q[r.clone()], &k[r.clone()], &v[r.clone()]);
-        let (a, c) = core(&dm, qb, kb, vb, mask);
+        let (a, c) = core(&dm, qb, kb, vb, mask)?;
         let gb = &g.data()[b * n * dm.dm..(b + 1) * n * dm.dm];
         // y = C·wo: dwo += Cᵀ·g, dC = g·woᵀ.
         mm(&c, true, gb, false, p, n, dm.dm, &mut dwo);
-        let mut dc = vec![T::zero(); n * p];
+        let mut dc = zeros("gradient", n, p)?;
         mm(gb, false, w[3].data(), true, n, dm.dm, p, &mut dc);
         for h in 0..dm.heads {
             let col = |i: usize, t: usize| i * p + h * d + t;
@@ -241,17 +261,17 @@ pub fn multi_head_attention_vjp<T: Scalar>(
         }
     }
     // Q = x·wq: dwq = xᵀ·dQ, dx += dQ·wqᵀ (and likewise for K and V).
-    let mut dx = vec![T::zero(); rows * dm.dm];
+    let mut dx = zeros("input gradient", rows, dm.dm)?;
     let mut dws = Vec::with_capacity(3);
     for (dproj, wk) in [(&dq, w[0]), (&dk, w[1]), (&dv, w[2])] {
-        let mut dw = vec![T::zero(); dm.dm * p];
+        let mut dw = zeros("weight gradient", dm.dm, p)?;
         mm(x.data(), true, dproj, false, dm.dm, rows, p, &mut dw);
         mm(dproj, false, wk.data(), true, rows, p, dm.dm, &mut dx);
         dws.push(Tensor::new(wk.shape().clone(), dw)?);
     }
     let [dwq, dwk, dwv]: [Tensor<T>; 3] = dws
         .try_into()
-        .map_err(|_| Error::param("multiHeadAttention", "internal: three projections"))?;
+        .map_err(|_| Error::param(OP, "internal: three projections"))?;
     Ok([
         dwq,
         dwk,
