@@ -68,9 +68,11 @@ pub fn linear_shape(w: &Shape, b: &Shape, x: &Shape) -> Result<Shape> {
     }
 }
 
-/// Naive product of row-major (m, n) and (n, p) blocks; `ta`/`tb` read the operand transposed.
+/// Naive product of row-major (m, n) and (n, p) blocks into `out` (m, p): written, or added to
+/// what `out` holds when `add`; `ta`/`tb` read the operand transposed (then `a` is stored
+/// (n, m), `b` (p, n)). Each output's sum runs over n in order, from 0.
 #[allow(clippy::too_many_arguments)]
-fn gemm<T: Scalar>(
+pub(crate) fn gemm<T: Scalar>(
     a: &[T],
     ta: bool,
     b: &[T],
@@ -79,6 +81,7 @@ fn gemm<T: Scalar>(
     n: usize,
     p: usize,
     out: &mut [T],
+    add: bool,
 ) {
     for i in 0..m {
         for j in 0..p {
@@ -88,7 +91,8 @@ fn gemm<T: Scalar>(
                 let bv = if tb { b[j * n + k] } else { b[k * p + j] };
                 acc += av * bv;
             }
-            out[i * p + j] = acc;
+            let o = &mut out[i * p + j];
+            *o = if add { *o + acc } else { acc };
         }
     }
 }
@@ -99,7 +103,7 @@ pub fn matmul<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
     let (m, n) = (a.shape().dims()[0], a.shape().dims()[1]);
     let p = b.shape().dims()[1];
     let mut out = try_zeroed("matmul", "output", s.numel())?;
-    gemm(a.data(), false, b.data(), false, m, n, p, &mut out);
+    gemm(a.data(), false, b.data(), false, m, n, p, &mut out, false);
     Tensor::new(s, out)
 }
 /// VJP of `matmul`: `(g·bᵀ, aᵀ·g)`.
@@ -113,9 +117,9 @@ pub fn matmul_vjp<T: Scalar>(
     let (m, n) = (a.shape().dims()[0], a.shape().dims()[1]);
     let p = b.shape().dims()[1];
     let mut da = try_zeroed("matmul", "gradient", m * n)?;
-    gemm(g.data(), false, b.data(), true, m, p, n, &mut da);
+    gemm(g.data(), false, b.data(), true, m, p, n, &mut da, false);
     let mut db = try_zeroed("matmul", "gradient", n * p)?;
-    gemm(a.data(), true, g.data(), false, n, m, p, &mut db);
+    gemm(a.data(), true, g.data(), false, n, m, p, &mut db, false);
     Ok((
         Tensor::new(a.shape().clone(), da)?,
         Tensor::new(b.shape().clone(), db)?,
@@ -161,6 +165,7 @@ pub fn bmm<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
             n,
             p,
             &mut out[k * m * p..(k + 1) * m * p],
+            false,
         );
     }
     Tensor::new(s, out)
@@ -189,6 +194,7 @@ pub fn bmm_vjp<T: Scalar>(
             p,
             n,
             &mut da[k * m * n..(k + 1) * m * n],
+            false,
         );
         gemm(
             ak,
@@ -199,6 +205,7 @@ pub fn bmm_vjp<T: Scalar>(
             m,
             p,
             &mut db[k * n * p..(k + 1) * n * p],
+            false,
         );
     }
     Ok((
@@ -232,7 +239,17 @@ pub fn linear<T: Scalar>(w: &Tensor<T>, b: &Tensor<T>, x: &Tensor<T>) -> Result<
     let (rows, _) = as_rows(x);
     let mut y = try_zeroed("linear", "output", s.numel())?;
     // y (rows, out) = x (rows, in) · Wᵀ (in, out)
-    gemm(x.data(), false, w.data(), true, rows, inp, out, &mut y);
+    gemm(
+        x.data(),
+        false,
+        w.data(),
+        true,
+        rows,
+        inp,
+        out,
+        &mut y,
+        false,
+    );
     for r in 0..rows {
         for o in 0..out {
             y[r * out + o] += b.data()[o];
@@ -252,7 +269,17 @@ pub fn linear_vjp<T: Scalar>(
     let (out, inp) = (w.shape().dims()[0], w.shape().dims()[1]);
     let (rows, _) = as_rows(x);
     let mut dw = try_zeroed("linear", "weight gradient", out * inp)?;
-    gemm(g.data(), true, x.data(), false, out, rows, inp, &mut dw);
+    gemm(
+        g.data(),
+        true,
+        x.data(),
+        false,
+        out,
+        rows,
+        inp,
+        &mut dw,
+        false,
+    );
     let mut db = try_zeroed("linear", "bias gradient", out)?;
     for row in g.data().chunks(out.max(1)).take(rows) {
         for (d, &v) in db.iter_mut().zip(row) {
@@ -260,7 +287,17 @@ pub fn linear_vjp<T: Scalar>(
         }
     }
     let mut dx = try_zeroed("linear", "input gradient", rows * inp)?;
-    gemm(g.data(), false, w.data(), false, rows, out, inp, &mut dx);
+    gemm(
+        g.data(),
+        false,
+        w.data(),
+        false,
+        rows,
+        out,
+        inp,
+        &mut dx,
+        false,
+    );
     Ok((
         Tensor::new(w.shape().clone(), dw)?,
         Tensor::new(b.shape().clone(), db)?,

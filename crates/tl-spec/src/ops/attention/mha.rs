@@ -8,6 +8,7 @@
 //! The JVP is taken by forward mode through the composition (`tl_ir::compose`), not here.
 
 use super::{Mask, check_mask, masked_softmax_row};
+use crate::ops::linalg::gemm;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// The op's name, in its errors.
@@ -109,32 +110,6 @@ pub fn mha_dims(
     Ok((dims, x.clone()))
 }
 
-/// `out (m, q) += a (m, k) · b (k, q)`, with `a`/`b` read transposed when `ta`/`tb` (then `a` is
-/// stored (k, m), `b` (q, k)).
-#[allow(clippy::too_many_arguments)]
-fn mm<T: Scalar>(
-    a: &[T],
-    ta: bool,
-    b: &[T],
-    tb: bool,
-    m: usize,
-    k: usize,
-    q: usize,
-    out: &mut [T],
-) {
-    for i in 0..m {
-        for j in 0..q {
-            let mut acc = T::zero();
-            for t in 0..k {
-                let av = if ta { a[t * m + i] } else { a[i * k + t] };
-                let bv = if tb { b[j * k + t] } else { b[t * q + j] };
-                acc += av * bv;
-            }
-            out[i * q + j] += acc;
-        }
-    }
-}
-
 /// Per-sample, per-head attention: A (heads, n, n) and C (n, P) of one sample.
 fn core<T: Scalar>(
     dm: &Dims,
@@ -173,7 +148,17 @@ fn projections<T: Scalar>(dm: &Dims, w: [&Tensor<T>; 3], x: &Tensor<T>) -> Resul
     let rows = dm.batch * dm.n;
     let project = |w: &Tensor<T>| -> Result<Vec<T>> {
         let mut o = zeros("projection", rows, dm.p)?;
-        mm(x.data(), false, w.data(), false, rows, dm.dm, dm.p, &mut o);
+        gemm(
+            x.data(),
+            false,
+            w.data(),
+            false,
+            rows,
+            dm.dm,
+            dm.p,
+            &mut o,
+            true,
+        );
         Ok(o)
     };
     Ok([project(w[0])?, project(w[1])?, project(w[2])?])
@@ -196,7 +181,7 @@ pub fn multi_head_attention<T: Scalar>(
         let r = b * n * p..(b + 1) * n * p;
         let (_, c) = core(&dm, &q[r.clone()], &k[r.clone()], &v[r], mask)?;
         let yb = &mut y[b * n * dm.dm..(b + 1) * n * dm.dm];
-        mm(&c, false, w[3].data(), false, n, p, dm.dm, yb);
+        gemm(&c, false, w[3].data(), false, n, p, dm.dm, yb, true);
     }
     Tensor::new(shape, y)
 }
@@ -232,9 +217,9 @@ pub fn multi_head_attention_vjp<T: Scalar>(
         let (a, c) = core(&dm, qb, kb, vb, mask)?;
         let gb = &g.data()[b * n * dm.dm..(b + 1) * n * dm.dm];
         // y = C·wo: dwo += Cᵀ·g, dC = g·woᵀ.
-        mm(&c, true, gb, false, p, n, dm.dm, &mut dwo);
+        gemm(&c, true, gb, false, p, n, dm.dm, &mut dwo, true);
         let mut dc = zeros("gradient", n, p)?;
-        mm(gb, false, w[3].data(), true, n, dm.dm, p, &mut dc);
+        gemm(gb, false, w[3].data(), true, n, dm.dm, p, &mut dc, true);
         for h in 0..dm.heads {
             let col = |i: usize, t: usize| i * p + h * d + t;
             for i in 0..n {
@@ -265,8 +250,8 @@ pub fn multi_head_attention_vjp<T: Scalar>(
     let mut dws = Vec::with_capacity(3);
     for (dproj, wk) in [(&dq, w[0]), (&dk, w[1]), (&dv, w[2])] {
         let mut dw = zeros("weight gradient", dm.dm, p)?;
-        mm(x.data(), true, dproj, false, dm.dm, rows, p, &mut dw);
-        mm(dproj, false, wk.data(), true, rows, p, dm.dm, &mut dx);
+        gemm(x.data(), true, dproj, false, dm.dm, rows, p, &mut dw, true);
+        gemm(dproj, false, wk.data(), true, rows, p, dm.dm, &mut dx, true);
         dws.push(Tensor::new(wk.shape().clone(), dw)?);
     }
     let [dwq, dwk, dwv]: [Tensor<T>; 3] = dws
