@@ -98,7 +98,7 @@ pub fn slice_vjp<T: Scalar>(
         ));
     }
     let row = row_len(x.shape());
-    let mut dx = Tensor::zeros(x.shape().clone());
+    let mut dx = Tensor::try_zeros("sliceRange0", x.shape().clone())?;
     dx.data_mut()[start * row..(start + len) * row].copy_from_slice(g.data());
     Ok(dx)
 }

@@ -66,11 +66,11 @@ fn expand_axis<T: Scalar>(
     }
     let (_, n, inner) = x.split_at_axis(op, axis)?;
     let gd = g.data();
-    Ok(Tensor::from_fn(x.clone(), |flat| {
+    Tensor::try_from_fn(op, x.clone(), |flat| {
         let o = flat / (n * inner);
         let i = flat % inner;
         gd[o * inner + i] * scale
-    }))
+    })
 }
 
 /// Sum along `axis` (removed). PyTorch: `x.sum(dim=axis)`.

@@ -76,7 +76,7 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         }
         GeluErf => unary(op, x[0], GeluErfAt)?,
         Detach => x[0].clone(),
-        Constant(t) => t.cast(),
+        Constant(t) => t.try_cast(op.name())?,
         _ => return Err(wrong_family(op, "elementwise")),
     };
     Ok(y)
