@@ -314,4 +314,28 @@ mod tests {
         // The padded 0 takes part: the first window's smooth max is near 0, not −3.
         assert!(s.data()[0].abs() < 0.05, "{:?}", s.data());
     }
+
+    /// A kernel of 2²¹ × 2²¹ over a 4 × 4 input padded by 2²⁰: 25 small output cells, but a
+    /// window table of 25·2⁴² entries. The reference refuses it with the op's name before
+    /// building any of it (it used to enumerate the kernel's 2⁴² cells first).
+    #[test]
+    fn a_window_table_past_the_cap_is_an_error_not_an_abort() {
+        let x = Tensor::<f64>::zeros([1, 1, 4, 4]);
+        let (k, pad) = (1usize << 21, 1usize << 20);
+        let p = PoolParams {
+            kernel: &[k, k],
+            stride: &[1, 1],
+            padding: &[pad, pad],
+        };
+        assert_eq!(
+            pool_shape("maxPool", x.shape(), p).unwrap().dims(),
+            [1, 1, 5, 5]
+        );
+        let e = max_pool(&x, p).unwrap_err();
+        assert!(
+            matches!(e, crate::Error::TooLarge { op: "maxPool", .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("window table"), "{e}");
+    }
 }
