@@ -191,10 +191,12 @@ impl<O: Train> Runtime<O> {
         Ok(self.session.borrow_mut().set_param(p, value)?)
     }
 
-    /// Open a pass: a fresh recording with `model`'s parameters recorded first.
-    fn begin<M: Parameters + ?Sized>(&self, model: &M, training: bool) -> Result<()> {
+    /// Open a pass: a fresh recording with `model`'s parameters recorded first; without
+    /// gradients (`grad` false: [`tl_session::Ops::set_grad_enabled`]) for an evaluation.
+    fn begin<M: Parameters + ?Sized>(&self, model: &M, training: bool, grad: bool) -> Result<()> {
         let mut s = self.session.borrow_mut();
         s.reset();
+        s.set_grad_enabled(grad);
         let mut leaves = self.leaves.borrow_mut();
         leaves.clear();
         self.training.set(training);
@@ -215,7 +217,9 @@ impl<O: Train> Runtime<O> {
     fn end(&self) {
         self.listing.borrow_mut().end();
         self.leaves.borrow_mut().clear();
-        self.session.borrow_mut().reset();
+        let mut s = self.session.borrow_mut();
+        s.reset();
+        s.set_grad_enabled(true);
         self.training.set(false);
     }
 
@@ -254,7 +258,7 @@ impl<O: Train> Runtime<O> {
         M: Parameters + ?Sized,
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
-        let begun = self.begin(model, true);
+        let begun = self.begin(model, true, true);
         let forward = begun.and_then(|()| {
             let scope = Scope { rt: self };
             // A parameter the model does not list is the error to report, also when the pass
@@ -289,10 +293,12 @@ impl<O: Train> Runtime<O> {
     }
 
     /// An evaluation pass: a fresh pass in eval mode (no dropout; batch norm on its running
-    /// statistics), `f`'s output read back as a host tensor; no gradients, no parameter
-    /// change. PyTorch: `model.eval(); with torch.no_grad(): f().cpu()`, except for memory:
-    /// the pass's intermediate values stay until it ends (the session records it as it
-    /// records a training step), so its peak grows with the examples in one call. Evaluate a
+    /// statistics), `f`'s output read back as a host tensor; no parameter change, and no
+    /// gradients: the pass is recorded with gradients off ([`tl_session::Ops::set_grad_enabled`]),
+    /// so no op keeps what only a backward reads (gelu's tanh term, attention's probabilities,
+    /// the norms' row statistics), and the values are the bits a pass with gradients gives.
+    /// PyTorch: `model.eval(); with torch.no_grad(): f().cpu()`, except for memory: the pass's
+    /// intermediate values stay until it ends, so its peak grows with the examples in one call. Evaluate a
     /// large set in batches; at the training batch a pass holds what a step holds and reuses
     /// its buffers (`tl`'s evaluation does this).
     pub fn eval<M, F>(&self, model: &M, f: F) -> Result<Tensor<O::T>>
@@ -300,7 +306,7 @@ impl<O: Train> Runtime<O> {
         M: Parameters + ?Sized,
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
-        self.pass(model, false, f)
+        self.pass(model, false, false, f)
     }
 
     /// A forward pass in training mode without a step (dropout on, batch norm on batch
@@ -310,7 +316,7 @@ impl<O: Train> Runtime<O> {
         M: Parameters + ?Sized,
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
-        self.pass(model, true, f)
+        self.pass(model, true, true, f)
     }
 
     /// Record one forward pass of `f` (in training mode when `training`) and hand the session
@@ -323,7 +329,7 @@ impl<O: Train> Runtime<O> {
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
         G: FnOnce(&mut O, &TensorRef) -> Result<R>,
     {
-        self.begin(model, training)?;
+        self.begin(model, training, true)?;
         let r = (|| {
             let scope = Scope { rt: self };
             let out = f(&scope)?;
@@ -335,12 +341,14 @@ impl<O: Train> Runtime<O> {
         r
     }
 
-    fn pass<M, F>(&self, model: &M, training: bool, f: F) -> Result<Tensor<O::T>>
+    /// A pass whose output is read back (in training mode when `training`, with gradients
+    /// when `grad`).
+    fn pass<M, F>(&self, model: &M, training: bool, grad: bool, f: F) -> Result<Tensor<O::T>>
     where
         M: Parameters + ?Sized,
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
-        self.begin(model, training)?;
+        self.begin(model, training, grad)?;
         let r = (|| {
             let scope = Scope { rt: self };
             let out = f(&scope)?;

@@ -57,6 +57,20 @@ pub trait Ops {
     /// PyTorch: using an `nn.Parameter` in a forward pass.
     fn use_param(&mut self, p: &Param) -> Result<TensorRef>;
 
+    /// Whether leaves recorded from now on may require grad (on by default; a session's
+    /// [`reset`](crate::Train::reset) does not change it). Off, a parameter's use and an input
+    /// are recorded as leaves without grad, so no op recorded from them requires grad either: no
+    /// op keeps what only its backward reads (attention's probabilities, gelu's tanh term, the
+    /// norms' row statistics on the CPU), and no gradient reaches a parameter (a step of the
+    /// pass changes none). Values are the same bits either way. tl-nn's `Runtime::eval`
+    /// records its passes this way.
+    /// PyTorch: `torch.set_grad_enabled(enabled)` (`torch.no_grad()` when `false`).
+    fn set_grad_enabled(&mut self, enabled: bool);
+
+    /// Whether leaves recorded now may require grad ([`Ops::set_grad_enabled`]).
+    /// PyTorch: `torch.is_grad_enabled()`.
+    fn is_grad_enabled(&self) -> bool;
+
     /// Record an external input as a leaf. PyTorch: `x.requires_grad_(requires_grad)`.
     fn input(&mut self, value: Tensor<Self::T>, requires_grad: bool) -> Result<TensorRef> {
         self.input_named(value, None, requires_grad)

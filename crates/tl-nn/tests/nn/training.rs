@@ -253,3 +253,62 @@ fn the_loss_must_be_a_scalar() {
     })
     .unwrap();
 }
+
+/// gelu of the model's output on `x`.
+fn gelu_of<'g, O: Train>(
+    model: &tl_nn::Sequential<O>,
+    g: &tl_nn::Scope<'g, O>,
+    x: &tl_spec::Tensor<O::T>,
+) -> tl_nn::Result<tl_nn::Var<'g, O>> {
+    model.forward(&g.input(x.clone())?)?.gelu()
+}
+
+/// `Runtime::eval` records its pass with gradients off (PyTorch's `torch.no_grad()`): the
+/// output has the bits of the same pass recorded with gradients (`Runtime::record`), the CPU
+/// tape keeps no workspace for a backward (gelu's tanh term: fewer bytes reach the pool at the
+/// reset), and gradients are on again for the next step, which trains. Two runtimes of one
+/// seed (the same parameters), each pool fresh.
+#[test]
+fn an_eval_pass_records_without_gradients() {
+    let x = tensor::<f32>(&[32, 6], 3);
+    let pass = |record: bool| {
+        let mut rt = eager::<f32>(Backend::Cpu, 0);
+        let model = mlp(&rt, 6, 16, 8);
+        let y = match record {
+            true => rt.record(
+                &model,
+                false,
+                |g| gelu_of(&model, g, &x),
+                |s, r| Ok(s.read(r)?),
+            ),
+            false => rt.eval(&model, |g| gelu_of(&model, g, &x)),
+        };
+        let bits: Vec<u32> = y.unwrap().data().iter().map(|v| v.to_bits()).collect();
+        let bytes = rt.session().pool_stats().unwrap().held_bytes;
+        assert!(
+            rt.session().is_grad_enabled(),
+            "gradients are on after the pass"
+        );
+        let mut params = Vec::new();
+        model.visit_params(&mut |p| params.push(p.clone()));
+        let before = rt.value_of(&params[0]).unwrap();
+        let labels = Labels::new(vec![1; 32], 8).unwrap();
+        let mut opt = Optimizer::sgd(0.1).unwrap();
+        rt.step(&model, &mut opt, |g| {
+            gelu_of(&model, g, &x)?.cross_entropy(&labels)
+        })
+        .unwrap();
+        assert_ne!(
+            rt.value_of(&params[0]).unwrap(),
+            before,
+            "the next step trains"
+        );
+        (bits, bytes)
+    };
+    let ((with_bits, with_bytes), (bits, bytes)) = (pass(true), pass(false));
+    assert_eq!(bits, with_bits, "the same values");
+    assert!(
+        bytes < with_bytes,
+        "no backward workspace kept: {bytes} vs {with_bytes} bytes"
+    );
+}

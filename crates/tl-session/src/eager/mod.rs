@@ -124,6 +124,8 @@ pub struct Session<T: Scalar = f32> {
     pub(crate) grads: Option<Grads<T>>,
     /// Random ops drawn so far (the counter of the next one); survives `reset`.
     rng_counter: u64,
+    /// Whether leaves recorded now may require grad ([`Ops::set_grad_enabled`]).
+    grad_enabled: bool,
 }
 
 impl<T: Scalar> Session<T> {
@@ -161,6 +163,7 @@ impl<T: Scalar> Session<T> {
             nats: NatEnv::default(),
             grads: None,
             rng_counter: 0,
+            grad_enabled: true,
         })
     }
 
@@ -409,7 +412,7 @@ impl<T: Scalar> Ops for Session<T> {
 
     fn use_param(&mut self, p: &Param) -> Result<TensorRef> {
         let slot = self.params.slot("use_param", p)?;
-        let (name, rg) = (slot.name.clone(), slot.requires_grad);
+        let (name, rg) = (slot.name.clone(), slot.requires_grad && self.grad_enabled);
         let id = on_engine!(&mut self.engine,
             cpu(t) => {
                 let v = self.params.slots[p.index].host.clone();
@@ -430,7 +433,15 @@ impl<T: Scalar> Ops for Session<T> {
         name: Option<&str>,
         requires_grad: bool,
     ) -> Result<TensorRef> {
-        self.leaf(value, name, requires_grad)
+        self.leaf(value, name, requires_grad && self.grad_enabled)
+    }
+
+    fn set_grad_enabled(&mut self, enabled: bool) {
+        self.grad_enabled = enabled;
+    }
+
+    fn is_grad_enabled(&self) -> bool {
+        self.grad_enabled
     }
 
     fn constant(&mut self, value: Tensor<T>) -> Result<TensorRef> {

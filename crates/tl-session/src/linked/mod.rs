@@ -37,6 +37,8 @@ pub struct LinkedSession<T: Scalar = f32> {
     seed: u64,
     /// Random ops recorded so far (the counter of the next one); survives `reset`.
     rng_counter: u64,
+    /// Whether leaves recorded now may require grad ([`Ops::set_grad_enabled`]).
+    grad_enabled: bool,
     /// The tape [`Train`](crate::Train) compiles each step into.
     backend: Backend,
     /// Whether graphs compiled for `Backend::Cuda` use the fixed-order reductions.
@@ -203,6 +205,7 @@ impl<T: Scalar> LinkedSession<T> {
             nats: NatEnv::default(),
             seed: 0,
             rng_counter: 0,
+            grad_enabled: true,
             backend: Backend::Cpu,
             deterministic: false,
             precision: Precision::F32,
@@ -695,7 +698,8 @@ impl<T: Scalar> Ops for LinkedSession<T> {
 
     fn use_param(&mut self, p: &Param) -> Result<TensorRef> {
         let slot = self.params.slot("use_param", p)?;
-        let (v, name, rg) = (slot.host.clone(), slot.name.clone(), slot.requires_grad);
+        let rg = slot.requires_grad && self.grad_enabled;
+        let (v, name) = (slot.host.clone(), slot.name.clone());
         // A value older than the device mirror is recorded as it is (a device step compiles
         // the mirror in) and synced only when host code reads it.
         let stale = slot.host_stale;
@@ -711,7 +715,15 @@ impl<T: Scalar> Ops for LinkedSession<T> {
         name: Option<&str>,
         requires_grad: bool,
     ) -> Result<TensorRef> {
-        self.leaf(value, name, requires_grad)
+        self.leaf(value, name, requires_grad && self.grad_enabled)
+    }
+
+    fn set_grad_enabled(&mut self, enabled: bool) {
+        self.grad_enabled = enabled;
+    }
+
+    fn is_grad_enabled(&self) -> bool {
+        self.grad_enabled
     }
 
     /// A leaf before the first op node; a `constant` node after.

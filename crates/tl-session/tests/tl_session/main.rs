@@ -14,6 +14,8 @@ mod catalogue;
 mod cuda;
 // The proptest fuzz of the public API; it fuzzes in a child process (its own allocation cap).
 mod fuzz;
+// Passes recorded with gradients off (`Ops::set_grad_enabled`).
+mod grad_enabled;
 // A step that ends its pass updates the CPU parameters in place.
 mod in_place;
 mod optim;
