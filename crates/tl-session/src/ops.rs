@@ -60,9 +60,9 @@ pub trait Ops {
     /// Whether leaves recorded from now on may require grad (on by default; a session's
     /// [`reset`](crate::Train::reset) does not change it). Off, a parameter's use and an input
     /// are recorded as leaves without grad, so no op recorded from them requires grad either: no
-    /// op keeps what only its backward reads (attention's probabilities, gelu's tanh term, the
-    /// norms' row statistics on the CPU), and no gradient reaches a parameter (a step of the
-    /// pass changes none). Values are the same bits either way. tl-nn's `Runtime::eval`
+    /// op keeps what only its backward reads (the CPU tape's attention probabilities, gelu's
+    /// tanh term and row statistics; the CUDA tape's workspaces are released as each op
+    /// returns), and no gradient reaches a parameter (a step of the pass changes none). Values are the same bits either way. tl-nn's `Runtime::eval`
     /// records its passes this way.
     /// PyTorch: `torch.set_grad_enabled(enabled)` (`torch.no_grad()` when `false`).
     fn set_grad_enabled(&mut self, enabled: bool);
