@@ -1051,14 +1051,7 @@ fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<
                 r.push(x.tensor_ref().clone());
             }
             drop(r);
-            match (&layer, &x, &case.spec) {
-                (Built::Module(m), Some(x), _) => m.forward(x),
-                (Built::Embedding(e), None, LayerSpec::Embedding { ids, .. }) => e.forward(g, ids),
-                _ => Err(tl_nn::Error::Usage {
-                    what: "nn check",
-                    detail: "a module takes x, the embedding ids".into(),
-                }),
-            }
+            forward_layer(&layer, &case.spec, g, x.as_ref())
         },
         |s, out| {
             let value = s.read(out)?;
@@ -1078,6 +1071,29 @@ fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<
         },
     );
     let (value, grads) = out.map_err(|e| format!("the pass failed: {e}"))?;
+    if !case.spec.training() {
+        // The same pass through `Runtime::eval`, recorded without gradients (no op keeps a
+        // backward's workspace): the recorded pass's bits.
+        let evaluated = rt
+            .eval(&layer, |g| {
+                let x = match &case.x {
+                    Some(x) => Some(g.input(x.cast())?),
+                    None => None,
+                };
+                forward_layer(&layer, &case.spec, g, x.as_ref())
+            })
+            .map_err(|e| format!("the eval pass failed: {e}"))?;
+        let bits = |t: &Tensor<O::T>| -> Vec<u64> {
+            t.data().iter().map(|v| v.as_f64().to_bits()).collect()
+        };
+        if bits(&evaluated) != bits(&value) {
+            return Err(format!(
+                "Runtime::eval (without gradients) gave other values than the recorded pass: {:?} vs {:?}",
+                evaluated.data(),
+                value.data()
+            ));
+        }
+    }
     let mut buffers = Vec::new();
     for (p, (_, slot)) in params.iter().zip(&slots) {
         if *slot == Slot::Buffer {
@@ -1093,6 +1109,23 @@ fn run_layer<O: LayerSession + 'static>(case: &LayerCase, session: O) -> Result<
         })
         .collect();
     Ok((value, grads, buffers))
+}
+
+/// The layer's forward on `x` (an embedding reads its ids instead).
+fn forward_layer<'g, O: Train>(
+    layer: &Built<O>,
+    spec: &LayerSpec,
+    g: &tl_nn::Scope<'g, O>,
+    x: Option<&tl_nn::Var<'g, O>>,
+) -> tl_nn::Result<tl_nn::Var<'g, O>> {
+    match (layer, x, spec) {
+        (Built::Module(m), Some(x), _) => m.forward(x),
+        (Built::Embedding(e), None, LayerSpec::Embedding { ids, .. }) => e.forward(g, ids),
+        _ => Err(tl_nn::Error::Usage {
+            what: "nn check",
+            detail: "a module takes x, the embedding ids".into(),
+        }),
+    }
 }
 
 /// Compare one run with the f64 reference.
