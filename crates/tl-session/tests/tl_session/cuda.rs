@@ -136,3 +136,31 @@ fn autocast_on_the_cuda_backends_trains_as_on_the_cpu() {
     .to_string();
     assert!(e.contains("f64") && e.contains("bf16"), "{e}");
 }
+
+/// A pass without gradients on the device (the kernel emulator in CI, a GPU in the bundle):
+/// the bits of the same pass with gradients, fewer live device bytes during it (each op's
+/// workspace released as it returns), and no parameter moved by its step.
+#[test]
+fn a_pass_without_gradients_on_the_device_keeps_no_workspace() {
+    let Some(s) = cuda_session() else {
+        return;
+    };
+    let live = |s: &Session<f32>| s.memory_usage().map_or(0, |m| m.live_bytes);
+    let with = crate::grad_enabled::pass(s, true, live);
+    let without = crate::grad_enabled::pass(cuda_session().expect("a device"), false, live);
+    assert_eq!(without.bits, with.bits, "the same values");
+    assert!(
+        without.during < with.during,
+        "no backward workspace held: {} vs {} bytes",
+        without.during,
+        with.during
+    );
+    assert!(
+        with.stepped && !without.stepped,
+        "only the pass with gradients steps"
+    );
+    println!(
+        "device: {} live bytes without gradients, {} with",
+        without.during, with.during
+    );
+}

@@ -9,15 +9,16 @@ use tl_spec::Tensor;
 
 /// What one pass left: its output's bits, the bytes `held` measured after the read
 /// (`during`) and after the reset, and whether an SGD step of its sum moved the weight.
-struct Pass {
-    bits: Vec<u32>,
-    during: usize,
-    after: usize,
-    stepped: bool,
+pub(crate) struct Pass {
+    pub(crate) bits: Vec<u32>,
+    pub(crate) during: usize,
+    pub(crate) after: usize,
+    pub(crate) stepped: bool,
 }
 
-/// One pass of a linear layer, gelu and layerNorm over 32 rows of 8, with gradients on or off.
-fn pass<S: Train<T = f32>>(mut s: S, grad: bool, held: impl Fn(&S) -> usize) -> Pass {
+/// One pass of a linear layer, gelu and layerNorm over 32 rows of 8, with gradients on or off
+/// (also run on the real device or the kernel emulator: `cuda::`).
+pub(crate) fn pass<S: Train<T = f32>>(mut s: S, grad: bool, held: impl Fn(&S) -> usize) -> Pass {
     assert!(s.is_grad_enabled(), "on by default");
     let w0 = Tensor::from_fn([16, 8], |i| (i as f32 * 0.37).sin());
     let pw = s.param(w0.clone(), Some("w"), true).unwrap();
