@@ -245,12 +245,18 @@ impl<T: Scalar> Tensor<T> {
     /// [`Error::TooLarge`] naming `op` when the allocation is refused. This is how library code
     /// maps a tensor.
     pub fn try_map(&self, op: &'static str, f: impl Fn(T) -> T) -> Result<Self> {
-        let data = crate::alloc::try_collect(
-            op,
-            "tensor",
-            self.data.len(),
-            self.data.iter().map(|&x| f(x)),
-        )?;
+        self.same_shape_from(op, self.data.iter().map(|&x| f(x)))
+    }
+
+    /// A tensor of this one's shape holding `values` (one per element), its buffer checked as
+    /// [`crate::alloc::try_collect`]'s: the one allocation of [`Tensor::try_map`],
+    /// [`Tensor::zip_map`] and [`Tensor::try_cast`].
+    fn same_shape_from<U: Scalar>(
+        &self,
+        op: &'static str,
+        values: impl Iterator<Item = U>,
+    ) -> Result<Tensor<U>> {
+        let data = crate::alloc::try_collect(op, "tensor", self.data.len(), values)?;
         Ok(Tensor {
             shape: self.shape.clone(),
             data: Arc::new(data),
@@ -278,34 +284,14 @@ impl<T: Scalar> Tensor<T> {
                 format!("operands have shapes {} and {}", self.shape, other.shape),
             ));
         }
-        let data = crate::alloc::try_collect(
-            op,
-            "tensor",
-            self.data.len(),
-            self.data
-                .iter()
-                .zip(other.data.iter())
-                .map(|(&a, &b)| f(a, b)),
-        )?;
-        Ok(Tensor {
-            shape: self.shape.clone(),
-            data: Arc::new(data),
-        })
+        let values = self.data.iter().zip(other.data.iter());
+        self.same_shape_from(op, values.map(|(&a, &b)| f(a, b)))
     }
 
     /// Every element converted to another scalar type (via `f64`), into a buffer checked as
     /// [`Tensor::try_map`]'s: an [`Error::TooLarge`] naming `op` when the allocation is refused.
     pub fn try_cast<U: Scalar>(&self, op: &'static str) -> Result<Tensor<U>> {
-        let data = crate::alloc::try_collect(
-            op,
-            "tensor",
-            self.data.len(),
-            self.data.iter().map(|&x| U::lit(x.as_f64())),
-        )?;
-        Ok(Tensor {
-            shape: self.shape.clone(),
-            data: Arc::new(data),
-        })
+        self.same_shape_from(op, self.data.iter().map(|&x| U::lit(x.as_f64())))
     }
 
     /// Every element converted to another scalar type (via `f64`): [`Tensor::try_cast`] for
