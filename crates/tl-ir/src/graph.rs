@@ -50,12 +50,19 @@ impl Node {
 pub struct GraphData {
     leaves: Vec<Leaf>,
     nodes: Vec<Node>,
+    /// Id → one past the id of the last node that reads it (0: nothing reads it yet).
+    read_until: Vec<Id>,
 }
 
 impl GraphData {
     /// The leaves, in creation order (ids `0..num_leaves()`).
     pub fn leaves(&self) -> &[Leaf] {
         &self.leaves
+    }
+    /// One past the id of the last node that reads `id` (0 when nothing reads it, or for an
+    /// unknown id): once the nodes below it have run, nothing in the graph reads `id` again.
+    pub fn read_until(&self, id: Id) -> Id {
+        self.read_until.get(id).copied().unwrap_or(0)
     }
     /// The op nodes, in creation order (ids `num_leaves()..len()`).
     pub fn nodes(&self) -> &[Node] {
@@ -175,6 +182,7 @@ impl GraphBuilder {
             name: name.map(str::to_owned),
             requires_grad,
         });
+        self.graph.read_until.push(0);
         Ok(self.graph.leaves.len() - 1)
     }
 
@@ -188,12 +196,17 @@ impl GraphBuilder {
                 .collect::<Result<SmallVec<[&Shape; 3]>>>()?;
             op.infer_shape(&shapes)?
         };
+        let id = self.graph.len();
+        for &a in args {
+            self.graph.read_until[a] = id + 1;
+        }
+        self.graph.read_until.push(0);
         self.graph.nodes.push(Node {
             op,
             args: SmallVec::from_slice(args),
             shape,
         });
-        Ok(self.graph.len() - 1)
+        Ok(id)
     }
 
     fn unknown(&self, op: &Op, id: Id) -> Error {

@@ -46,6 +46,15 @@ pub trait Recorder<T: Scalar> {
     /// Replace the Nat environment (runtime indices and labels) that later ops read.
     fn set_nats(&mut self, nats: &[usize]) -> Result<(), Self::Error>;
 
+    /// Let go of the value of recorder id `id` if no backward can read it (it does not require
+    /// grad and nothing that requires grad reads it); returns whether it did. A compiled
+    /// replay calls it for a node no handle refers to once its last reader has run
+    /// ([`GraphData::replay_more_releasing`]). The default keeps every value.
+    fn release(&mut self, id: usize) -> Result<bool, Self::Error> {
+        let _ = id;
+        Ok(false)
+    }
+
     /// Whether the recorder runs `op` then `next` (reading `next_args`, among them `op`'s result,
     /// [`Then::First`]) as one step in [`apply_then`](Self::apply_then). [`GraphData::replay`]
     /// offers a pair only where this says so, so that a pair it cannot fuse does not take a
@@ -84,13 +93,27 @@ impl GraphData {
         leaves: &[Tensor<T>],
         nats: &[usize],
     ) -> Result<Vec<usize>, R::Error> {
+        let map = self.replay_leaves(rec, leaves, nats)?;
+        self.replay_nodes(rec, map)
+    }
+
+    /// The first half of [`replay`](Self::replay): set the Nat environment and record every
+    /// leaf with its value; returns the leaves' recorder ids, for
+    /// [`replay_more`](Self::replay_more) or
+    /// [`replay_more_releasing`](Self::replay_more_releasing) to record the nodes.
+    pub fn replay_leaves<T: Scalar, R: Recorder<T>>(
+        &self,
+        rec: &mut R,
+        leaves: &[Tensor<T>],
+        nats: &[usize],
+    ) -> Result<Vec<usize>, R::Error> {
         self.check_leaf_values("replay", leaves)?;
         rec.set_nats(nats)?;
         let mut map: Vec<Id> = Vec::with_capacity(self.len());
         for (leaf, value) in self.leaves().iter().zip(leaves) {
             map.push(rec.leaf(value.clone(), leaf.name.as_deref(), leaf.requires_grad)?);
         }
-        self.replay_nodes(rec, map)
+        Ok(map)
     }
 
     /// The second half of [`replay`](Self::replay): record every node onto `rec`, whose
@@ -126,6 +149,44 @@ impl GraphData {
         rec: &mut R,
         map: &mut Vec<usize>,
     ) -> Result<(), R::Error> {
+        self.replay_from(rec, map, None)
+    }
+
+    /// [`replay_more`](Self::replay_more) that lets go of the values nothing will read: a node
+    /// (never a leaf) for which `dead(graph id)` says no handle refers to it any more is
+    /// offered to [`Recorder::release`] as soon as its last reader in the graph has run (right
+    /// after it runs, when nothing reads it). `dropped` lists the nodes whose last handle went
+    /// since the previous call: those whose readers all ran are offered first. The recorder
+    /// keeps what a backward may read. What is released is what an eager session frees when
+    /// the last handle to a node is dropped; every value kept is the one
+    /// [`replay_more`](Self::replay_more) gives. The work is proportional to the nodes
+    /// recorded and the ids dropped, not to the graph.
+    pub fn replay_more_releasing<T: Scalar, R: Recorder<T>>(
+        &self,
+        rec: &mut R,
+        map: &mut Vec<usize>,
+        dead: &dyn Fn(Id) -> bool,
+        dropped: &[Id],
+    ) -> Result<(), R::Error> {
+        let live = Liveness { graph: self, dead };
+        let replayed = map.len();
+        for &id in dropped {
+            // A node of an earlier call (or of none yet: one past `replayed` waits for its turn).
+            if id < replayed {
+                live.release_if_done(rec, map, id, replayed)?;
+            }
+        }
+        self.replay_from(rec, map, Some(&live))
+    }
+
+    /// The loop of [`replay_more`](Self::replay_more), releasing as
+    /// [`replay_more_releasing`](Self::replay_more_releasing) says when `dead` is given.
+    fn replay_from<T: Scalar, R: Recorder<T>>(
+        &self,
+        rec: &mut R,
+        map: &mut Vec<usize>,
+        live: Option<&Liveness>,
+    ) -> Result<(), R::Error> {
         let nodes = self.nodes();
         let Some(mut k) = map
             .len()
@@ -140,6 +201,7 @@ impl GraphData {
             .into());
         };
         map.reserve(nodes.len() - k);
+        let leaves = self.leaves().len();
         let mut args = Vec::with_capacity(3);
         let mut then: SmallVec<[Then; 3]> = SmallVec::new();
         while k < nodes.len() {
@@ -159,6 +221,7 @@ impl GraphData {
                     }
                 }));
             }
+            let from = k;
             match nodes.get(k + 1) {
                 Some(next) if !then.is_empty() && rec.fuses(node.op(), next.op(), &then) => {
                     let (a, b) = rec.apply_then(node.op(), &args, next.op(), &then)?;
@@ -171,6 +234,47 @@ impl GraphData {
                     k += 1;
                 }
             }
+            if let Some(live) = live {
+                // The operands whose last reader just ran (each once: at that reader, its
+                // first mention), and the new nodes nothing reads.
+                for (j, n) in nodes.iter().enumerate().take(k).skip(from) {
+                    for (i, &a) in n.args().iter().enumerate() {
+                        if self.read_until(a) == leaves + j + 1 && !n.args()[..i].contains(&a) {
+                            live.release_if_done(rec, map, a, leaves + k)?;
+                        }
+                    }
+                }
+                for id in leaves + from..leaves + k {
+                    if self.read_until(id) == 0 {
+                        live.release_if_done(rec, map, id, leaves + k)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What [`GraphData::replay_more_releasing`] knows of each graph id: whether a handle still
+/// refers to it ([`Liveness::dead`]) and its last reader ([`GraphData::read_until`]).
+struct Liveness<'a> {
+    graph: &'a GraphData,
+    dead: &'a dyn Fn(Id) -> bool,
+}
+
+impl Liveness<'_> {
+    /// Offer graph id `id` to the recorder's release when it is a node no handle refers to and
+    /// every reader of it is below `replayed` (the graph ids replayed so far).
+    fn release_if_done<T: Scalar, R: Recorder<T>>(
+        &self,
+        rec: &mut R,
+        map: &[usize],
+        id: Id,
+        replayed: Id,
+    ) -> Result<(), R::Error> {
+        let g = self.graph;
+        if id >= g.leaves().len() && g.read_until(id) <= replayed && (self.dead)(id) {
+            rec.release(map[id])?;
         }
         Ok(())
     }

@@ -279,6 +279,10 @@ impl tl_ir::Recorder<f64> for Log {
     fn set_nats(&mut self, _: &[usize]) -> Result<(), Error> {
         Ok(())
     }
+    fn release(&mut self, id: usize) -> Result<bool, Error> {
+        self.calls.push(format!("release {id}"));
+        Ok(true)
+    }
     fn fuses(&self, op: &Op, next: &Op, next_args: &[tl_ir::Then]) -> bool {
         *op == Op::Linear && (*next == Op::Relu || *next == Op::Add) && !next_args.is_empty()
     }
@@ -363,4 +367,45 @@ fn replay_more_records_only_the_nodes_added_since() {
     ids.push(99);
     let e = b.graph().replay_more(&mut rec, &mut ids).unwrap_err();
     assert!(e.to_string().contains("replay_more"), "{e}");
+}
+
+/// `replay_more_releasing` offers a node no handle refers to (`dead`) to the recorder right
+/// after its last reader runs, once, never a leaf or a node a handle still reaches; a later
+/// call offers the nodes it is told were dropped since.
+#[test]
+fn replay_more_releasing_offers_each_dead_node_after_its_last_reader() {
+    let (mut b, [_, w, bias, h, l], leaves) = relu_linear();
+    let r = b.apply(Op::Relu, &[l]).unwrap();
+    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
+    let out = b.apply(Op::Add, &[h, l2]).unwrap();
+    let g = b.finish();
+    let mut rec = Log::default();
+    let mut ids = g.replay_leaves(&mut rec, &leaves, &[]).unwrap();
+    // Every node but the output has lost its handle; so have the leaves (never offered).
+    let dead = |id: usize| id != out;
+    g.replay_more_releasing(&mut rec, &mut ids, &dead, &[])
+        .unwrap();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>());
+    assert_eq!(
+        rec.calls,
+        [
+            "relu [0]",
+            "linear [1, 2, 3] then relu [First]",
+            "release 4",
+            "linear [1, 2, 5] then add [Id(3), First]",
+            "release 5",
+            "release 3",
+            "release 6",
+        ]
+    );
+    // The output's handle dropped since: a later call offers what it is told was dropped
+    // (the output) before recording anything new.
+    rec.calls.clear();
+    g.replay_more_releasing(&mut rec, &mut ids, &|_| true, &[out])
+        .unwrap();
+    assert_eq!(rec.calls, ["release 7"]);
+    assert_eq!(
+        (g.read_until(h), g.read_until(l), g.read_until(out)),
+        (8, 6, 0)
+    );
 }

@@ -21,6 +21,19 @@ pub enum Error {
         /// How many nodes exist.
         len: usize,
     },
+    /// A node whose value was released ([`crate::Tape::release`]) was read or used as an
+    /// operand.
+    #[error(
+        "{what}: the value of node {id} ({op}) was released: no handle to it was left and no backward reads it"
+    )]
+    ReleasedValue {
+        /// The API call or op that read it.
+        what: String,
+        /// The node.
+        id: usize,
+        /// The op that produced it.
+        op: String,
+    },
     /// A tensor given or expected for an id has the wrong shape (value reads, seeds, gradients).
     #[error("{what}: id {id} has shape {expected}, got {got}")]
     Shape {

@@ -56,6 +56,12 @@ pub struct Node<T: Scalar> {
     /// What the op's forward kept for its backward ([`ops::forward_saving`]); only for nodes
     /// that require grad, given to the pool by [`Tape::clear`].
     saved: Option<Arc<Vec<Vec<T>>>>,
+    /// The value's shape once [`Tape::release`] gave the value to the pool (`value` is then
+    /// an empty placeholder).
+    released: Option<Box<Shape>>,
+    /// Whether a node that requires grad reads this one: its backward may read this value,
+    /// so [`Tape::release`] keeps it.
+    pinned: bool,
 }
 
 impl<T: Scalar> Node<T> {
@@ -67,9 +73,22 @@ impl<T: Scalar> Node<T> {
     pub fn parents(&self) -> &[Id] {
         &self.parents
     }
-    /// The forward value.
-    pub fn value(&self) -> &Tensor<T> {
-        &self.value
+    /// The forward value; `None` once [`Tape::release`] has given it back.
+    pub fn value(&self) -> Option<&Tensor<T>> {
+        match self.released {
+            None => Some(&self.value),
+            Some(_) => None,
+        }
+    }
+    /// The value's shape (also after a release).
+    pub fn shape(&self) -> &Shape {
+        self.released
+            .as_deref()
+            .unwrap_or_else(|| self.value.shape())
+    }
+    /// Whether [`Tape::release`] has given the value back.
+    pub fn is_released(&self) -> bool {
+        self.released.is_some()
     }
     /// Whether reverse accumulation visits this node and accepts contributions into it.
     pub fn requires_grad(&self) -> bool {
@@ -92,7 +111,7 @@ impl<T: Scalar> fmt::Debug for Node<T> {
             f,
             "{}{:?} <- {:?}",
             self.kind.name(),
-            self.value.shape(),
+            self.shape(),
             self.parents.as_slice()
         )?;
         if let Some(n) = &self.name {
@@ -100,6 +119,9 @@ impl<T: Scalar> fmt::Debug for Node<T> {
         }
         if !self.requires_grad {
             write!(f, " (no grad)")?;
+        }
+        if self.released.is_some() {
+            write!(f, " (released)")?;
         }
         Ok(())
     }
@@ -269,6 +291,8 @@ impl<T: Scalar> Tape<T> {
             name: name.map(str::to_owned),
             nats: None,
             saved: None,
+            released: None,
+            pinned: false,
         });
         self.nodes.len() - 1
     }
@@ -281,9 +305,48 @@ impl<T: Scalar> Tape<T> {
         })
     }
 
+    /// The value of node `id` for `what`: an error for an unknown id or a released value.
+    fn value_of(&self, what: &str, id: Id) -> Result<&Tensor<T>> {
+        let node = self.check_id(what, id)?;
+        match node.released {
+            None => Ok(&node.value),
+            Some(_) => Err(Error::ReleasedValue {
+                what: what.to_owned(),
+                id,
+                op: node.kind.name().to_owned(),
+            }),
+        }
+    }
+
+    /// Give the value of node `id` to the tape's pool if no backward can read it: an op node
+    /// (not a leaf) that does not require grad and that no node requiring grad reads. The
+    /// session calls this when the last handle to a node is dropped (an evaluation pass frees
+    /// its intermediate values as it goes, as PyTorch does under `torch.no_grad()`). Returns
+    /// whether the value was released; `false` for a node that must keep it or was released
+    /// before. Reading a released value, or applying an op to it, is an error naming the node.
+    pub fn release(&mut self, id: Id) -> Result<bool> {
+        let node = self.check_id("release", id)?;
+        if matches!(node.kind, NodeKind::Leaf)
+            || node.requires_grad
+            || node.pinned
+            || node.released.is_some()
+        {
+            return Ok(false);
+        }
+        let pool = self.pool.get_mut().unwrap_or_else(|e| e.into_inner());
+        let node = &mut self.nodes[id];
+        let shape = node.value.shape().clone();
+        pool.recycle(std::mem::replace(
+            &mut node.value,
+            Tensor::vector(Vec::new()),
+        ));
+        node.released = Some(Box::new(shape));
+        Ok(true)
+    }
+
     /// The value at `id`, checked against the shape the caller expects.
     pub fn value(&self, id: Id, expected: &Shape) -> Result<&Tensor<T>> {
-        let v = &self.check_id("value", id)?.value;
+        let v = self.value_of("value", id)?;
         if v.shape() != expected {
             return Err(Error::Shape {
                 what: "value".into(),
@@ -297,14 +360,11 @@ impl<T: Scalar> Tape<T> {
 
     /// The value at `id`, whatever its shape.
     pub fn get(&self, id: Id) -> Result<&Tensor<T>> {
-        Ok(&self.check_id("get", id)?.value)
+        self.value_of("get", id)
     }
 
     fn inputs(&self, what: &str, parents: &[Id]) -> Result<SmallVec<[&Tensor<T>; 3]>> {
-        parents
-            .iter()
-            .map(|&p| self.check_id(what, p).map(|n| &n.value))
-            .collect()
+        parents.iter().map(|&p| self.value_of(what, p)).collect()
     }
 
     fn push(
@@ -316,6 +376,10 @@ impl<T: Scalar> Tape<T> {
         saved: Vec<Vec<T>>,
     ) -> Id {
         let requires_grad = self.grad_flows(differentiable, parents);
+        if requires_grad {
+            // This node's backward reads its operands' values.
+            parents.iter().for_each(|&p| self.nodes[p].pinned = true);
+        }
         let nats = match &kind {
             NodeKind::Op(op) if op.reads_nats() => Some(Arc::clone(&self.nats)),
             _ => None,
@@ -328,6 +392,8 @@ impl<T: Scalar> Tape<T> {
             name: None,
             nats,
             saved: (!saved.is_empty()).then(|| Arc::new(saved)),
+            released: None,
+            pinned: false,
         });
         self.nodes.len() - 1
     }
@@ -407,11 +473,11 @@ impl<T: Scalar> Tape<T> {
             });
         }
         for (id, (g, node)) in grads0.iter().zip(&self.nodes).enumerate() {
-            if g.shape() != node.value.shape() {
+            if g.shape() != node.shape() {
                 return Err(Error::Shape {
                     what: "backward_dense_from".into(),
                     id,
-                    expected: node.value.shape().clone(),
+                    expected: node.shape().clone(),
                     got: g.shape().clone(),
                 });
             }
@@ -440,7 +506,7 @@ impl<T: Scalar> Tape<T> {
                 let g = match &grads[w] {
                     Some(g) => g.clone(),
                     None => {
-                        let shape = self.nodes[w].value.shape().clone();
+                        let shape = self.nodes[w].shape().clone();
                         Tensor::try_zeros("backward_params", shape)?
                     }
                 };
@@ -455,11 +521,11 @@ impl<T: Scalar> Tape<T> {
 
     fn seeded(&self, what: &str, out: Id, seed: &Tensor<T>) -> Result<Vec<Option<Tensor<T>>>> {
         let node = self.check_id(what, out)?;
-        if seed.shape() != node.value.shape() {
+        if seed.shape() != node.shape() {
             return Err(Error::Shape {
                 what: format!("{what} seed"),
                 id: out,
-                expected: node.value.shape().clone(),
+                expected: node.shape().clone(),
                 got: seed.shape().clone(),
             });
         }
@@ -480,9 +546,9 @@ impl<T: Scalar> Tape<T> {
                         let zeros = tl_spec::alloc::try_zeroed(
                             "backward",
                             "zero gradient",
-                            n.value.numel(),
+                            n.shape().numel(),
                         )?;
-                        Ok(Tensor::new(n.value.shape().clone(), zeros)?)
+                        Ok(Tensor::new(n.shape().clone(), zeros)?)
                     }
                 })
                 .collect()
@@ -517,6 +583,14 @@ impl<T: Scalar> Tape<T> {
                 // for hours on an empty [2⁶², 0]). Parents left without a cotangent get zeros.
                 continue;
             }
+            // Never released: this node requires grad, so it pinned its parents.
+            if let Some(&p) = node
+                .parents
+                .iter()
+                .find(|&&p| self.nodes[p].released.is_some())
+            {
+                self.value_of("backward", p)?;
+            }
             let inputs: SmallVec<[&Tensor<T>; 3]> =
                 node.parents.iter().map(|&p| &self.nodes[p].value).collect();
             let contribs: SmallVec<[Option<Tensor<T>>; 3]> = match &node.kind {
@@ -548,11 +622,11 @@ impl<T: Scalar> Tape<T> {
                 if !parent.requires_grad {
                     continue;
                 }
-                if c.shape() != parent.value.shape() {
+                if c.shape() != parent.shape() {
                     return Err(Error::Shape {
                         what: format!("{} backward: contribution to parent", node.kind.name()),
                         id: p,
-                        expected: parent.value.shape().clone(),
+                        expected: parent.shape().clone(),
                         got: c.shape().clone(),
                     });
                 }
@@ -589,5 +663,9 @@ impl<T: Scalar> Recorder<T> for Tape<T> {
     fn set_nats(&mut self, nats: &[usize]) -> Result<()> {
         Tape::set_nats(self, nats.to_vec());
         Ok(())
+    }
+
+    fn release(&mut self, id: usize) -> Result<bool> {
+        Tape::release(self, id)
     }
 }

@@ -280,6 +280,10 @@ impl<D: Device> CudaTape<D> {
                 }
                 continue;
             }
+            // Never released: this node requires grad, so it pinned its parents.
+            if let Some(&p) = node.parents.iter().find(|&&p| nodes[p].released) {
+                crate::tape::value_of(nodes, "backward", p)?;
+            }
             let inputs: SmallVec<[&AnyBuffer; 3]> =
                 node.parents.iter().map(|&p| &nodes[p].value).collect();
             let needs: SmallVec<[bool; 3]> = node

@@ -33,6 +33,17 @@ pub struct Node {
     pub(crate) cleanup: Vec<Buffer>,
     /// The Nat environment at record time, for ops that read it ([`Op::reads_nats`]).
     pub(crate) nats: Option<Arc<Vec<usize>>>,
+    /// Whether [`CudaTape::release`] has let go of the value.
+    pub(crate) released: bool,
+    /// Whether a node that requires grad reads this one (its backward may read the value, so
+    /// [`CudaTape::release`] keeps it).
+    pub(crate) pinned: bool,
+    /// The node whose buffer this value is: itself, or for a view (`reshape`, `flatten`,
+    /// `detach`: a value the tape does not own) the node it views, followed to its end.
+    pub(crate) root: Id,
+    /// For a root: how many unreleased nodes hold its buffer (itself and its views); an owned
+    /// buffer goes back to the device when this reaches 0.
+    pub(crate) holders: u32,
 }
 
 impl Node {
@@ -40,9 +51,17 @@ impl Node {
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
     }
-    /// The forward value.
-    pub fn value(&self) -> &AnyBuffer {
-        &self.value
+    /// The forward value; `None` once [`CudaTape::release`] has let go of it.
+    pub fn value(&self) -> Option<&AnyBuffer> {
+        (!self.released).then_some(&self.value)
+    }
+    /// The value's shape (also after a release).
+    pub fn shape(&self) -> &Shape {
+        self.value.shape()
+    }
+    /// Whether [`CudaTape::release`] has let go of the value.
+    pub fn is_released(&self) -> bool {
+        self.released
     }
     /// Whether the tape owns (and [`CudaTape::reset`] releases) the value's buffer.
     pub fn owns_value(&self) -> bool {
@@ -82,6 +101,9 @@ impl fmt::Debug for Node {
         }
         if !self.owned {
             write!(f, " (borrowed)")?;
+        }
+        if self.released {
+            write!(f, " (released)")?;
         }
         Ok(())
     }
@@ -181,6 +203,10 @@ impl<D: Device> CudaTape<D> {
             op: None,
             cleanup: Vec::new(),
             nats: None,
+            released: false,
+            pinned: false,
+            root: self.nodes.len(),
+            holders: 1,
         });
         self.nodes.len() - 1
     }
@@ -221,9 +247,38 @@ impl<D: Device> CudaTape<D> {
         })
     }
 
+    /// The value of node `id` for `what`: an error for an unknown id or a released value.
+    fn value_of(&self, what: &str, id: Id) -> Result<&AnyBuffer> {
+        value_of(&self.nodes, what, id)
+    }
+
+    /// Let go of the value of node `id` if no backward can read it: an op node (not a leaf)
+    /// that does not require grad and that no node requiring grad reads. Its buffer goes back
+    /// to the device once no view of it (`reshape`, `flatten`, `detach`) is left either. The
+    /// session calls this when the last handle to a node is dropped (an evaluation pass frees
+    /// its intermediate values as it goes, as PyTorch does under `torch.no_grad()`). Returns
+    /// whether the value was released; `false` for a node that must keep it or was released
+    /// before. Reading a released value, or applying an op to it, is an error naming the node.
+    pub fn release(&mut self, id: Id) -> Result<bool> {
+        let node = self.check_id("release", id)?;
+        if node.op.is_none() || node.requires_grad || node.pinned || node.released {
+            return Ok(false);
+        }
+        let root = node.root;
+        let node = &mut self.nodes[id];
+        node.released = true;
+        self.dev.release_all(node.cleanup.drain(..));
+        let r = &mut self.nodes[root];
+        r.holders -= 1;
+        if r.holders == 0 && r.owned {
+            self.dev.release(r.value.buffer());
+        }
+        Ok(true)
+    }
+
     /// The value at `id`, checked against the shape the caller expects.
     pub fn value(&self, id: Id, expected: &Shape) -> Result<&AnyBuffer> {
-        let v = &self.check_id("value", id)?.value;
+        let v = self.value_of("value", id)?;
         if v.shape() != expected {
             return Err(Error::shape("value", id, v.shape(), expected));
         }
@@ -232,12 +287,12 @@ impl<D: Device> CudaTape<D> {
 
     /// The value at `id`, whatever its shape.
     pub fn get(&self, id: Id) -> Result<&AnyBuffer> {
-        Ok(&self.check_id("get", id)?.value)
+        self.value_of("get", id)
     }
 
     /// Download the value at `id` into a host tensor of `T` (widened from f32 exactly).
     pub fn read<T: Scalar>(&self, id: Id) -> Result<Tensor<T>> {
-        self.check_id("read", id)?.value.download(&self.dev)
+        self.value_of("read", id)?.download(&self.dev)
     }
 
     /// Apply a built-in op to `parents`: the shape rule first, then the output's size against
@@ -362,6 +417,8 @@ impl<D: Device> CudaTape<D> {
             self.dev.release_all(n.cleanup);
             if n.owned {
                 self.dev.release(n.value.buffer());
+            } else if let Some(r) = self.nodes.get_mut(n.root) {
+                r.holders -= 1;
             }
         }
     }
@@ -370,6 +427,24 @@ impl<D: Device> CudaTape<D> {
     fn push(&mut self, op: &Op, parents: &[Id], fwd: ops::Forward) -> Id {
         let requires_grad =
             op.is_differentiable() && parents.iter().any(|&p| self.nodes[p].requires_grad);
+        if requires_grad {
+            // This node's backward reads its operands' values.
+            parents.iter().for_each(|&p| self.nodes[p].pinned = true);
+        }
+        let id = self.nodes.len();
+        // A value the tape does not own is a view of an operand's buffer: it holds that
+        // buffer's root until it is released itself.
+        let root = match fwd.owned {
+            true => id,
+            false => parents
+                .iter()
+                .map(|&p| self.nodes[p].root)
+                .find(|&r| self.nodes[r].value.buffer() == fwd.value.buffer())
+                .unwrap_or(id),
+        };
+        if root != id {
+            self.nodes[root].holders += 1;
+        }
         let mut cleanup = fwd.workspace;
         if !requires_grad {
             // No backward will run through this node: its workspace is dead already.
@@ -384,8 +459,12 @@ impl<D: Device> CudaTape<D> {
             op: Some(op.clone()),
             cleanup,
             nats: op.reads_nats().then(|| Arc::clone(&self.nats)),
+            released: false,
+            pinned: false,
+            root,
+            holders: 1,
         });
-        self.nodes.len() - 1
+        id
     }
 
     /// Give node `id` a debugging name.
@@ -412,7 +491,8 @@ impl<D: Device> CudaTape<D> {
         let mut freed = self.release_workspace();
         let dev = &mut self.dev;
         for n in self.nodes.drain(..) {
-            if n.owned && dev.release(n.value.buffer()) {
+            // An owned buffer no holder is left on went back at its release.
+            if n.owned && n.holders > 0 && dev.release(n.value.buffer()) {
                 freed += 1;
             }
         }
@@ -432,11 +512,11 @@ impl<D: Device> CudaTape<D> {
         self.reset()
     }
 
-    /// Bytes of the values the tape owns (live or not), for reports.
+    /// Bytes of the values the tape owns and has not let go of, for reports.
     pub fn owned_bytes(&self) -> usize {
         self.nodes
             .iter()
-            .filter(|n| n.owned)
+            .filter(|n| n.owned && n.holders > 0)
             .map(|n| n.value.bytes())
             .sum()
     }
@@ -450,17 +530,26 @@ fn operands<'a>(
 ) -> Result<SmallVec<[&'a AnyBuffer; 3]>> {
     parents
         .iter()
-        .map(|&p| {
-            nodes
-                .get(p)
-                .map(|n| &n.value)
-                .ok_or_else(|| Error::UnknownId {
-                    what: op.name().to_owned(),
-                    id: p,
-                    len: nodes.len(),
-                })
-        })
+        .map(|&p| value_of(nodes, op.name(), p))
         .collect()
+}
+
+/// The value of node `id` among `nodes`, for `what`: an error for an unknown id or a released
+/// value.
+pub(crate) fn value_of<'a>(nodes: &'a [Node], what: &str, id: Id) -> Result<&'a AnyBuffer> {
+    let node = nodes.get(id).ok_or_else(|| Error::UnknownId {
+        what: what.to_owned(),
+        id,
+        len: nodes.len(),
+    })?;
+    match node.released {
+        false => Ok(&node.value),
+        true => Err(Error::ReleasedValue {
+            what: what.to_owned(),
+            id,
+            op: node.op.as_ref().map_or("leaf", Op::name).to_owned(),
+        }),
+    }
 }
 
 /// `op`'s output shape on `inputs` (its shape rule), refused if its f32 buffer would exceed
@@ -486,6 +575,10 @@ impl<T: Scalar, D: Device> Recorder<T> for CudaTape<D> {
     fn set_nats(&mut self, nats: &[usize]) -> Result<()> {
         CudaTape::set_nats(self, nats.to_vec());
         Ok(())
+    }
+
+    fn release(&mut self, id: usize) -> Result<bool> {
+        CudaTape::release(self, id)
     }
 
     fn fuses(&self, op: &Op, next: &Op, next_args: &[Then]) -> bool {

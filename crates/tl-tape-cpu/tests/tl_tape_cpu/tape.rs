@@ -252,3 +252,42 @@ fn nat_environment_is_copy_on_write_and_checked() {
     tape.clear();
     assert!(tape.nats().is_empty());
 }
+
+#[test]
+fn release_gives_back_only_what_no_backward_reads() {
+    let mut t = Tape::new();
+    let x = t.leaf(v(&[0.5, -1.0]), Some("x"), true);
+    let c = t.leaf(v(&[2.0, 3.0]), None, false);
+    let e = t.apply(&Op::Exp, &[c]).unwrap(); // no grad; read by `m`'s backward
+    let d = t.apply(&Op::Tanh, &[c]).unwrap(); // no grad; read by `f` only, which has none
+    let f = t.apply(&Op::Scale(2.0), &[d]).unwrap();
+    let m = t.apply(&Op::Mul, &[x, e]).unwrap();
+    assert!(!t.release(x).unwrap(), "a leaf keeps its value");
+    assert!(!t.release(c).unwrap(), "a leaf without grad too");
+    assert!(!t.release(m).unwrap(), "a node that requires grad keeps it");
+    assert!(!t.release(e).unwrap(), "so does an operand of one");
+    assert!(t.release(d).unwrap());
+    assert!(!t.release(d).unwrap(), "released once");
+    assert!(t.node(d).unwrap().is_released() && t.node(d).unwrap().value().is_none());
+    assert_eq!(t.node(d).unwrap().shape(), &Shape::new(&[2]));
+    assert_eq!(t.pool_stats().held, 1, "its buffer went to the pool");
+    // Reading it, or applying an op to it, names the node and its op.
+    let err = t.get(d).unwrap_err();
+    assert!(matches!(&err, Error::ReleasedValue { id, op, .. } if *id == d && op == "tanh"));
+    assert!(err.to_string().contains("released"), "{err}");
+    assert!(matches!(
+        t.apply(&Op::Exp, &[d]),
+        Err(Error::ReleasedValue { .. })
+    ));
+    // The backward runs as before: the gradient of m, zeros (of d's shape) where none flows.
+    let g = t.backward_dense(m, &ones(&t, m)).unwrap();
+    assert_eq!(g[x].data(), &[2.0f64.exp(), 3.0f64.exp()]);
+    assert_eq!(g[d].data(), &[0.0, 0.0]);
+    assert_eq!(
+        t.get(f).unwrap().data(),
+        &[2.0 * 2.0f64.tanh(), 2.0 * 3.0f64.tanh()]
+    );
+    assert!(t.release(f).unwrap());
+    t.clear();
+    assert!(t.is_empty());
+}

@@ -536,3 +536,66 @@ fn an_owned_seed_becomes_the_outputs_gradient_without_a_copy() {
     assert!(tape.backward_params_owned(l, seed, &[99]).is_err());
     assert_eq!(tape.device().live_buffers(), live, "both seeds released");
 }
+
+#[test]
+fn release_frees_what_no_backward_reads_and_a_view_holds_its_buffer() {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let x = tape
+        .upload_leaf(
+            &Tensor::<f32>::from_fn([2, 3], |i| i as f32 * 0.1),
+            Some("x"),
+            true,
+        )
+        .unwrap();
+    let c = tape
+        .upload_leaf(
+            &Tensor::<f32>::from_fn([2, 3], |i| 1.0 - i as f32 * 0.2),
+            None,
+            false,
+        )
+        .unwrap();
+    let e = tape.apply(&Op::Exp, &[c]).unwrap(); // read by `m`'s backward
+    let d = tape.apply(&Op::Tanh, &[c]).unwrap(); // read by a view only
+    let view = tape.apply(&Op::Reshape(Shape::new(&[3, 2])), &[d]).unwrap();
+    let m = tape.apply(&Op::Mul, &[x, e]).unwrap();
+    assert!(
+        !tape.release(x).unwrap() && !tape.release(c).unwrap(),
+        "leaves keep theirs"
+    );
+    assert!(
+        !tape.release(m).unwrap(),
+        "a node that requires grad keeps it"
+    );
+    assert!(!tape.release(e).unwrap(), "so does an operand of one");
+    let live = |t: &CudaTape<SimDevice>| t.device().memory_usage().live_buffers();
+    let before = live(&tape);
+    let want = tape.read::<f32>(d).unwrap();
+    assert!(tape.release(d).unwrap());
+    assert!(!tape.release(d).unwrap(), "released once");
+    assert_eq!(live(&tape), before, "the view still holds tanh's buffer");
+    let got = tape.read::<f32>(view).unwrap();
+    assert_eq!(got.data(), want.data(), "read through the view");
+    let err = tape.read::<f32>(d).unwrap_err();
+    assert!(matches!(&err, Error::ReleasedValue { id, op, .. } if *id == d && op == "tanh"));
+    assert!(matches!(
+        tape.apply(&Op::Exp, &[d]),
+        Err(Error::ReleasedValue { .. })
+    ));
+    assert!(tape.release(view).unwrap());
+    assert_eq!(
+        live(&tape),
+        before - 1,
+        "the view's release gave the buffer back"
+    );
+    assert_eq!(tape.node(view).unwrap().shape(), &Shape::new(&[3, 2]));
+    // The backward through m runs as before; the reset frees the rest exactly once.
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::new(&[2, 3]), 1.0).unwrap();
+    let g = tape.backward_dense(m, &seed).unwrap();
+    let gx = g[x].download::<f32, _>(tape.device()).unwrap();
+    assert_eq!(gx.data(), tape.read::<f32>(e).unwrap().data());
+    tape.release_grads(g);
+    seed.release(tape.device_mut());
+    tape.reset();
+    assert_eq!(live(&tape), 0);
+    assert_eq!(tape.device().live_buffers() as u64, 0);
+}
