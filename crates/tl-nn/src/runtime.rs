@@ -297,11 +297,10 @@ impl<O: Train> Runtime<O> {
     /// gradients: the pass is recorded with gradients off
     /// ([`tl_session::Ops::set_grad_enabled`]), so no op keeps what only a backward reads
     /// (gelu's tanh term, attention's probabilities, the norms' row statistics), and the values
-    /// are the bits a pass with gradients gives. PyTorch: `model.eval(); with torch.no_grad():
-    /// f().cpu()`, except for memory: the pass's intermediate values stay until it ends, so its
-    /// peak grows with the examples in one call. Evaluate a large set in batches; at the
-    /// training batch a pass holds what a step holds and reuses its buffers (`tl`'s evaluation
-    /// does this).
+    /// are the bits a pass with gradients gives. Each intermediate value goes when its last
+    /// [`Var`] is dropped (the session releases it: nothing that requires grad reads it), so
+    /// the pass holds about one layer's values at a time. PyTorch: `model.eval(); with
+    /// torch.no_grad(): f().cpu()`.
     pub fn eval<M, F>(&self, model: &M, f: F) -> Result<Tensor<O::T>>
     where
         M: Parameters + ?Sized,

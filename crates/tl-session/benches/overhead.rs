@@ -1,7 +1,8 @@
 //! Per-op overhead and graph-size scaling, f32 on the CPU.
 //!
 //! - eager per-op overhead: a chain of 1,000 `tanh` ops on a one-element tensor, then `sum` and
-//!   backward, on a reset eager session each iteration; criterion's throughput line reads as ops
+//!   backward, on a reset eager session each iteration; the forward alone; the forward without
+//!   gradients (each op releasing the link before it); criterion's throughput line reads as ops
 //!   per second (per-op time = 1 / throughput).
 //! - linked scaling: a chain of n `relu` nodes (n = 1k, 4k, 16k) on a 16-element input: record
 //!   it in a `LinkedSession`, compile it to the CPU tape, backward on the tape; each phase alone
@@ -48,6 +49,20 @@ fn eager_overhead(c: &mut Criterion) {
             for _ in 0..CHAIN {
                 h = s.tanh(&h).unwrap();
             }
+            black_box(h)
+        })
+    });
+    // Without gradients each op's handle carries a watch, and each op first releases the
+    // value whose last handle was dropped (the previous link).
+    group.bench_function("tanh chain 1000 scalar fwd, no grad", |b| {
+        b.iter(|| {
+            s.reset();
+            s.set_grad_enabled(false);
+            let mut h = s.input(Tensor::vector(vec![0.5]), false).unwrap();
+            for _ in 0..CHAIN {
+                h = s.tanh(&h).unwrap();
+            }
+            s.set_grad_enabled(true);
             black_box(h)
         })
     });

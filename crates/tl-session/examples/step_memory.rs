@@ -3,9 +3,13 @@
 //! hide another's. `benches/jax/ratio.py` runs it beside the JAX twin's memory analysis.
 //!
 //! ```sh
-//! cargo run --release -p tl-session --example step_memory -- <model> [eager|linked] [--warm W] [--steps N]
+//! cargo run --release -p tl-session --example step_memory -- <model> [eager|linked] [--warm W] [--steps N] [--eval]
 //! # <model>: mlp, cnn, transformer, wide-mlp, resnet, lm; default eager, W = 5, N = 3
 //! ```
+//!
+//! With `--eval` the passes measured are evaluation passes of the model on the same batch
+//! (`Runtime::eval`: eval mode, no gradients) instead of training steps; the optimizer's
+//! state is then 0.
 //!
 //! The global allocator counts live heap bytes with a resettable peak (`benches/common/heap.rs`):
 //! after `W` warm-up steps (the tape's pool fills in the first two), each of `N` steps is
@@ -40,6 +44,8 @@ struct Args {
     linked: bool,
     warm: usize,
     steps: usize,
+    /// Evaluation passes instead of training steps.
+    eval: bool,
 }
 
 fn usage(detail: String) -> tl_nn::Error {
@@ -56,11 +62,13 @@ fn parse() -> Result<Args> {
         linked: false,
         warm: 5,
         steps: 3,
+        eval: false,
     };
     while let Some(a) = args.next() {
         match a.as_str() {
             "eager" => out.linked = false,
             "linked" => out.linked = true,
+            "--eval" => out.eval = true,
             "--warm" | "--steps" => {
                 let v = args.next().unwrap_or_default();
                 let n = v
@@ -110,14 +118,19 @@ fn measure<S: Train<T = f32>>(
     let mut run = Run::with_session(m, s)?;
     let live_before_first = ALLOC.current_usage();
     let rss_before = heap::rss();
+    let pass = |run: &mut Run<S>| -> Result<()> {
+        match a.eval {
+            true => m.eval_pass(&run.rt, &run.net).map(drop),
+            false => m.train_step(&mut run.rt, &run.net, &mut run.opt).map(drop),
+        }
+    };
     for _ in 0..a.warm {
-        m.train_step(&mut run.rt, &run.net, &mut run.opt)?;
+        pass(&mut run)?;
     }
     let mut steps = Vec::with_capacity(a.steps);
     for _ in 0..a.steps {
-        let (loss, span) =
-            heap::measure(&ALLOC, || m.train_step(&mut run.rt, &run.net, &mut run.opt));
-        loss?;
+        let (done, span) = heap::measure(&ALLOC, || pass(&mut run));
+        done?;
         steps.push(span);
     }
     let rss_end = heap::rss();
@@ -185,7 +198,7 @@ fn run() -> Result<()> {
         .map(|s| format!("[{}, {}, {}]", s.before, s.peak, s.after))
         .collect();
     println!(
-        "{{\"model\": \"{}\", \"session\": \"{}\", \"threads\": {}, \"warm\": {}, \
+        "{{\"model\": \"{}\", \"session\": \"{}\", \"pass\": \"{}\", \"threads\": {}, \"warm\": {}, \
          \"rss_before_first_step\": {}, \"rss_hwm_before_first_step\": {}, \"rss_end\": {}, \
          \"rss_hwm\": {}, \"live_before_first_step\": {}, \"live_before_step\": {}, \
          \"step_peak\": {}, \"step_growth\": {}, \"steps_before_peak_after\": [{}], \
@@ -193,6 +206,7 @@ fn run() -> Result<()> {
          \"live_after_drop\": {}}}",
         a.key,
         if a.linked { "linked" } else { "eager" },
+        if a.eval { "eval" } else { "step" },
         tl_tape_cpu::threads(),
         a.warm,
         json_opt(r.rss_before.map(|x| x.0)),

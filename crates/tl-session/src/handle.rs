@@ -2,10 +2,12 @@
 //! and, for tape-scoped handles, the epoch (reset count) it was made in, so a handle from another
 //! session or from before a reset is a clear error instead of a silently wrong id.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tl_spec::Shape;
 
+use crate::liveness::Watch;
 use crate::{Error, Result};
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
@@ -53,11 +55,44 @@ impl Stamp {
 
 /// A tensor recorded in a session: an id on its tape (or graph) and the shape it has.
 /// PyTorch comparison: a `torch.Tensor` that is part of the autograd graph.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// Copies of a handle are one reference: once the last copy of an op node's handle is
+/// dropped, the session may let the node's value go unless a backward can read it (a node
+/// that does not require grad and that nothing requiring grad reads: an evaluation pass frees
+/// its intermediate values as it goes). Equality and hashing compare the session, epoch, id
+/// and shape.
+#[derive(Clone)]
 pub struct TensorRef {
     pub(crate) stamp: Stamp,
     pub(crate) id: usize,
     pub(crate) shape: Shape,
+    /// Reports the node to its session when the last copy is dropped (`None`: a leaf, or a
+    /// node that keeps its value anyway).
+    pub(crate) watch: Option<Arc<Watch>>,
+}
+
+impl PartialEq for TensorRef {
+    fn eq(&self, other: &Self) -> bool {
+        (self.stamp, self.id, &self.shape) == (other.stamp, other.id, &other.shape)
+    }
+}
+
+impl Eq for TensorRef {}
+
+impl std::hash::Hash for TensorRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.stamp, self.id, &self.shape).hash(state);
+    }
+}
+
+impl std::fmt::Debug for TensorRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorRef")
+            .field("stamp", &self.stamp)
+            .field("id", &self.id)
+            .field("shape", &self.shape)
+            .finish()
+    }
 }
 
 impl TensorRef {

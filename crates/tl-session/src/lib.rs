@@ -84,6 +84,7 @@ mod handle;
 #[doc(hidden)]
 pub mod instances;
 mod linked;
+mod liveness;
 mod ops;
 pub mod optim;
 mod params;

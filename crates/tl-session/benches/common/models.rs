@@ -254,6 +254,24 @@ impl BenchModel {
     }
 }
 
+impl BenchModel {
+    /// One evaluation pass of `net` on the model's batch (`Runtime::eval`: eval mode, no
+    /// gradients): its logits.
+    pub fn eval_pass<O: Train<T = f32>>(
+        &self,
+        rt: &Runtime<O>,
+        net: &Net<O>,
+    ) -> tl_nn::Result<Tensor<f32>> {
+        match net {
+            Net::Seq(m) => rt.eval(m, |g| m.forward(&g.input(self.x.clone())?)),
+            Net::Res(m) => rt.eval(m, |g| m.forward(&g.input(self.x.clone())?)),
+            Net::Lm(m) => rt.eval(m, |g| {
+                m.logits(g, &self.tokens, self.tokens.len() / LM.context)
+            }),
+        }
+    }
+}
+
 /// A session with a model's parameters and an SGD optimizer: eager ([`EagerRun`]) or linked
 /// ([`LinkedRun`], the recorded graph compiled to the backend's tape at every step).
 pub struct Run<'m, O: Train<T = f32>> {

@@ -218,6 +218,7 @@ impl<T: Scalar> Session<T> {
                 stamp: self.stamp,
                 id,
                 shape: p.shape.clone(),
+                watch: None,
             };
             acc.add_assign(&self.grad_of(&r)?)?;
         }

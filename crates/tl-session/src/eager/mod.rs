@@ -12,6 +12,7 @@ use tl_tape_cpu::{Precision, Tape};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, MemoryUsage, SimDevice};
 
 use crate::handle::{NatEnv, Stamp, next_session_id};
+use crate::liveness::Dropped;
 use crate::params::ParamStore;
 use crate::{Error, NatRef, NatVecRef, Ops, Param, Result, TensorRef};
 
@@ -126,6 +127,10 @@ pub struct Session<T: Scalar = f32> {
     rng_counter: u64,
     /// Whether leaves recorded now may require grad ([`Ops::set_grad_enabled`]).
     grad_enabled: bool,
+    /// Nodes whose last handle was dropped, released on the tape before the next op.
+    dropped: Dropped,
+    /// Scratch for the ids taken from `dropped` (kept to spare an allocation per op).
+    releasing: Vec<usize>,
 }
 
 impl<T: Scalar> Session<T> {
@@ -164,6 +169,8 @@ impl<T: Scalar> Session<T> {
             grads: None,
             rng_counter: 0,
             grad_enabled: true,
+            dropped: Dropped::default(),
+            releasing: Vec::new(),
         })
     }
 
@@ -233,10 +240,35 @@ impl<T: Scalar> Session<T> {
             stamp: self.stamp,
             id,
             shape,
+            watch: None,
         }
     }
 
+    /// Hand the values of the nodes whose last handle was dropped back to the tape (it keeps
+    /// what a backward may read): before an op runs, so its output can reuse them.
+    #[inline]
+    fn release_dropped(&mut self) -> Result<()> {
+        match self.dropped.is_empty() {
+            true => Ok(()),
+            false => self.release_dropped_now(),
+        }
+    }
+
+    /// [`release_dropped`](Self::release_dropped) when some handle was dropped.
+    #[cold]
+    fn release_dropped_now(&mut self) -> Result<()> {
+        let mut ids = std::mem::take(&mut self.releasing);
+        self.dropped.take_into(self.stamp.epoch, &mut ids);
+        let released = ids.drain(..).try_for_each(|id| -> Result<()> {
+            on_engine!(&mut self.engine, cpu(t) => t.release(id)?, cuda(t) => t.release(id)?);
+            Ok(())
+        });
+        self.releasing = ids;
+        released
+    }
+
     fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, rg: bool) -> Result<TensorRef> {
+        self.release_dropped()?;
         let shape = value.shape().clone();
         let id = on_engine!(&mut self.engine,
             cpu(t) => t.leaf(value, name, rg),
@@ -340,6 +372,7 @@ impl<T: Scalar> Session<T> {
         );
         self.leaf_param.clear();
         self.nats = NatEnv::default();
+        self.dropped.clear();
         self.stamp.epoch += 1;
     }
 }
@@ -398,12 +431,18 @@ impl<T: Scalar> Ops for Session<T> {
             self.check(op.name(), a)?;
             ids.push(a.id);
         }
+        self.release_dropped()?;
         let id = on_engine!(&mut self.engine, cpu(t) => t.apply(&op, &ids)?, cuda(t) => t.apply(&op, &ids)?);
-        let shape = on_engine!(&self.engine,
-            cpu(t) => t.get(id)?.shape().clone(),
-            cuda(t) => t.get(id)?.shape().clone(),
+        let (shape, rg) = on_engine!(&self.engine,
+            cpu(t) => (t.get(id)?.shape().clone(), t.node(id).is_some_and(|n| n.requires_grad())),
+            cuda(t) => (t.get(id)?.shape().clone(), t.node(id).is_some_and(|n| n.requires_grad())),
         );
-        Ok(self.handle(id, shape))
+        let mut r = self.handle(id, shape);
+        // A node that requires grad keeps its value for the backward: no watch needed.
+        if !rg {
+            r.watch = Some(self.dropped.watch(self.stamp.epoch, id));
+        }
+        Ok(r)
     }
 
     fn param(&mut self, init: Tensor<T>, name: Option<&str>, rg: bool) -> Result<Param> {

@@ -66,10 +66,11 @@ fn replay_cuda<T: Scalar, D: Device>(
     s: &mut LinkedSession<T>,
     dev: D,
     resident: bool,
+    dead: Dead,
     slot: &mut Option<D>,
     wrap: fn(CudaTape<D>) -> CompiledTape<T>,
 ) -> Result<Compiled<T>> {
-    let (tape, map) = replay_cuda_leaves(s, dev, resident);
+    let (tape, map) = replay_cuda_leaves(s, dev, resident, dead);
     match map {
         Ok(map) => Ok(Compiled {
             tape: wrap(tape),
@@ -87,6 +88,7 @@ fn replay_cuda_leaves<T: Scalar, D: Device>(
     s: &mut LinkedSession<T>,
     dev: D,
     resident: bool,
+    dead: Dead,
 ) -> (CudaTape<D>, Result<Vec<usize>>) {
     let mut tape = CudaTape::new(dev);
     tape.set_nats(s.nats.values.clone());
@@ -111,19 +113,40 @@ fn replay_cuda_leaves<T: Scalar, D: Device>(
             Err(e) => return (tape, Err(e)),
         }
     }
-    let map = g
-        .replay_nodes::<T, _>(&mut tape, leaves)
-        .map_err(Into::into);
+    let map = replay_nodes::<T, _>(g, &mut tape, leaves, dead);
     (tape, map)
+}
+
+/// Which graph ids no handle refers to any more, for a compile that frees their values once
+/// read ([`GraphData::replay_more_releasing`]); `None` keeps every value.
+pub(super) type Dead<'a> = Option<&'a dyn Fn(usize) -> bool>;
+
+/// Record the graph's nodes onto `rec`, whose leaves have the recorder ids `map`; releasing
+/// what `dead` names once read. Returns each graph id's recorder id.
+fn replay_nodes<T: Scalar, R: tl_ir::Recorder<T>>(
+    g: &tl_ir::GraphData,
+    rec: &mut R,
+    mut map: Vec<usize>,
+    dead: Dead,
+) -> Result<Vec<usize>>
+where
+    crate::Error: From<R::Error>,
+{
+    match dead {
+        // A fresh replay: every dead node is offered as its last reader runs.
+        Some(dead) => g.replay_more_releasing(rec, &mut map, dead, &[])?,
+        None => map = g.replay_nodes(rec, map)?,
+    }
+    Ok(map)
 }
 
 impl<T: Scalar> LinkedSession<T> {
     /// Replay the graph onto `backend`'s kept device (made on first use), parameters as
     /// resident mirrors. The device comes back through [`recycle`](Self::recycle); on a
     /// failed replay it is kept here.
-    pub(crate) fn compile_reusing(&mut self, backend: Backend) -> Result<Compiled<T>> {
+    pub(crate) fn compile_reusing(&mut self, backend: Backend, dead: Dead) -> Result<Compiled<T>> {
         let mut devices = std::mem::take(&mut self.devices);
-        let compiled = self.compile_onto(backend, &mut devices, true);
+        let compiled = self.compile_onto(backend, &mut devices, true, dead);
         self.devices = devices;
         compiled
     }
@@ -135,6 +158,7 @@ impl<T: Scalar> LinkedSession<T> {
         backend: Backend,
         devices: &mut Devices,
         resident: bool,
+        dead: Dead,
     ) -> Result<Compiled<T>> {
         match backend {
             Backend::Cpu => {
@@ -143,7 +167,11 @@ impl<T: Scalar> LinkedSession<T> {
                 let mut tape = self.cpu_tape.take().unwrap_or_default();
                 tape.set_precision(self.precision);
                 let g = self.builder.graph();
-                match g.replay(&mut tape, &self.leaves, &self.nats.values) {
+                let replayed = g
+                    .replay_leaves(&mut tape, &self.leaves, &self.nats.values)
+                    .map_err(Into::into)
+                    .and_then(|leaves| replay_nodes(g, &mut tape, leaves, dead));
+                match replayed {
                     Ok(map) => Ok(Compiled {
                         tape: CompiledTape::Cpu(tape),
                         map,
@@ -151,13 +179,20 @@ impl<T: Scalar> LinkedSession<T> {
                     Err(e) => {
                         tape.clear();
                         self.cpu_tape = Some(tape);
-                        Err(e.into())
+                        Err(e)
                     }
                 }
             }
             Backend::CudaSim => {
                 let dev = devices.sim.take().unwrap_or_default();
-                replay_cuda(self, dev, resident, &mut devices.sim, CompiledTape::CudaSim)
+                replay_cuda(
+                    self,
+                    dev,
+                    resident,
+                    dead,
+                    &mut devices.sim,
+                    CompiledTape::CudaSim,
+                )
             }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => {
@@ -165,11 +200,18 @@ impl<T: Scalar> LinkedSession<T> {
                     Some(dev) => dev,
                     None => crate::eager::cuda_device(self.deterministic)?,
                 };
-                replay_cuda(self, dev, resident, &mut devices.cuda, CompiledTape::Cuda)
+                replay_cuda(
+                    self,
+                    dev,
+                    resident,
+                    dead,
+                    &mut devices.cuda,
+                    CompiledTape::Cuda,
+                )
             }
             #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
             Backend::Cuda => {
-                let _ = (devices, resident);
+                let _ = (devices, resident, dead);
                 Err(cuda_unavailable())
             }
         }
@@ -179,20 +221,45 @@ impl<T: Scalar> LinkedSession<T> {
     /// ([`GraphData::replay_more`](tl_ir::GraphData::replay_more)), or, without one (or for
     /// another backend), a compile onto `backend`'s kept device. Hand it back with
     /// [`keep_pass`](Self::keep_pass) (a read) or [`recycle`](Self::recycle) (a step).
+    ///
+    /// Values no handle refers to any more are freed once their last reader has run (the
+    /// tape keeps what a backward may read): a pass read without gradients holds only what
+    /// its handles and pending readers need.
     pub(crate) fn compile_pass(&mut self, backend: Backend) -> Result<Compiled<T>> {
+        let (dead, dropped) = self.take_dead();
+        let is_dead = |id: usize| dead.get(id).copied().unwrap_or(false);
+        let out = self.compile_pass_releasing(backend, &is_dead, &dropped);
+        self.keep_dead(dead);
+        out
+    }
+
+    /// [`compile_pass`](Self::compile_pass) with the handles' liveness: `dead` (graph id →
+    /// its last handle was dropped) and the ids `dropped` since the last compile.
+    fn compile_pass_releasing(
+        &mut self,
+        backend: Backend,
+        dead: &dyn Fn(usize) -> bool,
+        dropped: &[usize],
+    ) -> Result<Compiled<T>> {
         let Some(mut c) = self.pass.take() else {
-            return self.compile_reusing(backend);
+            return self.compile_reusing(backend, Some(dead));
         };
         if c.backend() != backend {
             self.recycle(c);
-            return self.compile_reusing(backend);
+            return self.compile_reusing(backend, Some(dead));
         }
         let g = self.builder.graph();
         let more: Result<()> = match &mut c.tape {
-            CompiledTape::Cpu(t) => g.replay_more::<T, _>(t, &mut c.map).map_err(Into::into),
-            CompiledTape::CudaSim(t) => g.replay_more::<T, _>(t, &mut c.map).map_err(Into::into),
+            CompiledTape::Cpu(t) => g
+                .replay_more_releasing::<T, _>(t, &mut c.map, dead, dropped)
+                .map_err(Into::into),
+            CompiledTape::CudaSim(t) => g
+                .replay_more_releasing::<T, _>(t, &mut c.map, dead, dropped)
+                .map_err(Into::into),
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda(t) => g.replay_more::<T, _>(t, &mut c.map).map_err(Into::into),
+            CompiledTape::Cuda(t) => g
+                .replay_more_releasing::<T, _>(t, &mut c.map, dead, dropped)
+                .map_err(Into::into),
         };
         match more {
             Ok(()) => Ok(c),

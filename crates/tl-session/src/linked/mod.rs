@@ -16,6 +16,7 @@ use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 use crate::eager::cuda_unavailable;
 use crate::handle::{NatEnv, Stamp, next_session_id};
+use crate::liveness::Dropped;
 use crate::params::ParamStore;
 use crate::{
     Backend, Error, NatRef, NatVecRef, Ops, Optimizer, Param, Precision, Result, TensorRef,
@@ -75,6 +76,15 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// compile would see or needs the device: a reset, a new leaf, a Nat or parameter write, a
     /// backend switch, a parameter sync, the optimizer state's import.
     pass: Option<Compiled<T>>,
+    /// Nodes whose last handle was dropped (reported by their handles' watches).
+    dropped: Dropped,
+    /// Graph id → whether its last handle was dropped (from `dropped`): a compiled pass frees
+    /// such a node's value once its last reader has run. Cleared by `reset`.
+    dead: Vec<bool>,
+    /// Graph id → whether it requires grad (a leaf's flag; a node's op is differentiable and
+    /// an operand requires grad), as the tapes decide it: only a node that does not gets a
+    /// watch on its handle (the tapes keep every other value). Cleared by `reset`.
+    requires_grad: Vec<bool>,
 }
 
 /// A linked session's graph replayed into a tape ("compiled").
@@ -210,6 +220,9 @@ impl<T: Scalar> LinkedSession<T> {
             deterministic: false,
             precision: Precision::F32,
             values: Vec::new(),
+            dropped: Dropped::default(),
+            dead: Vec::new(),
+            requires_grad: Vec::new(),
             devices: Devices::default(),
             cpu_tape: None,
             leaves_stale: false,
@@ -346,6 +359,9 @@ impl<T: Scalar> LinkedSession<T> {
         let pinned = self.pinned.drain().map(|(_, b)| b.buffer());
         self.params.retired.extend(pinned);
         self.release_retired();
+        self.dead.clear();
+        self.dropped.clear();
+        self.requires_grad.clear();
         self.stamp.epoch += 1;
     }
 
@@ -372,15 +388,42 @@ impl<T: Scalar> LinkedSession<T> {
     }
 
     fn handle(&self, id: usize) -> Result<TensorRef> {
+        let g = self.builder.graph();
         Ok(TensorRef {
             stamp: self.stamp,
             id,
-            shape: self.builder.graph().shape(id)?.clone(),
+            shape: g.shape(id)?.clone(),
+            // Leaves keep their values, and so does a node that requires grad; another node's
+            // may go once its handle is dropped.
+            watch: (id >= g.num_leaves() && !self.requires_grad.get(id).copied().unwrap_or(true))
+                .then(|| self.dropped.watch(self.stamp.epoch, id)),
         })
+    }
+
+    /// The graph ids whose last handle was dropped, as `dead` (graph id → dropped) for a
+    /// compiled pass, and those dropped since the last call; hand `dead` back with
+    /// [`keep_dead`](Self::keep_dead).
+    pub(super) fn take_dead(&mut self) -> (Vec<bool>, Vec<usize>) {
+        let mut dead = std::mem::take(&mut self.dead);
+        let mut since = Vec::new();
+        self.dropped.take_into(self.stamp.epoch, &mut since);
+        for &id in &since {
+            if dead.len() <= id {
+                dead.resize(id + 1, false);
+            }
+            dead[id] = true;
+        }
+        (dead, since)
+    }
+
+    /// Put back what [`take_dead`](Self::take_dead) took.
+    pub(super) fn keep_dead(&mut self, dead: Vec<bool>) {
+        self.dead = dead;
     }
 
     fn leaf(&mut self, value: Tensor<T>, name: Option<&str>, rg: bool) -> Result<TensorRef> {
         let id = self.builder.leaf_with(value.shape().clone(), name, rg)?;
+        self.requires_grad.push(rg);
         self.end_pass();
         self.leaves.push(value);
         self.values.clear();
@@ -482,7 +525,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// CUDA backends (parameters uploaded from their host values).
     pub fn compile(&mut self, backend: Backend) -> Result<Compiled<T>> {
         self.sync_leaves()?;
-        self.compile_onto(backend, &mut Devices::default(), false)
+        self.compile_onto(backend, &mut Devices::default(), false, None)
     }
 
     /// Dense gradients of `out` with cotangent `seed`, for every id (`GraphData::backprop_all`).
@@ -688,7 +731,13 @@ impl<T: Scalar> Ops for LinkedSession<T> {
             self.check(op.name(), a)?;
             ids.push(a.id);
         }
+        let differentiable = op.is_differentiable();
         let id = self.builder.apply(op, &ids)?;
+        let rg = differentiable
+            && ids
+                .iter()
+                .any(|&a| self.requires_grad.get(a) != Some(&false));
+        self.requires_grad.push(rg);
         self.handle(id)
     }
 

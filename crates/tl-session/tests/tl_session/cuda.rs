@@ -164,3 +164,21 @@ fn a_pass_without_gradients_on_the_device_keeps_no_workspace() {
         without.during, with.during
     );
 }
+
+/// A chain without gradients on the device (the kernel emulator in CI, a GPU in the bundle)
+/// frees each value its handles let go: the device's peak holds the input and two values,
+/// against every value when all handles are kept; the same bits either way.
+#[test]
+fn a_chain_without_gradients_on_the_device_frees_each_value_it_lets_go() {
+    use crate::release::{K, N, chain};
+    let Some(s) = cuda_session() else {
+        return;
+    };
+    let peak = |s: &Session<f32>| s.memory_usage().map_or(0, |m| m.peak_bytes);
+    let (bits, freed) = chain(s, K, false, peak);
+    let (kept_bits, kept) = chain(cuda_session().expect("a device"), K, true, peak);
+    assert_eq!(bits, kept_bits, "the same values");
+    assert!(freed <= 3 * N * 4, "{freed} bytes at the peak");
+    assert!(kept >= (K + 1) * N * 4, "{kept} bytes at the peak");
+    println!("device: peak {freed} bytes with handles dropped, {kept} with every handle kept");
+}

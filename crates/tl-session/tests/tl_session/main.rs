@@ -24,7 +24,9 @@ mod optim_state;
 mod optim_torch;
 // The CPU tape's buffer pool between steps (`pool_stats`).
 mod pool;
+// Values no handle reaches are let go (`TensorRef` drops).
 mod random;
+mod release;
 // The linked session's parameters resident on the device between steps.
 mod resident;
 mod sessions;
