@@ -247,7 +247,10 @@ pub enum LayerSpec {
         /// x's shape.
         shape: Vec<usize>,
     },
-    /// `Sequential`: Linear(inputs, hidden), Tanh, Linear(hidden, outputs) on x (rows, inputs).
+    /// `Sequential`: Linear(inputs, hidden), Tanh, Flatten, Linear(hidden, outputs) on x
+    /// (rows, inputs). The Flatten is a view of tanh's value (a no-copy reshape on the CUDA
+    /// tape) that the last Linear reads after the Sequential has dropped tanh's `Var`: in an
+    /// evaluation pass the session releases tanh's node, and the view must keep its buffer.
     Sequential {
         /// Input features.
         inputs: usize,
@@ -613,6 +616,7 @@ impl LayerSpec {
             } => {
                 let h = linear_ref(b, p[0], Some(p[1]), x()?, *rows, *inputs, *hidden)?;
                 let h = b.apply(Op::Tanh, &[h])?;
+                let h = reshape(b, h, &[*rows, *hidden])?;
                 linear_ref(b, p[2], Some(p[3]), h, *rows, *hidden, *outputs)
             }
         }
@@ -691,7 +695,8 @@ impl LayerSpec {
                 Sequential::new()
                     .add(Linear::new(&vars.pp(0), *inputs, *hidden)?)
                     .add(Activation::Tanh)
-                    .add(Linear::new(&vars.pp(2), *hidden, *outputs)?),
+                    .add(tl_nn::Flatten)
+                    .add(Linear::new(&vars.pp(3), *hidden, *outputs)?),
             ),
         };
         Ok(Built::Module(m))

@@ -334,6 +334,15 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "conv's weight cotangent keeps the last chunk of the batch instead of adding the chunks",
         harness: Plain,
     },
+    Mutant {
+        id: "cpu-release-ignores-pinned",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/tape.rs",
+        from: "            || node.pinned\n",
+        to: "",
+        bug: "the CPU tape lets go of a value a backward reads (an operand of a node that requires grad, such as dropout's mask) when its last handle is dropped",
+        harness: Layers,
+    },
     // ---- tl-tape-cuda's simulation device ----
     Mutant {
         id: "sim-sweep-share-uncounted",
@@ -451,6 +460,15 @@ pub const MUTANTS: &[Mutant] = &[
         to: "let g = y.download::<f32, _>(dev)?;",
         bug: "a user op without a device implementation takes its output as the cotangent on the CUDA tape",
         harness: Plain,
+    },
+    Mutant {
+        id: "sim-release-frees-a-viewed-buffer",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/tape.rs",
+        from: ".find(|&r| self.nodes[r].value.buffer() == fwd.value.buffer())",
+        to: ".find(|_| false)",
+        bug: "a view on the CUDA tape (reshape, flatten) does not hold the buffer it views: releasing the viewed node frees the buffer under the view",
+        harness: Layers,
     },
     // ---- kernels/*.cu, on the kernel emulator (both reduction modes) ----
     Mutant {
