@@ -219,7 +219,7 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
             // A non-finite loss stops here when the optimizer asks for it, before any change.
             opt.observe_loss(l)?;
             // On a device the sparse sweep: the parameters' gradients only.
-            self.backward_params(loss)?;
+            self.backward_params(loss, pass == StepPass::End)?;
             if let Some(reduce) = reduce {
                 self.reduce_grads(reduce)?;
             }
@@ -307,7 +307,7 @@ impl<T: tl_spec::Scalar> LinkedSession<T> {
             // in place when the step ends the pass, else into the tape's spare buffers. The
             // gradients go there after it.
             CompiledTape::Cpu(tape) => {
-                let (l, mut grads) = cpu_grads(tape, &uses, map, id, n_leaves)?;
+                let (l, mut grads) = cpu_grads(tape, &uses, map, id, n_leaves, ends_pass)?;
                 let stepped = loss_value(l.clone())
                     .and_then(|v| opt.observe_loss(v))
                     .and_then(|()| match reduce.as_mut() {
@@ -412,18 +412,24 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
 
 /// The loss (graph id `loss`) and, for a linked step on the CPU tape, one gradient per leaf:
 /// the trainable parameter leaves' (`uses`), from sparse reverse accumulation (only they are
-/// read out; no zero tensor is made for the other nodes), the other leaves empty.
+/// read out; no zero tensor is made for the other nodes), the other leaves empty. With
+/// `ends_pass` the tape's forward values go to its pool as the sweep passes them.
 fn cpu_grads<T: tl_spec::Scalar>(
-    tape: &tl_tape_cpu::Tape<T>,
+    tape: &mut tl_tape_cpu::Tape<T>,
     uses: &std::collections::BTreeMap<usize, Vec<usize>>,
     map: &[usize],
     loss: usize,
     n_leaves: usize,
+    ends_pass: bool,
 ) -> Result<(Tensor<T>, Vec<Tensor<T>>)> {
     let to = map[loss];
     let value = tape.get(to)?.clone();
     let wanted: Vec<usize> = uses.values().flatten().map(|&l| map[l]).collect();
-    let g = tape.backward_params(to, &Tensor::scalar(T::one()), &wanted)?;
+    let seed = Tensor::scalar(T::one());
+    let g = match ends_pass {
+        true => tape.backward_params_releasing(to, &seed, &wanted)?,
+        false => tape.backward_params(to, &seed, &wanted)?,
+    };
     let mut grads = vec![Tensor::vector(Vec::new()); n_leaves];
     for &leaf in uses.values().flatten() {
         if let (Some(slot), Some(gl)) = (grads.get_mut(leaf), g.get(&map[leaf])) {

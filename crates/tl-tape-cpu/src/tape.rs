@@ -307,15 +307,7 @@ impl<T: Scalar> Tape<T> {
 
     /// The value of node `id` for `what`: an error for an unknown id or a released value.
     fn value_of(&self, what: &str, id: Id) -> Result<&Tensor<T>> {
-        let node = self.check_id(what, id)?;
-        match node.released {
-            None => Ok(&node.value),
-            Some(_) => Err(Error::ReleasedValue {
-                what: what.to_owned(),
-                id,
-                op: node.kind.name().to_owned(),
-            }),
-        }
+        value_in(&self.nodes, what, id)
     }
 
     /// Give the value of node `id` to the tape's pool if no backward can read it: an op node
@@ -498,7 +490,38 @@ impl<T: Scalar> Tape<T> {
             self.check_id("backward_params", w)?;
         }
         let grads = self.seeded("backward_params", out, seed)?;
-        let mut grads = self.accumulate(grads, out + 1, Some(wanted))?;
+        let grads = self.accumulate(grads, out + 1, Some(wanted))?;
+        self.wanted_grads(grads, wanted)
+    }
+
+    /// [`backward_params`](Self::backward_params) for a pass that ends with it (a training
+    /// step): each op node's forward value, and what its forward kept, goes to the tape's pool
+    /// as soon as the sweep has passed it, so the backward's own buffers reuse them and the
+    /// step's peak holds the values not yet passed, not all of them (PyTorch frees saved
+    /// tensors the same way unless `retain_graph=True`). The same gradients, bit for bit.
+    /// Afterwards the op nodes up to `out` are released (reading one is an error naming it);
+    /// leaves keep their values. Read the loss before.
+    pub fn backward_params_releasing(
+        &mut self,
+        out: Id,
+        seed: &Tensor<T>,
+        wanted: &[Id],
+    ) -> Result<HashMap<Id, Tensor<T>>> {
+        for &w in wanted {
+            self.check_id("backward_params", w)?;
+        }
+        let grads = self.seeded("backward_params", out, seed)?;
+        let grads = self.accumulate_releasing(grads, out + 1, Some(wanted))?;
+        self.wanted_grads(grads, wanted)
+    }
+
+    /// The gradients of `wanted` from the sweep's `grads` (zeros where none flowed); the
+    /// rest go to the pool.
+    fn wanted_grads(
+        &self,
+        mut grads: Vec<Option<Tensor<T>>>,
+        wanted: &[Id],
+    ) -> Result<HashMap<Id, Tensor<T>>> {
         // Clone (an Arc bump), not take: an id listed twice must get its gradient both times.
         let found = wanted
             .iter()
@@ -555,12 +578,10 @@ impl<T: Scalar> Tape<T> {
         })
     }
 
-    /// The reverse loop: visit ids n−1 … 0; for each node that requires grad and has a
-    /// cotangent, run its VJP and add each contribution into its parent. Contributions to
-    /// parents that do not require grad are dropped; a contribution of the wrong shape is an
-    /// error naming the op. With `keep = Some(ids)` only those ids' cotangents are wanted: every
-    /// other one goes to the pool once its VJP has run (and a contribution once it has been
-    /// added), so the backward pass reuses its own buffers; `None` keeps them all.
+    /// The reverse loop: visit ids n−1 … 0 ([`visit`]). With `keep = Some(ids)` only those
+    /// ids' cotangents are wanted: every other one goes to the pool once its VJP has run (and a
+    /// contribution once it has been added), so the backward pass reuses its own buffers;
+    /// `None` keeps them all.
     fn accumulate(
         &self,
         mut grads: Vec<Option<Tensor<T>>>,
@@ -571,82 +592,142 @@ impl<T: Scalar> Tape<T> {
         let _installed = pool::install(&mut pool);
         let _precision = crate::precision::install(self.precision);
         for id in (0..n).rev() {
-            let node = &self.nodes[id];
-            if !node.requires_grad || matches!(node.kind, NodeKind::Leaf) {
-                continue;
-            }
-            let (lower, upper) = grads.split_at_mut(id);
-            let Some(g) = upper[0].as_ref() else { continue };
-            if g.numel() == 0 {
-                // An empty value sends nothing to its parents: a VJP is linear in the cotangent,
-                // which has no element (and a kernel's loops over the parents' dims could run
-                // for hours on an empty [2⁶², 0]). Parents left without a cotangent get zeros.
-                continue;
-            }
-            // Never released: this node requires grad, so it pinned its parents.
-            if let Some(&p) = node
-                .parents
-                .iter()
-                .find(|&&p| self.nodes[p].released.is_some())
-            {
-                self.value_of("backward", p)?;
-            }
-            let inputs: SmallVec<[&Tensor<T>; 3]> =
-                node.parents.iter().map(|&p| &self.nodes[p].value).collect();
-            let contribs: SmallVec<[Option<Tensor<T>>; 3]> = match &node.kind {
-                NodeKind::Op(op) => {
-                    // Only parents that accept contributions need their cotangent computed.
-                    let needed: SmallVec<[bool; 3]> = node
-                        .parents
-                        .iter()
-                        .map(|&p| self.nodes[p].requires_grad)
-                        .collect();
-                    {
-                        let nats = node.nats.as_deref().map_or(&[][..], Vec::as_slice);
-                        let saved = node.saved.as_deref().map_or(&[][..], Vec::as_slice);
-                        ops::backward_needed(op, &inputs, &node.value, g, &needed, nats, saved)?
-                    }
+            visit(&self.nodes, id, &mut grads, keep)?;
+        }
+        Ok(grads)
+    }
+
+    /// [`accumulate`](Self::accumulate) that gives each node's forward value (and what its
+    /// forward kept) to the pool once the loop has passed it: every node that reads it has a
+    /// higher id, so nothing after reads it. Leaves keep theirs.
+    fn accumulate_releasing(
+        &mut self,
+        mut grads: Vec<Option<Tensor<T>>>,
+        n: usize,
+        keep: Option<&[Id]>,
+    ) -> Result<Vec<Option<Tensor<T>>>> {
+        let pool = self.pool.get_mut().unwrap_or_else(|e| e.into_inner());
+        let _installed = pool::install(pool);
+        let _precision = crate::precision::install(self.precision);
+        for id in (0..n).rev() {
+            visit(&self.nodes, id, &mut grads, keep)?;
+            let node = &mut self.nodes[id];
+            if matches!(node.kind, NodeKind::Op(_)) && node.released.is_none() {
+                let shape = node.value.shape().clone();
+                pool::recycle(std::mem::replace(
+                    &mut node.value,
+                    Tensor::vector(Vec::new()),
+                ));
+                node.released = Some(Box::new(shape));
+                if let Some(saved) = node.saved.take().and_then(|s| Arc::try_unwrap(s).ok()) {
+                    saved.into_iter().for_each(pool::give);
                 }
-                NodeKind::Leaf => unreachable!("leaves are skipped above"),
-            };
-            if contribs.len() > node.parents.len() {
-                return Err(Error::Count {
-                    what: format!("{} backward: cotangents", node.kind.name()),
-                    expected: node.parents.len(),
-                    got: contribs.len(),
-                });
-            }
-            for (&p, c) in node.parents.iter().zip(contribs) {
-                let Some(c) = c else { continue };
-                let parent = &self.nodes[p];
-                if !parent.requires_grad {
-                    continue;
-                }
-                if c.shape() != parent.shape() {
-                    return Err(Error::Shape {
-                        what: format!("{} backward: contribution to parent", node.kind.name()),
-                        id: p,
-                        expected: parent.shape().clone(),
-                        got: c.shape().clone(),
-                    });
-                }
-                match &mut lower[p] {
-                    slot @ None => *slot = Some(c),
-                    Some(acc) => {
-                        ops::accumulate(acc, &c);
-                        pool::recycle(c);
-                    }
-                }
-            }
-            if let Some(keep) = keep
-                && !keep.contains(&id)
-                && let Some(g) = upper[0].take()
-            {
-                pool::recycle(g);
             }
         }
         Ok(grads)
     }
+}
+
+/// The value of node `id` among `nodes`, for `what`: an error for an unknown id or a released
+/// value.
+fn value_in<'a, T: Scalar>(nodes: &'a [Node<T>], what: &str, id: Id) -> Result<&'a Tensor<T>> {
+    let node = nodes.get(id).ok_or_else(|| Error::UnknownId {
+        what: what.to_owned(),
+        id,
+        len: nodes.len(),
+    })?;
+    match node.released {
+        None => Ok(&node.value),
+        Some(_) => Err(Error::ReleasedValue {
+            what: what.to_owned(),
+            id,
+            op: node.kind.name().to_owned(),
+        }),
+    }
+}
+
+/// One step of the reverse loop, at node `id`: if it requires grad and has a cotangent, run its
+/// VJP and add each contribution into its parent. Contributions to parents that do not require
+/// grad are dropped; a contribution of the wrong shape is an error naming the op. With `keep`
+/// (see [`Tape::accumulate`]) the node's own cotangent goes to the pool afterwards unless
+/// listed.
+fn visit<T: Scalar>(
+    nodes: &[Node<T>],
+    id: Id,
+    grads: &mut [Option<Tensor<T>>],
+    keep: Option<&[Id]>,
+) -> Result<()> {
+    let node = &nodes[id];
+    if !node.requires_grad || matches!(node.kind, NodeKind::Leaf) {
+        return Ok(());
+    }
+    let (lower, upper) = grads.split_at_mut(id);
+    let Some(g) = upper[0].as_ref() else {
+        return Ok(());
+    };
+    if g.numel() == 0 {
+        // An empty value sends nothing to its parents: a VJP is linear in the cotangent,
+        // which has no element (and a kernel's loops over the parents' dims could run
+        // for hours on an empty [2⁶², 0]). Parents left without a cotangent get zeros.
+        return Ok(());
+    }
+    // Never released: this node requires grad, so it pinned its parents.
+    if let Some(&p) = node.parents.iter().find(|&&p| nodes[p].released.is_some()) {
+        value_in(nodes, "backward", p)?;
+    }
+    let inputs: SmallVec<[&Tensor<T>; 3]> = node.parents.iter().map(|&p| &nodes[p].value).collect();
+    let contribs: SmallVec<[Option<Tensor<T>>; 3]> = match &node.kind {
+        NodeKind::Op(op) => {
+            // Only parents that accept contributions need their cotangent computed.
+            let needed: SmallVec<[bool; 3]> = node
+                .parents
+                .iter()
+                .map(|&p| nodes[p].requires_grad)
+                .collect();
+            {
+                let nats = node.nats.as_deref().map_or(&[][..], Vec::as_slice);
+                let saved = node.saved.as_deref().map_or(&[][..], Vec::as_slice);
+                ops::backward_needed(op, &inputs, &node.value, g, &needed, nats, saved)?
+            }
+        }
+        NodeKind::Leaf => unreachable!("leaves are skipped above"),
+    };
+    if contribs.len() > node.parents.len() {
+        return Err(Error::Count {
+            what: format!("{} backward: cotangents", node.kind.name()),
+            expected: node.parents.len(),
+            got: contribs.len(),
+        });
+    }
+    for (&p, c) in node.parents.iter().zip(contribs) {
+        let Some(c) = c else { continue };
+        let parent = &nodes[p];
+        if !parent.requires_grad {
+            continue;
+        }
+        if c.shape() != parent.shape() {
+            return Err(Error::Shape {
+                what: format!("{} backward: contribution to parent", node.kind.name()),
+                id: p,
+                expected: parent.shape().clone(),
+                got: c.shape().clone(),
+            });
+        }
+        match &mut lower[p] {
+            slot @ None => *slot = Some(c),
+            Some(acc) => {
+                ops::accumulate(acc, &c);
+                pool::recycle(c);
+            }
+        }
+    }
+    if let Some(keep) = keep
+        && !keep.contains(&id)
+        && let Some(g) = upper[0].take()
+    {
+        pool::recycle(g);
+    }
+    Ok(())
 }
 
 impl<T: Scalar> Recorder<T> for Tape<T> {

@@ -343,6 +343,15 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "the CPU tape lets go of a value a backward reads (an operand of a node that requires grad, such as dropout's mask) when its last handle is dropped",
         harness: Layers,
     },
+    Mutant {
+        id: "cpu-step-backward-frees-too-soon",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/tape.rs",
+        from: "keep)?;\n            let node = &mut self.nodes[id];",
+        to: "keep)?;\n            let node = &mut self.nodes[id.saturating_sub(1)];",
+        bug: "a step's releasing backward frees the value of the node below the one it just visited, which that node's own backward still reads",
+        harness: Layers,
+    },
     // ---- tl-tape-cuda's simulation device ----
     Mutant {
         id: "sim-sweep-share-uncounted",

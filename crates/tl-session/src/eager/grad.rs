@@ -84,7 +84,11 @@ impl<T: Scalar> Session<T> {
     /// error (PyTorch keeps `.grad` for leaves only, too).
     ///
     /// [`Train::backward_step`]: crate::Train::backward_step
-    pub(crate) fn backward_params(&mut self, loss: &TensorRef) -> Result<()> {
+    ///
+    /// With `ends_pass` (a step after which nothing reads the pass) the CPU tape gives each
+    /// forward value to its pool as the sweep passes it
+    /// ([`tl_tape_cpu::Tape::backward_params_releasing`]).
+    pub(crate) fn backward_params(&mut self, loss: &TensorRef, ends_pass: bool) -> Result<()> {
         self.check("backward", loss)?;
         if !loss.shape.is_scalar() {
             return Err(Error::Shape {
@@ -100,11 +104,13 @@ impl<T: Scalar> Session<T> {
             .flat_map(|(_, leaves)| leaves)
             .collect();
         let grads = on_engine!(&mut self.engine,
-            cpu(t) => Grads::CpuParams(t.backward_params(
-                loss.id,
-                &Tensor::scalar(T::one()),
-                &wanted,
-            )?),
+            cpu(t) => {
+                let seed = Tensor::scalar(T::one());
+                Grads::CpuParams(match ends_pass {
+                    true => t.backward_params_releasing(loss.id, &seed, &wanted)?,
+                    false => t.backward_params(loss.id, &seed, &wanted)?,
+                })
+            },
             cuda(t) => {
                 let s = AnyBuffer::upload_or_fill(t.device_mut(), &Tensor::scalar(T::one()))?;
                 Grads::DeviceParams(t.backward_params_owned(loss.id, s, &wanted)?)
