@@ -486,10 +486,7 @@ impl<T: Scalar> Tape<T> {
         seed: &Tensor<T>,
         wanted: &[Id],
     ) -> Result<HashMap<Id, Tensor<T>>> {
-        for &w in wanted {
-            self.check_id("backward_params", w)?;
-        }
-        let grads = self.seeded("backward_params", out, seed)?;
+        let grads = self.sparse_seeded(out, seed, wanted)?;
         let grads = self.accumulate(grads, out + 1, Some(wanted))?;
         self.wanted_grads(grads, wanted)
     }
@@ -507,12 +504,22 @@ impl<T: Scalar> Tape<T> {
         seed: &Tensor<T>,
         wanted: &[Id],
     ) -> Result<HashMap<Id, Tensor<T>>> {
+        let grads = self.sparse_seeded(out, seed, wanted)?;
+        let grads = self.accumulate_releasing(grads, out + 1, Some(wanted))?;
+        self.wanted_grads(grads, wanted)
+    }
+
+    /// The cotangent slots of a sparse backward from `out` (every id of `wanted` checked).
+    fn sparse_seeded(
+        &self,
+        out: Id,
+        seed: &Tensor<T>,
+        wanted: &[Id],
+    ) -> Result<Vec<Option<Tensor<T>>>> {
         for &w in wanted {
             self.check_id("backward_params", w)?;
         }
-        let grads = self.seeded("backward_params", out, seed)?;
-        let grads = self.accumulate_releasing(grads, out + 1, Some(wanted))?;
-        self.wanted_grads(grads, wanted)
+        self.seeded("backward_params", out, seed)
     }
 
     /// The gradients of `wanted` from the sweep's `grads` (zeros where none flowed); the
