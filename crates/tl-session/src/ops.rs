@@ -62,8 +62,9 @@ pub trait Ops {
     /// are recorded as leaves without grad, so no op recorded from them requires grad either: no
     /// op keeps what only its backward reads (the CPU tape's attention probabilities, gelu's
     /// tanh term and row statistics; the CUDA tape's workspaces are released as each op
-    /// returns), and no gradient reaches a parameter (a step of the pass changes none). Values
-    /// are the same bits either way. tl-nn's `Runtime::eval` records its passes this way.
+    /// returns), and no gradient reaches a parameter (a step from a loss of the pass is an
+    /// error that changes nothing, as PyTorch's `loss.backward()` raises). Values are the same
+    /// bits either way. tl-nn's `Runtime::eval` records its passes this way.
     /// PyTorch: `torch.set_grad_enabled(enabled)` (`torch.no_grad()` when `false`).
     fn set_grad_enabled(&mut self, enabled: bool);
 

@@ -22,7 +22,8 @@ pub trait Train: Ops {
 
     /// The value of the scalar `loss`, then backward from it and one step of `opt` on every
     /// trainable parameter the pass used. PyTorch: `loss.item(); loss.backward();
-    /// optimizer.step()`. Afterwards the parameters' gradients can be read (`Session::grad`);
+    /// optimizer.step()`. A loss that does not require grad (nothing trainable behind it: a
+    /// pass without gradients, or every parameter frozen) is an error, as in PyTorch. Afterwards the parameters' gradients can be read (`Session::grad`);
     /// the eager session on a device keeps only those (its tape's sparse backward, which frees
     /// every other gradient as it goes: PyTorch's `.grad` of leaves), so reading another
     /// tensor's gradient needs `Session::backward` instead.
@@ -189,6 +190,20 @@ impl<T, F: FnMut(&mut [&mut [T]]) -> Result<()>> GradReducer<T> for F {
     }
 }
 
+/// The error for a training step from a loss that does not require grad: nothing it depends
+/// on was recorded with gradients (a pass under `Ops::set_grad_enabled(false)`, or every
+/// parameter frozen), so the step would change nothing. PyTorch raises at `loss.backward()`
+/// too.
+pub(crate) fn no_grad_loss(loss: &TensorRef) -> crate::Error {
+    crate::Error::Usage {
+        what: "backward_step",
+        detail: format!(
+            "the loss (node {}) does not require grad: no trainable parameter or input it depends on was recorded with gradients on (a pass under set_grad_enabled(false), or every parameter frozen), so the step would change nothing",
+            loss.id()
+        ),
+    }
+}
+
 /// The error for a gradient hook called without a training step's gradients (the eager
 /// session's hook runs after its own `backward_params`, so this is a bug in the caller).
 pub(crate) fn no_step_gradients() -> crate::Error {
@@ -216,6 +231,9 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     ) -> Result<f64> {
         let stepped = (|| {
             let l = loss_value(self.value(loss)?)?;
+            if !self.requires_grad_of(loss) {
+                return Err(no_grad_loss(loss));
+            }
             // A non-finite loss stops here when the optimizer asks for it, before any change.
             opt.observe_loss(l)?;
             // On a device the sparse sweep: the parameters' gradients only.
@@ -294,6 +312,9 @@ impl<T: tl_spec::Scalar> LinkedSession<T> {
         ends_pass: bool,
     ) -> Result<f64> {
         self.check_loss("backward_step", loss)?;
+        if !self.requires_grad_of(loss) {
+            return Err(no_grad_loss(loss));
+        }
         // On a CUDA backend the parameters are compiled in as their resident mirrors, the
         // update runs on the device and only the loss is read back; the tape's device comes
         // back for the next step (its pools are reused).
@@ -329,10 +350,30 @@ impl<T: tl_spec::Scalar> LinkedSession<T> {
                 stepped.map(|()| l)
             }
             CompiledTape::CudaSim(t) => {
-                step_on_tape(&mut self.params, &uses, t, map, id, opt, reduce)
+                let on_tape = uses_on_tape(&uses, map);
+                step_on_tape(
+                    &mut self.params,
+                    &on_tape,
+                    t,
+                    map[id],
+                    opt,
+                    reduce,
+                    ends_pass,
+                )
             }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda(t) => step_on_tape(&mut self.params, &uses, t, map, id, opt, reduce),
+            CompiledTape::Cuda(t) => {
+                let on_tape = uses_on_tape(&uses, map);
+                step_on_tape(
+                    &mut self.params,
+                    &on_tape,
+                    t,
+                    map[id],
+                    opt,
+                    reduce,
+                    ends_pass,
+                )
+            }
         };
         // The device (kept for the next step's pools) comes back whatever the outcome.
         self.recycle(compiled);
@@ -408,6 +449,16 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     fn stamp(&self) -> Stamp {
         LinkedSession::stamp(self)
     }
+}
+
+/// Each trainable parameter's leaves (`uses`, graph ids) as the compiled tape's ids (`map`).
+fn uses_on_tape(
+    uses: &std::collections::BTreeMap<usize, Vec<usize>>,
+    map: &[usize],
+) -> std::collections::BTreeMap<usize, Vec<usize>> {
+    uses.iter()
+        .map(|(&index, leaves)| (index, leaves.iter().map(|&l| map[l]).collect()))
+        .collect()
 }
 
 /// The loss (graph id `loss`) and, for a linked step on the CPU tape, one gradient per leaf:

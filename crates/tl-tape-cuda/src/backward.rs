@@ -33,7 +33,7 @@ impl<D: Device> CudaTape<D> {
     /// for this call, such as the 1 of a scalar loss). Released on error.
     pub fn backward_dense_owned(&mut self, out: Id, seed: AnyBuffer) -> Result<Vec<AnyBuffer>> {
         let slots = self.seeded_owned("backward_dense", out, seed)?;
-        let slots = self.run(slots, out + 1, None)?;
+        let slots = self.run(slots, out + 1, None, false)?;
         self.densify(slots)
     }
 
@@ -53,7 +53,7 @@ impl<D: Device> CudaTape<D> {
             return Err(e);
         }
         let slots = grads0.into_iter().map(Some).collect();
-        let slots = self.run(slots, n, None)?;
+        let slots = self.run(slots, n, None, false)?;
         self.densify(slots)
     }
 
@@ -118,6 +118,34 @@ impl<D: Device> CudaTape<D> {
         seed: AnyBuffer,
         wanted: &[Id],
     ) -> Result<HashMap<Id, AnyBuffer>> {
+        self.sparse(out, seed, wanted, false)
+    }
+
+    /// [`backward_params_owned`](Self::backward_params_owned) for a pass that ends with it (a
+    /// training step): each op node's value and workspace go back to the device as soon as the
+    /// sweep has passed it (a view's buffer once the view is passed too), so the backward's
+    /// cotangents reuse them (PyTorch frees saved tensors the same way unless
+    /// `retain_graph=True`). The same gradients, bit for bit. Afterwards the op nodes up to
+    /// `out` are released (reading one is an error naming it); leaves keep their values. Read
+    /// the loss before.
+    pub fn backward_params_releasing(
+        &mut self,
+        out: Id,
+        seed: AnyBuffer,
+        wanted: &[Id],
+    ) -> Result<HashMap<Id, AnyBuffer>> {
+        self.sparse(out, seed, wanted, true)
+    }
+
+    /// The sparse backward of [`backward_params_owned`](Self::backward_params_owned), letting
+    /// go of the values as it passes them when `release`.
+    fn sparse(
+        &mut self,
+        out: Id,
+        seed: AnyBuffer,
+        wanted: &[Id],
+        release: bool,
+    ) -> Result<HashMap<Id, AnyBuffer>> {
         if let Some(e) = wanted
             .iter()
             .find_map(|&w| self.check_id("backward_params", w).err())
@@ -130,7 +158,7 @@ impl<D: Device> CudaTape<D> {
         for &w in wanted {
             keep[w] = true;
         }
-        let mut slots = self.run(slots, out + 1, Some(&keep))?;
+        let mut slots = self.run(slots, out + 1, Some(&keep), release)?;
         let mut map = HashMap::with_capacity(wanted.len());
         // The sweep may leave one buffer in several slots (a shared identity cotangent): each
         // gradient handed out is a buffer of its own, and no slot released below frees one.
@@ -233,10 +261,16 @@ impl<D: Device> CudaTape<D> {
         Ok(out)
     }
 
-    /// The reverse sweep over ids n−1 … 0, then the workspace release. On error every slot is
-    /// released.
-    fn run(&mut self, mut slots: Slots, n: usize, keep: Option<&[bool]>) -> Result<Slots> {
-        let r = self.sweep(&mut slots, n, keep);
+    /// The reverse sweep over ids n−1 … 0, then the workspace release. With `release` each op
+    /// node's value goes back as the sweep passes it. On error every slot is released.
+    fn run(
+        &mut self,
+        mut slots: Slots,
+        n: usize,
+        keep: Option<&[bool]>,
+        release: bool,
+    ) -> Result<Slots> {
+        let r = self.sweep(&mut slots, n, keep, release);
         self.release_workspace();
         match r {
             Ok(()) => Ok(slots),
@@ -257,120 +291,146 @@ impl<D: Device> CudaTape<D> {
     /// written in place: a contribution to a slot whose buffer another slot holds is summed
     /// into a fresh buffer (`add`, the bits of `axpy_assign` with 1) that replaces it, and the
     /// buffer is released by its last holder.
-    fn sweep(&mut self, slots: &mut Slots, n: usize, keep: Option<&[bool]>) -> Result<()> {
+    fn sweep(
+        &mut self,
+        slots: &mut Slots,
+        n: usize,
+        keep: Option<&[bool]>,
+        release: bool,
+    ) -> Result<()> {
         let _precision = crate::precision::install(self.precision);
-        let (nodes, dev) = (&self.nodes, &mut self.dev);
         let mut shared = Shared::default();
         for id in (0..n).rev() {
-            let node = &nodes[id];
-            let Some(op) = node.op.as_ref() else { continue };
-            if !node.requires_grad {
-                continue;
-            }
-            let Some(g) = slots[id].clone() else { continue };
-            if g.shape().checked_numel() == Some(0) {
-                // An empty value sends nothing to its parents: a backward formula is linear in
-                // the cotangent, which has no element (and its loops over the parents' dims
-                // could run for hours on an empty [2⁶², 0]). Parents left without a cotangent
-                // get zeros.
-                if keep.is_some_and(|k| !k[id])
-                    && let Some(g) = slots[id].take()
-                {
-                    dev.release(g.buffer());
-                }
-                continue;
-            }
-            // Never released: this node requires grad, so it pinned its parents.
-            if let Some(&p) = node.parents.iter().find(|&&p| nodes[p].released) {
-                crate::tape::value_of(nodes, "backward", p)?;
-            }
-            let inputs: SmallVec<[&AnyBuffer; 3]> =
-                node.parents.iter().map(|&p| &nodes[p].value).collect();
-            let needs: SmallVec<[bool; 3]> = node
-                .parents
-                .iter()
-                .map(|&p| nodes[p].requires_grad)
-                .collect();
-            let contribs = ops::backward(
-                dev,
-                op,
-                &inputs,
-                &node.value,
-                &g,
-                &needs,
-                &node.cleanup,
-                node.nats(),
-            )?;
-            // The sparse path drops this node's cotangent after the visit, so an identity
-            // contribution may take its buffer over (once) instead of copying it.
-            let drop_after = keep.is_some_and(|k| !k[id]);
-            let mut handed_over = false;
-            let mut failed = None;
-            for (&p, c) in node.parents.iter().zip(contribs) {
-                let Some(c) = c else { continue };
-                let parent = &nodes[p];
-                let release = |dev: &mut D, c: &Cotangent| {
-                    if let Cotangent::Owned(a) = c {
-                        dev.release(a.buffer());
-                    }
-                };
-                if failed.is_some() || !parent.requires_grad {
-                    release(dev, &c);
-                    continue;
-                }
-                if c.shape() != parent.value.shape() {
-                    release(dev, &c);
-                    failed = Some(Error::shape(
-                        format!("{} backward: contribution to parent", op.name()),
-                        p,
-                        parent.value.shape(),
-                        c.shape(),
-                    ));
-                    continue;
-                }
-                let r = match (c, slots[p].as_mut()) {
-                    (Cotangent::Owned(c), None) => {
-                        slots[p] = Some(c);
-                        Ok(())
-                    }
-                    (Cotangent::Owned(c), Some(acc)) => {
-                        let r = shared.accumulate(dev, acc, c.buffer());
-                        dev.release(c.buffer());
-                        r
-                    }
-                    // Accumulated straight from the output cotangent (no copy first).
-                    (Cotangent::Same(_), Some(acc)) => shared.accumulate(dev, acc, g.buffer()),
-                    (Cotangent::Same(shape), None) if drop_after => g.reshaped(shape).map(|c| {
-                        slots[p] = Some(c);
-                        if handed_over {
-                            shared.add_holder(g.buffer());
-                        }
-                        handed_over = true;
-                    }),
-                    (Cotangent::Same(shape), None) => g
-                        .copy(dev)
-                        .and_then(|c| {
-                            c.reshaped(shape).inspect_err(|_| {
-                                dev.release(c.buffer());
-                            })
-                        })
-                        .map(|c| slots[p] = Some(c)),
-                };
-                if let Err(e) = r {
-                    failed = Some(e);
-                }
-            }
-            if drop_after && let Some(g) = slots[id].take() {
-                // Handed over: the buffer now lives in a parent's slot.
-                if !handed_over {
-                    shared.drop_holder(dev, g.buffer());
-                }
-            }
-            if let Some(e) = failed {
-                return Err(e);
+            self.visit(id, slots, keep, &mut shared)?;
+            if release {
+                // Every node that reads it has a higher id: nothing after reads it.
+                self.let_go(id);
             }
         }
         Ok(())
+    }
+
+    /// One step of [`sweep`](Self::sweep), at node `id`.
+    fn visit(
+        &mut self,
+        id: Id,
+        slots: &mut Slots,
+        keep: Option<&[bool]>,
+        shared: &mut Shared,
+    ) -> Result<()> {
+        let (nodes, dev) = (&self.nodes, &mut self.dev);
+        let node = &nodes[id];
+        let Some(op) = node.op.as_ref() else {
+            return Ok(());
+        };
+        if !node.requires_grad {
+            return Ok(());
+        }
+        let Some(g) = slots[id].clone() else {
+            return Ok(());
+        };
+        if g.shape().checked_numel() == Some(0) {
+            // An empty value sends nothing to its parents: a backward formula is linear in
+            // the cotangent, which has no element (and its loops over the parents' dims
+            // could run for hours on an empty [2⁶², 0]). Parents left without a cotangent
+            // get zeros.
+            if keep.is_some_and(|k| !k[id])
+                && let Some(g) = slots[id].take()
+            {
+                dev.release(g.buffer());
+            }
+            return Ok(());
+        }
+        // Never released: this node requires grad, so it pinned its parents.
+        if let Some(&p) = node.parents.iter().find(|&&p| nodes[p].released) {
+            crate::tape::value_of(nodes, "backward", p)?;
+        }
+        let inputs: SmallVec<[&AnyBuffer; 3]> =
+            node.parents.iter().map(|&p| &nodes[p].value).collect();
+        let needs: SmallVec<[bool; 3]> = node
+            .parents
+            .iter()
+            .map(|&p| nodes[p].requires_grad)
+            .collect();
+        let contribs = ops::backward(
+            dev,
+            op,
+            &inputs,
+            &node.value,
+            &g,
+            &needs,
+            &node.cleanup,
+            node.nats(),
+        )?;
+        // The sparse path drops this node's cotangent after the visit, so an identity
+        // contribution may take its buffer over (once) instead of copying it.
+        let drop_after = keep.is_some_and(|k| !k[id]);
+        let mut handed_over = false;
+        let mut failed = None;
+        for (&p, c) in node.parents.iter().zip(contribs) {
+            let Some(c) = c else { continue };
+            let parent = &nodes[p];
+            let release = |dev: &mut D, c: &Cotangent| {
+                if let Cotangent::Owned(a) = c {
+                    dev.release(a.buffer());
+                }
+            };
+            if failed.is_some() || !parent.requires_grad {
+                release(dev, &c);
+                continue;
+            }
+            if c.shape() != parent.value.shape() {
+                release(dev, &c);
+                failed = Some(Error::shape(
+                    format!("{} backward: contribution to parent", op.name()),
+                    p,
+                    parent.value.shape(),
+                    c.shape(),
+                ));
+                continue;
+            }
+            let r = match (c, slots[p].as_mut()) {
+                (Cotangent::Owned(c), None) => {
+                    slots[p] = Some(c);
+                    Ok(())
+                }
+                (Cotangent::Owned(c), Some(acc)) => {
+                    let r = shared.accumulate(dev, acc, c.buffer());
+                    dev.release(c.buffer());
+                    r
+                }
+                // Accumulated straight from the output cotangent (no copy first).
+                (Cotangent::Same(_), Some(acc)) => shared.accumulate(dev, acc, g.buffer()),
+                (Cotangent::Same(shape), None) if drop_after => g.reshaped(shape).map(|c| {
+                    slots[p] = Some(c);
+                    if handed_over {
+                        shared.add_holder(g.buffer());
+                    }
+                    handed_over = true;
+                }),
+                (Cotangent::Same(shape), None) => g
+                    .copy(dev)
+                    .and_then(|c| {
+                        c.reshaped(shape).inspect_err(|_| {
+                            dev.release(c.buffer());
+                        })
+                    })
+                    .map(|c| slots[p] = Some(c)),
+            };
+            if let Err(e) = r {
+                failed = Some(e);
+            }
+        }
+        if drop_after && let Some(g) = slots[id].take() {
+            // Handed over: the buffer now lives in a parent's slot.
+            if !handed_over {
+                shared.drop_holder(dev, g.buffer());
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

@@ -264,16 +264,29 @@ impl<D: Device> CudaTape<D> {
         if node.op.is_none() || node.requires_grad || node.pinned || node.released {
             return Ok(false);
         }
-        let root = node.root;
-        let node = &mut self.nodes[id];
+        self.let_go(id);
+        Ok(true)
+    }
+
+    /// Let go of op node `id`'s value and workspace, unchecked (the caller knows nothing reads
+    /// them: [`release`](Self::release), or a step's backward that has passed the node): the
+    /// buffer goes back to the device once no view of it is left. Leaves, and nodes let go of
+    /// before, are left alone.
+    pub(crate) fn let_go(&mut self, id: Id) {
+        let Some(node) = self.nodes.get_mut(id) else {
+            return;
+        };
+        if node.op.is_none() || node.released {
+            return;
+        }
         node.released = true;
         self.dev.release_all(node.cleanup.drain(..));
+        let root = node.root;
         let r = &mut self.nodes[root];
         r.holders -= 1;
         if r.holders == 0 && r.owned {
             self.dev.release(r.value.buffer());
         }
-        Ok(true)
     }
 
     /// The value at `id`, checked against the shape the caller expects.

@@ -312,3 +312,44 @@ fn an_eval_pass_records_without_gradients() {
         "no backward workspace kept: {bytes} vs {with_bytes} bytes"
     );
 }
+
+/// A step whose loss depends on nothing trainable (every parameter frozen) is an error naming
+/// the cause, as PyTorch's `loss.backward()` is, on both sessions; nothing changes, and the
+/// runtime steps again once a parameter is unfrozen.
+#[test]
+fn a_step_with_nothing_trainable_is_an_error() {
+    fn check<O: Train<T = f32>>(mut rt: Runtime<O>, name: &str) {
+        let model = mlp(&rt, 6, 8, 3);
+        let x = tensor::<f32>(&[4, 6], 5);
+        let labels = Labels::new(vec![0, 1, 2, 1], 3).unwrap();
+        let mut opt = Optimizer::sgd(0.5).unwrap();
+        let before = rt.state_dict(&model).unwrap();
+        assert_eq!(rt.set_trainable(&model, "", false).unwrap(), 4);
+        let err = rt
+            .step(&model, &mut opt, |g| {
+                model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+            })
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("does not require grad"),
+            "{name}: {err}"
+        );
+        assert_eq!(
+            rt.state_dict(&model).unwrap(),
+            before,
+            "{name}: nothing stepped"
+        );
+        assert_eq!(rt.set_trainable(&model, "2.", true).unwrap(), 2);
+        rt.step(&model, &mut opt, |g| {
+            model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+        })
+        .unwrap();
+        assert_ne!(
+            rt.state_dict(&model).unwrap(),
+            before,
+            "{name}: the unfrozen layer steps"
+        );
+    }
+    check(eager::<f32>(Backend::Cpu, 0), "eager");
+    check(linked::<f32>(0), "linked");
+}

@@ -85,9 +85,9 @@ impl<T: Scalar> Session<T> {
     ///
     /// [`Train::backward_step`]: crate::Train::backward_step
     ///
-    /// With `ends_pass` (a step after which nothing reads the pass) the CPU tape gives each
-    /// forward value to its pool as the sweep passes it
-    /// ([`tl_tape_cpu::Tape::backward_params_releasing`]).
+    /// With `ends_pass` (a step after which nothing reads the pass) the tape lets go of each
+    /// forward value as the sweep passes it ([`tl_tape_cpu::Tape::backward_params_releasing`],
+    /// [`tl_tape_cuda::CudaTape::backward_params_releasing`]).
     pub(crate) fn backward_params(&mut self, loss: &TensorRef, ends_pass: bool) -> Result<()> {
         self.check("backward", loss)?;
         if !loss.shape.is_scalar() {
@@ -113,7 +113,10 @@ impl<T: Scalar> Session<T> {
             },
             cuda(t) => {
                 let s = AnyBuffer::upload_or_fill(t.device_mut(), &Tensor::scalar(T::one()))?;
-                Grads::DeviceParams(t.backward_params_owned(loss.id, s, &wanted)?)
+                Grads::DeviceParams(match ends_pass {
+                    true => t.backward_params_releasing(loss.id, s, &wanted)?,
+                    false => t.backward_params_owned(loss.id, s, &wanted)?,
+                })
             },
         );
         self.grads = Some(grads);

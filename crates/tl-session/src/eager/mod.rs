@@ -244,6 +244,14 @@ impl<T: Scalar> Session<T> {
         }
     }
 
+    /// Whether the node of `r` (checked to be of this pass by the caller) requires grad.
+    pub(crate) fn requires_grad_of(&self, r: &TensorRef) -> bool {
+        on_engine!(&self.engine,
+            cpu(t) => t.node(r.id).is_some_and(|n| n.requires_grad()),
+            cuda(t) => t.node(r.id).is_some_and(|n| n.requires_grad()),
+        )
+    }
+
     /// Hand the values of the nodes whose last handle was dropped back to the tape (it keeps
     /// what a backward may read): before an op runs, so its output can reuse them.
     #[inline]

@@ -486,26 +486,31 @@ impl<T: Scalar> LinkedSession<T> {
     }
 }
 
-/// One training step on a compiled CUDA tape: the loss is read back (the step's only
-/// download), gradients flow to the trainable parameter leaves only, `reduce` (a data-parallel
-/// group's mean) sees them, and `opt` updates each parameter's resident mirror on the device.
+/// One training step on a compiled CUDA tape: the loss (tape id `to`) is read back (the step's
+/// only download), gradients flow to the trainable parameter leaves only (`uses`: each
+/// parameter's leaves as tape ids), `reduce` (a data-parallel group's mean) sees them, and
+/// `opt` updates each parameter's resident mirror on the device. With `ends_pass` the
+/// backward lets go of each value as it passes it
+/// ([`CudaTape::backward_params_releasing`]).
 pub(crate) fn step_on_tape<T: Scalar, D: ReduceOn>(
     params: &mut ParamStore<T>,
     uses: &BTreeMap<usize, Vec<usize>>,
     tape: &mut CudaTape<D>,
-    map: &[usize],
-    loss: usize,
+    to: usize,
     opt: &mut Optimizer,
     reduce: Option<&mut dyn GradReducer<T>>,
+    ends_pass: bool,
 ) -> Result<Tensor<T>> {
-    let to = map[loss];
     let value: Tensor<T> = tape.read(to)?;
     // A non-finite loss stops here when the optimizer asks for it, before the backward.
     opt.observe_loss(value.item()?.as_f64())?;
-    let wanted: Vec<usize> = uses.values().flatten().map(|&l| map[l]).collect();
+    let wanted: Vec<usize> = uses.values().flatten().copied().collect();
     // The 1 of a scalar loss is filled on the device and becomes the loss's gradient slot.
     let seed = AnyBuffer::upload_or_fill(tape.device_mut(), &Tensor::scalar(T::one()))?;
-    let mut grads = tape.backward_params_owned(to, seed, &wanted)?;
+    let mut grads = match ends_pass {
+        true => tape.backward_params_releasing(to, seed, &wanted)?,
+        false => tape.backward_params_owned(to, seed, &wanted)?,
+    };
     // The group's mean before the clipping and the update (an error changes nothing).
     let reduced = match reduce {
         Some(reduce) => tape.device_mut().reduce_grads(&mut grads, &wanted, reduce),
@@ -515,7 +520,7 @@ pub(crate) fn step_on_tape<T: Scalar, D: ReduceOn>(
         let items = uses
             .iter()
             .map(|(&index, leaves)| {
-                let gs = leaves.iter().map(|&l| grads[&map[l]].buffer()).collect();
+                let gs = leaves.iter().map(|&l| grads[&l].buffer()).collect();
                 (index, gs)
             })
             .collect::<Vec<(usize, Vec<Buffer>)>>();

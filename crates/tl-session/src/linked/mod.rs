@@ -400,6 +400,11 @@ impl<T: Scalar> LinkedSession<T> {
         })
     }
 
+    /// Whether graph id `r` (checked to be of this graph by the caller) requires grad.
+    pub(crate) fn requires_grad_of(&self, r: &TensorRef) -> bool {
+        self.requires_grad.get(r.id).copied().unwrap_or(false)
+    }
+
     /// The graph ids whose last handle was dropped, as `dead` (graph id → dropped) for a
     /// compiled pass, and those dropped since the last call; hand `dead` back with
     /// [`keep_dead`](Self::keep_dead).

@@ -2,7 +2,7 @@
 //! `torch.no_grad()`): the same values, bit for bit, as with gradients on, without the
 //! workspaces only a backward reads (the CPU tape hands fewer bytes to its pool at the reset;
 //! the CUDA tape holds fewer live device bytes during the pass), and no gradient reaches a
-//! parameter: a step of such a pass changes nothing.
+//! parameter: a step of such a pass is an error that changes nothing.
 
 use tl_session::{Backend, LinkedSession, Optimizer, Options, Session, Train};
 use tl_spec::Tensor;
@@ -44,7 +44,16 @@ pub(crate) fn pass<S: Train<T = f32>>(mut s: S, grad: bool, held: impl Fn(&S) ->
     let during = held(&s);
     let loss = s.sum(&y).unwrap();
     let mut sgd = Optimizer::sgd(0.1).unwrap();
-    s.backward_step(&loss, &mut sgd).unwrap();
+    match (grad, s.backward_step(&loss, &mut sgd)) {
+        (true, r) => {
+            r.unwrap();
+        }
+        // PyTorch raises at `loss.backward()` here too: nothing would step.
+        (false, r) => {
+            let e = r.expect_err("a step from a loss without grad is an error");
+            assert!(e.to_string().contains("does not require grad"), "{e}");
+        }
+    }
     Train::reset(&mut s);
     assert_eq!(s.is_grad_enabled(), grad, "a reset keeps the setting");
     let after = held(&s);

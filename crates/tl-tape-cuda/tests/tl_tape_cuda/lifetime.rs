@@ -599,3 +599,65 @@ fn release_frees_what_no_backward_reads_and_a_view_holds_its_buffer() {
     assert_eq!(live(&tape), 0);
     assert_eq!(tape.device().live_buffers() as u64, 0);
 }
+
+/// `x → linear → tanh → reshape → exp → sum` with a trainable weight and bias on `tape`;
+/// returns the loss's id and the parameters' ids.
+fn small_net(tape: &mut CudaTape<SimDevice>) -> (usize, [usize; 2]) {
+    let w = Tensor::<f32>::from_fn([4, 6], |i| (i as f32 * 0.3).sin());
+    let b = Tensor::<f32>::from_fn([4], |i| i as f32 * 0.1);
+    let x = Tensor::<f32>::from_fn([5, 6], |i| (i as f32 * 0.2).cos());
+    let w = tape.upload_leaf(&w, Some("w"), true).unwrap();
+    let b = tape.upload_leaf(&b, Some("b"), true).unwrap();
+    let x = tape.upload_leaf(&x, Some("x"), false).unwrap();
+    let y = tape.apply(&Op::Linear, &[w, b, x]).unwrap();
+    let y = tape.apply(&Op::Tanh, &[y]).unwrap();
+    let y = tape.apply(&Op::Reshape(Shape::new(&[4, 5])), &[y]).unwrap();
+    let y = tape.apply(&Op::Exp, &[y]).unwrap();
+    (tape.apply(&Op::Sum, &[y]).unwrap(), [w, b])
+}
+
+#[test]
+fn the_releasing_backward_gives_the_same_gradients_and_frees_the_values() {
+    let grads = |release: bool| {
+        let mut tape = CudaTape::new(SimDevice::new());
+        let (loss, wanted) = small_net(&mut tape);
+        let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+        let g = match release {
+            true => tape.backward_params_releasing(loss, seed, &wanted).unwrap(),
+            false => tape.backward_params_owned(loss, seed, &wanted).unwrap(),
+        };
+        let bits: Vec<Vec<u32>> = wanted
+            .iter()
+            .map(|w| {
+                let t = g[w].download::<f32, _>(tape.device()).unwrap();
+                t.data().iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        let live = tape.device().memory_usage().live_buffers();
+        for id in 0..tape.len() {
+            let op = tape.node(id).unwrap().op().is_some();
+            assert_eq!(
+                tape.node(id).unwrap().is_released(),
+                op && release,
+                "node {id}"
+            );
+        }
+        tape.release_grad_map(g);
+        tape.reset();
+        assert_eq!(
+            tape.device().memory_usage().live_buffers(),
+            0,
+            "each freed once"
+        );
+        (bits, live)
+    };
+    let ((kept, kept_live), (freed, freed_live)) = (grads(false), grads(true));
+    assert_eq!(freed, kept, "the same gradients");
+    // Three leaves and two gradients stay; linear, tanh (behind its view), exp and sum went.
+    assert_eq!(freed_live, 5, "{freed_live} live after the releasing sweep");
+    assert_eq!(
+        kept_live,
+        freed_live + 4,
+        "the plain sweep keeps four values"
+    );
+}
