@@ -8,7 +8,7 @@
 use tl_spec::Tensor;
 use tl_tape_cuda::{MemoryUsage, Traffic};
 
-use crate::linked::{CompiledTape, step_on_tape};
+use crate::linked::{on_compiled, step_on_tape};
 use crate::optim::StateDict;
 use crate::{LinkedSession, NatVecRef, Ops, Optimizer, Param, Result, Session, Stamp, TensorRef};
 
@@ -323,11 +323,11 @@ impl<T: tl_spec::Scalar> LinkedSession<T> {
         let mut compiled = self.compile_pass(self.backend())?;
         let (map, id) = (&compiled.map, loss.id());
         let n_leaves = self.graph().leaves().len();
-        let result = match &mut compiled.tape {
-            // On the CPU, the gradients of the trainable parameter leaves step the host values:
-            // in place when the step ends the pass, else into the tape's spare buffers. The
-            // gradients go there after it.
-            CompiledTape::Cpu(tape) => {
+        // On the CPU, the gradients of the trainable parameter leaves step the host values: in
+        // place when the step ends the pass, else into the tape's spare buffers. The gradients
+        // go there after it.
+        let result = on_compiled!(&mut compiled.tape,
+            cpu(tape) => {
                 let (l, mut grads) = cpu_grads(tape, &uses, map, id, n_leaves, ends_pass)?;
                 let stepped = loss_value(l.clone())
                     .and_then(|v| opt.observe_loss(v))
@@ -348,33 +348,12 @@ impl<T: tl_spec::Scalar> LinkedSession<T> {
                     });
                 grads.into_iter().for_each(|g| tape.recycle(g));
                 stepped.map(|()| l)
-            }
-            CompiledTape::CudaSim(t) => {
+            },
+            cuda(t) => {
                 let on_tape = uses_on_tape(&uses, map);
-                step_on_tape(
-                    &mut self.params,
-                    &on_tape,
-                    t,
-                    map[id],
-                    opt,
-                    reduce,
-                    ends_pass,
-                )
-            }
-            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda(t) => {
-                let on_tape = uses_on_tape(&uses, map);
-                step_on_tape(
-                    &mut self.params,
-                    &on_tape,
-                    t,
-                    map[id],
-                    opt,
-                    reduce,
-                    ends_pass,
-                )
-            }
-        };
+                step_on_tape(&mut self.params, &on_tape, t, map[id], opt, reduce, ends_pass)
+            },
+        );
         // The device (kept for the next step's pools) comes back whatever the outcome.
         self.recycle(compiled);
         loss_value(result?)

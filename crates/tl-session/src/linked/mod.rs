@@ -102,13 +102,14 @@ pub enum CompiledTape<T: Scalar> {
 macro_rules! on_compiled {
     ($tape:expr, cpu($c:ident) => $cpu:expr, cuda($t:ident) => $dev:expr $(,)?) => {
         match $tape {
-            CompiledTape::Cpu($c) => $cpu,
-            CompiledTape::CudaSim($t) => $dev,
+            $crate::linked::CompiledTape::Cpu($c) => $cpu,
+            $crate::linked::CompiledTape::CudaSim($t) => $dev,
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-            CompiledTape::Cuda($t) => $dev,
+            $crate::linked::CompiledTape::Cuda($t) => $dev,
         }
     };
 }
+pub(crate) use on_compiled;
 
 /// A compiled graph: the tape and, for each graph id, its tape id.
 pub struct Compiled<T: Scalar> {
