@@ -441,13 +441,13 @@ impl<T: Scalar> Ops for Session<T> {
         }
         self.release_dropped()?;
         let id = on_engine!(&mut self.engine, cpu(t) => t.apply(&op, &ids)?, cuda(t) => t.apply(&op, &ids)?);
-        let (shape, rg) = on_engine!(&self.engine,
-            cpu(t) => (t.get(id)?.shape().clone(), t.node(id).is_some_and(|n| n.requires_grad())),
-            cuda(t) => (t.get(id)?.shape().clone(), t.node(id).is_some_and(|n| n.requires_grad())),
+        let shape = on_engine!(&self.engine,
+            cpu(t) => t.get(id)?.shape().clone(),
+            cuda(t) => t.get(id)?.shape().clone(),
         );
         let mut r = self.handle(id, shape);
         // A node that requires grad keeps its value for the backward: no watch needed.
-        if !rg {
+        if !self.requires_grad_of(&r) {
             r.watch = Some(self.dropped.watch(self.stamp.epoch, id));
         }
         Ok(r)
