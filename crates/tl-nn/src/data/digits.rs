@@ -25,20 +25,40 @@ pub const CLASSES: usize = 10;
 const SPLIT_SEED: u64 = 0x00D1_6175;
 
 /// A classification split: row-major features (`len × features`, scaled to [0, 1]) and labels.
+///
+/// Made by [`digits`]; its parts are read through [`Split::x`], [`Split::y`],
+/// [`Split::feature_len`] and [`Split::dims`], so every split holds `len × feature_len`
+/// features and `dims` holding `feature_len` elements, and no method can index past them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Split {
-    /// Features, one row per example.
-    pub x: Vec<f32>,
-    /// Labels.
-    pub y: Vec<usize>,
-    /// Features per example.
-    pub features: usize,
-    /// The shape of one example in the tensors this split hands out (`[features]` unless set
-    /// by [`Split::shaped`]).
-    pub dims: Vec<usize>,
+    x: Vec<f32>,
+    y: Vec<usize>,
+    features: usize,
+    dims: Vec<usize>,
 }
 
 impl Split {
+    /// Features, one row of [`Split::feature_len`] per example.
+    pub fn x(&self) -> &[f32] {
+        &self.x
+    }
+
+    /// Labels, one per example.
+    pub fn y(&self) -> &[usize] {
+        &self.y
+    }
+
+    /// Features per example.
+    pub fn feature_len(&self) -> usize {
+        self.features
+    }
+
+    /// The shape of one example in the tensors this split hands out (`[feature_len]` unless
+    /// set by [`Split::shaped`]).
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
     /// Number of examples.
     pub fn len(&self) -> usize {
         self.y.len()

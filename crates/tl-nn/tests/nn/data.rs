@@ -152,7 +152,7 @@ fn the_digits_split_is_a_dataset_and_batches_is_its_loader() {
     let images = test.clone().shaped(&[1, 8, 8]).unwrap();
     let (x, y) = images.get(5).unwrap();
     assert_eq!(x.shape().dims(), [1, 8, 8]);
-    assert_eq!((x.data(), y), (&test.x[5 * 64..6 * 64], test.y[5]));
+    assert_eq!((x.data(), y), (&test.x()[5 * 64..6 * 64], test.y()[5]));
     let e = test.get(360).unwrap_err().to_string();
     assert!(e.contains("Split::get") && e.contains("index 360"), "{e}");
     let loader = DataLoader::new(&test, 64, Classify { classes: 10 })
@@ -166,7 +166,7 @@ fn the_digits_split_is_a_dataset_and_batches_is_its_loader() {
         .iter()
         .flat_map(|(x, _)| x.data().chunks(64).map(bits).collect::<Vec<_>>())
         .collect();
-    let mut want: Vec<Vec<u32>> = test.x.chunks(64).map(bits).collect();
+    let mut want: Vec<Vec<u32>> = test.x().chunks(64).map(bits).collect();
     seen.sort_unstable();
     want.sort_unstable();
     assert_eq!(seen, want);
