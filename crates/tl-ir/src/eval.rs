@@ -3,7 +3,7 @@
 use smallvec::SmallVec;
 use tl_spec::{Scalar, Tensor};
 
-use crate::{Error, GraphData, Result, rules};
+use crate::{Error, GraphData, Id, Result, rules};
 
 impl GraphData {
     /// Evaluate every id: returns the leaf values followed by each node's value.
@@ -27,6 +27,24 @@ impl GraphData {
         leaves: &[Tensor<T>],
         nats: &[usize],
     ) -> Result<()> {
+        self.eval_more_releasing(values, leaves, nats, &|_| false, &[])
+    }
+
+    /// [`eval_into`](Self::eval_into) that lets go of the values nothing will read, as
+    /// [`replay_more_releasing`](Self::replay_more_releasing) does on a tape: the value of a
+    /// node (never a leaf) for which `dead(id)` says no handle refers to it any more becomes
+    /// the empty vector as soon as its last reader has been evaluated (at once when nothing
+    /// reads it). `dropped` lists the nodes whose last handle went since the previous call:
+    /// those already evaluated whose readers all were go first. Every value kept is the one
+    /// `eval_into` gives; the work is proportional to the new nodes and the ids dropped.
+    pub fn eval_more_releasing<T: Scalar>(
+        &self,
+        values: &mut Vec<Tensor<T>>,
+        leaves: &[Tensor<T>],
+        nats: &[usize],
+        dead: &dyn Fn(Id) -> bool,
+        dropped: &[Id],
+    ) -> Result<()> {
         self.check_leaf_values("eval", leaves)?;
         let first = self.leaves().len();
         if values.len() > self.len() || (!values.is_empty() && values.len() < first) {
@@ -36,11 +54,21 @@ impl GraphData {
                 got: values.len(),
             });
         }
+        let release = |values: &mut Vec<Tensor<T>>, id: Id| {
+            if id >= first && self.read_until(id) <= values.len() && dead(id) {
+                values[id] = Tensor::vector(Vec::new());
+            }
+        };
+        let evaluated = values.len();
+        for &id in dropped.iter().filter(|&&id| id < evaluated) {
+            release(values, id);
+        }
         if values.is_empty() {
             values.reserve(self.len());
             values.extend(leaves.iter().cloned());
         }
-        for node in &self.nodes()[values.len() - first..] {
+        for k in values.len() - first..self.nodes().len() {
+            let node = &self.nodes()[k];
             let y = {
                 let args: SmallVec<[&Tensor<T>; 3]> =
                     node.args().iter().map(|&a| &values[a]).collect();
@@ -53,6 +81,9 @@ impl GraphData {
                 node.op()
             );
             values.push(y);
+            for id in self.reads_ending(k, k + 1) {
+                release(values, id);
+            }
         }
         Ok(())
     }

@@ -64,6 +64,22 @@ impl GraphData {
     pub fn read_until(&self, id: Id) -> Id {
         self.read_until.get(id).copied().unwrap_or(0)
     }
+    /// The ids a pass that has just run nodes `from..to` (op-node indices, not ids) may let
+    /// go of: each operand whose last reader is among those nodes (once), then each of those
+    /// nodes that nothing reads. Leaves among them too; the caller decides what it frees.
+    pub(crate) fn reads_ending(&self, from: usize, to: usize) -> impl Iterator<Item = Id> + '_ {
+        let leaves = self.leaves.len();
+        let operands = (from..to).flat_map(move |j| {
+            let args = self.nodes[j].args();
+            let last = leaves + j + 1;
+            args.iter()
+                .enumerate()
+                .filter(move |&(i, &a)| self.read_until(a) == last && !args[..i].contains(&a))
+                .map(|(_, &a)| a)
+        });
+        let unread = (leaves + from..leaves + to).filter(move |&id| self.read_until(id) == 0);
+        operands.chain(unread)
+    }
     /// The op nodes, in creation order (ids `num_leaves()..len()`).
     pub fn nodes(&self) -> &[Node] {
         &self.nodes

@@ -235,19 +235,8 @@ impl GraphData {
                 }
             }
             if let Some(live) = live {
-                // The operands whose last reader just ran (each once: at that reader, its
-                // first mention), and the new nodes nothing reads.
-                for (j, n) in nodes.iter().enumerate().take(k).skip(from) {
-                    for (i, &a) in n.args().iter().enumerate() {
-                        if self.read_until(a) == leaves + j + 1 && !n.args()[..i].contains(&a) {
-                            live.release_if_done(rec, map, a, leaves + k)?;
-                        }
-                    }
-                }
-                for id in leaves + from..leaves + k {
-                    if self.read_until(id) == 0 {
-                        live.release_if_done(rec, map, id, leaves + k)?;
-                    }
+                for id in self.reads_ending(from, k) {
+                    live.release_if_done(rec, map, id, leaves + k)?;
                 }
             }
         }

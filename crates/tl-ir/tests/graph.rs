@@ -409,3 +409,47 @@ fn replay_more_releasing_offers_each_dead_node_after_its_last_reader() {
         (8, 6, 0)
     );
 }
+
+/// `eval_more_releasing` empties a dead node's value right after its last reader is evaluated
+/// (leaves never), keeps every other value as `eval` gives it, and, called again, first
+/// empties the nodes it is told were dropped since, once their readers have all run.
+#[test]
+fn eval_more_releasing_empties_each_dead_value_after_its_last_reader() {
+    let (mut b, [_, w, bias, h, l], _) = relu_linear();
+    let r = b.apply(Op::Relu, &[l]).unwrap();
+    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
+    let out = b.apply(Op::Add, &[h, l2]).unwrap();
+    let g = b.finish();
+    let leaves = [
+        Tensor::from_fn([2, 3], |i| i as f64 * 0.5 - 1.0),
+        Tensor::from_fn([3, 3], |i| (i as f64 * 0.7).sin()),
+        Tensor::from_fn([3], |i| i as f64 * 0.25),
+    ];
+    let all = g.eval(&leaves, &[]).unwrap();
+    let emptied =
+        |v: &[Tensor<f64>]| -> Vec<usize> { (0..v.len()).filter(|&i| v[i].numel() == 0).collect() };
+    // Every node but the output has lost its handle; so have the leaves (always kept).
+    let mut values = Vec::new();
+    g.eval_more_releasing(&mut values, &leaves, &[], &|id| id != out, &[])
+        .unwrap();
+    assert_eq!(emptied(&values), [h, l, r, l2]);
+    assert_eq!(values[..h], all[..h]);
+    assert_eq!(values[out], all[out]);
+    // The output's handle dropped since: a later call empties it before anything new.
+    g.eval_more_releasing(&mut values, &leaves, &[], &|_| true, &[out])
+        .unwrap();
+    assert_eq!(emptied(&values), [h, l, r, l2, out]);
+
+    // A node evaluated, then read by a node appended after, then dropped: kept until that
+    // reader is evaluated, which reads its value.
+    let (mut b, [_, _, _, h, l], _) = relu_linear();
+    let mut values = Vec::new();
+    b.graph().eval_into(&mut values, &leaves, &[]).unwrap();
+    let r = b.apply(Op::Relu, &[l]).unwrap();
+    let g = b.finish();
+    let dead = |id: usize| id == l || id == h;
+    g.eval_more_releasing(&mut values, &leaves, &[], &dead, &[l, h])
+        .unwrap();
+    assert_eq!(emptied(&values), [h, l]);
+    assert_eq!(values[r], g.eval(&leaves, &[]).unwrap()[r]);
+}

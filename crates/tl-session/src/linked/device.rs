@@ -278,6 +278,7 @@ impl<T: Scalar> LinkedSession<T> {
 
     /// Hand the current pass's compiled tape (if any) back: its device to the kept devices.
     pub(super) fn end_pass(&mut self) {
+        self.dropped_for_pass.clear();
         if let Some(c) = self.pass.take() {
             self.recycle(c);
             self.release_retired();
@@ -381,7 +382,7 @@ impl<T: Scalar> LinkedSession<T> {
             self.sync_param_leaves(index)?;
         }
         self.leaves_stale = false;
-        self.values.clear();
+        self.clear_values();
         Ok(())
     }
 
@@ -411,7 +412,7 @@ impl<T: Scalar> LinkedSession<T> {
         for leaf in leaves {
             self.leaves[leaf] = value.clone();
         }
-        self.values.clear();
+        self.clear_values();
         Ok(())
     }
 

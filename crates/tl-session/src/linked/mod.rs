@@ -47,9 +47,14 @@ pub struct LinkedSession<T: Scalar = f32> {
     /// The arithmetic of the compiled tapes' matrix products (autocast).
     precision: Precision,
     /// The values of the graph's first ids, from the last `value` read: a read evaluates only
-    /// the nodes recorded since. Cleared when a leaf is added, a Nat input overwritten, or the
-    /// session reset.
+    /// the nodes recorded since, and lets go of the values no handle reaches once their last
+    /// reader is evaluated (the empty vector in their place). Cleared when a leaf is added, a
+    /// Nat input overwritten, or the session reset.
     values: Vec<Tensor<T>>,
+    /// The ids dropped since the last `value` read that it evaluated already (it frees them).
+    dropped_for_values: Vec<usize>,
+    /// The ids dropped since the kept pass last grew (it frees those it replayed).
+    dropped_for_pass: Vec<usize>,
     /// The devices of the last step's compiled tapes, kept so the next step's buffers come from
     /// their caching allocators' pools (no device allocation in steady state) and the
     /// parameters stay resident there.
@@ -221,6 +226,8 @@ impl<T: Scalar> LinkedSession<T> {
             deterministic: false,
             precision: Precision::F32,
             values: Vec::new(),
+            dropped_for_values: Vec::new(),
+            dropped_for_pass: Vec::new(),
             dropped: Dropped::default(),
             dead: Vec::new(),
             requires_grad: Vec::new(),
@@ -353,7 +360,7 @@ impl<T: Scalar> LinkedSession<T> {
         }
         self.leaf_param.clear();
         self.nats = NatEnv::default();
-        self.values.clear();
+        self.clear_values();
         self.leaves_stale = false;
         self.written.clear();
         // The pinned mirrors: nothing reads them once the graph is gone.
@@ -362,6 +369,8 @@ impl<T: Scalar> LinkedSession<T> {
         self.release_retired();
         self.dead.clear();
         self.dropped.clear();
+        self.dropped_for_values.clear();
+        self.dropped_for_pass.clear();
         self.requires_grad.clear();
         self.stamp.epoch += 1;
     }
@@ -407,19 +416,43 @@ impl<T: Scalar> LinkedSession<T> {
     }
 
     /// The graph ids whose last handle was dropped, as `dead` (graph id → dropped) for a
-    /// compiled pass, and those dropped since the last call; hand `dead` back with
+    /// compiled pass, and those dropped since the kept pass last grew; hand `dead` back with
     /// [`keep_dead`](Self::keep_dead).
     pub(super) fn take_dead(&mut self) -> (Vec<bool>, Vec<usize>) {
-        let mut dead = std::mem::take(&mut self.dead);
+        self.collect_dropped();
+        (
+            std::mem::take(&mut self.dead),
+            std::mem::take(&mut self.dropped_for_pass),
+        )
+    }
+
+    /// Empty the value cache: the next `value` read evaluates from the leaves.
+    fn clear_values(&mut self) {
+        self.values.clear();
+        self.dropped_for_values.clear();
+    }
+
+    /// Mark the ids the handles' watches reported since the last call in `dead`, and list
+    /// them for the value cache and the kept pass, each only while it holds evaluated or
+    /// replayed values (one that holds none starts from `dead` alone).
+    fn collect_dropped(&mut self) {
+        if self.dropped.is_empty() {
+            return;
+        }
         let mut since = Vec::new();
         self.dropped.take_into(self.stamp.epoch, &mut since);
         for &id in &since {
-            if dead.len() <= id {
-                dead.resize(id + 1, false);
+            if self.dead.len() <= id {
+                self.dead.resize(id + 1, false);
             }
-            dead[id] = true;
+            self.dead[id] = true;
         }
-        (dead, since)
+        if !self.values.is_empty() {
+            self.dropped_for_values.extend_from_slice(&since);
+        }
+        if self.pass.is_some() {
+            self.dropped_for_pass.extend_from_slice(&since);
+        }
     }
 
     /// Put back what [`take_dead`](Self::take_dead) took.
@@ -432,7 +465,7 @@ impl<T: Scalar> LinkedSession<T> {
         self.requires_grad.push(rg);
         self.end_pass();
         self.leaves.push(value);
-        self.values.clear();
+        self.clear_values();
         self.handle(id)
     }
 
@@ -505,7 +538,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// Overwrite a recorded Nat input (evaluation reads the current environment).
     pub fn write_nat(&mut self, r: NatRef, v: usize) -> Result<()> {
         self.end_pass();
-        self.values.clear();
+        self.clear_values();
         self.nats.write(r, v, self.stamp)
     }
     /// Record a block of Nat inputs.
@@ -521,7 +554,7 @@ impl<T: Scalar> LinkedSession<T> {
     /// Overwrite a recorded block; `vs` must have the block's length.
     pub fn write_nat_vec(&mut self, r: NatVecRef, vs: &[usize]) -> Result<()> {
         self.end_pass();
-        self.values.clear();
+        self.clear_values();
         self.nats.write_vec(r, vs, self.stamp)
     }
 
@@ -799,9 +832,19 @@ impl<T: Scalar> Ops for LinkedSession<T> {
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check("value", r)?;
         self.sync_leaves()?;
-        if r.id >= self.values.len() {
+        self.collect_dropped();
+        if r.id >= self.values.len() || !self.dropped_for_values.is_empty() {
+            let dead = &self.dead;
+            let is_dead = |id: usize| dead.get(id).copied().unwrap_or(false);
             let g = self.builder.graph();
-            g.eval_into(&mut self.values, &self.leaves, &self.nats.values)?;
+            let dropped = std::mem::take(&mut self.dropped_for_values);
+            g.eval_more_releasing(
+                &mut self.values,
+                &self.leaves,
+                &self.nats.values,
+                &is_dead,
+                &dropped,
+            )?;
         }
         Ok(self.values[r.id].clone())
     }
@@ -837,6 +880,39 @@ mod tests {
         assert!(s.values.is_empty());
         let w = s.input(Tensor::scalar(5.0), false).unwrap();
         assert_eq!(s.value(&w).unwrap().item().unwrap(), 5.0);
+    }
+
+    #[test]
+    fn value_reads_let_go_of_the_values_no_handle_reaches() {
+        let x0 = Tensor::vector(vec![0.25, 0.5, 0.75]);
+        let mut s = LinkedSession::<f64>::new();
+        s.set_grad_enabled(false);
+        let x = s.input(x0.clone(), false).unwrap();
+        let held = |s: &LinkedSession<f64>| s.values.iter().filter(|v| v.numel() > 0).count();
+        let fresh = |s: &LinkedSession<f64>, id: usize| {
+            s.graph().eval(std::slice::from_ref(&x0), &[]).unwrap()[id].clone()
+        };
+        let mut h = s.exp(&x).unwrap();
+        for _ in 0..10 {
+            h = s.tanh(&h).unwrap();
+        }
+        let last = s.value(&h).unwrap();
+        // The leaf and the chain's last node: the ten before it went once their reader ran.
+        assert_eq!((s.values.len(), held(&s)), (12, 2));
+        assert_eq!(last, fresh(&s, 11));
+        // Read, then read by a node recorded after the read, then dropped: it goes once that
+        // reader is evaluated, which still reads its value.
+        let y = s.exp(&h).unwrap();
+        s.value(&y).unwrap();
+        let z = s.tanh(&y).unwrap();
+        drop(y);
+        assert_eq!(s.value(&z).unwrap(), fresh(&s, 13));
+        assert_eq!((s.values.len(), held(&s)), (14, 3), "x, h and z");
+        // A read that evaluates nothing still lets go of what was dropped since.
+        drop(h);
+        assert_eq!(s.value(&x).unwrap(), x0);
+        assert_eq!(held(&s), 2, "x and z");
+        assert_eq!(s.value(&z).unwrap(), fresh(&s, 13));
     }
 
     #[test]
