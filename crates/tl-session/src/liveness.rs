@@ -1,7 +1,7 @@
 //! Which recorded nodes a caller can still reach: a [`TensorRef`](crate::TensorRef) that may
 //! let its node's value go carries a shared [`Watch`]; when the last copy of the handle is
 //! dropped, the node's id goes into its session's [`Dropped`] queue. The eager session hands
-//! those values back to the tape before its next op; the linked session's compiled pass
+//! those values back to the tape before its next op or read; the linked session's compiled pass
 //! frees them once their last reader has run. The tapes keep every value a backward may read
 //! (`tl_tape_cpu::Tape::release`, `tl_tape_cuda::CudaTape::release`), so what goes is what
 //! nothing can read any more: an evaluation pass frees its intermediate values as it goes,

@@ -127,7 +127,7 @@ pub struct Session<T: Scalar = f32> {
     rng_counter: u64,
     /// Whether leaves recorded now may require grad ([`Ops::set_grad_enabled`]).
     grad_enabled: bool,
-    /// Nodes whose last handle was dropped, released on the tape before the next op.
+    /// Nodes whose last handle was dropped, released on the tape before the next op or read.
     dropped: Dropped,
     /// Scratch for the ids taken from `dropped` (kept to spare an allocation per op).
     releasing: Vec<usize>,
@@ -253,7 +253,8 @@ impl<T: Scalar> Session<T> {
     }
 
     /// Hand the values of the nodes whose last handle was dropped back to the tape (it keeps
-    /// what a backward may read): before an op runs, so its output can reuse them.
+    /// what a backward may read): before an op runs, so its output can reuse them, and before
+    /// a read.
     #[inline]
     fn release_dropped(&mut self) -> Result<()> {
         match self.dropped.is_empty() {
@@ -503,6 +504,8 @@ impl<T: Scalar> Ops for Session<T> {
 
     fn value(&mut self, r: &TensorRef) -> Result<Tensor<T>> {
         self.check("value", r)?;
+        // A pass's last values are dropped after its last op: a read lets them go too.
+        self.release_dropped()?;
         Ok(on_engine!(&self.engine,
             cpu(t) => t.value(r.id, &r.shape)?.clone(),
             cuda(t) => t.value(r.id, &r.shape)?.download(t.device())?,

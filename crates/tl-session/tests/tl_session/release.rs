@@ -229,3 +229,30 @@ fn a_view_keeps_the_buffer_it_views_on_the_device() {
     );
     assert_eq!(kept_after, 4 * bytes, "tanh's handle kept its buffer");
 }
+
+#[test]
+fn an_eager_read_lets_go_of_what_was_dropped_after_the_last_op() {
+    // `a` is dropped after the pass's last op (`b = exp(a)`): no op follows to release it, so
+    // the read of `b` does (it used to stay until the reset). The same bits with `a` kept.
+    let run = |keep: bool| {
+        let mut s = sim();
+        s.set_grad_enabled(false);
+        let x = Tensor::from_fn([64, 256], |i| i as f32 * 1e-4);
+        let x = s.input(x, false).unwrap();
+        let a = s.tanh(&x).unwrap();
+        let b = s.exp(&a).unwrap();
+        let live = |s: &Session<f32>| s.memory_usage().unwrap().live_bytes;
+        let before = live(&s);
+        let kept = keep.then_some(a);
+        let v = s.value(&b).unwrap();
+        drop(kept);
+        (v, before, live(&s))
+    };
+    let bytes = N * 4;
+    let (v, before, after) = run(false);
+    let (kept_v, kept_before, kept_after) = run(true);
+    assert_eq!((before, kept_before), (3 * bytes, 3 * bytes), "x, a and b");
+    assert_eq!(after, 2 * bytes, "x and b: a went at the read");
+    assert_eq!(kept_after, 3 * bytes, "a's handle kept it");
+    assert_eq!(v, kept_v);
+}
