@@ -90,6 +90,12 @@ impl<T: Scalar> Node<T> {
     pub fn is_released(&self) -> bool {
         self.released.is_some()
     }
+    /// Take the value out, leaving the node released (its shape kept): the one place a
+    /// release ([`Tape::release`], a releasing backward) marks a node.
+    fn take_value(&mut self) -> Tensor<T> {
+        self.released = Some(Box::new(self.value.shape().clone()));
+        std::mem::replace(&mut self.value, Tensor::vector(Vec::new()))
+    }
     /// Whether reverse accumulation visits this node and accepts contributions into it.
     pub fn requires_grad(&self) -> bool {
         self.requires_grad
@@ -326,13 +332,7 @@ impl<T: Scalar> Tape<T> {
             return Ok(false);
         }
         let pool = self.pool.get_mut().unwrap_or_else(|e| e.into_inner());
-        let node = &mut self.nodes[id];
-        let shape = node.value.shape().clone();
-        pool.recycle(std::mem::replace(
-            &mut node.value,
-            Tensor::vector(Vec::new()),
-        ));
-        node.released = Some(Box::new(shape));
+        pool.recycle(self.nodes[id].take_value());
         Ok(true)
     }
 
@@ -620,12 +620,7 @@ impl<T: Scalar> Tape<T> {
             visit(&self.nodes, id, &mut grads, keep)?;
             let node = &mut self.nodes[id];
             if matches!(node.kind, NodeKind::Op(_)) && node.released.is_none() {
-                let shape = node.value.shape().clone();
-                pool::recycle(std::mem::replace(
-                    &mut node.value,
-                    Tensor::vector(Vec::new()),
-                ));
-                node.released = Some(Box::new(shape));
+                pool::recycle(node.take_value());
                 if let Some(saved) = node.saved.take().and_then(|s| Arc::try_unwrap(s).ok()) {
                     saved.into_iter().for_each(pool::give);
                 }
