@@ -369,8 +369,6 @@ impl<T: Scalar> LinkedSession<T> {
         self.release_retired();
         self.dead.clear();
         self.dropped.clear();
-        self.dropped_for_values.clear();
-        self.dropped_for_pass.clear();
         self.requires_grad.clear();
         self.stamp.epoch += 1;
     }
