@@ -151,7 +151,8 @@ pub fn write(path: &Path, file: &File) -> Result<()> {
                 .map_err(|err| bad(path, format!("tensor {name:?}: {err}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let meta: std::collections::HashMap<String, String> = file
+    // The map type safetensors takes (std's or hashbrown's, by its `std` feature), inferred.
+    let meta = file
         .metadata
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))

@@ -99,8 +99,7 @@ fn encode(file: &File) -> Vec<u8> {
             (n.clone(), v.unwrap())
         })
         .collect();
-    let meta: std::collections::HashMap<String, String> =
-        file.metadata.clone().into_iter().collect();
+    let meta = file.metadata.clone().into_iter().collect();
     safetensors::serialize(views, Some(meta)).unwrap()
 }
 
