@@ -148,15 +148,20 @@ const GEMM_HORIZONTAL_OUTPUTS: usize = 16 * 16;
 const NANO_GEMM_MNK: usize = 16 * 16 * 16;
 
 /// The kernel families an `(rows, k)·(k, cols)` product can take in faer and the gemm crate
-/// whose sums over k run in different orders: nano-gemm, a matrix-vector product (one side
-/// 1), the horizontal kernels, the small-side k-blocking. [`split_matmul`] cuts a product only
-/// where both blocks fall in the whole product's families, so the bits never depend on the
-/// thread count (`results_do_not_depend_on_the_thread_count` holds us to it).
-fn sum_order_family(rows: usize, cols: usize, k: usize) -> [bool; 4] {
+/// whose sums over k run in different orders: nano-gemm (whose own kernels change with the
+/// side it vectorizes, at 1, 2, 4 and 8 rows), one row and one column apart (faer and the gemm
+/// crate test one before the other, each with a matrix-vector path of its own, and a 1×1
+/// block is both), the horizontal kernels, the small-side k-blocking. [`split_matmul`] cuts a
+/// product only where both blocks fall in the whole product's families, and never one small
+/// enough for nano-gemm (the production threshold, [`PARALLEL_MIN_WORK`], is far above it),
+/// so the bits never depend on the thread count (`results_do_not_depend_on_the_thread_count`
+/// and `a_split_that_leaves_a_vector_keeps_the_bits` hold us to it).
+fn sum_order_family(rows: usize, cols: usize, k: usize) -> [bool; 5] {
     let outputs = rows.saturating_mul(cols);
     [
         outputs.saturating_mul(k) <= NANO_GEMM_MNK,
-        rows <= 1 || cols <= 1,
+        rows <= 1,
+        cols <= 1,
         outputs <= GEMM_HORIZONTAL_OUTPUTS,
         rows <= GEMM_SMALL_SIDE && cols <= GEMM_SMALL_SIDE,
     ]
@@ -179,10 +184,16 @@ fn split_matmul<E: faer::traits::ComplexField + Copy>(
     let mid = crate::par::share(long, t1, t)
         .div_ceil(SPLIT_ALIGN)
         .saturating_mul(SPLIT_ALIGN);
-    // Both blocks must sum over k as the whole product does (sum_order_family).
+    // Both blocks must sum over k as the whole product does (sum_order_family), each taken
+    // as it lies: the cut is along the columns when n ≥ m.
     let k = a.ncols();
-    let family = |side: usize| sum_order_family(side, short, k);
-    let same_path = family(mid) == family(long) && family(long.saturating_sub(mid)) == family(long);
+    let family = |side: usize| match n >= m {
+        true => sum_order_family(short, side, k),
+        false => sum_order_family(side, short, k),
+    };
+    let [nano, ..] = family(long);
+    let same_path =
+        !nano && family(mid) == family(long) && family(long.saturating_sub(mid)) == family(long);
     if t < 2 || mid == 0 || mid >= long || !same_path {
         faer::linalg::matmul::matmul(c, accum, a, b, alpha, Par::Seq);
         return;
@@ -902,6 +913,60 @@ mod tests {
             }
         }
         assert!(threads() >= 1);
+    }
+
+    /// The thread split (forced on at every size) keeps the bits where a block of the cut
+    /// product would be one row or one column wide: faer and the gemm crate give one-column
+    /// and one-row outputs matrix-vector paths of their own, which sum over k in other orders
+    /// (a 1×17 row split 16 + 1 changed its last element by an ulp before), and nano-gemm
+    /// changes kernels with the rows it vectorizes.
+    #[test]
+    fn a_split_that_leaves_a_vector_keeps_the_bits() {
+        use crate::gates::{Gates, force};
+        let op = Op::Matmul;
+        let shapes = [(1, 17), (17, 1), (1, 33), (2, 17), (17, 2), (1, 2), (3, 1)];
+        for (m, n) in shapes {
+            // Nano-gemm's sizes (never split), just past them, and deep enough (k > 16³) that a
+            // one-wide block is past them too.
+            let past_nano = NANO_GEMM_MNK / (m * n) + 1;
+            for k in [1, 2, 3, 5, 64, past_nano, past_nano + 37, NANO_GEMM_MNK + 5] {
+                let a: Vec<f32> = fill(m * k, 8).into_iter().map(|v| v as f32).collect();
+                let b: Vec<f32> = fill(k * n, 9).into_iter().map(|v| v as f32).collect();
+                let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                let at: Vec<f32> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
+                let run = |t: usize, accumulate: bool, a_t: bool, b_t: bool| {
+                    let _g = force(Gates {
+                        threads: Some(t),
+                        gemm_parallel_min_work: Some(0),
+                        ..Gates::DEFAULT
+                    });
+                    let mut c: Vec<f32> = fill(m * n, 10).into_iter().map(|v| v as f32).collect();
+                    let av = match a_t {
+                        false => rows(&op, &a, m, k).unwrap(),
+                        true => rows(&op, &at, k, m).unwrap().t(),
+                    };
+                    let bv = match b_t {
+                        false => rows(&op, &b, k, n).unwrap(),
+                        true => rows(&op, &bt, n, k).unwrap().t(),
+                    };
+                    let cv = rows_mut(&op, &mut c, m, n).unwrap();
+                    matmul(&op, cv, accumulate, av, bv, 0.75).unwrap();
+                    c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                for accumulate in [false, true] {
+                    for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+                        let one = run(1, accumulate, a_t, b_t);
+                        for t in [2, 3, 4] {
+                            assert_eq!(
+                                run(t, accumulate, a_t, b_t),
+                                one,
+                                "({m}, {k}, {n}) on {t} threads, accumulate {accumulate}, a transposed {a_t}, b transposed {b_t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The 16-wide kernel (`narrow`) gives the gemm path's bits on every shape it takes, at

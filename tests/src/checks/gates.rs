@@ -294,6 +294,47 @@ pub fn shape_gate_cases() -> Vec<(&'static str, GraphCase)> {
     ]
 }
 
+/// Fixed products whose thread split (forced on at every size by [`same_bits_settings`]) leaves
+/// a block one row or one column wide, which faer and the gemm crate sum over k another way
+/// (their matrix-vector paths): rows of 33 and 17 outputs, a column of 33, two rows and two
+/// columns of 17, as `matmul` (`b` row-major) and as `linear` (`x·wᵀ`, `w` read column-major),
+/// each just past nano-gemm's reach (which is never split) and deep enough (k > 16³) that a
+/// one-wide block is past it too. The registry's random
+/// shapes reach such a split rarely (a 17-key attention row under one seed of 256 cases did).
+pub fn vector_split_cases() -> Vec<(String, GraphCase)> {
+    use crate::checks::grid::{one_op, positive};
+    use tl_ir::Op;
+    let mut cases = Vec::new();
+    let mut seed = 0;
+    for (m, n) in [(1, 33), (1, 17), (33, 1), (2, 17), (17, 2)] {
+        // Just past nano-gemm's reach, and deep enough that a one-wide block is past it too.
+        let past_nano = 16 * 16 * 16 / (m * n) + 1;
+        for k in [past_nano, 16 * 16 * 16 + 5] {
+            seed += 8;
+            let (a, b) = (positive([m, k], seed), positive([k, n], seed + 1));
+            let name = format!("matmul {m}x{k} {k}x{n}");
+            cases.push((name, one_op(Op::Matmul, vec![a, b], seed + 2)));
+            let (w, bias) = (positive([n, k], seed + 3), positive([n], seed + 4));
+            let x = positive([m, k], seed + 5);
+            let name = format!("linear x {m}x{k} w {n}x{k}");
+            cases.push((name, one_op(Op::Linear, vec![w, bias, x], seed + 6)));
+        }
+    }
+    cases
+}
+
+/// [`vector_split_cases`] in `T`: the same bits under every thread count and level, each
+/// layout path ([`same_bits_case`]).
+pub fn check_vector_splits<T: Scalar>() -> Report {
+    let label = format!("gates same bits vector splits {}", T::NAME);
+    let cases = vector_split_cases();
+    let named: Vec<(&str, GraphCase)> =
+        cases.iter().map(|(n, c)| (n.as_str(), c.clone())).collect();
+    crate::report::run_fixed(label, &named, |c| {
+        same_bits_case::<T>(c).map_err(crate::CaseError::Fail)
+    })
+}
+
 /// [`shape_gate_cases`] in `T`: checks 1 and 2 (against the f64 IR, [`crate::dag::DAG_TOL`])
 /// under the production decisions and under every one of [`settings`]; and the same bits with
 /// each of those gates off as on (production's, and every fast path on two threads at the best

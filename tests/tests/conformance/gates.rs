@@ -83,3 +83,12 @@ fn shapes_past_the_gates_match_the_ir_and_keep_the_bits() {
     let cases = tl_conformance::checks::gates::shape_gate_cases().len() as u32;
     assert_all_passed(&reports, cases);
 }
+
+/// Products whose thread split leaves a one-row or one-column block (faer's matrix-vector
+/// paths, another order of the sums over k) keep the bits of one thread, in f32 and f64.
+#[test]
+fn splits_that_leave_a_vector_keep_the_bits() {
+    use tl_conformance::checks::gates::{check_vector_splits, vector_split_cases};
+    let reports = vec![check_vector_splits::<f32>(), check_vector_splits::<f64>()];
+    assert_all_passed(&reports, vector_split_cases().len() as u32);
+}

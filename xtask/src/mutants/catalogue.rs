@@ -317,6 +317,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "cpu-gemm-split-vector-orientation",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/gemm.rs",
+        from: "        rows <= 1,\n        cols <= 1,",
+        to: "        rows <= 1 || cols <= 1,\n        rows <= 1 || cols <= 1,",
+        bug: "the GEMM's thread split takes a one-wide block for the one-row or one-column product it was cut from (faer and the gemm crate sum them over k in other orders)",
+        harness: Plain,
+    },
+    Mutant {
         id: "cpu-par-chunk-offset",
         area: Cpu,
         file: "crates/tl-tape-cpu/src/par.rs",

@@ -36,13 +36,13 @@ const ROWS: usize = 8;
 pub(super) fn applies(a: &Geometry, b: &Geometry, c: &Geometry) -> bool {
     let (m, k) = (a.rows, a.cols);
     let max_k = crate::gates::get(|g| g.narrow_max_k, MAX_K).min(MAX_K);
-    let [nano, vector, horizontal, _] = super::sum_order_family(m, WIDTH, k);
+    let [nano, row, column, horizontal, _] = super::sum_order_family(m, WIDTH, k);
     b.cols == WIDTH
         && b.cs == 1
         && c.cs == 1
         && (3..=max_k).contains(&k)
         && m.saturating_mul(k) <= MAX_MK
-        && !(nano || vector || horizontal)
+        && !(nano || column || row || horizontal)
         && crate::simd::level() == crate::simd::Level::Avx512
 }
 
