@@ -8,7 +8,7 @@
 //! | --- | --- | --- |
 //! | `layerNorm offset` | groups with mean ±1e3–2e3, spread 1–16 (the registry's levels) | a one-pass variance `E[x²] − μ²` (cancels at 1e6) |
 //! | `batchnorm offset` | the same per channel | the same |
-//! | `layerNorm tiny variance` | groups `c + 1e-3·levels`, `c` in ±2, ε = 1e-6 | the same, and a variance not clamped at 0 |
+//! | `layerNorm tiny variance` | groups `c + 1e-3·levels`, `c` in ±2, ε = 1e-6 | the same, and a variance not clamped at 0 (values only: [`HardFamily::grads`]) |
 //! | `softmax ±80` | logits in [−80, 80] | `exp` without subtracting the row max (overflows at 88.7) |
 //! | `logSoftmax ±80` | the same | the same, and `log(softmax)` (underflows to −∞) |
 //! | `crossEntropy ±80` | the same | the same |
@@ -36,6 +36,14 @@ pub struct HardFamily {
     pub cases: fn(Size) -> BoxedStrategy<OpCase>,
     /// The tolerances (`Tol::f32` is the family's).
     pub tol: Tol,
+    /// Whether its gradients are checked too (check 2). Not for `layerNorm tiny variance`:
+    /// there f32's own rounding of the group mean (ε, up to half an ulp of `c`) moves every
+    /// normalized value by ε·rstd (rstd up to 1/√ε_norm = 1000), and the input gradient's
+    /// projection term `mean(gγ·x̂)` cancels to a percent of its parts in two-element groups,
+    /// so a correct two-pass f32 gradient misses the f64 one by up to rstd²·ε (about 0.2):
+    /// 6.6e-3 (CPU) and 1.5e-2 (sim) relative over 16 seeds of 1,024 cases, with a tail no
+    /// fixed tolerance bounds. Its values (what a one-pass variance gets wrong) are checked.
+    pub grads: bool,
 }
 
 impl fmt::Debug for HardFamily {
@@ -135,15 +143,19 @@ pub fn families() -> Vec<HardFamily> {
         name,
         cases,
         tol: tol(f32),
+        grads: true,
     };
     vec![
         fam("layerNorm offset", layer_norm_offset, NORM_OFFSET_TOL),
         fam("batchnorm offset", batch_norm_offset, NORM_OFFSET_TOL),
-        fam(
-            "layerNorm tiny variance",
-            layer_norm_tiny_variance,
-            TINY_VAR_TOL,
-        ),
+        HardFamily {
+            grads: false,
+            ..fam(
+                "layerNorm tiny variance",
+                layer_norm_tiny_variance,
+                TINY_VAR_TOL,
+            )
+        },
         fam("softmax ±80", |z| large_logits(z, Op::Softmax), LOGIT_TOL),
         fam(
             "logSoftmax ±80",
@@ -185,12 +197,13 @@ pub fn hard_cases(families: Vec<HardFamily>) -> BoxedStrategy<HardCase> {
     Union::new(arms).boxed()
 }
 
-/// One hard case on `backend`: values (check 1) and, with `grads`, gradients (check 2)
-/// against the f64 IR, within the family's tolerance.
+/// One hard case on `backend`: values (check 1) and, with `grads` where its family checks
+/// them ([`HardFamily::grads`]), gradients (check 2) against the f64 IR, within the family's
+/// tolerance.
 pub fn hard_case<B: Backend>(backend: &B, c: &HardCase, grads: bool) -> CaseResult {
     let tag = |e: String| format!("{}: {e}", c.family.name);
     let m = forward_case(backend, &c.case, &c.family.tol).map_err(tag)?;
-    if !grads {
+    if !grads || !c.family.grads {
         return Ok(m);
     }
     Ok(m.max(backward_case(backend, &c.case, &c.family.tol).map_err(tag)?))
@@ -210,6 +223,7 @@ pub fn check_hard_families<B: Backend>(
     grads: bool,
     families: Vec<HardFamily>,
 ) -> Report {
+    let grads = grads && families.iter().any(|f| f.grads);
     let check = if grads { "2 bwd" } else { "1 fwd" };
     let what = match families.as_slice() {
         [one] => one.name,
