@@ -299,17 +299,17 @@ pub fn shape_gate_cases() -> Vec<(&'static str, GraphCase)> {
 /// (their matrix-vector paths): rows of 33 and 17 outputs, a column of 33, two rows and two
 /// columns of 17, as `matmul` (`b` row-major) and as `linear` (`x·wᵀ`, `w` read column-major),
 /// each just past nano-gemm's reach (which is never split) and deep enough (k > 16³) that a
-/// one-wide block is past it too. The registry's random
-/// shapes reach such a split rarely (a 17-key attention row under one seed of 256 cases did).
+/// one-wide block is past it too. The registry's random shapes reach such a split rarely (a
+/// 17-key attention row under one seed of 256 cases did).
 pub fn vector_split_cases() -> Vec<(String, GraphCase)> {
     use crate::checks::grid::{one_op, positive};
     use tl_ir::Op;
+    // faer hands a product of at most 16³ multiply-adds to nano-gemm.
+    let nano = 16 * 16 * 16;
     let mut cases = Vec::new();
     let mut seed = 0;
     for (m, n) in [(1, 33), (1, 17), (33, 1), (2, 17), (17, 2)] {
-        // Just past nano-gemm's reach, and deep enough that a one-wide block is past it too.
-        let past_nano = 16 * 16 * 16 / (m * n) + 1;
-        for k in [past_nano, 16 * 16 * 16 + 5] {
+        for k in [nano / (m * n) + 1, nano + 5] {
             seed += 8;
             let (a, b) = (positive([m, k], seed), positive([k, n], seed + 1));
             let name = format!("matmul {m}x{k} {k}x{n}");
