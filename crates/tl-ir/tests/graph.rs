@@ -1,7 +1,7 @@
 //! GraphBuilder, eval, backprop_all and jvp at the IR level: typing by construction, errors for
 //! bad input, and hand-worked gradients.
 
-use tl_ir::{Error, GraphBuilder, Op};
+use tl_ir::{Error, GraphBuilder, GraphData, Op};
 use tl_spec::{Shape, Tensor};
 
 fn v(data: &[f64]) -> Tensor<f64> {
@@ -320,16 +320,22 @@ fn relu_linear() -> (GraphBuilder, [usize; 5], [Tensor<f64>; 3]) {
     (b, [x, w, bias, h, l], leaves)
 }
 
+/// [`relu_linear`] twice with a residual: `out = h + linear(w, bias, relu(l))`, finished;
+/// the ids `[h, l, r, l2, out]` (`r` the second relu, `l2` the second linear) and zero leaves.
+fn residual_relu_linear() -> (GraphData, [usize; 5], [Tensor<f64>; 3]) {
+    let (mut b, [_, w, bias, h, l], leaves) = relu_linear();
+    let r = b.apply(Op::Relu, &[l]).unwrap();
+    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
+    let out = b.apply(Op::Add, &[h, l2]).unwrap();
+    (b.finish(), [h, l, r, l2, out], leaves)
+}
+
 /// `replay` offers a pair only where the recorder's `fuses` accepts it, so an unfusable pair
 /// (`relu` → `linear`) does not take the `linear` that the pair after it (`linear` → `relu`)
 /// fuses; a residual `add` gets its other operand's recorder id on the right side.
 #[test]
 fn replay_offers_only_the_pairs_the_recorder_fuses() {
-    let (mut b, [_, w, bias, h, l], leaves) = relu_linear();
-    let r = b.apply(Op::Relu, &[l]).unwrap();
-    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
-    b.apply(Op::Add, &[h, l2]).unwrap();
-    let g = b.finish();
+    let (g, _, leaves) = residual_relu_linear();
     let mut rec = Log::default();
     let ids = g.replay(&mut rec, &leaves, &[]).unwrap();
     assert_eq!(ids, (0..8).collect::<Vec<_>>());
@@ -374,11 +380,7 @@ fn replay_more_records_only_the_nodes_added_since() {
 /// call offers the nodes it is told were dropped since.
 #[test]
 fn replay_more_releasing_offers_each_dead_node_after_its_last_reader() {
-    let (mut b, [_, w, bias, h, l], leaves) = relu_linear();
-    let r = b.apply(Op::Relu, &[l]).unwrap();
-    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
-    let out = b.apply(Op::Add, &[h, l2]).unwrap();
-    let g = b.finish();
+    let (g, [h, l, .., out], leaves) = residual_relu_linear();
     let mut rec = Log::default();
     let mut ids = g.replay_leaves(&mut rec, &leaves, &[]).unwrap();
     // Every node but the output has lost its handle; so have the leaves (never offered).
@@ -415,11 +417,7 @@ fn replay_more_releasing_offers_each_dead_node_after_its_last_reader() {
 /// empties the nodes it is told were dropped since, once their readers have all run.
 #[test]
 fn eval_more_releasing_empties_each_dead_value_after_its_last_reader() {
-    let (mut b, [_, w, bias, h, l], _) = relu_linear();
-    let r = b.apply(Op::Relu, &[l]).unwrap();
-    let l2 = b.apply(Op::Linear, &[w, bias, r]).unwrap();
-    let out = b.apply(Op::Add, &[h, l2]).unwrap();
-    let g = b.finish();
+    let (g, [h, l, r, l2, out], _) = residual_relu_linear();
     let leaves = [
         Tensor::from_fn([2, 3], |i| i as f64 * 0.5 - 1.0),
         Tensor::from_fn([3, 3], |i| (i as f64 * 0.7).sin()),
