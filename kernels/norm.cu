@@ -5,6 +5,10 @@
 // x[((e / seg) * groups + k) * seg + e % seg], e < m = outer * seg. gamma/beta are indexed by
 // the position in the segment (per_column != 0, layer norm) or by the group (batch norm).
 //
+// A group is centred on its first element x0 (sim: norm::Centre): the statistics hold the mean
+// d of x - x0, and every kernel that normalizes computes (x - x0) - d, x0 read from x (exact to
+// the rounding of the group's spread, however far its mean is from 0).
+//
 // Determinism: no kernel here uses atomics, so the default path IS the fixed-order path:
 // per-group sums fold per thread (e = t, t + 256, ...) then the block tree of common.cuh; the
 // gamma/beta sums are one thread per entry in increasing index order.
@@ -28,43 +32,58 @@ __device__ __forceinline__ u32 tl_norm_feature(u64 i, u32 groups, u32 seg, u32 p
     return per_column ? (u32)(i % seg) : (u32)((i / seg) % groups);
 }
 
-// Group k's mean and biased variance max(sum (x - mean)^2 / m, 0), two passes; every thread of
-// the block gets both.
+// Group k's first element x0, the shift it is centred on (0 for an empty group).
+__device__ __forceinline__ float tl_norm_shift(const float* x, u32 k, u32 m, u32 seg) {
+    return m > 0 ? x[(u64)k * seg] : 0.0f;
+}
+
+// The centred value (x - x0) - d, in this order (sim: norm::Centre::of).
+__device__ __forceinline__ float tl_norm_centre(float x, float shift, float shifted_mean) {
+    return (x - shift) - shifted_mean;
+}
+
+// Group k's shift x0, the mean d of x - x0, and the biased variance max(sum ((x - x0) - d)^2 /
+// m, 0), two passes; every thread of the block gets all three.
 __device__ void tl_norm_group_moments(const float* x, u32 k, u32 m, u32 groups, u32 seg,
-                                      float* smem, float* mean_out, float* var_out) {
+                                      float* smem, float* shift_out, float* mean_out,
+                                      float* var_out) {
     const float mf = (float)m;
+    const float x0 = tl_norm_shift(x, k, m, seg);
     float s, sq;
-    TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)]);
-    const float mean = s / mf;
+    TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)] - x0);
+    const float d = s / mf;
     TL_NORM_REDUCE(sq, m, 0.0f, AddOp(),
-                   (x[tl_norm_index(k, e, groups, seg)] - mean) *
-                       (x[tl_norm_index(k, e, groups, seg)] - mean));
-    *mean_out = mean;
+                   tl_norm_centre(x[tl_norm_index(k, e, groups, seg)], x0, d) *
+                       tl_norm_centre(x[tl_norm_index(k, e, groups, seg)], x0, d));
+    *shift_out = x0;
+    *mean_out = d;
     *var_out = fmaxf(sq / mf, 0.0f);
 }
 
-// Group k's mean and 1 / sqrt(max(var, 0) + eps), two passes; every thread of the block gets
-// both.
+// Group k's shift x0, the mean d of x - x0, and 1 / sqrt(max(var, 0) + eps), two passes; every
+// thread of the block gets all three.
 __device__ void tl_norm_group_stats(const float* x, u32 k, u32 m, u32 groups, u32 seg, float eps,
-                                    float* smem, float* mean_out, float* rstd_out) {
+                                    float* smem, float* shift_out, float* mean_out,
+                                    float* rstd_out) {
     float var;
-    tl_norm_group_moments(x, k, m, groups, seg, smem, mean_out, &var);
+    tl_norm_group_moments(x, k, m, groups, seg, smem, shift_out, mean_out, &var);
     *rstd_out = 1.0f / sqrtf(var + eps);
 }
 
-// (x - mean) * rstd * gamma + beta, in this order (sim: norm::apply).
-__device__ __forceinline__ float tl_norm_affine(float x, float mean, float rstd, float gamma,
-                                                float beta) {
-    return (x - mean) * rstd * gamma + beta;
+// ((x - x0) - d) * rstd * gamma + beta, in this order (sim: norm::apply).
+__device__ __forceinline__ float tl_norm_affine(float x, float shift, float shifted_mean,
+                                                float rstd, float gamma, float beta) {
+    return tl_norm_centre(x, shift, shifted_mean) * rstd * gamma + beta;
 }
 
-// stats[k] = mean, stats[groups + k] = 1 / sqrt(max(var, 0) + eps), one block per group.
+// stats[k] = d (the mean of x - x0), stats[groups + k] = 1 / sqrt(max(var, 0) + eps), one
+// block per group.
 extern "C" __global__ void tl_norm_stats(const float* x, float* stats, u32 outer, u32 groups,
                                          u32 seg, float eps) {
     __shared__ float smem[33];
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
-        float mean, rstd;
-        tl_norm_group_stats(x, k, outer * seg, groups, seg, eps, smem, &mean, &rstd);
+        float x0, mean, rstd;
+        tl_norm_group_stats(x, k, outer * seg, groups, seg, eps, smem, &x0, &mean, &rstd);
         if (threadIdx.x == 0) {
             stats[k] = mean;
             stats[groups + k] = rstd;
@@ -72,16 +91,16 @@ extern "C" __global__ void tl_norm_stats(const float* x, float* stats, u32 outer
     }
 }
 
-// batchMoments: out[k] = mean, out[groups + k] = max(var, 0) (biased), one block per group: the
-// sums of tl_norm_stats, without eps.
+// batchMoments: out[k] = x0 + d (the mean), out[groups + k] = max(var, 0) (biased), one block
+// per group: the sums of tl_norm_stats, without eps.
 extern "C" __global__ void tl_norm_moments(const float* x, float* out, u32 outer, u32 groups,
                                            u32 seg) {
     __shared__ float smem[33];
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
-        float mean, var;
-        tl_norm_group_moments(x, k, outer * seg, groups, seg, smem, &mean, &var);
+        float x0, mean, var;
+        tl_norm_group_moments(x, k, outer * seg, groups, seg, smem, &x0, &mean, &var);
         if (threadIdx.x == 0) {
-            out[k] = mean;
+            out[k] = x0 + mean;
             out[groups + k] = var;
         }
     }
@@ -129,14 +148,15 @@ extern "C" __global__ void tl_running_inv_std(const float* var, float* out, u64 
     TL_GRID_STRIDE(i, n) { out[i] = (float)(1.0 / sqrt((double)var[i] + eps)); }
 }
 
-// y = (x - mean) * rstd * gamma + beta, grid-stride over the n elements.
+// y = ((x - x0) - d) * rstd * gamma + beta, grid-stride over the n elements.
 extern "C" __global__ void tl_norm_apply(const float* x, const float* stats, const float* gamma,
                                          const float* beta, float* y, u64 n, u32 groups, u32 seg,
                                          u32 per_column) {
     TL_GRID_STRIDE(i, n) {
         const u32 k = (u32)((i / seg) % groups);
         const u32 f = tl_norm_feature(i, groups, seg, per_column);
-        y[i] = tl_norm_affine(x[i], stats[k], stats[groups + k], gamma[f], beta[f]);
+        const float x0 = x[(u64)k * seg];
+        y[i] = tl_norm_affine(x[i], x0, stats[k], stats[groups + k], gamma[f], beta[f]);
     }
 }
 
@@ -148,8 +168,8 @@ extern "C" __global__ void tl_norm_fwd(const float* x, const float* gamma, const
     __shared__ float smem[33];
     const u32 m = outer * seg;
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
-        float mean, rstd;
-        tl_norm_group_stats(x, k, m, groups, seg, eps, smem, &mean, &rstd);
+        float x0, mean, rstd;
+        tl_norm_group_stats(x, k, m, groups, seg, eps, smem, &x0, &mean, &rstd);
         if (threadIdx.x == 0) {
             stats[k] = mean;
             stats[groups + k] = rstd;
@@ -157,13 +177,13 @@ extern "C" __global__ void tl_norm_fwd(const float* x, const float* gamma, const
         for (u32 e = threadIdx.x; e < m; e += TL_BLOCK) {
             const u64 i = tl_norm_index(k, e, groups, seg);
             const u32 f = tl_norm_feature(i, groups, seg, per_column);
-            y[i] = tl_norm_affine(x[i], mean, rstd, gamma[f], beta[f]);
+            y[i] = tl_norm_affine(x[i], x0, mean, rstd, gamma[f], beta[f]);
         }
     }
 }
 
 // dx = rstd / m * (m * g * gamma - sum(g * gamma) - xhat * sum(g * gamma * xhat)), one block
-// per group.
+// per group, xhat = ((x - x0) - d) * rstd.
 extern "C" __global__ void tl_norm_bwd_x(const float* x, const float* stats, const float* gamma,
                                          const float* g, float* dx, u32 outer, u32 groups,
                                          u32 seg, u32 per_column) {
@@ -171,6 +191,7 @@ extern "C" __global__ void tl_norm_bwd_x(const float* x, const float* stats, con
     const u32 m = outer * seg;
     const float mf = (float)m;
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
+        const float x0 = tl_norm_shift(x, k, m, seg);
         const float mean = stats[k];
         const float rstd = stats[groups + k];
 #define TL_GH(i) (g[i] * gamma[tl_norm_feature((i), groups, seg, per_column)])
@@ -178,11 +199,11 @@ extern "C" __global__ void tl_norm_bwd_x(const float* x, const float* stats, con
         TL_NORM_REDUCE(s1, m, 0.0f, AddOp(), TL_GH(tl_norm_index(k, e, groups, seg)));
         TL_NORM_REDUCE(s2, m, 0.0f, AddOp(),
                        TL_GH(tl_norm_index(k, e, groups, seg)) *
-                           ((x[tl_norm_index(k, e, groups, seg)] - mean) * rstd));
+                           (tl_norm_centre(x[tl_norm_index(k, e, groups, seg)], x0, mean) * rstd));
         const float c = rstd / mf;
         for (u32 e = threadIdx.x; e < m; e += TL_BLOCK) {
             const u64 i = tl_norm_index(k, e, groups, seg);
-            const float h = (x[i] - mean) * rstd;
+            const float h = tl_norm_centre(x[i], x0, mean) * rstd;
             dx[i] = c * (mf * g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)] - s1 -
                          h * s2);
         }
@@ -202,16 +223,18 @@ extern "C" __global__ void tl_norm_bwd_affine(const float* x, const float* stats
             for (u32 r = 0; r < rows; ++r) {
                 const u64 i = (u64)r * seg + f;
                 const u32 k = r % groups;
-                const float h = (x[i] - stats[k]) * stats[groups + k];
+                const float h =
+                    tl_norm_centre(x[i], x[(u64)k * seg], stats[k]) * stats[groups + k];
                 ab = ab + g[i];
                 ag = ag + g[i] * h;
             }
         } else {
             const u32 m = outer * seg;
             const u32 k = (u32)f;
+            const float x0 = tl_norm_shift(x, k, m, seg);
             for (u32 e = 0; e < m; ++e) {
                 const u64 i = tl_norm_index(k, e, groups, seg);
-                const float h = (x[i] - stats[k]) * stats[groups + k];
+                const float h = tl_norm_centre(x[i], x0, stats[k]) * stats[groups + k];
                 ab = ab + g[i];
                 ag = ag + g[i] * h;
             }
@@ -235,7 +258,8 @@ extern "C" __global__ void tl_norm_bwd_affine_block(const float* x, const float*
         for (u32 e = threadIdx.x; e < len; e += TL_BLOCK) {
             const u64 i = per_column ? (u64)e * seg + f : tl_norm_index((u32)f, e, groups, seg);
             const u32 k = (u32)((i / seg) % groups);
-            const float h = (x[i] - stats[k]) * stats[groups + k];
+            const float h =
+                tl_norm_centre(x[i], x[(u64)k * seg], stats[k]) * stats[groups + k];
             ab = ab + g[i];
             ag = ag + g[i] * h;
         }

@@ -1,22 +1,25 @@
 //! `layerNorm` and `batchnormChannelFirst`, forward and backward, two passes per group.
 //!
-//! Per group (a row of the last axis for layer norm; a channel over N·H·W for batch norm):
-//! pass 1 the mean, pass 2 the biased variance Σ(x−μ)²/m (clamped ≥ 0), then
-//! `y = (x−μ)·rstd·γ + β` with `rstd = 1/sqrt(var + ε)`. The backward applies, with
-//! `x̂ = (x−μ)·rstd` and `ĝ = g·γ`:
+//! Per group (a row of the last axis for layer norm; a channel over N·H·W for batch norm), the
+//! statistics of the group shifted by its first element x₀ ([`Centre`]): pass 1 the mean
+//! `d̄ = Σ(x−x₀)/m`, pass 2 the biased variance `Σ((x−x₀)−d̄)²/m` (clamped ≥ 0); then
+//! `y = x̃·rstd·γ + β` with the centred value `x̃ = (x−x₀)−d̄` and `rstd = 1/sqrt(var + ε)`.
+//! The shift keeps `x̃` exact to f32's rounding of the group's spread however far its mean is
+//! from 0 (an f32 mean μ of a group near 1e3 is off by up to half an ulp of 1e3, an error every
+//! `x − μ` carries). The backward applies, with `x̂ = x̃·rstd` and `ĝ = g·γ`:
 //! `dβ = Σ g`, `dγ = Σ g·x̂`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`; it reads each group's
-//! (μ, rstd) from what [`forward_saving`] kept (PyTorch's saved mean and rstd), or computes
+//! (d̄, rstd) from what [`forward_saving`] kept (PyTorch keeps its mean and rstd), or computes
 //! them again (same bits).
 //!
-//! `batchMoments` is the statistics alone: per channel the mean and biased variance of the
-//! same two passes (`[μ…, var…]`, shaped (2, C)), and the backward
+//! `batchMoments` is the statistics alone: per channel the mean `x₀ + d̄` and the biased
+//! variance of the same two passes (`[μ…, var…]`, shaped (2, C)), and the backward
 //! `dx = (gμ + 2·gv·(x − μ))/m`.
 
 use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
-use super::{Grads, check_arity, check_saved, check_shape, sum_slice, tensor, wrong_family};
+use super::{Grads, check_arity, check_saved, check_shape, tensor, wrong_family};
 use crate::Result;
 
 /// How x is laid out into groups: `outer` blocks of `c` groups of `seg` contiguous elements;
@@ -73,6 +76,15 @@ impl Layout {
         })
     }
 
+    /// Group k's shift x₀ ([`Centre`]): its first element, 0 for an empty group.
+    fn shift<T: Scalar>(&self, k: usize, x: &[T]) -> T {
+        if self.outer > 0 && self.seg > 0 {
+            x[k * self.seg]
+        } else {
+            T::zero()
+        }
+    }
+
     fn count<T: Scalar>(&self) -> T {
         T::lit((self.outer * self.seg).max(1) as f64)
     }
@@ -83,29 +95,84 @@ impl Layout {
     }
 }
 
-/// Mean and 1/sqrt(var + ε) of group k, in two passes.
-fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (T, T) {
-    let (mean, var) = moments(l, k, x);
-    (mean, T::one() / (var + eps).sqrt())
+/// Where a group is centred: the shift x₀ (its first element; 0 for an empty group) and the
+/// mean d̄ of `x − x₀`; the centred value of x is `(x − x₀) − d̄`.
+#[derive(Debug, Clone, Copy)]
+struct Centre<T> {
+    shift: T,
+    shifted_mean: T,
 }
 
-/// Mean and biased variance (clamped at ≥ 0) of group k, in two passes.
-fn moments<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> (T, T) {
+impl<T: Scalar> Centre<T> {
+    /// `x − μ` as `(x − x₀) − d̄`.
+    #[inline(always)]
+    fn of(self, x: T) -> T {
+        (x - self.shift) - self.shifted_mean
+    }
+
+    /// The group's mean `x₀ + d̄`, rounded once.
+    fn mean(self) -> T {
+        self.shift + self.shifted_mean
+    }
+}
+
+/// The centre and 1/sqrt(var + ε) of group k, in two passes.
+fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (Centre<T>, T) {
+    let (c, var) = moments(l, k, x);
+    (c, T::one() / (var + eps).sqrt())
+}
+
+/// The centre ([`Centre`]) of group k and its biased variance (clamped at ≥ 0), in two passes.
+fn moments<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> (Centre<T>, T) {
     let m = l.count::<T>();
-    let mean = l
+    let shift = l.shift(k, x);
+    let shifted_mean = l
         .segs(k)
-        .map(|r| sum_slice(&x[r]))
+        .map(|r| {
+            let seg = &x[r];
+            lanes(seg, seg, seg, |v, _, _| v - shift)
+        })
         .fold(T::zero(), |a, b| a + b)
         / m;
+    let c = Centre {
+        shift,
+        shifted_mean,
+    };
     let sq = l
         .segs(k)
         .map(|r| {
             x[r].iter()
-                .map(|&v| (v - mean) * (v - mean))
+                .map(|&v| c.of(v) * c.of(v))
                 .fold(T::zero(), |a, b| a + b)
         })
         .fold(T::zero(), |a, b| a + b);
-    (mean, (sq / m).max(T::zero()))
+    (c, (sq / m).max(T::zero()))
+}
+
+/// Σ f(aᵢ, bᵢ, cᵢ) over the common length in eight lanes (element i into lane i mod 8, then
+/// the tail in order), combined as [`super::sum_slice`] combines them. Written over eight-element
+/// chunks, so the compiler keeps the eight lanes in one vector register (an index closure
+/// `f(i + l)` compiled to one element at a time).
+#[inline(always)]
+fn lanes<T: Scalar>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) -> T {
+    let n = a.len().min(b.len()).min(c.len());
+    let (a, b, c) = (
+        a[..n].chunks_exact(8),
+        b[..n].chunks_exact(8),
+        c[..n].chunks_exact(8),
+    );
+    let tail = a.remainder().iter().zip(b.remainder()).zip(c.remainder());
+    let mut acc = [T::zero(); 8];
+    for ((xa, xb), xc) in a.zip(b).zip(c) {
+        for (l, s) in acc.iter_mut().enumerate() {
+            *s += f(xa[l], xb[l], xc[l]);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for ((&u, &v), &w) in tail {
+        s += f(u, v, w);
+    }
+    s
 }
 
 /// The channel layout of `batchMoments`' operand (checked by the shape rule).
@@ -125,12 +192,14 @@ fn moments_layout<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Layout> {
     })
 }
 
-/// `batchMoments`: `[μ₀…μ_{C−1}, var₀…var_{C−1}]` shaped (2, C).
+/// `batchMoments`: `[μ₀…μ_{C−1}, var₀…var_{C−1}]` shaped (2, C), each μ the centre's
+/// [`Centre::mean`].
 fn moments_forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     let l = moments_layout(op, x)?;
     let mut out = tl_spec::alloc::try_zeroed(op.name(), "output", 2 * l.c)?;
     for k in 0..l.c {
-        (out[k], out[l.c + k]) = moments(&l, k, x[0].data());
+        let (c, var) = moments(&l, k, x[0].data());
+        (out[k], out[l.c + k]) = (c.mean(), var);
     }
     tensor(tl_spec::Shape::new(&[2, l.c]), out)
 }
@@ -167,8 +236,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     Ok(y)
 }
 
-/// The value and each group's (μ, rstd) as `[μ₀, rstd₀, μ₁, …]` (one list), what [`backward_saved`]
-/// reads instead of computing them again.
+/// The value and each group's (d̄, rstd) as `[d̄₀, rstd₀, d̄₁, …]` (one list; [`Centre`]'s
+/// mean, the shift is x's), what [`backward_saved`] reads instead of computing them again.
 pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     if let Op::BatchMoments = op {
         return Ok((moments_forward(op, x)?, Vec::new()));
@@ -191,19 +260,19 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     }
     let mut y = tl_spec::alloc::try_zeroed(op.name(), "output", xs.len())?;
     for (k, sk) in st.chunks_exact_mut(2).enumerate() {
-        let (mean, rstd) = stats(&l, k, xs, eps);
-        sk.copy_from_slice(&[mean, rstd]);
+        let (c, rstd) = stats(&l, k, xs, eps);
+        sk.copy_from_slice(&[c.shifted_mean, rstd]);
         for r in l.segs(k) {
             for (j, (o, &v)) in y[r.clone()].iter_mut().zip(&xs[r]).enumerate() {
                 let f = l.feature(k, j);
-                *o = (v - mean) * rstd * gamma[f] + beta[f];
+                *o = c.of(v) * rstd * gamma[f] + beta[f];
             }
         }
     }
     Ok((tensor(x[0].shape().clone(), y)?, vec![st]))
 }
 
-/// Operand cotangents `(dx, dγ, dβ)` of a normalization op, reading each group's (μ, rstd) from
+/// Operand cotangents `(dx, dγ, dβ)` of a normalization op, reading each group's (d̄, rstd) from
 /// `saved` ([`forward_saving`]); with `saved` empty it computes them again. The same bits either way; a list that does not fit is an
 /// error naming the op.
 pub fn backward_saved<T: Scalar>(
@@ -254,15 +323,25 @@ pub fn backward_saved<T: Scalar>(
     let mut dbeta = tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?;
     let m = l.count::<T>();
     for k in 0..l.c {
-        let (mean, rstd) = match kept {
-            Some(st) => (st[2 * k], st[2 * k + 1]),
+        let (c, rstd) = match kept {
+            Some(st) => {
+                let shift = l.shift(k, xs);
+                let shifted_mean = st[2 * k];
+                (
+                    Centre {
+                        shift,
+                        shifted_mean,
+                    },
+                    st[2 * k + 1],
+                )
+            }
             None => stats(&l, k, xs, eps),
         };
         let (mut s1, mut s2) = (T::zero(), T::zero());
         for r in l.segs(k) {
             for (j, (&v, &gi)) in xs[r.clone()].iter().zip(&gs[r]).enumerate() {
                 let f = l.feature(k, j);
-                let h = (v - mean) * rstd;
+                let h = c.of(v) * rstd;
                 dbeta[f] += gi;
                 dgamma[f] += gi * h;
                 let gh = gi * gamma[f];
@@ -270,12 +349,12 @@ pub fn backward_saved<T: Scalar>(
                 s2 += gh * h;
             }
         }
-        let c = rstd / m;
+        let scale = rstd / m;
         for r in l.segs(k) {
             let rows = dx[r.clone()].iter_mut().zip(&xs[r.clone()]).zip(&gs[r]);
             for (j, ((d, &v), &gi)) in rows.enumerate() {
-                let h = (v - mean) * rstd;
-                *d = c * (m * gi * gamma[l.feature(k, j)] - s1 - h * s2);
+                let h = c.of(v) * rstd;
+                *d = scale * (m * gi * gamma[l.feature(k, j)] - s1 - h * s2);
             }
         }
     }
@@ -287,46 +366,40 @@ pub fn backward_saved<T: Scalar>(
 }
 
 /// Layer norm (one group per row, γ/β per column) as kernels for [`crate::simd::vectorize`]:
-/// the same formulas as the general path, with the row sums in eight lanes (Σ x as
-/// [`sum_slice`]; Σ (x−μ)², Σ ĝ, Σ ĝ·x̂ likewise) so every loop vectorizes; dγ and dβ still
-/// add the rows in order.
+/// the same formulas as the general path, with the row sums in eight lanes (Σ (x−x₀) and
+/// Σ x̃² by [`lanes`]; Σ ĝ, Σ ĝ·x̂ likewise) so every loop vectorizes; dγ and dβ still add the
+/// rows in order.
 mod rows {
+    use super::{Centre, lanes};
     use tl_spec::Scalar;
 
-    /// Σ f(aᵢ, bᵢ, cᵢ) over the common length in eight lanes (element i into lane i mod 8,
-    /// then the tail in order), combined as [`super::sum_slice`] combines them. Written over
-    /// eight-element chunks, so the compiler keeps the eight lanes in one vector register (an
-    /// index closure `f(i + l)` compiled to one element at a time).
+    /// A row's shift x₀ ([`Centre`]): its first element, 0 for an empty row.
     #[inline(always)]
-    fn lanes<T: Scalar>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) -> T {
-        let n = a.len().min(b.len()).min(c.len());
-        let (a, b, c) = (
-            a[..n].chunks_exact(8),
-            b[..n].chunks_exact(8),
-            c[..n].chunks_exact(8),
-        );
-        let tail = a.remainder().iter().zip(b.remainder()).zip(c.remainder());
-        let mut acc = [T::zero(); 8];
-        for ((xa, xb), xc) in a.zip(b).zip(c) {
-            for (l, s) in acc.iter_mut().enumerate() {
-                *s += f(xa[l], xb[l], xc[l]);
-            }
-        }
-        let mut s =
-            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for ((&u, &v), &w) in tail {
-            s += f(u, v, w);
-        }
-        s
+    fn shift<T: Scalar>(row: &[T]) -> T {
+        row.first().copied().unwrap_or(T::zero())
     }
 
-    /// Mean and 1/sqrt(var + ε) of one row.
+    /// The centre and 1/sqrt(var + ε) of one row.
     #[inline(always)]
-    fn stats<T: Scalar>(row: &[T], eps: T) -> (T, T) {
+    fn stats<T: Scalar>(row: &[T], eps: T) -> (Centre<T>, T) {
         let m = T::lit(row.len().max(1) as f64);
-        let mean = lanes(row, row, row, |x, _, _| x) / m;
-        let sq = lanes(row, row, row, |x, _, _| (x - mean) * (x - mean));
-        (mean, T::one() / ((sq / m).max(T::zero()) + eps).sqrt())
+        let shift = shift(row);
+        let shifted_mean = lanes(row, row, row, |x, _, _| x - shift) / m;
+        let c = Centre {
+            shift,
+            shifted_mean,
+        };
+        let sq = lanes(row, row, row, |x, _, _| c.of(x) * c.of(x));
+        (c, T::one() / ((sq / m).max(T::zero()) + eps).sqrt())
+    }
+
+    /// Row r's centre from its kept d̄ (the shift is the row's first element).
+    #[inline(always)]
+    fn kept<T: Scalar>(row: &[T], shifted_mean: T) -> Centre<T> {
+        Centre {
+            shift: shift(row),
+            shifted_mean,
+        }
     }
 
     pub(super) struct Forward<'a, T> {
@@ -335,7 +408,7 @@ mod rows {
         pub beta: &'a [T],
         pub cols: usize,
         pub eps: T,
-        /// Each row's (μ, rstd), written.
+        /// Each row's (d̄, rstd), written.
         pub stats: &'a mut [T],
         /// The output (every value overwritten).
         pub y: Vec<T>,
@@ -348,12 +421,24 @@ mod rows {
             let mut y = self.y;
             let c = self.cols.max(1);
             let rows = y.chunks_exact_mut(c).zip(self.x.chunks_exact(c));
+            let m = T::lit(c as f64);
             for ((yr, xr), st) in rows.zip(self.stats.chunks_exact_mut(2)) {
-                let (mean, rstd) = stats(xr, self.eps);
-                st.copy_from_slice(&[mean, rstd]);
-                let cells = yr.iter_mut().zip(xr).zip(self.gamma).zip(self.beta);
-                for (((o, &v), &ga), &be) in cells {
-                    *o = (v - mean) * rstd * ga + be;
+                // The bits of `stats`, with x̃ written into the output row once and read
+                // back by the variance and the affine map.
+                let shift = shift(xr);
+                let shifted_mean = lanes(xr, xr, xr, |x, _, _| x - shift) / m;
+                let c = Centre {
+                    shift,
+                    shifted_mean,
+                };
+                for (o, &v) in yr.iter_mut().zip(xr) {
+                    *o = c.of(v);
+                }
+                let sq = lanes(yr, yr, yr, |t, _, _| t * t);
+                let rstd = T::one() / ((sq / m).max(T::zero()) + self.eps).sqrt();
+                st.copy_from_slice(&[shifted_mean, rstd]);
+                for ((o, &ga), &be) in yr.iter_mut().zip(self.gamma).zip(self.beta) {
+                    *o = *o * rstd * ga + be;
                 }
             }
             y
@@ -366,7 +451,7 @@ mod rows {
         pub g: &'a [T],
         pub cols: usize,
         pub eps: T,
-        /// Each row's (μ, rstd) as the forward kept them, or `None` (computed again).
+        /// Each row's (d̄, rstd) as the forward kept them, or `None` (computed again).
         pub stats: Option<&'a [T]>,
         /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros, accumulated into).
         pub out: [Vec<T>; 3],
@@ -384,22 +469,25 @@ mod rows {
                 .zip(self.x.chunks_exact(c))
                 .zip(self.g.chunks_exact(c));
             for (r, ((dr, xr), gr)) in rows.enumerate() {
-                let (mean, rstd) = match self.stats {
-                    Some(st) => (st[2 * r], st[2 * r + 1]),
+                let (c, rstd) = match self.stats {
+                    Some(st) => (kept(xr, st[2 * r]), st[2 * r + 1]),
                     None => stats(xr, self.eps),
                 };
+                // x̂ = x̃·rstd written into the dx row once, read by the three uses.
+                for (d, &v) in dr.iter_mut().zip(xr) {
+                    *d = c.of(v) * rstd;
+                }
                 let gamma = self.gamma;
                 let (dga, dbe) = (&mut dgamma[..], &mut dbeta[..]);
-                for (((dg, db), &v), &gi) in dga.iter_mut().zip(dbe).zip(xr).zip(gr) {
+                for (((dg, db), &h), &gi) in dga.iter_mut().zip(dbe).zip(&*dr).zip(gr) {
                     *db += gi;
-                    *dg += gi * ((v - mean) * rstd);
+                    *dg += gi * h;
                 }
-                let s1 = lanes(gr, gamma, xr, |g, ga, _| g * ga);
-                let s2 = lanes(gr, gamma, xr, |g, ga, x| g * ga * ((x - mean) * rstd));
+                let s1 = lanes(gr, gamma, gr, |g, ga, _| g * ga);
+                let s2 = lanes(gr, gamma, dr, |g, ga, h| g * ga * h);
                 let k = rstd / m;
-                for (((d, &v), &gi), &ga) in dr.iter_mut().zip(xr).zip(gr).zip(gamma) {
-                    let h = (v - mean) * rstd;
-                    *d = k * (m * gi * ga - s1 - h * s2);
+                for ((d, &gi), &ga) in dr.iter_mut().zip(gr).zip(gamma) {
+                    *d = k * (m * gi * ga - s1 - *d * s2);
                 }
             }
             [dx, dgamma, dbeta]

@@ -613,17 +613,20 @@ pub trait Device: Launch {
 
     // ---- norm (layer/batch norm pieces, masked softmax) ---------------------------------------
 
-    /// Per group of `l` (see [`NormLayout`]): the mean μ and `1/sqrt(var + eps)` with the
-    /// biased variance `Σ(x − μ)²/m` taken in a second pass and clamped at ≥ 0, both sums in
-    /// the block-tree order. Returns `2·groups` values: the means, then the reciprocal standard
-    /// deviations. PyTorch: `torch.var_mean(x, unbiased=False)` per group.
+    /// Per group of `l` (see [`NormLayout`]), centred on its first element x₀: the mean d̄ of
+    /// `x − x₀` and `1/sqrt(var + eps)` with the biased variance `Σ((x − x₀) − d̄)²/m` taken in
+    /// a second pass and clamped at ≥ 0, both sums in the block-tree order. Returns
+    /// `2·groups` values: the d̄s, then the reciprocal standard deviations; the kernels that
+    /// read them centre x as `(x − x₀) − d̄`, x₀ read from x (the group's mean is `x₀ + d̄`; the
+    /// shift keeps the centred values exact to the rounding of the group's spread, not of its
+    /// mean). PyTorch: `torch.var_mean(x, unbiased=False)` per group (PyTorch keeps the mean).
     fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
         l.check_x("norm_stats", x)?;
         self.launch_norm_stats(x, l, eps)
     }
-    /// Per group of `l`: the mean μ and the biased variance `max(Σ(x − μ)²/m, 0)`, the sums of
-    /// [`norm_stats`](Self::norm_stats) (the same bits of μ and of the variance it adds ε
-    /// to). Returns `2·groups` values: the means, then the variances (`batchMoments`).
+    /// Per group of `l`: the mean `μ = x₀ + d̄` and the biased variance, the sums of
+    /// [`norm_stats`](Self::norm_stats) (its d̄ and the variance it adds ε to, the same bits).
+    /// Returns `2·groups` values: the means, then the variances (`batchMoments`).
     /// PyTorch: `torch.var_mean(x, unbiased=False)` per group.
     fn norm_moments(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
         l.check_x("norm_moments", x)?;
@@ -683,7 +686,8 @@ pub trait Device: Launch {
         }
         self.launch_running_inv_std(var, eps)
     }
-    /// `y = (x − μ)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)' output.
+    /// `y = ((x − x₀) − d̄)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)'
+    /// output, x₀ the first element of the element's group.
     fn norm_apply(
         &mut self,
         x: Buffer,
@@ -728,7 +732,8 @@ pub trait Device: Launch {
         }
     }
     /// The normalization's input cotangent in closed form: per group of m elements, with
-    /// `x̂ = (x − μ)·rstd` and `ĝ = g·γ`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
+    /// `x̂ = ((x − x₀) − d̄)·rstd` ([`norm_stats`](Self::norm_stats)) and `ĝ = g·γ`,
+    /// `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
     fn norm_bwd_x(
         &mut self,
         x: Buffer,

@@ -2,8 +2,8 @@
 //! ([`Device::norm_stats`], [`Device::norm_apply`]) and at most two backward
 //! ([`Device::norm_bwd_x`] for dx, [`Device::norm_bwd_affine`] for dγ and dβ), in the compact
 //! closed forms of SEMANTICS.md (`dx = rstd/m·(m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`, `dγ = Σ g·x̂`,
-//! `dβ = Σ g`). The forward keeps the per-group statistics (means, reciprocal standard
-//! deviations) as the node's workspace; the backward reuses them while they are live and
+//! `dβ = Σ g`). The forward keeps the per-group statistics (the means d̄ of x − x₀ about each
+//! group's first element x₀, reciprocal standard deviations) as the node's workspace; the backward reuses them while they are live and
 //! recomputes them once the tape has released workspaces.
 //!
 //! `batchMoments` is the statistics alone, one launch each way: [`Device::norm_moments`]

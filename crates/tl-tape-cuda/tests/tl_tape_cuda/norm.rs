@@ -1,5 +1,6 @@
 //! The norm family's primitives on the simulation device, with hand-worked values: statistics
-//! (two-pass biased variance), the affine map, the closed-form backward and the masked softmax.
+//! (each group centred on its first element x₀: the mean d̄ of x − x₀, then the two-pass biased
+//! variance), the affine map, the closed-form backward and the masked softmax.
 
 use tl_tape_cuda::device::NormLayout;
 use tl_tape_cuda::{Device, Error, SimDevice};
@@ -14,12 +15,13 @@ fn close(got: &[f32], want: &[f64], tol: f64) {
 #[test]
 fn layer_statistics_and_affine_map_by_hand() {
     let mut d = SimDevice::new();
-    // Rows [1, 2, 3, 6] (μ 3, var 3.5) and [2, 2, 2, 2] (μ 2, var 0: rstd = 1/sqrt(ε)).
+    // Rows [1, 2, 3, 6] (μ 3 = x₀ 1 + d̄ 2, var 3.5) and [2, 2, 2, 2] (μ 2 = x₀ 2 + d̄ 0, var 0:
+    // rstd = 1/sqrt(ε)).
     let x = d.upload(&[1.0, 2.0, 3.0, 6.0, 2.0, 2.0, 2.0, 2.0]).unwrap();
     let l = NormLayout::layer(2, 4);
     let st = d.norm_stats(x, l, 0.25).unwrap();
     let r = 1.0 / (3.5f64 + 0.25).sqrt();
-    close(&d.download(st).unwrap(), &[3.0, 2.0, r, 2.0], 1e-6);
+    close(&d.download(st).unwrap(), &[2.0, 0.0, r, 2.0], 1e-6);
     let ga = d.upload(&[1.0, 2.0, 1.0, 0.5]).unwrap();
     let be = d.upload(&[0.0, 0.0, 1.0, -1.0]).unwrap();
     let y = d.norm_apply(x, st, ga, be, l).unwrap();
@@ -30,13 +32,13 @@ fn layer_statistics_and_affine_map_by_hand() {
 #[test]
 fn batch_statistics_span_samples_and_gamma_is_per_channel() {
     let mut d = SimDevice::new();
-    // (N=2, C=2, HW=2): channel 0 = [0, 2, 4, 6] (μ 3, var 5), channel 1 = [1, 1, 3, 3] (μ 2,
-    // var 1).
+    // (N=2, C=2, HW=2): channel 0 = [0, 2, 4, 6] (μ 3 = x₀ 0 + d̄ 3, var 5), channel 1 =
+    // [1, 1, 3, 3] (μ 2 = x₀ 1 + d̄ 1, var 1).
     let x = d.upload(&[0.0, 2.0, 1.0, 1.0, 4.0, 6.0, 3.0, 3.0]).unwrap();
     let l = NormLayout::channels(2, 2, 2);
     let st = d.norm_stats(x, l, 1e-6).unwrap();
     let (r0, r1) = (1.0 / (5.0f64 + 1e-6).sqrt(), 1.0 / (1.0f64 + 1e-6).sqrt());
-    close(&d.download(st).unwrap(), &[3.0, 2.0, r0, r1], 1e-6);
+    close(&d.download(st).unwrap(), &[3.0, 1.0, r0, r1], 1e-6);
     let ga = d.upload(&[2.0, 1.0]).unwrap();
     let be = d.upload(&[1.0, 0.0]).unwrap();
     let y = d.norm_apply(x, st, ga, be, l).unwrap();
@@ -211,8 +213,9 @@ fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
     assert!(e.contains("norm_forward") && e.contains("gamma"), "{e}");
 }
 
-/// `norm_moments` (`batchMoments`): the means and biased variances by hand, the same bits as
-/// the means `norm_stats` keeps and as its rstd once ε is added (one statistics code path),
+/// `norm_moments` (`batchMoments`): the means and biased variances by hand, the means the bits
+/// of each channel's first element plus the d̄ `norm_stats` keeps, the variances those of its
+/// rstd once ε is added (one statistics code path),
 /// one launch; `norm_moments_bwd` the closed form `(gμ + 2·gv·(x − μ))/m`; bad operands are
 /// errors naming the primitive.
 #[test]
@@ -230,7 +233,10 @@ fn moments_are_the_statistics_without_eps_and_their_vjp_is_the_closed_form() {
     let eps = 0.5f32;
     let st = d.norm_stats(x, l, eps).unwrap();
     let st = d.download(st).unwrap();
-    assert_eq!(&st[..2], &got[..2]);
+    let first = [0.0f32, 1.0];
+    for k in 0..2 {
+        assert_eq!((first[k] + st[k]).to_bits(), got[k].to_bits());
+    }
     for k in 0..2 {
         assert_eq!(
             st[2 + k].to_bits(),

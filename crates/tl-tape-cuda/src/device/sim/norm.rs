@@ -3,45 +3,89 @@
 //!
 //! Orders (the CUDA kernels' in every mode; none of these kernels uses atomics):
 //! - statistics and `norm_bwd_x`: one block of [`BLOCK`](super::reduce::BLOCK) threads per
-//!   group; the group's sums (`Σ x`, `Σ (x − μ)²`, `Σ ĝ`, `Σ ĝ·x̂`) over its elements in
+//!   group; the group's sums (`Σ (x − x₀)`, `Σ x̃²`, `Σ ĝ`, `Σ ĝ·x̂`) over its elements in
 //!   [`NormLayout::index`] order, folded per thread and then by the block tree
 //!   ([`block_sum`]);
 //! - `norm_bwd_affine`: one thread per γ/β entry, accumulating from `0.0` over its elements in
 //!   increasing index order;
 //! - `masked_softmax_rows`: one block per row, the max over allowed entries with `fmaxf` from
 //!   −∞ and the sum of `exp(x − m)` over allowed entries (0 for the others) by the block tree.
+//!
+//! A group is centred on its first element x₀ ([`Centre`]): the statistics `[d̄…, rstd…]` hold
+//! the mean d̄ of `x − x₀`, and every kernel that normalizes computes `x̃ = (x − x₀) − d̄`, x₀
+//! read from x (exact to the rounding of the group's spread, however far its mean is from 0).
 
 use super::reduce::{block_max, block_sum};
 use crate::device::NormLayout;
 use tl_spec::ops::norm::RunningStat;
 
-/// Group k's mean and biased variance `max(Σ (x − μ)²/m, 0)`, two passes (`tl_norm_group_moments`).
-fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (f32, f32) {
-    let m = l.group_len();
-    let mf = m as f32;
-    let mean = block_sum(m, |e| x[l.index(k, e)]) / mf;
-    let sq = block_sum(m, |e| {
-        let d = x[l.index(k, e)] - mean;
-        d * d
-    });
-    (mean, (sq / mf).max(0.0))
+/// Where group k is centred (`tl_norm_centre`): the shift x₀, its first element (0 for an
+/// empty group), and the mean d̄ of `x − x₀`.
+#[derive(Debug, Clone, Copy)]
+struct Centre {
+    shift: f32,
+    shifted_mean: f32,
 }
 
-/// `out = [means…, rstds…]` of the groups of `l`.
+impl Centre {
+    /// Group k's centre from the statistics' d̄ (the shift read from x).
+    fn kept(x: &[f32], l: NormLayout, k: usize, shifted_mean: f32) -> Centre {
+        Centre {
+            shift: shift(x, l, k),
+            shifted_mean,
+        }
+    }
+
+    /// `x̃ = (x − x₀) − d̄`.
+    fn of(self, x: f32) -> f32 {
+        (x - self.shift) - self.shifted_mean
+    }
+}
+
+/// Group k's first element, or 0 for an empty group.
+fn shift(x: &[f32], l: NormLayout, k: usize) -> f32 {
+    if l.group_len() == 0 {
+        0.0
+    } else {
+        x[l.index(k, 0)]
+    }
+}
+
+/// Group k's centre and biased variance `max(Σ x̃²/m, 0)`, two passes
+/// (`tl_norm_group_moments`).
+fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (Centre, f32) {
+    let m = l.group_len();
+    let mf = m as f32;
+    let x0 = shift(x, l, k);
+    let shifted_mean = block_sum(m, |e| x[l.index(k, e)] - x0) / mf;
+    let c = Centre {
+        shift: x0,
+        shifted_mean,
+    };
+    let sq = block_sum(m, |e| {
+        let d = c.of(x[l.index(k, e)]);
+        d * d
+    });
+    (c, (sq / mf).max(0.0))
+}
+
+/// `out = [d̄…, rstds…]` of the groups of `l`.
 pub fn stats(x: &[f32], l: NormLayout, eps: f32, out: &mut [f32]) {
     let g = l.groups;
     for k in 0..g {
-        let (mean, var) = group_moments(x, l, k);
-        out[k] = mean;
+        let (c, var) = group_moments(x, l, k);
+        out[k] = c.shifted_mean;
         out[g + k] = 1.0 / (var + eps).sqrt();
     }
 }
 
-/// `out = [means…, variances…]` of the groups of `l` (`tl_norm_moments`, `batchMoments`).
+/// `out = [means…, variances…]` of the groups of `l` (`tl_norm_moments`, `batchMoments`),
+/// each mean `x₀ + d̄`.
 pub fn moments(x: &[f32], l: NormLayout, out: &mut [f32]) {
     let g = l.groups;
     for k in 0..g {
-        (out[k], out[g + k]) = group_moments(x, l, k);
+        let (c, var) = group_moments(x, l, k);
+        (out[k], out[g + k]) = (c.shift + c.shifted_mean, var);
     }
 }
 
@@ -86,12 +130,13 @@ pub fn moments_bwd(x: &[f32], mo: &[f32], g: &[f32], l: NormLayout, dx: &mut [f3
     }
 }
 
-/// `y = (x − μ)·rstd·γ + β`.
+/// `y = x̃·rstd·γ + β`.
 pub fn apply(x: &[f32], st: &[f32], gamma: &[f32], beta: &[f32], l: NormLayout, y: &mut [f32]) {
     for (i, (o, &v)) in y.iter_mut().zip(x).enumerate() {
         let k = (i / l.seg) % l.groups;
         let f = l.feature_of(i);
-        *o = (v - st[k]) * st[l.groups + k] * gamma[f] + beta[f];
+        let c = Centre::kept(x, l, k, st[k]);
+        *o = c.of(v) * st[l.groups + k] * gamma[f] + beta[f];
     }
 }
 
@@ -100,18 +145,18 @@ pub fn bwd_x(x: &[f32], st: &[f32], gamma: &[f32], g: &[f32], l: NormLayout, dx:
     let (ng, m) = (l.groups, l.group_len());
     let mf = m as f32;
     for k in 0..ng {
-        let (mean, rstd) = (st[k], st[ng + k]);
+        let (c, rstd) = (Centre::kept(x, l, k, st[k]), st[ng + k]);
         let gh = |i: usize| g[i] * gamma[l.feature_of(i)];
         let s1 = block_sum(m, |e| gh(l.index(k, e)));
         let s2 = block_sum(m, |e| {
             let i = l.index(k, e);
-            gh(i) * ((x[i] - mean) * rstd)
+            gh(i) * (c.of(x[i]) * rstd)
         });
-        let c = rstd / mf;
+        let scale = rstd / mf;
         for e in 0..m {
             let i = l.index(k, e);
-            let h = (x[i] - mean) * rstd;
-            dx[i] = c * (mf * g[i] * gamma[l.feature_of(i)] - s1 - h * s2);
+            let h = c.of(x[i]) * rstd;
+            dx[i] = scale * (mf * g[i] * gamma[l.feature_of(i)] - s1 - h * s2);
         }
     }
 }
@@ -131,7 +176,7 @@ pub fn bwd_affine(
         let terms = |e: usize| {
             let i = l.feature_element(f, e);
             let k = (i / l.seg) % l.groups;
-            let h = (x[i] - st[k]) * st[l.groups + k];
+            let h = Centre::kept(x, l, k, st[k]).of(x[i]) * st[l.groups + k];
             (g[i] * h, g[i])
         };
         let n = l.feature_len();
