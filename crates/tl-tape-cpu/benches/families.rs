@@ -187,6 +187,16 @@ fn norm_attention(c: &mut Criterion) {
         Op::LayerNorm { eps: 1e-5 },
         vec![x, gamma, beta],
     );
+    // The ResNet's block shape: 32 images of 64 channels of 16×16.
+    let x = filled(&[32, 64, 16, 16], 30, 1.0);
+    let (gamma, beta) = (positive(&[64], 31), filled(&[64], 32, 0.1));
+    case(
+        c,
+        "norm",
+        "batchnorm 32x64x16x16",
+        Op::BatchNorm { eps: 1e-5 },
+        vec![x, gamma, beta],
+    );
     let (n, dm) = (128, 64);
     let w = |k: u64| filled(&[dm, dm], 20 + k, 0.125);
     for fused in [false, true] {

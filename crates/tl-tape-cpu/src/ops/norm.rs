@@ -29,7 +29,8 @@ struct Layout {
     outer: usize,
     c: usize,
     seg: usize,
-    /// Layer norm: γ/β indexed by position in the segment; batch norm: by group.
+    /// Layer norm (one group per row, γ/β indexed by column: [`rows`]); batch norm: one group
+    /// per channel, γ/β indexed by group ([`channels`]).
     per_column: bool,
 }
 
@@ -69,6 +70,7 @@ impl Layout {
     }
 
     /// The segments of group k, as ranges into the data.
+    #[inline(always)]
     fn segs(&self, k: usize) -> impl Iterator<Item = std::ops::Range<usize>> + Clone + '_ {
         (0..self.outer).map(move |o| {
             let start = (o * self.c + k) * self.seg;
@@ -77,6 +79,7 @@ impl Layout {
     }
 
     /// Group k's shift x₀ ([`Centre`]): its first element, 0 for an empty group.
+    #[inline(always)]
     fn shift<T: Scalar>(&self, k: usize, x: &[T]) -> T {
         if self.outer > 0 && self.seg > 0 {
             x[k * self.seg]
@@ -85,13 +88,9 @@ impl Layout {
         }
     }
 
+    #[inline(always)]
     fn count<T: Scalar>(&self) -> T {
         T::lit((self.outer * self.seg).max(1) as f64)
-    }
-
-    /// The γ/β index of element `j` of a segment of group `k`.
-    fn feature(&self, k: usize, j: usize) -> usize {
-        if self.per_column { j } else { k }
     }
 }
 
@@ -117,14 +116,16 @@ impl<T: Scalar> Centre<T> {
 }
 
 /// The centre and 1/sqrt(var + ε) of group k, in two passes.
+#[inline(always)]
 fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (Centre<T>, T) {
     let (c, var) = moments(l, k, x);
     (c, T::one() / (var + eps).sqrt())
 }
 
-/// The centre ([`Centre`]) of group k and its biased variance (clamped at ≥ 0), in two passes.
-fn moments<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> (Centre<T>, T) {
-    let m = l.count::<T>();
+/// Group k's centre ([`Centre`]): pass 1, `Σ (x − x₀)` of each segment in eight lanes, the
+/// segments added in order.
+#[inline(always)]
+fn centre<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> Centre<T> {
     let shift = l.shift(k, x);
     let shifted_mean = l
         .segs(k)
@@ -133,20 +134,32 @@ fn moments<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> (Centre<T>, T) {
             lanes(seg, seg, seg, |v, _, _| v - shift)
         })
         .fold(T::zero(), |a, b| a + b)
-        / m;
-    let c = Centre {
+        / l.count::<T>();
+    Centre {
         shift,
         shifted_mean,
-    };
+    }
+}
+
+/// The centre ([`Centre`]) of group k and its biased variance, in two passes: pass 2,
+/// `Σ x̃²` as pass 1 sums.
+#[inline(always)]
+fn moments<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> (Centre<T>, T) {
+    let c = centre(l, k, x);
     let sq = l
         .segs(k)
         .map(|r| {
-            x[r].iter()
-                .map(|&v| c.of(v) * c.of(v))
-                .fold(T::zero(), |a, b| a + b)
+            let seg = &x[r];
+            lanes(seg, seg, seg, |v, _, _| c.of(v) * c.of(v))
         })
         .fold(T::zero(), |a, b| a + b);
-    (c, (sq / m).max(T::zero()))
+    (c, variance(sq, l.count()))
+}
+
+/// The biased variance from `Σ x̃²` over m elements: `Σ x̃²/m`, clamped at ≥ 0.
+#[inline(always)]
+fn variance<T: Scalar>(sq: T, m: T) -> T {
+    (sq / m).max(T::zero())
 }
 
 /// Σ f(aᵢ, bᵢ, cᵢ) over the common length in eight lanes (element i into lane i mod 8, then
@@ -258,17 +271,16 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
         });
         return Ok((tensor(x[0].shape().clone(), y)?, vec![st]));
     }
-    let mut y = tl_spec::alloc::try_zeroed(op.name(), "output", xs.len())?;
-    for (k, sk) in st.chunks_exact_mut(2).enumerate() {
-        let (c, rstd) = stats(&l, k, xs, eps);
-        sk.copy_from_slice(&[c.shifted_mean, rstd]);
-        for r in l.segs(k) {
-            for (j, (o, &v)) in y[r.clone()].iter_mut().zip(&xs[r]).enumerate() {
-                let f = l.feature(k, j);
-                *o = c.of(v) * rstd * gamma[f] + beta[f];
-            }
-        }
-    }
+    let y = tl_spec::alloc::try_for_overwrite(op.name(), "output", xs.len())?;
+    let y = crate::simd::vectorize(channels::Forward {
+        l,
+        x: xs,
+        gamma,
+        beta,
+        eps,
+        stats: &mut st,
+        y,
+    });
     Ok((tensor(x[0].shape().clone(), y)?, vec![st]))
 }
 
@@ -318,46 +330,20 @@ pub fn backward_saved<T: Scalar>(
             Some(tensor(x[2].shape().clone(), dbeta)?),
         ]);
     }
-    let mut dx = tl_spec::alloc::try_zeroed(op.name(), "cotangent", xs.len())?;
-    let mut dgamma = tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?;
-    let mut dbeta = tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?;
-    let m = l.count::<T>();
-    for k in 0..l.c {
-        let (c, rstd) = match kept {
-            Some(st) => {
-                let shift = l.shift(k, xs);
-                let shifted_mean = st[2 * k];
-                (
-                    Centre {
-                        shift,
-                        shifted_mean,
-                    },
-                    st[2 * k + 1],
-                )
-            }
-            None => stats(&l, k, xs, eps),
-        };
-        let (mut s1, mut s2) = (T::zero(), T::zero());
-        for r in l.segs(k) {
-            for (j, (&v, &gi)) in xs[r.clone()].iter().zip(&gs[r]).enumerate() {
-                let f = l.feature(k, j);
-                let h = c.of(v) * rstd;
-                dbeta[f] += gi;
-                dgamma[f] += gi * h;
-                let gh = gi * gamma[f];
-                s1 += gh;
-                s2 += gh * h;
-            }
-        }
-        let scale = rstd / m;
-        for r in l.segs(k) {
-            let rows = dx[r.clone()].iter_mut().zip(&xs[r.clone()]).zip(&gs[r]);
-            for (j, ((d, &v), &gi)) in rows.enumerate() {
-                let h = c.of(v) * rstd;
-                *d = scale * (m * gi * gamma[l.feature(k, j)] - s1 - h * s2);
-            }
-        }
-    }
+    let out = [
+        tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", xs.len())?,
+        tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", gamma.len())?,
+        tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", gamma.len())?,
+    ];
+    let [dx, dgamma, dbeta] = crate::simd::vectorize(channels::Backward {
+        l,
+        x: xs,
+        gamma,
+        g: gs,
+        eps,
+        stats: kept,
+        out,
+    });
     Ok(smallvec![
         Some(tensor(x[0].shape().clone(), dx)?),
         Some(tensor(x[1].shape().clone(), dgamma)?),
@@ -370,7 +356,7 @@ pub fn backward_saved<T: Scalar>(
 /// Σ x̃² by [`lanes`]; Σ ĝ, Σ ĝ·x̂ likewise) so every loop vectorizes; dγ and dβ still add the
 /// rows in order.
 mod rows {
-    use super::{Centre, lanes};
+    use super::{Centre, lanes, variance};
     use tl_spec::Scalar;
 
     /// A row's shift x₀ ([`Centre`]): its first element, 0 for an empty row.
@@ -390,7 +376,7 @@ mod rows {
             shifted_mean,
         };
         let sq = lanes(row, row, row, |x, _, _| c.of(x) * c.of(x));
-        (c, T::one() / ((sq / m).max(T::zero()) + eps).sqrt())
+        (c, T::one() / (variance(sq, m) + eps).sqrt())
     }
 
     /// Row r's centre from its kept d̄ (the shift is the row's first element).
@@ -435,7 +421,7 @@ mod rows {
                     *o = c.of(v);
                 }
                 let sq = lanes(yr, yr, yr, |t, _, _| t * t);
-                let rstd = T::one() / ((sq / m).max(T::zero()) + self.eps).sqrt();
+                let rstd = T::one() / (variance(sq, m) + self.eps).sqrt();
                 st.copy_from_slice(&[shifted_mean, rstd]);
                 for ((o, &ga), &be) in yr.iter_mut().zip(self.gamma).zip(self.beta) {
                     *o = *o * rstd * ga + be;
@@ -488,6 +474,112 @@ mod rows {
                 let k = rstd / m;
                 for ((d, &gi), &ga) in dr.iter_mut().zip(gr).zip(gamma) {
                     *d = k * (m * gi * ga - s1 - *d * s2);
+                }
+            }
+            [dx, dgamma, dbeta]
+        }
+    }
+}
+
+/// Batch norm (one group per channel over N·H·W, γ/β per channel) as kernels for
+/// [`crate::simd::vectorize`]: the sums of [`moments`] (each segment, one sample's H·W, in
+/// eight lanes; the segments added in order), with x̃ (forward) or x̂ (backward) written into
+/// the output's segments once and read back; dγ, dβ and the backward's two sums likewise.
+mod channels {
+    use super::{Centre, Layout, centre, lanes, stats, variance};
+    use tl_spec::Scalar;
+
+    pub(super) struct Forward<'a, T> {
+        pub l: Layout,
+        pub x: &'a [T],
+        pub gamma: &'a [T],
+        pub beta: &'a [T],
+        pub eps: T,
+        /// Each channel's (d̄, rstd), written.
+        pub stats: &'a mut [T],
+        /// The output (every value overwritten).
+        pub y: Vec<T>,
+    }
+
+    impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
+        type Output = Vec<T>;
+        #[inline(always)]
+        fn call(self) -> Vec<T> {
+            let (l, x, mut y) = (self.l, self.x, self.y);
+            let m = l.count::<T>();
+            for (k, st) in self.stats.chunks_exact_mut(2).enumerate() {
+                // The bits of `stats`: x̃ into y, then its squares summed from there.
+                let c = centre(&l, k, x);
+                let mut sq = T::zero();
+                for r in l.segs(k) {
+                    for (o, &v) in y[r.clone()].iter_mut().zip(&x[r.clone()]) {
+                        *o = c.of(v);
+                    }
+                    let t = &y[r];
+                    sq += lanes(t, t, t, |t, _, _| t * t);
+                }
+                let rstd = T::one() / (variance(sq, m) + self.eps).sqrt();
+                st.copy_from_slice(&[c.shifted_mean, rstd]);
+                let (ga, be) = (self.gamma[k], self.beta[k]);
+                for r in l.segs(k) {
+                    for o in &mut y[r] {
+                        *o = *o * rstd * ga + be;
+                    }
+                }
+            }
+            y
+        }
+    }
+
+    pub(super) struct Backward<'a, T> {
+        pub l: Layout,
+        pub x: &'a [T],
+        pub gamma: &'a [T],
+        pub g: &'a [T],
+        pub eps: T,
+        /// Each channel's (d̄, rstd) as the forward kept them, or `None` (computed again).
+        pub stats: Option<&'a [T]>,
+        /// `dx`, `dγ` and `dβ` (every value overwritten).
+        pub out: [Vec<T>; 3],
+    }
+
+    impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
+        type Output = [Vec<T>; 3];
+        #[inline(always)]
+        fn call(self) -> [Vec<T>; 3] {
+            let [mut dx, mut dgamma, mut dbeta] = self.out;
+            let (l, x, g) = (self.l, self.x, self.g);
+            let m = l.count::<T>();
+            for k in 0..l.c {
+                let (c, rstd) = match self.stats {
+                    Some(st) => {
+                        let c = Centre {
+                            shift: l.shift(k, x),
+                            shifted_mean: st[2 * k],
+                        };
+                        (c, st[2 * k + 1])
+                    }
+                    None => stats(&l, k, x, self.eps),
+                };
+                let ga = self.gamma[k];
+                // x̂ into dx, then Σ g (dβ), Σ g·x̂ (dγ), Σ ĝ and Σ ĝ·x̂ (ĝ = g·γ) from there.
+                let [mut db, mut dg, mut s1, mut s2] = [T::zero(); 4];
+                for r in l.segs(k) {
+                    for (d, &v) in dx[r.clone()].iter_mut().zip(&x[r.clone()]) {
+                        *d = c.of(v) * rstd;
+                    }
+                    let (h, gr) = (&dx[r.clone()], &g[r]);
+                    db += lanes(gr, gr, gr, |g, _, _| g);
+                    dg += lanes(gr, h, h, |g, h, _| g * h);
+                    s1 += lanes(gr, gr, gr, |g, _, _| g * ga);
+                    s2 += lanes(gr, h, h, |g, h, _| g * ga * h);
+                }
+                (dgamma[k], dbeta[k]) = (dg, db);
+                let scale = rstd / m;
+                for r in l.segs(k) {
+                    for (d, &gi) in dx[r.clone()].iter_mut().zip(&g[r]) {
+                        *d = scale * (m * gi * ga - s1 - *d * s2);
+                    }
                 }
             }
             [dx, dgamma, dbeta]
