@@ -192,9 +192,9 @@ pub const MUTANTS: &[Mutant] = &[
         id: "cpu-norm-centred-on-mean",
         area: Cpu,
         file: "crates/tl-tape-cpu/src/ops/norm.rs",
-        from: "        row.first().copied().unwrap_or(T::zero())",
-        to: "        T::zero()",
-        bug: "layerNorm centres each row on its f32 mean, not on its first element (x − μ carries the mean's rounding)",
+        from: "            x[k * self.seg]\n",
+        to: "            T::zero()\n",
+        bug: "layerNorm and batchnorm centre each group on its f32 mean, not on its first element (x − μ carries the mean's rounding)",
         harness: Plain,
     },
     Mutant {

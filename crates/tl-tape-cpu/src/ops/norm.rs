@@ -1,7 +1,7 @@
 //! `layerNorm` and `batchnormChannelFirst`, forward and backward, two passes per group.
 //!
 //! Per group (a row of the last axis for layer norm; a channel over N·H·W for batch norm), the
-//! statistics of the group shifted by its first element x₀ ([`Centre`]): pass 1 the mean
+//! statistics of the group shifted by its first element x₀ (`Centre`): pass 1 the mean
 //! `d̄ = Σ(x−x₀)/m`, pass 2 the biased variance `Σ((x−x₀)−d̄)²/m` (clamped ≥ 0); then
 //! `y = x̃·rstd·γ + β` with the centred value `x̃ = (x−x₀)−d̄` and `rstd = 1/sqrt(var + ε)`.
 //! The shift keeps `x̃` exact to f32's rounding of the group's spread however far its mean is
@@ -9,7 +9,9 @@
 //! `x − μ` carries). The backward applies, with `x̂ = x̃·rstd` and `ĝ = g·γ`:
 //! `dβ = Σ g`, `dγ = Σ g·x̂`, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`; it reads each group's
 //! (d̄, rstd) from what [`forward_saving`] kept (PyTorch keeps its mean and rstd), or computes
-//! them again (same bits).
+//! them again (same bits). Each runs as one kernel each way inside [`crate::simd::vectorize`]
+//! (layer norm's `rows`, batch norm's `channels`), every sum in eight lanes per segment
+//! (`lanes`), the segments added in order.
 //!
 //! `batchMoments` is the statistics alone: per channel the mean `x₀ + d̄` and the biased
 //! variance of the same two passes (`[μ…, var…]`, shaped (2, C)), and the backward
@@ -107,6 +109,15 @@ impl<T: Scalar> Centre<T> {
     #[inline(always)]
     fn of(self, x: T) -> T {
         (x - self.shift) - self.shifted_mean
+    }
+
+    /// Group k's centre from its kept d̄ (the shift read from x).
+    #[inline(always)]
+    fn kept(l: &Layout, k: usize, x: &[T], shifted_mean: T) -> Self {
+        Centre {
+            shift: l.shift(k, x),
+            shifted_mean,
+        }
     }
 
     /// The group's mean `x₀ + d̄`, rounded once.
@@ -249,8 +260,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
     Ok(y)
 }
 
-/// The value and each group's (d̄, rstd) as `[d̄₀, rstd₀, d̄₁, …]` (one list; [`Centre`]'s
-/// mean, the shift is x's), what [`backward_saved`] reads instead of computing them again.
+/// The value and each group's (d̄, rstd) as `[d̄₀, rstd₀, d̄₁, …]` (one list; d̄ the mean of
+/// `x − x₀`, x₀ the group's first element), what [`backward_saved`] reads instead of computing them again.
 pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     if let Op::BatchMoments = op {
         return Ok((moments_forward(op, x)?, Vec::new()));
@@ -258,21 +269,8 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     let (l, eps) = Layout::of(op, x)?;
     let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
     let mut st = tl_spec::alloc::try_for_overwrite(op.name(), "workspace", 2 * l.c)?;
-    if l.per_column {
-        let y = tl_spec::alloc::try_for_overwrite(op.name(), "output", xs.len())?;
-        let y = crate::simd::vectorize(rows::Forward {
-            x: xs,
-            gamma,
-            beta,
-            cols: l.seg,
-            eps,
-            stats: &mut st,
-            y,
-        });
-        return Ok((tensor(x[0].shape().clone(), y)?, vec![st]));
-    }
     let y = tl_spec::alloc::try_for_overwrite(op.name(), "output", xs.len())?;
-    let y = crate::simd::vectorize(channels::Forward {
+    let y = crate::simd::vectorize(Forward {
         l,
         x: xs,
         gamma,
@@ -309,33 +307,12 @@ pub fn backward_saved<T: Scalar>(
             Some(&saved[0][..])
         }
     };
-    if l.per_column {
-        let out = [
-            tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", xs.len())?,
-            tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
-            tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
-        ];
-        let [dx, dgamma, dbeta] = crate::simd::vectorize(rows::Backward {
-            x: xs,
-            gamma,
-            g: gs,
-            cols: l.seg,
-            eps,
-            stats: kept,
-            out,
-        });
-        return Ok(smallvec![
-            Some(tensor(x[0].shape().clone(), dx)?),
-            Some(tensor(x[1].shape().clone(), dgamma)?),
-            Some(tensor(x[2].shape().clone(), dbeta)?),
-        ]);
-    }
     let out = [
         tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", xs.len())?,
-        tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", gamma.len())?,
-        tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", gamma.len())?,
+        tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
+        tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
     ];
-    let [dx, dgamma, dbeta] = crate::simd::vectorize(channels::Backward {
+    let [dx, dgamma, dbeta] = crate::simd::vectorize(Backward {
         l,
         x: xs,
         gamma,
@@ -351,239 +328,194 @@ pub fn backward_saved<T: Scalar>(
     ])
 }
 
-/// Layer norm (one group per row, γ/β per column) as kernels for [`crate::simd::vectorize`]:
-/// the same formulas as the general path, with the row sums in eight lanes (Σ (x−x₀) and
-/// Σ x̃² by [`lanes`]; Σ ĝ, Σ ĝ·x̂ likewise) so every loop vectorizes; dγ and dβ still add the
-/// rows in order.
-mod rows {
-    use super::{Centre, lanes, variance};
-    use tl_spec::Scalar;
+/// A normalization's forward as a kernel for [`crate::simd::vectorize`]: layer norm's
+/// [`rows`] or batch norm's [`channels`].
+struct Forward<'a, T> {
+    l: Layout,
+    x: &'a [T],
+    gamma: &'a [T],
+    beta: &'a [T],
+    eps: T,
+    /// Each group's (d̄, rstd), written.
+    stats: &'a mut [T],
+    /// The output (every value overwritten).
+    y: Vec<T>,
+}
 
-    /// A row's shift x₀ ([`Centre`]): its first element, 0 for an empty row.
+impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
+    type Output = Vec<T>;
     #[inline(always)]
-    fn shift<T: Scalar>(row: &[T]) -> T {
-        row.first().copied().unwrap_or(T::zero())
-    }
-
-    /// The centre and 1/sqrt(var + ε) of one row.
-    #[inline(always)]
-    fn stats<T: Scalar>(row: &[T], eps: T) -> (Centre<T>, T) {
-        let m = T::lit(row.len().max(1) as f64);
-        let shift = shift(row);
-        let shifted_mean = lanes(row, row, row, |x, _, _| x - shift) / m;
-        let c = Centre {
-            shift,
-            shifted_mean,
-        };
-        let sq = lanes(row, row, row, |x, _, _| c.of(x) * c.of(x));
-        (c, T::one() / (variance(sq, m) + eps).sqrt())
-    }
-
-    /// Row r's centre from its kept d̄ (the shift is the row's first element).
-    #[inline(always)]
-    fn kept<T: Scalar>(row: &[T], shifted_mean: T) -> Centre<T> {
-        Centre {
-            shift: shift(row),
-            shifted_mean,
-        }
-    }
-
-    pub(super) struct Forward<'a, T> {
-        pub x: &'a [T],
-        pub gamma: &'a [T],
-        pub beta: &'a [T],
-        pub cols: usize,
-        pub eps: T,
-        /// Each row's (d̄, rstd), written.
-        pub stats: &'a mut [T],
-        /// The output (every value overwritten).
-        pub y: Vec<T>,
-    }
-
-    impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
-        type Output = Vec<T>;
-        #[inline(always)]
-        fn call(self) -> Vec<T> {
-            let mut y = self.y;
-            let c = self.cols.max(1);
-            let rows = y.chunks_exact_mut(c).zip(self.x.chunks_exact(c));
-            let m = T::lit(c as f64);
-            for ((yr, xr), st) in rows.zip(self.stats.chunks_exact_mut(2)) {
-                // The bits of `stats`, with x̃ written into the output row once and read
-                // back by the variance and the affine map.
-                let shift = shift(xr);
-                let shifted_mean = lanes(xr, xr, xr, |x, _, _| x - shift) / m;
-                let c = Centre {
-                    shift,
-                    shifted_mean,
-                };
-                for (o, &v) in yr.iter_mut().zip(xr) {
-                    *o = c.of(v);
-                }
-                let sq = lanes(yr, yr, yr, |t, _, _| t * t);
-                let rstd = T::one() / (variance(sq, m) + self.eps).sqrt();
-                st.copy_from_slice(&[shifted_mean, rstd]);
-                for ((o, &ga), &be) in yr.iter_mut().zip(self.gamma).zip(self.beta) {
-                    *o = *o * rstd * ga + be;
-                }
-            }
-            y
-        }
-    }
-
-    pub(super) struct Backward<'a, T> {
-        pub x: &'a [T],
-        pub gamma: &'a [T],
-        pub g: &'a [T],
-        pub cols: usize,
-        pub eps: T,
-        /// Each row's (d̄, rstd) as the forward kept them, or `None` (computed again).
-        pub stats: Option<&'a [T]>,
-        /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros, accumulated into).
-        pub out: [Vec<T>; 3],
-    }
-
-    impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
-        type Output = [Vec<T>; 3];
-        #[inline(always)]
-        fn call(self) -> [Vec<T>; 3] {
-            let [mut dx, mut dgamma, mut dbeta] = self.out;
-            let c = self.cols.max(1);
-            let m = T::lit(c as f64);
-            let rows = dx
-                .chunks_exact_mut(c)
-                .zip(self.x.chunks_exact(c))
-                .zip(self.g.chunks_exact(c));
-            for (r, ((dr, xr), gr)) in rows.enumerate() {
-                let (c, rstd) = match self.stats {
-                    Some(st) => (kept(xr, st[2 * r]), st[2 * r + 1]),
-                    None => stats(xr, self.eps),
-                };
-                // x̂ = x̃·rstd written into the dx row once, read by the three uses.
-                for (d, &v) in dr.iter_mut().zip(xr) {
-                    *d = c.of(v) * rstd;
-                }
-                let gamma = self.gamma;
-                let (dga, dbe) = (&mut dgamma[..], &mut dbeta[..]);
-                for (((dg, db), &h), &gi) in dga.iter_mut().zip(dbe).zip(&*dr).zip(gr) {
-                    *db += gi;
-                    *dg += gi * h;
-                }
-                let s1 = lanes(gr, gamma, gr, |g, ga, _| g * ga);
-                let s2 = lanes(gr, gamma, dr, |g, ga, h| g * ga * h);
-                let k = rstd / m;
-                for ((d, &gi), &ga) in dr.iter_mut().zip(gr).zip(gamma) {
-                    *d = k * (m * gi * ga - s1 - *d * s2);
-                }
-            }
-            [dx, dgamma, dbeta]
+    fn call(self) -> Vec<T> {
+        if self.l.per_column {
+            rows::forward(self)
+        } else {
+            channels::forward(self)
         }
     }
 }
 
-/// Batch norm (one group per channel over N·H·W, γ/β per channel) as kernels for
-/// [`crate::simd::vectorize`]: the sums of [`moments`] (each segment, one sample's H·W, in
-/// eight lanes; the segments added in order), with x̃ (forward) or x̂ (backward) written into
-/// the output's segments once and read back; dγ, dβ and the backward's two sums likewise.
-mod channels {
-    use super::{Centre, Layout, centre, lanes, stats, variance};
+/// A normalization's backward as a kernel for [`crate::simd::vectorize`]: layer norm's
+/// [`rows`] or batch norm's [`channels`].
+struct Backward<'a, T> {
+    l: Layout,
+    x: &'a [T],
+    gamma: &'a [T],
+    g: &'a [T],
+    eps: T,
+    /// Each group's (d̄, rstd) as the forward kept them, or `None` (computed again).
+    stats: Option<&'a [T]>,
+    /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros).
+    out: [Vec<T>; 3],
+}
+
+impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
+    type Output = [Vec<T>; 3];
+    #[inline(always)]
+    fn call(self) -> [Vec<T>; 3] {
+        if self.l.per_column {
+            rows::backward(self)
+        } else {
+            channels::backward(self)
+        }
+    }
+}
+
+/// Layer norm (one group per row, γ/β per column): the statistics of [`stats`] (a row is one
+/// segment), with x̃ (forward) or x̂ (backward) written into the output row once and read back;
+/// Σ ĝ and Σ ĝ·x̂ in eight lanes ([`lanes`]); dγ and dβ add the rows in order.
+mod rows {
+    use super::{Centre, centre, lanes, stats, variance};
     use tl_spec::Scalar;
 
-    pub(super) struct Forward<'a, T> {
-        pub l: Layout,
-        pub x: &'a [T],
-        pub gamma: &'a [T],
-        pub beta: &'a [T],
-        pub eps: T,
-        /// Each channel's (d̄, rstd), written.
-        pub stats: &'a mut [T],
-        /// The output (every value overwritten).
-        pub y: Vec<T>,
+    /// [`super::Forward`] of layer norm.
+    #[inline(always)]
+    pub(super) fn forward<T: Scalar>(k: super::Forward<'_, T>) -> Vec<T> {
+        let mut y = k.y;
+        let c = k.l.seg.max(1);
+        let rows = y.chunks_exact_mut(c).zip(k.x.chunks_exact(c));
+        let m = T::lit(c as f64);
+        for (r, ((yr, xr), st)) in rows.zip(k.stats.chunks_exact_mut(2)).enumerate() {
+            // The bits of `stats`: x̃ into the output row, then its squares summed from there.
+            let c = centre(&k.l, r, k.x);
+            for (o, &v) in yr.iter_mut().zip(xr) {
+                *o = c.of(v);
+            }
+            let sq = lanes(yr, yr, yr, |t, _, _| t * t);
+            let rstd = T::one() / (variance(sq, m) + k.eps).sqrt();
+            st.copy_from_slice(&[c.shifted_mean, rstd]);
+            for ((o, &ga), &be) in yr.iter_mut().zip(k.gamma).zip(k.beta) {
+                *o = *o * rstd * ga + be;
+            }
+        }
+        y
     }
 
-    impl<T: Scalar> crate::simd::Kernel for Forward<'_, T> {
-        type Output = Vec<T>;
-        #[inline(always)]
-        fn call(self) -> Vec<T> {
-            let (l, x, mut y) = (self.l, self.x, self.y);
-            let m = l.count::<T>();
-            for (k, st) in self.stats.chunks_exact_mut(2).enumerate() {
-                // The bits of `stats`: x̃ into y, then its squares summed from there.
-                let c = centre(&l, k, x);
-                let mut sq = T::zero();
-                for r in l.segs(k) {
-                    for (o, &v) in y[r.clone()].iter_mut().zip(&x[r.clone()]) {
-                        *o = c.of(v);
-                    }
-                    let t = &y[r];
-                    sq += lanes(t, t, t, |t, _, _| t * t);
+    /// [`super::Backward`] of layer norm: dγ and dβ add the rows in order.
+    #[inline(always)]
+    pub(super) fn backward<T: Scalar>(k: super::Backward<'_, T>) -> [Vec<T>; 3] {
+        let [mut dx, mut dgamma, mut dbeta] = k.out;
+        let c = k.l.seg.max(1);
+        let m = T::lit(c as f64);
+        let rows = dx
+            .chunks_exact_mut(c)
+            .zip(k.x.chunks_exact(c))
+            .zip(k.g.chunks_exact(c));
+        for (r, ((dr, xr), gr)) in rows.enumerate() {
+            let (c, rstd) = match k.stats {
+                Some(st) => (Centre::kept(&k.l, r, k.x, st[2 * r]), st[2 * r + 1]),
+                None => stats(&k.l, r, k.x, k.eps),
+            };
+            // x̂ = x̃·rstd written into the dx row once, read by the three uses.
+            for (d, &v) in dr.iter_mut().zip(xr) {
+                *d = c.of(v) * rstd;
+            }
+            let gamma = k.gamma;
+            let (dga, dbe) = (&mut dgamma[..], &mut dbeta[..]);
+            for (((dg, db), &h), &gi) in dga.iter_mut().zip(dbe).zip(&*dr).zip(gr) {
+                *db += gi;
+                *dg += gi * h;
+            }
+            let s1 = lanes(gr, gamma, gr, |g, ga, _| g * ga);
+            let s2 = lanes(gr, gamma, dr, |g, ga, h| g * ga * h);
+            let scale = rstd / m;
+            for ((d, &gi), &ga) in dr.iter_mut().zip(gr).zip(gamma) {
+                *d = scale * (m * gi * ga - s1 - *d * s2);
+            }
+        }
+        [dx, dgamma, dbeta]
+    }
+}
+
+/// Batch norm (one group per channel over N·H·W, γ/β per channel): the statistics of
+/// [`stats`] (a segment is one sample's H·W), with x̃ (forward) or x̂ (backward) written into
+/// the output's segments once and read back; dγ, dβ and the backward's two sums likewise.
+mod channels {
+    use super::{Centre, centre, lanes, stats, variance};
+    use tl_spec::Scalar;
+
+    /// [`super::Forward`] of batch norm.
+    #[inline(always)]
+    pub(super) fn forward<T: Scalar>(k: super::Forward<'_, T>) -> Vec<T> {
+        let (l, x, mut y) = (k.l, k.x, k.y);
+        let m = l.count::<T>();
+        let (gamma, beta, eps) = (k.gamma, k.beta, k.eps);
+        for (k, st) in k.stats.chunks_exact_mut(2).enumerate() {
+            // The bits of `stats`: x̃ into y, then its squares summed from there.
+            let c = centre(&l, k, x);
+            let mut sq = T::zero();
+            for r in l.segs(k) {
+                for (o, &v) in y[r.clone()].iter_mut().zip(&x[r.clone()]) {
+                    *o = c.of(v);
                 }
-                let rstd = T::one() / (variance(sq, m) + self.eps).sqrt();
-                st.copy_from_slice(&[c.shifted_mean, rstd]);
-                let (ga, be) = (self.gamma[k], self.beta[k]);
-                for r in l.segs(k) {
-                    for o in &mut y[r] {
-                        *o = *o * rstd * ga + be;
-                    }
+                let t = &y[r];
+                sq += lanes(t, t, t, |t, _, _| t * t);
+            }
+            let rstd = T::one() / (variance(sq, m) + eps).sqrt();
+            st.copy_from_slice(&[c.shifted_mean, rstd]);
+            let (ga, be) = (gamma[k], beta[k]);
+            for r in l.segs(k) {
+                for o in &mut y[r] {
+                    *o = *o * rstd * ga + be;
                 }
             }
-            y
         }
+        y
     }
 
-    pub(super) struct Backward<'a, T> {
-        pub l: Layout,
-        pub x: &'a [T],
-        pub gamma: &'a [T],
-        pub g: &'a [T],
-        pub eps: T,
-        /// Each channel's (d̄, rstd) as the forward kept them, or `None` (computed again).
-        pub stats: Option<&'a [T]>,
-        /// `dx`, `dγ` and `dβ` (every value overwritten).
-        pub out: [Vec<T>; 3],
-    }
-
-    impl<T: Scalar> crate::simd::Kernel for Backward<'_, T> {
-        type Output = [Vec<T>; 3];
-        #[inline(always)]
-        fn call(self) -> [Vec<T>; 3] {
-            let [mut dx, mut dgamma, mut dbeta] = self.out;
-            let (l, x, g) = (self.l, self.x, self.g);
-            let m = l.count::<T>();
-            for k in 0..l.c {
-                let (c, rstd) = match self.stats {
-                    Some(st) => {
-                        let c = Centre {
-                            shift: l.shift(k, x),
-                            shifted_mean: st[2 * k],
-                        };
-                        (c, st[2 * k + 1])
-                    }
-                    None => stats(&l, k, x, self.eps),
-                };
-                let ga = self.gamma[k];
-                // x̂ into dx, then Σ g (dβ), Σ g·x̂ (dγ), Σ ĝ and Σ ĝ·x̂ (ĝ = g·γ) from there.
-                let [mut db, mut dg, mut s1, mut s2] = [T::zero(); 4];
-                for r in l.segs(k) {
-                    for (d, &v) in dx[r.clone()].iter_mut().zip(&x[r.clone()]) {
-                        *d = c.of(v) * rstd;
-                    }
-                    let (h, gr) = (&dx[r.clone()], &g[r]);
-                    db += lanes(gr, gr, gr, |g, _, _| g);
-                    dg += lanes(gr, h, h, |g, h, _| g * h);
-                    s1 += lanes(gr, gr, gr, |g, _, _| g * ga);
-                    s2 += lanes(gr, h, h, |g, h, _| g * ga * h);
+    /// [`super::Backward`] of batch norm.
+    #[inline(always)]
+    pub(super) fn backward<T: Scalar>(k: super::Backward<'_, T>) -> [Vec<T>; 3] {
+        let [mut dx, mut dgamma, mut dbeta] = k.out;
+        let (l, x, g, kept) = (k.l, k.x, k.g, k.stats);
+        let (gamma, eps) = (k.gamma, k.eps);
+        let m = l.count::<T>();
+        for k in 0..l.c {
+            let (c, rstd) = match kept {
+                Some(st) => (Centre::kept(&l, k, x, st[2 * k]), st[2 * k + 1]),
+                None => stats(&l, k, x, eps),
+            };
+            let ga = gamma[k];
+            // x̂ into dx, then Σ g (dβ), Σ g·x̂ (dγ), Σ ĝ and Σ ĝ·x̂ (ĝ = g·γ) from there.
+            let [mut db, mut dg, mut s1, mut s2] = [T::zero(); 4];
+            for r in l.segs(k) {
+                for (d, &v) in dx[r.clone()].iter_mut().zip(&x[r.clone()]) {
+                    *d = c.of(v) * rstd;
                 }
-                (dgamma[k], dbeta[k]) = (dg, db);
-                let scale = rstd / m;
-                for r in l.segs(k) {
-                    for (d, &gi) in dx[r.clone()].iter_mut().zip(&g[r]) {
-                        *d = scale * (m * gi * ga - s1 - *d * s2);
-                    }
+                let (h, gr) = (&dx[r.clone()], &g[r]);
+                db += lanes(gr, gr, gr, |g, _, _| g);
+                dg += lanes(gr, h, h, |g, h, _| g * h);
+                s1 += lanes(gr, gr, gr, |g, _, _| g * ga);
+                s2 += lanes(gr, h, h, |g, h, _| g * ga * h);
+            }
+            (dgamma[k], dbeta[k]) = (dg, db);
+            let scale = rstd / m;
+            for r in l.segs(k) {
+                for (d, &gi) in dx[r.clone()].iter_mut().zip(&g[r]) {
+                    *d = scale * (m * gi * ga - s1 - *d * s2);
                 }
             }
-            [dx, dgamma, dbeta]
         }
+        [dx, dgamma, dbeta]
     }
 }
 

@@ -11,7 +11,7 @@
 //! - `masked_softmax_rows`: one block per row, the max over allowed entries with `fmaxf` from
 //!   −∞ and the sum of `exp(x − m)` over allowed entries (0 for the others) by the block tree.
 //!
-//! A group is centred on its first element x₀ ([`Centre`]): the statistics `[d̄…, rstd…]` hold
+//! A group is centred on its first element x₀ (`Centre`): the statistics `[d̄…, rstd…]` hold
 //! the mean d̄ of `x − x₀`, and every kernel that normalizes computes `x̃ = (x − x₀) − d̄`, x₀
 //! read from x (exact to the rounding of the group's spread, however far its mean is from 0).
 
