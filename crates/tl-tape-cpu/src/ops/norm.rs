@@ -130,7 +130,30 @@ impl<T: Scalar> Centre<T> {
 #[inline(always)]
 fn stats<T: Scalar>(l: &Layout, k: usize, x: &[T], eps: T) -> (Centre<T>, T) {
     let (c, var) = moments(l, k, x);
-    (c, T::one() / (var + eps).sqrt())
+    (c, rstd(var, eps))
+}
+
+/// [`stats`] of group k with its centred values x̃ written into `y`'s elements of the group
+/// on the way (the forward's output, which the affine map then reads): the same bits, the
+/// squares summed from `y`.
+#[inline(always)]
+fn stats_into<T: Scalar>(l: &Layout, k: usize, x: &[T], y: &mut [T], eps: T) -> (Centre<T>, T) {
+    let c = centre(l, k, x);
+    let mut sq = T::zero();
+    for r in l.segs(k) {
+        for (o, &v) in y[r.clone()].iter_mut().zip(&x[r.clone()]) {
+            *o = c.of(v);
+        }
+        let t = &y[r];
+        sq += lanes(t, t, t, |t, _, _| t * t);
+    }
+    (c, rstd(variance(sq, l.count()), eps))
+}
+
+/// `1/sqrt(var + ε)`.
+#[inline(always)]
+fn rstd<T: Scalar>(var: T, eps: T) -> T {
+    T::one() / (var + eps).sqrt()
 }
 
 /// Group k's centre ([`Centre`]): pass 1, `Σ (x − x₀)` of each segment in eight lanes, the
@@ -403,25 +426,18 @@ impl<T: Scalar> crate::simd::Kernel for Channels<Backward<'_, T>> {
 /// segment), with x̃ (forward) or x̂ (backward) written into the output row once and read back;
 /// Σ ĝ and Σ ĝ·x̂ in eight lanes ([`lanes`]); dγ and dβ add the rows in order.
 mod rows {
-    use super::{Centre, centre, lanes, stats, variance};
+    use super::{Centre, lanes, stats, stats_into};
     use tl_spec::Scalar;
 
     /// [`super::Forward`] of layer norm.
     #[inline(always)]
     pub(super) fn forward<T: Scalar>(k: super::Forward<'_, T>) -> Vec<T> {
         let mut y = k.y;
-        let c = k.l.seg.max(1);
-        let rows = y.chunks_exact_mut(c).zip(k.x.chunks_exact(c));
-        let m = T::lit(c as f64);
-        for (r, ((yr, xr), st)) in rows.zip(k.stats.chunks_exact_mut(2)).enumerate() {
-            // The bits of `stats`: x̃ into the output row, then its squares summed from there.
-            let c = centre(&k.l, r, k.x);
-            for (o, &v) in yr.iter_mut().zip(xr) {
-                *o = c.of(v);
-            }
-            let sq = lanes(yr, yr, yr, |t, _, _| t * t);
-            let rstd = T::one() / (variance(sq, m) + k.eps).sqrt();
+        let cols = k.l.seg;
+        for (r, st) in k.stats.chunks_exact_mut(2).enumerate() {
+            let (c, rstd) = stats_into(&k.l, r, k.x, &mut y, k.eps);
             st.copy_from_slice(&[c.shifted_mean, rstd]);
+            let yr = &mut y[r * cols..(r + 1) * cols];
             for ((o, &ga), &be) in yr.iter_mut().zip(k.gamma).zip(k.beta) {
                 *o = *o * rstd * ga + be;
             }
@@ -469,27 +485,16 @@ mod rows {
 /// [`stats`] (a segment is one sample's H·W), with x̃ (forward) or x̂ (backward) written into
 /// the output's segments once and read back; dγ, dβ and the backward's two sums likewise.
 mod channels {
-    use super::{Centre, centre, lanes, stats, variance};
+    use super::{Centre, lanes, stats, stats_into};
     use tl_spec::Scalar;
 
     /// [`super::Forward`] of batch norm.
     #[inline(always)]
     pub(super) fn forward<T: Scalar>(k: super::Forward<'_, T>) -> Vec<T> {
         let (l, x, mut y) = (k.l, k.x, k.y);
-        let m = l.count::<T>();
         let (gamma, beta, eps) = (k.gamma, k.beta, k.eps);
         for (k, st) in k.stats.chunks_exact_mut(2).enumerate() {
-            // The bits of `stats`: x̃ into y, then its squares summed from there.
-            let c = centre(&l, k, x);
-            let mut sq = T::zero();
-            for r in l.segs(k) {
-                for (o, &v) in y[r.clone()].iter_mut().zip(&x[r.clone()]) {
-                    *o = c.of(v);
-                }
-                let t = &y[r];
-                sq += lanes(t, t, t, |t, _, _| t * t);
-            }
-            let rstd = T::one() / (variance(sq, m) + eps).sqrt();
+            let (c, rstd) = stats_into(&l, k, x, &mut y, eps);
             st.copy_from_slice(&[c.shifted_mean, rstd]);
             let (ga, be) = (gamma[k], beta[k]);
             for r in l.segs(k) {
