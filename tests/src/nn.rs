@@ -1,5 +1,6 @@
 //! tl-nn's layers under the harness: every layer of `tl_nn` (Linear, Conv, ConvTranspose,
-//! MaxPool, AvgPool, LayerNorm, BatchNorm, Embedding, Dropout, MultiHeadAttention,
+//! MaxPool, AvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout,
+//! MultiHeadAttention,
 //! SpectralConv1d, the activations, Flatten, Sequential) on random sizes, parameters and
 //! inputs, on every session: eager CPU (f64, f32), eager CUDA simulation (f32) and linked
 //! (f64, f32).
@@ -18,9 +19,9 @@ use std::cell::RefCell;
 use proptest::prelude::*;
 use tl_ir::{GraphBuilder, GraphData, Id, Op};
 use tl_nn::{
-    Activation, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm,
-    Linear, MaxPool, Module, MultiHeadAttention, Parameters, Runtime, Sequential, SpectralConv1d,
-    Vars,
+    Activation, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm,
+    LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, Parameters, RmsNorm, Runtime,
+    Sequential, SpectralConv1d, Vars,
 };
 use tl_session::{Backend, LinkedSession, Options, Param, Session, TensorRef, Train};
 use tl_spec::ops::attention::Mask;
@@ -31,7 +32,7 @@ use crate::metric::{tensor_err, worst_index};
 use crate::{CaseResult, Measured, Report, RunConfig, Tol, run_check};
 
 /// The default number of cases of one (layer, session) cell when `TL_CASES` is not set (the
-/// sizes are small: 64 cases of all 75 cells take well under a second in the test profile).
+/// sizes are small: 64 cases of all 85 cells take well under a second in the test profile).
 pub const NN_CASES: u32 = 64;
 
 /// The seed of the sessions' random ops (dropout masks), shared with the reference.
@@ -193,6 +194,29 @@ pub enum LayerSpec {
         /// Training pass.
         training: bool,
     },
+    /// `RmsNorm::new(dim)` (ε `None`: the element type's machine epsilon) or
+    /// `RmsNorm::with_eps(dim, ε)` on x (lead…, dim).
+    RmsNorm {
+        /// Normalised width.
+        dim: usize,
+        /// ε, or `None` for the layer's default.
+        eps: Option<f64>,
+        /// Leading axes of x (none: a 1-D input).
+        lead: Vec<usize>,
+    },
+    /// `GroupNorm::with_eps(groups, channels, eps)` on x (n, channels, rest…).
+    GroupNorm {
+        /// Groups.
+        groups: usize,
+        /// Channels (a multiple of `groups`).
+        channels: usize,
+        /// Batch size.
+        n: usize,
+        /// Trailing axes.
+        rest: Vec<usize>,
+        /// ε.
+        eps: f64,
+    },
     /// `Embedding::new(num, dim)` picking rows `ids`.
     Embedding {
         /// Rows of the table.
@@ -287,6 +311,8 @@ impl LayerSpec {
             LayerSpec::Pool { avg: true, .. } => "AvgPool",
             LayerSpec::LayerNorm { .. } => "LayerNorm",
             LayerSpec::BatchNorm { .. } => "BatchNorm",
+            LayerSpec::RmsNorm { .. } => "RmsNorm",
+            LayerSpec::GroupNorm { .. } => "GroupNorm",
             LayerSpec::Embedding { .. } => "Embedding",
             LayerSpec::Dropout { .. } => "Dropout",
             LayerSpec::Attention { .. } => "MultiHeadAttention",
@@ -297,23 +323,58 @@ impl LayerSpec {
         }
     }
 
-    /// Whether the layer normalises its input over groups (LayerNorm: rows; BatchNorm:
-    /// channels).
+    /// Whether the layer normalises its input over groups (LayerNorm, RmsNorm: rows;
+    /// BatchNorm: channels; GroupNorm: a sample's channel groups).
     fn normalises(&self) -> bool {
         matches!(
             self,
-            LayerSpec::LayerNorm { .. } | LayerSpec::BatchNorm { .. }
+            LayerSpec::LayerNorm { .. }
+                | LayerSpec::BatchNorm { .. }
+                | LayerSpec::RmsNorm { .. }
+                | LayerSpec::GroupNorm { .. }
         )
+    }
+
+    /// This spec with RmsNorm's default ε (`None`) written out as `machine_eps`, the session's
+    /// element type's: what the reference computes with.
+    fn with_default_eps(&self, machine_eps: f64) -> LayerSpec {
+        match self {
+            LayerSpec::RmsNorm {
+                dim,
+                eps: None,
+                lead,
+            } => LayerSpec::RmsNorm {
+                dim: *dim,
+                eps: Some(machine_eps),
+                lead: lead.clone(),
+            },
+            other => other.clone(),
+        }
     }
 
     /// Spread a normalised input as the registry's norm entries do (`entries::norm`): within
     /// each group the elements are a permutation of evenly spaced levels 1 apart plus x's own
     /// value (in ±0.3), so every group of two or more elements has a variance well away from
-    /// 0, where f32 is well conditioned.
+    /// 0, where f32 is well conditioned. RmsNorm's values move 1 away from 0 instead (|x| in
+    /// [1, 1.3]): its mean square is then at least 1 in every row, one element or many.
     fn spread(&self, x: Tensor<f64>) -> Tensor<f64> {
+        if let LayerSpec::RmsNorm { .. } = self {
+            return x.map(|v| v + v.signum());
+        }
         let place = |i: usize| -> (usize, usize, usize) {
             match self {
                 LayerSpec::LayerNorm { dim, .. } => (i / dim, i % dim, *dim),
+                LayerSpec::GroupNorm {
+                    groups,
+                    channels,
+                    rest,
+                    ..
+                } => {
+                    // (sample, group) is the group; its channels' cells in order.
+                    let (r, per) = (rest.iter().product::<usize>(), channels / groups);
+                    let (b, ch, k) = (i / (channels * r), (i / r) % channels, i % r);
+                    (b * groups + ch / per, (ch % per) * r + k, per * r)
+                }
                 LayerSpec::BatchNorm {
                     channels, n, rest, ..
                 } => {
@@ -360,8 +421,13 @@ impl LayerSpec {
                 ..
             } => cat(&cat(&opt(batch), &[*inputs]), spatial),
             LayerSpec::Pool { lead, spatial, .. } => cat(lead, spatial),
-            LayerSpec::LayerNorm { dim, lead, .. } => cat(lead, &[*dim]),
+            LayerSpec::LayerNorm { dim, lead, .. } | LayerSpec::RmsNorm { dim, lead, .. } => {
+                cat(lead, &[*dim])
+            }
             LayerSpec::BatchNorm {
+                channels, n, rest, ..
+            }
+            | LayerSpec::GroupNorm {
                 channels, n, rest, ..
             } => cat(&[*n, *channels], rest),
             LayerSpec::Embedding { .. } => return None,
@@ -414,6 +480,10 @@ impl LayerSpec {
                 vec![(w, Weight), (vec![*outputs], Weight)]
             }
             LayerSpec::LayerNorm { dim, .. } => vec![(vec![*dim], Weight), (vec![*dim], Weight)],
+            LayerSpec::RmsNorm { dim, .. } => vec![(vec![*dim], Weight)],
+            LayerSpec::GroupNorm { channels, .. } => {
+                vec![(vec![*channels], Weight), (vec![*channels], Weight)]
+            }
             LayerSpec::BatchNorm { channels, .. } => vec![
                 (vec![*channels], Weight),
                 (vec![*channels], Weight),
@@ -549,6 +619,67 @@ impl LayerSpec {
                 };
                 reshape(b, y, &full)
             }
+            LayerSpec::RmsNorm { dim, eps, lead } => {
+                // x / √(Σx²/dim + ε) · γ: a sum scaled and a division, where the layer takes a
+                // mean and multiplies by the inverse.
+                let x = x()?;
+                let full: Vec<usize> = lead.iter().chain([dim]).copied().collect();
+                let keep: Vec<usize> = lead.iter().copied().chain([1]).collect();
+                let to = Shape::new(&full);
+                let sq = b.apply(Op::Mul, &[x, x])?;
+                let ss = b.apply(Op::ReduceSum(lead.len()), &[sq])?;
+                let ms = b.apply(Op::Scale(1.0 / *dim as f64), &[ss])?;
+                let lead_shape = Shape::new(lead);
+                // `None` only in the shape-only graph of `layer_cases`: `compare` writes it out.
+                let eps = eps.unwrap_or(f64::NAN);
+                let eps = b.apply(Op::Constant(Tensor::full(lead_shape, eps)), &[])?;
+                let rms = b.apply(Op::Add, &[ms, eps])?;
+                let rms = b.apply(Op::Sqrt, &[rms])?;
+                let rms = reshape(b, rms, &keep)?;
+                let rms = b.apply(Op::BroadcastTo(to.clone()), &[rms])?;
+                let xn = b.apply(Op::Div, &[x, rms])?;
+                let gamma = b.apply(Op::BroadcastTo(to), &[p[0]])?;
+                b.apply(Op::Mul, &[xn, gamma])
+            }
+            LayerSpec::GroupNorm {
+                groups,
+                channels,
+                n,
+                rest,
+                eps,
+            } => {
+                // Per (sample, group): (x − mean)/√(mean((x − mean)²) + ε), from reductions,
+                // where the layer runs the layerNorm op; then x̂·γ + β per channel.
+                let (c, r) = (*channels, rest.iter().product::<usize>());
+                let (rows, len) = (n * groups, c / groups * r);
+                let full: Vec<usize> = [*n, c].iter().chain(rest).copied().collect();
+                let grid = Shape::new(&[rows, len]);
+                let xr = reshape(b, x()?, grid.dims())?;
+                let per_row = |b: &mut GraphBuilder, v: Id| -> tl_ir::Result<Id> {
+                    let v = reshape(b, v, &[rows, 1])?;
+                    b.apply(Op::BroadcastTo(grid.clone()), &[v])
+                };
+                let mean = b.apply(Op::ReduceMean(1), &[xr])?;
+                let mean = per_row(b, mean)?;
+                let centred = b.apply(Op::Sub, &[xr, mean])?;
+                let sq = b.apply(Op::Mul, &[centred, centred])?;
+                let var = b.apply(Op::ReduceMean(1), &[sq])?;
+                let eps = b.apply(Op::Constant(Tensor::full([rows], *eps)), &[])?;
+                let sd = b.apply(Op::Add, &[var, eps])?;
+                let sd = b.apply(Op::Sqrt, &[sd])?;
+                let sd = per_row(b, sd)?;
+                let xhat = b.apply(Op::Div, &[centred, sd])?;
+                let to = Shape::new(&[*n, c, r]);
+                let xhat = reshape(b, xhat, to.dims())?;
+                let per_channel = |b: &mut GraphBuilder, v: Id| -> tl_ir::Result<Id> {
+                    let v = reshape(b, v, &[c, 1])?;
+                    b.apply(Op::BroadcastTo(to.clone()), &[v])
+                };
+                let (gamma, beta) = (per_channel(b, p[0])?, per_channel(b, p[1])?);
+                let scaled = b.apply(Op::Mul, &[xhat, gamma])?;
+                let y = b.apply(Op::Add, &[scaled, beta])?;
+                reshape(b, y, &full)
+            }
             LayerSpec::Embedding { num, ids, .. } => {
                 // One-hot rows times the table.
                 let k = ids.len();
@@ -666,6 +797,16 @@ impl LayerSpec {
             LayerSpec::BatchNorm { channels, eps, .. } => {
                 Box::new(BatchNorm::with(vars, *channels, *eps, 0.1)?)
             }
+            LayerSpec::RmsNorm { dim, eps, .. } => match eps {
+                Some(eps) => Box::new(RmsNorm::with_eps(vars, *dim, *eps)?),
+                None => Box::new(RmsNorm::new(vars, *dim)?),
+            },
+            LayerSpec::GroupNorm {
+                groups,
+                channels,
+                eps,
+                ..
+            } => Box::new(GroupNorm::with_eps(vars, *groups, *channels, *eps)?),
             LayerSpec::Embedding { num, dim, .. } => {
                 return Ok(Built::Embedding(Embedding::new(vars, *num, *dim)?));
             }
@@ -894,6 +1035,28 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 training,
             })
             .boxed(),
+        "RmsNorm" => (
+            1usize..=5,
+            prop::sample::select(vec![None, Some(1e-5), Some(0.1)]),
+            prop::collection::vec(1usize..=3, 0..=2),
+        )
+            .prop_map(|(dim, eps, lead)| LayerSpec::RmsNorm { dim, eps, lead })
+            .boxed(),
+        "GroupNorm" => (
+            1usize..=3,
+            1usize..=2,
+            1usize..=3,
+            prop::collection::vec(1usize..=3, 0..=2),
+            prop::sample::select(vec![1e-5, 0.1]),
+        )
+            .prop_map(|(groups, per, n, rest, eps)| LayerSpec::GroupNorm {
+                groups,
+                channels: groups * per,
+                n,
+                rest,
+                eps,
+            })
+            .boxed(),
         "Embedding" => (1usize..=5, 1usize..=3)
             .prop_flat_map(|(num, dim)| {
                 (Just(num), Just(dim), prop::collection::vec(0..num, 1..=5))
@@ -952,7 +1115,7 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
 }
 
 /// Every layer the check covers, by name (one per type of `tl_nn`'s layers and modules).
-pub const LAYERS: [&str; 15] = [
+pub const LAYERS: [&str; 17] = [
     "Linear",
     "Conv",
     "ConvTranspose",
@@ -960,6 +1123,8 @@ pub const LAYERS: [&str; 15] = [
     "AvgPool",
     "LayerNorm",
     "BatchNorm",
+    "RmsNorm",
+    "GroupNorm",
     "Embedding",
     "Dropout",
     "MultiHeadAttention",
@@ -1135,7 +1300,17 @@ fn forward_layer<'g, O: Train>(
 
 /// Compare one run with the f64 reference.
 fn compare<T: Scalar>(case: &LayerCase, got: Run<T>) -> CaseResult {
-    let (graph, out) = case
+    // RmsNorm's default ε is the element type's machine epsilon.
+    let machine_eps = if T::NAME == "f64" {
+        f64::EPSILON
+    } else {
+        f32::EPSILON.into()
+    };
+    let resolved = LayerCase {
+        spec: case.spec.with_default_eps(machine_eps),
+        ..case.clone()
+    };
+    let (graph, out) = resolved
         .reference_graph()
         .map_err(|e| format!("reference graph: {e}"))?;
     let mut leaves = case.params.clone();

@@ -8,9 +8,9 @@ use tl_session::Train;
 
 use crate::runtime::is_buffer;
 use crate::{
-    Activation, AvgPool, BatchNorm, Conv, ConvTranspose, Dropout, Embedding, Flatten, LayerNorm,
-    Linear, MaxPool, MultiHeadAttention, Parameters, Result, Runtime, Sequential, SpectralConv1d,
-    UserLayer,
+    Activation, AvgPool, BatchNorm, Conv, ConvTranspose, Dropout, Embedding, Flatten, GroupNorm,
+    LayerNorm, Linear, MaxPool, MultiHeadAttention, Parameters, Result, RmsNorm, Runtime,
+    Sequential, SpectralConv1d, UserLayer,
 };
 
 /// The printed name of an absent `Option` module.
@@ -141,6 +141,8 @@ display_as_tree!(
     AvgPool,
     LayerNorm,
     BatchNorm,
+    RmsNorm,
+    GroupNorm,
     Embedding,
     MultiHeadAttention,
     Dropout,

@@ -43,7 +43,7 @@
 //! - [`Module`], [`Parameters`] (write it with `#[derive(Parameters)]`), [`Sequential`],
 //!   [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
-//!   [`BatchNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
+//!   [`BatchNorm`], [`RmsNorm`], [`GroupNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
 //!   the recurrent [`Lstm`] and [`Gru`] ([`RnnConfig`], [`RnnWeights`]), and [`ModuleList`]
 //!   (layers named by position).
 //! - Your own ops ([`tl_ir::UserOp`]): [`Var::user`] applies one, [`UserLayer`] makes a
@@ -100,8 +100,9 @@ pub use error::{Error, Result};
 pub use init::Init;
 pub use labels::Labels;
 pub use layers::{
-    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Gru, LayerNorm,
-    Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, RnnConfig, RnnWeights, SpectralConv1d,
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, Gru,
+    LayerNorm, Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, RmsNorm, RnnConfig,
+    RnnWeights, SpectralConv1d,
 };
 pub use losses::Reduction;
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};

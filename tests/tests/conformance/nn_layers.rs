@@ -33,6 +33,8 @@ layer_tests! {
     avg_pool => "AvgPool";
     layer_norm => "LayerNorm";
     batch_norm => "BatchNorm";
+    rms_norm => "RmsNorm";
+    group_norm => "GroupNorm";
     embedding => "Embedding";
     dropout => "Dropout";
     multi_head_attention => "MultiHeadAttention";
@@ -45,7 +47,7 @@ layer_tests! {
 
 #[test]
 fn every_layer_has_a_test() {
-    assert_eq!(LAYERS.len(), 15);
+    assert_eq!(LAYERS.len(), 17);
 }
 
 #[test]

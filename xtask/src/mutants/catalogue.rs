@@ -816,6 +816,24 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "BatchNorm's running variance (the host rule and the sim's running_update) takes the biased batch variance (PyTorch: unbiased)",
         harness: Layers,
     },
+    Mutant {
+        id: "nn-rmsnorm-eps-dropped",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/norm.rs",
+        from: "(ms + eps)?.sqrt()?.inv()?.reshape(&keep)",
+        to: "{ let _ = eps; ms }.sqrt()?.inv()?.reshape(&keep)",
+        bug: "RmsNorm divides by √mean(x²), without ε",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-groupnorm-one-group",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/norm.rs",
+        from: "let rows = x.reshape(&[n * groups, len])?;",
+        to: "let rows = x.reshape(&[n, groups * len])?;\n            let len = groups * len;",
+        bug: "GroupNorm normalises each sample as one group, whatever its group count",
+        harness: Layers,
+    },
     // ---- tl-session: state between reads ----
     Mutant {
         id: "session-linked-nat-write-keeps-cache",

@@ -19,7 +19,7 @@ pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use list::ModuleList;
-pub use norm::{BatchNorm, LayerNorm};
+pub use norm::{BatchNorm, GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AvgPool, MaxPool};
 pub use rnn::{Gru, Lstm, RnnConfig, RnnWeights};
 pub use spectral::SpectralConv1d;

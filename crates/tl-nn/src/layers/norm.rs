@@ -1,7 +1,8 @@
-//! [`LayerNorm`] and [`BatchNorm`]. PyTorch: `nn.LayerNorm`, `nn.BatchNorm1d/2d/3d`.
+//! [`LayerNorm`], [`BatchNorm`], [`RmsNorm`] and [`GroupNorm`]. PyTorch: `nn.LayerNorm`,
+//! `nn.BatchNorm1d/2d/3d`, `nn.RMSNorm`, `nn.GroupNorm`.
 
 use tl_session::{Param, Train};
-use tl_spec::Shape;
+use tl_spec::{Scalar, Shape, Typed};
 
 use super::{At, inv_std};
 use crate::display::py_float;
@@ -222,5 +223,228 @@ impl<O: Train> Module<O> for BatchNorm {
             ((&xhat * &gamma)? + beta)?
         };
         y.reshape(x.dims())
+    }
+}
+
+/// Root-mean-square normalisation over the last axis with a learned scale `weight` (ones), no
+/// shift: `y = x / √(mean(x²) + ε) · weight`, the mean over the last axis. PyTorch:
+/// `nn.RMSNorm(dim, eps=None)`: with no ε given, the machine epsilon of the session's element
+/// type (`f32::EPSILON` for f32, as PyTorch's `torch.finfo(x.dtype).eps`).
+///
+/// Composed of catalogue ops (`mul`, `reduceMean`, `add`, `sqrt`, `inv`, `reshape`, broadcast
+/// `mul`), so every backend runs it and every gradient is the ops' own, each checked by the
+/// harness; the layer as a whole is checked against an independent formulation
+/// (tl-conformance's `nn_layers::`).
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    /// Scale (dim), named `weight`.
+    pub weight: Param,
+    /// ε added to the mean square; `None`: the element type's machine epsilon.
+    pub eps: Option<f64>,
+}
+
+impl RmsNorm {
+    /// An RMS norm over `dim` features, ε the element type's machine epsilon (PyTorch's
+    /// default).
+    pub fn new<O: Train>(vars: &Vars<'_, O>, dim: usize) -> Result<Self> {
+        Self::make(vars, dim, None)
+    }
+
+    /// An RMS norm with ε = `eps` (finite, > 0; LLaMA uses 1e-5 or 1e-6).
+    pub fn with_eps<O: Train>(vars: &Vars<'_, O>, dim: usize, eps: f64) -> Result<Self> {
+        Self::make(vars, dim, Some(eps))
+    }
+
+    fn make<O: Train>(vars: &Vars<'_, O>, dim: usize, eps: Option<f64>) -> Result<Self> {
+        if dim == 0 || eps.is_some_and(|e| !(e > 0.0 && e.is_finite())) {
+            return Err(usage(
+                "RmsNorm::new",
+                format!(
+                    "need dim ≥ 1 and a finite ε > 0, got dim {dim}, ε {}",
+                    eps.map_or("None".into(), |e| e.to_string())
+                ),
+            ));
+        }
+        Ok(RmsNorm {
+            weight: vars.param("weight", &[dim], Init::Ones)?,
+            eps,
+        })
+    }
+}
+
+/// The machine epsilon of the element type `T` (`f32::EPSILON` or `f64::EPSILON`; another
+/// type: the gap above 1 in it, found by halving).
+fn machine_eps<T: Scalar>() -> f64 {
+    match T::typed(&[]) {
+        Typed::F32(_) => f32::EPSILON.into(),
+        Typed::F64(_) => f64::EPSILON,
+        Typed::Other => {
+            let (one, mut eps) = (T::one(), 1.0f64);
+            while one + T::lit(eps / 2.0) != one {
+                eps /= 2.0;
+            }
+            eps
+        }
+    }
+}
+
+impl Parameters for RmsNorm {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+    }
+    fn module_name(&self) -> String {
+        "RMSNorm".into()
+    }
+    fn extra_repr(&self) -> String {
+        format!(
+            "({},), eps={}, elementwise_affine=True",
+            self.weight.shape().dims()[0],
+            self.eps.map_or("None".into(), py_float)
+        )
+    }
+}
+
+impl<O: Train> Module<O> for RmsNorm {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let g = x.scope();
+        let w = g.param(&self.weight)?;
+        let at = At::new(g.rt, self, &self.weight);
+        let dim = self.weight.shape().dims()[0];
+        let dims = x.dims().to_vec();
+        let Some((_, lead)) = dims.split_last().filter(|(d, _)| **d == dim) else {
+            return Err(at.input(format!(
+                "input {} has {} features in its last axis, expected {dim}",
+                x.shape(),
+                dims.last().map_or("no".into(), usize::to_string)
+            )));
+        };
+        let eps = self.eps.unwrap_or_else(machine_eps::<O::T>);
+        let inv_rms = || -> Result<Var<'g, O>> {
+            // mean(x²) over the last axis, + ε, then 1/√·, kept as (lead…, 1).
+            let ms = (x * x)?.mean_axis(dims.len() - 1)?;
+            // A one-element constant, broadcast (on a device: one value uploaded, not a row).
+            let eps = g.full(&[], eps)?;
+            let keep: Vec<usize> = lead.iter().copied().chain([1]).collect();
+            (ms + eps)?.sqrt()?.inv()?.reshape(&keep)
+        };
+        let y = inv_rms().and_then(|r| (x * &r).and_then(|y| &y * &w));
+        y.map_err(|e| at.op_error(e))
+    }
+}
+
+/// Group normalisation: the C channels of (N, C, …) in `groups` groups of C/groups channels,
+/// each (sample, group) normalised over its channels and trailing axes (biased variance), then
+/// a per-channel scale `weight` (ones) and shift `bias` (zeros). PyTorch: `nn.GroupNorm(groups,
+/// C, eps=1e-5)`. `groups` = 1 normalises each sample as a whole (layer norm over (C, …) with a
+/// per-channel affine); `groups` = C is instance norm with an affine.
+///
+/// The normalisation is the catalogue's `layerNorm` on the (N·groups, C/groups·…) rows (its
+/// scale ones and shift zeros, constants), so the group statistics are layer norm's two-pass,
+/// centred ones on every backend; the affine is a broadcast `mul` and `add`.
+#[derive(Debug, Clone)]
+pub struct GroupNorm {
+    /// Scale (C), named `weight`.
+    pub weight: Param,
+    /// Shift (C), named `bias`.
+    pub bias: Param,
+    /// Groups the channels are split into (divides C).
+    pub groups: usize,
+    /// ε added to the variance.
+    pub eps: f64,
+}
+
+impl GroupNorm {
+    /// Group norm of `channels` in `groups` groups with PyTorch's ε = 1e-5.
+    pub fn new<O: Train>(vars: &Vars<'_, O>, groups: usize, channels: usize) -> Result<Self> {
+        Self::with_eps(vars, groups, channels, 1e-5)
+    }
+
+    /// Group norm with ε = `eps` (finite, > 0); `groups` ≥ 1 must divide `channels` (≥ 1).
+    pub fn with_eps<O: Train>(
+        vars: &Vars<'_, O>,
+        groups: usize,
+        channels: usize,
+        eps: f64,
+    ) -> Result<Self> {
+        if channels == 0
+            || groups == 0
+            || !channels.is_multiple_of(groups)
+            || !(eps > 0.0 && eps.is_finite())
+        {
+            return Err(usage(
+                "GroupNorm::new",
+                format!(
+                    "need channels ≥ 1, groups ≥ 1 dividing them and a finite ε > 0, got {groups} group(s), {channels} channel(s), ε {eps}"
+                ),
+            ));
+        }
+        Ok(GroupNorm {
+            weight: vars.param("weight", &[channels], Init::Ones)?,
+            bias: vars.param("bias", &[channels], Init::Zeros)?,
+            groups,
+            eps,
+        })
+    }
+
+    fn channels(&self) -> usize {
+        self.weight.shape().dims()[0]
+    }
+}
+
+impl Parameters for GroupNorm {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.weight);
+        f(&self.bias);
+    }
+    fn extra_repr(&self) -> String {
+        format!(
+            "{}, {}, eps={}, affine=True",
+            self.groups,
+            self.channels(),
+            py_float(self.eps)
+        )
+    }
+}
+
+impl<O: Train> Module<O> for GroupNorm {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let g = x.scope();
+        let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
+        let at = At::new(g.rt, self, &self.weight);
+        let c = self.channels();
+        let (n, rest) = match x.dims() {
+            [n, ch, rest @ ..] if *ch == c => (*n, rest.iter().product::<usize>()),
+            dims => {
+                let has = match dims {
+                    [_, ch, ..] => format!(" (it has {ch} at axis 1)"),
+                    _ => String::new(),
+                };
+                return Err(at.input(format!(
+                    "input {} must be (N, {c}, …): batch, then {c} channels{has}",
+                    x.shape()
+                )));
+            }
+        };
+        let (groups, eps) = (self.groups, self.eps);
+        let len = c / groups * rest;
+        let y = || -> Result<Var<'g, O>> {
+            let rows = x.reshape(&[n * groups, len])?;
+            // layerNorm's scale and shift: one-element constants broadcast to a row.
+            let row = Shape::new(&[len]);
+            let ones = g.full(&[1], 1.0)?.broadcast_to(&row)?;
+            let zeros = g.full(&[1], 0.0)?.broadcast_to(&row)?;
+            let xhat = rows.op("GroupNorm::forward", &[&ones, &zeros], |s| {
+                s.layer_norm(
+                    rows.tensor_ref(),
+                    ones.tensor_ref(),
+                    zeros.tensor_ref(),
+                    eps,
+                )
+            })?;
+            let xhat = xhat.reshape(&[n, c, rest])?;
+            let (gamma, beta) = (w.reshape(&[c, 1])?, b.reshape(&[c, 1])?);
+            ((&xhat * &gamma)? + beta)?.reshape(x.dims())
+        };
+        y().map_err(|e| at.op_error(e))
     }
 }

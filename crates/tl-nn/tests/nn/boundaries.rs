@@ -4,8 +4,8 @@
 //! the linked session.
 
 use tl_nn::{
-    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Labels, LayerNorm,
-    Linear, MaxPool, Module, MultiHeadAttention, Runtime, SpectralConv1d, data,
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, Labels,
+    LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, RmsNorm, Runtime, SpectralConv1d, data,
 };
 use tl_session::{Backend, Train};
 use tl_spec::Tensor;
@@ -265,6 +265,40 @@ fn layer_sizes_of_zero_are_errors_naming_the_layer() {
     error_naming(
         LayerNorm::with_eps(&v.pp("n4"), 1, f64::INFINITY),
         &["LayerNorm::new", "ε inf"],
+    );
+    RmsNorm::new(&v.pp("r1"), 1).unwrap();
+    RmsNorm::with_eps(&v.pp("r2"), 1, f64::MIN_POSITIVE).unwrap();
+    error_naming(RmsNorm::new(&v.pp("r3"), 0), &["RmsNorm::new", "dim 0"]);
+    error_naming(
+        RmsNorm::with_eps(&v.pp("r4"), 1, 0.0),
+        &["RmsNorm::new", "ε 0"],
+    );
+    error_naming(
+        RmsNorm::with_eps(&v.pp("r5"), 1, f64::NAN),
+        &["RmsNorm::new", "ε NaN"],
+    );
+    GroupNorm::new(&v.pp("g1"), 1, 1).unwrap();
+    GroupNorm::new(&v.pp("g2"), 6, 6).unwrap();
+    GroupNorm::with_eps(&v.pp("g3"), 3, 6, f64::MIN_POSITIVE).unwrap();
+    error_naming(
+        GroupNorm::new(&v.pp("g4"), 4, 6),
+        &["GroupNorm::new", "4 group(s), 6 channel(s)"],
+    );
+    error_naming(
+        GroupNorm::new(&v.pp("g5"), 7, 6),
+        &["GroupNorm::new", "7 group(s), 6 channel(s)"],
+    );
+    error_naming(
+        GroupNorm::new(&v.pp("g6"), 0, 6),
+        &["GroupNorm::new", "0 group(s)"],
+    );
+    error_naming(
+        GroupNorm::new(&v.pp("g8"), 1, 0),
+        &["GroupNorm::new", "0 channel(s)"],
+    );
+    error_naming(
+        GroupNorm::with_eps(&v.pp("g7"), 2, 6, f64::INFINITY),
+        &["GroupNorm::new", "ε inf"],
     );
     BatchNorm::with(&v.pp("b1"), 1, 1e-5, 1.0).unwrap();
     BatchNorm::with(&v.pp("b2"), 1, 1e-5, 0.0).unwrap();

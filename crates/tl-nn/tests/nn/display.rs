@@ -3,8 +3,8 @@
 
 use tl_nn::{
     Activation, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, Flatten,
-    LayerNorm, Linear, MaxPool, MultiHeadAttention, Parameters, Runtime, Sequential,
-    SpectralConv1d, tree,
+    GroupNorm, LayerNorm, Linear, MaxPool, MultiHeadAttention, Parameters, RmsNorm, Runtime,
+    Sequential, SpectralConv1d, tree,
 };
 use tl_session::{Backend, Param, Train};
 
@@ -71,6 +71,18 @@ fn every_layer_prints_its_settings() {
                 .unwrap()
                 .to_string(),
             "LayerNorm((16,), eps=1e-06, elementwise_affine=True)",
+        ),
+        (
+            RmsNorm::new(&v.pp("r"), 16).unwrap().to_string(),
+            "RMSNorm((16,), eps=None, elementwise_affine=True)",
+        ),
+        (
+            RmsNorm::with_eps(&v.pp("r2"), 8, 1e-6).unwrap().to_string(),
+            "RMSNorm((8,), eps=1e-06, elementwise_affine=True)",
+        ),
+        (
+            GroupNorm::new(&v.pp("gn"), 4, 8).unwrap().to_string(),
+            "GroupNorm(4, 8, eps=1e-05, affine=True)",
         ),
         (
             Embedding::new(&v.pp("d"), 65, 32).unwrap().to_string(),

@@ -2,8 +2,8 @@
 //! PyTorch's initialiser bounds, batch norm's running statistics, dropout and masks.
 
 use tl_nn::{
-    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, LayerNorm, Linear,
-    MaxPool, Module, MultiHeadAttention, Parameters, Runtime, Sequential,
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, LayerNorm,
+    Linear, MaxPool, Module, MultiHeadAttention, Parameters, RmsNorm, Runtime, Sequential,
 };
 use tl_session::{Backend, Optimizer, Train};
 use tl_spec::Tensor;
@@ -385,5 +385,130 @@ fn attention_is_fused_by_default_and_agrees_with_the_composed_path() {
     assert!(
         rt.eval(&wide, |g| wide.forward(&g.input(x.clone())?))
             .is_ok()
+    );
+}
+
+/// RmsNorm by PyTorch's formula `x / √(mean(x²) + ε) · weight`, ε by default the element
+/// type's machine epsilon, on an f32 and an f64 session; the wrong width is an error naming
+/// the layer.
+#[test]
+fn rms_norm_follows_pytorch_and_defaults_to_the_machine_epsilon() {
+    fn run<T: tl_spec::Scalar>(eps: Option<f64>, default_eps: f64) {
+        let rt = eager::<T>(Backend::Cpu, 0);
+        let v = rt.vars().pp("n");
+        let norm = match eps {
+            Some(e) => RmsNorm::with_eps(&v, 2, e).unwrap(),
+            None => RmsNorm::new(&v, 2).unwrap(),
+        };
+        rt.set_value(
+            &norm.weight,
+            Tensor::new([2], vec![T::lit(1.0), T::lit(-2.0)]).unwrap(),
+        )
+        .unwrap();
+        let rows = [[3.0, 4.0], [0.5, -0.25]];
+        let x = Tensor::from_fn([2, 2], |i| T::lit(rows[i / 2][i % 2]));
+        let y = rt
+            .eval(&norm, |g| norm.forward(&g.input(x.clone())?))
+            .unwrap();
+        let eps = eps.unwrap_or(default_eps);
+        for (r, row) in rows.iter().enumerate() {
+            let rms = ((row[0] * row[0] + row[1] * row[1]) / 2.0 + eps).sqrt();
+            for (k, w) in [1.0, -2.0].into_iter().enumerate() {
+                let (got, want) = (y.data()[2 * r + k].as_f64(), row[k] / rms * w);
+                assert!(
+                    (got - want).abs() <= 4.0 * default_eps * want.abs(),
+                    "{r},{k}: {got} vs {want}"
+                );
+            }
+        }
+        // A 1-D input is one row.
+        let y1 = rt
+            .eval(&norm, |g| {
+                norm.forward(&g.input(Tensor::new([2], vec![T::lit(3.0), T::lit(4.0)]).unwrap())?)
+            })
+            .unwrap();
+        assert!((y1.data()[0].as_f64() - 3.0 / (12.5 + eps).sqrt()).abs() < 1e-6);
+        let err = rt
+            .eval(&norm, |g| norm.forward(&g.input(Tensor::zeros([2, 3]))?))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("RMSNorm \"n\"") && err.contains("expected 2"),
+            "{err}"
+        );
+    }
+    run::<f32>(None, f32::EPSILON.into());
+    run::<f64>(None, f64::EPSILON);
+    // ε = 0.1 moves the small row: 0.5 / √(0.15625 + 0.1), not 0.5 / √0.15625.
+    run::<f64>(Some(0.1), f64::EPSILON);
+}
+
+/// GroupNorm normalises each (sample, group) over its channels and trailing axes (biased
+/// variance), then scales and shifts per channel; `groups` = 1 and `groups` = C are layer
+/// norm and instance norm with a per-channel affine; eager = linked; a wrong input names
+/// the layer.
+#[test]
+fn group_norm_normalises_each_sample_s_channel_groups() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let v = rt.vars();
+    let gn = GroupNorm::new(&v.pp("gn"), 2, 4).unwrap();
+    rt.set_value(&gn.weight, Tensor::vector(vec![1.0, 2.0, 3.0, 4.0]))
+        .unwrap();
+    rt.set_value(&gn.bias, Tensor::vector(vec![0.0, 0.5, 0.0, -1.0]))
+        .unwrap();
+    // (N=1, C=4, 2): group 0 = channels 0, 1 = [1, 3, 5, 7] (mean 4, variance 5); group 1 =
+    // channels 2, 3 = [10, 10, 14, 14] (mean 12, variance 4).
+    let x = Tensor::new([1, 4, 2], vec![1.0, 3.0, 5.0, 7.0, 10.0, 10.0, 14.0, 14.0]).unwrap();
+    let y = rt.eval(&gn, |g| gn.forward(&g.input(x.clone())?)).unwrap();
+    let (s0, s1) = ((5.0f64 + 1e-5).sqrt(), (4.0f64 + 1e-5).sqrt());
+    let want = [
+        -3.0 / s0,
+        -1.0 / s0,
+        2.0 * 1.0 / s0 + 0.5,
+        2.0 * 3.0 / s0 + 0.5,
+        3.0 * -2.0 / s1,
+        3.0 * -2.0 / s1,
+        4.0 * 2.0 / s1 - 1.0,
+        4.0 * 2.0 / s1 - 1.0,
+    ];
+    let got = y.data();
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() < 1e-12, "{k}: {g} vs {w}");
+    }
+    // One group: each sample normalised as a whole; as many groups as channels: instance norm.
+    let x = tensor::<f64>(&[3, 4, 5], 11);
+    let per_sample = |groups: usize, name: &str| {
+        let m = GroupNorm::new(&v.pp(name), groups, 4).unwrap();
+        rt.eval(&m, |g| m.forward(&g.input(x.clone())?)).unwrap()
+    };
+    let (whole, instance) = (per_sample(1, "g1"), per_sample(4, "g4"));
+    let normalised = |y: &Tensor<f64>, stride: usize| {
+        y.data().chunks(stride).all(|c| {
+            let m = c.iter().sum::<f64>() / c.len() as f64;
+            let var = c.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / c.len() as f64;
+            m.abs() < 1e-12 && (var - 1.0).abs() < 1e-3
+        })
+    };
+    assert!(normalised(&whole, 20) && !normalised(&whole, 5));
+    assert!(normalised(&instance, 5));
+    // Eager = linked.
+    let lrt = linked::<f64>(0);
+    let lgn = GroupNorm::new(&lrt.vars().pp("gn"), 2, 4).unwrap();
+    lrt.set_value(&lgn.weight, Tensor::vector(vec![1.0, 2.0, 3.0, 4.0]))
+        .unwrap();
+    lrt.set_value(&lgn.bias, Tensor::vector(vec![0.0, 0.5, 0.0, -1.0]))
+        .unwrap();
+    let x = Tensor::new([1, 4, 2], vec![1.0, 3.0, 5.0, 7.0, 10.0, 10.0, 14.0, 14.0]).unwrap();
+    let yl = lrt
+        .eval(&lgn, |g| lgn.forward(&g.input(x.clone())?))
+        .unwrap();
+    assert!(max_diff(&y, &yl) < 1e-12);
+    let err = rt
+        .eval(&gn, |g| gn.forward(&g.input(Tensor::zeros([2, 3, 2]))?))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("GroupNorm \"gn\"") && err.contains("(N, 4, …)") && err.contains("has 3"),
+        "{err}"
     );
 }
