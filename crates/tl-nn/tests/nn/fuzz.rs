@@ -284,6 +284,10 @@ enum Corruption {
     Truncate(prop::sample::Index),
     /// XOR these bytes with these non-zero masks.
     Flip(Vec<(prop::sample::Index, u8)>),
+    /// XOR the lowest byte of these 4-byte words of the tensor data (a mantissa byte of an
+    /// f32 and of an f64 alike) with these masks: new finite values in a valid file, which
+    /// must load as its bytes say (so every seed exercises the consistency half).
+    Values(Vec<(prop::sample::Index, u8)>),
     /// Set the header length field.
     HeaderLen(u64),
     /// The header length field off by this much from the true one.
@@ -297,6 +301,8 @@ fn corruption() -> impl Strategy<Value = Corruption> {
         2 => any::<prop::sample::Index>().prop_map(Corruption::Truncate),
         2 => prop::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..=8)
             .prop_map(Corruption::Flip),
+        1 => prop::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..=8)
+            .prop_map(Corruption::Values),
         1 => prop_oneof![
             Just(0u64),
             Just(1),
@@ -322,6 +328,13 @@ fn corrupt(good: &[u8], c: &Corruption) -> Vec<u8> {
         Corruption::Flip(flips) => {
             for (at, mask) in flips {
                 b[at.index(good.len())] ^= mask;
+            }
+        }
+        Corruption::Values(flips) => {
+            let start = 8 + u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+            let words = (good.len() - start) / 4;
+            for (at, mask) in flips {
+                b[start + 4 * at.index(words)] ^= mask;
             }
         }
         Corruption::HeaderLen(n) => b[..8].copy_from_slice(&n.to_le_bytes()),
