@@ -62,14 +62,7 @@ impl<O: Train> Module<O> for LayerNorm {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let at = At::new(g.rt, self, &self.weight);
-        let dim = self.weight.shape().dims()[0];
-        if x.dims().last() != Some(&dim) {
-            return Err(at.input(format!(
-                "input {} has {} features in its last axis, expected {dim}",
-                x.shape(),
-                x.dims().last().map_or("no".into(), usize::to_string)
-            )));
-        }
+        last_axis(x, self.weight.shape().dims()[0], &at)?;
         let eps = self.eps;
         x.op("LayerNorm::forward", &[&w, &b], |s| {
             s.layer_norm(x.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
@@ -138,21 +131,8 @@ impl BatchNorm {
     /// x as (N, C, R, 1) (the op's batched layout), with N and R.
     fn as_4d<'g, O: Train>(&self, x: &Var<'g, O>) -> Result<(Var<'g, O>, usize, usize)> {
         let c = self.channels();
-        let dims = x.dims();
-        let (n, rest) = match dims {
-            [n, ch, rest @ ..] if *ch == c => (*n, rest.iter().product::<usize>()),
-            _ => {
-                let at = At::new(x.scope().rt, self, &self.weight);
-                let has = match dims {
-                    [_, ch, ..] => format!(" (it has {ch} at axis 1)"),
-                    _ => String::new(),
-                };
-                return Err(at.input(format!(
-                    "input {} must be (N, {c}, …): batch, then {c} channels{has}",
-                    x.shape()
-                )));
-            }
-        };
+        let at = At::new(x.scope().rt, self, &self.weight);
+        let (n, rest) = channels_first(x, c, &at)?;
         Ok((x.reshape(&[n, c, rest, 1])?, n, rest))
     }
 
@@ -223,6 +203,37 @@ impl<O: Train> Module<O> for BatchNorm {
             ((&xhat * &gamma)? + beta)?
         };
         y.reshape(x.dims())
+    }
+}
+
+/// An error naming the layer (`at`) unless x's last axis has `dim` features.
+fn last_axis<O: Train>(x: &Var<'_, O>, dim: usize, at: &At<'_, O>) -> Result<()> {
+    match x.dims().last() {
+        Some(&d) if d == dim => Ok(()),
+        last => Err(at.input(format!(
+            "input {} has {} features in its last axis, expected {dim}",
+            x.shape(),
+            last.map_or("no".into(), usize::to_string)
+        ))),
+    }
+}
+
+/// x's batch size N and the product R of its trailing axes, for a layer over the `c` channels
+/// of an (N, c, …) input; any other shape is an error naming the layer (`at`) and saying what
+/// it expected and what axis 1 held.
+fn channels_first<O: Train>(x: &Var<'_, O>, c: usize, at: &At<'_, O>) -> Result<(usize, usize)> {
+    match x.dims() {
+        [n, ch, rest @ ..] if *ch == c => Ok((*n, rest.iter().product::<usize>())),
+        dims => {
+            let has = match dims {
+                [_, ch, ..] => format!(" (it has {ch} at axis 1)"),
+                _ => String::new(),
+            };
+            Err(at.input(format!(
+                "input {} must be (N, {c}, …): batch, then {c} channels{has}",
+                x.shape()
+            )))
+        }
     }
 }
 
@@ -309,15 +320,9 @@ impl<O: Train> Module<O> for RmsNorm {
         let g = x.scope();
         let w = g.param(&self.weight)?;
         let at = At::new(g.rt, self, &self.weight);
-        let dim = self.weight.shape().dims()[0];
+        last_axis(x, self.weight.shape().dims()[0], &at)?;
         let dims = x.dims().to_vec();
-        let Some((_, lead)) = dims.split_last().filter(|(d, _)| **d == dim) else {
-            return Err(at.input(format!(
-                "input {} has {} features in its last axis, expected {dim}",
-                x.shape(),
-                dims.last().map_or("no".into(), usize::to_string)
-            )));
-        };
+        let lead = &dims[..dims.len() - 1];
         let eps = self.eps.unwrap_or_else(machine_eps::<O::T>);
         let inv_rms = || -> Result<Var<'g, O>> {
             // mean(x²) over the last axis, + ε, then 1/√·, kept as (lead…, 1).
@@ -412,19 +417,7 @@ impl<O: Train> Module<O> for GroupNorm {
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let at = At::new(g.rt, self, &self.weight);
         let c = self.channels();
-        let (n, rest) = match x.dims() {
-            [n, ch, rest @ ..] if *ch == c => (*n, rest.iter().product::<usize>()),
-            dims => {
-                let has = match dims {
-                    [_, ch, ..] => format!(" (it has {ch} at axis 1)"),
-                    _ => String::new(),
-                };
-                return Err(at.input(format!(
-                    "input {} must be (N, {c}, …): batch, then {c} channels{has}",
-                    x.shape()
-                )));
-            }
-        };
+        let (n, rest) = channels_first(x, c, &at)?;
         let (groups, eps) = (self.groups, self.eps);
         let len = c / groups * rest;
         let y = || -> Result<Var<'g, O>> {
