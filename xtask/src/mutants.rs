@@ -82,9 +82,9 @@ pub enum Harness {
     /// and the device = sim bitwise checks. Needs a C++ compiler.
     Emu,
     /// The checks of tl-nn and of the sessions' state: the conformance modules `nn_layers`
-    /// and `session_state` and tl-nn's `boundaries` tests
+    /// and `session_state` and tl-nn's `boundaries` and `accumulate` tests
     /// (`cargo test --workspace --test conformance --test nn -- nn_layers:: session_state::
-    /// boundaries::`).
+    /// boundaries:: accumulate::`).
     Layers,
 }
 
@@ -111,7 +111,13 @@ impl Harness {
     /// The test binaries' arguments (after `--`): the filters of [`Harness::Layers`].
     fn test_args(self) -> Vec<&'static str> {
         match self {
-            Harness::Layers => vec!["--", "nn_layers::", "session_state::", "boundaries::"],
+            Harness::Layers => vec![
+                "--",
+                "nn_layers::",
+                "session_state::",
+                "boundaries::",
+                "accumulate::",
+            ],
             Harness::Default | Harness::Emu => Vec::new(),
         }
     }

@@ -193,7 +193,12 @@ impl<O: Train> Runtime<O> {
 
     /// Open a pass: a fresh recording with `model`'s parameters recorded first; without
     /// gradients (`grad` false: [`tl_session::Ops::set_grad_enabled`]) for an evaluation.
-    fn begin<M: Parameters + ?Sized>(&self, model: &M, training: bool, grad: bool) -> Result<()> {
+    pub(crate) fn begin<M: Parameters + ?Sized>(
+        &self,
+        model: &M,
+        training: bool,
+        grad: bool,
+    ) -> Result<()> {
         let mut s = self.session.borrow_mut();
         s.reset();
         s.set_grad_enabled(grad);
@@ -214,7 +219,7 @@ impl<O: Train> Runtime<O> {
     }
 
     /// Close the pass: every handle of it becomes invalid and its buffers are released.
-    fn end(&self) {
+    pub(crate) fn end(&self) {
         self.listing.borrow_mut().end();
         self.leaves.borrow_mut().clear();
         let mut s = self.session.borrow_mut();
@@ -259,25 +264,7 @@ impl<O: Train> Runtime<O> {
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
         let begun = self.begin(model, true, true);
-        let forward = begun.and_then(|()| {
-            let scope = Scope { rt: self };
-            // A parameter the model does not list is the error to report, also when the pass
-            // failed because of it (a linked session cannot record it after the first op).
-            let loss = loss_fn(&scope);
-            self.check_pass_listed("Runtime::step")?;
-            let loss = loss?;
-            loss.check_here("Runtime::step")?;
-            if !loss.shape().is_scalar() {
-                return Err(usage(
-                    "Runtime::step",
-                    format!(
-                        "the closure must return a scalar loss, got shape {}",
-                        loss.shape()
-                    ),
-                ));
-            }
-            Ok(loss.tensor_ref().clone())
-        });
+        let forward = begun.and_then(|()| self.training_loss("Runtime::step", loss_fn));
         // In a data-parallel group every rank hears of this rank's outcome, also a failure.
         let r = if self.group.is_some() {
             self.dist_backward_step(forward, opt)
@@ -290,6 +277,31 @@ impl<O: Train> Runtime<O> {
         };
         self.end();
         r
+    }
+
+    /// The scalar loss `loss_fn` records in the open training pass, for `call` (`Runtime::step`
+    /// and its kin): an error for a parameter the model does not list (also when the pass
+    /// failed because of it: a linked session cannot record it after the first op), a tensor
+    /// of another pass or a loss that is not a scalar.
+    pub(crate) fn training_loss<F>(&self, call: &'static str, loss_fn: F) -> Result<TensorRef>
+    where
+        F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+    {
+        let scope = Scope { rt: self };
+        let loss = loss_fn(&scope);
+        self.check_pass_listed(call)?;
+        let loss = loss?;
+        loss.check_here(call)?;
+        if !loss.shape().is_scalar() {
+            return Err(usage(
+                call,
+                format!(
+                    "the closure must return a scalar loss, got shape {}",
+                    loss.shape()
+                ),
+            ));
+        }
+        Ok(loss.tensor_ref().clone())
     }
 
     /// An evaluation pass: a fresh pass in eval mode (no dropout; batch norm on its running

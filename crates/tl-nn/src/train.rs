@@ -8,8 +8,13 @@
 //!
 //! PyTorch comparison: `loss.backward(); n = clip_grad_norm_(params, max_norm);
 //! optimizer.step(); scheduler.step()`, in one call.
+//!
+//! Gradient accumulation ([`Runtime::step_accumulated`]): one step from the mean gradient of
+//! several micro-batches, each a pass of its own, so a batch larger than memory allows
+//! trains as one (optax's `MultiSteps`; PyTorch: several `(loss / k).backward()` before one
+//! `optimizer.step()`).
 
-use tl_session::{Optimizer, Train};
+use tl_session::{GradReducer, Optimizer, Train};
 
 use crate::error::usage;
 use crate::{Parameters, Result, Runtime, Scope, Var};
@@ -57,5 +62,114 @@ impl<O: Train> Runtime<O> {
             lr: s.lr,
             grad_norm: s.grad_norm,
         })
+    }
+}
+
+impl<O: Train> Runtime<O> {
+    /// One optimizer step from `micro_batches` passes: `loss_fn(scope, i)` records micro-batch
+    /// i's scalar loss in a training pass of its own (its values go when the pass ends), and
+    /// the step (clipping, schedule, update: as in [`Runtime::step`]) reads the mean of their
+    /// gradients, `(g₀ + g₁ + … + g_{k−1}) / k`, summed in the parameters' type in micro-batch
+    /// order and divided once. Returns the mean of the micro-batches' losses. With equal
+    /// micro-batches and a loss that is a mean over its batch, this is the step on their union
+    /// (to f32's rounding of the sum); one micro-batch is [`Runtime::step`] bit for bit. The
+    /// optimizer counts one step; BatchNorm's running statistics move once per micro-batch
+    /// (as in PyTorch); [`Optimizer::last_step`]'s loss is the last micro-batch's.
+    ///
+    /// Each pass records the model's parameters (the same gradient layout every time). An
+    /// error in any pass (a forward error, a non-finite loss with
+    /// [`Optimizer::stop_on_non_finite_loss`]) stops here and leaves the parameters and the
+    /// optimizer as they were. On a CUDA backend the
+    /// gradients are summed on the host (downloaded after each pass). Not in a data-parallel
+    /// group (an error there).
+    ///
+    /// PyTorch: `for i in range(k): (loss_fn(i) / k).backward()`, then `optimizer.step();
+    /// optimizer.zero_grad()`.
+    pub fn step_accumulated<M, F>(
+        &mut self,
+        model: &M,
+        opt: &mut Optimizer,
+        micro_batches: usize,
+        mut loss_fn: F,
+    ) -> Result<f64>
+    where
+        M: Parameters + ?Sized,
+        F: for<'g> FnMut(&Scope<'g, O>, usize) -> Result<Var<'g, O>>,
+    {
+        const CALL: &str = "Runtime::step_accumulated";
+        if micro_batches == 0 {
+            return Err(usage(CALL, "need at least one micro-batch, got 0"));
+        }
+        if self.group.is_some() {
+            return Err(usage(
+                CALL,
+                "gradient accumulation in a data-parallel group is not supported: step each \
+                 rank's whole batch with Runtime::step",
+            ));
+        }
+        let mut sum = Summed::<O::T>(Vec::new());
+        let mut losses = 0.0;
+        for i in 0..micro_batches {
+            let last = i + 1 == micro_batches;
+            let begun = self.begin(model, true, true);
+            let forward = begun.and_then(|()| self.training_loss(CALL, |s| loss_fn(s, i)));
+            let r = forward.and_then(|loss| {
+                let mut s = self.borrow_mut();
+                let r = match last {
+                    false => s.backward_grads_then_reset(&loss, opt, &mut sum),
+                    true => {
+                        let mut mean = Mean {
+                            sum: &sum,
+                            count: micro_batches,
+                        };
+                        s.backward_step_reduced_then_reset(&loss, opt, Some(&mut mean))
+                    }
+                };
+                Ok(r?)
+            });
+            self.end();
+            losses += r?;
+        }
+        Ok(losses / micro_batches as f64)
+    }
+}
+
+/// The running sum of the micro-batches' gradients, one vector per trainable parameter leaf
+/// (every pass records the model's parameters in the same order: `Runtime::begin`, so the
+/// layout is the same in each).
+struct Summed<T>(Vec<Vec<T>>);
+
+impl<T: tl_spec::Scalar> GradReducer<T> for Summed<T> {
+    /// Add this pass's gradients to the sum (the first pass's are the sum).
+    fn reduce(&mut self, grads: &mut [&mut [T]]) -> tl_session::Result<()> {
+        if self.0.is_empty() {
+            self.0 = grads.iter().map(|g| g.to_vec()).collect();
+            return Ok(());
+        }
+        for (s, g) in self.0.iter_mut().zip(grads.iter()) {
+            for (a, &b) in s.iter_mut().zip(g.iter()) {
+                *a += b;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The last pass's hook: its gradients become `(sum + g) / count`, what the update reads.
+struct Mean<'a, T> {
+    sum: &'a Summed<T>,
+    count: usize,
+}
+
+impl<T: tl_spec::Scalar> GradReducer<T> for Mean<'_, T> {
+    fn reduce(&mut self, grads: &mut [&mut [T]]) -> tl_session::Result<()> {
+        let k = T::lit(self.count as f64);
+        for (j, g) in grads.iter_mut().enumerate() {
+            match self.sum.0.get(j) {
+                Some(sum) => (g.iter_mut().zip(sum)).for_each(|(v, &s)| *v = (s + *v) / k),
+                None => g.iter_mut().for_each(|v| *v /= k),
+            }
+        }
+        Ok(())
     }
 }

@@ -69,6 +69,53 @@ pub trait Train: Ops {
         self.backward_step_pass(loss, opt, reduce, StepPass::End)
     }
 
+    /// Backward from `loss` without an update, then [`Train::reset`] (also on error): `sink`
+    /// gets the gradients a step would read ([`Train::backward_step_reduced`]'s layout: one
+    /// buffer per trainable parameter leaf of the pass, on the host), and nothing else
+    /// happens to the parameters or to `opt`, which only checks the loss
+    /// ([`Optimizer::stop_on_non_finite_loss`]). Returns the loss. An error from `sink` is
+    /// returned as it is. PyTorch: `loss.backward()` without `optimizer.step()` (the inner
+    /// steps of gradient accumulation: tl-nn's `Runtime::step_accumulated`).
+    fn backward_grads_then_reset(
+        &mut self,
+        loss: &TensorRef,
+        opt: &mut Optimizer,
+        sink: &mut dyn GradReducer<Self::T>,
+    ) -> Result<f64> {
+        /// Hands the gradients to `sink`, then stops the step before its update with an error
+        /// the caller recognises by `handed`.
+        struct Stop<'a, T> {
+            sink: &'a mut dyn GradReducer<T>,
+            handed: Option<Result<()>>,
+        }
+        impl<T> GradReducer<T> for Stop<'_, T> {
+            fn reduce(&mut self, grads: &mut [&mut [T]]) -> Result<()> {
+                let r = self.sink.reduce(grads);
+                let out = match &r {
+                    Ok(()) => Err(crate::Error::Usage {
+                        what: "backward_grads_then_reset",
+                        detail: "the gradients were handed over; no update follows".into(),
+                    }),
+                    Err(e) => Err(e.clone()),
+                };
+                self.handed = Some(r);
+                out
+            }
+        }
+        let value = loss_value(self.read(loss)?);
+        let mut stop = Stop { sink, handed: None };
+        let r = self.backward_step_pass(loss, opt, Some(&mut stop), StepPass::End);
+        match (r, stop.handed) {
+            // The step stopped where it was told to: after the gradients, before the update.
+            (Err(_), Some(handed)) => handed.and(value),
+            (Err(e), None) => Err(e),
+            (Ok(_), _) => Err(crate::Error::Usage {
+                what: "backward_grads_then_reset",
+                detail: "the session stepped without handing over the gradients".into(),
+            }),
+        }
+    }
+
     /// The step behind [`Train::backward_step_reduced`] (`pass`: [`StepPass::KeepOpen`]) and
     /// [`Train::backward_step_reduced_then_reset`] ([`StepPass::End`]).
     fn backward_step_pass(

@@ -769,8 +769,8 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "the device optimizers' y ← c·y computes (2 − c)·y (composed and fused steps alike)",
         harness: Plain,
     },
-    // ---- tl-nn: layers and labels (judged by nn_layers::, session_state:: and tl-nn's
-    // boundaries:: tests) ----
+    // ---- tl-nn: layers, labels and accumulation (judged by nn_layers::, session_state:: and
+    // tl-nn's boundaries:: and accumulate:: tests) ----
     Mutant {
         id: "nn-linear-forgets-bias",
         area: Nn,
@@ -832,6 +832,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "let rows = x.reshape(&[n * groups, len])?;",
         to: "let rows = x.reshape(&[n, groups * len])?;\n            let len = groups * len;",
         bug: "GroupNorm normalises each sample as one group, whatever its group count",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-accumulate-sum-not-mean",
+        area: Nn,
+        file: "crates/tl-nn/src/train.rs",
+        from: "Some(sum) => (g.iter_mut().zip(sum)).for_each(|(v, &s)| *v = (s + *v) / k),",
+        to: "Some(sum) => (g.iter_mut().zip(sum)).for_each(|(v, &s)| *v = s + *v),",
+        bug: "Runtime::step_accumulated steps from the sum of the micro-batches' gradients, not their mean",
         harness: Layers,
     },
     // ---- tl-session: state between reads ----

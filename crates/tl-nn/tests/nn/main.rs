@@ -3,6 +3,7 @@
 //! and the listed-parameter check, printed models and summaries, error messages, and generated
 //! corruptions of every reader's input (`fuzz`).
 
+mod accumulate;
 mod autocast;
 mod boundaries;
 mod checkpoint;

@@ -132,3 +132,68 @@ fn an_eager_step_keeps_the_parameters_gradients_only_with_the_dense_bits() {
         assert_eq!(sparse.1, dense.1, "{backend:?}: parameters");
     }
 }
+
+/// `Train::backward_grads_then_reset` hands over the gradients a step reads (those of a
+/// backward, bit for bit), returns the loss, ends the pass and changes no parameter and no
+/// optimizer state, on the eager CPU and sim sessions and the linked session.
+#[test]
+fn backward_grads_then_reset_hands_over_the_gradients_and_steps_nothing() {
+    use tl_session::{Backend, LinkedSession, Options, Session, Train};
+    use tl_spec::Tensor;
+    fn run<S: Train<T = f32>>(mut s: S, reference: Option<&[Vec<f32>]>) -> Vec<Vec<f32>> {
+        let (x, y) = regression_grid::<f32>(4);
+        let mlp = Mlp::new(&mut s, &[2, 8, 1], 7).unwrap();
+        let before: Vec<Tensor<f32>> = mlp
+            .params()
+            .iter()
+            .map(|p| s.param_value(p).unwrap())
+            .collect();
+        let mut opt = Optimizer::adam(0.02).unwrap();
+        let loss = mlp.loss(&mut s, x, y).unwrap();
+        let want = s.read(&loss).unwrap().item().unwrap();
+        let mut got = Vec::new();
+        let mut sink = |g: &mut [&mut [f32]]| {
+            got = g.iter().map(|v| v.to_vec()).collect();
+            Ok(())
+        };
+        let l = s
+            .backward_grads_then_reset(&loss, &mut opt, &mut sink)
+            .unwrap();
+        assert_eq!(l, f64::from(want));
+        assert_eq!(opt.steps_done(), 0);
+        let after: Vec<Tensor<f32>> = mlp
+            .params()
+            .iter()
+            .map(|p| s.param_value(p).unwrap())
+            .collect();
+        assert_eq!(before, after);
+        // The pass ended: its handles are stale.
+        assert!(s.read(&loss).is_err());
+        if let Some(r) = reference {
+            assert_eq!(got, r);
+        }
+        got
+    }
+    let session = |backend| {
+        Session::<f32>::new(Options {
+            backend,
+            ..Options::default()
+        })
+        .unwrap()
+    };
+    // The eager CPU session's gradients are its backward's.
+    let mut s = session(Backend::Cpu);
+    let (x, y) = regression_grid::<f32>(4);
+    let mlp = Mlp::new(&mut s, &[2, 8, 1], 7).unwrap();
+    let loss = mlp.loss(&mut s, x, y).unwrap();
+    s.backward(&loss).unwrap();
+    let want: Vec<Vec<f32>> = mlp
+        .params()
+        .iter()
+        .map(|p| s.grad(p).unwrap().data().to_vec())
+        .collect();
+    let cpu = run(session(Backend::Cpu), Some(&want));
+    let sim = run(session(Backend::CudaSim), None);
+    assert_eq!(sim.len(), cpu.len());
+    run(LinkedSession::<f32>::with_seed(0), None);
+}
