@@ -78,8 +78,9 @@ impl<O: Train> Runtime<O> {
     ///
     /// Each pass records the model's parameters (the same gradient layout every time). An
     /// error in any pass (a forward error, a non-finite loss with
-    /// [`Optimizer::stop_on_non_finite_loss`]) stops here and leaves the parameters and the
-    /// optimizer as they were. On a CUDA backend the
+    /// [`Optimizer::stop_on_non_finite_loss`]) stops here and leaves the trainable parameters
+    /// and the optimizer as they were (BatchNorm's running statistics keep the moves of the
+    /// passes that ran, as a failed [`Runtime::step`] keeps its pass's). On a CUDA backend the
     /// gradients are summed on the host (downloaded after each pass). Not in a data-parallel
     /// group (an error there).
     ///
