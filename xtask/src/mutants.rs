@@ -82,9 +82,9 @@ pub enum Harness {
     /// and the device = sim bitwise checks. Needs a C++ compiler.
     Emu,
     /// The checks of tl-nn and of the sessions' state: the conformance modules `nn_layers`
-    /// and `session_state` and tl-nn's `boundaries` and `accumulate` tests
-    /// (`cargo test --workspace --test conformance --test nn -- nn_layers:: session_state::
-    /// boundaries:: accumulate::`).
+    /// and `session_state` and tl-nn's `boundaries` and `accumulate` tests and its data-parallel
+    /// accumulation test (`cargo test --workspace --test conformance --test nn -- nn_layers::
+    /// session_state:: boundaries:: accumulate:: dist::accumulated`).
     Layers,
 }
 
@@ -117,6 +117,7 @@ impl Harness {
                 "session_state::",
                 "boundaries::",
                 "accumulate::",
+                "dist::accumulated",
             ],
             Harness::Default | Harness::Emu => Vec::new(),
         }

@@ -267,7 +267,7 @@ impl<O: Train> Runtime<O> {
         let forward = begun.and_then(|()| self.training_loss("Runtime::step", loss_fn));
         // In a data-parallel group every rank hears of this rank's outcome, also a failure.
         let r = if self.group.is_some() {
-            self.dist_backward_step(forward, opt)
+            self.dist_backward_step(forward, opt, None)
         } else {
             // The pass ends with the step: the CPU update writes the parameters in place.
             forward.and_then(|r| {

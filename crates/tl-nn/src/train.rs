@@ -81,8 +81,14 @@ impl<O: Train> Runtime<O> {
     /// [`Optimizer::stop_on_non_finite_loss`]) stops here and leaves the trainable parameters
     /// and the optimizer as they were (BatchNorm's running statistics keep the moves of the
     /// passes that ran, as a failed [`Runtime::step`] keeps its pass's). On a CUDA backend the
-    /// gradients are summed on the host (downloaded after each pass). Not in a data-parallel
-    /// group (an error there).
+    /// gradients are summed on the host (downloaded after each pass).
+    ///
+    /// In a data-parallel group ([`Runtime::data_parallel`]) each rank accumulates its own
+    /// micro-batches without communicating, and the last pass is the group's step: this rank's
+    /// mean, then the exchange and the mean over the ranks (the host path, whatever the
+    /// engine), so the update reads the mean over every rank's micro-batches (PyTorch: DDP's
+    /// `no_sync()` for all but the last micro-batch). A rank's failure in any pass is every
+    /// rank's error, and no rank updates.
     ///
     /// PyTorch: `for i in range(k): (loss_fn(i) / k).backward()`, then `optimizer.step();
     /// optimizer.zero_grad()`.
@@ -101,33 +107,37 @@ impl<O: Train> Runtime<O> {
         if micro_batches == 0 {
             return Err(usage(CALL, "need at least one micro-batch, got 0"));
         }
-        if self.group.is_some() {
-            return Err(usage(
-                CALL,
-                "gradient accumulation in a data-parallel group is not supported: step each \
-                 rank's whole batch with Runtime::step",
-            ));
-        }
+        let grouped = self.group.is_some();
         let mut sum = Summed::<O::T>(Vec::new());
         let mut losses = 0.0;
         for i in 0..micro_batches {
             let last = i + 1 == micro_batches;
             let begun = self.begin(model, true, true);
             let forward = begun.and_then(|()| self.training_loss(CALL, |s| loss_fn(s, i)));
-            let r = forward.and_then(|loss| {
-                let mut s = self.borrow_mut();
-                let r = match last {
-                    false => s.backward_grads_then_reset(&loss, opt, &mut sum),
-                    true => {
-                        let mut mean = Mean {
-                            sum: &sum,
-                            count: micro_batches,
-                        };
-                        s.backward_step_reduced_then_reset(&loss, opt, Some(&mut mean))
+            let mut mean = Mean {
+                sum: &sum,
+                count: micro_batches,
+            };
+            let r = match (last, grouped) {
+                // In a group the last pass is the group's step: this rank's mean over its
+                // micro-batches, then the exchange and the mean over the ranks.
+                (true, true) => self.dist_backward_step(forward, opt, Some(&mut mean)),
+                (true, false) => forward.and_then(|loss| {
+                    let mut s = self.borrow_mut();
+                    Ok(s.backward_step_reduced_then_reset(&loss, opt, Some(&mut mean))?)
+                }),
+                (false, _) => {
+                    let local = forward.and_then(|loss| {
+                        let mut s = self.borrow_mut();
+                        Ok(s.backward_grads_then_reset(&loss, opt, &mut sum)?)
+                    });
+                    match local {
+                        // A failure in a group is told to every rank: their step fails too.
+                        Err(e) if grouped => self.dist_backward_step(Err(e), opt, None),
+                        local => local,
                     }
-                };
-                Ok(r?)
-            });
+                }
+            };
             self.end();
             losses += r?;
         }

@@ -770,7 +770,7 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     // ---- tl-nn: layers, labels and accumulation (judged by nn_layers::, session_state:: and
-    // tl-nn's boundaries:: and accumulate:: tests) ----
+    // tl-nn's boundaries::, accumulate:: and dist::accumulated tests) ----
     Mutant {
         id: "nn-linear-forgets-bias",
         area: Nn,
@@ -841,6 +841,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "Some(sum) => (g.iter_mut().zip(sum)).for_each(|(v, &s)| *v = (s + *v) / k),",
         to: "Some(sum) => (g.iter_mut().zip(sum)).for_each(|(v, &s)| *v = s + *v),",
         bug: "Runtime::step_accumulated steps from the sum of the micro-batches' gradients, not their mean",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-accumulate-group-skips-micro-batches",
+        area: Nn,
+        file: "crates/tl-nn/src/dist/mod.rs",
+        from: "        if let Some(pre) = self.pre.as_mut() {\n            pre.reduce(grads)?;\n        }",
+        to: "        if let Some(pre) = self.pre.as_mut() {\n            let _ = pre;\n        }",
+        bug: "a data-parallel accumulated step reduces only each rank's last micro-batch",
         harness: Layers,
     },
     // ---- tl-session: state between reads ----

@@ -93,15 +93,19 @@ impl Group {
     /// One data-parallel step after a successful forward pass: backward, the status exchange
     /// and the bucketed gradient mean inside the session's hook (in device memory when the
     /// session is on the CUDA device and the engine reduces there: NCCL), then the update.
+    /// `pre` first transforms this rank's gradients on the host (gradient accumulation's
+    /// mean over the micro-batches), before the exchange.
     fn step<O: Train>(
         &self,
         session: &mut O,
         loss: &TensorRef,
         opt: &mut Optimizer,
+        pre: Option<&mut dyn tl_session::GradReducer<O::T>>,
     ) -> Result<f64> {
         let mut hook = StepReducer {
             group: self,
             failure: None,
+            pre,
         };
         // The pass ends with the step (`Runtime::step` resets it next): updates in place.
         let out = session.backward_step_reduced_then_reset(loss, opt, Some(&mut hook));
@@ -119,14 +123,16 @@ impl Group {
     }
 }
 
-/// The gradient hook of a data-parallel step ([`Group::step`]): the status exchange, then the
-/// mean over the ranks; the first error is kept whole for the caller (the session sees a copy).
-struct StepReducer<'g> {
+/// The gradient hook of a data-parallel step ([`Group::step`]): `pre` (if any), the status
+/// exchange, then the mean over the ranks; the first error is kept whole for the caller (the
+/// session sees a copy).
+struct StepReducer<'g, 'p, T> {
     group: &'g Group,
     failure: Option<crate::Error>,
+    pre: Option<&'p mut dyn tl_session::GradReducer<T>>,
 }
 
-impl StepReducer<'_> {
+impl<T> StepReducer<'_, '_, T> {
     fn keep(&mut self, r: Result<()>) -> tl_session::Result<()> {
         r.map_err(|e| {
             let detail = e.to_string();
@@ -139,8 +145,11 @@ impl StepReducer<'_> {
     }
 }
 
-impl<T: tl_spec::Scalar> tl_session::GradReducer<T> for StepReducer<'_> {
+impl<T: tl_spec::Scalar> tl_session::GradReducer<T> for StepReducer<'_, '_, T> {
     fn reduce(&mut self, grads: &mut [&mut [T]]) -> tl_session::Result<()> {
+        if let Some(pre) = self.pre.as_mut() {
+            pre.reduce(grads)?;
+        }
         let g = self.group;
         let layout = grads.iter().map(|g| g.len() as u64).collect();
         let r = g
@@ -156,7 +165,8 @@ impl<T: tl_spec::Scalar> tl_session::GradReducer<T> for StepReducer<'_> {
         grads: &mut [tl_tape_cuda::Buffer],
     ) -> Option<tl_session::Result<()>> {
         let g = self.group;
-        if !g.comm.reduces_on_device() {
+        // `pre` works on the host (the micro-batches' sum is there): the host path.
+        if !g.comm.reduces_on_device() || self.pre.is_some() {
             return None;
         }
         let layout = grads.iter().map(|g| g.len() as u64).collect();
@@ -257,17 +267,19 @@ impl<O: Train> Runtime<O> {
     }
 
     /// The step of a runtime in a group, from the forward pass's outcome: the hook's status
-    /// exchange when the pass succeeded, else this rank's failure told to every rank.
+    /// exchange when the pass succeeded, else this rank's failure told to every rank. `pre`:
+    /// as [`Group::step`] takes it.
     pub(crate) fn dist_backward_step(
         &self,
         forward: Result<TensorRef>,
         opt: &mut Optimizer,
+        pre: Option<&mut dyn tl_session::GradReducer<O::T>>,
     ) -> Result<f64> {
         let Some(g) = self.group.as_ref() else {
             return Err(usage("Runtime::step", "not in a data-parallel group"));
         };
         g.agreed.set(false);
-        let out = forward.and_then(|loss| g.step(&mut *self.borrow_mut(), &loss, opt));
+        let out = forward.and_then(|loss| g.step(&mut *self.borrow_mut(), &loss, opt, pre));
         let out = match out {
             Err(e) if !g.agreed.get() => g.agree("Runtime::step (data-parallel)", Err::<f64, _>(e)),
             out => out,

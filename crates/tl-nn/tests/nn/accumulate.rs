@@ -160,28 +160,6 @@ fn a_failing_micro_batch_changes_nothing() {
     assert_ne!(values(&rt), before);
 }
 
-/// In a data-parallel group (here one rank, `Local`) accumulation is refused by name.
-#[test]
-fn accumulation_in_a_data_parallel_group_is_an_error() {
-    let mut rt = eager::<f32>(Backend::Cpu, 3);
-    let model: Sequential<_> = mlp(&rt, 5, 4, 3);
-    rt.data_parallel(&model, Box::new(tl_nn::dist::Local))
-        .unwrap();
-    let mut opt = Optimizer::sgd(0.1).unwrap();
-    let err = rt
-        .step_accumulated(&model, &mut opt, 2, |g, i| {
-            let (x, y) = batch::<f32>(4 * i..4 * i + 4);
-            model.forward(&g.input(x)?)?.mse_loss(&g.input(y)?)
-        })
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("step_accumulated") && err.contains("data-parallel group"),
-        "{err}"
-    );
-    assert_eq!(opt.steps_done(), 0);
-}
-
 /// Micro-batch i of the batch through `bn`, summed.
 fn bn_pass<'g, O: Train<T = f64>>(
     bn: &tl_nn::BatchNorm,

@@ -890,3 +890,95 @@ mod nccl {
         assert!(e1.contains("cannot load /nonexistent"), "{e1}");
     }
 }
+
+/// Gradient accumulation in a group: each of two ranks steps from the mean of its two
+/// micro-batches, the group from the mean over the ranks: the same parameters as one rank
+/// stepping on the whole batch (and a group of one is `step_accumulated` alone, bit for bit);
+/// a failing micro-batch on one rank fails both, and neither updates.
+#[test]
+fn accumulated_steps_in_a_group_match_one_rank_on_the_whole_batch() {
+    /// The parameters after three accumulated steps of `micro` micro-batches on this rank of
+    /// `comm` (alone: `None`); `plant`: the micro-batch whose loss closure fails here;
+    /// `fails`: the first step is expected to fail (here or on another rank).
+    fn run(
+        comm: Option<Box<dyn Collective>>,
+        micro: usize,
+        plant: Option<usize>,
+        fails: bool,
+    ) -> Vec<f64> {
+        let mut rt = eager::<f64>(Backend::Cpu, 0);
+        let model = mlp(&rt);
+        let (train, _) = digits().unwrap();
+        let mut loader = DataLoader::new(&train, 16, Classify { classes: CLASSES })
+            .unwrap()
+            .shuffle(5);
+        if let Some(comm) = comm {
+            let (rank, size) = (comm.rank(), comm.size());
+            rt.data_parallel(&model, comm).unwrap();
+            loader = loader.shard(rank, size).unwrap();
+        }
+        let mut opt = optimizer(true);
+        for (x, labels) in loader.epoch(0).take(3).map(Result::unwrap) {
+            let x = x.cast::<f64>();
+            let rows = labels.len() / micro;
+            let r = rt.step_accumulated(&model, &mut opt, micro, |g, i| {
+                let idx: Vec<usize> = (i * rows..(i + 1) * rows).collect();
+                let width = x.shape().dims()[1];
+                let part = Tensor::new(
+                    [rows, width],
+                    idx.iter()
+                        .flat_map(|&r| x.data()[r * width..(r + 1) * width].to_vec())
+                        .collect(),
+                )?;
+                if plant == Some(i) {
+                    return Err(tl_nn::Error::from(tl_session::Error::Usage {
+                        what: "test",
+                        detail: "a planted failure".into(),
+                    }));
+                }
+                model
+                    .forward(&g.input(part)?)?
+                    .cross_entropy(&labels.select(&idx)?)
+            });
+            if fails {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("planted") || e.contains("failed"), "{e}");
+                assert_eq!(opt.steps_done(), 0);
+                return values(&rt, &model);
+            }
+            r.unwrap();
+        }
+        values(&rt, &model)
+    }
+    use tl_spec::Tensor;
+    let alone = run(None, 4, None, false);
+    let one = run(Some(Box::new(Local)), 4, None, false);
+    assert_eq!(one, alone);
+    let whole = run(None, 1, None, false);
+    assert!(worst(&alone, &whole) < 1e-12);
+    let two: Vec<Vec<f64>> = group(2)
+        .into_iter()
+        .map(|c| std::thread::spawn(move || run(Some(Box::new(c)), 2, None, false)))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(two[0], two[1], "the ranks agree bit for bit");
+    assert!(worst(&two[0], &whole) < 1e-12, "{}", worst(&two[0], &whole));
+    // Rank 1 fails in its first micro-batch: both ranks' steps fail, nothing moves.
+    let start = {
+        let rt = eager::<f64>(Backend::Cpu, 0);
+        values(&rt, &mlp(&rt))
+    };
+    let failed: Vec<Vec<f64>> = group(2)
+        .into_iter()
+        .map(|c| {
+            let plant = (c.rank == 1).then_some(0);
+            std::thread::spawn(move || run(Some(Box::new(c)), 2, plant, true))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(failed, vec![start.clone(), start]);
+}
