@@ -102,7 +102,13 @@ pub trait Train: Ops {
                 out
             }
         }
-        let value = loss_value(self.read(loss)?);
+        let value = match self.read(loss) {
+            Ok(v) => loss_value(v),
+            Err(e) => {
+                self.reset();
+                return Err(e);
+            }
+        };
         let mut stop = Stop { sink, handed: None };
         let r = self.backward_step_pass(loss, opt, Some(&mut stop), StepPass::End);
         match (r, stop.handed) {

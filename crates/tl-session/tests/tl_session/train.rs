@@ -196,4 +196,18 @@ fn backward_grads_then_reset_hands_over_the_gradients_and_steps_nothing() {
     let sim = run(session(Backend::CudaSim), None);
     assert_eq!(sim.len(), cpu.len());
     run(LinkedSession::<f32>::with_seed(0), None);
+    // A loss of an earlier pass is an error, and the open pass ends with it.
+    let mut s = session(Backend::Cpu);
+    let (x, y) = regression_grid::<f32>(4);
+    let mlp = Mlp::new(&mut s, &[2, 8, 1], 7).unwrap();
+    let old = mlp.loss(&mut s, x.clone(), y.clone()).unwrap();
+    Train::reset(&mut s);
+    let open = mlp.loss(&mut s, x, y).unwrap();
+    let mut opt = Optimizer::sgd(0.1).unwrap();
+    let mut sink = |_: &mut [&mut [f32]]| Ok(());
+    assert!(
+        s.backward_grads_then_reset(&old, &mut opt, &mut sink)
+            .is_err()
+    );
+    assert!(s.read(&open).is_err(), "the open pass was reset");
 }
