@@ -118,13 +118,15 @@ impl<O: Train> Runtime<O> {
                 sum: &sum,
                 count: micro_batches,
             };
+            // One micro-batch: the last pass is `Runtime::step`'s, with no hook of its own.
+            let pre = (micro_batches > 1).then_some(&mut mean as &mut dyn GradReducer<O::T>);
             let r = match (last, grouped) {
                 // In a group the last pass is the group's step: this rank's mean over its
                 // micro-batches, then the exchange and the mean over the ranks.
-                (true, true) => self.dist_backward_step(forward, opt, Some(&mut mean)),
+                (true, true) => self.dist_backward_step(forward, opt, pre),
                 (true, false) => forward.and_then(|loss| {
                     let mut s = self.borrow_mut();
-                    Ok(s.backward_step_reduced_then_reset(&loss, opt, Some(&mut mean))?)
+                    Ok(s.backward_step_reduced_then_reset(&loss, opt, pre)?)
                 }),
                 (false, _) => {
                     let local = forward.and_then(|loss| {
@@ -166,7 +168,8 @@ impl<T: tl_spec::Scalar> GradReducer<T> for Summed<T> {
     }
 }
 
-/// The last pass's hook: its gradients become `(sum + g) / count`, what the update reads.
+/// The last pass's hook (two or more micro-batches): its gradients become `(sum + g) / count`,
+/// what the update reads; `sum` has their layout (every pass records the same parameters).
 struct Mean<'a, T> {
     sum: &'a Summed<T>,
     count: usize,
@@ -175,11 +178,8 @@ struct Mean<'a, T> {
 impl<T: tl_spec::Scalar> GradReducer<T> for Mean<'_, T> {
     fn reduce(&mut self, grads: &mut [&mut [T]]) -> tl_session::Result<()> {
         let k = T::lit(self.count as f64);
-        for (j, g) in grads.iter_mut().enumerate() {
-            match self.sum.0.get(j) {
-                Some(sum) => (g.iter_mut().zip(sum)).for_each(|(v, &s)| *v = (s + *v) / k),
-                None => g.iter_mut().for_each(|v| *v /= k),
-            }
+        for (g, sum) in grads.iter_mut().zip(&self.sum.0) {
+            g.iter_mut().zip(sum).for_each(|(v, &s)| *v = (s + *v) / k);
         }
         Ok(())
     }
