@@ -608,6 +608,21 @@ mod tests {
         }
     }
 
+    /// The README's tour and docs/verification.md give the catalogue's size: they say what
+    /// `cargo xtask mutants --list` lists.
+    #[test]
+    fn the_docs_give_the_catalogues_size() {
+        let root = util::root();
+        let n = MUTANTS.len();
+        for (file, says) in [
+            ("README.md", format!("{n} single-point bugs")),
+            ("docs/verification.md", format!("# the {n} bugs")),
+        ] {
+            let text = fs::read_to_string(root.join(file)).unwrap();
+            assert!(text.contains(&says), "{file} should say \"{says}\"");
+        }
+    }
+
     #[test]
     fn apply_replaces_exactly_one_occurrence() {
         let m = Mutant {

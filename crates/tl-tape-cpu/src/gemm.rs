@@ -868,6 +868,29 @@ mod tests {
 
     /// The thread count changes the time, never the bits; the knob round-trips.
     #[test]
+    fn set_threads_is_process_wide_returns_the_previous_setting_and_yields_to_an_override() {
+        // The only test of this binary that sets the process-wide count (the others force it
+        // on their own thread), so nothing else changes it between these lines.
+        let prev = set_threads(3);
+        assert_eq!(threads(), 3);
+        assert_eq!(set_threads(5), 3);
+        assert_eq!(threads(), 5);
+        {
+            let _forced = crate::gates::force(crate::gates::Gates {
+                threads: Some(2),
+                ..crate::gates::Gates::DEFAULT
+            });
+            assert_eq!(threads(), 2);
+            // Another thread does not see this thread's override.
+            assert_eq!(std::thread::spawn(threads).join().unwrap(), 5);
+        }
+        assert_eq!(threads(), 5);
+        assert_eq!(set_threads(0), 5);
+        assert_eq!(threads(), default_threads());
+        set_threads(prev);
+    }
+
+    #[test]
     fn results_do_not_depend_on_the_thread_count() {
         let op = Op::Matmul;
         // Above PARALLEL_MIN_WORK: square-ish, the mlp's skinny forward (split by columns), its
@@ -887,7 +910,11 @@ mod tests {
             // the strided one (column_major_product).
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
             let run = |t: usize, accumulate: bool, transposed: bool| {
-                let prev = set_threads(t);
+                // This thread's override, not the process-wide setting other tests change.
+                let _forced = crate::gates::force(crate::gates::Gates {
+                    threads: Some(t),
+                    ..crate::gates::Gates::DEFAULT
+                });
                 assert_eq!(threads(), t);
                 let mut c: Vec<f32> = fill(m * n, 5).into_iter().map(|v| v as f32).collect();
                 let av = rows(&op, &a, m, k).unwrap();
@@ -897,7 +924,6 @@ mod tests {
                 };
                 let cv = rows_mut(&op, &mut c, m, n).unwrap();
                 matmul(&op, cv, accumulate, av, bv, 0.75).unwrap();
-                set_threads(prev);
                 c
             };
             for accumulate in [false, true] {

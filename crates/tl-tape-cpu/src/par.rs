@@ -216,7 +216,16 @@ fn split<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::set_threads;
+    use crate::gates::{Gates, force};
+
+    /// This thread's thread-count override (the process-wide `set_threads` would race with
+    /// the tests running beside this one).
+    fn at_threads(threads: usize) -> crate::gates::Guard {
+        force(Gates {
+            threads: Some(threads),
+            ..Gates::DEFAULT
+        })
+    }
 
     #[test]
     fn join_runs_both_halves_once_and_propagates_a_panic() {
@@ -247,7 +256,7 @@ mod tests {
     fn every_row_is_filled_once_whatever_the_thread_count() {
         let (rows_n, len) = (37, 5);
         for t in [1, 2, 3, 4] {
-            let prev = set_threads(t);
+            let forced = at_threads(t);
             let mut out = vec![0usize; rows_n * len];
             rows(&mut out, len, usize::MAX, &|first, block| {
                 for (k, row) in block.chunks_exact_mut(len).enumerate() {
@@ -256,12 +265,12 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-            set_threads(prev);
+            drop(forced);
             let want: Vec<usize> = (0..rows_n * len).map(|i| i / len + 1).collect();
             assert_eq!(out, want, "{t} threads");
         }
         // An error in any block comes back.
-        let prev = set_threads(2);
+        let forced = at_threads(2);
         let mut out = vec![0u8; 64];
         let r = rows(&mut out, 1, usize::MAX, &|first, _| {
             if first > 0 {
@@ -274,7 +283,7 @@ mod tests {
                 Ok(())
             }
         });
-        set_threads(prev);
+        drop(forced);
         assert!(r.is_err());
     }
 }

@@ -454,24 +454,19 @@ pub fn transpose_f32(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     if src.len() < n || dst.len() < n {
         return;
     }
-    let (mut rt, mut ct) = (0, 0);
+    // The rows and columns the register tiles covered (none at the baseline level).
     #[cfg(target_arch = "x86_64")]
-    {
+    let (rt, ct) = {
         let tiles = (src, rows, cols, &mut *dst);
         match level() {
-            Level::Avx512 => {
-                if let Some(v4) = pulp::x86::V4::try_new() {
-                    (rt, ct) = transpose_tiles(v4, tiles);
-                }
-            }
-            Level::Avx2 => {
-                if let Some(v3) = pulp::x86::V3::try_new() {
-                    (rt, ct) = transpose_tiles(v3, tiles);
-                }
-            }
-            Level::Scalar => {}
+            Level::Avx512 => pulp::x86::V4::try_new().map(|v4| transpose_tiles(v4, tiles)),
+            Level::Avx2 => pulp::x86::V3::try_new().map(|v3| transpose_tiles(v3, tiles)),
+            Level::Scalar => None,
         }
-    }
+        .unwrap_or((0, 0))
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (rt, ct) = (0, 0);
     // The right edge of the tiled rows, then the rows below them (all of them if no tiles).
     for i in 0..rt {
         for j in ct..cols {

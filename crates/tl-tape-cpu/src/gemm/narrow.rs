@@ -2,7 +2,7 @@
 //! accumulated `Aᵀ·dO_h`, `dSᵀ·Q_h`), where the gemm crate runs its 16-row micro-kernel after
 //! packing both operands (docs/performance.md, "GEMM").
 //!
-//! At the AVX-512 level each output row is one register and [`ROWS`] rows are summed at a time:
+//! At the AVX-512 level each output row is one register and `ROWS` (8) rows are summed at a time:
 //! for each k, the right-hand side's row k (copied once into a contiguous buffer) is multiplied
 //! by a broadcast of each left-hand element and added, one fused multiply-add per element. Each
 //! output is one sum over k in order from zero, times `alpha` (unless 1), then added to `c` when
@@ -25,6 +25,7 @@ pub const MAX_K: usize = 512;
 const MAX_MK: usize = super::PARALLEL_MIN_WORK / WIDTH;
 
 /// Output rows summed at a time (their accumulators stay in registers; 16 was slower).
+#[cfg(target_arch = "x86_64")]
 const ROWS: usize = 8;
 
 /// Whether an `(m, k)·(k, 16)` f32 product into `c` takes this path: the AVX-512 level, a

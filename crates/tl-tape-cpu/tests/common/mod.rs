@@ -89,6 +89,18 @@ pub fn kernel_bits<T: Scalar>(
     out
 }
 
+/// `f` run with `threads` threads for every product and split it makes: the calling thread's
+/// override ([`tl_tape_cpu::gates::force`]), which reaches the pool's threads and no other
+/// test's (the process-wide `set_threads` would race with the tests running beside it).
+pub fn at_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    use tl_tape_cpu::gates::{Gates, force};
+    let _forced = force(Gates {
+        threads: Some(threads),
+        ..Gates::DEFAULT
+    });
+    f()
+}
+
 /// A 2-D max-pool (`avg` false) or avg-pool with square kernel, stride and padding.
 pub fn pool2d(kernel: usize, stride: usize, padding: usize, avg: bool) -> tl_ir::Op {
     let (kernel, stride, padding) = (vec![kernel; 2], vec![stride; 2], vec![padding; 2]);

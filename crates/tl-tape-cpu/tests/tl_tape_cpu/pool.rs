@@ -157,10 +157,8 @@ fn kernels_that_skip_the_zero_fill_write_every_value_they_return() {
     };
     for (op, x) in &cases {
         let g = g_of(op, x);
-        let prev = tl_tape_cpu::set_threads(1);
-        let want = crate::common::kernel_bits(op, x, &g);
+        let want = crate::common::at_threads(1, || crate::common::kernel_bits(op, x, &g));
         for threads in [1, 2] {
-            tl_tape_cpu::set_threads(threads);
             let mut nan = tl_spec::pool::Pool::<f32>::new();
             let sizes = x.iter().map(Tensor::numel).chain([g.numel()]);
             for n in sizes {
@@ -168,16 +166,15 @@ fn kernels_that_skip_the_zero_fill_write_every_value_they_return() {
                     nan.put(vec![f32::NAN; n]);
                 }
             }
-            let got = {
+            let got = crate::common::at_threads(threads, || {
                 let _installed = tl_spec::pool::install(&mut nan);
                 crate::common::kernel_bits(op, x, &g)
-            };
+            });
             assert!(
                 got == want,
                 "{op} at {threads} thread(s) read a stale value"
             );
         }
-        tl_tape_cpu::set_threads(prev);
     }
 }
 

@@ -4,9 +4,9 @@
 
 use tl_ir::Op;
 use tl_spec::{Shape, Tensor};
-use tl_tape_cpu::{ops, par, set_threads};
+use tl_tape_cpu::{ops, par};
 
-use crate::common::{Dom, Rng, kernel_bits, pool2d, random};
+use crate::common::{Dom, Rng, at_threads, kernel_bits, pool2d, random};
 
 #[test]
 fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
@@ -72,16 +72,13 @@ fn split_kernels_give_the_one_thread_bits_at_every_thread_count() {
         let x: Vec<&Tensor<f32>> = inputs.iter().collect();
         let y = ops::forward(op, &x, &[]).unwrap();
         let g = t(y.shape().dims());
-        let prev = set_threads(1);
-        let want = kernel_bits(op, inputs, &g);
+        let want = at_threads(1, || kernel_bits(op, inputs, &g));
         for threads in [2, 3, 4] {
-            set_threads(threads);
             assert!(
-                kernel_bits(op, inputs, &g) == want,
+                at_threads(threads, || kernel_bits(op, inputs, &g)) == want,
                 "{op} at {threads} threads"
             );
         }
-        set_threads(prev);
     }
 }
 
