@@ -24,7 +24,9 @@ pub mod sim;
 pub mod tape_api;
 
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
-pub use backward::{backward_case, check_backward, check_backward_dag};
+pub use backward::{
+    REFERENCE_ERROR_FACTOR, backward_case, backward_dag_case, check_backward, check_backward_dag,
+};
 pub use finite_diff::{FD_STEP, check_finite_diff, check_finite_diff_dag, fd_case, fd_dag_case};
 pub use forward::{check_forward, check_forward_dag, forward_case};
 pub use session::{
@@ -132,6 +134,18 @@ pub(crate) fn compare_ids<T: Scalar>(
     tol: f64,
     what: &str,
 ) -> CaseResult {
+    compare_ids_floored(graph, got, want, tol, &[], what)
+}
+
+/// [`compare_ids`] with a tolerance of at least `floors[id]` for each id that has one.
+pub(crate) fn compare_ids_floored<T: Scalar>(
+    graph: &GraphData,
+    got: &[Tensor<T>],
+    want: &[Tensor<f64>],
+    tol: f64,
+    floors: &[f64],
+    what: &str,
+) -> CaseResult {
     if got.len() != want.len() {
         return Err(format!(
             "backend returned {} {what}s, the graph has {} ids",
@@ -153,6 +167,7 @@ pub(crate) fn compare_ids<T: Scalar>(
             ));
         }
         let err = tensor_err(g, w);
+        let tol = floors.get(id).map_or(tol, |&f| tol.max(f));
         let m = Measured::check(err, tol, || {
             let i = worst_index(g, w).unwrap_or(0);
             format!(

@@ -36,8 +36,8 @@ use tl_tape_cuda::{CudaTape, Device, SimDevice};
 
 use crate::backend::{CudaProgram, SimError};
 use crate::checks::{
-    backend_inputs, backend_tol, backward_case, compare_ids, forward_case, graph_cases,
-    op_graph_cases,
+    backend_inputs, backend_tol, backward_case, backward_dag_case, compare_ids, forward_case,
+    graph_cases, op_graph_cases,
 };
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
 use crate::generate::Size;
@@ -203,7 +203,7 @@ pub fn check_backward_dag_on<B: Backend + AsRef<CudaSim>>(backend: &B, cfg: &Run
         sim_dag_cases(DagOptions::default()),
         OnPending::SkipCase,
         &known(),
-        |c| pending_aware(backend.as_ref(), backward_case(backend, c, &DAG_TOL)),
+        |c| pending_aware(backend.as_ref(), backward_dag_case(backend, c)),
     )
 }
 
