@@ -16,6 +16,18 @@
 // New memory, each block's dynamic shared memory and guard zones are filled with 0xFF bytes (a
 // NaN), so a read of an unwritten or out-of-bounds element poisons the result instead of
 // passing for a plausible number.
+// Apple's <ucontext.h> declares the (deprecated there) ucontext routines only under
+// _XOPEN_SOURCE, which also gives ucontext_t the layout they expect; _DARWIN_C_SOURCE keeps the
+// rest of the system headers visible. Defined before any header, in this file alone (the only
+// one that uses ucontext). Not compiled here: no macOS machine or SDK (docs/cuda.md).
+#if defined(__APPLE__)
+#ifndef _XOPEN_SOURCE
+#define _XOPEN_SOURCE 700
+#endif
+#ifndef _DARWIN_C_SOURCE
+#define _DARWIN_C_SOURCE
+#endif
+#endif
 #include <ucontext.h>
 
 #include <atomic>
