@@ -37,7 +37,7 @@ use tl_tape_cuda::{CudaTape, Device, SimDevice};
 use crate::backend::{CudaProgram, SimError};
 use crate::checks::{
     backend_inputs, backend_tol, backward_case, backward_dag_case, compare_ids, forward_case,
-    graph_cases, op_graph_cases,
+    forward_dag_case, graph_cases, op_graph_cases,
 };
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
 use crate::generate::Size;
@@ -185,7 +185,7 @@ pub fn check_forward_sim_dag(cfg: &RunConfig) -> Report {
         sim_dag_cases(DagOptions::default()),
         OnPending::SkipCase,
         &known(),
-        |c| pending_aware(&sim, forward_case(&sim, c, &DAG_TOL)),
+        |c| pending_aware(&sim, forward_dag_case(&sim, c)),
     )
 }
 

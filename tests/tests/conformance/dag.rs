@@ -202,7 +202,8 @@ fn a_gradient_f32_cannot_hold_is_judged_against_the_references_own_f32_error() {
 }
 
 /// The floor of [`a_gradient_f32_cannot_hold_is_judged_against_the_references_own_f32_error`]
-/// leaves drawn cases their plain tolerance: on 200 of them the reference's f32 error times
+/// leaves drawn cases their plain tolerance: on 200 of them the reference's f32 error (values
+/// and gradients) times
 /// [`tl_conformance::checks::REFERENCE_ERROR_FACTOR`] stays under a quarter of the f32 DAG
 /// tolerance at every id (0.067 at most when written), so the floor widens nothing a check
 /// draws and only answers for the cases a shrinking search walks into.
@@ -223,9 +224,11 @@ fn the_reference_error_floor_stays_below_the_tolerance_on_drawn_cases() {
         let own = (c.graph)
             .backprop_all(&leaves, &c.nats, c.out, &c.seed.cast())
             .unwrap();
-        let ratio = own
-            .iter()
-            .zip(&want)
+        // Check 2's floors (gradients), then check 1's (values).
+        let values = c.graph.eval(&c.leaves, &c.nats).unwrap();
+        let own_values = c.graph.eval(&leaves, &c.nats).unwrap();
+        let ratio = (own.iter().zip(&want))
+            .chain(own_values.iter().zip(&values))
             .map(|(g, w)| REFERENCE_ERROR_FACTOR * tensor_err(g, w) / tol)
             .fold(0.0, f64::max);
         worst = worst.max(ratio);
