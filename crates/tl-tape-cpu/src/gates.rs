@@ -203,6 +203,17 @@ pub fn force(gates: Gates) -> Guard {
     tl_spec::scoped::install(&FORCED, gates)
 }
 
+/// [`force`] with only the thread count overridden: every product and split this thread makes
+/// (and the pool work it hands out) uses `threads` threads until the guard is dropped. Tests
+/// that compare thread counts use this, not the process-wide [`crate::set_threads`], which a
+/// test running beside them could change.
+pub fn force_threads(threads: usize) -> Guard {
+    force(Gates {
+        threads: Some(threads),
+        ..Gates::DEFAULT
+    })
+}
+
 /// Restores the overrides [`force`] replaced when dropped (on the thread that forced them).
 pub type Guard = tl_spec::scoped::Guard<Gates>;
 

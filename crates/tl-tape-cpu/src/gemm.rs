@@ -876,10 +876,7 @@ mod tests {
         assert_eq!(set_threads(5), 3);
         assert_eq!(threads(), 5);
         {
-            let _forced = crate::gates::force(crate::gates::Gates {
-                threads: Some(2),
-                ..crate::gates::Gates::DEFAULT
-            });
+            let _forced = crate::gates::force_threads(2);
             assert_eq!(threads(), 2);
             // Another thread does not see this thread's override.
             assert_eq!(std::thread::spawn(threads).join().unwrap(), 5);
@@ -911,10 +908,7 @@ mod tests {
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
             let run = |t: usize, accumulate: bool, transposed: bool| {
                 // This thread's override, not the process-wide setting other tests change.
-                let _forced = crate::gates::force(crate::gates::Gates {
-                    threads: Some(t),
-                    ..crate::gates::Gates::DEFAULT
-                });
+                let _forced = crate::gates::force_threads(t);
                 assert_eq!(threads(), t);
                 let mut c: Vec<f32> = fill(m * n, 5).into_iter().map(|v| v as f32).collect();
                 let av = rows(&op, &a, m, k).unwrap();

@@ -216,16 +216,7 @@ fn split<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gates::{Gates, force};
-
-    /// This thread's thread-count override (the process-wide `set_threads` would race with
-    /// the tests running beside this one).
-    fn at_threads(threads: usize) -> crate::gates::Guard {
-        force(Gates {
-            threads: Some(threads),
-            ..Gates::DEFAULT
-        })
-    }
+    use crate::gates::force_threads as at_threads;
 
     #[test]
     fn join_runs_both_halves_once_and_propagates_a_panic() {

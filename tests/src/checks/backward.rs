@@ -33,12 +33,15 @@ fn gradients_within<B: Backend>(
         .backprop_all(&reference, &case.nats, case.out, &seed.cast())
         .map_err(|e| format!("IR backprop_all rejected a generated case: {e}"))?;
     let floors = match floored {
-        true => {
-            let own = case
-                .graph
-                .backprop_all(&leaves, &case.nats, case.out, &seed);
-            reference_floors(own.ok(), &want)
-        }
+        true => reference_floors(
+            || {
+                (case
+                    .graph
+                    .backprop_all(&leaves, &case.nats, case.out, &seed))
+                .ok()
+            },
+            &want,
+        ),
         false => Vec::new(),
     };
     let program = backend.record(&case.graph, &leaves, &case.nats)?;

@@ -89,15 +89,10 @@ pub fn kernel_bits<T: Scalar>(
     out
 }
 
-/// `f` run with `threads` threads for every product and split it makes: the calling thread's
-/// override ([`tl_tape_cpu::gates::force`]), which reaches the pool's threads and no other
-/// test's (the process-wide `set_threads` would race with the tests running beside it).
+/// `f` run with `threads` threads for every product and split it makes
+/// ([`tl_tape_cpu::gates::force_threads`]: this thread's override, not the process-wide one).
 pub fn at_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
-    use tl_tape_cpu::gates::{Gates, force};
-    let _forced = force(Gates {
-        threads: Some(threads),
-        ..Gates::DEFAULT
-    });
+    let _forced = tl_tape_cpu::gates::force_threads(threads);
     f()
 }
 
