@@ -9,6 +9,12 @@
 // d of x - x0, and every kernel that normalizes computes (x - x0) - d, x0 read from x (exact to
 // the rounding of the group's spread, however far its mean is from 0).
 //
+// The kernels that normalize take `centred` (sim: NormLayout::centred): 1 for layer and batch
+// norm; 0 for rmsNorm, where x0 = 0 and d = 0, so (x - 0) - 0 = x exactly: no mean pass (the
+// statistics' d entries are written as 0), the variance is sum x^2 / m, no beta is read or added
+// (the host passes a live buffer, gamma's, in beta's place: the emulator requires every pointer
+// argument to be a live allocation), and tl_norm_bwd_x drops its sum(g * gamma) term.
+//
 // Determinism: no kernel here uses atomics, so the default path IS the fixed-order path:
 // per-group sums fold per thread (e = t, t + 256, ...) then the block tree of common.cuh; the
 // gamma/beta sums are one thread per entry in increasing index order.
@@ -32,9 +38,22 @@ __device__ __forceinline__ u32 tl_norm_feature(u64 i, u32 groups, u32 seg, u32 p
     return per_column ? (u32)(i % seg) : (u32)((i / seg) % groups);
 }
 
-// Group k's first element x0, the shift it is centred on (0 for an empty group).
-__device__ __forceinline__ float tl_norm_shift(const float* x, u32 k, u32 m, u32 seg) {
-    return m > 0 ? x[(u64)k * seg] : 0.0f;
+// Group k's first element x0, the shift of a non-empty group (0 where not centred; sim:
+// norm::shift).
+__device__ __forceinline__ float tl_norm_kept_shift(const float* x, u32 k, u32 seg, u32 centred) {
+    return centred ? x[(u64)k * seg] : 0.0f;
+}
+
+// Group k's shift x0 (0 for an empty group or where not centred; sim: norm::shift).
+__device__ __forceinline__ float tl_norm_shift(const float* x, u32 k, u32 m, u32 seg,
+                                               u32 centred) {
+    return m > 0 ? tl_norm_kept_shift(x, k, seg, centred) : 0.0f;
+}
+
+// Group k's d from the statistics (0, stats[k] not read, where not centred; sim:
+// norm::Centre::kept).
+__device__ __forceinline__ float tl_norm_kept_mean(const float* stats, u32 k, u32 centred) {
+    return centred ? stats[k] : 0.0f;
 }
 
 // The centred value (x - x0) - d, in this order (sim: norm::Centre::of).
@@ -43,15 +62,19 @@ __device__ __forceinline__ float tl_norm_centre(float x, float shift, float shif
 }
 
 // Group k's shift x0, the mean d of x - x0, and the biased variance max(sum ((x - x0) - d)^2 /
-// m, 0), two passes; every thread of the block gets all three.
+// m, 0), two passes; where not centred x0 = d = 0 and one pass, max(sum x^2 / m, 0) (sim:
+// norm::group_moments). Every thread of the block gets all three.
 __device__ void tl_norm_group_moments(const float* x, u32 k, u32 m, u32 groups, u32 seg,
-                                      float* smem, float* shift_out, float* mean_out,
-                                      float* var_out) {
+                                      u32 centred, float* smem, float* shift_out,
+                                      float* mean_out, float* var_out) {
     const float mf = (float)m;
-    const float x0 = tl_norm_shift(x, k, m, seg);
-    float s, sq;
-    TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)] - x0);
-    const float d = s / mf;
+    const float x0 = tl_norm_shift(x, k, m, seg, centred);
+    float d = 0.0f, sq;
+    if (centred) {
+        float s;
+        TL_NORM_REDUCE(s, m, 0.0f, AddOp(), x[tl_norm_index(k, e, groups, seg)] - x0);
+        d = s / mf;
+    }
     TL_NORM_REDUCE(sq, m, 0.0f, AddOp(),
                    tl_norm_centre(x[tl_norm_index(k, e, groups, seg)], x0, d) *
                        tl_norm_centre(x[tl_norm_index(k, e, groups, seg)], x0, d));
@@ -60,30 +83,38 @@ __device__ void tl_norm_group_moments(const float* x, u32 k, u32 m, u32 groups, 
     *var_out = fmaxf(sq / mf, 0.0f);
 }
 
-// Group k's shift x0, the mean d of x - x0, and 1 / sqrt(max(var, 0) + eps), two passes; every
-// thread of the block gets all three.
+// Group k's shift x0, the mean d of x - x0, and 1 / sqrt(max(var, 0) + eps), two passes (one
+// where not centred); every thread of the block gets all three.
 __device__ void tl_norm_group_stats(const float* x, u32 k, u32 m, u32 groups, u32 seg, float eps,
-                                    float* smem, float* shift_out, float* mean_out,
+                                    u32 centred, float* smem, float* shift_out, float* mean_out,
                                     float* rstd_out) {
     float var;
-    tl_norm_group_moments(x, k, m, groups, seg, smem, shift_out, mean_out, &var);
+    tl_norm_group_moments(x, k, m, groups, seg, centred, smem, shift_out, mean_out, &var);
     *rstd_out = 1.0f / sqrtf(var + eps);
+}
+
+// ((x - x0) - d) * rstd * gamma, in this order: the map where not centred (x0 = d = 0, so
+// x * rstd * gamma), no beta (sim: norm::apply).
+__device__ __forceinline__ float tl_norm_scale(float x, float shift, float shifted_mean,
+                                               float rstd, float gamma) {
+    return tl_norm_centre(x, shift, shifted_mean) * rstd * gamma;
 }
 
 // ((x - x0) - d) * rstd * gamma + beta, in this order (sim: norm::apply).
 __device__ __forceinline__ float tl_norm_affine(float x, float shift, float shifted_mean,
                                                 float rstd, float gamma, float beta) {
-    return tl_norm_centre(x, shift, shifted_mean) * rstd * gamma + beta;
+    return tl_norm_scale(x, shift, shifted_mean, rstd, gamma) + beta;
 }
 
-// stats[k] = d (the mean of x - x0), stats[groups + k] = 1 / sqrt(max(var, 0) + eps), one
-// block per group.
+// stats[k] = d (the mean of x - x0; 0 where not centred), stats[groups + k] = 1 / sqrt(max(var,
+// 0) + eps), one block per group.
 extern "C" __global__ void tl_norm_stats(const float* x, float* stats, u32 outer, u32 groups,
-                                         u32 seg, float eps) {
+                                         u32 seg, float eps, u32 centred) {
     __shared__ float smem[33];
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
         float x0, mean, rstd;
-        tl_norm_group_stats(x, k, outer * seg, groups, seg, eps, smem, &x0, &mean, &rstd);
+        tl_norm_group_stats(x, k, outer * seg, groups, seg, eps, centred, smem, &x0, &mean,
+                            &rstd);
         if (threadIdx.x == 0) {
             stats[k] = mean;
             stats[groups + k] = rstd;
@@ -92,13 +123,13 @@ extern "C" __global__ void tl_norm_stats(const float* x, float* stats, u32 outer
 }
 
 // batchMoments: out[k] = x0 + d (the mean), out[groups + k] = max(var, 0) (biased), one block
-// per group: the sums of tl_norm_stats, without eps.
+// per group: the sums of tl_norm_stats (centred), without eps.
 extern "C" __global__ void tl_norm_moments(const float* x, float* out, u32 outer, u32 groups,
                                            u32 seg) {
     __shared__ float smem[33];
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
         float x0, mean, var;
-        tl_norm_group_moments(x, k, outer * seg, groups, seg, smem, &x0, &mean, &var);
+        tl_norm_group_moments(x, k, outer * seg, groups, seg, 1, smem, &x0, &mean, &var);
         if (threadIdx.x == 0) {
             out[k] = x0 + mean;
             out[groups + k] = var;
@@ -148,15 +179,21 @@ extern "C" __global__ void tl_running_inv_std(const float* var, float* out, u64 
     TL_GRID_STRIDE(i, n) { out[i] = (float)(1.0 / sqrt((double)var[i] + eps)); }
 }
 
-// y = ((x - x0) - d) * rstd * gamma + beta, grid-stride over the n elements.
+// y = ((x - x0) - d) * rstd * gamma + beta, grid-stride over the n elements; where not centred
+// y = x * rstd * gamma (beta not read).
 extern "C" __global__ void tl_norm_apply(const float* x, const float* stats, const float* gamma,
                                          const float* beta, float* y, u64 n, u32 groups, u32 seg,
-                                         u32 per_column) {
+                                         u32 per_column, u32 centred) {
     TL_GRID_STRIDE(i, n) {
         const u32 k = (u32)((i / seg) % groups);
         const u32 f = tl_norm_feature(i, groups, seg, per_column);
-        const float x0 = x[(u64)k * seg];
-        y[i] = tl_norm_affine(x[i], x0, stats[k], stats[groups + k], gamma[f], beta[f]);
+        const float x0 = tl_norm_kept_shift(x, k, seg, centred);
+        const float d = tl_norm_kept_mean(stats, k, centred);
+        if (centred) {
+            y[i] = tl_norm_affine(x[i], x0, d, stats[groups + k], gamma[f], beta[f]);
+        } else {
+            y[i] = tl_norm_scale(x[i], x0, d, stats[groups + k], gamma[f]);
+        }
     }
 }
 
@@ -164,12 +201,12 @@ extern "C" __global__ void tl_norm_apply(const float* x, const float* stats, con
 // each group's block writes its statistics, then normalizes its own elements.
 extern "C" __global__ void tl_norm_fwd(const float* x, const float* gamma, const float* beta,
                                        float* y, float* stats, u32 outer, u32 groups, u32 seg,
-                                       u32 per_column, float eps) {
+                                       u32 per_column, float eps, u32 centred) {
     __shared__ float smem[33];
     const u32 m = outer * seg;
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
         float x0, mean, rstd;
-        tl_norm_group_stats(x, k, m, groups, seg, eps, smem, &x0, &mean, &rstd);
+        tl_norm_group_stats(x, k, m, groups, seg, eps, centred, smem, &x0, &mean, &rstd);
         if (threadIdx.x == 0) {
             stats[k] = mean;
             stats[groups + k] = rstd;
@@ -177,26 +214,33 @@ extern "C" __global__ void tl_norm_fwd(const float* x, const float* gamma, const
         for (u32 e = threadIdx.x; e < m; e += TL_BLOCK) {
             const u64 i = tl_norm_index(k, e, groups, seg);
             const u32 f = tl_norm_feature(i, groups, seg, per_column);
-            y[i] = tl_norm_affine(x[i], x0, mean, rstd, gamma[f], beta[f]);
+            if (centred) {
+                y[i] = tl_norm_affine(x[i], x0, mean, rstd, gamma[f], beta[f]);
+            } else {
+                y[i] = tl_norm_scale(x[i], x0, mean, rstd, gamma[f]);
+            }
         }
     }
 }
 
 // dx = rstd / m * (m * g * gamma - sum(g * gamma) - xhat * sum(g * gamma * xhat)), one block
-// per group, xhat = ((x - x0) - d) * rstd.
+// per group, xhat = ((x - x0) - d) * rstd; where not centred (x0 = d = 0) the sum(g * gamma)
+// term is neither summed nor subtracted (sim: norm::bwd_x).
 extern "C" __global__ void tl_norm_bwd_x(const float* x, const float* stats, const float* gamma,
                                          const float* g, float* dx, u32 outer, u32 groups,
-                                         u32 seg, u32 per_column) {
+                                         u32 seg, u32 per_column, u32 centred) {
     __shared__ float smem[33];
     const u32 m = outer * seg;
     const float mf = (float)m;
     for (u32 k = blockIdx.x; k < groups; k += gridDim.x) {
-        const float x0 = tl_norm_shift(x, k, m, seg);
-        const float mean = stats[k];
+        const float x0 = tl_norm_shift(x, k, m, seg, centred);
+        const float mean = tl_norm_kept_mean(stats, k, centred);
         const float rstd = stats[groups + k];
 #define TL_GH(i) (g[i] * gamma[tl_norm_feature((i), groups, seg, per_column)])
-        float s1, s2;
-        TL_NORM_REDUCE(s1, m, 0.0f, AddOp(), TL_GH(tl_norm_index(k, e, groups, seg)));
+        float s1 = 0.0f, s2;
+        if (centred) {
+            TL_NORM_REDUCE(s1, m, 0.0f, AddOp(), TL_GH(tl_norm_index(k, e, groups, seg)));
+        }
         TL_NORM_REDUCE(s2, m, 0.0f, AddOp(),
                        TL_GH(tl_norm_index(k, e, groups, seg)) *
                            (tl_norm_centre(x[tl_norm_index(k, e, groups, seg)], x0, mean) * rstd));
@@ -204,18 +248,20 @@ extern "C" __global__ void tl_norm_bwd_x(const float* x, const float* stats, con
         for (u32 e = threadIdx.x; e < m; e += TL_BLOCK) {
             const u64 i = tl_norm_index(k, e, groups, seg);
             const float h = tl_norm_centre(x[i], x0, mean) * rstd;
-            dx[i] = c * (mf * g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)] - s1 -
-                         h * s2);
+            const float t = mf * g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)];
+            dx[i] = c * ((centred ? t - s1 : t) - h * s2);
         }
 #undef TL_GH
     }
 }
 
 // dgamma[f] = sum g * xhat, dbeta[f] = sum g over the elements of entry f, one thread per entry
-// accumulating in increasing index order (the fixed order in every mode; no atomics).
+// accumulating in increasing index order (the fixed order in every mode; no atomics). Where not
+// centred xhat = x * rstd; dbeta is written all the same (rmsNorm's tape releases it).
 extern "C" __global__ void tl_norm_bwd_affine(const float* x, const float* stats, const float* g,
                                               float* dgamma, float* dbeta, u64 features,
-                                              u32 outer, u32 groups, u32 seg, u32 per_column) {
+                                              u32 outer, u32 groups, u32 seg, u32 per_column,
+                                              u32 centred) {
     TL_GRID_STRIDE(f, features) {
         float ag = 0.0f, ab = 0.0f;
         if (per_column) {
@@ -223,18 +269,20 @@ extern "C" __global__ void tl_norm_bwd_affine(const float* x, const float* stats
             for (u32 r = 0; r < rows; ++r) {
                 const u64 i = (u64)r * seg + f;
                 const u32 k = r % groups;
-                const float h =
-                    tl_norm_centre(x[i], x[(u64)k * seg], stats[k]) * stats[groups + k];
+                const float h = tl_norm_centre(x[i], tl_norm_kept_shift(x, k, seg, centred),
+                                               tl_norm_kept_mean(stats, k, centred)) *
+                                stats[groups + k];
                 ab = ab + g[i];
                 ag = ag + g[i] * h;
             }
         } else {
             const u32 m = outer * seg;
             const u32 k = (u32)f;
-            const float x0 = tl_norm_shift(x, k, m, seg);
+            const float x0 = tl_norm_shift(x, k, m, seg, centred);
+            const float d = tl_norm_kept_mean(stats, k, centred);
             for (u32 e = 0; e < m; ++e) {
                 const u64 i = tl_norm_index(k, e, groups, seg);
-                const float h = tl_norm_centre(x[i], x0, stats[k]) * stats[groups + k];
+                const float h = tl_norm_centre(x[i], x0, d) * stats[groups + k];
                 ab = ab + g[i];
                 ag = ag + g[i] * h;
             }
@@ -250,7 +298,7 @@ extern "C" __global__ void tl_norm_bwd_affine(const float* x, const float* stats
 extern "C" __global__ void tl_norm_bwd_affine_block(const float* x, const float* stats,
                                                     const float* g, float* dgamma, float* dbeta,
                                                     u64 features, u32 outer, u32 groups, u32 seg,
-                                                    u32 per_column) {
+                                                    u32 per_column, u32 centred) {
     __shared__ float smem[33];
     const u32 len = per_column ? outer * groups : outer * seg;
     for (u64 f = blockIdx.x; f < features; f += gridDim.x) {
@@ -258,8 +306,9 @@ extern "C" __global__ void tl_norm_bwd_affine_block(const float* x, const float*
         for (u32 e = threadIdx.x; e < len; e += TL_BLOCK) {
             const u64 i = per_column ? (u64)e * seg + f : tl_norm_index((u32)f, e, groups, seg);
             const u32 k = (u32)((i / seg) % groups);
-            const float h =
-                tl_norm_centre(x[i], x[(u64)k * seg], stats[k]) * stats[groups + k];
+            const float h = tl_norm_centre(x[i], tl_norm_kept_shift(x, k, seg, centred),
+                                           tl_norm_kept_mean(stats, k, centred)) *
+                            stats[groups + k];
             ab = ab + g[i];
             ag = ag + g[i] * h;
         }

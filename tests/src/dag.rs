@@ -384,7 +384,10 @@ impl Dag {
                 let x = if rank == 0 { self.as_rank(x, 1) } else { x };
                 let d = Shape::new(&[*self.shape(x).dims().last().expect("rank ≥ 1")]);
                 let (g, b) = (self.adapt(y, &d), self.adapt(z, &d));
-                self.add(Op::LayerNorm { eps: 0.05 }, &[x, g, b]);
+                match p % 2 {
+                    0 => self.add(Op::LayerNorm { eps: 0.05 }, &[x, g, b]),
+                    _ => self.add(Op::RmsNorm { eps: 0.05 }, &[x, g]),
+                };
             }
             37 => {
                 // (a, b, c) → batched (a, b, c, 1) when p is odd; (r, c) → (r, c, 1).

@@ -127,6 +127,7 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | ScatterAddVec { .. }
         | ScatterAddRow { .. }
         | LayerNorm { .. }
+        | RmsNorm { .. }
         | BatchNorm { .. }
         | BatchMoments
         | MaskedSoftmax { .. }

@@ -309,6 +309,7 @@ registry! {
     Op::ScatterAddVec { .. } => entry("scatterAddVec", |z| scatter_add(z, false)),
     Op::ScatterAddRow { .. } => entry("scatterAddRow", |z| scatter_add(z, true)),
     Op::LayerNorm { .. } => entry("layerNorm", layer_norm),
+    Op::RmsNorm { .. } => entry("rmsNorm", rms_norm),
     Op::BatchNorm { .. } => entry("batchnormChannelFirst", batch_norm),
     Op::BatchMoments => entry("batchMoments", batch_moments),
     Op::MaskedSoftmax { .. } => entry("maskedSoftmax", masked_softmax),

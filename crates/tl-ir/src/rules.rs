@@ -29,10 +29,12 @@ fn arity_check(op: &Op, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The normalization groups of a norm op on `x` (rows for `layerNorm`, channels otherwise).
+/// The normalization groups of a norm op on `x` (rows for `layerNorm` and `rmsNorm`, channels
+/// otherwise).
 fn groups<T: Scalar>(op: &Op, x: &Tensor<T>) -> Groups {
     match op {
         Op::LayerNorm { .. } => Groups::layer(x.shape()),
+        Op::RmsNorm { .. } => Groups::rms(x.shape()),
         _ => Groups::channels(x.shape()),
     }
 }
@@ -109,6 +111,7 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         }
         crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } => norm::layer_norm(x[0], x[1], x[2], T::lit(*eps)),
+        RmsNorm { eps } => norm::rms_norm(x[0], x[1], T::lit(*eps)),
         BatchNorm { eps } => norm::batch_norm(x[0], x[1], x[2], T::lit(*eps)),
         BatchMoments => norm::batch_moments(x[0]),
         MaskedSoftmax { mask } => att::masked_softmax(x[0], mask),
@@ -224,8 +227,12 @@ pub fn vjp<T: Scalar>(
         }
         crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } | BatchNorm { eps } => {
-            norm::normalize_vjp(groups(op, x[0]), x[0], x[1], x[2], T::lit(*eps), g)
-                .map(|(dx, dg, db)| vec![Some(dx), Some(dg), Some(db)])
+            norm::normalize_vjp(groups(op, x[0]), x[0], x[1], true, T::lit(*eps), g)
+                .map(|(dx, dg, db)| vec![Some(dx), Some(dg), db])
+        }
+        RmsNorm { eps } => {
+            norm::normalize_vjp(groups(op, x[0]), x[0], x[1], false, T::lit(*eps), g)
+                .map(|(dx, dg, _)| vec![Some(dx), Some(dg)])
         }
         BatchMoments => one(norm::batch_moments_vjp(x[0], g)),
         MaskedSoftmax { mask } => one(att::masked_softmax_vjp(x[0], mask, g)),
@@ -329,8 +336,17 @@ pub fn jvp<T: Scalar>(
         crate::gather_ops!() => Err(gathers_dispatch_first(op)),
         LayerNorm { eps } | BatchNorm { eps } => {
             let gr = groups(op, x[0]);
-            norm::normalize_jvp(gr, x[0], x[1], T::lit(*eps), dx[0], dx[1], dx[2])
+            norm::normalize_jvp(gr, x[0], x[1], T::lit(*eps), dx[0], dx[1], Some(dx[2]))
         }
+        RmsNorm { eps } => norm::normalize_jvp(
+            groups(op, x[0]),
+            x[0],
+            x[1],
+            T::lit(*eps),
+            dx[0],
+            dx[1],
+            None,
+        ),
         BatchMoments => norm::batch_moments_jvp(x[0], dx[0]),
         MaskedSoftmax { mask } => att::masked_softmax_jvp(x[0], mask, dx[0]),
         // Forward mode through the composition of primitive ops (`compose`).

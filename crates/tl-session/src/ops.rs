@@ -243,6 +243,8 @@ pub trait Ops {
         fn smooth_max_pool[x](kernel: Vec<usize>, stride: Vec<usize>, padding: Vec<usize>, beta: f64) => Op::SmoothMaxPool { kernel, stride, padding, beta };
         /// Layer norm over the last axis. PyTorch: `F.layer_norm(x, (D,), γ, β, eps)`.
         fn layer_norm[x, gamma, beta](eps: f64) => Op::LayerNorm { eps };
+        /// RMS norm over the last axis, `x/√(mean(x²) + ε)·γ`. PyTorch: `F.rms_norm(x, (D,), γ, eps)`.
+        fn rms_norm[x, gamma](eps: f64) => Op::RmsNorm { eps };
         /// Batch norm with batch statistics, (C,H,W) or (N,C,H,W). PyTorch: `F.batch_norm(training=True)`.
         fn batchnorm_channel_first[x, gamma, beta](eps: f64) => Op::BatchNorm { eps };
         /// Per-channel batch mean (row 0) and biased variance (row 1) of (C,H,W) or

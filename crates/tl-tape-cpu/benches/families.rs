@@ -185,7 +185,14 @@ fn norm_attention(c: &mut Criterion) {
         "norm",
         "layerNorm 512x256",
         Op::LayerNorm { eps: 1e-5 },
-        vec![x, gamma, beta],
+        vec![x.clone(), gamma.clone(), beta],
+    );
+    case(
+        c,
+        "norm",
+        "rmsNorm 512x256",
+        Op::RmsNorm { eps: 1e-5 },
+        vec![x, gamma],
     );
     // The ResNet's block shape: 32 images of 64 channels of 16×16.
     let x = filled(&[32, 64, 16, 16], 30, 1.0);

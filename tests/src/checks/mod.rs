@@ -66,7 +66,8 @@ pub fn graph_cases(cases: BoxedStrategy<crate::OpCase>) -> BoxedStrategy<GraphCa
 /// `sum`/`mseLoss`, the axis for `reduceSum`/`reduceMean`, the largest dim of either operand for
 /// matrix products (forward over the inner dim, backward over the outer ones), the row for
 /// softmax, masked softmax and cross-entropy, the expansion factor for `broadcastTo` (its
-/// backward sums), the normalized row and the rows for layerNorm (γ's gradient sums over rows),
+/// backward sums), the normalized row and the rows for layerNorm and rmsNorm (γ's gradient sums
+/// over rows),
 /// every element for batchNorm and spectral conv (an upper bound), the largest dim of any
 /// operand for attention, the kernel volume for pools, and for conv/convTranspose the weight's
 /// fan-in either way and the input's size (the weight gradient sums over batch and positions).
@@ -87,7 +88,7 @@ pub fn reduction_len(graph: &GraphData) -> usize {
             Op::Softmax | Op::LogSoftmax => dims(0).last().copied().unwrap_or(1),
             Op::BroadcastTo(to) => to.numel() / numel(0).max(1),
             Op::MaskedSoftmax { .. } | Op::CrossEntropy { .. } => last(0),
-            Op::LayerNorm { .. } => last(0).max(numel(0) / last(0).max(1)),
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } => last(0).max(numel(0) / last(0).max(1)),
             Op::BatchNorm { .. } | Op::BatchMoments => numel(0),
             Op::SpectralConv1dRfft { .. } => (0..node.args().len()).map(numel).max().unwrap_or(1),
             Op::MultiHeadAttention { .. } => largest(),

@@ -1,5 +1,5 @@
-//! Case generators for the normalization family: `layerNorm`, `batchnormChannelFirst` and
-//! `batchMoments`.
+//! Case generators for the normalization family: `layerNorm`, `rmsNorm`,
+//! `batchnormChannelFirst` and `batchMoments`.
 //!
 //! Normalized values are spread out on purpose: within each group the elements are a
 //! permutation of evenly spaced levels (1 apart) plus a perturbation of at most
@@ -51,6 +51,21 @@ pub fn layer_norm(z: Size) -> BoxedStrategy<OpCase> {
             let d = g.numel();
             let x = spread(x, |i| (i / d, i % d, d));
             OpCase::new(Op::LayerNorm { eps }, vec![x, g, b])
+        })
+        .boxed()
+}
+
+/// `rmsNorm(x, γ)`: x as [`layer_norm`]'s (each row a permutation of levels 1 apart, jittered),
+/// moved by an offset of magnitude 0.5–2 so that every row's mean square is at least ~0.04 (a
+/// row of one element included), where finite differences are well posed.
+pub fn rms_norm(z: Size) -> BoxedStrategy<OpCase> {
+    (layer_norm(z), prop_oneof![-2.0f64..=-0.5, 0.5f64..=2.0])
+        .prop_map(|(case, offset)| {
+            let Op::LayerNorm { eps } = case.op else {
+                unreachable!("layer_norm draws layerNorm cases")
+            };
+            let x = case.inputs[0].map(|v| v + offset);
+            OpCase::new(Op::RmsNorm { eps }, vec![x, case.inputs[1].clone()])
         })
         .boxed()
 }

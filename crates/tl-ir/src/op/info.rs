@@ -65,6 +65,7 @@ impl Op {
             ScatterAddVec { .. } => "scatterAddVec",
             ScatterAddRow { .. } => "scatterAddRow",
             LayerNorm { .. } => "layerNorm",
+            RmsNorm { .. } => "rmsNorm",
             BatchNorm { .. } => "batchnormChannelFirst",
             BatchMoments => "batchMoments",
             MaskedSoftmax { .. } => "maskedSoftmax",
@@ -126,7 +127,7 @@ impl Op {
             Softmax | LogSoftmax => Family::Softmax,
             MseLoss | CrossEntropy { .. } => Family::Loss,
             crate::gather_ops!() | ScatterAddVec { .. } | ScatterAddRow { .. } => Family::Index,
-            LayerNorm { .. } | BatchNorm { .. } | BatchMoments => Family::Norm,
+            LayerNorm { .. } | RmsNorm { .. } | BatchNorm { .. } | BatchMoments => Family::Norm,
             MaskedSoftmax { .. } | MultiHeadAttention { .. } => Family::Attention,
             Conv { .. } | ConvTranspose { .. } => Family::Conv,
             MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => Family::Pool,
@@ -142,6 +143,7 @@ impl Op {
         match self {
             Constant(_) | RandUniform { .. } | BernoulliMask { .. } => 0,
             Add | Sub | Mul | Div | Max | Min | Matmul | Bmm | MseLoss | Concat => 2,
+            RmsNorm { .. } => 2,
             GatherIndexTensor | ScatterAddVec { .. } | ScatterAddRow { .. } => 2,
             Linear
             | LayerNorm { .. }

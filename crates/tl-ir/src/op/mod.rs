@@ -272,6 +272,13 @@ pub enum Op {
         /// ε > 0, finite.
         eps: f64,
     },
+    /// `(x, γ) ↦ x/sqrt(mean(x²)+ε)·γ` over the last axis, x of any rank ≥ 1, γ (D): layer
+    /// norm without centring or β. PyTorch: `F.rms_norm(x, (D,), γ, eps)` (its default ε,
+    /// `None`, is the dtype's machine epsilon; tl-nn's `RmsNorm` passes that).
+    RmsNorm {
+        /// ε > 0, finite.
+        eps: f64,
+    },
     /// `(x, γ, β)` with x (C, H, W) or (N, C, H, W): per-channel batch statistics over N·H·W,
     /// biased variance, no running statistics. PyTorch: `F.batch_norm(x, None, None, γ, β,
     /// training=True, eps=eps)`.
@@ -482,6 +489,7 @@ impl fmt::Debug for Op {
                 write!(f, "{}(at={at}, k={k})", self.name())
             }
             LayerNorm { eps } => write!(f, "layerNorm(eps={eps})"),
+            RmsNorm { eps } => write!(f, "rmsNorm(eps={eps})"),
             BatchNorm { eps } => write!(f, "batchnormChannelFirst(eps={eps})"),
             BatchMoments => f.write_str("batchMoments"),
             MaskedSoftmax { mask } => write!(f, "maskedSoftmax({mask:?})"),

@@ -75,6 +75,9 @@ impl Op {
             ScatterAddRow { index } => index::scatter_add_row_shape(s[0], s[1], *index),
             LayerNorm { eps } => norm::norm_params(self.name(), *eps)
                 .and_then(|()| norm::layer_norm_shape(s[0], s[1], s[2])),
+            RmsNorm { eps } => {
+                norm::norm_params(self.name(), *eps).and_then(|()| norm::rms_norm_shape(s[0], s[1]))
+            }
             BatchNorm { eps } => norm::norm_params(self.name(), *eps)
                 .and_then(|()| norm::batch_norm_shape(s[0], s[1], s[2])),
             BatchMoments => norm::batch_moments_shape(s[0]),

@@ -185,6 +185,7 @@ fn op() -> impl Strategy<Value = Op> {
             Op::LeakyRelu { negative_slope: a },
             Op::Elu { alpha: b },
             Op::LayerNorm { eps: a },
+            Op::RmsNorm { eps: a },
             Op::BatchNorm { eps: a },
             Op::Dropout {
                 keep: a,

@@ -1,14 +1,18 @@
-//! Layer normalization and channel-first batch normalization.
+//! Layer normalization, channel-first batch normalization and RMS normalization.
 //!
-//! Both normalize groups of elements to zero mean and unit variance and then apply a per-feature
-//! affine map `y = x̂·γ + β`, with `x̂ = (x − μ)/sqrt(var + ε)`, the biased (population)
-//! variance computed in two passes (mean first, then squared deviations) and clamped at ≥ 0.
-//! They differ only in which elements form a group and which γ/β entry an element uses:
+//! The first two normalize groups of elements to zero mean and unit variance and then apply a
+//! per-feature affine map `y = x̂·γ + β`, with `x̂ = (x − μ)/sqrt(var + ε)`, the biased
+//! (population) variance computed in two passes (mean first, then squared deviations) and
+//! clamped at ≥ 0. They differ only in which elements form a group and which γ/β entry an
+//! element uses:
 //!
 //! - `layerNorm`: x of any rank ≥ 1; a group is one row of the last axis (length D), γ and β
 //!   are (D) and indexed by the column.
 //! - `batchnormChannelFirst`: x (C, H, W) or batched (N, C, H, W); a group is one channel over
 //!   H·W (times N when batched), γ and β are (C) and indexed by the channel.
+//!
+//! `rmsNorm` groups as `layerNorm` does but does not centre: `x̂ = x/sqrt(mean(x²) + ε)`, the
+//! map `y = x̂·γ` (no β). It is the same rules with μ = 0 and no β term.
 //!
 //! So the reference value, VJP and JVP are written once over a [`Groups`] description.
 
@@ -56,6 +60,28 @@ pub fn layer_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape>
     Ok(x.clone())
 }
 
+/// Shape rule of `rmsNorm(x, gamma)`: x of rank ≥ 1 with a non-empty last axis D, gamma (D);
+/// output shaped like x.
+pub fn rms_norm_shape(x: &Shape, gamma: &Shape) -> Result<Shape> {
+    let op = "rmsNorm";
+    let Some(&d) = x.dims().last() else {
+        return Err(Error::shape(op, format!("x must have rank ≥ 1, got {x}")));
+    };
+    if d == 0 {
+        return Err(Error::shape(
+            op,
+            format!("the normalized (last) axis must be non-empty, got x {x}"),
+        ));
+    }
+    if gamma.dims() != [d] {
+        return Err(Error::shape(
+            op,
+            format!("gamma must be ({d}) for x {x}, got {gamma}"),
+        ));
+    }
+    Ok(x.clone())
+}
+
 /// Shape rule of `batchnormChannelFirst(x, gamma, beta)`: x (C, H, W) or (N, C, H, W) with
 /// N·H·W > 0, gamma and beta (C); output shaped like x.
 pub fn batch_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape> {
@@ -97,11 +123,14 @@ fn channel_dims(op: &'static str, x: &Shape) -> Result<usize> {
 }
 
 /// Which elements are normalized together: element `i` lies in group `group(i)` and uses
-/// γ/β entry `group`'s feature `feature(i)`.
+/// γ/β entry `group`'s feature `feature(i)`; and whether each group is centred on its mean
+/// (`layerNorm`, `batchnormChannelFirst`) or not (`rmsNorm`: μ = 0).
 #[derive(Debug, Clone, Copy)]
 pub struct Groups {
-    /// Rows of the last axis (layer norm) or channels (batch norm).
+    /// Rows of the last axis (layer and RMS norm) or channels (batch norm).
     kind: Kind,
+    /// Whether μ is the group's mean (else 0).
+    centred: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -117,6 +146,15 @@ impl Groups {
             kind: Kind::Rows {
                 d: x.rows_cols().1.max(1),
             },
+            centred: true,
+        }
+    }
+
+    /// The groups of `rmsNorm` on x (rank ≥ 1): the rows of [`Groups::layer`], not centred.
+    pub fn rms(x: &Shape) -> Groups {
+        Groups {
+            centred: false,
+            ..Groups::layer(x)
         }
     }
 
@@ -135,6 +173,7 @@ impl Groups {
                 c: c.max(1),
                 hw: hw.max(1),
             },
+            centred: true,
         }
     }
 
@@ -157,7 +196,8 @@ impl Groups {
     }
 }
 
-/// Per-group mean and 1/sqrt(var + ε), and x̂ per element.
+/// Per-group mean (0 where not centred) and 1/sqrt(var + ε), and x̂ per element; `var` is
+/// `mean((x − μ)²)`.
 struct Stats<T> {
     mean: Vec<T>,
     rstd: Vec<T>,
@@ -175,7 +215,10 @@ fn stats<T: Scalar>(x: &Tensor<T>, gr: Groups, eps: T) -> Result<Stats<T>> {
         cnt[g] += 1;
     }
     let count: Vec<T> = cnt.iter().map(|&c| T::lit(c.max(1) as f64)).collect();
-    let mean: Vec<T> = sum.iter().zip(&count).map(|(&s, &c)| s / c).collect();
+    let mean: Vec<T> = match gr.centred {
+        true => sum.iter().zip(&count).map(|(&s, &c)| s / c).collect(),
+        false => vec![T::zero(); ng],
+    };
     let mut sq = vec![T::zero(); ng];
     for (i, &v) in x.data().iter().enumerate() {
         let (g, _) = gr.of(i);
@@ -199,18 +242,19 @@ fn stats<T: Scalar>(x: &Tensor<T>, gr: Groups, eps: T) -> Result<Stats<T>> {
     })
 }
 
-/// `(x − μ)/sqrt(var + ε)·γ + β` over the groups `gr`.
+/// `(x − μ)/sqrt(var + ε)·γ + β` over the groups `gr` (β absent for `rmsNorm`).
 pub fn normalize<T: Scalar>(
     gr: Groups,
     x: &Tensor<T>,
     gamma: &Tensor<T>,
-    beta: &Tensor<T>,
+    beta: Option<&Tensor<T>>,
     eps: T,
 ) -> Result<Tensor<T>> {
     let st = stats(x, gr, eps)?;
     let y = (st.xhat.iter().enumerate()).map(|(i, &h)| {
         let (_, f) = gr.of(i);
-        h * gamma.data()[f] + beta.data()[f]
+        let y = h * gamma.data()[f];
+        beta.map_or(y, |b| y + b.data()[f])
     });
     Tensor::new(
         x.shape().clone(),
@@ -218,21 +262,26 @@ pub fn normalize<T: Scalar>(
     )
 }
 
+/// The cotangents `(dx, dγ, dβ)` of a normalization, dβ absent where it has no β.
+pub type NormGrads<T> = (Tensor<T>, Tensor<T>, Option<Tensor<T>>);
+
 /// VJP of [`normalize`]: `(dx, dγ, dβ)` with `dβ = Σ g`, `dγ = Σ g·x̂` (per feature) and, per
-/// group of m elements, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂ Σ ĝ·x̂)` where `ĝ = g·γ`.
+/// group of m elements, `dx = rstd/m · (m·ĝ − Σ ĝ − x̂ Σ ĝ·x̂)` where `ĝ = g·γ`. Not centred
+/// (`rmsNorm`): `dx = rstd/m · (m·ĝ − x̂ Σ ĝ·x̂)` (μ = 0 takes no gradient), and no dβ
+/// (`has_beta` false).
 pub fn normalize_vjp<T: Scalar>(
     gr: Groups,
     x: &Tensor<T>,
     gamma: &Tensor<T>,
-    beta: &Tensor<T>,
+    has_beta: bool,
     eps: T,
     g: &Tensor<T>,
-) -> Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
+) -> Result<NormGrads<T>> {
     same_shape("normalize", x, g)?;
     let st = stats(x, gr, eps)?;
     let ng = st.mean.len();
     let mut dgamma = vec![T::zero(); gamma.numel()];
-    let mut dbeta = vec![T::zero(); beta.numel()];
+    let mut dbeta = vec![T::zero(); gamma.numel()];
     let (mut s1, mut s2) = (vec![T::zero(); ng], vec![T::zero(); ng]);
     for (i, (&gi, &h)) in g.data().iter().zip(&st.xhat).enumerate() {
         let (grp, f) = gr.of(i);
@@ -245,18 +294,24 @@ pub fn normalize_vjp<T: Scalar>(
     let dx = (g.data().iter().zip(&st.xhat).enumerate()).map(|(i, (&gi, &h))| {
         let (grp, f) = gr.of(i);
         let m = st.count[grp];
-        st.rstd[grp] / m * (m * gi * gamma.data()[f] - s1[grp] - h * s2[grp])
+        let mean_term = if gr.centred { s1[grp] } else { T::zero() };
+        st.rstd[grp] / m * (m * gi * gamma.data()[f] - mean_term - h * s2[grp])
     });
     let dx = try_collect("normalize", "gradient", x.numel(), dx)?;
+    let dbeta = match has_beta {
+        true => Some(Tensor::new(gamma.shape().clone(), dbeta)?),
+        false => None,
+    };
     Ok((
         Tensor::new(x.shape().clone(), dx)?,
         Tensor::new(gamma.shape().clone(), dgamma)?,
-        Tensor::new(beta.shape().clone(), dbeta)?,
+        dbeta,
     ))
 }
 
 /// JVP of [`normalize`]: `dy = dx̂·γ + x̂·dγ + dβ` with, per group,
-/// `dx̂ = rstd·(dx − mean(dx) − x̂·rstd·mean((x−μ)·dx))`.
+/// `dx̂ = rstd·(dx − mean(dx) − x̂·rstd·mean((x−μ)·dx))`; not centred (`rmsNorm`, no dβ):
+/// `dx̂ = rstd·(dx − x̂·rstd·mean(x·dx))`.
 #[allow(clippy::too_many_arguments)]
 pub fn normalize_jvp<T: Scalar>(
     gr: Groups,
@@ -265,7 +320,7 @@ pub fn normalize_jvp<T: Scalar>(
     eps: T,
     dx: &Tensor<T>,
     dgamma: &Tensor<T>,
-    dbeta: &Tensor<T>,
+    dbeta: Option<&Tensor<T>>,
 ) -> Result<Tensor<T>> {
     same_shape("normalize", x, dx)?;
     let st = stats(x, gr, eps)?;
@@ -273,14 +328,17 @@ pub fn normalize_jvp<T: Scalar>(
     let (mut dmean, mut cov) = (vec![T::zero(); ng], vec![T::zero(); ng]);
     for (i, (&v, &d)) in x.data().iter().zip(dx.data()).enumerate() {
         let (grp, _) = gr.of(i);
-        dmean[grp] += d / st.count[grp];
+        if gr.centred {
+            dmean[grp] += d / st.count[grp];
+        }
         cov[grp] += (v - st.mean[grp]) * d / st.count[grp];
     }
     let dy = (dx.data().iter().zip(&st.xhat).enumerate()).map(|(i, (&d, &h))| {
         let (grp, f) = gr.of(i);
         let r = st.rstd[grp];
         let dh = r * (d - dmean[grp] - h * r * cov[grp]);
-        dh * gamma.data()[f] + h * dgamma.data()[f] + dbeta.data()[f]
+        let dy = dh * gamma.data()[f] + h * dgamma.data()[f];
+        dbeta.map_or(dy, |b| dy + b.data()[f])
     });
     Tensor::new(
         x.shape().clone(),
@@ -297,7 +355,14 @@ pub fn layer_norm<T: Scalar>(
     eps: T,
 ) -> Result<Tensor<T>> {
     layer_norm_shape(x.shape(), gamma.shape(), beta.shape())?;
-    normalize(Groups::layer(x.shape()), x, gamma, beta, eps)
+    normalize(Groups::layer(x.shape()), x, gamma, Some(beta), eps)
+}
+
+/// `rmsNorm` over the last axis: `x/sqrt(mean(x²) + ε)·γ`. PyTorch: `F.rms_norm(x, (D,),
+/// gamma, eps)` (whose default ε, `None`, is the dtype's machine epsilon).
+pub fn rms_norm<T: Scalar>(x: &Tensor<T>, gamma: &Tensor<T>, eps: T) -> Result<Tensor<T>> {
+    rms_norm_shape(x.shape(), gamma.shape())?;
+    normalize(Groups::rms(x.shape()), x, gamma, None, eps)
 }
 
 /// `batchnormChannelFirst` with batch statistics. PyTorch: `F.batch_norm(x, None, None, gamma,
@@ -309,7 +374,7 @@ pub fn batch_norm<T: Scalar>(
     eps: T,
 ) -> Result<Tensor<T>> {
     batch_norm_shape(x.shape(), gamma.shape(), beta.shape())?;
-    normalize(Groups::channels(x.shape()), x, gamma, beta, eps)
+    normalize(Groups::channels(x.shape()), x, gamma, Some(beta), eps)
 }
 
 /// `batchMoments`: the per-channel batch mean and biased (population) variance of x (C, H, W)
@@ -468,12 +533,66 @@ mod tests {
     }
 
     #[test]
+    fn an_rms_row_by_hand() {
+        // Row [1, 2, 2, 4]: mean(x²) = (1 + 4 + 4 + 16)/4 = 6.25, r = 1/√(6.25 + ε).
+        let x = Tensor::<f64>::new([1, 4], vec![1.0, 2.0, 2.0, 4.0]).unwrap();
+        let g = Tensor::vector(vec![1.0, 2.0, -1.0, 0.5]);
+        let eps = 1e-6;
+        let y = rms_norm(&x, &g, eps).unwrap();
+        let r = 1.0 / (6.25f64 + eps).sqrt();
+        let want = [r, 4.0 * r, -2.0 * r, 2.0 * r];
+        for (a, w) in y.data().iter().zip(want) {
+            assert!((a - w).abs() < 1e-12, "{a} vs {w}");
+        }
+        // VJP against central differences of Σ c·y, and no dβ.
+        let c = Tensor::<f64>::new([1, 4], vec![0.3, -1.0, 0.7, 2.0]).unwrap();
+        let gr = Groups::rms(x.shape());
+        let (dx, dg, db) = normalize_vjp(gr, &x, &g, false, eps, &c).unwrap();
+        assert!(db.is_none());
+        let f = |x: &Tensor<f64>, g: &Tensor<f64>| -> f64 {
+            let y = rms_norm(x, g, eps).unwrap();
+            y.data().iter().zip(c.data()).map(|(a, b)| a * b).sum()
+        };
+        let h = 1e-6;
+        for i in 0..4 {
+            let mut xp = x.data().to_vec();
+            let mut xm = xp.clone();
+            (xp[i], xm[i]) = (xp[i] + h, xm[i] - h);
+            let (xp, xm) = (
+                Tensor::new([1, 4], xp).unwrap(),
+                Tensor::new([1, 4], xm).unwrap(),
+            );
+            let fd = (f(&xp, &g) - f(&xm, &g)) / (2.0 * h);
+            assert!(
+                (dx.data()[i] - fd).abs() < 1e-7,
+                "dx[{i}] {} vs {fd}",
+                dx.data()[i]
+            );
+            // dγ_i = c_i·x̂_i.
+            assert!((dg.data()[i] - c.data()[i] * x.data()[i] * r).abs() < 1e-12);
+        }
+        // JVP along dx = c (dγ = 0) equals ⟨VJP, c⟩ paired with the VJP of the same cotangent.
+        let zero = Tensor::vector(vec![0.0; 4]);
+        let t = normalize_jvp(gr, &x, &g, eps, &c, &zero, None).unwrap();
+        let lhs: f64 = t.data().iter().zip(c.data()).map(|(a, b)| a * b).sum();
+        let rhs: f64 = dx.data().iter().zip(c.data()).map(|(a, b)| a * b).sum();
+        assert!((lhs - rhs).abs() < 1e-12, "{lhs} vs {rhs}");
+    }
+
+    #[test]
     fn bad_params_and_shapes_are_errors() {
         assert!(norm_params("layerNorm", 0.0).is_err());
         assert!(norm_params("layerNorm", f64::NAN).is_err());
         let s = |d: &[usize]| Shape::new(d);
         assert!(layer_norm_shape(&s(&[2, 0]), &s(&[0]), &s(&[0])).is_err());
         assert!(layer_norm_shape(&s(&[2, 3]), &s(&[2]), &s(&[3])).is_err());
+        assert!(rms_norm_shape(&s(&[2, 3]), &s(&[3])).is_ok());
+        let e = rms_norm_shape(&s(&[2, 3]), &s(&[2]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rmsNorm") && e.contains("[2, 3]"), "{e}");
+        assert!(rms_norm_shape(&s(&[2, 0]), &s(&[0])).is_err());
+        assert!(rms_norm_shape(&s(&[]), &s(&[1])).is_err());
         assert!(batch_norm_shape(&s(&[2, 0, 3]), &s(&[2]), &s(&[2])).is_err());
         assert!(batch_norm_shape(&s(&[2, 3]), &s(&[2]), &s(&[2])).is_err());
         assert!(batch_norm_shape(&s(&[4, 2, 1, 3]), &s(&[2]), &s(&[2])).is_ok());

@@ -1,4 +1,5 @@
-//! `layerNorm` and `batchnormChannelFirst`, forward and backward, two passes per group.
+//! `layerNorm`, `rmsNorm` and `batchnormChannelFirst`, forward and backward, two passes per
+//! group (one for `rmsNorm`).
 //!
 //! Per group (a row of the last axis for layer norm; a channel over N·H·W for batch norm), the
 //! statistics of the group shifted by its first element x₀ (`Centre`): pass 1 the mean
@@ -12,6 +13,11 @@
 //! them again (same bits). Each runs as one kernel each way inside [`crate::simd::vectorize`]
 //! (layer norm's `rows`, batch norm's `channels`), every sum in eight lanes per segment
 //! (`lanes`), the segments added in order.
+//!
+//! `rmsNorm` is layer norm's kernel without centring (`Layout::centred` false): x₀ = d̄ = 0, so
+//! pass 1 is skipped and `x̃ = x`, the "variance" is `Σ x²/m`; no β (`y = x·rstd·γ`), and the
+//! backward drops the `Σ ĝ` term: `dx = rstd/m · (m·ĝ − x̂·Σ ĝ·x̂)`, `dγ = Σ g·x̂`. Its kept
+//! statistics have layer norm's form (`[0, rstd₀, 0, rstd₁, …]`).
 //!
 //! `batchMoments` is the statistics alone: per channel the mean `x₀ + d̄` and the biased
 //! variance of the same two passes (`[μ…, var…]`, shaped (2, C)), and the backward
@@ -31,28 +37,31 @@ struct Layout {
     outer: usize,
     c: usize,
     seg: usize,
-    /// Layer norm (one group per row, γ/β indexed by column: [`rows`]); batch norm: one group
-    /// per channel, γ/β indexed by group ([`channels`]).
+    /// Layer and RMS norm (one group per row, γ/β indexed by column: [`rows`]); batch norm:
+    /// one group per channel, γ/β indexed by group ([`channels`]).
     per_column: bool,
+    /// Whether each group is centred on its mean and a β is added (not for `rmsNorm`).
+    centred: bool,
 }
 
 impl Layout {
     fn of<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Layout, T)> {
         check_arity(op, x)?;
-        let shapes = [x[0].shape(), x[1].shape(), x[2].shape()];
+        let shapes: Vec<_> = x.iter().map(|t| t.shape()).collect();
         op.infer_shape(&shapes).map_err(|e| match e {
             tl_ir::Error::Spec(s) => crate::Error::from(s),
             other => SpecError::shape(op.name(), other.to_string()).into(),
         })?;
         let d = x[0].shape().dims();
         match *op {
-            Op::LayerNorm { eps } => {
+            Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
                 let (rows, cols) = x[0].shape().rows_cols();
                 let l = Layout {
                     outer: 1,
                     c: rows,
                     seg: cols,
                     per_column: true,
+                    centred: matches!(op, Op::LayerNorm { .. }),
                 };
                 Ok((l, T::lit(eps)))
             }
@@ -64,6 +73,7 @@ impl Layout {
                     c: d[r - 3],
                     seg: d[r - 2] * d[r - 1],
                     per_column: false,
+                    centred: true,
                 };
                 Ok((l, T::lit(eps)))
             }
@@ -80,10 +90,11 @@ impl Layout {
         })
     }
 
-    /// Group k's shift x₀ ([`Centre`]): its first element, 0 for an empty group.
+    /// Group k's shift x₀ ([`Centre`]): its first element, 0 for an empty group or where not
+    /// centred.
     #[inline(always)]
     fn shift<T: Scalar>(&self, k: usize, x: &[T]) -> T {
-        if self.outer > 0 && self.seg > 0 {
+        if self.centred && self.outer > 0 && self.seg > 0 {
             x[k * self.seg]
         } else {
             T::zero()
@@ -157,9 +168,15 @@ fn rstd<T: Scalar>(var: T, eps: T) -> T {
 }
 
 /// Group k's centre ([`Centre`]): pass 1, `Σ (x − x₀)` of each segment in eight lanes, the
-/// segments added in order.
+/// segments added in order; x₀ = d̄ = 0 without pass 1 where not centred.
 #[inline(always)]
 fn centre<T: Scalar>(l: &Layout, k: usize, x: &[T]) -> Centre<T> {
+    if !l.centred {
+        return Centre {
+            shift: T::zero(),
+            shifted_mean: T::zero(),
+        };
+    }
     let shift = l.shift(k, x);
     let mut sum = T::zero();
     for r in l.segs(k) {
@@ -231,6 +248,7 @@ fn moments_layout<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Layout> {
         c: d[r - 3],
         seg: d[r - 2] * d[r - 1],
         per_column: false,
+        centred: true,
     })
 }
 
@@ -285,7 +303,8 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
         return Ok((moments_forward(op, x)?, Vec::new()));
     }
     let (l, eps) = Layout::of(op, x)?;
-    let (xs, gamma, beta) = (x[0].data(), x[1].data(), x[2].data());
+    let (xs, gamma) = (x[0].data(), x[1].data());
+    let beta = l.centred.then(|| x[2].data());
     let mut st = tl_spec::alloc::try_for_overwrite(op.name(), "workspace", 2 * l.c)?;
     let y = tl_spec::alloc::try_for_overwrite(op.name(), "output", xs.len())?;
     let k = Forward {
@@ -304,7 +323,7 @@ pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>
     Ok((tensor(x[0].shape().clone(), y)?, vec![st]))
 }
 
-/// Operand cotangents `(dx, dγ, dβ)` of a normalization op, reading each group's (d̄, rstd) from
+/// Operand cotangents `(dx, dγ, dβ)` of a normalization op (`(dx, dγ)` for `rmsNorm`), reading each group's (d̄, rstd) from
 /// `saved` ([`forward_saving`]); with `saved` empty it computes them again. The same bits either way; a list that does not fit is an
 /// error naming the op.
 pub fn backward_saved<T: Scalar>(
@@ -347,11 +366,16 @@ pub fn backward_saved<T: Scalar>(
         true => crate::simd::vectorize(Rows(k)),
         false => crate::simd::vectorize(Channels(k)),
     };
-    Ok(smallvec![
+    let mut grads = smallvec![
         Some(tensor(x[0].shape().clone(), dx)?),
         Some(tensor(x[1].shape().clone(), dgamma)?),
-        Some(tensor(x[2].shape().clone(), dbeta)?),
-    ])
+    ];
+    match l.centred {
+        true => grads.push(Some(tensor(x[2].shape().clone(), dbeta)?)),
+        // rmsNorm has no β: its Σ g is not a cotangent.
+        false => tl_spec::pool::give(dbeta),
+    }
+    Ok(grads)
 }
 
 /// A normalization's forward: the operands, the statistics it writes and its output, run as
@@ -360,7 +384,8 @@ struct Forward<'a, T> {
     l: Layout,
     x: &'a [T],
     gamma: &'a [T],
-    beta: &'a [T],
+    /// β, absent for `rmsNorm` (not centred).
+    beta: Option<&'a [T]>,
     eps: T,
     /// Each group's (d̄, rstd), written.
     stats: &'a mut [T],
@@ -378,7 +403,8 @@ struct Backward<'a, T> {
     eps: T,
     /// Each group's (d̄, rstd) as the forward kept them, or `None` (computed again).
     stats: Option<&'a [T]>,
-    /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros).
+    /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros; `rmsNorm`'s `dβ` is computed
+    /// and dropped).
     out: [Vec<T>; 3],
 }
 
@@ -438,8 +464,17 @@ mod rows {
             let (c, rstd) = stats_into(&k.l, r, k.x, &mut y, k.eps);
             st.copy_from_slice(&[c.shifted_mean, rstd]);
             let yr = &mut y[r * cols..(r + 1) * cols];
-            for ((o, &ga), &be) in yr.iter_mut().zip(k.gamma).zip(k.beta) {
-                *o = *o * rstd * ga + be;
+            match k.beta {
+                Some(beta) => {
+                    for ((o, &ga), &be) in yr.iter_mut().zip(k.gamma).zip(beta) {
+                        *o = *o * rstd * ga + be;
+                    }
+                }
+                None => {
+                    for (o, &ga) in yr.iter_mut().zip(k.gamma) {
+                        *o = *o * rstd * ga;
+                    }
+                }
             }
         }
         y
@@ -470,11 +505,17 @@ mod rows {
                 *db += gi;
                 *dg += gi * h;
             }
-            let s1 = lanes(gr, gamma, gr, |g, ga, _| g * ga);
             let s2 = lanes(gr, gamma, dr, |g, ga, h| g * ga * h);
             let scale = rstd / m;
-            for ((d, &gi), &ga) in dr.iter_mut().zip(gr).zip(gamma) {
-                *d = scale * (m * gi * ga - s1 - *d * s2);
+            if k.l.centred {
+                let s1 = lanes(gr, gamma, gr, |g, ga, _| g * ga);
+                for ((d, &gi), &ga) in dr.iter_mut().zip(gr).zip(gamma) {
+                    *d = scale * (m * gi * ga - s1 - *d * s2);
+                }
+            } else {
+                for ((d, &gi), &ga) in dr.iter_mut().zip(gr).zip(gamma) {
+                    *d = scale * (m * gi * ga - *d * s2);
+                }
             }
         }
         [dx, dgamma, dbeta]
@@ -492,10 +533,11 @@ mod channels {
     #[inline(always)]
     pub(super) fn forward<T: Scalar>(k: super::Forward<'_, T>) -> Vec<T> {
         let (l, x, mut y) = (k.l, k.x, k.y);
-        let (gamma, beta, eps) = (k.gamma, k.beta, k.eps);
+        let (gamma, beta, eps) = (k.gamma, k.beta.unwrap_or_default(), k.eps);
         for (k, st) in k.stats.chunks_exact_mut(2).enumerate() {
             let (c, rstd) = stats_into(&l, k, x, &mut y, eps);
             st.copy_from_slice(&[c.shifted_mean, rstd]);
+            // Batch norm is centred: β is present.
             let (ga, be) = (gamma[k], beta[k]);
             for r in l.segs(k) {
                 for o in &mut y[r] {

@@ -230,6 +230,8 @@ pub trait Launch: LaunchIndex {
     /// The work of [`Device::norm_forward`] where it is one launch
     /// ([`NormLayout::fused_forward`]; the other layouts take `launch_norm_stats` and
     /// `launch_norm_apply`); operands already validated by it — callers use `norm_forward`.
+    /// Where `l` is not [`centred`](NormLayout::centred), `beta` is a live stand-in (γ), never
+    /// read.
     fn launch_norm_forward(
         &mut self,
         x: Buffer,
@@ -239,7 +241,8 @@ pub trait Launch: LaunchIndex {
         eps: f32,
     ) -> Result<(Buffer, Buffer)>;
     /// The work of [`Device::norm_apply`]; operands already validated by it — callers
-    /// use `norm_apply`.
+    /// use `norm_apply`. Where `l` is not [`centred`](NormLayout::centred), `beta` is a live
+    /// stand-in (γ), never read.
     fn launch_norm_apply(
         &mut self,
         x: Buffer,

@@ -620,6 +620,8 @@ pub trait Device: Launch {
     /// read them centre x as `(x − x₀) − d̄`, x₀ read from x (the group's mean is `x₀ + d̄`; the
     /// shift keeps the centred values exact to the rounding of the group's spread, not of its
     /// mean). PyTorch: `torch.var_mean(x, unbiased=False)` per group (PyTorch keeps the mean).
+    /// Where `l` is not [`centred`](NormLayout::centred) (RMS norm) x₀ = d̄ = 0: no mean pass,
+    /// the d̄s are 0 and the variance is `Σ x²/m` (PyTorch: `x.pow(2).mean(-1)`).
     fn norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
         l.check_x("norm_stats", x)?;
         self.launch_norm_stats(x, l, eps)
@@ -687,38 +689,45 @@ pub trait Device: Launch {
         self.launch_running_inv_std(var, eps)
     }
     /// `y = ((x − x₀) − d̄)·rstd·γ + β` per element from [`norm_stats`](Self::norm_stats)'
-    /// output, x₀ the first element of the element's group.
+    /// output, x₀ the first element of the element's group; where `l` is not
+    /// [`centred`](NormLayout::centred) (RMS norm) `y = x·rstd·γ`, and `beta` must be `None`
+    /// (it must be `Some` for a centred layout; either mismatch is an error naming the
+    /// primitive).
     fn norm_apply(
         &mut self,
         x: Buffer,
         stats: Buffer,
         gamma: Buffer,
-        beta: Buffer,
+        beta: Option<Buffer>,
         l: NormLayout,
     ) -> Result<Buffer> {
         const OP: &str = "norm_apply";
         l.check_x(OP, x)?;
         l.check_stats(OP, stats)?;
         l.check_affine(OP, "gamma", gamma)?;
-        l.check_affine(OP, "beta", beta)?;
+        // Not centred: γ stands in for β, unread (the kernels take a live pointer).
+        let beta = l.check_beta(OP, gamma, beta)?;
         self.launch_norm_apply(x, stats, gamma, beta, l)
     }
     /// [`norm_stats`](Self::norm_stats) then [`norm_apply`](Self::norm_apply): `(y, stats)`,
     /// the bits of the two. One launch where the groups are short
     /// ([`NormLayout::fused_forward`]), two otherwise. PyTorch: `torch.native_layer_norm`
-    /// (the output with the saved mean and rstd).
+    /// (the output with the saved mean and rstd). `beta` as for `norm_apply`: `Some` exactly
+    /// where `l` is [`centred`](NormLayout::centred) (RMS norm: `None`; PyTorch:
+    /// `F.rms_norm`).
     fn norm_forward(
         &mut self,
         x: Buffer,
         gamma: Buffer,
-        beta: Buffer,
+        beta: Option<Buffer>,
         l: NormLayout,
         eps: f32,
     ) -> Result<(Buffer, Buffer)> {
         const OP: &str = "norm_forward";
         l.check_x(OP, x)?;
         l.check_affine(OP, "gamma", gamma)?;
-        l.check_affine(OP, "beta", beta)?;
+        // Not centred: γ stands in for β, unread (the kernels take a live pointer).
+        let beta = l.check_beta(OP, gamma, beta)?;
         if l.fused_forward() {
             return self.launch_norm_forward(x, gamma, beta, l, eps);
         }
@@ -733,7 +742,9 @@ pub trait Device: Launch {
     }
     /// The normalization's input cotangent in closed form: per group of m elements, with
     /// `x̂ = ((x − x₀) − d̄)·rstd` ([`norm_stats`](Self::norm_stats)) and `ĝ = g·γ`,
-    /// `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`.
+    /// `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)`; where `l` is not
+    /// [`centred`](NormLayout::centred) (RMS norm: `x̂ = x·rstd`, the mean is no function of x)
+    /// `dx = rstd/m · (m·ĝ − x̂·Σ ĝ·x̂)`.
     fn norm_bwd_x(
         &mut self,
         x: Buffer,
@@ -750,7 +761,9 @@ pub trait Device: Launch {
         self.launch_norm_bwd_x(x, stats, gamma, g, l)
     }
     /// `(dγ, dβ) = (Σ g·x̂, Σ g)` per γ/β entry, each summed over its elements in increasing
-    /// index order (no atomics).
+    /// index order (no atomics); x̂ as in [`norm_bwd_x`](Self::norm_bwd_x). A layout that is
+    /// not [`centred`](NormLayout::centred) has no β: its dβ (still `Σ g`) is the caller's to
+    /// release.
     fn norm_bwd_affine(
         &mut self,
         x: Buffer,

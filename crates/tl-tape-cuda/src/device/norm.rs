@@ -5,6 +5,10 @@
 //! holds the `k`-th segment of every block, so its `m = outer·seg` elements are, in increasing
 //! index order, `e ↦ ((e / seg)·groups + k)·seg + e % seg`. γ/β are indexed by the position in
 //! the segment (`per_column`, layer norm) or by the group (batch norm).
+//!
+//! A layout is [`centred`](NormLayout::centred) (layer and batch norm: each group shifted by its
+//! first element x₀ and its mean taken out) or not (RMS norm: x₀ = 0, d̄ = 0, the variance is
+//! `Σ x²/m`, and there is no β).
 
 use super::{Buffer, check};
 use crate::{Error, Result, abi};
@@ -24,6 +28,11 @@ pub struct NormLayout {
     pub seg: usize,
     /// γ/β indexed by the position in the segment (layer norm) rather than by the group.
     pub per_column: bool,
+    /// Each group centred (layer and batch norm): the shift x₀ is its first element and the
+    /// statistics hold the mean d̄ of `x − x₀`, and the map adds β. Not centred (RMS norm):
+    /// x₀ = 0 and d̄ = 0 (no mean pass; the statistics still hold `[d̄…, rstd…]`, the d̄s 0),
+    /// the variance is `Σ x²/m`, no β is read or added, and `norm_bwd_x` drops its `Σ ĝ` term.
+    pub centred: bool,
 }
 
 impl NormLayout {
@@ -34,6 +43,16 @@ impl NormLayout {
             groups: rows,
             seg: cols,
             per_column: true,
+            centred: true,
+        }
+    }
+
+    /// RMS norm of `rows` rows of `cols`: the [`layer`](Self::layer) layout, not centred
+    /// (`y = x/sqrt(Σ x²/cols + ε)·γ`; PyTorch: `F.rms_norm(x, (cols,), γ, ε)`).
+    pub fn rms(rows: usize, cols: usize) -> NormLayout {
+        NormLayout {
+            centred: false,
+            ..NormLayout::layer(rows, cols)
         }
     }
 
@@ -44,6 +63,7 @@ impl NormLayout {
             groups: c,
             seg: hw,
             per_column: false,
+            centred: true,
         }
     }
 
@@ -139,6 +159,30 @@ impl NormLayout {
     pub fn check_affine(&self, op: &'static str, what: &str, b: Buffer) -> Result<()> {
         check::len_is(op, what, b, self.features())
     }
+
+    /// Checked: β is given exactly where the layout is [`centred`](Self::centred), and then
+    /// holds [`features`](Self::features) values. Returns the buffer the kernels take in β's
+    /// place: β, or, where not centred, `gamma` as a live stand-in that they never read (the
+    /// kernel emulator requires every pointer argument to be a live allocation).
+    pub fn check_beta(
+        &self,
+        op: &'static str,
+        gamma: Buffer,
+        beta: Option<Buffer>,
+    ) -> Result<Buffer> {
+        match (beta, self.centred) {
+            (Some(b), true) => {
+                self.check_affine(op, "beta", b)?;
+                Ok(b)
+            }
+            (None, false) => Ok(gamma),
+            (Some(_), false) => Err(Error::kernel(
+                op,
+                "beta given for a layout that is not centred (RMS norm has no beta)",
+            )),
+            (None, true) => Err(Error::kernel(op, "no beta for a centred layout")),
+        }
+    }
 }
 
 /// Checked operands of a masked row softmax: x (rows, n) with rows a multiple of n, and a mask
@@ -181,5 +225,9 @@ mod tests {
         assert_eq!((0..3).map(|e| r.index(1, e)).collect::<Vec<_>>(), [3, 4, 5]);
         assert_eq!(r.feature_of(4), 1);
         assert_eq!(r.features(), 3);
+        assert!(l.centred && r.centred);
+        let q = NormLayout::rms(2, 3);
+        assert!(!q.centred);
+        assert_eq!(NormLayout { centred: true, ..q }, r);
     }
 }

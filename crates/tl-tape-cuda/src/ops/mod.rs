@@ -197,7 +197,12 @@ pub fn forward<D: Device>(
         SpectralConv1dRfft { .. } => spectral::forward(dev, op, x),
         LogSoftmax => softmax::forward(dev, x[0], true),
         LayerNorm { .. } | BatchNorm { .. } => {
-            let (y, stats) = norm::forward(dev, op, x[0], x[1], x[2])?;
+            let (y, stats) = norm::forward(dev, op, x[0], x[1], Some(x[2]))?;
+            return kept(dev, op, shape, y, vec![stats]);
+        }
+        // Two operands (x, γ): no β.
+        RmsNorm { .. } => {
+            let (y, stats) = norm::forward(dev, op, x[0], x[1], None)?;
             return kept(dev, op, shape, y, vec![stats]);
         }
         BatchMoments => norm::moments(dev, op, x[0]),
@@ -460,6 +465,12 @@ fn backward_into<D: Device>(
         LayerNorm { .. } | BatchNorm { .. } => {
             let d = norm::backward(g.dev, op, x[0], x[1], gb, g.needs, workspace)?;
             g.set_all(d)
+        }
+        RmsNorm { .. } => {
+            // [dx, dγ]; norm::backward's dβ is None here (released there), let go all the same.
+            let [dx, dg, db] = norm::backward(g.dev, op, x[0], x[1], gb, g.needs, workspace)?;
+            g.dev.release_all(db);
+            g.set_all([dx, dg])
         }
         BatchMoments => g.push(0, |d| norm::moments_back(d, op, x[0], y, gb)),
         MaskedSoftmax { mask } => g.push(0, |d| attention::masked_softmax_back(d, y, gb, mask)),

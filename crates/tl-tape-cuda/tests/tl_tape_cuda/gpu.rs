@@ -238,11 +238,18 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         NormLayout::layer(100, 10),
         NormLayout::channels(2, 5, 100),
         NormLayout::channels(1, 4, 250),
+        // rmsNorm: layer norm's rows, not centred, no β (dγ by thread, then by block).
+        NormLayout::rms(10, 100),
+        NormLayout::rms(100, 10),
     ];
     for l in layouts {
         let f = l.features();
         let ga = d.upload(&i.pos[..f])?;
-        let be = d.upload(&i.y[..f])?;
+        let be = if l.centred {
+            Some(d.upload(&i.y[..f])?)
+        } else {
+            None
+        };
         let st = d.norm_stats(x, l, 1e-6)?;
         one!(nm, "norm_apply", false, d.norm_apply(x, st, ga, be, l)?);
         one!(nm, "norm_bwd_x", false, d.norm_bwd_x(x, st, ga, g, l)?);
@@ -253,7 +260,7 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         let (fy, fst) = d.norm_forward(x, ga, be, l, 1e-6)?;
         one!(nm, "norm_forward", false, fy);
         one!(nm, "norm_forward", false, fst);
-        d.release_all([ga, be]);
+        d.release_all([ga].into_iter().chain(be));
     }
     // Groups longer than NORM_FUSED_MAX: norm_forward as its two launches.
     let l = NormLayout::channels(2, 5, 30_000);
@@ -261,10 +268,18 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     let xl = d.upload(&i.big[..300_000])?;
     let ga = d.upload(&i.pos[..5])?;
     let be = d.upload(&i.y[..5])?;
-    let (ly, lst) = d.norm_forward(xl, ga, be, l, 1e-6)?;
+    let (ly, lst) = d.norm_forward(xl, ga, Some(be), l, 1e-6)?;
     one!(nm, "norm_forward", false, ly);
     one!(nm, "norm_forward", false, lst);
-    d.release_all([xl, ga, be]);
+    d.release_all([ga, be]);
+    // rmsNorm's rows longer than NORM_FUSED_MAX: its two launches too.
+    let l = NormLayout::rms(60, 5000);
+    assert!(!l.fused_forward());
+    let ga = d.upload(&i.big[..5000])?;
+    let (ly, lst) = d.norm_forward(xl, ga, None, l, 1e-6)?;
+    one!(nm, "norm_forward", false, ly);
+    one!(nm, "norm_forward", false, lst);
+    d.release_all([xl, ga]);
     // A (10, 10) mask with an empty row 3 and a lone entry in row 7.
     let mask: Vec<bool> = (0..100)
         .map(|k| {
@@ -638,6 +653,107 @@ fn the_implicit_conv_kernel_gives_the_sims_bits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// The norm kernels (kernels/norm.cu) against their sim twins (device/sim/norm.rs) on rmsNorm's
+/// layouts (not centred, no β) and, beside them, layer and batch norm's: the statistics, the
+/// apply, the forward in one launch (`tl_norm_fwd`, rows up to `NORM_FUSED_MAX`) and in two
+/// (longer rows), dx, and dγ and dβ by thread and by block (`affine_by_block`), on inputs far
+/// from 0 as well as around it. Bit for bit on the kernel emulator (its `sqrtf` is the host's,
+/// as the sim's), within 1e-5 on a GPU. No atomics: the reduction mode changes nothing.
+#[test]
+fn the_norm_kernels_give_the_sims_bits_on_rms_and_centred_layouts() {
+    let Some(mut cuda) = gpu() else { return };
+    let exact = cfg!(feature = "cuda-emu");
+    let mut r = Gen::new(0x4a5);
+    let data: Vec<f32> = (0..40_000).map(|_| r.range(-2.0, 2.0) as f32).collect();
+    let want = norm_cases(&mut SimDevice::new(), &data).unwrap();
+    let got = norm_cases(&mut cuda, &data).unwrap();
+    assert_eq!(want.len(), got.len());
+    let mut bad = Vec::new();
+    let mut worst = 0.0f64;
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        let scale = w.iter().fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
+        let (mut diff, mut err) = (0, 0.0f64);
+        for (&a, &b) in w.iter().zip(g) {
+            let e = (f64::from(a) - f64::from(b)).abs() / scale;
+            err = err.max(if e.is_nan() { f64::INFINITY } else { e });
+            diff += usize::from(a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()));
+        }
+        worst = worst.max(err);
+        let ok = w.len() == g.len() && if exact { diff == 0 } else { err <= 1e-5 };
+        if !ok {
+            bad.push(format!(
+                "{name}: {diff} of {} differ (error {err:e})",
+                w.len()
+            ));
+        }
+    }
+    println!(
+        "GPU-SUMMARY norm-kernels {} results {worst:.3e} {}",
+        want.len(),
+        verdict(bad.is_empty())
+    );
+    assert_eq!(cuda.memory_usage().live_bytes, 0, "leaked on the GPU");
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The results of [`the_norm_kernels_give_the_sims_bits_on_rms_and_centred_layouts`] on `d`,
+/// named.
+fn norm_cases<D: Device>(d: &mut D, data: &[f32]) -> Result<Vec<(String, Vec<f32>)>> {
+    use tl_tape_cuda::device::norm::NORM_FUSED_MAX;
+    let layouts = [
+        NormLayout::rms(10, 100),
+        NormLayout::rms(1, 1),
+        NormLayout::rms(3, NORM_FUSED_MAX),
+        NormLayout::rms(2, NORM_FUSED_MAX + 1),
+        NormLayout::rms(600, 8),
+        NormLayout::layer(10, 100),
+        NormLayout::layer(600, 8),
+        NormLayout::layer(2, NORM_FUSED_MAX + 1),
+        NormLayout::channels(2, 5, 100),
+        NormLayout::channels(2, 3, 5000),
+    ];
+    // One launch forward up to NORM_FUSED_MAX, two past it; dγ by one block per feature where
+    // each feature has many rows.
+    assert!(layouts[2].fused_forward() && !layouts[3].fused_forward());
+    assert!(layouts[4].affine_by_block() && !layouts[0].affine_by_block());
+    let mut out = Vec::new();
+    for (k, l) in layouts.into_iter().enumerate() {
+        let n = l.outer * l.groups * l.seg;
+        let f = l.features();
+        // Every other case shifted far from 0 (the centred layouts' x₀ at work; rmsNorm's
+        // rstd small).
+        let off = if k % 2 == 1 { 1000.0 } else { 0.0 };
+        let xs: Vec<f32> = data[..n].iter().map(|&v| v + off).collect();
+        let x = d.upload(&xs)?;
+        let g = d.upload(&data[data.len() - n..])?;
+        let ga = d.upload(&data[1000..1000 + f])?;
+        let be = if l.centred {
+            Some(d.upload(&data[3000..3000 + f])?)
+        } else {
+            None
+        };
+        let eps = if k % 3 == 0 { 1e-5 } else { 0.25 };
+        let st = d.norm_stats(x, l, eps)?;
+        let y = d.norm_apply(x, st, ga, be, l)?;
+        let (fy, fst) = d.norm_forward(x, ga, be, l, eps)?;
+        let dx = d.norm_bwd_x(x, st, ga, g, l)?;
+        let (dg, db) = d.norm_bwd_affine(x, st, g, l)?;
+        for (what, b) in [
+            ("stats", st),
+            ("apply", y),
+            ("forward y", fy),
+            ("forward stats", fst),
+            ("bwd_x", dx),
+            ("dgamma", dg),
+            ("dbeta", db),
+        ] {
+            out.push((format!("{l:?} {what}"), d.download(b)?));
+        }
+        d.release_all([x, g, ga, st, y, fy, fst, dx, dg, db].into_iter().chain(be));
+    }
+    Ok(out)
+}
+
 /// The products of [`both_gemm_tilings_give_the_sims_bits`] on `d`, named.
 fn gemm_cases<D: Device>(d: &mut D, data: &[f32]) -> Result<Vec<(String, Vec<f32>)>> {
     // Operands of exactly `len` elements: a from the start of `data`, b from 30 000 on (the
@@ -961,8 +1077,8 @@ fn check_single_op_cases(cases: &[(Op, Vec<(Shape, Domain)>)], seed: u64, on_gpu
     }
 }
 
-/// The norm family's ops (issue 4): layer/batch norm, masked softmax, attention (both forms,
-/// masked and not, batched).
+/// The norm family's ops (issue 4): layer/batch/RMS norm, masked softmax, attention (both
+/// forms, masked and not, batched).
 fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
     use Domain::Any;
     let mut cases = vec![
@@ -974,6 +1090,8 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
             Op::BatchNorm { eps: 1e-3 },
             &[(&[2, 3, 2, 2], Any), (&[3], Any), (&[3], Any)],
         ),
+        single(Op::RmsNorm { eps: 1e-3 }, &[(&[3, 5], Any), (&[5], Any)]),
+        single(Op::RmsNorm { eps: 1e-5 }, &[(&[2, 2, 4], Any), (&[4], Any)]),
         single(Op::BatchMoments, &[(&[2, 3, 2, 2], Any)]),
         single(Op::BatchMoments, &[(&[4, 5, 3], Any)]),
         single(

@@ -1,9 +1,15 @@
 //! The norm family's primitives on the simulation device, with hand-worked values: statistics
 //! (each group centred on its first element x₀: the mean d̄ of x − x₀, then the two-pass biased
-//! variance), the affine map, the closed-form backward and the masked softmax.
+//! variance), the affine map, the closed-form backward and the masked softmax; and rmsNorm's
+//! layout (not centred, no β) against the f64 reference, on the primitives and on the tape.
 
+use crate::common::{Domain, Gen, check_graph, draw};
+use tl_ir::{GraphBuilder, Op};
+use tl_spec::ops::norm::{Groups, normalize_vjp, rms_norm};
+use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::NormLayout;
-use tl_tape_cuda::{Device, Error, SimDevice};
+use tl_tape_cuda::device::norm::NORM_FUSED_MAX;
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Error, SimDevice};
 
 fn close(got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
@@ -24,7 +30,7 @@ fn layer_statistics_and_affine_map_by_hand() {
     close(&d.download(st).unwrap(), &[2.0, 0.0, r, 2.0], 1e-6);
     let ga = d.upload(&[1.0, 2.0, 1.0, 0.5]).unwrap();
     let be = d.upload(&[0.0, 0.0, 1.0, -1.0]).unwrap();
-    let y = d.norm_apply(x, st, ga, be, l).unwrap();
+    let y = d.norm_apply(x, st, ga, Some(be), l).unwrap();
     let want = [-2.0 * r, -2.0 * r, 1.0, 1.5 * r - 1.0, 0.0, 0.0, 1.0, -1.0];
     close(&d.download(y).unwrap(), &want, 1e-6);
 }
@@ -41,7 +47,7 @@ fn batch_statistics_span_samples_and_gamma_is_per_channel() {
     close(&d.download(st).unwrap(), &[3.0, 1.0, r0, r1], 1e-6);
     let ga = d.upload(&[2.0, 1.0]).unwrap();
     let be = d.upload(&[1.0, 0.0]).unwrap();
-    let y = d.norm_apply(x, st, ga, be, l).unwrap();
+    let y = d.norm_apply(x, st, ga, Some(be), l).unwrap();
     let want = [
         1.0 - 6.0 * r0,
         1.0 - 2.0 * r0,
@@ -133,7 +139,7 @@ fn bad_operands_are_errors_naming_the_primitive() {
     );
     let l = NormLayout::layer(2, 3);
     let st = d.norm_stats(x, l, 1e-6).unwrap();
-    let e = d.norm_apply(x, st, two, two, l).unwrap_err();
+    let e = d.norm_apply(x, st, two, Some(two), l).unwrap_err();
     assert!(
         matches!(
             e,
@@ -192,9 +198,9 @@ fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
             .upload(&(0..f).map(|i| 0.25 * i as f32).collect::<Vec<_>>())
             .unwrap();
         let st = d.norm_stats(x, l, 1e-5).unwrap();
-        let y = d.norm_apply(x, st, ga, be, l).unwrap();
+        let y = d.norm_apply(x, st, ga, Some(be), l).unwrap();
         let before = d.traffic().launches;
-        let (fy, fst) = d.norm_forward(x, ga, be, l, 1e-5).unwrap();
+        let (fy, fst) = d.norm_forward(x, ga, Some(be), l, 1e-5).unwrap();
         let launches = d.traffic().launches - before;
         assert_eq!(launches, if l.fused_forward() { 1 } else { 2 }, "{l:?}");
         assert_eq!(l.fused_forward(), l.group_len() <= 4096, "{l:?}");
@@ -207,7 +213,7 @@ fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
     let x = d.upload(&[1.0; 8]).unwrap();
     let short = d.upload(&[1.0; 3]).unwrap();
     let e = d
-        .norm_forward(x, short, short, NormLayout::layer(2, 4), 1e-5)
+        .norm_forward(x, short, Some(short), NormLayout::layer(2, 4), 1e-5)
         .unwrap_err()
         .to_string();
     assert!(e.contains("norm_forward") && e.contains("gamma"), "{e}");
@@ -390,5 +396,240 @@ fn running_inv_std_is_the_f64_rule_rounded_once() {
     for bad in [0.0, -1e-5, f64::NAN, f64::INFINITY] {
         let e = d.running_inv_std(v, bad).unwrap_err().to_string();
         assert!(e.contains("running_inv_std") && e.contains("eps"), "{e}");
+    }
+}
+
+fn bits(d: &SimDevice, b: tl_tape_cuda::Buffer) -> Vec<u32> {
+    d.download(b).unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// rmsNorm's layout by hand: no mean pass (the statistics' d̄s are +0), `rstd = 1/sqrt(Σ
+/// x²/m + ε)`, `y = x·rstd·γ` with no β (a −0 product stays −0: nothing is added).
+#[test]
+fn rms_statistics_and_map_by_hand() {
+    let mut d = SimDevice::new();
+    // Rows [1, 2, 2, 4] and [−3, 0, 0, 4]: Σ x²/4 = 6.25 in both (layer norm would centre on
+    // 2.25 and 0.25).
+    let x = d
+        .upload(&[1.0, 2.0, 2.0, 4.0, -3.0, 0.0, 0.0, 4.0])
+        .unwrap();
+    let l = NormLayout::rms(2, 4);
+    assert!(!l.centred && l.per_column && l.features() == 4);
+    let st = d.norm_stats(x, l, 0.25).unwrap();
+    let r = 1.0 / (6.25f64 + 0.25).sqrt();
+    let got = d.download(st).unwrap();
+    assert_eq!([got[0].to_bits(), got[1].to_bits()], [0, 0], "d̄ = +0");
+    close(&got, &[0.0, 0.0, r, r], 1e-6);
+    let ga = d.upload(&[1.0, 2.0, -1.0, 0.5]).unwrap();
+    let y = d.norm_apply(x, st, ga, None, l).unwrap();
+    let want = [r, 4.0 * r, -2.0 * r, 2.0 * r, -3.0 * r, 0.0, 0.0, 2.0 * r];
+    let y = d.download(y).unwrap();
+    close(&y, &want, 1e-6);
+    assert!(
+        y[6] == 0.0 && y[6].is_sign_negative(),
+        "0·rstd·(−1) = −0, no β added"
+    );
+    // The one-launch forward: the same bits.
+    let before = d.traffic().launches;
+    let (fy, fst) = d.norm_forward(x, ga, None, l, 0.25).unwrap();
+    assert_eq!(d.traffic().launches - before, 1);
+    let fy = d.download(fy).unwrap();
+    assert_eq!(
+        fy.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(bits(&d, fst), bits(&d, st));
+}
+
+/// rmsNorm's primitives against the f64 reference (`rms_norm`, `normalize_vjp` with
+/// `Groups::rms`) within f32 tolerance: the value, dx (no `Σ ĝ` term: the mean is no function
+/// of x, so dx is orthogonal to x̂ but not to 1) and dγ = Σ g·x̂, on rows short and long
+/// (`norm_forward` one launch, or two past `NORM_FUSED_MAX`), and many rows per feature (dγ by
+/// one block per feature, `affine_by_block`). dβ, still `Σ g`, is released by the tape.
+#[test]
+fn rms_primitives_match_the_reference() {
+    let mut rnd = Gen::new(0x5e5);
+    for (rows, cols, eps) in [
+        (3, 7, 1e-5),
+        (1, 1, 1e-3),
+        (2, NORM_FUSED_MAX + 904, 1e-6),
+        (600, 8, 1e-5),
+    ] {
+        let l = NormLayout::rms(rows, cols);
+        let xt = draw(&mut rnd, &Shape::new(&[rows, cols]), Domain::Any);
+        let gt = draw(&mut rnd, &Shape::new(&[cols]), Domain::Any);
+        let ct = draw(&mut rnd, &Shape::new(&[rows, cols]), Domain::Any);
+        let want_y = rms_norm(&xt, &gt, eps).unwrap();
+        let gr = Groups::rms(xt.shape());
+        let (want_dx, want_dg, no_db) = normalize_vjp(gr, &xt, &gt, false, eps, &ct).unwrap();
+        assert!(no_db.is_none());
+        let up = |d: &mut SimDevice, t: &Tensor<f64>| {
+            let v: Vec<f32> = t.data().iter().map(|&v| v as f32).collect();
+            d.upload(&v).unwrap()
+        };
+        let mut d = SimDevice::new();
+        let (x, ga, g) = (up(&mut d, &xt), up(&mut d, &gt), up(&mut d, &ct));
+        let before = d.traffic().launches;
+        let (y, st) = d.norm_forward(x, ga, None, l, eps as f32).unwrap();
+        let launches = d.traffic().launches - before;
+        assert_eq!(
+            launches,
+            if cols <= NORM_FUSED_MAX { 1 } else { 2 },
+            "{l:?}"
+        );
+        let what = format!("rms({rows}, {cols})");
+        let tol = |t: &Tensor<f64>| 1e-4 * t.data().iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        close(&d.download(y).unwrap(), want_y.data(), tol(&want_y));
+        let dx = d.norm_bwd_x(x, st, ga, g, l).unwrap();
+        let dxv = d.download(dx).unwrap();
+        close(&dxv, want_dx.data(), tol(&want_dx));
+        assert_eq!(l.affine_by_block(), rows == 600, "{what}");
+        let (dg, db) = d.norm_bwd_affine(x, st, g, l).unwrap();
+        close(&d.download(dg).unwrap(), want_dg.data(), tol(&want_dg));
+        // dβ is Σ g per column all the same.
+        let sum_g: Vec<f64> = (0..cols)
+            .map(|c| (0..rows).map(|r| ct.data()[r * cols + c]).sum())
+            .collect();
+        close(&d.download(db).unwrap(), &sum_g, 1e-4 * rows as f64);
+        // Centring would subtract Σ ĝ/m·rstd from each element: the reference's rows do not
+        // sum to 0 (a layer norm's do), so the comparison above sees it.
+        if cols > 1 {
+            let row0: f64 = want_dx.data()[..cols].iter().sum();
+            assert!(row0.abs() > 1e-3, "{what}: {row0}");
+        }
+        d.release_all([x, ga, g, y, st, dx, dg, db]);
+        assert_eq!(d.memory_usage().live_bytes, 0, "{what}");
+    }
+}
+
+/// β is given exactly where the layout is centred: `norm_apply` and `norm_forward` with a β
+/// for rmsNorm's layout, or without one for layer and batch norm's, are errors naming the
+/// primitive (before any launch).
+#[test]
+fn beta_presence_must_match_the_layout() {
+    let mut d = SimDevice::new();
+    let x = d.upload(&[1.0; 6]).unwrap();
+    let three = d.upload(&[1.0; 3]).unwrap();
+    let (rms, layer) = (NormLayout::rms(2, 3), NormLayout::layer(2, 3));
+    let st = d.norm_stats(x, rms, 1e-6).unwrap();
+    let before = d.traffic().launches;
+    let is = |e: Error, name: &str| match e {
+        Error::Kernel { op, detail } => assert!(op == name && detail.contains("beta"), "{detail}"),
+        e => panic!("{e}"),
+    };
+    is(
+        d.norm_apply(x, st, three, Some(three), rms).unwrap_err(),
+        "norm_apply",
+    );
+    is(
+        d.norm_apply(x, st, three, None, layer).unwrap_err(),
+        "norm_apply",
+    );
+    is(
+        d.norm_forward(x, three, Some(three), rms, 1e-6)
+            .unwrap_err(),
+        "norm_forward",
+    );
+    is(
+        d.norm_forward(x, three, None, layer, 1e-6).unwrap_err(),
+        "norm_forward",
+    );
+    let chan = NormLayout::channels(1, 2, 3);
+    let two = d.upload(&[1.0; 2]).unwrap();
+    is(
+        d.norm_forward(x, two, None, chan, 1e-6).unwrap_err(),
+        "norm_forward",
+    );
+    assert_eq!(d.traffic().launches, before, "no launch");
+    // The centred layouts still check β's length.
+    let e = d
+        .norm_forward(x, three, Some(two), layer, 1e-6)
+        .unwrap_err();
+    assert!(e.to_string().contains("beta"), "{e}");
+}
+
+/// `rmsNorm` on the CUDA tape over the sim against the f64 IR reference (values and the dense
+/// gradients of x and γ, within f32 tolerance): ranks 1 to 3, a row longer than
+/// `NORM_FUSED_MAX`, many rows per feature (`affine_by_block`), and each operand frozen.
+#[test]
+fn rms_norm_on_the_tape_matches_the_reference() {
+    let mut rnd = Gen::new(0x7a5e);
+    let cases: [(&[usize], f64, [bool; 2]); 7] = [
+        (&[3, 5], 1e-5, [true, true]),
+        (&[5], 1e-3, [true, true]),
+        (&[2, 3, 4], 1e-6, [true, true]),
+        (&[2, NORM_FUSED_MAX + 1], 1e-5, [true, true]),
+        (&[600, 8], 1e-5, [true, true]),
+        (&[3, 5], 1e-5, [false, true]),
+        (&[3, 5], 1e-5, [true, false]),
+    ];
+    for (k, (dims, eps, grads)) in cases.into_iter().enumerate() {
+        let xs = Shape::new(dims);
+        let gs = Shape::new(&[dims[dims.len() - 1]]);
+        let mut g = GraphBuilder::new();
+        let x = g.leaf_with(xs.clone(), None, grads[0]).unwrap();
+        let ga = g.leaf_with(gs.clone(), None, grads[1]).unwrap();
+        let y = g.apply(Op::RmsNorm { eps }, &[x, ga]).unwrap();
+        let graph = g.finish();
+        for draw_no in 0..2 {
+            let leaves = [
+                draw(&mut rnd, &xs, Domain::Any),
+                draw(&mut rnd, &gs, Domain::Any),
+            ];
+            let seed = draw(&mut rnd, &xs, Domain::Any);
+            let what = format!("rmsNorm case {k} {dims:?} draw {draw_no}");
+            check_graph(&what, &graph, &leaves, y, &seed);
+        }
+    }
+}
+
+/// rmsNorm on the tape: one launch forward keeping its statistics (`2·rows` floats, the d̄s 0)
+/// as workspace; the backward two launches (dx, then dγ with the dβ it releases) or one with γ
+/// frozen; once the workspace is released a second backward recomputes the statistics (one
+/// launch more) and gives the same bits; nothing leaks.
+#[test]
+fn rms_norm_keeps_its_statistics_and_recomputes_them_once_released() {
+    let mut rnd = Gen::new(0xb0b);
+    for gamma_grad in [true, false] {
+        let mut tape = CudaTape::new(SimDevice::new());
+        let xt = draw(&mut rnd, &Shape::new(&[4, 6]), Domain::Any);
+        let gt = draw(&mut rnd, &Shape::new(&[6]), Domain::Any);
+        let x = tape.upload_leaf(&xt, None, true).unwrap();
+        let ga = tape.upload_leaf(&gt, None, gamma_grad).unwrap();
+        let before = tape.device().traffic().launches;
+        let y = tape.apply(&Op::RmsNorm { eps: 1e-5 }, &[x, ga]).unwrap();
+        assert_eq!(tape.device().traffic().launches - before, 1);
+        let kept = tape.node(y).unwrap().cleanup().to_vec();
+        assert_eq!(kept.len(), 1);
+        let st = tape.device().download(kept[0]).unwrap();
+        assert_eq!(st.len(), 8);
+        assert!(st[..4].iter().all(|v| v.to_bits() == 0), "{st:?}");
+        let seed_t = draw(&mut rnd, &Shape::new(&[4, 6]), Domain::Any);
+        let seed = AnyBuffer::upload(tape.device_mut(), &seed_t).unwrap();
+        let run = |tape: &mut CudaTape<SimDevice>| {
+            let before = tape.device().traffic().launches;
+            let g = tape.backward_dense(y, &seed).unwrap();
+            let launches = tape.device().traffic().launches - before;
+            let got: Vec<Vec<u32>> = [x, ga]
+                .iter()
+                .map(|&i| {
+                    let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
+                    t.data().iter().map(|v| v.to_bits()).collect()
+                })
+                .collect();
+            tape.release_grads(g);
+            (launches, got)
+        };
+        let (reused, first) = run(&mut tape);
+        assert!(!tape.device().is_live(kept[0]), "released after backprop");
+        let (recomputed, again) = run(&mut tape);
+        assert_eq!(first, again, "gamma_grad={gamma_grad}");
+        // dx, and dγ (with dβ) where γ needs it; the dense gradients add their own launches
+        // (the same both times).
+        assert_eq!(recomputed - reused, 1, "the statistics once more");
+        seed.release(tape.device_mut());
+        tape.reset();
+        let u = tape.device().memory_usage();
+        assert_eq!(u.live_bytes, 0, "leaked: {u}");
     }
 }

@@ -92,6 +92,7 @@ fn cases(op: &Op) -> Vec<Case> {
         // Issue-3 families: cases in the modules `norm`, `conv` and `index`, and every
         // op runs checks 1, 2 and 6 of the harness on the sim (tl-conformance, module `cuda_sim`).
         LayerNorm { .. }
+        | RmsNorm { .. }
         | BatchNorm { .. }
         | BatchMoments
         | MaskedSoftmax { .. }

@@ -1,6 +1,10 @@
 //! The norm family on the CUDA device (kernels/norm.cu): one launch per primitive, its operands
 //! already checked by [`Device`]'s provided methods ([`NormLayout`]'s checks). No kernel of the family uses
 //! atomics, so deterministic mode changes nothing here (the sim's order is the only order).
+//!
+//! The kernels that normalize take [`NormLayout::centred`] as their last argument (0 for
+//! rmsNorm); where it is 0, the β pointer is γ's (checked by [`NormLayout::check_beta`]): a live
+//! allocation, never read.
 
 use super::CudaDevice;
 use super::driver::Arg;
@@ -14,24 +18,26 @@ fn per_group(n: usize) -> u32 {
 }
 
 impl CudaDevice {
+    /// `tl_norm_stats`, one block per group.
     pub(super) fn norm_stats_impl(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
-        self.per_group_moments("norm_stats", "tl_norm_stats", x, l, Some(eps))
+        let tail = [Arg::F32(eps), Arg::U32(u32::from(l.centred))];
+        self.per_group_moments("norm_stats", "tl_norm_stats", x, l, &tail)
     }
 
     /// `tl_norm_moments` (`batchMoments`), one block per group.
     pub(super) fn norm_moments_impl(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
-        self.per_group_moments("norm_moments", "tl_norm_moments", x, l, None)
+        self.per_group_moments("norm_moments", "tl_norm_moments", x, l, &[])
     }
 
-    /// One block per group of x: `kernel` (`tl_norm_stats` with `eps`, `tl_norm_moments`
-    /// without) writes two values per group.
+    /// One block per group of x: `kernel` (`tl_norm_stats` with `tail` = `eps, centred`,
+    /// `tl_norm_moments` without) writes two values per group.
     fn per_group_moments(
         &mut self,
         op: &'static str,
         kernel: &'static str,
         x: Buffer,
         l: NormLayout,
-        eps: Option<f32>,
+        tail: &[Arg],
     ) -> Result<Buffer> {
         let px = self.ptr(op, x)?;
         self.with_out(op, 2 * l.groups, |d, out| {
@@ -45,7 +51,7 @@ impl CudaDevice {
                 Arg::U32(l.groups as u32),
                 Arg::U32(l.seg as u32),
             ];
-            args.extend(eps.map(Arg::F32));
+            args.extend_from_slice(tail);
             d.run(op, kernel, [per_group(l.groups), 1, 1], &args)
         })
     }
@@ -135,6 +141,7 @@ impl CudaDevice {
                     Arg::U32(l.seg as u32),
                     Arg::U32(u32::from(l.per_column)),
                     Arg::F32(eps),
+                    Arg::U32(u32::from(l.centred)),
                 ]);
                 d.run(OP, "tl_norm_fwd", [per_group(l.groups), 1, 1], &args)
             })?);
@@ -167,6 +174,7 @@ impl CudaDevice {
             Arg::U32(l.groups as u32),
             Arg::U32(l.seg as u32),
             Arg::U32(u32::from(l.per_column)),
+            Arg::U32(u32::from(l.centred)),
         ];
         self.with_out(OP, n, |d, out| {
             let mut p = ptrs.clone();
@@ -200,6 +208,7 @@ impl CudaDevice {
                 Arg::U32(l.groups as u32),
                 Arg::U32(l.seg as u32),
                 Arg::U32(u32::from(l.per_column)),
+                Arg::U32(u32::from(l.centred)),
             ]);
             d.run(OP, "tl_norm_bwd_x", [per_group(l.groups), 1, 1], &args)
         })
@@ -231,6 +240,7 @@ impl CudaDevice {
                 Arg::U32(l.groups as u32),
                 Arg::U32(l.seg as u32),
                 Arg::U32(u32::from(l.per_column)),
+                Arg::U32(u32::from(l.centred)),
             ]);
             if l.affine_by_block() {
                 // One block per feature (at most AXIS_BLOCK_MAX_OUT of them).

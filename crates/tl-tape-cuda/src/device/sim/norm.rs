@@ -14,13 +14,16 @@
 //! A group is centred on its first element x₀ (`Centre`): the statistics `[d̄…, rstd…]` hold
 //! the mean d̄ of `x − x₀`, and every kernel that normalizes computes `x̃ = (x − x₀) − d̄`, x₀
 //! read from x (exact to the rounding of the group's spread, however far its mean is from 0).
+//! Where the layout is not [`centred`](NormLayout::centred) (RMS norm) x₀ = d̄ = 0, so
+//! `x̃ = (x − 0) − 0 = x` exactly: the mean pass is skipped (the statistics' d̄s are 0), no β
+//! is read or added, and `norm_bwd_x` has no `Σ ĝ` term.
 
 use super::reduce::{block_max, block_sum};
 use crate::device::NormLayout;
 use tl_spec::ops::norm::RunningStat;
 
 /// Where group k is centred (`tl_norm_centre`): the shift x₀, its first element (0 for an
-/// empty group), and the mean d̄ of `x − x₀`.
+/// empty group), and the mean d̄ of `x − x₀`; both 0 where the layout is not centred.
 #[derive(Debug, Clone, Copy)]
 struct Centre {
     shift: f32,
@@ -28,11 +31,13 @@ struct Centre {
 }
 
 impl Centre {
-    /// Group k's centre from the statistics' d̄ (the shift read from x).
-    fn kept(x: &[f32], l: NormLayout, k: usize, shifted_mean: f32) -> Centre {
+    /// Group k's centre from the statistics `st` (the shift read from x, d̄ = `st[k]`); x₀ = 0
+    /// and d̄ = 0, `st[k]` not read, where `l` is not centred (`tl_norm_kept_shift`,
+    /// `tl_norm_kept_mean`).
+    fn kept(x: &[f32], l: NormLayout, k: usize, st: &[f32]) -> Centre {
         Centre {
             shift: shift(x, l, k),
-            shifted_mean,
+            shifted_mean: if l.centred { st[k] } else { 0.0 },
         }
     }
 
@@ -42,9 +47,10 @@ impl Centre {
     }
 }
 
-/// Group k's first element, or 0 for an empty group.
+/// Group k's first element, or 0 for an empty group or a layout that is not centred
+/// (`tl_norm_shift`).
 fn shift(x: &[f32], l: NormLayout, k: usize) -> f32 {
-    if l.group_len() == 0 {
+    if l.group_len() == 0 || !l.centred {
         0.0
     } else {
         x[l.index(k, 0)]
@@ -52,12 +58,16 @@ fn shift(x: &[f32], l: NormLayout, k: usize) -> f32 {
 }
 
 /// Group k's centre and biased variance `max(Σ x̃²/m, 0)`, two passes
-/// (`tl_norm_group_moments`).
+/// (`tl_norm_group_moments`); one, `max(Σ x²/m, 0)`, where `l` is not centred (x₀ = d̄ = 0).
 fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (Centre, f32) {
     let m = l.group_len();
     let mf = m as f32;
     let x0 = shift(x, l, k);
-    let shifted_mean = block_sum(m, |e| x[l.index(k, e)] - x0) / mf;
+    let shifted_mean = if l.centred {
+        block_sum(m, |e| x[l.index(k, e)] - x0) / mf
+    } else {
+        0.0
+    };
     let c = Centre {
         shift: x0,
         shifted_mean,
@@ -80,9 +90,10 @@ pub fn stats(x: &[f32], l: NormLayout, eps: f32, out: &mut [f32]) {
 }
 
 /// `out = [means…, variances…]` of the groups of `l` (`tl_norm_moments`, `batchMoments`),
-/// each mean `x₀ + d̄`.
+/// each mean `x₀ + d̄`; always centred, as the kernel is.
 pub fn moments(x: &[f32], l: NormLayout, out: &mut [f32]) {
     let g = l.groups;
+    let l = NormLayout { centred: true, ..l };
     for k in 0..g {
         let (c, var) = group_moments(x, l, k);
         (out[k], out[g + k]) = (c.shift + c.shifted_mean, var);
@@ -130,24 +141,31 @@ pub fn moments_bwd(x: &[f32], mo: &[f32], g: &[f32], l: NormLayout, dx: &mut [f3
     }
 }
 
-/// `y = x̃·rstd·γ + β`.
+/// `y = x̃·rstd·γ + β` (`tl_norm_affine`); `y = x̃·rstd·γ`, β not read, where `l` is not
+/// centred (`tl_norm_scale`).
 pub fn apply(x: &[f32], st: &[f32], gamma: &[f32], beta: &[f32], l: NormLayout, y: &mut [f32]) {
     for (i, (o, &v)) in y.iter_mut().zip(x).enumerate() {
         let k = (i / l.seg) % l.groups;
         let f = l.feature_of(i);
-        let c = Centre::kept(x, l, k, st[k]);
-        *o = c.of(v) * st[l.groups + k] * gamma[f] + beta[f];
+        let c = Centre::kept(x, l, k, st);
+        let scaled = c.of(v) * st[l.groups + k] * gamma[f];
+        *o = if l.centred { scaled + beta[f] } else { scaled };
     }
 }
 
-/// `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)` per group.
+/// `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)` per group; `rstd/m · (m·ĝ − x̂·Σ ĝ·x̂)`, no `Σ ĝ`
+/// pass, where `l` is not centred.
 pub fn bwd_x(x: &[f32], st: &[f32], gamma: &[f32], g: &[f32], l: NormLayout, dx: &mut [f32]) {
     let (ng, m) = (l.groups, l.group_len());
     let mf = m as f32;
     for k in 0..ng {
-        let (c, rstd) = (Centre::kept(x, l, k, st[k]), st[ng + k]);
+        let (c, rstd) = (Centre::kept(x, l, k, st), st[ng + k]);
         let gh = |i: usize| g[i] * gamma[l.feature_of(i)];
-        let s1 = block_sum(m, |e| gh(l.index(k, e)));
+        let s1 = if l.centred {
+            block_sum(m, |e| gh(l.index(k, e)))
+        } else {
+            0.0
+        };
         let s2 = block_sum(m, |e| {
             let i = l.index(k, e);
             gh(i) * (c.of(x[i]) * rstd)
@@ -156,12 +174,15 @@ pub fn bwd_x(x: &[f32], st: &[f32], gamma: &[f32], g: &[f32], l: NormLayout, dx:
         for e in 0..m {
             let i = l.index(k, e);
             let h = c.of(x[i]) * rstd;
-            dx[i] = scale * (mf * g[i] * gamma[l.feature_of(i)] - s1 - h * s2);
+            let t = mf * g[i] * gamma[l.feature_of(i)];
+            let t = if l.centred { t - s1 } else { t };
+            dx[i] = scale * (t - h * s2);
         }
     }
 }
 
-/// `(dγ, dβ)`: per feature, `Σ g·x̂` and `Σ g` in increasing index order — or, where
+/// `(dγ, dβ)`: per feature, `Σ g·x̂` (x̂ = x·rstd where `l` is not centred) and `Σ g` in
+/// increasing index order — or, where
 /// [`NormLayout::affine_by_block`], each by one block in the block order ([`block_sum`]).
 pub fn bwd_affine(
     x: &[f32],
@@ -176,7 +197,7 @@ pub fn bwd_affine(
         let terms = |e: usize| {
             let i = l.feature_element(f, e);
             let k = (i / l.seg) % l.groups;
-            let h = Centre::kept(x, l, k, st[k]).of(x[i]) * st[l.groups + k];
+            let h = Centre::kept(x, l, k, st).of(x[i]) * st[l.groups + k];
             (g[i] * h, g[i])
         };
         let n = l.feature_len();
