@@ -1,5 +1,5 @@
 //! tl-nn's layers under the harness: every layer of `tl_nn` (Linear, Conv, ConvTranspose,
-//! MaxPool, AvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout,
+//! MaxPool, AvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout, PRelu,
 //! MultiHeadAttention,
 //! SpectralConv1d, the activations, Flatten, Sequential) on random sizes, parameters and
 //! inputs, on every session: eager CPU (f64, f32), eager CUDA simulation (f32) and linked
@@ -20,7 +20,7 @@ use proptest::prelude::*;
 use tl_ir::{GraphBuilder, GraphData, Id, Op};
 use tl_nn::{
     Activation, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm,
-    LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, Parameters, RmsNorm, Runtime,
+    LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, PRelu, Parameters, RmsNorm, Runtime,
     Sequential, SpectralConv1d, Vars,
 };
 use tl_session::{Backend, LinkedSession, Options, Param, Session, TensorRef, Train};
@@ -259,6 +259,14 @@ pub enum LayerSpec {
         /// Batch size, if x has a batch axis.
         batch: Option<usize>,
     },
+    /// `PRelu::new(slopes)` on x of `shape` (with `slopes` > 1: its axis 1 has `slopes`
+    /// channels).
+    PRelu {
+        /// Slopes: 1, or the channels.
+        slopes: usize,
+        /// x's shape.
+        shape: Vec<usize>,
+    },
     /// An [`Activation`] on x of `shape`.
     Activation {
         /// Which.
@@ -317,6 +325,7 @@ impl LayerSpec {
             LayerSpec::Dropout { .. } => "Dropout",
             LayerSpec::Attention { .. } => "MultiHeadAttention",
             LayerSpec::Spectral { .. } => "SpectralConv1d",
+            LayerSpec::PRelu { .. } => "PRelu",
             LayerSpec::Activation { .. } => "Activation",
             LayerSpec::Flatten { .. } => "Flatten",
             LayerSpec::Sequential { .. } => "Sequential",
@@ -432,6 +441,7 @@ impl LayerSpec {
             } => cat(&[*n, *channels], rest),
             LayerSpec::Embedding { .. } => return None,
             LayerSpec::Dropout { shape, .. }
+            | LayerSpec::PRelu { shape, .. }
             | LayerSpec::Activation { shape, .. }
             | LayerSpec::Flatten { shape } => shape.clone(),
             LayerSpec::Attention {
@@ -481,6 +491,7 @@ impl LayerSpec {
             }
             LayerSpec::LayerNorm { dim, .. } => vec![(vec![*dim], Weight), (vec![*dim], Weight)],
             LayerSpec::RmsNorm { dim, .. } => vec![(vec![*dim], Weight)],
+            LayerSpec::PRelu { slopes, .. } => vec![(vec![*slopes], Weight)],
             LayerSpec::GroupNorm { channels, .. } => {
                 vec![(vec![*channels], Weight), (vec![*channels], Weight)]
             }
@@ -721,6 +732,26 @@ impl LayerSpec {
                 Op::SpectralConv1dRfft { modes: *modes },
                 &[x()?, p[0], p[1]],
             ),
+            LayerSpec::PRelu { slopes, shape } => {
+                // max(x, 0) + a·min(x, 0), a broadcast from (C, 1, …) (or a scalar), where the
+                // layer takes relu(x) + a·(x − relu(x)).
+                let x = x()?;
+                let to = Shape::new(shape);
+                let slope_dims: Vec<usize> = match *slopes {
+                    1 => Vec::new(),
+                    c => [c]
+                        .into_iter()
+                        .chain(shape[2..].iter().map(|_| 1))
+                        .collect(),
+                };
+                let a = reshape(b, p[0], &slope_dims)?;
+                let a = b.apply(Op::BroadcastTo(to.clone()), &[a])?;
+                let zero = b.apply(Op::Constant(Tensor::zeros(to.dims())), &[])?;
+                let pos = b.apply(Op::Max, &[x, zero])?;
+                let neg = b.apply(Op::Min, &[x, zero])?;
+                let neg = b.apply(Op::Mul, &[a, neg])?;
+                b.apply(Op::Add, &[pos, neg])
+            }
             LayerSpec::Activation { act, .. } => {
                 let op = match act {
                     Activation::Relu => Op::Relu,
@@ -825,6 +856,7 @@ impl LayerSpec {
             LayerSpec::Spectral { width, modes, .. } => {
                 Box::new(SpectralConv1d::new(vars, *width, *modes)?)
             }
+            LayerSpec::PRelu { slopes, .. } => Box::new(PRelu::new(vars, *slopes)?),
             LayerSpec::Activation { act, .. } => Box::new(*act),
             LayerSpec::Flatten { .. } => Box::new(tl_nn::Flatten),
             LayerSpec::Sequential {
@@ -1094,6 +1126,21 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 batch,
             })
             .boxed(),
+        // x (N, C, rest…) with C slopes, or x of rank 0–3 with one slope.
+        "PRelu" => prop_oneof![
+            (
+                1usize..=3,
+                1usize..=3,
+                prop::collection::vec(1usize..=3, 0..=2)
+            )
+                .prop_map(|(n, c, rest)| LayerSpec::PRelu {
+                    slopes: c,
+                    shape: [n, c].into_iter().chain(rest).collect(),
+                }),
+            prop::collection::vec(1usize..=4, 0..=3)
+                .prop_map(|shape| LayerSpec::PRelu { slopes: 1, shape }),
+        ]
+        .boxed(),
         "Activation" => (
             prop::sample::select(ACTIVATIONS.to_vec()),
             prop::collection::vec(1usize..=4, 1..=3),
@@ -1115,7 +1162,7 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
 }
 
 /// Every layer the check covers, by name (one per type of `tl_nn`'s layers and modules).
-pub const LAYERS: [&str; 17] = [
+pub const LAYERS: [&str; 18] = [
     "Linear",
     "Conv",
     "ConvTranspose",
@@ -1129,6 +1176,7 @@ pub const LAYERS: [&str; 17] = [
     "Dropout",
     "MultiHeadAttention",
     "SpectralConv1d",
+    "PRelu",
     "Activation",
     "Flatten",
     "Sequential",

@@ -44,6 +44,7 @@
 //!   [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
 //!   [`BatchNorm`], [`RmsNorm`], [`GroupNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
+//!   [`PRelu`] (a learned slope),
 //!   the recurrent [`Lstm`] and [`Gru`] ([`RnnConfig`], [`RnnWeights`]), and [`ModuleList`]
 //!   (layers named by position).
 //! - Your own ops ([`tl_ir::UserOp`]): [`Var::user`] applies one, [`UserLayer`] makes a
@@ -101,7 +102,7 @@ pub use init::Init;
 pub use labels::Labels;
 pub use layers::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, Gru,
-    LayerNorm, Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, RmsNorm, RnnConfig,
+    LayerNorm, Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, PRelu, RmsNorm, RnnConfig,
     RnnWeights, SpectralConv1d,
 };
 pub use losses::Reduction;

@@ -39,6 +39,7 @@ layer_tests! {
     dropout => "Dropout";
     multi_head_attention => "MultiHeadAttention";
     spectral_conv1d => "SpectralConv1d";
+    prelu => "PRelu";
     activation => "Activation";
     flatten => "Flatten";
     sequential => "Sequential";
@@ -47,7 +48,7 @@ layer_tests! {
 
 #[test]
 fn every_layer_has_a_test() {
-    assert_eq!(LAYERS.len(), 17);
+    assert_eq!(LAYERS.len(), 18);
 }
 
 #[test]

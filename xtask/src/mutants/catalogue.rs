@@ -853,6 +853,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Layers,
     },
     Mutant {
+        id: "nn-prelu-negative-part-flipped",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/activation.rs",
+        from: "let neg = (x - &pos)?;",
+        to: "let neg = (&pos - x)?;",
+        bug: "PRelu's negative part is relu(x) − x, so negative inputs are scaled by −a",
+        harness: Layers,
+    },
+    Mutant {
         id: "nn-groupnorm-one-group",
         area: Nn,
         file: "crates/tl-nn/src/layers/norm.rs",

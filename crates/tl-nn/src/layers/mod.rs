@@ -1,6 +1,7 @@
 //! The layers, one family a file; each names its parameters as PyTorch's module does
 //! (`weight`, `bias`, `running_mean`, …) and initialises them with PyTorch's defaults.
 
+mod activation;
 mod attention;
 mod conv;
 mod dropout;
@@ -13,6 +14,7 @@ mod pool;
 mod rnn;
 mod spectral;
 
+pub use activation::PRelu;
 pub use attention::MultiHeadAttention;
 pub use conv::{Conv, ConvConfig, ConvTranspose};
 pub use dropout::Dropout;

@@ -3,7 +3,7 @@
 
 use tl_nn::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, LayerNorm,
-    Linear, MaxPool, Module, MultiHeadAttention, Parameters, RmsNorm, Runtime, Sequential,
+    Linear, MaxPool, Module, MultiHeadAttention, PRelu, Parameters, RmsNorm, Runtime, Sequential,
 };
 use tl_session::{Backend, Optimizer, Train};
 use tl_spec::Tensor;
@@ -511,4 +511,130 @@ fn group_norm_normalises_each_sample_s_channel_groups() {
         err.contains("GroupNorm \"gn\"") && err.contains("(N, 4, …)") && err.contains("has 3"),
         "{err}"
     );
+}
+
+/// `v` as a tensor of `dims` in the element type `T`.
+fn vals<T: tl_spec::Scalar>(v: &[f64], dims: &[usize]) -> Tensor<T> {
+    Tensor::new(
+        tl_spec::Shape::new(dims),
+        v.iter().map(|&x| T::lit(x)).collect(),
+    )
+    .unwrap()
+}
+
+/// x as a trainable parameter beside a layer, so one SGD step of lr 1 gives x's gradient too.
+struct WithInput<'a, M> {
+    x: tl_session::Param,
+    layer: &'a M,
+}
+
+impl<M: Parameters> Parameters for WithInput<'_, M> {
+    fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
+        f(&self.x);
+        self.layer.visit_params(f);
+    }
+}
+
+#[test]
+fn prelu_follows_pytorch_at_zero_and_per_channel() {
+    // PyTorch: y = x for x > 0 else a·x; dy/dx = 1 for x > 0 else a (x = 0 included); the
+    // slope's gradient Σ g·x over x ≤ 0 (its channel's). Loss Σ y·c.
+    fn run<O: Train>(mut rt: Runtime<O>, tol: f64) {
+        use tl_spec::Scalar;
+        let xs = [1.5, -2.0, 0.0, -0.5, 3.0, -1.0];
+        let c = [1.0, 2.0, -1.0, 0.5, 1.0, 3.0];
+        // x (1, 2, 3): channel 0 holds 1.5, -2, 0; channel 1 holds -0.5, 3, -1.
+        let x = rt
+            .vars()
+            .param_from("x", vals(&xs, &[1, 2, 3]), true)
+            .unwrap();
+        let layer = PRelu::new(&rt.vars().pp("act"), 2).unwrap();
+        let slopes = [0.25, -0.5];
+        rt.set_value(&layer.weight, vals(&slopes, &[2])).unwrap();
+        let model = WithInput {
+            x: x.clone(),
+            layer: &layer,
+        };
+        let y = rt.eval(&model, |g| layer.forward(&g.param(&x)?)).unwrap();
+        let a = |i: usize| slopes[i / 3];
+        for (i, &v) in xs.iter().enumerate() {
+            let want = if v > 0.0 { v } else { a(i) * v };
+            assert!((y.data()[i].as_f64() - want).abs() <= tol, "y[{i}]");
+        }
+        let mut opt = Optimizer::sgd(1.0).unwrap();
+        rt.step(&model, &mut opt, |g| {
+            let y = layer.forward(&g.param(&x)?)?;
+            (&y * &g.input(vals(&c, &[1, 2, 3]))?)?.sum()
+        })
+        .unwrap();
+        let (x1, a1) = (
+            rt.value_of(&x).unwrap(),
+            rt.value_of(&layer.weight).unwrap(),
+        );
+        for (i, &v) in xs.iter().enumerate() {
+            let want = if v > 0.0 { c[i] } else { a(i) * c[i] };
+            let got = v - x1.data()[i].as_f64();
+            assert!((got - want).abs() <= tol, "dx[{i}]: {got} vs {want}");
+        }
+        for (k, &s) in slopes.iter().enumerate() {
+            let want: f64 = (3 * k..3 * k + 3).map(|i| c[i] * xs[i].min(0.0)).sum();
+            let got = s - a1.data()[k].as_f64();
+            assert!((got - want).abs() <= tol, "da[{k}]: {got} vs {want}");
+        }
+    }
+    run(eager::<f64>(Backend::Cpu, 0), 1e-15);
+    run(linked::<f64>(0), 1e-15);
+    run(eager::<f32>(Backend::CudaSim, 0), 1e-6);
+}
+
+#[test]
+fn prelu_shares_one_slope_and_checks_its_channels() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let one = PRelu::new(&rt.vars().pp("one"), 1).unwrap();
+    // PyTorch's defaults and names.
+    assert_eq!(rt.value_of(&one.weight).unwrap().data(), [0.25]);
+    let names: Vec<String> = rt
+        .named_params_of(&one)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["one.weight"]);
+    assert_eq!(
+        tl_nn::tree(&one).to_string().trim(),
+        "PReLU(num_parameters=1)"
+    );
+    // One slope on any rank, a scalar included.
+    for dims in [&[][..], &[3], &[2, 3, 2]] {
+        let n = dims.iter().product::<usize>();
+        let xs: Vec<f64> = (0..n).map(|i| i as f64 - 2.0).collect();
+        let y = rt
+            .eval(&one, |g| one.forward(&g.input(vals(&xs, dims))?))
+            .unwrap();
+        assert_eq!(y.shape().dims(), dims);
+        for (v, &x) in y.data().iter().zip(&xs) {
+            assert_eq!(*v, if x > 0.0 { x } else { 0.25 * x });
+        }
+    }
+    // C slopes need the channels on axis 1.
+    let three = PRelu::with_init(&rt.vars().pp("three"), 3, 0.1).unwrap();
+    for dims in [&[3][..], &[2, 4], &[]] {
+        let e = rt
+            .eval(&three, |g| three.forward(&g.input(Tensor::zeros(dims))?))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("PReLU") && e.contains("3 slopes"), "{e}");
+    }
+    let y = rt
+        .eval(&three, |g| {
+            three.forward(&g.input(Tensor::full([2, 3], -1.0))?)
+        })
+        .unwrap();
+    assert_eq!(y.data(), [-0.1; 6]);
+    // Bad sizes and inits are errors naming the constructor.
+    for (n, init) in [(0, 0.25), (2, f64::NAN), (2, f64::INFINITY)] {
+        let e = PRelu::with_init(&rt.vars().pp("bad"), n, init)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("PRelu::new"), "{e}");
+    }
 }
