@@ -1,5 +1,5 @@
 //! tl-nn's layers under the harness: every layer of `tl_nn` (Linear, Conv, ConvTranspose,
-//! MaxPool, AvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout, PRelu,
+//! MaxPool, AvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout, PRelu, Upsample,
 //! MultiHeadAttention,
 //! SpectralConv1d, the activations, Flatten, Sequential) on random sizes, parameters and
 //! inputs, on every session: eager CPU (f64, f32), eager CUDA simulation (f32) and linked
@@ -21,7 +21,7 @@ use tl_ir::{GraphBuilder, GraphData, Id, Op};
 use tl_nn::{
     Activation, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm,
     LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, PRelu, Parameters, RmsNorm, Runtime,
-    Sequential, SpectralConv1d, Vars,
+    Sequential, SpectralConv1d, Upsample, Vars,
 };
 use tl_session::{Backend, LinkedSession, Options, Param, Session, TensorRef, Train};
 use tl_spec::ops::attention::Mask;
@@ -259,6 +259,14 @@ pub enum LayerSpec {
         /// Batch size, if x has a batch axis.
         batch: Option<usize>,
     },
+    /// `Upsample::per_axis(scale)` (or `Upsample::new(scale[0])` when `scale` has one entry)
+    /// on x of `shape` (N, C, spatial…).
+    Upsample {
+        /// Factors: one for every spatial axis, or one per axis.
+        scale: Vec<usize>,
+        /// x's shape.
+        shape: Vec<usize>,
+    },
     /// `PRelu::new(slopes)` on x of `shape` (with `slopes` > 1: its axis 1 has `slopes`
     /// channels).
     PRelu {
@@ -326,6 +334,7 @@ impl LayerSpec {
             LayerSpec::Attention { .. } => "MultiHeadAttention",
             LayerSpec::Spectral { .. } => "SpectralConv1d",
             LayerSpec::PRelu { .. } => "PRelu",
+            LayerSpec::Upsample { .. } => "Upsample",
             LayerSpec::Activation { .. } => "Activation",
             LayerSpec::Flatten { .. } => "Flatten",
             LayerSpec::Sequential { .. } => "Sequential",
@@ -442,6 +451,7 @@ impl LayerSpec {
             LayerSpec::Embedding { .. } => return None,
             LayerSpec::Dropout { shape, .. }
             | LayerSpec::PRelu { shape, .. }
+            | LayerSpec::Upsample { shape, .. }
             | LayerSpec::Activation { shape, .. }
             | LayerSpec::Flatten { shape } => shape.clone(),
             LayerSpec::Attention {
@@ -523,6 +533,7 @@ impl LayerSpec {
                 (vec![*outputs], Weight),
             ],
             LayerSpec::Pool { .. }
+            | LayerSpec::Upsample { .. }
             | LayerSpec::Dropout { .. }
             | LayerSpec::Activation { .. }
             | LayerSpec::Flatten { .. } => Vec::new(),
@@ -732,6 +743,37 @@ impl LayerSpec {
                 Op::SpectralConv1dRfft { modes: *modes },
                 &[x()?, p[0], p[1]],
             ),
+            LayerSpec::Upsample { scale, shape } => {
+                // Along each spatial axis in turn, a 0/1 matrix R (d·s, d) with R[i][i / s] = 1
+                // applied as a matmul (pre, d, post) → (pre, d·s, post), where the layer
+                // reshapes and broadcasts.
+                let mut y = x()?;
+                let mut dims = shape.clone();
+                for k in 2..shape.len() {
+                    let s = if scale.len() == 1 {
+                        scale[0]
+                    } else {
+                        scale[k - 2]
+                    };
+                    let (pre, d) = (dims[..k].iter().product::<usize>(), dims[k]);
+                    let post = dims[k + 1..].iter().product::<usize>();
+                    let rt = Tensor::from_fn([d, d * s], |i| {
+                        let (row, col) = (i / (d * s), i % (d * s));
+                        if col / s == row { 1.0 } else { 0.0 }
+                    });
+                    let rt = b.apply(Op::Constant(rt), &[])?;
+                    // (pre, d, post) → (pre, post, d) → (pre·post, d)·Rᵀ → back.
+                    let t = reshape(b, y, &[pre, d, post])?;
+                    let t = b.apply(Op::SwapLastTwo, &[t])?;
+                    let t = reshape(b, t, &[pre * post, d])?;
+                    let t = b.apply(Op::Matmul, &[t, rt])?;
+                    let t = reshape(b, t, &[pre, post, d * s])?;
+                    let t = b.apply(Op::SwapLastTwo, &[t])?;
+                    dims[k] = d * s;
+                    y = reshape(b, t, &dims)?;
+                }
+                Ok(y)
+            }
             LayerSpec::PRelu { slopes, shape } => {
                 // max(x, 0) + a·min(x, 0), a broadcast from (C, 1, …) (or a scalar), where the
                 // layer takes relu(x) + a·(x − relu(x)).
@@ -857,6 +899,10 @@ impl LayerSpec {
                 Box::new(SpectralConv1d::new(vars, *width, *modes)?)
             }
             LayerSpec::PRelu { slopes, .. } => Box::new(PRelu::new(vars, *slopes)?),
+            LayerSpec::Upsample { scale, .. } => match scale.as_slice() {
+                [s] => Box::new(Upsample::new(*s)?),
+                per => Box::new(Upsample::per_axis(per)?),
+            },
             LayerSpec::Activation { act, .. } => Box::new(*act),
             LayerSpec::Flatten { .. } => Box::new(tl_nn::Flatten),
             LayerSpec::Sequential {
@@ -1126,6 +1172,21 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 batch,
             })
             .boxed(),
+        // x (N, C, spatial…), 1–3 spatial axes, one factor or one per axis.
+        "Upsample" => (
+            1usize..=2,
+            1usize..=2,
+            prop::collection::vec(1usize..=3, 1..=3),
+        )
+            .prop_flat_map(|(n, c, spatial)| {
+                let k = spatial.len();
+                let shape: Vec<usize> = [n, c].into_iter().chain(spatial).collect();
+                let one = prop::collection::vec(1usize..=3, 1);
+                let per = prop::collection::vec(1usize..=3, k);
+                (Just(shape), prop_oneof![one, per])
+            })
+            .prop_map(|(shape, scale)| LayerSpec::Upsample { scale, shape })
+            .boxed(),
         // x (N, C, rest…) with C slopes, or x of rank 0–3 with one slope.
         "PRelu" => prop_oneof![
             (
@@ -1162,7 +1223,7 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
 }
 
 /// Every layer the check covers, by name (one per type of `tl_nn`'s layers and modules).
-pub const LAYERS: [&str; 18] = [
+pub const LAYERS: [&str; 19] = [
     "Linear",
     "Conv",
     "ConvTranspose",
@@ -1177,6 +1238,7 @@ pub const LAYERS: [&str; 18] = [
     "MultiHeadAttention",
     "SpectralConv1d",
     "PRelu",
+    "Upsample",
     "Activation",
     "Flatten",
     "Sequential",

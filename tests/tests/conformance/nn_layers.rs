@@ -40,6 +40,7 @@ layer_tests! {
     multi_head_attention => "MultiHeadAttention";
     spectral_conv1d => "SpectralConv1d";
     prelu => "PRelu";
+    upsample => "Upsample";
     activation => "Activation";
     flatten => "Flatten";
     sequential => "Sequential";
@@ -48,7 +49,7 @@ layer_tests! {
 
 #[test]
 fn every_layer_has_a_test() {
-    assert_eq!(LAYERS.len(), 18);
+    assert_eq!(LAYERS.len(), 19);
 }
 
 #[test]

@@ -862,6 +862,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Layers,
     },
     Mutant {
+        id: "nn-upsample-factors-reversed",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/upsample.rs",
+        from: "for (&d, &s) in spatial.iter().zip(&factors) {",
+        to: "for (&d, &s) in spatial.iter().zip(factors.iter().rev()) {",
+        bug: "Upsample applies its per-axis factors in reverse axis order",
+        harness: Layers,
+    },
+    Mutant {
         id: "nn-groupnorm-one-group",
         area: Nn,
         file: "crates/tl-nn/src/layers/norm.rs",

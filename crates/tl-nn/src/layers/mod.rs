@@ -13,6 +13,7 @@ mod norm;
 mod pool;
 mod rnn;
 mod spectral;
+mod upsample;
 
 pub use activation::PRelu;
 pub use attention::MultiHeadAttention;
@@ -25,6 +26,7 @@ pub use norm::{BatchNorm, GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AvgPool, MaxPool};
 pub use rnn::{Gru, Lstm, RnnConfig, RnnWeights};
 pub use spectral::SpectralConv1d;
+pub use upsample::Upsample;
 
 use tl_session::{Param, Train};
 

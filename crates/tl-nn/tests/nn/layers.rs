@@ -638,3 +638,86 @@ fn prelu_shares_one_slope_and_checks_its_channels() {
         assert!(e.contains("PRelu::new"), "{e}");
     }
 }
+
+#[test]
+fn upsample_repeats_cells_and_sums_their_gradients() {
+    use tl_nn::Upsample;
+    fn run<O: Train>(mut rt: Runtime<O>) {
+        use tl_spec::Scalar;
+        // x (1, 1, 2, 2) = [[1, 2], [3, 4]], scaled 2 × 3: PyTorch's
+        // F.interpolate(x, scale_factor=(2, 3)) (nearest).
+        let x = rt
+            .vars()
+            .param_from("x", vals(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]), true)
+            .unwrap();
+        let up = Upsample::per_axis(&[2, 3]).unwrap();
+        let model = WithInput {
+            x: x.clone(),
+            layer: &up,
+        };
+        let y = rt.eval(&model, |g| up.forward(&g.param(&x)?)).unwrap();
+        assert_eq!(y.shape().dims(), [1, 1, 4, 6]);
+        let got: Vec<f64> = y.data().iter().map(|v| v.as_f64()).collect();
+        let row = |a: f64, b: f64| [a, a, a, b, b, b];
+        let want: Vec<f64> = [row(1.0, 2.0), row(1.0, 2.0), row(3.0, 4.0), row(3.0, 4.0)].concat();
+        assert_eq!(got, want);
+        // Loss Σ y·c: each input cell's gradient is the sum of c over its six copies.
+        let c: Vec<f64> = (0..24).map(|i| i as f64).collect();
+        let mut opt = Optimizer::sgd(1.0).unwrap();
+        rt.step(&model, &mut opt, |g| {
+            let y = up.forward(&g.param(&x)?)?;
+            (&y * &g.input(vals(&c, &[1, 1, 4, 6]))?)?.sum()
+        })
+        .unwrap();
+        let after = rt.value_of(&x).unwrap();
+        for (cell, (before, a)) in [1.0, 2.0, 3.0, 4.0].iter().zip(after.data()).enumerate() {
+            let (r, k) = (cell / 2, cell % 2);
+            let want: f64 = (2 * r..2 * r + 2)
+                .flat_map(|i| (3 * k..3 * k + 3).map(move |j| (i * 6 + j) as f64))
+                .sum();
+            assert_eq!(before - a.as_f64(), want, "cell {cell}");
+        }
+    }
+    run(eager::<f64>(Backend::Cpu, 0));
+    run(linked::<f64>(0));
+    run(eager::<f32>(Backend::CudaSim, 0));
+
+    // PyTorch's printing; one factor for every axis of 1-D to 3-D inputs.
+    assert_eq!(
+        tl_nn::tree(&Upsample::new(2).unwrap()).to_string().trim(),
+        "Upsample(scale_factor=2.0, mode='nearest')"
+    );
+    assert_eq!(
+        tl_nn::tree(&Upsample::per_axis(&[2, 1]).unwrap())
+            .to_string()
+            .trim(),
+        "Upsample(scale_factor=(2.0, 1.0), mode='nearest')"
+    );
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let up = Upsample::new(2).unwrap();
+    for (dims, out) in [
+        (&[1, 2, 3][..], &[1, 2, 6][..]),
+        (&[2, 1, 1, 2, 3], &[2, 1, 2, 4, 6]),
+    ] {
+        let y = rt
+            .eval(&up, |g| up.forward(&g.input(Tensor::zeros(dims))?))
+            .unwrap();
+        assert_eq!(y.shape().dims(), out);
+    }
+    // Bad factors and inputs are errors naming the call and the value.
+    for bad in [&[][..], &[0], &[1, 2, 3, 4]] {
+        let e = Upsample::per_axis(bad).unwrap_err().to_string();
+        assert!(e.contains("Upsample::new"), "{e}");
+    }
+    let two = Upsample::per_axis(&[2, 2]).unwrap();
+    for dims in [&[4][..], &[1, 2], &[1, 1, 2, 2, 2, 2, 2], &[1, 1, 4]] {
+        let e = rt
+            .eval(&two, |g| two.forward(&g.input(Tensor::zeros(dims))?))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("Upsample::forward") && e.contains(&format!("{dims:?}")),
+            "{e}"
+        );
+    }
+}
