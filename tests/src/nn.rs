@@ -1,5 +1,5 @@
 //! tl-nn's layers under the harness: every layer of `tl_nn` (Linear, Conv, ConvTranspose,
-//! MaxPool, AvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout, PRelu, Upsample,
+//! MaxPool, AvgPool, AdaptiveAvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout, PRelu, Upsample,
 //! MultiHeadAttention,
 //! SpectralConv1d, the activations, Flatten, Sequential) on random sizes, parameters and
 //! inputs, on every session: eager CPU (f64, f32), eager CUDA simulation (f32) and linked
@@ -19,9 +19,9 @@ use std::cell::RefCell;
 use proptest::prelude::*;
 use tl_ir::{GraphBuilder, GraphData, Id, Op};
 use tl_nn::{
-    Activation, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm,
-    LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, PRelu, Parameters, RmsNorm, Runtime,
-    Sequential, SpectralConv1d, Upsample, Vars,
+    Activation, AdaptiveAvgPool, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout,
+    Embedding, GroupNorm, LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, PRelu,
+    Parameters, RmsNorm, Runtime, Sequential, SpectralConv1d, Upsample, Vars,
 };
 use tl_session::{Backend, LinkedSession, Options, Param, Session, TensorRef, Train};
 use tl_spec::ops::attention::Mask;
@@ -259,6 +259,14 @@ pub enum LayerSpec {
         /// Batch size, if x has a batch axis.
         batch: Option<usize>,
     },
+    /// `AdaptiveAvgPool::new(output)` on x of `shape` (\[N,\] C, spatial…), one output size
+    /// per spatial axis.
+    AdaptiveAvgPool {
+        /// Output cells per spatial axis.
+        output: Vec<usize>,
+        /// x's shape.
+        shape: Vec<usize>,
+    },
     /// `Upsample::per_axis(scale)` (or `Upsample::new(scale[0])` when `scale` has one entry)
     /// on x of `shape` (N, C, spatial…).
     Upsample {
@@ -335,6 +343,7 @@ impl LayerSpec {
             LayerSpec::Spectral { .. } => "SpectralConv1d",
             LayerSpec::PRelu { .. } => "PRelu",
             LayerSpec::Upsample { .. } => "Upsample",
+            LayerSpec::AdaptiveAvgPool { .. } => "AdaptiveAvgPool",
             LayerSpec::Activation { .. } => "Activation",
             LayerSpec::Flatten { .. } => "Flatten",
             LayerSpec::Sequential { .. } => "Sequential",
@@ -452,6 +461,7 @@ impl LayerSpec {
             LayerSpec::Dropout { shape, .. }
             | LayerSpec::PRelu { shape, .. }
             | LayerSpec::Upsample { shape, .. }
+            | LayerSpec::AdaptiveAvgPool { shape, .. }
             | LayerSpec::Activation { shape, .. }
             | LayerSpec::Flatten { shape } => shape.clone(),
             LayerSpec::Attention {
@@ -534,6 +544,7 @@ impl LayerSpec {
             ],
             LayerSpec::Pool { .. }
             | LayerSpec::Upsample { .. }
+            | LayerSpec::AdaptiveAvgPool { .. }
             | LayerSpec::Dropout { .. }
             | LayerSpec::Activation { .. }
             | LayerSpec::Flatten { .. } => Vec::new(),
@@ -774,6 +785,46 @@ impl LayerSpec {
                 }
                 Ok(y)
             }
+            LayerSpec::AdaptiveAvgPool { output, shape } => {
+                // Along each spatial axis (identity sizes included): the window sums as a
+                // matmul by a 0/1 matrix, then a division by each window's count; the layer
+                // multiplies by 1/count inside its matrix and skips identity axes.
+                let mut y = x()?;
+                let mut dims = shape.clone();
+                let first = shape.len() - output.len();
+                for (k, &o) in (first..).zip(output) {
+                    let (pre, d) = (dims[..k].iter().product::<usize>(), dims[k]);
+                    let post = dims[k + 1..].iter().product::<usize>();
+                    // Output cell i covers [⌊i·d/o⌋, ⌈(i+1)·d/o⌉).
+                    let bounds = |i: usize| {
+                        let (q, r) = ((i + 1) * d / o, (i + 1) * d % o);
+                        (i * d / o, q + usize::from(r != 0))
+                    };
+                    let sel = Tensor::from_fn([d, o], |e| {
+                        let (j, i) = (e / o, e % o);
+                        let (lo, hi) = bounds(i);
+                        if lo <= j && j < hi { 1.0 } else { 0.0 }
+                    });
+                    let counts = Tensor::from_fn([pre * post, o], |e| {
+                        let (lo, hi) = bounds(e % o);
+                        (hi - lo) as f64
+                    });
+                    let (sel, counts) = (
+                        b.apply(Op::Constant(sel), &[])?,
+                        b.apply(Op::Constant(counts), &[])?,
+                    );
+                    let t = reshape(b, y, &[pre, d, post])?;
+                    let t = b.apply(Op::SwapLastTwo, &[t])?;
+                    let t = reshape(b, t, &[pre * post, d])?;
+                    let t = b.apply(Op::Matmul, &[t, sel])?;
+                    let t = b.apply(Op::Div, &[t, counts])?;
+                    let t = reshape(b, t, &[pre, post, o])?;
+                    let t = b.apply(Op::SwapLastTwo, &[t])?;
+                    dims[k] = o;
+                    y = reshape(b, t, &dims)?;
+                }
+                Ok(y)
+            }
             LayerSpec::PRelu { slopes, shape } => {
                 // max(x, 0) + a·min(x, 0), a broadcast from (C, 1, …) (or a scalar), where the
                 // layer takes relu(x) + a·(x − relu(x)).
@@ -899,6 +950,7 @@ impl LayerSpec {
                 Box::new(SpectralConv1d::new(vars, *width, *modes)?)
             }
             LayerSpec::PRelu { slopes, .. } => Box::new(PRelu::new(vars, *slopes)?),
+            LayerSpec::AdaptiveAvgPool { output, .. } => Box::new(AdaptiveAvgPool::new(output)?),
             LayerSpec::Upsample { scale, .. } => match scale.as_slice() {
                 [s] => Box::new(Upsample::new(*s)?),
                 per => Box::new(Upsample::per_axis(per)?),
@@ -1172,6 +1224,21 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 batch,
             })
             .boxed(),
+        // x ([N,] C, spatial…), 1–3 spatial axes of 1–7 cells, outputs 1–4 (smaller, equal
+        // or larger: overlapping windows).
+        "AdaptiveAvgPool" => (
+            prop::option::of(1usize..=2),
+            1usize..=2,
+            prop::collection::vec((1usize..=7, 1usize..=4), 1..=3),
+        )
+            .prop_map(|(n, c, axes)| {
+                let shape = n.into_iter().chain([c]).chain(axes.iter().map(|a| a.0));
+                LayerSpec::AdaptiveAvgPool {
+                    output: axes.iter().map(|a| a.1).collect(),
+                    shape: shape.collect(),
+                }
+            })
+            .boxed(),
         // x (N, C, spatial…), 1–3 spatial axes, one factor or one per axis.
         "Upsample" => (
             1usize..=2,
@@ -1223,7 +1290,7 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
 }
 
 /// Every layer the check covers, by name (one per type of `tl_nn`'s layers and modules).
-pub const LAYERS: [&str; 19] = [
+pub const LAYERS: [&str; 20] = [
     "Linear",
     "Conv",
     "ConvTranspose",
@@ -1239,6 +1306,7 @@ pub const LAYERS: [&str; 19] = [
     "SpectralConv1d",
     "PRelu",
     "Upsample",
+    "AdaptiveAvgPool",
     "Activation",
     "Flatten",
     "Sequential",

@@ -44,7 +44,7 @@
 //!   [`Activation`], [`Flatten`], and the layers:
 //!   [`Linear`], [`Conv`], [`ConvTranspose`], [`MaxPool`], [`AvgPool`], [`LayerNorm`],
 //!   [`BatchNorm`], [`RmsNorm`], [`GroupNorm`], [`Embedding`], [`MultiHeadAttention`], [`Dropout`], [`SpectralConv1d`],
-//!   [`PRelu`] (a learned slope), [`Upsample`] (nearest),
+//!   [`PRelu`] (a learned slope), [`Upsample`] (nearest), [`AdaptiveAvgPool`],
 //!   the recurrent [`Lstm`] and [`Gru`] ([`RnnConfig`], [`RnnWeights`]), and [`ModuleList`]
 //!   (layers named by position).
 //! - Your own ops ([`tl_ir::UserOp`]): [`Var::user`] applies one, [`UserLayer`] makes a
@@ -101,9 +101,9 @@ pub use error::{Error, Result};
 pub use init::Init;
 pub use labels::Labels;
 pub use layers::{
-    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, Gru,
-    LayerNorm, Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, PRelu, RmsNorm, RnnConfig,
-    RnnWeights, SpectralConv1d, Upsample,
+    AdaptiveAvgPool, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding,
+    GroupNorm, Gru, LayerNorm, Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention, PRelu,
+    RmsNorm, RnnConfig, RnnWeights, SpectralConv1d, Upsample,
 };
 pub use losses::Reduction;
 pub use module::{Activation, Flatten, Module, Parameters, Sequential};

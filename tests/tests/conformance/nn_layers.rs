@@ -41,6 +41,7 @@ layer_tests! {
     spectral_conv1d => "SpectralConv1d";
     prelu => "PRelu";
     upsample => "Upsample";
+    adaptive_avg_pool => "AdaptiveAvgPool";
     activation => "Activation";
     flatten => "Flatten";
     sequential => "Sequential";
@@ -49,7 +50,7 @@ layer_tests! {
 
 #[test]
 fn every_layer_has_a_test() {
-    assert_eq!(LAYERS.len(), 19);
+    assert_eq!(LAYERS.len(), 20);
 }
 
 #[test]

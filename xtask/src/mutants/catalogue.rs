@@ -871,6 +871,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Layers,
     },
     Mutant {
+        id: "nn-adaptive-pool-floor-end",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/adaptive.rs",
+        from: "(i * d / o)..((i + 1) * d).div_ceil(o)",
+        to: "(i * d / o)..(i + 1) * d / o",
+        bug: "AdaptiveAvgPool ends each window at ⌊(i+1)·d/o⌋, not PyTorch's ceiling (windows lose their overlap, some become empty)",
+        harness: Layers,
+    },
+    Mutant {
         id: "nn-groupnorm-one-group",
         area: Nn,
         file: "crates/tl-nn/src/layers/norm.rs",

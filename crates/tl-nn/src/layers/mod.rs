@@ -2,6 +2,7 @@
 //! (`weight`, `bias`, `running_mean`, …) and initialises them with PyTorch's defaults.
 
 mod activation;
+mod adaptive;
 mod attention;
 mod conv;
 mod dropout;
@@ -16,6 +17,7 @@ mod spectral;
 mod upsample;
 
 pub use activation::PRelu;
+pub use adaptive::AdaptiveAvgPool;
 pub use attention::MultiHeadAttention;
 pub use conv::{Conv, ConvConfig, ConvTranspose};
 pub use dropout::Dropout;

@@ -721,3 +721,56 @@ fn upsample_repeats_cells_and_sums_their_gradients() {
         );
     }
 }
+
+#[test]
+fn adaptive_avg_pool_takes_pytorchs_windows() {
+    use tl_nn::AdaptiveAvgPool;
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let run = |p: &AdaptiveAvgPool, x: Tensor<f64>| rt.eval(p, |g| p.forward(&g.input(x)?));
+    // PyTorch: F.adaptive_avg_pool1d(torch.tensor([[[1., 2, 4, 8, 16]]]), 3) = [1.5, 14/3, 12]:
+    // windows [0, 2), [1, 4), [3, 5).
+    let p3 = AdaptiveAvgPool::new(&[3]).unwrap();
+    let y = run(&p3, vals(&[1.0, 2.0, 4.0, 8.0, 16.0], &[1, 1, 5])).unwrap();
+    assert_eq!(y.shape().dims(), [1, 1, 3]);
+    for (got, want) in y.data().iter().zip([1.5, 14.0 / 3.0, 12.0]) {
+        assert!((got - want).abs() < 1e-15, "{got} vs {want}");
+    }
+    // Larger than the input: cells repeat ([0, 1), [0, 2), [1, 2) of two cells).
+    let y = run(&p3, vals(&[2.0, 4.0], &[1, 2])).unwrap();
+    assert_eq!(y.data(), [2.0, 3.0, 4.0]);
+    // (1, 1, 4, 4) to (2, 2): 2×2 average pooling; to (1, 1): the mean.
+    let xs: Vec<f64> = (0..16).map(f64::from).collect();
+    let p22 = AdaptiveAvgPool::new(&[2, 2]).unwrap();
+    let y = run(&p22, vals(&xs, &[1, 1, 4, 4])).unwrap();
+    assert_eq!(y.data(), [2.5, 4.5, 10.5, 12.5]);
+    let y = run(
+        &AdaptiveAvgPool::new(&[1, 1]).unwrap(),
+        vals(&xs, &[1, 1, 4, 4]),
+    )
+    .unwrap();
+    assert_eq!(
+        (y.shape().dims(), y.data()),
+        (&[1, 1, 1, 1][..], &[7.5][..])
+    );
+    // PyTorch's printing.
+    assert_eq!(
+        tl_nn::tree(&p22).to_string().trim(),
+        "AdaptiveAvgPool2d(output_size=(2, 2))"
+    );
+    assert_eq!(
+        tl_nn::tree(&p3).to_string().trim(),
+        "AdaptiveAvgPool1d(output_size=3)"
+    );
+    // Bad sizes and inputs are errors naming the call and the value.
+    for bad in [&[][..], &[0, 1], &[1, 1, 1, 1]] {
+        let e = AdaptiveAvgPool::new(bad).unwrap_err().to_string();
+        assert!(e.contains("AdaptiveAvgPool::new"), "{e}");
+    }
+    for dims in [&[4][..], &[1, 1, 1, 4, 4], &[1, 0, 4]] {
+        let e = run(&p22, Tensor::zeros(dims)).unwrap_err().to_string();
+        assert!(
+            e.contains("AdaptiveAvgPool::forward") && e.contains(&format!("{dims:?}")),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! [`AdaptiveAvgPool`]: average pooling to a given output size. PyTorch:
+//! `nn.AdaptiveAvgPool1d/2d/3d`.
+
+use tl_session::{Param, Train};
+use tl_spec::{Scalar, Tensor};
+
+use crate::error::usage;
+use crate::{Module, Parameters, Result, Var};
+
+/// Average pooling of x (\[N,\] C, spatial…) to `output` cells per spatial axis (1 to 3 axes),
+/// with PyTorch's windows: along an axis of `d` cells, output cell `i` averages input cells
+/// `⌊i·d/o⌋ .. ⌈(i+1)·d/o⌉` (so the windows overlap where `o` does not divide `d`). PyTorch:
+/// `nn.AdaptiveAvgPool2d(output_size)` (and 1d, 3d); `AdaptiveAvgPool::new(&[1, 1])` is the
+/// global average pool before a ResNet's head.
+///
+/// Each spatial axis with `o ≠ d` is one `matmul` by a constant (d, o) matrix of window weights
+/// `1/len` (the axis moved last and back with `swapLastTwo`), so the gradient is every op's
+/// own; an axis with `o = d` is left as it is. Checked by tl-conformance's
+/// `nn_layers::adaptive_avg_pool` against window sums divided by their counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdaptiveAvgPool {
+    output: Vec<usize>,
+}
+
+impl AdaptiveAvgPool {
+    /// Pooling to `output[k]` cells along spatial axis k (1 to 3 sizes, each ≥ 1).
+    pub fn new(output: &[usize]) -> Result<Self> {
+        if output.is_empty() || output.len() > 3 || output.contains(&0) {
+            return Err(usage(
+                "AdaptiveAvgPool::new",
+                format!("need 1 to 3 output sizes, each ≥ 1, got {output:?}"),
+            ));
+        }
+        Ok(AdaptiveAvgPool {
+            output: output.to_vec(),
+        })
+    }
+}
+
+/// The window of output cell `i` of `o` over an axis of `d` cells (PyTorch's `start_index`,
+/// `end_index`).
+fn window(i: usize, d: usize, o: usize) -> std::ops::Range<usize> {
+    (i * d / o)..((i + 1) * d).div_ceil(o)
+}
+
+/// The (d, o) matrix whose column i holds `1/len` on output cell i's window.
+fn weights<T: Scalar>(d: usize, o: usize) -> Result<Tensor<T>> {
+    let n = d.saturating_mul(o);
+    let mut m: Vec<T> =
+        tl_spec::alloc::try_zeroed("AdaptiveAvgPool::forward", "window weights", n)?;
+    for i in 0..o {
+        let w = window(i, d, o);
+        let share = T::lit(1.0 / w.len() as f64);
+        for j in w {
+            m[j * o + i] = share;
+        }
+    }
+    Ok(Tensor::new([d, o], m)?)
+}
+
+/// `m` (d, o) applied along axis `axis` of x: (pre, d, post) → (pre, o, post).
+fn along_axis<'g, O: Train>(x: &Var<'g, O>, axis: usize, m: Tensor<O::T>) -> Result<Var<'g, O>> {
+    let dims = x.dims().to_vec();
+    let (d, o) = (dims[axis], m.shape().dims()[1]);
+    let pre: usize = dims[..axis].iter().product();
+    let post: usize = dims[axis + 1..].iter().product();
+    let m = x.scope().constant(m)?;
+    let mut out = dims.clone();
+    out[axis] = o;
+    if post == 1 {
+        return x.reshape(&[pre, d])?.matmul(&m)?.reshape(&out);
+    }
+    let last = x.reshape(&[pre, d, post])?.swap_last_two()?;
+    let y = last.reshape(&[pre * post, d])?.matmul(&m)?;
+    y.reshape(&[pre, post, o])?.swap_last_two()?.reshape(&out)
+}
+
+impl Parameters for AdaptiveAvgPool {
+    fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
+    fn module_name(&self) -> String {
+        format!("AdaptiveAvgPool{}d", self.output.len())
+    }
+    fn extra_repr(&self) -> String {
+        match self.output.as_slice() {
+            [o] => format!("output_size={o}"),
+            v => format!("output_size={}", crate::display::py_tuple(v)),
+        }
+    }
+}
+
+impl<O: Train> Module<O> for AdaptiveAvgPool {
+    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let dims = x.dims().to_vec();
+        let k = self.output.len();
+        if dims.len() != k + 1 && dims.len() != k + 2 {
+            return Err(usage(
+                "AdaptiveAvgPool::forward",
+                format!(
+                    "x must be (C, spatial…) or (N, C, spatial…) with {k} spatial axes, got {dims:?}"
+                ),
+            ));
+        }
+        let first = dims.len() - k;
+        let mut y = x.clone();
+        for (axis, &o) in (first..).zip(&self.output) {
+            let d = dims[axis];
+            if d == 0 {
+                return Err(usage(
+                    "AdaptiveAvgPool::forward",
+                    format!("spatial axis {axis} of x {dims:?} is empty"),
+                ));
+            }
+            if o != d {
+                y = along_axis(&y, axis, weights(d, o)?)?;
+            }
+        }
+        Ok(y)
+    }
+}
