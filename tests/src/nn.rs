@@ -268,10 +268,13 @@ pub enum LayerSpec {
         shape: Vec<usize>,
     },
     /// `Upsample::per_axis(scale)` (or `Upsample::new(scale[0])` when `scale` has one entry)
-    /// on x of `shape` (N, C, spatial…).
+    /// on x of `shape` (N, C, spatial…); with `linear` = `Some(align_corners)`, the linear
+    /// mode of its spatial axes (`Upsample::linear`, `bilinear`, `trilinear`; one factor).
     Upsample {
         /// Factors: one for every spatial axis, or one per axis.
         scale: Vec<usize>,
+        /// `Some(align_corners)`: linear interpolation; `None`: nearest.
+        linear: Option<bool>,
         /// x's shape.
         shape: Vec<usize>,
     },
@@ -754,10 +757,16 @@ impl LayerSpec {
                 Op::SpectralConv1dRfft { modes: *modes },
                 &[x()?, p[0], p[1]],
             ),
-            LayerSpec::Upsample { scale, shape } => {
-                // Along each spatial axis in turn, a 0/1 matrix R (d·s, d) with R[i][i / s] = 1
-                // applied as a matmul (pre, d, post) → (pre, d·s, post), where the layer
-                // reshapes and broadcasts.
+            LayerSpec::Upsample {
+                scale,
+                linear,
+                shape,
+            } => {
+                // Along each spatial axis in turn, (pre, d, post) → (pre, d·s, post). Nearest:
+                // a 0/1 matrix R (d·s, d) with R[i][i / s] = 1 as a matmul, where the layer
+                // reshapes and broadcasts. Linear: each output cell j's two neighbours picked
+                // by 0/1 matrices and weighed by (1 − λⱼ, λⱼ) with a broadcast `mul`, where the
+                // layer multiplies by one matrix of weights.
                 let mut y = x()?;
                 let mut dims = shape.clone();
                 for k in 2..shape.len() {
@@ -768,19 +777,65 @@ impl LayerSpec {
                     };
                     let (pre, d) = (dims[..k].iter().product::<usize>(), dims[k]);
                     let post = dims[k + 1..].iter().product::<usize>();
-                    let rt = Tensor::from_fn([d, d * s], |i| {
-                        let (row, col) = (i / (d * s), i % (d * s));
-                        if col / s == row { 1.0 } else { 0.0 }
-                    });
-                    let rt = b.apply(Op::Constant(rt), &[])?;
-                    // (pre, d, post) → (pre, post, d) → (pre·post, d)·Rᵀ → back.
+                    let o = d * s;
+                    // Output cell j's neighbours (lo, hi) and hi's weight.
+                    let cell = |j: usize| -> (usize, usize, f64) {
+                        match linear {
+                            None => (j / s, j / s, 0.0),
+                            Some(true) if o == 1 => (0, 0, 0.0),
+                            Some(true) => {
+                                let src = (j * (d - 1)) as f64 / (o - 1) as f64;
+                                let lo = (j * (d - 1)) / (o - 1);
+                                (lo, (lo + 1).min(d - 1), src - lo as f64)
+                            }
+                            Some(false) => {
+                                // src = (2j + 1 − s)/(2s), or 0 where that is negative.
+                                let twice = (2 * j + 1) as f64 - s as f64;
+                                let src = (twice / (2 * s) as f64).max(0.0);
+                                let lo = (src.floor() as usize).min(d - 1);
+                                (lo, (lo + 1).min(d - 1), src - lo as f64)
+                            }
+                        }
+                    };
+                    let pick = |hi: bool| {
+                        Tensor::from_fn([d, o], |e| {
+                            let (i, j) = (e / o, e % o);
+                            let (lo, up, _) = cell(j);
+                            if i == if hi { up } else { lo } {
+                                1.0
+                            } else {
+                                0.0
+                            }
+                        })
+                    };
+                    // (pre, d, post) → (pre, post, d) → (pre·post, d)·R → back.
                     let t = reshape(b, y, &[pre, d, post])?;
                     let t = b.apply(Op::SwapLastTwo, &[t])?;
                     let t = reshape(b, t, &[pre * post, d])?;
-                    let t = b.apply(Op::Matmul, &[t, rt])?;
-                    let t = reshape(b, t, &[pre, post, d * s])?;
+                    let lo = b.apply(Op::Constant(pick(false)), &[])?;
+                    let t = if linear.is_none() {
+                        b.apply(Op::Matmul, &[t, lo])?
+                    } else {
+                        let hi = b.apply(Op::Constant(pick(true)), &[])?;
+                        let weight = |hi: bool| {
+                            Tensor::from_fn([pre * post, o], |e| {
+                                let lambda = cell(e % o).2;
+                                if hi { lambda } else { 1.0 - lambda }
+                            })
+                        };
+                        let (wlo, whi) = (
+                            b.apply(Op::Constant(weight(false)), &[])?,
+                            b.apply(Op::Constant(weight(true)), &[])?,
+                        );
+                        let at_lo = b.apply(Op::Matmul, &[t, lo])?;
+                        let at_hi = b.apply(Op::Matmul, &[t, hi])?;
+                        let at_lo = b.apply(Op::Mul, &[at_lo, wlo])?;
+                        let at_hi = b.apply(Op::Mul, &[at_hi, whi])?;
+                        b.apply(Op::Add, &[at_lo, at_hi])?
+                    };
+                    let t = reshape(b, t, &[pre, post, o])?;
                     let t = b.apply(Op::SwapLastTwo, &[t])?;
-                    dims[k] = d * s;
+                    dims[k] = o;
                     y = reshape(b, t, &dims)?;
                 }
                 Ok(y)
@@ -951,9 +1006,16 @@ impl LayerSpec {
             }
             LayerSpec::PRelu { slopes, .. } => Box::new(PRelu::new(vars, *slopes)?),
             LayerSpec::AdaptiveAvgPool { output, .. } => Box::new(AdaptiveAvgPool::new(output)?),
-            LayerSpec::Upsample { scale, .. } => match scale.as_slice() {
-                [s] => Box::new(Upsample::new(*s)?),
-                per => Box::new(Upsample::per_axis(per)?),
+            LayerSpec::Upsample {
+                scale,
+                linear,
+                shape,
+            } => match (linear, scale.as_slice(), shape.len() - 2) {
+                (Some(ac), [s], 1) => Box::new(Upsample::linear(*s, *ac)?),
+                (Some(ac), [s], 2) => Box::new(Upsample::bilinear(*s, *ac)?),
+                (Some(ac), [s], _) => Box::new(Upsample::trilinear(*s, *ac)?),
+                (_, [s], _) => Box::new(Upsample::new(*s)?),
+                (_, per, _) => Box::new(Upsample::per_axis(per)?),
             },
             LayerSpec::Activation { act, .. } => Box::new(*act),
             LayerSpec::Flatten { .. } => Box::new(tl_nn::Flatten),
@@ -1246,13 +1308,21 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
             prop::collection::vec(1usize..=3, 1..=3),
         )
             .prop_flat_map(|(n, c, spatial)| {
+                // Nearest with one factor or one per axis; linear (either align_corners) with
+                // one.
                 let k = spatial.len();
                 let shape: Vec<usize> = [n, c].into_iter().chain(spatial).collect();
                 let one = prop::collection::vec(1usize..=3, 1);
                 let per = prop::collection::vec(1usize..=3, k);
-                (Just(shape), prop_oneof![one, per])
+                let nearest = prop_oneof![one.clone(), per].prop_map(|s| (s, None));
+                let linear = (one, any::<bool>()).prop_map(|(s, ac)| (s, Some(ac)));
+                (Just(shape), prop_oneof![nearest, linear])
             })
-            .prop_map(|(shape, scale)| LayerSpec::Upsample { scale, shape })
+            .prop_map(|(shape, (scale, linear))| LayerSpec::Upsample {
+                scale,
+                linear,
+                shape,
+            })
             .boxed(),
         // x (N, C, rest…) with C slopes, or x of rank 0–3 with one slope.
         "PRelu" => prop_oneof![

@@ -4,6 +4,7 @@
 use tl_session::{Param, Train};
 use tl_spec::{Scalar, Tensor};
 
+use super::resample::{along_axis, zero_matrix};
 use crate::error::usage;
 use crate::{Module, Parameters, Result, Var};
 
@@ -45,9 +46,7 @@ fn window(i: usize, d: usize, o: usize) -> std::ops::Range<usize> {
 
 /// The (d, o) matrix whose column i holds `1/len` on output cell i's window.
 fn weights<T: Scalar>(d: usize, o: usize) -> Result<Tensor<T>> {
-    let n = d.saturating_mul(o);
-    let mut m: Vec<T> =
-        tl_spec::alloc::try_zeroed("AdaptiveAvgPool::forward", "window weights", n)?;
+    let mut m: Vec<T> = zero_matrix("AdaptiveAvgPool::forward", d, o)?;
     for i in 0..o {
         let w = window(i, d, o);
         let share = T::lit(1.0 / w.len() as f64);
@@ -56,23 +55,6 @@ fn weights<T: Scalar>(d: usize, o: usize) -> Result<Tensor<T>> {
         }
     }
     Ok(Tensor::new([d, o], m)?)
-}
-
-/// `m` (d, o) applied along axis `axis` of x: (pre, d, post) → (pre, o, post).
-fn along_axis<'g, O: Train>(x: &Var<'g, O>, axis: usize, m: Tensor<O::T>) -> Result<Var<'g, O>> {
-    let dims = x.dims().to_vec();
-    let (d, o) = (dims[axis], m.shape().dims()[1]);
-    let pre: usize = dims[..axis].iter().product();
-    let post: usize = dims[axis + 1..].iter().product();
-    let m = x.scope().constant(m)?;
-    let mut out = dims.clone();
-    out[axis] = o;
-    if post == 1 {
-        return x.reshape(&[pre, d])?.matmul(&m)?.reshape(&out);
-    }
-    let last = x.reshape(&[pre, d, post])?.swap_last_two()?;
-    let y = last.reshape(&[pre * post, d])?.matmul(&m)?;
-    y.reshape(&[pre, post, o])?.swap_last_two()?.reshape(&out)
 }
 
 impl Parameters for AdaptiveAvgPool {

@@ -12,6 +12,7 @@ mod linear;
 mod list;
 mod norm;
 mod pool;
+mod resample;
 mod rnn;
 mod spectral;
 mod upsample;

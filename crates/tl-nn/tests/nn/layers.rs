@@ -774,3 +774,47 @@ fn adaptive_avg_pool_takes_pytorchs_windows() {
         );
     }
 }
+
+#[test]
+fn upsample_interpolates_as_pytorch() {
+    use tl_nn::Upsample;
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let run = |u: &Upsample, x: Tensor<f64>| rt.eval(u, |g| u.forward(&g.input(x)?));
+    let close = |got: &[f64], want: &[f64]| {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-14, "{got:?} vs {want:?}");
+        }
+    };
+    // PyTorch: F.interpolate(torch.tensor([[[1., 2, 4]]]), scale_factor=2, mode='linear',
+    // align_corners=False / True).
+    let x = vals(&[1.0, 2.0, 4.0], &[1, 1, 3]);
+    let y = run(&Upsample::linear(2, false).unwrap(), x.clone()).unwrap();
+    close(y.data(), &[1.0, 1.25, 1.75, 2.5, 3.5, 4.0]);
+    let y = run(&Upsample::linear(2, true).unwrap(), x).unwrap();
+    close(y.data(), &[1.0, 1.4, 1.8, 2.4, 3.2, 4.0]);
+    // mode='bilinear' on [[1, 2], [3, 4]].
+    let y = run(
+        &Upsample::bilinear(2, false).unwrap(),
+        vals(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]),
+    )
+    .unwrap();
+    assert_eq!(y.shape().dims(), [1, 1, 4, 4]);
+    #[rustfmt::skip]
+    close(y.data(), &[
+        1.0, 1.25, 1.75, 2.0,
+        1.5, 1.75, 2.25, 2.5,
+        2.5, 2.75, 3.25, 3.5,
+        3.0, 3.25, 3.75, 4.0,
+    ]);
+    // Printing, and a mode given the wrong number of spatial axes.
+    assert_eq!(
+        tl_nn::tree(&Upsample::trilinear(2, true).unwrap())
+            .to_string()
+            .trim(),
+        "Upsample(scale_factor=2.0, mode='trilinear')"
+    );
+    let bi = Upsample::bilinear(2, false).unwrap();
+    let e = run(&bi, Tensor::zeros([1, 1, 3])).unwrap_err().to_string();
+    assert!(e.contains("'bilinear'") && e.contains("[1, 1, 3]"), "{e}");
+}
