@@ -47,32 +47,29 @@ fn check_affine(op: &'static str, what: &str, len: usize, g: &Shape, b: &Shape) 
 /// gamma and beta (D); output shaped like x.
 pub fn layer_norm_shape(x: &Shape, gamma: &Shape, beta: &Shape) -> Result<Shape> {
     let op = "layerNorm";
-    let Some(&d) = x.dims().last() else {
-        return Err(Error::shape(op, format!("x must have rank ≥ 1, got {x}")));
-    };
-    if d == 0 {
-        return Err(Error::shape(
-            op,
-            format!("the normalized (last) axis must be non-empty, got x {x}"),
-        ));
-    }
+    let d = normalized_axis(op, x)?;
     check_affine(op, &format!("x {x}"), d, gamma, beta)?;
     Ok(x.clone())
+}
+
+/// The length D of x's last axis, the one `layerNorm` and `rmsNorm` normalize: x must have
+/// rank ≥ 1 and D > 0.
+fn normalized_axis(op: &'static str, x: &Shape) -> Result<usize> {
+    match x.dims().last() {
+        None => Err(Error::shape(op, format!("x must have rank ≥ 1, got {x}"))),
+        Some(0) => Err(Error::shape(
+            op,
+            format!("the normalized (last) axis must be non-empty, got x {x}"),
+        )),
+        Some(&d) => Ok(d),
+    }
 }
 
 /// Shape rule of `rmsNorm(x, gamma)`: x of rank ≥ 1 with a non-empty last axis D, gamma (D);
 /// output shaped like x.
 pub fn rms_norm_shape(x: &Shape, gamma: &Shape) -> Result<Shape> {
     let op = "rmsNorm";
-    let Some(&d) = x.dims().last() else {
-        return Err(Error::shape(op, format!("x must have rank ≥ 1, got {x}")));
-    };
-    if d == 0 {
-        return Err(Error::shape(
-            op,
-            format!("the normalized (last) axis must be non-empty, got x {x}"),
-        ));
-    }
+    let d = normalized_axis(op, x)?;
     if gamma.dims() != [d] {
         return Err(Error::shape(
             op,
