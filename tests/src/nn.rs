@@ -171,10 +171,13 @@ pub enum LayerSpec {
         /// Spatial sizes of x.
         spatial: Vec<usize>,
     },
-    /// `LayerNorm::with_eps(dim, eps)` on x (lead…, dim).
+    /// `LayerNorm::with_eps(dim, eps)` on x (lead…, dim), or with `over` not empty
+    /// `LayerNorm::over(&[over…, dim], eps)` on x (lead…, over…, dim).
     LayerNorm {
-        /// Normalised width.
+        /// Normalised width (the last axis).
         dim: usize,
+        /// Normalised axes before the last (none: the last axis alone).
+        over: Vec<usize>,
         /// ε.
         eps: f64,
         /// Leading axes of x.
@@ -393,7 +396,10 @@ impl LayerSpec {
         }
         let place = |i: usize| -> (usize, usize, usize) {
             match self {
-                LayerSpec::LayerNorm { dim, .. } => (i / dim, i % dim, *dim),
+                LayerSpec::LayerNorm { dim, over, .. } => {
+                    let row = dim * over.iter().product::<usize>();
+                    (i / row, i % row, row)
+                }
                 LayerSpec::GroupNorm {
                     groups,
                     channels,
@@ -451,9 +457,10 @@ impl LayerSpec {
                 ..
             } => cat(&cat(&opt(batch), &[*inputs]), spatial),
             LayerSpec::Pool { lead, spatial, .. } => cat(lead, spatial),
-            LayerSpec::LayerNorm { dim, lead, .. } | LayerSpec::RmsNorm { dim, lead, .. } => {
-                cat(lead, &[*dim])
-            }
+            LayerSpec::LayerNorm {
+                dim, over, lead, ..
+            } => cat(&cat(lead, over), &[*dim]),
+            LayerSpec::RmsNorm { dim, lead, .. } => cat(lead, &[*dim]),
             LayerSpec::BatchNorm {
                 channels, n, rest, ..
             }
@@ -512,7 +519,10 @@ impl LayerSpec {
                 let w = lead.iter().chain(kernel).copied().collect();
                 vec![(w, Weight), (vec![*outputs], Weight)]
             }
-            LayerSpec::LayerNorm { dim, .. } => vec![(vec![*dim], Weight), (vec![*dim], Weight)],
+            LayerSpec::LayerNorm { dim, over, .. } => {
+                let shape: Vec<usize> = over.iter().copied().chain([*dim]).collect();
+                vec![(shape.clone(), Weight), (shape, Weight)]
+            }
             LayerSpec::RmsNorm { dim, .. } => vec![(vec![*dim], Weight)],
             LayerSpec::PRelu { slopes, .. } => vec![(vec![*slopes], Weight)],
             LayerSpec::GroupNorm { channels, .. } => {
@@ -620,6 +630,21 @@ impl LayerSpec {
                     }
                 };
                 b.apply(op, &[x()?])
+            }
+            LayerSpec::LayerNorm {
+                eps,
+                dim,
+                over,
+                lead,
+            } if !over.is_empty() => {
+                // The normalised axes as one row: (lead…, row), the affine (row), and back.
+                let row = dim * over.iter().product::<usize>();
+                let rows: Vec<usize> = lead.iter().copied().chain([row]).collect();
+                let full: Vec<usize> = lead.iter().chain(over).chain([dim]).copied().collect();
+                let xr = reshape(b, x()?, &rows)?;
+                let (w, bias) = (reshape(b, p[0], &[row])?, reshape(b, p[1], &[row])?);
+                let y = b.apply(Op::LayerNorm { eps: *eps }, &[xr, w, bias])?;
+                reshape(b, y, &full)
             }
             LayerSpec::LayerNorm { eps, .. } => {
                 b.apply(Op::LayerNorm { eps: *eps }, &[x()?, p[0], p[1]])
@@ -970,8 +995,12 @@ impl LayerSpec {
                     Box::new(MaxPool::new(kernel)?.stride(*stride).padding(*padding))
                 }
             }
-            LayerSpec::LayerNorm { dim, eps, .. } => {
+            LayerSpec::LayerNorm { dim, eps, over, .. } if over.is_empty() => {
                 Box::new(LayerNorm::with_eps(vars, *dim, *eps)?)
+            }
+            LayerSpec::LayerNorm { dim, eps, over, .. } => {
+                let shape: Vec<usize> = over.iter().copied().chain([*dim]).collect();
+                Box::new(LayerNorm::over(vars, &shape, *eps)?)
             }
             LayerSpec::BatchNorm { channels, eps, .. } => {
                 Box::new(BatchNorm::with(vars, *channels, *eps, 0.1)?)
@@ -1209,8 +1238,14 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
             1usize..=5,
             prop::sample::select(vec![1e-5, 0.1]),
             prop::collection::vec(1usize..=3, 1..=2),
+            prop::collection::vec(1usize..=3, 0..=2),
         )
-            .prop_map(|(dim, eps, lead)| LayerSpec::LayerNorm { dim, eps, lead })
+            .prop_map(|(dim, eps, lead, over)| LayerSpec::LayerNorm {
+                dim,
+                over,
+                eps,
+                lead,
+            })
             .boxed(),
         "BatchNorm" => (
             1usize..=3,

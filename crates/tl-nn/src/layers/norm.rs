@@ -5,17 +5,21 @@ use tl_session::{Param, Train};
 use tl_spec::{Scalar, Shape, Typed};
 
 use super::{At, inv_std};
-use crate::display::py_float;
+use crate::display::{py_float, py_tuple};
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Var, Vars};
 
-/// Normalisation over the last axis (biased variance, two-pass) with a learned scale `weight`
-/// (ones) and shift `bias` (zeros). PyTorch: `nn.LayerNorm(dim, eps=1e-5)`.
+/// Normalisation over the last axis, or the last few ([`LayerNorm::over`]), (biased variance,
+/// two-pass) with a learned scale `weight` (ones) and shift `bias` (zeros), one entry per
+/// normalised element. PyTorch: `nn.LayerNorm(dim, eps=1e-5)`, `nn.LayerNorm([C, H, W])`.
+///
+/// The catalogue's `layerNorm` op on x's trailing axes as one row (x and the affine reshaped
+/// there and back where there are several).
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
-    /// Scale (dim), named `weight`.
+    /// Scale (the normalised shape), named `weight`.
     pub weight: Param,
-    /// Shift (dim), named `bias`.
+    /// Shift (the normalised shape), named `bias`.
     pub bias: Param,
     /// ε added to the variance.
     pub eps: f64,
@@ -35,9 +39,31 @@ impl LayerNorm {
                 format!("need dim ≥ 1 and a finite ε > 0, got dim {dim}, ε {eps}"),
             ));
         }
+        Self::over(vars, &[dim], eps)
+    }
+
+    /// A layer norm over x's trailing axes `normalized_shape` (each ≥ 1), ε = `eps` (> 0):
+    /// each of x's `(lead…, normalized_shape…)` rows normalised as one, `weight` and `bias`
+    /// shaped `normalized_shape`. PyTorch: `nn.LayerNorm(normalized_shape, eps)`.
+    pub fn over<O: Train>(
+        vars: &Vars<'_, O>,
+        normalized_shape: &[usize],
+        eps: f64,
+    ) -> Result<Self> {
+        if normalized_shape.is_empty()
+            || normalized_shape.contains(&0)
+            || !(eps > 0.0 && eps.is_finite())
+        {
+            return Err(usage(
+                "LayerNorm::new",
+                format!(
+                    "need a normalised shape of sizes ≥ 1 and a finite ε > 0, got normalized_shape {normalized_shape:?}, ε {eps}"
+                ),
+            ));
+        }
         Ok(LayerNorm {
-            weight: vars.param("weight", &[dim], Init::Ones)?,
-            bias: vars.param("bias", &[dim], Init::Zeros)?,
+            weight: vars.param("weight", normalized_shape, Init::Ones)?,
+            bias: vars.param("bias", normalized_shape, Init::Zeros)?,
             eps,
         })
     }
@@ -50,8 +76,8 @@ impl Parameters for LayerNorm {
     }
     fn extra_repr(&self) -> String {
         format!(
-            "({},), eps={}, elementwise_affine=True",
-            self.weight.shape().dims()[0],
+            "{}, eps={}, elementwise_affine=True",
+            py_tuple(self.weight.shape().dims()),
             py_float(self.eps)
         )
     }
@@ -62,12 +88,33 @@ impl<O: Train> Module<O> for LayerNorm {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let at = At::new(g.rt, self, &self.weight);
-        last_axis(x, self.weight.shape().dims()[0], &at)?;
+        let shape = self.weight.shape().dims();
         let eps = self.eps;
-        x.op("LayerNorm::forward", &[&w, &b], |s| {
-            s.layer_norm(x.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
-        })
-        .map_err(|e| at.op_error(e))
+        let norm = |x: &Var<'g, O>, w: &Var<'g, O>, b: &Var<'g, O>| {
+            x.op("LayerNorm::forward", &[w, b], |s| {
+                s.layer_norm(x.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
+            })
+        };
+        if let [dim] = *shape {
+            last_axis(x, dim, &at)?;
+            return norm(x, &w, &b).map_err(|e| at.op_error(e));
+        }
+        // Several trailing axes: one row of their product, and back.
+        let dims = x.dims();
+        let lead = dims.len().checked_sub(shape.len());
+        let Some(lead) = lead.filter(|&l| dims[l..] == *shape) else {
+            return Err(at.input(format!(
+                "input {} does not end in the normalised shape {shape:?}",
+                x.shape()
+            )));
+        };
+        let row: usize = shape.iter().product();
+        let rows: Vec<usize> = dims[..lead].iter().copied().chain([row]).collect();
+        let y = || -> Result<Var<'g, O>> {
+            let (w, b) = (w.reshape(&[row])?, b.reshape(&[row])?);
+            norm(&x.reshape(&rows)?, &w, &b)?.reshape(dims)
+        };
+        y().map_err(|e| at.op_error(e))
     }
 }
 

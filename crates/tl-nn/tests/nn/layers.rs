@@ -818,3 +818,46 @@ fn upsample_interpolates_as_pytorch() {
     let e = run(&bi, Tensor::zeros([1, 1, 3])).unwrap_err().to_string();
     assert!(e.contains("'bilinear'") && e.contains("[1, 1, 3]"), "{e}");
 }
+
+#[test]
+fn layer_norm_over_several_trailing_axes() {
+    // PyTorch: nn.LayerNorm([2, 3]) on x (2, 2, 3) normalises each sample's six values as one
+    // group, weight and bias shaped (2, 3).
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let ln = LayerNorm::over(&rt.vars().pp("ln"), &[2, 3], 1e-5).unwrap();
+    assert_eq!(rt.value_of(&ln.weight).unwrap().shape().dims(), [2, 3]);
+    assert_eq!(
+        tl_nn::tree(&ln).to_string().trim(),
+        "LayerNorm((2, 3), eps=1e-05, elementwise_affine=True)"
+    );
+    let w: Vec<f64> = (0..6).map(|i| 1.0 + 0.5 * i as f64).collect();
+    let b: Vec<f64> = (0..6).map(|i| 0.25 * i as f64 - 1.0).collect();
+    rt.set_value(&ln.weight, vals(&w, &[2, 3])).unwrap();
+    rt.set_value(&ln.bias, vals(&b, &[2, 3])).unwrap();
+    let xs: Vec<f64> = (0..12).map(|i| ((i * 7) % 12) as f64 * 0.5 - 1.0).collect();
+    let y = rt
+        .eval(&ln, |g| ln.forward(&g.input(vals(&xs, &[2, 2, 3]))?))
+        .unwrap();
+    assert_eq!(y.shape().dims(), [2, 2, 3]);
+    for (s, sample) in xs.chunks(6).enumerate() {
+        let mean = sample.iter().sum::<f64>() / 6.0;
+        let var = sample.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / 6.0;
+        for (k, v) in sample.iter().enumerate() {
+            let want = (v - mean) / (var + 1e-5).sqrt() * w[k] + b[k];
+            let got = y.data()[6 * s + k];
+            assert!((got - want).abs() < 1e-12, "{s},{k}: {got} vs {want}");
+        }
+    }
+    // x must end in the normalised shape; bad shapes are errors.
+    let e = rt
+        .eval(&ln, |g| ln.forward(&g.input(Tensor::zeros([2, 3, 2]))?))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("LayerNorm") && e.contains("[2, 3]"), "{e}");
+    for bad in [&[][..], &[2, 0]] {
+        let e = LayerNorm::over(&rt.vars().pp("bad"), bad, 1e-5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("LayerNorm::new"), "{e}");
+    }
+}
