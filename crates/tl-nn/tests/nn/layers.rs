@@ -8,7 +8,7 @@ use tl_nn::{
 use tl_session::{Backend, Optimizer, Train};
 use tl_spec::Tensor;
 
-use crate::{eager, linked, max_diff, mlp, tensor};
+use crate::{eager, linked, max_diff, mlp, tensor, vals};
 
 /// A small transformer-ish block with nested names, generic over the session.
 struct Block {
@@ -511,15 +511,6 @@ fn group_norm_normalises_each_sample_s_channel_groups() {
         err.contains("GroupNorm \"gn\"") && err.contains("(N, 4, …)") && err.contains("has 3"),
         "{err}"
     );
-}
-
-/// `v` as a tensor of `dims` in the element type `T`.
-fn vals<T: tl_spec::Scalar>(v: &[f64], dims: &[usize]) -> Tensor<T> {
-    Tensor::new(
-        tl_spec::Shape::new(dims),
-        v.iter().map(|&x| T::lit(x)).collect(),
-    )
-    .unwrap()
 }
 
 /// x as a trainable parameter beside a layer, so one SGD step of lr 1 gives x's gradient too.

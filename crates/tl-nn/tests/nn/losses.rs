@@ -9,10 +9,10 @@ use tl_nn::losses::{
 };
 use tl_nn::{Activation, Labels, Parameters, Runtime, Scope, Var};
 use tl_session::{Backend, Optimizer, Param, Train};
-use tl_spec::{Scalar, Shape, Tensor};
+use tl_spec::{Scalar, Tensor};
 
 use crate::losses_fixture as fx;
-use crate::{eager, linked};
+use crate::{eager, linked, vals};
 
 /// The input `x` as the one trainable parameter of a model.
 struct Input(Param);
@@ -21,10 +21,6 @@ impl Parameters for Input {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         f(&self.0)
     }
-}
-
-fn t<T: Scalar>(v: &[f64], dims: &[usize]) -> Tensor<T> {
-    Tensor::new(Shape::new(dims), v.iter().map(|&x| T::lit(x)).collect()).unwrap()
 }
 
 /// One loss of the fixture: its name, the fixture's values for mean, sum and none, the
@@ -44,7 +40,7 @@ fn cases<O: Train>() -> Vec<Case<O>> {
                 fx::BCE_SUM_GRAD,
             ],
             Box::new(|x, g, r| {
-                let y = g.input(t(fx::Y, &[3, 4]))?;
+                let y = g.input(vals(fx::Y, &[3, 4]))?;
                 binary_cross_entropy_with_logits(x, &y, None, None, r)
             }),
         ),
@@ -58,9 +54,9 @@ fn cases<O: Train>() -> Vec<Case<O>> {
                 fx::BCE_WEIGHTED_SUM_GRAD,
             ],
             Box::new(|x, g, r| {
-                let y = g.input(t(fx::Y, &[3, 4]))?;
-                let w = g.input(t(fx::WEIGHT, &[4]))?;
-                let pw = g.input(t(fx::POS_WEIGHT, &[4]))?;
+                let y = g.input(vals(fx::Y, &[3, 4]))?;
+                let w = g.input(vals(fx::WEIGHT, &[4]))?;
+                let pw = g.input(vals(fx::POS_WEIGHT, &[4]))?;
                 binary_cross_entropy_with_logits(x, &y, Some(&w), Some(&pw), r)
             }),
         ),
@@ -107,7 +103,7 @@ fn cases<O: Train>() -> Vec<Case<O>> {
                 fx::L1_MEAN_GRAD,
                 fx::L1_SUM_GRAD,
             ],
-            Box::new(|x, g, r| l1_loss(x, &g.input(t(fx::T, &[3, 4]))?, r)),
+            Box::new(|x, g, r| l1_loss(x, &g.input(vals(fx::T, &[3, 4]))?, r)),
         ),
         (
             "huber 1",
@@ -118,7 +114,7 @@ fn cases<O: Train>() -> Vec<Case<O>> {
                 fx::HUBER_1_MEAN_GRAD,
                 fx::HUBER_1_SUM_GRAD,
             ],
-            Box::new(|x, g, r| huber_loss(x, &g.input(t(fx::T, &[3, 4]))?, 1.0, r)),
+            Box::new(|x, g, r| huber_loss(x, &g.input(vals(fx::T, &[3, 4]))?, 1.0, r)),
         ),
         (
             "huber 0.5",
@@ -129,7 +125,7 @@ fn cases<O: Train>() -> Vec<Case<O>> {
                 fx::HUBER_0_5_MEAN_GRAD,
                 fx::HUBER_0_5_SUM_GRAD,
             ],
-            Box::new(|x, g, r| huber_loss(x, &g.input(t(fx::T, &[3, 4]))?, 0.5, r)),
+            Box::new(|x, g, r| huber_loss(x, &g.input(vals(fx::T, &[3, 4]))?, 0.5, r)),
         ),
         (
             "smooth l1 0.5",
@@ -140,7 +136,7 @@ fn cases<O: Train>() -> Vec<Case<O>> {
                 fx::SMOOTH_L1_0_5_MEAN_GRAD,
                 fx::SMOOTH_L1_0_5_SUM_GRAD,
             ],
-            Box::new(|x, g, r| smooth_l1_loss(x, &g.input(t(fx::T, &[3, 4]))?, 0.5, r)),
+            Box::new(|x, g, r| smooth_l1_loss(x, &g.input(vals(fx::T, &[3, 4]))?, 0.5, r)),
         ),
         (
             "smooth l1 0",
@@ -151,7 +147,7 @@ fn cases<O: Train>() -> Vec<Case<O>> {
                 fx::SMOOTH_L1_0_MEAN_GRAD,
                 fx::SMOOTH_L1_0_SUM_GRAD,
             ],
-            Box::new(|x, g, r| smooth_l1_loss(x, &g.input(t(fx::T, &[3, 4]))?, 0.0, r)),
+            Box::new(|x, g, r| smooth_l1_loss(x, &g.input(vals(fx::T, &[3, 4]))?, 0.0, r)),
         ),
     ]
 }
@@ -172,14 +168,17 @@ fn rel(got: &[f64], want: &[f64]) -> f64 {
 /// Every case's values (three reductions) and gradients (mean, sum; by one SGD step of lr 1,
 /// so `x − x'` is the gradient) on `rt`, within `tol` of PyTorch's.
 fn check_all<O: Train>(rt: &mut Runtime<O>, tol: f64, backend: &str) {
-    let p = rt.vars().param_from("x", t(fx::X, &[3, 4]), true).unwrap();
+    let p = rt
+        .vars()
+        .param_from("x", vals(fx::X, &[3, 4]), true)
+        .unwrap();
     let model = Input(p.clone());
     for (name, want, loss) in cases::<O>() {
         for (k, r) in [Reduction::Mean, Reduction::Sum, Reduction::None]
             .into_iter()
             .enumerate()
         {
-            rt.set_value(&p, t(fx::X, &[3, 4])).unwrap();
+            rt.set_value(&p, vals(fx::X, &[3, 4])).unwrap();
             let v = rt
                 .eval(&model, |g| loss(&g.param(&p)?, g, r))
                 .unwrap_or_else(|e| panic!("{backend} {name} {r:?}: {e}"));
@@ -231,7 +230,10 @@ fn new_activations_match_pytorch_values_and_gradients() {
         (Activation::Elu(0.7), fx::ELU_0_7, fx::ELU_0_7_GRAD),
     ];
     fn run<O: Train>(rt: &mut Runtime<O>, act: Activation, tol: f64, want: (&[f64], &[f64])) {
-        let p = rt.vars().param_from("x", t(fx::X, &[3, 4]), true).unwrap();
+        let p = rt
+            .vars()
+            .param_from("x", vals(fx::X, &[3, 4]), true)
+            .unwrap();
         let model = Input(p.clone());
         let v = rt.eval(&model, |g| act.apply(&g.param(&p)?)).unwrap();
         let got: Vec<f64> = v.data().iter().map(|x| x.as_f64()).collect();
@@ -268,7 +270,7 @@ fn bad_loss_inputs_are_errors_naming_the_loss_and_the_value() {
     type S = tl_session::Session<f64>;
     type Pass<'a> = dyn for<'g> Fn(&Scope<'g, S>) -> tl_nn::Result<Var<'g, S>> + 'a;
     let err = |f: &Pass<'_>| rt.eval(&empty, f).unwrap_err().to_string();
-    let x = || t::<f64>(fx::X, &[3, 4]);
+    let x = || vals::<f64>(fx::X, &[3, 4]);
     let e = err(&|g| {
         l1_loss(
             &g.input(x())?,
@@ -369,7 +371,7 @@ fn nll_of_one_unbatched_row_is_a_scalar() {
     for r in [Reduction::Mean, Reduction::Sum, Reduction::None] {
         let v = rt
             .eval(&empty, |g| {
-                nll_loss(&g.input(t(&fx::X[..4], &[4]))?, &labels, None, None, r)
+                nll_loss(&g.input(vals(&fx::X[..4], &[4]))?, &labels, None, None, r)
             })
             .unwrap();
         assert!(v.shape().dims().is_empty());
@@ -392,25 +394,40 @@ fn relative_l2_matches_its_closed_form() {
         grad.extend(d.iter().map(|v| v / (norm(&d) * norm(y))));
     }
     fn run<O: Train>(rt: &mut Runtime<O>, want: &[f64], grad: &[f64], tol: f64) {
-        let p = rt.vars().param_from("x", t(fx::X, &[3, 4]), true).unwrap();
+        let p = rt
+            .vars()
+            .param_from("x", vals(fx::X, &[3, 4]), true)
+            .unwrap();
         let model = Input(p.clone());
         let none = rt
             .eval(&model, |g| {
-                relative_l2_loss(&g.param(&p)?, &g.input(t(fx::T, &[3, 4]))?, Reduction::None)
+                relative_l2_loss(
+                    &g.param(&p)?,
+                    &g.input(vals(fx::T, &[3, 4]))?,
+                    Reduction::None,
+                )
             })
             .unwrap();
         let got: Vec<f64> = none.data().iter().map(|v| v.as_f64()).collect();
         assert!(rel(&got, want) <= tol, "{got:?} vs {want:?}");
         let mean = rt
             .eval(&model, |g| {
-                relative_l2_loss(&g.param(&p)?, &g.input(t(fx::T, &[3, 4]))?, Reduction::Mean)
+                relative_l2_loss(
+                    &g.param(&p)?,
+                    &g.input(vals(fx::T, &[3, 4]))?,
+                    Reduction::Mean,
+                )
             })
             .unwrap();
         let m = want.iter().sum::<f64>() / 3.0;
         assert!((mean.data()[0].as_f64() - m).abs() <= tol, "{m}");
         let mut opt = Optimizer::sgd(1.0).unwrap();
         rt.step(&model, &mut opt, |g| {
-            relative_l2_loss(&g.param(&p)?, &g.input(t(fx::T, &[3, 4]))?, Reduction::Sum)
+            relative_l2_loss(
+                &g.param(&p)?,
+                &g.input(vals(fx::T, &[3, 4]))?,
+                Reduction::Sum,
+            )
         })
         .unwrap();
         let after = rt.value_of(&p).unwrap();
@@ -424,10 +441,10 @@ fn relative_l2_matches_its_closed_form() {
     run(&mut eager::<f64>(Backend::Cpu, 0), &want, &grad, 1e-12);
     run(&mut linked::<f64>(0), &want, &grad, 1e-12);
     let rt = eager::<f64>(Backend::Cpu, 0);
-    let p = rt.vars().param_from("s", t(&[1.0], &[]), true).unwrap();
+    let p = rt.vars().param_from("s", vals(&[1.0], &[]), true).unwrap();
     let e = rt
         .eval(&Input(p), |g| {
-            let s = g.input(t(&[2.0], &[]))?;
+            let s = g.input(vals(&[2.0], &[]))?;
             relative_l2_loss(&s, &s, Reduction::Mean)
         })
         .err()

@@ -59,6 +59,15 @@ pub fn mlp<O: Train>(
         .add(Linear::new(&v.pp(2), hidden, classes).unwrap())
 }
 
+/// `v` as a tensor of `dims` in the element type `T`.
+pub fn vals<T: Scalar>(v: &[f64], dims: &[usize]) -> Tensor<T> {
+    Tensor::new(
+        tl_spec::Shape::new(dims),
+        v.iter().map(|&x| T::lit(x)).collect(),
+    )
+    .unwrap()
+}
+
 /// A deterministic test tensor.
 pub fn tensor<T: Scalar>(dims: &[usize], salt: u64) -> Tensor<T> {
     Tensor::from_fn(dims, |i| {
