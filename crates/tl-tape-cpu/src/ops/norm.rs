@@ -47,7 +47,9 @@ struct Layout {
 impl Layout {
     fn of<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Layout, T)> {
         check_arity(op, x)?;
-        let shapes: Vec<_> = x.iter().map(|t| t.shape()).collect();
+        // x, γ (and β): no heap allocation on the norms' every call.
+        let shapes: smallvec::SmallVec<[&tl_spec::Shape; 3]> =
+            x.iter().map(|t| t.shape()).collect();
         op.infer_shape(&shapes).map_err(|e| match e {
             tl_ir::Error::Spec(s) => crate::Error::from(s),
             other => SpecError::shape(op.name(), other.to_string()).into(),
@@ -351,7 +353,12 @@ pub fn backward_saved<T: Scalar>(
     let out = [
         tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", xs.len())?,
         tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
-        tl_spec::alloc::try_zeroed(op.name(), "cotangent", gamma.len())?,
+        // rmsNorm has no β and so no dβ.
+        tl_spec::alloc::try_zeroed(
+            op.name(),
+            "cotangent",
+            if l.centred { gamma.len() } else { 0 },
+        )?,
     ];
     let k = Backward {
         l,
@@ -370,10 +377,8 @@ pub fn backward_saved<T: Scalar>(
         Some(tensor(x[0].shape().clone(), dx)?),
         Some(tensor(x[1].shape().clone(), dgamma)?),
     ];
-    match l.centred {
-        true => grads.push(Some(tensor(x[2].shape().clone(), dbeta)?)),
-        // rmsNorm has no β: its Σ g is not a cotangent.
-        false => tl_spec::pool::give(dbeta),
+    if l.centred {
+        grads.push(Some(tensor(x[2].shape().clone(), dbeta)?));
     }
     Ok(grads)
 }
@@ -403,8 +408,7 @@ struct Backward<'a, T> {
     eps: T,
     /// Each group's (d̄, rstd) as the forward kept them, or `None` (computed again).
     stats: Option<&'a [T]>,
-    /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros; `rmsNorm`'s `dβ` is computed
-    /// and dropped).
+    /// `dx` (every value overwritten), then `dγ` and `dβ` (zeros; `rmsNorm`'s `dβ` is empty).
     out: [Vec<T>; 3],
 }
 
@@ -501,9 +505,16 @@ mod rows {
             }
             let gamma = k.gamma;
             let (dga, dbe) = (&mut dgamma[..], &mut dbeta[..]);
-            for (((dg, db), &h), &gi) in dga.iter_mut().zip(dbe).zip(&*dr).zip(gr) {
-                *db += gi;
-                *dg += gi * h;
+            if dbe.is_empty() {
+                // rmsNorm: dγ alone (no β).
+                for ((dg, &h), &gi) in dga.iter_mut().zip(&*dr).zip(gr) {
+                    *dg += gi * h;
+                }
+            } else {
+                for (((dg, db), &h), &gi) in dga.iter_mut().zip(dbe).zip(&*dr).zip(gr) {
+                    *db += gi;
+                    *dg += gi * h;
+                }
             }
             let s2 = lanes(gr, gamma, dr, |g, ga, h| g * ga * h);
             let scale = rstd / m;
