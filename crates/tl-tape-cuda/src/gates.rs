@@ -8,10 +8,14 @@
 //! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
 //! | an optimizer step on a device in one launch per parameter, or per eight in a step over all of them ([`fused_optimizer`]: [`Device::adam_update`](crate::Device::adam_update), [`Device::momentum_update`](crate::Device::momentum_update) and their `_list` forms) instead of one launch per operation of the rule | always (Adam, AdamW, momentum SGD after its first step) | [`force_fused_optimizer`]: `Some(false)` composes the rule from the primitives |
 //! | a matmul split along `k` over several blocks (split-K: [`Gemm::k_chunk_tiled`](crate::Gemm::k_chunk_tiled), the simulation device and the CUDA launch alike) | under [`split_k_tiles`] output tiles of the kernel's own side, `k` at least two runs of 128 | [`force_split_k_tiles`]: `Some(n)` splits below `n` tiles, `Some(0)` never |
+//! | an axis sum (`tl_axis_sum_block`: reduceSum, reduceMean, the bias cotangents of linear and conv) and a norm's `dγ`/`dβ` (`tl_norm_bwd_affine_block`) by one block of threads per output instead of one thread ([`sum_by_block`]) | a sum of more than [`AXIS_THREAD_MAX_N`] terms into at most [`AXIS_BLOCK_MAX_OUT`] outputs | [`force_sums_by_block`]: `Some(true)` every sum of at least one term into at most [`AXIS_BLOCK_MAX_OUT`] outputs, `Some(false)` none |
+//! | a normalization's forward in one launch (`tl_norm_fwd`) instead of `tl_norm_stats` then `tl_norm_apply` ([`NormLayout::fused_forward`](crate::device::NormLayout::fused_forward); the same bits) | groups of at most [`NORM_FUSED_MAX`] elements | [`force_norm_fused_max`]: `Some(0)` never, `Some(usize::MAX)` always |
 //! | the fused attention backward on a `CudaDevice` in one pass (`tl_flash_bwd_delta`, `tl_flash_bwd_atomic`: dQ added over the key blocks with `atomicAdd`) instead of the two fixed-order kernels (`tl_flash_bwd_q`, `tl_flash_bwd_kv`) ([`flash_bwd_one_pass`]) | the device's reductions not deterministic (`CudaDevice::deterministic`) and d ≤ [`FLASH_ONE_PASS_MAX_HEAD`] | [`force_flash_bwd_one_pass`]: `Some(true)` one pass wherever d ≤ 64, `Some(false)` never |
 
 use std::cell::Cell;
 
+use crate::device::norm::NORM_FUSED_MAX;
+use crate::device::sim::reduce::{AXIS_BLOCK_MAX_OUT, AXIS_THREAD_MAX_N};
 use crate::device::{FLASH_ONE_PASS_MAX_HEAD, SPLIT_K_TILES};
 use crate::precision::Precision;
 
@@ -120,6 +124,54 @@ pub fn force_flash_bwd_one_pass(one_pass: Option<bool>) -> OnePassGuard {
 /// Restores the override [`force_flash_bwd_one_pass`] replaced when dropped.
 pub type OnePassGuard = tl_spec::scoped::Guard<Option<bool>>;
 
+thread_local! {
+    static SUMS_BY_BLOCK: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Whether a sum of `n` terms into each of `outputs` outputs gives every output a block of
+/// threads (`tl_axis_sum_block`, `tl_norm_bwd_affine_block`: thread `t` folds terms `t, t +
+/// 256, …`, then the block's tree) rather than one thread (the terms in order): more than
+/// [`AXIS_THREAD_MAX_N`] terms into at most [`AXIS_BLOCK_MAX_OUT`] outputs, unless overridden
+/// on this thread ([`force_sums_by_block`]). One thread per output leaves the GPU idle while
+/// each walks its terms: a conv's bias gradient (8 channels over 64·28·28 positions) took 0.8
+/// ms on an H100 that way. A function of the shape alone, read by the sim and the CUDA launch
+/// alike; the two orders give different bits.
+pub fn sum_by_block(n: usize, outputs: usize) -> bool {
+    let long = match SUMS_BY_BLOCK.with(Cell::get) {
+        None => n > AXIS_THREAD_MAX_N,
+        Some(forced) => forced && n > 0,
+    };
+    long && outputs <= AXIS_BLOCK_MAX_OUT
+}
+
+/// Override [`sum_by_block`] on this thread until the guard drops: `Some(true)` sums every
+/// axis of at least one term by block (into at most [`AXIS_BLOCK_MAX_OUT`] outputs, the grid
+/// the launch allows), `Some(false)` every one by thread, `None` the production rule.
+pub fn force_sums_by_block(by_block: Option<bool>) -> BlockGuard {
+    tl_spec::scoped::install(&SUMS_BY_BLOCK, by_block)
+}
+
+/// Restores the override [`force_sums_by_block`] replaced when dropped.
+pub type BlockGuard = tl_spec::scoped::Guard<Option<bool>>;
+
+thread_local! {
+    static NORM_FUSED: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The longest group whose normalization forward is one launch: [`NORM_FUSED_MAX`] unless
+/// overridden on this thread ([`force_norm_fused_max`]).
+pub fn norm_fused_max() -> usize {
+    NORM_FUSED.with(Cell::get).unwrap_or(NORM_FUSED_MAX)
+}
+
+/// Use `max` instead of [`NORM_FUSED_MAX`] on this thread until the guard drops (`None`: the
+/// production threshold): `Some(0)` runs every normalization forward as its two launches,
+/// `Some(usize::MAX)` every one as one (`tl_norm_fwd` strides over a group of any length).
+/// The bits are the same either way.
+pub fn force_norm_fused_max(max: Option<usize>) -> Guard {
+    tl_spec::scoped::install(&NORM_FUSED, max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +229,46 @@ mod tests {
             assert!(conv_implicit(1, 1, Precision::F32));
         }
         assert!(!conv_implicit(1, 1, Precision::F32));
+    }
+
+    #[test]
+    fn sums_go_by_block_past_the_thresholds_or_as_forced() {
+        let long = AXIS_THREAD_MAX_N + 1;
+        assert!(sum_by_block(long, AXIS_BLOCK_MAX_OUT));
+        assert!(!sum_by_block(AXIS_THREAD_MAX_N, 1));
+        assert!(!sum_by_block(long, AXIS_BLOCK_MAX_OUT + 1));
+        {
+            let _on = force_sums_by_block(Some(true));
+            assert!(sum_by_block(1, 1));
+            assert!(!sum_by_block(0, 1), "no term: nothing for a block to sum");
+            assert!(
+                !sum_by_block(long, AXIS_BLOCK_MAX_OUT + 1),
+                "no more blocks than the launch allows"
+            );
+            {
+                let _off = force_sums_by_block(Some(false));
+                assert!(!sum_by_block(long, 1));
+            }
+            assert!(sum_by_block(2, 3));
+        }
+        assert!(!sum_by_block(2, 3));
+    }
+
+    #[test]
+    fn the_norm_forward_is_one_launch_up_to_the_threshold_or_as_forced() {
+        use crate::device::NormLayout;
+        assert!(NormLayout::layer(2, NORM_FUSED_MAX).fused_forward());
+        assert!(!NormLayout::layer(2, NORM_FUSED_MAX + 1).fused_forward());
+        {
+            let _never = force_norm_fused_max(Some(0));
+            assert!(!NormLayout::layer(1, 1).fused_forward());
+            {
+                let _always = force_norm_fused_max(Some(usize::MAX));
+                assert!(NormLayout::channels(64, 3, 1 << 16).fused_forward());
+            }
+            assert!(!NormLayout::rms(1, 1).fused_forward());
+        }
+        assert_eq!(norm_fused_max(), NORM_FUSED_MAX);
     }
 
     #[test]

@@ -436,6 +436,53 @@ pub fn device_vs_sim_case<D: Device>(
     bit_differences(case, &want, &got, &what, false)
 }
 
+/// One case of a bit-neutral gate of the CUDA tape: deterministic mode on, the case run on a
+/// fresh `D` (from `device`) under each of `settings` (each installs its override and returns
+/// the guard that keeps it), every setting's values and (with `grads`) dense gradients bit for
+/// bit the first one's.
+pub fn same_bits_under_case<D: Device, G>(
+    case: &GraphCase,
+    grads: bool,
+    device: fn() -> tl_tape_cuda::Result<D>,
+    settings: &[(&str, &dyn Fn() -> G)],
+) -> Result<Measured, CaseError> {
+    let _flag = flag_lock();
+    set_deterministic_reductions(true);
+    let mut runs = Vec::with_capacity(settings.len());
+    for (_, install) in settings {
+        let _gate = install();
+        let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
+        runs.push(tape_run(CudaTape::new(d), case, grads).map_err(sim_err)?.0);
+    }
+    let mut worst = Measured { err: 0.0, tol: 0.0 };
+    for ((label, _), run) in settings.iter().zip(&runs).skip(1) {
+        let what = format!("{label} differs from {}", settings[0].0);
+        worst = worst.max(bit_differences(case, &runs[0], run, &what, true)?);
+    }
+    Ok(worst)
+}
+
+/// [`same_bits_under_case`] for every case of a registry entry (gradients too where check 2
+/// applies) on the device `name` made by `device`; `gate` names the gate in the label.
+pub fn check_same_bits_under<D: Device, G>(
+    entry: &OpInfo,
+    cfg: &RunConfig,
+    (name, device): (&str, fn() -> tl_tape_cuda::Result<D>),
+    gate: &str,
+    settings: &[(&str, &dyn Fn() -> G)],
+) -> Report {
+    let label = format!("= {gate} {} {name}", entry.name);
+    let grads = entry.applies.backward;
+    run_check_pending(
+        label,
+        cfg,
+        sim_graph_cases(entry),
+        OnPending::PendCell,
+        &[],
+        |c| same_bits_under_case(c, grads, device, settings),
+    )
+}
+
 /// One case of the device ≈ sim check: the CUDA tape on a fresh `D` gives the sim's values and
 /// (with `grads`) dense gradients within `tol` (as [`crate::metric::tensor_err`]), with the
 /// device's reductions deterministic or not (`deterministic` false: the atomic kernels, any

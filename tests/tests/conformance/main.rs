@@ -11,6 +11,7 @@ mod bad_input;
 mod conv_implicit;
 mod conv_pool;
 mod conventions;
+mod cuda_gates;
 // Needs the kernel emulator: `--features cuda-emu`.
 #[cfg(feature = "cuda-emu")]
 mod cuda_emu;

@@ -533,6 +533,33 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "a view on the CUDA tape (reshape, flatten) does not hold the buffer it views: releasing the viewed node frees the buffer under the view",
         harness: Layers,
     },
+    Mutant {
+        id: "sim-sums-by-block-override-ignored",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/gates.rs",
+        from: "Some(forced) => forced && n > 0,",
+        to: "Some(_) => n > AXIS_THREAD_MAX_N,",
+        bug: "the sums' gate override is never read: the registry's short sums run one thread per output whatever a test forces, and the block kernels go untested",
+        harness: Plain,
+    },
+    Mutant {
+        id: "sim-norm-fused-override-ignored",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/device/norm.rs",
+        from: "self.group_len() <= crate::gates::norm_fused_max()",
+        to: "self.group_len() <= NORM_FUSED_MAX",
+        bug: "the norm forward's gate override is never read: the registry's norms run their one launch whatever a test forces, and the two-launch forward goes untested",
+        harness: Plain,
+    },
+    Mutant {
+        id: "sim-norm-dbeta-by-block-sums-dgamma-terms",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/device/sim/norm.rs",
+        from: "(block_sum(n, |e| tg[e]), block_sum(n, |e| tb[e]))",
+        to: "(block_sum(n, |e| tg[e]), block_sum(n, |e| tg[e]))",
+        bug: "the sim's dβ summed by block adds dγ's terms g·x̂ (only long features, past 63 rows, take that path)",
+        harness: Plain,
+    },
     // ---- kernels/*.cu, on the kernel emulator (both reduction modes) ----
     Mutant {
         id: "kernel-sqrt-bwd-at-zero",

@@ -102,20 +102,21 @@ impl NormLayout {
 
     /// Whether `norm_bwd_affine` sums each feature with one block (`tl_norm_bwd_affine_block`)
     /// rather than one thread: the rule of the axis sums
-    /// ([`by_block`](crate::device::sim::reduce::by_block)). A transformer's layerNorm (64
+    /// ([`gates::sum_by_block`](crate::gates::sum_by_block)). A transformer's layerNorm (64
     /// features over 128 rows) took 44 µs on one block of threads on an H100.
     pub fn affine_by_block(&self) -> bool {
-        crate::device::sim::reduce::by_block(self.feature_len(), self.features())
+        crate::gates::sum_by_block(self.feature_len(), self.features())
     }
 
     /// Whether [`Device::norm_forward`](crate::device::Device::norm_forward) is one launch
     /// (`tl_norm_fwd`: each group's block writes its statistics, then normalizes its own
     /// elements) rather than `norm_stats` and `norm_apply`: groups of at most
-    /// [`NORM_FUSED_MAX`] elements (a layer norm's rows). A long group (a batch norm's channel
-    /// over N·H·W) keeps the grid-wide apply, which spreads its elements over every block. The
-    /// bits are the same either way.
+    /// [`NORM_FUSED_MAX`] elements (a layer norm's rows; overridden per thread by
+    /// [`gates::force_norm_fused_max`](crate::gates::force_norm_fused_max)). A long group (a
+    /// batch norm's channel over N·H·W) keeps the grid-wide apply, which spreads its elements
+    /// over every block. The bits are the same either way.
     pub fn fused_forward(&self) -> bool {
-        self.group_len() <= NORM_FUSED_MAX
+        self.group_len() <= crate::gates::norm_fused_max()
     }
 
     /// The index in x of element `e` of group `k`.

@@ -127,18 +127,11 @@ pub const AXIS_THREAD_MAX_N: usize = 63;
 pub const AXIS_BLOCK_MAX_OUT: usize = 4096;
 
 /// Whether an axis sum over (outer, n, inner) gives each output a block of [`BLOCK`] threads
-/// (`tl_axis_sum_block`) instead of one thread (`tl_axis_sum`): a reduced axis longer than
-/// [`AXIS_THREAD_MAX_N`] and at most [`AXIS_BLOCK_MAX_OUT`] outputs. One thread per output
-/// then leaves the GPU idle while each walks the axis: a conv's bias gradient (8 channels
-/// over 64·28·28 positions) took 0.8 ms on an H100 that way. A function of the shape alone.
+/// (`tl_axis_sum_block`) instead of one thread (`tl_axis_sum`): the rule of
+/// [`gates::sum_by_block`](crate::gates::sum_by_block) (a reduced axis longer than
+/// [`AXIS_THREAD_MAX_N`] and at most [`AXIS_BLOCK_MAX_OUT`] outputs).
 pub fn axis_sum_by_block(outer: usize, n: usize, inner: usize) -> bool {
-    by_block(n, outer * inner)
-}
-
-/// The rule of [`axis_sum_by_block`] for any sum of `n` terms into `outputs` outputs (layer
-/// and batch norm's `dγ`, `dβ` too).
-pub fn by_block(n: usize, outputs: usize) -> bool {
-    n > AXIS_THREAD_MAX_N && outputs <= AXIS_BLOCK_MAX_OUT
+    crate::gates::sum_by_block(n, outer * inner)
 }
 
 /// Sum over the middle axis of `x` viewed as (outer, n, inner), one output per (o, i),

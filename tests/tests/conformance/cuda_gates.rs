@@ -1,0 +1,174 @@
+//! The CUDA tape's sum and normalization launches with their gates forced both ways
+//! (`tl_tape_cuda::gates`): the registry's cases are small, so at the production thresholds
+//! their axis sums run one thread per output and their norms one launch; forced, they reach
+//! the other kernels too.
+//!
+//! - Sums by block (`force_sums_by_block`: `tl_axis_sum_block`, `tl_norm_bwd_affine_block`;
+//!   the two orders give different bits): every entry whose CUDA formula sums along an axis
+//!   passes checks 1, 2 and 6 on the sim with every sum by block and with none; under
+//!   `cuda-emu`, the emulated kernels give the sim's bits either way.
+//! - The norm forward in one launch or two (`force_norm_fused_max`; documented bit-neutral):
+//!   the same values and gradients bit for bit on the sim; under `cuda-emu`, the emulated
+//!   kernels give the sim's bits either way.
+
+use tl_conformance::checks::sim::check_same_bits_under;
+use tl_conformance::verify::{COLUMNS, op_cell};
+use tl_conformance::{Check, OpInfo, Report, RunConfig, assert_all_passed, registry};
+use tl_tape_cuda::SimDevice;
+use tl_tape_cuda::gates::{force_norm_fused_max, force_sums_by_block};
+
+/// Entries whose CUDA formula sums along an axis: the reductions, the bias cotangents of
+/// linear and the convolutions, and the norms' statistics and `dγ`/`dβ`.
+const SUMMING: [&str; 9] = [
+    "reduceSum",
+    "reduceMean",
+    "linear",
+    "conv",
+    "convTranspose",
+    "layerNorm",
+    "rmsNorm",
+    "batchnormChannelFirst",
+    "batchMoments",
+];
+
+/// Entries whose CUDA formula runs `Device::norm_forward`.
+const NORMALIZING: [&str; 3] = ["layerNorm", "rmsNorm", "batchnormChannelFirst"];
+
+fn entries(names: &[&str]) -> Vec<OpInfo> {
+    let all = registry::all();
+    names
+        .iter()
+        .map(|n| {
+            let e = all.iter().find(|e| e.name == *n);
+            e.unwrap_or_else(|| panic!("no registry entry {n}")).clone()
+        })
+        .collect()
+}
+
+/// A quarter of the default case count per setting, unless `TL_CASES` is set.
+fn cfg() -> RunConfig {
+    RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 4)
+}
+
+#[test]
+fn sums_pass_checks_1_2_and_6_on_the_sim_by_block_and_by_thread() {
+    let cfg = cfg();
+    let mut reports: Vec<Report> = Vec::new();
+    for by_block in [true, false] {
+        let _gate = force_sums_by_block(Some(by_block));
+        for entry in entries(&SUMMING) {
+            for col in COLUMNS
+                .iter()
+                .filter(|c| c.dtype == Some("sim") && c.check != Check::Session)
+                .filter(|c| entry.applies.get(c.check))
+            {
+                let r = op_cell(&entry, *col, &cfg);
+                assert!(!r.is_pending(), "{r}");
+                reports.push(r);
+            }
+        }
+    }
+    assert!(reports.len() >= 2 * 3 * SUMMING.len(), "{}", reports.len());
+    assert_all_passed(&reports, cfg.cases);
+}
+
+/// The override reaches the tape: a 1,000-term sum on the sim gives different bits by block
+/// than by thread (were both settings one path, the checks above would test one of them).
+#[test]
+fn forcing_the_sums_by_block_changes_a_long_sums_bits() {
+    use tl_ir::Op;
+    use tl_spec::{Shape, Tensor};
+    use tl_tape_cuda::CudaTape;
+    let x = Tensor::<f32>::from_fn(Shape::new(&[1000, 1]), |i| {
+        (tl_spec::rng::unit(7, i as u64) - 0.5) as f32 * 3.0
+    });
+    let sum = |by_block: bool| {
+        let _gate = force_sums_by_block(Some(by_block));
+        let mut t = CudaTape::new(SimDevice::new());
+        let id = t.upload_leaf(&x, None, false).unwrap();
+        let y = t.apply(&Op::ReduceSum(0), &[id]).unwrap();
+        let v = t.value(y, &Shape::new(&[1])).unwrap();
+        let v = v.download::<f32, _>(t.device()).unwrap();
+        v.data()[0].to_bits()
+    };
+    assert_ne!(sum(true), sum(false));
+}
+
+/// The override reaches the tape: a layerNorm forward on the sim is one launch at its
+/// production threshold and two with the gate forced to `Some(0)`.
+#[test]
+fn forcing_the_norm_forward_to_two_launches_adds_one() {
+    use tl_ir::Op;
+    use tl_spec::{Shape, Tensor};
+    use tl_tape_cuda::{CudaTape, Device};
+    let launches = |max: Option<usize>| {
+        let _gate = force_norm_fused_max(max);
+        let mut t = CudaTape::new(SimDevice::new());
+        let fill = |dims: &[usize]| Tensor::<f32>::from_fn(Shape::new(dims), |i| i as f32);
+        let ids = [fill(&[3, 8]), fill(&[8]), fill(&[8])]
+            .iter()
+            .map(|v| t.upload_leaf(v, None, false).unwrap())
+            .collect::<Vec<_>>();
+        let before = t.device().traffic().launches;
+        t.apply(&Op::LayerNorm { eps: 1e-5 }, &ids).unwrap();
+        t.device().traffic().launches - before
+    };
+    assert_eq!(launches(None), 1);
+    assert_eq!(launches(Some(0)), 2);
+}
+
+#[test]
+fn the_norm_forward_gives_the_same_bits_in_one_launch_and_in_two_on_the_sim() {
+    let cfg = cfg();
+    let (never, always) = (
+        || force_norm_fused_max(Some(0)),
+        || force_norm_fused_max(Some(usize::MAX)),
+    );
+    let settings: [(&str, &dyn Fn() -> _); 2] = [("two launches", &never), ("one", &always)];
+    let reports: Vec<Report> = entries(&NORMALIZING)
+        .iter()
+        .map(|e| {
+            check_same_bits_under(
+                e,
+                &cfg,
+                ("cuda-sim", || Ok(SimDevice::new())),
+                "norm",
+                &settings,
+            )
+        })
+        .collect();
+    assert_all_passed(&reports, cfg.cases);
+}
+
+#[cfg(feature = "cuda-emu")]
+mod emu {
+    use super::*;
+    use tl_conformance::checks::sim::check_device_vs_sim;
+    use tl_tape_cuda::CudaDevice;
+
+    #[test]
+    fn emulated_sums_equal_the_sim_bit_for_bit_by_block_and_by_thread() {
+        let cfg = cfg();
+        let mut reports = Vec::new();
+        for by_block in [true, false] {
+            let _gate = force_sums_by_block(Some(by_block));
+            for e in entries(&SUMMING) {
+                reports.push(check_device_vs_sim(&e, &cfg, "cuda-emu", CudaDevice::new));
+            }
+        }
+        assert_all_passed(&reports, cfg.cases);
+    }
+
+    #[test]
+    fn the_emulated_norm_forward_equals_the_sim_in_one_launch_and_in_two() {
+        let cfg = cfg();
+        let mut reports = Vec::new();
+        for max in [0, usize::MAX] {
+            let _gate = force_norm_fused_max(Some(max));
+            for e in entries(&NORMALIZING) {
+                reports.push(check_device_vs_sim(&e, &cfg, "cuda-emu", CudaDevice::new));
+            }
+        }
+        assert_all_passed(&reports, cfg.cases);
+    }
+}
