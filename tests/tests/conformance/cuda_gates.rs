@@ -1,7 +1,8 @@
 //! The CUDA tape's sum and normalization launches with their gates forced both ways
 //! (`tl_tape_cuda::gates`): the registry's cases are small, so at the production thresholds
-//! their axis sums run one thread per output and their norms one launch; forced, they reach
-//! the other kernels too.
+//! their norms run one launch and most of their axis sums one thread per output (a batch
+//! norm's channel over more than 63 positions aside); forced, they reach the other kernels
+//! too.
 //!
 //! - Sums by block (`force_sums_by_block`: `tl_axis_sum_block`, `tl_norm_bwd_affine_block`;
 //!   the two orders give different bits): every entry whose CUDA formula sums along an axis

@@ -557,7 +557,7 @@ pub const MUTANTS: &[Mutant] = &[
         file: "crates/tl-tape-cuda/src/device/sim/norm.rs",
         from: "(block_sum(n, |e| tg[e]), block_sum(n, |e| tb[e]))",
         to: "(block_sum(n, |e| tg[e]), block_sum(n, |e| tg[e]))",
-        bug: "the sim's dβ summed by block adds dγ's terms g·x̂ (only long features, past 63 rows, take that path)",
+        bug: "the sim's dβ summed by block adds dγ's terms g·x̂ (only features of more than 63 terms take that path)",
         harness: Plain,
     },
     // ---- kernels/*.cu, on the kernel emulator (both reduction modes) ----
