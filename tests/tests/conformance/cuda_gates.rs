@@ -20,7 +20,7 @@ use tl_tape_cuda::gates::{force_norm_fused_max, force_sums_by_block};
 
 /// Entries whose CUDA formula sums along an axis: the reductions, the bias cotangents of
 /// linear and the convolutions, and the norms' statistics and `dγ`/`dβ`.
-const SUMMING: [&str; 9] = [
+pub(crate) const SUMMING: [&str; 9] = [
     "reduceSum",
     "reduceMean",
     "linear",
@@ -35,7 +35,8 @@ const SUMMING: [&str; 9] = [
 /// Entries whose CUDA formula runs `Device::norm_forward`.
 const NORMALIZING: [&str; 3] = ["layerNorm", "rmsNorm", "batchnormChannelFirst"];
 
-fn entries(names: &[&str]) -> Vec<OpInfo> {
+/// The registry entries named `names`, in that order.
+pub(crate) fn entries(names: &[&str]) -> Vec<OpInfo> {
     let all = registry::all();
     names
         .iter()

@@ -114,6 +114,31 @@ fn checks_1_and_2_hold_on_the_gpu_for_every_registry_op() {
     }
 }
 
+/// The block kernels of the sums (`tl_axis_sum_block`, `tl_norm_bwd_affine_block`) and the
+/// norm forward's two launches, which the registry's small cases reach only with their gates
+/// forced (module `cuda_gates`): checks 1 and 2 on the GPU for the entries that take them.
+#[test]
+fn checks_1_and_2_hold_on_the_gpu_with_the_sum_and_norm_gates_forced() {
+    use crate::cuda_gates::{SUMMING, entries};
+    use tl_tape_cuda::gates::{force_norm_fused_max, force_sums_by_block};
+    if !gpu() {
+        return;
+    }
+    let cfg = cfg();
+    let _by_block = force_sums_by_block(Some(true));
+    let _two_launches = force_norm_fused_max(Some(0));
+    for (mode, gpu) in backends() {
+        let mut reports = Vec::new();
+        for e in entries(&SUMMING) {
+            reports.push(check_forward(&gpu, &e, &cfg));
+            if e.applies.backward {
+                reports.push(check_backward(&gpu, &e, &cfg));
+            }
+        }
+        summarise(&format!("gated-{mode}"), &reports, cfg.cases);
+    }
+}
+
 #[test]
 fn checks_1_and_2_hold_on_the_gpu_for_random_dags() {
     if !gpu() {
