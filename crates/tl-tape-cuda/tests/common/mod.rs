@@ -23,6 +23,11 @@ pub fn flag_lock() -> MutexGuard<'static, ()> {
     FLAG.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Each value's bits: what the bit-for-bit comparisons compare.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// A small deterministic generator (SplitMix64 over a counter).
 pub struct Gen(u64);
 

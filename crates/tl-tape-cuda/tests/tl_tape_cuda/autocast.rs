@@ -79,9 +79,7 @@ pub fn on_cuda_tape<D: Device>(
 }
 
 fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
-    ts.iter()
-        .map(|t| t.data().iter().map(|v| v.to_bits()).collect())
-        .collect()
+    ts.iter().map(|t| crate::common::bits(t.data())).collect()
 }
 
 /// Autocast keeps a conv on the im2col GEMM (the tensor-core products round their operands;

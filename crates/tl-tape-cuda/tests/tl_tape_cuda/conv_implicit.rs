@@ -360,7 +360,7 @@ fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
     let (on, on_launches) = on_tape(0, &op, &xs, &g);
     let (off, off_launches) = on_tape(usize::MAX, &op, &xs, &g);
     assert_eq!((on_launches, off_launches), (2, 4));
-    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let bits = |t: &Tensor<f32>| crate::common::bits(t.data());
     assert_eq!(bits(&on[1]), bits(&off[1]), "dw: the im2col path's bits");
     let mut cpu = tl_tape_cpu::Tape::<f32>::new();
     let ids: Vec<_> = xs.iter().map(|v| cpu.leaf(v.clone(), None, true)).collect();
@@ -452,7 +452,7 @@ fn the_implicit_weight_cotangent_allocates_no_column_matrix() {
     let (off, off_peak) = dw_peak(&op, &xs, &g, usize::MAX);
     let cols = c * 9 * n * side * side * 4;
     assert!(off_peak >= on_peak + cols, "on {on_peak}, off {off_peak}");
-    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let bits = |t: &Tensor<f32>| crate::common::bits(t.data());
     assert_eq!(bits(&on), bits(&off));
 }
 

@@ -406,7 +406,7 @@ fn the_fused_node_keeps_o_n_floats_and_runs_three_core_launches() {
             .iter()
             .map(|&i| {
                 let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
-                t.data().iter().map(|v| v.to_bits()).collect()
+                crate::common::bits(t.data())
             })
             .collect();
         tape.release_grads(g);

@@ -44,7 +44,7 @@ fn run(graph: &GraphData, leaves: &[Tensor<f64>], fused: bool) -> (Vec<Vec<u32>>
     let shape = tape.get(out).unwrap().shape().clone();
     let seed = AnyBuffer::full(tape.device_mut(), &shape, 1.0).unwrap();
     let grads = tape.backward_dense(out, &seed).unwrap();
-    let bits = |t: Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let bits = |t: Tensor<f32>| crate::common::bits(t.data());
     let mut all: Vec<Vec<u32>> = ids.iter().map(|&i| bits(tape.read(i).unwrap())).collect();
     all.extend(
         ids.iter()

@@ -354,7 +354,7 @@ fn identity_cotangents_are_handed_over_not_copied() {
     for (k, &i) in [a, b, c].iter().enumerate() {
         let got: Tensor<f32> = map[&i].download(tape.device()).unwrap();
         assert_eq!(got.shape().dims(), &[2, 3]);
-        let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let bits = |t: &Tensor<f32>| crate::common::bits(t.data());
         assert_eq!(bits(&got), bits(&want[k]), "id {i} against the dense path");
         let closed: Vec<f32> = (0..6)
             .map(|j| [2.0 * (1.0 + j as f32), 0.0, 0.0][k])
@@ -469,9 +469,7 @@ fn attention_keeps_its_chain_for_the_backward_and_the_fused_form_not_the_probabi
         assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
         let (recomputed, again) = run(&mut tape);
         let bits = |t: &[Tensor<f32>]| -> Vec<Vec<u32>> {
-            t.iter()
-                .map(|t| t.data().iter().map(|v| v.to_bits()).collect())
-                .collect()
+            t.iter().map(|t| crate::common::bits(t.data())).collect()
         };
         assert_eq!(
             bits(&from_workspace),
@@ -494,7 +492,7 @@ fn an_owned_seed_becomes_the_outputs_gradient_without_a_copy() {
     let one = |tape: &mut CudaTape<SimDevice>| {
         AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap()
     };
-    let bits = |t: Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let bits = |t: Tensor<f32>| crate::common::bits(t.data());
     // Dense: the same gradients as the copied seed's, one launch fewer, the seed is l's slot.
     let seed = one(&mut tape);
     let before = tape.device().traffic();
@@ -630,7 +628,7 @@ fn the_releasing_backward_gives_the_same_gradients_and_frees_the_values() {
             .iter()
             .map(|w| {
                 let t = g[w].download::<f32, _>(tape.device()).unwrap();
-                t.data().iter().map(|v| v.to_bits()).collect()
+                crate::common::bits(t.data())
             })
             .collect();
         let live = tape.device().memory_usage().live_buffers();

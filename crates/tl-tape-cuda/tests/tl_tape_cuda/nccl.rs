@@ -87,7 +87,7 @@ fn one_rank_all_reduce_and_broadcast_return_the_input_bit_for_bit() {
         .map(|i| (i as f32 * 0.37 - 100.0).sin() * 1e3)
         .collect();
     let b = dev.upload(&x).unwrap();
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    use crate::common::bits;
     let s = comm.all_reduce_sum(&mut dev, b, Elem::F32).unwrap();
     assert_ne!(s.id(), b.id(), "a fresh buffer");
     assert_eq!(bits(&dev.download(s).unwrap()), bits(&x));
@@ -126,7 +126,7 @@ fn one_rank_in_place_all_reduce_keeps_the_buffers_on_the_device() {
     };
     let id = nccl.unique_id().unwrap();
     let mut comm = NcclComm::init(&nccl, &id, 0, 1).unwrap();
-    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    use crate::common::bits;
     let xs: Vec<Vec<f32>> = [7usize, 0, 1000, 1]
         .iter()
         .map(|&n| {

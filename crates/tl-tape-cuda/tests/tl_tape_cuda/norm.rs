@@ -204,9 +204,7 @@ fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
         let launches = d.traffic().launches - before;
         assert_eq!(launches, if l.fused_forward() { 1 } else { 2 }, "{l:?}");
         assert_eq!(l.fused_forward(), l.group_len() <= 4096, "{l:?}");
-        let bits = |d: &SimDevice, b| -> Vec<u32> {
-            d.download(b).unwrap().iter().map(|v| v.to_bits()).collect()
-        };
+        let bits = |d: &SimDevice, b| -> Vec<u32> { crate::common::bits(&d.download(b).unwrap()) };
         assert_eq!(bits(&d, fy), bits(&d, y), "{l:?}");
         assert_eq!(bits(&d, fst), bits(&d, st), "{l:?}");
     }
@@ -322,7 +320,7 @@ fn running_update_moments_is_the_f64_rule_rounded_once() {
     assert_ne!(got_v[0], f64_rule(var[0], f64::from(mo[0]) * 4.0 / 3.0));
     assert_ne!(got_m[0], f64_rule(mean[0], f64::from(mo[4])));
     let (om, ov) = d.running_update_moments(rm, rv, moments, m, 1).unwrap();
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    use crate::common::bits;
     let mean_one = d.download(om).unwrap();
     assert_eq!(bits(&mean_one), bits(&got_m), "the mean ignores the count");
     assert_eq!(
@@ -400,7 +398,7 @@ fn running_inv_std_is_the_f64_rule_rounded_once() {
 }
 
 fn bits(d: &SimDevice, b: tl_tape_cuda::Buffer) -> Vec<u32> {
-    d.download(b).unwrap().iter().map(|v| v.to_bits()).collect()
+    crate::common::bits(&d.download(b).unwrap())
 }
 
 /// rmsNorm's layout by hand: no mean pass (the statistics' d̄s are +0), `rstd = 1/sqrt(Σ
@@ -434,10 +432,7 @@ fn rms_statistics_and_map_by_hand() {
     let (fy, fst) = d.norm_forward(x, ga, None, l, 0.25).unwrap();
     assert_eq!(d.traffic().launches - before, 1);
     let fy = d.download(fy).unwrap();
-    assert_eq!(
-        fy.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    );
+    assert_eq!(crate::common::bits(&fy), crate::common::bits(&y));
     assert_eq!(bits(&d, fst), bits(&d, st));
 }
 
@@ -614,7 +609,7 @@ fn rms_norm_keeps_its_statistics_and_recomputes_them_once_released() {
                 .iter()
                 .map(|&i| {
                     let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
-                    t.data().iter().map(|v| v.to_bits()).collect()
+                    crate::common::bits(t.data())
                 })
                 .collect();
             tape.release_grads(g);

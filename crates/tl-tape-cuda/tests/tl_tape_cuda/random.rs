@@ -9,7 +9,7 @@ use tl_tape_cpu::Tape;
 use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
 
 fn bits(t: &Tensor<f32>) -> Vec<u32> {
-    t.data().iter().map(|v| v.to_bits()).collect()
+    crate::common::bits(t.data())
 }
 
 #[test]

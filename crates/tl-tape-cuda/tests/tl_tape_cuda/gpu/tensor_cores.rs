@@ -17,7 +17,7 @@ use crate::common::autocast::product_cases;
 const AUTOCAST: [Precision; 2] = [Precision::Bf16, Precision::Tf32];
 
 fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
+    crate::common::bits(v)
 }
 
 /// The products under autocast `p` on the device against the reference in f64 (within `p`'s
