@@ -34,12 +34,9 @@ fn gradients_within<B: Backend>(
         .map_err(|e| format!("IR backprop_all rejected a generated case: {e}"))?;
     let floors = match floored {
         true => reference_floors(
-            || {
-                (case
-                    .graph
-                    .backprop_all(&leaves, &case.nats, case.out, &seed))
-                .ok()
-            },
+            &case.graph,
+            &leaves,
+            |g, l, id| g.backprop_all(l, &case.nats, id(case.out), &seed).ok(),
             &want,
         ),
         false => Vec::new(),

@@ -32,7 +32,12 @@ fn values_within<B: Backend>(
         .eval(&reference, &case.nats)
         .map_err(|e| format!("IR eval rejected a generated case: {e}"))?;
     let floors = match floored {
-        true => reference_floors(|| case.graph.eval(&leaves, &case.nats).ok(), &want),
+        true => reference_floors(
+            &case.graph,
+            &leaves,
+            |g, l, _| g.eval(l, &case.nats).ok(),
+            &want,
+        ),
         false => Vec::new(),
     };
     let program = backend.record(&case.graph, &leaves, &case.nats)?;

@@ -14,6 +14,7 @@ mod backward;
 pub mod bad_input;
 pub mod conventions;
 mod finite_diff;
+mod floors;
 mod forward;
 pub mod gates;
 pub mod grid;
@@ -26,6 +27,7 @@ pub mod tape_api;
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
 pub use backward::{backward_case, backward_dag_case, check_backward, check_backward_dag};
 pub use finite_diff::{FD_STEP, check_finite_diff, check_finite_diff_dag, fd_case, fd_dag_case};
+pub use floors::{Perturbed, REFERENCE_ERROR_FACTOR, reference_floors};
 pub use forward::{check_forward, check_forward_dag, forward_case, forward_dag_case};
 pub use session::{
     SESSION_CASES, check_session, check_session_cpu_dag, check_session_dag, check_session_dag_on,
@@ -122,42 +124,6 @@ pub(crate) fn backend_inputs<T: Scalar>(case: &GraphCase) -> (Vec<Tensor<T>>, Ve
     let leaves: Vec<Tensor<T>> = case.leaves.iter().map(Tensor::cast).collect();
     let reference = leaves.iter().map(Tensor::cast).collect();
     (leaves, reference)
-}
-
-/// How many times the reference's own error in the backend's precision a value or gradient of
-/// a random DAG may be off ([`reference_floors`]).
-pub const REFERENCE_ERROR_FACTOR: f64 = 16.0;
-
-/// Per-id tolerance floors for checks 1 and 2 on random DAGs: [`REFERENCE_ERROR_FACTOR`] times
-/// the reference's own error in `T` at each id (`own`: the IR's computation run in `T` on the
-/// same inputs, `None` where it failed, called only for a backend that is not f64; `want`: its
-/// f64 run); none for an f64 backend. A DAG
-/// can make a result the small difference of large terms (an attention whose scores barely
-/// move with the query: terms near ±30 that sum to 1e-4), where f32 loses those digits
-/// whoever computes it, and a failing case's shrinking searches for exactly such cases
-/// (`TL_SEED=1103`'s `teeth_sim` found one that the correct sim, the CPU tape and the IR all
-/// computed 3e-5 to 1e-4 off in f32). Where a case keeps f32's digits, as drawn cases do, the
-/// floor stays under the tolerance (at most 0.067 of it on 200 drawn cases:
-/// `dag::the_reference_error_floor_stays_below_the_tolerance_on_drawn_cases`).
-pub fn reference_floors<T: Scalar>(
-    own: impl FnOnce() -> Option<Vec<Tensor<T>>>,
-    want: &[Tensor<f64>],
-) -> Vec<f64> {
-    if T::NAME == "f64" {
-        return Vec::new();
-    }
-    match own() {
-        Some(own) => own
-            .iter()
-            .zip(want)
-            // A non-finite error (NaN where the f64 run is finite) widens nothing.
-            .map(|(g, w)| {
-                let f = REFERENCE_ERROR_FACTOR * tensor_err(g, w);
-                if f.is_finite() { f } else { 0.0 }
-            })
-            .collect(),
-        None => Vec::new(),
-    }
 }
 
 /// Compare per-id results of a backend with the f64 reference: counts, shapes and values.

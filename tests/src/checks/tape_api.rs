@@ -9,6 +9,7 @@
 //!   backend's `backward_dense` at those ids, bit for bit (the sparse path is the same sweep).
 
 use proptest::prelude::*;
+use tl_ir::GraphData;
 use tl_spec::Tensor;
 
 use crate::checks::sim::{pending_aware, sim_dag_cases, sim_pending_ops};
@@ -72,12 +73,13 @@ pub fn tape_api_case<B: TapeApi>(backend: &B, c: &ApiCase) -> CaseResult {
     // The IR's own error in the backend's precision, for each seed's backprop: an id's
     // tolerance is at least the floors of the backprops summed there
     // (`checks::reference_floors`, as checks 1 and 2 on DAGs).
-    let own =
-        |at: usize, s: &Tensor<B::T>| case.graph.backprop_all(&leaves, &case.nats, at, s).ok();
-    let (floor_out, floor_m) = (
-        reference_floors(|| own(case.out, &seed), &from_out),
-        reference_floors(|| own(m, &s2), &from_m),
-    );
+    let floors = |at: usize, s: &Tensor<B::T>, want: &[Tensor<f64>]| {
+        let own = |g: &GraphData, l: &[Tensor<B::T>], id: &dyn Fn(usize) -> usize| {
+            g.backprop_all(l, &case.nats, id(at), s).ok()
+        };
+        reference_floors(&case.graph, &leaves, own, want)
+    };
+    let (floor_out, floor_m) = (floors(case.out, &seed, &from_out), floors(m, &s2, &from_m));
     let floor = |id: usize, both: bool| {
         let at = |f: &[f64]| f.get(id).copied().unwrap_or(0.0);
         at(&floor_m) + if both { at(&floor_out) } else { 0.0 }

@@ -143,7 +143,9 @@ fn cancelling_attention() -> GraphCase {
 
 #[test]
 fn a_gradient_f32_cannot_hold_is_judged_against_the_references_own_f32_error() {
-    use tl_conformance::checks::{REFERENCE_ERROR_FACTOR, backward_case, backward_dag_case};
+    use tl_conformance::checks::{
+        REFERENCE_ERROR_FACTOR, backward_case, backward_dag_case, reference_floors,
+    };
     use tl_conformance::dag::DAG_TOL;
     use tl_conformance::{Backend, CpuTape, CudaSim};
     use tl_spec::Tensor;
@@ -196,47 +198,178 @@ fn a_gradient_f32_cannot_hold_is_judged_against_the_references_own_f32_error() {
             Ok(g)
         }
     }
-    let floor = REFERENCE_ERROR_FACTOR * (o - w).abs();
+    // The floor the check gives %7 (both of the reference's f32 runs): at least the plain
+    // run's error.
+    let floor = reference_floors(
+        &case.graph,
+        &leaves,
+        |g, l, id| g.backprop_all(l, &[], id(case.out), &case.seed.cast()).ok(),
+        &want,
+    )[wq];
+    assert!(floor >= REFERENCE_ERROR_FACTOR * (o - w).abs());
     let e = backward_dag_case(&Off(CudaSim::new(), 2.0 * floor), &case).unwrap_err();
     assert!(e.contains("gradient of %7"), "{e}");
 }
 
 /// The floor of [`a_gradient_f32_cannot_hold_is_judged_against_the_references_own_f32_error`]
-/// leaves drawn cases their plain tolerance: on 200 of them the reference's f32 error (values
-/// and gradients) times
-/// [`tl_conformance::checks::REFERENCE_ERROR_FACTOR`] stays under a quarter of the f32 DAG
-/// tolerance at every id (0.067 at most when written), so the floor widens nothing a check
-/// draws and only answers for the cases a shrinking search walks into.
+/// leaves drawn cases their plain tolerance: on 200 of them the floors of checks 2 and 1
+/// (`tl_conformance::checks::reference_floors`: the reference's f32 error, on the graph as
+/// given and with every op's value moved by an ulp, times
+/// [`tl_conformance::checks::REFERENCE_ERROR_FACTOR`]) stay under half the f32 DAG tolerance
+/// at every id (0.25 at most when written: a conv's values, whose sums cancel to a twentieth of
+/// their terms), so the floor widens almost nothing a check draws and answers for the cases a
+/// shrinking search walks into. (On 2,000 drawn cases, 2 had a floor over the tolerance, 1.05
+/// and 1.77 times it, and 5 over half of it; with the unperturbed run alone, 1 over it.)
 #[test]
 fn the_reference_error_floor_stays_below_the_tolerance_on_drawn_cases() {
-    use tl_conformance::checks::{REFERENCE_ERROR_FACTOR, backend_tol};
-    use tl_conformance::metric::tensor_err;
+    use tl_conformance::checks::{backend_tol, reference_floors};
     use tl_spec::Tensor;
     let cases = sample(DagOptions::default(), 200);
     let mut widened = 0;
     let mut worst = 0.0f64;
     for c in &cases {
         let tol = backend_tol::<f32>(&tl_conformance::dag::DAG_TOL, &c.graph);
+        let leaves: Vec<Tensor<f32>> = c.leaves.iter().map(Tensor::cast).collect();
+        let seed: Tensor<f32> = c.seed.cast();
         let want = (c.graph)
             .backprop_all(&c.leaves, &c.nats, c.out, &c.seed)
             .unwrap();
-        let leaves: Vec<Tensor<f32>> = c.leaves.iter().map(Tensor::cast).collect();
-        let own = (c.graph)
-            .backprop_all(&leaves, &c.nats, c.out, &c.seed.cast())
-            .unwrap();
-        // Check 2's floors (gradients), then check 1's (values).
+        let grads = reference_floors(
+            &c.graph,
+            &leaves,
+            |g, l, id| g.backprop_all(l, &c.nats, id(c.out), &seed).ok(),
+            &want,
+        );
         let values = c.graph.eval(&c.leaves, &c.nats).unwrap();
-        let own_values = c.graph.eval(&leaves, &c.nats).unwrap();
-        let ratio = (own.iter().zip(&want))
-            .chain(own_values.iter().zip(&values))
-            .map(|(g, w)| REFERENCE_ERROR_FACTOR * tensor_err(g, w) / tol)
-            .fold(0.0, f64::max);
+        let values = reference_floors(
+            &c.graph,
+            &leaves,
+            |g, l, _| g.eval(l, &c.nats).ok(),
+            &values,
+        );
+        assert_eq!((grads.len(), values.len()), (c.graph.len(), c.graph.len()));
+        let ratio = grads
+            .iter()
+            .chain(&values)
+            .fold(0.0f64, |m, f| m.max(f / tol));
         worst = worst.max(ratio);
         widened += usize::from(ratio > 1.0);
     }
     println!("floor / tolerance: worst {worst:.3}, {widened} of 200 cases above 1");
     assert!(
-        worst < 0.25,
+        worst < 0.5,
         "{widened} of 200 drawn cases widened; the floor reached {worst} of the tolerance"
+    );
+}
+
+/// Shrunk from `TL_SEED=6161 TL_CASES=256`'s tape-API check (its live nodes): an attention
+/// whose inputs and weights are all broadcast from scalars, so every key is the same and every
+/// score of a row is equal, and the gradient of the query weights' scalar (`%16`) is exactly 0
+/// (3.6e-13 in f64). The IR's own f32 run gives exactly 0 too, by luck, while the correct CPU
+/// tape's order of the same f32 sums gives −1.9e-4 (terms near ±10), past the DAG tolerance.
+fn equal_keys_attention() -> (GraphCase, usize) {
+    use tl_ir::{GraphBuilder, Op};
+    use tl_spec::ops::attention::Mask;
+    use tl_spec::{Shape, Tensor};
+    let mut b = GraphBuilder::new();
+    let x = b.leaf([1, 2, 2], None).unwrap();
+    let mut op = |op: Op, args: &[usize]| b.apply(op, args).unwrap();
+    let to = |dims: &[usize]| Op::BroadcastTo(Shape::new(dims));
+    let reshape = |dims: &[usize]| Op::Reshape(Shape::new(dims));
+    let x2 = op(Op::Add, &[x, x]);
+    let sx = op(Op::Sum, &[x]);
+    let s2 = op(Op::Sum, &[x2]);
+    let q = op(Op::Scale(0.25), &[s2]);
+    let q3 = op(to(&[3]), &[q]);
+    let s = op(Op::Sum, &[q3]);
+    let s_2 = op(to(&[2]), &[s]);
+    let row = op(reshape(&[1, 2]), &[s_2]);
+    let pooled = op(
+        Op::AvgPool {
+            kernel: vec![2],
+            stride: vec![2],
+            padding: vec![1],
+        },
+        &[row],
+    );
+    let sx_row = op(to(&[1, 2]), &[sx]);
+    let right = op(Op::Add, &[pooled, sx_row]);
+    let left = op(reshape(&[1, 1, 2]), &[row]);
+    let right = op(to(&[1, 2, 2]), &[right]);
+    let prod = op(Op::Bmm, &[left, right]);
+    let wide = op(to(&[2, 2, 2]), &[prod]);
+    let wide = op(to(&[2, 2, 2]), &[wide]);
+    let xs = op(reshape(&[4, 2]), &[wide]);
+    let half = |op: &mut dyn FnMut(Op, &[usize]) -> usize, src| {
+        let t = op(Op::Sum, &[src]);
+        let t = op(Op::Scale(0.5), &[t]);
+        (t, op(to(&[2, 2]), &[t]))
+    };
+    let (q_scalar, wq) = half(&mut op, left);
+    let wk = op(to(&[2, 2]), &[s]);
+    let v = op(Op::Sum, &[xs]);
+    let v = op(Op::Scale(0.125), &[v]);
+    let wv = op(to(&[2, 2]), &[v]);
+    let (_, wo) = half(&mut op, left);
+    let attention = Op::MultiHeadAttention {
+        heads: 2,
+        mask: Some(Mask::causal(4).unwrap()),
+        fused: false,
+    };
+    let out = op(attention, &[wq, wk, wv, wo, xs]);
+    let mut seed = vec![0.0; 8];
+    seed[4..6].copy_from_slice(&[0.22866241653760522, 0.9069112226426214]);
+    let x = [
+        0.8697066876304779,
+        -1.7768877762035529,
+        -1.3254311922598103,
+        1.4435803957535973,
+    ];
+    let case = GraphCase {
+        graph: b.finish(),
+        leaves: vec![Tensor::new([1, 2, 2], x.to_vec()).unwrap()],
+        out,
+        seed: Tensor::new([4, 2], seed).unwrap(),
+        nats: vec![],
+    };
+    (case, q_scalar)
+}
+
+#[test]
+fn a_gradient_exact_in_f32_by_luck_is_judged_against_the_perturbed_references_error() {
+    use tl_conformance::checks::{backward_case, backward_dag_case, reference_floors};
+    use tl_conformance::dag::DAG_TOL;
+    use tl_conformance::{Backend, CpuTape, CudaSim};
+    use tl_spec::Tensor;
+    let (case, q) = equal_keys_attention();
+    let leaves: Vec<Tensor<f32>> = case.leaves.iter().map(Tensor::cast).collect();
+    let reference: Vec<Tensor<f64>> = leaves.iter().map(Tensor::cast).collect();
+    let seed: Tensor<f32> = case.seed.cast();
+    let want = (case.graph)
+        .backprop_all(&reference, &[], case.out, &seed.cast())
+        .unwrap();
+    let own = (case.graph)
+        .backprop_all(&leaves, &[], case.out, &seed)
+        .unwrap();
+    assert!(want[q].data()[0].abs() < 1e-12, "{:?}", want[q].data());
+    assert_eq!(own[q].data()[0], 0.0, "the IR's f32 run is exact here");
+    // The correct CPU tape is 1.9e-4 off: past the plain tolerance, within the floor.
+    let cpu = CpuTape::<f32>::new();
+    let plain = backward_case(&cpu, &case, &DAG_TOL).unwrap_err();
+    assert!(plain.contains(&format!("gradient of %{q}")), "{plain}");
+    backward_dag_case(&cpu, &case).unwrap();
+    backward_dag_case(&CudaSim::new(), &case).unwrap();
+    let floor = reference_floors(
+        &case.graph,
+        &leaves,
+        |g, l, id| g.backprop_all(l, &[], id(case.out), &seed).ok(),
+        &want,
+    )[q];
+    let p = cpu.record(&case.graph, &leaves, &[]).unwrap();
+    let got = f64::from(cpu.backward_dense(&p, case.out, &seed).unwrap()[q].data()[0]);
+    // 1.0e-3 when written: the perturbed run's 6.4e-5, sixteen times.
+    assert!(
+        floor > got.abs() && floor < 1e-2,
+        "floor {floor:e}, the tape {got:e} off"
     );
 }
