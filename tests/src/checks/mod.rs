@@ -22,6 +22,7 @@ pub mod hard;
 mod session;
 pub mod session_state;
 pub mod sim;
+pub mod split_k;
 pub mod tape_api;
 
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};

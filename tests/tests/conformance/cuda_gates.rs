@@ -1,13 +1,17 @@
-//! The CUDA tape's sum and normalization launches with their gates forced both ways
-//! (`tl_tape_cuda::gates`): the registry's cases are small, so at the production thresholds
-//! their norms run one launch and most of their axis sums one thread per output (a batch
-//! norm's channel over more than 63 positions aside); forced, they reach the other kernels
-//! too.
+//! The CUDA tape's size-gated launches that the registry's small cases do not reach at the
+//! production thresholds: their norms run one launch, most of their axis sums one thread per
+//! output (a batch norm's channel over more than 63 positions aside), and no product of
+//! theirs splits its `k`. The sum and norm gates are forced both ways
+//! (`tl_tape_cuda::gates`); split-K is reached by fixed products past it.
 //!
 //! - Sums by block (`force_sums_by_block`: `tl_axis_sum_block`, `tl_norm_bwd_affine_block`;
 //!   the two orders give different bits): every entry whose CUDA formula sums along an axis
 //!   passes checks 1, 2 and 6 on the sim with every sum by block and with none; under
 //!   `cuda-emu`, the emulated kernels give the sim's bits either way.
+//! - Split-K (`tl_conformance::checks::split_k`): a matmul, a bmm, a linear layer and a conv
+//!   that split in the forward, a matmul's and a linear layer's weight cotangents that split in
+//!   the backward, through checks 1, 2 and 6 on the sim; under `cuda-emu`, the emulated
+//!   kernels (`tl_gemm` over the runs, `tl_gemm_sum_splits`) give the sim's bits.
 //! - The norm forward in one launch or two (`force_norm_fused_max`; documented bit-neutral):
 //!   the same values and gradients bit for bit on the sim; under `cuda-emu`, the emulated
 //!   kernels give the sim's bits either way.
@@ -142,6 +146,29 @@ fn the_norm_forward_gives_the_same_bits_in_one_launch_and_in_two_on_the_sim() {
     assert_all_passed(&reports, cfg.cases);
 }
 
+/// The split-K cases split at the production thresholds (were they one run each, the checks
+/// below would test the plain GEMM again), and pass checks 1, 2 and 6 on the sim.
+#[test]
+fn products_past_the_split_k_gate_pass_checks_1_2_and_6_on_the_sim() {
+    use tl_conformance::checks::split_k::{check_split_k_sim, split_k_cases};
+    use tl_tape_cuda::device::Gemm;
+    // (m, k, n, batch) of the product that splits in each case, in order.
+    let splitting = [
+        (16, 600, 20, 1),
+        (12, 600, 10, 1),
+        (12, 300, 10, 2),
+        (6, 500, 10, 1),
+        (5, 700, 6, 1),
+        (4, 288, 30, 1),
+    ];
+    assert_eq!(splitting.len(), split_k_cases().len());
+    for (m, k, n, batch) in splitting {
+        let splits = Gemm::nn(m, k, n).k_splits(batch);
+        assert!(splits > 1, "{m}x{k}x{n} (batch {batch}): {splits} run");
+    }
+    assert_all_passed(&check_split_k_sim(), split_k_cases().len() as u32);
+}
+
 #[cfg(feature = "cuda-emu")]
 mod emu {
     use super::*;
@@ -159,6 +186,13 @@ mod emu {
             }
         }
         assert_all_passed(&reports, cfg.cases);
+    }
+
+    #[test]
+    fn emulated_split_k_products_equal_the_sim_bit_for_bit() {
+        use tl_conformance::checks::split_k::{check_split_k_device, split_k_cases};
+        let r = check_split_k_device("cuda-emu", CudaDevice::new);
+        assert_all_passed(&[r], split_k_cases().len() as u32);
     }
 
     #[test]

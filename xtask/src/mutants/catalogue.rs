@@ -552,6 +552,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-split-k-drops-the-last-term",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/device/sim/linalg.rs",
+        from: ".fold(0.0f32, |acc, p0| acc + run(p0, (p0 + chunk).min(k)))",
+        to: ".fold(0.0f32, |acc, p0| acc + run(p0, (p0 + chunk).min(k - 1)))",
+        bug: "the sim's split-K product stops its last run one term short of k (only products of fewer than 64 tiles and k of 256 or more split)",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-norm-dbeta-by-block-sums-dgamma-terms",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/sim/norm.rs",
