@@ -19,7 +19,7 @@ use super::grid::{one_op, positive};
 use super::sim::{determinism_case, device_vs_sim_case, sim_vs_cpu_case};
 use super::{backward_case, forward_case};
 use crate::report::run_fixed;
-use crate::{CaseError, CudaSim, GraphCase, Report};
+use crate::{Backend, CaseError, CudaSim, GraphCase, Report};
 
 /// The split-K cases, named by what splits (module docs).
 pub fn split_k_cases() -> Vec<(&'static str, GraphCase)> {
@@ -87,26 +87,32 @@ pub fn split_k_cases() -> Vec<(&'static str, GraphCase)> {
     ]
 }
 
-/// Checks 1 and 2 (against the f64 IR) and 6 (≈cpu, det) on the sim for the split-K cases,
-/// at the DAG tolerance scaled by each case's longest reduction.
-pub fn check_split_k_sim() -> Vec<Report> {
-    let cases = split_k_cases();
-    let tol = crate::dag::DAG_TOL;
-    let sim = CudaSim::new();
-    vec![
-        run_fixed("1 fwd split-k cuda-sim".into(), &cases, |c| {
-            forward_case(&sim, c, &tol).map_err(CaseError::Fail)
+/// Checks 1 and 2 (against the f64 IR) on `backend` for the split-K cases, at the DAG
+/// tolerance scaled by each case's longest reduction.
+pub fn check_split_k_on<B: Backend>(backend: &B) -> [Report; 2] {
+    let (cases, tol, name) = (split_k_cases(), crate::dag::DAG_TOL, backend.name());
+    [
+        run_fixed(format!("1 fwd split-k {name}"), &cases, |c| {
+            forward_case(backend, c, &tol).map_err(CaseError::Fail)
         }),
-        run_fixed("2 bwd split-k cuda-sim".into(), &cases, |c| {
-            backward_case(&sim, c, &tol).map_err(CaseError::Fail)
-        }),
-        run_fixed("6 ≈cpu split-k cuda-sim".into(), &cases, |c| {
-            sim_vs_cpu_case(c, &tol, true)
-        }),
-        run_fixed("6 det split-k cuda-sim".into(), &cases, |c| {
-            determinism_case(c, true)
+        run_fixed(format!("2 bwd split-k {name}"), &cases, |c| {
+            backward_case(backend, c, &tol).map_err(CaseError::Fail)
         }),
     ]
+}
+
+/// [`check_split_k_on`] the sim, and check 6 (≈cpu: within the same tolerance of the CPU f32
+/// tape; det: three runs bit for bit).
+pub fn check_split_k_sim() -> Vec<Report> {
+    let (cases, tol) = (split_k_cases(), crate::dag::DAG_TOL);
+    let mut reports = check_split_k_on(&CudaSim::new()).to_vec();
+    reports.push(run_fixed("6 ≈cpu split-k cuda-sim".into(), &cases, |c| {
+        sim_vs_cpu_case(c, &tol, true)
+    }));
+    reports.push(run_fixed("6 det split-k cuda-sim".into(), &cases, |c| {
+        determinism_case(c, true)
+    }));
+    reports
 }
 
 /// The split-K cases on another device (`name`, made by `device`): equal to the sim bit for

@@ -116,15 +116,17 @@ fn checks_1_and_2_hold_on_the_gpu_for_every_registry_op() {
 
 /// The block kernels of the sums (`tl_axis_sum_block`, `tl_norm_bwd_affine_block`) and the
 /// norm forward's two launches, which the registry's small cases reach only with their gates
-/// forced (module `cuda_gates`): checks 1 and 2 on the GPU for the entries that take them.
+/// forced, and split-K products (module `cuda_gates`): checks 1 and 2 on the GPU for the
+/// entries that take them and for the split-K cases.
 #[test]
-fn checks_1_and_2_hold_on_the_gpu_with_the_sum_and_norm_gates_forced() {
+fn checks_1_and_2_hold_on_the_gpu_past_the_sum_norm_and_split_k_gates() {
     use crate::cuda_gates::{SUMMING, entries};
     use tl_tape_cuda::gates::{force_norm_fused_max, force_sums_by_block};
     if !gpu() {
         return;
     }
     let cfg = cfg();
+    let split_k_cases = tl_conformance::checks::split_k::split_k_cases().len() as u32;
     let _by_block = force_sums_by_block(Some(true));
     let _two_launches = force_norm_fused_max(Some(0));
     for (mode, gpu) in backends() {
@@ -136,6 +138,8 @@ fn checks_1_and_2_hold_on_the_gpu_with_the_sum_and_norm_gates_forced() {
             }
         }
         summarise(&format!("gated-{mode}"), &reports, cfg.cases);
+        let split_k = tl_conformance::checks::split_k::check_split_k_on(&gpu);
+        summarise(&format!("split-k-{mode}"), &split_k, split_k_cases);
     }
 }
 
