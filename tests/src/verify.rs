@@ -175,6 +175,17 @@ pub fn op_row(entry: &OpInfo, cfg: &RunConfig) -> Row {
     }
 }
 
+/// The cells of one entry's row on the CUDA sim that apply to it (checks 1, 2 and 6; check 5,
+/// the sessions, has its own module): what a test runs again with a CUDA gate forced.
+pub fn sim_cells(entry: &OpInfo, cfg: &RunConfig) -> Vec<Report> {
+    COLUMNS
+        .iter()
+        .filter(|c| c.dtype == Some("sim") && c.check != Check::Session)
+        .filter(|c| entry.applies.get(c.check))
+        .map(|&c| op_cell(entry, c, cfg))
+        .collect()
+}
+
 /// Run every check on random DAGs.
 pub fn dag_row(cfg: &RunConfig) -> Row {
     Row {

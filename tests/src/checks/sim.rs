@@ -47,6 +47,24 @@ use crate::{
     Report, RunConfig, Tol, registry, run_check_pending,
 };
 
+/// Run `check` on `cfg.cases` cases of `entry` on the sim's shapes ([`sim_graph_cases`]); an
+/// op without a CUDA formula makes the whole cell pending.
+fn run_on_entry(
+    label: String,
+    cfg: &RunConfig,
+    entry: &OpInfo,
+    check: impl Fn(&GraphCase) -> Result<Measured, CaseError>,
+) -> Report {
+    run_check_pending(
+        label,
+        cfg,
+        sim_graph_cases(entry),
+        OnPending::PendCell,
+        &[],
+        check,
+    )
+}
+
 /// Turn a case result on `sim` into a pending-aware one: a failure caused by an op without a
 /// CUDA formula is [`CaseError::Pending`].
 pub fn pending_aware(sim: &CudaSim, r: CaseResult) -> Result<Measured, CaseError> {
@@ -136,14 +154,9 @@ pub fn check_forward_sim(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let sim = CudaSim::new();
     let label = format!("1 fwd {} {}", entry.name, sim.name());
     let tol = entry.tol;
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| pending_aware(&sim, forward_case(&sim, c, &tol)),
-    )
+    run_on_entry(label, cfg, entry, |c| {
+        pending_aware(&sim, forward_case(&sim, c, &tol))
+    })
 }
 
 /// Check 2 on the sim for a registry entry.
@@ -159,14 +172,9 @@ pub fn check_backward_on<B: Backend + AsRef<CudaSim>>(
 ) -> Report {
     let label = format!("2 bwd {} {}", entry.name, backend.name());
     let tol = entry.tol;
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| pending_aware(backend.as_ref(), backward_case(backend, c, &tol)),
-    )
+    run_on_entry(label, cfg, entry, |c| {
+        pending_aware(backend.as_ref(), backward_case(backend, c, &tol))
+    })
 }
 
 impl AsRef<CudaSim> for CudaSim {
@@ -473,14 +481,9 @@ pub fn check_same_bits_under<D: Device, G>(
 ) -> Report {
     let label = format!("= {gate} {} {name}", entry.name);
     let grads = entry.applies.backward;
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| same_bits_under_case(c, grads, device, settings),
-    )
+    run_on_entry(label, cfg, entry, |c| {
+        same_bits_under_case(c, grads, device, settings)
+    })
 }
 
 /// One case of the device ≈ sim check: the CUDA tape on a fresh `D` gives the sim's values and
@@ -579,14 +582,9 @@ pub fn check_device_vs_sim_ulps<D: Device>(
 ) -> Report {
     let label = format!("≈ sim ulps {} {name}", entry.name);
     let grads = entry.applies.backward;
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| device_vs_sim_ulps_case(c, bound, grads, device),
-    )
+    run_on_entry(label, cfg, entry, |c| {
+        device_vs_sim_ulps_case(c, bound, grads, device)
+    })
 }
 
 /// The device ≈ sim check for a registry entry (gradients too where check 2 applies): the f32
@@ -602,17 +600,10 @@ pub fn check_device_vs_sim_within<D: Device>(
     let mode = if deterministic { "det" } else { "nondet" };
     let label = format!("≈ sim {mode} {} {name}", entry.name);
     let (tol, grads) = (entry.tol, entry.applies.backward);
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| {
-            let t = backend_tol::<f32>(&tol, &c.graph);
-            device_vs_sim_within_case(c, t, grads, deterministic, device)
-        },
-    )
+    run_on_entry(label, cfg, entry, |c| {
+        let t = backend_tol::<f32>(&tol, &c.graph);
+        device_vs_sim_within_case(c, t, grads, deterministic, device)
+    })
 }
 
 /// The device ≈ sim check on random DAGs, as [`check_device_vs_sim_within`].
@@ -646,14 +637,7 @@ pub fn check_device_vs_sim<D: Device>(
 ) -> Report {
     let label = format!("= sim {} {name}", entry.name);
     let grads = entry.applies.backward;
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| device_vs_sim_case(c, grads, device),
-    )
+    run_on_entry(label, cfg, entry, |c| device_vs_sim_case(c, grads, device))
 }
 
 /// The device = sim check on random DAGs.
@@ -677,17 +661,10 @@ pub fn check_device_vs_sim_dag<D: Device>(
 pub fn check_sim_vs_cpu(entry: &OpInfo, cfg: &RunConfig) -> Report {
     let label = format!("6 ≈cpu {} cuda-sim", entry.name);
     let (tol, grads, ulps) = (entry.tol, entry.applies.backward, entry.ulps);
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| match ulps {
-            Some(bound) => sim_vs_cpu_ulps_case(c, bound, grads),
-            None => sim_vs_cpu_case(c, &tol, grads),
-        },
-    )
+    run_on_entry(label, cfg, entry, |c| match ulps {
+        Some(bound) => sim_vs_cpu_ulps_case(c, bound, grads),
+        None => sim_vs_cpu_case(c, &tol, grads),
+    })
 }
 
 /// Check 6 (det) for a registry entry.
@@ -704,14 +681,7 @@ pub fn check_deterministic_on<D: Device>(
 ) -> Report {
     let label = format!("6 det {} {name}", entry.name);
     let grads = entry.applies.backward;
-    run_check_pending(
-        label,
-        cfg,
-        sim_graph_cases(entry),
-        OnPending::PendCell,
-        &[],
-        |c| determinism_on_case(c, grads, device),
-    )
+    run_on_entry(label, cfg, entry, |c| determinism_on_case(c, grads, device))
 }
 
 /// Check 6 (≈cpu) on random DAGs.

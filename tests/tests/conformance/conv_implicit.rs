@@ -6,8 +6,8 @@
 //! (The registry's cases are small, so the production threshold sends them all to im2col, and
 //! no weight cotangent of theirs is split along `N·L`: a split one is checked on its own.)
 
-use tl_conformance::verify::{COLUMNS, op_cell};
-use tl_conformance::{Check, OpInfo, Report, RunConfig, assert_all_passed, registry};
+use tl_conformance::verify::sim_cells;
+use tl_conformance::{OpInfo, Report, RunConfig, assert_all_passed, registry};
 use tl_tape_cuda::gates::force_conv_implicit_min_tiles;
 
 fn conv_entry() -> OpInfo {
@@ -28,15 +28,7 @@ fn conv_passes_checks_1_2_and_6_on_the_sim_with_the_implicit_kernel_forced_on_an
     let mut reports: Vec<Report> = Vec::new();
     for min_tiles in [0, usize::MAX] {
         let _gate = force_conv_implicit_min_tiles(Some(min_tiles));
-        for col in COLUMNS
-            .iter()
-            .filter(|c| c.dtype == Some("sim") && c.check != Check::Session)
-            .filter(|c| entry.applies.get(c.check))
-        {
-            let r = op_cell(&entry, *col, &cfg);
-            assert!(!r.is_pending(), "{r}");
-            reports.push(r);
-        }
+        reports.extend(sim_cells(&entry, &cfg));
     }
     assert!(reports.len() >= 6, "{} reports", reports.len());
     assert_all_passed(&reports, cfg.cases);

@@ -17,8 +17,8 @@
 //!   kernels give the sim's bits either way.
 
 use tl_conformance::checks::sim::check_same_bits_under;
-use tl_conformance::verify::{COLUMNS, op_cell};
-use tl_conformance::{Check, OpInfo, Report, RunConfig, assert_all_passed, registry};
+use tl_conformance::verify::sim_cells;
+use tl_conformance::{OpInfo, Report, RunConfig, assert_all_passed, registry};
 use tl_tape_cuda::SimDevice;
 use tl_tape_cuda::gates::{force_norm_fused_max, force_sums_by_block};
 
@@ -63,15 +63,7 @@ fn sums_pass_checks_1_2_and_6_on_the_sim_by_block_and_by_thread() {
     for by_block in [true, false] {
         let _gate = force_sums_by_block(Some(by_block));
         for entry in entries(&SUMMING) {
-            for col in COLUMNS
-                .iter()
-                .filter(|c| c.dtype == Some("sim") && c.check != Check::Session)
-                .filter(|c| entry.applies.get(c.check))
-            {
-                let r = op_cell(&entry, *col, &cfg);
-                assert!(!r.is_pending(), "{r}");
-                reports.push(r);
-            }
+            reports.extend(sim_cells(&entry, &cfg));
         }
     }
     assert!(reports.len() >= 2 * 3 * SUMMING.len(), "{}", reports.len());
