@@ -11,6 +11,7 @@
 
 mod bundle;
 mod coverage;
+mod doc_tables;
 mod kernels;
 mod mutants;
 mod nccl_stub;
