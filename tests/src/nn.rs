@@ -111,7 +111,7 @@ impl<T: Scalar> LayerSession for LinkedSession<T> {
 }
 
 /// The activations of [`Activation`], for generation.
-const ACTIVATIONS: [Activation; 9] = [
+const ACTIVATIONS: [Activation; 20] = [
     Activation::Relu,
     Activation::Tanh,
     Activation::Sigmoid,
@@ -121,6 +121,17 @@ const ACTIVATIONS: [Activation; 9] = [
     Activation::GeluErf,
     Activation::LeakyRelu(0.2),
     Activation::Elu(0.7),
+    Activation::Hardtanh(-0.8, 1.3),
+    Activation::Relu6,
+    Activation::Hardsigmoid,
+    Activation::Hardswish,
+    Activation::Mish,
+    Activation::Selu,
+    Activation::Celu(0.6),
+    Activation::LogSigmoid,
+    Activation::Softsign,
+    Activation::Tanhshrink,
+    Activation::Softshrink(0.4),
 ];
 
 /// One layer with its sizes and settings (what the case generator draws).
@@ -925,20 +936,7 @@ impl LayerSpec {
                 let neg = b.apply(Op::Mul, &[a, neg])?;
                 b.apply(Op::Add, &[pos, neg])
             }
-            LayerSpec::Activation { act, .. } => {
-                let op = match act {
-                    Activation::Relu => Op::Relu,
-                    Activation::Tanh => Op::Tanh,
-                    Activation::Sigmoid => Op::Sigmoid,
-                    Activation::Gelu => Op::Gelu,
-                    Activation::Silu => Op::Silu,
-                    Activation::Softplus => Op::Softplus,
-                    Activation::GeluErf => Op::GeluErf,
-                    Activation::LeakyRelu(s) => Op::LeakyRelu { negative_slope: *s },
-                    Activation::Elu(alpha) => Op::Elu { alpha: *alpha },
-                };
-                b.apply(op, &[x()?])
-            }
+            LayerSpec::Activation { act, shape } => activation_ref(b, *act, x()?, shape),
             LayerSpec::Flatten { shape } => {
                 let rest = shape[1..].iter().product::<usize>();
                 reshape(b, x()?, &[shape[0], rest])
@@ -1844,4 +1842,96 @@ fn ce_run<O: LayerSession + 'static>(case: &CeCase, session: O) -> CaseResult {
     let m = one(&got.0, &want_v[out], tol, "loss")?;
     let g = got.1.first().ok_or("no gradient of the logits")?;
     Ok(m.max(one(g, &want_g[0], tol, "gradient of the logits")?))
+}
+
+/// The reference of an [`Activation`] on `x` of `shape`: the catalogue's op where it is one,
+/// else PyTorch's formula written another way than the layer composes it (the same function;
+/// the same gradient away from the kinks, which the tl-nn tests check by hand).
+fn activation_ref(
+    b: &mut GraphBuilder,
+    act: Activation,
+    x: Id,
+    shape: &[usize],
+) -> tl_ir::Result<Id> {
+    let mut c = |b: &mut GraphBuilder, v: f64| b.apply(Op::Constant(Tensor::full(shape, v)), &[]);
+    let op = |b: &mut GraphBuilder, op: Op, args: &[Id]| b.apply(op, args);
+    // max(0, min(1, x/6 + ½)).
+    let hard_sigmoid =
+        |b: &mut GraphBuilder, c: &mut dyn FnMut(&mut GraphBuilder, f64) -> tl_ir::Result<Id>| {
+            let t = b.apply(Op::Scale(1.0 / 6.0), &[x])?;
+            let half = c(b, 0.5)?;
+            let t = b.apply(Op::Add, &[t, half])?;
+            let one = c(b, 1.0)?;
+            let t = b.apply(Op::Min, &[t, one])?;
+            let zero = c(b, 0.0)?;
+            b.apply(Op::Max, &[t, zero])
+        };
+    // max(0, v) + min(0, alpha·(exp(v) − 1)), v = x·k.
+    let elu_parts = |b: &mut GraphBuilder,
+                     c: &mut dyn FnMut(&mut GraphBuilder, f64) -> tl_ir::Result<Id>,
+                     k: f64,
+                     alpha: f64| {
+        let zero = c(b, 0.0)?;
+        let pos = b.apply(Op::Max, &[x, zero])?;
+        let v = b.apply(Op::Scale(k), &[x])?;
+        let e = b.apply(Op::Exp, &[v])?;
+        let one = c(b, 1.0)?;
+        let e = b.apply(Op::Sub, &[e, one])?;
+        let e = b.apply(Op::Scale(alpha), &[e])?;
+        let neg = b.apply(Op::Min, &[e, zero])?;
+        b.apply(Op::Add, &[pos, neg])
+    };
+    match act {
+        Activation::Relu => op(b, Op::Relu, &[x]),
+        Activation::Tanh => op(b, Op::Tanh, &[x]),
+        Activation::Sigmoid => op(b, Op::Sigmoid, &[x]),
+        Activation::Gelu => op(b, Op::Gelu, &[x]),
+        Activation::Silu => op(b, Op::Silu, &[x]),
+        Activation::Softplus => op(b, Op::Softplus, &[x]),
+        Activation::GeluErf => op(b, Op::GeluErf, &[x]),
+        Activation::LeakyRelu(s) => op(b, Op::LeakyRelu { negative_slope: s }, &[x]),
+        Activation::Elu(alpha) => op(b, Op::Elu { alpha }, &[x]),
+        Activation::Hardtanh(lo, hi) => op(b, Op::Clamp { lo, hi }, &[x]),
+        Activation::Relu6 => op(b, Op::Clamp { lo: 0.0, hi: 6.0 }, &[x]),
+        Activation::Hardsigmoid => hard_sigmoid(b, &mut c),
+        Activation::Hardswish => {
+            let h = hard_sigmoid(b, &mut c)?;
+            op(b, Op::Mul, &[x, h])
+        }
+        Activation::Mish => {
+            // x·tanh(log(1 + eˣ)).
+            let e = op(b, Op::Exp, &[x])?;
+            let one = c(b, 1.0)?;
+            let e = op(b, Op::Add, &[e, one])?;
+            let l = op(b, Op::Log, &[e])?;
+            let t = op(b, Op::Tanh, &[l])?;
+            op(b, Op::Mul, &[x, t])
+        }
+        Activation::Selu => {
+            let y = elu_parts(b, &mut c, 1.0, tl_nn::SELU_ALPHA)?;
+            op(b, Op::Scale(tl_nn::SELU_SCALE), &[y])
+        }
+        Activation::Celu(alpha) => elu_parts(b, &mut c, 1.0 / alpha, alpha),
+        Activation::LogSigmoid => {
+            let s = op(b, Op::Sigmoid, &[x])?;
+            op(b, Op::Log, &[s])
+        }
+        Activation::Softsign => {
+            // x · 1/(1 + |x|).
+            let a = op(b, Op::Abs, &[x])?;
+            let one = c(b, 1.0)?;
+            let d = op(b, Op::Add, &[a, one])?;
+            let d = op(b, Op::Inv, &[d])?;
+            op(b, Op::Mul, &[x, d])
+        }
+        Activation::Tanhshrink => {
+            let t = op(b, Op::Tanh, &[x])?;
+            op(b, Op::Sub, &[x, t])
+        }
+        Activation::Softshrink(l) => {
+            // x − clamp(x, −λ, λ).
+            let t = op(b, Op::Clamp { lo: -l, hi: l }, &[x])?;
+            op(b, Op::Sub, &[x, t])
+        }
+    }
 }

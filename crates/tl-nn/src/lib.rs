@@ -74,6 +74,7 @@
 // `#[derive(Parameters)]` names `::tl_nn`, also inside this crate.
 extern crate self as tl_nn;
 
+mod activation;
 mod display;
 mod error;
 mod init;
@@ -95,6 +96,7 @@ pub mod data;
 pub mod dist;
 pub mod models;
 
+pub use activation::{Activation, SELU_ALPHA, SELU_SCALE};
 pub use data::{CLASSES, PIXELS};
 pub use display::{Summary, SummaryRow, Tree, tree};
 pub use error::{Error, Result};
@@ -106,7 +108,7 @@ pub use layers::{
     RmsNorm, RnnConfig, RnnWeights, SpectralConv1d, Upsample,
 };
 pub use losses::Reduction;
-pub use module::{Activation, Flatten, Module, Parameters, Sequential};
+pub use module::{Flatten, Module, Parameters, Sequential};
 pub use rng::Rng;
 pub use runtime::{Runtime, Scope};
 pub use sample::{argmax, sample};

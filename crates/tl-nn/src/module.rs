@@ -1,5 +1,5 @@
 //! [`Module`] and [`Parameters`]: what a layer or a model is, [`Sequential`] to chain them, and
-//! the parameter-free modules ([`Activation`], [`Flatten`]).
+//! [`Flatten`] (the activations as modules: [`crate::Activation`]).
 
 use tl_session::{Param, Train};
 
@@ -172,86 +172,6 @@ impl<O: Train> Module<O> for Sequential<O> {
             h = l.forward(&h)?;
         }
         Ok(h)
-    }
-}
-
-/// An activation as a module (the same functions are methods of [`Var`]).
-/// PyTorch: `nn.ReLU()`, `nn.Tanh()`, …
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Activation {
-    /// `max(x, 0)`. PyTorch: `nn.ReLU`.
-    Relu,
-    /// `tanh x`. PyTorch: `nn.Tanh`.
-    Tanh,
-    /// `1/(1+exp(−x))`. PyTorch: `nn.Sigmoid`.
-    Sigmoid,
-    /// GELU, tanh form. PyTorch: `nn.GELU(approximate="tanh")`.
-    Gelu,
-    /// `x·sigmoid(x)`. PyTorch: `nn.SiLU`.
-    Silu,
-    /// `log(1+exp(x))`. PyTorch: `nn.Softplus`.
-    Softplus,
-    /// The exact GELU `½·x·(1 + erf(x/√2))`. PyTorch: `nn.GELU()` (its default).
-    GeluErf,
-    /// `x` for x > 0, else `negative_slope·x`. PyTorch: `nn.LeakyReLU(negative_slope)`
-    /// (PyTorch's default 0.01: [`Activation::LEAKY_RELU`]).
-    LeakyRelu(f64),
-    /// `x` for x > 0, else `alpha·(eˣ − 1)`. PyTorch: `nn.ELU(alpha)` (PyTorch's default 1.0:
-    /// [`Activation::ELU`]).
-    Elu(f64),
-}
-
-impl Activation {
-    /// `LeakyRelu` with PyTorch's default slope, 0.01 (`nn.LeakyReLU()`).
-    pub const LEAKY_RELU: Activation = Activation::LeakyRelu(0.01);
-    /// `Elu` with PyTorch's default alpha, 1.0 (`nn.ELU()`).
-    pub const ELU: Activation = Activation::Elu(1.0);
-
-    /// How the activation prints: PyTorch's class name and `extra_repr()` (one arm per
-    /// variant).
-    fn pytorch(self) -> (&'static str, String) {
-        match self {
-            Activation::Relu => ("ReLU", String::new()),
-            Activation::Tanh => ("Tanh", String::new()),
-            Activation::Sigmoid => ("Sigmoid", String::new()),
-            Activation::Gelu => ("GELU", "approximate='tanh'".into()),
-            Activation::Silu => ("SiLU", String::new()),
-            Activation::Softplus => ("Softplus", String::new()),
-            Activation::GeluErf => ("GELU", String::new()),
-            Activation::LeakyRelu(s) => ("LeakyReLU", format!("negative_slope={s:?}")),
-            Activation::Elu(a) => ("ELU", format!("alpha={a:?}")),
-        }
-    }
-
-    /// Apply the activation to `x`.
-    pub fn apply<'g, O: Train>(self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
-        match self {
-            Activation::Relu => x.relu(),
-            Activation::Tanh => x.tanh(),
-            Activation::Sigmoid => x.sigmoid(),
-            Activation::Gelu => x.gelu(),
-            Activation::Silu => x.silu(),
-            Activation::Softplus => x.softplus(),
-            Activation::GeluErf => x.gelu_erf(),
-            Activation::LeakyRelu(slope) => x.leaky_relu(slope),
-            Activation::Elu(alpha) => x.elu(alpha),
-        }
-    }
-}
-
-impl Parameters for Activation {
-    fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
-    fn module_name(&self) -> String {
-        self.pytorch().0.into()
-    }
-    fn extra_repr(&self) -> String {
-        self.pytorch().1
-    }
-}
-
-impl<O: Train> Module<O> for Activation {
-    fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
-        self.apply(x)
     }
 }
 

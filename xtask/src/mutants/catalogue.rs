@@ -951,6 +951,24 @@ pub const MUTANTS: &[Mutant] = &[
         bug: "a data-parallel accumulated step reduces only each rank's last micro-batch",
         harness: Layers,
     },
+    Mutant {
+        id: "nn-softshrink-lower-branch-shift",
+        area: Nn,
+        file: "crates/tl-nn/src/activation.rs",
+        from: "let neg = plus(&x.scale(-1.0)?, -l)?.relu()?;",
+        to: "let neg = plus(&x.scale(-1.0)?, l)?.relu()?;",
+        bug: "Softshrink's lower branch is relu(λ − x): x + λ below −λ becomes x − λ, and (−λ, λ) is no longer 0",
+        harness: Layers,
+    },
+    Mutant {
+        id: "nn-hardswish-kink-inside",
+        area: Nn,
+        file: "crates/tl-nn/src/activation.rs",
+        from: ".clamp(0.0, 6.0)?)?.scale(1.0 / 6.0),",
+        to: ".clamp(-1e-9, 6.0)?)?.scale(1.0 / 6.0),",
+        bug: "Hardswish's clamp takes x = −3 inside: gradient −½ there, not PyTorch's 0 (the values do not move)",
+        harness: Layers,
+    },
     // ---- tl-session: state between reads ----
     Mutant {
         id: "session-linked-nat-write-keeps-cache",

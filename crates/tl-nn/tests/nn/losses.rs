@@ -12,17 +12,9 @@ use tl_session::{Backend, Optimizer, Param, Train};
 use tl_spec::{Scalar, Tensor};
 
 use crate::losses_fixture as fx;
-use crate::{eager, linked, vals};
+use crate::{Input, eager, linked, rel, vals};
 
 /// The input `x` as the one trainable parameter of a model.
-struct Input(Param);
-
-impl Parameters for Input {
-    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
-        f(&self.0)
-    }
-}
-
 /// One loss of the fixture: its name, the fixture's values for mean, sum and none, the
 /// gradients of mean and sum, and the loss as a function of x (a `(3, 4)` tensor).
 type Case<O> = (&'static str, [&'static [f64]; 5], LossFn<O>);
@@ -157,14 +149,6 @@ type LossFn<O> =
     Box<dyn for<'g> Fn(&Var<'g, O>, &Scope<'g, O>, Reduction) -> tl_nn::Result<Var<'g, O>>>;
 
 /// The largest difference relative to `max(1, |want|)`.
-fn rel(got: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
-        .fold(0.0, f64::max)
-}
-
 /// Every case's values (three reductions) and gradients (mean, sum; by one SGD step of lr 1,
 /// so `x − x'` is the gradient) on `rt`, within `tol` of PyTorch's.
 fn check_all<O: Train>(rt: &mut Runtime<O>, tol: f64, backend: &str) {
@@ -216,51 +200,6 @@ fn losses_match_pytorch_on_every_reduction_and_backend() {
     check_all(&mut eager::<f64>(Backend::Cpu, 0), 1e-12, "cpu");
     check_all(&mut linked::<f64>(0), 1e-12, "linked");
     check_all(&mut eager::<f32>(Backend::CudaSim, 0), 2e-6, "cuda-sim");
-}
-
-#[test]
-fn new_activations_match_pytorch_values_and_gradients() {
-    let cases = [
-        (Activation::GeluErf, fx::GELU_ERF, fx::GELU_ERF_GRAD),
-        (
-            Activation::LeakyRelu(0.2),
-            fx::LEAKY_RELU_0_2,
-            fx::LEAKY_RELU_0_2_GRAD,
-        ),
-        (Activation::Elu(0.7), fx::ELU_0_7, fx::ELU_0_7_GRAD),
-    ];
-    fn run<O: Train>(rt: &mut Runtime<O>, act: Activation, tol: f64, want: (&[f64], &[f64])) {
-        let p = rt
-            .vars()
-            .param_from("x", vals(fx::X, &[3, 4]), true)
-            .unwrap();
-        let model = Input(p.clone());
-        let v = rt.eval(&model, |g| act.apply(&g.param(&p)?)).unwrap();
-        let got: Vec<f64> = v.data().iter().map(|x| x.as_f64()).collect();
-        assert!(rel(&got, want.0) <= tol, "{act:?}: {got:?} vs {:?}", want.0);
-        let mut opt = Optimizer::sgd(1.0).unwrap();
-        rt.step(&model, &mut opt, |g| act.apply(&g.param(&p)?)?.sum())
-            .unwrap();
-        let after = rt.value_of(&p).unwrap();
-        let grad: Vec<f64> = fx::X
-            .iter()
-            .zip(after.data())
-            .map(|(x, a)| x - a.as_f64())
-            .collect();
-        assert!(
-            rel(&grad, want.1) <= tol,
-            "{act:?} gradient: {grad:?} vs {:?}",
-            want.1
-        );
-    }
-    for (act, v, g) in cases {
-        run(&mut eager::<f64>(Backend::Cpu, 0), act, 1e-14, (v, g));
-        run(&mut linked::<f64>(0), act, 1e-14, (v, g));
-        run(&mut eager::<f32>(Backend::CudaSim, 0), act, 1e-6, (v, g));
-    }
-    // PyTorch's defaults.
-    assert_eq!(Activation::LEAKY_RELU, Activation::LeakyRelu(0.01));
-    assert_eq!(Activation::ELU, Activation::Elu(1.0));
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! corruptions of every reader's input (`fuzz`).
 
 mod accumulate;
+mod activations;
+mod activations_fixture;
 mod autocast;
 mod boundaries;
 mod checkpoint;
@@ -145,4 +147,22 @@ fn language_model_examples_stay_within_80_and_60_lines() {
     ] {
         assert!(lstm.contains(piece), "char_lstm.rs lacks {piece}");
     }
+}
+
+/// A model of one parameter: the input a test differentiates by.
+pub struct Input(pub tl_session::Param);
+
+impl tl_nn::Parameters for Input {
+    fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
+        f(&self.0)
+    }
+}
+
+/// The largest difference of `got` from `want`, relative where `|want|` > 1.
+pub fn rel(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+        .fold(0.0, f64::max)
 }
