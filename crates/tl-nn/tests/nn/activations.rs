@@ -42,8 +42,11 @@ fn check<O: Train>(rt: &mut Runtime<O>, act: Activation, x: &[f64], want: [&[f64
     );
 }
 
-/// Each activation, its inputs, PyTorch's values and gradients, and the f64 tolerance.
-fn cases() -> Vec<(Activation, &'static [f64], [&'static [f64]; 2], f64)> {
+/// An activation, its inputs, PyTorch's values and gradients there, and the f64 tolerance.
+type Case = (Activation, &'static [f64], [&'static [f64]; 2], f64);
+
+/// Every case.
+fn cases() -> Vec<Case> {
     let f = |v, g| [v, g];
     // PyTorch's CPU kernels of Hardsigmoid and CELU take 1/6 and 1/alpha in f32 even in f64:
     // their gradients are that far (5e-9 and 4e-8 at most here) from the exact ones.

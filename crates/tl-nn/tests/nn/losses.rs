@@ -7,8 +7,8 @@ use tl_nn::losses::{
     Reduction, binary_cross_entropy_with_logits, huber_loss, l1_loss, nll_loss, relative_l2_loss,
     smooth_l1_loss,
 };
-use tl_nn::{Activation, Labels, Parameters, Runtime, Scope, Var};
-use tl_session::{Backend, Optimizer, Param, Train};
+use tl_nn::{Labels, Runtime, Scope, Var};
+use tl_session::{Backend, Optimizer, Train};
 use tl_spec::{Scalar, Tensor};
 
 use crate::losses_fixture as fx;
