@@ -82,10 +82,10 @@ pub enum Harness {
     /// and the device = sim bitwise checks. Needs a C++ compiler.
     Emu,
     /// The checks of tl-nn and of the sessions' state: the conformance modules `nn_layers`
-    /// and `session_state` and tl-nn's `activations`, `boundaries` and `accumulate` tests and
-    /// its data-parallel accumulation test (`cargo test --workspace --test conformance --test
-    /// nn -- nn_layers:: activations:: session_state:: boundaries:: accumulate::
-    /// dist::accumulated`).
+    /// and `session_state` and tl-nn's `activations`, `losses`, `boundaries` and `accumulate`
+    /// tests and its data-parallel accumulation test (`cargo test --workspace --test
+    /// conformance --test nn -- nn_layers:: activations:: losses:: session_state::
+    /// boundaries:: accumulate:: dist::accumulated`).
     Layers,
 }
 
@@ -116,6 +116,7 @@ impl Harness {
                 "--",
                 "nn_layers::",
                 "activations::",
+                "losses::",
                 "session_state::",
                 "boundaries::",
                 "accumulate::",

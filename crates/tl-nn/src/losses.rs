@@ -1,5 +1,6 @@
 //! Losses beyond the catalogue's `mse_loss` and `cross_entropy`, with PyTorch's names,
-//! formulas and reductions: [`binary_cross_entropy_with_logits`], [`nll_loss`], [`l1_loss`],
+//! formulas and reductions: [`binary_cross_entropy_with_logits`], [`nll_loss`],
+//! [`cross_entropy`] (with class weights, `ignore_index` and label smoothing), [`l1_loss`],
 //! [`huber_loss`] and [`smooth_l1_loss`]; and the relative L2 error of operator learning,
 //! [`relative_l2_loss`].
 //!
@@ -113,74 +114,172 @@ pub fn nll_loss<'g, O: Train>(
     ignore_index: Option<usize>,
     reduction: Reduction,
 ) -> Result<Var<'g, O>> {
-    let what = "nll_loss";
-    let dims = log_probs.dims();
-    let (rows, classes) = match dims {
-        [c] => (1, *c),
-        [r, c] => (*r, *c),
-        _ => {
+    let rows = ClassRows::new("nll_loss", log_probs, labels, weight, ignore_index)?;
+    rows.nll(log_probs, labels, reduction)
+}
+
+/// Cross-entropy of `logits` ((rows, classes), or (classes) for one row) against the class
+/// `labels`, with PyTorch's options: [`nll_loss`] of `log_softmax(logits)` (`weight`,
+/// `ignore_index`, `reduction` as there), and with `label_smoothing` ε in [0, 1] the target
+/// mixed with the uniform distribution: `(1 − ε)·nll + ε/C·smooth`, where row i's
+/// `smooth = −Σ_c w_c·log_softmax(logits)[i, c]` (0 for an ignored row), reduced as the nll
+/// is (its mean divided by the same weight sum). ε = 0 is `nll_loss` exactly. PyTorch:
+/// `F.cross_entropy(logits, labels, weight, ignore_index=…, reduction=…,
+/// label_smoothing=ε)` (`nn.CrossEntropyLoss`). [`Var::cross_entropy`] is the catalogue's
+/// fused op, the mean without options.
+pub fn cross_entropy<'g, O: Train>(
+    logits: &Var<'g, O>,
+    labels: &Labels,
+    weight: Option<&[f64]>,
+    ignore_index: Option<usize>,
+    label_smoothing: f64,
+    reduction: Reduction,
+) -> Result<Var<'g, O>> {
+    let what = "cross_entropy";
+    if !(0.0..=1.0).contains(&label_smoothing) {
+        return Err(usage(
+            what,
+            format!("label_smoothing {label_smoothing} must be between 0 and 1"),
+        ));
+    }
+    let rows = ClassRows::new(what, logits, labels, weight, ignore_index)?;
+    let log_probs = logits.log_softmax()?;
+    let nll = rows.nll(&log_probs, labels, reduction)?;
+    if label_smoothing == 0.0 {
+        return Ok(nll);
+    }
+    // −Σ_c w_c·log p[i, c] for each kept row: the weights of every class, 0 on ignored rows.
+    let class_weight = |c: usize| weight.map_or(1.0, |w| w[c]);
+    let mask = Tensor::try_from_fn(what, log_probs.shape().clone(), |k| {
+        let (r, c) = (k / rows.classes, k % rows.classes);
+        O::T::lit(if rows.kept[r] { class_weight(c) } else { 0.0 })
+    })?;
+    let weighted = (&log_probs * &log_probs.scope().constant(mask)?)?;
+    let smooth = match reduction {
+        Reduction::None if rows.batched => weighted.sum_axis(1)?.scale(-1.0)?,
+        Reduction::None | Reduction::Sum => weighted.sum()?.scale(-1.0)?,
+        Reduction::Mean => weighted.sum()?.scale(-1.0 / rows.mean_weight()?)?,
+    };
+    let c = rows.classes as f64;
+    &nll.scale(1.0 - label_smoothing)? + &smooth.scale(label_smoothing / c)?
+}
+
+/// The rows of a classification loss: the shape checked against the labels and the weights,
+/// and each row's weight at its label (0 where ignored).
+struct ClassRows {
+    what: &'static str,
+    /// (rows, classes) rather than (classes).
+    batched: bool,
+    classes: usize,
+    /// `w[yᵢ]` (1 without weights), 0 for an ignored row.
+    row_weight: Vec<f64>,
+    /// Whether row i is not ignored.
+    kept: Vec<bool>,
+}
+
+impl ClassRows {
+    fn new<O: Train>(
+        what: &'static str,
+        x: &Var<'_, O>,
+        labels: &Labels,
+        weight: Option<&[f64]>,
+        ignore_index: Option<usize>,
+    ) -> Result<ClassRows> {
+        let (batched, rows, classes) = match x.dims() {
+            [c] => (false, 1, *c),
+            [r, c] => (true, *r, *c),
+            _ => {
+                return Err(usage(
+                    what,
+                    format!(
+                        "input must be (rows, classes) or (classes), got {}",
+                        x.shape()
+                    ),
+                ));
+            }
+        };
+        if classes != labels.classes() || rows != labels.len() {
             return Err(usage(
                 what,
                 format!(
-                    "log-probabilities must be (rows, classes) or (classes), got {}",
-                    log_probs.shape()
+                    "input {} holds {rows} row(s) of {classes} classes, but the labels are {} value(s) of {} classes",
+                    x.shape(),
+                    labels.len(),
+                    labels.classes()
                 ),
             ));
         }
-    };
-    if classes != labels.classes() || rows != labels.len() {
-        return Err(usage(
-            what,
-            format!(
-                "log-probabilities {} hold {rows} row(s) of {classes} classes, but the labels are {} value(s) of {} classes",
-                log_probs.shape(),
-                labels.len(),
-                labels.classes()
-            ),
-        ));
-    }
-    if let Some(w) = weight {
-        if w.len() != classes {
-            return Err(usage(
-                what,
-                format!("weight has {} value(s) for {classes} classes", w.len()),
-            ));
-        }
-        if let Some((c, v)) = w.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(usage(
-                what,
-                format!("weight {v} of class {c} is not finite"),
-            ));
-        }
-    }
-    // Each row's weight (0 where ignored) at its label's column: the loss is −Σ x·mask.
-    let row_weight: Vec<f64> = labels
-        .values()
-        .iter()
-        .map(|&y| match (ignore_index, weight) {
-            (Some(i), _) if i == y => 0.0,
-            (_, Some(w)) => w[y],
-            (_, None) => 1.0,
-        })
-        .collect();
-    let values = labels.values();
-    let mask = Tensor::try_from_fn(what, log_probs.shape().clone(), |k| {
-        let (r, c) = (k / classes, k % classes);
-        O::T::lit(if values[r] == c { row_weight[r] } else { 0.0 })
-    })?;
-    let picked = (log_probs * &log_probs.scope().constant(mask)?)?;
-    match reduction {
-        Reduction::None if dims.len() == 2 => picked.sum_axis(1)?.scale(-1.0),
-        Reduction::None | Reduction::Sum => picked.sum()?.scale(-1.0),
-        Reduction::Mean => {
-            let total: f64 = row_weight.iter().sum();
-            if total == 0.0 {
+        if let Some(w) = weight {
+            if w.len() != classes {
                 return Err(usage(
                     what,
-                    "every row is ignored (or weighs 0): the mean is 0/0 (PyTorch returns NaN)",
+                    format!("weight has {} value(s) for {classes} classes", w.len()),
                 ));
             }
-            picked.sum()?.scale(-1.0 / total)
+            if let Some((c, v)) = w.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return Err(usage(
+                    what,
+                    format!("weight {v} of class {c} is not finite"),
+                ));
+            }
+        }
+        let kept: Vec<bool> = labels
+            .values()
+            .iter()
+            .map(|&y| ignore_index != Some(y))
+            .collect();
+        let row_weight = labels
+            .values()
+            .iter()
+            .zip(&kept)
+            .map(|(&y, &k)| match (k, weight) {
+                (false, _) => 0.0,
+                (true, Some(w)) => w[y],
+                (true, None) => 1.0,
+            })
+            .collect();
+        Ok(ClassRows {
+            what,
+            batched,
+            classes,
+            row_weight,
+            kept,
+        })
+    }
+
+    /// The mean's denominator: the kept rows' weights; an error when it is 0 (0/0).
+    fn mean_weight(&self) -> Result<f64> {
+        let total: f64 = self.row_weight.iter().sum();
+        if total == 0.0 {
+            return Err(usage(
+                self.what,
+                "every row is ignored (or weighs 0): the mean is 0/0 (PyTorch returns NaN)",
+            ));
+        }
+        Ok(total)
+    }
+
+    /// `−Σ wᵧᵢ·log_probs[i, yᵢ]`, reduced.
+    fn nll<'g, O: Train>(
+        &self,
+        log_probs: &Var<'g, O>,
+        labels: &Labels,
+        reduction: Reduction,
+    ) -> Result<Var<'g, O>> {
+        let values = labels.values();
+        let mask = Tensor::try_from_fn(self.what, log_probs.shape().clone(), |k| {
+            let (r, c) = (k / self.classes, k % self.classes);
+            O::T::lit(if values[r] == c {
+                self.row_weight[r]
+            } else {
+                0.0
+            })
+        })?;
+        let picked = (log_probs * &log_probs.scope().constant(mask)?)?;
+        match reduction {
+            Reduction::None if self.batched => picked.sum_axis(1)?.scale(-1.0),
+            Reduction::None | Reduction::Sum => picked.sum()?.scale(-1.0),
+            Reduction::Mean => picked.sum()?.scale(-1.0 / self.mean_weight()?),
         }
     }
 }

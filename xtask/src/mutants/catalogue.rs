@@ -961,6 +961,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Layers,
     },
     Mutant {
+        id: "nn-label-smoothing-not-over-classes",
+        area: Nn,
+        file: "crates/tl-nn/src/losses.rs",
+        from: "&nll.scale(1.0 - label_smoothing)? + &smooth.scale(label_smoothing / c)?",
+        to: "&nll.scale(1.0 - label_smoothing)? + &smooth.scale(label_smoothing)?",
+        bug: "cross_entropy's label smoothing adds ε·smooth, not ε/C·smooth: the uniform target's mass counted C times",
+        harness: Layers,
+    },
+    Mutant {
         id: "nn-hardswish-kink-inside",
         area: Nn,
         file: "crates/tl-nn/src/activation.rs",

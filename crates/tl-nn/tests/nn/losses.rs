@@ -4,8 +4,8 @@
 //! session and the CUDA simulation; and their bad inputs.
 
 use tl_nn::losses::{
-    Reduction, binary_cross_entropy_with_logits, huber_loss, l1_loss, nll_loss, relative_l2_loss,
-    smooth_l1_loss,
+    Reduction, binary_cross_entropy_with_logits, cross_entropy, huber_loss, l1_loss, nll_loss,
+    relative_l2_loss, smooth_l1_loss,
 };
 use tl_nn::{Labels, Runtime, Scope, Var};
 use tl_session::{Backend, Optimizer, Train};
@@ -87,6 +87,34 @@ fn cases<O: Train>() -> Vec<Case<O>> {
             }),
         ),
         (
+            "cross entropy, label smoothing 0.1",
+            [
+                fx::CE_SMOOTH_MEAN,
+                fx::CE_SMOOTH_SUM,
+                fx::CE_SMOOTH_NONE,
+                fx::CE_SMOOTH_MEAN_GRAD,
+                fx::CE_SMOOTH_SUM_GRAD,
+            ],
+            Box::new(|x, _, r| {
+                let labels = Labels::new(fx::LABELS.to_vec(), 4)?;
+                cross_entropy(x, &labels, None, None, 0.1, r)
+            }),
+        ),
+        (
+            "cross entropy weighted, ignore_index, label smoothing 0.2",
+            [
+                fx::CE_SMOOTH_WEIGHTED_IGNORE_MEAN,
+                fx::CE_SMOOTH_WEIGHTED_IGNORE_SUM,
+                fx::CE_SMOOTH_WEIGHTED_IGNORE_NONE,
+                fx::CE_SMOOTH_WEIGHTED_IGNORE_MEAN_GRAD,
+                fx::CE_SMOOTH_WEIGHTED_IGNORE_SUM_GRAD,
+            ],
+            Box::new(|x, _, r| {
+                let labels = Labels::new(fx::LABELS.to_vec(), 4)?;
+                cross_entropy(x, &labels, Some(fx::CLASS_WEIGHT), Some(0), 0.2, r)
+            }),
+        ),
+        (
             "l1",
             [
                 fx::L1_MEAN,
@@ -148,7 +176,6 @@ fn cases<O: Train>() -> Vec<Case<O>> {
 type LossFn<O> =
     Box<dyn for<'g> Fn(&Var<'g, O>, &Scope<'g, O>, Reduction) -> tl_nn::Result<Var<'g, O>>>;
 
-/// The largest difference relative to `max(1, |want|)`.
 /// Every case's values (three reductions) and gradients (mean, sum; by one SGD step of lr 1,
 /// so `x − x'` is the gradient) on `rt`, within `tol` of PyTorch's.
 fn check_all<O: Train>(rt: &mut Runtime<O>, tol: f64, backend: &str) {
@@ -295,6 +322,22 @@ fn bad_loss_inputs_are_errors_naming_the_loss_and_the_value() {
         )
     });
     assert!(e.contains("nll_loss") && e.contains("[1, 2, 4]"), "{e}");
+    // cross_entropy: label smoothing outside [0, 1], and the label checks under its own name.
+    for eps in [-0.1, 1.5, f64::NAN] {
+        let e = err(&|g| {
+            let labels = Labels::new(vec![0, 1, 2], 4)?;
+            cross_entropy(&g.input(x())?, &labels, None, None, eps, Reduction::Mean)
+        });
+        assert!(
+            e.contains("cross_entropy") && e.contains("label_smoothing"),
+            "{e}"
+        );
+    }
+    let e = err(&|g| {
+        let labels = Labels::new(vec![1, 1, 1], 4)?;
+        cross_entropy(&g.input(x())?, &labels, None, Some(1), 0.1, Reduction::Mean)
+    });
+    assert!(e.contains("cross_entropy") && e.contains("ignored"), "{e}");
     // Leaky ReLU and ELU refuse a non-finite parameter, naming the op and the value.
     let e = err(&|g| g.input(x())?.leaky_relu(f64::NAN));
     assert!(e.contains("leakyRelu") && e.contains("NaN"), "{e}");
@@ -393,4 +436,40 @@ fn relative_l2_matches_its_closed_form() {
         e.contains("relative_l2_loss") && e.contains("batch axis"),
         "{e}"
     );
+}
+
+/// Without label smoothing `cross_entropy` is `nll_loss` of `log_softmax`, bit for bit, and
+/// with no options it is the catalogue's fused `Var::cross_entropy` within rounding.
+#[test]
+fn cross_entropy_without_smoothing_is_nll_of_log_softmax() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let p = rt
+        .vars()
+        .param_from("x", vals(fx::X, &[3, 4]), true)
+        .unwrap();
+    let labels = Labels::new(fx::LABELS.to_vec(), 4).unwrap();
+    let model = Input(p.clone());
+    for r in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let w = Some(fx::CLASS_WEIGHT);
+        let a = rt
+            .eval(&model, |g| {
+                cross_entropy(&g.param(&p)?, &labels, w, Some(0), 0.0, r)
+            })
+            .unwrap();
+        let b = rt
+            .eval(&model, |g| {
+                nll_loss(&g.param(&p)?.log_softmax()?, &labels, w, Some(0), r)
+            })
+            .unwrap();
+        assert_eq!(a.data(), b.data(), "{r:?}");
+    }
+    let a = rt
+        .eval(&model, |g| {
+            cross_entropy(&g.param(&p)?, &labels, None, None, 0.0, Reduction::Mean)
+        })
+        .unwrap();
+    let b = rt
+        .eval(&model, |g| g.param(&p)?.cross_entropy(&labels))
+        .unwrap();
+    assert!((a.data()[0] - b.data()[0]).abs() < 1e-14, "{a:?} vs {b:?}");
 }
