@@ -4,7 +4,7 @@
 //! products are too small to split, so these fixed cases cross the gate at the production
 //! thresholds: a matmul, a bmm, a linear layer and a conv (its im2col GEMM, k = C·3·3) split in
 //! the forward; a matmul's and a linear layer's weight cotangent (k = the rows) in the backward.
-//! Inputs are `U(0.5, 1.5)` ([`super::grid::positive`]), so every sum is well conditioned.
+//! Inputs are `U(0.5, 1.5)` (the grid cases' `positive`), so every sum is well conditioned.
 //!
 //! - checks 1 and 2 on the sim against the f64 IR, at the DAG tolerance scaled by the longest
 //!   reduction ([`check_split_k_sim`]), and check 6 (≈cpu: the sim within that tolerance of the
