@@ -150,16 +150,11 @@ pub fn cross_entropy<'g, O: Train>(
     }
     // −Σ_c w_c·log p[i, c] for each kept row: the weights of every class, 0 on ignored rows.
     let class_weight = |c: usize| weight.map_or(1.0, |w| w[c]);
-    let mask = Tensor::try_from_fn(what, log_probs.shape().clone(), |k| {
-        let (r, c) = (k / rows.classes, k % rows.classes);
-        O::T::lit(if rows.kept[r] { class_weight(c) } else { 0.0 })
-    })?;
-    let weighted = (&log_probs * &log_probs.scope().constant(mask)?)?;
-    let smooth = match reduction {
-        Reduction::None if rows.batched => weighted.sum_axis(1)?.scale(-1.0)?,
-        Reduction::None | Reduction::Sum => weighted.sum()?.scale(-1.0)?,
-        Reduction::Mean => weighted.sum()?.scale(-1.0 / rows.mean_weight()?)?,
-    };
+    let smooth = rows.weighted_sum(
+        &log_probs,
+        |r, c| if rows.kept[r] { class_weight(c) } else { 0.0 },
+        reduction,
+    )?;
     let c = rows.classes as f64;
     &nll.scale(1.0 - label_smoothing)? + &smooth.scale(label_smoothing / c)?
 }
@@ -267,13 +262,27 @@ impl ClassRows {
         reduction: Reduction,
     ) -> Result<Var<'g, O>> {
         let values = labels.values();
-        let mask = Tensor::try_from_fn(self.what, log_probs.shape().clone(), |k| {
-            let (r, c) = (k / self.classes, k % self.classes);
-            O::T::lit(if values[r] == c {
+        let cell = |r: usize, c: usize| {
+            if values[r] == c {
                 self.row_weight[r]
             } else {
                 0.0
-            })
+            }
+        };
+        self.weighted_sum(log_probs, cell, reduction)
+    }
+
+    /// `−Σ_c m[i, c]·log_probs[i, c]` with the constant weights `m[i, c] = cell(i, c)`: per
+    /// row ([`Reduction::None`]), summed, or summed and divided by the kept rows' weights
+    /// ([`Reduction::Mean`], PyTorch's weighted mean).
+    fn weighted_sum<'g, O: Train>(
+        &self,
+        log_probs: &Var<'g, O>,
+        cell: impl Fn(usize, usize) -> f64,
+        reduction: Reduction,
+    ) -> Result<Var<'g, O>> {
+        let mask = Tensor::try_from_fn(self.what, log_probs.shape().clone(), |k| {
+            O::T::lit(cell(k / self.classes, k % self.classes))
         })?;
         let picked = (log_probs * &log_probs.scope().constant(mask)?)?;
         match reduction {
