@@ -111,7 +111,7 @@ impl<T: Scalar> LayerSession for LinkedSession<T> {
 }
 
 /// The activations of [`Activation`], for generation.
-const ACTIVATIONS: [Activation; 20] = [
+const ACTIVATIONS: [Activation; 23] = [
     Activation::Relu,
     Activation::Tanh,
     Activation::Sigmoid,
@@ -132,6 +132,9 @@ const ACTIVATIONS: [Activation; 20] = [
     Activation::Softsign,
     Activation::Tanhshrink,
     Activation::Softshrink(0.4),
+    Activation::Softmax,
+    Activation::LogSoftmax,
+    Activation::Softmin,
 ];
 
 /// One layer with its sizes and settings (what the case generator draws).
@@ -1893,6 +1896,12 @@ fn activation_ref(
         Activation::Elu(alpha) => op(b, Op::Elu { alpha }, &[x]),
         Activation::Hardtanh(lo, hi) => op(b, Op::Clamp { lo, hi }, &[x]),
         Activation::Relu6 => op(b, Op::Clamp { lo: 0.0, hi: 6.0 }, &[x]),
+        Activation::Softmax => op(b, Op::Softmax, &[x]),
+        Activation::LogSoftmax => op(b, Op::LogSoftmax, &[x]),
+        Activation::Softmin => {
+            let n = op(b, Op::Scale(-1.0), &[x])?;
+            op(b, Op::Softmax, &[n])
+        }
         Activation::Hardsigmoid => hard_sigmoid(b, &mut c),
         Activation::Hardswish => {
             let h = hard_sigmoid(b, &mut c)?;

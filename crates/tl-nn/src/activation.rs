@@ -1,6 +1,6 @@
-//! [`Activation`]: PyTorch's element-wise activations as modules. The catalogue's own ops
-//! (ReLU, tanh, sigmoid, GELU, SiLU, softplus, the exact GELU, LeakyReLU, ELU) run as one op
-//! each; the others are compositions of catalogue ops, chosen so that their gradients at the
+//! [`Activation`]: PyTorch's activations as modules (element-wise, and the softmax family
+//! along the last axis). The catalogue's own ops (ReLU, tanh, sigmoid, GELU, SiLU, softplus,
+//! the exact GELU, LeakyReLU, ELU, softmax, log-softmax) run as one op each; the others are compositions of catalogue ops, chosen so that their gradients at the
 //! kinks are PyTorch's autograd's (each composition's rule is in its arm below, and
 //! `tests/nn/activations.rs` checks values and gradients at and around every kink against
 //! PyTorch).
@@ -72,6 +72,12 @@ pub enum Activation {
     /// included). PyTorch: `nn.Softshrink(lambd)` (its default 0.5:
     /// [`Activation::SOFTSHRINK`]). `λ ≥ 0`, finite.
     Softshrink(f64),
+    /// Softmax along the last axis (x of rank ≥ 1). PyTorch: `nn.Softmax(dim=-1)`.
+    Softmax,
+    /// Log-softmax along the last axis. PyTorch: `nn.LogSoftmax(dim=-1)`.
+    LogSoftmax,
+    /// `softmax(−x)` along the last axis. PyTorch: `nn.Softmin(dim=-1)`.
+    Softmin,
 }
 
 impl Activation {
@@ -110,6 +116,9 @@ impl Activation {
             Activation::Softsign => ("Softsign", String::new()),
             Activation::Tanhshrink => ("Tanhshrink", String::new()),
             Activation::Softshrink(l) => ("Softshrink", format!("{l:?}")),
+            Activation::Softmax => ("Softmax", "dim=-1".into()),
+            Activation::LogSoftmax => ("LogSoftmax", "dim=-1".into()),
+            Activation::Softmin => ("Softmin", "dim=-1".into()),
         }
     }
 
@@ -170,6 +179,9 @@ impl Activation {
                 let neg = plus(&x.scale(-1.0)?, -l)?.relu()?;
                 &pos - &neg
             }
+            Activation::Softmax => x.softmax(),
+            Activation::LogSoftmax => x.log_softmax(),
+            Activation::Softmin => x.scale(-1.0)?.softmax(),
         }
     }
 }

@@ -11,13 +11,16 @@ use crate::activations_fixture as ax;
 use crate::losses_fixture as fx;
 use crate::{Input, eager, linked, rel, vals};
 
-/// `act`'s values on `x` and its gradient (of the sum, by one SGD step of lr 1: `x − x'`), each
-/// within `tol` of `want` (relative where |want| > 1).
-fn check<O: Train>(rt: &mut Runtime<O>, act: Activation, x: &[f64], want: [&[f64]; 2], tol: f64) {
-    let p = rt
-        .vars()
-        .param_from("x", vals(x, &[x.len()]), true)
-        .unwrap();
+/// `act`'s values on `x` (shaped `dims`) and the gradient of `Σ w·act(x)` (by one SGD step
+/// of lr 1: `x − x'`), each within `tol` of `want` (relative where |want| > 1).
+fn check<O: Train>(
+    rt: &mut Runtime<O>,
+    act: Activation,
+    (x, w, dims): (&[f64], &[f64], &[usize]),
+    want: [&[f64]; 2],
+    tol: f64,
+) {
+    let p = rt.vars().param_from("x", vals(x, dims), true).unwrap();
     let model = Input(p.clone());
     let v = rt.eval(&model, |g| act.apply(&g.param(&p)?)).unwrap();
     let got: Vec<f64> = v.data().iter().map(|x| x.as_f64()).collect();
@@ -27,8 +30,11 @@ fn check<O: Train>(rt: &mut Runtime<O>, act: Activation, x: &[f64], want: [&[f64
         want[0]
     );
     let mut opt = Optimizer::sgd(1.0).unwrap();
-    rt.step(&model, &mut opt, |g| act.apply(&g.param(&p)?)?.sum())
-        .unwrap();
+    rt.step(&model, &mut opt, |g| {
+        let y = act.apply(&g.param(&p)?)?;
+        (&y * &g.input(vals(w, dims))?)?.sum()
+    })
+    .unwrap();
     let after = rt.value_of(&p).unwrap();
     let grad: Vec<f64> = x
         .iter()
@@ -131,15 +137,32 @@ fn cases() -> Vec<Case> {
 #[test]
 fn activations_match_pytorch_values_and_gradients_at_and_around_their_kinks() {
     for (act, x, want, tol) in cases() {
-        check(&mut eager::<f64>(Backend::Cpu, 0), act, x, want, tol);
-        check(&mut linked::<f64>(0), act, x, want, tol);
+        let ones = vec![1.0; x.len()];
+        let at = (x, &ones[..], &[x.len()][..]);
+        check(&mut eager::<f64>(Backend::Cpu, 0), act, at, want, tol);
+        check(&mut linked::<f64>(0), act, at, want, tol);
         check(
             &mut eager::<f32>(Backend::CudaSim, 0),
             act,
-            x,
+            at,
             want,
             tol.max(1e-6),
         );
+    }
+    // The softmax family along the last axis of (3, 4), the gradient of Σ W·y.
+    let rows = [
+        (Activation::Softmax, [ax::SOFTMAX, ax::SOFTMAX_GRAD]),
+        (
+            Activation::LogSoftmax,
+            [ax::LOG_SOFTMAX, ax::LOG_SOFTMAX_GRAD],
+        ),
+        (Activation::Softmin, [ax::SOFTMIN, ax::SOFTMIN_GRAD]),
+    ];
+    for (act, want) in rows {
+        let at = (ax::X, ax::W, &[3, 4][..]);
+        check(&mut eager::<f64>(Backend::Cpu, 0), act, at, want, 1e-14);
+        check(&mut linked::<f64>(0), act, at, want, 1e-14);
+        check(&mut eager::<f32>(Backend::CudaSim, 0), act, at, want, 1e-6);
     }
     // PyTorch's defaults.
     assert_eq!(Activation::LEAKY_RELU, Activation::LeakyRelu(0.01));
@@ -163,6 +186,9 @@ fn activations_print_as_pytorch() {
         (Activation::Softsign, ax::SOFTSIGN_REPR),
         (Activation::Tanhshrink, ax::TANHSHRINK_REPR),
         (Activation::Softshrink(0.4), ax::SOFTSHRINK_REPR),
+        (Activation::Softmax, ax::SOFTMAX_REPR),
+        (Activation::LogSoftmax, ax::LOG_SOFTMAX_REPR),
+        (Activation::Softmin, ax::SOFTMIN_REPR),
     ];
     for (act, repr) in cases {
         assert_eq!(tl_nn::tree(&act).to_string(), repr, "{act:?}");
