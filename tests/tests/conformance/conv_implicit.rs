@@ -11,10 +11,7 @@ use tl_conformance::{OpInfo, Report, RunConfig, assert_all_passed, registry};
 use tl_tape_cuda::gates::force_conv_implicit_min_tiles;
 
 fn conv_entry() -> OpInfo {
-    let mut e = registry::all();
-    e.retain(|e| e.name == "conv");
-    assert_eq!(e.len(), 1);
-    e.remove(0)
+    registry::by_name("conv").expect("the registry's conv entry")
 }
 
 /// A quarter of the default case count per setting, unless `TL_CASES` is set.

@@ -41,14 +41,8 @@ const NORMALIZING: [&str; 3] = ["layerNorm", "rmsNorm", "batchnormChannelFirst"]
 
 /// The registry entries named `names`, in that order.
 pub(crate) fn entries(names: &[&str]) -> Vec<OpInfo> {
-    let all = registry::all();
-    names
-        .iter()
-        .map(|n| {
-            let e = all.iter().find(|e| e.name == *n);
-            e.unwrap_or_else(|| panic!("no registry entry {n}")).clone()
-        })
-        .collect()
+    let entry = |n: &&str| registry::by_name(n).unwrap_or_else(|| panic!("no registry entry {n}"));
+    names.iter().map(entry).collect()
 }
 
 /// A quarter of the default case count per setting, unless `TL_CASES` is set.
