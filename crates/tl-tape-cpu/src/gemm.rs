@@ -996,6 +996,8 @@ mod tests {
     #[test]
     fn sixteen_wide_products_give_the_gemm_bits() {
         use crate::gates::{Gates, force};
+        // The level decides which path is expected: no other test may change it meanwhile.
+        let _level = crate::simd::tests::hold_level();
         let op = Op::Matmul;
         let avx512 = crate::simd::level() == crate::simd::Level::Avx512;
         let (mut taken, mut cases) = (0, 0);
