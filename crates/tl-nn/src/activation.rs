@@ -145,7 +145,6 @@ impl Activation {
     /// Apply the activation to `x`; an error naming it for invalid parameters.
     pub fn apply<'g, O: Train>(self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         self.check()?;
-        let plus = |v: &Var<'g, O>, c: f64| v + &x.scope().full(&[], c)?;
         match self {
             Activation::Relu => x.relu(),
             Activation::Tanh => x.tanh(),
@@ -159,10 +158,10 @@ impl Activation {
             // clamp: gradient strictly inside, 0 at the bounds (PyTorch's hardtanh_backward).
             Activation::Hardtanh(lo, hi) => x.clamp(lo, hi),
             Activation::Relu6 => x.clamp(0.0, 6.0),
-            Activation::Hardsigmoid => plus(x, 3.0)?.clamp(0.0, 6.0)?.scale(1.0 / 6.0),
+            Activation::Hardsigmoid => x.add_scalar(3.0)?.clamp(0.0, 6.0)?.scale(1.0 / 6.0),
             // x·clamp(x + 3, 0, 6)/6: the clamp's gradient is 0 at its bounds, so the
             // product's is 0 at x = −3 and 1 at x = 3, as PyTorch's hardswish_backward.
-            Activation::Hardswish => (x * &plus(x, 3.0)?.clamp(0.0, 6.0)?)?.scale(1.0 / 6.0),
+            Activation::Hardswish => (x * &x.add_scalar(3.0)?.clamp(0.0, 6.0)?)?.scale(1.0 / 6.0),
             Activation::Mish => x * &x.softplus()?.tanh()?,
             Activation::Selu => x.elu(SELU_ALPHA)?.scale(SELU_SCALE),
             // alpha·elu(x/alpha, 1): elu's gradient 1 at 0 (its left branch, alpha·e⁰ with
@@ -170,13 +169,13 @@ impl Activation {
             Activation::Celu(alpha) => x.scale(1.0 / alpha)?.elu(1.0)?.scale(alpha),
             Activation::LogSigmoid => x.scale(-1.0)?.softplus()?.scale(-1.0),
             // abs'(0) = 0, so the gradient at 0 is 1 (PyTorch's autograd of the same formula).
-            Activation::Softsign => x / &plus(&x.abs()?, 1.0)?,
+            Activation::Softsign => x / &x.abs()?.add_scalar(1.0)?,
             Activation::Tanhshrink => x - &x.tanh()?,
             // relu(x − λ) − relu(−x − λ): gradient 0 at ±λ (relu'(0) = 0), as PyTorch's
             // softshrink_backward (0 where |x| ≤ λ).
             Activation::Softshrink(l) => {
-                let pos = plus(x, -l)?.relu()?;
-                let neg = plus(&x.scale(-1.0)?, -l)?.relu()?;
+                let pos = x.add_scalar(-l)?.relu()?;
+                let neg = x.scale(-1.0)?.add_scalar(-l)?.relu()?;
                 &pos - &neg
             }
             Activation::Softmax => x.softmax(),

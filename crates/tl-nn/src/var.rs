@@ -210,6 +210,11 @@ impl<'g, O: Train> Var<'g, O> {
         self.record(|s| s.scale(&self.r, c))
     }
 
+    /// `x + c` (the scalar broadcast to x's shape). PyTorch: `x + c`.
+    pub fn add_scalar(&self, c: f64) -> Result<Var<'g, O>> {
+        self + &self.scope().full(&[], c)?
+    }
+
     /// `min(hi, max(lo, x))`. PyTorch: `torch.clamp`.
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Var<'g, O>> {
         self.record(|s| s.clamp(&self.r, lo, hi))

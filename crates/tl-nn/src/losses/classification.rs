@@ -1,61 +1,12 @@
-//! Losses beyond the catalogue's `mse_loss` and `cross_entropy`, with PyTorch's names,
-//! formulas and reductions: [`binary_cross_entropy_with_logits`], [`nll_loss`],
-//! [`cross_entropy`] (with class weights, `ignore_index` and label smoothing), [`l1_loss`],
-//! [`huber_loss`] and [`smooth_l1_loss`]; and the relative L2 error of operator learning,
-//! [`relative_l2_loss`].
-//!
-//! Each is composed from catalogue ops (`softplus`, `abs`, `clamp`, `mul`, sums), so it runs
-//! on every backend and in the linked session, and its gradient is the composition's (checked
-//! against PyTorch in `tests/nn/losses.rs`). At the kinks the composition gives what PyTorch's
-//! autograd gives: `l1_loss` and the Huber losses have gradient 0 where input = target, and
-//! `huber_loss` has gradient `±delta` where |input − target| = delta exactly.
+//! The classification losses: binary cross-entropy on logits and on probabilities, the
+//! negative log-likelihood and cross-entropy of class labels, and the multi-label soft margin.
 
 use tl_session::Train;
 use tl_spec::{Scalar, Tensor};
 
+use super::{HUGE, Reduction, same_shape};
 use crate::error::usage;
 use crate::{Labels, Result, Var};
-
-/// How a loss reduces its per-element values. PyTorch: the `reduction` argument
-/// (`"mean"`, `"sum"`, `"none"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Reduction {
-    /// The mean over elements (PyTorch's default); for [`nll_loss`] the weighted mean over
-    /// the rows that are not ignored.
-    #[default]
-    Mean,
-    /// The sum over elements.
-    Sum,
-    /// No reduction: one value per element (per row for [`nll_loss`]).
-    None,
-}
-
-impl Reduction {
-    fn apply<'g, O: Train>(self, v: Var<'g, O>) -> Result<Var<'g, O>> {
-        match self {
-            Reduction::Mean => v.mean(),
-            Reduction::Sum => v.sum(),
-            Reduction::None => Ok(v),
-        }
-    }
-}
-
-/// `input` and `target` must have the same shape (PyTorch broadcasts them with a warning; a
-/// mismatch here is an error naming the loss and both shapes).
-fn same_shape<O: Train>(what: &'static str, input: &Var<'_, O>, target: &Var<'_, O>) -> Result<()> {
-    if input.shape() == target.shape() {
-        Ok(())
-    } else {
-        Err(usage(
-            what,
-            format!(
-                "input {} and target {} must have the same shape",
-                input.shape(),
-                target.shape()
-            ),
-        ))
-    }
-}
 
 /// Binary cross-entropy of `logits` against `target` (probabilities in [0, 1], the same
 /// shape), computed stably as PyTorch does:
@@ -78,27 +29,112 @@ pub fn binary_cross_entropy_with_logits<'g, O: Train>(
     let soft = logits.scale(-1.0)?.softplus()?;
     let soft = match pos_weight {
         // 1 + (p − 1)·y = 1 + p·y − y.
-        Some(p) => {
-            let log_weight = (&(&(p * target)? - target)? + &logits.scope().full(&[], 1.0)?)?;
-            (&soft * &log_weight)?
-        }
+        Some(p) => (&soft * &(&(p * target)? - target)?.add_scalar(1.0)?)?,
         None => soft,
     };
-    let mut loss = (&linear + &soft)?;
-    if let Some(w) = weight {
-        loss = (&loss * w)?;
-    }
-    if loss.shape() != logits.shape() {
+    let loss = weighted(what, (&linear + &soft)?, weight, logits)?;
+    reduction.apply(loss)
+}
+
+/// `loss · weight` (none: `loss`), where the weight broadcasts against the loss but must not
+/// widen it beyond `input`'s shape (an error naming the loss and both shapes).
+fn weighted<'g, O: Train>(
+    what: &'static str,
+    loss: Var<'g, O>,
+    weight: Option<&Var<'g, O>>,
+    input: &Var<'g, O>,
+) -> Result<Var<'g, O>> {
+    let Some(w) = weight else {
+        return Ok(loss);
+    };
+    let loss = (&loss * w)?;
+    if loss.shape() != input.shape() {
         return Err(usage(
             what,
             format!(
-                "the weights broadcast the loss of input {} to {}",
-                logits.shape(),
+                "the weight {} broadcasts the loss of input {} to {}",
+                w.shape(),
+                input.shape(),
                 loss.shape()
             ),
         ));
     }
+    Ok(loss)
+}
+
+/// The lower clamp of [`binary_cross_entropy`]'s logs: below e⁻¹⁰⁰ (3.7e-44; in f32 a
+/// subnormal, which the CPU's and CUDA's logs take), so that the log falls under −100 and
+/// the outer clamp gives PyTorch's −100 exactly.
+const BCE_LOG_FLOOR: f64 = 1e-44;
+
+/// `max(ln v, −100)` as PyTorch's `binary_cross_entropy` clamps its logs; `ln 0` is −100
+/// (its gradient 0), never an error or an infinity.
+fn clamped_log<'g, O: Train>(v: &Var<'g, O>) -> Result<Var<'g, O>> {
+    v.clamp(BCE_LOG_FLOOR, HUGE)?.log()?.clamp(-100.0, HUGE)
+}
+
+/// Binary cross-entropy of probabilities `input` (in [0, 1]) against `target` (the same
+/// shape): `ℓ = −w·(y·max(ln x, −100) + (1 − y)·max(ln(1 − x), −100))` with `weight` `w`
+/// broadcast against the loss (1 when `None`). The clamp at −100 is PyTorch's: an input of
+/// exactly 0 or 1 gives a finite loss (100 where it is wrong, 0 where right). The gradient
+/// is `w·(x − y)/(x·(1 − x))` inside (0, 1), PyTorch's within rounding; at 0 and 1 it is the
+/// composition's, 0 through a clamped log plus the other log's `1/(1 − x)` or `−1/x`: 0 at
+/// a wrong 0 or 1 and ∓1 at a right one, where PyTorch's backward (that formula with
+/// `x·(1 − x)` floored at 1e-12) gives ±10¹² and 0. An input outside [0, 1] is not checked
+/// (PyTorch raises): its side's log is clamped as for 0. [`binary_cross_entropy_with_logits`] on the logits is the
+/// stabler form. PyTorch: `F.binary_cross_entropy(x, y, weight, reduction=…)`
+/// (`nn.BCELoss`).
+pub fn binary_cross_entropy<'g, O: Train>(
+    input: &Var<'g, O>,
+    target: &Var<'g, O>,
+    weight: Option<&Var<'g, O>>,
+    reduction: Reduction,
+) -> Result<Var<'g, O>> {
+    let what = "binary_cross_entropy";
+    same_shape(what, input, target)?;
+    let log_p = clamped_log(input)?;
+    let log_q = clamped_log(&input.scale(-1.0)?.add_scalar(1.0)?)?;
+    // y·ln x + (1 − y)·ln(1 − x) as y·(ln x − ln(1 − x)) + ln(1 − x).
+    let ll = (&(target * &(&log_p - &log_q)?)? + &log_q)?;
+    let loss = weighted(what, ll.scale(-1.0)?, weight, input)?;
     reduction.apply(loss)
+}
+
+/// The multi-label one-versus-all loss of `input` ((rows, classes), or (classes) for one row)
+/// against `target` (the same shape, 1 for a class present, 0 absent): per row
+/// `ℓ = −(1/C)·Σ_c w_c·(y_c·log σ(x_c) + (1 − y_c)·log σ(−x_c))`, with `weight` `w` broadcast
+/// against the input (one per class; 1 when `None`); one value per row, which `reduction`
+/// reduces over the rows. Computed as `y·softplus(−x) + (1 − y)·softplus(x)`. PyTorch:
+/// `F.multilabel_soft_margin_loss(x, y, weight, reduction=…)`.
+pub fn multilabel_soft_margin_loss<'g, O: Train>(
+    input: &Var<'g, O>,
+    target: &Var<'g, O>,
+    weight: Option<&Var<'g, O>>,
+    reduction: Reduction,
+) -> Result<Var<'g, O>> {
+    let what = "multilabel_soft_margin_loss";
+    same_shape(what, input, target)?;
+    let classes = match input.dims() {
+        [c] | [_, c] => *c,
+        _ => {
+            return Err(usage(
+                what,
+                format!(
+                    "input must be (rows, classes) or (classes), got {}",
+                    input.shape()
+                ),
+            ));
+        }
+    };
+    let on = input.scale(-1.0)?.softplus()?;
+    let off = input.softplus()?;
+    let terms = (&(target * &(&on - &off)?)? + &off)?;
+    let terms = weighted(what, terms, weight, input)?;
+    let rows = match input.dims().len() {
+        1 => terms.sum()?,
+        _ => terms.sum_axis(1)?,
+    };
+    reduction.apply(rows.scale(1.0 / classes as f64)?)
 }
 
 /// Negative log-likelihood of `log_probs` ((rows, classes), or (classes) for one row) at the
@@ -161,19 +197,19 @@ pub fn cross_entropy<'g, O: Train>(
 
 /// The rows of a classification loss: the shape checked against the labels and the weights,
 /// and each row's weight at its label (0 where ignored).
-struct ClassRows {
-    what: &'static str,
+pub(super) struct ClassRows {
+    pub(super) what: &'static str,
     /// (rows, classes) rather than (classes).
-    batched: bool,
-    classes: usize,
+    pub(super) batched: bool,
+    pub(super) classes: usize,
     /// `w[yᵢ]` (1 without weights), 0 for an ignored row.
-    row_weight: Vec<f64>,
+    pub(super) row_weight: Vec<f64>,
     /// Whether row i is not ignored.
-    kept: Vec<bool>,
+    pub(super) kept: Vec<bool>,
 }
 
 impl ClassRows {
-    fn new<O: Train>(
+    pub(super) fn new<O: Train>(
         what: &'static str,
         x: &Var<'_, O>,
         labels: &Labels,
@@ -243,7 +279,7 @@ impl ClassRows {
     }
 
     /// The mean's denominator: the kept rows' weights; an error when it is 0 (0/0).
-    fn mean_weight(&self) -> Result<f64> {
+    pub(super) fn mean_weight(&self) -> Result<f64> {
         let total: f64 = self.row_weight.iter().sum();
         if total == 0.0 {
             return Err(usage(
@@ -272,6 +308,18 @@ impl ClassRows {
         self.weighted_sum(log_probs, cell, reduction)
     }
 
+    /// The constant `(rows, classes)` (or `(classes)`) tensor of `cell(i, c)`, shaped as `x`.
+    pub(super) fn cells<'g, O: Train>(
+        &self,
+        x: &Var<'g, O>,
+        cell: impl Fn(usize, usize) -> f64,
+    ) -> Result<Var<'g, O>> {
+        let t = Tensor::try_from_fn(self.what, x.shape().clone(), |k| {
+            O::T::lit(cell(k / self.classes, k % self.classes))
+        })?;
+        x.scope().constant(t)
+    }
+
     /// `−Σ_c m[i, c]·log_probs[i, c]` with the constant weights `m[i, c] = cell(i, c)`: per
     /// row ([`Reduction::None`]), summed, or summed and divided by the kept rows' weights
     /// ([`Reduction::Mean`], PyTorch's weighted mean).
@@ -281,107 +329,11 @@ impl ClassRows {
         cell: impl Fn(usize, usize) -> f64,
         reduction: Reduction,
     ) -> Result<Var<'g, O>> {
-        let mask = Tensor::try_from_fn(self.what, log_probs.shape().clone(), |k| {
-            O::T::lit(cell(k / self.classes, k % self.classes))
-        })?;
-        let picked = (log_probs * &log_probs.scope().constant(mask)?)?;
+        let picked = (log_probs * &self.cells(log_probs, cell)?)?;
         match reduction {
             Reduction::None if self.batched => picked.sum_axis(1)?.scale(-1.0),
             Reduction::None | Reduction::Sum => picked.sum()?.scale(-1.0),
             Reduction::Mean => picked.sum()?.scale(-1.0 / self.mean_weight()?),
         }
     }
-}
-
-/// Mean absolute error: `ℓ = |input − target|` (same shapes), gradient `sign(input − target)`
-/// with sign(0) = 0. PyTorch: `F.l1_loss(input, target, reduction=…)`.
-pub fn l1_loss<'g, O: Train>(
-    input: &Var<'g, O>,
-    target: &Var<'g, O>,
-    reduction: Reduction,
-) -> Result<Var<'g, O>> {
-    same_shape("l1_loss", input, target)?;
-    reduction.apply((input - target)?.abs()?)
-}
-
-/// The Huber loss of `d = input − target` (same shapes): `½d²` where |d| < delta, else
-/// `delta·(|d| − ½delta)`; `delta` must be finite and > 0. Composed as
-/// `½c² + delta·(|d| − c)` with `c = clamp(|d|, 0, delta)`. PyTorch:
-/// `F.huber_loss(input, target, reduction=…, delta=…)` (default delta 1.0).
-pub fn huber_loss<'g, O: Train>(
-    input: &Var<'g, O>,
-    target: &Var<'g, O>,
-    delta: f64,
-    reduction: Reduction,
-) -> Result<Var<'g, O>> {
-    let what = "huber_loss";
-    if !(delta.is_finite() && delta > 0.0) {
-        return Err(usage(
-            what,
-            format!("delta must be finite and > 0, got {delta}"),
-        ));
-    }
-    same_shape(what, input, target)?;
-    reduction.apply(huber_terms(input, target, delta)?)
-}
-
-/// `½c² + delta·(|d| − c)`, `c = clamp(|d|, 0, delta)`, `d = input − target`.
-fn huber_terms<'g, O: Train>(
-    input: &Var<'g, O>,
-    target: &Var<'g, O>,
-    delta: f64,
-) -> Result<Var<'g, O>> {
-    let a = (input - target)?.abs()?;
-    let c = a.clamp(0.0, delta)?;
-    &(&c * &c)?.scale(0.5)? + &(&a - &c)?.scale(delta)?
-}
-
-/// The smooth L1 loss of `d = input − target` (same shapes): `½d²/beta` where |d| < beta,
-/// else `|d| − ½beta`; `beta` must be finite and ≥ 0, and `beta = 0` is [`l1_loss`] (as in
-/// PyTorch). Equal to `huber_loss(delta = beta) / beta`. PyTorch:
-/// `F.smooth_l1_loss(input, target, reduction=…, beta=…)` (default beta 1.0).
-pub fn smooth_l1_loss<'g, O: Train>(
-    input: &Var<'g, O>,
-    target: &Var<'g, O>,
-    beta: f64,
-    reduction: Reduction,
-) -> Result<Var<'g, O>> {
-    let what = "smooth_l1_loss";
-    if !(beta.is_finite() && beta >= 0.0) {
-        return Err(usage(
-            what,
-            format!("beta must be finite and >= 0, got {beta}"),
-        ));
-    }
-    same_shape(what, input, target)?;
-    if beta == 0.0 {
-        return l1_loss(input, target, reduction);
-    }
-    reduction.apply(huber_terms(input, target, beta)?.scale(1.0 / beta)?)
-}
-
-/// The relative L2 error of each example (axis 0 is the batch; the rest are one example's
-/// elements): `ℓ_b = ‖input_b − target_b‖₂ / ‖target_b‖₂`, reduced over the batch (`None`: one
-/// value per example). The FNO paper's training loss (its `LpLoss(p=2)`, whose
-/// `size_average=False` is [`Reduction::Sum`]). The gradient is
-/// `(input_b − target_b) / (‖input_b − target_b‖·‖target_b‖)`; an example whose target is all
-/// zero gives an infinite loss, and one predicted exactly a NaN gradient (as in PyTorch).
-pub fn relative_l2_loss<'g, O: Train>(
-    input: &Var<'g, O>,
-    target: &Var<'g, O>,
-    reduction: Reduction,
-) -> Result<Var<'g, O>> {
-    let what = "relative_l2_loss";
-    same_shape(what, input, target)?;
-    if input.dims().is_empty() {
-        return Err(usage(
-            what,
-            format!("input {} needs a batch axis (B, …)", input.shape()),
-        ));
-    }
-    let d = (input - target)?.flatten_batch()?;
-    let y = target.flatten_batch()?;
-    let num = (&d * &d)?.sum_axis(1)?;
-    let den = (&y * &y)?.sum_axis(1)?;
-    reduction.apply((&num / &den)?.sqrt()?)
 }
