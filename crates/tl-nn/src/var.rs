@@ -210,6 +210,43 @@ impl<'g, O: Train> Var<'g, O> {
         self.record(|s| s.scale(&self.r, c))
     }
 
+    /// Softmax along `axis` (0-based; the last axis is [`Var::softmax`]). PyTorch:
+    /// `F.softmax(x, dim=axis)`.
+    pub fn softmax_axis(&self, axis: usize) -> Result<Var<'g, O>> {
+        self.along_axis("softmax", axis, |v| v.softmax())
+    }
+
+    /// Log-softmax along `axis` (0-based; the last axis is [`Var::log_softmax`]). PyTorch:
+    /// `F.log_softmax(x, dim=axis)`.
+    pub fn log_softmax_axis(&self, axis: usize) -> Result<Var<'g, O>> {
+        self.along_axis("log_softmax", axis, |v| v.log_softmax())
+    }
+
+    /// `f`, an op along the last axis, applied along `axis`: the shape viewed as (A, n, B)
+    /// with n the axis, the axis moved last (`swapLastTwo`), `f`, and moved back. An axis out
+    /// of range is an error naming `what`, the axis and the shape.
+    fn along_axis(
+        &self,
+        what: &'static str,
+        axis: usize,
+        f: impl FnOnce(&Var<'g, O>) -> Result<Var<'g, O>>,
+    ) -> Result<Var<'g, O>> {
+        let dims = self.dims();
+        if axis >= dims.len() {
+            return Err(usage(
+                what,
+                format!("axis {axis} is out of range for {}", self.shape()),
+            ));
+        }
+        if axis + 1 == dims.len() {
+            return f(self);
+        }
+        let outer: usize = dims[..axis].iter().product();
+        let inner: usize = dims[axis + 1..].iter().product();
+        let moved = self.reshape(&[outer, dims[axis], inner])?.swap_last_two()?;
+        f(&moved)?.swap_last_two()?.reshape(dims)
+    }
+
     /// `x + c` (the scalar broadcast to x's shape). PyTorch: `x + c`.
     pub fn add_scalar(&self, c: f64) -> Result<Var<'g, O>> {
         self + &self.scope().full(&[], c)?

@@ -137,8 +137,9 @@ pub fn multilabel_soft_margin_loss<'g, O: Train>(
     reduction.apply(rows.scale(1.0 / classes as f64)?)
 }
 
-/// Negative log-likelihood of `log_probs` ((rows, classes), or (classes) for one row) at the
-/// class `labels`: `ℓᵢ = −wᵧᵢ·log_probs[i, yᵢ]`, with `weight` one value per class (1 when
+/// Negative log-likelihood of `log_probs` ((rows, classes), (classes) for one row, or
+/// (N, C, d₁, …) with the classes on axis 1, one label per position in row-major order: a
+/// segmentation's pixels) at the class `labels`: `ℓᵢ = −wᵧᵢ·log_probs[i, yᵢ]`, with `weight` one value per class (1 when
 /// `None`), and rows whose label equals `ignore_index` contributing 0 (and nothing to the
 /// mean's denominator). [`Reduction::Mean`] divides by the sum of the kept rows' weights
 /// (PyTorch's weighted mean); when every row is ignored that is 0/0, an error here (PyTorch
@@ -150,12 +151,68 @@ pub fn nll_loss<'g, O: Train>(
     ignore_index: Option<usize>,
     reduction: Reduction,
 ) -> Result<Var<'g, O>> {
-    let rows = ClassRows::new("nll_loss", log_probs, labels, weight, ignore_index)?;
-    rows.nll(log_probs, labels, reduction)
+    let what = "nll_loss";
+    let (log_probs, positions) = classes_last(what, log_probs, labels)?;
+    let rows = ClassRows::new(what, &log_probs, labels, weight, ignore_index)?;
+    per_position(
+        rows.nll(&log_probs, labels, reduction)?,
+        positions,
+        reduction,
+    )
 }
 
-/// Cross-entropy of `logits` ((rows, classes), or (classes) for one row) against the class
-/// `labels`, with PyTorch's options: [`nll_loss`] of `log_softmax(logits)` (`weight`,
+/// An input of (N, C, d₁, …) as (N·d₁·…, C), the classes last and each position a row (in
+/// the labels' row-major order), and the shape (N, d₁, …) of [`Reduction::None`]'s output;
+/// any other input as it is (with `None`). The label count is checked here, against the
+/// input's own shape.
+fn classes_last<'g, O: Train>(
+    what: &'static str,
+    x: &Var<'g, O>,
+    labels: &Labels,
+) -> Result<(Var<'g, O>, Option<Vec<usize>>)> {
+    let dims = x.dims();
+    if dims.len() < 3 {
+        return Ok((x.clone(), None));
+    }
+    let (n, c) = (dims[0], dims[1]);
+    let spatial: usize = dims[2..].iter().product();
+    if c != labels.classes() || n * spatial != labels.len() {
+        return Err(usage(
+            what,
+            format!(
+                "input {} holds {} position(s) of {c} classes (axis 1), but the labels are {} value(s) of {} classes",
+                x.shape(),
+                n * spatial,
+                labels.len(),
+                labels.classes()
+            ),
+        ));
+    }
+    let rows = x
+        .reshape(&[n, c, spatial])?
+        .swap_last_two()?
+        .reshape(&[n * spatial, c])?;
+    let mut positions = vec![n];
+    positions.extend_from_slice(&dims[2..]);
+    Ok((rows, Some(positions)))
+}
+
+/// [`Reduction::None`]'s per-row values of an (N, C, d₁, …) input reshaped to (N, d₁, …);
+/// anything else as it is.
+fn per_position<'g, O: Train>(
+    loss: Var<'g, O>,
+    positions: Option<Vec<usize>>,
+    reduction: Reduction,
+) -> Result<Var<'g, O>> {
+    match (reduction, positions) {
+        (Reduction::None, Some(dims)) => loss.reshape(&dims),
+        _ => Ok(loss),
+    }
+}
+
+/// Cross-entropy of `logits` ((rows, classes), (classes) for one row, or (N, C, d₁, …) with
+/// the classes on axis 1, as [`nll_loss`]) against the class `labels`, with PyTorch's
+/// options: [`nll_loss`] of `log_softmax(logits)` (`weight`,
 /// `ignore_index`, `reduction` as there), and with `label_smoothing` ε in [0, 1] the target
 /// mixed with the uniform distribution: `(1 − ε)·nll + ε/C·smooth`, where row i's
 /// `smooth = −Σ_c w_c·log_softmax(logits)[i, c]` (0 for an ignored row), reduced as the nll
@@ -178,11 +235,12 @@ pub fn cross_entropy<'g, O: Train>(
             format!("label_smoothing {label_smoothing} must be between 0 and 1"),
         ));
     }
-    let rows = ClassRows::new(what, logits, labels, weight, ignore_index)?;
+    let (logits, positions) = classes_last(what, logits, labels)?;
+    let rows = ClassRows::new(what, &logits, labels, weight, ignore_index)?;
     let log_probs = logits.log_softmax()?;
     let nll = rows.nll(&log_probs, labels, reduction)?;
     if label_smoothing == 0.0 {
-        return Ok(nll);
+        return per_position(nll, positions, reduction);
     }
     // −Σ_c w_c·log p[i, c] for each kept row: the weights of every class, 0 on ignored rows.
     let class_weight = |c: usize| weight.map_or(1.0, |w| w[c]);
@@ -192,7 +250,8 @@ pub fn cross_entropy<'g, O: Train>(
         reduction,
     )?;
     let c = rows.classes as f64;
-    &nll.scale(1.0 - label_smoothing)? + &smooth.scale(label_smoothing / c)?
+    let loss = (&nll.scale(1.0 - label_smoothing)? + &smooth.scale(label_smoothing / c)?)?;
+    per_position(loss, positions, reduction)
 }
 
 /// The rows of a classification loss: the shape checked against the labels and the weights,
@@ -223,7 +282,7 @@ impl ClassRows {
                 return Err(usage(
                     what,
                     format!(
-                        "input must be (rows, classes) or (classes), got {}",
+                        "input must be (rows, classes), (classes) or (N, classes, d1, ...), got {}",
                         x.shape()
                     ),
                 ));

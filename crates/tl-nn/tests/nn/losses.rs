@@ -297,17 +297,26 @@ type LossFn<O> =
 /// Every case's values (three reductions) and gradients (mean, sum; by one SGD step of lr 1,
 /// so `x − x'` is the gradient) on `rt`, within `tol` of PyTorch's.
 fn check_all<O: Train>(rt: &mut Runtime<O>, tol: f64, backend: &str) {
-    let p = rt
-        .vars()
-        .param_from("x", vals(fx::X, &[3, 4]), true)
-        .unwrap();
+    check_cases(rt, tol, backend, (fx::X, &[3, 4]), cases::<O>());
+}
+
+/// `cases` at the input `x0` (values, dims), as [`check_all`]; `Reduction::None`'s output
+/// has the fixture's element count.
+fn check_cases<O: Train>(
+    rt: &mut Runtime<O>,
+    tol: f64,
+    backend: &str,
+    (x0, dims): (&[f64], &[usize]),
+    cases: Vec<Case<O>>,
+) {
+    let p = rt.vars().param_from("x", vals(x0, dims), true).unwrap();
     let model = Input(p.clone());
-    for (name, want, loss) in cases::<O>() {
+    for (name, want, loss) in cases {
         for (k, r) in [Reduction::Mean, Reduction::Sum, Reduction::None]
             .into_iter()
             .enumerate()
         {
-            rt.set_value(&p, vals(fx::X, &[3, 4])).unwrap();
+            rt.set_value(&p, vals(x0, dims)).unwrap();
             let v = rt
                 .eval(&model, |g| loss(&g.param(&p)?, g, r))
                 .unwrap_or_else(|e| panic!("{backend} {name} {r:?}: {e}"));
@@ -325,7 +334,7 @@ fn check_all<O: Train>(rt: &mut Runtime<O>, tol: f64, backend: &str) {
             rt.step(&model, &mut opt, |g| loss(&g.param(&p)?, g, r))
                 .unwrap();
             let after = rt.value_of(&p).unwrap();
-            let grad: Vec<f64> = fx::X
+            let grad: Vec<f64> = x0
                 .iter()
                 .zip(after.data())
                 .map(|(x, a)| x - a.as_f64())
@@ -879,4 +888,141 @@ fn per_row_losses_of_one_unbatched_row_are_the_batched_first_row() {
             v.data()[0]
         );
     }
+}
+
+/// The classes on axis 1, (N, C, d₁, d₂) = (2, 3, 2, 2) with a label per position (a
+/// segmentation's loss): `cross_entropy` (plain; weighted, with `ignore_index` and label
+/// smoothing) and `nll_loss` of `log_softmax_axis(1)`, every reduction (`None` shaped (N, d₁,
+/// d₂)); and `softmax_axis` / `log_softmax_axis` along each of the four axes, values and the
+/// gradient of a weighted sum: PyTorch's, on the eager CPU, linked and CUDA-sim sessions.
+#[test]
+fn classes_on_axis_1_and_the_softmax_along_any_axis_match_pytorch() {
+    fn along<'g, O: Train>(x: &Var<'g, O>, axis: usize, log: bool) -> tl_nn::Result<Var<'g, O>> {
+        if log {
+            x.log_softmax_axis(axis)
+        } else {
+            x.softmax_axis(axis)
+        }
+    }
+    fn run<O: Train>(rt: &mut Runtime<O>, tol: f64, backend: &str) {
+        let labels = || Labels::new(fx::LABELS4.to_vec(), 3);
+        let cases: Vec<Case<O>> = vec![
+            (
+                "cross entropy (N, C, d1, d2)",
+                fx::CE4,
+                Box::new(move |x, _, r| {
+                    let v = cross_entropy(x, &labels()?, None, None, 0.0, r)?;
+                    if r == Reduction::None {
+                        assert_eq!(v.dims(), &[2, 2, 2]);
+                    }
+                    Ok(v)
+                }),
+            ),
+            (
+                "cross entropy (N, C, d1, d2), weighted, ignore_index, smoothing",
+                fx::CE4_OPTIONS,
+                Box::new(move |x, _, r| {
+                    let w = Some(&[0.5, 2.0, 1.0][..]);
+                    cross_entropy(x, &labels()?, w, Some(1), 0.1, r)
+                }),
+            ),
+            (
+                "nll (N, C, d1, d2) of log_softmax_axis(1)",
+                fx::NLL4,
+                Box::new(move |x, _, r| {
+                    nll_loss(&x.log_softmax_axis(1)?, &labels()?, None, None, r)
+                }),
+            ),
+        ];
+        check_cases(rt, tol, backend, (fx::X4, &[2, 3, 2, 2]), cases);
+        let p = rt
+            .vars()
+            .param_from("x4", vals(fx::X4, &[2, 3, 2, 2]), true)
+            .unwrap();
+        let model = Input(p.clone());
+        let want = [
+            [
+                fx::SOFTMAX4_AXIS0,
+                fx::SOFTMAX4_AXIS0_GRAD,
+                fx::LOG_SOFTMAX4_AXIS0,
+                fx::LOG_SOFTMAX4_AXIS0_GRAD,
+            ],
+            [
+                fx::SOFTMAX4_AXIS1,
+                fx::SOFTMAX4_AXIS1_GRAD,
+                fx::LOG_SOFTMAX4_AXIS1,
+                fx::LOG_SOFTMAX4_AXIS1_GRAD,
+            ],
+            [
+                fx::SOFTMAX4_AXIS2,
+                fx::SOFTMAX4_AXIS2_GRAD,
+                fx::LOG_SOFTMAX4_AXIS2,
+                fx::LOG_SOFTMAX4_AXIS2_GRAD,
+            ],
+            [
+                fx::SOFTMAX4_AXIS3,
+                fx::SOFTMAX4_AXIS3_GRAD,
+                fx::LOG_SOFTMAX4_AXIS3,
+                fx::LOG_SOFTMAX4_AXIS3_GRAD,
+            ],
+        ];
+        for (axis, want) in want.iter().enumerate() {
+            for (log, (value, grad)) in [(false, (want[0], want[1])), (true, (want[2], want[3]))] {
+                rt.set_value(&p, vals(fx::X4, &[2, 3, 2, 2])).unwrap();
+                let v = rt
+                    .eval(&model, |g| along(&g.param(&p)?, axis, log))
+                    .unwrap();
+                assert_eq!(v.shape().dims(), &[2, 3, 2, 2]);
+                let got: Vec<f64> = v.data().iter().map(|x| x.as_f64()).collect();
+                assert!(
+                    rel(&got, value) <= tol,
+                    "{backend} axis {axis} log {log}: {got:?}"
+                );
+                let mut opt = Optimizer::sgd(1.0).unwrap();
+                rt.step(&model, &mut opt, |g| {
+                    let w = g.input(vals(fx::W4, &[2, 3, 2, 2]))?;
+                    (&along(&g.param(&p)?, axis, log)? * &w)?.sum()
+                })
+                .unwrap();
+                let after = rt.value_of(&p).unwrap();
+                let got: Vec<f64> = fx::X4
+                    .iter()
+                    .zip(after.data())
+                    .map(|(x, a)| x - a.as_f64())
+                    .collect();
+                assert!(
+                    rel(&got, grad) <= tol,
+                    "{backend} axis {axis} log {log} gradient: {got:?}"
+                );
+            }
+        }
+        // An axis out of range names the op, the axis and the shape.
+        let e = rt
+            .eval(&model, |g| g.param(&p)?.softmax_axis(4))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("softmax") && e.contains("axis 4") && e.contains("[2, 3, 2, 2]"),
+            "{e}"
+        );
+        let e = rt
+            .eval(&model, |g| {
+                let labels = Labels::new(vec![0; 6], 3)?;
+                cross_entropy(&g.param(&p)?, &labels, None, None, 0.0, Reduction::Mean)
+            })
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("cross_entropy")
+                && e.contains("[2, 3, 2, 2]")
+                && e.contains("8 position(s)")
+                && e.contains("6 value(s)"),
+            "{e}"
+        );
+    }
+    run(&mut eager::<f64>(Backend::Cpu, 0), 1e-12, "cpu");
+    run(&mut linked::<f64>(0), 1e-12, "linked");
+    run(&mut eager::<f32>(Backend::CudaSim, 0), 2e-6, "cuda-sim");
 }
