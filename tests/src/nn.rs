@@ -1137,7 +1137,7 @@ impl LayerCase {
 }
 
 /// f32-representable values uniform in `[lo, hi]` of `dims`.
-fn values(dims: Vec<usize>, lo: f64, hi: f64) -> BoxedStrategy<Tensor<f64>> {
+pub(crate) fn values(dims: Vec<usize>, lo: f64, hi: f64) -> BoxedStrategy<Tensor<f64>> {
     let n = dims.iter().product::<usize>();
     prop::collection::vec(lo..=hi, n)
         .prop_map(move |v| {
@@ -1610,7 +1610,7 @@ fn compare<T: Scalar>(case: &LayerCase, got: Run<T>) -> CaseResult {
     } else {
         Tol::DEFAULT.f32_for(reduction_len(&graph))
     };
-    let mut worst = one(&got.0, &want_v[out], tol, "output")?;
+    let mut worst = close(&got.0, &want_v[out], tol, "output")?;
     for (i, g) in got.1.iter().enumerate() {
         if let Some(g) = g {
             let what = if i < case.params.len() {
@@ -1618,7 +1618,7 @@ fn compare<T: Scalar>(case: &LayerCase, got: Run<T>) -> CaseResult {
             } else {
                 "gradient of the input".to_owned()
             };
-            worst = worst.max(one(g, &want_g[i], tol, &what)?);
+            worst = worst.max(close(g, &want_g[i], tol, &what)?);
         }
     }
     let want_b = buffers_after(case);
@@ -1630,7 +1630,7 @@ fn compare<T: Scalar>(case: &LayerCase, got: Run<T>) -> CaseResult {
         ));
     }
     for (k, (g, w)) in got.2.iter().zip(&want_b).enumerate() {
-        worst = worst.max(one(g, w, tol, &format!("buffer {k} after the pass"))?);
+        worst = worst.max(close(g, w, tol, &format!("buffer {k} after the pass"))?);
     }
     Ok(worst)
 }
@@ -1674,10 +1674,15 @@ fn buffers_after(case: &LayerCase) -> Vec<Tensor<f64>> {
     vec![mean, var]
 }
 
-fn one<T: Scalar>(got: &Tensor<T>, want: &Tensor<f64>, tol: f64, what: &str) -> CaseResult {
+pub(crate) fn close<T: Scalar>(
+    got: &Tensor<T>,
+    want: &Tensor<f64>,
+    tol: f64,
+    what: &str,
+) -> CaseResult {
     if got.shape() != want.shape() {
         return Err(format!(
-            "{what}: shape {} from the layer, {} from the reference",
+            "{what}: shape {} from tl-nn, {} from the reference",
             got.shape(),
             want.shape()
         ));
@@ -1685,44 +1690,46 @@ fn one<T: Scalar>(got: &Tensor<T>, want: &Tensor<f64>, tol: f64, what: &str) -> 
     Measured::check(tensor_err(got, want), tol, || {
         let i = worst_index(got, want).unwrap_or(0);
         format!(
-            "{what} differs: at flat index {i} layer {} vs reference {}",
+            "{what} differs: at flat index {i} tl-nn {} vs reference {}",
             got.data()[i],
             want.data()[i]
         )
     })
 }
 
-/// One case of a layer on one session: value and gradients equal the reference.
-pub fn layer_case(case: &LayerCase, on: NnSession) -> CaseResult {
+/// A check that runs on any [`LayerSession`]; [`on_session`] gives it the session.
+pub trait SessionCheck {
+    /// The check on `session`.
+    fn run<O: LayerSession + 'static>(&self, session: O) -> CaseResult;
+}
+
+/// `check` on a fresh session of kind `on` (seed [`NN_SEED`], deterministic reductions off).
+pub fn on_session(on: NnSession, check: &impl SessionCheck) -> CaseResult {
     let opts = |backend| Options {
         backend,
         deterministic: false,
         seed: NN_SEED,
         ..Options::default()
     };
-    let r = (|| match on {
-        NnSession::CpuF64 => {
-            let s = Session::<f64>::new(opts(Backend::Cpu)).map_err(|e| e.to_string())?;
-            compare(case, run_layer(case, s)?)
-        }
-        NnSession::CpuF32 => {
-            let s = Session::<f32>::new(opts(Backend::Cpu)).map_err(|e| e.to_string())?;
-            compare(case, run_layer(case, s)?)
-        }
-        NnSession::SimF32 => {
-            let s = Session::<f32>::new(opts(Backend::CudaSim)).map_err(|e| e.to_string())?;
-            compare(case, run_layer(case, s)?)
-        }
-        NnSession::LinkedF64 => compare(
-            case,
-            run_layer(case, LinkedSession::<f64>::with_seed(NN_SEED))?,
-        ),
-        NnSession::LinkedF32 => compare(
-            case,
-            run_layer(case, LinkedSession::<f32>::with_seed(NN_SEED))?,
-        ),
-    })();
-    r.map_err(|e| format!("{} {}: {e}", case.spec.name(), on.name()))
+    let eager = |e: tl_session::Error| e.to_string();
+    match on {
+        NnSession::CpuF64 => check.run(Session::<f64>::new(opts(Backend::Cpu)).map_err(eager)?),
+        NnSession::CpuF32 => check.run(Session::<f32>::new(opts(Backend::Cpu)).map_err(eager)?),
+        NnSession::SimF32 => check.run(Session::<f32>::new(opts(Backend::CudaSim)).map_err(eager)?),
+        NnSession::LinkedF64 => check.run(LinkedSession::<f64>::with_seed(NN_SEED)),
+        NnSession::LinkedF32 => check.run(LinkedSession::<f32>::with_seed(NN_SEED)),
+    }
+}
+
+impl SessionCheck for LayerCase {
+    fn run<O: LayerSession + 'static>(&self, session: O) -> CaseResult {
+        compare(self, run_layer(self, session)?)
+    }
+}
+
+/// One case of a layer on one session: value and gradients equal the reference.
+pub fn layer_case(case: &LayerCase, on: NnSession) -> CaseResult {
+    on_session(on, case).map_err(|e| format!("{} {}: {e}", case.spec.name(), on.name()))
 }
 
 /// The check for the layer `name` on session `on`: `cfg.cases` cases, labelled
@@ -1772,23 +1779,13 @@ fn ce_cases() -> BoxedStrategy<CeCase> {
 /// `Var::cross_entropy` with `Labels` against `mean_r(logsumexp(x_r) − x_r[label_r])` written
 /// with plain ops (log-softmax, a one-hot mask, sum, scale), value and gradient of the logits.
 fn ce_case(case: &CeCase, on: NnSession) -> CaseResult {
-    let r = (|| match on {
-        NnSession::CpuF64 => ce_run(
-            case,
-            Session::<f64>::new(Options::default()).map_err(|e| e.to_string())?,
-        ),
-        NnSession::CpuF32 => ce_run(
-            case,
-            Session::<f32>::new(Options::default()).map_err(|e| e.to_string())?,
-        ),
-        NnSession::SimF32 => ce_run(
-            case,
-            Session::<f32>::new(Options::backend(Backend::CudaSim)).map_err(|e| e.to_string())?,
-        ),
-        NnSession::LinkedF64 => ce_run(case, LinkedSession::<f64>::new()),
-        NnSession::LinkedF32 => ce_run(case, LinkedSession::<f32>::new()),
-    })();
-    r.map_err(|e| format!("CrossEntropy {}: {e}", on.name()))
+    on_session(on, case).map_err(|e| format!("CrossEntropy {}: {e}", on.name()))
+}
+
+impl SessionCheck for CeCase {
+    fn run<O: LayerSession + 'static>(&self, session: O) -> CaseResult {
+        ce_run(self, session)
+    }
 }
 
 fn ce_run<O: LayerSession + 'static>(case: &CeCase, session: O) -> CaseResult {
@@ -1842,9 +1839,9 @@ fn ce_run<O: LayerSession + 'static>(case: &CeCase, session: O) -> CaseResult {
     } else {
         Tol::DEFAULT.f32_for(reduction_len(&graph))
     };
-    let m = one(&got.0, &want_v[out], tol, "loss")?;
+    let m = close(&got.0, &want_v[out], tol, "loss")?;
     let g = got.1.first().ok_or("no gradient of the logits")?;
-    Ok(m.max(one(g, &want_g[0], tol, "gradient of the logits")?))
+    Ok(m.max(close(g, &want_g[0], tol, "gradient of the logits")?))
 }
 
 /// The reference of an [`Activation`] on `x` of `shape`: the catalogue's op where it is one,

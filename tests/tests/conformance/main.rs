@@ -28,6 +28,7 @@ mod grid;
 mod hard;
 mod index;
 mod nn_layers;
+mod nn_losses;
 mod norm;
 mod optim;
 mod random;
