@@ -10,7 +10,7 @@
 //! the case's own sizes and options, never the loss's code. Inputs keep away from the kinks
 //! (the tl-nn tests check the kinks against PyTorch), so the two agree to the tolerances of
 //! [`Tol::DEFAULT`], in f32 at least the reference's own f32 error
-//! ([`reference_floors`](crate::checks::reference_floors)).
+//! ([`reference_floors`]).
 
 use std::cell::RefCell;
 
