@@ -111,7 +111,7 @@ impl<T: Scalar> LayerSession for LinkedSession<T> {
 }
 
 /// The activations of [`Activation`], for generation.
-const ACTIVATIONS: [Activation; 23] = [
+const ACTIVATIONS: [Activation; 24] = [
     Activation::Relu,
     Activation::Tanh,
     Activation::Sigmoid,
@@ -135,6 +135,7 @@ const ACTIVATIONS: [Activation; 23] = [
     Activation::Softmax,
     Activation::LogSoftmax,
     Activation::Softmin,
+    Activation::Glu,
 ];
 
 /// One layer with its sizes and settings (what the case generator draws).
@@ -1379,7 +1380,14 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
             prop::sample::select(ACTIVATIONS.to_vec()),
             prop::collection::vec(1usize..=4, 1..=3),
         )
-            .prop_map(|(act, shape)| LayerSpec::Activation { act, shape })
+            .prop_map(|(act, mut shape)| {
+                // GLU halves the last axis: draw it even.
+                if act == Activation::Glu {
+                    let last = shape.len() - 1;
+                    shape[last] *= 2;
+                }
+                LayerSpec::Activation { act, shape }
+            })
             .boxed(),
         "Flatten" => prop::collection::vec(1usize..=3, 2..=4)
             .prop_map(|shape| LayerSpec::Flatten { shape })
@@ -1938,6 +1946,26 @@ fn activation_ref(
             // x − clamp(x, −λ, λ).
             let t = op(b, Op::Clamp { lo: -l, hi: l }, &[x])?;
             op(b, Op::Sub, &[x, t])
+        }
+        Activation::Glu => {
+            // a·σ(b), a and b the halves of the last axis picked by 0/1 matrices (the layer
+            // transposes and slices).
+            let last = shape[shape.len() - 1];
+            let (h, rows) = (last / 2, shape.iter().product::<usize>() / last);
+            let flat = op(b, Op::Reshape(Shape::new(&[rows, last])), &[x])?;
+            let half = |b: &mut GraphBuilder, off: usize| {
+                let pick =
+                    Tensor::from_fn([last, h], |i| f64::from(u8::from(i / h == i % h + off)));
+                let pick = b.apply(Op::Constant(pick), &[])?;
+                b.apply(Op::Matmul, &[flat, pick])
+            };
+            let a = half(b, 0)?;
+            let g = half(b, h)?;
+            let g = op(b, Op::Sigmoid, &[g])?;
+            let y = op(b, Op::Mul, &[a, g])?;
+            let mut out = shape.to_vec();
+            out[shape.len() - 1] = h;
+            op(b, Op::Reshape(Shape::new(&out)), &[y])
         }
     }
 }

@@ -114,7 +114,8 @@ impl Harness {
         match self {
             Harness::Layers => vec![
                 "--",
-                "nn_layers::",
+                // tl-nn's own layers:: tests and the harness's nn_layers::.
+                "layers::",
                 "activations::",
                 "losses::",
                 "session_state::",

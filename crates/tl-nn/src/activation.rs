@@ -1,5 +1,5 @@
 //! [`Activation`]: PyTorch's activations as modules (element-wise, and the softmax family
-//! along the last axis). The catalogue's own ops (ReLU, tanh, sigmoid, GELU, SiLU, softplus,
+//! and the gated linear unit along the last axis). The catalogue's own ops (ReLU, tanh, sigmoid, GELU, SiLU, softplus,
 //! the exact GELU, LeakyReLU, ELU, softmax, log-softmax) run as one op each; the others are compositions of catalogue ops, chosen so that their gradients at the
 //! kinks are PyTorch's autograd's (each composition's rule is in its arm below, and
 //! `tests/nn/activations.rs` checks values and gradients at and around every kink against
@@ -78,6 +78,10 @@ pub enum Activation {
     LogSoftmax,
     /// `softmax(−x)` along the last axis. PyTorch: `nn.Softmin(dim=-1)`.
     Softmin,
+    /// The gated linear unit along the last axis: its 2h values split into `a` (the first h)
+    /// and `b`, then `a·σ(b)`; the output's last axis is h (an odd length is an error).
+    /// PyTorch: `nn.GLU(dim=-1)`.
+    Glu,
 }
 
 impl Activation {
@@ -119,6 +123,7 @@ impl Activation {
             Activation::Softmax => ("Softmax", "dim=-1".into()),
             Activation::LogSoftmax => ("LogSoftmax", "dim=-1".into()),
             Activation::Softmin => ("Softmin", "dim=-1".into()),
+            Activation::Glu => ("GLU", "dim=-1".into()),
         }
     }
 
@@ -181,8 +186,31 @@ impl Activation {
             Activation::Softmax => x.softmax(),
             Activation::LogSoftmax => x.log_softmax(),
             Activation::Softmin => x.scale(-1.0)?.softmax(),
+            Activation::Glu => glu(x),
         }
     }
+}
+
+/// `a·σ(b)` of the last axis's halves: x viewed as (rows, 2h) and transposed, so each half is
+/// a block of rows (`sliceRange0`), then transposed back.
+fn glu<'g, O: Train>(x: &Var<'g, O>) -> Result<Var<'g, O>> {
+    let dims = x.dims();
+    let last = dims.last().copied().unwrap_or(0);
+    if last == 0 || !last.is_multiple_of(2) {
+        return Err(usage(
+            "GLU",
+            format!(
+                "the last axis of input {} must have a positive even length (halved into a and b)",
+                x.shape()
+            ),
+        ));
+    }
+    let (h, rows) = (last / 2, x.shape().numel() / last);
+    let t = x.reshape(&[rows, last])?.transpose2d()?;
+    let (a, b) = (t.narrow0(0, h)?, t.narrow0(h, h)?);
+    let mut out = dims.to_vec();
+    out[dims.len() - 1] = h;
+    (&a * &b.sigmoid()?)?.transpose2d()?.reshape(&out)
 }
 
 impl Parameters for Activation {

@@ -7,6 +7,7 @@ mod attention;
 mod conv;
 mod dropout;
 mod embedding;
+mod instance_norm;
 mod inv_std;
 mod linear;
 mod list;
@@ -23,6 +24,7 @@ pub use attention::MultiHeadAttention;
 pub use conv::{Conv, ConvConfig, ConvTranspose};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
+pub use instance_norm::InstanceNorm;
 pub use linear::Linear;
 pub use list::ModuleList;
 pub use norm::{BatchNorm, GroupNorm, LayerNorm, RmsNorm};
@@ -40,18 +42,31 @@ use crate::{Error, Parameters, Runtime};
 pub(crate) struct At<'a, O: Train> {
     rt: &'a Runtime<O>,
     layer: &'a dyn Parameters,
-    param: &'a Param,
+    param: Option<&'a Param>,
 }
 
 impl<'a, O: Train> At<'a, O> {
     /// `layer`, whose parameter `param` gives its path in `rt`.
     pub(crate) fn new(rt: &'a Runtime<O>, layer: &'a dyn Parameters, param: &'a Param) -> Self {
-        At { rt, layer, param }
+        At {
+            rt,
+            layer,
+            param: Some(param),
+        }
+    }
+
+    /// `layer` without parameters (its errors name its type only).
+    pub(crate) fn unnamed(rt: &'a Runtime<O>, layer: &'a dyn Parameters) -> Self {
+        At {
+            rt,
+            layer,
+            param: None,
+        }
     }
 
     /// `Linear "blocks.0.mlp.up"`.
     fn label(&self) -> String {
-        let name = self.rt.name_of(self.param);
+        let name = self.param.map(|p| self.rt.name_of(p)).unwrap_or_default();
         match name.rsplit_once('.') {
             Some((path, _)) => format!("{} {path:?}", self.layer.module_name()),
             None => self.layer.module_name(),

@@ -268,7 +268,11 @@ fn last_axis<O: Train>(x: &Var<'_, O>, dim: usize, at: &At<'_, O>) -> Result<()>
 /// x's batch size N and the product R of its trailing axes, for a layer over the `c` channels
 /// of an (N, c, …) input; any other shape is an error naming the layer (`at`) and saying what
 /// it expected and what axis 1 held.
-fn channels_first<O: Train>(x: &Var<'_, O>, c: usize, at: &At<'_, O>) -> Result<(usize, usize)> {
+pub(super) fn channels_first<O: Train>(
+    x: &Var<'_, O>,
+    c: usize,
+    at: &At<'_, O>,
+) -> Result<(usize, usize)> {
     match x.dims() {
         [n, ch, rest @ ..] if *ch == c => Ok((*n, rest.iter().product::<usize>())),
         dims => {
@@ -457,26 +461,41 @@ impl<O: Train> Module<O> for GroupNorm {
         let at = At::new(g.rt, self, &self.weight);
         let c = self.channels();
         let (n, rest) = channels_first(x, c, &at)?;
-        let (groups, eps) = (self.groups, self.eps);
-        let len = c / groups * rest;
         let y = || -> Result<Var<'g, O>> {
-            let rows = x.reshape(&[n * groups, len])?;
-            // layerNorm's scale and shift: one-element constants broadcast to a row.
-            let row = Shape::new(&[len]);
-            let ones = g.full(&[1], 1.0)?.broadcast_to(&row)?;
-            let zeros = g.full(&[1], 0.0)?.broadcast_to(&row)?;
-            let xhat = rows.op("GroupNorm::forward", &[&ones, &zeros], |s| {
-                s.layer_norm(
-                    rows.tensor_ref(),
-                    ones.tensor_ref(),
-                    zeros.tensor_ref(),
-                    eps,
-                )
-            })?;
-            let xhat = xhat.reshape(&[n, c, rest])?;
+            let what = "GroupNorm::forward";
+            let xhat = normalise_groups(what, x, (n, c, rest), self.groups, self.eps)?;
             let (gamma, beta) = (w.reshape(&[c, 1])?, b.reshape(&[c, 1])?);
             ((&xhat * &gamma)? + beta)?.reshape(x.dims())
         };
         y().map_err(|e| at.op_error(e))
     }
+}
+
+/// x of (N, C, …) with each sample's C channels in `groups` groups, each (sample, group)
+/// normalised over its channels and trailing axes (biased variance, ε inside the root),
+/// shaped (N, C, rest): the catalogue's `layerNorm` on the (N·groups, C/groups·rest) rows,
+/// its scale and shift one-element constants (1, 0) broadcast to a row. [`GroupNorm`] and
+/// [`InstanceNorm`](super::InstanceNorm) (one group per channel).
+pub(super) fn normalise_groups<'g, O: Train>(
+    what: &'static str,
+    x: &Var<'g, O>,
+    (n, c, rest): (usize, usize, usize),
+    groups: usize,
+    eps: f64,
+) -> Result<Var<'g, O>> {
+    let g = x.scope();
+    let len = c / groups * rest;
+    let rows = x.reshape(&[n * groups, len])?;
+    let row = Shape::new(&[len]);
+    let ones = g.full(&[1], 1.0)?.broadcast_to(&row)?;
+    let zeros = g.full(&[1], 0.0)?.broadcast_to(&row)?;
+    let xhat = rows.op(what, &[&ones, &zeros], |s| {
+        s.layer_norm(
+            rows.tensor_ref(),
+            ones.tensor_ref(),
+            zeros.tensor_ref(),
+            eps,
+        )
+    })?;
+    xhat.reshape(&[n, c, rest])
 }

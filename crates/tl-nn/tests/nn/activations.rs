@@ -12,7 +12,8 @@ use crate::losses_fixture as fx;
 use crate::{Input, eager, linked, rel, vals};
 
 /// `act`'s values on `x` (shaped `dims`) and the gradient of `Σ w·act(x)` (by one SGD step
-/// of lr 1: `x − x'`), each within `tol` of `want` (relative where |want| > 1).
+/// of lr 1: `x − x'`; `w` shaped as the output, `dims` unless the activation changes the
+/// shape), each within `tol` of `want` (relative where |want| > 1).
 fn check<O: Train>(
     rt: &mut Runtime<O>,
     act: Activation,
@@ -20,6 +21,14 @@ fn check<O: Train>(
     want: [&[f64]; 2],
     tol: f64,
 ) {
+    let out_dims: Vec<usize> = match act {
+        Activation::Glu => {
+            let mut d = dims.to_vec();
+            d[dims.len() - 1] /= 2;
+            d
+        }
+        _ => dims.to_vec(),
+    };
     let p = rt.vars().param_from("x", vals(x, dims), true).unwrap();
     let model = Input(p.clone());
     let v = rt.eval(&model, |g| act.apply(&g.param(&p)?)).unwrap();
@@ -32,7 +41,7 @@ fn check<O: Train>(
     let mut opt = Optimizer::sgd(1.0).unwrap();
     rt.step(&model, &mut opt, |g| {
         let y = act.apply(&g.param(&p)?)?;
-        (&y * &g.input(vals(w, dims))?)?.sum()
+        (&y * &g.input(vals(w, &out_dims))?)?.sum()
     })
     .unwrap();
     let after = rt.value_of(&p).unwrap();
@@ -164,6 +173,13 @@ fn activations_match_pytorch_values_and_gradients_at_and_around_their_kinks() {
         check(&mut linked::<f64>(0), act, at, want, 1e-14);
         check(&mut eager::<f32>(Backend::CudaSim, 0), act, at, want, 1e-6);
     }
+    // The gated linear unit halves the last axis: (3, 4) → (3, 2).
+    let at = (ax::X, &ax::W[..6], &[3, 4][..]);
+    let want = [ax::GLU, ax::GLU_GRAD];
+    let glu = Activation::Glu;
+    check(&mut eager::<f64>(Backend::Cpu, 0), glu, at, want, 1e-14);
+    check(&mut linked::<f64>(0), glu, at, want, 1e-14);
+    check(&mut eager::<f32>(Backend::CudaSim, 0), glu, at, want, 1e-6);
     // PyTorch's defaults.
     assert_eq!(Activation::LEAKY_RELU, Activation::LeakyRelu(0.01));
     assert_eq!(Activation::ELU, Activation::Elu(1.0));
@@ -189,6 +205,7 @@ fn activations_print_as_pytorch() {
         (Activation::Softmax, ax::SOFTMAX_REPR),
         (Activation::LogSoftmax, ax::LOG_SOFTMAX_REPR),
         (Activation::Softmin, ax::SOFTMIN_REPR),
+        (Activation::Glu, ax::GLU_REPR),
     ];
     for (act, repr) in cases {
         assert_eq!(tl_nn::tree(&act).to_string(), repr, "{act:?}");
@@ -217,5 +234,17 @@ fn invalid_activation_parameters_are_errors_naming_the_activation_and_the_value(
         for s in says {
             assert!(e.contains(s), "{act:?}: {e}");
         }
+    }
+    // GLU halves the last axis: an odd length (or a scalar) is an error naming it and the
+    // shape.
+    for dims in [&[3, 3][..], &[]] {
+        let n = dims.iter().product::<usize>();
+        let e = rt
+            .eval(&model, |g| {
+                Activation::Glu.apply(&g.input(vals(&ax::X[..n], dims))?)
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("GLU") && e.contains(&format!("{dims:?}")), "{e}");
     }
 }

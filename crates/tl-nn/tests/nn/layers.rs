@@ -2,11 +2,12 @@
 //! PyTorch's initialiser bounds, batch norm's running statistics, dropout and masks.
 
 use tl_nn::{
-    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, LayerNorm,
-    Linear, MaxPool, Module, MultiHeadAttention, PRelu, Parameters, RmsNorm, Runtime, Sequential,
+    AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm,
+    InstanceNorm, LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, PRelu, Parameters,
+    RmsNorm, Runtime, Sequential,
 };
 use tl_session::{Backend, Optimizer, Train};
-use tl_spec::Tensor;
+use tl_spec::{Scalar, Tensor};
 
 use crate::{eager, linked, max_diff, mlp, tensor, vals};
 
@@ -513,13 +514,112 @@ fn group_norm_normalises_each_sample_s_channel_groups() {
     );
 }
 
+/// InstanceNorm is GroupNorm with one group per channel, bit for bit in values and in the
+/// input's gradient (with the affine: the same weights; without: GroupNorm's defaults, 1 and
+/// 0), on the eager CPU session and the linked one; without the affine it has no parameters;
+/// it prints as PyTorch's; an unbatched input and a bad setting are errors naming it.
+#[test]
+fn instance_norm_is_group_norm_with_a_group_per_channel() {
+    fn run<O: Train>(rt: &mut Runtime<O>, affine: bool) {
+        let v = rt.vars();
+        let inst = InstanceNorm::with(&v.pp("inst"), 3, 1e-3, affine).unwrap();
+        let group = GroupNorm::with_eps(&v.pp("group"), 3, 3, 1e-3).unwrap();
+        if let (Some(w), Some(b)) = (&inst.weight, &inst.bias) {
+            for (p, q, vals) in [
+                (w, &group.weight, vec![0.5, 2.0, -1.0]),
+                (b, &group.bias, vec![0.25, 0.0, -2.0]),
+            ] {
+                rt.set_value(p, Tensor::vector(vals.clone()).cast())
+                    .unwrap();
+                rt.set_value(q, Tensor::vector(vals).cast()).unwrap();
+            }
+        }
+        let x = tensor::<f64>(&[2, 3, 4, 5], 29);
+        let eval = |m: &dyn Module<O>| {
+            rt.eval(m, |g| m.forward(&g.input(x.cast())?))
+                .unwrap()
+                .data()
+                .iter()
+                .map(|v| v.as_f64())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(eval(&inst), eval(&group), "affine {affine}");
+        // The input's gradient under Σ w·y, w a fixed pattern.
+        let mut grad = |m: &dyn Module<O>, name: &str| {
+            let p = rt.vars().param_from(name, x.cast(), true).unwrap();
+            let before = rt.value_of(&p).unwrap();
+            let mut opt = Optimizer::sgd(1.0).unwrap();
+            let w = Tensor::from_fn(x.shape().clone(), |i| 1.0 - 0.25 * (i % 7) as f64);
+            let model = WithInput {
+                x: p.clone(),
+                layer: m,
+            };
+            rt.step(&model, &mut opt, |g| {
+                (&m.forward(&g.param(&p)?)? * &g.input(w.cast())?)?.sum()
+            })
+            .unwrap();
+            let after = rt.value_of(&p).unwrap();
+            let d: Vec<f64> = before
+                .data()
+                .iter()
+                .zip(after.data())
+                .map(|(a, b)| a.as_f64() - b.as_f64())
+                .collect();
+            d
+        };
+        assert_eq!(
+            grad(&inst, "x_inst"),
+            grad(&group, "x_group"),
+            "affine {affine}"
+        );
+    }
+    for affine in [false, true] {
+        run(&mut eager::<f64>(Backend::Cpu, 0), affine);
+        run(&mut linked::<f64>(0), affine);
+    }
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let plain = InstanceNorm::new(&rt.vars().pp("in"), 3).unwrap();
+    let mut n = 0;
+    plain.visit_params(&mut |_| n += 1);
+    assert_eq!(n, 0);
+    assert_eq!(
+        tl_nn::tree(&plain).to_string(),
+        "InstanceNorm(3, eps=1e-05, affine=False, track_running_stats=False)"
+    );
+    let affine = InstanceNorm::with(&rt.vars().pp("ia"), 3, 1e-5, true).unwrap();
+    let err = rt
+        .eval(&affine, |g| {
+            affine.forward(&g.input(Tensor::zeros([3, 4, 4]))?)
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("InstanceNorm \"ia\"") && err.contains("(N, 3, …)"),
+        "{err}"
+    );
+    let err = rt
+        .eval(&plain, |g| plain.forward(&g.input(Tensor::zeros([2, 4]))?))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("InstanceNorm") && err.contains("(N, 3, …)"),
+        "{err}"
+    );
+    for (c, eps) in [(0, 1e-5), (3, 0.0), (3, f64::NAN)] {
+        let err = InstanceNorm::with(&rt.vars().pp("bad"), c, eps, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("InstanceNorm::new"), "{err}");
+    }
+}
+
 /// x as a trainable parameter beside a layer, so one SGD step of lr 1 gives x's gradient too.
-struct WithInput<'a, M> {
+struct WithInput<'a, M: ?Sized> {
     x: tl_session::Param,
     layer: &'a M,
 }
 
-impl<M: Parameters> Parameters for WithInput<'_, M> {
+impl<M: Parameters + ?Sized> Parameters for WithInput<'_, M> {
     fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
         f(&self.x);
         self.layer.visit_params(f);
