@@ -116,6 +116,7 @@ impl Harness {
                 "--",
                 // tl-nn's own layers:: tests and the harness's nn_layers::.
                 "layers::",
+                "cross_attention",
                 "activations::",
                 "losses::",
                 "session_state::",

@@ -210,6 +210,12 @@ impl<'g, O: Train> Var<'g, O> {
         self.record(|s| s.scale(&self.r, c))
     }
 
+    /// Axes `depth` and `depth + 1` swapped (the identity where `depth + 1` is not an axis).
+    /// PyTorch: `x.transpose(depth, depth + 1)`.
+    pub fn swap_adjacent(&self, depth: usize) -> Result<Var<'g, O>> {
+        self.record(|s| s.swap_adjacent(&self.r, depth))
+    }
+
     /// Softmax along `axis` (0-based; the last axis is [`Var::softmax`]). PyTorch:
     /// `F.softmax(x, dim=axis)`.
     pub fn softmax_axis(&self, axis: usize) -> Result<Var<'g, O>> {

@@ -5,6 +5,7 @@ mod activation;
 mod adaptive;
 mod attention;
 mod conv;
+mod cross_attention;
 mod dropout;
 mod embedding;
 mod instance_norm;

@@ -1,7 +1,8 @@
 //! Recurrent layers, ModuleList and batched embeddings: LSTM and GRU against real PyTorch's
 //! outputs and final states (fixtures from make_rnn_fixtures.py, loaded by PyTorch's names) on
 //! every backend, their gradients against the IR's backprop and finite differences, eager =
-//! linked, and bad input; MultiHeadAttention in PyTorch's fused layout.
+//! linked, and bad input; MultiHeadAttention in PyTorch's fused layout, and its
+//! cross-attention (`forward_qkv`) against PyTorch's values and gradients.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,7 @@ use tl_nn::{
     Embedding, Gru, Linear, Lstm, Module, ModuleList, MultiHeadAttention, Parameters, Result,
     RnnConfig, Runtime, Scope, Var,
 };
-use tl_session::{Backend, Optimizer, Train};
+use tl_session::{Backend, Optimizer, Param, Train};
 use tl_spec::{Scalar, Tensor};
 
 use crate::{eager, linked, max_diff, tensor};
@@ -653,4 +654,232 @@ fn multi_head_attention_loads_and_saves_pytorchs_fused_layout() {
     check(eager::<f32>(Backend::Cpu, 0), 2e-6);
     check(eager::<f32>(Backend::CudaSim, 0), 2e-6);
     check(linked::<f32>(0), 2e-6);
+}
+
+/// The layer (named `prefix`) with PyTorch's weights of the `mha` fixture.
+fn mha_from_fixture<O: Train>(rt: &Runtime<O>, prefix: &str, causal: bool) -> MultiHeadAttention {
+    let mha = MultiHeadAttention::new(&rt.vars().pp(prefix), 8, 2, causal).unwrap();
+    let p = fixture("mha.safetensors");
+    let f = checkpoint::read(&p).unwrap();
+    let w = |n: &str| cast::<f32, O::T>(&f.tensors[n].to_tensor::<f32>(&p, n).unwrap());
+    mha.load_pytorch(rt, &w("in_proj_weight"), &w("out_proj.weight"))
+        .unwrap();
+    mha
+}
+
+/// Queries, memory and the attention's weights, all trained.
+struct Cross {
+    q: Param,
+    m: Param,
+    mha: MultiHeadAttention,
+}
+
+impl Parameters for Cross {
+    fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
+        f(&self.q);
+        f(&self.m);
+        self.mha.visit_params(f);
+    }
+}
+
+/// Cross-attention, queries (2, 3, 8) over a memory (2, 5, 8) with PyTorch's weights
+/// (`nn.MultiheadAttention(8, 2, bias=False, batch_first=True)`, fixture `mha_cross` from
+/// make_rnn_fixtures.py): the output and the gradients of Σ w·out with respect to the queries,
+/// the memory and both weights (in PyTorch's fused layout) are PyTorch's, without a mask and
+/// with batch element 1's last two keys masked, on the eager CPU (f64, f32), CUDA-sim and
+/// linked sessions.
+#[test]
+fn cross_attention_gives_pytorchs_values_and_gradients() {
+    fn attend<'g, O: Train>(
+        model: &Cross,
+        g: &Scope<'g, O>,
+        keep: Option<&[bool]>,
+    ) -> Result<Var<'g, O>> {
+        let (q, m) = (g.param(&model.q)?, g.param(&model.m)?);
+        model.mha.forward_qkv(&q, &m, &m, keep)
+    }
+    fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
+        let e = expected("mha_cross");
+        let mha = mha_from_fixture(&rt, "attn", false);
+        let start: Vec<Tensor<O::T>> = [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
+            .map(|p| rt.value_of(p).unwrap())
+            .to_vec();
+        let q = rt.vars().param_from("q", cast(&e["query"]), true).unwrap();
+        let m = rt.vars().param_from("m", cast(&e["memory"]), true).unwrap();
+        let model = Cross { q, m, mha };
+        let w: Tensor<O::T> = cast(&e["weight"]);
+        let padded: Vec<bool> = (0..10).map(|k| k < 8).collect();
+        for (suffix, keep) in [("", None), ("_padded", Some(&padded[..]))] {
+            let at = |k: &str| format!("{k}{suffix} ({})", O::T::NAME);
+            rt.set_value(&model.q, cast(&e["query"])).unwrap();
+            rt.set_value(&model.m, cast(&e["memory"])).unwrap();
+            let ws = [&model.mha.wq, &model.mha.wk, &model.mha.wv, &model.mha.wo];
+            for (p, v) in ws.iter().zip(&start) {
+                rt.set_value(p, v.clone()).unwrap();
+            }
+            let out = rt.eval(&model, |g| attend(&model, g, keep)).unwrap();
+            let d = max_diff(&out, &e[&format!("output{suffix}")]);
+            assert!(d < tol, "{}: max diff {d}", at("output"));
+            let params = [&model.q, &model.m, ws[0], ws[1], ws[2], ws[3]];
+            let before: Vec<Tensor<O::T>> =
+                params.iter().map(|p| rt.value_of(p).unwrap()).collect();
+            let mut opt = Optimizer::sgd(1.0).unwrap();
+            rt.step(&model, &mut opt, |g| {
+                (&attend(&model, g, keep)? * &g.input(w.clone())?)?.sum()
+            })
+            .unwrap();
+            // SGD with lr 1: each gradient is before − after.
+            let grads: Vec<Tensor<f64>> = params
+                .iter()
+                .zip(&before)
+                .map(|(p, b)| {
+                    let a = rt.value_of(p).unwrap();
+                    let data = b
+                        .data()
+                        .iter()
+                        .zip(a.data())
+                        .map(|(b, a)| b.as_f64() - a.as_f64());
+                    Tensor::new(b.shape().clone(), data.collect()).unwrap()
+                })
+                .collect();
+            let close = |got: &Tensor<f64>, key: &str| {
+                let d = max_diff(got, &e[&format!("{key}{suffix}")]);
+                assert!(d < tol, "{}: max diff {d}", at(key));
+            };
+            close(&grads[0], "grad_query");
+            close(&grads[1], "grad_memory");
+            // PyTorch's in_proj_weight is [Wqᵀ; Wkᵀ; Wvᵀ] and out_proj.weight Woᵀ.
+            let t = |g: &Tensor<f64>| tl_spec::ops::shape::transpose2d(g).unwrap();
+            let in_proj = Tensor::new(
+                [24, 8],
+                [t(&grads[2]), t(&grads[3]), t(&grads[4])]
+                    .iter()
+                    .flat_map(|g| g.data().to_vec())
+                    .collect(),
+            )
+            .unwrap();
+            close(&in_proj, "grad_in_proj");
+            close(&t(&grads[5]), "grad_out_proj");
+        }
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::Cpu, 0), 1e-5);
+    check(eager::<f32>(Backend::CudaSim, 0), 1e-5);
+    check(linked::<f64>(0), 1e-12);
+}
+
+/// With the queries, keys and values one input, `forward_qkv` is the layer's forward (the
+/// catalogue's attention op) within rounding, values and gradients, with and without the
+/// causal mask; its bad inputs are errors naming the layer.
+#[test]
+fn cross_attention_of_one_input_is_self_attention() {
+    let mut rt = eager::<f64>(Backend::Cpu, 0);
+    let x = tensor::<f64>(&[2, 5, 8], 41);
+    for causal in [false, true] {
+        let mha = mha_from_fixture(&rt, &format!("attn{causal}"), causal);
+        let p = rt
+            .vars()
+            .param_from(&format!("x{causal}"), x.clone(), true)
+            .unwrap();
+        let model = Cross {
+            q: p.clone(),
+            m: p.clone(),
+            mha: mha.clone(),
+        };
+        let fused = rt.eval(&model, |g| mha.forward(&g.param(&p)?)).unwrap();
+        let composed = rt
+            .eval(&model, |g| {
+                let x = g.param(&p)?;
+                mha.forward_qkv(&x, &x, &x, None)
+            })
+            .unwrap();
+        assert!(max_diff(&fused, &composed) < 1e-12, "causal {causal}");
+        // One key masked for every query but the first: the same as a key-padding mask.
+        let keep: Vec<bool> = (0..5).map(|j| j != 3).collect();
+        let padded = rt
+            .eval(&model, |g| {
+                let x = g.param(&p)?;
+                mha.forward_qkv(&x, &x, &x, Some(&keep))
+            })
+            .unwrap();
+        let mask = tl_spec::ops::attention::Mask::from_fn(5, |i, j| keep[j] && (!causal || j <= i))
+            .unwrap();
+        let want = rt
+            .eval(&model, |g| {
+                mha.forward_masked(&g.param(&p)?, Some(mask.clone()))
+            })
+            .unwrap();
+        assert!(max_diff(&want, &padded) < 1e-12, "causal {causal}, padded");
+        let weights: Vec<Tensor<f64>> = [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
+            .map(|w| rt.value_of(w).unwrap())
+            .to_vec();
+        let grad = |rt: &mut Runtime<_>, composed: bool| {
+            let before = rt.value_of(&p).unwrap();
+            let mut opt = Optimizer::sgd(1.0).unwrap();
+            rt.step(&model, &mut opt, |g| {
+                let x = g.param(&p)?;
+                let y = if composed {
+                    mha.forward_qkv(&x, &x, &x, None)?
+                } else {
+                    mha.forward(&x)?
+                };
+                (&y * &y)?.sum()
+            })
+            .unwrap();
+            let after = rt.value_of(&p).unwrap();
+            // The step moved the weights too: put everything back.
+            rt.set_value(&p, before.clone()).unwrap();
+            for (w, v) in [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
+                .into_iter()
+                .zip(&weights)
+            {
+                rt.set_value(w, v.clone()).unwrap();
+            }
+            let d: Vec<f64> = before
+                .data()
+                .iter()
+                .zip(after.data())
+                .map(|(b, a)| b - a)
+                .collect();
+            d
+        };
+        let (a, b) = (grad(&mut rt, false), grad(&mut rt, true));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            worst < 1e-10,
+            "causal {causal}: gradients differ by {worst}"
+        );
+    }
+    // Bad inputs name the layer and what it needs.
+    let mha = mha_from_fixture(&rt, "attn", false);
+    let causal = mha_from_fixture(&rt, "causal", true);
+    let err = |m: &MultiHeadAttention, q: &[usize], kv: &[usize], keep: Option<&[bool]>| {
+        rt.eval(m, |g| {
+            let q = g.input(Tensor::zeros(q))?;
+            let kv = g.input(Tensor::zeros(kv))?;
+            m.forward_qkv(&q, &kv, &kv, keep)
+        })
+        .unwrap_err()
+        .to_string()
+    };
+    let e = err(&mha, &[2, 3, 8], &[3, 5, 8], None);
+    assert!(
+        e.contains("MultiHeadAttention \"attn\"") && e.contains("key [3, 5, 8]"),
+        "{e}"
+    );
+    let e = err(&mha, &[3, 8], &[5, 6], None);
+    assert!(e.contains("(nk, 8)"), "{e}");
+    let e = err(&mha, &[3, 8], &[5, 8], Some(&[true; 4]));
+    assert!(e.contains("key_keep has 4") && e.contains("need 5"), "{e}");
+    let e = err(&mha, &[3, 8], &[5, 8], Some(&[false; 5]));
+    assert!(e.contains("query 0 of batch element 0 has no key"), "{e}");
+    let e = err(&causal, &[3, 8], &[5, 8], None);
+    assert!(
+        e.contains("causal") && e.contains("3 queries over 5 keys"),
+        "{e}"
+    );
 }
