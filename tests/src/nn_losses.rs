@@ -410,14 +410,7 @@ impl LossCase {
                 };
                 let on = Tensor::from_fn(dims.clone(), |i| -pw.data()[i] * y.data()[i]);
                 let off = Tensor::from_fn(dims.clone(), |i| y.data()[i] - 1.0);
-                let ls = g.f(Op::Sigmoid, &[x])?;
-                let ls = g.f(Op::Log, &[ls])?;
-                let nx = g.f(Op::Scale(-1.0), &[x])?;
-                let lc = g.f(Op::Sigmoid, &[nx])?;
-                let lc = g.f(Op::Log, &[lc])?;
-                let a = g.mul_k(ls, on)?;
-                let c = g.mul_k(lc, off)?;
-                let t = g.f(Op::Add, &[a, c])?;
+                let t = g.log_sigmoids(x, on, off)?;
                 if f0 {
                     let w = per_col(&aux(1));
                     g.mul_k(t, w)?
@@ -578,14 +571,7 @@ impl LossCase {
                 };
                 let on = Tensor::from_fn(dims.clone(), |i| -y.data()[i] * w.data()[i]);
                 let off = Tensor::from_fn(dims.clone(), |i| (y.data()[i] - 1.0) * w.data()[i]);
-                let ls = g.f(Op::Sigmoid, &[x])?;
-                let ls = g.f(Op::Log, &[ls])?;
-                let nx = g.f(Op::Scale(-1.0), &[x])?;
-                let lc = g.f(Op::Sigmoid, &[nx])?;
-                let lc = g.f(Op::Log, &[lc])?;
-                let a = g.mul_k(ls, on)?;
-                let c = g.mul_k(lc, off)?;
-                let t = g.f(Op::Add, &[a, c])?;
+                let t = g.log_sigmoids(x, on, off)?;
                 let t = g.f(Op::ReduceSum(1), &[t])?;
                 g.f(Op::Scale(1.0 / cols as f64), &[t])?
             }
@@ -772,6 +758,19 @@ impl Ref<'_> {
         let k = self.k(t)?;
         self.f(Op::Mul, &[a, k])
     }
+    /// `on·log σ(x) + off·log σ(−x)` for constants `on`, `off` of x's shape (the binary
+    /// cross-entropies' two terms, log σ(−x) being log(1 − σ(x))).
+    fn log_sigmoids(&mut self, x: Id, on: Tensor<f64>, off: Tensor<f64>) -> tl_ir::Result<Id> {
+        let ls = self.f(Op::Sigmoid, &[x])?;
+        let ls = self.f(Op::Log, &[ls])?;
+        let nx = self.f(Op::Scale(-1.0), &[x])?;
+        let lc = self.f(Op::Sigmoid, &[nx])?;
+        let lc = self.f(Op::Log, &[lc])?;
+        let a = self.mul_k(ls, on)?;
+        let c = self.mul_k(lc, off)?;
+        self.f(Op::Add, &[a, c])
+    }
+
     /// `‖x − other + 1e-6‖` along the last axis, the 2-norm or (`p2` false) the 1-norm.
     fn distance(&mut self, x: Id, other: &Tensor<f64>, p2: bool) -> tl_ir::Result<Id> {
         let shifted = other.map(|v| 1e-6 - v);

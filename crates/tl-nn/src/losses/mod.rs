@@ -54,7 +54,7 @@ use crate::{Result, Var};
 pub enum Reduction {
     /// The mean over elements (PyTorch's default); for [`nll_loss`] and [`cross_entropy`]
     /// the weighted mean over the rows that are not ignored; for the losses with one value
-    /// per row (say which), the mean over rows.
+    /// per row (their docs say so), the mean over rows.
     #[default]
     Mean,
     /// The sum over elements (over rows for the per-row losses).
