@@ -1,0 +1,107 @@
+//! The reference of tl-nn's cross-attention (`MultiHeadAttention::forward_qkv`) for the
+//! layer check (`nn::LayerSpec::CrossAttention`), written another way than the layer composes
+//! it: each batch element and each head on its own, the head's columns picked by a 0/1 matrix
+//! (where the layer reshapes and swaps axes), the heads put back by its transpose and summed,
+//! the batch elements joined by `concat`.
+
+use tl_ir::{GraphBuilder, Id, Op};
+use tl_spec::{Shape, Tensor};
+
+/// A masked score's additive bias (the layer's too: a weight of 0 in f32 and f64).
+const MASKED: f64 = -1e30;
+
+/// The sizes of one cross-attention case.
+#[derive(Debug, Clone, Copy)]
+pub struct CrossSizes {
+    /// Heads.
+    pub heads: usize,
+    /// Width per head.
+    pub head_dim: usize,
+    /// Queries.
+    pub nq: usize,
+    /// Keys (the memory's rows).
+    pub nk: usize,
+    /// Batch size, if the inputs have a batch axis.
+    pub batch: Option<usize>,
+}
+
+/// `softmax(Q_h·K_hᵀ/√dh + bias)·V_h` per batch element and head, summed back into the model
+/// width and projected by Wo: `w` are the leaves of Wq, Wk, Wv, Wo (each (d, d), applied as
+/// `x·W`), `x` the queries' leaf ((nq, d) or (B, nq, d)), `memory` the keys and values
+/// ((nk, d) or (B, nk, d), a constant), `keep` the key mask (B·nk values, true = attend).
+pub fn cross_attention_ref(
+    b: &mut GraphBuilder,
+    s: CrossSizes,
+    w: &[Id],
+    x: Id,
+    memory: &Tensor<f64>,
+    keep: Option<&[bool]>,
+) -> tl_ir::Result<Id> {
+    let (h, dh, nq, nk) = (s.heads, s.head_dim, s.nq, s.nk);
+    let d = h * dh;
+    let batches = s.batch.unwrap_or(1);
+    let flat = b.apply(Op::Reshape(Shape::new(&[batches * nq, d])), &[x])?;
+    let mut joined: Option<Id> = None;
+    for bi in 0..batches {
+        let xb = b.apply(
+            Op::Slice {
+                start: bi * nq,
+                len: nq,
+            },
+            &[flat],
+        )?;
+        let mb = Tensor::from_fn([nk, d], |i| memory.data()[bi * nk * d + i]);
+        let mb = b.apply(Op::Constant(mb), &[])?;
+        let q = b.apply(Op::Matmul, &[xb, w[0]])?;
+        let k = b.apply(Op::Matmul, &[mb, w[1]])?;
+        let v = b.apply(Op::Matmul, &[mb, w[2]])?;
+        let bias = keep.map(|keep| {
+            Tensor::from_fn([nq, nk], |e| {
+                if keep[bi * nk + e % nk] {
+                    0.0
+                } else {
+                    MASKED
+                }
+            })
+        });
+        let mut heads: Option<Id> = None;
+        for head in 0..h {
+            // Column j of the (d, dh) picker is model column head·dh + j.
+            let pick = Tensor::from_fn([d, dh], |e| {
+                f64::from(u8::from(e / dh == head * dh + e % dh))
+            });
+            let put = tl_spec::ops::shape::transpose2d(&pick).expect("2-D");
+            let pick = b.apply(Op::Constant(pick), &[])?;
+            let qh = b.apply(Op::Matmul, &[q, pick])?;
+            let kh = b.apply(Op::Matmul, &[k, pick])?;
+            let vh = b.apply(Op::Matmul, &[v, pick])?;
+            let kt = b.apply(Op::Transpose2d, &[kh])?;
+            let scores = b.apply(Op::Matmul, &[qh, kt])?;
+            let mut scores = b.apply(Op::Scale(1.0 / (dh as f64).sqrt()), &[scores])?;
+            if let Some(bias) = &bias {
+                let bias = b.apply(Op::Constant(bias.clone()), &[])?;
+                scores = b.apply(Op::Add, &[scores, bias])?;
+            }
+            let probs = b.apply(Op::Softmax, &[scores])?;
+            let oh = b.apply(Op::Matmul, &[probs, vh])?;
+            let put = b.apply(Op::Constant(put), &[])?;
+            let back = b.apply(Op::Matmul, &[oh, put])?;
+            heads = Some(match heads {
+                Some(acc) => b.apply(Op::Add, &[acc, back])?,
+                None => back,
+            });
+        }
+        let heads = heads.expect("at least one head");
+        let y = b.apply(Op::Matmul, &[heads, w[3]])?;
+        joined = Some(match joined {
+            Some(acc) => b.apply(Op::Concat, &[acc, y])?,
+            None => y,
+        });
+    }
+    let joined = joined.expect("at least one batch element");
+    let out = match s.batch {
+        Some(n) => vec![n, nq, d],
+        None => vec![nq, d],
+    };
+    b.apply(Op::Reshape(Shape::new(&out)), &[joined])
+}
