@@ -45,6 +45,7 @@ pub mod entries;
 pub mod generate;
 pub mod metric;
 pub mod nn;
+pub mod nn_attention;
 pub mod nn_losses;
 pub mod registry;
 pub mod report;

@@ -1,6 +1,6 @@
 //! tl-nn's layers under the harness: every layer of `tl_nn` (Linear, Conv, ConvTranspose,
 //! MaxPool, AvgPool, AdaptiveAvgPool, LayerNorm, BatchNorm, RmsNorm, GroupNorm, Embedding, Dropout, PRelu, Upsample,
-//! MultiHeadAttention,
+//! MultiHeadAttention and its cross-attention,
 //! SpectralConv1d, the activations, Flatten, Sequential) on random sizes, parameters and
 //! inputs, on every session: eager CPU (f64, f32), eager CUDA simulation (f32) and linked
 //! (f64, f32).
@@ -29,6 +29,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::checks::reduction_len;
 use crate::metric::{tensor_err, worst_index};
+use crate::nn_attention::{CrossSizes, cross_attention_ref};
 use crate::{CaseResult, Measured, Report, RunConfig, Tol, run_check};
 
 /// The default number of cases of one (layer, session) cell when `TL_CASES` is not set (the
@@ -266,6 +267,24 @@ pub enum LayerSpec {
         /// Batch size, if x has a batch axis.
         batch: Option<usize>,
     },
+    /// `MultiHeadAttention::forward_qkv` of x (\[B,\] nq, d) over a constant memory (keys =
+    /// values), with or without a key mask.
+    CrossAttention {
+        /// Heads.
+        heads: usize,
+        /// Width per head.
+        head_dim: usize,
+        /// Queries.
+        nq: usize,
+        /// Keys (the memory's rows).
+        nk: usize,
+        /// Batch size, if x and the memory have a batch axis.
+        batch: Option<usize>,
+        /// The memory, (\[B,\] nk, d).
+        memory: Tensor<f64>,
+        /// The key mask, B·nk values (true = attend), each batch element keeping one at least.
+        keep: Option<Vec<bool>>,
+    },
     /// `SpectralConv1d::new(width, modes)` on x (\[B,\] grid, width).
     Spectral {
         /// Channels.
@@ -361,6 +380,7 @@ impl LayerSpec {
             LayerSpec::Embedding { .. } => "Embedding",
             LayerSpec::Dropout { .. } => "Dropout",
             LayerSpec::Attention { .. } => "MultiHeadAttention",
+            LayerSpec::CrossAttention { .. } => "CrossAttention",
             LayerSpec::Spectral { .. } => "SpectralConv1d",
             LayerSpec::PRelu { .. } => "PRelu",
             LayerSpec::Upsample { .. } => "Upsample",
@@ -496,6 +516,13 @@ impl LayerSpec {
                 batch,
                 ..
             } => cat(&opt(batch), &[*n, heads * head_dim]),
+            LayerSpec::CrossAttention {
+                heads,
+                head_dim,
+                nq,
+                batch,
+                ..
+            } => cat(&opt(batch), &[*nq, heads * head_dim]),
             LayerSpec::Spectral {
                 width, grid, batch, ..
             } => cat(&opt(batch), &[*grid, *width]),
@@ -551,6 +578,9 @@ impl LayerSpec {
             ],
             LayerSpec::Embedding { num, dim, .. } => vec![(vec![*num, *dim], Weight)],
             LayerSpec::Attention {
+                heads, head_dim, ..
+            }
+            | LayerSpec::CrossAttention {
                 heads, head_dim, ..
             } => {
                 let d = heads * head_dim;
@@ -793,6 +823,24 @@ impl LayerSpec {
                 };
                 b.apply(op, &[p[0], p[1], p[2], p[3], x()?])
             }
+            LayerSpec::CrossAttention {
+                heads,
+                head_dim,
+                nq,
+                nk,
+                batch,
+                memory,
+                keep,
+            } => {
+                let sizes = CrossSizes {
+                    heads: *heads,
+                    head_dim: *head_dim,
+                    nq: *nq,
+                    nk: *nk,
+                    batch: *batch,
+                };
+                cross_attention_ref(b, sizes, p, x()?, memory, keep.as_deref())
+            }
             LayerSpec::Spectral { modes, .. } => b.apply(
                 Op::SpectralConv1dRfft { modes: *modes },
                 &[x()?, p[0], p[1]],
@@ -1020,6 +1068,16 @@ impl LayerSpec {
             LayerSpec::Embedding { num, dim, .. } => {
                 return Ok(Built::Embedding(Embedding::new(vars, *num, *dim)?));
             }
+            LayerSpec::CrossAttention {
+                heads,
+                head_dim,
+                memory,
+                keep,
+                ..
+            } => {
+                let mha = MultiHeadAttention::new(vars, heads * head_dim, *heads, false)?;
+                return Ok(Built::Cross(mha, memory.clone(), keep.clone()));
+            }
             LayerSpec::Dropout { p, .. } => Box::new(Dropout::new(*p)?),
             LayerSpec::Attention {
                 heads,
@@ -1093,6 +1151,8 @@ fn linear_ref(
 enum Built<O: Train> {
     Module(Box<dyn Module<O>>),
     Embedding(Embedding),
+    /// Cross-attention, its memory and its key mask.
+    Cross(MultiHeadAttention, Tensor<f64>, Option<Vec<bool>>),
 }
 
 impl<O: Train> Parameters for Built<O> {
@@ -1100,6 +1160,7 @@ impl<O: Train> Parameters for Built<O> {
         match self {
             Built::Module(m) => m.visit_params(f),
             Built::Embedding(e) => e.visit_params(f),
+            Built::Cross(m, ..) => m.visit_params(f),
         }
     }
 }
@@ -1314,6 +1375,38 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 batch,
             })
             .boxed(),
+        "CrossAttention" => (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=4, opt_batch())
+            .prop_flat_map(|(heads, head_dim, nq, nk, batch)| {
+                let d = heads * head_dim;
+                let b = batch.unwrap_or(1);
+                let mem: Vec<usize> = batch.iter().copied().chain([nk, d]).collect();
+                (
+                    Just((heads, head_dim, nq, nk, batch)),
+                    values(mem, -1.5, 1.5),
+                    prop::option::of(prop::collection::vec(any::<bool>(), b * nk)),
+                )
+            })
+            .prop_map(|((heads, head_dim, nq, nk, batch), memory, keep)| {
+                // Each batch element keeps one key at least (else the layer refuses it).
+                let keep = keep.map(|mut k| {
+                    for row in k.chunks_mut(nk) {
+                        if !row.iter().any(|&v| v) {
+                            row[0] = true;
+                        }
+                    }
+                    k
+                });
+                LayerSpec::CrossAttention {
+                    heads,
+                    head_dim,
+                    nq,
+                    nk,
+                    batch,
+                    memory,
+                    keep,
+                }
+            })
+            .boxed(),
         "SpectralConv1d" => (1usize..=3, 1usize..=3, 0usize..=3, opt_batch())
             .prop_map(|(width, modes, extra, batch)| LayerSpec::Spectral {
                 width,
@@ -1404,7 +1497,7 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
 }
 
 /// Every layer the check covers, by name (one per type of `tl_nn`'s layers and modules).
-pub const LAYERS: [&str; 20] = [
+pub const LAYERS: [&str; 21] = [
     "Linear",
     "Conv",
     "ConvTranspose",
@@ -1417,6 +1510,7 @@ pub const LAYERS: [&str; 20] = [
     "Embedding",
     "Dropout",
     "MultiHeadAttention",
+    "CrossAttention",
     "SpectralConv1d",
     "PRelu",
     "Upsample",
@@ -1583,6 +1677,10 @@ fn forward_layer<'g, O: Train>(
     match (layer, x, spec) {
         (Built::Module(m), Some(x), _) => m.forward(x),
         (Built::Embedding(e), None, LayerSpec::Embedding { ids, .. }) => e.forward(g, ids),
+        (Built::Cross(m, memory, keep), Some(x), _) => {
+            let memory = g.input(memory.cast())?;
+            m.forward_qkv(x, &memory, &memory, keep.as_deref())
+        }
         _ => Err(tl_nn::Error::Usage {
             what: "nn check",
             detail: "a module takes x, the embedding ids".into(),

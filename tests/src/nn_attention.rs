@@ -56,13 +56,12 @@ pub fn cross_attention_ref(
         let k = b.apply(Op::Matmul, &[mb, w[1]])?;
         let v = b.apply(Op::Matmul, &[mb, w[2]])?;
         let bias = keep.map(|keep| {
-            Tensor::from_fn([nq, nk], |e| {
-                if keep[bi * nk + e % nk] {
-                    0.0
-                } else {
-                    MASKED
-                }
-            })
+            Tensor::from_fn(
+                [nq, nk],
+                |e| {
+                    if keep[bi * nk + e % nk] { 0.0 } else { MASKED }
+                },
+            )
         });
         let mut heads: Option<Id> = None;
         for head in 0..h {

@@ -38,6 +38,7 @@ layer_tests! {
     embedding => "Embedding";
     dropout => "Dropout";
     multi_head_attention => "MultiHeadAttention";
+    cross_attention => "CrossAttention";
     spectral_conv1d => "SpectralConv1d";
     prelu => "PRelu";
     upsample => "Upsample";
@@ -50,7 +51,7 @@ layer_tests! {
 
 #[test]
 fn every_layer_has_a_test() {
-    assert_eq!(LAYERS.len(), 20);
+    assert_eq!(LAYERS.len(), 21);
 }
 
 #[test]
