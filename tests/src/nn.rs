@@ -1076,7 +1076,7 @@ impl LayerSpec {
                 ..
             } => {
                 let mha = MultiHeadAttention::new(vars, heads * head_dim, *heads, false)?;
-                return Ok(Built::Cross(mha, memory.clone(), keep.clone()));
+                return Ok(Built::Cross(Box::new((mha, memory.clone(), keep.clone()))));
             }
             LayerSpec::Dropout { p, .. } => Box::new(Dropout::new(*p)?),
             LayerSpec::Attention {
@@ -1152,7 +1152,7 @@ enum Built<O: Train> {
     Module(Box<dyn Module<O>>),
     Embedding(Embedding),
     /// Cross-attention, its memory and its key mask.
-    Cross(MultiHeadAttention, Tensor<f64>, Option<Vec<bool>>),
+    Cross(Box<(MultiHeadAttention, Tensor<f64>, Option<Vec<bool>>)>),
 }
 
 impl<O: Train> Parameters for Built<O> {
@@ -1160,7 +1160,7 @@ impl<O: Train> Parameters for Built<O> {
         match self {
             Built::Module(m) => m.visit_params(f),
             Built::Embedding(e) => e.visit_params(f),
-            Built::Cross(m, ..) => m.visit_params(f),
+            Built::Cross(c) => c.0.visit_params(f),
         }
     }
 }
@@ -1677,7 +1677,8 @@ fn forward_layer<'g, O: Train>(
     match (layer, x, spec) {
         (Built::Module(m), Some(x), _) => m.forward(x),
         (Built::Embedding(e), None, LayerSpec::Embedding { ids, .. }) => e.forward(g, ids),
-        (Built::Cross(m, memory, keep), Some(x), _) => {
+        (Built::Cross(c), Some(x), _) => {
+            let (m, memory, keep) = &**c;
             let memory = g.input(memory.cast())?;
             m.forward_qkv(x, &memory, &memory, keep.as_deref())
         }
