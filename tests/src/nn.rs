@@ -284,6 +284,8 @@ pub enum LayerSpec {
         memory: Tensor<f64>,
         /// The key mask, B·nk values (true = attend), each batch element keeping one at least.
         keep: Option<Vec<bool>>,
+        /// Rotary position embeddings (then `head_dim` is even).
+        rope: Option<tl_nn::Rope>,
     },
     /// `SpectralConv1d::new(width, modes)` on x (\[B,\] grid, width).
     Spectral {
@@ -831,6 +833,7 @@ impl LayerSpec {
                 batch,
                 memory,
                 keep,
+                rope,
             } => {
                 let sizes = CrossSizes {
                     heads: *heads,
@@ -838,6 +841,7 @@ impl LayerSpec {
                     nq: *nq,
                     nk: *nk,
                     batch: *batch,
+                    rope: *rope,
                 };
                 cross_attention_ref(b, sizes, p, x()?, memory, keep.as_deref())
             }
@@ -1073,9 +1077,13 @@ impl LayerSpec {
                 head_dim,
                 memory,
                 keep,
+                rope,
                 ..
             } => {
-                let mha = MultiHeadAttention::new(vars, heads * head_dim, *heads, false)?;
+                let mut mha = MultiHeadAttention::new(vars, heads * head_dim, *heads, false)?;
+                if let Some(rope) = rope {
+                    mha = mha.with_rope(*rope)?;
+                }
                 return Ok(Built::Cross(Box::new((mha, memory.clone(), keep.clone()))));
             }
             LayerSpec::Dropout { p, .. } => Box::new(Dropout::new(*p)?),
@@ -1375,18 +1383,35 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 batch,
             })
             .boxed(),
-        "CrossAttention" => (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=4, opt_batch())
-            .prop_flat_map(|(heads, head_dim, nq, nk, batch)| {
+        "CrossAttention" => (
+            (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=4),
+            opt_batch(),
+            prop::option::of(any::<bool>()),
+        )
+            .prop_flat_map(|((heads, head_dim, nq, nk), batch, rope)| {
+                // With rotary embeddings the head size is even: 1 → 2, 3 → 4.
+                let rope = rope.map(|interleaved| match interleaved {
+                    true => tl_nn::Rope::DEFAULT,
+                    false => tl_nn::Rope {
+                        base: 500.0,
+                        layout: tl_nn::RopeLayout::Halves,
+                    },
+                });
+                let head_dim = if rope.is_some() {
+                    head_dim + head_dim % 2
+                } else {
+                    head_dim
+                };
                 let d = heads * head_dim;
                 let b = batch.unwrap_or(1);
                 let mem: Vec<usize> = batch.iter().copied().chain([nk, d]).collect();
                 (
-                    Just((heads, head_dim, nq, nk, batch)),
+                    Just((heads, head_dim, nq, nk, batch, rope)),
                     values(mem, -1.5, 1.5),
                     prop::option::of(prop::collection::vec(any::<bool>(), b * nk)),
                 )
             })
-            .prop_map(|((heads, head_dim, nq, nk, batch), memory, keep)| {
+            .prop_map(|((heads, head_dim, nq, nk, batch, rope), memory, keep)| {
                 // Each batch element keeps one key at least (else the layer refuses it).
                 let keep = keep.map(|mut k| {
                     for row in k.chunks_mut(nk) {
@@ -1404,6 +1429,7 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                     batch,
                     memory,
                     keep,
+                    rope,
                 }
             })
             .boxed(),

@@ -2,9 +2,12 @@
 //! layer check (`nn::LayerSpec::CrossAttention`), written another way than the layer composes
 //! it: each batch element and each head on its own, the head's columns picked by a 0/1 matrix
 //! (where the layer reshapes and swaps axes), the heads put back by its transpose and summed,
-//! the batch elements joined by `concat`.
+//! the batch elements joined by `concat`; rotary position embeddings as one block-diagonal
+//! matrix of 2×2 rotations on each head's flattened (n·dh) queries and keys, where the layer
+//! multiplies by cosine and sine tables and a pair-swapping matrix.
 
 use tl_ir::{GraphBuilder, Id, Op};
+use tl_nn::{Rope, RopeLayout};
 use tl_spec::{Shape, Tensor};
 
 /// A masked score's additive bias (the layer's too: a weight of 0 in f32 and f64).
@@ -23,6 +26,41 @@ pub struct CrossSizes {
     pub nk: usize,
     /// Batch size, if the inputs have a batch axis.
     pub batch: Option<usize>,
+    /// Rotary position embeddings of the queries and keys.
+    pub rope: Option<Rope>,
+}
+
+/// The (n·dh, n·dh) matrix that rotates a head's flattened rows: at position p, the pair
+/// (j₁, j₂) of angle index k turns by `p·base^(−2k/dh)`, `(x₁, x₂) ↦ (x₁ cos − x₂ sin,
+/// x₂ cos + x₁ sin)`, as row vector times matrix.
+fn rotation(rope: Rope, n: usize, dh: usize) -> Tensor<f64> {
+    let pairs: Vec<(usize, usize, usize)> = (0..dh / 2)
+        .map(|k| match rope.layout {
+            RopeLayout::Interleaved => (2 * k, 2 * k + 1, k),
+            RopeLayout::Halves => (k, k + dh / 2, k),
+        })
+        .collect();
+    let w = n * dh;
+    let mut r = vec![0.0; w * w];
+    for p in 0..n {
+        for &(a, b, k) in &pairs {
+            let phi = p as f64 * rope.base.powf(-2.0 * k as f64 / dh as f64);
+            let (ia, ib) = (p * dh + a, p * dh + b);
+            r[ia * w + ia] = phi.cos();
+            r[ib * w + ia] = -phi.sin();
+            r[ib * w + ib] = phi.cos();
+            r[ia * w + ib] = phi.sin();
+        }
+    }
+    Tensor::new([w, w], r).expect("sized")
+}
+
+/// `t` (n, dh) rotated by [`rotation`]: flattened to one row, times the matrix, back.
+fn rotated(b: &mut GraphBuilder, rope: Rope, t: Id, n: usize, dh: usize) -> tl_ir::Result<Id> {
+    let row = b.apply(Op::Reshape(Shape::new(&[1, n * dh])), &[t])?;
+    let r = b.apply(Op::Constant(rotation(rope, n, dh)), &[])?;
+    let turned = b.apply(Op::Matmul, &[row, r])?;
+    b.apply(Op::Reshape(Shape::new(&[n, dh])), &[turned])
 }
 
 /// `softmax(Q_h·K_hᵀ/√dh + bias)·V_h` per batch element and head, summed back into the model
@@ -71,8 +109,12 @@ pub fn cross_attention_ref(
             });
             let put = tl_spec::ops::shape::transpose2d(&pick).expect("2-D");
             let pick = b.apply(Op::Constant(pick), &[])?;
-            let qh = b.apply(Op::Matmul, &[q, pick])?;
-            let kh = b.apply(Op::Matmul, &[k, pick])?;
+            let mut qh = b.apply(Op::Matmul, &[q, pick])?;
+            let mut kh = b.apply(Op::Matmul, &[k, pick])?;
+            if let Some(rope) = s.rope {
+                qh = rotated(b, rope, qh, nq, dh)?;
+                kh = rotated(b, rope, kh, nk, dh)?;
+            }
             let vh = b.apply(Op::Matmul, &[v, pick])?;
             let kt = b.apply(Op::Transpose2d, &[kh])?;
             let scores = b.apply(Op::Matmul, &[qh, kt])?;

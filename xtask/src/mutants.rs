@@ -117,6 +117,7 @@ impl Harness {
                 // tl-nn's own layers:: tests and the harness's nn_layers::.
                 "layers::",
                 "cross_attention",
+                "rotary",
                 "activations::",
                 "losses::",
                 "session_state::",

@@ -7,7 +7,8 @@ use tl_spec::ops::concat::{concat, slice};
 use tl_spec::ops::shape::transpose2d;
 
 use super::At;
-use crate::display::py_bool;
+use super::rope::Rope;
+use crate::display::{py_bool, py_float};
 use crate::error::usage;
 use crate::{Init, Module, Parameters, Result, Runtime, Var, Vars};
 
@@ -41,6 +42,10 @@ pub struct MultiHeadAttention {
     /// [`FLASH_MAX_HEAD`](tl_tape_cuda::device::FLASH_MAX_HEAD) (128), else `false` (the
     /// composed path, which takes any head size). [`with_flash`](Self::with_flash) sets it.
     pub flash: bool,
+    /// Rotary position embeddings of the queries and keys ([`with_rope`](Self::with_rope));
+    /// `None` by default. With them every pass runs the composed attention of
+    /// [`forward_qkv`](Self::forward_qkv) (the catalogue's attention op has no rotation).
+    pub rope: Option<Rope>,
 }
 
 impl MultiHeadAttention {
@@ -64,7 +69,18 @@ impl MultiHeadAttention {
             heads,
             causal,
             flash: d / heads <= tl_tape_cuda::device::FLASH_MAX_HEAD,
+            rope: None,
         })
+    }
+
+    /// The same layer with rotary position embeddings `rope` on its queries and keys (an
+    /// error for an odd head size or a base that is not finite and > 1). LLaMA's attention is
+    /// `MultiHeadAttention::new(vars, d, heads, true)?.with_rope(Rope { base: 10000.0,
+    /// layout: RopeLayout::Halves })?` on Hugging Face's weight layout.
+    pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
+        rope.check(self.wq.shape().dims()[0] / self.heads)?;
+        self.rope = Some(rope);
+        Ok(self)
     }
 
     /// The same layer with the core fused (`true`) or composed (`false`). Fused with a head
@@ -95,11 +111,32 @@ impl MultiHeadAttention {
         let (heads, fused) = (self.heads, self.flash);
         let at = At::new(g.rt, self, &self.wq);
         let d = self.wq.shape().dims()[0];
-        if !matches!(x.dims(), [_, w] | [_, _, w] if *w == d) {
-            return Err(at.input(format!(
-                "input {} must be (n, {d}) or (B, n, {d}): tokens of width {d}",
-                x.shape()
-            )));
+        let (batch, n) = match x.dims() {
+            [n, w] if *w == d => (None, *n),
+            [b, n, w] if *w == d => (Some(*b), *n),
+            _ => {
+                return Err(at.input(format!(
+                    "input {} must be (n, {d}) or (B, n, {d}): tokens of width {d}",
+                    x.shape()
+                )));
+            }
+        };
+        if self.rope.is_some() {
+            if let Some(m) = &mask
+                && m.n() != n
+            {
+                return Err(at.input(format!(
+                    "the mask is {0}×{0}, the input has {n} positions",
+                    m.n()
+                )));
+            }
+            let allowed = mask
+                .as_ref()
+                .map(|m| move |_: usize, i: usize, j: usize| m.allowed(i, j));
+            let allowed = allowed
+                .as_ref()
+                .map(|a| a as &super::cross_attention::Allowed<'_>);
+            return self.composed((x, x, x), (batch, n, n), allowed, &at);
         }
         q.op("MultiHeadAttention::forward", &[&k, &v, &o, x], |s| {
             s.multi_head_attention(
@@ -124,8 +161,12 @@ impl Parameters for MultiHeadAttention {
         }
     }
     fn extra_repr(&self) -> String {
+        let rope = match &self.rope {
+            Some(r) => format!(", rope=(base={}, {:?})", py_float(r.base), r.layout),
+            None => String::new(),
+        };
         format!(
-            "embed_dim={}, num_heads={}, bias=False, causal={}",
+            "embed_dim={}, num_heads={}, bias=False, causal={}{rope}",
             self.wq.shape().dims()[0],
             self.heads,
             py_bool(self.causal)

@@ -2,7 +2,7 @@
 //! (cross-attention: a decoder over an encoder's memory), composed from catalogue ops.
 
 use tl_session::Train;
-use tl_spec::Tensor;
+use tl_spec::{Scalar, Tensor};
 
 use super::{At, MultiHeadAttention};
 use crate::{Result, Var};
@@ -18,8 +18,9 @@ impl MultiHeadAttention {
     /// d); `key` and `value` are (nk, d) or (B, nk, d), the same rank and batch as `query`.
     /// `key_keep` (true = attend) masks keys: nk values shared by the batch, or B·nk (batch
     /// element b's keys at b·nk..); with [`causal`](Self::causal), query i sees keys j ≤ i
-    /// (nq = nk). A query left with no key to attend to is an error (PyTorch gives NaN). The
-    /// output has `query`'s shape. PyTorch: `mha(query, key, value, key_padding_mask=~keep,
+    /// (nq = nk). A query left with no key to attend to is an error (PyTorch gives NaN). With
+    /// [`rope`](Self::rope), queries and keys are rotated by their positions (0, 1, … along
+    /// each). The output has `query`'s shape. PyTorch: `mha(query, key, value, key_padding_mask=~keep,
     /// need_weights=False)` with `nn.MultiheadAttention(d, heads, bias=False,
     /// batch_first=True)`.
     ///
@@ -40,7 +41,47 @@ impl MultiHeadAttention {
         let d = self.wq.shape().dims()[0];
         let (batch, nq, nk) = qkv_shapes(d, query, key, value, &at)?;
         let b = batch.unwrap_or(1);
-        let bias = self.score_bias(b, nq, nk, key_keep, &at)?;
+        if self.causal && nq != nk {
+            return Err(at.input(format!(
+                "a causal layer attends {nq} queries over {nk} keys: causal needs as many of each"
+            )));
+        }
+        if let Some(keep) = key_keep
+            && keep.len() != nk
+            && keep.len() != b * nk
+        {
+            return Err(at.input(format!(
+                "key_keep has {} value(s): need {nk} (one per key) or {} (per batch element)",
+                keep.len(),
+                b * nk
+            )));
+        }
+        let allowed = |bi: usize, i: usize, j: usize| {
+            let kept = key_keep.is_none_or(|k| if k.len() == nk { k[j] } else { k[bi * nk + j] });
+            kept && (!self.causal || j <= i)
+        };
+        let masked = key_keep.is_some() || self.causal;
+        let allowed: Option<&Allowed<'_>> = masked.then_some(&allowed);
+        self.composed((query, key, value), (batch, nq, nk), allowed, &at)
+    }
+
+    /// The attention composed from catalogue ops (see [`forward_qkv`](Self::forward_qkv)), the
+    /// shapes checked: `allowed(b, i, j)` says whether query i of batch element b may attend
+    /// to key j (`None`: every key), and the queries and keys are rotated first with
+    /// [`rope`](Self::rope).
+    pub(super) fn composed<'g, O: Train>(
+        &self,
+        (query, key, value): (&Var<'g, O>, &Var<'g, O>, &Var<'g, O>),
+        (batch, nq, nk): (Option<usize>, usize, usize),
+        allowed: Option<&Allowed<'_>>,
+        at: &At<'_, O>,
+    ) -> Result<Var<'g, O>> {
+        let g = query.scope();
+        let d = self.wq.shape().dims()[0];
+        let b = batch.unwrap_or(1);
+        let bias = allowed
+            .map(|allowed| score_bias::<O>(b, nq, nk, allowed, at))
+            .transpose()?;
         let (h, dh) = (self.heads, d / self.heads);
         let y = || -> Result<Var<'g, O>> {
             // (B·n, d)·W → (B, n, h, dh) → (B, h, n, dh) → (B·h, n, dh).
@@ -51,9 +92,13 @@ impl MultiHeadAttention {
                     .swap_adjacent(1)?
                     .reshape(&[b * h, n, dh])
             };
-            let q = split(query, &self.wq, nq)?;
-            let k = split(key, &self.wk, nk)?;
+            let mut q = split(query, &self.wq, nq)?;
+            let mut k = split(key, &self.wk, nk)?;
             let v = split(value, &self.wv, nk)?;
+            if let Some(rope) = &self.rope {
+                q = rope.rotate(&q)?;
+                k = rope.rotate(&k)?;
+            }
             let mut scores = q
                 .bmm(&k.swap_last_two()?)?
                 .scale(1.0 / (dh as f64).sqrt())?;
@@ -76,56 +121,37 @@ impl MultiHeadAttention {
         };
         y().map_err(|e| at.op_error(e))
     }
+}
 
-    /// The scores' additive mask, (B, 1, nq, nk): 0 where query i may attend to key j
-    /// (`key_keep` and, when causal, j ≤ i), [`MASKED`] elsewhere; `None` without a mask. An
-    /// error for a `key_keep` of another length, a causal layer with nq ≠ nk, and a query with
-    /// no key left.
-    fn score_bias<T: tl_spec::Scalar>(
-        &self,
-        b: usize,
-        nq: usize,
-        nk: usize,
-        key_keep: Option<&[bool]>,
-        at: &At<'_, impl Train>,
-    ) -> Result<Option<Tensor<T>>> {
-        if self.causal && nq != nk {
-            return Err(at.input(format!(
-                "a causal layer attends {nq} queries over {nk} keys: causal needs as many of each"
-            )));
-        }
-        if let Some(keep) = key_keep
-            && keep.len() != nk
-            && keep.len() != b * nk
-        {
-            return Err(at.input(format!(
-                "key_keep has {} value(s): need {nk} (one per key) or {} (per batch element)",
-                keep.len(),
-                b * nk
-            )));
-        }
-        if key_keep.is_none() && !self.causal {
-            return Ok(None);
-        }
-        let allowed = |bi: usize, i: usize, j: usize| {
-            let kept = key_keep.is_none_or(|k| if k.len() == nk { k[j] } else { k[bi * nk + j] });
-            kept && (!self.causal || j <= i)
-        };
-        for bi in 0..b {
-            for i in 0..nq {
-                if !(0..nk).any(|j| allowed(bi, i, j)) {
-                    return Err(at.input(format!(
-                        "query {i} of batch element {bi} has no key to attend to (key_keep masks them all)"
-                    )));
-                }
+/// Whether query i of batch element b may attend to key j: `allowed(b, i, j)`.
+pub(super) type Allowed<'a> = dyn Fn(usize, usize, usize) -> bool + 'a;
+
+/// The scores' additive mask, (B, 1, nq, nk): 0 where `allowed`, [`MASKED`] elsewhere; an
+/// error naming the layer for a query with no key left.
+fn score_bias<O: Train>(
+    b: usize,
+    nq: usize,
+    nk: usize,
+    allowed: &Allowed<'_>,
+    at: &At<'_, O>,
+) -> Result<Tensor<O::T>> {
+    for bi in 0..b {
+        for i in 0..nq {
+            if !(0..nk).any(|j| allowed(bi, i, j)) {
+                return Err(at.input(format!(
+                    "query {i} of batch element {bi} has no key to attend to (the mask hides them all)"
+                )));
             }
         }
-        let bias = Tensor::try_from_fn("MultiHeadAttention::forward_qkv", [b, 1, nq, nk], |e| {
-            let (bi, i, j) = (e / (nq * nk), e / nk % nq, e % nk);
-            T::lit(if allowed(bi, i, j) { 0.0 } else { MASKED })
-        })?;
-        Ok(Some(bias))
     }
+    Ok(Tensor::try_from_fn(
+        "MultiHeadAttention (composed)",
+        [b, 1, nq, nk],
+        |e| {
+            let (bi, i, j) = (e / (nq * nk), e / nk % nq, e % nk);
+            O::T::lit(if allowed(bi, i, j) { 0.0 } else { MASKED })
+        },
+    )?)
 }
 
 /// The batch (None: unbatched), query count and key count of `forward_qkv`'s operands: query

@@ -16,6 +16,7 @@ mod norm;
 mod pool;
 mod resample;
 mod rnn;
+mod rope;
 mod spectral;
 mod upsample;
 
@@ -31,6 +32,7 @@ pub use list::ModuleList;
 pub use norm::{BatchNorm, GroupNorm, LayerNorm, RmsNorm};
 pub use pool::{AvgPool, MaxPool};
 pub use rnn::{Gru, Lstm, RnnConfig, RnnWeights};
+pub use rope::{Rope, RopeLayout};
 pub use spectral::SpectralConv1d;
 pub use upsample::Upsample;
 

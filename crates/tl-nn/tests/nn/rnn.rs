@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use tl_nn::checkpoint;
 use tl_nn::{
     Embedding, Gru, Linear, Lstm, Module, ModuleList, MultiHeadAttention, Parameters, Result,
-    RnnConfig, Runtime, Scope, Var,
+    RnnConfig, Rope, RopeLayout, Runtime, Scope, Var,
 };
 use tl_session::{Backend, Optimizer, Param, Train};
 use tl_spec::{Scalar, Tensor};
@@ -881,5 +881,99 @@ fn cross_attention_of_one_input_is_self_attention() {
     assert!(
         e.contains("causal") && e.contains("3 queries over 5 keys"),
         "{e}"
+    );
+}
+
+/// Rotary position embeddings (`with_rope`) on the `mha` fixture's self-attention of x (2, 5,
+/// 8): PyTorch's outputs and gradients (x, both weights in the fused layout) for the
+/// interleaved pairs with the causal mask (base 10000, torchtune's complex rotation) and for
+/// the halves without a mask (base 500, Hugging Face's `rotate_half`), fixture `mha_rope`, on
+/// the eager CPU (f64, f32), CUDA-sim and linked sessions; an odd head size or a bad base is
+/// an error, and the layer prints its rotation.
+#[test]
+fn rotary_attention_gives_pytorchs_values_and_gradients() {
+    fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
+        let e = expected("mha_rope");
+        let w: Tensor<O::T> = cast(&e["weight"]);
+        let cases = [
+            ("interleaved", true, Rope::DEFAULT),
+            (
+                "halves",
+                false,
+                Rope {
+                    base: 500.0,
+                    layout: RopeLayout::Halves,
+                },
+            ),
+        ];
+        for (name, causal, rope) in cases {
+            let mha = mha_from_fixture(&rt, name, causal).with_rope(rope).unwrap();
+            let x = rt
+                .vars()
+                .param_from(&format!("x_{name}"), cast(&e["input"]), true)
+                .unwrap();
+            let model = Cross {
+                q: x.clone(),
+                m: x.clone(),
+                mha: mha.clone(),
+            };
+            let at = |k: &str| format!("{k}_{name} ({})", O::T::NAME);
+            let out = rt.eval(&model, |g| mha.forward(&g.param(&x)?)).unwrap();
+            let d = max_diff(&out, &e[&format!("output_{name}")]);
+            assert!(d < tol, "{}: max diff {d}", at("output"));
+            let params = [&x, &mha.wq, &mha.wk, &mha.wv, &mha.wo];
+            let before: Vec<Tensor<O::T>> =
+                params.iter().map(|p| rt.value_of(p).unwrap()).collect();
+            let mut opt = Optimizer::sgd(1.0).unwrap();
+            rt.step(&model, &mut opt, |g| {
+                (&mha.forward(&g.param(&x)?)? * &g.input(w.clone())?)?.sum()
+            })
+            .unwrap();
+            let grads: Vec<Tensor<f64>> = params
+                .iter()
+                .zip(&before)
+                .map(|(p, b)| {
+                    let a = rt.value_of(p).unwrap();
+                    let data = b.data().iter().zip(a.data());
+                    let data = data.map(|(b, a)| b.as_f64() - a.as_f64()).collect();
+                    Tensor::new(b.shape().clone(), data).unwrap()
+                })
+                .collect();
+            let close = |got: &Tensor<f64>, key: &str| {
+                let d = max_diff(got, &e[&format!("{key}_{name}")]);
+                assert!(d < tol, "{}: max diff {d}", at(key));
+            };
+            close(&grads[0], "grad_input");
+            let t = |g: &Tensor<f64>| tl_spec::ops::shape::transpose2d(g).unwrap();
+            let in_proj = [t(&grads[1]), t(&grads[2]), t(&grads[3])]
+                .iter()
+                .flat_map(|g| g.data().to_vec())
+                .collect();
+            close(&Tensor::new([24, 8], in_proj).unwrap(), "grad_in_proj");
+            close(&t(&grads[4]), "grad_out_proj");
+        }
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::Cpu, 0), 1e-5);
+    check(eager::<f32>(Backend::CudaSim, 0), 1e-5);
+    check(linked::<f64>(0), 1e-12);
+    // Bad settings name the layer; the rotation prints.
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let odd = MultiHeadAttention::new(&rt.vars().pp("odd"), 6, 2, false).unwrap();
+    let e = odd.with_rope(Rope::DEFAULT).unwrap_err().to_string();
+    assert!(e.contains("with_rope") && e.contains("head size 3"), "{e}");
+    let even = MultiHeadAttention::new(&rt.vars().pp("even"), 8, 2, false).unwrap();
+    for base in [1.0, f64::NAN] {
+        let rope = Rope {
+            base,
+            layout: RopeLayout::Interleaved,
+        };
+        let e = even.clone().with_rope(rope).unwrap_err().to_string();
+        assert!(e.contains("base"), "{e}");
+    }
+    let roped = even.with_rope(Rope::DEFAULT).unwrap();
+    assert_eq!(
+        tl_nn::tree(&roped).to_string(),
+        "MultiHeadAttention(embed_dim=8, num_heads=2, bias=False, causal=False, rope=(base=10000.0, Interleaved))"
     );
 }
