@@ -1,4 +1,5 @@
-//! [`MultiHeadAttention`]: self-attention with `heads` heads and no biases.
+//! [`MultiHeadAttention`]: self-attention with `heads` heads and no biases (its
+//! cross-attention and rotary embeddings: `cross_attention.rs`, `rope.rs`).
 
 use tl_session::{Param, Train};
 use tl_spec::Tensor;
@@ -18,6 +19,9 @@ use crate::{Init, Module, Parameters, Result, Runtime, Var, Vars};
 /// Xavier-uniform (as PyTorch's `in_proj_weight`), Wo `kaiming_uniform(a=√5)`. A mask (true =
 /// allowed) is shared by the batch: causal, key padding, or any (n, n) pattern. PyTorch:
 /// `nn.MultiheadAttention(d, heads, bias=False, batch_first=True)` with `attn_mask`.
+/// [`forward_qkv`](Self::forward_qkv) attends over separate keys and values
+/// (cross-attention), and [`with_rope`](Self::with_rope) rotates queries and keys by their
+/// positions.
 ///
 /// The attention core runs fused by default ([`flash`](Self::flash), the seeds' `useFlash :=
 /// true`): on the CUDA tape the flash kernels (kernels/attention.cu: O(n·d) device memory per
@@ -44,7 +48,8 @@ pub struct MultiHeadAttention {
     pub flash: bool,
     /// Rotary position embeddings of the queries and keys ([`with_rope`](Self::with_rope));
     /// `None` by default. With them every pass runs the composed attention of
-    /// [`forward_qkv`](Self::forward_qkv) (the catalogue's attention op has no rotation).
+    /// [`forward_qkv`](Self::forward_qkv) (the catalogue's attention op has no rotation),
+    /// where a query whose mask hides every key is an error (the op gives it zeros).
     pub rope: Option<Rope>,
 }
 
@@ -74,9 +79,10 @@ impl MultiHeadAttention {
     }
 
     /// The same layer with rotary position embeddings `rope` on its queries and keys (an
-    /// error for an odd head size or a base that is not finite and > 1). LLaMA's attention is
+    /// error for an odd head size or a base that is not finite and > 1). A LLaMA-style
+    /// attention with Hugging Face's weight layout (one key head per query head):
     /// `MultiHeadAttention::new(vars, d, heads, true)?.with_rope(Rope { base: 10000.0,
-    /// layout: RopeLayout::Halves })?` on Hugging Face's weight layout.
+    /// layout: RopeLayout::Halves })?`.
     pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
         rope.check(self.wq.shape().dims()[0] / self.heads)?;
         self.rope = Some(rope);

@@ -20,15 +20,16 @@ impl MultiHeadAttention {
     /// element b's keys at b·nk..); with [`causal`](Self::causal), query i sees keys j ≤ i
     /// (nq = nk). A query left with no key to attend to is an error (PyTorch gives NaN). With
     /// [`rope`](Self::rope), queries and keys are rotated by their positions (0, 1, … along
-    /// each). The output has `query`'s shape. PyTorch: `mha(query, key, value, key_padding_mask=~keep,
-    /// need_weights=False)` with `nn.MultiheadAttention(d, heads, bias=False,
-    /// batch_first=True)`.
+    /// each). The output has `query`'s shape. PyTorch: `mha(query, key, value,
+    /// key_padding_mask=~keep, need_weights=False)` with `nn.MultiheadAttention(d, heads,
+    /// bias=False, batch_first=True)`.
     ///
     /// Composed from `matmul`, `swapAdjacent`, `bmm`, `softmax` and a constant score bias for
     /// the mask (the attention op of the catalogue, which [`forward`](crate::Module::forward)
-    /// runs, takes one input), so it runs on every backend and in the linked session; with
-    /// `query` = `key` = `value` it is the layer's forward within rounding
-    /// (`tests/nn/rnn.rs`, beside PyTorch's values and gradients).
+    /// runs, takes one input), so it runs on every backend and in the linked session, and
+    /// keeps the (B·heads, nq, nk) scores where the fused op does not; with `query` = `key` =
+    /// `value` it is the layer's forward within rounding (`tests/nn/rnn.rs`, beside PyTorch's
+    /// values and gradients).
     pub fn forward_qkv<'g, O: Train>(
         &self,
         query: &Var<'g, O>,
