@@ -26,10 +26,11 @@ pub enum KlReduction {
 /// The Kullback–Leibler divergence's terms of `target` (probabilities q, or their logs with
 /// `log_target`) from `input` (the log-probabilities log p, the same shape):
 /// `ℓ = q·(ln q − log p)`, with `0·ln 0 = 0` (PyTorch's `xlogy`), or with `log_target`
-/// `ℓ = e^t·(t − log p)`; reduced by `reduction`. A target of exactly 0 contributes 0 and
-/// `−log p` to the gradient of `input`; its own gradient there is `ln(1e-30) − log p` where
-/// PyTorch gives `−log p` (`ln q` is taken of q clamped to 1e-30, so that 0 is no error). A
-/// negative target is not checked (PyTorch gives NaN): its log is clamped as for 0. PyTorch:
+/// `ℓ = e^t·(t − log p)`; reduced by `reduction`. A target of exactly 0 adds 0 to the loss
+/// and to the input's gradient (`−q`); the target's own gradient there is `ln(1e-30) − log p`
+/// where PyTorch gives `−log p` (`ln q` is taken of q clamped to 1e-30, so that 0 is no
+/// error). A negative target is not checked (PyTorch gives NaN): its log is clamped as for 0.
+/// PyTorch:
 /// `F.kl_div(input, target, reduction=…, log_target=…)` (`nn.KLDivLoss`).
 pub fn kl_div<'g, O: Train>(
     input: &Var<'g, O>,

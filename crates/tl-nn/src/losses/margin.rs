@@ -5,7 +5,7 @@
 //! The targets of the hinge and cosine embedding losses are 1 or −1; such a loss is written
 //! `a·(the y = 1 branch) + b·(the y = −1 branch)` with `a = (1 + y)/2`, `b = (1 − y)/2`, which
 //! is PyTorch's value and gradient for y = ±1 (another target value gives the blend, where
-//! PyTorch adds the branches whose test it fails).
+//! PyTorch's hinge loss adds both branches and its cosine loss neither).
 
 use tl_session::Train;
 

@@ -100,8 +100,8 @@ fn finite(what: &'static str, name: &str, v: f64) -> Result<()> {
     }
 }
 
-/// The smallest positive value every element type holds as a normal number (f32's least
-/// normal is 1.2e-38): the lower clamp before a `log` of a value that may be 0.
+/// A small positive value every element type holds as a normal number (f32's least normal is
+/// 1.2e-38): the lower clamp before a `log` of a value that may be 0.
 const TINY: f64 = 1e-30;
 
 /// The largest f64, the upper bound of a one-sided clamp (the op needs finite bounds; in f32
