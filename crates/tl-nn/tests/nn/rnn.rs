@@ -813,7 +813,7 @@ fn cross_attention_of_one_input_is_self_attention() {
         let weights: Vec<Tensor<f64>> = [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
             .map(|w| rt.value_of(w).unwrap())
             .to_vec();
-        let grad = |rt: &mut Runtime<_>, composed: bool| {
+        let grad = |rt: &mut Runtime<tl_session::Session<f64>>, composed: bool| {
             let before = rt.value_of(&p).unwrap();
             let mut opt = Optimizer::sgd(1.0).unwrap();
             rt.step(&model, &mut opt, |g| {
@@ -839,7 +839,7 @@ fn cross_attention_of_one_input_is_self_attention() {
                 .data()
                 .iter()
                 .zip(after.data())
-                .map(|(b, a)| b - a)
+                .map(|(b, a): (&f64, &f64)| b - a)
                 .collect();
             d
         };
