@@ -94,10 +94,14 @@ pub fn binary_cross_entropy<'g, O: Train>(
     same_shape(what, input, target)?;
     let log_p = clamped_log(input)?;
     let log_q = clamped_log(&input.scale(-1.0)?.add_scalar(1.0)?)?;
-    // y·ln x + (1 − y)·ln(1 − x) as y·(ln x − ln(1 − x)) + ln(1 − x).
-    let ll = (&(target * &(&log_p - &log_q)?)? + &log_q)?;
+    let ll = mix(target, &log_p, &log_q)?;
     let loss = weighted(what, ll.scale(-1.0)?, weight, input)?;
     reduction.apply(loss)
+}
+
+/// `y·a + (1 − y)·b` of the binary losses, as `y·(a − b) + b` (one product).
+fn mix<'g, O: Train>(y: &Var<'g, O>, a: &Var<'g, O>, b: &Var<'g, O>) -> Result<Var<'g, O>> {
+    &(y * &(a - b)?)? + b
 }
 
 /// The multi-label one-versus-all loss of `input` ((rows, classes), or (classes) for one row)
@@ -128,7 +132,7 @@ pub fn multilabel_soft_margin_loss<'g, O: Train>(
     };
     let on = input.scale(-1.0)?.softplus()?;
     let off = input.softplus()?;
-    let terms = (&(target * &(&on - &off)?)? + &off)?;
+    let terms = mix(target, &on, &off)?;
     let terms = weighted(what, terms, weight, input)?;
     let rows = match input.dims().len() {
         1 => terms.sum()?,

@@ -682,6 +682,38 @@ impl Parameters for Cross {
     }
 }
 
+/// The gradients of `loss` with respect to `params` (f64), by one SGD step of lr 1 on `model`:
+/// each is the parameter's value before the step minus after.
+fn sgd_gradients<O: Train>(
+    rt: &mut Runtime<O>,
+    model: &impl Parameters,
+    params: &[&Param],
+    loss: impl for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+) -> Vec<Tensor<f64>> {
+    let before: Vec<Tensor<O::T>> = params.iter().map(|p| rt.value_of(p).unwrap()).collect();
+    let mut opt = Optimizer::sgd(1.0).unwrap();
+    rt.step(model, &mut opt, loss).unwrap();
+    params
+        .iter()
+        .zip(&before)
+        .map(|(p, b)| {
+            let a = rt.value_of(p).unwrap();
+            let data = b.data().iter().zip(a.data());
+            let data = data.map(|(b, a)| b.as_f64() - a.as_f64()).collect();
+            Tensor::new(b.shape().clone(), data).unwrap()
+        })
+        .collect()
+}
+
+/// The gradients of Wq, Wk, Wv, Wo (each (d, d), applied as `x·W`) in PyTorch's fused layout:
+/// `in_proj_weight` = [Wqᵀ; Wkᵀ; Wvᵀ] (3d, d) and `out_proj.weight` = Woᵀ.
+fn fused_layout(w: &[Tensor<f64>]) -> (Tensor<f64>, Tensor<f64>) {
+    let t = |g: &Tensor<f64>| tl_spec::ops::shape::transpose2d(g).unwrap();
+    let d = w[0].shape().dims()[0];
+    let in_proj = w[..3].iter().flat_map(|g| t(g).data().to_vec()).collect();
+    (Tensor::new([3 * d, d], in_proj).unwrap(), t(&w[3]))
+}
+
 /// Cross-attention, queries (2, 3, 8) over a memory (2, 5, 8) with PyTorch's weights
 /// (`nn.MultiheadAttention(8, 2, bias=False, batch_first=True)`, fixture `mha_cross` from
 /// make_rnn_fixtures.py): the output and the gradients of Σ w·out with respect to the queries,
@@ -721,45 +753,18 @@ fn cross_attention_gives_pytorchs_values_and_gradients() {
             let d = max_diff(&out, &e[&format!("output{suffix}")]);
             assert!(d < tol, "{}: max diff {d}", at("output"));
             let params = [&model.q, &model.m, ws[0], ws[1], ws[2], ws[3]];
-            let before: Vec<Tensor<O::T>> =
-                params.iter().map(|p| rt.value_of(p).unwrap()).collect();
-            let mut opt = Optimizer::sgd(1.0).unwrap();
-            rt.step(&model, &mut opt, |g| {
+            let grads = sgd_gradients(&mut rt, &model, &params, |g| {
                 (&attend(&model, g, keep)? * &g.input(w.clone())?)?.sum()
-            })
-            .unwrap();
-            // SGD with lr 1: each gradient is before − after.
-            let grads: Vec<Tensor<f64>> = params
-                .iter()
-                .zip(&before)
-                .map(|(p, b)| {
-                    let a = rt.value_of(p).unwrap();
-                    let data = b
-                        .data()
-                        .iter()
-                        .zip(a.data())
-                        .map(|(b, a)| b.as_f64() - a.as_f64());
-                    Tensor::new(b.shape().clone(), data.collect()).unwrap()
-                })
-                .collect();
+            });
             let close = |got: &Tensor<f64>, key: &str| {
                 let d = max_diff(got, &e[&format!("{key}{suffix}")]);
                 assert!(d < tol, "{}: max diff {d}", at(key));
             };
             close(&grads[0], "grad_query");
             close(&grads[1], "grad_memory");
-            // PyTorch's in_proj_weight is [Wqᵀ; Wkᵀ; Wvᵀ] and out_proj.weight Woᵀ.
-            let t = |g: &Tensor<f64>| tl_spec::ops::shape::transpose2d(g).unwrap();
-            let in_proj = Tensor::new(
-                [24, 8],
-                [t(&grads[2]), t(&grads[3]), t(&grads[4])]
-                    .iter()
-                    .flat_map(|g| g.data().to_vec())
-                    .collect(),
-            )
-            .unwrap();
+            let (in_proj, out_proj) = fused_layout(&grads[2..]);
             close(&in_proj, "grad_in_proj");
-            close(&t(&grads[5]), "grad_out_proj");
+            close(&out_proj, "grad_out_proj");
         }
     }
     check(eager::<f64>(Backend::Cpu, 0), 1e-12);
@@ -769,8 +774,8 @@ fn cross_attention_gives_pytorchs_values_and_gradients() {
 }
 
 /// With the queries, keys and values one input, `forward_qkv` is the layer's forward (the
-/// catalogue's attention op) within rounding, values and gradients, with and without the
-/// causal mask; its bad inputs are errors naming the layer.
+/// catalogue's attention op) within rounding, values and the gradients of the input and every
+/// weight, with and without the causal mask; its bad inputs are errors naming the layer.
 #[test]
 fn cross_attention_of_one_input_is_self_attention() {
     let mut rt = eager::<f64>(Backend::Cpu, 0);
@@ -810,13 +815,11 @@ fn cross_attention_of_one_input_is_self_attention() {
             })
             .unwrap();
         assert!(max_diff(&want, &padded) < 1e-12, "causal {causal}, padded");
-        let weights: Vec<Tensor<f64>> = [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
-            .map(|w| rt.value_of(w).unwrap())
-            .to_vec();
-        let grad = |rt: &mut Runtime<tl_session::Session<f64>>, composed: bool| {
-            let before = rt.value_of(&p).unwrap();
-            let mut opt = Optimizer::sgd(1.0).unwrap();
-            rt.step(&model, &mut opt, |g| {
+        // The gradients of x and of the four weights, each path from the same values.
+        let params = [&p, &mha.wq, &mha.wk, &mha.wv, &mha.wo];
+        let start: Vec<Tensor<f64>> = params.iter().map(|q| rt.value_of(q).unwrap()).collect();
+        let mut grads = |composed: bool| {
+            let grads = sgd_gradients(&mut rt, &model, &params, |g| {
                 let x = g.param(&p)?;
                 let y = if composed {
                     mha.forward_qkv(&x, &x, &x, None)?
@@ -824,35 +827,17 @@ fn cross_attention_of_one_input_is_self_attention() {
                     mha.forward(&x)?
                 };
                 (&y * &y)?.sum()
-            })
-            .unwrap();
-            let after = rt.value_of(&p).unwrap();
-            // The step moved the weights too: put everything back.
-            rt.set_value(&p, before.clone()).unwrap();
-            for (w, v) in [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
-                .into_iter()
-                .zip(&weights)
-            {
-                rt.set_value(w, v.clone()).unwrap();
+            });
+            for (q, v) in params.iter().zip(&start) {
+                rt.set_value(q, v.clone()).unwrap();
             }
-            let d: Vec<f64> = before
-                .data()
-                .iter()
-                .zip(after.data())
-                .map(|(b, a): (&f64, &f64)| b - a)
-                .collect();
-            d
+            grads
         };
-        let (a, b) = (grad(&mut rt, false), grad(&mut rt, true));
-        let worst = a
-            .iter()
-            .zip(&b)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        assert!(
-            worst < 1e-10,
-            "causal {causal}: gradients differ by {worst}"
-        );
+        let (fused, composed) = (grads(false), grads(true));
+        for (k, (a, b)) in fused.iter().zip(&composed).enumerate() {
+            let d = max_diff(a, b);
+            assert!(d < 1e-10, "causal {causal}: gradient {k} differs by {d}");
+        }
     }
     // Bad inputs name the layer and what it needs.
     let mha = mha_from_fixture(&rt, "attn", false);
@@ -922,35 +907,17 @@ fn rotary_attention_gives_pytorchs_values_and_gradients() {
             let d = max_diff(&out, &e[&format!("output_{name}")]);
             assert!(d < tol, "{}: max diff {d}", at("output"));
             let params = [&x, &mha.wq, &mha.wk, &mha.wv, &mha.wo];
-            let before: Vec<Tensor<O::T>> =
-                params.iter().map(|p| rt.value_of(p).unwrap()).collect();
-            let mut opt = Optimizer::sgd(1.0).unwrap();
-            rt.step(&model, &mut opt, |g| {
+            let grads = sgd_gradients(&mut rt, &model, &params, |g| {
                 (&mha.forward(&g.param(&x)?)? * &g.input(w.clone())?)?.sum()
-            })
-            .unwrap();
-            let grads: Vec<Tensor<f64>> = params
-                .iter()
-                .zip(&before)
-                .map(|(p, b)| {
-                    let a = rt.value_of(p).unwrap();
-                    let data = b.data().iter().zip(a.data());
-                    let data = data.map(|(b, a)| b.as_f64() - a.as_f64()).collect();
-                    Tensor::new(b.shape().clone(), data).unwrap()
-                })
-                .collect();
+            });
             let close = |got: &Tensor<f64>, key: &str| {
                 let d = max_diff(got, &e[&format!("{key}_{name}")]);
                 assert!(d < tol, "{}: max diff {d}", at(key));
             };
             close(&grads[0], "grad_input");
-            let t = |g: &Tensor<f64>| tl_spec::ops::shape::transpose2d(g).unwrap();
-            let in_proj = [t(&grads[1]), t(&grads[2]), t(&grads[3])]
-                .iter()
-                .flat_map(|g| g.data().to_vec())
-                .collect();
-            close(&Tensor::new([24, 8], in_proj).unwrap(), "grad_in_proj");
-            close(&t(&grads[4]), "grad_out_proj");
+            let (in_proj, out_proj) = fused_layout(&grads[1..]);
+            close(&in_proj, "grad_in_proj");
+            close(&out_proj, "grad_out_proj");
         }
     }
     check(eager::<f64>(Backend::Cpu, 0), 1e-12);
