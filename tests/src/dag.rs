@@ -415,14 +415,22 @@ impl Dag {
                 let (n, dm) = (sh.dims()[0], sh.dims()[1]);
                 let heads = 1 + usize::from(p % 2);
                 let width = heads * (1 + usize::from(p / 2 % 2));
-                let w = Shape::new(&[dm, width]);
-                let (wq, wk) = (self.adapt(y, &w), self.adapt(z, &w));
-                let wv = self.adapt(x, &w);
-                let wo = self.adapt(y, &Shape::new(&[width, dm]));
                 let mask = (p / 4 % 2 == 1).then(|| Mask::causal(n).unwrap());
                 let fused = p / 8 % 2 == 1;
-                let op = Op::MultiHeadAttention { heads, mask, fused };
-                self.add(op, &[wq, wk, wv, wo, x]);
+                if p / 16 % 2 == 1 {
+                    // The core alone on (n, width) operands.
+                    let s = Shape::new(&[n, width]);
+                    let (q, k, v) = (self.adapt(y, &s), self.adapt(z, &s), self.adapt(x, &s));
+                    let op = Op::ScaledDotProductAttention { heads, mask, fused };
+                    self.add(op, &[q, k, v]);
+                } else {
+                    let w = Shape::new(&[dm, width]);
+                    let (wq, wk) = (self.adapt(y, &w), self.adapt(z, &w));
+                    let wv = self.adapt(x, &w);
+                    let wo = self.adapt(y, &Shape::new(&[width, dm]));
+                    let op = Op::MultiHeadAttention { heads, mask, fused };
+                    self.add(op, &[wq, wk, wv, wo, x]);
+                }
             }
             39 => {
                 // Scores (…, n, n) from x; the mask is causal or, when p is odd, leaves row 0

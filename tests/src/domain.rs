@@ -132,6 +132,7 @@ pub fn kink_margin(op: &Op, x: &[&Tensor<f64>]) -> Option<f64> {
         | BatchMoments
         | MaskedSoftmax { .. }
         | MultiHeadAttention { .. }
+        | ScaledDotProductAttention { .. }
         | Conv { .. }
         | ConvTranspose { .. }
         | AvgPool { .. }

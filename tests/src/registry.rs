@@ -314,6 +314,7 @@ registry! {
     Op::BatchMoments => entry("batchMoments", batch_moments),
     Op::MaskedSoftmax { .. } => entry("maskedSoftmax", masked_softmax),
     Op::MultiHeadAttention { .. } => entry("multiHeadAttention", multi_head_attention),
+    Op::ScaledDotProductAttention { .. } => entry("scaledDotProductAttention", scaled_dot_product_attention),
     Op::Conv { .. } => entry("conv", conv),
     Op::ConvTranspose { .. } => entry("convTranspose", conv_transpose),
     Op::MaxPool { .. } => entry("maxPool", |z| pool(z, PoolKind::Max)),

@@ -303,7 +303,7 @@ pub fn pending_summary(rows: &[Row]) -> Option<String> {
 
 /// Width of the op-name column: fits every registry name and `"dag"` (tested), so the cells of
 /// every row line up under the header.
-pub const NAME_WIDTH: usize = 22;
+pub const NAME_WIDTH: usize = 27;
 /// Width of a cell.
 pub const CELL_WIDTH: usize = 13;
 

@@ -2,11 +2,12 @@
 //!
 //! [`multi_head_attention`] records the same computation as [`Op::MultiHeadAttention`] from
 //! `matmul`, `reshape`, `swapAdjacent`, `swapLastTwo`, `bmm`, `scale` and `maskedSoftmax` (or
-//! `softmax` without a mask). It is the reference the fused op is tested against, and forward
-//! mode through it is the attention op's JVP rule
-//! ([`multi_head_attention_jvp`]).
+//! `softmax` without a mask), [`scaled_dot_product_attention`] its core
+//! ([`Op::ScaledDotProductAttention`]) from the same ops but `matmul`. They are the references
+//! the fused ops are tested against, and forward mode through them is the attention ops' JVP
+//! rule ([`multi_head_attention_jvp`], [`scaled_dot_product_attention_jvp`]).
 
-use tl_spec::ops::attention::{Mask, mha};
+use tl_spec::ops::attention::{Mask, mha, sdpa};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::{GraphBuilder, Id, Op, Result};
@@ -40,12 +41,7 @@ pub fn multi_head_attention(
     let out_shape = fused.infer_shape(&refs)?;
     let (dm, _) = mha::mha_dims([refs[0], refs[1], refs[2], refs[3]], refs[4], heads, mask)?;
     let mha::Dims {
-        batch,
-        n,
-        p,
-        heads,
-        d,
-        ..
+        batch, n, heads, d, ..
     } = dm;
     let sh = |dims: &[usize]| Op::Reshape(Shape::new(dims));
     let batched = shapes[4].rank() == 3;
@@ -62,6 +58,32 @@ pub fn multi_head_attention(
         b.apply(sh(&[batch * heads, n, d]), &[t])
     };
     let (q, k, v) = (split(wq)?, split(wk)?, split(wv)?);
+    let c = heads_core(b, [q, k, v], dm, mask)?;
+    let y = b.apply(Op::Matmul, &[c, wo])?;
+    if batched {
+        b.apply(Op::Reshape(out_shape), &[y])
+    } else {
+        Ok(y)
+    }
+}
+
+/// The attention core on per-head Q, K, V (B·h, n, d): `softmax(QKᵀ/√d)·V` (masked), merged
+/// back into (B·n, P).
+fn heads_core(
+    b: &mut GraphBuilder,
+    [q, k, v]: [Id; 3],
+    dm: mha::Dims,
+    mask: Option<&Mask>,
+) -> Result<Id> {
+    let mha::Dims {
+        batch,
+        n,
+        p,
+        heads,
+        d,
+        ..
+    } = dm;
+    let sh = |dims: &[usize]| Op::Reshape(Shape::new(dims));
     let kt = b.apply(Op::SwapLastTwo, &[k])?;
     let s = b.apply(Op::Bmm, &[q, kt])?;
     let s = b.apply(Op::Scale(1.0 / (d as f64).sqrt()), &[s])?;
@@ -73,13 +95,62 @@ pub fn multi_head_attention(
     // (B·h, n, d) → (B, h, n, d) → (B, n, h, d) → (B·n, P)
     let o = b.apply(sh(&[batch, heads, n, d]), &[o])?;
     let o = b.apply(Op::SwapAdjacent(1), &[o])?;
-    let c = b.apply(sh(&[batch * n, p]), &[o])?;
-    let y = b.apply(Op::Matmul, &[c, wo])?;
-    if batched {
-        b.apply(Op::Reshape(out_shape), &[y])
-    } else {
-        Ok(y)
-    }
+    b.apply(sh(&[batch * n, p]), &[o])
+}
+
+/// Record `scaledDotProductAttention` on `q`, `k`, `v` ((n, P) or (B, n, P), heads merged)
+/// as a composition of primitive ops: the heads split out by `reshape` and `swapAdjacent`,
+/// then [`multi_head_attention`]'s core. Errors are those of the fused op's shape rule.
+pub fn scaled_dot_product_attention(
+    b: &mut GraphBuilder,
+    [q, k, v]: [Id; 3],
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<Id> {
+    let shapes = [q, k, v]
+        .iter()
+        .map(|&i| b.graph().shape(i).cloned())
+        .collect::<Result<Vec<Shape>>>()?;
+    let (dm, out_shape) = sdpa::sdpa_dims([&shapes[0], &shapes[1], &shapes[2]], heads, mask)?;
+    let mha::Dims {
+        batch, n, heads, d, ..
+    } = dm;
+    // (B, n, P) → (B, n, h, d) → (B, h, n, d) → (B·h, n, d)
+    let mut split = |t: Id| -> Result<Id> {
+        let t = b.apply(Op::Reshape(Shape::new(&[batch, n, heads, d])), &[t])?;
+        let t = b.apply(Op::SwapAdjacent(1), &[t])?;
+        b.apply(Op::Reshape(Shape::new(&[batch * heads, n, d])), &[t])
+    };
+    let (q, k, v) = (split(q)?, split(k)?, split(v)?);
+    let c = heads_core(b, [q, k, v], dm, mask)?;
+    b.apply(Op::Reshape(out_shape), &[c])
+}
+
+/// The JVP of `scaledDotProductAttention` at operands `x = [q, k, v]` along tangents `dx`:
+/// forward mode ([`crate::GraphData::jvp`]) through [`scaled_dot_product_attention`].
+pub fn scaled_dot_product_attention_jvp<T: Scalar>(
+    x: &[&Tensor<T>],
+    dx: &[&Tensor<T>],
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<Tensor<T>> {
+    let mut b = GraphBuilder::new();
+    let ids = x
+        .iter()
+        .map(|t| b.leaf(t.shape().clone(), None))
+        .collect::<Result<Vec<Id>>>()?;
+    let &[q, k, v] = ids.as_slice() else {
+        return Err(crate::Error::Spec(tl_spec::Error::Arity {
+            op: "scaledDotProductAttention",
+            expected: 3,
+            got: ids.len(),
+        }));
+    };
+    let out = scaled_dot_product_attention(&mut b, [q, k, v], heads, mask)?;
+    let leaves: Vec<Tensor<T>> = x.iter().map(|&t| t.clone()).collect();
+    let tangents: Vec<Tensor<T>> = dx.iter().map(|&t| t.clone()).collect();
+    let mut dots = b.finish().jvp(&leaves, &[], &tangents)?;
+    Ok(dots.swap_remove(out))
 }
 
 /// The JVP of `multiHeadAttention` at operands `x = [wq, wk, wv, wo, x]` along tangents `dx`:

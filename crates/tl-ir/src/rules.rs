@@ -4,7 +4,7 @@
 //! checked by [`Op::infer_shape`] before any of these run. `nats` is the Nat environment (runtime
 //! indices and labels) that ops such as `gatherNat` read; reads past its end give 0 (totalized).
 
-use tl_spec::ops::attention::{self as att, mha};
+use tl_spec::ops::attention::{self as att, mha, sdpa};
 use tl_spec::ops::conv::{self, ConvParams, ConvTangents};
 use tl_spec::ops::index::{self as ix, nat_at, try_nat_vec_at};
 use tl_spec::ops::norm::{self, Groups};
@@ -117,6 +117,9 @@ pub fn value<T: Scalar>(op: &Op, x: Args<'_, T>, nats: &[usize]) -> Result<Tenso
         MaskedSoftmax { mask } => att::masked_softmax(x[0], mask),
         MultiHeadAttention { heads, mask, .. } => {
             mha::multi_head_attention([x[0], x[1], x[2], x[3]], x[4], *heads, mask.as_ref())
+        }
+        ScaledDotProductAttention { heads, mask, .. } => {
+            sdpa::scaled_dot_product_attention([x[0], x[1], x[2]], *heads, mask.as_ref())
         }
         Conv { stride, padding } => conv::conv(x[0], x[1], x[2], ConvParams { stride, padding }),
         ConvTranspose { stride, padding } => {
@@ -241,6 +244,11 @@ pub fn vjp<T: Scalar>(
             mha::multi_head_attention_vjp(w, x[4], *heads, mask.as_ref(), g)
                 .map(|d| d.into_iter().map(Some).collect())
         }
+        ScaledDotProductAttention { heads, mask, .. } => {
+            let qkv = [x[0], x[1], x[2]];
+            sdpa::scaled_dot_product_attention_vjp(qkv, *heads, mask.as_ref(), g)
+                .map(|d| d.into_iter().map(Some).collect())
+        }
         Conv { stride, padding } => {
             conv::conv_vjp(x[0], x[1], x[2], ConvParams { stride, padding }, g)
                 .map(|(dw, db, dx)| vec![Some(dw), Some(db), Some(dx)])
@@ -352,6 +360,9 @@ pub fn jvp<T: Scalar>(
         // Forward mode through the composition of primitive ops (`compose`).
         MultiHeadAttention { heads, mask, .. } => {
             return crate::compose::multi_head_attention_jvp(x, dx, *heads, mask.as_ref(), nats);
+        }
+        ScaledDotProductAttention { heads, mask, .. } => {
+            return crate::compose::scaled_dot_product_attention_jvp(x, dx, *heads, mask.as_ref());
         }
         Conv { stride, padding } | ConvTranspose { stride, padding } => {
             let p = ConvParams { stride, padding };

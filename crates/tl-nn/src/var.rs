@@ -375,6 +375,30 @@ impl<'g, O: Train> Var<'g, O> {
         self.record(|s| s.masked_softmax(&self.r, mask.clone()))
     }
 
+    /// Scaled dot-product attention with this tensor as the queries and `key`, `value` of its
+    /// shape ((n, P) or (B, n, P)), `heads` heads side by side on the last axis (head h: columns
+    /// h·P/heads..(h+1)·P/heads): per head `softmax(Q_h K_hᵀ/√(P/heads))·V_h` (masked where
+    /// `mask` is false; a query with nothing allowed gives zeros), the heads merged back.
+    /// `fused` runs the streaming core (on CUDA the flash kernels: O(n·P) memory, never the
+    /// (n, n) scores); the value is the same function either way. The op
+    /// `scaledDotProductAttention`: `multiHeadAttention`'s core without its projections, for
+    /// attention whose queries and keys are made another way (rotary embeddings, grouped
+    /// heads). PyTorch: `F.scaled_dot_product_attention(q', k', v', attn_mask=mask)` on `q' =
+    /// q.view(B, n, heads, P/heads).transpose(1, 2)` (likewise k', v'), transposed back and
+    /// viewed as (B, n, P).
+    pub fn scaled_dot_product_attention(
+        &self,
+        key: &Var<'g, O>,
+        value: &Var<'g, O>,
+        heads: usize,
+        mask: Option<&Mask>,
+        fused: bool,
+    ) -> Result<Var<'g, O>> {
+        self.op("Var::scaled_dot_product_attention", &[key, value], |s| {
+            s.scaled_dot_product_attention(&self.r, &key.r, &value.r, heads, mask.cloned(), fused)
+        })
+    }
+
     /// `x · mask / keep` with a fresh mask (keep probability `keep`) from the session's seed
     /// and counter, whatever the mode. PyTorch: `F.dropout(x, 1 − keep, training=True)`.
     pub fn dropout(&self, keep: f64) -> Result<Var<'g, O>> {

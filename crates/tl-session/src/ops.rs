@@ -255,6 +255,11 @@ pub trait Ops {
         /// Multi-head self-attention (no biases); `fused` picks the streaming kernel.
         /// PyTorch: `nn.MultiheadAttention(bias=False)`.
         fn multi_head_attention[wq, wk, wv, wo, x](heads: usize, mask: Option<tl_spec::ops::attention::Mask>, fused: bool) => Op::MultiHeadAttention { heads, mask, fused };
+        /// Scaled dot-product attention of `heads` heads merged on the last axis of q, k, v ((n, P)
+        /// or (B, n, P), one shape): `multi_head_attention`'s core without its projections;
+        /// `fused` picks the streaming kernel (CUDA: the flash kernels). PyTorch:
+        /// `F.scaled_dot_product_attention` on the heads split out and transposed.
+        fn scaled_dot_product_attention[q, k, v](heads: usize, mask: Option<tl_spec::ops::attention::Mask>, fused: bool) => Op::ScaledDotProductAttention { heads, mask, fused };
         /// FNO spectral convolution over the first `modes` rfft bins.
         fn spectral_conv1d_rfft[x, w_re, w_im](modes: usize) => Op::SpectralConv1dRfft { modes };
         /// `x·mask/keep` with a SplitMix64 mask keyed by (seed, counter) given explicitly

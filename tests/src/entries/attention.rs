@@ -1,5 +1,6 @@
-//! Case generators for the attention family: `maskedSoftmax` and `multiHeadAttention` (masked
-//! or not, fused or not), at small sizes (n ≤ 4, dModel ≤ 6, heads ∈ {1, 2}).
+//! Case generators for the attention family: `maskedSoftmax`, `multiHeadAttention` and
+//! `scaledDotProductAttention` (masked or not, fused or not), at small sizes (n ≤ 4, dModel ≤
+//! 6, heads ∈ {1, 2}).
 
 use proptest::prelude::*;
 use tl_ir::Op;
@@ -27,11 +28,13 @@ pub fn masked_softmax(z: Size) -> BoxedStrategy<OpCase> {
         .boxed()
 }
 
-/// `multiHeadAttention(wq, wk, wv, wo, x)`: n 1–4, dModel 1–6, heads 1–2, head width 1–3
-/// (large: n ≤ 16, dModel ≤ 16, head width ≤ 4), x unbatched or batched (B ≤ 2), with or without a mask, fused or
-/// not. One case in five has n 15–18 (large: 15–34): past the CUDA flash kernels' tile of 16
-/// query rows and keys, so its last tile is partial.
-pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
+/// The sizes of an attention case: (n, dModel, heads, head width, batch), masked, fused. n
+/// 1–4, dModel 1–6, heads 1–2, head width 1–3 (large: n ≤ 16, dModel ≤ 16, head width ≤ 4),
+/// unbatched or batched (B ≤ 2). One case in five has n 15–18 (large: 15–34): past the CUDA
+/// flash kernels' tile of 16 query rows and keys, so its last tile is partial.
+fn sizes(
+    z: Size,
+) -> impl Strategy<Value = ((usize, usize, usize, usize, Option<usize>), bool, bool)> {
     let sizes = (
         prop_oneof![4 => 1..=z.pick(4, 16), 1 => 15..=z.pick(18, 34)],
         1..=z.pick(6, 16),
@@ -40,6 +43,19 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
         prop::option::of(1usize..=2),
     );
     (sizes, any::<bool>(), any::<bool>())
+}
+
+/// `mask(n)` as `Some`, or `None`.
+fn maybe_mask(n: usize, masked: bool) -> BoxedStrategy<Option<Mask>> {
+    match masked {
+        true => mask(n).prop_map(Some).boxed(),
+        false => Just(None).boxed(),
+    }
+}
+
+/// `multiHeadAttention(wq, wk, wv, wo, x)` at [`sizes`], with or without a mask, fused or not.
+pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
+    sizes(z)
         .prop_flat_map(|((n, dm, heads, d, batch), masked, fused)| {
             let p = heads * d;
             let x = match batch {
@@ -48,14 +64,9 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
             };
             let w = Shape::new(&[dm, p]);
             let ws = vec![w.clone(), w.clone(), w, Shape::new(&[p, dm])];
-            let m = if masked {
-                mask(n).prop_map(Some).boxed()
-            } else {
-                Just(None).boxed()
-            };
             (
                 Just((heads, fused)),
-                m,
+                maybe_mask(n, masked),
                 tensors(ws, Domain::Any(1.0)),
                 tensor(x, crate::ANY),
             )
@@ -67,5 +78,29 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
                 OpCase::new(op, w)
             },
         )
+        .boxed()
+}
+
+/// `scaledDotProductAttention(q, k, v)` on (n, P) or (B, n, P) operands at [`sizes`] (P =
+/// heads × head width), with or without a mask, fused or not. The operands are drawn at the
+/// scale of `multiHeadAttention`'s projections (entries within ±2), so that scores spread the
+/// softmax without saturating it.
+pub fn scaled_dot_product_attention(z: Size) -> BoxedStrategy<OpCase> {
+    sizes(z)
+        .prop_flat_map(|((n, _, heads, d, batch), masked, fused)| {
+            let p = heads * d;
+            let x = match batch {
+                None => Shape::new(&[n, p]),
+                Some(b) => Shape::new(&[b, n, p]),
+            };
+            (
+                Just((heads, fused)),
+                maybe_mask(n, masked),
+                tensors(vec![x.clone(), x.clone(), x], Domain::Any(2.0)),
+            )
+        })
+        .prop_map(|((heads, fused), mask, qkv)| {
+            OpCase::new(Op::ScaledDotProductAttention { heads, mask, fused }, qkv)
+        })
         .boxed()
 }

@@ -1,5 +1,6 @@
-//! Multi-head attention three ways — the fused (streaming) op, the unfused op and the
-//! composition of primitive ops (`tl_ir::compose`) — agree in value and in every leaf gradient,
+//! Multi-head attention and its core without the projections (`scaledDotProductAttention`),
+//! each three ways — the fused (streaming) op, the unfused op and the composition of primitive
+//! ops (`tl_ir::compose`) — agree in value and in every leaf gradient,
 //! on the IR (eval / backprop_all) and on the CPU tape, with and without a mask, including a
 //! mask row with nothing allowed; and in f32 on every backend (CPU f32, the CUDA tape on the
 //! sim, and under `cuda-emu` on the emulated kernels: the fused form there is the flash
@@ -19,20 +20,51 @@ fn vals(shape: &[usize], salt: usize) -> Tensor<f64> {
     })
 }
 
-/// Operands `[wq, wk, wv, wo, x]` for x of `xs` = (…, n, dModel) and projection width `p`.
-fn operands(xs: &[usize], p: usize) -> Vec<Tensor<f64>> {
+/// Which attention op.
+#[derive(Clone, Copy, Debug)]
+enum Form {
+    /// `multiHeadAttention(wq, wk, wv, wo, x)`.
+    Mha,
+    /// `scaledDotProductAttention(q, k, v)`: the heads merged on the last axis.
+    Sdpa,
+}
+
+const FORMS: [Form; 2] = [Form::Mha, Form::Sdpa];
+
+/// Operands for x of `xs` = (…, n, dModel) and projection width `p`: `[wq, wk, wv, wo, x]`,
+/// or for the core `[q, k, v]` of (…, n, p).
+fn operands(form: Form, xs: &[usize], p: usize) -> Vec<Tensor<f64>> {
     let dm = *xs.last().unwrap();
-    vec![
-        vals(&[dm, p], 1),
-        vals(&[dm, p], 2),
-        vals(&[dm, p], 3),
-        vals(&[p, dm], 4),
-        vals(xs, 5),
-    ]
+    match form {
+        Form::Mha => vec![
+            vals(&[dm, p], 1),
+            vals(&[dm, p], 2),
+            vals(&[dm, p], 3),
+            vals(&[p, dm], 4),
+            vals(xs, 5),
+        ],
+        Form::Sdpa => {
+            let qs = out_shape(form, xs, p);
+            vec![vals(&qs, 1), vals(&qs, 2), vals(&qs, 3)]
+        }
+    }
+}
+
+/// The output's dims: x's (`xs`), or for the core q's.
+fn out_shape(form: Form, xs: &[usize], p: usize) -> Vec<usize> {
+    match form {
+        Form::Mha => xs.to_vec(),
+        Form::Sdpa => {
+            let mut qs = xs.to_vec();
+            *qs.last_mut().unwrap() = p;
+            qs
+        }
+    }
 }
 
 /// The graph of one attention application: the op itself, or the composition when `op` is None.
 fn graph(
+    form: Form,
     leaves: &[Tensor<f64>],
     heads: usize,
     mask: Option<&Mask>,
@@ -43,19 +75,32 @@ fn graph(
         .iter()
         .map(|t| b.leaf(t.shape().clone(), None).unwrap())
         .collect();
-    let out = match op {
-        Some(fused) => {
+    let mask_ = mask.cloned();
+    let out = match (form, op) {
+        (Form::Mha, Some(fused)) => {
             let op = Op::MultiHeadAttention {
                 heads,
-                mask: mask.cloned(),
+                mask: mask_,
                 fused,
             };
             b.apply(op, &ids).unwrap()
         }
-        None => compose::multi_head_attention(
+        (Form::Mha, None) => compose::multi_head_attention(
             &mut b, ids[0], ids[1], ids[2], ids[3], ids[4], heads, mask,
         )
         .unwrap(),
+        (Form::Sdpa, Some(fused)) => {
+            let op = Op::ScaledDotProductAttention {
+                heads,
+                mask: mask_,
+                fused,
+            };
+            b.apply(op, &ids).unwrap()
+        }
+        (Form::Sdpa, None) => {
+            let qkv = [ids[0], ids[1], ids[2]];
+            compose::scaled_dot_product_attention(&mut b, qkv, heads, mask).unwrap()
+        }
     };
     (b.finish(), out)
 }
@@ -104,21 +149,27 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
         (&[2, 4, 3], 4, 1, Some(&holes)),
         (&[3, 4, 2], 2, 2, None),
     ];
-    for (xs, p, heads, mask) in setups {
-        let leaves = operands(xs, p);
-        let seed = vals(xs, 9);
-        let (gc, oc) = graph(&leaves, heads, mask, None);
+    for ((xs, p, heads, mask), form) in setups.into_iter().flat_map(|s| FORMS.map(|f| (s, f))) {
+        let leaves = operands(form, xs, p);
+        let os = out_shape(form, xs, p);
+        let seed = vals(&os, 9);
+        let (gc, oc) = graph(form, &leaves, heads, mask, None);
         let reference = run(&gc, oc, &leaves, &seed);
         // The composed graph itself: IR and tape agree.
         for (k, (a, b)) in reference[0].iter().zip(&reference[1]).enumerate() {
-            assert_close(&format!("composed IR vs tape, {xs:?} item {k}"), b, a);
+            assert_close(
+                &format!("{form:?} composed IR vs tape, {xs:?} item {k}"),
+                b,
+                a,
+            );
         }
         for fused in [false, true] {
-            let (g, o) = graph(&leaves, heads, mask, Some(fused));
+            let (g, o) = graph(form, &leaves, heads, mask, Some(fused));
             for (who, got) in ["IR", "tape"].iter().zip(run(&g, o, &leaves, &seed)) {
                 for (k, (a, b)) in got.iter().zip(&reference[0]).enumerate() {
-                    let what =
-                        format!("{who} fused={fused} {xs:?} heads={heads} {mask:?} item {k}");
+                    let what = format!(
+                        "{form:?} {who} fused={fused} {xs:?} heads={heads} {mask:?} item {k}"
+                    );
                     assert_close(&what, a, b);
                 }
             }
@@ -126,7 +177,7 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
         // A masked row with nothing allowed outputs zeros.
         if let Some(m) = mask {
             let y = &reference[0][0];
-            let (n, dm) = (xs[xs.len() - 2], xs[xs.len() - 1]);
+            let (n, dm) = (os[os.len() - 2], os[os.len() - 1]);
             for i in (0..n).filter(|&i| m.row(i).iter().all(|a| !a)) {
                 for r in y.data().chunks(dm).skip(i).step_by(n) {
                     assert!(r.iter().all(|&v| v == 0.0), "row {i} of {y:?}");
@@ -170,20 +221,23 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
         // A head of 66 (> 64): the flash backward's other kernels.
         (vec![17, 4], 66, 1, Some(Mask::causal(17).unwrap())),
     ];
-    for (xs, p, heads, mask) in setups {
-        let leaves = operands(&xs, p);
-        let seed = vals(&xs, 9);
-        let (gc, oc) = graph(&leaves, heads, mask.as_ref(), None);
+    for ((xs, p, heads, mask), form) in setups
+        .into_iter()
+        .flat_map(|s| FORMS.map(|f| (s.clone(), f)))
+    {
+        let leaves = operands(form, &xs, p);
+        let seed = vals(&out_shape(form, &xs, p), 9);
+        let (gc, oc) = graph(form, &leaves, heads, mask.as_ref(), None);
         let reference = run(&gc, oc, &leaves, &seed)[0].clone();
-        let (gf, of) = graph(&leaves, heads, mask.as_ref(), Some(true));
+        let (gf, of) = graph(form, &leaves, heads, mask.as_ref(), Some(true));
         let fused = run_f32(be, &gf, of, &leaves, &seed);
         let again = run_f32(be, &gf, of, &leaves, &seed);
         for kind in [Some(false), None] {
-            let (g, o) = graph(&leaves, heads, mask.as_ref(), kind);
+            let (g, o) = graph(form, &leaves, heads, mask.as_ref(), kind);
             let composed = run_f32(be, &g, o, &leaves, &seed);
             for (k, ((f, c), r)) in fused.iter().zip(&composed).zip(&reference).enumerate() {
                 let what = format!(
-                    "{} {xs:?} heads={heads} {mask:?} {kind:?} item {k}",
+                    "{} {form:?} {xs:?} heads={heads} {mask:?} {kind:?} item {k}",
                     be.name()
                 );
                 assert!(
@@ -203,7 +257,7 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
             assert_eq!(
                 bits(a),
                 bits(b),
-                "{} {xs:?} {mask:?} item {k}: two runs",
+                "{} {form:?} {xs:?} {mask:?} item {k}: two runs",
                 be.name()
             );
         }
@@ -255,28 +309,89 @@ fn fused_equals_composed_in_f32_on_the_emulated_kernels_with_wide_flash_tiles() 
 #[test]
 fn jvp_of_the_fused_op_matches_the_composition() {
     let mask = Mask::from_fn(3, |i, j| i != 1 || j == 2).unwrap();
-    let leaves = operands(&[3, 4], 4);
-    let tangents: Vec<Tensor<f64>> = leaves
-        .iter()
-        .enumerate()
-        .map(|(k, t)| vals(t.shape().dims(), 20 + k))
-        .collect();
-    let (gc, oc) = graph(&leaves, 2, Some(&mask), None);
-    let want = gc.jvp(&leaves, &[], &tangents).unwrap()[oc].clone();
-    let (g, o) = graph(&leaves, 2, Some(&mask), Some(true));
-    let got = g.jvp(&leaves, &[], &tangents).unwrap()[o].clone();
-    assert_close("jvp", &got, &want);
-    // And ⟨jvp, g⟩ = Σ ⟨vjp_k, tangent_k⟩ (the adjoint identity) for the fused op's VJP.
-    let seed = vals(&[3, 4], 30);
-    let grads = g.backprop_all(&leaves, &[], o, &seed).unwrap();
-    let lhs = got.dot_f64(&seed).unwrap();
-    let rhs: f64 = (0..5)
-        .map(|k| grads[k].dot_f64(&tangents[k]).unwrap())
-        .sum();
-    assert!(
-        (lhs - rhs).abs() < 1e-10 * lhs.abs().max(1.0),
-        "{lhs} vs {rhs}"
-    );
+    for (form, xs) in [(Form::Mha, [3, 4]), (Form::Sdpa, [3, 6])] {
+        let leaves = operands(form, &xs, 4);
+        let tangents: Vec<Tensor<f64>> = leaves
+            .iter()
+            .enumerate()
+            .map(|(k, t)| vals(t.shape().dims(), 20 + k))
+            .collect();
+        let (gc, oc) = graph(form, &leaves, 2, Some(&mask), None);
+        let want = gc.jvp(&leaves, &[], &tangents).unwrap()[oc].clone();
+        let (g, o) = graph(form, &leaves, 2, Some(&mask), Some(true));
+        let got = g.jvp(&leaves, &[], &tangents).unwrap()[o].clone();
+        assert_close(&format!("{form:?} jvp"), &got, &want);
+        // And ⟨jvp, g⟩ = Σ ⟨vjp_k, tangent_k⟩ (the adjoint identity) for the fused op's VJP.
+        let seed = vals(&out_shape(form, &xs, 4), 30);
+        let grads = g.backprop_all(&leaves, &[], o, &seed).unwrap();
+        let lhs = got.dot_f64(&seed).unwrap();
+        let rhs: f64 = (0..leaves.len())
+            .map(|k| grads[k].dot_f64(&tangents[k]).unwrap())
+            .sum();
+        assert!(
+            (lhs - rhs).abs() < 1e-10 * lhs.abs().max(1.0),
+            "{form:?}: {lhs} vs {rhs}"
+        );
+    }
+}
+
+/// The core is the attention inside `multiHeadAttention`: the op on `x·wq`, `x·wk`, `x·wv`,
+/// then `·wo`, gives the op's value and every gradient (f64, IR and CPU tape), fused or not.
+#[test]
+fn the_core_between_the_projections_is_multi_head_attention() {
+    let causal = Mask::causal(5).unwrap();
+    for (xs, p, heads, mask) in [
+        (vec![5, 3], 4, 2, None),
+        (vec![2, 5, 3], 6, 3, Some(&causal)),
+    ] {
+        let leaves = operands(Form::Mha, &xs, p);
+        let seed = vals(&xs, 9);
+        for fused in [false, true] {
+            let (gm, om) = graph(Form::Mha, &leaves, heads, mask, Some(fused));
+            let want = run(&gm, om, &leaves, &seed);
+            let mut b = GraphBuilder::new();
+            let ids: Vec<Id> = leaves
+                .iter()
+                .map(|t| b.leaf(t.shape().clone(), None).unwrap())
+                .collect();
+            let rows = b
+                .apply(
+                    Op::Reshape(Shape::new(&[
+                        xs.iter().product::<usize>() / xs[xs.len() - 1],
+                        xs[xs.len() - 1],
+                    ])),
+                    &[ids[4]],
+                )
+                .unwrap();
+            let mut qs = xs.clone();
+            *qs.last_mut().unwrap() = p;
+            let mut project = |w: Id| {
+                let t = b.apply(Op::Matmul, &[rows, w]).unwrap();
+                b.apply(Op::Reshape(Shape::new(&qs)), &[t]).unwrap()
+            };
+            let qkv = [project(ids[0]), project(ids[1]), project(ids[2])];
+            let op = Op::ScaledDotProductAttention {
+                heads,
+                mask: mask.cloned(),
+                fused,
+            };
+            let c = b.apply(op, &qkv).unwrap();
+            let c = b
+                .apply(
+                    Op::Reshape(Shape::new(&[qs.iter().product::<usize>() / p, p])),
+                    &[c],
+                )
+                .unwrap();
+            let y = b.apply(Op::Matmul, &[c, ids[3]]).unwrap();
+            let y = b.apply(Op::Reshape(Shape::new(&xs)), &[y]).unwrap();
+            let got = run(&b.finish(), y, &leaves, &seed);
+            for (who, (g, w)) in ["IR", "tape"].iter().zip(got.iter().zip(&want)) {
+                for (k, (a, b)) in g.iter().zip(w).enumerate() {
+                    assert_close(&format!("{who} fused={fused} {xs:?} item {k}"), a, b);
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -285,8 +400,8 @@ fn a_masked_out_value_does_not_change_the_output_at_all() {
     // row 2, whose own output row we skip): the other output rows must be bit-identical.
     let mask = Mask::from_fn(3, |i, j| j != 2 || i == 2).unwrap();
     for fused in [false, true] {
-        let mut leaves = operands(&[3, 4], 4);
-        let (g, o) = graph(&leaves, 2, Some(&mask), Some(fused));
+        let mut leaves = operands(Form::Mha, &[3, 4], 4);
+        let (g, o) = graph(Form::Mha, &leaves, 2, Some(&mask), Some(fused));
         let tape = CpuTape::<f64>::new();
         let before = tape
             .values(&tape.record(&g, &leaves, &[]).unwrap())
@@ -368,6 +483,44 @@ fn bad_attention_input_is_a_clear_error() {
     let wo = b.leaf([6, 3], None).unwrap();
     let x = b.leaf([2, 3], None).unwrap();
     let e = compose::multi_head_attention(&mut b, w, w, w, wo, x, 4, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("heads = 4"), "{e}");
+    assert_eq!(b.graph().nodes().len(), 0, "nothing recorded on error");
+    // The core: q, k, v of one shape, (n, P) or (B, n, P), heads dividing P, the mask n × n.
+    let sdpa = |heads, mask: Option<Mask>, sh: [&[usize]; 3]| {
+        let op = Op::ScaledDotProductAttention {
+            heads,
+            mask,
+            fused: true,
+        };
+        let sh = sh.map(s);
+        op.infer_shape(&[&sh[0], &sh[1], &sh[2]])
+            .unwrap_err()
+            .to_string()
+    };
+    let e = sdpa(4, None, [&[3, 6], &[3, 6], &[3, 6]]);
+    assert!(
+        e.contains("scaledDotProductAttention") && e.contains("heads = 4"),
+        "{e}"
+    );
+    let e = sdpa(2, None, [&[3, 6], &[4, 6], &[4, 6]]);
+    assert!(e.contains("k must have q's shape [3, 6]"), "{e}");
+    let e = sdpa(2, None, [&[2, 3, 6], &[2, 3, 6], &[3, 6]]);
+    assert!(e.contains("v must have q's shape"), "{e}");
+    let e = sdpa(
+        1,
+        Some(Mask::causal(4).unwrap()),
+        [&[3, 6], &[3, 6], &[3, 6]],
+    );
+    assert!(e.contains("mask is (4, 4)") && e.contains("(3, 3)"), "{e}");
+    let e = sdpa(1, None, [&[6], &[6], &[6]]);
+    assert!(e.contains("q must be (n, P) or (B, n, P)"), "{e}");
+    let e = sdpa(1, None, [&[0, 6], &[0, 6], &[0, 6]]);
+    assert!(e.contains("empty"), "{e}");
+    let mut b = GraphBuilder::new();
+    let q = b.leaf([3, 6], None).unwrap();
+    let e = compose::scaled_dot_product_attention(&mut b, [q, q, q], 4, None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("heads = 4"), "{e}");

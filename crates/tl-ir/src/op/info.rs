@@ -70,6 +70,7 @@ impl Op {
             BatchMoments => "batchMoments",
             MaskedSoftmax { .. } => "maskedSoftmax",
             MultiHeadAttention { .. } => "multiHeadAttention",
+            ScaledDotProductAttention { .. } => "scaledDotProductAttention",
             Conv { .. } => "conv",
             ConvTranspose { .. } => "convTranspose",
             MaxPool { .. } => "maxPool",
@@ -128,7 +129,9 @@ impl Op {
             MseLoss | CrossEntropy { .. } => Family::Loss,
             crate::gather_ops!() | ScatterAddVec { .. } | ScatterAddRow { .. } => Family::Index,
             LayerNorm { .. } | RmsNorm { .. } | BatchNorm { .. } | BatchMoments => Family::Norm,
-            MaskedSoftmax { .. } | MultiHeadAttention { .. } => Family::Attention,
+            MaskedSoftmax { .. } | MultiHeadAttention { .. } | ScaledDotProductAttention { .. } => {
+                Family::Attention
+            }
             Conv { .. } | ConvTranspose { .. } => Family::Conv,
             MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => Family::Pool,
             SpectralConv1dRfft { .. } => Family::Spectral,
@@ -150,7 +153,8 @@ impl Op {
             | BatchNorm { .. }
             | Conv { .. }
             | ConvTranspose { .. }
-            | SpectralConv1dRfft { .. } => 3,
+            | SpectralConv1dRfft { .. }
+            | ScaledDotProductAttention { .. } => 3,
             MultiHeadAttention { .. } => 5,
             User(u) => u.arity(),
             _ => 1,

@@ -312,6 +312,20 @@ pub enum Op {
         /// scores; `false`: the kernel that materializes the (heads, n, n) scores. Same value.
         fused: bool,
     },
+    /// `(q, k, v) ↦ concat_h(softmax(Q_h K_hᵀ/√d) V_h)`: [`Op::MultiHeadAttention`]'s core
+    /// without its projections. q, k, v (n, P) or (B, n, P), one shape, the heads side by side
+    /// in each row (head h: columns h·d..(h+1)·d, P = heads·d); the output has q's shape.
+    /// PyTorch: `F.scaled_dot_product_attention(attn_mask=mask)` on the heads split out and
+    /// transposed to (B, heads, n, d), transposed back.
+    ScaledDotProductAttention {
+        /// Number of heads (divides P).
+        heads: usize,
+        /// Optional hard mask (n, n), true = allowed.
+        mask: Option<Mask>,
+        /// As [`Op::MultiHeadAttention`]'s: the fused core (flash kernels on CUDA) or the
+        /// materialized scores. Same value.
+        fused: bool,
+    },
 
     // ---- conv ----
     /// `(w, b, x) ↦ b + w ⋆ x`: N-D cross-correlation, channels-first, zero padding, groups 1,
@@ -493,8 +507,9 @@ impl fmt::Debug for Op {
             BatchNorm { eps } => write!(f, "batchnormChannelFirst(eps={eps})"),
             BatchMoments => f.write_str("batchMoments"),
             MaskedSoftmax { mask } => write!(f, "maskedSoftmax({mask:?})"),
-            MultiHeadAttention { heads, mask, fused } => {
-                write!(f, "multiHeadAttention(heads={heads}, fused={fused}")?;
+            MultiHeadAttention { heads, mask, fused }
+            | ScaledDotProductAttention { heads, mask, fused } => {
+                write!(f, "{}(heads={heads}, fused={fused}", self.name())?;
                 match mask {
                     Some(m) => write!(f, ", {m:?})"),
                     None => f.write_str(")"),

@@ -1,6 +1,6 @@
 //! The shape rule of every op: output shape from operand shapes, static parameters validated.
 
-use tl_spec::ops::attention::{masked_softmax_shape, mha};
+use tl_spec::ops::attention::{masked_softmax_shape, mha, sdpa};
 use tl_spec::ops::conv::ConvParams;
 use tl_spec::ops::pool::{self, PoolParams};
 use tl_spec::ops::{
@@ -85,6 +85,9 @@ impl Op {
             MultiHeadAttention { heads, mask, .. } => {
                 mha::mha_dims([s[0], s[1], s[2], s[3]], s[4], *heads, mask.as_ref())
                     .map(|(_, out)| out)
+            }
+            ScaledDotProductAttention { heads, mask, .. } => {
+                sdpa::sdpa_dims([s[0], s[1], s[2]], *heads, mask.as_ref()).map(|(_, out)| out)
             }
             Conv { stride, padding } | ConvTranspose { stride, padding } => {
                 let p = ConvParams { stride, padding };

@@ -47,9 +47,11 @@ pub struct MultiHeadAttention {
     /// composed path, which takes any head size). [`with_flash`](Self::with_flash) sets it.
     pub flash: bool,
     /// Rotary position embeddings of the queries and keys ([`with_rope`](Self::with_rope));
-    /// `None` by default. With them every pass runs the composed attention of
-    /// [`forward_qkv`](Self::forward_qkv) (the catalogue's attention op has no rotation),
-    /// where a query whose mask hides every key is an error (the op gives it zeros).
+    /// `None` by default. With them every pass runs the attention of
+    /// [`forward_qkv`](Self::forward_qkv) (`multiHeadAttention` has no rotation): the
+    /// projections and rotations, then the core `scaledDotProductAttention`, fused as
+    /// [`flash`](Self::flash) says; a query whose mask hides every key is an error there
+    /// (`multiHeadAttention` gives it zeros).
     pub rope: Option<Rope>,
 }
 
@@ -136,13 +138,12 @@ impl MultiHeadAttention {
                     m.n()
                 )));
             }
-            let allowed = mask
-                .as_ref()
-                .map(|m| move |_: usize, i: usize, j: usize| m.allowed(i, j));
-            let allowed = allowed
-                .as_ref()
-                .map(|a| a as &super::cross_attention::Allowed<'_>);
-            return self.composed((x, x, x), (batch, n, n), allowed, &at);
+            let allowed = |i: usize, j: usize| mask.as_ref().is_none_or(|m| m.allowed(i, j));
+            let keys = match &mask {
+                Some(_) => super::cross_attention::Keys::Shared(&allowed),
+                None => super::cross_attention::Keys::All,
+            };
+            return self.attend((x, x, x), (batch, n, n), keys, &at);
         }
         q.op("MultiHeadAttention::forward", &[&k, &v, &o, x], |s| {
             s.multi_head_attention(

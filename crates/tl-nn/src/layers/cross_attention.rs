@@ -1,7 +1,10 @@
 //! [`MultiHeadAttention::forward_qkv`]: attention of queries over separate keys and values
-//! (cross-attention: a decoder over an encoder's memory), composed from catalogue ops.
+//! (cross-attention: a decoder over an encoder's memory), and the attention of the layers with
+//! rotary embeddings: the projections, then the catalogue's `scaledDotProductAttention` where
+//! it applies, else the core composed from catalogue ops.
 
 use tl_session::Train;
+use tl_spec::ops::attention::Mask;
 use tl_spec::{Scalar, Tensor};
 
 use super::{At, MultiHeadAttention};
@@ -24,12 +27,15 @@ impl MultiHeadAttention {
     /// key_padding_mask=~keep, need_weights=False)` with `nn.MultiheadAttention(d, heads,
     /// bias=False, batch_first=True)`.
     ///
-    /// Composed from `matmul`, `swapAdjacent`, `bmm`, `softmax` and a constant score bias for
-    /// the mask (the attention op of the catalogue, which [`forward`](crate::Module::forward)
-    /// runs, takes one input), so it runs on every backend and in the linked session, and
-    /// keeps the (B·heads, nq, nk) scores where the fused op does not; with `query` = `key` =
-    /// `value` it is the layer's forward within rounding (`tests/nn/rnn.rs`, beside PyTorch's
-    /// values and gradients).
+    /// The projections are `matmul`s (and the rotations, with rope, products with constant
+    /// tables); with as many keys as queries and a key mask shared by the batch, the core is
+    /// the catalogue's `scaledDotProductAttention`, fused as [`flash`](Self::flash) says (on
+    /// CUDA the flash kernels: O(n·d) memory); otherwise (nq ≠ nk, or a mask per batch
+    /// element, which that op does not take) it is composed from `swapAdjacent`, `bmm`,
+    /// `softmax` and a constant score bias for the mask, keeping the (B·heads, nq, nk)
+    /// scores. Either way it runs on every backend and in the linked session; with `query` =
+    /// `key` = `value` it is the layer's forward within rounding (`tests/nn/rnn.rs`, beside
+    /// PyTorch's values and gradients).
     pub fn forward_qkv<'g, O: Train>(
         &self,
         query: &Var<'g, O>,
@@ -57,64 +63,59 @@ impl MultiHeadAttention {
                 b * nk
             )));
         }
-        let allowed = |bi: usize, i: usize, j: usize| {
-            let kept = key_keep.is_none_or(|k| if k.len() == nk { k[j] } else { k[bi * nk + j] });
-            kept && (!self.causal || j <= i)
+        let causal = self.causal;
+        let shared = |i: usize, j: usize| key_keep.is_none_or(|k| k[j]) && (!causal || j <= i);
+        let per_batch = |bi: usize, i: usize, j: usize| {
+            key_keep.is_some_and(|k| k[bi * nk + j]) && (!causal || j <= i)
         };
-        let masked = key_keep.is_some() || self.causal;
-        let allowed: Option<&Allowed<'_>> = masked.then_some(&allowed);
-        self.composed((query, key, value), (batch, nq, nk), allowed, &at)
+        let keys = match key_keep {
+            None if !causal => Keys::All,
+            Some(k) if k.len() != nk => Keys::PerBatch(&per_batch),
+            _ => Keys::Shared(&shared),
+        };
+        self.attend((query, key, value), (batch, nq, nk), keys, &at)
     }
 
-    /// The attention composed from catalogue ops (see [`forward_qkv`](Self::forward_qkv)), the
-    /// shapes checked: `allowed(b, i, j)` says whether query i of batch element b may attend
-    /// to key j (`None`: every key), and the queries and keys are rotated first with
-    /// [`rope`](Self::rope).
-    pub(super) fn composed<'g, O: Train>(
+    /// The attention of [`forward_qkv`](Self::forward_qkv) with its shapes checked: the
+    /// projections, the rotations with [`rope`](Self::rope), then the core: the op
+    /// `scaledDotProductAttention` where nq = nk and `keys` is not per batch element, else
+    /// composed. A query left with no key is an error naming the layer.
+    pub(super) fn attend<'g, O: Train>(
         &self,
         (query, key, value): (&Var<'g, O>, &Var<'g, O>, &Var<'g, O>),
         (batch, nq, nk): (Option<usize>, usize, usize),
-        allowed: Option<&Allowed<'_>>,
+        keys: Keys<'_>,
         at: &At<'_, O>,
     ) -> Result<Var<'g, O>> {
         let g = query.scope();
         let d = self.wq.shape().dims()[0];
         let b = batch.unwrap_or(1);
-        let bias = allowed
-            .map(|allowed| score_bias::<O>(b, nq, nk, allowed, at))
-            .transpose()?;
+        keys.check_every_query_has_a_key(b, nq, nk, at)?;
         let (h, dh) = (self.heads, d / self.heads);
         let y = || -> Result<Var<'g, O>> {
-            // (B·n, d)·W → (B, n, h, dh) → (B, h, n, dh) → (B·h, n, dh).
-            let split = |x: &Var<'g, O>, w: &tl_session::Param, n: usize| -> Result<Var<'g, O>> {
-                x.reshape(&[b * n, d])?
+            // (B·n, d)·W → (B, n, h, dh), rotated where rope says.
+            let project = |x: &Var<'g, O>, w: &tl_session::Param, n: usize, rotate: bool| {
+                let t = x
+                    .reshape(&[b * n, d])?
                     .matmul(&g.param(w)?)?
-                    .reshape(&[b, n, h, dh])?
-                    .swap_adjacent(1)?
-                    .reshape(&[b * h, n, dh])
+                    .reshape(&[b, n, h, dh])?;
+                match (&self.rope, rotate) {
+                    (Some(rope), true) => rope.rotate(&t),
+                    _ => Ok(t),
+                }
             };
-            let mut q = split(query, &self.wq, nq)?;
-            let mut k = split(key, &self.wk, nk)?;
-            let v = split(value, &self.wv, nk)?;
-            if let Some(rope) = &self.rope {
-                q = rope.rotate(&q)?;
-                k = rope.rotate(&k)?;
-            }
-            let mut scores = q
-                .bmm(&k.swap_last_two()?)?
-                .scale(1.0 / (dh as f64).sqrt())?;
-            if let Some(bias) = bias {
-                // (B, h, nq, nk) + the (B, 1, nq, nk) bias, broadcast over the heads.
-                let bias = g.constant(bias)?;
-                scores = (&scores.reshape(&[b, h, nq, nk])? + &bias)?.reshape(&[b * h, nq, nk])?;
-            }
-            let out = scores
-                .softmax()?
-                .bmm(&v)?
-                .reshape(&[b, h, nq, dh])?
-                .swap_adjacent(1)?
-                .reshape(&[b * nq, d])?
-                .matmul(&g.param(&self.wo)?)?;
+            let q = project(query, &self.wq, nq, true)?;
+            let k = project(key, &self.wk, nk, true)?;
+            let v = project(value, &self.wv, nk, false)?;
+            let c = match keys.shared_mask(nq, nk)? {
+                // (B, n, d) with the heads merged, as the op takes them.
+                Some(mask) => {
+                    let [q, k, v] = [q, k, v].map(|t| t.reshape(&[b, nq, d]));
+                    q?.scaled_dot_product_attention(&k?, &v?, h, mask.as_ref(), self.flash)?
+                }
+                None => composed_core::<O>((q, k, v), (b, nq, nk), &keys, (h, dh))?,
+            };
+            let out = c.reshape(&[b * nq, d])?.matmul(&g.param(&self.wo)?)?;
             match batch {
                 Some(b) => out.reshape(&[b, nq, d]),
                 None => out.reshape(&[nq, d]),
@@ -124,35 +125,108 @@ impl MultiHeadAttention {
     }
 }
 
-/// Whether query i of batch element b may attend to key j: `allowed(b, i, j)`.
-pub(super) type Allowed<'a> = dyn Fn(usize, usize, usize) -> bool + 'a;
+/// The attention core composed from catalogue ops, on Q (B, nq, h, dh) and K, V (B, nk, h,
+/// dh): (B·h, n, dh) each, `softmax(QKᵀ/√dh + bias)·V` with `keys`' score bias, merged back to
+/// (B, nq, h·dh).
+fn composed_core<'g, O: Train>(
+    (q, k, v): (Var<'g, O>, Var<'g, O>, Var<'g, O>),
+    (b, nq, nk): (usize, usize, usize),
+    keys: &Keys<'_>,
+    (h, dh): (usize, usize),
+) -> Result<Var<'g, O>> {
+    let g = q.scope();
+    let heads = |t: Var<'g, O>, n: usize| t.swap_adjacent(1)?.reshape(&[b * h, n, dh]);
+    let (q, k, v) = (heads(q, nq)?, heads(k, nk)?, heads(v, nk)?);
+    let mut scores = q
+        .bmm(&k.swap_last_two()?)?
+        .scale(1.0 / (dh as f64).sqrt())?;
+    if let Some(bias) = keys.score_bias::<O>(b, nq, nk)? {
+        // (B, h, nq, nk) + the (B, 1, nq, nk) bias, broadcast over the heads.
+        let bias = g.constant(bias)?;
+        scores = (&scores.reshape(&[b, h, nq, nk])? + &bias)?.reshape(&[b * h, nq, nk])?;
+    }
+    scores
+        .softmax()?
+        .bmm(&v)?
+        .reshape(&[b, h, nq, dh])?
+        .swap_adjacent(1)?
+        .reshape(&[b, nq, h * dh])
+}
 
-/// The scores' additive mask, (B, 1, nq, nk): 0 where `allowed`, [`MASKED`] elsewhere; an
-/// error naming the layer for a query with no key left.
-fn score_bias<O: Train>(
-    b: usize,
-    nq: usize,
-    nk: usize,
-    allowed: &Allowed<'_>,
-    at: &At<'_, O>,
-) -> Result<Tensor<O::T>> {
-    for bi in 0..b {
-        for i in 0..nq {
-            if !(0..nk).any(|j| allowed(bi, i, j)) {
-                return Err(at.input(format!(
-                    "query {i} of batch element {bi} has no key to attend to (the mask hides them all)"
-                )));
-            }
+/// Which keys each query may attend to.
+#[derive(Clone, Copy)]
+pub(super) enum Keys<'a> {
+    /// Every key.
+    All,
+    /// `allowed(i, j)`: query i may attend to key j, in every batch element.
+    Shared(&'a dyn Fn(usize, usize) -> bool),
+    /// `allowed(b, i, j)`: query i of batch element b may attend to key j.
+    PerBatch(&'a dyn Fn(usize, usize, usize) -> bool),
+}
+
+impl Keys<'_> {
+    /// Whether query i of batch element b may attend to key j.
+    fn allowed(&self, b: usize, i: usize, j: usize) -> bool {
+        match self {
+            Keys::All => true,
+            Keys::Shared(f) => f(i, j),
+            Keys::PerBatch(f) => f(b, i, j),
         }
     }
-    Ok(Tensor::try_from_fn(
-        "MultiHeadAttention (composed)",
-        [b, 1, nq, nk],
-        |e| {
-            let (bi, i, j) = (e / (nq * nk), e / nk % nq, e % nk);
-            O::T::lit(if allowed(bi, i, j) { 0.0 } else { MASKED })
-        },
-    )?)
+
+    /// An error naming the layer for a query with no key left (the op would give it zeros,
+    /// the composed core an average of every key).
+    fn check_every_query_has_a_key<O: Train>(
+        &self,
+        b: usize,
+        nq: usize,
+        nk: usize,
+        at: &At<'_, O>,
+    ) -> Result<()> {
+        let batches = match self {
+            Keys::All => return Ok(()),
+            Keys::Shared(_) => 1,
+            Keys::PerBatch(_) => b,
+        };
+        for bi in 0..batches {
+            for i in 0..nq {
+                if !(0..nk).any(|j| self.allowed(bi, i, j)) {
+                    return Err(at.input(format!(
+                        "query {i} of batch element {bi} has no key to attend to (the mask hides them all)"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `Some(mask)` (`None`: every key) when the op `scaledDotProductAttention` takes these
+    /// keys: as many as queries, the same for every batch element; `None` otherwise.
+    #[allow(clippy::type_complexity)]
+    fn shared_mask(&self, nq: usize, nk: usize) -> Result<Option<Option<Mask>>> {
+        Ok(match self {
+            _ if nq != nk => None,
+            Keys::All => Some(None),
+            Keys::Shared(f) => Some(Some(Mask::from_fn(nq, |i, j| f(i, j))?)),
+            Keys::PerBatch(_) => None,
+        })
+    }
+
+    /// The scores' additive mask, (B, 1, nq, nk): 0 where allowed, [`MASKED`] elsewhere;
+    /// `None` for every key.
+    fn score_bias<O: Train>(&self, b: usize, nq: usize, nk: usize) -> Result<Option<Tensor<O::T>>> {
+        if matches!(self, Keys::All) {
+            return Ok(None);
+        }
+        Ok(Some(Tensor::try_from_fn(
+            "MultiHeadAttention (composed)",
+            [b, 1, nq, nk],
+            |e| {
+                let (bi, i, j) = (e / (nq * nk), e / nk % nq, e % nk);
+                O::T::lit(if self.allowed(bi, i, j) { 0.0 } else { MASKED })
+            },
+        )?))
+    }
 }
 
 /// The batch (None: unbatched), query count and key count of `forward_qkv`'s operands: query

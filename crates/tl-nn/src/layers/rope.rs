@@ -63,17 +63,18 @@ impl Rope {
         }
     }
 
-    /// `x` of (rows, n, dh) (rows: batch × heads, n positions) rotated:
+    /// `x` of (B, n, heads, dh) (n positions) rotated:
     /// `x ⊙ cos + (x·P) ⊙ sin±`, with P the 0/1 matrix sending each feature to its partner
     /// and `sin±` the sine with the first feature of each pair negated (`(x₁, x₂) ↦ (x₁ cos −
-    /// x₂ sin, x₂ cos + x₁ sin)`), the (n, dh) tables constants broadcast over the rows.
+    /// x₂ sin, x₂ cos + x₁ sin)`), the (1, n, 1, dh) tables constants broadcast over the batch
+    /// and the heads.
     pub(super) fn rotate<'g, O: Train>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
-        let (rows, n, dh) = match x.dims() {
-            [r, n, dh] => (*r, *n, *dh),
+        let (b, n, h, dh) = match x.dims() {
+            [b, n, h, dh] => (*b, *n, *h, *dh),
             _ => {
                 return Err(usage(
                     "Rope::rotate",
-                    format!("need (rows, n, dh), got {}", x.shape()),
+                    format!("need (B, n, heads, dh), got {}", x.shape()),
                 ));
             }
         };
@@ -84,8 +85,10 @@ impl Rope {
         };
         // The first feature of a pair: the lower index.
         let first = |j: usize| j < self.pair(dh, j).0;
-        let cos = Tensor::try_from_fn(what, [n, dh], |e| O::T::lit(angle(e / dh, e % dh).cos()))?;
-        let sin = Tensor::try_from_fn(what, [n, dh], |e| {
+        let cos = Tensor::try_from_fn(what, [1, n, 1, dh], |e| {
+            O::T::lit(angle(e / dh, e % dh).cos())
+        })?;
+        let sin = Tensor::try_from_fn(what, [1, n, 1, dh], |e| {
             let (p, j) = (e / dh, e % dh);
             let s = angle(p, j).sin();
             O::T::lit(if first(j) { -s } else { s })
@@ -97,9 +100,9 @@ impl Rope {
         })?;
         let g = x.scope();
         let swapped = x
-            .reshape(&[rows * n, dh])?
+            .reshape(&[b * n * h, dh])?
             .matmul(&g.constant(partner)?)?
-            .reshape(&[rows, n, dh])?;
+            .reshape(&[b, n, h, dh])?;
         &(x * &g.constant(cos)?)? + &(&swapped * &g.constant(sin)?)?
     }
 }

@@ -869,6 +869,59 @@ fn cross_attention_of_one_input_is_self_attention() {
     );
 }
 
+/// Rotary attention runs its core as the op `scaledDotProductAttention`, fused by default: on
+/// the CUDA sim (the flash kernels' twins) a causal layer of 2 heads over n = 512 positions
+/// never holds one head's (n, n) probabilities (1 MiB), where the composed core
+/// (`with_flash(false)`) keeps both heads' (2 MiB) from the forward to the backward; the
+/// output and one SGD step's parameters agree within f32 rounding.
+#[test]
+fn rotary_attention_keeps_no_scores_when_fused() {
+    let n = 512;
+    let x = tensor::<f32>(&[1, n, 16], 5);
+    let run = |flash: bool| {
+        let mut rt = eager::<f32>(Backend::CudaSim, 3);
+        let mha = MultiHeadAttention::new(&rt.vars().pp("a"), 16, 2, true)
+            .unwrap()
+            .with_rope(Rope::DEFAULT)
+            .unwrap();
+        assert!(mha.flash, "fused by default");
+        let mha = mha.with_flash(flash);
+        let y = rt
+            .eval(&mha, |g| mha.forward(&g.input(x.clone())?))
+            .unwrap();
+        let mut opt = Optimizer::sgd(1.0).unwrap();
+        rt.step(&mha, &mut opt, |g| {
+            mha.forward(&g.input(x.clone())?)?.tanh()?.sum()
+        })
+        .unwrap();
+        let peak = rt
+            .session()
+            .memory_usage()
+            .expect("a CUDA backend")
+            .peak_bytes;
+        let params: Vec<Tensor<f32>> = [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
+            .iter()
+            .map(|p| rt.value_of(p).unwrap())
+            .collect();
+        (y, peak, params)
+    };
+    let (yf, fused_peak, pf) = run(true);
+    let (yc, composed_peak, pc) = run(false);
+    assert!(max_diff(&yf, &yc) < 1e-5, "{}", max_diff(&yf, &yc));
+    for (a, b) in pf.iter().zip(&pc) {
+        assert!(max_diff(a, b) < 1e-4, "{}", max_diff(a, b));
+    }
+    let head_scores = n * n * 4;
+    assert!(
+        fused_peak < head_scores,
+        "fused peak {fused_peak} bytes ≥ one head's scores {head_scores}"
+    );
+    assert!(
+        composed_peak >= fused_peak + 2 * head_scores,
+        "composed peak {composed_peak}, fused {fused_peak}"
+    );
+}
+
 /// Rotary position embeddings (`with_rope`) on the `mha` fixture's self-attention of x (2, 5,
 /// 8): PyTorch's outputs and gradients (x, both weights in the fused layout) for the
 /// interleaved pairs with the causal mask (base 10000, torchtune's complex rotation) and for

@@ -1,11 +1,12 @@
-//! Attention: the static boolean [`Mask`], `maskedSoftmax`, and multi-head self-attention
-//! ([`mha`]).
+//! Attention: the static boolean [`Mask`], `maskedSoftmax`, scaled dot-product attention of
+//! merged heads ([`sdpa`]) and multi-head self-attention ([`mha`]: projections around it).
 //!
 //! The mask is a hard mask: a `false` entry contributes exactly 0 to its softmax row (as if its
 //! score were −∞, but without ever forming ∞ − ∞ = NaN), and a row with nothing allowed outputs
 //! zeros and passes zero gradient.
 
 pub mod mha;
+pub mod sdpa;
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! `maskedSoftmax` and `multiHeadAttention`, forward and backward.
+//! `maskedSoftmax`, `multiHeadAttention` and `scaledDotProductAttention` (its core without the
+//! projections), forward and backward.
 //!
 //! Attention: the projections Q, K, V = x·W and the output y = C·wo run through one GEMM each
 //! (batch folded into rows); the per-head core ([`core`]) then takes the query rows in blocks:
@@ -21,6 +22,7 @@
 use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::ops::attention::mha::{Dims, mha_dims};
+use tl_spec::ops::attention::sdpa::sdpa_dims;
 use tl_spec::ops::attention::{Mask, masked_softmax_shape};
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
@@ -50,6 +52,11 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             scratch.into_iter().for_each(tl_spec::pool::give);
             Ok(y)
         }
+        Op::ScaledDotProductAttention { .. } => {
+            let (y, scratch) = sdpa_forward(op, x, false)?;
+            scratch.into_iter().for_each(tl_spec::pool::give);
+            Ok(y)
+        }
         _ => Err(wrong_family(op, "attention")),
     }
 }
@@ -59,12 +66,14 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
 /// ((B, heads, n, n)), or where the op is `fused` and past [`core::FUSED_KEEP_MAX`]
 /// probabilities ([`core::lean`]) each row's softmax statistics ((B, heads, n, 2): max, 1/sum).
 /// The memory-lean form keeps O(B·n·(P + heads)) floats, not O(B·heads·n²), and its backward
-/// recomputes A block by block from the statistics. Any
-/// other op: its value and nothing saved. [`backward_saved`] takes the list back.
+/// recomputes A block by block from the statistics. `scaledDotProductAttention` keeps the
+/// probabilities or the statistics only (Q, K, V are its operands, C its value). Any other op:
+/// its value and nothing saved. [`backward_saved`] takes the list back.
 pub fn forward_saving<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     check_arity(op, x)?;
     match op {
         Op::MultiHeadAttention { .. } => mha_forward(op, x, true),
+        Op::ScaledDotProductAttention { .. } => sdpa_forward(op, x, true),
         _ => Ok((forward(op, x)?, Vec::new())),
     }
 }
@@ -80,25 +89,8 @@ fn mha_forward<T: Scalar>(
         return Err(wrong_family(op, "attention"));
     };
     let dm = dims(op, x, *heads, mask.as_ref())?;
-    let lean = core::lean(&dm, *fused);
     let [q, k, v] = projections(op, &dm, x)?;
-    let block = core::block_rows(&dm, lean);
-    // Every head's probabilities (or statistics) at once: checked against the allocation cap
-    // before anything is allocated (the op's value alone may be far smaller).
-    let mut kept = match keep {
-        true => Some(tl_spec::alloc::try_for_overwrite(
-            op.name(),
-            core::kept_what(lean),
-            core::kept_len(op, &dm, lean)?,
-        )?),
-        false => None,
-    };
-    let into = match (kept.as_deref_mut(), lean) {
-        (Some(a), false) => core::Keep::Probabilities(a),
-        (Some(st), true) => core::Keep::Stats(st),
-        (None, _) => core::Keep::Nothing,
-    };
-    let c = core::forward(op, &dm, [&q, &k, &v], mask.as_ref(), block, into)?;
+    let (c, kept) = core_forward(op, &dm, [&q, &k, &v], mask.as_ref(), *fused, keep)?;
     let n_rows = dm.batch * dm.n;
     let mut y = tl_spec::alloc::try_for_overwrite(op.name(), "output", n_rows * dm.dm)?;
     matmul(
@@ -111,6 +103,54 @@ fn mha_forward<T: Scalar>(
     )?;
     let saved = [q, k, v, c].into_iter().chain(kept).collect();
     Ok((tensor(x[4].shape().clone(), y)?, saved))
+}
+
+/// `scaledDotProductAttention`'s value (C), with the probabilities or the row statistics
+/// (memory-lean) where `keep` (see [`forward_saving`]).
+fn sdpa_forward<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    keep: bool,
+) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
+    let Op::ScaledDotProductAttention { heads, mask, fused } = op else {
+        return Err(wrong_family(op, "attention"));
+    };
+    let dm = sdpa_dims_of(op, x, *heads, mask.as_ref())?;
+    let qkv = [x[0].data(), x[1].data(), x[2].data()];
+    let (c, kept) = core_forward(op, &dm, qkv, mask.as_ref(), *fused, keep)?;
+    Ok((tensor(x[0].shape().clone(), c)?, kept.into_iter().collect()))
+}
+
+/// The attention core's C (B·n, P) from Q, K, V, and where `keep` what its backward reads
+/// besides them: the probabilities, or each row's statistics when `fused` runs memory-lean
+/// ([`core::lean`]).
+fn core_forward<T: Scalar>(
+    op: &Op,
+    dm: &Dims,
+    qkv: [&[T]; 3],
+    mask: Option<&Mask>,
+    fused: bool,
+    keep: bool,
+) -> Result<(Vec<T>, Option<Vec<T>>)> {
+    let lean = core::lean(dm, fused);
+    let block = core::block_rows(dm, lean);
+    // Every head's probabilities (or statistics) at once: checked against the allocation cap
+    // before anything is allocated (the op's value alone may be far smaller).
+    let mut kept = match keep {
+        true => Some(tl_spec::alloc::try_for_overwrite(
+            op.name(),
+            core::kept_what(lean),
+            core::kept_len(op, dm, lean)?,
+        )?),
+        false => None,
+    };
+    let into = match (kept.as_deref_mut(), lean) {
+        (Some(a), false) => core::Keep::Probabilities(a),
+        (Some(st), true) => core::Keep::Stats(st),
+        (None, _) => core::Keep::Nothing,
+    };
+    let c = core::forward(op, dm, qkv, mask, block, into)?;
+    Ok((c, kept))
 }
 
 /// Operand cotangents of `maskedSoftmax` (one) / `multiHeadAttention` (wq, wk, wv, wo, x),
@@ -189,6 +229,35 @@ pub fn backward_saved<T: Scalar>(
                 .chain(recomputed.into_iter().flatten())
                 .for_each(tl_spec::pool::give);
             Ok(dw)
+        }
+        Op::ScaledDotProductAttention { heads, mask, fused } => {
+            let dm = sdpa_dims_of(op, x, *heads, mask.as_ref())?;
+            check_shape(op, "cotangent", g, x[0].shape())?;
+            let lean = core::lean(&dm, *fused);
+            // Q, K, V are the operands and C the value; the probabilities or the statistics
+            // as the forward kept them, or computed again.
+            let qkv = [x[0].data(), x[1].data(), x[2].data()];
+            let last = match saved {
+                [] => None,
+                _ => {
+                    check_saved(op, saved, &[core::kept_len(op, &dm, lean)?])?;
+                    Some(saved[0].as_slice())
+                }
+            };
+            let kept = core::Kept {
+                qkv,
+                c: Some(y.data()),
+                a: last.filter(|_| !lean),
+                stats: last.filter(|_| lean),
+            };
+            let block = core::block_rows(&dm, lean);
+            let (c, dqkv) = core::backward(op, &dm, &kept, g.data(), mask.as_ref(), block)?;
+            c.into_iter().for_each(tl_spec::pool::give);
+            let mut d: Grads<T> = smallvec![];
+            for dk in dqkv {
+                d.push(Some(tensor(x[0].shape().clone(), dk)?));
+            }
+            Ok(d)
         }
         _ => Err(wrong_family(op, "attention")),
     }
@@ -404,6 +473,19 @@ fn dims<T: Scalar>(op: &Op, x: &[&Tensor<T>], heads: usize, mask: Option<&Mask>)
     let w = [x[0].shape(), x[1].shape(), x[2].shape(), x[3].shape()];
     let (dm, _) = mha_dims(w, x[4].shape(), heads, mask)
         .map_err(|e| SpecError::shape(op.name(), e.to_string()))?;
+    Ok(dm)
+}
+
+/// The sizes of a `scaledDotProductAttention` node (`dm` = P).
+fn sdpa_dims_of<T: Scalar>(
+    op: &Op,
+    x: &[&Tensor<T>],
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<Dims> {
+    let qkv = [x[0].shape(), x[1].shape(), x[2].shape()];
+    let (dm, _) =
+        sdpa_dims(qkv, heads, mask).map_err(|e| SpecError::shape(op.name(), e.to_string()))?;
     Ok(dm)
 }
 

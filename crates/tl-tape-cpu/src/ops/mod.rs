@@ -113,7 +113,11 @@ pub fn forward_saving<T: Scalar>(
 ) -> Result<(Tensor<T>, Vec<Vec<T>>)> {
     let keeps = matches!(
         op,
-        Op::MultiHeadAttention { .. } | Op::Gelu | Op::CrossEntropy { .. } | Op::SafeLog { .. }
+        Op::MultiHeadAttention { .. }
+            | Op::ScaledDotProductAttention { .. }
+            | Op::Gelu
+            | Op::CrossEntropy { .. }
+            | Op::SafeLog { .. }
     ) || op.family() == Family::Norm;
     if !keeps || out_shape(op, x)?.checked_numel() == Some(0) {
         return Ok((forward(op, x, nats)?, Vec::new()));

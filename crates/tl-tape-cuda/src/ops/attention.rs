@@ -34,6 +34,7 @@ use tl_ir::Op;
 use tl_spec::Error as SpecError;
 use tl_spec::ops::attention::Mask;
 use tl_spec::ops::attention::mha::{Dims, mha_dims};
+use tl_spec::ops::attention::sdpa::sdpa_dims;
 
 use super::{Scratch, with_scratch};
 use crate::device::{Batch, Buffer, Device, Flash, FlashDims, FlashMask, Gemm};
@@ -62,15 +63,26 @@ pub fn masked_softmax_back<D: Device>(
     dev.softmax_rows_bwd(y.buffer(), g, rows, n)
 }
 
-/// The attributes of a `multiHeadAttention` node: heads, mask, fused.
+/// The attributes of a `multiHeadAttention` or `scaledDotProductAttention` node: heads,
+/// mask, fused.
 fn attrs(op: &Op) -> Result<(usize, Option<&Mask>, bool)> {
     match op {
-        Op::MultiHeadAttention { heads, mask, fused } => Ok((*heads, mask.as_ref(), *fused)),
-        _ => Err(crate::Error::kernel(
-            op.name(),
-            "not a multiHeadAttention node",
-        )),
+        Op::MultiHeadAttention { heads, mask, fused }
+        | Op::ScaledDotProductAttention { heads, mask, fused } => {
+            Ok((*heads, mask.as_ref(), *fused))
+        }
+        _ => Err(crate::Error::kernel(op.name(), "not an attention node")),
     }
+}
+
+/// The sizes of a `scaledDotProductAttention` node (`dm` = P), checked by the shape rule.
+fn sdpa_dims_of(op: &Op, x: &[&AnyBuffer], heads: usize, mask: Option<&Mask>) -> Result<Dims> {
+    if x.len() != 3 {
+        return Err(
+            SpecError::shape(op.name(), format!("{} operands, expected 3", x.len())).into(),
+        );
+    }
+    Ok(sdpa_dims([x[0].shape(), x[1].shape(), x[2].shape()], heads, mask)?.0)
 }
 
 /// The sizes of one attention node, checked by the shape rule.
@@ -429,4 +441,99 @@ fn projection_grads<D: Device>(
         dev.matmul_acc(dx, proj[2], x[2].buffer(), back)?;
     }
     Ok(())
+}
+
+/// Forward of `scaledDotProductAttention` on `[q, k, v]` (the heads merged, as the
+/// projections of `multiHeadAttention` leave them): C and the workspace its backward reuses:
+/// each row's log-sum-exp (`fused`: [`Device::flash_attention`], O(n·P) memory) or the
+/// probabilities (composed). Under autocast a `fused` node runs the composed products and
+/// keeps nothing (its backward recomputes A), as `multiHeadAttention`'s.
+pub fn sdpa<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer, Vec<Buffer>)> {
+    let (heads, mask, fused) = attrs(op)?;
+    let dm = sdpa_dims_of(op, x, heads, mask)?;
+    let [q, k, v] = [0, 1, 2].map(|i| x[i].buffer());
+    if fused && !crate::precision::current().is_autocast() {
+        let f = flash_of(op, &dm, mask)?;
+        let (c, lse) = dev.flash_attention([q, k, v], &f)?;
+        return Ok((c, vec![lse]));
+    }
+    with_scratch(dev, |dev, s| {
+        let a = probabilities(dev, s, &dm, q, k, mask)?;
+        let av = Gemm::nn(dm.n, dm.n, dm.d);
+        let c = dev.bmm_heads(a, v, by_head(&dm, [false, true, true]), av)?;
+        if fused {
+            return Ok((c, Vec::new()));
+        }
+        s.keep(&[a]);
+        Ok((c, vec![a]))
+    })
+}
+
+/// Backward of `scaledDotProductAttention`: `[dq, dk, dv]`, `None` where not needed, from the
+/// node's value `c` and what [`sdpa`] kept (`workspace`: read while live and of the right
+/// length, else recomputed). On error every cotangent already computed is released.
+pub fn sdpa_back<D: Device>(
+    dev: &mut D,
+    op: &Op,
+    x: &[&AnyBuffer],
+    c: &AnyBuffer,
+    g: Buffer,
+    needs: &[bool],
+    workspace: &[Buffer],
+) -> Result<[Option<Buffer>; 3]> {
+    let (heads, mask, fused) = attrs(op)?;
+    let dm = sdpa_dims_of(op, x, heads, mask)?;
+    let need = |k: usize| needs.get(k).copied().unwrap_or(false);
+    if !(0..3).any(need) {
+        return Ok([None, None, None]);
+    }
+    let [q, k, v] = [0, 1, 2].map(|i| x[i].buffer());
+    let c = c.buffer();
+    let live = |len: usize| match workspace {
+        [b] if b.len() == len && dev.is_live(*b) => Some(*b),
+        _ => None,
+    };
+    let flash = match fused && !crate::precision::current().is_autocast() {
+        true => Some(flash_of(op, &dm, mask)?),
+        false => None,
+    };
+    let kept = match &flash {
+        Some(f) => live(f.dims.rows_len()),
+        None => live(dm.batch * dm.heads * dm.n * dm.n),
+    };
+    let grads = with_scratch(dev, |dev, s| match &flash {
+        Some(f) => {
+            let lse = match kept {
+                Some(lse) => lse,
+                None => {
+                    let (c_again, lse) = dev.flash_attention([q, k, v], f)?;
+                    s.tmp(c_again);
+                    s.tmp(lse)
+                }
+            };
+            dev.flash_attention_bwd([q, k, v], c, lse, g, f)
+        }
+        None => {
+            let ch = Chain {
+                q,
+                k,
+                v,
+                c,
+                a: kept,
+            };
+            let d = core_grads(dev, s, &dm, mask, &ch, g)?;
+            s.keep(&d);
+            Ok(d)
+        }
+    })?;
+    let mut out: [Option<Buffer>; 3] = [None; 3];
+    for (i, b) in grads.into_iter().enumerate() {
+        match need(i) {
+            true => out[i] = Some(b),
+            false => {
+                dev.release(b);
+            }
+        }
+    }
+    Ok(out)
 }

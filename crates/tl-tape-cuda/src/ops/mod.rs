@@ -211,6 +211,10 @@ pub fn forward<D: Device>(
             let (y, w) = attention::mha(dev, op, x)?;
             return kept(dev, op, shape, y, w);
         }
+        ScaledDotProductAttention { .. } => {
+            let (y, w) = attention::sdpa(dev, op, x)?;
+            return kept(dev, op, shape, y, w);
+        }
         Conv { .. } | ConvTranspose { .. } => conv::forward(dev, op, x, shape),
         MaxPool { .. } | AvgPool { .. } | SmoothMaxPool { .. } => {
             pool::forward(dev, op, x[0], shape)
@@ -476,6 +480,10 @@ fn backward_into<D: Device>(
         MaskedSoftmax { mask } => g.push(0, |d| attention::masked_softmax_back(d, y, gb, mask)),
         MultiHeadAttention { .. } => {
             let d = attention::mha_back(g.dev, op, x, gb, g.needs, workspace)?;
+            g.set_all(d)
+        }
+        ScaledDotProductAttention { .. } => {
+            let d = attention::sdpa_back(g.dev, op, x, y, gb, g.needs, workspace)?;
             g.set_all(d)
         }
         Conv { .. } | ConvTranspose { .. } => {

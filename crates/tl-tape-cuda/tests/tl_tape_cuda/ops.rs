@@ -96,7 +96,8 @@ fn cases(op: &Op) -> Vec<Case> {
         | BatchNorm { .. }
         | BatchMoments
         | MaskedSoftmax { .. }
-        | MultiHeadAttention { .. } => vec![],
+        | MultiHeadAttention { .. }
+        | ScaledDotProductAttention { .. } => vec![],
         Conv { .. }
         | ConvTranspose { .. }
         | MaxPool { .. }

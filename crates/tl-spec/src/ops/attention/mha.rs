@@ -7,21 +7,16 @@
 //!
 //! The JVP is taken by forward mode through the composition (`tl_ir::compose`), not here.
 
-use super::{Mask, check_mask, masked_softmax_row};
+use super::{Mask, check_mask, sdpa};
 use crate::ops::linalg::gemm;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
 /// The op's name, in its errors.
 const OP: &str = "multiHeadAttention";
 
-/// `a·b` zeros (a buffer of the op), the count checked for overflow and the buffer allocated
-/// fallibly: an error naming the op.
+/// `a·b` zeros (a buffer of the op), an error naming the op.
 fn zeros<T: Scalar>(what: &str, a: usize, b: usize) -> Result<Vec<T>> {
-    let n = a.checked_mul(b).ok_or_else(|| Error::TooLarge {
-        op: OP,
-        detail: format!("{what}: {a}·{b} elements overflow usize"),
-    })?;
-    crate::alloc::try_zeroed(OP, what, n)
+    sdpa::zeros(OP, what, a, b)
 }
 
 /// The sizes of one attention application.
@@ -31,7 +26,7 @@ pub struct Dims {
     pub batch: usize,
     /// Sequence length n.
     pub n: usize,
-    /// Model width dModel.
+    /// Model width dModel (for `scaledDotProductAttention`, which has none, P).
     pub dm: usize,
     /// Projection width P = heads·d.
     pub p: usize,
@@ -110,39 +105,6 @@ pub fn mha_dims(
     Ok((dims, x.clone()))
 }
 
-/// Per-sample, per-head attention: A (heads, n, n) and C (n, P) of one sample.
-fn core<T: Scalar>(
-    dm: &Dims,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    mask: Option<&Mask>,
-) -> Result<(Vec<T>, Vec<T>)> {
-    let Dims { n, p, heads, d, .. } = *dm;
-    let scale = T::one() / T::lit(d as f64).sqrt();
-    let all = vec![true; n];
-    let mut a = zeros("attention weights", heads, n.saturating_mul(n))?;
-    let mut c = zeros("attention output", n, p)?;
-    let mut s = vec![T::zero(); n];
-    for h in 0..heads {
-        for i in 0..n {
-            for (j, sj) in s.iter_mut().enumerate() {
-                *sj = (0..d)
-                    .map(|t| q[i * p + h * d + t] * k[j * p + h * d + t])
-                    .sum::<T>()
-                    * scale;
-            }
-            let allowed = mask.map_or(&all[..], |m| m.row(i));
-            let arow = &mut a[(h * n + i) * n..(h * n + i + 1) * n];
-            masked_softmax_row(&s, allowed, arow);
-            for t in 0..d {
-                c[i * p + h * d + t] = (0..n).map(|j| arow[j] * v[j * p + h * d + t]).sum();
-            }
-        }
-    }
-    Ok((a, c))
-}
-
 /// Q, K, V of all rows (B·n, P).
 fn projections<T: Scalar>(dm: &Dims, w: [&Tensor<T>; 3], x: &Tensor<T>) -> Result<[Vec<T>; 3]> {
     let rows = dm.batch * dm.n;
@@ -179,7 +141,7 @@ pub fn multi_head_attention<T: Scalar>(
     let mut y = zeros("output", dm.batch * n, dm.dm)?;
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
-        let (_, c) = core(&dm, &q[r.clone()], &k[r.clone()], &v[r], mask)?;
+        let (_, c) = sdpa::sample(OP, &dm, [&q[r.clone()], &k[r.clone()], &v[r]], mask)?;
         let yb = &mut y[b * n * dm.dm..(b + 1) * n * dm.dm];
         gemm(&c, false, w[3].data(), false, n, p, dm.dm, yb, true);
     }
@@ -201,8 +163,7 @@ pub fn multi_head_attention_vjp<T: Scalar>(
             format!("cotangent has shape {}, expected {shape}", g.shape()),
         ));
     }
-    let Dims { n, p, d, .. } = dm;
-    let scale = T::one() / T::lit(d as f64).sqrt();
+    let (n, p) = (dm.n, dm.p);
     let [q, k, v] = projections(&dm, [w[0], w[1], w[2]], x)?;
     let rows = dm.batch * n;
     let (mut dq, mut dk, mut dv) = (
@@ -213,37 +174,15 @@ pub fn multi_head_attention_vjp<T: Scalar>(
     let mut dwo = zeros("weight gradient", p, dm.dm)?;
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
-        let (qb, kb, vb) = (&q[r.clone()], &k[r.clone()], &v[r.clone()]);
-        let (a, c) = core(&dm, qb, kb, vb, mask)?;
+        let qkv = [&q[r.clone()], &k[r.clone()], &v[r.clone()]];
+        let (a, c) = sdpa::sample(OP, &dm, qkv, mask)?;
         let gb = &g.data()[b * n * dm.dm..(b + 1) * n * dm.dm];
         // y = C·wo: dwo += Cᵀ·g, dC = g·woᵀ.
         gemm(&c, true, gb, false, p, n, dm.dm, &mut dwo, true);
         let mut dc = zeros("gradient", n, p)?;
         gemm(gb, false, w[3].data(), true, n, dm.dm, p, &mut dc, true);
-        for h in 0..dm.heads {
-            let col = |i: usize, t: usize| i * p + h * d + t;
-            for i in 0..n {
-                let arow = &a[(h * n + i) * n..(h * n + i + 1) * n];
-                // O_i = Σ_j A_ij V_j: dA_ij = dO_i·V_j, dV_j += A_ij dO_i.
-                let da: Vec<T> = (0..n)
-                    .map(|j| (0..d).map(|t| dc[col(i, t)] * vb[col(j, t)]).sum())
-                    .collect();
-                for j in 0..n {
-                    for t in 0..d {
-                        dv[r.start + col(j, t)] += arow[j] * dc[col(i, t)];
-                    }
-                }
-                // Softmax VJP, then S_ij = scale·Q_i·K_j.
-                let dot: T = arow.iter().zip(&da).map(|(&a, &g)| a * g).sum();
-                for j in 0..n {
-                    let ds = arow[j] * (da[j] - dot) * scale;
-                    for t in 0..d {
-                        dq[r.start + col(i, t)] += ds * kb[col(j, t)];
-                        dk[r.start + col(j, t)] += ds * qb[col(i, t)];
-                    }
-                }
-            }
-        }
+        let out = [&mut dq[r.clone()], &mut dk[r.clone()], &mut dv[r]];
+        sdpa::sample_vjp(&dm, qkv, &a, &dc, out);
     }
     // Q = x·wq: dwq = xᵀ·dQ, dx += dQ·wqᵀ (and likewise for K and V).
     let mut dx = zeros("input gradient", rows, dm.dm)?;

@@ -1,0 +1,204 @@
+//! Scaled dot-product attention of merged heads, `(q, k, v) ↦ C`, written as naive loops: the
+//! core of [`mha`](super::mha) without its projections (which runs on these functions).
+//!
+//! q, k, v are (n, P) or batched (B, n, P), all of one shape, P = heads·d with the heads side
+//! by side in each row: head h reads columns h·d..(h+1)·d (the layout of
+//! `multiHeadAttention`'s Q, K, V). Per sample and head, `A = maskedSoftmax(Q_h K_hᵀ/√d)` and
+//! `C_h = A·V_h`, written into C's head columns; C has q's shape. PyTorch:
+//! `F.scaled_dot_product_attention(q', k', v', attn_mask=mask)` on `q' = q.view(B, n, heads,
+//! d).transpose(1, 2)` (likewise k', v'), the result transposed back and viewed as (B, n, P),
+//! except that a query whose mask hides every key gets zeros (PyTorch: NaN).
+//!
+//! The JVP is taken by forward mode through the composition (`tl_ir::compose`), not here.
+
+use super::mha::Dims;
+use super::{Mask, check_mask, masked_softmax_row};
+use crate::{Error, Result, Scalar, Shape, Tensor};
+
+/// The op's name, in its errors.
+const OP: &str = "scaledDotProductAttention";
+
+/// Shape rule of `scaledDotProductAttention(q, k, v)` with the static `heads` and `mask`:
+/// returns the sizes (`dm` = `p`: no model width of its own) and the output shape (q's).
+pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<(Dims, Shape)> {
+    let [q, k, v] = qkv;
+    let (batch, n, p) = match *q.dims() {
+        [n, p] => (1, n, p),
+        [b, n, p] => (b, n, p),
+        _ => {
+            return Err(Error::shape(
+                OP,
+                format!("q must be (n, P) or (B, n, P), got {q}"),
+            ));
+        }
+    };
+    for (name, s) in [("k", k), ("v", v)] {
+        if s != q {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{name} must have q's shape {q} (self-attention: as many keys as queries), got {s}"
+                ),
+            ));
+        }
+    }
+    if n == 0 {
+        return Err(Error::shape(
+            OP,
+            format!("the sequence is empty (q {q}): no key to attend to"),
+        ));
+    }
+    if heads == 0 || p == 0 || p % heads != 0 {
+        return Err(Error::param(
+            OP,
+            format!("heads = {heads} must be ≥ 1 and divide the width P = {p} > 0 of q {q}"),
+        ));
+    }
+    if let Some(m) = mask {
+        check_mask(OP, m, n, n)?;
+    }
+    let dims = Dims {
+        batch,
+        n,
+        dm: p,
+        p,
+        heads,
+        d: p / heads,
+    };
+    Ok((dims, q.clone()))
+}
+
+/// `a·b` zeros for `op` (a buffer of the op), the count checked for overflow and the buffer
+/// allocated fallibly: an error naming the op.
+pub(super) fn zeros<T: Scalar>(op: &'static str, what: &str, a: usize, b: usize) -> Result<Vec<T>> {
+    let n = a.checked_mul(b).ok_or_else(|| Error::TooLarge {
+        op,
+        detail: format!("{what}: {a}·{b} elements overflow usize"),
+    })?;
+    crate::alloc::try_zeroed(op, what, n)
+}
+
+/// One sample's attention (q, k, v: its (n, P) rows): the probabilities A (heads, n, n) and
+/// C (n, P). `op` names the caller in allocation errors.
+pub(super) fn sample<T: Scalar>(
+    op: &'static str,
+    dm: &Dims,
+    [q, k, v]: [&[T]; 3],
+    mask: Option<&Mask>,
+) -> Result<(Vec<T>, Vec<T>)> {
+    let Dims { n, p, heads, d, .. } = *dm;
+    let scale = T::one() / T::lit(d as f64).sqrt();
+    let all = vec![true; n];
+    let mut a = zeros(op, "attention weights", heads, n.saturating_mul(n))?;
+    let mut c = zeros(op, "attention output", n, p)?;
+    let mut s = vec![T::zero(); n];
+    for h in 0..heads {
+        for i in 0..n {
+            for (j, sj) in s.iter_mut().enumerate() {
+                *sj = (0..d)
+                    .map(|t| q[i * p + h * d + t] * k[j * p + h * d + t])
+                    .sum::<T>()
+                    * scale;
+            }
+            let allowed = mask.map_or(&all[..], |m| m.row(i));
+            let arow = &mut a[(h * n + i) * n..(h * n + i + 1) * n];
+            masked_softmax_row(&s, allowed, arow);
+            for t in 0..d {
+                c[i * p + h * d + t] = (0..n).map(|j| arow[j] * v[j * p + h * d + t]).sum();
+            }
+        }
+    }
+    Ok((a, c))
+}
+
+/// One sample's VJP: adds into `dq`, `dk`, `dv` (its (n, P) rows) the cotangents of q, k, v
+/// for C's cotangent `dc`, from the sample's operands and its probabilities `a`
+/// ([`sample`]).
+pub(super) fn sample_vjp<T: Scalar>(
+    dm: &Dims,
+    [q, k, v]: [&[T]; 3],
+    a: &[T],
+    dc: &[T],
+    [dq, dk, dv]: [&mut [T]; 3],
+) {
+    let Dims { n, p, heads, d, .. } = *dm;
+    let scale = T::one() / T::lit(d as f64).sqrt();
+    for h in 0..heads {
+        let col = |i: usize, t: usize| i * p + h * d + t;
+        for i in 0..n {
+            let arow = &a[(h * n + i) * n..(h * n + i + 1) * n];
+            // O_i = Σ_j A_ij V_j: dA_ij = dO_i·V_j, dV_j += A_ij dO_i.
+            let da: Vec<T> = (0..n)
+                .map(|j| (0..d).map(|t| dc[col(i, t)] * v[col(j, t)]).sum())
+                .collect();
+            for j in 0..n {
+                for t in 0..d {
+                    dv[col(j, t)] += arow[j] * dc[col(i, t)];
+                }
+            }
+            // Softmax VJP, then S_ij = scale·Q_i·K_j.
+            let dot: T = arow.iter().zip(&da).map(|(&a, &g)| a * g).sum();
+            for j in 0..n {
+                let ds = arow[j] * (da[j] - dot) * scale;
+                for t in 0..d {
+                    dq[col(i, t)] += ds * k[col(j, t)];
+                    dk[col(j, t)] += ds * q[col(i, t)];
+                }
+            }
+        }
+    }
+}
+
+/// Scaled dot-product attention of merged heads (module docs). PyTorch:
+/// `F.scaled_dot_product_attention` on the heads split out and transposed.
+pub fn scaled_dot_product_attention<T: Scalar>(
+    qkv: [&Tensor<T>; 3],
+    heads: usize,
+    mask: Option<&Mask>,
+) -> Result<Tensor<T>> {
+    let (dm, shape) = sdpa_dims(qkv.map(Tensor::shape), heads, mask)?;
+    let len = dm.n * dm.p;
+    let mut c = zeros(OP, "output", dm.batch, len)?;
+    for b in 0..dm.batch {
+        let r = b * len..(b + 1) * len;
+        let (_, cb) = sample(OP, &dm, qkv.map(|t| &t.data()[r.clone()]), mask)?;
+        c[r].copy_from_slice(&cb);
+    }
+    Tensor::new(shape, c)
+}
+
+/// VJP of `scaledDotProductAttention`: `[dq, dk, dv]` for the output cotangent `g`.
+pub fn scaled_dot_product_attention_vjp<T: Scalar>(
+    qkv: [&Tensor<T>; 3],
+    heads: usize,
+    mask: Option<&Mask>,
+    g: &Tensor<T>,
+) -> Result<[Tensor<T>; 3]> {
+    let (dm, shape) = sdpa_dims(qkv.map(Tensor::shape), heads, mask)?;
+    if g.shape() != &shape {
+        return Err(Error::shape(
+            OP,
+            format!("cotangent has shape {}, expected {shape}", g.shape()),
+        ));
+    }
+    let len = dm.n * dm.p;
+    let mut d = [
+        zeros(OP, "gradient", dm.batch, len)?,
+        zeros(OP, "gradient", dm.batch, len)?,
+        zeros(OP, "gradient", dm.batch, len)?,
+    ];
+    for b in 0..dm.batch {
+        let r = b * len..(b + 1) * len;
+        let x = qkv.map(|t| &t.data()[r.clone()]);
+        let (a, _) = sample(OP, &dm, x, mask)?;
+        let [dq, dk, dv] = &mut d;
+        let out = [&mut dq[r.clone()], &mut dk[r.clone()], &mut dv[r.clone()]];
+        sample_vjp(&dm, x, &a, &g.data()[r.clone()], out);
+    }
+    let [dq, dk, dv] = d;
+    Ok([
+        Tensor::new(shape.clone(), dq)?,
+        Tensor::new(shape.clone(), dk)?,
+        Tensor::new(shape, dv)?,
+    ])
+}
