@@ -242,10 +242,13 @@ pub enum LayerSpec {
         batch: Option<usize>,
     },
     /// `MultiHeadAttention::forward_qkv` of x (\[B,\] nq, d) over a constant memory (keys =
-    /// values), with or without a key mask.
+    /// values), with or without a key mask; grouped (`MultiHeadAttention::grouped`) where
+    /// `kv_heads` < `heads`.
     CrossAttention {
         /// Heads.
         heads: usize,
+        /// Key/value heads (dividing `heads`).
+        kv_heads: usize,
         /// Width per head.
         head_dim: usize,
         /// Queries.
@@ -555,12 +558,23 @@ impl LayerSpec {
             LayerSpec::Embedding { num, dim, .. } => vec![(vec![*num, *dim], Weight)],
             LayerSpec::Attention {
                 heads, head_dim, ..
-            }
-            | LayerSpec::CrossAttention {
-                heads, head_dim, ..
             } => {
                 let d = heads * head_dim;
                 vec![(vec![d, d], Weight); 4]
+            }
+            LayerSpec::CrossAttention {
+                heads,
+                kv_heads,
+                head_dim,
+                ..
+            } => {
+                let (d, kv) = (heads * head_dim, kv_heads * head_dim);
+                vec![
+                    (vec![d, d], Weight),
+                    (vec![d, kv], Weight),
+                    (vec![d, kv], Weight),
+                    (vec![d, d], Weight),
+                ]
             }
             LayerSpec::Spectral { width, modes, .. } => {
                 vec![(vec![*modes, *width, *width], Weight); 2]
@@ -801,6 +815,7 @@ impl LayerSpec {
             }
             LayerSpec::CrossAttention {
                 heads,
+                kv_heads,
                 head_dim,
                 nq,
                 nk,
@@ -811,6 +826,7 @@ impl LayerSpec {
             } => {
                 let sizes = CrossSizes {
                     heads: *heads,
+                    kv_heads: *kv_heads,
                     head_dim: *head_dim,
                     nq: *nq,
                     nk: *nk,
@@ -1048,13 +1064,15 @@ impl LayerSpec {
             }
             LayerSpec::CrossAttention {
                 heads,
+                kv_heads,
                 head_dim,
                 memory,
                 keep,
                 rope,
                 ..
             } => {
-                let mut mha = MultiHeadAttention::new(vars, heads * head_dim, *heads, false)?;
+                let d = heads * head_dim;
+                let mut mha = MultiHeadAttention::grouped(vars, d, *heads, *kv_heads, false)?;
                 if let Some(rope) = rope {
                     mha = mha.with_rope(*rope)?;
                 }
@@ -1358,11 +1376,15 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
             })
             .boxed(),
         "CrossAttention" => (
-            (1usize..=2, 1usize..=3, 1usize..=3, 1usize..=4),
+            (1usize..=4, 1usize..=3, 1usize..=3, 1usize..=4),
             opt_batch(),
             prop::option::of(any::<bool>()),
+            any::<prop::sample::Index>(),
         )
-            .prop_flat_map(|((heads, head_dim, nq, nk), batch, rope)| {
+            .prop_flat_map(|((heads, head_dim, nq, nk), batch, rope, kv)| {
+                // Key/value heads: a divisor of heads (fewer: grouped-query attention).
+                let divisors: Vec<usize> = (1..=heads).filter(|k| heads % k == 0).collect();
+                let kv_heads = *kv.get(&divisors);
                 // With rotary embeddings the head size is even: 1 → 2, 3 → 4.
                 let rope = rope.map(|interleaved| match interleaved {
                     true => tl_nn::Rope::DEFAULT,
@@ -1380,32 +1402,35 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 let b = batch.unwrap_or(1);
                 let mem: Vec<usize> = batch.iter().copied().chain([nk, d]).collect();
                 (
-                    Just((heads, head_dim, nq, nk, batch, rope)),
+                    Just((heads, kv_heads, head_dim, nq, nk, batch, rope)),
                     values(mem, -1.5, 1.5),
                     prop::option::of(prop::collection::vec(any::<bool>(), b * nk)),
                 )
             })
-            .prop_map(|((heads, head_dim, nq, nk, batch, rope), memory, keep)| {
-                // Each batch element keeps one key at least (else the layer refuses it).
-                let keep = keep.map(|mut k| {
-                    for row in k.chunks_mut(nk) {
-                        if !row.iter().any(|&v| v) {
-                            row[0] = true;
+            .prop_map(
+                |((heads, kv_heads, head_dim, nq, nk, batch, rope), memory, keep)| {
+                    // Each batch element keeps one key at least (else the layer refuses it).
+                    let keep = keep.map(|mut k| {
+                        for row in k.chunks_mut(nk) {
+                            if !row.iter().any(|&v| v) {
+                                row[0] = true;
+                            }
                         }
+                        k
+                    });
+                    LayerSpec::CrossAttention {
+                        heads,
+                        kv_heads,
+                        head_dim,
+                        nq,
+                        nk,
+                        batch,
+                        memory,
+                        keep,
+                        rope,
                     }
-                    k
-                });
-                LayerSpec::CrossAttention {
-                    heads,
-                    head_dim,
-                    nq,
-                    nk,
-                    batch,
-                    memory,
-                    keep,
-                    rope,
-                }
-            })
+                },
+            )
             .boxed(),
         "SpectralConv1d" => (1usize..=3, 1usize..=3, 0usize..=3, opt_batch())
             .prop_map(|(width, modes, extra, batch)| LayerSpec::Spectral {

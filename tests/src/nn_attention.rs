@@ -4,7 +4,9 @@
 //! (where the layer reshapes and swaps axes), the heads put back by its transpose and summed,
 //! the batch elements joined by `concat`; rotary position embeddings as one block-diagonal
 //! matrix of 2×2 rotations on each head's flattened (n·dh) queries and keys, where the layer
-//! multiplies by cosine and sine tables and a pair-swapping matrix.
+//! multiplies by cosine and sine tables and a pair-swapping matrix; a grouped layer's query
+//! head picking its key/value head's columns, where the layer broadcasts each key/value head
+//! to its group.
 
 use tl_ir::{GraphBuilder, Id, Op};
 use tl_nn::{Rope, RopeLayout};
@@ -18,6 +20,8 @@ const MASKED: f64 = -1e30;
 pub struct CrossSizes {
     /// Heads.
     pub heads: usize,
+    /// Key/value heads (dividing `heads`; query head i reads key/value head i·kv_heads/heads).
+    pub kv_heads: usize,
     /// Width per head.
     pub head_dim: usize,
     /// Queries.
@@ -64,8 +68,8 @@ fn rotated(b: &mut GraphBuilder, rope: Rope, t: Id, n: usize, dh: usize) -> tl_i
 }
 
 /// `softmax(Q_h·K_hᵀ/√dh + bias)·V_h` per batch element and head, summed back into the model
-/// width and projected by Wo: `w` are the leaves of Wq, Wk, Wv, Wo (each (d, d), applied as
-/// `x·W`), `x` the queries' leaf ((nq, d) or (B, nq, d)), `memory` the keys and values
+/// width and projected by Wo: `w` are the leaves of Wq, Wk, Wv, Wo ((d, d), (d, kv·dh) twice,
+/// (d, d), applied as `x·W`), `x` the queries' leaf ((nq, d) or (B, nq, d)), `memory` the keys and values
 /// ((nk, d) or (B, nk, d), a constant), `keep` the key mask (B·nk values, true = attend).
 pub fn cross_attention_ref(
     b: &mut GraphBuilder,
@@ -76,7 +80,7 @@ pub fn cross_attention_ref(
     keep: Option<&[bool]>,
 ) -> tl_ir::Result<Id> {
     let (h, dh, nq, nk) = (s.heads, s.head_dim, s.nq, s.nk);
-    let d = h * dh;
+    let (d, dkv) = (h * dh, s.kv_heads * dh);
     let batches = s.batch.unwrap_or(1);
     let flat = b.apply(Op::Reshape(Shape::new(&[batches * nq, d])), &[x])?;
     let mut joined: Option<Id> = None;
@@ -109,13 +113,19 @@ pub fn cross_attention_ref(
             });
             let put = tl_spec::ops::shape::transpose2d(&pick).expect("2-D");
             let pick = b.apply(Op::Constant(pick), &[])?;
+            // Its key/value head's columns of K and V, (dkv, dh).
+            let kv_head = head * s.kv_heads / h;
+            let pick_kv = Tensor::from_fn([dkv, dh], |e| {
+                f64::from(u8::from(e / dh == kv_head * dh + e % dh))
+            });
+            let pick_kv = b.apply(Op::Constant(pick_kv), &[])?;
             let mut qh = b.apply(Op::Matmul, &[q, pick])?;
-            let mut kh = b.apply(Op::Matmul, &[k, pick])?;
+            let mut kh = b.apply(Op::Matmul, &[k, pick_kv])?;
             if let Some(rope) = s.rope {
                 qh = rotated(b, rope, qh, nq, dh)?;
                 kh = rotated(b, rope, kh, nk, dh)?;
             }
-            let vh = b.apply(Op::Matmul, &[v, pick])?;
+            let vh = b.apply(Op::Matmul, &[v, pick_kv])?;
             let kt = b.apply(Op::Transpose2d, &[kh])?;
             let scores = b.apply(Op::Matmul, &[qh, kt])?;
             let mut scores = b.apply(Op::Scale(1.0 / (dh as f64).sqrt()), &[scores])?;

@@ -118,6 +118,7 @@ impl Harness {
                 "layers::",
                 "cross_attention",
                 "rotary",
+                "grouped_query",
                 "activations::",
                 "losses::",
                 "session_state::",

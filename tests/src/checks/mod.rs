@@ -94,7 +94,7 @@ pub fn reduction_len(graph: &GraphData) -> usize {
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => last(0).max(numel(0) / last(0).max(1)),
             Op::BatchNorm { .. } | Op::BatchMoments => numel(0),
             Op::SpectralConv1dRfft { .. } => (0..node.args().len()).map(numel).max().unwrap_or(1),
-            Op::MultiHeadAttention { .. } => largest(),
+            Op::MultiHeadAttention { .. } | Op::ScaledDotProductAttention { .. } => largest(),
             Op::MaxPool { kernel, .. }
             | Op::AvgPool { kernel, .. }
             | Op::SmoothMaxPool { kernel, .. } => kernel.iter().product(),

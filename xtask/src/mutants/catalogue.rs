@@ -1114,6 +1114,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Layers,
     },
     Mutant {
+        id: "nn-gqa-heads-tiled",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/cross_attention.rs",
+        from: ".reshape(&[b, n, heads, 1, dh])?\n                        .broadcast_to(&tl_spec::Shape::new(&[b, n, heads, h / heads, dh]))?",
+        to: ".reshape(&[b, n, 1, heads, dh])?\n                        .broadcast_to(&tl_spec::Shape::new(&[b, n, h / heads, heads, dh]))?",
+        bug: "a grouped layer tiles its key/value heads (query head i reads key/value head i mod kv_heads), not PyTorch's repeat_interleave (i·kv_heads/heads)",
+        harness: Layers,
+    },
+    Mutant {
         id: "nn-hardswish-kink-inside",
         area: Nn,
         file: "crates/tl-nn/src/activation.rs",

@@ -20,8 +20,9 @@ use crate::{Init, Module, Parameters, Result, Runtime, Var, Vars};
 /// allowed) is shared by the batch: causal, key padding, or any (n, n) pattern. PyTorch:
 /// `nn.MultiheadAttention(d, heads, bias=False, batch_first=True)` with `attn_mask`.
 /// [`forward_qkv`](Self::forward_qkv) attends over separate keys and values
-/// (cross-attention), and [`with_rope`](Self::with_rope) rotates queries and keys by their
-/// positions.
+/// (cross-attention), [`with_rope`](Self::with_rope) rotates queries and keys by their
+/// positions, and [`grouped`](Self::grouped) makes a layer with fewer key and value heads than
+/// query heads (grouped-query attention).
 ///
 /// The attention core runs fused by default ([`flash`](Self::flash), the seeds' `useFlash :=
 /// true`): on the CUDA tape the flash kernels (kernels/attention.cu: O(n·d) device memory per
@@ -31,14 +32,18 @@ use crate::{Init, Module, Parameters, Result, Runtime, Var, Vars};
 pub struct MultiHeadAttention {
     /// Query projection (d, d), named `wq`.
     pub wq: Param,
-    /// Key projection (d, d), named `wk`.
+    /// Key projection (d, kv_heads·d/heads: (d, d) unless [`grouped`](Self::grouped)), named
+    /// `wk`.
     pub wk: Param,
-    /// Value projection (d, d), named `wv`.
+    /// Value projection (the shape of `wk`), named `wv`.
     pub wv: Param,
     /// Output projection (d, d), named `wo`.
     pub wo: Param,
-    /// Number of heads.
+    /// Number of (query) heads.
     pub heads: usize,
+    /// Number of key and value heads: `heads` unless [`grouped`](Self::grouped), where each
+    /// key/value head serves `heads / kv_heads` consecutive query heads.
+    pub kv_heads: usize,
     /// Whether `forward` applies a causal mask.
     pub causal: bool,
     /// Whether the op runs fused (`multiHeadAttention`'s `fused`, the seeds' `useFlash`): `true`
@@ -58,22 +63,64 @@ pub struct MultiHeadAttention {
 impl MultiHeadAttention {
     /// Attention of width `d` with `heads` heads (dividing `d`); `causal` masks the future.
     pub fn new<O: Train>(vars: &Vars<'_, O>, d: usize, heads: usize, causal: bool) -> Result<Self> {
+        Self::build("MultiHeadAttention::new", vars, d, (heads, heads), causal)
+    }
+
+    /// Grouped-query attention (GQA; `kv_heads` = 1 is multi-query attention): `heads` query
+    /// heads over `kv_heads` key and value heads (dividing `heads`), query head i reading
+    /// key/value head ⌊i·kv_heads/heads⌋; `wk` and `wv` are (d, kv_heads·dh), dh = d/heads,
+    /// Xavier-uniform over that shape. Every pass runs the attention of
+    /// [`forward_qkv`](Self::forward_qkv): the projections, each key/value head broadcast to its
+    /// group (`broadcastTo`, whose gradient sums the group), then the op
+    /// `scaledDotProductAttention`. PyTorch has no such `nn.MultiheadAttention`:
+    /// `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` on the projections (Hugging
+    /// Face's `repeat_kv`, torchtune's `MultiHeadAttention(num_kv_heads=…)`), so
+    /// [`pytorch_state`](Self::pytorch_state) is an error for such a layer.
+    pub fn grouped<O: Train>(
+        vars: &Vars<'_, O>,
+        d: usize,
+        heads: usize,
+        kv_heads: usize,
+        causal: bool,
+    ) -> Result<Self> {
+        Self::build(
+            "MultiHeadAttention::grouped",
+            vars,
+            d,
+            (heads, kv_heads),
+            causal,
+        )
+    }
+
+    /// The layer of [`new`](Self::new) and [`grouped`](Self::grouped), its sizes checked.
+    fn build<O: Train>(
+        what: &'static str,
+        vars: &Vars<'_, O>,
+        d: usize,
+        (heads, kv_heads): (usize, usize),
+        causal: bool,
+    ) -> Result<Self> {
         if d == 0 || heads == 0 || !d.is_multiple_of(heads) {
             return Err(usage(
-                "MultiHeadAttention::new",
+                what,
                 format!("need heads ≥ 1 dividing the width d ≥ 1, got d {d}, heads {heads}"),
             ));
         }
-        let xavier = Init::XavierUniform {
-            fan_in: d,
-            fan_out: d,
-        };
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(usage(
+                what,
+                format!("need kv_heads ≥ 1 dividing heads {heads}, got kv_heads {kv_heads}"),
+            ));
+        }
+        let kv = kv_heads * (d / heads);
+        let xavier = |fan_out: usize| Init::XavierUniform { fan_in: d, fan_out };
         Ok(MultiHeadAttention {
-            wq: vars.param("wq", &[d, d], xavier)?,
-            wk: vars.param("wk", &[d, d], xavier)?,
-            wv: vars.param("wv", &[d, d], xavier)?,
+            wq: vars.param("wq", &[d, d], xavier(d))?,
+            wk: vars.param("wk", &[d, kv], xavier(kv))?,
+            wv: vars.param("wv", &[d, kv], xavier(kv))?,
             wo: vars.param("wo", &[d, d], Init::default_weight(d))?,
             heads,
+            kv_heads,
             causal,
             flash: d / heads <= tl_tape_cuda::device::FLASH_MAX_HEAD,
             rope: None,
@@ -129,7 +176,7 @@ impl MultiHeadAttention {
                 )));
             }
         };
-        if self.rope.is_some() {
+        if self.rope.is_some() || self.kv_heads != self.heads {
             if let Some(m) = &mask
                 && m.n() != n
             {
@@ -172,8 +219,12 @@ impl Parameters for MultiHeadAttention {
             Some(r) => format!(", rope=(base={}, {:?})", py_float(r.base), r.layout),
             None => String::new(),
         };
+        let kv = match self.kv_heads == self.heads {
+            true => String::new(),
+            false => format!(", num_kv_heads={}", self.kv_heads),
+        };
         format!(
-            "embed_dim={}, num_heads={}, bias=False, causal={}{rope}",
+            "embed_dim={}, num_heads={}{kv}, bias=False, causal={}{rope}",
             self.wq.shape().dims()[0],
             self.heads,
             py_bool(self.causal)
@@ -205,6 +256,7 @@ impl MultiHeadAttention {
         &self,
         rt: &Runtime<O>,
     ) -> Result<Vec<(&'static str, Tensor<O::T>)>> {
+        self.check_ungrouped("MultiHeadAttention::pytorch_state")?;
         let t = |p: &Param| -> Result<Tensor<O::T>> { Ok(transpose2d(&rt.value_of(p)?)?) };
         let in_proj = concat(&concat(&t(&self.wq)?, &t(&self.wk)?)?, &t(&self.wv)?)?;
         Ok(vec![
@@ -222,6 +274,7 @@ impl MultiHeadAttention {
         in_proj_weight: &Tensor<O::T>,
         out_proj_weight: &Tensor<O::T>,
     ) -> Result<()> {
+        self.check_ungrouped("MultiHeadAttention::load_pytorch")?;
         let d = self.wq.shape().dims()[0];
         if in_proj_weight.shape().dims() != [3 * d, d] || out_proj_weight.shape().dims() != [d, d] {
             return Err(usage(
@@ -245,5 +298,19 @@ impl MultiHeadAttention {
             rt.set_value(p, v)?;
         }
         Ok(())
+    }
+
+    /// An error naming `what` for a grouped layer, which has no `nn.MultiheadAttention` layout.
+    fn check_ungrouped(&self, what: &'static str) -> Result<()> {
+        match self.kv_heads == self.heads {
+            true => Ok(()),
+            false => Err(usage(
+                what,
+                format!(
+                    "a grouped-query layer ({} heads over {} key/value heads) has no nn.MultiheadAttention layout: save it with its own names (checkpoint)",
+                    self.heads, self.kv_heads
+                ),
+            )),
+        }
     }
 }

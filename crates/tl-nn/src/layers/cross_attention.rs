@@ -23,7 +23,8 @@ impl MultiHeadAttention {
     /// element b's keys at b·nk..); with [`causal`](Self::causal), query i sees keys j ≤ i
     /// (nq = nk). A query left with no key to attend to is an error (PyTorch gives NaN). With
     /// [`rope`](Self::rope), queries and keys are rotated by their positions (0, 1, … along
-    /// each). The output has `query`'s shape. PyTorch: `mha(query, key, value,
+    /// each); a [`grouped`](Self::grouped) layer's key/value heads each serve their group of
+    /// query heads. The output has `query`'s shape. PyTorch: `mha(query, key, value,
     /// key_padding_mask=~keep, need_weights=False)` with `nn.MultiheadAttention(d, heads,
     /// bias=False, batch_first=True)`.
     ///
@@ -93,15 +94,25 @@ impl MultiHeadAttention {
         keys.check_every_query_has_a_key(b, nq, nk, at)?;
         let (h, dh) = (self.heads, d / self.heads);
         let y = || -> Result<Var<'g, O>> {
-            // (B·n, d)·W → (B, n, h, dh), rotated where rope says.
+            // (B·n, d)·W → (B, n, heads, dh) (W's heads: h, or kv_heads for wk and wv), rotated
+            // where rope says, each key/value head broadcast to its group of h/kv_heads query
+            // heads.
             let project = |x: &Var<'g, O>, w: &tl_session::Param, n: usize, rotate: bool| {
+                let heads = w.shape().dims()[1] / dh;
                 let t = x
                     .reshape(&[b * n, d])?
                     .matmul(&g.param(w)?)?
-                    .reshape(&[b, n, h, dh])?;
-                match (&self.rope, rotate) {
-                    (Some(rope), true) => rope.rotate(&t),
-                    _ => Ok(t),
+                    .reshape(&[b, n, heads, dh])?;
+                let t = match (&self.rope, rotate) {
+                    (Some(rope), true) => rope.rotate(&t)?,
+                    _ => t,
+                };
+                match heads == h {
+                    true => Ok(t),
+                    false => t
+                        .reshape(&[b, n, heads, 1, dh])?
+                        .broadcast_to(&tl_spec::Shape::new(&[b, n, heads, h / heads, dh]))?
+                        .reshape(&[b, n, h, dh]),
                 }
             };
             let q = project(query, &self.wq, nq, true)?;

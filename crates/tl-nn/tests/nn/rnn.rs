@@ -869,6 +869,104 @@ fn cross_attention_of_one_input_is_self_attention() {
     );
 }
 
+/// Grouped-query attention (`MultiHeadAttention::grouped`: 4 query heads over 2 key/value
+/// heads, width 16) against PyTorch's `F.scaled_dot_product_attention(..., enable_gqa=True)` on
+/// the projections (fixture `mha_gqa`): outputs and the gradients of x and every weight, causal
+/// and with rotary embeddings, on the eager CPU (f64, f32), CUDA-sim and linked sessions; one
+/// key/value head per query head is the plain layer; bad head counts and PyTorch's fused
+/// layout are errors naming the layer, and the layer prints its key/value heads.
+#[test]
+fn grouped_query_attention_gives_pytorchs_values_and_gradients() {
+    fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
+        let e = expected("mha_gqa");
+        let w: Tensor<O::T> = cast(&e["weight"]);
+        for (name, causal, rope) in [("causal", true, None), ("rope", false, Some(Rope::DEFAULT))] {
+            let mut mha =
+                MultiHeadAttention::grouped(&rt.vars().pp(name), 16, 4, 2, causal).unwrap();
+            if let Some(r) = rope {
+                mha = mha.with_rope(r).unwrap();
+            }
+            for (p, k) in [
+                (&mha.wq, "wq"),
+                (&mha.wk, "wk"),
+                (&mha.wv, "wv"),
+                (&mha.wo, "wo"),
+            ] {
+                rt.set_value(p, cast(&e[k])).unwrap();
+            }
+            let x = rt
+                .vars()
+                .param_from(&format!("x_{name}"), cast(&e["input"]), true)
+                .unwrap();
+            let model = Cross {
+                q: x.clone(),
+                m: x.clone(),
+                mha: mha.clone(),
+            };
+            let at = |k: &str| format!("{k}_{name} ({})", O::T::NAME);
+            let out = rt.eval(&model, |g| mha.forward(&g.param(&x)?)).unwrap();
+            let d = max_diff(&out, &e[&format!("output_{name}")]);
+            assert!(d < tol, "{}: max diff {d}", at("output"));
+            let params = [&x, &mha.wq, &mha.wk, &mha.wv, &mha.wo];
+            let grads = sgd_gradients(&mut rt, &model, &params, |g| {
+                (&mha.forward(&g.param(&x)?)? * &g.input(w.clone())?)?.sum()
+            });
+            for (got, key) in grads.iter().zip(["input", "wq", "wk", "wv", "wo"]) {
+                let d = max_diff(got, &e[&format!("grad_{key}_{name}")]);
+                assert!(d < tol, "{}: max diff {d}", at(&format!("grad_{key}")));
+            }
+        }
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::Cpu, 0), 1e-5);
+    check(eager::<f32>(Backend::CudaSim, 0), 1e-5);
+    check(linked::<f64>(0), 1e-12);
+    // As many key/value heads as query heads: the plain layer, value and gradients.
+    let x = tensor::<f64>(&[2, 6, 8], 7);
+    let run = |grouped: bool| {
+        let mut rt = eager::<f64>(Backend::Cpu, 9);
+        let v = rt.vars().pp("a");
+        let mha = match grouped {
+            true => MultiHeadAttention::grouped(&v, 8, 2, 2, true).unwrap(),
+            false => MultiHeadAttention::new(&v, 8, 2, true).unwrap(),
+        };
+        let y = rt
+            .eval(&mha, |g| mha.forward(&g.input(x.clone())?))
+            .unwrap();
+        let params = [&mha.wq, &mha.wk, &mha.wv, &mha.wo];
+        let grads = sgd_gradients(&mut rt, &mha, &params, |g| {
+            mha.forward(&g.input(x.clone())?)?.tanh()?.sum()
+        });
+        (y, grads)
+    };
+    let ((yg, gg), (yp, gp)) = (run(true), run(false));
+    assert!(max_diff(&yg, &yp) < 1e-12, "{}", max_diff(&yg, &yp));
+    for (a, b) in gg.iter().zip(&gp) {
+        assert!(max_diff(a, b) < 1e-12, "{}", max_diff(a, b));
+    }
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    for (heads, kv) in [(4, 3), (4, 0), (4, 8)] {
+        let e = MultiHeadAttention::grouped(&rt.vars().pp("bad"), 16, heads, kv, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("grouped") && e.contains(&format!("kv_heads {kv}")),
+            "{e}"
+        );
+    }
+    let mha = MultiHeadAttention::grouped(&rt.vars().pp("g"), 16, 4, 2, true).unwrap();
+    assert_eq!(mha.wk.shape().dims(), &[16, 8]);
+    let e = mha.pytorch_state(&rt).unwrap_err().to_string();
+    assert!(
+        e.contains("pytorch_state") && e.contains("grouped-query"),
+        "{e}"
+    );
+    assert_eq!(
+        tl_nn::tree(&mha).to_string(),
+        "MultiHeadAttention(embed_dim=16, num_heads=4, num_kv_heads=2, bias=False, causal=True)"
+    );
+}
+
 /// Rotary attention runs its core as the op `scaledDotProductAttention`, fused by default: on
 /// the CUDA sim (the flash kernels' twins) a causal layer of 2 heads over n = 512 positions
 /// never holds one head's (n, n) probabilities (1 MiB), where the composed core

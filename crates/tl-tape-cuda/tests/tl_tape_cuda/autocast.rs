@@ -111,11 +111,19 @@ fn autocast_keeps_the_conv_off_the_implicit_kernel() {
     }
 }
 
-fn attention(fused: bool) -> Op {
-    Op::MultiHeadAttention {
-        heads: 2,
-        mask: None,
-        fused,
+/// `multiHeadAttention` (`core` false) or `scaledDotProductAttention`, two heads.
+fn attention(core: bool, fused: bool) -> Op {
+    match core {
+        false => Op::MultiHeadAttention {
+            heads: 2,
+            mask: None,
+            fused,
+        },
+        true => Op::ScaledDotProductAttention {
+            heads: 2,
+            mask: None,
+            fused,
+        },
     }
 }
 
@@ -134,21 +142,34 @@ fn on_cpu_tape(p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>) -> Vec
 /// Attention rounds the operands of each of its products (the CPU tape's set): under autocast
 /// the CUDA tape's value and gradients are within the setting's rounding of the CPU tape's at
 /// the same setting, not equal to the f32 ones; a `fused` node runs the composed products (the
-/// flash kernels multiply in f32), so fused and composed give the same bits.
+/// flash kernels multiply in f32), so fused and composed give the same bits. Both ops:
+/// `multiHeadAttention` and its core `scaledDotProductAttention`.
 #[test]
 fn attention_rounds_its_products_as_the_cpu_tape_does() {
     let mut rng = Gen::new(44);
-    let xs: Vec<_> = [[8, 8], [8, 8], [8, 8], [8, 8], [6, 8]]
+    let mha: Vec<_> = [[8, 8], [8, 8], [8, 8], [8, 8], [6, 8]]
         .iter()
         .map(|s| tensor(&mut rng, s))
         .collect();
     let gy = tensor(&mut rng, &[6, 8]);
-    for (p, tol) in [(Precision::Bf16, 0.03f32), (Precision::Tf32, 0.004)] {
-        let composed = on_cuda_tape(SimDevice::new(), Some(p), &attention(false), &xs, &gy);
-        let fused = on_cuda_tape(SimDevice::new(), Some(p), &attention(true), &xs, &gy);
+    let qkv: Vec<_> = (0..3).map(|_| tensor(&mut rng, &[6, 8])).collect();
+    let cases = [
+        (false, Precision::Bf16, 0.03f32),
+        (false, Precision::Tf32, 0.004),
+    ]
+    .into_iter()
+    .chain([
+        (true, Precision::Bf16, 0.03f32),
+        (true, Precision::Tf32, 0.004),
+    ]);
+    for (core, p, tol) in cases {
+        let xs = if core { &qkv } else { &mha };
+        let op = |fused: bool| attention(core, fused);
+        let composed = on_cuda_tape(SimDevice::new(), Some(p), &op(false), xs, &gy);
+        let fused = on_cuda_tape(SimDevice::new(), Some(p), &op(true), xs, &gy);
         assert_eq!(bits(&fused), bits(&composed), "{p:?}: fused vs composed");
-        let f32s = on_cuda_tape(SimDevice::new(), None, &attention(false), &xs, &gy);
-        let cpu = on_cpu_tape(p, &attention(false), &xs, &gy);
+        let f32s = on_cuda_tape(SimDevice::new(), None, &op(false), xs, &gy);
+        let cpu = on_cpu_tape(p, &op(false), xs, &gy);
         for (i, ((l, h), c)) in composed.iter().zip(&f32s).zip(&cpu).enumerate() {
             let scale = h.data().iter().fold(0.0f32, |s, v| s.max(v.abs()));
             let dist = |x: &Tensor<f32>, y: &Tensor<f32>| {
@@ -157,11 +178,16 @@ fn attention_rounds_its_products_as_the_cpu_tape_does() {
                     .zip(y.data())
                     .fold(0.0f32, |s, (a, b)| s.max((a - b).abs()))
             };
-            assert!(dist(l, h) > 0.0, "{p:?} attention {i}: equals f32");
+            assert!(
+                dist(l, h) > 0.0,
+                "{p:?} {op:?} {i}: equals f32",
+                op = op(false)
+            );
             assert!(
                 dist(l, c) <= tol * scale,
-                "{p:?} attention {i}: {} from the CPU's, scale {scale}",
-                dist(l, c)
+                "{p:?} {op:?} {i}: {} from the CPU's, scale {scale}",
+                dist(l, c),
+                op = op(false)
             );
         }
     }
