@@ -134,23 +134,10 @@ pub fn scaled_dot_product_attention_jvp<T: Scalar>(
     heads: usize,
     mask: Option<&Mask>,
 ) -> Result<Tensor<T>> {
-    let mut b = GraphBuilder::new();
-    let ids = x
-        .iter()
-        .map(|t| b.leaf(t.shape().clone(), None))
-        .collect::<Result<Vec<Id>>>()?;
-    let &[q, k, v] = ids.as_slice() else {
-        return Err(crate::Error::Spec(tl_spec::Error::Arity {
-            op: "scaledDotProductAttention",
-            expected: 3,
-            got: ids.len(),
-        }));
-    };
-    let out = scaled_dot_product_attention(&mut b, [q, k, v], heads, mask)?;
-    let leaves: Vec<Tensor<T>> = x.iter().map(|&t| t.clone()).collect();
-    let tangents: Vec<Tensor<T>> = dx.iter().map(|&t| t.clone()).collect();
-    let mut dots = b.finish().jvp(&leaves, &[], &tangents)?;
-    Ok(dots.swap_remove(out))
+    jvp_through(x, dx, &[], |b, ids| match *ids {
+        [q, k, v] => scaled_dot_product_attention(b, [q, k, v], heads, mask),
+        _ => Err(arity("scaledDotProductAttention", 3, ids.len())),
+    })
 }
 
 /// The JVP of `multiHeadAttention` at operands `x = [wq, wk, wv, wo, x]` along tangents `dx`:
@@ -162,19 +149,31 @@ pub fn multi_head_attention_jvp<T: Scalar>(
     mask: Option<&Mask>,
     nats: &[usize],
 ) -> Result<Tensor<T>> {
+    jvp_through(x, dx, nats, |b, ids| match *ids {
+        [wq, wk, wv, wo, xi] => multi_head_attention(b, wq, wk, wv, wo, xi, heads, mask),
+        _ => Err(arity("multiHeadAttention", 5, ids.len())),
+    })
+}
+
+/// The arity error of `op`.
+fn arity(op: &'static str, expected: usize, got: usize) -> crate::Error {
+    crate::Error::Spec(tl_spec::Error::Arity { op, expected, got })
+}
+
+/// Forward mode at `x` along `dx` through the graph `record` builds on one leaf per operand
+/// (returning its output id): the output's tangent.
+fn jvp_through<T: Scalar>(
+    x: &[&Tensor<T>],
+    dx: &[&Tensor<T>],
+    nats: &[usize],
+    record: impl FnOnce(&mut GraphBuilder, &[Id]) -> Result<Id>,
+) -> Result<Tensor<T>> {
     let mut b = GraphBuilder::new();
     let ids = x
         .iter()
         .map(|t| b.leaf(t.shape().clone(), None))
         .collect::<Result<Vec<Id>>>()?;
-    let &[wq, wk, wv, wo, xi] = ids.as_slice() else {
-        return Err(crate::Error::Spec(tl_spec::Error::Arity {
-            op: "multiHeadAttention",
-            expected: 5,
-            got: ids.len(),
-        }));
-    };
-    let out = multi_head_attention(&mut b, wq, wk, wv, wo, xi, heads, mask)?;
+    let out = record(&mut b, &ids)?;
     let leaves: Vec<Tensor<T>> = x.iter().map(|&t| t.clone()).collect();
     let tangents: Vec<Tensor<T>> = dx.iter().map(|&t| t.clone()).collect();
     let mut dots = b.finish().jvp(&leaves, nats, &tangents)?;

@@ -28,13 +28,14 @@ pub fn masked_softmax(z: Size) -> BoxedStrategy<OpCase> {
         .boxed()
 }
 
+/// (n, dModel, heads, head width, batch) of an attention case.
+type Sizes = (usize, usize, usize, usize, Option<usize>);
+
 /// The sizes of an attention case: (n, dModel, heads, head width, batch), masked, fused. n
 /// 1–4, dModel 1–6, heads 1–2, head width 1–3 (large: n ≤ 16, dModel ≤ 16, head width ≤ 4),
 /// unbatched or batched (B ≤ 2). One case in five has n 15–18 (large: 15–34): past the CUDA
 /// flash kernels' tile of 16 query rows and keys, so its last tile is partial.
-fn sizes(
-    z: Size,
-) -> impl Strategy<Value = ((usize, usize, usize, usize, Option<usize>), bool, bool)> {
+fn sizes(z: Size) -> impl Strategy<Value = (Sizes, bool, bool)> {
     let sizes = (
         prop_oneof![4 => 1..=z.pick(4, 16), 1 => 15..=z.pick(18, 34)],
         1..=z.pick(6, 16),
@@ -53,7 +54,10 @@ fn maybe_mask(n: usize, masked: bool) -> BoxedStrategy<Option<Mask>> {
     }
 }
 
-/// `multiHeadAttention(wq, wk, wv, wo, x)` at [`sizes`], with or without a mask, fused or not.
+/// `multiHeadAttention(wq, wk, wv, wo, x)`: n 1–4, dModel 1–6, heads 1–2, head width 1–3
+/// (large: n ≤ 16, dModel ≤ 16, head width ≤ 4), x unbatched or batched (B ≤ 2), one case in
+/// five with n 15–18 (large: 15–34), past the flash kernels' tile; with or without a mask,
+/// fused or not.
 pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
     sizes(z)
         .prop_flat_map(|((n, dm, heads, d, batch), masked, fused)| {
@@ -81,10 +85,10 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
         .boxed()
 }
 
-/// `scaledDotProductAttention(q, k, v)` on (n, P) or (B, n, P) operands at [`sizes`] (P =
-/// heads × head width), with or without a mask, fused or not. The operands are drawn at the
-/// scale of `multiHeadAttention`'s projections (entries within ±2), so that scores spread the
-/// softmax without saturating it.
+/// `scaledDotProductAttention(q, k, v)` on (n, P) or (B, n, P) operands at the sizes of
+/// [`multi_head_attention`] (P = heads × head width), with or without a mask, fused or not.
+/// The operands are drawn at the scale of `multiHeadAttention`'s projections (entries within
+/// ±2), so that scores spread the softmax without saturating it.
 pub fn scaled_dot_product_attention(z: Size) -> BoxedStrategy<OpCase> {
     sizes(z)
         .prop_flat_map(|((n, _, heads, d, batch), masked, fused)| {

@@ -218,7 +218,7 @@ impl Keys<'_> {
         Ok(match self {
             _ if nq != nk => None,
             Keys::All => Some(None),
-            Keys::Shared(f) => Some(Some(Mask::from_fn(nq, |i, j| f(i, j))?)),
+            Keys::Shared(f) => Some(Some(Mask::from_fn(nq, f)?)),
             Keys::PerBatch(_) => None,
         })
     }

@@ -869,6 +869,35 @@ fn cross_attention_of_one_input_is_self_attention() {
     );
 }
 
+/// `mha`'s self-attention of the fixture's `input` (a trained parameter): its output checked
+/// against `output_{name}` within `tol`, then the gradients of Σ weight·out with respect to x,
+/// wq, wk, wv and wo (one SGD step of lr 1).
+fn self_attention_on_fixture<O: Train>(
+    rt: &mut Runtime<O>,
+    mha: &MultiHeadAttention,
+    e: &std::collections::BTreeMap<String, Tensor<f64>>,
+    name: &str,
+    tol: f64,
+) -> Vec<Tensor<f64>> {
+    let w: Tensor<O::T> = cast(&e["weight"]);
+    let x = rt
+        .vars()
+        .param_from(&format!("x_{name}"), cast(&e["input"]), true)
+        .unwrap();
+    let model = Cross {
+        q: x.clone(),
+        m: x.clone(),
+        mha: mha.clone(),
+    };
+    let out = rt.eval(&model, |g| mha.forward(&g.param(&x)?)).unwrap();
+    let d = max_diff(&out, &e[&format!("output_{name}")]);
+    assert!(d < tol, "output_{name} ({}): max diff {d}", O::T::NAME);
+    let params = [&x, &mha.wq, &mha.wk, &mha.wv, &mha.wo];
+    sgd_gradients(rt, &model, &params, |g| {
+        (&mha.forward(&g.param(&x)?)? * &g.input(w.clone())?)?.sum()
+    })
+}
+
 /// Grouped-query attention (`MultiHeadAttention::grouped`: 4 query heads over 2 key/value
 /// heads, width 16) against PyTorch's `F.scaled_dot_product_attention(..., enable_gqa=True)` on
 /// the projections (fixture `mha_gqa`): outputs and the gradients of x and every weight, causal
@@ -879,7 +908,6 @@ fn cross_attention_of_one_input_is_self_attention() {
 fn grouped_query_attention_gives_pytorchs_values_and_gradients() {
     fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
         let e = expected("mha_gqa");
-        let w: Tensor<O::T> = cast(&e["weight"]);
         for (name, causal, rope) in [("causal", true, None), ("rope", false, Some(Rope::DEFAULT))] {
             let mut mha =
                 MultiHeadAttention::grouped(&rt.vars().pp(name), 16, 4, 2, causal).unwrap();
@@ -894,23 +922,8 @@ fn grouped_query_attention_gives_pytorchs_values_and_gradients() {
             ] {
                 rt.set_value(p, cast(&e[k])).unwrap();
             }
-            let x = rt
-                .vars()
-                .param_from(&format!("x_{name}"), cast(&e["input"]), true)
-                .unwrap();
-            let model = Cross {
-                q: x.clone(),
-                m: x.clone(),
-                mha: mha.clone(),
-            };
+            let grads = self_attention_on_fixture(&mut rt, &mha, &e, name, tol);
             let at = |k: &str| format!("{k}_{name} ({})", O::T::NAME);
-            let out = rt.eval(&model, |g| mha.forward(&g.param(&x)?)).unwrap();
-            let d = max_diff(&out, &e[&format!("output_{name}")]);
-            assert!(d < tol, "{}: max diff {d}", at("output"));
-            let params = [&x, &mha.wq, &mha.wk, &mha.wv, &mha.wo];
-            let grads = sgd_gradients(&mut rt, &model, &params, |g| {
-                (&mha.forward(&g.param(&x)?)? * &g.input(w.clone())?)?.sum()
-            });
             for (got, key) in grads.iter().zip(["input", "wq", "wk", "wv", "wo"]) {
                 let d = max_diff(got, &e[&format!("grad_{key}_{name}")]);
                 assert!(d < tol, "{}: max diff {d}", at(&format!("grad_{key}")));
@@ -1030,7 +1043,6 @@ fn rotary_attention_keeps_no_scores_when_fused() {
 fn rotary_attention_gives_pytorchs_values_and_gradients() {
     fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
         let e = expected("mha_rope");
-        let w: Tensor<O::T> = cast(&e["weight"]);
         let cases = [
             ("interleaved", true, Rope::DEFAULT),
             (
@@ -1044,23 +1056,8 @@ fn rotary_attention_gives_pytorchs_values_and_gradients() {
         ];
         for (name, causal, rope) in cases {
             let mha = mha_from_fixture(&rt, name, causal).with_rope(rope).unwrap();
-            let x = rt
-                .vars()
-                .param_from(&format!("x_{name}"), cast(&e["input"]), true)
-                .unwrap();
-            let model = Cross {
-                q: x.clone(),
-                m: x.clone(),
-                mha: mha.clone(),
-            };
+            let grads = self_attention_on_fixture(&mut rt, &mha, &e, name, tol);
             let at = |k: &str| format!("{k}_{name} ({})", O::T::NAME);
-            let out = rt.eval(&model, |g| mha.forward(&g.param(&x)?)).unwrap();
-            let d = max_diff(&out, &e[&format!("output_{name}")]);
-            assert!(d < tol, "{}: max diff {d}", at("output"));
-            let params = [&x, &mha.wq, &mha.wk, &mha.wv, &mha.wo];
-            let grads = sgd_gradients(&mut rt, &model, &params, |g| {
-                (&mha.forward(&g.param(&x)?)? * &g.input(w.clone())?)?.sum()
-            });
             let close = |got: &Tensor<f64>, key: &str| {
                 let d = max_diff(got, &e[&format!("{key}_{name}")]);
                 assert!(d < tol, "{}: max diff {d}", at(key));
