@@ -228,10 +228,15 @@ pub enum LayerSpec {
         /// x's shape.
         shape: Vec<usize>,
     },
-    /// `MultiHeadAttention::new(heads·head_dim, heads, causal)` on x (\[B,\] n, d).
+    /// `MultiHeadAttention::grouped(heads·head_dim, heads, kv_heads, causal)` (with rotary
+    /// embeddings where `rope` says) on x (\[B,\] n, d).
     Attention {
         /// Heads.
         heads: usize,
+        /// Key/value heads (dividing `heads`).
+        kv_heads: usize,
+        /// Rotary position embeddings (then `head_dim` is even).
+        rope: Option<tl_nn::Rope>,
         /// Width per head.
         head_dim: usize,
         /// Causal mask.
@@ -557,12 +562,12 @@ impl LayerSpec {
             ],
             LayerSpec::Embedding { num, dim, .. } => vec![(vec![*num, *dim], Weight)],
             LayerSpec::Attention {
-                heads, head_dim, ..
-            } => {
-                let d = heads * head_dim;
-                vec![(vec![d, d], Weight); 4]
+                heads,
+                kv_heads,
+                head_dim,
+                ..
             }
-            LayerSpec::CrossAttention {
+            | LayerSpec::CrossAttention {
                 heads,
                 kv_heads,
                 head_dim,
@@ -804,14 +809,42 @@ impl LayerSpec {
                 }
             }
             LayerSpec::Attention {
-                heads, causal, n, ..
-            } => {
+                heads,
+                kv_heads,
+                rope: None,
+                causal,
+                n,
+                ..
+            } if kv_heads == heads => {
                 let op = Op::MultiHeadAttention {
                     heads: *heads,
                     mask: causal.then(|| Mask::causal(*n).unwrap()),
                     fused: false,
                 };
                 b.apply(op, &[p[0], p[1], p[2], p[3], x()?])
+            }
+            // Rotary or grouped: the cross-attention reference over x itself.
+            LayerSpec::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+                rope,
+                causal,
+                n,
+                batch,
+            } => {
+                let sizes = CrossSizes {
+                    heads: *heads,
+                    kv_heads: *kv_heads,
+                    head_dim: *head_dim,
+                    nq: *n,
+                    nk: *n,
+                    batch: *batch,
+                    rope: *rope,
+                    causal: *causal,
+                };
+                let x = x()?;
+                cross_attention_ref(b, sizes, p, x, x, None)
             }
             LayerSpec::CrossAttention {
                 heads,
@@ -832,7 +865,9 @@ impl LayerSpec {
                     nk: *nk,
                     batch: *batch,
                     rope: *rope,
+                    causal: false,
                 };
+                let memory = b.apply(Op::Constant(memory.clone()), &[])?;
                 cross_attention_ref(b, sizes, p, x()?, memory, keep.as_deref())
             }
             LayerSpec::Spectral { modes, .. } => b.apply(
@@ -1081,15 +1116,19 @@ impl LayerSpec {
             LayerSpec::Dropout { p, .. } => Box::new(Dropout::new(*p)?),
             LayerSpec::Attention {
                 heads,
+                kv_heads,
                 head_dim,
+                rope,
                 causal,
                 ..
-            } => Box::new(MultiHeadAttention::new(
-                vars,
-                heads * head_dim,
-                *heads,
-                *causal,
-            )?),
+            } => {
+                let d = heads * head_dim;
+                let mha = MultiHeadAttention::grouped(vars, d, *heads, *kv_heads, *causal)?;
+                match rope {
+                    Some(r) => Box::new(mha.with_rope(*r)?),
+                    None => Box::new(mha),
+                }
+            }
             LayerSpec::Spectral { width, modes, .. } => {
                 Box::new(SpectralConv1d::new(vars, *width, *modes)?)
             }
@@ -1207,6 +1246,25 @@ pub(crate) fn values(dims: Vec<usize>, lo: f64, hi: f64) -> BoxedStrategy<Tensor
             Tensor::new(dims.clone(), v).expect("n elements")
         })
         .boxed()
+}
+
+/// The key/value head count `kv` picks among the divisors of `heads` (fewer than `heads`:
+/// grouped-query attention).
+fn divisor(heads: usize, kv: prop::sample::Index) -> usize {
+    let divisors: Vec<usize> = (1..=heads).filter(|&k| heads.is_multiple_of(k)).collect();
+    *kv.get(&divisors)
+}
+
+/// Rotary embeddings: the paper's (interleaved, base 10000), or Hugging Face's halves at base
+/// 500.
+fn rope_of(interleaved: bool) -> tl_nn::Rope {
+    match interleaved {
+        true => tl_nn::Rope::DEFAULT,
+        false => tl_nn::Rope {
+            base: 500.0,
+            layout: tl_nn::RopeLayout::Halves,
+        },
+    }
 }
 
 fn opt_batch() -> impl Strategy<Value = Option<usize>> {
@@ -1360,19 +1418,26 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
         )
             .prop_map(|(p, training, shape)| LayerSpec::Dropout { p, training, shape })
             .boxed(),
+        // Plain (the op multiHeadAttention), rotary or grouped (scaledDotProductAttention
+        // behind the projections): 1–4 heads over a drawn divisor of key/value heads.
         "MultiHeadAttention" => (
-            1usize..=2,
-            1usize..=3,
-            any::<bool>(),
-            1usize..=4,
+            (1usize..=4, 1usize..=3, any::<bool>(), 1usize..=4),
             opt_batch(),
+            prop::option::of(any::<bool>()),
+            any::<prop::sample::Index>(),
         )
-            .prop_map(|(heads, head_dim, causal, n, batch)| LayerSpec::Attention {
-                heads,
-                head_dim,
-                causal,
-                n,
-                batch,
+            .prop_map(|((heads, head_dim, causal, n), batch, rope, kv)| {
+                let rope = rope.map(rope_of);
+                LayerSpec::Attention {
+                    heads,
+                    kv_heads: divisor(heads, kv),
+                    rope,
+                    // With rotary embeddings the head size is even: 1 → 2, 3 → 4.
+                    head_dim: head_dim + usize::from(rope.is_some()) * (head_dim % 2),
+                    causal,
+                    n,
+                    batch,
+                }
             })
             .boxed(),
         "CrossAttention" => (
@@ -1382,17 +1447,9 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
             any::<prop::sample::Index>(),
         )
             .prop_flat_map(|((heads, head_dim, nq, nk), batch, rope, kv)| {
-                // Key/value heads: a divisor of heads (fewer: grouped-query attention).
-                let divisors: Vec<usize> = (1..=heads).filter(|k| heads % k == 0).collect();
-                let kv_heads = *kv.get(&divisors);
+                let kv_heads = divisor(heads, kv);
                 // With rotary embeddings the head size is even: 1 → 2, 3 → 4.
-                let rope = rope.map(|interleaved| match interleaved {
-                    true => tl_nn::Rope::DEFAULT,
-                    false => tl_nn::Rope {
-                        base: 500.0,
-                        layout: tl_nn::RopeLayout::Halves,
-                    },
-                });
+                let rope = rope.map(rope_of);
                 let head_dim = if rope.is_some() {
                     head_dim + head_dim % 2
                 } else {

@@ -32,6 +32,8 @@ pub struct CrossSizes {
     pub batch: Option<usize>,
     /// Rotary position embeddings of the queries and keys.
     pub rope: Option<Rope>,
+    /// Query i attends to keys j ≤ i only (nq = nk).
+    pub causal: bool,
 }
 
 /// The (n·dh, n·dh) matrix that rotates a head's flattened rows: at position p, the pair
@@ -69,20 +71,23 @@ fn rotated(b: &mut GraphBuilder, rope: Rope, t: Id, n: usize, dh: usize) -> tl_i
 
 /// `softmax(Q_h·K_hᵀ/√dh + bias)·V_h` per batch element and head, summed back into the model
 /// width and projected by Wo: `w` are the leaves of Wq, Wk, Wv, Wo ((d, d), (d, kv·dh) twice,
-/// (d, d), applied as `x·W`), `x` the queries' leaf ((nq, d) or (B, nq, d)), `memory` the keys and values
-/// ((nk, d) or (B, nk, d), a constant), `keep` the key mask (B·nk values, true = attend).
+/// (d, d), applied as `x·W`), `x` the queries' node ((nq, d) or (B, nq, d)), `memory` the
+/// keys' and values' node ((nk, d) or (B, nk, d): a constant for cross-attention, `x` itself
+/// for self-attention), `keep` the key mask (B·nk values, true = attend); with `causal`, query
+/// i attends to keys j ≤ i only.
 pub fn cross_attention_ref(
     b: &mut GraphBuilder,
     s: CrossSizes,
     w: &[Id],
     x: Id,
-    memory: &Tensor<f64>,
+    memory: Id,
     keep: Option<&[bool]>,
 ) -> tl_ir::Result<Id> {
     let (h, dh, nq, nk) = (s.heads, s.head_dim, s.nq, s.nk);
     let (d, dkv) = (h * dh, s.kv_heads * dh);
     let batches = s.batch.unwrap_or(1);
     let flat = b.apply(Op::Reshape(Shape::new(&[batches * nq, d])), &[x])?;
+    let flat_memory = b.apply(Op::Reshape(Shape::new(&[batches * nk, d])), &[memory])?;
     let mut joined: Option<Id> = None;
     for bi in 0..batches {
         let xb = b.apply(
@@ -92,18 +97,23 @@ pub fn cross_attention_ref(
             },
             &[flat],
         )?;
-        let mb = Tensor::from_fn([nk, d], |i| memory.data()[bi * nk * d + i]);
-        let mb = b.apply(Op::Constant(mb), &[])?;
+        let mb = b.apply(
+            Op::Slice {
+                start: bi * nk,
+                len: nk,
+            },
+            &[flat_memory],
+        )?;
         let q = b.apply(Op::Matmul, &[xb, w[0]])?;
         let k = b.apply(Op::Matmul, &[mb, w[1]])?;
         let v = b.apply(Op::Matmul, &[mb, w[2]])?;
-        let bias = keep.map(|keep| {
-            Tensor::from_fn(
-                [nq, nk],
-                |e| {
-                    if keep[bi * nk + e % nk] { 0.0 } else { MASKED }
-                },
-            )
+        let allowed =
+            |i: usize, j: usize| keep.is_none_or(|keep| keep[bi * nk + j]) && (!s.causal || j <= i);
+        let bias = (keep.is_some() || s.causal).then(|| {
+            Tensor::from_fn([nq, nk], |e| match allowed(e / nk, e % nk) {
+                true => 0.0,
+                false => MASKED,
+            })
         });
         let mut heads: Option<Id> = None;
         for head in 0..h {
