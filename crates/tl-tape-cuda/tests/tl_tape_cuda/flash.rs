@@ -457,3 +457,76 @@ fn a_head_past_the_kernel_is_an_error_and_the_composed_path_runs_it() {
     assert_eq!(tape.len(), nodes);
     assert!(tape.apply(&mha(heads, None, false), &leaves).is_ok());
 }
+
+/// `scaledDotProductAttention`, fused: one launch forward (no projection around the core),
+/// the node keeps each row's log-sum-exp only (q, k, v are its operands, C its value: no (n, n)
+/// buffer), the backward gives the same bits from that workspace or with the core run again
+/// (one launch more); a head past the kernels is an error naming the op before anything is
+/// allocated or launched, which the composed path takes.
+#[test]
+fn the_fused_core_op_keeps_the_log_sum_exp_only() {
+    let mut rnd = Gen::new(29);
+    let (heads, d, n) = (2, 3, 37);
+    let p = heads * d;
+    let mut tape = CudaTape::new(SimDevice::new());
+    let leaves = random_leaves(&mut tape, &mut rnd, &[[n, p]; 3]);
+    let op = Op::ScaledDotProductAttention {
+        heads,
+        mask: Some(Mask::causal(n).unwrap()),
+        fused: true,
+    };
+    let before = tape.device().traffic();
+    let live = tape.device().memory_usage().live_bytes;
+    let y = tape.apply(&op, &leaves).unwrap();
+    assert_eq!(
+        (tape.device().traffic() - before).launches,
+        1,
+        "the core alone"
+    );
+    let kept = tape.node(y).unwrap().cleanup().to_vec();
+    let lens: Vec<usize> = kept.iter().map(|b| b.len()).collect();
+    assert_eq!(lens, [heads * n], "lse");
+    let grown = tape.device().memory_usage().live_bytes - live;
+    assert_eq!(grown, 4 * (n * p + heads * n), "y + lse, bytes");
+    let loss = tape.apply(&Op::Sum, &[y]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let run = |tape: &mut CudaTape<SimDevice>| {
+        let before = tape.device().traffic();
+        let g = tape.backward_dense(loss, &seed).unwrap();
+        let launches = (tape.device().traffic() - before).launches;
+        let bits: Vec<Vec<u32>> = leaves
+            .iter()
+            .map(|&i| {
+                let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
+                crate::common::bits(t.data())
+            })
+            .collect();
+        tape.release_grads(g);
+        (launches, bits)
+    };
+    let (reused, first) = run(&mut tape);
+    assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
+    let (recomputed, second) = run(&mut tape);
+    assert_eq!(
+        first, second,
+        "the same bits from the workspace or recomputed"
+    );
+    assert_eq!(recomputed - reused, 1, "the fused core again");
+
+    let wide = |fused: bool| Op::ScaledDotProductAttention {
+        heads: 1,
+        mask: None,
+        fused,
+    };
+    let q = random_leaves(&mut tape, &mut rnd, &[[3, FLASH_MAX_HEAD + 1]; 3]);
+    let live = tape.device().memory_usage().live_bytes;
+    let launches = tape.device().traffic().launches;
+    let e = tape.apply(&wide(true), &q).unwrap_err().to_string();
+    assert!(
+        e.contains("scaledDotProductAttention") && e.contains("d = 129"),
+        "{e}"
+    );
+    assert_eq!(tape.device().memory_usage().live_bytes, live);
+    assert_eq!(tape.device().traffic().launches, launches);
+    assert!(tape.apply(&wide(false), &q).is_ok());
+}
