@@ -119,6 +119,7 @@ impl Harness {
                 "cross_attention",
                 "rotary",
                 "grouped_query",
+                "llama",
                 "activations::",
                 "losses::",
                 "session_state::",

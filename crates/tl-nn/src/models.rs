@@ -10,9 +10,13 @@
 //! - [`TransformerBlock`]: a pre-norm block; [`TransformerLm`]: a GPT-style char-level language
 //!   model built from it.
 //! - [`ResNet`]: basic residual blocks ([`BasicBlock`]: conv-BN-ReLU-conv-BN + skip) at one width.
+//! - [`LlamaBlock`]: a LLaMA-style decoder block (RMSNorm, rotary grouped-query attention,
+//!   SwiGLU).
 
+mod llama;
 mod resnet;
 
+pub use llama::{LlamaBlock, LlamaConfig};
 pub use resnet::{BasicBlock, ResNet, ResNetConfig};
 use tl_session::{Param, Train};
 

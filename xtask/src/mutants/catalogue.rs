@@ -1114,6 +1114,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Layers,
     },
     Mutant {
+        id: "nn-llama-gate-on-up",
+        area: Nn,
+        file: "crates/tl-nn/src/models/llama.rs",
+        from: "(&self.w1.forward(&m)?.silu()? * &self.w3.forward(&m)?)?",
+        to: "(&self.w1.forward(&m)? * &self.w3.forward(&m)?.silu()?)?",
+        bug: "LlamaBlock's SwiGLU gates w1's branch by silu of w3's, not w3's by silu of w1's",
+        harness: Layers,
+    },
+    Mutant {
         id: "nn-gqa-heads-tiled",
         area: Nn,
         file: "crates/tl-nn/src/layers/cross_attention.rs",

@@ -120,23 +120,27 @@ fn example(name: &str) -> (String, usize) {
 
 /// Issue 38's proof stays true: the batched character-level transformer LM (AdamW, cosine
 /// schedule with warm-up, clipping, validation loss against the unigram baseline, sampled
-/// text) in at most 80 lines of code, the LSTM one in at most 60. That the default runs beat
-/// the baseline (by 1 nat for the transformer) is the examples' own exit status.
+/// text) in at most 80 lines of code, its LLaMA-style twin too, the LSTM one in at most 60.
+/// That the default runs beat the baseline (by 1 nat for the transformers) is the examples'
+/// own exit status.
 #[test]
 fn language_model_examples_stay_within_80_and_60_lines() {
-    let (lm, code) = example("char_lm.rs");
-    assert!(code <= 80, "char_lm.rs: {code} lines of code");
-    for piece in [
-        "Optimizer::adamw(",
-        "Schedule::cosine_warmup(",
-        ".clip_grad_norm(",
-        "unigram_nll(",
-        "sample(&logits",
-        "train.sample(",
-        "assert!(base - loss > margin",
-    ] {
-        assert!(lm.contains(piece), "char_lm.rs lacks {piece}");
+    for name in ["char_lm.rs", "char_llama.rs"] {
+        let (lm, code) = example(name);
+        assert!(code <= 80, "{name}: {code} lines of code");
+        for piece in [
+            "Optimizer::adamw(",
+            "Schedule::cosine_warmup(",
+            ".clip_grad_norm(",
+            "unigram_nll(",
+            "sample(&logits",
+            "train.sample(",
+            "assert!(base - loss > margin",
+        ] {
+            assert!(lm.contains(piece), "{name} lacks {piece}");
+        }
     }
+    assert!(example("char_llama.rs").0.contains("LlamaBlock::new("));
     let (lstm, code) = example("char_lstm.rs");
     assert!(code <= 60, "char_lstm.rs: {code} lines of code");
     for piece in [

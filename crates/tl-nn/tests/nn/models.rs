@@ -11,7 +11,8 @@ use tl_nn::{Activation, Labels, Module, Parameters, Runtime};
 use tl_session::{Backend, Optimizer, Train};
 use tl_spec::Tensor;
 
-use crate::{eager, linked};
+use crate::rnn::{cast, expected, sgd_gradients};
+use crate::{eager, linked, max_diff};
 
 /// `n` values uniform in ±`scale` from the counter RNG keyed by `key`.
 fn uniform(n: usize, key: u64, scale: f64) -> Vec<f32> {
@@ -462,4 +463,88 @@ fn a_basic_block_adds_its_input_back() {
         }
     }
     assert_eq!(run(), relu);
+}
+
+/// A LLaMA-style block (`models::LlamaBlock`: RMSNorm, causal rotary attention of 4 query heads
+/// over 2 key/value heads, a SwiGLU MLP) against PyTorch's (fixture `llama_block`, written out
+/// in `make_attention_fixtures.py`): the output and the gradients of x and every parameter on
+/// the eager CPU (f64, f32), CUDA-sim and linked sessions; a d_ff of 0 names the block.
+#[test]
+fn a_llama_block_gives_pytorchs_values_and_gradients() {
+    use tl_nn::models::{LlamaBlock, LlamaConfig};
+    fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
+        let e = expected("llama_block");
+        let config = LlamaConfig {
+            d_model: 16,
+            heads: 4,
+            kv_heads: 2,
+            d_ff: 24,
+            rope: tl_nn::Rope::DEFAULT,
+            eps: 1e-5,
+        };
+        let block = LlamaBlock::new(&rt.vars().pp("b"), &config).unwrap();
+        let names = [
+            "attn_norm",
+            "wq",
+            "wk",
+            "wv",
+            "wo",
+            "mlp_norm",
+            "w1",
+            "w2",
+            "w3",
+        ];
+        let mut params = Vec::new();
+        block.visit_params(&mut |p| params.push(p.clone()));
+        assert_eq!(params.len(), names.len());
+        for (p, k) in params.iter().zip(names) {
+            rt.set_value(p, cast(&e[k])).unwrap();
+        }
+        let x = rt.vars().param_from("x", cast(&e["input"]), true).unwrap();
+        let w: Tensor<O::T> = cast(&e["weight"]);
+        let y = rt.eval(&block, |g| block.forward(&g.param(&x)?)).unwrap();
+        let d = max_diff(&y, &e["output"]);
+        assert!(
+            d < tol,
+            "output ({}): max diff {d}",
+            <O::T as tl_spec::Scalar>::NAME
+        );
+        /// The block and its input, both trained.
+        struct WithInput<'a>(tl_session::Param, &'a LlamaBlock);
+        impl Parameters for WithInput<'_> {
+            fn visit_params(&self, f: &mut dyn FnMut(&tl_session::Param)) {
+                f(&self.0);
+                self.1.visit_params(f);
+            }
+        }
+        let model = WithInput(x.clone(), &block);
+        let mut all = vec![&x];
+        all.extend(params.iter());
+        let grads = sgd_gradients(&mut rt, &model, &all, |g| {
+            (&block.forward(&g.param(&x)?)? * &g.input(w.clone())?)?.sum()
+        });
+        for (got, key) in grads.iter().zip(std::iter::once("input").chain(names)) {
+            let d = max_diff(got, &e[&format!("grad_{key}")]);
+            assert!(
+                d < tol,
+                "grad_{key} ({}): max diff {d}",
+                <O::T as tl_spec::Scalar>::NAME
+            );
+        }
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::Cpu, 0), 2e-5);
+    check(eager::<f32>(Backend::CudaSim, 0), 2e-5);
+    check(linked::<f64>(0), 1e-12);
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let bad = LlamaConfig {
+        d_model: 16,
+        heads: 4,
+        kv_heads: 2,
+        d_ff: 0,
+        rope: tl_nn::Rope::DEFAULT,
+        eps: 1e-5,
+    };
+    let e = LlamaBlock::new(&rt.vars(), &bad).err().unwrap().to_string();
+    assert!(e.contains("LlamaBlock") && e.contains("d_ff"), "{e}");
 }

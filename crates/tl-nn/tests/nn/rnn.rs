@@ -16,14 +16,14 @@ use tl_spec::{Scalar, Tensor};
 
 use crate::{eager, linked, max_diff, tensor};
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
 }
 
 /// The tensors of `<name>_expected.safetensors` as f64 (inputs are stored as f32).
-fn expected(name: &str) -> std::collections::BTreeMap<String, Tensor<f64>> {
+pub(crate) fn expected(name: &str) -> std::collections::BTreeMap<String, Tensor<f64>> {
     let p = fixture(&format!("{name}_expected.safetensors"));
     let f = checkpoint::read(&p).unwrap();
     f.tensors
@@ -39,7 +39,7 @@ fn expected(name: &str) -> std::collections::BTreeMap<String, Tensor<f64>> {
 }
 
 /// `t` in another scalar type.
-fn cast<A: Scalar, B: Scalar>(t: &Tensor<A>) -> Tensor<B> {
+pub(crate) fn cast<A: Scalar, B: Scalar>(t: &Tensor<A>) -> Tensor<B> {
     let data = t.data().iter().map(|v| B::lit(v.as_f64())).collect();
     Tensor::new(t.shape().clone(), data).unwrap()
 }
@@ -684,7 +684,7 @@ impl Parameters for Cross {
 
 /// The gradients of `loss` with respect to `params` (f64), by one SGD step of lr 1 on `model`:
 /// each is the parameter's value before the step minus after.
-fn sgd_gradients<O: Train>(
+pub(crate) fn sgd_gradients<O: Train>(
     rt: &mut Runtime<O>,
     model: &impl Parameters,
     params: &[&Param],
