@@ -363,6 +363,28 @@ fn the_fused_and_composed_paths_agree_on_the_tape() {
     }
 }
 
+/// A dense backward from `loss` (cotangent `seed`) on `tape`: the launches it made and the bits
+/// of the gradients of `leaves`.
+fn backward_launches_and_bits(
+    tape: &mut CudaTape<SimDevice>,
+    loss: usize,
+    seed: &AnyBuffer,
+    leaves: &[usize],
+) -> (u64, Vec<Vec<u32>>) {
+    let before = tape.device().traffic();
+    let g = tape.backward_dense(loss, seed).unwrap();
+    let launches = (tape.device().traffic() - before).launches;
+    let bits: Vec<Vec<u32>> = leaves
+        .iter()
+        .map(|&i| {
+            let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
+            crate::common::bits(t.data())
+        })
+        .collect();
+    tape.release_grads(g);
+    (launches, bits)
+}
+
 /// The fused node keeps Q, K, V, C and one log-sum-exp per row (no (n, n) buffer), runs one
 /// core launch forward and two backward, and its backward recomputes only Q, K, V, C and the
 /// statistics once the workspace is gone.
@@ -398,20 +420,8 @@ fn the_fused_node_keeps_o_n_floats_and_runs_three_core_launches() {
     );
     let loss = tape.apply(&Op::Sum, &[y]).unwrap();
     let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
-    let run = |tape: &mut CudaTape<SimDevice>| {
-        let before = tape.device().traffic();
-        let g = tape.backward_dense(loss, &seed).unwrap();
-        let launches = (tape.device().traffic() - before).launches;
-        let bits: Vec<Vec<u32>> = leaves
-            .iter()
-            .map(|&i| {
-                let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
-                crate::common::bits(t.data())
-            })
-            .collect();
-        tape.release_grads(g);
-        (launches, bits)
-    };
+    let run =
+        |tape: &mut CudaTape<SimDevice>| backward_launches_and_bits(tape, loss, &seed, &leaves);
     let (reused, first) = run(&mut tape);
     assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
     let (recomputed, second) = run(&mut tape);
@@ -490,20 +500,8 @@ fn the_fused_core_op_keeps_the_log_sum_exp_only() {
     assert_eq!(grown, 4 * (n * p + heads * n), "y + lse, bytes");
     let loss = tape.apply(&Op::Sum, &[y]).unwrap();
     let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
-    let run = |tape: &mut CudaTape<SimDevice>| {
-        let before = tape.device().traffic();
-        let g = tape.backward_dense(loss, &seed).unwrap();
-        let launches = (tape.device().traffic() - before).launches;
-        let bits: Vec<Vec<u32>> = leaves
-            .iter()
-            .map(|&i| {
-                let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
-                crate::common::bits(t.data())
-            })
-            .collect();
-        tape.release_grads(g);
-        (launches, bits)
-    };
+    let run =
+        |tape: &mut CudaTape<SimDevice>| backward_launches_and_bits(tape, loss, &seed, &leaves);
     let (reused, first) = run(&mut tape);
     assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
     let (recomputed, second) = run(&mut tape);
