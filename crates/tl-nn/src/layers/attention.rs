@@ -185,9 +185,8 @@ impl MultiHeadAttention {
                     m.n()
                 )));
             }
-            let allowed = |i: usize, j: usize| mask.as_ref().is_none_or(|m| m.allowed(i, j));
             let keys = match &mask {
-                Some(_) => super::cross_attention::Keys::Shared(&allowed),
+                Some(m) => super::cross_attention::Keys::Mask(m),
                 None => super::cross_attention::Keys::All,
             };
             return self.attend((x, x, x), (batch, n, n), keys, &at);

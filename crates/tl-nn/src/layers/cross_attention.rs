@@ -171,6 +171,8 @@ pub(super) enum Keys<'a> {
     All,
     /// `allowed(i, j)`: query i may attend to key j, in every batch element.
     Shared(&'a dyn Fn(usize, usize) -> bool),
+    /// The (n, n) mask, in every batch element (taken by the op as it is).
+    Mask(&'a Mask),
     /// `allowed(b, i, j)`: query i of batch element b may attend to key j.
     PerBatch(&'a dyn Fn(usize, usize, usize) -> bool),
 }
@@ -181,6 +183,7 @@ impl Keys<'_> {
         match self {
             Keys::All => true,
             Keys::Shared(f) => f(i, j),
+            Keys::Mask(m) => m.allowed(i, j),
             Keys::PerBatch(f) => f(b, i, j),
         }
     }
@@ -196,7 +199,7 @@ impl Keys<'_> {
     ) -> Result<()> {
         let batches = match self {
             Keys::All => return Ok(()),
-            Keys::Shared(_) => 1,
+            Keys::Shared(_) | Keys::Mask(_) => 1,
             Keys::PerBatch(_) => b,
         };
         for bi in 0..batches {
@@ -219,6 +222,7 @@ impl Keys<'_> {
             _ if nq != nk => None,
             Keys::All => Some(None),
             Keys::Shared(f) => Some(Some(Mask::from_fn(nq, f)?)),
+            Keys::Mask(m) => Some(Some((*m).clone())),
             Keys::PerBatch(_) => None,
         })
     }
