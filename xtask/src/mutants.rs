@@ -120,6 +120,7 @@ impl Harness {
                 "rotary",
                 "grouped_query",
                 "llama",
+                "cached_chunks",
                 "activations::",
                 "losses::",
                 "session_state::",

@@ -104,8 +104,9 @@ pub use init::Init;
 pub use labels::Labels;
 pub use layers::{
     AdaptiveAvgPool, AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding,
-    GroupNorm, Gru, InstanceNorm, LayerNorm, Linear, Lstm, MaxPool, ModuleList, MultiHeadAttention,
-    PRelu, RmsNorm, RnnConfig, RnnWeights, Rope, RopeLayout, SpectralConv1d, Upsample,
+    GroupNorm, Gru, InstanceNorm, KvCache, LayerNorm, Linear, Lstm, MaxPool, ModuleList,
+    MultiHeadAttention, PRelu, RmsNorm, RnnConfig, RnnWeights, Rope, RopeLayout, SpectralConv1d,
+    Upsample,
 };
 pub use losses::Reduction;
 pub use module::{Flatten, Module, Parameters, Sequential};

@@ -88,51 +88,85 @@ impl MultiHeadAttention {
         keys: Keys<'_>,
         at: &At<'_, O>,
     ) -> Result<Var<'g, O>> {
-        let g = query.scope();
-        let d = self.wq.shape().dims()[0];
         let b = batch.unwrap_or(1);
         keys.check_every_query_has_a_key(b, nq, nk, at)?;
-        let (h, dh) = (self.heads, d / self.heads);
         let y = || -> Result<Var<'g, O>> {
-            // (B·n, d)·W → (B, n, heads, dh) (W's heads: h, or kv_heads for wk and wv), rotated
-            // where rope says, each key/value head broadcast to its group of h/kv_heads query
-            // heads.
-            let project = |x: &Var<'g, O>, w: &tl_session::Param, n: usize, rotate: bool| {
-                let heads = w.shape().dims()[1] / dh;
-                let t = x
-                    .reshape(&[b * n, d])?
-                    .matmul(&g.param(w)?)?
-                    .reshape(&[b, n, heads, dh])?;
-                let t = match (&self.rope, rotate) {
-                    (Some(rope), true) => rope.rotate(&t)?,
-                    _ => t,
-                };
-                match heads == h {
-                    true => Ok(t),
-                    false => t
-                        .reshape(&[b, n, heads, 1, dh])?
-                        .broadcast_to(&tl_spec::Shape::new(&[b, n, heads, h / heads, dh]))?
-                        .reshape(&[b, n, h, dh]),
-                }
-            };
-            let q = project(query, &self.wq, nq, true)?;
-            let k = project(key, &self.wk, nk, true)?;
-            let v = project(value, &self.wv, nk, false)?;
-            let c = match keys.shared_mask(nq, nk)? {
-                // (B, n, d) with the heads merged, as the op takes them.
-                Some(mask) => {
-                    let [q, k, v] = [q, k, v].map(|t| t.reshape(&[b, nq, d]));
-                    q?.scaled_dot_product_attention(&k?, &v?, h, mask.as_ref(), self.flash)?
-                }
-                None => composed_core::<O>((q, k, v), (b, nq, nk), &keys, (h, dh))?,
-            };
-            let out = c.reshape(&[b * nq, d])?.matmul(&g.param(&self.wo)?)?;
-            match batch {
-                Some(b) => out.reshape(&[b, nq, d]),
-                None => out.reshape(&[nq, d]),
-            }
+            let q = self.heads_of(query, &self.wq, (b, nq), Some(0))?;
+            let k = self.heads_of(key, &self.wk, (b, nk), Some(0))?;
+            let v = self.heads_of(value, &self.wv, (b, nk), None)?;
+            let (k, v) = (
+                self.to_query_heads(&k, (b, nk))?,
+                self.to_query_heads(&v, (b, nk))?,
+            );
+            self.core_and_output((q, k, v), (batch, nq, nk), &keys)
         };
         y().map_err(|e| at.op_error(e))
+    }
+
+    /// `x` (\[B,\] n, d) projected by `w` into (B, n, heads, dh) (W's heads: `heads`, or
+    /// `kv_heads` for wk and wv), rotated with [`rope`](Self::rope) from position `start`
+    /// where that is given.
+    pub(super) fn heads_of<'g, O: Train>(
+        &self,
+        x: &Var<'g, O>,
+        w: &tl_session::Param,
+        (b, n): (usize, usize),
+        start: Option<usize>,
+    ) -> Result<Var<'g, O>> {
+        let d = self.wq.shape().dims()[0];
+        let dh = d / self.heads;
+        let heads = w.shape().dims()[1] / dh;
+        let t = x
+            .reshape(&[b * n, d])?
+            .matmul(&x.scope().param(w)?)?
+            .reshape(&[b, n, heads, dh])?;
+        match (&self.rope, start) {
+            (Some(rope), Some(start)) => rope.rotate(&t, start),
+            _ => Ok(t),
+        }
+    }
+
+    /// Keys or values (B, n, kv_heads, dh) with each head broadcast to its group of
+    /// heads/kv_heads query heads: (B, n, heads, dh).
+    pub(super) fn to_query_heads<'g, O: Train>(
+        &self,
+        t: &Var<'g, O>,
+        (b, n): (usize, usize),
+    ) -> Result<Var<'g, O>> {
+        let (h, kv) = (self.heads, self.kv_heads);
+        let dh = self.wq.shape().dims()[0] / h;
+        match kv == h {
+            true => Ok(t.clone()),
+            false => t
+                .reshape(&[b, n, kv, 1, dh])?
+                .broadcast_to(&tl_spec::Shape::new(&[b, n, kv, h / kv, dh]))?
+                .reshape(&[b, n, h, dh]),
+        }
+    }
+
+    /// The core on Q (B, nq, heads, dh) and K, V (B, nk, heads, dh) as [`attend`](Self::attend)
+    /// picks it, the heads merged back, then `·Wo`: (\[B,\] nq, d) as `batch` says.
+    pub(super) fn core_and_output<'g, O: Train>(
+        &self,
+        (q, k, v): (Var<'g, O>, Var<'g, O>, Var<'g, O>),
+        (batch, nq, nk): (Option<usize>, usize, usize),
+        keys: &Keys<'_>,
+    ) -> Result<Var<'g, O>> {
+        let g = q.scope();
+        let (b, d, h) = (batch.unwrap_or(1), self.wq.shape().dims()[0], self.heads);
+        let c = match keys.shared_mask(nq, nk)? {
+            // (B, n, d) with the heads merged, as the op takes them.
+            Some(mask) => {
+                let [q, k, v] = [q, k, v].map(|t| t.reshape(&[b, nq, d]));
+                q?.scaled_dot_product_attention(&k?, &v?, h, mask.as_ref(), self.flash)?
+            }
+            None => composed_core::<O>((q, k, v), (b, nq, nk), keys, (h, d / h))?,
+        };
+        let out = c.reshape(&[b * nq, d])?.matmul(&g.param(&self.wo)?)?;
+        match batch {
+            Some(b) => out.reshape(&[b, nq, d]),
+            None => out.reshape(&[nq, d]),
+        }
     }
 }
 

@@ -63,12 +63,12 @@ impl Rope {
         }
     }
 
-    /// `x` of (B, n, heads, dh) (n positions) rotated:
+    /// `x` of (B, n, heads, dh) (n positions from `start`) rotated:
     /// `x ⊙ cos + (x·P) ⊙ sin±`, with P the 0/1 matrix sending each feature to its partner
     /// and `sin±` the sine with the first feature of each pair negated (`(x₁, x₂) ↦ (x₁ cos −
     /// x₂ sin, x₂ cos + x₁ sin)`), the (1, n, 1, dh) tables constants broadcast over the batch
     /// and the heads.
-    pub(super) fn rotate<'g, O: Train>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+    pub(super) fn rotate<'g, O: Train>(&self, x: &Var<'g, O>, start: usize) -> Result<Var<'g, O>> {
         let (b, n, h, dh) = match x.dims() {
             [b, n, h, dh] => (*b, *n, *h, *dh),
             _ => {
@@ -86,10 +86,10 @@ impl Rope {
         // The first feature of a pair: the lower index.
         let first = |j: usize| j < self.pair(dh, j).0;
         let cos = Tensor::try_from_fn(what, [1, n, 1, dh], |e| {
-            O::T::lit(angle(e / dh, e % dh).cos())
+            O::T::lit(angle(start + e / dh, e % dh).cos())
         })?;
         let sin = Tensor::try_from_fn(what, [1, n, 1, dh], |e| {
-            let (p, j) = (e / dh, e % dh);
+            let (p, j) = (start + e / dh, e % dh);
             let s = angle(p, j).sin();
             O::T::lit(if first(j) { -s } else { s })
         })?;

@@ -4,7 +4,9 @@
 use tl_session::{Param, Train};
 
 use crate::error::usage;
-use crate::{Linear, Module, MultiHeadAttention, Parameters, Result, RmsNorm, Rope, Var, Vars};
+use crate::{
+    KvCache, Linear, Module, MultiHeadAttention, Parameters, Result, RmsNorm, Rope, Var, Vars,
+};
 
 /// The shape of a [`LlamaBlock`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -71,6 +73,30 @@ impl LlamaBlock {
     }
 }
 
+impl LlamaBlock {
+    /// [`forward`](Module::forward) of the next positions of a sequence whose earlier ones
+    /// this block has seen through `cache` ([`MultiHeadAttention::forward_cached`]: the
+    /// attention's keys and values; the rest of the block is per position). Fed a sequence in
+    /// chunks, the outputs joined are `forward` of the whole sequence within rounding.
+    pub fn forward_cached<'g, O: Train>(
+        &self,
+        x: &Var<'g, O>,
+        cache: &mut KvCache<O::T>,
+    ) -> Result<Var<'g, O>> {
+        let h = (x + &self
+            .attn
+            .forward_cached(&self.attn_norm.forward(x)?, cache)?)?;
+        self.mlp(&h)
+    }
+
+    /// `h + w2(silu(w1(m)) · w3(m))`, `m = mlp_norm(h)`.
+    fn mlp<'g, O: Train>(&self, h: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let m = self.mlp_norm.forward(h)?;
+        let gated = (&self.w1.forward(&m)?.silu()? * &self.w3.forward(&m)?)?;
+        h + &self.w2.forward(&gated)?
+    }
+}
+
 impl Parameters for LlamaBlock {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         self.attn_norm.visit_params(f);
@@ -85,8 +111,6 @@ impl Parameters for LlamaBlock {
 impl<O: Train> Module<O> for LlamaBlock {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         let h = (x + &self.attn.forward(&self.attn_norm.forward(x)?)?)?;
-        let m = self.mlp_norm.forward(&h)?;
-        let gated = (&self.w1.forward(&m)?.silu()? * &self.w3.forward(&m)?)?;
-        &h + &self.w2.forward(&gated)?
+        self.mlp(&h)
     }
 }

@@ -536,7 +536,50 @@ fn a_llama_block_gives_pytorchs_values_and_gradients() {
     check(eager::<f32>(Backend::Cpu, 0), 2e-5);
     check(eager::<f32>(Backend::CudaSim, 0), 2e-5);
     check(linked::<f64>(0), 1e-12);
+    // The fixture's x in chunks of 2 and 3 positions through a KvCache: the whole output.
+    let e = expected("llama_block");
     let rt = eager::<f64>(Backend::Cpu, 0);
+    let config = LlamaConfig {
+        d_model: 16,
+        heads: 4,
+        kv_heads: 2,
+        d_ff: 24,
+        rope: tl_nn::Rope::DEFAULT,
+        eps: 1e-5,
+    };
+    let block = LlamaBlock::new(&rt.vars().pp("c"), &config).unwrap();
+    let whole = rt
+        .eval(&block, |g| block.forward(&g.input(e["input"].clone())?))
+        .unwrap();
+    let mut cache = tl_nn::KvCache::new();
+    let chunk = |at: usize, len: usize| {
+        let x = &e["input"];
+        let data = (0..2)
+            .flat_map(|b| x.data()[(b * 5 + at) * 16..(b * 5 + at + len) * 16].to_vec())
+            .collect();
+        Tensor::new([2, len, 16], data).unwrap()
+    };
+    let first = rt.eval(&block, |g| {
+        block.forward_cached(&g.input(chunk(0, 2))?, &mut cache)
+    });
+    let second = rt.eval(&block, |g| {
+        block.forward_cached(&g.input(chunk(2, 3))?, &mut cache)
+    });
+    let (first, second) = (first.unwrap(), second.unwrap());
+    for b in 0..2 {
+        let want = &whole.data()[b * 80..(b + 1) * 80];
+        let got = [
+            &first.data()[b * 32..(b + 1) * 32],
+            &second.data()[b * 48..(b + 1) * 48],
+        ]
+        .concat();
+        let d = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(d < 1e-12, "batch element {b}: {d}");
+    }
     let bad = LlamaConfig {
         d_model: 16,
         heads: 4,

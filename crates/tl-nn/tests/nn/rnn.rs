@@ -980,6 +980,127 @@ fn grouped_query_attention_gives_pytorchs_values_and_gradients() {
     );
 }
 
+/// A causal layer fed a sequence in chunks through a `KvCache` (3, 1, 2 and 1 positions) gives
+/// the outputs of `forward` on the whole sequence: plain, rotary and grouped-rotary layers,
+/// batched and not, on the eager CPU (f64, f32), CUDA-sim and linked sessions; the cache counts
+/// its positions, `clear` starts over; a layer that is not causal, the wrong width and a cache
+/// of another batch size are errors naming the layer.
+#[test]
+fn cached_chunks_give_the_whole_sequence() {
+    fn check<O: Train>(rt: Runtime<O>, tol: f64) {
+        let layers = [
+            (
+                "plain",
+                MultiHeadAttention::new(&rt.vars().pp("p"), 8, 2, true).unwrap(),
+            ),
+            (
+                "rotary",
+                MultiHeadAttention::new(&rt.vars().pp("r"), 8, 2, true)
+                    .unwrap()
+                    .with_rope(Rope::DEFAULT)
+                    .unwrap(),
+            ),
+            (
+                "grouped",
+                MultiHeadAttention::grouped(&rt.vars().pp("g"), 16, 4, 2, true)
+                    .unwrap()
+                    .with_rope(Rope {
+                        base: 500.0,
+                        layout: RopeLayout::Halves,
+                    })
+                    .unwrap(),
+            ),
+        ];
+        for (name, mha) in &layers {
+            let d = mha.wq.shape().dims()[0];
+            for dims in [vec![7, d], vec![2, 7, d]] {
+                let x: Tensor<O::T> = tensor(&dims, 3);
+                let whole = rt.eval(mha, |g| mha.forward(&g.input(x.clone())?)).unwrap();
+                let mut cache = tl_nn::KvCache::new();
+                let mut parts = Vec::new();
+                let mut at = 0;
+                for len in [3, 1, 2, 1] {
+                    assert_eq!(cache.len(), at);
+                    let chunk = narrow_positions(&x, at, len);
+                    let y = rt
+                        .eval(mha, |g| {
+                            mha.forward_cached(&g.input(chunk.clone())?, &mut cache)
+                        })
+                        .unwrap();
+                    parts.push(y);
+                    at += len;
+                }
+                assert_eq!(cache.len(), 7);
+                let joined = join_positions(&parts);
+                let diff = max_diff(&joined, &cast::<O::T, f64>(&whole));
+                assert!(diff < tol, "{name} {dims:?} ({}): {diff}", O::T::NAME);
+                cache.clear();
+                assert!(cache.is_empty());
+            }
+        }
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::Cpu, 0), 1e-5);
+    check(eager::<f32>(Backend::CudaSim, 0), 1e-5);
+    check(linked::<f64>(0), 1e-12);
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let causal = MultiHeadAttention::new(&rt.vars().pp("c"), 8, 2, true).unwrap();
+    let open = MultiHeadAttention::new(&rt.vars().pp("o"), 8, 2, false).unwrap();
+    let mut cache = tl_nn::KvCache::new();
+    let run = |m: &MultiHeadAttention, x: Tensor<f64>, cache: &mut tl_nn::KvCache<f64>| {
+        rt.eval(m, |g| m.forward_cached(&g.input(x)?, cache))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = run(&open, tensor(&[2, 8], 1), &mut cache);
+    assert!(
+        e.contains("MultiHeadAttention") && e.contains("causal"),
+        "{e}"
+    );
+    let e = run(&causal, tensor(&[2, 6], 1), &mut cache);
+    assert!(e.contains("(m, 8) or (B, m, 8)"), "{e}");
+    rt.eval(&causal, |g| {
+        causal.forward_cached(&g.input(tensor(&[2, 2, 8], 1))?, &mut cache)
+    })
+    .unwrap();
+    let e = run(&causal, tensor(&[3, 1, 8], 1), &mut cache);
+    assert!(e.contains("the cache holds keys [2, 2, 2, 4]"), "{e}");
+}
+
+/// Positions `at..at + len` (the second-to-last axis) of `x`.
+fn narrow_positions<T: Scalar>(x: &Tensor<T>, at: usize, len: usize) -> Tensor<T> {
+    let dims = x.shape().dims();
+    let (n, w) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let batches = x.numel() / (n * w);
+    let data = (0..batches)
+        .flat_map(|b| x.data()[(b * n + at) * w..(b * n + at + len) * w].to_vec())
+        .collect();
+    let mut out = dims.to_vec();
+    out[dims.len() - 2] = len;
+    Tensor::new(out.as_slice(), data).unwrap()
+}
+
+/// `parts` joined along their positions (the second-to-last axis), as f64.
+fn join_positions<T: Scalar>(parts: &[Tensor<T>]) -> Tensor<f64> {
+    let dims = parts[0].shape().dims();
+    let w = dims[dims.len() - 1];
+    let batches = parts[0].numel() / (dims[dims.len() - 2] * w);
+    let mut data = Vec::new();
+    for b in 0..batches {
+        for p in parts {
+            let n = p.shape().dims()[dims.len() - 2];
+            data.extend(
+                p.data()[b * n * w..(b + 1) * n * w]
+                    .iter()
+                    .map(|v| v.as_f64()),
+            );
+        }
+    }
+    let mut out = dims.to_vec();
+    out[dims.len() - 2] = parts.iter().map(|p| p.shape().dims()[dims.len() - 2]).sum();
+    Tensor::new(out.as_slice(), data).unwrap()
+}
+
 /// Rotary attention runs its core as the op `scaledDotProductAttention`, fused by default: on
 /// the CUDA sim (the flash kernels' twins) a causal layer of 2 heads over n = 512 positions
 /// never holds one head's (n, n) probabilities (1 MiB), where the composed core
