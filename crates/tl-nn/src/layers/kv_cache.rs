@@ -15,8 +15,11 @@ use crate::{Result, Var};
 /// PyTorch: the `past_key_values` of Hugging Face's models, torchtune's `KVCache`.
 #[derive(Debug, Clone)]
 pub struct KvCache<T: Scalar> {
-    keys_values: Option<(Tensor<T>, Tensor<T>)>,
+    keys_values: Option<KeysValues<T>>,
 }
+
+/// The cached keys and values, (B, t, kv_heads, dh) each.
+type KeysValues<T> = (Tensor<T>, Tensor<T>);
 
 impl<T: Scalar> Default for KvCache<T> {
     fn default() -> Self {
@@ -94,7 +97,7 @@ impl MultiHeadAttention {
                 k.shape()
             )));
         }
-        let y = || -> Result<(Var<'g, O>, (Tensor<O::T>, Tensor<O::T>))> {
+        let y = || -> Result<(Var<'g, O>, KeysValues<O::T>)> {
             let q = self.heads_of(x, &self.wq, (b, m), Some(t))?;
             let k = self.heads_of(x, &self.wk, (b, m), Some(t))?;
             let v = self.heads_of(x, &self.wv, (b, m), None)?;
