@@ -11,7 +11,7 @@ use tl_nn::{Activation, Labels, Module, Parameters, Runtime};
 use tl_session::{Backend, Optimizer, Train};
 use tl_spec::Tensor;
 
-use crate::rnn::{cast, expected, sgd_gradients};
+use crate::rnn::{cast, expected, join_positions, narrow_positions, sgd_gradients};
 use crate::{eager, linked, max_diff};
 
 /// `n` values uniform in ±`scale` from the counter RNG keyed by `key`.
@@ -472,17 +472,18 @@ fn a_basic_block_adds_its_input_back() {
 #[test]
 fn a_llama_block_gives_pytorchs_values_and_gradients() {
     use tl_nn::models::{LlamaBlock, LlamaConfig};
+    /// The fixture's block: width 16, 4 heads over 2, d_ff 24, interleaved rotation, ε 1e-5.
+    const LLAMA: LlamaConfig = LlamaConfig {
+        d_model: 16,
+        heads: 4,
+        kv_heads: 2,
+        d_ff: 24,
+        rope: tl_nn::Rope::DEFAULT,
+        eps: 1e-5,
+    };
     fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
         let e = expected("llama_block");
-        let config = LlamaConfig {
-            d_model: 16,
-            heads: 4,
-            kv_heads: 2,
-            d_ff: 24,
-            rope: tl_nn::Rope::DEFAULT,
-            eps: 1e-5,
-        };
-        let block = LlamaBlock::new(&rt.vars().pp("b"), &config).unwrap();
+        let block = LlamaBlock::new(&rt.vars().pp("b"), &LLAMA).unwrap();
         let names = [
             "attn_norm",
             "wq",
@@ -539,55 +540,24 @@ fn a_llama_block_gives_pytorchs_values_and_gradients() {
     // The fixture's x in chunks of 2 and 3 positions through a KvCache: the whole output.
     let e = expected("llama_block");
     let rt = eager::<f64>(Backend::Cpu, 0);
-    let config = LlamaConfig {
-        d_model: 16,
-        heads: 4,
-        kv_heads: 2,
-        d_ff: 24,
-        rope: tl_nn::Rope::DEFAULT,
-        eps: 1e-5,
-    };
-    let block = LlamaBlock::new(&rt.vars().pp("c"), &config).unwrap();
+    let block = LlamaBlock::new(&rt.vars().pp("c"), &LLAMA).unwrap();
     let whole = rt
         .eval(&block, |g| block.forward(&g.input(e["input"].clone())?))
         .unwrap();
     let mut cache = tl_nn::KvCache::new();
-    let chunk = |at: usize, len: usize| {
-        let x = &e["input"];
-        let data = (0..2)
-            .flat_map(|b| x.data()[(b * 5 + at) * 16..(b * 5 + at + len) * 16].to_vec())
-            .collect();
-        Tensor::new([2, len, 16], data).unwrap()
-    };
-    let first = rt.eval(&block, |g| {
-        block.forward_cached(&g.input(chunk(0, 2))?, &mut cache)
-    });
-    let second = rt.eval(&block, |g| {
-        block.forward_cached(&g.input(chunk(2, 3))?, &mut cache)
-    });
-    let (first, second) = (first.unwrap(), second.unwrap());
-    for b in 0..2 {
-        let want = &whole.data()[b * 80..(b + 1) * 80];
-        let got = [
-            &first.data()[b * 32..(b + 1) * 32],
-            &second.data()[b * 48..(b + 1) * 48],
-        ]
-        .concat();
-        let d = want
-            .iter()
-            .zip(&got)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        assert!(d < 1e-12, "batch element {b}: {d}");
-    }
-    let bad = LlamaConfig {
-        d_model: 16,
-        heads: 4,
-        kv_heads: 2,
-        d_ff: 0,
-        rope: tl_nn::Rope::DEFAULT,
-        eps: 1e-5,
-    };
+    let parts: Vec<Tensor<f64>> = [(0, 2), (2, 3)]
+        .into_iter()
+        .map(|(at, len)| {
+            let chunk = narrow_positions(&e["input"], at, len);
+            rt.eval(&block, |g| {
+                block.forward_cached(&g.input(chunk)?, &mut cache)
+            })
+            .unwrap()
+        })
+        .collect();
+    let d = max_diff(&join_positions(&parts), &whole);
+    assert!(d < 1e-12, "chunked through the cache: {d}");
+    let bad = LlamaConfig { d_ff: 0, ..LLAMA };
     let e = LlamaBlock::new(&rt.vars(), &bad).err().unwrap().to_string();
     assert!(e.contains("LlamaBlock") && e.contains("d_ff"), "{e}");
 }

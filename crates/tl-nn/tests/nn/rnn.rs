@@ -1068,7 +1068,7 @@ fn cached_chunks_give_the_whole_sequence() {
 }
 
 /// Positions `at..at + len` (the second-to-last axis) of `x`.
-fn narrow_positions<T: Scalar>(x: &Tensor<T>, at: usize, len: usize) -> Tensor<T> {
+pub(crate) fn narrow_positions<T: Scalar>(x: &Tensor<T>, at: usize, len: usize) -> Tensor<T> {
     let dims = x.shape().dims();
     let (n, w) = (dims[dims.len() - 2], dims[dims.len() - 1]);
     let batches = x.numel() / (n * w);
@@ -1081,7 +1081,7 @@ fn narrow_positions<T: Scalar>(x: &Tensor<T>, at: usize, len: usize) -> Tensor<T
 }
 
 /// `parts` joined along their positions (the second-to-last axis), as f64.
-fn join_positions<T: Scalar>(parts: &[Tensor<T>]) -> Tensor<f64> {
+pub(crate) fn join_positions<T: Scalar>(parts: &[Tensor<T>]) -> Tensor<f64> {
     let dims = parts[0].shape().dims();
     let w = dims[dims.len() - 1];
     let batches = parts[0].numel() / (dims[dims.len() - 2] * w);

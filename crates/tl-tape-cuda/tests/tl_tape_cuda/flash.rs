@@ -363,26 +363,39 @@ fn the_fused_and_composed_paths_agree_on_the_tape() {
     }
 }
 
-/// A dense backward from `loss` (cotangent `seed`) on `tape`: the launches it made and the bits
-/// of the gradients of `leaves`.
-fn backward_launches_and_bits(
+/// Two dense backwards of `sum(y)` on `tape`: the first reads the node's workspace `kept` and
+/// releases it, the second recomputes it; both give the gradients of `leaves` with the same
+/// bits. Returns the launches of each.
+fn backward_from_workspace_then_recomputed(
     tape: &mut CudaTape<SimDevice>,
-    loss: usize,
-    seed: &AnyBuffer,
+    y: usize,
     leaves: &[usize],
-) -> (u64, Vec<Vec<u32>>) {
-    let before = tape.device().traffic();
-    let g = tape.backward_dense(loss, seed).unwrap();
-    let launches = (tape.device().traffic() - before).launches;
-    let bits: Vec<Vec<u32>> = leaves
-        .iter()
-        .map(|&i| {
-            let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
-            crate::common::bits(t.data())
-        })
-        .collect();
-    tape.release_grads(g);
-    (launches, bits)
+    kept: &[tl_tape_cuda::device::Buffer],
+) -> (u64, u64) {
+    let loss = tape.apply(&Op::Sum, &[y]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let run = |tape: &mut CudaTape<SimDevice>| {
+        let before = tape.device().traffic();
+        let g = tape.backward_dense(loss, &seed).unwrap();
+        let launches = (tape.device().traffic() - before).launches;
+        let bits: Vec<Vec<u32>> = leaves
+            .iter()
+            .map(|&i| {
+                let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
+                crate::common::bits(t.data())
+            })
+            .collect();
+        tape.release_grads(g);
+        (launches, bits)
+    };
+    let (reused, first) = run(tape);
+    assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
+    let (recomputed, second) = run(tape);
+    assert_eq!(
+        first, second,
+        "the same bits from the workspace or recomputed"
+    );
+    (reused, recomputed)
 }
 
 /// The fused node keeps Q, K, V, C and one log-sum-exp per row (no (n, n) buffer), runs one
@@ -418,17 +431,8 @@ fn the_fused_node_keeps_o_n_floats_and_runs_three_core_launches() {
         grown < 4 * heads * n * n,
         "less than one (heads, n, n) score matrix"
     );
-    let loss = tape.apply(&Op::Sum, &[y]).unwrap();
-    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
-    let run =
-        |tape: &mut CudaTape<SimDevice>| backward_launches_and_bits(tape, loss, &seed, &leaves);
-    let (reused, first) = run(&mut tape);
-    assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
-    let (recomputed, second) = run(&mut tape);
-    assert_eq!(
-        first, second,
-        "the same bits from the workspace or recomputed"
-    );
+    let (reused, recomputed) =
+        backward_from_workspace_then_recomputed(&mut tape, y, &leaves, &kept);
     assert_eq!(
         recomputed - reused,
         4,
@@ -498,17 +502,8 @@ fn the_fused_core_op_keeps_the_log_sum_exp_only() {
     assert_eq!(lens, [heads * n], "lse");
     let grown = tape.device().memory_usage().live_bytes - live;
     assert_eq!(grown, 4 * (n * p + heads * n), "y + lse, bytes");
-    let loss = tape.apply(&Op::Sum, &[y]).unwrap();
-    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
-    let run =
-        |tape: &mut CudaTape<SimDevice>| backward_launches_and_bits(tape, loss, &seed, &leaves);
-    let (reused, first) = run(&mut tape);
-    assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
-    let (recomputed, second) = run(&mut tape);
-    assert_eq!(
-        first, second,
-        "the same bits from the workspace or recomputed"
-    );
+    let (reused, recomputed) =
+        backward_from_workspace_then_recomputed(&mut tape, y, &leaves, &kept);
     assert_eq!(recomputed - reused, 1, "the fused core again");
 
     let wide = |fused: bool| Op::ScaledDotProductAttention {
