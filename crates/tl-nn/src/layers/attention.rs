@@ -178,11 +178,12 @@ impl MultiHeadAttention {
         };
         if self.rope.is_some() || self.kv_heads != self.heads {
             if let Some(m) = &mask
-                && m.n() != n
+                && (m.rows(), m.cols()) != (n, n)
             {
                 return Err(at.input(format!(
-                    "the mask is {0}×{0}, the input has {n} positions",
-                    m.n()
+                    "the mask is {}×{}, the input has {n} positions",
+                    m.rows(),
+                    m.cols()
                 )));
             }
             let keys = match &mask {

@@ -14,13 +14,16 @@ use std::sync::Arc;
 use super::same_shape;
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
-/// A static (n, n) boolean attention mask, row-major; `true` = allowed. Row `i` says which keys
-/// query `i` may attend to. Cheap to clone (shared storage). PyTorch: a boolean `attn_mask` of
+/// A static (rows, cols) boolean attention mask, row-major; `true` = allowed. Row `i` says
+/// which of the `cols` keys query `i` may attend to: self-attention takes a square mask (as many
+/// keys as queries), attention over keys of another length (cross-attention, a KV cache) a
+/// rectangular one. Cheap to clone (shared storage). PyTorch: a boolean `attn_mask` (L, S) of
 /// `F.scaled_dot_product_attention` (same polarity: true = take part in attention).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Mask {
-    n: usize,
-    /// The n·n entries (a `Vec` behind the `Arc`, so that sharing it copies nothing: an
+    rows: usize,
+    cols: usize,
+    /// The rows·cols entries (a `Vec` behind the `Arc`, so that sharing it copies nothing: an
     /// `Arc<[bool]>` would copy the entries into a second, infallible allocation).
     allowed: Arc<Vec<bool>>,
     /// Its structure, found once when it is made (a function of `allowed`).
@@ -28,15 +31,17 @@ pub struct Mask {
 }
 
 /// The structure of a [`Mask`], found once when the mask is made, so that a kernel can take a
-/// causal or key-padding mask in O(n) form without reading its n² entries again on each call.
+/// causal or key-padding mask in O(cols) form without reading its entries again on each call.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MaskForm {
-    /// Entry (i, j) = `(j ≤ i or not causal) and keep[j]`: no mask, a causal mask, a key
-    /// padding, or causal with key padding. `keep` is `None` when every key is kept.
+    /// Entry (i, j) = `(j ≤ i + o if causal = Some(o)) and keep[j]`: no mask, a causal mask
+    /// (its diagonal `o`: 0 for [`Mask::causal`] and [`Mask::causal_upper_left`], cols − rows
+    /// for [`Mask::causal_lower_right`]), a key padding, or causal with key padding. `keep` is
+    /// `None` when every key is kept.
     Keys {
-        /// Query i sees only keys j ≤ i.
-        causal: bool,
-        /// Which keys take part (`None`: all of them).
+        /// `Some(o)`: query i sees only keys j ≤ i + o (`torch.tril`'s `diagonal`).
+        causal: Option<isize>,
+        /// Which of the `cols` keys take part (`None`: all of them).
         keep: Option<Vec<bool>>,
     },
     /// Any other mask: only its entries say which keys each query sees.
@@ -44,66 +49,105 @@ pub enum MaskForm {
 }
 
 impl MaskForm {
-    /// The structure of the `n·n` row-major `allowed` (one pass over the entries at most per
-    /// candidate structure).
-    fn of(n: usize, allowed: &[bool]) -> MaskForm {
-        // Keep flags from the last row: every key ≤ n − 1 is causal-allowed there.
-        let keep: Vec<bool> = match n.checked_sub(1) {
-            Some(last) => allowed[last * n..].to_vec(),
-            None => Vec::new(),
-        };
-        let fits = |causal: bool| {
-            allowed.chunks_exact(n.max(1)).enumerate().all(|(i, row)| {
-                row.iter()
-                    .zip(&keep)
-                    .enumerate()
-                    .all(|(j, (&a, &k))| a == ((!causal || j <= i) && k))
-            })
-        };
-        let Some(causal) = [false, true].into_iter().find(|&c| fits(c)) else {
-            return MaskForm::Dense;
-        };
-        let keep = (!keep.iter().all(|&k| k)).then_some(keep);
-        MaskForm::Keys { causal, keep }
+    /// Whether `(i, j)` passes the causal part of a [`MaskForm::Keys`] with diagonal `causal`.
+    pub fn causal_allows(causal: Option<isize>, i: usize, j: usize) -> bool {
+        // Sizes of a mask are allocation-bounded, far below isize::MAX.
+        causal.is_none_or(|o| (j as isize) <= (i as isize).saturating_add(o))
+    }
+
+    /// The structure of the `rows·cols` row-major `allowed` (one pass over the entries at most
+    /// per candidate structure: no causal part, then the diagonals 0 and cols − rows).
+    fn of(rows: usize, cols: usize, allowed: &[bool]) -> MaskForm {
+        let lower_right = cols as isize - rows as isize;
+        let candidates = [None, Some(0), Some(lower_right)];
+        for (at, &causal) in candidates.iter().enumerate() {
+            if candidates[..at].contains(&causal) {
+                continue;
+            }
+            // Keep flags from the last row that reaches each key (past every row's diagonal:
+            // no row sees it, so its flag is free and taken as kept).
+            let keep: Vec<bool> = (0..cols)
+                .map(|j| {
+                    (0..rows)
+                        .rev()
+                        .find(|&i| MaskForm::causal_allows(causal, i, j))
+                        .is_none_or(|i| allowed[i * cols + j])
+                })
+                .collect();
+            let fits = allowed
+                .chunks_exact(cols.max(1))
+                .enumerate()
+                .all(|(i, row)| {
+                    row.iter()
+                        .zip(&keep)
+                        .enumerate()
+                        .all(|(j, (&a, &k))| a == (MaskForm::causal_allows(causal, i, j) && k))
+                });
+            if fits {
+                let keep = (!keep.iter().all(|&k| k)).then_some(keep);
+                return MaskForm::Keys { causal, keep };
+            }
+        }
+        MaskForm::Dense
     }
 }
 
 impl Mask {
-    /// A mask from `n·n` row-major entries; an error if the length is not `n·n`.
+    /// A square (n, n) mask from `n·n` row-major entries; an error if the length is not `n·n`.
     pub fn new(n: usize, allowed: Vec<bool>) -> Result<Mask> {
-        if n.checked_mul(n) != Some(allowed.len()) {
+        Mask::rectangular(n, n, allowed)
+    }
+
+    /// A (rows, cols) mask from `rows·cols` row-major entries (row i: the keys query i sees);
+    /// an error if the length is not `rows·cols`.
+    pub fn rectangular(rows: usize, cols: usize, allowed: Vec<bool>) -> Result<Mask> {
+        if rows.checked_mul(cols) != Some(allowed.len()) {
             return Err(Error::param(
                 "mask",
-                format!("{} entries cannot form an ({n}, {n}) mask", allowed.len()),
+                format!(
+                    "{} entries cannot form a ({rows}, {cols}) mask",
+                    allowed.len()
+                ),
             ));
         }
-        Ok(Mask::of_entries(n, allowed))
+        Ok(Mask::of_entries(rows, cols, allowed))
     }
 
     /// The mask of checked entries, its form found.
-    fn of_entries(n: usize, allowed: Vec<bool>) -> Mask {
+    fn of_entries(rows: usize, cols: usize, allowed: Vec<bool>) -> Mask {
         Mask {
-            n,
-            form: Arc::new(MaskForm::of(n, &allowed)),
+            rows,
+            cols,
+            form: Arc::new(MaskForm::of(rows, cols, &allowed)),
             allowed: Arc::new(allowed),
         }
     }
 
-    /// The mask with entry (i, j) = `f(i, j)`. Its n·n entries are checked before anything is
-    /// allocated: an n whose square overflows, or whose mask exceeds the allocation cap
-    /// ([`crate::alloc`], `TL_MAX_ALLOC_BYTES`), or that the system allocator refuses, is a
-    /// [`Error::TooLarge`] naming `mask` and n.
-    pub fn from_fn(n: usize, mut f: impl FnMut(usize, usize) -> bool) -> Result<Mask> {
-        let what = || format!("an ({n}, {n}) attention mask");
-        let len = n.checked_mul(n).ok_or_else(|| Error::TooLarge {
+    /// The square mask with entry (i, j) = `f(i, j)`. Checked as
+    /// [`Mask::from_fn_rectangular`].
+    pub fn from_fn(n: usize, f: impl FnMut(usize, usize) -> bool) -> Result<Mask> {
+        Mask::from_fn_rectangular(n, n, f)
+    }
+
+    /// The (rows, cols) mask with entry (i, j) = `f(i, j)`. Its rows·cols entries are checked
+    /// before anything is allocated: sizes whose product overflows, or whose mask exceeds the
+    /// allocation cap ([`crate::alloc`], `TL_MAX_ALLOC_BYTES`), or that the system allocator
+    /// refuses, are a [`Error::TooLarge`] naming `mask` and the sizes.
+    pub fn from_fn_rectangular(
+        rows: usize,
+        cols: usize,
+        mut f: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Mask> {
+        let what = || format!("a ({rows}, {cols}) attention mask");
+        let len = rows.checked_mul(cols).ok_or_else(|| Error::TooLarge {
             op: "mask",
-            detail: format!("{}: {n}·{n} entries overflow usize", what()),
+            detail: format!("{}: {rows}·{cols} entries overflow usize", what()),
         })?;
         let mut allowed = crate::alloc::try_with_capacity("mask", &what(), len)?;
-        for i in 0..n {
-            allowed.extend((0..n).map(|j| f(i, j)));
+        for i in 0..rows {
+            allowed.extend((0..cols).map(|j| f(i, j)));
         }
-        Ok(Mask::of_entries(n, allowed))
+        Ok(Mask::of_entries(rows, cols, allowed))
     }
 
     /// The causal mask: query i sees keys j ≤ i. PyTorch: `is_causal=True`. Checked as
@@ -112,21 +156,43 @@ impl Mask {
         Mask::from_fn(n, |i, j| j <= i)
     }
 
-    /// The side n.
-    pub fn n(&self) -> usize {
-        self.n
+    /// The causal mask of `rows` queries over `cols` keys aligned at the top left: query i
+    /// sees keys j ≤ i (PyTorch: `is_causal=True` with L ≠ S, `causal_upper_left(L, S)`).
+    pub fn causal_upper_left(rows: usize, cols: usize) -> Result<Mask> {
+        Mask::from_fn_rectangular(rows, cols, |i, j| j <= i)
+    }
+
+    /// The causal mask of `rows` queries over `cols` keys aligned at the bottom right: query i
+    /// sees keys j ≤ i + cols − rows, so the last query sees every key (PyTorch:
+    /// `causal_lower_right(L, S)`). The `rows` new positions of a sequence whose first
+    /// `cols − rows` positions are cached (a KV cache); with rows > cols the first rows − cols
+    /// queries see nothing.
+    pub fn causal_lower_right(rows: usize, cols: usize) -> Result<Mask> {
+        let o = cols as isize - rows as isize;
+        Mask::from_fn_rectangular(rows, cols, |i, j| MaskForm::causal_allows(Some(o), i, j))
+    }
+
+    /// The number of rows (queries).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The number of columns (keys).
+    pub fn cols(&self) -> usize {
+        self.cols
     }
 
     /// Row `i` (the keys query `i` may attend to); an empty slice past the end.
     pub fn row(&self, i: usize) -> &[bool] {
-        i.checked_mul(self.n)
-            .and_then(|at| self.allowed.get(at..)?.get(..self.n))
+        i.checked_mul(self.cols)
+            .and_then(|at| self.allowed.get(at..)?.get(..self.cols))
+            .filter(|_| i < self.rows)
             .unwrap_or(&[])
     }
 
     /// Whether entry (i, j) is allowed (false out of range).
     pub fn allowed(&self, i: usize, j: usize) -> bool {
-        j < self.n && self.row(i).get(j).copied().unwrap_or(false)
+        j < self.cols && self.row(i).get(j).copied().unwrap_or(false)
     }
 
     /// All entries, row-major.
@@ -144,7 +210,7 @@ impl fmt::Debug for Mask {
     /// `mask[10/11]`: rows separated by `/`, 1 = allowed.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("mask[")?;
-        for i in 0..self.n {
+        for i in 0..self.rows {
             if i > 0 {
                 f.write_str("/")?;
             }
@@ -156,30 +222,31 @@ impl fmt::Debug for Mask {
     }
 }
 
-/// Check that `x`'s last two axes are (n, n) for the mask's n; `what` names x in the message.
+/// Check that the scores' last two axes are (rows, cols) = the mask's sizes.
 pub fn check_mask(op: &'static str, mask: &Mask, rows: usize, cols: usize) -> Result<()> {
-    if rows == mask.n() && cols == mask.n() {
+    if rows == mask.rows() && cols == mask.cols() {
         Ok(())
     } else {
         Err(Error::shape(
             op,
             format!(
-                "the mask is ({0}, {0}) but the scores are ({rows}, {cols})",
-                mask.n()
+                "the mask is ({}, {}) but the scores are ({rows}, {cols})",
+                mask.rows(),
+                mask.cols()
             ),
         ))
     }
 }
 
-/// Shape rule of `maskedSoftmax`: x of rank ≥ 2 whose last two axes are (n, n), n the mask's
-/// side; shape-preserving.
+/// Shape rule of `maskedSoftmax`: x of rank ≥ 2 whose last two axes are the mask's (rows,
+/// cols); shape-preserving.
 pub fn masked_softmax_shape(x: &Shape, mask: &Mask) -> Result<Shape> {
     let op = "maskedSoftmax";
     let d = x.dims();
     if d.len() < 2 {
         return Err(Error::shape(
             op,
-            format!("x must have rank ≥ 2 (…, n, n), got {x}"),
+            format!("x must have rank ≥ 2 (…, rows, cols), got {x}"),
         ));
     }
     check_mask(op, mask, d[d.len() - 2], d[d.len() - 1])?;
@@ -207,15 +274,10 @@ pub fn masked_softmax_row<T: Scalar>(row: &[T], allowed: &[bool], out: &mut [T])
 /// (nothing allowed) replaced by zeros.
 pub fn masked_softmax<T: Scalar>(x: &Tensor<T>, mask: &Mask) -> Result<Tensor<T>> {
     masked_softmax_shape(x.shape(), mask)?;
-    let n = mask.n();
+    let (rows, cols) = (mask.rows().max(1), mask.cols().max(1));
     let mut out = crate::alloc::try_zeroed("maskedSoftmax", "output", x.numel())?;
-    for (r, (row, o)) in x
-        .data()
-        .chunks(n.max(1))
-        .zip(out.chunks_mut(n.max(1)))
-        .enumerate()
-    {
-        masked_softmax_row(row, mask.row(r % n.max(1)), o);
+    for (r, (row, o)) in x.data().chunks(cols).zip(out.chunks_mut(cols)).enumerate() {
+        masked_softmax_row(row, mask.row(r % rows), o);
     }
     Tensor::new(x.shape().clone(), out)
 }
@@ -229,7 +291,7 @@ pub fn masked_softmax_vjp<T: Scalar>(
 ) -> Result<Tensor<T>> {
     let y = masked_softmax(x, mask)?;
     same_shape("maskedSoftmax", x, g)?;
-    let c = mask.n().max(1);
+    let c = mask.cols().max(1);
     let mut out = crate::alloc::try_with_capacity("maskedSoftmax", "gradient", x.numel())?;
     for (yr, gr) in y.data().chunks(c).zip(g.data().chunks(c)) {
         let dot: T = yr.iter().zip(gr).map(|(&y, &g)| y * g).sum();
@@ -253,7 +315,10 @@ mod tests {
 
     #[test]
     fn a_masks_form_is_found_when_it_is_made() {
-        let keys = |causal, keep: Option<Vec<bool>>| MaskForm::Keys { causal, keep };
+        let keys = |causal: bool, keep: Option<Vec<bool>>| MaskForm::Keys {
+            causal: causal.then_some(0),
+            keep,
+        };
         let pad = [true, true, false, true, false];
         let form = |f: &dyn Fn(usize, usize) -> bool| Mask::from_fn(5, f).unwrap().form().clone();
         assert_eq!(*Mask::causal(5).unwrap().form(), keys(true, None));
@@ -272,6 +337,62 @@ mod tests {
             *Mask::new(1, vec![false]).unwrap().form(),
             keys(false, Some(vec![false]))
         );
+    }
+
+    #[test]
+    fn rectangular_masks_find_their_diagonal_and_padding() {
+        let form = |r, c, f: &dyn Fn(usize, usize) -> bool| {
+            Mask::from_fn_rectangular(r, c, f).unwrap().form().clone()
+        };
+        let keys = |causal, keep: Option<Vec<bool>>| MaskForm::Keys { causal, keep };
+        // A KV cache: 2 new queries over 5 keys, the first 3 cached.
+        let lr = Mask::causal_lower_right(2, 5).unwrap();
+        assert_eq!(format!("{lr:?}"), "mask[11110/11111]");
+        assert_eq!(*lr.form(), keys(Some(3), None));
+        assert_eq!((lr.rows(), lr.cols()), (2, 5));
+        let ul = Mask::causal_upper_left(2, 5).unwrap();
+        assert_eq!(format!("{ul:?}"), "mask[10000/11000]");
+        assert_eq!(*ul.form(), keys(Some(0), None));
+        // More queries than keys at the bottom right: the first rows see nothing.
+        let tall = Mask::causal_lower_right(4, 2).unwrap();
+        assert_eq!(format!("{tall:?}"), "mask[00/00/10/11]");
+        assert_eq!(*tall.form(), keys(Some(-2), None));
+        // One query over padded keys; causal over padded keys; a dense one.
+        let pad = [true, false, true];
+        assert_eq!(form(1, 3, &|_, j| pad[j]), keys(None, Some(pad.to_vec())));
+        assert_eq!(
+            form(2, 3, &|i, j| j <= i + 1 && pad[j]),
+            keys(Some(1), Some(pad.to_vec()))
+        );
+        assert_eq!(form(2, 3, &|i, j| i != j), MaskForm::Dense);
+        // Every form holds its mask entry by entry.
+        for m in [&lr, &ul, &tall] {
+            let MaskForm::Keys { causal, .. } = m.form() else {
+                panic!("{m:?} is not dense")
+            };
+            for i in 0..m.rows() {
+                for j in 0..m.cols() {
+                    assert_eq!(
+                        m.allowed(i, j),
+                        MaskForm::causal_allows(*causal, i, j),
+                        "{m:?} ({i}, {j})"
+                    );
+                }
+            }
+        }
+        let e = Mask::rectangular(2, 3, vec![true; 5])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("(2, 3)") && e.contains('5'), "{e}");
+        assert!(masked_softmax_shape(&Shape::new(&[4, 2, 5]), &lr).is_ok());
+        let e = masked_softmax_shape(&Shape::new(&[5, 2]), &lr)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("(2, 5)") && e.contains("(5, 2)"), "{e}");
+        let x = Tensor::new(Shape::new(&[2, 5]), vec![0.5f64; 10]).unwrap();
+        let y = masked_softmax(&x, &lr).unwrap();
+        assert_eq!(y.data()[..5], [0.25, 0.25, 0.25, 0.25, 0.0]);
+        assert_eq!(y.data()[5..], [0.2; 5]);
     }
 
     /// Set in the child process of [`masks_under_a_lowered_cap_are_refused`].

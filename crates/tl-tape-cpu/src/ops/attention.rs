@@ -43,8 +43,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             masked_softmax_shape(x[0].shape(), mask)?;
             let mut y = tl_spec::alloc::try_with_capacity(op.name(), "output", x[0].numel())?;
             y.extend_from_slice(x[0].data());
-            let n = mask.n().max(1);
-            softmax_rows(&mut y, n, |r| Some(mask.row(r % n)), None);
+            let rows = mask.rows().max(1);
+            softmax_rows(&mut y, mask.cols(), |r| Some(mask.row(r % rows)), None);
             tensor(x[0].shape().clone(), y)
         }
         Op::MultiHeadAttention { .. } => {
@@ -171,7 +171,7 @@ pub fn backward_saved<T: Scalar>(
             check_shape(op, "output", y, x[0].shape())?;
             let mut dx = tl_spec::alloc::try_for_overwrite(op.name(), "cotangent", g.numel())?;
             dx.copy_from_slice(g.data());
-            softmax_vjp_rows(y.data(), &mut dx, mask.n(), None);
+            softmax_vjp_rows(y.data(), &mut dx, mask.cols(), None);
             Ok(smallvec![Some(tensor(x[0].shape().clone(), dx)?)])
         }
         Op::MultiHeadAttention { heads, mask, fused } => {

@@ -139,19 +139,24 @@ impl FlashMask {
         let Some(mask) = mask else {
             return Ok(FlashMask::none());
         };
-        if mask.n() != n {
+        if (mask.rows(), mask.cols()) != (n, n) {
             return Err(Error::kernel(
                 op,
                 format!(
-                    "the mask is ({0}, {0}) but the sequence has n = {n}",
-                    mask.n()
+                    "the mask is ({}, {}) but the sequence has n = {n}",
+                    mask.rows(),
+                    mask.cols()
                 ),
             ));
         }
         // The structure was found when the mask was made: a causal or key-padding mask costs
         // O(n) here, not a pass over its n² entries.
-        if let MaskForm::Keys { causal, keep } = mask.form() {
-            let mode = if *causal { FLASH_CAUSAL } else { 0 };
+        if let MaskForm::Keys {
+            causal: causal @ (None | Some(0)),
+            keep,
+        } = mask.form()
+        {
+            let mode = if causal.is_some() { FLASH_CAUSAL } else { 0 };
             return Ok(match keep {
                 None => FlashMask {
                     mode,

@@ -40,9 +40,9 @@ use super::{Scratch, with_scratch};
 use crate::device::{Batch, Buffer, Device, Flash, FlashDims, FlashMask, Gemm};
 use crate::{AnyBuffer, Result};
 
-/// Rows and row length of `maskedSoftmax` on x (…, n, n).
+/// Rows and row length of `maskedSoftmax` on x (…, rows, cols).
 fn masked_rows(x: &AnyBuffer, mask: &Mask) -> (usize, usize) {
-    let n = mask.n();
+    let n = mask.cols();
     (x.shape().numel() / n.max(1), n)
 }
 

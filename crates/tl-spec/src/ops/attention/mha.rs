@@ -24,8 +24,11 @@ fn zeros<T: Scalar>(what: &str, a: usize, b: usize) -> Result<Vec<T>> {
 pub struct Dims {
     /// Batch size (1 when x is unbatched).
     pub batch: usize,
-    /// Sequence length n.
+    /// Sequence length n (the queries).
     pub n: usize,
+    /// The keys (and values): n for `multiHeadAttention` (self-attention); for
+    /// `scaledDotProductAttention`, k's length.
+    pub nk: usize,
     /// Model width dModel (for `scaledDotProductAttention`, which has none, P).
     pub dm: usize,
     /// Projection width P = heads·d.
@@ -97,6 +100,7 @@ pub fn mha_dims(
     let dims = Dims {
         batch,
         n,
+        nk: n,
         dm,
         p,
         heads,

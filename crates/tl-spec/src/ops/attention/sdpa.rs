@@ -1,13 +1,15 @@
 //! Scaled dot-product attention of merged heads, `(q, k, v) ↦ C`, written as naive loops: the
 //! core of [`mha`](super::mha) without its projections (which runs on these functions).
 //!
-//! q, k, v are (n, P) or batched (B, n, P), all of one shape, P = heads·d with the heads side
-//! by side in each row: head h reads columns h·d..(h+1)·d (the layout of
-//! `multiHeadAttention`'s Q, K, V). Per sample and head, `A = maskedSoftmax(Q_h K_hᵀ/√d)` and
-//! `C_h = A·V_h`, written into C's head columns; C has q's shape. PyTorch:
-//! `F.scaled_dot_product_attention(q', k', v', attn_mask=mask)` on `q' = q.view(B, n, heads,
-//! d).transpose(1, 2)` (likewise k', v'), the result transposed back and viewed as (B, n, P),
-//! except that a query whose mask hides every key gets zeros (PyTorch: NaN).
+//! q is (nq, P) or batched (B, nq, P), k and v one shape (nk, P) or (B, nk, P) (as many keys as
+//! values; nk = nq in self-attention, another length for cross-attention or a KV cache), P =
+//! heads·d with the heads side by side in each row: head h reads columns h·d..(h+1)·d (the
+//! layout of `multiHeadAttention`'s Q, K, V). Per sample and head, `A = maskedSoftmax(Q_h
+//! K_hᵀ/√d)` (nq, nk), the mask (nq, nk), and `C_h = A·V_h`, written into C's head columns; C
+//! has q's shape. PyTorch: `F.scaled_dot_product_attention(q', k', v', attn_mask=mask)` on `q'
+//! = q.view(B, nq, heads, d).transpose(1, 2)` (likewise k', v' with nk), the result transposed
+//! back and viewed as (B, nq, P), except that a query whose mask hides every key gets zeros
+//! (PyTorch: NaN).
 //!
 //! The JVP is taken by forward mode through the composition (`tl_ir::compose`), not here.
 
@@ -19,7 +21,8 @@ use crate::{Error, Result, Scalar, Shape, Tensor};
 const OP: &str = "scaledDotProductAttention";
 
 /// Shape rule of `scaledDotProductAttention(q, k, v)` with the static `heads` and `mask`:
-/// returns the sizes (`dm` = `p`: no model width of its own) and the output shape (q's).
+/// returns the sizes (`n` = nq, `nk` the keys, `dm` = `p`: no model width of its own) and the
+/// output shape (q's).
 pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<(Dims, Shape)> {
     let [q, k, v] = qkv;
     let (batch, n, p) = match *q.dims() {
@@ -28,24 +31,33 @@ pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<
         _ => {
             return Err(Error::shape(
                 OP,
-                format!("q must be (n, P) or (B, n, P), got {q}"),
+                format!("q must be (nq, P) or (B, nq, P), got {q}"),
             ));
         }
     };
-    for (name, s) in [("k", k), ("v", v)] {
-        if s != q {
+    let nk = match (q.dims(), k.dims()) {
+        (&[_, qp], &[nk, kp]) if kp == qp => nk,
+        (&[b, _, qp], &[kb, nk, kp]) if kb == b && kp == qp => nk,
+        _ => {
             return Err(Error::shape(
                 OP,
                 format!(
-                    "{name} must have q's shape {q} (self-attention: as many keys as queries), got {s}"
+                    "k must be (nk, P) for q (nq, P) or (B, nk, P) for q (B, nq, P): the same \
+                     batch and width as q {q}, got {k}"
                 ),
             ));
         }
-    }
-    if n == 0 {
+    };
+    if v != k {
         return Err(Error::shape(
             OP,
-            format!("the sequence is empty (q {q}): no key to attend to"),
+            format!("v must have k's shape {k} (one value per key), got {v}"),
+        ));
+    }
+    if n == 0 || nk == 0 {
+        return Err(Error::shape(
+            OP,
+            format!("the sequence is empty (q {q}, k {k}): no query or no key to attend to"),
         ));
     }
     if heads == 0 || p == 0 || p % heads != 0 {
@@ -55,11 +67,12 @@ pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<
         ));
     }
     if let Some(m) = mask {
-        check_mask(OP, m, n, n)?;
+        check_mask(OP, m, n, nk)?;
     }
     let dims = Dims {
         batch,
         n,
+        nk,
         dm: p,
         p,
         heads,
@@ -78,20 +91,22 @@ pub(super) fn zeros<T: Scalar>(op: &'static str, what: &str, a: usize, b: usize)
     crate::alloc::try_zeroed(op, what, n)
 }
 
-/// One sample's attention (q, k, v: its (n, P) rows): the probabilities A (heads, n, n) and
-/// C (n, P). `op` names the caller in allocation errors.
+/// One sample's attention (q: its (n, P) rows, k, v: its (nk, P) rows): the probabilities A
+/// (heads, n, nk) and C (n, P). `op` names the caller in allocation errors.
 pub(super) fn sample<T: Scalar>(
     op: &'static str,
     dm: &Dims,
     [q, k, v]: [&[T]; 3],
     mask: Option<&Mask>,
 ) -> Result<(Vec<T>, Vec<T>)> {
-    let Dims { n, p, heads, d, .. } = *dm;
+    let Dims {
+        n, nk, p, heads, d, ..
+    } = *dm;
     let scale = T::one() / T::lit(d as f64).sqrt();
-    let all = vec![true; n];
-    let mut a = zeros(op, "attention weights", heads, n.saturating_mul(n))?;
+    let all = vec![true; nk];
+    let mut a = zeros(op, "attention weights", heads, n.saturating_mul(nk))?;
     let mut c = zeros(op, "attention output", n, p)?;
-    let mut s = vec![T::zero(); n];
+    let mut s = vec![T::zero(); nk];
     for h in 0..heads {
         for i in 0..n {
             for (j, sj) in s.iter_mut().enumerate() {
@@ -101,19 +116,19 @@ pub(super) fn sample<T: Scalar>(
                     * scale;
             }
             let allowed = mask.map_or(&all[..], |m| m.row(i));
-            let arow = &mut a[(h * n + i) * n..(h * n + i + 1) * n];
+            let arow = &mut a[(h * n + i) * nk..(h * n + i + 1) * nk];
             masked_softmax_row(&s, allowed, arow);
             for t in 0..d {
-                c[i * p + h * d + t] = (0..n).map(|j| arow[j] * v[j * p + h * d + t]).sum();
+                c[i * p + h * d + t] = (0..nk).map(|j| arow[j] * v[j * p + h * d + t]).sum();
             }
         }
     }
     Ok((a, c))
 }
 
-/// One sample's VJP: adds into `dq`, `dk`, `dv` (its (n, P) rows) the cotangents of q, k, v
-/// for C's cotangent `dc`, from the sample's operands and its probabilities `a`
-/// ([`sample`]).
+/// One sample's VJP: adds into `dq` (its (n, P) rows), `dk`, `dv` (its (nk, P) rows) the
+/// cotangents of q, k, v for C's cotangent `dc`, from the sample's operands and its
+/// probabilities `a` ([`sample`]).
 pub(super) fn sample_vjp<T: Scalar>(
     dm: &Dims,
     [q, k, v]: [&[T]; 3],
@@ -121,24 +136,26 @@ pub(super) fn sample_vjp<T: Scalar>(
     dc: &[T],
     [dq, dk, dv]: [&mut [T]; 3],
 ) {
-    let Dims { n, p, heads, d, .. } = *dm;
+    let Dims {
+        n, nk, p, heads, d, ..
+    } = *dm;
     let scale = T::one() / T::lit(d as f64).sqrt();
     for h in 0..heads {
         let col = |i: usize, t: usize| i * p + h * d + t;
         for i in 0..n {
-            let arow = &a[(h * n + i) * n..(h * n + i + 1) * n];
+            let arow = &a[(h * n + i) * nk..(h * n + i + 1) * nk];
             // O_i = Σ_j A_ij V_j: dA_ij = dO_i·V_j, dV_j += A_ij dO_i.
-            let da: Vec<T> = (0..n)
+            let da: Vec<T> = (0..nk)
                 .map(|j| (0..d).map(|t| dc[col(i, t)] * v[col(j, t)]).sum())
                 .collect();
-            for j in 0..n {
+            for j in 0..nk {
                 for t in 0..d {
                     dv[col(j, t)] += arow[j] * dc[col(i, t)];
                 }
             }
             // Softmax VJP, then S_ij = scale·Q_i·K_j.
             let dot: T = arow.iter().zip(&da).map(|(&a, &g)| a * g).sum();
-            for j in 0..n {
+            for j in 0..nk {
                 let ds = arow[j] * (da[j] - dot) * scale;
                 for t in 0..d {
                     dq[col(i, t)] += ds * k[col(j, t)];
@@ -149,6 +166,16 @@ pub(super) fn sample_vjp<T: Scalar>(
     }
 }
 
+/// Sample `b`'s rows of q (n of them) and of k and v (nk of them).
+fn sample_of<'a, T: Scalar>(dm: &Dims, [q, k, v]: [&'a Tensor<T>; 3], b: usize) -> [&'a [T]; 3] {
+    let (lq, lk) = (dm.n * dm.p, dm.nk * dm.p);
+    [
+        &q.data()[b * lq..][..lq],
+        &k.data()[b * lk..][..lk],
+        &v.data()[b * lk..][..lk],
+    ]
+}
+
 /// Scaled dot-product attention of merged heads (module docs). PyTorch:
 /// `F.scaled_dot_product_attention` on the heads split out and transposed.
 pub fn scaled_dot_product_attention<T: Scalar>(
@@ -157,12 +184,10 @@ pub fn scaled_dot_product_attention<T: Scalar>(
     mask: Option<&Mask>,
 ) -> Result<Tensor<T>> {
     let (dm, shape) = sdpa_dims(qkv.map(Tensor::shape), heads, mask)?;
-    let len = dm.n * dm.p;
-    let mut c = zeros(OP, "output", dm.batch, len)?;
+    let mut c = zeros(OP, "output", dm.batch, dm.n * dm.p)?;
     for b in 0..dm.batch {
-        let r = b * len..(b + 1) * len;
-        let (_, cb) = sample(OP, &dm, qkv.map(|t| &t.data()[r.clone()]), mask)?;
-        c[r].copy_from_slice(&cb);
+        let (_, cb) = sample(OP, &dm, sample_of(&dm, qkv, b), mask)?;
+        c[b * dm.n * dm.p..][..dm.n * dm.p].copy_from_slice(&cb);
     }
     Tensor::new(shape, c)
 }
@@ -181,24 +206,28 @@ pub fn scaled_dot_product_attention_vjp<T: Scalar>(
             format!("cotangent has shape {}, expected {shape}", g.shape()),
         ));
     }
-    let len = dm.n * dm.p;
+    let (lq, lk) = (dm.n * dm.p, dm.nk * dm.p);
     let mut d = [
-        zeros(OP, "gradient", dm.batch, len)?,
-        zeros(OP, "gradient", dm.batch, len)?,
-        zeros(OP, "gradient", dm.batch, len)?,
+        zeros(OP, "gradient", dm.batch, lq)?,
+        zeros(OP, "gradient", dm.batch, lk)?,
+        zeros(OP, "gradient", dm.batch, lk)?,
     ];
     for b in 0..dm.batch {
-        let r = b * len..(b + 1) * len;
-        let x = qkv.map(|t| &t.data()[r.clone()]);
+        let x = sample_of(&dm, qkv, b);
         let (a, _) = sample(OP, &dm, x, mask)?;
         let [dq, dk, dv] = &mut d;
-        let out = [&mut dq[r.clone()], &mut dk[r.clone()], &mut dv[r.clone()]];
-        sample_vjp(&dm, x, &a, &g.data()[r.clone()], out);
+        let out = [
+            &mut dq[b * lq..][..lq],
+            &mut dk[b * lk..][..lk],
+            &mut dv[b * lk..][..lk],
+        ];
+        sample_vjp(&dm, x, &a, &g.data()[b * lq..][..lq], out);
     }
     let [dq, dk, dv] = d;
+    let ks = qkv[1].shape();
     Ok([
-        Tensor::new(shape.clone(), dq)?,
-        Tensor::new(shape.clone(), dk)?,
-        Tensor::new(shape, dv)?,
+        Tensor::new(shape, dq)?,
+        Tensor::new(ks.clone(), dk)?,
+        Tensor::new(ks.clone(), dv)?,
     ])
 }
