@@ -67,8 +67,8 @@ pub fn multi_head_attention(
     }
 }
 
-/// The attention core on per-head Q, K, V (B·h, n, d): `softmax(QKᵀ/√d)·V` (masked), merged
-/// back into (B·n, P).
+/// The attention core on per-head Q (B·h, n, d), K and V (B·h, nk, d): `softmax(QKᵀ/√d)·V`
+/// (masked, (n, nk) scores), merged back into (B·n, P).
 fn heads_core(
     b: &mut GraphBuilder,
     [q, k, v]: [Id; 3],
@@ -98,8 +98,8 @@ fn heads_core(
     b.apply(sh(&[batch * n, p]), &[o])
 }
 
-/// Record `scaledDotProductAttention` on `q`, `k`, `v` ((n, P) or (B, n, P), heads merged)
-/// as a composition of primitive ops: the heads split out by `reshape` and `swapAdjacent`,
+/// Record `scaledDotProductAttention` on `q` ((n, P) or (B, n, P)), `k`, `v` ((nk, P) or
+/// (B, nk, P)), heads merged, as a composition of primitive ops: the heads split out by `reshape` and `swapAdjacent`,
 /// then [`multi_head_attention`]'s core. Errors are those of the fused op's shape rule.
 pub fn scaled_dot_product_attention(
     b: &mut GraphBuilder,
@@ -113,15 +113,20 @@ pub fn scaled_dot_product_attention(
         .collect::<Result<Vec<Shape>>>()?;
     let (dm, out_shape) = sdpa::sdpa_dims([&shapes[0], &shapes[1], &shapes[2]], heads, mask)?;
     let mha::Dims {
-        batch, n, heads, d, ..
+        batch,
+        n,
+        nk,
+        heads,
+        d,
+        ..
     } = dm;
     // (B, n, P) → (B, n, h, d) → (B, h, n, d) → (B·h, n, d)
-    let mut split = |t: Id| -> Result<Id> {
+    let mut split = |t: Id, n: usize| -> Result<Id> {
         let t = b.apply(Op::Reshape(Shape::new(&[batch, n, heads, d])), &[t])?;
         let t = b.apply(Op::SwapAdjacent(1), &[t])?;
         b.apply(Op::Reshape(Shape::new(&[batch * heads, n, d])), &[t])
     };
-    let (q, k, v) = (split(q)?, split(k)?, split(v)?);
+    let (q, k, v) = (split(q, n)?, split(k, nk)?, split(v, nk)?);
     let c = heads_core(b, [q, k, v], dm, mask)?;
     b.apply(Op::Reshape(out_shape), &[c])
 }

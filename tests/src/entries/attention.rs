@@ -10,19 +10,23 @@ use tl_spec::{Shape, Tensor};
 use crate::generate::{Size, tensor, tensors};
 use crate::{Domain, OpCase};
 
-/// A random (n, n) mask (rows with nothing allowed included).
-fn mask(n: usize) -> BoxedStrategy<Mask> {
-    prop::collection::vec(any::<bool>(), n * n)
-        .prop_map(move |v| Mask::new(n, v).expect("n·n entries"))
+/// A random (rows, cols) mask (rows with nothing allowed included).
+fn mask(rows: usize, cols: usize) -> BoxedStrategy<Mask> {
+    prop::collection::vec(any::<bool>(), rows * cols)
+        .prop_map(move |v| Mask::rectangular(rows, cols, v).expect("rows·cols entries"))
         .boxed()
 }
 
-/// `maskedSoftmax` on (…, n, n) with 0–1 leading axes, n 1–4 (large: up to 12).
+/// `maskedSoftmax` on (…, n, m) with 0–1 leading axes, n 1–4 (large: up to 12), m = n (square
+/// scores) or drawn as n is.
 pub fn masked_softmax(z: Size) -> BoxedStrategy<OpCase> {
-    (1..=z.pick(4, 12), prop::collection::vec(1usize..=3, 0..=1))
-        .prop_flat_map(|(n, lead)| {
-            let dims: Vec<usize> = lead.into_iter().chain([n, n]).collect();
-            (mask(n), tensor(Shape::from(dims), Domain::Any(3.0)))
+    let side = 1..=z.pick(4, 12);
+    let cols = prop::option::of(side.clone());
+    (side, cols, prop::collection::vec(1usize..=3, 0..=1))
+        .prop_flat_map(|(n, m, lead)| {
+            let m = m.unwrap_or(n);
+            let dims: Vec<usize> = lead.into_iter().chain([n, m]).collect();
+            (mask(n, m), tensor(Shape::from(dims), Domain::Any(3.0)))
         })
         .prop_map(|(mask, x)| OpCase::new(Op::MaskedSoftmax { mask }, vec![x]))
         .boxed()
@@ -46,10 +50,10 @@ fn sizes(z: Size) -> impl Strategy<Value = (Sizes, bool, bool)> {
     (sizes, any::<bool>(), any::<bool>())
 }
 
-/// `mask(n)` as `Some`, or `None`.
-fn maybe_mask(n: usize, masked: bool) -> BoxedStrategy<Option<Mask>> {
+/// `mask(n, nk)` as `Some`, or `None`.
+fn maybe_mask(n: usize, nk: usize, masked: bool) -> BoxedStrategy<Option<Mask>> {
     match masked {
-        true => mask(n).prop_map(Some).boxed(),
+        true => mask(n, nk).prop_map(Some).boxed(),
         false => Just(None).boxed(),
     }
 }
@@ -70,7 +74,7 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
             let ws = vec![w.clone(), w.clone(), w, Shape::new(&[p, dm])];
             (
                 Just((heads, fused)),
-                maybe_mask(n, masked),
+                maybe_mask(n, n, masked),
                 tensors(ws, Domain::Any(1.0)),
                 tensor(x, crate::ANY),
             )
@@ -85,22 +89,25 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
         .boxed()
 }
 
-/// `scaledDotProductAttention(q, k, v)` on (n, P) or (B, n, P) operands at the sizes of
-/// [`multi_head_attention`] (P = heads × head width), with or without a mask, fused or not.
-/// The operands are drawn at the scale of `multiHeadAttention`'s projections (entries within
-/// ±2), so that scores spread the softmax without saturating it.
+/// `scaledDotProductAttention(q, k, v)` on (n, P) or (B, n, P) queries at the sizes of
+/// [`multi_head_attention`] (P = heads × head width), with as many keys and values or, one case
+/// in two, nk drawn as n is (past the tile one case in five: a long cache under one query,
+/// or more queries than keys); with or without an (n, nk) mask, fused or not. The operands
+/// are drawn at the scale of `multiHeadAttention`'s projections (entries within ±2), so that
+/// scores spread the softmax without saturating it.
 pub fn scaled_dot_product_attention(z: Size) -> BoxedStrategy<OpCase> {
-    sizes(z)
-        .prop_flat_map(|((n, _, heads, d, batch), masked, fused)| {
-            let p = heads * d;
-            let x = match batch {
+    let keys = prop::option::of(prop_oneof![4 => 1..=z.pick(4, 16), 1 => 15..=z.pick(18, 34)]);
+    (sizes(z), keys)
+        .prop_flat_map(|(((n, _, heads, d, batch), masked, fused), nk)| {
+            let (p, nk) = (heads * d, nk.unwrap_or(n));
+            let rows = |n: usize| match batch {
                 None => Shape::new(&[n, p]),
                 Some(b) => Shape::new(&[b, n, p]),
             };
             (
                 Just((heads, fused)),
-                maybe_mask(n, masked),
-                tensors(vec![x.clone(), x.clone(), x], Domain::Any(2.0)),
+                maybe_mask(n, nk, masked),
+                tensors(vec![rows(n), rows(nk), rows(nk)], Domain::Any(2.0)),
             )
         })
         .prop_map(|((heads, fused), mask, qkv)| {

@@ -27,6 +27,9 @@ enum Form {
     Mha,
     /// `scaledDotProductAttention(q, k, v)`: the heads merged on the last axis.
     Sdpa,
+    /// `scaledDotProductAttention(q, k, v)` with k and v of this many rows (keys of another
+    /// length than the queries: cross-attention, a KV cache).
+    Cross(usize),
 }
 
 const FORMS: [Form; 2] = [Form::Mha, Form::Sdpa];
@@ -47,6 +50,13 @@ fn operands(form: Form, xs: &[usize], p: usize) -> Vec<Tensor<f64>> {
             let qs = out_shape(form, xs, p);
             vec![vals(&qs, 1), vals(&qs, 2), vals(&qs, 3)]
         }
+        Form::Cross(nk) => {
+            let qs = out_shape(form, xs, p);
+            let mut ks = qs.clone();
+            let at = ks.len() - 2;
+            ks[at] = nk;
+            vec![vals(&qs, 1), vals(&ks, 2), vals(&ks, 3)]
+        }
     }
 }
 
@@ -54,7 +64,7 @@ fn operands(form: Form, xs: &[usize], p: usize) -> Vec<Tensor<f64>> {
 fn out_shape(form: Form, xs: &[usize], p: usize) -> Vec<usize> {
     match form {
         Form::Mha => xs.to_vec(),
-        Form::Sdpa => {
+        Form::Sdpa | Form::Cross(_) => {
             let mut qs = xs.to_vec();
             *qs.last_mut().unwrap() = p;
             qs
@@ -89,7 +99,7 @@ fn graph(
             &mut b, ids[0], ids[1], ids[2], ids[3], ids[4], heads, mask,
         )
         .unwrap(),
-        (Form::Sdpa, Some(fused)) => {
+        (Form::Sdpa | Form::Cross(_), Some(fused)) => {
             let op = Op::ScaledDotProductAttention {
                 heads,
                 mask: mask_,
@@ -97,7 +107,7 @@ fn graph(
             };
             b.apply(op, &ids).unwrap()
         }
-        (Form::Sdpa, None) => {
+        (Form::Sdpa | Form::Cross(_), None) => {
             let qkv = [ids[0], ids[1], ids[2]];
             compose::scaled_dot_product_attention(&mut b, qkv, heads, mask).unwrap()
         }
@@ -149,7 +159,22 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
         (&[2, 4, 3], 4, 1, Some(&holes)),
         (&[3, 4, 2], 2, 2, None),
     ];
-    for ((xs, p, heads, mask), form) in setups.into_iter().flat_map(|s| FORMS.map(|f| (s, f))) {
+    // Keys of another length: one query over a cache of 5, three over 2 at the bottom right
+    // (the first query sees nothing), four over 6 with a hole row.
+    let over_cache = Mask::causal_lower_right(1, 5).unwrap();
+    let tall = Mask::causal_lower_right(3, 2).unwrap();
+    let wide_holes = Mask::from_fn_rectangular(4, 6, |i, j| i != 1 && (i + j) % 4 != 0).unwrap();
+    let cross: [(&[usize], usize, usize, Option<&Mask>, usize); 4] = [
+        (&[1, 5], 6, 2, Some(&over_cache), 5),
+        (&[2, 3, 3], 4, 2, Some(&tall), 2),
+        (&[4, 3], 4, 1, Some(&wide_holes), 6),
+        (&[2, 3, 2], 6, 3, None, 7),
+    ];
+    let cases = setups
+        .into_iter()
+        .flat_map(|s| FORMS.map(|f| (s, f)))
+        .chain(cross.map(|(xs, p, h, m, nk)| ((xs, p, h, m), Form::Cross(nk))));
+    for ((xs, p, heads, mask), form) in cases {
         let leaves = operands(form, xs, p);
         let os = out_shape(form, xs, p);
         let seed = vals(&os, 9);
@@ -207,6 +232,9 @@ fn run_f32<B: Backend<T = f32>>(
 /// form bit-identical on a second run. Lengths 17 and 33 cross the flash kernels' tiles of
 /// 16, 70 their blocks of 64 (the one-pass backward adds dQ over two key blocks); the masks
 /// are causal, key padding, both, and one with a fully masked row; heads of 1–3 and one of 66.
+/// The core also with keys of another length: one query over 37 cached keys, 20 over 70 and 19
+/// over 17 at the bottom right (the first two rows see nothing), 33 over 5 padded keys, 17 over
+/// 40 with a hole row, 3 over 50 unmasked, and the head of 66 over 21.
 fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
     let holes = |n: usize| Mask::from_fn(n, |i, j| i != 2 && (i + 2 * j) % 5 != 1).unwrap();
     let pad = |n: usize| Mask::from_fn(n, |_, j| j % 4 != 3).unwrap();
@@ -221,10 +249,33 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
         // A head of 66 (> 64): the flash backward's other kernels.
         (vec![17, 4], 66, 1, Some(Mask::causal(17).unwrap())),
     ];
-    for ((xs, p, heads, mask), form) in setups
+    let lower_right = |n, nk| Some(Mask::causal_lower_right(n, nk).unwrap());
+    let rect =
+        |n, nk, f: fn(usize, usize) -> bool| Some(Mask::from_fn_rectangular(n, nk, f).unwrap());
+    let cross: Vec<(Vec<usize>, usize, usize, Option<Mask>, usize)> = vec![
+        (vec![1, 6], 6, 2, lower_right(1, 37), 37),
+        (vec![2, 20, 3], 4, 2, lower_right(20, 70), 70),
+        (vec![2, 19, 3], 4, 1, lower_right(19, 17), 17),
+        (vec![33, 4], 6, 3, rect(33, 5, |_, j| j != 2), 5),
+        (
+            vec![17, 3],
+            4,
+            2,
+            rect(17, 40, |i, j| i != 3 && (i + 2 * j) % 5 != 1),
+            40,
+        ),
+        (vec![3, 5], 6, 2, None, 50),
+        (vec![5, 4], 66, 1, lower_right(5, 21), 21),
+    ];
+    let cases = setups
         .into_iter()
         .flat_map(|s| FORMS.map(|f| (s.clone(), f)))
-    {
+        .chain(
+            cross
+                .into_iter()
+                .map(|(xs, p, h, m, nk)| ((xs, p, h, m), Form::Cross(nk))),
+        );
+    for ((xs, p, heads, mask), form) in cases {
         let leaves = operands(form, &xs, p);
         let seed = vals(&out_shape(form, &xs, p), 9);
         let (gc, oc) = graph(form, &leaves, heads, mask.as_ref(), None);
@@ -308,17 +359,23 @@ fn fused_equals_composed_in_f32_on_the_emulated_kernels_with_wide_flash_tiles() 
 
 #[test]
 fn jvp_of_the_fused_op_matches_the_composition() {
-    let mask = Mask::from_fn(3, |i, j| i != 1 || j == 2).unwrap();
-    for (form, xs) in [(Form::Mha, [3, 4]), (Form::Sdpa, [3, 6])] {
+    let square = Mask::from_fn(3, |i, j| i != 1 || j == 2).unwrap();
+    let wide = Mask::from_fn_rectangular(3, 5, |i, j| i != 1 || j == 4).unwrap();
+    let forms = [
+        (Form::Mha, [3, 4], &square),
+        (Form::Sdpa, [3, 6], &square),
+        (Form::Cross(5), [3, 6], &wide),
+    ];
+    for (form, xs, mask) in forms {
         let leaves = operands(form, &xs, 4);
         let tangents: Vec<Tensor<f64>> = leaves
             .iter()
             .enumerate()
             .map(|(k, t)| vals(t.shape().dims(), 20 + k))
             .collect();
-        let (gc, oc) = graph(form, &leaves, 2, Some(&mask), None);
+        let (gc, oc) = graph(form, &leaves, 2, Some(mask), None);
         let want = gc.jvp(&leaves, &[], &tangents).unwrap()[oc].clone();
-        let (g, o) = graph(form, &leaves, 2, Some(&mask), Some(true));
+        let (g, o) = graph(form, &leaves, 2, Some(mask), Some(true));
         let got = g.jvp(&leaves, &[], &tangents).unwrap()[o].clone();
         assert_close(&format!("{form:?} jvp"), &got, &want);
         // And ⟨jvp, g⟩ = Σ ⟨vjp_k, tangent_k⟩ (the adjoint identity) for the fused op's VJP.
@@ -487,7 +544,8 @@ fn bad_attention_input_is_a_clear_error() {
         .to_string();
     assert!(e.contains("heads = 4"), "{e}");
     assert_eq!(b.graph().nodes().len(), 0, "nothing recorded on error");
-    // The core: q, k, v of one shape, (n, P) or (B, n, P), heads dividing P, the mask n × n.
+    // The core: q (n, P) or (B, n, P), k and v one shape of q's batch and width, heads
+    // dividing P, the mask (n, nk).
     let sdpa = |heads, mask: Option<Mask>, sh: [&[usize]; 3]| {
         let op = Op::ScaledDotProductAttention {
             heads,
@@ -504,20 +562,38 @@ fn bad_attention_input_is_a_clear_error() {
         e.contains("scaledDotProductAttention") && e.contains("heads = 4"),
         "{e}"
     );
-    let e = sdpa(2, None, [&[3, 6], &[4, 6], &[4, 6]]);
-    assert!(e.contains("k must have q's shape [3, 6]"), "{e}");
-    let e = sdpa(2, None, [&[2, 3, 6], &[2, 3, 6], &[3, 6]]);
-    assert!(e.contains("v must have q's shape"), "{e}");
+    for k in [&[3, 4][..], &[2, 3, 6], &[2, 3, 6, 1]] {
+        let e = sdpa(2, None, [&[3, 6], k, k]);
+        assert!(
+            e.contains("k must be (nk, P)") && e.contains("[3, 6]"),
+            "{e}"
+        );
+    }
+    let e = sdpa(2, None, [&[2, 3, 6], &[1, 3, 6], &[1, 3, 6]]);
+    assert!(
+        e.contains("same batch and width") && e.contains("[1, 3, 6]"),
+        "{e}"
+    );
+    let e = sdpa(2, None, [&[2, 3, 6], &[2, 3, 6], &[2, 4, 6]]);
+    assert!(e.contains("v must have k's shape [2, 3, 6]"), "{e}");
     let e = sdpa(
         1,
         Some(Mask::causal(4).unwrap()),
         [&[3, 6], &[3, 6], &[3, 6]],
     );
     assert!(e.contains("mask is (4, 4)") && e.contains("(3, 3)"), "{e}");
+    let e = sdpa(
+        1,
+        Some(Mask::causal_lower_right(5, 3).unwrap()),
+        [&[3, 6], &[5, 6], &[5, 6]],
+    );
+    assert!(e.contains("mask is (5, 3)") && e.contains("(3, 5)"), "{e}");
     let e = sdpa(1, None, [&[6], &[6], &[6]]);
-    assert!(e.contains("q must be (n, P) or (B, n, P)"), "{e}");
+    assert!(e.contains("q must be (nq, P) or (B, nq, P)"), "{e}");
     let e = sdpa(1, None, [&[0, 6], &[0, 6], &[0, 6]]);
     assert!(e.contains("empty"), "{e}");
+    let e = sdpa(1, None, [&[2, 6], &[0, 6], &[0, 6]]);
+    assert!(e.contains("empty") && e.contains("no key"), "{e}");
     let mut b = GraphBuilder::new();
     let q = b.leaf([3, 6], None).unwrap();
     let e = compose::scaled_dot_product_attention(&mut b, [q, q, q], 4, None)

@@ -313,14 +313,15 @@ pub enum Op {
         fused: bool,
     },
     /// `(q, k, v) ↦ concat_h(softmax(Q_h K_hᵀ/√d) V_h)`: [`Op::MultiHeadAttention`]'s core
-    /// without its projections. q, k, v (n, P) or (B, n, P), one shape, the heads side by side
-    /// in each row (head h: columns h·d..(h+1)·d, P = heads·d); the output has q's shape.
-    /// PyTorch: `F.scaled_dot_product_attention(attn_mask=mask)` on the heads split out and
-    /// transposed to (B, heads, n, d), transposed back.
+    /// without its projections. q (n, P) or (B, n, P), k and v one shape (nk, P) or (B, nk,
+    /// P) (keys of q's length in self-attention, of another in cross-attention or over a KV
+    /// cache), the heads side by side in each row (head h: columns h·d..(h+1)·d, P =
+    /// heads·d); the output has q's shape. PyTorch: `F.scaled_dot_product_attention(attn_mask
+    /// = mask)` on the heads split out and transposed to (B, heads, n, d), transposed back.
     ScaledDotProductAttention {
         /// Number of heads (divides P).
         heads: usize,
-        /// Optional hard mask (n, n), true = allowed.
+        /// Optional hard mask (n, nk), true = allowed.
         mask: Option<Mask>,
         /// As [`Op::MultiHeadAttention`]'s: the fused core (flash kernels on CUDA) or the
         /// materialized scores. Same value.

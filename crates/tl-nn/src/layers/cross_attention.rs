@@ -29,12 +29,11 @@ impl MultiHeadAttention {
     /// bias=False, batch_first=True)`.
     ///
     /// The projections are `matmul`s (and the rotations, with rope, products with constant
-    /// tables); with as many keys as queries and a key mask shared by the batch, the core is
-    /// the catalogue's `scaledDotProductAttention`, fused as [`flash`](Self::flash) says (on
-    /// CUDA the flash kernels: O(n·d) memory); otherwise (nq ≠ nk, or a mask per batch
-    /// element, which that op does not take) it is composed from `swapAdjacent`, `bmm`,
-    /// `softmax` and a constant score bias for the mask, keeping the (B·heads, nq, nk)
-    /// scores. Either way it runs on every backend and in the linked session; with `query` =
+    /// tables); with a key mask shared by the batch (or none), the core is the catalogue's
+    /// `scaledDotProductAttention` over the nk keys, fused as [`flash`](Self::flash) says (on
+    /// CUDA the flash kernels: O((nq + nk)·d) memory); with a mask per batch element, which
+    /// that op does not take, it is composed from `swapAdjacent`, `bmm`, `softmax` and a
+    /// constant score bias for the mask, keeping the (B·heads, nq, nk) scores. Either way it runs on every backend and in the linked session; with `query` =
     /// `key` = `value` it is the layer's forward within rounding (`tests/nn/rnn.rs`, beside
     /// PyTorch's values and gradients).
     pub fn forward_qkv<'g, O: Train>(
@@ -79,8 +78,7 @@ impl MultiHeadAttention {
 
     /// The attention of [`forward_qkv`](Self::forward_qkv) with its shapes checked: the
     /// projections, the rotations with [`rope`](Self::rope), then the core: the op
-    /// `scaledDotProductAttention` where nq = nk and `keys` is not per batch element, else
-    /// composed. A query left with no key is an error naming the layer.
+    /// `scaledDotProductAttention` where `keys` is not per batch element, else composed. A query left with no key is an error naming the layer.
     pub(super) fn attend<'g, O: Train>(
         &self,
         (query, key, value): (&Var<'g, O>, &Var<'g, O>, &Var<'g, O>),
@@ -157,8 +155,9 @@ impl MultiHeadAttention {
         let c = match keys.shared_mask(nq, nk)? {
             // (B, n, d) with the heads merged, as the op takes them.
             Some(mask) => {
-                let [q, k, v] = [q, k, v].map(|t| t.reshape(&[b, nq, d]));
-                q?.scaled_dot_product_attention(&k?, &v?, h, mask.as_ref(), self.flash)?
+                let [k, v] = [k, v].map(|t| t.reshape(&[b, nk, d]));
+                let q = q.reshape(&[b, nq, d])?;
+                q.scaled_dot_product_attention(&k?, &v?, h, mask.as_ref(), self.flash)?
             }
             None => composed_core::<O>((q, k, v), (b, nq, nk), keys, (h, d / h))?,
         };
@@ -205,7 +204,7 @@ pub(super) enum Keys<'a> {
     All,
     /// `allowed(i, j)`: query i may attend to key j, in every batch element.
     Shared(&'a dyn Fn(usize, usize) -> bool),
-    /// The (n, n) mask, in every batch element (taken by the op as it is).
+    /// The (nq, nk) mask, in every batch element (taken by the op as it is).
     Mask(&'a Mask),
     /// `allowed(b, i, j)`: query i of batch element b may attend to key j.
     PerBatch(&'a dyn Fn(usize, usize, usize) -> bool),
@@ -249,13 +248,14 @@ impl Keys<'_> {
     }
 
     /// `Some(mask)` (`None`: every key) when the op `scaledDotProductAttention` takes these
-    /// keys: as many as queries, the same for every batch element; `None` otherwise.
+    /// keys: the same for every batch element; `None` otherwise. A causal or key-padding
+    /// `Shared` mask is recognized when it is made ([`Mask::form`]): the flash kernels take it in
+    /// O(nk) words.
     #[allow(clippy::type_complexity)]
     fn shared_mask(&self, nq: usize, nk: usize) -> Result<Option<Option<Mask>>> {
         Ok(match self {
-            _ if nq != nk => None,
             Keys::All => Some(None),
-            Keys::Shared(f) => Some(Some(Mask::from_fn(nq, f)?)),
+            Keys::Shared(f) => Some(Some(Mask::from_fn_rectangular(nq, nk, f)?)),
             Keys::Mask(m) => Some(Some((*m).clone())),
             Keys::PerBatch(_) => None,
         })

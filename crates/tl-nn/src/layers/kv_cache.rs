@@ -58,9 +58,10 @@ impl MultiHeadAttention {
     /// seeing keys up to t + i (with [`rope`](Self::rope), rotated at their positions), and
     /// the new keys and values join the cache. Fed a sequence in chunks (of one token, when
     /// generating), the outputs joined are [`forward`](crate::Module::forward) of the whole
-    /// sequence within rounding (`tests/nn/rnn.rs`, on four sessions). The first chunk runs
-    /// the core `scaledDotProductAttention`; later ones, with more keys than queries, the
-    /// composed core. Meant for inference: the cached keys and values enter each pass as
+    /// sequence within rounding (`tests/nn/rnn.rs`, on four sessions). Every chunk runs the
+    /// core `scaledDotProductAttention` of its m queries over the t + m keys, under the causal
+    /// mask aligned at the bottom right ([`Mask::causal_lower_right`](tl_spec::ops::attention::Mask::causal_lower_right):
+    /// on CUDA the flash kernels, the mask as its diagonal). Meant for inference: the cached keys and values enter each pass as
     /// constants, so no gradient reaches the earlier positions. Errors name the layer: a layer
     /// that is not causal, an input of the wrong width, a cache of another batch size or
     /// layer shape.

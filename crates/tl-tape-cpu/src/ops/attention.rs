@@ -254,8 +254,8 @@ pub fn backward_saved<T: Scalar>(
             let (c, dqkv) = core::backward(op, &dm, &kept, g.data(), mask.as_ref(), block)?;
             c.into_iter().for_each(tl_spec::pool::give);
             let mut d: Grads<T> = smallvec![];
-            for dk in dqkv {
-                d.push(Some(tensor(x[0].shape().clone(), dk)?));
+            for (xi, dx) in x.iter().zip(dqkv) {
+                d.push(Some(tensor(xi.shape().clone(), dx)?));
             }
             Ok(d)
         }

@@ -21,28 +21,28 @@ pub const FUSED_KEEP_MAX: usize = 1 << 18;
 /// unfused op. The bits are the same either way.
 pub fn lean(dm: &Dims, fused: bool) -> bool {
     let max = crate::gates::get(|g| g.fused_keep_max, FUSED_KEEP_MAX);
-    let probabilities = [dm.heads, dm.n, dm.n]
+    let probabilities = [dm.heads, dm.n, dm.nk]
         .into_iter()
         .fold(dm.batch, usize::saturating_mul);
     fused && probabilities > max
 }
 
 /// Query rows per block: every row unless `lean` ([`lean`]), else at most [`FUSED_SCORES`]
-/// scores (at least one row).
+/// scores (rows of nk keys; at least one row).
 pub fn block_rows(dm: &Dims, lean: bool) -> usize {
     let n = dm.n.max(1);
     if lean {
         let scores = crate::gates::get(|g| g.fused_scores, FUSED_SCORES);
-        (scores / n).clamp(1, n)
+        (scores / dm.nk.max(1)).clamp(1, n)
     } else {
         n
     }
 }
 
-/// The length of the probabilities A of every sample and head, (B, heads, n, n); an error
+/// The length of the probabilities A of every sample and head, (B, heads, n, nk); an error
 /// naming `op` if it overflows.
 pub fn probabilities_len(op: &Op, dm: &Dims) -> Result<usize> {
-    let shape = tl_spec::Shape::new(&[dm.batch, dm.heads, dm.n, dm.n]);
+    let shape = tl_spec::Shape::new(&[dm.batch, dm.heads, dm.n, dm.nk]);
     Ok(shape.check_size(op.name())?)
 }
 
@@ -84,11 +84,11 @@ pub enum Keep<'a, T> {
 /// the statistics A is made again from) where the forward kept them (`None`: computed
 /// again).
 pub struct Kept<'a, T> {
-    /// Q, K, V, each (B·n, P).
+    /// Q (B·n, P), K and V (B·nk, P).
     pub qkv: [&'a [T]; 3],
     /// C (B·n, P), the heads' outputs before `wo`.
     pub c: Option<&'a [T]>,
-    /// The probabilities, (B, heads, n, n).
+    /// The probabilities, (B, heads, n, nk).
     pub a: Option<&'a [T]>,
     /// Each query row's softmax max and 1/sum, (B, heads, n, 2).
     pub stats: Option<&'a [T]>,
@@ -111,8 +111,8 @@ impl<'a, T: Scalar> Kept<'a, T> {
     }
 }
 
-/// A zeroed (r, n) block of scores, checked against the allocation cap first (an unfused
-/// op's block is (n, n) however small its value is).
+/// A zeroed (r, n) block of scores (n: the keys), checked against the allocation cap first
+/// (an unfused op's block is (n, nk) however small its value is).
 fn scores<T: Scalar>(op: &Op, r: usize, n: usize) -> Result<Vec<T>> {
     let len = tl_spec::Shape::new(&[r, n]).check_size(op.name())?;
     Ok(tl_spec::alloc::try_vec(
@@ -123,7 +123,7 @@ fn scores<T: Scalar>(op: &Op, r: usize, n: usize) -> Result<Vec<T>> {
     )?)
 }
 
-/// A probabilities buffer of `a_len` (if any) must hold every head's (n, n) scores, one
+/// A probabilities buffer of `a_len` (if any) must hold every head's (n, nk) scores, one
 /// block per head (`block ≥ n`).
 fn check_whole_rows(op: &Op, dm: &Dims, a_len: Option<usize>, block: usize) -> Result<()> {
     match a_len {
@@ -148,17 +148,16 @@ fn check_stats(op: &Op, dm: &Dims, len: Option<usize>) -> Result<()> {
     }
 }
 
-/// One sample's Q, K, V (n, P) and the head's (n, d) column blocks of them.
+/// One sample's Q (n, P), K and V (nk, P), and the head's (·, d) column blocks of them.
 struct Sample<'a, T> {
     qkv: [Mat<'a, T>; 3],
 }
 
 impl<'a, T: Scalar> Sample<'a, T> {
     fn new(op: &Op, dm: &Dims, b: usize, qkv: [&'a [T]; 3]) -> Result<Self> {
-        let blk = b * dm.n * dm.p..(b + 1) * dm.n * dm.p;
-        let m = |x: &'a [T]| rows(op, &x[blk.clone()], dm.n, dm.p);
+        let m = |x: &'a [T], n: usize| rows(op, &x[b * n * dm.p..(b + 1) * n * dm.p], n, dm.p);
         Ok(Sample {
-            qkv: [m(qkv[0])?, m(qkv[1])?, m(qkv[2])?],
+            qkv: [m(qkv[0], dm.n)?, m(qkv[1], dm.nk)?, m(qkv[2], dm.nk)?],
         })
     }
 
@@ -177,7 +176,7 @@ enum Stats<'a, T> {
     From(&'a [T]),
 }
 
-/// The probabilities of query rows `i0..i0 + r` of one head into `s` (r, n): scores by
+/// The probabilities of query rows `i0..i0 + r` of one head into `s` (r, nk): scores by
 /// GEMM, then the masked softmax of each row (or, from known statistics, the one pass that
 /// makes the same rows).
 #[allow(clippy::too_many_arguments)]
@@ -193,13 +192,13 @@ fn probabilities<T: Scalar>(
     stats: Stats<'_, T>,
 ) -> Result<()> {
     let scale = T::one() / T::lit(dm.d as f64).sqrt();
-    let sv = rows_mut(op, s, r, dm.n)?;
+    let sv = rows_mut(op, s, r, dm.nk)?;
     matmul(op, sv, false, qh.row_block(i0, r), kh.t(), scale)?;
     let allowed = |i: usize| mask.map(|m| m.row(i0 + i));
     match stats {
-        Stats::None => softmax_rows(s, dm.n, allowed, None),
-        Stats::Keep(st) => softmax_rows(s, dm.n, allowed, Some(st)),
-        Stats::From(st) => softmax_rows_from(s, dm.n, allowed, st),
+        Stats::None => softmax_rows(s, dm.nk, allowed, None),
+        Stats::Keep(st) => softmax_rows(s, dm.nk, allowed, Some(st)),
+        Stats::From(st) => softmax_rows_from(s, dm.nk, allowed, st),
     }
     Ok(())
 }
@@ -221,7 +220,9 @@ pub fn forward<T: Scalar>(
     block: usize,
     keep: Keep<'_, T>,
 ) -> Result<Vec<T>> {
-    let Dims { n, p, d, heads, .. } = *dm;
+    let Dims {
+        n, nk, p, d, heads, ..
+    } = *dm;
     let (mut keep_a, mut keep_stats) = match keep {
         Keep::Nothing => (None, None),
         Keep::Probabilities(a) => (Some(a), None),
@@ -232,7 +233,7 @@ pub fn forward<T: Scalar>(
     let mut c = tl_spec::alloc::try_zeroed(op.name(), "output", dm.batch * n * p)?;
     let mut scratch = match keep_a {
         Some(_) => Vec::new(),
-        None => scores(op, block, n)?,
+        None => scores(op, block, nk)?,
     };
     for (b, cb) in c.chunks_exact_mut((n * p).max(1)).enumerate() {
         let sample = Sample::new(op, dm, b, qkv)?;
@@ -242,8 +243,8 @@ pub fn forward<T: Scalar>(
             for i0 in (0..n).step_by(block) {
                 let r = block.min(n - i0);
                 let s = match keep_a.as_deref_mut() {
-                    Some(a) => &mut a[(b * heads + h) * n * n..][..r * n],
-                    None => &mut scratch[..r * n],
+                    Some(a) => &mut a[(b * heads + h) * n * nk..][..r * nk],
+                    None => &mut scratch[..r * nk],
                 };
                 let stats = match keep_stats.as_deref_mut() {
                     Some(st) => Stats::Keep(&mut st[stats_rows(dm, b, h, i0, r)]),
@@ -251,7 +252,7 @@ pub fn forward<T: Scalar>(
                 };
                 probabilities(op, dm, qh, kh, mask, i0, r, s, stats)?;
                 let out = cb.as_mut().block(i0, h * d, r, d);
-                matmul(op, out, false, rows(op, s, r, n)?, vh, T::one())?;
+                matmul(op, out, false, rows(op, s, r, nk)?, vh, T::one())?;
             }
         }
     }
@@ -272,28 +273,30 @@ pub fn backward<T: Scalar>(
     mask: Option<&Mask>,
     block: usize,
 ) -> Result<(Option<Vec<T>>, [Vec<T>; 3])> {
-    let Dims { n, p, d, heads, .. } = *dm;
+    let Dims {
+        n, nk, p, d, heads, ..
+    } = *dm;
     let scale = T::one() / T::lit(d as f64).sqrt();
-    let len = dm.batch * n * p;
+    let (len, klen) = (dm.batch * n * p, dm.batch * nk * p);
     check_whole_rows(op, dm, kept.a.map(<[T]>::len), block)?;
     check_stats(op, dm, kept.stats.map(<[T]>::len))?;
-    let zeros = || tl_spec::alloc::try_zeroed(op.name(), "output or cotangent", len);
+    let zeros = |len| tl_spec::alloc::try_zeroed(op.name(), "output or cotangent", len);
     let mut c = match kept.c {
-        None => Some(zeros()?),
+        None => Some(zeros(len)?),
         Some(_) => None,
     };
-    let mut out = [zeros()?, zeros()?, zeros()?];
+    let mut out = [zeros(len)?, zeros(klen)?, zeros(klen)?];
     let mut s = match kept.a {
         Some(_) => Vec::new(),
-        None => scores(op, block, n)?,
+        None => scores(op, block, nk)?,
     };
-    let mut ds = scores(op, block, n)?;
-    let sample_len = (n * p).max(1);
+    let mut ds = scores(op, block, nk)?;
+    let (sample_len, keys_len) = ((n * p).max(1), (nk * p).max(1));
     let [dq, dk, dv] = &mut out;
     let samples = dq
         .chunks_exact_mut(sample_len)
-        .zip(dk.chunks_exact_mut(sample_len))
-        .zip(dv.chunks_exact_mut(sample_len));
+        .zip(dk.chunks_exact_mut(keys_len))
+        .zip(dv.chunks_exact_mut(keys_len));
     for (b, ((dqb, dkb), dvb)) in samples.enumerate() {
         let sample = Sample::new(op, dm, b, kept.qkv)?;
         let dcb = rows(op, &dc[b * n * p..(b + 1) * n * p], n, p)?;
@@ -302,18 +305,18 @@ pub fn backward<T: Scalar>(
             None => None,
         };
         let mut dqb = rows_mut(op, dqb, n, p)?;
-        let mut dkb = rows_mut(op, dkb, n, p)?;
-        let mut dvb = rows_mut(op, dvb, n, p)?;
+        let mut dkb = rows_mut(op, dkb, nk, p)?;
+        let mut dvb = rows_mut(op, dvb, nk, p)?;
         for h in 0..heads {
             let [qh, kh, vh] = sample.head(dm, h);
             let doh = dcb.col_block(h * d, d);
             for i0 in (0..n).step_by(block) {
                 let r = block.min(n - i0);
-                let ds = &mut ds[..r * n];
+                let ds = &mut ds[..r * nk];
                 let s: &[T] = match kept.a {
-                    Some(a) => &a[(b * heads + h) * n * n..][..r * n],
+                    Some(a) => &a[(b * heads + h) * n * nk..][..r * nk],
                     None => {
-                        let s = &mut s[..r * n];
+                        let s = &mut s[..r * nk];
                         let stats = match kept.stats {
                             Some(st) => Stats::From(&st[stats_rows(dm, b, h, i0, r)]),
                             None => Stats::None,
@@ -322,7 +325,7 @@ pub fn backward<T: Scalar>(
                         s
                     }
                 };
-                let a = rows(op, s, r, n)?;
+                let a = rows(op, s, r, nk)?;
                 let do_blk = doh.row_block(i0, r);
                 // O_blk = A·V_h (C is returned for dwo), unless the forward kept C.
                 if let Some(cb) = &mut cb {
@@ -330,17 +333,17 @@ pub fn backward<T: Scalar>(
                     matmul(op, c_blk, false, a, vh, T::one())?;
                 }
                 // dA = dO_blk·V_hᵀ; dV_h += Aᵀ·dO_blk.
-                let dav = rows_mut(op, ds, r, n)?;
+                let dav = rows_mut(op, ds, r, nk)?;
                 matmul(op, dav, false, do_blk, vh.t(), T::one())?;
-                let dv_h = dvb.as_mut().block(0, h * d, n, d);
+                let dv_h = dvb.as_mut().block(0, h * d, nk, d);
                 matmul(op, dv_h, true, a.t(), do_blk, T::one())?;
                 // dS = A⊙(dA − Σ dA⊙A)·scale, in place.
-                softmax_vjp_rows(s, ds, n, Some(scale));
-                let dsv = rows(op, ds, r, n)?;
+                softmax_vjp_rows(s, ds, nk, Some(scale));
+                let dsv = rows(op, ds, r, nk)?;
                 // dQ_blk = dS·K_h; dK_h += dSᵀ·Q_blk.
                 let dq_blk = dqb.as_mut().block(i0, h * d, r, d);
                 matmul(op, dq_blk, false, dsv, kh, T::one())?;
-                let dk_h = dkb.as_mut().block(0, h * d, n, d);
+                let dk_h = dkb.as_mut().block(0, h * d, nk, d);
                 matmul(op, dk_h, true, dsv.t(), qh.row_block(i0, r), T::one())?;
             }
         }
