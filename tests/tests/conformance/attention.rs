@@ -34,6 +34,10 @@ enum Form {
 
 const FORMS: [Form; 2] = [Form::Mha, Form::Sdpa];
 
+/// A case of the core over keys of another length: the query dims (…, n, P), P, heads, the
+/// mask (n, nk), nk.
+type Cross<X, M> = (X, usize, usize, Option<M>, usize);
+
 /// Operands for x of `xs` = (…, n, dModel) and projection width `p`: `[wq, wk, wv, wo, x]`,
 /// or for the core `[q, k, v]` of (…, n, p).
 fn operands(form: Form, xs: &[usize], p: usize) -> Vec<Tensor<f64>> {
@@ -164,7 +168,7 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
     let over_cache = Mask::causal_lower_right(1, 5).unwrap();
     let tall = Mask::causal_lower_right(3, 2).unwrap();
     let wide_holes = Mask::from_fn_rectangular(4, 6, |i, j| i != 1 && (i + j) % 4 != 0).unwrap();
-    let cross: [(&[usize], usize, usize, Option<&Mask>, usize); 4] = [
+    let cross: [Cross<&[usize], &Mask>; 4] = [
         (&[1, 5], 6, 2, Some(&over_cache), 5),
         (&[2, 3, 3], 4, 2, Some(&tall), 2),
         (&[4, 3], 4, 1, Some(&wide_holes), 6),
@@ -252,7 +256,7 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
     let lower_right = |n, nk| Some(Mask::causal_lower_right(n, nk).unwrap());
     let rect =
         |n, nk, f: fn(usize, usize) -> bool| Some(Mask::from_fn_rectangular(n, nk, f).unwrap());
-    let cross: Vec<(Vec<usize>, usize, usize, Option<Mask>, usize)> = vec![
+    let cross: Vec<Cross<Vec<usize>, Mask>> = vec![
         (vec![1, 6], 6, 2, lower_right(1, 37), 37),
         (vec![2, 20, 3], 4, 2, lower_right(20, 70), 70),
         (vec![2, 19, 3], 4, 1, lower_right(19, 17), 17),
