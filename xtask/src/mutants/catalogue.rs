@@ -270,6 +270,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "cpu-sdpa-keys-at-query-rows",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/ops/attention/core.rs",
+        from: "m(qkv[1], dm.nk)?, m(qkv[2], dm.nk)?",
+        to: "m(qkv[1], dm.n)?, m(qkv[2], dm.n)?",
+        bug: "the CPU attention core reads each sample's keys and values as many rows as its queries (keys of another length)",
+        harness: Plain,
+    },
+    Mutant {
         id: "cpu-maxpool-last-argmax",
         area: Cpu,
         file: "crates/tl-tape-cpu/src/ops/pool.rs",

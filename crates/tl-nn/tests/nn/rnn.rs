@@ -1101,31 +1101,25 @@ pub(crate) fn join_positions<T: Scalar>(parts: &[Tensor<T>]) -> Tensor<f64> {
     Tensor::new(out.as_slice(), data).unwrap()
 }
 
-/// Rotary attention runs its core as the op `scaledDotProductAttention`, fused by default: on
-/// the CUDA sim (the flash kernels' twins) a causal layer of 2 heads over n = 512 positions
-/// never holds one head's (n, n) probabilities (1 MiB), where the composed core
-/// (`with_flash(false)`) keeps both heads' (2 MiB) from the forward to the backward; the
-/// output and one SGD step's parameters agree within f32 rounding.
-#[test]
-fn rotary_attention_keeps_no_scores_when_fused() {
-    let n = 512;
-    let x = tensor::<f32>(&[1, n, 16], 5);
-    let run = |flash: bool| {
+/// `forward` (on the CUDA sim) of the layer `make` builds, fused and then composed
+/// (`with_flash(false)`): the output, the session's peak device bytes over it and one SGD step
+/// of `tanh(forward).sum()`, and the parameters after that step.
+fn fused_and_composed_on_the_sim(
+    make: impl Fn(&Runtime<tl_session::Session<f32>>) -> MultiHeadAttention,
+    forward: impl for<'g> Fn(
+        &MultiHeadAttention,
+        &Scope<'g, tl_session::Session<f32>>,
+    ) -> Result<Var<'g, tl_session::Session<f32>>>,
+) -> [(Tensor<f32>, usize, Vec<Tensor<f32>>); 2] {
+    [true, false].map(|flash| {
         let mut rt = eager::<f32>(Backend::CudaSim, 3);
-        let mha = MultiHeadAttention::new(&rt.vars().pp("a"), 16, 2, true)
-            .unwrap()
-            .with_rope(Rope::DEFAULT)
-            .unwrap();
+        let mha = make(&rt);
         assert!(mha.flash, "fused by default");
         let mha = mha.with_flash(flash);
-        let y = rt
-            .eval(&mha, |g| mha.forward(&g.input(x.clone())?))
-            .unwrap();
+        let y = rt.eval(&mha, |g| forward(&mha, g)).unwrap();
         let mut opt = Optimizer::sgd(1.0).unwrap();
-        rt.step(&mha, &mut opt, |g| {
-            mha.forward(&g.input(x.clone())?)?.tanh()?.sum()
-        })
-        .unwrap();
+        rt.step(&mha, &mut opt, |g| forward(&mha, g)?.tanh()?.sum())
+            .unwrap();
         let peak = rt
             .session()
             .memory_usage()
@@ -1136,14 +1130,21 @@ fn rotary_attention_keeps_no_scores_when_fused() {
             .map(|p| rt.value_of(p).unwrap())
             .collect();
         (y, peak, params)
-    };
-    let (yf, fused_peak, pf) = run(true);
-    let (yc, composed_peak, pc) = run(false);
+    })
+}
+
+/// The fused run of [`fused_and_composed_on_the_sim`] holds less than one head's scores of
+/// `head_scores` bytes at its peak, the composed one at least both heads' more; outputs and
+/// parameters after the step agree within f32 rounding.
+fn assert_fused_keeps_no_scores(
+    runs: [(Tensor<f32>, usize, Vec<Tensor<f32>>); 2],
+    head_scores: usize,
+) {
+    let [(yf, fused_peak, pf), (yc, composed_peak, pc)] = runs;
     assert!(max_diff(&yf, &yc) < 1e-5, "{}", max_diff(&yf, &yc));
     for (a, b) in pf.iter().zip(&pc) {
         assert!(max_diff(a, b) < 1e-4, "{}", max_diff(a, b));
     }
-    let head_scores = n * n * 4;
     assert!(
         fused_peak < head_scores,
         "fused peak {fused_peak} bytes ≥ one head's scores {head_scores}"
@@ -1152,6 +1153,48 @@ fn rotary_attention_keeps_no_scores_when_fused() {
         composed_peak >= fused_peak + 2 * head_scores,
         "composed peak {composed_peak}, fused {fused_peak}"
     );
+}
+
+/// Rotary attention runs its core as the op `scaledDotProductAttention`, fused by default: on
+/// the CUDA sim (the flash kernels' twins) a causal layer of 2 heads over n = 512 positions
+/// never holds one head's (n, n) probabilities (1 MiB), where the composed core
+/// (`with_flash(false)`) keeps both heads' (2 MiB) from the forward to the backward; the
+/// output and one SGD step's parameters agree within f32 rounding.
+#[test]
+fn rotary_attention_keeps_no_scores_when_fused() {
+    let n = 512;
+    let x = tensor::<f32>(&[1, n, 16], 5);
+    let runs = fused_and_composed_on_the_sim(
+        |rt| {
+            MultiHeadAttention::new(&rt.vars().pp("a"), 16, 2, true)
+                .unwrap()
+                .with_rope(Rope::DEFAULT)
+                .unwrap()
+        },
+        |mha, g| mha.forward(&g.input(x.clone())?),
+    );
+    assert_fused_keeps_no_scores(runs, n * n * 4);
+}
+
+/// Cross-attention over keys of another length runs the same op: 256 queries over a memory
+/// of 512 with keys 500.. padded out, 2 heads, on the CUDA sim: the fused core never holds
+/// one head's (256, 512) probabilities (512 KiB), the composed one keeps both heads'.
+#[test]
+fn cross_attention_keeps_no_scores_when_fused() {
+    let (nq, nk) = (256, 512);
+    let (query, memory) = (
+        tensor::<f32>(&[1, nq, 16], 6),
+        tensor::<f32>(&[1, nk, 16], 7),
+    );
+    let keep: Vec<bool> = (0..nk).map(|j| j < 500).collect();
+    let runs = fused_and_composed_on_the_sim(
+        |rt| MultiHeadAttention::new(&rt.vars().pp("a"), 16, 2, false).unwrap(),
+        |mha, g| {
+            let (q, m) = (g.input(query.clone())?, g.input(memory.clone())?);
+            mha.forward_qkv(&q, &m, &m, Some(&keep))
+        },
+    );
+    assert_fused_keeps_no_scores(runs, nq * nk * 4);
 }
 
 /// Rotary position embeddings (`with_rope`) on the `mha` fixture's self-attention of x (2, 5,
