@@ -375,16 +375,17 @@ impl<'g, O: Train> Var<'g, O> {
         self.record(|s| s.masked_softmax(&self.r, mask.clone()))
     }
 
-    /// Scaled dot-product attention with this tensor as the queries and `key`, `value` of its
-    /// shape ((n, P) or (B, n, P)), `heads` heads side by side on the last axis (head h: columns
-    /// h·P/heads..(h+1)·P/heads): per head `softmax(Q_h K_hᵀ/√(P/heads))·V_h` (masked where
-    /// `mask` is false; a query with nothing allowed gives zeros), the heads merged back.
-    /// `fused` runs the streaming core (on CUDA the flash kernels: O(n·P) memory, never the
-    /// (n, n) scores); the value is the same function either way. The op
+    /// Scaled dot-product attention with this tensor as the queries ((n, P) or (B, n, P)) and
+    /// `key`, `value` of one shape ((nk, P) or (B, nk, P): as many keys as queries, or another
+    /// length), `heads` heads side by side on the last axis (head h: columns
+    /// h·P/heads..(h+1)·P/heads): per head `softmax(Q_h K_hᵀ/√(P/heads))·V_h` (masked where the
+    /// (n, nk) `mask` is false; a query with nothing allowed gives zeros), the heads merged
+    /// back. `fused` runs the streaming core (on CUDA the flash kernels: O((n + nk)·P) memory,
+    /// never the (n, nk) scores); the value is the same function either way. The op
     /// `scaledDotProductAttention`: `multiHeadAttention`'s core without its projections, for
     /// attention whose queries and keys are made another way (rotary embeddings, grouped
     /// heads). PyTorch: `F.scaled_dot_product_attention(q', k', v', attn_mask=mask)` on `q' =
-    /// q.view(B, n, heads, P/heads).transpose(1, 2)` (likewise k', v'), transposed back and
+    /// q.view(B, n, heads, P/heads).transpose(1, 2)` (likewise k', v' with nk), transposed back and
     /// viewed as (B, n, P).
     pub fn scaled_dot_product_attention(
         &self,

@@ -250,13 +250,14 @@ pub trait Ops {
         /// Per-channel batch mean (row 0) and biased variance (row 1) of (C,H,W) or
         /// (N,C,H,W), shaped (2, C). PyTorch: `torch.var_mean(x, dim=(0, 2, 3), unbiased=False)`.
         fn batch_moments[x]() => Op::BatchMoments;
-        /// Softmax over the last axis with a hard (n, n) mask.
+        /// Softmax over the last axis with a hard (rows, cols) mask.
         fn masked_softmax[x](mask: tl_spec::ops::attention::Mask) => Op::MaskedSoftmax { mask };
         /// Multi-head self-attention (no biases); `fused` picks the streaming kernel.
         /// PyTorch: `nn.MultiheadAttention(bias=False)`.
         fn multi_head_attention[wq, wk, wv, wo, x](heads: usize, mask: Option<tl_spec::ops::attention::Mask>, fused: bool) => Op::MultiHeadAttention { heads, mask, fused };
-        /// Scaled dot-product attention of `heads` heads merged on the last axis of q, k, v ((n, P)
-        /// or (B, n, P), one shape): `multi_head_attention`'s core without its projections;
+        /// Scaled dot-product attention of `heads` heads merged on the last axis of q ((n, P) or
+        /// (B, n, P)) and k, v (one shape, (nk, P) or (B, nk, P)), an optional (n, nk) mask:
+        /// `multi_head_attention`'s core without its projections;
         /// `fused` picks the streaming kernel (CUDA: the flash kernels). PyTorch:
         /// `F.scaled_dot_product_attention` on the heads split out and transposed.
         fn scaled_dot_product_attention[q, k, v](heads: usize, mask: Option<tl_spec::ops::attention::Mask>, fused: bool) => Op::ScaledDotProductAttention { heads, mask, fused };
