@@ -1,9 +1,14 @@
 // Attention family: the fused ("flash") attention core, forward and backward (sim:
 // crates/tl-tape-cuda/src/device/sim/flash.rs; layout and checks: device/flash.rs).
 //
-// Q, K, V, O and their cotangents are head-merged (B, n, H, d) buffers: element (b, i, h, c) at
-// ((b * n + i) * H + h) * d + c, as the projections x.W leave them. lse (and delta) hold one
-// value per (b, h, i) at (b * H + h) * n + i.
+// nq query rows attend to nk keys (nq != nk allowed: cross-attention, a KV cache). Q, O and
+// their cotangents dO, dQ are head-merged (B, nq, H, d) buffers: element (b, i, h, c) at
+// ((b * nq + i) * H + h) * d + c, as the projections x.W leave them; K, V, dK, dV are
+// (B, nk, H, d), key j at ((b * nk + j) * H + h) * d + c. lse (and delta) hold one value per
+// query row (b, h, i) at (b * H + h) * nq + i. Every kernel takes (batch, nq, nk, heads, d,
+// mode, offset, scale) last; `offset` (a signed int) places the causal diagonal: query i sees
+// keys j <= i + offset (0: the usual causal; nk - nq: the last query row sees every key, the
+// KV-cache case; negative: the first rows see nothing).
 //
 // Blocks of 256 threads; a job is a block of query rows of one (b, h) (forward: 64 rows when
 // d <= 64, else 32; dQ: 64) or of keys (dK, dV: 64), with register micro-tiles (tl_fa_fwd,
@@ -16,7 +21,7 @@
 // Order (the sim's twin; no atomics: the forward, and the backward in both reduction modes
 // except where the one-pass backward at the end of this file runs, whose dQ adds per key block):
 // - a score is s = dot(q_i, k_j) * scale, the dot a fused multiply-add chain over c = 0..d-1
-//   from +0; masked (or past n) keys are -inf;
+//   from +0; masked (or past nk) keys are -inf;
 // - forward, per query row, over key tiles in increasing order: the tile's max mt (fmaxf over
 //   its keys in order, from -inf), m' = fmaxf(m, mt); if m' = -inf nothing changes; else
 //   alpha = expf(m - m'), p_j = expf(s_j - m'), l = l * alpha + (sum of p_j in key order from
@@ -26,8 +31,10 @@
 //   masked or lse_i = -inf), dp = dot(dO_i, v_j), ds = p * (dp - delta_i) * scale;
 //   dQ_ic = fma chain over keys in increasing order of ds_ij * k_jc; dK_jc (dV_jc) = fma chain
 //   over query rows in increasing order of ds_ij * q_ic (p_ij * dO_ic), every chain from +0.
-// - causal masks skip the tiles that lie wholly above the diagonal (key tiles past the query
-//   tile's last row; query tiles before the key tile's first key); every other tile runs.
+// - causal masks skip exactly the tiles that hold no allowed entry: the query tile [i0, i0 +
+//   rows) and the key tile from j0 meet when j0 < i0 + rows + offset. So a query tile runs the
+//   keys j < min(nk, max(0, i0 + rows + offset)) (tl_fa_kend) and a key tile the query tiles
+//   from the one holding row max(0, j0 - offset) (tl_fa_qstart; none when that is >= nq).
 #include "common.cuh"
 
 #define TL_FA_T 16
@@ -35,19 +42,20 @@
 #define TL_FA_COLS (TL_FA_DMAX / TL_FA_T)
 #define TL_FA_LD (TL_FA_DMAX + 1)
 
-// Mask modes (device/flash.rs FlashMask::mode): bit 0 causal (key j <= query i), bit 1 a keep
-// flag per key (mask[j] != 0), bit 2 a full bit matrix (row i's words at i * ceil(n / 32)).
+// Mask modes (device/flash.rs FlashMask::mode): bit 0 causal (key j <= query i + offset), bit 1
+// a keep flag per key (mask[j] != 0, nk words), bit 2 a full bit matrix (nq rows, row i's words
+// at i * ceil(nk / 32)).
 #define TL_FA_CAUSAL 1u
 #define TL_FA_KEEP 2u
 #define TL_FA_BITS 4u
 
-// The rows of the tile that starts at r0: min(16, n - r0).
+// The rows of the tile that starts at r0: min(16, n - r0) (0 from n on).
 __device__ __forceinline__ u32 tl_fa_len(u32 n, u32 r0) {
     return n - r0 < (u32)TL_FA_T ? n - r0 : (u32)TL_FA_T;
 }
 
-// Job `job` of a kernel's grid-stride loop over (b, h, block of R rows of n): tiles = ⌈n / R⌉
-// blocks per head, bh = b·heads + h = job / tiles, and the block's first row r0 and row count
+// Job `job` of a kernel's grid-stride loop over (b, h, block of R rows of n): n = nq for the
+// launches over query rows, nk for those over keys; tiles = ⌈n / R⌉ blocks per head, bh = b·heads + h = job / tiles, and the block's first row r0 and row count
 // len = min(R, n - r0). The block is job % tiles, or counted from the last with `last_first`
 // (under a causal mask the longest query blocks first).
 struct TlFaJob {
@@ -66,15 +74,42 @@ __device__ __forceinline__ TlFaJob tl_fa_job(u64 job, u32 tiles, u32 R, u32 n, u
     return j;
 }
 
+// Element (b, i, h, c) of a head-merged buffer of n rows a sample (nq: Q, O, dO, dQ; nk: K, V,
+// dK, dV).
 __device__ __forceinline__ u64 tl_fa_at(u32 b, u32 i, u32 h, u32 c, u32 n, u32 heads, u32 d) {
     return (((u64)b * n + i) * heads + h) * d + c;
 }
 
-__device__ __forceinline__ bool tl_fa_allowed(const u32* mask, u32 mode, u32 n, u32 i, u32 j) {
-    if ((mode & TL_FA_CAUSAL) && j > i) return false;
+// Whether query i may attend to key j of nk (device/flash.rs FlashMask::allowed).
+__device__ __forceinline__ bool tl_fa_allowed(const u32* mask, u32 mode, int offset, u32 nk,
+                                              u32 i, u32 j) {
+    if ((mode & TL_FA_CAUSAL) && (long long)j > (long long)i + offset) return false;
     if ((mode & TL_FA_KEEP) && mask[j] == 0u) return false;
-    if (mode & TL_FA_BITS) return ((mask[(u64)i * ((n + 31) / 32) + j / 32] >> (j % 32)) & 1u) != 0u;
+    if (mode & TL_FA_BITS) return ((mask[(u64)i * ((nk + 31) / 32) + j / 32] >> (j % 32)) & 1u) != 0u;
     return true;
+}
+
+// The keys that query rows before `qend` can be allowed under `mode`'s causal part:
+// j < min(nk, max(0, qend + offset)); nk when not causal (FlashMask::key_end).
+__device__ __forceinline__ u32 tl_fa_kend(u32 mode, int offset, u32 qend, u32 nk) {
+    if (!(mode & TL_FA_CAUSAL)) return nk;
+    const long long e = (long long)qend + offset;
+    return e <= 0 ? 0u : e < (long long)nk ? (u32)e : nk;
+}
+
+// The first query tile (of TL_FA_T rows) that keys from j0 on can be allowed in: the one holding
+// row max(0, j0 - offset), nq when that is past the last row; 0 when not causal
+// (FlashMask::query_start).
+__device__ __forceinline__ u32 tl_fa_qstart(u32 mode, int offset, u32 j0, u32 nq) {
+    if (!(mode & TL_FA_CAUSAL)) return 0u;
+    const long long s = (long long)j0 - offset;
+    return s <= 0 ? 0u : s >= (long long)nq ? nq : (u32)s / TL_FA_T * TL_FA_T;
+}
+
+// Whether the key tile from js holds a key that query rows before `qend` can be allowed (under
+// `mode`'s causal part): js < qend + offset.
+__device__ __forceinline__ bool tl_fa_meet(u32 mode, int offset, u32 qend, u32 js) {
+    return !(mode & TL_FA_CAUSAL) || (long long)js < (long long)qend + offset;
 }
 
 __device__ __forceinline__ float tl_fa_dot(const float* a, const float* b, u32 d) {
@@ -83,7 +118,8 @@ __device__ __forceinline__ float tl_fa_dot(const float* a, const float* b, u32 d
     return s;
 }
 
-// rows x d of head h from row r0 into tile[r][c] (zeros past `rows`), every thread of the block.
+// rows x d of head h from row r0 of `src` (n rows a sample) into tile[r][c] (zeros past
+// `rows`), every thread of the block.
 __device__ __forceinline__ void tl_fa_load(float (*tile)[TL_FA_LD], const float* src, u32 b, u32 r0,
                                            u32 rows, u32 h, u32 n, u32 heads, u32 d) {
     for (u32 e = threadIdx.x; e < TL_FA_T * d; e += TL_BLOCK) {
@@ -146,12 +182,16 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
 __device__ __forceinline__ u32 tl_fa_swz(u32 x) { return (x & 7u) << 2; }
 
 // Whether tile t (keys j0 + 16 t ..) of a step runs for query row i: it has keys, and a causal
-// mask skips tiles wholly above the diagonal (as the 16-row tiles of the order do).
-__device__ __forceinline__ bool tl_fa_runs(u32 mode, u32 j0, u32 t, u32 keys, u32 i) {
-    return t * TL_FA_T < keys && (!(mode & TL_FA_CAUSAL) || j0 / TL_FA_T + t <= i / TL_FA_T);
+// mask skips the key tiles that the 16-row query tile holding i does not meet (tl_fa_meet),
+// as the tiles of the order do.
+__device__ __forceinline__ bool tl_fa_runs(u32 mode, int offset, u32 nq, u32 j0, u32 t, u32 keys,
+                                           u32 i) {
+    const u32 qs = i / TL_FA_T * TL_FA_T, qend = qs + TL_FA_T < nq ? qs + TL_FA_T : nq;
+    return t * TL_FA_T < keys && tl_fa_meet(mode, offset, qend, j0 + t * TL_FA_T);
 }
 
-// Rows [r0, r0 + rows) of head (b, h) of `src` (R rows of DM floats, 0 past `rows` or d) into
+// Rows [r0, r0 + rows) of head (b, h) of `src` (n rows a sample; R rows of DM floats, 0 past
+// `rows` or d) into
 // registers: reg[u] is element e = threadIdx.x + 256 u, row e / DM, column e % DM. Loaded a
 // phase before they go to shared memory, so that the loads fly while the block computes.
 template <u32 R, u32 DM>
@@ -163,7 +203,7 @@ __device__ __forceinline__ void tl_fa_stage(float* reg, const float* src, u32 b,
     }
 }
 
-// Rows [r0, r0 + rows) of head (b, h) of `x` and of `y` (R rows of DM floats, zeros past
+// Rows [r0, r0 + rows) of head (b, h) of `x` and of `y` (n rows a sample; R rows of DM floats, zeros past
 // `rows`; columns from d on left as they are) into the swizzled shared rows
 // xs[r * DM + (c ^ swz(r))] and ys (the same way), every thread of the block.
 template <u32 R, u32 DM>
@@ -190,8 +230,8 @@ __device__ __forceinline__ void tl_fa_load_swz2(float* xs, float* ys, const floa
 template <u32 BM, u32 BN, u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const float* v,
                                           const u32* mask, float* o, float* lse, u32 batch,
-                                          u32 n, u32 heads, u32 d_run, u32 mode, float scale,
-                                          float* smem) {
+                                          u32 nq, u32 nk, u32 heads, u32 d_run, u32 mode,
+                                          int offset, float scale, float* smem) {
     const u32 d = DC ? DC : d_run;
     constexpr u32 NT = BN / TL_FA_T;  // key tiles a step
     static_assert(BN % TL_FA_T == 0 && NT * BM <= TL_BLOCK, "a thread per (row, tile)");
@@ -209,15 +249,15 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
     const u32 tid = threadIdx.x;
     const u32 sy = tid / SX, sx = tid % SX;
     const u32 ry = tid / CG, cx = tid % CG;
-    const u32 tiles = tl_fa_tiles(n, BM);
+    const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
-        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, n, heads, true);
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
         __syncthreads();  // the previous job's reads of qt, ms, ls are done
         for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
             const u32 r = e / DM, c = e % DM;
             if (c >= d) continue;
             qt[c * BM + (r ^ tl_fa_swz(c))] =
-                r < rows ? q[tl_fa_at(b, i0 + r, h, c, n, heads, d)] : 0.0f;
+                r < rows ? q[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] : 0.0f;
         }
         if (tid < BM) ms[tid] = -INFINITY;
         float acc[4][4], mr[4], lr[4];
@@ -226,18 +266,18 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             lr[a] = 0.0f;
             for (u32 e = 0; e < 4; ++e) acc[a][e] = 0.0f;
         }
-        const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
+        const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
         constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
         float kreg[NL], vreg[NL];
-        tl_fa_stage<BN, DM>(kreg, k, b, 0, n < BN ? n : BN, h, n, heads, d);
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, nk < BN ? nk : BN, h, nk, heads, d);
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
-            const u32 keys = n - j0 < BN ? n - j0 : BN;
+            const u32 keys = nk - j0 < BN ? nk - j0 : BN;
             __syncthreads();  // the previous step's reads of kv and pt are done
             for (u32 u = 0; u < NL; ++u) {
                 const u32 e = tid + TL_BLOCK * u, j = e / DM, c = e % DM;
                 kv[c * BN + (j ^ (c & 31u))] = kreg[u];
             }
-            tl_fa_stage<BN, DM>(vreg, v, b, j0, keys, h, n, heads, d);
+            tl_fa_stage<BN, DM>(vreg, v, b, j0, keys, h, nk, heads, d);
             __syncthreads();
             // 1. Scores: rows 4 sy + a, keys sx + SX bb.
             float s[4][SK];
@@ -256,8 +296,8 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                 const u32 r = sy * 4 + a;
                 for (u32 bb = 0; bb < SK; ++bb) {
                     const u32 j = sx + SX * bb;
-                    const bool ok =
-                        r < rows && j < keys && tl_fa_allowed(mask, mode, n, i0 + r, j0 + j);
+                    const bool ok = r < rows && j < keys &&
+                                    tl_fa_allowed(mask, mode, offset, nk, i0 + r, j0 + j);
                     pt[j * BM + (r ^ tl_fa_swz(j))] = ok ? s[a][bb] * scale : -INFINITY;
                 }
             }
@@ -265,7 +305,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             // 2. V in place of K; each (row, tile) its max.
             for (u32 u = 0; u < NL; ++u) kv[tid + TL_BLOCK * u] = vreg[u];
             const u32 r2 = tid % BM, t2 = tid / BM;
-            const bool runs2 = t2 < NT && tl_fa_runs(mode, j0, t2, keys, i0 + r2);
+            const bool runs2 = t2 < NT && tl_fa_runs(mode, offset, nq, j0, t2, keys, i0 + r2);
             const u32 jb = t2 * TL_FA_T, je = jb + tl_fa_len(keys, jb);
             if (t2 < NT) {
                 float mt = -INFINITY;
@@ -317,12 +357,12 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             }
             __syncthreads();
             if (j0 + BN < kend) {  // the next step's K, in flight during this one's sums
-                const u32 nk = n - (j0 + BN) < BN ? n - (j0 + BN) : BN;
-                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nk, h, n, heads, d);
+                const u32 nx = nk - (j0 + BN) < BN ? nk - (j0 + BN) : BN;
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nx, h, nk, heads, d);
             }
             // 3. O rows 4 ry + a, columns 4 cx + e: the step's tiles in order.
             for (u32 t = 0; t < NT; ++t) {
-                if (!tl_fa_runs(mode, j0, t, keys, i0 + ry * 4)) break;
+                if (!tl_fa_runs(mode, offset, nq, j0, t, keys, i0 + ry * 4)) break;
                 float al[4];
                 for (u32 a = 0; a < 4; ++a) {
                     al[a] = als[t * BM + ry * 4 + a];
@@ -365,9 +405,9 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             const bool none = m == -INFINITY;
             for (u32 e = 0; e < 4; ++e) {
                 const u32 c = cx * 4 + e;
-                if (c < d) o[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = none ? 0.0f : acc[a][e] / l;
+                if (c < d) o[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] = none ? 0.0f : acc[a][e] / l;
             }
-            if (cx == 0) lse[(u64)bh * n + i0 + r] = none ? -INFINITY : m + logf(l);
+            if (cx == 0) lse[(u64)bh * nq + i0 + r] = none ? -INFINITY : m + logf(l);
         }
     }
 }
@@ -375,33 +415,37 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
 // O = softmax(Q K^T * scale) V per head (masked as `mode` says) and lse = m + log(l) per row:
 // blocks of 64 query rows when d <= 64, else 32 (tl_fa_fwd), 32 keys a step.
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const float* q, const float* k, const float* v,
-                                        const u32* mask, float* o, float* lse, u32 batch, u32 n,
-                                        u32 heads, u32 d, u32 mode, float scale) {
+                                        const u32* mask, float* o, float* lse, u32 batch, u32 nq,
+                                        u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                        float scale) {
     constexpr u32 A = TL_FA_FWD_SMEM(64, TL_FA_BN, 64);
     constexpr u32 B = TL_FA_FWD_SMEM(32, TL_FA_BN, TL_FA_DMAX);
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_fwd<64, TL_FA_BN, 64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale,
-                                        smem);
+        tl_fa_fwd<64, TL_FA_BN, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode,
+                                        offset, scale, smem);
     else if (d < 64)
-        tl_fa_fwd<64, TL_FA_BN, 64, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale,
-                                       smem);
+        tl_fa_fwd<64, TL_FA_BN, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode,
+                                       offset, scale, smem);
     else
-        tl_fa_fwd<32, TL_FA_BN, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode,
-                                               scale, smem);
+        tl_fa_fwd<32, TL_FA_BN, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d,
+                                               mode, offset, scale, smem);
 }
 
 // tl_flash_fwd for d <= 64 with 64 keys a step (four tiles: every thread in the softmax phase,
 // half the barriers a key), in TL_FA_FWD_SMEM(64, 64, 64) floats of dynamic shared memory (past
 // the 48 KiB of static arrays). The same bits as tl_flash_fwd.
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(const float* q, const float* k, const float* v,
-                                        const u32* mask, float* o, float* lse, u32 batch, u32 n,
-                                        u32 heads, u32 d, u32 mode, float scale) {
+                                        const u32* mask, float* o, float* lse, u32 batch, u32 nq,
+                                        u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                        float scale) {
     TL_DYNAMIC_SHARED(float, smem);
     if (d == 64)
-        tl_fa_fwd<64, 64, 64, 64>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+        tl_fa_fwd<64, 64, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode, offset,
+                                  scale, smem);
     else
-        tl_fa_fwd<64, 64, 64, 0>(q, k, v, mask, o, lse, batch, n, heads, d, mode, scale, smem);
+        tl_fa_fwd<64, 64, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode, offset,
+                                 scale, smem);
 }
 
 // ---- Backward, d > 64: one block of 16 x 16 threads per tile of 16 ----------------------------
@@ -436,38 +480,39 @@ __device__ __forceinline__ TlFaBwd16 tl_fa_bwd16_smem(float* smem) {
 __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, const float* v,
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
-                                              u32 batch, u32 n, u32 heads, u32 d, u32 mode,
-                                              float scale, float* smem) {
+                                              u32 batch, u32 nq, u32 nk, u32 heads, u32 d,
+                                              u32 mode, int offset, float scale, float* smem) {
     const auto [qs, gs, ks, vs, dss, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = tl_fa_tiles(n, TL_FA_T);
+    const u32 tiles = tl_fa_tiles(nq, TL_FA_T);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
-        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, TL_FA_T, n, heads, false);
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, TL_FA_T, nq, heads, false);
         const u32 i = i0 + ty;
         __syncthreads();
-        tl_fa_load(qs, q, b, i0, rows, h, n, heads, d);
-        tl_fa_load(gs, go, b, i0, rows, h, n, heads, d);
+        tl_fa_load(qs, q, b, i0, rows, h, nq, heads, d);
+        tl_fa_load(gs, go, b, i0, rows, h, nq, heads, d);
         __syncthreads();
         if (threadIdx.x < rows) {
             const u32 r = threadIdx.x;
             float dl = 0.0f;
             for (u32 c = 0; c < d; ++c)
-                dl = __fmaf_rn(gs[r][c], o[tl_fa_at(b, i0 + r, h, c, n, heads, d)], dl);
+                dl = __fmaf_rn(gs[r][c], o[tl_fa_at(b, i0 + r, h, c, nq, heads, d)], dl);
             delta_s[r] = dl;
-            delta[(u64)bh * n + i0 + r] = dl;
-            lse_s[r] = lse[(u64)bh * n + i0 + r];
+            delta[(u64)bh * nq + i0 + r] = dl;
+            lse_s[r] = lse[(u64)bh * nq + i0 + r];
         }
         float acc[TL_FA_COLS];
         for (u32 u = 0; u < TL_FA_COLS; ++u) acc[u] = 0.0f;
-        const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
+        const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
         for (u32 j0 = 0; j0 < kend; j0 += TL_FA_T) {
-            const u32 cols = tl_fa_len(n, j0);
+            const u32 cols = tl_fa_len(nk, j0);
             __syncthreads();
-            tl_fa_load(ks, k, b, j0, cols, h, n, heads, d);
-            tl_fa_load(vs, v, b, j0, cols, h, n, heads, d);
+            tl_fa_load(ks, k, b, j0, cols, h, nk, heads, d);
+            tl_fa_load(vs, v, b, j0, cols, h, nk, heads, d);
             __syncthreads();
             float p, ds;
-            const bool ok = ty < rows && tx < cols && tl_fa_allowed(mask, mode, n, i, j0 + tx);
+            const bool ok = ty < rows && tx < cols &&
+                            tl_fa_allowed(mask, mode, offset, nk, i, j0 + tx);
             tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f, ok ? delta_s[ty] : 0.0f, d,
                        scale, ok, &p, &ds);
             dss[ty][tx] = ds;
@@ -484,7 +529,7 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
         if (ty < rows) {
             for (u32 u = 0; u < TL_FA_COLS; ++u) {
                 const u32 c = tx + u * TL_FA_T;
-                if (c < d) dq[tl_fa_at(b, i, h, c, n, heads, d)] = acc[u];
+                if (c < d) dq[tl_fa_at(b, i, h, c, nq, heads, d)] = acc[u];
             }
         }
     }
@@ -494,34 +539,34 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
 __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
-                                               float* dv, u32 batch, u32 n, u32 heads, u32 d,
-                                               u32 mode, float scale, float* smem) {
+                                               float* dv, u32 batch, u32 nq, u32 nk, u32 heads,
+                                               u32 d, u32 mode, int offset, float scale,
+                                               float* smem) {
     const auto [qs, gs, ks, vs, ps, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
     const TlFaTile dss = ps + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = tl_fa_tiles(n, TL_FA_T);
+    const u32 tiles = tl_fa_tiles(nk, TL_FA_T);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
-        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, TL_FA_T, n, heads, false);
+        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, TL_FA_T, nk, heads, false);
         __syncthreads();
-        tl_fa_load(ks, k, b, j0, cols, h, n, heads, d);
-        tl_fa_load(vs, v, b, j0, cols, h, n, heads, d);
+        tl_fa_load(ks, k, b, j0, cols, h, nk, heads, d);
+        tl_fa_load(vs, v, b, j0, cols, h, nk, heads, d);
         float acc_k[TL_FA_COLS], acc_v[TL_FA_COLS];
         for (u32 u = 0; u < TL_FA_COLS; ++u) acc_k[u] = acc_v[u] = 0.0f;
-        const u32 istart = (mode & TL_FA_CAUSAL) ? j0 : 0u;
-        for (u32 i0 = istart; i0 < n; i0 += TL_FA_T) {
-            const u32 rows = tl_fa_len(n, i0);
+        for (u32 i0 = tl_fa_qstart(mode, offset, j0, nq); i0 < nq; i0 += TL_FA_T) {
+            const u32 rows = tl_fa_len(nq, i0);
             __syncthreads();
-            tl_fa_load(qs, q, b, i0, rows, h, n, heads, d);
-            tl_fa_load(gs, go, b, i0, rows, h, n, heads, d);
+            tl_fa_load(qs, q, b, i0, rows, h, nq, heads, d);
+            tl_fa_load(gs, go, b, i0, rows, h, nq, heads, d);
             if (threadIdx.x < rows) {
-                lse_s[threadIdx.x] = lse[(u64)bh * n + i0 + threadIdx.x];
-                delta_s[threadIdx.x] = delta[(u64)bh * n + i0 + threadIdx.x];
+                lse_s[threadIdx.x] = lse[(u64)bh * nq + i0 + threadIdx.x];
+                delta_s[threadIdx.x] = delta[(u64)bh * nq + i0 + threadIdx.x];
             }
             __syncthreads();
             // Thread (ty, tx): query row ty of the tile, key tx.
             float p, ds;
-            const bool ok =
-                ty < rows && tx < cols && tl_fa_allowed(mask, mode, n, i0 + ty, j0 + tx);
+            const bool ok = ty < rows && tx < cols &&
+                            tl_fa_allowed(mask, mode, offset, nk, i0 + ty, j0 + tx);
             tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f, ok ? delta_s[ty] : 0.0f, d,
                        scale, ok, &p, &ds);
             ps[ty][tx] = p;
@@ -545,7 +590,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
             for (u32 u = 0; u < TL_FA_COLS; ++u) {
                 const u32 c = tx + u * TL_FA_T;
                 if (c < d) {
-                    const u64 at = tl_fa_at(b, j0 + ty, h, c, n, heads, d);
+                    const u64 at = tl_fa_at(b, j0 + ty, h, c, nk, heads, d);
                     dk[at] = acc_k[u];
                     dv[at] = acc_v[u];
                 }
@@ -582,8 +627,8 @@ template <u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, const float* v,
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
-                                              u32 batch, u32 n, u32 heads, u32 d_run, u32 mode,
-                                              float scale, float* smem) {
+                                              u32 batch, u32 nq, u32 nk, u32 heads, u32 d_run,
+                                              u32 mode, int offset, float scale, float* smem) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BM = 64, BN = TL_FA_BN;
     constexpr u32 CH = DM / 64;  // dQ: groups of 64 columns a thread
@@ -598,34 +643,34 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
     const u32 sr = (w / 2) * 16 + lane / 8, sk = (w % 2) * 16 + lane % 8;
     const u32 sy = tid / 16, sx = tid % 16;  // dQ: rows 4 sy.., columns 4 sx..
-    const u32 tiles = tl_fa_tiles(n, BM);
+    const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
-        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, n, heads, true);
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
         __syncthreads();  // the previous job's reads are done
-        tl_fa_load_swz2<BM, DM>(qs, gs, q, go, b, i0, rows, h, n, heads, d);
+        tl_fa_load_swz2<BM, DM>(qs, gs, q, go, b, i0, rows, h, nq, heads, d);
         __syncthreads();
         if (tid < rows) {
             float dl = 0.0f;
             for (u32 c = 0; c < d; ++c)
                 dl = __fmaf_rn(gs[tid * DM + (c ^ tl_fa_swz(tid))],
-                               o[tl_fa_at(b, i0 + tid, h, c, n, heads, d)], dl);
-            delta[(u64)bh * n + i0 + tid] = dl;
+                               o[tl_fa_at(b, i0 + tid, h, c, nq, heads, d)], dl);
+            delta[(u64)bh * nq + i0 + tid] = dl;
         }
         __syncthreads();  // delta of the block's rows is written
         float lr[4], dr[4], acc[4][4 * CH];
         for (u32 a = 0; a < 4; ++a) {
             const u32 r = sr + 4 * a;
-            lr[a] = r < rows ? lse[(u64)bh * n + i0 + r] : -INFINITY;
-            dr[a] = r < rows ? delta[(u64)bh * n + i0 + r] : 0.0f;
+            lr[a] = r < rows ? lse[(u64)bh * nq + i0 + r] : -INFINITY;
+            dr[a] = r < rows ? delta[(u64)bh * nq + i0 + r] : 0.0f;
             for (u32 e = 0; e < 4 * CH; ++e) acc[a][e] = 0.0f;
         }
-        const u32 kend = (mode & TL_FA_CAUSAL) ? i0 + rows : n;
+        const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
         constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
         float kreg[NL], vreg[NL];
-        tl_fa_stage<BN, DM>(kreg, k, b, 0, n < BN ? n : BN, h, n, heads, d);
-        tl_fa_stage<BN, DM>(vreg, v, b, 0, n < BN ? n : BN, h, n, heads, d);
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, nk < BN ? nk : BN, h, nk, heads, d);
+        tl_fa_stage<BN, DM>(vreg, v, b, 0, nk < BN ? nk : BN, h, nk, heads, d);
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
-            const u32 keys = n - j0 < BN ? n - j0 : BN;
+            const u32 keys = nk - j0 < BN ? nk - j0 : BN;
             __syncthreads();  // the previous step's reads of ks and vs are done
             for (u32 u = 0; u < NL; ++u) {
                 const u32 e = tid + TL_BLOCK * u, j = e / DM, c = e % DM;
@@ -674,8 +719,8 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                 const u32 r = sr + 4 * a;
                 for (u32 bb = 0; bb < 2; ++bb) {
                     const u32 j = sk + 8 * bb;
-                    const bool ok =
-                        r < rows && j < keys && tl_fa_allowed(mask, mode, n, i0 + r, j0 + j);
+                    const bool ok = r < rows && j < keys &&
+                                    tl_fa_allowed(mask, mode, offset, nk, i0 + r, j0 + j);
                     ds[a][bb] = 0.0f;
                     if (ok && lr[a] != -INFINITY) {
                         const float p = expf(s[a][bb] * scale - lr[a]);
@@ -691,12 +736,12 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                 }
             __syncthreads();
             if (j0 + BN < kend) {  // the next step's K and V, in flight during this one's sums
-                const u32 nk = n - (j0 + BN) < BN ? n - (j0 + BN) : BN;
-                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nk, h, n, heads, d);
-                tl_fa_stage<BN, DM>(vreg, v, b, j0 + BN, nk, h, n, heads, d);
+                const u32 nx = nk - (j0 + BN) < BN ? nk - (j0 + BN) : BN;
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nx, h, nk, heads, d);
+                tl_fa_stage<BN, DM>(vreg, v, b, j0 + BN, nx, h, nk, heads, d);
             }
             for (u32 t = 0; t < 2; ++t) {
-                if (!tl_fa_runs(mode, j0, t, keys, i0 + sy * 4)) break;
+                if (!tl_fa_runs(mode, offset, nq, j0, t, keys, i0 + sy * 4)) break;
                 const u32 jb = t * TL_FA_T, je = jb + tl_fa_len(keys, jb);
                 const auto key = [&](u32 j) {
                     float dsr[4], kr[4 * CH];
@@ -720,7 +765,7 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             if (r >= rows) continue;
             for (u32 e = 0; e < 4 * CH; ++e) {
                 const u32 c = sx * 4 + 64 * (e / 4) + e % 4;
-                if (c < d) dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)] = acc[a][e];
+                if (c < d) dq[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] = acc[a][e];
             }
         }
     }
@@ -734,8 +779,8 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
 // its first barrier.
 template <u32 BN, u32 DM>
 __device__ __forceinline__ void tl_fa_dq_atomic(const float* dss, const float* ks, float* dq,
-                                                u32 b, u32 h, u32 i0, u32 rows, u32 keys, u32 n,
-                                                u32 heads, u32 d) {
+                                                u32 b, u32 h, u32 i0, u32 rows, u32 keys,
+                                                u32 nq, u32 heads, u32 d) {
     static_assert(DM == 64 && TL_FA_T * DM / 4 == TL_BLOCK, "a row, four columns a thread");
     const u32 r = threadIdx.x / 16, cx = threadIdx.x % 16;
     if (r >= rows) return;
@@ -756,7 +801,7 @@ __device__ __forceinline__ void tl_fa_dq_atomic(const float* dss, const float* k
     for (; j < keys; ++j) key(j, dss[r * BN + (j ^ rsw)]);
     for (u32 e = 0; e < 4; ++e) {
         const u32 c = cx * 4 + e;
-        if (c < d) atomicAdd(&dq[tl_fa_at(b, i0 + r, h, c, n, heads, d)], acc[e]);
+        if (c < d) atomicAdd(&dq[tl_fa_at(b, i0 + r, h, c, nq, heads, d)], acc[e]);
     }
 }
 
@@ -765,9 +810,9 @@ template <u32 BN, u32 DM, u32 DC, bool DQ = false>
 __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
-                                               float* dv, u32 batch, u32 n, u32 heads, u32 d_run,
-                                               u32 mode, float scale, float* smem,
-                                               float* dq = nullptr) {
+                                               float* dv, u32 batch, u32 nq, u32 nk, u32 heads,
+                                               u32 d_run, u32 mode, int offset, float scale,
+                                               float* smem, float* dq = nullptr) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BM = TL_FA_T;
     constexpr u32 KA = BN / 16;  // scores: keys a thread
@@ -785,25 +830,25 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
     const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * (BN / 4) + lane % 4;
     const u32 kx = tid / CGX, cx = tid % CGX;  // sums: keys 4 kx.., columns 4 cx..
-    const u32 tiles = tl_fa_tiles(n, BN);
+    const u32 tiles = tl_fa_tiles(nk, BN);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
-        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, BN, n, heads, false);
+        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, BN, nk, heads, false);
         __syncthreads();  // the previous job's reads are done
-        tl_fa_load_swz2<BN, DM>(ks, vs, k, v, b, j0, cols, h, n, heads, d);
+        tl_fa_load_swz2<BN, DM>(ks, vs, k, v, b, j0, cols, h, nk, heads, d);
         float ak[4][4], av[4][4];
         for (u32 a = 0; a < 4; ++a)
             for (u32 e = 0; e < 4; ++e) ak[a][e] = av[a][e] = 0.0f;
-        // This thread's keys 4 kx.. lie in one tile of 16: the query tiles from its start
-        // (causal), as the 16-key tiles of the order.
-        const bool causal = (mode & TL_FA_CAUSAL) != 0u;
-        const u32 mine = j0 + kx * 4;
-        const u32 istart = causal ? j0 : 0u;
+        // The query tiles from the first that the block's first key tile meets (causal); this
+        // thread's keys 4 kx.. lie in one tile of 16 (from `mine`), which adds the query tiles
+        // it meets (tl_fa_meet), as the 16-key tiles of the order.
+        const u32 mine = (j0 + kx * 4) / TL_FA_T * TL_FA_T;
+        const u32 istart = tl_fa_qstart(mode, offset, j0, nq);
         constexpr u32 NL = BM * DM / TL_BLOCK;  // staged floats a thread
         float qreg[NL], greg[NL];
-        tl_fa_stage<BM, DM>(qreg, q, b, istart, tl_fa_len(n, istart), h, n, heads, d);
-        tl_fa_stage<BM, DM>(greg, go, b, istart, tl_fa_len(n, istart), h, n, heads, d);
-        for (u32 i0 = istart; i0 < n; i0 += BM) {
-            const u32 rows = tl_fa_len(n, i0);
+        tl_fa_stage<BM, DM>(qreg, q, b, istart, tl_fa_len(nq, istart), h, nq, heads, d);
+        tl_fa_stage<BM, DM>(greg, go, b, istart, tl_fa_len(nq, istart), h, nq, heads, d);
+        for (u32 i0 = istart; i0 < nq; i0 += BM) {
+            const u32 rows = tl_fa_len(nq, i0);
             __syncthreads();  // the previous step's reads of qs, gs, ps, dss are done
             for (u32 u = 0; u < NL; ++u) {
                 const u32 e = tid + TL_BLOCK * u, r = e / DM, c = e % DM;
@@ -812,8 +857,8 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             }
             __syncthreads();
             const bool live = sr < rows;  // the row's statistics, read before the sums
-            const float l = live ? lse[(u64)bh * n + i0 + sr] : -INFINITY;
-            const float dl = live ? delta[(u64)bh * n + i0 + sr] : 0.0f;
+            const float l = live ? lse[(u64)bh * nq + i0 + sr] : -INFINITY;
+            const float dl = live ? delta[(u64)bh * nq + i0 + sr] : 0.0f;
             float s[KA], dp[KA];
             for (u32 a = 0; a < KA; ++a) s[a] = dp[a] = 0.0f;
             const float* qrow = &qs[sr * DM];
@@ -848,7 +893,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 const u32 j = sk + 4 * a;
                 float p = 0.0f, ds = 0.0f;
                 if (live && j < cols && l != -INFINITY &&
-                    tl_fa_allowed(mask, mode, n, i0 + sr, j0 + j)) {
+                    tl_fa_allowed(mask, mode, offset, nk, i0 + sr, j0 + j)) {
                     p = expf(s[a] * scale - l);
                     ds = p * (dp[a] - dl) * scale;
                 }
@@ -856,12 +901,12 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 dss[sr * BN + (j ^ rsw)] = ds;
             }
             __syncthreads();
-            if (i0 + BM < n) {  // the next step's Q and dO rows, in flight during the sums
-                const u32 nr = tl_fa_len(n, i0 + BM);
-                tl_fa_stage<BM, DM>(qreg, q, b, i0 + BM, nr, h, n, heads, d);
-                tl_fa_stage<BM, DM>(greg, go, b, i0 + BM, nr, h, n, heads, d);
+            if (i0 + BM < nq) {  // the next step's Q and dO rows, in flight during the sums
+                const u32 nr = tl_fa_len(nq, i0 + BM);
+                tl_fa_stage<BM, DM>(qreg, q, b, i0 + BM, nr, h, nq, heads, d);
+                tl_fa_stage<BM, DM>(greg, go, b, i0 + BM, nr, h, nq, heads, d);
             }
-            if (!causal || i0 / TL_FA_T >= mine / TL_FA_T) {
+            if (tl_fa_meet(mode, offset, i0 + rows, mine)) {
                 const auto row = [&](u32 r) {
                     float pr[4], dr[4], qr[4], gr[4];
                     ld4(&ps[r * BN + ((kx * 4) ^ tl_fa_swz(r))], pr);
@@ -881,10 +926,10 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                     for (u32 r = 0; r < rows; ++r) row(r);
                 }
             }
-            if constexpr (DQ) {  // causal: keys past the tile's last row are masked for all
-                const u32 last = i0 + rows - j0;
-                tl_fa_dq_atomic<BN, DM>(dss, ks, dq, b, h, i0, rows,
-                                        causal && last < cols ? last : cols, n, heads, d);
+            if constexpr (DQ) {  // causal: keys from the tile's kend on are masked for all
+                const u32 ke = tl_fa_kend(mode, offset, i0 + rows, nk);
+                const u32 keys = ke <= j0 ? 0u : ke - j0 < cols ? ke - j0 : cols;
+                tl_fa_dq_atomic<BN, DM>(dss, ks, dq, b, h, i0, rows, keys, nq, heads, d);
             }
         }
         for (u32 a = 0; a < 4; ++a) {
@@ -893,7 +938,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             for (u32 e = 0; e < 4; ++e) {
                 const u32 c = cx * 4 + e;
                 if (c < d) {
-                    const u64 at = tl_fa_at(b, j0 + j, h, c, n, heads, d);
+                    const u64 at = tl_fa_at(b, j0 + j, h, c, nk, heads, d);
                     dk[at] = ak[a][e];
                     dv[at] = av[a][e];
                 }
@@ -907,17 +952,19 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const float* q, const float* k, const float* v,
                                           const float* o, const float* go, const float* lse,
                                           const u32* mask, float* dq, float* delta, u32 batch,
-                                          u32 n, u32 heads, u32 d, u32 mode, float scale) {
+                                          u32 nq, u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                          float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_bwd_q64<64, 64>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode,
-                              scale, smem);
+        tl_fa_bwd_q64<64, 64>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
+                              mode, offset, scale, smem);
     else if (d < 64)
-        tl_fa_bwd_q64<64, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode,
-                             scale, smem);
+        tl_fa_bwd_q64<64, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
+                             mode, offset, scale, smem);
     else
-        tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode, scale, smem);
+        tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d, mode,
+                      offset, scale, smem);
 }
 
 // tl_flash_bwd_q for 64 < d <= 128 on blocks of 64 query rows (tl_fa_bwd_q64 with DM = 128),
@@ -925,10 +972,11 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const f
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q_wide(const float* q, const float* k, const float* v,
                                           const float* o, const float* go, const float* lse,
                                           const u32* mask, float* dq, float* delta, u32 batch,
-                                          u32 n, u32 heads, u32 d, u32 mode, float scale) {
+                                          u32 nq, u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                          float scale) {
     TL_DYNAMIC_SHARED(float, smem);
-    tl_fa_bwd_q64<TL_FA_DMAX, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, n, heads, d, mode,
-                                 scale, smem);
+    tl_fa_bwd_q64<TL_FA_DMAX, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
+                                 mode, offset, scale, smem);
 }
 
 // dK and dV of the fused attention (reads delta from tl_flash_bwd_q): blocks of 64 keys when
@@ -936,18 +984,19 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q_wide(co
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const float* q, const float* k, const float* v,
                                            const float* go, const float* lse, const float* delta,
                                            const u32* mask, float* dk, float* dv, u32 batch,
-                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
+                                           u32 nq, u32 nk, u32 heads, u32 d, u32 mode,
+                                           int offset, float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_bwd_kv64<64, 64, 64>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode,
-                                   scale, smem);
+        tl_fa_bwd_kv64<64, 64, 64>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d,
+                                   mode, offset, scale, smem);
     else if (d < 64)
-        tl_fa_bwd_kv64<64, 64, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode,
-                                  scale, smem);
+        tl_fa_bwd_kv64<64, 64, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d,
+                                  mode, offset, scale, smem);
     else
-        tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d, mode, scale,
-                       smem);
+        tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d, mode,
+                       offset, scale, smem);
 }
 
 // tl_flash_bwd_kv for 64 < d <= 128 on blocks of 32 keys (tl_fa_bwd_kv64 with BN = 32,
@@ -956,10 +1005,11 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const 
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv_wide(const float* q, const float* k, const float* v,
                                            const float* go, const float* lse, const float* delta,
                                            const u32* mask, float* dk, float* dv, u32 batch,
-                                           u32 n, u32 heads, u32 d, u32 mode, float scale) {
+                                           u32 nq, u32 nk, u32 heads, u32 d, u32 mode,
+                                           int offset, float scale) {
     TL_DYNAMIC_SHARED(float, smem);
-    tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads, d,
-                                      mode, scale, smem);
+    tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
+                                      heads, d, mode, offset, scale, smem);
 }
 
 // ---- Backward in one pass (deterministic reductions off; d <= 64) ------------------------------
@@ -972,18 +1022,18 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv_wide(c
 // order the atomics land (device/cuda/flash.rs selects it; the sim has no twin of it).
 
 // delta_i = dot(dO_i, O_i) (the fma chain of tl_fa_bwd_q64) and row i of dQ zeroed: one thread
-// per (b, i, h) row, grid-stride.
+// per query row (b, i, h) of nq, grid-stride.
 extern "C" __global__ void tl_flash_bwd_delta(const float* o, const float* go, float* dq,
-                                              float* delta, u32 batch, u32 n, u32 heads, u32 d) {
-    TL_GRID_STRIDE(t, (u64)batch * n * heads) {
-        const u32 h = (u32)(t % heads), i = (u32)((t / heads) % n), b = (u32)(t / heads / n);
+                                              float* delta, u32 batch, u32 nq, u32 heads, u32 d) {
+    TL_GRID_STRIDE(t, (u64)batch * nq * heads) {
+        const u32 h = (u32)(t % heads), i = (u32)((t / heads) % nq), b = (u32)(t / heads / nq);
         const u64 at = t * d;
         float dl = 0.0f;
         for (u32 c = 0; c < d; ++c) {
             dl = __fmaf_rn(go[at + c], o[at + c], dl);
             dq[at + c] = 0.0f;
         }
-        delta[((u64)b * heads + h) * n + i] = dl;
+        delta[((u64)b * heads + h) * nq + i] = dl;
     }
 }
 
@@ -992,13 +1042,13 @@ extern "C" __global__ void tl_flash_bwd_delta(const float* o, const float* go, f
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_atomic(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse, const float* delta,
                                                const u32* mask, float* dq, float* dk, float* dv,
-                                               u32 batch, u32 n, u32 heads, u32 d, u32 mode,
-                                               float scale) {
+                                               u32 batch, u32 nq, u32 nk, u32 heads, u32 d,
+                                               u32 mode, int offset, float scale) {
     __shared__ __align__(16) float smem[TL_FA_BWD_KV_SMEM(64, 64)];
     if (d == 64)
-        tl_fa_bwd_kv64<64, 64, 64, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads,
-                                         d, mode, scale, smem, dq);
+        tl_fa_bwd_kv64<64, 64, 64, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
+                                         heads, d, mode, offset, scale, smem, dq);
     else if (d < 64)
-        tl_fa_bwd_kv64<64, 64, 0, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, n, heads,
-                                        d, mode, scale, smem, dq);
+        tl_fa_bwd_kv64<64, 64, 0, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
+                                        heads, d, mode, offset, scale, smem, dq);
 }

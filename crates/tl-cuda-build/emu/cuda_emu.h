@@ -121,6 +121,10 @@ struct TlEmuTag<unsigned int> {
     static constexpr char v = 'u';
 };
 template <>
+struct TlEmuTag<int> {
+    static constexpr char v = 'i';
+};
+template <>
 struct TlEmuTag<unsigned long long> {
     static constexpr char v = 'U';
 };

@@ -442,16 +442,17 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
         }
         let dims = FlashDims {
             batch: 1,
-            n,
+            nq: n,
+            nk: n,
             heads: ATT_HEADS,
             d,
         };
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
         let f = Flash {
             dims,
-            mask: FlashMask::of("bench", Some(&mask), n)?,
+            mask: FlashMask::of("bench", Some(&mask), n, n)?,
         };
-        let len = dims.qkv_len();
+        let len = dims.q_len();
         let data: Vec<Vec<f32>> = (0..4)
             .map(|k| filled(&[len], 30 + k, 1.0).data().to_vec())
             .collect();

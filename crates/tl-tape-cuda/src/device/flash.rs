@@ -2,12 +2,21 @@
 //! it ([`FlashMask`]) and the argument checks shared by the simulation device and the CUDA
 //! device (kernels/attention.cu; sim twin `sim/flash.rs`).
 //!
-//! Q, K, V, O and their cotangents are head-merged (B, n, H, d) buffers, the layout the
-//! projections `x·W` leave (element (b, i, h, c) at `((b·n + i)·H + h)·d + c`); the row
-//! statistics `lse` (and the backward's `delta`) hold one value per (b, h, i) at
-//! `(b·H + h)·n + i`. Query rows and keys go in tiles of [`FLASH_TILE`] (the order of every
-//! sum; the CUDA kernels take blocks of several tiles, [`FlashDims::blocks`]); the kernels hold
-//! Q, K, V (and dO) rows in shared memory, so the head size is at most [`FLASH_MAX_HEAD`].
+//! `nq` query rows attend to `nk` keys (`nq ≠ nk`: cross-attention of another length, or a KV
+//! cache, one new query against the cached keys). Q, O and their cotangents dO, dQ are
+//! head-merged (B, nq, H, d) buffers, the layout the projections `x·W` leave (element
+//! (b, i, h, c) at `((b·nq + i)·H + h)·d + c`); K, V, dK and dV are (B, nk, H, d) (key j at
+//! `((b·nk + j)·H + h)·d + c`). The row statistics `lse` (and the backward's `delta`) hold one
+//! value per query row (b, h, i) at `(b·H + h)·nq + i`. Query rows and keys go in tiles of
+//! [`FLASH_TILE`] (the order of every sum; the CUDA kernels take blocks of several tiles,
+//! [`FlashDims::query_blocks`], [`FlashDims::key_blocks`]); the kernels hold Q, K, V (and dO)
+//! rows in shared memory, so the head size is at most [`FLASH_MAX_HEAD`].
+//!
+//! A causal mask has a signed diagonal `offset` ([`FlashMask::offset`]): query i sees keys
+//! `j ≤ i + offset` (0: the usual causal, aligned at the top left; `nk − nq`: aligned at the
+//! bottom right, the KV-cache case; negative: the first rows see nothing). The kernels skip
+//! exactly the tiles that hold no entry it allows ([`FlashMask::key_end`],
+//! [`FlashMask::query_start`]).
 
 use super::{Buffer, check};
 use crate::{Error, Result, abi};
@@ -28,36 +37,54 @@ pub const FLASH_MAX_HEAD: usize = 128;
 /// ([`crate::gates::flash_bwd_one_pass`]).
 pub const FLASH_ONE_PASS_MAX_HEAD: usize = 64;
 
-/// Mask mode bit: causal (key j ≤ query i) (`TL_FA_CAUSAL`).
+/// Mask mode bit: causal (key j ≤ query i + [`FlashMask::offset`]) (`TL_FA_CAUSAL`).
 pub const FLASH_CAUSAL: u32 = 1;
-/// Mask mode bit: a keep flag per key (`TL_FA_KEEP`).
+/// Mask mode bit: a keep flag per key, `nk` words (`TL_FA_KEEP`).
 pub const FLASH_KEEP: u32 = 2;
-/// Mask mode bit: the full (n, n) mask as bits (`TL_FA_BITS`).
+/// Mask mode bit: the full (nq, nk) mask as bits (`TL_FA_BITS`).
 pub const FLASH_BITS: u32 = 4;
 
-/// The sizes of one fused attention core: `batch·heads` heads of `n` query rows and keys of
-/// size `d`.
+/// The sizes of one fused attention core: `batch·heads` heads of `nq` query rows against `nk`
+/// keys, each of size `d`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlashDims {
     /// Samples B.
     pub batch: usize,
-    /// Sequence length n (queries and keys).
-    pub n: usize,
+    /// Query rows nq (of Q, O, dO, dQ, lse).
+    pub nq: usize,
+    /// Keys nk (rows of K, V, dK, dV).
+    pub nk: usize,
     /// Heads H.
     pub heads: usize,
     /// Head size d (1..=[`FLASH_MAX_HEAD`]).
     pub d: usize,
 }
 
+/// The element counts of one fused attention core's buffers ([`FlashDims::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlashLens {
+    /// Q, O, dO, dQ: `B·nq·H·d`.
+    pub q: usize,
+    /// K, V, dK, dV: `B·nk·H·d`.
+    pub kv: usize,
+    /// lse and delta: `B·H·nq`.
+    pub rows: usize,
+}
+
 impl FlashDims {
-    /// Elements of Q (K, V, O, and each cotangent): `B·n·H·d`.
-    pub fn qkv_len(&self) -> usize {
-        self.batch * self.n * self.heads * self.d
+    /// Elements of Q (and O, dO, dQ): `B·nq·H·d`.
+    pub fn q_len(&self) -> usize {
+        self.batch * self.nq * self.heads * self.d
     }
 
-    /// Elements of `lse` (and `delta`): `B·H·n`.
+    /// Elements of K (and V, dK, dV): `B·nk·H·d`.
+    pub fn kv_len(&self) -> usize {
+        self.batch * self.nk * self.heads * self.d
+    }
+
+    /// Elements of `lse` (and `delta`): one per query row, `B·H·nq`.
     pub fn rows_len(&self) -> usize {
-        self.batch * self.heads * self.n
+        self.batch * self.heads * self.nq
     }
 
     /// `1/√d` as the kernels' f32 (the reference's `1/sqrt(d)` rounded once, as the composed
@@ -66,15 +93,21 @@ impl FlashDims {
         (1.0 / (self.d as f64).sqrt()) as f32
     }
 
-    /// Blocks of one CUDA launch that take `rows` query rows (or keys) each:
-    /// `B·H·⌈n/rows⌉` (the kernels grid-stride over them).
-    pub fn blocks(&self, rows: usize) -> usize {
-        self.batch * self.heads * self.n.div_ceil(rows)
+    /// Blocks of a CUDA launch over the query rows (forward, dQ) that takes `rows` of them
+    /// each: `B·H·⌈nq/rows⌉` (the kernels grid-stride over them).
+    pub fn query_blocks(&self, rows: usize) -> usize {
+        self.batch * self.heads * self.nq.div_ceil(rows)
     }
 
-    /// Checked: n ≥ 1, `1 ≤ d ≤ FLASH_MAX_HEAD`, heads and batch ≥ 1, every count within the
-    /// `u32` ABI. Returns `(qkv_len, rows_len)`.
-    pub fn check(&self, op: &'static str) -> Result<(usize, usize)> {
+    /// Blocks of a CUDA launch over the keys (dK, dV) that takes `keys` of them each:
+    /// `B·H·⌈nk/keys⌉`.
+    pub fn key_blocks(&self, keys: usize) -> usize {
+        self.batch * self.heads * self.nk.div_ceil(keys)
+    }
+
+    /// Checked: nq ≥ 1, nk ≥ 1, `1 ≤ d ≤ FLASH_MAX_HEAD`, heads and batch ≥ 1, every size and
+    /// count within the `u32` ABI. Returns the buffers' lengths.
+    pub fn check(&self, op: &'static str) -> Result<FlashLens> {
         if self.d == 0 || self.d > FLASH_MAX_HEAD {
             return Err(Error::kernel(
                 op,
@@ -85,41 +118,51 @@ impl FlashDims {
                 ),
             ));
         }
-        if self.n == 0 || self.heads == 0 || self.batch == 0 {
+        if self.nq == 0 || self.nk == 0 || self.heads == 0 || self.batch == 0 {
             return Err(Error::kernel(
                 op,
-                format!("empty attention: {self:?} (n, heads and batch must be ≥ 1)"),
+                format!("empty attention: {self:?} (nq, nk, heads and batch must be ≥ 1)"),
             ));
         }
         for (what, v) in [
             ("batch", self.batch),
-            ("n", self.n),
+            ("nq", self.nq),
+            ("nk", self.nk),
             ("heads", self.heads),
             ("d", self.d),
         ] {
             abi::to_u32(op, what, v)?;
         }
-        let qkv = check::product(op, &[self.batch, self.n, self.heads, self.d])?;
-        let rows = check::product(op, &[self.batch, self.heads, self.n])?;
-        abi::len_u32(op, qkv)?;
-        abi::len_u32(op, rows)?;
-        Ok((qkv, rows))
+        let lens = FlashLens {
+            q: check::product(op, &[self.batch, self.nq, self.heads, self.d])?,
+            kv: check::product(op, &[self.batch, self.nk, self.heads, self.d])?,
+            rows: check::product(op, &[self.batch, self.heads, self.nq])?,
+        };
+        for len in [lens.q, lens.kv, lens.rows] {
+            abi::len_u32(op, len)?;
+        }
+        Ok(lens)
     }
 }
 
 /// An attention mask as the fused kernels read it: a mode ([`FLASH_CAUSAL`], [`FLASH_KEEP`],
-/// [`FLASH_BITS`]) and its words, uploaded per launch. A mask that is causal and/or a key
-/// padding (entry (i, j) = `(j ≤ i or not causal) and keep[j]`) travels as n words (O(n)
-/// device memory); any other mask as its n·⌈n/32⌉ bits.
+/// [`FLASH_BITS`]), the causal diagonal, and its words, uploaded per launch. A mask that is
+/// causal and/or a key padding (entry (i, j) = `(j ≤ i + offset or not causal) and keep[j]`)
+/// travels as nk words (O(nk) device memory); any other mask as its nq·⌈nk/32⌉ bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlashMask {
     /// The mode bits (0: no mask).
     pub mode: u32,
-    /// The words the kernel reads: per key 1/0 for [`FLASH_KEEP`], row-major bits for
-    /// [`FLASH_BITS`], none otherwise.
+    /// The words the kernel reads: per key 1/0 for [`FLASH_KEEP`] (nk words), row-major bits
+    /// for [`FLASH_BITS`] (row i's ⌈nk/32⌉ words at `i·⌈nk/32⌉`, nq rows), none otherwise.
     pub words: Vec<u32>,
-    /// The side n the mask was made for (0 for no mask).
-    pub n: usize,
+    /// With [`FLASH_CAUSAL`]: query i sees keys `j ≤ i + offset` (0 otherwise). The kernels
+    /// take it as a signed 32-bit `int`; [`FlashMask::check`] refuses one that does not fit.
+    pub offset: i64,
+    /// The query rows nq the mask was made for (0 for no mask).
+    pub rows: usize,
+    /// The keys nk the mask was made for (0 for no mask).
+    pub cols: usize,
 }
 
 impl FlashMask {
@@ -128,60 +171,67 @@ impl FlashMask {
         FlashMask {
             mode: 0,
             words: Vec::new(),
-            n: 0,
+            offset: 0,
+            rows: 0,
+            cols: 0,
         }
     }
 
-    /// The kernels' form of `mask` for sequences of `n` (`None`: no mask). A mask of another
-    /// side is an error naming `op` and both sides. O(n) on the host for causal and key-padding
-    /// masks ([`Mask::form`]); a dense mask's n² entries are read once into its bits.
-    pub fn of(op: &'static str, mask: Option<&Mask>, n: usize) -> Result<FlashMask> {
+    /// The kernels' form of `mask` for `nq` queries over `nk` keys (`None`: no mask). A mask
+    /// of other sizes is an error naming `op` and both sizes. O(nk) on the host for causal and
+    /// key-padding masks ([`Mask::form`]; a causal diagonal is kept as `offset`, clamped to
+    /// `−nq..=nk`, which allows the same entries); a dense mask's nq·nk entries are read once
+    /// into its bits.
+    pub fn of(op: &'static str, mask: Option<&Mask>, nq: usize, nk: usize) -> Result<FlashMask> {
         let Some(mask) = mask else {
             return Ok(FlashMask::none());
         };
-        if (mask.rows(), mask.cols()) != (n, n) {
+        if (mask.rows(), mask.cols()) != (nq, nk) {
             return Err(Error::kernel(
                 op,
                 format!(
-                    "the mask is ({}, {}) but the sequence has n = {n}",
+                    "the mask is ({}, {}) but the attention has nq = {nq} queries and nk = {nk} \
+                     keys",
                     mask.rows(),
                     mask.cols()
                 ),
             ));
         }
         // The structure was found when the mask was made: a causal or key-padding mask costs
-        // O(n) here, not a pass over its n² entries.
-        if let MaskForm::Keys {
-            causal: causal @ (None | Some(0)),
-            keep,
-        } = mask.form()
-        {
-            let mode = if causal.is_some() { FLASH_CAUSAL } else { 0 };
-            return Ok(match keep {
-                None => FlashMask {
-                    mode,
-                    words: Vec::new(),
-                    n,
-                },
-                Some(keep) => FlashMask {
-                    mode: mode | FLASH_KEEP,
-                    words: keep.iter().map(|&k| u32::from(k)).collect(),
-                    n,
-                },
+        // O(nk) here, not a pass over its nq·nk entries.
+        if let MaskForm::Keys { causal, keep } = mask.form() {
+            let (mode, offset) = match *causal {
+                // Past −nq no row sees a key, past nk every row sees all: the same entries.
+                Some(o) => (FLASH_CAUSAL, (o as i64).clamp(-(nq as i64), nk as i64)),
+                None => (0, 0),
+            };
+            let (mode, words) = match keep {
+                None => (mode, Vec::new()),
+                Some(keep) => (
+                    mode | FLASH_KEEP,
+                    keep.iter().map(|&k| u32::from(k)).collect(),
+                ),
+            };
+            return Ok(FlashMask {
+                mode,
+                words,
+                offset,
+                rows: nq,
+                cols: nk,
             });
         }
-        let per_row = n.div_ceil(32);
-        let len = check::product(op, &[n, per_row])?;
+        let per_row = nk.div_ceil(32);
+        let len = check::product(op, &[nq, per_row])?;
         abi::len_u32(op, len)?;
         let mut words = Vec::new();
         words.try_reserve_exact(len).map_err(|_| {
             Error::kernel(
                 op,
-                format!("the bits of an ({n}, {n}) attention mask could not be allocated"),
+                format!("the bits of an ({nq}, {nk}) attention mask could not be allocated"),
             )
         })?;
         words.resize(len, 0u32);
-        for i in 0..n {
+        for i in 0..nq {
             for (j, &a) in mask.row(i).iter().enumerate() {
                 if a {
                     words[i * per_row + j / 32] |= 1 << (j % 32);
@@ -191,49 +241,87 @@ impl FlashMask {
         Ok(FlashMask {
             mode: FLASH_BITS,
             words,
-            n,
+            offset: 0,
+            rows: nq,
+            cols: nk,
         })
     }
 
-    /// Whether query `i` may attend to key `j` (the kernels' `tl_fa_allowed`).
-    pub fn allowed(&self, n: usize, i: usize, j: usize) -> bool {
-        if self.mode & FLASH_CAUSAL != 0 && j > i {
+    /// Whether query `i` may attend to key `j` (the kernels' `tl_fa_allowed`; the bits' row
+    /// stride from [`FlashMask::cols`]).
+    pub fn allowed(&self, i: usize, j: usize) -> bool {
+        if self.causal() && j as i64 > i as i64 + self.offset {
             return false;
         }
         if self.mode & FLASH_KEEP != 0 && self.words[j] == 0 {
             return false;
         }
         if self.mode & FLASH_BITS != 0 {
-            return (self.words[i * n.div_ceil(32) + j / 32] >> (j % 32)) & 1 != 0;
+            return (self.words[i * self.cols.div_ceil(32) + j / 32] >> (j % 32)) & 1 != 0;
         }
         true
     }
 
-    /// Whether the kernels skip the tiles above the diagonal.
+    /// Whether the mask has a causal part (the kernels skip tiles by it).
     pub fn causal(&self) -> bool {
         self.mode & FLASH_CAUSAL != 0
     }
 
-    /// Checked against `dims`: made for its n (or no mask), words as long as the mode needs.
+    /// The keys that query rows before `qend` can be allowed (`tl_fa_kend`): `j < min(nk,
+    /// max(0, qend + offset))` under a causal mask, all `nk` otherwise. A query tile
+    /// `[i0, qend)` runs the key tiles that start before it.
+    pub fn key_end(&self, qend: usize, nk: usize) -> usize {
+        if !self.causal() {
+            return nk;
+        }
+        (qend as i64 + self.offset).clamp(0, nk as i64) as usize
+    }
+
+    /// The first query tile (of [`FLASH_TILE`] rows) that keys from `j0` on can be allowed in
+    /// (`tl_fa_qstart`): the tile holding row `max(0, j0 − offset)` under a causal mask (`nq`,
+    /// no tile, when that row is past the last), 0 otherwise. A key tile from `j0` runs the
+    /// query tiles from there on.
+    pub fn query_start(&self, j0: usize, nq: usize) -> usize {
+        if !self.causal() {
+            return 0;
+        }
+        match (j0 as i64 - self.offset).max(0) as usize {
+            s if s >= nq => nq,
+            s => s / FLASH_TILE * FLASH_TILE,
+        }
+    }
+
+    /// Checked against `dims`: made for its (nq, nk) (or no mask), words as long as the mode
+    /// needs, the offset within the kernels' `int`.
     pub fn check(&self, op: &'static str, dims: &FlashDims) -> Result<()> {
-        let n = dims.n;
+        let (nq, nk) = (dims.nq, dims.nk);
         let expected = match self.mode {
-            m if m & FLASH_BITS != 0 => n * n.div_ceil(32),
-            m if m & FLASH_KEEP != 0 => n,
+            m if m & FLASH_BITS != 0 => nq * nk.div_ceil(32),
+            m if m & FLASH_KEEP != 0 => nk,
             _ => 0,
         };
         if self.mode > FLASH_CAUSAL | FLASH_KEEP | FLASH_BITS
-            || (self.mode != 0 && self.n != n)
+            || (self.mode != 0 && (self.rows, self.cols) != (nq, nk))
             || self.words.len() != expected
         {
             return Err(Error::kernel(
                 op,
                 format!(
-                    "a mask of mode {} with {} word(s) made for n = {} does not fit n = {n} \
-                     (expected {expected} word(s))",
+                    "a mask of mode {} with {} word(s) made for ({}, {}) does not fit nq = {nq}, \
+                     nk = {nk} (expected {expected} word(s))",
                     self.mode,
                     self.words.len(),
-                    self.n
+                    self.rows,
+                    self.cols
+                ),
+            ));
+        }
+        if i32::try_from(self.offset).is_err() {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "the causal offset {} does not fit the kernels' 32-bit int",
+                    self.offset
                 ),
             ));
         }
@@ -252,19 +340,23 @@ pub struct Flash {
 
 impl Flash {
     /// Checked operands of [`Device::flash_attention`](super::Device::flash_attention): dims,
-    /// mask, and Q, K, V of `B·n·H·d` elements each. Returns `(qkv_len, rows_len)`.
-    pub fn check_forward(&self, op: &'static str, qkv: [Buffer; 3]) -> Result<(usize, usize)> {
+    /// mask, Q of `B·nq·H·d` elements, K and V of `B·nk·H·d`. Returns the buffers' lengths.
+    pub fn check_forward(&self, op: &'static str, qkv: [Buffer; 3]) -> Result<FlashLens> {
         let lens = self.dims.check(op)?;
         self.mask.check(op, &self.dims)?;
-        for (what, b) in ["Q", "K", "V"].into_iter().zip(qkv) {
-            check::len_is(op, what, b, lens.0)?;
+        for ((what, b), len) in ["Q", "K", "V"]
+            .into_iter()
+            .zip(qkv)
+            .zip([lens.q, lens.kv, lens.kv])
+        {
+            check::len_is(op, what, b, len)?;
         }
         Ok(lens)
     }
 
     /// Checked operands of
     /// [`Device::flash_attention_bwd`](super::Device::flash_attention_bwd): those of the
-    /// forward, O and dO of its length, lse of `B·H·n`.
+    /// forward, O and dO of Q's length, lse of `B·H·nq`.
     pub fn check_backward(
         &self,
         op: &'static str,
@@ -272,12 +364,12 @@ impl Flash {
         o: Buffer,
         lse: Buffer,
         go: Buffer,
-    ) -> Result<(usize, usize)> {
-        let (len, rows) = self.check_forward(op, qkv)?;
-        check::len_is(op, "O", o, len)?;
-        check::len_is(op, "dO", go, len)?;
-        check::len_is(op, "lse", lse, rows)?;
-        Ok((len, rows))
+    ) -> Result<FlashLens> {
+        let lens = self.check_forward(op, qkv)?;
+        check::len_is(op, "O", o, lens.q)?;
+        check::len_is(op, "dO", go, lens.q)?;
+        check::len_is(op, "lse", lse, lens.rows)?;
+        Ok(lens)
     }
 }
 
@@ -285,74 +377,202 @@ impl Flash {
 mod tests {
     use super::*;
 
-    #[test]
-    fn masks_take_the_smallest_form_that_holds_them() {
-        let n = 5;
-        let causal = FlashMask::of("t", Some(&Mask::causal(n).unwrap()), n).unwrap();
-        assert_eq!((causal.mode, causal.words.len()), (FLASH_CAUSAL, 0));
-        let pad = Mask::from_fn(n, |_, j| j != 3).unwrap();
-        let keep = FlashMask::of("t", Some(&pad), n).unwrap();
-        assert_eq!(keep.mode, FLASH_KEEP);
-        assert_eq!(keep.words, [1, 1, 1, 0, 1]);
-        let both = Mask::from_fn(n, |i, j| j <= i && j != 0).unwrap();
-        let cb = FlashMask::of("t", Some(&both), n).unwrap();
-        assert_eq!(cb.mode, FLASH_CAUSAL | FLASH_KEEP);
-        let all = FlashMask::of("t", Some(&Mask::from_fn(n, |_, _| true).unwrap()), n).unwrap();
-        assert_eq!((all.mode, all.words.len()), (0, 0));
-        // Row 2 allows key 4 (not causal), row 4 not key 1 but row 3 does: bits.
-        let odd = Mask::from_fn(n, |i, j| (i + j) % 3 != 1).unwrap();
-        let bits = FlashMask::of("t", Some(&odd), n).unwrap();
-        assert_eq!((bits.mode, bits.words.len()), (FLASH_BITS, n));
-        for m in [&causal, &keep, &cb, &bits] {
-            m.check(
-                "t",
-                &FlashDims {
-                    batch: 1,
-                    n,
-                    heads: 1,
-                    d: 4,
-                },
-            )
-            .unwrap();
+    fn dims(nq: usize, nk: usize) -> FlashDims {
+        FlashDims {
+            batch: 1,
+            nq,
+            nk,
+            heads: 1,
+            d: 4,
         }
-        for i in 0..n {
-            for j in 0..n {
-                assert_eq!(bits.allowed(n, i, j), odd.allowed(i, j), "({i}, {j})");
-                assert_eq!(cb.allowed(n, i, j), both.allowed(i, j), "({i}, {j})");
+    }
+
+    /// `m`'s kernel form fits its sizes and allows exactly its entries.
+    fn same_entries(m: &FlashMask, mask: &Mask) {
+        let (nq, nk) = (mask.rows(), mask.cols());
+        m.check("t", &dims(nq, nk)).unwrap();
+        for i in 0..nq {
+            for j in 0..nk {
+                assert_eq!(m.allowed(i, j), mask.allowed(i, j), "{mask:?} ({i}, {j})");
             }
         }
-        let e = FlashMask::of("flash", Some(&Mask::causal(4).unwrap()), n)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("flash") && e.contains("(4, 4)") && e.contains("n = 5"),
-            "{e}"
-        );
-        let e = causal
-            .check(
-                "flash",
-                &FlashDims {
-                    batch: 1,
-                    n: 6,
-                    heads: 1,
-                    d: 4,
-                },
-            )
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("n = 6"), "{e}");
     }
 
     #[test]
-    fn head_sizes_past_the_kernel_are_refused() {
+    fn masks_take_the_smallest_form_that_holds_them() {
+        let n = 5;
+        let causal = FlashMask::of("t", Some(&Mask::causal(n).unwrap()), n, n).unwrap();
+        assert_eq!(
+            (causal.mode, causal.offset, causal.words.len()),
+            (FLASH_CAUSAL, 0, 0)
+        );
+        let pad = Mask::from_fn(n, |_, j| j != 3).unwrap();
+        let keep = FlashMask::of("t", Some(&pad), n, n).unwrap();
+        assert_eq!(keep.mode, FLASH_KEEP);
+        assert_eq!(keep.words, [1, 1, 1, 0, 1]);
+        let both = Mask::from_fn(n, |i, j| j <= i && j != 0).unwrap();
+        let cb = FlashMask::of("t", Some(&both), n, n).unwrap();
+        assert_eq!(cb.mode, FLASH_CAUSAL | FLASH_KEEP);
+        let all = Mask::from_fn(n, |_, _| true).unwrap();
+        let none = FlashMask::of("t", Some(&all), n, n).unwrap();
+        assert_eq!((none.mode, none.words.len()), (0, 0));
+        // Row 2 allows key 4 (not causal), row 4 not key 1 but row 3 does: bits.
+        let odd = Mask::from_fn(n, |i, j| (i + j) % 3 != 1).unwrap();
+        let bits = FlashMask::of("t", Some(&odd), n, n).unwrap();
+        assert_eq!((bits.mode, bits.words.len()), (FLASH_BITS, n));
+        for (m, mask) in [(&causal, Mask::causal(n).unwrap()), (&keep, pad)] {
+            same_entries(m, &mask);
+        }
+        for (m, mask) in [(&cb, &both), (&none, &all), (&bits, &odd)] {
+            same_entries(m, mask);
+        }
+        let e = FlashMask::of("flash", Some(&Mask::causal(4).unwrap()), n, n)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("flash") && e.contains("(4, 4)") && e.contains("nq = 5"),
+            "{e}"
+        );
+        let e = causal.check("flash", &dims(6, 6)).unwrap_err().to_string();
+        assert!(e.contains("made for (5, 5)") && e.contains("nq = 6"), "{e}");
+    }
+
+    /// Rectangular masks (queries ≠ keys) take the smallest form too: the lower-right causal
+    /// mask its diagonal nk − nq (negative when the queries outnumber the keys: the first rows
+    /// see nothing), key padding nk words, both; anything else nq rows of ⌈nk/32⌉ words.
+    #[test]
+    fn rectangular_masks_take_the_smallest_form_and_allow_their_entries() {
+        for (nq, nk) in [(1, 37), (20, 70), (33, 5), (3, 40), (40, 33)] {
+            let lr = Mask::causal_lower_right(nq, nk).unwrap();
+            let ul = Mask::causal_upper_left(nq, nk).unwrap();
+            let pad = Mask::from_fn_rectangular(nq, nk, |_, j| j % 5 != 2).unwrap();
+            let lr_pad = Mask::from_fn_rectangular(nq, nk, |i, j| {
+                j as i64 <= i as i64 + nk as i64 - nq as i64 && j % 4 != 1
+            })
+            .unwrap();
+            let dense = Mask::from_fn_rectangular(nq, nk, |i, j| (i * 3 + j) % 5 != 0).unwrap();
+            let words = |m: &Mask| FlashMask::of("t", Some(m), nq, nk).unwrap();
+            let diag = (nk as i64 - nq as i64).clamp(-(nq as i64), nk as i64);
+            let form = |f: &FlashMask| (f.mode, f.offset, f.words.len());
+            // One query row over every key (1, 37): lower right is no mask at all, upper left
+            // a key padding (key 0 only); otherwise the diagonal nk − nq, and 0.
+            let f = words(&lr);
+            let want = if nq == 1 {
+                (0, 0, 0)
+            } else {
+                (FLASH_CAUSAL, diag, 0)
+            };
+            assert_eq!(form(&f), want, "({nq}, {nk}) lower right");
+            same_entries(&f, &lr);
+            let f = words(&ul);
+            let want = if nq == 1 {
+                (FLASH_KEEP, 0, nk)
+            } else {
+                (FLASH_CAUSAL, 0, 0)
+            };
+            assert_eq!(form(&f), want, "({nq}, {nk}) upper left");
+            same_entries(&f, &ul);
+            let f = words(&pad);
+            assert_eq!(form(&f), (FLASH_KEEP, 0, nk), "({nq}, {nk}) padding");
+            same_entries(&f, &pad);
+            let f = words(&lr_pad);
+            let want = match nq {
+                1 => (FLASH_KEEP, 0, nk),
+                _ => (FLASH_CAUSAL | FLASH_KEEP, diag, nk),
+            };
+            assert_eq!(form(&f), want, "({nq}, {nk}) lower right + padding");
+            same_entries(&f, &lr_pad);
+            // One row is always a key padding.
+            let f = words(&dense);
+            let want = match nq {
+                1 => (FLASH_KEEP, 0, nk),
+                _ => (FLASH_BITS, 0, nq * nk.div_ceil(32)),
+            };
+            assert_eq!(form(&f), want, "({nq}, {nk}) dense");
+            same_entries(&f, &dense);
+        }
+        // A mask made for other sizes: the op and both sizes named.
+        let lr = Mask::causal_lower_right(1, 37).unwrap();
+        let e = FlashMask::of("scaledDotProductAttention", Some(&lr), 1, 36)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("scaledDotProductAttention")
+                && e.contains("(1, 37)")
+                && e.contains("nq = 1")
+                && e.contains("nk = 36"),
+            "{e}"
+        );
+        let lr = Mask::causal_lower_right(20, 70).unwrap();
+        let f = FlashMask::of("t", Some(&lr), 20, 70).unwrap();
+        let e = f.check("flash", &dims(70, 20)).unwrap_err().to_string();
+        assert!(
+            e.contains("made for (20, 70)") && e.contains("nq = 70, nk = 20"),
+            "{e}"
+        );
+    }
+
+    /// The tiles a causal mask runs are exactly those holding an allowed entry, for every
+    /// diagonal from "nothing allowed" to "everything": a query tile's keys end at the first
+    /// key no row of it sees, a key tile's query tiles start at the first that sees one of
+    /// its keys.
+    #[test]
+    fn causal_tiles_run_exactly_where_an_entry_is_allowed() {
+        let t = FLASH_TILE;
+        for (nq, nk) in [(1, 37), (20, 70), (33, 5), (16, 16), (47, 47), (64, 1)] {
+            for offset in -(nq as i64) - 2..=nk as i64 + 2 {
+                let m = FlashMask {
+                    mode: FLASH_CAUSAL,
+                    words: Vec::new(),
+                    offset,
+                    rows: nq,
+                    cols: nk,
+                };
+                let meet = |i0: usize, j0: usize| {
+                    (i0..nq.min(i0 + t)).any(|i| (j0..nk.min(j0 + t)).any(|j| m.allowed(i, j)))
+                };
+                for i0 in (0..nq).step_by(t) {
+                    let kend = m.key_end(nq.min(i0 + t), nk);
+                    for j0 in (0..nk).step_by(t) {
+                        assert_eq!(j0 < kend, meet(i0, j0), "{nq} {nk} {offset}: {i0}, {j0}");
+                    }
+                }
+                for j0 in (0..nk).step_by(t) {
+                    let start = m.query_start(j0, nq);
+                    assert!(
+                        start.is_multiple_of(t) || start == nq,
+                        "a tile start, or none"
+                    );
+                    for i0 in (0..nq).step_by(t) {
+                        assert_eq!(i0 >= start, meet(i0, j0), "{nq} {nk} {offset}: {i0}, {j0}");
+                    }
+                }
+            }
+        }
+        // Not causal: every tile.
+        let none = FlashMask::none();
+        assert_eq!((none.key_end(3, 40), none.query_start(32, 5)), (40, 0));
+    }
+
+    #[test]
+    fn sizes_and_offsets_past_the_kernel_are_refused() {
         let dims = |d| FlashDims {
             batch: 2,
-            n: 3,
+            nq: 3,
+            nk: 5,
             heads: 2,
             d,
         };
-        assert_eq!(dims(128).check("f").unwrap(), (2 * 3 * 2 * 128, 12));
-        assert!(dims(1).check("f").is_ok());
+        let lens = dims(128).check("f").unwrap();
+        assert_eq!(
+            lens,
+            FlashLens {
+                q: 2 * 3 * 2 * 128,
+                kv: 2 * 5 * 2 * 128,
+                rows: 12
+            }
+        );
+        assert_eq!((dims(1).query_blocks(2), dims(1).key_blocks(2)), (8, 12));
         for d in [0, 129, 256] {
             let e = dims(d).check("flash_attention").unwrap_err().to_string();
             assert!(
@@ -362,15 +582,43 @@ mod tests {
                 "{e}"
             );
         }
-        let e = FlashDims {
-            batch: 1,
-            n: 1 << 33,
-            heads: 1,
-            d: 1,
+        for (nq, nk) in [(0, 3), (3, 0)] {
+            let e = FlashDims { nq, nk, ..dims(4) }
+                .check("flash_attention")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("empty attention") && e.contains("nq"), "{e}");
         }
-        .check("flash_attention")
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("flash_attention"), "{e}");
+        for (nq, nk) in [(1 << 33, 1), (1, 1 << 33)] {
+            let e = FlashDims {
+                batch: 1,
+                nq,
+                nk,
+                heads: 1,
+                d: 1,
+            }
+            .check("flash_attention")
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("flash_attention"), "{e}");
+        }
+        let far = FlashMask {
+            mode: FLASH_CAUSAL,
+            words: Vec::new(),
+            offset: 1 << 31,
+            rows: 3,
+            cols: 5,
+        };
+        let e = far
+            .check("flash_attention", &dims(4))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("flash_attention") && e.contains("offset 2147483648"),
+            "{e}"
+        );
+        // The mask's own diagonal far past the keys: clamped, the same entries.
+        let wide = Mask::from_fn_rectangular(3, 5, |_, _| true).unwrap();
+        assert_eq!(FlashMask::of("t", Some(&wide), 3, 5).unwrap().mode, 0);
     }
 }

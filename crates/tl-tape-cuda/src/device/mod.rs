@@ -46,7 +46,9 @@ pub use buffer::{
     SPLIT_K_TILES, TC_TILE, WIDE_MIN_TILES, split_tile,
 };
 use check::{BroadcastPlan, PermutePlan};
-pub use flash::{FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashMask};
+pub use flash::{
+    FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashLens, FlashMask,
+};
 pub use launch::{Launch, LaunchIndex};
 pub use norm::NormLayout;
 pub use optim::{AdamSlot, AdamUpdate, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};

@@ -181,14 +181,15 @@ fn chain<D: Device>(
 fn flash_of(op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
     let dims = FlashDims {
         batch: dm.batch,
-        n: dm.n,
+        nq: dm.n,
+        nk: dm.nk,
         heads: dm.heads,
         d: dm.d,
     };
     dims.check(op.name())?;
     Ok(Flash {
         dims,
-        mask: FlashMask::of(op.name(), mask, dm.n)?,
+        mask: FlashMask::of(op.name(), mask, dm.n, dm.nk)?,
     })
 }
 
@@ -226,8 +227,9 @@ impl FlashChain {
 
     /// The chain the forward kept, if it is five buffers of the right lengths, all live.
     fn reuse<D: Device>(dev: &D, w: &[Buffer], f: &Flash) -> Option<FlashChain> {
-        let (len, rows) = (f.dims.qkv_len(), f.dims.rows_len());
-        let lens_ok = w.len() == 5 && w[..4].iter().all(|b| b.len() == len) && w[4].len() == rows;
+        let (q, kv, rows) = (f.dims.q_len(), f.dims.kv_len(), f.dims.rows_len());
+        let lens = w.iter().map(|b| b.len());
+        let lens_ok = lens.eq([q, kv, kv, q, rows]);
         if !lens_ok || !w.iter().all(|&b| dev.is_live(b)) {
             return None;
         }

@@ -1,5 +1,6 @@
 //! The fused ("flash") attention core (`Device::flash_attention`, `flash_attention_bwd`;
-//! kernels/attention.cu and its sim twin) against an f64 reference of softmax attention, and
+//! kernels/attention.cu and its sim twin) against an f64 reference of softmax attention, as
+//! many keys as queries or not (nq ≠ nk: cross-attention, a KV cache), and
 //! `multiHeadAttention { fused: true }` on the CUDA tape: its value and gradients against the
 //! composed path and the IR, the memory it keeps, its launches, its errors.
 //!
@@ -10,32 +11,99 @@ use crate::common::{Domain, Gen, check_graph, draw, random_leaves};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
+use tl_tape_cuda::device::flash::FLASH_CAUSAL;
 use tl_tape_cuda::device::{FLASH_MAX_HEAD, Flash, FlashDims, FlashMask};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Result, SimDevice};
 
-/// One core: sizes and the (n, n) mask (`None`: every key).
+/// One core: sizes and the (nq, nk) mask (`None`: every key).
 pub struct Case {
     pub name: &'static str,
     pub dims: FlashDims,
     pub mask: Option<Mask>,
+    /// A causal diagonal the kernels take directly (a [`FlashMask`] of mode causal with this
+    /// offset, where the mask's own form would be bits: its form knows the diagonals 0 and
+    /// nk − nq only); `mask` then holds exactly its entries ([`diagonal`]).
+    pub offset: Option<i64>,
+}
+
+impl Case {
+    /// The mask as the kernels take it.
+    pub fn flash_mask(&self) -> Result<FlashMask> {
+        let FlashDims { nq, nk, .. } = self.dims;
+        match self.offset {
+            Some(offset) => Ok(FlashMask {
+                mode: FLASH_CAUSAL,
+                words: Vec::new(),
+                offset,
+                rows: nq,
+                cols: nk,
+            }),
+            None => FlashMask::of("test", self.mask.as_ref(), nq, nk),
+        }
+    }
 }
 
 fn dims(batch: usize, n: usize, heads: usize, d: usize) -> FlashDims {
-    FlashDims { batch, n, heads, d }
+    rect(batch, n, n, heads, d)
 }
 
-fn case(name: &'static str, dims: FlashDims, mask: Option<Mask>) -> Case {
-    Case { name, dims, mask }
+/// Sizes of nq queries over nk keys.
+pub fn rect(batch: usize, nq: usize, nk: usize, heads: usize, d: usize) -> FlashDims {
+    FlashDims {
+        batch,
+        nq,
+        nk,
+        heads,
+        d,
+    }
+}
+
+/// A case whose kernels take `mask`'s own form ([`FlashMask::of`]).
+pub fn case(name: &'static str, dims: FlashDims, mask: Option<Mask>) -> Case {
+    Case {
+        name,
+        dims,
+        mask,
+        offset: None,
+    }
+}
+
+/// A case of a causal mask with diagonal `offset` (query i sees keys j ≤ i + offset) given to
+/// the kernels as such.
+pub fn diagonal(name: &'static str, dims: FlashDims, offset: i64) -> Case {
+    let mask =
+        Mask::from_fn_rectangular(dims.nq, dims.nk, |i, j| j as i64 <= i as i64 + offset).unwrap();
+    Case {
+        name,
+        dims,
+        mask: Some(mask),
+        offset: Some(offset),
+    }
 }
 
 /// Lengths that are and are not multiples of the tile (16), head sizes 1 to 128, and every
-/// mask form: none, causal, key padding, both, and a general mask with fully masked rows.
+/// mask form: none, causal, key padding, both, and a general mask with fully masked rows; then
+/// keys of another length than the queries (more and fewer, one query row against 37 keys)
+/// with each form, the causal ones at the diagonals nk − nq (lower right; negative when the
+/// queries outnumber the keys, so that the first rows see nothing), 0 (upper left) and others
+/// given directly, on both kernel families (d ≤ 64 and d > 64).
 pub fn cases() -> Vec<Case> {
     let pad = |n: usize| Mask::from_fn(n, |_, j| j % 5 != 2).unwrap();
     let both = |n: usize| Mask::from_fn(n, |i, j| j <= i && j % 4 != 1).unwrap();
     // Rows 0 and 7 see nothing; the others an irregular pattern.
     let odd = |n: usize| Mask::from_fn(n, |i, j| i != 0 && i != 7 && (i * 3 + j) % 5 != 0).unwrap();
     let causal = |n: usize| Mask::causal(n).unwrap();
+    let rpad = |nq, nk| Mask::from_fn_rectangular(nq, nk, |_, j| j % 5 != 2).unwrap();
+    let lower = |nq, nk| Mask::causal_lower_right(nq, nk).unwrap();
+    let upper = |nq, nk| Mask::causal_upper_left(nq, nk).unwrap();
+    let lower_pad = |nq: usize, nk: usize| {
+        let o = nk as i64 - nq as i64;
+        Mask::from_fn_rectangular(nq, nk, |i, j| j as i64 <= i as i64 + o && j % 4 != 1).unwrap()
+    };
+    // Rows 0 and 7 see nothing.
+    let rodd = |nq, nk| {
+        Mask::from_fn_rectangular(nq, nk, |i, j| i != 0 && i != 7 && (i * 3 + j) % 5 != 0).unwrap()
+    };
     vec![
         case("n1 d1", dims(1, 1, 1, 1), None),
         case("n16 d16", dims(1, 16, 2, 16), None),
@@ -52,18 +120,99 @@ pub fn cases() -> Vec<Case> {
             Some(both(81)),
         ),
         case("n5 d128", dims(1, 5, 1, FLASH_MAX_HEAD), Some(causal(5))),
+        // Keys of another length.
+        case("nq1 nk37 d8", rect(2, 1, 37, 2, 8), None),
+        case(
+            "padding nq1 nk37 d8",
+            rect(1, 1, 37, 3, 8),
+            Some(rpad(1, 37)),
+        ),
+        case("nq20 nk70 d5", rect(1, 20, 70, 2, 5), None),
+        case(
+            "padding nq20 nk70 d16",
+            rect(2, 20, 70, 1, 16),
+            Some(rpad(20, 70)),
+        ),
+        case(
+            "lower right nq20 nk70 d5",
+            rect(1, 20, 70, 2, 5),
+            Some(lower(20, 70)),
+        ),
+        case(
+            "general nq20 nk70 d3",
+            rect(1, 20, 70, 2, 3),
+            Some(rodd(20, 70)),
+        ),
+        case(
+            "lower right nq33 nk5 d7",
+            rect(2, 33, 5, 2, 7),
+            Some(lower(33, 5)),
+        ),
+        case(
+            "lower right+padding nq33 nk5 d4",
+            rect(1, 33, 5, 1, 4),
+            Some(lower_pad(33, 5)),
+        ),
+        case(
+            "upper left nq33 nk5 d6",
+            rect(1, 33, 5, 2, 6),
+            Some(upper(33, 5)),
+        ),
+        case(
+            "padding nq33 nk5 d64",
+            rect(1, 33, 5, 1, 64),
+            Some(rpad(33, 5)),
+        ),
+        case(
+            "general nq33 nk5 d9",
+            rect(1, 33, 5, 1, 9),
+            Some(rodd(33, 5)),
+        ),
+        case(
+            "lower right nq3 nk40 d64",
+            rect(1, 3, 40, 2, 64),
+            Some(lower(3, 40)),
+        ),
+        case(
+            "lower right+padding nq100 nk130 d64",
+            rect(1, 100, 130, 1, 64),
+            Some(lower_pad(100, 130)),
+        ),
+        case(
+            "lower right nq130 nk37 d32",
+            rect(1, 130, 37, 1, 32),
+            Some(lower(130, 37)),
+        ),
+        case(
+            "lower right nq70 nk20 d65",
+            rect(1, 70, 20, 1, 65),
+            Some(lower(70, 20)),
+        ),
+        case(
+            "upper left nq20 nk70 d100",
+            rect(1, 20, 70, 1, 100),
+            Some(upper(20, 70)),
+        ),
+        case(
+            "general nq40 nk19 d80",
+            rect(1, 40, 19, 1, 80),
+            Some(rodd(40, 19)),
+        ),
+        case("nq1 nk37 d128", rect(1, 1, 37, 1, FLASH_MAX_HEAD), None),
+        diagonal("diagonal -5 nq40 nk33 d16", rect(1, 40, 33, 2, 16), -5),
+        diagonal("diagonal 7 nq20 nk70 d100", rect(1, 20, 70, 1, 100), 7),
+        diagonal("diagonal -40 nq130 nk37 d8", rect(1, 130, 37, 1, 8), -40),
+        diagonal("diagonal 3 n50 d64", dims(1, 50, 1, 64), 3),
+        diagonal("diagonal -17 n50 d70", dims(1, 50, 1, 70), -17),
     ]
 }
 
-/// Seeded Q, K, V and dO for `dims`, in [−1.5, 1.5].
+/// Seeded Q, K, V and dO for `dims` (Q and dO of nq rows, K and V of nk), in [−1.5, 1.5].
 pub fn inputs(dims: &FlashDims, seed: u64) -> [Vec<f32>; 4] {
     let mut g = Gen::new(seed);
-    let mut v = || -> Vec<f32> {
-        (0..dims.qkv_len())
-            .map(|_| g.range(-1.5, 1.5) as f32)
-            .collect()
-    };
-    [v(), v(), v(), v()]
+    let mut v = |len: usize| -> Vec<f32> { (0..len).map(|_| g.range(-1.5, 1.5) as f32).collect() };
+    let (q, kv) = (dims.q_len(), dims.kv_len());
+    [v(q), v(kv), v(kv), v(q)]
 }
 
 /// `[O, lse, dQ, dK, dV]` of the fused core on `dev`; everything it allocated released.
@@ -74,7 +223,7 @@ pub fn run_core<D: Device>(
 ) -> Result<[Vec<f32>; 5]> {
     let f = Flash {
         dims: case.dims,
-        mask: FlashMask::of("test", case.mask.as_ref(), case.dims.n)?,
+        mask: case.flash_mask()?,
     };
     let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
     let (q, k, v, go) = (q?, k?, v?, go?);
@@ -97,22 +246,32 @@ pub fn run_core<D: Device>(
 /// The f64 reference: `[O, lse, dQ, dK, dV]` of softmax attention per head, masked entries
 /// exactly 0, a row with nothing allowed 0 (lse −∞) and passing no gradient.
 fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
-    let FlashDims { batch, n, heads, d } = case.dims;
-    let at = |b: usize, i: usize, h: usize, c: usize| ((b * n + i) * heads + h) * d + c;
+    let FlashDims {
+        batch,
+        nq,
+        nk,
+        heads,
+        d,
+    } = case.dims;
+    let at = |n: usize, b: usize, i: usize, h: usize, c: usize| ((b * n + i) * heads + h) * d + c;
+    let (aq, ak) = (
+        |b, i, h, c| at(nq, b, i, h, c),
+        |b, j, h, c| at(nk, b, j, h, c),
+    );
     let x = |k: usize, i: usize| f64::from(data[k][i]);
     let ok = |i: usize, j: usize| case.mask.as_ref().is_none_or(|m| m.allowed(i, j));
     let scale = 1.0 / (d as f64).sqrt();
-    let len = case.dims.qkv_len();
-    let (mut o, mut lse) = (vec![0.0; len], vec![f64::NEG_INFINITY; batch * heads * n]);
-    let (mut dq, mut dk, mut dv) = (vec![0.0; len], vec![0.0; len], vec![0.0; len]);
+    let (lq, lkv) = (case.dims.q_len(), case.dims.kv_len());
+    let (mut o, mut lse) = (vec![0.0; lq], vec![f64::NEG_INFINITY; batch * heads * nq]);
+    let (mut dq, mut dk, mut dv) = (vec![0.0; lq], vec![0.0; lkv], vec![0.0; lkv]);
     for b in 0..batch {
         for h in 0..heads {
-            for i in 0..n {
-                let s: Vec<Option<f64>> = (0..n)
+            for i in 0..nq {
+                let s: Vec<Option<f64>> = (0..nk)
                     .map(|j| {
                         ok(i, j).then(|| {
                             (0..d)
-                                .map(|c| x(0, at(b, i, h, c)) * x(1, at(b, j, h, c)))
+                                .map(|c| x(0, aq(b, i, h, c)) * x(1, ak(b, j, h, c)))
                                 .sum::<f64>()
                                 * scale
                         })
@@ -123,29 +282,29 @@ fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
                     continue;
                 }
                 let z: f64 = s.iter().flatten().map(|v| (v - m).exp()).sum();
-                lse[(b * heads + h) * n + i] = m + z.ln();
+                lse[(b * heads + h) * nq + i] = m + z.ln();
                 let p: Vec<f64> = s
                     .iter()
                     .map(|v| v.map_or(0.0, |v| (v - m).exp() / z))
                     .collect();
                 for c in 0..d {
-                    o[at(b, i, h, c)] = (0..n).map(|j| p[j] * x(2, at(b, j, h, c))).sum();
+                    o[aq(b, i, h, c)] = (0..nk).map(|j| p[j] * x(2, ak(b, j, h, c))).sum();
                 }
                 // dP = dO·Vᵀ, dS = P(dP − Σ P dP)·scale.
-                let dp: Vec<f64> = (0..n)
+                let dp: Vec<f64> = (0..nk)
                     .map(|j| {
                         (0..d)
-                            .map(|c| x(3, at(b, i, h, c)) * x(2, at(b, j, h, c)))
+                            .map(|c| x(3, aq(b, i, h, c)) * x(2, ak(b, j, h, c)))
                             .sum()
                     })
                     .collect();
-                let dot: f64 = (0..n).map(|j| p[j] * dp[j]).sum();
-                for j in 0..n {
+                let dot: f64 = (0..nk).map(|j| p[j] * dp[j]).sum();
+                for j in 0..nk {
                     let ds = p[j] * (dp[j] - dot) * scale;
                     for c in 0..d {
-                        dq[at(b, i, h, c)] += ds * x(1, at(b, j, h, c));
-                        dk[at(b, j, h, c)] += ds * x(0, at(b, i, h, c));
-                        dv[at(b, j, h, c)] += p[j] * x(3, at(b, i, h, c));
+                        dq[aq(b, i, h, c)] += ds * x(1, ak(b, j, h, c));
+                        dk[ak(b, j, h, c)] += ds * x(0, aq(b, i, h, c));
+                        dv[ak(b, j, h, c)] += p[j] * x(3, aq(b, i, h, c));
                     }
                 }
             }
@@ -194,25 +353,58 @@ fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
     }
 }
 
+/// Every row that sees no key (a general mask's rows 0 and 7; the rows before a negative
+/// causal diagonal, of queries outnumbering the keys) gives O = +0, lse = −∞ and dQ = +0.
 #[test]
 fn fully_masked_rows_give_zeros_and_pass_no_gradient() {
-    let case = &cases()[5];
-    let data = inputs(&case.dims, 7);
-    let [o, lse, dq, ..] = run_core(&mut SimDevice::new(), case, &data).unwrap();
-    let FlashDims { n, heads, d, .. } = case.dims;
-    for h in 0..heads {
-        for i in [0, 7] {
-            assert_eq!(lse[h * n + i], f32::NEG_INFINITY, "head {h} row {i}");
-            for c in 0..d {
-                let at = (i * heads + h) * d + c;
-                assert_eq!(
-                    (o[at].to_bits(), dq[at].to_bits()),
-                    (0, 0),
-                    "head {h} row {i}"
-                );
+    let mut checked = Vec::new();
+    for (k, case) in cases().iter().enumerate() {
+        let Some(mask) = &case.mask else { continue };
+        let FlashDims {
+            batch,
+            nq,
+            heads,
+            d,
+            ..
+        } = case.dims;
+        let empty: Vec<usize> = (0..nq).filter(|&i| !mask.row(i).contains(&true)).collect();
+        if empty.is_empty() {
+            continue;
+        }
+        let data = inputs(&case.dims, 7 + k as u64);
+        let [o, lse, dq, ..] = run_core(&mut SimDevice::new(), case, &data).unwrap();
+        for b in 0..batch {
+            for h in 0..heads {
+                for &i in &empty {
+                    let at = (b * heads + h) * nq + i;
+                    assert_eq!(lse[at], f32::NEG_INFINITY, "{}: row {i}", case.name);
+                    for c in 0..d {
+                        let at = ((b * nq + i) * heads + h) * d + c;
+                        assert_eq!(
+                            (o[at].to_bits(), dq[at].to_bits()),
+                            (0, 0),
+                            "{}: head {h} row {i}",
+                            case.name
+                        );
+                    }
+                }
             }
         }
+        checked.push((case.name, empty.len()));
     }
+    let names: Vec<&str> = checked.iter().map(|c| c.0).collect();
+    for want in [
+        "general n20 d3",
+        "lower right nq33 nk5 d7",
+        "diagonal -40 nq130 nk37 d8",
+        "diagonal -17 n50 d70",
+    ] {
+        assert!(names.contains(&want), "{want} not checked: {checked:?}");
+    }
+    assert!(
+        checked.contains(&("lower right nq33 nk5 d7", 28)),
+        "{checked:?}"
+    );
 }
 
 #[test]
@@ -223,6 +415,7 @@ fn bad_input_is_refused_before_launch() {
         mask: FlashMask::none(),
     };
     let q = dev.upload(&vec![0.5; 2 * 129]).unwrap();
+    let k = dev.upload(&[0.5; 3 * 2]).unwrap();
     let live = dev.memory_usage().live_bytes;
     let launches = dev.traffic().launches;
     // A head of 129: not supported (the composed path takes it).
@@ -240,27 +433,80 @@ fn bad_input_is_refused_before_launch() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("Q has 258 element(s), expected 256"), "{e}");
-    // A mask made for another n.
-    let causal = FlashMask::of("test", Some(&Mask::causal(3).unwrap()), 3).unwrap();
+    // K and V of nk = 3 keys where the sizes say 2.
+    let g = Flash {
+        dims: rect(1, 129, 2, 1, 2),
+        mask: FlashMask::none(),
+    };
+    let e = dev.flash_attention([q, k, k], &g).unwrap_err().to_string();
+    assert!(e.contains("K has 6 element(s), expected 4"), "{e}");
+    // No keys.
     let e = dev
         .flash_attention(
-            [q, q, q],
+            [q, k, k],
             &Flash {
-                dims: dims(1, 129, 1, 2),
+                dims: rect(1, 129, 0, 1, 2),
+                mask: FlashMask::none(),
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("empty attention") && e.contains("nk: 0"), "{e}");
+    // A mask made for other sizes.
+    let causal = FlashMask::of("test", Some(&Mask::causal(3).unwrap()), 3, 3).unwrap();
+    let e = dev
+        .flash_attention(
+            [q, k, k],
+            &Flash {
+                dims: rect(1, 129, 3, 1, 2),
                 mask: causal,
             },
         )
         .unwrap_err()
         .to_string();
-    assert!(e.contains("made for n = 3") && e.contains("n = 129"), "{e}");
-    let e = FlashMask::of("multiHeadAttention", Some(&Mask::causal(3).unwrap()), 4)
+    assert!(
+        e.contains("made for (3, 3)") && e.contains("nq = 129, nk = 3"),
+        "{e}"
+    );
+    let e = FlashMask::of("multiHeadAttention", Some(&Mask::causal(3).unwrap()), 4, 4)
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("multiHeadAttention") && e.contains("(3, 3)") && e.contains("n = 4"),
+        e.contains("multiHeadAttention") && e.contains("(3, 3)") && e.contains("nq = 4"),
         "{e}"
     );
-    // The backward's lse of the wrong length.
+    let lower = Mask::causal_lower_right(1, 37).unwrap();
+    let e = FlashMask::of("scaledDotProductAttention", Some(&lower), 37, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("scaledDotProductAttention")
+            && e.contains("(1, 37)")
+            && e.contains("nq = 37 queries and nk = 1 keys"),
+        "{e}"
+    );
+    // A causal offset past the kernels' int.
+    let far = Flash {
+        dims: rect(1, 129, 3, 1, 2),
+        mask: FlashMask {
+            mode: FLASH_CAUSAL,
+            words: Vec::new(),
+            offset: -(1 << 40),
+            rows: 129,
+            cols: 3,
+        },
+    };
+    let e = dev
+        .flash_attention([q, k, k], &far)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("flash_attention") && e.contains("offset"), "{e}");
+    // The backward's lse of the wrong length (one per query row).
+    let e = dev
+        .flash_attention_bwd([q, k, k], q, q, q, &g)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("K has 6 element(s), expected 4"), "{e}");
     let g = f(2, 129);
     let e = dev
         .flash_attention_bwd([q, q, q], q, q, q, &g)

@@ -862,7 +862,8 @@ fn flash_vs_sim(
 
 /// The fused attention core (kernels/attention.cu) against its sim twin on every case of
 /// the `flash` module (lengths off the tile, head sizes 1 to 128, every mask form, fully
-/// masked rows), forward and backward, with either tiling (`FlashTiles`), the backward
+/// masked rows, keys of another length than the queries with causal diagonals of either
+/// sign), forward and backward, with either tiling (`FlashTiles`), the backward
 /// forced onto the two fixed-order kernels (`gates::force_flash_bwd_one_pass(Some(false))`;
 /// the one-pass backward has its own test below): bit for bit on the kernel emulator (its
 /// `expf`/`logf` are the host's, as the sim's), within 1e-5 on a GPU (CUDA's differ by a few
@@ -903,57 +904,58 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
 /// blocks of 64 keys with `atomicAdd`), forced with `gates::force_flash_bwd_one_pass`, against
 /// the sim's fixed-order twin: on every case of the `flash` module and on longer ones (n up to
 /// 257, several blocks of keys, B and H > 1, d in {8, 16, 64}, every mask form, fully masked
-/// rows). dQ within 1e-5 (its sum over the key blocks is in the order the atomics land);
+/// rows, keys of another length than the queries). dQ within 1e-5 (its sum over the key blocks is in the order the atomics land);
 /// on the kernel emulator O, lse, dK and dV bit for bit (the same code and order as the two
 /// kernels), and heads over 64 (the two kernels, the fallback) every result bit for bit. On a
 /// GPU everything within 1e-5. Also `TL_EMU_SCHEDULE=reverse` (CI): a missing barrier or a
 /// dQ sum that depends on the thread order shows there.
 #[test]
 fn the_one_pass_flash_backward_matches_the_sim_within_tolerance() {
-    use crate::flash::Case;
-    use tl_tape_cuda::device::{FLASH_ONE_PASS_MAX_HEAD, FlashDims};
+    use crate::flash::{case, rect};
+    use tl_tape_cuda::device::FLASH_ONE_PASS_MAX_HEAD;
     let Some(mut cuda) = gpu() else { return };
     let _one = gates::force_flash_bwd_one_pass(Some(true));
     let exact = cfg!(feature = "cuda-emu");
-    let dims = |batch, n, heads, d| FlashDims { batch, n, heads, d };
+    let dims = |batch, n, heads, d| rect(batch, n, n, heads, d);
     let pad = |n: usize| Mask::from_fn(n, |_, j| j % 7 != 3).unwrap();
     let both = |n: usize| Mask::from_fn(n, |i, j| j <= i && j % 3 != 1).unwrap();
     // Rows 0, 7 and 70 see nothing.
     let odd = |n: usize| {
         Mask::from_fn(n, |i, j| ![0, 7, 70].contains(&i) && (i * 5 + j) % 7 != 0).unwrap()
     };
+    let lower = |nq, nk| Some(Mask::causal_lower_right(nq, nk).unwrap());
     let mut cases = crate::flash::cases();
     cases.extend([
-        Case {
-            name: "causal n200 B2 H3 d8",
-            dims: dims(2, 200, 3, 8),
-            mask: Some(Mask::causal(200).unwrap()),
-        },
-        Case {
-            name: "padding n130 H2 d16",
-            dims: dims(1, 130, 2, 16),
-            mask: Some(pad(130)),
-        },
-        Case {
-            name: "general n97 B2 H2 d64",
-            dims: dims(2, 97, 2, 64),
-            mask: Some(odd(97)),
-        },
-        Case {
-            name: "causal+padding n65 H2 d16",
-            dims: dims(1, 65, 2, 16),
-            mask: Some(both(65)),
-        },
-        Case {
-            name: "n257 d8",
-            dims: dims(1, 257, 1, 8),
-            mask: None,
-        },
-        Case {
-            name: "causal n80 d66 (two kernels)",
-            dims: dims(1, 80, 1, 66),
-            mask: Some(Mask::causal(80).unwrap()),
-        },
+        case(
+            "causal n200 B2 H3 d8",
+            dims(2, 200, 3, 8),
+            Some(Mask::causal(200).unwrap()),
+        ),
+        case("padding n130 H2 d16", dims(1, 130, 2, 16), Some(pad(130))),
+        case("general n97 B2 H2 d64", dims(2, 97, 2, 64), Some(odd(97))),
+        case(
+            "causal+padding n65 H2 d16",
+            dims(1, 65, 2, 16),
+            Some(both(65)),
+        ),
+        case("n257 d8", dims(1, 257, 1, 8), None),
+        case(
+            "causal n80 d66 (two kernels)",
+            dims(1, 80, 1, 66),
+            Some(Mask::causal(80).unwrap()),
+        ),
+        // Keys of another length, several blocks of 64 keys (and of query rows).
+        case(
+            "lower right nq150 nk257 B2 H2 d8",
+            rect(2, 150, 257, 2, 8),
+            lower(150, 257),
+        ),
+        case(
+            "lower right nq257 nk70 d16",
+            rect(1, 257, 70, 1, 16),
+            lower(257, 70),
+        ),
+        case("nq1 nk300 H3 d64", rect(1, 1, 300, 3, 64), None),
     ]);
     let mut worst = 0.0f64;
     let mut bad = Vec::new();

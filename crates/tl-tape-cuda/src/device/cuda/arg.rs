@@ -10,6 +10,8 @@ pub enum Arg {
     Ptr(u64),
     /// `u32`.
     U32(u32),
+    /// `int` (a signed 32-bit value: the fused attention's causal offset).
+    I32(i32),
     /// `u64`.
     U64(u64),
     /// `float`.
@@ -27,6 +29,7 @@ impl Arg {
         match self {
             Arg::Ptr(_) => b'p',
             Arg::U32(_) => b'u',
+            Arg::I32(_) => b'i',
             Arg::U64(_) => b'U',
             Arg::F32(_) => b'f',
             Arg::F64(_) => b'd',
@@ -42,6 +45,7 @@ pub fn params(vals: &mut [Arg]) -> Vec<*mut c_void> {
         .map(|a| match a {
             Arg::Ptr(v) | Arg::U64(v) => (v as *mut u64).cast(),
             Arg::U32(v) => (v as *mut u32).cast(),
+            Arg::I32(v) => (v as *mut i32).cast(),
             Arg::F32(v) => (v as *mut f32).cast(),
             Arg::F64(v) => (v as *mut f64).cast(),
             Arg::Dims(v) => v.as_mut_ptr().cast(),

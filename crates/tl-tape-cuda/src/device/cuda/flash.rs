@@ -35,6 +35,13 @@ enum Phase {
 /// Threads of a block (`TL_BLOCK`): `tl_flash_bwd_delta`'s rows per block.
 const BLOCK: usize = 256;
 
+impl Phase {
+    /// Whether the phase's blocks take keys (dK, dV) rather than query rows.
+    fn over_keys(self) -> bool {
+        matches!(self, Phase::BackwardKv | Phase::BackwardAtomic)
+    }
+}
+
 /// The kernel a phase runs for `f` under `tiles`, the query rows (keys) each of its blocks
 /// takes, and its bytes of dynamic shared memory (0: static arrays only); kernels/attention.cu
 /// says how each tiles its work. The narrow kernels: the forward on 64 query rows when d ≤ 64,
@@ -91,22 +98,30 @@ impl CudaDevice {
         r
     }
 
-    /// Launch `phase`'s kernel for `f` under this device's [`FlashTiles`] ([`kernel`]).
+    /// Launch `phase`'s kernel for `f` under this device's [`FlashTiles`] ([`kernel`]): its
+    /// blocks over the query rows, or over the keys for dK and dV.
     fn run_flash(&mut self, op: &'static str, f: &Flash, phase: Phase, args: &[Arg]) -> Result<()> {
         let (name, rows, shared) = kernel(self.flash_tiles, f, phase);
-        self.run_shared(op, name, grid(f.dims.blocks(rows)), shared, args)
+        let blocks = match phase.over_keys() {
+            true => f.dims.key_blocks(rows),
+            false => f.dims.query_blocks(rows),
+        };
+        self.run_shared(op, name, grid(blocks), shared, args)
     }
 
-    /// The sizes, mode and scale every fused attention kernel takes last (checked for the ABI
-    /// by [`Flash::check_forward`]).
-    fn flash_tail(f: &Flash) -> [Arg; 6] {
+    /// What every fused attention kernel but `tl_flash_bwd_delta` takes last: `batch, nq, nk,
+    /// heads, d, mode, offset, scale` (checked for the ABI by [`Flash::check_forward`]: the
+    /// sizes within `u32`, the offset within `i32`).
+    fn flash_tail(f: &Flash) -> [Arg; 8] {
         let d = f.dims;
         [
             Arg::U32(d.batch as u32),
-            Arg::U32(d.n as u32),
+            Arg::U32(d.nq as u32),
+            Arg::U32(d.nk as u32),
             Arg::U32(d.heads as u32),
             Arg::U32(d.d as u32),
             Arg::U32(f.mask.mode),
+            Arg::I32(f.mask.offset as i32),
             Arg::F32(d.scale()),
         ]
     }
@@ -122,7 +137,7 @@ impl CudaDevice {
         let mut o = None;
         let lse = self.with_mask(OP, f, pq, |d, pm| {
             d.with_out(OP, f.dims.rows_len(), |d, lse| {
-                o = Some(d.with_out(OP, f.dims.qkv_len(), |d, out| {
+                o = Some(d.with_out(OP, f.dims.q_len(), |d, out| {
                     let mut args = vec![
                         Arg::Ptr(pq),
                         Arg::Ptr(pk),
@@ -183,12 +198,12 @@ impl CudaDevice {
         const OP: &str = "flash_attention_bwd";
         let [pq, pk, pv, po, pg, pl] = p;
         let tail = Self::flash_tail(f);
-        let [dq] = self.with_outs::<1>(OP, f.dims.qkv_len(), |d, [dq]| {
+        let [dq] = self.with_outs::<1>(OP, f.dims.q_len(), |d, [dq]| {
             let mut args = [pq, pk, pv, po, pg, pl, pm, dq, pd].map(Arg::Ptr).to_vec();
             args.extend(tail);
             d.run_flash(OP, f, Phase::BackwardQ, &args)
         })?;
-        let kv = self.with_outs::<2>(OP, f.dims.qkv_len(), |d, [dk, dv]| {
+        let kv = self.with_outs::<2>(OP, f.dims.kv_len(), |d, [dk, dv]| {
             let mut args = [pq, pk, pv, pg, pl, pd, pm, dk, dv].map(Arg::Ptr).to_vec();
             args.extend(tail);
             d.run_flash(OP, f, Phase::BackwardKv, &args)
@@ -216,16 +231,29 @@ impl CudaDevice {
         const OP: &str = "flash_attention_bwd";
         let [pq, pk, pv, po, pg, pl] = p;
         let tail = Self::flash_tail(f);
-        self.with_outs::<3>(OP, f.dims.qkv_len(), |d, [dq, dk, dv]| {
+        let dims = f.dims;
+        let mut kv = None;
+        let [dq] = self.with_outs::<1>(OP, dims.q_len(), |d, [dq]| {
+            let delta_tail = [dims.batch, dims.nq, dims.heads, dims.d].map(|v| Arg::U32(v as u32));
             let mut args = [po, pg, dq, pd].map(Arg::Ptr).to_vec();
-            args.extend_from_slice(&tail[..4]);
+            args.extend(delta_tail);
             d.run_flash(OP, f, Phase::BackwardDelta, &args)?;
-            let mut args = [pq, pk, pv, pg, pl, pd, pm, dq, dk, dv]
-                .map(Arg::Ptr)
-                .to_vec();
-            args.extend(tail);
-            d.run_flash(OP, f, Phase::BackwardAtomic, &args)
-        })
+            kv = Some(d.with_outs::<2>(OP, dims.kv_len(), |d, [dk, dv]| {
+                let mut args = [pq, pk, pv, pg, pl, pd, pm, dq, dk, dv]
+                    .map(Arg::Ptr)
+                    .to_vec();
+                args.extend(tail);
+                d.run_flash(OP, f, Phase::BackwardAtomic, &args)
+            })?);
+            Ok(())
+        })?;
+        match kv {
+            Some([dk, dv]) => Ok([dq, dk, dv]),
+            None => {
+                self.release(dq);
+                Err(crate::Error::kernel(OP, "dK and dV were not allocated"))
+            }
+        }
     }
 }
 
@@ -245,13 +273,14 @@ mod tests {
         let f = Flash {
             dims: FlashDims {
                 batch: 1,
-                n: 20,
+                nq: 20,
+                nk: 20,
                 heads: 2,
                 d,
             },
             mask: FlashMask::none(),
         };
-        let x = dev.upload(&vec![0.25; f.dims.qkv_len()]).unwrap();
+        let x = dev.upload(&vec![0.25; f.dims.q_len()]).unwrap();
         let (o, lse) = dev.flash_attention([x, x, x], &f).unwrap();
         let before = dev.traffic().launches;
         let [dq, dk, dv] = dev.flash_attention_bwd([x, x, x], o, lse, x, &f).unwrap();

@@ -1,8 +1,9 @@
 //! Kernel bodies of the fused attention (kernels/attention.cu): `tl_flash_fwd`,
-//! `tl_flash_bwd_q`, `tl_flash_bwd_kv`, each the twin of its kernel — the same tiles of
-//! [`FLASH_TILE`](crate::device::FLASH_TILE) query rows and keys, the same tiles skipped under a causal mask, every sum in
-//! the kernel's order (the order is written in the kernel file's header and in
-//! docs/semantics.md, "Attention"):
+//! `tl_flash_bwd_q`, `tl_flash_bwd_kv`, each the twin of its kernel — nq query rows against nk
+//! keys ([`FlashDims`]), the same tiles of [`FLASH_TILE`](crate::device::FLASH_TILE) query
+//! rows and keys, the same tiles skipped under a causal mask ([`FlashMask::key_end`],
+//! [`FlashMask::query_start`]), every sum in the kernel's order (the order is written in the
+//! kernel file's header and in docs/semantics.md, "Attention"):
 //!
 //! - a score is `dot(q_i, k_j)·scale`, the dot a fused multiply-add chain over the head's
 //!   columns from +0; masked keys are −∞;
@@ -16,14 +17,15 @@
 
 use crate::device::{FLASH_TILE as T, FlashDims, FlashMask};
 
-/// The index of (b, i, h, c) in a head-merged (B, n, H, d) buffer.
-fn at(f: &FlashDims, b: usize, i: usize, h: usize, c: usize) -> usize {
-    ((b * f.n + i) * f.heads + h) * f.d + c
+/// The index of (b, i, h, c) in a head-merged (B, n, H, d) buffer of `n` rows a sample (nq:
+/// Q, O, dO, dQ; nk: K, V, dK, dV).
+fn at(f: &FlashDims, n: usize, b: usize, i: usize, h: usize, c: usize) -> usize {
+    ((b * n + i) * f.heads + h) * f.d + c
 }
 
-/// Row i of head h of sample b: `d` contiguous values.
-fn row<'a>(x: &'a [f32], f: &FlashDims, b: usize, i: usize, h: usize) -> &'a [f32] {
-    &x[at(f, b, i, h, 0)..][..f.d]
+/// Row i of head h of sample b of a buffer of `n` rows a sample: `d` contiguous values.
+fn row<'a>(x: &'a [f32], f: &FlashDims, n: usize, b: usize, i: usize, h: usize) -> &'a [f32] {
+    &x[at(f, n, b, i, h, 0)..][..f.d]
 }
 
 /// `Σ a_c·b_c` as a fused multiply-add chain from +0 in increasing c (`tl_fa_dot`).
@@ -31,18 +33,19 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0.0f32, |s, (&x, &y)| x.mul_add(y, s))
 }
 
-/// The tiles of `n`: `(start, len)` from `from` (a multiple of [`T`]) while `start < end`.
+/// The tiles of `n`: `(start, len)` from `from` (a multiple of [`T`], or past `end`: none)
+/// while `start < end`.
 fn tiles(from: usize, end: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
     (from..end).step_by(T).map(move |s| (s, T.min(n - s)))
 }
 
 /// The operands of one core.
 pub struct Qkv<'a> {
-    /// Q, K, V, head-merged.
+    /// Q, head-merged (B, nq, H, d).
     pub q: &'a [f32],
-    /// K.
+    /// K, head-merged (B, nk, H, d).
     pub k: &'a [f32],
-    /// V.
+    /// V, as K.
     pub v: &'a [f32],
 }
 
@@ -62,30 +65,30 @@ fn p_ds(
     if !ok || lse == f32::NEG_INFINITY {
         return (0.0, 0.0);
     }
-    let scale = f.scale();
-    let s = dot(row(x.q, f, b, i, h), row(x.k, f, b, j, h)) * scale;
+    let (scale, nq, nk) = (f.scale(), f.nq, f.nk);
+    let s = dot(row(x.q, f, nq, b, i, h), row(x.k, f, nk, b, j, h)) * scale;
     let p = (s - lse).exp();
-    let dp = dot(row(go, f, b, i, h), row(x.v, f, b, j, h));
+    let dp = dot(row(go, f, nq, b, i, h), row(x.v, f, nk, b, j, h));
     (p, p * (dp - delta) * scale)
 }
 
-/// `tl_flash_fwd`: O (B·n·H·d) and lse (B·H·n).
+/// `tl_flash_fwd`: O (B·nq·H·d) and lse (B·H·nq).
 pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
-    let (n, d, scale) = (f.n, f.d, f.scale());
+    let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
-        for (i0, rows) in tiles(0, n, n) {
+        for (i0, rows) in tiles(0, nq, nq) {
             let mut m = [f32::NEG_INFINITY; T];
             let mut l = [0.0f32; T];
             let mut acc = vec![0.0f32; T * d];
-            let kend = if mask.causal() { i0 + rows } else { n };
-            for (j0, cols) in tiles(0, kend, n) {
+            for (j0, cols) in tiles(0, mask.key_end(i0 + rows, nk), nk) {
                 for r in 0..rows {
                     let i = i0 + r;
                     let mut p = [f32::NEG_INFINITY; T];
                     for (jj, s) in p.iter_mut().enumerate().take(cols) {
-                        if mask.allowed(n, i, j0 + jj) {
-                            *s = dot(row(x.q, f, b, i, h), row(x.k, f, b, j0 + jj, h)) * scale;
+                        if mask.allowed(i, j0 + jj) {
+                            let k = row(x.k, f, nk, b, j0 + jj, h);
+                            *s = dot(row(x.q, f, nq, b, i, h), k) * scale;
                         }
                     }
                     let mt = p[..cols].iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
@@ -106,7 +109,7 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
                         let mut t = *a * alpha;
                         for (jj, &pj) in p[..cols].iter().enumerate() {
-                            t = pj.mul_add(x.v[at(f, b, j0 + jj, h, c)], t);
+                            t = pj.mul_add(x.v[at(f, nk, b, j0 + jj, h, c)], t);
                         }
                         *a = t;
                     }
@@ -116,9 +119,9 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
                 let i = i0 + r;
                 let none = m[r] == f32::NEG_INFINITY;
                 for c in 0..d {
-                    o[at(f, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
+                    o[at(f, nq, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
                 }
-                lse[bh * n + i] = if none {
+                lse[bh * nq + i] = if none {
                     f32::NEG_INFINITY
                 } else {
                     m[r] + l[r].ln()
@@ -128,7 +131,8 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
     }
 }
 
-/// `tl_flash_bwd_q`: dQ and delta (`dot(dO_i, O_i)` per row, B·H·n), from O, dO and lse.
+/// `tl_flash_bwd_q`: dQ and delta (`dot(dO_i, O_i)` per query row, B·H·nq), from O, dO and
+/// lse.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_q(
     x: &Qkv<'_>,
@@ -140,29 +144,28 @@ pub fn backward_q(
     dq: &mut [f32],
     delta: &mut [f32],
 ) {
-    let (n, d) = (f.n, f.d);
+    let (nq, nk, d) = (f.nq, f.nk, f.d);
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
-        for (i0, rows) in tiles(0, n, n) {
+        for (i0, rows) in tiles(0, nq, nq) {
             for r in 0..rows {
                 let i = i0 + r;
-                delta[bh * n + i] = dot(row(go, f, b, i, h), row(o, f, b, i, h));
+                delta[bh * nq + i] = dot(row(go, f, nq, b, i, h), row(o, f, nq, b, i, h));
             }
             let mut acc = vec![0.0f32; T * d];
-            let kend = if mask.causal() { i0 + rows } else { n };
-            for (j0, cols) in tiles(0, kend, n) {
+            for (j0, cols) in tiles(0, mask.key_end(i0 + rows, nk), nk) {
                 for r in 0..rows {
                     let i = i0 + r;
                     let mut ds = [0.0f32; T];
                     for (jj, v) in ds.iter_mut().enumerate().take(cols) {
-                        let ok = mask.allowed(n, i, j0 + jj);
-                        let (l, dl) = (lse[bh * n + i], delta[bh * n + i]);
+                        let ok = mask.allowed(i, j0 + jj);
+                        let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
                         *v = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok).1;
                     }
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
                         let mut t = *a;
                         for (jj, &s) in ds[..cols].iter().enumerate() {
-                            t = s.mul_add(x.k[at(f, b, j0 + jj, h, c)], t);
+                            t = s.mul_add(x.k[at(f, nk, b, j0 + jj, h, c)], t);
                         }
                         *a = t;
                     }
@@ -170,7 +173,7 @@ pub fn backward_q(
             }
             for r in 0..rows {
                 for c in 0..d {
-                    dq[at(f, b, i0 + r, h, c)] = acc[r * d + c];
+                    dq[at(f, nq, b, i0 + r, h, c)] = acc[r * d + c];
                 }
             }
         }
@@ -189,21 +192,20 @@ pub fn backward_kv(
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
-    let (n, d) = (f.n, f.d);
+    let (nq, nk, d) = (f.nq, f.nk, f.d);
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
-        for (j0, cols) in tiles(0, n, n) {
+        for (j0, cols) in tiles(0, nk, nk) {
             let mut acc_k = vec![0.0f32; T * d];
             let mut acc_v = vec![0.0f32; T * d];
-            let istart = if mask.causal() { j0 } else { 0 };
-            for (i0, rows) in tiles(istart, n, n) {
+            for (i0, rows) in tiles(mask.query_start(j0, nq), nq, nq) {
                 let mut p = [[0.0f32; T]; T];
                 let mut ds = [[0.0f32; T]; T];
                 for r in 0..rows {
                     let i = i0 + r;
-                    let (l, dl) = (lse[bh * n + i], delta[bh * n + i]);
+                    let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
                     for jj in 0..cols {
-                        let ok = mask.allowed(n, i, j0 + jj);
+                        let ok = mask.allowed(i, j0 + jj);
                         (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok);
                     }
                 }
@@ -211,8 +213,8 @@ pub fn backward_kv(
                     for c in 0..d {
                         let (mut tk, mut tv) = (acc_k[jj * d + c], acc_v[jj * d + c]);
                         for r in 0..rows {
-                            tk = ds[r][jj].mul_add(x.q[at(f, b, i0 + r, h, c)], tk);
-                            tv = p[r][jj].mul_add(go[at(f, b, i0 + r, h, c)], tv);
+                            tk = ds[r][jj].mul_add(x.q[at(f, nq, b, i0 + r, h, c)], tk);
+                            tv = p[r][jj].mul_add(go[at(f, nq, b, i0 + r, h, c)], tv);
                         }
                         acc_k[jj * d + c] = tk;
                         acc_v[jj * d + c] = tv;
@@ -221,7 +223,7 @@ pub fn backward_kv(
             }
             for jj in 0..cols {
                 for c in 0..d {
-                    let k = at(f, b, j0 + jj, h, c);
+                    let k = at(f, nk, b, j0 + jj, h, c);
                     dk[k] = acc_k[jj * d + c];
                     dv[k] = acc_v[jj * d + c];
                 }

@@ -480,7 +480,7 @@ impl Launch for SimDevice {
     }
 
     fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
-        let lens = [f.dims.qkv_len(), f.dims.rows_len()];
+        let lens = [f.dims.q_len(), f.dims.rows_len()];
         let [o, lse] = self.launch_outs("flash_attention", qkv, lens, |[q, k, v], [o, lse]| {
             flash::forward(&flash::Qkv { q, k, v }, &f.dims, &f.mask, o, lse)
         })?;
@@ -497,14 +497,15 @@ impl Launch for SimDevice {
     ) -> Result<[Buffer; 3]> {
         const OP: &str = "flash_attention_bwd";
         let [q, k, v] = qkv;
-        let lens = [f.dims.qkv_len(), f.dims.rows_len()];
+        let lens = [f.dims.q_len(), f.dims.rows_len()];
         let ins = [q, k, v, o, go, lse];
         let [dq, delta] = self.launch_outs(OP, ins, lens, |[q, k, v, o, go, lse], [dq, dl]| {
             let x = flash::Qkv { q, k, v };
             flash::backward_q(&x, o, go, lse, &f.dims, &f.mask, dq, dl)
         })?;
         let ins = [q, k, v, go, lse, delta];
-        let kv = self.launch_outs(OP, ins, [lens[0]; 2], |[q, k, v, go, lse, dl], [dk, dv]| {
+        let kv_lens = [f.dims.kv_len(); 2];
+        let kv = self.launch_outs(OP, ins, kv_lens, |[q, k, v, go, lse, dl], [dk, dv]| {
             let x = flash::Qkv { q, k, v };
             flash::backward_kv(&x, go, lse, dl, &f.dims, &f.mask, dk, dv)
         });
