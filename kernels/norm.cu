@@ -321,14 +321,15 @@ extern "C" __global__ void tl_norm_bwd_affine_block(const float* x, const float*
     }
 }
 
-// Masked softmax of each row (rows, n); row r uses mask row r % n (mask: n * n floats, nonzero =
-// allowed). Masked entries and rows with nothing allowed are exactly 0.
+// Masked softmax of each row (rows, n); row r uses mask row r % mrows (mask: mrows * n floats,
+// row-major, nonzero = allowed: the (nq, nk) attention mask has mrows = nq rows of n = nk).
+// Masked entries and rows with nothing allowed are exactly 0.
 extern "C" __global__ void tl_masked_softmax_rows(const float* x, const float* mask, float* out,
-                                                  u32 rows, u32 n) {
+                                                  u32 rows, u32 n, u32 mrows) {
     __shared__ float smem[33];
     for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + (u64)r * n;
-        const float* ok = mask + (u64)(r % n) * n;
+        const float* ok = mask + (u64)(r % mrows) * n;
         float* yr = out + (u64)r * n;
         float m, s;
         TL_NORM_REDUCE(m, n, -INFINITY, MaxOp(), ok[e] != 0.0f ? xr[e] : -INFINITY);

@@ -779,8 +779,9 @@ pub trait Device: Launch {
         check::same_len(OP, x, g)?;
         self.launch_norm_bwd_affine(x, stats, g, l)
     }
-    /// Softmax of each row of x (rows, n) over the entries its mask row allows (row `r` uses
-    /// mask row `r mod n`, `mask` (n, n) row-major, true = allowed); other entries, and every
+    /// Softmax of each row of x (rows, n) over the entries its mask row allows (`mask` m rows
+    /// of n, row-major, true = allowed: an (nq, nk) attention mask over blocks of nq score rows
+    /// of nk; row `r` uses mask row `r mod m`, rows a multiple of m); other entries, and every
     /// entry of a row with nothing allowed, are exactly 0. Its VJP is
     /// [`softmax_rows_bwd`](Self::softmax_rows_bwd) (y is 0 where masked). PyTorch:
     /// `softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows set to 0.
@@ -797,22 +798,24 @@ pub trait Device: Launch {
 
     // ---- attention (kernels/attention.cu; [`flash`]) -------------------------------------------
 
-    /// The fused ("flash") attention core on Q, K, V, each head-merged (B, n, H, d)
-    /// ([`flash`]): per head `O = softmax(Q Kᵀ/√d)·V` over the keys `f.mask` allows (a row with
-    /// none: zeros), in tiles of [`FLASH_TILE`] keys with the online softmax (running max and
-    /// sum, the output rescaled per tile), so no row of scores is ever stored. Returns `(O,
-    /// lse)`: O head-merged like Q, lse (B·H·n) each row's `m + ln l` (−∞ for a row with
-    /// nothing allowed), which [`flash_attention_bwd`](Self::flash_attention_bwd) reads. Head
-    /// sizes `1..=`[`FLASH_MAX_HEAD`]; larger ones, and a mask made for another n, are errors
-    /// before launch. PyTorch: `F.scaled_dot_product_attention(q, k, v, attn_mask)` (its
-    /// flash backend).
+    /// The fused ("flash") attention core on Q (B, nq, H, d) and K, V (B, nk, H, d), each
+    /// head-merged ([`flash`]): per head `O = softmax(Q Kᵀ/√d)·V` over the keys `f.mask` allows
+    /// (a row with none: zeros), in tiles of [`FLASH_TILE`] keys with the online softmax
+    /// (running max and sum, the output rescaled per tile), so no row of scores is ever stored.
+    /// Returns `(O, lse)`: O head-merged like Q, lse (B·H·nq) each query row's `m + ln l` (−∞
+    /// for a row with nothing allowed), which
+    /// [`flash_attention_bwd`](Self::flash_attention_bwd) reads. Head sizes
+    /// `1..=`[`FLASH_MAX_HEAD`]; larger ones, buffers of other lengths, and a mask made for
+    /// other (nq, nk), are errors before launch. PyTorch:
+    /// `F.scaled_dot_product_attention(q, k, v, attn_mask)` (its flash backend).
     fn flash_attention(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
         f.check_forward("flash_attention", qkv)?;
         self.launch_flash_fwd(qkv, f)
     }
     /// The VJP of [`flash_attention`](Self::flash_attention) for the cotangent `go` of O, from
-    /// its output `o` and `lse`: `[dQ, dK, dV]`, recomputing the probabilities tile by tile
-    /// from lse (`p = exp(s − lse)`, `dS = p·(dP − Σ dO⊙O)/√d`). Two launches (dQ by query
+    /// its output `o` and `lse`: `[dQ, dK, dV]` (dQ of Q's length, dK and dV of K's),
+    /// recomputing the probabilities tile by tile from lse (`p = exp(s − lse)`,
+    /// `dS = p·(dP − Σ dO⊙O)/√d`). Two launches (dQ by query
     /// tiles, dK and dV by key tiles), no atomics, on the sim and, with deterministic
     /// reductions on, on CUDA; with them off (and d ≤ [`FLASH_ONE_PASS_MAX_HEAD`]) CUDA runs
     /// the one-pass backward (dK, dV by key blocks, dQ added across them with `atomicAdd`:

@@ -186,8 +186,15 @@ impl NormLayout {
     }
 }
 
-/// Checked operands of a masked row softmax: x (rows, n) with rows a multiple of n, and a mask
-/// of n·n entries.
+/// The rows of a masked row softmax's mask of rows of `n` entries (`mask.len() / n`; 0 when
+/// n = 0).
+pub fn mask_rows(mask: &[bool], n: usize) -> usize {
+    mask.len().checked_div(n).unwrap_or(0)
+}
+
+/// Checked operands of a masked row softmax: x (rows, n), and a mask of m rows of n entries
+/// (row-major; m = nq query rows of a (nq, nk) attention mask, n = nk), rows a multiple of m
+/// (one block of scores after another).
 pub fn check_masked(
     op: &'static str,
     x: Buffer,
@@ -196,16 +203,20 @@ pub fn check_masked(
     n: usize,
 ) -> Result<()> {
     check::rows_cols(op, x, rows, n)?;
-    if mask.len() != n * n {
+    let m = mask_rows(mask, n);
+    if m * n != mask.len() {
         return Err(Error::kernel(
             op,
-            format!("the mask has {} entries, expected {n}·{n}", mask.len()),
+            format!(
+                "the mask has {} entries, not a whole number of rows of {n}",
+                mask.len()
+            ),
         ));
     }
-    if n > 0 && !rows.is_multiple_of(n) {
+    if n > 0 && !rows.is_multiple_of(m) {
         return Err(Error::kernel(
             op,
-            format!("{rows} rows are not a whole number of ({n}, {n}) score blocks"),
+            format!("{rows} rows are not a whole number of ({m}, {n}) score blocks"),
         ));
     }
     Ok(())

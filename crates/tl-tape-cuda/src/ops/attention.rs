@@ -15,6 +15,10 @@
 //!   head products reading dC and writing dQ, dK, dV in the merged layout), then
 //!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch (the sum's adds in the
 //!   products' epilogue, `matmul_acc`).
+//! - `scaledDotProductAttention`: the core alone on q (B, nq, P) and k, v (B, nk, P), nk keys
+//!   of any length (cross-attention, a KV cache): S (B·H, nq, nk), the mask's nq rows of nk
+//!   applied to each head's block of score rows, `dK_h = dSᵀ Q_h` and `dV_h = Aᵀ dO_h` of nk
+//!   rows; fused, the kernels take nq and nk ([`FlashDims`]) and the mask's causal diagonal.
 //! - `fused` (the seeds' `useFlash`): the same projections and output GEMM around the fused
 //!   core [`Device::flash_attention`] (kernels/attention.cu: tiles of queries against tiles
 //!   of keys with the online softmax, one launch), which writes C and each row's log-sum-exp;
@@ -96,14 +100,14 @@ fn dims(op: &Op, x: &[&AnyBuffer], heads: usize, mask: Option<&Mask>) -> Result<
     Ok(mha_dims(w, x[4].shape(), heads, mask)?.0)
 }
 
-/// The intermediates of the forward chain that the backward reads. Q, K, V and C are (B·n, P)
-/// with the heads merged ([`Batch`]).
+/// The intermediates of the forward chain that the backward reads. Q and C are (B·nq, P), K
+/// and V (B·nk, P), with the heads merged ([`Batch`]).
 struct Chain {
     q: Buffer,
     k: Buffer,
     v: Buffer,
     c: Buffer,
-    /// The attention probabilities (B·H, n, n); `None` when a workspace without them is
+    /// The attention probabilities (B·H, nq, nk); `None` when a workspace without them is
     /// reused: the backward recomputes them from `q` and `k`.
     a: Option<Buffer>,
 }
@@ -133,7 +137,7 @@ impl Chain {
 }
 
 /// The B·H head products of one node, operands flagged in `merged` (`[a, b, result]`) read or
-/// written in the (B, n, H, d) layout of Q, K, V and C.
+/// written in the head-merged layout of Q, C (B, nq, H, d) and K, V (B, nk, H, d).
 fn by_head(dm: &Dims, merged: [bool; 3]) -> Batch {
     Batch::heads(dm.batch, dm.heads, merged)
 }
@@ -161,11 +165,10 @@ fn chain<D: Device>(
     x: &[&AnyBuffer],
     mask: Option<&Mask>,
 ) -> Result<Chain> {
-    let Dims { n, d, .. } = *dm;
     let [q, k, v] = projections(dev, s, dm, x)?;
     let a = probabilities(dev, s, dm, q, k, mask)?;
     // O_h = A·V_h, written into C with the heads merged.
-    let c = s.tmp(dev.bmm_heads(a, v, by_head(dm, [false, true, true]), Gemm::nn(n, n, d))?);
+    let c = s.tmp(dev.bmm_heads(a, v, by_head(dm, [false, true, true]), attend(dm))?);
     Ok(Chain {
         q,
         k,
@@ -241,7 +244,7 @@ impl FlashChain {
     }
 }
 
-/// `A = softmax(Q_h K_hᵀ/√d)` (masked where `mask` says), (B·H, n, n), a temporary of `s`.
+/// `A = softmax(Q_h K_hᵀ/√d)` (masked where `mask` says), (B·H, nq, nk), a temporary of `s`.
 fn probabilities<D: Device>(
     dev: &mut D,
     s: &mut Scratch,
@@ -250,18 +253,25 @@ fn probabilities<D: Device>(
     k: Buffer,
     mask: Option<&Mask>,
 ) -> Result<Buffer> {
-    let (n, d, bh) = (dm.n, dm.d, dm.batch * dm.heads);
-    let scores = Gemm::nn(n, d, n).with_t(false, true);
+    let Dims { n, nk, d, .. } = *dm;
+    let rows = dm.batch * dm.heads * n;
+    let scores = Gemm::nn(n, d, nk).with_t(false, true);
     let raw = s.tmp(dev.bmm_heads(q, k, by_head(dm, [true, true, false]), scores)?);
     let a = match mask {
+        // The mask's nq rows of nk, one per query row of each head.
         Some(m) => {
             let scores = s.tmp(dev.scale(raw, inv_sqrt(d))?);
-            dev.masked_softmax_rows(scores, m.as_slice(), bh * n, n)?
+            dev.masked_softmax_rows(scores, m.as_slice(), rows, nk)?
         }
         // scale → softmax in one launch (same bits).
-        None => dev.scaled_softmax_rows(raw, inv_sqrt(d), bh * n, n)?,
+        None => dev.scaled_softmax_rows(raw, inv_sqrt(d), rows, nk)?,
     };
     Ok(s.tmp(a))
+}
+
+/// `O_h = A·V_h`: (nq, nk)·(nk, d) per head.
+fn attend(dm: &Dims) -> Gemm {
+    Gemm::nn(dm.n, dm.nk, dm.d)
 }
 
 /// `1/√d` as the kernel's f32 (the reference's `1/sqrt(d)` rounded once).
@@ -396,24 +406,31 @@ fn core_grads<D: Device>(
     dc: Buffer,
 ) -> Result<[Buffer; 3]> {
     let Dims {
-        batch, n, heads, d, ..
+        batch,
+        n,
+        nk,
+        heads,
+        d,
+        ..
     } = *dm;
-    let bh = batch * heads;
+    let rows = batch * heads * n;
     let a = match ch.a {
         Some(a) => a,
         None => probabilities(dev, s, dm, ch.q, ch.k, mask)?,
     };
-    // O_h = A·V_h: dA = dO_h·V_hᵀ, dV_h = Aᵀ·dO_h (dO_h read from dC in place).
-    let da_g = Gemm::nn(n, d, n).with_t(false, true);
+    // O_h = A·V_h: dA = dO_h·V_hᵀ (nq, nk), dV_h = Aᵀ·dO_h (nk, d) (dO_h read from dC in
+    // place).
+    let da_g = Gemm::nn(n, d, nk).with_t(false, true);
     let da = s.tmp(dev.bmm_heads(dc, ch.v, by_head(dm, [true, true, false]), da_g)?);
     let into = by_head(dm, [false, true, true]);
-    let dv = s.tmp(dev.bmm_heads(a, dc, into, Gemm::nn(n, n, d).with_t(true, false))?);
+    // Aᵀ·X and dSᵀ·X: (nk, nq)·(nq, d), A and dS stored (nq, nk).
+    let t_nq = Gemm::nn(nk, n, d).with_t(true, false);
+    let dv = s.tmp(dev.bmm_heads(a, dc, into, t_nq)?);
     // Softmax VJP (0 where A is: masked entries, empty rows), then S = Q_h K_hᵀ/√d.
     // softmax VJP → scale by 1/√d in one launch (same bits as the two).
-    let ds = s.tmp(dev.scaled_softmax_rows_bwd(a, da, inv_sqrt(d), bh * n, n)?);
-    let dq = s.tmp(dev.bmm_heads(ds, ch.k, into, Gemm::nn(n, n, d))?);
-    let dk_g = Gemm::nn(n, n, d).with_t(true, false);
-    let dk = s.tmp(dev.bmm_heads(ds, ch.q, into, dk_g)?);
+    let ds = s.tmp(dev.scaled_softmax_rows_bwd(a, da, inv_sqrt(d), rows, nk)?);
+    let dq = s.tmp(dev.bmm_heads(ds, ch.k, into, attend(dm))?);
+    let dk = s.tmp(dev.bmm_heads(ds, ch.q, into, t_nq)?);
     Ok([dq, dk, dv])
 }
 
@@ -461,8 +478,7 @@ pub fn sdpa<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer
     }
     with_scratch(dev, |dev, s| {
         let a = probabilities(dev, s, &dm, q, k, mask)?;
-        let av = Gemm::nn(dm.n, dm.n, dm.d);
-        let c = dev.bmm_heads(a, v, by_head(&dm, [false, true, true]), av)?;
+        let c = dev.bmm_heads(a, v, by_head(&dm, [false, true, true]), attend(&dm))?;
         if fused {
             return Ok((c, Vec::new()));
         }
@@ -501,7 +517,7 @@ pub fn sdpa_back<D: Device>(
     };
     let kept = match &flash {
         Some(f) => live(f.dims.rows_len()),
-        None => live(dm.batch * dm.heads * dm.n * dm.n),
+        None => live(dm.batch * dm.heads * dm.n * dm.nk),
     };
     let grads = with_scratch(dev, |dev, s| match &flash {
         Some(f) => {

@@ -769,3 +769,143 @@ fn the_fused_core_op_keeps_the_log_sum_exp_only() {
     assert_eq!(tape.device().traffic().launches, launches);
     assert!(tape.apply(&wide(false), &q).is_ok());
 }
+
+/// `scaledDotProductAttention` over leaves `[q, k, v, r]` (q and r (B, nq, P), k and v
+/// (B, nk, P)), then `sum(y·r)`, as one graph.
+fn sdpa_graph(op: Op, batch: usize, nq: usize, nk: usize, p: usize) -> (tl_ir::GraphData, usize) {
+    let mut b = GraphBuilder::new();
+    let q = b.leaf([batch, nq, p], None).unwrap();
+    let k = b.leaf([batch, nk, p], None).unwrap();
+    let v = b.leaf([batch, nk, p], None).unwrap();
+    let r = b.leaf([batch, nq, p], None).unwrap();
+    let y = b.apply(op, &[q, k, v]).unwrap();
+    let yr = b.apply(Op::Mul, &[y, r]).unwrap();
+    let out = b.apply(Op::Sum, &[yr]).unwrap();
+    (b.finish(), out)
+}
+
+/// The value of `out` and the gradients of q, k and v on a fresh sim tape, as f64.
+fn sdpa_tape_run(graph: &tl_ir::GraphData, out: usize, leaves: &[Tensor<f64>]) -> Vec<Tensor<f64>> {
+    let mut tape = CudaTape::new(SimDevice::new());
+    let ids = graph.replay(&mut tape, leaves, &[]).unwrap();
+    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+    let grads = tape.backward_dense(ids[out], &seed).unwrap();
+    let mut res = vec![tape.read(ids[out]).unwrap()];
+    for &id in &ids[..3] {
+        res.push(grads[id].download(tape.device()).unwrap());
+    }
+    tape.release_grads(grads);
+    res
+}
+
+/// `scaledDotProductAttention` with keys of another length than the queries (nq = 7 over
+/// nk = 23, nq = 19 over nk = 5 and one query row over 37 keys, a KV-cache step), fused and
+/// composed, every mask form (none, key padding, causal lower right and upper left, lower
+/// right with padding, a dense mask with fully masked rows): the CUDA tape (sim) against IR
+/// eval and backprop in f64 (check 1 and 2) and in f32, and fused against composed.
+#[test]
+fn scaled_dot_product_attention_takes_keys_of_another_length() {
+    let mut g = Gen::new(31);
+    let (batch, heads, d) = (2, 2, 3);
+    let p = heads * d;
+    for (nq, nk) in [(7, 23), (19, 5), (1, 37)] {
+        let lr_pad = Mask::from_fn_rectangular(nq, nk, |i, j| {
+            j as i64 <= i as i64 + nk as i64 - nq as i64 && j % 3 != 1
+        })
+        .unwrap();
+        // Rows 0 and 4 (where there are) see nothing.
+        let dense =
+            Mask::from_fn_rectangular(nq, nk, |i, j| i != 0 && i != 4 && (i + 2 * j) % 3 != 0)
+                .unwrap();
+        let masks = [
+            None,
+            Some(Mask::from_fn_rectangular(nq, nk, |_, j| j % 4 != 2).unwrap()),
+            Some(Mask::causal_lower_right(nq, nk).unwrap()),
+            Some(Mask::causal_upper_left(nq, nk).unwrap()),
+            Some(lr_pad),
+            Some(dense),
+        ];
+        for mask in masks {
+            let sdpa = |fused| Op::ScaledDotProductAttention {
+                heads,
+                mask: mask.clone(),
+                fused,
+            };
+            let (graph, out) = sdpa_graph(sdpa(true), batch, nq, nk, p);
+            let leaves: Vec<Tensor<f64>> = graph
+                .leaves()
+                .iter()
+                .map(|l| draw(&mut g, &l.shape, Domain::Any))
+                .collect();
+            // IR in f32: the value and the gradients of q, k, v.
+            let l32: Vec<Tensor<f32>> = leaves.iter().map(|t| t.cast()).collect();
+            let seed = Tensor::scalar(1.0f32);
+            let v32 = graph.eval(&l32, &[]).unwrap();
+            let g32 = graph.backprop_all(&l32, &[], out, &seed).unwrap();
+            let ir32: Vec<Tensor<f64>> = [&v32[out], &g32[0], &g32[1], &g32[2]]
+                .iter()
+                .map(|t| t.cast())
+                .collect();
+            let mut runs = Vec::new();
+            for fused in [true, false] {
+                let what = format!("sdpa nq {nq} nk {nk} fused {fused} {mask:?}");
+                let (graph, out) = sdpa_graph(sdpa(fused), batch, nq, nk, p);
+                check_graph(&what, &graph, &leaves, out, &Tensor::scalar(1.0));
+                let got = sdpa_tape_run(&graph, out, &leaves);
+                for (k, (a, b)) in got.iter().zip(&ir32).enumerate() {
+                    crate::common::close(a, b)
+                        .unwrap_or_else(|e| panic!("{what}: result {k} against IR f32: {e}"));
+                }
+                runs.push(got);
+            }
+            for (k, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+                crate::common::close(a, b).unwrap_or_else(|e| {
+                    panic!("nq {nq} nk {nk} {mask:?}: result {k}, fused against composed: {e}")
+                });
+            }
+        }
+    }
+}
+
+/// A fused `scaledDotProductAttention` of nq queries over nk keys keeps one log-sum-exp per
+/// query row (B·H·nq floats), its backward gives dK and dV of k's shape, with the same bits
+/// from that workspace or recomputed; a mask made for other sizes is an error naming the op
+/// and the sizes before anything is allocated or launched.
+#[test]
+fn the_fused_core_op_over_other_keys_keeps_one_statistic_per_query_row() {
+    let mut rnd = Gen::new(37);
+    let (heads, d, nq, nk) = (2, 3, 5, 41);
+    let p = heads * d;
+    let mut tape = CudaTape::new(SimDevice::new());
+    let leaves = random_leaves(&mut tape, &mut rnd, &[[nq, p], [nk, p], [nk, p]]);
+    let op = |mask| Op::ScaledDotProductAttention {
+        heads,
+        mask: Some(mask),
+        fused: true,
+    };
+    let y = tape
+        .apply(&op(Mask::causal_lower_right(nq, nk).unwrap()), &leaves)
+        .unwrap();
+    let kept = tape.node(y).unwrap().cleanup().to_vec();
+    let lens: Vec<usize> = kept.iter().map(|b| b.len()).collect();
+    assert_eq!(lens, [heads * nq], "lse");
+    let (reused, recomputed) =
+        backward_from_workspace_then_recomputed(&mut tape, y, &leaves, &kept);
+    assert_eq!(recomputed - reused, 1, "the fused core again");
+
+    let live = tape.device().memory_usage().live_bytes;
+    let launches = tape.device().traffic().launches;
+    let e = tape
+        .apply(&op(Mask::causal_lower_right(nk, nq).unwrap()), &leaves)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("scaledDotProductAttention")
+            && e.contains(&format!("({nk}, {nq})"))
+            && e.contains(&nq.to_string())
+            && e.contains(&nk.to_string()),
+        "{e}"
+    );
+    assert_eq!(tape.device().memory_usage().live_bytes, live);
+    assert_eq!(tape.device().traffic().launches, launches);
+}

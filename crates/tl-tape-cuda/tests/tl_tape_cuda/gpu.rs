@@ -293,6 +293,13 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         false,
         d.masked_softmax_rows(x, &mask, 100, 10)?
     );
+    // A (4, 10) mask (rows 0..4 of the square one): an (nq, nk) attention mask, nq ≠ nk.
+    one!(
+        nm,
+        "masked_softmax_rows",
+        false,
+        d.masked_softmax_rows(x, &mask[..40], 100, 10)?
+    );
     let la = "linalg";
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
         one!(
@@ -1079,8 +1086,9 @@ fn check_single_op_cases(cases: &[(Op, Vec<(Shape, Domain)>)], seed: u64, on_gpu
     }
 }
 
-/// The norm family's ops (issue 4): layer/batch/RMS norm, masked softmax, attention (both
-/// forms, masked and not, batched).
+/// The norm family's ops (issue 4): layer/batch/RMS norm, masked softmax (square and
+/// rectangular masks), attention (both forms, masked and not, batched; the core alone over keys
+/// of another length than the queries).
 fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
     use Domain::Any;
     let mut cases = vec![
@@ -1102,7 +1110,37 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
             },
             &[(&[2, 4, 4], Any)],
         ),
+        // Rows other than columns: 3 queries over 5 keys, the last query seeing all.
+        single(
+            Op::MaskedSoftmax {
+                mask: Mask::causal_lower_right(3, 5).unwrap(),
+            },
+            &[(&[2, 3, 5], Any)],
+        ),
     ];
+    // scaledDotProductAttention of 3 queries over 7 keys (and 6 over 2: the first rows of the
+    // lower-right mask see nothing), fused (the kernels take nq and nk) and composed.
+    for (nq, nk, mask, fused) in [
+        (3, 7, None, true),
+        (3, 7, Some(Mask::causal_lower_right(3, 7).unwrap()), true),
+        (3, 7, Some(Mask::causal_lower_right(3, 7).unwrap()), false),
+        (6, 2, Some(Mask::causal_lower_right(6, 2).unwrap()), true),
+        (
+            6,
+            2,
+            Some(Mask::from_fn_rectangular(6, 2, |i, j| i != 2 && (i + j) % 3 != 0).unwrap()),
+            true,
+        ),
+        (6, 2, None, false),
+    ] {
+        let op = Op::ScaledDotProductAttention {
+            heads: 2,
+            mask,
+            fused,
+        };
+        let (q, kv): (&[usize], &[usize]) = (&[2, nq, 4], &[2, nk, 4]);
+        cases.push(single(op, &[(q, Any), (kv, Any), (kv, Any)]));
+    }
     for (mask, fused) in [
         (None, false),
         (Some(Mask::causal(3).unwrap()), false),

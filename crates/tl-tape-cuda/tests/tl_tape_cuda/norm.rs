@@ -173,7 +173,46 @@ fn bad_operands_are_errors_naming_the_primitive() {
         "{e}"
     );
     // 3 rows of 2 are not whole (2, 2) blocks.
-    assert!(d.masked_softmax_rows(x, &[true; 4], 3, 2).is_err());
+    let e = d.masked_softmax_rows(x, &[true; 4], 3, 2).unwrap_err();
+    assert!(e.to_string().contains("(2, 2) score blocks"), "{e}");
+    // 3 mask entries are not whole rows of 2.
+    let e = d.masked_softmax_rows(x, &[true; 3], 3, 2).unwrap_err();
+    assert!(
+        e.to_string().contains("not a whole number of rows of 2"),
+        "{e}"
+    );
+}
+
+/// A rectangular mask (m rows of n, an (nq, nk) attention mask): row r of x takes mask row
+/// r mod m; masked entries and rows with nothing allowed are exactly 0.
+#[test]
+fn masked_softmax_takes_a_mask_of_other_rows_than_columns() {
+    let mut d = SimDevice::new();
+    // Two blocks of a (1, 3) mask, then (3, 2): the rows take mask rows 0, 0 / 0, 1, 2, 0.
+    let x = d.upload(&[0.0, 5.0, 3f32.ln(), 1.0, 2.0, 3.0]).unwrap();
+    let y = d
+        .masked_softmax_rows(x, &[true, false, true], 2, 3)
+        .unwrap();
+    close(
+        &d.download(y).unwrap(),
+        &[0.25, 0.0, 0.75, 0.119_202_922, 0.0, 0.880_797_078],
+        1e-6,
+    );
+    let y = d
+        .masked_softmax_rows(x, &[true, true, false, false, false, true], 3, 2)
+        .unwrap();
+    close(
+        &d.download(y).unwrap(),
+        &[0.006_692_851, 0.993_307_149, 0.0, 0.0, 0.0, 1.0],
+        1e-6,
+    );
+    // 6 rows are not whole blocks of a (4, 1) mask.
+    let e = d.masked_softmax_rows(x, &[true; 4], 6, 1).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("6 rows are not a whole number of (4, 1)"),
+        "{e}"
+    );
 }
 
 /// `norm_forward` gives the bits of `norm_stats` then `norm_apply`: one launch for short groups

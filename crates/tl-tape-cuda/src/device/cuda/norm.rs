@@ -275,6 +275,7 @@ impl CudaDevice {
                     Arg::Ptr(out),
                     Arg::U32(rows as u32),
                     Arg::U32(n as u32),
+                    Arg::U32(crate::device::norm::mask_rows(mask, n) as u32),
                 ];
                 d.run(OP, "tl_masked_softmax_rows", [per_group(rows), 1, 1], &args)
             })

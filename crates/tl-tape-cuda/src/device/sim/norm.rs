@@ -214,10 +214,12 @@ pub fn bwd_affine(
     }
 }
 
-/// Masked softmax of each row of `x` (rows of `n`), row `r` with mask row `r mod n`.
+/// Masked softmax of each row of `x` (rows of `n`, n ≥ 1), row `r` with mask row `r mod m`
+/// (`mask`: m rows of n).
 pub fn masked_softmax(x: &[f32], mask: &[bool], n: usize, out: &mut [f32]) {
+    let m = crate::device::norm::mask_rows(mask, n);
     for (r, (xr, yr)) in x.chunks(n).zip(out.chunks_mut(n)).enumerate() {
-        let ok = &mask[(r % n) * n..(r % n + 1) * n];
+        let ok = &mask[(r % m) * n..(r % m + 1) * n];
         let m = block_max(n, |j| if ok[j] { xr[j] } else { f32::NEG_INFINITY });
         if m == f32::NEG_INFINITY {
             yr.fill(0.0);
