@@ -568,12 +568,22 @@ fn the_fused_op_on_the_tape_matches_ir_eval_and_backprop() {
 /// Values and gradients of `multiHeadAttention` on a fresh sim tape, as f64.
 fn tape_run(op: &Op, leaves: &[Tensor<f64>]) -> Vec<Tensor<f64>> {
     let (graph, out) = mha_graph(op.clone(), 2, 21, 6, 8);
+    value_and_first_grads(&graph, out, leaves, 5)
+}
+
+/// The value of `out` and the gradients of the first `n` leaves on a fresh sim tape, as f64.
+fn value_and_first_grads(
+    graph: &tl_ir::GraphData,
+    out: usize,
+    leaves: &[Tensor<f64>],
+    n: usize,
+) -> Vec<Tensor<f64>> {
     let mut tape = CudaTape::new(SimDevice::new());
     let ids = graph.replay(&mut tape, leaves, &[]).unwrap();
     let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
     let grads = tape.backward_dense(ids[out], &seed).unwrap();
     let mut res = vec![tape.read(ids[out]).unwrap()];
-    for &id in &ids[..5] {
+    for &id in &ids[..n] {
         res.push(grads[id].download(tape.device()).unwrap());
     }
     tape.release_grads(grads);
@@ -786,16 +796,7 @@ fn sdpa_graph(op: Op, batch: usize, nq: usize, nk: usize, p: usize) -> (tl_ir::G
 
 /// The value of `out` and the gradients of q, k and v on a fresh sim tape, as f64.
 fn sdpa_tape_run(graph: &tl_ir::GraphData, out: usize, leaves: &[Tensor<f64>]) -> Vec<Tensor<f64>> {
-    let mut tape = CudaTape::new(SimDevice::new());
-    let ids = graph.replay(&mut tape, leaves, &[]).unwrap();
-    let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
-    let grads = tape.backward_dense(ids[out], &seed).unwrap();
-    let mut res = vec![tape.read(ids[out]).unwrap()];
-    for &id in &ids[..3] {
-        res.push(grads[id].download(tape.device()).unwrap());
-    }
-    tape.release_grads(grads);
-    res
+    value_and_first_grads(graph, out, leaves, 3)
 }
 
 /// `scaledDotProductAttention` with keys of another length than the queries (nq = 7 over
