@@ -153,7 +153,19 @@ impl MultiHeadAttention {
         Ok(Mask::from_fn(n, |_, j| j < len)?)
     }
 
-    /// Attention with an explicit mask (`None`: every key is allowed).
+    /// One key-padding mask per sequence of a padded batch, for [`forward_masked`](Self::forward_masked)
+    /// on (B, n, d) with B = `lens.len()`: sequence b's queries see its first `lens[b]` of the
+    /// `n` keys (PyTorch: `key_padding_mask` (B, n), true at the padding). An empty `lens`, or
+    /// sizes whose B·n·n mask overflows or exceeds the allocation cap, is an error
+    /// ([`Mask::from_fn_batched`]).
+    pub fn key_padding_masks(n: usize, lens: &[usize]) -> Result<Mask> {
+        Ok(Mask::from_fn_batched(lens.len(), n, n, |b, _, j| {
+            j < lens[b]
+        })?)
+    }
+
+    /// Attention with an explicit mask (`None`: every key is allowed): an (n, n) mask shared
+    /// by the batch, or one per batch element ([`Mask::batched`], [`key_padding_masks`](Self::key_padding_masks)).
     pub fn forward_masked<'g, O: Train>(
         &self,
         x: &Var<'g, O>,

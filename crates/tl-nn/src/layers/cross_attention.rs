@@ -1,18 +1,13 @@
 //! [`MultiHeadAttention::forward_qkv`]: attention of queries over separate keys and values
 //! (cross-attention: a decoder over an encoder's memory), and the attention of the layers with
-//! rotary embeddings: the projections, then the catalogue's `scaledDotProductAttention` where
-//! it applies, else the core composed from catalogue ops.
+//! rotary embeddings or grouped heads: the projections, then the catalogue's
+//! `scaledDotProductAttention`.
 
 use tl_session::Train;
 use tl_spec::ops::attention::Mask;
-use tl_spec::{Scalar, Tensor};
 
 use super::{At, MultiHeadAttention};
 use crate::{Result, Var};
-
-/// What a masked score becomes: far enough below any score that its weight is 0 in f32 and
-/// f64 (e^(−1e30 − m) underflows), finite so that nothing turns into NaN.
-const MASKED: f64 = -1e30;
 
 impl MultiHeadAttention {
     /// Attention of `query` over `key` and `value` (cross-attention: `key` = `value` = an
@@ -29,13 +24,12 @@ impl MultiHeadAttention {
     /// bias=False, batch_first=True)`.
     ///
     /// The projections are `matmul`s (and the rotations, with rope, products with constant
-    /// tables); with a key mask shared by the batch (or none), the core is the catalogue's
-    /// `scaledDotProductAttention` over the nk keys, fused as [`flash`](Self::flash) says (on
-    /// CUDA the flash kernels: O((nq + nk)·d) memory); with a mask per batch element, which
-    /// that op does not take, it is composed from `swapAdjacent`, `bmm`, `softmax` and a
-    /// constant score bias for the mask, keeping the (B·heads, nq, nk) scores. Either way it runs on every backend and in the linked session; with `query` =
-    /// `key` = `value` it is the layer's forward within rounding (`tests/nn/rnn.rs`, beside
-    /// PyTorch's values and gradients).
+    /// tables); the core is the catalogue's `scaledDotProductAttention` over the nk keys, its
+    /// mask shared by the batch or (a key mask per batch element) one matrix per element,
+    /// fused as [`flash`](Self::flash) says (on CUDA the flash kernels: O((nq + nk)·d) memory,
+    /// never the (B·heads, nq, nk) scores). It runs on every backend and in the linked session;
+    /// with `query` = `key` = `value` it is the layer's forward within rounding
+    /// (`tests/nn/rnn.rs`, beside PyTorch's values and gradients).
     pub fn forward_qkv<'g, O: Train>(
         &self,
         query: &Var<'g, O>,
@@ -77,8 +71,8 @@ impl MultiHeadAttention {
     }
 
     /// The attention of [`forward_qkv`](Self::forward_qkv) with its shapes checked: the
-    /// projections, the rotations with [`rope`](Self::rope), then the core: the op
-    /// `scaledDotProductAttention` where `keys` is not per batch element, else composed. A query left with no key is an error naming the layer.
+    /// projections, the rotations with [`rope`](Self::rope), then the core, the op
+    /// `scaledDotProductAttention` under `keys`' mask. A query left with no key is an error naming the layer.
     pub(super) fn attend<'g, O: Train>(
         &self,
         (query, key, value): (&Var<'g, O>, &Var<'g, O>, &Var<'g, O>),
@@ -142,8 +136,8 @@ impl MultiHeadAttention {
         }
     }
 
-    /// The core on Q (B, nq, heads, dh) and K, V (B, nk, heads, dh) as [`attend`](Self::attend)
-    /// picks it, the heads merged back, then `·Wo`: (\[B,\] nq, d) as `batch` says.
+    /// The core `scaledDotProductAttention` on Q (B, nq, heads, dh) and K, V (B, nk, heads, dh)
+    /// with the heads merged, under `keys`' mask, then `·Wo`: (\[B,\] nq, d) as `batch` says.
     pub(super) fn core_and_output<'g, O: Train>(
         &self,
         (q, k, v): (Var<'g, O>, Var<'g, O>, Var<'g, O>),
@@ -152,49 +146,22 @@ impl MultiHeadAttention {
     ) -> Result<Var<'g, O>> {
         let g = q.scope();
         let (b, d, h) = (batch.unwrap_or(1), self.wq.shape().dims()[0], self.heads);
-        let c = match keys.shared_mask(nq, nk)? {
-            // (B, n, d) with the heads merged, as the op takes them.
-            Some(mask) => {
-                let [k, v] = [k, v].map(|t| t.reshape(&[b, nk, d]));
-                let q = q.reshape(&[b, nq, d])?;
-                q.scaled_dot_product_attention(&k?, &v?, h, mask.as_ref(), self.flash)?
-            }
-            None => composed_core::<O>((q, k, v), (b, nq, nk), keys, (h, d / h))?,
-        };
+        let mask = keys.mask(b, nq, nk)?;
+        // (B, n, d) with the heads merged, as the op takes them.
+        let [k, v] = [k, v].map(|t| t.reshape(&[b, nk, d]));
+        let c = q.reshape(&[b, nq, d])?.scaled_dot_product_attention(
+            &k?,
+            &v?,
+            h,
+            mask.as_ref(),
+            self.flash,
+        )?;
         let out = c.reshape(&[b * nq, d])?.matmul(&g.param(&self.wo)?)?;
         match batch {
             Some(b) => out.reshape(&[b, nq, d]),
             None => out.reshape(&[nq, d]),
         }
     }
-}
-
-/// The attention core composed from catalogue ops, on Q (B, nq, h, dh) and K, V (B, nk, h,
-/// dh): (B·h, n, dh) each, `softmax(QKᵀ/√dh + bias)·V` with `keys`' score bias, merged back to
-/// (B, nq, h·dh).
-fn composed_core<'g, O: Train>(
-    (q, k, v): (Var<'g, O>, Var<'g, O>, Var<'g, O>),
-    (b, nq, nk): (usize, usize, usize),
-    keys: &Keys<'_>,
-    (h, dh): (usize, usize),
-) -> Result<Var<'g, O>> {
-    let g = q.scope();
-    let heads = |t: Var<'g, O>, n: usize| t.swap_adjacent(1)?.reshape(&[b * h, n, dh]);
-    let (q, k, v) = (heads(q, nq)?, heads(k, nk)?, heads(v, nk)?);
-    let mut scores = q
-        .bmm(&k.swap_last_two()?)?
-        .scale(1.0 / (dh as f64).sqrt())?;
-    if let Some(bias) = keys.score_bias::<O>(b, nq, nk)? {
-        // (B, h, nq, nk) + the (B, 1, nq, nk) bias, broadcast over the heads.
-        let bias = g.constant(bias)?;
-        scores = (&scores.reshape(&[b, h, nq, nk])? + &bias)?.reshape(&[b * h, nq, nk])?;
-    }
-    scores
-        .softmax()?
-        .bmm(&v)?
-        .reshape(&[b, h, nq, dh])?
-        .swap_adjacent(1)?
-        .reshape(&[b, nq, h * dh])
 }
 
 /// Which keys each query may attend to.
@@ -204,7 +171,8 @@ pub(super) enum Keys<'a> {
     All,
     /// `allowed(i, j)`: query i may attend to key j, in every batch element.
     Shared(&'a dyn Fn(usize, usize) -> bool),
-    /// The (nq, nk) mask, in every batch element (taken by the op as it is).
+    /// The (nq, nk) mask, shared by every batch element or one matrix per element (taken by
+    /// the op as it is).
     Mask(&'a Mask),
     /// `allowed(b, i, j)`: query i of batch element b may attend to key j.
     PerBatch(&'a dyn Fn(usize, usize, usize) -> bool),
@@ -216,13 +184,13 @@ impl Keys<'_> {
         match self {
             Keys::All => true,
             Keys::Shared(f) => f(i, j),
-            Keys::Mask(m) => m.allowed(i, j),
+            Keys::Mask(m) => m.allowed_in(b, i, j),
             Keys::PerBatch(f) => f(b, i, j),
         }
     }
 
     /// An error naming the layer for a query with no key left (the op would give it zeros,
-    /// the composed core an average of every key).
+    /// PyTorch NaN).
     fn check_every_query_has_a_key<O: Train>(
         &self,
         b: usize,
@@ -232,7 +200,8 @@ impl Keys<'_> {
     ) -> Result<()> {
         let batches = match self {
             Keys::All => return Ok(()),
-            Keys::Shared(_) | Keys::Mask(_) => 1,
+            Keys::Shared(_) => 1,
+            Keys::Mask(m) => m.batch(),
             Keys::PerBatch(_) => b,
         };
         for bi in 0..batches {
@@ -247,34 +216,17 @@ impl Keys<'_> {
         Ok(())
     }
 
-    /// `Some(mask)` (`None`: every key) when the op `scaledDotProductAttention` takes these
-    /// keys: the same for every batch element; `None` otherwise. A causal or key-padding
-    /// `Shared` mask is recognized when it is made ([`Mask::form`]): the flash kernels take it in
-    /// O(nk) words.
-    #[allow(clippy::type_complexity)]
-    fn shared_mask(&self, nq: usize, nk: usize) -> Result<Option<Option<Mask>>> {
+    /// The mask of `scaledDotProductAttention` over `b` batch elements of nq queries and nk
+    /// keys (`None`: every key): one (nq, nk) matrix for every batch element, or one per
+    /// element for `PerBatch`. A causal or key-padding mask is recognized when it is made
+    /// ([`Mask::form`]): the flash kernels take it in O(b·nk) words.
+    fn mask(&self, b: usize, nq: usize, nk: usize) -> Result<Option<Mask>> {
         Ok(match self {
-            Keys::All => Some(None),
-            Keys::Shared(f) => Some(Some(Mask::from_fn_rectangular(nq, nk, f)?)),
-            Keys::Mask(m) => Some(Some((*m).clone())),
-            Keys::PerBatch(_) => None,
+            Keys::All => None,
+            Keys::Shared(f) => Some(Mask::from_fn_rectangular(nq, nk, f)?),
+            Keys::Mask(m) => Some((*m).clone()),
+            Keys::PerBatch(f) => Some(Mask::from_fn_batched(b, nq, nk, f)?),
         })
-    }
-
-    /// The scores' additive mask, (B, 1, nq, nk): 0 where allowed, [`MASKED`] elsewhere;
-    /// `None` for every key.
-    fn score_bias<O: Train>(&self, b: usize, nq: usize, nk: usize) -> Result<Option<Tensor<O::T>>> {
-        if matches!(self, Keys::All) {
-            return Ok(None);
-        }
-        Ok(Some(Tensor::try_from_fn(
-            "MultiHeadAttention (composed)",
-            [b, 1, nq, nk],
-            |e| {
-                let (bi, i, j) = (e / (nq * nk), e / nk % nq, e % nk);
-                O::T::lit(if self.allowed(bi, i, j) { 0.0 } else { MASKED })
-            },
-        )?))
     }
 }
 

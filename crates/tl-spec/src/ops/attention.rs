@@ -17,31 +17,37 @@ use crate::{Error, Result, Scalar, Shape, Tensor};
 /// A static (rows, cols) boolean attention mask, row-major; `true` = allowed. Row `i` says
 /// which of the `cols` keys query `i` may attend to: self-attention takes a square mask (as many
 /// keys as queries), attention over keys of another length (cross-attention, a KV cache) a
-/// rectangular one. Cheap to clone (shared storage). PyTorch: a boolean `attn_mask` (L, S) of
-/// `F.scaled_dot_product_attention` (same polarity: true = take part in attention).
+/// rectangular one. One matrix serves every batch element, or a batched mask
+/// ([`Mask::batched`], [`Mask::from_fn_batched`]) holds one per batch element (a padded batch's
+/// key padding). Cheap to clone (shared storage). PyTorch: a boolean `attn_mask` (L, S) or (B,
+/// 1, L, S) of `F.scaled_dot_product_attention` (same polarity: true = take part in attention).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Mask {
+    batch: usize,
     rows: usize,
     cols: usize,
-    /// The rows·cols entries (a `Vec` behind the `Arc`, so that sharing it copies nothing: an
-    /// `Arc<[bool]>` would copy the entries into a second, infallible allocation).
+    /// The batch·rows·cols entries (a `Vec` behind the `Arc`, so that sharing it copies
+    /// nothing: an `Arc<[bool]>` would copy the entries into a second, infallible allocation).
     allowed: Arc<Vec<bool>>,
     /// Its structure, found once when it is made (a function of `allowed`).
     form: Arc<MaskForm>,
 }
 
 /// The structure of a [`Mask`], found once when the mask is made, so that a kernel can take a
-/// causal or key-padding mask in O(cols) form without reading its entries again on each call.
+/// causal or key-padding mask in O(batch·cols) form without reading its entries again on each
+/// call.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MaskForm {
-    /// Entry (i, j) = `(j ≤ i + o if causal = Some(o)) and keep[j]`: no mask, a causal mask
-    /// (its diagonal `o`: 0 for [`Mask::causal`] and [`Mask::causal_upper_left`], cols − rows
-    /// for [`Mask::causal_lower_right`]), a key padding, or causal with key padding. `keep` is
-    /// `None` when every key is kept.
+    /// Entry (b, i, j) = `(j ≤ i + o if causal = Some(o)) and keep[b·cols + j]`: no mask, a
+    /// causal mask (its diagonal `o`: 0 for [`Mask::causal`] and [`Mask::causal_upper_left`],
+    /// cols − rows for [`Mask::causal_lower_right`]), a key padding (per batch element in a
+    /// batched mask), or causal with key padding. `keep` is `None` when every key is kept.
     Keys {
-        /// `Some(o)`: query i sees only keys j ≤ i + o (`torch.tril`'s `diagonal`).
+        /// `Some(o)`: query i sees only keys j ≤ i + o (`torch.tril`'s `diagonal`), in every
+        /// batch element.
         causal: Option<isize>,
-        /// Which of the `cols` keys take part (`None`: all of them).
+        /// Which of the `cols` keys take part, batch element b's at `b·cols..` (`None`: all of
+        /// them, everywhere).
         keep: Option<Vec<bool>>,
     },
     /// Any other mask: only its entries say which keys each query sees.
@@ -55,33 +61,37 @@ impl MaskForm {
         causal.is_none_or(|o| (j as isize) <= (i as isize).saturating_add(o))
     }
 
-    /// The structure of the `rows·cols` row-major `allowed` (one pass over the entries at most
-    /// per candidate structure: no causal part, then the diagonals 0 and cols − rows).
+    /// The structure of the `batch·rows·cols` row-major `allowed` (one pass over the entries
+    /// at most per candidate structure: no causal part, then the diagonals 0 and cols − rows).
     fn of(rows: usize, cols: usize, allowed: &[bool]) -> MaskForm {
         let lower_right = cols as isize - rows as isize;
         let candidates = [None, Some(0), Some(lower_right)];
+        let matrix = (rows * cols).max(1);
         for (at, &causal) in candidates.iter().enumerate() {
             if candidates[..at].contains(&causal) {
                 continue;
             }
             // Keep flags from the last row that reaches each key (past every row's diagonal:
-            // no row sees it, so its flag is free and taken as kept).
-            let keep: Vec<bool> = (0..cols)
-                .map(|j| {
-                    (0..rows)
-                        .rev()
-                        .find(|&i| MaskForm::causal_allows(causal, i, j))
-                        .is_none_or(|i| allowed[i * cols + j])
-                })
+            // no row sees it, so its flag is free and taken as kept), per batch element.
+            let last = |j: usize| {
+                (0..rows)
+                    .rev()
+                    .find(|&i| MaskForm::causal_allows(causal, i, j))
+            };
+            let keep: Vec<bool> = allowed
+                .chunks_exact(matrix)
+                .flat_map(|m| (0..cols).map(move |j| last(j).is_none_or(|i| m[i * cols + j])))
                 .collect();
             let fits = allowed
-                .chunks_exact(cols.max(1))
-                .enumerate()
-                .all(|(i, row)| {
-                    row.iter()
-                        .zip(&keep)
-                        .enumerate()
-                        .all(|(j, (&a, &k))| a == (MaskForm::causal_allows(causal, i, j) && k))
+                .chunks_exact(matrix)
+                .zip(keep.chunks_exact(cols.max(1)))
+                .all(|(m, keep)| {
+                    m.chunks_exact(cols.max(1)).enumerate().all(|(i, row)| {
+                        row.iter()
+                            .zip(keep)
+                            .enumerate()
+                            .all(|(j, (&a, &k))| a == (MaskForm::causal_allows(causal, i, j) && k))
+                    })
                 });
             if fits {
                 let keep = (!keep.iter().all(|&k| k)).then_some(keep);
@@ -98,24 +108,36 @@ impl Mask {
         Mask::rectangular(n, n, allowed)
     }
 
-    /// A (rows, cols) mask from `rows·cols` row-major entries (row i: the keys query i sees);
-    /// an error if the length is not `rows·cols`.
+    /// A (rows, cols) mask from `rows·cols` row-major entries (row i: the keys query i sees),
+    /// shared by every batch element; an error if the length is not `rows·cols`.
     pub fn rectangular(rows: usize, cols: usize, allowed: Vec<bool>) -> Result<Mask> {
-        if rows.checked_mul(cols) != Some(allowed.len()) {
+        Mask::batched(1, rows, cols, allowed)
+    }
+
+    /// A mask of one (rows, cols) matrix per batch element from `batch·rows·cols` entries
+    /// (batch element b's matrix at `b·rows·cols..`, row-major): for operands of that batch
+    /// size (PyTorch: an `attn_mask` of (B, 1, L, S)). An error if the length is not
+    /// `batch·rows·cols` or `batch` is 0.
+    pub fn batched(batch: usize, rows: usize, cols: usize, allowed: Vec<bool>) -> Result<Mask> {
+        let len = [batch, rows, cols]
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul);
+        if batch == 0 || len != Some(allowed.len()) {
             return Err(Error::param(
                 "mask",
                 format!(
-                    "{} entries cannot form a ({rows}, {cols}) mask",
+                    "{} entries cannot form a mask of {batch} ({rows}, {cols}) matrices (batch ≥ 1)",
                     allowed.len()
                 ),
             ));
         }
-        Ok(Mask::of_entries(rows, cols, allowed))
+        Ok(Mask::of_entries(batch, rows, cols, allowed))
     }
 
     /// The mask of checked entries, its form found.
-    fn of_entries(rows: usize, cols: usize, allowed: Vec<bool>) -> Mask {
+    fn of_entries(batch: usize, rows: usize, cols: usize, allowed: Vec<bool>) -> Mask {
         Mask {
+            batch,
             rows,
             cols,
             form: Arc::new(MaskForm::of(rows, cols, &allowed)),
@@ -138,16 +160,42 @@ impl Mask {
         cols: usize,
         mut f: impl FnMut(usize, usize) -> bool,
     ) -> Result<Mask> {
-        let what = || format!("a ({rows}, {cols}) attention mask");
-        let len = rows.checked_mul(cols).ok_or_else(|| Error::TooLarge {
-            op: "mask",
-            detail: format!("{}: {rows}·{cols} entries overflow usize", what()),
-        })?;
-        let mut allowed = crate::alloc::try_with_capacity("mask", &what(), len)?;
-        for i in 0..rows {
-            allowed.extend((0..cols).map(|j| f(i, j)));
+        Mask::from_fn_batched(1, rows, cols, |_, i, j| f(i, j))
+    }
+
+    /// The mask of one (rows, cols) matrix per batch element with entry (b, i, j) = `f(b, i,
+    /// j)` (for a padded batch: `f(b, i, j) = j < len[b]`). Checked as
+    /// [`Mask::from_fn_rectangular`]; a batch of 0 is an error.
+    pub fn from_fn_batched(
+        batch: usize,
+        rows: usize,
+        cols: usize,
+        mut f: impl FnMut(usize, usize, usize) -> bool,
+    ) -> Result<Mask> {
+        let what = || match batch {
+            1 => format!("a ({rows}, {cols}) attention mask"),
+            _ => format!("a ({batch}, {rows}, {cols}) attention mask"),
+        };
+        if batch == 0 {
+            return Err(Error::param(
+                "mask",
+                format!("{}: batch must be ≥ 1", what()),
+            ));
         }
-        Ok(Mask::of_entries(rows, cols, allowed))
+        let len = [batch, rows, cols]
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul)
+            .ok_or_else(|| Error::TooLarge {
+                op: "mask",
+                detail: format!("{}: {batch}·{rows}·{cols} entries overflow usize", what()),
+            })?;
+        let mut allowed = crate::alloc::try_with_capacity("mask", &what(), len)?;
+        for b in 0..batch {
+            for i in 0..rows {
+                allowed.extend((0..cols).map(|j| f(b, i, j)));
+            }
+        }
+        Ok(Mask::of_entries(batch, rows, cols, allowed))
     }
 
     /// The causal mask: query i sees keys j ≤ i. PyTorch: `is_causal=True`. Checked as
@@ -172,6 +220,11 @@ impl Mask {
         Mask::from_fn_rectangular(rows, cols, |i, j| MaskForm::causal_allows(Some(o), i, j))
     }
 
+    /// The batch elements it has a matrix for: 1 for a mask shared by every batch element.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
     /// The number of rows (queries).
     pub fn rows(&self) -> usize {
         self.rows
@@ -182,20 +235,32 @@ impl Mask {
         self.cols
     }
 
-    /// Row `i` (the keys query `i` may attend to); an empty slice past the end.
+    /// Row `i` of batch element 0 (the keys query `i` may attend to); an empty slice past the
+    /// end.
     pub fn row(&self, i: usize) -> &[bool] {
-        i.checked_mul(self.cols)
-            .and_then(|at| self.allowed.get(at..)?.get(..self.cols))
-            .filter(|_| i < self.rows)
+        self.row_in(0, i)
+    }
+
+    /// Row `i` of batch element `b` (of the one matrix when the mask is shared: every b reads
+    /// it); an empty slice past the end.
+    pub fn row_in(&self, b: usize, i: usize) -> &[bool] {
+        let b = if self.batch == 1 { 0 } else { b };
+        (b < self.batch && i < self.rows)
+            .then(|| &self.allowed[(b * self.rows + i) * self.cols..][..self.cols])
             .unwrap_or(&[])
     }
 
-    /// Whether entry (i, j) is allowed (false out of range).
+    /// Whether entry (i, j) of batch element 0 is allowed (false out of range).
     pub fn allowed(&self, i: usize, j: usize) -> bool {
-        j < self.cols && self.row(i).get(j).copied().unwrap_or(false)
+        self.allowed_in(0, i, j)
     }
 
-    /// All entries, row-major.
+    /// Whether entry (i, j) of batch element `b` is allowed (false out of range).
+    pub fn allowed_in(&self, b: usize, i: usize, j: usize) -> bool {
+        self.row_in(b, i).get(j).copied().unwrap_or(false)
+    }
+
+    /// All entries, row-major, batch element after batch element.
     pub fn as_slice(&self) -> &[bool] {
         &self.allowed
     }
@@ -207,34 +272,57 @@ impl Mask {
 }
 
 impl fmt::Debug for Mask {
-    /// `mask[10/11]`: rows separated by `/`, 1 = allowed.
+    /// `mask[10/11]`: rows separated by `/`, 1 = allowed; batch elements separated by `|`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("mask[")?;
-        for i in 0..self.rows {
-            if i > 0 {
-                f.write_str("/")?;
+        for b in 0..self.batch {
+            if b > 0 {
+                f.write_str("|")?;
             }
-            for &a in self.row(i) {
-                f.write_str(if a { "1" } else { "0" })?;
+            for i in 0..self.rows {
+                if i > 0 {
+                    f.write_str("/")?;
+                }
+                for &a in self.row_in(b, i) {
+                    f.write_str(if a { "1" } else { "0" })?;
+                }
             }
         }
         f.write_str("]")
     }
 }
 
-/// Check that the scores' last two axes are (rows, cols) = the mask's sizes.
-pub fn check_mask(op: &'static str, mask: &Mask, rows: usize, cols: usize) -> Result<()> {
-    if rows == mask.rows() && cols == mask.cols() {
-        Ok(())
-    } else {
-        Err(Error::shape(
+/// Check that the scores' last two axes are (rows, cols) = the mask's sizes, and that the
+/// mask is shared (batch 1) or has one matrix per batch element of the `batch` the op runs on
+/// (`None`: the op takes shared masks only).
+pub fn check_mask(
+    op: &'static str,
+    mask: &Mask,
+    batch: Option<usize>,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    if rows != mask.rows() || cols != mask.cols() {
+        return Err(Error::shape(
             op,
             format!(
                 "the mask is ({}, {}) but the scores are ({rows}, {cols})",
                 mask.rows(),
                 mask.cols()
             ),
-        ))
+        ));
+    }
+    match (mask.batch(), batch) {
+        (1, _) => Ok(()),
+        (mb, Some(b)) if mb == b => Ok(()),
+        (mb, Some(b)) => Err(Error::shape(
+            op,
+            format!("the mask has {mb} batch elements but the operands have batch {b}"),
+        )),
+        (mb, None) => Err(Error::shape(
+            op,
+            format!("takes a mask shared by every row (batch 1), got one of {mb} batch elements"),
+        )),
     }
 }
 
@@ -249,7 +337,7 @@ pub fn masked_softmax_shape(x: &Shape, mask: &Mask) -> Result<Shape> {
             format!("x must have rank ≥ 2 (…, rows, cols), got {x}"),
         ));
     }
-    check_mask(op, mask, d[d.len() - 2], d[d.len() - 1])?;
+    check_mask(op, mask, None, d[d.len() - 2], d[d.len() - 1])?;
     Ok(x.clone())
 }
 
@@ -393,6 +481,63 @@ mod tests {
         let y = masked_softmax(&x, &lr).unwrap();
         assert_eq!(y.data()[..5], [0.25, 0.25, 0.25, 0.25, 0.0]);
         assert_eq!(y.data()[5..], [0.2; 5]);
+    }
+
+    #[test]
+    fn batched_masks_keep_one_matrix_per_batch_element() {
+        // A padded batch: element 0 has 3 keys, element 1 all 4; causal on top for `both`.
+        let len = [3, 4];
+        let pad = Mask::from_fn_batched(2, 2, 4, |b, _, j| j < len[b]).unwrap();
+        assert_eq!(format!("{pad:?}"), "mask[1110/1110|1111/1111]");
+        assert_eq!(pad.batch(), 2);
+        let keep = |v: &[u8]| Some(v.iter().map(|&k| k == 1).collect::<Vec<bool>>());
+        assert_eq!(
+            *pad.form(),
+            MaskForm::Keys {
+                causal: None,
+                keep: keep(&[1, 1, 1, 0, 1, 1, 1, 1])
+            }
+        );
+        let both = Mask::from_fn_batched(2, 3, 3, |b, i, j| j <= i && j < len[b] - 1).unwrap();
+        assert_eq!(
+            *both.form(),
+            MaskForm::Keys {
+                causal: Some(0),
+                keep: keep(&[1, 1, 0, 1, 1, 1])
+            }
+        );
+        // Rows that differ within one element: dense.
+        let odd = Mask::from_fn_batched(2, 2, 2, |b, i, j| b == 0 || i == j).unwrap();
+        assert_eq!(*odd.form(), MaskForm::Dense);
+        assert!(odd.allowed_in(0, 0, 1) && !odd.allowed_in(1, 0, 1) && odd.allowed_in(1, 1, 1));
+        assert!(odd.row_in(2, 0).is_empty(), "no third batch element");
+        // A shared mask reads its one matrix in every batch element.
+        let shared = Mask::causal(2).unwrap();
+        assert_eq!(
+            (shared.batch(), shared.row_in(5, 1)),
+            (1, &[true, true][..])
+        );
+        // Checks: the batch must be 1 or the operands'; maskedSoftmax takes shared masks only.
+        assert!(check_mask("op", &pad, Some(2), 2, 4).is_ok());
+        assert!(check_mask("op", &shared, Some(7), 2, 2).is_ok());
+        let e = check_mask("op", &pad, Some(3), 2, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("op") && e.contains("2 batch elements") && e.contains("batch 3"),
+            "{e}"
+        );
+        let e = masked_softmax_shape(&Shape::new(&[2, 2, 4]), &pad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maskedSoftmax") && e.contains("batch 1"), "{e}");
+        for e in [
+            Mask::batched(0, 1, 1, vec![]).unwrap_err(),
+            Mask::batched(2, 1, 2, vec![true; 3]).unwrap_err(),
+            Mask::from_fn_batched(0, 1, 1, |_, _, _| true).unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("mask"), "{e}");
+        }
     }
 
     /// Set in the child process of [`masks_under_a_lowered_cap_are_refused`].

@@ -95,7 +95,7 @@ pub fn mha_dims(
         ));
     }
     if let Some(m) = mask {
-        check_mask(op, m, n, n)?;
+        check_mask(op, m, Some(batch), n, n)?;
     }
     let dims = Dims {
         batch,
@@ -145,7 +145,7 @@ pub fn multi_head_attention<T: Scalar>(
     let mut y = zeros("output", dm.batch * n, dm.dm)?;
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
-        let (_, c) = sdpa::sample(OP, &dm, [&q[r.clone()], &k[r.clone()], &v[r]], mask)?;
+        let (_, c) = sdpa::sample(OP, &dm, [&q[r.clone()], &k[r.clone()], &v[r]], (mask, b))?;
         let yb = &mut y[b * n * dm.dm..(b + 1) * n * dm.dm];
         gemm(&c, false, w[3].data(), false, n, p, dm.dm, yb, true);
     }
@@ -179,7 +179,7 @@ pub fn multi_head_attention_vjp<T: Scalar>(
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
         let qkv = [&q[r.clone()], &k[r.clone()], &v[r.clone()]];
-        let (a, c) = sdpa::sample(OP, &dm, qkv, mask)?;
+        let (a, c) = sdpa::sample(OP, &dm, qkv, (mask, b))?;
         let gb = &g.data()[b * n * dm.dm..(b + 1) * n * dm.dm];
         // y = C·wo: dwo += Cᵀ·g, dC = g·woᵀ.
         gemm(&c, true, gb, false, p, n, dm.dm, &mut dwo, true);

@@ -67,7 +67,7 @@ pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<
         ));
     }
     if let Some(m) = mask {
-        check_mask(OP, m, n, nk)?;
+        check_mask(OP, m, Some(batch), n, nk)?;
     }
     let dims = Dims {
         batch,
@@ -92,12 +92,13 @@ pub(super) fn zeros<T: Scalar>(op: &'static str, what: &str, a: usize, b: usize)
 }
 
 /// One sample's attention (q: its (n, P) rows, k, v: its (nk, P) rows): the probabilities A
-/// (heads, n, nk) and C (n, P). `op` names the caller in allocation errors.
+/// (heads, n, nk) and C (n, P), under batch element `b`'s matrix of the mask. `op` names the
+/// caller in allocation errors.
 pub(super) fn sample<T: Scalar>(
     op: &'static str,
     dm: &Dims,
     [q, k, v]: [&[T]; 3],
-    mask: Option<&Mask>,
+    (mask, b): (Option<&Mask>, usize),
 ) -> Result<(Vec<T>, Vec<T>)> {
     let Dims {
         n, nk, p, heads, d, ..
@@ -115,7 +116,7 @@ pub(super) fn sample<T: Scalar>(
                     .sum::<T>()
                     * scale;
             }
-            let allowed = mask.map_or(&all[..], |m| m.row(i));
+            let allowed = mask.map_or(&all[..], |m| m.row_in(b, i));
             let arow = &mut a[(h * n + i) * nk..(h * n + i + 1) * nk];
             masked_softmax_row(&s, allowed, arow);
             for t in 0..d {
@@ -186,7 +187,7 @@ pub fn scaled_dot_product_attention<T: Scalar>(
     let (dm, shape) = sdpa_dims(qkv.map(Tensor::shape), heads, mask)?;
     let mut c = zeros(OP, "output", dm.batch, dm.n * dm.p)?;
     for b in 0..dm.batch {
-        let (_, cb) = sample(OP, &dm, sample_of(&dm, qkv, b), mask)?;
+        let (_, cb) = sample(OP, &dm, sample_of(&dm, qkv, b), (mask, b))?;
         c[b * dm.n * dm.p..][..dm.n * dm.p].copy_from_slice(&cb);
     }
     Tensor::new(shape, c)
@@ -214,7 +215,7 @@ pub fn scaled_dot_product_attention_vjp<T: Scalar>(
     ];
     for b in 0..dm.batch {
         let x = sample_of(&dm, qkv, b);
-        let (a, _) = sample(OP, &dm, x, mask)?;
+        let (a, _) = sample(OP, &dm, x, (mask, b))?;
         let [dq, dk, dv] = &mut d;
         let out = [
             &mut dq[b * lq..][..lq],

@@ -176,16 +176,16 @@ enum Stats<'a, T> {
     From(&'a [T]),
 }
 
-/// The probabilities of query rows `i0..i0 + r` of one head into `s` (r, nk): scores by
-/// GEMM, then the masked softmax of each row (or, from known statistics, the one pass that
-/// makes the same rows).
+/// The probabilities of query rows `i0..i0 + r` of one head of sample `b` into `s` (r, nk):
+/// scores by GEMM, then the masked softmax of each row under the sample's mask matrix (or,
+/// from known statistics, the one pass that makes the same rows).
 #[allow(clippy::too_many_arguments)]
 fn probabilities<T: Scalar>(
     op: &Op,
     dm: &Dims,
     qh: Mat<'_, T>,
     kh: Mat<'_, T>,
-    mask: Option<&Mask>,
+    (mask, b): (Option<&Mask>, usize),
     i0: usize,
     r: usize,
     s: &mut [T],
@@ -194,7 +194,7 @@ fn probabilities<T: Scalar>(
     let scale = T::one() / T::lit(dm.d as f64).sqrt();
     let sv = rows_mut(op, s, r, dm.nk)?;
     matmul(op, sv, false, qh.row_block(i0, r), kh.t(), scale)?;
-    let allowed = |i: usize| mask.map(|m| m.row(i0 + i));
+    let allowed = |i: usize| mask.map(|m| m.row_in(b, i0 + i));
     match stats {
         Stats::None => softmax_rows(s, dm.nk, allowed, None),
         Stats::Keep(st) => softmax_rows(s, dm.nk, allowed, Some(st)),
@@ -250,7 +250,7 @@ pub fn forward<T: Scalar>(
                     Some(st) => Stats::Keep(&mut st[stats_rows(dm, b, h, i0, r)]),
                     None => Stats::None,
                 };
-                probabilities(op, dm, qh, kh, mask, i0, r, s, stats)?;
+                probabilities(op, dm, qh, kh, (mask, b), i0, r, s, stats)?;
                 let out = cb.as_mut().block(i0, h * d, r, d);
                 matmul(op, out, false, rows(op, s, r, nk)?, vh, T::one())?;
             }
@@ -321,7 +321,7 @@ pub fn backward<T: Scalar>(
                             Some(st) => Stats::From(&st[stats_rows(dm, b, h, i0, r)]),
                             None => Stats::None,
                         };
-                        probabilities(op, dm, qh, kh, mask, i0, r, s, stats)?;
+                        probabilities(op, dm, qh, kh, (mask, b), i0, r, s, stats)?;
                         s
                     }
                 };
