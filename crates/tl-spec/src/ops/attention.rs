@@ -245,9 +245,11 @@ impl Mask {
     /// it); an empty slice past the end.
     pub fn row_in(&self, b: usize, i: usize) -> &[bool] {
         let b = if self.batch == 1 { 0 } else { b };
-        (b < self.batch && i < self.rows)
-            .then(|| &self.allowed[(b * self.rows + i) * self.cols..][..self.cols])
-            .unwrap_or(&[])
+        if b < self.batch && i < self.rows {
+            &self.allowed[(b * self.rows + i) * self.cols..][..self.cols]
+        } else {
+            &[]
+        }
     }
 
     /// Whether entry (i, j) of batch element 0 is allowed (false out of range).
