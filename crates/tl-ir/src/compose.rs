@@ -88,6 +88,12 @@ fn heads_core(
     let s = b.apply(Op::Bmm, &[q, kt])?;
     let s = b.apply(Op::Scale(1.0 / (d as f64).sqrt()), &[s])?;
     let a = match mask {
+        // A mask per batch element: the scores as (B, h, n, nk), matrix b for element b.
+        Some(m) if m.batch() > 1 => {
+            let s = b.apply(sh(&[batch, heads, n, dm.nk]), &[s])?;
+            let a = b.apply(Op::MaskedSoftmax { mask: m.clone() }, &[s])?;
+            b.apply(sh(&[batch * heads, n, dm.nk]), &[a])?
+        }
         Some(m) => b.apply(Op::MaskedSoftmax { mask: m.clone() }, &[s])?,
         None => b.apply(Op::Softmax, &[s])?,
     };

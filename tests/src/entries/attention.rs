@@ -10,23 +10,26 @@ use tl_spec::{Shape, Tensor};
 use crate::generate::{Size, tensor, tensors};
 use crate::{Domain, OpCase};
 
-/// A random (rows, cols) mask (rows with nothing allowed included).
-fn mask(rows: usize, cols: usize) -> BoxedStrategy<Mask> {
-    prop::collection::vec(any::<bool>(), rows * cols)
-        .prop_map(move |v| Mask::rectangular(rows, cols, v).expect("rows·cols entries"))
+/// A random mask of `batch` (rows, cols) matrices (rows with nothing allowed included).
+fn mask(batch: usize, rows: usize, cols: usize) -> BoxedStrategy<Mask> {
+    prop::collection::vec(any::<bool>(), batch * rows * cols)
+        .prop_map(move |v| Mask::batched(batch, rows, cols, v).expect("batch·rows·cols entries"))
         .boxed()
 }
 
-/// `maskedSoftmax` on (…, n, m) with 0–1 leading axes, n 1–4 (large: up to 12), m = n (square
-/// scores) or drawn as n is.
+/// `maskedSoftmax` on (…, n, m) with 0–2 leading axes, n 1–4 (large: up to 12), m = n (square
+/// scores) or drawn as n is; with leading axes, one case in two a batched mask (a matrix per
+/// element of the first axis).
 pub fn masked_softmax(z: Size) -> BoxedStrategy<OpCase> {
     let side = 1..=z.pick(4, 12);
     let cols = prop::option::of(side.clone());
-    (side, cols, prop::collection::vec(1usize..=3, 0..=1))
-        .prop_flat_map(|(n, m, lead)| {
+    let lead = prop::collection::vec(1usize..=3, 0..=2);
+    (side, cols, lead, any::<bool>())
+        .prop_flat_map(|(n, m, lead, batched)| {
             let m = m.unwrap_or(n);
+            let mb = lead.first().copied().filter(|_| batched).unwrap_or(1);
             let dims: Vec<usize> = lead.into_iter().chain([n, m]).collect();
-            (mask(n, m), tensor(Shape::from(dims), Domain::Any(3.0)))
+            (mask(mb, n, m), tensor(Shape::from(dims), Domain::Any(3.0)))
         })
         .prop_map(|(mask, x)| OpCase::new(Op::MaskedSoftmax { mask }, vec![x]))
         .boxed()
@@ -37,7 +40,7 @@ type Sizes = (usize, usize, usize, usize, Option<usize>);
 
 /// The sizes of an attention case: (n, dModel, heads, head width, batch), masked, fused. n
 /// 1–4, dModel 1–6, heads 1–2, head width 1–3 (large: n ≤ 16, dModel ≤ 16, head width ≤ 4),
-/// unbatched or batched (B ≤ 2). One case in five has n 15–18 (large: 15–34): past the CUDA
+/// unbatched or batched (B ≤ 3). One case in five has n 15–18 (large: 15–34): past the CUDA
 /// flash kernels' tile of 16 query rows and keys, so its last tile is partial.
 fn sizes(z: Size) -> impl Strategy<Value = (Sizes, bool, bool)> {
     let sizes = (
@@ -45,23 +48,34 @@ fn sizes(z: Size) -> impl Strategy<Value = (Sizes, bool, bool)> {
         1..=z.pick(6, 16),
         1usize..=2,
         1..=z.pick(3, 4),
-        prop::option::of(1usize..=2),
+        prop::option::of(1usize..=3),
     );
     (sizes, any::<bool>(), any::<bool>())
 }
 
-/// `mask(n, nk)` as `Some`, or `None`.
-fn maybe_mask(n: usize, nk: usize, masked: bool) -> BoxedStrategy<Option<Mask>> {
-    match masked {
-        true => mask(n, nk).prop_map(Some).boxed(),
-        false => Just(None).boxed(),
+/// An (n, nk) mask as `Some` (shared by the batch, or one case in two of a `batch` ≥ 2 a
+/// matrix per batch element), or `None`.
+fn maybe_mask(
+    batch: Option<usize>,
+    n: usize,
+    nk: usize,
+    masked: bool,
+) -> BoxedStrategy<Option<Mask>> {
+    let per_element = batch.filter(|&b| b > 1);
+    match (masked, per_element) {
+        (false, _) => Just(None).boxed(),
+        (true, None) => mask(1, n, nk).prop_map(Some).boxed(),
+        (true, Some(b)) => prop_oneof![Just(1), Just(b)]
+            .prop_flat_map(move |mb| mask(mb, n, nk))
+            .prop_map(Some)
+            .boxed(),
     }
 }
 
 /// `multiHeadAttention(wq, wk, wv, wo, x)`: n 1–4, dModel 1–6, heads 1–2, head width 1–3
-/// (large: n ≤ 16, dModel ≤ 16, head width ≤ 4), x unbatched or batched (B ≤ 2), one case in
-/// five with n 15–18 (large: 15–34), past the flash kernels' tile; with or without a mask,
-/// fused or not.
+/// (large: n ≤ 16, dModel ≤ 16, head width ≤ 4), x unbatched or batched (B ≤ 3), one case in
+/// five with n 15–18 (large: 15–34), past the flash kernels' tile; with or without a mask (a
+/// matrix per batch element one case in two where B ≥ 2), fused or not.
 pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
     sizes(z)
         .prop_flat_map(|((n, dm, heads, d, batch), masked, fused)| {
@@ -74,7 +88,7 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
             let ws = vec![w.clone(), w.clone(), w, Shape::new(&[p, dm])];
             (
                 Just((heads, fused)),
-                maybe_mask(n, n, masked),
+                maybe_mask(batch, n, n, masked),
                 tensors(ws, Domain::Any(1.0)),
                 tensor(x, crate::ANY),
             )
@@ -106,7 +120,7 @@ pub fn scaled_dot_product_attention(z: Size) -> BoxedStrategy<OpCase> {
             };
             (
                 Just((heads, fused)),
-                maybe_mask(n, nk, masked),
+                maybe_mask(batch, n, nk, masked),
                 tensors(vec![rows(n), rows(nk), rows(nk)], Domain::Any(2.0)),
             )
         })

@@ -156,23 +156,31 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
         _ => (i + j) % 3 != 0,
     })
     .unwrap();
-    let setups: [(&[usize], usize, usize, Option<&Mask>); 5] = [
+    // One matrix per batch element: element 1's row 3 has nothing allowed, element 0's none.
+    let per_element =
+        Mask::from_fn_batched(2, 4, 4, |b, i, j| (b, i) != (1, 3) && (i + j + b) % 3 != 2).unwrap();
+    let setups: [(&[usize], usize, usize, Option<&Mask>); 6] = [
         (&[4, 5], 6, 2, None),
         (&[4, 5], 6, 3, Some(&causal)),
         (&[4, 3], 4, 2, Some(&holes)),
         (&[2, 4, 3], 4, 1, Some(&holes)),
         (&[3, 4, 2], 2, 2, None),
+        (&[2, 4, 3], 4, 2, Some(&per_element)),
     ];
     // Keys of another length: one query over a cache of 5, three over 2 at the bottom right
     // (the first query sees nothing), four over 6 with a hole row.
     let over_cache = Mask::causal_lower_right(1, 5).unwrap();
     let tall = Mask::causal_lower_right(3, 2).unwrap();
     let wide_holes = Mask::from_fn_rectangular(4, 6, |i, j| i != 1 && (i + j) % 4 != 0).unwrap();
-    let cross: [Cross<&[usize], &Mask>; 4] = [
+    // A padded batch of three: 5, 2 and 4 of the 5 keys.
+    let lens = [5, 2, 4];
+    let padded = Mask::from_fn_batched(3, 2, 5, |b, _, j| j < lens[b]).unwrap();
+    let cross: [Cross<&[usize], &Mask>; 5] = [
         (&[1, 5], 6, 2, Some(&over_cache), 5),
         (&[2, 3, 3], 4, 2, Some(&tall), 2),
         (&[4, 3], 4, 1, Some(&wide_holes), 6),
         (&[2, 3, 2], 6, 3, None, 7),
+        (&[3, 2, 3], 4, 2, Some(&padded), 5),
     ];
     let cases = setups
         .into_iter()
@@ -203,13 +211,14 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
                 }
             }
         }
-        // A masked row with nothing allowed outputs zeros.
+        // A masked row with nothing allowed outputs zeros (in its batch element).
         if let Some(m) = mask {
             let y = &reference[0][0];
             let (n, dm) = (os[os.len() - 2], os[os.len() - 1]);
-            for i in (0..n).filter(|&i| m.row(i).iter().all(|a| !a)) {
-                for r in y.data().chunks(dm).skip(i).step_by(n) {
-                    assert!(r.iter().all(|&v| v == 0.0), "row {i} of {y:?}");
+            for (r, row) in y.data().chunks(dm).enumerate() {
+                let (b, i) = (r / n, r % n);
+                if m.row_in(b, i).iter().all(|a| !a) {
+                    assert!(row.iter().all(|&v| v == 0.0), "row {i} of {b} in {y:?}");
                 }
             }
         }
@@ -250,12 +259,22 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
         (vec![2, 70, 3], 6, 2, Some(pad(70))),
         (vec![2, 19, 3], 4, 1, Some(both(19))),
         (vec![17, 3], 4, 2, Some(holes(17))),
+        // Key padding per batch element: 33 and 20 of 33 keys.
+        (
+            vec![2, 33, 3],
+            4,
+            2,
+            Some(Mask::from_fn_batched(2, 33, 33, |b, _, j| j < 33 - 13 * b).unwrap()),
+        ),
         // A head of 66 (> 64): the flash backward's other kernels.
         (vec![17, 4], 66, 1, Some(Mask::causal(17).unwrap())),
     ];
     let lower_right = |n, nk| Some(Mask::causal_lower_right(n, nk).unwrap());
     let rect =
         |n, nk, f: fn(usize, usize) -> bool| Some(Mask::from_fn_rectangular(n, nk, f).unwrap());
+    let batched = |b, n, nk, f: fn(usize, usize, usize) -> bool| {
+        Some(Mask::from_fn_batched(b, n, nk, f).unwrap())
+    };
     let cross: Vec<Cross<Vec<usize>, Mask>> = vec![
         (vec![1, 6], 6, 2, lower_right(1, 37), 37),
         (vec![2, 20, 3], 4, 2, lower_right(20, 70), 70),
@@ -270,6 +289,22 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
         ),
         (vec![3, 5], 6, 2, None, 50),
         (vec![5, 4], 66, 1, lower_right(5, 21), 21),
+        // A padded batch: a key mask per batch element (40, 23 and 7 keys), and causal at the
+        // bottom right with it.
+        (
+            vec![3, 17, 4],
+            6,
+            3,
+            batched(3, 17, 40, |b, _, j| j < [40, 23, 7][b]),
+            40,
+        ),
+        (
+            vec![2, 20, 3],
+            4,
+            2,
+            batched(2, 20, 70, |b, i, j| j <= i + 50 && j < 70 - 30 * b),
+            70,
+        ),
     ];
     let cases = setups
         .into_iter()
@@ -592,6 +627,15 @@ fn bad_attention_input_is_a_clear_error() {
         [&[3, 6], &[5, 6], &[5, 6]],
     );
     assert!(e.contains("mask is (5, 3)") && e.contains("(3, 5)"), "{e}");
+    let e = sdpa(
+        1,
+        Some(Mask::from_fn_batched(2, 3, 3, |_, _, _| true).unwrap()),
+        [&[3, 3, 6], &[3, 3, 6], &[3, 3, 6]],
+    );
+    assert!(
+        e.contains("2 batch elements") && e.contains("batch 3"),
+        "{e}"
+    );
     let e = sdpa(1, None, [&[6], &[6], &[6]]);
     assert!(e.contains("q must be (nq, P) or (B, nq, P)"), "{e}");
     let e = sdpa(1, None, [&[0, 6], &[0, 6], &[0, 6]]);

@@ -329,7 +329,8 @@ pub fn check_mask(
 }
 
 /// Shape rule of `maskedSoftmax`: x of rank ≥ 2 whose last two axes are the mask's (rows,
-/// cols); shape-preserving.
+/// cols), and for a batched mask of rank ≥ 3 with the mask's batch as its first axis;
+/// shape-preserving.
 pub fn masked_softmax_shape(x: &Shape, mask: &Mask) -> Result<Shape> {
     let op = "maskedSoftmax";
     let d = x.dims();
@@ -339,8 +340,18 @@ pub fn masked_softmax_shape(x: &Shape, mask: &Mask) -> Result<Shape> {
             format!("x must have rank ≥ 2 (…, rows, cols), got {x}"),
         ));
     }
-    check_mask(op, mask, None, d[d.len() - 2], d[d.len() - 1])?;
+    let batch = (d.len() >= 3).then(|| d[0]);
+    check_mask(op, mask, batch, d[d.len() - 2], d[d.len() - 1])?;
     Ok(x.clone())
+}
+
+/// The mask row that score row `r` of x (rows of `cols`, `numel` entries in all) takes: row
+/// `r mod rows` of the matrix of x's batch element (its first axis) for a batched mask, of the
+/// one matrix otherwise. The batch element's index within the mask's batch and the row.
+pub fn mask_row_of(mask: &Mask, numel: usize, r: usize) -> (usize, usize) {
+    let (rows, cols) = (mask.rows().max(1), mask.cols().max(1));
+    let per_batch = (numel / cols / mask.batch()).max(1);
+    (r / per_batch, r % rows)
 }
 
 /// Softmax of one row over the allowed entries only; disallowed entries (and every entry of a
@@ -360,14 +371,16 @@ pub fn masked_softmax_row<T: Scalar>(row: &[T], allowed: &[bool], out: &mut [T])
 }
 
 /// Softmax along the last axis with a hard mask broadcast over the leading axes (row index =
-/// second-to-last axis). PyTorch: `torch.softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows
+/// second-to-last axis; a batched mask's matrix b for x's batch element b, the first axis:
+/// PyTorch's (B, 1, …, L, S) broadcast). PyTorch: `torch.softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows
 /// (nothing allowed) replaced by zeros.
 pub fn masked_softmax<T: Scalar>(x: &Tensor<T>, mask: &Mask) -> Result<Tensor<T>> {
     masked_softmax_shape(x.shape(), mask)?;
-    let (rows, cols) = (mask.rows().max(1), mask.cols().max(1));
+    let cols = mask.cols().max(1);
     let mut out = crate::alloc::try_zeroed("maskedSoftmax", "output", x.numel())?;
     for (r, (row, o)) in x.data().chunks(cols).zip(out.chunks_mut(cols)).enumerate() {
-        masked_softmax_row(row, mask.row(r % rows), o);
+        let (b, i) = mask_row_of(mask, x.numel(), r);
+        masked_softmax_row(row, mask.row_in(b, i), o);
     }
     Tensor::new(x.shape().clone(), out)
 }
@@ -529,10 +542,27 @@ mod tests {
             e.contains("op") && e.contains("2 batch elements") && e.contains("batch 3"),
             "{e}"
         );
-        let e = masked_softmax_shape(&Shape::new(&[2, 2, 4]), &pad)
+        // maskedSoftmax: matrix b for x's batch element b (its first axis), over the rest.
+        assert!(masked_softmax_shape(&Shape::new(&[2, 3, 2, 4]), &pad).is_ok());
+        let e = masked_softmax_shape(&Shape::new(&[3, 2, 4]), &pad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maskedSoftmax") && e.contains("batch 3"), "{e}");
+        let e = masked_softmax_shape(&Shape::new(&[2, 4]), &pad)
             .unwrap_err()
             .to_string();
         assert!(e.contains("maskedSoftmax") && e.contains("batch 1"), "{e}");
+        let x = Tensor::new(Shape::new(&[2, 2, 2, 4]), vec![0.0f64; 32]).unwrap();
+        let y = masked_softmax(&x, &pad).unwrap();
+        let third = 1.0 / 3.0;
+        for r in 0..4 {
+            assert_eq!(
+                y.data()[r * 4..][..4],
+                [third, third, third, 0.0],
+                "row {r}"
+            );
+            assert_eq!(y.data()[16 + r * 4..][..4], [0.25; 4], "row {}", 4 + r);
+        }
         for e in [
             Mask::batched(0, 1, 1, vec![]).unwrap_err(),
             Mask::batched(2, 1, 2, vec![true; 3]).unwrap_err(),

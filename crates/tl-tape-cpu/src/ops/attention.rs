@@ -23,7 +23,7 @@ use smallvec::smallvec;
 use tl_ir::Op;
 use tl_spec::ops::attention::mha::{Dims, mha_dims};
 use tl_spec::ops::attention::sdpa::sdpa_dims;
-use tl_spec::ops::attention::{Mask, masked_softmax_shape};
+use tl_spec::ops::attention::{Mask, mask_row_of, masked_softmax_shape};
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
 use super::{
@@ -43,8 +43,12 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             masked_softmax_shape(x[0].shape(), mask)?;
             let mut y = tl_spec::alloc::try_with_capacity(op.name(), "output", x[0].numel())?;
             y.extend_from_slice(x[0].data());
-            let rows = mask.rows().max(1);
-            softmax_rows(&mut y, mask.cols(), |r| Some(mask.row(r % rows)), None);
+            let numel = y.len();
+            let row = |r| {
+                let (b, i) = mask_row_of(mask, numel, r);
+                Some(mask.row_in(b, i))
+            };
+            softmax_rows(&mut y, mask.cols(), row, None);
             tensor(x[0].shape().clone(), y)
         }
         Op::MultiHeadAttention { .. } => {
