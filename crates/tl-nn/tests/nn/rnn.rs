@@ -1256,3 +1256,107 @@ fn rotary_attention_gives_pytorchs_values_and_gradients() {
         "MultiHeadAttention(embed_dim=8, num_heads=2, bias=False, causal=False, rope=(base=10000.0, Interleaved))"
     );
 }
+
+/// A padded batch through `forward_masked` with `key_padding_masks` (one key mask per
+/// sequence: the op under a batched mask) gives each sequence's real rows as the layer gives
+/// that sequence alone, unpadded and unmasked, and the weights' gradients of a loss over the
+/// real rows are the sum of the sequences' own: plain, rotary and grouped layers (fused and
+/// composed), on the eager CPU (f64, f32), CUDA-sim and linked sessions.
+#[test]
+fn a_padded_batch_attends_as_each_sequence_alone() {
+    let (n, d, lens) = (6, 8, [6usize, 3, 1]);
+    let x = tensor::<f64>(&[3, n, d], 51);
+    let w = tensor::<f64>(&[3, n, d], 52);
+    let rows = |t: &Tensor<f64>, b: usize, len: usize| {
+        Tensor::new([len, d], t.data()[b * n * d..][..len * d].to_vec()).unwrap()
+    };
+    // The loss's weights, zero on the padded rows.
+    let w_real = Tensor::from_fn(tl_spec::Shape::new(&[3, n, d]), |e| {
+        let (b, i) = (e / (n * d), e / d % n);
+        if i < lens[b] { w.data()[e] } else { 0.0 }
+    });
+    fn layer<O: Train>(rt: &Runtime<O>, kind: usize, flash: bool) -> MultiHeadAttention {
+        let vars = rt.vars().pp("a");
+        let mha = match kind {
+            0 => MultiHeadAttention::new(&vars, 8, 2, false),
+            1 => {
+                MultiHeadAttention::new(&vars, 8, 2, false).and_then(|m| m.with_rope(Rope::DEFAULT))
+            }
+            _ => MultiHeadAttention::grouped(&vars, 8, 4, 2, false),
+        };
+        mha.unwrap().with_flash(flash)
+    }
+    fn check<O: Train>(
+        make: impl Fn() -> Runtime<O>,
+        (x, w_real, w): (&Tensor<f64>, &Tensor<f64>, &Tensor<f64>),
+        rows: &dyn Fn(&Tensor<f64>, usize, usize) -> Tensor<f64>,
+        (n, lens): (usize, [usize; 3]),
+        tol: f64,
+    ) {
+        for (kind, flash) in (0..3).flat_map(|k| [(k, true), (k, false)]) {
+            let what = format!("layer {kind} flash {flash} ({})", O::T::NAME);
+            let mut rt = make();
+            let mha = layer(&rt, kind, flash);
+            let masks = MultiHeadAttention::key_padding_masks(n, &lens).unwrap();
+            let y = rt
+                .eval(&mha, |g| {
+                    mha.forward_masked(&g.input(cast(x))?, Some(masks.clone()))
+                })
+                .unwrap();
+            for (b, &len) in lens.iter().enumerate() {
+                let alone = rt
+                    .eval(&mha, |g| mha.forward(&g.input(cast(&rows(x, b, len)))?))
+                    .unwrap();
+                let d = max_diff(&rows(&cast(&y), b, len), &alone);
+                assert!(d < tol, "{what}: sequence {b} max diff {d}");
+            }
+            let params = [&mha.wq, &mha.wk, &mha.wv, &mha.wo];
+            let got = sgd_gradients(&mut rt, &mha, &params, |g| {
+                let y = mha.forward_masked(&g.input(cast(x))?, Some(masks.clone()))?;
+                (&y * &g.input(cast(w_real))?)?.sum()
+            });
+            let mut rt = make();
+            let mha = layer(&rt, kind, flash);
+            let params = [&mha.wq, &mha.wk, &mha.wv, &mha.wo];
+            let want = sgd_gradients(&mut rt, &mha, &params, |g| {
+                let mut total: Option<Var<'_, O>> = None;
+                for (b, &len) in lens.iter().enumerate() {
+                    let y = mha.forward(&g.input(cast(&rows(x, b, len)))?)?;
+                    let l = (&y * &g.input(cast(&rows(w, b, len)))?)?.sum()?;
+                    total = Some(match total {
+                        Some(t) => (&t + &l)?,
+                        None => l,
+                    });
+                }
+                Ok(total.expect("three sequences"))
+            });
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                let d = max_diff(a, b);
+                assert!(d < tol, "{what}: weight {k} gradient max diff {d}");
+            }
+        }
+    }
+    let data = (&x, &w_real, &w);
+    check(
+        || eager::<f64>(Backend::Cpu, 4),
+        data,
+        &rows,
+        (n, lens),
+        1e-12,
+    );
+    check(
+        || eager::<f32>(Backend::Cpu, 4),
+        data,
+        &rows,
+        (n, lens),
+        1e-5,
+    );
+    check(
+        || eager::<f32>(Backend::CudaSim, 4),
+        data,
+        &rows,
+        (n, lens),
+        1e-5,
+    );
+    check(|| linked::<f64>(4), data, &rows, (n, lens), 1e-12);
+}
