@@ -1264,12 +1264,15 @@ fn rotary_attention_gives_pytorchs_values_and_gradients() {
 /// composed), on the eager CPU (f64, f32), CUDA-sim and linked sessions.
 #[test]
 fn a_padded_batch_attends_as_each_sequence_alone() {
-    let (n, d, lens) = (6, 8, [6usize, 3, 1]);
+    const N: usize = 6;
+    const D: usize = 8;
+    let (n, d, lens) = (N, D, [6usize, 3, 1]);
     let x = tensor::<f64>(&[3, n, d], 51);
     let w = tensor::<f64>(&[3, n, d], 52);
-    let rows = |t: &Tensor<f64>, b: usize, len: usize| {
-        Tensor::new([len, d], t.data()[b * n * d..][..len * d].to_vec()).unwrap()
-    };
+    /// The first `len` rows of batch element `b` of a (3, N, D) tensor.
+    fn rows(t: &Tensor<f64>, b: usize, len: usize) -> Tensor<f64> {
+        Tensor::new([len, D], t.data()[b * N * D..][..len * D].to_vec()).unwrap()
+    }
     // The loss's weights, zero on the padded rows.
     let w_real = Tensor::from_fn(tl_spec::Shape::new(&[3, n, d]), |e| {
         let (b, i) = (e / (n * d), e / d % n);
@@ -1289,7 +1292,6 @@ fn a_padded_batch_attends_as_each_sequence_alone() {
     fn check<O: Train>(
         make: impl Fn() -> Runtime<O>,
         (x, w_real, w): (&Tensor<f64>, &Tensor<f64>, &Tensor<f64>),
-        rows: &dyn Fn(&Tensor<f64>, usize, usize) -> Tensor<f64>,
         (n, lens): (usize, [usize; 3]),
         tol: f64,
     ) {
@@ -1337,26 +1339,8 @@ fn a_padded_batch_attends_as_each_sequence_alone() {
         }
     }
     let data = (&x, &w_real, &w);
-    check(
-        || eager::<f64>(Backend::Cpu, 4),
-        data,
-        &rows,
-        (n, lens),
-        1e-12,
-    );
-    check(
-        || eager::<f32>(Backend::Cpu, 4),
-        data,
-        &rows,
-        (n, lens),
-        1e-5,
-    );
-    check(
-        || eager::<f32>(Backend::CudaSim, 4),
-        data,
-        &rows,
-        (n, lens),
-        1e-5,
-    );
-    check(|| linked::<f64>(4), data, &rows, (n, lens), 1e-12);
+    check(|| eager::<f64>(Backend::Cpu, 4), data, (n, lens), 1e-12);
+    check(|| eager::<f32>(Backend::Cpu, 4), data, (n, lens), 1e-5);
+    check(|| eager::<f32>(Backend::CudaSim, 4), data, (n, lens), 1e-5);
+    check(|| linked::<f64>(4), data, (n, lens), 1e-12);
 }
