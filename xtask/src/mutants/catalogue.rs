@@ -279,6 +279,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "cpu-attn-mask-of-the-first-sample",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/ops/attention/core.rs",
+        from: "mask.map(|m| m.row_in(b, i0 + i))",
+        to: "mask.map(|m| m.row(i0 + i))",
+        bug: "the CPU attention core reads batch element 0's matrix of a batched mask for every sample",
+        harness: Plain,
+    },
+    Mutant {
         id: "cpu-maxpool-last-argmax",
         area: Cpu,
         file: "crates/tl-tape-cpu/src/ops/pool.rs",
