@@ -321,15 +321,18 @@ extern "C" __global__ void tl_norm_bwd_affine_block(const float* x, const float*
     }
 }
 
-// Masked softmax of each row (rows, n); row r uses mask row r % mrows (mask: mrows * n floats,
-// row-major, nonzero = allowed: the (nq, nk) attention mask has mrows = nq rows of n = nk).
-// Masked entries and rows with nothing allowed are exactly 0.
+// Masked softmax of each row (rows, n). The mask is one or more matrices of mrows rows of n
+// floats (row-major, nonzero = allowed: an (nq, nk) attention mask has mrows = nq rows of
+// n = nk), one per batch element, which split x's rows in order into shares of `group` rows:
+// row r uses row r % mrows of matrix r / group, mask row (r / group) * mrows + r % mrows
+// (device/norm.rs MaskedRows::mask_row; one matrix shared by all rows: group = rows). Masked
+// entries and rows with nothing allowed are exactly 0.
 extern "C" __global__ void tl_masked_softmax_rows(const float* x, const float* mask, float* out,
-                                                  u32 rows, u32 n, u32 mrows) {
+                                                  u32 rows, u32 n, u32 mrows, u32 group) {
     __shared__ float smem[33];
     for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* xr = x + (u64)r * n;
-        const float* ok = mask + (u64)(r % mrows) * n;
+        const float* ok = mask + ((u64)(r / group) * mrows + r % mrows) * n;
         float* yr = out + (u64)r * n;
         float m, s;
         TL_NORM_REDUCE(m, n, -INFINITY, MaxOp(), ok[e] != 0.0f ? xr[e] : -INFINITY);

@@ -17,8 +17,8 @@
 use super::Device;
 use super::check::{BroadcastPlan, PermutePlan};
 use super::{
-    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, MomentumSlot, MomentumUpdate,
-    NormLayout, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, MaskedRows, MomentumSlot,
+    MomentumUpdate, NormLayout, PoolKind, WindowLens, Windows,
 };
 use crate::Result;
 
@@ -276,8 +276,7 @@ pub trait Launch: LaunchIndex {
         &mut self,
         x: Buffer,
         mask: &[bool],
-        rows: usize,
-        n: usize,
+        l: MaskedRows,
     ) -> Result<Buffer>;
     /// The work of [`Device::flash_attention`]; operands already validated by it — callers
     /// use `flash_attention`.

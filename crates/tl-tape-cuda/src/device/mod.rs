@@ -50,7 +50,7 @@ pub use flash::{
     FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashLens, FlashMask,
 };
 pub use launch::{Launch, LaunchIndex};
-pub use norm::NormLayout;
+pub use norm::{MaskedRows, NormLayout};
 pub use optim::{AdamSlot, AdamUpdate, MomentumSlot, MomentumUpdate, OPTIM_LIST_MAX};
 pub use point_act::PointAct;
 pub use window::{PoolKind, WindowLens, Windows};
@@ -779,21 +779,26 @@ pub trait Device: Launch {
         check::same_len(OP, x, g)?;
         self.launch_norm_bwd_affine(x, stats, g, l)
     }
-    /// Softmax of each row of x (rows, n) over the entries its mask row allows (`mask` m rows
-    /// of n, row-major, true = allowed: an (nq, nk) attention mask over blocks of nq score rows
-    /// of nk; row `r` uses mask row `r mod m`, rows a multiple of m); other entries, and every
-    /// entry of a row with nothing allowed, are exactly 0. Its VJP is
-    /// [`softmax_rows_bwd`](Self::softmax_rows_bwd) (y is 0 where masked). PyTorch:
-    /// `softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows set to 0.
+    /// Softmax of each row of x (rows, n) over the entries its mask row allows; other
+    /// entries, and every entry of a row with nothing allowed, are exactly 0. `mask` is one or
+    /// more (m, n) matrices back to back (row-major, true = allowed: an (nq, nk) attention
+    /// mask, m = nq), one per batch element or one shared by all; they split x's rows in order
+    /// into equal shares, and row `r` of a share takes its matrix's row `r mod m`
+    /// ([`MaskedRows`]: for (B·H, nq, nk) scores and B matrices, the H·nq
+    /// rows of batch element b take matrix b). Rows must be a whole number of blocks of m per
+    /// matrix. Its VJP is [`softmax_rows_bwd`](Self::softmax_rows_bwd) (y is 0 where masked).
+    /// PyTorch: `softmax(x.masked_fill(~mask, -inf), -1)` with NaN rows set to 0, the mask
+    /// (B, 1, nq, nk) or (nq, nk).
     fn masked_softmax_rows(
         &mut self,
         x: Buffer,
         mask: &[bool],
         rows: usize,
         n: usize,
+        m: usize,
     ) -> Result<Buffer> {
-        norm::check_masked("masked_softmax_rows", x, mask, rows, n)?;
-        self.launch_masked_softmax_rows(x, mask, rows, n)
+        let l = MaskedRows::check("masked_softmax_rows", x, mask, rows, n, m)?;
+        self.launch_masked_softmax_rows(x, mask, l)
     }
 
     // ---- attention (kernels/attention.cu; [`flash`]) -------------------------------------------

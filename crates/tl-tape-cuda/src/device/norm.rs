@@ -186,40 +186,98 @@ impl NormLayout {
     }
 }
 
-/// The rows of a masked row softmax's mask of rows of `n` entries (`mask.len() / n`; 0 when
-/// n = 0).
-pub fn mask_rows(mask: &[bool], n: usize) -> usize {
-    mask.len().checked_div(n).unwrap_or(0)
+/// How the rows of a masked row softmax ([`Device::masked_softmax_rows`]) meet their mask.
+///
+/// x is (rows, n); the mask is `batch` matrices of `m` rows of `n` entries, back to back
+/// (row-major, matrix b's row i at `(b·m + i)·n`): one per batch element of the scores, or one
+/// shared by all (`batch` = 1). They split x's rows in order into `batch` shares of `group =
+/// rows / batch` rows: row r takes row `r mod m` of matrix `r / group`
+/// ([`MaskedRows::mask_row`]; `tl_masked_softmax_rows`). For attention's (B·H, nq, nk) scores
+/// m = nq, and a per-sequence mask has B matrices, each under the H·nq score rows of its batch
+/// element.
+///
+/// [`Device::masked_softmax_rows`]: crate::device::Device::masked_softmax_rows
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskedRows {
+    /// Rows of x.
+    pub rows: usize,
+    /// Entries of each row of x and of the mask.
+    pub n: usize,
+    /// Rows of one mask matrix (nq).
+    pub m: usize,
+    /// Mask matrices (1: shared by every row of x; B: one per batch element).
+    pub batch: usize,
+    /// Rows of x under each matrix, `rows / batch` (a whole number of blocks of m).
+    pub group: usize,
 }
 
-/// Checked operands of a masked row softmax: x (rows, n), and a mask of m rows of n entries
-/// (row-major; m = nq query rows of a (nq, nk) attention mask, n = nk), rows a multiple of m
-/// (one block of scores after another).
-pub fn check_masked(
-    op: &'static str,
-    x: Buffer,
-    mask: &[bool],
-    rows: usize,
-    n: usize,
-) -> Result<()> {
-    check::rows_cols(op, x, rows, n)?;
-    let m = mask_rows(mask, n);
-    if m * n != mask.len() {
-        return Err(Error::kernel(
-            op,
-            format!(
-                "the mask has {} entries, not a whole number of rows of {n}",
-                mask.len()
-            ),
-        ));
+impl MaskedRows {
+    /// Checked operands: x (rows, n) within the `u32` ABI, a mask of a whole number (≥ 1) of
+    /// (m, n) matrices, and rows a whole number of blocks of m per matrix. Errors name `op`
+    /// and the sizes.
+    pub fn check(
+        op: &'static str,
+        x: Buffer,
+        mask: &[bool],
+        rows: usize,
+        n: usize,
+        m: usize,
+    ) -> Result<MaskedRows> {
+        check::rows_cols(op, x, rows, n)?;
+        abi::to_u32(op, "mask rows", m)?;
+        let matrix = check::product(op, &[m, n])?;
+        if matrix == 0 {
+            // No entry to read: an empty mask over an empty x.
+            if !mask.is_empty() || (rows > 0 && n > 0) {
+                return Err(Error::kernel(
+                    op,
+                    format!(
+                        "a ({m}, {n}) mask of {} entries cannot mask {rows} rows of {n}",
+                        mask.len()
+                    ),
+                ));
+            }
+            return Ok(MaskedRows {
+                rows,
+                n,
+                m,
+                batch: 1,
+                group: rows,
+            });
+        }
+        let batch = mask.len() / matrix;
+        if batch == 0 || batch * matrix != mask.len() {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "the mask has {} entries, not a whole number (≥ 1) of ({m}, {n}) matrices",
+                    mask.len()
+                ),
+            ));
+        }
+        if !rows.is_multiple_of(batch * m) {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "{rows} rows are not a whole number of ({m}, {n}) score blocks for each of \
+                     the mask's {batch} matrices"
+                ),
+            ));
+        }
+        Ok(MaskedRows {
+            rows,
+            n,
+            m,
+            batch,
+            group: rows / batch,
+        })
     }
-    if n > 0 && !rows.is_multiple_of(m) {
-        return Err(Error::kernel(
-            op,
-            format!("{rows} rows are not a whole number of ({m}, {n}) score blocks"),
-        ));
+
+    /// The mask row that row `r` of x takes: row `r mod m` of matrix `r / group`, i.e. mask
+    /// row `(r / group)·m + r mod m`.
+    pub fn mask_row(&self, r: usize) -> usize {
+        (r / self.group.max(1)) * self.m + r % self.m.max(1)
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -241,5 +299,29 @@ mod tests {
         let q = NormLayout::rms(2, 3);
         assert!(!q.centred);
         assert_eq!(NormLayout { centred: true, ..q }, r);
+    }
+
+    /// B = 2 matrices of m = 2 rows under 8 rows of scores (H = 2): rows 0..4 take matrix 0's
+    /// rows 0, 1, 0, 1, rows 4..8 matrix 1's (mask rows 2, 3, 2, 3); one shared matrix
+    /// repeats its rows over all 8.
+    #[test]
+    fn masked_rows_take_their_batch_elements_matrix() {
+        let x = Buffer::fresh(24);
+        let l = MaskedRows::check("t", x, &[true; 12], 8, 3, 2).unwrap();
+        assert_eq!((l.batch, l.group), (2, 4));
+        let rows: Vec<usize> = (0..8).map(|r| l.mask_row(r)).collect();
+        assert_eq!(rows, [0, 1, 0, 1, 2, 3, 2, 3]);
+        let l = MaskedRows::check("t", x, &[true; 6], 8, 3, 2).unwrap();
+        assert_eq!((l.batch, l.group), (1, 8));
+        let rows: Vec<usize> = (0..8).map(|r| l.mask_row(r)).collect();
+        assert_eq!(rows, [0, 1, 0, 1, 0, 1, 0, 1]);
+        // Three matrices cannot split 8 rows; 5 entries are no whole matrix.
+        let e = MaskedRows::check("t", x, &[true; 18], 8, 3, 2).unwrap_err();
+        assert!(
+            e.to_string().contains("8 rows") && e.to_string().contains("3 matrices"),
+            "{e}"
+        );
+        let e = MaskedRows::check("t", x, &[true; 5], 8, 3, 2).unwrap_err();
+        assert!(e.to_string().contains("5 entries"), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! `maskedSoftmax` and `multiHeadAttention` on the device, composed from existing primitives
 //! plus the norm family's [`Device::masked_softmax_rows`].
 //!
-//! - `maskedSoftmax`: one masked row launch forward; backward [`Device::softmax_rows_bwd`]
+//! - `maskedSoftmax`: one masked row launch forward (the mask's matrix, or a batched mask's
+//!   matrix b, over x's batch element b); backward [`Device::softmax_rows_bwd`]
 //!   (`y·(g − Σ g·y)`, which is 0 wherever y is: masked entries and empty rows).
 //! - `multiHeadAttention`: Q, K, V = x·W by one GEMM each over all B·n rows, each (B, n, H, d):
 //!   the heads side by side in every row, read and written in place by the head products
@@ -19,6 +20,9 @@
 //!   of any length (cross-attention, a KV cache): S (B·H, nq, nk), the mask's nq rows of nk
 //!   applied to each head's block of score rows, `dK_h = dSᵀ Q_h` and `dV_h = Aᵀ dO_h` of nk
 //!   rows; fused, the kernels take nq and nk ([`FlashDims`]) and the mask's causal diagonal.
+//! - Masks, composed: one (nq, nk) matrix shared by every batch element, or one per batch
+//!   element ([`Mask::batch`] = B: a padded batch's key padding, PyTorch's `attn_mask` (B, 1,
+//!   L, S)), the H·nq score rows of element b taking matrix b ([`Device::masked_softmax_rows`]).
 //! - `fused` (the seeds' `useFlash`): the same projections and output GEMM around the fused
 //!   core [`Device::flash_attention`] (kernels/attention.cu: tiles of queries against tiles
 //!   of keys with the online softmax, one launch), which writes C and each row's log-sum-exp;
@@ -50,10 +54,12 @@ fn masked_rows(x: &AnyBuffer, mask: &Mask) -> (usize, usize) {
     (x.shape().numel() / n.max(1), n)
 }
 
-/// Forward of `maskedSoftmax`.
+/// Forward of `maskedSoftmax`: the mask's (rows, cols) matrix over every block of x's rows; a
+/// batched mask's matrix b over the rows of x's batch element b (its first axis, B equal
+/// shares of the rows: [`MaskedRows`](crate::device::MaskedRows)).
 pub fn masked_softmax<D: Device>(dev: &mut D, x: &AnyBuffer, mask: &Mask) -> Result<Buffer> {
     let (rows, n) = masked_rows(x, mask);
-    dev.masked_softmax_rows(x.buffer(), mask.as_slice(), rows, n)
+    dev.masked_softmax_rows(x.buffer(), mask.as_slice(), rows, n, mask.rows())
 }
 
 /// Backward of `maskedSoftmax` from its output `y`.
@@ -258,10 +264,11 @@ fn probabilities<D: Device>(
     let scores = Gemm::nn(n, d, nk).with_t(false, true);
     let raw = s.tmp(dev.bmm_heads(q, k, by_head(dm, [true, true, false]), scores)?);
     let a = match mask {
-        // The mask's nq rows of nk, one per query row of each head.
+        // The mask's nq rows of nk, one per query row of each head: one (nq, nk) matrix shared
+        // by every batch element, or one per element under its H·nq score rows.
         Some(m) => {
             let scores = s.tmp(dev.scale(raw, inv_sqrt(d))?);
-            dev.masked_softmax_rows(scores, m.as_slice(), rows, nk)?
+            dev.masked_softmax_rows(scores, m.as_slice(), rows, nk, n)?
         }
         // scale → softmax in one launch (same bits).
         None => dev.scaled_softmax_rows(raw, inv_sqrt(d), rows, nk)?,

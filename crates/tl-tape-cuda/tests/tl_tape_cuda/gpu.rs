@@ -291,14 +291,28 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         nm,
         "masked_softmax_rows",
         false,
-        d.masked_softmax_rows(x, &mask, 100, 10)?
+        d.masked_softmax_rows(x, &mask, 100, 10, 10)?
     );
     // A (4, 10) mask (rows 0..4 of the square one): an (nq, nk) attention mask, nq ≠ nk.
     one!(
         nm,
         "masked_softmax_rows",
         false,
-        d.masked_softmax_rows(x, &mask[..40], 100, 10)?
+        d.masked_softmax_rows(x, &mask[..40], 100, 10, 4)?
+    );
+    // One (4, 10) matrix per batch element, 5 of them over shares of 20 rows (B = 5, H = 5,
+    // nq = 4), the patterns shifting with b; row 1 of element 3 only sees nothing.
+    let batched: Vec<bool> = (0..200)
+        .map(|k| {
+            let (b, r, c) = (k / 40, k / 10 % 4, k % 10);
+            (b, r) != (3, 1) && (r + c + b) % 3 != 1
+        })
+        .collect();
+    one!(
+        nm,
+        "masked_softmax_rows",
+        false,
+        d.masked_softmax_rows(x, &batched, 100, 10, 4)?
     );
     let la = "linalg";
     for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -1087,7 +1101,7 @@ fn check_single_op_cases(cases: &[(Op, Vec<(Shape, Domain)>)], seed: u64, on_gpu
 }
 
 /// The norm family's ops (issue 4): layer/batch/RMS norm, masked softmax (square and
-/// rectangular masks), attention (both forms, masked and not, batched; the core alone over keys
+/// rectangular masks, a mask per batch element), attention (both forms, masked and not, batched; the core alone over keys
 /// of another length than the queries).
 fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
     use Domain::Any;
@@ -1116,6 +1130,16 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
                 mask: Mask::causal_lower_right(3, 5).unwrap(),
             },
             &[(&[2, 3, 5], Any)],
+        ),
+        // One matrix per batch element (x's first axis), row 1 fully masked in element 2 only.
+        single(
+            Op::MaskedSoftmax {
+                mask: Mask::from_fn_batched(3, 3, 5, |b, i, j| {
+                    (b, i) != (2, 1) && (i + 2 * j + b) % 4 != 0
+                })
+                .unwrap(),
+            },
+            &[(&[3, 2, 3, 5], Any)],
         ),
     ];
     // scaledDotProductAttention of 3 queries over 7 keys (and 6 over 2: the first rows of the

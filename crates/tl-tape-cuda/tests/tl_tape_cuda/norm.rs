@@ -5,6 +5,7 @@
 
 use crate::common::{Domain, Gen, check_graph, draw};
 use tl_ir::{GraphBuilder, Op};
+use tl_spec::ops::attention::Mask;
 use tl_spec::ops::norm::{Groups, normalize_vjp, rms_norm};
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::NormLayout;
@@ -103,7 +104,7 @@ fn masked_softmax_zeroes_masked_entries_and_empty_rows() {
         .upload(&[0.0, 3f32.ln(), 5.0, 1e30, -1.0, 1.0, 7.0, 8.0])
         .unwrap();
     let y = d
-        .masked_softmax_rows(x, &[true, true, false, false], 4, 2)
+        .masked_softmax_rows(x, &[true, true, false, false], 4, 2, 2)
         .unwrap();
     close(
         &d.download(y).unwrap(),
@@ -112,7 +113,7 @@ fn masked_softmax_zeroes_masked_entries_and_empty_rows() {
     );
     // A masked huge score never leaks: mask [[1, 0], [0, 1]].
     let y = d
-        .masked_softmax_rows(x, &[true, false, false, true], 4, 2)
+        .masked_softmax_rows(x, &[true, false, false, true], 4, 2, 2)
         .unwrap();
     close(
         &d.download(y).unwrap(),
@@ -161,7 +162,7 @@ fn bad_operands_are_errors_naming_the_primitive() {
         ),
         "{e}"
     );
-    let e = d.masked_softmax_rows(x, &[true; 3], 3, 2).unwrap_err();
+    let e = d.masked_softmax_rows(x, &[true; 3], 3, 2, 1).unwrap_err();
     assert!(
         matches!(
             e,
@@ -173,12 +174,13 @@ fn bad_operands_are_errors_naming_the_primitive() {
         "{e}"
     );
     // 3 rows of 2 are not whole (2, 2) blocks.
-    let e = d.masked_softmax_rows(x, &[true; 4], 3, 2).unwrap_err();
+    let e = d.masked_softmax_rows(x, &[true; 4], 3, 2, 2).unwrap_err();
     assert!(e.to_string().contains("(2, 2) score blocks"), "{e}");
-    // 3 mask entries are not whole rows of 2.
-    let e = d.masked_softmax_rows(x, &[true; 3], 3, 2).unwrap_err();
+    // 3 mask entries are not whole (1, 2) matrices.
+    let e = d.masked_softmax_rows(x, &[true; 3], 3, 2, 1).unwrap_err();
     assert!(
-        e.to_string().contains("not a whole number of rows of 2"),
+        e.to_string().contains("3 entries, not a whole number")
+            && e.to_string().contains("(1, 2) matrices"),
         "{e}"
     );
 }
@@ -191,7 +193,7 @@ fn masked_softmax_takes_a_mask_of_other_rows_than_columns() {
     // Two blocks of a (1, 3) mask, then (3, 2): the rows take mask rows 0, 0 / 0, 1, 2, 0.
     let x = d.upload(&[0.0, 5.0, 3f32.ln(), 1.0, 2.0, 3.0]).unwrap();
     let y = d
-        .masked_softmax_rows(x, &[true, false, true], 2, 3)
+        .masked_softmax_rows(x, &[true, false, true], 2, 3, 1)
         .unwrap();
     close(
         &d.download(y).unwrap(),
@@ -199,7 +201,7 @@ fn masked_softmax_takes_a_mask_of_other_rows_than_columns() {
         1e-6,
     );
     let y = d
-        .masked_softmax_rows(x, &[true, true, false, false, false, true], 3, 2)
+        .masked_softmax_rows(x, &[true, true, false, false, false, true], 3, 2, 3)
         .unwrap();
     close(
         &d.download(y).unwrap(),
@@ -207,12 +209,99 @@ fn masked_softmax_takes_a_mask_of_other_rows_than_columns() {
         1e-6,
     );
     // 6 rows are not whole blocks of a (4, 1) mask.
-    let e = d.masked_softmax_rows(x, &[true; 4], 6, 1).unwrap_err();
+    let e = d.masked_softmax_rows(x, &[true; 4], 6, 1, 4).unwrap_err();
     assert!(
         e.to_string()
             .contains("6 rows are not a whole number of (4, 1)"),
         "{e}"
     );
+}
+
+/// A mask of one (m, n) matrix per batch element: x's rows split in order into one share per
+/// matrix (attention's (B·H, nq, nk) scores: the H·nq rows of element b under matrix b), row r
+/// of a share under its matrix's row r mod m; a row fully masked in one element only gives
+/// zeros there alone. The same rows under matrix 0 shared by all differ exactly in the second
+/// share.
+#[test]
+fn masked_softmax_takes_one_mask_matrix_per_batch_element() {
+    let mut d = SimDevice::new();
+    // 8 rows of 3 = 2 batch elements · 2 heads · 2 query rows; all scores 0 but one: each
+    // allowed entry gets 1 / (allowed in its row).
+    let mut xs = [0f32; 24];
+    xs[12] = 3f32.ln(); // row 4, key 0
+    let x = d.upload(&xs).unwrap();
+    let (o, h, t) = (0.0, 0.5, 1.0 / 3.0);
+    // Element 0: rows [1 0 1], [1 1 1]; element 1: [1 0 1] (key 0 scored ln 3 in row 4),
+    // [0 0 0] (fully masked in element 1 only).
+    let mask = [
+        true, false, true, true, true, true, //
+        true, false, true, false, false, false,
+    ];
+    let y = d.masked_softmax_rows(x, &mask, 8, 3, 2).unwrap();
+    #[rustfmt::skip]
+    let want = [
+        h, o, h, t, t, t, h, o, h, t, t, t, // element 0, heads 0 and 1
+        0.75, o, 0.25, o, o, o, h, o, h, o, o, o, // element 1
+    ];
+    close(&d.download(y).unwrap(), &want, 1e-6);
+    // Matrix 0 alone, shared by both elements: the second share takes it too.
+    let y = d.masked_softmax_rows(x, &mask[..6], 8, 3, 2).unwrap();
+    let mut shared = want;
+    shared[12..].copy_from_slice(&[0.75, o, 0.25, t, t, t, h, o, h, t, t, t]);
+    close(&d.download(y).unwrap(), &shared, 1e-6);
+    // Two (1, 3) matrices over the same rows: shares of 4, each row its matrix's only row.
+    let y = d.masked_softmax_rows(x, &mask[..6], 8, 3, 1).unwrap();
+    let got = d.download(y).unwrap();
+    close(&got[..12], &[h, o, h, h, o, h, h, o, h, h, o, h], 1e-6);
+    close(
+        &got[12..],
+        &[0.6, 0.2, 0.2, t, t, t, t, t, t, t, t, t],
+        1e-6,
+    );
+    // Three matrices cannot split 8 rows; 4 rows are not a whole share of (2, 3) blocks each.
+    let e = d.masked_softmax_rows(x, &[true; 18], 8, 3, 2).unwrap_err();
+    assert!(
+        e.to_string().contains("8 rows") && e.to_string().contains("3 matrices"),
+        "{e}"
+    );
+    let x6 = d.upload(&xs[..18]).unwrap();
+    let e = d.masked_softmax_rows(x6, &mask, 6, 3, 2).unwrap_err();
+    assert!(
+        e.to_string().contains("6 rows") && e.to_string().contains("(2, 3) score blocks"),
+        "{e}"
+    );
+}
+
+/// `maskedSoftmax` under a mask of one (3, 5) matrix per batch element (x's first axis, PyTorch's
+/// (B, 1, L, S) broadcast), x (2, 3, 5) and (2, 2, 3, 5), row 2 fully masked in element 1
+/// only; and under the same mask's first matrix shared: the CUDA tape (sim) against IR eval
+/// and backprop (check 1 and 2).
+#[test]
+fn masked_softmax_on_the_tape_takes_a_mask_per_batch_element() {
+    let mut rnd = Gen::new(0x3a5c);
+    let batched =
+        Mask::from_fn_batched(2, 3, 5, |b, i, j| (b, i) != (1, 2) && (i + j + b) % 3 != 0).unwrap();
+    let shared = Mask::rectangular(3, 5, batched.as_slice()[..15].to_vec()).unwrap();
+    for mask in [batched, shared] {
+        for dims in [&[2, 3, 5][..], &[2, 2, 3, 5]] {
+            let xs = Shape::new(dims);
+            let mut g = GraphBuilder::new();
+            let x = g.leaf(xs.clone(), None).unwrap();
+            let y = g
+                .apply(Op::MaskedSoftmax { mask: mask.clone() }, &[x])
+                .unwrap();
+            let graph = g.finish();
+            let leaves = [draw(&mut rnd, &xs, Domain::Any)];
+            let seed = draw(&mut rnd, &xs, Domain::Any);
+            check_graph(
+                &format!("maskedSoftmax {dims:?} {mask:?}"),
+                &graph,
+                &leaves,
+                y,
+                &seed,
+            );
+        }
+    }
 }
 
 /// `norm_forward` gives the bits of `norm_stats` then `norm_apply`: one launch for short groups

@@ -10,7 +10,7 @@ use super::CudaDevice;
 use super::driver::Arg;
 use super::launch::blocks;
 use crate::Result;
-use crate::device::{Buffer, Device, NormLayout};
+use crate::device::{Buffer, Device, MaskedRows, NormLayout};
 
 /// Blocks of a one-block-per-group (or per-row) launch.
 fn per_group(n: usize) -> u32 {
@@ -256,8 +256,7 @@ impl CudaDevice {
         &mut self,
         x: Buffer,
         mask: &[bool],
-        rows: usize,
-        n: usize,
+        l: MaskedRows,
     ) -> Result<Buffer> {
         const OP: &str = "masked_softmax_rows";
         let px = self.ptr(OP, x)?;
@@ -273,11 +272,17 @@ impl CudaDevice {
                     Arg::Ptr(px),
                     Arg::Ptr(pm),
                     Arg::Ptr(out),
-                    Arg::U32(rows as u32),
-                    Arg::U32(n as u32),
-                    Arg::U32(crate::device::norm::mask_rows(mask, n) as u32),
+                    Arg::U32(l.rows as u32),
+                    Arg::U32(l.n as u32),
+                    Arg::U32(l.m as u32),
+                    Arg::U32(l.group as u32),
                 ];
-                d.run(OP, "tl_masked_softmax_rows", [per_group(rows), 1, 1], &args)
+                d.run(
+                    OP,
+                    "tl_masked_softmax_rows",
+                    [per_group(l.rows), 1, 1],
+                    &args,
+                )
             })
         });
         self.release(pm_buf);

@@ -9,8 +9,8 @@ use super::launch::{blocks, dims8};
 use crate::device::check::{self, BroadcastPlan, PermutePlan};
 use crate::device::sim::reduce::axis_sum_by_block;
 use crate::device::{
-    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot, MomentumUpdate,
-    NormLayout, PointAct, PoolKind, WindowLens, Windows,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MaskedRows, MomentumSlot,
+    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows,
 };
 use crate::{Result, abi};
 
@@ -440,10 +440,9 @@ impl Launch for CudaDevice {
         &mut self,
         x: Buffer,
         mask: &[bool],
-        rows: usize,
-        n: usize,
+        l: MaskedRows,
     ) -> Result<Buffer> {
-        self.masked_softmax_rows_impl(x, mask, rows, n)
+        self.masked_softmax_rows_impl(x, mask, l)
     }
 
     fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {

@@ -19,7 +19,7 @@
 //! is read or added, and `norm_bwd_x` has no `Σ ĝ` term.
 
 use super::reduce::{block_max, block_sum};
-use crate::device::NormLayout;
+use crate::device::{MaskedRows, NormLayout};
 use tl_spec::ops::norm::RunningStat;
 
 /// Where group k is centred (`tl_norm_centre`): the shift x₀, its first element (0 for an
@@ -214,12 +214,12 @@ pub fn bwd_affine(
     }
 }
 
-/// Masked softmax of each row of `x` (rows of `n`, n ≥ 1), row `r` with mask row `r mod m`
-/// (`mask`: m rows of n).
-pub fn masked_softmax(x: &[f32], mask: &[bool], n: usize, out: &mut [f32]) {
-    let m = crate::device::norm::mask_rows(mask, n);
+/// Masked softmax of each row of `x` (`l.rows` rows of `l.n`), row `r` with mask row
+/// [`MaskedRows::mask_row`]`(r)` (`mask`: `l.batch` matrices of `l.m` rows of `l.n`).
+pub fn masked_softmax(x: &[f32], mask: &[bool], l: MaskedRows, out: &mut [f32]) {
+    let n = l.n.max(1);
     for (r, (xr, yr)) in x.chunks(n).zip(out.chunks_mut(n)).enumerate() {
-        let ok = &mask[(r % m) * n..(r % m + 1) * n];
+        let ok = &mask[l.mask_row(r) * n..][..n];
         let m = block_max(n, |j| if ok[j] { xr[j] } else { f32::NEG_INFINITY });
         if m == f32::NEG_INFINITY {
             yr.fill(0.0);

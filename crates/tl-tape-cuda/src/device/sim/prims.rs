@@ -6,8 +6,8 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MomentumSlot, MomentumUpdate,
-    NormLayout, PointAct, PoolKind, WindowLens, Windows, split_tile,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MaskedRows, MomentumSlot,
+    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows, split_tile,
 };
 use crate::{Error, Result};
 
@@ -470,12 +470,11 @@ impl Launch for SimDevice {
         &mut self,
         x: Buffer,
         mask: &[bool],
-        _rows: usize,
-        n: usize,
+        l: MaskedRows,
     ) -> Result<Buffer> {
         const OP: &str = "masked_softmax_rows";
         self.launch(OP, [x], x.len(), |[x], out| {
-            norm::masked_softmax(x, mask, n.max(1), out)
+            norm::masked_softmax(x, mask, l, out)
         })
     }
 
