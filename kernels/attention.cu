@@ -6,9 +6,14 @@
 // ((b * nq + i) * H + h) * d + c, as the projections x.W leave them; K, V, dK, dV are
 // (B, nk, H, d), key j at ((b * nk + j) * H + h) * d + c. lse (and delta) hold one value per
 // query row (b, h, i) at (b * H + h) * nq + i. Every kernel takes (batch, nq, nk, heads, d,
-// mode, offset, scale) last; `offset` (a signed int) places the causal diagonal: query i sees
-// keys j <= i + offset (0: the usual causal; nk - nq: the last query row sees every key, the
-// KV-cache case; negative: the first rows see nothing).
+// mode, offset, mstride, scale) last; `offset` (a signed int) places the causal diagonal: query
+// i sees keys j <= i + offset (0: the usual causal; nk - nq: the last query row sees every key,
+// the KV-cache case; negative: the first rows see nothing). The mask's words (`mask`, as `mode`
+// says) of batch element b start at mask + b * mstride: mstride = 0 when one mask is shared by
+// every batch element, else the words of one element (nk keep flags, or nq * ceil(nk / 32)
+// bits), a per-sequence mask (PyTorch's attn_mask (B, 1, L, S), key_padding_mask (B, S)). The
+// causal diagonal is the same for every batch element. A job's (b, h) reads element b's words
+// only (mk, set per job): no sum's order depends on mstride.
 //
 // Blocks of 256 threads; a job is a block of query rows of one (b, h) (forward: 64 rows when
 // d <= 64, else 32; dQ: 64) or of keys (dK, dV: 64), with register micro-tiles (tl_fa_fwd,
@@ -44,7 +49,7 @@
 
 // Mask modes (device/flash.rs FlashMask::mode): bit 0 causal (key j <= query i + offset), bit 1
 // a keep flag per key (mask[j] != 0, nk words), bit 2 a full bit matrix (nq rows, row i's words
-// at i * ceil(nk / 32)).
+// at i * ceil(nk / 32)); the words of one batch element, from mask + b * mstride.
 #define TL_FA_CAUSAL 1u
 #define TL_FA_KEEP 2u
 #define TL_FA_BITS 4u
@@ -80,7 +85,8 @@ __device__ __forceinline__ u64 tl_fa_at(u32 b, u32 i, u32 h, u32 c, u32 n, u32 h
     return (((u64)b * n + i) * heads + h) * d + c;
 }
 
-// Whether query i may attend to key j of nk (device/flash.rs FlashMask::allowed).
+// Whether query i may attend to key j of nk (device/flash.rs FlashMask::allowed), `mask` the
+// words of the query's batch element (mask + b * mstride).
 __device__ __forceinline__ bool tl_fa_allowed(const u32* mask, u32 mode, int offset, u32 nk,
                                               u32 i, u32 j) {
     if ((mode & TL_FA_CAUSAL) && (long long)j > (long long)i + offset) return false;
@@ -231,7 +237,7 @@ template <u32 BM, u32 BN, u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const float* v,
                                           const u32* mask, float* o, float* lse, u32 batch,
                                           u32 nq, u32 nk, u32 heads, u32 d_run, u32 mode,
-                                          int offset, float scale, float* smem) {
+                                          int offset, u32 mstride, float scale, float* smem) {
     const u32 d = DC ? DC : d_run;
     constexpr u32 NT = BN / TL_FA_T;  // key tiles a step
     static_assert(BN % TL_FA_T == 0 && NT * BM <= TL_BLOCK, "a thread per (row, tile)");
@@ -252,6 +258,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
     const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
+        const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();  // the previous job's reads of qt, ms, ls are done
         for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
             const u32 r = e / DM, c = e % DM;
@@ -297,7 +304,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                 for (u32 bb = 0; bb < SK; ++bb) {
                     const u32 j = sx + SX * bb;
                     const bool ok = r < rows && j < keys &&
-                                    tl_fa_allowed(mask, mode, offset, nk, i0 + r, j0 + j);
+                                    tl_fa_allowed(mk, mode, offset, nk, i0 + r, j0 + j);
                     pt[j * BM + (r ^ tl_fa_swz(j))] = ok ? s[a][bb] * scale : -INFINITY;
                 }
             }
@@ -417,19 +424,19 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const float* q, const float* k, const float* v,
                                         const u32* mask, float* o, float* lse, u32 batch, u32 nq,
                                         u32 nk, u32 heads, u32 d, u32 mode, int offset,
-                                        float scale) {
+                                        u32 mstride, float scale) {
     constexpr u32 A = TL_FA_FWD_SMEM(64, TL_FA_BN, 64);
     constexpr u32 B = TL_FA_FWD_SMEM(32, TL_FA_BN, TL_FA_DMAX);
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
         tl_fa_fwd<64, TL_FA_BN, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode,
-                                        offset, scale, smem);
+                                        offset, mstride, scale, smem);
     else if (d < 64)
         tl_fa_fwd<64, TL_FA_BN, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode,
-                                       offset, scale, smem);
+                                       offset, mstride, scale, smem);
     else
         tl_fa_fwd<32, TL_FA_BN, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d,
-                                               mode, offset, scale, smem);
+                                               mode, offset, mstride, scale, smem);
 }
 
 // tl_flash_fwd for d <= 64 with 64 keys a step (four tiles: every thread in the softmax phase,
@@ -438,14 +445,14 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const flo
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(const float* q, const float* k, const float* v,
                                         const u32* mask, float* o, float* lse, u32 batch, u32 nq,
                                         u32 nk, u32 heads, u32 d, u32 mode, int offset,
-                                        float scale) {
+                                        u32 mstride, float scale) {
     TL_DYNAMIC_SHARED(float, smem);
     if (d == 64)
         tl_fa_fwd<64, 64, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode, offset,
-                                  scale, smem);
+                                  mstride, scale, smem);
     else
         tl_fa_fwd<64, 64, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode, offset,
-                                 scale, smem);
+                                 mstride, scale, smem);
 }
 
 // ---- Backward, d > 64: one block of 16 x 16 threads per tile of 16 ----------------------------
@@ -481,12 +488,14 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
                                               u32 batch, u32 nq, u32 nk, u32 heads, u32 d,
-                                              u32 mode, int offset, float scale, float* smem) {
+                                              u32 mode, int offset, u32 mstride, float scale,
+                                              float* smem) {
     const auto [qs, gs, ks, vs, dss, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
     const u32 tiles = tl_fa_tiles(nq, TL_FA_T);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, TL_FA_T, nq, heads, false);
+        const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         const u32 i = i0 + ty;
         __syncthreads();
         tl_fa_load(qs, q, b, i0, rows, h, nq, heads, d);
@@ -512,7 +521,7 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
             __syncthreads();
             float p, ds;
             const bool ok = ty < rows && tx < cols &&
-                            tl_fa_allowed(mask, mode, offset, nk, i, j0 + tx);
+                            tl_fa_allowed(mk, mode, offset, nk, i, j0 + tx);
             tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f, ok ? delta_s[ty] : 0.0f, d,
                        scale, ok, &p, &ds);
             dss[ty][tx] = ds;
@@ -540,14 +549,15 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
                                                float* dv, u32 batch, u32 nq, u32 nk, u32 heads,
-                                               u32 d, u32 mode, int offset, float scale,
-                                               float* smem) {
+                                               u32 d, u32 mode, int offset, u32 mstride,
+                                               float scale, float* smem) {
     const auto [qs, gs, ks, vs, ps, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
     const TlFaTile dss = ps + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
     const u32 tiles = tl_fa_tiles(nk, TL_FA_T);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, TL_FA_T, nk, heads, false);
+        const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();
         tl_fa_load(ks, k, b, j0, cols, h, nk, heads, d);
         tl_fa_load(vs, v, b, j0, cols, h, nk, heads, d);
@@ -566,7 +576,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
             // Thread (ty, tx): query row ty of the tile, key tx.
             float p, ds;
             const bool ok = ty < rows && tx < cols &&
-                            tl_fa_allowed(mask, mode, offset, nk, i0 + ty, j0 + tx);
+                            tl_fa_allowed(mk, mode, offset, nk, i0 + ty, j0 + tx);
             tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f, ok ? delta_s[ty] : 0.0f, d,
                        scale, ok, &p, &ds);
             ps[ty][tx] = p;
@@ -628,7 +638,8 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
                                               u32 batch, u32 nq, u32 nk, u32 heads, u32 d_run,
-                                              u32 mode, int offset, float scale, float* smem) {
+                                              u32 mode, int offset, u32 mstride, float scale,
+                                              float* smem) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BM = 64, BN = TL_FA_BN;
     constexpr u32 CH = DM / 64;  // dQ: groups of 64 columns a thread
@@ -646,6 +657,7 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
+        const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();  // the previous job's reads are done
         tl_fa_load_swz2<BM, DM>(qs, gs, q, go, b, i0, rows, h, nq, heads, d);
         __syncthreads();
@@ -720,7 +732,7 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                 for (u32 bb = 0; bb < 2; ++bb) {
                     const u32 j = sk + 8 * bb;
                     const bool ok = r < rows && j < keys &&
-                                    tl_fa_allowed(mask, mode, offset, nk, i0 + r, j0 + j);
+                                    tl_fa_allowed(mk, mode, offset, nk, i0 + r, j0 + j);
                     ds[a][bb] = 0.0f;
                     if (ok && lr[a] != -INFINITY) {
                         const float p = expf(s[a][bb] * scale - lr[a]);
@@ -811,8 +823,8 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
                                                float* dv, u32 batch, u32 nq, u32 nk, u32 heads,
-                                               u32 d_run, u32 mode, int offset, float scale,
-                                               float* smem, float* dq = nullptr) {
+                                               u32 d_run, u32 mode, int offset, u32 mstride,
+                                               float scale, float* smem, float* dq = nullptr) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
     constexpr u32 BM = TL_FA_T;
     constexpr u32 KA = BN / 16;  // scores: keys a thread
@@ -833,6 +845,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
     const u32 tiles = tl_fa_tiles(nk, BN);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, BN, nk, heads, false);
+        const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();  // the previous job's reads are done
         tl_fa_load_swz2<BN, DM>(ks, vs, k, v, b, j0, cols, h, nk, heads, d);
         float ak[4][4], av[4][4];
@@ -893,7 +906,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 const u32 j = sk + 4 * a;
                 float p = 0.0f, ds = 0.0f;
                 if (live && j < cols && l != -INFINITY &&
-                    tl_fa_allowed(mask, mode, offset, nk, i0 + sr, j0 + j)) {
+                    tl_fa_allowed(mk, mode, offset, nk, i0 + sr, j0 + j)) {
                     p = expf(s[a] * scale - l);
                     ds = p * (dp[a] - dl) * scale;
                 }
@@ -953,18 +966,18 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const f
                                           const float* o, const float* go, const float* lse,
                                           const u32* mask, float* dq, float* delta, u32 batch,
                                           u32 nq, u32 nk, u32 heads, u32 d, u32 mode, int offset,
-                                          float scale) {
+                                          u32 mstride, float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
         tl_fa_bwd_q64<64, 64>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
-                              mode, offset, scale, smem);
+                              mode, offset, mstride, scale, smem);
     else if (d < 64)
         tl_fa_bwd_q64<64, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
-                             mode, offset, scale, smem);
+                             mode, offset, mstride, scale, smem);
     else
         tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d, mode,
-                      offset, scale, smem);
+                      offset, mstride, scale, smem);
 }
 
 // tl_flash_bwd_q for 64 < d <= 128 on blocks of 64 query rows (tl_fa_bwd_q64 with DM = 128),
@@ -973,10 +986,10 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q_wide(co
                                           const float* o, const float* go, const float* lse,
                                           const u32* mask, float* dq, float* delta, u32 batch,
                                           u32 nq, u32 nk, u32 heads, u32 d, u32 mode, int offset,
-                                          float scale) {
+                                          u32 mstride, float scale) {
     TL_DYNAMIC_SHARED(float, smem);
     tl_fa_bwd_q64<TL_FA_DMAX, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
-                                 mode, offset, scale, smem);
+                                 mode, offset, mstride, scale, smem);
 }
 
 // dK and dV of the fused attention (reads delta from tl_flash_bwd_q): blocks of 64 keys when
@@ -985,18 +998,18 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const 
                                            const float* go, const float* lse, const float* delta,
                                            const u32* mask, float* dk, float* dv, u32 batch,
                                            u32 nq, u32 nk, u32 heads, u32 d, u32 mode,
-                                           int offset, float scale) {
+                                           int offset, u32 mstride, float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
         tl_fa_bwd_kv64<64, 64, 64>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d,
-                                   mode, offset, scale, smem);
+                                   mode, offset, mstride, scale, smem);
     else if (d < 64)
         tl_fa_bwd_kv64<64, 64, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d,
-                                  mode, offset, scale, smem);
+                                  mode, offset, mstride, scale, smem);
     else
         tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d, mode,
-                       offset, scale, smem);
+                       offset, mstride, scale, smem);
 }
 
 // tl_flash_bwd_kv for 64 < d <= 128 on blocks of 32 keys (tl_fa_bwd_kv64 with BN = 32,
@@ -1006,10 +1019,10 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv_wide(c
                                            const float* go, const float* lse, const float* delta,
                                            const u32* mask, float* dk, float* dv, u32 batch,
                                            u32 nq, u32 nk, u32 heads, u32 d, u32 mode,
-                                           int offset, float scale) {
+                                           int offset, u32 mstride, float scale) {
     TL_DYNAMIC_SHARED(float, smem);
     tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
-                                      heads, d, mode, offset, scale, smem);
+                                      heads, d, mode, offset, mstride, scale, smem);
 }
 
 // ---- Backward in one pass (deterministic reductions off; d <= 64) ------------------------------
@@ -1043,12 +1056,12 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_atomic(co
                                                const float* go, const float* lse, const float* delta,
                                                const u32* mask, float* dq, float* dk, float* dv,
                                                u32 batch, u32 nq, u32 nk, u32 heads, u32 d,
-                                               u32 mode, int offset, float scale) {
+                                               u32 mode, int offset, u32 mstride, float scale) {
     __shared__ __align__(16) float smem[TL_FA_BWD_KV_SMEM(64, 64)];
     if (d == 64)
         tl_fa_bwd_kv64<64, 64, 64, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
-                                         heads, d, mode, offset, scale, smem, dq);
+                                         heads, d, mode, offset, mstride, scale, smem, dq);
     else if (d < 64)
         tl_fa_bwd_kv64<64, 64, 0, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
-                                        heads, d, mode, offset, scale, smem, dq);
+                                        heads, d, mode, offset, mstride, scale, smem, dq);
 }

@@ -450,7 +450,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
         let f = Flash {
             dims,
-            mask: FlashMask::of("bench", Some(&mask), n, n)?,
+            mask: FlashMask::of("bench", Some(&mask), n, n, 1)?,
         };
         let len = dims.q_len();
         let data: Vec<Vec<f32>> = (0..4)

@@ -17,6 +17,15 @@
 //! bottom right, the KV-cache case; negative: the first rows see nothing). The kernels skip
 //! exactly the tiles that hold no entry it allows ([`FlashMask::key_end`],
 //! [`FlashMask::query_start`]).
+//!
+//! The mask's words ([`FlashMask::words`]: nk keep flags, or nq rows of ⌈nk/32⌉ bit words,
+//! row i's at `i·⌈nk/32⌉`) are one mask shared by every batch element, or one per batch
+//! element (a key padding that differs per sequence of a padded batch; PyTorch's `attn_mask`
+//! (B, 1, L, S), `key_padding_mask` (B, S)): batch element b's words start at `b·mstride`,
+//! `mstride` ([`FlashMask::stride`]) 0 for a shared mask, else the words of one element
+//! ([`FlashMask::words_per_batch`]); the causal diagonal is the same for every element. A
+//! job of the kernels is one (b, h) and reads element b's words only, so no sum's order
+//! depends on the stride: a shared mask sent as B identical copies gives the same bits.
 
 use super::{Buffer, check};
 use crate::{Error, Result, abi};
@@ -148,13 +157,18 @@ impl FlashDims {
 /// An attention mask as the fused kernels read it: a mode ([`FLASH_CAUSAL`], [`FLASH_KEEP`],
 /// [`FLASH_BITS`]), the causal diagonal, and its words, uploaded per launch. A mask that is
 /// causal and/or a key padding (entry (i, j) = `(j ≤ i + offset or not causal) and keep[j]`)
-/// travels as nk words (O(nk) device memory); any other mask as its nq·⌈nk/32⌉ bits.
+/// travels as nk words per batch element (O(nk) device memory); any other mask as its
+/// nq·⌈nk/32⌉ bits per batch element. One mask shared by every batch element holds the words
+/// of one ([`FlashMask::batch`] = 1, the kernels' `mstride` 0); a per-sequence mask (PyTorch's
+/// `attn_mask` (B, 1, L, S), `key_padding_mask` (B, S)) holds B elements' words back to back,
+/// batch element b's from `b·`[`FlashMask::words_per_batch`]; the causal diagonal is shared.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlashMask {
     /// The mode bits (0: no mask).
     pub mode: u32,
-    /// The words the kernel reads: per key 1/0 for [`FLASH_KEEP`] (nk words), row-major bits
-    /// for [`FLASH_BITS`] (row i's ⌈nk/32⌉ words at `i·⌈nk/32⌉`, nq rows), none otherwise.
+    /// The words the kernel reads, [`FlashMask::batch`] elements' words back to back: per key
+    /// 1/0 for [`FLASH_KEEP`] (nk words an element), row-major bits for [`FLASH_BITS`] (row
+    /// i's ⌈nk/32⌉ words at `i·⌈nk/32⌉` of its element's nq rows), none otherwise.
     pub words: Vec<u32>,
     /// With [`FLASH_CAUSAL`]: query i sees keys `j ≤ i + offset` (0 otherwise). The kernels
     /// take it as a signed 32-bit `int`; [`FlashMask::check`] refuses one that does not fit.
@@ -163,6 +177,9 @@ pub struct FlashMask {
     pub rows: usize,
     /// The keys nk the mask was made for (0 for no mask).
     pub cols: usize,
+    /// The batch elements whose words `words` holds: 1 (one mask shared by every batch
+    /// element, or no words at all) or the attention's B.
+    pub batch: usize,
 }
 
 impl FlashMask {
@@ -174,15 +191,23 @@ impl FlashMask {
             offset: 0,
             rows: 0,
             cols: 0,
+            batch: 1,
         }
     }
 
-    /// The kernels' form of `mask` for `nq` queries over `nk` keys (`None`: no mask). A mask
-    /// of other sizes is an error naming `op` and both sizes. O(nk) on the host for causal and
+    /// The kernels' form of `mask` for `nq` queries over `nk` keys of an attention of `batch`
+    /// elements (`None`: no mask). A mask of other sizes, or whose batch is neither 1 (shared)
+    /// nor `batch`, is an error naming `op` and both sizes. O(B·nk) on the host for causal and
     /// key-padding masks ([`Mask::form`]; a causal diagonal is kept as `offset`, clamped to
-    /// `−nq..=nk`, which allows the same entries); a dense mask's nq·nk entries are read once
-    /// into its bits.
-    pub fn of(op: &'static str, mask: Option<&Mask>, nq: usize, nk: usize) -> Result<FlashMask> {
+    /// `−nq..=nk`, which allows the same entries); a dense mask's entries are read once into
+    /// its bits.
+    pub fn of(
+        op: &'static str,
+        mask: Option<&Mask>,
+        nq: usize,
+        nk: usize,
+        batch: usize,
+    ) -> Result<FlashMask> {
         let Some(mask) = mask else {
             return Ok(FlashMask::none());
         };
@@ -197,19 +222,31 @@ impl FlashMask {
                 ),
             ));
         }
+        let mb = mask.batch();
+        if mb != 1 && mb != batch {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "the mask holds {mb} batch elements' masks but the attention has batch \
+                     B = {batch} (a mask's batch must be 1, shared by every element, or B)"
+                ),
+            ));
+        }
         // The structure was found when the mask was made: a causal or key-padding mask costs
-        // O(nk) here, not a pass over its nq·nk entries.
+        // O(B·nk) here, not a pass over its B·nq·nk entries.
         if let MaskForm::Keys { causal, keep } = mask.form() {
             let (mode, offset) = match *causal {
                 // Past −nq no row sees a key, past nk every row sees all: the same entries.
                 Some(o) => (FLASH_CAUSAL, (o as i64).clamp(-(nq as i64), nk as i64)),
                 None => (0, 0),
             };
-            let (mode, words) = match keep {
-                None => (mode, Vec::new()),
+            // keep: B·nk flags, element b's at b·nk (nk for a shared mask).
+            let (mode, words, batch) = match keep {
+                None => (mode, Vec::new(), 1),
                 Some(keep) => (
                     mode | FLASH_KEEP,
                     keep.iter().map(|&k| u32::from(k)).collect(),
+                    mb,
                 ),
             };
             return Ok(FlashMask {
@@ -218,23 +255,26 @@ impl FlashMask {
                 offset,
                 rows: nq,
                 cols: nk,
+                batch,
             });
         }
         let per_row = nk.div_ceil(32);
-        let len = check::product(op, &[nq, per_row])?;
+        let len = check::product(op, &[mb, nq, per_row])?;
         abi::len_u32(op, len)?;
         let mut words = Vec::new();
         words.try_reserve_exact(len).map_err(|_| {
             Error::kernel(
                 op,
-                format!("the bits of an ({nq}, {nk}) attention mask could not be allocated"),
+                format!("the bits of {mb} ({nq}, {nk}) attention mask(s) could not be allocated"),
             )
         })?;
         words.resize(len, 0u32);
-        for i in 0..nq {
-            for (j, &a) in mask.row(i).iter().enumerate() {
-                if a {
-                    words[i * per_row + j / 32] |= 1 << (j % 32);
+        for (b, rows) in words.chunks_exact_mut((nq * per_row).max(1)).enumerate() {
+            for i in 0..nq {
+                for (j, &a) in mask.row_in(b, i).iter().enumerate() {
+                    if a {
+                        rows[i * per_row + j / 32] |= 1 << (j % 32);
+                    }
                 }
             }
         }
@@ -244,20 +284,48 @@ impl FlashMask {
             offset: 0,
             rows: nq,
             cols: nk,
+            batch: mb,
         })
     }
 
-    /// Whether query `i` may attend to key `j` (the kernels' `tl_fa_allowed`; the bits' row
-    /// stride from [`FlashMask::cols`]).
-    pub fn allowed(&self, i: usize, j: usize) -> bool {
+    /// The words of one batch element that `mode` reads for `nq` queries over `nk` keys: nq
+    /// rows of ⌈nk/32⌉ for [`FLASH_BITS`], nk for [`FLASH_KEEP`], none otherwise.
+    fn words_for(mode: u32, nq: usize, nk: usize) -> usize {
+        match mode {
+            m if m & FLASH_BITS != 0 => nq.saturating_mul(nk.div_ceil(32)),
+            m if m & FLASH_KEEP != 0 => nk,
+            _ => 0,
+        }
+    }
+
+    /// The words of one batch element: nq·⌈nk/32⌉ bits, nk keep flags, or none.
+    pub fn words_per_batch(&self) -> usize {
+        FlashMask::words_for(self.mode, self.rows, self.cols)
+    }
+
+    /// The kernels' `mstride`: where batch element b's words start, `b·stride` —
+    /// [`FlashMask::words_per_batch`] for a per-sequence mask, 0 for a shared one.
+    pub fn stride(&self) -> usize {
+        match self.batch {
+            1 => 0,
+            _ => self.words_per_batch(),
+        }
+    }
+
+    /// Whether query `i` of batch element `b` may attend to key `j` (the kernels'
+    /// `tl_fa_allowed` on the words from `b·`[`FlashMask::stride`]; the bits' row stride from
+    /// [`FlashMask::cols`]).
+    pub fn allowed(&self, b: usize, i: usize, j: usize) -> bool {
         if self.causal() && j as i64 > i as i64 + self.offset {
             return false;
         }
-        if self.mode & FLASH_KEEP != 0 && self.words[j] == 0 {
+        let base = b * self.stride();
+        if self.mode & FLASH_KEEP != 0 && self.words[base + j] == 0 {
             return false;
         }
         if self.mode & FLASH_BITS != 0 {
-            return (self.words[i * self.cols.div_ceil(32) + j / 32] >> (j % 32)) & 1 != 0;
+            let word = self.words[base + i * self.cols.div_ceil(32) + j / 32];
+            return (word >> (j % 32)) & 1 != 0;
         }
         true
     }
@@ -291,31 +359,34 @@ impl FlashMask {
         }
     }
 
-    /// Checked against `dims`: made for its (nq, nk) (or no mask), words as long as the mode
-    /// needs, the offset within the kernels' `int`.
+    /// Checked against `dims`: made for its (nq, nk) (or no mask), for batch 1 (shared) or
+    /// its B, words as long as the mode needs for that many batch elements (and within the
+    /// kernels' `u32`), the offset within the kernels' `int`.
     pub fn check(&self, op: &'static str, dims: &FlashDims) -> Result<()> {
         let (nq, nk) = (dims.nq, dims.nk);
-        let expected = match self.mode {
-            m if m & FLASH_BITS != 0 => nq * nk.div_ceil(32),
-            m if m & FLASH_KEEP != 0 => nk,
-            _ => 0,
-        };
+        let per = FlashMask::words_for(self.mode, nq, nk);
+        let expected = per.checked_mul(self.batch);
         if self.mode > FLASH_CAUSAL | FLASH_KEEP | FLASH_BITS
             || (self.mode != 0 && (self.rows, self.cols) != (nq, nk))
-            || self.words.len() != expected
+            || (self.batch != 1 && self.batch != dims.batch)
+            || expected != Some(self.words.len())
         {
             return Err(Error::kernel(
                 op,
                 format!(
-                    "a mask of mode {} with {} word(s) made for ({}, {}) does not fit nq = {nq}, \
-                     nk = {nk} (expected {expected} word(s))",
+                    "a mask of mode {} with {} word(s) for {} batch element(s), made for ({}, \
+                     {}), does not fit B = {}, nq = {nq}, nk = {nk} (expected {per} word(s) for \
+                     each of 1 or B batch elements)",
                     self.mode,
                     self.words.len(),
+                    self.batch,
                     self.rows,
-                    self.cols
+                    self.cols,
+                    dims.batch,
                 ),
             ));
         }
+        abi::len_u32(op, self.words.len())?;
         if i32::try_from(self.offset).is_err() {
             return Err(Error::kernel(
                 op,
@@ -393,7 +464,11 @@ mod tests {
         m.check("t", &dims(nq, nk)).unwrap();
         for i in 0..nq {
             for j in 0..nk {
-                assert_eq!(m.allowed(i, j), mask.allowed(i, j), "{mask:?} ({i}, {j})");
+                assert_eq!(
+                    m.allowed(0, i, j),
+                    mask.allowed(i, j),
+                    "{mask:?} ({i}, {j})"
+                );
             }
         }
     }
@@ -401,24 +476,24 @@ mod tests {
     #[test]
     fn masks_take_the_smallest_form_that_holds_them() {
         let n = 5;
-        let causal = FlashMask::of("t", Some(&Mask::causal(n).unwrap()), n, n).unwrap();
+        let causal = FlashMask::of("t", Some(&Mask::causal(n).unwrap()), n, n, 1).unwrap();
         assert_eq!(
             (causal.mode, causal.offset, causal.words.len()),
             (FLASH_CAUSAL, 0, 0)
         );
         let pad = Mask::from_fn(n, |_, j| j != 3).unwrap();
-        let keep = FlashMask::of("t", Some(&pad), n, n).unwrap();
+        let keep = FlashMask::of("t", Some(&pad), n, n, 1).unwrap();
         assert_eq!(keep.mode, FLASH_KEEP);
         assert_eq!(keep.words, [1, 1, 1, 0, 1]);
         let both = Mask::from_fn(n, |i, j| j <= i && j != 0).unwrap();
-        let cb = FlashMask::of("t", Some(&both), n, n).unwrap();
+        let cb = FlashMask::of("t", Some(&both), n, n, 1).unwrap();
         assert_eq!(cb.mode, FLASH_CAUSAL | FLASH_KEEP);
         let all = Mask::from_fn(n, |_, _| true).unwrap();
-        let none = FlashMask::of("t", Some(&all), n, n).unwrap();
+        let none = FlashMask::of("t", Some(&all), n, n, 1).unwrap();
         assert_eq!((none.mode, none.words.len()), (0, 0));
         // Row 2 allows key 4 (not causal), row 4 not key 1 but row 3 does: bits.
         let odd = Mask::from_fn(n, |i, j| (i + j) % 3 != 1).unwrap();
-        let bits = FlashMask::of("t", Some(&odd), n, n).unwrap();
+        let bits = FlashMask::of("t", Some(&odd), n, n, 1).unwrap();
         assert_eq!((bits.mode, bits.words.len()), (FLASH_BITS, n));
         for (m, mask) in [(&causal, Mask::causal(n).unwrap()), (&keep, pad)] {
             same_entries(m, &mask);
@@ -426,7 +501,7 @@ mod tests {
         for (m, mask) in [(&cb, &both), (&none, &all), (&bits, &odd)] {
             same_entries(m, mask);
         }
-        let e = FlashMask::of("flash", Some(&Mask::causal(4).unwrap()), n, n)
+        let e = FlashMask::of("flash", Some(&Mask::causal(4).unwrap()), n, n, 1)
             .unwrap_err()
             .to_string();
         assert!(
@@ -451,7 +526,7 @@ mod tests {
             })
             .unwrap();
             let dense = Mask::from_fn_rectangular(nq, nk, |i, j| (i * 3 + j) % 5 != 0).unwrap();
-            let words = |m: &Mask| FlashMask::of("t", Some(m), nq, nk).unwrap();
+            let words = |m: &Mask| FlashMask::of("t", Some(m), nq, nk, 1).unwrap();
             let diag = (nk as i64 - nq as i64).clamp(-(nq as i64), nk as i64);
             let form = |f: &FlashMask| (f.mode, f.offset, f.words.len());
             // One query row over every key (1, 37): lower right is no mask at all, upper left
@@ -493,7 +568,7 @@ mod tests {
         }
         // A mask made for other sizes: the op and both sizes named.
         let lr = Mask::causal_lower_right(1, 37).unwrap();
-        let e = FlashMask::of("scaledDotProductAttention", Some(&lr), 1, 36)
+        let e = FlashMask::of("scaledDotProductAttention", Some(&lr), 1, 36, 1)
             .unwrap_err()
             .to_string();
         assert!(
@@ -504,10 +579,90 @@ mod tests {
             "{e}"
         );
         let lr = Mask::causal_lower_right(20, 70).unwrap();
-        let f = FlashMask::of("t", Some(&lr), 20, 70).unwrap();
+        let f = FlashMask::of("t", Some(&lr), 20, 70, 1).unwrap();
         let e = f.check("flash", &dims(70, 20)).unwrap_err().to_string();
         assert!(
             e.contains("made for (20, 70)") && e.contains("nq = 70, nk = 20"),
+            "{e}"
+        );
+    }
+
+    /// A mask of one matrix per batch element travels as B elements' words, element b's from
+    /// `b·stride`: a key padding per sequence (with or without the causal diagonal) as B·nk
+    /// keep flags, a dense one as B·nq·⌈nk/32⌉ bits; a batched mask whose padding has no key
+    /// flag (causal only) needs no words, shared; each allows exactly its element's entries. A
+    /// batch that is neither 1 nor B is an error naming the op and both sizes.
+    #[test]
+    fn batched_masks_hold_each_elements_words() {
+        let (nq, nk, batch) = (5, 37, 3);
+        let lens = [37, 20, 0];
+        let pad = Mask::from_fn_batched(batch, nq, nk, |b, _, j| j < lens[b]).unwrap();
+        let lr_pad = Mask::from_fn_batched(batch, nq, nk, |b, i, j| {
+            j as i64 <= i as i64 + 32 && j < lens[b]
+        })
+        .unwrap();
+        let dense = Mask::from_fn_batched(batch, nq, nk, |b, i, j| {
+            (i + j + b) % 3 != 0 && (b, i) != (1, 2)
+        })
+        .unwrap();
+        let causal = Mask::from_fn_batched(batch, nq, nk, |_, i, j| j <= i).unwrap();
+        let per_row = nk.div_ceil(32);
+        for (mask, mode, offset, words, stride) in [
+            (&pad, FLASH_KEEP, 0, batch * nk, nk),
+            (&lr_pad, FLASH_CAUSAL | FLASH_KEEP, 32, batch * nk, nk),
+            (&dense, FLASH_BITS, 0, batch * nq * per_row, nq * per_row),
+            (&causal, FLASH_CAUSAL, 0, 0, 0),
+        ] {
+            let f = FlashMask::of("t", Some(mask), nq, nk, batch).unwrap();
+            assert_eq!(
+                (f.mode, f.offset, f.words.len(), f.stride()),
+                (mode, offset, words, stride),
+                "{mask:?}"
+            );
+            f.check(
+                "t",
+                &FlashDims {
+                    batch,
+                    ..dims(nq, nk)
+                },
+            )
+            .unwrap();
+            for b in 0..batch {
+                for i in 0..nq {
+                    for j in 0..nk {
+                        let want = mask.allowed_in(b, i, j);
+                        assert_eq!(f.allowed(b, i, j), want, "{mask:?} ({b}, {i}, {j})");
+                    }
+                }
+            }
+        }
+        // The shared mask's words serve every element (stride 0) for any B.
+        let shared = Mask::from_fn_rectangular(nq, nk, |_, j| j != 4).unwrap();
+        let f = FlashMask::of("t", Some(&shared), nq, nk, batch).unwrap();
+        assert_eq!((f.batch, f.stride(), f.words.len()), (1, 0, nk));
+        assert!(!f.allowed(2, 0, 4) && f.allowed(2, 0, 5));
+        // Batch 3 for an attention of batch 2 (the IR refuses it first on the tape).
+        let e = FlashMask::of("multiHeadAttention", Some(&pad), nq, nk, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("multiHeadAttention") && e.contains("holds 3 batch") && e.contains("B = 2"),
+            "{e}"
+        );
+        // Words of batch 3 checked against dims of batch 2.
+        let f = FlashMask::of("t", Some(&dense), nq, nk, batch).unwrap();
+        let e = f
+            .check(
+                "flash",
+                &FlashDims {
+                    batch: 2,
+                    ..dims(nq, nk)
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("3 batch element(s)") && e.contains("B = 2"),
             "{e}"
         );
     }
@@ -527,9 +682,10 @@ mod tests {
                     offset,
                     rows: nq,
                     cols: nk,
+                    batch: 1,
                 };
                 let meet = |i0: usize, j0: usize| {
-                    (i0..nq.min(i0 + t)).any(|i| (j0..nk.min(j0 + t)).any(|j| m.allowed(i, j)))
+                    (i0..nq.min(i0 + t)).any(|i| (j0..nk.min(j0 + t)).any(|j| m.allowed(0, i, j)))
                 };
                 for i0 in (0..nq).step_by(t) {
                     let kend = m.key_end(nq.min(i0 + t), nk);
@@ -608,6 +764,7 @@ mod tests {
             offset: 1 << 31,
             rows: 3,
             cols: 5,
+            batch: 1,
         };
         let e = far
             .check("flash_attention", &dims(4))
@@ -619,6 +776,6 @@ mod tests {
         );
         // The mask's own diagonal far past the keys: clamped, the same entries.
         let wide = Mask::from_fn_rectangular(3, 5, |_, _| true).unwrap();
-        assert_eq!(FlashMask::of("t", Some(&wide), 3, 5).unwrap().mode, 0);
+        assert_eq!(FlashMask::of("t", Some(&wide), 3, 5, 1).unwrap().mode, 0);
     }
 }

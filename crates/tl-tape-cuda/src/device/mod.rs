@@ -804,15 +804,17 @@ pub trait Device: Launch {
     // ---- attention (kernels/attention.cu; [`flash`]) -------------------------------------------
 
     /// The fused ("flash") attention core on Q (B, nq, H, d) and K, V (B, nk, H, d), each
-    /// head-merged ([`flash`]): per head `O = softmax(Q Kᵀ/√d)·V` over the keys `f.mask` allows
-    /// (a row with none: zeros), in tiles of [`FLASH_TILE`] keys with the online softmax
+    /// head-merged ([`flash`]): per head (b, h) `O = softmax(Q Kᵀ/√d)·V` over the keys `f.mask`
+    /// allows in batch element b (one mask shared by all, or one per element: [`FlashMask`]; a
+    /// row with none: zeros), in tiles of [`FLASH_TILE`] keys with the online softmax
     /// (running max and sum, the output rescaled per tile), so no row of scores is ever stored.
     /// Returns `(O, lse)`: O head-merged like Q, lse (B·H·nq) each query row's `m + ln l` (−∞
     /// for a row with nothing allowed), which
     /// [`flash_attention_bwd`](Self::flash_attention_bwd) reads. Head sizes
     /// `1..=`[`FLASH_MAX_HEAD`]; larger ones, buffers of other lengths, and a mask made for
-    /// other (nq, nk), are errors before launch. PyTorch:
-    /// `F.scaled_dot_product_attention(q, k, v, attn_mask)` (its flash backend).
+    /// other (nq, nk) or another batch, are errors before launch. PyTorch:
+    /// `F.scaled_dot_product_attention(q, k, v, attn_mask)` (its flash backend; `attn_mask`
+    /// (L, S) or (B, 1, L, S)).
     fn flash_attention(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
         f.check_forward("flash_attention", qkv)?;
         self.launch_flash_fwd(qkv, f)

@@ -20,9 +20,12 @@
 //!   of any length (cross-attention, a KV cache): S (B·H, nq, nk), the mask's nq rows of nk
 //!   applied to each head's block of score rows, `dK_h = dSᵀ Q_h` and `dV_h = Aᵀ dO_h` of nk
 //!   rows; fused, the kernels take nq and nk ([`FlashDims`]) and the mask's causal diagonal.
-//! - Masks, composed: one (nq, nk) matrix shared by every batch element, or one per batch
-//!   element ([`Mask::batch`] = B: a padded batch's key padding, PyTorch's `attn_mask` (B, 1,
-//!   L, S)), the H·nq score rows of element b taking matrix b ([`Device::masked_softmax_rows`]).
+//! - Masks (both ops, fused or composed): one (nq, nk) matrix shared by every batch element,
+//!   or one per batch element ([`Mask::batch`] = B: a padded batch's key padding, PyTorch's
+//!   `attn_mask` (B, 1, L, S)): composed, the H·nq score rows of element b take matrix b
+//!   ([`Device::masked_softmax_rows`]); fused, the kernels read element b's words
+//!   ([`FlashMask::stride`]). A mask of another batch is the IR's shape error before anything
+//!   runs (and [`FlashMask::of`]'s, naming the op and both sizes, on the device).
 //! - `fused` (the seeds' `useFlash`): the same projections and output GEMM around the fused
 //!   core [`Device::flash_attention`] (kernels/attention.cu: tiles of queries against tiles
 //!   of keys with the online softmax, one launch), which writes C and each row's log-sum-exp;
@@ -198,7 +201,7 @@ fn flash_of(op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
     dims.check(op.name())?;
     Ok(Flash {
         dims,
-        mask: FlashMask::of(op.name(), mask, dm.n, dm.nk)?,
+        mask: FlashMask::of(op.name(), mask, dm.n, dm.nk, dm.batch)?,
     })
 }
 

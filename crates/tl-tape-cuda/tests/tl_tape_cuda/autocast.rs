@@ -7,6 +7,7 @@
 
 use tl_ir::Op;
 use tl_spec::Tensor;
+use tl_spec::ops::attention::Mask;
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Precision, SimDevice};
 
 use crate::common::Gen;
@@ -111,17 +112,17 @@ fn autocast_keeps_the_conv_off_the_implicit_kernel() {
     }
 }
 
-/// `multiHeadAttention` (`core` false) or `scaledDotProductAttention`, two heads.
-fn attention(core: bool, fused: bool) -> Op {
+/// `multiHeadAttention` (`core` false) or `scaledDotProductAttention`, two heads, under `mask`.
+fn attention(core: bool, fused: bool, mask: Option<Mask>) -> Op {
     match core {
         false => Op::MultiHeadAttention {
             heads: 2,
-            mask: None,
+            mask,
             fused,
         },
         true => Op::ScaledDotProductAttention {
             heads: 2,
-            mask: None,
+            mask,
             fused,
         },
     }
@@ -143,33 +144,40 @@ fn on_cpu_tape(p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>) -> Vec
 /// the CUDA tape's value and gradients are within the setting's rounding of the CPU tape's at
 /// the same setting, not equal to the f32 ones; a `fused` node runs the composed products (the
 /// flash kernels multiply in f32), so fused and composed give the same bits. Both ops:
-/// `multiHeadAttention` and its core `scaledDotProductAttention`.
+/// `multiHeadAttention` and its core `scaledDotProductAttention`, unmasked on (6, 8) rows and
+/// on a batch of 2 under a causal mask with a key padding per sequence (one matrix per batch
+/// element).
 #[test]
 fn attention_rounds_its_products_as_the_cpu_tape_does() {
     let mut rng = Gen::new(44);
-    let mha: Vec<_> = [[8, 8], [8, 8], [8, 8], [8, 8], [6, 8]]
-        .iter()
-        .map(|s| tensor(&mut rng, s))
-        .collect();
-    let gy = tensor(&mut rng, &[6, 8]);
-    let qkv: Vec<_> = (0..3).map(|_| tensor(&mut rng, &[6, 8])).collect();
-    let cases = [
-        (false, Precision::Bf16, 0.03f32),
-        (false, Precision::Tf32, 0.004),
-    ]
-    .into_iter()
-    .chain([
-        (true, Precision::Bf16, 0.03f32),
-        (true, Precision::Tf32, 0.004),
-    ]);
-    for (core, p, tol) in cases {
-        let xs = if core { &qkv } else { &mha };
-        let op = |fused: bool| attention(core, fused);
-        let composed = on_cuda_tape(SimDevice::new(), Some(p), &op(false), xs, &gy);
-        let fused = on_cuda_tape(SimDevice::new(), Some(p), &op(true), xs, &gy);
+    // (mha operands, sdpa operands, the output's cotangent) of `lead` rows of 8.
+    let mut data = |lead: &[usize]| {
+        let rows = |rng: &mut Gen| tensor(rng, &[lead, &[8]].concat());
+        let w: Vec<_> = (0..4).map(|_| tensor(&mut rng, &[8, 8])).collect();
+        let mha: Vec<_> = w.into_iter().chain([rows(&mut rng)]).collect();
+        let gy = rows(&mut rng);
+        let qkv: Vec<_> = (0..3).map(|_| rows(&mut rng)).collect();
+        (mha, qkv, gy)
+    };
+    let plain = data(&[6]);
+    let batched = data(&[2, 6]);
+    let padded = Mask::from_fn_batched(2, 6, 6, |b, i, j| j <= i && j < [6, 4][b]).unwrap();
+    let settings = [(Precision::Bf16, 0.03f32), (Precision::Tf32, 0.004)];
+    let cases = [false, true].into_iter().flat_map(|core| {
+        settings
+            .into_iter()
+            .flat_map(move |(p, tol)| [(core, p, tol, false), (core, p, tol, true)])
+    });
+    for (core, p, tol, masked) in cases {
+        let (mha, qkv, gy) = if masked { &batched } else { &plain };
+        let xs = if core { qkv } else { mha };
+        let mask = masked.then(|| padded.clone());
+        let op = |fused: bool| attention(core, fused, mask.clone());
+        let composed = on_cuda_tape(SimDevice::new(), Some(p), &op(false), xs, gy);
+        let fused = on_cuda_tape(SimDevice::new(), Some(p), &op(true), xs, gy);
         assert_eq!(bits(&fused), bits(&composed), "{p:?}: fused vs composed");
-        let f32s = on_cuda_tape(SimDevice::new(), None, &op(false), xs, &gy);
-        let cpu = on_cpu_tape(p, &op(false), xs, &gy);
+        let f32s = on_cuda_tape(SimDevice::new(), None, &op(false), xs, gy);
+        let cpu = on_cpu_tape(p, &op(false), xs, gy);
         for (i, ((l, h), c)) in composed.iter().zip(&f32s).zip(&cpu).enumerate() {
             let scale = h.data().iter().fold(0.0f32, |s, v| s.max(v.abs()));
             let dist = |x: &Tensor<f32>, y: &Tensor<f32>| {

@@ -15,7 +15,8 @@ use tl_tape_cuda::device::flash::FLASH_CAUSAL;
 use tl_tape_cuda::device::{FLASH_MAX_HEAD, Flash, FlashDims, FlashMask};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Result, SimDevice};
 
-/// One core: sizes and the (nq, nk) mask (`None`: every key).
+/// One core: sizes and the (nq, nk) mask (`None`: every key), shared by every batch element
+/// or one per batch element ([`Mask::batch`] = B).
 pub struct Case {
     pub name: &'static str,
     pub dims: FlashDims,
@@ -29,7 +30,7 @@ pub struct Case {
 impl Case {
     /// The mask as the kernels take it.
     pub fn flash_mask(&self) -> Result<FlashMask> {
-        let FlashDims { nq, nk, .. } = self.dims;
+        let FlashDims { batch, nq, nk, .. } = self.dims;
         match self.offset {
             Some(offset) => Ok(FlashMask {
                 mode: FLASH_CAUSAL,
@@ -37,8 +38,9 @@ impl Case {
                 offset,
                 rows: nq,
                 cols: nk,
+                batch: 1,
             }),
-            None => FlashMask::of("test", self.mask.as_ref(), nq, nk),
+            None => FlashMask::of("test", self.mask.as_ref(), nq, nk, batch),
         }
     }
 }
@@ -86,8 +88,94 @@ pub fn diagonal(name: &'static str, dims: FlashDims, offset: i64) -> Case {
 /// keys of another length than the queries (more and fewer, one query row against 37 keys)
 /// with each form, the causal ones at the diagonals nk − nq (lower right; negative when the
 /// queries outnumber the keys, so that the first rows see nothing), 0 (upper left) and others
-/// given directly, on both kernel families (d ≤ 64 and d > 64).
+/// given directly, on both kernel families (d ≤ 64 and d > 64); then masks of one matrix per
+/// batch element ([`batched_cases`]).
 pub fn cases() -> Vec<Case> {
+    let mut cases = shared_cases();
+    cases.extend(batched_cases());
+    cases
+}
+
+/// Key padding per sequence of a padded batch: batch element b keeps its first `lens[b]` of
+/// the nk keys (`lens.len()` elements), under the causal diagonal `diagonal` where given.
+pub fn padded(nq: usize, nk: usize, lens: &[usize], diagonal: Option<i64>) -> Mask {
+    Mask::from_fn_batched(lens.len(), nq, nk, |b, i, j| {
+        j < lens[b] && diagonal.is_none_or(|o| j as i64 <= i as i64 + o)
+    })
+    .unwrap()
+}
+
+/// A dense mask of one irregular (nq, nk) matrix per batch element (the pattern shifts with
+/// b), row 5 of element 1 fully masked (the same row of the other elements is not).
+pub fn dense_batched(batch: usize, nq: usize, nk: usize) -> Mask {
+    Mask::from_fn_batched(batch, nq, nk, |b, i, j| {
+        (b, i) != (1, 5) && (i * 3 + j + 2 * b) % 5 != 0
+    })
+    .unwrap()
+}
+
+/// Masks of one (nq, nk) matrix per batch element, B = 2 and 3 (PyTorch's `attn_mask` (B, 1,
+/// L, S)): a key padding that differs per sequence (one sequence of no keys at all), causal
+/// with it (the diagonals 0 and nk − nq), and dense masks with a fully masked row in one
+/// element only; lengths past the tiles, nq ≠ nk, both kernel families (d ≤ 64 and d > 64).
+pub fn batched_cases() -> Vec<Case> {
+    let lower = |nq: usize, nk: usize| Some(nk as i64 - nq as i64);
+    vec![
+        case(
+            "padding per sequence B3 n40 d5",
+            dims(3, 40, 2, 5),
+            Some(padded(40, 40, &[40, 17, 0], None)),
+        ),
+        case(
+            "causal+padding per sequence B2 n33 d33",
+            dims(2, 33, 1, 33),
+            Some(padded(33, 33, &[33, 20], Some(0))),
+        ),
+        case(
+            "general per sequence B2 n20 d3",
+            dims(2, 20, 2, 3),
+            Some(dense_batched(2, 20, 20)),
+        ),
+        case(
+            "padding per sequence B2 nq20 nk70 d16",
+            rect(2, 20, 70, 1, 16),
+            Some(padded(20, 70, &[70, 45], None)),
+        ),
+        case(
+            "lower right+padding per sequence B3 nq33 nk5 d4",
+            rect(3, 33, 5, 1, 4),
+            Some(padded(33, 5, &[5, 3, 1], lower(33, 5))),
+        ),
+        case(
+            "general per sequence B3 nq33 nk5 d9",
+            rect(3, 33, 5, 1, 9),
+            Some(dense_batched(3, 33, 5)),
+        ),
+        case(
+            "lower right+padding per sequence B2 nq100 nk130 d64",
+            rect(2, 100, 130, 1, 64),
+            Some(padded(100, 130, &[130, 77], lower(100, 130))),
+        ),
+        case(
+            "padding per sequence B2 n70 d65",
+            dims(2, 70, 1, 65),
+            Some(padded(70, 70, &[70, 37], None)),
+        ),
+        case(
+            "general per sequence B3 nq40 nk19 d80",
+            rect(3, 40, 19, 1, 80),
+            Some(dense_batched(3, 40, 19)),
+        ),
+        case(
+            "causal+padding per sequence B2 n81 d100",
+            dims(2, 81, 1, 100),
+            Some(padded(81, 81, &[50, 81], Some(0))),
+        ),
+    ]
+}
+
+/// The cases of one mask shared by every batch element ([`cases`]).
+fn shared_cases() -> Vec<Case> {
     let pad = |n: usize| Mask::from_fn(n, |_, j| j % 5 != 2).unwrap();
     let both = |n: usize| Mask::from_fn(n, |i, j| j <= i && j % 4 != 1).unwrap();
     // Rows 0 and 7 see nothing; the others an irregular pattern.
@@ -259,7 +347,9 @@ fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
         |b, j, h, c| at(nk, b, j, h, c),
     );
     let x = |k: usize, i: usize| f64::from(data[k][i]);
-    let ok = |i: usize, j: usize| case.mask.as_ref().is_none_or(|m| m.allowed(i, j));
+    // Batch element b's matrix of the mask (the one matrix of a shared mask).
+    let ok =
+        |b: usize, i: usize, j: usize| case.mask.as_ref().is_none_or(|m| m.allowed_in(b, i, j));
     let scale = 1.0 / (d as f64).sqrt();
     let (lq, lkv) = (case.dims.q_len(), case.dims.kv_len());
     let (mut o, mut lse) = (vec![0.0; lq], vec![f64::NEG_INFINITY; batch * heads * nq]);
@@ -269,7 +359,7 @@ fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
             for i in 0..nq {
                 let s: Vec<Option<f64>> = (0..nk)
                     .map(|j| {
-                        ok(i, j).then(|| {
+                        ok(b, i, j).then(|| {
                             (0..d)
                                 .map(|c| x(0, aq(b, i, h, c)) * x(1, ak(b, j, h, c)))
                                 .sum::<f64>()
@@ -354,7 +444,9 @@ fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
 }
 
 /// Every row that sees no key (a general mask's rows 0 and 7; the rows before a negative
-/// causal diagonal, of queries outnumbering the keys) gives O = +0, lse = −∞ and dQ = +0.
+/// causal diagonal, of queries outnumbering the keys; under a mask per batch element, the
+/// rows of one element only, or every row of a sequence of no keys) gives O = +0, lse = −∞ and
+/// dQ = +0.
 #[test]
 fn fully_masked_rows_give_zeros_and_pass_no_gradient() {
     let mut checked = Vec::new();
@@ -367,26 +459,28 @@ fn fully_masked_rows_give_zeros_and_pass_no_gradient() {
             d,
             ..
         } = case.dims;
-        let empty: Vec<usize> = (0..nq).filter(|&i| !mask.row(i).contains(&true)).collect();
+        // (b, i): row i of batch element b sees no key.
+        let empty: Vec<(usize, usize)> = (0..batch)
+            .flat_map(|b| (0..nq).map(move |i| (b, i)))
+            .filter(|&(b, i)| !mask.row_in(b, i).contains(&true))
+            .collect();
         if empty.is_empty() {
             continue;
         }
         let data = inputs(&case.dims, 7 + k as u64);
         let [o, lse, dq, ..] = run_core(&mut SimDevice::new(), case, &data).unwrap();
-        for b in 0..batch {
+        for &(b, i) in &empty {
             for h in 0..heads {
-                for &i in &empty {
-                    let at = (b * heads + h) * nq + i;
-                    assert_eq!(lse[at], f32::NEG_INFINITY, "{}: row {i}", case.name);
-                    for c in 0..d {
-                        let at = ((b * nq + i) * heads + h) * d + c;
-                        assert_eq!(
-                            (o[at].to_bits(), dq[at].to_bits()),
-                            (0, 0),
-                            "{}: head {h} row {i}",
-                            case.name
-                        );
-                    }
+                let at = (b * heads + h) * nq + i;
+                assert_eq!(lse[at], f32::NEG_INFINITY, "{}: row {i}", case.name);
+                for c in 0..d {
+                    let at = ((b * nq + i) * heads + h) * d + c;
+                    assert_eq!(
+                        (o[at].to_bits(), dq[at].to_bits()),
+                        (0, 0),
+                        "{}: batch element {b} head {h} row {i}",
+                        case.name
+                    );
                 }
             }
         }
@@ -398,13 +492,22 @@ fn fully_masked_rows_give_zeros_and_pass_no_gradient() {
         "lower right nq33 nk5 d7",
         "diagonal -40 nq130 nk37 d8",
         "diagonal -17 n50 d70",
+        "padding per sequence B3 n40 d5",
+        "general per sequence B2 n20 d3",
+        "general per sequence B3 nq40 nk19 d80",
     ] {
         assert!(names.contains(&want), "{want} not checked: {checked:?}");
     }
-    assert!(
-        checked.contains(&("lower right nq33 nk5 d7", 28)),
-        "{checked:?}"
-    );
+    for want in [
+        // 28 rows before the diagonal, in each of 2 batch elements.
+        ("lower right nq33 nk5 d7", 56),
+        // Element 2 has no keys: its 40 rows.
+        ("padding per sequence B3 n40 d5", 40),
+        // Row 5 of element 1 only.
+        ("general per sequence B2 n20 d3", 1),
+    ] {
+        assert!(checked.contains(&want), "{want:?}: {checked:?}");
+    }
 }
 
 #[test]
@@ -453,7 +556,7 @@ fn bad_input_is_refused_before_launch() {
         .to_string();
     assert!(e.contains("empty attention") && e.contains("nk: 0"), "{e}");
     // A mask made for other sizes.
-    let causal = FlashMask::of("test", Some(&Mask::causal(3).unwrap()), 3, 3).unwrap();
+    let causal = FlashMask::of("test", Some(&Mask::causal(3).unwrap()), 3, 3, 1).unwrap();
     let e = dev
         .flash_attention(
             [q, k, k],
@@ -468,21 +571,73 @@ fn bad_input_is_refused_before_launch() {
         e.contains("made for (3, 3)") && e.contains("nq = 129, nk = 3"),
         "{e}"
     );
-    let e = FlashMask::of("multiHeadAttention", Some(&Mask::causal(3).unwrap()), 4, 4)
-        .unwrap_err()
-        .to_string();
+    let e = FlashMask::of(
+        "multiHeadAttention",
+        Some(&Mask::causal(3).unwrap()),
+        4,
+        4,
+        1,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("multiHeadAttention") && e.contains("(3, 3)") && e.contains("nq = 4"),
         "{e}"
     );
     let lower = Mask::causal_lower_right(1, 37).unwrap();
-    let e = FlashMask::of("scaledDotProductAttention", Some(&lower), 37, 1)
+    let e = FlashMask::of("scaledDotProductAttention", Some(&lower), 37, 1, 1)
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("scaledDotProductAttention")
             && e.contains("(1, 37)")
             && e.contains("nq = 37 queries and nk = 1 keys"),
+        "{e}"
+    );
+    // A mask of 2 batch elements for an attention of batch 3: the op and both batch sizes.
+    for mask in [padded(3, 3, &[3, 1], None), dense_batched(2, 3, 3)] {
+        let e = FlashMask::of("scaledDotProductAttention", Some(&mask), 3, 3, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("scaledDotProductAttention")
+                && e.contains("holds 2 batch")
+                && e.contains("B = 3"),
+            "{e}"
+        );
+    }
+    // Words made for batch 2 (key padding: 2·nk words) handed to the kernels for batch 3.
+    let two = FlashMask::of("test", Some(&padded(129, 3, &[3, 1], None)), 129, 3, 2).unwrap();
+    assert_eq!((two.batch, two.words.len(), two.stride()), (2, 6, 3));
+    let e = dev
+        .flash_attention(
+            [q, k, k],
+            &Flash {
+                dims: rect(3, 129, 3, 1, 2),
+                mask: two.clone(),
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("flash_attention") && e.contains("2 batch element(s)") && e.contains("B = 3"),
+        "{e}"
+    );
+    // ... or with a word missing.
+    let mut short = two;
+    short.words.pop();
+    let e = dev
+        .flash_attention(
+            [q, k, k],
+            &Flash {
+                dims: rect(2, 129, 3, 1, 2),
+                mask: short,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("with 5 word(s)") && e.contains("expected 3 word(s)"),
         "{e}"
     );
     // A causal offset past the kernels' int.
@@ -494,6 +649,7 @@ fn bad_input_is_refused_before_launch() {
             offset: -(1 << 40),
             rows: 129,
             cols: 3,
+            batch: 1,
         },
     };
     let e = dev
@@ -535,7 +691,8 @@ fn mha(heads: usize, mask: Option<Mask>, fused: bool) -> Op {
 }
 
 /// The fused op on the CUDA tape (sim) against the IR (check 1 and 2), for lengths that are
-/// not multiples of the tile, every mask form, a fully masked row.
+/// not multiples of the tile, every mask form, a fully masked row; under masks of one matrix
+/// per batch element, fused and composed.
 #[test]
 fn the_fused_op_on_the_tape_matches_ir_eval_and_backprop() {
     let mut g = Gen::new(5);
@@ -562,6 +719,25 @@ fn the_fused_op_on_the_tape_matches_ir_eval_and_backprop() {
             out,
             &Tensor::scalar(1.0),
         );
+    }
+    // One mask per sequence: causal with a key padding (element 1 keeps 11 of 19 positions),
+    // and dense with row 5 fully masked in element 1 only; fused and composed.
+    for mask in [padded(19, 19, &[19, 11], Some(0)), dense_batched(2, 19, 19)] {
+        for fused in [true, false] {
+            let (graph, out) = mha_graph(mha(2, Some(mask.clone()), fused), 2, 19, 5, 6);
+            let leaves: Vec<Tensor<f64>> = graph
+                .leaves()
+                .iter()
+                .map(|l| draw(&mut g, &l.shape, Domain::Any))
+                .collect();
+            check_graph(
+                &format!("attention fused {fused} {mask:?}"),
+                &graph,
+                &leaves,
+                out,
+                &Tensor::scalar(1.0),
+            );
+        }
     }
 }
 
@@ -799,16 +975,58 @@ fn sdpa_tape_run(graph: &tl_ir::GraphData, out: usize, leaves: &[Tensor<f64>]) -
     value_and_first_grads(graph, out, leaves, 3)
 }
 
+/// `scaledDotProductAttention` of `heads` heads of size 3 on q (batch, nq, P) and k, v
+/// (batch, nk, P) under `mask`, fused and composed: the CUDA tape (sim) against IR eval and
+/// backprop in f64 (check 1 and 2) and in f32, and fused against composed.
+fn check_sdpa_on_the_tape(g: &mut Gen, batch: usize, nq: usize, nk: usize, mask: Option<Mask>) {
+    let (heads, d) = (2, 3);
+    let p = heads * d;
+    let sdpa = |fused| Op::ScaledDotProductAttention {
+        heads,
+        mask: mask.clone(),
+        fused,
+    };
+    let (graph, out) = sdpa_graph(sdpa(true), batch, nq, nk, p);
+    let leaves: Vec<Tensor<f64>> = graph
+        .leaves()
+        .iter()
+        .map(|l| draw(g, &l.shape, Domain::Any))
+        .collect();
+    // IR in f32: the value and the gradients of q, k, v.
+    let l32: Vec<Tensor<f32>> = leaves.iter().map(|t| t.cast()).collect();
+    let seed = Tensor::scalar(1.0f32);
+    let v32 = graph.eval(&l32, &[]).unwrap();
+    let g32 = graph.backprop_all(&l32, &[], out, &seed).unwrap();
+    let ir32: Vec<Tensor<f64>> = [&v32[out], &g32[0], &g32[1], &g32[2]]
+        .iter()
+        .map(|t| t.cast())
+        .collect();
+    let mut runs = Vec::new();
+    for fused in [true, false] {
+        let what = format!("sdpa B {batch} nq {nq} nk {nk} fused {fused} {mask:?}");
+        let (graph, out) = sdpa_graph(sdpa(fused), batch, nq, nk, p);
+        check_graph(&what, &graph, &leaves, out, &Tensor::scalar(1.0));
+        let got = sdpa_tape_run(&graph, out, &leaves);
+        for (k, (a, b)) in got.iter().zip(&ir32).enumerate() {
+            crate::common::close(a, b)
+                .unwrap_or_else(|e| panic!("{what}: result {k} against IR f32: {e}"));
+        }
+        runs.push(got);
+    }
+    for (k, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+        crate::common::close(a, b).unwrap_or_else(|e| {
+            panic!("B {batch} nq {nq} nk {nk} {mask:?}: result {k}, fused against composed: {e}")
+        });
+    }
+}
+
 /// `scaledDotProductAttention` with keys of another length than the queries (nq = 7 over
 /// nk = 23, nq = 19 over nk = 5 and one query row over 37 keys, a KV-cache step), fused and
 /// composed, every mask form (none, key padding, causal lower right and upper left, lower
-/// right with padding, a dense mask with fully masked rows): the CUDA tape (sim) against IR
-/// eval and backprop in f64 (check 1 and 2) and in f32, and fused against composed.
+/// right with padding, a dense mask with fully masked rows): [`check_sdpa_on_the_tape`].
 #[test]
 fn scaled_dot_product_attention_takes_keys_of_another_length() {
     let mut g = Gen::new(31);
-    let (batch, heads, d) = (2, 2, 3);
-    let p = heads * d;
     for (nq, nk) in [(7, 23), (19, 5), (1, 37)] {
         let lr_pad = Mask::from_fn_rectangular(nq, nk, |i, j| {
             j as i64 <= i as i64 + nk as i64 - nq as i64 && j % 3 != 1
@@ -827,45 +1045,69 @@ fn scaled_dot_product_attention_takes_keys_of_another_length() {
             Some(dense),
         ];
         for mask in masks {
-            let sdpa = |fused| Op::ScaledDotProductAttention {
-                heads,
-                mask: mask.clone(),
-                fused,
-            };
-            let (graph, out) = sdpa_graph(sdpa(true), batch, nq, nk, p);
-            let leaves: Vec<Tensor<f64>> = graph
-                .leaves()
-                .iter()
-                .map(|l| draw(&mut g, &l.shape, Domain::Any))
-                .collect();
-            // IR in f32: the value and the gradients of q, k, v.
-            let l32: Vec<Tensor<f32>> = leaves.iter().map(|t| t.cast()).collect();
-            let seed = Tensor::scalar(1.0f32);
-            let v32 = graph.eval(&l32, &[]).unwrap();
-            let g32 = graph.backprop_all(&l32, &[], out, &seed).unwrap();
-            let ir32: Vec<Tensor<f64>> = [&v32[out], &g32[0], &g32[1], &g32[2]]
-                .iter()
-                .map(|t| t.cast())
-                .collect();
-            let mut runs = Vec::new();
-            for fused in [true, false] {
-                let what = format!("sdpa nq {nq} nk {nk} fused {fused} {mask:?}");
-                let (graph, out) = sdpa_graph(sdpa(fused), batch, nq, nk, p);
-                check_graph(&what, &graph, &leaves, out, &Tensor::scalar(1.0));
-                let got = sdpa_tape_run(&graph, out, &leaves);
-                for (k, (a, b)) in got.iter().zip(&ir32).enumerate() {
-                    crate::common::close(a, b)
-                        .unwrap_or_else(|e| panic!("{what}: result {k} against IR f32: {e}"));
-                }
-                runs.push(got);
-            }
-            for (k, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
-                crate::common::close(a, b).unwrap_or_else(|e| {
-                    panic!("nq {nq} nk {nk} {mask:?}: result {k}, fused against composed: {e}")
-                });
-            }
+            check_sdpa_on_the_tape(&mut g, 2, nq, nk, mask);
         }
     }
+}
+
+/// `scaledDotProductAttention` under a mask of one (nq, nk) matrix per batch element (a padded
+/// batch's key padding, PyTorch's `attn_mask` (B, 1, L, S)), B = 2 and 3, square and
+/// rectangular: a key padding per sequence (one sequence of no keys), lower right causal with
+/// it, and a dense mask whose row 5 sees nothing in element 1 only: [`check_sdpa_on_the_tape`]
+/// (the IR's reference takes each element's matrix).
+#[test]
+fn scaled_dot_product_attention_takes_a_mask_per_batch_element() {
+    let mut g = Gen::new(41);
+    for (batch, nq, nk, lens) in [(3, 7, 23, &[23, 9, 0][..]), (2, 19, 19, &[19, 4][..])] {
+        let lower = Some(nk as i64 - nq as i64);
+        let masks = [
+            padded(nq, nk, lens, None),
+            padded(nq, nk, lens, lower),
+            dense_batched(batch, nq, nk),
+        ];
+        for mask in masks {
+            check_sdpa_on_the_tape(&mut g, batch, nq, nk, Some(mask));
+        }
+    }
+}
+
+/// A mask of 2 batch elements for operands of batch 3 is an error naming the op and both
+/// batch sizes, fused or not, before anything is allocated or launched.
+#[test]
+fn a_mask_of_another_batch_is_an_error_naming_both_sizes() {
+    let mut rnd = Gen::new(43);
+    let mut tape = CudaTape::new(SimDevice::new());
+    let (n, p) = (4, 6);
+    let mut leaves = |shapes: &[&[usize]]| -> Vec<usize> {
+        shapes
+            .iter()
+            .map(|s| {
+                let t = draw(&mut rnd, &Shape::new(s), Domain::Any);
+                tape.upload_leaf(&t, None, true).unwrap()
+            })
+            .collect()
+    };
+    let qkv = leaves(&[&[3, n, p][..]; 3]);
+    let w = leaves(&[&[5, p], &[5, p], &[5, p], &[p, 5], &[3, n, 5]]);
+    let mask = padded(n, n, &[4, 2], None);
+    let live = tape.device().memory_usage().live_bytes;
+    let launches = tape.device().traffic().launches;
+    for fused in [true, false] {
+        let sdpa = Op::ScaledDotProductAttention {
+            heads: 2,
+            mask: Some(mask.clone()),
+            fused,
+        };
+        for (op, leaves) in [(sdpa, &qkv), (mha(2, Some(mask.clone()), fused), &w)] {
+            let e = tape.apply(&op, leaves).unwrap_err().to_string();
+            assert!(
+                e.contains(op.name()) && e.contains("2 batch") && e.contains("batch 3"),
+                "{e}"
+            );
+        }
+    }
+    assert_eq!(tape.device().memory_usage().live_bytes, live);
+    assert_eq!(tape.device().traffic().launches, launches);
 }
 
 /// A fused `scaledDotProductAttention` of nq queries over nk keys keeps one log-sum-exp per

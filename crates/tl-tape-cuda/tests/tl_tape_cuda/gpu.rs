@@ -884,11 +884,11 @@ fn flash_vs_sim(
 /// The fused attention core (kernels/attention.cu) against its sim twin on every case of
 /// the `flash` module (lengths off the tile, head sizes 1 to 128, every mask form, fully
 /// masked rows, keys of another length than the queries with causal diagonals of either
-/// sign), forward and backward, with either tiling (`FlashTiles`), the backward
-/// forced onto the two fixed-order kernels (`gates::force_flash_bwd_one_pass(Some(false))`;
-/// the one-pass backward has its own test below): bit for bit on the kernel emulator (its
-/// `expf`/`logf` are the host's, as the sim's), within 1e-5 on a GPU (CUDA's differ by a few
-/// ulps). Those kernels use no atomics, so the reduction mode changes nothing.
+/// sign, masks of one matrix per batch element), forward and backward, with either tiling
+/// (`FlashTiles`), the backward forced onto the two fixed-order kernels
+/// (`gates::force_flash_bwd_one_pass(Some(false))`; the one-pass backward has its own test
+/// below): bit for bit on the kernel emulator (its `expf`/`logf` are the host's, as the
+/// sim's), within 1e-5 on a GPU (CUDA's differ by a few ulps). Those kernels use no atomics, so the reduction mode changes nothing.
 #[test]
 fn the_fused_attention_kernels_match_their_sim_twin() {
     let Some(mut cuda) = gpu() else { return };
@@ -925,14 +925,15 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
 /// blocks of 64 keys with `atomicAdd`), forced with `gates::force_flash_bwd_one_pass`, against
 /// the sim's fixed-order twin: on every case of the `flash` module and on longer ones (n up to
 /// 257, several blocks of keys, B and H > 1, d in {8, 16, 64}, every mask form, fully masked
-/// rows, keys of another length than the queries). dQ within 1e-5 (its sum over the key blocks is in the order the atomics land);
-/// on the kernel emulator O, lse, dK and dV bit for bit (the same code and order as the two
-/// kernels), and heads over 64 (the two kernels, the fallback) every result bit for bit. On a
-/// GPU everything within 1e-5. Also `TL_EMU_SCHEDULE=reverse` (CI): a missing barrier or a
-/// dQ sum that depends on the thread order shows there.
+/// rows, keys of another length than the queries, masks per batch element). dQ within 1e-5
+/// (its sum over the key blocks is in the order the atomics land); on the kernel emulator O,
+/// lse, dK and dV bit for bit (the same code and order as the two kernels), and heads over 64
+/// (the two kernels, the fallback) every result bit for bit. On a GPU everything within 1e-5.
+/// Also `TL_EMU_SCHEDULE=reverse` (CI): a missing barrier or a dQ sum that depends on the
+/// thread order shows there.
 #[test]
 fn the_one_pass_flash_backward_matches_the_sim_within_tolerance() {
-    use crate::flash::{case, rect};
+    use crate::flash::{case, dense_batched, padded, rect};
     use tl_tape_cuda::device::FLASH_ONE_PASS_MAX_HEAD;
     let Some(mut cuda) = gpu() else { return };
     let _one = gates::force_flash_bwd_one_pass(Some(true));
@@ -977,6 +978,22 @@ fn the_one_pass_flash_backward_matches_the_sim_within_tolerance() {
             lower(257, 70),
         ),
         case("nq1 nk300 H3 d64", rect(1, 1, 300, 3, 64), None),
+        // A mask per batch element over several blocks of keys.
+        case(
+            "padding per sequence n130 B3 H2 d16",
+            dims(3, 130, 2, 16),
+            Some(padded(130, 130, &[130, 64, 65], None)),
+        ),
+        case(
+            "general per sequence nq150 nk257 B2 d8",
+            rect(2, 150, 257, 1, 8),
+            Some(dense_batched(2, 150, 257)),
+        ),
+        case(
+            "causal+padding per sequence n200 B2 d64",
+            dims(2, 200, 1, 64),
+            Some(padded(200, 200, &[200, 129], Some(0))),
+        ),
     ]);
     let mut worst = 0.0f64;
     let mut bad = Vec::new();
@@ -1100,9 +1117,23 @@ fn check_single_op_cases(cases: &[(Op, Vec<(Shape, Domain)>)], seed: u64, on_gpu
     }
 }
 
+/// `(nq, nk, mask, fused)` of `scaledDotProductAttention` on operands of batch 2 under a mask
+/// of one matrix per batch element: lower right with a key padding per sequence (element 1
+/// keeps 4 of the 7 keys), and a dense mask whose row 2 sees nothing in element 1 only; fused
+/// and composed.
+fn batched_sdpa_masks() -> Vec<(usize, usize, Option<Mask>, bool)> {
+    let lr_pad = Mask::from_fn_batched(2, 3, 7, |b, i, j| j <= i + 4 && j < [7, 4][b]).unwrap();
+    let dense =
+        Mask::from_fn_batched(2, 6, 2, |b, i, j| (b, i) != (1, 2) && (i + j + b) % 3 != 0).unwrap();
+    [(3, 7, lr_pad), (6, 2, dense)]
+        .into_iter()
+        .flat_map(|(nq, nk, m)| [true, false].map(|fused| (nq, nk, Some(m.clone()), fused)))
+        .collect()
+}
+
 /// The norm family's ops (issue 4): layer/batch/RMS norm, masked softmax (square and
 /// rectangular masks, a mask per batch element), attention (both forms, masked and not, batched; the core alone over keys
-/// of another length than the queries).
+/// of another length than the queries; masks of one matrix per batch element).
 fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
     use Domain::Any;
     let mut cases = vec![
@@ -1156,7 +1187,10 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
             true,
         ),
         (6, 2, None, false),
-    ] {
+    ]
+    .into_iter()
+    .chain(batched_sdpa_masks())
+    {
         let op = Op::ScaledDotProductAttention {
             heads: 2,
             mask,
@@ -1165,6 +1199,7 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
         let (q, kv): (&[usize], &[usize]) = (&[2, nq, 4], &[2, nk, 4]);
         cases.push(single(op, &[(q, Any), (kv, Any), (kv, Any)]));
     }
+    let causal_padded = Mask::from_fn_batched(2, 3, 3, |b, i, j| j <= i && j < [3, 2][b]).unwrap();
     for (mask, fused) in [
         (None, false),
         (Some(Mask::causal(3).unwrap()), false),
@@ -1174,6 +1209,9 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
             Some(Mask::from_fn(3, |i, j| i != 1 && j != 2).unwrap()),
             true,
         ),
+        // Causal with a key padding per sequence (element 1 keeps 2 of its 3 positions).
+        (Some(causal_padded.clone()), true),
+        (Some(causal_padded), false),
     ] {
         let op = Op::MultiHeadAttention {
             heads: 2,

@@ -4,7 +4,8 @@
 //! [`FLASH_ONE_PASS_MAX_HEAD`](crate::device::FLASH_ONE_PASS_MAX_HEAD)), `tl_flash_bwd_delta`
 //! then `tl_flash_bwd_atomic` (one pass over the key blocks, dQ added with `atomicAdd`).
 //! Operands already checked by [`Device`]'s provided methods ([`Flash`]'s checks). The mask's
-//! words (if its mode has any) go up per launch and are released on every path.
+//! words (if its mode has any: one element's, or every batch element's back to back) go up per
+//! launch and are released on every path.
 
 use super::CudaDevice;
 use super::driver::Arg;
@@ -110,9 +111,11 @@ impl CudaDevice {
     }
 
     /// What every fused attention kernel but `tl_flash_bwd_delta` takes last: `batch, nq, nk,
-    /// heads, d, mode, offset, scale` (checked for the ABI by [`Flash::check_forward`]: the
-    /// sizes within `u32`, the offset within `i32`).
-    fn flash_tail(f: &Flash) -> [Arg; 8] {
+    /// heads, d, mode, offset, mstride, scale` (checked for the ABI by [`Flash::check_forward`]:
+    /// the sizes and the mask's words within `u32`, the offset within `i32`; `mstride` the
+    /// mask's [`stride`](crate::device::FlashMask::stride), 0 for a mask shared by every batch
+    /// element).
+    fn flash_tail(f: &Flash) -> [Arg; 9] {
         let d = f.dims;
         [
             Arg::U32(d.batch as u32),
@@ -122,6 +125,7 @@ impl CudaDevice {
             Arg::U32(d.d as u32),
             Arg::U32(f.mask.mode),
             Arg::I32(f.mask.offset as i32),
+            Arg::U32(f.mask.stride() as u32),
             Arg::F32(d.scale()),
         ]
     }

@@ -2,7 +2,8 @@
 //! `tl_flash_bwd_q`, `tl_flash_bwd_kv`, each the twin of its kernel — nq query rows against nk
 //! keys ([`FlashDims`]), the same tiles of [`FLASH_TILE`](crate::device::FLASH_TILE) query
 //! rows and keys, the same tiles skipped under a causal mask ([`FlashMask::key_end`],
-//! [`FlashMask::query_start`]), every sum in the kernel's order (the order is written in the
+//! [`FlashMask::query_start`]), each head (b, h) under batch element b's mask
+//! ([`FlashMask::allowed`]), every sum in the kernel's order (the order is written in the
 //! kernel file's header and in docs/semantics.md, "Attention"):
 //!
 //! - a score is `dot(q_i, k_j)·scale`, the dot a fused multiply-add chain over the head's
@@ -86,7 +87,7 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
                     let i = i0 + r;
                     let mut p = [f32::NEG_INFINITY; T];
                     for (jj, s) in p.iter_mut().enumerate().take(cols) {
-                        if mask.allowed(i, j0 + jj) {
+                        if mask.allowed(b, i, j0 + jj) {
                             let k = row(x.k, f, nk, b, j0 + jj, h);
                             *s = dot(row(x.q, f, nq, b, i, h), k) * scale;
                         }
@@ -158,7 +159,7 @@ pub fn backward_q(
                     let i = i0 + r;
                     let mut ds = [0.0f32; T];
                     for (jj, v) in ds.iter_mut().enumerate().take(cols) {
-                        let ok = mask.allowed(i, j0 + jj);
+                        let ok = mask.allowed(b, i, j0 + jj);
                         let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
                         *v = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok).1;
                     }
@@ -205,7 +206,7 @@ pub fn backward_kv(
                     let i = i0 + r;
                     let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
                     for jj in 0..cols {
-                        let ok = mask.allowed(i, j0 + jj);
+                        let ok = mask.allowed(b, i, j0 + jj);
                         (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok);
                     }
                 }
