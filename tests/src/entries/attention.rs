@@ -40,17 +40,26 @@ type Sizes = (usize, usize, usize, usize, Option<usize>);
 
 /// The sizes of an attention case: (n, dModel, heads, head width, batch), masked, fused. n
 /// 1–4, dModel 1–6, heads 1–2, head width 1–3 (large: n ≤ 16, dModel ≤ 16, head width ≤ 4),
-/// unbatched or batched (B ≤ 3). One case in five has n 15–18 (large: 15–34): past the CUDA
-/// flash kernels' tile of 16 query rows and keys, so its last tile is partial.
+/// unbatched or batched (B ≤ 2). One case in five has n 15–18 (large: 15–34): past the CUDA
+/// flash kernels' tile of 16 query rows and keys, so its last tile is partial (small: then
+/// unbatched, every operand within 128 elements).
 fn sizes(z: Size) -> impl Strategy<Value = (Sizes, bool, bool)> {
     let sizes = (
         prop_oneof![4 => 1..=z.pick(4, 16), 1 => 15..=z.pick(18, 34)],
         1..=z.pick(6, 16),
         1usize..=2,
         1..=z.pick(3, 4),
-        prop::option::of(1usize..=3),
+        prop::option::of(1usize..=2),
     );
-    (sizes, any::<bool>(), any::<bool>())
+    (sizes, any::<bool>(), any::<bool>()).prop_map(move |((n, dm, h, d, batch), m, f)| {
+        ((n, dm, h, d, unbatched_past(z, n, batch)), m, f)
+    })
+}
+
+/// `batch`, or `None` for a small case of a length `n` past the tile (so that its operands
+/// stay within the small cases' 128 elements).
+fn unbatched_past(z: Size, n: usize, batch: Option<usize>) -> Option<usize> {
+    batch.filter(|_| n <= z.pick(4, usize::MAX))
 }
 
 /// An (n, nk) mask as `Some` (shared by the batch, or one case in two of a `batch` ≥ 2 a
@@ -73,7 +82,7 @@ fn maybe_mask(
 }
 
 /// `multiHeadAttention(wq, wk, wv, wo, x)`: n 1–4, dModel 1–6, heads 1–2, head width 1–3
-/// (large: n ≤ 16, dModel ≤ 16, head width ≤ 4), x unbatched or batched (B ≤ 3), one case in
+/// (large: n ≤ 16, dModel ≤ 16, head width ≤ 4), x unbatched or batched (B ≤ 2), one case in
 /// five with n 15–18 (large: 15–34), past the flash kernels' tile; with or without a mask (a
 /// matrix per batch element one case in two where B ≥ 2), fused or not.
 pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
@@ -112,8 +121,9 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
 pub fn scaled_dot_product_attention(z: Size) -> BoxedStrategy<OpCase> {
     let keys = prop::option::of(prop_oneof![4 => 1..=z.pick(4, 16), 1 => 15..=z.pick(18, 34)]);
     (sizes(z), keys)
-        .prop_flat_map(|(((n, _, heads, d, batch), masked, fused), nk)| {
+        .prop_flat_map(move |(((n, _, heads, d, batch), masked, fused), nk)| {
             let (p, nk) = (heads * d, nk.unwrap_or(n));
+            let batch = unbatched_past(z, nk, batch);
             let rows = |n: usize| match batch {
                 None => Shape::new(&[n, p]),
                 Some(b) => Shape::new(&[b, n, p]),
