@@ -453,6 +453,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-masked-rows-shared-matrix",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/device/norm.rs",
+        from: "(r / self.group.max(1)) * self.m + r % self.m.max(1)",
+        to: "r % self.m.max(1)",
+        bug: "the masked softmax rows on the sim read a batched mask's first matrix for every batch element",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-flash-no-rescale",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/sim/flash.rs",
@@ -784,6 +793,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "if ((mode & TL_FA_CAUSAL) && (long long)j > (long long)i + offset) return false;",
         to: "if ((mode & TL_FA_CAUSAL) && (long long)j > (long long)i) return false;",
         bug: "the flash kernels' causal test ignores the mask's diagonal: a KV cache's lower-right mask hides the new queries' cached keys",
+        harness: Emu,
+    },
+    Mutant {
+        id: "kernel-flash-fwd-mask-of-the-first-sample",
+        area: Kernel,
+        file: "kernels/attention.cu",
+        from: "const u32* mk = mask + (u64)b * mstride;  // batch element b's words\n        __syncthreads();  // the previous job's reads of qt, ms, ls are done",
+        to: "const u32* mk = mask;  // batch element b's words\n        __syncthreads();  // the previous job's reads of qt, ms, ls are done",
+        bug: "the flash forward reads batch element 0's mask words for every sample of a batched mask",
         harness: Emu,
     },
     Mutant {
