@@ -521,6 +521,12 @@ fn bad_input_is_refused_before_launch() {
     let k = dev.upload(&[0.5; 3 * 2]).unwrap();
     let live = dev.memory_usage().live_bytes;
     let launches = dev.traffic().launches;
+    // The error of the forward on Q and K = V under these sizes and mask.
+    let refused = |dev: &mut SimDevice, dims, mask| {
+        dev.flash_attention([q, k, k], &Flash { dims, mask })
+            .unwrap_err()
+            .to_string()
+    };
     // A head of 129: not supported (the composed path takes it).
     let e = dev
         .flash_attention([q, q, q], &f(129, 2))
@@ -544,29 +550,11 @@ fn bad_input_is_refused_before_launch() {
     let e = dev.flash_attention([q, k, k], &g).unwrap_err().to_string();
     assert!(e.contains("K has 6 element(s), expected 4"), "{e}");
     // No keys.
-    let e = dev
-        .flash_attention(
-            [q, k, k],
-            &Flash {
-                dims: rect(1, 129, 0, 1, 2),
-                mask: FlashMask::none(),
-            },
-        )
-        .unwrap_err()
-        .to_string();
+    let e = refused(&mut dev, rect(1, 129, 0, 1, 2), FlashMask::none());
     assert!(e.contains("empty attention") && e.contains("nk: 0"), "{e}");
     // A mask made for other sizes.
     let causal = FlashMask::of("test", Some(&Mask::causal(3).unwrap()), 3, 3, 1).unwrap();
-    let e = dev
-        .flash_attention(
-            [q, k, k],
-            &Flash {
-                dims: rect(1, 129, 3, 1, 2),
-                mask: causal,
-            },
-        )
-        .unwrap_err()
-        .to_string();
+    let e = refused(&mut dev, rect(1, 129, 3, 1, 2), causal);
     assert!(
         e.contains("made for (3, 3)") && e.contains("nq = 129, nk = 3"),
         "{e}"
@@ -609,16 +597,7 @@ fn bad_input_is_refused_before_launch() {
     // Words made for batch 2 (key padding: 2·nk words) handed to the kernels for batch 3.
     let two = FlashMask::of("test", Some(&padded(129, 3, &[3, 1], None)), 129, 3, 2).unwrap();
     assert_eq!((two.batch, two.words.len(), two.stride()), (2, 6, 3));
-    let e = dev
-        .flash_attention(
-            [q, k, k],
-            &Flash {
-                dims: rect(3, 129, 3, 1, 2),
-                mask: two.clone(),
-            },
-        )
-        .unwrap_err()
-        .to_string();
+    let e = refused(&mut dev, rect(3, 129, 3, 1, 2), two.clone());
     assert!(
         e.contains("flash_attention") && e.contains("2 batch element(s)") && e.contains("B = 3"),
         "{e}"
@@ -626,16 +605,7 @@ fn bad_input_is_refused_before_launch() {
     // ... or with a word missing.
     let mut short = two;
     short.words.pop();
-    let e = dev
-        .flash_attention(
-            [q, k, k],
-            &Flash {
-                dims: rect(2, 129, 3, 1, 2),
-                mask: short,
-            },
-        )
-        .unwrap_err()
-        .to_string();
+    let e = refused(&mut dev, rect(2, 129, 3, 1, 2), short);
     assert!(
         e.contains("with 5 word(s)") && e.contains("expected 3 word(s)"),
         "{e}"
