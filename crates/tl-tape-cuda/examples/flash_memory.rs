@@ -6,7 +6,13 @@
 //! ```sh
 //! cargo run -p tl-tape-cuda --example flash_memory                  # n = 1k, 4k, 16k
 //! cargo run -p tl-tape-cuda --example flash_memory -- --n 1024,4096 --composed-max 4096
+//! cargo run -p tl-tape-cuda --example flash_memory -- --n 4096,16384 --queries 256
 //! ```
+//!
+//! With `--queries m`, the call is `scaledDotProductAttention` of m queries over the n keys
+//! under the causal mask aligned at the bottom right (the newest m positions of a sequence
+//! whose first n − m are cached: a KV cache's chunk), where the composed path holds (m, n)
+//! scores.
 //!
 //! One causal attention, batch 1, one head of `d` = 4 (dModel 4: the sim computes every score on
 //! the host, n²·d work per pass, so a small head keeps n = 16k to tens of seconds; the memory
@@ -24,6 +30,8 @@ struct Args {
     ns: Vec<usize>,
     composed_max: usize,
     d: usize,
+    /// `Some(m)`: scaledDotProductAttention of m queries over the n keys.
+    queries: Option<usize>,
 }
 
 fn args() -> Result<Args, String> {
@@ -31,6 +39,7 @@ fn args() -> Result<Args, String> {
         ns: vec![1024, 4096, 16384],
         composed_max: 4096,
         d: 4,
+        queries: None,
     };
     let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> Result<usize, String> {
@@ -50,6 +59,7 @@ fn args() -> Result<Args, String> {
             }
             "--composed-max" => a.composed_max = num(it.next(), "--composed-max")?,
             "--d" => a.d = num(it.next(), "--d")?,
+            "--queries" => a.queries = Some(num(it.next(), "--queries")?),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -57,7 +67,12 @@ fn args() -> Result<Args, String> {
 }
 
 /// (peak bytes the call allocated, bytes the node kept, bytes left at the end, seconds).
-fn run(n: usize, d: usize, fused: bool) -> Result<(usize, usize, usize, f64), String> {
+fn run(
+    n: usize,
+    d: usize,
+    queries: Option<usize>,
+    fused: bool,
+) -> Result<(usize, usize, usize, f64), String> {
     let e = |e: tl_tape_cuda::Error| e.to_string();
     let start = std::time::Instant::now();
     let mut tape = CudaTape::new(SimDevice::new());
@@ -66,7 +81,10 @@ fn run(n: usize, d: usize, fused: bool) -> Result<(usize, usize, usize, f64), St
             ((tl_spec::rng::unit(salt, i as u64) - 0.5) * 2.0) as f32
         })
     };
-    let shapes: [&[usize]; 5] = [&[d, d], &[d, d], &[d, d], &[d, d], &[n, d]];
+    let shapes: Vec<[usize; 2]> = match queries {
+        None => vec![[d, d], [d, d], [d, d], [d, d], [n, d]],
+        Some(m) => vec![[m, d], [n, d], [n, d]],
+    };
     let mut leaves = Vec::new();
     for (k, s) in shapes.iter().enumerate() {
         leaves.push(
@@ -75,10 +93,17 @@ fn run(n: usize, d: usize, fused: bool) -> Result<(usize, usize, usize, f64), St
         );
     }
     let base = tape.device().memory_usage().live_bytes;
-    let op = Op::MultiHeadAttention {
-        heads: 1,
-        mask: Some(Mask::causal(n).map_err(|e| e.to_string())?),
-        fused,
+    let op = match queries {
+        None => Op::MultiHeadAttention {
+            heads: 1,
+            mask: Some(Mask::causal(n).map_err(|e| e.to_string())?),
+            fused,
+        },
+        Some(m) => Op::ScaledDotProductAttention {
+            heads: 1,
+            mask: Some(Mask::causal_lower_right(m, n).map_err(|e| e.to_string())?),
+            fused,
+        },
     };
     let y = tape.apply(&op, &leaves).map_err(e)?;
     let kept: usize = tape
@@ -99,8 +124,14 @@ fn run(n: usize, d: usize, fused: bool) -> Result<(usize, usize, usize, f64), St
     Ok((peak, kept, left, start.elapsed().as_secs_f64()))
 }
 
+/// `b` bytes in MiB (in KiB below 0.01 MiB, which would print as 0.00; in bytes below 1 KiB).
 fn mib(b: usize) -> String {
-    format!("{:.2} MiB", b as f64 / (1 << 20) as f64)
+    let m = b as f64 / (1 << 20) as f64;
+    match (b < 1024, m < 0.005) {
+        (true, _) => format!("{b} B"),
+        (false, true) => format!("{:.1} KiB", b as f64 / 1024.0),
+        (false, false) => format!("{m:.2} MiB"),
+    }
 }
 
 fn main() {
@@ -111,8 +142,12 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let n_col = match a.queries {
+        None => "n".to_string(),
+        Some(m) => format!("{m} queries over n keys"),
+    };
     println!(
-        "| n | d | path | peak during the call | kept for the backward | left after | sim seconds |"
+        "| {n_col} | d | path | peak during the call | kept for the backward | left after | sim seconds |"
     );
     println!("|---|---|---|---|---|---|---|");
     for &n in &a.ns {
@@ -125,7 +160,7 @@ fn main() {
                 );
                 continue;
             }
-            match run(n, a.d, fused) {
+            match run(n, a.d, a.queries, fused) {
                 Ok((peak, kept, left, secs)) => println!(
                     "| {n} | {} | {path} | {} | {} | {left} B | {secs:.1} |",
                     a.d,
