@@ -574,8 +574,7 @@ mod tests {
         assert!(
             e.contains("scaledDotProductAttention")
                 && e.contains("(1, 37)")
-                && e.contains("nq = 1")
-                && e.contains("nk = 36"),
+                && e.contains("nq = 1 queries and nk = 36 keys"),
             "{e}"
         );
         let lr = Mask::causal_lower_right(20, 70).unwrap();
