@@ -28,6 +28,42 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// Two dense backwards of `out` from `seed` on `tape`: the first reads the workspace `kept`
+/// of the node under test and releases it, the second recomputes it; both give the gradients
+/// of `leaves` with the same bits. Returns the launches of each.
+pub fn backward_from_workspace_then_recomputed(
+    tape: &mut CudaTape<SimDevice>,
+    (out, seed): (Id, &AnyBuffer),
+    leaves: &[Id],
+    kept: &[tl_tape_cuda::device::Buffer],
+) -> (u64, u64) {
+    let run = |tape: &mut CudaTape<SimDevice>| {
+        let before = tape.device().traffic().launches;
+        let g = tape.backward_dense(out, seed).unwrap();
+        let launches = tape.device().traffic().launches - before;
+        let bits: Vec<Vec<u32>> = leaves
+            .iter()
+            .map(|&i| {
+                let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
+                bits(t.data())
+            })
+            .collect();
+        tape.release_grads(g);
+        (launches, bits)
+    };
+    let (reused, first) = run(tape);
+    assert!(
+        kept.iter().all(|&b| !tape.device().is_live(b)),
+        "the workspace released after the first backward"
+    );
+    let (recomputed, second) = run(tape);
+    assert_eq!(
+        first, second,
+        "the same bits from the workspace or recomputed"
+    );
+    (reused, recomputed)
+}
+
 /// A small deterministic generator (SplitMix64 over a counter).
 pub struct Gen(u64);
 

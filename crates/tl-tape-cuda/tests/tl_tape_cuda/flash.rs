@@ -732,9 +732,7 @@ fn the_fused_and_composed_paths_agree_on_the_tape() {
     }
 }
 
-/// Two dense backwards of `sum(y)` on `tape`: the first reads the node's workspace `kept` and
-/// releases it, the second recomputes it; both give the gradients of `leaves` with the same
-/// bits. Returns the launches of each.
+/// [`crate::common::backward_from_workspace_then_recomputed`] of `sum(y)`.
 fn backward_from_workspace_then_recomputed(
     tape: &mut CudaTape<SimDevice>,
     y: usize,
@@ -743,28 +741,7 @@ fn backward_from_workspace_then_recomputed(
 ) -> (u64, u64) {
     let loss = tape.apply(&Op::Sum, &[y]).unwrap();
     let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
-    let run = |tape: &mut CudaTape<SimDevice>| {
-        let before = tape.device().traffic();
-        let g = tape.backward_dense(loss, &seed).unwrap();
-        let launches = (tape.device().traffic() - before).launches;
-        let bits: Vec<Vec<u32>> = leaves
-            .iter()
-            .map(|&i| {
-                let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
-                crate::common::bits(t.data())
-            })
-            .collect();
-        tape.release_grads(g);
-        (launches, bits)
-    };
-    let (reused, first) = run(tape);
-    assert!(kept.iter().all(|&b| !tape.device().is_live(b)), "released");
-    let (recomputed, second) = run(tape);
-    assert_eq!(
-        first, second,
-        "the same bits from the workspace or recomputed"
-    );
-    (reused, recomputed)
+    crate::common::backward_from_workspace_then_recomputed(tape, (loss, &seed), leaves, kept)
 }
 
 /// The fused node keeps Q, K, V, C and one log-sum-exp per row (no (n, n) buffer), runs one

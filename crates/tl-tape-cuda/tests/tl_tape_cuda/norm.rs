@@ -729,24 +729,12 @@ fn rms_norm_keeps_its_statistics_and_recomputes_them_once_released() {
         assert!(st[..4].iter().all(|v| v.to_bits() == 0), "{st:?}");
         let seed_t = draw(&mut rnd, &Shape::new(&[4, 6]), Domain::Any);
         let seed = AnyBuffer::upload(tape.device_mut(), &seed_t).unwrap();
-        let run = |tape: &mut CudaTape<SimDevice>| {
-            let before = tape.device().traffic().launches;
-            let g = tape.backward_dense(y, &seed).unwrap();
-            let launches = tape.device().traffic().launches - before;
-            let got: Vec<Vec<u32>> = [x, ga]
-                .iter()
-                .map(|&i| {
-                    let t: Tensor<f32> = g[i].download(tape.device()).unwrap();
-                    crate::common::bits(t.data())
-                })
-                .collect();
-            tape.release_grads(g);
-            (launches, got)
-        };
-        let (reused, first) = run(&mut tape);
-        assert!(!tape.device().is_live(kept[0]), "released after backprop");
-        let (recomputed, again) = run(&mut tape);
-        assert_eq!(first, again, "gamma_grad={gamma_grad}");
+        let (reused, recomputed) = crate::common::backward_from_workspace_then_recomputed(
+            &mut tape,
+            (y, &seed),
+            &[x, ga],
+            &kept,
+        );
         // dx, and dγ (with dβ) where γ needs it; the dense gradients add their own launches
         // (the same both times).
         assert_eq!(recomputed - reused, 1, "the statistics once more");
