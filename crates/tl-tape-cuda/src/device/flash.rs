@@ -195,6 +195,20 @@ impl FlashMask {
         }
     }
 
+    /// The causal mask of `nq` queries over `nk` keys whose query i sees keys j ≤ i + `offset`,
+    /// shared by every batch element, `offset` as given (not clamped: [`check`](Self::check)
+    /// refuses one past the kernels' `int`).
+    pub fn causal_diagonal(nq: usize, nk: usize, offset: i64) -> FlashMask {
+        FlashMask {
+            mode: FLASH_CAUSAL,
+            words: Vec::new(),
+            offset,
+            rows: nq,
+            cols: nk,
+            batch: 1,
+        }
+    }
+
     /// The kernels' form of `mask` for `nq` queries over `nk` keys of an attention of `batch`
     /// elements (`None`: no mask). A mask of other sizes, or whose batch is neither 1 (shared)
     /// nor `batch`, is an error naming `op` and both sizes. O(B·nk) on the host for causal and
@@ -675,14 +689,7 @@ mod tests {
         let t = FLASH_TILE;
         for (nq, nk) in [(1, 37), (20, 70), (33, 5), (16, 16), (47, 47), (64, 1)] {
             for offset in -(nq as i64) - 2..=nk as i64 + 2 {
-                let m = FlashMask {
-                    mode: FLASH_CAUSAL,
-                    words: Vec::new(),
-                    offset,
-                    rows: nq,
-                    cols: nk,
-                    batch: 1,
-                };
+                let m = FlashMask::causal_diagonal(nq, nk, offset);
                 let meet = |i0: usize, j0: usize| {
                     (i0..nq.min(i0 + t)).any(|i| (j0..nk.min(j0 + t)).any(|j| m.allowed(0, i, j)))
                 };
@@ -757,14 +764,7 @@ mod tests {
             .to_string();
             assert!(e.contains("flash_attention"), "{e}");
         }
-        let far = FlashMask {
-            mode: FLASH_CAUSAL,
-            words: Vec::new(),
-            offset: 1 << 31,
-            rows: 3,
-            cols: 5,
-            batch: 1,
-        };
+        let far = FlashMask::causal_diagonal(3, 5, 1 << 31);
         let e = far
             .check("flash_attention", &dims(4))
             .unwrap_err()

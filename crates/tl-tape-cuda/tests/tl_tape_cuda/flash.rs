@@ -11,7 +11,6 @@ use crate::common::{Domain, Gen, check_graph, draw, random_leaves};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
-use tl_tape_cuda::device::flash::FLASH_CAUSAL;
 use tl_tape_cuda::device::{FLASH_MAX_HEAD, Flash, FlashDims, FlashMask};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Result, SimDevice};
 
@@ -32,14 +31,7 @@ impl Case {
     pub fn flash_mask(&self) -> Result<FlashMask> {
         let FlashDims { batch, nq, nk, .. } = self.dims;
         match self.offset {
-            Some(offset) => Ok(FlashMask {
-                mode: FLASH_CAUSAL,
-                words: Vec::new(),
-                offset,
-                rows: nq,
-                cols: nk,
-                batch: 1,
-            }),
+            Some(offset) => Ok(FlashMask::causal_diagonal(nq, nk, offset)),
             None => FlashMask::of("test", self.mask.as_ref(), nq, nk, batch),
         }
     }
@@ -580,14 +572,7 @@ fn bad_input_is_refused_before_launch() {
     // A causal offset past the kernels' int.
     let far = Flash {
         dims: rect(1, 129, 3, 1, 2),
-        mask: FlashMask {
-            mode: FLASH_CAUSAL,
-            words: Vec::new(),
-            offset: -(1 << 40),
-            rows: 129,
-            cols: 3,
-            batch: 1,
-        },
+        mask: FlashMask::causal_diagonal(129, 3, -(1 << 40)),
     };
     let e = dev
         .flash_attention([q, k, k], &far)
