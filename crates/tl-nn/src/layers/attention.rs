@@ -177,17 +177,7 @@ impl MultiHeadAttention {
         let (q, k, v, o) = (q?, k?, v?, o?);
         let (heads, fused) = (self.heads, self.flash);
         let at = At::new(g.rt, self, &self.wq);
-        let d = self.wq.shape().dims()[0];
-        let (batch, n) = match x.dims() {
-            [n, w] if *w == d => (None, *n),
-            [b, n, w] if *w == d => (Some(*b), *n),
-            _ => {
-                return Err(at.input(format!(
-                    "input {} must be (n, {d}) or (B, n, {d}): tokens of width {d}",
-                    x.shape()
-                )));
-            }
-        };
+        let (batch, n) = self.tokens(x, "", &at)?;
         if self.rope.is_some() || self.kv_heads != self.heads {
             if let Some(m) = &mask
                 && (m.rows(), m.cols()) != (n, n)
@@ -217,6 +207,27 @@ impl MultiHeadAttention {
             )
         })
         .map_err(|e| at.op_error(e))
+    }
+}
+
+impl MultiHeadAttention {
+    /// The batch (`None`: unbatched) and length of `x`, (n, d) or (B, n, d) tokens of the
+    /// layer's width d; else an error naming the layer (`method`, when not empty, before it).
+    pub(super) fn tokens<O: Train>(
+        &self,
+        x: &Var<'_, O>,
+        method: &str,
+        at: &At<'_, O>,
+    ) -> Result<(Option<usize>, usize)> {
+        let d = self.wq.shape().dims()[0];
+        match x.dims() {
+            [n, w] if *w == d => Ok((None, *n)),
+            [b, n, w] if *w == d => Ok((Some(*b), *n)),
+            _ => Err(at.input(format!(
+                "{method}input {} must be (n, {d}) or (B, n, {d}): tokens of width {d}",
+                x.shape()
+            ))),
+        }
     }
 }
 

@@ -73,16 +73,7 @@ impl MultiHeadAttention {
         let g = x.scope();
         let at = At::new(g.rt, self, &self.wq);
         let d = self.wq.shape().dims()[0];
-        let (batch, m) = match x.dims() {
-            [m, w] if *w == d => (None, *m),
-            [b, m, w] if *w == d => (Some(*b), *m),
-            _ => {
-                return Err(at.input(format!(
-                    "forward_cached: input {} must be (m, {d}) or (B, m, {d})",
-                    x.shape()
-                )));
-            }
-        };
+        let (batch, m) = self.tokens(x, "forward_cached: ", &at)?;
         if !self.causal {
             return Err(at.input(
                 "forward_cached needs a causal layer (a cached prefix sees no later position)",
