@@ -104,9 +104,11 @@ fn heads_core(
     b.apply(sh(&[batch * n, p]), &[o])
 }
 
-/// Record `scaledDotProductAttention` on `q` ((n, P) or (B, n, P)), `k`, `v` ((nk, P) or
-/// (B, nk, P)), heads merged, as a composition of primitive ops: the heads split out by `reshape` and `swapAdjacent`,
-/// then [`multi_head_attention`]'s core. Errors are those of the fused op's shape rule.
+/// Record `scaledDotProductAttention` on `q` ((n, P) or (B, n, P)), `k`, `v` ((nk, Pk) or
+/// (B, nk, Pk)), heads merged, as a composition of primitive ops: the heads split out by
+/// `reshape` and `swapAdjacent` (with fewer key heads, each repeated for its query heads by
+/// `broadcastTo`, whose VJP sums their cotangents), then [`multi_head_attention`]'s core.
+/// Errors are those of the fused op's shape rule.
 pub fn scaled_dot_product_attention(
     b: &mut GraphBuilder,
     [q, k, v]: [Id; 3],
@@ -123,16 +125,31 @@ pub fn scaled_dot_product_attention(
         n,
         nk,
         heads,
+        kv_heads,
         d,
         ..
     } = dm;
-    // (B, n, P) → (B, n, h, d) → (B, h, n, d) → (B·h, n, d)
-    let mut split = |t: Id, n: usize| -> Result<Id> {
-        let t = b.apply(Op::Reshape(Shape::new(&[batch, n, heads, d])), &[t])?;
+    let sh = |dims: &[usize]| Op::Reshape(Shape::new(dims));
+    // (B, n, P) → (B, n, h, d) → (B, h, n, d) → (B·h, n, d); keys and values of kv_heads
+    // first (B, nk, kv, 1, d) → (B, nk, kv, h/kv, d): each key head beside its query heads.
+    let mut split = |t: Id, n: usize, of: usize| -> Result<Id> {
+        let t = match of < heads {
+            true => {
+                let t = b.apply(sh(&[batch, n, of, 1, d]), &[t])?;
+                let to = Shape::new(&[batch, n, of, heads / of, d]);
+                b.apply(Op::BroadcastTo(to), &[t])?
+            }
+            false => t,
+        };
+        let t = b.apply(sh(&[batch, n, heads, d]), &[t])?;
         let t = b.apply(Op::SwapAdjacent(1), &[t])?;
-        b.apply(Op::Reshape(Shape::new(&[batch * heads, n, d])), &[t])
+        b.apply(sh(&[batch * heads, n, d]), &[t])
     };
-    let (q, k, v) = (split(q, n)?, split(k, nk)?, split(v, nk)?);
+    let (q, k, v) = (
+        split(q, n, heads)?,
+        split(k, nk, kv_heads)?,
+        split(v, nk, kv_heads)?,
+    );
     let c = heads_core(b, [q, k, v], dm, mask)?;
     b.apply(Op::Reshape(out_shape), &[c])
 }

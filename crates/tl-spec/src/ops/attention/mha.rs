@@ -33,10 +33,28 @@ pub struct Dims {
     pub dm: usize,
     /// Projection width P = heads·d.
     pub p: usize,
-    /// Number of heads.
+    /// Number of heads (of the queries).
     pub heads: usize,
+    /// Number of key and value heads: `heads` for `multiHeadAttention`; for
+    /// `scaledDotProductAttention`, k's width over d, a divisor of `heads` (grouped-query
+    /// attention: query head h reads key head [`Dims::kv_head`]`(h)`).
+    pub kv_heads: usize,
     /// Head width d.
     pub d: usize,
+}
+
+impl Dims {
+    /// The width of a row of K and V: `kv_heads·d` (P when every query head has its own).
+    pub fn pk(&self) -> usize {
+        self.kv_heads * self.d
+    }
+
+    /// The key and value head query head `h` reads: `h / (heads / kv_heads)`, so that each
+    /// key head serves a run of consecutive query heads (PyTorch's `enable_gqa`, which
+    /// repeats each key head `heads / kv_heads` times with `repeat_interleave`).
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads.max(1)).max(1)
+    }
 }
 
 /// Shape rule of `multiHeadAttention(wq, wk, wv, wo, x)` with the static `heads` and `mask`;
@@ -104,6 +122,7 @@ pub fn mha_dims(
         dm,
         p,
         heads,
+        kv_heads: heads,
         d: p / heads,
     };
     Ok((dims, x.clone()))

@@ -1,15 +1,18 @@
 //! Scaled dot-product attention of merged heads, `(q, k, v) ↦ C`, written as naive loops: the
 //! core of [`mha`](super::mha) without its projections (which runs on these functions).
 //!
-//! q is (nq, P) or batched (B, nq, P), k and v one shape (nk, P) or (B, nk, P) (as many keys as
-//! values; nk = nq in self-attention, another length for cross-attention or a KV cache), P =
+//! q is (nq, P) or batched (B, nq, P), k and v one shape (nk, Pk) or (B, nk, Pk) (as many keys
+//! as values; nk = nq in self-attention, another length for cross-attention or a KV cache), P =
 //! heads·d with the heads side by side in each row: head h reads columns h·d..(h+1)·d (the
-//! layout of `multiHeadAttention`'s Q, K, V). Per sample and head, `A = maskedSoftmax(Q_h
-//! K_hᵀ/√d)` (nq, nk), the mask (nq, nk), and `C_h = A·V_h`, written into C's head columns; C
-//! has q's shape. PyTorch: `F.scaled_dot_product_attention(q', k', v', attn_mask=mask)` on `q'
-//! = q.view(B, nq, heads, d).transpose(1, 2)` (likewise k', v' with nk), the result transposed
-//! back and viewed as (B, nq, P), except that a query whose mask hides every key gets zeros
-//! (PyTorch: NaN).
+//! layout of `multiHeadAttention`'s Q, K, V). Pk = kv_heads·d, where kv_heads divides heads:
+//! P itself (a key head per query head), or fewer for grouped-query attention, where query
+//! head h reads key and value head h / (heads / kv_heads) ([`Dims::kv_head`]; multi-query
+//! attention: kv_heads = 1). Per sample and head, `A = maskedSoftmax(Q_h K_gᵀ/√d)` (nq, nk),
+//! g = kv_head(h), the mask (nq, nk), and `C_h = A·V_g`, written into C's head columns; C has
+//! q's shape. PyTorch: `F.scaled_dot_product_attention(q', k', v', attn_mask=mask,
+//! enable_gqa=kv_heads < heads)` on `q' = q.view(B, nq, heads, d).transpose(1, 2)` (likewise
+//! k', v' with nk and kv_heads), the result transposed back and viewed as (B, nq, P), except
+//! that a query whose mask hides every key gets zeros (PyTorch: NaN).
 //!
 //! The JVP is taken by forward mode through the composition (`tl_ir::compose`), not here.
 
@@ -35,15 +38,15 @@ pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<
             ));
         }
     };
-    let nk = match (q.dims(), k.dims()) {
-        (&[_, qp], &[nk, kp]) if kp == qp => nk,
-        (&[b, _, qp], &[kb, nk, kp]) if kb == b && kp == qp => nk,
+    let (nk, pk) = match (q.dims(), k.dims()) {
+        (&[_, _], &[nk, pk]) => (nk, pk),
+        (&[b, _, _], &[kb, nk, pk]) if kb == b => (nk, pk),
         _ => {
             return Err(Error::shape(
                 OP,
                 format!(
-                    "k must be (nk, P) for q (nq, P) or (B, nk, P) for q (B, nq, P): the same \
-                     batch and width as q {q}, got {k}"
+                    "k must be (nk, Pk) for q (nq, P) or (B, nk, Pk) for q (B, nq, P): the same \
+                     batch as q {q}, got {k}"
                 ),
             ));
         }
@@ -66,6 +69,18 @@ pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<
             format!("heads = {heads} must be ≥ 1 and divide the width P = {p} > 0 of q {q}"),
         ));
     }
+    let d = p / heads;
+    let kv_heads = pk / d;
+    if pk % d != 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "k {k} has width Pk = {pk}, which must be kv_heads·d for a kv_heads dividing \
+                 heads = {heads} (d = P/heads = {d} from q {q}): P = {p} for a key head per \
+                 query head, fewer heads for grouped-query attention"
+            ),
+        ));
+    }
     if let Some(m) = mask {
         check_mask(OP, m, Some(batch), n, nk)?;
     }
@@ -76,7 +91,8 @@ pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<
         dm: p,
         p,
         heads,
-        d: p / heads,
+        kv_heads,
+        d,
     };
     Ok((dims, q.clone()))
 }
@@ -103,16 +119,18 @@ pub(super) fn sample<T: Scalar>(
     let Dims {
         n, nk, p, heads, d, ..
     } = *dm;
+    let pk = dm.pk();
     let scale = T::one() / T::lit(d as f64).sqrt();
     let all = vec![true; nk];
     let mut a = zeros(op, "attention weights", heads, n.saturating_mul(nk))?;
     let mut c = zeros(op, "attention output", n, p)?;
     let mut s = vec![T::zero(); nk];
     for h in 0..heads {
+        let g = dm.kv_head(h);
         for i in 0..n {
             for (j, sj) in s.iter_mut().enumerate() {
                 *sj = (0..d)
-                    .map(|t| q[i * p + h * d + t] * k[j * p + h * d + t])
+                    .map(|t| q[i * p + h * d + t] * k[j * pk + g * d + t])
                     .sum::<T>()
                     * scale;
             }
@@ -120,16 +138,17 @@ pub(super) fn sample<T: Scalar>(
             let arow = &mut a[(h * n + i) * nk..(h * n + i + 1) * nk];
             masked_softmax_row(&s, allowed, arow);
             for t in 0..d {
-                c[i * p + h * d + t] = (0..nk).map(|j| arow[j] * v[j * p + h * d + t]).sum();
+                c[i * p + h * d + t] = (0..nk).map(|j| arow[j] * v[j * pk + g * d + t]).sum();
             }
         }
     }
     Ok((a, c))
 }
 
-/// One sample's VJP: adds into `dq` (its (n, P) rows), `dk`, `dv` (its (nk, P) rows) the
+/// One sample's VJP: adds into `dq` (its (n, P) rows), `dk`, `dv` (its (nk, Pk) rows) the
 /// cotangents of q, k, v for C's cotangent `dc`, from the sample's operands and its
-/// probabilities `a` ([`sample`]).
+/// probabilities `a` ([`sample`]). A key head's cotangents sum its query heads' in increasing
+/// order.
 pub(super) fn sample_vjp<T: Scalar>(
     dm: &Dims,
     [q, k, v]: [&[T]; 3],
@@ -140,18 +159,21 @@ pub(super) fn sample_vjp<T: Scalar>(
     let Dims {
         n, nk, p, heads, d, ..
     } = *dm;
+    let pk = dm.pk();
     let scale = T::one() / T::lit(d as f64).sqrt();
     for h in 0..heads {
+        let g = dm.kv_head(h);
         let col = |i: usize, t: usize| i * p + h * d + t;
+        let kcol = |j: usize, t: usize| j * pk + g * d + t;
         for i in 0..n {
             let arow = &a[(h * n + i) * nk..(h * n + i + 1) * nk];
             // O_i = Σ_j A_ij V_j: dA_ij = dO_i·V_j, dV_j += A_ij dO_i.
             let da: Vec<T> = (0..nk)
-                .map(|j| (0..d).map(|t| dc[col(i, t)] * v[col(j, t)]).sum())
+                .map(|j| (0..d).map(|t| dc[col(i, t)] * v[kcol(j, t)]).sum())
                 .collect();
             for j in 0..nk {
                 for t in 0..d {
-                    dv[col(j, t)] += arow[j] * dc[col(i, t)];
+                    dv[kcol(j, t)] += arow[j] * dc[col(i, t)];
                 }
             }
             // Softmax VJP, then S_ij = scale·Q_i·K_j.
@@ -159,8 +181,8 @@ pub(super) fn sample_vjp<T: Scalar>(
             for j in 0..nk {
                 let ds = arow[j] * (da[j] - dot) * scale;
                 for t in 0..d {
-                    dq[col(i, t)] += ds * k[col(j, t)];
-                    dk[col(j, t)] += ds * q[col(i, t)];
+                    dq[col(i, t)] += ds * k[kcol(j, t)];
+                    dk[kcol(j, t)] += ds * q[col(i, t)];
                 }
             }
         }
@@ -169,7 +191,7 @@ pub(super) fn sample_vjp<T: Scalar>(
 
 /// Sample `b`'s rows of q (n of them) and of k and v (nk of them).
 fn sample_of<'a, T: Scalar>(dm: &Dims, [q, k, v]: [&'a Tensor<T>; 3], b: usize) -> [&'a [T]; 3] {
-    let (lq, lk) = (dm.n * dm.p, dm.nk * dm.p);
+    let (lq, lk) = (dm.n * dm.p, dm.nk * dm.pk());
     [
         &q.data()[b * lq..][..lq],
         &k.data()[b * lk..][..lk],
@@ -207,7 +229,7 @@ pub fn scaled_dot_product_attention_vjp<T: Scalar>(
             format!("cotangent has shape {}, expected {shape}", g.shape()),
         ));
     }
-    let (lq, lk) = (dm.n * dm.p, dm.nk * dm.p);
+    let (lq, lk) = (dm.n * dm.p, dm.nk * dm.pk());
     let mut d = [
         zeros(OP, "gradient", dm.batch, lq)?,
         zeros(OP, "gradient", dm.batch, lk)?,
