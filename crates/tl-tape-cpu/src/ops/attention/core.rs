@@ -84,7 +84,7 @@ pub enum Keep<'a, T> {
 /// the statistics A is made again from) where the forward kept them (`None`: computed
 /// again).
 pub struct Kept<'a, T> {
-    /// Q (B·n, P), K and V (B·nk, P).
+    /// Q (B·n, P), K and V (B·nk, Pk).
     pub qkv: [&'a [T]; 3],
     /// C (B·n, P), the heads' outputs before `wo`.
     pub c: Option<&'a [T]>,
@@ -98,8 +98,8 @@ impl<'a, T: Scalar> Kept<'a, T> {
     /// The list [`super::forward_saving`] returns, checked against the dims: Q, K, V, C,
     /// then A, or the row statistics when `lean` ([`lean`]).
     pub fn from_saved(op: &Op, dm: &Dims, lean: bool, saved: &'a [Vec<T>]) -> Result<Self> {
-        let len = dm.batch * dm.n * dm.p;
-        let expected = [len, len, len, len, kept_len(op, dm, lean)?];
+        let (len, klen) = (dm.batch * dm.n * dm.p, dm.batch * dm.nk * dm.pk());
+        let expected = [len, klen, klen, len, kept_len(op, dm, lean)?];
         check_saved(op, saved, &expected)?;
         let last = Some(saved[4].as_slice());
         Ok(Kept {
@@ -148,21 +148,33 @@ fn check_stats(op: &Op, dm: &Dims, len: Option<usize>) -> Result<()> {
     }
 }
 
-/// One sample's Q (n, P), K and V (nk, P), and the head's (·, d) column blocks of them.
+/// One sample's Q (n, P), K and V (nk, Pk), and the (·, d) column blocks a query head reads.
 struct Sample<'a, T> {
     qkv: [Mat<'a, T>; 3],
 }
 
 impl<'a, T: Scalar> Sample<'a, T> {
     fn new(op: &Op, dm: &Dims, b: usize, qkv: [&'a [T]; 3]) -> Result<Self> {
-        let m = |x: &'a [T], n: usize| rows(op, &x[b * n * dm.p..(b + 1) * n * dm.p], n, dm.p);
+        let m = |x: &'a [T], n: usize, p: usize| rows(op, &x[b * n * p..(b + 1) * n * p], n, p);
+        let (nk, pk) = (dm.nk, dm.pk());
         Ok(Sample {
-            qkv: [m(qkv[0], dm.n)?, m(qkv[1], dm.nk)?, m(qkv[2], dm.nk)?],
+            qkv: [
+                m(qkv[0], dm.n, dm.p)?,
+                m(qkv[1], nk, pk)?,
+                m(qkv[2], nk, pk)?,
+            ],
         })
     }
 
+    /// Query head `h`'s columns of Q, and those of the key head it reads of K and V.
     fn head(&self, dm: &Dims, h: usize) -> [Mat<'a, T>; 3] {
-        self.qkv.map(|x| x.col_block(h * dm.d, dm.d))
+        let [q, k, v] = self.qkv;
+        let g = dm.kv_head(h) * dm.d;
+        [
+            q.col_block(h * dm.d, dm.d),
+            k.col_block(g, dm.d),
+            v.col_block(g, dm.d),
+        ]
     }
 }
 
@@ -263,7 +275,8 @@ pub fn forward<T: Scalar>(
 /// `(C, [dQ, dK, dV])` from what the forward kept and dC, `block` query rows at a time: C
 /// is computed (and returned) only when `kept` has none, A only when `kept` has none (the
 /// same GEMMs and softmax as the forward, or the one pass from the kept statistics: the
-/// same bits either way).
+/// same bits either way). A key head's dK and dV add its query heads' products in increasing
+/// head order.
 #[allow(clippy::type_complexity)]
 pub fn backward<T: Scalar>(
     op: &Op,
@@ -277,7 +290,8 @@ pub fn backward<T: Scalar>(
         n, nk, p, d, heads, ..
     } = *dm;
     let scale = T::one() / T::lit(d as f64).sqrt();
-    let (len, klen) = (dm.batch * n * p, dm.batch * nk * p);
+    let pk = dm.pk();
+    let (len, klen) = (dm.batch * n * p, dm.batch * nk * pk);
     check_whole_rows(op, dm, kept.a.map(<[T]>::len), block)?;
     check_stats(op, dm, kept.stats.map(<[T]>::len))?;
     let zeros = |len| tl_spec::alloc::try_zeroed(op.name(), "output or cotangent", len);
@@ -291,7 +305,7 @@ pub fn backward<T: Scalar>(
         None => scores(op, block, nk)?,
     };
     let mut ds = scores(op, block, nk)?;
-    let (sample_len, keys_len) = ((n * p).max(1), (nk * p).max(1));
+    let (sample_len, keys_len) = ((n * p).max(1), (nk * pk).max(1));
     let [dq, dk, dv] = &mut out;
     let samples = dq
         .chunks_exact_mut(sample_len)
@@ -305,10 +319,11 @@ pub fn backward<T: Scalar>(
             None => None,
         };
         let mut dqb = rows_mut(op, dqb, n, p)?;
-        let mut dkb = rows_mut(op, dkb, nk, p)?;
-        let mut dvb = rows_mut(op, dvb, nk, p)?;
+        let mut dkb = rows_mut(op, dkb, nk, pk)?;
+        let mut dvb = rows_mut(op, dvb, nk, pk)?;
         for h in 0..heads {
             let [qh, kh, vh] = sample.head(dm, h);
+            let g = dm.kv_head(h) * d;
             let doh = dcb.col_block(h * d, d);
             for i0 in (0..n).step_by(block) {
                 let r = block.min(n - i0);
@@ -335,7 +350,7 @@ pub fn backward<T: Scalar>(
                 // dA = dO_blk·V_hᵀ; dV_h += Aᵀ·dO_blk.
                 let dav = rows_mut(op, ds, r, nk)?;
                 matmul(op, dav, false, do_blk, vh.t(), T::one())?;
-                let dv_h = dvb.as_mut().block(0, h * d, nk, d);
+                let dv_h = dvb.as_mut().block(0, g, nk, d);
                 matmul(op, dv_h, true, a.t(), do_blk, T::one())?;
                 // dS = A⊙(dA − Σ dA⊙A)·scale, in place.
                 softmax_vjp_rows(s, ds, nk, Some(scale));
@@ -343,7 +358,7 @@ pub fn backward<T: Scalar>(
                 // dQ_blk = dS·K_h; dK_h += dSᵀ·Q_blk.
                 let dq_blk = dqb.as_mut().block(i0, h * d, r, d);
                 matmul(op, dq_blk, false, dsv, kh, T::one())?;
-                let dk_h = dkb.as_mut().block(0, h * d, nk, d);
+                let dk_h = dkb.as_mut().block(0, g, nk, d);
                 matmul(op, dk_h, true, dsv.t(), qh.row_block(i0, r), T::one())?;
             }
         }
