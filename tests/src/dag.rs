@@ -418,9 +418,14 @@ impl Dag {
                 let mask = (p / 4 % 2 == 1).then(|| Mask::causal(n).unwrap());
                 let fused = p / 8 % 2 == 1;
                 if p / 16 % 2 == 1 {
-                    // The core alone on (n, width) operands.
+                    // The core alone on (n, width) queries, and keys and values as wide or,
+                    // with two heads and one case in two, of one head (multi-query).
                     let s = Shape::new(&[n, width]);
-                    let (q, k, v) = (self.adapt(y, &s), self.adapt(z, &s), self.adapt(x, &s));
+                    let kv = match heads == 2 && p / 32 % 2 == 1 {
+                        true => Shape::new(&[n, width / 2]),
+                        false => s.clone(),
+                    };
+                    let (q, k, v) = (self.adapt(y, &s), self.adapt(z, &kv), self.adapt(x, &kv));
                     let op = Op::ScaledDotProductAttention { heads, mask, fused };
                     self.add(op, &[q, k, v]);
                 } else {

@@ -376,17 +376,20 @@ impl<'g, O: Train> Var<'g, O> {
     }
 
     /// Scaled dot-product attention with this tensor as the queries ((n, P) or (B, n, P)) and
-    /// `key`, `value` of one shape ((nk, P) or (B, nk, P): as many keys as queries, or another
-    /// length), `heads` heads side by side on the last axis (head h: columns
-    /// h·P/heads..(h+1)·P/heads): per head `softmax(Q_h K_hᵀ/√(P/heads))·V_h` (masked where the
-    /// (n, nk) `mask` is false; a query with nothing allowed gives zeros), the heads merged
-    /// back. `fused` runs the streaming core (on CUDA the flash kernels: O((n + nk)·P) memory,
-    /// never the (n, nk) scores); the value is the same function either way. The op
+    /// `key`, `value` of one shape ((nk, Pk) or (B, nk, Pk): as many keys as queries, or another
+    /// length), `heads` heads side by side on the last axis (head h: columns h·d..(h+1)·d, d =
+    /// P/heads): per head `softmax(Q_h K_gᵀ/√d)·V_g` (masked where the (n, nk) `mask` is false; a
+    /// query with nothing allowed gives zeros), the heads merged back. Pk = P gives every query
+    /// head its own key head (g = h); Pk = kv_heads·d with kv_heads dividing heads is
+    /// grouped-query attention, query head h reading key head g = h / (heads / kv_heads)
+    /// (multi-query: kv_heads = 1), with no copy of k and v per query head. `fused` runs the
+    /// streaming core (on CUDA the flash kernels: O((n + nk)·P) memory, never the (n, nk)
+    /// scores); the value is the same function either way. The op
     /// `scaledDotProductAttention`: `multiHeadAttention`'s core without its projections, for
     /// attention whose queries and keys are made another way (rotary embeddings, grouped
-    /// heads). PyTorch: `F.scaled_dot_product_attention(q', k', v', attn_mask=mask)` on `q' =
-    /// q.view(B, n, heads, P/heads).transpose(1, 2)` (likewise k', v' with nk), transposed back and
-    /// viewed as (B, n, P).
+    /// heads). PyTorch: `F.scaled_dot_product_attention(q', k', v', attn_mask=mask,
+    /// enable_gqa=kv_heads < heads)` on `q' = q.view(B, n, heads, d).transpose(1, 2)` (likewise
+    /// k', v' with nk and kv_heads), transposed back and viewed as (B, n, P).
     pub fn scaled_dot_product_attention(
         &self,
         key: &Var<'g, O>,

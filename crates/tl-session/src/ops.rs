@@ -256,7 +256,8 @@ pub trait Ops {
         /// PyTorch: `nn.MultiheadAttention(bias=False)`.
         fn multi_head_attention[wq, wk, wv, wo, x](heads: usize, mask: Option<tl_spec::ops::attention::Mask>, fused: bool) => Op::MultiHeadAttention { heads, mask, fused };
         /// Scaled dot-product attention of `heads` heads merged on the last axis of q ((n, P) or
-        /// (B, n, P)) and k, v (one shape, (nk, P) or (B, nk, P)), an optional (n, nk) mask:
+        /// (B, n, P)) and k, v (one shape, (nk, Pk) or (B, nk, Pk); Pk = kv_heads·P/heads with
+        /// kv_heads dividing heads: fewer key heads for grouped-query attention), an optional (n, nk) mask:
         /// `multi_head_attention`'s core without its projections;
         /// `fused` picks the streaming kernel (CUDA: the flash kernels). PyTorch:
         /// `F.scaled_dot_product_attention` on the heads split out and transposed.

@@ -115,25 +115,39 @@ pub fn multi_head_attention(z: Size) -> BoxedStrategy<OpCase> {
 /// `scaledDotProductAttention(q, k, v)` on (n, P) or (B, n, P) queries at the sizes of
 /// [`multi_head_attention`] (P = heads × head width), with as many keys and values or, one case
 /// in two, nk drawn as n is (past the tile one case in five: a long cache under one query,
-/// or more queries than keys); with or without an (n, nk) mask, fused or not. The operands
-/// are drawn at the scale of `multiHeadAttention`'s projections (entries within ±2), so that
-/// scores spread the softmax without saturating it.
+/// or more queries than keys); one case in three grouped-query attention (the drawn heads are
+/// the key heads, each serving two query heads: 2 over 1 or 4 over 2; not in a small case past
+/// the tile); with or without an
+/// (n, nk) mask, fused or not. The operands are drawn at the scale of `multiHeadAttention`'s
+/// projections (entries within ±2), so that scores spread the softmax without saturating it.
 pub fn scaled_dot_product_attention(z: Size) -> BoxedStrategy<OpCase> {
     let keys = prop::option::of(prop_oneof![4 => 1..=z.pick(4, 16), 1 => 15..=z.pick(18, 34)]);
-    (sizes(z), keys)
-        .prop_flat_map(move |(((n, _, heads, d, batch), masked, fused), nk)| {
-            let (p, nk) = (heads * d, nk.unwrap_or(n));
-            let batch = unbatched_past(z, nk, batch);
-            let rows = |n: usize| match batch {
-                None => Shape::new(&[n, p]),
-                Some(b) => Shape::new(&[b, n, p]),
-            };
-            (
-                Just((heads, fused)),
-                maybe_mask(batch, n, nk, masked),
-                tensors(vec![rows(n), rows(nk), rows(nk)], Domain::Any(2.0)),
-            )
-        })
+    let group = prop_oneof![2 => Just(1usize), 1 => Just(2usize)];
+    (sizes(z), keys, group)
+        .prop_flat_map(
+            move |(((n, _, kv_heads, d, batch), masked, fused), nk, group)| {
+                let nk = nk.unwrap_or(n);
+                // A small case past the tile keeps one query head per key head (its operands
+                // within the small cases' 128 elements).
+                let group = group.min(match n.max(nk) <= z.pick(4, usize::MAX) {
+                    true => 2,
+                    false => 1,
+                });
+                let heads = kv_heads * group;
+                let (p, pk) = (heads * d, kv_heads * d);
+                let batch = unbatched_past(z, nk, batch);
+                let rows = |n: usize, p: usize| match batch {
+                    None => Shape::new(&[n, p]),
+                    Some(b) => Shape::new(&[b, n, p]),
+                };
+                let qkv = vec![rows(n, p), rows(nk, pk), rows(nk, pk)];
+                (
+                    Just((heads, fused)),
+                    maybe_mask(batch, n, nk, masked),
+                    tensors(qkv, Domain::Any(2.0)),
+                )
+            },
+        )
         .prop_map(|((heads, fused), mask, qkv)| {
             OpCase::new(Op::ScaledDotProductAttention { heads, mask, fused }, qkv)
         })

@@ -28,8 +28,9 @@ enum Form {
     /// `scaledDotProductAttention(q, k, v)`: the heads merged on the last axis.
     Sdpa,
     /// `scaledDotProductAttention(q, k, v)` with k and v of this many rows (keys of another
-    /// length than the queries: cross-attention, a KV cache).
-    Cross(usize),
+    /// length than the queries: cross-attention, a KV cache) of this width (kv_heads·d: fewer
+    /// key heads than query heads for grouped-query attention).
+    Cross(usize, usize),
 }
 
 const FORMS: [Form; 2] = [Form::Mha, Form::Sdpa];
@@ -37,6 +38,24 @@ const FORMS: [Form; 2] = [Form::Mha, Form::Sdpa];
 /// A case of the core over keys of another length: the query dims (…, n, P), P, heads, the
 /// mask (n, nk), nk.
 type Cross<X, M> = (X, usize, usize, Option<M>, usize);
+
+/// A case of grouped-query attention: [`Cross`] and the key heads.
+type Grouped<X, M> = (Cross<X, M>, usize);
+
+/// The forms of `cross` (keys of q's width) and `grouped` (keys of kv_heads·d), each with its
+/// sizes (the query dims, P, heads, the mask).
+fn cross_forms<X, M>(
+    cross: Vec<Cross<X, M>>,
+    grouped: Vec<Grouped<X, M>>,
+) -> impl Iterator<Item = ((X, usize, usize, Option<M>), Form)> {
+    let cross = cross
+        .into_iter()
+        .map(|(xs, p, h, m, nk)| ((xs, p, h, m), Form::Cross(nk, p)));
+    let grouped = grouped
+        .into_iter()
+        .map(|((xs, p, h, m, nk), kv)| ((xs, p, h, m), Form::Cross(nk, p / h * kv)));
+    cross.chain(grouped)
+}
 
 /// Operands for x of `xs` = (…, n, dModel) and projection width `p`: `[wq, wk, wv, wo, x]`,
 /// or for the core `[q, k, v]` of (…, n, p).
@@ -54,11 +73,11 @@ fn operands(form: Form, xs: &[usize], p: usize) -> Vec<Tensor<f64>> {
             let qs = out_shape(form, xs, p);
             vec![vals(&qs, 1), vals(&qs, 2), vals(&qs, 3)]
         }
-        Form::Cross(nk) => {
+        Form::Cross(nk, pk) => {
             let qs = out_shape(form, xs, p);
             let mut ks = qs.clone();
             let at = ks.len() - 2;
-            ks[at] = nk;
+            ks[at..].copy_from_slice(&[nk, pk]);
             vec![vals(&qs, 1), vals(&ks, 2), vals(&ks, 3)]
         }
     }
@@ -68,7 +87,7 @@ fn operands(form: Form, xs: &[usize], p: usize) -> Vec<Tensor<f64>> {
 fn out_shape(form: Form, xs: &[usize], p: usize) -> Vec<usize> {
     match form {
         Form::Mha => xs.to_vec(),
-        Form::Sdpa | Form::Cross(_) => {
+        Form::Sdpa | Form::Cross(..) => {
             let mut qs = xs.to_vec();
             *qs.last_mut().unwrap() = p;
             qs
@@ -103,7 +122,7 @@ fn graph(
             &mut b, ids[0], ids[1], ids[2], ids[3], ids[4], heads, mask,
         )
         .unwrap(),
-        (Form::Sdpa | Form::Cross(_), Some(fused)) => {
+        (Form::Sdpa | Form::Cross(..), Some(fused)) => {
             let op = Op::ScaledDotProductAttention {
                 heads,
                 mask: mask_,
@@ -111,7 +130,7 @@ fn graph(
             };
             b.apply(op, &ids).unwrap()
         }
-        (Form::Sdpa | Form::Cross(_), None) => {
+        (Form::Sdpa | Form::Cross(..), None) => {
             let qkv = [ids[0], ids[1], ids[2]];
             compose::scaled_dot_product_attention(&mut b, qkv, heads, mask).unwrap()
         }
@@ -175,17 +194,25 @@ fn fused_unfused_and_composed_agree_in_value_and_every_gradient() {
     // A padded batch of three: 5, 2 and 4 of the 5 keys.
     let lens = [5, 2, 4];
     let padded = Mask::from_fn_batched(3, 2, 5, |b, _, j| j < lens[b]).unwrap();
-    let cross: [Cross<&[usize], &Mask>; 5] = [
+    let cross: Vec<Cross<&[usize], &Mask>> = vec![
         (&[1, 5], 6, 2, Some(&over_cache), 5),
         (&[2, 3, 3], 4, 2, Some(&tall), 2),
         (&[4, 3], 4, 1, Some(&wide_holes), 6),
         (&[2, 3, 2], 6, 3, None, 7),
         (&[3, 2, 3], 4, 2, Some(&padded), 5),
     ];
+    // Grouped-query attention: four query heads over two key heads (self-attention), three
+    // over one (multi-query) over a cache, four over two on the padded batch.
+    let causal_over_cache = Mask::causal_lower_right(3, 5).unwrap();
+    let grouped: Vec<Grouped<&[usize], &Mask>> = vec![
+        ((&[4, 6], 8, 4, None, 4), 2),
+        ((&[2, 3, 2], 6, 3, Some(&causal_over_cache), 5), 1),
+        ((&[3, 2, 3], 8, 4, Some(&padded), 5), 2),
+    ];
     let cases = setups
         .into_iter()
         .flat_map(|s| FORMS.map(|f| (s, f)))
-        .chain(cross.map(|(xs, p, h, m, nk)| ((xs, p, h, m), Form::Cross(nk))));
+        .chain(cross_forms(cross, grouped));
     for ((xs, p, heads, mask), form) in cases {
         let leaves = operands(form, xs, p);
         let os = out_shape(form, xs, p);
@@ -247,7 +274,8 @@ fn run_f32<B: Backend<T = f32>>(
 /// are causal, key padding, both, and one with a fully masked row; heads of 1–3 and one of 66.
 /// The core also with keys of another length: one query over 37 cached keys, 20 over 70 and 19
 /// over 17 at the bottom right (the first two rows see nothing), 33 over 5 padded keys, 17 over
-/// 40 with a hole row, 3 over 50 unmasked, and the head of 66 over 21.
+/// 40 with a hole row, 3 over 50 unmasked, and the head of 66 over 21; and with fewer key heads
+/// than query heads (grouped-query attention, groups of 2 to 4, multi-query).
 fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
     let holes = |n: usize| Mask::from_fn(n, |i, j| i != 2 && (i + 2 * j) % 5 != 1).unwrap();
     let pad = |n: usize| Mask::from_fn(n, |_, j| j % 4 != 3).unwrap();
@@ -306,14 +334,31 @@ fn fused_equals_composed_on<B: Backend<T = f32>>(be: &B) {
             70,
         ),
     ];
+    // Grouped-query attention past the tiles: 4 query heads over 2 (causal), 6 over 3 over a
+    // long cache, 8 over 2 on a padded batch, 2 over 1 with heads of 66, 4 over 1 unmasked.
+    let grouped: Vec<Grouped<Vec<usize>, Mask>> = vec![
+        (
+            (vec![2, 17, 3], 8, 4, Some(Mask::causal(17).unwrap()), 17),
+            2,
+        ),
+        ((vec![20, 3], 12, 6, lower_right(20, 70), 70), 3),
+        (
+            (
+                vec![3, 17, 4],
+                16,
+                8,
+                batched(3, 17, 40, |b, _, j| j < [40, 23, 7][b]),
+                40,
+            ),
+            2,
+        ),
+        ((vec![5, 4], 132, 2, lower_right(5, 21), 21), 1),
+        ((vec![2, 33, 3], 8, 4, None, 33), 1),
+    ];
     let cases = setups
         .into_iter()
         .flat_map(|s| FORMS.map(|f| (s.clone(), f)))
-        .chain(
-            cross
-                .into_iter()
-                .map(|(xs, p, h, m, nk)| ((xs, p, h, m), Form::Cross(nk))),
-        );
+        .chain(cross_forms(cross, grouped));
     for ((xs, p, heads, mask), form) in cases {
         let leaves = operands(form, &xs, p);
         let seed = vals(&out_shape(form, &xs, p), 9);
@@ -403,7 +448,9 @@ fn jvp_of_the_fused_op_matches_the_composition() {
     let forms = [
         (Form::Mha, [3, 4], &square),
         (Form::Sdpa, [3, 6], &square),
-        (Form::Cross(5), [3, 6], &wide),
+        (Form::Cross(5, 4), [3, 6], &wide),
+        // Grouped-query: both heads read one key head.
+        (Form::Cross(5, 2), [3, 6], &wide),
     ];
     for (form, xs, mask) in forms {
         let leaves = operands(form, &xs, 4);
@@ -583,8 +630,8 @@ fn bad_attention_input_is_a_clear_error() {
         .to_string();
     assert!(e.contains("heads = 4"), "{e}");
     assert_eq!(b.graph().nodes().len(), 0, "nothing recorded on error");
-    // The core: q (n, P) or (B, n, P), k and v one shape of q's batch and width, heads
-    // dividing P, the mask (n, nk).
+    // The core: q (n, P) or (B, n, P), k and v one shape of q's batch and a width of
+    // kv_heads·d with kv_heads dividing heads, heads dividing P, the mask (n, nk).
     let sdpa = |heads, mask: Option<Mask>, sh: [&[usize]; 3]| {
         let op = Op::ScaledDotProductAttention {
             heads,
@@ -601,18 +648,33 @@ fn bad_attention_input_is_a_clear_error() {
         e.contains("scaledDotProductAttention") && e.contains("heads = 4"),
         "{e}"
     );
-    for k in [&[3, 4][..], &[2, 3, 6], &[2, 3, 6, 1]] {
+    for k in [&[2, 3, 6][..], &[2, 3, 6, 1]] {
         let e = sdpa(2, None, [&[3, 6], k, k]);
         assert!(
-            e.contains("k must be (nk, P)") && e.contains("[3, 6]"),
+            e.contains("k must be (nk, Pk)") && e.contains("[3, 6]"),
             "{e}"
         );
     }
     let e = sdpa(2, None, [&[2, 3, 6], &[1, 3, 6], &[1, 3, 6]]);
     assert!(
-        e.contains("same batch and width") && e.contains("[1, 3, 6]"),
+        e.contains("same batch as q") && e.contains("[1, 3, 6]"),
         "{e}"
     );
+    // Grouped-query attention: k's width a whole number of heads, which divides q's heads.
+    let e = sdpa(2, None, [&[3, 6], &[3, 4], &[3, 4]]);
+    assert!(
+        e.contains("width Pk = 4")
+            && e.contains("kv_heads·d for a kv_heads dividing heads = 2")
+            && e.contains("d = P/heads = 3"),
+        "{e}"
+    );
+    for (k, heads) in [(&[3, 6][..], 4), (&[3, 0], 2), (&[3, 12], 2)] {
+        let e = sdpa(heads, None, [&[3, 8], k, k]);
+        assert!(
+            e.contains(&format!("heads = {heads}")) && e.contains("Pk"),
+            "{e}"
+        );
+    }
     let e = sdpa(2, None, [&[2, 3, 6], &[2, 3, 6], &[2, 4, 6]]);
     assert!(e.contains("v must have k's shape [2, 3, 6]"), "{e}");
     let e = sdpa(

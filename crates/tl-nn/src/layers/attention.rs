@@ -70,9 +70,10 @@ impl MultiHeadAttention {
     /// heads over `kv_heads` key and value heads (dividing `heads`), query head i reading
     /// key/value head ⌊i·kv_heads/heads⌋; `wk` and `wv` are (d, kv_heads·dh), dh = d/heads,
     /// Xavier-uniform over that shape. Every pass runs the attention of
-    /// [`forward_qkv`](Self::forward_qkv): the projections, each key/value head broadcast to its
-    /// group (`broadcastTo`, whose gradient sums the group), then the op
-    /// `scaledDotProductAttention`. PyTorch has no such `nn.MultiheadAttention`:
+    /// [`forward_qkv`](Self::forward_qkv): the projections, then the op
+    /// `scaledDotProductAttention` on the keys and values of `kv_heads` heads, which serves each
+    /// group of query heads from its key head (no copy of K and V per query head; its
+    /// gradient sums the group). PyTorch has no such `nn.MultiheadAttention`:
     /// `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` on the projections (Hugging
     /// Face's `repeat_kv`, torchtune's `MultiHeadAttention(num_kv_heads=…)`), so
     /// [`pytorch_state`](Self::pytorch_state) is an error for such a layer.

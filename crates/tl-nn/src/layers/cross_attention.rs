@@ -86,10 +86,6 @@ impl MultiHeadAttention {
             let q = self.heads_of(query, &self.wq, (b, nq), Some(0))?;
             let k = self.heads_of(key, &self.wk, (b, nk), Some(0))?;
             let v = self.heads_of(value, &self.wv, (b, nk), None)?;
-            let (k, v) = (
-                self.to_query_heads(&k, (b, nk))?,
-                self.to_query_heads(&v, (b, nk))?,
-            );
             self.core_and_output((q, k, v), (batch, nq, nk), &keys)
         };
         y().map_err(|e| at.op_error(e))
@@ -118,26 +114,10 @@ impl MultiHeadAttention {
         }
     }
 
-    /// Keys or values (B, n, kv_heads, dh) with each head broadcast to its group of
-    /// heads/kv_heads query heads: (B, n, heads, dh).
-    pub(super) fn to_query_heads<'g, O: Train>(
-        &self,
-        t: &Var<'g, O>,
-        (b, n): (usize, usize),
-    ) -> Result<Var<'g, O>> {
-        let (h, kv) = (self.heads, self.kv_heads);
-        let dh = self.wq.shape().dims()[0] / h;
-        match kv == h {
-            true => Ok(t.clone()),
-            false => t
-                .reshape(&[b, n, kv, 1, dh])?
-                .broadcast_to(&tl_spec::Shape::new(&[b, n, kv, h / kv, dh]))?
-                .reshape(&[b, n, h, dh]),
-        }
-    }
-
-    /// The core `scaledDotProductAttention` on Q (B, nq, heads, dh) and K, V (B, nk, heads, dh)
-    /// with the heads merged, under `keys`' mask, then `·Wo`: (\[B,\] nq, d) as `batch` says.
+    /// The core `scaledDotProductAttention` on Q (B, nq, heads, dh) and K, V (B, nk, kv_heads,
+    /// dh) with the heads merged (each key head serving its group of query heads in the op
+    /// itself: no copy per query head), under `keys`' mask, then `·Wo`: (\[B,\] nq, d) as
+    /// `batch` says.
     pub(super) fn core_and_output<'g, O: Train>(
         &self,
         (q, k, v): (Var<'g, O>, Var<'g, O>, Var<'g, O>),
@@ -147,8 +127,9 @@ impl MultiHeadAttention {
         let g = q.scope();
         let (b, d, h) = (batch.unwrap_or(1), self.wq.shape().dims()[0], self.heads);
         let mask = keys.mask(b, nq, nk)?;
-        // (B, n, d) with the heads merged, as the op takes them.
-        let [k, v] = [k, v].map(|t| t.reshape(&[b, nk, d]));
+        // (B, n, kv_heads·dh) with the heads merged, as the op takes them.
+        let pk = self.kv_heads * (d / h);
+        let [k, v] = [k, v].map(|t| t.reshape(&[b, nk, pk]));
         let c = q.reshape(&[b, nq, d])?.scaled_dot_product_attention(
             &k?,
             &v?,

@@ -105,10 +105,6 @@ impl MultiHeadAttention {
             };
             let kept = (k.value()?, v.value()?);
             let n = t + m;
-            let (k, v) = (
-                self.to_query_heads(&k, (b, n))?,
-                self.to_query_heads(&v, (b, n))?,
-            );
             let causal = move |i: usize, j: usize| j <= t + i;
             let keys = Keys::Shared(&causal);
             let y = self.core_and_output((q, k, v), (batch, m, n), &keys)?;
