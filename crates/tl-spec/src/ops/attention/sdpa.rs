@@ -71,7 +71,7 @@ pub fn sdpa_dims(qkv: [&Shape; 3], heads: usize, mask: Option<&Mask>) -> Result<
     }
     let d = p / heads;
     let kv_heads = pk / d;
-    if pk % d != 0 || kv_heads == 0 || heads % kv_heads != 0 {
+    if !pk.is_multiple_of(d) || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return Err(Error::shape(
             OP,
             format!(
