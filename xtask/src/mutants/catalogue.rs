@@ -25,6 +25,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "spec-grouped-key-head-interleaved",
+        area: Spec,
+        file: "crates/tl-spec/src/ops/attention/mha.rs",
+        from: "h / (self.heads / self.kv_heads.max(1)).max(1)",
+        to: "h % self.kv_heads.max(1)",
+        bug: "grouped-query attention's query head h reads key head h mod kv_heads (PyTorch's enable_gqa: h / (heads / kv_heads))",
+        harness: Plain,
+    },
+    Mutant {
         id: "spec-div-vjp-square",
         area: Spec,
         file: "crates/tl-spec/src/ops/elementwise.rs",
@@ -276,6 +285,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "m(qkv[1], dm.nk)?, m(qkv[2], dm.nk)?",
         to: "m(qkv[1], dm.n)?, m(qkv[2], dm.n)?",
         bug: "the CPU attention core reads each sample's keys and values as many rows as its queries (keys of another length)",
+        harness: Plain,
+    },
+    Mutant {
+        id: "cpu-sdpa-grouped-dk-overwritten",
+        area: Cpu,
+        file: "crates/tl-tape-cpu/src/ops/attention/core.rs",
+        from: "matmul(op, dk_h, true, dsv.t(), qh.row_block(i0, r), T::one())?;",
+        to: "matmul(op, dk_h, false, dsv.t(), qh.row_block(i0, r), T::one())?;",
+        bug: "the CPU attention core writes each query head's dK over its key head's, not added (grouped-query attention: the group's last head only)",
         harness: Plain,
     },
     Mutant {
