@@ -1200,6 +1200,36 @@ fn cross_attention_keeps_no_scores_when_fused() {
     assert_fused_keeps_no_scores(runs, nq * nk * 4);
 }
 
+/// Grouped-query attention hands the op its key and value heads as they are: on the CUDA sim
+/// a causal layer of 8 query heads over one key head (multi-query; d = 64, n = 512) peaks, over
+/// a forward and an SGD step, at least two (n, d − d/8) f32 buffers below the plain layer of 8
+/// key heads (its K and V and their cotangents are an eighth as wide), where a copy of K and V
+/// per query head before the core would hold more than the plain layer; fused and composed,
+/// each layer's outputs and stepped parameters agree within f32 rounding.
+#[test]
+fn grouped_attention_copies_no_key_per_query_head() {
+    let (n, d) = (512, 64);
+    let x = tensor::<f32>(&[1, n, d], 8);
+    let peak = |kv_heads: usize| {
+        let [fused, composed] = fused_and_composed_on_the_sim(
+            |rt| MultiHeadAttention::grouped(&rt.vars().pp("a"), d, 8, kv_heads, true).unwrap(),
+            |mha, g| mha.forward(&g.input(x.clone())?),
+        );
+        assert!(max_diff(&fused.0, &composed.0) < 1e-5);
+        for (a, b) in fused.2.iter().zip(&composed.2) {
+            assert!(max_diff(a, b) < 1e-4, "{}", max_diff(a, b));
+        }
+        fused.1
+    };
+    let (grouped, plain) = (peak(1), peak(8));
+    let narrower = n * (d - d / 8) * 4;
+    eprintln!("PEAKS grouped {grouped} plain {plain} narrower {narrower}");
+    assert!(
+        grouped + 2 * narrower <= plain,
+        "grouped peak {grouped} bytes, plain {plain}: less than 2·{narrower} apart"
+    );
+}
+
 /// Rotary position embeddings (`with_rope`) on the `mha` fixture's self-attention of x (2, 5,
 /// 8): PyTorch's outputs and gradients (x, both weights in the fused layout) for the
 /// interleaved pairs with the causal mask (base 10000, torchtune's complex rotation) and for
