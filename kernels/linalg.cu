@@ -3,8 +3,11 @@
 // op(a) . op(b) (the finished sum added to out's element with one rounding, as a separate add
 // would). Batched over blockIdx.z (grid-stride). Each operand's matrices are product-major
 // (batch, rows, cols), or head-merged (groups, rows, heads, cols) where its bit of `merged` is
-// set (bit 0 a, bit 1 b, bit 2 out; product z is head z % heads of group z / heads): `mat_at`,
-// the arithmetic of Batch::at in device/buffer.rs. Each output accumulates over p in increasing
+// set (bit 0 a, bit 1 b, bit 2 out; product z is head z % heads of group z / heads); a or b
+// head-merged and grouped (bit 3 a, bit 4 b: grouped-query attention's keys and values) holds
+// kv_heads heads a row, (groups, rows, kv_heads, cols), product z reading head
+// (z % heads) / (heads / kv_heads): `mat_at`, the arithmetic of Batch::at in
+// device/buffer.rs. Each output accumulates over p in increasing
 // order from 0 as fma(a, b, acc), one rounding a term (__fmaf_rn; f32::mul_add in
 // device/sim/linalg.rs, bit for bit): tiling over k in order, and where the matrices lie, do
 // not change the order. (The file is built with --fmad=false like every kernel: the fused
@@ -26,16 +29,17 @@
 #include "common.cuh"
 #include "gemm_tile.cuh"
 
-// Where product z's (rows x cols) matrix starts in its operand, and its row stride.
+// Where product z's (rows x cols) matrix starts in its operand, and its row stride; a
+// head-merged operand holds `stored` heads a row (heads, or kv_heads where grouped).
 struct MatAt {
     u64 start;
     u64 ld;
 };
-__device__ inline MatAt mat_at(u64 z, u32 rows, u32 cols, u32 heads, u32 merged) {
+__device__ inline MatAt mat_at(u64 z, u32 rows, u32 cols, u32 heads, u32 stored, u32 merged) {
     MatAt r;
     if (merged) {
-        r.start = (z / heads) * rows * heads * cols + (z % heads) * cols;
-        r.ld = (u64)heads * cols;
+        r.start = (z / heads) * rows * stored * cols + (z % heads) / (heads / stored) * cols;
+        r.ld = (u64)stored * cols;
     } else {
         r.start = z * rows * cols;
         r.ld = cols;
@@ -58,14 +62,14 @@ struct GemmJob {
 __device__ inline u32 gemm_splits(u32 k, u32 kc) { return k > kc ? (k + kc - 1) / kc : 1; }
 __device__ inline GemmJob gemm_job(u64 zz, u32 splits, const float* a, const float* b, float* out,
                                    u32 m, u32 k, u32 n, u32 ta, u32 tb, u32 kc, u32 heads,
-                                   u32 merged) {
+                                   u32 merged, u32 kv_heads) {
     GemmJob j;
     const u64 z = zz / splits;
     j.kb = (u32)(zz % splits) * kc;
     j.ke = k - j.kb < kc ? k : j.kb + kc;
-    j.pa = mat_at(z, ta ? k : m, ta ? m : k, heads, merged & 1);
-    j.pb = mat_at(z, tb ? n : k, tb ? k : n, heads, merged & 2);
-    j.pc = mat_at(zz, m, n, heads, merged & 4);
+    j.pa = mat_at(z, ta ? k : m, ta ? m : k, heads, merged & 8 ? kv_heads : heads, merged & 1);
+    j.pb = mat_at(z, tb ? n : k, tb ? k : n, heads, merged & 16 ? kv_heads : heads, merged & 2);
+    j.pc = mat_at(zz, m, n, heads, heads, merged & 4);
     j.A = a + j.pa.start;
     j.B = b + j.pb.start;
     j.C = out + j.pc.start;
@@ -98,7 +102,8 @@ __device__ inline void slice_pos(u32 e, bool along_k, u32& p, u32& c) {
 
 template <int BM, int BN, int BK, int TM, int TN>
 __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k,
-                           u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {
+                           u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged,
+                           u32 kv_heads) {
     static_assert(BM == 16 * TM && BN == 16 * TN, "16 x 16 threads cover the tile");
     constexpr int LA = BK * BM / 256, LB = BK * BN / 256;  // elements a thread stages
     // Rows padded by 4 floats: 16-byte aligned for `ld4`, and a k-fastest fill spreads over
@@ -113,7 +118,8 @@ __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch
     const u32 splits = gemm_splits(k, kc);
     const u64 jobs = (u64)batch * splits;
     for (u64 zz = blockIdx.z; zz < jobs; zz += gridDim.z) {
-        const GemmJob job = gemm_job(zz, splits, a, b, out, m, k, n, ta, tb, kc, heads, merged);
+        const GemmJob job =
+            gemm_job(zz, splits, a, b, out, m, k, n, ta, tb, kc, heads, merged, kv_heads);
         const u32 kb = job.kb, ke = job.ke;
         // The k-slice from p0 into registers (zeros outside the matrices; never summed).
         float ra[LA], rb[LB];
@@ -159,14 +165,17 @@ __device__ void gemm_tiles(const float* a, const float* b, float* out, u32 batch
 extern "C" __global__ void __launch_bounds__(256) tl_gemm(const float* a, const float* b,
                                                           float* out, u32 batch, u32 m, u32 k,
                                                           u32 n, u32 ta, u32 tb, u32 into,
-                                                          u32 kc, u32 heads, u32 merged) {
-    gemm_tiles<64, 64, 16, 4, 4>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+                                                          u32 kc, u32 heads, u32 merged,
+                                                          u32 kv_heads) {
+    gemm_tiles<64, 64, 16, 4, 4>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged,
+                                 kv_heads);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2)
     tl_gemm_wide(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n,
-                 u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged) {
-    gemm_tiles<128, 128, 16, 8, 8>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+                 u32 ta, u32 tb, u32 into, u32 kc, u32 heads, u32 merged, u32 kv_heads) {
+    gemm_tiles<128, 128, 16, 8, 8>(a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged,
+                                   kv_heads);
 }
 
 // The second kernel of a split product: out[z, e] (= or +=) the sum of the splits' runs
@@ -180,7 +189,7 @@ extern "C" __global__ void tl_gemm_sum_splits(const float* part, float* out, u64
         const float* p = part + z * splits * mn + r;
         float acc = 0.0f;
         for (u32 s = 0; s < splits; ++s) acc = __fadd_rn(acc, p[(u64)s * mn]);
-        const MatAt pc = mat_at(z, (u32)(mn / n), n, heads, merged_out);
+        const MatAt pc = mat_at(z, (u32)(mn / n), n, heads, heads, merged_out);
         float* o = out + pc.start + (r / n) * pc.ld + r % n;
         *o = into ? __fadd_rn(*o, acc) : acc;
     }
@@ -286,7 +295,7 @@ __device__ inline void group_at(const GemmJob& g, bool is_a, u32 t, u32 lim, u32
 template <class R>
 __device__ void gemm(unsigned char* smem, const float* a, const float* b, float* out, u32 batch,
                      u32 m, u32 k, u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads,
-                     u32 merged) {
+                     u32 merged, u32 kv_heads) {
     namespace wmma = nvcuda::wmma;
     typedef typename R::T T;
     typedef Smem<R> S;
@@ -301,7 +310,8 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
     const u32 splits = gemm_splits(k, kc);
     const u64 jobs = (u64)batch * splits;
     for (u64 zz = blockIdx.z; zz < jobs; zz += gridDim.z) {
-        const GemmJob job = gemm_job(zz, splits, a, b, out, m, k, n, ta, tb, kc, heads, merged);
+        const GemmJob job =
+            gemm_job(zz, splits, a, b, out, m, k, n, ta, tb, kc, heads, merged, kv_heads);
         const bool vec_a = reinterpret_cast<u64>(job.A) % 16 == 0 && job.pa.ld % 4 == 0;
         const bool vec_b = reinterpret_cast<u64>(job.B) % 16 == 0 && job.pb.ld % 4 == 0;
         // The slice from p0 into registers, as read (zeros outside the matrices and the run).
@@ -383,10 +393,12 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
 
 extern "C" __global__ void __launch_bounds__(256, 2)
     tl_gemm_tc(const float* a, const float* b, float* out, u32 batch, u32 m, u32 k, u32 n, u32 ta,
-               u32 tb, u32 into, u32 kc, u32 heads, u32 merged, u32 prec) {
+               u32 tb, u32 into, u32 kc, u32 heads, u32 merged, u32 kv_heads, u32 prec) {
     __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
     if (prec == 2)
-        tc::gemm<tc::Tf32>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+        tc::gemm<tc::Tf32>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged,
+                           kv_heads);
     else
-        tc::gemm<tc::Bf16>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged);
+        tc::gemm<tc::Bf16>(smem, a, b, out, batch, m, k, n, ta, tb, into, kc, heads, merged,
+                           kv_heads);
 }

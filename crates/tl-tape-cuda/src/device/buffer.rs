@@ -166,6 +166,13 @@ impl Gemm {
 /// `permute([groups, rows, heads, cols], [0, 2, 1, 3])` without the copy.
 /// PyTorch: a `bmm` over `x.view(B, n, H, d).transpose(1, 2)`, which reads the strides.
 ///
+/// A head-merged operand `a` or `b` may be **grouped** ([`Batch::grouped`]): it holds
+/// `kv_heads` heads a row, (groups, rows, kv_heads, cols), and product z reads its head
+/// `(z % heads) / (heads / kv_heads)`, so that `heads / kv_heads` consecutive products share
+/// one matrix (grouped-query attention's keys and values, PyTorch's `enable_gqa`), without the
+/// copy of `repeat_interleave`. A result is never grouped (its products would write one
+/// matrix).
+///
 /// [`Device::bmm`]: super::Device::bmm
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batch {
@@ -175,6 +182,10 @@ pub struct Batch {
     pub heads: usize,
     /// Which of `[a, b, result]` are stored head-merged.
     pub merged: [bool; 3],
+    /// Heads a row of the grouped operands holds (dividing `heads`; `heads` when none is).
+    pub kv_heads: usize,
+    /// Which of `[a, b]` are grouped (each also head-merged).
+    pub grouped: [bool; 2],
 }
 
 impl Batch {
@@ -182,11 +193,7 @@ impl Batch {
     ///
     /// [`Device::bmm`]: super::Device::bmm
     pub fn plain(count: usize) -> Batch {
-        Batch {
-            count,
-            heads: 1,
-            merged: [false; 3],
-        }
+        Batch::heads(count, 1, [false; 3])
     }
 
     /// `groups · heads` products, the operands flagged in `merged` (`[a, b, result]`) stored
@@ -196,6 +203,42 @@ impl Batch {
             count: groups.saturating_mul(heads),
             heads,
             merged,
+            kv_heads: heads,
+            grouped: [false; 2],
+        }
+    }
+
+    /// The same products with the operands flagged in `grouped` (`[a, b]`, each head-merged)
+    /// holding `kv_heads` heads a row, product z reading head `(z % heads) / (heads /
+    /// kv_heads)` of them. With `kv_heads = heads` every operand reads as before.
+    pub fn grouped(self, kv_heads: usize, grouped: [bool; 2]) -> Batch {
+        Batch {
+            kv_heads,
+            grouped,
+            ..self
+        }
+    }
+
+    /// Whether operand `which` (0: `a`, 1: `b`, 2: the result) is grouped.
+    fn is_grouped(&self, which: usize) -> bool {
+        self.grouped.get(which).copied().unwrap_or(false)
+    }
+
+    /// The heads a row of head-merged operand `which` holds: `kv_heads` where it is grouped,
+    /// else `heads`.
+    pub fn stored_heads(&self, which: usize) -> usize {
+        match self.is_grouped(which) {
+            true => self.kv_heads,
+            false => self.heads,
+        }
+    }
+
+    /// The matrices operand `which` holds: `count`, or `count·kv_heads/heads` where it is
+    /// grouped.
+    pub fn matrices(&self, which: usize) -> usize {
+        match self.is_grouped(which) {
+            true => self.count / self.heads.max(1) * self.kv_heads,
+            false => self.count,
         }
     }
 
@@ -205,19 +248,19 @@ impl Batch {
     pub fn at(&self, which: usize, z: usize, (rows, cols): (usize, usize)) -> (usize, usize) {
         if self.merged[which] {
             let h = self.heads.max(1);
-            ((z / h) * rows * h * cols + (z % h) * cols, h * cols)
+            let stored = self.stored_heads(which).max(1);
+            let head = (z % h) / (h / stored).max(1);
+            ((z / h) * rows * stored * cols + head * cols, stored * cols)
         } else {
             (z * rows * cols, cols)
         }
     }
 
-    /// The kernel's flag word: bit 0 `a`, bit 1 `b`, bit 2 the result stored head-merged.
+    /// The kernel's flag word: bit 0 `a`, bit 1 `b`, bit 2 the result stored head-merged;
+    /// bit 3 `a`, bit 4 `b` grouped (holding `kv_heads` heads a row).
     pub fn merged_bits(&self) -> u32 {
-        self.merged
-            .iter()
-            .enumerate()
-            .map(|(i, &m)| u32::from(m) << i)
-            .sum()
+        let flags = self.merged.iter().chain(&self.grouped);
+        flags.enumerate().map(|(i, &m)| u32::from(m) << i).sum()
     }
 }
 

@@ -227,14 +227,8 @@ fn gather_indices(
 }
 
 /// Checked operand lengths of a (batched) product: `(a_len, b_len, out_len)` per batch entry.
-pub fn gemm_lens(
-    op: &'static str,
-    a: Buffer,
-    b: Buffer,
-    batch: usize,
-    g: Gemm,
-) -> Result<[usize; 3]> {
-    for (what, d) in [("batch", batch), ("m", g.m), ("k", g.k), ("n", g.n)] {
+pub fn gemm_lens(op: &'static str, a: Buffer, b: Buffer, bt: Batch, g: Gemm) -> Result<[usize; 3]> {
+    for (what, d) in [("batch", bt.count), ("m", g.m), ("k", g.k), ("n", g.n)] {
         abi::to_u32(op, what, d)?;
     }
     let per = [
@@ -243,9 +237,9 @@ pub fn gemm_lens(
         product(op, &[g.m, g.n])?,
     ];
     let total = [
-        product(op, &[batch, per[0]])?,
-        product(op, &[batch, per[1]])?,
-        product(op, &[batch, per[2]])?,
+        product(op, &[bt.matrices(0), per[0]])?,
+        product(op, &[bt.matrices(1), per[1]])?,
+        product(op, &[bt.count, per[2]])?,
     ];
     abi::len_u32(op, total[2])?;
     len_is(op, "left operand", a, total[0])?;
@@ -253,15 +247,31 @@ pub fn gemm_lens(
     Ok(per)
 }
 
-/// A batched product's layout: at least one head, and whole groups of heads.
+/// A batched product's layout: at least one head, and whole groups of heads; grouped operands
+/// head-merged, their `kv_heads` at least 1 and dividing `heads`.
 pub fn batch(op: &'static str, bt: Batch) -> Result<()> {
     abi::to_u32(op, "heads", bt.heads)?;
+    abi::to_u32(op, "kv_heads", bt.kv_heads)?;
     if bt.heads == 0 || !bt.count.is_multiple_of(bt.heads) {
         return Err(Error::kernel(
             op,
             format!(
                 "{} products are not whole groups of {} heads",
                 bt.count, bt.heads
+            ),
+        ));
+    }
+    if bt.grouped.contains(&true)
+        && (bt.kv_heads == 0
+            || !bt.heads.is_multiple_of(bt.kv_heads)
+            || (0..2).any(|w| bt.grouped[w] && !bt.merged[w]))
+    {
+        return Err(Error::kernel(
+            op,
+            format!(
+                "grouped operands {:?} must be head-merged (merged {:?}) and their kv_heads = {} \
+                 ≥ 1 must divide heads = {}",
+                bt.grouped, bt.merged, bt.kv_heads, bt.heads
             ),
         ));
     }

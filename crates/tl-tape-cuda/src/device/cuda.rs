@@ -194,9 +194,9 @@ impl CudaDevice {
         let gx = abi::to_u32(op, "grid", g.n.div_ceil(side))?;
         // Checked by `check::batch` (u32) and `check::gemm_lens` (each dim u32, the result's
         // length too).
-        let heads = Arg::U32(bt.heads as u32);
+        let (heads, kv_heads) = (Arg::U32(bt.heads as u32), Arg::U32(bt.kv_heads as u32));
         let product = |out: u64, into: bool, merged: u32| {
-            let mut args: SmallVec<[Arg; 14]> = smallvec::smallvec![
+            let mut args: SmallVec<[Arg; 15]> = smallvec::smallvec![
                 Arg::Ptr(pa),
                 Arg::Ptr(pb),
                 Arg::Ptr(out),
@@ -210,6 +210,7 @@ impl CudaDevice {
                 Arg::U32(kc as u32), // at most max(k, 1)
                 heads,
                 Arg::U32(merged),
+                kv_heads,
             ];
             args.extend(prec.map(Arg::U32));
             args
@@ -222,7 +223,7 @@ impl CudaDevice {
         }
         self.with_split_runs(op, out, into, bt, g, splits, |d, part| {
             // The runs' sums product-major in the workspace: the result's flag cleared.
-            let runs = product(part, false, merged & 0b011);
+            let runs = product(part, false, merged & !0b100);
             d.run_blocks_of(op, kernel, grid(batch * splits), threads, &runs)
         })
     }

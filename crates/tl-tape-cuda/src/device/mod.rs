@@ -574,7 +574,7 @@ pub trait Device: Launch {
 
     /// `op(a) · op(b)` → (m, n). PyTorch: `a @ b` (with `.t()` for the flags).
     fn matmul(&mut self, a: Buffer, b: Buffer, g: Gemm) -> Result<Buffer> {
-        let lens = check::gemm_lens("matmul", a, b, 1, g)?;
+        let lens = check::gemm_lens("matmul", a, b, Batch::plain(1), g)?;
         self.launch_bmm("matmul", a, b, Batch::plain(1), g, lens)
     }
     /// `c ← c + op(a)·op(b)` in place: each element of the product summed as
@@ -584,7 +584,7 @@ pub trait Device: Launch {
     /// out=c)`.
     fn matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
         const OP: &str = "matmul_acc";
-        let lens = check::gemm_lens(OP, a, b, 1, g)?;
+        let lens = check::gemm_lens(OP, a, b, Batch::plain(1), g)?;
         check::len_is(OP, "accumulator", c, lens[2])?;
         if c.id() == a.id() || c.id() == b.id() {
             return Err(crate::Error::kernel(
@@ -597,19 +597,23 @@ pub trait Device: Launch {
     /// `batch` independent products, operands and result stored batch-major.
     /// PyTorch: `torch.bmm`.
     fn bmm(&mut self, a: Buffer, b: Buffer, batch: usize, g: Gemm) -> Result<Buffer> {
-        let lens = check::gemm_lens("bmm", a, b, batch, g)?;
-        self.launch_bmm("bmm", a, b, Batch::plain(batch), g, lens)
+        let bt = Batch::plain(batch);
+        let lens = check::gemm_lens("bmm", a, b, bt, g)?;
+        self.launch_bmm("bmm", a, b, bt, g, lens)
     }
     /// `bt.count` independent products whose operands and result lie as `bt` says: each
     /// one head-merged (the (groups, rows, heads, cols) layout of an attention projection) or
     /// product-major. Every output element is summed as [`bmm`](Self::bmm) sums it, so the
     /// bits of `bmm` on the permuted operands, without the permutes' launches and copies.
-    /// `bt.heads` must be at least 1 and divide `bt.count`. PyTorch: `torch.matmul` on
-    /// `x.view(B, n, H, d).transpose(1, 2)`.
+    /// `bt.heads` must be at least 1 and divide `bt.count`; a grouped operand
+    /// ([`Batch::grouped`]: `kv_heads` heads a row, shared by runs of `heads / kv_heads`
+    /// products) has `count·kv_heads/heads` matrices, read as `bmm` would read their copies.
+    /// PyTorch: `torch.matmul` on `x.view(B, n, H, d).transpose(1, 2)` (and, grouped, on
+    /// `k.repeat_interleave(heads / kv_heads, 1)`).
     fn bmm_heads(&mut self, a: Buffer, b: Buffer, bt: Batch, g: Gemm) -> Result<Buffer> {
         const OP: &str = "bmm_heads";
         check::batch(OP, bt)?;
-        let lens = check::gemm_lens(OP, a, b, bt.count, g)?;
+        let lens = check::gemm_lens(OP, a, b, bt, g)?;
         self.launch_bmm(OP, a, b, bt, g, lens)
     }
 

@@ -237,8 +237,7 @@ fn bmm_heads_reads_and_writes_the_merged_layout_as_permutes_would() {
         (
             Batch {
                 count: 5,
-                heads: 2,
-                merged: [true; 3],
+                ..Batch::heads(1, 2, [true; 3])
             },
             "heads",
         ),
@@ -247,6 +246,81 @@ fn bmm_heads_reads_and_writes_the_merged_layout_as_permutes_would() {
         let e = dev.bmm_heads(x, x, bt, Gemm::nn(2, 3, 2)).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("bmm_heads") && msg.contains(what), "{msg}");
+    }
+}
+
+/// A grouped operand ([`Batch::grouped`]: `kv_heads` heads a row, product z reading head
+/// `(z % heads) / (heads / kv_heads)`; grouped-query attention's K and V) gives, bit for bit,
+/// `bmm_heads` on the operand with each of its heads repeated `heads / kv_heads` times
+/// (PyTorch's `repeat_interleave`): `a` or `b` grouped, two transposes, 6 heads over 1, 2, 3
+/// and 6 stored heads, a product split along k. A grouped operand that is not head-merged, a
+/// kv_heads that does not divide heads, or an operand of the repeated length, is an error
+/// naming the primitive.
+#[test]
+fn bmm_heads_reads_a_grouped_operand_as_its_heads_repeated() {
+    let mut dev = SimDevice::new();
+    let (groups, heads) = (2, 6);
+    let merged = Batch::heads(groups, heads, [true; 3]);
+    for (m, k, n) in [(5, 7, 4), (2, 600, 3)] {
+        for (ta, tb) in [(false, false), (true, true)] {
+            let g = Gemm::nn(m, k, n).with_t(ta, tb);
+            for kv_heads in [1, 2, 3, 6] {
+                for which in [0, 1] {
+                    let (r, c) = g.stored(which);
+                    let (ro, co) = g.stored(1 - which);
+                    // (groups, r, kv_heads, c), and the same with each head repeated.
+                    let x: Vec<f32> = (0..groups * r * kv_heads * c)
+                        .map(|i| (i as f32 * 0.37).sin())
+                        .collect();
+                    let repeated: Vec<f32> = (0..groups * r * heads * c)
+                        .map(|e| {
+                            let (row, h, col) = (e / (heads * c), e / c % heads, e % c);
+                            x[(row * kv_heads + h / (heads / kv_heads)) * c + col]
+                        })
+                        .collect();
+                    let other: Vec<f32> = (0..groups * heads * ro * co)
+                        .map(|i| (i as f32 * 0.23).cos())
+                        .collect();
+                    let (xb, rb, ob) = (
+                        dev.upload(&x).unwrap(),
+                        dev.upload(&repeated).unwrap(),
+                        dev.upload(&other).unwrap(),
+                    );
+                    let bt = merged.grouped(kv_heads, [which == 0, which == 1]);
+                    assert_eq!(bt.merged_bits(), 0b111 | 8 << which);
+                    let pair = |x| if which == 0 { (x, ob) } else { (ob, x) };
+                    let (a, b) = pair(xb);
+                    let got = dev.bmm_heads(a, b, bt, g).unwrap();
+                    let (a, b) = pair(rb);
+                    let want = dev.bmm_heads(a, b, merged, g).unwrap();
+                    let (got, want) = (dev.download(got).unwrap(), dev.download(want).unwrap());
+                    assert_eq!(
+                        crate::common::bits(&got),
+                        crate::common::bits(&want),
+                        "{g:?} kv_heads {kv_heads} operand {which}"
+                    );
+                    // The repeated operand's length is not the grouped one's.
+                    if kv_heads < heads {
+                        let (a, b) = pair(rb);
+                        let e = dev.bmm_heads(a, b, bt, g).unwrap_err().to_string();
+                        assert!(e.contains("bmm_heads") && e.contains("element"), "{e}");
+                    }
+                }
+            }
+        }
+    }
+    let x = dev.zeros(2 * 6 * 4).unwrap();
+    let g = Gemm::nn(2, 2, 2);
+    for (bt, what) in [
+        (merged.grouped(4, [false, true]), "divide heads = 6"),
+        (merged.grouped(0, [true, false]), "kv_heads = 0"),
+        (
+            Batch::heads(groups, heads, [true, false, true]).grouped(3, [false, true]),
+            "head-merged",
+        ),
+    ] {
+        let e = dev.bmm_heads(x, x, bt, g).unwrap_err().to_string();
+        assert!(e.contains("bmm_heads") && e.contains(what), "{e}");
     }
 }
 

@@ -355,6 +355,29 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
             one!(la, "bmm_heads", true, d.bmm_heads(ha, hb, bt, hg)?);
         }
     }
+    // Grouped operands (grouped-query attention's K and V): 5 heads reading one stored head
+    // (a or b), or 6 heads reading 3 (b, as attention's scores read K).
+    let (ga, gb) = (
+        d.upload(&i.big[..2 * 6 * 20])?,
+        d.upload(&i.big[3000..3000 + 2 * 20 * 10])?,
+    );
+    for (a, b, grouped) in [(ga, hb, [true, false]), (ha, gb, [false, true])] {
+        let bt = Batch::heads(2, 5, [true, true, true]).grouped(1, grouped);
+        let hg = Gemm::nn(6, 20, 10);
+        one!(la, "bmm_heads_grouped", true, d.bmm_heads(a, b, bt, hg)?);
+    }
+    let g3 = Batch::heads(2, 6, [true, true, false]).grouped(3, [false, true]);
+    let scores = Gemm::nn(7, 4, 9).with_t(false, true);
+    let (qa, kb3) = (
+        d.upload(&i.big[..12 * 7 * 4])?,
+        d.upload(&i.big[500..500 + 6 * 9 * 4])?,
+    );
+    one!(
+        la,
+        "bmm_heads_grouped",
+        true,
+        d.bmm_heads(qa, kb3, g3, scores)?
+    );
     let sg = Gemm::nn(8, 500, 12);
     assert!(sg.k_splits(4) > 1, "the case must split");
     let merged = Batch::heads(2, 2, [true, false, true]);
@@ -363,6 +386,15 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         "bmm_heads_split_k",
         true,
         d.bmm_heads(ka, kb, merged, sg)?
+    );
+    // Split, b grouped: 2 heads over 1 stored head (b of 2 matrices).
+    let kb1 = d.upload(&i.big[16_000..16_000 + 2 * 500 * 12])?;
+    let split_grouped = Batch::heads(2, 2, [true, true, true]).grouped(1, [false, true]);
+    one!(
+        la,
+        "bmm_heads_split_k_grouped",
+        true,
+        d.bmm_heads(ka, kb1, split_grouped, sg)?
     );
     let c = d.upload(&i.g[..16 * 24])?;
     d.matmul_acc(c, ka, kb, Gemm::nn(16, 1000, 24))?;
@@ -441,7 +473,8 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         d.release(b);
     }
     d.release_all([
-        x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar, long, ka, kb, ha, hb, moments,
+        x, y, g, p, big, a_odd, b_odd, rows_g, short, scalar, long, ka, kb, ha, hb, ga, gb, qa,
+        kb3, kb1, moments,
     ]);
     Ok(res)
 }
@@ -577,7 +610,7 @@ fn matmul_acc_gives_the_bits_of_a_product_then_an_add_on_cuda() {
 
 /// Both tilings of the matrix product (`tl_gemm`'s 64×64 and `tl_gemm_wide`'s 128×128) give
 /// the sim's bits: partial tiles in both dimensions, `k` not a multiple of either k-slice,
-/// every transpose, a split `k`, head-merged operands, an accumulating product, and ±∞ and NaN
+/// every transpose, a split `k`, head-merged and grouped operands, an accumulating product, and ±∞ and NaN
 /// among the inputs (a NaN matches any NaN, as the GPU's canonical NaN differs from the
 /// host's payload).
 #[test]
@@ -808,6 +841,11 @@ fn gemm_cases<D: Device>(d: &mut D, data: &[f32]) -> Result<Vec<(String, Vec<f32
     let (a, b) = operands(d, 6 * 70 * 20, 6 * 40 * 20)?;
     let c = d.bmm_heads(a, b, bt, Gemm::nn(70, 20, 40).with_t(false, true))?;
     keep(d, "bmm_heads merged".into(), [a, b, c])?;
+    // The same with b grouped: 6 heads reading 2 stored heads (grouped-query attention's K).
+    let bt = Batch::heads(2, 6, [true, true, true]).grouped(2, [false, true]);
+    let (a, b) = operands(d, 12 * 70 * 20, 4 * 40 * 20)?;
+    let c = d.bmm_heads(a, b, bt, Gemm::nn(70, 20, 40).with_t(false, true))?;
+    keep(d, "bmm_heads grouped".into(), [a, b, c])?;
     let (a, b) = operands(d, 130 * 37, 37 * 150)?;
     let c = d.upload(&data[10_000..10_000 + 130 * 150])?;
     d.matmul_acc(c, a, b, Gemm::nn(130, 37, 150))?;

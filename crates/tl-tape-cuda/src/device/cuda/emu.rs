@@ -514,7 +514,8 @@ mod tests {
             u(k),
             u(n),
         ];
-        args.extend([u(0), u(0), u(0), u(k), u(1), u(0)]);
+        // ta, tb, into, kc, heads, merged, kv_heads.
+        args.extend([u(0), u(0), u(0), u(k), u(1), u(0), u(1)]);
         args.extend(tc.map(Arg::U32));
         let f = function(kernel).unwrap();
         let grid = [n.div_ceil(side) as u32, m.div_ceil(side) as u32, 1];
