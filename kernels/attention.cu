@@ -4,8 +4,10 @@
 // nq query rows attend to nk keys (nq != nk allowed: cross-attention, a KV cache). Q, O and
 // their cotangents dO, dQ are head-merged (B, nq, H, d) buffers: element (b, i, h, c) at
 // ((b * nq + i) * H + h) * d + c, as the projections x.W leave them; K, V, dK, dV are
-// (B, nk, H, d), key j at ((b * nk + j) * H + h) * d + c. lse (and delta) hold one value per
-// query row (b, h, i) at (b * H + h) * nq + i. Every kernel takes (batch, nq, nk, heads, d,
+// (B, nk, Hk, d) with Hk = kv_heads dividing H, key j of key head g at
+// ((b * nk + j) * Hk + g) * d + c: query head h reads key head g = h / (H / Hk) (grouped-query
+// attention; Hk = H: a key head per query head). lse (and delta) hold one value per query row
+// (b, h, i) at (b * H + h) * nq + i. Every kernel takes (batch, nq, nk, heads, kv_heads, d,
 // mode, offset, mstride, scale) last; `offset` (a signed int) places the causal diagonal: query
 // i sees keys j <= i + offset (0: the usual causal; nk - nq: the last query row sees every key,
 // the KV-cache case; negative: the first rows see nothing). The mask's words (`mask`, as `mode`
@@ -16,7 +18,8 @@
 // only (mk, set per job): no sum's order depends on mstride.
 //
 // Blocks of 256 threads; a job is a block of query rows of one (b, h) (forward: 64 rows when
-// d <= 64, else 32; dQ: 64) or of keys (dK, dV: 64), with register micro-tiles (tl_fa_fwd,
+// d <= 64, else 32; dQ: 64) or of keys of one (b, g), g a key head (dK, dV: 64; the job runs
+// the query heads of g's group in increasing order), with register micro-tiles (tl_fa_fwd,
 // tl_fa_bwd_q64, tl_fa_bwd_kv64 say how); for d > 64 the backward takes one job per tile of
 // TL_FA_T = 16 rows (keys), 16 x 16 threads (tl_fa_bwd_q16, tl_fa_bwd_kv16). Jobs grid-stride
 // over blockIdx.x. Head size d <= TL_FA_DMAX = 128. The order below is per tile of 16 query
@@ -35,7 +38,9 @@
 // - backward: delta_i = dot(dO_i, O_i) (fma chain from +0); p = expf(s - lse_i) (0 where
 //   masked or lse_i = -inf), dp = dot(dO_i, v_j), ds = p * (dp - delta_i) * scale;
 //   dQ_ic = fma chain over keys in increasing order of ds_ij * k_jc; dK_jc (dV_jc) = fma chain
-//   over query rows in increasing order of ds_ij * q_ic (p_ij * dO_ic), every chain from +0.
+//   over query rows in increasing order of ds_ij * q_ic (p_ij * dO_ic), every chain from +0;
+//   for a key head of several query heads, one chain over the heads of its group in increasing
+//   order, each head's query rows in increasing order.
 // - causal masks skip exactly the tiles that hold no allowed entry: the query tile [i0, i0 +
 //   rows) and the key tile from j0 meet when j0 < i0 + rows + offset. So a query tile runs the
 //   keys j < min(nk, max(0, i0 + rows + offset)) (tl_fa_kend) and a key tile the query tiles
@@ -60,7 +65,8 @@ __device__ __forceinline__ u32 tl_fa_len(u32 n, u32 r0) {
 }
 
 // Job `job` of a kernel's grid-stride loop over (b, h, block of R rows of n): n = nq for the
-// launches over query rows, nk for those over keys; tiles = ⌈n / R⌉ blocks per head, bh = b·heads + h = job / tiles, and the block's first row r0 and row count
+// launches over query rows (heads = H), nk for those over keys (heads = kv_heads: h is a key
+// head); tiles = ⌈n / R⌉ blocks per head, bh = b·heads + h = job / tiles, and the block's first row r0 and row count
 // len = min(R, n - r0). The block is job % tiles, or counted from the last with `last_first`
 // (under a causal mask the longest query blocks first).
 struct TlFaJob {
@@ -83,6 +89,11 @@ __device__ __forceinline__ TlFaJob tl_fa_job(u64 job, u32 tiles, u32 R, u32 n, u
 // dK, dV).
 __device__ __forceinline__ u64 tl_fa_at(u32 b, u32 i, u32 h, u32 c, u32 n, u32 heads, u32 d) {
     return (((u64)b * n + i) * heads + h) * d + c;
+}
+
+// The key (and value) head that query head h reads: h / (heads / kv_heads) (FlashDims::kv_head).
+__device__ __forceinline__ u32 tl_fa_kv_head(u32 h, u32 heads, u32 kv_heads) {
+    return h / (heads / kv_heads);
 }
 
 // Whether query i may attend to key j of nk (device/flash.rs FlashMask::allowed), `mask` the
@@ -236,7 +247,7 @@ __device__ __forceinline__ void tl_fa_load_swz2(float* xs, float* ys, const floa
 template <u32 BM, u32 BN, u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const float* v,
                                           const u32* mask, float* o, float* lse, u32 batch,
-                                          u32 nq, u32 nk, u32 heads, u32 d_run, u32 mode,
+                                          u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d_run, u32 mode,
                                           int offset, u32 mstride, float scale, float* smem) {
     const u32 d = DC ? DC : d_run;
     constexpr u32 NT = BN / TL_FA_T;  // key tiles a step
@@ -258,6 +269,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
     const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
+        const u32 g = tl_fa_kv_head(h, heads, kv_heads);  // the key head h reads
         const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();  // the previous job's reads of qt, ms, ls are done
         for (u32 e = tid; e < BM * DM; e += TL_BLOCK) {
@@ -276,7 +288,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
         const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
         constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
         float kreg[NL], vreg[NL];
-        tl_fa_stage<BN, DM>(kreg, k, b, 0, nk < BN ? nk : BN, h, nk, heads, d);
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, nk < BN ? nk : BN, g, nk, kv_heads, d);
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = nk - j0 < BN ? nk - j0 : BN;
             __syncthreads();  // the previous step's reads of kv and pt are done
@@ -284,7 +296,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                 const u32 e = tid + TL_BLOCK * u, j = e / DM, c = e % DM;
                 kv[c * BN + (j ^ (c & 31u))] = kreg[u];
             }
-            tl_fa_stage<BN, DM>(vreg, v, b, j0, keys, h, nk, heads, d);
+            tl_fa_stage<BN, DM>(vreg, v, b, j0, keys, g, nk, kv_heads, d);
             __syncthreads();
             // 1. Scores: rows 4 sy + a, keys sx + SX bb.
             float s[4][SK];
@@ -365,7 +377,7 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             __syncthreads();
             if (j0 + BN < kend) {  // the next step's K, in flight during this one's sums
                 const u32 nx = nk - (j0 + BN) < BN ? nk - (j0 + BN) : BN;
-                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nx, h, nk, heads, d);
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nx, g, nk, kv_heads, d);
             }
             // 3. O rows 4 ry + a, columns 4 cx + e: the step's tiles in order.
             for (u32 t = 0; t < NT; ++t) {
@@ -423,19 +435,19 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
 // blocks of 64 query rows when d <= 64, else 32 (tl_fa_fwd), 32 keys a step.
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const float* q, const float* k, const float* v,
                                         const u32* mask, float* o, float* lse, u32 batch, u32 nq,
-                                        u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                        u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode, int offset,
                                         u32 mstride, float scale) {
     constexpr u32 A = TL_FA_FWD_SMEM(64, TL_FA_BN, 64);
     constexpr u32 B = TL_FA_FWD_SMEM(32, TL_FA_BN, TL_FA_DMAX);
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_fwd<64, TL_FA_BN, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode,
+        tl_fa_fwd<64, TL_FA_BN, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, kv_heads, d, mode,
                                         offset, mstride, scale, smem);
     else if (d < 64)
-        tl_fa_fwd<64, TL_FA_BN, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode,
+        tl_fa_fwd<64, TL_FA_BN, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, kv_heads, d, mode,
                                        offset, mstride, scale, smem);
     else
-        tl_fa_fwd<32, TL_FA_BN, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d,
+        tl_fa_fwd<32, TL_FA_BN, TL_FA_DMAX, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, kv_heads, d,
                                                mode, offset, mstride, scale, smem);
 }
 
@@ -444,14 +456,14 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd(const flo
 // the 48 KiB of static arrays). The same bits as tl_flash_fwd.
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(const float* q, const float* k, const float* v,
                                         const u32* mask, float* o, float* lse, u32 batch, u32 nq,
-                                        u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                        u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode, int offset,
                                         u32 mstride, float scale) {
     TL_DYNAMIC_SHARED(float, smem);
     if (d == 64)
-        tl_fa_fwd<64, 64, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode, offset,
+        tl_fa_fwd<64, 64, 64, 64>(q, k, v, mask, o, lse, batch, nq, nk, heads, kv_heads, d, mode, offset,
                                   mstride, scale, smem);
     else
-        tl_fa_fwd<64, 64, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, d, mode, offset,
+        tl_fa_fwd<64, 64, 64, 0>(q, k, v, mask, o, lse, batch, nq, nk, heads, kv_heads, d, mode, offset,
                                  mstride, scale, smem);
 }
 
@@ -487,7 +499,7 @@ __device__ __forceinline__ TlFaBwd16 tl_fa_bwd16_smem(float* smem) {
 __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, const float* v,
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
-                                              u32 batch, u32 nq, u32 nk, u32 heads, u32 d,
+                                              u32 batch, u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d,
                                               u32 mode, int offset, u32 mstride, float scale,
                                               float* smem) {
     const auto [qs, gs, ks, vs, dss, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
@@ -495,6 +507,7 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
     const u32 tiles = tl_fa_tiles(nq, TL_FA_T);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, TL_FA_T, nq, heads, false);
+        const u32 g = tl_fa_kv_head(h, heads, kv_heads);  // the key head h reads
         const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         const u32 i = i0 + ty;
         __syncthreads();
@@ -516,8 +529,8 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
         for (u32 j0 = 0; j0 < kend; j0 += TL_FA_T) {
             const u32 cols = tl_fa_len(nk, j0);
             __syncthreads();
-            tl_fa_load(ks, k, b, j0, cols, h, nk, heads, d);
-            tl_fa_load(vs, v, b, j0, cols, h, nk, heads, d);
+            tl_fa_load(ks, k, b, j0, cols, g, nk, kv_heads, d);
+            tl_fa_load(vs, v, b, j0, cols, g, nk, kv_heads, d);
             __syncthreads();
             float p, ds;
             const bool ok = ty < rows && tx < cols &&
@@ -544,55 +557,60 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
     }
 }
 
-// dK and dV, one job per tile of 16 keys (reads delta from tl_flash_bwd_q).
+// dK and dV, one job per tile of 16 keys of one key head g (reads delta from
+// tl_flash_bwd_q): its group's query heads in increasing order, each head's query tiles in
+// order, one chain per output.
 __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
-                                               float* dv, u32 batch, u32 nq, u32 nk, u32 heads,
+                                               float* dv, u32 batch, u32 nq, u32 nk, u32 heads, u32 kv_heads,
                                                u32 d, u32 mode, int offset, u32 mstride,
                                                float scale, float* smem) {
     const auto [qs, gs, ks, vs, ps, lse_s, delta_s] = tl_fa_bwd16_smem(smem);
     const TlFaTile dss = ps + TL_FA_T;
     const u32 ty = threadIdx.x / TL_FA_T, tx = threadIdx.x % TL_FA_T;
-    const u32 tiles = tl_fa_tiles(nk, TL_FA_T);
-    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
-        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, TL_FA_T, nk, heads, false);
+    const u32 tiles = tl_fa_tiles(nk, TL_FA_T), group = heads / kv_heads;
+    for (u64 job = blockIdx.x; job < (u64)batch * kv_heads * tiles; job += gridDim.x) {
+        const auto [bg, b, g, j0, cols] = tl_fa_job(job, tiles, TL_FA_T, nk, kv_heads, false);
         const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();
-        tl_fa_load(ks, k, b, j0, cols, h, nk, heads, d);
-        tl_fa_load(vs, v, b, j0, cols, h, nk, heads, d);
+        tl_fa_load(ks, k, b, j0, cols, g, nk, kv_heads, d);
+        tl_fa_load(vs, v, b, j0, cols, g, nk, kv_heads, d);
         float acc_k[TL_FA_COLS], acc_v[TL_FA_COLS];
         for (u32 u = 0; u < TL_FA_COLS; ++u) acc_k[u] = acc_v[u] = 0.0f;
-        for (u32 i0 = tl_fa_qstart(mode, offset, j0, nq); i0 < nq; i0 += TL_FA_T) {
-            const u32 rows = tl_fa_len(nq, i0);
-            __syncthreads();
-            tl_fa_load(qs, q, b, i0, rows, h, nq, heads, d);
-            tl_fa_load(gs, go, b, i0, rows, h, nq, heads, d);
-            if (threadIdx.x < rows) {
-                lse_s[threadIdx.x] = lse[(u64)bh * nq + i0 + threadIdx.x];
-                delta_s[threadIdx.x] = delta[(u64)bh * nq + i0 + threadIdx.x];
-            }
-            __syncthreads();
-            // Thread (ty, tx): query row ty of the tile, key tx.
-            float p, ds;
-            const bool ok = ty < rows && tx < cols &&
-                            tl_fa_allowed(mk, mode, offset, nk, i0 + ty, j0 + tx);
-            tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f, ok ? delta_s[ty] : 0.0f, d,
-                       scale, ok, &p, &ds);
-            ps[ty][tx] = p;
-            dss[ty][tx] = ds;
-            __syncthreads();
-            // Thread (ty, tx): key ty of the tile, columns tx, tx + 16, ...
-            for (u32 u = 0; u < TL_FA_COLS; ++u) {
-                const u32 c = tx + u * TL_FA_T;
-                if (c < d) {
-                    float tk = acc_k[u], tv = acc_v[u];
-                    for (u32 r = 0; r < rows; ++r) {
-                        tk = __fmaf_rn(dss[r][ty], qs[r][c], tk);
-                        tv = __fmaf_rn(ps[r][ty], gs[r][c], tv);
+        for (u32 h = g * group; h < (g + 1) * group; ++h) {
+            const u64 bh = (u64)b * heads + h;
+            for (u32 i0 = tl_fa_qstart(mode, offset, j0, nq); i0 < nq; i0 += TL_FA_T) {
+                const u32 rows = tl_fa_len(nq, i0);
+                __syncthreads();
+                tl_fa_load(qs, q, b, i0, rows, h, nq, heads, d);
+                tl_fa_load(gs, go, b, i0, rows, h, nq, heads, d);
+                if (threadIdx.x < rows) {
+                    lse_s[threadIdx.x] = lse[bh * nq + i0 + threadIdx.x];
+                    delta_s[threadIdx.x] = delta[bh * nq + i0 + threadIdx.x];
+                }
+                __syncthreads();
+                // Thread (ty, tx): query row ty of the tile, key tx.
+                float p, ds;
+                const bool ok = ty < rows && tx < cols &&
+                                tl_fa_allowed(mk, mode, offset, nk, i0 + ty, j0 + tx);
+                tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f,
+                           ok ? delta_s[ty] : 0.0f, d, scale, ok, &p, &ds);
+                ps[ty][tx] = p;
+                dss[ty][tx] = ds;
+                __syncthreads();
+                // Thread (ty, tx): key ty of the tile, columns tx, tx + 16, ...
+                for (u32 u = 0; u < TL_FA_COLS; ++u) {
+                    const u32 c = tx + u * TL_FA_T;
+                    if (c < d) {
+                        float tk = acc_k[u], tv = acc_v[u];
+                        for (u32 r = 0; r < rows; ++r) {
+                            tk = __fmaf_rn(dss[r][ty], qs[r][c], tk);
+                            tv = __fmaf_rn(ps[r][ty], gs[r][c], tv);
+                        }
+                        acc_k[u] = tk;
+                        acc_v[u] = tv;
                     }
-                    acc_k[u] = tk;
-                    acc_v[u] = tv;
                 }
             }
         }
@@ -600,7 +618,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
             for (u32 u = 0; u < TL_FA_COLS; ++u) {
                 const u32 c = tx + u * TL_FA_T;
                 if (c < d) {
-                    const u64 at = tl_fa_at(b, j0 + ty, h, c, nk, heads, d);
+                    const u64 at = tl_fa_at(b, j0 + ty, g, c, nk, kv_heads, d);
                     dk[at] = acc_k[u];
                     dv[at] = acc_v[u];
                 }
@@ -619,8 +637,9 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
 // key tile 0 then tile 1, each key in order. DM = 64 (tl_flash_bwd_q, static shared memory)
 // or 128 (tl_flash_bwd_q_wide, d > 64, 96 KiB of dynamic shared memory: FlashTiles::Wide).
 //
-// tl_fa_bwd_kv64: a job is a block of BN keys (K and V rows, resident); the query loop takes
-// one tile of 16 rows (Q, dO rows) per step. Each thread scores one row against BN/16 keys (s
+// tl_fa_bwd_kv64: a job is a block of BN keys of one key head (K and V rows, resident); the
+// query loop takes one tile of 16 rows (Q, dO rows) of one query head per step, the group's
+// heads in increasing order, each head's tiles in order. Each thread scores one row against BN/16 keys (s
 // and dP, four columns a load; a warp covers 8 rows x BN/4 keys), P and dS into shared
 // memory; then thread (kx, cx) adds rows 0.. of the tile to dK and dV of keys 4 kx..,
 // columns 4 cx.. (32 chains). BN = 64, DM = 64 (tl_flash_bwd_kv, static shared memory) or
@@ -637,7 +656,7 @@ template <u32 DM, u32 DC>
 __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, const float* v,
                                               const float* o, const float* go, const float* lse,
                                               const u32* mask, float* dq, float* delta,
-                                              u32 batch, u32 nq, u32 nk, u32 heads, u32 d_run,
+                                              u32 batch, u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d_run,
                                               u32 mode, int offset, u32 mstride, float scale,
                                               float* smem) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
@@ -657,6 +676,7 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
     const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
+        const u32 g = tl_fa_kv_head(h, heads, kv_heads);  // the key head h reads
         const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();  // the previous job's reads are done
         tl_fa_load_swz2<BM, DM>(qs, gs, q, go, b, i0, rows, h, nq, heads, d);
@@ -679,8 +699,8 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
         const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
         constexpr u32 NL = BN * DM / TL_BLOCK;  // staged floats a thread
         float kreg[NL], vreg[NL];
-        tl_fa_stage<BN, DM>(kreg, k, b, 0, nk < BN ? nk : BN, h, nk, heads, d);
-        tl_fa_stage<BN, DM>(vreg, v, b, 0, nk < BN ? nk : BN, h, nk, heads, d);
+        tl_fa_stage<BN, DM>(kreg, k, b, 0, nk < BN ? nk : BN, g, nk, kv_heads, d);
+        tl_fa_stage<BN, DM>(vreg, v, b, 0, nk < BN ? nk : BN, g, nk, kv_heads, d);
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = nk - j0 < BN ? nk - j0 : BN;
             __syncthreads();  // the previous step's reads of ks and vs are done
@@ -749,8 +769,8 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
             __syncthreads();
             if (j0 + BN < kend) {  // the next step's K and V, in flight during this one's sums
                 const u32 nx = nk - (j0 + BN) < BN ? nk - (j0 + BN) : BN;
-                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nx, h, nk, heads, d);
-                tl_fa_stage<BN, DM>(vreg, v, b, j0 + BN, nx, h, nk, heads, d);
+                tl_fa_stage<BN, DM>(kreg, k, b, j0 + BN, nx, g, nk, kv_heads, d);
+                tl_fa_stage<BN, DM>(vreg, v, b, j0 + BN, nx, g, nk, kv_heads, d);
             }
             for (u32 t = 0; t < 2; ++t) {
                 if (!tl_fa_runs(mode, offset, nq, j0, t, keys, i0 + sy * 4)) break;
@@ -822,7 +842,7 @@ template <u32 BN, u32 DM, u32 DC, bool DQ = false>
 __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse,
                                                const float* delta, const u32* mask, float* dk,
-                                               float* dv, u32 batch, u32 nq, u32 nk, u32 heads,
+                                               float* dv, u32 batch, u32 nq, u32 nk, u32 heads, u32 kv_heads,
                                                u32 d_run, u32 mode, int offset, u32 mstride,
                                                float scale, float* smem, float* dq = nullptr) {
     const u32 d = DC ? DC : d_run;  // as tl_fa_fwd's DC
@@ -842,12 +862,12 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
     const u32 w = tid / TL_WARP, lane = tid % TL_WARP;
     const u32 sr = (w / 4) * 8 + lane / 4, sk = (w % 4) * (BN / 4) + lane % 4;
     const u32 kx = tid / CGX, cx = tid % CGX;  // sums: keys 4 kx.., columns 4 cx..
-    const u32 tiles = tl_fa_tiles(nk, BN);
-    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
-        const auto [bh, b, h, j0, cols] = tl_fa_job(job, tiles, BN, nk, heads, false);
+    const u32 tiles = tl_fa_tiles(nk, BN), group = heads / kv_heads;
+    for (u64 job = blockIdx.x; job < (u64)batch * kv_heads * tiles; job += gridDim.x) {
+        const auto [bg, b, g, j0, cols] = tl_fa_job(job, tiles, BN, nk, kv_heads, false);
         const u32* mk = mask + (u64)b * mstride;  // batch element b's words
         __syncthreads();  // the previous job's reads are done
-        tl_fa_load_swz2<BN, DM>(ks, vs, k, v, b, j0, cols, h, nk, heads, d);
+        tl_fa_load_swz2<BN, DM>(ks, vs, k, v, b, j0, cols, g, nk, kv_heads, d);
         float ak[4][4], av[4][4];
         for (u32 a = 0; a < 4; ++a)
             for (u32 e = 0; e < 4; ++e) ak[a][e] = av[a][e] = 0.0f;
@@ -856,11 +876,17 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
         // it meets (tl_fa_meet), as the 16-key tiles of the order.
         const u32 mine = (j0 + kx * 4) / TL_FA_T * TL_FA_T;
         const u32 istart = tl_fa_qstart(mode, offset, j0, nq);
+        // A step is one query tile of one head: the group's heads h0.. in increasing order,
+        // each head's `qtiles` tiles from istart in order (one chain per output).
+        const u32 h0 = g * group, qtiles = tl_fa_tiles(nq - istart, BM);
+        const u32 steps = group * qtiles;
         constexpr u32 NL = BM * DM / TL_BLOCK;  // staged floats a thread
         float qreg[NL], greg[NL];
-        tl_fa_stage<BM, DM>(qreg, q, b, istart, tl_fa_len(nq, istart), h, nq, heads, d);
-        tl_fa_stage<BM, DM>(greg, go, b, istart, tl_fa_len(nq, istart), h, nq, heads, d);
-        for (u32 i0 = istart; i0 < nq; i0 += BM) {
+        tl_fa_stage<BM, DM>(qreg, q, b, istart, tl_fa_len(nq, istart), h0, nq, heads, d);
+        tl_fa_stage<BM, DM>(greg, go, b, istart, tl_fa_len(nq, istart), h0, nq, heads, d);
+        for (u32 st = 0; st < steps; ++st) {
+            const u32 h = h0 + st / qtiles, i0 = istart + st % qtiles * BM;
+            const u64 bh = (u64)b * heads + h;
             const u32 rows = tl_fa_len(nq, i0);
             __syncthreads();  // the previous step's reads of qs, gs, ps, dss are done
             for (u32 u = 0; u < NL; ++u) {
@@ -870,8 +896,8 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             }
             __syncthreads();
             const bool live = sr < rows;  // the row's statistics, read before the sums
-            const float l = live ? lse[(u64)bh * nq + i0 + sr] : -INFINITY;
-            const float dl = live ? delta[(u64)bh * nq + i0 + sr] : 0.0f;
+            const float l = live ? lse[bh * nq + i0 + sr] : -INFINITY;
+            const float dl = live ? delta[bh * nq + i0 + sr] : 0.0f;
             float s[KA], dp[KA];
             for (u32 a = 0; a < KA; ++a) s[a] = dp[a] = 0.0f;
             const float* qrow = &qs[sr * DM];
@@ -914,10 +940,11 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                 dss[sr * BN + (j ^ rsw)] = ds;
             }
             __syncthreads();
-            if (i0 + BM < nq) {  // the next step's Q and dO rows, in flight during the sums
-                const u32 nr = tl_fa_len(nq, i0 + BM);
-                tl_fa_stage<BM, DM>(qreg, q, b, i0 + BM, nr, h, nq, heads, d);
-                tl_fa_stage<BM, DM>(greg, go, b, i0 + BM, nr, h, nq, heads, d);
+            if (st + 1 < steps) {  // the next step's Q and dO rows, in flight during the sums
+                const u32 hn = h0 + (st + 1) / qtiles, in = istart + (st + 1) % qtiles * BM;
+                const u32 nr = tl_fa_len(nq, in);
+                tl_fa_stage<BM, DM>(qreg, q, b, in, nr, hn, nq, heads, d);
+                tl_fa_stage<BM, DM>(greg, go, b, in, nr, hn, nq, heads, d);
             }
             if (tl_fa_meet(mode, offset, i0 + rows, mine)) {
                 const auto row = [&](u32 r) {
@@ -951,7 +978,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
             for (u32 e = 0; e < 4; ++e) {
                 const u32 c = cx * 4 + e;
                 if (c < d) {
-                    const u64 at = tl_fa_at(b, j0 + j, h, c, nk, heads, d);
+                    const u64 at = tl_fa_at(b, j0 + j, g, c, nk, kv_heads, d);
                     dk[at] = ak[a][e];
                     dv[at] = av[a][e];
                 }
@@ -965,18 +992,18 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const float* q, const float* k, const float* v,
                                           const float* o, const float* go, const float* lse,
                                           const u32* mask, float* dq, float* delta, u32 batch,
-                                          u32 nq, u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                          u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode, int offset,
                                           u32 mstride, float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_bwd_q64<64, 64>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
+        tl_fa_bwd_q64<64, 64>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, kv_heads, d,
                               mode, offset, mstride, scale, smem);
     else if (d < 64)
-        tl_fa_bwd_q64<64, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
+        tl_fa_bwd_q64<64, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, kv_heads, d,
                              mode, offset, mstride, scale, smem);
     else
-        tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d, mode,
+        tl_fa_bwd_q16(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, kv_heads, d, mode,
                       offset, mstride, scale, smem);
 }
 
@@ -985,10 +1012,10 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q(const f
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q_wide(const float* q, const float* k, const float* v,
                                           const float* o, const float* go, const float* lse,
                                           const u32* mask, float* dq, float* delta, u32 batch,
-                                          u32 nq, u32 nk, u32 heads, u32 d, u32 mode, int offset,
+                                          u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode, int offset,
                                           u32 mstride, float scale) {
     TL_DYNAMIC_SHARED(float, smem);
-    tl_fa_bwd_q64<TL_FA_DMAX, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, d,
+    tl_fa_bwd_q64<TL_FA_DMAX, 0>(q, k, v, o, go, lse, mask, dq, delta, batch, nq, nk, heads, kv_heads, d,
                                  mode, offset, mstride, scale, smem);
 }
 
@@ -997,18 +1024,18 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_q_wide(co
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const float* q, const float* k, const float* v,
                                            const float* go, const float* lse, const float* delta,
                                            const u32* mask, float* dk, float* dv, u32 batch,
-                                           u32 nq, u32 nk, u32 heads, u32 d, u32 mode,
+                                           u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode,
                                            int offset, u32 mstride, float scale) {
     constexpr u32 A = TL_FA_BWD64_SMEM, B = TL_FA_BWD16_SMEM;
     __shared__ __align__(16) float smem[A > B ? A : B];
     if (d == 64)
-        tl_fa_bwd_kv64<64, 64, 64>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d,
+        tl_fa_bwd_kv64<64, 64, 64>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, kv_heads, d,
                                    mode, offset, mstride, scale, smem);
     else if (d < 64)
-        tl_fa_bwd_kv64<64, 64, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d,
+        tl_fa_bwd_kv64<64, 64, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, kv_heads, d,
                                   mode, offset, mstride, scale, smem);
     else
-        tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, d, mode,
+        tl_fa_bwd_kv16(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk, heads, kv_heads, d, mode,
                        offset, mstride, scale, smem);
 }
 
@@ -1018,19 +1045,20 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv(const 
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_kv_wide(const float* q, const float* k, const float* v,
                                            const float* go, const float* lse, const float* delta,
                                            const u32* mask, float* dk, float* dv, u32 batch,
-                                           u32 nq, u32 nk, u32 heads, u32 d, u32 mode,
+                                           u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode,
                                            int offset, u32 mstride, float scale) {
     TL_DYNAMIC_SHARED(float, smem);
     tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
-                                      heads, d, mode, offset, mstride, scale, smem);
+                                      heads, kv_heads, d, mode, offset, mstride, scale, smem);
 }
 
 // ---- Backward in one pass (deterministic reductions off; d <= 64) ------------------------------
 //
 // FlashAttention-2's order of work: tl_flash_bwd_delta writes delta and zeroes dQ, then
-// tl_flash_bwd_atomic takes a block of 64 keys a job as tl_flash_bwd_kv does (the same
-// scores, P, dS and dK, dV sums: tl_fa_bwd_kv64 with DQ) and adds each step's dS K into dQ
-// with atomicAdd (tl_fa_dq_atomic): five tile products a step instead of the two kernels'
+// tl_flash_bwd_atomic takes a block of 64 keys of one key head a job as tl_flash_bwd_kv does
+// (the same scores, P, dS and dK, dV sums over the group's query heads: tl_fa_bwd_kv64 with
+// DQ) and adds each step's dS K into the step's query head's dQ with atomicAdd
+// (tl_fa_dq_atomic): five tile products a step instead of the two kernels'
 // seven. dK, dV and delta have the two-kernel path's bits; dQ's sum over key blocks is in the
 // order the atomics land (device/cuda/flash.rs selects it; the sim has no twin of it).
 
@@ -1055,13 +1083,13 @@ extern "C" __global__ void tl_flash_bwd_delta(const float* o, const float* go, f
 extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_bwd_atomic(const float* q, const float* k, const float* v,
                                                const float* go, const float* lse, const float* delta,
                                                const u32* mask, float* dq, float* dk, float* dv,
-                                               u32 batch, u32 nq, u32 nk, u32 heads, u32 d,
+                                               u32 batch, u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d,
                                                u32 mode, int offset, u32 mstride, float scale) {
     __shared__ __align__(16) float smem[TL_FA_BWD_KV_SMEM(64, 64)];
     if (d == 64)
         tl_fa_bwd_kv64<64, 64, 64, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
-                                         heads, d, mode, offset, mstride, scale, smem, dq);
+                                         heads, kv_heads, d, mode, offset, mstride, scale, smem, dq);
     else if (d < 64)
         tl_fa_bwd_kv64<64, 64, 0, true>(q, k, v, go, lse, delta, mask, dk, dv, batch, nq, nk,
-                                        heads, d, mode, offset, mstride, scale, smem, dq);
+                                        heads, kv_heads, d, mode, offset, mstride, scale, smem, dq);
 }

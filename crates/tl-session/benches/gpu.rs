@@ -445,6 +445,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             nq: n,
             nk: n,
             heads: ATT_HEADS,
+            kv_heads: ATT_HEADS,
             d,
         };
         let mask = tl_spec::ops::attention::Mask::causal(n)?;

@@ -5,8 +5,12 @@
 //! `nq` query rows attend to `nk` keys (`nq ≠ nk`: cross-attention of another length, or a KV
 //! cache, one new query against the cached keys). Q, O and their cotangents dO, dQ are
 //! head-merged (B, nq, H, d) buffers, the layout the projections `x·W` leave (element
-//! (b, i, h, c) at `((b·nq + i)·H + h)·d + c`); K, V, dK and dV are (B, nk, H, d) (key j at
-//! `((b·nk + j)·H + h)·d + c`). The row statistics `lse` (and the backward's `delta`) hold one
+//! (b, i, h, c) at `((b·nq + i)·H + h)·d + c`); K, V, dK and dV are (B, nk, Hk, d) with Hk
+//! ([`FlashDims::kv_heads`]) key heads dividing H (key j of key head g at
+//! `((b·nk + j)·Hk + g)·d + c`): query head h reads key head [`FlashDims::kv_head`]`(h)` =
+//! `h / (H / Hk)` (grouped-query attention; Hk = H: a key head per query head, Hk = 1:
+//! multi-query), and the cotangents of a key head sum those of its group of query heads, in
+//! increasing head order. The row statistics `lse` (and the backward's `delta`) hold one
 //! value per query row (b, h, i) at `(b·H + h)·nq + i`. Query rows and keys go in tiles of
 //! [`FLASH_TILE`] (the order of every sum; the CUDA kernels take blocks of several tiles,
 //! [`FlashDims::query_blocks`], [`FlashDims::key_blocks`]); the kernels hold Q, K, V (and dO)
@@ -54,7 +58,7 @@ pub const FLASH_KEEP: u32 = 2;
 pub const FLASH_BITS: u32 = 4;
 
 /// The sizes of one fused attention core: `batch·heads` heads of `nq` query rows against `nk`
-/// keys, each of size `d`.
+/// keys of `batch·kv_heads` key heads, each of size `d`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlashDims {
     /// Samples B.
@@ -63,8 +67,11 @@ pub struct FlashDims {
     pub nq: usize,
     /// Keys nk (rows of K, V, dK, dV).
     pub nk: usize,
-    /// Heads H.
+    /// Query heads H.
     pub heads: usize,
+    /// Key and value heads Hk, dividing H: H for a key head per query head, fewer for
+    /// grouped-query attention (query head h reads key head [`FlashDims::kv_head`]`(h)`).
+    pub kv_heads: usize,
     /// Head size d (1..=[`FLASH_MAX_HEAD`]).
     pub d: usize,
 }
@@ -74,7 +81,7 @@ pub struct FlashDims {
 pub struct FlashLens {
     /// Q, O, dO, dQ: `B·nq·H·d`.
     pub q: usize,
-    /// K, V, dK, dV: `B·nk·H·d`.
+    /// K, V, dK, dV: `B·nk·Hk·d`.
     pub kv: usize,
     /// lse and delta: `B·H·nq`.
     pub rows: usize,
@@ -86,9 +93,20 @@ impl FlashDims {
         self.batch * self.nq * self.heads * self.d
     }
 
-    /// Elements of K (and V, dK, dV): `B·nk·H·d`.
+    /// Elements of K (and V, dK, dV): `B·nk·Hk·d`.
     pub fn kv_len(&self) -> usize {
-        self.batch * self.nk * self.heads * self.d
+        self.batch * self.nk * self.kv_heads * self.d
+    }
+
+    /// Query heads per key head, `H / Hk` (1 without grouping).
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads.max(1)
+    }
+
+    /// The key (and value) head that query head `h` reads: `h / (H / Hk)`
+    /// ([`tl_spec::ops::attention::mha::Dims::kv_head`]; `tl_fa_kv_head` in the kernels).
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group().max(1)
     }
 
     /// Elements of `lse` (and `delta`): one per query row, `B·H·nq`.
@@ -108,14 +126,15 @@ impl FlashDims {
         self.batch * self.heads * self.nq.div_ceil(rows)
     }
 
-    /// Blocks of a CUDA launch over the keys (dK, dV) that takes `keys` of them each:
-    /// `B·H·⌈nk/keys⌉`.
+    /// Blocks of a CUDA launch over the keys (dK, dV) that takes `keys` of them each, one job
+    /// per key head (which sums its group of query heads): `B·Hk·⌈nk/keys⌉`.
     pub fn key_blocks(&self, keys: usize) -> usize {
-        self.batch * self.heads * self.nk.div_ceil(keys)
+        self.batch * self.kv_heads * self.nk.div_ceil(keys)
     }
 
-    /// Checked: nq ≥ 1, nk ≥ 1, `1 ≤ d ≤ FLASH_MAX_HEAD`, heads and batch ≥ 1, every size and
-    /// count within the `u32` ABI. Returns the buffers' lengths.
+    /// Checked: nq ≥ 1, nk ≥ 1, `1 ≤ d ≤ FLASH_MAX_HEAD`, heads and batch ≥ 1, kv_heads ≥ 1
+    /// dividing heads, every size and count within the `u32` ABI. Returns the buffers'
+    /// lengths.
     pub fn check(&self, op: &'static str) -> Result<FlashLens> {
         if self.d == 0 || self.d > FLASH_MAX_HEAD {
             return Err(Error::kernel(
@@ -133,18 +152,29 @@ impl FlashDims {
                 format!("empty attention: {self:?} (nq, nk, heads and batch must be ≥ 1)"),
             ));
         }
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "kv_heads = {} key and value heads must be ≥ 1 and divide heads = {} \
+                     (grouped-query attention)",
+                    self.kv_heads, self.heads
+                ),
+            ));
+        }
         for (what, v) in [
             ("batch", self.batch),
             ("nq", self.nq),
             ("nk", self.nk),
             ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
             ("d", self.d),
         ] {
             abi::to_u32(op, what, v)?;
         }
         let lens = FlashLens {
             q: check::product(op, &[self.batch, self.nq, self.heads, self.d])?,
-            kv: check::product(op, &[self.batch, self.nk, self.heads, self.d])?,
+            kv: check::product(op, &[self.batch, self.nk, self.kv_heads, self.d])?,
             rows: check::product(op, &[self.batch, self.heads, self.nq])?,
         };
         for len in [lens.q, lens.kv, lens.rows] {
@@ -425,7 +455,7 @@ pub struct Flash {
 
 impl Flash {
     /// Checked operands of [`Device::flash_attention`](super::Device::flash_attention): dims,
-    /// mask, Q of `B·nq·H·d` elements, K and V of `B·nk·H·d`. Returns the buffers' lengths.
+    /// mask, Q of `B·nq·H·d` elements, K and V of `B·nk·Hk·d`. Returns the buffers' lengths.
     pub fn check_forward(&self, op: &'static str, qkv: [Buffer; 3]) -> Result<FlashLens> {
         let lens = self.dims.check(op)?;
         self.mask.check(op, &self.dims)?;
@@ -468,6 +498,7 @@ mod tests {
             nq,
             nk,
             heads: 1,
+            kv_heads: 1,
             d: 4,
         }
     }
@@ -723,6 +754,7 @@ mod tests {
             nq: 3,
             nk: 5,
             heads: 2,
+            kv_heads: 2,
             d,
         };
         let lens = dims(128).check("f").unwrap();
@@ -751,12 +783,46 @@ mod tests {
                 .to_string();
             assert!(e.contains("empty attention") && e.contains("nq"), "{e}");
         }
+        // Grouped-query attention: 6 query heads over 3 key heads, K and V of 3 heads a row,
+        // the key blocks one job per key head.
+        let gqa = FlashDims {
+            heads: 6,
+            kv_heads: 3,
+            ..dims(4)
+        };
+        assert_eq!(
+            gqa.check("f").unwrap(),
+            FlashLens {
+                q: 2 * 3 * 6 * 4,
+                kv: 2 * 5 * 3 * 4,
+                rows: 2 * 6 * 3
+            }
+        );
+        assert_eq!(
+            (gqa.group(), gqa.key_blocks(2), gqa.query_blocks(2)),
+            (2, 18, 24)
+        );
+        let heads: Vec<usize> = (0..6).map(|h| gqa.kv_head(h)).collect();
+        assert_eq!(heads, [0, 0, 1, 1, 2, 2]);
+        for kv_heads in [0, 4, 7] {
+            let e = FlashDims { kv_heads, ..gqa }
+                .check("scaledDotProductAttention")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("scaledDotProductAttention")
+                    && e.contains(&format!("kv_heads = {kv_heads}"))
+                    && e.contains("divide heads = 6"),
+                "{e}"
+            );
+        }
         for (nq, nk) in [(1 << 33, 1), (1, 1 << 33)] {
             let e = FlashDims {
                 batch: 1,
                 nq,
                 nk,
                 heads: 1,
+                kv_heads: 1,
                 d: 1,
             }
             .check("flash_attention")

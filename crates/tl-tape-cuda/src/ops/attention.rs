@@ -196,6 +196,7 @@ fn flash_of(op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
         nq: dm.n,
         nk: dm.nk,
         heads: dm.heads,
+        kv_heads: dm.kv_heads,
         d: dm.d,
     };
     dims.check(op.name())?;

@@ -43,11 +43,25 @@ fn dims(batch: usize, n: usize, heads: usize, d: usize) -> FlashDims {
 
 /// Sizes of nq queries over nk keys.
 pub fn rect(batch: usize, nq: usize, nk: usize, heads: usize, d: usize) -> FlashDims {
+    grouped(batch, nq, nk, heads, heads, d)
+}
+
+/// Sizes of nq queries of `heads` heads over nk keys of `kv_heads` heads (grouped-query
+/// attention: query head h reads key head h / (heads / kv_heads)).
+pub fn grouped(
+    batch: usize,
+    nq: usize,
+    nk: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+) -> FlashDims {
     FlashDims {
         batch,
         nq,
         nk,
         heads,
+        kv_heads,
         d,
     }
 }
@@ -81,11 +95,82 @@ pub fn diagonal(name: &'static str, dims: FlashDims, offset: i64) -> Case {
 /// with each form, the causal ones at the diagonals nk − nq (lower right; negative when the
 /// queries outnumber the keys, so that the first rows see nothing), 0 (upper left) and others
 /// given directly, on both kernel families (d ≤ 64 and d > 64); then masks of one matrix per
-/// batch element ([`batched_cases`]).
+/// batch element ([`batched_cases`]); then keys of fewer heads than the queries
+/// ([`grouped_cases`]).
 pub fn cases() -> Vec<Case> {
     let mut cases = shared_cases();
     cases.extend(batched_cases());
+    cases.extend(grouped_cases());
     cases
+}
+
+/// Grouped-query attention: K and V of fewer heads than Q (query head h reads key head
+/// h / (heads / kv_heads)), a key head's dK and dV the sum of its group's: multi-query (one key
+/// head for 3 or 4 query heads) and groups of 2 and 3 (4 over 2, 6 over 3, 6 over 2, 8 over
+/// 2); lengths off the tile, several query tiles and key blocks per head, nq ≠ nk, causal
+/// diagonals (upper left, lower right, −5), key padding, a dense mask with fully masked rows,
+/// masks per batch element; both kernel families (d ≤ 64 and d > 64, up to 128).
+pub fn grouped_cases() -> Vec<Case> {
+    let causal = |n: usize| Mask::causal(n).unwrap();
+    let lower_pad = |nq: usize, nk: usize| {
+        let o = nk as i64 - nq as i64;
+        Mask::from_fn_rectangular(nq, nk, |i, j| j as i64 <= i as i64 + o && j % 4 != 1).unwrap()
+    };
+    // Rows 0 and 7 see nothing.
+    let rodd = |nq, nk| {
+        Mask::from_fn_rectangular(nq, nk, |i, j| i != 0 && i != 7 && (i * 3 + j) % 5 != 0).unwrap()
+    };
+    let pad = |n: usize| Mask::from_fn(n, |_, j| j % 5 != 2).unwrap();
+    let upper = |nq, nk| Mask::causal_upper_left(nq, nk).unwrap();
+    vec![
+        case(
+            "gqa H4 Hk2 causal n17 d7",
+            grouped(2, 17, 17, 4, 2, 7),
+            Some(causal(17)),
+        ),
+        case("mqa H4 Hk1 n40 d16", grouped(1, 40, 40, 4, 1, 16), None),
+        case(
+            "mqa H4 Hk1 lower right+padding nq20 nk70 d16",
+            grouped(2, 20, 70, 4, 1, 16),
+            Some(lower_pad(20, 70)),
+        ),
+        case(
+            "gqa H6 Hk3 general nq33 nk5 d64",
+            grouped(1, 33, 5, 6, 3, 64),
+            Some(rodd(33, 5)),
+        ),
+        case(
+            "gqa H6 Hk2 causal n130 d32",
+            grouped(1, 130, 130, 6, 2, 32),
+            Some(causal(130)),
+        ),
+        case(
+            "gqa H8 Hk2 padding n40 d65",
+            grouped(1, 40, 40, 8, 2, 65),
+            Some(pad(40)),
+        ),
+        case(
+            "gqa H4 Hk2 upper left nq20 nk37 d128",
+            grouped(1, 20, 37, 4, 2, FLASH_MAX_HEAD),
+            Some(upper(20, 37)),
+        ),
+        case("mqa H3 Hk1 nq1 nk37 d8", grouped(2, 1, 37, 3, 1, 8), None),
+        diagonal(
+            "gqa H4 Hk2 diagonal -5 nq40 nk33 d100",
+            grouped(1, 40, 33, 4, 2, 100),
+            -5,
+        ),
+        case(
+            "gqa H4 Hk2 padding per sequence B3 nq7 nk23 d5",
+            grouped(3, 7, 23, 4, 2, 5),
+            Some(padded(7, 23, &[23, 9, 0], None)),
+        ),
+        case(
+            "mqa H2 Hk1 general per sequence B2 nq20 nk19 d9",
+            grouped(2, 20, 19, 2, 1, 9),
+            Some(dense_batched(2, 20, 19)),
+        ),
+    ]
 }
 
 /// Key padding per sequence of a padded batch: batch element b keeps its first `lens[b]` of
@@ -324,20 +409,22 @@ pub fn run_core<D: Device>(
 }
 
 /// The f64 reference: `[O, lse, dQ, dK, dV]` of softmax attention per head, masked entries
-/// exactly 0, a row with nothing allowed 0 (lse −∞) and passing no gradient.
+/// exactly 0, a row with nothing allowed 0 (lse −∞) and passing no gradient; query head h
+/// reads key head h / (heads / kv_heads), whose dK and dV sum its query heads'.
 fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
     let FlashDims {
         batch,
         nq,
         nk,
         heads,
+        kv_heads,
         d,
     } = case.dims;
-    let at = |n: usize, b: usize, i: usize, h: usize, c: usize| ((b * n + i) * heads + h) * d + c;
-    let (aq, ak) = (
-        |b, i, h, c| at(nq, b, i, h, c),
-        |b, j, h, c| at(nk, b, j, h, c),
-    );
+    let aq = |b: usize, i: usize, h: usize, c: usize| ((b * nq + i) * heads + h) * d + c;
+    // Key j of the key head query head h reads.
+    let ak = |b: usize, j: usize, h: usize, c: usize| {
+        ((b * nk + j) * kv_heads + h / (heads / kv_heads)) * d + c
+    };
     let x = |k: usize, i: usize| f64::from(data[k][i]);
     // Batch element b's matrix of the mask (the one matrix of a shared mask).
     let ok =
@@ -432,6 +519,62 @@ fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
         }
         let u = dev.memory_usage();
         assert_eq!(u.live_bytes, 0, "{}: leaked {u}", case.name);
+    }
+}
+
+/// The f64 reference above is the spec's (`tl_spec::ops::attention::sdpa`: the op's value and
+/// VJP, the cotangent dO) on the grouped cases, whose key heads serve several query heads, and
+/// on cases of one key head per query head (every mask form, nq ≠ nk, masks per batch element).
+#[test]
+fn the_reference_is_the_specs_scaled_dot_product_attention() {
+    use tl_spec::ops::attention::sdpa::{
+        scaled_dot_product_attention, scaled_dot_product_attention_vjp,
+    };
+    let some_shared = shared_cases().into_iter().step_by(5);
+    let some_batched = batched_cases().into_iter().step_by(3);
+    let cases: Vec<Case> = grouped_cases()
+        .into_iter()
+        .chain(some_shared)
+        .chain(some_batched)
+        .collect();
+    for (k, case) in cases.iter().enumerate() {
+        let FlashDims {
+            batch,
+            nq,
+            nk,
+            heads,
+            kv_heads,
+            d,
+        } = case.dims;
+        let data = inputs(&case.dims, 500 + k as u64);
+        let t = |i: usize, n: usize, hs: usize| {
+            let x = data[i].iter().map(|&x| f64::from(x)).collect();
+            Tensor::new(Shape::new(&[batch, n, hs * d]), x).unwrap()
+        };
+        let (q, kk, v, go) = (
+            t(0, nq, heads),
+            t(1, nk, kv_heads),
+            t(2, nk, kv_heads),
+            t(3, nq, heads),
+        );
+        let mask = case.mask.as_ref();
+        let o = scaled_dot_product_attention([&q, &kk, &v], heads, mask).unwrap();
+        let [dq, dk, dv] =
+            scaled_dot_product_attention_vjp([&q, &kk, &v], heads, mask, &go).unwrap();
+        let want = reference(case, &data);
+        for (name, spec, ours) in [
+            ("O", &o, &want[0]),
+            ("dQ", &dq, &want[2]),
+            ("dK", &dk, &want[3]),
+            ("dV", &dv, &want[4]),
+        ] {
+            let err = spec
+                .data()
+                .iter()
+                .zip(ours)
+                .fold(0.0f64, |e, (a, b)| e.max((a - b).abs()));
+            assert!(err <= 1e-12, "{}: {name} off by {err:e}", case.name);
+        }
     }
 }
 

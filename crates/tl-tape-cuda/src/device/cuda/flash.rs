@@ -100,7 +100,7 @@ impl CudaDevice {
     }
 
     /// Launch `phase`'s kernel for `f` under this device's [`FlashTiles`] ([`kernel`]): its
-    /// blocks over the query rows, or over the keys for dK and dV.
+    /// blocks over the query rows, or over the keys of each key head for dK and dV.
     fn run_flash(&mut self, op: &'static str, f: &Flash, phase: Phase, args: &[Arg]) -> Result<()> {
         let (name, rows, shared) = kernel(self.flash_tiles, f, phase);
         let blocks = match phase.over_keys() {
@@ -111,17 +111,19 @@ impl CudaDevice {
     }
 
     /// What every fused attention kernel but `tl_flash_bwd_delta` takes last: `batch, nq, nk,
-    /// heads, d, mode, offset, mstride, scale` (checked for the ABI by [`Flash::check_forward`]:
-    /// the sizes and the mask's words within `u32`, the offset within `i32`; `mstride` the
-    /// mask's [`stride`](crate::device::FlashMask::stride), 0 for a mask shared by every batch
+    /// heads, kv_heads, d, mode, offset, mstride, scale` (checked for the ABI by
+    /// [`Flash::check_forward`]: the sizes and the mask's words within `u32`, kv_heads dividing
+    /// heads, the offset within `i32`; `mstride` the mask's
+    /// [`stride`](crate::device::FlashMask::stride), 0 for a mask shared by every batch
     /// element).
-    fn flash_tail(f: &Flash) -> [Arg; 9] {
+    fn flash_tail(f: &Flash) -> [Arg; 10] {
         let d = f.dims;
         [
             Arg::U32(d.batch as u32),
             Arg::U32(d.nq as u32),
             Arg::U32(d.nk as u32),
             Arg::U32(d.heads as u32),
+            Arg::U32(d.kv_heads as u32),
             Arg::U32(d.d as u32),
             Arg::U32(f.mask.mode),
             Arg::I32(f.mask.offset as i32),
@@ -280,6 +282,7 @@ mod tests {
                 nq: 20,
                 nk: 20,
                 heads: 2,
+                kv_heads: 2,
                 d,
             },
             mask: FlashMask::none(),

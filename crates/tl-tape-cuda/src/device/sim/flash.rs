@@ -14,19 +14,33 @@
 //!   `lse = m + ln l` (0 and −∞ for a row with nothing allowed);
 //! - backward: `delta_i = dot(dO_i, O_i)`, `p = exp(s − lse)`, `dS = p·(dP − delta)·scale`;
 //!   dQ sums over keys, dK and dV over query rows, each an FMA chain from +0 in increasing
-//!   order.
+//!   order; under grouped-query attention a key head's chain runs over its group's query heads
+//!   in increasing order, each head's query rows in order.
+//!
+//! Query head h reads key head [`FlashDims::kv_head`]`(h)` (K and V rows of
+//! [`FlashDims::kv_heads`] heads).
 
 use crate::device::{FLASH_TILE as T, FlashDims, FlashMask};
 
-/// The index of (b, i, h, c) in a head-merged (B, n, H, d) buffer of `n` rows a sample (nq:
-/// Q, O, dO, dQ; nk: K, V, dK, dV).
-fn at(f: &FlashDims, n: usize, b: usize, i: usize, h: usize, c: usize) -> usize {
-    ((b * n + i) * f.heads + h) * f.d + c
+/// The index of (b, i, h, c) in a head-merged (B, nq, H, d) buffer: Q, O, dO, dQ.
+fn at_q(f: &FlashDims, b: usize, i: usize, h: usize, c: usize) -> usize {
+    ((b * f.nq + i) * f.heads + h) * f.d + c
 }
 
-/// Row i of head h of sample b of a buffer of `n` rows a sample: `d` contiguous values.
-fn row<'a>(x: &'a [f32], f: &FlashDims, n: usize, b: usize, i: usize, h: usize) -> &'a [f32] {
-    &x[at(f, n, b, i, h, 0)..][..f.d]
+/// The index of (b, j, g, c) in a head-merged (B, nk, Hk, d) buffer, g a key head: K, V, dK,
+/// dV.
+fn at_kv(f: &FlashDims, b: usize, j: usize, g: usize, c: usize) -> usize {
+    ((b * f.nk + j) * f.kv_heads + g) * f.d + c
+}
+
+/// Query row i of head h of sample b: `d` contiguous values.
+fn q_row<'a>(x: &'a [f32], f: &FlashDims, b: usize, i: usize, h: usize) -> &'a [f32] {
+    &x[at_q(f, b, i, h, 0)..][..f.d]
+}
+
+/// Key (value) row j of key head g of sample b: `d` contiguous values.
+fn kv_row<'a>(x: &'a [f32], f: &FlashDims, b: usize, j: usize, g: usize) -> &'a [f32] {
+    &x[at_kv(f, b, j, g, 0)..][..f.d]
 }
 
 /// `Σ a_c·b_c` as a fused multiply-add chain from +0 in increasing c (`tl_fa_dot`).
@@ -44,7 +58,7 @@ fn tiles(from: usize, end: usize, n: usize) -> impl Iterator<Item = (usize, usiz
 pub struct Qkv<'a> {
     /// Q, head-merged (B, nq, H, d).
     pub q: &'a [f32],
-    /// K, head-merged (B, nk, H, d).
+    /// K, head-merged (B, nk, Hk, d).
     pub k: &'a [f32],
     /// V, as K.
     pub v: &'a [f32],
@@ -66,10 +80,10 @@ fn p_ds(
     if !ok || lse == f32::NEG_INFINITY {
         return (0.0, 0.0);
     }
-    let (scale, nq, nk) = (f.scale(), f.nq, f.nk);
-    let s = dot(row(x.q, f, nq, b, i, h), row(x.k, f, nk, b, j, h)) * scale;
+    let (scale, g) = (f.scale(), f.kv_head(h));
+    let s = dot(q_row(x.q, f, b, i, h), kv_row(x.k, f, b, j, g)) * scale;
     let p = (s - lse).exp();
-    let dp = dot(row(go, f, nq, b, i, h), row(x.v, f, nk, b, j, h));
+    let dp = dot(q_row(go, f, b, i, h), kv_row(x.v, f, b, j, g));
     (p, p * (dp - delta) * scale)
 }
 
@@ -78,6 +92,7 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
     let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
+        let g = f.kv_head(h);
         for (i0, rows) in tiles(0, nq, nq) {
             let mut m = [f32::NEG_INFINITY; T];
             let mut l = [0.0f32; T];
@@ -88,8 +103,8 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
                     let mut p = [f32::NEG_INFINITY; T];
                     for (jj, s) in p.iter_mut().enumerate().take(cols) {
                         if mask.allowed(b, i, j0 + jj) {
-                            let k = row(x.k, f, nk, b, j0 + jj, h);
-                            *s = dot(row(x.q, f, nq, b, i, h), k) * scale;
+                            let k = kv_row(x.k, f, b, j0 + jj, g);
+                            *s = dot(q_row(x.q, f, b, i, h), k) * scale;
                         }
                     }
                     let mt = p[..cols].iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
@@ -110,7 +125,7 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
                         let mut t = *a * alpha;
                         for (jj, &pj) in p[..cols].iter().enumerate() {
-                            t = pj.mul_add(x.v[at(f, nk, b, j0 + jj, h, c)], t);
+                            t = pj.mul_add(x.v[at_kv(f, b, j0 + jj, g, c)], t);
                         }
                         *a = t;
                     }
@@ -120,7 +135,7 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
                 let i = i0 + r;
                 let none = m[r] == f32::NEG_INFINITY;
                 for c in 0..d {
-                    o[at(f, nq, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
+                    o[at_q(f, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
                 }
                 lse[bh * nq + i] = if none {
                     f32::NEG_INFINITY
@@ -148,10 +163,11 @@ pub fn backward_q(
     let (nq, nk, d) = (f.nq, f.nk, f.d);
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
+        let g = f.kv_head(h);
         for (i0, rows) in tiles(0, nq, nq) {
             for r in 0..rows {
                 let i = i0 + r;
-                delta[bh * nq + i] = dot(row(go, f, nq, b, i, h), row(o, f, nq, b, i, h));
+                delta[bh * nq + i] = dot(q_row(go, f, b, i, h), q_row(o, f, b, i, h));
             }
             let mut acc = vec![0.0f32; T * d];
             for (j0, cols) in tiles(0, mask.key_end(i0 + rows, nk), nk) {
@@ -166,7 +182,7 @@ pub fn backward_q(
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
                         let mut t = *a;
                         for (jj, &s) in ds[..cols].iter().enumerate() {
-                            t = s.mul_add(x.k[at(f, nk, b, j0 + jj, h, c)], t);
+                            t = s.mul_add(x.k[at_kv(f, b, j0 + jj, g, c)], t);
                         }
                         *a = t;
                     }
@@ -174,14 +190,17 @@ pub fn backward_q(
             }
             for r in 0..rows {
                 for c in 0..d {
-                    dq[at(f, nq, b, i0 + r, h, c)] = acc[r * d + c];
+                    dq[at_q(f, b, i0 + r, h, c)] = acc[r * d + c];
                 }
             }
         }
     }
 }
 
-/// `tl_flash_bwd_kv`: dK and dV, from dO, lse and [`backward_q`]'s delta.
+/// `tl_flash_bwd_kv`: dK and dV, from dO, lse and [`backward_q`]'s delta. Per key head g and
+/// key tile, each key's chains run over the query heads of g's group in increasing order, each
+/// head's query tiles in order (one chain: a key head's cotangent is the sum of its query
+/// heads').
 #[allow(clippy::too_many_arguments)]
 pub fn backward_kv(
     x: &Qkv<'_>,
@@ -193,38 +212,41 @@ pub fn backward_kv(
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
-    let (nq, nk, d) = (f.nq, f.nk, f.d);
-    for bh in 0..f.batch * f.heads {
-        let (b, h) = (bh / f.heads, bh % f.heads);
+    let (nq, nk, d, group) = (f.nq, f.nk, f.d, f.group());
+    for bg in 0..f.batch * f.kv_heads {
+        let (b, g) = (bg / f.kv_heads, bg % f.kv_heads);
         for (j0, cols) in tiles(0, nk, nk) {
             let mut acc_k = vec![0.0f32; T * d];
             let mut acc_v = vec![0.0f32; T * d];
-            for (i0, rows) in tiles(mask.query_start(j0, nq), nq, nq) {
-                let mut p = [[0.0f32; T]; T];
-                let mut ds = [[0.0f32; T]; T];
-                for r in 0..rows {
-                    let i = i0 + r;
-                    let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
-                    for jj in 0..cols {
-                        let ok = mask.allowed(b, i, j0 + jj);
-                        (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok);
-                    }
-                }
-                for jj in 0..cols {
-                    for c in 0..d {
-                        let (mut tk, mut tv) = (acc_k[jj * d + c], acc_v[jj * d + c]);
-                        for r in 0..rows {
-                            tk = ds[r][jj].mul_add(x.q[at(f, nq, b, i0 + r, h, c)], tk);
-                            tv = p[r][jj].mul_add(go[at(f, nq, b, i0 + r, h, c)], tv);
+            for h in g * group..(g + 1) * group {
+                let bh = b * f.heads + h;
+                for (i0, rows) in tiles(mask.query_start(j0, nq), nq, nq) {
+                    let mut p = [[0.0f32; T]; T];
+                    let mut ds = [[0.0f32; T]; T];
+                    for r in 0..rows {
+                        let i = i0 + r;
+                        let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
+                        for jj in 0..cols {
+                            let ok = mask.allowed(b, i, j0 + jj);
+                            (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok);
                         }
-                        acc_k[jj * d + c] = tk;
-                        acc_v[jj * d + c] = tv;
+                    }
+                    for jj in 0..cols {
+                        for c in 0..d {
+                            let (mut tk, mut tv) = (acc_k[jj * d + c], acc_v[jj * d + c]);
+                            for r in 0..rows {
+                                tk = ds[r][jj].mul_add(x.q[at_q(f, b, i0 + r, h, c)], tk);
+                                tv = p[r][jj].mul_add(go[at_q(f, b, i0 + r, h, c)], tv);
+                            }
+                            acc_k[jj * d + c] = tk;
+                            acc_v[jj * d + c] = tv;
+                        }
                     }
                 }
             }
             for jj in 0..cols {
                 for c in 0..d {
-                    let k = at(f, nk, b, j0 + jj, h, c);
+                    let k = at_kv(f, b, j0 + jj, g, c);
                     dk[k] = acc_k[jj * d + c];
                     dv[k] = acc_v[jj * d + c];
                 }
