@@ -16,10 +16,15 @@
 //!   head products reading dC and writing dQ, dK, dV in the merged layout), then
 //!   `dW = xᵀ·dQ` (etc.) and `dx = Σ dQ·Wᵀ`, each one GEMM/bmm launch (the sum's adds in the
 //!   products' epilogue, `matmul_acc`).
-//! - `scaledDotProductAttention`: the core alone on q (B, nq, P) and k, v (B, nk, P), nk keys
+//! - `scaledDotProductAttention`: the core alone on q (B, nq, P) and k, v (B, nk, Pk), nk keys
 //!   of any length (cross-attention, a KV cache): S (B·H, nq, nk), the mask's nq rows of nk
 //!   applied to each head's block of score rows, `dK_h = dSᵀ Q_h` and `dV_h = Aᵀ dO_h` of nk
 //!   rows; fused, the kernels take nq and nk ([`FlashDims`]) and the mask's causal diagonal.
+//!   Grouped-query attention (Pk = Hk·d, Hk dividing H; [`Dims::kv_head`]): composed, the head
+//!   products read K and V in place at key head `kv_head(h)` ([`Batch::grouped`], no copy),
+//!   dK_h and dV_h per query head go to a (B·nk, P) temporary summed over each group in
+//!   increasing head order into (B·nk, Pk) ([`Device::reduce_axis_sum`]); fused, the kernels
+//!   read key head `kv_head(h)` and sum a key head's group ([`FlashDims::kv_heads`]).
 //! - Masks (both ops, fused or composed): one (nq, nk) matrix shared by every batch element,
 //!   or one per batch element ([`Mask::batch`] = B: a padded batch's key padding, PyTorch's
 //!   `attn_mask` (B, 1, L, S)): composed, the H·nq score rows of element b take matrix b
@@ -146,9 +151,30 @@ impl Chain {
 }
 
 /// The B·H head products of one node, operands flagged in `merged` (`[a, b, result]`) read or
-/// written in the head-merged layout of Q, C (B, nq, H, d) and K, V (B, nk, H, d).
-fn by_head(dm: &Dims, merged: [bool; 3]) -> Batch {
-    Batch::heads(dm.batch, dm.heads, merged)
+/// written in the head-merged layout of Q, C (B, nq, H, d) and K, V (B, nk, Hk, d); the
+/// operands flagged in `kv` (`[a, b]`) are K or V, of Hk heads a row, query head h's product
+/// reading key head `kv_head(h)` ([`Batch::grouped`]; Hk = H: every head its own).
+fn by_head(dm: &Dims, merged: [bool; 3], kv: [bool; 2]) -> Batch {
+    Batch::heads(dm.batch, dm.heads, merged).grouped(dm.kv_heads, kv)
+}
+
+/// The products that read K or V as their right operand `b`.
+const KV_B: [bool; 2] = [false, true];
+/// The products that read neither K nor V.
+const NO_KV: [bool; 2] = [false, false];
+
+/// A key head's cotangent (dK, dV) from its query heads': `x` (B·nk, H, d), one block of
+/// columns per query head as the head products write it, summed over each group of `H/Hk`
+/// consecutive heads into (B·nk, Hk, d) by one axis sum ([`Device::reduce_axis_sum`]: in
+/// increasing head order from +0 below 64 heads a group), a temporary of `s`; `x` itself when
+/// every query head has its own key head.
+fn sum_groups<D: Device>(dev: &mut D, s: &mut Scratch, dm: &Dims, x: Buffer) -> Result<Buffer> {
+    let group = dm.heads / dm.kv_heads.max(1);
+    if group == 1 {
+        return Ok(x);
+    }
+    let outer = dm.batch * dm.nk * dm.kv_heads;
+    Ok(s.tmp(dev.reduce_axis_sum(x, outer, group, dm.d)?))
 }
 
 /// Q, K, V = x·W, (B·n, P) each with the heads merged, temporaries of `s`.
@@ -177,7 +203,7 @@ fn chain<D: Device>(
     let [q, k, v] = projections(dev, s, dm, x)?;
     let a = probabilities(dev, s, dm, q, k, mask)?;
     // O_h = A·V_h, written into C with the heads merged.
-    let c = s.tmp(dev.bmm_heads(a, v, by_head(dm, [false, true, true]), attend(dm))?);
+    let c = s.tmp(dev.bmm_heads(a, v, by_head(dm, [false, true, true], KV_B), attend(dm))?);
     Ok(Chain {
         q,
         k,
@@ -254,7 +280,8 @@ impl FlashChain {
     }
 }
 
-/// `A = softmax(Q_h K_hᵀ/√d)` (masked where `mask` says), (B·H, nq, nk), a temporary of `s`.
+/// `A = softmax(Q_h K_gᵀ/√d)` (masked where `mask` says; g = kv_head(h)), (B·H, nq, nk), a
+/// temporary of `s`.
 fn probabilities<D: Device>(
     dev: &mut D,
     s: &mut Scratch,
@@ -266,7 +293,7 @@ fn probabilities<D: Device>(
     let Dims { n, nk, d, .. } = *dm;
     let rows = dm.batch * dm.heads * n;
     let scores = Gemm::nn(n, d, nk).with_t(false, true);
-    let raw = s.tmp(dev.bmm_heads(q, k, by_head(dm, [true, true, false]), scores)?);
+    let raw = s.tmp(dev.bmm_heads(q, k, by_head(dm, [true, true, false], KV_B), scores)?);
     let a = match mask {
         // The mask's nq rows of nk, one per query row of each head: one (nq, nk) matrix shared
         // by every batch element, or one per element under its H·nq score rows.
@@ -407,7 +434,8 @@ fn output_grads<D: Device>(
     Ok(Some(s.tmp(dev.matmul(g, x[3].buffer(), back)?)))
 }
 
-/// The composed core's backward: `[dQ, dK, dV]` (temporaries of `s`) from dC.
+/// The composed core's backward: `[dQ, dK, dV]` (temporaries of `s`) from dC; dK and dV of
+/// a key head the sums of its query heads' ([`sum_groups`]).
 fn core_grads<D: Device>(
     dev: &mut D,
     s: &mut Scratch,
@@ -429,19 +457,22 @@ fn core_grads<D: Device>(
         Some(a) => a,
         None => probabilities(dev, s, dm, ch.q, ch.k, mask)?,
     };
-    // O_h = A·V_h: dA = dO_h·V_hᵀ (nq, nk), dV_h = Aᵀ·dO_h (nk, d) (dO_h read from dC in
-    // place).
+    // O_h = A·V_g: dA = dO_h·V_gᵀ (nq, nk), dV_g += Aᵀ·dO_h (nk, d) (dO_h read from dC in
+    // place), g = kv_head(h).
     let da_g = Gemm::nn(n, d, nk).with_t(false, true);
-    let da = s.tmp(dev.bmm_heads(dc, ch.v, by_head(dm, [true, true, false]), da_g)?);
-    let into = by_head(dm, [false, true, true]);
-    // Aᵀ·X and dSᵀ·X: (nk, nq)·(nq, d), A and dS stored (nq, nk).
+    let da = s.tmp(dev.bmm_heads(dc, ch.v, by_head(dm, [true, true, false], KV_B), da_g)?);
+    let into = by_head(dm, [false, true, true], NO_KV);
+    // Aᵀ·X and dSᵀ·X: (nk, nq)·(nq, d), A and dS stored (nq, nk); per query head.
     let t_nq = Gemm::nn(nk, n, d).with_t(true, false);
     let dv = s.tmp(dev.bmm_heads(a, dc, into, t_nq)?);
-    // Softmax VJP (0 where A is: masked entries, empty rows), then S = Q_h K_hᵀ/√d.
+    let dv = sum_groups(dev, s, dm, dv)?;
+    // Softmax VJP (0 where A is: masked entries, empty rows), then S = Q_h K_gᵀ/√d.
     // softmax VJP → scale by 1/√d in one launch (same bits as the two).
     let ds = s.tmp(dev.scaled_softmax_rows_bwd(a, da, inv_sqrt(d), rows, nk)?);
-    let dq = s.tmp(dev.bmm_heads(ds, ch.k, into, attend(dm))?);
+    let into_kv = by_head(dm, [false, true, true], KV_B);
+    let dq = s.tmp(dev.bmm_heads(ds, ch.k, into_kv, attend(dm))?);
     let dk = s.tmp(dev.bmm_heads(ds, ch.q, into, t_nq)?);
+    let dk = sum_groups(dev, s, dm, dk)?;
     Ok([dq, dk, dv])
 }
 
@@ -489,7 +520,7 @@ pub fn sdpa<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer
     }
     with_scratch(dev, |dev, s| {
         let a = probabilities(dev, s, &dm, q, k, mask)?;
-        let c = dev.bmm_heads(a, v, by_head(&dm, [false, true, true]), attend(&dm))?;
+        let c = dev.bmm_heads(a, v, by_head(&dm, [false, true, true], KV_B), attend(&dm))?;
         if fused {
             return Ok((c, Vec::new()));
         }

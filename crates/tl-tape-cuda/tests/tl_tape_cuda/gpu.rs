@@ -1171,7 +1171,8 @@ fn batched_sdpa_masks() -> Vec<(usize, usize, Option<Mask>, bool)> {
 
 /// The norm family's ops (issue 4): layer/batch/RMS norm, masked softmax (square and
 /// rectangular masks, a mask per batch element), attention (both forms, masked and not, batched; the core alone over keys
-/// of another length than the queries; masks of one matrix per batch element).
+/// of another length than the queries; masks of one matrix per batch element; keys and values
+/// of fewer heads than the queries).
 fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
     use Domain::Any;
     let mut cases = vec![
@@ -1236,6 +1237,24 @@ fn norm_family_cases() -> Vec<(Op, Vec<(Shape, Domain)>)> {
         };
         let (q, kv): (&[usize], &[usize]) = (&[2, nq, 4], &[2, nk, 4]);
         cases.push(single(op, &[(q, Any), (kv, Any), (kv, Any)]));
+    }
+    // Grouped-query attention: 4 query heads of 2 over 1 and 2 key heads (k, v of width 2 and
+    // 4), 3 queries over 7 keys, fused and composed, with no mask and a lower-right causal mask
+    // with a key padding per sequence.
+    for (kv_heads, mask) in [
+        (1, None),
+        (2, Some(Mask::causal_lower_right(3, 7).unwrap())),
+        (1, batched_sdpa_masks()[0].2.clone()),
+    ] {
+        for fused in [true, false] {
+            let op = Op::ScaledDotProductAttention {
+                heads: 4,
+                mask: mask.clone(),
+                fused,
+            };
+            let (q, kv): (&[usize], &[usize]) = (&[2, 3, 8], &[2, 7, 2 * kv_heads]);
+            cases.push(single(op, &[(q, Any), (kv, Any), (kv, Any)]));
+        }
     }
     let causal_padded = Mask::from_fn_batched(2, 3, 3, |b, i, j| j <= i && j < [3, 2][b]).unwrap();
     for (mask, fused) in [
