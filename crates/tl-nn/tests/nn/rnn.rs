@@ -1202,10 +1202,11 @@ fn cross_attention_keeps_no_scores_when_fused() {
 
 /// Grouped-query attention hands the op its key and value heads as they are: on the CUDA sim
 /// a causal layer of 8 query heads over one key head (multi-query; d = 64, n = 512) peaks, over
-/// a forward and an SGD step, at least two (n, d − d/8) f32 buffers below the plain layer of 8
-/// key heads (its K and V and their cotangents are an eighth as wide), where a copy of K and V
-/// per query head before the core would hold more than the plain layer; fused and composed,
-/// each layer's outputs and stepped parameters agree within f32 rounding.
+/// a forward and an SGD step, at least four (n, d − d/8) f32 buffers below the plain layer of 8
+/// key heads: its K and V and their cotangents are an eighth as wide (1.00 against 1.59 MB;
+/// the layer that copied K and V to every query head before the core peaked at 1.30, 2.5 such
+/// buffers below). Fused and composed, each layer's outputs and stepped parameters agree
+/// within f32 rounding.
 #[test]
 fn grouped_attention_copies_no_key_per_query_head() {
     let (n, d) = (512, 64);
@@ -1216,17 +1217,22 @@ fn grouped_attention_copies_no_key_per_query_head() {
             |mha, g| mha.forward(&g.input(x.clone())?),
         );
         assert!(max_diff(&fused.0, &composed.0) < 1e-5);
+        // The step moves wv to about 100 here (a sum over 512 positions and 8 heads).
         for (a, b) in fused.2.iter().zip(&composed.2) {
-            assert!(max_diff(a, b) < 1e-4, "{}", max_diff(a, b));
+            let scale = b.data().iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            assert!(
+                max_diff(a, b) < 1e-5 * f64::from(scale),
+                "{}",
+                max_diff(a, b)
+            );
         }
         fused.1
     };
     let (grouped, plain) = (peak(1), peak(8));
     let narrower = n * (d - d / 8) * 4;
-    eprintln!("PEAKS grouped {grouped} plain {plain} narrower {narrower}");
     assert!(
-        grouped + 2 * narrower <= plain,
-        "grouped peak {grouped} bytes, plain {plain}: less than 2·{narrower} apart"
+        grouped + 4 * narrower <= plain,
+        "grouped peak {grouped} bytes, plain {plain}: less than 4·{narrower} apart"
     );
 }
 
