@@ -462,6 +462,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-flash-kv-group-first-head-only",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/device/sim/flash.rs",
+        from: "for h in g * group..(g + 1) * group {",
+        to: "for h in g * group..g * group + 1 {",
+        bug: "the sim's flash backward gives a key head the dK and dV of its group's first query head only (grouped-query attention)",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-flash-query-start-no-offset",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/flash.rs",
@@ -802,6 +811,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "tl_fa_bwd_kv64<32, TL_FA_DMAX, 0>",
         to: "tl_fa_bwd_kv64<32, TL_FA_DMAX, 64>",
         bug: "the wide dK/dV kernel (FlashTiles::Wide, heads over 64) takes the 64-column specialization: a head's last columns get no gradient",
+        harness: Emu,
+    },
+    Mutant {
+        id: "kernel-flash-key-head-interleaved",
+        area: Kernel,
+        file: "kernels/attention.cu",
+        from: "return h / (heads / kv_heads);",
+        to: "return h % kv_heads;",
+        bug: "the flash kernels' query head h reads key head h mod kv_heads, not h / (heads / kv_heads) (grouped-query attention)",
         harness: Emu,
     },
     Mutant {
