@@ -1204,8 +1204,8 @@ fn cross_attention_keeps_no_scores_when_fused() {
 /// a causal layer of 8 query heads over one key head (multi-query; d = 64, n = 512) peaks, over
 /// a forward and an SGD step, at least four (n, d − d/8) f32 buffers below the plain layer of 8
 /// key heads: its K and V and their cotangents are an eighth as wide (1.00 against 1.59 MB;
-/// the layer that copied K and V to every query head before the core peaked at 1.30, 2.5 such
-/// buffers below). Fused and composed, each layer's outputs and stepped parameters agree
+/// with K and V copied to every query head before the core, `broadcastTo`, the layer peaks at
+/// 1.30, 2.5 such buffers below). Fused and composed, each layer's outputs and stepped parameters agree
 /// within f32 rounding.
 #[test]
 fn grouped_attention_copies_no_key_per_query_head() {
