@@ -133,8 +133,12 @@ pub enum KernelArg {
     U64(u64),
     /// `unsigned int`.
     U32(u32),
+    /// `int` (a signed value: an offset, a shift, a diagonal).
+    I32(i32),
     /// `float` (the op's parameters).
     F32(f32),
+    /// `double`.
+    F64(f64),
 }
 
 /// How many threads a user kernel launch runs.

@@ -318,6 +318,65 @@ mod emulated {
         assert_eq!(dev.memory_usage().live_bytes, 0);
     }
 
+    /// A user kernel taking a signed int and a double (`KernelArg::I32`, `KernelArg::F64`):
+    /// `y[i] = scale·x[(i + shift) mod n]` for shifts of both signs and past n, every element
+    /// the host's value; passed as unsigned or as float they are an error naming the kernel
+    /// and both parameter lists.
+    #[test]
+    fn a_user_kernel_takes_signed_ints_and_doubles() {
+        let mut tape = tape();
+        let dev = tape.device_mut();
+        let n = 300usize;
+        let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+        let x = dev.upload(&xs).unwrap();
+        let scale = 1.0 / 3.0;
+        let shifted = |dev: &mut CudaDevice, args: [KernelArg; 2]| {
+            let [shift, scale] = args;
+            launch(
+                dev,
+                "shifted",
+                &module(),
+                "tl_test_shifted",
+                LaunchShape::GridStride(n),
+                &[
+                    KernelArg::In(x),
+                    KernelArg::Out(0),
+                    KernelArg::U64(n as u64),
+                    shift,
+                    scale,
+                ],
+                &[n],
+            )
+        };
+        for shift in [-3i32, 0, 5, -301, 1000] {
+            let y = shifted(dev, [KernelArg::I32(shift), KernelArg::F64(scale)]).unwrap();
+            let want: Vec<f32> = (0..n as i64)
+                .map(|i| {
+                    let from = (i + i64::from(shift)).rem_euclid(n as i64) as usize;
+                    (scale * f64::from(xs[from])) as f32
+                })
+                .collect();
+            assert_eq!(dev.download(y[0]).unwrap(), want, "shift {shift}");
+            dev.release(y[0]);
+        }
+        for (args, passed) in [
+            ([KernelArg::U32(3), KernelArg::F64(scale)], "(ppUud)"),
+            ([KernelArg::I32(3), KernelArg::F32(0.5)], "(ppUif)"),
+        ] {
+            let e = shifted(dev, args).unwrap_err().to_string();
+            assert!(
+                e.contains("shifted")
+                    && e.contains("tl_test_shifted")
+                    && e.contains(&format!(
+                        "takes parameters (ppUid) but the launch passed {passed}"
+                    )),
+                "{e}"
+            );
+        }
+        dev.release(x);
+        assert_eq!(dev.memory_usage().live_bytes, 0);
+    }
+
     /// A user kernel with dynamic shared memory (`LaunchShape::Grid`'s `shared`): 64 KiB a
     /// block, past the 48 KiB of static arrays, gives each block's run reversed; more bytes
     /// than a block may have, or fewer than the kernel uses, are errors naming the kernel.

@@ -10,7 +10,8 @@ pub enum Arg {
     Ptr(u64),
     /// `u32`.
     U32(u32),
-    /// `int` (a signed 32-bit value: the fused attention's causal offset).
+    /// `int` (a signed 32-bit value: the fused attention's causal offset, a user kernel's
+    /// `KernelArg::I32`).
     I32(i32),
     /// `u64`.
     U64(u64),

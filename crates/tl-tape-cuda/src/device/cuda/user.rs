@@ -56,7 +56,9 @@ impl KernelDevice for CudaDevice {
                 KernelArg::Out(k) => Err(k),
                 KernelArg::U64(v) => Ok(Arg::U64(v)),
                 KernelArg::U32(v) => Ok(Arg::U32(v)),
+                KernelArg::I32(v) => Ok(Arg::I32(v)),
                 KernelArg::F32(v) => Ok(Arg::F32(v)),
+                KernelArg::F64(v) => Ok(Arg::F64(v)),
             });
         }
         let f = driver::user_function(module, kernel).map_err(named)?;
