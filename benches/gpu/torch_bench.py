@@ -322,7 +322,9 @@ def attention_rows(dev, quick, iters):
     `attention-core/sdpa/n{n}`: SDPA alone, forward and backward on causal (1, 8, n, 64) f32
     Q, K, V (PyTorch picks its memory-efficient kernel: its flash kernel takes only 16-bit
     types), timed to a read of sum(dV); `attention-core/sdpa-bf16/n{n}` the same in bf16 (its
-    flash kernel). Core rows carry TFLOP/s as FlashAttention counts them (causal: 7·n²·d·H)."""
+    flash kernel); `attention-core/sdpa-gqa/n{n}` the f32 core with K and V of 2 heads
+    (`enable_gqa=True`, PyTorch 2.5 on; skipped before). Core rows carry TFLOP/s as
+    FlashAttention counts them (causal: 7·n²·d·H)."""
     dm = HEADS * HEAD
     rows = {}
     for n in attention_lengths(quick):
@@ -343,13 +345,22 @@ def attention_rows(dev, quick, iters):
 
         rows[f"attention/sdpa/n{n}"] = (median_ms(iters, step), None)
         flops = 7.0 * n * n * HEAD * HEADS
-        for name, dtype in [("sdpa", torch.float32), ("sdpa-bf16", torch.bfloat16)]:
-            q, k, v = (torch.rand(1, HEADS, n, HEAD, device=dev, dtype=dtype).requires_grad_()
-                       for _ in range(3))
+        for name, dtype, kv_heads in [("sdpa", torch.float32, HEADS),
+                                      ("sdpa-bf16", torch.bfloat16, HEADS),
+                                      ("sdpa-gqa", torch.float32, 2)]:
+            gqa = {"enable_gqa": True} if kv_heads < HEADS else {}
+            q = torch.rand(1, HEADS, n, HEAD, device=dev, dtype=dtype).requires_grad_()
+            k, v = (torch.rand(1, kv_heads, n, HEAD, device=dev, dtype=dtype).requires_grad_()
+                    for _ in range(2))
             go = torch.rand(1, HEADS, n, HEAD, device=dev, dtype=dtype)
+            if gqa:
+                try:
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+                except TypeError:  # PyTorch before 2.5: no enable_gqa
+                    continue
 
-            def core():
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            def core(q=q, k=k, v=v, go=go, gqa=gqa):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
                 o.backward(go)
                 g = v.grad.float().sum().item()
                 for t in (q, k, v):
@@ -396,7 +407,7 @@ def sdpa_twin(name):
     and `/flash-two-pass/` (the backward forced onto one path) all time against `/sdpa/`."""
     for ours in ("/flash-wide/", "/flash-one-pass/", "/flash-two-pass/", "/flash/"):
         name = name.replace(ours, "/sdpa/")
-    return name
+    return name.replace("/flash-gqa/", "/sdpa-gqa/")
 
 
 def main():

@@ -39,7 +39,9 @@
 //!   (`FlashTiles::Wide`: the forward's 64 keys a step in dynamic shared memory), and
 //!   `attention-core/flash-d128/n{n}` and `…/flash-wide-d128/n{n}` with heads of 128 at
 //!   n = 1024 and 4096 (where `Wide` runs the backward on register tiles instead of tiles of
-//!   16), with
+//!   16), `attention-core/flash-gqa/n{n}` with the 8 query heads over 2 key heads
+//!   (grouped-query attention: K and V of (1, n, 2, 64), torch_bench.py's twin
+//!   `attention-core/sdpa-gqa/n{n}` with `enable_gqa=True`), with
 //!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
@@ -428,10 +430,16 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
 }
 
 /// The fused attention core alone on `dev`: forward and backward of causal attention over
-/// (1, n, 8, d) Q, K, V (d = 64, or 128 in the rows labelled `-d128`, at n = 1024 and 4096),
-/// timed to a read of `sum(dV)` (which waits for every launch).
+/// (1, n, 8, d) Q, K, V (d = 64, or 128 in the rows labelled `-d128`, at n = 1024 and 4096;
+/// K and V of 2 heads in the rows labelled `-gqa`), timed to a read of `sum(dV)` (which waits
+/// for every launch).
 fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda::Result<()> {
     let d = if label.ends_with("-d128") { 128 } else { ATT_D };
+    let kv_heads = if label.ends_with("-gqa") {
+        2
+    } else {
+        ATT_HEADS
+    };
     for &n in attention_lengths(a) {
         if d != ATT_D && !a.quick && n != 1024 && n != 4096 {
             continue;
@@ -445,7 +453,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             nq: n,
             nk: n,
             heads: ATT_HEADS,
-            kv_heads: ATT_HEADS,
+            kv_heads,
             d,
         };
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
@@ -453,9 +461,9 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             dims,
             mask: FlashMask::of("bench", Some(&mask), n, n, 1)?,
         };
-        let len = dims.q_len();
+        let lens = [dims.q_len(), dims.kv_len(), dims.kv_len(), dims.q_len()];
         let data: Vec<Vec<f32>> = (0..4)
-            .map(|k| filled(&[len], 30 + k, 1.0).data().to_vec())
+            .map(|k| filled(&[lens[k]], 30 + k as u64, 1.0).data().to_vec())
             .collect();
         let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
         let (q, k, v, go) = (q?, k?, v?, go?);
@@ -605,6 +613,7 @@ fn device_rows(a: &Args) -> Result<(), String> {
                 attention_core(a, &mut d, label)?;
             }
             attention_core(a, &mut d, "flash-d128")?;
+            attention_core(a, &mut d, "flash-gqa")?;
             // The wide tilings (dynamic shared memory: the forward's 64 keys a step at d = 64,
             // the backward's register tiles at d = 128): the same bits, timed beside the
             // default so that the default follows the measurement.
@@ -619,6 +628,7 @@ fn device_rows(a: &Args) -> Result<(), String> {
             let mut d = SimDevice::new();
             gemm_core(a, &mut d)
                 .and_then(|()| attention_core(a, &mut d, "flash"))
+                .and_then(|()| attention_core(a, &mut d, "flash-gqa"))
                 .and_then(|()| convs(a, &mut d))
         }
         Backend::Cpu => Ok(()),
