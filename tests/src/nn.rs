@@ -247,8 +247,8 @@ pub enum LayerSpec {
         batch: Option<usize>,
     },
     /// `MultiHeadAttention::forward_qkv` of x (\[B,\] nq, d) over a constant memory (keys =
-    /// values), with or without a key mask; grouped (`MultiHeadAttention::grouped`) where
-    /// `kv_heads` < `heads`.
+    /// values), with or without a key mask, or `forward_qkv_masked` with that mask as an
+    /// attention mask; grouped (`MultiHeadAttention::grouped`) where `kv_heads` < `heads`.
     CrossAttention {
         /// Heads.
         heads: usize,
@@ -266,6 +266,9 @@ pub enum LayerSpec {
         memory: Tensor<f64>,
         /// The key mask, B·nk values (true = attend), each batch element keeping one at least.
         keep: Option<Vec<bool>>,
+        /// The key mask given to `forward_qkv_masked` as an attention mask instead: one
+        /// (nq, nk) matrix per batch element (all true without `keep`).
+        as_mask: bool,
         /// Rotary position embeddings (then `head_dim` is even).
         rope: Option<tl_nn::Rope>,
     },
@@ -856,6 +859,8 @@ impl LayerSpec {
                 memory,
                 keep,
                 rope,
+                // The key flags as an attention mask: the same keys.
+                as_mask: _,
             } => {
                 let sizes = CrossSizes {
                     heads: *heads,
@@ -1101,17 +1106,31 @@ impl LayerSpec {
                 heads,
                 kv_heads,
                 head_dim,
+                nq,
+                nk,
+                batch,
                 memory,
                 keep,
+                as_mask,
                 rope,
-                ..
             } => {
                 let d = heads * head_dim;
                 let mut mha = MultiHeadAttention::grouped(vars, d, *heads, *kv_heads, false)?;
                 if let Some(rope) = rope {
                     mha = mha.with_rope(*rope)?;
                 }
-                return Ok(Built::Cross(Box::new((mha, memory.clone(), keep.clone()))));
+                let (nq, nk) = (*nq, *nk);
+                let keys = match (as_mask, keep) {
+                    (false, keep) => Keys::Keep(keep.clone()),
+                    // Batch element b's matrix: its keys' flags on every row.
+                    (true, keep) => Keys::Mask(Mask::from_fn_batched(
+                        batch.unwrap_or(1),
+                        nq,
+                        nk,
+                        |b, _, j| keep.as_ref().is_none_or(|k| k[b * nk + j]),
+                    )?),
+                };
+                return Ok(Built::Cross(Box::new((mha, memory.clone(), keys))));
             }
             LayerSpec::Dropout { p, .. } => Box::new(Dropout::new(*p)?),
             LayerSpec::Attention {
@@ -1186,12 +1205,21 @@ fn linear_ref(
     }
 }
 
+/// Which keys a built cross-attention attends to: `forward_qkv`'s key flags, or
+/// `forward_qkv_masked`'s attention mask.
+enum Keys {
+    /// B·nk flags (true = attend), or every key.
+    Keep(Option<Vec<bool>>),
+    /// (nq, nk) matrices, one per batch element.
+    Mask(Mask),
+}
+
 /// A built layer: a [`Module`], or the embedding (which takes ids).
 enum Built<O: Train> {
     Module(Box<dyn Module<O>>),
     Embedding(Embedding),
     /// Cross-attention, its memory and its key mask.
-    Cross(Box<(MultiHeadAttention, Tensor<f64>, Option<Vec<bool>>)>),
+    Cross(Box<(MultiHeadAttention, Tensor<f64>, Keys)>),
 }
 
 impl<O: Train> Parameters for Built<O> {
@@ -1444,9 +1472,9 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
             (1usize..=4, 1usize..=3, 1usize..=3, 1usize..=4),
             opt_batch(),
             prop::option::of(any::<bool>()),
-            any::<prop::sample::Index>(),
+            (any::<prop::sample::Index>(), any::<bool>()),
         )
-            .prop_flat_map(|((heads, head_dim, nq, nk), batch, rope, kv)| {
+            .prop_flat_map(|((heads, head_dim, nq, nk), batch, rope, (kv, as_mask))| {
                 let kv_heads = divisor(heads, kv);
                 // With rotary embeddings the head size is even: 1 → 2, 3 → 4.
                 let rope = rope.map(rope_of);
@@ -1459,13 +1487,13 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                 let b = batch.unwrap_or(1);
                 let mem: Vec<usize> = batch.iter().copied().chain([nk, d]).collect();
                 (
-                    Just((heads, kv_heads, head_dim, nq, nk, batch, rope)),
+                    Just((heads, kv_heads, head_dim, nq, nk, batch, rope, as_mask)),
                     values(mem, -1.5, 1.5),
                     prop::option::of(prop::collection::vec(any::<bool>(), b * nk)),
                 )
             })
             .prop_map(
-                |((heads, kv_heads, head_dim, nq, nk, batch, rope), memory, keep)| {
+                |((heads, kv_heads, head_dim, nq, nk, batch, rope, as_mask), memory, keep)| {
                     // Each batch element keeps one key at least (else the layer refuses it).
                     let keep = keep.map(|mut k| {
                         for row in k.chunks_mut(nk) {
@@ -1484,6 +1512,7 @@ pub fn spec_strategy(name: &str) -> BoxedStrategy<LayerSpec> {
                         batch,
                         memory,
                         keep,
+                        as_mask,
                         rope,
                     }
                 },
@@ -1760,9 +1789,12 @@ fn forward_layer<'g, O: Train>(
         (Built::Module(m), Some(x), _) => m.forward(x),
         (Built::Embedding(e), None, LayerSpec::Embedding { ids, .. }) => e.forward(g, ids),
         (Built::Cross(c), Some(x), _) => {
-            let (m, memory, keep) = &**c;
+            let (m, memory, keys) = &**c;
             let memory = g.input(memory.cast())?;
-            m.forward_qkv(x, &memory, &memory, keep.as_deref())
+            match keys {
+                Keys::Keep(keep) => m.forward_qkv(x, &memory, &memory, keep.as_deref()),
+                Keys::Mask(mask) => m.forward_qkv_masked(x, &memory, &memory, mask),
+            }
         }
         _ => Err(tl_nn::Error::Usage {
             what: "nn check",

@@ -1213,6 +1213,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Layers,
     },
     Mutant {
+        id: "nn-cross-attention-mask-ignored",
+        area: Nn,
+        file: "crates/tl-nn/src/layers/cross_attention.rs",
+        from: "(batch, nq, nk), Keys::Mask(mask), &at)",
+        to: "(batch, nq, nk), Keys::All, &at)",
+        bug: "forward_qkv_masked attends to every key whatever its attention mask says",
+        harness: Layers,
+    },
+    Mutant {
         id: "nn-kv-cache-rope-from-zero",
         area: Nn,
         file: "crates/tl-nn/src/layers/kv_cache.rs",

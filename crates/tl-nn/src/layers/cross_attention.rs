@@ -44,7 +44,8 @@ impl MultiHeadAttention {
         let b = batch.unwrap_or(1);
         if self.causal && nq != nk {
             return Err(at.input(format!(
-                "a causal layer attends {nq} queries over {nk} keys: causal needs as many of each"
+                "a causal layer attends {nq} queries over {nk} keys: causal needs as many of \
+                 each (forward_qkv_masked takes Mask::causal_lower_right or causal_upper_left)"
             )));
         }
         if let Some(keep) = key_keep
@@ -68,6 +69,41 @@ impl MultiHeadAttention {
             _ => Keys::Shared(&shared),
         };
         self.attend((query, key, value), (batch, nq, nk), keys, &at)
+    }
+
+    /// [`forward_qkv`](Self::forward_qkv) under an explicit attention mask (true = attend):
+    /// one (nq, nk) matrix shared by the batch, or one per batch element ([`Mask::batched`]
+    /// over the B of `query`). The mask is the whole rule, as PyTorch's `attn_mask` is: the
+    /// layer's [`causal`](Self::causal) flag does not add to it. For queries that are the last
+    /// nq positions of the keys' sequence (a chunk of a prompt over its prefix) the causal
+    /// mask is [`Mask::causal_lower_right`]`(nq, nk)`; PyTorch's `is_causal` over keys of
+    /// another length is [`Mask::causal_upper_left`]`(nq, nk)`. A causal or key-padding mask
+    /// runs the flash kernels on CUDA as the layer's own masks do. A mask of other sizes or
+    /// batch, or a query left with no key (PyTorch gives NaN), is an error naming the layer.
+    /// PyTorch: `mha(query, key, value, attn_mask=~mask, need_weights=False)` (a batched
+    /// mask: PyTorch's (B·heads, nq, nk) with each element's matrix repeated over its heads).
+    pub fn forward_qkv_masked<'g, O: Train>(
+        &self,
+        query: &Var<'g, O>,
+        key: &Var<'g, O>,
+        value: &Var<'g, O>,
+        mask: &Mask,
+    ) -> Result<Var<'g, O>> {
+        let g = query.scope();
+        let at = At::new(g.rt, self, &self.wq);
+        let d = self.wq.shape().dims()[0];
+        let (batch, nq, nk) = qkv_shapes(d, query, key, value, &at)?;
+        let b = batch.unwrap_or(1);
+        if (mask.rows(), mask.cols()) != (nq, nk) || (mask.batch() != 1 && mask.batch() != b) {
+            return Err(at.input(format!(
+                "forward_qkv_masked: the mask is {} matrix(es) of {}×{} where the inputs need \
+                 (nq, nk) = ({nq}, {nk}), one matrix or one per batch element ({b})",
+                mask.batch(),
+                mask.rows(),
+                mask.cols()
+            )));
+        }
+        self.attend((query, key, value), (batch, nq, nk), Keys::Mask(mask), &at)
     }
 
     /// The attention of [`forward_qkv`](Self::forward_qkv) with its shapes checked: the

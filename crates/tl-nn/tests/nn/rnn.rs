@@ -12,6 +12,7 @@ use tl_nn::{
     RnnConfig, Rope, RopeLayout, Runtime, Scope, Var,
 };
 use tl_session::{Backend, Optimizer, Param, Train};
+use tl_spec::ops::attention::Mask;
 use tl_spec::{Scalar, Tensor};
 
 use crate::{eager, linked, max_diff, tensor};
@@ -718,17 +719,21 @@ fn fused_layout(w: &[Tensor<f64>]) -> (Tensor<f64>, Tensor<f64>) {
 /// (`nn.MultiheadAttention(8, 2, bias=False, batch_first=True)`, fixture `mha_cross` from
 /// make_rnn_fixtures.py): the output and the gradients of Σ w·out with respect to the queries,
 /// the memory and both weights (in PyTorch's fused layout) are PyTorch's, without a mask and
-/// with batch element 1's last two keys masked, on the eager CPU (f64, f32), CUDA-sim and
-/// linked sessions.
+/// with batch element 1's last two keys masked (as `key_keep`, and as an attention mask of
+/// one matrix per batch element through `forward_qkv_masked`), on the eager CPU (f64, f32),
+/// CUDA-sim and linked sessions.
 #[test]
 fn cross_attention_gives_pytorchs_values_and_gradients() {
     fn attend<'g, O: Train>(
         model: &Cross,
         g: &Scope<'g, O>,
-        keep: Option<&[bool]>,
+        (keep, mask): (Option<&[bool]>, Option<&Mask>),
     ) -> Result<Var<'g, O>> {
         let (q, m) = (g.param(&model.q)?, g.param(&model.m)?);
-        model.mha.forward_qkv(&q, &m, &m, keep)
+        match mask {
+            Some(mask) => model.mha.forward_qkv_masked(&q, &m, &m, mask),
+            None => model.mha.forward_qkv(&q, &m, &m, keep),
+        }
     }
     fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
         let e = expected("mha_cross");
@@ -741,7 +746,12 @@ fn cross_attention_gives_pytorchs_values_and_gradients() {
         let model = Cross { q, m, mha };
         let w: Tensor<O::T> = cast(&e["weight"]);
         let padded: Vec<bool> = (0..10).map(|k| k < 8).collect();
-        for (suffix, keep) in [("", None), ("_padded", Some(&padded[..]))] {
+        let padded_mask = Mask::from_fn_batched(2, 3, 5, |b, _, j| b == 0 || j < 3).unwrap();
+        for (suffix, keep) in [
+            ("", (None, None)),
+            ("_padded", (Some(&padded[..]), None)),
+            ("_padded", (None, Some(&padded_mask))),
+        ] {
             let at = |k: &str| format!("{k}{suffix} ({})", O::T::NAME);
             rt.set_value(&model.q, cast(&e["query"])).unwrap();
             rt.set_value(&model.m, cast(&e["memory"])).unwrap();
@@ -771,6 +781,70 @@ fn cross_attention_gives_pytorchs_values_and_gradients() {
     check(eager::<f32>(Backend::Cpu, 0), 1e-5);
     check(eager::<f32>(Backend::CudaSim, 0), 1e-5);
     check(linked::<f64>(0), 1e-12);
+}
+
+/// A chunk of the last m positions over the whole sequence under
+/// `Mask::causal_lower_right(m, n)` (`forward_qkv_masked`) gives the causal layer's outputs at
+/// those positions, plain and grouped, fused and composed, on the eager CPU (f64) and the CUDA
+/// sim (f32); `causal_upper_left` gives others; a mask of other sizes or batch, or one that
+/// leaves a query no key, is an error naming the layer.
+#[test]
+fn a_chunk_over_its_prefix_attends_as_the_causal_layer() {
+    fn check<O: Train>(mut rt: Runtime<O>, tol: f64) {
+        let (b, n, m, d) = (2, 9, 4, 16);
+        let x = tensor::<O::T>(&[b, n, d], 43);
+        let chunk = Tensor::from_fn([b, m, d], |e| {
+            let (bi, rest) = (e / (m * d), e % (m * d));
+            x.data()[bi * n * d + (n - m) * d + rest]
+        });
+        for (name, kv) in [("plain", 4), ("grouped", 2)] {
+            let mha = MultiHeadAttention::grouped(&rt.vars().pp(name), d, 4, kv, true).unwrap();
+            for flash in [true, false] {
+                let mha = mha.clone().with_flash(flash);
+                let whole = rt
+                    .eval(&mha, |g| mha.forward(&g.input(x.clone())?))
+                    .unwrap();
+                let attend = |rt: &mut Runtime<O>, mask: &Mask| {
+                    rt.eval(&mha, |g| {
+                        let (q, all) = (g.input(chunk.clone())?, g.input(x.clone())?);
+                        mha.forward_qkv_masked(&q, &all, &all, mask)
+                    })
+                };
+                let got = attend(&mut rt, &Mask::causal_lower_right(m, n).unwrap()).unwrap();
+                let want = Tensor::from_fn([b, m, d], |e| {
+                    let (bi, rest) = (e / (m * d), e % (m * d));
+                    whole.data()[bi * n * d + (n - m) * d + rest]
+                });
+                let diff = max_diff(&got, &want);
+                assert!(diff < tol, "{name} flash={flash}: {diff}");
+                let upper = attend(&mut rt, &Mask::causal_upper_left(m, n).unwrap()).unwrap();
+                assert!(
+                    max_diff(&upper, &want) > 1e-3,
+                    "{name}: upper-left is another rule"
+                );
+                let bad = [
+                    (
+                        Mask::causal_lower_right(m, n - 1).unwrap(),
+                        "(nq, nk) = (4, 9)",
+                    ),
+                    (
+                        Mask::from_fn_batched(3, m, n, |_, _, _| true).unwrap(),
+                        "3 matrix(es) of 4×9",
+                    ),
+                    (
+                        Mask::from_fn_rectangular(m, n, |i, _| i != 2).unwrap(),
+                        "query 2 of batch element 0 has no key",
+                    ),
+                ];
+                for (mask, says) in bad {
+                    let e = attend(&mut rt, &mask).unwrap_err().to_string();
+                    assert!(e.contains("MultiHeadAttention") && e.contains(says), "{e}");
+                }
+            }
+        }
+    }
+    check(eager::<f64>(Backend::Cpu, 0), 1e-12);
+    check(eager::<f32>(Backend::CudaSim, 0), 1e-5);
 }
 
 /// With the queries, keys and values one input, `forward_qkv` is the layer's forward (the
