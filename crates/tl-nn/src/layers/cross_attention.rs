@@ -37,10 +37,7 @@ impl MultiHeadAttention {
         value: &Var<'g, O>,
         key_keep: Option<&[bool]>,
     ) -> Result<Var<'g, O>> {
-        let g = query.scope();
-        let at = At::new(g.rt, self, &self.wq);
-        let d = self.wq.shape().dims()[0];
-        let (batch, nq, nk) = qkv_shapes(d, query, key, value, &at)?;
+        let (at, (batch, nq, nk)) = self.qkv_sizes(query, key, value)?;
         let b = batch.unwrap_or(1);
         if self.causal && nq != nk {
             return Err(at.input(format!(
@@ -89,10 +86,7 @@ impl MultiHeadAttention {
         value: &Var<'g, O>,
         mask: &Mask,
     ) -> Result<Var<'g, O>> {
-        let g = query.scope();
-        let at = At::new(g.rt, self, &self.wq);
-        let d = self.wq.shape().dims()[0];
-        let (batch, nq, nk) = qkv_shapes(d, query, key, value, &at)?;
+        let (at, (batch, nq, nk)) = self.qkv_sizes(query, key, value)?;
         let b = batch.unwrap_or(1);
         if (mask.rows(), mask.cols()) != (nq, nk) || (mask.batch() != 1 && mask.batch() != b) {
             return Err(at.input(format!(
@@ -104,6 +98,20 @@ impl MultiHeadAttention {
             )));
         }
         self.attend((query, key, value), (batch, nq, nk), Keys::Mask(mask), &at)
+    }
+
+    /// The layer's error context (on the operands' runtime) and the batch (`None`: unbatched),
+    /// query and key counts of `forward_qkv`'s operands ([`qkv_shapes`]).
+    fn qkv_sizes<'a, 'g: 'a, O: Train>(
+        &'a self,
+        query: &Var<'g, O>,
+        key: &Var<'g, O>,
+        value: &Var<'g, O>,
+    ) -> Result<(At<'a, O>, QkvSizes)> {
+        let at = At::new(query.scope().rt, self, &self.wq);
+        let d = self.wq.shape().dims()[0];
+        let sizes = qkv_shapes(d, query, key, value, &at)?;
+        Ok((at, sizes))
     }
 
     /// The attention of [`forward_qkv`](Self::forward_qkv) with its shapes checked: the
@@ -247,6 +255,9 @@ impl Keys<'_> {
     }
 }
 
+/// The batch (`None`: unbatched), query count and key count of attention's operands.
+type QkvSizes = (Option<usize>, usize, usize);
+
 /// The batch (None: unbatched), query count and key count of `forward_qkv`'s operands: query
 /// (nq, d) or (B, nq, d); key and value of one shape, (nk, d) or (B, nk, d) as the query.
 fn qkv_shapes<O: Train>(
@@ -255,7 +266,7 @@ fn qkv_shapes<O: Train>(
     key: &Var<'_, O>,
     value: &Var<'_, O>,
     at: &At<'_, O>,
-) -> Result<(Option<usize>, usize, usize)> {
+) -> Result<QkvSizes> {
     let shapes = || {
         format!(
             "query {}, key {}, value {}",
