@@ -249,7 +249,7 @@ impl Batch {
         if self.merged[which] {
             let h = self.heads.max(1);
             let stored = self.stored_heads(which).max(1);
-            let head = (z % h) / (h / stored).max(1);
+            let head = tl_spec::ops::attention::mha::kv_head(z % h, h, stored);
             ((z / h) * rows * stored * cols + head * cols, stored * cols)
         } else {
             (z * rows * cols, cols)

@@ -104,9 +104,9 @@ impl FlashDims {
     }
 
     /// The key (and value) head that query head `h` reads: `h / (H / Hk)`
-    /// ([`tl_spec::ops::attention::mha::Dims::kv_head`]; `tl_fa_kv_head` in the kernels).
+    /// ([`tl_spec::ops::attention::mha::kv_head`]; `tl_fa_kv_head` in the kernels).
     pub fn kv_head(&self, h: usize) -> usize {
-        h / self.group().max(1)
+        tl_spec::ops::attention::mha::kv_head(h, self.heads, self.kv_heads)
     }
 
     /// Elements of `lse` (and `delta`): one per query row, `B·H·nq`.

@@ -49,12 +49,20 @@ impl Dims {
         self.kv_heads * self.d
     }
 
-    /// The key and value head query head `h` reads: `h / (heads / kv_heads)`, so that each
-    /// key head serves a run of consecutive query heads (PyTorch's `enable_gqa`, which
-    /// repeats each key head `heads / kv_heads` times with `repeat_interleave`).
+    /// The key and value head query head `h` reads ([`kv_head`]).
     pub fn kv_head(&self, h: usize) -> usize {
-        h / (self.heads / self.kv_heads.max(1)).max(1)
+        kv_head(h, self.heads, self.kv_heads)
     }
+}
+
+/// The key and value head that query head `h` of `heads` reads among `kv_heads` (dividing
+/// `heads`): `h / (heads / kv_heads)`, so that each key head serves a run of consecutive query
+/// heads (PyTorch's `enable_gqa`, which repeats each key head `heads / kv_heads` times with
+/// `repeat_interleave`). The one rule of grouped-query attention: the spec, the CUDA device's
+/// flash sizes and its grouped products read it here (`tl_fa_kv_head` and `mat_at` in
+/// `kernels/` are its device twins).
+pub fn kv_head(h: usize, heads: usize, kv_heads: usize) -> usize {
+    h / (heads / kv_heads.max(1)).max(1)
 }
 
 /// Shape rule of `multiHeadAttention(wq, wk, wv, wo, x)` with the static `heads` and `mask`;
