@@ -80,8 +80,12 @@ impl<O: Train> Runtime<O> {
     /// error in any pass (a forward error, a non-finite loss with
     /// [`Optimizer::stop_on_non_finite_loss`]) stops here and leaves the trainable parameters
     /// and the optimizer as they were (BatchNorm's running statistics keep the moves of the
-    /// passes that ran, as a failed [`Runtime::step`] keeps its pass's). On a CUDA backend the
-    /// gradients are summed on the host (downloaded after each pass).
+    /// passes that ran, as a failed [`Runtime::step`] keeps its pass's). On the CUDA device
+    /// (`Backend::Cuda`) the sum stays in device memory: each pass adds its gradients to it
+    /// there (eight parameters a launch) and the last divides on the device, so no gradient
+    /// is copied to the host (the same bits as the host's sum). On the simulation device, and
+    /// in a data-parallel group, the gradients are summed on the host (downloaded after each
+    /// pass).
     ///
     /// In a data-parallel group ([`Runtime::data_parallel`]) each rank accumulates its own
     /// micro-batches without communicating, and the last pass is the group's step: this rank's
@@ -108,36 +112,62 @@ impl<O: Train> Runtime<O> {
             return Err(usage(CALL, "need at least one micro-batch, got 0"));
         }
         let grouped = self.group.is_some();
-        let mut sum = Summed::<O::T>(Vec::new());
+        // A group's last pass reduces through the host (`StepReducer`): its sum stays there.
+        let mut sum = Summed::<O::T>::new(!grouped);
+        let r = self.accumulate(model, opt, micro_batches, &mut sum, &mut loss_fn);
+        // A pass that failed leaves the sum where it was: give its device buffers back.
+        let kept = sum.take_device();
+        if !kept.is_empty() {
+            self.borrow_mut().release_device_buffers(&kept);
+        }
+        r
+    }
+
+    /// The passes of [`Runtime::step_accumulated`], `sum` the running sum of their gradients.
+    fn accumulate<M, F>(
+        &mut self,
+        model: &M,
+        opt: &mut Optimizer,
+        micro_batches: usize,
+        sum: &mut Summed<O::T>,
+        loss_fn: &mut F,
+    ) -> Result<f64>
+    where
+        M: Parameters + ?Sized,
+        F: for<'g> FnMut(&Scope<'g, O>, usize) -> Result<Var<'g, O>>,
+    {
+        const CALL: &str = "Runtime::step_accumulated";
+        let grouped = self.group.is_some();
         let mut losses = 0.0;
         for i in 0..micro_batches {
             let last = i + 1 == micro_batches;
             let begun = self.begin(model, true, true);
             let forward = begun.and_then(|()| self.training_loss(CALL, |s| loss_fn(s, i)));
-            let mut mean = Mean {
-                sum: &sum,
-                count: micro_batches,
-            };
-            // One micro-batch: the last pass is `Runtime::step`'s, with no hook of its own.
-            let pre = (micro_batches > 1).then_some(&mut mean as &mut dyn GradReducer<O::T>);
-            let r = match (last, grouped) {
-                // In a group the last pass is the group's step: this rank's mean over its
-                // micro-batches, then the exchange and the mean over the ranks.
-                (true, true) => self.dist_backward_step(forward, opt, pre),
-                (true, false) => forward.and_then(|loss| {
-                    let mut s = self.borrow_mut();
-                    Ok(s.backward_step_reduced_then_reset(&loss, opt, pre)?)
-                }),
-                (false, _) => {
-                    let local = forward.and_then(|loss| {
+            let r = if last {
+                let mut mean = Mean {
+                    sum: &mut *sum,
+                    count: micro_batches,
+                };
+                // One micro-batch: the last pass is `Runtime::step`'s, with no hook of its own.
+                let pre = (micro_batches > 1).then_some(&mut mean as &mut dyn GradReducer<O::T>);
+                match grouped {
+                    // In a group the last pass is the group's step: this rank's mean over its
+                    // micro-batches, then the exchange and the mean over the ranks.
+                    true => self.dist_backward_step(forward, opt, pre),
+                    false => forward.and_then(|loss| {
                         let mut s = self.borrow_mut();
-                        Ok(s.backward_grads_then_reset(&loss, opt, &mut sum)?)
-                    });
-                    match local {
-                        // A failure in a group is told to every rank: their step fails too.
-                        Err(e) if grouped => self.dist_backward_step(Err(e), opt, None),
-                        local => local,
-                    }
+                        Ok(s.backward_step_reduced_then_reset(&loss, opt, pre)?)
+                    }),
+                }
+            } else {
+                let local = forward.and_then(|loss| {
+                    let mut s = self.borrow_mut();
+                    Ok(s.backward_grads_then_reset(&loss, opt, &mut *sum)?)
+                });
+                match local {
+                    // A failure in a group is told to every rank: their step fails too.
+                    Err(e) if grouped => self.dist_backward_step(Err(e), opt, None),
+                    local => local,
                 }
             };
             self.end();
@@ -147,40 +177,157 @@ impl<O: Train> Runtime<O> {
     }
 }
 
-/// The running sum of the micro-batches' gradients, one vector per trainable parameter leaf
+/// The running sum of the micro-batches' gradients, one buffer per trainable parameter leaf
 /// (every pass records the model's parameters in the same order: `Runtime::begin`, so the
-/// layout is the same in each).
-struct Summed<T>(Vec<Vec<T>>);
+/// layout is the same in each): on the host, or on the CUDA device where the gradients are
+/// (features `cuda`, `cuda-emu`) when `on_device` allows it. The device buffers outlive the
+/// passes: the last pass's [`Mean`] releases them, [`Runtime::step_accumulated`] after a
+/// failed pass.
+struct Summed<T> {
+    host: Vec<Vec<T>>,
+    /// Whether the sum may live on the CUDA device.
+    #[cfg_attr(not(any(feature = "cuda", feature = "cuda-emu")), allow(dead_code))]
+    on_device: bool,
+    device: Vec<tl_tape_cuda::Buffer>,
+}
+
+impl<T> Summed<T> {
+    fn new(on_device: bool) -> Self {
+        Summed {
+            host: Vec::new(),
+            on_device,
+            device: Vec::new(),
+        }
+    }
+
+    /// The device buffers of the sum, which the caller now releases.
+    fn take_device(&mut self) -> Vec<tl_tape_cuda::Buffer> {
+        std::mem::take(&mut self.device)
+    }
+}
 
 impl<T: tl_spec::Scalar> GradReducer<T> for Summed<T> {
     /// Add this pass's gradients to the sum (the first pass's are the sum).
     fn reduce(&mut self, grads: &mut [&mut [T]]) -> tl_session::Result<()> {
-        if self.0.is_empty() {
-            self.0 = grads.iter().map(|g| g.to_vec()).collect();
+        if self.host.is_empty() {
+            self.host = grads.iter().map(|g| g.to_vec()).collect();
             return Ok(());
         }
-        for (s, g) in self.0.iter_mut().zip(grads.iter()) {
+        for (s, g) in self.host.iter_mut().zip(grads.iter()) {
             for (a, &b) in s.iter_mut().zip(g.iter()) {
                 *a += b;
             }
         }
         Ok(())
     }
+
+    /// The same sum on the device: the first pass's gradients copied, then `sum ← sum + g`
+    /// (`axpy_assign_list` with c = 1: `s + 1·g` rounds as the host's `s + g`).
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    fn reduce_on_device(
+        &mut self,
+        dev: &mut tl_tape_cuda::CudaDevice,
+        grads: &mut [tl_tape_cuda::Buffer],
+    ) -> Option<tl_session::Result<()>> {
+        use tl_tape_cuda::Device;
+        if !self.on_device || !self.host.is_empty() || T::NAME != "f32" {
+            return None;
+        }
+        if self.device.is_empty() {
+            for &g in grads.iter() {
+                match dev.copy(g) {
+                    Ok(c) => self.device.push(c),
+                    Err(e) => return Some(Err(e.into())),
+                }
+            }
+            return Some(Ok(()));
+        }
+        if self.device.len() != grads.len() {
+            return Some(Err(layout_changed(self.device.len(), grads.len())));
+        }
+        let pairs: Vec<_> = self
+            .device
+            .iter()
+            .copied()
+            .zip(grads.iter().copied())
+            .collect();
+        Some(dev.axpy_assign_list(1.0, &pairs).map_err(Into::into))
+    }
+}
+
+/// The error for a pass whose gradients are not laid out as the first pass's.
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+fn layout_changed(sum: usize, pass: usize) -> tl_session::Error {
+    tl_session::Error::Usage {
+        what: "Runtime::step_accumulated",
+        detail: format!(
+            "a micro-batch's pass has {pass} gradient buffer(s) where the first had {sum} (every pass must use the same trainable parameters)"
+        ),
+    }
 }
 
 /// The last pass's hook (two or more micro-batches): its gradients become `(sum + g) / count`,
 /// what the update reads; `sum` has their layout (every pass records the same parameters).
 struct Mean<'a, T> {
-    sum: &'a Summed<T>,
+    sum: &'a mut Summed<T>,
     count: usize,
 }
 
 impl<T: tl_spec::Scalar> GradReducer<T> for Mean<'_, T> {
     fn reduce(&mut self, grads: &mut [&mut [T]]) -> tl_session::Result<()> {
         let k = T::lit(self.count as f64);
-        for (g, sum) in grads.iter_mut().zip(&self.sum.0) {
+        for (g, sum) in grads.iter_mut().zip(&self.sum.host) {
             g.iter_mut().zip(sum).for_each(|(v, &s)| *v = (s + *v) / k);
         }
         Ok(())
     }
+
+    /// `(sum + g) / count` on the device where the sum is there (the host's f32 operations,
+    /// the same bits), the sum's buffers released.
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    fn reduce_on_device(
+        &mut self,
+        dev: &mut tl_tape_cuda::CudaDevice,
+        grads: &mut [tl_tape_cuda::Buffer],
+    ) -> Option<tl_session::Result<()>> {
+        use tl_tape_cuda::Device;
+        if self.sum.device.is_empty() {
+            return None;
+        }
+        let sums = self.sum.take_device();
+        let r = mean_on_device(dev, &sums, grads, self.count);
+        for s in sums {
+            dev.release(s);
+        }
+        Some(r)
+    }
+}
+
+/// Each of `grads` replaced by `(sum + g) / count` (the old buffer released).
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+fn mean_on_device(
+    dev: &mut tl_tape_cuda::CudaDevice,
+    sums: &[tl_tape_cuda::Buffer],
+    grads: &mut [tl_tape_cuda::Buffer],
+    count: usize,
+) -> tl_session::Result<()> {
+    use tl_tape_cuda::Device;
+    if sums.len() != grads.len() {
+        return Err(layout_changed(sums.len(), grads.len()));
+    }
+    for (&s, g) in sums.iter().zip(grads.iter_mut()) {
+        let t = dev.add(s, *g)?;
+        let k = match dev.full(g.len(), count as f32) {
+            Ok(k) => k,
+            Err(e) => {
+                dev.release(t);
+                return Err(e.into());
+            }
+        };
+        let q = dev.div(t, k);
+        dev.release(t);
+        dev.release(k);
+        dev.release(std::mem::replace(g, q?));
+    }
+    Ok(())
 }

@@ -74,8 +74,10 @@ pub trait Train: Ops {
     /// buffer per trainable parameter leaf of the pass, on the host), and nothing else
     /// happens to the parameters or to `opt`, which only checks the loss
     /// ([`Optimizer::stop_on_non_finite_loss`]). Returns the loss. An error from `sink` is
-    /// returned as it is. PyTorch: `loss.backward()` without `optimizer.step()` (the inner
-    /// steps of gradient accumulation: tl-nn's `Runtime::step_accumulated`).
+    /// returned as it is. On the CUDA device (features `cuda`, `cuda-emu`) a sink that works
+    /// there (`GradReducer::reduce_on_device`) gets the gradient buffers where they are,
+    /// and nothing is downloaded. PyTorch: `loss.backward()` without `optimizer.step()` (the
+    /// inner steps of gradient accumulation: tl-nn's `Runtime::step_accumulated`).
     fn backward_grads_then_reset(
         &mut self,
         loss: &TensorRef,
@@ -88,9 +90,9 @@ pub trait Train: Ops {
             sink: &'a mut dyn GradReducer<T>,
             handed: Option<Result<()>>,
         }
-        impl<T> GradReducer<T> for Stop<'_, T> {
-            fn reduce(&mut self, grads: &mut [&mut [T]]) -> Result<()> {
-                let r = self.sink.reduce(grads);
+        impl<T> Stop<'_, T> {
+            /// Keep the sink's outcome `r`; the step stops here either way.
+            fn stop(&mut self, r: Result<()>) -> Result<()> {
                 let out = match &r {
                     Ok(()) => Err(crate::Error::Usage {
                         what: "backward_grads_then_reset",
@@ -102,18 +104,33 @@ pub trait Train: Ops {
                 out
             }
         }
-        let value = match self.read(loss) {
-            Ok(v) => loss_value(v),
-            Err(e) => {
-                self.reset();
-                return Err(e);
+        impl<T> GradReducer<T> for Stop<'_, T> {
+            fn reduce(&mut self, grads: &mut [&mut [T]]) -> Result<()> {
+                let r = self.sink.reduce(grads);
+                self.stop(r)
             }
-        };
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            fn reduce_on_device(
+                &mut self,
+                dev: &mut tl_tape_cuda::CudaDevice,
+                grads: &mut [tl_tape_cuda::Buffer],
+            ) -> Option<Result<()>> {
+                let r = self.sink.reduce_on_device(dev, grads)?;
+                Some(self.stop(r))
+            }
+        }
         let mut stop = Stop { sink, handed: None };
+        // The step reads the loss once, before the backward (and resets the pass either way).
         let r = self.backward_step_pass(loss, opt, Some(&mut stop), StepPass::End);
         match (r, stop.handed) {
-            // The step stopped where it was told to: after the gradients, before the update.
-            (Err(_), Some(handed)) => handed.and(value),
+            // The step stopped where it was told to: after the gradients, before the update,
+            // with the loss it read.
+            (Err(_), Some(handed)) => handed.and_then(|()| {
+                opt.take_observed_loss().ok_or_else(|| crate::Error::Usage {
+                    what: "backward_grads_then_reset",
+                    detail: "the session handed over the gradients without reading the loss".into(),
+                })
+            }),
             (Err(e), None) => Err(e),
             (Ok(_), _) => Err(crate::Error::Usage {
                 what: "backward_grads_then_reset",
@@ -197,6 +214,13 @@ pub trait Train: Ops {
     /// on the CPU); subtract two readings for a step's work. For the linked session: the device
     /// its steps compile onto, once a step or read has run.
     fn traffic(&self) -> Option<Traffic>;
+
+    /// Release buffers of this session's device that outlived the pass they were made in: a
+    /// gradient hook's own buffers (`GradReducer::reduce_on_device`, features `cuda`,
+    /// `cuda-emu`: tl-nn's gradient accumulation keeps its running sum on the device between
+    /// passes), when nothing else will. Buffers the device does not hold are skipped; nothing
+    /// happens on the CPU backend.
+    fn release_device_buffers(&mut self, bufs: &[tl_tape_cuda::Buffer]);
 
     /// This session's id and its current pass (the number of resets so far); handles made
     /// in an earlier pass are stale.
@@ -348,6 +372,9 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     fn traffic(&self) -> Option<Traffic> {
         Session::traffic(self)
     }
+    fn release_device_buffers(&mut self, bufs: &[tl_tape_cuda::Buffer]) {
+        Session::release_device_buffers(self, bufs)
+    }
     fn stamp(&self) -> Stamp {
         Session::stamp(self)
     }
@@ -477,6 +504,9 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn traffic(&self) -> Option<Traffic> {
         LinkedSession::traffic(self)
+    }
+    fn release_device_buffers(&mut self, bufs: &[tl_tape_cuda::Buffer]) {
+        LinkedSession::release_device_buffers(self, bufs)
     }
     fn stamp(&self) -> Stamp {
         LinkedSession::stamp(self)

@@ -191,3 +191,119 @@ fn batch_norm_statistics_move_once_per_micro_batch() {
     };
     assert_eq!(stats(true), stats(false));
 }
+
+/// On the CUDA device (`cuda-emu`: the emulated kernels) the micro-batches' sum stays in device
+/// memory: an accumulated step of k passes makes k times a plain step's host↔device copies (each
+/// pass's part of the batch up, its loss down) and no other, where the simulation device, whose sum is on
+/// the host, downloads the gradients too; both give the same parameters and losses, bit for
+/// bit, on the eager and the linked session. A failing last pass leaves no buffer of the sum
+/// behind.
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn on_the_cuda_device_the_sum_stays_in_device_memory() {
+    use tl_tape_cuda::Traffic;
+
+    const K: usize = 4;
+    /// Three accumulated steps of K micro-batches: the parameters' bits, the losses, and the
+    /// copies of a plain step beside those of the last accumulated one.
+    fn run<O: Train<T = f32>>(mut rt: Runtime<O>) -> (Vec<Vec<u64>>, Vec<f64>, [Traffic; 2]) {
+        let model: Sequential<O> = mlp(&rt, 5, 4, 3);
+        let mut opt = Optimizer::momentum(0.1, 0.9).unwrap();
+        let copies = |rt: &Runtime<O>| rt.session().traffic().unwrap();
+        let mut step = |rt: &mut Runtime<O>| {
+            rt.step(&model, &mut opt, |g| {
+                let (x, y) = batch::<f32>(0..8);
+                model.forward(&g.input(x)?)?.mse_loss(&g.input(y)?)
+            })
+            .unwrap();
+        };
+        // The first step puts the parameters on the device (the linked session's device is
+        // made then); the second is what a step copies.
+        step(&mut rt);
+        let before = copies(&rt);
+        step(&mut rt);
+        let plain = copies(&rt) - before;
+        let (mut losses, mut last) = (Vec::new(), Traffic::default());
+        for _ in 0..3 {
+            let before = copies(&rt);
+            let l = rt.step_accumulated(&model, &mut opt, K, |g, i| pass(&model, g, i));
+            losses.push(l.unwrap());
+            last = copies(&rt) - before;
+        }
+        let params: Vec<_> = (rt.named_params_of(&model).iter())
+            .map(|(_, p)| rt.value_of(p).unwrap())
+            .collect();
+        (bits(&params), losses, [plain, last])
+    }
+    /// Micro-batch i of four (two rows of the batch) through `model`, its mean squared error.
+    fn pass<'g, O: Train<T = f32>>(
+        model: &Sequential<O>,
+        g: &tl_nn::Scope<'g, O>,
+        i: usize,
+    ) -> tl_nn::Result<tl_nn::Var<'g, O>> {
+        let (x, y) = batch::<f32>(2 * i..2 * i + 2);
+        model.forward(&g.input(x)?)?.mse_loss(&g.input(y)?)
+    }
+    let copies = |t: &Traffic| (t.uploads, t.upload_bytes, t.downloads, t.download_bytes);
+    // K passes of a quarter of the batch each: K times the copies (each pass's batch up, its
+    // loss down), the same batch bytes.
+    let k = K as u64;
+    let k_passes = |t: &Traffic| {
+        (
+            t.uploads * k,
+            t.upload_bytes,
+            t.downloads * k,
+            t.download_bytes * k,
+        )
+    };
+    for (at, sim, cuda) in [
+        (
+            "eager",
+            run(eager::<f32>(Backend::CudaSim, 3)),
+            run(eager::<f32>(Backend::Cuda, 3)),
+        ),
+        (
+            "linked",
+            run(crate::linked_on(Backend::CudaSim, 3)),
+            run(crate::linked_on(Backend::Cuda, 3)),
+        ),
+    ] {
+        let [sim_plain, sim_acc] = sim.2;
+        // The sim's sum is on the host: its passes download the gradients as well.
+        assert!(
+            sim_acc.downloads > K as u64 * sim_plain.downloads,
+            "{at}: {sim_acc:?}"
+        );
+        let [plain, acc] = cuda.2;
+        assert_eq!(
+            copies(&acc),
+            k_passes(&plain),
+            "{at}: an accumulated step's copies {acc:?}, a plain step's {plain:?}"
+        );
+        assert_eq!((&cuda.0, &cuda.1), (&sim.0, &sim.1), "{at}: the sim's bits");
+    }
+
+    // The last pass fails: the step is an error, the sum's buffers go back.
+    let mut rt = eager::<f32>(Backend::Cuda, 3);
+    let model: Sequential<_> = mlp(&rt, 5, 4, 3);
+    let mut opt = Optimizer::sgd(0.1).unwrap();
+    let live = |rt: &Runtime<tl_session::Session<f32>>| {
+        let m = rt.session().memory_usage().unwrap();
+        (m.live_buffers(), m.live_bytes)
+    };
+    // A step first: the parameters' device buffers are made.
+    rt.step_accumulated(&model, &mut opt, 3, |g, i| pass(&model, g, i))
+        .unwrap();
+    let before = live(&rt);
+    let err = rt.step_accumulated(&model, &mut opt, 3, |g, i| match i {
+        2 => model.forward(&g.input(Tensor::zeros([2, 7]))?),
+        _ => pass(&model, g, i),
+    });
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("Linear"), "{err}");
+    assert_eq!(
+        live(&rt),
+        before,
+        "the device's live buffers (count, bytes)"
+    );
+}

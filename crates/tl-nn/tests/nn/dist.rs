@@ -10,7 +10,7 @@ use tl_nn::dist::{Collective, Local};
 use tl_nn::{Activation, CLASSES, Linear, Module, PIXELS, Runtime, Sequential};
 use tl_session::{Backend, Optimizer, Train};
 
-use crate::{eager, linked};
+use crate::{eager, linked, linked_on};
 
 /// Ranks as threads of this process, meeting at a barrier around shared slots; sums are taken
 /// in rank order, once, so every rank gets the same bits. Test-only: the project's engine for
@@ -243,15 +243,9 @@ fn eager_sim_f32() -> Runtime<tl_session::Session<f32>> {
     eager::<f32>(Backend::CudaSim, 0)
 }
 
-/// The linked session compiled onto `backend` (a device: its steps run on the device's tape).
-fn linked_on(backend: Backend) -> Runtime<tl_session::LinkedSession<f32>> {
-    let mut rt = linked::<f32>(0);
-    rt.session_mut().set_backend(backend).unwrap();
-    rt
-}
-
+/// The linked session on the simulation device (its steps run on the device's tape).
 fn linked_sim_f32() -> Runtime<tl_session::LinkedSession<f32>> {
-    linked_on(Backend::CudaSim)
+    linked_on(Backend::CudaSim, 0)
 }
 
 #[test]
@@ -577,7 +571,7 @@ mod nccl {
             let cuda = || eager::<f32>(Backend::Cuda, 0);
             let (alone, group) = alone_and_in(cuda, nccl, bucket, true);
             assert_eq!(alone, group, "eager on the CUDA device, bucket {bucket}");
-            let cuda = || linked_on(Backend::Cuda);
+            let cuda = || linked_on(Backend::Cuda, 0);
             let (alone, group) = alone_and_in(cuda, nccl, bucket, true);
             assert_eq!(alone, group, "linked on the CUDA device, bucket {bucket}");
         }
@@ -611,7 +605,7 @@ mod nccl {
             }
         }
         check("eager", || eager::<f32>(Backend::Cuda, 0));
-        check("linked", || linked_on(Backend::Cuda));
+        check("linked", || linked_on(Backend::Cuda, 0));
     }
 
     /// NCCL with a planted bug in its device all-reduce: every sum comes back doubled.
@@ -672,7 +666,7 @@ mod nccl {
             worst(&alone, &wrong) > 1e-4,
             "the doubled mean went unnoticed"
         );
-        let cuda = || linked_on(Backend::Cuda);
+        let cuda = || linked_on(Backend::Cuda, 0);
         let alone = train(cuda(), None, 32, 3, 100, false);
         let doubled = Box::new(Doubled(engine().unwrap()));
         let wrong = train(cuda(), Some(doubled), 32, 3, 100, false);

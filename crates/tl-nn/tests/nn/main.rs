@@ -47,6 +47,13 @@ pub fn linked<T: Scalar>(seed: u64) -> Runtime<LinkedSession<T>> {
     Runtime::new(LinkedSession::with_seed(seed))
 }
 
+/// A linked f32 session with `seed` that compiles onto `backend`.
+pub fn linked_on(backend: Backend, seed: u64) -> Runtime<LinkedSession<f32>> {
+    let mut rt = linked::<f32>(seed);
+    rt.session_mut().set_backend(backend).unwrap();
+    rt
+}
+
 /// The MLP `inputs → hidden → classes` with PyTorch's `nn.Sequential` names (0, 2).
 pub fn mlp<O: Train>(
     rt: &Runtime<O>,

@@ -8,7 +8,7 @@ use tl_nn::{BatchNorm, Linear, Module, Runtime};
 use tl_session::{Backend, Error, Optimizer, Train};
 use tl_spec::{Scalar, Shape, Tensor};
 
-use crate::{eager, linked};
+use crate::{eager, linked, linked_on};
 
 /// (N, C, H, W) of the batches.
 const DIMS: [usize; 4] = [4, 3, 5, 6];
@@ -25,11 +25,11 @@ macro_rules! on_every_runtime {
         $check("eager sim", eager::<f32>(Backend::CudaSim, 0));
         $check("linked cpu f64", linked::<f64>(0));
         $check("linked cpu f32", linked::<f32>(0));
-        $check("linked sim", linked_on(Backend::CudaSim));
+        $check("linked sim", linked_on(Backend::CudaSim, 0));
         #[cfg(feature = "cuda-emu")]
         {
             $check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
-            $check("linked cuda-emu", linked_on(Backend::Cuda));
+            $check("linked cuda-emu", linked_on(Backend::Cuda, 0));
         }
     };
 }
@@ -117,12 +117,6 @@ fn check_passes<O: Train>(name: &str, rt: &Runtime<O>, dims: &[usize]) {
     }
 }
 
-fn linked_on(backend: Backend) -> Runtime<tl_session::LinkedSession<f32>> {
-    let mut rt = linked::<f32>(0);
-    rt.session_mut().set_backend(backend).unwrap();
-    rt
-}
-
 /// Every session and backend, with (N, C, H, W), an unbatched-like (N, C, L) and one element
 /// per channel (N = H = W = 1: the running variance is kept, the mean moves).
 #[test]
@@ -152,11 +146,11 @@ fn a_single_element_per_channel_keeps_the_running_variance() {
     check("eager cpu", eager::<f32>(Backend::Cpu, 0));
     check("eager sim", eager::<f32>(Backend::CudaSim, 0));
     check("linked cpu", linked::<f32>(0));
-    check("linked sim", linked_on(Backend::CudaSim));
+    check("linked sim", linked_on(Backend::CudaSim, 0));
     #[cfg(feature = "cuda-emu")]
     {
         check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
-        check("linked cuda-emu", linked_on(Backend::Cuda));
+        check("linked cuda-emu", linked_on(Backend::Cuda, 0));
     }
 }
 
@@ -210,11 +204,11 @@ fn a_device_training_step_reads_back_only_the_loss() {
         );
     }
     check("eager sim", eager::<f32>(Backend::CudaSim, 0));
-    check("linked sim", linked_on(Backend::CudaSim));
+    check("linked sim", linked_on(Backend::CudaSim, 0));
     #[cfg(feature = "cuda-emu")]
     {
         check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
-        check("linked cuda-emu", linked_on(Backend::Cuda));
+        check("linked cuda-emu", linked_on(Backend::Cuda, 0));
     }
 }
 
@@ -261,11 +255,11 @@ fn a_recorded_leaf_keeps_its_value_after_the_update() {
     check("eager cpu", eager::<f32>(Backend::Cpu, 0), none);
     check("eager sim", eager::<f32>(Backend::CudaSim, 0), none);
     check("linked cpu", linked::<f32>(0), end_pass);
-    check("linked sim", linked_on(Backend::CudaSim), end_pass);
+    check("linked sim", linked_on(Backend::CudaSim, 0), end_pass);
     #[cfg(feature = "cuda-emu")]
     {
         check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0), none);
-        check("linked cuda-emu", linked_on(Backend::Cuda), end_pass);
+        check("linked cuda-emu", linked_on(Backend::Cuda, 0), end_pass);
     }
 }
 
@@ -275,7 +269,7 @@ fn a_recorded_leaf_keeps_its_value_after_the_update() {
 /// the parameter reads afterwards.
 #[test]
 fn a_linked_host_write_touches_only_its_parameter() {
-    let mut rt = linked_on(Backend::CudaSim);
+    let mut rt = linked_on(Backend::CudaSim, 0);
     let v = rt.vars();
     let (c, f) = (DIMS[1], DIMS[3]);
     let bn = BatchNorm::with(&v.pp("bn"), c, 1e-5, MOMENTUM).unwrap();
@@ -390,11 +384,11 @@ fn update_running_rejects_bad_input() {
     check("eager cpu", eager::<f32>(Backend::Cpu, 0));
     check("eager sim", eager::<f32>(Backend::CudaSim, 0));
     check("linked cpu", linked::<f32>(0));
-    check("linked sim", linked_on(Backend::CudaSim));
+    check("linked sim", linked_on(Backend::CudaSim, 0));
     #[cfg(feature = "cuda-emu")]
     {
         check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
-        check("linked cuda-emu", linked_on(Backend::Cuda));
+        check("linked cuda-emu", linked_on(Backend::Cuda, 0));
     }
 }
 
@@ -457,11 +451,11 @@ fn a_device_update_is_one_launch_of_the_reference_rule() {
         assert_ne!(bits(&other_count), bits(&want_var), "{name}");
     }
     check("eager sim", eager::<f32>(Backend::CudaSim, 0));
-    check("linked sim", linked_on(Backend::CudaSim));
+    check("linked sim", linked_on(Backend::CudaSim, 0));
     #[cfg(feature = "cuda-emu")]
     {
         check("eager cuda-emu", eager::<f32>(Backend::Cuda, 0));
-        check("linked cuda-emu", linked_on(Backend::Cuda));
+        check("linked cuda-emu", linked_on(Backend::Cuda, 0));
     }
 }
 

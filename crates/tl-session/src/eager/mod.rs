@@ -216,6 +216,17 @@ impl<T: Scalar> Session<T> {
         on_engine!(&self.engine, cpu(_) => None, cuda(t) => Some(t.device().traffic()))
     }
 
+    /// [`Train::release_device_buffers`](crate::Train::release_device_buffers): each of
+    /// `bufs` the device holds goes back to its pool.
+    pub(crate) fn release_device_buffers(&mut self, bufs: &[tl_tape_cuda::Buffer]) {
+        on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => {
+            let dev = t.device_mut();
+            for &b in bufs {
+                tl_tape_cuda::Device::release(dev, b);
+            }
+        })
+    }
+
     /// The buffers the device holds live, counted in the device's own table of buffers rather
     /// than by the allocator's counters (from which [`MemoryUsage::live_buffers`] is derived as
     /// `alloc_count − free_count`); `None` on the CPU backend. A leak test checks that the two

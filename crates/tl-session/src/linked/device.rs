@@ -342,6 +342,29 @@ impl<T: Scalar> LinkedSession<T> {
         self.device_counters().map(|(_, t)| t)
     }
 
+    /// [`Train::release_device_buffers`](crate::Train::release_device_buffers): each of
+    /// `bufs` that the device the steps compile onto holds goes back to its pool (the pass's
+    /// compiled tape holds that device during a pass).
+    pub(crate) fn release_device_buffers(&mut self, bufs: &[tl_tape_cuda::Buffer]) {
+        fn release<D: Device>(d: Option<&mut D>, bufs: &[tl_tape_cuda::Buffer]) {
+            if let Some(d) = d {
+                for &b in bufs {
+                    d.release(b);
+                }
+            }
+        }
+        match self.pass.as_mut().map(|c| &mut c.tape) {
+            Some(CompiledTape::CudaSim(t)) => return release(Some(t.device_mut()), bufs),
+            #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+            Some(CompiledTape::Cuda(t)) => return release(Some(t.device_mut()), bufs),
+            _ => {}
+        }
+        on_device!(self.devices, self.backend,
+            cpu => {},
+            dev(mut d) => release(d.as_mut(), bufs),
+        )
+    }
+
     fn device_counters(&self) -> Option<(MemoryUsage, Traffic)> {
         fn read<D: Device>(d: Option<&D>) -> Option<(MemoryUsage, Traffic)> {
             d.map(|d| (d.memory_usage(), d.traffic()))

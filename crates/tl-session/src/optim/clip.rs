@@ -97,6 +97,12 @@ impl Optimizer {
         Ok(())
     }
 
+    /// The loss [`observe_loss`](Self::observe_loss) last accepted, taken (a step stopped after
+    /// its gradients reports it from here: `Train::backward_grads_then_reset`).
+    pub(crate) fn take_observed_loss(&mut self) -> Option<f64> {
+        self.pending_loss.take()
+    }
+
     /// Begin a session step whose gradients (per parameter, one entry per use) are on the
     /// host: check the hyper-parameters and the schedule, and take the gradient norm when
     /// clipping by norm.
