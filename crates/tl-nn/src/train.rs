@@ -282,8 +282,9 @@ impl<T: tl_spec::Scalar> GradReducer<T> for Mean<'_, T> {
         Ok(())
     }
 
-    /// `(sum + g) / count` on the device where the sum is there (the host's f32 operations,
-    /// the same bits), the sum's buffers released.
+    /// `(g + sum) / count` on the device where the sum is there: `g ← g + 1·sum` in place
+    /// (`axpy_assign_list`), then the division (`dist::reduce::divide_on_device`); the host's
+    /// f32 operations, the same bits. The sum's buffers released.
     #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
     fn reduce_on_device(
         &mut self,
@@ -295,39 +296,18 @@ impl<T: tl_spec::Scalar> GradReducer<T> for Mean<'_, T> {
             return None;
         }
         let sums = self.sum.take_device();
-        let r = mean_on_device(dev, &sums, grads, self.count);
+        let r = match sums.len() == grads.len() {
+            true => {
+                let pairs: Vec<_> = grads.iter().copied().zip(sums.iter().copied()).collect();
+                dev.axpy_assign_list(1.0, &pairs)
+                    .and_then(|()| crate::dist::reduce::divide_on_device(dev, grads, self.count))
+                    .map_err(Into::into)
+            }
+            false => Err(layout_changed(sums.len(), grads.len())),
+        };
         for s in sums {
             dev.release(s);
         }
         Some(r)
     }
-}
-
-/// Each of `grads` replaced by `(sum + g) / count` (the old buffer released).
-#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
-fn mean_on_device(
-    dev: &mut tl_tape_cuda::CudaDevice,
-    sums: &[tl_tape_cuda::Buffer],
-    grads: &mut [tl_tape_cuda::Buffer],
-    count: usize,
-) -> tl_session::Result<()> {
-    use tl_tape_cuda::Device;
-    if sums.len() != grads.len() {
-        return Err(layout_changed(sums.len(), grads.len()));
-    }
-    for (&s, g) in sums.iter().zip(grads.iter_mut()) {
-        let t = dev.add(s, *g)?;
-        let k = match dev.full(g.len(), count as f32) {
-            Ok(k) => k,
-            Err(e) => {
-                dev.release(t);
-                return Err(e.into());
-            }
-        };
-        let q = dev.div(t, k);
-        dev.release(t);
-        dev.release(k);
-        dev.release(std::mem::replace(g, q?));
-    }
-    Ok(())
 }

@@ -28,7 +28,7 @@ mod collective;
 mod mpi;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 mod nccl;
-mod reduce;
+pub(crate) mod reduce;
 mod status;
 mod timeout;
 

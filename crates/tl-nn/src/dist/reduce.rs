@@ -74,7 +74,6 @@ pub(crate) fn mean_on_device(
     dev: &mut tl_tape_cuda::CudaDevice,
     grads: &mut [tl_tape_cuda::Buffer],
 ) -> Result<()> {
-    use tl_tape_cuda::Device;
     let mut start = 0;
     while start < grads.len() {
         let mut end = start;
@@ -86,7 +85,20 @@ pub(crate) fn mean_on_device(
         comm.all_reduce_sum_device(dev, &grads[start..end])?;
         start = end;
     }
-    let n = comm.size() as f32;
+    Ok(divide_on_device(dev, grads, comm.size())?)
+}
+
+/// Each of `grads` (`f32` words on `dev`) replaced by its quotient by `n` (the old buffer
+/// released): the host's `x / n` in f32, bit for bit. The mean over the ranks, and over the
+/// micro-batches of gradient accumulation (`Runtime::step_accumulated`).
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+pub(crate) fn divide_on_device(
+    dev: &mut tl_tape_cuda::CudaDevice,
+    grads: &mut [tl_tape_cuda::Buffer],
+    n: usize,
+) -> tl_tape_cuda::Result<()> {
+    use tl_tape_cuda::Device;
+    let n = n as f32;
     for g in grads.iter_mut() {
         let d = dev.full(g.len(), n)?;
         let q = dev.div(*g, d);
