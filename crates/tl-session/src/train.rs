@@ -57,8 +57,8 @@ pub trait Train: Ops {
     /// pass's last act, so nothing can read the pass's values after the update, and on the CPU
     /// each parameter's new values are written over its old ones, where a step that leaves the
     /// pass open writes them into a new buffer beside the old values the pass holds (one
-    /// parameter-sized set less at a training step's peak: docs/performance.md, "GFLOP/s and
-    /// memory per step"). The same loss, parameters and optimizer state, bit for bit. tl-nn's
+    /// parameter-sized set less at a training step's peak: docs/performance.md, "AVX-512 VM",
+    /// the memory per step). The same loss, parameters and optimizer state, bit for bit. tl-nn's
     /// `Runtime::step` steps this way. PyTorch: `optimizer.step()` updating `p` in place.
     fn backward_step_reduced_then_reset(
         &mut self,
