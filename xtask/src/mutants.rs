@@ -87,6 +87,11 @@ pub enum Harness {
     /// conformance --test nn -- nn_layers:: activations:: losses:: session_state::
     /// boundaries:: accumulate:: dist::accumulated`).
     Layers,
+    /// tl-nn's tests with the emulator's features, where a model steps on the CUDA device's
+    /// own code: gradient accumulation and BatchNorm's running statistics there (`cargo test
+    /// --workspace --features <.ci/run's emulator list> --test nn -- accumulate::
+    /// running_stats::`). Needs a C++ compiler.
+    NnEmu,
 }
 
 impl Harness {
@@ -96,11 +101,21 @@ impl Harness {
     /// the dependencies again.
     fn cargo_args(self) -> Vec<&'static str> {
         let mut a = vec!["test", "--workspace"];
-        if self == Harness::Emu {
-            a.extend([
+        match self {
+            Harness::Emu => a.extend([
                 "--features",
                 "tl-tape-cuda/cuda-emu,tl-conformance/cuda-emu,tl-session/cuda-emu,tl-cli/cuda-emu",
-            ]);
+            ]),
+            Harness::NnEmu => {
+                a.extend([
+                    "--features",
+                    "tl-tape-cuda/cuda-emu,tl-conformance/cuda-emu,tl-session/cuda-emu,tl-cli/cuda-emu,tl-nn/cuda-emu",
+                    "--test",
+                    "nn",
+                ]);
+                return a;
+            }
+            Harness::Default | Harness::Layers => {}
         }
         a.extend(["--test", "conformance"]);
         if self == Harness::Layers {
@@ -109,7 +124,8 @@ impl Harness {
         a
     }
 
-    /// The test binaries' arguments (after `--`): the filters of [`Harness::Layers`].
+    /// The test binaries' arguments (after `--`): the filters of [`Harness::Layers`] and
+    /// [`Harness::NnEmu`].
     fn test_args(self) -> Vec<&'static str> {
         match self {
             Harness::Layers => vec![
@@ -128,6 +144,7 @@ impl Harness {
                 "accumulate::",
                 "dist::accumulated",
             ],
+            Harness::NnEmu => vec!["--", "accumulate::", "running_stats::"],
             Harness::Default | Harness::Emu => Vec::new(),
         }
     }
@@ -137,6 +154,7 @@ impl Harness {
             Harness::Default => "conformance",
             Harness::Emu => "conformance + cuda-emu",
             Harness::Layers => "nn layers + session state",
+            Harness::NnEmu => "nn + cuda-emu",
         }
     }
 }
@@ -342,6 +360,7 @@ fn run_inner(args: &[String]) -> Result<ExitCode, String> {
         Harness::Default => 0,
         Harness::Layers => 1,
         Harness::Emu => 2,
+        Harness::NnEmu => 3,
     });
     harnesses.dedup();
     for h in harnesses {

@@ -9,7 +9,7 @@
 use super::{Area, Harness, Mutant};
 
 use Area::*;
-use Harness::{Default as Plain, Emu, Layers};
+use Harness::{Default as Plain, Emu, Layers, NnEmu};
 
 /// Every planted bug, in the order they run (cheapest rebuilds last: kernels, optimizers and the
 /// CUDA sim rebuild fewer crates than the spec).
@@ -1220,6 +1220,15 @@ pub const MUTANTS: &[Mutant] = &[
         to: "(batch, nq, nk), Keys::All, &at)",
         bug: "forward_qkv_masked attends to every key whatever its attention mask says",
         harness: Layers,
+    },
+    Mutant {
+        id: "nn-accumulate-device-drops-later-passes",
+        area: Nn,
+        file: "crates/tl-nn/src/train.rs",
+        from: "Some(dev.axpy_assign_list(1.0, &pairs).map_err(Into::into))",
+        to: "Some(Ok(()))",
+        bug: "on the CUDA device, gradient accumulation's sum keeps the first micro-batch's gradients and drops the later ones'",
+        harness: NnEmu,
     },
     Mutant {
         id: "nn-kv-cache-rope-from-zero",
