@@ -21,6 +21,9 @@ use crate::{Parameters, Result, Runtime, Scope, Var};
 
 pub use tl_session::optim::{Schedule, StepStats};
 
+/// The name [`Runtime::step_accumulated`]'s errors give.
+const CALL: &str = "Runtime::step_accumulated";
+
 /// What one training step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepReport {
@@ -107,7 +110,6 @@ impl<O: Train> Runtime<O> {
         M: Parameters + ?Sized,
         F: for<'g> FnMut(&Scope<'g, O>, usize) -> Result<Var<'g, O>>,
     {
-        const CALL: &str = "Runtime::step_accumulated";
         if micro_batches == 0 {
             return Err(usage(CALL, "need at least one micro-batch, got 0"));
         }
@@ -136,7 +138,6 @@ impl<O: Train> Runtime<O> {
         M: Parameters + ?Sized,
         F: for<'g> FnMut(&Scope<'g, O>, usize) -> Result<Var<'g, O>>,
     {
-        const CALL: &str = "Runtime::step_accumulated";
         let grouped = self.group.is_some();
         let mut losses = 0.0;
         for i in 0..micro_batches {
@@ -259,7 +260,7 @@ impl<T: tl_spec::Scalar> GradReducer<T> for Summed<T> {
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 fn layout_changed(sum: usize, pass: usize) -> tl_session::Error {
     tl_session::Error::Usage {
-        what: "Runtime::step_accumulated",
+        what: CALL,
         detail: format!(
             "a micro-batch's pass has {pass} gradient buffer(s) where the first had {sum} (every pass must use the same trainable parameters)"
         ),
