@@ -45,6 +45,22 @@
 //   rows) and the key tile from j0 meet when j0 < i0 + rows + offset. So a query tile runs the
 //   keys j < min(nk, max(0, i0 + rows + offset)) (tl_fa_kend) and a key tile the query tiles
 //   from the one holding row max(0, j0 - offset) (tl_fa_qstart; none when that is >= nq).
+//
+// Autocast (mode bits TL_FA_BF16 / TL_FA_TF32; device/flash.rs FlashRound; docs/semantics.md,
+// "Mixed precision"): the caller hands the kernels Q, K, V (and dO) already rounded, and the
+// kernels round the probabilities and the score cotangents as the products that read them do:
+// - TL_FA_OUT (the forward's second pass, after a plain forward on the same operands wrote
+//   lse): p = round(expf(s - lse_i)) (0 where masked or lse_i = -inf), o_c = fma chain of
+//   p_j * v_jc over the keys in order from +0 (alpha = 1: no rescaling, no division); lse is
+//   read, not written. So O = round(A) V with A the normalized probabilities, as the composed
+//   path's A.V product reads them.
+// - backward: ds = round(p * (dp - delta_i) * scale) (from the unrounded p) before dQ and dK
+//   read it, and dV reads round(p); delta_i = dot(dO_i, O_i) with O the output of the
+//   UNROUNDED probabilities (the first pass's), so delta_i is sum_j p_ij dp_ij up to f32
+//   reassociation, as the softmax VJP of the composed path computes it from its f32 A.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "common.cuh"
 
 #define TL_FA_T 16
@@ -58,6 +74,18 @@
 #define TL_FA_CAUSAL 1u
 #define TL_FA_KEEP 2u
 #define TL_FA_BITS 4u
+// Autocast bits (the header): round p and dS to bf16 (nearest, ties to even) or to TF32
+// (nearest, ties away), and the forward's second pass (O = round(A) V from a given lse).
+#define TL_FA_BF16 8u
+#define TL_FA_TF32 16u
+#define TL_FA_OUT 32u
+
+// x as a product reads it under `mode`'s autocast bits (tl_spec::precision::Precision::round).
+__device__ __forceinline__ float tl_fa_round(float x, u32 mode) {
+    if (mode & TL_FA_BF16) return __bfloat162float(__float2bfloat16(x));
+    if (mode & TL_FA_TF32) return nvcuda::wmma::__float_to_tf32(x);
+    return x;
+}
 
 // The rows of the tile that starts at r0: min(16, n - r0) (0 from n on).
 __device__ __forceinline__ u32 tl_fa_len(u32 n, u32 r0) {
@@ -146,11 +174,13 @@ __device__ __forceinline__ void tl_fa_load(float (*tile)[TL_FA_LD], const float*
 }
 
 // The probability and the score cotangent of query row i (tile row r) and key j (tile row kj):
-// (p, ds) with p = 0 = ds where masked or the row has nothing allowed.
+// (p, ds) with p = 0 = ds where masked or the row has nothing allowed, each rounded as `mode`
+// says (autocast; ds from the unrounded p).
 __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const float (*gs)[TL_FA_LD],
                                            const float (*ks)[TL_FA_LD], const float (*vs)[TL_FA_LD],
                                            u32 r, u32 kj, float lse, float delta, u32 d,
-                                           float scale, bool ok, float* p_out, float* ds_out) {
+                                           float scale, bool ok, u32 mode, float* p_out,
+                                           float* ds_out) {
     float p = 0.0f, ds = 0.0f;
     if (ok && lse != -INFINITY) {
         const float s = tl_fa_dot(qs[r], ks[kj], d) * scale;
@@ -158,8 +188,8 @@ __device__ __forceinline__ void tl_fa_p_ds(const float (*qs)[TL_FA_LD], const fl
         const float dp = tl_fa_dot(gs[r], vs[kj], d);
         ds = p * (dp - delta) * scale;
     }
-    *p_out = p;
-    *ds_out = ds;
+    *p_out = tl_fa_round(p, mode);
+    *ds_out = tl_fa_round(ds, mode);
 }
 
 // ---- Forward: register micro-tiles -----------------------------------------------------------
@@ -347,6 +377,12 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
                 float alpha = 1.0f, sum = 0.0f;
                 if (mn == -INFINITY) {
                     for (u32 j = jb; j < je; ++j) pt[j * BM + (r2 ^ tl_fa_swz(j))] = 0.0f;
+                } else if (mode & TL_FA_OUT) {  // a row with a finite max: r2 < rows, lse finite
+                    const float lr2 = lse[(u64)bh * nq + i0 + r2];
+                    for (u32 j = jb; j < je; ++j) {
+                        float* at = &pt[j * BM + (r2 ^ tl_fa_swz(j))];
+                        *at = tl_fa_round(expf(*at - lr2), mode);
+                    }
                 } else {
                     alpha = expf(mb - mn);
                     if (je - jb == TL_FA_T) {  // a whole tile: the exps at once, then the sum
@@ -424,9 +460,11 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             const bool none = m == -INFINITY;
             for (u32 e = 0; e < 4; ++e) {
                 const u32 c = cx * 4 + e;
-                if (c < d) o[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] = none ? 0.0f : acc[a][e] / l;
+                const float out = (mode & TL_FA_OUT) ? acc[a][e] : acc[a][e] / l;
+                if (c < d) o[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] = none ? 0.0f : out;
             }
-            if (cx == 0) lse[(u64)bh * nq + i0 + r] = none ? -INFINITY : m + logf(l);
+            if (cx == 0 && !(mode & TL_FA_OUT))
+                lse[(u64)bh * nq + i0 + r] = none ? -INFINITY : m + logf(l);
         }
     }
 }
@@ -536,7 +574,7 @@ __device__ __forceinline__ void tl_fa_bwd_q16(const float* q, const float* k, co
             const bool ok = ty < rows && tx < cols &&
                             tl_fa_allowed(mk, mode, offset, nk, i, j0 + tx);
             tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f, ok ? delta_s[ty] : 0.0f, d,
-                       scale, ok, &p, &ds);
+                       scale, ok, mode, &p, &ds);
             dss[ty][tx] = ds;
             __syncthreads();
             for (u32 u = 0; u < TL_FA_COLS; ++u) {
@@ -595,7 +633,7 @@ __device__ __forceinline__ void tl_fa_bwd_kv16(const float* q, const float* k, c
                 const bool ok = ty < rows && tx < cols &&
                                 tl_fa_allowed(mk, mode, offset, nk, i0 + ty, j0 + tx);
                 tl_fa_p_ds(qs, gs, ks, vs, ty, tx, ok ? lse_s[ty] : 0.0f,
-                           ok ? delta_s[ty] : 0.0f, d, scale, ok, &p, &ds);
+                           ok ? delta_s[ty] : 0.0f, d, scale, ok, mode, &p, &ds);
                 ps[ty][tx] = p;
                 dss[ty][tx] = ds;
                 __syncthreads();
@@ -756,7 +794,7 @@ __device__ __forceinline__ void tl_fa_bwd_q64(const float* q, const float* k, co
                     ds[a][bb] = 0.0f;
                     if (ok && lr[a] != -INFINITY) {
                         const float p = expf(s[a][bb] * scale - lr[a]);
-                        ds[a][bb] = p * (dp[a][bb] - dr[a]) * scale;
+                        ds[a][bb] = tl_fa_round(p * (dp[a][bb] - dr[a]) * scale, mode);
                     }
                 }
             }
@@ -936,8 +974,8 @@ __device__ __forceinline__ void tl_fa_bwd_kv64(const float* q, const float* k, c
                     p = expf(s[a] * scale - l);
                     ds = p * (dp[a] - dl) * scale;
                 }
-                ps[sr * BN + (j ^ rsw)] = p;
-                dss[sr * BN + (j ^ rsw)] = ds;
+                ps[sr * BN + (j ^ rsw)] = tl_fa_round(p, mode);
+                dss[sr * BN + (j ^ rsw)] = tl_fa_round(ds, mode);
             }
             __syncthreads();
             if (st + 1 < steps) {  // the next step's Q and dO rows, in flight during the sums

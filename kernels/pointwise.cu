@@ -1,5 +1,8 @@
 // Pointwise kernels: one element per grid-stride iteration. Each body is the twin of the
 // function of the same name in crates/tl-tape-cuda/src/device/sim/pointwise.rs.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include "common.cuh"
 #include "approx.cuh"
 
@@ -35,6 +38,16 @@ extern "C" __global__ void tl_clamp(const float* x, float* out, u64 n, float lo,
 }
 extern "C" __global__ void tl_scale(const float* x, float* out, u64 n, float c) {
     TL_GRID_STRIDE(i, n) { out[i] = c * x[i]; }
+}
+// x as a product under autocast reads it (tl_spec::precision::Precision::round; sim: map1
+// "round"): prec 1 bf16 (nearest, ties to even), 2 TF32 (nearest, ties away), else unchanged.
+extern "C" __global__ void tl_round(const float* x, float* out, u64 n, u32 prec) {
+    TL_GRID_STRIDE(i, n) {
+        const float v = x[i];
+        out[i] = prec == 1u   ? __bfloat162float(__float2bfloat16(v))
+                 : prec == 2u ? nvcuda::wmma::__float_to_tf32(v)
+                              : v;
+    }
 }
 extern "C" __global__ void tl_full(float* out, u64 n, float v) {
     TL_GRID_STRIDE(i, n) { out[i] = v; }

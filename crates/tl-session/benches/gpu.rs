@@ -457,10 +457,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             d,
         };
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
-        let f = Flash {
-            dims,
-            mask: FlashMask::of("bench", Some(&mask), n, n, 1)?,
-        };
+        let f = Flash::new(dims, FlashMask::of("bench", Some(&mask), n, n, 1)?);
         let lens = [dims.q_len(), dims.kv_len(), dims.kv_len(), dims.q_len()];
         let data: Vec<Vec<f32>> = (0..4)
             .map(|k| filled(&[lens[k]], 30 + k as u64, 1.0).data().to_vec())

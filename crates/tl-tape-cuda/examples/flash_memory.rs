@@ -7,12 +7,18 @@
 //! cargo run -p tl-tape-cuda --example flash_memory                  # n = 1k, 4k, 16k
 //! cargo run -p tl-tape-cuda --example flash_memory -- --n 1024,4096 --composed-max 4096
 //! cargo run -p tl-tape-cuda --example flash_memory -- --n 4096,16384 --queries 256
+//! cargo run -p tl-tape-cuda --example flash_memory -- --n 1024,4096 --precision bf16
 //! ```
 //!
 //! With `--queries m`, the call is `scaledDotProductAttention` of m queries over the n keys
 //! under the causal mask aligned at the bottom right (the newest m positions of a sequence
 //! whose first n − m are cached: a KV cache's chunk), where the composed path holds (m, n)
 //! scores.
+//!
+//! With `--precision bf16` (or `tf32`) the tape runs under autocast
+//! (`CudaTape::set_precision`): the fused core rounds its operands, probabilities and dS
+//! (two passes over the keys forward, O(n·d) as in f32), the composed path's products round
+//! theirs.
 //!
 //! One causal attention, batch 1, one head of `d` = 4 (dModel 4: the sim computes every score on
 //! the host, n²·d work per pass, so a small head keeps n = 16k to tens of seconds; the memory
@@ -24,7 +30,7 @@
 use tl_ir::Op;
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
-use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Precision, SimDevice};
 
 struct Args {
     ns: Vec<usize>,
@@ -32,6 +38,8 @@ struct Args {
     d: usize,
     /// `Some(m)`: scaledDotProductAttention of m queries over the n keys.
     queries: Option<usize>,
+    /// The tape's products: f32 or autocast.
+    precision: Precision,
 }
 
 fn args() -> Result<Args, String> {
@@ -40,6 +48,7 @@ fn args() -> Result<Args, String> {
         composed_max: 4096,
         d: 4,
         queries: None,
+        precision: Precision::F32,
     };
     let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> Result<usize, String> {
@@ -60,6 +69,14 @@ fn args() -> Result<Args, String> {
             "--composed-max" => a.composed_max = num(it.next(), "--composed-max")?,
             "--d" => a.d = num(it.next(), "--d")?,
             "--queries" => a.queries = Some(num(it.next(), "--queries")?),
+            "--precision" => {
+                a.precision = match it.next().as_deref() {
+                    Some("f32") => Precision::F32,
+                    Some("bf16") => Precision::Bf16,
+                    Some("tf32") => Precision::Tf32,
+                    other => return Err(format!("--precision: f32, bf16 or tf32, not {other:?}")),
+                }
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -67,15 +84,12 @@ fn args() -> Result<Args, String> {
 }
 
 /// (peak bytes the call allocated, bytes the node kept, bytes left at the end, seconds).
-fn run(
-    n: usize,
-    d: usize,
-    queries: Option<usize>,
-    fused: bool,
-) -> Result<(usize, usize, usize, f64), String> {
+fn run(a: &Args, n: usize, fused: bool) -> Result<(usize, usize, usize, f64), String> {
+    let (d, queries) = (a.d, a.queries);
     let e = |e: tl_tape_cuda::Error| e.to_string();
     let start = std::time::Instant::now();
     let mut tape = CudaTape::new(SimDevice::new());
+    tape.set_precision(a.precision);
     let fill = |dims: &[usize], salt: u64| {
         Tensor::<f32>::from_fn(Shape::new(dims), |i| {
             ((tl_spec::rng::unit(salt, i as u64) - 0.5) * 2.0) as f32
@@ -147,7 +161,8 @@ fn main() {
         Some(m) => format!("{m} queries over n keys"),
     };
     println!(
-        "| {n_col} | d | path | peak during the call | kept for the backward | left after | sim seconds |"
+        "| {n_col} | d | path ({}) | peak during the call | kept for the backward | left after | sim seconds |",
+        a.precision.name()
     );
     println!("|---|---|---|---|---|---|---|");
     for &n in &a.ns {
@@ -160,7 +175,7 @@ fn main() {
                 );
                 continue;
             }
-            match run(n, a.d, a.queries, fused) {
+            match run(&a, n, fused) {
                 Ok((peak, kept, left, secs)) => println!(
                     "| {n} | {} | {path} | {} | {} | {left} B | {secs:.1} |",
                     a.d,

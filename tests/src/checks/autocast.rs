@@ -6,9 +6,15 @@
 //! supplies the tape: [`TapeRun`] runs one op and returns its value and its operands'
 //! gradients. The conformance suite runs it on the CPU tape (every bf16 kernel), the CUDA
 //! tape on the simulation device and, with `cuda-emu`, on the emulated kernels.
+//!
+//! [`tape_attention_matches_the_reference`] does the same for attention's core, fused and
+//! composed, against the spec's `autocast_reference`, where a probability's rounding may
+//! differ by one unit between a path's f32 value and the reference's f64 one.
 
 use tl_ir::Op;
 use tl_spec::bf16::accumulation_bound;
+use tl_spec::ops::attention::Mask;
+use tl_spec::ops::attention::sdpa::autocast_reference;
 use tl_spec::ops::conv::ConvParams;
 use tl_spec::precision::Precision;
 use tl_spec::{Tensor, ops as spec};
@@ -111,6 +117,82 @@ pub fn tape_products_match_the_reference(
         &conv(&abs(&wr), &abs(&b64), &abs(&xr))?,
         27,
     )
+}
+
+/// The check for attention: `run` at `p` on `scaledDotProductAttention`, composed and fused
+/// (the seeds' `useFlash`), on a padded batch (B = 2, 19 queries over 27 keys under the
+/// lower-right causal mask, the second sequence's last 7 keys hidden, 4 query heads over 2 key
+/// heads of 8) and on 33 positions of 2 heads of 16 with no mask, operands drawn from `seed`,
+/// against [`autocast_reference`] (every product's operands rounded, the probabilities and
+/// dS included). Each result within 1e-5 of its scale (`max(1, ‖reference‖∞)`) but where the
+/// path's f32 probability (or dS) and the reference's round to neighbouring values, one term
+/// off by one unit of the rounding: at most 2% of the elements, none off by more than 2⁻⁶ of
+/// the scale. A path that does not round the probabilities and dS is off on far more. `Err`
+/// names the op, the path, the result and the count (or the element) on the first miss.
+pub fn tape_attention_matches_the_reference(
+    run: &mut TapeRun<'_>,
+    p: Precision,
+    seed: u64,
+) -> Result<(), String> {
+    let mut draw = Draw(seed);
+    let padded = Mask::from_fn_batched(2, 19, 27, |b, i, j| j <= i + 8 && j < [27, 20][b])
+        .map_err(|e| e.to_string())?;
+    let cases = [
+        ([2, 19, 32], [2, 27, 16], 4, Some(padded)),
+        ([1, 33, 32], [1, 33, 32], 2, None),
+    ];
+    for (qs, ks, heads, mask) in cases {
+        let (q, k, v, g) = (
+            draw.tensor(&qs),
+            draw.tensor(&ks),
+            draw.tensor(&ks),
+            draw.tensor(&qs),
+        );
+        let want = autocast_reference(p, [&q, &k, &v], heads, mask.as_ref(), &g)
+            .map_err(|e| e.to_string())?;
+        for fused in [false, true] {
+            let op = Op::ScaledDotProductAttention {
+                heads,
+                mask: mask.clone(),
+                fused,
+            };
+            let what = format!("scaledDotProductAttention (fused = {fused}, {p:?})");
+            let r = run(p, &op, &[q.clone(), k.clone(), v.clone()], &g)?;
+            expect(&r, 4, &what)?;
+            for (name, (got, want)) in ["value", "dq", "dk", "dv"].iter().zip(r.iter().zip(&want)) {
+                flips_only(&format!("{what}: {name}"), got, want)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `got` within 1e-5 of `want`'s scale (`max(1, ‖want‖∞)`) but on at most 2% of the elements,
+/// and within 2⁻⁶ of it everywhere.
+fn flips_only(what: &str, got: &Tensor<f32>, want: &Tensor<f64>) -> Result<(), String> {
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "{what}: shape {} against the reference's {}",
+            got.shape(),
+            want.shape()
+        ));
+    }
+    let scale = want.data().iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    let mut off = 0;
+    for (i, (&g, &w)) in got.data().iter().zip(want.data()).enumerate() {
+        let e = (f64::from(g) - w).abs() / scale;
+        if e.is_nan() || e > 1.0 / 64.0 {
+            return Err(format!("{what} at {i}: {g} against {w} (scale {scale})"));
+        }
+        off += usize::from(e > 1e-5);
+    }
+    match off * 50 <= got.data().len() {
+        true => Ok(()),
+        false => Err(format!(
+            "{what}: {off} of {} elements beyond 1e-5 of the scale (at most 2%)",
+            got.data().len()
+        )),
+    }
 }
 
 /// Uniform values in [−2, 2) from a SplitMix64 stream.

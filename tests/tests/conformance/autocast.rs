@@ -2,8 +2,12 @@
 //! matmul (value and both gradients), linear and conv equal the f64 reference on rounded
 //! operands within the f32 accumulation bound: the CPU tape on every bf16 kernel this CPU has,
 //! the CUDA tape on the simulation device and (feature `cuda-emu`) on the emulated kernels.
+//! Likewise attention's core, fused and composed, against the spec's autocast reference
+//! (`checks::autocast::tape_attention_matches_the_reference`).
 
-use tl_conformance::checks::autocast::tape_products_match_the_reference;
+use tl_conformance::checks::autocast::{
+    tape_attention_matches_the_reference, tape_products_match_the_reference,
+};
 use tl_ir::Op;
 use tl_spec::Tensor;
 use tl_tape_cpu::gates::{self, Gates};
@@ -64,7 +68,28 @@ fn tape_products_match_the_reference_on_the_cpu() {
         for p in AUTOCAST {
             let r = tape_products_match_the_reference(&mut on_cpu, p, 43);
             assert_eq!(r, Ok(()), "{kernel:?} {p:?}");
+            let r = tape_attention_matches_the_reference(&mut on_cpu, p, 47);
+            assert_eq!(r, Ok(()), "{kernel:?} {p:?}");
         }
+    }
+}
+
+/// The attention check has teeth: a tape that rounds the operands but multiplies by the
+/// unrounded probabilities and dS (the f32 tape on rounded q, k, v and cotangent) fails it.
+#[test]
+fn the_attention_check_sees_probabilities_left_unrounded() {
+    for p in AUTOCAST {
+        let mut operands_only = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            let r = |t: &Tensor<f32>| t.map(|v| p.round(v));
+            let x: Vec<_> = x.iter().map(r).collect();
+            on_cpu(Precision::F32, op, &x, &r(g))
+        };
+        let r = tape_attention_matches_the_reference(&mut operands_only, p, 47);
+        assert!(
+            r.as_ref()
+                .is_err_and(|e| e.contains("scaledDotProductAttention")),
+            "{p:?}: {r:?}"
+        );
     }
 }
 
@@ -76,6 +101,11 @@ fn tape_products_match_the_reference_on_the_cuda_sim() {
         };
         assert_eq!(
             tape_products_match_the_reference(&mut run, p, 43),
+            Ok(()),
+            "{p:?}"
+        );
+        assert_eq!(
+            tape_attention_matches_the_reference(&mut run, p, 47),
             Ok(()),
             "{p:?}"
         );
@@ -103,6 +133,11 @@ fn tape_products_match_the_reference_on_the_emulated_kernels() {
         };
         assert_eq!(
             tape_products_match_the_reference(&mut run, p, 43),
+            Ok(()),
+            "{p:?}"
+        );
+        assert_eq!(
+            tape_attention_matches_the_reference(&mut run, p, 47),
             Ok(()),
             "{p:?}"
         );

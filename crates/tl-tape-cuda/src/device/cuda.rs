@@ -172,10 +172,9 @@ impl CudaDevice {
         let current = crate::precision::current();
         let tile = super::split_tile(current);
         let (kc, splits) = (g.k_chunk_tiled(batch, tile), g.k_splits_tiled(batch, tile));
-        let prec = match current {
-            Precision::F32 => None,
-            Precision::Bf16 => Some(1),
-            Precision::Tf32 => Some(2),
+        let prec = match kernel_code(current) {
+            0 => None,
+            code => Some(code),
         };
         let (kernel, side, threads) = match prec {
             Some(_) => ("tl_gemm_tc", super::TC_TILE, 256),
@@ -429,6 +428,9 @@ impl Device for CudaDevice {
     fn scale(&mut self, x: Buffer, c: f32) -> Result<Buffer> {
         self.map1("tl_scale", x, &[Arg::F32(c)])
     }
+    fn round_to(&mut self, x: Buffer, p: Precision) -> Result<Buffer> {
+        self.map1("tl_round", x, &[Arg::U32(kernel_code(p))])
+    }
     fn reduce_sum(&mut self, x: Buffer) -> Result<Buffer> {
         self.full_reduce("reduce_sum", x, false)
     }
@@ -447,6 +449,15 @@ impl Device for CudaDevice {
             Some(p) => self.map1(kernel, x, &[Arg::F32(p)]),
             None => self.map1(kernel, x, &[]),
         }
+    }
+}
+
+/// The kernels' code of `p` (`prec` of `tl_gemm_tc` and `tl_round`): 0 f32, 1 bf16, 2 TF32.
+fn kernel_code(p: Precision) -> u32 {
+    match p {
+        Precision::F32 => 0,
+        Precision::Bf16 => 1,
+        Precision::Tf32 => 2,
     }
 }
 

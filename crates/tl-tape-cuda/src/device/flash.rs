@@ -30,8 +30,16 @@
 //! ([`FlashMask::words_per_batch`]); the causal diagonal is the same for every element. A
 //! job of the kernels is one (b, h) and reads element b's words only, so no sum's order
 //! depends on the stride: a shared mask sent as B identical copies gives the same bits.
+//!
+//! Under autocast ([`Flash::round`] bf16 or TF32: docs/semantics.md, "Mixed precision") the
+//! core is the composed path's products on rounded operands, in O(n·d) memory
+//! ([`super::flash_round`]): Q, K, V and dO rounded into copies, a plain forward for lse and
+//! the output of the unrounded probabilities (which the backward's delta reads), then a second
+//! forward pass ([`FLASH_OUT`]) for `O = round(A)·V`; the backward rounds p and dS
+//! ([`FLASH_BF16`], [`FLASH_TF32`]) before its sums read them.
 
 use super::{Buffer, check};
+use crate::precision::Precision;
 use crate::{Error, Result, abi};
 use tl_spec::ops::attention::{Mask, MaskForm};
 
@@ -56,6 +64,13 @@ pub const FLASH_CAUSAL: u32 = 1;
 pub const FLASH_KEEP: u32 = 2;
 /// Mask mode bit: the full (nq, nk) mask as bits (`TL_FA_BITS`).
 pub const FLASH_BITS: u32 = 4;
+/// Mode bit (not a mask's): p and dS rounded to bf16 before the sums read them (`TL_FA_BF16`).
+pub const FLASH_BF16: u32 = 8;
+/// Mode bit (not a mask's): p and dS rounded to TF32 before the sums read them (`TL_FA_TF32`).
+pub const FLASH_TF32: u32 = 16;
+/// Mode bit (not a mask's): the forward's second pass under autocast, `O = round(A)·V` from a
+/// given lse (`TL_FA_OUT`).
+pub const FLASH_OUT: u32 = 32;
 
 /// The sizes of one fused attention core: `batch·heads` heads of `nq` query rows against `nk`
 /// keys of `batch·kv_heads` key heads, each of size `d`.
@@ -444,16 +459,45 @@ impl FlashMask {
     }
 }
 
-/// One fused attention core: its sizes and its mask.
+/// One fused attention core: its sizes, its mask and its products' arithmetic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Flash {
     /// The sizes.
     pub dims: FlashDims,
     /// The mask, as the kernels read it.
     pub mask: FlashMask,
+    /// The arithmetic of the core's products: [`Precision::F32`], or autocast (bf16, TF32:
+    /// every operand of every product rounded, as the composed path's products read them;
+    /// the module docs).
+    pub round: Precision,
 }
 
 impl Flash {
+    /// The f32 core of `dims` under `mask`.
+    pub fn new(dims: FlashDims, mask: FlashMask) -> Flash {
+        Flash {
+            dims,
+            mask,
+            round: Precision::F32,
+        }
+    }
+
+    /// The core with its products at `round`.
+    pub fn with_round(self, round: Precision) -> Flash {
+        Flash { round, ..self }
+    }
+
+    /// The kernels' `mode`: the mask's bits, and [`FLASH_BF16`] or [`FLASH_TF32`] under
+    /// autocast.
+    pub fn mode(&self) -> u32 {
+        self.mask.mode
+            | match self.round {
+                Precision::F32 => 0,
+                Precision::Bf16 => FLASH_BF16,
+                Precision::Tf32 => FLASH_TF32,
+            }
+    }
+
     /// Checked operands of [`Device::flash_attention`](super::Device::flash_attention): dims,
     /// mask, Q of `B·nq·H·d` elements, K and V of `B·nk·Hk·d`. Returns the buffers' lengths.
     pub fn check_forward(&self, op: &'static str, qkv: [Buffer; 3]) -> Result<FlashLens> {

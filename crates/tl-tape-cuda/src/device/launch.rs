@@ -281,6 +281,10 @@ pub trait Launch: LaunchIndex {
     /// The work of [`Device::flash_attention`]; operands already validated by it — callers
     /// use `flash_attention`.
     fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)>;
+    /// The forward's second pass under autocast (`TL_FA_OUT`): `O = Σ_j round(exp(s − lse))·v_j`
+    /// from the lse a plain forward on the same (rounded) operands wrote; the work of
+    /// [`Device::flash_attention_rounded`], operands already validated by it.
+    fn launch_flash_out(&mut self, qkv: [Buffer; 3], lse: Buffer, f: &Flash) -> Result<Buffer>;
     /// The work of [`Device::flash_attention_bwd`]; operands already validated by it —
     /// callers use `flash_attention_bwd`.
     fn launch_flash_bwd(

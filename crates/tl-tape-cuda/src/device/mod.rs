@@ -25,6 +25,7 @@ pub mod bias;
 mod buffer;
 pub mod check;
 pub mod flash;
+mod flash_round;
 pub mod index_check;
 pub mod launch;
 pub mod norm;
@@ -38,6 +39,7 @@ pub mod window;
 pub mod cuda;
 
 use crate::alloc::{Collected, MemoryUsage};
+use crate::precision::Precision;
 use crate::traffic::Traffic;
 use crate::{Result, abi};
 pub use bias::{Act, BiasLayout};
@@ -174,6 +176,10 @@ pub trait Device: Launch {
     fn clamp(&mut self, x: Buffer, lo: f32, hi: f32) -> Result<Buffer>;
     /// `c · x`.
     fn scale(&mut self, x: Buffer, c: f32) -> Result<Buffer>;
+    /// `x` as a product under `p` reads it ([`Precision::round`]: each element rounded to bf16,
+    /// nearest, ties to even, or to TF32, nearest, ties away; unchanged for `F32`), a fresh
+    /// buffer. PyTorch: `x.to(torch.bfloat16).float()`.
+    fn round_to(&mut self, x: Buffer, p: Precision) -> Result<Buffer>;
     /// A device-to-device copy (a scale-by-one launch, as in TorchLean: bit-exact).
     fn copy(&mut self, x: Buffer) -> Result<Buffer> {
         self.scale(x, 1.0)
@@ -819,9 +825,37 @@ pub trait Device: Launch {
     /// other (nq, nk) or another batch, are errors before launch. PyTorch:
     /// `F.scaled_dot_product_attention(q, k, v, attn_mask)` (its flash backend; `attn_mask`
     /// (L, S) or (B, 1, L, S)).
+    ///
+    /// Under autocast ([`Flash::round`] bf16 or TF32) the products read rounded operands
+    /// (`O = round(A)·round(V)`, A the softmax of `round(Q)·round(K)ᵀ/√d`) in two passes over
+    /// the keys, still O(n·d) memory ([`flash_attention_rounded`](Self::flash_attention_rounded),
+    /// whose third buffer this releases).
     fn flash_attention(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
         f.check_forward("flash_attention", qkv)?;
-        self.launch_flash_fwd(qkv, f)
+        if !f.round.is_autocast() {
+            return self.launch_flash_fwd(qkv, f);
+        }
+        let [o, lse, exact] = flash_round::forward(self, qkv, f)?;
+        self.release(exact);
+        Ok((o, lse))
+    }
+    /// The fused core under autocast ([`Flash::round`] bf16 or TF32; an f32 core is an error:
+    /// [`flash_attention`](Self::flash_attention)): `[O, lse, Ō]`, O and lse as
+    /// `flash_attention` gives them and `Ō = A·round(V)`, the output of the unrounded
+    /// probabilities, which [`flash_attention_bwd`](Self::flash_attention_bwd) takes in place
+    /// of O under autocast (its `delta = Σ_j A_ij·dA_ij` reads the unrounded A). Two passes
+    /// over the keys: the plain forward (lse, Ō), then `O = Σ_j round(exp(s − lse))·round(v_j)`.
+    fn flash_attention_rounded(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<[Buffer; 3]> {
+        const OP: &str = "flash_attention_rounded";
+        f.check_forward(OP, qkv)?;
+        if !f.round.is_autocast() {
+            return Err(crate::Error::kernel(
+                OP,
+                "the core's products are f32 (Flash::round = F32); an f32 core has no rounded \
+                 output: use flash_attention",
+            ));
+        }
+        flash_round::forward(self, qkv, f)
     }
     /// The VJP of [`flash_attention`](Self::flash_attention) for the cotangent `go` of O, from
     /// its output `o` and `lse`: `[dQ, dK, dV]` (dQ of Q's length, dK and dV of K's),
@@ -831,6 +865,12 @@ pub trait Device: Launch {
     /// reductions on, on CUDA; with them off (and d ≤ [`FLASH_ONE_PASS_MAX_HEAD`]) CUDA runs
     /// the one-pass backward (dK, dV by key blocks, dQ added across them with `atomicAdd`:
     /// last-bit differences between runs; [`crate::gates::flash_bwd_one_pass`]).
+    ///
+    /// Under autocast ([`Flash::round`] bf16 or TF32) `o` must be Ō, the third buffer of
+    /// [`flash_attention_rounded`](Self::flash_attention_rounded) (O itself would put the
+    /// rounding of A into delta); Q, K, V and dO are read rounded, and p and dS are rounded
+    /// before the sums read them (`dV = round(A)ᵀ·round(dO)`, `dQ = round(dS)·round(K)`,
+    /// `dK = round(dS)ᵀ·round(Q)`).
     fn flash_attention_bwd(
         &mut self,
         qkv: [Buffer; 3],
@@ -840,7 +880,10 @@ pub trait Device: Launch {
         f: &Flash,
     ) -> Result<[Buffer; 3]> {
         f.check_backward("flash_attention_bwd", qkv, o, lse, go)?;
-        self.launch_flash_bwd(qkv, o, lse, go, f)
+        match f.round.is_autocast() {
+            false => self.launch_flash_bwd(qkv, o, lse, go, f),
+            true => flash_round::backward(self, qkv, o, lse, go, f),
+        }
     }
 
     // ---- conv ---------------------------------------------------------------------------------

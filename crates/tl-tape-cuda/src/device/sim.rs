@@ -174,6 +174,9 @@ impl Device for SimDevice {
     fn scale(&mut self, x: Buffer, c: f32) -> Result<Buffer> {
         self.map1("scale", x, |v| c * v)
     }
+    fn round_to(&mut self, x: Buffer, p: crate::precision::Precision) -> Result<Buffer> {
+        self.map1("round", x, |v| p.round(v))
+    }
     fn reduce_sum(&mut self, x: Buffer) -> Result<Buffer> {
         self.launch("reduce_sum", [x], 1, |[x], out| {
             out[0] = reduce::grid_sum(x)

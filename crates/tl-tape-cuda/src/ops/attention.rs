@@ -40,11 +40,12 @@
 //!   [`FLASH_MAX_HEAD`](crate::device::FLASH_MAX_HEAD) are an error before anything runs.
 //! - **Autocast** ([`crate::precision`]: bf16 / TF32): every product above rounds its operands
 //!   (x, the weights, Q, K, A, V, C, and the backward's g, dC, dA's operands dO and V, dS),
-//!   the CPU tape's set. The fused core's kernels multiply in f32, so a `fused` node runs the
-//!   composed chain's products instead (keeping Q, K, V and C only, O(n·P) floats as fused;
-//!   the backward recomputes A). The 1/√d scale: folded into the softmax forward as on the
-//!   CPU (`S = round(Q)·round(K)ᵀ`, scaled in f32), applied to dS before the products read it
-//!   rounded backward, as on the CPU.
+//!   the CPU tape's set. The 1/√d scale: folded into the softmax forward as on the CPU
+//!   (`S = round(Q)·round(K)ᵀ`, scaled in f32), applied to dS before the products read it
+//!   rounded backward, as on the CPU. A `fused` node runs the fused core at the same setting
+//!   ([`Flash::round`]; [`Device::flash_attention_rounded`]: the same products, O(n·P)
+//!   memory, two passes over the keys forward) and keeps `Ō = A·round(V)` beside lse, which
+//!   its backward's delta reads.
 
 use tl_ir::Op;
 use tl_spec::Error as SpecError;
@@ -226,17 +227,17 @@ fn flash_of(op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
         d: dm.d,
     };
     dims.check(op.name())?;
-    Ok(Flash {
-        dims,
-        mask: FlashMask::of(op.name(), mask, dm.n, dm.nk, dm.batch)?,
-    })
+    let mask = FlashMask::of(op.name(), mask, dm.n, dm.nk, dm.batch)?;
+    Ok(Flash::new(dims, mask).with_round(crate::precision::current()))
 }
 
-/// What the fused forward keeps: Q, K, V, C (B·n, P) and each row's log-sum-exp (B·H·n).
+/// What the fused forward keeps: Q, K, V, C (B·n, P), each row's log-sum-exp (B·H·n) and,
+/// under autocast, `Ō = A·round(V)` (B·n, P), which the backward reads in place of C.
 struct FlashChain {
     qkv: [Buffer; 3],
     c: Buffer,
     lse: Buffer,
+    exact: Option<Buffer>,
 }
 
 impl FlashChain {
@@ -250,25 +251,27 @@ impl FlashChain {
         f: &Flash,
     ) -> Result<FlashChain> {
         let qkv = projections(dev, s, dm, x)?;
-        let (c, lse) = dev.flash_attention(qkv, f)?;
-        Ok(FlashChain {
-            qkv,
-            c: s.tmp(c),
-            lse: s.tmp(lse),
-        })
+        let (c, lse, exact) = core(dev, s, qkv, f)?;
+        Ok(FlashChain { qkv, c, lse, exact })
     }
 
-    /// The node's workspace: `[q, k, v, c, lse]`.
+    /// The node's workspace: `[q, k, v, c, lse]`, then Ō under autocast.
     fn workspace(&self) -> Vec<Buffer> {
         let [q, k, v] = self.qkv;
-        vec![q, k, v, self.c, self.lse]
+        let mut w = vec![q, k, v, self.c, self.lse];
+        w.extend(self.exact);
+        w
     }
 
-    /// The chain the forward kept, if it is five buffers of the right lengths, all live.
+    /// The chain the forward kept, if it is the buffers `f` keeps, of the right lengths, all
+    /// live (a workspace kept at another precision is not: it is recomputed).
     fn reuse<D: Device>(dev: &D, w: &[Buffer], f: &Flash) -> Option<FlashChain> {
         let (q, kv, rows) = (f.dims.q_len(), f.dims.kv_len(), f.dims.rows_len());
         let lens = w.iter().map(|b| b.len());
-        let lens_ok = lens.eq([q, kv, kv, q, rows]);
+        let lens_ok = match f.round.is_autocast() {
+            false => lens.eq([q, kv, kv, q, rows]),
+            true => lens.eq([q, kv, kv, q, rows, q]),
+        };
         if !lens_ok || !w.iter().all(|&b| dev.is_live(b)) {
             return None;
         }
@@ -276,8 +279,30 @@ impl FlashChain {
             qkv: [w[0], w[1], w[2]],
             c: w[3],
             lse: w[4],
+            exact: w.get(5).copied(),
         })
     }
+
+    /// What the fused backward reads as the output: Ō under autocast, else C.
+    fn delta_operand(&self) -> Buffer {
+        self.exact.unwrap_or(self.c)
+    }
+}
+
+/// The fused core on `qkv`: C, lse and, under autocast ([`Flash::round`]), Ō, temporaries of
+/// `s`.
+fn core<D: Device>(
+    dev: &mut D,
+    s: &mut Scratch,
+    qkv: [Buffer; 3],
+    f: &Flash,
+) -> Result<(Buffer, Buffer, Option<Buffer>)> {
+    if f.round.is_autocast() {
+        let [c, lse, exact] = dev.flash_attention_rounded(qkv, f)?;
+        return Ok((s.tmp(c), s.tmp(lse), Some(s.tmp(exact))));
+    }
+    let (c, lse) = dev.flash_attention(qkv, f)?;
+    Ok((s.tmp(c), s.tmp(lse), None))
 }
 
 /// `A = softmax(Q_h K_gᵀ/√d)` (masked where `mask` says; g = kv_head(h)), (B·H, nq, nk), a
@@ -324,7 +349,7 @@ pub fn mha<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer,
     let (heads, mask, fused) = attrs(op)?;
     let dm = dims(op, x, heads, mask)?;
     let out = Gemm::nn(dm.batch * dm.n, dm.p, dm.dm);
-    if fused && !crate::precision::current().is_autocast() {
+    if fused {
         let f = flash_of(op, &dm, mask)?;
         return with_scratch(dev, |dev, s| {
             let ch = FlashChain::new(dev, s, &dm, x, &f)?;
@@ -337,12 +362,7 @@ pub fn mha<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer,
     with_scratch(dev, |dev, s| {
         let ch = chain(dev, s, &dm, x, mask)?;
         let y = dev.matmul(ch.c, x[3].buffer(), out)?;
-        let mut w = ch.workspace();
-        if fused {
-            // Autocast (module docs): O(n·P) kept as the fused core would, the probabilities
-            // recomputed by the backward.
-            w.truncate(4);
-        }
+        let w = ch.workspace();
         s.keep(&w);
         Ok((y, w))
     })
@@ -365,16 +385,9 @@ pub fn mha_back<D: Device>(
     if !(0..5).any(need) {
         return Ok([None, None, None, None, None]);
     }
-    let autocast = crate::precision::current().is_autocast();
-    let flash = match fused && !autocast {
+    let flash = match fused {
         true => Some(flash_of(op, &dm, mask)?),
         false => None,
-    };
-    // A fused node under autocast kept `[q, k, v, c]` only; anything else (a forward run at
-    // another setting) is recomputed rather than misread.
-    let workspace = match fused && autocast && workspace.len() != 4 {
-        true => &[][..],
-        false => workspace,
     };
     let mut out: [Option<Buffer>; 5] = [None; 5];
     let r = with_scratch(dev, |dev, s| match &flash {
@@ -386,7 +399,7 @@ pub fn mha_back<D: Device>(
             let Some(dc) = output_grads(dev, s, &dm, x, g, &need, ch.c, &mut out)? else {
                 return Ok(());
             };
-            let d = dev.flash_attention_bwd(ch.qkv, ch.c, ch.lse, dc, f)?;
+            let d = dev.flash_attention_bwd(ch.qkv, ch.delta_operand(), ch.lse, dc, f)?;
             projection_grads(dev, &dm, x, &need, d.map(|b| s.tmp(b)), &mut out)
         }
         None => {
@@ -506,24 +519,24 @@ fn projection_grads<D: Device>(
 
 /// Forward of `scaledDotProductAttention` on `[q, k, v]` (the heads merged, as the
 /// projections of `multiHeadAttention` leave them): C and the workspace its backward reuses:
-/// each row's log-sum-exp (`fused`: [`Device::flash_attention`], O(n·P) memory) or the
-/// probabilities (composed). Under autocast a `fused` node runs the composed products and
-/// keeps nothing (its backward recomputes A), as `multiHeadAttention`'s.
+/// each row's log-sum-exp and, under autocast, Ō (`fused`: [`Device::flash_attention`],
+/// O(n·P) memory) or the probabilities (composed).
 pub fn sdpa<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer, Vec<Buffer>)> {
     let (heads, mask, fused) = attrs(op)?;
     let dm = sdpa_dims_of(op, x, heads, mask)?;
     let [q, k, v] = [0, 1, 2].map(|i| x[i].buffer());
-    if fused && !crate::precision::current().is_autocast() {
-        let f = flash_of(op, &dm, mask)?;
-        let (c, lse) = dev.flash_attention([q, k, v], &f)?;
-        return Ok((c, vec![lse]));
-    }
     with_scratch(dev, |dev, s| {
+        if fused {
+            let f = flash_of(op, &dm, mask)?;
+            let (c, lse, exact) = core(dev, s, [q, k, v], &f)?;
+            let mut w = vec![lse];
+            w.extend(exact);
+            s.keep(&w);
+            s.keep(&[c]);
+            return Ok((c, w));
+        }
         let a = probabilities(dev, s, &dm, q, k, mask)?;
         let c = dev.bmm_heads(a, v, by_head(&dm, [false, true, true], KV_B), attend(&dm))?;
-        if fused {
-            return Ok((c, Vec::new()));
-        }
         s.keep(&[a]);
         Ok((c, vec![a]))
     })
@@ -549,31 +562,38 @@ pub fn sdpa_back<D: Device>(
     }
     let [q, k, v] = [0, 1, 2].map(|i| x[i].buffer());
     let c = c.buffer();
-    let live = |len: usize| match workspace {
-        [b] if b.len() == len && dev.is_live(*b) => Some(*b),
-        _ => None,
+    // The workspace, if it is buffers of these lengths, all live.
+    let live = |dev: &D, lens: &[usize]| {
+        let ok = workspace.len() == lens.len()
+            && workspace
+                .iter()
+                .zip(lens)
+                .all(|(b, &len)| b.len() == len && dev.is_live(*b));
+        ok.then_some(workspace)
     };
-    let flash = match fused && !crate::precision::current().is_autocast() {
+    let flash = match fused {
         true => Some(flash_of(op, &dm, mask)?),
         false => None,
     };
-    let kept = match &flash {
-        Some(f) => live(f.dims.rows_len()),
-        None => live(dm.batch * dm.heads * dm.n * dm.nk),
-    };
     let grads = with_scratch(dev, |dev, s| match &flash {
         Some(f) => {
-            let lse = match kept {
-                Some(lse) => lse,
+            let (rows, q_len) = (f.dims.rows_len(), f.dims.q_len());
+            let kept = match f.round.is_autocast() {
+                false => live(dev, &[rows]).map(|w| (w[0], c)),
+                true => live(dev, &[rows, q_len]).map(|w| (w[0], w[1])),
+            };
+            // lse and what delta reads (C, or Ō under autocast): kept, or recomputed.
+            let (lse, out) = match kept {
+                Some(kept) => kept,
                 None => {
-                    let (c_again, lse) = dev.flash_attention([q, k, v], f)?;
-                    s.tmp(c_again);
-                    s.tmp(lse)
+                    let (c_again, lse, exact) = core(dev, s, [q, k, v], f)?;
+                    (lse, exact.unwrap_or(c_again))
                 }
             };
-            dev.flash_attention_bwd([q, k, v], c, lse, g, f)
+            dev.flash_attention_bwd([q, k, v], out, lse, g, f)
         }
         None => {
+            let kept = live(dev, &[dm.batch * dm.heads * dm.n * dm.nk]).map(|w| w[0]);
             let ch = Chain {
                 q,
                 k,

@@ -141,9 +141,11 @@ fn on_cpu_tape(p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>) -> Vec
 }
 
 /// Attention rounds the operands of each of its products (the CPU tape's set): under autocast
-/// the CUDA tape's value and gradients are within the setting's rounding of the CPU tape's at
-/// the same setting, not equal to the f32 ones; a `fused` node runs the composed products (the
-/// flash kernels multiply in f32), so fused and composed give the same bits. Both ops:
+/// the CUDA tape's value and gradients, composed and fused (the fused core at the same
+/// setting: `flash::under_autocast_the_core_rounds_as_the_composed_products` checks it
+/// against its f64 reference), are within the setting's rounding of the CPU tape's at the
+/// same setting, not equal to the f32 ones, and fused within a few units of the rounding of
+/// composed (their f32 probabilities, computed in another order, may round to neighbours). Both ops:
 /// `multiHeadAttention` and its core `scaledDotProductAttention`, unmasked on (6, 8) rows and
 /// on a batch of 2 under a causal mask with a key padding per sequence (one matrix per batch
 /// element).
@@ -175,27 +177,34 @@ fn attention_rounds_its_products_as_the_cpu_tape_does() {
         let op = |fused: bool| attention(core, fused, mask.clone());
         let composed = on_cuda_tape(SimDevice::new(), Some(p), &op(false), xs, gy);
         let fused = on_cuda_tape(SimDevice::new(), Some(p), &op(true), xs, gy);
-        assert_eq!(bits(&fused), bits(&composed), "{p:?}: fused vs composed");
         let f32s = on_cuda_tape(SimDevice::new(), None, &op(false), xs, gy);
         let cpu = on_cpu_tape(p, &op(false), xs, gy);
-        for (i, ((l, h), c)) in composed.iter().zip(&f32s).zip(&cpu).enumerate() {
+        let dist = |x: &Tensor<f32>, y: &Tensor<f32>| {
+            x.data()
+                .iter()
+                .zip(y.data())
+                .fold(0.0f32, |s, (a, b)| s.max((a - b).abs()))
+        };
+        for (i, ((h, c), (l, f))) in f32s
+            .iter()
+            .zip(&cpu)
+            .zip(composed.iter().zip(&fused))
+            .enumerate()
+        {
             let scale = h.data().iter().fold(0.0f32, |s, v| s.max(v.abs()));
-            let dist = |x: &Tensor<f32>, y: &Tensor<f32>| {
-                x.data()
-                    .iter()
-                    .zip(y.data())
-                    .fold(0.0f32, |s, (a, b)| s.max((a - b).abs()))
-            };
+            for (path, l) in [("composed", l), ("fused", f)] {
+                let op = op(path == "fused");
+                assert!(dist(l, h) > 0.0, "{p:?} {op:?} {i}: equals f32");
+                assert!(
+                    dist(l, c) <= tol * scale,
+                    "{p:?} {op:?} {i}: {} from the CPU's, scale {scale}",
+                    dist(l, c),
+                );
+            }
             assert!(
-                dist(l, h) > 0.0,
-                "{p:?} {op:?} {i}: equals f32",
-                op = op(false)
-            );
-            assert!(
-                dist(l, c) <= tol * scale,
-                "{p:?} {op:?} {i}: {} from the CPU's, scale {scale}",
-                dist(l, c),
-                op = op(false)
+                dist(f, l) <= tol / 4.0 * scale,
+                "{p:?} {i}: fused {} from composed, scale {scale}",
+                dist(f, l)
             );
         }
     }

@@ -12,7 +12,7 @@ use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::{FLASH_MAX_HEAD, Flash, FlashDims, FlashMask};
-use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Result, SimDevice};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Precision, Result, SimDevice};
 
 /// One core: sizes and the (nq, nk) mask (`None`: every key), shared by every batch element
 /// or one per batch element ([`Mask::batch`] = B).
@@ -386,19 +386,36 @@ pub fn run_core<D: Device>(
     case: &Case,
     data: &[Vec<f32>; 4],
 ) -> Result<[Vec<f32>; 5]> {
-    let f = Flash {
-        dims: case.dims,
-        mask: case.flash_mask()?,
-    };
+    run_core_at(dev, case, data, Precision::F32)
+}
+
+/// [`run_core`] with the core's products at `round` (autocast: the forward's
+/// `flash_attention_rounded`, whose Ō the backward reads).
+pub fn run_core_at<D: Device>(
+    dev: &mut D,
+    case: &Case,
+    data: &[Vec<f32>; 4],
+    round: Precision,
+) -> Result<[Vec<f32>; 5]> {
+    let f = Flash::new(case.dims, case.flash_mask()?).with_round(round);
     let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
     let (q, k, v, go) = (q?, k?, v?, go?);
-    let (o, lse) = dev.flash_attention([q, k, v], &f)?;
-    let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], o, lse, go, &f)?;
+    let (o, lse, exact) = match round.is_autocast() {
+        true => {
+            let [o, lse, exact] = dev.flash_attention_rounded([q, k, v], &f)?;
+            (o, lse, exact)
+        }
+        false => {
+            let (o, lse) = dev.flash_attention([q, k, v], &f)?;
+            (o, lse, o)
+        }
+    };
+    let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], exact, lse, go, &f)?;
     let mut out = Vec::new();
     for b in [o, lse, dq, dk, dv] {
         out.push(dev.download(b)?);
     }
-    dev.release_all([q, k, v, go, o, lse, dq, dk, dv]);
+    dev.release_all([q, k, v, go, o, lse, exact, dq, dk, dv]);
     Ok([
         out.remove(0),
         out.remove(0),
@@ -412,6 +429,13 @@ pub fn run_core<D: Device>(
 /// exactly 0, a row with nothing allowed 0 (lse −∞) and passing no gradient; query head h
 /// reads key head h / (heads / kv_heads), whose dK and dV sum its query heads'.
 fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
+    reference_at(case, data, Precision::F32)
+}
+
+/// [`reference`] on the operands Q, K, V and dO rounded as `round` says, nothing else rounded:
+/// what a core that forgot to round the probabilities and dS under autocast would compute (the
+/// autocast reference itself is the spec's, [`spec_autocast`]).
+fn reference_at(case: &Case, data: &[Vec<f32>; 4], round: Precision) -> [Vec<f64>; 5] {
     let FlashDims {
         batch,
         nq,
@@ -425,7 +449,7 @@ fn reference(case: &Case, data: &[Vec<f32>; 4]) -> [Vec<f64>; 5] {
     let ak = |b: usize, j: usize, h: usize, c: usize| {
         ((b * nk + j) * kv_heads + h / (heads / kv_heads)) * d + c
     };
-    let x = |k: usize, i: usize| f64::from(data[k][i]);
+    let x = |k: usize, i: usize| f64::from(round.round(data[k][i]));
     // Batch element b's matrix of the mask (the one matrix of a shared mask).
     let ok =
         |b: usize, i: usize, j: usize| case.mask.as_ref().is_none_or(|m| m.allowed_in(b, i, j));
@@ -519,6 +543,104 @@ fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
         }
         let u = dev.memory_usage();
         assert_eq!(u.live_bytes, 0, "{}: leaked {u}", case.name);
+    }
+}
+
+/// `[O, dQ, dK, dV]` of the spec's autocast reference
+/// (`tl_spec::ops::attention::sdpa::autocast_reference`) on `case`: q (B, nq, H·d), k and v
+/// (B, nk, Hk·d), the cotangent dO.
+fn spec_autocast(case: &Case, data: &[Vec<f32>; 4], round: Precision) -> [Vec<f64>; 4] {
+    let FlashDims {
+        batch,
+        nq,
+        nk,
+        heads,
+        kv_heads,
+        d,
+    } = case.dims;
+    let t = |shape: [usize; 3], k: usize| Tensor::new(&shape[..], data[k].clone()).unwrap();
+    let (qs, ks) = ([batch, nq, heads * d], [batch, nk, kv_heads * d]);
+    let [q, k, v, g] = [t(qs, 0), t(ks, 1), t(ks, 2), t(qs, 3)];
+    let r = tl_spec::ops::attention::sdpa::autocast_reference(
+        round,
+        [&q, &k, &v],
+        heads,
+        case.mask.as_ref(),
+        &g,
+    )
+    .unwrap();
+    r.map(|x| x.data().to_vec())
+}
+
+/// The elements of `got` off `want` by more than `tol` relative to `max(1, ‖want‖∞)` (−∞
+/// must match −∞; NaN is off), and how many there are.
+fn beyond(got: &[f32], want: &[f64], tol: f64) -> (usize, usize) {
+    let scale = want
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(1.0f64, |m, v| m.max(v.abs()));
+    let off = got
+        .iter()
+        .zip(want)
+        .filter(|&(&g, &w)| match w == f64::NEG_INFINITY {
+            true => g != f32::NEG_INFINITY,
+            false => (f64::from(g) - w).abs() / scale > tol || g.is_nan(),
+        })
+        .count();
+    (off, got.len())
+}
+
+/// Under autocast (bf16, TF32) the fused core is the composed path's products on rounded
+/// operands (`flash_attention_rounded` and its backward, every case: every mask form, nq ≠ nk,
+/// masks per batch element, grouped heads, d up to 128): against the spec's f64 reference
+/// (`autocast_reference`: Q, K, V, dO rounded, the normalized probabilities where A·V and dV
+/// read them and dS where dQ and dK read it), lse (of the rounded operands) within 1e-5
+/// everywhere and O, dQ, dK, dV within 1e-5 but where the device's f32
+/// probability or dS and the reference's f64 one round to neighbouring values (one term off by
+/// one unit of the rounding, at most 2⁻⁷ of its size): at most 2% of the elements, none off by
+/// more than 2⁻⁶ of the scale. The reference that rounds the operands but not the
+/// probabilities and dS (a core that forgot them, or rounded the online softmax's unnormalized
+/// p) is off beyond 1e-5 on more than a fifth of the elements (ten times the flips' allowance;
+/// measured: 82% in bf16, 54% in TF32, against 0.1% and 0.3% flips): the check sees the
+/// rounding.
+#[test]
+fn under_autocast_the_core_rounds_as_the_composed_products() {
+    for round in [Precision::Bf16, Precision::Tf32] {
+        let (mut off, mut unrounded_off, mut total) = (0, 0, 0);
+        for (k, case) in cases().iter().enumerate() {
+            let data = inputs(&case.dims, 300 + k as u64);
+            let mut dev = SimDevice::new();
+            let got = run_core_at(&mut dev, case, &data, round).unwrap();
+            let want = spec_autocast(case, &data, round);
+            let unrounded = reference_at(case, &data, round);
+            let e = max_err(&got[1], &unrounded[1]);
+            assert!(e <= 1e-5, "{round:?} {}: lse off by {e:e}", case.name);
+            let results = [(0, "O"), (2, "dQ"), (3, "dK"), (4, "dV")];
+            for (w, (r, name)) in results.into_iter().enumerate() {
+                let e = max_err(&got[r], &want[w]);
+                assert!(
+                    e <= 1.0 / 64.0,
+                    "{round:?} {}: {name} off by {e:e}",
+                    case.name
+                );
+                let (n, len) = beyond(&got[r], &want[w], 1e-5);
+                off += n;
+                total += len;
+                unrounded_off += beyond(&got[r], &unrounded[r], 1e-5).0;
+            }
+            let u = dev.memory_usage();
+            assert_eq!(u.live_bytes, 0, "{round:?} {}: leaked {u}", case.name);
+        }
+        assert!(
+            off * 50 <= total,
+            "{round:?}: {off} of {total} elements beyond 1e-5 of the reference"
+        );
+        assert!(
+            unrounded_off * 5 > total,
+            "{round:?}: only {unrounded_off} of {total} elements tell the probabilities' \
+             rounding apart"
+        );
+        println!("{round:?}: {off} of {total} off by a flip; {unrounded_off} tell the rounding");
     }
 }
 
@@ -648,17 +770,14 @@ fn fully_masked_rows_give_zeros_and_pass_no_gradient() {
 #[test]
 fn bad_input_is_refused_before_launch() {
     let mut dev = SimDevice::new();
-    let f = |d: usize, n: usize| Flash {
-        dims: dims(1, n, 1, d),
-        mask: FlashMask::none(),
-    };
+    let f = |d: usize, n: usize| Flash::new(dims(1, n, 1, d), FlashMask::none());
     let q = dev.upload(&vec![0.5; 2 * 129]).unwrap();
     let k = dev.upload(&[0.5; 3 * 2]).unwrap();
     let live = dev.memory_usage().live_bytes;
     let launches = dev.traffic().launches;
     // The error of the forward on Q and K = V under these sizes and mask.
     let refused = |dev: &mut SimDevice, dims, mask| {
-        dev.flash_attention([q, k, k], &Flash { dims, mask })
+        dev.flash_attention([q, k, k], &Flash::new(dims, mask))
             .unwrap_err()
             .to_string()
     };
@@ -678,10 +797,7 @@ fn bad_input_is_refused_before_launch() {
         .to_string();
     assert!(e.contains("Q has 258 element(s), expected 256"), "{e}");
     // K and V of nk = 3 keys where the sizes say 2.
-    let g = Flash {
-        dims: rect(1, 129, 2, 1, 2),
-        mask: FlashMask::none(),
-    };
+    let g = Flash::new(rect(1, 129, 2, 1, 2), FlashMask::none());
     let e = dev.flash_attention([q, k, k], &g).unwrap_err().to_string();
     assert!(e.contains("K has 6 element(s), expected 4"), "{e}");
     // No keys.
@@ -713,10 +829,10 @@ fn bad_input_is_refused_before_launch() {
         "{e}"
     );
     // A causal offset past the kernels' int.
-    let far = Flash {
-        dims: rect(1, 129, 3, 1, 2),
-        mask: FlashMask::causal_diagonal(129, 3, -(1 << 40)),
-    };
+    let far = Flash::new(
+        rect(1, 129, 3, 1, 2),
+        FlashMask::causal_diagonal(129, 3, -(1 << 40)),
+    );
     let e = dev
         .flash_attention([q, k, k], &far)
         .unwrap_err()
@@ -996,6 +1112,155 @@ fn the_fused_core_op_keeps_the_log_sum_exp_only() {
     assert_eq!(tape.device().memory_usage().live_bytes, live);
     assert_eq!(tape.device().traffic().launches, launches);
     assert!(tape.apply(&wide(false), &q).is_ok());
+}
+
+/// Under autocast (bf16) the fused nodes keep O(n·P) floats too: `scaledDotProductAttention`
+/// its log-sum-exp and Ō (the output of the unrounded probabilities, which the backward's
+/// delta reads) beside its value, `multiHeadAttention` Q, K, V, C, lse and Ō; a core forward
+/// is Q, K, V rounded into copies and two passes over the keys; the backward reads the
+/// workspace or recomputes it, with the same bits. Over n = 512 keys the fused core op's peak
+/// (forward and backward) stays below one (heads, n, n) score matrix, where the composed core
+/// at the same setting holds three.
+#[test]
+fn under_autocast_the_fused_nodes_keep_o_n_floats() {
+    let mut rnd = Gen::new(31);
+    let (heads, d, n) = (2, 3, 37);
+    let p = heads * d;
+    let causal = || Some(Mask::causal(n).unwrap());
+    let mut tape = CudaTape::new(SimDevice::new());
+    tape.set_precision(Precision::Bf16);
+    let leaves = random_leaves(&mut tape, &mut rnd, &[[n, p]; 3]);
+    let op = Op::ScaledDotProductAttention {
+        heads,
+        mask: causal(),
+        fused: true,
+    };
+    let before = tape.device().traffic();
+    let live = tape.device().memory_usage().live_bytes;
+    let y = tape.apply(&op, &leaves).unwrap();
+    let launches = (tape.device().traffic() - before).launches;
+    assert_eq!(launches, 5, "Q, K, V rounded, then the core's two passes");
+    let kept = tape.node(y).unwrap().cleanup().to_vec();
+    let lens: Vec<usize> = kept.iter().map(|b| b.len()).collect();
+    assert_eq!(lens, [heads * n, n * p], "lse, Ō");
+    let grown = tape.device().memory_usage().live_bytes - live;
+    assert_eq!(grown, 4 * (2 * n * p + heads * n), "y + lse + Ō, bytes");
+    let (reused, recomputed) =
+        backward_from_workspace_then_recomputed(&mut tape, y, &leaves, &kept);
+    assert_eq!(recomputed - reused, 5, "the rounded core again");
+
+    let dm = 6;
+    let shapes = [[dm, p], [dm, p], [dm, p], [p, dm], [n, dm]];
+    let leaves = random_leaves(&mut tape, &mut rnd, &shapes);
+    let before = tape.device().traffic();
+    let live = tape.device().memory_usage().live_bytes;
+    let y = tape.apply(&mha(heads, causal(), true), &leaves).unwrap();
+    let launches = (tape.device().traffic() - before).launches;
+    assert_eq!(
+        launches, 9,
+        "three projections, the rounded core, the output projection"
+    );
+    let kept = tape.node(y).unwrap().cleanup().to_vec();
+    let lens: Vec<usize> = kept.iter().map(|b| b.len()).collect();
+    assert_eq!(
+        lens,
+        [n * p, n * p, n * p, n * p, heads * n, n * p],
+        "Q, K, V, C, lse, Ō"
+    );
+    let grown = tape.device().memory_usage().live_bytes - live;
+    assert_eq!(
+        grown,
+        4 * (5 * n * p + heads * n + n * dm),
+        "kept + y, bytes"
+    );
+    let (reused, recomputed) =
+        backward_from_workspace_then_recomputed(&mut tape, y, &leaves, &kept);
+    assert_eq!(
+        recomputed - reused,
+        8,
+        "three projections and the rounded core"
+    );
+
+    // The peak of a forward and backward over n = 512, fused and composed.
+    let (n, d) = (512, 8);
+    let p = heads * d;
+    let peak = |fused: bool| {
+        let mut tape = CudaTape::new(SimDevice::new());
+        tape.set_precision(Precision::Bf16);
+        let leaves = random_leaves(&mut tape, &mut Gen::new(32), &[[n, p]; 3]);
+        let base = tape.device().memory_usage().live_bytes;
+        let op = Op::ScaledDotProductAttention {
+            heads,
+            mask: Some(Mask::causal(n).unwrap()),
+            fused,
+        };
+        let y = tape.apply(&op, &leaves).unwrap();
+        let loss = tape.apply(&Op::Sum, &[y]).unwrap();
+        let seed = AnyBuffer::full(tape.device_mut(), &Shape::scalar(), 1.0).unwrap();
+        let g = tape.backward_dense(loss, &seed).unwrap();
+        let peak = tape.device().memory_usage().peak_bytes - base;
+        tape.release_grads(g);
+        peak
+    };
+    let scores = 4 * heads * n * n;
+    let (fused, composed) = (peak(true), peak(false));
+    assert!(
+        fused < scores,
+        "fused peak {fused} B, one score matrix {scores} B"
+    );
+    assert!(composed >= 3 * scores, "composed peak {composed} B");
+}
+
+/// On the tape under autocast the fused core op is the rounded core bit for bit
+/// (`flash_attention_rounded`, then the backward from its Ō, not from C), both from the
+/// node's workspace and recomputed once the tape released it; a causal, grouped (4 query heads
+/// over 2) case over keys of another length.
+#[test]
+fn under_autocast_the_fused_core_op_on_the_tape_is_the_rounded_core() {
+    let (nq, nk, heads, kv_heads, d) = (21, 37, 4, 2, 3);
+    let case = case(
+        "lower right 21 over 37, 4 over 2",
+        grouped(1, nq, nk, heads, kv_heads, d),
+        Some(Mask::causal_lower_right(nq, nk).unwrap()),
+    );
+    let data = inputs(&case.dims, 33);
+    let want = run_core_at(&mut SimDevice::new(), &case, &data, Precision::Bf16).unwrap();
+    let mut tape = CudaTape::new(SimDevice::new());
+    tape.set_precision(Precision::Bf16);
+    let shapes = [
+        [1, nq, heads * d],
+        [1, nk, kv_heads * d],
+        [1, nk, kv_heads * d],
+    ];
+    let ids: Vec<usize> = (0..3)
+        .map(|k| {
+            let t = Tensor::new(&shapes[k][..], data[k].clone()).unwrap();
+            tape.upload_leaf(&t, None, true).unwrap()
+        })
+        .collect();
+    let op = Op::ScaledDotProductAttention {
+        heads,
+        mask: case.mask.clone(),
+        fused: true,
+    };
+    let y = tape.apply(&op, &ids).unwrap();
+    let value: Tensor<f32> = tape.get(y).unwrap().download(tape.device()).unwrap();
+    assert_eq!(bits_of(value.data()), bits_of(&want[0]), "O");
+    let seed = Tensor::new(&shapes[0][..], data[3].clone()).unwrap();
+    for pass in ["workspace", "recomputed"] {
+        let seed = AnyBuffer::upload(tape.device_mut(), &seed).unwrap();
+        let g = tape.backward_dense(y, &seed).unwrap();
+        for (k, name) in ["dQ", "dK", "dV"].into_iter().enumerate() {
+            let got: Tensor<f32> = g[ids[k]].download(tape.device()).unwrap();
+            assert_eq!(bits_of(got.data()), bits_of(&want[2 + k]), "{pass}: {name}");
+        }
+        tape.release_grads(g);
+        seed.release(tape.device_mut());
+    }
+}
+
+fn bits_of(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
 }
 
 /// `scaledDotProductAttention` over leaves `[q, k, v, r]` (q and r (B, nq, P), k and v
@@ -1324,10 +1589,7 @@ fn keys_of_a_width_no_group_of_heads_has_are_refused_before_launch() {
     let k = dev.upload(&[0.5; 7 * 2 * 2]).unwrap();
     let live = dev.memory_usage().live_bytes;
     let launches = dev.traffic().launches;
-    let flash = |dims| Flash {
-        dims,
-        mask: FlashMask::none(),
-    };
+    let flash = |dims| Flash::new(dims, FlashMask::none());
     let e = dev
         .flash_attention([q, k, k], &flash(dims))
         .unwrap_err()

@@ -172,7 +172,13 @@ pub fn multi_head_attention<T: Scalar>(
     let mut y = zeros("output", dm.batch * n, dm.dm)?;
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
-        let (_, c) = sdpa::sample(OP, &dm, [&q[r.clone()], &k[r.clone()], &v[r]], (mask, b))?;
+        let (_, c) = sdpa::sample(
+            OP,
+            &dm,
+            [&q[r.clone()], &k[r.clone()], &v[r]],
+            (mask, b),
+            &|x| x,
+        )?;
         let yb = &mut y[b * n * dm.dm..(b + 1) * n * dm.dm];
         gemm(&c, false, w[3].data(), false, n, p, dm.dm, yb, true);
     }
@@ -206,14 +212,14 @@ pub fn multi_head_attention_vjp<T: Scalar>(
     for b in 0..dm.batch {
         let r = b * n * p..(b + 1) * n * p;
         let qkv = [&q[r.clone()], &k[r.clone()], &v[r.clone()]];
-        let (a, c) = sdpa::sample(OP, &dm, qkv, (mask, b))?;
+        let (a, c) = sdpa::sample(OP, &dm, qkv, (mask, b), &|x| x)?;
         let gb = &g.data()[b * n * dm.dm..(b + 1) * n * dm.dm];
         // y = C·wo: dwo += Cᵀ·g, dC = g·woᵀ.
         gemm(&c, true, gb, false, p, n, dm.dm, &mut dwo, true);
         let mut dc = zeros("gradient", n, p)?;
         gemm(gb, false, w[3].data(), true, n, dm.dm, p, &mut dc, true);
         let out = [&mut dq[r.clone()], &mut dk[r.clone()], &mut dv[r]];
-        sdpa::sample_vjp(&dm, qkv, &a, &dc, out);
+        sdpa::sample_vjp(&dm, qkv, (&a, &dc), out, &|x| x);
     }
     // Q = x·wq: dwq = xᵀ·dQ, dx += dQ·wqᵀ (and likewise for K and V).
     let mut dx = zeros("input gradient", rows, dm.dm)?;

@@ -15,10 +15,18 @@
 //! that a query whose mask hides every key gets zeros (PyTorch: NaN).
 //!
 //! The JVP is taken by forward mode through the composition (`tl_ir::compose`), not here.
+//!
+//! [`autocast_reference`] is the op under autocast (docs/semantics.md, "Mixed precision"):
+//! every product's operands rounded, the probabilities included, in f64.
 
 use super::mha::Dims;
 use super::{Mask, check_mask, masked_softmax_row};
+use crate::precision::Precision;
 use crate::{Error, Result, Scalar, Shape, Tensor};
+
+/// What a product reads of a probability or a score cotangent: the value itself (the op), or
+/// the value rounded as an autocast product reads it ([`autocast_reference`]).
+pub(super) type Read<'a, T> = &'a dyn Fn(T) -> T;
 
 /// The op's name, in its errors.
 const OP: &str = "scaledDotProductAttention";
@@ -108,13 +116,14 @@ pub(super) fn zeros<T: Scalar>(op: &'static str, what: &str, a: usize, b: usize)
 }
 
 /// One sample's attention (q: its (n, P) rows, k, v: its (nk, P) rows): the probabilities A
-/// (heads, n, nk) and C (n, P), under batch element `b`'s matrix of the mask. `op` names the
-/// caller in allocation errors.
+/// (heads, n, nk) and C (n, P), under batch element `b`'s matrix of the mask, C's product
+/// reading each probability through `read`. `op` names the caller in allocation errors.
 pub(super) fn sample<T: Scalar>(
     op: &'static str,
     dm: &Dims,
     [q, k, v]: [&[T]; 3],
     (mask, b): (Option<&Mask>, usize),
+    read: Read<'_, T>,
 ) -> Result<(Vec<T>, Vec<T>)> {
     let Dims {
         n, nk, p, heads, d, ..
@@ -138,7 +147,7 @@ pub(super) fn sample<T: Scalar>(
             let arow = &mut a[(h * n + i) * nk..(h * n + i + 1) * nk];
             masked_softmax_row(&s, allowed, arow);
             for t in 0..d {
-                c[i * p + h * d + t] = (0..nk).map(|j| arow[j] * v[j * pk + g * d + t]).sum();
+                c[i * p + h * d + t] = (0..nk).map(|j| read(arow[j]) * v[j * pk + g * d + t]).sum();
             }
         }
     }
@@ -147,14 +156,15 @@ pub(super) fn sample<T: Scalar>(
 
 /// One sample's VJP: adds into `dq` (its (n, P) rows), `dk`, `dv` (its (nk, Pk) rows) the
 /// cotangents of q, k, v for C's cotangent `dc`, from the sample's operands and its
-/// probabilities `a` ([`sample`]). A key head's cotangents sum its query heads' in increasing
-/// order.
+/// probabilities `a` ([`sample`]), the products reading each probability and score cotangent
+/// through `read` (the softmax VJP reads them as they are). A key head's cotangents sum its
+/// query heads' in increasing order.
 pub(super) fn sample_vjp<T: Scalar>(
     dm: &Dims,
     [q, k, v]: [&[T]; 3],
-    a: &[T],
-    dc: &[T],
+    (a, dc): (&[T], &[T]),
     [dq, dk, dv]: [&mut [T]; 3],
+    read: Read<'_, T>,
 ) {
     let Dims {
         n, nk, p, heads, d, ..
@@ -172,14 +182,15 @@ pub(super) fn sample_vjp<T: Scalar>(
                 .map(|j| (0..d).map(|t| dc[col(i, t)] * v[kcol(j, t)]).sum())
                 .collect();
             for j in 0..nk {
+                let aj = read(arow[j]);
                 for t in 0..d {
-                    dv[kcol(j, t)] += arow[j] * dc[col(i, t)];
+                    dv[kcol(j, t)] += aj * dc[col(i, t)];
                 }
             }
             // Softmax VJP, then S_ij = scale·Q_i·K_j.
             let dot: T = arow.iter().zip(&da).map(|(&a, &g)| a * g).sum();
             for j in 0..nk {
-                let ds = arow[j] * (da[j] - dot) * scale;
+                let ds = read(arow[j] * (da[j] - dot) * scale);
                 for t in 0..d {
                     dq[col(i, t)] += ds * k[kcol(j, t)];
                     dk[kcol(j, t)] += ds * q[col(i, t)];
@@ -209,7 +220,7 @@ pub fn scaled_dot_product_attention<T: Scalar>(
     let (dm, shape) = sdpa_dims(qkv.map(Tensor::shape), heads, mask)?;
     let mut c = zeros(OP, "output", dm.batch, dm.n * dm.p)?;
     for b in 0..dm.batch {
-        let (_, cb) = sample(OP, &dm, sample_of(&dm, qkv, b), (mask, b))?;
+        let (_, cb) = sample(OP, &dm, sample_of(&dm, qkv, b), (mask, b), &|x| x)?;
         c[b * dm.n * dm.p..][..dm.n * dm.p].copy_from_slice(&cb);
     }
     Tensor::new(shape, c)
@@ -237,18 +248,75 @@ pub fn scaled_dot_product_attention_vjp<T: Scalar>(
     ];
     for b in 0..dm.batch {
         let x = sample_of(&dm, qkv, b);
-        let (a, _) = sample(OP, &dm, x, (mask, b))?;
+        let (a, _) = sample(OP, &dm, x, (mask, b), &|x| x)?;
         let [dq, dk, dv] = &mut d;
         let out = [
             &mut dq[b * lq..][..lq],
             &mut dk[b * lk..][..lk],
             &mut dv[b * lk..][..lk],
         ];
-        sample_vjp(&dm, x, &a, &g.data()[b * lq..][..lq], out);
+        sample_vjp(&dm, x, (&a, &g.data()[b * lq..][..lq]), out, &|x| x);
     }
     let [dq, dk, dv] = d;
     let ks = qkv[1].shape();
     Ok([
+        Tensor::new(shape, dq)?,
+        Tensor::new(ks.clone(), dk)?,
+        Tensor::new(ks.clone(), dv)?,
+    ])
+}
+
+/// The op under autocast at `p` (docs/semantics.md, "Mixed precision", "attention"), in f64:
+/// `[C, dq, dk, dv]` for the output cotangent `g`. Every product reads its operands rounded
+/// ([`Precision::round`]): q, k, v and g; the probabilities A where `A·V` and `dV = Aᵀ·dO`
+/// read them and `dS = A·(dA − Σ_j A·dA)/√d` where `dQ = dS·K` and `dK = dSᵀ·Q` read it, each
+/// as its value rounded to f32, then to the setting (a path computes them in f32); the
+/// softmax and its VJP on the unrounded A. An f32 path differs from it by its f32 arithmetic
+/// and, where its f32 probability (or dS) and this one round to neighbouring values, by one
+/// unit of the rounding on that term. `Precision::F32`: the op's value and VJP in f64.
+pub fn autocast_reference(
+    p: Precision,
+    qkv: [&Tensor<f32>; 3],
+    heads: usize,
+    mask: Option<&Mask>,
+    g: &Tensor<f32>,
+) -> Result<[Tensor<f64>; 4]> {
+    let r = |t: &Tensor<f32>| t.try_map(OP, |x| p.round(x))?.try_cast::<f64>(OP);
+    let [q, k, v, g] = [r(qkv[0])?, r(qkv[1])?, r(qkv[2])?, r(g)?];
+    let (dm, shape) = sdpa_dims([q.shape(), k.shape(), v.shape()], heads, mask)?;
+    if g.shape() != &shape {
+        return Err(Error::shape(
+            OP,
+            format!("cotangent has shape {}, expected {shape}", g.shape()),
+        ));
+    }
+    let read = |x: f64| match p.is_autocast() {
+        true => f64::from(p.round(x as f32)),
+        false => x,
+    };
+    let (lq, lk) = (dm.n * dm.p, dm.nk * dm.pk());
+    let mut c = zeros(OP, "output", dm.batch, lq)?;
+    let mut d = [
+        zeros(OP, "gradient", dm.batch, lq)?,
+        zeros(OP, "gradient", dm.batch, lk)?,
+        zeros(OP, "gradient", dm.batch, lk)?,
+    ];
+    for b in 0..dm.batch {
+        let x = sample_of(&dm, [&q, &k, &v], b);
+        let (a, cb) = sample(OP, &dm, x, (mask, b), &read)?;
+        c[b * lq..][..lq].copy_from_slice(&cb);
+        let [dq, dk, dv] = &mut d;
+        let out = [
+            &mut dq[b * lq..][..lq],
+            &mut dk[b * lk..][..lk],
+            &mut dv[b * lk..][..lk],
+        ];
+        sample_vjp(&dm, x, (&a, &g.data()[b * lq..][..lq]), out, &read);
+    }
+    let [dq, dk, dv] = d;
+    let ks = k.shape();
+    Ok([
+        Tensor::new(shape.clone(), c)?,
         Tensor::new(shape, dq)?,
         Tensor::new(ks.clone(), dk)?,
         Tensor::new(ks.clone(), dv)?,

@@ -10,6 +10,7 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use crate::Result;
+use crate::device::flash::FLASH_OUT;
 use crate::device::{Buffer, Device, FLASH_TILE, Flash, FlashTiles};
 use crate::gates;
 
@@ -111,7 +112,8 @@ impl CudaDevice {
     }
 
     /// What every fused attention kernel but `tl_flash_bwd_delta` takes last: `batch, nq, nk,
-    /// heads, kv_heads, d, mode, offset, mstride, scale` (checked for the ABI by
+    /// heads, kv_heads, d, mode, offset, mstride, scale` (`mode` [`Flash::mode`]: the mask's
+    /// bits and the autocast rounding; checked for the ABI by
     /// [`Flash::check_forward`]: the sizes and the mask's words within `u32`, kv_heads dividing
     /// heads, the offset within `i32`; `mstride` the mask's
     /// [`stride`](crate::device::FlashMask::stride), 0 for a mask shared by every batch
@@ -125,7 +127,7 @@ impl CudaDevice {
             Arg::U32(d.heads as u32),
             Arg::U32(d.kv_heads as u32),
             Arg::U32(d.d as u32),
-            Arg::U32(f.mask.mode),
+            Arg::U32(f.mode()),
             Arg::I32(f.mask.offset as i32),
             Arg::U32(f.mask.stride() as u32),
             Arg::F32(d.scale()),
@@ -165,6 +167,28 @@ impl CudaDevice {
                 Err(crate::Error::kernel(OP, "the output was not allocated"))
             }
         }
+    }
+
+    /// `tl_flash_fwd` with `FLASH_OUT` (autocast's second pass): O from `lse`, which the
+    /// kernel reads.
+    pub(super) fn flash_out_impl(
+        &mut self,
+        qkv: [Buffer; 3],
+        lse: Buffer,
+        f: &Flash,
+    ) -> Result<Buffer> {
+        const OP: &str = "flash_attention";
+        let [pq, pk, pv] = [0, 1, 2].map(|i| self.ptr(OP, qkv[i]));
+        let (pq, pk, pv, pl) = (pq?, pk?, pv?, self.ptr(OP, lse)?);
+        self.with_mask(OP, f, pq, |d, pm| {
+            d.with_out(OP, f.dims.q_len(), |d, out| {
+                let mut args = [pq, pk, pv, pm, out, pl].map(Arg::Ptr).to_vec();
+                let mut tail = Self::flash_tail(f);
+                tail[6] = Arg::U32(f.mode() | FLASH_OUT);
+                args.extend(tail);
+                d.run_flash(OP, f, Phase::Forward, &args)
+            })
+        })
     }
 
     pub(super) fn flash_bwd_impl(
@@ -276,17 +300,15 @@ mod tests {
         let _gate = gates::force_flash_bwd_one_pass(force);
         let mut dev = CudaDevice::new().unwrap();
         dev.set_deterministic(Some(deterministic));
-        let f = Flash {
-            dims: FlashDims {
-                batch: 1,
-                nq: 20,
-                nk: 20,
-                heads: 2,
-                kv_heads: 2,
-                d,
-            },
-            mask: FlashMask::none(),
+        let dims = FlashDims {
+            batch: 1,
+            nq: 20,
+            nk: 20,
+            heads: 2,
+            kv_heads: 2,
+            d,
         };
+        let f = Flash::new(dims, FlashMask::none());
         let x = dev.upload(&vec![0.25; f.dims.q_len()]).unwrap();
         let (o, lse) = dev.flash_attention([x, x, x], &f).unwrap();
         let before = dev.traffic().launches;

@@ -449,6 +449,10 @@ impl Launch for CudaDevice {
         self.flash_fwd_impl(qkv, f)
     }
 
+    fn launch_flash_out(&mut self, qkv: [Buffer; 3], lse: Buffer, f: &Flash) -> Result<Buffer> {
+        self.flash_out_impl(qkv, lse, f)
+    }
+
     fn launch_flash_bwd(
         &mut self,
         qkv: [Buffer; 3],

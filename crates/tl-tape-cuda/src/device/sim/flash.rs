@@ -19,8 +19,14 @@
 //!
 //! Query head h reads key head [`FlashDims::kv_head`]`(h)` (K and V rows of
 //! [`FlashDims::kv_heads`] heads).
+//!
+//! Autocast (`round` bf16 or TF32; the kernels' `TL_FA_BF16`, `TL_FA_TF32`): the operands come
+//! rounded, [`forward_out`] (`TL_FA_OUT`) is the forward's second pass,
+//! `o = Σ_j round(exp(s − lse))·v_j` in key order from +0 with no rescaling, and the backward
+//! rounds `p` and `dS` (dS from the unrounded p) before the sums read them.
 
 use crate::device::{FLASH_TILE as T, FlashDims, FlashMask};
+use crate::precision::Precision;
 
 /// The index of (b, i, h, c) in a head-merged (B, nq, H, d) buffer: Q, O, dO, dQ.
 fn at_q(f: &FlashDims, b: usize, i: usize, h: usize, c: usize) -> usize {
@@ -65,7 +71,8 @@ pub struct Qkv<'a> {
 }
 
 /// `(p, dS)` of query row `i` and key `j` of head (b, h) (`tl_fa_p_ds`): 0 where masked or
-/// the row has nothing allowed (`lse = −∞`).
+/// the row has nothing allowed (`lse = −∞`); each rounded as `round` says (dS from the
+/// unrounded p).
 #[allow(clippy::too_many_arguments)]
 fn p_ds(
     x: &Qkv<'_>,
@@ -73,9 +80,9 @@ fn p_ds(
     f: &FlashDims,
     (b, h): (usize, usize),
     (i, j): (usize, usize),
-    lse: f32,
-    delta: f32,
+    (lse, delta): (f32, f32),
     ok: bool,
+    round: Precision,
 ) -> (f32, f32) {
     if !ok || lse == f32::NEG_INFINITY {
         return (0.0, 0.0);
@@ -84,11 +91,36 @@ fn p_ds(
     let s = dot(q_row(x.q, f, b, i, h), kv_row(x.k, f, b, j, g)) * scale;
     let p = (s - lse).exp();
     let dp = dot(q_row(go, f, b, i, h), kv_row(x.v, f, b, j, g));
-    (p, p * (dp - delta) * scale)
+    (round.round(p), round.round(p * (dp - delta) * scale))
+}
+
+/// Which pass of the forward runs.
+enum Pass<'a> {
+    /// The online softmax: O and lse written.
+    Softmax(&'a mut [f32]),
+    /// `TL_FA_OUT`: O from the given lse, each probability rounded as the precision says.
+    Out(&'a [f32], Precision),
 }
 
 /// `tl_flash_fwd`: O (B·nq·H·d) and lse (B·H·nq).
 pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
+    run_forward(x, f, mask, o, Pass::Softmax(lse));
+}
+
+/// `tl_flash_fwd` with `TL_FA_OUT` (autocast's second pass): O = `Σ_j round(exp(s − lse))·v_j`
+/// from the lse a [`forward`] on the same operands wrote; lse is read only.
+pub fn forward_out(
+    x: &Qkv<'_>,
+    f: &FlashDims,
+    mask: &FlashMask,
+    round: Precision,
+    lse: &[f32],
+    o: &mut [f32],
+) {
+    run_forward(x, f, mask, o, Pass::Out(lse, round));
+}
+
+fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], mut pass: Pass<'_>) {
     let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
@@ -112,6 +144,12 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
                     let mut alpha = 1.0f32;
                     if mn == f32::NEG_INFINITY {
                         p[..cols].fill(0.0);
+                    } else if let Pass::Out(lse, round) = &pass {
+                        let lr = lse[bh * nq + i];
+                        for s in &mut p[..cols] {
+                            *s = round.round((*s - lr).exp());
+                        }
+                        m[r] = mn;
                     } else {
                         alpha = (m[r] - mn).exp();
                         let mut sum = 0.0f32;
@@ -134,21 +172,28 @@ pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse:
             for r in 0..rows {
                 let i = i0 + r;
                 let none = m[r] == f32::NEG_INFINITY;
+                let out = matches!(pass, Pass::Out(..));
                 for c in 0..d {
-                    o[at_q(f, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
+                    o[at_q(f, b, i, h, c)] = match (none, out) {
+                        (true, _) => 0.0,
+                        (false, true) => acc[r * d + c],
+                        (false, false) => acc[r * d + c] / l[r],
+                    };
                 }
-                lse[bh * nq + i] = if none {
-                    f32::NEG_INFINITY
-                } else {
-                    m[r] + l[r].ln()
-                };
+                if let Pass::Softmax(lse) = &mut pass {
+                    lse[bh * nq + i] = if none {
+                        f32::NEG_INFINITY
+                    } else {
+                        m[r] + l[r].ln()
+                    };
+                }
             }
         }
     }
 }
 
 /// `tl_flash_bwd_q`: dQ and delta (`dot(dO_i, O_i)` per query row, B·H·nq), from O, dO and
-/// lse.
+/// lse, dS rounded as `round` says.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_q(
     x: &Qkv<'_>,
@@ -156,7 +201,7 @@ pub fn backward_q(
     go: &[f32],
     lse: &[f32],
     f: &FlashDims,
-    mask: &FlashMask,
+    (mask, round): (&FlashMask, Precision),
     dq: &mut [f32],
     delta: &mut [f32],
 ) {
@@ -176,8 +221,8 @@ pub fn backward_q(
                     let mut ds = [0.0f32; T];
                     for (jj, v) in ds.iter_mut().enumerate().take(cols) {
                         let ok = mask.allowed(b, i, j0 + jj);
-                        let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
-                        *v = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok).1;
+                        let row = (lse[bh * nq + i], delta[bh * nq + i]);
+                        *v = p_ds(x, go, f, (b, h), (i, j0 + jj), row, ok, round).1;
                     }
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
                         let mut t = *a;
@@ -197,10 +242,10 @@ pub fn backward_q(
     }
 }
 
-/// `tl_flash_bwd_kv`: dK and dV, from dO, lse and [`backward_q`]'s delta. Per key head g and
-/// key tile, each key's chains run over the query heads of g's group in increasing order, each
-/// head's query tiles in order (one chain: a key head's cotangent is the sum of its query
-/// heads').
+/// `tl_flash_bwd_kv`: dK and dV, from dO, lse and [`backward_q`]'s delta, p and dS rounded as
+/// `round` says. Per key head g and key tile, each key's chains run over the query heads of
+/// g's group in increasing order, each head's query tiles in order (one chain: a key head's
+/// cotangent is the sum of its query heads').
 #[allow(clippy::too_many_arguments)]
 pub fn backward_kv(
     x: &Qkv<'_>,
@@ -208,7 +253,7 @@ pub fn backward_kv(
     lse: &[f32],
     delta: &[f32],
     f: &FlashDims,
-    mask: &FlashMask,
+    (mask, round): (&FlashMask, Precision),
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
@@ -225,10 +270,11 @@ pub fn backward_kv(
                     let mut ds = [[0.0f32; T]; T];
                     for r in 0..rows {
                         let i = i0 + r;
-                        let (l, dl) = (lse[bh * nq + i], delta[bh * nq + i]);
+                        let row = (lse[bh * nq + i], delta[bh * nq + i]);
                         for jj in 0..cols {
                             let ok = mask.allowed(b, i, j0 + jj);
-                            (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), (i, j0 + jj), l, dl, ok);
+                            let at = (i, j0 + jj);
+                            (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), at, row, ok, round);
                         }
                     }
                     for jj in 0..cols {

@@ -486,6 +486,20 @@ impl Launch for SimDevice {
         Ok((o, lse))
     }
 
+    fn launch_flash_out(&mut self, qkv: [Buffer; 3], lse: Buffer, f: &Flash) -> Result<Buffer> {
+        let [q, k, v] = qkv;
+        let ins = [q, k, v, lse];
+        let [o] = self.launch_outs(
+            "flash_attention",
+            ins,
+            [f.dims.q_len()],
+            |[q, k, v, l], [o]| {
+                flash::forward_out(&flash::Qkv { q, k, v }, &f.dims, &f.mask, f.round, l, o)
+            },
+        )?;
+        Ok(o)
+    }
+
     fn launch_flash_bwd(
         &mut self,
         qkv: [Buffer; 3],
@@ -500,13 +514,13 @@ impl Launch for SimDevice {
         let ins = [q, k, v, o, go, lse];
         let [dq, delta] = self.launch_outs(OP, ins, lens, |[q, k, v, o, go, lse], [dq, dl]| {
             let x = flash::Qkv { q, k, v };
-            flash::backward_q(&x, o, go, lse, &f.dims, &f.mask, dq, dl)
+            flash::backward_q(&x, o, go, lse, &f.dims, (&f.mask, f.round), dq, dl)
         })?;
         let ins = [q, k, v, go, lse, delta];
         let kv_lens = [f.dims.kv_len(); 2];
         let kv = self.launch_outs(OP, ins, kv_lens, |[q, k, v, go, lse, dl], [dk, dv]| {
             let x = flash::Qkv { q, k, v };
-            flash::backward_kv(&x, go, lse, dl, &f.dims, &f.mask, dk, dv)
+            flash::backward_kv(&x, go, lse, dl, &f.dims, (&f.mask, f.round), dk, dv)
         });
         crate::device::Device::release(self, delta);
         match kv {

@@ -1,0 +1,89 @@
+//! The fused attention core under autocast ([`Flash::round`] bf16 or TF32), composed of every
+//! device's launches in O(n·d) memory: the composed path's products on rounded operands
+//! (docs/semantics.md, "Mixed precision": `S = round(Q)·round(K)ᵀ`, `O = round(A)·round(V)`,
+//! backward `dA = round(dO)·round(V)ᵀ`, `dV = round(A)ᵀ·round(dO)`,
+//! `dQ = round(dS)·round(K)`, `dK = round(dS)ᵀ·round(Q)`, the softmax and its VJP in f32 on
+//! the unrounded A), with the flash kernels' sums (products of rounded values are exact in
+//! f32, so each sum is an f32 accumulation of the reference's terms).
+//!
+//! - Forward: Q, K, V rounded into copies ([`Device::round_to`]); the plain forward on them
+//!   gives lse and `Ō = A·round(V)` (the output of the unrounded probabilities); the second
+//!   pass ([`FLASH_OUT`](super::FLASH_OUT)) gives `O = Σ_j round(exp(s − lse))·round(v_j)`: the
+//!   probabilities normalized before they are rounded, as the composed A·V reads them (one
+//!   pass with the online softmax would round them relative to a running max instead).
+//! - Backward: Q, K, V and dO rounded into copies, then the plain backward launches with p and
+//!   dS rounded ([`Flash::mode`]); its `delta_i = dot(round(dO_i), Ō_i)` is
+//!   `Σ_j A_ij·dA_ij` up to f32 reassociation, from the unrounded A as the composed softmax
+//!   VJP's.
+//!
+//! The copies are temporaries (three of Q's or K's length forward, four backward), released on
+//! every path.
+
+use super::{Buffer, Device, Flash};
+use crate::Result;
+
+/// `x` rounded as the core's products read it, each into a copy ([`Device::round_to`]); on
+/// error the copies made are released.
+fn rounded<D: Device + ?Sized, const N: usize>(
+    dev: &mut D,
+    x: [Buffer; N],
+    f: &Flash,
+) -> Result<[Buffer; N]> {
+    let mut out = Vec::with_capacity(N);
+    for b in x {
+        match dev.round_to(b, f.round) {
+            Ok(r) => out.push(r),
+            Err(e) => {
+                release(dev, out);
+                return Err(e);
+            }
+        }
+    }
+    // N pushes: the conversion cannot fail.
+    out.try_into()
+        .map_err(|_| crate::Error::kernel("flash_attention", "rounded copies miscounted"))
+}
+
+/// `[O, lse, Ō]` of the core under autocast: O = round(A)·round(V), lse of the rounded
+/// scores, Ō = A·round(V) (what the backward's delta reads). Operands already checked.
+pub(super) fn forward<D: Device + ?Sized>(
+    dev: &mut D,
+    qkv: [Buffer; 3],
+    f: &Flash,
+) -> Result<[Buffer; 3]> {
+    let hat = rounded(dev, qkv, f)?;
+    let r = dev.launch_flash_fwd(hat, f).and_then(|(exact, lse)| {
+        match dev.launch_flash_out(hat, lse, f) {
+            Ok(o) => Ok([o, lse, exact]),
+            Err(e) => {
+                release(dev, [exact, lse]);
+                Err(e)
+            }
+        }
+    });
+    release(dev, hat);
+    r
+}
+
+/// `[dQ, dK, dV]` of the core under autocast for the cotangent `go` of O, from `exact` (the
+/// forward's Ō) and lse. Operands already checked.
+pub(super) fn backward<D: Device + ?Sized>(
+    dev: &mut D,
+    qkv: [Buffer; 3],
+    exact: Buffer,
+    lse: Buffer,
+    go: Buffer,
+    f: &Flash,
+) -> Result<[Buffer; 3]> {
+    let [q, k, v, g] = rounded(dev, [qkv[0], qkv[1], qkv[2], go], f)?;
+    let r = dev.launch_flash_bwd([q, k, v], exact, lse, g, f);
+    release(dev, [q, k, v, g]);
+    r
+}
+
+/// Release every buffer of `bufs`.
+fn release<D: Device + ?Sized>(dev: &mut D, bufs: impl IntoIterator<Item = Buffer>) {
+    for b in bufs {
+        dev.release(b);
+    }
+}
