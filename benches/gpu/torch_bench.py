@@ -404,10 +404,11 @@ def conv_rows(dev, quick, iters):
 
 def sdpa_twin(name):
     """PyTorch's row for one of our flash rows: `/flash/`, `/flash-wide/`, `/flash-one-pass/`
-    and `/flash-two-pass/` (the backward forced onto one path) all time against `/sdpa/`."""
+    and `/flash-two-pass/` (the backward forced onto one path) all time against `/sdpa/`;
+    `/flash-gqa/` against `/sdpa-gqa/`, `/flash-bf16/` (autocast) against `/sdpa-bf16/`."""
     for ours in ("/flash-wide/", "/flash-one-pass/", "/flash-two-pass/", "/flash/"):
         name = name.replace(ours, "/sdpa/")
-    return name.replace("/flash-gqa/", "/sdpa-gqa/")
+    return name.replace("/flash-gqa/", "/sdpa-gqa/").replace("/flash-bf16/", "/sdpa-bf16/")
 
 
 def main():
@@ -487,7 +488,8 @@ def main():
             t = theirs.get(sdpa_twin(k))
             if t:
                 speed = t[0] / ours[k]["ms"]
-                print(f"target {k} >= 0.7x torch f32 SDPA speed: {speed:.2f}x "
+                kind = "bf16" if "-bf16/" in k else "f32"
+                print(f"target {k} >= 0.7x torch {kind} SDPA speed: {speed:.2f}x "
                       f"{'PASS' if speed >= 0.7 else 'FAIL'}")
     # Issue 39: our f32 convolution >= 50% of cuDNN's speed (the implicit-GEMM kernel).
     for k in ours:

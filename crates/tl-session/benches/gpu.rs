@@ -41,7 +41,10 @@
 //!   n = 1024 and 4096 (where `Wide` runs the backward on register tiles instead of tiles of
 //!   16), `attention-core/flash-gqa/n{n}` with the 8 query heads over 2 key heads
 //!   (grouped-query attention: K and V of (1, n, 2, 64), torch_bench.py's twin
-//!   `attention-core/sdpa-gqa/n{n}` with `enable_gqa=True`), with
+//!   `attention-core/sdpa-gqa/n{n}` with `enable_gqa=True`), `attention-core/flash-bf16/n{n}`
+//!   under bf16 autocast (`Flash::round`: `flash_attention_rounded`, the operands rounded into
+//!   copies, two forward passes, p and dS rounded backward; torch_bench.py's twin
+//!   `attention-core/sdpa-bf16/n{n}`, PyTorch's flash kernel on bf16 tensors), with
 //!   TFLOP/s counted as FlashAttention's papers do (causal: 7·n²·d·H for forward and backward);
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
@@ -431,10 +434,14 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
 
 /// The fused attention core alone on `dev`: forward and backward of causal attention over
 /// (1, n, 8, d) Q, K, V (d = 64, or 128 in the rows labelled `-d128`, at n = 1024 and 4096;
-/// K and V of 2 heads in the rows labelled `-gqa`), timed to a read of `sum(dV)` (which waits
-/// for every launch).
+/// K and V of 2 heads in the rows labelled `-gqa`; under bf16 autocast in the rows labelled
+/// `-bf16`), timed to a read of `sum(dV)` (which waits for every launch).
 fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda::Result<()> {
     let d = if label.ends_with("-d128") { 128 } else { ATT_D };
+    let round = match label.ends_with("-bf16") {
+        true => tl_tape_cuda::Precision::Bf16,
+        false => tl_tape_cuda::Precision::F32,
+    };
     let kv_heads = if label.ends_with("-gqa") {
         2
     } else {
@@ -457,7 +464,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             d,
         };
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
-        let f = Flash::new(dims, FlashMask::of("bench", Some(&mask), n, n, 1)?);
+        let f = Flash::new(dims, FlashMask::of("bench", Some(&mask), n, n, 1)?).with_round(round);
         let lens = [dims.q_len(), dims.kv_len(), dims.kv_len(), dims.q_len()];
         let data: Vec<Vec<f32>> = (0..4)
             .map(|k| filled(&[lens[k]], 30 + k as u64, 1.0).data().to_vec())
@@ -465,6 +472,11 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
         let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
         let (q, k, v, go) = (q?, k?, v?, go?);
         let ms = device_ms(a, dev, |dev| {
+            if round.is_autocast() {
+                let [o, lse, exact] = dev.flash_attention_rounded([q, k, v], &f)?;
+                let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], exact, lse, go, &f)?;
+                return Ok(vec![o, lse, exact, dq, dk, dv]);
+            }
             let (o, lse) = dev.flash_attention([q, k, v], &f)?;
             let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], o, lse, go, &f)?;
             Ok(vec![o, lse, dq, dk, dv])
@@ -611,6 +623,7 @@ fn device_rows(a: &Args) -> Result<(), String> {
             }
             attention_core(a, &mut d, "flash-d128")?;
             attention_core(a, &mut d, "flash-gqa")?;
+            attention_core(a, &mut d, "flash-bf16")?;
             // The wide tilings (dynamic shared memory: the forward's 64 keys a step at d = 64,
             // the backward's register tiles at d = 128): the same bits, timed beside the
             // default so that the default follows the measurement.
@@ -626,6 +639,7 @@ fn device_rows(a: &Args) -> Result<(), String> {
             gemm_core(a, &mut d)
                 .and_then(|()| attention_core(a, &mut d, "flash"))
                 .and_then(|()| attention_core(a, &mut d, "flash-gqa"))
+                .and_then(|()| attention_core(a, &mut d, "flash-bf16"))
                 .and_then(|()| convs(a, &mut d))
         }
         Backend::Cpu => Ok(()),

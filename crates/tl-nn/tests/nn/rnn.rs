@@ -1188,8 +1188,26 @@ fn fused_and_composed_on_the_sim(
         &Scope<'g, tl_session::Session<f32>>,
     ) -> Result<Var<'g, tl_session::Session<f32>>>,
 ) -> [(Tensor<f32>, usize, Vec<Tensor<f32>>); 2] {
+    fused_and_composed_on_the_sim_at(tl_session::Precision::F32, make, forward)
+}
+
+/// [`fused_and_composed_on_the_sim`] in a session at `precision` (autocast).
+fn fused_and_composed_on_the_sim_at(
+    precision: tl_session::Precision,
+    make: impl Fn(&Runtime<tl_session::Session<f32>>) -> MultiHeadAttention,
+    forward: impl for<'g> Fn(
+        &MultiHeadAttention,
+        &Scope<'g, tl_session::Session<f32>>,
+    ) -> Result<Var<'g, tl_session::Session<f32>>>,
+) -> [(Tensor<f32>, usize, Vec<Tensor<f32>>); 2] {
     [true, false].map(|flash| {
-        let mut rt = eager::<f32>(Backend::CudaSim, 3);
+        let opts = tl_session::Options {
+            backend: Backend::CudaSim,
+            seed: 3,
+            precision,
+            ..tl_session::Options::default()
+        };
+        let mut rt = Runtime::new(tl_session::Session::new(opts).unwrap());
         let mha = make(&rt);
         assert!(mha.flash, "fused by default");
         let mha = mha.with_flash(flash);
@@ -1251,6 +1269,46 @@ fn rotary_attention_keeps_no_scores_when_fused() {
         |mha, g| mha.forward(&g.input(x.clone())?),
     );
     assert_fused_keeps_no_scores(runs, n * n * 4);
+}
+
+/// Under bf16 autocast the fused layer keeps flash attention's memory: on the CUDA sim a causal
+/// layer of 2 heads over n = 512 positions (the session at `Precision::Bf16`: its core runs
+/// the flash kernels' twins on rounded operands, probabilities and dS) never holds one head's
+/// (n, n) probabilities over a forward and an SGD step, where the composed core holds both
+/// heads'; the two agree within the rounding of the probabilities (2⁻⁸ relative: one bf16
+/// unit on a term where their f32 probabilities round to neighbours), and differ from f32.
+#[test]
+fn attention_under_bf16_keeps_no_scores_when_fused() {
+    let n = 512;
+    let x = tensor::<f32>(&[1, n, 16], 5);
+    let run = |p| {
+        fused_and_composed_on_the_sim_at(
+            p,
+            |rt| MultiHeadAttention::new(&rt.vars().pp("a"), 16, 2, true).unwrap(),
+            |mha, g| mha.forward(&g.input(x.clone())?),
+        )
+    };
+    let [(yf, fused_peak, pf), (yc, composed_peak, pc)] = run(tl_session::Precision::Bf16);
+    let scale = |t: &Tensor<f32>| f64::from(t.data().iter().fold(1.0f32, |m, v| m.max(v.abs())));
+    assert!(
+        max_diff(&yf, &yc) < scale(&yc) / 256.0,
+        "{}",
+        max_diff(&yf, &yc)
+    );
+    for (a, b) in pf.iter().zip(&pc) {
+        assert!(max_diff(a, b) < scale(b) / 256.0, "{}", max_diff(a, b));
+    }
+    let head_scores = n * n * 4;
+    assert!(
+        fused_peak < head_scores,
+        "fused peak {fused_peak} bytes ≥ one head's scores {head_scores}"
+    );
+    assert!(
+        composed_peak >= fused_peak + 2 * head_scores,
+        "composed peak {composed_peak}, fused {fused_peak}"
+    );
+    let [(y32, ..), _] = run(tl_session::Precision::F32);
+    assert!(max_diff(&yf, &y32) > 0.0, "bf16 ran as f32");
 }
 
 /// Cross-attention over keys of another length runs the same op: 256 queries over a memory

@@ -33,9 +33,10 @@
 //!
 //! Under autocast ([`Flash::round`] bf16 or TF32: docs/semantics.md, "Mixed precision") the
 //! core is the composed path's products on rounded operands, in O(n·d) memory
-//! ([`super::flash_round`]): Q, K, V and dO rounded into copies, a plain forward for lse and
-//! the output of the unrounded probabilities (which the backward's delta reads), then a second
-//! forward pass ([`FLASH_OUT`]) for `O = round(A)·V`; the backward rounds p and dS
+//! ([`Device::flash_attention_rounded`](super::Device::flash_attention_rounded),
+//! `device/flash_round.rs`): Q, K, V and dO rounded into copies, a plain forward for lse and
+//! the output of the unrounded probabilities (which the backward's delta reads), then a
+//! second forward pass ([`FLASH_OUT`]) for `O = round(A)·V`; the backward rounds p and dS
 //! ([`FLASH_BF16`], [`FLASH_TF32`]) before its sums read them.
 
 use super::{Buffer, check};

@@ -850,6 +850,27 @@ fn bad_input_is_refused_before_launch() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("lse has 258 element(s), expected 129"), "{e}");
+    // The rounded forward of an f32 core (it has no rounded output), and of bad operands
+    // under autocast: errors before anything is rounded.
+    let e = dev
+        .flash_attention_rounded([q, q, q], &g)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("flash_attention_rounded") && e.contains("F32"),
+        "{e}"
+    );
+    let bf16 = f(2, 129).with_round(Precision::Bf16);
+    let e = dev
+        .flash_attention_rounded([q, k, q], &bf16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("K has 6 element(s), expected 258"), "{e}");
+    let e = dev
+        .flash_attention_bwd([q, q, q], q, k, q, &bf16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lse has 6 element(s), expected 129"), "{e}");
     assert_eq!(dev.memory_usage().live_bytes, live, "nothing allocated");
     assert_eq!(dev.traffic().launches, launches, "nothing launched");
 }

@@ -112,7 +112,8 @@ fn tensor(rng: &mut Gen, shape: &[usize]) -> Tensor<f32> {
 }
 
 /// The CUDA tape under autocast on the device against the same tape on the sim: matmul,
-/// linear, conv (the im2col GEMMs) and attention (fused: the composed products), values and
+/// linear, conv (the im2col GEMMs) and attention (fused: the projections on the tensor cores,
+/// the core on the flash kernels with rounded operands, probabilities and dS), values and
 /// gradients, deterministic reductions on; the sim's bits on the emulator, within the
 /// setting's rounding on a GPU.
 #[test]
