@@ -550,21 +550,15 @@ fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
 /// (`tl_spec::ops::attention::sdpa::autocast_reference`) on `case`: q (B, nq, H·d), k and v
 /// (B, nk, Hk·d), the cotangent dO.
 fn spec_autocast(case: &Case, data: &[Vec<f32>; 4], round: Precision) -> [Vec<f64>; 4] {
-    let FlashDims {
-        batch,
-        nq,
-        nk,
-        heads,
-        kv_heads,
-        d,
-    } = case.dims;
+    let f = case.dims;
     let t = |shape: [usize; 3], k: usize| Tensor::new(&shape[..], data[k].clone()).unwrap();
-    let (qs, ks) = ([batch, nq, heads * d], [batch, nk, kv_heads * d]);
+    let qs = [f.batch, f.nq, f.heads * f.d];
+    let ks = [f.batch, f.nk, f.kv_heads * f.d];
     let [q, k, v, g] = [t(qs, 0), t(ks, 1), t(ks, 2), t(qs, 3)];
     let r = tl_spec::ops::attention::sdpa::autocast_reference(
         round,
         [&q, &k, &v],
-        heads,
+        f.heads,
         case.mask.as_ref(),
         &g,
     )
