@@ -1309,6 +1309,63 @@ fn attention_under_bf16_keeps_no_scores_when_fused() {
     assert!(max_diff(&yf, &y32) > 0.0, "bf16 ran as f32");
 }
 
+/// Three Adam steps of a causal grouped layer (4 query heads over 2) on `x`, on the CUDA
+/// sim at `precision`: the eval output before them, the losses, and the projections after.
+fn attention_steps<O: Train<T = f32>>(
+    mut rt: Runtime<O>,
+    x: &Tensor<f32>,
+) -> (Tensor<f32>, Vec<f64>, Vec<Tensor<f32>>) {
+    let mha = MultiHeadAttention::grouped(&rt.vars().pp("a"), 16, 4, 2, true).unwrap();
+    let y = rt
+        .eval(&mha, |g| mha.forward(&g.input(x.clone())?))
+        .unwrap();
+    let mut opt = Optimizer::adam(0.01).unwrap();
+    let losses = (0..3)
+        .map(|_| {
+            rt.step(&mha, &mut opt, |g| {
+                mha.forward(&g.input(x.clone())?)?.tanh()?.sum()
+            })
+            .unwrap()
+        })
+        .collect();
+    let params = [&mha.wq, &mha.wk, &mha.wv, &mha.wo]
+        .iter()
+        .map(|p| rt.value_of(p).unwrap())
+        .collect();
+    (y, losses, params)
+}
+
+/// A linked session runs the fused attention under bf16 as the eager session does (its
+/// compiled tape keeps the node's six buffers, Ō among them, for the backward): on the CUDA
+/// sim the same eval output, losses and parameters bit for bit over three Adam steps; f32
+/// gives other values.
+#[test]
+fn a_linked_session_runs_attention_under_bf16_as_the_eager_one() {
+    use tl_session::Precision;
+    let x = tensor::<f32>(&[2, 24, 16], 9);
+    let eager_at = |precision| {
+        let opts = tl_session::Options {
+            backend: Backend::CudaSim,
+            seed: 3,
+            precision,
+            ..tl_session::Options::default()
+        };
+        attention_steps(Runtime::new(tl_session::Session::new(opts).unwrap()), &x)
+    };
+    let mut rt = crate::linked_on(Backend::CudaSim, 3);
+    rt.session_mut().set_precision(Precision::Bf16).unwrap();
+    let linked = attention_steps(rt, &x);
+    let eager = eager_at(Precision::Bf16);
+    let bits = |t: &Tensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&linked.0), bits(&eager.0), "eval output");
+    assert_eq!(linked.1, eager.1, "losses");
+    for (a, b) in linked.2.iter().zip(&eager.2) {
+        assert_eq!(bits(a), bits(b), "parameters");
+    }
+    let f32s = eager_at(Precision::F32);
+    assert_ne!(bits(&f32s.0), bits(&eager.0), "bf16 ran as f32");
+}
+
 /// Cross-attention over keys of another length runs the same op: 256 queries over a memory
 /// of 512 with keys 500.. padded out, 2 heads, on the CUDA sim: the fused core never holds
 /// one head's (256, 512) probabilities (512 KiB), the composed one keeps both heads'.
