@@ -20,9 +20,9 @@
 //! with the NCCL engine. Last, where the GPU machine has Nsight Compute (`ncu`), run.sh profiles
 //! one run (`--once --only …`) of the bench rows with targets (the 4096² GEMMs, the bf16 1024²
 //! products with and without the raised split-K threshold, the attention core at n = 4096 (f32
-//! and, `flash-bf16`, under autocast), the
-//! convolutions; `TL_PROFILE_ROWS` overrides) into `logs/ncu.txt`: per
-//! kernel its duration, registers, occupancy and what limits it, and its stalls.
+//! and, `flash-bf16`, under autocast), the convolutions; `TL_PROFILE_ROWS` overrides) into
+//! `logs/ncu.txt`: per kernel its duration, registers, occupancy and what limits it, and its
+//! stalls.
 //! `TL_RUN_PARTS` (comma-separated `tests`, `nccl`, `train`, `bench`, `ncu`; default all) runs
 //! only the parts it names: a second run in a short GPU lease takes what a change touched. The
 //! folder is also packed as `gpu-bundle.tar.xz` for the copy.
