@@ -49,6 +49,9 @@
 // Autocast (mode bits TL_FA_BF16 / TL_FA_TF32; device/flash.rs FlashRound; docs/semantics.md,
 // "Mixed precision"): the caller hands the kernels Q, K, V (and dO) already rounded, and the
 // kernels round the probabilities and the score cotangents as the products that read them do:
+// - TL_FA_STATS (a first pass whose O nobody reads: the forward of a node that needs no
+//   backward): the plain forward's m, l and lse, in its order, with no P.V products; O is
+//   not written.
 // - TL_FA_OUT (the forward's second pass, after a plain forward on the same operands wrote
 //   lse): p = round(expf(s - lse_i)) (0 where masked or lse_i = -inf), o_c = fma chain of
 //   p_j * v_jc over the keys in order from +0 (alpha = 1: no rescaling, no division); lse is
@@ -79,6 +82,7 @@
 #define TL_FA_BF16 8u
 #define TL_FA_TF32 16u
 #define TL_FA_OUT 32u
+#define TL_FA_STATS 64u
 
 // x as a product reads it under `mode`'s autocast bits (tl_spec::precision::Precision::round).
 __device__ __forceinline__ float tl_fa_round(float x, u32 mode) {
@@ -419,23 +423,25 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             for (u32 t = 0; t < NT; ++t) {
                 if (!tl_fa_runs(mode, offset, nq, j0, t, keys, i0 + ry * 4)) break;
                 float al[4];
-                for (u32 a = 0; a < 4; ++a) {
-                    al[a] = als[t * BM + ry * 4 + a];
-                    for (u32 e = 0; e < 4; ++e) acc[a][e] = acc[a][e] * al[a];
-                }
-                const u32 jb3 = t * TL_FA_T, je3 = jb3 + tl_fa_len(keys, jb3);
-                const auto key = [&](u32 j) {
-                    float pr[4], vr[4];
-                    ld4(&pt[j * BM + ((ry * 4) ^ tl_fa_swz(j))], pr);
-                    ld4(&kv[j * DM + cx * 4], vr);
+                for (u32 a = 0; a < 4; ++a) al[a] = als[t * BM + ry * 4 + a];
+                if (!(mode & TL_FA_STATS)) {
                     for (u32 a = 0; a < 4; ++a)
-                        for (u32 e = 0; e < 4; ++e) acc[a][e] = __fmaf_rn(pr[a], vr[e], acc[a][e]);
-                };
-                if (je3 - jb3 == TL_FA_T) {
-                    TL_FA_UNROLL
-                    for (u32 jj = 0; jj < TL_FA_T; ++jj) key(jb3 + jj);
-                } else {
-                    for (u32 j = jb3; j < je3; ++j) key(j);
+                        for (u32 e = 0; e < 4; ++e) acc[a][e] = acc[a][e] * al[a];
+                    const u32 jb3 = t * TL_FA_T, je3 = jb3 + tl_fa_len(keys, jb3);
+                    const auto key = [&](u32 j) {
+                        float pr[4], vr[4];
+                        ld4(&pt[j * BM + ((ry * 4) ^ tl_fa_swz(j))], pr);
+                        ld4(&kv[j * DM + cx * 4], vr);
+                        for (u32 a = 0; a < 4; ++a)
+                            for (u32 e = 0; e < 4; ++e)
+                                acc[a][e] = __fmaf_rn(pr[a], vr[e], acc[a][e]);
+                    };
+                    if (je3 - jb3 == TL_FA_T) {
+                        TL_FA_UNROLL
+                        for (u32 jj = 0; jj < TL_FA_T; ++jj) key(jb3 + jj);
+                    } else {
+                        for (u32 j = jb3; j < je3; ++j) key(j);
+                    }
                 }
                 if (cx == 0) {
                     for (u32 a = 0; a < 4; ++a) {
@@ -461,7 +467,8 @@ __device__ __forceinline__ void tl_fa_fwd(const float* q, const float* k, const 
             for (u32 e = 0; e < 4; ++e) {
                 const u32 c = cx * 4 + e;
                 const float out = (mode & TL_FA_OUT) ? acc[a][e] : acc[a][e] / l;
-                if (c < d) o[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] = none ? 0.0f : out;
+                if (c < d && !(mode & TL_FA_STATS))
+                    o[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] = none ? 0.0f : out;
             }
             if (cx == 0 && !(mode & TL_FA_OUT))
                 lse[(u64)bh * nq + i0 + r] = none ? -INFINITY : m + logf(l);

@@ -61,6 +61,7 @@ pub mod gates;
 #[cfg(debug_assertions)]
 #[doc(hidden)]
 pub mod instances;
+pub mod needs_backward;
 pub mod ops;
 pub mod precision;
 pub mod rng;

@@ -314,6 +314,12 @@ impl<D: Device> CudaTape<D> {
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
         let fwd = {
             let _precision = crate::precision::install(self.precision);
+            // As `push` will decide it (an unknown parent is `operands`' error below).
+            let needs = op.is_differentiable()
+                && parents
+                    .iter()
+                    .any(|&p| self.nodes.get(p).is_some_and(|n| n.requires_grad));
+            let _needs = crate::needs_backward::install(needs);
             let (nodes, dev, nats) = (&self.nodes, &mut self.dev, &self.nats);
             let inputs = operands(nodes, op, parents)?;
             let shape = output_shape(op, &inputs)?;

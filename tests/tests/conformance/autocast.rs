@@ -112,6 +112,55 @@ fn tape_products_match_the_reference_on_the_cuda_sim() {
     }
 }
 
+/// The value of a fused `scaledDotProductAttention` (causal, 4 query heads over 2, 37
+/// positions) on a CUDA tape over `dev` under bf16, its operands requiring grad or not: the
+/// value's bits.
+fn attention_value<D: Device>(dev: D, requires_grad: bool) -> Vec<u32> {
+    let mut t = CudaTape::new(dev);
+    t.set_precision(Precision::Bf16);
+    let shapes: [&[usize]; 3] = [&[37, 32], &[37, 16], &[37, 16]];
+    let ids: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let n: usize = s.iter().product();
+            let data = (0..n)
+                .map(|i| ((i * 7 + k * 3) % 23) as f32 / 11.0 - 1.0)
+                .collect();
+            let x = Tensor::new(*s, data).unwrap();
+            t.upload_leaf(&x, None, requires_grad).unwrap()
+        })
+        .collect();
+    let op = Op::ScaledDotProductAttention {
+        heads: 4,
+        mask: Some(tl_spec::ops::attention::Mask::causal(37).unwrap()),
+        fused: true,
+    };
+    let y = t.apply(&op, &ids).unwrap();
+    let v = t.read::<f32>(y).unwrap();
+    v.data().iter().map(|x| x.to_bits()).collect()
+}
+
+/// Under autocast a fused attention node that will not be differentiated computes no Ō (its
+/// first pass keeps each row's statistics alone): the differentiated node's value bit for bit,
+/// on the sim and (feature `cuda-emu`) the emulated kernels.
+#[test]
+fn attention_without_gradients_gives_the_same_value() {
+    let sim = |rg| attention_value(SimDevice::new(), rg);
+    assert_eq!(sim(false), sim(true));
+    #[cfg(feature = "cuda-emu")]
+    {
+        use tl_tape_cuda::CudaDevice;
+        let emu = |rg| attention_value(CudaDevice::new().unwrap(), rg);
+        assert_eq!(emu(false), emu(true));
+        assert_eq!(
+            emu(false),
+            sim(true),
+            "the emulated kernels give the sim's bits"
+        );
+    }
+}
+
 /// The check has teeth: the plain f32 tape (no rounding) misses the bf16 bound.
 #[test]
 fn the_check_sees_a_tape_that_does_not_round() {

@@ -489,6 +489,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-flash-stats-writes-no-lse",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/device/sim/flash.rs",
+        from: "if let Pass::Softmax(lse) | Pass::Stats(lse) = &mut pass {",
+        to: "if let Pass::Softmax(lse) = &mut pass {",
+        bug: "the sim's statistics-only forward pass (a node without gradients under autocast) writes no log-sum-exp",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-sdpa-autocast-delta-from-output",
         area: Sim,
         file: "crates/tl-tape-cuda/src/ops/attention.rs",
@@ -856,6 +865,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "*at = tl_fa_round(expf(*at - lr2), mode);",
         to: "*at = expf(*at - lr2);",
         bug: "under autocast the flash forward's second pass multiplies V by the unrounded probabilities",
+        harness: Emu,
+    },
+    Mutant {
+        id: "kernel-flash-stats-writes-output",
+        area: Kernel,
+        file: "kernels/attention.cu",
+        from: "if (c < d && !(mode & TL_FA_STATS))",
+        to: "if (c < d)",
+        bug: "the flash forward's statistics-only pass writes its (unaccumulated) output over the buffer it was handed, the rounded Q",
         harness: Emu,
     },
     Mutant {

@@ -72,6 +72,8 @@ pub const FLASH_TF32: u32 = 16;
 /// Mode bit (not a mask's): the forward's second pass under autocast, `O = round(A)·V` from a
 /// given lse (`TL_FA_OUT`).
 pub const FLASH_OUT: u32 = 32;
+/// Mode bit (not a mask's): the forward's statistics alone, lse without O (`TL_FA_STATS`).
+pub const FLASH_STATS: u32 = 64;
 
 /// The sizes of one fused attention core: `batch·heads` heads of `nq` query rows against `nk`
 /// keys of `batch·kv_heads` key heads, each of size `d`.

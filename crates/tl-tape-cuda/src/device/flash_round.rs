@@ -7,7 +7,8 @@
 //! f32, so each sum is an f32 accumulation of the reference's terms).
 //!
 //! - Forward: Q, K, V rounded into copies ([`Device::round_to`]); the plain forward on them
-//!   gives lse and `Ō = A·round(V)` (the output of the unrounded probabilities); the second
+//!   gives lse and `Ō = A·round(V)` (the output of the unrounded probabilities; when nothing
+//!   will read Ō, [`forward_value`]'s first pass gives lse alone); the second
 //!   pass ([`FLASH_OUT`](super::FLASH_OUT)) gives `O = Σ_j round(exp(s − lse))·round(v_j)`: the
 //!   probabilities normalized before they are rounded, as the composed A·V reads them (one
 //!   pass with the online softmax would round them relative to a running max instead).
@@ -61,6 +62,28 @@ pub(super) fn forward<D: Device + ?Sized>(
             }
         }
     });
+    release(dev, hat);
+    r
+}
+
+/// `[O, lse]` of the core under autocast when nothing reads Ō: the first pass keeps the
+/// statistics alone ([`FLASH_STATS`](super::flash::FLASH_STATS): no P·V products), the second
+/// is [`forward`]'s. The same bits as `forward`'s O and lse. Operands already checked.
+pub(super) fn forward_value<D: Device + ?Sized>(
+    dev: &mut D,
+    qkv: [Buffer; 3],
+    f: &Flash,
+) -> Result<[Buffer; 2]> {
+    let hat = rounded(dev, qkv, f)?;
+    let r = dev
+        .launch_flash_lse(hat, f)
+        .and_then(|lse| match dev.launch_flash_out(hat, lse, f) {
+            Ok(o) => Ok([o, lse]),
+            Err(e) => {
+                release(dev, [lse]);
+                Err(e)
+            }
+        });
     release(dev, hat);
     r
 }

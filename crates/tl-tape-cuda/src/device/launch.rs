@@ -285,6 +285,10 @@ pub trait Launch: LaunchIndex {
     /// from the lse a plain forward on the same (rounded) operands wrote; the work of
     /// [`Device::flash_attention_rounded`], operands already validated by it.
     fn launch_flash_out(&mut self, qkv: [Buffer; 3], lse: Buffer, f: &Flash) -> Result<Buffer>;
+    /// The forward's statistics alone (`TL_FA_STATS`): lse as the plain forward writes it, no
+    /// O (the first pass under autocast when nothing reads Ō); operands already validated by
+    /// [`Device::flash_attention`].
+    fn launch_flash_lse(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<Buffer>;
     /// The work of [`Device::flash_attention_bwd`]; operands already validated by it —
     /// callers use `flash_attention_bwd`.
     fn launch_flash_bwd(

@@ -828,15 +828,15 @@ pub trait Device: Launch {
     ///
     /// Under autocast ([`Flash::round`] bf16 or TF32) the products read rounded operands
     /// (`O = round(A)·round(V)`, A the softmax of `round(Q)·round(K)ᵀ/√d`) in two passes over
-    /// the keys, still O(n·d) memory ([`flash_attention_rounded`](Self::flash_attention_rounded),
-    /// whose third buffer this releases).
+    /// the keys, still O(n·d) memory: the first keeps each row's statistics alone (no P·V), the
+    /// second gives O ([`flash_attention_rounded`](Self::flash_attention_rounded)'s O and lse
+    /// bit for bit, without its Ō, which only a backward reads).
     fn flash_attention(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
         f.check_forward("flash_attention", qkv)?;
         if !f.round.is_autocast() {
             return self.launch_flash_fwd(qkv, f);
         }
-        let [o, lse, exact] = flash_round::forward(self, qkv, f)?;
-        self.release(exact);
+        let [o, lse] = flash_round::forward_value(self, qkv, f)?;
         Ok((o, lse))
     }
     /// The fused core under autocast ([`Flash::round`] bf16 or TF32; an f32 core is an error:

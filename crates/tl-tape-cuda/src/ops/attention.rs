@@ -290,14 +290,15 @@ impl FlashChain {
 }
 
 /// The fused core on `qkv`: C, lse and, under autocast ([`Flash::round`]), Ō, temporaries of
-/// `s`.
+/// `s`; no Ō for a node that will not be differentiated ([`crate::needs_backward`]: its
+/// first pass keeps the statistics alone).
 fn core<D: Device>(
     dev: &mut D,
     s: &mut Scratch,
     qkv: [Buffer; 3],
     f: &Flash,
 ) -> Result<(Buffer, Buffer, Option<Buffer>)> {
-    if f.round.is_autocast() {
+    if f.round.is_autocast() && crate::needs_backward::current() {
         let [c, lse, exact] = dev.flash_attention_rounded(qkv, f)?;
         return Ok((s.tmp(c), s.tmp(lse), Some(s.tmp(exact))));
     }

@@ -425,6 +425,23 @@ pub fn run_core_at<D: Device>(
     ])
 }
 
+/// `[O, lse]` of `Device::flash_attention` on `dev` with the core's products at `round` (under
+/// autocast its first pass keeps the statistics alone); everything it allocated released.
+pub fn value_at<D: Device>(
+    dev: &mut D,
+    case: &Case,
+    data: &[Vec<f32>; 4],
+    round: Precision,
+) -> Result<[Vec<f32>; 2]> {
+    let f = Flash::new(case.dims, case.flash_mask()?).with_round(round);
+    let [q, k, v] = [0, 1, 2].map(|i| dev.upload(&data[i]));
+    let (q, k, v) = (q?, k?, v?);
+    let (o, lse) = dev.flash_attention([q, k, v], &f)?;
+    let out = [dev.download(o)?, dev.download(lse)?];
+    dev.release_all([q, k, v, o, lse]);
+    Ok(out)
+}
+
 /// The f64 reference: `[O, lse, dQ, dK, dV]` of softmax attention per head, masked entries
 /// exactly 0, a row with nothing allowed 0 (lse −∞) and passing no gradient; query head h
 /// reads key head h / (heads / kv_heads), whose dK and dV sum its query heads'.
@@ -594,9 +611,10 @@ fn beyond(got: &[f32], want: &[f64], tol: f64) -> (usize, usize) {
 /// one unit of the rounding, at most 2⁻⁷ of its size): at most 2% of the elements, none off by
 /// more than 2⁻⁶ of the scale. The reference that rounds the operands but not the
 /// probabilities and dS (a core that forgot them, or rounded the online softmax's unnormalized
-/// p) is off beyond 1e-5 on more than a fifth of the elements (ten times the flips' allowance;
-/// measured: 82% in bf16, 54% in TF32, against 0.1% and 0.3% flips): the check sees the
-/// rounding.
+/// p) is off beyond 1e-5 on more than a fifth of the elements (ten times the flips'
+/// allowance; measured: 82% in bf16, 54% in TF32, against 0.1% and 0.3% flips): the check
+/// sees the rounding. `flash_attention` (no Ō: its first pass keeps the statistics alone)
+/// gives the same O and lse bit for bit.
 #[test]
 fn under_autocast_the_core_rounds_as_the_composed_products() {
     for round in [Precision::Bf16, Precision::Tf32] {
@@ -605,6 +623,10 @@ fn under_autocast_the_core_rounds_as_the_composed_products() {
             let data = inputs(&case.dims, 300 + k as u64);
             let mut dev = SimDevice::new();
             let got = run_core_at(&mut dev, case, &data, round).unwrap();
+            // Without Ō (a first pass of statistics alone): the same O and lse.
+            let value = value_at(&mut dev, case, &data, round).unwrap();
+            assert_eq!(value[0], got[0], "{round:?} {}: O", case.name);
+            assert_eq!(value[1], got[1], "{round:?} {}: lse", case.name);
             let want = spec_autocast(case, &data, round);
             let unrounded = reference_at(case, &data, round);
             let e = max_err(&got[1], &unrounded[1]);
@@ -1224,6 +1246,48 @@ fn under_autocast_the_fused_nodes_keep_o_n_floats() {
         "fused peak {fused} B, one score matrix {scores} B"
     );
     assert!(composed >= 3 * scores, "composed peak {composed} B");
+}
+
+/// Under autocast a fused node that will not be differentiated (no operand requires grad)
+/// computes no Ō: its first pass keeps each row's statistics alone. Its value is the
+/// differentiated node's bit for bit, and its forward's peak is at least Ō's bytes lower.
+#[test]
+fn under_autocast_a_node_without_gradients_keeps_no_exact_output() {
+    let (heads, d, n) = (2, 8, 96);
+    let p = heads * d;
+    let data: Vec<Tensor<f32>> = (0..3)
+        .map(|k| {
+            let v = inputs(&rect(1, n, n, heads, d), 40 + k)[0].clone();
+            Tensor::new(&[n, p][..], v).unwrap()
+        })
+        .collect();
+    let op = Op::ScaledDotProductAttention {
+        heads,
+        mask: Some(Mask::causal(n).unwrap()),
+        fused: true,
+    };
+    let run = |requires_grad: bool| {
+        let mut tape = CudaTape::new(SimDevice::new());
+        tape.set_precision(Precision::Bf16);
+        let ids: Vec<usize> = data
+            .iter()
+            .map(|t| tape.upload_leaf(t, None, requires_grad).unwrap())
+            .collect();
+        let base = tape.device().memory_usage().live_bytes;
+        let y = tape.apply(&op, &ids).unwrap();
+        let peak = tape.device().memory_usage().peak_bytes - base;
+        let value: Tensor<f32> = tape.get(y).unwrap().download(tape.device()).unwrap();
+        let kept = tape.node(y).unwrap().cleanup().len();
+        (bits_of(value.data()), peak, kept)
+    };
+    let (with, peak_with, kept_with) = run(true);
+    let (without, peak_without, kept_without) = run(false);
+    assert_eq!(without, with, "the same value");
+    assert_eq!((kept_with, kept_without), (2, 0), "lse and Ō, then nothing");
+    assert!(
+        peak_without + 4 * n * p <= peak_with,
+        "peak {peak_without} B without gradients, {peak_with} B with"
+    );
 }
 
 /// On the tape under autocast the fused core op is the rounded core bit for bit

@@ -969,6 +969,32 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
                 ));
             }
         }
+        if round.is_autocast() {
+            // `flash_attention` alone: its first pass keeps the statistics alone
+            // (`TL_FA_STATS`), then O as above.
+            let data = crate::flash::inputs(&case.dims, 100 + k as u64);
+            let want = crate::flash::value_at(&mut SimDevice::new(), case, &data, round).unwrap();
+            let got = crate::flash::value_at(&mut cuda, case, &data, round).unwrap();
+            for (name, (w, g)) in ["O (value)", "lse (value)"]
+                .iter()
+                .zip(want.iter().zip(&got))
+            {
+                let same = w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
+                let err = w.iter().zip(g).fold(0.0f64, |e, (a, b)| {
+                    e.max(if a == b {
+                        0.0
+                    } else {
+                        f64::from((a - b).abs())
+                    })
+                });
+                if (exact && !same) || err.is_nan() || err > tol * 4.0 {
+                    bad.push(format!(
+                        "{tiles:?} {round:?} {}: {name}: error {err:e}",
+                        case.name
+                    ));
+                }
+            }
+        }
     }
     println!(
         "GPU-SUMMARY attention {worst:.3e} {}",

@@ -10,7 +10,7 @@
 use super::CudaDevice;
 use super::driver::Arg;
 use crate::Result;
-use crate::device::flash::FLASH_OUT;
+use crate::device::flash::{FLASH_OUT, FLASH_STATS};
 use crate::device::{Buffer, Device, FLASH_TILE, Flash, FlashTiles};
 use crate::gates;
 
@@ -185,6 +185,23 @@ impl CudaDevice {
                 let mut args = [pq, pk, pv, pm, out, pl].map(Arg::Ptr).to_vec();
                 let mut tail = Self::flash_tail(f);
                 tail[6] = Arg::U32(f.mode() | FLASH_OUT);
+                args.extend(tail);
+                d.run_flash(OP, f, Phase::Forward, &args)
+            })
+        })
+    }
+
+    /// `tl_flash_fwd` with `FLASH_STATS`: lse alone (the kernel writes no O: it gets Q's
+    /// address there, which it never writes).
+    pub(super) fn flash_lse_impl(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<Buffer> {
+        const OP: &str = "flash_attention";
+        let [pq, pk, pv] = [0, 1, 2].map(|i| self.ptr(OP, qkv[i]));
+        let (pq, pk, pv) = (pq?, pk?, pv?);
+        self.with_mask(OP, f, pq, |d, pm| {
+            d.with_out(OP, f.dims.rows_len(), |d, lse| {
+                let mut args = [pq, pk, pv, pm, pq, lse].map(Arg::Ptr).to_vec();
+                let mut tail = Self::flash_tail(f);
+                tail[6] = Arg::U32(f.mode() | FLASH_STATS);
                 args.extend(tail);
                 d.run_flash(OP, f, Phase::Forward, &args)
             })

@@ -453,6 +453,10 @@ impl Launch for CudaDevice {
         self.flash_out_impl(qkv, lse, f)
     }
 
+    fn launch_flash_lse(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<Buffer> {
+        self.flash_lse_impl(qkv, f)
+    }
+
     fn launch_flash_bwd(
         &mut self,
         qkv: [Buffer; 3],

@@ -23,7 +23,8 @@
 //! Autocast (`round` bf16 or TF32; the kernels' `TL_FA_BF16`, `TL_FA_TF32`): the operands come
 //! rounded, [`forward_out`] (`TL_FA_OUT`) is the forward's second pass,
 //! `o = Σ_j round(exp(s − lse))·v_j` in key order from +0 with no rescaling, and the backward
-//! rounds `p` and `dS` (dS from the unrounded p) before the sums read them.
+//! rounds `p` and `dS` (dS from the unrounded p) before the sums read them. [`forward_lse`]
+//! (`TL_FA_STATS`) is the first pass when nothing reads its output: lse alone.
 
 use crate::device::{FLASH_TILE as T, FlashDims, FlashMask};
 use crate::precision::Precision;
@@ -98,6 +99,8 @@ fn p_ds(
 enum Pass<'a> {
     /// The online softmax: O and lse written.
     Softmax(&'a mut [f32]),
+    /// `TL_FA_STATS`: the online softmax's lse alone, no O.
+    Stats(&'a mut [f32]),
     /// `TL_FA_OUT`: O from the given lse, each probability rounded as the precision says.
     Out(&'a [f32], Precision),
 }
@@ -105,6 +108,11 @@ enum Pass<'a> {
 /// `tl_flash_fwd`: O (B·nq·H·d) and lse (B·H·nq).
 pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
     run_forward(x, f, mask, o, Pass::Softmax(lse));
+}
+
+/// `tl_flash_fwd` with `TL_FA_STATS`: lse (B·H·nq) as [`forward`] writes it, without O.
+pub fn forward_lse(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, lse: &mut [f32]) {
+    run_forward(x, f, mask, &mut [], Pass::Stats(lse));
 }
 
 /// `tl_flash_fwd` with `TL_FA_OUT` (autocast's second pass): O = `Σ_j round(exp(s − lse))·v_j`
@@ -160,6 +168,9 @@ fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], mut 
                         l[r] = l[r] * alpha + sum;
                         m[r] = mn;
                     }
+                    if matches!(pass, Pass::Stats(_)) {
+                        continue;
+                    }
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
                         let mut t = *a * alpha;
                         for (jj, &pj) in p[..cols].iter().enumerate() {
@@ -173,14 +184,14 @@ fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], mut 
                 let i = i0 + r;
                 let none = m[r] == f32::NEG_INFINITY;
                 let out = matches!(pass, Pass::Out(..));
-                for c in 0..d {
+                for c in (0..d).filter(|_| !matches!(pass, Pass::Stats(_))) {
                     o[at_q(f, b, i, h, c)] = match (none, out) {
                         (true, _) => 0.0,
                         (false, true) => acc[r * d + c],
                         (false, false) => acc[r * d + c] / l[r],
                     };
                 }
-                if let Pass::Softmax(lse) = &mut pass {
+                if let Pass::Softmax(lse) | Pass::Stats(lse) = &mut pass {
                     lse[bh * nq + i] = if none {
                         f32::NEG_INFINITY
                     } else {

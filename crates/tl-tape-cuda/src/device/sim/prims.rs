@@ -500,6 +500,16 @@ impl Launch for SimDevice {
         Ok(o)
     }
 
+    fn launch_flash_lse(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<Buffer> {
+        let [lse] = self.launch_outs(
+            "flash_attention",
+            qkv,
+            [f.dims.rows_len()],
+            |[q, k, v], [l]| flash::forward_lse(&flash::Qkv { q, k, v }, &f.dims, &f.mask, l),
+        )?;
+        Ok(lse)
+    }
+
     fn launch_flash_bwd(
         &mut self,
         qkv: [Buffer; 3],
