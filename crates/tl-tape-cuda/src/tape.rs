@@ -314,12 +314,7 @@ impl<D: Device> CudaTape<D> {
     pub fn apply(&mut self, op: &Op, parents: &[Id]) -> Result<Id> {
         let fwd = {
             let _precision = crate::precision::install(self.precision);
-            // As `push` will decide it (an unknown parent is `operands`' error below).
-            let needs = op.is_differentiable()
-                && parents
-                    .iter()
-                    .any(|&p| self.nodes.get(p).is_some_and(|n| n.requires_grad));
-            let _needs = crate::needs_backward::install(needs);
+            let _needs = crate::needs_backward::install(self.requires_grad(op, parents));
             let (nodes, dev, nats) = (&self.nodes, &mut self.dev, &self.nats);
             let inputs = operands(nodes, op, parents)?;
             let shape = output_shape(op, &inputs)?;
@@ -443,9 +438,17 @@ impl<D: Device> CudaTape<D> {
     }
 
     /// Record the node `op(parents)` with its forward result; returns its id.
+    /// Whether a node of `op` on `parents` requires grad: the op is differentiable and a
+    /// parent requires grad (an unknown parent does not: `operands` refuses it).
+    fn requires_grad(&self, op: &Op, parents: &[Id]) -> bool {
+        op.is_differentiable()
+            && parents
+                .iter()
+                .any(|&p| self.nodes.get(p).is_some_and(|n| n.requires_grad))
+    }
+
     fn push(&mut self, op: &Op, parents: &[Id], fwd: ops::Forward) -> Id {
-        let requires_grad =
-            op.is_differentiable() && parents.iter().any(|&p| self.nodes[p].requires_grad);
+        let requires_grad = self.requires_grad(op, parents);
         if requires_grad {
             // This node's backward reads its operands' values.
             parents.iter().for_each(|&p| self.nodes[p].pinned = true);

@@ -8,7 +8,7 @@
 //!
 //! - Forward: Q, K, V rounded into copies ([`Device::round_to`]); the plain forward on them
 //!   gives lse and `Ō = A·round(V)` (the output of the unrounded probabilities; when nothing
-//!   will read Ō, [`forward_value`]'s first pass gives lse alone); the second
+//!   will read Ō, [`forward`]'s first pass gives lse alone); the second
 //!   pass ([`FLASH_OUT`](super::FLASH_OUT)) gives `O = Σ_j round(exp(s − lse))·round(v_j)`: the
 //!   probabilities normalized before they are rounded, as the composed A·V reads them (one
 //!   pass with the online softmax would round them relative to a running max instead).
@@ -45,45 +45,31 @@ fn rounded<D: Device + ?Sized, const N: usize>(
         .map_err(|_| crate::Error::kernel("flash_attention", "rounded copies miscounted"))
 }
 
-/// `[O, lse, Ō]` of the core under autocast: O = round(A)·round(V), lse of the rounded
-/// scores, Ō = A·round(V) (what the backward's delta reads). Operands already checked.
+/// `(O, lse, Ō)` of the core under autocast: O = round(A)·round(V), lse of the rounded
+/// scores and, with `exact`, Ō = A·round(V) (what the backward's delta reads). Without
+/// `exact` the first pass keeps the statistics alone
+/// ([`FLASH_STATS`](super::flash::FLASH_STATS): no P·V products), with the same bits of O and
+/// lse. Operands already checked.
 pub(super) fn forward<D: Device + ?Sized>(
     dev: &mut D,
     qkv: [Buffer; 3],
     f: &Flash,
-) -> Result<[Buffer; 3]> {
+    exact: bool,
+) -> Result<(Buffer, Buffer, Option<Buffer>)> {
     let hat = rounded(dev, qkv, f)?;
-    let r = dev.launch_flash_fwd(hat, f).and_then(|(exact, lse)| {
-        match dev.launch_flash_out(hat, lse, f) {
-            Ok(o) => Ok([o, lse, exact]),
-            Err(e) => {
-                release(dev, [exact, lse]);
-                Err(e)
-            }
+    let first = match exact {
+        true => dev
+            .launch_flash_fwd(hat, f)
+            .map(|(ex, lse)| (lse, Some(ex))),
+        false => dev.launch_flash_lse(hat, f).map(|lse| (lse, None)),
+    };
+    let r = first.and_then(|(lse, ex)| match dev.launch_flash_out(hat, lse, f) {
+        Ok(o) => Ok((o, lse, ex)),
+        Err(e) => {
+            release(dev, [lse].into_iter().chain(ex));
+            Err(e)
         }
     });
-    release(dev, hat);
-    r
-}
-
-/// `[O, lse]` of the core under autocast when nothing reads Ō: the first pass keeps the
-/// statistics alone ([`FLASH_STATS`](super::flash::FLASH_STATS): no P·V products), the second
-/// is [`forward`]'s. The same bits as `forward`'s O and lse. Operands already checked.
-pub(super) fn forward_value<D: Device + ?Sized>(
-    dev: &mut D,
-    qkv: [Buffer; 3],
-    f: &Flash,
-) -> Result<[Buffer; 2]> {
-    let hat = rounded(dev, qkv, f)?;
-    let r = dev
-        .launch_flash_lse(hat, f)
-        .and_then(|lse| match dev.launch_flash_out(hat, lse, f) {
-            Ok(o) => Ok([o, lse]),
-            Err(e) => {
-                release(dev, [lse]);
-                Err(e)
-            }
-        });
     release(dev, hat);
     r
 }

@@ -836,7 +836,7 @@ pub trait Device: Launch {
         if !f.round.is_autocast() {
             return self.launch_flash_fwd(qkv, f);
         }
-        let [o, lse] = flash_round::forward_value(self, qkv, f)?;
+        let (o, lse, _) = flash_round::forward(self, qkv, f, false)?;
         Ok((o, lse))
     }
     /// The fused core under autocast ([`Flash::round`] bf16 or TF32; an f32 core is an error:
@@ -855,7 +855,14 @@ pub trait Device: Launch {
                  output: use flash_attention",
             ));
         }
-        flash_round::forward(self, qkv, f)
+        match flash_round::forward(self, qkv, f, true)? {
+            (o, lse, Some(exact)) => Ok([o, lse, exact]),
+            (o, lse, None) => {
+                self.release(o);
+                self.release(lse);
+                Err(crate::Error::kernel(OP, "the first pass kept no Ō"))
+            }
+        }
     }
     /// The VJP of [`flash_attention`](Self::flash_attention) for the cotangent `go` of O, from
     /// its output `o` and `lse`: `[dQ, dK, dV]` (dQ of Q's length, dK and dV of K's),

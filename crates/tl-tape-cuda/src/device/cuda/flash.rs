@@ -169,39 +169,29 @@ impl CudaDevice {
         }
     }
 
-    /// `tl_flash_fwd` with `FLASH_OUT` (autocast's second pass): O from `lse`, which the
-    /// kernel reads.
-    pub(super) fn flash_out_impl(
+    /// `tl_flash_fwd` in one of autocast's passes, the one buffer it writes: with `lse`,
+    /// `FLASH_OUT` (O from the lse, which the kernel reads); without, `FLASH_STATS` (lse alone:
+    /// the kernel gets Q's address for O, which it never writes).
+    pub(super) fn flash_pass_impl(
         &mut self,
         qkv: [Buffer; 3],
-        lse: Buffer,
+        lse: Option<Buffer>,
         f: &Flash,
     ) -> Result<Buffer> {
         const OP: &str = "flash_attention";
         let [pq, pk, pv] = [0, 1, 2].map(|i| self.ptr(OP, qkv[i]));
-        let (pq, pk, pv, pl) = (pq?, pk?, pv?, self.ptr(OP, lse)?);
-        self.with_mask(OP, f, pq, |d, pm| {
-            d.with_out(OP, f.dims.q_len(), |d, out| {
-                let mut args = [pq, pk, pv, pm, out, pl].map(Arg::Ptr).to_vec();
-                let mut tail = Self::flash_tail(f);
-                tail[6] = Arg::U32(f.mode() | FLASH_OUT);
-                args.extend(tail);
-                d.run_flash(OP, f, Phase::Forward, &args)
-            })
-        })
-    }
-
-    /// `tl_flash_fwd` with `FLASH_STATS`: lse alone (the kernel writes no O: it gets Q's
-    /// address there, which it never writes).
-    pub(super) fn flash_lse_impl(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<Buffer> {
-        const OP: &str = "flash_attention";
-        let [pq, pk, pv] = [0, 1, 2].map(|i| self.ptr(OP, qkv[i]));
         let (pq, pk, pv) = (pq?, pk?, pv?);
+        let pl = lse.map(|b| self.ptr(OP, b)).transpose()?;
+        let (bit, len) = match pl {
+            Some(_) => (FLASH_OUT, f.dims.q_len()),
+            None => (FLASH_STATS, f.dims.rows_len()),
+        };
         self.with_mask(OP, f, pq, |d, pm| {
-            d.with_out(OP, f.dims.rows_len(), |d, lse| {
-                let mut args = [pq, pk, pv, pm, pq, lse].map(Arg::Ptr).to_vec();
+            d.with_out(OP, len, |d, out| {
+                let (po, pl) = pl.map_or((pq, out), |pl| (out, pl));
+                let mut args = [pq, pk, pv, pm, po, pl].map(Arg::Ptr).to_vec();
                 let mut tail = Self::flash_tail(f);
-                tail[6] = Arg::U32(f.mode() | FLASH_STATS);
+                tail[6] = Arg::U32(f.mode() | bit);
                 args.extend(tail);
                 d.run_flash(OP, f, Phase::Forward, &args)
             })

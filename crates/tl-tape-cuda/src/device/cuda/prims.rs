@@ -450,11 +450,11 @@ impl Launch for CudaDevice {
     }
 
     fn launch_flash_out(&mut self, qkv: [Buffer; 3], lse: Buffer, f: &Flash) -> Result<Buffer> {
-        self.flash_out_impl(qkv, lse, f)
+        self.flash_pass_impl(qkv, Some(lse), f)
     }
 
     fn launch_flash_lse(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<Buffer> {
-        self.flash_lse_impl(qkv, f)
+        self.flash_pass_impl(qkv, None, f)
     }
 
     fn launch_flash_bwd(
