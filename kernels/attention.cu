@@ -512,6 +512,196 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
                                  mstride, scale, smem);
 }
 
+// ---- Forward on tensor cores: f32 as three TF32 products -------------------------------------
+//
+// tl_flash_fwd_tc (device/flash.rs FlashProducts::Tf32x3; d <= 64; the f32 forward: mask bits
+// only, no autocast or pass bits): the products of the scores Q K^T and of P V on the tensor
+// cores (WMMA m16n16k8, TF32 fragments, f32 accumulators), each f32 operand x split into
+// big = tf32(x) (nearest, ties away) and small = tf32(x - big) (x - big is exact), a.b taken
+// as small_a.big_b + big_a.small_b + big_a.big_b (three mma_sync in that order; small_a.small_b,
+// below 2^-22 of the product, dropped): CUTLASS's 3xTF32, the arithmetic PyTorch's f32
+// memory-efficient attention runs on sm80+. A block of 256 threads takes 128 query rows of one
+// (b, h), warp w the rows 16 w .. 16 w + 15 (its scores, probabilities and outputs in shared
+// memory of its own); the key loop takes TL_FA_TC_BN = 64 keys a step, K and V of the step
+// shared by the block. Order (the sim's twin, device/sim/flash.rs forward_tc):
+// - a score is s = S3(q_i, k_j) * scale, S3 over c in chunks of 8 from +0, each chunk the three
+//   fma chains above in c order (the emulator's mma_sync order, cuda_emu.h); masked keys -inf;
+// - per query row, per step of 64 keys that the row's tile of 16 rows meets (tl_fa_meet; keys
+//   before tl_fa_kend): mt = the step's max, m' = fmaxf(m, mt); if m' = -inf nothing changes;
+//   else alpha = expf(m - m'), p_j = expf(s_j - m') (0 where masked or past nk), l = l * alpha +
+//   (sum of p_j in key order from +0), o_c = o_c * alpha, then over the step's keys in chunks of
+//   8 (p = 0 and v = 0 past nk) the three fma chains of p_j v_jc into o_c; m = m'. At the end
+//   o_c / l and lse = m + logf(l), or 0 and -inf for a row with nothing allowed. Columns past d
+//   are zeros, whose products add +0 to sums that are never -0: no change.
+// On a GPU mma_sync sums in the hardware's order: the same function within f32 tolerance, not
+// the emulator's bits.
+#define TL_FA_TC_BM 128
+#define TL_FA_TC_BN 64
+#define TL_FA_TC_LD 68
+// Shared floats of tl_flash_fwd_tc (device/cuda/flash.rs FWD_TC_SMEM_BYTES is this in bytes):
+// Q of the block, K and V of a step, each warp's scores (then p) and outputs (16 x LD each),
+// and each warp's m, l and alpha of its 16 rows.
+#define TL_FA_TC_SMEM ((TL_FA_TC_BM + 2 * TL_FA_TC_BN + 2 * TL_FA_TC_BM) * TL_FA_TC_LD + 3 * TL_FA_TC_BM)
+
+namespace tl_fa_tc {
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragBt;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FragC;
+
+// x (loaded with its f32 bits) split into its big and small TF32 parts, element by element.
+template <class F>
+__device__ __forceinline__ void split(F& x, F& small) {
+    for (int e = 0; e < x.num_elements; ++e) {
+        const float big = wmma::__float_to_tf32(x.x[e]);
+        small.x[e] = wmma::__float_to_tf32(x.x[e] - big);
+        x.x[e] = big;
+    }
+}
+
+// acc += a.b as three TF32 products: small_a.big_b, big_a.small_b, big_a.big_b.
+template <class FB>
+__device__ __forceinline__ void mma3(FragC& acc, const FragA& a_big, const FragA& a_small,
+                                     const FB& b_big, const FB& b_small) {
+    wmma::mma_sync(acc, a_small, b_big, acc);
+    wmma::mma_sync(acc, a_big, b_small, acc);
+    wmma::mma_sync(acc, a_big, b_big, acc);
+}
+}  // namespace tl_fa_tc
+
+// O = softmax(Q K^T * scale) V per head and lse = m + log(l) per row, the products as 3xTF32 on
+// the tensor cores (above), in TL_FA_TC_SMEM floats of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const float* q, const float* k, const float* v,
+                                        const u32* mask, float* o, float* lse, u32 batch, u32 nq,
+                                        u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode, int offset,
+                                        u32 mstride, float scale) {
+    namespace wmma = nvcuda::wmma;
+    using namespace tl_fa_tc;
+    constexpr u32 BM = TL_FA_TC_BM, BN = TL_FA_TC_BN, LD = TL_FA_TC_LD;
+    TL_DYNAMIC_SHARED(float, smem);
+    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    const u32 dp = (d + 15) / 16 * 16;  // columns in shared memory, zeros from d on
+    float* qs = smem;                                // qs[r * LD + c]
+    float* ks = qs + BM * LD;                        // ks[j * LD + c]
+    float* vs = ks + BN * LD;                        // vs[j * LD + c]
+    float* ss = vs + BN * LD + w * 16 * LD;          // warp w's scores, then p: ss[r * LD + j]
+    float* os = vs + BN * LD + (BM + w * 16) * LD;   // warp w's outputs: os[r * LD + c]
+    float* st = vs + BN * LD + 2 * BM * LD + w * 48; // its rows' m (st[r]), l (16 + r), alpha (32 + r)
+    const u32 tiles = tl_fa_tiles(nq, BM);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
+        const u32 g = tl_fa_kv_head(h, heads, kv_heads);  // the key head h reads
+        const u32* mk = mask + (u64)b * mstride;           // batch element b's words
+        const u32 r0 = w * 16, wrows = rows > r0 ? (rows - r0 < 16 ? rows - r0 : 16) : 0;
+        __syncthreads();  // the previous job's reads of qs are done
+        for (u32 e = tid; e < BM * dp; e += TL_BLOCK) {
+            const u32 r = e / dp, c = e % dp;
+            qs[r * LD + c] = r < rows && c < d ? q[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] : 0.0f;
+        }
+        for (u32 e = lane; e < 16 * dp; e += 32) os[e / dp * LD + e % dp] = 0.0f;
+        if (lane < 16) {
+            st[lane] = -INFINITY;
+            st[16 + lane] = 0.0f;
+        }
+        __syncwarp();
+        const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
+        for (u32 j0 = 0; j0 < kend; j0 += BN) {
+            const u32 keys = nk - j0 < BN ? nk - j0 : BN;
+            __syncthreads();  // the previous step's reads of ks and vs are done
+            for (u32 e = tid; e < BN * dp; e += TL_BLOCK) {
+                const u32 j = e / dp, c = e % dp;
+                const bool in = j < keys && c < d;
+                const u64 at = in ? tl_fa_at(b, j0 + j, g, c, nk, kv_heads, d) : 0u;
+                ks[j * LD + c] = in ? k[at] : 0.0f;
+                vs[j * LD + c] = in ? v[at] : 0.0f;
+            }
+            __syncthreads();
+            if (wrows == 0 || !tl_fa_meet(mode, offset, i0 + r0 + wrows, j0)) continue;
+            // 1. The warp's 16 x 64 scores.
+            FragC acc[BN / 16];
+            for (u32 t = 0; t < BN / 16; ++t) wmma::fill_fragment(acc[t], 0.0f);
+            for (u32 c0 = 0; c0 < dp; c0 += 8) {
+                FragA qb, qsm;
+                wmma::load_matrix_sync(qb, &qs[r0 * LD + c0], LD);
+                split(qb, qsm);
+                for (u32 t = 0; t < BN / 16; ++t) {
+                    FragBt kb, ksm;
+                    wmma::load_matrix_sync(kb, &ks[t * 16 * LD + c0], LD);
+                    split(kb, ksm);
+                    mma3(acc[t], qb, qsm, kb, ksm);
+                }
+            }
+            for (u32 t = 0; t < BN / 16; ++t)
+                wmma::store_matrix_sync(&ss[t * 16], acc[t], LD, wmma::mem_row_major);
+            __syncwarp();
+            // 2. Lane r < 16: row r's online softmax over the step.
+            if (lane < 16) {
+                const u32 r = lane, i = i0 + r0 + r;
+                float* sr = &ss[r * LD];
+                const float m = st[r];
+                float mt = -INFINITY;
+                for (u32 j = 0; j < BN; ++j) {
+                    const bool ok =
+                        r < wrows && j < keys && tl_fa_allowed(mk, mode, offset, nk, i, j0 + j);
+                    const float s = ok ? sr[j] * scale : -INFINITY;
+                    sr[j] = s;
+                    mt = fmaxf(mt, s);
+                }
+                const float mn = fmaxf(m, mt);
+                float alpha = 1.0f;
+                if (mn == -INFINITY) {
+                    for (u32 j = 0; j < BN; ++j) sr[j] = 0.0f;
+                } else {
+                    alpha = expf(m - mn);
+                    float sum = 0.0f;
+                    for (u32 j = 0; j < BN; ++j) {
+                        const float p = expf(sr[j] - mn);
+                        sr[j] = p;
+                        sum = sum + p;
+                    }
+                    st[16 + r] = st[16 + r] * alpha + sum;
+                    st[r] = mn;
+                }
+                st[32 + r] = alpha;
+            }
+            __syncwarp();
+            // 3. o = o * alpha, then the step's P V.
+            for (u32 e = lane; e < 16 * dp; e += 32) {
+                const u32 r = e / dp, c = e % dp;
+                os[r * LD + c] = os[r * LD + c] * st[32 + r];
+            }
+            __syncwarp();
+            for (u32 c0 = 0; c0 < dp; c0 += 16) {
+                FragC oc;
+                wmma::load_matrix_sync(oc, &os[c0], LD, wmma::mem_row_major);
+                for (u32 kk = 0; kk < BN; kk += 8) {
+                    FragA pb, psm;
+                    FragB vb, vsm;
+                    wmma::load_matrix_sync(pb, &ss[kk], LD);
+                    wmma::load_matrix_sync(vb, &vs[kk * LD + c0], LD);
+                    split(pb, psm);
+                    split(vb, vsm);
+                    mma3(oc, pb, psm, vb, vsm);
+                }
+                wmma::store_matrix_sync(&os[c0], oc, LD, wmma::mem_row_major);
+            }
+            __syncwarp();
+        }
+        // The warp's rows out.
+        for (u32 e = lane; e < 16 * d; e += 32) {
+            const u32 r = e / d, c = e % d;
+            if (r >= wrows) continue;
+            const bool none = st[r] == -INFINITY;
+            o[tl_fa_at(b, i0 + r0 + r, h, c, nq, heads, d)] = none ? 0.0f : os[r * LD + c] / st[16 + r];
+        }
+        if (lane < wrows) {
+            const bool none = st[lane] == -INFINITY;
+            lse[(u64)bh * nq + i0 + r0 + lane] = none ? -INFINITY : st[lane] + logf(st[16 + lane]);
+        }
+    }
+}
+
 // ---- Backward, d > 64: one block of 16 x 16 threads per tile of 16 ----------------------------
 
 typedef float (*TlFaRows)[TL_FA_LD];

@@ -323,8 +323,9 @@ def attention_rows(dev, quick, iters):
     Q, K, V (PyTorch picks its memory-efficient kernel: its flash kernel takes only 16-bit
     types), timed to a read of sum(dV); `attention-core/sdpa-bf16/n{n}` the same in bf16 (its
     flash kernel); `attention-core/sdpa-gqa/n{n}` the f32 core with K and V of 2 heads
-    (`enable_gqa=True`, PyTorch 2.5 on; skipped before). Core rows carry TFLOP/s as
-    FlashAttention counts them (causal: 7·n²·d·H)."""
+    (`enable_gqa=True`, PyTorch 2.5 on; skipped before); `attention-fwd/sdpa/n{n}` the f32
+    core's forward alone, timed to a read of sum(O). Core rows carry TFLOP/s as FlashAttention
+    counts them (causal: 7·n²·d·H forward and backward, 2·n²·d·H forward)."""
     dm = HEADS * HEAD
     rows = {}
     for n in attention_lengths(quick):
@@ -369,6 +370,14 @@ def attention_rows(dev, quick, iters):
 
             ms = median_ms(iters, core)
             rows[f"attention-core/{name}/n{n}"] = (ms, ("tflops", flops / (ms * 1e-3) / 1e12))
+            if name == "sdpa":
+                def forward(q=q, k=k, v=v):
+                    with torch.no_grad():
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().item()
+
+                ms = median_ms(iters, forward)
+                fwd = 2.0 * n * n * HEAD * HEADS
+                rows[f"attention-fwd/sdpa/n{n}"] = (ms, ("tflops", fwd / (ms * 1e-3) / 1e12))
     return rows
 
 
@@ -405,8 +414,9 @@ def conv_rows(dev, quick, iters):
 def sdpa_twin(name):
     """PyTorch's row for one of our flash rows: `/flash/`, `/flash-wide/`, `/flash-one-pass/`
     and `/flash-two-pass/` (the backward forced onto one path) all time against `/sdpa/`;
-    `/flash-gqa/` against `/sdpa-gqa/`, `/flash-bf16/` (autocast) against `/sdpa-bf16/`."""
-    for ours in ("/flash-wide/", "/flash-one-pass/", "/flash-two-pass/", "/flash/"):
+    `/flash-gqa/` against `/sdpa-gqa/`, `/flash-bf16/` (autocast) against `/sdpa-bf16/`;
+    `/flash-tc/` (the forward on the tensor cores) against `/sdpa/`."""
+    for ours in ("/flash-wide/", "/flash-one-pass/", "/flash-two-pass/", "/flash-tc/", "/flash/"):
         name = name.replace(ours, "/sdpa/")
     return name.replace("/flash-gqa/", "/sdpa-gqa/").replace("/flash-bf16/", "/sdpa-bf16/")
 
@@ -491,6 +501,12 @@ def main():
                 kind = "bf16" if "-bf16/" in k else "f32"
                 print(f"target {k} >= 0.7x torch {kind} SDPA speed: {speed:.2f}x "
                       f"{'PASS' if speed >= 0.7 else 'FAIL'}")
+    # The forward alone (no target: where the time goes).
+    for k in ours:
+        if k.startswith("attention-fwd/flash"):
+            t = theirs.get(sdpa_twin(k))
+            if t:
+                print(f"{k}: {t[0] / ours[k]['ms']:.2f}x torch f32 SDPA forward speed")
     # Issue 39: our f32 convolution >= 50% of cuDNN's speed (the implicit-GEMM kernel).
     for k in ours:
         if k.startswith("conv/implicit/"):

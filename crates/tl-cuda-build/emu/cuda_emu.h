@@ -365,6 +365,22 @@ inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f,
             f.x[r * F::cols + c] = col ? p[(std::size_t)c * ldm + r] : p[(std::size_t)r * ldm + c];
 }
 
+// An accumulator fragment from memory (`layout` as store_matrix_sync's).
+template <int M, int N, int K>
+inline void load_matrix_sync(fragment<accumulator, M, N, K, float, void>& f, const float* p,
+                             unsigned ldm, layout_t layout) {
+    typedef fragment<accumulator, M, N, K, float, void> F;
+    asm volatile("" ::: "memory");
+    const bool col = layout == mem_col_major;
+    if (!detail::access_ok("load_matrix_sync", p, ldm, sizeof(float), col ? 1 : 0)) {
+        std::memset(f.x, 0xff, sizeof f.x);  // NaN: poison, no access
+        return;
+    }
+    for (int r = 0; r < F::rows; ++r)
+        for (int c = 0; c < F::cols; ++c)
+            f.x[r * F::cols + c] = col ? p[(std::size_t)c * ldm + r] : p[(std::size_t)r * ldm + c];
+}
+
 template <int M, int N, int K>
 inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float, void>& f,
                               unsigned ldm, layout_t layout) {

@@ -49,6 +49,11 @@
 //!   torch_bench.py's `attention-core/sdpa/n{n}` is SDPA's forward and backward on the same
 //!   f32 shapes (its memory-efficient kernel: PyTorch's flash kernel takes only 16-bit types),
 //!   and `attention-core/sdpa-bf16/n{n}` the same in bf16 (its flash kernel), for scale;
+//!   `attention-core/flash-tc/n{n}` with the forward on the tensor cores
+//!   (`FlashProducts::Tf32x3`: three TF32 products for each f32 one, as PyTorch's f32
+//!   memory-efficient kernel multiplies on sm80+), and on `Cuda` `attention-fwd/flash/n{n}`
+//!   and `attention-fwd/flash-tc/n{n}` the forward alone (to a read of the sum of lse;
+//!   2·n²·d·H products), beside torch_bench.py's `attention-fwd/sdpa/n{n}`;
 //! - `gemm-core/{f32,tf32,bf16}/{n}`: the device's matmul alone, 16 products back to back
 //!   then one read, n = 1024 and 2048, and `gemm-core/{tf32,bf16}/1024-split256` with the
 //!   split-K threshold raised to 256 tiles (`gates::force_split_k_tiles`); torch_bench.py's
@@ -437,7 +442,23 @@ fn attention(a: &Args, s: &mut Session<f32>) -> tl_session::Result<()> {
 /// K and V of 2 heads in the rows labelled `-gqa`; under bf16 autocast in the rows labelled
 /// `-bf16`), timed to a read of `sum(dV)` (which waits for every launch).
 fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda::Result<()> {
+    attention_core_rows(a, dev, label, true)
+}
+
+/// The fused core's rows of `label` on `dev` (module docs): forward and backward
+/// (`attention-core/…`) or, without `backward`, the forward alone (`attention-fwd/…`). A
+/// label ending in `-tc` runs the forward on the tensor cores (`FlashProducts::Tf32x3`).
+fn attention_core_rows<D: Device>(
+    a: &Args,
+    dev: &mut D,
+    label: &str,
+    backward: bool,
+) -> tl_tape_cuda::Result<()> {
     let d = if label.ends_with("-d128") { 128 } else { ATT_D };
+    let products = match label.ends_with("-tc") {
+        true => tl_tape_cuda::FlashProducts::Tf32x3,
+        false => tl_tape_cuda::FlashProducts::Fma,
+    };
     let round = match label.ends_with("-bf16") {
         true => tl_tape_cuda::Precision::Bf16,
         false => tl_tape_cuda::Precision::F32,
@@ -451,7 +472,12 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
         if d != ATT_D && !a.quick && n != 1024 && n != 4096 {
             continue;
         }
-        let name = format!("attention-core/{label}/n{n}");
+        let group = if backward {
+            "attention-core"
+        } else {
+            "attention-fwd"
+        };
+        let name = format!("{group}/{label}/n{n}");
         if !a.wants(&name) {
             continue;
         }
@@ -464,7 +490,9 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
             d,
         };
         let mask = tl_spec::ops::attention::Mask::causal(n)?;
-        let f = Flash::new(dims, FlashMask::of("bench", Some(&mask), n, n, 1)?).with_round(round);
+        let f = Flash::new(dims, FlashMask::of("bench", Some(&mask), n, n, 1)?)
+            .with_round(round)
+            .with_products(products);
         let lens = [dims.q_len(), dims.kv_len(), dims.kv_len(), dims.q_len()];
         let data: Vec<Vec<f32>> = (0..4)
             .map(|k| filled(&[lens[k]], 30 + k as u64, 1.0).data().to_vec())
@@ -478,10 +506,14 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
                 return Ok(vec![o, lse, exact, dq, dk, dv]);
             }
             let (o, lse) = dev.flash_attention([q, k, v], &f)?;
+            if !backward {
+                return Ok(vec![lse, o]);
+            }
             let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], o, lse, go, &f)?;
             Ok(vec![o, lse, dq, dk, dv])
         })?;
-        let flops = 7.0 * (n * n * d * ATT_HEADS) as f64;
+        // Causal: 2·n²·d·H products forward, 5 more backward (FlashAttention's count).
+        let flops = if backward { 7.0 } else { 2.0 } * (n * n * d * ATT_HEADS) as f64;
         row(
             a.backend,
             &name,
@@ -624,6 +656,11 @@ fn device_rows(a: &Args) -> Result<(), String> {
             attention_core(a, &mut d, "flash-d128")?;
             attention_core(a, &mut d, "flash-gqa")?;
             attention_core(a, &mut d, "flash-bf16")?;
+            // The forward on the tensor cores (3xTF32), with its backward and alone, beside
+            // the FMA forward alone.
+            attention_core(a, &mut d, "flash-tc")?;
+            attention_core_rows(a, &mut d, "flash", false)?;
+            attention_core_rows(a, &mut d, "flash-tc", false)?;
             // The wide tilings (dynamic shared memory: the forward's 64 keys a step at d = 64,
             // the backward's register tiles at d = 128): the same bits, timed beside the
             // default so that the default follows the measurement.
@@ -640,6 +677,7 @@ fn device_rows(a: &Args) -> Result<(), String> {
                 .and_then(|()| attention_core(a, &mut d, "flash"))
                 .and_then(|()| attention_core(a, &mut d, "flash-gqa"))
                 .and_then(|()| attention_core(a, &mut d, "flash-bf16"))
+                .and_then(|()| attention_core(a, &mut d, "flash-tc"))
                 .and_then(|()| convs(a, &mut d))
         }
         Backend::Cpu => Ok(()),

@@ -77,7 +77,7 @@ pub use device::cuda::CudaDevice;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::cuda::nccl;
 pub use device::sim::SimDevice;
-pub use device::{Batch, Buffer, Device, FlashTiles, Gemm, GemmTiles};
+pub use device::{Batch, Buffer, Device, FlashProducts, FlashTiles, Gemm, GemmTiles};
 pub use error::{Error, Result};
 pub use precision::Precision;
 pub use tape::{CudaTape, Id, Node};

@@ -434,11 +434,23 @@ pub fn device_vs_sim_case<D: Device>(
     grads: bool,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Result<Measured, CaseError> {
+    device_vs_twin_case(case, grads, || Ok(SimDevice::new()), device)
+}
+
+/// [`device_vs_sim_case`] against the sim made by `twin` (a sim set up as the device is: its
+/// flash products).
+pub fn device_vs_twin_case<D: Device>(
+    case: &GraphCase,
+    grads: bool,
+    twin: fn() -> tl_tape_cuda::Result<SimDevice>,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Result<Measured, CaseError> {
     let _flag = flag_lock();
     set_deterministic_reductions(true);
     let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
     let name = d.name();
-    let (want, _) = tape_run(CudaTape::new(SimDevice::new()), case, grads).map_err(sim_err)?;
+    let sim = twin().map_err(|e| CaseError::Fail(format!("sim: {e}")))?;
+    let (want, _) = tape_run(CudaTape::new(sim), case, grads).map_err(sim_err)?;
     let (got, _) = tape_run(CudaTape::new(d), case, grads).map_err(sim_err)?;
     let what = format!("{name} differs from cuda-sim");
     bit_differences(case, &want, &got, &what, false)
@@ -635,9 +647,22 @@ pub fn check_device_vs_sim<D: Device>(
     name: &str,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Report {
+    check_device_vs_twin(entry, cfg, name, || Ok(SimDevice::new()), device)
+}
+
+/// [`check_device_vs_sim`] against the sim made by `twin` ([`device_vs_twin_case`]).
+pub fn check_device_vs_twin<D: Device>(
+    entry: &OpInfo,
+    cfg: &RunConfig,
+    name: &str,
+    twin: fn() -> tl_tape_cuda::Result<SimDevice>,
+    device: fn() -> tl_tape_cuda::Result<D>,
+) -> Report {
     let label = format!("= sim {} {name}", entry.name);
     let grads = entry.applies.backward;
-    run_on_entry(label, cfg, entry, |c| device_vs_sim_case(c, grads, device))
+    run_on_entry(label, cfg, entry, |c| {
+        device_vs_twin_case(c, grads, twin, device)
+    })
 }
 
 /// The device = sim check on random DAGs.

@@ -441,6 +441,35 @@ fn fused_equals_composed_in_f32_on_the_emulated_kernels_with_wide_flash_tiles() 
     fused_equals_composed_on(&OnDevice::new("cuda-emu wide flash tiles", wide));
 }
 
+/// The same with the fused forward on the tensor cores (`FlashProducts::Tf32x3`: 3xTF32
+/// products, `tl_flash_fwd_tc`'s sim twin) for the heads up to 64 (the head of 66 takes the
+/// FMA forward): on the CUDA sim.
+#[test]
+fn fused_equals_composed_in_f32_on_the_cuda_sim_with_tensor_core_flash() {
+    use tl_conformance::backend::OnDevice;
+    use tl_tape_cuda::{FlashProducts, SimDevice};
+    let tc = || {
+        let mut d = SimDevice::new();
+        d.set_flash_products(FlashProducts::Tf32x3);
+        Ok(d)
+    };
+    fused_equals_composed_on(&OnDevice::new("cuda-sim tensor-core flash", tc));
+}
+
+/// The same on the emulated kernels (`tl_flash_fwd_tc`, WMMA fragments on the emulator).
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn fused_equals_composed_in_f32_on_the_emulated_kernels_with_tensor_core_flash() {
+    use tl_conformance::backend::OnDevice;
+    use tl_tape_cuda::{CudaDevice, FlashProducts};
+    let tc = || {
+        let mut d = CudaDevice::new()?;
+        d.set_flash_products(FlashProducts::Tf32x3);
+        Ok(d)
+    };
+    fused_equals_composed_on(&OnDevice::new("cuda-emu tensor-core flash", tc));
+}
+
 #[test]
 fn jvp_of_the_fused_op_matches_the_composition() {
     let square = Mask::from_fn(3, |i, j| i != 1 || j == 2).unwrap();

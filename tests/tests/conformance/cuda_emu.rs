@@ -49,6 +49,33 @@ fn random_dags_on_the_emulated_kernels_equal_the_sim_bit_for_bit() {
     assert_all_passed(&[report], cfg.cases);
 }
 
+/// The attention entries (`multiHeadAttention`, `scaledDotProductAttention`, fused and
+/// composed) with the fused f32 forward on the tensor cores (`FlashProducts::Tf32x3`:
+/// `tl_flash_fwd_tc` on the emulator, its twin on the sim): bit for bit.
+#[test]
+fn the_attention_entries_on_the_emulated_tensor_core_kernels_equal_the_sim_bit_for_bit() {
+    use tl_conformance::checks::sim::check_device_vs_twin;
+    use tl_tape_cuda::{FlashProducts, SimDevice};
+    let cfg = cfg();
+    let sim = || {
+        let mut d = SimDevice::new();
+        d.set_flash_products(FlashProducts::Tf32x3);
+        Ok(d)
+    };
+    let emu = || {
+        let mut d = CudaDevice::new()?;
+        d.set_flash_products(FlashProducts::Tf32x3);
+        Ok(d)
+    };
+    let reports: Vec<Report> = registry::all()
+        .iter()
+        .filter(|e| e.applies.get(Check::CudaVsCpu) && e.name.contains("ttention"))
+        .map(|e| check_device_vs_twin(e, &cfg, "cuda-emu tensor-core flash", sim, emu))
+        .collect();
+    assert!(reports.len() >= 2, "only {} entries", reports.len());
+    assert_all_passed(&reports, cfg.cases);
+}
+
 /// An eighth of the default case count for the non-deterministic runs, unless `TL_CASES` is set.
 fn nondet_cfg() -> RunConfig {
     RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 8)

@@ -44,7 +44,7 @@ mod user;
 
 use std::collections::HashMap;
 
-use super::{Batch, Buffer, Device, FlashTiles, Gemm, GemmTiles, buffer};
+use super::{Batch, Buffer, Device, FlashProducts, FlashTiles, Gemm, GemmTiles, buffer};
 use crate::alloc::{Allocation, CachingAllocator, Collected, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Error, Precision, Result, abi};
@@ -65,6 +65,8 @@ pub struct CudaDevice {
     gemm_tiles: GemmTiles,
     /// Which tiling the fused attention forward takes.
     flash_tiles: FlashTiles,
+    /// How the fused attention's f32 forward multiplies.
+    flash_products: FlashProducts,
     /// Kernel launches and copies so far.
     traffic: TrafficCounter,
 }
@@ -81,6 +83,7 @@ impl CudaDevice {
             deterministic: None,
             gemm_tiles: GemmTiles::Auto,
             flash_tiles: FlashTiles::Narrow,
+            flash_products: FlashProducts::Fma,
             traffic: TrafficCounter::default(),
         };
         // Resolve one kernel now, so a PTX the driver refuses fails here, not at first use.
@@ -130,6 +133,16 @@ impl CudaDevice {
     /// The tiling set by [`set_flash_tiles`](Self::set_flash_tiles).
     pub fn flash_tiles(&self) -> FlashTiles {
         self.flash_tiles
+    }
+
+    /// How the f32 forward of the fused attention nodes run on this device (the kernel `tl_flash_fwd_tc`)
+    /// (`multiHeadAttention`, `scaledDotProductAttention` with `fused`) multiplies from now on
+    /// ([`Device::flash_products`]): [`FlashProducts::Fma`] (the default) or
+    /// [`FlashProducts::Tf32x3`], its products on the tensor cores as three TF32 products each
+    /// (the same function within f32 tolerance, not the FMA kernels' bits). PyTorch: its f32
+    /// `scaled_dot_product_attention` on sm80+ (the memory-efficient kernel, CUTLASS's 3xTF32).
+    pub fn set_flash_products(&mut self, products: FlashProducts) {
+        self.flash_products = products;
     }
 
     /// Number of live buffers.
@@ -327,6 +340,9 @@ impl CudaDevice {
 impl Device for CudaDevice {
     fn name(&self) -> &'static str {
         driver::NAME
+    }
+    fn flash_products(&self) -> FlashProducts {
+        self.flash_products
     }
     fn user_kernels(&mut self) -> Option<&mut dyn crate::user::KernelDevice> {
         Some(self)

@@ -49,7 +49,8 @@ pub use buffer::{
 };
 use check::{BroadcastPlan, PermutePlan};
 pub use flash::{
-    FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashLens, FlashMask,
+    FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TC_MAX_HEAD, FLASH_TILE, Flash, FlashDims,
+    FlashLens, FlashMask, FlashProducts,
 };
 pub use launch::{Launch, LaunchIndex};
 pub use norm::{MaskedRows, NormLayout};
@@ -81,6 +82,16 @@ pub trait Device: Launch {
     /// implementation launches kernels runs its sim twin there ([`crate::user`]).
     fn user_kernels(&mut self) -> Option<&mut dyn crate::user::KernelDevice> {
         None
+    }
+
+    /// How the f32 forward of the fused attention nodes on this device multiplies
+    /// ([`FlashProducts`]; `SimDevice::set_flash_products`, and `CudaDevice`'s under features
+    /// `cuda`, `cuda-emu`): the attention ops build their [`Flash`] with it where it applies (an
+    /// f32 tape, heads up to [`FLASH_TC_MAX_HEAD`]; elsewhere [`FlashProducts::Fma`]).
+    /// [`FlashProducts::Fma`] unless the device says otherwise (the default: a device without
+    /// tensor-core kernels).
+    fn flash_products(&self) -> FlashProducts {
+        FlashProducts::Fma
     }
 
     // ---- memory ------------------------------------------------------------------------------

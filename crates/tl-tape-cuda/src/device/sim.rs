@@ -31,7 +31,7 @@ pub mod rows;
 
 use std::collections::HashMap;
 
-use super::{Buffer, Device, buffer};
+use super::{Buffer, Device, FlashProducts, buffer};
 use crate::alloc::{Allocation, CachingAllocator, Collected, HostMemory, MemoryUsage};
 use crate::traffic::{Traffic, TrafficCounter};
 use crate::{Result, rng};
@@ -44,6 +44,8 @@ pub struct SimDevice {
     pool: CachingAllocator<HostMemory>,
     live: HashMap<u64, Allocation<Vec<f32>>>,
     traffic: TrafficCounter,
+    /// How the fused attention's f32 forward multiplies ([`SimDevice::set_flash_products`]).
+    flash_products: FlashProducts,
 }
 
 impl Default for SimDevice {
@@ -68,7 +70,18 @@ impl SimDevice {
             pool: CachingAllocator::new(mem),
             live: HashMap::new(),
             traffic: TrafficCounter::default(),
+            flash_products: FlashProducts::Fma,
         }
+    }
+
+    /// How the f32 forward of the fused attention nodes run on this device
+    /// (`multiHeadAttention`, `scaledDotProductAttention` with `fused`) multiplies from now on
+    /// ([`Device::flash_products`]): [`FlashProducts::Fma`] (the default) or
+    /// [`FlashProducts::Tf32x3`], its products on the tensor cores as three TF32 products each
+    /// (the same function within f32 tolerance, not the FMA kernels' bits). PyTorch: its f32
+    /// `scaled_dot_product_attention` on sm80+ (the memory-efficient kernel, CUTLASS's 3xTF32).
+    pub fn set_flash_products(&mut self, products: FlashProducts) {
+        self.flash_products = products;
     }
 
     /// The allocator (its counters, its raw memory).
@@ -90,6 +103,9 @@ impl SimDevice {
 impl Device for SimDevice {
     fn name(&self) -> &'static str {
         "sim"
+    }
+    fn flash_products(&self) -> FlashProducts {
+        self.flash_products
     }
     fn upload(&mut self, data: &[f32]) -> Result<Buffer> {
         let b = self.run_body("upload", [], data.len(), |[], out| {

@@ -54,7 +54,9 @@ use tl_spec::ops::attention::mha::{Dims, mha_dims};
 use tl_spec::ops::attention::sdpa::sdpa_dims;
 
 use super::{Scratch, with_scratch};
-use crate::device::{Batch, Buffer, Device, Flash, FlashDims, FlashMask, Gemm};
+use crate::device::{
+    Batch, Buffer, Device, FLASH_TC_MAX_HEAD, Flash, FlashDims, FlashMask, FlashProducts, Gemm,
+};
 use crate::{AnyBuffer, Result};
 
 /// Rows and row length of `maskedSoftmax` on x (…, rows, cols).
@@ -217,7 +219,7 @@ fn chain<D: Device>(
 /// The fused core of one node: its sizes and its mask as the kernels read it. A head size
 /// the kernels do not take, or a mask of another side, is an error naming the op before
 /// anything is allocated.
-fn flash_of(op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
+fn flash_of<D: Device>(dev: &D, op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
     let dims = FlashDims {
         batch: dm.batch,
         nq: dm.n,
@@ -228,7 +230,15 @@ fn flash_of(op: &Op, dm: &Dims, mask: Option<&Mask>) -> Result<Flash> {
     };
     dims.check(op.name())?;
     let mask = FlashMask::of(op.name(), mask, dm.n, dm.nk, dm.batch)?;
-    Ok(Flash::new(dims, mask).with_round(crate::precision::current()))
+    let round = crate::precision::current();
+    // The tensor-core forward where it applies (f32, heads up to its limit); else the FMA's.
+    let products = match round.is_autocast() || dims.d > FLASH_TC_MAX_HEAD {
+        true => FlashProducts::Fma,
+        false => dev.flash_products(),
+    };
+    Ok(Flash::new(dims, mask)
+        .with_round(round)
+        .with_products(products))
 }
 
 /// What the fused forward keeps: Q, K, V, C (B·n, P), each row's log-sum-exp (B·H·n) and,
@@ -351,7 +361,7 @@ pub fn mha<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer,
     let dm = dims(op, x, heads, mask)?;
     let out = Gemm::nn(dm.batch * dm.n, dm.p, dm.dm);
     if fused {
-        let f = flash_of(op, &dm, mask)?;
+        let f = flash_of(dev, op, &dm, mask)?;
         return with_scratch(dev, |dev, s| {
             let ch = FlashChain::new(dev, s, &dm, x, &f)?;
             let y = dev.matmul(ch.c, x[3].buffer(), out)?;
@@ -387,7 +397,7 @@ pub fn mha_back<D: Device>(
         return Ok([None, None, None, None, None]);
     }
     let flash = match fused {
-        true => Some(flash_of(op, &dm, mask)?),
+        true => Some(flash_of(dev, op, &dm, mask)?),
         false => None,
     };
     let mut out: [Option<Buffer>; 5] = [None; 5];
@@ -528,7 +538,7 @@ pub fn sdpa<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer]) -> Result<(Buffer
     let [q, k, v] = [0, 1, 2].map(|i| x[i].buffer());
     with_scratch(dev, |dev, s| {
         if fused {
-            let f = flash_of(op, &dm, mask)?;
+            let f = flash_of(dev, op, &dm, mask)?;
             let (c, lse, exact) = core(dev, s, [q, k, v], &f)?;
             let mut w = vec![lse];
             w.extend(exact);
@@ -573,7 +583,7 @@ pub fn sdpa_back<D: Device>(
         ok.then_some(workspace)
     };
     let flash = match fused {
-        true => Some(flash_of(op, &dm, mask)?),
+        true => Some(flash_of(dev, op, &dm, mask)?),
         false => None,
     };
     let grads = with_scratch(dev, |dev, s| match &flash {

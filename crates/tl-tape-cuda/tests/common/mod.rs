@@ -167,6 +167,19 @@ pub fn check_graph_on<D: Device>(
     out: Id,
     seed: &Tensor<f64>,
 ) {
+    check_graph_on_tape(CudaTape::new(device), what, graph, leaves, out, seed);
+}
+
+/// [`check_graph`] on `tape` (empty; set up as the test wants it: its precision, its flash
+/// products).
+pub fn check_graph_on_tape<D: Device>(
+    mut tape: CudaTape<D>,
+    what: &str,
+    graph: &GraphData,
+    leaves: &[Tensor<f64>],
+    out: Id,
+    seed: &Tensor<f64>,
+) {
     let values = graph
         .eval(leaves, &[])
         .unwrap_or_else(|e| panic!("{what}: eval: {e}"));
@@ -174,7 +187,6 @@ pub fn check_graph_on<D: Device>(
         .backprop_all(leaves, &[], out, seed)
         .unwrap_or_else(|e| panic!("{what}: backprop_all: {e}"));
 
-    let mut tape = CudaTape::new(device);
     let ids = graph
         .replay(&mut tape, leaves, &[])
         .unwrap_or_else(|e| panic!("{what}: replay: {e}"));

@@ -11,7 +11,9 @@ use crate::common::{Domain, Gen, check_graph, draw, random_leaves};
 use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
-use tl_tape_cuda::device::{FLASH_MAX_HEAD, Flash, FlashDims, FlashMask};
+use tl_tape_cuda::device::{
+    FLASH_MAX_HEAD, FLASH_TC_MAX_HEAD, Flash, FlashDims, FlashMask, FlashProducts,
+};
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Precision, Result, SimDevice};
 
 /// One core: sizes and the (nq, nk) mask (`None`: every key), shared by every batch element
@@ -398,19 +400,38 @@ pub fn run_core_at<D: Device>(
     round: Precision,
 ) -> Result<[Vec<f32>; 5]> {
     let f = Flash::new(case.dims, case.flash_mask()?).with_round(round);
+    run_flash(dev, &f, data)
+}
+
+/// [`run_core`] with the f32 forward's products as `products` says (the backward the FMA
+/// kernels' either way).
+pub fn run_core_products<D: Device>(
+    dev: &mut D,
+    case: &Case,
+    data: &[Vec<f32>; 4],
+    products: FlashProducts,
+) -> Result<[Vec<f32>; 5]> {
+    let f = Flash::new(case.dims, case.flash_mask()?).with_products(products);
+    run_flash(dev, &f, data)
+}
+
+/// `[O, lse, dQ, dK, dV]` of the core `f` on `dev` (under autocast the forward's
+/// `flash_attention_rounded`, whose Ō the backward reads); everything it allocated released.
+fn run_flash<D: Device>(dev: &mut D, f: &Flash, data: &[Vec<f32>; 4]) -> Result<[Vec<f32>; 5]> {
+    let round = f.round;
     let [q, k, v, go] = [0, 1, 2, 3].map(|i| dev.upload(&data[i]));
     let (q, k, v, go) = (q?, k?, v?, go?);
     let (o, lse, exact) = match round.is_autocast() {
         true => {
-            let [o, lse, exact] = dev.flash_attention_rounded([q, k, v], &f)?;
+            let [o, lse, exact] = dev.flash_attention_rounded([q, k, v], f)?;
             (o, lse, exact)
         }
         false => {
-            let (o, lse) = dev.flash_attention([q, k, v], &f)?;
+            let (o, lse) = dev.flash_attention([q, k, v], f)?;
             (o, lse, o)
         }
     };
-    let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], exact, lse, go, &f)?;
+    let [dq, dk, dv] = dev.flash_attention_bwd([q, k, v], exact, lse, go, f)?;
     let mut out = Vec::new();
     for b in [o, lse, dq, dk, dv] {
         out.push(dev.download(b)?);
@@ -561,6 +582,55 @@ fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
         let u = dev.memory_usage();
         assert_eq!(u.live_bytes, 0, "{}: leaked {u}", case.name);
     }
+}
+
+/// The cases the tensor-core forward takes (d ≤ [`FLASH_TC_MAX_HEAD`]).
+pub fn tc_cases() -> Vec<Case> {
+    cases()
+        .into_iter()
+        .filter(|c| c.dims.d <= FLASH_TC_MAX_HEAD)
+        .collect()
+}
+
+/// The forward with its products on the tensor cores as three TF32 products each
+/// (`FlashProducts::Tf32x3`, `tl_flash_fwd_tc`'s sim twin), then the FMA backward, on every
+/// case with d ≤ 64 (masks of every form, nq ≠ nk, several blocks of 128 rows and steps of 64
+/// keys, grouped heads, masks per batch element): O, lse, dQ, dK, dV within 1e-5 of the f64
+/// reference, as the FMA core. The split matters: a forward that multiplied only the big TF32
+/// parts (one TF32 product) would be about 2⁻¹¹ off, and one that ignored the setting would
+/// give the FMA core's bits, which it does not on most cases.
+#[test]
+fn the_tensor_core_forward_matches_the_f64_reference() {
+    let (mut differ, mut worst) = (0, 0.0f64);
+    let cases = tc_cases();
+    for (k, case) in cases.iter().enumerate() {
+        let data = inputs(&case.dims, 100 + k as u64);
+        let mut dev = SimDevice::new();
+        let got = run_core_products(&mut dev, case, &data, FlashProducts::Tf32x3).unwrap();
+        let fma = run_core(&mut dev, case, &data).unwrap();
+        let want = reference(case, &data);
+        for (name, (g, w)) in ["O", "lse", "dQ", "dK", "dV"]
+            .iter()
+            .zip(got.iter().zip(&want))
+        {
+            let e = max_err(g, w);
+            worst = worst.max(e);
+            assert!(e <= 1e-5, "{}: {name} off by {e:e}", case.name);
+        }
+        differ += usize::from(bits_of(&got[0]) != bits_of(&fma[0]));
+        let u = dev.memory_usage();
+        assert_eq!(u.live_bytes, 0, "{}: leaked {u}", case.name);
+    }
+    assert!(
+        differ * 2 > cases.len(),
+        "the tensor-core forward gave the FMA core's O on {} of {} cases",
+        cases.len() - differ,
+        cases.len()
+    );
+    println!(
+        "tensor-core forward: worst error {worst:e} over {} cases",
+        cases.len()
+    );
 }
 
 /// `[O, dQ, dK, dV]` of the spec's autocast reference
@@ -789,6 +859,7 @@ fn bad_input_is_refused_before_launch() {
     let f = |d: usize, n: usize| Flash::new(dims(1, n, 1, d), FlashMask::none());
     let q = dev.upload(&vec![0.5; 2 * 129]).unwrap();
     let k = dev.upload(&[0.5; 3 * 2]).unwrap();
+    let q65 = dev.upload(&[0.5; 130]).unwrap();
     let live = dev.memory_usage().live_bytes;
     let launches = dev.traffic().launches;
     // The error of the forward on Q and K = V under these sizes and mask.
@@ -887,6 +958,22 @@ fn bad_input_is_refused_before_launch() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("lse has 6 element(s), expected 129"), "{e}");
+    // The tensor-core forward of a head past 64 (Q of 129 rows of d = 2 is 258 floats: the
+    // head of 65 over 2 rows is 130), and under autocast.
+    let tc = f(65, 2).with_products(FlashProducts::Tf32x3);
+    let e = dev
+        .flash_attention([q65, q65, q65], &tc)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("flash_attention") && e.contains("d = 65") && e.contains("Tf32x3"),
+        "{e}"
+    );
+    let tc = f(2, 129)
+        .with_round(Precision::Bf16)
+        .with_products(FlashProducts::Tf32x3);
+    let e = dev.flash_attention([q, q, q], &tc).unwrap_err().to_string();
+    assert!(e.contains("autocast") && e.contains("Bf16"), "{e}");
     assert_eq!(dev.memory_usage().live_bytes, live, "nothing allocated");
     assert_eq!(dev.traffic().launches, launches, "nothing launched");
 }
@@ -957,6 +1044,83 @@ fn the_fused_op_on_the_tape_matches_ir_eval_and_backprop() {
             );
         }
     }
+}
+
+/// The fused op on a tape whose device runs the f32 forward on the tensor cores
+/// (`SimDevice::set_flash_products(FlashProducts::Tf32x3)`): value and every gradient against
+/// the IR's eval and backprop, for `multiHeadAttention` (masks of every form, a fully masked
+/// row, lengths of several steps of 64 keys) and `scaledDotProductAttention` with keys of
+/// another length and fewer heads; a head past 64 takes the FMA forward (the same bits as a
+/// tape without the setting). And the setting reaches the node: the value differs from the
+/// FMA tape's in its bits.
+#[test]
+fn on_the_tensor_cores_the_fused_op_matches_ir_eval_and_backprop() {
+    use crate::common::check_graph_on_tape;
+    let tc_tape = || {
+        let mut d = SimDevice::new();
+        d.set_flash_products(FlashProducts::Tf32x3);
+        CudaTape::new(d)
+    };
+    let mut g = Gen::new(11);
+    let n = 70;
+    let both = Mask::from_fn(n, |i, j| j <= i && j % 9 != 4 && i != 6).unwrap();
+    for mask in [None, Some(Mask::causal(n).unwrap()), Some(both)] {
+        let (graph, out) = mha_graph(mha(2, mask.clone(), true), 2, n, 5, 8);
+        let leaves: Vec<Tensor<f64>> = graph
+            .leaves()
+            .iter()
+            .map(|l| draw(&mut g, &l.shape, Domain::Any))
+            .collect();
+        let what = format!("tensor-core attention {mask:?}");
+        check_graph_on_tape(tc_tape(), &what, &graph, &leaves, out, &Tensor::scalar(1.0));
+        // The setting reaches the node: O's bits differ from the FMA forward's.
+        let value = |tape| node_bits(tape, &graph, &leaves, out - 2);
+        assert_ne!(
+            value(tc_tape()),
+            value(CudaTape::new(SimDevice::new())),
+            "{what}: the tensor-core tape gave the FMA forward's bits"
+        );
+    }
+    // A head of 72 (past 64): the FMA forward, bit for bit.
+    let (graph, out) = mha_graph(mha(1, None, true), 1, 20, 5, 72);
+    let leaves: Vec<Tensor<f64>> = graph
+        .leaves()
+        .iter()
+        .map(|l| draw(&mut g, &l.shape, Domain::Any))
+        .collect();
+    let value = |tape| node_bits(tape, &graph, &leaves, out - 2);
+    assert_eq!(value(tc_tape()), value(CudaTape::new(SimDevice::new())));
+    let op = Op::ScaledDotProductAttention {
+        heads: 4,
+        mask: Some(Mask::causal_lower_right(20, 70).unwrap()),
+        fused: true,
+    };
+    // 4 query heads of 16 over 2 key heads.
+    let (graph, out) = sdpa_graph(op, 2, (20, 70), (64, 32));
+    let leaves: Vec<Tensor<f64>> = graph
+        .leaves()
+        .iter()
+        .map(|l| draw(&mut g, &l.shape, Domain::Any))
+        .collect();
+    check_graph_on_tape(
+        tc_tape(),
+        "tensor-core sdpa",
+        &graph,
+        &leaves,
+        out,
+        &Tensor::scalar(1.0),
+    );
+}
+
+/// The bits of graph id `id`'s value, `graph` replayed on `tape` with `leaves`.
+fn node_bits(
+    mut tape: CudaTape<SimDevice>,
+    graph: &tl_ir::GraphData,
+    leaves: &[Tensor<f64>],
+    id: usize,
+) -> Vec<u32> {
+    let ids = graph.replay(&mut tape, leaves, &[]).unwrap();
+    bits_of(&tape.read::<f32>(ids[id]).unwrap().into_vec())
 }
 
 /// Values and gradients of `multiHeadAttention` on a fresh sim tape, as f64.

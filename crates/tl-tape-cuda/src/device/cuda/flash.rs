@@ -11,7 +11,7 @@ use super::CudaDevice;
 use super::driver::Arg;
 use crate::Result;
 use crate::device::flash::{FLASH_OUT, FLASH_STATS};
-use crate::device::{Buffer, Device, FLASH_TILE, Flash, FlashTiles};
+use crate::device::{Buffer, Device, FLASH_TILE, Flash, FlashProducts, FlashTiles};
 use crate::gates;
 
 /// Blocks of a launch over `jobs` blocks of work (grid-stride beyond 65 535).
@@ -37,6 +37,11 @@ enum Phase {
 /// Threads of a block (`TL_BLOCK`): `tl_flash_bwd_delta`'s rows per block.
 const BLOCK: usize = 256;
 
+/// Dynamic shared memory of `tl_flash_fwd_tc`, bytes (`TL_FA_TC_SMEM` floats: Q of 128 rows,
+/// K and V of 64 keys, each warp's scores and outputs, rows of `TL_FA_TC_LD` = 68 floats; each
+/// warp's m, l and alpha of its 16 rows).
+const FWD_TC_SMEM_BYTES: u32 = 4 * ((128 + 2 * 64 + 2 * 128) * 68 + 3 * 128);
+
 impl Phase {
     /// Whether the phase's blocks take keys (dK, dV) rather than query rows.
     fn over_keys(self) -> bool {
@@ -55,10 +60,14 @@ impl Phase {
 /// and V, a tile of 16 Q and dO rows, P and dS). The emulator's guard zones catch a kernel
 /// that uses more than it is given. The one-pass backward (d ≤ 64 only, whatever `tiles`):
 /// `tl_flash_bwd_delta` one row a thread, `tl_flash_bwd_atomic` 64 keys a block in the static
-/// arrays of `tl_flash_bwd_kv`.
+/// arrays of `tl_flash_bwd_kv`. [`FlashProducts::Tf32x3`] (d ≤ 64, checked before): the
+/// forward on the tensor cores, `tl_flash_fwd_tc`, 128 query rows a block (whatever `tiles`).
 fn kernel(tiles: FlashTiles, f: &Flash, phase: Phase) -> (&'static str, usize, u32) {
     let (wide, small) = (tiles == FlashTiles::Wide, f.dims.d <= 64);
     match phase {
+        Phase::Forward if f.products == FlashProducts::Tf32x3 => {
+            ("tl_flash_fwd_tc", 128, FWD_TC_SMEM_BYTES)
+        }
         Phase::Forward if wide && small => (
             "tl_flash_fwd_wide",
             64,

@@ -25,6 +25,10 @@
 //! `o = Σ_j round(exp(s − lse))·v_j` in key order from +0 with no rescaling, and the backward
 //! rounds `p` and `dS` (dS from the unrounded p) before the sums read them. [`forward_lse`]
 //! (`TL_FA_STATS`) is the first pass when nothing reads its output: lse alone.
+//!
+//! [`forward_tc`] is `tl_flash_fwd_tc` ([`FlashProducts::Tf32x3`](crate::FlashProducts)):
+//! the products as three TF32 products each, in steps of [`TC_STEP`] keys, in the order the
+//! emulator's `mma_sync` sums (kernels/attention.cu writes it down).
 
 use crate::device::{FLASH_TILE as T, FlashDims, FlashMask};
 use crate::precision::Precision;
@@ -48,6 +52,42 @@ fn q_row<'a>(x: &'a [f32], f: &FlashDims, b: usize, i: usize, h: usize) -> &'a [
 /// Key (value) row j of key head g of sample b: `d` contiguous values.
 fn kv_row<'a>(x: &'a [f32], f: &FlashDims, b: usize, j: usize, g: usize) -> &'a [f32] {
     &x[at_kv(f, b, j, g, 0)..][..f.d]
+}
+
+/// Keys a step of `tl_flash_fwd_tc` (`TL_FA_TC_BN`).
+pub const TC_STEP: usize = 64;
+
+/// Columns (keys) a tensor-core product takes at once (m16n16k8's k).
+const TC_K: usize = 8;
+
+/// `x` as the sum of two TF32 values: `(big, small)`, `big = tf32(x)`, `small = tf32(x − big)`
+/// (`tl_fa_tc::split`).
+fn split3(x: f32) -> (f32, f32) {
+    let big = tl_spec::tf32::round(x);
+    (big, tl_spec::tf32::round(x - big))
+}
+
+/// `acc + Σ a_i·b_i` over one chunk of up to [`TC_K`] pairs as the three `mma_sync` of
+/// `tl_fa_tc::mma3` sum it: the chain of `small_a·big_b`, then `big_a·small_b`, then
+/// `big_a·big_b`, each in increasing i (a chunk's missing pairs are zeros: `fma(0, 0, acc)`
+/// adds +0 to a sum that is never −0).
+fn chunk3(acc: f32, pairs: impl Iterator<Item = (f32, f32)> + Clone) -> f32 {
+    let split = pairs.map(|(a, b)| (split3(a), split3(b)));
+    let acc = split
+        .clone()
+        .fold(acc, |t, ((_, a_s), (b_b, _))| a_s.mul_add(b_b, t));
+    let acc = split
+        .clone()
+        .fold(acc, |t, ((a_b, _), (_, b_s))| a_b.mul_add(b_s, t));
+    split.fold(acc, |t, ((a_b, _), (b_b, _))| a_b.mul_add(b_b, t))
+}
+
+/// `Σ a_c·b_c` on the tensor cores (`tl_flash_fwd_tc`'s scores): [`chunk3`] over chunks of
+/// [`TC_K`] columns in order, from +0.
+fn dot3(a: &[f32], b: &[f32]) -> f32 {
+    a.chunks(TC_K).zip(b.chunks(TC_K)).fold(0.0, |t, (x, y)| {
+        chunk3(t, x.iter().copied().zip(y.iter().copied()))
+    })
 }
 
 /// `Σ a_c·b_c` as a fused multiply-add chain from +0 in increasing c (`tl_fa_dot`).
@@ -126,6 +166,73 @@ pub fn forward_out(
     o: &mut [f32],
 ) {
     run_forward(x, f, mask, o, Pass::Out(lse, round));
+}
+
+/// `tl_flash_fwd_tc`: O (B·nq·H·d) and lse (B·H·nq), the products as three TF32 products
+/// each ([`FlashProducts::Tf32x3`](crate::FlashProducts)). Per tile of [`T`] query rows (a
+/// warp's), the steps of [`TC_STEP`] keys it meets; per row and step the online softmax of the
+/// step's scores ([`dot3`]`·scale`), then `o·α` and the step's `P·V` in chunks of [`TC_K`]
+/// keys ([`chunk3`], p = 0 and v = 0 past nk).
+pub fn forward_tc(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
+    let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
+    for bh in 0..f.batch * f.heads {
+        let (b, h) = (bh / f.heads, bh % f.heads);
+        let g = f.kv_head(h);
+        for (i0, rows) in tiles(0, nq, nq) {
+            let mut m = [f32::NEG_INFINITY; T];
+            let mut l = [0.0f32; T];
+            let mut acc = vec![0.0f32; T * d];
+            for j0 in (0..mask.key_end(i0 + rows, nk)).step_by(TC_STEP) {
+                let keys = TC_STEP.min(nk - j0);
+                for r in 0..rows {
+                    let i = i0 + r;
+                    let mut p = [f32::NEG_INFINITY; TC_STEP];
+                    for (jj, s) in p.iter_mut().enumerate().take(keys) {
+                        if mask.allowed(b, i, j0 + jj) {
+                            let k = kv_row(x.k, f, b, j0 + jj, g);
+                            *s = dot3(q_row(x.q, f, b, i, h), k) * scale;
+                        }
+                    }
+                    let mt = p.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
+                    let mn = m[r].max(mt);
+                    let mut alpha = 1.0f32;
+                    if mn == f32::NEG_INFINITY {
+                        p.fill(0.0);
+                    } else {
+                        alpha = (m[r] - mn).exp();
+                        let mut sum = 0.0f32;
+                        for s in &mut p {
+                            *s = (*s - mn).exp();
+                            sum += *s;
+                        }
+                        l[r] = l[r] * alpha + sum;
+                        m[r] = mn;
+                    }
+                    for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
+                        let v = |jj: usize| match jj < keys {
+                            true => x.v[at_kv(f, b, j0 + jj, g, c)],
+                            false => 0.0,
+                        };
+                        *a = (0..TC_STEP).step_by(TC_K).fold(*a * alpha, |t, k0| {
+                            chunk3(t, (k0..k0 + TC_K).map(|jj| (p[jj], v(jj))))
+                        });
+                    }
+                }
+            }
+            for r in 0..rows {
+                let i = i0 + r;
+                let none = m[r] == f32::NEG_INFINITY;
+                for c in 0..d {
+                    o[at_q(f, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
+                }
+                lse[bh * nq + i] = if none {
+                    f32::NEG_INFINITY
+                } else {
+                    m[r] + l[r].ln()
+                };
+            }
+        }
+    }
 }
 
 fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], mut pass: Pass<'_>) {

@@ -6,8 +6,8 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MaskedRows, MomentumSlot,
-    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows, split_tile,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, FlashProducts, Gemm, Launch, MaskedRows,
+    MomentumSlot, MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows, split_tile,
 };
 use crate::{Error, Result};
 
@@ -481,7 +481,11 @@ impl Launch for SimDevice {
     fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
         let lens = [f.dims.q_len(), f.dims.rows_len()];
         let [o, lse] = self.launch_outs("flash_attention", qkv, lens, |[q, k, v], [o, lse]| {
-            flash::forward(&flash::Qkv { q, k, v }, &f.dims, &f.mask, o, lse)
+            let x = flash::Qkv { q, k, v };
+            match f.products {
+                FlashProducts::Fma => flash::forward(&x, &f.dims, &f.mask, o, lse),
+                FlashProducts::Tf32x3 => flash::forward_tc(&x, &f.dims, &f.mask, o, lse),
+            }
         })?;
         Ok((o, lse))
     }
