@@ -529,7 +529,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
 // - per query row, per step of 64 keys that the row's tile of 16 rows meets (tl_fa_meet; keys
 //   before tl_fa_kend): mt = the step's max, m' = fmaxf(m, mt); if m' = -inf nothing changes;
 //   else alpha = expf(m - m'), p_j = expf(s_j - m') (0 where masked or past nk), l = l * alpha +
-//   (sum of p_j in key order from +0), o_c = o_c * alpha, then over the step's keys in chunks of
+//   (h0 + h1), h0 and h1 the sums of p_j over keys 0..31 and 32..63 of the step, each in key
+//   order from +0 (two lanes a row); o_c = o_c * alpha, then over the step's keys in chunks of
 //   8 (p = 0 and v = 0 past nk) the three fma chains of p_j v_jc into o_c; m = m'. At the end
 //   o_c / l and lse = m + logf(l), or 0 and -inf for a row with nothing allowed. Columns past d
 //   are zeros, whose products add +0 to sums that are never -0: no change.
@@ -537,11 +538,12 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
 // the emulator's bits.
 #define TL_FA_TC_BM 128
 #define TL_FA_TC_BN 64
-#define TL_FA_TC_LD 68
+#define TL_FA_TC_DMAX 64  // the largest head (device/flash.rs FLASH_TC_MAX_HEAD)
+#define TL_FA_TC_LD (TL_FA_TC_DMAX + 4)
 // Shared floats of tl_flash_fwd_tc (device/cuda/flash.rs FWD_TC_SMEM_BYTES is this in bytes):
 // Q of the block, K and V of a step, each warp's scores (then p) and outputs (16 x LD each),
-// and each warp's m, l and alpha of its 16 rows.
-#define TL_FA_TC_SMEM ((TL_FA_TC_BM + 2 * TL_FA_TC_BN + 2 * TL_FA_TC_BM) * TL_FA_TC_LD + 3 * TL_FA_TC_BM)
+// and each warp's m, l and alpha of its 16 rows and one exchange slot a lane (80 floats).
+#define TL_FA_TC_SMEM ((TL_FA_TC_BM + 2 * TL_FA_TC_BN + 2 * TL_FA_TC_BM) * TL_FA_TC_LD + 5 * TL_FA_TC_BM)
 
 namespace tl_fa_tc {
 namespace wmma = nvcuda::wmma;
@@ -587,7 +589,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
     float* vs = ks + BN * LD;                        // vs[j * LD + c]
     float* ss = vs + BN * LD + w * 16 * LD;          // warp w's scores, then p: ss[r * LD + j]
     float* os = vs + BN * LD + (BM + w * 16) * LD;   // warp w's outputs: os[r * LD + c]
-    float* st = vs + BN * LD + 2 * BM * LD + w * 48; // its rows' m (st[r]), l (16 + r), alpha (32 + r)
+    float* st = vs + BN * LD + 2 * BM * LD + w * 80; // its rows' m (st[r]), l (16 + r), alpha (32 + r)
+    float* xs = st + 48;                             // a slot a lane, for the two lanes of a row
     const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
         const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
@@ -635,35 +638,44 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
             for (u32 t = 0; t < BN / 16; ++t)
                 wmma::store_matrix_sync(&ss[t * 16], acc[t], LD, wmma::mem_row_major);
             __syncwarp();
-            // 2. Lane r < 16: row r's online softmax over the step.
-            if (lane < 16) {
-                const u32 r = lane, i = i0 + r0 + r;
+            // 2. Row r = lane % 16's online softmax over the step, lane r its keys 0..31 and
+            // lane r + 16 its keys 32..63 (the halves' maxima and sums exchanged through xs).
+            {
+                const u32 r = lane % 16, jb = lane / 16 * (BN / 2), i = i0 + r0 + r;
                 float* sr = &ss[r * LD];
                 const float m = st[r];
                 float mt = -INFINITY;
-                for (u32 j = 0; j < BN; ++j) {
+                for (u32 j = jb; j < jb + BN / 2; ++j) {
                     const bool ok =
                         r < wrows && j < keys && tl_fa_allowed(mk, mode, offset, nk, i, j0 + j);
                     const float s = ok ? sr[j] * scale : -INFINITY;
                     sr[j] = s;
                     mt = fmaxf(mt, s);
                 }
-                const float mn = fmaxf(m, mt);
-                float alpha = 1.0f;
+                xs[lane] = mt;
+                __syncwarp();
+                const float mn = fmaxf(m, fmaxf(xs[r], xs[r + 16]));
+                __syncwarp();  // every lane has read the maxima
+                float alpha = 1.0f, half = 0.0f;
                 if (mn == -INFINITY) {
-                    for (u32 j = 0; j < BN; ++j) sr[j] = 0.0f;
+                    for (u32 j = jb; j < jb + BN / 2; ++j) sr[j] = 0.0f;
                 } else {
                     alpha = expf(m - mn);
-                    float sum = 0.0f;
-                    for (u32 j = 0; j < BN; ++j) {
+                    for (u32 j = jb; j < jb + BN / 2; ++j) {
                         const float p = expf(sr[j] - mn);
                         sr[j] = p;
-                        sum = sum + p;
+                        half = half + p;
                     }
-                    st[16 + r] = st[16 + r] * alpha + sum;
-                    st[r] = mn;
                 }
-                st[32 + r] = alpha;
+                xs[lane] = half;
+                __syncwarp();
+                if (lane < 16) {
+                    if (mn != -INFINITY) {
+                        st[16 + r] = st[16 + r] * alpha + (xs[r] + xs[r + 16]);
+                        st[r] = mn;
+                    }
+                    st[32 + r] = alpha;
+                }
             }
             __syncwarp();
             // 3. o = o * alpha, then the step's P V.
@@ -672,20 +684,31 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
                 os[r * LD + c] = os[r * LD + c] * st[32 + r];
             }
             __syncwarp();
-            for (u32 c0 = 0; c0 < dp; c0 += 16) {
-                FragC oc;
-                wmma::load_matrix_sync(oc, &os[c0], LD, wmma::mem_row_major);
-                for (u32 kk = 0; kk < BN; kk += 8) {
-                    FragA pb, psm;
+            // Each output fragment sums over the step's keys in chunks of 8 in order; a chunk's
+            // probabilities are split once for every fragment.
+            // (Loops over the fragments unrolled with constant bounds, so that the fragments
+            // stay in registers; t * 16 < dp is warp-uniform.)
+            constexpr u32 FT = TL_FA_TC_DMAX / 16;
+            FragC oc[FT];
+            TL_FA_UNROLL
+            for (u32 t = 0; t < FT; ++t)
+                if (t * 16 < dp) wmma::load_matrix_sync(oc[t], &os[t * 16], LD, wmma::mem_row_major);
+            for (u32 kk = 0; kk < BN; kk += 8) {
+                FragA pb, psm;
+                wmma::load_matrix_sync(pb, &ss[kk], LD);
+                split(pb, psm);
+                TL_FA_UNROLL
+                for (u32 t = 0; t < FT; ++t) {
+                    if (t * 16 >= dp) continue;
                     FragB vb, vsm;
-                    wmma::load_matrix_sync(pb, &ss[kk], LD);
-                    wmma::load_matrix_sync(vb, &vs[kk * LD + c0], LD);
-                    split(pb, psm);
+                    wmma::load_matrix_sync(vb, &vs[kk * LD + t * 16], LD);
                     split(vb, vsm);
-                    mma3(oc, pb, psm, vb, vsm);
+                    mma3(oc[t], pb, psm, vb, vsm);
                 }
-                wmma::store_matrix_sync(&os[c0], oc, LD, wmma::mem_row_major);
             }
+            TL_FA_UNROLL
+            for (u32 t = 0; t < FT; ++t)
+                if (t * 16 < dp) wmma::store_matrix_sync(&os[t * 16], oc[t], LD, wmma::mem_row_major);
             __syncwarp();
         }
         // The warp's rows out.

@@ -98,4 +98,5 @@ pub use linked::{Compiled, CompiledTape, LinkedSession};
 pub use ops::Ops;
 pub use optim::{Optimizer, Schedule, StepStats};
 pub use tl_tape_cpu::Precision;
+pub use tl_tape_cuda::FlashProducts;
 pub use train::{GradReducer, StepPass, Train};

@@ -9,7 +9,7 @@ use tl_ir::Op;
 use tl_spec::pool::PoolStats;
 use tl_spec::{Scalar, Tensor};
 use tl_tape_cpu::{Precision, Tape};
-use tl_tape_cuda::{AnyBuffer, CudaTape, Device, MemoryUsage, SimDevice};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, FlashProducts, MemoryUsage, SimDevice};
 
 use crate::handle::{NatEnv, Stamp, next_session_id};
 use crate::liveness::Dropped;
@@ -177,6 +177,17 @@ impl<T: Scalar> Session<T> {
     /// The options the session was made with.
     pub fn options(&self) -> Options {
         self.opts
+    }
+
+    /// How the f32 forward of fused attention nodes multiplies on the CUDA backends
+    /// (`Backend::Cuda`, `Backend::CudaSim`) from now on: [`FlashProducts::Fma`] (the default)
+    /// or [`FlashProducts::Tf32x3`], the products on the tensor cores as three TF32 products
+    /// each, as PyTorch's f32 `scaled_dot_product_attention` on sm80+ (the same function within
+    /// f32 tolerance, not the FMA kernels' bits; heads up to 64 and f32 products, the FMA
+    /// forward elsewhere; docs/semantics.md, the fused path's table). The CPU's fused attention
+    /// has no such choice: the setting changes nothing there.
+    pub fn set_flash_products(&mut self, products: FlashProducts) {
+        on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => t.device_mut().set_flash_products(products));
     }
 
     /// This session's id and current epoch (number of resets).

@@ -184,7 +184,8 @@ impl<T: Scalar> LinkedSession<T> {
                 }
             }
             Backend::CudaSim => {
-                let dev = devices.sim.take().unwrap_or_default();
+                let mut dev = devices.sim.take().unwrap_or_default();
+                dev.set_flash_products(self.flash_products);
                 replay_cuda(
                     self,
                     dev,
@@ -196,10 +197,11 @@ impl<T: Scalar> LinkedSession<T> {
             }
             #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
             Backend::Cuda => {
-                let dev = match devices.cuda.take() {
+                let mut dev = match devices.cuda.take() {
                     Some(dev) => dev,
                     None => crate::eager::cuda_device(self.deterministic)?,
                 };
+                dev.set_flash_products(self.flash_products);
                 replay_cuda(
                     self,
                     dev,

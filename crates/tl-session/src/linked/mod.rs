@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use tl_ir::{GraphBuilder, GraphData, Op};
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cpu::Tape;
-use tl_tape_cuda::{AnyBuffer, CudaTape, SimDevice};
+use tl_tape_cuda::{AnyBuffer, CudaTape, FlashProducts, SimDevice};
 
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 use crate::eager::cuda_unavailable;
@@ -46,6 +46,8 @@ pub struct LinkedSession<T: Scalar = f32> {
     deterministic: bool,
     /// The arithmetic of the compiled tapes' matrix products (autocast).
     precision: Precision,
+    /// How the compiled CUDA tapes' fused attention multiplies (`set_flash_products`).
+    flash_products: FlashProducts,
     /// The values of the graph's first ids, from the last `value` read: a read evaluates only
     /// the nodes recorded since, and lets go of the values no handle reaches once their last
     /// reader is evaluated (the empty vector in their place). Cleared when a leaf is added, a
@@ -225,6 +227,7 @@ impl<T: Scalar> LinkedSession<T> {
             backend: Backend::Cpu,
             deterministic: false,
             precision: Precision::F32,
+            flash_products: FlashProducts::Fma,
             values: Vec::new(),
             dropped_for_values: Vec::new(),
             dropped_for_pass: Vec::new(),
@@ -308,6 +311,18 @@ impl<T: Scalar> LinkedSession<T> {
     /// ([`set_precision`](Self::set_precision)).
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// How the f32 forward of fused attention nodes multiplies on the CUDA backends
+    /// (`Backend::Cuda`, `Backend::CudaSim`) from the next compile on: [`FlashProducts::Fma`] (the default)
+    /// or [`FlashProducts::Tf32x3`], the products on the tensor cores as three TF32 products
+    /// each, as PyTorch's f32 `scaled_dot_product_attention` on sm80+ (the same function within
+    /// f32 tolerance, not the FMA kernels' bits; heads up to 64 and f32 products, the FMA
+    /// forward elsewhere; docs/semantics.md, the fused path's table). The CPU's fused attention
+    /// has no such choice: the setting changes nothing there.
+    pub fn set_flash_products(&mut self, products: FlashProducts) {
+        self.end_pass();
+        self.flash_products = products;
     }
 
     /// The seed of the random ops.

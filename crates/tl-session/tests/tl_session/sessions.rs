@@ -152,3 +152,54 @@ fn cuda_params_stay_resident_sync_on_read_and_host_writes_invalidate() {
     let e = s.set_param(&p, Tensor::vector(vec![1.0])).unwrap_err();
     assert!(matches!(e, Error::Shape { .. }));
 }
+
+/// `set_flash_products(FlashProducts::Tf32x3)` reaches the fused attention of both sessions
+/// on the CUDA sim: the value of a causal `scaledDotProductAttention` (70 positions, 2 heads of
+/// 16) is the tensor-core forward's, other bits than the default session's and within f32
+/// tolerance of them; the eager and linked sessions give the same bits; on the CPU the setting
+/// changes nothing.
+#[test]
+fn flash_products_reach_the_fused_attention_of_both_sessions() {
+    use tl_session::{FlashProducts, Train};
+    use tl_spec::ops::attention::Mask;
+    let (n, p) = (70, 32);
+    let qkv: Vec<Tensor<f32>> = (0..3)
+        .map(|s| Tensor::from_fn([n, p], move |i| ((i * 7 + s * 5) % 13) as f32 / 4.0 - 1.5))
+        .collect();
+    fn attention<O: Train<T = f32>>(s: &mut O, qkv: &[Tensor<f32>]) -> Vec<u32> {
+        let [q, k, v] = [0, 1, 2].map(|i| s.input(qkv[i].clone(), false).unwrap());
+        let mask = Some(Mask::causal(70).unwrap());
+        let y = s
+            .scaled_dot_product_attention(&q, &k, &v, 2, mask, true)
+            .unwrap();
+        s.read(&y)
+            .unwrap()
+            .data()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+    let eager = |b, products| {
+        let mut s = Session::<f32>::new(Options::backend(b)).unwrap();
+        if let Some(p) = products {
+            s.set_flash_products(p);
+        }
+        attention(&mut s, &qkv)
+    };
+    let tc = Some(FlashProducts::Tf32x3);
+    let (fma, on_tc) = (eager(Backend::CudaSim, None), eager(Backend::CudaSim, tc));
+    assert_ne!(fma, on_tc, "the setting did not reach the fused attention");
+    for (a, b) in fma.iter().zip(&on_tc) {
+        let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{a} against {b}");
+    }
+    let mut linked = LinkedSession::<f32>::new();
+    linked.set_backend(Backend::CudaSim).unwrap();
+    linked.set_flash_products(FlashProducts::Tf32x3);
+    assert_eq!(attention(&mut linked, &qkv), on_tc, "linked against eager");
+    assert_eq!(
+        eager(Backend::Cpu, tc),
+        eager(Backend::Cpu, None),
+        "the CPU"
+    );
+}

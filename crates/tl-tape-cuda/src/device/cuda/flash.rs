@@ -39,8 +39,8 @@ const BLOCK: usize = 256;
 
 /// Dynamic shared memory of `tl_flash_fwd_tc`, bytes (`TL_FA_TC_SMEM` floats: Q of 128 rows,
 /// K and V of 64 keys, each warp's scores and outputs, rows of `TL_FA_TC_LD` = 68 floats; each
-/// warp's m, l and alpha of its 16 rows).
-const FWD_TC_SMEM_BYTES: u32 = 4 * ((128 + 2 * 64 + 2 * 128) * 68 + 3 * 128);
+/// warp's m, l and alpha of its 16 rows and a slot a lane).
+const FWD_TC_SMEM_BYTES: u32 = 4 * ((128 + 2 * 64 + 2 * 128) * 68 + 5 * 128);
 
 impl Phase {
     /// Whether the phase's blocks take keys (dK, dV) rather than query rows.

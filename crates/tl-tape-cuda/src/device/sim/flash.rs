@@ -171,8 +171,9 @@ pub fn forward_out(
 /// `tl_flash_fwd_tc`: O (B·nq·H·d) and lse (B·H·nq), the products as three TF32 products
 /// each ([`FlashProducts::Tf32x3`](crate::FlashProducts)). Per tile of [`T`] query rows (a
 /// warp's), the steps of [`TC_STEP`] keys it meets; per row and step the online softmax of the
-/// step's scores ([`dot3`]`·scale`), then `o·α` and the step's `P·V` in chunks of [`TC_K`]
-/// keys ([`chunk3`], p = 0 and v = 0 past nk).
+/// step's scores (`dot3`·scale; the sum of p as two halves of the step, each in key order,
+/// added), then `o·α` and the step's `P·V` in chunks of 8 keys (`chunk3`, p = 0 and
+/// v = 0 past nk).
 pub fn forward_tc(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
     let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
     for bh in 0..f.batch * f.heads {
@@ -200,12 +201,14 @@ pub fn forward_tc(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], l
                         p.fill(0.0);
                     } else {
                         alpha = (m[r] - mn).exp();
-                        let mut sum = 0.0f32;
-                        for s in &mut p {
-                            *s = (*s - mn).exp();
-                            sum += *s;
-                        }
-                        l[r] = l[r] * alpha + sum;
+                        p.iter_mut().for_each(|s| *s = (*s - mn).exp());
+                        // Two lanes a row: the halves' sums, each in key order from +0.
+                        let [h0, h1] = [0, 1].map(|h| {
+                            p[h * TC_STEP / 2..(h + 1) * TC_STEP / 2]
+                                .iter()
+                                .fold(0.0f32, |t, &x| t + x)
+                        });
+                        l[r] = l[r] * alpha + (h0 + h1);
                         m[r] = mn;
                     }
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
