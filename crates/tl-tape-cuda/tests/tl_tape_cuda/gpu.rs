@@ -900,6 +900,13 @@ fn flash_vs_sim(
     let data = crate::flash::inputs(&case.dims, seed);
     let want = run_core_at(&mut SimDevice::new(), case, &data, round).unwrap();
     let got = run_core_at(cuda, case, &data, round).unwrap();
+    core_errors(&want, &got)
+}
+
+/// Per result of a core (`[O, lse, dQ, dK, dV]`): its name, the largest difference of `got`
+/// from `want` relative to `want`'s scale (`max(1, ‖want‖∞)`; a NaN is infinite), and whether
+/// the bits are the same.
+fn core_errors(want: &[Vec<f32>; 5], got: &[Vec<f32>; 5]) -> [(&'static str, f64, bool); 5] {
     let names = ["O", "lse", "dQ", "dK", "dV"];
     std::array::from_fn(|k| {
         let (w, g) = (&want[k], &got[k]);
@@ -1028,23 +1035,7 @@ fn the_tensor_core_forward_matches_its_sim_twin() {
         .unwrap();
         let got =
             crate::flash::run_core_products(&mut cuda, case, &data, FlashProducts::Tf32x3).unwrap();
-        for (name, (w, g)) in ["O", "lse", "dQ", "dK", "dV"]
-            .iter()
-            .zip(want.iter().zip(&got))
-        {
-            let scale = w
-                .iter()
-                .filter(|v| v.is_finite())
-                .fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
-            let same = w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits());
-            let err = w.iter().zip(g).fold(0.0f64, |e, (&a, &b)| {
-                let d = if a == b {
-                    0.0
-                } else {
-                    (f64::from(a) - f64::from(b)).abs() / scale
-                };
-                e.max(if d.is_nan() { f64::INFINITY } else { d })
-            });
+        for (name, err, same) in core_errors(&want, &got) {
             worst = worst.max(err);
             if (exact && !same) || err > 1e-5 {
                 bad.push(format!("{}: {name}: max rel error {err:e}", case.name));

@@ -26,11 +26,11 @@
 //! rounds `p` and `dS` (dS from the unrounded p) before the sums read them. [`forward_lse`]
 //! (`TL_FA_STATS`) is the first pass when nothing reads its output: lse alone.
 //!
-//! [`forward_tc`] is `tl_flash_fwd_tc` ([`FlashProducts::Tf32x3`](crate::FlashProducts)):
+//! [`forward_tc`] is `tl_flash_fwd_tc` ([`FlashProducts::Tf32x3`]):
 //! the products as three TF32 products each, in steps of [`TC_STEP`] keys, in the order the
 //! emulator's `mma_sync` sums (kernels/attention.cu writes it down).
 
-use crate::device::{FLASH_TILE as T, FlashDims, FlashMask};
+use crate::device::{FLASH_TILE as T, FlashDims, FlashMask, FlashProducts};
 use crate::precision::Precision;
 
 /// The index of (b, i, h, c) in a head-merged (B, nq, H, d) buffer: Q, O, dO, dQ.
@@ -98,7 +98,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The tiles of `n`: `(start, len)` from `from` (a multiple of [`T`], or past `end`: none)
 /// while `start < end`.
 fn tiles(from: usize, end: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
-    (from..end).step_by(T).map(move |s| (s, T.min(n - s)))
+    steps(T, from, end, n)
+}
+
+/// [`tiles`] of `step` rows (keys).
+fn steps(step: usize, from: usize, end: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (from..end).step_by(step).map(move |s| (s, step.min(n - s)))
 }
 
 /// The operands of one core.
@@ -169,76 +174,76 @@ pub fn forward_out(
 }
 
 /// `tl_flash_fwd_tc`: O (B·nq·H·d) and lse (B·H·nq), the products as three TF32 products
-/// each ([`FlashProducts::Tf32x3`](crate::FlashProducts)). Per tile of [`T`] query rows (a
-/// warp's), the steps of [`TC_STEP`] keys it meets; per row and step the online softmax of the
-/// step's scores (`dot3`·scale; the sum of p as two halves of the step, each in key order,
-/// added), then `o·α` and the step's `P·V` in chunks of 8 keys (`chunk3`, p = 0 and
-/// v = 0 past nk).
+/// each ([`FlashProducts::Tf32x3`]). Per tile of [`T`] query rows (a warp's), the steps of
+/// [`TC_STEP`] keys it meets; per row and step the online softmax of the step's scores
+/// (`dot3`·scale; the sum of p as two halves of the step, each in key order, added), then
+/// `o·α` and the step's `P·V` in chunks of 8 keys (`chunk3`; the kernel's chunks past nk, of
+/// zeros, add +0 to sums that are never −0).
 pub fn forward_tc(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
-    let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
-    for bh in 0..f.batch * f.heads {
-        let (b, h) = (bh / f.heads, bh % f.heads);
-        let g = f.kv_head(h);
-        for (i0, rows) in tiles(0, nq, nq) {
-            let mut m = [f32::NEG_INFINITY; T];
-            let mut l = [0.0f32; T];
-            let mut acc = vec![0.0f32; T * d];
-            for j0 in (0..mask.key_end(i0 + rows, nk)).step_by(TC_STEP) {
-                let keys = TC_STEP.min(nk - j0);
-                for r in 0..rows {
-                    let i = i0 + r;
-                    let mut p = [f32::NEG_INFINITY; TC_STEP];
-                    for (jj, s) in p.iter_mut().enumerate().take(keys) {
-                        if mask.allowed(b, i, j0 + jj) {
-                            let k = kv_row(x.k, f, b, j0 + jj, g);
-                            *s = dot3(q_row(x.q, f, b, i, h), k) * scale;
-                        }
-                    }
-                    let mt = p.iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
-                    let mn = m[r].max(mt);
-                    let mut alpha = 1.0f32;
-                    if mn == f32::NEG_INFINITY {
-                        p.fill(0.0);
-                    } else {
-                        alpha = (m[r] - mn).exp();
-                        p.iter_mut().for_each(|s| *s = (*s - mn).exp());
-                        // Two lanes a row: the halves' sums, each in key order from +0.
-                        let [h0, h1] = [0, 1].map(|h| {
-                            p[h * TC_STEP / 2..(h + 1) * TC_STEP / 2]
-                                .iter()
-                                .fold(0.0f32, |t, &x| t + x)
-                        });
-                        l[r] = l[r] * alpha + (h0 + h1);
-                        m[r] = mn;
-                    }
-                    for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
-                        let v = |jj: usize| match jj < keys {
-                            true => x.v[at_kv(f, b, j0 + jj, g, c)],
-                            false => 0.0,
-                        };
-                        *a = (0..TC_STEP).step_by(TC_K).fold(*a * alpha, |t, k0| {
-                            chunk3(t, (k0..k0 + TC_K).map(|jj| (p[jj], v(jj))))
-                        });
-                    }
-                }
-            }
-            for r in 0..rows {
-                let i = i0 + r;
-                let none = m[r] == f32::NEG_INFINITY;
-                for c in 0..d {
-                    o[at_q(f, b, i, h, c)] = if none { 0.0 } else { acc[r * d + c] / l[r] };
-                }
-                lse[bh * nq + i] = if none {
-                    f32::NEG_INFINITY
-                } else {
-                    m[r] + l[r].ln()
-                };
-            }
+    run_forward_as(x, f, mask, o, Pass::Softmax(lse), FlashProducts::Tf32x3);
+}
+
+/// How a forward of `products` multiplies and sums: the keys of a step (a tile of [`T`] for
+/// the FMA kernels, [`TC_STEP`] on the tensor cores), a score's dot, a step's sum of p, and a
+/// step's `Σ_j p_j·v_j` into `acc`.
+struct Arith(FlashProducts);
+
+impl Arith {
+    fn step(&self) -> usize {
+        match self.0 {
+            FlashProducts::Fma => T,
+            FlashProducts::Tf32x3 => TC_STEP,
+        }
+    }
+
+    fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
+        match self.0 {
+            FlashProducts::Fma => dot(a, b),
+            FlashProducts::Tf32x3 => dot3(a, b),
+        }
+    }
+
+    /// Σ p: in key order from +0 (FMA); the two halves of the step so, added (tensor cores:
+    /// two lanes a row).
+    fn sum(&self, p: &[f32]) -> f32 {
+        let ordered = |p: &[f32]| p.iter().fold(0.0f32, |t, &x| t + x);
+        match self.0 {
+            FlashProducts::Fma => ordered(p),
+            FlashProducts::Tf32x3 => p.chunks(TC_STEP / 2).map(ordered).fold(0.0, |t, h| t + h),
+        }
+    }
+
+    /// `acc + Σ_j p_j·v(j)`: one FMA chain in key order (FMA); [`chunk3`] over chunks of
+    /// [`TC_K`] keys (tensor cores).
+    fn pv(&self, acc: f32, p: &[f32], v: impl Fn(usize) -> f32) -> f32 {
+        match self.0 {
+            FlashProducts::Fma => p
+                .iter()
+                .enumerate()
+                .fold(acc, |t, (j, &pj)| pj.mul_add(v(j), t)),
+            FlashProducts::Tf32x3 => (0..p.len()).step_by(TC_K).fold(acc, |t, k0| {
+                let end = p.len().min(k0 + TC_K);
+                chunk3(t, (k0..end).map(|j| (p[j], v(j))))
+            }),
         }
     }
 }
 
-fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], mut pass: Pass<'_>) {
+fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], pass: Pass<'_>) {
+    run_forward_as(x, f, mask, o, pass, FlashProducts::Fma);
+}
+
+/// The forward of `pass` with `products`' arithmetic ([`Arith`]; the tensor cores' takes the
+/// softmax pass only).
+fn run_forward_as(
+    x: &Qkv<'_>,
+    f: &FlashDims,
+    mask: &FlashMask,
+    o: &mut [f32],
+    mut pass: Pass<'_>,
+    products: FlashProducts,
+) {
+    let arith = Arith(products);
     let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
@@ -247,14 +252,14 @@ fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], mut 
             let mut m = [f32::NEG_INFINITY; T];
             let mut l = [0.0f32; T];
             let mut acc = vec![0.0f32; T * d];
-            for (j0, cols) in tiles(0, mask.key_end(i0 + rows, nk), nk) {
+            for (j0, cols) in steps(arith.step(), 0, mask.key_end(i0 + rows, nk), nk) {
                 for r in 0..rows {
                     let i = i0 + r;
-                    let mut p = [f32::NEG_INFINITY; T];
+                    let mut p = [f32::NEG_INFINITY; TC_STEP];
                     for (jj, s) in p.iter_mut().enumerate().take(cols) {
                         if mask.allowed(b, i, j0 + jj) {
                             let k = kv_row(x.k, f, b, j0 + jj, g);
-                            *s = dot(q_row(x.q, f, b, i, h), k) * scale;
+                            *s = arith.dot(q_row(x.q, f, b, i, h), k) * scale;
                         }
                     }
                     let mt = p[..cols].iter().fold(f32::NEG_INFINITY, |a, &s| a.max(s));
@@ -270,23 +275,16 @@ fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], mut 
                         m[r] = mn;
                     } else {
                         alpha = (m[r] - mn).exp();
-                        let mut sum = 0.0f32;
-                        for s in &mut p[..cols] {
-                            *s = (*s - mn).exp();
-                            sum += *s;
-                        }
-                        l[r] = l[r] * alpha + sum;
+                        p[..cols].iter_mut().for_each(|s| *s = (*s - mn).exp());
+                        l[r] = l[r] * alpha + arith.sum(&p[..cols]);
                         m[r] = mn;
                     }
                     if matches!(pass, Pass::Stats(_)) {
                         continue;
                     }
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
-                        let mut t = *a * alpha;
-                        for (jj, &pj) in p[..cols].iter().enumerate() {
-                            t = pj.mul_add(x.v[at_kv(f, b, j0 + jj, g, c)], t);
-                        }
-                        *a = t;
+                        let v = |jj: usize| x.v[at_kv(f, b, j0 + jj, g, c)];
+                        *a = arith.pv(*a * alpha, &p[..cols], v);
                     }
                 }
             }
