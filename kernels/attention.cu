@@ -563,8 +563,8 @@ __device__ __forceinline__ void split(F& x, F& small) {
 }
 
 // acc += a.b as three TF32 products: small_a.big_b, big_a.small_b, big_a.big_b.
-template <class FB>
-__device__ __forceinline__ void mma3(FragC& acc, const FragA& a_big, const FragA& a_small,
+template <class FA, class FB>
+__device__ __forceinline__ void mma3(FragC& acc, const FA& a_big, const FA& a_small,
                                      const FB& b_big, const FB& b_small) {
     wmma::mma_sync(acc, a_small, b_big, acc);
     wmma::mma_sync(acc, a_big, b_small, acc);
@@ -722,6 +722,273 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
             const bool none = st[lane] == -INFINITY;
             lse[(u64)bh * nq + i0 + r0 + lane] = none ? -INFINITY : st[lane] + logf(st[16 + lane]);
         }
+    }
+}
+
+// ---- Backward on tensor cores: f32 as three TF32 products -----------------------------------
+//
+// tl_flash_bwd_q_tc, then tl_flash_bwd_kv_tc (FlashProducts::Tf32x3, d <= 64; the f32 backward,
+// mask bits only): the backward's products, S = Q K^T and dP = dO V^T recomputed, dQ += dS K,
+// dK += dS^T Q and dV += P^T dO, as the forward's 3xTF32 WMMA products (tl_fa_tc), in tiles of
+// 16 query rows and 16 keys, a warp per 16 rows (dQ) or 16 keys (dK, dV) holding its sums in
+// accumulator fragments. Order (the sim's twin, device/sim/flash.rs backward_q and backward_kv
+// with the tensor cores' arithmetic):
+// - s = S3(q_i, k_j) * scale and dP_ij = S3(dO_i, v_j) (S3 as the forward's scores: columns in
+//   chunks of 8 from +0, three fma chains each); p = expf(s - lse_i), dS = p * (dP - delta_i) *
+//   scale (0 where masked, past nk or lse_i = -inf); delta_i = dot(dO_i, O_i), an fma chain
+//   from +0 (tl_fa_dot);
+// - dQ_ic over the key tiles below tl_fa_kend of the row's tile of 16 in increasing order, each
+//   tile's 16 keys in chunks of 8 (three chains each);
+// - dK_jc and dV_jc over the query heads of the key head's group in increasing order, each
+//   head's query tiles from tl_fa_qstart of the key's tile of 16 in increasing order, each
+//   tile's 16 rows in chunks of 8 (three chains each).
+// Rows and keys past nq, nk or d are zeros, whose products add +0 to sums that are never -0.
+#define TL_FA_TC_LDT 20  // a 16 x 16 tile's row stride in shared memory
+#define TL_FA_TC_STEP 64 // rows (keys) of the other side staged a step
+// Shared floats of the two kernels (device/cuda/flash.rs BWD_TC_SMEM_BYTES is this in bytes):
+// 128 rows of two operands and 64 of two others (rows of TL_FA_TC_LD), each warp's two 16 x 16
+// tiles, and two values a row of a step (lse and delta).
+#define TL_FA_TC_BWD_SMEM \
+    ((2 * TL_FA_TC_BM + 2 * TL_FA_TC_STEP) * TL_FA_TC_LD + 8 * 2 * 16 * TL_FA_TC_LDT + 2 * TL_FA_TC_BM)
+
+namespace tl_fa_tc {
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAt;
+
+// Warp-wide: the 16 x 16 tile out = A B^T (row-major, row stride TL_FA_TC_LDT) of the 16 rows
+// of a and the 16 rows of b (row stride TL_FA_TC_LD, dp columns, zeros from d on), 3xTF32 over
+// the columns in chunks of 8.
+__device__ __forceinline__ void abt(const float* a, const float* b, u32 dp, float* out) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (u32 c0 = 0; c0 < dp; c0 += 8) {
+        FragA ab, as;
+        FragBt bb, bs;
+        wmma::load_matrix_sync(ab, a + c0, TL_FA_TC_LD);
+        wmma::load_matrix_sync(bb, b + c0, TL_FA_TC_LD);
+        split(ab, as);
+        split(bb, bs);
+        mma3(acc, ab, as, bb, bs);
+    }
+    wmma::store_matrix_sync(out, acc, TL_FA_TC_LDT, wmma::mem_row_major);
+}
+
+// The matrix_a fragment of a tile read as it is stored (COL false) or transposed (COL true).
+template <bool COL>
+struct FragAOf {
+    typedef FragA T;
+};
+template <>
+struct FragAOf<true> {
+    typedef FragAt T;
+};
+
+// Warp-wide: acc[t] += A x (16 rows of y from y0, columns 16 t ..), A the row-major 16 x 16
+// tile at x (COL false) or its transpose (COL true), over k in chunks of 8; the fragments of y
+// past dp untouched.
+template <bool COL>
+__device__ __forceinline__ void add_xy(FragC* acc, const float* x, const float* y0, u32 dp) {
+    typedef typename FragAOf<COL>::T FA;
+    constexpr bool col = COL;
+    for (u32 kk = 0; kk < 16; kk += 8) {
+        FA xb, xsm;
+        wmma::load_matrix_sync(xb, col ? x + kk * TL_FA_TC_LDT : x + kk, TL_FA_TC_LDT);
+        split(xb, xsm);
+        TL_FA_UNROLL
+        for (u32 t = 0; t < TL_FA_TC_DMAX / 16; ++t) {
+            if (t * 16 >= dp) continue;
+            FragB yb, ysm;
+            wmma::load_matrix_sync(yb, y0 + kk * TL_FA_TC_LD + t * 16, TL_FA_TC_LD);
+            split(yb, ysm);
+            mma3(acc[t], xb, xsm, yb, ysm);
+        }
+    }
+}
+
+// Warp-wide: rows [0, n) x columns [0, d) of the fragments acc (through the 16 rows of scratch,
+// row stride TL_FA_TC_LD) into out[r * stride + c].
+__device__ __forceinline__ void write_rows(FragC* acc, float* scratch, u32 dp, u32 d, u32 n,
+                                           float* out, u64 stride) {
+    TL_FA_UNROLL
+    for (u32 t = 0; t < TL_FA_TC_DMAX / 16; ++t)
+        if (t * 16 < dp) wmma::store_matrix_sync(scratch + t * 16, acc[t], TL_FA_TC_LD, wmma::mem_row_major);
+    __syncwarp();
+    for (u32 e = threadIdx.x % 32; e < 16 * d; e += 32) {
+        const u32 r = e / d, c = e % d;
+        if (r < n) out[r * stride + c] = scratch[r * TL_FA_TC_LD + c];
+    }
+    __syncwarp();
+}
+}  // namespace tl_fa_tc
+
+// Rows [r0, r0 + R) of head (b, h) of `x` (n rows a sample) into xs (R rows of TL_FA_TC_LD, the
+// first dp columns written: zeros past `rows` or d), every thread of the block.
+__device__ __forceinline__ void tl_fa_tc_stage(float* xs, const float* x, u32 R, u32 b, u32 r0,
+                                               u32 rows, u32 h, u32 n, u32 heads, u32 d, u32 dp) {
+    for (u32 e = threadIdx.x; e < R * dp; e += TL_BLOCK) {
+        const u32 r = e / dp, c = e % dp;
+        xs[r * TL_FA_TC_LD + c] = r < rows && c < d ? x[tl_fa_at(b, r0 + r, h, c, n, heads, d)] : 0.0f;
+    }
+}
+
+// dQ and delta (tl_flash_bwd_q's outputs) on the tensor cores: a block of 128 query rows of one
+// (b, h), warp w the rows 16 w ..; K and V of 64 keys a step.
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_q_tc(const float* q, const float* k, const float* v,
+                                          const float* o, const float* go, const float* lse,
+                                          const u32* mask, float* dq, float* delta, u32 batch,
+                                          u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode, int offset,
+                                          u32 mstride, float scale) {
+    using namespace tl_fa_tc;
+    constexpr u32 BM = TL_FA_TC_BM, BN = TL_FA_TC_STEP, LD = TL_FA_TC_LD, LDT = TL_FA_TC_LDT;
+    constexpr u32 FT = TL_FA_TC_DMAX / 16;
+    TL_DYNAMIC_SHARED(float, smem);
+    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    const u32 dp = (d + 15) / 16 * 16;
+    float* qs = smem;          // Q rows
+    float* gs = qs + BM * LD;  // dO rows
+    float* ks = gs + BM * LD;  // K rows of a step
+    float* vs = ks + BN * LD;  // V rows of a step
+    float* st = vs + BN * LD + w * 2 * 16 * LDT;  // warp w's S
+    float* dt = st + 16 * LDT;                    // its dP, then dS
+    float* rl = vs + BN * LD + 8 * 2 * 16 * LDT + w * 32;  // its rows' lse (r), delta (16 + r)
+    const u32 tiles = tl_fa_tiles(nq, BM);
+    for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
+        const auto [bh, b, h, i0, rows] = tl_fa_job(job, tiles, BM, nq, heads, true);
+        const u32 g = tl_fa_kv_head(h, heads, kv_heads);
+        const u32* mk = mask + (u64)b * mstride;
+        const u32 r0 = w * 16, wrows = rows > r0 ? (rows - r0 < 16 ? rows - r0 : 16) : 0;
+        __syncthreads();  // the previous job's reads of qs and gs are done
+        tl_fa_tc_stage(qs, q, BM, b, i0, rows, h, nq, heads, d, dp);
+        tl_fa_tc_stage(gs, go, BM, b, i0, rows, h, nq, heads, d, dp);
+        if (lane < 16) {
+            const u32 i = i0 + r0 + lane;
+            if (lane < wrows) {
+                const u64 at = tl_fa_at(b, i, h, 0, nq, heads, d);
+                const float dl = tl_fa_dot(&go[at], &o[at], d);
+                delta[(u64)bh * nq + i] = dl;
+                rl[lane] = lse[(u64)bh * nq + i];
+                rl[16 + lane] = dl;
+            } else {
+                rl[lane] = -INFINITY;
+                rl[16 + lane] = 0.0f;
+            }
+        }
+        FragC acc[FT];
+        TL_FA_UNROLL
+        for (u32 t = 0; t < FT; ++t) wmma::fill_fragment(acc[t], 0.0f);
+        const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
+        for (u32 j0 = 0; j0 < kend; j0 += BN) {
+            const u32 keys = nk - j0 < BN ? nk - j0 : BN;
+            __syncthreads();  // the previous step's reads of ks and vs are done; qs, gs, rl written
+            tl_fa_tc_stage(ks, k, BN, b, j0, keys, g, nk, kv_heads, d, dp);
+            tl_fa_tc_stage(vs, v, BN, b, j0, keys, g, nk, kv_heads, d, dp);
+            __syncthreads();
+            for (u32 t = 0; t < BN / 16 && wrows > 0; ++t) {
+                const u32 js = j0 + 16 * t;
+                if (16 * t >= keys || !tl_fa_meet(mode, offset, i0 + r0 + wrows, js)) break;
+                abt(&qs[r0 * LD], &ks[16 * t * LD], dp, st);
+                abt(&gs[r0 * LD], &vs[16 * t * LD], dp, dt);
+                __syncwarp();
+                for (u32 e = lane; e < 256; e += 32) {
+                    const u32 r = e / 16, jj = e % 16, i = i0 + r0 + r, j = js + jj;
+                    const float l = rl[r];
+                    float ds = 0.0f;
+                    if (r < wrows && j < nk && l != -INFINITY &&
+                        tl_fa_allowed(mk, mode, offset, nk, i, j)) {
+                        const float p = expf(st[r * LDT + jj] * scale - l);
+                        ds = p * (dt[r * LDT + jj] - rl[16 + r]) * scale;
+                    }
+                    dt[r * LDT + jj] = ds;
+                }
+                __syncwarp();
+                add_xy<false>(acc, dt, &ks[16 * t * LD], dp);
+                __syncwarp();  // the tiles are read before the next key tile overwrites them
+            }
+        }
+        // The warp's Q rows, read by it alone, hold its dQ on the way out.
+        float* out = &dq[tl_fa_at(b, i0 + r0, h, 0, nq, heads, d)];
+        write_rows(acc, &qs[r0 * LD], dp, d, wrows, out, (u64)heads * d);
+    }
+}
+
+// dK and dV (tl_flash_bwd_kv's outputs, from tl_flash_bwd_q_tc's delta) on the tensor cores: a
+// block of 128 keys of one (b, g), warp w the keys 16 w ..; per query head of g's group, Q, dO,
+// lse and delta of 64 rows a step.
+extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(const float* q, const float* k, const float* v,
+                                           const float* go, const float* lse, const float* delta,
+                                           const u32* mask, float* dk, float* dv, u32 batch,
+                                           u32 nq, u32 nk, u32 heads, u32 kv_heads, u32 d, u32 mode, int offset,
+                                           u32 mstride, float scale) {
+    using namespace tl_fa_tc;
+    constexpr u32 BK = TL_FA_TC_BM, BQ = TL_FA_TC_STEP, LD = TL_FA_TC_LD, LDT = TL_FA_TC_LDT;
+    constexpr u32 FT = TL_FA_TC_DMAX / 16;
+    TL_DYNAMIC_SHARED(float, smem);
+    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    const u32 dp = (d + 15) / 16 * 16;
+    float* ks = smem;          // K rows of the block
+    float* vs = ks + BK * LD;  // V rows
+    float* qs = vs + BK * LD;  // Q rows of a step
+    float* gs = qs + BQ * LD;  // dO rows of a step
+    float* st = gs + BQ * LD + w * 2 * 16 * LDT;  // warp w's S, then P
+    float* dt = st + 16 * LDT;                    // its dP, then dS
+    float* rl = gs + BQ * LD + 8 * 2 * 16 * LDT;  // the step's rows' lse (r), delta (BQ + r)
+    const u32 tiles = tl_fa_tiles(nk, BK), group = heads / kv_heads;
+    for (u64 job = blockIdx.x; job < (u64)batch * kv_heads * tiles; job += gridDim.x) {
+        const auto [bg, b, g, j0, keys] = tl_fa_job(job, tiles, BK, nk, kv_heads, false);
+        const u32* mk = mask + (u64)b * mstride;
+        const u32 k0 = w * 16, wkeys = keys > k0 ? (keys - k0 < 16 ? keys - k0 : 16) : 0;
+        const u32 qstart = tl_fa_qstart(mode, offset, j0 + k0, nq);  // the warp's first tile
+        __syncthreads();  // the previous job's reads of ks and vs are done
+        tl_fa_tc_stage(ks, k, BK, b, j0, keys, g, nk, kv_heads, d, dp);
+        tl_fa_tc_stage(vs, v, BK, b, j0, keys, g, nk, kv_heads, d, dp);
+        FragC ak[FT], av[FT];
+        TL_FA_UNROLL
+        for (u32 t = 0; t < FT; ++t) {
+            wmma::fill_fragment(ak[t], 0.0f);
+            wmma::fill_fragment(av[t], 0.0f);
+        }
+        for (u32 h = g * group; h < (g + 1) * group; ++h) {
+            const u32 bh = b * heads + h;
+            for (u32 i0 = tl_fa_qstart(mode, offset, j0, nq); i0 < nq; i0 += BQ) {
+                const u32 rows = nq - i0 < BQ ? nq - i0 : BQ;
+                __syncthreads();  // the previous step's reads of qs, gs and rl are done
+                tl_fa_tc_stage(qs, q, BQ, b, i0, rows, h, nq, heads, d, dp);
+                tl_fa_tc_stage(gs, go, BQ, b, i0, rows, h, nq, heads, d, dp);
+                for (u32 r = tid; r < BQ; r += TL_BLOCK) {
+                    rl[r] = r < rows ? lse[(u64)bh * nq + i0 + r] : -INFINITY;
+                    rl[BQ + r] = r < rows ? delta[(u64)bh * nq + i0 + r] : 0.0f;
+                }
+                __syncthreads();
+                for (u32 u = 0; u < BQ / 16 && wkeys > 0; ++u) {
+                    const u32 is = i0 + 16 * u;
+                    if (16 * u >= rows) break;
+                    if (is < qstart) continue;  // no row of the tile sees the warp's keys
+                    abt(&qs[16 * u * LD], &ks[k0 * LD], dp, st);
+                    abt(&gs[16 * u * LD], &vs[k0 * LD], dp, dt);
+                    __syncwarp();
+                    for (u32 e = lane; e < 256; e += 32) {
+                        const u32 r = e / 16, jj = e % 16, i = is + r, j = j0 + k0 + jj;
+                        const float l = rl[16 * u + r];
+                        float p = 0.0f, ds = 0.0f;
+                        if (16 * u + r < rows && jj < wkeys && l != -INFINITY &&
+                            tl_fa_allowed(mk, mode, offset, nk, i, j)) {
+                            p = expf(st[r * LDT + jj] * scale - l);
+                            ds = p * (dt[r * LDT + jj] - rl[BQ + 16 * u + r]) * scale;
+                        }
+                        st[r * LDT + jj] = p;
+                        dt[r * LDT + jj] = ds;
+                    }
+                    __syncwarp();
+                    // P and dS read transposed (keys x rows): col-major fragments of the tiles.
+                    add_xy<true>(av, st, &gs[16 * u * LD], dp);
+                    add_xy<true>(ak, dt, &qs[16 * u * LD], dp);
+                    __syncwarp();
+                }
+            }
+        }
+        // The warp's K and V rows, read by it alone, hold its dK and dV on the way out.
+        const u64 at = tl_fa_at(b, j0 + k0, g, 0, nk, kv_heads, d), stride = (u64)kv_heads * d;
+        write_rows(ak, &ks[k0 * LD], dp, d, wkeys, &dk[at], stride);
+        write_rows(av, &vs[k0 * LD], dp, d, wkeys, &dv[at], stride);
     }
 }
 

@@ -65,7 +65,7 @@ pub struct CudaDevice {
     gemm_tiles: GemmTiles,
     /// Which tiling the fused attention forward takes.
     flash_tiles: FlashTiles,
-    /// How the fused attention's f32 forward multiplies.
+    /// How the fused attention's f32 core multiplies.
     flash_products: FlashProducts,
     /// Kernel launches and copies so far.
     traffic: TrafficCounter,
@@ -135,12 +135,14 @@ impl CudaDevice {
         self.flash_tiles
     }
 
-    /// How the f32 forward of the fused attention nodes run on this device (the kernel `tl_flash_fwd_tc`)
-    /// (`multiHeadAttention`, `scaledDotProductAttention` with `fused`) multiplies from now on
+    /// How the f32 core of the fused attention nodes run on this device (`multiHeadAttention`,
+    /// `scaledDotProductAttention` with `fused`) multiplies from now on
     /// ([`Device::flash_products`]): [`FlashProducts::Fma`] (the default) or
-    /// [`FlashProducts::Tf32x3`], its products on the tensor cores as three TF32 products each
-    /// (the same function within f32 tolerance, not the FMA kernels' bits). PyTorch: its f32
-    /// `scaled_dot_product_attention` on sm80+ (the memory-efficient kernel, CUTLASS's 3xTF32).
+    /// [`FlashProducts::Tf32x3`], its products, forward and backward, on the tensor cores
+    /// (`tl_flash_*_tc`) as three TF32 products each (the same function within f32
+    /// tolerance, not the FMA kernels' bits). PyTorch: its f32
+    /// `scaled_dot_product_attention` on sm80+ (the memory-efficient kernel, CUTLASS's
+    /// 3xTF32).
     pub fn set_flash_products(&mut self, products: FlashProducts) {
         self.flash_products = products;
     }

@@ -59,27 +59,29 @@ pub const FLASH_MAX_HEAD: usize = 128;
 /// ([`crate::gates::flash_bwd_one_pass`]).
 pub const FLASH_ONE_PASS_MAX_HEAD: usize = 64;
 
-/// The largest head size the tensor-core forward takes ([`FlashProducts::Tf32x3`],
-/// `tl_flash_fwd_tc`: the block's Q, a step's K and V and each warp's outputs, rows of 64
+/// The largest head size the tensor-core kernels take ([`FlashProducts::Tf32x3`],
+/// `tl_flash_fwd_tc`, `tl_flash_bwd_q_tc`, `tl_flash_bwd_kv_tc`: their operands' rows, of 64
 /// floats, in shared memory).
 pub const FLASH_TC_MAX_HEAD: usize = 64;
 
-/// How the f32 forward of the fused attention multiplies (an f32 core: [`Flash::round`] =
-/// F32; under autocast the products read rounded operands either way). PyTorch: its f32
-/// `scaled_dot_product_attention` runs the memory-efficient kernel, whose products on sm80+
-/// are CUTLASS's 3xTF32 on the tensor cores.
+/// How an f32 fused attention core multiplies, forward and backward (an f32 core:
+/// [`Flash::round`] = F32; under autocast the products read rounded operands either way).
+/// PyTorch: its f32 `scaled_dot_product_attention` runs the memory-efficient kernel, whose
+/// products on sm80+ are CUTLASS's 3xTF32 on the tensor cores.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FlashProducts {
-    /// Every product an f32 fused multiply-add on the CUDA cores (`tl_flash_fwd`), in the
-    /// order kernels/attention.cu writes down.
+    /// Every product an f32 fused multiply-add on the CUDA cores (`tl_flash_fwd`, the backward
+    /// kernels), in the order kernels/attention.cu writes down.
     #[default]
     Fma,
-    /// The forward's products (Q·Kᵀ and P·V) on the tensor cores, each f32 operand split into
-    /// two TF32 values `big = tf32(x)`, `small = tf32(x − big)` and `a·b` taken as
-    /// `small_a·big_b + big_a·small_b + big_a·big_b` (`tl_flash_fwd_tc`; the dropped
-    /// `small_a·small_b` is below 2⁻²² of the product): the same function as [`Fma`](Self::Fma)
-    /// within f32 tolerance, not its bits. Head sizes up to [`FLASH_TC_MAX_HEAD`]; the backward
-    /// is the FMA kernels' either way.
+    /// Every product on the tensor cores (the forward's Q·Kᵀ and P·V; the backward's Q·Kᵀ and
+    /// dO·Vᵀ recomputed, dS·K, dSᵀ·Q and Pᵀ·dO), each f32 operand split into two TF32 values
+    /// `big = tf32(x)`, `small = tf32(x − big)` and `a·b` taken as `small_a·big_b +
+    /// big_a·small_b + big_a·big_b` (`tl_flash_fwd_tc`, `tl_flash_bwd_q_tc`,
+    /// `tl_flash_bwd_kv_tc`; the dropped `small_a·small_b` is below 2⁻²² of the product): the
+    /// same function as [`Fma`](Self::Fma) within f32 tolerance, not its bits. Head sizes up
+    /// to [`FLASH_TC_MAX_HEAD`]; the backward runs its two fixed-order kernels whatever the
+    /// reduction mode.
     Tf32x3,
 }
 
@@ -497,7 +499,7 @@ pub struct Flash {
     /// every operand of every product rounded, as the composed path's products read them;
     /// the module docs).
     pub round: Precision,
-    /// How an f32 forward multiplies ([`FlashProducts::Fma`] unless set).
+    /// How an f32 core multiplies ([`FlashProducts::Fma`] unless set).
     pub products: FlashProducts,
 }
 
@@ -512,7 +514,7 @@ impl Flash {
         }
     }
 
-    /// The core with its f32 forward's products as `products` says.
+    /// The core with its f32 products as `products` says.
     pub fn with_products(self, products: FlashProducts) -> Flash {
         Flash { products, ..self }
     }
@@ -543,7 +545,7 @@ impl Flash {
                 return Err(Error::kernel(
                     op,
                     format!(
-                        "the tensor-core f32 forward (FlashProducts::Tf32x3) multiplies f32 \
+                        "the tensor-core f32 core (FlashProducts::Tf32x3) multiplies f32 \
                          operands, and this core runs under autocast ({:?}): use \
                          FlashProducts::Fma",
                         self.round
@@ -554,7 +556,7 @@ impl Flash {
                 return Err(Error::kernel(
                     op,
                     format!(
-                        "head size d = {} is above the tensor-core forward's \
+                        "head size d = {} is above the tensor-core kernels' \
                          {FLASH_TC_MAX_HEAD} (FlashProducts::Tf32x3); use FlashProducts::Fma \
                          (d up to {FLASH_MAX_HEAD})",
                         self.dims.d

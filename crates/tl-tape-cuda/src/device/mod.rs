@@ -84,7 +84,7 @@ pub trait Device: Launch {
         None
     }
 
-    /// How the f32 forward of the fused attention nodes on this device multiplies
+    /// How the f32 core of the fused attention nodes on this device multiplies
     /// ([`FlashProducts`]; `SimDevice::set_flash_products`, and `CudaDevice`'s under features
     /// `cuda`, `cuda-emu`): the attention ops build their [`Flash`] with it where it applies (an
     /// f32 tape, heads up to [`FLASH_TC_MAX_HEAD`]; elsewhere [`FlashProducts::Fma`]).

@@ -231,7 +231,7 @@ fn flash_of<D: Device>(dev: &D, op: &Op, dm: &Dims, mask: Option<&Mask>) -> Resu
     dims.check(op.name())?;
     let mask = FlashMask::of(op.name(), mask, dm.n, dm.nk, dm.batch)?;
     let round = crate::precision::current();
-    // The tensor-core forward where it applies (f32, heads up to its limit); else the FMA's.
+    // The tensor-core kernels where they apply (f32, heads up to their limit); else the FMA's.
     let products = match round.is_autocast() || dims.d > FLASH_TC_MAX_HEAD {
         true => FlashProducts::Fma,
         false => dev.flash_products(),

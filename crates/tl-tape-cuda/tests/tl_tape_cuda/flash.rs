@@ -584,7 +584,7 @@ fn the_fused_core_matches_the_f64_reference_forward_and_backward() {
     }
 }
 
-/// The cases the tensor-core forward takes (d ≤ [`FLASH_TC_MAX_HEAD`]).
+/// The cases the tensor-core kernels take (d ≤ [`FLASH_TC_MAX_HEAD`]).
 pub fn tc_cases() -> Vec<Case> {
     cases()
         .into_iter()
@@ -592,16 +592,17 @@ pub fn tc_cases() -> Vec<Case> {
         .collect()
 }
 
-/// The forward with its products on the tensor cores as three TF32 products each
-/// (`FlashProducts::Tf32x3`, `tl_flash_fwd_tc`'s sim twin), then the FMA backward, on every
-/// case with d ≤ 64 (masks of every form, nq ≠ nk, several blocks of 128 rows and steps of 64
-/// keys, grouped heads, masks per batch element): O, lse, dQ, dK, dV within 1e-5 of the f64
-/// reference, as the FMA core. The split matters: a forward that multiplied only the big TF32
-/// parts (one TF32 product) would be about 2⁻¹¹ off, and one that ignored the setting would
-/// give the FMA core's bits, which it does not on most cases.
+/// The core with its products on the tensor cores as three TF32 products each
+/// (`FlashProducts::Tf32x3`: the sim twins of `tl_flash_fwd_tc`, `tl_flash_bwd_q_tc` and
+/// `tl_flash_bwd_kv_tc`), forward and backward, on every case with d ≤ 64 (masks of every
+/// form, nq ≠ nk, several blocks of 128 rows and steps of 64 keys, grouped heads, masks per
+/// batch element): O, lse, dQ, dK, dV within 1e-5 of the f64 reference, as the FMA core. The
+/// split matters: products of the big TF32 parts alone (one TF32 product) would be about
+/// 2⁻¹¹ off, and a core that ignored the setting would give the FMA core's bits, which it
+/// does not on most cases.
 #[test]
-fn the_tensor_core_forward_matches_the_f64_reference() {
-    let (mut differ, mut worst) = (0, 0.0f64);
+fn on_the_tensor_cores_the_core_matches_the_f64_reference() {
+    let (mut differ, mut differ_dq, mut worst) = (0, 0, 0.0f64);
     let cases = tc_cases();
     for (k, case) in cases.iter().enumerate() {
         let data = inputs(&case.dims, 100 + k as u64);
@@ -618,17 +619,24 @@ fn the_tensor_core_forward_matches_the_f64_reference() {
             assert!(e <= 1e-5, "{}: {name} off by {e:e}", case.name);
         }
         differ += usize::from(bits_of(&got[0]) != bits_of(&fma[0]));
+        differ_dq += usize::from(bits_of(&got[2]) != bits_of(&fma[2]));
         let u = dev.memory_usage();
         assert_eq!(u.live_bytes, 0, "{}: leaked {u}", case.name);
     }
     assert!(
         differ * 2 > cases.len(),
-        "the tensor-core forward gave the FMA core's O on {} of {} cases",
+        "the tensor cores gave the FMA core's O on {} of {} cases",
         cases.len() - differ,
         cases.len()
     );
+    assert!(
+        differ_dq * 2 > cases.len(),
+        "the tensor cores gave the FMA core's dQ on {} of {} cases",
+        cases.len() - differ_dq,
+        cases.len()
+    );
     println!(
-        "tensor-core forward: worst error {worst:e} over {} cases",
+        "tensor cores: worst error {worst:e} over {} cases",
         cases.len()
     );
 }
@@ -958,7 +966,7 @@ fn bad_input_is_refused_before_launch() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("lse has 6 element(s), expected 129"), "{e}");
-    // The tensor-core forward of a head past 64 (Q of 129 rows of d = 2 is 258 floats: the
+    // The tensor-core core of a head past 64 (Q of 129 rows of d = 2 is 258 floats: the
     // head of 65 over 2 rows is 130), and under autocast.
     let tc = f(65, 2).with_products(FlashProducts::Tf32x3);
     let e = dev

@@ -42,6 +42,11 @@ const BLOCK: usize = 256;
 /// warp's m, l and alpha of its 16 rows and a slot a lane).
 const FWD_TC_SMEM_BYTES: u32 = 4 * ((128 + 2 * 64 + 2 * 128) * 68 + 5 * 128);
 
+/// Dynamic shared memory of `tl_flash_bwd_q_tc` and `tl_flash_bwd_kv_tc`, bytes
+/// (`TL_FA_TC_BWD_SMEM` floats: two operands of 128 rows and two of 64, rows of 68 floats;
+/// each warp's two 16 × 16 tiles, rows of 20; two values of each of 128 rows).
+const BWD_TC_SMEM_BYTES: u32 = 4 * ((2 * 128 + 2 * 64) * 68 + 8 * 2 * 16 * 20 + 2 * 128);
+
 impl Phase {
     /// Whether the phase's blocks take keys (dK, dV) rather than query rows.
     fn over_keys(self) -> bool {
@@ -61,13 +66,16 @@ impl Phase {
 /// that uses more than it is given. The one-pass backward (d ≤ 64 only, whatever `tiles`):
 /// `tl_flash_bwd_delta` one row a thread, `tl_flash_bwd_atomic` 64 keys a block in the static
 /// arrays of `tl_flash_bwd_kv`. [`FlashProducts::Tf32x3`] (d ≤ 64, checked before): the
-/// forward on the tensor cores, `tl_flash_fwd_tc`, 128 query rows a block (whatever `tiles`).
+/// forward and the two backward kernels on the tensor cores (`tl_flash_fwd_tc`,
+/// `tl_flash_bwd_q_tc`, `tl_flash_bwd_kv_tc`), 128 query rows or keys a block (whatever
+/// `tiles`).
 fn kernel(tiles: FlashTiles, f: &Flash, phase: Phase) -> (&'static str, usize, u32) {
     let (wide, small) = (tiles == FlashTiles::Wide, f.dims.d <= 64);
+    let tc = f.products == FlashProducts::Tf32x3;
     match phase {
-        Phase::Forward if f.products == FlashProducts::Tf32x3 => {
-            ("tl_flash_fwd_tc", 128, FWD_TC_SMEM_BYTES)
-        }
+        Phase::Forward if tc => ("tl_flash_fwd_tc", 128, FWD_TC_SMEM_BYTES),
+        Phase::BackwardQ if tc => ("tl_flash_bwd_q_tc", 128, BWD_TC_SMEM_BYTES),
+        Phase::BackwardKv if tc => ("tl_flash_bwd_kv_tc", 128, BWD_TC_SMEM_BYTES),
         Phase::Forward if wide && small => (
             "tl_flash_fwd_wide",
             64,
@@ -222,7 +230,9 @@ impl CudaDevice {
         }
         self.with_mask(OP, f, p[0], |d, pm| {
             let (delta, pd) = d.alloc(OP, f.dims.rows_len())?;
-            let r = if gates::flash_bwd_one_pass(d.deterministic(), f.dims.d) {
+            // The tensor cores' backward is the two fixed-order kernels in either mode.
+            let tc = f.products == FlashProducts::Tf32x3;
+            let r = if !tc && gates::flash_bwd_one_pass(d.deterministic(), f.dims.d) {
                 d.flash_bwd_one_pass(p, pm, pd, f)
             } else {
                 d.flash_bwd_launches(p, pm, pd, f)

@@ -128,15 +128,15 @@ fn p_ds(
     (i, j): (usize, usize),
     (lse, delta): (f32, f32),
     ok: bool,
-    round: Precision,
+    (round, arith): (Precision, &Arith),
 ) -> (f32, f32) {
     if !ok || lse == f32::NEG_INFINITY {
         return (0.0, 0.0);
     }
     let (scale, g) = (f.scale(), f.kv_head(h));
-    let s = dot(q_row(x.q, f, b, i, h), kv_row(x.k, f, b, j, g)) * scale;
+    let s = arith.dot(q_row(x.q, f, b, i, h), kv_row(x.k, f, b, j, g)) * scale;
     let p = (s - lse).exp();
-    let dp = dot(q_row(go, f, b, i, h), kv_row(x.v, f, b, j, g));
+    let dp = arith.dot(q_row(go, f, b, i, h), kv_row(x.v, f, b, j, g));
     (round.round(p), round.round(p * (dp - delta) * scale))
 }
 
@@ -311,8 +311,9 @@ fn run_forward_as(
     }
 }
 
-/// `tl_flash_bwd_q`: dQ and delta (`dot(dO_i, O_i)` per query row, B·H·nq), from O, dO and
-/// lse, dS rounded as `round` says.
+/// `tl_flash_bwd_q` (`tl_flash_bwd_q_tc` with `products` [`FlashProducts::Tf32x3`]): dQ and
+/// delta (`dot(dO_i, O_i)` per query row, B·H·nq), from O, dO and lse, dS rounded as `round`
+/// says.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_q(
     x: &Qkv<'_>,
@@ -320,10 +321,11 @@ pub fn backward_q(
     go: &[f32],
     lse: &[f32],
     f: &FlashDims,
-    (mask, round): (&FlashMask, Precision),
+    (mask, round, products): (&FlashMask, Precision, FlashProducts),
     dq: &mut [f32],
     delta: &mut [f32],
 ) {
+    let arith = Arith(products);
     let (nq, nk, d) = (f.nq, f.nk, f.d);
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
@@ -341,14 +343,12 @@ pub fn backward_q(
                     for (jj, v) in ds.iter_mut().enumerate().take(cols) {
                         let ok = mask.allowed(b, i, j0 + jj);
                         let row = (lse[bh * nq + i], delta[bh * nq + i]);
-                        *v = p_ds(x, go, f, (b, h), (i, j0 + jj), row, ok, round).1;
+                        let at = (i, j0 + jj);
+                        *v = p_ds(x, go, f, (b, h), at, row, ok, (round, &arith)).1;
                     }
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
-                        let mut t = *a;
-                        for (jj, &s) in ds[..cols].iter().enumerate() {
-                            t = s.mul_add(x.k[at_kv(f, b, j0 + jj, g, c)], t);
-                        }
-                        *a = t;
+                        let k = |jj: usize| x.k[at_kv(f, b, j0 + jj, g, c)];
+                        *a = arith.pv(*a, &ds[..cols], k);
                     }
                 }
             }
@@ -361,10 +361,11 @@ pub fn backward_q(
     }
 }
 
-/// `tl_flash_bwd_kv`: dK and dV, from dO, lse and [`backward_q`]'s delta, p and dS rounded as
-/// `round` says. Per key head g and key tile, each key's chains run over the query heads of
-/// g's group in increasing order, each head's query tiles in order (one chain: a key head's
-/// cotangent is the sum of its query heads').
+/// `tl_flash_bwd_kv` (`tl_flash_bwd_kv_tc` with `products` [`FlashProducts::Tf32x3`]): dK
+/// and dV, from dO, lse and [`backward_q`]'s delta, p and dS rounded as `round` says. Per key
+/// head g and key tile, each key's chains run over the query heads of g's group in increasing
+/// order, each head's query tiles in order (one chain: a key head's cotangent is the sum of
+/// its query heads').
 #[allow(clippy::too_many_arguments)]
 pub fn backward_kv(
     x: &Qkv<'_>,
@@ -372,10 +373,11 @@ pub fn backward_kv(
     lse: &[f32],
     delta: &[f32],
     f: &FlashDims,
-    (mask, round): (&FlashMask, Precision),
+    (mask, round, products): (&FlashMask, Precision, FlashProducts),
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
+    let arith = Arith(products);
     let (nq, nk, d, group) = (f.nq, f.nk, f.d, f.group());
     for bg in 0..f.batch * f.kv_heads {
         let (b, g) = (bg / f.kv_heads, bg % f.kv_heads);
@@ -385,26 +387,26 @@ pub fn backward_kv(
             for h in g * group..(g + 1) * group {
                 let bh = b * f.heads + h;
                 for (i0, rows) in tiles(mask.query_start(j0, nq), nq, nq) {
-                    let mut p = [[0.0f32; T]; T];
-                    let mut ds = [[0.0f32; T]; T];
+                    // p and dS by key (pt[jj][r]), each key's column a slice of the tile's rows.
+                    let mut pt = [[0.0f32; T]; T];
+                    let mut dst = [[0.0f32; T]; T];
                     for r in 0..rows {
                         let i = i0 + r;
                         let row = (lse[bh * nq + i], delta[bh * nq + i]);
                         for jj in 0..cols {
                             let ok = mask.allowed(b, i, j0 + jj);
                             let at = (i, j0 + jj);
-                            (p[r][jj], ds[r][jj]) = p_ds(x, go, f, (b, h), at, row, ok, round);
+                            (pt[jj][r], dst[jj][r]) =
+                                p_ds(x, go, f, (b, h), at, row, ok, (round, &arith));
                         }
                     }
                     for jj in 0..cols {
                         for c in 0..d {
-                            let (mut tk, mut tv) = (acc_k[jj * d + c], acc_v[jj * d + c]);
-                            for r in 0..rows {
-                                tk = ds[r][jj].mul_add(x.q[at_q(f, b, i0 + r, h, c)], tk);
-                                tv = p[r][jj].mul_add(go[at_q(f, b, i0 + r, h, c)], tv);
-                            }
-                            acc_k[jj * d + c] = tk;
-                            acc_v[jj * d + c] = tv;
+                            let q = |r: usize| x.q[at_q(f, b, i0 + r, h, c)];
+                            let g_o = |r: usize| go[at_q(f, b, i0 + r, h, c)];
+                            let at = jj * d + c;
+                            acc_k[at] = arith.pv(acc_k[at], &dst[jj][..rows], q);
+                            acc_v[at] = arith.pv(acc_v[at], &pt[jj][..rows], g_o);
                         }
                     }
                 }

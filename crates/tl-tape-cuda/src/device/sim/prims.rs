@@ -528,13 +528,15 @@ impl Launch for SimDevice {
         let ins = [q, k, v, o, go, lse];
         let [dq, delta] = self.launch_outs(OP, ins, lens, |[q, k, v, o, go, lse], [dq, dl]| {
             let x = flash::Qkv { q, k, v };
-            flash::backward_q(&x, o, go, lse, &f.dims, (&f.mask, f.round), dq, dl)
+            let how = (&f.mask, f.round, f.products);
+            flash::backward_q(&x, o, go, lse, &f.dims, how, dq, dl)
         })?;
         let ins = [q, k, v, go, lse, delta];
         let kv_lens = [f.dims.kv_len(); 2];
         let kv = self.launch_outs(OP, ins, kv_lens, |[q, k, v, go, lse, dl], [dk, dv]| {
             let x = flash::Qkv { q, k, v };
-            flash::backward_kv(&x, go, lse, dl, &f.dims, (&f.mask, f.round), dk, dv)
+            let how = (&f.mask, f.round, f.products);
+            flash::backward_kv(&x, go, lse, dl, &f.dims, how, dk, dv)
         });
         crate::device::Device::release(self, delta);
         match kv {
