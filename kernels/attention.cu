@@ -820,6 +820,27 @@ __device__ __forceinline__ void write_rows(FragC* acc, float* scratch, u32 dp, u
 }
 }  // namespace tl_fa_tc
 
+// Warp-wide, on a 16 x 16 tile of query rows i0 + r and keys j0 + jj: S (st) and dP (dt) into
+// p (st) and dS (dt), p = expf(S * scale - lse_r), dS = p * (dP - delta_r) * scale, and 0
+// where r >= nr, jj >= nc, lse_r = -inf or the mask hides (i, j).
+__device__ __forceinline__ void tl_fa_tc_p_ds(float* st, float* dt, u32 nr, u32 nc, u32 i0, u32 j0,
+                                              const float* lse, const float* delta,
+                                              const u32* mk, u32 mode, int offset, u32 nk,
+                                              float scale) {
+    for (u32 e = threadIdx.x % 32; e < 256; e += 32) {
+        const u32 r = e / 16, jj = e % 16, at = r * TL_FA_TC_LDT + jj;
+        const float l = lse[r];
+        float p = 0.0f, ds = 0.0f;
+        if (r < nr && jj < nc && l != -INFINITY &&
+            tl_fa_allowed(mk, mode, offset, nk, i0 + r, j0 + jj)) {
+            p = expf(st[at] * scale - l);
+            ds = p * (dt[at] - delta[r]) * scale;
+        }
+        st[at] = p;
+        dt[at] = ds;
+    }
+}
+
 // Rows [r0, r0 + R) of head (b, h) of `x` (n rows a sample) into xs (R rows of TL_FA_TC_LD, the
 // first dp columns written: zeros past `rows` or d), every thread of the block.
 __device__ __forceinline__ void tl_fa_tc_stage(float* xs, const float* x, u32 R, u32 b, u32 r0,
@@ -888,17 +909,9 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_q_tc(cons
                 abt(&qs[r0 * LD], &ks[16 * t * LD], dp, st);
                 abt(&gs[r0 * LD], &vs[16 * t * LD], dp, dt);
                 __syncwarp();
-                for (u32 e = lane; e < 256; e += 32) {
-                    const u32 r = e / 16, jj = e % 16, i = i0 + r0 + r, j = js + jj;
-                    const float l = rl[r];
-                    float ds = 0.0f;
-                    if (r < wrows && j < nk && l != -INFINITY &&
-                        tl_fa_allowed(mk, mode, offset, nk, i, j)) {
-                        const float p = expf(st[r * LDT + jj] * scale - l);
-                        ds = p * (dt[r * LDT + jj] - rl[16 + r]) * scale;
-                    }
-                    dt[r * LDT + jj] = ds;
-                }
+                const u32 cols = nk - js < 16 ? nk - js : 16;
+                tl_fa_tc_p_ds(st, dt, wrows, cols, i0 + r0, js, rl, rl + 16, mk, mode, offset, nk,
+                              scale);
                 __syncwarp();
                 add_xy<false>(acc, dt, &ks[16 * t * LD], dp);
                 __syncwarp();  // the tiles are read before the next key tile overwrites them
@@ -922,7 +935,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(con
     constexpr u32 BK = TL_FA_TC_BM, BQ = TL_FA_TC_STEP, LD = TL_FA_TC_LD, LDT = TL_FA_TC_LDT;
     constexpr u32 FT = TL_FA_TC_DMAX / 16;
     TL_DYNAMIC_SHARED(float, smem);
-    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    const u32 tid = threadIdx.x, w = tid / 32;
     const u32 dp = (d + 15) / 16 * 16;
     float* ks = smem;          // K rows of the block
     float* vs = ks + BK * LD;  // V rows
@@ -965,18 +978,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(con
                     abt(&qs[16 * u * LD], &ks[k0 * LD], dp, st);
                     abt(&gs[16 * u * LD], &vs[k0 * LD], dp, dt);
                     __syncwarp();
-                    for (u32 e = lane; e < 256; e += 32) {
-                        const u32 r = e / 16, jj = e % 16, i = is + r, j = j0 + k0 + jj;
-                        const float l = rl[16 * u + r];
-                        float p = 0.0f, ds = 0.0f;
-                        if (16 * u + r < rows && jj < wkeys && l != -INFINITY &&
-                            tl_fa_allowed(mk, mode, offset, nk, i, j)) {
-                            p = expf(st[r * LDT + jj] * scale - l);
-                            ds = p * (dt[r * LDT + jj] - rl[BQ + 16 * u + r]) * scale;
-                        }
-                        st[r * LDT + jj] = p;
-                        dt[r * LDT + jj] = ds;
-                    }
+                    tl_fa_tc_p_ds(st, dt, rows - 16 * u, wkeys, is, j0 + k0, rl + 16 * u,
+                                  rl + BQ + 16 * u, mk, mode, offset, nk, scale);
                     __syncwarp();
                     // P and dS read transposed (keys x rows): col-major fragments of the tiles.
                     add_xy<true>(av, st, &gs[16 * u * LD], dp);

@@ -931,12 +931,12 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
-        id: "kernel-flash-tc-kv-delta-unread",
+        id: "kernel-flash-tc-bwd-delta-unread",
         area: Kernel,
         file: "kernels/attention.cu",
-        from: "ds = p * (dt[r * LDT + jj] - rl[BQ + 16 * u + r]) * scale;",
-        to: "ds = p * dt[r * LDT + jj] * scale;",
-        bug: "the tensor-core dK/dV kernel takes dS = p·dP·scale, without the softmax VJP's delta",
+        from: "ds = p * (dt[at] - delta[r]) * scale;",
+        to: "ds = p * dt[at] * scale;",
+        bug: "the tensor-core backward takes dS = p·dP·scale, without the softmax VJP's delta",
         harness: Emu,
     },
     Mutant {
