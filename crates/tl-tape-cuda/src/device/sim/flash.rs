@@ -183,9 +183,10 @@ pub fn forward_tc(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], l
     run_forward_as(x, f, mask, o, Pass::Softmax(lse), FlashProducts::Tf32x3);
 }
 
-/// How a forward of `products` multiplies and sums: the keys of a step (a tile of [`T`] for
-/// the FMA kernels, [`TC_STEP`] on the tensor cores), a score's dot, a step's sum of p, and a
-/// step's `Σ_j p_j·v_j` into `acc`.
+/// How a core of `products` multiplies and sums: the forward's keys a step (a tile of [`T`]
+/// for the FMA kernels, [`TC_STEP`] on the tensor cores), a dot over the head's columns (a
+/// score, dP), the forward's sum of p, and a sum of products over a tile's keys or rows
+/// (`P·V`, `dS·K`, `dSᵀ·Q`, `Pᵀ·dO`) into an accumulator.
 struct Arith(FlashProducts);
 
 impl Arith {
@@ -213,8 +214,8 @@ impl Arith {
         }
     }
 
-    /// `acc + Σ_j p_j·v(j)`: one FMA chain in key order (FMA); [`chunk3`] over chunks of
-    /// [`TC_K`] keys (tensor cores).
+    /// `acc + Σ_j p_j·v(j)` over the keys (rows) j of `p`: one FMA chain in increasing j
+    /// (FMA); [`chunk3`] over chunks of [`TC_K`] in order (tensor cores).
     fn pv(&self, acc: f32, p: &[f32], v: impl Fn(usize) -> f32) -> f32 {
         match self.0 {
             FlashProducts::Fma => p
