@@ -522,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
 // below 2^-22 of the product, dropped): CUTLASS's 3xTF32, the arithmetic PyTorch's f32
 // memory-efficient attention runs on sm80+. A block of 256 threads takes 128 query rows of one
 // (b, h), warp w the rows 16 w .. 16 w + 15 (its scores, probabilities and outputs in shared
-// memory of its own); the key loop takes TL_FA_TC_BN = 64 keys a step, K and V of the step
+// memory of its own); the key loop takes TL_FA_TC_STEP = 64 keys a step, K and V of the step
 // shared by the block. Order (the sim's twin, device/sim/flash.rs forward_tc):
 // - a score is s = S3(q_i, k_j) * scale, S3 over c in chunks of 8 from +0, each chunk the three
 //   fma chains above in c order (the emulator's mma_sync order, cuda_emu.h); masked keys -inf;
@@ -537,13 +537,14 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
 // On a GPU mma_sync sums in the hardware's order: the same function within f32 tolerance, not
 // the emulator's bits.
 #define TL_FA_TC_BM 128
-#define TL_FA_TC_BN 64
+#define TL_FA_TC_STEP 64  // keys (forward, dQ) or query rows (dK, dV) staged a step
+#define TL_FA_TC_LDT 20   // a 16 x 16 tile's row stride in shared memory
 #define TL_FA_TC_DMAX 64  // the largest head (device/flash.rs FLASH_TC_MAX_HEAD)
 #define TL_FA_TC_LD (TL_FA_TC_DMAX + 4)
 // Shared floats of tl_flash_fwd_tc (device/cuda/flash.rs FWD_TC_SMEM_BYTES is this in bytes):
 // Q of the block, K and V of a step, each warp's scores (then p) and outputs (16 x LD each),
 // and each warp's m, l and alpha of its 16 rows and one exchange slot a lane (80 floats).
-#define TL_FA_TC_SMEM ((TL_FA_TC_BM + 2 * TL_FA_TC_BN + 2 * TL_FA_TC_BM) * TL_FA_TC_LD + 5 * TL_FA_TC_BM)
+#define TL_FA_TC_SMEM ((TL_FA_TC_BM + 2 * TL_FA_TC_STEP + 2 * TL_FA_TC_BM) * TL_FA_TC_LD + 5 * TL_FA_TC_BM)
 
 namespace tl_fa_tc {
 namespace wmma = nvcuda::wmma;
@@ -570,7 +571,104 @@ __device__ __forceinline__ void mma3(FragC& acc, const FA& a_big, const FA& a_sm
     wmma::mma_sync(acc, a_big, b_small, acc);
     wmma::mma_sync(acc, a_big, b_big, acc);
 }
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAt;
+
+// Warp-wide: the 16 x 16 tile out = A B^T (row-major, row stride TL_FA_TC_LDT) of the 16 rows
+// of a and the 16 rows of b (row stride TL_FA_TC_LD, dp columns, zeros from d on), 3xTF32 over
+// the columns in chunks of 8.
+__device__ __forceinline__ void abt(const float* a, const float* b, u32 dp, float* out) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (u32 c0 = 0; c0 < dp; c0 += 8) {
+        FragA ab, as;
+        FragBt bb, bs;
+        wmma::load_matrix_sync(ab, a + c0, TL_FA_TC_LD);
+        wmma::load_matrix_sync(bb, b + c0, TL_FA_TC_LD);
+        split(ab, as);
+        split(bb, bs);
+        mma3(acc, ab, as, bb, bs);
+    }
+    wmma::store_matrix_sync(out, acc, TL_FA_TC_LDT, wmma::mem_row_major);
+}
+
+// The matrix_a fragment of a tile read as it is stored (COL false) or transposed (COL true).
+template <bool COL>
+struct FragAOf {
+    typedef FragA T;
+};
+template <>
+struct FragAOf<true> {
+    typedef FragAt T;
+};
+
+// Warp-wide: acc[t] += A x (16 rows of y from y0, columns 16 t ..), A the row-major 16 x 16
+// tile at x (row stride ldx; COL false) or its transpose (COL true), over k in chunks of 8;
+// the fragments of y past dp untouched.
+template <bool COL>
+__device__ __forceinline__ void add_xy(FragC* acc, const float* x, u32 ldx, const float* y0,
+                                       u32 dp) {
+    typedef typename FragAOf<COL>::T FA;
+    for (u32 kk = 0; kk < 16; kk += 8) {
+        FA xb, xsm;
+        wmma::load_matrix_sync(xb, COL ? x + kk * ldx : x + kk, ldx);
+        split(xb, xsm);
+        TL_FA_UNROLL
+        for (u32 t = 0; t < TL_FA_TC_DMAX / 16; ++t) {
+            if (t * 16 >= dp) continue;
+            FragB yb, ysm;
+            wmma::load_matrix_sync(yb, y0 + kk * TL_FA_TC_LD + t * 16, TL_FA_TC_LD);
+            split(yb, ysm);
+            mma3(acc[t], xb, xsm, yb, ysm);
+        }
+    }
+}
+
+// Warp-wide: rows [0, n) x columns [0, d) of the fragments acc (through the 16 rows of scratch,
+// row stride TL_FA_TC_LD) into out[r * stride + c].
+__device__ __forceinline__ void write_rows(FragC* acc, float* scratch, u32 dp, u32 d, u32 n,
+                                           float* out, u64 stride) {
+    TL_FA_UNROLL
+    for (u32 t = 0; t < TL_FA_TC_DMAX / 16; ++t)
+        if (t * 16 < dp) wmma::store_matrix_sync(scratch + t * 16, acc[t], TL_FA_TC_LD, wmma::mem_row_major);
+    __syncwarp();
+    for (u32 e = threadIdx.x % 32; e < 16 * d; e += 32) {
+        const u32 r = e / d, c = e % d;
+        if (r < n) out[r * stride + c] = scratch[r * TL_FA_TC_LD + c];
+    }
+    __syncwarp();
+}
 }  // namespace tl_fa_tc
+
+// Warp-wide, on a 16 x 16 tile of query rows i0 + r and keys j0 + jj: S (st) and dP (dt) into
+// p (st) and dS (dt), p = expf(S * scale - lse_r), dS = p * (dP - delta_r) * scale, and 0
+// where r >= nr, jj >= nc, lse_r = -inf or the mask hides (i, j).
+__device__ __forceinline__ void tl_fa_tc_p_ds(float* st, float* dt, u32 nr, u32 nc, u32 i0, u32 j0,
+                                              const float* lse, const float* delta,
+                                              const u32* mk, u32 mode, int offset, u32 nk,
+                                              float scale) {
+    for (u32 e = threadIdx.x % 32; e < 256; e += 32) {
+        const u32 r = e / 16, jj = e % 16, at = r * TL_FA_TC_LDT + jj;
+        const float l = lse[r];
+        float p = 0.0f, ds = 0.0f;
+        if (r < nr && jj < nc && l != -INFINITY &&
+            tl_fa_allowed(mk, mode, offset, nk, i0 + r, j0 + jj)) {
+            p = expf(st[at] * scale - l);
+            ds = p * (dt[at] - delta[r]) * scale;
+        }
+        st[at] = p;
+        dt[at] = ds;
+    }
+}
+
+// Rows [r0, r0 + R) of head (b, h) of `x` (n rows a sample) into xs (R rows of TL_FA_TC_LD, the
+// first dp columns written: zeros past `rows` or d), every thread of the block.
+__device__ __forceinline__ void tl_fa_tc_stage(float* xs, const float* x, u32 R, u32 b, u32 r0,
+                                               u32 rows, u32 h, u32 n, u32 heads, u32 d, u32 dp) {
+    for (u32 e = threadIdx.x; e < R * dp; e += TL_BLOCK) {
+        const u32 r = e / dp, c = e % dp;
+        xs[r * TL_FA_TC_LD + c] = r < rows && c < d ? x[tl_fa_at(b, r0 + r, h, c, n, heads, d)] : 0.0f;
+    }
+}
 
 // O = softmax(Q K^T * scale) V per head and lse = m + log(l) per row, the products as 3xTF32 on
 // the tensor cores (above), in TL_FA_TC_SMEM floats of dynamic shared memory.
@@ -580,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
                                         u32 mstride, float scale) {
     namespace wmma = nvcuda::wmma;
     using namespace tl_fa_tc;
-    constexpr u32 BM = TL_FA_TC_BM, BN = TL_FA_TC_BN, LD = TL_FA_TC_LD;
+    constexpr u32 BM = TL_FA_TC_BM, BN = TL_FA_TC_STEP, LD = TL_FA_TC_LD;
     TL_DYNAMIC_SHARED(float, smem);
     const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32;
     const u32 dp = (d + 15) / 16 * 16;  // columns in shared memory, zeros from d on
@@ -598,10 +696,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
         const u32* mk = mask + (u64)b * mstride;           // batch element b's words
         const u32 r0 = w * 16, wrows = rows > r0 ? (rows - r0 < 16 ? rows - r0 : 16) : 0;
         __syncthreads();  // the previous job's reads of qs are done
-        for (u32 e = tid; e < BM * dp; e += TL_BLOCK) {
-            const u32 r = e / dp, c = e % dp;
-            qs[r * LD + c] = r < rows && c < d ? q[tl_fa_at(b, i0 + r, h, c, nq, heads, d)] : 0.0f;
-        }
+        tl_fa_tc_stage(qs, q, BM, b, i0, rows, h, nq, heads, d, dp);
         for (u32 e = lane; e < 16 * dp; e += 32) os[e / dp * LD + e % dp] = 0.0f;
         if (lane < 16) {
             st[lane] = -INFINITY;
@@ -612,13 +707,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = nk - j0 < BN ? nk - j0 : BN;
             __syncthreads();  // the previous step's reads of ks and vs are done
-            for (u32 e = tid; e < BN * dp; e += TL_BLOCK) {
-                const u32 j = e / dp, c = e % dp;
-                const bool in = j < keys && c < d;
-                const u64 at = in ? tl_fa_at(b, j0 + j, g, c, nk, kv_heads, d) : 0u;
-                ks[j * LD + c] = in ? k[at] : 0.0f;
-                vs[j * LD + c] = in ? v[at] : 0.0f;
-            }
+            tl_fa_tc_stage(ks, k, BN, b, j0, keys, g, nk, kv_heads, d, dp);
+            tl_fa_tc_stage(vs, v, BN, b, j0, keys, g, nk, kv_heads, d, dp);
             __syncthreads();
             if (wrows == 0 || !tl_fa_meet(mode, offset, i0 + r0 + wrows, j0)) continue;
             // 1. The warp's 16 x 64 scores.
@@ -684,28 +774,14 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
                 os[r * LD + c] = os[r * LD + c] * st[32 + r];
             }
             __syncwarp();
-            // Each output fragment sums over the step's keys in chunks of 8 in order; a chunk's
-            // probabilities are split once for every fragment.
-            // (Loops over the fragments unrolled with constant bounds, so that the fragments
-            // stay in registers; t * 16 < dp is warp-uniform.)
+            // Each output fragment sums over the step's keys in chunks of 8 in order, a tile of 16
+            // at a time (the fragments stay in registers: unrolled constant bounds).
             constexpr u32 FT = TL_FA_TC_DMAX / 16;
             FragC oc[FT];
             TL_FA_UNROLL
             for (u32 t = 0; t < FT; ++t)
                 if (t * 16 < dp) wmma::load_matrix_sync(oc[t], &os[t * 16], LD, wmma::mem_row_major);
-            for (u32 kk = 0; kk < BN; kk += 8) {
-                FragA pb, psm;
-                wmma::load_matrix_sync(pb, &ss[kk], LD);
-                split(pb, psm);
-                TL_FA_UNROLL
-                for (u32 t = 0; t < FT; ++t) {
-                    if (t * 16 >= dp) continue;
-                    FragB vb, vsm;
-                    wmma::load_matrix_sync(vb, &vs[kk * LD + t * 16], LD);
-                    split(vb, vsm);
-                    mma3(oc[t], pb, psm, vb, vsm);
-                }
-            }
+            for (u32 j = 0; j < BN; j += 16) add_xy<false>(oc, &ss[j], LD, &vs[j * LD], dp);
             TL_FA_UNROLL
             for (u32 t = 0; t < FT; ++t)
                 if (t * 16 < dp) wmma::store_matrix_sync(&os[t * 16], oc[t], LD, wmma::mem_row_major);
@@ -743,113 +819,11 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
 //   head's query tiles from tl_fa_qstart of the key's tile of 16 in increasing order, each
 //   tile's 16 rows in chunks of 8 (three chains each).
 // Rows and keys past nq, nk or d are zeros, whose products add +0 to sums that are never -0.
-#define TL_FA_TC_LDT 20  // a 16 x 16 tile's row stride in shared memory
-#define TL_FA_TC_STEP 64 // rows (keys) of the other side staged a step
 // Shared floats of the two kernels (device/cuda/flash.rs BWD_TC_SMEM_BYTES is this in bytes):
 // 128 rows of two operands and 64 of two others (rows of TL_FA_TC_LD), each warp's two 16 x 16
 // tiles, and two values a row of a step (lse and delta).
 #define TL_FA_TC_BWD_SMEM \
     ((2 * TL_FA_TC_BM + 2 * TL_FA_TC_STEP) * TL_FA_TC_LD + 8 * 2 * 16 * TL_FA_TC_LDT + 2 * TL_FA_TC_BM)
-
-namespace tl_fa_tc {
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAt;
-
-// Warp-wide: the 16 x 16 tile out = A B^T (row-major, row stride TL_FA_TC_LDT) of the 16 rows
-// of a and the 16 rows of b (row stride TL_FA_TC_LD, dp columns, zeros from d on), 3xTF32 over
-// the columns in chunks of 8.
-__device__ __forceinline__ void abt(const float* a, const float* b, u32 dp, float* out) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (u32 c0 = 0; c0 < dp; c0 += 8) {
-        FragA ab, as;
-        FragBt bb, bs;
-        wmma::load_matrix_sync(ab, a + c0, TL_FA_TC_LD);
-        wmma::load_matrix_sync(bb, b + c0, TL_FA_TC_LD);
-        split(ab, as);
-        split(bb, bs);
-        mma3(acc, ab, as, bb, bs);
-    }
-    wmma::store_matrix_sync(out, acc, TL_FA_TC_LDT, wmma::mem_row_major);
-}
-
-// The matrix_a fragment of a tile read as it is stored (COL false) or transposed (COL true).
-template <bool COL>
-struct FragAOf {
-    typedef FragA T;
-};
-template <>
-struct FragAOf<true> {
-    typedef FragAt T;
-};
-
-// Warp-wide: acc[t] += A x (16 rows of y from y0, columns 16 t ..), A the row-major 16 x 16
-// tile at x (COL false) or its transpose (COL true), over k in chunks of 8; the fragments of y
-// past dp untouched.
-template <bool COL>
-__device__ __forceinline__ void add_xy(FragC* acc, const float* x, const float* y0, u32 dp) {
-    typedef typename FragAOf<COL>::T FA;
-    constexpr bool col = COL;
-    for (u32 kk = 0; kk < 16; kk += 8) {
-        FA xb, xsm;
-        wmma::load_matrix_sync(xb, col ? x + kk * TL_FA_TC_LDT : x + kk, TL_FA_TC_LDT);
-        split(xb, xsm);
-        TL_FA_UNROLL
-        for (u32 t = 0; t < TL_FA_TC_DMAX / 16; ++t) {
-            if (t * 16 >= dp) continue;
-            FragB yb, ysm;
-            wmma::load_matrix_sync(yb, y0 + kk * TL_FA_TC_LD + t * 16, TL_FA_TC_LD);
-            split(yb, ysm);
-            mma3(acc[t], xb, xsm, yb, ysm);
-        }
-    }
-}
-
-// Warp-wide: rows [0, n) x columns [0, d) of the fragments acc (through the 16 rows of scratch,
-// row stride TL_FA_TC_LD) into out[r * stride + c].
-__device__ __forceinline__ void write_rows(FragC* acc, float* scratch, u32 dp, u32 d, u32 n,
-                                           float* out, u64 stride) {
-    TL_FA_UNROLL
-    for (u32 t = 0; t < TL_FA_TC_DMAX / 16; ++t)
-        if (t * 16 < dp) wmma::store_matrix_sync(scratch + t * 16, acc[t], TL_FA_TC_LD, wmma::mem_row_major);
-    __syncwarp();
-    for (u32 e = threadIdx.x % 32; e < 16 * d; e += 32) {
-        const u32 r = e / d, c = e % d;
-        if (r < n) out[r * stride + c] = scratch[r * TL_FA_TC_LD + c];
-    }
-    __syncwarp();
-}
-}  // namespace tl_fa_tc
-
-// Warp-wide, on a 16 x 16 tile of query rows i0 + r and keys j0 + jj: S (st) and dP (dt) into
-// p (st) and dS (dt), p = expf(S * scale - lse_r), dS = p * (dP - delta_r) * scale, and 0
-// where r >= nr, jj >= nc, lse_r = -inf or the mask hides (i, j).
-__device__ __forceinline__ void tl_fa_tc_p_ds(float* st, float* dt, u32 nr, u32 nc, u32 i0, u32 j0,
-                                              const float* lse, const float* delta,
-                                              const u32* mk, u32 mode, int offset, u32 nk,
-                                              float scale) {
-    for (u32 e = threadIdx.x % 32; e < 256; e += 32) {
-        const u32 r = e / 16, jj = e % 16, at = r * TL_FA_TC_LDT + jj;
-        const float l = lse[r];
-        float p = 0.0f, ds = 0.0f;
-        if (r < nr && jj < nc && l != -INFINITY &&
-            tl_fa_allowed(mk, mode, offset, nk, i0 + r, j0 + jj)) {
-            p = expf(st[at] * scale - l);
-            ds = p * (dt[at] - delta[r]) * scale;
-        }
-        st[at] = p;
-        dt[at] = ds;
-    }
-}
-
-// Rows [r0, r0 + R) of head (b, h) of `x` (n rows a sample) into xs (R rows of TL_FA_TC_LD, the
-// first dp columns written: zeros past `rows` or d), every thread of the block.
-__device__ __forceinline__ void tl_fa_tc_stage(float* xs, const float* x, u32 R, u32 b, u32 r0,
-                                               u32 rows, u32 h, u32 n, u32 heads, u32 d, u32 dp) {
-    for (u32 e = threadIdx.x; e < R * dp; e += TL_BLOCK) {
-        const u32 r = e / dp, c = e % dp;
-        xs[r * TL_FA_TC_LD + c] = r < rows && c < d ? x[tl_fa_at(b, r0 + r, h, c, n, heads, d)] : 0.0f;
-    }
-}
 
 // dQ and delta (tl_flash_bwd_q's outputs) on the tensor cores: a block of 128 query rows of one
 // (b, h), warp w the rows 16 w ..; K and V of 64 keys a step.
@@ -913,7 +887,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_q_tc(cons
                 tl_fa_tc_p_ds(st, dt, wrows, cols, i0 + r0, js, rl, rl + 16, mk, mode, offset, nk,
                               scale);
                 __syncwarp();
-                add_xy<false>(acc, dt, &ks[16 * t * LD], dp);
+                add_xy<false>(acc, dt, LDT, &ks[16 * t * LD], dp);
                 __syncwarp();  // the tiles are read before the next key tile overwrites them
             }
         }
@@ -982,8 +956,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(con
                                   rl + BQ + 16 * u, mk, mode, offset, nk, scale);
                     __syncwarp();
                     // P and dS read transposed (keys x rows): col-major fragments of the tiles.
-                    add_xy<true>(av, st, &gs[16 * u * LD], dp);
-                    add_xy<true>(ak, dt, &qs[16 * u * LD], dp);
+                    add_xy<true>(av, st, LDT, &gs[16 * u * LD], dp);
+                    add_xy<true>(ak, dt, LDT, &qs[16 * u * LD], dp);
                     __syncwarp();
                 }
             }

@@ -519,6 +519,13 @@ impl Flash {
         Flash { products, ..self }
     }
 
+    /// Whether the tensor-core kernels take this core ([`FlashProducts::Tf32x3`]): f32
+    /// products (no autocast) and a head of at most [`FLASH_TC_MAX_HEAD`]. The attention ops
+    /// ask for them only then; an explicit request elsewhere is an error before launch.
+    pub fn tensor_cores_fit(&self) -> bool {
+        !self.round.is_autocast() && self.dims.d <= FLASH_TC_MAX_HEAD
+    }
+
     /// The core with its products at `round`.
     pub fn with_round(self, round: Precision) -> Flash {
         Flash { round, ..self }
@@ -540,29 +547,17 @@ impl Flash {
     pub fn check_forward(&self, op: &'static str, qkv: [Buffer; 3]) -> Result<FlashLens> {
         let lens = self.dims.check(op)?;
         self.mask.check(op, &self.dims)?;
-        if self.products == FlashProducts::Tf32x3 {
-            if self.round.is_autocast() {
-                return Err(Error::kernel(
-                    op,
-                    format!(
-                        "the tensor-core f32 core (FlashProducts::Tf32x3) multiplies f32 \
-                         operands, and this core runs under autocast ({:?}): use \
-                         FlashProducts::Fma",
-                        self.round
-                    ),
-                ));
-            }
-            if self.dims.d > FLASH_TC_MAX_HEAD {
-                return Err(Error::kernel(
-                    op,
-                    format!(
-                        "head size d = {} is above the tensor-core kernels' \
-                         {FLASH_TC_MAX_HEAD} (FlashProducts::Tf32x3); use FlashProducts::Fma \
-                         (d up to {FLASH_MAX_HEAD})",
-                        self.dims.d
-                    ),
-                ));
-            }
+        if self.products == FlashProducts::Tf32x3 && !self.tensor_cores_fit() {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "the tensor-core kernels (FlashProducts::Tf32x3) take f32 cores (no \
+                     autocast) with heads up to {FLASH_TC_MAX_HEAD}; this core has head size \
+                     d = {} and products at {:?}: use FlashProducts::Fma (d up to \
+                     {FLASH_MAX_HEAD}, any precision)",
+                    self.dims.d, self.round
+                ),
+            ));
         }
         for ((what, b), len) in ["Q", "K", "V"]
             .into_iter()

@@ -54,9 +54,7 @@ use tl_spec::ops::attention::mha::{Dims, mha_dims};
 use tl_spec::ops::attention::sdpa::sdpa_dims;
 
 use super::{Scratch, with_scratch};
-use crate::device::{
-    Batch, Buffer, Device, FLASH_TC_MAX_HEAD, Flash, FlashDims, FlashMask, FlashProducts, Gemm,
-};
+use crate::device::{Batch, Buffer, Device, Flash, FlashDims, FlashMask, FlashProducts, Gemm};
 use crate::{AnyBuffer, Result};
 
 /// Rows and row length of `maskedSoftmax` on x (…, rows, cols).
@@ -230,15 +228,13 @@ fn flash_of<D: Device>(dev: &D, op: &Op, dm: &Dims, mask: Option<&Mask>) -> Resu
     };
     dims.check(op.name())?;
     let mask = FlashMask::of(op.name(), mask, dm.n, dm.nk, dm.batch)?;
-    let round = crate::precision::current();
-    // The tensor-core kernels where they apply (f32, heads up to their limit); else the FMA's.
-    let products = match round.is_autocast() || dims.d > FLASH_TC_MAX_HEAD {
-        true => FlashProducts::Fma,
-        false => dev.flash_products(),
+    let f = Flash::new(dims, mask).with_round(crate::precision::current());
+    // The device's choice of products where the tensor-core kernels take the core; else FMA.
+    let products = match f.tensor_cores_fit() {
+        true => dev.flash_products(),
+        false => FlashProducts::Fma,
     };
-    Ok(Flash::new(dims, mask)
-        .with_round(round)
-        .with_products(products))
+    Ok(f.with_products(products))
 }
 
 /// What the fused forward keeps: Q, K, V, C (B·n, P), each row's log-sum-exp (B·H·n) and,
