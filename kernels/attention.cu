@@ -514,9 +514,9 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
 
 // ---- Forward on tensor cores: f32 as three TF32 products -------------------------------------
 //
-// tl_flash_fwd_tc (device/flash.rs FlashProducts::Tf32x3; d <= 64; the f32 forward: mask bits
-// only, no autocast or pass bits): the products of the scores Q K^T and of P V on the tensor
-// cores (WMMA m16n16k8, TF32 fragments, f32 accumulators), each f32 operand x split into
+// tl_flash_fwd_tc (device/flash.rs FlashProducts::Tf32x3; d <= 64): the products of the scores
+// Q K^T and of P V on the tensor cores (WMMA m16n16k8, TF32 fragments, f32 accumulators), each
+// f32 operand x split into
 // big = tf32(x) (nearest, ties away) and small = tf32(x - big) (x - big is exact), a.b taken
 // as small_a.big_b + big_a.small_b + big_a.big_b (three mma_sync in that order; small_a.small_b,
 // below 2^-22 of the product, dropped): CUTLASS's 3xTF32, the arithmetic PyTorch's f32
@@ -534,6 +534,12 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
 //   8 (p = 0 and v = 0 past nk) the three fma chains of p_j v_jc into o_c; m = m'. At the end
 //   o_c / l and lse = m + logf(l), or 0 and -inf for a row with nothing allowed. Columns past d
 //   are zeros, whose products add +0 to sums that are never -0: no change.
+// Autocast (TL_FA_BF16 / TL_FA_TF32, with TL_FA_STATS or TL_FA_OUT as for tl_flash_fwd): the
+// operands come rounded, so their small parts are zero (a bf16 value is a TF32 value) and only
+// big.big is multiplied (mma3's `exact`), one exact product a pair; the first pass's P V keeps
+// small_p.v (p unrounded). TL_FA_STATS: m, l and lse as above, no P V, O not written. TL_FA_OUT:
+// each row's lse read where l is kept, p_j = round(expf(s_j - lse)) (0 where masked or past nk),
+// alpha = 1, l untouched; at the end o_c undivided, lse not written.
 // On a GPU mma_sync sums in the hardware's order: the same function within f32 tolerance, not
 // the emulator's bits.
 #define TL_FA_TC_BM 128
@@ -563,20 +569,34 @@ __device__ __forceinline__ void split(F& x, F& small) {
     }
 }
 
-// acc += a.b as three TF32 products: small_a.big_b, big_a.small_b, big_a.big_b.
+// Which operands of a product hold TF32 values already (their small parts zero; autocast's
+// rounded operands: a bf16 value is a TF32 value): bit TL_FA_TC_A_EXACT the left one, bit
+// TL_FA_TC_B_EXACT the right one. The products of a zero small part are skipped (each would add
+// +0 to a sum that is never -0: the same bits for finite operands).
+#define TL_FA_TC_A_EXACT 1u
+#define TL_FA_TC_B_EXACT 2u
+
+// acc += a.b as three TF32 products: small_a.big_b, big_a.small_b, big_a.big_b, less those of
+// an operand `exact` names.
 template <class FA, class FB>
 __device__ __forceinline__ void mma3(FragC& acc, const FA& a_big, const FA& a_small,
-                                     const FB& b_big, const FB& b_small) {
-    wmma::mma_sync(acc, a_small, b_big, acc);
-    wmma::mma_sync(acc, a_big, b_small, acc);
+                                     const FB& b_big, const FB& b_small, u32 exact) {
+    if (!(exact & TL_FA_TC_A_EXACT)) wmma::mma_sync(acc, a_small, b_big, acc);
+    if (!(exact & TL_FA_TC_B_EXACT)) wmma::mma_sync(acc, a_big, b_small, acc);
     wmma::mma_sync(acc, a_big, b_big, acc);
+}
+
+// The exactness bits of a product of two operands rounded under `mode`'s autocast: both, or none
+// in f32.
+__device__ __forceinline__ u32 exact_of(u32 mode) {
+    return (mode & (TL_FA_BF16 | TL_FA_TF32)) ? (TL_FA_TC_A_EXACT | TL_FA_TC_B_EXACT) : 0u;
 }
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAt;
 
 // Warp-wide: the 16 x 16 tile out = A B^T (row-major, row stride TL_FA_TC_LDT) of the 16 rows
 // of a and the 16 rows of b (row stride TL_FA_TC_LD, dp columns, zeros from d on), 3xTF32 over
-// the columns in chunks of 8.
-__device__ __forceinline__ void abt(const float* a, const float* b, u32 dp, float* out) {
+// the columns in chunks of 8 (`exact` as mma3's).
+__device__ __forceinline__ void abt(const float* a, const float* b, u32 dp, float* out, u32 exact) {
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
     for (u32 c0 = 0; c0 < dp; c0 += 8) {
@@ -586,7 +606,7 @@ __device__ __forceinline__ void abt(const float* a, const float* b, u32 dp, floa
         wmma::load_matrix_sync(bb, b + c0, TL_FA_TC_LD);
         split(ab, as);
         split(bb, bs);
-        mma3(acc, ab, as, bb, bs);
+        mma3(acc, ab, as, bb, bs, exact);
     }
     wmma::store_matrix_sync(out, acc, TL_FA_TC_LDT, wmma::mem_row_major);
 }
@@ -603,10 +623,10 @@ struct FragAOf<true> {
 
 // Warp-wide: acc[t] += A x (16 rows of y from y0, columns 16 t ..), A the row-major 16 x 16
 // tile at x (row stride ldx; COL false) or its transpose (COL true), over k in chunks of 8;
-// the fragments of y past dp untouched.
+// the fragments of y past dp untouched; `exact` as mma3's.
 template <bool COL>
 __device__ __forceinline__ void add_xy(FragC* acc, const float* x, u32 ldx, const float* y0,
-                                       u32 dp) {
+                                       u32 dp, u32 exact) {
     typedef typename FragAOf<COL>::T FA;
     for (u32 kk = 0; kk < 16; kk += 8) {
         FA xb, xsm;
@@ -618,7 +638,7 @@ __device__ __forceinline__ void add_xy(FragC* acc, const float* x, u32 ldx, cons
             FragB yb, ysm;
             wmma::load_matrix_sync(yb, y0 + kk * TL_FA_TC_LD + t * 16, TL_FA_TC_LD);
             split(yb, ysm);
-            mma3(acc[t], xb, xsm, yb, ysm);
+            mma3(acc[t], xb, xsm, yb, ysm, exact);
         }
     }
 }
@@ -641,7 +661,8 @@ __device__ __forceinline__ void write_rows(FragC* acc, float* scratch, u32 dp, u
 
 // Warp-wide, on a 16 x 16 tile of query rows i0 + r and keys j0 + jj: S (st) and dP (dt) into
 // p (st) and dS (dt), p = expf(S * scale - lse_r), dS = p * (dP - delta_r) * scale, and 0
-// where r >= nr, jj >= nc, lse_r = -inf or the mask hides (i, j).
+// where r >= nr, jj >= nc, lse_r = -inf or the mask hides (i, j); each rounded as `mode` says
+// (autocast; dS from the unrounded p).
 __device__ __forceinline__ void tl_fa_tc_p_ds(float* st, float* dt, u32 nr, u32 nc, u32 i0, u32 j0,
                                               const float* lse, const float* delta,
                                               const u32* mk, u32 mode, int offset, u32 nk,
@@ -655,8 +676,8 @@ __device__ __forceinline__ void tl_fa_tc_p_ds(float* st, float* dt, u32 nr, u32 
             p = expf(st[at] * scale - l);
             ds = p * (dt[at] - delta[r]) * scale;
         }
-        st[at] = p;
-        dt[at] = ds;
+        st[at] = tl_fa_round(p, mode);
+        dt[at] = tl_fa_round(ds, mode);
     }
 }
 
@@ -680,14 +701,17 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
     using namespace tl_fa_tc;
     constexpr u32 BM = TL_FA_TC_BM, BN = TL_FA_TC_STEP, LD = TL_FA_TC_LD;
     TL_DYNAMIC_SHARED(float, smem);
-    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32, exact = exact_of(mode);
+    const bool out_pass = mode & TL_FA_OUT, stats = mode & TL_FA_STATS;
+    // P V's left operand is rounded (a TF32 value) in the second pass only.
+    const u32 pv_exact = out_pass ? exact : exact & TL_FA_TC_B_EXACT;
     const u32 dp = (d + 15) / 16 * 16;  // columns in shared memory, zeros from d on
     float* qs = smem;                                // qs[r * LD + c]
     float* ks = qs + BM * LD;                        // ks[j * LD + c]
     float* vs = ks + BN * LD;                        // vs[j * LD + c]
     float* ss = vs + BN * LD + w * 16 * LD;          // warp w's scores, then p: ss[r * LD + j]
     float* os = vs + BN * LD + (BM + w * 16) * LD;   // warp w's outputs: os[r * LD + c]
-    float* st = vs + BN * LD + 2 * BM * LD + w * 80; // its rows' m (st[r]), l (16 + r), alpha (32 + r)
+    float* st = vs + BN * LD + 2 * BM * LD + w * 80; // its rows' m (st[r]), l or lse (16 + r), alpha (32 + r)
     float* xs = st + 48;                             // a slot a lane, for the two lanes of a row
     const u32 tiles = tl_fa_tiles(nq, BM);
     for (u64 job = blockIdx.x; job < (u64)batch * heads * tiles; job += gridDim.x) {
@@ -700,7 +724,9 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
         for (u32 e = lane; e < 16 * dp; e += 32) os[e / dp * LD + e % dp] = 0.0f;
         if (lane < 16) {
             st[lane] = -INFINITY;
-            st[16 + lane] = 0.0f;
+            // The second pass reads each row's lse where l is kept otherwise.
+            const bool lr = out_pass && lane < wrows;
+            st[16 + lane] = lr ? lse[(u64)bh * nq + i0 + r0 + lane] : (out_pass ? -INFINITY : 0.0f);
         }
         __syncwarp();
         const u32 kend = tl_fa_kend(mode, offset, i0 + rows, nk);
@@ -722,7 +748,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
                     FragBt kb, ksm;
                     wmma::load_matrix_sync(kb, &ks[t * 16 * LD + c0], LD);
                     split(kb, ksm);
-                    mma3(acc[t], qb, qsm, kb, ksm);
+                    mma3(acc[t], qb, qsm, kb, ksm, exact);
                 }
             }
             for (u32 t = 0; t < BN / 16; ++t)
@@ -749,6 +775,9 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
                 float alpha = 1.0f, half = 0.0f;
                 if (mn == -INFINITY) {
                     for (u32 j = jb; j < jb + BN / 2; ++j) sr[j] = 0.0f;
+                } else if (out_pass) {  // a row with a finite max: lse finite
+                    const float lr = st[16 + r];
+                    for (u32 j = jb; j < jb + BN / 2; ++j) sr[j] = tl_fa_round(expf(sr[j] - lr), mode);
                 } else {
                     alpha = expf(m - mn);
                     for (u32 j = jb; j < jb + BN / 2; ++j) {
@@ -761,13 +790,14 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
                 __syncwarp();
                 if (lane < 16) {
                     if (mn != -INFINITY) {
-                        st[16 + r] = st[16 + r] * alpha + (xs[r] + xs[r + 16]);
+                        if (!out_pass) st[16 + r] = st[16 + r] * alpha + (xs[r] + xs[r + 16]);
                         st[r] = mn;
                     }
                     st[32 + r] = alpha;
                 }
             }
             __syncwarp();
+            if (stats) continue;  // the statistics alone: no P V
             // 3. o = o * alpha, then the step's P V.
             for (u32 e = lane; e < 16 * dp; e += 32) {
                 const u32 r = e / dp, c = e % dp;
@@ -781,20 +811,22 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
             TL_FA_UNROLL
             for (u32 t = 0; t < FT; ++t)
                 if (t * 16 < dp) wmma::load_matrix_sync(oc[t], &os[t * 16], LD, wmma::mem_row_major);
-            for (u32 j = 0; j < BN; j += 16) add_xy<false>(oc, &ss[j], LD, &vs[j * LD], dp);
+            for (u32 j = 0; j < BN; j += 16) add_xy<false>(oc, &ss[j], LD, &vs[j * LD], dp, pv_exact);
             TL_FA_UNROLL
             for (u32 t = 0; t < FT; ++t)
                 if (t * 16 < dp) wmma::store_matrix_sync(&os[t * 16], oc[t], LD, wmma::mem_row_major);
             __syncwarp();
         }
-        // The warp's rows out.
-        for (u32 e = lane; e < 16 * d; e += 32) {
+        // The warp's rows out: O (not in the statistics pass; undivided in the second pass), lse
+        // (not in the second pass).
+        for (u32 e = lane; e < 16 * d && !stats; e += 32) {
             const u32 r = e / d, c = e % d;
             if (r >= wrows) continue;
             const bool none = st[r] == -INFINITY;
-            o[tl_fa_at(b, i0 + r0 + r, h, c, nq, heads, d)] = none ? 0.0f : os[r * LD + c] / st[16 + r];
+            const float oc = out_pass ? os[r * LD + c] : os[r * LD + c] / st[16 + r];
+            o[tl_fa_at(b, i0 + r0 + r, h, c, nq, heads, d)] = none ? 0.0f : oc;
         }
-        if (lane < wrows) {
+        if (lane < wrows && !out_pass) {
             const bool none = st[lane] == -INFINITY;
             lse[(u64)bh * nq + i0 + r0 + lane] = none ? -INFINITY : st[lane] + logf(st[16 + lane]);
         }
@@ -803,8 +835,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
 
 // ---- Backward on tensor cores: f32 as three TF32 products -----------------------------------
 //
-// tl_flash_bwd_q_tc, then tl_flash_bwd_kv_tc (FlashProducts::Tf32x3, d <= 64; the f32 backward,
-// mask bits only): the backward's products, S = Q K^T and dP = dO V^T recomputed, dQ += dS K,
+// tl_flash_bwd_q_tc, then tl_flash_bwd_kv_tc (FlashProducts::Tf32x3, d <= 64): the backward's
+// products, S = Q K^T and dP = dO V^T recomputed, dQ += dS K,
 // dK += dS^T Q and dV += P^T dO, as the forward's 3xTF32 WMMA products (tl_fa_tc), in tiles of
 // 16 query rows and 16 keys, a warp per 16 rows (dQ) or 16 keys (dK, dV) holding its sums in
 // accumulator fragments. Order (the sim's twin, device/sim/flash.rs backward_q and backward_kv
@@ -819,6 +851,9 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
 //   head's query tiles from tl_fa_qstart of the key's tile of 16 in increasing order, each
 //   tile's 16 rows in chunks of 8 (three chains each).
 // Rows and keys past nq, nk or d are zeros, whose products add +0 to sums that are never -0.
+// Autocast (TL_FA_BF16 / TL_FA_TF32): Q, K, V and dO come rounded, p and dS are rounded as
+// tl_fa_round says (dS from the unrounded p) before dV, dQ and dK read them, and every product
+// is big.big alone (mma3's `exact`); delta reads the first pass's O of the unrounded p.
 // Shared floats of the two kernels (device/cuda/flash.rs BWD_TC_SMEM_BYTES is this in bytes):
 // 128 rows of two operands and 64 of two others (rows of TL_FA_TC_LD), each warp's two 16 x 16
 // tiles, and two values a row of a step (lse and delta).
@@ -836,7 +871,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_q_tc(cons
     constexpr u32 BM = TL_FA_TC_BM, BN = TL_FA_TC_STEP, LD = TL_FA_TC_LD, LDT = TL_FA_TC_LDT;
     constexpr u32 FT = TL_FA_TC_DMAX / 16;
     TL_DYNAMIC_SHARED(float, smem);
-    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+    const u32 tid = threadIdx.x, w = tid / 32, lane = tid % 32, exact = exact_of(mode);
     const u32 dp = (d + 15) / 16 * 16;
     float* qs = smem;          // Q rows
     float* gs = qs + BM * LD;  // dO rows
@@ -880,14 +915,14 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_q_tc(cons
             for (u32 t = 0; t < BN / 16 && wrows > 0; ++t) {
                 const u32 js = j0 + 16 * t;
                 if (16 * t >= keys || !tl_fa_meet(mode, offset, i0 + r0 + wrows, js)) break;
-                abt(&qs[r0 * LD], &ks[16 * t * LD], dp, st);
-                abt(&gs[r0 * LD], &vs[16 * t * LD], dp, dt);
+                abt(&qs[r0 * LD], &ks[16 * t * LD], dp, st, exact);
+                abt(&gs[r0 * LD], &vs[16 * t * LD], dp, dt, exact);
                 __syncwarp();
                 const u32 cols = nk - js < 16 ? nk - js : 16;
                 tl_fa_tc_p_ds(st, dt, wrows, cols, i0 + r0, js, rl, rl + 16, mk, mode, offset, nk,
                               scale);
                 __syncwarp();
-                add_xy<false>(acc, dt, LDT, &ks[16 * t * LD], dp);
+                add_xy<false>(acc, dt, LDT, &ks[16 * t * LD], dp, exact);
                 __syncwarp();  // the tiles are read before the next key tile overwrites them
             }
         }
@@ -909,7 +944,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(con
     constexpr u32 BK = TL_FA_TC_BM, BQ = TL_FA_TC_STEP, LD = TL_FA_TC_LD, LDT = TL_FA_TC_LDT;
     constexpr u32 FT = TL_FA_TC_DMAX / 16;
     TL_DYNAMIC_SHARED(float, smem);
-    const u32 tid = threadIdx.x, w = tid / 32;
+    const u32 tid = threadIdx.x, w = tid / 32, exact = exact_of(mode);
     const u32 dp = (d + 15) / 16 * 16;
     float* ks = smem;          // K rows of the block
     float* vs = ks + BK * LD;  // V rows
@@ -949,15 +984,15 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(con
                     const u32 is = i0 + 16 * u;
                     if (16 * u >= rows) break;
                     if (is < qstart) continue;  // no row of the tile sees the warp's keys
-                    abt(&qs[16 * u * LD], &ks[k0 * LD], dp, st);
-                    abt(&gs[16 * u * LD], &vs[k0 * LD], dp, dt);
+                    abt(&qs[16 * u * LD], &ks[k0 * LD], dp, st, exact);
+                    abt(&gs[16 * u * LD], &vs[k0 * LD], dp, dt, exact);
                     __syncwarp();
                     tl_fa_tc_p_ds(st, dt, rows - 16 * u, wkeys, is, j0 + k0, rl + 16 * u,
                                   rl + BQ + 16 * u, mk, mode, offset, nk, scale);
                     __syncwarp();
                     // P and dS read transposed (keys x rows): col-major fragments of the tiles.
-                    add_xy<true>(av, st, LDT, &gs[16 * u * LD], dp);
-                    add_xy<true>(ak, dt, LDT, &qs[16 * u * LD], dp);
+                    add_xy<true>(av, st, LDT, &gs[16 * u * LD], dp, exact);
+                    add_xy<true>(ak, dt, LDT, &qs[16 * u * LD], dp, exact);
                     __syncwarp();
                 }
             }

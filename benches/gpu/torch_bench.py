@@ -415,10 +415,13 @@ def sdpa_twin(name):
     """PyTorch's row for one of our flash rows: `/flash/`, `/flash-wide/`, `/flash-one-pass/`
     and `/flash-two-pass/` (the backward forced onto one path) all time against `/sdpa/`;
     `/flash-gqa/` against `/sdpa-gqa/`, `/flash-bf16/` (autocast) against `/sdpa-bf16/`;
-    `/flash-tc/` (the forward on the tensor cores) against `/sdpa/`."""
+    `/flash-tc/` (the core on the tensor cores) against `/sdpa/`, `/flash-tc-bf16/` against
+    `/sdpa-bf16/`."""
     for ours in ("/flash-wide/", "/flash-one-pass/", "/flash-two-pass/", "/flash-tc/", "/flash/"):
         name = name.replace(ours, "/sdpa/")
-    return name.replace("/flash-gqa/", "/sdpa-gqa/").replace("/flash-bf16/", "/sdpa-bf16/")
+    for ours in ("/flash-bf16/", "/flash-tc-bf16/"):
+        name = name.replace(ours, "/sdpa-bf16/")
+    return name.replace("/flash-gqa/", "/sdpa-gqa/")
 
 
 def main():

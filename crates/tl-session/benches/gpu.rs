@@ -51,7 +51,9 @@
 //!   and `attention-core/sdpa-bf16/n{n}` the same in bf16 (its flash kernel), for scale;
 //!   `attention-core/flash-tc/n{n}` with the forward on the tensor cores
 //!   (`FlashProducts::Tf32x3`: three TF32 products for each f32 one, as PyTorch's f32
-//!   memory-efficient kernel multiplies on sm80+), and on `Cuda` `attention-fwd/flash/n{n}`
+//!   memory-efficient kernel multiplies on sm80+), `attention-core/flash-tc-bf16/n{n}` the
+//!   bf16 core on the tensor cores (one exact TF32 product a pair of rounded operands; twin
+//!   `attention-core/sdpa-bf16/n{n}`), and on `Cuda` `attention-fwd/flash/n{n}`
 //!   and `attention-fwd/flash-tc/n{n}` the forward alone (to a read of the sum of lse;
 //!   2·n²·d·H products), beside torch_bench.py's `attention-fwd/sdpa/n{n}`;
 //! - `gemm-core/{f32,tf32,bf16}/{n}`: the device's matmul alone, 16 products back to back
@@ -447,7 +449,7 @@ fn attention_core<D: Device>(a: &Args, dev: &mut D, label: &str) -> tl_tape_cuda
 
 /// The fused core's rows of `label` on `dev` (module docs): forward and backward
 /// (`attention-core/…`) or, without `backward`, the forward alone (`attention-fwd/…`). A
-/// label ending in `-tc` runs the forward on the tensor cores (`FlashProducts::Tf32x3`).
+/// label with `-tc` runs the core on the tensor cores (`FlashProducts::Tf32x3`).
 fn attention_core_rows<D: Device>(
     a: &Args,
     dev: &mut D,
@@ -455,7 +457,7 @@ fn attention_core_rows<D: Device>(
     backward: bool,
 ) -> tl_tape_cuda::Result<()> {
     let d = if label.ends_with("-d128") { 128 } else { ATT_D };
-    let products = match label.ends_with("-tc") {
+    let products = match label.contains("-tc") {
         true => tl_tape_cuda::FlashProducts::Tf32x3,
         false => tl_tape_cuda::FlashProducts::Fma,
     };
@@ -659,6 +661,7 @@ fn device_rows(a: &Args) -> Result<(), String> {
             // The forward on the tensor cores (3xTF32), with its backward and alone, beside
             // the FMA forward alone.
             attention_core(a, &mut d, "flash-tc")?;
+            attention_core(a, &mut d, "flash-tc-bf16")?;
             attention_core_rows(a, &mut d, "flash", false)?;
             attention_core_rows(a, &mut d, "flash-tc", false)?;
             // The wide tilings (dynamic shared memory: the forward's 64 keys a step at d = 64,

@@ -32,7 +32,7 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use tl_spec::Tensor;
 use tl_tape_cuda::determinism::set_deterministic_reductions;
-use tl_tape_cuda::{CudaTape, Device, SimDevice};
+use tl_tape_cuda::{CudaTape, Device, Precision, SimDevice};
 
 use crate::backend::{CudaProgram, SimError};
 use crate::checks::{
@@ -434,14 +434,16 @@ pub fn device_vs_sim_case<D: Device>(
     grads: bool,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Result<Measured, CaseError> {
-    device_vs_twin_case(case, grads, || Ok(SimDevice::new()), device)
+    let sim = || Ok(SimDevice::new());
+    device_vs_twin_case(case, grads, Precision::F32, sim, device)
 }
 
 /// [`device_vs_sim_case`] against the sim made by `twin` (a sim set up as the device is: its
-/// flash products).
+/// flash products), both tapes at `precision` (autocast: [`CudaTape::set_precision`]).
 pub fn device_vs_twin_case<D: Device>(
     case: &GraphCase,
     grads: bool,
+    precision: Precision,
     twin: fn() -> tl_tape_cuda::Result<SimDevice>,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Result<Measured, CaseError> {
@@ -450,8 +452,11 @@ pub fn device_vs_twin_case<D: Device>(
     let d = device().map_err(|e| CaseError::Fail(format!("device: {e}")))?;
     let name = d.name();
     let sim = twin().map_err(|e| CaseError::Fail(format!("sim: {e}")))?;
-    let (want, _) = tape_run(CudaTape::new(sim), case, grads).map_err(sim_err)?;
-    let (got, _) = tape_run(CudaTape::new(d), case, grads).map_err(sim_err)?;
+    let (mut want_tape, mut got_tape) = (CudaTape::new(sim), CudaTape::new(d));
+    want_tape.set_precision(precision);
+    got_tape.set_precision(precision);
+    let (want, _) = tape_run(want_tape, case, grads).map_err(sim_err)?;
+    let (got, _) = tape_run(got_tape, case, grads).map_err(sim_err)?;
     let what = format!("{name} differs from cuda-sim");
     bit_differences(case, &want, &got, &what, false)
 }
@@ -647,21 +652,23 @@ pub fn check_device_vs_sim<D: Device>(
     name: &str,
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Report {
-    check_device_vs_twin(entry, cfg, name, || Ok(SimDevice::new()), device)
+    let sim = || Ok(SimDevice::new());
+    check_device_vs_twin(entry, cfg, name, (Precision::F32, sim), device)
 }
 
-/// [`check_device_vs_sim`] against the sim made by `twin` ([`device_vs_twin_case`]).
+/// [`check_device_vs_sim`] against the sim made by `twin`, both tapes at `precision`
+/// ([`device_vs_twin_case`]).
 pub fn check_device_vs_twin<D: Device>(
     entry: &OpInfo,
     cfg: &RunConfig,
     name: &str,
-    twin: fn() -> tl_tape_cuda::Result<SimDevice>,
+    (precision, twin): (Precision, fn() -> tl_tape_cuda::Result<SimDevice>),
     device: fn() -> tl_tape_cuda::Result<D>,
 ) -> Report {
-    let label = format!("= sim {} {name}", entry.name);
+    let label = format!("= sim {} {name} {precision:?}", entry.name);
     let grads = entry.applies.backward;
     run_on_entry(label, cfg, entry, |c| {
-        device_vs_twin_case(c, grads, twin, device)
+        device_vs_twin_case(c, grads, precision, twin, device)
     })
 }
 

@@ -13,7 +13,7 @@ use tl_spec::Tensor;
 use tl_tape_cpu::gates::{self, Gates};
 use tl_tape_cpu::precision::Bf16Kernel;
 use tl_tape_cpu::{Precision, Tape};
-use tl_tape_cuda::{AnyBuffer, CudaTape, Device, SimDevice};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, FlashProducts, SimDevice};
 
 const AUTOCAST: [Precision; 2] = [Precision::Bf16, Precision::Tf32];
 
@@ -112,6 +112,44 @@ fn tape_products_match_the_reference_on_the_cuda_sim() {
     }
 }
 
+/// The attention check on the sim with the fused core on the tensor cores
+/// (`FlashProducts::Tf32x3`: under autocast the rounded operands' exact products, the sim twins
+/// of `tl_flash_fwd_tc` and the backward's two kernels).
+#[test]
+fn tape_attention_matches_the_reference_on_the_cuda_sim_with_tensor_core_flash() {
+    for p in AUTOCAST {
+        let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            let mut dev = SimDevice::new();
+            dev.set_flash_products(FlashProducts::Tf32x3);
+            on_device(dev, p, op, x, g)
+        };
+        assert_eq!(
+            tape_attention_matches_the_reference(&mut run, p, 47),
+            Ok(()),
+            "{p:?}"
+        );
+    }
+}
+
+/// The same on the emulated tensor-core kernels.
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn tape_attention_matches_the_reference_on_the_emulated_kernels_with_tensor_core_flash() {
+    use tl_tape_cuda::CudaDevice;
+    for p in AUTOCAST {
+        let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            let mut dev = CudaDevice::new().map_err(|e| e.to_string())?;
+            dev.set_flash_products(FlashProducts::Tf32x3);
+            on_device(dev, p, op, x, g)
+        };
+        assert_eq!(
+            tape_attention_matches_the_reference(&mut run, p, 47),
+            Ok(()),
+            "{p:?}"
+        );
+    }
+}
+
 /// The value of a fused `scaledDotProductAttention` (causal, 4 query heads over 2, 37
 /// positions) on a CUDA tape over `dev` under bf16, its operands requiring grad or not: the
 /// value's bits.
@@ -143,11 +181,20 @@ fn attention_value<D: Device>(dev: D, requires_grad: bool) -> Vec<u32> {
 
 /// Under autocast a fused attention node that will not be differentiated computes no Ō (its
 /// first pass keeps each row's statistics alone): the differentiated node's value bit for bit,
-/// on the sim.
+/// on the sim, with either FlashProducts.
 #[test]
 fn attention_without_gradients_gives_the_same_value_on_the_cuda_sim() {
     let sim = |rg| attention_value(SimDevice::new(), rg);
     assert_eq!(sim(false), sim(true));
+    let tc = |rg| attention_value(tc_sim(), rg);
+    assert_eq!(tc(false), tc(true), "on the tensor cores");
+}
+
+/// A sim whose fused attention core runs on the tensor cores (`FlashProducts::Tf32x3`).
+fn tc_sim() -> SimDevice {
+    let mut dev = SimDevice::new();
+    dev.set_flash_products(FlashProducts::Tf32x3);
+    dev
 }
 
 /// The same on the emulated kernels (`TL_FA_STATS`), which also give the sim's bits.
@@ -162,6 +209,13 @@ fn attention_without_gradients_gives_the_same_value_on_the_emulated_kernels() {
         attention_value(SimDevice::new(), true),
         "the sim's bits"
     );
+    let tc = |rg| {
+        let mut dev = CudaDevice::new().unwrap();
+        dev.set_flash_products(FlashProducts::Tf32x3);
+        attention_value(dev, rg)
+    };
+    assert_eq!(tc(false), tc(true), "on the tensor cores");
+    assert_eq!(tc(false), attention_value(tc_sim(), true), "the sim's bits");
 }
 
 /// The check has teeth: the plain f32 tape (no rounding) misses the bf16 bound.

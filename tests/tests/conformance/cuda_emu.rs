@@ -50,12 +50,14 @@ fn random_dags_on_the_emulated_kernels_equal_the_sim_bit_for_bit() {
 }
 
 /// The attention entries (`multiHeadAttention`, `scaledDotProductAttention`, fused and
-/// composed) with the fused f32 forward on the tensor cores (`FlashProducts::Tf32x3`:
-/// `tl_flash_fwd_tc` on the emulator, its twin on the sim): bit for bit.
+/// composed) with the fused core on the tensor cores (`FlashProducts::Tf32x3`:
+/// `tl_flash_fwd_tc` and the backward's two kernels on the emulator, their twins on the sim),
+/// in f32 and under bf16 and TF32 autocast (the rounded core's passes and roundings): bit for
+/// bit.
 #[test]
 fn the_attention_entries_on_the_emulated_tensor_core_kernels_equal_the_sim_bit_for_bit() {
     use tl_conformance::checks::sim::check_device_vs_twin;
-    use tl_tape_cuda::{FlashProducts, SimDevice};
+    use tl_tape_cuda::{FlashProducts, Precision, SimDevice};
     let cfg = cfg();
     let sim = || {
         let mut d = SimDevice::new();
@@ -67,12 +69,14 @@ fn the_attention_entries_on_the_emulated_tensor_core_kernels_equal_the_sim_bit_f
         d.set_flash_products(FlashProducts::Tf32x3);
         Ok(d)
     };
+    let precisions = [Precision::F32, Precision::Bf16, Precision::Tf32];
     let reports: Vec<Report> = registry::all()
         .iter()
         .filter(|e| e.applies.get(Check::CudaVsCpu) && e.name.contains("ttention"))
-        .map(|e| check_device_vs_twin(e, &cfg, "cuda-emu tensor-core flash", sim, emu))
+        .flat_map(|e| precisions.map(|p| (e, p)))
+        .map(|(e, p)| check_device_vs_twin(e, &cfg, "cuda-emu tensor-core flash", (p, sim), emu))
         .collect();
-    assert!(reports.len() >= 2, "only {} entries", reports.len());
+    assert!(reports.len() >= 6, "only {} entries", reports.len());
     assert_all_passed(&reports, cfg.cases);
 }
 

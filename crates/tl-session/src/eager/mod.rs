@@ -179,13 +179,14 @@ impl<T: Scalar> Session<T> {
         self.opts
     }
 
-    /// How the f32 core of fused attention nodes multiplies, forward and backward, on the CUDA
+    /// How the core of fused attention nodes multiplies, forward and backward, on the CUDA
     /// backends (`Backend::Cuda`, `Backend::CudaSim`) from now on: [`FlashProducts::Fma`] (the
-    /// default) or [`FlashProducts::Tf32x3`], the products on the tensor cores as three TF32
-    /// products each, as PyTorch's f32 `scaled_dot_product_attention` on sm80+ (the same
-    /// function within f32 tolerance, not the FMA kernels' bits; heads up to 64 and f32
-    /// products, the FMA kernels elsewhere; docs/semantics.md, the fused path's table). The
-    /// CPU's fused attention has no such choice: the setting changes nothing there.
+    /// default) or [`FlashProducts::Tf32x3`], the products on the tensor cores: in f32 as
+    /// three TF32 products each, as PyTorch's f32 `scaled_dot_product_attention` on sm80+ (the
+    /// same function within f32 tolerance, not the FMA kernels' bits), under autocast
+    /// ([`Options::precision`]) the rounded operands' exact products; heads up to 64, the FMA
+    /// kernels elsewhere (docs/semantics.md, the fused path's table). The CPU's fused
+    /// attention has no such choice: the setting changes nothing there.
     pub fn set_flash_products(&mut self, products: FlashProducts) {
         on_engine!(&mut self.engine, cpu(_) => {}, cuda(t) => t.device_mut().set_flash_products(products));
     }

@@ -313,14 +313,15 @@ impl<T: Scalar> LinkedSession<T> {
         self.precision
     }
 
-    /// How the f32 core of fused attention nodes multiplies, forward and backward, on the CUDA
+    /// How the core of fused attention nodes multiplies, forward and backward, on the CUDA
     /// backends (`Backend::Cuda`, `Backend::CudaSim`) from the next compile on:
     /// [`FlashProducts::Fma`] (the default) or [`FlashProducts::Tf32x3`], the products on the
-    /// tensor cores as three TF32 products each, as PyTorch's f32
+    /// tensor cores: in f32 as three TF32 products each, as PyTorch's f32
     /// `scaled_dot_product_attention` on sm80+ (the same function within f32 tolerance, not the
-    /// FMA kernels' bits; heads up to 64 and f32 products, the FMA kernels elsewhere;
-    /// docs/semantics.md, the fused path's table). The CPU's fused attention has no such
-    /// choice: the setting changes nothing there.
+    /// FMA kernels' bits), under autocast ([`set_precision`](Self::set_precision)) the rounded
+    /// operands' exact products; heads up to 64, the FMA kernels elsewhere (docs/semantics.md,
+    /// the fused path's table). The CPU's fused attention has no such choice: the setting
+    /// changes nothing there.
     pub fn set_flash_products(&mut self, products: FlashProducts) {
         self.end_pass();
         self.flash_products = products;

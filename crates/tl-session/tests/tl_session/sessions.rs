@@ -157,10 +157,11 @@ fn cuda_params_stay_resident_sync_on_read_and_host_writes_invalidate() {
 /// on the CUDA sim: the value of a causal `scaledDotProductAttention` (70 positions, 2 heads of
 /// 16) is the tensor-core forward's, other bits than the default session's and within f32
 /// tolerance of them; the eager and linked sessions give the same bits; on the CPU the setting
-/// changes nothing.
+/// changes nothing. Under bf16 autocast the two sessions' tensor-core cores give the same bits
+/// too, within the rounding of the FMA core's.
 #[test]
 fn flash_products_reach_the_fused_attention_of_both_sessions() {
-    use tl_session::{FlashProducts, Train};
+    use tl_session::{FlashProducts, Precision, Train};
     use tl_spec::ops::attention::Mask;
     let (n, p) = (70, 32);
     let qkv: Vec<Tensor<f32>> = (0..3)
@@ -202,4 +203,27 @@ fn flash_products_reach_the_fused_attention_of_both_sessions() {
         eager(Backend::Cpu, None),
         "the CPU"
     );
+    let bf16 = |products| {
+        let opts = Options {
+            precision: Precision::Bf16,
+            ..Options::backend(Backend::CudaSim)
+        };
+        let mut s = Session::<f32>::new(opts).unwrap();
+        s.set_flash_products(products);
+        attention(&mut s, &qkv)
+    };
+    let (fma, on_tc) = (bf16(FlashProducts::Fma), bf16(FlashProducts::Tf32x3));
+    for (a, b) in fma.iter().zip(&on_tc) {
+        let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
+        assert!(
+            (a - b).abs() <= a.abs().max(1.0) / 64.0,
+            "bf16: {a} against {b}"
+        );
+    }
+    let mut linked = LinkedSession::<f32>::new();
+    linked.set_backend(Backend::CudaSim).unwrap();
+    linked.set_precision(Precision::Bf16).unwrap();
+    linked.set_flash_products(FlashProducts::Tf32x3);
+    let got = attention(&mut linked, &qkv);
+    assert_eq!(got, on_tc, "bf16: linked against eager");
 }

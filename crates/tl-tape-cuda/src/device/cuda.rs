@@ -135,14 +135,14 @@ impl CudaDevice {
         self.flash_tiles
     }
 
-    /// How the f32 core of the fused attention nodes run on this device (`multiHeadAttention`,
+    /// How the core of the fused attention nodes run on this device (`multiHeadAttention`,
     /// `scaledDotProductAttention` with `fused`) multiplies from now on
     /// ([`Device::flash_products`]): [`FlashProducts::Fma`] (the default) or
     /// [`FlashProducts::Tf32x3`], its products, forward and backward, on the tensor cores
-    /// (`tl_flash_*_tc`) as three TF32 products each (the same function within f32
-    /// tolerance, not the FMA kernels' bits). PyTorch: its f32
-    /// `scaled_dot_product_attention` on sm80+ (the memory-efficient kernel, CUTLASS's
-    /// 3xTF32).
+    /// (`tl_flash_*_tc`): in f32 as three TF32 products each (the same function within f32
+    /// tolerance, not the FMA kernels' bits), under autocast the rounded operands' exact
+    /// products. PyTorch: its f32 `scaled_dot_product_attention` on sm80+ (the
+    /// memory-efficient kernel, CUTLASS's 3xTF32).
     pub fn set_flash_products(&mut self, products: FlashProducts) {
         self.flash_products = products;
     }

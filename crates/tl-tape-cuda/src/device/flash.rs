@@ -37,7 +37,8 @@
 //! `device/flash_round.rs`): Q, K, V and dO rounded into copies, a plain forward for lse and
 //! the output of the unrounded probabilities (which the backward's delta reads), then a
 //! second forward pass ([`FLASH_OUT`]) for `O = round(A)·V`; the backward rounds p and dS
-//! ([`FLASH_BF16`], [`FLASH_TF32`]) before its sums read them.
+//! ([`FLASH_BF16`], [`FLASH_TF32`]) before its sums read them. Every kernel of either
+//! [`FlashProducts`] takes those passes and bits.
 
 use super::{Buffer, check};
 use crate::precision::Precision;
@@ -64,10 +65,10 @@ pub const FLASH_ONE_PASS_MAX_HEAD: usize = 64;
 /// floats, in shared memory).
 pub const FLASH_TC_MAX_HEAD: usize = 64;
 
-/// How an f32 fused attention core multiplies, forward and backward (an f32 core:
-/// [`Flash::round`] = F32; under autocast the products read rounded operands either way).
-/// PyTorch: its f32 `scaled_dot_product_attention` runs the memory-efficient kernel, whose
-/// products on sm80+ are CUTLASS's 3xTF32 on the tensor cores.
+/// How a fused attention core multiplies, forward and backward: on the CUDA cores or on the
+/// tensor cores. PyTorch: its f32 `scaled_dot_product_attention` runs the memory-efficient
+/// kernel, whose products on sm80+ are CUTLASS's 3xTF32 on the tensor cores, and its bf16 one
+/// multiplies bf16 operands there.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FlashProducts {
     /// Every product an f32 fused multiply-add on the CUDA cores (`tl_flash_fwd`, the backward
@@ -79,8 +80,12 @@ pub enum FlashProducts {
     /// `big = tf32(x)`, `small = tf32(x − big)` and `a·b` taken as `small_a·big_b +
     /// big_a·small_b + big_a·big_b` (`tl_flash_fwd_tc`, `tl_flash_bwd_q_tc`,
     /// `tl_flash_bwd_kv_tc`; the dropped `small_a·small_b` is below 2⁻²² of the product): the
-    /// same function as [`Fma`](Self::Fma) within f32 tolerance, not its bits. Head sizes up
-    /// to [`FLASH_TC_MAX_HEAD`]; the backward runs its two fixed-order kernels whatever the
+    /// same function as [`Fma`](Self::Fma) within f32 tolerance, not its bits. Under autocast
+    /// ([`Flash::round`] bf16 or TF32) the operands come rounded, each a TF32 value (a bf16
+    /// value is one) whose small part is zero, so the kernels multiply the big parts alone:
+    /// one exact product a pair, as the composed path's tensor-core GEMM (the forward's
+    /// first pass keeps `small_p·v`, its probabilities unrounded). Head sizes up to
+    /// [`FLASH_TC_MAX_HEAD`]; the backward runs its two fixed-order kernels whatever the
     /// reduction mode.
     Tf32x3,
 }
@@ -499,7 +504,7 @@ pub struct Flash {
     /// every operand of every product rounded, as the composed path's products read them;
     /// the module docs).
     pub round: Precision,
-    /// How an f32 core multiplies ([`FlashProducts::Fma`] unless set).
+    /// How the core multiplies ([`FlashProducts::Fma`] unless set).
     pub products: FlashProducts,
 }
 
@@ -514,16 +519,16 @@ impl Flash {
         }
     }
 
-    /// The core with its f32 products as `products` says.
+    /// The core with its products as `products` says.
     pub fn with_products(self, products: FlashProducts) -> Flash {
         Flash { products, ..self }
     }
 
-    /// Whether the tensor-core kernels take this core ([`FlashProducts::Tf32x3`]): f32
-    /// products (no autocast) and a head of at most [`FLASH_TC_MAX_HEAD`]. The attention ops
-    /// ask for them only then; an explicit request elsewhere is an error before launch.
+    /// Whether the tensor-core kernels take this core ([`FlashProducts::Tf32x3`]): a head of
+    /// at most [`FLASH_TC_MAX_HEAD`], at any precision. The attention ops ask for them only
+    /// then; an explicit request elsewhere is an error before launch.
     pub fn tensor_cores_fit(&self) -> bool {
-        !self.round.is_autocast() && self.dims.d <= FLASH_TC_MAX_HEAD
+        self.dims.d <= FLASH_TC_MAX_HEAD
     }
 
     /// The core with its products at `round`.
@@ -551,11 +556,10 @@ impl Flash {
             return Err(Error::kernel(
                 op,
                 format!(
-                    "the tensor-core kernels (FlashProducts::Tf32x3) take f32 cores (no \
-                     autocast) with heads up to {FLASH_TC_MAX_HEAD}; this core has head size \
-                     d = {} and products at {:?}: use FlashProducts::Fma (d up to \
-                     {FLASH_MAX_HEAD}, any precision)",
-                    self.dims.d, self.round
+                    "the tensor-core kernels (FlashProducts::Tf32x3) take heads up to \
+                     {FLASH_TC_MAX_HEAD}; this core has head size d = {}: use \
+                     FlashProducts::Fma (d up to {FLASH_MAX_HEAD})",
+                    self.dims.d
                 ),
             ));
         }

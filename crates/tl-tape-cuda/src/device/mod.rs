@@ -84,10 +84,10 @@ pub trait Device: Launch {
         None
     }
 
-    /// How the f32 core of the fused attention nodes on this device multiplies
+    /// How the core of the fused attention nodes on this device multiplies
     /// ([`FlashProducts`]; `SimDevice::set_flash_products`, and `CudaDevice`'s under features
-    /// `cuda`, `cuda-emu`): the attention ops build their [`Flash`] with it where it applies (an
-    /// f32 tape, heads up to [`FLASH_TC_MAX_HEAD`]; elsewhere [`FlashProducts::Fma`]).
+    /// `cuda`, `cuda-emu`): the attention ops build their [`Flash`] with it where it applies
+    /// (heads up to [`FLASH_TC_MAX_HEAD`], f32 or autocast; elsewhere [`FlashProducts::Fma`]).
     /// [`FlashProducts::Fma`] unless the device says otherwise (the default: a device without
     /// tensor-core kernels).
     fn flash_products(&self) -> FlashProducts {

@@ -44,7 +44,7 @@ pub struct SimDevice {
     pool: CachingAllocator<HostMemory>,
     live: HashMap<u64, Allocation<Vec<f32>>>,
     traffic: TrafficCounter,
-    /// How the fused attention's f32 core multiplies ([`SimDevice::set_flash_products`]).
+    /// How the fused attention's core multiplies ([`SimDevice::set_flash_products`]).
     flash_products: FlashProducts,
 }
 
@@ -74,13 +74,14 @@ impl SimDevice {
         }
     }
 
-    /// How the f32 core of the fused attention nodes run on this device (`multiHeadAttention`,
+    /// How the core of the fused attention nodes run on this device (`multiHeadAttention`,
     /// `scaledDotProductAttention` with `fused`) multiplies from now on
     /// ([`Device::flash_products`]): [`FlashProducts::Fma`] (the default) or
-    /// [`FlashProducts::Tf32x3`], its products, forward and backward, on the tensor cores as
-    /// three TF32 products each (the same function within f32 tolerance, not the FMA kernels'
-    /// bits). PyTorch: its f32 `scaled_dot_product_attention` on sm80+ (the memory-efficient
-    /// kernel, CUTLASS's 3xTF32).
+    /// [`FlashProducts::Tf32x3`], its products, forward and backward, on the tensor cores: in
+    /// f32 as three TF32 products each (the same function within f32 tolerance, not the FMA
+    /// kernels' bits), under autocast the rounded operands' exact products. PyTorch: its f32
+    /// `scaled_dot_product_attention` on sm80+ (the memory-efficient kernel, CUTLASS's
+    /// 3xTF32).
     pub fn set_flash_products(&mut self, products: FlashProducts) {
         self.flash_products = products;
     }

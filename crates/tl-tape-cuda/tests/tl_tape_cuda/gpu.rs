@@ -909,24 +909,30 @@ fn flash_vs_sim(
 fn core_errors(want: &[Vec<f32>; 5], got: &[Vec<f32>; 5]) -> [(&'static str, f64, bool); 5] {
     let names = ["O", "lse", "dQ", "dK", "dV"];
     std::array::from_fn(|k| {
-        let (w, g) = (&want[k], &got[k]);
-        let scale = w
-            .iter()
-            .filter(|v| v.is_finite())
-            .fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
-        let mut err = 0.0f64;
-        let mut same = true;
-        for (&a, &b) in w.iter().zip(g) {
-            same &= a.to_bits() == b.to_bits();
-            let e = if a == b {
-                0.0
-            } else {
-                (f64::from(a) - f64::from(b)).abs() / scale
-            };
-            err = err.max(if e.is_nan() { f64::INFINITY } else { e });
-        }
+        let (err, same) = max_rel(&want[k], &got[k]);
         (names[k], err, same)
     })
+}
+
+/// The largest error of `got` against `want` relative to `max(1, ‖want‖∞)` (NaN: infinite),
+/// and whether the two are the same bits.
+fn max_rel(want: &[f32], got: &[f32]) -> (f64, bool) {
+    let scale = want
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(1.0f64, |m, &v| m.max(f64::from(v).abs()));
+    let mut err = 0.0f64;
+    let mut same = want.len() == got.len();
+    for (&a, &b) in want.iter().zip(got) {
+        same &= a.to_bits() == b.to_bits();
+        let e = if a == b {
+            0.0
+        } else {
+            (f64::from(a) - f64::from(b)).abs() / scale
+        };
+        err = err.max(if e.is_nan() { f64::INFINITY } else { e });
+    }
+    (err, same)
 }
 
 /// The fused attention core (kernels/attention.cu) against its sim twin on every case of
@@ -980,8 +986,9 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
             // `flash_attention` alone: its first pass keeps the statistics alone
             // (`TL_FA_STATS`), then O as above.
             let data = crate::flash::inputs(&case.dims, 100 + k as u64);
-            let want = crate::flash::value_at(&mut SimDevice::new(), case, &data, round).unwrap();
-            let got = crate::flash::value_at(&mut cuda, case, &data, round).unwrap();
+            let how = (round, FlashProducts::Fma);
+            let want = crate::flash::value_with(&mut SimDevice::new(), case, &data, how).unwrap();
+            let got = crate::flash::value_with(&mut cuda, case, &data, how).unwrap();
             for (name, (w, g)) in ["O (value)", "lse (value)"]
                 .iter()
                 .zip(want.iter().zip(&got))
@@ -1015,10 +1022,12 @@ fn the_fused_attention_kernels_match_their_sim_twin() {
 /// The tensor-core kernels (`FlashProducts::Tf32x3`: `tl_flash_fwd_tc`, `tl_flash_bwd_q_tc`,
 /// `tl_flash_bwd_kv_tc`, 3xTF32 WMMA products) against their sim twins on every case of the
 /// `flash` module with d ≤ 64 (several blocks of 128 rows or keys, steps of 64, every mask
-/// form, fully masked rows, nq ≠ nk, grouped heads, masks per batch element): O, lse, dQ, dK
-/// and dV bit for bit on the kernel emulator (whose `mma_sync` sums in the order the sim
-/// follows), within 1e-5 on a GPU (the tensor cores sum in their own order). Also
-/// `TL_EMU_SCHEDULE=reverse` (CI).
+/// form, fully masked rows, nq ≠ nk, grouped heads, masks per batch element), in f32 and under
+/// autocast (bf16 and TF32 by turns: the rounded core's two passes, the backward's rounded p
+/// and dS, and `flash_attention`'s statistics pass): O, lse, dQ, dK and dV bit for bit on the
+/// kernel emulator (whose `mma_sync` sums in the order the sim follows), on a GPU within 1e-5
+/// in f32 and 2⁻⁶ under autocast (the tensor cores sum in their own order; a probability or dS
+/// near a rounding boundary may round to its neighbour). Also `TL_EMU_SCHEDULE=reverse` (CI).
 #[test]
 fn the_tensor_core_kernels_match_their_sim_twin() {
     let Some(mut cuda) = gpu() else { return };
@@ -1029,19 +1038,38 @@ fn the_tensor_core_kernels_match_their_sim_twin() {
     let (mut worst, mut bad) = (0.0f64, Vec::new());
     for (k, case) in crate::flash::tc_cases().iter().enumerate() {
         let data = crate::flash::inputs(&case.dims, 300 + k as u64);
-        let want = crate::flash::run_core_products(
-            &mut SimDevice::new(),
-            case,
-            &data,
-            FlashProducts::Tf32x3,
-        )
-        .unwrap();
-        let got =
-            crate::flash::run_core_products(&mut cuda, case, &data, FlashProducts::Tf32x3).unwrap();
-        for (name, err, same) in core_errors(&want, &got) {
-            worst = worst.max(err);
-            if (exact && !same) || err > 1e-5 {
-                bad.push(format!("{}: {name}: max rel error {err:e}", case.name));
+        let autocast = [Precision::Bf16, Precision::Tf32][k % 2];
+        for round in [Precision::F32, autocast] {
+            let how = (round, FlashProducts::Tf32x3);
+            let tol = if round.is_autocast() {
+                1.0 / 64.0
+            } else {
+                1e-5
+            };
+            let sim = &mut SimDevice::new();
+            let want = crate::flash::run_core_with(sim, case, &data, how).unwrap();
+            let got = crate::flash::run_core_with(&mut cuda, case, &data, how).unwrap();
+            let mut errors = core_errors(&want, &got).to_vec();
+            if round.is_autocast() {
+                // `flash_attention` alone: the statistics pass, then O.
+                let want = crate::flash::value_with(sim, case, &data, how).unwrap();
+                let got = crate::flash::value_with(&mut cuda, case, &data, how).unwrap();
+                for (name, (w, g)) in ["O (value)", "lse (value)"]
+                    .into_iter()
+                    .zip(want.iter().zip(&got))
+                {
+                    let (err, same) = max_rel(w, g);
+                    errors.push((name, err, same));
+                }
+            }
+            for (name, err, same) in errors {
+                worst = worst.max(err);
+                if (exact && !same) || err > tol || err.is_nan() {
+                    bad.push(format!(
+                        "{round:?} {}: {name}: max rel error {err:e}",
+                        case.name
+                    ));
+                }
             }
         }
     }

@@ -1,9 +1,11 @@
 //! Kernel bodies of the fused attention (kernels/attention.cu): `tl_flash_fwd`,
 //! `tl_flash_bwd_q`, `tl_flash_bwd_kv`, each the twin of its kernel — nq query rows against nk
 //! keys ([`FlashDims`]), the same tiles of [`FLASH_TILE`](crate::device::FLASH_TILE) query
-//! rows and keys, the same tiles skipped under a causal mask ([`FlashMask::key_end`],
-//! [`FlashMask::query_start`]), each head (b, h) under batch element b's mask
-//! ([`FlashMask::allowed`]), every sum in the kernel's order (the order is written in the
+//! rows and keys, the same tiles skipped under a causal mask
+//! ([`FlashMask::key_end`](crate::device::FlashMask::key_end),
+//! [`FlashMask::query_start`](crate::device::FlashMask::query_start)), each head (b, h) under
+//! batch element b's mask ([`FlashMask::allowed`](crate::device::FlashMask::allowed)), every
+//! sum in the kernel's order (the order is written in the
 //! kernel file's header and in docs/semantics.md, "Attention"):
 //!
 //! - a score is `dot(q_i, k_j)·scale`, the dot a fused multiply-add chain over the head's
@@ -26,11 +28,13 @@
 //! rounds `p` and `dS` (dS from the unrounded p) before the sums read them. [`forward_lse`]
 //! (`TL_FA_STATS`) is the first pass when nothing reads its output: lse alone.
 //!
-//! [`forward_tc`] is `tl_flash_fwd_tc` ([`FlashProducts::Tf32x3`]):
-//! the products as three TF32 products each, in steps of [`TC_STEP`] keys, in the order the
-//! emulator's `mma_sync` sums (kernels/attention.cu writes it down).
+//! With [`FlashProducts::Tf32x3`] ([`Flash::products`]) each function is the twin of the
+//! tensor-core kernel (`tl_flash_fwd_tc`, `tl_flash_bwd_q_tc`, `tl_flash_bwd_kv_tc`): the
+//! products as three TF32 products each, in steps of [`TC_STEP`] keys, in the order the
+//! emulator's `mma_sync` sums (kernels/attention.cu writes it down); under autocast only the
+//! products of the operands' big parts (a rounded operand's small part is zero).
 
-use crate::device::{FLASH_TILE as T, FlashDims, FlashMask, FlashProducts};
+use crate::device::{FLASH_TILE as T, Flash, FlashDims, FlashProducts};
 use crate::precision::Precision;
 
 /// The index of (b, i, h, c) in a head-merged (B, nq, H, d) buffer: Q, O, dO, dQ.
@@ -67,26 +71,32 @@ fn split3(x: f32) -> (f32, f32) {
     (big, tl_spec::tf32::round(x - big))
 }
 
-/// `acc + Σ a_i·b_i` over one chunk of up to [`TC_K`] pairs as the three `mma_sync` of
-/// `tl_fa_tc::mma3` sum it: the chain of `small_a·big_b`, then `big_a·small_b`, then
-/// `big_a·big_b`, each in increasing i (a chunk's missing pairs are zeros: `fma(0, 0, acc)`
-/// adds +0 to a sum that is never −0).
-fn chunk3(acc: f32, pairs: impl Iterator<Item = (f32, f32)> + Clone) -> f32 {
+/// Which operands of a product hold TF32 values already (`tl_fa_tc::mma3`'s `exact`: the left,
+/// the right): autocast's rounded operands, whose small parts are zero, so the tensor cores
+/// skip their products.
+type Exact = (bool, bool);
+
+/// `acc + Σ a_i·b_i` over one chunk of up to [`TC_K`] pairs as the `mma_sync` of
+/// `tl_fa_tc::mma3` sum it: the chain of `small_a·big_b` (unless a is `exact`), then
+/// `big_a·small_b` (unless b is), then `big_a·big_b`, each in increasing i (a chunk's missing
+/// pairs are zeros: `fma(0, 0, acc)` adds +0 to a sum that is never −0).
+fn chunk3(acc: f32, pairs: impl Iterator<Item = (f32, f32)> + Clone, (ea, eb): Exact) -> f32 {
     let split = pairs.map(|(a, b)| (split3(a), split3(b)));
-    let acc = split
-        .clone()
-        .fold(acc, |t, ((_, a_s), (b_b, _))| a_s.mul_add(b_b, t));
-    let acc = split
-        .clone()
-        .fold(acc, |t, ((a_b, _), (_, b_s))| a_b.mul_add(b_s, t));
+    let mut acc = acc;
+    if !ea {
+        acc = (split.clone()).fold(acc, |t, ((_, a_s), (b_b, _))| a_s.mul_add(b_b, t));
+    }
+    if !eb {
+        acc = (split.clone()).fold(acc, |t, ((a_b, _), (_, b_s))| a_b.mul_add(b_s, t));
+    }
     split.fold(acc, |t, ((a_b, _), (b_b, _))| a_b.mul_add(b_b, t))
 }
 
 /// `Σ a_c·b_c` on the tensor cores (`tl_flash_fwd_tc`'s scores): [`chunk3`] over chunks of
 /// [`TC_K`] columns in order, from +0.
-fn dot3(a: &[f32], b: &[f32]) -> f32 {
+fn dot3(a: &[f32], b: &[f32], exact: Exact) -> f32 {
     a.chunks(TC_K).zip(b.chunks(TC_K)).fold(0.0, |t, (x, y)| {
-        chunk3(t, x.iter().copied().zip(y.iter().copied()))
+        chunk3(t, x.iter().copied().zip(y.iter().copied()), exact)
     })
 }
 
@@ -128,7 +138,7 @@ fn p_ds(
     (i, j): (usize, usize),
     (lse, delta): (f32, f32),
     ok: bool,
-    (round, arith): (Precision, &Arith),
+    arith: &Arith,
 ) -> (f32, f32) {
     if !ok || lse == f32::NEG_INFINITY {
         return (0.0, 0.0);
@@ -137,6 +147,7 @@ fn p_ds(
     let s = arith.dot(q_row(x.q, f, b, i, h), kv_row(x.k, f, b, j, g)) * scale;
     let p = (s - lse).exp();
     let dp = arith.dot(q_row(go, f, b, i, h), kv_row(x.v, f, b, j, g));
+    let round = arith.round;
     (round.round(p), round.round(p * (dp - delta) * scale))
 }
 
@@ -150,57 +161,63 @@ enum Pass<'a> {
     Out(&'a [f32], Precision),
 }
 
-/// `tl_flash_fwd`: O (B·nq·H·d) and lse (B·H·nq).
-pub fn forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
-    run_forward(x, f, mask, o, Pass::Softmax(lse));
-}
-
-/// `tl_flash_fwd` with `TL_FA_STATS`: lse (B·H·nq) as [`forward`] writes it, without O.
-pub fn forward_lse(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, lse: &mut [f32]) {
-    run_forward(x, f, mask, &mut [], Pass::Stats(lse));
-}
-
-/// `tl_flash_fwd` with `TL_FA_OUT` (autocast's second pass): O = `Σ_j round(exp(s − lse))·v_j`
-/// from the lse a [`forward`] on the same operands wrote; lse is read only.
-pub fn forward_out(
-    x: &Qkv<'_>,
-    f: &FlashDims,
-    mask: &FlashMask,
-    round: Precision,
-    lse: &[f32],
-    o: &mut [f32],
-) {
-    run_forward(x, f, mask, o, Pass::Out(lse, round));
-}
-
-/// `tl_flash_fwd_tc`: O (B·nq·H·d) and lse (B·H·nq), the products as three TF32 products
-/// each ([`FlashProducts::Tf32x3`]). Per tile of [`T`] query rows (a warp's), the steps of
+/// `tl_flash_fwd` (`tl_flash_fwd_tc` with [`FlashProducts::Tf32x3`]): O (B·nq·H·d) and lse
+/// (B·H·nq). On the tensor cores: per tile of [`T`] query rows (a warp's), the steps of
 /// [`TC_STEP`] keys it meets; per row and step the online softmax of the step's scores
 /// (`dot3`·scale; the sum of p as two halves of the step, each in key order, added), then
 /// `o·α` and the step's `P·V` in chunks of 8 keys (`chunk3`; the kernel's chunks past nk, of
 /// zeros, add +0 to sums that are never −0).
-pub fn forward_tc(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], lse: &mut [f32]) {
-    run_forward_as(x, f, mask, o, Pass::Softmax(lse), FlashProducts::Tf32x3);
+pub fn forward(x: &Qkv<'_>, f: &Flash, o: &mut [f32], lse: &mut [f32]) {
+    run_forward(x, f, o, Pass::Softmax(lse));
 }
 
-/// How a core of `products` multiplies and sums: the forward's keys a step (a tile of [`T`]
-/// for the FMA kernels, [`TC_STEP`] on the tensor cores), a dot over the head's columns (a
-/// score, dP), the forward's sum of p, and a sum of products over a tile's keys or rows
-/// (`P·V`, `dS·K`, `dSᵀ·Q`, `Pᵀ·dO`) into an accumulator.
-struct Arith(FlashProducts);
+/// `tl_flash_fwd` with `TL_FA_STATS`: lse (B·H·nq) as [`forward`] writes it, without O.
+pub fn forward_lse(x: &Qkv<'_>, f: &Flash, lse: &mut [f32]) {
+    run_forward(x, f, &mut [], Pass::Stats(lse));
+}
+
+/// `tl_flash_fwd` with `TL_FA_OUT` (autocast's second pass): O = `Σ_j round(exp(s − lse))·v_j`
+/// from the lse a [`forward`] on the same operands wrote; lse is read only.
+pub fn forward_out(x: &Qkv<'_>, f: &Flash, lse: &[f32], o: &mut [f32]) {
+    run_forward(x, f, o, Pass::Out(lse, f.round));
+}
+
+/// How a core multiplies and sums: the forward's keys a step (a tile of [`T`] for the FMA
+/// kernels, [`TC_STEP`] on the tensor cores), a dot over the head's columns (a score, dP), the
+/// forward's sum of p, and a sum of products over a tile's keys or rows (`P·V`, `dS·K`,
+/// `dSᵀ·Q`, `Pᵀ·dO`) into an accumulator; and how the probabilities and dS are rounded.
+struct Arith {
+    products: FlashProducts,
+    /// The core's autocast rounding (p and dS; the operands come rounded).
+    round: Precision,
+    /// Which operands of a dot and of a `pv` sum are TF32 values ([`Exact`]).
+    exact: (Exact, Exact),
+}
 
 impl Arith {
+    /// The arithmetic of `f`, its `pv` sums reading rounded probabilities (or dS) where
+    /// `p_rounded`: under autocast every operand comes rounded but the forward's first pass's
+    /// probabilities.
+    fn of(f: &Flash, p_rounded: bool) -> Arith {
+        let r = f.round.is_autocast();
+        Arith {
+            products: f.products,
+            round: f.round,
+            exact: ((r, r), (r && p_rounded, r)),
+        }
+    }
+
     fn step(&self) -> usize {
-        match self.0 {
+        match self.products {
             FlashProducts::Fma => T,
             FlashProducts::Tf32x3 => TC_STEP,
         }
     }
 
     fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
-        match self.0 {
+        match self.products {
             FlashProducts::Fma => dot(a, b),
-            FlashProducts::Tf32x3 => dot3(a, b),
+            FlashProducts::Tf32x3 => dot3(a, b, self.exact.0),
         }
     }
 
@@ -208,7 +225,7 @@ impl Arith {
     /// two lanes a row).
     fn sum(&self, p: &[f32]) -> f32 {
         let ordered = |p: &[f32]| p.iter().fold(0.0f32, |t, &x| t + x);
-        match self.0 {
+        match self.products {
             FlashProducts::Fma => ordered(p),
             FlashProducts::Tf32x3 => p.chunks(TC_STEP / 2).map(ordered).fold(0.0, |t, h| t + h),
         }
@@ -217,34 +234,23 @@ impl Arith {
     /// `acc + Σ_j p_j·v(j)` over the keys (rows) j of `p`: one FMA chain in increasing j
     /// (FMA); [`chunk3`] over chunks of [`TC_K`] in order (tensor cores).
     fn pv(&self, acc: f32, p: &[f32], v: impl Fn(usize) -> f32) -> f32 {
-        match self.0 {
+        match self.products {
             FlashProducts::Fma => p
                 .iter()
                 .enumerate()
                 .fold(acc, |t, (j, &pj)| pj.mul_add(v(j), t)),
             FlashProducts::Tf32x3 => (0..p.len()).step_by(TC_K).fold(acc, |t, k0| {
                 let end = p.len().min(k0 + TC_K);
-                chunk3(t, (k0..end).map(|j| (p[j], v(j))))
+                chunk3(t, (k0..end).map(|j| (p[j], v(j))), self.exact.1)
             }),
         }
     }
 }
 
-fn run_forward(x: &Qkv<'_>, f: &FlashDims, mask: &FlashMask, o: &mut [f32], pass: Pass<'_>) {
-    run_forward_as(x, f, mask, o, pass, FlashProducts::Fma);
-}
-
-/// The forward of `pass` with `products`' arithmetic ([`Arith`]; the tensor cores' takes the
-/// softmax pass only).
-fn run_forward_as(
-    x: &Qkv<'_>,
-    f: &FlashDims,
-    mask: &FlashMask,
-    o: &mut [f32],
-    mut pass: Pass<'_>,
-    products: FlashProducts,
-) {
-    let arith = Arith(products);
+/// The forward of `pass` with `f`'s arithmetic ([`Arith`]).
+fn run_forward(x: &Qkv<'_>, fl: &Flash, o: &mut [f32], mut pass: Pass<'_>) {
+    let arith = Arith::of(fl, matches!(pass, Pass::Out(..)));
+    let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
@@ -312,8 +318,8 @@ fn run_forward_as(
     }
 }
 
-/// `tl_flash_bwd_q` (`tl_flash_bwd_q_tc` with `products` [`FlashProducts::Tf32x3`]): dQ and
-/// delta (`dot(dO_i, O_i)` per query row, B·H·nq), from O, dO and lse, dS rounded as `round`
+/// `tl_flash_bwd_q` (`tl_flash_bwd_q_tc` with [`FlashProducts::Tf32x3`]): dQ and delta
+/// (`dot(dO_i, O_i)` per query row, B·H·nq), from O, dO and lse, dS rounded as [`Flash::round`]
 /// says.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_q(
@@ -321,12 +327,12 @@ pub fn backward_q(
     o: &[f32],
     go: &[f32],
     lse: &[f32],
-    f: &FlashDims,
-    (mask, round, products): (&FlashMask, Precision, FlashProducts),
+    fl: &Flash,
     dq: &mut [f32],
     delta: &mut [f32],
 ) {
-    let arith = Arith(products);
+    let arith = Arith::of(fl, true);
+    let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d) = (f.nq, f.nk, f.d);
     for bh in 0..f.batch * f.heads {
         let (b, h) = (bh / f.heads, bh % f.heads);
@@ -345,7 +351,7 @@ pub fn backward_q(
                         let ok = mask.allowed(b, i, j0 + jj);
                         let row = (lse[bh * nq + i], delta[bh * nq + i]);
                         let at = (i, j0 + jj);
-                        *v = p_ds(x, go, f, (b, h), at, row, ok, (round, &arith)).1;
+                        *v = p_ds(x, go, f, (b, h), at, row, ok, &arith).1;
                     }
                     for (c, a) in acc[r * d..(r + 1) * d].iter_mut().enumerate() {
                         let k = |jj: usize| x.k[at_kv(f, b, j0 + jj, g, c)];
@@ -362,8 +368,8 @@ pub fn backward_q(
     }
 }
 
-/// `tl_flash_bwd_kv` (`tl_flash_bwd_kv_tc` with `products` [`FlashProducts::Tf32x3`]): dK
-/// and dV, from dO, lse and [`backward_q`]'s delta, p and dS rounded as `round` says. Per key
+/// `tl_flash_bwd_kv` (`tl_flash_bwd_kv_tc` with [`FlashProducts::Tf32x3`]): dK and dV, from
+/// dO, lse and [`backward_q`]'s delta, p and dS rounded as [`Flash::round`] says. Per key
 /// head g and key tile, each key's chains run over the query heads of g's group in increasing
 /// order, each head's query tiles in order (one chain: a key head's cotangent is the sum of
 /// its query heads').
@@ -373,12 +379,12 @@ pub fn backward_kv(
     go: &[f32],
     lse: &[f32],
     delta: &[f32],
-    f: &FlashDims,
-    (mask, round, products): (&FlashMask, Precision, FlashProducts),
+    fl: &Flash,
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
-    let arith = Arith(products);
+    let arith = Arith::of(fl, true);
+    let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d, group) = (f.nq, f.nk, f.d, f.group());
     for bg in 0..f.batch * f.kv_heads {
         let (b, g) = (bg / f.kv_heads, bg % f.kv_heads);
@@ -397,8 +403,7 @@ pub fn backward_kv(
                         for jj in 0..cols {
                             let ok = mask.allowed(b, i, j0 + jj);
                             let at = (i, j0 + jj);
-                            (pt[jj][r], dst[jj][r]) =
-                                p_ds(x, go, f, (b, h), at, row, ok, (round, &arith));
+                            (pt[jj][r], dst[jj][r]) = p_ds(x, go, f, (b, h), at, row, ok, &arith);
                         }
                     }
                     for jj in 0..cols {

@@ -6,8 +6,8 @@ use super::launch::view;
 use super::{SimDevice, activation, conv, flash, linalg, norm, pointwise, reduce, rows};
 use crate::device::check::{BroadcastPlan, PermutePlan};
 use crate::device::{
-    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, FlashProducts, Gemm, Launch, MaskedRows,
-    MomentumSlot, MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows, split_tile,
+    Act, AdamSlot, Batch, BiasLayout, Buffer, Flash, Gemm, Launch, MaskedRows, MomentumSlot,
+    MomentumUpdate, NormLayout, PointAct, PoolKind, WindowLens, Windows, split_tile,
 };
 use crate::{Error, Result};
 
@@ -481,11 +481,7 @@ impl Launch for SimDevice {
     fn launch_flash_fwd(&mut self, qkv: [Buffer; 3], f: &Flash) -> Result<(Buffer, Buffer)> {
         let lens = [f.dims.q_len(), f.dims.rows_len()];
         let [o, lse] = self.launch_outs("flash_attention", qkv, lens, |[q, k, v], [o, lse]| {
-            let x = flash::Qkv { q, k, v };
-            match f.products {
-                FlashProducts::Fma => flash::forward(&x, &f.dims, &f.mask, o, lse),
-                FlashProducts::Tf32x3 => flash::forward_tc(&x, &f.dims, &f.mask, o, lse),
-            }
+            flash::forward(&flash::Qkv { q, k, v }, f, o, lse)
         })?;
         Ok((o, lse))
     }
@@ -497,9 +493,7 @@ impl Launch for SimDevice {
             "flash_attention",
             ins,
             [f.dims.q_len()],
-            |[q, k, v, l], [o]| {
-                flash::forward_out(&flash::Qkv { q, k, v }, &f.dims, &f.mask, f.round, l, o)
-            },
+            |[q, k, v, l], [o]| flash::forward_out(&flash::Qkv { q, k, v }, f, l, o),
         )?;
         Ok(o)
     }
@@ -509,7 +503,7 @@ impl Launch for SimDevice {
             "flash_attention",
             qkv,
             [f.dims.rows_len()],
-            |[q, k, v], [l]| flash::forward_lse(&flash::Qkv { q, k, v }, &f.dims, &f.mask, l),
+            |[q, k, v], [l]| flash::forward_lse(&flash::Qkv { q, k, v }, f, l),
         )?;
         Ok(lse)
     }
@@ -527,16 +521,12 @@ impl Launch for SimDevice {
         let lens = [f.dims.q_len(), f.dims.rows_len()];
         let ins = [q, k, v, o, go, lse];
         let [dq, delta] = self.launch_outs(OP, ins, lens, |[q, k, v, o, go, lse], [dq, dl]| {
-            let x = flash::Qkv { q, k, v };
-            let how = (&f.mask, f.round, f.products);
-            flash::backward_q(&x, o, go, lse, &f.dims, how, dq, dl)
+            flash::backward_q(&flash::Qkv { q, k, v }, o, go, lse, f, dq, dl)
         })?;
         let ins = [q, k, v, go, lse, delta];
         let kv_lens = [f.dims.kv_len(); 2];
         let kv = self.launch_outs(OP, ins, kv_lens, |[q, k, v, go, lse, dl], [dk, dv]| {
-            let x = flash::Qkv { q, k, v };
-            let how = (&f.mask, f.round, f.products);
-            flash::backward_kv(&x, go, lse, dl, &f.dims, how, dk, dv)
+            flash::backward_kv(&flash::Qkv { q, k, v }, go, lse, dl, f, dk, dv)
         });
         crate::device::Device::release(self, delta);
         match kv {
