@@ -117,30 +117,25 @@ fn tape_products_match_the_reference_on_the_cuda_sim() {
 /// of `tl_flash_fwd_tc` and the backward's two kernels).
 #[test]
 fn tape_attention_matches_the_reference_on_the_cuda_sim_with_tensor_core_flash() {
-    for p in AUTOCAST {
-        let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
-            let mut dev = SimDevice::new();
-            dev.set_flash_products(FlashProducts::Tf32x3);
-            on_device(dev, p, op, x, g)
-        };
-        assert_eq!(
-            tape_attention_matches_the_reference(&mut run, p, 47),
-            Ok(()),
-            "{p:?}"
-        );
-    }
+    attention_matches_on(|| Ok(tc_sim()));
 }
 
 /// The same on the emulated tensor-core kernels.
 #[cfg(feature = "cuda-emu")]
 #[test]
 fn tape_attention_matches_the_reference_on_the_emulated_kernels_with_tensor_core_flash() {
-    use tl_tape_cuda::CudaDevice;
+    attention_matches_on(|| {
+        let mut dev = tl_tape_cuda::CudaDevice::new().map_err(|e| e.to_string())?;
+        dev.set_flash_products(FlashProducts::Tf32x3);
+        Ok(dev)
+    });
+}
+
+/// The attention check at both autocast settings, on tapes over the devices `make` gives.
+fn attention_matches_on<D: Device>(make: impl Fn() -> Result<D, String>) {
     for p in AUTOCAST {
         let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
-            let mut dev = CudaDevice::new().map_err(|e| e.to_string())?;
-            dev.set_flash_products(FlashProducts::Tf32x3);
-            on_device(dev, p, op, x, g)
+            on_device(make()?, p, op, x, g)
         };
         assert_eq!(
             tape_attention_matches_the_reference(&mut run, p, 47),
