@@ -535,7 +535,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
 //   o_c / l and lse = m + logf(l), or 0 and -inf for a row with nothing allowed. Columns past d
 //   are zeros, whose products add +0 to sums that are never -0: no change.
 // Autocast (TL_FA_BF16 / TL_FA_TF32, with TL_FA_STATS or TL_FA_OUT as for tl_flash_fwd): the
-// operands come rounded, so their small parts are zero (a bf16 value is a TF32 value) and only
+// caller hands Q, K and V unrounded (no copies, unlike tl_flash_fwd) and tl_fa_tc_stage rounds
+// them as it stages them, so their small parts are zero (a bf16 value is a TF32 value) and only
 // big.big is multiplied (mma3's `exact`), one exact product a pair; the first pass's P V keeps
 // small_p.v (p unrounded). TL_FA_STATS: m, l and lse as above, no P V, O not written. TL_FA_OUT:
 // each row's lse read where l is kept, p_j = round(expf(s_j - lse)) (0 where masked or past nk),
@@ -682,12 +683,16 @@ __device__ __forceinline__ void tl_fa_tc_p_ds(float* st, float* dt, u32 nr, u32 
 }
 
 // Rows [r0, r0 + R) of head (b, h) of `x` (n rows a sample) into xs (R rows of TL_FA_TC_LD, the
-// first dp columns written: zeros past `rows` or d), every thread of the block.
+// first dp columns written: zeros past `rows` or d), each value rounded as `mode` says (autocast:
+// the tensor-core kernels read their operands unrounded and round them here), every thread of
+// the block.
 __device__ __forceinline__ void tl_fa_tc_stage(float* xs, const float* x, u32 R, u32 b, u32 r0,
-                                               u32 rows, u32 h, u32 n, u32 heads, u32 d, u32 dp) {
+                                               u32 rows, u32 h, u32 n, u32 heads, u32 d, u32 dp,
+                                               u32 mode) {
     for (u32 e = threadIdx.x; e < R * dp; e += TL_BLOCK) {
         const u32 r = e / dp, c = e % dp;
-        xs[r * TL_FA_TC_LD + c] = r < rows && c < d ? x[tl_fa_at(b, r0 + r, h, c, n, heads, d)] : 0.0f;
+        const bool in = r < rows && c < d;
+        xs[r * TL_FA_TC_LD + c] = in ? tl_fa_round(x[tl_fa_at(b, r0 + r, h, c, n, heads, d)], mode) : 0.0f;
     }
 }
 
@@ -720,7 +725,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
         const u32* mk = mask + (u64)b * mstride;           // batch element b's words
         const u32 r0 = w * 16, wrows = rows > r0 ? (rows - r0 < 16 ? rows - r0 : 16) : 0;
         __syncthreads();  // the previous job's reads of qs are done
-        tl_fa_tc_stage(qs, q, BM, b, i0, rows, h, nq, heads, d, dp);
+        tl_fa_tc_stage(qs, q, BM, b, i0, rows, h, nq, heads, d, dp, mode);
         for (u32 e = lane; e < 16 * dp; e += 32) os[e / dp * LD + e % dp] = 0.0f;
         if (lane < 16) {
             st[lane] = -INFINITY;
@@ -733,8 +738,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = nk - j0 < BN ? nk - j0 : BN;
             __syncthreads();  // the previous step's reads of ks and vs are done
-            tl_fa_tc_stage(ks, k, BN, b, j0, keys, g, nk, kv_heads, d, dp);
-            tl_fa_tc_stage(vs, v, BN, b, j0, keys, g, nk, kv_heads, d, dp);
+            tl_fa_tc_stage(ks, k, BN, b, j0, keys, g, nk, kv_heads, d, dp, mode);
+            tl_fa_tc_stage(vs, v, BN, b, j0, keys, g, nk, kv_heads, d, dp, mode);
             __syncthreads();
             if (wrows == 0 || !tl_fa_meet(mode, offset, i0 + r0 + wrows, j0)) continue;
             // 1. The warp's 16 x 64 scores.
@@ -851,9 +856,10 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
 //   head's query tiles from tl_fa_qstart of the key's tile of 16 in increasing order, each
 //   tile's 16 rows in chunks of 8 (three chains each).
 // Rows and keys past nq, nk or d are zeros, whose products add +0 to sums that are never -0.
-// Autocast (TL_FA_BF16 / TL_FA_TF32): Q, K, V and dO come rounded, p and dS are rounded as
-// tl_fa_round says (dS from the unrounded p) before dV, dQ and dK read them, and every product
-// is big.big alone (mma3's `exact`); delta reads the first pass's O of the unrounded p.
+// Autocast (TL_FA_BF16 / TL_FA_TF32): Q, K, V and dO come unrounded and are rounded as they are
+// staged (delta_i = dot(round(dO_i), O_i), the fma chain above, O the first pass's output of the
+// unrounded p); p and dS are rounded as tl_fa_round says (dS from the unrounded p) before dV,
+// dQ and dK read them, and every product is big.big alone (mma3's `exact`).
 // Shared floats of the two kernels (device/cuda/flash.rs BWD_TC_SMEM_BYTES is this in bytes):
 // 128 rows of two operands and 64 of two others (rows of TL_FA_TC_LD), each warp's two 16 x 16
 // tiles, and two values a row of a step (lse and delta).
@@ -887,13 +893,14 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_q_tc(cons
         const u32* mk = mask + (u64)b * mstride;
         const u32 r0 = w * 16, wrows = rows > r0 ? (rows - r0 < 16 ? rows - r0 : 16) : 0;
         __syncthreads();  // the previous job's reads of qs and gs are done
-        tl_fa_tc_stage(qs, q, BM, b, i0, rows, h, nq, heads, d, dp);
-        tl_fa_tc_stage(gs, go, BM, b, i0, rows, h, nq, heads, d, dp);
+        tl_fa_tc_stage(qs, q, BM, b, i0, rows, h, nq, heads, d, dp, mode);
+        tl_fa_tc_stage(gs, go, BM, b, i0, rows, h, nq, heads, d, dp, mode);
         if (lane < 16) {
             const u32 i = i0 + r0 + lane;
             if (lane < wrows) {
                 const u64 at = tl_fa_at(b, i, h, 0, nq, heads, d);
-                const float dl = tl_fa_dot(&go[at], &o[at], d);
+                float dl = 0.0f;  // tl_fa_dot of round(dO_i) and O_i
+                for (u32 c = 0; c < d; ++c) dl = __fmaf_rn(tl_fa_round(go[at + c], mode), o[at + c], dl);
                 delta[(u64)bh * nq + i] = dl;
                 rl[lane] = lse[(u64)bh * nq + i];
                 rl[16 + lane] = dl;
@@ -909,8 +916,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_q_tc(cons
         for (u32 j0 = 0; j0 < kend; j0 += BN) {
             const u32 keys = nk - j0 < BN ? nk - j0 : BN;
             __syncthreads();  // the previous step's reads of ks and vs are done; qs, gs, rl written
-            tl_fa_tc_stage(ks, k, BN, b, j0, keys, g, nk, kv_heads, d, dp);
-            tl_fa_tc_stage(vs, v, BN, b, j0, keys, g, nk, kv_heads, d, dp);
+            tl_fa_tc_stage(ks, k, BN, b, j0, keys, g, nk, kv_heads, d, dp, mode);
+            tl_fa_tc_stage(vs, v, BN, b, j0, keys, g, nk, kv_heads, d, dp, mode);
             __syncthreads();
             for (u32 t = 0; t < BN / 16 && wrows > 0; ++t) {
                 const u32 js = j0 + 16 * t;
@@ -960,8 +967,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(con
         const u32 k0 = w * 16, wkeys = keys > k0 ? (keys - k0 < 16 ? keys - k0 : 16) : 0;
         const u32 qstart = tl_fa_qstart(mode, offset, j0 + k0, nq);  // the warp's first tile
         __syncthreads();  // the previous job's reads of ks and vs are done
-        tl_fa_tc_stage(ks, k, BK, b, j0, keys, g, nk, kv_heads, d, dp);
-        tl_fa_tc_stage(vs, v, BK, b, j0, keys, g, nk, kv_heads, d, dp);
+        tl_fa_tc_stage(ks, k, BK, b, j0, keys, g, nk, kv_heads, d, dp, mode);
+        tl_fa_tc_stage(vs, v, BK, b, j0, keys, g, nk, kv_heads, d, dp, mode);
         FragC ak[FT], av[FT];
         TL_FA_UNROLL
         for (u32 t = 0; t < FT; ++t) {
@@ -973,8 +980,8 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_bwd_kv_tc(con
             for (u32 i0 = tl_fa_qstart(mode, offset, j0, nq); i0 < nq; i0 += BQ) {
                 const u32 rows = nq - i0 < BQ ? nq - i0 : BQ;
                 __syncthreads();  // the previous step's reads of qs, gs and rl are done
-                tl_fa_tc_stage(qs, q, BQ, b, i0, rows, h, nq, heads, d, dp);
-                tl_fa_tc_stage(gs, go, BQ, b, i0, rows, h, nq, heads, d, dp);
+                tl_fa_tc_stage(qs, q, BQ, b, i0, rows, h, nq, heads, d, dp, mode);
+                tl_fa_tc_stage(gs, go, BQ, b, i0, rows, h, nq, heads, d, dp, mode);
                 for (u32 r = tid; r < BQ; r += TL_BLOCK) {
                     rl[r] = r < rows ? lse[(u64)bh * nq + i0 + r] : -INFINITY;
                     rl[BQ + r] = r < rows ? delta[(u64)bh * nq + i0 + r] : 0.0f;

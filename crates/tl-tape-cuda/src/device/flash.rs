@@ -81,10 +81,11 @@ pub enum FlashProducts {
     /// big_a·small_b + big_a·big_b` (`tl_flash_fwd_tc`, `tl_flash_bwd_q_tc`,
     /// `tl_flash_bwd_kv_tc`; the dropped `small_a·small_b` is below 2⁻²² of the product): the
     /// same function as [`Fma`](Self::Fma) within f32 tolerance, not its bits. Under autocast
-    /// ([`Flash::round`] bf16 or TF32) the operands come rounded, each a TF32 value (a bf16
-    /// value is one) whose small part is zero, so the kernels multiply the big parts alone:
-    /// one exact product a pair, as the composed path's tensor-core GEMM (the forward's
-    /// first pass keeps `small_p·v`, its probabilities unrounded). Head sizes up to
+    /// ([`Flash::round`] bf16 or TF32) the kernels round Q, K, V and dO as they stage them (no
+    /// rounded copies: [`Flash::rounds_on_read`]), each then a TF32 value (a bf16 value is
+    /// one) whose small part is zero, so they multiply the big parts alone: one exact product
+    /// a pair, as the composed path's tensor-core GEMM (the forward's first pass keeps
+    /// `small_p·v`, its probabilities unrounded). Head sizes up to
     /// [`FLASH_TC_MAX_HEAD`]; the backward runs its two fixed-order kernels whatever the
     /// reduction mode.
     Tf32x3,
@@ -529,6 +530,14 @@ impl Flash {
     /// then; an explicit request elsewhere is an error before launch.
     pub fn tensor_cores_fit(&self) -> bool {
         self.dims.d <= FLASH_TC_MAX_HEAD
+    }
+
+    /// Whether the core's kernels round their operands (Q, K, V, dO) as they read them under
+    /// autocast, so that the caller hands them unrounded and makes no copies: the tensor-core
+    /// kernels ([`FlashProducts::Tf32x3`]) round as they stage; the FMA kernels read copies
+    /// rounded beforehand ([`Device::round_to`](super::Device::round_to)).
+    pub fn rounds_on_read(&self) -> bool {
+        self.products == FlashProducts::Tf32x3
     }
 
     /// The core with its products at `round`.

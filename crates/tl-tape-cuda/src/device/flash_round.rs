@@ -6,14 +6,15 @@
 //! the unrounded A), with the flash kernels' sums (products of rounded values are exact in
 //! f32, so each sum is an f32 accumulation of the reference's terms).
 //!
-//! - Forward: Q, K, V rounded into copies ([`Device::round_to`]); the plain forward on them
+//! - Forward: Q, K, V rounded into copies ([`Device::round_to`]; none where the kernels round
+//!   as they read, [`Flash::rounds_on_read`]: the tensor-core kernels); the plain forward on them
 //!   gives lse and `Ō = A·round(V)` (the output of the unrounded probabilities; when nothing
 //!   will read Ō, [`forward`]'s first pass gives lse alone); the second
 //!   pass ([`FLASH_OUT`](super::FLASH_OUT)) gives `O = Σ_j round(exp(s − lse))·round(v_j)`: the
 //!   probabilities normalized before they are rounded, as the composed A·V reads them (one
 //!   pass with the online softmax would round them relative to a running max instead).
-//! - Backward: Q, K, V and dO rounded into copies, then the plain backward launches with p and
-//!   dS rounded ([`Flash::mode`]); its `delta_i = dot(round(dO_i), Ō_i)` is
+//! - Backward: Q, K, V and dO rounded into copies (likewise), then the plain backward launches
+//!   with p and dS rounded ([`Flash::mode`]); its `delta_i = dot(round(dO_i), Ō_i)` is
 //!   `Σ_j A_ij·dA_ij` up to f32 reassociation, from the unrounded A as the composed softmax
 //!   VJP's.
 //!
@@ -23,13 +24,17 @@
 use super::{Buffer, Device, Flash};
 use crate::Result;
 
-/// `x` rounded as the core's products read it, each into a copy ([`Device::round_to`]); on
-/// error the copies made are released.
+/// `x` rounded as the core's products read it, each into a copy ([`Device::round_to`]), or `x`
+/// itself where the kernels round as they read ([`Flash::rounds_on_read`]); on error the copies
+/// made are released. Hand the result to [`release_copies`].
 fn rounded<D: Device + ?Sized, const N: usize>(
     dev: &mut D,
     x: [Buffer; N],
     f: &Flash,
 ) -> Result<[Buffer; N]> {
+    if f.rounds_on_read() {
+        return Ok(x);
+    }
     let mut out = Vec::with_capacity(N);
     for b in x {
         match dev.round_to(b, f.round) {
@@ -70,7 +75,7 @@ pub(super) fn forward<D: Device + ?Sized>(
             Err(e)
         }
     });
-    release(dev, hat);
+    release_copies(dev, hat, f);
     r
 }
 
@@ -86,8 +91,15 @@ pub(super) fn backward<D: Device + ?Sized>(
 ) -> Result<[Buffer; 3]> {
     let [q, k, v, g] = rounded(dev, [qkv[0], qkv[1], qkv[2], go], f)?;
     let r = dev.launch_flash_bwd([q, k, v], exact, lse, g, f);
-    release(dev, [q, k, v, g]);
+    release_copies(dev, [q, k, v, g], f);
     r
+}
+
+/// Release what [`rounded`] made: its copies, nothing where the kernels round as they read.
+fn release_copies<D: Device + ?Sized, const N: usize>(dev: &mut D, x: [Buffer; N], f: &Flash) {
+    if !f.rounds_on_read() {
+        release(dev, x);
+    }
 }
 
 /// Release every buffer of `bufs`.

@@ -1467,6 +1467,70 @@ fn under_autocast_the_fused_nodes_keep_o_n_floats() {
     assert!(composed >= 3 * scores, "composed peak {composed} B");
 }
 
+/// On the tensor cores under autocast the kernels round Q, K, V and dO as they stage them
+/// (`Flash::rounds_on_read`): a fused core's forward is its two passes alone and its backward
+/// the two kernels (three and four rounding launches fewer than the FMA core's), and neither
+/// holds rounded copies: the forward's peak is three operands' bytes below the FMA core's,
+/// the backward's four. The same kept buffers (lse, Ō).
+#[test]
+fn on_the_tensor_cores_under_autocast_the_core_makes_no_rounded_copies() {
+    let (heads, d, n) = (2, 8, 96);
+    let p = heads * d;
+    // (forward launches, forward peak growth, backward launches, backward peak growth, kept).
+    let run = |products| {
+        let mut dev = SimDevice::new();
+        dev.set_flash_products(products);
+        let mut tape = CudaTape::new(dev);
+        tape.set_precision(Precision::Bf16);
+        let leaves = random_leaves(&mut tape, &mut Gen::new(34), &[[n, p]; 3]);
+        let op = Op::ScaledDotProductAttention {
+            heads,
+            mask: Some(Mask::causal(n).unwrap()),
+            fused: true,
+        };
+        let (before, base) = (tape.device().traffic(), tape.device().memory_usage());
+        let y = tape.apply(&op, &leaves).unwrap();
+        let forward = (tape.device().traffic() - before).launches;
+        let forward_peak = tape.device().memory_usage().peak_bytes - base.live_bytes;
+        let kept: Vec<usize> = tape
+            .node(y)
+            .unwrap()
+            .cleanup()
+            .iter()
+            .map(|b| b.len())
+            .collect();
+        let seed = Tensor::new(&[n, p][..], vec![0.5; n * p]).unwrap();
+        let seed = AnyBuffer::upload(tape.device_mut(), &seed).unwrap();
+        let (before, live) = (
+            tape.device().traffic(),
+            tape.device().memory_usage().live_bytes,
+        );
+        let g = tape.backward_dense(y, &seed).unwrap();
+        let backward = (tape.device().traffic() - before).launches;
+        let backward_peak = tape.device().memory_usage().peak_bytes.saturating_sub(live);
+        tape.release_grads(g);
+        (forward, forward_peak, backward, backward_peak, kept)
+    };
+    let (fma, tc) = (run(FlashProducts::Fma), run(FlashProducts::Tf32x3));
+    assert_eq!(tc.0, 2, "the two passes");
+    assert_eq!(fma.0 - tc.0, 3, "three rounding launches fewer forward");
+    assert_eq!(fma.2 - tc.2, 4, "four rounding launches fewer backward");
+    let operand = 4 * n * p;
+    assert_eq!(
+        fma.1 - tc.1,
+        3 * operand,
+        "forward peak: the copies of Q, K, V"
+    );
+    assert!(
+        fma.3 >= tc.3 + 4 * operand,
+        "backward peak {} against {}",
+        tc.3,
+        fma.3
+    );
+    assert_eq!(tc.4, fma.4, "kept: lse, Ō");
+    assert_eq!(tc.4, [heads * n, n * p]);
+}
+
 /// Under autocast a fused node that will not be differentiated (no operand requires grad)
 /// computes no Ō: its first pass keeps each row's statistics alone. Its value is the
 /// differentiated node's bit for bit, and its forward's peak is at least Ō's bytes lower.

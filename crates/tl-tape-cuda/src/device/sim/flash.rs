@@ -31,8 +31,11 @@
 //! With [`FlashProducts::Tf32x3`] ([`Flash::products`]) each function is the twin of the
 //! tensor-core kernel (`tl_flash_fwd_tc`, `tl_flash_bwd_q_tc`, `tl_flash_bwd_kv_tc`): the
 //! products as three TF32 products each, in steps of [`TC_STEP`] keys, in the order the
-//! emulator's `mma_sync` sums (kernels/attention.cu writes it down); under autocast only the
-//! products of the operands' big parts (a rounded operand's small part is zero).
+//! emulator's `mma_sync` sums (kernels/attention.cu writes it down); under autocast the
+//! operands rounded as they are read (the kernels round as they stage) and only the products of
+//! their big parts (a rounded operand's small part is zero).
+
+use std::borrow::Cow;
 
 use crate::device::{FLASH_TILE as T, Flash, FlashDims, FlashProducts};
 use crate::precision::Precision;
@@ -247,8 +250,29 @@ impl Arith {
     }
 }
 
+/// `x` as `f`'s kernels read it: rounded where they round as they stage it (autocast on the
+/// tensor cores, [`Flash::rounds_on_read`]), else as handed (the FMA kernels' operands come
+/// rounded under autocast).
+fn staged<'a>(x: &'a [f32], f: &Flash) -> Cow<'a, [f32]> {
+    match f.round.is_autocast() && f.rounds_on_read() {
+        true => Cow::Owned(x.iter().map(|&v| f.round.round(v)).collect()),
+        false => Cow::Borrowed(x),
+    }
+}
+
+/// [`staged`] Q, K and V.
+fn staged_qkv<'a>(x: &Qkv<'a>, f: &Flash) -> [Cow<'a, [f32]>; 3] {
+    [x.q, x.k, x.v].map(|t| staged(t, f))
+}
+
 /// The forward of `pass` with `f`'s arithmetic ([`Arith`]).
 fn run_forward(x: &Qkv<'_>, fl: &Flash, o: &mut [f32], mut pass: Pass<'_>) {
+    let [q, k, v] = staged_qkv(x, fl);
+    let x = &Qkv {
+        q: &q,
+        k: &k,
+        v: &v,
+    };
     let arith = Arith::of(fl, matches!(pass, Pass::Out(..)));
     let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
@@ -331,6 +355,15 @@ pub fn backward_q(
     dq: &mut [f32],
     delta: &mut [f32],
 ) {
+    let [q, k, v] = staged_qkv(x, fl);
+    let (x, go) = (
+        &Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        &*staged(go, fl),
+    );
     let arith = Arith::of(fl, true);
     let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d) = (f.nq, f.nk, f.d);
@@ -383,6 +416,15 @@ pub fn backward_kv(
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
+    let [q, k, v] = staged_qkv(x, fl);
+    let (x, go) = (
+        &Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        },
+        &*staged(go, fl),
+    );
     let arith = Arith::of(fl, true);
     let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d, group) = (f.nq, f.nk, f.d, f.group());
