@@ -512,18 +512,18 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 2) tl_flash_fwd_wide(cons
                                  mstride, scale, smem);
 }
 
-// ---- Forward on tensor cores: f32 as three TF32 products -------------------------------------
+// ---- Forward on tensor cores: f32 as three TF32 products, rounded operands as one ------------
 //
 // tl_flash_fwd_tc (device/flash.rs FlashProducts::Tf32x3; d <= 64): the products of the scores
 // Q K^T and of P V on the tensor cores (WMMA m16n16k8, TF32 fragments, f32 accumulators), each
-// f32 operand x split into
-// big = tf32(x) (nearest, ties away) and small = tf32(x - big) (x - big is exact), a.b taken
-// as small_a.big_b + big_a.small_b + big_a.big_b (three mma_sync in that order; small_a.small_b,
-// below 2^-22 of the product, dropped): CUTLASS's 3xTF32, the arithmetic PyTorch's f32
-// memory-efficient attention runs on sm80+. A block of 256 threads takes 128 query rows of one
-// (b, h), warp w the rows 16 w .. 16 w + 15 (its scores, probabilities and outputs in shared
-// memory of its own); the key loop takes TL_FA_TC_STEP = 64 keys a step, K and V of the step
-// shared by the block. Order (the sim's twin, device/sim/flash.rs forward_tc):
+// f32 operand x split into big = tf32(x) (nearest, ties away) and small = tf32(x - big)
+// (x - big is exact), a.b taken as small_a.big_b + big_a.small_b + big_a.big_b (three mma_sync
+// in that order; small_a.small_b, below 2^-22 of the product, dropped): CUTLASS's 3xTF32, the
+// arithmetic PyTorch's f32 memory-efficient attention runs on sm80+. A block of 256 threads
+// takes 128 query rows of one (b, h), warp w the rows 16 w .. 16 w + 15 (its scores,
+// probabilities and outputs in shared memory of its own); the key loop takes TL_FA_TC_STEP =
+// 64 keys a step, K and V of the step shared by the block. Order (the sim's twin,
+// device/sim/flash.rs forward with FlashProducts::Tf32x3):
 // - a score is s = S3(q_i, k_j) * scale, S3 over c in chunks of 8 from +0, each chunk the three
 //   fma chains above in c order (the emulator's mma_sync order, cuda_emu.h); masked keys -inf;
 // - per query row, per step of 64 keys that the row's tile of 16 rows meets (tl_fa_meet; keys
@@ -838,7 +838,7 @@ extern "C" __global__ void __launch_bounds__(TL_BLOCK, 1) tl_flash_fwd_tc(const 
     }
 }
 
-// ---- Backward on tensor cores: f32 as three TF32 products -----------------------------------
+// ---- Backward on tensor cores: f32 as three TF32 products, rounded operands as one -----------
 //
 // tl_flash_bwd_q_tc, then tl_flash_bwd_kv_tc (FlashProducts::Tf32x3, d <= 64): the backward's
 // products, S = Q K^T and dP = dO V^T recomputed, dQ += dS K,

@@ -474,7 +474,7 @@ pub const MUTANTS: &[Mutant] = &[
         id: "sim-flash-out-probabilities-unrounded",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/sim/flash.rs",
-        from: "*s = round.round((*s - lr).exp());",
+        from: "*s = arith.round.round((*s - lr).exp());",
         to: "*s = (*s - lr).exp();",
         bug: "under autocast the sim's fused forward multiplies V by the unrounded probabilities",
         harness: Plain,

@@ -160,8 +160,8 @@ enum Pass<'a> {
     Softmax(&'a mut [f32]),
     /// `TL_FA_STATS`: the online softmax's lse alone, no O.
     Stats(&'a mut [f32]),
-    /// `TL_FA_OUT`: O from the given lse, each probability rounded as the precision says.
-    Out(&'a [f32], Precision),
+    /// `TL_FA_OUT`: O from the given lse, each probability rounded as the core's precision says.
+    Out(&'a [f32]),
 }
 
 /// `tl_flash_fwd` (`tl_flash_fwd_tc` with [`FlashProducts::Tf32x3`]): O (B·nq·H·d) and lse
@@ -182,7 +182,7 @@ pub fn forward_lse(x: &Qkv<'_>, f: &Flash, lse: &mut [f32]) {
 /// `tl_flash_fwd` with `TL_FA_OUT` (autocast's second pass): O = `Σ_j round(exp(s − lse))·v_j`
 /// from the lse a [`forward`] on the same operands wrote; lse is read only.
 pub fn forward_out(x: &Qkv<'_>, f: &Flash, lse: &[f32], o: &mut [f32]) {
-    run_forward(x, f, o, Pass::Out(lse, f.round));
+    run_forward(x, f, o, Pass::Out(lse));
 }
 
 /// How a core multiplies and sums: the forward's keys a step (a tile of [`T`] for the FMA
@@ -298,10 +298,10 @@ fn run_forward(x: &Qkv<'_>, fl: &Flash, o: &mut [f32], mut pass: Pass<'_>) {
                     let mut alpha = 1.0f32;
                     if mn == f32::NEG_INFINITY {
                         p[..cols].fill(0.0);
-                    } else if let Pass::Out(lse, round) = &pass {
+                    } else if let Pass::Out(lse) = &pass {
                         let lr = lse[bh * nq + i];
                         for s in &mut p[..cols] {
-                            *s = round.round((*s - lr).exp());
+                            *s = arith.round.round((*s - lr).exp());
                         }
                         m[r] = mn;
                     } else {
