@@ -250,29 +250,31 @@ impl Arith {
     }
 }
 
-/// `x` as `f`'s kernels read it: rounded where they round as they stage it (autocast on the
-/// tensor cores, [`Flash::rounds_on_read`]), else as handed (the FMA kernels' operands come
-/// rounded under autocast).
-fn staged<'a>(x: &'a [f32], f: &Flash) -> Cow<'a, [f32]> {
-    match f.round.is_autocast() && f.rounds_on_read() {
+/// The operands `xs` as `f`'s kernels read them: rounded where they round as they stage them
+/// (autocast on the tensor cores, [`Flash::rounds_on_read`]), else as handed (the FMA kernels'
+/// operands come rounded under autocast).
+fn staged<'a, const N: usize>(xs: [&'a [f32]; N], f: &Flash) -> [Cow<'a, [f32]>; N] {
+    xs.map(|x| match f.round.is_autocast() && f.rounds_on_read() {
         true => Cow::Owned(x.iter().map(|&v| f.round.round(v)).collect()),
         false => Cow::Borrowed(x),
-    }
+    })
 }
 
-/// [`staged`] Q, K and V.
-fn staged_qkv<'a>(x: &Qkv<'a>, f: &Flash) -> [Cow<'a, [f32]>; 3] {
-    [x.q, x.k, x.v].map(|t| staged(t, f))
+impl<'a> Qkv<'a> {
+    /// Q, K and V of [`staged`] operands (the first three).
+    fn of(ops: &'a [Cow<'_, [f32]>]) -> Qkv<'a> {
+        Qkv {
+            q: &ops[0],
+            k: &ops[1],
+            v: &ops[2],
+        }
+    }
 }
 
 /// The forward of `pass` with `f`'s arithmetic ([`Arith`]).
 fn run_forward(x: &Qkv<'_>, fl: &Flash, o: &mut [f32], mut pass: Pass<'_>) {
-    let [q, k, v] = staged_qkv(x, fl);
-    let x = &Qkv {
-        q: &q,
-        k: &k,
-        v: &v,
-    };
+    let ops = staged([x.q, x.k, x.v], fl);
+    let x = &Qkv::of(&ops);
     let arith = Arith::of(fl, matches!(pass, Pass::Out(..)));
     let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d, scale) = (f.nq, f.nk, f.d, f.scale());
@@ -355,15 +357,8 @@ pub fn backward_q(
     dq: &mut [f32],
     delta: &mut [f32],
 ) {
-    let [q, k, v] = staged_qkv(x, fl);
-    let (x, go) = (
-        &Qkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        &*staged(go, fl),
-    );
+    let ops = staged([x.q, x.k, x.v, go], fl);
+    let (x, go) = (&Qkv::of(&ops), &*ops[3]);
     let arith = Arith::of(fl, true);
     let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d) = (f.nq, f.nk, f.d);
@@ -416,15 +411,8 @@ pub fn backward_kv(
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
-    let [q, k, v] = staged_qkv(x, fl);
-    let (x, go) = (
-        &Qkv {
-            q: &q,
-            k: &k,
-            v: &v,
-        },
-        &*staged(go, fl),
-    );
+    let ops = staged([x.q, x.k, x.v, go], fl);
+    let (x, go) = (&Qkv::of(&ops), &*ops[3]);
     let arith = Arith::of(fl, true);
     let (f, mask) = (&fl.dims, &fl.mask);
     let (nq, nk, d, group) = (f.nq, f.nk, f.d, f.group());
