@@ -142,7 +142,7 @@ fn on_cpu_tape(p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>) -> Vec
 
 /// Attention rounds the operands of each of its products (the CPU tape's set): under autocast
 /// the CUDA tape's value and gradients, composed and fused (the fused core at the same
-/// setting: `flash::under_autocast_the_core_rounds_as_the_composed_products` checks it
+/// setting: `flash::autocast::under_autocast_the_core_rounds_as_the_composed_products` checks it
 /// against its f64 reference), are within the setting's rounding of the CPU tape's at the
 /// same setting, not equal to the f32 ones, and fused within a few units of the rounding of
 /// composed (their f32 probabilities, computed in another order, may round to neighbours). Both ops:
