@@ -1042,7 +1042,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-dampening-ignored",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/update.rs",
         from: "ops.axpy_assign(b, 1.0 - dampening, ge)?;",
         to: "ops.axpy_assign(b, 1.0, ge)?;",
         bug: "momentum SGD ignores dampening",
@@ -1051,7 +1051,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-nesterov-coefficient",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/update.rs",
         from: "ops.axpy_assign(ge, momentum, b)?;",
         to: "ops.axpy_assign(ge, 1.0, b)?;",
         bug: "Nesterov adds the whole buffer, not momentum times it",
@@ -1060,7 +1060,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-adam-bias-step",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/update.rs",
         from: "let t = t.min(i32::MAX as u64) as i32;",
         to: "let t = t.min(i32::MAX as u64) as i32 + 1;",
         bug: "Adam's bias corrections use step t+1",
@@ -1069,7 +1069,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-adamw-decay-without-lr",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/update.rs",
         from: "ops.scale_assign(w, 1.0 - lr * wd)",
         to: "ops.scale_assign(w, 1.0 - wd)",
         bug: "AdamW decays by λ, not lr·λ",
@@ -1078,7 +1078,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-l2-decay-sign",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/update.rs",
         from: "ops.axpy_assign(&mut ge, wd, w)",
         to: "ops.axpy_assign(&mut ge, -wd, w)",
         bug: "L2 weight decay with the wrong sign (g − λw)",
@@ -1087,7 +1087,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-sgd-first-gradient-only",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/host.rs",
         from: "let sum = |i: usize| grads.iter().fold(0.0, |s, g| s + g.data()[i].as_f64());",
         to: "let sum = |i: usize| grads[0].data()[i].as_f64();",
         bug: "plain SGD on the host steps a parameter used twice by its first gradient only",
@@ -1096,7 +1096,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-sgd-in-place-twice",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/host.rs",
         from: "([g], Some(d)) => tl_tape_cpu::simd::zip_assign(d, g.data(), Axpy(c)),",
         to: "([g], Some(d)) => tl_tape_cpu::simd::zip_assign(d, g.data(), Axpy(2.0 * c)),",
         bug: "plain SGD's in-place update (a step that ends its pass) steps twice as far",
@@ -1105,7 +1105,7 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "optim-host-block-offset",
         area: Optim,
-        file: "crates/tl-session/src/optim/mod.rs",
+        file: "crates/tl-session/src/optim/host.rs",
         from: ".try_for_each(|(whole, part)| put_block(whole, lo, part))",
         to: ".try_for_each(|(whole, part)| put_block(whole, 0, part))",
         bug: "a stateful host update writes every block's new state at the start of the parameter's state",
