@@ -43,7 +43,7 @@ impl OpCase {
         let shapes: Vec<&Shape> = self.inputs.iter().map(|t| t.shape()).collect();
         self.op
             .infer_shape(&shapes)
-            .unwrap_or_else(|e| panic!("registry generated an ill-typed case {self:?}: {e}"))
+            .unwrap_or_else(|e| panic!("{}", ill_typed(self, &e)))
     }
 
     /// The one-node graph `op(x0, x1, ...)` with one leaf per operand, leaf `k` requiring grad
@@ -62,7 +62,7 @@ impl OpCase {
             .collect();
         let out = b
             .apply(self.op.clone(), &leaves)
-            .unwrap_or_else(|e| panic!("registry generated an ill-typed case {self:?}: {e}"));
+            .unwrap_or_else(|e| panic!("{}", ill_typed(self, &e)));
         (b.finish(), out)
     }
 }
@@ -177,4 +177,13 @@ impl<C: fmt::Debug> fmt::Debug for With<C> {
         }
         Ok(())
     }
+}
+
+/// The message of a generated case that its op's shape rule refuses: the generator (a registry
+/// entry's, or a user entry's shape generator) drew shapes the op does not take.
+fn ill_typed(case: &OpCase, e: &dyn fmt::Display) -> String {
+    format!(
+        "the case generator drew shapes the op's shape rule refuses ({e}); an entry's shape \
+         generator must draw one shape per operand that the op takes:\n{case:?}"
+    )
 }

@@ -24,7 +24,26 @@ pub enum Domain {
 pub const ANY: Domain = Domain::Any(2.0);
 
 impl Domain {
-    /// A strategy for one element.
+    /// Whether the domain is a set values can be drawn from: `Any(r)` with a finite `r ≥ 0`,
+    /// `Positive(lo, hi)` and `AwayFromZero(lo, hi)` with finite `0 < lo ≤ hi`. The error
+    /// names the domain and what is wrong.
+    pub fn check(self) -> Result<(), String> {
+        let ok = match self {
+            Domain::Any(r) => r.is_finite() && r >= 0.0,
+            Domain::Positive(lo, hi) | Domain::AwayFromZero(lo, hi) => {
+                lo.is_finite() && hi.is_finite() && 0.0 < lo && lo <= hi
+            }
+        };
+        match ok {
+            true => Ok(()),
+            false => Err(format!(
+                "{self:?} is not a domain: Any(r) takes a finite r ≥ 0, Positive(lo, hi) and \
+                 AwayFromZero(lo, hi) finite 0 < lo ≤ hi"
+            )),
+        }
+    }
+
+    /// A strategy for one element (the domain must pass [`Domain::check`]).
     pub fn element(self) -> BoxedStrategy<f64> {
         match self {
             Domain::Any(r) => (-r..=r).boxed(),

@@ -43,6 +43,7 @@ pub mod dag;
 pub mod domain;
 pub mod entries;
 pub mod generate;
+mod guard;
 pub mod metric;
 pub mod nn;
 mod nn_activations;

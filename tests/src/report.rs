@@ -102,11 +102,15 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} case(s), max err {:.3e} (tol {:.1e})",
-            self.label, self.cases, self.max_err, self.tol
-        )?;
+        match (self.cases, &self.failure) {
+            // The first case failed: no error or tolerance was measured.
+            (0, Some(_)) => write!(f, "{}: no case passed", self.label)?,
+            _ => write!(
+                f,
+                "{}: {} case(s), max err {:.3e} (tol {:.1e})",
+                self.label, self.cases, self.max_err, self.tol
+            )?,
+        }
         if !self.pending.is_empty() {
             write!(f, "; {PENDING}: {}", self.pending.join(", "))?;
         }
@@ -220,27 +224,48 @@ where
     let passed = Cell::new(0u32);
     let worst = Cell::new(Measured::ZERO);
     let failed = Cell::new(false);
+    if cfg.cases == 0 {
+        return Report {
+            label,
+            cases: 0,
+            max_err: 0.0,
+            tol: 0.0,
+            failure: Some(
+                "the run's case count is 0 (RunConfig::cases, TL_CASES): no case would be checked"
+                    .into(),
+            ),
+            pending: Vec::new(),
+        };
+    }
     let mut runner = cfg.runner(&label);
-    let outcome = runner.run(&strategy, |value| match check(&value) {
-        Ok(m) => {
-            if !failed.get() {
-                passed.set(passed.get() + 1);
-                worst.set(worst.get().max(m));
+    // A panic in a case (the op, a kernel, the backend) fails that case with its message and
+    // location, quietly (`crate::guard`), and is shrunk as any failure; one while drawing a
+    // case (a generator whose shapes the op's rule refuses) ends the check with it.
+    let run = |value: S::Value| {
+        let outcome = crate::guard::catch(|| check(&value))
+            .unwrap_or_else(|p| Err(TestCaseError::fail(format!("the check panicked: {p}"))));
+        match outcome {
+            Ok(m) => {
+                if !failed.get() {
+                    passed.set(passed.get() + 1);
+                    worst.set(worst.get().max(m));
+                }
+                Ok(())
             }
-            Ok(())
+            Err(e @ TestCaseError::Reject(_)) => Err(e),
+            Err(e) => {
+                failed.set(true);
+                Err(e)
+            }
         }
-        Err(e @ TestCaseError::Reject(_)) => Err(e),
-        Err(e) => {
-            failed.set(true);
-            Err(e)
-        }
-    });
-    let failure = match outcome {
-        Ok(()) => None,
-        Err(TestError::Fail(reason, value)) => {
+    };
+    let failure = match crate::guard::catch(|| runner.run(&strategy, run)) {
+        Ok(Ok(())) => None,
+        Ok(Err(TestError::Fail(reason, value))) => {
             Some(format!("{reason}\nminimal failing input:\n{value:#?}"))
         }
-        Err(TestError::Abort(reason)) => Some(format!("aborted: {reason}")),
+        Ok(Err(TestError::Abort(reason))) => Some(format!("aborted: {reason}")),
+        Err(p) => Some(format!("drawing a case panicked: {p}")),
     };
     let m = worst.get();
     Report {

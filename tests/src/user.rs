@@ -104,6 +104,9 @@ pub struct UserEntry {
     index_operands: Vec<usize>,
     kinks: Option<Generate>,
     finite: bool,
+    /// What is wrong with the entry as built (an operand index past the op's, a domain that
+    /// is not one): [`check_user_op`] reports them and checks nothing else.
+    problems: Vec<String>,
 }
 
 impl UserEntry {
@@ -125,6 +128,7 @@ impl UserEntry {
             index_operands: Vec::new(),
             kinks: None,
             finite: true,
+            problems: Vec::new(),
         }
     }
 
@@ -138,18 +142,35 @@ impl UserEntry {
     }
 
     /// Draw operand `k` from `domain` (keep it off the op's kinks and poles where checks 1–3
-    /// need smoothness, as the registry does for `abs`, `log`, `div`, ...).
+    /// need smoothness, as the registry does for `abs`, `log`, `div`, ...). An operand the op
+    /// does not have, or a domain that fails [`Domain::check`], fails [`check_user_op`]'s
+    /// report before anything runs.
     pub fn domain(mut self, k: usize, domain: Domain) -> Self {
-        if let Some(d) = self.domains.get_mut(k) {
-            *d = domain;
+        self.note_domain(&format!("domain({k}, {domain:?})"), domain);
+        match self.domains.get_mut(k) {
+            Some(d) => *d = domain,
+            None => self.problems.push(format!(
+                "domain({k}, {domain:?}): {} has {} operand(s), numbered from 0",
+                self.op.name(),
+                self.op.arity()
+            )),
         }
         self
     }
 
-    /// Draw every operand from `domain`.
+    /// Draw every operand from `domain` (one that fails [`Domain::check`] fails
+    /// [`check_user_op`]'s report before anything runs).
     pub fn domains(mut self, domain: Domain) -> Self {
+        self.note_domain(&format!("domains({domain:?})"), domain);
         self.domains.iter_mut().for_each(|d| *d = domain);
         self
+    }
+
+    /// Keep `domain`'s problem, if it has one, for [`check_user_op`]'s report.
+    fn note_domain(&mut self, call: &str, domain: Domain) {
+        if let Err(e) = domain.check() {
+            self.problems.push(format!("{call}: {e}"));
+        }
     }
 
     /// Hold the op to `tol` instead of [`Tol::DEFAULT`].
@@ -281,12 +302,16 @@ impl SuiteReport {
 impl fmt::Display for SuiteReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for r in &self.reports {
-            let mark = if r.passed() { "ok  " } else { "FAIL" };
-            writeln!(
-                f,
-                "{mark} {:<46} {:>5} case(s)  max err {:.2e}",
-                r.label, r.cases, r.max_err
-            )?;
+            match (r.passed(), r.cases) {
+                (false, 0) => writeln!(f, "FAIL {:<46} no case passed", r.label)?,
+                (passed, cases) => writeln!(
+                    f,
+                    "{} {:<46} {cases:>5} case(s)  max err {:.2e}",
+                    if passed { "ok  " } else { "FAIL" },
+                    r.label,
+                    r.max_err
+                )?,
+            }
         }
         for s in &self.skipped {
             writeln!(f, "skip {s}")?;
@@ -299,8 +324,18 @@ impl fmt::Display for SuiteReport {
 }
 
 /// Run checks 0–7 on the user op of `entry` (see the module documentation) with `cfg`'s case
-/// count and seed (check 7 with an eighth of it: [`bad_input_cfg`]).
+/// count and seed (check 7 with an eighth of it: [`bad_input_cfg`]). First the entry itself
+/// ([`check_entry`]): where it is wrong, that one failed report is the result.
 pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
+    let name = entry.op.name().to_owned();
+    let entry_report = check_entry(entry, cfg);
+    if !entry_report.passed() {
+        return SuiteReport {
+            name,
+            reports: vec![entry_report],
+            skipped: Vec::new(),
+        };
+    }
     let info = entry.info();
     let mut reports = Vec::new();
     if entry.finite {
@@ -317,6 +352,65 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
         name: entry.op.name().to_owned(),
         reports,
         skipped,
+    }
+}
+
+/// The entry before its checks (label `entry <op>`): a positive case count, the problems it
+/// was built with (an operand index past the op's, a domain that is not one), and shape sets
+/// drawn by its generator at both sizes (`cfg`'s seed, up to 16 of each) that have one shape per
+/// operand and satisfy the op's shape rule. A failure names what is wrong.
+pub fn check_entry(entry: &UserEntry, cfg: &RunConfig) -> Report {
+    use proptest::strategy::ValueTree;
+    let label = format!("entry {}", entry.op.name());
+    let mut problems = entry.problems.clone();
+    if cfg.cases == 0 {
+        problems.push(
+            "the run's case count is 0 (RunConfig::cases, TL_CASES): no case would be checked"
+                .into(),
+        );
+    }
+    let op = Op::User(entry.op.clone());
+    let mut runner = cfg.runner(&label);
+    'draws: for z in [Size::Small, Size::Large] {
+        for _ in 0..cfg.cases.min(16) {
+            let shapes = match crate::guard::catch(|| (entry.shapes)(z).new_tree(&mut runner)) {
+                Ok(Ok(tree)) => tree.current(),
+                Ok(Err(e)) => {
+                    problems.push(format!("the shape generator found no shapes at {z:?}: {e}"));
+                    break 'draws;
+                }
+                Err(p) => {
+                    problems.push(format!("the shape generator panicked at {z:?}: {p}"));
+                    break 'draws;
+                }
+            };
+            let refs: Vec<&Shape> = shapes.iter().collect();
+            let refused = match op.arity() == shapes.len() {
+                false => Some(format!(
+                    "{} operand shape(s), where {} takes {}",
+                    shapes.len(),
+                    op.name(),
+                    op.arity()
+                )),
+                true => op.infer_shape(&refs).err().map(|e| e.to_string()),
+            };
+            if let Some(why) = refused {
+                let drawn: Vec<String> = shapes.iter().map(ToString::to_string).collect();
+                problems.push(format!(
+                    "the shape generator drew [{}] at {z:?}, which the op refuses: {why}",
+                    drawn.join(", ")
+                ));
+                break 'draws;
+            }
+        }
+    }
+    Report {
+        label,
+        cases: 0,
+        max_err: 0.0,
+        tol: 0.0,
+        failure: (!problems.is_empty()).then(|| problems.join("\n")),
+        pending: Vec::new(),
     }
 }
 

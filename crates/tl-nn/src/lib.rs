@@ -117,6 +117,9 @@ pub use sample::{argmax, sample};
 /// (structs, tuple structs, enums; `Vec`, `Option`, `Box` of layers; generic models;
 /// `#[parameters(skip)]` for a field without layers). See the `tl-nn-derive` crate.
 pub use tl_nn_derive::Parameters;
+/// Attention masks (true = allowed) for [`MultiHeadAttention`]'s `forward_masked` and its
+/// cross-attention: tl-spec's, here so a model author need not depend on it.
+pub use tl_spec::ops::attention::Mask;
 /// The CPU kernels' thread count (default: the cores; `TL_NUM_THREADS`), returning the
 /// previous one: tl-tape-cpu's `set_threads`, here so a model author need not depend on it.
 pub use tl_tape_cpu::{set_threads, threads};

@@ -33,25 +33,18 @@
 //!   them must not panic either.
 //!
 //! **Panics.** A panic inside a guarded call is caught and its message and location (`file:line`)
-//! are quoted in the report. It is not printed: the first guarded call installs, once, a panic
-//! hook that stays silent for a panic on a thread that is inside a guarded call (a thread-local
-//! flag) and hands every other panic to the hook that was there before, unchanged. Tests
-//! running in parallel thus print their panics as before, and a backend that panics on every
-//! bad call does not print hundreds of messages and backtraces while its failure is shrunk.
+//! are quoted in the report, not printed (`crate::guard`, which every check's cases run under
+//! too).
 
 mod oversized;
 
 pub use oversized::{BIG, check_oversized, oversized_cases};
 
-use std::any::Any;
-use std::cell::{Cell, RefCell};
-use std::panic::{self, AssertUnwindSafe};
-use std::sync::Once;
-
 use tl_spec::{Shape, Tensor};
 
 use crate::checks::{backend_inputs, backend_tol, backward_case, compare_ids, forward_case};
 use crate::dag::{DagOptions, dag_cases};
+use crate::guard::{Guarded, guard};
 use crate::{Backend, CaseResult, GraphCase, Measured, OpInfo, Report, RunConfig, Tol, run_check};
 
 /// The label's prefix: reports are `"7 bad input <op> <backend>"` and
@@ -376,57 +369,6 @@ impl Name<'_> {
             Name::Op(op) => msg.contains(op),
         }
     }
-}
-
-/// What a guarded call gave: the call's own result, or the message of its panic.
-type Guarded<R> = Result<Result<R, String>, String>;
-
-thread_local! {
-    /// Whether this thread is inside [`guard`] (its panics are caught and reported there).
-    static GUARDED: Cell<bool> = const { Cell::new(false) };
-    /// Where this thread's last caught panic happened, as the hook saw it.
-    static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// Install, once, the hook that keeps a guarded thread's panics quiet (see the module
-/// documentation) and passes every other panic to the previous hook.
-fn quiet_hook() {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let previous = panic::take_hook();
-        panic::set_hook(Box::new(move |info| {
-            if GUARDED.with(Cell::get) {
-                let at = info.location().map(ToString::to_string);
-                PANIC_AT.with(|p| *p.borrow_mut() = at);
-            } else {
-                previous(info);
-            }
-        }));
-    });
-}
-
-/// Run `f`, catching a panic (its message, quoted, and location in `Err`).
-fn guard<R>(f: impl FnOnce() -> Result<R, String>) -> Guarded<R> {
-    quiet_hook();
-    PANIC_AT.with(RefCell::take);
-    let outer = GUARDED.with(|g| g.replace(true));
-    let r = panic::catch_unwind(AssertUnwindSafe(f));
-    GUARDED.with(|g| g.set(outer));
-    r.map_err(|p| {
-        let msg = panic_message(p.as_ref());
-        match PANIC_AT.with(RefCell::take) {
-            Some(at) => format!("{msg:?} at {at}"),
-            None => format!("{msg:?}"),
-        }
-    })
-}
-
-/// A panic payload's text (`panic!` gives a `&str` or a `String`).
-fn panic_message(p: &(dyn Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(a panic whose payload is not text)".to_owned())
 }
 
 fn panicked(what: &str, msg: &str) -> String {

@@ -35,6 +35,8 @@ enum Bug {
     /// The CPU kernel panics on a NaN operand (an `expect` on a comparison), where IEEE
     /// arithmetic and the reference compute NaN.
     PanicsOnNan,
+    /// The reference value panics on every operand.
+    Panics,
 }
 
 /// `x³` elementwise, with an optional planted bug.
@@ -51,8 +53,10 @@ impl UserOp for Cube {
         Ok(s[0].clone())
     }
     fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
-        if self.0 == Bug::NonFinite {
-            return Ok(x[0].map(|v| v * v * v * v.sqrt() / v.sqrt()));
+        match self.0 {
+            Bug::NonFinite => return Ok(x[0].map(|v| v * v * v * v.sqrt() / v.sqrt())),
+            Bug::Panics => panic!("cube: a planted panic"),
+            _ => {}
         }
         Ok(x[0].map(|v| v * v * v))
     }
@@ -365,6 +369,93 @@ fn a_cpu_kernel_that_panics_on_nan_fails_check_7_only() {
     assert!(
         text.contains("panicked") && text.contains("an ordered operand"),
         "{text}"
+    );
+}
+
+/// An op that panics fails every check that reaches it with the panic's message and its
+/// location (the harness catches it, quietly: `tl_conformance`'s guard), and a check whose
+/// first case failed says that no case passed, not an error of 0.
+#[test]
+fn an_op_that_panics_fails_every_check_naming_the_panic_and_where() {
+    let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::Panics)));
+    let report = check_user_op(&entry, &cfg());
+    // Every check but the adjoint identity's (4 jvp: the JVP against the VJP, never the value).
+    let passed: Vec<&str> = report
+        .reports
+        .iter()
+        .filter(|r| r.passed())
+        .map(|r| r.label.as_str())
+        .collect();
+    assert!(
+        report.reports.len() >= 16 && passed == ["4 jvp cube"],
+        "{report}"
+    );
+    for r in report.failures() {
+        let text = r.to_string();
+        assert!(
+            text.contains("cube: a planted panic") && text.contains("user_ops.rs:"),
+            "{text}"
+        );
+        assert!(text.contains("no case passed"), "{text}");
+    }
+}
+
+/// What is wrong with an entry or the run's configuration fails one `entry` report, naming it,
+/// before any check runs: a case count of 0 (which would check nothing and pass), an operand
+/// index the op does not have (which would leave the operand on the default domain), a domain
+/// that is not one (an empty or non-finite range), a shape generator that draws the wrong
+/// number of shapes or shapes the op's rule refuses. And every check refuses a count of 0.
+#[test]
+fn a_wrong_entry_fails_before_any_check_naming_what_is_wrong() {
+    let cube = || UserEntry::elementwise(UserOpRef::new(Cube(Bug::None)));
+    let entry_failure = |entry: &UserEntry, cfg: &RunConfig| -> String {
+        let report = check_user_op(entry, cfg);
+        assert_eq!(report.reports.len(), 1, "{report}");
+        assert_eq!(failed(&report), ["entry cube"], "{report}");
+        report.reports[0].failure.clone().expect("failed")
+    };
+    let zero = RunConfig { cases: 0, ..cfg() };
+    let e = entry_failure(&cube(), &zero);
+    assert!(e.contains("case count is 0"), "{e}");
+    let e = entry_failure(&cube().domain(3, Domain::Positive(0.5, 2.0)), &cfg());
+    assert!(
+        e.contains("domain(3, ") && e.contains("cube has 1 operand(s)"),
+        "{e}"
+    );
+    for d in [
+        Domain::Positive(2.0, 1.0),
+        Domain::Positive(-1.0, 1.0),
+        Domain::AwayFromZero(0.0, 1.0),
+        Domain::Any(f64::NAN),
+        Domain::Any(-1.0),
+    ] {
+        for entry in [cube().domains(d), cube().domain(0, d)] {
+            let e = entry_failure(&entry, &cfg());
+            assert!(e.contains(&format!("{d:?} is not a domain")), "{e}");
+        }
+    }
+    let two = UserEntry::new(UserOpRef::new(Cube(Bug::None)), |_| {
+        Just(vec![Shape::new(&[2]); 2]).boxed()
+    });
+    let e = entry_failure(&two, &cfg());
+    assert!(e.contains("2 operand shape(s), where cube takes 1"), "{e}");
+    // The rule's own refusal, quoted: rowLogSumExp takes no scalar.
+    let scalars = UserEntry::new(UserOpRef::new(RowLogSumExp), |_| {
+        Just(vec![Shape::scalar()]).boxed()
+    });
+    let report = check_user_op(&scalars, &cfg());
+    let text = report.to_string();
+    assert!(
+        failed(&report) == ["entry rowLogSumExp"] && text.contains("a scalar has no last axis"),
+        "{text}"
+    );
+    // Any check with a count of 0.
+    let r = tl_conformance::run_check("any".into(), &zero, Just(1), |_| {
+        Ok(tl_conformance::Measured::ZERO)
+    });
+    assert!(
+        !r.passed() && r.to_string().contains("case count is 0"),
+        "{r}"
     );
 }
 

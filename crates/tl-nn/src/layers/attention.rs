@@ -44,7 +44,8 @@ pub struct MultiHeadAttention {
     /// Number of key and value heads: `heads` unless [`grouped`](Self::grouped), where each
     /// key/value head serves `heads / kv_heads` consecutive query heads.
     pub kv_heads: usize,
-    /// Whether `forward` applies a causal mask.
+    /// Whether [`forward`](Module::forward) applies a causal mask ([`forward_masked`](Self::forward_masked)
+    /// applies the mask it is given instead).
     pub causal: bool,
     /// Whether the op runs fused (`multiHeadAttention`'s `fused`, the seeds' `useFlash`): `true`
     /// by default where the head size is at most the CUDA kernels'
@@ -148,25 +149,45 @@ impl MultiHeadAttention {
     }
 
     /// The mask that lets every query see the first `len` of `n` keys (padding after them).
-    /// An `n` whose n·n mask overflows or exceeds the allocation cap is an error
-    /// ([`Mask::from_fn`]).
+    /// A `len` above `n` (a length from before the batch was cut to `n`), or an `n` whose n·n
+    /// mask overflows or exceeds the allocation cap, is an error ([`Mask::from_fn`]).
     pub fn key_padding_mask(n: usize, len: usize) -> Result<Mask> {
+        check_lens("MultiHeadAttention::key_padding_mask", n, &[len])?;
         Ok(Mask::from_fn(n, |_, j| j < len)?)
     }
 
     /// One key-padding mask per sequence of a padded batch, for [`forward_masked`](Self::forward_masked)
     /// on (B, n, d) with B = `lens.len()`: sequence b's queries see its first `lens[b]` of the
-    /// `n` keys (PyTorch: `key_padding_mask` (B, n), true at the padding). An empty `lens`, or
-    /// sizes whose B·n·n mask overflows or exceeds the allocation cap, is an error
+    /// `n` keys (PyTorch: `key_padding_mask` (B, n), true at the padding). Not causal: for a
+    /// causal layer on a padded batch see [`causal_padding_masks`](Self::causal_padding_masks).
+    /// An empty `lens`, a length above `n` (the error names the sequence), or sizes whose
+    /// B·n·n mask overflows or exceeds the allocation cap, is an error
     /// ([`Mask::from_fn_batched`]).
     pub fn key_padding_masks(n: usize, lens: &[usize]) -> Result<Mask> {
+        check_lens("MultiHeadAttention::key_padding_masks", n, lens)?;
         Ok(Mask::from_fn_batched(lens.len(), n, n, |b, _, j| {
             j < lens[b]
         })?)
     }
 
+    /// [`key_padding_masks`](Self::key_padding_masks) and the causal mask together, for a
+    /// causal model (a language model) on a padded batch: query i of sequence b sees key j
+    /// where `j ≤ i` and `j < lens[b]` (PyTorch: `is_causal=True` with `key_padding_mask`).
+    /// [`forward_masked`](Self::forward_masked) applies the mask it is given and not the
+    /// layer's [`causal`](Self::causal) flag, so a causal layer's padded batch takes this one.
+    /// The errors of `key_padding_masks`.
+    pub fn causal_padding_masks(n: usize, lens: &[usize]) -> Result<Mask> {
+        check_lens("MultiHeadAttention::causal_padding_masks", n, lens)?;
+        Ok(Mask::from_fn_batched(lens.len(), n, n, |b, i, j| {
+            j <= i && j < lens[b]
+        })?)
+    }
+
     /// Attention with an explicit mask (`None`: every key is allowed): an (n, n) mask shared
     /// by the batch, or one per batch element ([`Mask::batched`], [`key_padding_masks`](Self::key_padding_masks)).
+    /// The mask is the whole pattern: the layer's [`causal`](Self::causal) flag (which
+    /// [`forward`](Module::forward) applies) is not added to it, so a causal layer on a padded
+    /// batch takes [`causal_padding_masks`](Self::causal_padding_masks).
     pub fn forward_masked<'g, O: Train>(
         &self,
         x: &Var<'g, O>,
@@ -265,6 +286,21 @@ impl<O: Train> Module<O> for MultiHeadAttention {
         };
         let mask = n.filter(|_| self.causal).map(Mask::causal).transpose()?;
         self.forward_masked(x, mask)
+    }
+}
+
+/// An error naming `what` when a sequence length in `lens` exceeds the `n` keys of the padded
+/// batch (a length from before the batch was cut to `n`).
+fn check_lens(what: &'static str, n: usize, lens: &[usize]) -> Result<()> {
+    match lens.iter().position(|&len| len > n) {
+        Some(b) => Err(usage(
+            what,
+            format!(
+                "sequence {b} has length {} but the padded batch has n = {n} positions",
+                lens[b]
+            ),
+        )),
+        None => Ok(()),
     }
 }
 

@@ -273,6 +273,26 @@ fn causal_attention_does_not_see_the_future() {
     // Key padding: keys past `len` are invisible; an n whose n·n mask overflows is an error.
     let e = MultiHeadAttention::key_padding_mask(1 << 32, 1).unwrap_err();
     assert!(e.to_string().contains("mask"), "{e}");
+    // A length past the padded batch's n (from before the batch was cut) is an error naming
+    // the sequence, its length and n, for each of the three masks.
+    let e = MultiHeadAttention::key_padding_mask(3, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("key_padding_mask") && e.contains("length 4") && e.contains("n = 3"),
+        "{e}"
+    );
+    for e in [
+        MultiHeadAttention::key_padding_masks(3, &[2, 4]).unwrap_err(),
+        MultiHeadAttention::causal_padding_masks(3, &[2, 4]).unwrap_err(),
+    ] {
+        let e = e.to_string();
+        assert!(
+            e.contains("sequence 1 has length 4") && e.contains("n = 3"),
+            "{e}"
+        );
+    }
+    assert!(MultiHeadAttention::key_padding_masks(3, &[3, 0]).is_ok());
     let pad = MultiHeadAttention::key_padding_mask(3, 2).unwrap();
     let a = rt
         .eval(&full, |g| {

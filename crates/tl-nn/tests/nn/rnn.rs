@@ -1487,7 +1487,9 @@ fn rotary_attention_gives_pytorchs_values_and_gradients() {
 /// sequence: the op under a batched mask) gives each sequence's real rows as the layer gives
 /// that sequence alone, unpadded and unmasked, and the weights' gradients of a loss over the
 /// real rows are the sum of the sequences' own: plain, rotary and grouped layers (fused and
-/// composed), on the eager CPU (f64, f32), CUDA-sim and linked sessions.
+/// composed), on the eager CPU (f64, f32), CUDA-sim and linked sessions. The same for causal
+/// layers with `causal_padding_masks` against each sequence through the causal layer's
+/// `forward`.
 #[test]
 fn a_padded_batch_attends_as_each_sequence_alone() {
     const N: usize = 6;
@@ -1504,14 +1506,18 @@ fn a_padded_batch_attends_as_each_sequence_alone() {
         let (b, i) = (e / (n * d), e / d % n);
         if i < lens[b] { w.data()[e] } else { 0.0 }
     });
-    fn layer<O: Train>(rt: &Runtime<O>, kind: usize, flash: bool) -> MultiHeadAttention {
+    fn layer<O: Train>(
+        rt: &Runtime<O>,
+        kind: usize,
+        flash: bool,
+        causal: bool,
+    ) -> MultiHeadAttention {
         let vars = rt.vars().pp("a");
         let mha = match kind {
-            0 => MultiHeadAttention::new(&vars, 8, 2, false),
-            1 => {
-                MultiHeadAttention::new(&vars, 8, 2, false).and_then(|m| m.with_rope(Rope::DEFAULT))
-            }
-            _ => MultiHeadAttention::grouped(&vars, 8, 4, 2, false),
+            0 => MultiHeadAttention::new(&vars, 8, 2, causal),
+            1 => MultiHeadAttention::new(&vars, 8, 2, causal)
+                .and_then(|m| m.with_rope(Rope::DEFAULT)),
+            _ => MultiHeadAttention::grouped(&vars, 8, 4, 2, causal),
         };
         mha.unwrap().with_flash(flash)
     }
@@ -1521,11 +1527,19 @@ fn a_padded_batch_attends_as_each_sequence_alone() {
         (n, lens): (usize, [usize; 3]),
         tol: f64,
     ) {
-        for (kind, flash) in (0..3).flat_map(|k| [(k, true), (k, false)]) {
-            let what = format!("layer {kind} flash {flash} ({})", O::T::NAME);
+        let settings = (0..3).flat_map(|k| [(k, true), (k, false)]);
+        for ((kind, flash), causal) in settings.flat_map(|s| [(s, false), (s, true)]) {
+            let what = format!(
+                "layer {kind} flash {flash} causal {causal} ({})",
+                O::T::NAME
+            );
             let mut rt = make();
-            let mha = layer(&rt, kind, flash);
-            let masks = MultiHeadAttention::key_padding_masks(n, &lens).unwrap();
+            let mha = layer(&rt, kind, flash, causal);
+            let masks = match causal {
+                true => MultiHeadAttention::causal_padding_masks(n, &lens),
+                false => MultiHeadAttention::key_padding_masks(n, &lens),
+            };
+            let masks = masks.unwrap();
             let y = rt
                 .eval(&mha, |g| {
                     mha.forward_masked(&g.input(cast(x))?, Some(masks.clone()))
@@ -1544,7 +1558,7 @@ fn a_padded_batch_attends_as_each_sequence_alone() {
                 (&y * &g.input(cast(w_real))?)?.sum()
             });
             let mut rt = make();
-            let mha = layer(&rt, kind, flash);
+            let mha = layer(&rt, kind, flash, causal);
             let params = [&mha.wq, &mha.wk, &mha.wv, &mha.wo];
             let want = sgd_gradients(&mut rt, &mha, &params, |g| {
                 let mut total: Option<Var<'_, O>> = None;
