@@ -33,6 +33,11 @@ pub const FORMAT: &str = "tl-nn/1";
 /// The name prefix of optimizer state tensors.
 pub const OPTIMIZER_PREFIX: &str = "optimizer.";
 
+/// The metadata key of the session's random counter ([`Train::random_counter`]), which
+/// [`Runtime::save_with`] writes and [`Runtime::load_with`] restores with the optimizer's
+/// state, so a resumed run draws the dropout masks the uninterrupted run draws.
+pub const RANDOM_COUNTER: &str = "tl-nn.random_counter";
+
 /// One tensor of a file: its dtype, dims and little-endian bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
@@ -417,6 +422,9 @@ impl<O: Train> Runtime<O> {
             ..File::default()
         };
         file.metadata.insert("format".into(), FORMAT.into());
+        let counter = self.session().random_counter();
+        file.metadata
+            .insert(RANDOM_COUNTER.into(), counter.to_string());
         for (name, t) in self.state_dict(model)? {
             file.tensors.insert(name, Entry::from_tensor(&t));
         }
@@ -441,8 +449,11 @@ impl<O: Train> Runtime<O> {
     }
 
     /// [`Runtime::load`], and `opt`'s state from the file's `optimizer.*` tensors when `opt`
-    /// is given (a file without them leaves `opt` as it is). On any error neither the model nor
-    /// `opt` changes. In a data-parallel group every rank loads the file, and a load that fails
+    /// is given (a file without them leaves `opt` as it is), with the session's random counter
+    /// ([`RANDOM_COUNTER`]; a file without it leaves the counter as it is): a run resumed on a
+    /// session of the same seed (`Options::seed`) continues the uninterrupted run's steps bit
+    /// for bit, dropout's masks included. On any error neither the model, `opt` nor the
+    /// counter changes. In a data-parallel group every rank loads the file, and a load that fails
     /// on one rank is an error on every rank (a rank whose own load succeeded keeps the file's
     /// values: stop the run).
     pub fn load_with<M: Parameters + ?Sized>(
@@ -508,6 +519,18 @@ impl<O: Train> Runtime<O> {
                 ));
             }
         }
+        // The random counter comes back with a training state (`opt` given).
+        let counter = match (&opt, file.metadata.get(RANDOM_COUNTER)) {
+            (Some(_), Some(v)) => Some(v.parse::<u64>().map_err(|_| {
+                bad(
+                    path,
+                    format!(
+                        "metadata {RANDOM_COUNTER} is {v:?}, not a whole number of at most 2^64 - 1"
+                    ),
+                )
+            })?),
+            _ => None,
+        };
         let new_opt = match opt {
             Some(opt) if !state.is_empty() => {
                 let mut o = opt.clone();
@@ -523,6 +546,9 @@ impl<O: Train> Runtime<O> {
         }
         if let Some((opt, o)) = new_opt {
             *opt = o;
+        }
+        if let Some(c) = counter {
+            self.session_mut().set_random_counter(c);
         }
         Ok(())
     }

@@ -84,6 +84,7 @@ mod listed;
 pub mod losses;
 mod module;
 mod rng;
+mod running;
 mod runtime;
 mod sample;
 mod train;

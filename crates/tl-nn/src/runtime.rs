@@ -52,6 +52,9 @@ pub struct Runtime<O: Train> {
     pub(crate) listing: RefCell<Listing>,
     /// The data-parallel group this runtime is a rank of (`Runtime::data_parallel`).
     pub(crate) group: Option<crate::dist::Group>,
+    /// The running-statistics updates of a training step's forward, while it runs
+    /// (`crate::running`); `None` outside a step's forward.
+    pub(crate) deferred: RefCell<Option<Vec<crate::running::Deferred>>>,
 }
 
 impl<O: Train> Runtime<O> {
@@ -64,6 +67,7 @@ impl<O: Train> Runtime<O> {
             training: Cell::new(false),
             listing: RefCell::new(Listing::default()),
             group: None,
+            deferred: RefCell::new(None),
         }
     }
 
@@ -254,6 +258,11 @@ impl<O: Train> Runtime<O> {
     /// PyTorch: `model.train(); opt.zero_grad(); loss = loss_fn(); loss.backward(); opt.step();
     /// loss.item()`.
     ///
+    /// Running statistics (BatchNorm's) move once the forward and its loss are through: a
+    /// step that stops there (its closure fails, or `opt` refuses a non-finite loss:
+    /// [`Optimizer::stop_on_non_finite_loss`]) changes nothing; one that fails later (an
+    /// update refused by [`Optimizer::check_finite`]) has updated them.
+    ///
     /// In a data-parallel group ([`Runtime::data_parallel`]) the ranks exchange their status
     /// and average their gradients between the backward and the update (clipping and the
     /// update see the mean); a rank's failure is every rank's error, and no rank updates. The
@@ -264,7 +273,7 @@ impl<O: Train> Runtime<O> {
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
         let begun = self.begin(model, true, true);
-        let forward = begun.and_then(|()| self.training_loss("Runtime::step", loss_fn));
+        let forward = begun.and_then(|()| self.training_loss("Runtime::step", opt, loss_fn));
         // In a data-parallel group every rank hears of this rank's outcome, also a failure.
         let r = if self.group.is_some() {
             self.dist_backward_step(forward, opt, None)
@@ -282,8 +291,23 @@ impl<O: Train> Runtime<O> {
     /// The scalar loss `loss_fn` records in the open training pass, for `call` (`Runtime::step`
     /// and its kin): an error for a parameter the model does not list (also when the pass
     /// failed because of it: a linked session cannot record it after the first op), a tensor
-    /// of another pass or a loss that is not a scalar.
-    pub(crate) fn training_loss<F>(&self, call: &'static str, loss_fn: F) -> Result<TensorRef>
+    /// of another pass or a loss that is not a scalar. The running statistics the forward
+    /// updates change once it is through, unless `opt` stops the step at its loss
+    /// (`crate::running`).
+    pub(crate) fn training_loss<F>(
+        &self,
+        call: &'static str,
+        opt: &Optimizer,
+        loss_fn: F,
+    ) -> Result<TensorRef>
+    where
+        F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
+    {
+        self.deferring_running(opt, || self.scalar_loss(call, loss_fn))
+    }
+
+    /// [`training_loss`](Self::training_loss)'s forward and checks.
+    fn scalar_loss<F>(&self, call: &'static str, loss_fn: F) -> Result<TensorRef>
     where
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {

@@ -143,7 +143,7 @@ impl<O: Train> Runtime<O> {
         for i in 0..micro_batches {
             let last = i + 1 == micro_batches;
             let begun = self.begin(model, true, true);
-            let forward = begun.and_then(|()| self.training_loss(CALL, |s| loss_fn(s, i)));
+            let forward = begun.and_then(|()| self.training_loss(CALL, opt, |s| loss_fn(s, i)));
             let r = if last {
                 let mut mean = Mean {
                     sum: &mut *sum,

@@ -225,6 +225,14 @@ pub trait Train: Ops {
     /// This session's id and its current pass (the number of resets so far); handles made
     /// in an earlier pass are stale.
     fn stamp(&self) -> Stamp;
+
+    /// The counter the next random op (dropout's mask) will use with the session's seed; it
+    /// survives `reset`. A checkpoint keeps it so a resumed run draws the masks it would
+    /// have drawn (tl-nn's `Runtime::save_with` and `load_with`).
+    fn random_counter(&self) -> u64;
+
+    /// Set the random counter (to resume a run).
+    fn set_random_counter(&mut self, counter: u64);
 }
 
 /// What becomes of a training step's pass ([`Train::backward_step_pass`]).
@@ -378,6 +386,12 @@ impl<T: tl_spec::Scalar> Train for Session<T> {
     fn stamp(&self) -> Stamp {
         Session::stamp(self)
     }
+    fn random_counter(&self) -> u64 {
+        Session::random_counter(self)
+    }
+    fn set_random_counter(&mut self, counter: u64) {
+        Session::set_random_counter(self, counter)
+    }
 }
 
 impl<T: tl_spec::Scalar> LinkedSession<T> {
@@ -510,6 +524,12 @@ impl<T: tl_spec::Scalar> Train for LinkedSession<T> {
     }
     fn stamp(&self) -> Stamp {
         LinkedSession::stamp(self)
+    }
+    fn random_counter(&self) -> u64 {
+        LinkedSession::random_counter(self)
+    }
+    fn set_random_counter(&mut self, counter: u64) {
+        LinkedSession::set_random_counter(self, counter)
     }
 }
 

@@ -192,14 +192,9 @@ impl BatchNorm {
         let at = || At::new(rt, self, &self.weight);
         let count = x4.shape().numel() / self.channels();
         let moments = (x4.detach()?.batch_moments()).map_err(|e| at().op_error(e))?;
-        let r = rt.borrow_mut().update_running(
-            &self.running_mean,
-            &self.running_var,
-            moments.tensor_ref(),
-            self.momentum,
-            count,
-        );
-        r.map_err(|e| at().op_error(e.into()))
+        let buffers = [&self.running_mean, &self.running_var];
+        let (layer, moments) = (at().label(), moments.tensor_ref());
+        rt.update_running(layer, buffers, moments, self.momentum, count)
     }
 }
 

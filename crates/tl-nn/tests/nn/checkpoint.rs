@@ -157,6 +157,83 @@ fn save_then_load_restores_parameters_and_optimizer_state() {
     assert_eq!(resumed, reference, "Adam's moments must come back too");
 }
 
+/// A model with dropout resumes bit for bit: the file keeps the session's random counter
+/// (`checkpoint::RANDOM_COUNTER`) and `load_with` restores it with the optimizer's state, so the
+/// resumed steps draw the masks the uninterrupted run draws (eager and linked, the same seed).
+/// Without the counter (a file from before it, or the counter edited) the masks, and so the
+/// parameters, differ. A counter that is not a whole number is an error that changes nothing.
+#[test]
+fn a_dropout_model_resumes_bit_for_bit_with_the_random_counter() {
+    fn model<O: Train>(rt: &Runtime<O>) -> Sequential<O> {
+        let v = rt.vars();
+        Sequential::new()
+            .add(Linear::new(&v.pp("0"), 4, 8).unwrap())
+            .add(Activation::Relu)
+            .add(tl_nn::Dropout::new(0.3).unwrap())
+            .add(Linear::new(&v.pp("3"), 8, 3).unwrap())
+    }
+    fn check<O: Train>(name: &str, make: impl Fn() -> Runtime<O>) {
+        let x = tensor::<f64>(&[6, 4], 2).cast::<O::T>();
+        let labels = Labels::new(vec![0, 1, 2, 0, 1, 2], 3).unwrap();
+        let step = |rt: &mut Runtime<O>, m: &Sequential<O>, opt: &mut Optimizer| {
+            rt.step(m, opt, |g| {
+                m.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+            })
+            .unwrap()
+        };
+        let mut rt = make();
+        let m = model(&rt);
+        let mut opt = Optimizer::adamw(0.05).unwrap();
+        for _ in 0..3 {
+            step(&mut rt, &m, &mut opt);
+        }
+        let path = tmp(&format!("dropout-{name}.safetensors"));
+        rt.save_with(&m, &path, Some(&opt), &Default::default())
+            .unwrap();
+        let reference: Vec<f64> = (0..4).map(|_| step(&mut rt, &m, &mut opt)).collect();
+        let want = rt.state_dict(&m).unwrap();
+        let resume = |file: &Path| {
+            let mut rt2 = make();
+            let m2 = model(&rt2);
+            let mut opt2 = Optimizer::adamw(0.05).unwrap();
+            rt2.load_with(&m2, file, Some(&mut opt2)).unwrap();
+            let losses: Vec<f64> = (0..4).map(|_| step(&mut rt2, &m2, &mut opt2)).collect();
+            (losses, rt2.state_dict(&m2).unwrap())
+        };
+        assert_eq!(resume(&path), (reference, want.clone()), "{name}: resumed");
+        // The same file without the counter: the masks of steps 0.. again, other parameters.
+        let mut file = checkpoint::read(&path).unwrap();
+        file.metadata.remove(checkpoint::RANDOM_COUNTER);
+        let stale = tmp(&format!("dropout-{name}-no-counter.safetensors"));
+        checkpoint::write(&stale, &file).unwrap();
+        assert_ne!(
+            resume(&stale).1,
+            want,
+            "{name}: the counter made no difference"
+        );
+        // A counter that is not a number: one error naming it; nothing loaded.
+        file.metadata
+            .insert(checkpoint::RANDOM_COUNTER.into(), "-1".into());
+        checkpoint::write(&stale, &file).unwrap();
+        let mut rt3 = make();
+        let m3 = model(&rt3);
+        let before = (rt3.state_dict(&m3).unwrap(), rt3.session().random_counter());
+        let e = rt3
+            .load_with(&m3, &stale, Some(&mut Optimizer::adamw(0.05).unwrap()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(checkpoint::RANDOM_COUNTER) && e.contains("\"-1\""),
+            "{e}"
+        );
+        let after = (rt3.state_dict(&m3).unwrap(), rt3.session().random_counter());
+        assert_eq!(after, before, "{name}: a refused file changed the runtime");
+    }
+    check("eager", || eager::<f64>(Backend::Cpu, 5));
+    check("eager-f32", || eager::<f32>(Backend::Cpu, 5));
+    check("linked", || linked::<f64>(5));
+}
+
 /// Write `file` (a variation of a good checkpoint), try to load it into a fresh model, and
 /// return the error; the model must be unchanged.
 fn load_error(name: &str, edit: impl FnOnce(&mut checkpoint::File)) -> String {

@@ -530,3 +530,60 @@ fn an_eval_pass_reads_the_running_statistics_where_they_live() {
     }
     on_every_runtime!(check);
 }
+
+/// A training step that stops at its loss (non-finite, with `stop_on_non_finite_loss`) or in
+/// its closure after the forward leaves BatchNorm's running statistics as they were, as it
+/// leaves the parameters (a NaN batch would otherwise poison every later eval); a step that
+/// goes on, with the flag or without, updates them by the host rule, as `forward_train` does.
+#[test]
+fn a_step_stopped_at_its_loss_leaves_the_running_statistics() {
+    fn check<O: Train>(name: &str, mut rt: Runtime<O>) {
+        let bn = BatchNorm::with(&rt.vars().pp("bn"), DIMS[1], 1e-5, MOMENTUM).unwrap();
+        let x = batch(&DIMS, 0).cast::<O::T>();
+        let mut nan = x.clone();
+        nan.data_mut()[0] = O::T::lit(f64::NAN);
+        let stats = |rt: &Runtime<O>| {
+            let [m, v] = [&bn.running_mean, &bn.running_var].map(|p| rt.value_of(p).unwrap());
+            (bits(m.data()), bits(v.data()))
+        };
+        let before = stats(&rt);
+        let mut stop = Optimizer::sgd(0.1).unwrap().stop_on_non_finite_loss(true);
+        let e = rt
+            .step(&bn, &mut stop, |g| {
+                bn.forward(&g.input(nan.clone())?)?.sum()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("NaN"), "{name}: {e}");
+        assert_eq!(
+            stats(&rt),
+            before,
+            "{name}: a refused NaN loss moved the statistics"
+        );
+        let e = rt.step(&bn, &mut stop, |g| {
+            let y = bn.forward(&g.input(x.clone())?)?;
+            y.reshape(&[7])
+        });
+        assert!(e.is_err(), "{name}");
+        assert_eq!(
+            stats(&rt),
+            before,
+            "{name}: a failed closure moved the statistics"
+        );
+        // The steps that go on: the host rule from the batch's moments, twice.
+        let (c, count) = (DIMS[1], DIMS.iter().product::<usize>() / DIMS[1]);
+        let as_4d = [DIMS[0], c, count / DIMS[0], 1];
+        let moments = rt
+            .forward_train(&bn, |g| {
+                g.input(x.clone())?.reshape(&as_4d)?.batch_moments()
+            })
+            .unwrap();
+        let mut want = (vec![O::T::lit(0.0); c], vec![O::T::lit(1.0); c]);
+        for mut opt in [stop, Optimizer::sgd(0.1).unwrap()] {
+            rt.step(&bn, &mut opt, |g| bn.forward(&g.input(x.clone())?)?.sum())
+                .unwrap();
+            want = host_rule(moments.data(), count, (&want.0, &want.1));
+            assert_eq!(stats(&rt), (bits(&want.0), bits(&want.1)), "{name}");
+        }
+    }
+    on_every_runtime!(check);
+}

@@ -71,6 +71,12 @@ impl Optimizer {
         self
     }
 
+    /// Whether a `backward_step` with a non-finite loss is refused
+    /// ([`Optimizer::stop_on_non_finite_loss`]).
+    pub fn stops_on_non_finite_loss(&self) -> bool {
+        self.stop_non_finite_loss
+    }
+
     /// What the last completed session step did: its index, learning rate, gradient norm (with
     /// norm clipping) and loss. `None` before the first step.
     pub fn last_step(&self) -> Option<StepStats> {
