@@ -29,7 +29,7 @@ impl Dropout {
 impl Parameters for Dropout {
     fn visit_params(&self, _: &mut dyn FnMut(&Param)) {}
     fn extra_repr(&self) -> String {
-        format!("p={}", crate::display::py_float(self.p))
+        format!("p={}, inplace=False", crate::display::py_float(self.p))
     }
 }
 

@@ -123,7 +123,8 @@ impl<O: Train> Module<O> for LayerNorm {
 /// update the running statistics with PyTorch's rule `running ← (1 − momentum)·running +
 /// momentum·batch` (the running variance takes the unbiased batch variance); eval passes
 /// normalise with the running statistics. PyTorch: `nn.BatchNorm2d(C, eps=1e-5,
-/// momentum=0.1)` (and 1d/3d: any number of trailing axes).
+/// momentum=0.1)` (and 1d/3d: any number of trailing axes, so it prints as `BatchNorm(C, …)`
+/// with PyTorch's settings after the name).
 #[derive(Debug, Clone)]
 pub struct BatchNorm {
     /// Scale (C), named `weight` (ones).
@@ -207,7 +208,7 @@ impl Parameters for BatchNorm {
     }
     fn extra_repr(&self) -> String {
         format!(
-            "{}, eps={}, momentum={}",
+            "{}, eps={}, momentum={}, affine=True, track_running_stats=True",
             self.channels(),
             py_float(self.eps),
             py_float(self.momentum)

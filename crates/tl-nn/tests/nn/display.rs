@@ -35,10 +35,10 @@ fn a_sequential_prints_as_pytorch_prints_it() {
         cnn.to_string(),
         "Sequential(
   (0): Conv2d(1, 8, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))
-  (1): BatchNorm(8, eps=1e-05, momentum=0.1)
+  (1): BatchNorm(8, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
   (2): ReLU()
   (3): MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)
-  (4): Dropout(p=0.25)
+  (4): Dropout(p=0.25, inplace=False)
   (5): Flatten(start_dim=1, end_dim=-1)
   (6): Linear(in_features=128, out_features=10, bias=False)
 )"
