@@ -99,10 +99,14 @@ pub fn read(path: &Path) -> Result<(File, Header)> {
         .get("model")
         .and_then(|m| ModelName::parse(m))
         .ok_or_else(|| bad("no known `model` in the metadata".into()))?;
-    let epochs = meta
-        .get("epochs")
-        .and_then(|e| e.parse().ok())
-        .ok_or_else(|| bad("no `epochs` in the metadata".into()))?;
+    let epochs = match meta.get("epochs") {
+        None => return Err(bad("no `epochs` in the metadata".into())),
+        Some(e) => e.parse().map_err(|_| {
+            bad(format!(
+                "`epochs` in the metadata is {e:?}, not a whole number of epochs"
+            ))
+        })?,
+    };
     let optimizer = match meta.get("optimizer") {
         None => None,
         Some(o) => Some(

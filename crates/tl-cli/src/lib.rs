@@ -25,6 +25,7 @@ pub mod fno_paper;
 pub mod grf;
 pub mod metrics;
 pub mod model;
+pub mod outputs;
 pub mod plot;
 pub mod text;
 pub mod train;

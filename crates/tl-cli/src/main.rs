@@ -69,6 +69,11 @@ fn out(text: &str) {
 
 fn cmd_train(a: &TrainArgs) -> Result<ExitCode> {
     let cfg = TrainConfig::from_args(a)?;
+    // Rank 0 writes the outputs; under mpirun with several ranks another machine's paths are
+    // not this one's to check.
+    if tl_cli::dist::launched_ranks().is_none_or(|n| n == 1) {
+        tl_cli::outputs::check(a.save.as_deref(), a.plot.as_deref(), cfg.epochs)?;
+    }
     let report = train(&cfg, |line| out(&format!("{line}\n")))?;
     if report.rank != 0 {
         // Under mpirun rank 0 prints and writes the outputs (its checkpoint: `train`).
@@ -132,6 +137,11 @@ fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
     verify::check_backend(backend)?;
     let mut cfg = RunConfig::from_env_or(64);
     if let Some(c) = a.cases {
+        if c == 0 {
+            return Err(CliError::new(
+                "--cases must be at least 1 (0 would check nothing)",
+            ));
+        }
         cfg.cases = c;
     }
     if let Some(s) = a.seed {

@@ -353,7 +353,13 @@ fn run<O: Train<T = f32>>(
         }
     }
     let (mut step_losses, mut epoch_losses) = (Vec::new(), Vec::new());
-    let total = done + cfg.epochs;
+    let total = done.checked_add(cfg.epochs).ok_or_else(|| {
+        CliError::new(format!(
+            "--epochs {} after the checkpoint's {done}: the total is past {}",
+            cfg.epochs,
+            usize::MAX
+        ))
+    })?;
     let mut epoch_secs = 0.0;
     for epoch in done + 1..=total {
         let order = permutation(train.len(), cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37));

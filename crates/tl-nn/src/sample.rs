@@ -86,7 +86,9 @@ pub fn sample<T: Scalar>(
     let mut order: Vec<usize> = (0..v).collect();
     last.chunks(v)
         .map(|row| {
-            // Stable: equal logits keep the lower token first.
+            // Stable from token order: equal logits keep the lower token first (the order
+            // starts over each row, not from the previous row's sort).
+            order.iter_mut().enumerate().for_each(|(i, t)| *t = i);
             order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
             let kept = &order[..top_k.min(v)];
             let top = row[kept[0]];

@@ -3,7 +3,10 @@
 //! CUDA tape's simulation device.
 //!
 //! `key(seed, counter) = splitmix64(seed + counter)`; element `i` (row-major) of a draw keyed by
-//! `key` uses `u = low 32 bits of splitmix64(key + i)`. All arithmetic wraps. PyTorch has no
+//! `key` uses `u = low 32 bits of splitmix64(key + i)`. All arithmetic wraps. By that formula
+//! seed s + 1 at counter c draws what seed s draws at counter c + 1: runs meant to be
+//! independent take seeds further apart than the draws they make (a hash of the run's name,
+//! not 0, 1, 2). PyTorch has no
 //! counter-based equivalent (its generators are stateful); this is the scheme of JAX's and
 //! TorchLean's keyed randomness.
 
@@ -52,7 +55,8 @@ pub fn below_one<T: Scalar>() -> T {
 /// uniforms of positions `2i` and `2i + 1`: `√(−2 ln(1 − u₁))·cos(2π u₂)` (finite: `1 − u₁ > 0`).
 /// PyTorch: one element of `torch.randn` (another generator, the same distribution).
 pub fn normal(key: u64, i: u64) -> f64 {
-    let (u1, u2) = (unit(key, 2 * i), unit(key, 2 * i + 1));
+    let j = i.wrapping_mul(2);
+    let (u1, u2) = (unit(key, j), unit(key, j.wrapping_add(1)));
     (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
@@ -74,8 +78,11 @@ mod tests {
         assert_eq!(splitmix64(0x9e37_79b9_7f4a_7c15), 0x6e78_9e6a_a1b9_65f4);
         assert_eq!(key(5, 7), splitmix64(12));
         assert_eq!(bits(u64::MAX, 1), splitmix64(0) as u32);
-        // Wrapping: seed + counter and key + i overflow silently.
+        // Wrapping: seed + counter and key + i overflow silently, and so do a normal's
+        // positions 2i and 2i + 1.
         assert_eq!(key(u64::MAX, 1), splitmix64(0));
+        assert!(normal(3, u64::MAX).is_finite());
+        assert_eq!(normal(3, u64::MAX), normal(3, u64::MAX >> 1));
     }
 
     #[test]

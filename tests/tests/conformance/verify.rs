@@ -1,8 +1,8 @@
 //! The `tl-verify` table: rows, cells, `n/a` where a check does not apply, and the tally that
 //! drives its exit status and `--coverage`.
 
-use tl_conformance::RunConfig;
 use tl_conformance::verify::{COLUMNS, FAMILY_ROWS, NAME_WIDTH, render, row, row_names, tally};
+use tl_conformance::{Report, RunConfig};
 
 #[test]
 fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
@@ -41,11 +41,18 @@ fn rows_cover_every_op_and_the_dag_and_tally_their_cells() {
         cases: 0,
         ..RunConfig::default()
     };
-    let t = tally(&[row("add", &empty).unwrap()]);
-    assert_eq!(
-        (t.passed, t.empty),
-        (COLUMNS.len(), COLUMNS.len()),
-        "zero-case cells are what --coverage rejects"
+    // A run of zero cases checks nothing: every cell fails, naming the count (it passed
+    // empty, which only --coverage rejected).
+    let r = row("add", &empty).unwrap();
+    let t = tally(std::slice::from_ref(&r));
+    assert_eq!((t.passed, t.failed), (0, COLUMNS.len()));
+    let failures: Vec<&Report> = r.cells.iter().flatten().filter(|c| !c.passed()).collect();
+    assert!(
+        failures.len() == COLUMNS.len()
+            && failures
+                .iter()
+                .all(|c| c.to_string().contains("case count is 0")),
+        "{failures:?}"
     );
 }
 

@@ -13,6 +13,7 @@ fn unknown_model_and_bad_flags_are_one_line_usage_errors() {
     assert_one_line_error(&tl(&["train", "--lr", "-1", "--epochs", "1"]), &["--lr"]);
     assert_one_line_error(&tl(&["train", "--batch-size", "0"]), &["--batch-size"]);
     assert_one_line_error(&tl(&["verify", "--only", "nosuchop"]), &["nosuchop"]);
+    assert_one_line_error(&tl(&["verify", "--cases", "0"]), &["--cases", "at least 1"]);
 }
 
 #[test]
@@ -34,6 +35,61 @@ fn resuming_another_models_checkpoint_is_a_clear_error() {
     assert_one_line_error(&o, &["holds a mlp model, not cnn"]);
     let o = tl(&["eval", "--model", "transformer", "--checkpoint", p]);
     assert_one_line_error(&o, &["holds a mlp model, not transformer"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--save` and `--plot` are checked before anything trains (they were written after the
+/// run, so a bad path lost it): a missing directory, a directory, a plot that is not a PNG,
+/// a plot of zero epochs. And a resumed run whose epoch count would overflow is an error, not
+/// a wrapped count with exit 0.
+#[test]
+fn bad_output_paths_and_epoch_counts_are_refused_before_training() {
+    let dir = scratch("outputs");
+    let at = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let missing = at("no/such/dir/m.safetensors");
+    let (svg, png, ckpt) = (at("l.svg"), at("z.png"), at("z.safetensors"));
+    let d = dir.to_str().unwrap().to_owned();
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["--epochs", "1", "--save", &missing],
+            &["--save", "does not exist"],
+        ),
+        (
+            &["--epochs", "1", "--save", &d],
+            &["--save", "not a regular file"],
+        ),
+        (&["--epochs", "1", "--plot", &svg], &["--plot", ".png"]),
+        (
+            &["--epochs", "0", "--plot", &png, "--save", &ckpt],
+            &["--epochs 0"],
+        ),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["train", "--train-subset", "32"];
+        args.extend_from_slice(flags);
+        let o = tl(&args);
+        assert_one_line_error(&o, want);
+        assert!(o.stdout.is_empty(), "{flags:?}: trained before refusing");
+    }
+    assert!(
+        !dir.join("z.safetensors").exists(),
+        "a refused run wrote its checkpoint"
+    );
+    let o = tl(&[
+        "train",
+        "--epochs",
+        "1",
+        "--train-subset",
+        "32",
+        "--save",
+        &ckpt,
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let huge = usize::MAX.to_string();
+    let o = tl(&[
+        "train", "--resume", &ckpt, "--epochs", &huge, "--save", &ckpt,
+    ]);
+    assert_one_line_error(&o, &["--epochs", "the total is past"]);
     let _ = std::fs::remove_dir_all(dir);
 }
 

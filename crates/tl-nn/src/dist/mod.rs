@@ -69,6 +69,16 @@ impl Group {
     fn agree_layout<R>(&self, what: &'static str, mine: Result<R>, layout: &[u64]) -> Result<R> {
         let record = status::Status::of(self.steps.get(), &mine, layout);
         let all = self.comm.all_gather_bytes(&record.encode())?;
+        if all.len() != self.comm.size() {
+            return Err(usage(
+                what,
+                format!(
+                    "the engine's all-gather returned {} record(s) for a world of {}",
+                    all.len(),
+                    self.comm.size()
+                ),
+            ));
+        }
         let statuses = status::decode_all(what, &all)?;
         if mine.is_ok() && statuses.iter().all(|s| s.ok) {
             reduce::check_layout(&statuses)?;
@@ -201,6 +211,15 @@ impl<O: Train> Runtime<O> {
             ));
         }
         self.check_listed(WHAT, model)?;
+        let (rank, size) = (comm.rank(), comm.size());
+        if size == 0 || rank >= size {
+            return Err(usage(
+                WHAT,
+                format!(
+                    "the engine reports rank {rank} of a world of {size}: a world has at least one rank, numbered from 0 below its size"
+                ),
+            ));
+        }
         let params = self.named_params_of(model);
         let mut mine = Vec::with_capacity(params.len());
         {
@@ -215,7 +234,16 @@ impl<O: Train> Runtime<O> {
         }
         let encoded = status::encode_sigs(comm.size(), <O::T as tl_spec::Scalar>::NAME, &mine);
         let all = comm.all_gather_bytes(&encoded)?;
-        status::check_sigs(comm.rank(), &all)?;
+        if all.len() != size {
+            return Err(usage(
+                WHAT,
+                format!(
+                    "the engine's all-gather returned {} record(s) for a world of {size} (one per rank expected)",
+                    all.len()
+                ),
+            ));
+        }
+        status::check_sigs(rank, &all)?;
         // Rank 0's values everywhere (also when the ranks were seeded alike: a cheap guarantee).
         for (_, p) in &params {
             let mut t = self.value_of(p)?;

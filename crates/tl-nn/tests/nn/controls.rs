@@ -82,6 +82,28 @@ fn bad_schedule_and_clipping_values_are_errors_naming_the_value() {
         let e = r.unwrap_err().to_string();
         assert!(e.contains(want), "expected {want:?} in {e}");
     }
+    // The same schedules built from their public fields: `lr_at` refuses them (it divided by
+    // zero, or gave NaN).
+    for (sched, want) in [
+        (
+            Schedule::Step {
+                step_size: 0,
+                gamma: 0.5,
+            },
+            "step_size = 0",
+        ),
+        (
+            Schedule::Linear {
+                start_factor: 0.5,
+                end_factor: 1.0,
+                total_iters: 0,
+            },
+            "total_iters = 0",
+        ),
+    ] {
+        let e = sched.lr_at(1.0, 3).unwrap_err().to_string();
+        assert!(e.contains(want), "expected {want:?} in {e}");
+    }
     let opt = || Optimizer::adam(0.1).unwrap();
     for (r, want) in [
         (opt().clip_grad_norm(-1.0, 2.0), "max_norm = -1"),
@@ -312,6 +334,36 @@ fn non_finite_case<O: Train>(mut rt: Runtime<O>, what: &str) {
         })
         .unwrap();
     assert!(l.is_nan(), "{what}");
+}
+
+/// A schedule whose rate overflows (exponential γ = 1e200: 1, 1e200, then ∞) stops the step
+/// that would use it, naming the schedule and the step, before anything changes (PyTorch
+/// steps on with an infinite rate and writes ±∞); the steps before it ran.
+#[test]
+fn a_schedule_rate_that_is_not_finite_stops_the_step() {
+    fn check<O: Train>(mut rt: Runtime<O>, what: &str) {
+        let m = one(&rt, &[1.0, -2.0]);
+        let sched = Schedule::exponential(1e200).unwrap();
+        let mut opt = Optimizer::sgd(1e-300).unwrap().schedule(sched).unwrap();
+        let c = Tensor::vector(vec![O::T::lit(1.0), O::T::lit(1.0)]);
+        let step = |rt: &mut Runtime<O>, opt: &mut Optimizer| {
+            rt.step(&m, opt, |s| (s.param(&m.0)? * s.input(c.clone())?)?.sum())
+        };
+        for _ in 0..2 {
+            step(&mut rt, &mut opt).unwrap();
+        }
+        let before = values(&rt, &m);
+        let e = step(&mut rt, &mut opt).unwrap_err().to_string();
+        assert!(
+            e.contains("ExponentialLR") && e.contains("step 2") && e.contains("inf"),
+            "{what}: {e}"
+        );
+        assert_eq!(values(&rt, &m), before, "{what}: the model moved");
+        assert_eq!(opt.steps_done(), 2, "{what}");
+    }
+    check(eager::<f64>(Backend::Cpu, 0), "cpu");
+    check(eager::<f32>(Backend::CudaSim, 0), "cuda sim");
+    check(linked::<f64>(0), "linked");
 }
 
 #[test]

@@ -376,6 +376,19 @@ fn sample_with_top_k_one_or_a_small_temperature_is_argmax() {
     // Reproducible per seed.
     let a = sample(&x, 0.8, 5, &mut Rng::new(4)).unwrap();
     assert_eq!(a, sample(&x, 0.8, 5, &mut Rng::new(4)).unwrap());
+    // Ties in every row after the first, ordered otherwise by the row before: each row's cut
+    // starts from token order (the lower token first), so top_k = 1 is still argmax, and a
+    // cut of 2 through a row of equal logits keeps tokens 0 and 1.
+    let ties =
+        Tensor::<f64>::new([3, 4], vec![0., 0., 1., 2., 5., 5., 5., 5., 3., 7., 7., 1.]).unwrap();
+    assert_eq!(argmax(&ties).unwrap(), [3, 0, 1]);
+    assert_eq!(sample(&ties, 1.0, 1, &mut r).unwrap(), [3, 0, 1]);
+    let row1 = Tensor::<f64>::new([2, 4], vec![0., 0., 1., 2., 5., 5., 5., 5.]).unwrap();
+    let mut seen = [false; 4];
+    for _ in 0..200 {
+        seen[sample(&row1, 1.0, 2, &mut r).unwrap()[1]] = true;
+    }
+    assert_eq!(seen, [true, true, false, false]);
 }
 
 #[test]

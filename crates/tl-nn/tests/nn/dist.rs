@@ -976,3 +976,59 @@ fn accumulated_steps_in_a_group_match_one_rank_on_the_whole_batch() {
         .collect();
     assert_eq!(failed, vec![start.clone(), start]);
 }
+
+/// An engine that misreports its world: `rank` of `size`, its all-gather returning `records`
+/// copies of this rank's record.
+struct Misreported {
+    rank: usize,
+    size: usize,
+    records: usize,
+}
+
+impl Collective for Misreported {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_reduce_sum_f32(&self, _: &mut [f32]) -> tl_nn::Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, _: &mut [f64]) -> tl_nn::Result<()> {
+        Ok(())
+    }
+    fn broadcast_f32(&self, _: &mut [f32]) -> tl_nn::Result<()> {
+        Ok(())
+    }
+    fn broadcast_f64(&self, _: &mut [f64]) -> tl_nn::Result<()> {
+        Ok(())
+    }
+    fn all_gather_bytes(&self, mine: &[u8]) -> tl_nn::Result<Vec<Vec<u8>>> {
+        Ok(vec![mine.to_vec(); self.records])
+    }
+}
+
+/// A user's engine that reports no rank, a rank past its world or an all-gather short of the
+/// world is an error naming the numbers when the runtime joins the group (it indexed out of
+/// bounds), and the runtime stays out of any group.
+#[test]
+fn an_engine_that_misreports_its_world_is_refused_when_joining() {
+    for (rank, size, records, want) in [
+        (0, 0, 0, "rank 0 of a world of 0"),
+        (3, 2, 2, "rank 3 of a world of 2"),
+        (0, 2, 1, "returned 1 record(s) for a world of 2"),
+        (1, 2, 3, "returned 3 record(s) for a world of 2"),
+    ] {
+        let mut rt = eager::<f32>(Backend::Cpu, 0);
+        let model = Linear::new(&rt.vars().pp("0"), 4, 3).unwrap();
+        let engine = Box::new(Misreported {
+            rank,
+            size,
+            records,
+        });
+        let e = rt.data_parallel(&model, engine).unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+        assert_eq!(rt.rank(), 0, "{want}: joined a group");
+    }
+}

@@ -270,9 +270,28 @@ impl Schedule {
         }
     }
 
-    /// The learning rate of step `k` (from 0) for an optimizer whose own rate is `base`;
-    /// an error past a one-cycle schedule's end (PyTorch raises there too).
+    /// The learning rate of step `k` (from 0) for an optimizer whose own rate is `base`. An
+    /// error, naming the schedule, for a schedule [`Schedule::validate`] refuses (its fields
+    /// are public), past a one-cycle schedule's end (PyTorch raises there too), and where the
+    /// rate is not finite and ≥ 0 (an exponential γ > 1 overflows after enough steps, where
+    /// PyTorch steps on with an infinite rate): a session step stops there, before anything
+    /// changes.
     pub fn lr_at(&self, base: f64, k: u64) -> Result<f64> {
+        self.validate()?;
+        let lr = self.rate(base, k)?;
+        if lr.is_finite() && lr >= 0.0 {
+            return Ok(lr);
+        }
+        Err(Error::Usage {
+            what: self.name(),
+            detail: format!(
+                "the learning rate of step {k} is {lr} (base rate {base}): not a finite rate ≥ 0"
+            ),
+        })
+    }
+
+    /// [`Schedule::lr_at`]'s formula.
+    fn rate(&self, base: f64, k: u64) -> Result<f64> {
         let kf = k as f64;
         Ok(match *self {
             Schedule::Step { step_size, gamma } => base * gamma.powf((k / step_size) as f64),
