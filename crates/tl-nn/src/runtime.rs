@@ -203,6 +203,8 @@ impl<O: Train> Runtime<O> {
         training: bool,
         grad: bool,
     ) -> Result<()> {
+        // A step whose closure panicked left its deferral open: this pass applies its own.
+        self.deferred.borrow_mut().take();
         let mut s = self.session.borrow_mut();
         s.reset();
         s.set_grad_enabled(grad);

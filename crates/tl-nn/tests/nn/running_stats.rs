@@ -577,7 +577,34 @@ fn a_step_stopped_at_its_loss_leaves_the_running_statistics() {
                 g.input(x.clone())?.reshape(&as_4d)?.batch_moments()
             })
             .unwrap();
-        let mut want = (vec![O::T::lit(0.0); c], vec![O::T::lit(1.0); c]);
+        // A step whose closure panics (caught by the caller) leaves no deferral behind: the
+        // next training forward outside a step updates the statistics at once.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut opt = Optimizer::sgd(0.1).unwrap();
+            let _ = rt.step(&bn, &mut opt, |g| {
+                bn.forward(&g.input(x.clone())?)?;
+                panic!("a planted panic after the forward");
+            });
+        }));
+        assert!(panicked.is_err(), "{name}");
+        assert_eq!(
+            stats(&rt),
+            before,
+            "{name}: the panicked step moved the statistics"
+        );
+        rt.forward_train(&bn, |g| bn.forward(&g.input(x.clone())?))
+            .unwrap();
+        let once = host_rule(
+            moments.data(),
+            count,
+            (&vec![O::T::lit(0.0); c], &vec![O::T::lit(1.0); c]),
+        );
+        assert_eq!(
+            stats(&rt),
+            (bits(&once.0), bits(&once.1)),
+            "{name}: forward_train"
+        );
+        let mut want = once;
         for mut opt in [stop, Optimizer::sgd(0.1).unwrap()] {
             rt.step(&bn, &mut opt, |g| bn.forward(&g.input(x.clone())?)?.sum())
                 .unwrap();
