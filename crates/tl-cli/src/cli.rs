@@ -1,6 +1,13 @@
 //! The command line (clap derive): `tl train | eval | verify | graph`.
+//!
+//! Every numeric flag takes a negative number as its value (`allow_negative_numbers`), so
+//! `--epochs -1` is refused naming the flag and the value rather than read as an unknown flag
+//! `-1`; the integer flags parse with [`count`], [`count_u32`] and [`seed`], which say what the
+//! value must be.
 
+use std::fmt::Display;
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -154,18 +161,18 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
     /// Training grid s of --preset fno-paper (a power of two, 32..=8192) [default: 256].
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = count)]
     pub grid: Option<usize>,
     /// Grid of the zero-shot super-resolution test of --preset fno-paper (a power of two up to
     /// 8192; 0: none) [default: 4·S, at most 8192; none when S = 8192].
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = count)]
     pub super_grid: Option<usize>,
     /// Fourier modes of --preset fno-paper (at most S/2) [default: 16].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count)]
     pub modes: Option<usize>,
     /// Output scale of --preset fno-paper: the FNO's output is multiplied by C (1: the paper's
     /// model as published; see docs/benchmarks.md) [default: 0.01].
-    #[arg(long, value_name = "C")]
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
     pub output_scale: Option<f64>,
     /// Directory of the data cache of --preset fno-paper [default: $TL_CACHE_DIR, else
     /// $XDG_CACHE_HOME/tl, else ~/.cache/tl].
@@ -175,19 +182,19 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: BackendName,
     /// Epochs to run (in this invocation; a resumed run counts on from the checkpoint).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub epochs: Option<usize>,
-    /// Minibatch size.
-    #[arg(long)]
+    /// Minibatch size (at least 1).
+    #[arg(long, allow_negative_numbers = true, value_parser = count)]
     pub batch_size: Option<usize>,
-    /// Learning rate.
+    /// Learning rate (a positive number).
     #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// The optimizer.
     #[arg(long, value_enum)]
     pub optimizer: Option<OptimizerName>,
     /// Seed for initialisation and minibatch order.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = seed)]
     pub seed: u64,
     /// Record each step as a GraphData (LinkedSession) and compile it into the backend's tape.
     #[arg(long)]
@@ -204,12 +211,12 @@ pub struct TrainArgs {
     /// Start from the parameters of a checkpoint saved by `--save`.
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
-    /// Use only the first N training examples (quick runs and tests).
-    #[arg(long, value_name = "N")]
+    /// Use only the first N training examples (quick runs and tests; at least 1).
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count)]
     pub train_subset: Option<usize>,
-    /// Evaluate on only the first N test examples (quick runs and tests; for the transformer
-    /// the unigram baseline is computed on the same windows).
-    #[arg(long, value_name = "N")]
+    /// Evaluate on only the first N test examples (quick runs and tests; at least 1; for the
+    /// transformer the unigram baseline is computed on the same windows).
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count)]
     pub test_subset: Option<usize>,
 }
 
@@ -228,7 +235,7 @@ pub struct EvalArgs {
     /// A --preset fno-paper checkpoint: the grid to test at (a power of two up to 8192; a
     /// finer grid than the training one is the zero-shot super-resolution test) [default: the
     /// training grid].
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = count)]
     pub grid: Option<usize>,
     /// A --preset fno-paper checkpoint: the directory of the data cache [default: as tl train].
     #[arg(long, value_name = "DIR")]
@@ -241,11 +248,11 @@ pub struct VerifyArgs {
     /// The tape to verify against the IR reference.
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: BackendName,
-    /// Cases per check (default: $TL_CASES or 64).
-    #[arg(long)]
+    /// Cases per check, at least 1 (default: $TL_CASES or 64).
+    #[arg(long, allow_negative_numbers = true, value_parser = count_u32)]
     pub cases: Option<u32>,
     /// Seed (default: $TL_SEED or the harness' fixed seed).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = seed)]
     pub seed: Option<u64>,
     /// Only these rows (op names, or `dag`); repeatable.
     #[arg(long, value_name = "OP")]
@@ -261,10 +268,133 @@ pub struct GraphArgs {
     /// The model whose training step to record.
     #[arg(long, value_enum, default_value = "mlp")]
     pub model: ModelName,
-    /// Batch size of the recorded step.
-    #[arg(long, default_value_t = 1)]
+    /// Batch size of the recorded step (at least 1; past the training examples, all of them).
+    #[arg(
+        long,
+        default_value_t = 1,
+        allow_negative_numbers = true,
+        value_parser = count
+    )]
     pub batch_size: usize,
     /// Output file (default: standard output).
     #[arg(short = 'o', long, value_name = "DOT")]
     pub output: Option<PathBuf>,
+}
+
+/// An integer flag's value: `T` parsed, or what the value must be: a non-negative integer
+/// (for `-1`, `1.5`, `many`), or one at most `max` (for a string of digits too large).
+fn non_negative<T: FromStr>(s: &str, max: impl Display) -> Result<T, String> {
+    if let Ok(v) = s.parse() {
+        return Ok(v);
+    }
+    let digits = s.strip_prefix('+').unwrap_or(s);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        Err(format!("must be a non-negative integer up to {max}"))
+    } else {
+        Err("must be a non-negative integer".to_owned())
+    }
+}
+
+/// clap value parser of a count or size flag (`--epochs`, `--batch-size`, `--grid`, …): a
+/// non-negative integer that fits a `usize`; a range (at least 1, a power of two) is the
+/// command's to check. clap prints the error as `invalid value '-1' for '--epochs <EPOCHS>':
+/// must be a non-negative integer`.
+pub fn count(s: &str) -> Result<usize, String> {
+    non_negative(s, usize::MAX)
+}
+
+/// [`count`] for a `u32` flag (`tl verify --cases`).
+pub fn count_u32(s: &str) -> Result<u32, String> {
+    non_negative(s, u32::MAX)
+}
+
+/// clap value parser of a `--seed`: a non-negative integer that fits a `u64`.
+pub fn seed(s: &str) -> Result<u64, String> {
+    non_negative(s, u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::TypeId;
+
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn integer_flags_say_what_the_value_must_be() {
+        assert_eq!(count("0"), Ok(0));
+        assert_eq!(count("+7"), Ok(7));
+        assert_eq!(seed(&u64::MAX.to_string()), Ok(u64::MAX));
+        for bad in ["-1", "-0.5", "1.5", "many", "", "0x10", " 1"] {
+            assert_eq!(
+                count(bad),
+                Err("must be a non-negative integer".to_owned()),
+                "{bad:?}"
+            );
+        }
+        let e = count_u32("4294967296").unwrap_err();
+        assert!(e.contains("up to 4294967295"), "{e}");
+        let e = seed("18446744073709551616").unwrap_err();
+        assert!(e.contains("up to 18446744073709551615"), "{e}");
+    }
+
+    /// Every numeric flag of every subcommand takes `-1` as its value: an integer flag refuses
+    /// it saying it must be a non-negative integer (naming the flag and the value), a float flag
+    /// parses it for the command to check. A numeric flag added without
+    /// `allow_negative_numbers` (or an integer one without its parser) fails here.
+    #[test]
+    fn every_numeric_flag_takes_negative_numbers_as_values() {
+        let ints = [
+            TypeId::of::<usize>(),
+            TypeId::of::<u32>(),
+            TypeId::of::<u64>(),
+        ];
+        let mut numeric = Vec::new();
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let id = arg.get_value_parser().type_id();
+                let int = ints.iter().any(|&t| id == t);
+                if !(int || id == TypeId::of::<f64>()) {
+                    continue;
+                }
+                let (name, flag) = (sub.get_name(), arg.get_long().unwrap_or_default());
+                numeric.push(format!("{name} --{flag}"));
+                let long = format!("--{flag}");
+                let mut argv = vec!["tl", name, &long, "-1"];
+                if name == "eval" {
+                    argv.extend(["--checkpoint", "c.safetensors"]);
+                }
+                let r = Cli::try_parse_from(&argv);
+                if int {
+                    let e = r.err().map(|e| e.to_string()).unwrap_or_default();
+                    for want in ["-1", flag, "must be a non-negative integer"] {
+                        assert!(e.contains(want), "{argv:?}: {e:?} lacks {want:?}");
+                    }
+                } else {
+                    assert!(r.is_ok(), "{argv:?}: {:?}", r.err());
+                }
+            }
+        }
+        assert_eq!(
+            numeric,
+            [
+                "train --grid",
+                "train --super-grid",
+                "train --modes",
+                "train --output-scale",
+                "train --epochs",
+                "train --batch-size",
+                "train --lr",
+                "train --seed",
+                "train --train-subset",
+                "train --test-subset",
+                "eval --grid",
+                "verify --cases",
+                "verify --seed",
+                "graph --batch-size",
+            ]
+        );
+    }
 }

@@ -8,19 +8,23 @@ use tl_ir::GraphData;
 use tl_nn::Runtime;
 use tl_session::LinkedSession;
 
-use crate::Result;
 use crate::cli::ModelName;
 use crate::dataset::load;
 use crate::model::Model;
+use crate::{CliError, Result};
 
 /// Record one training step's forward pass and loss of `model` on the first `batch` training
-/// examples in a linked session and return its graph (handed over by `Runtime::record` before
-/// the pass ends; nothing is evaluated or stepped).
+/// examples (all of them when `batch` is larger, as `tl train` makes one batch of them) in a
+/// linked session and return its graph (handed over by `Runtime::record` before the pass ends;
+/// nothing is evaluated or stepped). A `batch` of 0 is a usage error naming `--batch-size`.
 pub fn record(model: ModelName, batch: usize) -> Result<GraphData> {
+    if batch == 0 {
+        return Err(CliError::usage("--batch-size 0: must be at least 1"));
+    }
     let rt = Runtime::new(LinkedSession::<f32>::new());
     let m = Model::new(model, &rt)?;
     let (train, _, _) = load(model, None)?;
-    let idx: Vec<usize> = (0..batch.clamp(1, train.len())).collect();
+    let idx: Vec<usize> = (0..batch.min(train.len())).collect();
     let b = train.batch(&idx)?;
     let g = rt.record(
         &m,
@@ -96,6 +100,13 @@ mod tests {
         let edges: usize = g.nodes().iter().map(|n| n.args().len()).sum();
         assert_eq!(dot.matches(" -> ").count(), edges);
         assert_eq!(dot.matches("shape=").count(), g.len());
+    }
+
+    #[test]
+    fn a_batch_of_zero_is_a_usage_error() {
+        let e = record(ModelName::Mlp, 0).unwrap_err();
+        assert!(e.is_usage(), "{e}");
+        assert!(e.to_string().contains("--batch-size 0"), "{e}");
     }
 
     #[test]

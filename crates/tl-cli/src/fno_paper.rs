@@ -496,6 +496,18 @@ pub struct PaperRun {
     pub output_scale: f64,
 }
 
+/// Check the grid `s` given by `flag` (`--grid`, `--super-grid`): a power of two up to the
+/// solver's `source_grid` (its subsampling); a usage error naming the flag and `s` if not.
+pub fn check_grid(flag: &str, s: usize, source_grid: usize) -> Result<()> {
+    if s.is_power_of_two() && s <= source_grid {
+        Ok(())
+    } else {
+        Err(CliError::usage(format!(
+            "{flag} {s}: must be a power of two up to {source_grid} (the solver's {source_grid}-point grid subsampled)"
+        )))
+    }
+}
+
 impl PaperRun {
     /// The paper's run at `grid` (`None`: [`PAPER_GRID`]) with `modes` (`None`:
     /// [`PAPER_MODES`]) and the super-resolution grid `super_grid` (`None`: 4·grid, at most the
@@ -529,7 +541,7 @@ impl PaperRun {
     /// paper's model as published).
     pub fn with_output_scale(mut self, scale: f64) -> Result<Self> {
         if !(scale.is_finite() && scale > 0.0) {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--output-scale {scale}: must be a positive number"
             )));
         }
@@ -570,28 +582,21 @@ impl PaperRun {
         Ok(())
     }
 
-    /// Check the grids and modes against each other and the data.
+    /// Check the grids and modes against each other and the data; a bad grid or mode count
+    /// is a usage error naming its flag (`tl eval` makes one of a checkpoint's values a
+    /// runtime error).
     pub fn validate(&self) -> Result<()> {
         self.data.validate()?;
         let src = self.data.source_grid;
-        let grid_ok = |flag: &str, s: usize| {
-            if s.is_power_of_two() && s <= src {
-                Ok(())
-            } else {
-                Err(CliError::new(format!(
-                    "{flag} {s}: must be a power of two up to {src} (the solver's {src}-point grid subsampled)"
-                )))
-            }
-        };
-        grid_ok("--grid", self.grid)?;
+        check_grid("--grid", self.grid, src)?;
         if let Some(s) = self.super_grid {
-            grid_ok("--super-grid", s)?;
+            check_grid("--super-grid", s, src)?;
         }
         let min_grid = self.super_grid.map_or(self.grid, |s| s.min(self.grid));
         // `modes > s/2` rather than `2 * modes > s`: a --modes of 2⁶³ or more (from the command
         // line or a checkpoint) must not overflow.
         if self.modes == 0 || self.modes > min_grid / 2 {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--modes {}: must be between 1 and s/2 = {} (the grid of {min_grid} points keeps at most s/2 Fourier modes)",
                 self.modes,
                 min_grid / 2
@@ -718,7 +723,10 @@ mod tests {
         assert_ne!(other.cache_path(&dir), path);
         // A file under this name with another key is refused, naming the key.
         std::fs::copy(&path, other.cache_path(&dir)).unwrap();
-        let e = other.read_cache(&other.cache_path(&dir)).unwrap_err().0;
+        let e = other
+            .read_cache(&other.cache_path(&dir))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("metadata dt") && e.contains("burgers-fno-paper"),
             "{e}"
@@ -728,14 +736,17 @@ mod tests {
         let last = bytes.len() - 3;
         bytes[last] ^= 0x40;
         std::fs::write(&path, &bytes).unwrap();
-        let e = SMALL.load_or_generate(&dir, 2, &mut |_| {}).unwrap_err().0;
+        let e = SMALL
+            .load_or_generate(&dir, 2, &mut |_| {})
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("checksum") && e.contains(&path.display().to_string()),
             "{e}"
         );
         // Truncated: not safetensors.
         std::fs::write(&path, &bytes[..100]).unwrap();
-        let e = SMALL.read_cache(&path).unwrap_err().0;
+        let e = SMALL.read_cache(&path).unwrap_err().to_string();
         assert!(
             e.starts_with("data cache") && e.contains("delete the file"),
             "{e}"

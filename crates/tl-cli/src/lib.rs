@@ -12,7 +12,8 @@
 //! - `tl graph`: a model's recorded `GraphData` as Graphviz DOT.
 //!
 //! The library half holds everything the binary does, so tests can drive training directly; the
-//! binary (`src/main.rs`) only parses arguments and prints errors as one `error: ...` line.
+//! binary (`src/main.rs`) only parses arguments and prints errors as one `error: ...` line,
+//! exiting 2 for a usage error and 1 for a runtime one ([`error::Kind`]).
 
 pub mod burgers;
 pub mod checkpoint;

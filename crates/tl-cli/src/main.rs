@@ -1,5 +1,8 @@
 //! `tl`: train, evaluate and verify models on the torchlean-rs runtime. Every error a user can
-//! hit prints one `error: ...` line on stderr and exits non-zero (2 for usage errors).
+//! hit prints one `error: ...` line on stderr and exits non-zero: 2 for a usage error (a flag
+//! or value clap refuses, or a flag value the command refuses after parsing: the error's
+//! [`Kind`]), 1 for a failure while running (I/O, a checkpoint, a backend, training). A bare
+//! `tl` prints the help on stderr and exits 2.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -8,6 +11,7 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use indicatif::{ProgressBar, ProgressStyle};
 use tl_cli::cli::{Cli, Command, EvalArgs, GraphArgs, TrainArgs, VerifyArgs};
+use tl_cli::error::Kind;
 use tl_cli::train::{EvalConfig, TrainConfig, eval_checkpoint, train};
 use tl_cli::{CliError, Result, dot, plot, verify};
 use tl_conformance::RunConfig;
@@ -20,9 +24,14 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        // A bare `tl`: the whole help, as clap prints it (on stderr), and a usage exit.
+        Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::from(Kind::Usage.exit_code());
+        }
         Err(e) => {
             eprintln!("{}", clap_one_line(&e.to_string()));
-            return ExitCode::from(2);
+            return ExitCode::from(Kind::Usage.exit_code());
         }
     };
     let r = match cli.command {
@@ -35,7 +44,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -138,8 +147,8 @@ fn cmd_verify(a: &VerifyArgs) -> Result<ExitCode> {
     let mut cfg = RunConfig::from_env_or(64);
     if let Some(c) = a.cases {
         if c == 0 {
-            return Err(CliError::new(
-                "--cases must be at least 1 (0 would check nothing)",
+            return Err(CliError::usage(
+                "--cases 0: must be at least 1 (0 would check nothing)",
             ));
         }
         cfg.cases = c;

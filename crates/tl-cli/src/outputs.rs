@@ -1,7 +1,8 @@
 //! `tl train`'s output paths (`--save`, `--plot`), checked before anything trains: a path in a
 //! missing directory, a directory, a place this process cannot write or a plot that is not a
 //! PNG is one error line at the start, not after the run (twenty minutes for `--preset
-//! fno-paper`).
+//! fno-paper`). What the path alone gets wrong (a plot that is not a PNG, a path that names no
+//! file) is a usage error; what the file system refuses is a runtime error.
 
 use std::path::Path;
 
@@ -18,13 +19,13 @@ pub fn check(save: Option<&Path>, plot: Option<&Path>, epochs: usize) -> Result<
     if let Some(p) = plot {
         let png = p.extension().is_none_or(|e| e.eq_ignore_ascii_case("png"));
         if !png {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--plot {}: the loss curve is written as a PNG; give a path ending in .png",
                 p.display()
             )));
         }
         if epochs == 0 {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--plot {}: --epochs 0 trains nothing to plot",
                 p.display()
             )));
@@ -38,7 +39,10 @@ pub fn check(save: Option<&Path>, plot: Option<&Path>, epochs: usize) -> Result<
 fn writable(flag: &str, path: &Path) -> Result<()> {
     let bad = |why: String| CliError::new(format!("{flag} {}: {why}", path.display()));
     let Some(name) = path.file_name() else {
-        return Err(bad("the path names no file".into()));
+        return Err(CliError::usage(format!(
+            "{flag} {}: the path names no file",
+            path.display()
+        )));
     };
     if let Ok(m) = std::fs::metadata(path)
         && !m.is_file()

@@ -15,7 +15,7 @@ use crate::checkpoint::{self, Checkpoint, Header};
 use crate::cli::{ModelName, OptimizerName, Preset, TrainArgs};
 use crate::dataset::{Dataset, load};
 use crate::fno_paper::{
-    PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperData, PaperRun, default_cache_dir,
+    PAPER, PAPER_BATCH, PAPER_EPOCHS, PAPER_LR, PaperData, PaperRun, check_grid, default_cache_dir,
 };
 pub use crate::metrics::{Metrics, evaluate};
 use crate::model::{Defaults, Model, defaults};
@@ -59,21 +59,27 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    /// The configuration of `tl train` arguments (unset values from the model's defaults).
+    /// The configuration of `tl train` arguments (unset values from the model's defaults); a
+    /// value out of range or flags that contradict each other are a usage error naming the flag
+    /// and the value (every error here is one: nothing is read yet).
     pub fn from_args(a: &TrainArgs) -> Result<Self> {
         let (model, d, paper) = match a.preset {
             Some(p) => preset(a, p)?,
             None => {
-                for (flag, set) in [
-                    ("--grid", a.grid.is_some()),
-                    ("--super-grid", a.super_grid.is_some()),
-                    ("--modes", a.modes.is_some()),
-                    ("--output-scale", a.output_scale.is_some()),
-                    ("--data-cache", a.data_cache.is_some()),
+                let shown = |v: Option<usize>| v.map(|v| v.to_string());
+                for (flag, value) in [
+                    ("--grid", shown(a.grid)),
+                    ("--super-grid", shown(a.super_grid)),
+                    ("--modes", shown(a.modes)),
+                    ("--output-scale", a.output_scale.map(|c| c.to_string())),
+                    (
+                        "--data-cache",
+                        a.data_cache.as_ref().map(|d| d.display().to_string()),
+                    ),
                 ] {
-                    if set {
-                        return Err(CliError::new(format!(
-                            "{flag} belongs to --preset fno-paper (the default fno data set is fixed at {} points)",
+                    if let Some(v) = value {
+                        return Err(CliError::usage(format!(
+                            "{flag} {v}: the flag belongs to --preset fno-paper (the default fno data set is fixed at {} points)",
                             crate::burgers::GRID
                         )));
                     }
@@ -99,20 +105,20 @@ impl TrainConfig {
             progress: true,
             paper,
         };
-        if cfg.batch_size == 0 {
-            return Err(CliError::new("--batch-size must be at least 1"));
+        for (flag, zero) in [
+            ("--batch-size", cfg.batch_size == 0),
+            ("--train-subset", cfg.train_subset == Some(0)),
+            ("--test-subset", cfg.test_subset == Some(0)),
+        ] {
+            if zero {
+                return Err(CliError::usage(format!("{flag} 0: must be at least 1")));
+            }
         }
         if !(cfg.lr.is_finite() && cfg.lr > 0.0) {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--lr {}: must be a positive number",
                 cfg.lr
             )));
-        }
-        if cfg.train_subset == Some(0) {
-            return Err(CliError::new("--train-subset must be at least 1"));
-        }
-        if cfg.test_subset == Some(0) {
-            return Err(CliError::new("--test-subset must be at least 1"));
         }
         Ok(cfg)
     }
@@ -157,7 +163,7 @@ impl TrainConfig {
 fn preset(a: &TrainArgs, p: Preset) -> Result<(ModelName, Defaults, Option<PaperRun>)> {
     let name = p.as_str();
     let contradiction = |flag: &str, got: String, want: String| {
-        CliError::new(format!(
+        CliError::usage(format!(
             "--preset {name} contradicts {flag} {got}: the paper's is {want} (leave the flag out)"
         ))
     };
@@ -485,9 +491,15 @@ pub fn eval_checkpoint(cfg: &EvalConfig, log: &mut dyn FnMut(&str)) -> Result<Ev
     let (m, test, data) = match header.paper {
         Some(saved) => {
             let dir = cfg.data_cache.clone().unwrap_or_else(default_cache_dir);
+            // `--grid` is a usage error on its own; against the checkpoint's modes (or a grid
+            // read from it) the checkpoint does not fit: a runtime error.
+            if let Some(g) = cfg.grid {
+                check_grid("--grid", g, cfg.paper_data.source_grid)?;
+            }
             let grid = cfg.grid.unwrap_or(saved.grid);
-            let run = PaperRun::new(cfg.paper_data, Some(grid), Some(0), Some(saved.modes), dir)?
-                .with_output_scale(saved.output_scale)?;
+            let run = PaperRun::new(cfg.paper_data, Some(grid), Some(0), Some(saved.modes), dir)
+                .and_then(|r| r.with_output_scale(saved.output_scale))
+                .map_err(CliError::into_runtime)?;
             let m = Model::fno_paper(&rt, &run.fno_config(), run.output_scale)?;
             let (_, test, _) = run.splits(log)?;
             let data = format!(

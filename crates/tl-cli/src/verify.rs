@@ -51,26 +51,29 @@ pub fn counts(rows: &[Row]) -> Tally {
     tally(rows)
 }
 
-/// The rows to run: `only` (checked against the registry) or every row.
+/// The rows to run: `only` (checked against the registry; an unknown name is a usage error) or
+/// every row.
 pub fn names(only: &[String]) -> Result<Vec<String>> {
     let all = row_names();
     if only.is_empty() {
         return Ok(all.into_iter().map(str::to_owned).collect());
     }
     if let Some(bad) = only.iter().find(|n| !all.contains(&n.as_str())) {
-        return Err(CliError::new(format!(
+        return Err(CliError::usage(format!(
             "--only {bad}: no registry op or row of that name (see `tl verify` for the list)"
         )));
     }
     Ok(only.to_vec())
 }
 
-/// Check that `backend` can be verified here (cuda: the session's "not available" error).
+/// Check that `backend` can be verified here (cuda: the session's "not available" error where
+/// this build or machine has no device, else a usage error: the harness has no real-device
+/// backend).
 pub fn check_backend(backend: Backend) -> Result<()> {
     if backend == Backend::Cuda {
         crate::train::eager(backend, false, 0)?;
-        return Err(CliError::new(
-            "backend cuda: the harness has no real-device backend yet; use --backend cuda-sim",
+        return Err(CliError::usage(
+            "--backend cuda: the harness has no real-device backend yet; use --backend cuda-sim",
         ));
     }
     Ok(())

@@ -1,6 +1,174 @@
-//! Every error a user can hit prints one `error: ...` line and exits non-zero.
+//! Every error a user can hit prints one `error: ...` line and exits non-zero: 2 for a usage
+//! error (however it is found), 1 for a runtime one.
+
+use std::process::Output;
 
 use crate::common::{self, assert_one_line_error, scratch, tl};
+
+/// Assert `o` is one `error: …` line containing every `needle`, with exit status 2.
+fn assert_usage_error(o: &Output, needles: &[&str]) {
+    assert_one_line_error(o, needles);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(o));
+    assert!(o.stdout.is_empty(), "{}", common::stdout(o));
+}
+
+/// A bare `tl` prints clap's whole help (usage and the subcommands, one per line) on stderr and
+/// exits 2, as a clap command whose subcommand is missing does; it was squashed into one
+/// `error:` line.
+#[test]
+fn a_bare_tl_prints_the_help_and_exits_2() {
+    let o = tl(&[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty(), "the help goes to stderr");
+    let err = common::stderr(&o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(lines.len() > 5, "the help, one item a line: {err}");
+    assert!(lines.iter().any(|l| l.starts_with("Usage: tl")), "{err}");
+    for sub in ["train", "eval", "verify", "graph"] {
+        assert!(
+            lines.iter().any(|l| l.trim_start().starts_with(sub)),
+            "no line for {sub}: {err}"
+        );
+    }
+    // The same text as `tl --help` (on stdout, exit 0).
+    let help = tl(&["--help"]);
+    assert!(help.status.success());
+    assert_eq!(common::stdout(&help), err);
+}
+
+/// Flag values the command refuses after clap has parsed them are usage errors like clap's own:
+/// exit 2, one line naming the flag and the value; they exited 1, as runtime failures (a file
+/// that cannot be written, a missing checkpoint) still do.
+#[test]
+fn flag_values_refused_after_parsing_exit_2_and_runtime_failures_1() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["train", "--batch-size", "0"],
+            &["--batch-size 0", "at least 1"],
+        ),
+        (&["train", "--lr", "0"], &["--lr 0", "positive"]),
+        (&["train", "--lr", "-1"], &["--lr -1", "positive"]),
+        (&["train", "--lr", "NaN"], &["--lr NaN", "positive"]),
+        (&["train", "--train-subset", "0"], &["--train-subset 0"]),
+        (&["train", "--test-subset", "0"], &["--test-subset 0"]),
+        (
+            &["train", "--modes", "8"],
+            &["--modes 8", "--preset fno-paper"],
+        ),
+        (
+            &["train", "--preset", "fno-paper", "--lr", "0.5"],
+            &["--lr 0.5", "--preset fno-paper"],
+        ),
+        (
+            &["train", "--preset", "fno-paper", "--model", "mlp"],
+            &["--model mlp", "--preset fno-paper"],
+        ),
+        (
+            &["train", "--preset", "fno-paper", "--grid", "100"],
+            &["--grid 100"],
+        ),
+        (
+            &["train", "--preset", "fno-paper", "--super-grid", "100"],
+            &["--super-grid 100"],
+        ),
+        (
+            &["train", "--preset", "fno-paper", "--modes", "0"],
+            &["--modes 0"],
+        ),
+        (
+            &["train", "--preset", "fno-paper", "--output-scale", "0"],
+            &["--output-scale 0"],
+        ),
+        (
+            &["train", "--plot", "loss.svg"],
+            &["--plot loss.svg", ".png"],
+        ),
+        (
+            &["train", "--epochs", "0", "--plot", "l.png"],
+            &["--plot l.png", "--epochs 0"],
+        ),
+        (&["train", "--save", "/"], &["--save /", "names no file"]),
+        (&["verify", "--cases", "0"], &["--cases 0", "at least 1"]),
+        (&["verify", "--only", "nosuchop"], &["--only nosuchop"]),
+    ];
+    for (args, want) in cases {
+        assert_usage_error(&tl(args), want);
+    }
+    let dir = scratch("exit-status");
+    let missing = dir.join("no/such/dir/m.safetensors");
+    let missing = missing.to_str().unwrap();
+    for (args, want) in [
+        (
+            &["eval", "--checkpoint", missing][..],
+            &["cannot read checkpoint"][..],
+        ),
+        (
+            &["train", "--epochs", "1", "--save", missing],
+            &["--save", "does not exist"],
+        ),
+    ] {
+        let o = tl(args);
+        assert_one_line_error(&o, want);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: a runtime failure");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A negative number on any numeric flag of any subcommand is refused naming the flag and the
+/// value (an integer flag: it must be a non-negative integer), exit 2; clap read `-1` as an
+/// unknown flag ("unexpected argument '-1'"). A value that is not an integer at all says the
+/// same.
+#[test]
+fn negative_numbers_on_numeric_flags_name_the_flag_and_the_value() {
+    let integer_flags: &[(&str, &str)] = &[
+        ("train", "--epochs"),
+        ("train", "--batch-size"),
+        ("train", "--seed"),
+        ("train", "--train-subset"),
+        ("train", "--test-subset"),
+        ("train", "--grid"),
+        ("train", "--super-grid"),
+        ("train", "--modes"),
+        ("eval", "--grid"),
+        ("verify", "--cases"),
+        ("verify", "--seed"),
+        ("graph", "--batch-size"),
+    ];
+    for &(sub, flag) in integer_flags {
+        for value in ["-1", "-3", "2.5"] {
+            let mut args = vec![sub, flag, value];
+            if sub == "eval" {
+                args.extend(["--checkpoint", "c.safetensors"]);
+            }
+            let o = tl(&args);
+            assert_usage_error(&o, &[flag, value, "must be a non-negative integer"]);
+        }
+    }
+    let o = tl(&["train", "--epochs", "-1"]);
+    assert_usage_error(&o, &["'-1'", "--epochs", "must be a non-negative integer"]);
+    // Float flags: the value parses and the command refuses it.
+    assert_usage_error(&tl(&["train", "--lr", "-0.5"]), &["--lr -0.5", "positive"]);
+    assert_usage_error(
+        &tl(&["train", "--preset", "fno-paper", "--output-scale", "-2"]),
+        &["--output-scale -2", "positive"],
+    );
+}
+
+/// `tl graph --batch-size 0` is the usage error `tl train --batch-size 0` is; it recorded a
+/// batch of 1 and exited 0.
+#[test]
+fn graph_batch_size_zero_is_a_usage_error() {
+    assert_usage_error(
+        &tl(&["graph", "--batch-size", "0"]),
+        &["--batch-size 0", "at least 1"],
+    );
+    let o = tl(&["graph", "--batch-size", "3"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains("[3, 64]"),
+        "a batch of 3 recorded"
+    );
+}
 
 #[test]
 fn unknown_model_and_bad_flags_are_one_line_usage_errors() {
@@ -33,6 +201,8 @@ fn resuming_another_models_checkpoint_is_a_clear_error() {
     let p = ckpt.to_str().unwrap();
     let o = tl(&["train", "--model", "cnn", "--epochs", "1", "--resume", p]);
     assert_one_line_error(&o, &["holds a mlp model, not cnn"]);
+    // The command line is fine; the file does not fit it: a runtime failure.
+    assert_eq!(o.status.code(), Some(1));
     let o = tl(&["eval", "--model", "transformer", "--checkpoint", p]);
     assert_one_line_error(&o, &["holds a mlp model, not transformer"]);
     let _ = std::fs::remove_dir_all(dir);

@@ -202,11 +202,11 @@ fn bad_grids_modes_and_contradicting_flags_are_one_line_errors() {
     assert!(std::fs::read_dir(&dir).unwrap().next().is_none());
     assert_one_line_error(
         &tl(&["train", "--model", "fno", "--grid", "256"]),
-        &["--grid belongs to --preset fno-paper"],
+        &["--grid 256: the flag belongs to --preset fno-paper"],
     );
     assert_one_line_error(
         &tl(&["train", "--model", "fno", "--output-scale", "1"]),
-        &["--output-scale belongs to --preset fno-paper"],
+        &["--output-scale 1: the flag belongs to --preset fno-paper"],
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -8,8 +8,8 @@
 //! `checkpoint::load` return an error naming the file, or exactly what the metadata says.
 //! `tl train` / `tl eval` arguments drawn from the flags with good, boundary and arbitrary
 //! values parse or are refused by clap, and a parsed `tl train` gives a configuration whose
-//! checked values hold (`--batch-size` ≥ 1, a positive finite `--lr`, …) or an error naming the
-//! flag. Nothing panics (a panic fails the property, which prints the shrunk input).
+//! checked values hold (`--batch-size` ≥ 1, a positive finite `--lr`, …) or a usage error naming
+//! the flag. Nothing panics (a panic fails the property, which prints the shrunk input).
 //!
 //! `TL_CASES` (default 2000) and `TL_SEED` as for the harness:
 //! `cargo test -p tl-cli --test tl_cli fuzz::`.
@@ -292,6 +292,8 @@ fn command_lines_parse_to_valid_configurations_or_are_refused() {
                     refused.set(refused.get() + 1);
                     let msg = e.to_string();
                     prop_assert!(msg.contains("--"), "the error names a flag: {msg}");
+                    // Nothing is read yet: every refusal is of the command line (exit 2).
+                    prop_assert!(e.is_usage(), "a usage error: {msg}");
                 }
                 Ok(cfg) => {
                     accepted.set(accepted.get() + 1);
