@@ -6,6 +6,7 @@
 // the simulation device and the CPU tape's f32 kernels call, so both are bit-identical on all
 // three.
 #include "common.cuh"
+#include "nan.cuh"
 #include "approx.cuh"
 
 #define TL_SQRT_2_OVER_PI 0.7978845608028654f
@@ -38,7 +39,7 @@ extern "C" __global__ void tl_add_bias_act(const float* x, const float* b, float
     TL_GRID_STRIDE(i, n) {
         const float v = x[i] + b[(i / inner) % ch];
         pre[i] = v;
-        post[i] = act == 1u ? (v > 0.0f ? v : 0.0f) : tl_gelu_f(v);
+        post[i] = act == 1u ? tl_relu_f(v) : tl_gelu_f(v);
     }
 }
 

@@ -93,8 +93,8 @@ extern "C" __global__ void tl_col2im_atomic(const float* cols, float* x, u64 n, 
     }
 }
 
-// One window's statistics in window order (sim: stats): the first argmax among real cells
-// (strict >), the sum of real cells, and for smooth max (kind 2) the pivot and
+// One window's statistics in window order (sim: stats): the argmax among real cells (the first
+// NaN, else the first max: tl_spec::ops::pool::takes_max), the sum of real cells, and for smooth max (kind 2) the pivot and
 // z = sum exp(beta (v - p)) over all cells, padding as 0.
 struct Stats {
     long long argmax;
@@ -109,7 +109,7 @@ __device__ Stats window_stats(const Geo& g, const float* xp, u64 o, u32 kl, u32 
         const long long j = window_cell(g, o, k);
         if (j >= 0) {
             const float v = xp[j];
-            if (s.argmax < 0 || v > best) {
+            if (s.argmax < 0 || (best == best && !(v <= best))) {
                 s.argmax = j;
                 best = v;
             }

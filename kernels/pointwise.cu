@@ -4,6 +4,7 @@
 #include <mma.h>
 
 #include "common.cuh"
+#include "nan.cuh"
 #include "approx.cuh"
 
 __device__ __forceinline__ float tl_sigmoid_f(float x) { return tl_sigmoid_approx(x); }
@@ -21,11 +22,11 @@ __device__ __forceinline__ float tl_sign_f(float x) {
     }
 
 TL_UNARY(abs, fabsf(v))
-TL_UNARY(sqrt, sqrtf(fmaxf(v, 0.0f)))
+TL_UNARY(sqrt, v != v ? v : sqrtf(fmaxf(v, 0.0f)))
 TL_UNARY(exp, expf(v))
 TL_UNARY(log, logf(v))
 TL_UNARY(inv, 1.0f / v)
-TL_UNARY(relu, v > 0.0f ? v : 0.0f)
+TL_UNARY(relu, tl_relu_f(v))
 TL_UNARY(sigmoid, tl_sigmoid_f(v))
 TL_UNARY(tanh, tl_tanh_approx(v))
 TL_UNARY(softplus, tl_softplus_f(v))
@@ -34,7 +35,7 @@ extern "C" __global__ void tl_safe_log(const float* x, float* out, u64 n, float 
     TL_GRID_STRIDE(i, n) { out[i] = tl_log_approx(tl_softplus_f(x[i]) + eps); }
 }
 extern "C" __global__ void tl_clamp(const float* x, float* out, u64 n, float lo, float hi) {
-    TL_GRID_STRIDE(i, n) { out[i] = fminf(hi, fmaxf(lo, x[i])); }
+    TL_GRID_STRIDE(i, n) { out[i] = tl_min_f(hi, tl_max_f(lo, x[i])); }
 }
 extern "C" __global__ void tl_scale(const float* x, float* out, u64 n, float c) {
     TL_GRID_STRIDE(i, n) { out[i] = c * x[i]; }
@@ -97,8 +98,8 @@ TL_BINARY(add, x + y)
 TL_BINARY(sub, x - y)
 TL_BINARY(mul, x * y)
 TL_BINARY(div, x / y)
-TL_BINARY(max, x >= y ? x : y)
-TL_BINARY(min, x <= y ? x : y)
+TL_BINARY(max, tl_max_f(x, y))
+TL_BINARY(min, tl_min_f(x, y))
 
 extern "C" __global__ void tl_axpy(const float* a, const float* b, float* out, u64 n, float c) {
     TL_GRID_STRIDE(i, n) { out[i] = a[i] + c * b[i]; }
@@ -156,9 +157,12 @@ __device__ __forceinline__ void tl_max_split(float x, float y, float gi, float* 
     } else if (x == y) {
         *dx = 0.5f * gi;
         *dy = 0.5f * gi;
-    } else {
+    } else if (x < y) {
         *dx = 0.0f;
         *dy = gi;
+    } else {  // a NaN: neither side
+        *dx = 0.0f;
+        *dy = 0.0f;
     }
 }
 extern "C" __global__ void tl_max_bwd(const float* a, const float* b, const float* g, float* da,

@@ -1,8 +1,9 @@
 //! The conventions at kinks, ties and bounds (SEMANTICS.md "Pointwise"), on every backend:
 //! `max`/`min` ties split the gradient in halves (`−0 = +0` is a tie), `relu'(0) = 0`,
 //! `sign(0) = 0` for `abs`, `clamp` passes gradient only strictly inside its bounds (none when
-//! `lo = hi`), `sqrt` has derivative 0 at `x ≤ 0`, `detach` blocks; and NaN: `relu(NaN) = 0`,
-//! `sqrt(NaN) = 0`, `clamp(NaN) = lo`, `abs(NaN) = NaN`, each with gradient 0.
+//! `lo = hi`), `sqrt` has derivative 0 at `x ≤ 0`, `detach` blocks; and NaN propagates as in
+//! PyTorch: `relu`, `sqrt`, `clamp` and `abs` of NaN, and `max`/`min` with a NaN on either
+//! side, are NaN, each with gradient 0.
 //!
 //! Cases are generated *on* the kinks ([`ties`], [`at_exact`], [`clamp_at_bounds`],
 //! [`with_nan`]), every value exact in f32 (so an f32 backend sees the same kinks), and their
@@ -133,21 +134,28 @@ pub fn clamp_at_bounds(z: Size) -> BoxedStrategy<OpCase> {
         .boxed()
 }
 
-/// `op(x)` (`relu`, `abs`, `sqrt`, `clamp(−0.5, 0.75)`) with NaN in about a third of the
-/// elements, the others in `[−2, 2]`, exact in f32.
+/// `op(x)` (`relu`, `abs`, `sqrt`, `clamp(−0.5, 0.75)`) or `op(a, b)` (`max`, `min`) with NaN
+/// in about a third of each operand's elements, the others in `[−2, 2]`, exact in f32.
 pub fn with_nan(z: Size, op: Op) -> BoxedStrategy<OpCase> {
-    any_shape(z)
-        .prop_flat_map(|s| (tensor(s.clone(), ANY), placed(s, 3, |c, _| c as f64)))
-        .prop_map(move |(x, mode)| {
-            let x = Tensor::from_fn(x.shape().clone(), |i| {
+    let arity = if matches!(op, Op::Max | Op::Min) {
+        2
+    } else {
+        1
+    };
+    let operand = |s: tl_spec::Shape| {
+        (tensor(s.clone(), ANY), placed(s, 3, |c, _| c as f64)).prop_map(|(x, mode)| {
+            Tensor::from_fn(x.shape().clone(), |i| {
                 if mode.data()[i] == 0.0 {
                     f64::NAN
                 } else {
                     f32r(x.data()[i])
                 }
-            });
-            OpCase::new(op.clone(), vec![x])
+            })
         })
+    };
+    any_shape(z)
+        .prop_flat_map(move |s| prop::collection::vec(operand(s), arity))
+        .prop_map(move |xs| OpCase::new(op.clone(), xs))
         .boxed()
 }
 
@@ -213,14 +221,20 @@ impl ConvCase {
                 };
                 let value = Tensor::from_fn(sh.clone(), |i| {
                     let first = if max { a[i] >= b[i] } else { a[i] <= b[i] };
-                    if first { a[i] } else { b[i] }
+                    if a[i].is_nan() || b[i].is_nan() {
+                        f64::NAN
+                    } else if first {
+                        a[i]
+                    } else {
+                        b[i]
+                    }
                 });
                 let da = Tensor::from_fn(sh.clone(), |i| w(i, true) * g.data()[i]);
                 let db = Tensor::from_fn(sh.clone(), |i| w(i, false) * g.data()[i]);
                 (value, vec![da, db])
             }
             Op::Relu => (
-                each(&|v, _| if v > 0.0 { v } else { 0.0 }),
+                each(&|v, _| if v > 0.0 || v.is_nan() { v } else { 0.0 }),
                 vec![each(&|v, g| if v > 0.0 { g } else { 0.0 })],
             ),
             Op::Abs => (
@@ -236,14 +250,14 @@ impl ConvCase {
                 })],
             ),
             Op::Sqrt => (
-                each(&|v, _| if v > 0.0 { v.sqrt() } else { 0.0 }),
+                each(&|v, _| if v > 0.0 || v.is_nan() { v.sqrt() } else { 0.0 }),
                 vec![each(&|v, g| {
                     if v > 0.0 { g / (2.0 * v.sqrt()) } else { 0.0 }
                 })],
             ),
             &Op::Clamp { lo, hi } => (
                 each(&|v, _| {
-                    if v.is_nan() || v < lo {
+                    if v < lo {
                         lo
                     } else if v > hi {
                         hi
@@ -266,7 +280,8 @@ impl ConvCase {
 }
 
 /// Generated convention cases: ties of `max`/`min`, exact zeros of `relu`/`abs`/`sqrt`, the
-/// bounds of `clamp`, NaN through `relu`/`abs`/`sqrt`/`clamp`; small sizes three times in four.
+/// bounds of `clamp`, NaN through `relu`/`abs`/`sqrt`/`clamp`/`max`/`min`; small sizes three
+/// times in four.
 pub fn convention_cases() -> BoxedStrategy<ConvCase> {
     let gens: Vec<fn(Size) -> BoxedStrategy<OpCase>> = vec![
         |z| ties(z, Op::Max),
@@ -279,6 +294,8 @@ pub fn convention_cases() -> BoxedStrategy<ConvCase> {
         |z| with_nan(z, Op::Abs),
         |z| with_nan(z, Op::Sqrt),
         |z| with_nan(z, Op::Clamp { lo: -0.5, hi: 0.75 }),
+        |z| with_nan(z, Op::Max),
+        |z| with_nan(z, Op::Min),
     ];
     let arms: Vec<BoxedStrategy<OpCase>> = gens
         .into_iter()
@@ -313,6 +330,7 @@ pub fn hand_worked() -> Vec<ConvCase> {
     let nan = f64::NAN;
     let (a, b) = (&[1.0, 2.0, 3.0][..], &[1.0, 5.0, 0.0][..]);
     let g4 = &[4.0, 4.0, 4.0][..];
+    let g4_4 = &[4.0, 4.0, 4.0, 4.0][..];
     let x = &[-1.0, 0.0, 2.0][..];
     let ones = &[1.0, 1.0, 1.0][..];
     vec![
@@ -386,19 +404,19 @@ pub fn hand_worked() -> Vec<ConvCase> {
             &[0.0, 0.0],
             &[&[0.0, 0.0]],
         ),
-        // NaN: relu and sqrt give 0, clamp its lower bound, abs NaN; no gradient.
+        // NaN propagates (PyTorch): relu, sqrt, abs, clamp, max and min give NaN; no gradient.
         hand(
             Op::Relu,
             &[&[nan, 1.0]],
             &[1.0, 1.0],
-            &[0.0, 1.0],
+            &[nan, 1.0],
             &[&[0.0, 1.0]],
         ),
         hand(
             Op::Sqrt,
             &[&[nan, 4.0]],
             &[1.0, 1.0],
-            &[0.0, 2.0],
+            &[nan, 2.0],
             &[&[0.0, 0.25]],
         ),
         hand(
@@ -412,10 +430,62 @@ pub fn hand_worked() -> Vec<ConvCase> {
             Op::Clamp { lo: -1.0, hi: 1.0 },
             &[&[nan, 0.0]],
             &[1.0, 1.0],
-            &[-1.0, 0.0],
+            &[nan, 0.0],
             &[&[0.0, 1.0]],
         ),
+        hand(
+            Op::Max,
+            &[&[nan, 1.0, nan, 2.0], &[1.0, nan, nan, 1.0]],
+            g4_4,
+            &[nan, nan, nan, 2.0],
+            &[&[0.0, 0.0, 0.0, 4.0], &[0.0, 0.0, 0.0, 0.0]],
+        ),
+        hand(
+            Op::Min,
+            &[&[nan, 1.0, nan, 2.0], &[1.0, nan, nan, 1.0]],
+            g4_4,
+            &[nan, nan, nan, 1.0],
+            &[&[0.0, 0.0, 0.0, 0.0], &[0.0, 0.0, 0.0, 4.0]],
+        ),
+        // maxPool: a NaN anywhere in a window is its max and takes its gradient, the first NaN
+        // where there are two; ties go to the first cell; padding is no cell.
+        pooled(
+            (&[2], &[2], &[0]),
+            &[1.0, nan, 3.0, 3.0, nan, nan],
+            &[1.0, 2.0, 4.0],
+            &[nan, 3.0, nan],
+            &[0.0, 1.0, 2.0, 0.0, 4.0, 0.0],
+        ),
+        pooled(
+            (&[3], &[1], &[1]),
+            &[3.0, 1.0, nan, 2.0, 0.0, 5.0, 4.0],
+            &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
+            &[3.0, nan, nan, nan, 5.0, 5.0, 5.0],
+            &[1.0, 0.0, 14.0, 0.0, 0.0, 112.0, 0.0],
+        ),
     ]
+}
+
+/// A hand-worked `maxPool(kernel, stride, padding)` case on one channel (1, len).
+fn pooled(
+    (kernel, stride, padding): (&[usize], &[usize], &[usize]),
+    x: &[f64],
+    g: &[f64],
+    value: &[f64],
+    grad: &[f64],
+) -> ConvCase {
+    let row = |v: &[f64]| Tensor::new([1, v.len()], v.to_vec()).expect("a (1, len) row");
+    let op = Op::MaxPool {
+        kernel: kernel.to_vec(),
+        stride: stride.to_vec(),
+        padding: padding.to_vec(),
+    };
+    ConvCase {
+        case: OpCase::new(op, vec![row(x)]),
+        g: row(g),
+        value: row(value),
+        grads: vec![row(grad)],
+    }
 }
 
 /// The tolerance for a backend in `T` (see [`F64_TOL`], [`F32_TOL`]).

@@ -3,8 +3,8 @@
 //! every backend: the IR, the CPU tape in f64 and f32, the CUDA sim and (feature `cuda-emu`)
 //! the emulated kernels. max/min ties split the gradient in halves (±0 ties too), relu'(0) = 0,
 //! sign(0) = 0 for abs, clamp passes gradient only strictly inside its bounds, sqrt has
-//! derivative 0 at x ≤ 0, detach blocks, and NaN maps to 0 (relu, sqrt), lo (clamp) or NaN
-//! (abs) with no gradient.
+//! derivative 0 at x ≤ 0, detach blocks, and NaN propagates (relu, sqrt, clamp, abs, max, min,
+//! maxPool: PyTorch's) with no gradient (maxPool's goes to the window's first NaN).
 
 use proptest::strategy::{Strategy, ValueTree};
 use tl_conformance::backend::IrRef;
@@ -118,13 +118,28 @@ fn the_generators_land_on_the_kinks_with_both_zeros_and_nan() {
         nans.iter()
             .any(|c| c.inputs[0].data().iter().any(|v| v.is_nan()))
     );
+    // max/min: NaN on each side, alone and together.
+    let nans = draw(with_nan(Size::Small, Op::Max), 32);
+    let pairs: Vec<(f64, f64)> = nans
+        .iter()
+        .flat_map(|c| {
+            c.inputs[0]
+                .data()
+                .iter()
+                .copied()
+                .zip(c.inputs[1].data().to_vec())
+        })
+        .collect();
+    assert!(pairs.iter().any(|(a, b)| a.is_nan() && !b.is_nan()));
+    assert!(pairs.iter().any(|(a, b)| !a.is_nan() && b.is_nan()));
+    assert!(pairs.iter().any(|(a, b)| a.is_nan() && b.is_nan()));
     // Every value is exact in f32, so an f32 backend meets the same kinks.
     for c in cases.iter().chain(&clamps) {
         for x in &c.inputs {
             assert!(x.data().iter().all(|v| *v as f32 as f64 == *v));
         }
     }
-    assert!(hand_worked().len() >= 18);
+    assert!(hand_worked().len() >= 22);
 }
 
 #[test]

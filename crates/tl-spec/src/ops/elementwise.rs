@@ -2,6 +2,10 @@
 //!
 //! Kink conventions: sign(0) = 0 for `abs`; `relu'(0) = 0`; `clamp` passes gradient only strictly
 //! inside (lo, hi); `max`/`min` split a tie's gradient in halves; `sqrt` has derivative 0 at x ≤ 0.
+//!
+//! NaN propagates, as in PyTorch: `relu`, `sqrt`, `clamp`, `max` and `min` of a NaN are NaN
+//! (their scalar rules [`relu1`], [`sqrt1`], [`clamp1`], [`max1`], [`min1`] are shared with the
+//! CPU tape and the CUDA simulation); the gradient there is 0 (no rule's condition holds).
 
 use crate::{Error, Result, Scalar, Shape, Tensor};
 
@@ -195,9 +199,20 @@ pub fn div_jvp<T: Scalar>(
 // ---------------------------------------------------------------------------------------------
 // max, min (ties split the gradient in halves)
 
-/// Elementwise maximum.
+/// `a` if `a ≥ b` or `a` is NaN, else `b`: the larger, `a` on a tie (so `max(−0, +0) = −0`),
+/// NaN if either is NaN (PyTorch's `maximum`).
+pub fn max1<T: Scalar>(a: T, b: T) -> T {
+    if a >= b || a.is_nan() { a } else { b }
+}
+
+/// `a` if `a ≤ b` or `a` is NaN, else `b`: [`max1`]'s mirror (PyTorch's `minimum`).
+pub fn min1<T: Scalar>(a: T, b: T) -> T {
+    if a <= b || a.is_nan() { a } else { b }
+}
+
+/// Elementwise maximum ([`max1`]: NaN if either operand is NaN).
 pub fn max<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
-    a.zip_map("max", b, |a, b| if a >= b { a } else { b })
+    a.zip_map("max", b, max1)
 }
 /// VJP of `max`: the larger side gets `g`; a tie gives each side `g/2`.
 pub fn max_vjp<T: Scalar>(
@@ -219,7 +234,7 @@ pub fn max_vjp<T: Scalar>(
         zip3("max", a, b, g, |a, b, g| w(b, a) * g)?,
     ))
 }
-/// JVP of `max`: the larger side's tangent; a tie averages the two.
+/// JVP of `max`: the larger side's tangent; a tie averages the two; 0 where either is NaN.
 pub fn max_jvp<T: Scalar>(
     a: &Tensor<T>,
     b: &Tensor<T>,
@@ -231,15 +246,17 @@ pub fn max_jvp<T: Scalar>(
             da
         } else if a < b {
             db
-        } else {
+        } else if a == b {
             half::<T>() * (da + db)
+        } else {
+            T::zero()
         }
     })
 }
 
-/// Elementwise minimum.
+/// Elementwise minimum ([`min1`]: NaN if either operand is NaN).
 pub fn min<T: Scalar>(a: &Tensor<T>, b: &Tensor<T>) -> Result<Tensor<T>> {
-    a.zip_map("min", b, |a, b| if a <= b { a } else { b })
+    a.zip_map("min", b, min1)
 }
 /// VJP of `min`: the smaller side gets `g`; a tie gives each side `g/2`.
 pub fn min_vjp<T: Scalar>(
@@ -261,7 +278,7 @@ pub fn min_vjp<T: Scalar>(
         zip3("min", a, b, g, |a, b, g| w(b, a) * g)?,
     ))
 }
-/// JVP of `min`: the smaller side's tangent; a tie averages the two.
+/// JVP of `min`: the smaller side's tangent; a tie averages the two; 0 where either is NaN.
 pub fn min_jvp<T: Scalar>(
     a: &Tensor<T>,
     b: &Tensor<T>,
@@ -273,8 +290,10 @@ pub fn min_jvp<T: Scalar>(
             da
         } else if a > b {
             db
-        } else {
+        } else if a == b {
             half::<T>() * (da + db)
+        } else {
+            T::zero()
         }
     })
 }
@@ -318,7 +337,7 @@ unary_op!(
 unary_op!(
     /// `sqrt(max(x, 0))`; derivative `1/(2·sqrt(x))` for x > 0, else 0.
     sqrt, sqrt_vjp, sqrt_jvp, "sqrt",
-    value = |x| x.max(T::zero()).sqrt(),
+    value = |x| sqrt1(x),
     deriv = |x| if x > T::zero() { T::one() / (T::lit(2.0) * x.sqrt()) } else { T::zero() }
 );
 unary_op!(
@@ -334,9 +353,9 @@ unary_op!(
     deriv = |x| -T::one() / (x * x)
 );
 unary_op!(
-    /// `max(x, 0)`; derivative 1 where x > 0, else 0 (0 at x = 0).
+    /// `max(x, 0)` ([`relu1`]); derivative 1 where x > 0, else 0 (0 at x = 0 and at NaN).
     relu, relu_vjp, relu_jvp, "relu",
-    value = |x| if x > T::zero() { x } else { T::zero() },
+    value = |x| relu1(x),
     deriv = |x| if x > T::zero() { T::one() } else { T::zero() }
 );
 unary_op!(
@@ -366,6 +385,29 @@ fn sign<T: Scalar>(x: T) -> T {
     } else {
         T::zero()
     }
+}
+
+/// `x` where x > 0 or x is NaN, else +0: `max(x, 0)` with NaN propagated (PyTorch's `relu`).
+pub fn relu1<T: Scalar>(x: T) -> T {
+    if x > T::zero() || x.is_nan() {
+        x
+    } else {
+        T::zero()
+    }
+}
+
+/// `sqrt(max(x, 0))`, NaN propagated: 0 for x ≤ 0, NaN for NaN.
+pub fn sqrt1<T: Scalar>(x: T) -> T {
+    if x.is_nan() {
+        x
+    } else {
+        x.max(T::zero()).sqrt()
+    }
+}
+
+/// `min(hi, max(lo, x))` with NaN propagated (PyTorch's `clamp`).
+pub fn clamp1<T: Scalar>(x: T, lo: T, hi: T) -> T {
+    min1(hi, max1(lo, x))
 }
 
 /// Scalar sigmoid, stable for large |x|.
@@ -429,9 +471,9 @@ pub fn scale_jvp<T: Scalar>(x: &Tensor<T>, c: T, dx: &Tensor<T>) -> Result<Tenso
     chain("scale", x, dx, |_| c)
 }
 
-/// `min(hi, max(lo, x))`.
+/// `min(hi, max(lo, x))` ([`clamp1`]: NaN stays NaN).
 pub fn clamp<T: Scalar>(x: &Tensor<T>, lo: T, hi: T) -> Result<Tensor<T>> {
-    x.try_map("clamp", |x| hi.min(lo.max(x)))
+    x.try_map("clamp", |x| clamp1(x, lo, hi))
 }
 fn clamp_deriv<T: Scalar>(x: T, lo: T, hi: T) -> T {
     if x > lo && x < hi {
@@ -504,6 +546,35 @@ mod tests {
         let (da, db) = min_vjp(&a, &b, &g).unwrap();
         assert_eq!(da.data(), &[2.0, 4.0, 0.0]);
         assert_eq!(db.data(), &[2.0, 0.0, 4.0]);
+    }
+
+    #[test]
+    fn nan_propagates_with_zero_gradient() {
+        let nan = f64::NAN;
+        let x = t(&[nan]);
+        let one = t(&[1.0]);
+        for y in [relu(&x), sqrt(&x), clamp(&x, -1.0, 1.0)] {
+            assert!(y.unwrap().data()[0].is_nan());
+        }
+        for d in [
+            relu_vjp(&x, &one),
+            sqrt_vjp(&x, &one),
+            clamp_vjp(&x, -1.0, 1.0, &one),
+        ] {
+            assert_eq!(d.unwrap().data(), &[0.0]);
+        }
+        for (a, b) in [(nan, 1.0), (1.0, nan), (nan, nan)] {
+            let (a, b) = (t(&[a]), t(&[b]));
+            assert!(max(&a, &b).unwrap().data()[0].is_nan());
+            assert!(min(&a, &b).unwrap().data()[0].is_nan());
+            let (da, db) = max_vjp(&a, &b, &one).unwrap();
+            assert_eq!((da.data(), db.data()), (&[0.0][..], &[0.0][..]));
+            assert_eq!(max_jvp(&a, &b, &one, &one).unwrap().data(), &[0.0]);
+            assert_eq!(min_jvp(&a, &b, &one, &one).unwrap().data(), &[0.0]);
+        }
+        // Ties and signed zeros as before: the first operand wins a tie.
+        assert!(max1(-0.0f64, 0.0).is_sign_negative());
+        assert!(relu1(-0.0f64).is_sign_positive());
     }
 
     #[test]

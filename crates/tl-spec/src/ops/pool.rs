@@ -92,11 +92,19 @@ fn each_window(
     Ok(win.shape(c, &win.small))
 }
 
-/// The first real cell holding the window max (row-major window order), if any.
+/// Whether a window scan's next cell `v` replaces the running max `best`: `v` is greater, or
+/// `v` is NaN while `best` is not (so the max is NaN wherever a NaN is, as PyTorch's, and the
+/// first NaN holds it). The one rule of every maxPool argmax, on every backend.
+pub fn takes_max<T: Scalar>(best: T, v: T) -> bool {
+    !best.is_nan() && (v > best || v.is_nan())
+}
+
+/// The window's argmax cell (row-major window order), if any real cell: the first NaN, else the
+/// first cell holding the max ([`takes_max`]).
 fn argmax<T: Scalar>(x: &[T], cells: &[Option<usize>]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for &q in cells.iter().flatten() {
-        if best.is_none_or(|b| x[q] > x[b]) {
+        if best.is_none_or(|b| takes_max(x[b], x[q])) {
             best = Some(q);
         }
     }
@@ -145,14 +153,16 @@ fn scatter<T: Scalar>(
     Tensor::new(x.shape().clone(), dx)
 }
 
-/// Max over each window, padded cells ignored. PyTorch: `F.max_pool{1,2,3}d`.
+/// Max over each window, padded cells ignored; NaN where the window holds one ([`takes_max`]).
+/// PyTorch: `F.max_pool{1,2,3}d`.
 pub fn max_pool<T: Scalar>(x: &Tensor<T>, p: PoolParams<'_>) -> Result<Tensor<T>> {
     let d = x.data();
     gather("maxPool", x, p, |c| {
         argmax(d, c).map_or(T::zero(), |q| d[q])
     })
 }
-/// VJP of `maxPool`: each window's cotangent goes to its first argmax cell.
+/// VJP of `maxPool`: each window's cotangent goes to its argmax cell (its first NaN, else the
+/// first cell holding the max).
 pub fn max_pool_vjp<T: Scalar>(
     x: &Tensor<T>,
     p: PoolParams<'_>,
@@ -313,6 +323,30 @@ mod tests {
         let s = smooth_max_pool(&x, p, 50.0).unwrap();
         // The padded 0 takes part: the first window's smooth max is near 0, not −3.
         assert!(s.data()[0].abs() < 0.05, "{:?}", s.data());
+    }
+
+    /// NaN wins its window wherever it is, the first NaN taking the gradient (PyTorch's
+    /// `max_pool`: NaN wherever it is).
+    #[test]
+    fn a_nan_anywhere_in_a_window_is_its_max() {
+        let nan = f64::NAN;
+        // Windows of 2 at stride 1: [1, NaN], [NaN, 3], [3, NaN], [NaN, NaN].
+        let x = Tensor::<f64>::new([1, 5], vec![1.0, nan, 3.0, nan, nan]).unwrap();
+        let p = PoolParams {
+            kernel: &[2],
+            stride: &[1],
+            padding: &[0],
+        };
+        let y = max_pool(&x, p).unwrap();
+        assert!(y.data().iter().all(|v| v.is_nan()), "{:?}", y.data());
+        let g = Tensor::<f64>::new([1, 4], vec![1.0, 2.0, 4.0, 8.0]).unwrap();
+        let dx = max_pool_vjp(&x, p, &g).unwrap();
+        assert_eq!(dx.data(), &[0.0, 3.0, 0.0, 12.0, 0.0]);
+        let t = Tensor::<f64>::new([1, 5], vec![10.0, 20.0, 30.0, 40.0, 50.0]).unwrap();
+        assert_eq!(
+            max_pool_jvp(&x, p, &t).unwrap().data(),
+            &[20.0, 20.0, 40.0, 40.0]
+        );
     }
 
     /// A kernel of 2²¹ × 2²¹ over a 4 × 4 input padded by 2²⁰: 25 small output cells, but a

@@ -10,6 +10,8 @@
 //! and `safeLog`) and softplus (`softplus`, `safeLog`) are [`tl_spec::approx`]'s (see
 //! `ops/approx.rs`). Kink conventions follow SEMANTICS.md: sign(0) = 0, relu'(0) = 0, clamp passes gradient only
 //! strictly inside (lo, hi), max/min ties split the gradient in halves, sqrt'(x ≤ 0) = 0;
+//! NaN propagates through relu, sqrt, clamp, max and min (the spec's scalar rules, with gradient
+//! 0 there);
 //! leakyRelu'(0) = negative_slope and elu'(0) = alpha (PyTorch's autograd). `elu` calls libm's
 //! `expm1`/`exp`, and `geluErf` erf and exp from `ops/approx.rs` (f32: [`tl_spec::approx`]'s,
 //! f64: libm's): their loops run through [`crate::simd`] like the others but stay calls per
@@ -17,6 +19,7 @@
 
 use smallvec::smallvec;
 use tl_ir::Op;
+use tl_spec::ops::elementwise as ew;
 use tl_spec::{Error as SpecError, Scalar, Tensor};
 
 use super::{Grads, approx, check_arity, check_saved, check_shape, tensor, wrong_family};
@@ -32,8 +35,8 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
         Sub => binary(op, x, |a: T, b: T| a - b)?,
         Mul => binary(op, x, |a: T, b: T| a * b)?,
         Div => binary(op, x, |a: T, b: T| a / b)?,
-        Max => binary(op, x, |a: T, b: T| if a >= b { a } else { b })?,
-        Min => binary(op, x, |a: T, b: T| if a <= b { a } else { b })?,
+        Max => binary(op, x, ew::max1)?,
+        Min => binary(op, x, ew::min1)?,
         Scale(c) => {
             let c = T::lit(*c);
             tensor(
@@ -42,16 +45,16 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             )?
         }
         Abs => unary(op, x[0], |v: T| v.abs())?,
-        Sqrt => unary(op, x[0], |v: T| v.max(T::zero()).sqrt())?,
+        Sqrt => unary(op, x[0], ew::sqrt1)?,
         Exp => unary(op, x[0], approx::exp)?,
         Log => log(op, x[0])?,
         Inv => unary(op, x[0], |v: T| T::one() / v)?,
-        Relu => unary(op, x[0], |v: T| if v > T::zero() { v } else { T::zero() })?,
+        Relu => unary(op, x[0], ew::relu1)?,
         Clamp { lo, hi } => {
             let (lo, hi) = (T::lit(*lo), T::lit(*hi));
             tensor(
                 x[0].shape().clone(),
-                simd::map(op.name(), x[0].data(), move |v: T| hi.min(lo.max(v)))?,
+                simd::map(op.name(), x[0].data(), move |v: T| ew::clamp1(v, lo, hi))?,
             )?
         }
         Sigmoid => unary(op, x[0], approx::sigmoid)?,

@@ -4,12 +4,15 @@
 //! One pass per channel plane over the window index table (`super::window`), kernel offsets
 //! outer and output cells inner, with per-output accumulators allocated once per block of
 //! planes (planes are independent and split across threads, [`crate::par`]):
-//! - maxPool keeps the running max and its cell (strict `>`, so a tie keeps the first cell in
-//!   row-major window order; padded cells are skipped; a window with no real cell gives 0). The
-//!   backward recomputes the argmax and scatters `g` to it. Without padding both run on
+//! - maxPool keeps the running max and its cell (the spec's [`takes_max`]: strict `>`, so a tie
+//!   keeps the first cell in row-major window order, and a NaN takes it and holds it, so the max
+//!   is NaN wherever a NaN is; padded cells are skipped; a window with no real cell gives 0).
+//!   The backward recomputes the argmax and scatters `g` to it. Without padding both run on
 //!   branch-free selects (the comparison is a coin flip on activations); windows whose last
 //!   axis is two cells at stride two (every 2×2/2 pool) read whole rows of cells through
-//!   `Pairs` instead of the index table. Every path picks the same cells.
+//!   `Pairs` instead of the index table. The fast scans compare with a plain `>` (which is
+//!   `takes_max` without NaN); a plane holding a NaN takes the exact scan. Every path picks the
+//!   same cells.
 //! - avgPool sums the real cells and divides by the kernel volume; the backward scatters
 //!   `g / volume`.
 //! - smoothMaxPool takes the pivot (max for β > 0, min for β < 0) over the window values with
@@ -18,6 +21,7 @@
 
 use smallvec::smallvec;
 use tl_ir::Op;
+use tl_spec::ops::pool::takes_max;
 use tl_spec::{Scalar, Shape, Tensor};
 
 use super::window::{Geometry, PAD, Table, bad, split};
@@ -143,7 +147,7 @@ impl<T: Scalar> Scratch<T> {
         for k in 0..t.kernel_len {
             let row = &t.idx[k * ol..(k + 1) * ol];
             for ((&i, b), a) in row.iter().zip(&mut self.best).zip(&mut self.arg) {
-                if i != PAD && (*a == PAD || plane[i] > *b) {
+                if i != PAD && (*a == PAD || takes_max(*b, plane[i])) {
                     *b = plane[i];
                     *a = i;
                 }
@@ -154,8 +158,13 @@ impl<T: Scalar> Scratch<T> {
     /// [`argmax`](Self::argmax) when no window has a padded cell, without branches on the data:
     /// the first cell, then each later cell taken on a strict `v > best` through
     /// [`std::hint::select_unpredictable`] (the comparison goes either way about half the time
-    /// on activations, so a branch mispredicts; the selects do not). Same cells, same values.
+    /// on activations, so a branch mispredicts; the selects do not). A plane with a NaN is left
+    /// to [`argmax`](Self::argmax) (on cells without NaN, `v > best` is [`takes_max`]). Same
+    /// cells, same values.
     fn argmax_unpadded(&mut self, t: &Table, plane: &[T]) {
+        if any_nan(plane) {
+            return self.argmax(t, plane);
+        }
         let ol = t.small_len;
         let first = t.idx[..ol].iter();
         for ((&i, b), a) in first.zip(&mut self.best).zip(&mut self.arg) {
@@ -174,11 +183,14 @@ impl<T: Scalar> Scratch<T> {
     }
 
     /// Fill `best` with each window's max when no window has a padded cell: the first cell's
-    /// value, then `if v > best { v } else { best }` per later cell. That is the value at the
-    /// [`argmax`](Self::argmax) cell (strict `>`: NaN never displaces, a first-cell NaN stays),
+    /// value, then `if v > best { v } else { best }` per later cell (a plane with a NaN is left
+    /// to [`argmax`](Self::argmax)). That is the value at the [`argmax`](Self::argmax) cell
     /// without tracking the cell, so it compiles to branch-free `max` instructions (the
     /// argmax's data-dependent branch mispredicts about half the time on activations).
     fn max_unpadded(&mut self, t: &Table, plane: &[T]) {
+        if any_nan(plane) {
+            return self.argmax(t, plane);
+        }
         let ol = t.small_len;
         for (&i, b) in t.idx[..ol].iter().zip(&mut self.best) {
             *b = plane[i];
@@ -260,9 +272,9 @@ struct Pairs<'a, T> {
     plane: &'a [T],
     /// The windows' maxima (no scatter), or scratch for the cells still to find (scatter).
     out: &'a mut [T],
-    /// For the backward of disjoint windows: each window's max, its cotangent, and the plane's
-    /// cotangent, into which the cotangent is written at the argmax cell (each cell belongs
-    /// to at most one window; cells of no window keep their zero).
+    /// For the backward of disjoint windows: each window's max (none NaN), its cotangent, and
+    /// the plane's cotangent, into which the cotangent is written at the argmax cell (each cell
+    /// belongs to at most one window; cells of no window keep their zero).
     scatter: Option<(&'a [T], &'a [T], &'a mut [T])>,
 }
 
@@ -278,17 +290,26 @@ impl<'a, T: Scalar> Pairs<'a, T> {
     }
 }
 
-/// `v` if `v > b` else `b`: the running max of the argmax scan (NaN never displaces).
+/// Whether any of `cells` is NaN: a branch-free pass (compares and ors, vectorised).
+#[inline(always)]
+fn any_nan<T: Scalar>(cells: &[T]) -> bool {
+    cells.iter().fold(false, |a, v| a | v.is_nan())
+}
+
+/// `v` if `v > b` else `b`: the running max of the fast scans ([`takes_max`] on cells without
+/// NaN; a plane with a NaN is scanned again by [`Scratch::argmax`]).
 #[inline(always)]
 fn take<T: Scalar>(b: T, v: T) -> T {
     std::hint::select_unpredictable(v > b, v, b)
 }
 
 impl<T: Scalar> crate::simd::Kernel for Pairs<'_, T> {
-    type Output = ();
+    /// Whether a cell read was NaN (the maxima then are not [`takes_max`]'s; always `false`
+    /// for the scatter, whose caller has ruled NaN out).
+    type Output = bool;
 
     #[inline(always)]
-    fn call(self) {
+    fn call(self) -> bool {
         let Pairs {
             table: t,
             ow,
@@ -312,11 +333,13 @@ impl<T: Scalar> crate::simd::Kernel for Pairs<'_, T> {
                         }
                     }
                 }
+                // Cells of no window included: a NaN there costs a rescan, not a wrong answer.
+                any_nan(plane)
             }
             Some((best, g, dp)) => {
                 // `want`: the max until its first cell is found, then NaN (equal to nothing).
-                // The argmax is the first cell equal to the max (every earlier cell is below
-                // it), or the first cell when it is NaN (the only way the max is NaN).
+                // No cell is NaN here (the caller's condition), so the argmax is the first cell
+                // equal to the max (every earlier cell is below it).
                 let want = out;
                 want.copy_from_slice(best);
                 let (zero, nan) = (T::zero(), T::nan());
@@ -328,8 +351,7 @@ impl<T: Scalar> crate::simd::Kernel for Pairs<'_, T> {
                         let w = want[r * ow..(r + 1) * ow].iter_mut();
                         let gr = &g[r * ow..(r + 1) * ow];
                         for (((p, d), w), &gv) in src.zip(dst).zip(w).zip(gr) {
-                            let first_nan = k == 0 && p[0].is_nan();
-                            let hit0 = p[0] == *w || first_nan;
+                            let hit0 = p[0] == *w;
                             d[0] = std::hint::select_unpredictable(hit0, zero + gv, zero);
                             *w = std::hint::select_unpredictable(hit0, nan, *w);
                             let hit1 = p[1] == *w;
@@ -338,6 +360,7 @@ impl<T: Scalar> crate::simd::Kernel for Pairs<'_, T> {
                         }
                     }
                 }
+                false
             }
         }
     }
@@ -367,7 +390,12 @@ pub fn forward<T: Scalar>(op: &Op, x: &[&Tensor<T>]) -> Result<Tensor<T>> {
             .zip(block.chunks_exact_mut(ol.max(1)))
         {
             match (p.kind, p.pairs) {
-                (Kind::Max, Some(ow)) => crate::simd::vectorize(Pairs::max(t, ow, plane, yp)),
+                (Kind::Max, Some(ow)) => {
+                    if crate::simd::vectorize(Pairs::max(t, ow, plane, yp)) {
+                        s.argmax(t, plane);
+                        yp.copy_from_slice(&s.best);
+                    }
+                }
                 (Kind::Max, None) if unpadded => {
                     s.max_unpadded(t, plane);
                     yp.copy_from_slice(&s.best);
@@ -443,8 +471,15 @@ pub fn backward<T: Scalar>(
         for ((plane, gp), dp) in planes {
             match (p.kind, pairs) {
                 (Kind::Max, Some(ow)) => {
-                    crate::simd::vectorize(Pairs::max(t, ow, plane, &mut s.best));
-                    crate::simd::vectorize(Pairs {
+                    if crate::simd::vectorize(Pairs::max(t, ow, plane, &mut s.best)) {
+                        // A NaN cell: the table's exact scan finds each window's cell.
+                        s.argmax(t, plane);
+                        for (&a, &gv) in s.arg.iter().zip(gp) {
+                            dp[a] += gv;
+                        }
+                        continue;
+                    }
+                    let _no_nan = crate::simd::vectorize(Pairs {
                         table: t,
                         ow,
                         plane,
@@ -609,6 +644,58 @@ mod tests {
                 }
                 let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(dp), bits(&want), "{op:?}");
+            }
+        }
+    }
+
+    /// Every maxPool path (the table with and without padding, the branch-free scans, the pair
+    /// kernels forward and backward) against the spec bit for bit, on planes whose NaNs sit in
+    /// first and later cells (a NaN anywhere in a window is its max and takes its gradient)
+    /// beside planes without NaN (which take the fast scans).
+    #[test]
+    fn every_max_pool_path_is_the_spec_with_nan_anywhere() {
+        /// Dims, kernel, stride, padding.
+        type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
+        let cases: [Case<'_>; 5] = [
+            (&[2, 3, 8, 8], &[2, 2], &[2, 2], &[0, 0]),
+            (&[2, 3, 7, 9], &[2, 2], &[2, 2], &[0, 0]),
+            (&[2, 3, 7, 9], &[3, 2], &[1, 1], &[0, 0]),
+            (&[2, 3, 7, 9], &[3, 3], &[2, 1], &[1, 1]),
+            (&[3, 11], &[3], &[2], &[1]),
+        ];
+        for (dims, kernel, stride, padding) in cases {
+            for shift in 0..3 {
+                // NaN in the first half's planes only: the second half's take the fast scans.
+                let half = dims.iter().product::<usize>() / 2;
+                let x = Tensor::<f64>::from_fn(dims, |i| {
+                    let v = EDGY[(i * 5 + shift) % EDGY.len()];
+                    if i >= half {
+                        if v.is_nan() { 1.25 } else { v }
+                    } else if (i + shift) % 11 == 4 {
+                        f64::NAN
+                    } else {
+                        v
+                    }
+                });
+                let op = Op::MaxPool {
+                    kernel: kernel.to_vec(),
+                    stride: stride.to_vec(),
+                    padding: padding.to_vec(),
+                };
+                let p = tl_spec::ops::pool::PoolParams {
+                    kernel,
+                    stride,
+                    padding,
+                };
+                let y = forward(&op, &[&x]).unwrap();
+                let want = tl_spec::ops::pool::max_pool(&x, p).unwrap();
+                let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(y.data()), bits(want.data()), "{op:?}");
+                assert!(y.data().iter().any(|v| v.is_nan()), "{op:?}");
+                let g = Tensor::<f64>::from_fn(y.shape().dims(), |i| (i % 7) as f64 + 1.0);
+                let dx = backward(&op, &[&x], &y, &g).unwrap()[0].clone().unwrap();
+                let want = tl_spec::ops::pool::max_pool_vjp(&x, p, &g).unwrap();
+                assert_eq!(bits(dx.data()), bits(want.data()), "{op:?}");
             }
         }
     }

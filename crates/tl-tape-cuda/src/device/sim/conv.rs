@@ -135,8 +135,8 @@ pub fn col2im(cols: &[f32], w: &Windows, out: &mut [f32]) {
     }
 }
 
-/// One window's statistics, walked in window order: the first argmax among the real cells
-/// (strict `>`, so NaN never displaces it and a tie keeps the first), the sum of the real cells,
+/// One window's statistics, walked in window order: the argmax among the real cells
+/// ([`tl_spec::ops::pool::takes_max`]: the first NaN, else the first max), the sum of the real cells,
 /// and for smooth max the pivot and `z = Σ exp(β(v − p))` over all cells (padding as 0).
 struct Stats {
     argmax: Option<usize>,
@@ -156,7 +156,7 @@ fn stats(x: &[f32], base: usize, w: &Windows, o: usize, kl: usize, kind: PoolKin
     for k in 0..kl {
         if let Some(j) = w.cell(o, k) {
             let v = x[base + j];
-            if s.argmax.is_none() || v > best {
+            if s.argmax.is_none() || tl_spec::ops::pool::takes_max(best, v) {
                 s.argmax = Some(j);
                 best = v;
             }

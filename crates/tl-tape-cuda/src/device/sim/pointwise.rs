@@ -10,16 +10,19 @@
 //! may differ from the host's by the few ulp CUDA documents, so sim vs GPU comparisons of
 //! those ops use a tolerance.
 //!
-//! Conventions are those of SEMANTICS.md ("Pointwise").
+//! Conventions are those of SEMANTICS.md ("Pointwise"); NaN propagates through `relu`, `sqrt`,
+//! `clamp`, `max` and `min` (the spec's scalar rules, called here).
+
+use tl_spec::ops::elementwise as ew;
 
 /// `|x|`.
 pub fn abs(x: f32) -> f32 {
     x.abs()
 }
 
-/// `sqrt(max(x, 0))` (`fmaxf` ignores NaN, so NaN maps to 0 as in the reference).
+/// `sqrt(max(x, 0))`, NaN propagated ([`tl_spec::ops::elementwise::sqrt1`]).
 pub fn sqrt(x: f32) -> f32 {
-    x.max(0.0).sqrt()
+    ew::sqrt1(x)
 }
 
 /// `exp x`.
@@ -37,9 +40,9 @@ pub fn inv(x: f32) -> f32 {
     1.0 / x
 }
 
-/// `x` where x > 0, else 0.
+/// `x` where x > 0 or NaN, else 0 ([`tl_spec::ops::elementwise::relu1`]).
 pub fn relu(x: f32) -> f32 {
-    if x > 0.0 { x } else { 0.0 }
+    ew::relu1(x)
 }
 
 /// `1/(1+e)` for x ≥ 0, `e/(1+e)` below, `e = exp(−|x|)`: no overflow either way
@@ -66,9 +69,9 @@ pub fn safe_log(x: f32, eps: f32) -> f32 {
     tl_spec::approx::log_f32(softplus(x) + eps)
 }
 
-/// `min(hi, max(lo, x))`.
+/// `min(hi, max(lo, x))`, NaN propagated ([`tl_spec::ops::elementwise::clamp1`]).
 pub fn clamp(x: f32, lo: f32, hi: f32) -> f32 {
-    hi.min(lo.max(x))
+    ew::clamp1(x, lo, hi)
 }
 
 /// sign(x) with sign(0) = 0 (and sign(NaN) = 0).
@@ -127,14 +130,14 @@ pub fn safe_log_bwd(x: f32, g: f32, eps: f32) -> f32 {
     g * (sigmoid(x) / (softplus(x) + eps))
 }
 
-/// `a` if `a ≥ b`, else `b`.
+/// `a` if `a ≥ b` or `a` is NaN, else `b` ([`tl_spec::ops::elementwise::max1`]).
 pub fn max(a: f32, b: f32) -> f32 {
-    if a >= b { a } else { b }
+    ew::max1(a, b)
 }
 
-/// `a` if `a ≤ b`, else `b`.
+/// `a` if `a ≤ b` or `a` is NaN, else `b` ([`tl_spec::ops::elementwise::min1`]).
 pub fn min(a: f32, b: f32) -> f32 {
-    if a <= b { a } else { b }
+    ew::min1(a, b)
 }
 
 /// `a + c·b`, two roundings (no FMA).
@@ -147,14 +150,17 @@ pub fn div_bwd(a: f32, b: f32, g: f32) -> (f32, f32) {
     (g / b, -g * a / (b * b))
 }
 
-/// The gradient split of `max`: `(g, 0)` if a > b, `(0, g)` if b > a, halves on a tie.
+/// The gradient split of `max`: `(g, 0)` if a > b, `(0, g)` if b > a, halves on a tie,
+/// `(0, 0)` where either is NaN.
 pub fn max_bwd(a: f32, b: f32, g: f32) -> (f32, f32) {
     if a > b {
         (g, 0.0)
     } else if a == b {
         (0.5 * g, 0.5 * g)
-    } else {
+    } else if a < b {
         (0.0, g)
+    } else {
+        (0.0, 0.0)
     }
 }
 
@@ -189,5 +195,10 @@ mod tests {
         assert_eq!(max_bwd(2.0, 2.0, 3.0), (1.5, 1.5));
         assert_eq!(min_bwd(1.0, 2.0, 3.0), (3.0, 0.0));
         assert_eq!(max_bwd(1.0, 2.0, 3.0), (0.0, 3.0));
+        assert_eq!(max_bwd(f32::NAN, 2.0, 3.0), (0.0, 0.0));
+        assert_eq!(min_bwd(1.0, f32::NAN, 3.0), (0.0, 0.0));
+        assert!(max(1.0, f32::NAN).is_nan() && min(f32::NAN, 1.0).is_nan());
+        assert!(relu(f32::NAN).is_nan() && sqrt(f32::NAN).is_nan());
+        assert!(clamp(f32::NAN, 0.0, 1.0).is_nan());
     }
 }
