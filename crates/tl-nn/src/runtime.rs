@@ -52,6 +52,9 @@ pub struct Runtime<O: Train> {
     pub(crate) listing: RefCell<Listing>,
     /// The data-parallel group this runtime is a rank of (`Runtime::data_parallel`).
     pub(crate) group: Option<crate::dist::Group>,
+    /// The optimizer steps this runtime has taken (`Runtime::step`, `step_accumulated`: those
+    /// that succeeded); `Runtime::data_parallel` is refused after the first.
+    pub(crate) steps_taken: u64,
     /// The running-statistics updates of a training step's forward, while it runs
     /// (`crate::running`); `None` outside a step's forward.
     pub(crate) deferred: RefCell<Option<Vec<crate::running::Deferred>>>,
@@ -67,6 +70,7 @@ impl<O: Train> Runtime<O> {
             training: Cell::new(false),
             listing: RefCell::new(Listing::default()),
             group: None,
+            steps_taken: 0,
             deferred: RefCell::new(None),
         }
     }
@@ -268,13 +272,16 @@ impl<O: Train> Runtime<O> {
     /// In a data-parallel group ([`Runtime::data_parallel`]) the ranks exchange their status
     /// and average their gradients between the backward and the update (clipping and the
     /// update see the mean); a rank's failure is every rank's error, and no rank updates. The
-    /// loss returned is this rank's.
+    /// loss returned is this rank's. A `model` with a parameter outside the one the group was
+    /// set up with is such a failure (naming the parameter).
     pub fn step<M, F>(&mut self, model: &M, opt: &mut Optimizer, loss_fn: F) -> Result<f64>
     where
         M: Parameters + ?Sized,
         F: for<'g> FnOnce(&Scope<'g, O>) -> Result<Var<'g, O>>,
     {
-        let begun = self.begin(model, true, true);
+        let begun = self
+            .check_group_model("Runtime::step", model)
+            .and_then(|()| self.begin(model, true, true));
         let forward = begun.and_then(|()| self.training_loss("Runtime::step", opt, loss_fn));
         // In a data-parallel group every rank hears of this rank's outcome, also a failure.
         let r = if self.group.is_some() {
@@ -287,6 +294,9 @@ impl<O: Train> Runtime<O> {
             })
         };
         self.end();
+        if r.is_ok() {
+            self.steps_taken += 1;
+        }
         r
     }
 

@@ -95,7 +95,8 @@ impl<O: Train> Runtime<O> {
     /// mean, then the exchange and the mean over the ranks (the host path, whatever the
     /// engine), so the update reads the mean over every rank's micro-batches (PyTorch: DDP's
     /// `no_sync()` for all but the last micro-batch). A rank's failure in any pass is every
-    /// rank's error, and no rank updates.
+    /// rank's error, and no rank updates; a `model` with a parameter outside the one the group
+    /// was set up with is such a failure.
     ///
     /// PyTorch: `for i in range(k): (loss_fn(i) / k).backward()`, then `optimizer.step();
     /// optimizer.zero_grad()`.
@@ -122,6 +123,9 @@ impl<O: Train> Runtime<O> {
         if !kept.is_empty() {
             self.borrow_mut().release_device_buffers(&kept);
         }
+        if r.is_ok() {
+            self.steps_taken += 1;
+        }
         r
     }
 
@@ -142,7 +146,9 @@ impl<O: Train> Runtime<O> {
         let mut losses = 0.0;
         for i in 0..micro_batches {
             let last = i + 1 == micro_batches;
-            let begun = self.begin(model, true, true);
+            let begun = self
+                .check_group_model(CALL, model)
+                .and_then(|()| self.begin(model, true, true));
             let forward = begun.and_then(|()| self.training_loss(CALL, opt, |s| loss_fn(s, i)));
             let r = if last {
                 let mut mean = Mean {

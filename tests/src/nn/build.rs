@@ -37,9 +37,9 @@ impl LayerSpec {
                 ..
             } => {
                 if *avg {
-                    Box::new(AvgPool::new(kernel)?.stride(*stride).padding(*padding))
+                    Box::new(AvgPool::new(kernel)?.stride(*stride)?.padding(*padding)?)
                 } else {
-                    Box::new(MaxPool::new(kernel)?.stride(*stride).padding(*padding))
+                    Box::new(MaxPool::new(kernel)?.stride(*stride)?.padding(*padding)?)
                 }
             }
             LayerSpec::LayerNorm { dim, eps, over, .. } if over.is_empty() => {

@@ -24,6 +24,13 @@ pub trait Dataset {
 
     /// Example `i`; `i ≥ len()` is an error naming `i` and the length ([`check_index`]).
     fn get(&self, i: usize) -> Result<Self::Item>;
+
+    /// `Ok(())` if this dataset can be used, else an error saying why not: a tensor without a
+    /// leading (sample) axis (0-d) is refused here, not taken as a dataset of no examples.
+    /// [`DataLoader::new`] calls it. The default accepts every dataset.
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// `Ok(())` if `i < len`, else the error a [`Dataset::get`] returns, naming `what`, `i` and
@@ -39,7 +46,9 @@ pub fn check_index(what: &'static str, i: usize, len: usize) -> Result<()> {
 }
 
 /// The rows of a tensor's leading axis: row `i` is `x[i]`, of the shape without the leading
-/// axis. PyTorch: `TensorDataset(x)`.
+/// axis. PyTorch: `TensorDataset(x)`. A 0-d tensor has no leading (sample) axis, so it is no
+/// dataset: [`Dataset::check`], [`Dataset::get`] and [`DataLoader::new`] refuse it with an
+/// error saying so (its `len` is 0).
 impl<T: Scalar> Dataset for Tensor<T> {
     type Item = Tensor<T>;
 
@@ -48,10 +57,29 @@ impl<T: Scalar> Dataset for Tensor<T> {
     }
 
     fn get(&self, i: usize) -> Result<Tensor<T>> {
+        no_sample_axis("Dataset::get (Tensor)", self)?;
         check_index("Dataset::get (Tensor)", i, Dataset::len(self))?;
         let row = super::rows(self, i, 1)?;
         Ok(Tensor::new(&self.shape().dims()[1..], row.into_vec())?)
     }
+
+    fn check(&self) -> Result<()> {
+        no_sample_axis("Dataset::check (Tensor)", self)
+    }
+}
+
+/// The error for a tensor used as a [`Dataset`] without a leading (sample) axis, for `what`.
+fn no_sample_axis<T: Scalar>(what: &'static str, x: &Tensor<T>) -> Result<()> {
+    if x.shape().rank() > 0 {
+        return Ok(());
+    }
+    Err(usage(
+        what,
+        format!(
+            "a 0-d tensor (shape {}) is no dataset: a dataset needs a leading (sample) axis, one example per index along it; give one example as a dataset of one (x.reshape([1]))",
+            x.shape()
+        ),
+    ))
 }
 
 /// The elements of a slice, cloned (`&v[..]` for a `Vec`). The slice's own `len` and `get`
@@ -191,7 +219,8 @@ pub struct DataLoader<'d, D: ?Sized, C> {
 
 impl<'d, D: Dataset + ?Sized, C: Collate<D::Item>> DataLoader<'d, D, C> {
     /// Batches of `batch_size` examples of `dataset` (in order, the last one shorter unless
-    /// [`DataLoader::drop_last`]), collated by `collate`. A batch size of 0 is an error.
+    /// [`DataLoader::drop_last`]), collated by `collate`. A batch size of 0 is an error, and so
+    /// is a dataset its [`Dataset::check`] refuses (a 0-d tensor: no sample axis).
     pub fn new(dataset: &'d D, batch_size: usize, collate: C) -> Result<Self> {
         if batch_size == 0 {
             return Err(usage(
@@ -199,6 +228,7 @@ impl<'d, D: Dataset + ?Sized, C: Collate<D::Item>> DataLoader<'d, D, C> {
                 "the batch size must be at least 1, got 0",
             ));
         }
+        dataset.check()?;
         Ok(DataLoader {
             dataset,
             collate,

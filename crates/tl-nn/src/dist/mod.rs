@@ -9,11 +9,14 @@
 //!   with `mpirun -np N`), and with the `cuda` (or `cuda-emu`) feature `Nccl` (NCCL on the
 //!   GPU, loaded at run time; rendezvous and control messages through a bootstrap engine,
 //!   normally `Mpi`).
-//! - [`Runtime::data_parallel`] makes a runtime one rank of a group: it checks that every rank
-//!   has the same parameter names and shapes (an error names the first that differs), copies
-//!   rank 0's parameter values to every rank, and from then on [`Runtime::step`] (and
-//!   `train_step`) averages the gradients across the ranks in buckets before the optimizer's
-//!   clipping and update, so every rank takes the same step.
+//! - [`Runtime::data_parallel`] makes a runtime one rank of a group, before its first step (a
+//!   runtime that has stepped is refused): it checks that every rank has the same parameter
+//!   names and shapes (an error names the first that differs), copies rank 0's parameter
+//!   values to every rank, and from then on [`Runtime::step`] (and `train_step`,
+//!   `step_accumulated`) averages the gradients across the ranks in buckets before the
+//!   optimizer's clipping and update, so every rank takes the same step. The group is tied to
+//!   the model it was set up with: a step on a model with a parameter outside it is an error
+//!   on every rank.
 //! - [`crate::data::DataLoader::shard`]: each rank's part of each global batch.
 //! - Faults: each step starts with an all-gather of every rank's status, so a rank whose
 //!   forward or backward failed makes every rank's step fail with an error naming it (no rank
@@ -41,6 +44,7 @@ pub use reduce::DEFAULT_BUCKET_ELEMS;
 pub use timeout::DEFAULT_TIMEOUT;
 
 use std::cell::Cell;
+use std::collections::HashSet;
 
 use tl_session::{Optimizer, TensorRef, Train};
 
@@ -50,6 +54,9 @@ use crate::{Parameters, Result, Runtime};
 /// A runtime's place in a data-parallel group ([`Runtime::data_parallel`]).
 pub(crate) struct Group {
     comm: Box<dyn Collective>,
+    /// The parameters (`Param::index`) of the model the group was set up with: checked alike
+    /// on every rank and broadcast from rank 0, so a step may update these and no other.
+    params: HashSet<usize>,
     bucket_elems: usize,
     /// Steps taken in the group (each rank's count must agree).
     steps: Cell<u64>,
@@ -194,8 +201,15 @@ impl<O: Train> Runtime<O> {
     /// rank. From then on [`Runtime::step`] averages the gradients across the ranks (buckets of
     /// [`DEFAULT_BUCKET_ELEMS`] elements; [`Runtime::set_bucket_elems`]), [`Runtime::save`]
     /// writes on rank 0 only and every rank's [`Runtime::load`] succeeds or fails together.
-    /// Call it on every rank, at the same point, before the first step. PyTorch:
+    /// Call it on every rank, at the same point, before the first step: a runtime that has
+    /// taken a step ([`Runtime::step`], `train_step`, `step_accumulated`) is refused (its
+    /// optimizer's state, which this does not copy, may differ across the ranks). PyTorch:
     /// `DistributedDataParallel(model)` (which also broadcasts rank 0's parameters).
+    ///
+    /// The group is tied to `model`: a later step whose model lists a parameter `model` does
+    /// not (one that was neither checked nor broadcast) is an error on every rank, naming the
+    /// parameter, and no rank updates. A step on a part of `model` (its head alone, one of two
+    /// models trained in turn, set up together) is accepted.
     ///
     /// With [`Local`] (one process) the steps are bit for bit those without a group.
     pub fn data_parallel<M: Parameters + ?Sized>(
@@ -208,6 +222,15 @@ impl<O: Train> Runtime<O> {
             return Err(usage(
                 WHAT,
                 "this runtime is in a data-parallel group already",
+            ));
+        }
+        if self.steps_taken > 0 {
+            return Err(usage(
+                WHAT,
+                format!(
+                    "this runtime has taken {} step(s) already: call data_parallel on every rank before the first step (it copies rank 0's parameters, not the optimizers' state, so ranks that stepped apart would stay apart)",
+                    self.steps_taken
+                ),
             ));
         }
         self.check_listed(WHAT, model)?;
@@ -252,6 +275,7 @@ impl<O: Train> Runtime<O> {
         }
         self.group = Some(Group {
             comm,
+            params: params.iter().map(|(_, p)| p.index()).collect(),
             bucket_elems: DEFAULT_BUCKET_ELEMS,
             steps: Cell::new(0),
             agreed: Cell::new(false),
@@ -292,6 +316,37 @@ impl<O: Train> Runtime<O> {
     /// an all-gather of a metric); `None` without a group.
     pub fn collective(&self) -> Option<&dyn Collective> {
         self.group.as_ref().map(|g| &*g.comm)
+    }
+
+    /// `Ok(())` unless this runtime is in a group and `model` lists a parameter the group was
+    /// not set up with ([`Runtime::data_parallel`]'s model): the error of a step (`call`) on
+    /// `model`, naming the first such parameter. Checked before the step's pass, so its
+    /// failure is told to every rank as a failed forward's is.
+    pub(crate) fn check_group_model<M: Parameters + ?Sized>(
+        &self,
+        call: &'static str,
+        model: &M,
+    ) -> Result<()> {
+        let Some(g) = &self.group else {
+            return Ok(());
+        };
+        let mut outside = None;
+        model.visit_params(&mut |p| {
+            if outside.is_none() && !g.params.contains(&p.index()) {
+                outside = Some(p.clone());
+            }
+        });
+        match outside {
+            None => Ok(()),
+            Some(p) => Err(usage(
+                call,
+                format!(
+                    "the step's model has parameter {:?} {:?}, which is not in the model this data-parallel group was set up with (Runtime::data_parallel checked and broadcast that model's parameters only): step the model given to data_parallel, or a part of it",
+                    self.name_of(&p),
+                    p.shape().dims()
+                ),
+            )),
+        }
     }
 
     /// The step of a runtime in a group, from the forward pass's outcome: the hook's status

@@ -4,6 +4,7 @@
 use tl_session::{Param, Train};
 use tl_spec::{Scalar, Tensor};
 
+use super::At;
 use super::resample::{along_axis, zero_matrix};
 use crate::error::usage;
 use crate::{Module, Parameters, Result, Var};
@@ -17,7 +18,9 @@ use crate::{Module, Parameters, Result, Var};
 /// Each spatial axis with `o ≠ d` is one `matmul` by a constant (d, o) matrix of window weights
 /// `1/len` (the axis moved last and back with `swapLastTwo`), so the gradient is every op's
 /// own; an axis with `o = d` is left as it is. Checked by tl-conformance's
-/// `nn_layers::adaptive_avg_pool` against window sums divided by their counts.
+/// `nn_layers::adaptive_avg_pool` against window sums divided by their counts. The output
+/// sizes are checked by [`AdaptiveAvgPool::new`]; the forward pass's errors name the layer
+/// (`AdaptiveAvgPool2d: …`), as [`crate::Conv`]'s do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdaptiveAvgPool {
     output: Vec<usize>,
@@ -72,30 +75,28 @@ impl Parameters for AdaptiveAvgPool {
 
 impl<O: Train> Module<O> for AdaptiveAvgPool {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+        let at = At::unnamed(x.scope().rt, self);
         let dims = x.dims().to_vec();
         let k = self.output.len();
         if dims.len() != k + 1 && dims.len() != k + 2 {
-            return Err(usage(
-                "AdaptiveAvgPool::forward",
-                format!(
-                    "x must be (C, spatial…) or (N, C, spatial…) with {k} spatial axes, got {dims:?}"
-                ),
-            ));
+            return Err(at.input(format!(
+                "x must be (C, spatial…) or (N, C, spatial…) with {k} spatial axes, got {dims:?}"
+            )));
         }
         let first = dims.len() - k;
-        let mut y = x.clone();
-        for (axis, &o) in (first..).zip(&self.output) {
-            let d = dims[axis];
-            if d == 0 {
-                return Err(usage(
-                    "AdaptiveAvgPool::forward",
-                    format!("spatial axis {axis} of x {dims:?} is empty"),
-                ));
-            }
-            if o != d {
-                y = along_axis(&y, axis, weights(d, o)?)?;
-            }
+        if let Some(axis) = (first..dims.len()).find(|&a| dims[a] == 0) {
+            return Err(at.input(format!("spatial axis {axis} of x {dims:?} is empty")));
         }
-        Ok(y)
+        let y = || -> Result<Var<'g, O>> {
+            let mut y = x.clone();
+            for (axis, &o) in (first..).zip(&self.output) {
+                let d = dims[axis];
+                if o != d {
+                    y = along_axis(&y, axis, weights(d, o)?)?;
+                }
+            }
+            Ok(y)
+        };
+        y().map_err(|e| at.op_error(e))
     }
 }

@@ -11,15 +11,26 @@ use crate::{Result, Var};
 
 /// The keys (rotated, where the layer has rotary embeddings) and the values a causal
 /// [`MultiHeadAttention`] has computed for the positions seen so far, one (B, t, kv_heads, dh)
-/// tensor each, kept on the host between passes. One cache per layer and sequence batch.
-/// PyTorch: the `past_key_values` of Hugging Face's models, torchtune's `KVCache`.
+/// tensor each, kept on the host between passes. One cache per layer and sequence batch, and
+/// one layout: the first chunk decides whether the cache takes batched (B, m, d) chunks or
+/// unbatched (m, d) ones, and a chunk of the other layout is an error (until
+/// [`clear`](Self::clear)). PyTorch: the `past_key_values` of Hugging Face's models,
+/// torchtune's `KVCache`.
 #[derive(Debug, Clone)]
 pub struct KvCache<T: Scalar> {
-    keys_values: Option<KeysValues<T>>,
+    keys_values: Option<Cached<T>>,
 }
 
 /// The cached keys and values, (B, t, kv_heads, dh) each.
 type KeysValues<T> = (Tensor<T>, Tensor<T>);
+
+/// What a cache holds: the keys and values, and whether its chunks were batched (B, m, d),
+/// not (m, d) (held as B = 1).
+#[derive(Debug, Clone)]
+struct Cached<T: Scalar> {
+    keys_values: KeysValues<T>,
+    batched: bool,
+}
 
 impl<T: Scalar> Default for KvCache<T> {
     fn default() -> Self {
@@ -37,7 +48,7 @@ impl<T: Scalar> KvCache<T> {
     pub fn len(&self) -> usize {
         self.keys_values
             .as_ref()
-            .map_or(0, |(k, _)| k.shape().dims()[1])
+            .map_or(0, |c| c.keys_values.0.shape().dims()[1])
     }
 
     /// Whether no position is cached.
@@ -64,7 +75,8 @@ impl MultiHeadAttention {
     /// on CUDA the flash kernels, the mask as its diagonal). Meant for inference: the cached keys and values enter each pass as
     /// constants, so no gradient reaches the earlier positions. Errors name the layer: a layer
     /// that is not causal, an input of the wrong width, a cache of another batch size or
-    /// layer shape.
+    /// layer shape, a batched chunk for a cache of unbatched ones or the reverse; a chunk
+    /// refused leaves the cache as it was.
     pub fn forward_cached<'g, O: Train>(
         &self,
         x: &Var<'g, O>,
@@ -80,8 +92,26 @@ impl MultiHeadAttention {
             ));
         }
         let (b, t) = (batch.unwrap_or(1), cache.len());
+        if let Some(c) = &cache.keys_values
+            && c.batched != batch.is_some()
+        {
+            let layout = |batched: bool| match batched {
+                true => format!("batched (B, n, {d})"),
+                false => format!("unbatched (n, {d})"),
+            };
+            return Err(at.input(format!(
+                "forward_cached: the cache holds {t} position(s) of {} chunks (keys {}), this input {} is {}: one cache takes chunks of one layout (clear it, or use a cache per layout)",
+                layout(c.batched),
+                c.keys_values.0.shape(),
+                x.shape(),
+                layout(batch.is_some())
+            )));
+        }
         let kv_dims = [b, t, self.kv_heads, d / self.heads];
-        if let Some((k, _)) = &cache.keys_values
+        if let Some(Cached {
+            keys_values: (k, _),
+            ..
+        }) = &cache.keys_values
             && k.shape().dims() != kv_dims
         {
             return Err(at.input(format!(
@@ -100,7 +130,10 @@ impl MultiHeadAttention {
                 old.concat0(&new.swap_adjacent(0)?)?.swap_adjacent(0)
             };
             let (k, v) = match &cache.keys_values {
-                Some((kc, vc)) => (join(kc, &k)?, join(vc, &v)?),
+                Some(Cached {
+                    keys_values: (kc, vc),
+                    ..
+                }) => (join(kc, &k)?, join(vc, &v)?),
                 None => (k, v),
             };
             let kept = (k.value()?, v.value()?);
@@ -111,7 +144,10 @@ impl MultiHeadAttention {
             Ok((y, kept))
         };
         let (y, kept) = y().map_err(|e| at.op_error(e))?;
-        cache.keys_values = Some(kept);
+        cache.keys_values = Some(Cached {
+            keys_values: kept,
+            batched: batch.is_some(),
+        });
         Ok(y)
     }
 }

@@ -1,12 +1,20 @@
 //! [`MaxPool`] and [`AvgPool`]: N-D pooling windows, channels first, optional batch axis.
 //! PyTorch: `nn.MaxPool1d/2d/3d`, `nn.AvgPool1d/2d/3d` (count_include_pad=True).
+//!
+//! The window is checked as it is built: [`MaxPool::new`], [`MaxPool::stride`] and
+//! [`MaxPool::padding`] (and [`AvgPool`]'s) refuse a setting no input could pool with (an
+//! error naming the layer, the setting and the value), so the forward pass only meets inputs
+//! that do not fit, and its errors name the layer (`MaxPool2d: …`), as [`crate::Conv`]'s do.
 
 use tl_session::{Param, Train};
+use tl_spec::ops::window::MAX_SPATIAL_RANK;
 
+use super::At;
 use crate::error::usage;
 use crate::{Module, Parameters, Result, Var};
 
-/// A pooling window: kernel, stride and padding per spatial axis.
+/// A pooling window: kernel, stride and padding per spatial axis, each setting checked when
+/// it is set ([`Window::new`], [`Window::with_stride`], [`Window::with_padding`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Window {
     kernel: Vec<usize>,
@@ -15,11 +23,15 @@ struct Window {
 }
 
 impl Window {
+    /// Kernel `kernel`, stride = kernel, no padding; `what` names the call in errors
+    /// (`MaxPool::new`).
     fn new(what: &'static str, kernel: &[usize]) -> Result<Self> {
-        if kernel.is_empty() || kernel.contains(&0) {
+        if kernel.is_empty() || kernel.len() > MAX_SPATIAL_RANK || kernel.contains(&0) {
             return Err(usage(
                 what,
-                format!("need a kernel size ≥ 1 per spatial axis, got {kernel:?}"),
+                format!(
+                    "need 1 to {MAX_SPATIAL_RANK} spatial axes, each with a kernel size ≥ 1, got kernel {kernel:?}"
+                ),
             ));
         }
         Ok(Window {
@@ -28,9 +40,42 @@ impl Window {
             padding: vec![0; kernel.len()],
         })
     }
-}
 
-impl Window {
+    /// The same window with stride `stride` (≥ 1) on every axis.
+    fn with_stride(mut self, what: &'static str, stride: usize) -> Result<Self> {
+        if stride == 0 {
+            return Err(usage(
+                what,
+                format!(
+                    "the stride must be ≥ 1, got stride 0 (kernel {:?})",
+                    self.kernel
+                ),
+            ));
+        }
+        self.stride = vec![stride; self.kernel.len()];
+        Ok(self)
+    }
+
+    /// The same window with padding `padding` on every axis, at most half of every kernel size
+    /// (PyTorch's rule: a window always holds a real cell).
+    fn with_padding(mut self, what: &'static str, padding: usize) -> Result<Self> {
+        if let Some(&k) = self
+            .kernel
+            .iter()
+            .find(|&&k| padding.checked_mul(2).is_none_or(|p2| p2 > k))
+        {
+            return Err(usage(
+                what,
+                format!(
+                    "the padding must be at most half the kernel size (PyTorch's rule: 2·padding ≤ kernel), got padding {padding} for kernel {:?} (size {k})",
+                    self.kernel
+                ),
+            ));
+        }
+        self.padding = vec![padding; self.kernel.len()];
+        Ok(self)
+    }
+
     /// `kernel_size=2, stride=2, padding=0` (one number where the axes agree, as PyTorch
     /// prints what it was given).
     fn repr(&self) -> String {
@@ -47,6 +92,21 @@ impl Window {
     }
 }
 
+/// The input check of a pool with `k` spatial axes: x must be (C, …k) or (N, C, …k).
+fn check_input<O: Train>(at: &At<'_, O>, x: &Var<'_, O>, k: usize) -> Result<()> {
+    let rank = x.dims().len();
+    if rank == k + 1 || rank == k + 2 {
+        return Ok(());
+    }
+    let axes = if k == 1 { "axis" } else { "axes" };
+    Err(at.input(format!(
+        "input {} has {rank} axes: a pool with {k} spatial {axes} takes (C, spatial…) or (N, C, spatial…), {} or {} axes",
+        x.shape(),
+        k + 1,
+        k + 2
+    )))
+}
+
 macro_rules! pool_layer {
     ($(#[$doc:meta])* $name:ident, $method:ident, $extra:expr) => {
         $(#[$doc])*
@@ -56,22 +116,26 @@ macro_rules! pool_layer {
         }
 
         impl $name {
-            /// A window of `kernel` (one size per spatial axis), stride = kernel, no padding
-            /// (PyTorch's defaults).
+            /// A window of `kernel` (one size per spatial axis, 1 to 8 axes, each ≥ 1),
+            /// stride = kernel, no padding (PyTorch's defaults). An error naming the kernel
+            /// otherwise.
             pub fn new(kernel: &[usize]) -> Result<Self> {
                 Ok($name { window: Window::new(concat!(stringify!($name), "::new"), kernel)? })
             }
 
-            /// The same window with stride `stride` on every axis.
-            pub fn stride(mut self, stride: usize) -> Self {
-                self.window.stride = vec![stride; self.window.kernel.len()];
-                self
+            /// The same window with stride `stride` on every axis; a stride of 0 is an error
+            /// naming it.
+            pub fn stride(self, stride: usize) -> Result<Self> {
+                let what = concat!(stringify!($name), "::stride");
+                Ok($name { window: self.window.with_stride(what, stride)? })
             }
 
-            /// The same window with padding `padding` on every axis.
-            pub fn padding(mut self, padding: usize) -> Self {
-                self.window.padding = vec![padding; self.window.kernel.len()];
-                self
+            /// The same window with padding `padding` on every axis; padding above half a
+            /// kernel size (PyTorch's rule: `2·padding ≤ kernel`) is an error naming it and the
+            /// kernel.
+            pub fn padding(self, padding: usize) -> Result<Self> {
+                let what = concat!(stringify!($name), "::padding");
+                Ok($name { window: self.window.with_padding(what, padding)? })
             }
         }
 
@@ -87,10 +151,13 @@ macro_rules! pool_layer {
 
         impl<O: Train> Module<O> for $name {
             fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
+                let at = At::unnamed(x.scope().rt, self);
+                check_input(&at, x, self.window.kernel.len())?;
                 let w = self.window.clone();
                 x.op(concat!(stringify!($name), "::forward"), &[], |s| {
                     s.$method(x.tensor_ref(), w.kernel, w.stride, w.padding)
                 })
+                .map_err(|e| at.op_error(e))
             }
         }
     };

@@ -142,12 +142,24 @@ impl Cell {
         }
     }
 
-    fn forward_op(self) -> &'static str {
-        match self {
-            Cell::Lstm => "Lstm::forward",
-            Cell::Gru => "Gru::forward",
+    /// The method `call` as its errors name it (`Lstm::forward_state`).
+    fn op(self, call: Call) -> &'static str {
+        match (self, call) {
+            (Cell::Lstm, Call::Forward) => "Lstm::forward",
+            (Cell::Lstm, Call::ForwardState) => "Lstm::forward_state",
+            (Cell::Gru, Call::Forward) => "Gru::forward",
+            (Cell::Gru, Call::ForwardState) => "Gru::forward_state",
         }
     }
+}
+
+/// The public method a pass came through, which its errors name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// [`Module::forward`].
+    Forward,
+    /// `Lstm::forward_state` / `Gru::forward_state`.
+    ForwardState,
 }
 
 /// What both layers hold: the sizes, the options and each layer's weights.
@@ -262,15 +274,16 @@ impl Stack {
         })
     }
 
-    fn error(&self, detail: String) -> crate::Error {
+    /// An error of the method `call`, naming the layer.
+    fn error(&self, call: Call, detail: String) -> crate::Error {
         usage(
-            self.cell.forward_op(),
+            self.cell.op(call),
             format!("{} {:?}: {detail}", self.cell.name(), self.path),
         )
     }
 
     /// The input's (T, B) and whether it is unbatched, from its shape.
-    fn geometry<O: Train>(&self, x: &Var<'_, O>) -> Result<(usize, usize, bool)> {
+    fn geometry<O: Train>(&self, call: Call, x: &Var<'_, O>) -> Result<(usize, usize, bool)> {
         let (t, b, unbatched) = match (x.dims(), self.config.batch_first) {
             ([t, _], _) => (*t, 1, true),
             ([b, t, _], true) => (*t, *b, false),
@@ -281,25 +294,34 @@ impl Stack {
                 } else {
                     "(T, B, features)"
                 };
-                return Err(self.error(format!(
-                    "x must be {layout} or unbatched (T, features), got {}",
-                    x.shape()
-                )));
+                return Err(self.error(
+                    call,
+                    format!(
+                        "x must be {layout} or unbatched (T, features), got {}",
+                        x.shape()
+                    ),
+                ));
             }
         };
         let features = x.dims()[x.dims().len() - 1];
         if features != self.input_size {
-            return Err(self.error(format!(
-                "x {} must end in the layer's {} input features, got {features}",
-                x.shape(),
-                self.input_size
-            )));
+            return Err(self.error(
+                call,
+                format!(
+                    "x {} must end in the layer's {} input features, got {features}",
+                    x.shape(),
+                    self.input_size
+                ),
+            ));
         }
         if t == 0 || b == 0 {
-            return Err(self.error(format!(
-                "x {} has an empty sequence or batch (T = {t}, B = {b})",
-                x.shape()
-            )));
+            return Err(self.error(
+                call,
+                format!(
+                    "x {} has an empty sequence or batch (T = {t}, B = {b})",
+                    x.shape()
+                ),
+            ));
         }
         Ok((t, b, unbatched))
     }
@@ -308,6 +330,7 @@ impl Stack {
     /// layer into (B, H); zeros when absent.
     fn initial<'g, O: Train>(
         &self,
+        call: Call,
         x: &Var<'g, O>,
         name: &str,
         state: Option<&Var<'g, O>>,
@@ -321,12 +344,15 @@ impl Stack {
         };
         let want: Vec<usize> = if unbatched { vec![l, h] } else { vec![l, b, h] };
         if s.dims() != want.as_slice() {
-            return Err(self.error(format!(
-                "{name} must be (num_layers, {}H) = {want:?} for x {}, got {}",
-                if unbatched { "" } else { "B, " },
-                x.shape(),
-                s.shape()
-            )));
+            return Err(self.error(
+                call,
+                format!(
+                    "{name} must be (num_layers, {}H) = {want:?} for x {}, got {}",
+                    if unbatched { "" } else { "B, " },
+                    x.shape(),
+                    s.shape()
+                ),
+            ));
         }
         let s = s.reshape(&[l * b, h])?;
         (0..l).map(|i| s.narrow0(i * b, b)).collect()
@@ -407,12 +433,13 @@ impl Stack {
     /// The `N` final states `run` returned.
     fn finals<'g, O: Train, const N: usize>(
         &self,
+        call: Call,
         finals: Vec<Var<'g, O>>,
     ) -> Result<[Var<'g, O>; N]> {
         let n = finals.len();
         finals
             .try_into()
-            .map_err(|_| self.error(format!("expected {N} final states, got {n}")))
+            .map_err(|_| self.error(call, format!("expected {N} final states, got {n}")))
     }
 
     fn visit(&self, f: &mut dyn FnMut(&Param)) {
@@ -543,19 +570,31 @@ impl Lstm {
     /// The output sequence (`(T, B, H)`, `(B, T, H)` batch-first, `(T, H)` unbatched) and the
     /// final `(h_n, c_n)`, each `(num_layers, B, H)` (`(num_layers, H)` unbatched), from the
     /// initial `(h_0, c_0)` of those shapes (zeros when `None`). PyTorch:
-    /// `output, (h_n, c_n) = lstm(x, (h_0, c_0))`.
+    /// `output, (h_n, c_n) = lstm(x, (h_0, c_0))`. Errors name `Lstm::forward_state`, the
+    /// layer and the shapes.
     #[allow(clippy::type_complexity)]
     pub fn forward_state<'g, O: Train>(
         &self,
         x: &Var<'g, O>,
         state: Option<(&Var<'g, O>, &Var<'g, O>)>,
     ) -> Result<(Var<'g, O>, (Var<'g, O>, Var<'g, O>))> {
+        self.pass(Call::ForwardState, x, state)
+    }
+
+    /// [`Lstm::forward_state`] for the method `call` (which its errors name).
+    #[allow(clippy::type_complexity)]
+    fn pass<'g, O: Train>(
+        &self,
+        call: Call,
+        x: &Var<'g, O>,
+        state: Option<(&Var<'g, O>, &Var<'g, O>)>,
+    ) -> Result<(Var<'g, O>, (Var<'g, O>, Var<'g, O>))> {
         let s = &self.stack;
-        let (t, b, unbatched) = s.geometry(x)?;
-        let h0 = s.initial(x, "h_0", state.map(|s| s.0), b, unbatched)?;
-        let c0 = s.initial(x, "c_0", state.map(|s| s.1), b, unbatched)?;
+        let (t, b, unbatched) = s.geometry(call, x)?;
+        let h0 = s.initial(call, x, "h_0", state.map(|s| s.0), b, unbatched)?;
+        let c0 = s.initial(call, x, "c_0", state.map(|s| s.1), b, unbatched)?;
         let (out, finals) = s.run(x, vec![h0, c0], t, b, unbatched)?;
-        let [h, c] = s.finals(finals)?;
+        let [h, c] = s.finals(call, finals)?;
         Ok((out, (h, c)))
     }
 }
@@ -568,7 +607,7 @@ impl Parameters for Lstm {
 
 impl<O: Train> Module<O> for Lstm {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
-        Ok(self.forward_state(x, None)?.0)
+        Ok(self.pass(Call::Forward, x, None)?.0)
     }
 }
 
@@ -602,17 +641,28 @@ impl Gru {
 
     /// The output sequence (`(T, B, H)`, `(B, T, H)` batch-first, `(T, H)` unbatched) and the
     /// final `h_n` (`(num_layers, B, H)`, `(num_layers, H)` unbatched) from the initial `h_0`
-    /// of that shape (zeros when `None`). PyTorch: `output, h_n = gru(x, h_0)`.
+    /// of that shape (zeros when `None`). PyTorch: `output, h_n = gru(x, h_0)`. Errors name
+    /// `Gru::forward_state`, the layer and the shapes.
     pub fn forward_state<'g, O: Train>(
         &self,
         x: &Var<'g, O>,
         h0: Option<&Var<'g, O>>,
     ) -> Result<(Var<'g, O>, Var<'g, O>)> {
+        self.pass(Call::ForwardState, x, h0)
+    }
+
+    /// [`Gru::forward_state`] for the method `call` (which its errors name).
+    fn pass<'g, O: Train>(
+        &self,
+        call: Call,
+        x: &Var<'g, O>,
+        h0: Option<&Var<'g, O>>,
+    ) -> Result<(Var<'g, O>, Var<'g, O>)> {
         let s = &self.stack;
-        let (t, b, unbatched) = s.geometry(x)?;
-        let h0 = s.initial(x, "h_0", h0, b, unbatched)?;
+        let (t, b, unbatched) = s.geometry(call, x)?;
+        let h0 = s.initial(call, x, "h_0", h0, b, unbatched)?;
         let (out, finals) = s.run(x, vec![h0], t, b, unbatched)?;
-        let [h] = s.finals(finals)?;
+        let [h] = s.finals(call, finals)?;
         Ok((out, h))
     }
 }
@@ -625,6 +675,6 @@ impl Parameters for Gru {
 
 impl<O: Train> Module<O> for Gru {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
-        Ok(self.forward_state(x, None)?.0)
+        Ok(self.pass(Call::Forward, x, None)?.0)
     }
 }

@@ -106,10 +106,10 @@ impl<O: Train<T = f64>> AnyRt for Runtime<O> {
     ) -> tl_nn::Result<Tensor<f64>> {
         let x = tensor(&[1, size], 3);
         if avg {
-            let p = AvgPool::new(&[k])?.stride(stride).padding(pad);
+            let p = AvgPool::new(&[k])?.stride(stride)?.padding(pad)?;
             self.eval(&p, |g| p.forward(&g.input(x)?))
         } else {
-            let p = MaxPool::new(&[k])?.stride(stride).padding(pad);
+            let p = MaxPool::new(&[k])?.stride(stride)?.padding(pad)?;
             self.eval(&p, |g| p.forward(&g.input(x)?))
         }
     }
@@ -368,9 +368,10 @@ fn convolution_and_pool_windows_fit_exactly_or_are_errors() {
             rt.conv_t(3, 1, 2, 1),
             &["convTranspose", "padding [2]", "empty output"],
         );
-        for avg in [false, true] {
-            // Pool k=2: an input of 2 gives one window, 1 is an error; padding 1 (2·1 ≤ 2) is
-            // accepted, padding 2 is not; stride 0 is an error.
+        for (avg, layer) in [(false, "MaxPool"), (true, "AvgPool")] {
+            // Pool k=2: an input of 2 gives one window, 1 is an error naming the layer;
+            // padding 1 (2·1 ≤ 2) is accepted, padding 2 and stride 0 are refused as the
+            // layer is built.
             assert_eq!(
                 rt.pool(avg, 2, 2, 0, 2).unwrap().shape().dims(),
                 [1, 1],
@@ -378,15 +379,21 @@ fn convolution_and_pool_windows_fit_exactly_or_are_errors() {
             );
             error_naming(
                 rt.pool(avg, 2, 2, 0, 1),
-                &["pool", "kernel [2]", "input [1, 1]"],
+                &[&format!("{layer}1d: "), "kernel [2]", "input [1, 1]"],
             );
             assert_eq!(
                 rt.pool(avg, 2, 2, 1, 2).unwrap().shape().dims(),
                 [1, 2],
                 "{name}"
             );
-            error_naming(rt.pool(avg, 2, 2, 2, 2), &["pool", "padding [2]"]);
-            error_naming(rt.pool(avg, 2, 0, 0, 2), &["pool", "stride [0]"]);
+            error_naming(
+                rt.pool(avg, 2, 2, 2, 2),
+                &[&format!("{layer}::padding"), "padding 2", "kernel [2]"],
+            );
+            error_naming(
+                rt.pool(avg, 2, 0, 0, 2),
+                &[&format!("{layer}::stride"), "stride 0"],
+            );
         }
         // Spectral: 3 modes need a grid of 4 (4/2 + 1 = 3); a grid of 3 keeps only 2.
         assert_eq!(rt.spectral(3, 4).unwrap().shape().dims(), [4, 2], "{name}");

@@ -106,6 +106,40 @@ fn loader_errors_name_the_value() {
     assert!(r[1].as_ref().unwrap_err().to_string().contains("no 2"));
 }
 
+/// A 0-d tensor has no leading (sample) axis: it is no dataset, and a loader over it, its
+/// `get` and its `check` are errors saying so (not a dataset of no examples); a 1-d tensor is
+/// a dataset of its scalars.
+#[test]
+fn a_0d_tensor_is_refused_as_a_dataset() {
+    let x = Tensor::<f64>::scalar(3.0);
+    let e = DataLoader::new(&x, 1, Stack).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "Dataset::check (Tensor): a 0-d tensor (shape []) is no dataset: a dataset needs a leading (sample) axis, one example per index along it; give one example as a dataset of one (x.reshape([1]))"
+    );
+    let e = Dataset::get(&x, 0).unwrap_err().to_string();
+    assert!(
+        e.starts_with("Dataset::get (Tensor): a 0-d tensor") && e.contains("leading (sample) axis"),
+        "{e}"
+    );
+    assert!(Dataset::check(&x).is_err());
+    // One example as a dataset of one, and a vector as a dataset of scalars.
+    let one = x.reshape([1]).unwrap();
+    Dataset::check(&one).unwrap();
+    let b: Vec<Tensor<f64>> = DataLoader::new(&one, 4, Stack)
+        .unwrap()
+        .epoch(0)
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(
+        (b.len(), b[0].shape().dims(), b[0].data()),
+        (1, &[1][..], &[3.0][..])
+    );
+    // The other datasets keep the default check.
+    Dataset::check(&Count(0)).unwrap();
+    Dataset::check(&[1, 2][..]).unwrap();
+}
+
 #[test]
 fn stack_and_classify_collate_tensors_and_labels() {
     let x = Tensor::<f64>::new([4, 2, 3], (0..24).map(f64::from).collect()).unwrap();

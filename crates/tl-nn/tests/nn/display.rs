@@ -63,7 +63,11 @@ fn every_layer_prints_its_settings() {
             "ConvTranspose3d(4, 2, kernel_size=(2, 2, 2), stride=(2, 2, 2), padding=(1, 1, 1))",
         ),
         (
-            AvgPool::new(&[2, 3]).unwrap().padding(1).to_string(),
+            AvgPool::new(&[2, 3])
+                .unwrap()
+                .padding(1)
+                .unwrap()
+                .to_string(),
             "AvgPool2d(kernel_size=(2, 3), stride=(2, 3), padding=1)",
         ),
         (

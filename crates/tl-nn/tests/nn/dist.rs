@@ -468,6 +468,153 @@ fn group_calls_outside_a_group_and_twice_are_errors() {
     assert!(e.contains("No such file"), "{e}");
 }
 
+/// `data_parallel` after a step is refused (its docs: "before the first step"), naming the
+/// steps taken, and makes no group; a step that failed took none, so the call after it is
+/// accepted.
+#[test]
+fn data_parallel_after_a_step_is_refused() {
+    let x = tl_spec::Tensor::<f32>::from_fn([2, PIXELS], |i| i as f32 * 1e-3);
+    let labels = tl_nn::Labels::new(vec![0, 1], CLASSES).unwrap();
+    let mut rt = eager_f32();
+    let model = mlp(&rt);
+    let mut opt = optimizer(false);
+    // A failed step (the wrong width) takes no step.
+    rt.step(&model, &mut opt, |g| {
+        model
+            .forward(&g.input(tl_spec::Tensor::zeros([2, 3]))?)?
+            .cross_entropy(&labels)
+    })
+    .unwrap_err();
+    let mut fresh = eager_f32();
+    let fresh_model = mlp(&fresh);
+    fresh
+        .step(&fresh_model, &mut opt, |g| {
+            fresh_model
+                .forward(&g.input(tl_spec::Tensor::zeros([2, 3]))?)?
+                .cross_entropy(&labels)
+        })
+        .unwrap_err();
+    fresh.data_parallel(&fresh_model, Box::new(Local)).unwrap();
+    // Two steps taken: refused, and the runtime stays out of a group.
+    for _ in 0..2 {
+        rt.step(&model, &mut opt, |g| {
+            model.forward(&g.input(x.clone())?)?.cross_entropy(&labels)
+        })
+        .unwrap();
+    }
+    let e = rt
+        .data_parallel(&model, Box::new(Local))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "Runtime::data_parallel: this runtime has taken 2 step(s) already: call data_parallel on every rank before the first step (it copies rank 0's parameters, not the optimizers' state, so ranks that stepped apart would stay apart)"
+    );
+    assert!(rt.collective().is_none());
+    // Accumulated steps count too.
+    let mut acc = eager_f32();
+    let acc_model = mlp(&acc);
+    acc.step_accumulated(&acc_model, &mut opt, 2, |g, _| {
+        acc_model
+            .forward(&g.input(x.clone())?)?
+            .cross_entropy(&labels)
+    })
+    .unwrap();
+    let e = acc
+        .data_parallel(&acc_model, Box::new(Local))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("has taken 1 step(s) already"), "{e}");
+}
+
+/// The group is tied to the model `data_parallel` checked and broadcast: a step (plain or
+/// accumulated) on a model with a parameter outside it is an error naming the parameter, on
+/// every rank (rank 0, whose own step was fine, hears of rank 1's), and no rank updates; a
+/// step on a part of the model is accepted.
+#[test]
+fn a_step_on_another_model_than_the_groups_is_refused() {
+    let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.1);
+    // One rank: another model, then a part of the group's.
+    let mut rt = eager_f32();
+    let body = Linear::new(&rt.vars().pp("body"), 4, 4).unwrap();
+    let head = Linear::new(&rt.vars().pp("head"), 4, 4).unwrap();
+    let model = Sequential::new().add(body.clone()).add(head.clone());
+    let other = Linear::new(&rt.vars().pp("other"), 4, 4).unwrap();
+    rt.data_parallel(&model, Box::new(Local)).unwrap();
+    let mut opt = optimizer(false);
+    let before = values(&rt, &other);
+    let e = rt
+        .step(&other, &mut opt, |g| {
+            other.forward(&g.input(x.clone())?)?.sum()
+        })
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        r#"Runtime::step: the step's model has parameter "other.weight" [4, 4], which is not in the model this data-parallel group was set up with (Runtime::data_parallel checked and broadcast that model's parameters only): step the model given to data_parallel, or a part of it"#
+    );
+    let e = rt
+        .step_accumulated(&other, &mut opt, 2, |g, _| {
+            other.forward(&g.input(x.clone())?)?.sum()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("Runtime::step_accumulated: the step's model has parameter \"other.weight\""),
+        "{e}"
+    );
+    assert_eq!(values(&rt, &other), before, "a refused step updated");
+    let before = values(&rt, &head);
+    rt.step(&head, &mut opt, |g| {
+        head.forward(&g.input(x.clone())?)?.sum()
+    })
+    .unwrap();
+    assert_ne!(values(&rt, &head), before, "the head alone steps");
+    rt.step(&model, &mut opt, |g| {
+        model.forward(&g.input(x.clone())?)?.sum()
+    })
+    .unwrap();
+    // Two ranks: rank 1 steps another model; every rank's step fails, none updates.
+    let handles: Vec<_> = group(2)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rank = c.rank;
+                let mut rt = eager_f32();
+                let layer = Linear::new(&rt.vars().pp("fc"), 4, 4).unwrap();
+                let other = Linear::new(&rt.vars().pp("other"), 4, 4).unwrap();
+                rt.data_parallel(&layer, Box::new(c)).unwrap();
+                let stepped = if rank == 1 { &other } else { &layer };
+                let before = [values(&rt, &layer), values(&rt, &other)];
+                let mut opt = optimizer(false);
+                let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.1);
+                let e = rt
+                    .step(stepped, &mut opt, |g| stepped.forward(&g.input(x)?)?.sum())
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(
+                    [values(&rt, &layer), values(&rt, &other)],
+                    before,
+                    "rank {rank} stepped"
+                );
+                e
+            })
+        })
+        .collect();
+    let errors: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let own = "the step's model has parameter \"other.weight\" [4, 4], which is not in the model";
+    assert!(
+        errors[1].starts_with("Runtime::step: ") && errors[1].contains(own),
+        "{}",
+        errors[1]
+    );
+    assert!(
+        errors[0].contains("rank 1 failed") && errors[0].contains(own),
+        "{}",
+        errors[0]
+    );
+}
+
 #[test]
 fn ranks_whose_steps_train_different_parameters_are_an_error() {
     // Rank 1 freezes the bias after the start-up check: its step has one gradient buffer

@@ -190,6 +190,106 @@ fn every_layer_names_its_path_in_a_forward_error() {
     assert!(e.contains("modes must lie in 1..=1 for grid 1"), "{e}");
 }
 
+/// The pools' forward errors name the layer (`MaxPool2d: …`), as a convolution's do: an input
+/// of the wrong rank is an input error saying what the layer takes, and the op's own refusal
+/// (a window larger than the input) keeps the op's message after the layer's name.
+#[test]
+fn a_pool_forward_error_names_the_layer() {
+    use tl_nn::{AdaptiveAvgPool, AvgPool, MaxPool};
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let max = MaxPool::new(&[2, 2]).unwrap();
+    let avg = AvgPool::new(&[3]).unwrap();
+    let adaptive = AdaptiveAvgPool::new(&[2, 2]).unwrap();
+    let e = forward_error(&rt, &max, &[2, 8]);
+    assert!(matches!(e, Error::Input { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "MaxPool2d: input [2, 8] has 2 axes: a pool with 2 spatial axes takes (C, spatial…) or (N, C, spatial…), 3 or 4 axes"
+    );
+    let e = forward_error(&rt, &avg, &[1, 2, 3, 4]);
+    assert!(
+        e.to_string()
+            .starts_with("AvgPool1d: input [1, 2, 3, 4] has 4 axes"),
+        "{e}"
+    );
+    // A 2×2 window over a 1×1 image: the op refuses it, named after the layer.
+    let e = forward_error(&rt, &max, &[1, 3, 1, 1]);
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Layer { .. }), "{e:?}");
+    assert!(msg.starts_with("MaxPool2d: max_pool: maxPool: "), "{msg}");
+    assert!(
+        msg.contains("kernel [2, 2]") && msg.contains("[1, 3, 1, 1]"),
+        "{msg}"
+    );
+    let msg = forward_error(&rt, &avg, &[2, 2]).to_string();
+    assert!(msg.starts_with("AvgPool1d: avg_pool: avgPool: "), "{msg}");
+    let e = forward_error(&rt, &adaptive, &[4]);
+    assert!(matches!(e, Error::Input { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "AdaptiveAvgPool2d: x must be (C, spatial…) or (N, C, spatial…) with 2 spatial axes, got [4]"
+    );
+    let msg = forward_error(&rt, &adaptive, &[1, 0, 3]).to_string();
+    assert_eq!(
+        msg,
+        "AdaptiveAvgPool2d: spatial axis 1 of x [1, 0, 3] is empty"
+    );
+}
+
+/// A pool's window is checked as it is built: a kernel size of 0, too many axes, a stride of 0
+/// and padding above half the kernel (PyTorch's rule) are errors naming the layer, the setting
+/// and the value, before any forward pass.
+#[test]
+fn a_pool_refuses_a_bad_setting_as_it_is_built() {
+    use tl_nn::{AvgPool, MaxPool};
+    let err = |r: Result<MaxPool>| r.expect_err("a bad setting").to_string();
+    assert_eq!(
+        err(MaxPool::new(&[2, 2]).unwrap().stride(0)),
+        "MaxPool::stride: the stride must be ≥ 1, got stride 0 (kernel [2, 2])"
+    );
+    assert_eq!(
+        err(MaxPool::new(&[2, 3]).unwrap().padding(2)),
+        "MaxPool::padding: the padding must be at most half the kernel size (PyTorch's rule: 2·padding ≤ kernel), got padding 2 for kernel [2, 3] (size 2)"
+    );
+    let e = err(MaxPool::new(&[2]).unwrap().padding(usize::MAX));
+    assert!(e.contains(&format!("padding {}", usize::MAX)), "{e}");
+    assert_eq!(
+        err(MaxPool::new(&[2, 0])),
+        "MaxPool::new: need 1 to 8 spatial axes, each with a kernel size ≥ 1, got kernel [2, 0]"
+    );
+    let e = err(MaxPool::new(&[1; 9]));
+    assert!(e.contains("kernel [1, 1, 1, 1, 1, 1, 1, 1, 1]"), "{e}");
+    let e = AvgPool::new(&[3])
+        .unwrap()
+        .stride(0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("AvgPool::stride: ") && e.contains("stride 0"),
+        "{e}"
+    );
+    let e = AvgPool::new(&[3])
+        .unwrap()
+        .padding(2)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("AvgPool::padding: ") && e.contains("padding 2"),
+        "{e}"
+    );
+    // The largest padding PyTorch allows, and any stride ≥ 1, are accepted in either order.
+    let p = MaxPool::new(&[4, 5])
+        .unwrap()
+        .padding(2)
+        .unwrap()
+        .stride(7)
+        .unwrap();
+    assert_eq!(
+        p.to_string(),
+        "MaxPool2d(kernel_size=(4, 5), stride=7, padding=2, dilation=1, ceil_mode=False)"
+    );
+}
+
 /// A custom layer in a model, to show `?` on a layer's result inside a user's forward.
 #[derive(Parameters)]
 struct Two {

@@ -505,6 +505,49 @@ fn bad_sizes_and_shapes_are_errors_naming_the_layer_and_the_value() {
     assert!(e.contains("h_0") && e.contains("[2, 4]"), "{e}");
 }
 
+/// Each method's errors name the method called: `forward_state`'s say `Lstm::forward_state`
+/// (`Gru::forward_state`), `Module::forward`'s say `Lstm::forward` (`Gru::forward`), for a bad
+/// input and (`forward_state`) a bad initial state.
+#[test]
+fn each_method_names_itself_in_its_errors() {
+    let rt = eager::<f32>(Backend::Cpu, 0);
+    let lstm = Lstm::new(&rt.vars().pp("enc"), 3, 4, RnnConfig::default()).unwrap();
+    let gru = Gru::new(&rt.vars().pp("dec"), 3, 4, RnnConfig::default()).unwrap();
+    type S = tl_session::Session<f32>;
+    let fails = |m: &dyn Parameters, f: &dyn for<'g> Fn(&Scope<'g, S>) -> Result<Var<'g, S>>| {
+        rt.eval(m, f).unwrap_err().to_string()
+    };
+    let bad = [5, 2, 7];
+    let prefix = |e: &str| e.split(": ").next().unwrap_or_default().to_owned();
+    let e = fails(&lstm, &|g| {
+        Ok(lstm.forward_state(&g.input(Tensor::zeros(bad))?, None)?.0)
+    });
+    assert_eq!(prefix(&e), "Lstm::forward_state", "{e}");
+    assert!(e.contains("3 input features, got 7"), "{e}");
+    let e = fails(&lstm, &|g| lstm.forward(&g.input(Tensor::zeros(bad))?));
+    assert_eq!(prefix(&e), "Lstm::forward", "{e}");
+    let e = fails(&lstm, &|g| {
+        let x = g.input(Tensor::zeros([5, 2, 3]))?;
+        let h = g.input(Tensor::zeros([2, 2, 4]))?;
+        Ok(lstm.forward_state(&x, Some((&h, &h)))?.0)
+    });
+    assert_eq!(prefix(&e), "Lstm::forward_state", "{e}");
+    assert!(e.contains("h_0 must be"), "{e}");
+    let e = fails(&gru, &|g| {
+        Ok(gru.forward_state(&g.input(Tensor::zeros(bad))?, None)?.0)
+    });
+    assert_eq!(prefix(&e), "Gru::forward_state", "{e}");
+    let e = fails(&gru, &|g| gru.forward(&g.input(Tensor::zeros(bad))?));
+    assert_eq!(prefix(&e), "Gru::forward", "{e}");
+    let e = fails(&gru, &|g| {
+        let x = g.input(Tensor::zeros([5, 3]))?;
+        let h = g.input(Tensor::zeros([1, 2, 4]))?;
+        Ok(gru.forward_state(&x, Some(&h))?.0)
+    });
+    assert_eq!(prefix(&e), "Gru::forward_state", "{e}");
+    assert!(e.contains("h_0 must be") && e.contains("[1, 4]"), "{e}");
+}
+
 #[test]
 fn a_module_list_names_its_layers_by_position() {
     let rt = eager::<f64>(Backend::Cpu, 1);
@@ -1142,6 +1185,42 @@ fn cached_chunks_give_the_whole_sequence() {
     .unwrap();
     let e = run(&causal, tensor(&[3, 1, 8], 1), &mut cache);
     assert!(e.contains("the cache holds keys [2, 2, 2, 4]"), "{e}");
+}
+
+/// A `KvCache` takes chunks of one layout: after a batched (B, m, d) chunk an unbatched (m, d)
+/// one is an error saying what the cache holds and what was given (also for B = 1, whose keys
+/// have the same shape), and the reverse; the refused chunk leaves the cache as it was, and a
+/// cleared cache takes either layout.
+#[test]
+fn a_kv_cache_refuses_to_mix_batched_and_unbatched_chunks() {
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let mha = MultiHeadAttention::new(&rt.vars().pp("c"), 8, 2, true).unwrap();
+    let mut cache = tl_nn::KvCache::new();
+    let run = |x: Tensor<f64>, cache: &mut tl_nn::KvCache<f64>| {
+        rt.eval(&mha, |g| mha.forward_cached(&g.input(x)?, cache))
+    };
+    run(tensor(&[1, 2, 8], 1), &mut cache).unwrap();
+    let e = run(tensor(&[3, 8], 2), &mut cache).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        r#"MultiHeadAttention "c": forward_cached: the cache holds 2 position(s) of batched (B, n, 8) chunks (keys [1, 2, 2, 4]), this input [3, 8] is unbatched (n, 8): one cache takes chunks of one layout (clear it, or use a cache per layout)"#
+    );
+    assert_eq!(cache.len(), 2, "a refused chunk changed the cache");
+    run(tensor(&[1, 1, 8], 3), &mut cache).unwrap();
+    assert_eq!(cache.len(), 3);
+    cache.clear();
+    run(tensor(&[2, 8], 4), &mut cache).unwrap();
+    for dims in [[1, 1, 8], [2, 1, 8]] {
+        let e = run(tensor(&dims, 5), &mut cache).unwrap_err().to_string();
+        assert!(
+            e.contains("the cache holds 2 position(s) of unbatched (n, 8) chunks")
+                && e.contains(&format!("this input {dims:?} is batched (B, n, 8)")),
+            "{e}"
+        );
+    }
+    assert_eq!(cache.len(), 2, "a refused chunk changed the cache");
+    run(tensor(&[1, 8], 6), &mut cache).unwrap();
+    assert_eq!(cache.len(), 3);
 }
 
 /// Positions `at..at + len` (the second-to-last axis) of `x`.
