@@ -66,6 +66,20 @@ fn draw<S: Strategy>(s: S, n: usize) -> Vec<S::Value> {
         .collect()
 }
 
+/// The element pairs `(a_i, b_i)` of binary cases.
+fn element_pairs(cases: &[tl_conformance::OpCase]) -> Vec<(f64, f64)> {
+    let pair = |c: &tl_conformance::OpCase| {
+        let b = c.inputs[1].data().to_vec();
+        c.inputs[0]
+            .data()
+            .iter()
+            .copied()
+            .zip(b)
+            .collect::<Vec<_>>()
+    };
+    cases.iter().flat_map(pair).collect()
+}
+
 #[test]
 fn the_generators_land_on_the_kinks_with_both_zeros_and_nan() {
     let zero_signs = |x: &[f64]| {
@@ -75,16 +89,7 @@ fn the_generators_land_on_the_kinks_with_both_zeros_and_nan() {
         )
     };
     let cases = draw(ties(Size::Small, Op::Max), 64);
-    let pairs: Vec<(f64, f64)> = cases
-        .iter()
-        .flat_map(|c| {
-            c.inputs[0]
-                .data()
-                .iter()
-                .copied()
-                .zip(c.inputs[1].data().to_vec())
-        })
-        .collect();
+    let pairs = element_pairs(&cases);
     assert!(pairs.iter().any(|(a, b)| a == b && *a != 0.0), "plain ties");
     assert!(
         pairs
@@ -120,16 +125,7 @@ fn the_generators_land_on_the_kinks_with_both_zeros_and_nan() {
     );
     // max/min: NaN on each side, alone and together.
     let nans = draw(with_nan(Size::Small, Op::Max), 32);
-    let pairs: Vec<(f64, f64)> = nans
-        .iter()
-        .flat_map(|c| {
-            c.inputs[0]
-                .data()
-                .iter()
-                .copied()
-                .zip(c.inputs[1].data().to_vec())
-        })
-        .collect();
+    let pairs = element_pairs(&nans);
     assert!(pairs.iter().any(|(a, b)| a.is_nan() && !b.is_nan()));
     assert!(pairs.iter().any(|(a, b)| !a.is_nan() && b.is_nan()));
     assert!(pairs.iter().any(|(a, b)| a.is_nan() && b.is_nan()));
