@@ -288,8 +288,12 @@ impl SuiteReport {
     /// One line: the name, and `N passed, N failed` over its checks.
     pub fn summary(&self) -> String {
         let failed = self.failures().len();
+        let skipped = match self.skipped.len() {
+            0 => String::new(),
+            n => format!(", {n} skipped"),
+        };
         format!(
-            "{}: {} passed, {} failed",
+            "{}: {} passed, {} failed{skipped}",
             self.name,
             self.reports.len() - failed,
             failed
@@ -346,7 +350,7 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
     reports.push(check_bad_input(&CpuTape::<f64>::new(), &info, &bad_cfg));
     reports.push(check_bad_input(&CpuTape::<f32>::new(), &info, &bad_cfg));
     reports.push(check_bad_input(&CudaSim::new(), &info, &bad_cfg));
-    let (device, skipped) = device_checks(&info, cfg);
+    let (device, skipped) = device_checks(entry, &info, cfg);
     reports.extend(device);
     SuiteReport {
         name: entry.op.name().to_owned(),
@@ -415,11 +419,19 @@ pub fn check_entry(entry: &UserEntry, cfg: &RunConfig) -> Report {
 }
 
 /// The emulated or real device against the sim, where the build has one (within the entry's
-/// ulps where it declares them, else its f32 tolerance), and check 7 on it: the reports, and
-/// the checks skipped with why.
+/// ulps where it declares them, else its f32 tolerance; on the emulator in both thread
+/// orders), and check 7 on it: the reports, and the checks skipped with why (a build without
+/// CUDA skips them, and says so when the op brings a device implementation it cannot run).
 #[allow(unused_variables, unused_mut)]
-fn device_checks(info: &OpInfo, cfg: &RunConfig) -> (Vec<Report>, Vec<String>) {
+fn device_checks(entry: &UserEntry, info: &OpInfo, cfg: &RunConfig) -> (Vec<Report>, Vec<String>) {
     let (mut reports, mut skipped) = (Vec::new(), Vec::new());
+    #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+    if entry.op.has_extensions() {
+        skipped.push(format!(
+            "≈ sim {op} and 7 bad input {op} on the device: {op} brings a device implementation (its own kernels or closures), and this build of tl-conformance has no CUDA: enable its `cuda-emu` feature (the kernel emulator, no GPU needed) or `cuda` (a GPU) to check it",
+            op = info.name
+        ));
+    }
     #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
     {
         use crate::checks::sim::{check_device_vs_sim_ulps, check_device_vs_sim_within};
@@ -431,10 +443,17 @@ fn device_checks(info: &OpInfo, cfg: &RunConfig) -> (Vec<Report>, Vec<String>) {
         };
         match CudaDevice::new() {
             Ok(_) => {
-                reports.push(match info.ulps {
+                let vs_sim = |name: &'static str| match info.ulps {
                     Some(b) => check_device_vs_sim_ulps(info, cfg, name, b, CudaDevice::new),
                     None => check_device_vs_sim_within(info, cfg, name, true, CudaDevice::new),
-                });
+                };
+                reports.push(vs_sim(name));
+                // The emulator runs a block's threads in one order; the other order catches
+                // kernels whose threads read each other's writes without a barrier.
+                #[cfg(feature = "cuda-emu")]
+                reports.push(tl_tape_cuda::in_reverse_schedule(|| {
+                    vs_sim("cuda-emu (threads reversed)")
+                }));
                 let device = crate::backend::OnDevice::new(name, CudaDevice::new);
                 reports.push(check_bad_input(&device, info, &bad_input_cfg(cfg)));
             }

@@ -566,8 +566,8 @@ bool tl_emu_warp_same(std::uint64_t v) {
 }
 
 /// The calling thread's later launches run the threads of each block in reverse order
-/// (non-zero) or forward (zero), whatever TL_EMU_SCHEDULE says.
-extern "C" void tl_emu_set_reverse(int on) { reverse_here = on ? 1 : 0; }
+/// (positive) or forward (zero), whatever TL_EMU_SCHEDULE says; negative: as it says again.
+extern "C" void tl_emu_set_reverse(int on) { reverse_here = on < 0 ? -1 : (on ? 1 : 0); }
 
 /// The calling thread's later launches switch fibers with ucontext (non-zero) or, where it is
 /// built, the assembly switch (zero, the default).

@@ -260,6 +260,12 @@ impl UserOpRef {
         self
     }
 
+    /// Whether a backend's implementation is attached ([`UserOpRef::with_extension`]): the
+    /// harness says so when its build cannot run it (`tl_conformance::user`).
+    pub fn has_extensions(&self) -> bool {
+        !self.extensions.is_empty()
+    }
+
     /// The extension of type `E`, if one is attached.
     pub fn extension<E: Any + Send + Sync>(&self) -> Option<&E> {
         self.extensions

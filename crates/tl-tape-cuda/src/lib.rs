@@ -74,6 +74,8 @@ pub use alloc::MemoryUsage;
 pub use any_buffer::AnyBuffer;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::cuda::CudaDevice;
+#[cfg(feature = "cuda-emu")]
+pub use device::cuda::in_reverse_schedule;
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 pub use device::cuda::nccl;
 pub use device::sim::SimDevice;

@@ -52,11 +52,11 @@ use crate::{Backend, CaseResult, GraphCase, Measured, OpInfo, Report, RunConfig,
 pub const BAD_INPUT: &str = "7 bad input";
 
 /// The case count [`crate::user::check_backend`] runs check 7 with: an eighth of `cfg`'s (at
-/// least 1). Each case makes some twenty backend calls, and the entry's small cases reach every
-/// refusal already.
+/// least 1, and 0 for 0, which every check refuses). Each case makes some twenty backend
+/// calls, and the entry's small cases reach every refusal already.
 pub fn bad_input_cfg(cfg: &RunConfig) -> RunConfig {
     RunConfig {
-        cases: (cfg.cases / 8).max(1),
+        cases: cfg.cases.div_ceil(8),
         ..*cfg
     }
 }
@@ -134,7 +134,9 @@ pub fn bad_input_case<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> C
     // The backend still works: the good case, as check 1.
     let mut worst = guard(|| forward_case(backend, case, tol))
         .map_err(|p| panicked("the good case after the refused records", &p))?
-        .map_err(|e| format!("the good case after the refused records: {e}"))?;
+        .map_err(|e| {
+            format!("the good case after the refused records: {e} (or the backend is wrong on it whatever came before: see checks 1 and 2)")
+        })?;
 
     worst = worst.max(backward_refusals(backend, case, tol)?);
     if graph.nodes().iter().any(|node| node.op().reads_nats()) {
@@ -186,16 +188,18 @@ fn backward_refusals<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> Ca
     let got = guard(|| backend.values(&program))
         .map_err(|p| panicked(&format!("values {after}"), &p))?
         .map_err(|e| format!("values {after}: {e}"))?;
-    let values =
-        compare_ids(graph, &got, &want, tol, "value").map_err(|e| format!("{after}, {e}"))?;
+    // A backend wrong on this case anyway fails here too; checks 1 and 2 tell the two apart.
+    let unless = "(or the backend is wrong on this case whatever came before: see checks 1 and 2)";
+    let values = compare_ids(graph, &got, &want, tol, "value")
+        .map_err(|e| format!("{after}, {e} {unless}"))?;
     let want = graph
         .backprop_all(&reference, &case.nats, case.out, &seed.cast())
         .map_err(|e| format!("IR backprop_all rejected a generated case: {e}"))?;
     let got = guard(|| backend.backward_dense(&program, case.out, &seed))
         .map_err(|p| panicked(&format!("backward_dense {after}"), &p))?
         .map_err(|e| format!("backward_dense {after}: {e}"))?;
-    let grads =
-        compare_ids(graph, &got, &want, tol, "gradient").map_err(|e| format!("{after}, {e}"))?;
+    let grads = compare_ids(graph, &got, &want, tol, "gradient")
+        .map_err(|e| format!("{after}, {e} {unless}"))?;
     Ok(values.max(grads))
 }
 

@@ -287,7 +287,19 @@ fn correct_user_ops_pass_every_check() {
                 .all(|r| r.cases >= planned(&r.label) / 2),
             "{report}"
         );
-        assert!(report.summary().ends_with(" passed, 0 failed"), "{report}");
+        // A build without CUDA says it could not run the op's device implementation.
+        let unrun =
+            entry.op().has_extensions() && !cfg!(any(feature = "cuda", feature = "cuda-emu"));
+        assert_eq!(report.skipped.len(), usize::from(unrun), "{report}");
+        if unrun {
+            assert!(report.skipped[0].contains("`cuda-emu` feature"), "{report}");
+            assert!(
+                report.summary().ends_with(" passed, 0 failed, 1 skipped"),
+                "{report}"
+            );
+        } else {
+            assert!(report.summary().ends_with(" passed, 0 failed"), "{report}");
+        }
         // On the kernel emulator, the op runs on the emulated device against the sim too.
         #[cfg(feature = "cuda-emu")]
         assert!(
@@ -553,6 +565,23 @@ impl Backend for ThirdParty {
         seed: &Tensor<f32>,
     ) -> Result<Vec<Tensor<f32>>, String> {
         self.inner.backward_dense(&p.0, out, seed)
+    }
+}
+
+/// A case count of 0 checks nothing: every drawn cell of the suite fails naming it, check 7's
+/// included (its eighth of the cases was rounded up to 1); the fixed oversized graphs still run.
+#[test]
+fn the_catalogue_suite_refuses_zero_cases_in_every_drawn_cell() {
+    let cfg = RunConfig {
+        cases: 0,
+        ..RunConfig::default()
+    };
+    assert_eq!(bad_input_cfg(&cfg).cases, 0);
+    let report = check_backend(&CpuTape::<f64>::new(), &cfg);
+    assert!(report.reports.len() > 100, "{}", report.reports.len());
+    for r in &report.reports {
+        let fixed = r.label.contains("oversized");
+        assert_eq!(r.passed(), fixed, "{r}");
     }
 }
 
@@ -981,14 +1010,27 @@ mod kernels {
                 .any(|r| r.label.contains("ulps") && r.label.contains("cuda-emu")),
             "{good}"
         );
-        // A forward that skips the grid stride (large cases keep NaN past element 100) and a
-        // backward a few ulps off: the emulated device's row fails, and only it.
+        // A forward that writes only 100 elements (large cases keep NaN past them) and a
+        // backward a few ulps off: the emulated device's rows fail, and only they.
         let bad = check_user_op(
             &twice("tl_test_scale_wrong_fwd", "tl_test_scale_wrong_bwd"),
             &cfg(),
         );
         let failed = failed(&bad);
-        assert_eq!(failed.len(), 1, "{bad}");
-        assert!(failed[0].contains("cuda-emu"), "{bad}");
+        assert_eq!(failed.len(), 2, "{bad}");
+        assert!(failed.iter().all(|f| f.contains("cuda-emu")), "{bad}");
+    }
+
+    /// A kernel missing a `__syncthreads()` is right when a block's threads run in order: the
+    /// harness runs the emulator in both orders, and the reversed row fails, alone.
+    #[test]
+    fn a_kernel_missing_a_barrier_fails_the_reversed_schedule() {
+        let racy = check_user_op(
+            &twice("tl_test_scale_racy_fwd", "tl_test_scale_bwd"),
+            &cfg(),
+        );
+        let failed = failed(&racy);
+        assert_eq!(failed.len(), 1, "{racy}");
+        assert!(failed[0].contains("threads reversed"), "{racy}");
     }
 }

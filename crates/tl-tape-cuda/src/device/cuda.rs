@@ -33,6 +33,8 @@ mod driver;
 #[cfg(feature = "cuda-emu")]
 #[path = "cuda/emu.rs"]
 mod driver;
+#[cfg(feature = "cuda-emu")]
+pub use driver::in_reverse_schedule;
 mod flash;
 mod index;
 mod launch;

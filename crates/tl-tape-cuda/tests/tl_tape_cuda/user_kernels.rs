@@ -432,7 +432,7 @@ mod emulated {
     fn wrong_kernels_are_caught() {
         let mut tape = tape();
         let (x, g) = inputs(1000, 1, 6);
-        // Forward without the grid stride: elements past 100 keep the emulator's NaN poison.
+        // A forward that writes only its first 100 elements: the rest keep the NaN poison.
         let op = scale_op("tl_test_scale_wrong_fwd", "tl_test_scale_bwd");
         let (y, _) = run(&mut tape, &op, &x, &g).unwrap();
         let (want_y, want_dx) = reference(&op, &x, &g);

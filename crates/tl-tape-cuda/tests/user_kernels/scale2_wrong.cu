@@ -1,7 +1,8 @@
 // Deliberately wrong user kernels (tests/tl_tape_cuda/user_kernels.rs shows each is caught).
 
-// Forgets the grid stride: only the first gridDim.x * blockDim.x elements are written; the
-// rest keep the emulator's NaN poison.
+// Writes only the first 100 elements; the rest keep the emulator's NaN poison. (A kernel that
+// forgets the grid stride does the same past gridDim.x * blockDim.x elements, which the 1-D
+// launches of ElementwiseKernels reach only past 65535 * 256.)
 extern "C" __global__ void tl_test_scale_wrong_fwd(const float* x, float* y,
                                                    unsigned long long n, float c) {
     unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -14,6 +15,21 @@ extern "C" __global__ void tl_test_scale_wrong_bwd(const float* x, const float* 
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x)
         dx[i] = c * g[i] + 0x1p-20f * g[i];
+}
+
+// Hands each element to the next thread through shared memory with no __syncthreads()
+// between the write and the read: right when a block's threads run in order (thread t - 1
+// has written s[t] before thread t reads it), wrong in reverse (one element a thread; the
+// launches of ElementwiseKernels give every thread at most one below 65535 * 256).
+extern "C" __global__ void tl_test_scale_racy_fwd(const float* x, float* y,
+                                                  unsigned long long n, float c) {
+    __shared__ float s[1025];
+    const unsigned int t = threadIdx.x;
+    const unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + t;
+    if (i < n) {
+        if (i + 1 < n) s[t + 1] = c * x[i + 1];
+        y[i] = t == 0 ? c * x[i] : s[t];
+    }
 }
 
 // Takes the length as u32 where the op passes u64: the emulator refuses the launch.

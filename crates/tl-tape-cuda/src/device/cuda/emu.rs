@@ -55,7 +55,6 @@ unsafe extern "C" {
         err: *mut c_char,
         cap: usize,
     ) -> c_int;
-    #[cfg(test)]
     fn tl_emu_set_reverse(on: c_int);
     #[cfg(test)]
     fn tl_emu_set_portable_fibers(on: c_int);
@@ -95,6 +94,26 @@ fn status(op: &'static str, rc: c_int, err: &[c_char; ERR_CAP]) -> Result<()> {
 pub(crate) fn set_reverse_schedule(on: bool) {
     // SAFETY: sets a thread-local flag of the runtime; no pointers are involved.
     unsafe { tl_emu_set_reverse(c_int::from(on)) };
+}
+
+/// `f`, with the kernel emulator running every block's threads in reverse order for the
+/// launches this thread makes inside it (`TL_EMU_SCHEDULE=reverse` for one scope; afterwards,
+/// panic or not, the launches follow `TL_EMU_SCHEDULE` again). A kernel whose threads read
+/// each other's writes without a barrier between them (a missing `__syncthreads()`) gives
+/// other results than in the forward order, so a check run in both orders catches it.
+pub fn in_reverse_schedule<R>(f: impl FnOnce() -> R) -> R {
+    /// Back to `TL_EMU_SCHEDULE` when the scope ends.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: sets a thread-local flag of the runtime; no pointers are involved.
+            unsafe { tl_emu_set_reverse(-1) };
+        }
+    }
+    // SAFETY: as above.
+    unsafe { tl_emu_set_reverse(1) };
+    let _restore = Restore;
+    f()
 }
 
 /// Nothing to initialize: the emulator has no context.
