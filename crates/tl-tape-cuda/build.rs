@@ -49,6 +49,7 @@ fn emu() -> Result<(), tl_cuda_build::Error> {
         .source(user.join("scale2_wrong.cu"))?
         .source(user.join("named_like_ours.cu"))?
         .source(user.join("block_reverse.cu"))?
+        .source(user.join("builtins.cu"))?
         .source(user.join("shifted.cu"))?
         .compile()
 }

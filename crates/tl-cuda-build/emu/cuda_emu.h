@@ -56,6 +56,9 @@ void* tl_emu_dynamic_shared();
 // `extern __shared__ T name[]` (kernels/common.cuh): the running block's dynamic shared memory.
 #define TL_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(tl_emu_dynamic_shared())
 float tl_emu_shfl_down(float v, int offset);
+// The value lane `src` of the calling thread's warp passed (its own where `src` is outside
+// the warp): every shuffle, through the same per-thread slots between two warp barriers.
+float tl_emu_shfl_from(float v, int src);
 void tl_emu_syncwarp();
 inline void __syncthreads() {
     asm volatile("" ::: "memory");
@@ -75,6 +78,57 @@ inline float __shfl_down_sync(unsigned int /*mask: the kernels shuffle whole war
     asm volatile("" ::: "memory");
     return r;
 }
+
+// The other shuffles, by source lane (`width` 32: the whole warp), for float and the 32-bit
+// integers (their bits travel unchanged).
+inline unsigned int tl_emu_lane() { return threadIdx.x % 32; }
+inline float tl_emu_shfl(float v, int src) {
+    asm volatile("" ::: "memory");
+    float r = tl_emu_shfl_from(v, src);
+    asm volatile("" ::: "memory");
+    return r;
+}
+inline int tl_emu_shfl(int v, int src) {
+    float f, r;
+    std::memcpy(&f, &v, sizeof f);
+    r = tl_emu_shfl(f, src);
+    std::memcpy(&v, &r, sizeof v);
+    return v;
+}
+inline unsigned int tl_emu_shfl(unsigned int v, int src) {
+    return (unsigned int)tl_emu_shfl((int)v, src);
+}
+template <typename T>
+inline T __shfl_sync(unsigned int /*mask*/, T v, int src_lane) {
+    return tl_emu_shfl(v, src_lane & 31);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned int /*mask*/, T v, int lane_mask) {
+    return tl_emu_shfl(v, (int)(tl_emu_lane() ^ (unsigned)lane_mask));
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned int /*mask*/, T v, unsigned int delta) {
+    return tl_emu_shfl(v, (int)tl_emu_lane() - (int)delta);
+}
+inline int __shfl_down_sync(unsigned int /*mask*/, int v, int offset) {
+    return tl_emu_shfl(v, (int)tl_emu_lane() + offset);
+}
+inline unsigned int __shfl_down_sync(unsigned int /*mask*/, unsigned int v, int offset) {
+    return tl_emu_shfl(v, (int)tl_emu_lane() + offset);
+}
+
+// A few more of CUDA's device built-ins, with the host's arithmetic (CUDA's `rsqrtf` and
+// `__fdividef` are approximations on a GPU, so the bits may differ there).
+constexpr int warpSize = 32;
+template <typename T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __saturatef(float x) { return x != x ? 0.0f : (x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x)); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }

@@ -157,8 +157,31 @@ constexpr unsigned char POISON = 0xFF;
 
 struct Allocation {
     std::size_t bytes;
-    char* base;  // GUARD bytes before the user's address
+    char* base;        // GUARD bytes before the user's address
+    std::uint32_t pad;  // the guard zones' word (guard_word)
 };
+
+// The word an allocation's guard zones hold: a NaN of its own, unlike 0xFFFFFFFF (the fresh
+// memory poison) and unlike every other live allocation's (its serial number times an odd
+// constant, a bijection modulo 2^22, in the payload), so a value read past one buffer's end
+// (that NaN, passed on by the arithmetic) and written past another's is not taken for that
+// one's untouched guard.
+std::uint32_t guard_word() {
+    static std::atomic<std::uint32_t> serial{0};
+    const std::uint32_t k = serial.fetch_add(1, std::memory_order_relaxed);
+    return 0x7FC00000u | ((k * 2654435761u) & 0x3FFFFFu);
+}
+
+// The guard byte at address p: byte (p mod 4) of the little-endian word, so every aligned
+// float in a guard zone reads as the word.
+unsigned char guard_byte(std::uint32_t word, std::uintptr_t p) {
+    return (unsigned char)(word >> (8 * (p % 4)));
+}
+
+void fill_guard(char* zone, std::uint32_t word) {
+    for (std::size_t i = 0; i < GUARD; ++i)
+        zone[i] = (char)guard_byte(word, reinterpret_cast<std::uintptr_t>(zone + i));
+}
 
 std::mutex mem_lock;
 std::map<std::uintptr_t, Allocation>& allocations() {
@@ -180,7 +203,10 @@ const Allocation* find(std::uintptr_t p, std::size_t bytes, std::uintptr_t* star
 bool guards_intact(const Allocation& a) {
     const char* after = a.base + GUARD + a.bytes;
     for (std::size_t i = 0; i < GUARD; ++i) {
-        if ((unsigned char)a.base[i] != POISON || (unsigned char)after[i] != POISON) return false;
+        const auto at = [&](const char* z) {
+            return (unsigned char)z[i] == guard_byte(a.pad, reinterpret_cast<std::uintptr_t>(z + i));
+        };
+        if (!at(a.base) || !at(after)) return false;
     }
     return true;
 }
@@ -193,10 +219,13 @@ extern "C" std::uint64_t tl_emu_alloc(std::size_t bytes) {
     void* mem = nullptr;
     if (posix_memalign(&mem, 256, bytes + 2 * GUARD) != 0) return 0;
     char* base = static_cast<char*>(mem);
-    std::memset(base, POISON, bytes + 2 * GUARD);
+    std::memset(base + GUARD, POISON, bytes);
+    const std::uint32_t word = guard_word();
+    fill_guard(base, word);
+    fill_guard(base + GUARD + bytes, word);
     auto p = reinterpret_cast<std::uintptr_t>(base + GUARD);
     std::lock_guard<std::mutex> g(mem_lock);
-    allocations()[p] = Allocation{bytes, base};
+    allocations()[p] = Allocation{bytes, base, word};
     return p;
 }
 
@@ -530,12 +559,16 @@ void tl_emu_syncwarp() { park(State::AtWarp); }
 void* tl_emu_dynamic_shared() { return dynamic_start(); }
 
 float tl_emu_shfl_down(float v, int off) {
+    return tl_emu_shfl_from(v, (int)(sched->cur % 32) + off);
+}
+
+float tl_emu_shfl_from(float v, int src) {
     Scheduler& S = *sched;
     const unsigned me = S.cur, lane = me % 32, warp0 = me - lane;
     S.slot[me] = v;
     park(State::AtWarp);  // every lane has written
-    const unsigned src = lane + (unsigned)off;
-    float r = (src < 32 && warp0 + src < S.n) ? S.slot[warp0 + src] : v;
+    // A lane outside the warp (or past the block's last thread) keeps its own value, as CUDA.
+    float r = (src >= 0 && src < 32 && warp0 + (unsigned)src < S.n) ? S.slot[warp0 + src] : v;
     park(State::AtWarp);  // every lane has read before the next exchange writes
     return r;
 }
@@ -627,7 +660,10 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
         return 1;
     }
     if (std::strcmp(k.sig, sig) != 0) {
-        say(err, cap, "%s takes parameters (%s) but the launch passed (%s)", k.name, k.sig, sig);
+        say(err, cap,
+            "%s takes parameters (%s) but the launch passed (%s) (p: a pointer, U: unsigned "
+            "long long, u: unsigned int, i: int, f: float, d: double)",
+            k.name, k.sig, sig);
         return 1;
     }
     if (block == 0 || block > MAX_BLOCK || grid[0] == 0 || grid[1] == 0 || grid[2] == 0 ||

@@ -126,10 +126,20 @@ impl Kernels {
     /// declares PTX ISA ≤ [`MAX_PTX_VERSION`](crate::MAX_PTX_VERSION). Needs no nvcc. The error
     /// lists every problem, each naming its file. Returns how many sources were checked.
     pub fn check(&self) -> Result<usize, Error> {
+        let missing: Vec<String> = (self.sources.iter())
+            .filter(|src| !src.is_file())
+            .map(|src| src.display().to_string())
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::new(format!(
+                "no such kernel source: {} (Kernels::source takes a path to a .cu file, relative to the package's directory in a build script)",
+                missing.join(", ")
+            )));
+        }
         let manifest_path = self.manifest_path();
         let manifest = fs::read_to_string(&manifest_path).map_err(|e| {
             Error::new(format!(
-                "cannot read {}: {e} (generate the PTX with nvcc 13.0)",
+                "cannot read {}: {e} (generate the PTX and MANIFEST with nvcc 13.0: Kernels::generate_ptx, e.g. from a build script with TL_NVCC set and Nvcc::from_env)",
                 manifest_path.display()
             ))
         })?;
@@ -280,6 +290,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("j.cu has no entry"), "{e}");
+        // A source that is not there is named as such, not as a missing MANIFEST; and the
+        // error's Debug (what `main() -> Result<_, Error>` prints) is the message as written.
+        fs::remove_file(d.join("MANIFEST")).unwrap();
+        let e = k.clone().source(d.join("gone.cu")).check().unwrap_err();
+        assert!(e.to_string().starts_with("no such kernel source: "), "{e}");
+        assert!(e.to_string().contains("gone.cu"), "{e}");
+        assert_eq!(format!("{e:?}"), e.to_string());
         let _ = fs::remove_dir_all(&d);
     }
 

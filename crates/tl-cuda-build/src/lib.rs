@@ -52,9 +52,17 @@ pub use kernels::Kernels;
 pub use nvcc::{NVCC_FLAGS, Nvcc, PIP_PINS, RELEASE, bin_in};
 pub use ptx::{MAX_PTX_VERSION, check_version, entries, source_entries, version};
 
-/// What went wrong, in one message naming the file, the kernel or the tool.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What went wrong, in one message naming the file, the kernel or the tool. Its `Debug` is the
+/// message itself, so a build script's `fn main() -> Result<(), tl_cuda_build::Error>` prints
+/// it as written (lines and quotes unescaped).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Error(String);
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 impl Error {
     /// An error with message `msg`.

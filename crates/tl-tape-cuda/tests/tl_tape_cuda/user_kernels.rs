@@ -377,6 +377,48 @@ mod emulated {
         assert_eq!(dev.memory_usage().live_bytes, 0);
     }
 
+    /// A user kernel calling the warp shuffles (`__shfl_sync`, `__shfl_xor_sync`,
+    /// `__shfl_up_sync`, on floats and ints), `warpSize`, `__ldg`, `__saturatef`, `__popc`,
+    /// `rsqrtf`, `__fdividef` and `__frcp_rn` runs on the emulator with CUDA's results
+    /// (`tests/user_kernels/builtins.cu`; exact values).
+    #[test]
+    fn a_user_kernel_calls_warp_shuffles_and_built_ins() {
+        let mut tape = tape();
+        let dev = tape.device_mut();
+        let n = 64usize;
+        let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 7.0) % 11.0 - 5.0).collect();
+        let x = dev.upload(&xs).unwrap();
+        let y = launch(
+            dev,
+            "builtins",
+            &module(),
+            "tl_test_warp_builtins",
+            LaunchShape::Grid {
+                grid: [1, 1, 1],
+                block: 64,
+                shared: 0,
+            },
+            &[KernelArg::In(x), KernelArg::Out(0), KernelArg::U32(n as u32)],
+            &[4 * n],
+        )
+        .unwrap();
+        let got = dev.download(y[0]).unwrap();
+        for i in 0..n {
+            let warp = &xs[i / 32 * 32..i / 32 * 32 + 32];
+            let lane = i % 32;
+            let want = [
+                warp.iter().sum::<f32>(),
+                warp[0],
+                warp[lane.saturating_sub(1)],
+                (0.25 * xs[i]).clamp(0.0, 1.0) + i.count_ones() as f32 + 0.5
+                    + 1000.0 * (i ^ 1) as f32,
+            ];
+            assert_eq!(got[4 * i..4 * i + 4], want, "element {i}");
+        }
+        dev.release(y[0]);
+        dev.release(x);
+    }
+
     /// A user kernel with dynamic shared memory (`LaunchShape::Grid`'s `shared`): 64 KiB a
     /// block, past the 48 KiB of static arrays, gives each block's run reversed; more bytes
     /// than a block may have, or fewer than the kernel uses, are errors naming the kernel.
@@ -443,6 +485,22 @@ mod emulated {
         let (_, dx) = run(&mut tape, &op, &x, &g).unwrap();
         let off = max_ulps(&dx[0], &want_dx[0]);
         assert!((3..64).contains(&off), "{off} ulps");
+    }
+
+    /// A forward that runs one element past the end, at a length whose buffers have no room
+    /// past it (128 floats, 512 bytes): it writes a NaN read past x's end into y's guard zone,
+    /// and the launch fails naming the kernel. (With one guard pattern for every allocation,
+    /// that NaN was taken for y's untouched guard.)
+    #[test]
+    fn an_off_by_one_kernel_is_caught_at_an_exact_size() {
+        let mut tape = tape();
+        let (x, g) = inputs(128, 1, 8);
+        let op = scale_op("tl_test_scale_obo_fwd", "tl_test_scale_bwd");
+        let e = run(&mut tape, &op, &x, &g).unwrap_err().to_string();
+        assert!(
+            e.contains("tl_test_scale_obo_fwd") && e.contains("wrote outside an allocation"),
+            "{e}"
+        );
     }
 
     #[test]

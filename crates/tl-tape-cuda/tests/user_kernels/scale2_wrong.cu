@@ -17,6 +17,15 @@ extern "C" __global__ void tl_test_scale_wrong_bwd(const float* x, const float* 
         dx[i] = c * g[i] + 0x1p-20f * g[i];
 }
 
+// Off by one: runs to i <= n, so it reads x[n] (past x's end: its guard's NaN) and writes y[n]
+// (past y's end), NaN, with x's guard payload.
+extern "C" __global__ void tl_test_scale_obo_fwd(const float* x, float* y,
+                                                 unsigned long long n, float c) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i <= n; i += (unsigned long long)gridDim.x * blockDim.x)
+        y[i] = c * x[i];
+}
+
 // Hands each element to the next thread through shared memory with no __syncthreads()
 // between the write and the read: right when a block's threads run in order (thread t - 1
 // has written s[t] before thread t reads it), wrong in reverse (one element a thread; the
