@@ -743,8 +743,8 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
         const Allocation& a = it->second;
         say(err, cap, "%s wrote outside an allocation of %zu bytes it was passed", k.name,
             a.bytes);
-        std::memset(a.base, POISON, GUARD);
-        std::memset(a.base + GUARD + a.bytes, POISON, GUARD);
+        fill_guard(a.base, a.pad);
+        fill_guard(a.base + GUARD + a.bytes, a.pad);
         return 1;
     }
     return 0;

@@ -398,7 +398,11 @@ mod emulated {
                 block: 64,
                 shared: 0,
             },
-            &[KernelArg::In(x), KernelArg::Out(0), KernelArg::U32(n as u32)],
+            &[
+                KernelArg::In(x),
+                KernelArg::Out(0),
+                KernelArg::U32(n as u32),
+            ],
             &[4 * n],
         )
         .unwrap();
@@ -410,7 +414,9 @@ mod emulated {
                 warp.iter().sum::<f32>(),
                 warp[0],
                 warp[lane.saturating_sub(1)],
-                (0.25 * xs[i]).clamp(0.0, 1.0) + i.count_ones() as f32 + 0.5
+                (0.25 * xs[i]).clamp(0.0, 1.0)
+                    + i.count_ones() as f32
+                    + 0.5
                     + 1000.0 * (i ^ 1) as f32,
             ];
             assert_eq!(got[4 * i..4 * i + 4], want, "element {i}");
