@@ -24,12 +24,16 @@
 //!   the IR's shapes) wherever its reference does, and never panic (a panic is caught and
 //!   quoted);
 //! - with feature `cuda-emu`, **≈ sim cuda-emu**: the op on the kernel emulator's `CudaDevice`
-//!   (its kernels from the user's `.cu`, compiled for the host) against the sim; with feature
-//!   `cuda`, the same on a real GPU when there is one (skipped, and said so, when not).
+//!   (its kernels from the user's `.cu`, compiled for the host) against the sim, in the
+//!   emulator's thread order and again with each block's threads reversed (a kernel missing a
+//!   barrier fails the second); with feature `cuda`, the same on a real GPU when there is one
+//!   (skipped, and said so, when not). Without either, an op that brings a device
+//!   implementation gets a skip line saying so.
 //!
 //! The result is a [`UserReport`]: one [`Report`] per check and backend, each failure naming the
 //! check, the backend, the shrunk case (op, parameters, shapes, every value) and the error;
-//! [`UserReport::summary`] ends in `N passed, N failed`. One call in a `#[test]`:
+//! [`UserReport::summary`] ends in `N passed, N failed` (and `, N skipped` where checks were
+//! skipped). One call in a `#[test]`:
 //!
 //! ```
 //! # use tl_conformance::user::{UserEntry, check_user_op};
@@ -55,7 +59,7 @@
 //! let entry = UserEntry::elementwise(UserOpRef::new(Cube)).domains(Domain::Any(2.0));
 //! let report = check_user_op(&entry, &RunConfig { cases: 8, ..RunConfig::default() });
 //! assert!(report.passed(), "{report}");
-//! println!("{}", report.summary()); // "cube: 16 passed, 0 failed" (18 with cuda-emu)
+//! println!("{}", report.summary()); // "cube: 16 passed, 0 failed" (19 with cuda-emu)
 //! ```
 //!
 //! **A backend** (a [`Backend`]: record a graph, read its values, dense backward) goes through
