@@ -7,7 +7,6 @@
 //! that do not fit, and its errors name the layer (`MaxPool2d: …`), as [`crate::Conv`]'s do.
 
 use tl_session::{Param, Train};
-use tl_spec::ops::window::MAX_SPATIAL_RANK;
 
 use super::At;
 use crate::error::usage;
@@ -26,54 +25,40 @@ impl Window {
     /// Kernel `kernel`, stride = kernel, no padding; `what` names the call in errors
     /// (`MaxPool::new`).
     fn new(what: &'static str, kernel: &[usize]) -> Result<Self> {
-        if kernel.is_empty() || kernel.len() > MAX_SPATIAL_RANK || kernel.contains(&0) {
-            return Err(usage(
-                what,
-                format!(
-                    "need 1 to {MAX_SPATIAL_RANK} spatial axes, each with a kernel size ≥ 1, got kernel {kernel:?}"
-                ),
-            ));
-        }
-        Ok(Window {
+        Window {
             kernel: kernel.to_vec(),
             stride: kernel.to_vec(),
             padding: vec![0; kernel.len()],
-        })
+        }
+        .checked(what)
     }
 
     /// The same window with stride `stride` (≥ 1) on every axis.
     fn with_stride(mut self, what: &'static str, stride: usize) -> Result<Self> {
-        if stride == 0 {
-            return Err(usage(
-                what,
-                format!(
-                    "the stride must be ≥ 1, got stride 0 (kernel {:?})",
-                    self.kernel
-                ),
-            ));
-        }
         self.stride = vec![stride; self.kernel.len()];
-        Ok(self)
+        self.checked(what)
     }
 
     /// The same window with padding `padding` on every axis, at most half of every kernel size
     /// (PyTorch's rule: a window always holds a real cell).
     fn with_padding(mut self, what: &'static str, padding: usize) -> Result<Self> {
-        if let Some(&k) = self
-            .kernel
-            .iter()
-            .find(|&&k| padding.checked_mul(2).is_none_or(|p2| p2 > k))
-        {
-            return Err(usage(
-                what,
-                format!(
-                    "the padding must be at most half the kernel size (PyTorch's rule: 2·padding ≤ kernel), got padding {padding} for kernel {:?} (size {k})",
-                    self.kernel
-                ),
-            ));
-        }
         self.padding = vec![padding; self.kernel.len()];
-        Ok(self)
+        self.checked(what)
+    }
+
+    /// This window if the pool ops take it ([`tl_spec::ops::pool::pool_params`], the ops' own
+    /// check), else an error of `what` with the op's reason.
+    fn checked(self, what: &'static str) -> Result<Self> {
+        let p = tl_spec::ops::pool::PoolParams {
+            kernel: &self.kernel,
+            stride: &self.stride,
+            padding: &self.padding,
+        };
+        match tl_spec::ops::pool::pool_params("pool", p) {
+            Ok(()) => Ok(self),
+            Err(tl_spec::Error::Param { detail, .. }) => Err(usage(what, detail)),
+            Err(e) => Err(usage(what, e.to_string())),
+        }
     }
 
     /// `kernel_size=2, stride=2, padding=0` (one number where the axes agree, as PyTorch

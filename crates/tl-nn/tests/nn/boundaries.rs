@@ -388,11 +388,11 @@ fn convolution_and_pool_windows_fit_exactly_or_are_errors() {
             );
             error_naming(
                 rt.pool(avg, 2, 2, 2, 2),
-                &[&format!("{layer}::padding"), "padding 2", "kernel [2]"],
+                &[&format!("{layer}::padding"), "padding [2]", "kernel [2]"],
             );
             error_naming(
                 rt.pool(avg, 2, 0, 0, 2),
-                &[&format!("{layer}::stride"), "stride 0"],
+                &[&format!("{layer}::stride"), "stride [0]"],
             );
         }
         // Spectral: 3 modes need a grid of 4 (4/2 + 1 = 3); a grid of 3 keeps only 2.

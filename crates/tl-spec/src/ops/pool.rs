@@ -23,7 +23,10 @@ pub struct PoolParams<'a> {
     pub padding: &'a [usize],
 }
 
-fn geometry(op: &'static str, x: &Shape, p: PoolParams<'_>) -> Result<(Window, usize)> {
+/// A pool's parameters on their own, before any operand: 1 to 8 spatial axes, one kernel size
+/// (≥ 1), stride (≥ 1) and padding per axis, the padding at most half the kernel (PyTorch's
+/// rule: a window always holds a real cell). The one check of the ops and of tl-nn's layers.
+pub fn pool_params(op: &'static str, p: PoolParams<'_>) -> Result<()> {
     let d = p.kernel.len();
     check_params(op, d, Some(p.kernel), p.stride, p.padding)?;
     if let Some(i) = (0..d).find(|&i| {
@@ -39,6 +42,12 @@ fn geometry(op: &'static str, x: &Shape, p: PoolParams<'_>) -> Result<(Window, u
             ),
         ));
     }
+    Ok(())
+}
+
+fn geometry(op: &'static str, x: &Shape, p: PoolParams<'_>) -> Result<(Window, usize)> {
+    let d = p.kernel.len();
+    pool_params(op, p)?;
     let (batch, c, xs) = split_operand(op, "input", x, d)?;
     let small = forward_out(op, x, xs, p.kernel, p.stride, p.padding)?;
     let win = Window {

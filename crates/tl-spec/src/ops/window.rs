@@ -122,7 +122,12 @@ pub(crate) fn check_params(
     if d == 0 || d > MAX_SPATIAL_RANK {
         return Err(Error::param(
             op,
-            format!("spatial rank {d} is outside 1..={MAX_SPATIAL_RANK}"),
+            match kernel {
+                Some(k) => {
+                    format!("spatial rank {d} (kernel {k:?}) is outside 1..={MAX_SPATIAL_RANK}")
+                }
+                None => format!("spatial rank {d} is outside 1..={MAX_SPATIAL_RANK}"),
+            },
         ));
     }
     let lists = [
@@ -143,16 +148,16 @@ pub(crate) fn check_params(
             ));
         }
     }
+    if let Some(k) = kernel
+        && k.contains(&0)
+    {
+        return Err(Error::param(op, format!("kernel {k:?} has a zero dim")));
+    }
     if stride.contains(&0) {
         return Err(Error::param(
             op,
             format!("stride {stride:?} has a zero entry"),
         ));
-    }
-    if let Some(k) = kernel
-        && k.contains(&0)
-    {
-        return Err(Error::param(op, format!("kernel {k:?} has a zero dim")));
     }
     Ok(())
 }
