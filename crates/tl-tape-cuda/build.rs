@@ -51,5 +51,6 @@ fn emu() -> Result<(), tl_cuda_build::Error> {
         .source(user.join("block_reverse.cu"))?
         .source(user.join("builtins.cu"))?
         .source(user.join("shifted.cu"))?
+        .source(user.join("blocks3d.cu"))?
         .compile()
 }

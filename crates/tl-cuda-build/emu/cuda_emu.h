@@ -80,8 +80,11 @@ inline float __shfl_down_sync(unsigned int /*mask: the kernels shuffle whole war
 }
 
 // The other shuffles, by source lane (`width` 32: the whole warp), for float and the 32-bit
-// integers (their bits travel unchanged).
-inline unsigned int tl_emu_lane() { return threadIdx.x % 32; }
+// integers (their bits travel unchanged). A thread's lane is its linear id in the block (x
+// fastest, then y, then z) modulo 32, as CUDA forms warps.
+inline unsigned int tl_emu_lane() {
+    return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+}
 inline float tl_emu_shfl(float v, int src) {
     asm volatile("" ::: "memory");
     float r = tl_emu_shfl_from(v, src);

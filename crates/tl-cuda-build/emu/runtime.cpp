@@ -5,7 +5,8 @@
 // What it checks that a GPU would only show as garbage or a crash:
 // - a launch's arguments against the kernel's parameter list (count and type of each);
 // - every pointer argument points into a live allocation;
-// - the launch shape against CUDA's limits (block 1..1024 threads, grid y and z <= 65535);
+// - the launch shape against CUDA's limits (a block of 1..1024 threads, at most 1024 along x
+//   and y and 64 along z; grid y and z <= 65535);
 // - writes past either end of an allocation passed to the kernel (guard zones, checked after
 //   the launch);
 // - dynamic shared memory (TL_DYNAMIC_SHARED) beyond the GPU's per-block limit, and writes past
@@ -384,6 +385,7 @@ struct Scheduler {
     std::string fault;               // the launch's first tl_emu_fail message
     unsigned ready = 0;     // contexts made by getcontext so far
     unsigned n = 0;         // threads of the running block
+    unsigned bx = 1, by = 1;  // its extent along x and y (threadIdx from the linear id)
     unsigned cur = 0;
     const TlEmuKernel* k = nullptr;
     void** params = nullptr;
@@ -401,9 +403,12 @@ struct Scheduler {
 thread_local std::unique_ptr<Scheduler> owned;
 thread_local Scheduler* sched = nullptr;
 
+// Thread `t` of the block (its linear id, x fastest, as CUDA numbers threads into warps)
+// runs next.
 void set_thread(unsigned t) {
-    sched->cur = t;
-    threadIdx = uint3{t, 0, 0};
+    Scheduler& S = *sched;
+    S.cur = t;
+    threadIdx = uint3{t % S.bx, t / S.bx % S.by, t / (S.bx * S.by)};
 }
 
 // Fiber `me` gives the OS thread back to the launching thread's loop.
@@ -651,9 +656,9 @@ extern "C" int tl_emu_register(TlEmuTableFn table, const char* name, char* err,
     return -1;
 }
 
-extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32_t block,
-                             std::uint32_t shared, void** params, const char* sig, char* err,
-                             std::size_t cap) {
+extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3],
+                             const std::uint32_t block[3], std::uint32_t shared, void** params,
+                             const char* sig, char* err, std::size_t cap) {
     TlEmuKernel k;
     if (!kernel_at(index, &k)) {
         say(err, cap, "no kernel with index %d", index);
@@ -666,10 +671,13 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
             k.name, k.sig, sig);
         return 1;
     }
-    if (block == 0 || block > MAX_BLOCK || grid[0] == 0 || grid[1] == 0 || grid[2] == 0 ||
+    const std::uint64_t threads = (std::uint64_t)block[0] * block[1] * block[2];
+    if (threads == 0 || threads > MAX_BLOCK || block[0] > MAX_BLOCK || block[1] > MAX_BLOCK ||
+        block[2] > 64 || grid[0] == 0 || grid[1] == 0 || grid[2] == 0 ||
         grid[0] > 0x7fffffffu || grid[1] > 65535 || grid[2] > 65535) {
-        say(err, cap, "%s: launch shape grid (%u, %u, %u) x block %u is outside CUDA's limits",
-            k.name, grid[0], grid[1], grid[2], block);
+        say(err, cap,
+            "%s: launch shape grid (%u, %u, %u) x block (%u, %u, %u) is outside CUDA's limits",
+            k.name, grid[0], grid[1], grid[2], block[0], block[1], block[2]);
         return 1;
     }
     if (shared > MAX_DYNAMIC_SHARED) {
@@ -703,7 +711,9 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
     S.k = &k;
     S.params = params;
     S.portable = !TL_EMU_SWITCH || portable_here == 1;
-    S.n = block;
+    S.n = (unsigned)threads;
+    S.bx = block[0];
+    S.by = block[1];
     S.fault.clear();
     if (S.dynamic_raw == nullptr || S.dynamic_cap < shared + 2 * GUARD) {
         S.dynamic_cap = shared + 2 * GUARD;
@@ -712,7 +722,7 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3], std::uint32
         S.dynamic = S.dynamic_raw.get() + ((128 - raw % 128) % 128);
     }
     S.dynamic_bytes = shared;
-    blockDim = dim3{block, 1, 1};
+    blockDim = dim3{block[0], block[1], block[2]};
     gridDim = dim3{grid[0], grid[1], grid[2]};
     int rc = 0;
     for (unsigned z = 0; z < grid[2] && rc == 0; ++z)

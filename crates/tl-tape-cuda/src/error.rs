@@ -128,6 +128,17 @@ pub enum Error {
         /// The driver's error code.
         detail: String,
     },
+    /// The kernel emulator (feature `cuda-emu`) refused a launch, a copy or a kernel name:
+    /// what a GPU would show as garbage or a crash (a write past an allocation, arguments the
+    /// kernel does not take, a barrier not every thread reaches, ...), or what a driver call
+    /// would refuse.
+    #[error("{op}: kernel emulator: {detail}")]
+    Emulator {
+        /// The primitive, kernel or step (`upload`, `download`).
+        op: &'static str,
+        /// What the emulator found.
+        detail: String,
+    },
     /// NCCL could not be loaded, or one of its calls failed (features `cuda`, `cuda-emu`: the
     /// `nccl` module): names the call, NCCL's code and message, and the library.
     #[error("{call}: NCCL: {detail}")]

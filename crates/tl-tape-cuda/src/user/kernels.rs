@@ -147,21 +147,53 @@ pub enum LaunchShape {
     /// A 1-D grid-stride launch over `n` elements, as the project's kernels: blocks of 256
     /// threads, `clamp(⌈n/256⌉, 1, 65535)` of them; nothing is launched for `n = 0`.
     GridStride(usize),
-    /// `grid` blocks (x, y, z) of `block` threads, each with `shared` bytes of dynamic shared
-    /// memory (PyTorch's `<<<grid, block, shared>>>`; 0 for none). The kernel declares it with
+    /// `grid` blocks (x, y, z) of `block` threads (x, y, z), each with `shared` bytes of
+    /// dynamic shared memory (CUDA's `<<<grid, block, shared>>>`; 0 for none). Thread
+    /// `threadIdx = (x, y, z)` of a block is its thread `x + bx·(y + by·z)` and warps are runs
+    /// of 32 of those, as on a GPU. A shape outside CUDA's limits ([`LaunchShape::check`]) is
+    /// refused before anything is allocated. The kernel declares it with
     /// `TL_DYNAMIC_SHARED(float, name)` (docs/cuda.md, "Your own kernels": the emulator's
     /// `cuda_emu.h` defines the macro, the kernel's own `#ifndef` defines it for nvcc as
     /// `extern __shared__ float name[]`). Past 48 KiB the kernel is opted in at launch; beyond
     /// what the GPU allows a block (227 KiB on sm_90, as the emulator checks) the launch fails
     /// with an error naming the kernel.
     Grid {
-        /// Blocks along x, y, z.
+        /// Blocks along x, y, z: 1 to 2³¹ − 1 along x, 1 to 65 535 along y and z.
         grid: [u32; 3],
-        /// Threads per block (1 to 1024).
-        block: u32,
+        /// Threads per block along x, y, z (`dim3 block`): at least 1 along each, at most
+        /// 1024 along x and y and 64 along z, 1024 in all; `[256, 1, 1]` for a 1-D block.
+        block: [u32; 3],
         /// Bytes of dynamic shared memory per block.
         shared: u32,
     },
+}
+
+impl LaunchShape {
+    /// `Ok` where CUDA can launch this shape (every GPU since sm_20 and the kernel emulator
+    /// share these limits), else what is outside them: a grid or block extent of 0, a grid
+    /// beyond 2³¹ − 1 blocks along x or 65 535 along y or z, a block beyond 1024 threads along
+    /// x or y, 64 along z or 1024 in all. A [`LaunchShape::GridStride`] is always launchable.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let LaunchShape::Grid { grid, block, .. } = *self else {
+            return Ok(());
+        };
+        let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
+        let why = if grid.contains(&0) || block.contains(&0) {
+            "every extent must be at least 1"
+        } else if grid[0] > i32::MAX as u32 || grid[1] > 65_535 || grid[2] > 65_535 {
+            "a grid has at most 2³¹ − 1 blocks along x and 65 535 along y and z"
+        } else if block[0] > 1024 || block[1] > 1024 || block[2] > 64 {
+            "a block has at most 1024 threads along x and y and 64 along z"
+        } else if threads > 1024 {
+            "a block has at most 1024 threads in all"
+        } else {
+            return Ok(());
+        };
+        Err(format!(
+            "launch shape grid ({}, {}, {}) × block ({}, {}, {}) is outside CUDA's limits: {why}",
+            grid[0], grid[1], grid[2], block[0], block[1], block[2]
+        ))
+    }
 }
 
 /// A device that launches the user's own kernels: `CudaDevice`, on a GPU (the module's PTX)

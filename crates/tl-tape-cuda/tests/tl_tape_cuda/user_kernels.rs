@@ -395,7 +395,7 @@ mod emulated {
             "tl_test_warp_builtins",
             LaunchShape::Grid {
                 grid: [1, 1, 1],
-                block: 64,
+                block: [64, 1, 1],
                 shared: 0,
             },
             &[
@@ -444,7 +444,7 @@ mod emulated {
                 "tl_test_block_reverse",
                 LaunchShape::Grid {
                     grid: [2, 1, 1],
-                    block: 256,
+                    block: [256, 1, 1],
                     shared,
                 },
                 &[KernelArg::In(x), KernelArg::Out(0), KernelArg::U32(words)],
@@ -474,6 +474,123 @@ mod emulated {
         }
         dev.release(x);
         assert_eq!(dev.memory_usage().live_bytes, 0);
+    }
+
+    /// A tiled transpose with 2-D blocks of 32 × 8 threads and a static shared tile
+    /// (`tests/user_kernels/blocks3d.cu`): the exact transpose at sizes that are and are not
+    /// multiples of the tile, with the threads of each block run forward and in reverse.
+    #[test]
+    fn a_user_kernel_runs_with_two_dimensional_blocks() {
+        let mut tape = tape();
+        let dev = tape.device_mut();
+        for (rows, cols) in [(64usize, 96usize), (45, 70), (1, 33), (1, 1)] {
+            let xs: Vec<f32> = (0..rows * cols).map(|i| i as f32 * 0.5 - 9.0).collect();
+            let x = dev.upload(&xs).unwrap();
+            let want: Vec<f32> = (0..rows * cols)
+                .map(|i| xs[(i % rows) * cols + i / rows])
+                .collect();
+            for reverse in [false, true] {
+                let mut go = || {
+                    launch(
+                        &mut *dev,
+                        "transpose",
+                        &module(),
+                        "tl_test_transpose_tiled",
+                        LaunchShape::Grid {
+                            grid: [cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1],
+                            block: [32, 8, 1],
+                            shared: 0,
+                        },
+                        &[
+                            KernelArg::In(x),
+                            KernelArg::Out(0),
+                            KernelArg::U32(rows as u32),
+                            KernelArg::U32(cols as u32),
+                        ],
+                        &[rows * cols],
+                    )
+                };
+                let y = if reverse {
+                    tl_tape_cuda::in_reverse_schedule(go)
+                } else {
+                    go()
+                }
+                .unwrap();
+                let got = dev.download(y[0]).unwrap();
+                assert_eq!(got, want, "{rows} × {cols}, reverse {reverse}");
+                dev.release(y[0]);
+            }
+            dev.release(x);
+        }
+        assert_eq!(dev.memory_usage().live_bytes, 0);
+    }
+
+    /// Every thread of a 3-D block sees its own `threadIdx` (x fastest) and the block's
+    /// `blockDim`, and its warp is the run of 32 linear ids it falls in (shuffles by lane), in
+    /// every block of a 3-D grid; a block beyond CUDA's limits is refused naming the kernel
+    /// and the limit, before anything is allocated.
+    #[test]
+    fn three_dimensional_blocks_number_threads_and_warps_as_cuda() {
+        let mut tape = tape();
+        let dev = tape.device_mut();
+        let coords = |dev: &mut CudaDevice, grid: [u32; 3], block: [u32; 3], n: usize| {
+            launch(
+                dev,
+                "coords",
+                &module(),
+                "tl_test_block_coords",
+                LaunchShape::Grid {
+                    grid,
+                    block,
+                    shared: 0,
+                },
+                &[KernelArg::Out(0)],
+                &[n],
+            )
+        };
+        for (grid, block) in [([1, 1, 1], [4, 4, 4]), ([2, 1, 2], [16, 2, 3])] {
+            let threads = (block[0] * block[1] * block[2]) as usize;
+            let blocks = (grid[0] * grid[1] * grid[2]) as usize;
+            let y = coords(dev, grid, block, 5 * threads * blocks).unwrap();
+            let got = dev.download(y[0]).unwrap();
+            for b in 0..blocks {
+                for t in 0..threads {
+                    let (bx, by) = (block[0] as usize, block[1] as usize);
+                    let (x, yy, z) = (t % bx, t / bx % by, t / (bx * by));
+                    let warp0 = t / 32 * 32;
+                    let want = [
+                        t as f32,
+                        (x + 100 * yy + 10_000 * z) as f32,
+                        (warp0..warp0 + 32).sum::<usize>() as f32,
+                        warp0 as f32,
+                        if t % 32 == 31 { t } else { t + 1 } as f32,
+                    ];
+                    let at = 5 * (b * threads + t);
+                    assert_eq!(got[at..at + 5], want, "block {b}, thread {t}");
+                }
+            }
+            dev.release(y[0]);
+        }
+        let live = dev.memory_usage().live_bytes;
+        for (block, says) in [
+            ([32, 32, 2], "at most 1024 threads in all"),
+            ([1, 1, 65], "64 along z"),
+            ([2048, 1, 1], "1024 threads along x"),
+            ([16, 0, 1], "at least 1"),
+        ] {
+            let e = coords(dev, [1, 1, 1], block, 5 * 1024)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("coords")
+                    && e.contains("tl_test_block_coords")
+                    && e.contains("outside CUDA's limits")
+                    && e.contains(says),
+                "{e}"
+            );
+            assert_eq!(dev.memory_usage().live_bytes, live);
+        }
+        assert_eq!(live, 0);
     }
 
     #[test]

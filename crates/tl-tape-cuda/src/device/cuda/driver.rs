@@ -212,7 +212,7 @@ pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize>
 /// The dynamic shared memory every kernel may take without opting in: 48 KiB.
 const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
 
-/// Launch `f` on the default stream with `grid` × `block` threads and `shared` bytes of
+/// Launch `f` on the default stream with `grid` blocks of `block` threads (x, y, z) and `shared` bytes of
 /// dynamic shared memory a block (0 for none; `TL_DYNAMIC_SHARED` in kernels/common.cuh). Past the 48 KiB every kernel may have, the kernel is opted in first
 /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`); a request beyond what the GPU allows a
 /// block is an error naming `op` and the bytes.
@@ -220,7 +220,7 @@ pub fn launch(
     op: &'static str,
     f: usize,
     grid: [u32; 3],
-    block: u32,
+    block: [u32; 3],
     shared: u32,
     args: &[Arg],
 ) -> Result<()> {
@@ -261,9 +261,9 @@ pub fn launch(
             grid[0],
             grid[1],
             grid[2],
-            block,
-            1,
-            1,
+            block[0],
+            block[1],
+            block[2],
             shared,
             std::ptr::null_mut(),
             ptrs.as_ptr() as *mut *mut c_void,

@@ -26,7 +26,7 @@ unsafe extern "C" {
     fn tl_emu_launch(
         index: c_int,
         grid: *const u32,
-        block: u32,
+        block: *const u32,
         shared: u32,
         params: *mut *mut c_void,
         sig: *const c_char,
@@ -70,13 +70,14 @@ unsafe extern "C" {
 fn failed(op: &'static str, err: &[c_char; ERR_CAP]) -> Error {
     // SAFETY: the runtime wrote a NUL-terminated string of at most ERR_CAP bytes into `err`
     // (vsnprintf always terminates), and `err` lives for this call.
-    let detail = unsafe { CStr::from_ptr(err.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
-    Error::Driver {
-        op,
-        detail: format!("kernel emulator: {detail}"),
-    }
+    let detail = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
+    // The runtime names the kernel first; said once where `op` is that kernel.
+    let detail = detail
+        .strip_prefix(op)
+        .and_then(|d| d.strip_prefix(": "))
+        .unwrap_or(&detail)
+        .to_owned();
+    Error::Emulator { op, detail }
 }
 
 /// `Ok` for a runtime return code of 0, else the runtime's message as the error of `op`.
@@ -126,9 +127,9 @@ pub fn function(name: &'static str) -> Result<usize> {
     let cname = CString::new(name).map_err(|_| Error::kernel(name, "bad kernel name"))?;
     // SAFETY: `cname` is NUL-terminated and outlives the call; the table is immutable.
     let i = unsafe { tl_emu_find(cname.as_ptr()) };
-    usize::try_from(i).map_err(|_| Error::Driver {
+    usize::try_from(i).map_err(|_| Error::Emulator {
         op: name,
-        detail: "kernel not found in kernels/*.cu (kernel emulator)".to_owned(),
+        detail: "no such kernel in kernels/*.cu".to_owned(),
     })
 }
 
@@ -151,7 +152,7 @@ impl EmuKernels {
 /// runtime (once), then searched.
 pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize> {
     let Some(emu) = module.emu_table() else {
-        return Err(Error::Driver {
+        return Err(Error::Emulator {
             op: name,
             detail: "the module has no emulator build (build its .cu with \
                      tl_cuda_build::Emulator in the build.rs, name it with \
@@ -169,7 +170,7 @@ pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize>
     usize::try_from(i).map_err(|_| {
         let e = failed(name, &err);
         match e {
-            Error::Driver { op, detail } => Error::Driver {
+            Error::Emulator { op, detail } => Error::Emulator {
                 op,
                 detail: format!("{detail} (emulator library {})", emu.lib()),
             },
@@ -178,7 +179,7 @@ pub fn user_function(module: &KernelModule, name: &'static str) -> Result<usize>
     })
 }
 
-/// Run kernel `f` with `grid` × `block` threads and `shared` bytes of dynamic shared memory a
+/// Run kernel `f` with `grid` blocks of `block` threads (x, y, z) and `shared` bytes of dynamic shared memory a
 /// block (0 for none; `TL_DYNAMIC_SHARED`); the emulator refuses arguments that do not match
 /// the kernel's parameters, pointers outside live allocations, and out-of-bounds writes; it
 /// refuses more than sm_90 allows a block (227 KiB), poisons it before each block and
@@ -187,7 +188,7 @@ pub fn launch(
     op: &'static str,
     f: usize,
     grid: [u32; 3],
-    block: u32,
+    block: [u32; 3],
     shared: u32,
     args: &[Arg],
 ) -> Result<()> {
@@ -197,7 +198,7 @@ pub fn launch(
     let sig = CString::new(args.iter().map(Arg::tag).collect::<Vec<u8>>())
         .map_err(|_| Error::kernel(op, "bad argument tags"))?;
     let mut err = [0 as c_char; ERR_CAP];
-    // SAFETY: `grid` has three elements; `ptrs` has one pointer per argument, each into `vals`,
+    // SAFETY: `grid` and `block` have three elements each; `ptrs` has one pointer per argument, each into `vals`,
     // which outlives the call; `sig` is NUL-terminated with one tag per argument, which the
     // runtime checks against the kernel's parameter list before reading any argument; `err`
     // has room for ERR_CAP bytes. The runtime checks every pointer argument against its live
@@ -206,7 +207,7 @@ pub fn launch(
         tl_emu_launch(
             index,
             grid.as_ptr(),
-            block,
+            block.as_ptr(),
             shared,
             ptrs.as_mut_ptr(),
             sig.as_ptr(),
@@ -297,14 +298,21 @@ mod tests {
 
     fn detail(r: Result<()>) -> String {
         match r {
-            Err(Error::Driver { detail, .. }) => detail,
-            other => panic!("expected a driver error, got {other:?}"),
+            Err(Error::Emulator { detail, .. }) => detail,
+            other => panic!("expected an emulator error, got {other:?}"),
         }
     }
 
     /// `tl_full` over one block of 256 threads with the given arguments.
     fn full(args: &[Arg]) -> Result<()> {
-        launch("full", function("tl_full")?, [1, 1, 1], 256, 0, args)
+        launch(
+            "full",
+            function("tl_full")?,
+            [1, 1, 1],
+            [256, 1, 1],
+            0,
+            args,
+        )
     }
 
     /// Launch a self-test kernel over one block of 256 threads on this thread, in the given
@@ -313,7 +321,14 @@ mod tests {
         let out = alloc_floats(256);
         // SAFETY: sets a thread-local flag of the runtime.
         unsafe { tl_emu_set_reverse(c_int::from(reverse)) };
-        let r = launch(name, function(name)?, [1, 1, 1], 256, 0, &[Arg::Ptr(out)]);
+        let r = launch(
+            name,
+            function(name)?,
+            [1, 1, 1],
+            [256, 1, 1],
+            0,
+            &[Arg::Ptr(out)],
+        );
         // SAFETY: as above.
         unsafe { tl_emu_set_reverse(0) };
         let v = r.and_then(|()| copy_to_host(out, 256));
@@ -329,7 +344,7 @@ mod tests {
             "full",
             f,
             [4, 1, 1],
-            256,
+            [256, 1, 1],
             0,
             &[Arg::Ptr(out), Arg::U64(1000), Arg::F32(2.5)],
         )
@@ -385,7 +400,15 @@ mod tests {
         let out = alloc_floats(4);
         let f = function("tl_full").unwrap();
         let args = [Arg::Ptr(out), Arg::U64(4), Arg::F32(1.0)];
-        for (grid, block) in [([1, 1, 1], 1025), ([1, 1, 1], 0), ([1, 65_536, 1], 256)] {
+        for (grid, block) in [
+            ([1, 1, 1], [1025, 1, 1]),
+            ([1, 1, 1], [0, 1, 1]),
+            ([1, 65_536, 1], [256, 1, 1]),
+            // 2048 threads, though each extent is within its own limit.
+            ([1, 1, 1], [32, 32, 2]),
+            ([1, 1, 1], [1, 1, 65]),
+            ([1, 1, 1], [16, 0, 1]),
+        ] {
             let d = detail(launch("full", f, grid, block, 0, &args));
             assert!(d.contains("outside CUDA's limits"), "{d}");
         }
@@ -412,9 +435,16 @@ mod tests {
     fn unwritten_dynamic_shared_memory_is_nan() {
         let out = alloc_floats(256);
         let f = function("tl_emu_test_dynamic_unwritten").unwrap();
-        launch("dyn", f, [2, 1, 1], 256, 1024, &[Arg::Ptr(out)]).unwrap();
+        launch("dyn", f, [2, 1, 1], [256, 1, 1], 1024, &[Arg::Ptr(out)]).unwrap();
         assert!(copy_to_host(out, 256).unwrap().iter().all(|v| v.is_nan()));
-        let d = detail(launch("dyn", f, [1, 1, 1], 256, 300_000, &[Arg::Ptr(out)]));
+        let d = detail(launch(
+            "dyn",
+            f,
+            [1, 1, 1],
+            [256, 1, 1],
+            300_000,
+            &[Arg::Ptr(out)],
+        ));
         assert!(d.contains("300000 bytes of dynamic shared memory"), "{d}");
         DeviceMemory.free(out, 1024);
     }
@@ -443,7 +473,15 @@ mod tests {
         copy_to_device(px, x).unwrap();
         let n = Arg::U64(x.len() as u64);
         let run = |name: &'static str, blocks: u32, args: &[Arg]| {
-            launch("sum", function(name).unwrap(), [blocks, 1, 1], 256, 0, args).unwrap();
+            launch(
+                "sum",
+                function(name).unwrap(),
+                [blocks, 1, 1],
+                [256, 1, 1],
+                0,
+                args,
+            )
+            .unwrap();
         };
         run(
             "tl_reduce_partials",
@@ -543,7 +581,7 @@ mod tests {
             tl_emu_set_plain_kernels(c_int::from(plain));
             tl_emu_runs_fma_build(f as c_int) == 1
         };
-        let r = launch(kernel, f, grid, 256, 0, &args);
+        let r = launch(kernel, f, grid, [256, 1, 1], 0, &args);
         // SAFETY: as above.
         unsafe { tl_emu_set_plain_kernels(0) };
         r.unwrap();
@@ -628,7 +666,7 @@ mod tests {
         // SAFETY: sets a thread-local flag of the runtime.
         unsafe { tl_emu_set_reverse(c_int::from(reverse)) };
         let args = [Arg::Ptr(pa), Arg::Ptr(pb), Arg::Ptr(out), Arg::U32(flag)];
-        let r = launch(name, function(name)?, [1, 1, 1], 64, 0, &args);
+        let r = launch(name, function(name)?, [1, 1, 1], [64, 1, 1], 0, &args);
         // SAFETY: as above.
         unsafe { tl_emu_set_reverse(0) };
         let v = r.and_then(|()| copy_to_host(out, 256));
@@ -695,7 +733,12 @@ mod tests {
     #[test]
     fn warp_matrix_misuse_is_an_error_naming_the_rule() {
         let (a, b) = wmma_operands();
-        let run = |bad| detail(run_wmma("tl_emu_test_wmma_bf16", &a, &b, bad, false).map(|_| ()));
+        // The whole message: the kernel is the error's op (said once).
+        let run = |bad| {
+            run_wmma("tl_emu_test_wmma_bf16", &a, &b, bad, false)
+                .unwrap_err()
+                .to_string()
+        };
         let d = run(1);
         assert!(
             d.contains("tl_emu_test_wmma_bf16")

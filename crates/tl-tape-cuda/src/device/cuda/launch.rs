@@ -71,7 +71,7 @@ impl CudaDevice {
         block: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_kernel(op, kernel, (grid, block, 0), args)
+        self.launch_kernel(op, kernel, (grid, [block, 1, 1], 0), args)
     }
 
     /// Launch `kernel` with `grid` blocks of 256 threads and `shared` bytes of dynamic shared
@@ -84,7 +84,7 @@ impl CudaDevice {
         shared: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_kernel(op, kernel, (grid, BLOCK as u32, shared), args)
+        self.launch_kernel(op, kernel, (grid, [BLOCK as u32, 1, 1], shared), args)
     }
 
     /// The one launch path of our kernels: resolve, count, launch with `(grid, block,
@@ -93,7 +93,7 @@ impl CudaDevice {
         &mut self,
         op: &'static str,
         kernel: &'static str,
-        (grid, block, shared): ([u32; 3], u32, u32),
+        (grid, block, shared): ([u32; 3], [u32; 3], u32),
         args: &[Arg],
     ) -> Result<()> {
         let f = self.func(kernel)?;

@@ -29,9 +29,10 @@ impl KernelDevice for CudaDevice {
             };
             Error::kernel(op, detail)
         };
+        shape.check().map_err(|why| named(Error::kernel(op, why)))?;
         let launch = match shape {
             LaunchShape::GridStride(0) => None,
-            LaunchShape::GridStride(n) => Some(([blocks(n), 1, 1], BLOCK as u32, 0)),
+            LaunchShape::GridStride(n) => Some(([blocks(n), 1, 1], [BLOCK as u32, 1, 1], 0)),
             LaunchShape::Grid {
                 grid,
                 block,
