@@ -1,5 +1,6 @@
 //! Run configuration: how many cases per check (`TL_CASES`), which seed (`TL_SEED`), and the
-//! deterministic proptest runner built from them.
+//! deterministic proptest runner built from them. The case timeout (`TL_CASE_TIMEOUT`) is not
+//! a field: it is the process's, set with [`crate::set_case_timeout`] ([`crate::watchdog`]).
 
 use std::sync::OnceLock;
 
@@ -14,6 +15,11 @@ pub const DEFAULT_CASES: u32 = 128;
 pub const DEFAULT_SEED: u64 = 0x007E_570F_7EA5;
 
 /// How many cases each check runs and from which seed.
+///
+/// How long one case may run is not part of it: a case past the process-wide case timeout
+/// (`TL_CASE_TIMEOUT`, 600 s by default) ends the process with a message naming the check and
+/// this configuration; [`crate::set_case_timeout`] sets the timeout in code
+/// ([`crate::watchdog`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunConfig {
     /// Passing cases each check must see (proptest's `cases`).

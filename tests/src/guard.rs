@@ -7,6 +7,12 @@
 //! every other panic to the hook that was there before, unchanged. Tests running in parallel
 //! thus print their panics as before, and an op that panics on every case does not print
 //! thousands of messages and backtraces while its failure is shrunk.
+//!
+//! A call that does not return (an op or backend in an infinite loop or a deadlock) cannot be
+//! caught: the outermost guarded call on each thread is watched by [`crate::watchdog`], which
+//! ends the process with a message naming the check and the case, and exit status
+//! [`crate::watchdog::EXIT_STATUS`], once a case runs past the case timeout (`TL_CASE_TIMEOUT`,
+//! 600 s by default).
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -40,12 +46,20 @@ fn quiet_hook() {
     });
 }
 
-/// Run `f`, catching a panic: `Err` with its message, quoted, and its location.
+/// Run `f`, catching a panic: `Err` with its message, quoted, and its location. The outermost
+/// call on a thread is watched for the case timeout ([`crate::watchdog`]); nested ones are not
+/// watched again.
 pub(crate) fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     quiet_hook();
     PANIC_AT.with(RefCell::take);
     let outer = GUARDED.with(|g| g.replace(true));
+    if !outer {
+        crate::watchdog::enter();
+    }
     let r = panic::catch_unwind(AssertUnwindSafe(f));
+    if !outer {
+        crate::watchdog::leave();
+    }
     GUARDED.with(|g| g.set(outer));
     r.map_err(|p| {
         let msg = panic_message(p.as_ref());

@@ -27,7 +27,9 @@
 //!   NaN on every backend ([`checks::conventions`]), hard inputs f32 vs f64
 //!   ([`checks::hard`]), sizes past the kernels' grid limits ([`checks::grid`]).
 //! - [`metric`]: the error definition; [`report`]: [`Report`] and the proptest driver
-//!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`.
+//!   [`run_check`]; [`config`]: `TL_CASES` / `TL_SEED`; [`watchdog`]: the case timeout
+//!   (`TL_CASE_TIMEOUT`, [`set_case_timeout`]): a case that does not return (a hanging op or
+//!   backend) ends the process with a message naming the check, instead of hanging the run.
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
 //! - [`user`]: the harness as a library — checks 0–7 on your own op ([`user::check_user_op`])
 //!   and the catalogue's suite on your own backend ([`user::check_backend`]).
@@ -54,6 +56,7 @@ pub mod registry;
 pub mod report;
 pub mod user;
 pub mod verify;
+pub mod watchdog;
 
 pub use backend::{Backend, CpuTape, CudaSim, TapeApi, TapeProgram};
 pub use case::{GraphCase, OpCase, Values, With};
@@ -67,6 +70,7 @@ pub use report::{
     CaseError, CaseResult, Check, Measured, OnPending, PENDING, Report, assert_all_passed,
     run_check, run_check_pending,
 };
+pub use watchdog::{case_timeout, set_case_timeout};
 /// The README's Rust example, compiled and run by `cargo test` so it cannot go stale.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

@@ -171,7 +171,9 @@ pub fn run_fixed(
         failure: None,
         pending: Vec::new(),
     };
-    for (name, case) in cases {
+    let _check = crate::watchdog::checking(&report.label, None);
+    for (n, (name, case)) in (1..).zip(cases) {
+        crate::watchdog::case_started(n);
         match check(case) {
             Ok(m) => {
                 report.cases += 1;
@@ -240,8 +242,14 @@ where
     let mut runner = cfg.runner(&label);
     // A panic in a case (the op, a kernel, the backend) fails that case with its message and
     // location, quietly (`crate::guard`), and is shrunk as any failure; one while drawing a
-    // case (a generator whose shapes the op's rule refuses) ends the check with it.
+    // case (a generator whose shapes the op's rule refuses) ends the check with it. A case that
+    // runs past the case timeout ends the process, naming the check and the case
+    // (`crate::watchdog`).
+    let _check = crate::watchdog::checking(&label, Some(cfg));
+    let case = Cell::new(0u32);
     let run = |value: S::Value| {
+        case.set(case.get().saturating_add(1));
+        crate::watchdog::case_started(case.get());
         let outcome = crate::guard::catch(|| check(&value))
             .unwrap_or_else(|p| Err(TestCaseError::fail(format!("the check panicked: {p}"))));
         match outcome {

@@ -71,6 +71,13 @@
 //! (caught, and quoted in the report) and never an `Ok`; the backend still gives the IR's
 //! values and gradients after refusing; a short or out-of-range Nat environment (total reads)
 //! and non-finite leaf values are not refused.
+//!
+//! **A hang** (an op or a backend in an infinite loop or a deadlock) cannot be failed like a
+//! panic, since a thread cannot be stopped: a case that runs past the case timeout
+//! (`TL_CASE_TIMEOUT` seconds, 600 by default; [`crate::set_case_timeout`] in code) ends the
+//! process with exit status [`crate::watchdog::EXIT_STATUS`] (124) and one message on stderr
+//! naming the check's label, the case, how long it ran and the seed and case count that
+//! reproduce it ([`crate::watchdog`]), instead of hanging the run.
 
 use std::fmt;
 use std::sync::Arc;
@@ -333,7 +340,9 @@ impl fmt::Display for SuiteReport {
 
 /// Run checks 0–7 on the user op of `entry` (see the module documentation) with `cfg`'s case
 /// count and seed (check 7 with an eighth of it: [`bad_input_cfg`]). First the entry itself
-/// ([`check_entry`]): where it is wrong, that one failed report is the result.
+/// ([`check_entry`]): where it is wrong, that one failed report is the result. A panic in the
+/// op fails the check it happens in; a case that does not return ends the process after the
+/// case timeout, naming the check ([`crate::watchdog`]).
 pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
     let name = entry.op.name().to_owned();
     let entry_report = check_entry(entry, cfg);
@@ -379,6 +388,7 @@ pub fn check_entry(entry: &UserEntry, cfg: &RunConfig) -> Report {
     }
     let op = Op::User(entry.op.clone());
     let mut runner = cfg.runner(&label);
+    let _check = crate::watchdog::checking(&label, Some(cfg));
     'draws: for z in [Size::Small, Size::Large] {
         for _ in 0..cfg.cases.min(16) {
             let shapes = match crate::guard::catch(|| (entry.shapes)(z).new_tree(&mut runner)) {
@@ -530,8 +540,10 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 /// ids must be errors that name them, never a panic or an `Ok`, and leave the backend working;
 /// a short Nat environment and non-finite leaves must not be refused; and graphs whose outputs
 /// no machine holds ([`check_oversized`]) must be errors naming the op. A backend that cannot
-/// run an op fails that op's cells with its error. PyTorch has no such entry point; burn runs
-/// one test suite against every backend in the same spirit.
+/// run an op fails that op's cells with its error; one that panics fails the check, quoting the
+/// panic; one that does not return ends the process after the case timeout, naming the check
+/// and the case ([`crate::watchdog`]). PyTorch has no such entry point; burn runs one test
+/// suite against every backend in the same spirit.
 pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
     let mut reports = Vec::new();
     let bad_cfg = bad_input_cfg(cfg);

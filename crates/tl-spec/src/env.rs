@@ -1,9 +1,9 @@
 //! Reading the `TL_*` environment variables one way: a value, or the default with one warning.
 //!
 //! Every variable whose meaning is "this value, else the default" (`TL_NUM_THREADS`, `TL_SIMD`,
-//! `TL_DETERMINISTIC`, `TL_MAX_ALLOC_BYTES`, the harness's `TL_CASES` and `TL_SEED`) is read
-//! with [`read`]: unset, or empty after trimming spaces, is the default with no word; a value
-//! the variable's parser accepts is used; any other value (including one that is not UTF-8)
+//! `TL_DETERMINISTIC`, `TL_MAX_ALLOC_BYTES`, the harness's `TL_CASES`, `TL_SEED` and
+//! `TL_CASE_TIMEOUT`) is read with [`read`]: unset, or empty after trimming spaces, is the
+//! default with no word; a value the variable's parser accepts is used; any other value (including one that is not UTF-8)
 //! prints one `warning:` line on stderr naming the variable, the value, what it should be and
 //! what is used instead, and the default applies. The callers keep the result in a `OnceLock`,
 //! so each variable is read, and warned about, once per process. The table of every variable

@@ -8,6 +8,7 @@ mod attention;
 mod autocast;
 mod backprop;
 mod bad_input;
+mod case_timeout;
 mod conv_implicit;
 mod conv_pool;
 mod conventions;
