@@ -6,11 +6,13 @@
 //! broken ones in the conformance binary's `teeth` module) implements it the same way, or,
 //! over the sim, is a [`SimWith`] ([`sim_with`]) with a hook for what it changes. [`TapeApi`]
 //! ([`api`]) adds the rest of the tape API: `backward_dense_from`, `backward_first_n`,
-//! `backward_params`.
+//! `backward_params`. A backend that implements part of the catalogue says which ops with
+//! [`Backend::supports`] ([`partial`]: how the suite then skips the rest).
 
 pub mod api;
 pub mod cuda_sim;
 pub mod device;
+pub mod partial;
 pub mod sim_with;
 
 pub use api::TapeApi;
@@ -56,6 +58,18 @@ pub trait Backend {
         out: Id,
         seed: &Tensor<Self::T>,
     ) -> Result<Vec<Tensor<Self::T>>, String>;
+
+    /// Whether this backend implements the op named `op`, as [`tl_ir::Op::name`] spells it
+    /// (`"add"`, `"conv2d"`, a user op's name): every op unless the backend says otherwise. A
+    /// backend under construction lists what it has so far: [`crate::user::check_backend`]
+    /// then skips the checks of each op it lacks and draws again every random case that holds
+    /// one, and says so in its report ([`partial`]), instead of failing those cells. Like
+    /// PyTorch's per-device `skips` in its OpInfo tests, it is a statement of scope, not a
+    /// verdict: an op listed here as supported is held to every check.
+    fn supports(&self, op: &str) -> bool {
+        let _ = op;
+        true
+    }
 }
 
 /// The CPU tape (`tl_tape_cpu::Tape<T>`), compiled into by `GraphData::replay`.

@@ -6,6 +6,7 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{TestCaseError, TestError};
 
 use crate::RunConfig;
+use crate::backend::partial;
 
 /// The checks of the harness (see the crate docs); check 6 has two columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -65,8 +66,9 @@ pub struct Report {
     pub tol: f64,
     /// The failure, with the shrunk minimal input, if any case failed.
     pub failure: Option<String>,
-    /// Ops the backend has no formula for yet ([`PENDING`]): cases needing them were not run.
-    /// Empty for the CPU and spec checks.
+    /// Ops the backend cannot run: on the CUDA tape, ops with no formula yet ([`PENDING`]); on
+    /// a third-party backend, ops it does not support ([`crate::Backend::supports`]). Cases
+    /// needing them were not run. Empty for the CPU and spec checks.
     pub pending: Vec<&'static str>,
 }
 
@@ -79,8 +81,9 @@ impl Report {
         self.failure.is_none()
     }
 
-    /// Whether the whole cell is pending: nothing failed, nothing ran, and an op's backend
-    /// formula is missing. Such a cell is listed, never counted as a pass.
+    /// Whether the whole cell is pending: nothing failed, nothing ran, and the backend cannot
+    /// run an op the cases need ([`Report::pending`]). Such a cell is listed, never counted as
+    /// a pass.
     pub fn is_pending(&self) -> bool {
         self.failure.is_none() && self.cases == 0 && !self.pending.is_empty()
     }
@@ -172,9 +175,18 @@ pub fn run_fixed(
         pending: Vec::new(),
     };
     let _check = crate::watchdog::checking(&report.label, None);
+    let mut lacking = std::collections::BTreeSet::new();
     for (n, (name, case)) in (1..).zip(cases) {
         crate::watchdog::case_started(n);
-        match check(case) {
+        partial::take();
+        let outcome = check(case);
+        // A case holding an op the backend does not support is not judged (`partial`).
+        let lacks = partial::take();
+        if !lacks.is_empty() {
+            lacking.extend(lacks);
+            continue;
+        }
+        match outcome {
             Ok(m) => {
                 report.cases += 1;
                 report.max_err = report.max_err.max(m.err);
@@ -190,6 +202,7 @@ pub fn run_fixed(
             }
         }
     }
+    report.pending = lacking.into_iter().collect();
     report
 }
 
@@ -212,7 +225,10 @@ where
 }
 
 /// The proptest loop behind [`run_check`] and [`run_check_pending`]: a case either passes with
-/// a measurement, fails (and is shrunk), or is rejected (skipped; another is drawn).
+/// a measurement, fails (and is shrunk), or is rejected (skipped; another is drawn). A case
+/// during which the backend refused an op it does not support ([`crate::Backend::supports`],
+/// [`partial`]) is rejected too, whatever the check made of the refusal, and the op is listed
+/// in the report's `pending`; if every case was, the report is pending (no case, no failure).
 fn drive<S>(
     label: String,
     cfg: &RunConfig,
@@ -247,11 +263,20 @@ where
     // (`crate::watchdog`).
     let _check = crate::watchdog::checking(&label, Some(cfg));
     let case = Cell::new(0u32);
+    let lacking = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let run = |value: S::Value| {
         case.set(case.get().saturating_add(1));
         crate::watchdog::case_started(case.get());
+        partial::take();
         let outcome = crate::guard::catch(|| check(&value))
             .unwrap_or_else(|p| Err(TestCaseError::fail(format!("the check panicked: {p}"))));
+        let lacks = partial::take();
+        if !lacks.is_empty() {
+            lacking.borrow_mut().extend(lacks);
+            return Err(TestCaseError::reject(
+                "the case holds an op the backend does not support",
+            ));
+        }
         match outcome {
             Ok(m) => {
                 if !failed.get() {
@@ -275,6 +300,9 @@ where
         Ok(Err(TestError::Abort(reason))) => Some(format!("aborted: {reason}")),
         Err(p) => Some(format!("drawing a case panicked: {p}")),
     };
+    let pending: Vec<&'static str> = lacking.into_inner().into_iter().collect();
+    // Too many cases held an unsupported op to reach the case count: what ran passed.
+    let failure = failure.filter(|f| pending.is_empty() || !f.starts_with("aborted: "));
     let m = worst.get();
     Report {
         label,
@@ -282,7 +310,7 @@ where
         max_err: m.err,
         tol: m.tol,
         failure,
-        pending: Vec::new(),
+        pending,
     }
 }
 
@@ -338,7 +366,9 @@ where
             }
         }
     });
-    report.pending = pending.into_inner().into_iter().collect();
+    let mut all = pending.into_inner();
+    all.extend(report.pending.iter().copied());
+    report.pending = all.into_iter().collect();
     if let Some(msg) = &report.failure
         && !report.pending.is_empty()
     {
@@ -378,6 +408,31 @@ pub fn assert_all_passed(reports: &[Report], cases: u32) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A case during which the backend refused an unsupported op is drawn again, whatever the
+    /// check returned (here a failure on odd values); where every case is, the report is
+    /// pending: no case, no failure, the op listed.
+    #[test]
+    fn cases_needing_an_unsupported_op_are_drawn_again() {
+        let cfg = RunConfig::default();
+        let r = run_check("some".into(), &cfg, 0u32..1000, |&v| {
+            if v % 2 == 1 {
+                partial::note("tanh");
+                return Err(format!("{v}: tanh is not implemented"));
+            }
+            Ok(Measured::ZERO)
+        });
+        assert!(r.passed(), "{r}");
+        assert_eq!((r.cases, r.pending.as_slice()), (cfg.cases, &["tanh"][..]));
+        assert!(!r.is_pending() && r.cell().ends_with('*'));
+        let r = run_check("none".into(), &cfg, 0u32..1000, |_| {
+            partial::note("conv");
+            Ok(Measured::ZERO)
+        });
+        assert!(r.is_pending(), "{r}");
+        assert_eq!((r.cases, r.pending.as_slice()), (0, &["conv"][..]));
+        assert_eq!(r.cell(), "pending");
+    }
 
     #[test]
     fn failures_are_shrunk_and_panics_are_failures_not_crashes() {

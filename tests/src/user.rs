@@ -86,6 +86,7 @@ use proptest::prelude::*;
 use tl_ir::{Op, UserOpRef};
 use tl_spec::{Shape, Tensor};
 
+use crate::backend::partial::Partial;
 use crate::checks::bad_input::{
     bad_input_cfg, check_bad_input, check_bad_input_dag, check_oversized,
 };
@@ -318,13 +319,21 @@ impl fmt::Display for SuiteReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for r in &self.reports {
             match (r.passed(), r.cases) {
-                (false, 0) => writeln!(f, "FAIL {:<46} no case passed", r.label)?,
-                (passed, cases) => writeln!(
+                (false, 0) => write!(f, "FAIL {:<46} no case passed", r.label)?,
+                (passed, cases) => write!(
                     f,
                     "{} {:<46} {cases:>5} case(s)  max err {:.2e}",
                     if passed { "ok  " } else { "FAIL" },
                     r.label,
                     r.max_err
+                )?,
+            }
+            match r.pending.as_slice() {
+                [] => writeln!(f)?,
+                ops => writeln!(
+                    f,
+                    "  (cases holding {} drawn again: not implemented)",
+                    ops.join(", ")
                 )?,
             }
         }
@@ -540,14 +549,31 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 /// ids must be errors that name them, never a panic or an `Ok`, and leave the backend working;
 /// a short Nat environment and non-finite leaves must not be refused; and graphs whose outputs
 /// no machine holds ([`check_oversized`]) must be errors naming the op. A backend that cannot
-/// run an op fails that op's cells with its error; one that panics fails the check, quoting the
+/// run an op fails that op's cells with its error, unless it says so in
+/// [`Backend::supports`]: then the op's cells are skipped (listed in
+/// [`SuiteReport::skipped`]), every other check draws again each case holding it (the report
+/// lists the op), and a check none of whose cases it can run is skipped too
+/// ([`crate::backend::partial`]); one that panics fails the check, quoting the
 /// panic; one that does not return ends the process after the case timeout, naming the check
 /// and the case ([`crate::watchdog`]). PyTorch has no such entry point; burn runs one test
 /// suite against every backend in the same spirit.
 pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
     let mut reports = Vec::new();
+    let mut skipped = Vec::new();
     let bad_cfg = bad_input_cfg(cfg);
-    let entries = registry::all();
+    // Only the ops the backend supports: the others' cells are skipped, and a case of any
+    // check holding one is drawn again (`crate::backend::partial`).
+    let (entries, lacking): (Vec<_>, Vec<_>) = registry::all()
+        .into_iter()
+        .partition(|e| backend.supports(e.name));
+    for entry in &lacking {
+        skipped.push(format!(
+            "{}: checks 1, 2 and 7 (backend {} does not implement it: Backend::supports)",
+            entry.name,
+            backend.name()
+        ));
+    }
+    let backend = &Partial(backend);
     for entry in &entries {
         if entry.applies.forward {
             reports.push(check_forward(backend, entry, cfg));
@@ -567,9 +593,19 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
     }
     reports.push(check_bad_input_dag(backend, &bad_cfg));
     reports.push(check_oversized(backend));
+    // A check none of whose cases the backend could run is skipped, not passed.
+    let (reports, none_ran): (Vec<Report>, Vec<Report>) =
+        reports.into_iter().partition(|r| !r.is_pending());
+    for r in none_ran {
+        skipped.push(format!(
+            "{}: every case held an op the backend does not implement ({})",
+            r.label,
+            r.pending.join(", ")
+        ));
+    }
     SuiteReport {
         name: backend.name(),
         reports,
-        skipped: Vec::new(),
+        skipped,
     }
 }

@@ -615,6 +615,122 @@ fn the_catalogue_suite_runs_against_a_third_party_backend() {
     );
 }
 
+/// The CPU f32 tape as a backend under construction: a graph holding one of `lacks` is an
+/// error naming the op, as a partial backend's would be; `declares` says whether it lists them
+/// in `Backend::supports`.
+struct Unfinished {
+    inner: CpuTape<f32>,
+    lacks: &'static [&'static str],
+    declares: bool,
+}
+
+impl Backend for Unfinished {
+    type T = f32;
+    type Program = TapeProgram<f32>;
+
+    fn name(&self) -> String {
+        "unfinished".into()
+    }
+    fn record(
+        &self,
+        graph: &GraphData,
+        leaves: &[Tensor<f32>],
+        nats: &[usize],
+    ) -> Result<Self::Program, String> {
+        for node in graph.nodes() {
+            let op = node.op().name();
+            if self.lacks.contains(&op) {
+                return Err(format!("{op}: not implemented on this backend yet"));
+            }
+        }
+        self.inner.record(graph, leaves, nats)
+    }
+    fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
+        self.inner.values(p)
+    }
+    fn backward_dense(
+        &self,
+        p: &Self::Program,
+        out: Id,
+        seed: &Tensor<f32>,
+    ) -> Result<Vec<Tensor<f32>>, String> {
+        self.inner.backward_dense(p, out, seed)
+    }
+    fn supports(&self, op: &str) -> bool {
+        !(self.declares && self.lacks.contains(&op))
+    }
+}
+
+/// A backend that implements part of the catalogue and says so (`Backend::supports`) passes
+/// the suite on what it has: the ops it lacks are listed as skipped (no cells), the random
+/// DAGs and other mixed checks draw again every case holding one and list the ops, and a check
+/// none of whose cases it can run (the oversized graphs, every one of whose ops it lacks) is
+/// skipped, not passed. The same backend that does not say so fails those cells, and an op it
+/// does list stays held to every check.
+#[test]
+fn a_backend_that_implements_part_of_the_catalogue_is_checked_on_that_part() {
+    let cfg = RunConfig::from_env_or(4);
+    const LACKS: &[&str] = &[
+        "tanh",
+        "conv",
+        "randUniform",
+        "bernoulliMask",
+        "broadcastTo",
+        "matmul",
+        "reduceSum",
+        "gatherRowsNatVec",
+    ];
+    let partial = |declares| Unfinished {
+        inner: CpuTape::new(),
+        lacks: LACKS,
+        declares,
+    };
+    let report = check_backend(&partial(true), &cfg);
+    assert!(report.passed(), "{report}");
+    for op in LACKS {
+        let line = format!("{op}: checks 1, 2 and 7 (backend unfinished does not implement it");
+        assert!(
+            report.skipped.iter().any(|s| s.starts_with(&line)),
+            "{report}"
+        );
+        assert!(
+            !report
+                .reports
+                .iter()
+                .any(|r| r.label.ends_with(&format!(" {op} unfinished"))),
+            "{report}"
+        );
+    }
+    let dag = report
+        .reports
+        .iter()
+        .find(|r| r.label == "1 fwd dag unfinished")
+        .expect("the DAG check runs");
+    assert!(dag.cases > 0 && dag.pending.contains(&"tanh"), "{dag:?}");
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.starts_with("7 bad input oversized unfinished: every case held an op")),
+        "{report}"
+    );
+    assert!(!report.reports.iter().any(|r| r.label.contains("oversized")));
+    let text = report.to_string();
+    assert!(text.contains("skip tanh: checks 1, 2 and 7"), "{text}");
+    assert!(report.summary().contains(" skipped"), "{text}");
+
+    // Not declared: the cells of what it lacks fail, naming the op.
+    let undeclared = check_backend(&partial(false), &cfg);
+    let failed: Vec<&str> = undeclared
+        .failures()
+        .iter()
+        .map(|r| r.label.as_str())
+        .collect();
+    for label in ["1 fwd tanh unfinished", "1 fwd dag unfinished"] {
+        assert!(failed.contains(&label), "{failed:?}");
+    }
+}
+
 /// What a careless third-party backend gets wrong on bad input (each delegates to the CPU f32
 /// tape otherwise, so checks 1 and 2 pass).
 #[derive(Clone, Copy, PartialEq, Debug)]
