@@ -32,7 +32,9 @@
 //!   backend) ends the process with a message naming the check, instead of hanging the run.
 //! - [`verify`]: every check for every op, tabulated (used by the `tl-verify` binary).
 //! - [`user`]: the harness as a library — checks 0–7 on your own op ([`user::check_user_op`])
-//!   and the catalogue's suite on your own backend ([`user::check_backend`]).
+//!   and the catalogue's suite on your own backend ([`user::check_backend`]); [`model`]: your
+//!   own model on every session against the IR in f64, and that against finite differences
+//!   ([`model::check_model`]).
 //! - [`nn`]: tl-nn's layers on every session against the same computation in plain catalogue
 //!   ops; [`checks::session_state`]: the sessions' state after Nat writes, parameter writes,
 //!   optimizer steps, new inputs and resets, eager = linked = a fresh recomputation.
@@ -47,6 +49,7 @@ pub mod entries;
 pub mod generate;
 mod guard;
 pub mod metric;
+pub mod model;
 pub mod nn;
 mod nn_activations;
 pub mod nn_attention;

@@ -28,6 +28,7 @@ mod gates;
 mod grid;
 mod hard;
 mod index;
+mod model;
 mod nn_layers;
 mod nn_losses;
 mod norm;

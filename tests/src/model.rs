@@ -1,0 +1,542 @@
+//! A model of your own under the harness: [`check_model`] runs it on every session and holds
+//! each one's output and gradients to the f64 reference, and that reference to finite
+//! differences (PyTorch's `torch.autograd.gradcheck`, for a whole tl-nn model and on every
+//! session the model may train on).
+//!
+//! Each case draws the inputs (uniform in ±2, f32-representable) and a seed, builds the model
+//! on a `LinkedSession<f64>` from that seed, rounds its parameters to f32 and gives every
+//! session those values. The output of one pass ([`UserModel::forward`], in training mode
+//! unless [`UserModel::training`] says otherwise) is reduced to a scalar with a random
+//! cotangent `c` (`L = ⟨c, output⟩`), and its gradients with respect to every trainable
+//! parameter and every input are taken. The reference is the pass recorded on a
+//! `LinkedSession<f64>`, its graph evaluated and differentiated by the IR (`GraphData::eval`,
+//! `backward_dense_all`: the ops' own value and VJP rules, not the kernels a session compiles
+//! to). The checks:
+//!
+//! - `model fd <name>`: the f64 reference's gradients against central differences of `L`, at
+//!   [`FD_COORDS`] coordinates of each parameter and input (step [`FD_STEP`] relative to the
+//!   value); a coordinate where the differences with step h and h/4 disagree sits on a kink
+//!   (a ReLU at 0, a max's tie) and is passed over (a case whose every probed coordinate
+//!   does fails). Tolerance [`Tol::DEFAULT`]'s `fd`.
+//! - `model <name> <session>`: each of the eager CPU (f64, f32), eager CUDA simulation (f32)
+//!   and linked f32 sessions gives the reference's output and gradients, within
+//!   [`Tol::DEFAULT`]'s f64 tolerance, or its f32 tolerance scaled by the largest tensor of
+//!   the pass (an upper bound of its longest reduction).
+//!
+//! Dropout draws the same masks on every session and in every pass of a case (the random
+//! counter is set before each); batch norm uses the batch's statistics in training mode.
+
+use std::cell::RefCell;
+
+use proptest::prelude::*;
+use tl_nn::{Parameters, Runtime, Scope, Var, Vars};
+use tl_session::{LinkedSession, Ops, Param, TensorRef, Train};
+use tl_spec::{Scalar, Shape, Tensor};
+
+use crate::generate::tensor;
+use crate::metric::{tensor_err, worst_index};
+use crate::nn::{LayerSession, NN_SEED, NnSession, SessionCheck, on_session};
+use crate::user::SuiteReport;
+use crate::{ANY, CaseResult, Measured, RunConfig, Tol, run_check};
+
+/// Coordinates of each parameter and input that finite differences probe per case.
+pub const FD_COORDS: usize = 4;
+
+/// The finite-difference step, relative to the coordinate's magnitude (at least this much).
+pub const FD_STEP: f64 = 1e-6;
+
+/// The model's random counter at the start of every pass of a case.
+const COUNTER: u64 = 0;
+
+/// Your model as [`check_model`] takes it: how to build it on any session, and one pass.
+///
+/// ```
+/// use tl_conformance::RunConfig;
+/// use tl_conformance::model::{UserModel, check_model};
+/// use tl_nn::{Activation, Linear, Module, Scope, Sequential, Var, Vars};
+/// use tl_session::Train;
+/// use tl_spec::Shape;
+///
+/// struct Mlp;
+///
+/// impl UserModel for Mlp {
+///     type Model<O: Train> = Sequential<O>;
+///
+///     fn name(&self) -> String {
+///         "mlp".into()
+///     }
+///     fn build<O: Train>(&self, v: &Vars<'_, O>) -> tl_nn::Result<Sequential<O>> {
+///         Ok(Sequential::new()
+///             .add(Linear::new(&v.pp(0), 4, 8)?)
+///             .add(Activation::Tanh)
+///             .add(Linear::new(&v.pp(2), 8, 3)?))
+///     }
+///     fn inputs(&self) -> Vec<Shape> {
+///         vec![Shape::new(&[5, 4])]
+///     }
+///     fn forward<'g, O: Train>(
+///         &self,
+///         m: &Sequential<O>,
+///         _g: &Scope<'g, O>,
+///         x: &[Var<'g, O>],
+///     ) -> tl_nn::Result<Var<'g, O>> {
+///         m.forward(&x[0])
+///     }
+/// }
+///
+/// let report = check_model(&Mlp, &RunConfig { cases: 8, ..RunConfig::default() });
+/// assert!(report.passed(), "{report}");
+/// assert_eq!(report.summary(), "mlp: 5 passed, 0 failed");
+/// ```
+pub trait UserModel {
+    /// The model on a session of type `O`: a tl-nn layer, a `Sequential`, or a struct of your
+    /// own (`#[derive(Parameters)]`).
+    type Model<O: Train>: Parameters;
+
+    /// The name in the reports.
+    fn name(&self) -> String;
+
+    /// Build the model, its parameters under `vars` (initialised from the session's seed:
+    /// [`check_model`] then sets their values itself).
+    fn build<O: Train>(&self, vars: &Vars<'_, O>) -> tl_nn::Result<Self::Model<O>>;
+
+    /// The shapes of the pass's inputs, in the order [`UserModel::forward`] takes them (each
+    /// drawn uniform in ±2 and differentiated). Integer inputs (token ids, labels) belong in
+    /// the implementing struct.
+    fn inputs(&self) -> Vec<Shape>;
+
+    /// One pass: the model's output on the inputs `x` (any shape; a loss is a scalar).
+    fn forward<'g, O: Train>(
+        &self,
+        model: &Self::Model<O>,
+        g: &Scope<'g, O>,
+        x: &[Var<'g, O>],
+    ) -> tl_nn::Result<Var<'g, O>>;
+
+    /// Whether the pass is a training one (dropout on, batch norm on the batch's statistics):
+    /// `true` unless said otherwise.
+    fn training(&self) -> bool {
+        true
+    }
+}
+
+/// One case: the inputs and the seed of the model's parameters and the cotangent.
+#[derive(Debug, Clone)]
+pub struct ModelCase {
+    /// The inputs, f32-representable.
+    pub inputs: Vec<Tensor<f64>>,
+    /// The seed the model is built from and the cotangent drawn from.
+    pub seed: u64,
+}
+
+/// What one pass gave on a session: the output, the trainable parameters' gradients then the
+/// inputs', and the largest tensor's element count.
+struct Pass<T: Scalar> {
+    value: Tensor<T>,
+    grads: Vec<Tensor<T>>,
+    largest: usize,
+}
+
+/// The cases of `model`: its inputs drawn uniform in ±2 and rounded to f32, and a seed.
+pub fn model_cases<M: UserModel>(model: &M) -> BoxedStrategy<ModelCase> {
+    let inputs: Vec<BoxedStrategy<Tensor<f64>>> = model
+        .inputs()
+        .into_iter()
+        .map(|s| tensor(s, ANY).prop_map(|t| t.cast::<f32>().cast()).boxed())
+        .collect();
+    (inputs, any::<u64>())
+        .prop_map(|(inputs, seed)| ModelCase { inputs, seed })
+        .boxed()
+}
+
+/// The cotangent `c` of a case for an output of `shape`: standard normal, rounded to f32.
+fn cotangent(shape: &Shape, seed: u64) -> Tensor<f64> {
+    Tensor::<f64>::randn(shape.clone(), seed ^ 0x5EED)
+        .cast::<f32>()
+        .cast()
+}
+
+/// The initial parameter values of `model` built on a session seeded with `seed`, rounded to
+/// f32: every session of a case gets these.
+fn initial_values<M: UserModel>(model: &M, seed: u64) -> Result<Vec<Tensor<f64>>, String> {
+    let rt = Runtime::new(LinkedSession::<f64>::with_seed(seed));
+    let m = model
+        .build(&rt.vars())
+        .map_err(|e| format!("building the model: {e}"))?;
+    let mut params = Vec::new();
+    m.visit_params(&mut |p| params.push(p.clone()));
+    params
+        .iter()
+        .map(|p| rt.value_of(p).map(|t| t.cast::<f32>().cast()))
+        .collect::<tl_nn::Result<_>>()
+        .map_err(|e| e.to_string())
+}
+
+/// The model built on `rt` with its parameters set to `values`, and its trainable ones.
+fn built<M: UserModel, O: Train>(
+    model: &M,
+    rt: &Runtime<O>,
+    values: &[Tensor<f64>],
+) -> Result<(M::Model<O>, Vec<Param>), String> {
+    let m = model
+        .build(&rt.vars())
+        .map_err(|e| format!("building the model: {e}"))?;
+    let mut params = Vec::new();
+    m.visit_params(&mut |p| params.push(p.clone()));
+    if params.len() != values.len() {
+        return Err(format!(
+            "the model has {} parameters on this session, {} on the reference",
+            params.len(),
+            values.len()
+        ));
+    }
+    let mut trainable = Vec::new();
+    for (p, v) in params.iter().zip(values) {
+        rt.set_value(p, v.cast())
+            .map_err(|e| format!("set_value: {e}"))?;
+        if rt.session().requires_grad(p).map_err(|e| e.to_string())? {
+            trainable.push(p.clone());
+        }
+    }
+    Ok((m, trainable))
+}
+
+/// A pass's output and its gradients (the trainable parameters', then the inputs').
+type Outcome<T> = tl_nn::Result<(Tensor<T>, Vec<Tensor<T>>)>;
+
+/// How a recorded pass is read: `(session, output, [trainable, inputs], cotangent seed)`.
+type Read<O> = fn(&mut O, &TensorRef, &[TensorRef], u64) -> Outcome<<O as Ops>::T>;
+
+/// The session's own output and gradients of `⟨c, output⟩` (`c` from `seed`).
+fn session_read<O: LayerSession>(
+    s: &mut O,
+    out: &TensorRef,
+    wrt: &[TensorRef],
+    seed: u64,
+) -> Outcome<O::T> {
+    let value = s.read(out)?;
+    let c = cotangent(value.shape(), seed).cast();
+    let grads = s.seeded_grads(out, c, wrt)?;
+    Ok((value, grads))
+}
+
+/// The reference: the linked session's graph evaluated by the IR (`GraphData::eval`, the ops'
+/// own values, not the kernels the session compiles to) and differentiated by it
+/// (`backward_dense_all`, their VJPs).
+fn ir_read(
+    s: &mut LinkedSession<f64>,
+    out: &TensorRef,
+    wrt: &[TensorRef],
+    seed: u64,
+) -> Outcome<f64> {
+    let value = ir_value(s, out)?;
+    let c = cotangent(value.shape(), seed);
+    let grads = s.seeded_grads(out, c, wrt)?;
+    Ok((value, grads))
+}
+
+/// The IR's value of `out` in the linked session's graph.
+fn ir_value(s: &mut LinkedSession<f64>, out: &TensorRef) -> tl_nn::Result<Tensor<f64>> {
+    let leaves = s.leaf_values()?.to_vec();
+    let nats = s.nats().to_vec();
+    let mut all = s.graph().eval(&leaves, &nats)?;
+    if out.id() >= all.len() {
+        return Err(tl_nn::Error::Usage {
+            what: "check_model",
+            detail: format!("the output's id {} is not in the pass's graph", out.id()),
+        });
+    }
+    Ok(all.swap_remove(out.id()))
+}
+
+/// One pass of `model` on `rt` with `inputs`: the output and the gradients of `⟨c, output⟩`
+/// with respect to `trainable` then the inputs, as `read` gives them.
+fn pass<M: UserModel, O: LayerSession>(
+    model: &M,
+    rt: &mut Runtime<O>,
+    m: &M::Model<O>,
+    trainable: &[Param],
+    inputs: &[Tensor<f64>],
+    seed: u64,
+    read: Read<O>,
+) -> Result<Pass<O::T>, String> {
+    rt.session_mut().set_random_counter(COUNTER);
+    let refs: RefCell<Vec<TensorRef>> = RefCell::new(Vec::new());
+    let out = rt.record(
+        m,
+        model.training(),
+        |g| {
+            let xs = inputs
+                .iter()
+                .map(|x| g.input_grad(x.cast()))
+                .collect::<tl_nn::Result<Vec<_>>>()?;
+            let mut r = refs.borrow_mut();
+            for p in trainable {
+                r.push(g.param(p)?.tensor_ref().clone());
+            }
+            r.extend(xs.iter().map(|x| x.tensor_ref().clone()));
+            drop(r);
+            model.forward(m, g, &xs)
+        },
+        |s, out| read(s, out, &refs.borrow(), seed),
+    );
+    let (value, grads) = out.map_err(|e| format!("the pass failed: {e}"))?;
+    let largest = grads
+        .iter()
+        .chain(std::iter::once(&value))
+        .map(|t| t.shape().numel())
+        .chain(inputs.iter().map(|t| t.shape().numel()))
+        .max()
+        .unwrap_or(1);
+    Ok(Pass {
+        value,
+        grads,
+        largest,
+    })
+}
+
+/// The reference pass of a case and the parameter values every session gets.
+struct Reference {
+    run: Pass<f64>,
+    values: Vec<Tensor<f64>>,
+}
+
+/// The f64 reference of a case: a linked session's pass.
+fn reference<M: UserModel>(model: &M, case: &ModelCase) -> Result<Reference, String> {
+    let values = initial_values(model, case.seed)?;
+    let mut rt = Runtime::new(LinkedSession::<f64>::with_seed(NN_SEED));
+    let (m, trainable) = built(model, &rt, &values)?;
+    let run = pass(
+        model,
+        &mut rt,
+        &m,
+        &trainable,
+        &case.inputs,
+        case.seed,
+        ir_read,
+    )?;
+    Ok(Reference { run, values })
+}
+
+/// `⟨c, output⟩` of a pass.
+fn loss(value: &Tensor<f64>, seed: u64) -> f64 {
+    let c = cotangent(value.shape(), seed);
+    value.data().iter().zip(c.data()).map(|(v, c)| v * c).sum()
+}
+
+/// The reference's session with the trainable parameters' and the inputs' values, one of
+/// which finite differences move at a time.
+struct Probe<'a, M: UserModel> {
+    model: &'a M,
+    rt: Runtime<LinkedSession<f64>>,
+    m: M::Model<LinkedSession<f64>>,
+    trainable: Vec<Param>,
+    /// The trainable parameters' values, then the inputs.
+    tensors: Vec<Tensor<f64>>,
+    seed: u64,
+}
+
+impl<M: UserModel> Probe<'_, M> {
+    /// `⟨c, output⟩` with element `at` of tensor `k` set to `x` (then set back).
+    fn loss_at(&mut self, k: usize, at: usize, x: f64) -> Result<f64, String> {
+        let old = self.tensors[k].data()[at];
+        self.tensors[k].data_mut()[at] = x;
+        self.sync(k)?;
+        let params = self.trainable.len();
+        let r = pass(
+            self.model,
+            &mut self.rt,
+            &self.m,
+            &self.trainable,
+            &self.tensors[params..],
+            self.seed,
+            |s, out, _, _| Ok((ir_value(s, out)?, Vec::new())),
+        );
+        self.tensors[k].data_mut()[at] = old;
+        self.sync(k)?;
+        Ok(loss(&r?.value, self.seed))
+    }
+
+    /// Tensor `k`'s value into the session, where it is a parameter.
+    fn sync(&mut self, k: usize) -> Result<(), String> {
+        match self.trainable.get(k) {
+            Some(p) => self
+                .rt
+                .set_value(p, self.tensors[k].clone())
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The finite-difference check of one case on the f64 reference (see the module docs).
+fn fd_case<M: UserModel>(model: &M, case: &ModelCase) -> CaseResult {
+    let Reference { run, values } = reference(model, case)?;
+    let rt = Runtime::new(LinkedSession::<f64>::with_seed(NN_SEED));
+    let (m, trainable) = built(model, &rt, &values)?;
+    let mut tensors = trainable
+        .iter()
+        .map(|p| rt.value_of(p).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    tensors.extend(case.inputs.iter().cloned());
+    let mut probe = Probe {
+        model,
+        rt,
+        m,
+        trainable,
+        tensors,
+        seed: case.seed,
+    };
+    let params = probe.trainable.len();
+    let mut worst = Measured::ZERO;
+    let (mut probed, mut kinks) = (0usize, 0usize);
+    for (k, grad) in run.grads.iter().enumerate() {
+        let len = grad.shape().numel();
+        let coords = FD_COORDS.min(len);
+        for j in 0..coords {
+            // Spread over the tensor, from the case's seed.
+            let at = ((case.seed as usize).wrapping_add(j * len / coords.max(1))) % len;
+            let v = probe.tensors[k].data()[at];
+            let mut fd = |h: f64| -> Result<f64, String> {
+                Ok((probe.loss_at(k, at, v + h)? - probe.loss_at(k, at, v - h)?) / (2.0 * h))
+            };
+            let h = FD_STEP * v.abs().max(1.0);
+            let (wide, narrow) = (fd(h)?, fd(h / 4.0)?);
+            let analytic = grad.data()[at];
+            let scale = analytic.abs().max(1.0);
+            probed += 1;
+            if (wide - narrow).abs() / scale > Tol::DEFAULT.fd {
+                kinks += 1; // a kink within h of the coordinate
+                continue;
+            }
+            let what = match k < params {
+                true => format!("parameter {k}"),
+                false => format!("input {}", k - params),
+            };
+            worst = worst.max(Measured::check(
+                (analytic - narrow).abs() / scale,
+                Tol::DEFAULT.fd,
+                || {
+                    format!(
+                        "{}: the gradient of {what} at flat index {at} is {analytic}, central differences give {narrow}",
+                        model.name()
+                    )
+                },
+            )?);
+        }
+    }
+    if probed > 0 && kinks == probed {
+        return Err(format!(
+            "{}: all {probed} probed coordinates sat on kinks (the differences with steps h and \
+             h/4 disagree): nothing was compared",
+            model.name()
+        ));
+    }
+    Ok(worst)
+}
+
+/// A case on one session, against the reference.
+struct Against<'a, M> {
+    model: &'a M,
+    case: &'a ModelCase,
+    reference: &'a Reference,
+}
+
+impl<M: UserModel> SessionCheck for Against<'_, M> {
+    fn run<O: LayerSession + 'static>(&self, session: O) -> CaseResult {
+        let mut rt = Runtime::new(session);
+        let (m, trainable) = built(self.model, &rt, &self.reference.values)?;
+        let got = pass(
+            self.model,
+            &mut rt,
+            &m,
+            &trainable,
+            &self.case.inputs,
+            self.case.seed,
+            session_read::<O>,
+        )?;
+        let want = &self.reference.run;
+        let tol = match O::T::NAME {
+            "f64" => Tol::DEFAULT.f64,
+            _ => Tol::DEFAULT.f32_for(want.largest),
+        };
+        let mut m = close(&got.value, &want.value, tol, || "the output".to_owned())?;
+        if got.grads.len() != want.grads.len() {
+            return Err(format!(
+                "{} gradients, the reference has {}",
+                got.grads.len(),
+                want.grads.len()
+            ));
+        }
+        let params = trainable.len();
+        for (k, (g, w)) in got.grads.iter().zip(&want.grads).enumerate() {
+            m = m.max(close(g, w, tol, || match k < params {
+                true => format!("the gradient of parameter {k}"),
+                false => format!("the gradient of input {}", k - params),
+            })?);
+        }
+        Ok(m)
+    }
+}
+
+/// `got` within `tol` of `want` (the harness's error, [`tensor_err`]), shapes equal.
+fn close<T: Scalar>(
+    got: &Tensor<T>,
+    want: &Tensor<f64>,
+    tol: f64,
+    what: impl Fn() -> String,
+) -> CaseResult {
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "{}: shape {} here, {} on the reference",
+            what(),
+            got.shape(),
+            want.shape()
+        ));
+    }
+    Measured::check(tensor_err(got, want), tol, || {
+        let i = worst_index(got, want).unwrap_or(0);
+        format!(
+            "{} differs: at flat index {i} {} here, {} on the reference",
+            what(),
+            got.data()[i],
+            want.data()[i]
+        )
+    })
+}
+
+/// Check `model` (see the module documentation) with `cfg`'s case count and seed: finite
+/// differences on the f64 reference, then every session against it.
+pub fn check_model<M: UserModel>(model: &M, cfg: &RunConfig) -> SuiteReport {
+    let name = model.name();
+    let mut reports = vec![run_check(
+        format!("model fd {name}"),
+        cfg,
+        model_cases(model),
+        |c| fd_case(model, c),
+    )];
+    for on in NnSession::ALL {
+        if on == NnSession::LinkedF64 {
+            continue;
+        }
+        reports.push(run_check(
+            format!("model {name} {}", on.name()),
+            cfg,
+            model_cases(model),
+            move |c| {
+                let reference = reference(model, c)?;
+                let against = Against {
+                    model,
+                    case: c,
+                    reference: &reference,
+                };
+                on_session(on, &against)
+            },
+        ));
+    }
+    SuiteReport {
+        name,
+        reports,
+        skipped: Vec::new(),
+    }
+}

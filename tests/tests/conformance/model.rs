@@ -1,0 +1,196 @@
+//! `check_model` (`tl_conformance::model`) on models of one's own: an MLP (tanh; ReLU with
+//! dropout, whose kinks finite differences pass over) and a layer calling a user op pass on
+//! every session; a user op whose VJP forgets a factor fails the finite differences (every
+//! session agrees with its wrong rule), and one whose CPU kernel is off fails the eager CPU
+//! sessions (the linked reference evaluates the op's own value).
+
+use tl_conformance::RunConfig;
+use tl_conformance::model::{UserModel, check_model};
+use tl_ir::{UserOp, UserOpRef};
+use tl_nn::{Activation, Dropout, Linear, Module, Scope, Sequential, Var, Vars};
+use tl_session::Train;
+use tl_spec::{Scalar, Shape, Tensor};
+
+fn cfg() -> RunConfig {
+    RunConfig::from_env_or(8)
+}
+
+/// 6 → 16 → 3, tanh or ReLU between, dropout after the activation when asked.
+struct Mlp {
+    relu: bool,
+    dropout: bool,
+}
+
+impl UserModel for Mlp {
+    type Model<O: Train> = Sequential<O>;
+
+    fn name(&self) -> String {
+        format!(
+            "mlp-{}{}",
+            if self.relu { "relu" } else { "tanh" },
+            if self.dropout { "-dropout" } else { "" }
+        )
+    }
+    fn build<O: Train>(&self, v: &Vars<'_, O>) -> tl_nn::Result<Sequential<O>> {
+        let act = if self.relu {
+            Activation::Relu
+        } else {
+            Activation::Tanh
+        };
+        let mut s = Sequential::new()
+            .add(Linear::new(&v.pp(0), 6, 16)?)
+            .add(act);
+        if self.dropout {
+            s = s.add(Dropout::new(0.25)?);
+        }
+        Ok(s.add(Linear::new(&v.pp(3), 16, 3)?))
+    }
+    fn inputs(&self) -> Vec<Shape> {
+        vec![Shape::new(&[5, 6])]
+    }
+    fn forward<'g, O: Train>(
+        &self,
+        m: &Sequential<O>,
+        _g: &Scope<'g, O>,
+        x: &[Var<'g, O>],
+    ) -> tl_nn::Result<Var<'g, O>> {
+        m.forward(&x[0])
+    }
+}
+
+/// What the user op `x³` gets wrong.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Bug {
+    None,
+    /// The VJP gives `2x²·g` (the value is right, and every session uses this rule).
+    Vjp,
+    /// The CPU kernel's value is off by one part in 10⁴.
+    CpuKernel,
+}
+
+struct Cube(Bug);
+
+impl UserOp for Cube {
+    fn name(&self) -> &'static str {
+        "cube"
+    }
+    fn arity(&self) -> usize {
+        1
+    }
+    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
+        Ok(s[0].clone())
+    }
+    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        Ok(x[0].map(|v| v * v * v))
+    }
+    fn vjp<T: Scalar>(
+        &self,
+        x: &[&Tensor<T>],
+        g: &Tensor<T>,
+    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
+        let c = T::lit(if self.0 == Bug::Vjp { 2.0 } else { 3.0 });
+        Ok(vec![Some(x[0].zip_map("cube", g, |v, g| c * v * v * g)?)])
+    }
+    fn jvp<T: Scalar>(&self, x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        x[0].zip_map("cube", dx[0], |v, d| T::lit(3.0) * v * v * d)
+    }
+    fn cpu_value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
+        let y = self.value(x)?;
+        Ok(match self.0 {
+            Bug::CpuKernel => y.map(|v| v * T::lit(1.0001)),
+            _ => y,
+        })
+    }
+}
+
+/// `cube(linear(x))`: a layer of one's own calling a user op.
+struct CubeLayer(Bug);
+
+impl UserModel for CubeLayer {
+    type Model<O: Train> = Linear;
+
+    fn name(&self) -> String {
+        format!("cube-{:?}", self.0).to_lowercase()
+    }
+    fn build<O: Train>(&self, v: &Vars<'_, O>) -> tl_nn::Result<Linear> {
+        Linear::new(&v.pp("proj"), 4, 3)
+    }
+    fn inputs(&self) -> Vec<Shape> {
+        vec![Shape::new(&[2, 4])]
+    }
+    fn forward<'g, O: Train>(
+        &self,
+        m: &Linear,
+        _g: &Scope<'g, O>,
+        x: &[Var<'g, O>],
+    ) -> tl_nn::Result<Var<'g, O>> {
+        m.forward(&x[0])?.user(&UserOpRef::new(Cube(self.0)), &[])
+    }
+}
+
+#[test]
+fn models_of_ones_own_pass_on_every_session() {
+    let cfg = cfg();
+    for report in [
+        check_model(
+            &Mlp {
+                relu: false,
+                dropout: false,
+            },
+            &cfg,
+        ),
+        check_model(
+            &Mlp {
+                relu: true,
+                dropout: true,
+            },
+            &cfg,
+        ),
+        check_model(&CubeLayer(Bug::None), &cfg),
+    ] {
+        assert!(report.passed(), "{report}");
+        let labels: Vec<&str> = report.reports.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels.len(), 5, "{labels:?}");
+        assert!(labels[0].starts_with("model fd "), "{labels:?}");
+        for session in [
+            "eager cpu-f64",
+            "eager cpu-f32",
+            "eager cuda-sim-f32",
+            "linked f32",
+        ] {
+            assert!(labels.iter().any(|l| l.ends_with(session)), "{labels:?}");
+        }
+        for r in &report.reports {
+            assert_eq!(r.cases, cfg.cases, "{r}");
+        }
+    }
+}
+
+#[test]
+fn a_wrong_vjp_fails_the_finite_differences_and_a_wrong_kernel_the_eager_sessions() {
+    let cfg = cfg();
+    let vjp = check_model(&CubeLayer(Bug::Vjp), &cfg);
+    let failed: Vec<&str> = vjp.failures().iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(failed, ["model fd cube-vjp"], "{vjp}");
+    let msg = vjp.failures()[0].failure.clone().unwrap_or_default();
+    assert!(
+        msg.contains("the gradient of") && msg.contains("central differences give"),
+        "{msg}"
+    );
+
+    let kernel = check_model(&CubeLayer(Bug::CpuKernel), &cfg);
+    let failed: Vec<&str> = kernel.failures().iter().map(|r| r.label.as_str()).collect();
+    // The eager CPU sessions and the linked f32 one (compiled to the CPU tape) run the kernel;
+    // the simulation device runs the op's own value, as the reference does.
+    assert_eq!(
+        failed,
+        [
+            "model cube-cpukernel eager cpu-f64",
+            "model cube-cpukernel eager cpu-f32",
+            "model cube-cpukernel linked f32"
+        ],
+        "{kernel}"
+    );
+    let msg = kernel.failures()[0].failure.clone().unwrap_or_default();
+    assert!(msg.contains("the output differs"), "{msg}");
+}
