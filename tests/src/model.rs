@@ -388,6 +388,12 @@ fn fd_case<M: UserModel>(model: &M, case: &ModelCase) -> CaseResult {
         seed: case.seed,
     };
     let params = probe.trainable.len();
+    if run.grads.iter().all(|g| g.shape().numel() == 0) {
+        return Err(format!(
+            "{}: no trainable parameter and no input element: nothing to differentiate",
+            model.name()
+        ));
+    }
     let mut worst = Measured::ZERO;
     let (mut probed, mut kinks) = (0usize, 0usize);
     for (k, grad) in run.grads.iter().enumerate() {

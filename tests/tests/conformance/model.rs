@@ -194,3 +194,35 @@ fn a_wrong_vjp_fails_the_finite_differences_and_a_wrong_kernel_the_eager_session
     let msg = kernel.failures()[0].failure.clone().unwrap_or_default();
     assert!(msg.contains("the output differs"), "{msg}");
 }
+
+/// A pass with nothing to differentiate (no parameter, no input) fails the finite differences
+/// rather than passing without a comparison.
+#[test]
+fn a_model_with_nothing_to_differentiate_fails_the_finite_differences() {
+    struct Constant;
+    impl UserModel for Constant {
+        type Model<O: Train> = Sequential<O>;
+        fn name(&self) -> String {
+            "constant".into()
+        }
+        fn build<O: Train>(&self, _v: &Vars<'_, O>) -> tl_nn::Result<Sequential<O>> {
+            Ok(Sequential::new().add(Activation::Tanh))
+        }
+        fn inputs(&self) -> Vec<Shape> {
+            Vec::new()
+        }
+        fn forward<'g, O: Train>(
+            &self,
+            m: &Sequential<O>,
+            g: &Scope<'g, O>,
+            _x: &[Var<'g, O>],
+        ) -> tl_nn::Result<Var<'g, O>> {
+            m.forward(&g.full(&[3], 0.5)?)
+        }
+    }
+    let report = check_model(&Constant, &cfg());
+    let failed: Vec<&str> = report.failures().iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(failed, ["model fd constant"], "{report}");
+    let msg = report.failures()[0].failure.clone().unwrap_or_default();
+    assert!(msg.contains("nothing to differentiate"), "{msg}");
+}
