@@ -37,7 +37,7 @@ use crate::generate::tensor;
 use crate::metric::{tensor_err, worst_index};
 use crate::nn::{LayerSession, NN_SEED, NnSession, SessionCheck, on_session};
 use crate::user::SuiteReport;
-use crate::{ANY, CaseResult, Measured, RunConfig, Tol, run_check};
+use crate::{ANY, CaseResult, Measured, Report, RunConfig, Tol, run_check};
 
 /// Coordinates of each parameter and input that finite differences probe per case.
 pub const FD_COORDS: usize = 4;
@@ -86,7 +86,9 @@ const COUNTER: u64 = 0;
 ///
 /// let report = check_model(&Mlp, &RunConfig { cases: 8, ..RunConfig::default() });
 /// assert!(report.passed(), "{report}");
-/// assert_eq!(report.summary(), "mlp: 5 passed, 0 failed");
+/// // Without tl-conformance's cuda-emu feature the CUDA device's row is skipped, and said.
+/// # #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+/// assert_eq!(report.summary(), "mlp: 5 passed, 0 failed, 1 skipped");
 /// ```
 pub trait UserModel {
     /// The model on a session of type `O`: a tl-nn layer, a `Sequential`, or a struct of your
@@ -511,8 +513,52 @@ fn close<T: Scalar>(
     })
 }
 
+/// `model`'s check on the session `on` (`None`: the CUDA device) against the reference.
+fn on_each<M: UserModel>(
+    model: &M,
+    cfg: &RunConfig,
+    label: String,
+    on: Option<NnSession>,
+) -> Report {
+    run_check(label, cfg, model_cases(model), move |c| {
+        let reference = reference(model, c)?;
+        let against = Against {
+            model,
+            case: c,
+            reference: &reference,
+        };
+        match on {
+            Some(on) => on_session(on, &against),
+            None => on_cuda(&against),
+        }
+    })
+}
+
+/// `check` on an eager f32 session on the CUDA device: a GPU (feature `cuda`) or the kernel
+/// emulator (`cuda-emu`).
+#[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+fn on_cuda(check: &impl SessionCheck) -> CaseResult {
+    use tl_session::{Backend, Options, Session};
+    let opts = Options {
+        backend: Backend::Cuda,
+        deterministic: false,
+        seed: NN_SEED,
+        ..Options::default()
+    };
+    check.run(Session::<f32>::new(opts).map_err(|e| e.to_string())?)
+}
+
+/// Without the features there is no CUDA device ([`check_model`] skips its row).
+#[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+fn on_cuda(_check: &impl SessionCheck) -> CaseResult {
+    Err("tl-conformance is built without its cuda or cuda-emu feature".into())
+}
+
 /// Check `model` (see the module documentation) with `cfg`'s case count and seed: finite
-/// differences on the f64 reference, then every session against it.
+/// differences on the f64 reference, then every session against it. With tl-conformance's
+/// feature `cuda-emu` (or `cuda` and a GPU) an eager f32 session on the CUDA device too (on
+/// the emulator twice: with each block's threads forward and reversed); otherwise the report
+/// lists that row as skipped, naming why.
 pub fn check_model<M: UserModel>(model: &M, cfg: &RunConfig) -> SuiteReport {
     let name = model.name();
     let mut reports = vec![run_check(
@@ -522,27 +568,59 @@ pub fn check_model<M: UserModel>(model: &M, cfg: &RunConfig) -> SuiteReport {
         |c| fd_case(model, c),
     )];
     for on in NnSession::ALL {
-        if on == NnSession::LinkedF64 {
-            continue;
+        if on != NnSession::LinkedF64 {
+            reports.push(on_each(
+                model,
+                cfg,
+                format!("model {name} {}", on.name()),
+                Some(on),
+            ));
         }
-        reports.push(run_check(
-            format!("model {name} {}", on.name()),
-            cfg,
-            model_cases(model),
-            move |c| {
-                let reference = reference(model, c)?;
-                let against = Against {
+    }
+    let mut skipped = Vec::new();
+    let cuda = format!("model {name} eager cuda-f32");
+    match cuda_device() {
+        Ok(device) => {
+            reports.push(on_each(
+                model,
+                cfg,
+                format!("model {name} eager {device}-f32"),
+                None,
+            ));
+            #[cfg(feature = "cuda-emu")]
+            reports.push(tl_tape_cuda::in_reverse_schedule(|| {
+                on_each(
                     model,
-                    case: c,
-                    reference: &reference,
-                };
-                on_session(on, &against)
-            },
-        ));
+                    cfg,
+                    format!("model {name} eager {device}-f32 (threads reversed)"),
+                    None,
+                )
+            }));
+        }
+        Err(why) => skipped.push(format!("{cuda}: {why}")),
     }
     SuiteReport {
         name,
         reports,
-        skipped: Vec::new(),
+        skipped,
     }
+}
+
+/// The CUDA device's name in reports (`cuda-emu`, `cuda`), or why there is none.
+fn cuda_device() -> Result<&'static str, String> {
+    #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
+    {
+        tl_tape_cuda::CudaDevice::new().map_err(|e| format!("no CUDA device: {e}"))?;
+        Ok(if cfg!(feature = "cuda-emu") {
+            "cuda-emu"
+        } else {
+            "cuda"
+        })
+    }
+    #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
+    Err(
+        "tl-conformance is built without its cuda or cuda-emu feature (the kernel emulator: \
+         cuda-emu)"
+            .into(),
+    )
 }
