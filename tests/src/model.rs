@@ -20,8 +20,8 @@
 //!   does fails). Tolerance [`Tol::DEFAULT`]'s `fd`.
 //! - `model <name> <session>`: each of the eager CPU (f64, f32), eager CUDA simulation (f32)
 //!   and linked f32 sessions gives the reference's output and gradients, within
-//!   [`Tol::DEFAULT`]'s f64 tolerance, or its f32 tolerance scaled by the largest tensor of
-//!   the pass (an upper bound of its longest reduction).
+//!   [`Tol::DEFAULT`]'s f64 tolerance, or its f32 tolerance scaled by the pass's longest
+//!   reduction ([`reduction_len`] of its graph, as checks 1 and 2 scale theirs).
 //!
 //! Dropout draws the same masks on every session and in every pass of a case (the random
 //! counter is set before each); batch norm uses the batch's statistics in training mode.
@@ -33,6 +33,7 @@ use tl_nn::{Parameters, Runtime, Scope, Var, Vars};
 use tl_session::{LinkedSession, Ops, Param, TensorRef, Train};
 use tl_spec::{Scalar, Shape, Tensor};
 
+use crate::checks::reduction_len;
 use crate::generate::tensor;
 use crate::metric::{tensor_err, worst_index};
 use crate::nn::{LayerSession, NN_SEED, NnSession, SessionCheck, on_session};
@@ -132,11 +133,12 @@ pub struct ModelCase {
 }
 
 /// What one pass gave on a session: the output, the trainable parameters' gradients then the
-/// inputs', and the largest tensor's element count.
+/// inputs', and (the reference's) the length of the pass's longest reduction, forward or
+/// backward ([`reduction_len`] of its graph), which scales the f32 tolerance.
 struct Pass<T: Scalar> {
     value: Tensor<T>,
     grads: Vec<Tensor<T>>,
-    largest: usize,
+    reduction: usize,
 }
 
 /// The cases of `model`: its inputs drawn uniform in ±2 and rounded to f32, and a seed.
@@ -203,11 +205,8 @@ fn built<M: UserModel, O: Train>(
     Ok((m, trainable))
 }
 
-/// A pass's output and its gradients (the trainable parameters', then the inputs').
-type Outcome<T> = tl_nn::Result<(Tensor<T>, Vec<Tensor<T>>)>;
-
 /// How a recorded pass is read: `(session, output, [trainable, inputs], cotangent seed)`.
-type Read<O> = fn(&mut O, &TensorRef, &[TensorRef], u64) -> Outcome<<O as Ops>::T>;
+type Read<O> = fn(&mut O, &TensorRef, &[TensorRef], u64) -> tl_nn::Result<Pass<<O as Ops>::T>>;
 
 /// The session's own output and gradients of `⟨c, output⟩` (`c` from `seed`).
 fn session_read<O: LayerSession>(
@@ -215,11 +214,15 @@ fn session_read<O: LayerSession>(
     out: &TensorRef,
     wrt: &[TensorRef],
     seed: u64,
-) -> Outcome<O::T> {
+) -> tl_nn::Result<Pass<O::T>> {
     let value = s.read(out)?;
     let c = cotangent(value.shape(), seed).cast();
     let grads = s.seeded_grads(out, c, wrt)?;
-    Ok((value, grads))
+    Ok(Pass {
+        value,
+        grads,
+        reduction: 0,
+    })
 }
 
 /// The reference: the linked session's graph evaluated by the IR (`GraphData::eval`, the ops'
@@ -230,11 +233,15 @@ fn ir_read(
     out: &TensorRef,
     wrt: &[TensorRef],
     seed: u64,
-) -> Outcome<f64> {
+) -> tl_nn::Result<Pass<f64>> {
     let value = ir_value(s, out)?;
     let c = cotangent(value.shape(), seed);
     let grads = s.seeded_grads(out, c, wrt)?;
-    Ok((value, grads))
+    Ok(Pass {
+        value,
+        grads,
+        reduction: reduction_len(s.graph()),
+    })
 }
 
 /// The IR's value of `out` in the linked session's graph.
@@ -282,19 +289,7 @@ fn pass<M: UserModel, O: LayerSession>(
         },
         |s, out| read(s, out, &refs.borrow(), seed),
     );
-    let (value, grads) = out.map_err(|e| format!("the pass failed: {e}"))?;
-    let largest = grads
-        .iter()
-        .chain(std::iter::once(&value))
-        .map(|t| t.shape().numel())
-        .chain(inputs.iter().map(|t| t.shape().numel()))
-        .max()
-        .unwrap_or(1);
-    Ok(Pass {
-        value,
-        grads,
-        largest,
-    })
+    out.map_err(|e| format!("the pass failed: {e}"))
 }
 
 /// The reference pass of a case and the parameter values every session gets.
@@ -352,7 +347,13 @@ impl<M: UserModel> Probe<'_, M> {
             &self.trainable,
             &self.tensors[params..],
             self.seed,
-            |s, out, _, _| Ok((ir_value(s, out)?, Vec::new())),
+            |s, out, _, _| {
+                Ok(Pass {
+                    value: ir_value(s, out)?,
+                    grads: Vec::new(),
+                    reduction: 0,
+                })
+            },
         );
         self.tensors[k].data_mut()[at] = old;
         self.sync(k)?;
@@ -466,7 +467,7 @@ impl<M: UserModel> SessionCheck for Against<'_, M> {
         let want = &self.reference.run;
         let tol = match O::T::NAME {
             "f64" => Tol::DEFAULT.f64,
-            _ => Tol::DEFAULT.f32_for(want.largest),
+            _ => Tol::DEFAULT.f32_for(want.reduction),
         };
         let mut m = close(&got.value, &want.value, tol, || "the output".to_owned())?;
         if got.grads.len() != want.grads.len() {
