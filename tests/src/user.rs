@@ -70,7 +70,11 @@
 //! output id past the graph's are each an `Err` naming the shapes, counts or id, never a panic
 //! (caught, and quoted in the report) and never an `Ok`; the backend still gives the IR's
 //! values and gradients after refusing; a short or out-of-range Nat environment (total reads)
-//! and non-finite leaf values are not refused.
+//! and non-finite leaf values are not refused. A backend that implements part of the
+//! catalogue says which ops in [`Backend::supports`], and is checked on those
+//! ([`crate::backend::partial`]).
+//!
+//! **A model** of your own: [`crate::model::check_model`].
 //!
 //! **A hang** (an op or a backend in an infinite loop or a deadlock) cannot be failed like a
 //! panic, since a thread cannot be stopped: a case that runs past the case timeout
