@@ -1,5 +1,6 @@
-//! With feature `cuda-emu` only: compile the kernel sources `kernels/*.cu`, unchanged, for the
-//! host with the emulator runtime (docs/cuda.md, "The kernel emulator"), into a static library
+//! With feature `cuda-emu` only: compile the kernel sources `kernels/*.cu` (unchanged but for a
+//! call after each static `__shared__` declaration that poisons it each block) for the host
+//! with the emulator runtime (docs/cuda.md, "The kernel emulator"), into a static library
 //! that `src/device/cuda/emu.rs` calls; and the tests' user kernels
 //! (`tests/user_kernels/*.cu`) into a library of their own, as a user's `build.rs` would
 //! (docs/cuda.md, "Your own kernels").
@@ -52,5 +53,6 @@ fn emu() -> Result<(), tl_cuda_build::Error> {
         .source(user.join("builtins.cu"))?
         .source(user.join("shifted.cu"))?
         .source(user.join("blocks3d.cu"))?
+        .source(user.join("shared_unwritten.cu"))?
         .compile()
 }

@@ -1,14 +1,19 @@
 // The CUDA built-ins that kernels/*.cu use, for the host: the kernel emulator of
 // crates/tl-tape-cuda (feature `cuda-emu`, docs/cuda.md "The kernel emulator") compiles each
 // kernels/<family>.cu (and a user's own .cu, tl_cuda_build::Emulator) with g++ after this
-// header, unchanged, and runs its kernels with runtime.cpp: one fiber per CUDA thread, the
-// blocks of a grid one after another. Built-ins a kernel uses that are missing here are a
-// compile error in the emulator build, not a silent difference.
+// header, unchanged but for the poisoning of static shared memory (below), and runs its
+// kernels with runtime.cpp: one fiber per CUDA thread, the blocks of a grid one after another.
+// Built-ins a kernel uses that are missing here are a compile error in the emulator build, not
+// a silent difference.
 //
 // - threadIdx / blockIdx / blockDim / gridDim are per-OS-thread globals that the scheduler sets
 //   before it resumes a fiber (one fiber runs at a time on the launching thread);
 // - __shared__ is `static thread_local`: every fiber of the running block sees the same array,
-//   and two host threads launching at once do not share it; dynamic shared memory
+//   and two host threads launching at once do not share it. Shared memory is undefined at a
+//   block's start on a GPU, so each static declaration is poisoned (0xFF bytes, a NaN) by the
+//   first thread of each block that executes it: tl_cuda_build::Emulator compiles a copy of
+//   the source with TL_EMU_SHARED_POISON(NAME); after each declaration (its `shared` module
+//   says which it rewrites; headers are not rewritten). Dynamic shared memory
 //   (TL_DYNAMIC_SHARED, declared in kernels/common.cuh for nvcc) is the launch's buffer of the
 //   bytes it asked for, poisoned before each block and guarded on both sides;
 // - __syncthreads() parks the fiber until every live thread of the block has arrived,
@@ -55,6 +60,21 @@ void tl_emu_syncthreads();
 void* tl_emu_dynamic_shared();
 // `extern __shared__ T name[]` (kernels/common.cuh): the running block's dynamic shared memory.
 #define TL_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(tl_emu_dynamic_shared())
+// Fill the `bytes` bytes at `p` (a static __shared__ variable) with 0xFF bytes the first time
+// the running block asks (true then), so a read before any write shows as a NaN; false
+// afterwards in that block, and outside a launch (static initialisation).
+bool tl_emu_shared_poison(void* p, std::size_t bytes);
+// Placed by tl_cuda_build::Emulator's rewrite after each static `__shared__ ... name[...];`, on
+// its line. At function scope a declaration whose initializer runs each time control passes
+// it: the block's first thread to get there poisons the variable, later threads (and later
+// passes, in a loop) leave it alone, as it may hold earlier threads' writes by then; a thread
+// cannot name the variable before it passes its declaration, so no write is lost. At
+// namespace scope it compiles too but runs once, at static initialisation, outside any
+// launch: such variables are not poisoned. A `case` label past it in the same switch would
+// jump over the initialisation, an error: declare shared memory before the switch.
+#define TL_EMU_SHARED_POISON(name)                                                 \
+    [[maybe_unused]] const bool tl_emu_poisoned_##name = tl_emu_shared_poison(     \
+        const_cast<void*>(static_cast<const volatile void*>(&name)), sizeof(name))
 float tl_emu_shfl_down(float v, int offset);
 // The value lane `src` of the calling thread's warp passed (its own where `src` is outside
 // the warp): every shuffle, through the same per-thread slots between two warp barriers.

@@ -14,9 +14,11 @@
 // - a barrier that not every live thread of the block (or lane of the warp) reaches;
 // - a misuse a built-in detects (tl_emu_fail: the warp matrix functions' alignment, ldm and
 //   warp-uniform arguments), reported after the block that made it.
-// New memory, each block's dynamic shared memory and guard zones are filled with 0xFF bytes (a
-// NaN), so a read of an unwritten or out-of-bounds element poisons the result instead of
-// passing for a plausible number.
+// New memory, each block's dynamic shared memory, each block's static __shared__ variables
+// (tl_emu_shared_poison, at the first thread that passes a declaration; the call is added by
+// tl_cuda_build::Emulator's rewrite of the source) and guard zones are filled with 0xFF bytes
+// (a NaN), so a read of an unwritten or out-of-bounds element poisons the result instead of
+// passing for a plausible number (shared memory is undefined at a block's start on a GPU).
 // Apple's <ucontext.h> declares the (deprecated there) ucontext routines only under
 // _XOPEN_SOURCE, which also gives ucontext_t the layout they expect; _DARWIN_C_SOURCE keeps the
 // rest of the system headers visible. Defined before any header, in this file alone (the only
@@ -395,6 +397,11 @@ struct Scheduler {
     std::unique_ptr<char[]> dynamic_raw;
     char* dynamic = nullptr;
     std::size_t dynamic_bytes = 0, dynamic_cap = 0;
+    // Whether a launch's blocks are running on this thread, and the static __shared__
+    // variables (their addresses) poisoned in the running block, emptied as each block starts:
+    // tl_emu_shared_poison fills each once a block. A kernel declares a few, so a list.
+    bool in_launch = false;
+    std::vector<void*> shared_poisoned;
     Scheduler()
         : ctx(new ucontext_t[MAX_BLOCK]), stacks(new char[(std::size_t)MAX_BLOCK * STACK]) {}
 };
@@ -508,7 +515,10 @@ bool dynamic_guards_intact() {
 bool run_block(char* err, std::size_t cap) {
     Scheduler& S = *sched;
     // Shared memory is undefined at a block's start: poison, so a read before a write shows.
+    // The dynamic bytes now; each static variable when the first thread passes its declaration
+    // (tl_emu_shared_poison), which may be never.
     std::memset(S.dynamic, POISON, S.dynamic_bytes + 2 * GUARD);
+    S.shared_poisoned.clear();
     for (unsigned t = 0; t < S.n; ++t) {
         start_fiber(t);
         S.state[t] = State::Run;
@@ -562,6 +572,19 @@ void tl_emu_syncthreads() { park(State::AtSync); }
 void tl_emu_syncwarp() { park(State::AtWarp); }
 
 void* tl_emu_dynamic_shared() { return dynamic_start(); }
+
+bool tl_emu_shared_poison(void* p, std::size_t bytes) {
+    // Outside a launch (a namespace-scope variable's call at static initialisation): nothing
+    // to poison for.
+    if (sched == nullptr || !sched->in_launch) return false;
+    Scheduler& S = *sched;
+    // Once a block: a later thread's (or a later pass's) fill would erase earlier writes.
+    for (const void* q : S.shared_poisoned)
+        if (q == p) return false;
+    S.shared_poisoned.push_back(p);
+    std::memset(p, POISON, bytes);
+    return true;
+}
 
 float tl_emu_shfl_down(float v, int off) {
     return tl_emu_shfl_from(v, (int)(sched->cur % 32) + off);
@@ -725,6 +748,7 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3],
     blockDim = dim3{block[0], block[1], block[2]};
     gridDim = dim3{grid[0], grid[1], grid[2]};
     int rc = 0;
+    S.in_launch = true;
     for (unsigned z = 0; z < grid[2] && rc == 0; ++z)
         for (unsigned y = 0; y < grid[1] && rc == 0; ++y)
             for (unsigned x = 0; x < grid[0] && rc == 0; ++x) {
@@ -741,6 +765,7 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3],
                     rc = 1;
                 }
             }
+    S.in_launch = false;
     if (rc != 0) {
         std::string m(err);
         say(err, cap, "%s: %s", k.name, m.c_str());

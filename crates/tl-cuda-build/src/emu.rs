@@ -1,8 +1,10 @@
 //! The host build of CUDA C sources for the kernel emulator (tl-tape-cuda's feature
-//! `cuda-emu`): each `.cu` compiled unchanged by the host C++ compiler after
-//! [`CUDA_EMU_H`], in its own translation unit and namespace, followed by the table of its
-//! kernels (name, parameter signature, entry point); one static library per [`Emulator`], whose
-//! table the function [`Emulator::table_symbol`] returns.
+//! `cuda-emu`): each `.cu` compiled by the host C++ compiler after [`CUDA_EMU_H`], in its own
+//! translation unit and namespace, followed by the table of its kernels (name, parameter
+//! signature, entry point); one static library per [`Emulator`], whose table the function
+//! [`Emulator::table_symbol`] returns. The source is compiled as written but for one addition:
+//! each static `__shared__` declaration is followed, on its line, by a call that poisons the
+//! variable at the start of each block (the module `shared`; [`Emulator::compile`]).
 //!
 //! The runtime that runs those tables (fibers, barriers, checked memory) is compiled once, into
 //! tl-tape-cuda. A user's library is linked into the user's crate and handed to the runtime
@@ -15,7 +17,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::kernels::{read, stem};
-use crate::{Error, Kernels, ptx};
+use crate::{Error, Kernels, ptx, shared};
 
 /// The CUDA built-ins for the host (`threadIdx`, `__syncthreads`, `__shfl_down_sync`,
 /// `atomicAdd`, `__fmaf_rn`, `__nv_bfloat16`, the warp matrix functions `nvcuda::wmma`, ...) and the kernel-table machinery (`TL_EMU_KERNEL`): included
@@ -136,6 +138,18 @@ impl Emulator {
     /// `__fmaf_rn` is the FMA instruction instead of a call to the C library's `fmaf`: the same
     /// rounding); the runtime launches that build when the CPU has FMA, the plain one
     /// otherwise.
+    ///
+    /// What is compiled is a copy of each source in `OUT_DIR`, starting with
+    /// `#line 1 "<source>"` so that messages name the source's own file and lines, in which each
+    /// static `__shared__` declaration is followed, on its line, by
+    /// `TL_EMU_SHARED_POISON(NAME);`: the first thread of each block that executes the
+    /// declaration fills the variable with 0xFF bytes (a NaN), as a GPU leaves shared memory
+    /// undefined at a block's start. Declarations the rewrite does not follow (several
+    /// declarators in one, `extern __shared__`, a namespace-scope variable, a header's
+    /// declarations: headers are not rewritten) keep the emulator's plain `static thread_local`,
+    /// which starts at 0 and keeps the previous block's values. A quoted `#include` in the copy
+    /// is looked up in the copy's directory, then in the include directories, the source's own
+    /// directory among them. A source that is not UTF-8 is compiled unchanged.
     pub fn compile(&self) -> Result<(), Error> {
         if self.lib.is_empty()
             || !self
@@ -196,23 +210,41 @@ impl Emulator {
         fma_build.flag("-mfma");
         let mut table = String::from("#include \"cuda_emu.h\"\n#include <vector>\n\n");
         let (mut list, mut fma_list) = (String::new(), String::new());
-        // Unit `ns` (the source `unit`) into `build`, its table declared and listed in `list`.
-        let mut add = |ns: &str, unit: &Unit, build: &mut cc::Build, list: &mut String| {
-            let path = dir.join(format!("{ns}.cpp"));
-            write(&path, &unit_source(ns, &unit.source, &unit.kernels))?;
-            build.file(&path);
-            let _ = writeln!(
-                table,
-                "extern \"C\" const TlEmuKernel* {ns}_table(std::size_t*);"
-            );
-            let _ = writeln!(list, "        {ns}_table,");
-            Ok::<(), Error>(())
-        };
+        // Unit `ns` (the source `cu`, the copy of `unit`'s) into `build`, its table declared
+        // and listed in `list`.
+        let mut add =
+            |ns: &str, unit: &Unit, cu: &Path, build: &mut cc::Build, list: &mut String| {
+                let path = dir.join(format!("{ns}.cpp"));
+                write(&path, &unit_source(ns, cu, &unit.kernels))?;
+                build.file(&path);
+                let _ = writeln!(
+                    table,
+                    "extern \"C\" const TlEmuKernel* {ns}_table(std::size_t*);"
+                );
+                let _ = writeln!(list, "        {ns}_table,");
+                Ok::<(), Error>(())
+            };
         for (k, unit) in self.units.iter().enumerate() {
             let ns = format!("tl_emu_{}_{k}_{}", self.lib, ident(&stem(&unit.source)));
-            add(&ns, unit, &mut build, &mut list)?;
+            // The source with its static shared memory poisoned each block (shared.rs), or the
+            // source itself where it is not UTF-8.
+            let cu = match String::from_utf8(read(&unit.source)?) {
+                Ok(text) => {
+                    let copy = dir.join(format!("{ns}.cu"));
+                    write(&copy, &poisoned_copy(&unit.source, &text))?;
+                    copy
+                }
+                Err(_) => unit.source.clone(),
+            };
+            add(&ns, unit, &cu, &mut build, &mut list)?;
             if fma {
-                add(&format!("{ns}_fma"), unit, &mut fma_build, &mut fma_list)?;
+                add(
+                    &format!("{ns}_fma"),
+                    unit,
+                    &cu,
+                    &mut fma_build,
+                    &mut fma_list,
+                )?;
             } else {
                 fma_list.push_str("        nullptr,\n");
             }
@@ -302,6 +334,19 @@ fn unit_source(ns: &str, source: &Path, names: &[String]) -> String {
     s
 }
 
+/// The text compiled for `source` (its text `text`): a `#line` naming the source, so that the
+/// compiler's messages point at the user's file and lines, then the text with each static
+/// `__shared__` declaration followed by its poisoning call on the same line
+/// ([`shared::poison_shared`]).
+fn poisoned_copy(source: &Path, text: &str) -> String {
+    let name = source
+        .display()
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"");
+    format!("#line 1 \"{name}\"\n{}", shared::poison_shared(text))
+}
+
 /// `s` with every character that is not a letter, digit or `_` replaced by `_`.
 fn ident(s: &str) -> String {
     s.chars()
@@ -315,4 +360,28 @@ fn write(p: &Path, text: &str) -> Result<(), Error> {
         return Ok(());
     }
     fs::write(p, text).map_err(|e| Error::new(format!("{}: {e}", p.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copy_names_the_source_and_keeps_its_lines() {
+        let text = "// k\n{ __shared__ float s[4];\n  s[0] = 1; }\n";
+        let copy = poisoned_copy(Path::new("/src/my \"dir\\/k.cu"), text);
+        let (first, rest) = copy.split_once('\n').unwrap();
+        assert_eq!(first, r#"#line 1 "/src/my \"dir\\/k.cu""#);
+        assert_eq!(
+            rest,
+            "// k\n{ __shared__ float s[4]; TL_EMU_SHARED_POISON(s);\n  s[0] = 1; }\n"
+        );
+    }
+
+    /// The poisoning macro the rewrite calls is the one the header defines.
+    #[test]
+    fn the_header_defines_the_poisoning_macro() {
+        assert!(CUDA_EMU_H.contains("#define TL_EMU_SHARED_POISON(name)"));
+        assert!(RUNTIME_CPP.contains("bool tl_emu_shared_poison(void* p, std::size_t bytes)"));
+    }
 }

@@ -45,6 +45,7 @@ mod hash;
 mod kernels;
 mod nvcc;
 mod ptx;
+mod shared;
 
 pub use emu::{CUDA_EMU_H, Emulator, RUNTIME_CPP};
 pub use hash::{fnv1a64, hex};

@@ -525,6 +525,80 @@ mod emulated {
         assert_eq!(dev.memory_usage().live_bytes, 0);
     }
 
+    /// Static shared memory starts each block as the poison (a NaN), as it starts undefined on
+    /// a GPU (`tests/user_kernels/shared_unwritten.cu`): an accumulator read before it is
+    /// written (set to 0 after use, for the next block) gives NaN in every block, block 0
+    /// included (with shared arrays that start at 0 and keep their values, every block gave
+    /// the right sums), while its twin that sets it to 0 first (its declaration passed again
+    /// each trip of a loop, after other threads wrote it) gives the exact sums; in both thread
+    /// orders.
+    #[test]
+    fn static_shared_memory_read_before_written_is_nan_in_every_block() {
+        let mut tape = tape();
+        let dev = tape.device_mut();
+        let (blocks, threads, rows) = (3usize, 128usize, 5usize);
+        let xs: Vec<f32> = (0..blocks * rows * threads)
+            .map(|i| (i % 97) as f32 * 0.5 - 20.0)
+            .collect();
+        let x = dev.upload(&xs).unwrap();
+        // Column threads - 1 - t of block b, summed over its rows (halves: exact in any order).
+        let want: Vec<f32> = (0..blocks * threads)
+            .map(|i| {
+                let (b, t) = (i / threads, i % threads);
+                (0..rows)
+                    .map(|r| xs[(b * rows + r) * threads + threads - 1 - t])
+                    .sum()
+            })
+            .collect();
+        for (kernel, right) in [
+            ("tl_test_shared_unwritten", false),
+            ("tl_test_shared_written", true),
+        ] {
+            for reverse in [false, true] {
+                let mut go = || {
+                    launch(
+                        &mut *dev,
+                        "shared_sums",
+                        &module(),
+                        kernel,
+                        LaunchShape::Grid {
+                            grid: [blocks as u32, 1, 1],
+                            block: [threads as u32, 1, 1],
+                            shared: 0,
+                        },
+                        &[
+                            KernelArg::In(x),
+                            KernelArg::Out(0),
+                            KernelArg::U32(rows as u32),
+                        ],
+                        &[blocks * threads],
+                    )
+                };
+                let y = if reverse {
+                    tl_tape_cuda::in_reverse_schedule(go)
+                } else {
+                    go()
+                }
+                .unwrap();
+                let got = dev.download(y[0]).unwrap();
+                dev.release(y[0]);
+                if right {
+                    assert_eq!(got, want, "{kernel}, reverse {reverse}");
+                } else {
+                    for (b, block) in got.chunks(threads).enumerate() {
+                        assert!(
+                            block.iter().all(|v| v.is_nan()),
+                            "{kernel}, reverse {reverse}: block {b} has numbers: {:?}",
+                            &block[..4]
+                        );
+                    }
+                }
+            }
+        }
+        dev.release(x);
+        assert_eq!(dev.memory_usage().live_bytes, 0);
+    }
+
     /// Every thread of a 3-D block sees its own `threadIdx` (x fastest) and the block's
     /// `blockDim`, and its warp is the run of 32 linear ids it falls in (shuffles by lane), in
     /// every block of a 3-D grid; a block beyond CUDA's limits is refused naming the kernel

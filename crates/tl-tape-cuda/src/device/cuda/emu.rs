@@ -522,8 +522,8 @@ mod tests {
         let [fast, portable] = [false, true].map(|p| with_fibers(p, || two_pass_sum(&x)));
         assert_eq!(fast.to_bits(), portable.to_bits());
         assert!((f64::from(fast) - want).abs() < 1e-3, "{fast} vs {want}");
-        // Each on a thread of its own: static __shared__ arrays are per OS thread and keep
-        // their values, so the racy kernel must run first there to read unwritten slots.
+        // Each on a thread of its own, as another launching thread would run them (its own
+        // scheduler and static __shared__ arrays, poisoned each block).
         for p in [false, true] {
             std::thread::spawn(move || {
                 with_fibers(p, || {
@@ -629,15 +629,25 @@ mod tests {
         }
     }
 
+    /// Without a barrier the result depends on the threads' order: forward, each thread but
+    /// the last reads its neighbour's slot before the neighbour writes it, the poison (static
+    /// shared memory starts each block as NaN, as it starts undefined on a GPU); in reverse,
+    /// the last thread alone (it reads thread 0's slot).
     #[test]
     fn a_missing_barrier_shows_as_a_difference_between_schedules() {
         let fwd = run_selftest("tl_emu_test_race", false).unwrap();
         let rev = run_selftest("tl_emu_test_race", true).unwrap();
-        assert_ne!(
-            fwd, rev,
-            "the racy kernel gave the same result in both orders"
-        );
         let want: Vec<f32> = (0..256).map(|t| ((t + 1) % 256 + 1) as f32).collect();
+        assert!(
+            fwd[..255].iter().all(|v| v.is_nan()) && fwd[255] == 1.0,
+            "forward, the racy kernel read numbers from unwritten slots: {:?}",
+            &fwd[..4]
+        );
+        assert!(
+            rev[..255] == want[..255] && rev[255].is_nan(),
+            "in reverse, the racy kernel read {} from thread 0's unwritten slot",
+            rev[255]
+        );
         assert_eq!(run_selftest("tl_emu_test_synced", false).unwrap(), want);
         assert_eq!(run_selftest("tl_emu_test_synced", true).unwrap(), want);
         // __syncwarp: the same exchange within each warp.
