@@ -35,8 +35,7 @@ use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::checks::reduction_len;
 use crate::generate::tensor;
-use crate::metric::{tensor_err, worst_index};
-use crate::nn::{LayerSession, NN_SEED, NnSession, SessionCheck, on_session};
+use crate::nn::{LayerSession, NN_SEED, NnSession, SessionCheck, close, on_session};
 use crate::user::SuiteReport;
 use crate::{ANY, CaseResult, Measured, Report, RunConfig, Tol, run_check};
 
@@ -469,7 +468,7 @@ impl<M: UserModel> SessionCheck for Against<'_, M> {
             "f64" => Tol::DEFAULT.f64,
             _ => Tol::DEFAULT.f32_for(want.reduction),
         };
-        let mut m = close(&got.value, &want.value, tol, || "the output".to_owned())?;
+        let mut m = close(&got.value, &want.value, tol, "the output")?;
         if got.grads.len() != want.grads.len() {
             return Err(format!(
                 "{} gradients, the reference has {}",
@@ -479,39 +478,14 @@ impl<M: UserModel> SessionCheck for Against<'_, M> {
         }
         let params = trainable.len();
         for (k, (g, w)) in got.grads.iter().zip(&want.grads).enumerate() {
-            m = m.max(close(g, w, tol, || match k < params {
+            let what = match k < params {
                 true => format!("the gradient of parameter {k}"),
                 false => format!("the gradient of input {}", k - params),
-            })?);
+            };
+            m = m.max(close(g, w, tol, &what)?);
         }
         Ok(m)
     }
-}
-
-/// `got` within `tol` of `want` (the harness's error, [`tensor_err`]), shapes equal.
-fn close<T: Scalar>(
-    got: &Tensor<T>,
-    want: &Tensor<f64>,
-    tol: f64,
-    what: impl Fn() -> String,
-) -> CaseResult {
-    if got.shape() != want.shape() {
-        return Err(format!(
-            "{}: shape {} here, {} on the reference",
-            what(),
-            got.shape(),
-            want.shape()
-        ));
-    }
-    Measured::check(tensor_err(got, want), tol, || {
-        let i = worst_index(got, want).unwrap_or(0);
-        format!(
-            "{} differs: at flat index {i} {} here, {} on the reference",
-            what(),
-            got.data()[i],
-            want.data()[i]
-        )
-    })
 }
 
 /// `model`'s check on the session `on` (`None`: the CUDA device) against the reference.

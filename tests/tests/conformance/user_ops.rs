@@ -18,9 +18,9 @@ use tl_ir::{GraphData, Id, UserOp, UserOpRef};
 use tl_spec::{Scalar, Shape, Tensor};
 use tl_tape_cuda::user::{DeviceImpl, with_device};
 
-/// What a test variant of an op gets wrong.
-#[derive(Clone, Copy, PartialEq)]
-enum Bug {
+/// What a test variant of an op gets wrong (also planted in models: `model::`).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum Bug {
     None,
     /// The VJP forgets a factor: `2x²·g` instead of `3x²·g`.
     Vjp,
@@ -40,7 +40,7 @@ enum Bug {
 }
 
 /// `x³` elementwise, with an optional planted bug.
-struct Cube(Bug);
+pub(crate) struct Cube(pub(crate) Bug);
 
 impl UserOp for Cube {
     fn name(&self) -> &'static str {
