@@ -12,8 +12,10 @@ use tl_conformance::checks::bad_input::check_bad_input;
 use tl_conformance::user::{UserEntry, check_backend, check_user_op};
 use tl_conformance::watchdog::EXIT_STATUS;
 use tl_conformance::{Backend, CpuTape, Measured, RunConfig, TapeProgram, registry, run_check};
-use tl_ir::{GraphData, Id, UserOp, UserOpRef};
-use tl_spec::{Scalar, Shape, Tensor};
+use tl_ir::{GraphData, Id, UserOpRef};
+use tl_spec::Tensor;
+
+use crate::user_ops::{Bug, Cube};
 
 /// Which check the child runs; unset in the parent.
 const CHILD_VAR: &str = "TL_TEST_CASE_TIMEOUT_CHILD";
@@ -22,40 +24,9 @@ const CHILD_VAR: &str = "TL_TEST_CASE_TIMEOUT_CHILD";
 const BOUND: Duration = Duration::from_secs(120);
 
 /// Never returning, as an op or backend in an infinite loop or a deadlock does.
-fn hang() -> ! {
+pub(crate) fn hang() -> ! {
     loop {
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// `x`, whose CPU kernel never returns (its reference does: check 0 passes).
-struct Stuck;
-
-impl UserOp for Stuck {
-    fn name(&self) -> &'static str {
-        "stuck"
-    }
-    fn arity(&self) -> usize {
-        1
-    }
-    fn infer_shape(&self, s: &[&Shape]) -> tl_spec::Result<Shape> {
-        Ok(s[0].clone())
-    }
-    fn value<T: Scalar>(&self, x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
-        Ok(x[0].clone())
-    }
-    fn vjp<T: Scalar>(
-        &self,
-        _x: &[&Tensor<T>],
-        g: &Tensor<T>,
-    ) -> tl_spec::Result<Vec<Option<Tensor<T>>>> {
-        Ok(vec![Some(g.clone())])
-    }
-    fn jvp<T: Scalar>(&self, _x: &[&Tensor<T>], dx: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
-        Ok(dx[0].clone())
-    }
-    fn cpu_value<T: Scalar>(&self, _x: &[&Tensor<T>]) -> tl_spec::Result<Tensor<T>> {
-        hang()
     }
 }
 
@@ -112,7 +83,7 @@ fn a_check_in_this_process() {
     };
     match std::env::var(CHILD_VAR).as_deref() {
         Ok("op") => {
-            let entry = UserEntry::elementwise(UserOpRef::new(Stuck));
+            let entry = UserEntry::elementwise(UserOpRef::new(Cube(Bug::Hangs)));
             println!("{}", check_user_op(&entry, &cfg));
         }
         Ok("backend") => println!("{}", check_backend(&Hanging::Always, &cfg)),
@@ -205,7 +176,7 @@ fn assert_ended_by_the_watchdog(which: &str, label: &str) {
 
 #[test]
 fn a_user_op_whose_kernel_never_returns_ends_the_run_naming_the_check() {
-    assert_ended_by_the_watchdog("op", "1 fwd stuck cpu-f64");
+    assert_ended_by_the_watchdog("op", "1 fwd cube cpu-f64");
 }
 
 #[test]

@@ -37,6 +37,8 @@ pub(crate) enum Bug {
     PanicsOnNan,
     /// The reference value panics on every operand.
     Panics,
+    /// The CPU kernel never returns (`case_timeout::`).
+    Hangs,
 }
 
 /// `x³` elementwise, with an optional planted bug.
@@ -76,6 +78,7 @@ impl UserOp for Cube {
         Ok(match self.0 {
             Bug::CpuKernel => y.map(|v| v * T::lit(1.0001)),
             Bug::FastPath if y.numel() >= 64 => y.map(|v| v * T::lit(1.0001)),
+            Bug::Hangs => crate::case_timeout::hang(),
             Bug::PanicsOnNan => y.map(|v| {
                 v.partial_cmp(&T::zero()).expect("cube: an ordered operand");
                 v
@@ -520,10 +523,35 @@ fn non_finite_values_on_the_declared_domain_fail_check_0() {
 }
 
 /// The CPU f32 tape as a "third-party" backend: every call delegated, and, when `skew`, every
-/// value of `exp` nodes off by one part in 10⁴.
+/// value of `exp` nodes off by one part in 10⁴. A graph holding one of `lacks` is an error
+/// naming the op, as a backend under construction's would be; `declares` says whether it lists
+/// them in `Backend::supports`.
 struct ThirdParty {
     inner: CpuTape<f32>,
     skew: bool,
+    lacks: &'static [&'static str],
+    declares: bool,
+}
+
+impl ThirdParty {
+    /// Every op implemented; `exp` off when `skew`.
+    fn new(skew: bool) -> Self {
+        ThirdParty {
+            inner: CpuTape::new(),
+            skew,
+            lacks: &[],
+            declares: false,
+        }
+    }
+
+    /// Right where it computes, lacking `lacks`, declared (or not) in `supports`.
+    fn unfinished(lacks: &'static [&'static str], declares: bool) -> Self {
+        ThirdParty {
+            lacks,
+            declares,
+            ..ThirdParty::new(false)
+        }
+    }
 }
 
 impl Backend for ThirdParty {
@@ -531,10 +559,10 @@ impl Backend for ThirdParty {
     type Program = (TapeProgram<f32>, GraphData);
 
     fn name(&self) -> String {
-        if self.skew {
-            "third-party-skewed"
-        } else {
-            "third-party"
+        match (self.skew, self.lacks.is_empty()) {
+            (true, _) => "third-party-skewed",
+            (false, true) => "third-party",
+            (false, false) => "unfinished",
         }
         .into()
     }
@@ -544,6 +572,12 @@ impl Backend for ThirdParty {
         leaves: &[Tensor<f32>],
         nats: &[usize],
     ) -> Result<Self::Program, String> {
+        for node in graph.nodes() {
+            let op = node.op().name();
+            if self.lacks.contains(&op) {
+                return Err(format!("{op}: not implemented on this backend yet"));
+            }
+        }
         Ok((self.inner.record(graph, leaves, nats)?, graph.clone()))
     }
     fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
@@ -565,6 +599,9 @@ impl Backend for ThirdParty {
         seed: &Tensor<f32>,
     ) -> Result<Vec<Tensor<f32>>, String> {
         self.inner.backward_dense(&p.0, out, seed)
+    }
+    fn supports(&self, op: &str) -> bool {
+        !(self.declares && self.lacks.contains(&op))
     }
 }
 
@@ -588,24 +625,12 @@ fn the_catalogue_suite_refuses_zero_cases_in_every_drawn_cell() {
 #[test]
 fn the_catalogue_suite_runs_against_a_third_party_backend() {
     let cfg = RunConfig::from_env_or(4);
-    let good = check_backend(
-        &ThirdParty {
-            inner: CpuTape::new(),
-            skew: false,
-        },
-        &cfg,
-    );
+    let good = check_backend(&ThirdParty::new(false), &cfg);
     assert!(good.passed(), "{good}");
     assert!(good.reports.len() > 100, "{}", good.reports.len());
     assert!(good.summary().ends_with(" passed, 0 failed"), "{good}");
 
-    let bad = check_backend(
-        &ThirdParty {
-            inner: CpuTape::new(),
-            skew: true,
-        },
-        &cfg,
-    );
+    let bad = check_backend(&ThirdParty::new(true), &cfg);
     let labels: Vec<&str> = bad.failures().iter().map(|r| r.label.as_str()).collect();
     assert!(
         labels
@@ -613,52 +638,6 @@ fn the_catalogue_suite_runs_against_a_third_party_backend() {
             .any(|l| l.contains("exp") && l.contains("third-party-skewed")),
         "{labels:?}"
     );
-}
-
-/// The CPU f32 tape as a backend under construction: a graph holding one of `lacks` is an
-/// error naming the op, as a partial backend's would be; `declares` says whether it lists them
-/// in `Backend::supports`.
-struct Unfinished {
-    inner: CpuTape<f32>,
-    lacks: &'static [&'static str],
-    declares: bool,
-}
-
-impl Backend for Unfinished {
-    type T = f32;
-    type Program = TapeProgram<f32>;
-
-    fn name(&self) -> String {
-        "unfinished".into()
-    }
-    fn record(
-        &self,
-        graph: &GraphData,
-        leaves: &[Tensor<f32>],
-        nats: &[usize],
-    ) -> Result<Self::Program, String> {
-        for node in graph.nodes() {
-            let op = node.op().name();
-            if self.lacks.contains(&op) {
-                return Err(format!("{op}: not implemented on this backend yet"));
-            }
-        }
-        self.inner.record(graph, leaves, nats)
-    }
-    fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
-        self.inner.values(p)
-    }
-    fn backward_dense(
-        &self,
-        p: &Self::Program,
-        out: Id,
-        seed: &Tensor<f32>,
-    ) -> Result<Vec<Tensor<f32>>, String> {
-        self.inner.backward_dense(p, out, seed)
-    }
-    fn supports(&self, op: &str) -> bool {
-        !(self.declares && self.lacks.contains(&op))
-    }
 }
 
 /// A backend that implements part of the catalogue and says so (`Backend::supports`) passes
@@ -680,11 +659,7 @@ fn a_backend_that_implements_part_of_the_catalogue_is_checked_on_that_part() {
         "reduceSum",
         "gatherRowsNatVec",
     ];
-    let partial = |declares| Unfinished {
-        inner: CpuTape::new(),
-        lacks: LACKS,
-        declares,
-    };
+    let partial = |declares| ThirdParty::unfinished(LACKS, declares);
     let report = check_backend(&partial(true), &cfg);
     assert!(report.passed(), "{report}");
     for op in LACKS {
