@@ -178,14 +178,14 @@ pub fn run_fixed(
     let mut lacking = std::collections::BTreeSet::new();
     for (n, (name, case)) in (1..).zip(cases) {
         crate::watchdog::case_started(n);
-        partial::take();
-        let outcome = check(case);
         // A case holding an op the backend does not support is not judged (`partial`).
-        let lacks = partial::take();
-        if !lacks.is_empty() {
-            lacking.extend(lacks);
-            continue;
-        }
+        let outcome = match partial::unless_lacking(|| check(case)) {
+            Ok(outcome) => outcome,
+            Err(lacks) => {
+                lacking.extend(lacks);
+                continue;
+            }
+        };
         match outcome {
             Ok(m) => {
                 report.cases += 1;
@@ -267,16 +267,19 @@ where
     let run = |value: S::Value| {
         case.set(case.get().saturating_add(1));
         crate::watchdog::case_started(case.get());
-        partial::take();
-        let outcome = crate::guard::catch(|| check(&value))
-            .unwrap_or_else(|p| Err(TestCaseError::fail(format!("the check panicked: {p}"))));
-        let lacks = partial::take();
-        if !lacks.is_empty() {
-            lacking.borrow_mut().extend(lacks);
-            return Err(TestCaseError::reject(
-                "the case holds an op the backend does not support",
-            ));
-        }
+        let outcome = partial::unless_lacking(|| {
+            crate::guard::catch(|| check(&value))
+                .unwrap_or_else(|p| Err(TestCaseError::fail(format!("the check panicked: {p}"))))
+        });
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(lacks) => {
+                lacking.borrow_mut().extend(lacks);
+                return Err(TestCaseError::reject(
+                    "the case holds an op the backend does not support",
+                ));
+            }
+        };
         match outcome {
             Ok(m) => {
                 if !failed.get() {

@@ -29,11 +29,23 @@ pub(crate) fn note(op: &'static str) {
 }
 
 /// The ops [`note`]d on this thread since the last call (sorted), clearing them.
-pub(crate) fn take() -> Vec<&'static str> {
+fn take() -> Vec<&'static str> {
     LACKING
         .with(|l| std::mem::take(&mut *l.borrow_mut()))
         .into_iter()
         .collect()
+}
+
+/// Run one case: `Ok` with what it gave, or `Err` with the unsupported ops the backend was
+/// asked for meanwhile (sorted), whatever the case made of the refusal: such a case is not
+/// judged.
+pub(crate) fn unless_lacking<R>(case: impl FnOnce() -> R) -> Result<R, Vec<&'static str>> {
+    take();
+    let outcome = case();
+    match take() {
+        lacks if lacks.is_empty() => Ok(outcome),
+        lacks => Err(lacks),
+    }
 }
 
 /// The first op of `graph` (in node order) that `backend` does not support.

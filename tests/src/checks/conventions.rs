@@ -551,18 +551,19 @@ pub fn check_conventions<B: Backend>(backend: &B, cfg: &RunConfig, grads: bool) 
         convention_case(backend, c, grads)
     });
     for c in hand_worked() {
-        crate::backend::partial::take();
-        let outcome = convention_case(backend, &c, grads);
         // A case holding an op the backend does not support is not judged.
-        let lacks = crate::backend::partial::take();
-        if !lacks.is_empty() {
-            for op in lacks {
-                if !report.pending.contains(&op) {
-                    report.pending.push(op);
+        let case = || convention_case(backend, &c, grads);
+        let outcome = match crate::backend::partial::unless_lacking(case) {
+            Ok(outcome) => outcome,
+            Err(lacks) => {
+                for op in lacks {
+                    if !report.pending.contains(&op) {
+                        report.pending.push(op);
+                    }
                 }
+                continue;
             }
-            continue;
-        }
+        };
         match outcome {
             Ok(m) => {
                 report.max_err = report.max_err.max(m.err);
