@@ -26,6 +26,8 @@ use tl_ir::{GraphData, Id};
 use tl_spec::{Scalar, Tensor};
 use tl_tape_cpu::Tape;
 
+use crate::Tol;
+
 /// A runtime that can execute a recorded [`GraphData`] and differentiate it.
 ///
 /// Results are indexed by **graph** id (leaves first, then nodes), whatever ids the backend uses
@@ -69,6 +71,98 @@ pub trait Backend {
     fn supports(&self, op: &str) -> bool {
         let _ = op;
         true
+    }
+
+    /// The tolerance this backend's results on `graph` are held to: a bound on each id's
+    /// error as [`crate::metric`] measures it (`max |got − want| / max(1, max |want|)`,
+    /// against the f64 IR run on the backend's own inputs), in every check of
+    /// [`crate::user::check_backend`] (and every other check that takes a [`Backend`]).
+    /// `tol` is the check's tolerances: the op's registry entry's, [`crate::dag::DAG_TOL`] on
+    /// random DAGs, a hard-input family's ([`crate::checks::hard`]), the conventions'
+    /// ([`crate::checks::conventions::CONVENTIONS_TOL`]).
+    ///
+    /// The default is the suite's, the same for every backend: `tol.f64` for an f64 backend,
+    /// else `tol.f32` scaled by the graph's longest reduction ([`crate::checks::backend_tol`]:
+    /// [`Tol::f32_for`] of [`crate::checks::reduction_len`]). On random DAGs an id's tolerance
+    /// is still at least the reference's own f32 error there
+    /// ([`crate::checks::reference_floors`]), whatever this returns.
+    ///
+    /// A backend that computes in less than its element type on purpose (TF32 or bf16
+    /// products on tensor cores, an approximate `exp`) states here the precision it means:
+    /// wider on the graphs it rounds, for the reason it rounds, with a comment saying why, and
+    /// the default everywhere else. A wider tolerance hides every bug smaller than it, so
+    /// widen no more than the arithmetic needs; `check_backend`'s report marks each check in
+    /// which this was wider than the default ([`crate::user::SuiteReport::widened`]). Like
+    /// PyTorch's per-op, per-dtype `toleranceOverride` (`tf32_on_and_off(0.005)`) in its
+    /// OpInfo tests.
+    ///
+    /// A backend whose matrix products read their operands rounded to TF32 (11 significant
+    /// bits: a unit roundoff u = 2⁻¹¹ against f32's 2⁻²⁴) widens the graphs that hold one, by
+    /// so many u per product a result passes through. The error of one product does not grow
+    /// with its length here, since the metric divides by the result's largest magnitude,
+    /// which grows as the error does; a backend whose error does (an f16 accumulator) scales
+    /// with the length as the default does, with [`Tol::f32_for`] of
+    /// [`crate::checks::reduction_len`]. The conformance suite's `tolerance::` module runs
+    /// this backend through `check_backend` and says where 16u comes from:
+    ///
+    /// ```
+    /// use tl_conformance::checks::backend_tol;
+    /// use tl_conformance::{Backend, TapeProgram, Tol};
+    /// use tl_ir::{GraphData, Id, Op};
+    /// use tl_spec::Tensor;
+    /// use tl_tape_cpu::{Precision, Tape};
+    ///
+    /// /// The CPU tape with its matrix products in TF32.
+    /// struct Tf32Tape;
+    ///
+    /// impl Backend for Tf32Tape {
+    ///     type T = f32;
+    ///     type Program = TapeProgram<f32>;
+    ///     fn record(
+    ///         &self,
+    ///         graph: &GraphData,
+    ///         leaves: &[Tensor<f32>],
+    ///         nats: &[usize],
+    ///     ) -> Result<Self::Program, String> {
+    ///         let mut tape = Tape::new();
+    ///         tape.set_precision(Precision::Tf32);
+    ///         let map = graph.replay(&mut tape, leaves, nats).map_err(|e| e.to_string())?;
+    ///         Ok(TapeProgram { tape, map })
+    ///     }
+    ///     // name, values, backward_dense: the CPU tape's.
+    /// #   fn name(&self) -> String {
+    /// #       "tf32".into()
+    /// #   }
+    /// #   fn values(&self, p: &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
+    /// #       p.values()
+    /// #   }
+    /// #   fn backward_dense(
+    /// #       &self,
+    /// #       p: &Self::Program,
+    /// #       out: Id,
+    /// #       seed: &Tensor<f32>,
+    /// #   ) -> Result<Vec<Tensor<f32>>, String> {
+    /// #       p.backward_dense(out, seed)
+    /// #   }
+    ///
+    ///     /// TF32 rounds the products' operands: 16 units of its roundoff per product a result
+    ///     /// passes through (attention is a chain of 2, with its projections 4), at least the
+    ///     /// suite's f32 tolerance.
+    ///     fn tolerance(&self, tol: &Tol, graph: &GraphData) -> f64 {
+    ///         let chain = |op: &Op| match op {
+    ///             Op::Matmul | Op::Bmm | Op::Linear => 1.0,
+    ///             Op::Conv { .. } | Op::ConvTranspose { .. } => 1.0,
+    ///             Op::ScaledDotProductAttention { .. } => 2.0,
+    ///             Op::MultiHeadAttention { .. } => 4.0,
+    ///             _ => 0.0,
+    ///         };
+    ///         let products: f64 = graph.nodes().iter().map(|n| chain(n.op())).sum();
+    ///         backend_tol::<f32>(tol, graph).max(16.0 * 2f64.powi(-11) * products)
+    ///     }
+    /// }
+    /// ```
+    fn tolerance(&self, tol: &Tol, graph: &GraphData) -> f64 {
+        crate::checks::backend_tol::<Self::T>(tol, graph)
     }
 }
 

@@ -578,6 +578,7 @@ pub fn check_model<M: UserModel>(model: &M, cfg: &RunConfig) -> SuiteReport {
         name,
         reports,
         skipped,
+        widened: Vec::new(),
     }
 }
 

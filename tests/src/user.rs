@@ -72,7 +72,9 @@
 //! values and gradients after refusing; a short or out-of-range Nat environment (total reads)
 //! and non-finite leaf values are not refused. A backend that implements part of the
 //! catalogue says which ops in [`Backend::supports`], and is checked on those
-//! ([`crate::backend::partial`]).
+//! ([`crate::backend::partial`]); one that computes in less than its element type on purpose
+//! (TF32 products) states the precision it means in [`Backend::tolerance`], and the report
+//! marks every check where that was wider than the suite's ([`SuiteReport::widened`]).
 //!
 //! **A model** of your own: [`crate::model::check_model`].
 //!
@@ -282,6 +284,10 @@ pub struct SuiteReport {
     pub reports: Vec<Report>,
     /// Checks that could not run here, with why (a GPU check without a GPU).
     pub skipped: Vec<String>,
+    /// The labels of the checks in which the backend held itself to a wider tolerance than
+    /// the suite's ([`Backend::tolerance`]); empty where it did not, and for a user op's or a
+    /// model's suite.
+    pub widened: Vec<String>,
 }
 
 /// A user op's reports ([`check_user_op`]).
@@ -317,8 +323,10 @@ impl SuiteReport {
     }
 }
 
-/// One line per check (`ok` or `FAIL`, cases, largest error), the skipped checks, every
-/// failure in full (the check, the backend, the shrunk case, the error), then the summary.
+/// One line per check (`ok` or `FAIL`, cases, largest error, and the tolerance where the
+/// backend widened it), the skipped checks, every failure in full (the check, the backend, the
+/// shrunk case, the error), a line saying so where the backend widened any tolerance, then
+/// the summary.
 impl fmt::Display for SuiteReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for r in &self.reports {
@@ -331,6 +339,12 @@ impl fmt::Display for SuiteReport {
                     r.label,
                     r.max_err
                 )?,
+            }
+            match (self.widened.contains(&r.label), r.cases) {
+                (false, _) => {}
+                // No case passed: no tolerance was recorded.
+                (true, 0) => write!(f, "  (tolerance: Backend::tolerance)")?,
+                (true, _) => write!(f, "  tol {:.1e} (Backend::tolerance)", r.tol)?,
             }
             match r.pending.as_slice() {
                 [] => writeln!(f)?,
@@ -346,6 +360,14 @@ impl fmt::Display for SuiteReport {
         }
         for r in self.failures() {
             writeln!(f, "\n{r}")?;
+        }
+        if !self.widened.is_empty() {
+            let (n, of) = (self.widened.len(), self.reports.len());
+            writeln!(
+                f,
+                "tolerances: the backend's own (Backend::tolerance), wider than the suite's in \
+                 {n} of {of} checks"
+            )?;
         }
         write!(f, "{}", self.summary())
     }
@@ -364,6 +386,7 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
             name,
             reports: vec![entry_report],
             skipped: Vec::new(),
+            widened: Vec::new(),
         };
     }
     let info = entry.info();
@@ -382,6 +405,7 @@ pub fn check_user_op(entry: &UserEntry, cfg: &RunConfig) -> UserReport {
         name: entry.op.name().to_owned(),
         reports,
         skipped,
+        widened: Vec::new(),
     }
 }
 
@@ -559,11 +583,15 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 /// lists the op), and a check none of whose cases it can run is skipped too
 /// ([`crate::backend::partial`]); one that panics fails the check, quoting the
 /// panic; one that does not return ends the process after the case timeout, naming the check
-/// and the case ([`crate::watchdog`]). PyTorch has no such entry point; burn runs one test
+/// and the case ([`crate::watchdog`]). Every comparison is within [`Backend::tolerance`]
+/// (the suite's tolerances unless the backend states its own); a check in which it was wider
+/// than the suite's is listed in [`SuiteReport::widened`], and its line in the report shows
+/// the tolerance. PyTorch has no such entry point; burn runs one test
 /// suite against every backend in the same spirit.
 pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
     let mut reports = Vec::new();
     let mut skipped = Vec::new();
+    let mut widened = Vec::new();
     let bad_cfg = bad_input_cfg(cfg);
     // Only the ops the backend supports: the others' cells are skipped, and a case of any
     // check holding one is drawn again (`crate::backend::partial`).
@@ -577,26 +605,33 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
             backend.name()
         ));
     }
-    let backend = &Partial(backend);
+    let backend = &Partial::new(backend);
+    // Each check's report, and its label where the backend widened a tolerance in it.
+    let mut keep = |report: Report| {
+        if backend.take_widened() {
+            widened.push(report.label.clone());
+        }
+        reports.push(report);
+    };
     for entry in &entries {
         if entry.applies.forward {
-            reports.push(check_forward(backend, entry, cfg));
+            keep(check_forward(backend, entry, cfg));
         }
         if entry.applies.backward {
-            reports.push(check_backward(backend, entry, cfg));
+            keep(check_backward(backend, entry, cfg));
         }
     }
-    reports.push(check_forward_dag(backend, cfg));
-    reports.push(check_backward_dag(backend, cfg));
+    keep(check_forward_dag(backend, cfg));
+    keep(check_backward_dag(backend, cfg));
     for grads in [false, true] {
-        reports.push(conventions::check_conventions(backend, cfg, grads));
-        reports.push(hard::check_hard(backend, cfg, grads));
+        keep(conventions::check_conventions(backend, cfg, grads));
+        keep(hard::check_hard(backend, cfg, grads));
     }
     for entry in &entries {
-        reports.push(check_bad_input(backend, entry, &bad_cfg));
+        keep(check_bad_input(backend, entry, &bad_cfg));
     }
-    reports.push(check_bad_input_dag(backend, &bad_cfg));
-    reports.push(check_oversized(backend));
+    keep(check_bad_input_dag(backend, &bad_cfg));
+    keep(check_oversized(backend));
     // A check none of whose cases the backend could run is skipped, not passed.
     let (reports, none_ran): (Vec<Report>, Vec<Report>) =
         reports.into_iter().partition(|r| !r.is_pending());
@@ -607,9 +642,11 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
             r.pending.join(", ")
         ));
     }
+    widened.retain(|label| reports.iter().any(|r| r.label == *label));
     SuiteReport {
         name: backend.name(),
         reports,
         skipped,
+        widened,
     }
 }

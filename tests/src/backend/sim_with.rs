@@ -1,6 +1,6 @@
 //! [`SimWith`]: the CUDA sim backend with one thing changed, for tests that need a sim whose
 //! recording differs from [`CudaSim`]'s in a controlled way (an op made pending, a deliberately
-//! wrong formula). Everything else — values, dense backward, pending bookkeeping — is
+//! wrong formula). Everything else — values, dense backward, pending bookkeeping, tolerance — is
 //! [`CudaSim`]'s, which the wrapper also hands to the sim checks (`AsRef<CudaSim>`).
 
 use std::cell::RefCell;
@@ -10,7 +10,7 @@ use tl_spec::Tensor;
 use tl_tape_cuda::{CudaTape, Error, SimDevice};
 
 use super::{CudaSim, SimError, SimProgram};
-use crate::Backend;
+use crate::{Backend, Tol};
 
 /// The sim backend named `name`, whose graphs are recorded op by op through `hook(tape, op,
 /// args)` instead of `tape.apply(op, args)`; leaves and the Nat environment are recorded as
@@ -104,5 +104,8 @@ where
         seed: &Tensor<f32>,
     ) -> Result<Vec<Tensor<f32>>, String> {
         self.sim.backward_dense(p, out, seed)
+    }
+    fn tolerance(&self, tol: &Tol, graph: &GraphData) -> f64 {
+        self.sim.tolerance(tol, graph)
     }
 }

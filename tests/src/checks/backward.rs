@@ -1,8 +1,6 @@
 //! Check 2 (the core claim): the tape's `backward_dense` equals the IR's `backprop_all`.
 
-use crate::checks::{
-    backend_inputs, backend_tol, compare_ids_floored, op_graph_cases, reference_floors,
-};
+use crate::checks::{backend_inputs, compare_ids_floored, op_graph_cases, reference_floors};
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
 use crate::{Backend, CaseResult, GraphCase, OpInfo, Report, RunConfig, Tol, run_check};
 
@@ -47,7 +45,7 @@ fn gradients_within<B: Backend>(
         &case.graph,
         &got,
         &want,
-        backend_tol::<B::T>(tol, &case.graph),
+        backend.tolerance(tol, &case.graph),
         &floors,
         "gradient",
     )

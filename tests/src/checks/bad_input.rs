@@ -42,7 +42,7 @@ pub use oversized::{BIG, check_oversized, oversized_cases};
 
 use tl_spec::{Shape, Tensor};
 
-use crate::checks::{backend_inputs, backend_tol, backward_case, compare_ids, forward_case};
+use crate::checks::{backend_inputs, backward_case, compare_ids, forward_case};
 use crate::dag::{DagOptions, dag_cases};
 use crate::guard::{Guarded, guard};
 use crate::{Backend, CaseResult, GraphCase, Measured, OpInfo, Report, RunConfig, Tol, run_check};
@@ -181,7 +181,7 @@ fn backward_refusals<B: Backend>(backend: &B, case: &GraphCase, tol: &Tol) -> Ca
     }
     // The program is as it was.
     let after = "after the refused backward_dense calls";
-    let tol = backend_tol::<B::T>(tol, graph);
+    let tol = backend.tolerance(tol, graph);
     let want = graph
         .eval(&reference, &case.nats)
         .map_err(|e| format!("IR eval rejected a generated case: {e}"))?;

@@ -11,7 +11,8 @@
 //! here, not taken from any backend. A fixed list of hand-worked cases ([`hand_worked`]) runs
 //! with every check. [`check_conventions`] holds any [`Backend`] to them: the IR itself
 //! ([`crate::backend::IrRef`]), the CPU tape in f64 (within [`F64_TOL`]) and f32, the CUDA sim
-//! and any other device (within [`F32_TOL`]).
+//! and any other device (within [`F32_TOL`]); a backend that states its own precision
+//! ([`Backend::tolerance`]) within what it makes of them ([`CONVENTIONS_TOL`]).
 //!
 //! The first three generators are also the registry's `kinks` of `max`, `min`, `relu`, `abs`,
 //! `sqrt` and `clamp`, from which the sim checks draw a quarter of their cases.
@@ -26,7 +27,9 @@ use tl_spec::{Scalar, Tensor};
 use crate::case::Values;
 use crate::generate::{Size, any_shape, direction, elements, tensor};
 use crate::metric::tensor_err;
-use crate::{ANY, Backend, CaseResult, Domain, Measured, OpCase, Report, RunConfig, run_check};
+use crate::{
+    ANY, Backend, CaseResult, Domain, Measured, OpCase, Report, RunConfig, Tol, run_check,
+};
 
 /// Tolerance of an f64 backend against the rules (relative above 1, as [`crate::metric`]).
 pub const F64_TOL: f64 = 1e-12;
@@ -488,17 +491,22 @@ fn pooled(
     }
 }
 
-/// The tolerance for a backend in `T` (see [`F64_TOL`], [`F32_TOL`]).
-fn tol_for<T: Scalar>() -> f64 {
-    if T::NAME == "f64" { F64_TOL } else { F32_TOL }
-}
+/// The conventions' tolerances as a check's [`Tol`] ([`F64_TOL`], [`F32_TOL`]), which
+/// [`Backend::tolerance`] turns into the backend's: by default [`F64_TOL`] or [`F32_TOL`]
+/// themselves, since no convention case holds a reduction of more than 64 terms, past which
+/// [`Tol::f32_for`] would scale `F32_TOL` (`the_default_tolerance_is_the_conventions_own`).
+pub const CONVENTIONS_TOL: Tol = Tol {
+    f64: F64_TOL,
+    f32: F32_TOL,
+    ..Tol::DEFAULT
+};
 
 /// One case on `backend`: the output value (and, with `grads`, every operand's gradient) equal
 /// the prescribed ones within the backend's tolerance; NaN must meet NaN.
 pub fn convention_case<B: Backend>(backend: &B, c: &ConvCase, grads: bool) -> CaseResult {
     let (graph, out) = c.case.graph(&[]);
     let leaves: Vec<Tensor<B::T>> = c.case.inputs.iter().map(Tensor::cast).collect();
-    let tol = tol_for::<B::T>();
+    let tol = backend.tolerance(&CONVENTIONS_TOL, &graph);
     let op = &c.case.op;
     let program = backend.record(&graph, &leaves, &c.case.nats)?;
     let values = backend.values(&program)?;
@@ -577,4 +585,37 @@ pub fn check_conventions<B: Backend>(backend: &B, cfg: &RunConfig, grads: bool) 
         }
     }
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::strategy::{Strategy, ValueTree};
+
+    use super::{CONVENTIONS_TOL, F32_TOL, F64_TOL, convention_cases, hand_worked};
+    use crate::RunConfig;
+    use crate::checks::backend_tol;
+
+    /// `Backend::tolerance`'s default on the conventions' cases (every hand-worked one, 256
+    /// drawn) is `F64_TOL` or `F32_TOL` exactly: none reduces over more than 64 terms.
+    #[test]
+    fn the_default_tolerance_is_the_conventions_own() {
+        let mut runner = RunConfig::default().runner("conventions tolerance");
+        let drawn = (0..256).map(|_| {
+            let tree = convention_cases().new_tree(&mut runner);
+            tree.expect("the conventions' generators draw").current()
+        });
+        for c in hand_worked().into_iter().chain(drawn) {
+            let (graph, _) = c.case.graph(&[]);
+            assert_eq!(
+                backend_tol::<f64>(&CONVENTIONS_TOL, &graph),
+                F64_TOL,
+                "{c:?}"
+            );
+            assert_eq!(
+                backend_tol::<f32>(&CONVENTIONS_TOL, &graph),
+                F32_TOL,
+                "{c:?}"
+            );
+        }
+    }
 }

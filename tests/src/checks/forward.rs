@@ -1,8 +1,6 @@
 //! Check 1: the compiled tape's values equal the IR's pure evaluation, at every id.
 
-use crate::checks::{
-    backend_inputs, backend_tol, compare_ids_floored, op_graph_cases, reference_floors,
-};
+use crate::checks::{backend_inputs, compare_ids_floored, op_graph_cases, reference_floors};
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
 use crate::{Backend, CaseResult, GraphCase, OpInfo, Report, RunConfig, Tol, run_check};
 
@@ -46,7 +44,7 @@ fn values_within<B: Backend>(
         &case.graph,
         &got,
         &want,
-        backend_tol::<B::T>(tol, &case.graph),
+        backend.tolerance(tol, &case.graph),
         &floors,
         "value",
     )

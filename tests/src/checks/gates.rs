@@ -36,7 +36,7 @@ use crate::checks::{
     op_graph_cases,
 };
 use crate::dag::{DagOptions, dag_cases};
-use crate::{Backend, CaseResult, CpuTape, GraphCase, Measured, OpInfo, Report, RunConfig};
+use crate::{Backend, CaseResult, CpuTape, GraphCase, Measured, OpInfo, Report, RunConfig, Tol};
 
 /// The CPU tape in `T` with `gates` installed on the calling thread for each call.
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +90,10 @@ impl<T: Scalar> Backend for Gated<T> {
     ) -> Result<Vec<Tensor<T>>, String> {
         let _forced = gates::force(self.gates);
         self.tape.backward_dense(program, out, seed)
+    }
+
+    fn tolerance(&self, tol: &Tol, graph: &GraphData) -> f64 {
+        self.tape.tolerance(tol, graph)
     }
 }
 

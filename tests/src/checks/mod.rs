@@ -4,7 +4,8 @@
 //! [`crate::Report`].
 //!
 //! Checks 1 and 2 are generic over [`crate::Backend`] and its scalar type: an f64 backend is held
-//! to `Tol::f64`, any other to `Tol::f32` scaled by the graph's longest reduction. The reference is
+//! to `Tol::f64`, any other to `Tol::f32` scaled by the graph's longest reduction ([`backend_tol`],
+//! unless the backend states its own precision: [`crate::Backend::tolerance`]). The reference is
 //! always the f64 IR evaluated on the backend's own inputs (the f32-rounded leaves and seed, cast
 //! back to f64), so only the backend's arithmetic is measured, not the rounding of the inputs.
 
@@ -110,7 +111,9 @@ pub fn reduction_len(graph: &GraphData) -> usize {
     worst
 }
 
-/// The tolerance for a backend in `T` on `graph`.
+/// The suite's tolerance for a backend in `T` on `graph`, from a check's tolerances `tol`:
+/// `tol.f64` for f64, else `tol.f32` scaled by [`reduction_len`] ([`Tol::f32_for`]). What
+/// [`crate::Backend::tolerance`] returns unless a backend says otherwise.
 pub fn backend_tol<T: Scalar>(tol: &Tol, graph: &GraphData) -> f64 {
     if T::NAME == "f64" {
         tol.f64

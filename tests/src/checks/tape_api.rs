@@ -13,7 +13,7 @@ use tl_ir::GraphData;
 use tl_spec::Tensor;
 
 use crate::checks::sim::{pending_aware, sim_dag_cases, sim_pending_ops};
-use crate::checks::{backend_inputs, backend_tol, compare_ids_floored, reference_floors};
+use crate::checks::{backend_inputs, compare_ids_floored, reference_floors};
 use crate::dag::{DAG_TOL, DagOptions, dag_cases};
 use crate::generate::direction;
 use crate::metric::tensor_err;
@@ -56,7 +56,7 @@ pub fn tape_api_case<B: TapeApi>(backend: &B, c: &ApiCase) -> CaseResult {
     let (leaves, reference) = backend_inputs::<B::T>(case);
     let seed: Tensor<B::T> = case.seed.cast();
     let s2: Tensor<B::T> = c.extra[0].1.cast();
-    let tol = backend_tol::<B::T>(&DAG_TOL, &case.graph);
+    let tol = backend.tolerance(&DAG_TOL, &case.graph);
     let ir = |at: usize, s: &Tensor<B::T>| {
         case.graph
             .backprop_all(&reference, &case.nats, at, &s.cast())

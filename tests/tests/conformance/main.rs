@@ -41,5 +41,6 @@ mod spectral;
 mod tape_api;
 mod teeth;
 mod teeth_sim;
+mod tolerance;
 mod user_ops;
 mod verify;

@@ -681,7 +681,11 @@ fn a_backend_that_implements_part_of_the_catalogue_is_checked_on_that_part() {
         .iter()
         .find(|r| r.label == "1 fwd dag unfinished")
         .expect("the DAG check runs");
-    assert!(dag.cases > 0 && dag.pending.contains(&"tanh"), "{dag:?}");
+    // Which lacked ops the DAGs drew depends on the seed; that some were, and only those, not.
+    assert!(
+        dag.cases > 0 && !dag.pending.is_empty() && dag.pending.iter().all(|op| LACKS.contains(op)),
+        "{dag:?}"
+    );
     assert!(
         report
             .skipped
