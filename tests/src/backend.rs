@@ -24,7 +24,7 @@ use std::marker::PhantomData;
 
 use tl_ir::{GraphData, Id};
 use tl_spec::{Scalar, Tensor};
-use tl_tape_cpu::Tape;
+use tl_tape_cpu::{Precision, Tape};
 
 use crate::Tol;
 
@@ -110,7 +110,7 @@ pub trait Backend {
     /// use tl_conformance::{Backend, TapeProgram, Tol};
     /// use tl_ir::{GraphData, Id, Op};
     /// use tl_spec::Tensor;
-    /// use tl_tape_cpu::{Precision, Tape};
+    /// use tl_tape_cpu::Precision;
     ///
     /// /// The CPU tape with its matrix products in TF32.
     /// struct Tf32Tape;
@@ -124,10 +124,7 @@ pub trait Backend {
     ///         leaves: &[Tensor<f32>],
     ///         nats: &[usize],
     ///     ) -> Result<Self::Program, String> {
-    ///         let mut tape = Tape::new();
-    ///         tape.set_precision(Precision::Tf32);
-    ///         let map = graph.replay(&mut tape, leaves, nats).map_err(|e| e.to_string())?;
-    ///         Ok(TapeProgram { tape, map })
+    ///         TapeProgram::replay_at(Precision::Tf32, graph, leaves, nats)
     ///     }
     ///     // name, values, backward_dense: the CPU tape's.
     /// #   fn name(&self) -> String {
@@ -189,7 +186,19 @@ pub struct TapeProgram<T: Scalar> {
 impl<T: Scalar> TapeProgram<T> {
     /// Record `graph` into a fresh tape through `GraphData::replay`.
     pub fn replay(graph: &GraphData, leaves: &[Tensor<T>], nats: &[usize]) -> Result<Self, String> {
+        Self::replay_at(Precision::F32, graph, leaves, nats)
+    }
+
+    /// [`TapeProgram::replay`] on a tape whose matrix products run at `precision` (autocast:
+    /// `tl_tape_cpu::Tape::set_precision`; an f64 tape computes in f64 whatever the setting).
+    pub fn replay_at(
+        precision: Precision,
+        graph: &GraphData,
+        leaves: &[Tensor<T>],
+        nats: &[usize],
+    ) -> Result<Self, String> {
         let mut tape = Tape::new();
+        tape.set_precision(precision);
         let map = graph
             .replay(&mut tape, leaves, nats)
             .map_err(|e| format!("replay into the CPU tape failed: {e}"))?;

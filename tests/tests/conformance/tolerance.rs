@@ -10,7 +10,7 @@ use tl_conformance::user::{BackendReport, check_backend};
 use tl_conformance::{Backend, RunConfig, TapeProgram, Tol};
 use tl_ir::{GraphData, Id, Op};
 use tl_spec::Tensor;
-use tl_tape_cpu::{Precision, Tape};
+use tl_tape_cpu::Precision;
 
 /// TF32's unit roundoff: 11 significant bits.
 const TF32_U: f64 = 1.0 / 2048.0;
@@ -105,12 +105,8 @@ impl Backend for Tf32 {
         leaves: &[Tensor<f32>],
         nats: &[usize],
     ) -> Result<Self::Program, String> {
-        let mut tape = Tape::new();
-        tape.set_precision(Precision::Tf32);
-        let map = graph
-            .replay(&mut tape, leaves, nats)
-            .map_err(|e| format!("replay into the TF32 tape failed: {e}"))?;
-        Ok((TapeProgram { tape, map }, graph.clone()))
+        let program = TapeProgram::replay_at(Precision::Tf32, graph, leaves, nats)?;
+        Ok((program, graph.clone()))
     }
     fn values(&self, (p, graph): &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
         let mut v = p.values()?;
