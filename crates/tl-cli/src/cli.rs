@@ -208,7 +208,9 @@ pub struct TrainArgs {
     /// Save the trained parameters (safetensors, by parameter name).
     #[arg(long, value_name = "CKPT")]
     pub save: Option<PathBuf>,
-    /// Start from the parameters of a checkpoint saved by `--save`.
+    /// Start from the parameters of a checkpoint saved by `--save`, and from its optimizer
+    /// state and hyper-parameters when it holds this `--optimizer`'s; the learning rate is
+    /// `--lr` (or its default), with a note when the checkpoint's differs.
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
     /// Use only the first N training examples (quick runs and tests; at least 1).

@@ -345,6 +345,17 @@ fn run<O: Train<T = f32>>(
         checkpoint::restore(rt, &m, cfg.model, path, &file, same.then_some(&mut opt))?;
         done = header.epochs;
         match header.optimizer {
+            // The restore put the checkpoint's hyper-parameters in place; the rate is this
+            // run's `--lr` (or its default), as the line above says.
+            Some(_) if same && opt.lr != cfg.lr => {
+                log(&format!(
+                    "note: checkpoint {} was trained with lr {}; this run uses lr {}",
+                    path.display(),
+                    opt.lr,
+                    cfg.lr
+                ));
+                opt.lr = cfg.lr;
+            }
             Some(_) if same => {}
             Some(name) => log(&format!(
                 "note: checkpoint {} holds {} state; --optimizer {} starts with fresh state",

@@ -224,8 +224,16 @@ fn resume_continues_the_exact_trajectory_with_the_optimizer_state() {
         .unwrap();
         assert_eq!(first.checkpoint.header.optimizer, Some(opt));
         let state = &first.checkpoint.optimizer_state;
+        // Per parameter (4): step, m, v for Adam, step and momentum buffer for momentum SGD;
+        // and the rule's five hyper-parameters.
         let want = if opt == OptimizerName::Adam { 3 } else { 2 };
-        assert_eq!(state.len(), want * 4, "{:?}", state.keys());
+        assert_eq!(state.len(), want * 4 + 5, "{:?}", state.keys());
+        let rule = if opt == OptimizerName::Adam {
+            "adam"
+        } else {
+            "sgd"
+        };
+        assert_eq!(state[&format!("{rule}.lr")].data(), &[lr]);
         // The file holds every tensor bit for bit.
         assert_eq!(tl_cli::checkpoint::load(&path).unwrap(), first.checkpoint);
         let mut notes = Vec::new();
@@ -242,6 +250,31 @@ fn resume_continues_the_exact_trajectory_with_the_optimizer_state() {
         let half = straight.step_losses.len() / 2;
         assert_eq!(resumed.step_losses, straight.step_losses[half..], "{opt:?}");
         assert_eq!(resumed.checkpoint, straight.checkpoint, "{opt:?}");
+
+        // Another --lr: the run says it differs from the checkpoint's and takes it.
+        let mut lr_notes = Vec::new();
+        let faster = train(
+            &TrainConfig {
+                epochs: 1,
+                lr: 2.0 * lr,
+                resume: Some(path.clone()),
+                ..base.clone()
+            },
+            |l| lr_notes.push(l.to_owned()),
+        )
+        .unwrap();
+        let note = format!("was trained with lr {lr}; this run uses lr {}", 2.0 * lr);
+        assert!(
+            lr_notes
+                .iter()
+                .any(|l| l.starts_with("note:") && l.contains(&note)),
+            "{lr_notes:?}"
+        );
+        assert_eq!(
+            faster.checkpoint.optimizer_state[&format!("{rule}.lr")].data(),
+            &[2.0 * lr]
+        );
+        assert_ne!(faster.step_losses, resumed.step_losses, "{opt:?}");
 
         // Another optimizer starts fresh, and says so; the run still trains.
         let other = train(

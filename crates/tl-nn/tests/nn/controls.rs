@@ -229,7 +229,8 @@ fn clipping_matches_a_hand_computation_on_every_session() {
 
 /// The step consults the schedule (the report's lr is the schedule's), and the schedule's
 /// position travels in the checkpoint: a run saved after 4 steps and resumed in a fresh
-/// runtime continues with the same learning rates and parameters as an uninterrupted run.
+/// runtime continues with the same learning rates and parameters as an uninterrupted run, also
+/// when loaded into an optimizer built with other hyper-parameters (the file's come back).
 #[test]
 fn the_schedule_is_consulted_and_checkpointed() {
     let sched = Schedule::cosine_warmup(3, 0.1, 6, 0.001).unwrap();
@@ -276,9 +277,17 @@ fn the_schedule_is_consulted_and_checkpointed() {
 
     let mut rt2 = eager::<f64>(Backend::Cpu, 7);
     let m2 = one(&rt2, &[0.0, 0.0, 0.0]);
-    let mut opt2 = make();
+    // Built with another learning rate and decay: the file's hyper-parameters come back, as
+    // PyTorch's `load_state_dict` restores `param_groups`.
+    let mut opt2 = Optimizer::adamw(0.2)
+        .unwrap()
+        .weight_decay(0.3)
+        .unwrap()
+        .schedule(sched.clone())
+        .unwrap();
     rt2.load_with(&m2, &path, Some(&mut opt2)).unwrap();
     assert_eq!(opt2.steps_done(), 4);
+    assert_eq!(opt2.hyper_parameters(), opt.hyper_parameters());
     assert_eq!(run(&mut rt2, &m2, &mut opt2, 4), straight);
     assert_eq!(values(&rt2, &m2), want);
     // A schedule's position cannot go into an optimizer without a schedule.

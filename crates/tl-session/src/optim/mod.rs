@@ -27,6 +27,7 @@
 mod clip;
 mod fused_list;
 mod host;
+mod hyper;
 mod rules;
 mod schedule;
 mod state;

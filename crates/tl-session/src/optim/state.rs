@@ -8,7 +8,11 @@
 //! `square_avg` and `grad_avg` (RMSprop; the latter when centered), `sum` (Adagrad);
 //! `<param>` is the parameter's name, or its index when it has none. An optimizer with a
 //! learning-rate schedule adds `lr_scheduler.last_epoch` (a scalar, shape `[]`: the steps done, the
-//! schedule's position). Values are f64 tensors of the parameter's shape. State is kept in the
+//! schedule's position). Values are f64 tensors of the parameter's shape. Beside them, every
+//! export holds the rule's hyper-parameters as scalars named `<rule>.<name>` (`adamw.lr`,
+//! `sgd.momentum`; [`Optimizer::hyper_parameters`]), which an import puts in place of the
+//! optimizer's, as PyTorch's `load_state_dict` does with its `param_groups` (set a field after
+//! the import to change one on resuming). State is kept in the
 //! parameter's type (f32 state for f32 parameters, on the host as on a device): it widens
 //! exactly, and an import into an f32 session rounds each value to f32, so a state exported
 //! from a session of the same type round-trips bit for bit.
@@ -17,7 +21,9 @@
 //! [`STATE_BOUND`] (`f32::MAX`: what a float32 run can hold; a larger moment, 1e300 say, would
 //! overflow the next update), second moments and accumulators (`v`, `square_avg`, `sum`) ≥ 0,
 //! step counts 0-d tensors (shape `[]`, as PyTorch's `state_dict()` stores `step`) holding
-//! whole numbers in `[0, 2^53]`, shapes those of the parameters.
+//! whole numbers in `[0, 2^53]`, shapes those of the parameters, the hyper-parameters all of the
+//! rule's or none, each valid for it ([`Optimizer::validate`]); the state of another rule (an
+//! Adam state into an SGD optimizer) is refused naming both.
 
 use std::collections::BTreeMap;
 
@@ -60,23 +66,28 @@ impl Optimizer {
     /// The names of the per-parameter buffers, in the order the update keeps them, each with
     /// whether its values must be ≥ 0 (second moments, accumulators).
     fn buffer_names(&self) -> &'static [(&'static str, bool)] {
-        const SQ: (&str, bool) = ("square_avg", true);
-        const MOM: (&str, bool) = ("momentum_buffer", false);
-        const AVG: (&str, bool) = ("grad_avg", false);
-        match self.kind {
-            Kind::Sgd { momentum, .. } if momentum != 0.0 => &[MOM],
-            Kind::Sgd { .. } => &[],
-            Kind::Adam { .. } => &[("m", false), ("v", true)],
-            Kind::RmsProp {
-                momentum, centered, ..
-            } => match (momentum > 0.0, centered) {
-                (false, false) => &[SQ],
-                (true, false) => &[SQ, MOM],
-                (false, true) => &[SQ, AVG],
-                (true, true) => &[SQ, MOM, AVG],
-            },
-            Kind::Adagrad { .. } => &[("sum", true)],
-        }
+        buffer_names(self.kind)
+    }
+}
+
+/// [`Optimizer::buffer_names`] of a rule.
+fn buffer_names(kind: Kind) -> &'static [(&'static str, bool)] {
+    const SQ: (&str, bool) = ("square_avg", true);
+    const MOM: (&str, bool) = ("momentum_buffer", false);
+    const AVG: (&str, bool) = ("grad_avg", false);
+    match kind {
+        Kind::Sgd { momentum, .. } if momentum != 0.0 => &[MOM],
+        Kind::Sgd { .. } => &[],
+        Kind::Adam { .. } => &[("m", false), ("v", true)],
+        Kind::RmsProp {
+            momentum, centered, ..
+        } => match (momentum > 0.0, centered) {
+            (false, false) => &[SQ],
+            (true, false) => &[SQ, MOM],
+            (false, true) => &[SQ, AVG],
+            (true, true) => &[SQ, MOM, AVG],
+        },
+        Kind::Adagrad { .. } => &[("sum", true)],
     }
 }
 
@@ -176,6 +187,9 @@ pub(crate) fn export<T: Scalar, D: Device>(
 ) -> Result<StateDict> {
     let rule = opt.rule_name();
     let mut out = StateDict::new();
+    for (name, v) in opt.hyper_parameters() {
+        out.insert(format!("{rule}.{name}"), Tensor::scalar(v));
+    }
     for (index, label) in labels(params)?.into_iter().enumerate() {
         let Some(st) = opt.state.get(&(params.session, index)) else {
             continue;
@@ -214,9 +228,10 @@ pub(crate) fn export<T: Scalar, D: Device>(
     Ok(out)
 }
 
-/// Replace `opt`'s state for the parameters of `params` with `state` (uploaded to `dev` when
-/// given). Every entry must be used: a name for another rule or an unknown parameter is an
-/// error, as is a missing buffer or a wrong shape; on error `opt` is unchanged.
+/// Replace `opt`'s hyper-parameters ([`super::hyper`]) and its state for the parameters of
+/// `params` with `state`'s (uploaded to `dev` when given). Every entry must be used: a state
+/// for another rule, a name for an unknown parameter, a missing buffer or a wrong shape is an
+/// error; on error `opt` is unchanged.
 pub(crate) fn import<T: Scalar, D: Device>(
     opt: &mut Optimizer,
     params: &ParamStore<T>,
@@ -224,7 +239,13 @@ pub(crate) fn import<T: Scalar, D: Device>(
     mut dev: Option<&mut D>,
 ) -> Result<()> {
     let rule = opt.rule_name();
+    other_rule(rule, state)?;
     let mut used = std::collections::HashSet::new();
+    let hyper = super::hyper::read(opt, state, &mut used)?;
+    // The buffers are those of the rule with the state's hyper-parameters (SGD's and
+    // RMSprop's momentum, RMSprop's centering decide which it keeps).
+    let kind = hyper.map_or(opt.kind, |(_, _, kind)| kind);
+    let names = buffer_names(kind);
     let mut host: Vec<(usize, u64, Vec<Vec<f64>>)> = Vec::new();
     for (index, label) in labels(params)?.into_iter().enumerate() {
         let step_key = format!("{rule}.step.{label}");
@@ -235,7 +256,7 @@ pub(crate) fn import<T: Scalar, D: Device>(
         used.insert(step_key);
         let shape: &Shape = params.shape(index);
         let mut bufs = Vec::new();
-        for &(name, non_negative) in opt.buffer_names() {
+        for &(name, non_negative) in names {
             let key = format!("{rule}.{name}.{label}");
             let t = state.get(&key).ok_or_else(|| Error::Usage {
                 what: "optimizer state import",
@@ -276,6 +297,23 @@ pub(crate) fn import<T: Scalar, D: Device>(
             ),
         });
     }
+    if names != opt.buffer_names()
+        && let Some(index) = (opt.state.keys())
+            .filter(|(session, _)| *session == params.session)
+            .map(|&(_, index)| index)
+            .find(|i| !host.iter().any(|(h, ..)| h == i))
+    {
+        return Err(Error::Usage {
+            what: "optimizer state import",
+            detail: format!(
+                "the state's hyper-parameters change which buffers this {rule} optimizer keeps \
+                 ({:?} -> {:?}), but it holds state for parameter {index}, which the state does \
+                 not cover: load into an optimizer without state",
+                opt.buffer_names().iter().map(|b| b.0).collect::<Vec<_>>(),
+                names.iter().map(|b| b.0).collect::<Vec<_>>(),
+            ),
+        });
+    }
     let mut fresh = Vec::with_capacity(host.len());
     for (index, step, bufs) in host {
         let mut st = ParamState {
@@ -312,7 +350,36 @@ pub(crate) fn import<T: Scalar, D: Device>(
     if let Some(n) = schedule_steps {
         opt.steps = n;
     }
+    if let Some((lr, weight_decay, kind)) = hyper {
+        opt.lr = lr;
+        opt.weight_decay = weight_decay;
+        opt.kind = kind;
+    }
     Ok(())
+}
+
+/// The rules' names in state names.
+const RULES: [&str; 5] = ["sgd", "adam", "adamw", "rmsprop", "adagrad"];
+
+/// An error when `state` holds another rule's entries and none of `rule`'s: the state of an
+/// Adam optimizer loaded into an SGD one, say.
+fn other_rule(rule: &str, state: &StateDict) -> Result<()> {
+    fn rule_of(k: &str) -> Option<&str> {
+        k.split('.').next().filter(|r| RULES.contains(r))
+    }
+    if state.keys().any(|k| rule_of(k) == Some(rule)) {
+        return Ok(());
+    }
+    match state.keys().find_map(|k| rule_of(k)) {
+        None => Ok(()),
+        Some(other) => Err(Error::Usage {
+            what: "optimizer state import",
+            detail: format!(
+                "the state is for the {other} rule, not this optimizer's {rule} (entries {:?})",
+                state.keys().take(4).collect::<Vec<_>>()
+            ),
+        }),
+    }
 }
 
 fn release<D: Device>(bufs: &[StateBuf], dev: &mut D) {

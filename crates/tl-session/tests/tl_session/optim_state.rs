@@ -4,7 +4,8 @@
 //! (momentum, centered), Adagrad, and AdamW with a schedule and clipping (the schedule's
 //! position travels in the state), in the eager CPU and CUDA-sim sessions and the linked
 //! session. And state that is not finite, out of the rule's domain or with an absurd step
-//! count is refused before anything changes (issue 37, point 4).
+//! count is refused before anything changes (issue 37, point 4). The state carries the rule's
+//! hyper-parameters: a resume into an optimizer built with other values takes the saved ones.
 
 use tl_session::optim::StateDict;
 use tl_session::{Backend, Error, LinkedSession, Ops, Optimizer, Options, Param, Session};
@@ -55,6 +56,49 @@ fn optimizers() -> Vec<(&'static str, Optimizer)> {
                 .unwrap(),
         ),
     ]
+}
+
+/// `opt` with every hyper-parameter of its rule changed (the learning rate, the weight decay and
+/// the rule's own, keeping which buffers it holds): loading a state into it must put the
+/// state's values back.
+fn perturbed(opt: &Optimizer) -> Optimizer {
+    use tl_session::optim::Kind;
+    let mut o = opt.clone();
+    o.lr *= 3.0;
+    o.weight_decay += 0.03;
+    o.kind = match o.kind {
+        Kind::Sgd {
+            momentum,
+            dampening,
+            nesterov,
+        } => Kind::Sgd {
+            momentum: momentum * 0.5,
+            dampening: if nesterov { dampening } else { 0.5 },
+            nesterov,
+        },
+        Kind::Adam { decoupled, .. } => Kind::Adam {
+            beta1: 0.8,
+            beta2: 0.99,
+            eps: 1e-3,
+            decoupled,
+        },
+        Kind::RmsProp {
+            momentum, centered, ..
+        } => Kind::RmsProp {
+            alpha: 0.7,
+            eps: 1e-3,
+            momentum: momentum * 0.5,
+            centered,
+        },
+        Kind::Adagrad { .. } => Kind::Adagrad {
+            lr_decay: 0.3,
+            eps: 1e-3,
+            initial_accumulator_value: 0.05,
+        },
+    };
+    o.validate().unwrap();
+    assert_ne!(o.hyper_parameters(), opt.hyper_parameters());
+    o
 }
 
 /// Parameters `w` (named), `b` (named) and one unnamed, used in a small nonlinear loss.
@@ -153,9 +197,11 @@ fn eager_case<T: Scalar>(backend: Backend, name: &str, opt: &Optimizer) {
     let values: Vec<Tensor<T>> = pa.iter().map(|q| a.param_value(q).unwrap()).collect();
     let mut b = new();
     let pb = params(&mut b, Some(values));
-    let mut ob = opt.clone();
+    // Loaded into an optimizer of other hyper-parameters: the state's come back.
+    let mut ob = perturbed(opt);
     b.load_optimizer_state(&mut ob, &state).unwrap();
     assert_eq!(b.optimizer_state(&ob).unwrap(), state, "{name}: round trip");
+    assert_eq!(ob.hyper_parameters(), oa.hyper_parameters(), "{name}");
     eager_steps(&mut b, &pb, &mut ob, K..K + N);
     let got: Vec<Tensor<T>> = pb.iter().map(|q| b.param_value(q).unwrap()).collect();
     assert_eq!(got, want, "{name} on {backend:?}: resumed != straight");
@@ -225,7 +271,7 @@ fn resumed_runs_continue_the_exact_trajectory_in_the_linked_session() {
         let values = pa.iter().map(|q| a.param_value(q).unwrap()).collect();
         let mut b = LinkedSession::<f64>::new();
         let pb = params(&mut b, Some(values));
-        let mut ob = opt.clone();
+        let mut ob = perturbed(&opt);
         b.load_optimizer_state(&mut ob, &state).unwrap();
         linked_steps(&mut b, &pb, &mut ob, K..K + N);
         let got: Vec<Tensor<f64>> = pb.iter().map(|q| b.param_value(q).unwrap()).collect();
@@ -240,15 +286,25 @@ fn bad_state_is_a_clear_error_and_leaves_the_optimizer_unchanged() {
     let mut adam = Optimizer::adam(0.1).unwrap();
     eager_steps(&mut s, &p, &mut adam, 0..2);
     let state = s.optimizer_state(&adam).unwrap();
-    assert_eq!(state.len(), 3 * 3, "step, m, v for each of three params");
-    // Adam's state into SGD: the entries are named, nothing is loaded.
+    assert_eq!(
+        state.len(),
+        5 + 3 * 3,
+        "lr, weight_decay, beta1, beta2, eps; step, m, v for each of three params"
+    );
+    // Adam's state into SGD: both rules and the entries are named, nothing is loaded.
     let mut sgd = Optimizer::momentum(0.1, 0.9).unwrap();
+    let fresh_sgd = s.optimizer_state(&sgd).unwrap();
+    assert!(
+        fresh_sgd.keys().all(|k| k.starts_with("sgd.")),
+        "{fresh_sgd:?}"
+    );
     let e = s.load_optimizer_state(&mut sgd, &state).unwrap_err();
     assert!(
-        matches!(&e, Error::Usage { detail, .. } if detail.contains("adam.m.w")),
+        matches!(&e, Error::Usage { detail, .. } if detail.contains("adam rule")
+            && detail.contains("sgd") && detail.contains("adam.beta1")),
         "{e}"
     );
-    assert!(s.optimizer_state(&sgd).unwrap().is_empty());
+    assert_eq!(s.optimizer_state(&sgd).unwrap(), fresh_sgd);
     // A moment of the wrong shape, a missing moment.
     let mut bad = state.clone();
     bad.insert("adam.m.b".into(), Tensor::vector(vec![1.0; 3]));
@@ -258,7 +314,10 @@ fn bad_state_is_a_clear_error_and_leaves_the_optimizer_unchanged() {
     bad.remove("adam.m.b");
     let e = s.load_optimizer_state(&mut fresh, &bad).unwrap_err();
     assert!(e.to_string().contains("adam.m.b is missing"), "{e}");
-    assert!(s.optimizer_state(&fresh).unwrap().is_empty());
+    assert_eq!(
+        s.optimizer_state(&fresh).unwrap(),
+        s.optimizer_state(&Optimizer::adam(0.1).unwrap()).unwrap()
+    );
     // Two parameters with one name cannot be exported unambiguously.
     let mut t = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
     t.param(Tensor::vector(vec![1.0]), Some("x"), true).unwrap();
@@ -428,5 +487,113 @@ fn step_counts_are_scalars_holding_whole_numbers() {
             assert_eq!(s.optimizer_state(&o2).unwrap()[key].data(), &[fine]);
             s.release_optimizer_state(&mut o2);
         }
+    }
+}
+
+/// The hyper-parameters in a state: all of the rule's or none (a state without them keeps the
+/// optimizer's own), each a scalar, a flag 0 or 1, the set valid for the rule; a refusal names
+/// the entry and changes neither the state nor the hyper-parameters.
+#[test]
+fn hyper_parameters_in_a_state_are_checked_and_all_or_none() {
+    let mut s = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+    let p = params(&mut s, None);
+    let opt = Optimizer::momentum(0.1, 0.9)
+        .unwrap()
+        .dampening_nesterov(0.0, true)
+        .unwrap();
+    let mut o = opt.clone();
+    eager_steps(&mut s, &p, &mut o, 0..2);
+    let good = s.optimizer_state(&o).unwrap();
+    for (name, v) in o.hyper_parameters() {
+        assert_eq!(good[&format!("sgd.{name}")].data(), &[v], "{name}");
+    }
+    let cases: Vec<(&str, Tensor<f64>, &str)> = vec![
+        ("sgd.lr", Tensor::scalar(-1.0), "lr = -1"),
+        ("sgd.lr", Tensor::scalar(f64::NAN), "lr = NaN"),
+        ("sgd.momentum", Tensor::scalar(1.0), "momentum = 1"),
+        ("sgd.dampening", Tensor::scalar(2.0), "dampening = 2"),
+        ("sgd.nesterov", Tensor::scalar(0.5), "not a flag"),
+        ("sgd.weight_decay", Tensor::vector(vec![0.0]), "scalar"),
+    ];
+    for (key, value, want) in cases {
+        let mut state = good.clone();
+        state.insert(key.into(), value);
+        let mut o2 = perturbed(&opt);
+        let before = o2.hyper_parameters();
+        let e = s
+            .load_optimizer_state(&mut o2, &state)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{key}: {e}");
+        assert_eq!(o2.hyper_parameters(), before, "{key}: changed");
+        let fresh = s.optimizer_state(&perturbed(&opt)).unwrap();
+        assert_eq!(
+            s.optimizer_state(&o2).unwrap(),
+            fresh,
+            "{key}: state loaded"
+        );
+    }
+    // One missing: refused, naming it.
+    let mut state = good.clone();
+    state.remove("sgd.dampening");
+    let mut o2 = perturbed(&opt);
+    let e = s.load_optimizer_state(&mut o2, &state).unwrap_err();
+    assert!(e.to_string().contains("sgd.dampening is missing"), "{e}");
+    // None: a state from before they were exported keeps the optimizer's own.
+    let mut state = good.clone();
+    for (name, _) in opt.hyper_parameters() {
+        state.remove(&format!("sgd.{name}"));
+    }
+    let mut o2 = perturbed(&opt);
+    let own = o2.hyper_parameters();
+    s.load_optimizer_state(&mut o2, &state).unwrap();
+    assert_eq!(o2.hyper_parameters(), own);
+    s.release_optimizer_state(&mut o2);
+    s.release_optimizer_state(&mut o);
+}
+
+/// The hyper-parameters decide which buffers a rule keeps (SGD's momentum): a momentum state
+/// loaded into plain SGD brings its momentum and its buffers and continues the momentum run;
+/// into an optimizer that already holds state the state does not cover, such a change is
+/// refused.
+#[test]
+fn a_state_whose_hyper_parameters_change_the_buffers_loads_into_a_fresh_optimizer() {
+    let momentum = Optimizer::momentum(0.1, 0.9).unwrap();
+    let mut s = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+    let p = params(&mut s, None);
+    let mut o = momentum.clone();
+    eager_steps(&mut s, &p, &mut o, 0..K + N);
+    let want: Vec<Tensor<f64>> = p.iter().map(|q| s.param_value(q).unwrap()).collect();
+    let mut a = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+    let pa = params(&mut a, None);
+    let mut oa = momentum.clone();
+    eager_steps(&mut a, &pa, &mut oa, 0..K);
+    let state = a.optimizer_state(&oa).unwrap();
+    let values = pa.iter().map(|q| a.param_value(q).unwrap()).collect();
+    let mut b = Session::<f64>::new(Options::backend(Backend::Cpu)).unwrap();
+    let pb = params(&mut b, Some(values));
+    let mut plain = Optimizer::sgd(0.1).unwrap();
+    b.load_optimizer_state(&mut plain, &state).unwrap();
+    assert_eq!(plain.name(), "momentum");
+    eager_steps(&mut b, &pb, &mut plain, K..K + N);
+    let got: Vec<Tensor<f64>> = pb.iter().map(|q| b.param_value(q).unwrap()).collect();
+    assert_eq!(got, want);
+    // A plain SGD state covering only `w`, into the momentum optimizer holding state for all.
+    let mut partial: StateDict = Optimizer::sgd(0.1)
+        .unwrap()
+        .hyper_parameters()
+        .into_iter()
+        .map(|(n, v)| (format!("sgd.{n}"), Tensor::scalar(v)))
+        .collect();
+    partial.insert("sgd.step.w".into(), Tensor::scalar(1.0));
+    let before = a.optimizer_state(&oa).unwrap();
+    let e = a.load_optimizer_state(&mut oa, &partial).unwrap_err();
+    assert!(
+        e.to_string().contains("momentum_buffer") && e.to_string().contains("without state"),
+        "{e}"
+    );
+    assert_eq!(a.optimizer_state(&oa).unwrap(), before);
+    for (s, o) in [(&mut s, &mut o), (&mut a, &mut oa), (&mut b, &mut plain)] {
+        s.release_optimizer_state(o);
     }
 }
