@@ -54,5 +54,9 @@ fn emu() -> Result<(), tl_cuda_build::Error> {
         .source(user.join("shifted.cu"))?
         .source(user.join("blocks3d.cu"))?
         .source(user.join("shared_unwritten.cu"))?
+        .source(user.join("shared_declarators.cu"))?
+        .source(user.join("shared_namespace.cu"))?
+        .source(user.join("shared_header.cu"))?
+        .source(user.join("shared_switch.cu"))?
         .compile()
 }

@@ -10,10 +10,10 @@
 //   before it resumes a fiber (one fiber runs at a time on the launching thread);
 // - __shared__ is `static thread_local`: every fiber of the running block sees the same array,
 //   and two host threads launching at once do not share it. Shared memory is undefined at a
-//   block's start on a GPU, so each static declaration is poisoned (0xFF bytes, a NaN) by the
-//   first thread of each block that executes it: tl_cuda_build::Emulator compiles a copy of
-//   the source with TL_EMU_SHARED_POISON(NAME); after each declaration (its `shared` module
-//   says which it rewrites; headers are not rewritten). Dynamic shared memory
+//   block's start on a GPU, so static declarations are poisoned (0xFF bytes, a NaN) each block:
+//   tl_cuda_build::Emulator compiles copies of the source and of the headers it includes with
+//   `#include "..."`, with a call after each declaration (below, TL_EMU_SHARED_POISON*; its
+//   `shared` module says which declarations it rewrites). Dynamic shared memory
 //   (TL_DYNAMIC_SHARED, declared in kernels/common.cuh for nvcc) is the launch's buffer of the
 //   bytes it asked for, poisoned before each block and guarded on both sides;
 // - __syncthreads() parks the fiber until every live thread of the block has arrived,
@@ -62,19 +62,55 @@ void* tl_emu_dynamic_shared();
 #define TL_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(tl_emu_dynamic_shared())
 // Fill the `bytes` bytes at `p` (a static __shared__ variable) with 0xFF bytes the first time
 // the running block asks (true then), so a read before any write shows as a NaN; false
-// afterwards in that block, and outside a launch (static initialisation).
+// afterwards in that block, and outside a launch.
 bool tl_emu_shared_poison(void* p, std::size_t bytes);
-// Placed by tl_cuda_build::Emulator's rewrite after each static `__shared__ ... name[...];`, on
-// its line. At function scope a declaration whose initializer runs each time control passes
-// it: the block's first thread to get there poisons the variable, later threads (and later
-// passes, in a loop) leave it alone, as it may hold earlier threads' writes by then; a thread
-// cannot name the variable before it passes its declaration, so no write is lost. At
-// namespace scope it compiles too but runs once, at static initialisation, outside any
-// launch: such variables are not poisoned. A `case` label past it in the same switch would
-// jump over the initialisation, an error: declare shared memory before the switch.
-#define TL_EMU_SHARED_POISON(name)                                                 \
-    [[maybe_unused]] const bool tl_emu_poisoned_##name = tl_emu_shared_poison(     \
-        const_cast<void*>(static_cast<const volatile void*>(&name)), sizeof(name))
+// Register the `bytes` bytes at `p` to be filled with 0xFF bytes at the start of every later
+// block of the running kernel on this thread (true once registered; false outside a launch).
+bool tl_emu_shared_poison_jumpable(void* p, std::size_t bytes);
+// `&name` as the `void*` the runtime takes (the variable may be const or volatile).
+#define TL_EMU_SHARED_ADDR(name) const_cast<void*>(static_cast<const volatile void*>(&name))
+// Placed by tl_cuda_build::Emulator's rewrite after a static `__shared__` declaration in a
+// function, on its line, once per declarator. A declaration whose initializer runs each time
+// control passes it: the block's first thread to get there poisons the variable, later threads
+// (and later passes, in a loop) leave it alone, as it may hold earlier threads' writes by then;
+// no thread can reach code that names the variable without passing its declaration (C++
+// forbids a jump past an initialised local), so no write is lost.
+#define TL_EMU_SHARED_POISON(name)                                             \
+    [[maybe_unused]] const bool tl_emu_poisoned_##name =                       \
+        tl_emu_shared_poison(TL_EMU_SHARED_ADDR(name), sizeof(name))
+// The rewrite's call where a label (`case`, `default`, a goto label) comes after the
+// declaration in its block, so the local above would not compile: an expression statement
+// that registers the variable, poisoned at the start of the kernel's later blocks on this thread
+// before any thread runs (a thread that jumped to the label may already have written it in this
+// block, so it is not filled now).
+#define TL_EMU_SHARED_POISON_JUMPABLE(name) \
+    ((void)tl_emu_shared_poison_jumpable(TL_EMU_SHARED_ADDR(name), sizeof(name)))
+
+// A namespace-scope static __shared__ variable, found at each block's start: a function that
+// returns its address on the calling thread (it is thread_local) and its size, in a list per
+// translation unit.
+struct TlEmuStaticShared {
+    void* (*addr)(std::size_t* bytes);
+    TlEmuStaticShared* next;
+};
+inline bool tl_emu_static_shared_link(TlEmuStaticShared** head, TlEmuStaticShared* v) {
+    v->next = *head;
+    *head = v;
+    return true;
+}
+// The rewrite's call after a namespace-scope declaration: adds the variable to its unit's list
+// `tl_emu_unit_statics` (declared by tl_cuda_build::Emulator before the source, in the unit's
+// namespace) at program start; the runtime fills every variable of the running kernel's unit
+// at the start of each block, before any of its threads runs.
+#define TL_EMU_SHARED_POISON_EACH_BLOCK(name)                                                \
+    static TlEmuStaticShared tl_emu_static_##name = {                                        \
+        [](std::size_t* bytes) -> void* {                                                    \
+            *bytes = sizeof(name);                                                           \
+            return TL_EMU_SHARED_ADDR(name);                                                 \
+        },                                                                                   \
+        nullptr};                                                                            \
+    [[maybe_unused]] static const bool tl_emu_linked_##name =                                \
+        tl_emu_static_shared_link(&tl_emu_unit_statics, &tl_emu_static_##name)
 float tl_emu_shfl_down(float v, int offset);
 // The value lane `src` of the calling thread's warp passed (its own where `src` is outside
 // the warp): every shuffle, through the same per-thread slots between two warp barriers.
@@ -224,13 +260,17 @@ struct TlEmuTag<T, std::enable_if_t<std::is_class_v<T> && sizeof(T) == 8 * sizeo
 /// A kernel of the table: its name, parameter signature, and how to call it with CUDA's
 /// `kernelParams` convention (one pointer to each argument's value); `fn_fma` is the same
 /// kernel built with -mfma (null where there is no such build), which launches take when the
-/// CPU has FMA.
+/// CPU has FMA; `statics` (`statics_fma`) points to the list of the namespace-scope static
+/// __shared__ variables of the kernel's translation unit (of its -mfma build's), poisoned at the
+/// start of each block.
 struct TlEmuKernel {
     const char* name;
     const char* sig;
     void (*call)(void* fn, void** params);
     void* fn;
     void* fn_fma;
+    TlEmuStaticShared* const* statics;
+    TlEmuStaticShared* const* statics_fma;
 };
 
 template <typename... A>
@@ -246,12 +286,13 @@ struct TlEmuThunk {
 };
 
 template <typename... A>
-TlEmuKernel tl_emu_kernel(const char* name, void (*f)(A...)) {
+TlEmuKernel tl_emu_kernel(const char* name, void (*f)(A...), TlEmuStaticShared* const* statics) {
     return TlEmuKernel{name, TlEmuThunk<A...>::sig, &TlEmuThunk<A...>::call,
-                       reinterpret_cast<void*>(f), nullptr};
+                       reinterpret_cast<void*>(f), nullptr, statics, nullptr};
 }
 
-#define TL_EMU_KERNEL(k) tl_emu_kernel(#k, &k)
+// A kernel of the unit's table, with the unit's list of namespace-scope shared variables.
+#define TL_EMU_KERNEL(k) tl_emu_kernel(#k, &k, &tl_emu_unit_statics)
 
 // ---- Faults a kernel's built-ins detect ------------------------------------------------------
 

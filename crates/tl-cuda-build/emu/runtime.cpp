@@ -15,8 +15,10 @@
 // - a misuse a built-in detects (tl_emu_fail: the warp matrix functions' alignment, ldm and
 //   warp-uniform arguments), reported after the block that made it.
 // New memory, each block's dynamic shared memory, each block's static __shared__ variables
-// (tl_emu_shared_poison, at the first thread that passes a declaration; the call is added by
-// tl_cuda_build::Emulator's rewrite of the source) and guard zones are filled with 0xFF bytes
+// (the calls tl_cuda_build::Emulator's rewrite of the source adds: tl_emu_shared_poison at the
+// first thread that passes a declaration in a function; at the block's start, before any
+// thread runs, the namespace-scope ones of the kernel's unit and those registered by
+// tl_emu_shared_poison_jumpable) and guard zones are filled with 0xFF bytes
 // (a NaN), so a read of an unwritten or out-of-bounds element poisons the result instead of
 // passing for a plausible number (shared memory is undefined at a block's start on a GPU).
 // Apple's <ucontext.h> declares the (deprecated there) ucontext routines only under
@@ -402,6 +404,12 @@ struct Scheduler {
     // tl_emu_shared_poison fills each once a block. A kernel declares a few, so a list.
     bool in_launch = false;
     std::vector<void*> shared_poisoned;
+    // The running kernel's unit's namespace-scope static __shared__ variables, filled at each
+    // block's start.
+    TlEmuStaticShared* const* statics = nullptr;
+    // By kernel build (the function launched): the variables tl_emu_shared_poison_jumpable
+    // registered on this thread (address, bytes), filled at the start of each of its blocks.
+    std::map<void*, std::vector<std::pair<void*, std::size_t>>> jumpable;
     Scheduler()
         : ctx(new ucontext_t[MAX_BLOCK]), stacks(new char[(std::size_t)MAX_BLOCK * STACK]) {}
 };
@@ -515,9 +523,19 @@ bool dynamic_guards_intact() {
 bool run_block(char* err, std::size_t cap) {
     Scheduler& S = *sched;
     // Shared memory is undefined at a block's start: poison, so a read before a write shows.
-    // The dynamic bytes now; each static variable when the first thread passes its declaration
+    // The dynamic bytes, the unit's namespace-scope variables and those a declaration with a
+    // label after it registered now, before any thread runs (so no write is erased); each
+    // other static variable when the first thread passes its declaration
     // (tl_emu_shared_poison), which may be never.
     std::memset(S.dynamic, POISON, S.dynamic_bytes + 2 * GUARD);
+    for (TlEmuStaticShared* v = S.statics ? *S.statics : nullptr; v != nullptr; v = v->next) {
+        std::size_t bytes = 0;
+        void* p = v->addr(&bytes);
+        std::memset(p, POISON, bytes);
+    }
+    const auto reg = S.jumpable.find(S.k->fn);
+    if (reg != S.jumpable.end())
+        for (const auto& v : reg->second) std::memset(v.first, POISON, v.second);
     S.shared_poisoned.clear();
     for (unsigned t = 0; t < S.n; ++t) {
         start_fiber(t);
@@ -574,8 +592,7 @@ void tl_emu_syncwarp() { park(State::AtWarp); }
 void* tl_emu_dynamic_shared() { return dynamic_start(); }
 
 bool tl_emu_shared_poison(void* p, std::size_t bytes) {
-    // Outside a launch (a namespace-scope variable's call at static initialisation): nothing
-    // to poison for.
+    // Outside a launch (host code calling a device function): nothing to poison for.
     if (sched == nullptr || !sched->in_launch) return false;
     Scheduler& S = *sched;
     // Once a block: a later thread's (or a later pass's) fill would erase earlier writes.
@@ -583,6 +600,16 @@ bool tl_emu_shared_poison(void* p, std::size_t bytes) {
         if (q == p) return false;
     S.shared_poisoned.push_back(p);
     std::memset(p, POISON, bytes);
+    return true;
+}
+
+bool tl_emu_shared_poison_jumpable(void* p, std::size_t bytes) {
+    if (sched == nullptr || !sched->in_launch) return false;
+    // Registered for the build that runs: its later blocks fill it before any thread runs.
+    auto& vars = sched->jumpable[sched->k->fn];
+    for (const auto& v : vars)
+        if (v.first == p) return true;
+    vars.emplace_back(p, bytes);
     return true;
 }
 
@@ -730,7 +757,12 @@ extern "C" int tl_emu_launch(int index, const std::uint32_t grid[3],
         sched = owned.get();
     }
     Scheduler& S = *sched;
-    k.fn = build_to_run(k);
+    {
+        // The build that runs, and the namespace-scope shared variables of its unit.
+        void* fn = build_to_run(k);
+        S.statics = fn == k.fn_fma ? k.statics_fma : k.statics;
+        k.fn = fn;
+    }
     S.k = &k;
     S.params = params;
     S.portable = !TL_EMU_SWITCH || portable_here == 1;

@@ -3,8 +3,9 @@
 //! translation unit and namespace, followed by the table of its kernels (name, parameter
 //! signature, entry point); one static library per [`Emulator`], whose table the function
 //! [`Emulator::table_symbol`] returns. The source is compiled as written but for one addition:
-//! each static `__shared__` declaration is followed, on its line, by a call that poisons the
-//! variable at the start of each block (the module `shared`; [`Emulator::compile`]).
+//! each static `__shared__` declaration (in the source and in the headers it includes with
+//! `#include "..."`) is followed, on its line, by calls that poison its variables each block
+//! (the modules `shared` and `copies`; [`Emulator::compile`]).
 //!
 //! The runtime that runs those tables (fibers, barriers, checked memory) is compiled once, into
 //! tl-tape-cuda. A user's library is linked into the user's crate and handed to the runtime
@@ -16,8 +17,9 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::copies::{Copies, write};
 use crate::kernels::{read, stem};
-use crate::{Error, Kernels, ptx, shared};
+use crate::{Error, Kernels, ptx};
 
 /// The CUDA built-ins for the host (`threadIdx`, `__syncthreads`, `__shfl_down_sync`,
 /// `atomicAdd`, `__fmaf_rn`, `__nv_bfloat16`, the warp matrix functions `nvcuda::wmma`, ...) and the kernel-table machinery (`TL_EMU_KERNEL`): included
@@ -139,17 +141,22 @@ impl Emulator {
     /// rounding); the runtime launches that build when the CPU has FMA, the plain one
     /// otherwise.
     ///
-    /// What is compiled is a copy of each source in `OUT_DIR`, starting with
-    /// `#line 1 "<source>"` so that messages name the source's own file and lines, in which each
-    /// static `__shared__` declaration is followed, on its line, by
-    /// `TL_EMU_SHARED_POISON(NAME);`: the first thread of each block that executes the
-    /// declaration fills the variable with 0xFF bytes (a NaN), as a GPU leaves shared memory
-    /// undefined at a block's start. Declarations the rewrite does not follow (several
-    /// declarators in one, `extern __shared__`, a namespace-scope variable, a header's
-    /// declarations: headers are not rewritten) keep the emulator's plain `static thread_local`,
-    /// which starts at 0 and keeps the previous block's values. A quoted `#include` in the copy
-    /// is looked up in the copy's directory, then in the include directories, the source's own
-    /// directory among them. A source that is not UTF-8 is compiled unchanged.
+    /// What is compiled is a copy of each source in `OUT_DIR`, and of each header it includes
+    /// with `#include "..."` (found next to the including file or in the include directories,
+    /// the sources' own among them; copied once, the directive naming the copy), each starting
+    /// with `#line 1 "<original>"` so that messages name the user's own files and lines, in
+    /// which each static `__shared__` declaration is followed, on its line, by a call per
+    /// declarator that fills the variable with 0xFF bytes (a NaN) each block, as a GPU leaves
+    /// shared memory undefined at a block's start: in a function, at the first thread of each
+    /// block that executes the declaration; at namespace scope, and in a function where a
+    /// `case`, `default` or `goto` label follows it in its block, at the start of each block
+    /// (the latter from the block after the launching thread first passed the declaration).
+    /// Declarations the rewrite does not follow (`extern __shared__`, one with an initializer,
+    /// one in a class body, those of a file whose braces do not balance; docs/cuda.md, "The
+    /// kernel emulator") keep the emulator's plain `static thread_local`, which starts at 0 and
+    /// keeps the previous block's values. An include found nowhere (`"cuda_bf16.h"`) is left as
+    /// written and looked up in the copy's directory (the emulator's stand-ins), then in the
+    /// include directories. A source or header that is not UTF-8 is compiled unchanged.
     pub fn compile(&self) -> Result<(), Error> {
         if self.lib.is_empty()
             || !self
@@ -195,12 +202,17 @@ impl Emulator {
         for i in &self.includes {
             build.include(i);
         }
+        // Where a quoted include is looked up after the including file's directory: the
+        // compiler's order, less `dir` (the stand-ins and the copies).
+        let mut search = self.includes.clone();
         for unit in &self.units {
             println!("cargo:rerun-if-changed={}", unit.source.display());
             if let Some(parent) = unit.source.parent() {
                 build.include(parent);
+                search.push(parent.to_path_buf());
             }
         }
+        let mut copies = Copies::new(&dir, &search);
         // On x86-64 every source is built a second time with -mfma: there __fmaf_rn (the C
         // library's fmaf) is the FMA instruction inline instead of a call, the same rounding,
         // and the kernels with most products run several times faster. The runtime launches
@@ -226,12 +238,12 @@ impl Emulator {
             };
         for (k, unit) in self.units.iter().enumerate() {
             let ns = format!("tl_emu_{}_{k}_{}", self.lib, ident(&stem(&unit.source)));
-            // The source with its static shared memory poisoned each block (shared.rs), or the
-            // source itself where it is not UTF-8.
+            // The source and its local headers with their static shared memory poisoned each
+            // block (copies.rs, shared.rs), or the source itself where it is not UTF-8.
             let cu = match String::from_utf8(read(&unit.source)?) {
                 Ok(text) => {
                     let copy = dir.join(format!("{ns}.cu"));
-                    write(&copy, &poisoned_copy(&unit.source, &text))?;
+                    copies.source(&unit.source, &text, &copy)?;
                     copy
                 }
                 Err(_) => unit.source.clone(),
@@ -257,7 +269,7 @@ impl Emulator {
         }
         let sym = self.table_symbol();
         // The table: each unit's kernels, with their -mfma build's functions (same order) as
-        // fn_fma.
+        // fn_fma and its namespace-scope shared variables as statics_fma.
         let _ = write!(
             table,
             "\nextern \"C\" const TlEmuKernel* {sym}(std::size_t* n) {{\n\
@@ -272,7 +284,10 @@ impl Emulator {
              \x20           const TlEmuKernel* f = fma_units[u] ? fma_units[u](&kf) : nullptr;\n\
              \x20           for (std::size_t i = 0; i < k; ++i) {{\n\
              \x20               TlEmuKernel e = t[i];\n\
-             \x20               if (f != nullptr && i < kf) e.fn_fma = f[i].fn;\n\
+             \x20               if (f != nullptr && i < kf) {{\n\
+             \x20                   e.fn_fma = f[i].fn;\n\
+             \x20                   e.statics_fma = f[i].statics;\n\
+             \x20               }}\n\
              \x20               v.push_back(e);\n\
              \x20           }}\n\
              \x20       }}\n\
@@ -301,7 +316,8 @@ impl Emulator {
     }
 }
 
-/// One source's translation unit: the source inside namespace `ns`, then its table. Each
+/// One source's translation unit: the source inside namespace `ns` (after the head of its
+/// list of namespace-scope shared variables, `tl_emu_unit_statics`), then its table. Each
 /// kernel's C symbol is renamed to `<ns>_<name>` (a macro around the source), so kernels of
 /// different sources and libraries may share a name, as kernels of different modules do on a
 /// GPU; the table keeps the name as written (`TL_EMU_KERNEL` stringifies its argument before
@@ -313,7 +329,9 @@ fn unit_source(ns: &str, source: &Path, names: &[String]) -> String {
     }
     let _ = write!(
         s,
-        "\nnamespace {ns} {{\n#include \"{}\"\n\n\
+        "\nnamespace {ns} {{\n\
+         [[maybe_unused]] static TlEmuStaticShared* tl_emu_unit_statics = nullptr;\n\
+         #include \"{}\"\n\n\
          static const TlEmuKernel table[] = {{\n",
         source.display()
     );
@@ -334,19 +352,6 @@ fn unit_source(ns: &str, source: &Path, names: &[String]) -> String {
     s
 }
 
-/// The text compiled for `source` (its text `text`): a `#line` naming the source, so that the
-/// compiler's messages point at the user's file and lines, then the text with each static
-/// `__shared__` declaration followed by its poisoning call on the same line
-/// ([`shared::poison_shared`]).
-fn poisoned_copy(source: &Path, text: &str) -> String {
-    let name = source
-        .display()
-        .to_string()
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"");
-    format!("#line 1 \"{name}\"\n{}", shared::poison_shared(text))
-}
-
 /// `s` with every character that is not a letter, digit or `_` replaced by `_`.
 fn ident(s: &str) -> String {
     s.chars()
@@ -354,34 +359,22 @@ fn ident(s: &str) -> String {
         .collect()
 }
 
-fn write(p: &Path, text: &str) -> Result<(), Error> {
-    // Unchanged files keep their mtime, so cc's objects are not rebuilt for nothing.
-    if fs::read_to_string(p).is_ok_and(|old| old == text) {
-        return Ok(());
-    }
-    fs::write(p, text).map_err(|e| Error::new(format!("{}: {e}", p.display())))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The runtime defines the functions the poisoning macros call (shared.rs checks the
+    /// macros against the header).
     #[test]
-    fn the_copy_names_the_source_and_keeps_its_lines() {
-        let text = "// k\n{ __shared__ float s[4];\n  s[0] = 1; }\n";
-        let copy = poisoned_copy(Path::new("/src/my \"dir\\/k.cu"), text);
-        let (first, rest) = copy.split_once('\n').unwrap();
-        assert_eq!(first, r#"#line 1 "/src/my \"dir\\/k.cu""#);
-        assert_eq!(
-            rest,
-            "// k\n{ __shared__ float s[4]; TL_EMU_SHARED_POISON(s);\n  s[0] = 1; }\n"
-        );
-    }
-
-    /// The poisoning macro the rewrite calls is the one the header defines.
-    #[test]
-    fn the_header_defines_the_poisoning_macro() {
-        assert!(CUDA_EMU_H.contains("#define TL_EMU_SHARED_POISON(name)"));
+    fn the_runtime_defines_the_poisoning_functions() {
         assert!(RUNTIME_CPP.contains("bool tl_emu_shared_poison(void* p, std::size_t bytes)"));
+        assert!(
+            RUNTIME_CPP.contains("bool tl_emu_shared_poison_jumpable(void* p, std::size_t bytes)")
+        );
+        assert!(
+            unit_source("ns", Path::new("k.cu"), &["k".into()]).contains(
+                "static TlEmuStaticShared* tl_emu_unit_statics = nullptr;\n#include \"k.cu\""
+            )
+        );
     }
 }

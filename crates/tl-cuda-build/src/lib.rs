@@ -40,6 +40,7 @@
 //! }
 //! ```
 
+mod copies;
 mod emu;
 mod hash;
 mod kernels;

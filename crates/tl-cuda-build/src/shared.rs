@@ -1,44 +1,87 @@
-//! The emulator build's rewrite of a `.cu` source so that its static shared memory starts each
-//! block poisoned, as dynamic shared memory does (docs/cuda.md, "The kernel emulator").
+//! The emulator build's rewrite of a `.cu` source (or a header it includes) so that its static
+//! shared memory starts each block poisoned, as dynamic shared memory does (docs/cuda.md, "The
+//! kernel emulator").
 //!
 //! In the emulator `__shared__` is `static thread_local` (`cuda_emu.h`): without help a static
-//! shared array starts at 0 and keeps the previous block's values, so a kernel that reads it
+//! shared variable starts at 0 and keeps the previous block's values, so a kernel that reads it
 //! before writing it looks right there and gives garbage on a GPU, where shared memory is
 //! undefined at a block's start. A macro cannot reach the variable's name, so [`poison_shared`]
 //! rewrites the source: after each declaration's `;`, on the same line (line numbers stay), it
-//! adds ` TL_EMU_SHARED_POISON(NAME);`, which `cuda_emu.h` expands to a declaration whose
-//! initializer calls the runtime's `tl_emu_shared_poison(&NAME, sizeof(NAME))`: the first
-//! thread of a block to execute the declaration fills the variable with 0xFF bytes, later ones
-//! (and later executions in the same block) leave it alone. A thread can only touch the
-//! variable by name after executing its declaration, so no thread's write is erased.
+//! adds one call per declarator, ` MACRO(NAME);`, the macro chosen by where the declaration is:
 //!
-//! Rewritten: `__shared__ [__align__(N)] TYPE NAME[dims]...;` and the scalar
-//! `__shared__ TYPE NAME;`, where the declaration starts a statement (after `;`, `{`, `}` or at
-//! the start of the file; `volatile` and `__align__(N)` may come before `__shared__`). Dims are
-//! anything balanced (`A > B ? A : B`, `tc::SMEM_BYTES`, macro calls). Left unpoisoned, rather
-//! than rewritten into code that might not compile: `extern __shared__` (dynamic shared
-//! memory, which the runtime poisons itself), text in comments, string literals and
-//! preprocessor lines (a `#define` that contains `__shared__`), several declarators
-//! (`__shared__ float a[4], b[4];`), an initializer, and any declaration that is not a
-//! statement of its own (`if (c) __shared__ ...`, after a `case` label) or that this parser
-//! does not follow. A declaration at namespace scope gets the call too, which compiles there but
-//! runs once, at static initialisation, outside any launch: it does nothing, so namespace-scope
-//! shared memory is not poisoned. Headers are not rewritten ([`Emulator`](crate::Emulator)
-//! rewrites the sources it compiles, not what they include): shared memory declared in a
-//! `.cuh` is not poisoned (the repository's kernels declare it in `.cu` files only).
+//! - **In a function** (a block of statements): `TL_EMU_SHARED_POISON(NAME)`, a declaration
+//!   whose initializer calls the runtime's `tl_emu_shared_poison`: the first thread of a block
+//!   to execute it fills the variable with 0xFF bytes (a NaN), later ones (and later passes in
+//!   the same block) leave it alone. A thread can only reach code that names the variable by
+//!   passing its declaration, because C++ forbids a jump past an initialised local: so no
+//!   thread's write is erased.
+//! - **In a function, with a label after it in its block** (a `case` or `default` of the
+//!   `switch` it is in, or a `goto` label), where that local would not compile (the label
+//!   would jump over its initialisation): `TL_EMU_SHARED_POISON_JUMPABLE(NAME)`, an expression
+//!   statement that registers the variable (`tl_emu_shared_poison_jumpable`) for the running
+//!   kernel on the launching thread without touching it; the runtime fills every registered
+//!   variable at the start of each later block of that kernel, before any of its threads runs.
+//!   A thread that jumps to the label may write the variable before any other passes the
+//!   declaration, so filling it there could erase that write: the block in which the launching
+//!   thread first passes the declaration runs unpoisoned (in a fresh thread, from 0).
+//! - **At namespace scope** (in the file, a `namespace` or an `extern "C" { }`), where no
+//!   statement runs: `TL_EMU_SHARED_POISON_EACH_BLOCK(NAME)`, a static whose initialisation
+//!   (at program start) adds a function returning the variable's address and size to its
+//!   translation unit's list; the runtime fills each variable of the running kernel's unit at
+//!   the start of every block, before any of its threads runs.
 //!
-//! One kind of rewritten declaration does not compile: one inside a `switch` with a `case`
-//! label after it, which would jump over the added local's initialisation (C++ forbids a jump
-//! past an initialised local). Declare shared memory before the `switch`.
+//! Parsed: `__shared__ [__align__(N)] TYPE DECLARATOR, DECLARATOR...;` where the first
+//! declarator is `NAME[dims]... [__align__(N)]` after the type (pointers `*` in the type), and
+//! each further one `[*|&|const|volatile]... NAME[dims]... [__align__(N)]`: arrays of any
+//! rank, scalars and pointers; the declaration starting a statement (after `;`, `{`, `}`, a
+//! label `case X:`, `default:` or `name:`, or at the start of the file; `volatile` and
+//! `__align__(N)` / `__attribute__((...))` / `alignas(N)` may come before `__shared__`). Dims
+//! are anything balanced (`A > B ? A : B`, `tc::SMEM_BYTES`, macro calls); the type may be
+//! qualified and templated (`ns::Pair<float, sizeof(int)>`). Where a declaration is comes from
+//! the braces around it: a `{` after `namespace ...` or `extern "C"` opens a namespace scope; one
+//! whose head ends with `)`, `]` or a qualifier (`const`, `mutable`, ...) a function's or a
+//! lambda's body; one inside parentheses, or whose head holds `struct`, `class`, `union`,
+//! `enum` or `=`, or ends with `,` or `return`, a class body or an initializer (as is any
+//! other inside those); any other (`do {`, `else {`, `case 1: {`, `{`) a block of statements.
+//!
+//! Left unpoisoned, rather than rewritten into code that might not compile or might compile to
+//! something else: `extern __shared__` (dynamic shared memory, which the runtime poisons
+//! itself); text in comments, string literals and preprocessor lines (a `#define` that
+//! contains `__shared__`: a declaration a macro expands to is not seen); a declaration with an
+//! initializer, any declarator this parser does not follow (`(*f)(int)`, an attribute before a
+//! later declarator's name), a declaration that is not a statement of its own
+//! (`if (c) __shared__ ...`); one in a class body, or in braces this parser takes for one
+//! (a lambda passed as an argument, a member function with a trailing return type); and every
+//! declaration of a file whose braces do not balance outside comments,
+//! literals and preprocessor lines (`#if` / `#else` branches that each open a brace), where
+//! scopes cannot be told apart. [`Emulator`](crate::Emulator) applies the rewrite to each
+//! source and to each header it includes with `#include "..."` (found next to the including
+//! file or in the include directories); a header included with `<...>` is compiled as it is.
 
-/// What the rewrite adds after a declaration's `;`: the macro `cuda_emu.h` defines.
-const MACRO: &str = "TL_EMU_SHARED_POISON";
+use std::fmt::Write as _;
 
-/// `src` with ` TL_EMU_SHARED_POISON(NAME);` after the `;` of each static `__shared__`
-/// declaration it can parse (the module's documentation lists which), on the same line: the
-/// result has the same lines as `src`, each declaration's followed by the call.
+use scopes::{Kind, Scopes};
+
+/// The call after a declaration in a block of statements: poisons at the block's first pass.
+const POISON: &str = "TL_EMU_SHARED_POISON";
+/// The call after a declaration in a block of statements with a label after it: registers the
+/// variable, poisoned at the start of later blocks.
+const POISON_JUMPABLE: &str = "TL_EMU_SHARED_POISON_JUMPABLE";
+/// The call after a declaration at namespace scope: poisoned at the start of every block.
+const POISON_EACH_BLOCK: &str = "TL_EMU_SHARED_POISON_EACH_BLOCK";
+
+/// The macros the rewrite calls (each must be defined by `cuda_emu.h`).
+#[cfg(test)]
+pub(crate) const MACROS: [&str; 3] = [POISON, POISON_JUMPABLE, POISON_EACH_BLOCK];
+
+/// `src` with ` MACRO(NAME);` after the `;` of each static `__shared__` declaration it can
+/// parse, once per declarator (the module's documentation lists which, and which macro), on the
+/// same line: the result has the same lines as `src`.
 pub(crate) fn poison_shared(src: &str) -> String {
     let code = blank(src.as_bytes());
+    let Some(scopes) = Scopes::of(&code) else {
+        return src.to_owned();
+    };
     let mut out = String::with_capacity(src.len() + 64);
     let mut copied = 0;
     let mut i = 0;
@@ -47,12 +90,21 @@ pub(crate) fn poison_shared(src: &str) -> String {
         if !starts_statement(&code, at) {
             continue;
         }
-        if let Some((name, end)) = declaration(&code, i) {
-            out.push_str(&src[copied..end]);
-            out.push_str(&format!(" {MACRO}({name});"));
-            copied = end;
-            i = end;
+        let Some((names, end)) = declaration(&code, i) else {
+            continue;
+        };
+        let call = match scopes.at(at) {
+            (Kind::Namespace, _) => POISON_EACH_BLOCK,
+            (Kind::Code, Some(b)) if scopes.label_after(&code, b, end) => POISON_JUMPABLE,
+            (Kind::Code, _) => POISON,
+            (Kind::Other, _) => continue,
+        };
+        out.push_str(&src[copied..end]);
+        for name in names {
+            let _ = write!(out, " {call}({name});");
         }
+        copied = end;
+        i = end;
     }
     out.push_str(&src[copied..]);
     out
@@ -175,9 +227,9 @@ fn find_word(code: &[u8], from: usize, word: &[u8]) -> Option<usize> {
 }
 
 /// Whether the declaration whose `__shared__` is at `at` starts a statement: before it, past
-/// `volatile` and `__align__(N)` / `__attribute__((...))` / `alignas(N)`, come `;`, `{`, `}`
-/// or the start of the file. False for `extern __shared__`, `if (c) __shared__`,
-/// `case 1: __shared__`, ...
+/// `volatile` and `__align__(N)` / `__attribute__((...))` / `alignas(N)`, come `;`, `{`, `}`,
+/// a label (`case X:`, `default:`, `name:`) or the start of the file. False for
+/// `extern __shared__`, `if (c) __shared__`, `x ? __shared__`, ...
 fn starts_statement(code: &[u8], at: usize) -> bool {
     let mut i = at;
     loop {
@@ -189,6 +241,7 @@ fn starts_statement(code: &[u8], at: usize) -> bool {
         }
         match code[i - 1] {
             b';' | b'{' | b'}' => return true,
+            b':' => return i >= 2 && code[i - 2] != b':' && is_label(code, i - 1),
             b')' => {
                 // An attribute's argument list: back to its `(`, then its name.
                 let mut depth = 0usize;
@@ -226,6 +279,37 @@ fn starts_statement(code: &[u8], at: usize) -> bool {
             }
         }
     }
+}
+
+/// Whether the `:` at `colon` ends labels that start a statement: from the statement's start
+/// (after `;`, `{`, `}` or the file's start) to `colon`, either `case ...` / `default` first or
+/// identifiers separated by single `:` only (`a: b:`).
+fn is_label(code: &[u8], colon: usize) -> bool {
+    let mut s = colon;
+    let mut depth = 0usize;
+    while s > 0 {
+        match code[s - 1] {
+            b')' | b']' => depth += 1,
+            b'(' | b'[' => depth = depth.saturating_sub(1),
+            b';' | b'{' | b'}' if depth == 0 => break,
+            _ => {}
+        }
+        s -= 1;
+    }
+    let head = &code[s..colon];
+    let first = head
+        .split(|c| !is_ident(*c))
+        .find(|w| !w.is_empty())
+        .unwrap_or(b"");
+    if first == b"case" || first == b"default" {
+        return true;
+    }
+    // Goto labels: identifiers and single colons (not `::`, not `?`).
+    !first.is_empty()
+        && !head.windows(2).any(|w| w == b"::")
+        && head
+            .iter()
+            .all(|&c| is_ident(c) || c == b':' || c.is_ascii_whitespace())
 }
 
 /// The identifier that ends at `end` in `code` (empty if none).
@@ -292,17 +376,18 @@ fn is_attribute(word: &str) -> bool {
     matches!(word, "__align__" | "__attribute__" | "alignas")
 }
 
-/// The declaration that follows `__shared__` (its end at `i`): `TYPE NAME [dims]... ;`, with
-/// attributes (`__align__(N)`) before the type or after the dims. Its name and the offset past
-/// its `;`, or `None` for anything else (several declarators, an initializer, a brace, ...).
-fn declaration(code: &[u8], mut i: usize) -> Option<(&str, usize)> {
-    // The type and the name: identifiers, `::`, `*`, `&` and template arguments `<...>`
+/// The declaration that follows `__shared__` (its end at `i`): `TYPE DECLARATOR, ...;`, with
+/// attributes (`__align__(N)`) before the type or after a declarator's dims. Its declarators'
+/// names and the offset past its `;`, or `None` for anything else (an initializer, a brace, a
+/// declarator it does not follow, ...).
+fn declaration(code: &[u8], mut i: usize) -> Option<(Vec<&str>, usize)> {
+    // The type and the first name: identifiers, `::`, `*`, `&` and template arguments `<...>`
     // (commas and parentheses only inside those); the name is the last identifier.
     let mut angle = 0usize;
     let mut words = 0usize;
     let mut name: Option<&str> = None;
     let mut attribute = false;
-    let (first, mut after) = loop {
+    loop {
         let (t, next) = token(code, i)?;
         if attribute && t != Token::Group(b'(') {
             return None;
@@ -326,23 +411,46 @@ fn declaration(code: &[u8], mut i: usize) -> Option<(&str, usize)> {
                 name = None;
             }
             Token::Punct(b'>') if angle > 0 => angle -= 1,
-            Token::Group(b'[') | Token::Punct(b';') if angle == 0 && !attribute => {
-                break (t, next);
-            }
+            Token::Group(b'[') | Token::Punct(b';' | b',') if angle == 0 => break,
             _ => return None,
         }
         i = next;
-    };
-    // At least one word of type before the name.
-    let name = name.filter(|_| words >= 2)?;
-    if first == Token::Punct(b';') {
-        return Some((name, after));
     }
-    // The dims, then attributes, then `;`.
+    // At least one word of type before the name.
+    let mut names = vec![name.filter(|_| words >= 2)?];
+    loop {
+        let (last, next) = declarator_rest(code, i)?;
+        if last {
+            return Some((names, next));
+        }
+        let (name, after) = declarator_name(code, next)?;
+        names.push(name);
+        i = after;
+    }
+}
+
+/// A further declarator's name after its `*`, `&` and qualifiers (from `i`, past the `,`), and
+/// the offset past the name; `None` if something else comes first.
+fn declarator_name(code: &[u8], mut i: usize) -> Option<(&str, usize)> {
+    loop {
+        let (t, next) = token(code, i)?;
+        match t {
+            Token::Punct(b'*' | b'&') => {}
+            Token::Ident("const" | "volatile" | "__restrict__" | "__restrict") => {}
+            Token::Ident(w) if !is_attribute(w) => return Some((w, next)),
+            _ => return None,
+        }
+        i = next;
+    }
+}
+
+/// The rest of a declarator after its name (from `i`): dims, then attributes, then `,` (false)
+/// or `;` (true), and the offset past that; `None` for anything else.
+fn declarator_rest(code: &[u8], mut i: usize) -> Option<(bool, usize)> {
     let mut attribute = false;
     let mut dims = true;
     loop {
-        let (t, next) = token(code, after)?;
+        let (t, next) = token(code, i)?;
         match t {
             Token::Group(b'[') if dims => {}
             Token::Ident(w) if is_attribute(w) && !attribute => {
@@ -350,203 +458,14 @@ fn declaration(code: &[u8], mut i: usize) -> Option<(&str, usize)> {
                 dims = false;
             }
             Token::Group(b'(') if attribute => attribute = false,
-            Token::Punct(b';') if !attribute => return Some((name, next)),
+            Token::Punct(b';') if !attribute => return Some((true, next)),
+            Token::Punct(b',') if !attribute => return Some((false, next)),
             _ => return None,
         }
-        after = next;
+        i = next;
     }
 }
 
+mod scopes;
 #[cfg(test)]
-mod tests {
-    use super::poison_shared;
-
-    /// `src` rewritten, checking that it keeps its lines.
-    fn rw(src: &str) -> String {
-        let out = poison_shared(src);
-        assert_eq!(out.lines().count(), src.lines().count(), "{out}");
-        out
-    }
-
-    #[test]
-    fn an_array_gets_the_call_after_its_semicolon() {
-        assert_eq!(
-            rw("    __shared__ float smem[33];\n    smem[0] = 1;\n"),
-            "    __shared__ float smem[33]; TL_EMU_SHARED_POISON(smem);\n    smem[0] = 1;\n"
-        );
-    }
-
-    #[test]
-    fn aligned_multi_dimensional_and_scalar_declarations() {
-        assert_eq!(
-            rw("{ __shared__ __align__(16) float As[2][BK][BM + 4];\n"),
-            "{ __shared__ __align__(16) float As[2][BK][BM + 4]; TL_EMU_SHARED_POISON(As);\n"
-        );
-        assert_eq!(
-            rw("__align__(32) __shared__ unsigned char bytes[64];"),
-            "__align__(32) __shared__ unsigned char bytes[64]; TL_EMU_SHARED_POISON(bytes);"
-        );
-        assert_eq!(
-            rw("x = 1; __shared__ unsigned int total;"),
-            "x = 1; __shared__ unsigned int total; TL_EMU_SHARED_POISON(total);"
-        );
-        assert_eq!(
-            rw("; __shared__ float tile[32][33] __align__(16);"),
-            "; __shared__ float tile[32][33] __align__(16); TL_EMU_SHARED_POISON(tile);"
-        );
-        assert_eq!(
-            rw("; volatile __shared__ float* volatile p;"),
-            "; volatile __shared__ float* volatile p; TL_EMU_SHARED_POISON(p);"
-        );
-        assert_eq!(
-            rw("; __shared__ ns::Pair<float, sizeof(int)> pairs[4];"),
-            "; __shared__ ns::Pair<float, sizeof(int)> pairs[4]; TL_EMU_SHARED_POISON(pairs);"
-        );
-    }
-
-    /// The dims the repository's kernels use: `?:`, `>`, `::`, macro calls with commas.
-    #[test]
-    fn dims_may_hold_conditionals_scopes_and_macro_calls() {
-        for (decl, name) in [
-            (
-                "__shared__ __align__(16) float smem[A > B ? A : B];",
-                "smem",
-            ),
-            (
-                "__shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];",
-                "smem",
-            ),
-            (
-                "__shared__ __align__(16) float smem[TL_FA_BWD_KV_SMEM(64, 64)];",
-                "smem",
-            ),
-            ("__shared__ float s[(N + 1) * (M < 2 ? 2 : M)][4];", "s"),
-        ] {
-            let src = format!("{{\n    {decl}\n}}\n");
-            let want = format!("{{\n    {decl} TL_EMU_SHARED_POISON({name});\n}}\n");
-            assert_eq!(rw(&src), want);
-        }
-    }
-
-    #[test]
-    fn a_declaration_over_several_lines_keeps_them() {
-        let src = "{ __shared__ float\n    big[4]\n    [8];\n}";
-        assert_eq!(
-            rw(src),
-            "{ __shared__ float\n    big[4]\n    [8]; TL_EMU_SHARED_POISON(big);\n}"
-        );
-    }
-
-    #[test]
-    fn every_declaration_of_a_file_and_nothing_else() {
-        let src = "#include \"common.cuh\"\n\
-                   extern \"C\" __global__ void k(float* y) {\n\
-                   \x20   __shared__ float a[4];\n\
-                   \x20   __shared__ float b[4]; y[0] = a[0] + b[0]; // __shared__ float c[4];\n\
-                   }\n";
-        let want = "#include \"common.cuh\"\n\
-                    extern \"C\" __global__ void k(float* y) {\n\
-                    \x20   __shared__ float a[4]; TL_EMU_SHARED_POISON(a);\n\
-                    \x20   __shared__ float b[4]; TL_EMU_SHARED_POISON(b); y[0] = a[0] + b[0]; // __shared__ float c[4];\n\
-                    }\n";
-        assert_eq!(rw(src), want);
-    }
-
-    #[test]
-    fn extern_shared_is_left_alone() {
-        for src in [
-            "; extern __shared__ float dyn[];",
-            "; extern __shared__ __align__(16) float dyn[];",
-            "; extern \"C\" __shared__ float dyn[];",
-        ] {
-            assert_eq!(rw(src), src);
-        }
-    }
-
-    #[test]
-    fn comments_strings_and_preprocessor_lines_are_left_alone() {
-        for src in [
-            "// __shared__ float a[4];\n",
-            "/* a block comment:\n   __shared__ float a[4];\n*/\n",
-            "#define TL_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]\n",
-            "#define DECL(n) \\\n    __shared__ float n[4];\n",
-            "  #  define X __shared__ float a[4];\n",
-            "printf(\"__shared__ float a[4];\");\n",
-            "c = '\"'; printf(\"; __shared__ float a[4];\");\n",
-        ] {
-            assert_eq!(rw(src), src);
-        }
-        // After a directive and its continuation, code is code again; a `'` after a digit is a
-        // digit separator, not a character literal.
-        assert_eq!(
-            rw("#define A \\\n  1\n__shared__ float a[1'000];\n"),
-            "#define A \\\n  1\n__shared__ float a[1'000]; TL_EMU_SHARED_POISON(a);\n"
-        );
-        assert_eq!(
-            rw("#define DECL(n) \\\r\n    __shared__ float n[4];\r\n__shared__ float b[4];\r\n"),
-            "#define DECL(n) \\\r\n    __shared__ float n[4];\r\n\
-             __shared__ float b[4]; TL_EMU_SHARED_POISON(b);\r\n"
-        );
-        assert_eq!(
-            rw("/* x */ __shared__ float a[4];"),
-            "/* x */ __shared__ float a[4]; TL_EMU_SHARED_POISON(a);"
-        );
-    }
-
-    /// What the rewrite does not follow stays as it was (unpoisoned, and compiling).
-    #[test]
-    fn declarations_it_cannot_parse_are_left_alone() {
-        for src in [
-            "; __shared__ float a[4], b[4];",
-            "; __shared__ float a, b;",
-            "; __shared__ int n = 0;",
-            "; __shared__ struct { float x; } s;",
-            "; __shared__ float a[4]",
-            "; __shared__ float a[4;",
-            "; __shared__ a[4];",
-            "; __shared__ float (*f)(int);",
-            "if (c) __shared__ float a[4];",
-            "case 1: __shared__ float a[4];",
-            "; static __shared__ float a[4];",
-            "; __shared__ float a[4] = {0};",
-            "; __shared__ float a[4] __align__;",
-        ] {
-            assert_eq!(rw(src), src);
-        }
-        // Past one it cannot parse, the next is still rewritten.
-        assert_eq!(
-            rw("; __shared__ float a[4], b[4]; __shared__ float c[4];"),
-            "; __shared__ float a[4], b[4]; __shared__ float c[4]; TL_EMU_SHARED_POISON(c);"
-        );
-    }
-
-    #[test]
-    fn the_repositorys_declarations_are_all_rewritten() {
-        let src = "__shared__ __nv_bfloat16 as[2 * 256];\n\
-                   __shared__ float tile[32][33];\n\
-                   __shared__ float s[TL_BLOCK];\n";
-        let out = rw(src);
-        for name in ["as", "tile", "s"] {
-            assert!(
-                out.contains(&format!("TL_EMU_SHARED_POISON({name});")),
-                "{out}"
-            );
-        }
-    }
-
-    #[test]
-    fn text_without_shared_memory_and_non_ascii_text_are_unchanged() {
-        for src in [
-            "",
-            "int x;\n",
-            "// × ⌈n/32⌉\nfloat y; /* é */\n",
-            "__shared__",
-        ] {
-            assert_eq!(rw(src), src);
-        }
-        assert_eq!(
-            rw("// ×\n__shared__ float a[4]; // ⌈n⌉\n"),
-            "// ×\n__shared__ float a[4]; TL_EMU_SHARED_POISON(a); // ⌈n⌉\n"
-        );
-    }
-}
+mod tests;

@@ -525,6 +525,93 @@ mod emulated {
         assert_eq!(dev.memory_usage().live_bytes, 0);
     }
 
+    /// The column sums every `tests/user_kernels/shared_*.cu` kernel computes on 3 blocks of
+    /// 128 threads and 5 rows: x, the exact sums (halves: exact in any order), and a launch of
+    /// `kernel` in the given thread order that returns its output.
+    struct SharedSums {
+        xs: Vec<f32>,
+        want: Vec<f32>,
+    }
+
+    const SHARED_BLOCKS: usize = 3;
+    const SHARED_THREADS: usize = 128;
+    const SHARED_ROWS: usize = 5;
+
+    impl SharedSums {
+        fn new() -> Self {
+            let (blocks, threads, rows) = (SHARED_BLOCKS, SHARED_THREADS, SHARED_ROWS);
+            let xs: Vec<f32> = (0..blocks * rows * threads)
+                .map(|i| (i % 97) as f32 * 0.5 - 20.0)
+                .collect();
+            // Column threads - 1 - t of block b, summed over its rows.
+            let want = (0..blocks * threads)
+                .map(|i| {
+                    let (b, t) = (i / threads, i % threads);
+                    (0..rows)
+                        .map(|r| xs[(b * rows + r) * threads + threads - 1 - t])
+                        .sum()
+                })
+                .collect();
+            SharedSums { xs, want }
+        }
+
+        /// `kernel`'s output, its threads run in reverse order or forward.
+        fn launch(&self, dev: &mut CudaDevice, kernel: &'static str, reverse: bool) -> Vec<f32> {
+            let x = dev.upload(&self.xs).unwrap();
+            let mut go = || {
+                launch(
+                    &mut *dev,
+                    "shared_sums",
+                    &module(),
+                    kernel,
+                    LaunchShape::Grid {
+                        grid: [SHARED_BLOCKS as u32, 1, 1],
+                        block: [SHARED_THREADS as u32, 1, 1],
+                        shared: 0,
+                    },
+                    &[
+                        KernelArg::In(x),
+                        KernelArg::Out(0),
+                        KernelArg::U32(SHARED_ROWS as u32),
+                    ],
+                    &[SHARED_BLOCKS * SHARED_THREADS],
+                )
+            };
+            let y = if reverse {
+                tl_tape_cuda::in_reverse_schedule(go)
+            } else {
+                go()
+            }
+            .unwrap();
+            let got = dev.download(y[0]).unwrap();
+            dev.release(y[0]);
+            dev.release(x);
+            got
+        }
+
+        /// Each of `wrong` gives NaN in every block and each of `right`
+        /// the exact sums, in both thread orders.
+        fn check(&self, dev: &mut CudaDevice, wrong: &[&'static str], right: &[&'static str]) {
+            for reverse in [false, true] {
+                for kernel in wrong {
+                    let got = self.launch(dev, kernel, reverse);
+                    for (b, block) in got.chunks(SHARED_THREADS).enumerate() {
+                        assert!(
+                            block.iter().all(|v| v.is_nan()),
+                            "{kernel}, reverse {reverse}: block {b} has numbers: {:?}",
+                            &block[..4]
+                        );
+                    }
+                }
+                for kernel in right {
+                    let got = self.launch(dev, kernel, reverse);
+                    assert_eq!(got, self.want, "{kernel}, reverse {reverse}");
+                }
+            }
+            assert_eq!(dev.memory_usage().live_bytes, 0);
+        }
+    }
+
     /// Static shared memory starts each block as the poison (a NaN), as it starts undefined on
     /// a GPU (`tests/user_kernels/shared_unwritten.cu`): an accumulator read before it is
     /// written (set to 0 after use, for the next block) gives NaN in every block, block 0
@@ -535,68 +622,98 @@ mod emulated {
     #[test]
     fn static_shared_memory_read_before_written_is_nan_in_every_block() {
         let mut tape = tape();
-        let dev = tape.device_mut();
-        let (blocks, threads, rows) = (3usize, 128usize, 5usize);
-        let xs: Vec<f32> = (0..blocks * rows * threads)
-            .map(|i| (i % 97) as f32 * 0.5 - 20.0)
-            .collect();
-        let x = dev.upload(&xs).unwrap();
-        // Column threads - 1 - t of block b, summed over its rows (halves: exact in any order).
-        let want: Vec<f32> = (0..blocks * threads)
-            .map(|i| {
-                let (b, t) = (i / threads, i % threads);
-                (0..rows)
-                    .map(|r| xs[(b * rows + r) * threads + threads - 1 - t])
-                    .sum()
-            })
-            .collect();
-        for (kernel, right) in [
-            ("tl_test_shared_unwritten", false),
-            ("tl_test_shared_written", true),
-        ] {
-            for reverse in [false, true] {
-                let mut go = || {
-                    launch(
-                        &mut *dev,
-                        "shared_sums",
-                        &module(),
-                        kernel,
-                        LaunchShape::Grid {
-                            grid: [blocks as u32, 1, 1],
-                            block: [threads as u32, 1, 1],
-                            shared: 0,
-                        },
-                        &[
-                            KernelArg::In(x),
-                            KernelArg::Out(0),
-                            KernelArg::U32(rows as u32),
-                        ],
-                        &[blocks * threads],
-                    )
-                };
-                let y = if reverse {
-                    tl_tape_cuda::in_reverse_schedule(go)
-                } else {
-                    go()
-                }
-                .unwrap();
-                let got = dev.download(y[0]).unwrap();
-                dev.release(y[0]);
-                if right {
-                    assert_eq!(got, want, "{kernel}, reverse {reverse}");
-                } else {
-                    for (b, block) in got.chunks(threads).enumerate() {
-                        assert!(
-                            block.iter().all(|v| v.is_nan()),
-                            "{kernel}, reverse {reverse}: block {b} has numbers: {:?}",
-                            &block[..4]
-                        );
-                    }
-                }
+        SharedSums::new().check(
+            tape.device_mut(),
+            &["tl_test_shared_unwritten"],
+            &["tl_test_shared_written"],
+        );
+    }
+
+    /// Every declarator of one declaration is poisoned (`tests/user_kernels/shared_declarators.cu`):
+    /// an accumulator declared second, after a 2-D array, and a scalar declared after an array,
+    /// each read before written, give NaN in every block; the twin with every declarator
+    /// written (volatile, over two lines) the exact sums.
+    #[test]
+    fn every_declarator_of_a_shared_declaration_is_poisoned() {
+        let mut tape = tape();
+        SharedSums::new().check(
+            tape.device_mut(),
+            &[
+                "tl_test_shared_declarators_second_unwritten",
+                "tl_test_shared_declarators_scalar_unwritten",
+            ],
+            &["tl_test_shared_declarators_written"],
+        );
+    }
+
+    /// Shared variables declared at namespace scope (`tests/user_kernels/shared_namespace.cu`:
+    /// the file, a namespace, an `extern "C"` block) are poisoned at the start of every block,
+    /// before its threads run: read before written they give NaN in every block; written by
+    /// each thread and read by others after a barrier, the exact sums.
+    #[test]
+    fn namespace_scope_shared_memory_is_poisoned_at_each_block() {
+        let mut tape = tape();
+        SharedSums::new().check(
+            tape.device_mut(),
+            &[
+                "tl_test_shared_namespace_unwritten",
+                "tl_test_shared_namespace_scalar_unwritten",
+                "tl_test_shared_extern_c_unwritten",
+            ],
+            &["tl_test_shared_namespace_written"],
+        );
+    }
+
+    /// Shared memory declared in a local header (`tests/user_kernels/shared_header.cuh`,
+    /// included by `shared_header.cu` with `#include "..."`) is poisoned as a source's: a
+    /// function's and a namespace-scope accumulator read before written give NaN in every
+    /// block; the twin the exact sums.
+    #[test]
+    fn shared_memory_declared_in_a_local_header_is_poisoned() {
+        let mut tape = tape();
+        SharedSums::new().check(
+            tape.device_mut(),
+            &[
+                "tl_test_shared_header_unwritten",
+                "tl_test_shared_header_global_unwritten",
+            ],
+            &["tl_test_shared_header_written"],
+        );
+    }
+
+    /// Shared memory declared in a `switch` with a `case` label after it compiles, and
+    /// (`tests/user_kernels/shared_switch.cu`) is poisoned at the start of each block after the
+    /// launching thread first passed the declaration: read before written it gives NaN in
+    /// every block but the first launch's block 0 (where it was registered), then in every
+    /// block of every later launch, both orders; the twin, whose odd threads write it after
+    /// jumping past the declaration (in reverse order before any thread passes it), gives
+    /// the exact sums.
+    #[test]
+    fn shared_memory_declared_in_a_switch_is_poisoned_from_its_first_block_on() {
+        // A thread of its own: the test's launches are the first of these kernels on it.
+        let run = std::thread::spawn(|| {
+            let mut tape = tape();
+            let dev = tape.device_mut();
+            let sums = SharedSums::new();
+            let right = sums.launch(dev, "tl_test_shared_switch_written", true);
+            assert_eq!(right, sums.want, "the first launch, reverse");
+            let first = sums.launch(dev, "tl_test_shared_switch_unwritten", false);
+            for (b, block) in first.chunks(SHARED_THREADS).enumerate().skip(1) {
+                assert!(
+                    block.iter().all(|v| v.is_nan()),
+                    "the first launch: block {b} has numbers: {:?}",
+                    &block[..4]
+                );
             }
+            sums.check(
+                dev,
+                &["tl_test_shared_switch_unwritten"],
+                &["tl_test_shared_switch_written"],
+            );
+        });
+        if let Err(panic) = run.join() {
+            std::panic::resume_unwind(panic);
         }
-        dev.release(x);
-        assert_eq!(dev.memory_usage().live_bytes, 0);
     }
 
     /// Every thread of a 3-D block sees its own `threadIdx` (x fastest) and the block's
