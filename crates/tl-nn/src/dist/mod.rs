@@ -16,7 +16,9 @@
 //!   `step_accumulated`) averages the gradients across the ranks in buckets before the
 //!   optimizer's clipping and update, so every rank takes the same step. The group is tied to
 //!   the model it was set up with: a step on a model with a parameter outside it is an error
-//!   on every rank.
+//!   on every rank. Every step compares the ranks' optimizers (rule, hyper-parameters,
+//!   schedule, clipping, steps done; at the group's first step a hash of the state too): ranks
+//!   stepping different optimizers fail that step on every rank, naming the first that differs.
 //! - [`crate::data::DataLoader::shard`]: each rank's part of each global batch.
 //! - Faults: each step starts with an all-gather of every rank's status, so a rank whose
 //!   forward or backward failed makes every rank's step fail with an error naming it (no rank
@@ -68,13 +70,19 @@ impl Group {
     /// Every rank's outcome of one collective phase named `what`: `Ok` when all succeeded;
     /// else this rank's own error, or an error naming the first rank that failed.
     fn agree<R>(&self, what: &'static str, mine: Result<R>) -> Result<R> {
-        self.agree_layout(what, mine, &[])
+        self.agree_layout(what, mine, &[], "")
     }
 
-    /// [`Group::agree`] carrying a step's gradient layout (each buffer's length), which must
-    /// be the same on every rank.
-    fn agree_layout<R>(&self, what: &'static str, mine: Result<R>, layout: &[u64]) -> Result<R> {
-        let record = status::Status::of(self.steps.get(), &mine, layout);
+    /// [`Group::agree`] carrying a step's gradient layout (each buffer's length) and optimizer
+    /// ([`status::optimizer_record`]), which must be the same on every rank.
+    fn agree_layout<R>(
+        &self,
+        what: &'static str,
+        mine: Result<R>,
+        layout: &[u64],
+        optimizer: &str,
+    ) -> Result<R> {
+        let record = status::Status::of(self.steps.get(), &mine, layout, optimizer);
         let all = self.comm.all_gather_bytes(&record.encode())?;
         if all.len() != self.comm.size() {
             return Err(usage(
@@ -89,6 +97,7 @@ impl Group {
         let statuses = status::decode_all(what, &all)?;
         if mine.is_ok() && statuses.iter().all(|s| s.ok) {
             reduce::check_layout(&statuses)?;
+            status::check_optimizers(what, &statuses)?;
         }
         match mine {
             Err(e) => Err(e),
@@ -119,10 +128,13 @@ impl Group {
         opt: &mut Optimizer,
         pre: Option<&mut dyn tl_session::GradReducer<O::T>>,
     ) -> Result<f64> {
+        // At the group's first step the optimizer's state is compared too.
+        let optimizer = status::optimizer_record(&*session, opt, self.steps.get() == 0);
         let mut hook = StepReducer {
             group: self,
             failure: None,
             pre,
+            optimizer,
         };
         // The pass ends with the step (`Runtime::step` resets it next): updates in place.
         let out = session.backward_step_reduced_then_reset(loss, opt, Some(&mut hook));
@@ -133,10 +145,11 @@ impl Group {
         }
     }
 
-    /// The step's status exchange, carrying the gradient layout (each buffer's length).
-    fn agree_step(&self, layout: Vec<u64>) -> Result<()> {
+    /// The step's status exchange, carrying the gradient layout (each buffer's length) and
+    /// the optimizer's record.
+    fn agree_step(&self, layout: Vec<u64>, optimizer: &str) -> Result<()> {
         self.agreed.set(true);
-        self.agree_layout("Runtime::step (data-parallel)", Ok(()), &layout)
+        self.agree_layout("Runtime::step (data-parallel)", Ok(()), &layout, optimizer)
     }
 }
 
@@ -147,6 +160,8 @@ struct StepReducer<'g, 'p, T> {
     group: &'g Group,
     failure: Option<crate::Error>,
     pre: Option<&'p mut dyn tl_session::GradReducer<T>>,
+    /// The step's optimizer as the ranks compare it ([`status::optimizer_record`]).
+    optimizer: String,
 }
 
 impl<T> StepReducer<'_, '_, T> {
@@ -170,7 +185,7 @@ impl<T: tl_spec::Scalar> tl_session::GradReducer<T> for StepReducer<'_, '_, T> {
         let g = self.group;
         let layout = grads.iter().map(|g| g.len() as u64).collect();
         let r = g
-            .agree_step(layout)
+            .agree_step(layout, &self.optimizer)
             .and_then(|()| reduce::mean::<T>(&*g.comm, g.bucket_elems, grads));
         self.keep(r)
     }
@@ -188,7 +203,7 @@ impl<T: tl_spec::Scalar> tl_session::GradReducer<T> for StepReducer<'_, '_, T> {
         }
         let layout = grads.iter().map(|g| g.len() as u64).collect();
         let r = g
-            .agree_step(layout)
+            .agree_step(layout, &self.optimizer)
             .and_then(|()| reduce::mean_on_device(&*g.comm, g.bucket_elems, dev, grads));
         Some(self.keep(r))
     }

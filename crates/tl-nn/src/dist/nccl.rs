@@ -94,7 +94,7 @@ impl Nccl {
             Ok((lib, CudaDevice::new()?))
         })();
         // Every rank's outcome before any rank waits in ncclCommInitRank.
-        let record = Status::of(0, &opened, &[]).encode();
+        let record = Status::of(0, &opened, &[], "").encode();
         let statuses = decode_all(WHAT, &bootstrap.all_gather_bytes(&record)?)?;
         let (lib, dev) = opened?;
         if let Some(bad) = statuses.iter().position(|s| !s.ok) {

@@ -18,10 +18,12 @@ pub(crate) struct Status {
     pub message: String,
     /// A step's gradient layout: each buffer's length (empty outside a step).
     pub layout: Vec<u64>,
+    /// A step's optimizer, as [`optimizer_record`] describes it (empty outside a step).
+    pub optimizer: String,
 }
 
 impl Status {
-    pub(crate) fn of<R>(step: u64, r: &Result<R>, layout: &[u64]) -> Status {
+    pub(crate) fn of<R>(step: u64, r: &Result<R>, layout: &[u64], optimizer: &str) -> Status {
         let message = match r {
             Ok(_) => String::new(),
             Err(e) => cut(&e.to_string()),
@@ -31,17 +33,22 @@ impl Status {
             step,
             message,
             layout: layout.to_vec(),
+            optimizer: optimizer.to_owned(),
         }
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(17 + 8 * self.layout.len() + self.message.len());
+        let mut out = Vec::with_capacity(
+            25 + 8 * self.layout.len() + self.optimizer.len() + self.message.len(),
+        );
         out.push(u8::from(self.ok));
         out.extend_from_slice(&self.step.to_le_bytes());
         out.extend_from_slice(&(self.layout.len() as u64).to_le_bytes());
         for l in &self.layout {
             out.extend_from_slice(&l.to_le_bytes());
         }
+        out.extend_from_slice(&(self.optimizer.len() as u64).to_le_bytes());
+        out.extend_from_slice(self.optimizer.as_bytes());
         out.extend_from_slice(self.message.as_bytes());
         out
     }
@@ -59,11 +66,18 @@ impl Status {
             return None;
         }
         let layout = (0..n).map(|i| word(2 + i)).collect::<Option<Vec<u64>>>()?;
+        let o = usize::try_from(word(2 + n)?).ok()?;
+        let text = rest.get(8 * (3 + n)..)?;
+        if o > text.len() {
+            return None;
+        }
+        let (optimizer, message) = text.split_at(o);
         Some(Status {
             ok: ok == 1,
             step,
-            message: String::from_utf8_lossy(&rest[8 * (2 + n)..]).into_owned(),
+            message: String::from_utf8_lossy(message).into_owned(),
             layout,
+            optimizer: String::from_utf8(optimizer.to_vec()).ok()?,
         })
     }
 }
@@ -103,6 +117,73 @@ pub(crate) fn decode_all(what: &'static str, all: &[Vec<u8>]) -> Result<Vec<Stat
         ));
     }
     Ok(out)
+}
+
+/// The optimizer of a data-parallel step as the ranks compare it: the rule and its
+/// hyper-parameters, the schedule, the clipping, the finite checks and the steps done, and at
+/// the group's first step (`state`) a hash of its state for the session's parameters (the
+/// moments of an optimizer stepped before the group began differ between ranks that stepped
+/// apart, and rank 0's parameters are all `data_parallel` copies). Every rank must step the
+/// same optimizer: a rate that differs between ranks makes the replicas drift apart.
+pub(crate) fn optimizer_record<O: tl_session::Train>(
+    session: &O,
+    opt: &tl_session::Optimizer,
+    state: bool,
+) -> String {
+    use std::fmt::Write;
+    let mut s = opt.name().to_owned();
+    for (name, v) in opt.hyper_parameters() {
+        let _ = write!(s, " {name} {v}");
+    }
+    let _ = write!(
+        s,
+        ", schedule {:?}, clipping {:?}, finite check {}, stop on a non-finite loss {}, {} step(s) done",
+        opt.lr_schedule(),
+        opt.clipping(),
+        opt.checks_finite(),
+        opt.stops_on_non_finite_loss(),
+        opt.steps_done()
+    );
+    if state {
+        match session.optimizer_state(opt) {
+            Ok(dict) => {
+                // FNV-1a over the names and the values' bits.
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                let mut eat = |bytes: &[u8]| {
+                    for &b in bytes {
+                        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                    }
+                };
+                for (name, t) in &dict {
+                    eat(name.as_bytes());
+                    for v in t.data() {
+                        eat(&v.to_bits().to_le_bytes());
+                    }
+                }
+                let _ = write!(s, ", state {h:016x}");
+            }
+            Err(e) => {
+                let _ = write!(s, ", state not exported ({e})");
+            }
+        }
+    }
+    s
+}
+
+/// Every rank's step optimizer ([`optimizer_record`]) equal to rank 0's, else an error naming
+/// the first rank that differs and both records.
+pub(crate) fn check_optimizers(what: &'static str, all: &[Status]) -> Result<()> {
+    let first = &all[0].optimizer;
+    match all.iter().enumerate().find(|(_, s)| s.optimizer != *first) {
+        None => Ok(()),
+        Some((rank, s)) => Err(usage(
+            what,
+            format!(
+                "the ranks' optimizers differ at step {}: rank 0's is `{first}`, rank {rank}'s is `{}` (every rank must build the same optimizer, load the same state and step it only through the group)",
+                s.step, s.optimizer
+            ),
+        )),
+    }
 }
 
 /// One parameter as the start-up check compares it.
@@ -257,11 +338,17 @@ mod tests {
             step: 7,
             message: "é".repeat(1000),
             layout: vec![3, 0, 12],
+            optimizer: "adamw lr 0.001 ü".into(),
         };
         let d = Status::decode(&s.encode()).unwrap();
         assert_eq!(d, s);
+        // Cut anywhere, a record does not decode (never a panic).
+        let b = s.encode();
+        for n in 0..1 + 8 + 8 + 8 * 3 + 8 + s.optimizer.len() {
+            assert!(Status::decode(&b[..n]).is_none(), "{n}");
+        }
         let e: Result<()> = Err(usage("x", "é".repeat(1000)));
-        let cut = Status::of(3, &e, &[]);
+        let cut = Status::of(3, &e, &[], "");
         assert!(
             cut.message.len() <= MAX_MESSAGE + "…".len(),
             "{}",
@@ -277,6 +364,7 @@ mod tests {
             step,
             message: String::new(),
             layout: Vec::new(),
+            optimizer: String::new(),
         };
         let (a, b) = (at(4).encode(), at(5).encode());
         let e = decode_all("t", &[a.clone(), a.clone(), b])

@@ -652,6 +652,65 @@ fn ranks_whose_steps_train_different_parameters_are_an_error() {
     }
 }
 
+/// Ranks that step different optimizers are an error on every rank naming the first rank whose
+/// optimizer differs and both descriptions, and no rank updates: a rate of its own on rank 1
+/// (hyper-parameters, checked at every step), or a state of its own at the group's first step
+/// (momentum loaded through the session, which `data_parallel` does not see: it copies rank
+/// 0's parameters, not the optimizers' state). `rank1` prepares rank 1's optimizer.
+fn ranks_with_optimizers(rank1: fn(&mut Runtime<tl_session::Session<f32>>, &mut Optimizer)) {
+    let handles: Vec<_> = group(2)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let rank = c.rank;
+                let mut rt = eager_f32();
+                let layer = Linear::new(&rt.vars().pp("fc"), 4, 4).unwrap();
+                let mut opt = Optimizer::momentum(0.1, 0.9).unwrap();
+                if rank == 1 {
+                    rank1(&mut rt, &mut opt);
+                }
+                rt.data_parallel(&layer, Box::new(c)).unwrap();
+                let before = values(&rt, &layer);
+                let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.1);
+                let e = rt
+                    .step(&layer, &mut opt, |g| layer.forward(&g.input(x)?)?.sum())
+                    .unwrap_err()
+                    .to_string();
+                assert_eq!(values(&rt, &layer), before);
+                e
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap();
+        assert!(
+            e.contains("the ranks' optimizers differ at step 0: rank 0's is `momentum lr 0.1 ")
+                && e.contains("rank 1's is `momentum lr "),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn ranks_whose_optimizers_differ_are_an_error_naming_the_rank() {
+    // A rate of its own.
+    ranks_with_optimizers(|_, opt| opt.lr = 0.2);
+    // Momentum of its own, loaded through the session: the same hyper-parameters and steps
+    // done, another state.
+    ranks_with_optimizers(|rt, opt| {
+        let mut other = eager_f32();
+        let layer = Linear::new(&other.vars().pp("fc"), 4, 4).unwrap();
+        let mut o = opt.clone();
+        let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.3);
+        other
+            .step(&layer, &mut o, |g| layer.forward(&g.input(x)?)?.sum())
+            .unwrap();
+        let state = other.session().optimizer_state(&o).unwrap();
+        rt.session_mut().load_optimizer_state(opt, &state).unwrap();
+        assert_eq!(opt.steps_done(), 0);
+    });
+}
+
 /// The NCCL engine (features `cuda`, `cuda-emu`) with [`Local`] as its bootstrap: one rank, on
 /// the NCCL that `TL_NCCL_LIBRARY` names (CI: the one-rank stub of `cargo xtask nccl-stub`, over
 /// the kernel emulator, where its copies really run). Without the variable or a device the

@@ -83,6 +83,12 @@ impl Optimizer {
         self.last
     }
 
+    /// The clipping set: by global norm `(max_norm, norm_type)`
+    /// ([`Optimizer::clip_grad_norm`]) and by value ([`Optimizer::clip_grad_value`]).
+    pub fn clipping(&self) -> (Option<(f64, f64)>, Option<f64>) {
+        (self.clip_norm, self.clip_value)
+    }
+
     /// The number of session steps completed (the index of the next one).
     pub fn steps_done(&self) -> u64 {
         self.steps
