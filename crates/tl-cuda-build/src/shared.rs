@@ -60,7 +60,7 @@
 
 use std::fmt::Write as _;
 
-use scopes::{Kind, Scopes};
+use scopes::{Kind, Scopes, statement_start};
 
 /// The call after a declaration in a block of statements: poisons at the block's first pass.
 const POISON: &str = "TL_EMU_SHARED_POISON";
@@ -285,17 +285,7 @@ fn starts_statement(code: &[u8], at: usize) -> bool {
 /// (after `;`, `{`, `}` or the file's start) to `colon`, either `case ...` / `default` first or
 /// identifiers separated by single `:` only (`a: b:`).
 fn is_label(code: &[u8], colon: usize) -> bool {
-    let mut s = colon;
-    let mut depth = 0usize;
-    while s > 0 {
-        match code[s - 1] {
-            b')' | b']' => depth += 1,
-            b'(' | b'[' => depth = depth.saturating_sub(1),
-            b';' | b'{' | b'}' if depth == 0 => break,
-            _ => {}
-        }
-        s -= 1;
-    }
+    let s = statement_start(code, colon);
     let head = &code[s..colon];
     let first = head
         .split(|c| !is_ident(*c))

@@ -135,10 +135,10 @@ enum Head<'a> {
     Char(u8),
 }
 
-/// What the braces opening at `open` hold (`outer`: what holds them), and whether they are a
-/// `switch`'s body: from the head before them, back to the previous `;`, `{` or `}`.
-fn classify(code: &[u8], open: usize, outer: Kind) -> (Kind, bool) {
-    let mut s = open;
+/// Where the statement holding `at` starts: just after the previous `;`, `{` or `}` outside
+/// parentheses and brackets (0 at the file's start).
+pub(super) fn statement_start(code: &[u8], at: usize) -> usize {
+    let mut s = at;
     let mut depth = 0usize;
     while s > 0 {
         match code[s - 1] {
@@ -149,6 +149,13 @@ fn classify(code: &[u8], open: usize, outer: Kind) -> (Kind, bool) {
         }
         s -= 1;
     }
+    s
+}
+
+/// What the braces opening at `open` hold (`outer`: what holds them), and whether they are a
+/// `switch`'s body: from the head before them, back to the previous `;`, `{` or `}`.
+fn classify(code: &[u8], open: usize, outer: Kind) -> (Kind, bool) {
+    let s = statement_start(code, open);
     let head = head_tokens(&code[s..open]);
     let word = |k: usize| match head.get(k) {
         Some(Head::Word(w)) => *w,

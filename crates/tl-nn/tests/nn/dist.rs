@@ -615,23 +615,30 @@ fn a_step_on_another_model_than_the_groups_is_refused() {
     );
 }
 
-#[test]
-fn ranks_whose_steps_train_different_parameters_are_an_error() {
-    // Rank 1 freezes the bias after the start-up check: its step has one gradient buffer
-    // where rank 0's has two.
+/// What rank 1 changes in a two-rank group of a 4 → 4 linear layer, before `data_parallel`
+/// (its runtime and optimizer) or after it (its runtime).
+type Rank1Before = fn(&mut Runtime<tl_session::Session<f32>>, &mut Optimizer);
+type Rank1After = fn(&mut Runtime<tl_session::Session<f32>>, &Linear);
+
+/// Two ranks (threads) whose first step fails on both, rank 1 changed by `before` and
+/// `after`: each rank's error, after checking that no rank updated.
+fn first_steps_failing(before: Rank1Before, after: Rank1After) -> Vec<String> {
     let handles: Vec<_> = group(2)
         .into_iter()
         .map(|c| {
             std::thread::spawn(move || {
-                let freeze = c.rank == 1;
+                let rank = c.rank;
                 let mut rt = eager_f32();
                 let layer = Linear::new(&rt.vars().pp("fc"), 4, 4).unwrap();
+                let mut opt = Optimizer::momentum(0.1, 0.9).unwrap();
+                if rank == 1 {
+                    before(&mut rt, &mut opt);
+                }
                 rt.data_parallel(&layer, Box::new(c)).unwrap();
-                if freeze {
-                    assert_eq!(rt.set_trainable(&layer, "fc.bias", false).unwrap(), 1);
+                if rank == 1 {
+                    after(&mut rt, &layer);
                 }
                 let before = values(&rt, &layer);
-                let mut opt = optimizer(false);
                 let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.1);
                 let e = rt
                     .step(&layer, &mut opt, |g| layer.forward(&g.input(x)?)?.sum())
@@ -642,8 +649,18 @@ fn ranks_whose_steps_train_different_parameters_are_an_error() {
             })
         })
         .collect();
-    for h in handles {
-        let e = h.join().unwrap();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn ranks_whose_steps_train_different_parameters_are_an_error() {
+    // Rank 1 freezes the bias after the start-up check: its step has one gradient buffer
+    // where rank 0's has two.
+    let errors = first_steps_failing(
+        |_, _| {},
+        |rt, layer| assert_eq!(rt.set_trainable(layer, "fc.bias", false).unwrap(), 1),
+    );
+    for e in errors {
         assert!(
             e.contains("the ranks' gradients differ at step 0")
                 && e.contains("rank 0 has 2 buffer(s) of [16, 4] elements, rank 1 has 1 of [16]"),
@@ -657,32 +674,8 @@ fn ranks_whose_steps_train_different_parameters_are_an_error() {
 /// (hyper-parameters, checked at every step), or a state of its own at the group's first step
 /// (momentum loaded through the session, which `data_parallel` does not see: it copies rank
 /// 0's parameters, not the optimizers' state). `rank1` prepares rank 1's optimizer.
-fn ranks_with_optimizers(rank1: fn(&mut Runtime<tl_session::Session<f32>>, &mut Optimizer)) {
-    let handles: Vec<_> = group(2)
-        .into_iter()
-        .map(|c| {
-            std::thread::spawn(move || {
-                let rank = c.rank;
-                let mut rt = eager_f32();
-                let layer = Linear::new(&rt.vars().pp("fc"), 4, 4).unwrap();
-                let mut opt = Optimizer::momentum(0.1, 0.9).unwrap();
-                if rank == 1 {
-                    rank1(&mut rt, &mut opt);
-                }
-                rt.data_parallel(&layer, Box::new(c)).unwrap();
-                let before = values(&rt, &layer);
-                let x = tl_spec::Tensor::<f32>::from_fn([2, 4], |i| i as f32 * 0.1);
-                let e = rt
-                    .step(&layer, &mut opt, |g| layer.forward(&g.input(x)?)?.sum())
-                    .unwrap_err()
-                    .to_string();
-                assert_eq!(values(&rt, &layer), before);
-                e
-            })
-        })
-        .collect();
-    for h in handles {
-        let e = h.join().unwrap();
+fn ranks_with_optimizers(rank1: Rank1Before) {
+    for e in first_steps_failing(rank1, |_, _| {}) {
         assert!(
             e.contains("the ranks' optimizers differ at step 0: rank 0's is `momentum lr 0.1 ")
                 && e.contains("rank 1's is `momentum lr "),
