@@ -65,7 +65,8 @@
 //! **A backend** (a [`Backend`]: record a graph, read its values, dense backward) goes through
 //! [`check_backend`]: checks 1 and 2 for every registry op and on random DAGs, the conventions
 //! at kinks, ties and bounds, and the hard inputs, the suite the CPU tape and the CUDA sim pass;
-//! and **7 bad input** ([`crate::checks::bad_input`]) for every registry op and on random DAGs:
+//! the grid cases, a few graphs of 3·10⁵ elements and more where GPU kernels loop over their
+//! grid ([`crate::checks::grid::check_grid_backend`]); and **7 bad input** ([`crate::checks::bad_input`]) for every registry op and on random DAGs:
 //! leaf values of the wrong shape, too few or too many leaves, a seed of the wrong shape and an
 //! output id past the graph's are each an `Err` naming the shapes, counts or id, never a panic
 //! (caught, and quoted in the report) and never an `Ok`; the backend still gives the IR's
@@ -96,6 +97,7 @@ use crate::backend::partial::Partial;
 use crate::checks::bad_input::{
     bad_input_cfg, check_bad_input, check_bad_input_dag, check_oversized,
 };
+use crate::checks::grid::check_grid_backend;
 use crate::checks::{
     check_backward, check_backward_dag, check_forward, check_forward_dag, conventions, hard,
 };
@@ -571,7 +573,8 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 
 /// The catalogue's suite against a third-party backend: checks 1 (forward) and 2 (backward)
 /// for every registry op and on random DAGs, then the conventions (kinks, ties, bounds, signed
-/// zeros, NaN) and the hard inputs, values and gradients, then check 7 (bad input, see
+/// zeros, NaN) and the hard inputs, values and gradients, then the grid cases (graphs past one
+/// grid of a GPU launch, values and gradients: [`check_grid_backend`]), then check 7 (bad input, see
 /// [`crate::checks::bad_input`]) for every registry op and on random DAGs, on an eighth of
 /// `cfg`'s cases ([`bad_input_cfg`]): the wrong leaf shapes and counts, seed shapes and output
 /// ids must be errors that name them, never a panic or an `Ok`, and leave the backend working;
@@ -627,6 +630,7 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
         keep(conventions::check_conventions(backend, cfg, grads));
         keep(hard::check_hard(backend, cfg, grads));
     }
+    keep(check_grid_backend(backend));
     for entry in &entries {
         keep(check_bad_input(backend, entry, &bad_cfg));
     }

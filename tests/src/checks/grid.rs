@@ -8,7 +8,10 @@
 //! - the sim against the CPU f32 tape, values and gradients ([`check_grid_sim_vs_cpu`]);
 //! - deterministic mode bit-identical across runs on the sim ([`check_grid_deterministic`]);
 //! - another device (the emulated kernels) equal to the sim bit for bit in deterministic mode
-//!   and within [`GRID_TOL`] with deterministic reductions off ([`check_grid_device`]).
+//!   and within [`GRID_TOL`] with deterministic reductions off ([`check_grid_device`]);
+//! - any [`Backend`] (a user's, through `check_backend`): values and gradients against the IR's
+//!   f64 evaluation within [`GRID_TOL`] in f32 ([`GRID_TOL_F64`] in f64), or what the backend
+//!   states for that base ([`check_grid_backend`]).
 //!
 //! Inputs and cotangents are positive (`U(0.5, 1.5)`), so every sum is well conditioned: two
 //! f32 summation orders of 3·10⁵ such terms agree to about 1e-5 relative (the worst of the six
@@ -25,9 +28,10 @@ use tl_tape_cuda::Device;
 use crate::checks::sim::{
     determinism_case, device_vs_sim_case, device_vs_sim_within_case, sim_vs_cpu_within,
 };
+use crate::checks::{backward_case, forward_case, reduction_len};
 use crate::config::splitmix64;
 use crate::domain::unit;
-use crate::{CaseError, GraphCase, Measured, Report};
+use crate::{Backend, CaseError, GraphCase, Measured, Report, Tol};
 
 /// Elements one grid covers in one pass: 1024 blocks of 256 threads.
 pub const ONE_GRID: usize = 1024 * 256;
@@ -36,6 +40,9 @@ pub const GRID_N: usize = 300_007;
 /// The tolerance of the grid cases (see the module docs): about 5× the worst f32 error
 /// measured, 4× below one block's elements counted twice. It was 1e-3, which let that bug pass.
 pub const GRID_TOL: f64 = 2e-4;
+/// The grid cases' tolerance for an f64 backend against the f64 reference: far above f64's
+/// rounding of 3·10⁵ positive terms (about 1e-11), far below one block counted twice.
+pub const GRID_TOL_F64: f64 = 1e-9;
 
 /// A tensor of `shape` with elements `U(0.5, 1.5)` from `seed`.
 pub(crate) fn positive(shape: impl Into<Shape>, seed: u64) -> Tensor<f64> {
@@ -141,6 +148,28 @@ pub fn check_grid_device<D: Device>(
             device_vs_sim_within_case(c, GRID_TOL, true, false, device)
         }),
     ]
+}
+
+/// The grid cases on `backend` (`check_backend`'s `grid` check): each case's values and
+/// gradients against the IR's f64 evaluation of the same (backend-precision) leaves, within
+/// [`GRID_TOL`] in f32 and [`GRID_TOL_F64`] in f64. The suite's usual rule, f32's tolerance
+/// scaled by the longest reduction, would allow thousands of times more at these lengths and let
+/// a grid-stride bug through; so the check hands [`Backend::tolerance`] a base that the default
+/// rule scales back to exactly [`GRID_TOL`], and a backend that widens its products' tolerance
+/// (TF32, bf16) widens these cases as it does the others. A case holding an op the backend does
+/// not support (`Backend::supports`) is skipped.
+pub fn check_grid_backend<B: Backend>(backend: &B) -> Report {
+    run_grid(format!("grid {}", backend.name()), |c| {
+        let len = reduction_len(&c.graph) as f64;
+        let tol = Tol {
+            f64: GRID_TOL_F64,
+            f32: GRID_TOL / (len / 64.0).max(1.0),
+            ..Tol::DEFAULT
+        };
+        let values = forward_case(backend, c, &tol).map_err(CaseError::Fail)?;
+        let grads = backward_case(backend, c, &tol).map_err(CaseError::Fail)?;
+        Ok(values.max(grads))
+    })
 }
 
 /// The grid cases on a device whose transcendental functions are not the host's (a real GPU):
