@@ -18,19 +18,34 @@
 //!   value); a coordinate where the differences with step h and h/4 disagree sits on a kink
 //!   (a ReLU at 0, a max's tie) and is passed over (a case whose every probed coordinate
 //!   does fails). Tolerance [`Tol::DEFAULT`]'s `fd`.
-//! - `model <name> <session>`: each of the eager CPU (f64, f32), eager CUDA simulation (f32)
-//!   and linked f32 sessions gives the reference's output and gradients, within
-//!   [`Tol::DEFAULT`]'s f64 tolerance, or its f32 tolerance scaled by the pass's longest
-//!   reduction ([`reduction_len`] of its graph, as checks 1 and 2 scale theirs).
+//! - `model <name> <session>`: each of the eager CPU (f64, f32), eager CUDA simulation (f32),
+//!   linked f32 and linked CUDA simulation (f32) sessions gives the reference's output and
+//!   gradients, within [`Tol::DEFAULT`]'s f64 tolerance, or its f32 tolerance scaled by the
+//!   pass's longest reduction ([`reduction_len`] of its graph, as checks 1 and 2 scale theirs).
+//! - `model step <name> <session>`: [`STEPS`] training steps (`Runtime::step`, the path a
+//!   training loop takes: its backward that keeps the parameters' gradients only and lets go of
+//!   the forward's buffers as it passes them, the update in place, a linked session's compiled
+//!   step reused by the next) of momentum SGD ([`STEP_LR`], [`STEP_MOMENTUM`]) on the loss
+//!   `⟨c, output⟩`, on each of those sessions and the linked f64 one, against the same steps
+//!   taken here in f64 with the reference's gradients (PyTorch's rule, written out: `b ← μ·b +
+//!   g`, `b = g` at the first step, `w ← w − lr·b`). The rule is linear in the gradients, so
+//!   each trainable parameter's total update divided by the rate, `(w₀ − w)/lr`, is held to the
+//!   gradients' tolerance. The steps are training passes whatever [`UserModel::training`] says,
+//!   as `Runtime::step`'s are.
+//!
+//! With tl-conformance's feature `cuda-emu` (or `cuda` and a GPU) both kinds of row also run
+//! on the CUDA device, eager and linked (on the emulator twice: each block's threads forward
+//! and reversed); without it [`check_model`] lists those rows as skipped, saying why.
 //!
 //! Dropout draws the same masks on every session and in every pass of a case (the random
-//! counter is set before each); batch norm uses the batch's statistics in training mode.
+//! counter is set before each pass and step); batch norm uses the batch's statistics in
+//! training mode.
 
 use std::cell::RefCell;
 
 use proptest::prelude::*;
 use tl_nn::{Parameters, Runtime, Scope, Var, Vars};
-use tl_session::{LinkedSession, Ops, Param, TensorRef, Train};
+use tl_session::{Backend, LinkedSession, Ops, Optimizer, Param, TensorRef, Train};
 use tl_spec::{Scalar, Shape, Tensor};
 
 use crate::checks::reduction_len;
@@ -47,6 +62,16 @@ pub const FD_STEP: f64 = 1e-6;
 
 /// The model's random counter at the start of every pass of a case.
 const COUNTER: u64 = 0;
+
+/// The step check's learning rate (momentum SGD).
+pub const STEP_LR: f64 = 0.1;
+
+/// The step check's momentum.
+pub const STEP_MOMENTUM: f64 = 0.9;
+
+/// The steps the step check takes per case: the second reads the first's momentum buffers and
+/// runs a linked session's compiled step again.
+pub const STEPS: usize = 2;
 
 /// Your model as [`check_model`] takes it: how to build it on any session, and one pass.
 ///
@@ -86,9 +111,10 @@ const COUNTER: u64 = 0;
 ///
 /// let report = check_model(&Mlp, &RunConfig { cases: 8, ..RunConfig::default() });
 /// assert!(report.passed(), "{report}");
-/// // Without tl-conformance's cuda-emu feature the CUDA device's row is skipped, and said.
+/// // Without tl-conformance's cuda-emu feature the CUDA device's rows (eager and linked, a
+/// // pass and the steps) are skipped, and said.
 /// # #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
-/// assert_eq!(report.summary(), "mlp: 5 passed, 0 failed, 1 skipped");
+/// assert_eq!(report.summary(), "mlp: 12 passed, 0 failed, 4 skipped");
 /// ```
 pub trait UserModel {
     /// The model on a session of type `O`: a tl-nn layer, a `Sequential`, or a struct of your
@@ -175,12 +201,23 @@ fn initial_values<M: UserModel>(model: &M, seed: u64) -> Result<Vec<Tensor<f64>>
         .map_err(|e| e.to_string())
 }
 
-/// The model built on `rt` with its parameters set to `values`, and its trainable ones.
+/// A model built on a session with given parameter values.
+struct Built<M: UserModel, O: Train> {
+    model: M::Model<O>,
+    /// Every parameter, in `visit_params` order (the order of the values).
+    params: Vec<Param>,
+    /// The trainable ones.
+    trainable: Vec<Param>,
+    /// Where each trainable one sits in `params`.
+    at: Vec<usize>,
+}
+
+/// The model built on `rt` with its parameters set to `values`.
 fn built<M: UserModel, O: Train>(
     model: &M,
     rt: &Runtime<O>,
     values: &[Tensor<f64>],
-) -> Result<(M::Model<O>, Vec<Param>), String> {
+) -> Result<Built<M, O>, String> {
     let m = model
         .build(&rt.vars())
         .map_err(|e| format!("building the model: {e}"))?;
@@ -193,15 +230,21 @@ fn built<M: UserModel, O: Train>(
             values.len()
         ));
     }
-    let mut trainable = Vec::new();
-    for (p, v) in params.iter().zip(values) {
+    let (mut trainable, mut at) = (Vec::new(), Vec::new());
+    for (k, (p, v)) in params.iter().zip(values).enumerate() {
         rt.set_value(p, v.cast())
             .map_err(|e| format!("set_value: {e}"))?;
         if rt.session().requires_grad(p).map_err(|e| e.to_string())? {
             trainable.push(p.clone());
+            at.push(k);
         }
     }
-    Ok((m, trainable))
+    Ok(Built {
+        model: m,
+        params,
+        trainable,
+        at,
+    })
 }
 
 /// How a recorded pass is read: `(session, output, [trainable, inputs], cotangent seed)`.
@@ -257,22 +300,24 @@ fn ir_value(s: &mut LinkedSession<f64>, out: &TensorRef) -> tl_nn::Result<Tensor
     Ok(all.swap_remove(out.id()))
 }
 
-/// One pass of `model` on `rt` with `inputs`: the output and the gradients of `⟨c, output⟩`
-/// with respect to `trainable` then the inputs, as `read` gives them.
+/// One pass of `model` (`b` on `rt`) with `inputs`, a training one when `training`: the output
+/// and the gradients of `⟨c, output⟩` with respect to the trainable parameters then the inputs,
+/// as `read` gives them.
 fn pass<M: UserModel, O: LayerSession>(
     model: &M,
     rt: &mut Runtime<O>,
-    m: &M::Model<O>,
-    trainable: &[Param],
+    b: &Built<M, O>,
     inputs: &[Tensor<f64>],
     seed: u64,
+    training: bool,
     read: Read<O>,
 ) -> Result<Pass<O::T>, String> {
+    let (m, trainable) = (&b.model, &b.trainable);
     rt.session_mut().set_random_counter(COUNTER);
     let refs: RefCell<Vec<TensorRef>> = RefCell::new(Vec::new());
     let out = rt.record(
         m,
-        model.training(),
+        training,
         |g| {
             let xs = inputs
                 .iter()
@@ -300,18 +345,30 @@ struct Reference {
 /// The f64 reference of a case: a linked session's pass.
 fn reference<M: UserModel>(model: &M, case: &ModelCase) -> Result<Reference, String> {
     let values = initial_values(model, case.seed)?;
+    let (run, _) = reference_pass(model, case, &values, model.training())?;
+    Ok(Reference { run, values })
+}
+
+/// The reference's pass of `case` with the parameters at `values` (a training pass when
+/// `training`), and where each trainable parameter sits among them.
+fn reference_pass<M: UserModel>(
+    model: &M,
+    case: &ModelCase,
+    values: &[Tensor<f64>],
+    training: bool,
+) -> Result<(Pass<f64>, Vec<usize>), String> {
     let mut rt = Runtime::new(LinkedSession::<f64>::with_seed(NN_SEED));
-    let (m, trainable) = built(model, &rt, &values)?;
+    let b = built(model, &rt, values)?;
     let run = pass(
         model,
         &mut rt,
-        &m,
-        &trainable,
+        &b,
         &case.inputs,
         case.seed,
+        training,
         ir_read,
     )?;
-    Ok(Reference { run, values })
+    Ok((run, b.at))
 }
 
 /// `⟨c, output⟩` of a pass.
@@ -325,8 +382,7 @@ fn loss(value: &Tensor<f64>, seed: u64) -> f64 {
 struct Probe<'a, M: UserModel> {
     model: &'a M,
     rt: Runtime<LinkedSession<f64>>,
-    m: M::Model<LinkedSession<f64>>,
-    trainable: Vec<Param>,
+    b: Built<M, LinkedSession<f64>>,
     /// The trainable parameters' values, then the inputs.
     tensors: Vec<Tensor<f64>>,
     seed: u64,
@@ -338,14 +394,14 @@ impl<M: UserModel> Probe<'_, M> {
         let old = self.tensors[k].data()[at];
         self.tensors[k].data_mut()[at] = x;
         self.sync(k)?;
-        let params = self.trainable.len();
+        let params = self.b.trainable.len();
         let r = pass(
             self.model,
             &mut self.rt,
-            &self.m,
-            &self.trainable,
+            &self.b,
             &self.tensors[params..],
             self.seed,
+            self.model.training(),
             |s, out, _, _| {
                 Ok(Pass {
                     value: ir_value(s, out)?,
@@ -361,7 +417,7 @@ impl<M: UserModel> Probe<'_, M> {
 
     /// Tensor `k`'s value into the session, where it is a parameter.
     fn sync(&mut self, k: usize) -> Result<(), String> {
-        match self.trainable.get(k) {
+        match self.b.trainable.get(k) {
             Some(p) => self
                 .rt
                 .set_value(p, self.tensors[k].clone())
@@ -375,8 +431,9 @@ impl<M: UserModel> Probe<'_, M> {
 fn fd_case<M: UserModel>(model: &M, case: &ModelCase) -> CaseResult {
     let Reference { run, values } = reference(model, case)?;
     let rt = Runtime::new(LinkedSession::<f64>::with_seed(NN_SEED));
-    let (m, trainable) = built(model, &rt, &values)?;
-    let mut tensors = trainable
+    let b = built(model, &rt, &values)?;
+    let mut tensors = b
+        .trainable
         .iter()
         .map(|p| rt.value_of(p).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
@@ -384,12 +441,11 @@ fn fd_case<M: UserModel>(model: &M, case: &ModelCase) -> CaseResult {
     let mut probe = Probe {
         model,
         rt,
-        m,
-        trainable,
+        b,
         tensors,
         seed: case.seed,
     };
-    let params = probe.trainable.len();
+    let params = probe.b.trainable.len();
     if run.grads.iter().all(|g| g.shape().numel() == 0) {
         return Err(format!(
             "{}: no trainable parameter and no input element: nothing to differentiate",
@@ -453,21 +509,18 @@ struct Against<'a, M> {
 impl<M: UserModel> SessionCheck for Against<'_, M> {
     fn run<O: LayerSession + 'static>(&self, session: O) -> CaseResult {
         let mut rt = Runtime::new(session);
-        let (m, trainable) = built(self.model, &rt, &self.reference.values)?;
+        let b = built(self.model, &rt, &self.reference.values)?;
         let got = pass(
             self.model,
             &mut rt,
-            &m,
-            &trainable,
+            &b,
             &self.case.inputs,
             self.case.seed,
+            self.model.training(),
             session_read::<O>,
         )?;
         let want = &self.reference.run;
-        let tol = match O::T::NAME {
-            "f64" => Tol::DEFAULT.f64,
-            _ => Tol::DEFAULT.f32_for(want.reduction),
-        };
+        let tol = tolerance::<O::T>(want.reduction);
         let mut m = close(&got.value, &want.value, tol, "the output")?;
         if got.grads.len() != want.grads.len() {
             return Err(format!(
@@ -476,7 +529,7 @@ impl<M: UserModel> SessionCheck for Against<'_, M> {
                 want.grads.len()
             ));
         }
-        let params = trainable.len();
+        let params = b.trainable.len();
         for (k, (g, w)) in got.grads.iter().zip(&want.grads).enumerate() {
             let what = match k < params {
                 true => format!("the gradient of parameter {k}"),
@@ -488,24 +541,200 @@ impl<M: UserModel> SessionCheck for Against<'_, M> {
     }
 }
 
-/// `model`'s check on the session `on` (`None`: the CUDA device) against the reference.
-fn on_each<M: UserModel>(
-    model: &M,
-    cfg: &RunConfig,
-    label: String,
-    on: Option<NnSession>,
-) -> Report {
-    run_check(label, cfg, model_cases(model), move |c| {
-        let reference = reference(model, c)?;
-        let against = Against {
+/// The tolerance of a session of element type `T` against the reference, whose pass's
+/// longest reduction sums `reduction` terms.
+fn tolerance<T: Scalar>(reduction: usize) -> f64 {
+    match T::NAME {
+        "f64" => Tol::DEFAULT.f64,
+        _ => Tol::DEFAULT.f32_for(reduction),
+    }
+}
+
+/// The step check's reference of a case: the parameters before and after [`STEPS`] steps.
+struct StepReference {
+    /// Every parameter's value before the steps (what every session starts from).
+    values: Vec<Tensor<f64>>,
+    /// Every parameter's value after them (the trainable ones moved).
+    after: Vec<Tensor<f64>>,
+    /// The longest reduction of the steps' passes.
+    reduction: usize,
+}
+
+/// The steps of `case` taken here in f64: each step's gradients the reference's (a training
+/// pass at the values the step starts from), the update momentum SGD's as PyTorch documents it
+/// (`b ← μ·b + g`, `b = g` at the first step; `w ← w − lr·b`).
+fn reference_steps<M: UserModel>(model: &M, case: &ModelCase) -> Result<StepReference, String> {
+    let values = initial_values(model, case.seed)?;
+    let mut after = values.clone();
+    let mut buffers: Vec<Vec<f64>> = Vec::new();
+    let mut reduction = 0;
+    for step in 0..STEPS {
+        let (run, at) = reference_pass(model, case, &after, true)?;
+        reduction = reduction.max(run.reduction);
+        for (j, &k) in at.iter().enumerate() {
+            let g = run.grads[j].data();
+            match step {
+                0 => buffers.push(g.to_vec()),
+                _ => {
+                    for (b, g) in buffers[j].iter_mut().zip(g) {
+                        *b = STEP_MOMENTUM * *b + g;
+                    }
+                }
+            }
+            let w = after[k]
+                .data()
+                .iter()
+                .zip(&buffers[j])
+                .map(|(w, b)| w - STEP_LR * b)
+                .collect();
+            after[k] = Tensor::new(after[k].shape().clone(), w).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(StepReference {
+        values,
+        after,
+        reduction,
+    })
+}
+
+/// `(w₀ − w)/lr` elementwise: a parameter's total update over the steps, divided by the rate.
+fn update(before: &Tensor<f64>, after: &Tensor<f64>) -> Result<Tensor<f64>, String> {
+    let u = before
+        .data()
+        .iter()
+        .zip(after.data())
+        .map(|(w0, w)| (w0 - w) / STEP_LR)
+        .collect();
+    Tensor::new(before.shape().clone(), u).map_err(|e| e.to_string())
+}
+
+/// A case's steps on one session, against the reference's.
+struct Stepped<'a, M> {
+    model: &'a M,
+    case: &'a ModelCase,
+    reference: &'a StepReference,
+}
+
+impl<M: UserModel> SessionCheck for Stepped<'_, M> {
+    fn run<O: LayerSession + 'static>(&self, session: O) -> CaseResult {
+        let (model, case, want) = (self.model, self.case, self.reference);
+        let mut rt = Runtime::new(session);
+        let b = built(model, &rt, &want.values)?;
+        let mut opt = Optimizer::momentum(STEP_LR, STEP_MOMENTUM).map_err(|e| e.to_string())?;
+        for step in 1..=STEPS {
+            rt.session_mut().set_random_counter(COUNTER);
+            rt.step(&b.model, &mut opt, |g| {
+                let xs = case
+                    .inputs
+                    .iter()
+                    .map(|x| g.input(x.cast()))
+                    .collect::<tl_nn::Result<Vec<_>>>()?;
+                let out = model.forward(&b.model, g, &xs)?;
+                let c = g.input(cotangent(out.shape(), case.seed).cast())?;
+                (&out * &c)?.sum()
+            })
+            .map_err(|e| format!("step {step} failed: {e}"))?;
+        }
+        let tol = tolerance::<O::T>(want.reduction);
+        let mut worst = Measured::ZERO;
+        for &k in &b.at {
+            let got = rt.value_of(&b.params[k]).map_err(|e| e.to_string())?;
+            let (w0, w) = (&want.values[k], &want.after[k]);
+            worst = worst.max(close(
+                &update(w0, &got.cast())?,
+                &update(w0, w)?,
+                tol,
+                &format!("parameter {k}'s update over {STEPS} steps, over the rate,"),
+            )?);
+        }
+        Ok(worst)
+    }
+}
+
+/// Where a row of [`check_model`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// One of the layer checks' sessions.
+    Nn(NnSession),
+    /// A `LinkedSession<f32>` compiling onto the CUDA simulation device.
+    LinkedSim,
+    /// An eager `Session<f32>` on the CUDA device (a GPU, or the kernel emulator).
+    EagerCuda,
+    /// A `LinkedSession<f32>` compiling onto the CUDA device.
+    LinkedCuda,
+}
+
+impl Target {
+    /// The CPU and simulation sessions, in report order (the linked f64 session is the
+    /// reference's: a pass on it is the reference, its steps are not).
+    const HOST: [Target; 5] = [
+        Target::Nn(NnSession::CpuF64),
+        Target::Nn(NnSession::CpuF32),
+        Target::Nn(NnSession::SimF32),
+        Target::Nn(NnSession::LinkedF32),
+        Target::LinkedSim,
+    ];
+
+    /// The name in labels, the CUDA device called `device`.
+    fn name(self, device: &str) -> String {
+        match self {
+            Target::Nn(on) => on.name().into(),
+            Target::LinkedSim => "linked cuda-sim-f32".into(),
+            Target::EagerCuda => format!("eager {device}-f32"),
+            Target::LinkedCuda => format!("linked {device}-f32"),
+        }
+    }
+
+    /// `check` on a fresh session of this kind.
+    fn run(self, check: &impl SessionCheck) -> CaseResult {
+        match self {
+            Target::Nn(on) => on_session(on, check),
+            Target::LinkedSim => check.run(linked_on(Backend::CudaSim)?),
+            Target::EagerCuda => on_cuda(check),
+            Target::LinkedCuda => check.run(linked_on(Backend::Cuda)?),
+        }
+    }
+}
+
+/// A `LinkedSession<f32>` compiling onto `backend`.
+fn linked_on(backend: Backend) -> Result<LinkedSession<f32>, String> {
+    let mut s = LinkedSession::<f32>::with_seed(NN_SEED);
+    s.set_backend(backend).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// What a row of [`check_model`] checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Row {
+    /// One pass's output and gradients (`model <name> <session>`).
+    Pass,
+    /// [`STEPS`] optimizer steps (`model step <name> <session>`).
+    Step,
+}
+
+impl Row {
+    /// The row's label for `name` on the session named `session`.
+    fn label(self, name: &str, session: &str) -> String {
+        match self {
+            Row::Pass => format!("model {name} {session}"),
+            Row::Step => format!("model step {name} {session}"),
+        }
+    }
+}
+
+/// The row `label`: `model` checked as `row` says on `target`, against the reference.
+fn row<M: UserModel>(model: &M, cfg: &RunConfig, label: String, row: Row, on: Target) -> Report {
+    run_check(label, cfg, model_cases(model), move |c| match row {
+        Row::Pass => on.run(&Against {
             model,
             case: c,
-            reference: &reference,
-        };
-        match on {
-            Some(on) => on_session(on, &against),
-            None => on_cuda(&against),
-        }
+            reference: &reference(model, c)?,
+        }),
+        Row::Step => on.run(&Stepped {
+            model,
+            case: c,
+            reference: &reference_steps(model, c)?,
+        }),
     })
 }
 
@@ -513,7 +742,7 @@ fn on_each<M: UserModel>(
 /// emulator (`cuda-emu`).
 #[cfg(any(feature = "cuda", feature = "cuda-emu"))]
 fn on_cuda(check: &impl SessionCheck) -> CaseResult {
-    use tl_session::{Backend, Options, Session};
+    use tl_session::{Options, Session};
     let opts = Options {
         backend: Backend::Cuda,
         deterministic: false,
@@ -523,17 +752,26 @@ fn on_cuda(check: &impl SessionCheck) -> CaseResult {
     check.run(Session::<f32>::new(opts).map_err(|e| e.to_string())?)
 }
 
-/// Without the features there is no CUDA device ([`check_model`] skips its row).
+/// Without the features there is no CUDA device ([`check_model`] skips its rows).
 #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]
 fn on_cuda(_check: &impl SessionCheck) -> CaseResult {
     Err("tl-conformance is built without its cuda or cuda-emu feature".into())
 }
 
+/// Whether `model` has nothing to step: it builds and none of its parameters is trainable.
+fn nothing_to_step<M: UserModel>(model: &M) -> bool {
+    let rt = Runtime::new(LinkedSession::<f64>::with_seed(NN_SEED));
+    initial_values(model, NN_SEED)
+        .and_then(|values| built(model, &rt, &values))
+        .is_ok_and(|b| b.trainable.is_empty())
+}
+
 /// Check `model` (see the module documentation) with `cfg`'s case count and seed: finite
-/// differences on the f64 reference, then every session against it. With tl-conformance's
-/// feature `cuda-emu` (or `cuda` and a GPU) an eager f32 session on the CUDA device too (on
-/// the emulator twice: with each block's threads forward and reversed); otherwise the report
-/// lists that row as skipped, naming why.
+/// differences on the f64 reference, then a pass and [`STEPS`] optimizer steps on every
+/// session against it. With tl-conformance's feature `cuda-emu` (or `cuda` and a GPU) eager
+/// and linked f32 sessions on the CUDA device too (on the emulator twice: with each block's
+/// threads forward and reversed); otherwise the report lists those rows as skipped, naming
+/// why. A model without a trainable parameter has its step rows skipped (nothing to step).
 pub fn check_model<M: UserModel>(model: &M, cfg: &RunConfig) -> SuiteReport {
     let name = model.name();
     let mut reports = vec![run_check(
@@ -542,37 +780,40 @@ pub fn check_model<M: UserModel>(model: &M, cfg: &RunConfig) -> SuiteReport {
         model_cases(model),
         |c| fd_case(model, c),
     )];
-    for on in NnSession::ALL {
-        if on != NnSession::LinkedF64 {
-            reports.push(on_each(
-                model,
-                cfg,
-                format!("model {name} {}", on.name()),
-                Some(on),
-            ));
+    let mut skipped = Vec::new();
+    let mut rows = vec![Row::Pass];
+    if nothing_to_step(model) {
+        skipped.push(format!(
+            "{}: no trainable parameter, nothing to step",
+            Row::Step.label(&name, "*")
+        ));
+    } else {
+        rows.push(Row::Step);
+    }
+    for &kind in &rows {
+        let mut host = Target::HOST.to_vec();
+        if kind == Row::Step {
+            host.insert(3, Target::Nn(NnSession::LinkedF64));
+        }
+        for on in host {
+            reports.push(row(model, cfg, kind.label(&name, &on.name("")), kind, on));
         }
     }
-    let mut skipped = Vec::new();
-    let cuda = format!("model {name} eager cuda-f32");
-    match cuda_device() {
-        Ok(device) => {
-            reports.push(on_each(
-                model,
-                cfg,
-                format!("model {name} eager {device}-f32"),
-                None,
-            ));
-            #[cfg(feature = "cuda-emu")]
-            reports.push(tl_tape_cuda::in_reverse_schedule(|| {
-                on_each(
-                    model,
-                    cfg,
-                    format!("model {name} eager {device}-f32 (threads reversed)"),
-                    None,
-                )
-            }));
+    let device = cuda_device();
+    for &kind in &rows {
+        for on in [Target::EagerCuda, Target::LinkedCuda] {
+            match &device {
+                Ok(device) => {
+                    let label = kind.label(&name, &on.name(device));
+                    reports.push(row(model, cfg, label.clone(), kind, on));
+                    #[cfg(feature = "cuda-emu")]
+                    reports.push(tl_tape_cuda::in_reverse_schedule(|| {
+                        row(model, cfg, format!("{label} (threads reversed)"), kind, on)
+                    }));
+                }
+                Err(why) => skipped.push(format!("{}: {why}", kind.label(&name, &on.name("cuda")))),
+            }
         }
-        Err(why) => skipped.push(format!("{cuda}: {why}")),
     }
     SuiteReport {
         name,

@@ -309,15 +309,22 @@ impl SuiteReport {
         self.reports.iter().filter(|r| !r.passed()).collect()
     }
 
-    /// One line: the name, and `N passed, N failed` over its checks.
+    /// One line: the name, and `N passed, N failed` over its checks, then how many were
+    /// skipped and in how many the backend held itself to a wider tolerance than the suite's,
+    /// where any: `mybackend: 220 passed, 0 failed, 1 skipped, 12 at the backend's wider
+    /// tolerance`.
     pub fn summary(&self) -> String {
         let failed = self.failures().len();
         let skipped = match self.skipped.len() {
             0 => String::new(),
             n => format!(", {n} skipped"),
         };
+        let widened = match self.widened.len() {
+            0 => String::new(),
+            n => format!(", {n} at the backend's wider tolerance"),
+        };
         format!(
-            "{}: {} passed, {} failed{skipped}",
+            "{}: {} passed, {} failed{skipped}{widened}",
             self.name,
             self.reports.len() - failed,
             failed

@@ -29,6 +29,7 @@ mod grid;
 mod hard;
 mod index;
 mod model;
+mod model_zoo;
 mod nn_layers;
 mod nn_losses;
 mod norm;

@@ -1,9 +1,10 @@
 //! `check_model` (`tl_conformance::model`) on models of one's own: an MLP (tanh; ReLU with
 //! dropout, whose kinks finite differences pass over) and a layer calling a user op pass on
-//! every session; a user op whose VJP forgets a factor fails the finite differences (every
-//! session agrees with its wrong rule), and one whose CPU kernel is off fails the eager f64
-//! session that runs it (the reference evaluates the op's own value). The op is `user_ops`'
-//! `Cube`.
+//! every session, a pass and two optimizer steps each; a user op whose VJP forgets a factor
+//! fails the finite differences (every session agrees with its wrong rule), one whose CPU
+//! kernel is off fails the eager f64 session that runs it (the reference evaluates the op's
+//! own value), and one whose CPU VJP kernel is off fails the steps of every f64 session that
+//! runs it, eager and linked. The op is `user_ops`' `Cube`.
 
 use tl_conformance::RunConfig;
 use tl_conformance::model::{UserModel, check_model};
@@ -108,25 +109,53 @@ fn models_of_ones_own_pass_on_every_session() {
     ] {
         assert!(report.passed(), "{report}");
         let labels: Vec<&str> = report.reports.iter().map(|r| r.label.as_str()).collect();
-        // The emulated CUDA device, forward and with each block's threads reversed.
-        let device = if cfg!(feature = "cuda-emu") { 2 } else { 0 };
-        assert_eq!(labels.len(), 5 + device, "{labels:?}");
+        // The emulated CUDA device, eager and linked, a pass and the steps, each forward and
+        // with each block's threads reversed.
+        let device = if cfg!(feature = "cuda-emu") { 8 } else { 0 };
+        assert_eq!(labels.len(), 12 + device, "{labels:?}");
+        let cuda = ["eager cuda-f32", "linked cuda-f32"];
         if cfg!(feature = "cuda-emu") {
-            assert!(labels[5].ends_with("eager cuda-emu-f32"), "{labels:?}");
+            for (row, kind) in [(12, "model "), (16, "model step ")] {
+                assert!(labels[row].starts_with(kind), "{labels:?}");
+                assert!(labels[row].ends_with("eager cuda-emu-f32"), "{labels:?}");
+                assert!(
+                    labels[row + 2].ends_with("linked cuda-emu-f32"),
+                    "{labels:?}"
+                );
+            }
         } else {
-            assert!(
-                report.skipped.len() == 1 && report.skipped[0].contains("eager cuda-f32: "),
-                "{report}"
-            );
+            assert_eq!(report.skipped.len(), 4, "{report}");
+            for session in cuda {
+                for kind in ["model ", "model step "] {
+                    assert!(
+                        report
+                            .skipped
+                            .iter()
+                            .any(|s| s.starts_with(kind) && s.contains(&format!("{session}: "))),
+                        "{report}"
+                    );
+                }
+            }
         }
         assert!(labels[0].starts_with("model fd "), "{labels:?}");
-        for session in [
+        let host = [
             "eager cpu-f64",
             "eager cpu-f32",
             "eager cuda-sim-f32",
             "linked f32",
-        ] {
-            assert!(labels.iter().any(|l| l.ends_with(session)), "{labels:?}");
+            "linked cuda-sim-f32",
+        ];
+        for (k, session) in host.iter().enumerate() {
+            assert!(labels[1 + k].ends_with(session), "{labels:?}");
+            assert!(!labels[1 + k].starts_with("model step "), "{labels:?}");
+        }
+        for session in host.iter().chain(&["linked f64"]) {
+            assert!(
+                labels[6..12]
+                    .iter()
+                    .any(|l| l.starts_with("model step ") && l.ends_with(session)),
+                "{labels:?}"
+            );
         }
         for r in &report.reports {
             assert_eq!(r.cases, cfg.cases, "{r}");
@@ -165,6 +194,41 @@ fn a_wrong_vjp_fails_the_finite_differences_and_a_wrong_kernel_the_eager_session
     assert!(msg.contains("the output differs"), "{msg}");
 }
 
+/// The steps run the session's own backward and update: a CPU VJP kernel off by one part in
+/// 10⁴ fails the steps of the f64 sessions that run it, eager and linked (whose step compiles
+/// to the CPU tape), and not the simulation device's (the op's own VJP rule, as the
+/// reference's) nor the finite differences.
+#[test]
+fn a_wrong_cpu_vjp_kernel_fails_the_steps_of_the_sessions_that_run_it() {
+    let cfg = cfg();
+    let report = check_model(&CubeLayer(Bug::CpuVjp), &cfg);
+    let failed: Vec<&str> = report.failures().iter().map(|r| r.label.as_str()).collect();
+    for session in ["eager cpu-f64", "linked f64"] {
+        assert!(
+            failed.contains(&format!("model step cube-cpuvjp {session}").as_str()),
+            "{report}"
+        );
+    }
+    for passed in [
+        "model fd cube-cpuvjp",
+        "model cube-cpuvjp eager cuda-sim-f32",
+        "model step cube-cpuvjp eager cuda-sim-f32",
+        "model step cube-cpuvjp linked cuda-sim-f32",
+    ] {
+        assert!(!failed.contains(&passed), "{report}");
+    }
+    let step = report
+        .failures()
+        .into_iter()
+        .find(|r| r.label == "model step cube-cpuvjp linked f64")
+        .and_then(|r| r.failure.clone())
+        .unwrap_or_default();
+    assert!(
+        step.contains("update over 2 steps, over the rate"),
+        "{step}"
+    );
+}
+
 /// A pass with nothing to differentiate (no parameter, no input) fails the finite differences
 /// rather than passing without a comparison.
 #[test]
@@ -195,4 +259,19 @@ fn a_model_with_nothing_to_differentiate_fails_the_finite_differences() {
     assert_eq!(failed, ["model fd constant"], "{report}");
     let msg = report.failures()[0].failure.clone().unwrap_or_default();
     assert!(msg.contains("nothing to differentiate"), "{msg}");
+    // No trainable parameter: the steps are skipped, and said.
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.contains("model step constant") && s.contains("nothing to step")),
+        "{report}"
+    );
+    assert!(
+        report
+            .reports
+            .iter()
+            .all(|r| !r.label.starts_with("model step ")),
+        "{report}"
+    );
 }

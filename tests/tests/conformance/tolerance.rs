@@ -178,6 +178,7 @@ fn a_tf32_backend_held_to_f32s_tolerance_fails_the_products() {
     }
     assert!(suite.widened.is_empty(), "{suite}");
     assert!(!suite.to_string().contains("Backend::tolerance"), "{suite}");
+    assert!(!suite.summary().contains("wider tolerance"), "{suite}");
 }
 
 /// Stating TF32's precision (`Backend::tolerance`), the same backend passes the whole suite,
@@ -214,6 +215,9 @@ fn a_tf32_backend_that_states_its_precision_passes_the_suite() {
         suite.widened.len()
     );
     assert!(text.contains(&line), "{text}");
+    // The one-line form says it too.
+    let summary = format!(", {} at the backend's wider tolerance", suite.widened.len());
+    assert!(suite.summary().ends_with(&summary), "{}", suite.summary());
 }
 
 /// The widened tolerance keeps its teeth: a `matmul` value, or a gradient at its operand, off
