@@ -4,6 +4,14 @@
 //! on the CUDA device's kernels on the emulator). A layer of these models that computed a
 //! wrong value or gradient on one session, or stepped wrongly, fails its model here even where
 //! its own layer check draws other shapes.
+//!
+//! At these sizes the tapes take their small-size paths. The same models run again with every
+//! size-, shape- and thread-gated path of the CPU tape (`tl_tape_cpu::gates`) and of the CUDA
+//! tape (`tl_tape_cuda::gates`) forced on, then off: the GEMM's thread split and layout copies,
+//! the threaded element-wise and row splits, the memory-lean fused attention, conv's
+//! weight-cotangent chunks; on the CUDA devices the implicit-GEMM convs, split-K products,
+//! sums by block, the one-launch norms, the one-pass flash backward (the emulator) and the
+//! fused optimizer step.
 
 use tl_conformance::RunConfig;
 use tl_conformance::model::{UserModel, check_model};
@@ -163,20 +171,59 @@ impl UserModel for Zoo {
     }
 }
 
+/// Every model, in report order.
+const ALL: [Zoo; 7] = [
+    Zoo::Mlp,
+    Zoo::Cnn,
+    Zoo::Fno,
+    Zoo::Block,
+    Zoo::Lm,
+    Zoo::ResNet,
+    Zoo::Llama,
+];
+
+/// `f` with every gated path of the CPU and the CUDA tape forced on (`on`) or off, on this
+/// thread (the CPU tape carries its overrides to its pool threads).
+fn forced<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    use tl_tape_cpu::gates::{self as cpu, Gates};
+    use tl_tape_cuda::gates as cuda;
+    let (all, none) = if on { (0, usize::MAX) } else { (usize::MAX, 0) };
+    let _cpu = cpu::force(match on {
+        true => Gates::fast_paths_on(2),
+        false => Gates::fast_paths_off(),
+    });
+    let _implicit = cuda::force_conv_implicit_min_tiles(Some(all));
+    let _split_k = cuda::force_split_k_tiles(Some(none));
+    let _sums = cuda::force_sums_by_block(Some(on));
+    let _norm = cuda::force_norm_fused_max(Some(none));
+    let _flash = cuda::force_flash_bwd_one_pass(Some(on));
+    let _optimizer = cuda::force_fused_optimizer(Some(on));
+    f()
+}
+
+/// Every model passes every row with every gated path forced on, then off.
+#[test]
+fn tl_nns_models_pass_check_model_with_every_gated_path_forced() {
+    let cfg = RunConfig::from_env_or(2);
+    let mut failed = Vec::new();
+    for on in [true, false] {
+        for model in ALL {
+            let report = forced(on, || check_model(&model, &cfg));
+            if !report.passed() {
+                println!("{report}");
+                failed.push(format!("gated paths forced on: {on}: {}", report.summary()));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
+}
+
 /// Every model passes every row: finite differences, each session's pass and steps.
 #[test]
 fn tl_nns_models_pass_check_model_on_every_session() {
     let cfg = RunConfig::from_env_or(4);
     let mut failed = Vec::new();
-    for model in [
-        Zoo::Mlp,
-        Zoo::Cnn,
-        Zoo::Fno,
-        Zoo::Block,
-        Zoo::Lm,
-        Zoo::ResNet,
-        Zoo::Llama,
-    ] {
+    for model in ALL {
         let report = check_model(&model, &cfg);
         println!("{report}");
         // Each model has trainable parameters: its steps ran, on every session.
