@@ -208,9 +208,10 @@ pub struct TrainArgs {
     /// Save the trained parameters (safetensors, by parameter name).
     #[arg(long, value_name = "CKPT")]
     pub save: Option<PathBuf>,
-    /// Start from the parameters of a checkpoint saved by `--save`, and from its optimizer
-    /// state and hyper-parameters when it holds this `--optimizer`'s; the learning rate is
-    /// `--lr` (or its default), with a note when the checkpoint's differs.
+    /// Start from a checkpoint saved by `--save`: its parameters and its optimizer (the rule,
+    /// its state and hyper-parameters, the learning rate among them). `--optimizer` naming
+    /// another rule starts that one fresh; `--lr` replaces the checkpoint's rate, with a note
+    /// when the two differ.
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
     /// Use only the first N training examples (quick runs and tests; at least 1).

@@ -52,7 +52,7 @@ pub fn join<O: Train, M: Parameters>(
         let mpi = tl_nn::dist::Mpi::init()?;
         let (rank, size) = (mpi.rank(), mpi.size());
         if !batch.is_multiple_of(size) {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--batch-size {batch} is not a multiple of the {size} ranks mpirun started: each rank takes an equal part of every batch"
             )));
         }

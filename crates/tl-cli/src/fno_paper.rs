@@ -99,7 +99,7 @@ impl Pairs {
     /// divide the source grid.
     pub fn fields(&self, range: std::ops::Range<usize>, s: usize) -> Result<Fields> {
         if s == 0 || !self.grid.is_multiple_of(s) {
-            return Err(CliError::new(format!(
+            return Err(CliError::usage(format!(
                 "--grid {s}: must divide the source grid of {} points",
                 self.grid
             )));

@@ -34,8 +34,14 @@ pub struct TrainConfig {
     pub batch_size: usize,
     /// Learning rate.
     pub lr: f64,
+    /// Whether `lr` was chosen for this run (`--lr`) rather than left at the model's default:
+    /// a resumed run keeps its checkpoint's rate unless it was.
+    pub lr_given: bool,
     /// Optimizer.
     pub optimizer: OptimizerName,
+    /// Whether `optimizer` was chosen for this run (`--optimizer`): a resumed run keeps its
+    /// checkpoint's rule (and state) unless it was.
+    pub optimizer_given: bool,
     /// Seed for initialisation and minibatch order.
     pub seed: u64,
     /// Linked session (GraphData compiled per step) instead of eager.
@@ -94,7 +100,9 @@ impl TrainConfig {
             epochs: a.epochs.unwrap_or(d.epochs),
             batch_size: a.batch_size.unwrap_or(d.batch_size),
             lr: a.lr.unwrap_or(d.lr),
+            lr_given: a.lr.is_some(),
             optimizer: a.optimizer.unwrap_or(d.optimizer),
+            optimizer_given: a.optimizer.is_some(),
             seed: a.seed,
             linked: a.linked,
             deterministic: a.deterministic,
@@ -132,7 +140,9 @@ impl TrainConfig {
             epochs: d.epochs,
             batch_size: d.batch_size,
             lr: d.lr,
+            lr_given: false,
             optimizer: d.optimizer,
+            optimizer_given: false,
             seed: 0,
             linked: false,
             deterministic: false,
@@ -310,26 +320,24 @@ fn run<O: Train<T = f32>>(
         ),
         None => crate::model::dataset(cfg.model).to_owned(),
     };
-    log(&format!(
-        "tl train: {} on {} ({}, {}), {} epoch(s), batch {}, {:?} lr {}, seed {}",
-        cfg.model.as_str(),
-        data,
-        cfg.backend.name(),
-        if cfg.linked { "linked" } else { "eager" },
-        cfg.epochs,
-        cfg.batch_size,
-        cfg.optimizer,
-        cfg.lr,
-        cfg.seed
-    ));
+    // A resumed run keeps its checkpoint's rule and rate unless `--optimizer` or `--lr` chose
+    // others; what it keeps or replaces is said after the run's line.
+    let resumed = match &cfg.resume {
+        Some(path) => Some((path, checkpoint::read(path)?)),
+        None => None,
+    };
+    let optimizer = match &resumed {
+        Some((_, (_, header))) if !cfg.optimizer_given => header.optimizer.unwrap_or(cfg.optimizer),
+        _ => cfg.optimizer,
+    };
     let mut done = 0;
     let mut opt = match &cfg.paper {
         Some(p) => p.optimizer(cfg.lr, train.len(), cfg.batch_size)?,
-        None => cfg.optimizer.build(cfg.lr)?,
+        None => optimizer.build(cfg.lr)?,
     };
-    if let Some(path) = &cfg.resume {
-        let file = checkpoint::read(path)?;
-        let header = file.1;
+    let mut notes = Vec::new();
+    if let Some((path, file)) = &resumed {
+        let header = &file.1;
         header.expect_model(path, cfg.model)?;
         match (&cfg.paper, header.paper) {
             (Some(p), saved) => p.check_checkpoint(path, saved)?,
@@ -341,15 +349,15 @@ fn run<O: Train<T = f32>>(
             }
             (None, None) => {}
         }
-        let same = header.optimizer == Some(cfg.optimizer);
-        checkpoint::restore(rt, &m, cfg.model, path, &file, same.then_some(&mut opt))?;
+        let same = header.optimizer == Some(optimizer);
+        checkpoint::restore(rt, &m, cfg.model, path, file, same.then_some(&mut opt))?;
         done = header.epochs;
         match header.optimizer {
-            // The restore put the checkpoint's hyper-parameters in place; the rate is this
-            // run's `--lr` (or its default), as the line above says.
-            Some(_) if same && opt.lr != cfg.lr => {
-                log(&format!(
-                    "note: checkpoint {} was trained with lr {}; this run uses lr {}",
+            // The restore put the checkpoint's hyper-parameters in place, its rate among them;
+            // `--lr` replaces the rate.
+            Some(_) if same && cfg.lr_given && opt.lr != cfg.lr => {
+                notes.push(format!(
+                    "note: checkpoint {} was trained with lr {}; this run uses --lr {}",
                     path.display(),
                     opt.lr,
                     cfg.lr
@@ -357,21 +365,36 @@ fn run<O: Train<T = f32>>(
                 opt.lr = cfg.lr;
             }
             Some(_) if same => {}
-            Some(name) => log(&format!(
+            Some(name) => notes.push(format!(
                 "note: checkpoint {} holds {} state; --optimizer {} starts with fresh state",
                 path.display(),
                 name.as_str(),
-                cfg.optimizer.as_str()
+                optimizer.as_str()
             )),
-            None => log(&format!(
+            None => notes.push(format!(
                 "note: checkpoint {} holds no optimizer state; the optimizer starts fresh",
                 path.display()
             )),
         }
     }
+    log(&format!(
+        "tl train: {} on {} ({}, {}), {} epoch(s), batch {}, {:?} lr {}, seed {}",
+        cfg.model.as_str(),
+        data,
+        cfg.backend.name(),
+        if cfg.linked { "linked" } else { "eager" },
+        cfg.epochs,
+        cfg.batch_size,
+        optimizer,
+        opt.lr,
+        cfg.seed
+    ));
+    for note in &notes {
+        log(note);
+    }
     let (mut step_losses, mut epoch_losses) = (Vec::new(), Vec::new());
     let total = done.checked_add(cfg.epochs).ok_or_else(|| {
-        CliError::new(format!(
+        CliError::usage(format!(
             "--epochs {} after the checkpoint's {done}: the total is past {}",
             cfg.epochs,
             usize::MAX
@@ -426,7 +449,7 @@ fn run<O: Train<T = f32>>(
     let header = Header {
         model: cfg.model,
         epochs: total,
-        optimizer: Some(cfg.optimizer),
+        optimizer: Some(optimizer),
         paper: cfg.paper.as_ref().map(PaperRun::model),
     };
     let checkpoint = checkpoint::snapshot(rt, &m, header, &opt)?;

@@ -260,6 +260,8 @@ fn bad_output_paths_and_epoch_counts_are_refused_before_training() {
         "train", "--resume", &ckpt, "--epochs", &huge, "--save", &ckpt,
     ]);
     assert_one_line_error(&o, &["--epochs", "the total is past"]);
+    // A flag's value that cannot be: a usage error, clap's exit status.
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
     let _ = std::fs::remove_dir_all(dir);
 }
 

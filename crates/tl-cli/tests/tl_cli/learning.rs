@@ -251,19 +251,39 @@ fn resume_continues_the_exact_trajectory_with_the_optimizer_state() {
         assert_eq!(resumed.step_losses, straight.step_losses[half..], "{opt:?}");
         assert_eq!(resumed.checkpoint, straight.checkpoint, "{opt:?}");
 
+        // Neither --optimizer nor --lr (the model's defaults otherwise, Adam 3e-3 for the
+        // mlp): the checkpoint's rule and rate, so the same steps again, and its line says so.
+        let mut lines = Vec::new();
+        let kept = train(
+            &TrainConfig {
+                epochs: 1,
+                resume: Some(path.clone()),
+                linked,
+                train_subset: Some(256),
+                ..quick(2)
+            },
+            |l| lines.push(l.to_owned()),
+        )
+        .unwrap();
+        assert!(!lines.iter().any(|l| l.starts_with("note:")), "{lines:?}");
+        assert!(lines[0].contains(&format!("{opt:?} lr {lr}")), "{lines:?}");
+        assert_eq!(kept.step_losses, straight.step_losses[half..], "{opt:?}");
+        assert_eq!(kept.checkpoint, straight.checkpoint, "{opt:?}");
+
         // Another --lr: the run says it differs from the checkpoint's and takes it.
         let mut lr_notes = Vec::new();
         let faster = train(
             &TrainConfig {
                 epochs: 1,
                 lr: 2.0 * lr,
+                lr_given: true,
                 resume: Some(path.clone()),
                 ..base.clone()
             },
             |l| lr_notes.push(l.to_owned()),
         )
         .unwrap();
-        let note = format!("was trained with lr {lr}; this run uses lr {}", 2.0 * lr);
+        let note = format!("was trained with lr {lr}; this run uses --lr {}", 2.0 * lr);
         assert!(
             lr_notes
                 .iter()
@@ -281,7 +301,9 @@ fn resume_continues_the_exact_trajectory_with_the_optimizer_state() {
             &TrainConfig {
                 epochs: 1,
                 optimizer: OptimizerName::Sgd,
+                optimizer_given: true,
                 lr: 0.1,
+                lr_given: true,
                 resume: Some(path.clone()),
                 ..base.clone()
             },
