@@ -338,12 +338,16 @@ impl SuiteReport {
 /// the summary.
 impl fmt::Display for SuiteReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The labels in one column, as wide as the longest (46 at least).
+        let w = (self.reports.iter())
+            .map(|r| r.label.chars().count())
+            .fold(46, usize::max);
         for r in &self.reports {
             match (r.passed(), r.cases) {
-                (false, 0) => write!(f, "FAIL {:<46} no case passed", r.label)?,
+                (false, 0) => write!(f, "FAIL {:<w$} no case passed", r.label)?,
                 (passed, cases) => write!(
                     f,
-                    "{} {:<46} {cases:>5} case(s)  max err {:.2e}",
+                    "{} {:<w$} {cases:>5} case(s)  max err {:.2e}",
                     if passed { "ok  " } else { "FAIL" },
                     r.label,
                     r.max_err
