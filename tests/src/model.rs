@@ -24,8 +24,8 @@
 //!   pass's longest reduction ([`reduction_len`] of its graph, as checks 1 and 2 scale theirs).
 //! - `model step <name> <session>`: [`STEPS`] training steps (`Runtime::step`, the path a
 //!   training loop takes: its backward that keeps the parameters' gradients only and lets go of
-//!   the forward's buffers as it passes them, the update in place, a linked session's compiled
-//!   step reused by the next) of momentum SGD ([`STEP_LR`], [`STEP_MOMENTUM`]) on the loss
+//!   the forward's buffers as it passes them, the update in place, what a linked session keeps
+//!   from one step to the next) of momentum SGD ([`STEP_LR`], [`STEP_MOMENTUM`]) on the loss
 //!   `⟨c, output⟩`, on each of those sessions and the linked f64 one, against the same steps
 //!   taken here in f64 with the reference's gradients (PyTorch's rule, written out: `b ← μ·b +
 //!   g`, `b = g` at the first step, `w ← w − lr·b`). The rule is linear in the gradients, so
@@ -70,7 +70,8 @@ pub const STEP_LR: f64 = 0.1;
 pub const STEP_MOMENTUM: f64 = 0.9;
 
 /// The steps the step check takes per case: the second reads the first's momentum buffers and
-/// runs a linked session's compiled step again.
+/// what a linked session keeps between steps (its device's pools and the parameters resident
+/// there, its CPU tape's buffer pool).
 pub const STEPS: usize = 2;
 
 /// Your model as [`check_model`] takes it: how to build it on any session, and one pass.
