@@ -567,28 +567,24 @@ struct StepReference {
 fn reference_steps<M: UserModel>(model: &M, case: &ModelCase) -> Result<StepReference, String> {
     let values = initial_values(model, case.seed)?;
     let mut after = values.clone();
-    let mut buffers: Vec<Vec<f64>> = Vec::new();
+    let mut buffers: Vec<Tensor<f64>> = Vec::new();
     let mut reduction = 0;
-    for step in 0..STEPS {
+    let err = |e: tl_spec::Error| e.to_string();
+    for _ in 0..STEPS {
         let (run, at) = reference_pass(model, case, &after, true)?;
         reduction = reduction.max(run.reduction);
-        for (j, &k) in at.iter().enumerate() {
-            let g = run.grads[j].data();
-            match step {
-                0 => buffers.push(g.to_vec()),
-                _ => {
-                    for (b, g) in buffers[j].iter_mut().zip(g) {
-                        *b = STEP_MOMENTUM * *b + g;
-                    }
-                }
+        for (j, (&k, g)) in at.iter().zip(&run.grads).enumerate() {
+            let b = match buffers.get(j) {
+                None => g.clone(),
+                Some(b) => b
+                    .zip_map("momentum", g, |b, g| STEP_MOMENTUM * b + g)
+                    .map_err(err)?,
+            };
+            after[k] = (after[k].zip_map("momentum", &b, |w, b| w - STEP_LR * b)).map_err(err)?;
+            match buffers.get_mut(j) {
+                Some(slot) => *slot = b,
+                None => buffers.push(b),
             }
-            let w = after[k]
-                .data()
-                .iter()
-                .zip(&buffers[j])
-                .map(|(w, b)| w - STEP_LR * b)
-                .collect();
-            after[k] = Tensor::new(after[k].shape().clone(), w).map_err(|e| e.to_string())?;
         }
     }
     Ok(StepReference {
@@ -600,13 +596,7 @@ fn reference_steps<M: UserModel>(model: &M, case: &ModelCase) -> Result<StepRefe
 
 /// `(w₀ − w)/lr` elementwise: a parameter's total update over the steps, divided by the rate.
 fn update(before: &Tensor<f64>, after: &Tensor<f64>) -> Result<Tensor<f64>, String> {
-    let u = before
-        .data()
-        .iter()
-        .zip(after.data())
-        .map(|(w0, w)| (w0 - w) / STEP_LR)
-        .collect();
-    Tensor::new(before.shape().clone(), u).map_err(|e| e.to_string())
+    (before.zip_map("update", after, |w0, w| (w0 - w) / STEP_LR)).map_err(|e| e.to_string())
 }
 
 /// A case's steps on one session, against the reference's.
@@ -666,12 +656,23 @@ enum Target {
 }
 
 impl Target {
-    /// The CPU and simulation sessions, in report order (the linked f64 session is the
-    /// reference's: a pass on it is the reference, its steps are not).
-    const HOST: [Target; 5] = [
+    /// The CPU and simulation sessions of the pass rows, in report order (a pass on the linked
+    /// f64 session is the reference itself).
+    const PASS_HOST: [Target; 5] = [
         Target::Nn(NnSession::CpuF64),
         Target::Nn(NnSession::CpuF32),
         Target::Nn(NnSession::SimF32),
+        Target::Nn(NnSession::LinkedF32),
+        Target::LinkedSim,
+    ];
+
+    /// Those of the step rows: the linked f64 session's steps run its compiled tape, not the
+    /// reference.
+    const STEP_HOST: [Target; 6] = [
+        Target::Nn(NnSession::CpuF64),
+        Target::Nn(NnSession::CpuF32),
+        Target::Nn(NnSession::SimF32),
+        Target::Nn(NnSession::LinkedF64),
         Target::Nn(NnSession::LinkedF32),
         Target::LinkedSim,
     ];
@@ -792,11 +793,11 @@ pub fn check_model<M: UserModel>(model: &M, cfg: &RunConfig) -> SuiteReport {
         rows.push(Row::Step);
     }
     for &kind in &rows {
-        let mut host = Target::HOST.to_vec();
-        if kind == Row::Step {
-            host.insert(3, Target::Nn(NnSession::LinkedF64));
-        }
-        for on in host {
+        let host: &[Target] = match kind {
+            Row::Pass => &Target::PASS_HOST,
+            Row::Step => &Target::STEP_HOST,
+        };
+        for &on in host {
             reports.push(row(model, cfg, kind.label(&name, &on.name("")), kind, on));
         }
     }
