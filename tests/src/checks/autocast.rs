@@ -1,7 +1,7 @@
 //! Autocast's products on a tape (docs/semantics.md, "Mixed precision"), one check for every
-//! backend: under a precision, the tape's matmul (its value and both gradients, the cotangent
-//! rounded as an operand), linear and conv (the bias unrounded) equal the f64 reference on
-//! rounded operands within the f32 accumulation bound
+//! backend: under a precision, the tape's matmul, linear and conv (their values and every
+//! gradient, the cotangent rounded as an operand, the bias unrounded) equal the f64 reference
+//! on rounded operands within the f32 accumulation bound
 //! ([`tl_spec::bf16::accumulation_bound`], valid for every summation order). The caller
 //! supplies the tape: [`TapeRun`] runs one op and returns its value and its operands'
 //! gradients. The conformance suite runs it on the CPU tape (every bf16 kernel), the CUDA
@@ -10,14 +10,29 @@
 //! [`tape_attention_matches_the_reference`] does the same for attention's core, fused and
 //! composed, against the spec's `autocast_reference`, where a probability's rounding may
 //! differ by one unit between a path's f32 value and the reference's f64 one.
+//!
+//! [`check_products`] runs the product ops' registry entries (matmul, bmm, linear, conv,
+//! convTranspose: [`rounded_operands`]) through a tape at a precision on every case the
+//! registry generates, small and large (every rank, stride, padding and batch the entries
+//! draw, past the CPU GEMM's layout and thread-split sizes), the value and every operand's
+//! gradient against the op's own value and VJP rules (the IR's) on the rounded operands,
+//! within the accumulation bound.
 
+use std::cell::RefCell;
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestRunner;
 use tl_ir::Op;
+use tl_spec::Tensor;
 use tl_spec::bf16::accumulation_bound;
 use tl_spec::ops::attention::Mask;
 use tl_spec::ops::attention::sdpa::autocast_reference;
-use tl_spec::ops::conv::ConvParams;
 use tl_spec::precision::Precision;
-use tl_spec::{Tensor, ops as spec};
+
+use crate::checks::reduction_len;
+use crate::generate::direction;
+use crate::{CaseResult, Measured, OpCase, OpInfo, Report, RunConfig, run_check};
 
 /// One op on a tape at a precision: `run(p, op, operands, cotangent)` → the value, then each
 /// operand's gradient (dense backward seeded with the cotangent).
@@ -25,98 +40,147 @@ pub type TapeRun<'a> = dyn FnMut(Precision, &Op, &[Tensor<f32>], &Tensor<f32>) -
     + 'a;
 
 /// The check: `run` at `p` on matmul (9×37·37×33), linear (45 → 11, batch 6) and a 2-D conv
-/// (3 → 4 channels, 3×3, padding 1, batch 2 of 7×6), operands drawn from `seed`. `Err` names
-/// the product, the element and the bound on the first miss.
+/// (3 → 4 channels, 3×3, padding 1, batch 2 of 7×6), operands and cotangents drawn from
+/// `seed`, each as [`product_case`] holds it: the value and every operand's gradient. `Err`
+/// names the product, the result, the element and the bound on the first miss.
 pub fn tape_products_match_the_reference(
     run: &mut TapeRun<'_>,
     p: Precision,
     seed: u64,
 ) -> Result<(), String> {
     let mut draw = Draw(seed);
-    let (a, b, g) = (
-        draw.tensor(&[9, 37]),
-        draw.tensor(&[37, 33]),
-        draw.tensor(&[9, 33]),
-    );
-    let r = run(p, &Op::Matmul, &[a.clone(), b.clone()], &g)?;
-    let (ar, br, gr) = (rounded(p, &a), rounded(p, &b), rounded(p, &g));
-    let t = |x: &Tensor<f64>| spec::shape::transpose2d(x).map_err(|e| e.to_string());
-    let mm =
-        |x: &Tensor<f64>, y: &Tensor<f64>| spec::linalg::matmul(x, y).map_err(|e| e.to_string());
-    expect(&r, 3, "matmul")?;
-    within(
-        "matmul",
-        &r[0],
-        &mm(&ar, &br)?,
-        &mm(&abs(&ar), &abs(&br))?,
-        37,
-    )?;
-    let (bt, abs_bt) = (t(&br)?, t(&abs(&br))?);
-    within(
-        "matmul da",
-        &r[1],
-        &mm(&gr, &bt)?,
-        &mm(&abs(&gr), &abs_bt)?,
-        33,
-    )?;
-    let (at, abs_at) = (t(&ar)?, t(&abs(&ar))?);
-    within(
-        "matmul db",
-        &r[2],
-        &mm(&at, &gr)?,
-        &mm(&abs_at, &abs(&gr))?,
-        9,
-    )?;
-
-    let (w, bias, x) = (
-        draw.tensor(&[11, 45]),
-        draw.tensor(&[11]),
-        draw.tensor(&[6, 45]),
-    );
-    let gy = draw.tensor(&[6, 11]);
-    let r = run(p, &Op::Linear, &[w.clone(), bias.clone(), x.clone()], &gy)?;
-    expect(&r, 1, "linear")?;
-    let b64: Tensor<f64> = bias.cast();
-    let (wr, xr) = (rounded(p, &w), rounded(p, &x));
-    let lin = |w: &Tensor<f64>, b: &Tensor<f64>, x: &Tensor<f64>| {
-        spec::linalg::linear(w, b, x).map_err(|e| e.to_string())
-    };
-    within(
-        "linear",
-        &r[0],
-        &lin(&wr, &b64, &xr)?,
-        &lin(&abs(&wr), &abs(&b64), &abs(&xr))?,
-        45,
-    )?;
-
-    let (w, bias, x) = (
-        draw.tensor(&[4, 3, 3, 3]),
-        draw.tensor(&[4]),
-        draw.tensor(&[2, 3, 7, 6]),
-    );
-    let gy = draw.tensor(&[2, 4, 7, 6]);
-    let op = Op::Conv {
+    let conv = Op::Conv {
         stride: vec![1, 1],
         padding: vec![1, 1],
     };
-    let r = run(p, &op, &[w.clone(), bias.clone(), x.clone()], &gy)?;
-    expect(&r, 1, "conv")?;
-    let b64: Tensor<f64> = bias.cast();
-    let (wr, xr) = (rounded(p, &w), rounded(p, &x));
-    let conv = |w: &Tensor<f64>, b: &Tensor<f64>, x: &Tensor<f64>| {
-        let cp = ConvParams {
-            stride: &[1, 1],
-            padding: &[1, 1],
-        };
-        spec::conv::conv(w, b, x, cp).map_err(|e| e.to_string())
-    };
-    within(
-        "conv",
-        &r[0],
-        &conv(&wr, &b64, &xr)?,
-        &conv(&abs(&wr), &abs(&b64), &abs(&xr))?,
-        27,
+    // Each product: the op, its operands' shapes, its output's.
+    type Fixed = (Op, &'static [&'static [usize]], &'static [usize]);
+    let cases: [Fixed; 3] = [
+        (Op::Matmul, &[&[9, 37], &[37, 33]], &[9, 33]),
+        (Op::Linear, &[&[11, 45], &[11], &[6, 45]], &[6, 11]),
+        (conv, &[&[4, 3, 3, 3], &[4], &[2, 3, 7, 6]], &[2, 4, 7, 6]),
+    ];
+    for (op, shapes, out) in cases {
+        let inputs = shapes.iter().map(|s| draw.tensor(s).cast()).collect();
+        let g = draw.tensor(out).cast();
+        product_case(run, p, &OpCase::new(op, inputs), &g)?;
+    }
+    Ok(())
+}
+
+/// The operands a product op reads rounded under autocast, by position: both of `matmul`'s
+/// and `bmm`'s; the weight and the input of `linear`, `conv` and `convTranspose` (operands
+/// `(w, b, x)`: the bias is added to the f32 product unrounded, and its gradient is the sum
+/// of the unrounded cotangent). `None` for every other op: attention rounds inside the op
+/// ([`tape_attention_matches_the_reference`]), the rest read f32 operands.
+pub fn rounded_operands(op: &Op) -> Option<&'static [usize]> {
+    match op {
+        Op::Matmul | Op::Bmm => Some(&[0, 1]),
+        Op::Linear | Op::Conv { .. } | Op::ConvTranspose { .. } => Some(&[0, 2]),
+        _ => None,
+    }
+}
+
+/// The registry entries [`check_products`] runs: those of the ops with
+/// [`rounded_operands`].
+pub fn product_entries() -> Vec<OpInfo> {
+    crate::registry::all()
+        .into_iter()
+        .filter(|e| {
+            let mut runner = TestRunner::deterministic();
+            e.cases()
+                .new_tree(&mut runner)
+                .is_ok_and(|t| rounded_operands(&t.current().op).is_some())
+        })
+        .collect()
+}
+
+/// `autocast <p> <op> <name>`: `run` at `p` on `cfg.cases` cases of `entry` (three small
+/// for every large one, as checks 1 and 2 draw them) with a cotangent in `[-1, 1]`
+/// ([`product_case`]).
+pub fn check_products(
+    entry: &OpInfo,
+    cfg: &RunConfig,
+    p: Precision,
+    name: &str,
+    run: &mut TapeRun<'_>,
+) -> Report {
+    let run = RefCell::new(run);
+    let cases = entry
+        .mixed_cases()
+        .prop_flat_map(|c| {
+            let g = direction(c.out_shape());
+            (Just(c), g)
+        })
+        .boxed();
+    run_check(
+        format!("autocast {} {} {name}", p.name(), entry.name),
+        cfg,
+        cases,
+        |(c, g)| product_case(&mut **run.borrow_mut(), p, c, g),
     )
+}
+
+/// One case of [`check_products`]: `run` at `p` on `case.op` with the case's operands and
+/// the cotangent `g`, both rounded to f32. The value and the gradients of the rounded
+/// operands ([`rounded_operands`]) against the op's value and VJP (the IR's rules, in f64)
+/// on the rounded operands and cotangent; the bias's gradient against the VJP at the
+/// unrounded cotangent. Each element within [`accumulation_bound`] of the products it sums
+/// (the same rules on the operands' absolute values), counting the case's longest reduction
+/// ([`reduction_len`]) as its terms. The measurement is the largest error over its bound
+/// (tolerance 1). `Err` names the op, the result and the element.
+pub fn product_case(
+    run: &mut TapeRun<'_>,
+    p: Precision,
+    case: &OpCase,
+    g: &Tensor<f64>,
+) -> CaseResult {
+    let op = &case.op;
+    let rounds = rounded_operands(op).ok_or_else(|| format!("{op}: not a product op"))?;
+    let x: Vec<Tensor<f32>> = case.inputs.iter().map(Tensor::cast).collect();
+    let g32: Tensor<f32> = g.cast();
+    let got = run(p, op, &x, &g32)?;
+    expect(&got, 1 + x.len(), &op.to_string())?;
+    let xr: Vec<Tensor<f64>> = x
+        .iter()
+        .enumerate()
+        .map(|(k, t)| match rounds.contains(&k) {
+            true => rounded(p, t),
+            false => t.cast(),
+        })
+        .collect();
+    let xa: Vec<Tensor<f64>> = xr.iter().map(abs).collect();
+    let (graph, out) = case.graph(&vec![true; x.len()]);
+    let terms = reduction_len(&graph);
+    let err = |e: tl_ir::Error| format!("{op}: the reference: {e}");
+    let value = |leaves: &[Tensor<f64>]| {
+        let mut v = graph.eval(leaves, &case.nats).map_err(err)?;
+        Ok::<_, String>(v.swap_remove(out))
+    };
+    let grads = |leaves: &[Tensor<f64>], seed: &Tensor<f64>| {
+        graph
+            .backprop_all(leaves, &case.nats, out, seed)
+            .map_err(err)
+    };
+    let (gr, g64): (Tensor<f64>, Tensor<f64>) = (rounded(p, &g32), g32.cast());
+    let mut worst = within(
+        &format!("{op} value"),
+        &got[0],
+        &value(&xr)?,
+        &value(&xa)?,
+        terms,
+    )?;
+    let (at_rounded, at_rounded_abs) = (grads(&xr, &gr)?, grads(&xa, &abs(&gr))?);
+    let (at_plain, at_plain_abs) = (grads(&xr, &g64)?, grads(&xa, &abs(&g64))?);
+    for (k, got) in got[1..].iter().enumerate() {
+        let (want, abs_sum) = match rounds.contains(&k) {
+            true => (&at_rounded[k], &at_rounded_abs[k]),
+            false => (&at_plain[k], &at_plain_abs[k]),
+        };
+        let what = format!("{op} gradient of operand {k}");
+        worst = worst.max(within(&what, got, want, abs_sum, terms)?);
+    }
+    Ok(worst)
 }
 
 /// The check for attention: `run` at `p` on `scaledDotProductAttention`, composed and fused
@@ -235,13 +299,14 @@ fn expect(r: &[Tensor<f32>], at_least: usize, what: &str) -> Result<(), String> 
 
 /// `got` within the f32 accumulation bound (`terms` products) of `want`, with `abs_sum` the
 /// same computation on absolute values.
+/// The measurement is the largest error over its element's bound (tolerance 1).
 fn within(
     what: &str,
     got: &Tensor<f32>,
     want: &Tensor<f64>,
     abs_sum: &Tensor<f64>,
     terms: usize,
-) -> Result<(), String> {
+) -> CaseResult {
     if got.shape() != want.shape() {
         return Err(format!(
             "{what}: shape {} against the reference's {}",
@@ -249,12 +314,18 @@ fn within(
             want.shape()
         ));
     }
+    let mut worst = 0.0f64;
     let all = got.data().iter().zip(want.data()).zip(abs_sum.data());
     for (i, ((&g, &w), &s)) in all.enumerate() {
         let bound = accumulation_bound(terms, s);
-        if (f64::from(g) - w).abs() > bound {
+        let e = (f64::from(g) - w).abs();
+        if e.is_nan() || e > bound {
             return Err(format!("{what} at {i}: {g} against {w} (bound {bound:e})"));
         }
+        worst = worst.max(e / bound);
     }
-    Ok(())
+    Ok(Measured {
+        err: worst,
+        tol: 1.0,
+    })
 }

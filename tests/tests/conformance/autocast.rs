@@ -1,13 +1,17 @@
 //! Autocast's products on every tape (`checks::autocast`): under bf16 and TF32 the tape's
-//! matmul (value and both gradients), linear and conv equal the f64 reference on rounded
+//! matmul, linear and conv (values and every gradient) equal the f64 reference on rounded
 //! operands within the f32 accumulation bound: the CPU tape on every bf16 kernel this CPU has,
 //! the CUDA tape on the simulation device and (feature `cuda-emu`) on the emulated kernels.
 //! Likewise attention's core, fused and composed, against the spec's autocast reference
-//! (`checks::autocast::tape_attention_matches_the_reference`).
+//! (`checks::autocast::tape_attention_matches_the_reference`). And every product op's registry
+//! cases, values and every gradient (`checks::autocast::check_products`), on each tape, the CPU
+//! tape also with every size gate forced open and shut.
 
 use tl_conformance::checks::autocast::{
-    tape_attention_matches_the_reference, tape_products_match_the_reference,
+    TapeRun, check_products, product_entries, tape_attention_matches_the_reference,
+    tape_products_match_the_reference,
 };
+use tl_conformance::{Report, RunConfig, assert_all_passed};
 use tl_ir::Op;
 use tl_spec::Tensor;
 use tl_tape_cpu::gates::{self, Gates};
@@ -242,5 +246,127 @@ fn tape_products_match_the_reference_on_the_emulated_kernels() {
             Ok(()),
             "{p:?}"
         );
+    }
+}
+
+/// [`check_products`] at both settings on every product op's registry cases, on the tape `run`
+/// gives (named `name` in the reports).
+fn every_product(name: &str, run: &mut TapeRun<'_>) -> Vec<Report> {
+    let cfg = RunConfig::from_env();
+    let entries = product_entries();
+    let mut reports = Vec::new();
+    for p in AUTOCAST {
+        for e in &entries {
+            reports.push(check_products(e, &cfg, p, name, run));
+        }
+    }
+    reports
+}
+
+/// The product ops' registry cases on the CPU tape, on each bf16 kernel this CPU has, at the
+/// default gates and with every size gate forced open (`Gates::fast_paths_on(2)`: two threads,
+/// every split threshold 0, the column-major product with its copies from side 1, the 16-wide
+/// kernel at every depth where the CPU has AVX-512, one batch entry per conv weight-cotangent
+/// chunk) and shut (`fast_paths_off`: the scalar level, strided products, one thread). The
+/// autocast path rounds into copies and then runs the f32 GEMM, so each gate moves its sums.
+#[test]
+fn every_product_op_matches_the_reference_on_the_cpu() {
+    let names = [
+        entries_named(),
+        vec!["matmul", "bmm", "linear", "conv", "convTranspose"],
+    ];
+    assert_eq!(names[0], names[1], "the product ops' entries");
+    let mut reports = Vec::new();
+    for kernel in Bf16Kernel::available() {
+        for (gates, what) in [
+            (Gates::DEFAULT, "default"),
+            (Gates::fast_paths_on(2), "gates open"),
+            (Gates::fast_paths_off(), "gates shut"),
+        ] {
+            let _g = gates::force(gates.with_bf16_kernel(kernel));
+            let name = format!("cpu {kernel:?} {what}");
+            reports.extend(every_product(&name, &mut on_cpu));
+        }
+    }
+    assert_all_passed(&reports, RunConfig::from_env().cases);
+}
+
+fn entries_named() -> Vec<&'static str> {
+    product_entries().iter().map(|e| e.name).collect()
+}
+
+/// The product ops' registry cases on the sim. No registry case reaches a split along `k`
+/// (k ≥ 256) even with the split threshold forced; the fixed products of `tl_tape_cuda`'s
+/// `autocast::` tests split it.
+#[test]
+fn every_product_op_matches_the_reference_on_the_cuda_sim() {
+    let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+        on_device(SimDevice::new(), p, op, x, g)
+    };
+    assert_all_passed(
+        &every_product("cuda-sim", &mut run),
+        RunConfig::from_env().cases,
+    );
+}
+
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn every_product_op_matches_the_reference_on_the_emulated_kernels() {
+    let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+        let dev = tl_tape_cuda::CudaDevice::new().map_err(|e| e.to_string())?;
+        on_device(dev, p, op, x, g)
+    };
+    assert_all_passed(
+        &every_product("cuda-emu", &mut run),
+        RunConfig::from_env().cases,
+    );
+}
+
+/// The product check has teeth, on every product op: a tape that does not round fails it; one
+/// that rounds the operands but not the cotangent fails a gradient (its values are right); one
+/// that rounds the bias too (linear, conv, convTranspose) fails the value (its gradients are
+/// right).
+#[test]
+fn the_product_check_sees_each_rounding_left_out_or_added() {
+    let cfg = RunConfig {
+        cases: 8,
+        ..RunConfig::from_env()
+    };
+    let p = Precision::Bf16;
+    let r = |t: &Tensor<f32>| t.map(|v| p.round(v));
+    for e in product_entries() {
+        let fails = |run: &mut TapeRun<'_>, what: &str, needle: &str| {
+            let report = check_products(&e, &cfg, p, what, run);
+            let msg = report.failure.clone().unwrap_or_default();
+            assert!(
+                !report.passed() && msg.contains(needle),
+                "{}: {what} should fail on {needle:?}: {report}",
+                e.name
+            );
+        };
+        let mut f32_tape = |_: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            on_cpu(Precision::F32, op, x, g)
+        };
+        fails(&mut f32_tape, "no rounding", "against");
+        let mut operands_only = |_: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            let x: Vec<_> = x
+                .iter()
+                .enumerate()
+                .map(|(k, t)| match (op, k) {
+                    (Op::Linear | Op::Conv { .. } | Op::ConvTranspose { .. }, 1) => t.clone(),
+                    _ => r(t),
+                })
+                .collect();
+            on_cpu(Precision::F32, op, &x, g)
+        };
+        fails(&mut operands_only, "cotangent unrounded", "gradient");
+        if e.name != "matmul" && e.name != "bmm" {
+            let mut bias_too = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+                let mut x = x.to_vec();
+                x[1] = r(&x[1]);
+                on_cpu(p, op, &x, g)
+            };
+            fails(&mut bias_too, "bias rounded", "value");
+        }
     }
 }
