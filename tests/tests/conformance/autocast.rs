@@ -249,15 +249,14 @@ fn tape_products_match_the_reference_on_the_emulated_kernels() {
     }
 }
 
-/// [`check_products`] at both settings on every product op's registry cases, on the tape `run`
-/// gives (named `name` in the reports).
-fn every_product(name: &str, run: &mut TapeRun<'_>) -> Vec<Report> {
-    let cfg = RunConfig::from_env();
+/// [`check_products`] at both settings on every product op's registry cases, `cfg.cases` each,
+/// on the tape `run` gives (named `name` in the reports).
+fn every_product(cfg: &RunConfig, name: &str, run: &mut TapeRun<'_>) -> Vec<Report> {
     let entries = product_entries();
     let mut reports = Vec::new();
     for p in AUTOCAST {
         for e in &entries {
-            reports.push(check_products(e, &cfg, p, name, run));
+            reports.push(check_products(e, cfg, p, name, run));
         }
     }
     reports
@@ -276,7 +275,7 @@ fn every_product_op_matches_the_reference_on_the_cpu() {
         vec!["matmul", "bmm", "linear", "conv", "convTranspose"],
     ];
     assert_eq!(names[0], names[1], "the product ops' entries");
-    let mut reports = Vec::new();
+    let (cfg, mut reports) = (RunConfig::from_env(), Vec::new());
     for kernel in Bf16Kernel::available() {
         for (gates, what) in [
             (Gates::DEFAULT, "default"),
@@ -285,10 +284,10 @@ fn every_product_op_matches_the_reference_on_the_cpu() {
         ] {
             let _g = gates::force(gates.with_bf16_kernel(kernel));
             let name = format!("cpu {kernel:?} {what}");
-            reports.extend(every_product(&name, &mut on_cpu));
+            reports.extend(every_product(&cfg, &name, &mut on_cpu));
         }
     }
-    assert_all_passed(&reports, RunConfig::from_env().cases);
+    assert_all_passed(&reports, cfg.cases);
 }
 
 fn entries_named() -> Vec<&'static str> {
@@ -303,12 +302,12 @@ fn every_product_op_matches_the_reference_on_the_cuda_sim() {
     let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
         on_device(SimDevice::new(), p, op, x, g)
     };
-    assert_all_passed(
-        &every_product("cuda-sim", &mut run),
-        RunConfig::from_env().cases,
-    );
+    let cfg = RunConfig::from_env();
+    assert_all_passed(&every_product(&cfg, "cuda-sim", &mut run), cfg.cases);
 }
 
+/// A quarter of the default cases (the emulated kernels give the sim's bits on every registry
+/// op: `cuda_emu::`), unless `TL_CASES` is set.
 #[cfg(feature = "cuda-emu")]
 #[test]
 fn every_product_op_matches_the_reference_on_the_emulated_kernels() {
@@ -316,10 +315,8 @@ fn every_product_op_matches_the_reference_on_the_emulated_kernels() {
         let dev = tl_tape_cuda::CudaDevice::new().map_err(|e| e.to_string())?;
         on_device(dev, p, op, x, g)
     };
-    assert_all_passed(
-        &every_product("cuda-emu", &mut run),
-        RunConfig::from_env().cases,
-    );
+    let cfg = RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 4);
+    assert_all_passed(&every_product(&cfg, "cuda-emu", &mut run), cfg.cases);
 }
 
 /// The product check has teeth, on every product op: a tape that does not round fails it; one
