@@ -156,11 +156,65 @@ pub trait Backend {
     ///         let products: f64 = graph.nodes().iter().map(|n| chain(n.op())).sum();
     ///         backend_tol::<f32>(tol, graph).max(16.0 * 2f64.powi(-11) * products)
     ///     }
+    ///
+    ///     /// The products' setting: check_backend then holds each product op to the TF32
+    ///     /// reference exactly (`Backend::precision`).
+    ///     fn precision(&self) -> Precision {
+    ///         Precision::Tf32
+    ///     }
     /// }
     /// ```
     fn tolerance(&self, tol: &Tol, graph: &GraphData) -> f64 {
         crate::checks::backend_tol::<Self::T>(tol, graph)
     }
+
+    /// The autocast setting the backend's matrix products run at (docs/semantics.md, "Mixed
+    /// precision"): [`Precision::F32`], the default, for none. A backend that states
+    /// [`Precision::Bf16`] or [`Precision::Tf32`] says its products read their operands
+    /// rounded so (bf16 to nearest even, TF32 to nearest with ties away) and sum in f32, and
+    /// [`crate::user::check_backend`] then holds every product op it supports (matmul, bmm,
+    /// linear, conv, convTranspose) to that exactly: each registry case's value and every
+    /// gradient against the op's rules on the rounded operands within the f32 accumulation
+    /// bound ([`crate::checks::autocast::check_products`], rows `autocast <setting> <op>
+    /// <name>`), however wide [`Backend::tolerance`] is in the other checks. So the widened
+    /// tolerance the rounding needs there does not hide a product that is wrong by less.
+    fn precision(&self) -> Precision {
+        Precision::F32
+    }
+}
+
+/// `backend` as a [`crate::checks::autocast::TapeRun`]: `op` recorded alone on its operands
+/// (cast to the backend's type, none of them index tensors), its value, then every operand's
+/// gradient from a dense backward seeded with the cotangent, cast to f32. The precision the
+/// check passes must be the backend's own ([`Backend::precision`]).
+pub fn run_op<B: Backend>(backend: &B) -> Box<crate::checks::autocast::TapeRun<'_>> {
+    Box::new(move |p, op, x, g| {
+        if p != backend.precision() {
+            return Err(format!(
+                "{op} at {}: backend {} states {} (Backend::precision)",
+                p.name(),
+                backend.name(),
+                backend.precision().name()
+            ));
+        }
+        let mut b = tl_ir::GraphBuilder::new();
+        let leaves = x
+            .iter()
+            .map(|t| b.leaf_with(t.shape().clone(), None, true))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let out = b.apply(op.clone(), &leaves).map_err(|e| e.to_string())?;
+        let graph = b.finish();
+        let xs: Vec<Tensor<B::T>> = x.iter().map(Tensor::cast).collect();
+        let program = backend.record(&graph, &xs, &[])?;
+        let values = backend.values(&program)?;
+        let grads = backend.backward_dense(&program, out, &g.cast())?;
+        let mut r = vec![values.get(out).ok_or("no value for the op")?.cast()];
+        for &id in &leaves {
+            r.push(grads.get(id).ok_or("no gradient for an operand")?.cast());
+        }
+        Ok(r)
+    })
 }
 
 /// The CPU tape (`tl_tape_cpu::Tape<T>`), compiled into by `GraphData::replay`.

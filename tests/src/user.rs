@@ -600,8 +600,10 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 /// and the case ([`crate::watchdog`]). Every comparison is within [`Backend::tolerance`]
 /// (the suite's tolerances unless the backend states its own); a check in which it was wider
 /// than the suite's is listed in [`SuiteReport::widened`], and its line in the report shows
-/// the tolerance. PyTorch has no such entry point; burn runs one test
-/// suite against every backend in the same spirit.
+/// the tolerance. A backend whose products run under autocast ([`Backend::precision`]: bf16
+/// or TF32) has each product op it supports held to the autocast reference too, within the
+/// f32 accumulation bound ([`crate::checks::autocast::check_products`]). PyTorch has no such
+/// entry point; burn runs one test suite against every backend in the same spirit.
 pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
     let mut reports = Vec::new();
     let mut skipped = Vec::new();
@@ -633,6 +635,20 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
         }
         if entry.applies.backward {
             keep(check_backward(backend, entry, cfg));
+        }
+    }
+    // A backend whose products run under autocast: each product op it has, exactly
+    // (`Backend::precision`).
+    let precision = backend.precision();
+    if precision.is_autocast() {
+        let mut run = crate::backend::run_op(backend);
+        for entry in crate::checks::autocast::product_entries() {
+            if backend.supports(entry.name) {
+                let name = backend.name();
+                keep(crate::checks::autocast::check_products(
+                    &entry, cfg, precision, &name, &mut *run,
+                ));
+            }
         }
     }
     keep(check_forward_dag(backend, cfg));

@@ -136,6 +136,10 @@ impl<B: Backend> Backend for Partial<'_, B> {
         }
         own
     }
+
+    fn precision(&self) -> tl_tape_cpu::Precision {
+        self.backend.precision()
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,10 @@
 //! passes it everywhere else; stating TF32's precision, it passes the whole suite (through the
 //! wrapper `check_backend` runs every check on, since it lacks an op), the report marking the
 //! checks it widened; and a product off by one part in 100 still fails under the widened
-//! tolerance, in its value or its gradient.
+//! tolerance, in its value or its gradient. Stating its products' setting as well
+//! (`Backend::precision`), its product ops are held to the TF32 reference exactly
+//! (`autocast tf32 <op> <name>`), which sees a `matmul` off by 2⁻¹⁶ that every widened check
+//! passes.
 
 use tl_conformance::checks::backend_tol;
 use tl_conformance::user::{BackendReport, check_backend};
@@ -37,6 +40,8 @@ enum Plant {
     MatmulValue,
     /// The gradient at each `matmul`'s second operand is off by one part in 100.
     MatmulGradient,
+    /// Every `matmul` value is off by one part in 2¹⁶.
+    MatmulValueSlightly,
 }
 
 /// The CPU f32 tape with its matrix products in TF32, lacking `bernoulliMask` (declared in
@@ -110,9 +115,11 @@ impl Backend for Tf32 {
     }
     fn values(&self, (p, graph): &Self::Program) -> Result<Vec<Tensor<f32>>, String> {
         let mut v = p.values()?;
-        if self.plant == Plant::MatmulValue {
-            for (id, _) in matmuls(graph) {
-                v[id] = off(&v[id]);
+        for (id, _) in matmuls(graph) {
+            match self.plant {
+                Plant::MatmulValue => v[id] = off(&v[id]),
+                Plant::MatmulValueSlightly => v[id] = v[id].map(|x| x * (1.0 + 2f32.powi(-16))),
+                _ => {}
             }
         }
         Ok(v)
@@ -141,6 +148,14 @@ impl Backend for Tf32 {
         match self.states {
             true => f32.max(UNITS_PER_PRODUCT * TF32_U * products(graph)),
             false => f32,
+        }
+    }
+    /// Stating its precision, it states the products' setting too: each product op is then
+    /// held to the TF32 reference exactly (`autocast tf32 <op> <name>`).
+    fn precision(&self) -> Precision {
+        match self.states {
+            true => Precision::Tf32,
+            false => Precision::F32,
         }
     }
 }
@@ -177,6 +192,13 @@ fn a_tf32_backend_held_to_f32s_tolerance_fails_the_products() {
         assert!(report(&suite, label).passed(), "{suite}");
     }
     assert!(suite.widened.is_empty(), "{suite}");
+    assert!(
+        !suite
+            .reports
+            .iter()
+            .any(|r| r.label.starts_with("autocast")),
+        "no autocast rows without Backend::precision: {suite}"
+    );
     assert!(!suite.to_string().contains("Backend::tolerance"), "{suite}");
     assert!(!suite.summary().contains("wider tolerance"), "{suite}");
 }
@@ -202,6 +224,12 @@ fn a_tf32_backend_that_states_its_precision_passes_the_suite() {
     for label in ["1 fwd exp tf32-stated", "2 bwd conventions tf32-stated"] {
         assert!(!suite.widened.iter().any(|l| l == label), "{suite}");
     }
+    // Its products held to the TF32 reference exactly (Backend::precision), not widened.
+    for op in ["matmul", "bmm", "linear", "conv", "convTranspose"] {
+        let label = format!("autocast tf32 {op} tf32-stated");
+        assert!(report(&suite, &label).passed(), "{suite}");
+        assert!(!suite.widened.contains(&label), "{suite}");
+    }
     let text = suite.to_string();
     let matmul = text
         .lines()
@@ -221,19 +249,39 @@ fn a_tf32_backend_that_states_its_precision_passes_the_suite() {
 }
 
 /// The widened tolerance keeps its teeth: a `matmul` value, or a gradient at its operand, off
-/// by one part in 100 (20 units of TF32's roundoff) fails.
+/// by one part in 100 (20 units of TF32's roundoff) fails; so does the exact check of the
+/// stated products, in the value or the gradient it names.
 #[test]
 fn a_product_off_by_a_percent_fails_under_the_widened_tolerance() {
-    for (plant, label) in [
-        (Plant::MatmulValue, "1 fwd matmul tf32-stated-MatmulValue"),
+    for (plant, label, what) in [
+        (
+            Plant::MatmulValue,
+            "1 fwd matmul tf32-stated-MatmulValue",
+            "matmul value",
+        ),
         (
             Plant::MatmulGradient,
             "2 bwd matmul tf32-stated-MatmulGradient",
+            "matmul gradient of operand 1",
         ),
     ] {
         let suite = check_backend(&Tf32::stated(plant), &cfg());
         let failed = report(&suite, label);
         assert!(!failed.passed(), "{suite}");
         assert!(suite.widened.iter().any(|l| l == label), "{suite}");
+        let exact = report(&suite, &format!("autocast tf32 matmul {}", suite.name));
+        let msg = exact.failure.as_deref().unwrap_or_default();
+        assert!(msg.contains(what), "{plant:?}: {suite}");
+    }
+}
+
+/// A product wrong by far less than the widened tolerance (its value off by 2⁻¹⁶, a
+/// thirtieth of TF32's roundoff) passes every widened check and fails only the exact one.
+#[test]
+fn the_exact_product_check_sees_what_the_widened_tolerance_hides() {
+    let suite = check_backend(&Tf32::stated(Plant::MatmulValueSlightly), &cfg());
+    let exact = "autocast tf32 matmul tf32-stated-MatmulValueSlightly";
+    for r in &suite.reports {
+        assert_eq!(r.passed(), r.label != exact, "{}: {suite}", r.label);
     }
 }
