@@ -242,3 +242,28 @@ fn tl_nns_models_pass_check_model_on_every_session() {
     }
     assert!(failed.is_empty(), "{failed:?}");
 }
+
+/// A case on a kink f32 cannot hold: at `TL_SEED=606` with 64 cases the cnn's step row on the
+/// eager CPU f32 session draws one whose two steps pass within f32's rounding of a ReLU's or a
+/// max pool's kink. Every f32 session and the IR in f32 take the other branch there and give
+/// one weight an update 0.02 off the f64 reference's (a fifth of it). The row passes on the
+/// tolerance floor the reference's own f32 error sets (`tl_conformance::model`, "floors"), and
+/// its measured error shows the floor was used. Not under `cuda-emu`: the emulated device's
+/// rows would add minutes and check nothing this test is about.
+#[cfg(not(feature = "cuda-emu"))]
+#[test]
+fn a_case_on_a_kink_f32_cannot_hold_passes_on_the_reference_floor() {
+    let report = check_model(
+        &Zoo::Cnn,
+        &RunConfig {
+            cases: 64,
+            seed: 606,
+        },
+    );
+    assert!(report.passed(), "{report}");
+    let row = report
+        .reports
+        .iter()
+        .find(|r| r.label == "model step cnn eager cpu-f32");
+    assert!(row.is_some_and(|r| r.max_err > 1e-2), "{report}");
+}
