@@ -97,6 +97,13 @@ impl<T: Scalar> Perturbed<T> {
     }
 }
 
+/// [`REFERENCE_ERROR_FACTOR`] times the error of `own`, the reference's f32 result, against
+/// `want`, its f64 one; `None` where that error is not finite (NaN where the f64 run is
+/// finite), which widens nothing.
+pub fn floor_of<T: Scalar>(own: &Tensor<T>, want: &Tensor<f64>) -> Option<f64> {
+    Some(REFERENCE_ERROR_FACTOR * tensor_err(own, want)).filter(|f| f.is_finite())
+}
+
 /// Per-id tolerance floors for the f32 checks on random DAGs (see the module docs):
 /// [`REFERENCE_ERROR_FACTOR`] times the larger of the reference's two f32 errors at each id.
 /// `run(graph, leaves, id)` is the IR's computation (an `eval`, a `backprop_all` from `id(out)`)
@@ -114,12 +121,8 @@ pub fn reference_floors<T: Scalar>(
     let mut floors = vec![0.0f64; want.len()];
     let mut widen = |own: &[Tensor<T>], at: &dyn Fn(Id) -> Id| {
         for (id, (floor, w)) in floors.iter_mut().zip(want).enumerate() {
-            if let Some(g) = own.get(at(id)) {
-                let f = REFERENCE_ERROR_FACTOR * tensor_err(g, w);
-                // A non-finite error (NaN where the f64 run is finite) widens nothing.
-                if f.is_finite() {
-                    *floor = floor.max(f);
-                }
+            if let Some(f) = own.get(at(id)).and_then(|g| floor_of(g, w)) {
+                *floor = floor.max(f);
             }
         }
     };

@@ -29,7 +29,7 @@ pub mod tape_api;
 pub use adjoint::{adjoint_case, adjoint_dag_case, check_adjoint, check_adjoint_dag};
 pub use backward::{backward_case, backward_dag_case, check_backward, check_backward_dag};
 pub use finite_diff::{FD_STEP, check_finite_diff, check_finite_diff_dag, fd_case, fd_dag_case};
-pub use floors::{Perturbed, REFERENCE_ERROR_FACTOR, reference_floors};
+pub use floors::{Perturbed, REFERENCE_ERROR_FACTOR, floor_of, reference_floors};
 pub use forward::{check_forward, check_forward_dag, forward_case, forward_dag_case};
 pub use session::{
     SESSION_CASES, check_session, check_session_cpu_dag, check_session_dag, check_session_dag_on,

@@ -27,8 +27,7 @@ use super::{
     reference_steps_in, update,
 };
 use crate::CaseResult;
-use crate::checks::{Perturbed, REFERENCE_ERROR_FACTOR, reduction_len};
-use crate::metric::tensor_err;
+use crate::checks::{Perturbed, REFERENCE_ERROR_FACTOR, floor_of, reduction_len};
 
 /// The arithmetic the reference's graphs are evaluated and differentiated in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,9 +111,7 @@ fn floors_of(
     let mut floors = vec![0.0f64; want.len()];
     for arith in [Arith::F32, Arith::F32Perturbed] {
         for (f, (own, w)) in floors.iter_mut().zip(compared(arith)?.iter().zip(want)) {
-            let e = REFERENCE_ERROR_FACTOR * tensor_err(own, w);
-            // A non-finite error (NaN where the f64 run is finite) widens nothing.
-            if e.is_finite() {
+            if let Some(e) = floor_of(own, w) {
                 *f = f.max(e);
             }
         }
