@@ -10,6 +10,8 @@
 //! [`tape_attention_matches_the_reference`] does the same for attention's core, fused and
 //! composed, against the spec's `autocast_reference`, where a probability's rounding may
 //! differ by one unit between a path's f32 value and the reference's f64 one.
+//! [`mha::tape_mha_matches_its_composition`] holds `multiHeadAttention` to its pieces (the
+//! projections' `matmul`s, the core, the output `matmul`) run one at a time on the same tape.
 //!
 //! [`check_products`] runs the product ops' registry entries (matmul, bmm, linear, conv,
 //! convTranspose: [`rounded_operands`]) through a tape at a precision on every case the
@@ -31,6 +33,8 @@ use tl_spec::precision::Precision;
 use crate::checks::reduction_len;
 use crate::generate::direction;
 use crate::{CaseResult, Measured, OpCase, OpInfo, Report, RunConfig, run_check};
+
+pub mod mha;
 
 /// One op on a tape at a precision: `run(p, op, operands, cotangent)` → the value, then each
 /// operand's gradient (dense backward seeded with the cotangent).

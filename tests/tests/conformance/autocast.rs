@@ -3,10 +3,12 @@
 //! operands within the f32 accumulation bound: the CPU tape on every bf16 kernel this CPU has,
 //! the CUDA tape on the simulation device and (feature `cuda-emu`) on the emulated kernels.
 //! Likewise attention's core, fused and composed, against the spec's autocast reference
-//! (`checks::autocast::tape_attention_matches_the_reference`). And every product op's registry
+//! (`checks::autocast::tape_attention_matches_the_reference`), and `multiHeadAttention` against
+//! its pieces on the same tape (`checks::autocast::mha`). And every product op's registry
 //! cases, values and every gradient (`checks::autocast::check_products`), on each tape, the CPU
 //! tape also with every size gate forced open and shut.
 
+use tl_conformance::checks::autocast::mha::tape_mha_matches_its_composition;
 use tl_conformance::checks::autocast::{
     TapeRun, check_products, product_entries, tape_attention_matches_the_reference,
     tape_products_match_the_reference,
@@ -112,6 +114,111 @@ fn tape_products_match_the_reference_on_the_cuda_sim() {
             tape_attention_matches_the_reference(&mut run, p, 47),
             Ok(()),
             "{p:?}"
+        );
+    }
+}
+
+/// `multiHeadAttention` at both settings against its composition on the same tape
+/// (`checks::autocast::mha`), on the CPU tape at each bf16 kernel this CPU has, at the default
+/// gates and with every size gate forced open and shut.
+#[test]
+fn multi_head_attention_matches_its_composition_on_the_cpu() {
+    for kernel in Bf16Kernel::available() {
+        for gates in [
+            Gates::DEFAULT,
+            Gates::fast_paths_on(2),
+            Gates::fast_paths_off(),
+        ] {
+            let _g = gates::force(gates.with_bf16_kernel(kernel));
+            for p in AUTOCAST {
+                let r = tape_mha_matches_its_composition(&mut on_cpu, p, 53);
+                assert_eq!(r, Ok(()), "{kernel:?} {gates:?} {p:?}");
+            }
+        }
+    }
+}
+
+/// The same on the sim, its fused core on the CUDA cores and on the tensor cores.
+#[test]
+fn multi_head_attention_matches_its_composition_on_the_cuda_sim() {
+    mha_matches_on(|| Ok(SimDevice::new()));
+    mha_matches_on(|| Ok(tc_sim()));
+}
+
+/// The same on the emulated kernels, the fused core on the CUDA cores and on the tensor cores.
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn multi_head_attention_matches_its_composition_on_the_emulated_kernels() {
+    let emu = |products: Option<FlashProducts>| {
+        move || {
+            let mut dev = tl_tape_cuda::CudaDevice::new().map_err(|e| e.to_string())?;
+            if let Some(products) = products {
+                dev.set_flash_products(products);
+            }
+            Ok(dev)
+        }
+    };
+    mha_matches_on(emu(None));
+    mha_matches_on(emu(Some(FlashProducts::Tf32x3)));
+}
+
+/// The composition check at both settings, on tapes over the devices `make` gives.
+fn mha_matches_on<D: Device>(make: impl Fn() -> Result<D, String>) {
+    for p in AUTOCAST {
+        let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            on_device(make()?, p, op, x, g)
+        };
+        assert_eq!(
+            tape_mha_matches_its_composition(&mut run, p, 53),
+            Ok(()),
+            "{p:?}"
+        );
+    }
+}
+
+/// The composition check has teeth: it fails an op that does not round while its pieces do
+/// (on the value), a weight gradient one bit off, and x's gradient off by 2⁻¹⁰ of itself at
+/// one element (a quarter of a bf16 unit).
+#[test]
+fn the_composition_check_sees_an_op_that_differs_from_its_pieces() {
+    type Change = fn(&mut Vec<Tensor<f32>>);
+    let cases: [(Option<Change>, &str); 3] = [
+        (None, "value"),
+        (
+            Some(|r| {
+                let v = &mut r[2].data_mut()[5];
+                *v = f32::from_bits(v.to_bits() ^ 1);
+            }),
+            "wk's gradient",
+        ),
+        (
+            Some(|r| {
+                let v = &mut r[5].data_mut()[3];
+                *v += *v * 2f32.powi(-10);
+            }),
+            "x's gradient",
+        ),
+    ];
+    for (change, needle) in cases {
+        let mut changed = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+            if !matches!(op, Op::MultiHeadAttention { .. }) {
+                return on_cpu(p, op, x, g);
+            }
+            match change {
+                // The op without autocast: its pieces round, it does not.
+                None => on_cpu(Precision::F32, op, x, g),
+                Some(change) => {
+                    let mut r = on_cpu(p, op, x, g)?;
+                    change(&mut r);
+                    Ok(r)
+                }
+            }
+        };
+        let r = tape_mha_matches_its_composition(&mut changed, Precision::Bf16, 53);
+        assert!(
+            r.as_ref()
+                .is_err_and(|e| e.contains("multiHeadAttention") && e.contains(needle)),
+            "{needle}: {r:?}"
         );
     }
 }

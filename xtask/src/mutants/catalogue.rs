@@ -561,6 +561,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-mha-autocast-delta-from-output",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/ops/attention.rs",
+        from: "let d = dev.flash_attention_bwd(ch.qkv, ch.delta_operand(), ch.lse, dc, f)?;",
+        to: "let d = dev.flash_attention_bwd(ch.qkv, ch.c, ch.lse, dc, f)?;",
+        bug: "under autocast multiHeadAttention's fused backward takes delta from its output (rounded probabilities) instead of the kept Ō",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-flash-query-start-no-offset",
         area: Sim,
         file: "crates/tl-tape-cuda/src/device/flash.rs",
