@@ -40,8 +40,9 @@ fn on_cpu(
     Ok(out)
 }
 
-/// `op` on a fresh CUDA tape over `dev` at `p`: the value and every operand's gradient.
-fn on_device<D: Device>(
+/// `op` on a fresh CUDA tape over `dev` at `p`: the value and every operand's gradient (also
+/// the GPU module's, `cuda_gpu::autocast_holds_on_the_gpu`).
+pub(crate) fn on_device<D: Device>(
     dev: D,
     p: Precision,
     op: &Op,

@@ -22,6 +22,13 @@
 //!   they do on the emulator: nothing in them is CUDA's libm, and each fused multiply-add is
 //!   written out, so what this adds is nvcc's code generation and the hardware's FMA.
 //!
+//! - autocast (bf16, TF32) on the GPU's own products (the tensor-core GEMM, the flash kernels
+//!   on rounded operands), deterministic reductions on: every product op's registry cases and
+//!   the fixed products within the f32 accumulation bound of the f64 reference (any summation
+//!   order), attention's core against the spec's reference within the rounding flips'
+//!   allowance, and `multiHeadAttention` against its pieces (the same kernels, so bit for bit
+//!   but x's gradient) (`checks::autocast`).
+//!
 //! Otherwise it is not held to the sim's bits or to the sim within the f32 tolerance: two f32
 //! backends each within `tol` of the reference may be `2·tol` apart, and were (a random DAG
 //! through a batch norm over two elements, the atomic kernels 1.1e-4 from the sim, first H100
@@ -42,7 +49,10 @@ use tl_conformance::checks::{
     check_session_on,
 };
 use tl_conformance::{Check, OpInfo, Report, RunConfig, assert_all_passed, registry};
+use tl_ir::Op;
 use tl_session::Backend;
+use tl_spec::Tensor;
+use tl_spec::precision::Precision;
 use tl_tape_cuda::{CudaDevice, Device};
 
 /// Whether a GPU answers; prints the skip line the bundle's run.sh looks for when not.
@@ -234,4 +244,60 @@ fn check_5_the_eager_session_on_the_gpu_agrees_with_the_linked_session() {
         .collect();
     reports.push(check_session_dag_on(&cfg, Backend::Cuda, "cuda"));
     summarise("session", &reports, session_cases);
+}
+
+/// Autocast on the GPU (`checks::autocast`), at bf16 and TF32, deterministic reductions on:
+/// `check_products` on every product op's registry cases (a `GPU-SUMMARY` line, the worst
+/// error over its element's bound), then the fixed products, attention's core and
+/// `multiHeadAttention` against its pieces (a line each, `pass` or `FAIL` with the miss
+/// printed above it).
+#[test]
+fn autocast_holds_on_the_gpu() {
+    use tl_conformance::checks::autocast::mha::tape_mha_matches_its_composition;
+    use tl_conformance::checks::autocast::{
+        check_products, product_entries, tape_attention_matches_the_reference,
+        tape_products_match_the_reference,
+    };
+    if !gpu() {
+        return;
+    }
+    let cfg = cfg();
+    let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
+        let dev = CudaDevice::new().map_err(|e| e.to_string())?;
+        crate::autocast::on_device(dev, p, op, x, g)
+    };
+    let mut reports = Vec::new();
+    let mut missed = Vec::new();
+    for p in [Precision::Bf16, Precision::Tf32] {
+        for e in product_entries() {
+            reports.push(check_products(&e, &cfg, p, "cuda", &mut run));
+        }
+        let fixed = [
+            (
+                "products",
+                tape_products_match_the_reference(&mut run, p, 43),
+            ),
+            (
+                "attention",
+                tape_attention_matches_the_reference(&mut run, p, 47),
+            ),
+            ("mha", tape_mha_matches_its_composition(&mut run, p, 53)),
+        ];
+        for (what, r) in fixed {
+            let verdict = match &r {
+                Ok(()) => "pass",
+                Err(e) => {
+                    println!("{what} at {}: {e}", p.name());
+                    missed.push(format!("{what} at {}", p.name()));
+                    "FAIL"
+                }
+            };
+            println!(
+                "\nGPU-SUMMARY conformance-autocast-{what}-{} - {verdict}",
+                p.name()
+            );
+        }
+    }
+    summarise("autocast-products", &reports, cfg.cases);
+    assert!(missed.is_empty(), "missed: {missed:?}");
 }
