@@ -177,7 +177,11 @@ pub trait Backend {
     /// gradient against the op's rules on the rounded operands within the f32 accumulation
     /// bound ([`crate::checks::autocast::check_products`], rows `autocast <setting> <op>
     /// <name>`), however wide [`Backend::tolerance`] is in the other checks. So the widened
-    /// tolerance the rounding needs there does not hide a product that is wrong by less.
+    /// tolerance the rounding needs there does not hide a product that is wrong by less. If
+    /// it has `scaledDotProductAttention`, the core is held to the spec's autocast reference
+    /// too (its products' operands rounded, the probabilities and dS included; within 1e-5 of
+    /// the scale but where a rounding flips: [`crate::checks::autocast::check_attention`],
+    /// row `autocast <setting> scaledDotProductAttention <name>`).
     fn precision(&self) -> Precision {
         Precision::F32
     }

@@ -602,7 +602,8 @@ pub fn check_finite(entry: &UserEntry, cfg: &RunConfig) -> Report {
 /// than the suite's is listed in [`SuiteReport::widened`], and its line in the report shows
 /// the tolerance. A backend whose products run under autocast ([`Backend::precision`]: bf16
 /// or TF32) has each product op it supports held to the autocast reference too, within the
-/// f32 accumulation bound ([`crate::checks::autocast::check_products`]). PyTorch has no such
+/// f32 accumulation bound ([`crate::checks::autocast::check_products`]), and attention's core
+/// to the spec's autocast reference ([`crate::checks::autocast::check_attention`]). PyTorch has no such
 /// entry point; burn runs one test suite against every backend in the same spirit.
 pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport {
     let mut reports = Vec::new();
@@ -649,6 +650,12 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
                     &entry, cfg, precision, &name, &mut *run,
                 ));
             }
+        }
+        if backend.supports("scaledDotProductAttention") {
+            let name = backend.name();
+            keep(crate::checks::autocast::check_attention(
+                cfg, precision, &name, &mut *run,
+            ));
         }
     }
     keep(check_forward_dag(backend, cfg));
