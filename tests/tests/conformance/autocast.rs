@@ -163,20 +163,6 @@ fn multi_head_attention_matches_its_composition_on_the_emulated_kernels() {
     mha_matches_on(emu(Some(FlashProducts::Tf32x3)));
 }
 
-/// The composition check at both settings, on tapes over the devices `make` gives.
-fn mha_matches_on<D: Device>(make: impl Fn() -> Result<D, String>) {
-    for p in AUTOCAST {
-        let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
-            on_device(make()?, p, op, x, g)
-        };
-        assert_eq!(
-            tape_mha_matches_its_composition(&mut run, p, 53),
-            Ok(()),
-            "{p:?}"
-        );
-    }
-}
-
 /// The composition check has teeth: it fails an op that does not round while its pieces do
 /// (on the value), a weight gradient one bit off, and x's gradient off by 2⁻¹⁰ of itself at
 /// one element (a quarter of a bf16 unit).
@@ -243,18 +229,29 @@ fn tape_attention_matches_the_reference_on_the_emulated_kernels_with_tensor_core
     });
 }
 
-/// The attention check at both autocast settings, on tapes over the devices `make` gives.
-fn attention_matches_on<D: Device>(make: impl Fn() -> Result<D, String>) {
+/// A fixed check (`check(run, p, seed)`) at both autocast settings, on tapes over the devices
+/// `make` gives.
+fn holds_on<D: Device>(
+    make: impl Fn() -> Result<D, String>,
+    check: fn(&mut TapeRun<'_>, Precision, u64) -> Result<(), String>,
+    seed: u64,
+) {
     for p in AUTOCAST {
         let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
             on_device(make()?, p, op, x, g)
         };
-        assert_eq!(
-            tape_attention_matches_the_reference(&mut run, p, 47),
-            Ok(()),
-            "{p:?}"
-        );
+        assert_eq!(check(&mut run, p, seed), Ok(()), "{p:?}");
     }
+}
+
+/// The attention check at both autocast settings, on tapes over the devices `make` gives.
+fn attention_matches_on<D: Device>(make: impl Fn() -> Result<D, String>) {
+    holds_on(make, tape_attention_matches_the_reference, 47);
+}
+
+/// The composition check at both settings, on tapes over the devices `make` gives.
+fn mha_matches_on<D: Device>(make: impl Fn() -> Result<D, String>) {
+    holds_on(make, tape_mha_matches_its_composition, 53);
 }
 
 /// The value of a fused `scaledDotProductAttention` (causal, 4 query heads over 2, 37
