@@ -638,21 +638,19 @@ pub fn check_backend<B: Backend>(backend: &B, cfg: &RunConfig) -> BackendReport 
             keep(check_backward(backend, entry, cfg));
         }
     }
-    // A backend whose products run under autocast: each product op it has, exactly
-    // (`Backend::precision`).
+    // A backend whose products run under autocast: each product op it has, exactly, and
+    // attention's core (`Backend::precision`).
     let precision = backend.precision();
     if precision.is_autocast() {
-        let mut run = crate::backend::run_op(backend);
+        let (mut run, name) = (crate::backend::run_op(backend), backend.name());
         for entry in crate::checks::autocast::product_entries() {
             if backend.supports(entry.name) {
-                let name = backend.name();
                 keep(crate::checks::autocast::check_products(
                     &entry, cfg, precision, &name, &mut *run,
                 ));
             }
         }
         if backend.supports("scaledDotProductAttention") {
-            let name = backend.name();
             keep(crate::checks::autocast::check_attention(
                 cfg, precision, &name, &mut *run,
             ));

@@ -12,6 +12,7 @@
 use tl_ir::Op;
 use tl_spec::Tensor;
 use tl_spec::ops::attention::Mask;
+use tl_spec::ops::shape::transpose2d;
 use tl_spec::precision::Precision;
 
 use super::{Draw, TapeRun, expect, within};
@@ -160,7 +161,7 @@ fn composed(
         let d_rows = d.reshape([rows, width]).map_err(s)?;
         let r = one(&Op::Matmul, &[x_rows.clone(), w.clone()], &d_rows, 3)?;
         dw.push(r[2].clone());
-        let wt = Tensor::from_fn([width, dm], |i| w.data()[(i % dm) * width + i / dm]);
+        let wt = transpose2d(w).map_err(s)?;
         dx.add_assign(&p.matmul_reference(&d_rows, &wt).map_err(s)?)
             .map_err(s)?;
         let abs_ref = p
