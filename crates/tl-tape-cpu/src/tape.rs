@@ -240,18 +240,22 @@ impl<T: Scalar> Tape<T> {
     /// Overwrite Nat environment entries from position `pos`. Nodes already recorded keep the
     /// values they read (their snapshot is unaffected).
     pub fn write_nats(&mut self, pos: usize, values: &[usize]) -> Result<()> {
-        let len = self.nats.len();
-        if pos + values.len() > len {
-            return Err(Error::Count {
-                what: format!(
-                    "write_nats: positions {pos}..{} of a Nat environment",
-                    pos + values.len()
+        let (len, n) = (self.nats.len(), values.len());
+        let end = pos.checked_add(n);
+        let Some(end) = end.filter(|&end| end <= len) else {
+            let what = match end {
+                Some(end) => format!("write_nats: positions {pos}..{end} of a Nat environment"),
+                None => format!(
+                    "write_nats: {n} position(s) from {pos} (past usize::MAX) of a Nat environment"
                 ),
+            };
+            return Err(Error::Count {
+                what,
                 expected: len,
-                got: pos + values.len(),
+                got: pos.saturating_add(n),
             });
-        }
-        Arc::make_mut(&mut self.nats)[pos..pos + values.len()].copy_from_slice(values);
+        };
+        Arc::make_mut(&mut self.nats)[pos..end].copy_from_slice(values);
         Ok(())
     }
 

@@ -54,6 +54,17 @@ pub enum MaskForm {
     Dense,
 }
 
+/// The diagonal `cols − rows` of a causal mask aligned at the bottom right, saturating at
+/// `isize`'s bounds (a mask with a side of 0 has no entry, and its other side may exceed
+/// `isize::MAX`).
+fn lower_right_diagonal(rows: usize, cols: usize) -> isize {
+    if cols >= rows {
+        isize::try_from(cols - rows).unwrap_or(isize::MAX)
+    } else {
+        isize::try_from(rows - cols).map_or(isize::MIN, |d| -d)
+    }
+}
+
 impl MaskForm {
     /// Whether `(i, j)` passes the causal part of a [`MaskForm::Keys`] with diagonal `causal`.
     pub fn causal_allows(causal: Option<isize>, i: usize, j: usize) -> bool {
@@ -64,7 +75,7 @@ impl MaskForm {
     /// The structure of the `batch·rows·cols` row-major `allowed` (one pass over the entries
     /// at most per candidate structure: no causal part, then the diagonals 0 and cols − rows).
     fn of(rows: usize, cols: usize, allowed: &[bool]) -> MaskForm {
-        let lower_right = cols as isize - rows as isize;
+        let lower_right = lower_right_diagonal(rows, cols);
         let candidates = [None, Some(0), Some(lower_right)];
         let matrix = (rows * cols).max(1);
         for (at, &causal) in candidates.iter().enumerate() {
@@ -119,9 +130,7 @@ impl Mask {
     /// size (PyTorch: an `attn_mask` of (B, 1, L, S)). An error if the length is not
     /// `batch·rows·cols` or `batch` is 0.
     pub fn batched(batch: usize, rows: usize, cols: usize, allowed: Vec<bool>) -> Result<Mask> {
-        let len = [batch, rows, cols]
-            .into_iter()
-            .try_fold(1usize, usize::checked_mul);
+        let len = Shape::new(&[batch, rows, cols]).checked_numel();
         if batch == 0 || len != Some(allowed.len()) {
             return Err(Error::param(
                 "mask",
@@ -182,15 +191,15 @@ impl Mask {
                 format!("{}: batch must be ≥ 1", what()),
             ));
         }
-        let len = [batch, rows, cols]
-            .into_iter()
-            .try_fold(1usize, usize::checked_mul)
+        let len = Shape::new(&[batch, rows, cols])
+            .checked_numel()
             .ok_or_else(|| Error::TooLarge {
                 op: "mask",
                 detail: format!("{}: {batch}·{rows}·{cols} entries overflow usize", what()),
             })?;
         let mut allowed = crate::alloc::try_with_capacity("mask", &what(), len)?;
-        for b in 0..batch {
+        // No entry: nothing to ask `f` (a side of 0 leaves the others unbounded).
+        for b in 0..if len == 0 { 0 } else { batch } {
             for i in 0..rows {
                 allowed.extend((0..cols).map(|j| f(b, i, j)));
             }
@@ -216,7 +225,7 @@ impl Mask {
     /// `cols − rows` positions are cached (a KV cache); with rows > cols the first rows − cols
     /// queries see nothing.
     pub fn causal_lower_right(rows: usize, cols: usize) -> Result<Mask> {
-        let o = cols as isize - rows as isize;
+        let o = lower_right_diagonal(rows, cols);
         Mask::from_fn_rectangular(rows, cols, |i, j| MaskForm::causal_allows(Some(o), i, j))
     }
 
@@ -415,6 +424,25 @@ pub fn masked_softmax_jvp<T: Scalar>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn masks_with_a_side_of_zero_are_empty_whatever_the_other() {
+        // Neither side's difference overflows, and no loop runs over the other side.
+        let m = Mask::causal_lower_right(1 << 63, 0).unwrap();
+        assert_eq!((m.rows(), m.cols(), m.as_slice().len()), (1 << 63, 0, 0));
+        let m = Mask::rectangular(0, usize::MAX, vec![]).unwrap();
+        assert_eq!((m.rows(), m.cols()), (0, usize::MAX));
+        let m = Mask::from_fn_batched(1 << 62, 1 << 62, 0, |_, _, _| true).unwrap();
+        assert!(m.as_slice().is_empty());
+        assert_eq!(lower_right_diagonal(0, usize::MAX), isize::MAX);
+        assert_eq!(lower_right_diagonal(usize::MAX, 0), isize::MIN);
+        assert_eq!(lower_right_diagonal(2, 5), 3);
+        // A side too large to hold is an error naming the mask, not an abort.
+        let e = Mask::causal_lower_right(1, 1 << 63)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mask"), "{e}");
+    }
 
     #[test]
     fn a_masks_form_is_found_when_it_is_made() {

@@ -107,6 +107,17 @@ impl Geo {
         crate::alloc::try_zeroed(self.op(), what, n)
     }
 
+    /// The window table of the products below, or `None` where their loops (over the batch,
+    /// the small side's channels and the big side's) run no iteration: the result is then
+    /// zeros, and a kernel whose table no machine holds is no error (an empty weight's dims
+    /// may be huge).
+    fn windows(&self) -> Result<Option<Vec<Vec<Option<usize>>>>> {
+        if [self.win.batches(), self.small_c, self.big_c].contains(&0) {
+            return Ok(None);
+        }
+        self.win.windows(self.op()).map(Some)
+    }
+
     /// `small[n, a, o] = Σ_{c,k} w[a, c, k]·big[n, c, pos(o, k)]`.
     fn correlate<T: Scalar>(&self, w: &[T], big: &[T]) -> Result<Vec<T>> {
         let (kl, bl, sl) = (
@@ -114,8 +125,13 @@ impl Geo {
             self.win.big_len(),
             self.win.small_len(),
         );
-        let windows = self.win.windows(self.op())?;
-        let mut out = self.zeros("output", self.win.batches() * self.small_c * sl)?;
+        let len = self
+            .win
+            .checked_len(self.op(), self.small_c, &self.win.small)?;
+        let mut out = self.zeros("output", len)?;
+        let Some(windows) = self.windows()? else {
+            return Ok(out);
+        };
         for n in 0..self.win.batches() {
             for a in 0..self.small_c {
                 for (o, win) in windows.iter().enumerate() {
@@ -142,8 +158,11 @@ impl Geo {
             self.win.big_len(),
             self.win.small_len(),
         );
-        let windows = self.win.windows(self.op())?;
-        let mut out = self.zeros("output", self.win.batches() * self.big_c * bl)?;
+        let len = self.win.checked_len(self.op(), self.big_c, &self.win.big)?;
+        let mut out = self.zeros("output", len)?;
+        let Some(windows) = self.windows()? else {
+            return Ok(out);
+        };
         for n in 0..self.win.batches() {
             for a in 0..self.small_c {
                 for (o, win) in windows.iter().enumerate() {
@@ -169,8 +188,12 @@ impl Geo {
             self.win.big_len(),
             self.win.small_len(),
         );
-        let windows = self.win.windows(self.op())?;
-        let mut dw = self.zeros("weight gradient", self.small_c * self.big_c * kl)?;
+        let dims = [&[self.small_c, self.big_c][..], &self.win.kernel].concat();
+        let len = Shape::new(&dims).check_size(self.op())?;
+        let mut dw = self.zeros("weight gradient", len)?;
+        let Some(windows) = self.windows()? else {
+            return Ok(dw);
+        };
         for n in 0..self.win.batches() {
             for a in 0..self.small_c {
                 for (o, win) in windows.iter().enumerate() {
@@ -427,6 +450,24 @@ fn jvp<T: Scalar>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_output_needs_no_window_table() {
+        // No output channel: an empty output, whatever the kernel's volume (2⁶⁶ cells here,
+        // over a one-cell input padded by 2³² on each side).
+        let w = Tensor::<f64>::zeros([0, 1, 1 << 33, 1 << 33]);
+        let b = Tensor::<f64>::zeros([0]);
+        let x = Tensor::<f64>::ones([1, 1, 1]);
+        let p = ConvParams {
+            stride: &[1, 1],
+            padding: &[1 << 32, 1 << 32],
+        };
+        let y = conv(&w, &b, &x, p).unwrap();
+        assert_eq!((y.shape().dims(), y.data().len()), (&[0, 2, 2][..], 0));
+        let (dw, db, dx) = conv_vjp(&w, &b, &x, p, &y).unwrap();
+        assert_eq!((dw.data().len(), db.data().len()), (0, 0));
+        assert_eq!(dx.data(), &[0.0]);
+    }
 
     #[test]
     fn one_d_conv_by_hand() {

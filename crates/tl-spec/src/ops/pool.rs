@@ -88,6 +88,11 @@ fn each_window(
     mut f: impl FnMut(&[Option<usize>], usize),
 ) -> Result<Shape> {
     let (win, c) = geometry(op, x, p)?;
+    // The output's size first: an empty input's other dims may be huge, and the loop below
+    // runs once per output element.
+    if win.checked_len(op, c, &win.small)? == 0 {
+        return Ok(win.shape(c, &win.small));
+    }
     let (bl, sl) = (win.big_len(), win.small_len());
     let windows = win.windows(op)?;
     let mut cells = Vec::new();
@@ -218,18 +223,24 @@ pub fn max_pool_tie_gap(x: &Tensor<f64>, p: PoolParams<'_>) -> Result<f64> {
 /// with `count_include_pad=True`.
 pub fn avg_pool<T: Scalar>(x: &Tensor<T>, p: PoolParams<'_>) -> Result<Tensor<T>> {
     let d = x.data();
-    let vol = T::lit(p.kernel.iter().product::<usize>() as f64);
+    let vol = kernel_volume(p);
     gather("avgPool", x, p, |c| {
         c.iter().flatten().map(|&q| d[q]).sum::<T>() / vol
     })
 }
+/// The kernel volume avgPool divides by, as `T` (products in f64: a kernel whose volume
+/// overflows `usize` is refused by the window table before any division).
+fn kernel_volume<T: Scalar>(p: PoolParams<'_>) -> T {
+    T::lit(p.kernel.iter().map(|&k| k as f64).product())
+}
+
 /// VJP of `avgPool`: `g / volume` to every real cell of the window.
 pub fn avg_pool_vjp<T: Scalar>(
     x: &Tensor<T>,
     p: PoolParams<'_>,
     g: &Tensor<T>,
 ) -> Result<Tensor<T>> {
-    let vol = T::lit(p.kernel.iter().product::<usize>() as f64);
+    let vol = kernel_volume(p);
     scatter("avgPool", x, p, g, |c, g, dx| {
         for &q in c.iter().flatten() {
             dx[q] += g / vol;

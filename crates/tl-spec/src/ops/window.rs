@@ -34,19 +34,34 @@ impl Window {
         self.batch.unwrap_or(1)
     }
 
-    /// Cells of the big spatial block.
+    /// Cells of the big spatial block (saturating at `usize::MAX`, as
+    /// [`Shape::saturating_product`]: an empty block's other dims may overflow).
     pub fn big_len(&self) -> usize {
-        self.big.iter().product()
+        Shape::saturating_product(&self.big)
     }
 
-    /// Cells of the small spatial block.
+    /// Cells of the small spatial block (saturating, as [`Window::big_len`]).
     pub fn small_len(&self) -> usize {
-        self.small.iter().product()
+        Shape::saturating_product(&self.small)
     }
 
-    /// Cells of one window (the kernel volume).
+    /// Cells of one window, the kernel volume (saturating, as [`Window::big_len`]: a kernel of
+    /// `[2³², 2³²]` is a valid pool's over a small padded input, and [`Window::windows`] refuses
+    /// it).
     pub fn kernel_len(&self) -> usize {
-        self.kernel.iter().product()
+        Shape::saturating_product(&self.kernel)
+    }
+
+    /// The element count of the operand `(N?, channels, spatial...)`, checked: an
+    /// [`Error::TooLarge`] naming `op` when it overflows or exceeds [`Shape::MAX_NUMEL`] (an
+    /// output no machine holds; its dims' products must not be taken unchecked).
+    pub fn checked_len(
+        &self,
+        op: &'static str,
+        channels: usize,
+        spatial: &[usize],
+    ) -> Result<usize> {
+        self.shape(channels, spatial).check_size(op)
     }
 
     /// The row-major flat index into the big block of the cell `o·stride + k − padding`, or
@@ -67,7 +82,18 @@ impl Window {
     /// kernel order (`None` for padded cells). The table (small cells × kernel cells entries)
     /// is checked against the allocation cap and allocated fallibly: an error naming `op`.
     pub fn windows(&self, op: &'static str) -> Result<Vec<Vec<Option<usize>>>> {
-        let (sl, kl) = (self.small_len(), self.kernel_len());
+        let volume = |dims: &[usize], what: &str| {
+            Shape::new(dims)
+                .checked_numel()
+                .ok_or_else(|| Error::TooLarge {
+                    op,
+                    detail: format!("the {what} {dims:?} has more cells than usize holds"),
+                })
+        };
+        let (sl, kl) = (
+            volume(&self.small, "output's spatial block")?,
+            volume(&self.kernel, "kernel")?,
+        );
         let entries = sl.checked_mul(kl).ok_or_else(|| Error::TooLarge {
             op,
             detail: format!("the window table of {sl} cell(s) × {kl} kernel cell(s) overflows"),
@@ -245,5 +271,41 @@ mod tests {
             w.windows("test").unwrap(),
             vec![vec![None, Some(0), Some(1)], vec![Some(1), Some(2), None]]
         );
+    }
+
+    #[test]
+    fn a_kernel_whose_volume_overflows_is_refused_not_wrapped() {
+        // A pool's valid window (padding half the kernel) over a one-cell input: 2⁶⁴ cells.
+        let w = Window {
+            batch: None,
+            big: vec![1, 1],
+            small: vec![2, 2],
+            kernel: vec![1 << 32; 2],
+            stride: vec![1; 2],
+            padding: vec![1 << 31; 2],
+        };
+        assert_eq!(w.kernel_len(), usize::MAX);
+        let e = w.windows("maxPool").unwrap_err().to_string();
+        assert!(
+            e.contains("maxPool") && e.contains("kernel [4294967296, 4294967296]"),
+            "{e}"
+        );
+        // An empty operand's other dims may overflow: its count is 0, checked, and the spatial
+        // product saturates instead of wrapping.
+        let empty = Window {
+            batch: Some(1 << 40),
+            big: vec![0, 1 << 40, 1 << 40],
+            ..w.clone()
+        };
+        assert_eq!(empty.big_len(), 0);
+        assert_eq!(
+            empty.checked_len("maxPool", 1 << 40, &empty.big).unwrap(),
+            0
+        );
+        let e = w
+            .checked_len("maxPool", 1 << 40, &[1 << 40])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maxPool") && e.contains("overflows"), "{e}");
     }
 }

@@ -248,6 +248,15 @@ fn nat_environment_is_copy_on_write_and_checked() {
     assert_eq!(tape.nats(), &[4, 9, 7]);
     let e = tape.write_nats(2, &[1, 1]).unwrap_err().to_string();
     assert!(e.contains("write_nats") && e.contains("2..4"), "{e}");
+    // A position near usize::MAX: the end overflows, and is refused, not wrapped.
+    let e = tape
+        .write_nats(usize::MAX, &[1, 2])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("write_nats") && e.contains("past usize::MAX"),
+        "{e}"
+    );
     assert_eq!(tape.nats(), &[4, 9, 7]);
     tape.clear();
     assert!(tape.nats().is_empty());

@@ -53,6 +53,9 @@ fn geometry(op: &Op, x: &Shape, y: &Shape) -> Result<(Windows, PoolKind)> {
         padding: padding.clone(),
     }
     .normalize_strides();
+    // The kernels' limits (u32 dims and counts) checked under the op's own name, as conv's
+    // are: the device checks again under its primitive's ("pool").
+    win.check(op.name())?;
     Ok((win, kind))
 }
 

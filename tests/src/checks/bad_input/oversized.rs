@@ -1,6 +1,7 @@
 //! Check 7's oversized graphs: outputs no machine holds (10¹⁴ random values, a broadcast or a
 //! gather of 10¹⁴ rows, a product of 10⁷ × 10⁷ elements from two empty operands, a reduction
-//! over an empty axis of 10¹⁴) must be refused with an error that names the op, never a panic
+//! over an empty axis of 10¹⁴) and pools whose windows no machine can scan (2⁶⁴ cells, almost
+//! all padding, over a one-element input) must be refused with an error that names the op, never a panic
 //! and never `Ok`, and the backend must still give the IR's values afterwards. The IR builds every one of these graphs (their shapes
 //! are valid); no backend can run them. A backend that tries to allocate such an output aborts
 //! the process (the allocator's failure is not a panic): the test binary dies, which fails the
@@ -84,7 +85,36 @@ pub fn oversized_cases() -> Vec<(&'static str, GraphCase)> {
             Op::GatherRowsNatVec { at: 0, k: BIG },
             vec![Tensor::ones([2, 3])],
         ),
+        one(
+            "maxPool kernel [2^32, 2^32] of a (1, 1, 1) input",
+            huge_window(false),
+            vec![Tensor::ones([1, 1, 1])],
+        ),
+        one(
+            "avgPool kernel [2^32, 2^32] of a (1, 1, 1) input",
+            huge_window(true),
+            vec![Tensor::ones([1, 1, 1])],
+        ),
     ]
+}
+
+/// A pool whose window holds 2⁶⁴ cells, almost all padding: a valid shape (padding half the
+/// kernel, PyTorch's rule), a (1, 2, 2) output, and a kernel volume that overflows `usize`.
+fn huge_window(avg: bool) -> Op {
+    let (kernel, stride, padding) = (vec![1 << 32; 2], vec![1; 2], vec![1 << 31; 2]);
+    if avg {
+        Op::AvgPool {
+            kernel,
+            stride,
+            padding,
+        }
+    } else {
+        Op::MaxPool {
+            kernel,
+            stride,
+            padding,
+        }
+    }
 }
 
 /// A small good case run after the refusals: `add` of two (2, 3) leaves.
