@@ -178,8 +178,14 @@ pub fn run_fixed(
     let mut lacking = std::collections::BTreeSet::new();
     for (n, (name, case)) in (1..).zip(cases) {
         crate::watchdog::case_started(n);
-        // A case holding an op the backend does not support is not judged (`partial`).
-        let outcome = match partial::unless_lacking(|| check(case)) {
+        // A case holding an op the backend does not support is not judged (`partial`); a panic
+        // (the op, a kernel, the backend) fails the case with its message and location, and a
+        // case past the case timeout ends the process, as in `run_check`.
+        let guarded = || {
+            crate::guard::catch(|| check(case))
+                .unwrap_or_else(|p| Err(CaseError::Fail(format!("the check panicked: {p}"))))
+        };
+        let outcome = match partial::unless_lacking(guarded) {
             Ok(outcome) => outcome,
             Err(lacks) => {
                 lacking.extend(lacks);

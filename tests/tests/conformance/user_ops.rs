@@ -729,6 +729,8 @@ enum Careless {
     NonFinite,
     /// Asserts (panics) where a value is too large to allocate, instead of returning an error.
     Huge,
+    /// Panics on any value of the grid cases' size or more (a bug past a size threshold).
+    Large,
 }
 
 struct CarelessBackend(Careless);
@@ -756,6 +758,15 @@ impl Backend for CarelessBackend {
             for id in 0..graph.len() {
                 let n = graph.shape(id).map_or(0, Shape::numel);
                 assert!(n < 1 << 30, "{n} elements do not fit in memory");
+            }
+        }
+        if self.0 == Careless::Large {
+            for id in 0..graph.len() {
+                let n = graph.shape(id).map_or(0, Shape::numel);
+                assert!(
+                    n < tl_conformance::checks::grid::GRID_N,
+                    "{n} elements: a bug past a size"
+                );
             }
         }
         let leaves: Vec<Tensor<f32>> = match self.0 {
@@ -939,6 +950,27 @@ fn check_backend_fails_a_backend_that_panics_on_an_output_too_large_to_allocate(
             && failures[0].contains("bad input must be an error, never a panic"),
         "{failures:#?}"
     );
+}
+
+#[test]
+fn check_backend_fails_a_backend_that_panics_on_a_fixed_case_and_goes_on() {
+    // The grid cases (fixed, run once each) and check 7's oversized graphs reach the panic: each
+    // fails its report with the panic's message; check_backend itself returns.
+    let report = check_backend(
+        &CarelessBackend(Careless::Large),
+        &RunConfig::from_env_or(2),
+    );
+    let failures = report.failures();
+    let grid = failures
+        .iter()
+        .find(|r| r.label == "grid careless-large")
+        .unwrap_or_else(|| panic!("the grid report fails: {report}"));
+    let msg = grid.failure.clone().unwrap_or_default();
+    assert!(
+        msg.contains("the check panicked") && msg.contains("a bug past a size"),
+        "{msg}"
+    );
+    assert!(report.reports.len() > 100, "every check ran: {report}");
 }
 
 /// An op whose faces return the wrong shapes: the value (`Value`), the VJP's cotangent

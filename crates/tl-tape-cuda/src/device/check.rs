@@ -96,11 +96,12 @@ pub fn dims_numel(op: &'static str, dims: &[usize]) -> Result<usize> {
     Ok(n)
 }
 
-/// Row-major strides of `dims`.
+/// Row-major strides of `dims`, saturating (an empty tensor's other dims may overflow; its
+/// strides are never followed).
 pub fn strides(dims: &[usize]) -> Dims {
     let mut s: Dims = SmallVec::from_elem(1, dims.len());
     for i in (0..dims.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * dims[i + 1];
+        s[i] = s[i + 1].saturating_mul(dims[i + 1]);
     }
     s
 }

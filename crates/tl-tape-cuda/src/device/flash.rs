@@ -460,6 +460,16 @@ impl FlashMask {
         let (nq, nk) = (dims.nq, dims.nk);
         let per = FlashMask::words_for(self.mode, nq, nk);
         let expected = per.checked_mul(self.batch);
+        if self.mode & (FLASH_KEEP | FLASH_BITS) == FLASH_KEEP | FLASH_BITS {
+            return Err(Error::kernel(
+                op,
+                format!(
+                    "a mask of mode {} is both keep flags (FLASH_KEEP) and bits (FLASH_BITS): \
+                     one form or the other",
+                    self.mode
+                ),
+            ));
+        }
         if self.mode > FLASH_CAUSAL | FLASH_KEEP | FLASH_BITS
             || (self.mode != 0 && (self.rows, self.cols) != (nq, nk))
             || (self.batch != 1 && self.batch != dims.batch)

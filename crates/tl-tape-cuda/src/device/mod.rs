@@ -49,8 +49,8 @@ pub use buffer::{
 };
 use check::{BroadcastPlan, PermutePlan};
 pub use flash::{
-    FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD, FLASH_TC_MAX_HEAD, FLASH_TILE, Flash, FlashDims,
-    FlashLens, FlashMask, FlashProducts,
+    FLASH_BITS, FLASH_CAUSAL, FLASH_KEEP, FLASH_MAX_HEAD, FLASH_ONE_PASS_MAX_HEAD,
+    FLASH_TC_MAX_HEAD, FLASH_TILE, Flash, FlashDims, FlashLens, FlashMask, FlashProducts,
 };
 pub use launch::{Launch, LaunchIndex};
 pub use norm::{MaskedRows, NormLayout};

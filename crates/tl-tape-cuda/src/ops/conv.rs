@@ -77,6 +77,12 @@ impl Geo {
         }
         .normalize_strides();
         let lens = win.check(op.name())?;
+        // The products' N·L and N·(big cells) columns: within the kernels' u32 even where a
+        // side is empty (the window's check bounds batch·channels·cells, 0 for no channel).
+        for cells in [lens.small, lens.big] {
+            let cols = crate::device::check::product(op.name(), &[win.batch, cells])?;
+            crate::abi::len_u32(op.name(), cols)?;
+        }
         Ok(Geo {
             win,
             a: wd[0],

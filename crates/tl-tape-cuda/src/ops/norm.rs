@@ -45,8 +45,9 @@ pub fn layout(op: &Op, x: &AnyBuffer) -> Result<(NormLayout, f32)> {
 /// `batchMoments`).
 fn channels(op: &Op, x: &AnyBuffer) -> Result<NormLayout> {
     let (n, c, hw) = match *x.shape().dims() {
-        [c, h, w] => (1, c, h * w),
-        [n, c, h, w] => (n, c, h * w),
+        // Saturating: an empty x's other dims may overflow (the layout's u32 check refuses).
+        [c, h, w] => (1, c, h.saturating_mul(w)),
+        [n, c, h, w] => (n, c, h.saturating_mul(w)),
         _ => {
             return Err(SpecError::shape(
                 op.name(),

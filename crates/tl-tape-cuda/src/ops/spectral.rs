@@ -49,10 +49,14 @@ impl Dims {
         self.b * self.w
     }
 
-    /// The basis rows `k < modes` over `t < grid`: `C` (`inverse`: times α_k/N) or `S'`.
-    fn basis(&self, sine: bool, inverse: bool) -> Vec<f32> {
+    /// The basis rows `k < modes` over `t < grid`: `C` (`inverse`: times α_k/N) or `S'`. Its
+    /// `modes·grid` values are checked against the kernels' `u32` and allocated fallibly
+    /// before any is computed.
+    fn basis(&self, sine: bool, inverse: bool) -> Result<Vec<f32>> {
         let (n, m) = (self.n, self.m);
-        let mut out = Vec::with_capacity(m * n);
+        let len = crate::device::check::product(OP, &[m, n])?;
+        crate::abi::len_u32(OP, len)?;
+        let mut out = tl_spec::alloc::try_with_capacity(OP, "the DFT basis", len)?;
         for k in 0..m {
             let edge = k == 0 || 2 * k == n;
             let scale = if !inverse {
@@ -72,7 +76,7 @@ impl Dims {
                 out.push((v * scale) as f32);
             }
         }
-        out
+        Ok(out)
     }
 
     /// x (B, N, W) as (N, B·W): a fresh permute, or `x` itself for B = 1.
@@ -114,8 +118,8 @@ impl Dims {
     /// (Xr, Xi) of x' (registered temporaries).
     fn rfft<D: Device>(&self, dev: &mut D, sc: &mut Scratch, xc: Buffer) -> Result<[Buffer; 2]> {
         let g = Gemm::nn(self.m, self.n, self.bw());
-        let cos = sc.tmp(dev.upload(&self.basis(false, false))?);
-        let sin = sc.tmp(dev.upload(&self.basis(true, false))?);
+        let cos = sc.tmp(dev.upload(&self.basis(false, false)?)?);
+        let sin = sc.tmp(dev.upload(&self.basis(true, false)?)?);
         let xr = sc.tmp(dev.matmul(cos, xc, g)?);
         let xi = sc.tmp(dev.matmul(sin, xc, g)?);
         Ok([xr, xi])
@@ -143,8 +147,8 @@ pub fn forward<D: Device>(dev: &mut D, op: &tl_ir::Op, x: &[&AnyBuffer]) -> Resu
         let zi = d.mix(dev, sc, xr, wim, xi, wre, 1.0, g)?;
         sc.tmp(zi);
         let inv = Gemm::nn(d.n, d.m, d.bw()).with_t(true, false);
-        let icos = sc.tmp(dev.upload(&d.basis(false, true))?);
-        let isin = sc.tmp(dev.upload(&d.basis(true, true))?);
+        let icos = sc.tmp(dev.upload(&d.basis(false, true)?)?);
+        let isin = sc.tmp(dev.upload(&d.basis(true, true)?)?);
         let p = sc.tmp(dev.matmul(icos, zr, inv)?);
         let q = sc.tmp(dev.matmul(isin, zi, inv)?);
         let y = dev.add(p, q)?;
@@ -174,8 +178,8 @@ pub fn backward<D: Device>(
     let r = with_scratch(dev, |dev, sc| {
         let gc = d.grid_major(dev, sc, g)?;
         let fwd = Gemm::nn(d.m, d.n, d.bw());
-        let icos = sc.tmp(dev.upload(&d.basis(false, true))?);
-        let isin = sc.tmp(dev.upload(&d.basis(true, true))?);
+        let icos = sc.tmp(dev.upload(&d.basis(false, true)?)?);
+        let isin = sc.tmp(dev.upload(&d.basis(true, true)?)?);
         let dzr = sc.tmp(dev.matmul(icos, gc, fwd)?);
         let dzi = sc.tmp(dev.matmul(isin, gc, fwd)?);
         if needs[1] || needs[2] {
@@ -196,8 +200,8 @@ pub fn backward<D: Device>(
             let dxi = d.mix(dev, sc, dzi, wre, dzr, wim, -1.0, gt)?;
             sc.tmp(dxi);
             let t = Gemm::nn(d.n, d.m, d.bw()).with_t(true, false);
-            let cos = sc.tmp(dev.upload(&d.basis(false, false))?);
-            let sin = sc.tmp(dev.upload(&d.basis(true, false))?);
+            let cos = sc.tmp(dev.upload(&d.basis(false, false)?)?);
+            let sin = sc.tmp(dev.upload(&d.basis(true, false)?)?);
             let p = sc.tmp(dev.matmul(cos, dxr, t)?);
             let q = sc.tmp(dev.matmul(sin, dxi, t)?);
             let dxc = dev.add(p, q)?;

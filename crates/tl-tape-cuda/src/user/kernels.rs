@@ -229,7 +229,27 @@ pub fn launch(
 ) -> Result<Vec<Buffer>> {
     let name = dev.name();
     match dev.user_kernels() {
-        Some(k) => k.launch_user(op, module, kernel, shape, args, outs),
+        Some(k) => {
+            let got = k.launch_user(op, module, kernel, shape, args, outs)?;
+            if got.len() == outs.len() {
+                return Ok(got);
+            }
+            // A device of one's own that returns another count: its buffers go back, and the
+            // launch is an error (the callers index one buffer per output).
+            let n = got.len();
+            for b in got {
+                dev.release(b);
+            }
+            Err(Error::kernel(
+                op,
+                format!(
+                    "kernel {kernel} of module {}: the {name} device returned {n} output \
+                     buffer(s) for {} output(s)",
+                    module.name,
+                    outs.len()
+                ),
+            ))
+        }
         None => Err(Error::kernel(
             op,
             format!(

@@ -83,3 +83,25 @@ fn oversized_outputs_and_buffers_are_errors_not_aborts() {
         before.device_alloc_count
     );
 }
+
+#[test]
+fn a_spectral_basis_past_the_kernels_limit_is_refused_before_it_is_built() {
+    // modes·grid = (2¹⁹ + 1)·2²⁰ basis values (2 TiB of f32), from operands of a few MiB: the
+    // basis is checked against the kernels' u32 before it is allocated or computed.
+    let mut t = CudaTape::new(SimDevice::new());
+    let modes = (1 << 19) + 1;
+    let x = t
+        .upload_leaf(&Tensor::<f32>::zeros([1 << 20, 1]), Some("x"), true)
+        .unwrap();
+    let w = t
+        .upload_leaf(&Tensor::<f32>::zeros([modes, 1, 1]), Some("w"), true)
+        .unwrap();
+    let msg = t
+        .apply(&Op::SpectralConv1dRfft { modes }, &[x, w, w])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("spectralConv1dRfft") && msg.contains("u32"),
+        "{msg}"
+    );
+}

@@ -156,7 +156,10 @@ pub fn check_oversized<B: Backend>(backend: &B) -> Report {
     });
     if report.passed() {
         // A backend without `add` (Backend::supports) is not asked.
-        let small = || forward_case(backend, &still_works(), &Tol::DEFAULT);
+        let small = || {
+            crate::guard::catch(|| forward_case(backend, &still_works(), &Tol::DEFAULT))
+                .unwrap_or_else(|p| Err(format!("panicked: {p}")))
+        };
         match crate::backend::partial::unless_lacking(small) {
             Err(_lacks) => {}
             Ok(Ok(m)) => (report.max_err, report.tol) = (m.err, m.tol),

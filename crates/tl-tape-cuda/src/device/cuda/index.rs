@@ -61,7 +61,9 @@ impl LaunchIndex for CudaDevice {
         const OP: &str = "scatter_add_rows";
         let pg = self.ptr(OP, g)?;
         let n_out = rows * cols;
-        if self.deterministic() {
+        // An empty output (`rows` may then be any size, with `cols` 0) takes the plain path,
+        // which launches nothing: no plan of rows + 1 offsets.
+        if self.deterministic() && n_out > 0 {
             // Fixed order: offsets (rows + 1) then order, in one upload.
             let plan = ScatterPlan::new(rows, idx);
             let meta: Vec<u32> = plan.offsets.iter().chain(&plan.order).copied().collect();

@@ -43,8 +43,10 @@ impl LaunchIndex for SimDevice {
         cols: usize,
         idx: &[u32],
     ) -> Result<Buffer> {
-        let plan = ScatterPlan::new(rows, idx);
         self.launch("scatter_add_rows", [g], rows * cols, |[g], out| {
+            // Built only for an output with elements (no kernel runs for an empty one, whose
+            // `rows` may be any size when `cols` is 0).
+            let plan = ScatterPlan::new(rows, idx);
             for (j, o) in out.chunks_mut(cols.max(1)).enumerate() {
                 for (c, o) in o.iter_mut().enumerate() {
                     let mut acc = 0.0f32;

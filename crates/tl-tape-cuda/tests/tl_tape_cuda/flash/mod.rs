@@ -23,7 +23,8 @@ use tl_ir::{GraphBuilder, Op};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 use tl_tape_cuda::device::{
-    FLASH_MAX_HEAD, FLASH_TC_MAX_HEAD, Flash, FlashDims, FlashMask, FlashProducts,
+    FLASH_BITS, FLASH_KEEP, FLASH_MAX_HEAD, FLASH_TC_MAX_HEAD, Flash, FlashDims, FlashMask,
+    FlashProducts,
 };
 use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Precision, Result, SimDevice};
 

@@ -257,6 +257,21 @@ fn bad_input_is_refused_before_launch() {
         e.contains("with 5 word(s)") && e.contains("expected 3 word(s)"),
         "{e}"
     );
+    // Keep flags and bits at once, the words sized for the bits: the kernels would read a
+    // keep flag per key past them.
+    let both = FlashMask {
+        mode: FLASH_KEEP | FLASH_BITS,
+        words: vec![!0; 129],
+        offset: 0,
+        rows: 129,
+        cols: 3,
+        batch: 1,
+    };
+    let e = refused(&mut dev, rect(1, 129, 3, 1, 2), both);
+    assert!(
+        e.contains("flash_attention") && e.contains("FLASH_KEEP") && e.contains("FLASH_BITS"),
+        "{e}"
+    );
     // A causal offset past the kernels' int.
     let far = Flash::new(
         rect(1, 129, 3, 1, 2),
