@@ -118,3 +118,23 @@ pub(crate) fn usage(what: &'static str, detail: impl Into<String>) -> Error {
         detail: detail.into(),
     }
 }
+
+/// The product of `dims`, sizes taken from `shape` (the operand of `what`): a row count or
+/// row length. Exact for a tensor that may be empty (a zero among `dims` makes it 0, however
+/// large the others), and an [`Error::Usage`] naming `what`, the sizes and the shape where it
+/// overflows `usize` (only an empty tensor gets there: its other axes may be of any size),
+/// where `iter().product()` would panic (debug) or wrap (release).
+pub(crate) fn dims_product(
+    what: &'static str,
+    shape: &tl_spec::Shape,
+    dims: &[usize],
+) -> Result<usize> {
+    tl_spec::Shape::new(dims).checked_numel().ok_or_else(|| {
+        usage(
+            what,
+            format!(
+                "the sizes {dims:?} of {shape} have a product past usize (an empty tensor's other axes may be of any size, but not this large)"
+            ),
+        )
+    })
+}

@@ -113,7 +113,8 @@ impl Init {
                 .sample(dims, key);
             }
             Init::XavierUniform { fan_in, fan_out } => {
-                let n = (fan_in + fan_out).max(1) as f64;
+                // In f64: the sum of two counts a caller gives may overflow usize.
+                let n = (fan_in as f64 + fan_out as f64).max(1.0);
                 let bound = (6.0 / n).sqrt();
                 return Init::Uniform {
                     lo: -bound,

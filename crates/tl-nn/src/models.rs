@@ -52,6 +52,30 @@ pub fn mlp<O: Train>(
     Ok(net)
 }
 
+/// A model's size checked before any of its parameters is made (as the RNN stack checks its
+/// layers): `parts` lists each kind of parameter as (how many, the dims of one); a total past
+/// `usize` is an error naming `what` and the `config`, and so is one whose values exceed the
+/// allocation cap ([`tl_spec::alloc::check_len`]): a huge count of small blocks is an error,
+/// not a long loop that ends in an abort.
+pub(crate) fn check_params<O: Train>(
+    what: &'static str,
+    config: &dyn std::fmt::Debug,
+    parts: &[(usize, &[usize])],
+) -> Result<()> {
+    let total = parts.iter().try_fold(0usize, |total, &(count, dims)| {
+        let each = tl_spec::Shape::new(dims).checked_numel()?;
+        total.checked_add(each.checked_mul(count)?)
+    });
+    let Some(total) = total else {
+        return Err(usage(
+            what,
+            format!("{config:?} has more parameters than usize holds"),
+        ));
+    };
+    let detail = format!("the {total} parameters of {config:?}");
+    Ok(tl_spec::alloc::check_len::<O::T>(what, &detail, total)?)
+}
+
 /// The shape of a [`cnn`]: input images, the output channels of each conv stage, the classes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CnnConfig {
@@ -159,7 +183,9 @@ pub struct Fno1d {
 }
 
 impl Fno1d {
-    /// The operator's parameters under `vars`, initialised with PyTorch's defaults.
+    /// The operator's parameters under `vars`, initialised with PyTorch's defaults. A zero
+    /// size, or a model too large to hold (checked before any parameter is made: `layers`
+    /// too), is an error naming the config.
     pub fn new<O: Train>(vars: &Vars<'_, O>, config: &FnoConfig) -> Result<Self> {
         let c = config;
         if [
@@ -176,8 +202,25 @@ impl Fno1d {
                 format!("every size must be at least 1, got {c:?}"),
             ));
         }
-        let mut spectral = Vec::with_capacity(c.layers);
-        let mut pointwise = Vec::with_capacity(c.layers);
+        let (w, ph) = (c.width, c.proj_hidden);
+        check_params::<O>(
+            "Fno1d::new",
+            c,
+            &[
+                // lift, spectral (re, im), pointwise, proj.0, proj.2: weights and biases.
+                (1, &[c.in_channels, w]),
+                (1, &[w]),
+                (c.layers, &[2, c.modes, w, w]),
+                (c.layers, &[w, w]),
+                (c.layers, &[w]),
+                (1, &[w, ph]),
+                (1, &[ph]),
+                (1, &[ph, c.out_channels]),
+                (1, &[c.out_channels]),
+            ],
+        )?;
+        // Grown as the layers are made (each fallibly), not reserved from `layers`.
+        let (mut spectral, mut pointwise) = (Vec::new(), Vec::new());
         for k in 0..c.layers {
             spectral.push(SpectralConv1d::new(
                 &vars.pp("spectral").pp(k),
@@ -354,7 +397,8 @@ pub struct TransformerLm {
 
 impl TransformerLm {
     /// The model's parameters under `vars`: PyTorch's defaults, and GPT-2's N(0, 0.02²) for
-    /// the positional embedding.
+    /// the positional embedding. A model too large to hold (`blocks` too) is an error naming
+    /// the config, before any parameter is made.
     pub fn new<O: Train>(vars: &Vars<'_, O>, config: &LmConfig) -> Result<Self> {
         let c = *config;
         if c.vocab == 0 || c.context == 0 {
@@ -363,6 +407,24 @@ impl TransformerLm {
                 format!("vocab and context must be at least 1, got {c:?}"),
             ));
         }
+        let (d, ff) = (c.d_model, c.d_ff);
+        check_params::<O>(
+            "TransformerLm::new",
+            &c,
+            &[
+                // The embeddings; per block wq…wo, ln1 and ln2, fc1 and fc2; ln_f; the head.
+                (1, &[c.vocab, d]),
+                (1, &[c.context, d]),
+                (c.blocks, &[4, d, d]),
+                (c.blocks, &[4, d]),
+                (c.blocks, &[2, d, ff]),
+                (c.blocks, &[ff]),
+                (c.blocks, &[d]),
+                (1, &[2, d]),
+                (1, &[c.vocab, d]),
+                (1, &[c.vocab]),
+            ],
+        )?;
         let block = BlockConfig {
             d_model: c.d_model,
             heads: c.heads,

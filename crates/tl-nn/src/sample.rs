@@ -63,7 +63,7 @@ pub fn argmax<T: Scalar>(logits: &Tensor<T>) -> Result<Vec<usize>> {
 /// keeps every token), one uniform draw of `rng` per row. `top_k = 0` is an error, and so is a
 /// temperature that is not positive and finite (for greedy decoding call [`argmax`]); NaN
 /// logits are an error naming the row. `top_k = 1` is [`argmax`], and as the temperature goes
-/// to 0 the draw goes to it too.
+/// to 0 the draw goes to it too. No rows (a batch of 0) give no tokens.
 pub fn sample<T: Scalar>(
     logits: &Tensor<T>,
     temperature: f64,
@@ -82,8 +82,13 @@ pub fn sample<T: Scalar>(
             ),
         ));
     }
-    let (_, v, last) = last_rows(WHAT, logits)?;
-    let mut order: Vec<usize> = (0..v).collect();
+    let (rows, v, last) = last_rows(WHAT, logits)?;
+    if rows == 0 {
+        // No row, no token (as `argmax`), and no token order of V to allocate: V can be of
+        // any size in an empty (0, V).
+        return Ok(Vec::new());
+    }
+    let mut order: Vec<usize> = tl_spec::alloc::try_collect(WHAT, "the token order", v, 0..v)?;
     last.chunks(v)
         .map(|row| {
             // Stable from token order: equal logits keep the lower token first (the order

@@ -13,7 +13,7 @@ use tl_session::{TensorRef, Train};
 use tl_spec::ops::attention::Mask;
 use tl_spec::{Shape, Tensor};
 
-use crate::error::usage;
+use crate::error::{dims_product, usage};
 use crate::{Labels, Result, Runtime, Scope};
 
 /// A tensor in an open pass (a handle plus the runtime it lives in). Cheap to clone.
@@ -247,8 +247,8 @@ impl<'g, O: Train> Var<'g, O> {
         if axis + 1 == dims.len() {
             return f(self);
         }
-        let outer: usize = dims[..axis].iter().product();
-        let inner: usize = dims[axis + 1..].iter().product();
+        let outer = dims_product(what, self.shape(), &dims[..axis])?;
+        let inner = dims_product(what, self.shape(), &dims[axis + 1..])?;
         let moved = self.reshape(&[outer, dims[axis], inner])?.swap_last_two()?;
         f(&moved)?.swap_last_two()?.reshape(dims)
     }
@@ -422,7 +422,7 @@ impl<'g, O: Train> Var<'g, O> {
                 "the logits must have a class axis, got a scalar",
             ));
         };
-        let rows: usize = lead.iter().product();
+        let rows = dims_product(what, self.shape(), lead)?;
         if classes != labels.classes() || rows != labels.len() {
             return Err(usage(
                 what,

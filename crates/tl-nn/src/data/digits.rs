@@ -70,9 +70,10 @@ impl Split {
     }
 
     /// The same split handing out examples of shape `dims` (e.g. `[1, 8, 8]`: one channel of
-    /// 8×8 pixels for a CNN); `dims` must hold `features` elements.
+    /// 8×8 pixels for a CNN); `dims` must hold `features` elements (counted without
+    /// overflow: sizes whose product passes `usize` are an error too).
     pub fn shaped(mut self, dims: &[usize]) -> Result<Self> {
-        if dims.iter().product::<usize>() != self.features {
+        if tl_spec::Shape::new(dims).checked_numel() != Some(self.features) {
             return Err(usage(
                 "Split::shaped",
                 format!(
@@ -204,7 +205,7 @@ pub fn digits() -> Result<(Split, Split)> {
             y.len()
         )));
     }
-    let order = permutation(DIGITS_LEN, SPLIT_SEED);
+    let order = try_permutation(DIGITS_LEN, SPLIT_SEED)?;
     let all = Split {
         x,
         y,
@@ -227,15 +228,30 @@ pub fn digits() -> Result<(Split, Split)> {
 /// (draw `k` is `splitmix64(seed + k·γ)`, reduced modulo the range): the order of the fixed
 /// digits split and of `tl train`'s epochs. New code: [`crate::Rng::permutation`] (the
 /// counter RNG, unbiased).
+///
+/// # Panics
+///
+/// Where `n` indices cannot be allocated (an `n` past the allocation cap): for an `n` that
+/// comes from input call [`try_permutation`], which returns that as an error.
 pub fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    match try_permutation(n, seed) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`permutation`], its `n` indices allocated fallibly: an `n` past the allocation cap is an
+/// error naming `data::permutation` and `n` (a `TooLarge` from [`tl_spec::alloc`]), before
+/// anything is allocated.
+pub fn try_permutation(n: usize, seed: u64) -> Result<Vec<usize>> {
+    let mut p = tl_spec::alloc::try_collect("data::permutation", "the indices", n, 0..n)?;
     let mut state = seed;
-    let mut p: Vec<usize> = (0..n).collect();
     crate::rng::fisher_yates(&mut p, |bound| {
         let draw = tl_spec::rng::splitmix64(state);
         state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         (draw % bound as u64) as usize
     });
-    p
+    Ok(p)
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@ mod text;
 
 use tl_spec::{Scalar, Tensor};
 
-pub use digits::{CLASSES, DIGITS_LEN, DIGITS_TRAIN, PIXELS, Split, digits, permutation};
+pub use digits::{
+    CLASSES, DIGITS_LEN, DIGITS_TRAIN, PIXELS, Split, digits, permutation, try_permutation,
+};
 pub use loader::{Batches, Classify, Collate, DataLoader, Dataset, Stack, check_index, stack};
 pub use text::{TokenBatch, TokenWindows, Vocab, kjv_text, unigram_nll};
 
@@ -21,7 +23,10 @@ use crate::Result;
 /// Rows `start..start+n` of `x`'s leading axis.
 pub(crate) fn rows<T: Scalar>(x: &Tensor<T>, start: usize, n: usize) -> Result<Tensor<T>> {
     let dims = x.shape().dims();
-    let row: usize = dims[1..].iter().product();
+    // Callers take rows of a non-empty leading axis (`Dataset::get` checks the index), so an
+    // empty x has its zero among these axes: saturating only past a zero, never to a wrong
+    // length (`iter().product()` would overflow on the sizes before it).
+    let row = tl_spec::Shape::saturating_product(&dims[1..]);
     let mut out = dims.to_vec();
     out[0] = n;
     Ok(Tensor::new(

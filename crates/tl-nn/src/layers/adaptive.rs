@@ -92,7 +92,7 @@ impl<O: Train> Module<O> for AdaptiveAvgPool {
             for (axis, &o) in (first..).zip(&self.output) {
                 let d = dims[axis];
                 if o != d {
-                    y = along_axis(&y, axis, weights(d, o)?)?;
+                    y = along_axis("AdaptiveAvgPool::forward", &y, axis, weights(d, o)?)?;
                 }
             }
             Ok(y)

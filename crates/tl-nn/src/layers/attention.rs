@@ -39,7 +39,8 @@ pub struct MultiHeadAttention {
     pub wv: Param,
     /// Output projection (d, d), named `wo`.
     pub wo: Param,
-    /// Number of (query) heads.
+    /// Number of (query) heads. Set directly, it is checked at every pass as the
+    /// constructors check it (an error naming the layer and the value).
     pub heads: usize,
     /// Number of key and value heads: `heads` unless [`grouped`](Self::grouped), where each
     /// key/value head serves `heads / kv_heads` consecutive query heads.
@@ -57,7 +58,8 @@ pub struct MultiHeadAttention {
     /// [`forward_qkv`](Self::forward_qkv) (`multiHeadAttention` has no rotation): the
     /// projections and rotations, then the core `scaledDotProductAttention`, fused as
     /// [`flash`](Self::flash) says; a query whose mask hides every key is an error there
-    /// (`multiHeadAttention` gives it zeros).
+    /// (`multiHeadAttention` gives it zeros). Set directly, it is checked at every pass as
+    /// `with_rope` checks it.
     pub rope: Option<Rope>,
 }
 
@@ -102,19 +104,10 @@ impl MultiHeadAttention {
         (heads, kv_heads): (usize, usize),
         causal: bool,
     ) -> Result<Self> {
-        if d == 0 || heads == 0 || !d.is_multiple_of(heads) {
-            return Err(usage(
-                what,
-                format!("need heads ≥ 1 dividing the width d ≥ 1, got d {d}, heads {heads}"),
-            ));
-        }
-        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(usage(
-                what,
-                format!("need kv_heads ≥ 1 dividing heads {heads}, got kv_heads {kv_heads}"),
-            ));
-        }
+        check_heads(what, d, heads, kv_heads)?;
+        // kv ≤ d; the projections' size checked before any is made.
         let kv = kv_heads * (d / heads);
+        tl_spec::alloc::check_shape::<O::T>(what, &tl_spec::Shape::new(&[d, d]))?;
         let xavier = |fan_out: usize| Init::XavierUniform { fan_in: d, fan_out };
         Ok(MultiHeadAttention {
             wq: vars.param("wq", &[d, d], xavier(d))?,
@@ -135,9 +128,58 @@ impl MultiHeadAttention {
     /// `MultiHeadAttention::new(vars, d, heads, true)?.with_rope(Rope { base: 10000.0,
     /// layout: RopeLayout::Halves })?`.
     pub fn with_rope(mut self, rope: Rope) -> Result<Self> {
-        rope.check(self.wq.shape().dims()[0] / self.heads)?;
+        const WHAT: &str = "MultiHeadAttention::with_rope";
+        let (_, dh) = self.sizes(WHAT)?;
+        rope.check(WHAT, dh)?;
         self.rope = Some(rope);
         Ok(self)
+    }
+
+    /// The width d and head size dh, after the constructors' checks on the public fields a
+    /// caller may have set since: `heads` and `kv_heads` (≥ 1, dividing d and heads), and
+    /// the projections' shapes ((d, d), (d, kv_heads·dh) for `wk` and `wv`); an error naming
+    /// `what` and the values otherwise.
+    fn sizes(&self, what: &'static str) -> Result<(usize, usize)> {
+        let d = self.wq.shape().dims().first().copied().unwrap_or(0);
+        check_heads(what, d, self.heads, self.kv_heads)?;
+        let dh = d / self.heads;
+        let kv = self.kv_heads * dh;
+        let want = [("wq", &self.wq, [d, d]), ("wk", &self.wk, [d, kv])];
+        let want = want
+            .into_iter()
+            .chain([("wv", &self.wv, [d, kv]), ("wo", &self.wo, [d, d])]);
+        for (name, p, dims) in want {
+            if p.shape().dims() != dims {
+                return Err(usage(
+                    what,
+                    format!(
+                        "{name} has shape {}, where d {d}, heads {} and kv_heads {} need {dims:?}",
+                        p.shape(),
+                        self.heads,
+                        self.kv_heads
+                    ),
+                ));
+            }
+        }
+        Ok((d, dh))
+    }
+
+    /// The width d, after [`sizes`](Self::sizes)' checks and [`with_rope`](Self::with_rope)'s
+    /// of [`rope`](Self::rope) (public fields: set directly, a rope is checked here): what
+    /// every pass checks first, its error naming the layer and `what`.
+    pub(super) fn checked_width<O: Train>(
+        &self,
+        what: &'static str,
+        at: &At<'_, O>,
+    ) -> Result<usize> {
+        let checked = || {
+            let (d, dh) = self.sizes(what)?;
+            if let Some(rope) = &self.rope {
+                rope.check(what, dh)?;
+            }
+            Ok(d)
+        };
+        checked().map_err(|e| at.op_error(e))
     }
 
     /// The same layer with the core fused (`true`) or composed (`false`). Fused with a head
@@ -199,6 +241,7 @@ impl MultiHeadAttention {
         let (q, k, v, o) = (q?, k?, v?, o?);
         let (heads, fused) = (self.heads, self.flash);
         let at = At::new(g.rt, self, &self.wq);
+        self.checked_width("MultiHeadAttention::forward", &at)?;
         let (batch, n) = self.tokens(x, "", &at)?;
         if self.rope.is_some() || self.kv_heads != self.heads {
             if let Some(m) = &mask
@@ -270,7 +313,7 @@ impl Parameters for MultiHeadAttention {
         };
         format!(
             "embed_dim={}, num_heads={}{kv}, bias=False, causal={}{rope}",
-            self.wq.shape().dims()[0],
+            self.wq.shape().dims().first().copied().unwrap_or(0),
             self.heads,
             py_bool(self.causal)
         )
@@ -287,6 +330,24 @@ impl<O: Train> Module<O> for MultiHeadAttention {
         let mask = n.filter(|_| self.causal).map(Mask::causal).transpose()?;
         self.forward_masked(x, mask)
     }
+}
+
+/// An error naming `what` unless `heads` ≥ 1 divides the width `d` ≥ 1 and `kv_heads` ≥ 1
+/// divides `heads`: the constructors' check, and every pass's on the public fields.
+fn check_heads(what: &'static str, d: usize, heads: usize, kv_heads: usize) -> Result<()> {
+    if d == 0 || heads == 0 || !d.is_multiple_of(heads) {
+        return Err(usage(
+            what,
+            format!("need heads ≥ 1 dividing the width d ≥ 1, got d {d}, heads {heads}"),
+        ));
+    }
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(usage(
+            what,
+            format!("need kv_heads ≥ 1 dividing heads {heads}, got kv_heads {kv_heads}"),
+        ));
+    }
+    Ok(())
 }
 
 /// An error naming `what` when a sequence length in `lens` exceeds the `n` keys of the padded

@@ -2,6 +2,7 @@
 //! axis. PyTorch: `nn.Conv1d/2d/3d`, `nn.ConvTranspose1d/2d/3d` (groups 1, dilation 1).
 
 use tl_session::{Param, Train};
+use tl_spec::Shape;
 
 use super::At;
 use crate::display::py_tuple;
@@ -67,7 +68,7 @@ fn check(
 /// PyTorch's `extra_repr()` of a convolution: `1, 16, kernel_size=(3, 3), stride=(1, 1),
 /// padding=(1, 1)` (padding left out when it is 0, as PyTorch does).
 fn conv_repr(inputs: usize, outputs: usize, weight: &Param, cfg: ConvConfig) -> String {
-    let kernel = &weight.shape().dims()[2..];
+    let kernel = weight.shape().dims().get(2..).unwrap_or_default();
     let k = kernel.len();
     let mut s = format!(
         "{inputs}, {outputs}, kernel_size={}, stride={}",
@@ -165,15 +166,19 @@ fn check_input<O: Train>(at: &At<'_, O>, x: &Var<'_, O>, k: usize, channels: usi
 
 /// The weight `(lead[0], lead[1], k…)` and bias `(outputs)` of a convolution, initialised as
 /// PyTorch does with the fan-in `lead[1]·∏k` (PyTorch takes `weight.size(1)`: the inputs of a
-/// convolution, the outputs of a transposed one).
+/// convolution, the outputs of a transposed one). A weight too large to hold is an error naming
+/// `what` and the shape, before any size is multiplied.
 fn weight_and_bias<O: Train>(
+    what: &'static str,
     vars: &Vars<'_, O>,
     lead: [usize; 2],
     outputs: usize,
     kernel: &[usize],
 ) -> Result<(Param, Param)> {
-    let fan_in = lead[1] * kernel.iter().product::<usize>();
     let dims: Vec<usize> = lead.iter().chain(kernel).copied().collect();
+    tl_spec::alloc::check_shape::<O::T>(what, &Shape::new(&dims))?;
+    // The fan-in divides the weight's element count, checked above.
+    let fan_in = lead[1] * kernel.iter().product::<usize>();
     Ok((
         vars.param("weight", &dims, Init::default_weight(fan_in))?,
         vars.param("bias", &[outputs], Init::default_bias(fan_in))?,
@@ -203,7 +208,8 @@ impl Conv {
         config: ConvConfig,
     ) -> Result<Self> {
         check("Conv::new", inputs, outputs, kernel, config)?;
-        let (weight, bias) = weight_and_bias(vars, [outputs, inputs], outputs, kernel)?;
+        let (weight, bias) =
+            weight_and_bias("Conv::new", vars, [outputs, inputs], outputs, kernel)?;
         Ok(Conv {
             weight,
             bias,
@@ -232,10 +238,45 @@ impl Conv {
     ) -> Result<Self> {
         Self::new(vars, inputs, outputs, &[kernel, kernel], config)
     }
+}
 
-    fn spatial(&self) -> usize {
-        self.weight.shape().rank() - 2
+/// The spatial axes of a convolution's weight (a public field: 0 for one of rank < 2, which
+/// [`checked_weight`] refuses at use).
+fn spatial(weight: &Param) -> usize {
+    weight.shape().rank().saturating_sub(2)
+}
+
+/// `Conv2d`, `ConvTranspose1d`: the family and the weight's spatial axes (the family alone for
+/// a weight without any, a public field refused at use).
+fn module_name(family: &str, weight: &Param) -> String {
+    match spatial(weight) {
+        0 => family.into(),
+        k => format!("{family}{k}d"),
     }
+}
+
+/// The weight's dims, (out, in, k…), or (in, out, k…) when `transposed`, checked at use as
+/// the constructor checks its sizes and the config (both public fields): an error naming the
+/// layer and `what` for a weight without 1 to 8 kernel axes, a zero size or a stride of 0.
+fn checked_weight<'p, O: Train>(
+    at: &At<'_, O>,
+    what: &'static str,
+    weight: &'p Param,
+    config: ConvConfig,
+    transposed: bool,
+) -> Result<&'p [usize]> {
+    let layout = match transposed {
+        true => "(in, out, k…) with 1 to 8 kernel axes",
+        false => "(out, in, k…) with 1 to 8 kernel axes",
+    };
+    let d = at.param_dims(what, "weight", weight, 3..=10, layout)?;
+    let (inputs, outputs) = if transposed {
+        (d[0], d[1])
+    } else {
+        (d[1], d[0])
+    };
+    check(what, inputs, outputs, &d[2..], config).map_err(|e| at.op_error(e))?;
+    Ok(d)
 }
 
 impl Parameters for Conv {
@@ -244,11 +285,11 @@ impl Parameters for Conv {
         f(&self.bias);
     }
     fn module_name(&self) -> String {
-        format!("Conv{}d", self.spatial())
+        module_name("Conv", &self.weight)
     }
     fn extra_repr(&self) -> String {
-        let d = self.weight.shape().dims();
-        conv_repr(d[1], d[0], &self.weight, self.config)
+        let d = |i: usize| self.weight.shape().dims().get(i).copied().unwrap_or(0);
+        conv_repr(d(1), d(0), &self.weight, self.config)
     }
 }
 
@@ -256,10 +297,11 @@ impl<O: Train> Module<O> for Conv {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
-        let k = self.spatial();
-        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
         let at = At::new(g.rt, self, &self.weight);
-        check_input(&at, x, k, self.weight.shape().dims()[1])?;
+        let d = checked_weight(&at, "Conv::forward", &self.weight, self.config, false)?;
+        let k = d.len() - 2;
+        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
+        check_input(&at, x, k, d[1])?;
         w.op("Conv::forward", &[&b, x], |s| {
             s.conv(
                 w.tensor_ref(),
@@ -296,7 +338,13 @@ impl ConvTranspose {
         config: ConvConfig,
     ) -> Result<Self> {
         check("ConvTranspose::new", inputs, outputs, kernel, config)?;
-        let (weight, bias) = weight_and_bias(vars, [inputs, outputs], outputs, kernel)?;
+        let (weight, bias) = weight_and_bias(
+            "ConvTranspose::new",
+            vars,
+            [inputs, outputs],
+            outputs,
+            kernel,
+        )?;
         Ok(ConvTranspose {
             weight,
             bias,
@@ -311,11 +359,11 @@ impl Parameters for ConvTranspose {
         f(&self.bias);
     }
     fn module_name(&self) -> String {
-        format!("ConvTranspose{}d", self.weight.shape().rank() - 2)
+        module_name("ConvTranspose", &self.weight)
     }
     fn extra_repr(&self) -> String {
-        let d = self.weight.shape().dims();
-        conv_repr(d[0], d[1], &self.weight, self.config)
+        let d = |i: usize| self.weight.shape().dims().get(i).copied().unwrap_or(0);
+        conv_repr(d(0), d(1), &self.weight, self.config)
     }
 }
 
@@ -323,10 +371,12 @@ impl<O: Train> Module<O> for ConvTranspose {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
-        let k = self.weight.shape().rank() - 2;
-        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
         let at = At::new(g.rt, self, &self.weight);
-        check_input(&at, x, k, self.weight.shape().dims()[0])?;
+        const WHAT: &str = "ConvTranspose::forward";
+        let d = checked_weight(&at, WHAT, &self.weight, self.config, true)?;
+        let k = d.len() - 2;
+        let (stride, padding) = (vec![self.config.stride; k], vec![self.config.padding; k]);
+        check_input(&at, x, k, d[0])?;
         w.op("ConvTranspose::forward", &[&b, x], |s| {
             s.conv_transpose(
                 w.tensor_ref(),

@@ -109,7 +109,7 @@ impl MultiHeadAttention {
         value: &Var<'g, O>,
     ) -> Result<(At<'a, O>, QkvSizes)> {
         let at = At::new(query.scope().rt, self, &self.wq);
-        let d = self.wq.shape().dims()[0];
+        let d = self.checked_width("MultiHeadAttention::forward_qkv", &at)?;
         let sizes = qkv_shapes(d, query, key, value, &at)?;
         Ok((at, sizes))
     }

@@ -27,7 +27,7 @@ pub struct InstanceNorm {
     pub weight: Option<Param>,
     /// Shift (C), named `bias`, with `affine`.
     pub bias: Option<Param>,
-    /// The channel count C.
+    /// The channel count C (≥ 1; checked at every pass, as the constructor checks it).
     pub channels: usize,
     /// ε added to the variance.
     pub eps: f64,
@@ -47,12 +47,7 @@ impl InstanceNorm {
         eps: f64,
         affine: bool,
     ) -> Result<Self> {
-        if channels == 0 || !(eps > 0.0 && eps.is_finite()) {
-            return Err(usage(
-                "InstanceNorm::new",
-                format!("need channels ≥ 1 and a finite ε > 0, got {channels} channel(s), ε {eps}"),
-            ));
-        }
+        check("InstanceNorm::new", channels, eps)?;
         let (weight, bias) = if affine {
             (
                 Some(vars.param("weight", &[channels], Init::Ones)?),
@@ -68,6 +63,18 @@ impl InstanceNorm {
             eps,
         })
     }
+}
+
+/// An error naming `what` unless `channels` ≥ 1 and ε is finite and > 0: the constructor's
+/// check, and the forward's on the public fields.
+fn check(what: &'static str, channels: usize, eps: f64) -> Result<()> {
+    if channels == 0 || !(eps > 0.0 && eps.is_finite()) {
+        return Err(usage(
+            what,
+            format!("need channels ≥ 1 and a finite ε > 0, got {channels} channel(s), ε {eps}"),
+        ));
+    }
+    Ok(())
 }
 
 impl Parameters for InstanceNorm {
@@ -91,10 +98,11 @@ impl<O: Train> Module<O> for InstanceNorm {
             Some(w) => At::new(g.rt, self, w),
             None => At::unnamed(g.rt, self),
         };
-        let c = self.channels;
-        let (n, rest) = channels_first(x, c, &at)?;
+        let (c, what) = (self.channels, "InstanceNorm::forward");
+        // The fields are public: checked as the constructor checks them.
+        check(what, c, self.eps).map_err(|e| at.op_error(e))?;
+        let (n, rest) = channels_first(what, x, c, &at)?;
         let y = || -> Result<Var<'g, O>> {
-            let what = "InstanceNorm::forward";
             let xhat = normalise_groups(what, x, (n, c, rest), c, self.eps)?;
             match (&self.weight, &self.bias) {
                 (Some(w), Some(b)) => {

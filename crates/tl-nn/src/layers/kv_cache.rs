@@ -84,7 +84,7 @@ impl MultiHeadAttention {
     ) -> Result<Var<'g, O>> {
         let g = x.scope();
         let at = At::new(g.rt, self, &self.wq);
-        let d = self.wq.shape().dims()[0];
+        let d = self.checked_width("MultiHeadAttention::forward_cached", &at)?;
         let (batch, m) = self.tokens(x, "forward_cached: ", &at)?;
         if !self.causal {
             return Err(at.input(

@@ -1,6 +1,7 @@
 //! [`Linear`]: `y = x·Wᵀ + b`. PyTorch: `nn.Linear`.
 
 use tl_session::{Param, Train};
+use tl_spec::Shape;
 
 use super::At;
 use crate::display::py_bool;
@@ -31,12 +32,7 @@ impl Linear {
         outputs: usize,
         bias: bool,
     ) -> Result<Self> {
-        if inputs == 0 || outputs == 0 {
-            return Err(usage(
-                "Linear::new",
-                format!("need at least one input and one output feature, got {inputs} → {outputs}"),
-            ));
-        }
+        check("Linear::new", inputs, outputs)?;
         let weight = vars.param("weight", &[outputs, inputs], Init::default_weight(inputs))?;
         let bias = if bias {
             Some(vars.param("bias", &[outputs], Init::default_bias(inputs))?)
@@ -47,13 +43,26 @@ impl Linear {
     }
 }
 
+/// An error naming `what` unless the layer has at least one input and one output feature.
+fn check(what: &'static str, inputs: usize, outputs: usize) -> Result<()> {
+    if inputs == 0 || outputs == 0 {
+        return Err(usage(
+            what,
+            format!("need at least one input and one output feature, got {inputs} → {outputs}"),
+        ));
+    }
+    Ok(())
+}
+
 impl Parameters for Linear {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         f(&self.weight);
         self.bias.visit_params(f);
     }
     fn extra_repr(&self) -> String {
-        let [outputs, inputs] = [0, 1].map(|i| self.weight.shape().dims()[i]);
+        // A weight of another rank (a public field) prints as 0 features, not a panic.
+        let dims = self.weight.shape().dims();
+        let [outputs, inputs] = [0, 1].map(|i| dims.get(i).copied().unwrap_or(0));
         format!(
             "in_features={inputs}, out_features={outputs}, bias={}",
             py_bool(self.bias.is_some())
@@ -65,9 +74,13 @@ impl<O: Train> Module<O> for Linear {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         let g = x.scope();
         let w = g.param(&self.weight)?;
-        let (outputs, inputs) = (self.weight.shape().dims()[0], self.weight.shape().dims()[1]);
-        let dims = x.dims().to_vec();
         let at = At::new(g.rt, self, &self.weight);
+        // The weight is a public field: checked as the constructor checks its sizes.
+        const WHAT: &str = "Linear::forward";
+        let d = at.param_dims(WHAT, "weight", &self.weight, 2..=2, "(out, in)")?;
+        let (outputs, inputs) = (d[0], d[1]);
+        check(WHAT, inputs, outputs).map_err(|e| at.op_error(e))?;
+        let dims = x.dims().to_vec();
         match dims.last() {
             None => {
                 return Err(at.input(format!(
@@ -77,7 +90,8 @@ impl<O: Train> Module<O> for Linear {
             }
             Some(&n) if n != inputs => {
                 // An image batch (N, C, H, W) whose C·H·W is the layer's width: not flattened.
-                let fix = if dims.len() > 2 && dims[1..].iter().product::<usize>() == inputs {
+                // (Saturating: an empty input's other axes may have a product past usize.)
+                let fix = if dims.len() > 2 && Shape::saturating_product(&dims[1..]) == inputs {
                     format!(
                         "; flatten it to ({}, {inputs}) first (a Flatten layer, or x.flatten_batch())",
                         dims[0]
@@ -93,7 +107,9 @@ impl<O: Train> Module<O> for Linear {
             Some(_) => {}
         }
         // The op takes (in) or (B, in); other ranks fold their leading axes into rows.
-        let rows: usize = dims[..dims.len() - 1].iter().product();
+        // Exact: the last axis is `inputs` ≥ 1, so an empty input has its zero among these
+        // axes (saturating only past a zero, never to a wrong count).
+        let rows = Shape::saturating_product(&dims[..dims.len() - 1]);
         let x2 = if dims.len() <= 2 {
             x.clone()
         } else {

@@ -86,6 +86,25 @@ impl<'a, O: Train> At<'a, O> {
         }
     }
 
+    /// The dims of `param`, the layer's parameter `name` (a public field), when it has a rank
+    /// in `ranks`; else an error naming the layer, `what`, the parameter's shape and `layout`
+    /// (what the layer takes: `(out, in)`), never a panic on an index.
+    pub(crate) fn param_dims<'p>(
+        &self,
+        what: &'static str,
+        name: &str,
+        param: &'p Param,
+        ranks: std::ops::RangeInclusive<usize>,
+        layout: &str,
+    ) -> Result<&'p [usize], Error> {
+        let dims = param.shape().dims();
+        if ranks.contains(&dims.len()) {
+            return Ok(dims);
+        }
+        let detail = format!("{name} has shape {}, expected {layout}", param.shape());
+        Err(self.op_error(crate::error::usage(what, detail)))
+    }
+
     /// An error of an op inside the layer, as [`Error::Layer`] naming the layer.
     pub(crate) fn op_error(&self, e: Error) -> Error {
         match e {

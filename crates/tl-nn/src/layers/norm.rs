@@ -6,7 +6,7 @@ use tl_spec::{Scalar, Shape, Typed};
 
 use super::{At, inv_std};
 use crate::display::{py_float, py_tuple};
-use crate::error::usage;
+use crate::error::{dims_product, usage};
 use crate::{Init, Module, Parameters, Result, Var, Vars};
 
 /// Normalisation over the last axis, or the last few ([`LayerNorm::over`]), (biased variance,
@@ -180,7 +180,7 @@ impl BatchNorm {
     fn as_4d<'g, O: Train>(&self, x: &Var<'g, O>) -> Result<(Var<'g, O>, usize, usize)> {
         let c = self.channels();
         let at = At::new(x.scope().rt, self, &self.weight);
-        let (n, rest) = channels_first(x, c, &at)?;
+        let (n, rest) = channels_first("BatchNorm::forward", x, c, &at)?;
         Ok((x.reshape(&[n, c, rest, 1])?, n, rest))
     }
 
@@ -263,14 +263,19 @@ fn last_axis<O: Train>(x: &Var<'_, O>, dim: usize, at: &At<'_, O>) -> Result<()>
 
 /// x's batch size N and the product R of its trailing axes, for a layer over the `c` channels
 /// of an (N, c, …) input; any other shape is an error naming the layer (`at`) and saying what
-/// it expected and what axis 1 held.
+/// it expected and what axis 1 held, and so is an empty input whose R overflows (naming
+/// `what`).
 pub(super) fn channels_first<O: Train>(
+    what: &'static str,
     x: &Var<'_, O>,
     c: usize,
     at: &At<'_, O>,
 ) -> Result<(usize, usize)> {
     match x.dims() {
-        [n, ch, rest @ ..] if *ch == c => Ok((*n, rest.iter().product::<usize>())),
+        [n, ch, rest @ ..] if *ch == c => {
+            let rest = dims_product(what, x.shape(), rest).map_err(|e| at.op_error(e))?;
+            Ok((*n, rest))
+        }
         dims => {
             let has = match dims {
                 [_, ch, ..] => format!(" (it has {ch} at axis 1)"),
@@ -391,7 +396,8 @@ pub struct GroupNorm {
     pub weight: Param,
     /// Shift (C), named `bias`.
     pub bias: Param,
-    /// Groups the channels are split into (divides C).
+    /// Groups the channels are split into (divides C; checked at every pass, as the
+    /// constructor checks it).
     pub groups: usize,
     /// ε added to the variance.
     pub eps: f64,
@@ -410,18 +416,7 @@ impl GroupNorm {
         channels: usize,
         eps: f64,
     ) -> Result<Self> {
-        if channels == 0
-            || groups == 0
-            || !channels.is_multiple_of(groups)
-            || !(eps > 0.0 && eps.is_finite())
-        {
-            return Err(usage(
-                "GroupNorm::new",
-                format!(
-                    "need channels ≥ 1, groups ≥ 1 dividing them and a finite ε > 0, got {groups} group(s), {channels} channel(s), ε {eps}"
-                ),
-            ));
-        }
+        check_groups("GroupNorm::new", groups, channels, eps)?;
         Ok(GroupNorm {
             weight: vars.param("weight", &[channels], Init::Ones)?,
             bias: vars.param("bias", &[channels], Init::Zeros)?,
@@ -430,9 +425,31 @@ impl GroupNorm {
         })
     }
 
+    /// C (0 for a weight of another rank, a public field: refused at use).
     fn channels(&self) -> usize {
-        self.weight.shape().dims()[0]
+        match self.weight.shape().dims() {
+            &[c] => c,
+            _ => 0,
+        }
     }
+}
+
+/// An error naming `what` unless `channels` ≥ 1, `groups` ≥ 1 divides them and ε is finite
+/// and > 0: [`GroupNorm`]'s constructor, and its forward on the public fields.
+fn check_groups(what: &'static str, groups: usize, channels: usize, eps: f64) -> Result<()> {
+    if channels == 0
+        || groups == 0
+        || !channels.is_multiple_of(groups)
+        || !(eps > 0.0 && eps.is_finite())
+    {
+        return Err(usage(
+            what,
+            format!(
+                "need channels ≥ 1, groups ≥ 1 dividing them and a finite ε > 0, got {groups} group(s), {channels} channel(s), ε {eps}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Parameters for GroupNorm {
@@ -455,10 +472,12 @@ impl<O: Train> Module<O> for GroupNorm {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
         let at = At::new(g.rt, self, &self.weight);
-        let c = self.channels();
-        let (n, rest) = channels_first(x, c, &at)?;
+        let what = "GroupNorm::forward";
+        // The fields are public: checked as the constructor checks them.
+        let c = at.param_dims(what, "weight", &self.weight, 1..=1, "(C)")?[0];
+        check_groups(what, self.groups, c, self.eps).map_err(|e| at.op_error(e))?;
+        let (n, rest) = channels_first(what, x, c, &at)?;
         let y = || -> Result<Var<'g, O>> {
-            let what = "GroupNorm::forward";
             let xhat = normalise_groups(what, x, (n, c, rest), self.groups, self.eps)?;
             let (gamma, beta) = (w.reshape(&[c, 1])?, b.reshape(&[c, 1])?);
             ((&xhat * &gamma)? + beta)?.reshape(x.dims())
@@ -480,8 +499,9 @@ pub(super) fn normalise_groups<'g, O: Train>(
     eps: f64,
 ) -> Result<Var<'g, O>> {
     let g = x.scope();
-    let len = c / groups * rest;
-    let rows = x.reshape(&[n * groups, len])?;
+    // Checked: an empty x's other sizes may be of any size.
+    let len = dims_product(what, x.shape(), &[c / groups, rest])?;
+    let rows = x.reshape(&[dims_product(what, x.shape(), &[n, groups])?, len])?;
     let row = Shape::new(&[len]);
     let ones = g.full(&[1], 1.0)?.broadcast_to(&row)?;
     let zeros = g.full(&[1], 0.0)?.broadcast_to(&row)?;

@@ -5,19 +5,22 @@
 use tl_session::Train;
 use tl_spec::{Scalar, Tensor};
 
+use crate::error::dims_product;
 use crate::{Result, Var};
 
 /// `m` (d, o) applied along axis `axis` of x: (pre, d, post) → (pre, o, post), one `matmul`
-/// (the axis moved last and back with `swapLastTwo` where it is not last already).
+/// (the axis moved last and back with `swapLastTwo` where it is not last already). An empty x
+/// whose pre or post overflows is an error naming `what`.
 pub(super) fn along_axis<'g, O: Train>(
+    what: &'static str,
     x: &Var<'g, O>,
     axis: usize,
     m: Tensor<O::T>,
 ) -> Result<Var<'g, O>> {
     let dims = x.dims().to_vec();
     let (d, o) = (dims[axis], m.shape().dims()[1]);
-    let pre: usize = dims[..axis].iter().product();
-    let post: usize = dims[axis + 1..].iter().product();
+    let pre = dims_product(what, x.shape(), &dims[..axis])?;
+    let post = dims_product(what, x.shape(), &dims[axis + 1..])?;
     let m = x.scope().constant(m)?;
     let mut out = dims.clone();
     out[axis] = o;
@@ -25,7 +28,9 @@ pub(super) fn along_axis<'g, O: Train>(
         return x.reshape(&[pre, d])?.matmul(&m)?.reshape(&out);
     }
     let last = x.reshape(&[pre, d, post])?.swap_last_two()?;
-    let y = last.reshape(&[pre * post, d])?.matmul(&m)?;
+    let y = last
+        .reshape(&[dims_product(what, x.shape(), &[pre, post])?, d])?
+        .matmul(&m)?;
     y.reshape(&[pre, post, o])?.swap_last_two()?.reshape(&out)
 }
 

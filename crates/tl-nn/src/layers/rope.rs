@@ -38,17 +38,18 @@ impl Rope {
         layout: RopeLayout::Interleaved,
     };
 
-    /// An error naming the layer unless `base` is finite and > 1 and the head size `dh` even.
-    pub(super) fn check(&self, dh: usize) -> Result<()> {
+    /// An error naming `what` (the call) unless `base` is finite and > 1 and the head size
+    /// `dh` even.
+    pub(super) fn check(&self, what: &'static str, dh: usize) -> Result<()> {
         if !(self.base.is_finite() && self.base > 1.0) {
             return Err(usage(
-                "MultiHeadAttention::with_rope",
+                what,
                 format!("the base must be finite and > 1, got {}", self.base),
             ));
         }
         if !dh.is_multiple_of(2) {
             return Err(usage(
-                "MultiHeadAttention::with_rope",
+                what,
                 format!("the head size {dh} must be even (features rotate in pairs)"),
             ));
         }

@@ -1,6 +1,7 @@
 //! [`SpectralConv1d`]: the Fourier layer of a 1-D Fourier neural operator (Li et al. 2021).
 
 use tl_session::{Param, Train};
+use tl_spec::Shape;
 
 use super::At;
 use crate::error::usage;
@@ -33,11 +34,13 @@ impl SpectralConv1d {
                 format!("need width ≥ 1 and modes ≥ 1, got width {width}, modes {modes}"),
             ));
         }
+        // The weights' size checked first: width² then cannot overflow.
+        let dims = [modes, width, width];
+        tl_spec::alloc::check_shape::<O::T>("SpectralConv1d::new", &Shape::new(&dims))?;
         let init = Init::Uniform {
             lo: 0.0,
             hi: 1.0 / (width * width) as f64,
         };
-        let dims = [modes, width, width];
         Ok(SpectralConv1d {
             weight_re: vars.param("weight_re", &dims, init)?,
             weight_im: vars.param("weight_im", &dims, init)?,
@@ -54,7 +57,7 @@ impl Parameters for SpectralConv1d {
     fn extra_repr(&self) -> String {
         format!(
             "width={}, modes={}",
-            self.weight_re.shape().dims()[1],
+            self.weight_re.shape().dims().get(1).copied().unwrap_or(0),
             self.modes
         )
     }
@@ -66,7 +69,10 @@ impl<O: Train> Module<O> for SpectralConv1d {
         let (re, im) = (g.param(&self.weight_re)?, g.param(&self.weight_im)?);
         let modes = self.modes;
         let at = At::new(g.rt, self, &self.weight_re);
-        let width = self.weight_re.shape().dims()[1];
+        // A public field: a weight of another rank is an error naming the layer.
+        let layout = "(modes, width, width)";
+        let what = "SpectralConv1d::forward";
+        let width = at.param_dims(what, "weight_re", &self.weight_re, 3..=3, layout)?[1];
         if !matches!(x.dims(), [_, w] | [_, _, w] if *w == width) {
             return Err(at.input(format!(
                 "input {} must be (grid, {width}) or (B, grid, {width}): channels last",

@@ -179,7 +179,8 @@ impl<O: Train> Module<O> for Upsample {
         let mut y = x.clone();
         for (axis, &s) in (2..).zip(&factors) {
             if s > 1 {
-                y = along_axis(&y, axis, linear_weights(dims[axis], s, align_corners)?)?;
+                let m = linear_weights(dims[axis], s, align_corners)?;
+                y = along_axis("Upsample::forward", &y, axis, m)?;
             }
         }
         Ok(y)

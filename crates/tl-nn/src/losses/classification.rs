@@ -5,7 +5,7 @@ use tl_session::Train;
 use tl_spec::{Scalar, Tensor};
 
 use super::{HUGE, Reduction, same_shape};
-use crate::error::usage;
+use crate::error::{dims_product, usage};
 use crate::{Labels, Result, Var};
 
 /// Binary cross-entropy of `logits` against `target` (probabilities in [0, 1], the same
@@ -179,14 +179,17 @@ fn classes_last<'g, O: Train>(
         return Ok((x.clone(), None));
     }
     let (n, c) = (dims[0], dims[1]);
-    let spatial: usize = dims[2..].iter().product();
-    if c != labels.classes() || n * spatial != labels.len() {
+    let mut positions = vec![n];
+    positions.extend_from_slice(&dims[2..]);
+    // Checked: an empty input's other axes may have a product past usize.
+    let spatial = dims_product(what, x.shape(), &dims[2..])?;
+    let count = dims_product(what, x.shape(), &positions)?;
+    if c != labels.classes() || count != labels.len() {
         return Err(usage(
             what,
             format!(
-                "input {} holds {} position(s) of {c} classes (axis 1), but the labels are {} value(s) of {} classes",
+                "input {} holds {count} position(s) of {c} classes (axis 1), but the labels are {} value(s) of {} classes",
                 x.shape(),
-                n * spatial,
                 labels.len(),
                 labels.classes()
             ),
@@ -195,9 +198,7 @@ fn classes_last<'g, O: Train>(
     let rows = x
         .reshape(&[n, c, spatial])?
         .swap_last_two()?
-        .reshape(&[n * spatial, c])?;
-    let mut positions = vec![n];
-    positions.extend_from_slice(&dims[2..]);
+        .reshape(&[count, c])?;
     Ok((rows, Some(positions)))
 }
 

@@ -73,7 +73,8 @@ pub struct ResNet {
 }
 
 impl ResNet {
-    /// The model's parameters under `vars`; a zero size is an error naming the config.
+    /// The model's parameters under `vars`; a zero size is an error naming the config, and so
+    /// is a model too large to hold (checked before any parameter is made).
     pub fn new<O: Train>(vars: &Vars<'_, O>, config: &ResNetConfig) -> Result<Self> {
         let c = *config;
         if c.in_channels == 0 || c.channels == 0 || c.classes == 0 {
@@ -82,6 +83,21 @@ impl ResNet {
                 format!("in_channels, channels and classes must be at least 1, got {c:?}"),
             ));
         }
+        let ch = c.channels;
+        crate::models::check_params::<O>(
+            "ResNet::new",
+            &c,
+            &[
+                // The stem conv and its BN (weight, bias, running mean and variance); per
+                // block two convs and two BNs; the head.
+                (1, &[ch, c.in_channels, 3, 3]),
+                (1, &[5, ch]),
+                (c.blocks, &[2, ch, ch, 3, 3]),
+                (c.blocks, &[10, ch]),
+                (1, &[c.classes, ch]),
+                (1, &[c.classes]),
+            ],
+        )?;
         let blocks = (0..c.blocks)
             .map(|k| BasicBlock::new(&vars.pp("blocks").pp(k), c.channels))
             .collect::<Result<Vec<_>>>()?;

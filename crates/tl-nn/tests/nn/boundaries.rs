@@ -476,3 +476,341 @@ fn accuracy_and_batches_take_batch_one_and_reject_zero() {
     all.labels(data::CLASSES).unwrap();
     error_naming(all.labels(9), &["Labels::new", "label 9", "9 classes"]);
 }
+
+/// A layer's public fields set after construction to what its constructor refuses (`heads`
+/// 0, a rope on an odd head size, a weight of another rank, `groups` 0, `channels` 0) are
+/// refused at use with an error naming the layer and the value, never a panic (a division by
+/// zero, an index, `rank − 2` underflowing), on both sessions.
+#[test]
+fn public_fields_are_checked_again_at_use() {
+    fn run<O: Train<T = f64>>(rt: &Runtime<O>, name: &str) {
+        use tl_nn::{InstanceNorm, KvCache, Rope, RopeLayout};
+        let v = rt.vars();
+        let x = tensor(&[2, 4], 1);
+        let mut m = MultiHeadAttention::new(&v.pp("a"), 4, 2, true).unwrap();
+        m.heads = 0;
+        let e = error_naming(
+            rt.eval(&m, |g| m.forward(&g.input(x.clone())?)),
+            &["MultiHeadAttention", "heads 0"],
+        );
+        assert!(e.contains("MultiHeadAttention::forward"), "{name}: {e}");
+        error_naming(
+            rt.eval(&m, |g| {
+                let x = g.input(x.clone())?;
+                m.forward_qkv(&x, &x, &x, None)
+            }),
+            &["MultiHeadAttention::forward_qkv", "heads 0"],
+        );
+        let mut cache = KvCache::new();
+        error_naming(
+            rt.eval(&m, |g| m.forward_cached(&g.input(x.clone())?, &mut cache)),
+            &["MultiHeadAttention::forward_cached", "heads 0"],
+        );
+        assert!(
+            cache.is_empty(),
+            "{name}: a refused chunk changed the cache"
+        );
+        error_naming(
+            m.clone().with_rope(Rope::DEFAULT),
+            &["MultiHeadAttention::with_rope", "heads 0"],
+        );
+        // kv_heads is checked as the constructor checks it.
+        m.heads = 2;
+        m.kv_heads = 3;
+        error_naming(
+            rt.eval(&m, |g| m.forward(&g.input(x.clone())?)),
+            &["MultiHeadAttention::forward", "kv_heads 3"],
+        );
+        // A rope set directly on head size 1 (odd): with_rope's check, at use.
+        let mut m = MultiHeadAttention::new(&v.pp("b"), 4, 4, true).unwrap();
+        let halves = Rope {
+            base: 10000.0,
+            layout: RopeLayout::Halves,
+        };
+        error_naming(m.clone().with_rope(halves), &["with_rope", "head size 1"]);
+        m.rope = Some(halves);
+        error_naming(
+            rt.eval(&m, |g| m.forward(&g.input(x.clone())?)),
+            &["MultiHeadAttention::forward", "head size 1 must be even"],
+        );
+        // A projection of another shape.
+        let mut m = MultiHeadAttention::new(&v.pp("c"), 4, 2, false).unwrap();
+        m.wk = v.param("odd_wk", &[4], tl_nn::Init::Ones).unwrap();
+        error_naming(
+            rt.eval(&m, |g| m.forward(&g.input(x.clone())?)),
+            &["MultiHeadAttention::forward", "wk has shape [4]", "[4, 4]"],
+        );
+
+        // GroupNorm with groups 0; InstanceNorm with channels 0 on an (N, 0, L) input.
+        let mut gn = GroupNorm::new(&v.pp("gn"), 2, 4).unwrap();
+        gn.groups = 0;
+        let x3 = tensor(&[2, 4, 3], 2);
+        error_naming(
+            rt.eval(&gn, |g| gn.forward(&g.input(x3.clone())?)),
+            &["GroupNorm \"gn\"", "GroupNorm::forward", "0 group(s)"],
+        );
+        gn.groups = 3;
+        error_naming(
+            rt.eval(&gn, |g| gn.forward(&g.input(x3.clone())?)),
+            &["GroupNorm::forward", "3 group(s), 4 channel(s)"],
+        );
+        let mut inorm = InstanceNorm::new(&v.pp("in"), 4).unwrap();
+        inorm.channels = 0;
+        error_naming(
+            rt.eval(&inorm, |g| {
+                inorm.forward(&g.input(Tensor::zeros([2, 0, 3]))?)
+            }),
+            &["InstanceNorm::forward", "0 channel(s)"],
+        );
+
+        // A weight of another rank in Linear, Conv and ConvTranspose.
+        let odd = v.param("odd", &[4], tl_nn::Init::Ones).unwrap();
+        let mut l = Linear::new(&v.pp("lin"), 4, 2).unwrap();
+        l.weight = odd.clone();
+        error_naming(
+            rt.eval(&l, |g| l.forward(&g.input(x.clone())?)),
+            &["Linear::forward", "weight has shape [4]", "(out, in)"],
+        );
+        assert!(
+            tl_nn::tree(&l).to_string().contains("in_features=0"),
+            "{name}"
+        );
+        let mut c = Conv::conv1d(&v.pp("conv"), 1, 1, 3, ConvConfig::default()).unwrap();
+        c.weight = odd.clone();
+        let xc = tensor(&[1, 1, 5], 3);
+        error_naming(
+            rt.eval(&c, |g| c.forward(&g.input(xc.clone())?)),
+            &["Conv::forward", "weight has shape [4]", "(out, in, k…)"],
+        );
+        let mut t = ConvTranspose::new(&v.pp("convt"), 1, 1, &[3], ConvConfig::default()).unwrap();
+        t.weight = odd;
+        error_naming(
+            rt.eval(&t, |g| t.forward(&g.input(xc.clone())?)),
+            &[
+                "ConvTranspose::forward",
+                "weight has shape [4]",
+                "(in, out, k…)",
+            ],
+        );
+        // The config is public too: a stride of 0, as the constructor refuses it.
+        let mut c = Conv::conv1d(&v.pp("conv0"), 1, 1, 3, ConvConfig::default()).unwrap();
+        c.config.stride = 0;
+        error_naming(
+            rt.eval(&c, |g| c.forward(&g.input(xc.clone())?)),
+            &["Conv::forward", "stride 0"],
+        );
+    }
+    run(&eager::<f64>(Backend::Cpu, 0), "eager");
+    run(&linked::<f64>(0), "linked");
+}
+
+/// Sizes are checked before they are multiplied and before anything of their size is made:
+/// a constructor's sizes whose product overflows, or a model of a huge count of blocks, is
+/// an error naming the constructor and the value (not an overflow panic, a capacity panic,
+/// or a long loop ending in an abort), and nothing was created.
+#[test]
+fn huge_sizes_are_errors_before_anything_is_made() {
+    use tl_nn::models::{Fno1d, FnoConfig, LmConfig, ResNet, ResNetConfig, TransformerLm};
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let v = rt.vars();
+    let huge = [1 << 32, 1 << 32];
+    error_naming(
+        Conv::new(&v.pp("c"), 1, 1, &huge, ConvConfig::default()),
+        &["Conv::new", "[1, 1, 4294967296, 4294967296]"],
+    );
+    error_naming(
+        ConvTranspose::new(&v.pp("t"), 1, 1, &huge, ConvConfig::default()),
+        &["ConvTranspose::new", "[1, 1, 4294967296, 4294967296]"],
+    );
+    error_naming(
+        SpectralConv1d::new(&v.pp("s"), 1 << 32, 1),
+        &["SpectralConv1d::new", "[1, 4294967296, 4294967296]"],
+    );
+    error_naming(
+        MultiHeadAttention::new(&v.pp("a"), usize::MAX, 1, false),
+        &["MultiHeadAttention::new", &usize::MAX.to_string()],
+    );
+    // Xavier's fan_in + fan_out of a caller's Init does not overflow either.
+    let init = tl_nn::Init::XavierUniform {
+        fan_in: usize::MAX,
+        fan_out: 1,
+    };
+    init.sample::<f64>(&[1], || Ok(0)).unwrap();
+
+    let fno = |layers: usize| FnoConfig {
+        in_channels: 1,
+        out_channels: 1,
+        width: 2,
+        modes: 2,
+        layers,
+        proj_hidden: 2,
+        exact_gelu: false,
+    };
+    error_naming(
+        Fno1d::new(&v.pp("fno"), &fno(usize::MAX)).map(|_| ()),
+        &["Fno1d::new", &format!("layers: {}", usize::MAX), "usize"],
+    );
+    error_naming(
+        Fno1d::new(&v.pp("fno"), &fno(1 << 40)).map(|_| ()),
+        &["Fno1d::new", "layers: 1099511627776", "too large"],
+    );
+    let resnet = ResNetConfig {
+        in_channels: 1,
+        channels: 1,
+        blocks: 1 << 40,
+        classes: 2,
+    };
+    error_naming(
+        ResNet::new(&v.pp("resnet"), &resnet).map(|_| ()),
+        &["ResNet::new", "blocks: 1099511627776", "too large"],
+    );
+    let lm = LmConfig {
+        vocab: 2,
+        context: 2,
+        d_model: 2,
+        heads: 1,
+        d_ff: 2,
+        blocks: 1 << 40,
+    };
+    error_naming(
+        TransformerLm::new(&v.pp("lm"), &lm).map(|_| ()),
+        &["TransformerLm::new", "blocks: 1099511627776", "too large"],
+    );
+    assert!(
+        rt.named_params().is_empty(),
+        "a refused layer or model made parameters: {:?}",
+        rt.named_params().iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    // The checks do not refuse the sizes that fit.
+    Fno1d::new(&v.pp("fno"), &fno(2)).unwrap();
+    ResNet::new(
+        &v.pp("resnet"),
+        &ResNetConfig {
+            blocks: 2,
+            ..resnet
+        },
+    )
+    .unwrap();
+    TransformerLm::new(&v.pp("lm"), &LmConfig { blocks: 2, ..lm }).unwrap();
+}
+
+/// Empty tensors whose other axes have a product past usize (valid: 0 elements) give the
+/// empty result where it is well defined, and else an error naming the call and the shape:
+/// never the overflow of an `iter().product()` of the axes.
+#[test]
+fn empty_tensors_with_huge_axes_never_overflow_a_product() {
+    use tl_nn::data::Dataset;
+    use tl_nn::losses::nll_loss;
+    use tl_nn::{AdaptiveAvgPool, InstanceNorm, Reduction, Upsample};
+    let big = 1usize << 33;
+    let empty = |dims: &[usize]| Tensor::<f64>::new(dims, vec![]).unwrap();
+    let rt = eager::<f64>(Backend::Cpu, 0);
+    let v = rt.vars();
+    // Linear: the rows of (2³³, 2³³, 0, 4) are 0.
+    let l = Linear::new(&v.pp("lin"), 4, 2).unwrap();
+    let y = rt
+        .eval(&l, |g| l.forward(&g.input(empty(&[big, big, 0, 4]))?))
+        .unwrap();
+    assert_eq!(y.shape().dims(), [big, big, 0, 2]);
+    error_naming(
+        rt.eval(&l, |g| l.forward(&g.input(empty(&[0, big, big, 3]))?)),
+        &["Linear", "has 3 features, expected 4"],
+    );
+    // softmax along an axis, cross-entropy's rows.
+    let shape = format!("[{big}, {big}, 0, 4]");
+    error_naming(
+        rt.eval(&l, |g| g.input(empty(&[big, big, 0, 4]))?.softmax_axis(2)),
+        &["softmax", &shape, "past usize"],
+    );
+    let labels = Labels::new(vec![], 3).unwrap();
+    error_naming(
+        rt.eval(&l, |g| {
+            g.input(empty(&[big, big, 0]))?.cross_entropy(&labels)
+        }),
+        &["Var::cross_entropy", &format!("[{big}, {big}, 0]")],
+    );
+    error_naming(
+        rt.eval(&l, |g| {
+            nll_loss(
+                &g.input(empty(&[0, 3, big, big]))?,
+                &labels,
+                None,
+                None,
+                Reduction::Mean,
+            )
+        }),
+        &["nll_loss", &format!("[0, 3, {big}, {big}]")],
+    );
+    // The channel-first norms: (0, C, 2³³, 2³³).
+    let x = || empty(&[0, 2, big, big]);
+    let gn = GroupNorm::new(&v.pp("gn"), 1, 2).unwrap();
+    error_naming(
+        rt.eval(&gn, |g| gn.forward(&g.input(x())?)),
+        &["GroupNorm::forward", &format!("[0, 2, {big}, {big}]")],
+    );
+    let inorm = InstanceNorm::new(&v.pp("in"), 2).unwrap();
+    error_naming(
+        rt.eval(&inorm, |g| inorm.forward(&g.input(x())?)),
+        &["InstanceNorm::forward", "past usize"],
+    );
+    let bn = BatchNorm::new(&v.pp("bn"), 2).unwrap();
+    error_naming(
+        rt.eval(&bn, |g| bn.forward(&g.input(x())?)),
+        &["BatchNorm::forward", "past usize"],
+    );
+    // Resampling along an axis.
+    let up = Upsample::bilinear(2, false).unwrap();
+    error_naming(
+        rt.eval(&up, |g| up.forward(&g.input(empty(&[big, big, 0, 4]))?)),
+        &["Upsample::forward", "past usize"],
+    );
+    let pool = AdaptiveAvgPool::new(&[1, big, big]).unwrap();
+    error_naming(
+        rt.eval(&pool, |g| {
+            pool.forward(&g.input(empty(&[0, 1, 5, big, big]))?)
+        }),
+        &["AdaptiveAvgPool::forward", "past usize"],
+    );
+    // A dataset row of an empty tensor.
+    let data = Tensor::<f32>::new([1, big, big, 0], vec![]).unwrap();
+    assert_eq!(
+        Dataset::get(&data, 0).unwrap().shape().dims(),
+        [big, big, 0]
+    );
+}
+
+/// Sizes that come from input are allocated fallibly and their products checked: sampling
+/// from an empty batch of a huge vocabulary, a permutation of a huge `n`, and a split shaped
+/// with sizes whose product wraps to its feature count.
+#[test]
+fn sizes_from_input_are_checked_before_allocating() {
+    let logits = Tensor::<f32>::new([0, 1 << 40], vec![]).unwrap();
+    let mut rng = tl_nn::Rng::new(0);
+    // No rows: no tokens (as argmax), and no order of 2⁴⁰ tokens allocated.
+    assert!(tl_nn::sample(&logits, 1.0, 5, &mut rng).unwrap().is_empty());
+    assert!(tl_nn::argmax(&logits).unwrap().is_empty());
+    error_naming(
+        data::try_permutation(usize::MAX, 0),
+        &["data::permutation", &usize::MAX.to_string()],
+    );
+    error_naming(
+        data::try_permutation(1 << 60, 0),
+        &["data::permutation", &(1usize << 60).to_string()],
+    );
+    assert_eq!(
+        data::try_permutation(10, 3).unwrap(),
+        data::permutation(10, 3)
+    );
+    let (train, _) = data::digits().unwrap();
+    // (2⁶³ + 1)·64 wraps to 64, the features of a digit.
+    let wraps = [(1 << 63) + 1, 64];
+    error_naming(
+        train.clone().shaped(&wraps),
+        &["Split::shaped", &format!("{wraps:?}"), "64 features"],
+    );
+    error_naming(
+        train.clone().shaped(&[0, 64]),
+        &["Split::shaped", "[0, 64]"],
+    );
+    assert_eq!(train.shaped(&[1, 8, 8]).unwrap().dims(), [1, 8, 8]);
+}
