@@ -49,9 +49,12 @@ impl PRelu {
         })
     }
 
-    /// The number of slopes.
+    /// The number of slopes (0 for a weight of another rank, a public field: refused at use).
     fn slopes(&self) -> usize {
-        self.weight.shape().dims()[0]
+        match self.weight.shape().dims() {
+            &[c] => c,
+            _ => 0,
+        }
     }
 }
 
@@ -72,7 +75,21 @@ impl<O: Train> Module<O> for PRelu {
         let g = x.scope();
         let w = g.param(&self.weight)?;
         let at = At::new(g.rt, self, &self.weight);
-        let c = self.slopes();
+        // The weight is a public field: one slope or one per channel, as the constructor makes.
+        let c = at.param_dims(
+            "PRelu::forward",
+            "weight",
+            &self.weight,
+            1..=1,
+            "(num_parameters)",
+        )?[0];
+        if c == 0 {
+            let e = usage(
+                "PRelu::forward",
+                "need num_parameters ≥ 1, got a weight of 0 slopes",
+            );
+            return Err(at.op_error(e));
+        }
         let dims = x.dims();
         // One slope: a scalar, broadcast to any x. Per channel: (C, 1, …) against (N, C, …).
         let slope_dims: Vec<usize> = match (c, dims) {

@@ -396,7 +396,8 @@ impl MultiHeadAttention {
         out_proj_weight: &Tensor<O::T>,
     ) -> Result<()> {
         self.check_ungrouped("MultiHeadAttention::load_pytorch")?;
-        let d = self.wq.shape().dims()[0];
+        // The public fields checked as a pass checks them (heads, the projections' shapes).
+        let (d, _) = self.sizes("MultiHeadAttention::load_pytorch")?;
         if in_proj_weight.shape().dims() != [3 * d, d] || out_proj_weight.shape().dims() != [d, d] {
             return Err(usage(
                 "MultiHeadAttention::load_pytorch",

@@ -38,7 +38,7 @@ impl Embedding {
     /// the table's size (the spec's totalised gather would give a zero row). PyTorch:
     /// `emb(torch.tensor(ids))`.
     pub fn forward<'g, O: Train>(&self, g: &Scope<'g, O>, ids: &[usize]) -> Result<Var<'g, O>> {
-        let num = self.weight.shape().dims()[0];
+        let [num, _] = self.table(g, "Embedding::forward")?;
         if let Some((i, &id)) = ids.iter().enumerate().find(|(_, id)| **id >= num) {
             return Err(At::new(g.rt, self, &self.weight).input(format!(
                 "id {id} at position {i} is out of range for a table of {num} rows (num_embeddings {num})"
@@ -73,9 +73,18 @@ impl Embedding {
             ));
         }
         let rows = self.forward(g, ids)?;
+        let [_, dim] = self.table(g, "Embedding::forward_shaped")?;
         let mut out = dims.to_vec();
-        out.push(self.weight.shape().dims()[1]);
+        out.push(dim);
         rows.reshape(&out)
+    }
+
+    /// The table's (num, dim): the weight is a public field, so checked at use as the
+    /// constructor makes it (rank 2); an error naming the layer and `what` otherwise.
+    fn table<O: Train>(&self, g: &Scope<'_, O>, what: &'static str) -> Result<[usize; 2]> {
+        let at = At::new(g.rt, self, &self.weight);
+        let d = at.param_dims(what, "weight", &self.weight, 2..=2, "(num_embeddings, dim)")?;
+        Ok([d[0], d[1]])
     }
 
     /// The rows at a batch of equally long id sequences, as `(B, n, dim)`. PyTorch: `emb(ids)`
@@ -112,7 +121,8 @@ impl Parameters for Embedding {
         f(&self.weight);
     }
     fn extra_repr(&self) -> String {
-        let d = self.weight.shape().dims();
-        format!("{}, {}", d[0], d[1])
+        // A weight of another rank (a public field) prints its missing sizes as 0.
+        let d = |i: usize| self.weight.shape().dims().get(i).copied().unwrap_or(0);
+        format!("{}, {}", d(0), d(1))
     }
 }

@@ -50,23 +50,30 @@ impl LayerNorm {
         normalized_shape: &[usize],
         eps: f64,
     ) -> Result<Self> {
-        if normalized_shape.is_empty()
-            || normalized_shape.contains(&0)
-            || !(eps > 0.0 && eps.is_finite())
-        {
-            return Err(usage(
-                "LayerNorm::new",
-                format!(
-                    "need a normalised shape of sizes ≥ 1 and a finite ε > 0, got normalized_shape {normalized_shape:?}, ε {eps}"
-                ),
-            ));
-        }
+        check_layer_norm("LayerNorm::new", normalized_shape, eps)?;
         Ok(LayerNorm {
             weight: vars.param("weight", normalized_shape, Init::Ones)?,
             bias: vars.param("bias", normalized_shape, Init::Zeros)?,
             eps,
         })
     }
+}
+
+/// An error naming `what` unless the normalised shape has at least one axis, each of size ≥ 1,
+/// and ε is finite and > 0: [`LayerNorm`]'s constructor, and its forward on the public fields.
+fn check_layer_norm(what: &'static str, normalized_shape: &[usize], eps: f64) -> Result<()> {
+    if normalized_shape.is_empty()
+        || normalized_shape.contains(&0)
+        || !(eps > 0.0 && eps.is_finite())
+    {
+        return Err(usage(
+            what,
+            format!(
+                "need a normalised shape of sizes ≥ 1 and a finite ε > 0, got normalized_shape {normalized_shape:?}, ε {eps}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Parameters for LayerNorm {
@@ -90,6 +97,8 @@ impl<O: Train> Module<O> for LayerNorm {
         let at = At::new(g.rt, self, &self.weight);
         let shape = self.weight.shape().dims();
         let eps = self.eps;
+        // The fields are public: checked as the constructor checks them.
+        check_layer_norm("LayerNorm::forward", shape, eps).map_err(|e| at.op_error(e))?;
         let norm = |x: &Var<'g, O>, w: &Var<'g, O>, b: &Var<'g, O>| {
             x.op("LayerNorm::forward", &[w, b], |s| {
                 s.layer_norm(x.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
@@ -154,14 +163,7 @@ impl BatchNorm {
         eps: f64,
         momentum: f64,
     ) -> Result<Self> {
-        if channels == 0 || !(eps > 0.0 && eps.is_finite()) || !(0.0..=1.0).contains(&momentum) {
-            return Err(usage(
-                "BatchNorm::new",
-                format!(
-                    "need channels ≥ 1, a finite ε > 0 and momentum in [0, 1], got {channels}, ε {eps}, momentum {momentum}"
-                ),
-            ));
-        }
+        check_batch_norm("BatchNorm::new", channels, eps, momentum)?;
         Ok(BatchNorm {
             weight: vars.param("weight", &[channels], Init::Ones)?,
             bias: vars.param("bias", &[channels], Init::Zeros)?,
@@ -172,16 +174,23 @@ impl BatchNorm {
         })
     }
 
+    /// C (0 for a weight of another rank, a public field: refused at use).
     fn channels(&self) -> usize {
-        self.weight.shape().dims()[0]
+        match self.weight.shape().dims() {
+            &[c] => c,
+            _ => 0,
+        }
     }
 
-    /// x as (N, C, R, 1) (the op's batched layout), with N and R.
-    fn as_4d<'g, O: Train>(&self, x: &Var<'g, O>) -> Result<(Var<'g, O>, usize, usize)> {
-        let c = self.channels();
+    /// x as (N, C, R, 1) (the op's batched layout), with C, N and R, after the constructor's
+    /// checks on the public fields (the weight's shape, ε, the momentum).
+    fn as_4d<'g, O: Train>(&self, x: &Var<'g, O>) -> Result<(Var<'g, O>, [usize; 3])> {
+        const WHAT: &str = "BatchNorm::forward";
         let at = At::new(x.scope().rt, self, &self.weight);
-        let (n, rest) = channels_first("BatchNorm::forward", x, c, &at)?;
-        Ok((x.reshape(&[n, c, rest, 1])?, n, rest))
+        let c = at.param_dims(WHAT, "weight", &self.weight, 1..=1, "(C)")?[0];
+        check_batch_norm(WHAT, c, self.eps, self.momentum).map_err(|e| at.op_error(e))?;
+        let (n, rest) = channels_first(WHAT, x, c, &at)?;
+        Ok((x.reshape(&[n, c, rest, 1])?, [c, n, rest]))
     }
 
     /// Update the running statistics from the batch moments of x4 (N, C, R, 1): the op
@@ -189,14 +198,33 @@ impl BatchNorm {
     /// buffers from it (`Train::update_running`, PyTorch's rule in f64; one kernel on a CUDA
     /// backend) run where x and the statistics live, so on a CUDA backend nothing is read back
     /// or uploaded.
-    fn update_running<O: Train>(&self, x4: &Var<'_, O>, rt: &crate::Runtime<O>) -> Result<()> {
+    fn update_running<O: Train>(
+        &self,
+        x4: &Var<'_, O>,
+        c: usize,
+        rt: &crate::Runtime<O>,
+    ) -> Result<()> {
         let at = || At::new(rt, self, &self.weight);
-        let count = x4.shape().numel() / self.channels();
+        let count = x4.shape().numel() / c;
         let moments = (x4.detach()?.batch_moments()).map_err(|e| at().op_error(e))?;
         let buffers = [&self.running_mean, &self.running_var];
         let (layer, moments) = (at().label(), moments.tensor_ref());
         rt.update_running(layer, buffers, moments, self.momentum, count)
     }
+}
+
+/// An error naming `what` unless `channels` ≥ 1, ε is finite and > 0 and the momentum is in
+/// [0, 1]: [`BatchNorm`]'s constructor, and its forward on the public fields.
+fn check_batch_norm(what: &'static str, channels: usize, eps: f64, momentum: f64) -> Result<()> {
+    if channels == 0 || !(eps > 0.0 && eps.is_finite()) || !(0.0..=1.0).contains(&momentum) {
+        return Err(usage(
+            what,
+            format!(
+                "need channels ≥ 1, a finite ε > 0 and momentum in [0, 1], got {channels}, ε {eps}, momentum {momentum}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Parameters for BatchNorm {
@@ -220,8 +248,7 @@ impl<O: Train> Module<O> for BatchNorm {
     fn forward<'g>(&self, x: &Var<'g, O>) -> Result<Var<'g, O>> {
         let g = x.scope();
         let (w, b) = (g.param(&self.weight)?, g.param(&self.bias)?);
-        let (x4, n, r) = self.as_4d(x)?;
-        let c = self.channels();
+        let (x4, [c, n, r]) = self.as_4d(x)?;
         let y = if g.training() {
             let eps = self.eps;
             let y = x4
@@ -229,7 +256,7 @@ impl<O: Train> Module<O> for BatchNorm {
                     s.batchnorm_channel_first(x4.tensor_ref(), w.tensor_ref(), b.tensor_ref(), eps)
                 })
                 .map_err(|e| At::new(g.rt, self, &self.weight).op_error(e))?;
-            self.update_running(&x4, g.rt)?;
+            self.update_running(&x4, c, g.rt)?;
             y
         } else {
             // (x − running_mean)·(1/√(running_var + ε))·γ + β, the statistics read where they
@@ -319,15 +346,7 @@ impl RmsNorm {
     }
 
     fn make<O: Train>(vars: &Vars<'_, O>, dim: usize, eps: Option<f64>) -> Result<Self> {
-        if dim == 0 || eps.is_some_and(|e| !(e > 0.0 && e.is_finite())) {
-            return Err(usage(
-                "RmsNorm::new",
-                format!(
-                    "need dim ≥ 1 and a finite ε > 0, got dim {dim}, ε {}",
-                    eps.map_or("None".into(), |e| e.to_string())
-                ),
-            ));
-        }
+        check_rms_norm("RmsNorm::new", dim, eps)?;
         Ok(RmsNorm {
             weight: vars.param("weight", &[dim], Init::Ones)?,
             eps,
@@ -351,6 +370,21 @@ fn machine_eps<T: Scalar>() -> f64 {
     }
 }
 
+/// An error naming `what` unless `dim` ≥ 1 and ε, where given, is finite and > 0:
+/// [`RmsNorm`]'s constructor, and its forward on the public fields.
+fn check_rms_norm(what: &'static str, dim: usize, eps: Option<f64>) -> Result<()> {
+    if dim == 0 || eps.is_some_and(|e| !(e > 0.0 && e.is_finite())) {
+        return Err(usage(
+            what,
+            format!(
+                "need dim ≥ 1 and a finite ε > 0, got dim {dim}, ε {}",
+                eps.map_or("None".into(), |e| e.to_string())
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Parameters for RmsNorm {
     fn visit_params(&self, f: &mut dyn FnMut(&Param)) {
         f(&self.weight);
@@ -361,7 +395,7 @@ impl Parameters for RmsNorm {
     fn extra_repr(&self) -> String {
         format!(
             "({},), eps={}, elementwise_affine=True",
-            self.weight.shape().dims()[0],
+            self.weight.shape().dims().first().copied().unwrap_or(0),
             self.eps.map_or("None".into(), py_float)
         )
     }
@@ -372,7 +406,11 @@ impl<O: Train> Module<O> for RmsNorm {
         let g = x.scope();
         let w = g.param(&self.weight)?;
         let at = At::new(g.rt, self, &self.weight);
-        last_axis(x, self.weight.shape().dims()[0], &at)?;
+        // The fields are public: checked as the constructor checks them.
+        const WHAT: &str = "RmsNorm::forward";
+        let dim = at.param_dims(WHAT, "weight", &self.weight, 1..=1, "(dim)")?[0];
+        check_rms_norm(WHAT, dim, self.eps).map_err(|e| at.op_error(e))?;
+        last_axis(x, dim, &at)?;
         let eps = self.eps.unwrap_or_else(machine_eps::<O::T>);
         x.op("RmsNorm::forward", &[&w], |s| {
             s.rms_norm(x.tensor_ref(), w.tensor_ref(), eps)

@@ -5,7 +5,8 @@
 
 use tl_nn::{
     AvgPool, BatchNorm, Conv, ConvConfig, ConvTranspose, Dropout, Embedding, GroupNorm, Labels,
-    LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, RmsNorm, Runtime, SpectralConv1d, data,
+    LayerNorm, Linear, MaxPool, Module, MultiHeadAttention, PRelu, RmsNorm, Runtime,
+    SpectralConv1d, data,
 };
 use tl_session::{Backend, Train};
 use tl_spec::Tensor;
@@ -599,6 +600,74 @@ fn public_fields_are_checked_again_at_use() {
             rt.eval(&c, |g| c.forward(&g.input(xc.clone())?)),
             &["Conv::forward", "stride 0"],
         );
+
+        // The norms, PReLU and Embedding: a weight of another rank (a scalar), and ε or the
+        // momentum out of range, refused at use as their constructors refuse them.
+        let scalar = v.param("scalar", &[], tl_nn::Init::Ones).unwrap();
+        let mut bn = BatchNorm::new(&v.pp("bn"), 4).unwrap();
+        bn.weight = scalar.clone();
+        error_naming(
+            rt.forward_train(&bn, |g| bn.forward(&g.input(x3.clone())?)),
+            &["BatchNorm::forward", "weight has shape []", "(C)"],
+        );
+        assert!(
+            tl_nn::tree(&bn).to_string().contains("BatchNorm(0,"),
+            "{name}"
+        );
+        let mut bn = BatchNorm::new(&v.pp("bn2"), 4).unwrap();
+        bn.momentum = f64::NAN;
+        error_naming(
+            rt.forward_train(&bn, |g| bn.forward(&g.input(x3.clone())?)),
+            &["BatchNorm::forward", "momentum NaN"],
+        );
+        bn.momentum = 0.1;
+        bn.eps = 0.0;
+        error_naming(
+            rt.eval(&bn, |g| bn.forward(&g.input(x3.clone())?)),
+            &["BatchNorm::forward", "ε 0"],
+        );
+        let mut ln = LayerNorm::new(&v.pp("ln"), 4).unwrap();
+        ln.eps = -1.0;
+        error_naming(
+            rt.eval(&ln, |g| ln.forward(&g.input(x.clone())?)),
+            &["LayerNorm::forward", "ε -1"],
+        );
+        ln.eps = 1e-5;
+        ln.weight = scalar.clone();
+        error_naming(
+            rt.eval(&ln, |g| ln.forward(&g.input(x.clone())?)),
+            &["LayerNorm::forward", "normalized_shape []"],
+        );
+        let mut rms = RmsNorm::new(&v.pp("rms"), 4).unwrap();
+        rms.weight = scalar.clone();
+        error_naming(
+            rt.eval(&rms, |g| rms.forward(&g.input(x.clone())?)),
+            &["RmsNorm::forward", "weight has shape []", "(dim)"],
+        );
+        assert!(tl_nn::tree(&rms).to_string().contains("(0,)"), "{name}");
+        let mut rms = RmsNorm::new(&v.pp("rms2"), 4).unwrap();
+        rms.eps = Some(f64::INFINITY);
+        error_naming(
+            rt.eval(&rms, |g| rms.forward(&g.input(x.clone())?)),
+            &["RmsNorm::forward", "ε inf"],
+        );
+        let mut pr = PRelu::new(&v.pp("pr"), 4).unwrap();
+        pr.weight = scalar.clone();
+        error_naming(
+            rt.eval(&pr, |g| pr.forward(&g.input(x3.clone())?)),
+            &["PRelu::forward", "weight has shape []"],
+        );
+        let mut emb = Embedding::new(&v.pp("emb"), 5, 4).unwrap();
+        emb.weight = scalar;
+        error_naming(
+            rt.eval(&emb, |g| emb.forward(g, &[0, 1])),
+            &[
+                "Embedding::forward",
+                "weight has shape []",
+                "(num_embeddings, dim)",
+            ],
+        );
+        assert!(tl_nn::tree(&emb).to_string().contains("0, 0"), "{name}");
     }
     run(&eager::<f64>(Backend::Cpu, 0), "eager");
     run(&linked::<f64>(0), "linked");
