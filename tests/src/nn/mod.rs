@@ -16,6 +16,7 @@
 
 mod build;
 mod reference;
+pub(crate) use reference::pool_op;
 mod strategy;
 
 use build::{Built, Keys};

@@ -55,21 +55,7 @@ impl LayerSpec {
                 ..
             } => {
                 let d = kernel.len();
-                let (kernel, stride, padding) =
-                    (kernel.clone(), vec![*stride; d], vec![*padding; d]);
-                let op = if *avg {
-                    Op::AvgPool {
-                        kernel,
-                        stride,
-                        padding,
-                    }
-                } else {
-                    Op::MaxPool {
-                        kernel,
-                        stride,
-                        padding,
-                    }
-                };
+                let op = pool_op(*avg, kernel.clone(), vec![*stride; d], vec![*padding; d]);
                 b.apply(op, &[x()?])
             }
             LayerSpec::LayerNorm {
@@ -459,5 +445,27 @@ fn linear_ref(
             b.apply(Op::Add, &[y, bb])
         }
         None => Ok(y),
+    }
+}
+
+/// The average (`avg`) or max pool op of these windows.
+pub(crate) fn pool_op(
+    avg: bool,
+    kernel: Vec<usize>,
+    stride: Vec<usize>,
+    padding: Vec<usize>,
+) -> Op {
+    if avg {
+        Op::AvgPool {
+            kernel,
+            stride,
+            padding,
+        }
+    } else {
+        Op::MaxPool {
+            kernel,
+            stride,
+            padding,
+        }
     }
 }

@@ -101,20 +101,7 @@ pub fn oversized_cases() -> Vec<(&'static str, GraphCase)> {
 /// A pool whose window holds 2⁶⁴ cells, almost all padding: a valid shape (padding half the
 /// kernel, PyTorch's rule), a (1, 2, 2) output, and a kernel volume that overflows `usize`.
 fn huge_window(avg: bool) -> Op {
-    let (kernel, stride, padding) = (vec![1 << 32; 2], vec![1; 2], vec![1 << 31; 2]);
-    if avg {
-        Op::AvgPool {
-            kernel,
-            stride,
-            padding,
-        }
-    } else {
-        Op::MaxPool {
-            kernel,
-            stride,
-            padding,
-        }
-    }
+    crate::nn::pool_op(avg, vec![1 << 32; 2], vec![1; 2], vec![1 << 31; 2])
 }
 
 /// A small good case run after the refusals: `add` of two (2, 3) leaves.
