@@ -84,7 +84,8 @@ impl Emulator {
         Ok(self)
     }
 
-    /// Add `cu`, its kernel names read from the source (`extern "C" __global__ void NAME(`).
+    /// Add `cu`, its kernel names read from the source (each `extern "C" __global__ void NAME(`
+    /// that defines a kernel; a prototype ending in `;` is skipped: [`crate::source_entries`]).
     pub fn source(self, cu: impl AsRef<Path>) -> Result<Self, Error> {
         let cu = cu.as_ref();
         let names = ptx::source_entries(&String::from_utf8_lossy(&read(cu)?));
@@ -175,6 +176,7 @@ impl Emulator {
                 self.lib
             )));
         }
+        self.check_unique_kernels()?;
         let out = PathBuf::from(
             env::var("OUT_DIR")
                 .map_err(|_| Error::new("OUT_DIR is not set: call from a build script"))?,
@@ -314,6 +316,26 @@ impl Emulator {
             .try_compile(&self.lib)
             .map_err(|e| Error::new(format!("emulator library {}: {e}", self.lib)))
     }
+
+    /// Every kernel name once in the library: a name given twice (by two sources, or twice
+    /// for one) is an error naming the library, the kernel and both sources, at build time
+    /// (the runtime would refuse every launch of the library's kernels).
+    fn check_unique_kernels(&self) -> Result<(), Error> {
+        let mut seen: std::collections::HashMap<&str, &Path> = std::collections::HashMap::new();
+        for unit in &self.units {
+            for k in &unit.kernels {
+                if let Some(first) = seen.insert(k, &unit.source) {
+                    return Err(Error::new(format!(
+                        "emulator library {}: kernel {k} is given twice, by {} and by {}; a kernel name must be unique in its library (rename one, or build it into another Emulator library)",
+                        self.lib,
+                        first.display(),
+                        unit.source.display()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One source's translation unit: the source inside namespace `ns` (after the head of its
@@ -362,6 +384,43 @@ fn ident(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kernel name given twice in one library is refused when the library is built (before
+    /// `OUT_DIR` is looked at), naming the library, the kernel and both sources; a prototype
+    /// before the definition is not a second name.
+    #[test]
+    fn a_kernel_name_twice_in_one_library_is_refused_at_build_time() {
+        let d = std::env::temp_dir().join(format!("tl-cuda-build-emu-dup-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        let (a, b) = (d.join("a.cu"), d.join("b.cu"));
+        fs::write(
+            &a,
+            "extern \"C\" __global__ void k(float*);\n\
+             extern \"C\" __global__ void k(float* y) { y[0] = 1; }\n",
+        )
+        .unwrap();
+        fs::write(&b, "extern \"C\" __global__ void k(float* y) {}\n").unwrap();
+        let one = Emulator::new("mine").source(&a).unwrap();
+        assert_eq!(one.units[0].kernels, ["k"]);
+        let e = one.source(&b).unwrap().compile().unwrap_err().to_string();
+        let (a, b) = (a.canonicalize().unwrap(), b.canonicalize().unwrap());
+        assert!(
+            e.contains("emulator library mine")
+                && e.contains("kernel k is given twice")
+                && e.contains(&a.display().to_string())
+                && e.contains(&b.display().to_string()),
+            "{e}"
+        );
+        let e = Emulator::new("mine")
+            .source_with(&a, vec!["k".into(), "k".into()])
+            .unwrap()
+            .compile()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kernel k is given twice"), "{e}");
+        let _ = fs::remove_dir_all(&d);
+    }
 
     /// The runtime defines the functions the poisoning macros call (shared.rs checks the
     /// macros against the header).

@@ -1,7 +1,9 @@
 //! A set of kernel sources with their committed PTX and hash manifest.
 
 use std::fs;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::nvcc::{NVCC_FLAGS, Nvcc};
 use crate::{Error, hash, ptx};
@@ -91,6 +93,12 @@ impl Kernels {
 
     /// Every source to its PTX with `nvcc` and [`NVCC_FLAGS`], each PTX checked for its ISA
     /// version, then the manifest. Returns the PTX files written.
+    ///
+    /// The committed files are replaced only once every source has compiled and passed the
+    /// check: nvcc writes each PTX to a temporary file beside its target, which is renamed over
+    /// it at the end, and the manifest is written the same way (`write_atomic`). A failed or
+    /// interrupted nvcc leaves the committed PTX and `MANIFEST` as they were, not truncated
+    /// (and, unless the process is killed, no temporary file).
     pub fn generate_ptx(&self, nvcc: &Nvcc) -> Result<Vec<PathBuf>, Error> {
         fs::create_dir_all(&self.ptx_dir)
             .map_err(|e| Error::new(format!("{}: {e}", self.ptx_dir.display())))?;
@@ -101,23 +109,45 @@ impl Kernels {
             nvcc.release(),
             NVCC_FLAGS.join(" ")
         );
-        let mut written = Vec::new();
+        // (temporary file, target) per source, in order; every temporary file left is removed.
+        let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let remove = |staged: &[(PathBuf, PathBuf)]| {
+            for (tmp, _) in staged {
+                let _ = fs::remove_file(tmp);
+            }
+        };
         for src in &self.sources {
             let out = self.ptx_path(src);
+            let tmp = temp_beside(&out);
+            staged.push((tmp.clone(), out.clone()));
             eprintln!("nvcc {} -> {}", src.display(), out.display());
-            nvcc.ptx(src, &out)?;
-            let text = read(&out)?;
-            ptx::check_version(&display(&out), &String::from_utf8_lossy(&text))?;
-            manifest.push_str(&format!(
-                "{} {} {}\n",
-                file_name(src),
-                self.source_hash(src)?,
-                hash::hex(&text)
-            ));
-            written.push(out);
+            let compiled = nvcc.ptx(src, &tmp).and_then(|()| {
+                let text = read(&tmp)?;
+                ptx::check_version(&display(&out), &String::from_utf8_lossy(&text))?;
+                Ok(format!(
+                    "{} {} {}\n",
+                    file_name(src),
+                    self.source_hash(src)?,
+                    hash::hex(&text)
+                ))
+            });
+            match compiled {
+                Ok(line) => manifest.push_str(&line),
+                Err(e) => {
+                    remove(&staged);
+                    return Err(e);
+                }
+            }
         }
-        let path = self.manifest_path();
-        fs::write(&path, manifest).map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
+        let mut written = Vec::new();
+        for (k, (tmp, out)) in staged.iter().enumerate() {
+            if let Err(e) = sync_and_rename(tmp, out) {
+                remove(&staged[k..]);
+                return Err(e);
+            }
+            written.push(out.clone());
+        }
+        write_atomic(&self.manifest_path(), manifest.as_bytes())?;
         Ok(written)
     }
 
@@ -229,6 +259,55 @@ fn display(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// Where the next content of `path` is written before it replaces `path`: a name in the same
+/// directory (so the rename is atomic), `.<stem>.tmp-<pid>-<n>` followed by `path`'s extension
+/// (nvcc is given it as `-o`; the extension keeps the output's kind).
+fn temp_beside(path: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    path.with_file_name(format!(
+        ".{}.tmp-{}-{}{ext}",
+        stem(path),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// Make the finished temporary file `tmp` durable and rename it over `path`; on failure `tmp`
+/// is removed and `path` is as it was.
+fn sync_and_rename(tmp: &Path, path: &Path) -> Result<(), Error> {
+    let done = fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| fs::rename(tmp, path));
+    done.map_err(|e| {
+        let _ = fs::remove_file(tmp);
+        Error::new(format!("cannot write {}: {e}", path.display()))
+    })
+}
+
+/// Write `bytes` to `path` atomically: a temporary file beside it ([`temp_beside`], created
+/// exclusively), synced, renamed over it. On any failure the temporary file is removed and
+/// `path` is as it was.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let tmp = temp_beside(path);
+    let failed = |e: std::io::Error| Error::new(format!("cannot write {}: {e}", path.display()));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(failed)?;
+    if let Err(e) = f.write_all(bytes) {
+        drop(f);
+        let _ = fs::remove_file(&tmp);
+        return Err(failed(e));
+    }
+    drop(f);
+    sync_and_rename(&tmp, path)
+}
+
 pub(crate) fn read(p: &Path) -> Result<Vec<u8>, Error> {
     fs::read(p).map_err(|e| Error::new(format!("cannot read {}: {e}", p.display())))
 }
@@ -298,6 +377,84 @@ mod tests {
         assert!(e.to_string().contains("gone.cu"), "{e}");
         assert_eq!(format!("{e:?}"), e.to_string());
         let _ = fs::remove_dir_all(&d);
+    }
+
+    /// A stand-in for nvcc 13.0 in `d`: `--version` as the pinned release prints it; a
+    /// compile writes `ptx` to the `-o` file (a part of it and exit 1 when `fail`).
+    #[cfg(unix)]
+    fn fake_nvcc(d: &Path, name: &str, ptx: &str, fail: bool) -> Nvcc {
+        use std::os::unix::fs::PermissionsExt;
+        let script = d.join(name);
+        let body = format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, V13.0.88'; exit 0; fi\n\
+             while [ $# -gt 1 ]; do if [ \"$1\" = -o ]; then out=\"$2\"; fi; shift; done\n\
+             printf '{}' > \"$out\"\n\
+             exit {}\n",
+            if fail { &ptx[..ptx.len() / 2] } else { ptx },
+            u8::from(fail)
+        );
+        fs::write(&script, body).unwrap();
+        fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+        // A fork elsewhere in the test process may hold the script open for a moment
+        // ("Text file busy"): try again.
+        for _ in 0..50 {
+            match Nvcc::at(&script) {
+                Ok(n) => return n,
+                Err(e) if e.to_string().contains("busy") => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("{} stays busy", script.display());
+    }
+
+    /// The names in `d`, sorted.
+    fn listing(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A failed nvcc (here: one that writes half a PTX, then fails) or a PTX the check refuses
+    /// leaves the committed PTX and MANIFEST as they were and no temporary file; a good run
+    /// replaces both (nvcc wrote `-o <ptx_dir>/<stem>.ptx` directly, and the MANIFEST in
+    /// place: an interrupted run left them truncated).
+    #[cfg(unix)]
+    #[test]
+    fn generate_ptx_replaces_the_committed_files_only_when_everything_compiled() {
+        let d = scratch("generate");
+        let tools = scratch("generate-tools");
+        let k = fake_set(&d, "9.0");
+        let (ptx, manifest) = (
+            fs::read(d.join("k.ptx")).unwrap(),
+            fs::read(d.join("MANIFEST")).unwrap(),
+        );
+        let before = listing(&d);
+        let new_ptx = ".version 9.0\n.visible .entry k(\n// regenerated\n";
+        for (name, text, fail) in [
+            ("fails", new_ptx, true),
+            ("too-new", ".version 9.1\n.visible .entry k(\n", false),
+        ] {
+            let nvcc = fake_nvcc(&tools, name, text, fail);
+            let e = k.generate_ptx(&nvcc).unwrap_err().to_string();
+            assert!(e.contains("k.cu") || e.contains("k.ptx"), "{name}: {e}");
+            assert_eq!(fs::read(d.join("k.ptx")).unwrap(), ptx, "{name}");
+            assert_eq!(fs::read(d.join("MANIFEST")).unwrap(), manifest, "{name}");
+            assert_eq!(listing(&d), before, "{name}: a temporary file is left");
+        }
+        let nvcc = fake_nvcc(&tools, "good", new_ptx, false);
+        assert_eq!(k.generate_ptx(&nvcc).unwrap(), [d.join("k.ptx")]);
+        assert_eq!(fs::read_to_string(d.join("k.ptx")).unwrap(), new_ptx);
+        assert_ne!(fs::read(d.join("MANIFEST")).unwrap(), manifest);
+        assert_eq!(k.check().unwrap(), 1);
+        assert_eq!(listing(&d), before, "a temporary file is left");
+        let _ = fs::remove_dir_all(&d);
+        let _ = fs::remove_dir_all(&tools);
     }
 
     #[test]

@@ -44,21 +44,73 @@ pub fn entries(ptx: &str) -> Vec<String> {
 
 /// The kernel names of a CUDA C source: every line that starts with
 /// `extern "C" __global__ void NAME(` (the project's convention; `__launch_bounds__(..)` may
-/// follow `__global__`), in file order.
+/// follow `__global__`) and defines the kernel, in file order. A declaration (a prototype: its
+/// parameter list, which may span lines, followed by `;` rather than a body) is skipped, so a
+/// kernel declared before its definition is named once.
 pub fn source_entries(src: &str) -> Vec<String> {
-    src.lines()
-        .filter_map(|l| l.trim_start().strip_prefix("extern \"C\" __global__ "))
-        .filter_map(|rest| {
-            let rest = rest.trim_start();
-            let rest = match rest.strip_prefix("__launch_bounds__(") {
-                Some(r) => r.split_once(')')?.1.trim_start(),
-                None => rest,
-            };
-            rest.strip_prefix("void ")?.split('(').next()
-        })
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect()
+    let mut names = Vec::new();
+    let mut start = 0;
+    for line in src.split_inclusive('\n') {
+        let line_start = start;
+        start += line.len();
+        let Some(rest) = line.trim_start().strip_prefix("extern \"C\" __global__ ") else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let rest = match rest.strip_prefix("__launch_bounds__(") {
+            Some(r) => match r.split_once(')') {
+                Some((_, r)) => r.trim_start(),
+                None => continue,
+            },
+            None => rest,
+        };
+        let Some((name, params)) = rest.strip_prefix("void ").and_then(|r| r.split_once('('))
+        else {
+            continue;
+        };
+        let name = name.trim();
+        // `params` ends where `line` does: where it starts in `src`, after the `(`.
+        let at = line_start + line.len() - params.len();
+        if !name.is_empty() && !is_declaration(&src[at..]) {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+/// Whether `after_paren`, the text after a function's `(`, is a declaration's: the parameter
+/// list closes and the next token (past blanks and comments) is `;`. A definition's is `{`;
+/// text that ends first counts as a definition (as it was before declarations were skipped).
+fn is_declaration(after_paren: &str) -> bool {
+    let mut depth = 1usize;
+    let mut close = None;
+    for (i, c) in after_paren.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    close = Some(i + 1);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(close) = close else {
+        return false;
+    };
+    let mut rest = &after_paren[close..];
+    loop {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix("//") {
+            rest = r.split_once('\n').map_or("", |(_, r)| r);
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.split_once("*/").map_or("", |(_, r)| r);
+        } else {
+            return rest.starts_with(';');
+        }
+    }
 }
 
 #[cfg(test)]
@@ -85,5 +137,21 @@ mod tests {
                    static __device__ float h(float v) { return v; }\n\
                    extern \"C\" __global__ __launch_bounds__(256) void k2(float* y,\n";
         assert_eq!(source_entries(src), ["k1", "k2"]);
+    }
+
+    /// A prototype before the definition (legal CUDA C) names its kernel once: the emulator's
+    /// table listed it twice, and every launch failed.
+    #[test]
+    fn kernel_prototypes_are_not_entries() {
+        let src = "extern \"C\" __global__ void k(float*);\n\
+                   extern \"C\" __global__ __launch_bounds__(128) void j(const float* x,\n\
+                   \x20   float* y)  /* declared */ ;\n\
+                   extern \"C\" __global__ void m(float* (*f)(int)) // a comment\n\
+                   ;\n\
+                   extern \"C\" __global__ void k(float* y) { y[0] = 1; }\n\
+                   extern \"C\" __global__ __launch_bounds__(128) void j(const float* x,\n\
+                   \x20   float* y)\n{\n}\n\
+                   extern \"C\" __global__ void m(float* (*f)(int)) /* ; */ {}\n";
+        assert_eq!(source_entries(src), ["k", "j", "m"]);
     }
 }
