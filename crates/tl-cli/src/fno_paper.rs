@@ -19,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use safetensors::Dtype;
 use tl_nn::checkpoint::{Entry, File};
@@ -121,6 +122,42 @@ impl Pairs {
 
 /// One solved pair: its index, u0 and u(T).
 type Solved = (usize, Vec<f64>, Vec<f64>);
+
+/// `work(t, stop)` for each `t` in `0..threads`, each on a scoped thread made by `builder(t)`,
+/// their results in the order of `t` (a thread that panicked gives `T::default()`). When the
+/// system refuses to start thread `t` (`Builder::spawn_scoped`'s error, where `thread::scope`'s
+/// `spawn` panics), `stop` is raised for the threads already running (`work` should look at it
+/// between items), they are joined, and the error is `(t, the system's error)`.
+fn on_threads<T: Send + Default>(
+    threads: usize,
+    builder: impl Fn(usize) -> std::thread::Builder,
+    work: impl Fn(usize, &AtomicBool) -> T + Sync,
+) -> std::result::Result<Vec<T>, (usize, std::io::Error)> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for t in 0..threads {
+            let (work, stop) = (&work, &stop);
+            match builder(t)
+                .name(format!("tl-burgers-{t}"))
+                .spawn_scoped(s, move || work(t, stop))
+            {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    for h in handles {
+                        let _ = h.join();
+                    }
+                    return Err((t, e));
+                }
+            }
+        }
+        Ok(handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect())
+    })
+}
 
 /// `Draws` stream of pair `i`.
 fn stream(seed: u64, i: usize) -> Draws {
@@ -227,31 +264,30 @@ impl PaperData {
         (u0, ut)
     }
 
-    /// Solve every pair on `threads` threads (pair i on thread i mod threads).
+    /// Solve every pair on `threads` threads (pair i on thread i mod threads; no more threads
+    /// than pairs). A thread the system refuses to start (a `TL_NUM_THREADS` past its limits) is an
+    /// error naming the count, after the threads already started have stopped.
     pub fn generate(&self, threads: usize) -> Result<Pairs> {
         self.validate()?;
         let (n, g) = (self.pairs(), self.source_grid);
         let threads = threads.clamp(1, n);
-        let rows: Vec<Vec<Solved>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    s.spawn(move || {
-                        let solver = Solver::on(g, self.nu, 1.0);
-                        (t..n)
-                            .step_by(threads)
-                            .map(|i| {
-                                let (u0, ut) = self.pair(&solver, i);
-                                (i, u0, ut)
-                            })
-                            .collect::<Vec<_>>()
-                    })
+        let rows = on_threads(threads, |_| std::thread::Builder::new(), |t, stop| {
+            let solver = Solver::on(g, self.nu, 1.0);
+            (t..n)
+                .step_by(threads)
+                .take_while(|_| !stop.load(Ordering::Relaxed))
+                .map(|i| {
+                    let (u0, ut) = self.pair(&solver, i);
+                    (i, u0, ut)
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_default())
-                .collect()
-        });
+                .collect::<Vec<Solved>>()
+        })
+        .map_err(|(t, e)| {
+            CliError::new(format!(
+                "Burgers data set: cannot start solver thread {} of {threads}: {e} (set TL_NUM_THREADS lower)",
+                t + 1
+            ))
+        })?;
         let (mut u0, mut ut) = (vec![0f32; n * g], vec![0f32; n * g]);
         let mut done = 0;
         for (i, a, b) in rows.into_iter().flatten() {
@@ -637,11 +673,14 @@ impl PaperRun {
     }
 
     /// The train and test splits at `grid` and the test split at `super_grid`, from the cache
-    /// (made first if absent).
+    /// (made first if absent, on [`tl_nn::threads`] threads, `TL_NUM_THREADS`, but no more
+    /// than the cores this process may run on: the solver is bound by them, and more threads
+    /// only ask the system for more than it may give).
     pub fn splits(&self, log: &mut dyn FnMut(&str)) -> Result<(Dataset, Dataset, Option<Dataset>)> {
-        let pairs = self
-            .data
-            .load_or_generate(&self.cache_dir, tl_nn::threads(), log)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pairs =
+            self.data
+                .load_or_generate(&self.cache_dir, tl_nn::threads().min(cores), log)?;
         let (tr, te) = (0..self.data.n_train, self.data.n_train..self.data.pairs());
         let sup = match self.super_grid {
             Some(s) => Some(Dataset::Fields(pairs.fields(te.clone(), s)?)),
@@ -699,6 +738,28 @@ mod tests {
         assert_eq!(f.x[1], a.u0[3 * 64 + 4]);
         assert_eq!(f.y[16], a.ut[4 * 64]);
         assert!(a.fields(0..1, 48).is_err());
+    }
+
+    /// A thread the system refuses to start is an error, not a panic, and the threads already
+    /// running are told to stop and joined (they wait for the flag here: without it, a hang).
+    #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+    #[test]
+    fn a_thread_the_system_refuses_is_an_error() {
+        // A stack of 2⁵⁰ bytes is past the address space: pthread_create fails.
+        let huge = |t: usize| {
+            let b = std::thread::Builder::new();
+            if t == 2 { b.stack_size(1 << 50) } else { b }
+        };
+        let r = on_threads(4, huge, |t, stop| {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            t
+        });
+        let (t, e) = r.unwrap_err();
+        assert_eq!(t, 2, "{e}");
+        let ok = on_threads(3, |_| std::thread::Builder::new(), |t, _| t * 10).unwrap();
+        assert_eq!(ok, [0, 10, 20]);
     }
 
     #[test]

@@ -377,6 +377,8 @@ fn run<O: Train<T = f32>>(
             )),
         }
     }
+    let resumed_from = resumed.as_ref().map(|(path, _)| path.as_path());
+    let total = total_epochs(resumed_from, done, cfg.epochs)?;
     log(&format!(
         "tl train: {} on {} ({}, {}), {} epoch(s), batch {}, {:?} lr {}, seed {}",
         cfg.model.as_str(),
@@ -393,15 +395,10 @@ fn run<O: Train<T = f32>>(
         log(note);
     }
     let (mut step_losses, mut epoch_losses) = (Vec::new(), Vec::new());
-    let total = done.checked_add(cfg.epochs).ok_or_else(|| {
-        CliError::usage(format!(
-            "--epochs {} after the checkpoint's {done}: the total is past {}",
-            cfg.epochs,
-            usize::MAX
-        ))
-    })?;
     let mut epoch_secs = 0.0;
-    for epoch in done + 1..=total {
+    // `done + i`, not `done + 1..=total`: `done + 1` overflows when the count is already at its
+    // largest (and `--epochs 0` runs none).
+    for epoch in (1..=cfg.epochs).map(|i| done + i) {
         let order = permutation(train.len(), cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37));
         let batches: Vec<&[usize]> = order.chunks(cfg.batch_size).collect();
         let pb = bar(cfg.progress && rank == 0, batches.len(), epoch, total);
@@ -467,6 +464,33 @@ fn run<O: Train<T = f32>>(
         epoch_secs,
         checkpoint,
     })
+}
+
+/// The epoch count after `epochs` more on top of a checkpoint's `done` (`resumed`: its path;
+/// none, and `done` 0, for a fresh run). A total past `usize::MAX` is refused: as a usage error
+/// naming `--epochs` when the flag is the larger part, else as a runtime error naming the
+/// checkpoint and the count in its metadata, which cannot be continued.
+pub fn total_epochs(
+    resumed: Option<&std::path::Path>,
+    done: usize,
+    epochs: usize,
+) -> Result<usize> {
+    if let Some(total) = done.checked_add(epochs) {
+        return Ok(total);
+    }
+    let from = resumed.map_or_else(String::new, |p| format!(" of checkpoint {}", p.display()));
+    if epochs > done {
+        Err(CliError::usage(format!(
+            "--epochs {epochs} after the {done} epoch(s){from}: the total is past {}",
+            usize::MAX
+        )))
+    } else {
+        Err(CliError::new(format!(
+            "checkpoint{}: `epochs` in the metadata is {done}, which cannot be continued: {epochs} more epoch(s) (--epochs {epochs}) count past {}",
+            resumed.map_or_else(String::new, |p| format!(" {}", p.display())),
+            usize::MAX
+        )))
+    }
 }
 
 /// What `tl eval` evaluates.
@@ -574,4 +598,31 @@ pub fn eval_checkpoint(cfg: &EvalConfig, log: &mut dyn FnMut(&str)) -> Result<Ev
         data,
         metrics,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint whose metadata says `epochs` = usize::MAX cannot be continued: one more
+    /// epoch is an error naming the checkpoint and the count (the loop `done + 1..=total`
+    /// overflowed: a panic in a debug build, an endless run in a release one); none more is
+    /// fine; an `--epochs` too large for a small count names the flag.
+    #[test]
+    fn an_epoch_count_that_cannot_be_continued_is_an_error() {
+        let path = std::path::Path::new("ck.safetensors");
+        let max = usize::MAX;
+        let e = total_epochs(Some(path), max, 1).unwrap_err();
+        assert!(!e.is_usage(), "{e}");
+        let m = e.to_string();
+        assert!(
+            m.contains("checkpoint ck.safetensors") && m.contains(&max.to_string()),
+            "{m}"
+        );
+        assert_eq!(total_epochs(Some(path), max, 0).unwrap(), max);
+        assert_eq!(total_epochs(Some(path), 3, 4).unwrap(), 7);
+        assert_eq!(total_epochs(None, 0, max).unwrap(), max);
+        let e = total_epochs(Some(path), 3, max).unwrap_err();
+        assert!(e.is_usage() && e.to_string().contains("--epochs"), "{e}");
+    }
 }

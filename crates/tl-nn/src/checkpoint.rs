@@ -167,15 +167,14 @@ pub fn write(path: &Path, file: &File) -> Result<()> {
     write_atomic(path, &bytes)
 }
 
-/// Read and decode the file at `path`. A file that is not valid safetensors (truncated,
-/// corrupt, a header that claims more than the file holds) is an error; the crate checks the
-/// header's claims against the bytes read before anything is allocated from them.
+/// Read and decode the file at `path`. A file larger than the allocation cap
+/// ([`tl_spec::alloc`]) is refused before it is read, naming its size; a file that is not
+/// valid safetensors (truncated, corrupt, a header that claims more than the file holds) is an
+/// error; the crate checks the header's claims against the bytes read before anything is
+/// allocated from them.
 pub fn read(path: &Path) -> Result<File> {
     regular_or_absent(path)?;
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = read_capped(path)?;
     let invalid = |why: String| {
         bad(
             path,
@@ -211,6 +210,33 @@ pub fn read(path: &Path) -> Result<File> {
         );
     }
     Ok(File { tensors, metadata })
+}
+
+/// The whole file at `path`, its length (from the open file's metadata) checked against the
+/// allocation cap first: a file of more bytes than one buffer may hold is an error naming the
+/// file and its size, and nothing is allocated for it. The buffer is reserved fallibly, and no
+/// more than that length is read (a file that grows meanwhile reads as truncated).
+fn read_capped(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    let n = usize::try_from(len).unwrap_or(usize::MAX);
+    tl_spec::alloc::check_len::<u8>(
+        "tl_nn::checkpoint::read",
+        &format!("the file ({len} bytes)"),
+        n,
+    )
+    .map_err(|e| bad(path, format!("cannot read it: {e}")))?;
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(n)
+        .map_err(|e| bad(path, format!("cannot read its {len} bytes: {e}")))?;
+    f.take(len).read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
 }
 
 /// The first name the header of safetensors `bytes` gives twice (a tensor or `__metadata__`),
@@ -551,5 +577,31 @@ impl<O: Train> Runtime<O> {
             self.session_mut().set_random_counter(c);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file larger than the allocation cap is refused from its length, before it is read (it
+    /// was read whole: an abort or an out-of-memory kill), naming the file and its size. The file
+    /// is sparse: nothing of its size is written or read.
+    #[test]
+    fn a_file_past_the_allocation_cap_is_refused_before_it_is_read() {
+        let dir = std::env::temp_dir().join(format!("tl-nn-huge-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("huge.safetensors");
+        let len = tl_spec::alloc::max_alloc_bytes() as u64 + 1;
+        std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+        let e = read(&p).unwrap_err().to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            e.contains(&p.display().to_string())
+                && e.contains(&format!("{len} bytes"))
+                && e.contains("allocation cap"),
+            "{e}"
+        );
     }
 }

@@ -210,8 +210,8 @@ fn resuming_another_models_checkpoint_is_a_clear_error() {
 
 /// `--save` and `--plot` are checked before anything trains (they were written after the
 /// run, so a bad path lost it): a missing directory, a directory, a plot that is not a PNG,
-/// a plot of zero epochs. And a resumed run whose epoch count would overflow is an error, not
-/// a wrapped count with exit 0.
+/// a plot of zero epochs, a plot and a checkpoint naming one file. And a resumed run whose
+/// epoch count would overflow is an error, not a wrapped count with exit 0.
 #[test]
 fn bad_output_paths_and_epoch_counts_are_refused_before_training() {
     let dir = scratch("outputs");
@@ -219,7 +219,8 @@ fn bad_output_paths_and_epoch_counts_are_refused_before_training() {
     let missing = at("no/such/dir/m.safetensors");
     let (svg, png, ckpt) = (at("l.svg"), at("z.png"), at("z.safetensors"));
     let d = dir.to_str().unwrap().to_owned();
-    let cases: [(&[&str], &[&str]); 4] = [
+    let same = format!("{d}/./z.png");
+    let cases: [(&[&str], &[&str]); 5] = [
         (
             &["--epochs", "1", "--save", &missing],
             &["--save", "does not exist"],
@@ -232,6 +233,10 @@ fn bad_output_paths_and_epoch_counts_are_refused_before_training() {
         (
             &["--epochs", "0", "--plot", &png, "--save", &ckpt],
             &["--epochs 0"],
+        ),
+        (
+            &["--epochs", "1", "--save", &png, "--plot", &same],
+            &[&format!("--save {png} and --plot {same}"), "same file"],
         ),
     ];
     for (flags, want) in cases {
@@ -262,6 +267,42 @@ fn bad_output_paths_and_epoch_counts_are_refused_before_training() {
     assert_one_line_error(&o, &["--epochs", "the total is past"]);
     // A flag's value that cannot be: a usage error, clap's exit status.
     assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    // A checkpoint whose metadata counts usize::MAX epochs: one more is an error naming the
+    // file and the count (the loop from `done + 1` overflowed: a panic in this debug build);
+    // none more runs (and evaluates) as asked.
+    let mut file = tl_nn::checkpoint::read(std::path::Path::new(&ckpt)).unwrap();
+    file.metadata.insert("epochs".into(), huge.clone());
+    tl_nn::checkpoint::write(std::path::Path::new(&ckpt), &file).unwrap();
+    let o = tl(&[
+        "train",
+        "--resume",
+        &ckpt,
+        "--epochs",
+        "1",
+        "--train-subset",
+        "32",
+    ]);
+    assert_one_line_error(
+        &o,
+        &[&format!("checkpoint {ckpt}"), &huge, "cannot be continued"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    assert!(o.stdout.is_empty(), "refused before the run's first line");
+    let o = tl(&[
+        "train",
+        "--resume",
+        &ckpt,
+        "--epochs",
+        "0",
+        "--train-subset",
+        "32",
+    ]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains(&format!("done: {huge} epoch(s)")),
+        "{}",
+        common::stdout(&o)
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
