@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tl_nn::Runtime;
-use tl_nn::data::permutation;
+use tl_nn::data::try_permutation;
 use tl_session::{Backend, LinkedSession, Options, Session, Train};
 
 use crate::checkpoint::{self, Checkpoint, Header};
@@ -399,7 +399,7 @@ fn run<O: Train<T = f32>>(
     // `done + i`, not `done + 1..=total`: `done + 1` overflows when the count is already at its
     // largest (and `--epochs 0` runs none).
     for epoch in (1..=cfg.epochs).map(|i| done + i) {
-        let order = permutation(train.len(), cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37));
+        let order = try_permutation(train.len(), cfg.seed ^ (epoch as u64).wrapping_mul(0x9E37))?;
         let batches: Vec<&[usize]> = order.chunks(cfg.batch_size).collect();
         let pb = bar(cfg.progress && rank == 0, batches.len(), epoch, total);
         let start = Instant::now();
