@@ -77,12 +77,10 @@ impl Geo {
         }
         .normalize_strides();
         let lens = win.check(op.name())?;
-        // The products' N·L and N·(big cells) columns: within the kernels' u32 even where a
-        // side is empty (the window's check bounds batch·channels·cells, 0 for no channel).
-        for cells in [lens.small, lens.big] {
-            let cols = crate::device::check::product(op.name(), &[win.batch, cells])?;
-            crate::abi::len_u32(op.name(), cols)?;
-        }
+        // The products' N·L columns: within the kernels' u32 even where the input has no
+        // channel (the window's check bounds batch·channels·cells, 0 then).
+        let cols = crate::device::check::product(op.name(), &[win.batch, lens.small])?;
+        crate::abi::len_u32(op.name(), cols)?;
         Ok(Geo {
             win,
             a: wd[0],
@@ -183,7 +181,8 @@ pub fn backward<D: Device>(
         if matches!(op, Op::Conv { .. }) {
             let prec = crate::precision::current();
             let big: usize = geo.win.big.iter().product();
-            let dx_implicit = needs[2] && gates::conv_implicit(geo.win.channels, n * big, prec);
+            let dx_implicit =
+                needs[2] && gates::conv_implicit(geo.win.channels, n.saturating_mul(big), prec);
             // The weight cotangent follows the forward's gate (its column matrix is the
             // forward's operand); its kernel splits k as the GEMM does, so any size gives the
             // same bits.
