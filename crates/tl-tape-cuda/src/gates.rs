@@ -5,7 +5,7 @@
 //!
 //! | gate | production rule | override |
 //! |---|---|---|
-//! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel) | `f32` products and at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
+//! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel; under autocast on operands rounded into copies) | at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
 //! | an optimizer step on a device in one launch per parameter, or per eight in a step over all of them ([`fused_optimizer`]: [`Device::adam_update`](crate::Device::adam_update), [`Device::momentum_update`](crate::Device::momentum_update) and their `_list` forms) instead of one launch per operation of the rule | always (Adam, AdamW, momentum SGD after its first step) | [`force_fused_optimizer`]: `Some(false)` composes the rule from the primitives |
 //! | a matmul split along `k` over several blocks (split-K: [`Gemm::k_chunk_tiled`](crate::Gemm::k_chunk_tiled), the simulation device and the CUDA launch alike) | under [`split_k_tiles`] output tiles of the kernel's own side, `k` at least two runs of 128 | [`force_split_k_tiles`]: `Some(n)` splits below `n` tiles, `Some(0)` never |
 //! | an axis sum (`tl_axis_sum_block`: reduceSum, reduceMean, the bias cotangents of linear and conv) and a norm's `dγ`/`dβ` (`tl_norm_bwd_affine_block`) by one block of threads per output instead of one thread ([`sum_by_block`]) | a sum of more than [`AXIS_THREAD_MAX_N`] terms into at most [`AXIS_BLOCK_MAX_OUT`] outputs | [`force_sums_by_block`]: `Some(true)` every sum of at least one term into at most [`AXIS_BLOCK_MAX_OUT`] outputs, `Some(false)` none |
@@ -17,7 +17,6 @@ use std::cell::Cell;
 use crate::device::norm::NORM_FUSED_MAX;
 use crate::device::sim::reduce::{AXIS_BLOCK_MAX_OUT, AXIS_THREAD_MAX_N};
 use crate::device::{FLASH_ONE_PASS_MAX_HEAD, SPLIT_K_TILES};
-use crate::precision::Precision;
 
 /// The fewest 64×64 output tiles from which a conv's forward (`(out_channels, batch·small)`
 /// outputs) runs the implicit-GEMM kernel `tl_conv_implicit` instead of `im2col` and the GEMM,
@@ -48,18 +47,17 @@ pub type Guard = tl_spec::scoped::Guard<Option<usize>>;
 
 /// Whether a conv product with `rows` output rows (the forward and the weight cotangent: output
 /// channels; the input cotangent: input channels) over `cols` output columns (`batch·small`;
-/// `batch·big`) runs its
-/// implicit-GEMM kernel at precision `prec`: only `f32` products (the kernels do not round
-/// their operands, so autocast keeps the GEMM on the tensor cores), at least the threshold's
-/// tiles, and a grid that holds the rows.
-pub fn conv_implicit(rows: usize, cols: usize, prec: Precision) -> bool {
+/// `batch·big`) runs its implicit-GEMM kernel: at least the threshold's tiles, and a grid that
+/// holds the rows. At every precision: under autocast the conv hands the kernels its operands
+/// rounded into copies ([`Device::round_to`](crate::Device::round_to)), so each product is the
+/// exact product of rounded operands, as on the tensor cores (docs/semantics.md, "Mixed
+/// precision").
+pub fn conv_implicit(rows: usize, cols: usize) -> bool {
     let min = CONV_IMPLICIT_MIN
         .with(Cell::get)
         .unwrap_or(CONV_IMPLICIT_MIN_TILES);
     let tiles_y = rows.div_ceil(64);
-    prec == Precision::F32
-        && tiles_y <= GRID_Y_MAX
-        && tiles_y.saturating_mul(cols.div_ceil(64)) >= min
+    tiles_y <= GRID_Y_MAX && tiles_y.saturating_mul(cols.div_ceil(64)) >= min
 }
 
 thread_local! {
@@ -177,17 +175,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_rule_counts_output_tiles_and_keeps_autocast_on_the_gemm() {
+    fn the_rule_counts_output_tiles() {
         // The ResNet's 64 channels over 32·32·32 positions: 512 tiles.
-        assert!(conv_implicit(64, 32 * 1024, Precision::F32));
-        assert!(!conv_implicit(64, 32 * 1024, Precision::Bf16));
-        assert!(!conv_implicit(64, 32 * 1024, Precision::Tf32));
+        assert!(conv_implicit(64, 32 * 1024));
         // 63 tiles: one short.
-        assert!(!conv_implicit(64, 63 * 64, Precision::F32));
-        assert!(conv_implicit(64, 64 * 64, Precision::F32));
-        assert!(conv_implicit(65, 32 * 64, Precision::F32));
+        assert!(!conv_implicit(64, 63 * 64));
+        assert!(conv_implicit(64, 64 * 64));
+        assert!(conv_implicit(65, 32 * 64));
         // More output channels than a grid's rows of tiles hold.
-        assert!(!conv_implicit(65_536 * 64, 64, Precision::F32));
+        assert!(!conv_implicit(65_536 * 64, 64));
     }
 
     #[test]
@@ -217,18 +213,14 @@ mod tests {
     fn the_override_forces_either_way_and_restores() {
         {
             let _on = force_conv_implicit_min_tiles(Some(0));
-            assert!(conv_implicit(1, 1, Precision::F32));
-            assert!(
-                !conv_implicit(1, 1, Precision::Bf16),
-                "autocast keeps the GEMM"
-            );
+            assert!(conv_implicit(1, 1));
             {
                 let _off = force_conv_implicit_min_tiles(Some(usize::MAX));
-                assert!(!conv_implicit(64, 32 * 1024, Precision::F32));
+                assert!(!conv_implicit(64, 32 * 1024));
             }
-            assert!(conv_implicit(1, 1, Precision::F32));
+            assert!(conv_implicit(1, 1));
         }
-        assert!(!conv_implicit(1, 1, Precision::F32));
+        assert!(!conv_implicit(1, 1));
     }
 
     #[test]

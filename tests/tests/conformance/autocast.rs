@@ -399,20 +399,26 @@ fn entries_named() -> Vec<&'static str> {
     product_entries().iter().map(|e| e.name).collect()
 }
 
-/// The product ops' registry cases on the sim. No registry case reaches a split along `k`
-/// (k ≥ 256) even with the split threshold forced; the fixed products of `tl_tape_cuda`'s
-/// `autocast::` tests split it.
+/// The product ops' registry cases on the sim, at the default gates (the registry's convs are
+/// small: im2col and the tensor-core GEMM) and with the implicit-GEMM conv kernels forced on
+/// (`force_conv_implicit_min_tiles(Some(0))`: the conv's operands rounded into copies, then
+/// the f32 kernels). No registry case reaches a split along `k` (k ≥ 256) even with the split
+/// threshold forced; the fixed products of `tl_tape_cuda`'s `autocast::` tests split it.
 #[test]
 fn every_product_op_matches_the_reference_on_the_cuda_sim() {
     let mut run = |p: Precision, op: &Op, x: &[Tensor<f32>], g: &Tensor<f32>| {
         on_device(SimDevice::new(), p, op, x, g)
     };
     let cfg = RunConfig::from_env();
-    assert_all_passed(&every_product(&cfg, "cuda-sim", &mut run), cfg.cases);
+    let mut reports = every_product(&cfg, "cuda-sim", &mut run);
+    let _implicit = tl_tape_cuda::gates::force_conv_implicit_min_tiles(Some(0));
+    reports.extend(every_product(&cfg, "cuda-sim implicit conv", &mut run));
+    assert_all_passed(&reports, cfg.cases);
 }
 
 /// A quarter of the default cases (the emulated kernels give the sim's bits on every registry
-/// op: `cuda_emu::`), unless `TL_CASES` is set.
+/// op: `cuda_emu::`), unless `TL_CASES` is set; the default gates, then the implicit-GEMM conv
+/// kernels forced on.
 #[cfg(feature = "cuda-emu")]
 #[test]
 fn every_product_op_matches_the_reference_on_the_emulated_kernels() {
@@ -421,7 +427,10 @@ fn every_product_op_matches_the_reference_on_the_emulated_kernels() {
         on_device(dev, p, op, x, g)
     };
     let cfg = RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 4);
-    assert_all_passed(&every_product(&cfg, "cuda-emu", &mut run), cfg.cases);
+    let mut reports = every_product(&cfg, "cuda-emu", &mut run);
+    let _implicit = tl_tape_cuda::gates::force_conv_implicit_min_tiles(Some(0));
+    reports.extend(every_product(&cfg, "cuda-emu implicit conv", &mut run));
+    assert_all_passed(&reports, cfg.cases);
 }
 
 /// The product check has teeth, on every product op: a tape that does not round fails it; one

@@ -471,6 +471,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Plain,
     },
     Mutant {
+        id: "sim-conv-autocast-implicit-dx-unrounded-weight",
+        area: Sim,
+        file: "crates/tl-tape-cuda/src/ops/conv.rs",
+        from: "let wq = rounded(dev, sc, w, prec)?;",
+        to: "let wq = w;",
+        bug: "under autocast the implicit-GEMM conv's input cotangent reads the weight unrounded",
+        harness: Plain,
+    },
+    Mutant {
         id: "sim-sdpa-flash-bwd-qk-swapped",
         area: Sim,
         file: "crates/tl-tape-cuda/src/ops/attention.rs",

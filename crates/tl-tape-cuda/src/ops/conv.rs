@@ -20,6 +20,12 @@
 //! weight cotangent takes [`Device::conv_implicit_dw`] (from `g` and `x` as they are, no column
 //! matrix) where the forward does: it splits `k = N·L` as the GEMM does, so it gives the im2col
 //! path's bits at any size. convTranspose keeps `im2col`/`col2im`.
+//!
+//! Under autocast (bf16, TF32) the implicit kernels take the operands of each product rounded
+//! into copies ([`Device::round_to`]: x and w forward, g with x and with w backward): each
+//! product is then the exact product of rounded operands, summed in f32 in the kernels' order
+//! (the f32 GEMM's), the CPU tape's rule; the bias cotangent sums g unrounded. Where the gate
+//! does not hold, the im2col GEMM runs on the tensor cores, rounding as it stages.
 
 use tl_ir::Op;
 use tl_spec::Shape;
@@ -116,6 +122,20 @@ impl Geo {
     }
 }
 
+/// `x` as a product reads it at `prec`: itself in f32, else rounded into a scratch copy.
+fn rounded<D: Device>(
+    dev: &mut D,
+    sc: &mut Scratch,
+    x: Buffer,
+    prec: crate::precision::Precision,
+) -> Result<Buffer> {
+    if prec == crate::precision::Precision::F32 {
+        Ok(x)
+    } else {
+        Ok(sc.tmp(dev.round_to(x, prec)?))
+    }
+}
+
 /// Forward of `conv` / `convTranspose` on operands `(w, b, x)` with output shape `shape`.
 pub fn forward<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer], shape: &Shape) -> Result<Buffer> {
     forward_with(dev, op, x, shape, |dev, y, b, layout| {
@@ -138,9 +158,9 @@ pub fn forward_with<D: Device, R>(
     let (w, b, xb) = (x[0].buffer(), x[1].buffer(), x[2].buffer());
     let (n, a, l, ck) = (geo.n(), geo.a, geo.l, geo.ck());
     with_scratch(dev, |dev, sc| {
-        if matches!(op, Op::Conv { .. })
-            && gates::conv_implicit(a, n * l, crate::precision::current())
-        {
+        if matches!(op, Op::Conv { .. }) && gates::conv_implicit(a, n * l) {
+            let prec = crate::precision::current();
+            let (w, xb) = (rounded(dev, sc, w, prec)?, rounded(dev, sc, xb, prec)?);
             let y = sc.tmp(dev.conv_implicit(w, xb, &geo.win, a)?);
             epilogue(dev, y, b, BiasLayout::new(n, a, l))
         } else if matches!(op, Op::Conv { .. }) {
@@ -182,18 +202,26 @@ pub fn backward<D: Device>(
             let prec = crate::precision::current();
             let big: usize = geo.win.big.iter().product();
             let dx_implicit =
-                needs[2] && gates::conv_implicit(geo.win.channels, n.saturating_mul(big), prec);
+                needs[2] && gates::conv_implicit(geo.win.channels, n.saturating_mul(big));
             // The weight cotangent follows the forward's gate (its column matrix is the
             // forward's operand); its kernel splits k as the GEMM does, so any size gives the
             // same bits.
-            let dw_implicit = needs[0] && gates::conv_implicit(a, n * l, prec);
+            let dw_implicit = needs[0] && gates::conv_implicit(a, n * l);
+            // The implicit kernels' operands as their products read them (the GEMM path below
+            // rounds its own).
+            let gq = if dw_implicit || dx_implicit {
+                rounded(dev, sc, g, prec)?
+            } else {
+                g
+            };
             let gr = if (needs[0] && !dw_implicit) || needs[1] || (needs[2] && !dx_implicit) {
                 geo.small_to_rows(dev, sc, g)?
             } else {
                 g
             };
             if dw_implicit {
-                out[0] = Some(dev.conv_implicit_dw(g, xb, &geo.win, a)?);
+                let xq = rounded(dev, sc, xb, prec)?;
+                out[0] = Some(dev.conv_implicit_dw(gq, xq, &geo.win, a)?);
             } else if needs[0] {
                 let cols = sc.tmp(dev.im2col(xb, &geo.win)?);
                 out[0] = Some(dev.matmul(gr, cols, geo.win.dw_gemm(a))?);
@@ -202,7 +230,8 @@ pub fn backward<D: Device>(
                 out[1] = Some(dev.reduce_axis_sum(gr, a, n * l, 1)?);
             }
             if dx_implicit {
-                out[2] = Some(dev.conv_implicit_dx(w, g, &geo.win, a)?);
+                let wq = rounded(dev, sc, w, prec)?;
+                out[2] = Some(dev.conv_implicit_dx(wq, gq, &geo.win, a)?);
             } else if needs[2] {
                 let dcols =
                     sc.tmp(dev.matmul(w, gr, Gemm::nn(ck, a, n * l).with_t(true, false))?);

@@ -83,11 +83,12 @@ fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
     ts.iter().map(|t| crate::common::bits(t.data())).collect()
 }
 
-/// Autocast keeps a conv on the im2col GEMM (the tensor-core products round their operands;
-/// the implicit-GEMM kernel does not): with the implicit kernel's gate forced on, a conv at
-/// `Bf16` / `Tf32` gives the bits of the gate forced off, and not the f32 kernel's.
-#[test]
-fn autocast_keeps_the_conv_off_the_implicit_kernel() {
+/// Under autocast the implicit-GEMM conv kernels read their operands rounded into copies:
+/// with the gate forced on, a conv at `Bf16` / `Tf32` on `dev()` gives, bit for bit, the f32
+/// implicit conv of the rounded weight and input seeded with the rounded cotangent (the value,
+/// dw and dx), the bias cotangent of the unrounded cotangent, and not the f32 kernel's bits on
+/// the operands as they are. The tensors: `[y, dw, db, dx]` per precision.
+pub fn autocast_conv_rounds_the_implicit_operands<D: Device>(dev: impl Fn() -> D) {
     use tl_tape_cuda::gates::force_conv_implicit_min_tiles;
     let mut rng = Gen::new(45);
     let x = vec![
@@ -96,20 +97,37 @@ fn autocast_keeps_the_conv_off_the_implicit_kernel() {
         tensor(&mut rng, &[2, 3, 6, 6]),
     ];
     let g = tensor(&mut rng, &[2, 4, 6, 6]);
-    let run = |p: Precision, min: usize| {
-        let _gate = force_conv_implicit_min_tiles(Some(min));
-        bits(&on_cuda_tape(SimDevice::new(), Some(p), &Op::conv2d(1, 1), &x, &g)[..1])
-    };
-    let f32_implicit = run(Precision::F32, 0);
+    let op = Op::conv2d(1, 1);
+    let _gate = force_conv_implicit_min_tiles(Some(0));
+    let f32_as_is = bits(&on_cuda_tape(dev(), Some(Precision::F32), &op, &x, &g));
     for p in AUTOCAST {
-        let forced = run(p, 0);
-        assert_eq!(
-            forced,
-            run(p, usize::MAX),
-            "{p:?}: the gate changed the path"
-        );
-        assert_ne!(forced, f32_implicit, "{p:?}: the operands were not rounded");
+        let round = |t: &Tensor<f32>| t.map(|v| p.round(v));
+        let xr = [round(&x[0]), x[1].clone(), round(&x[2])];
+        let want = bits(&on_cuda_tape(
+            dev(),
+            Some(Precision::F32),
+            &op,
+            &xr,
+            &round(&g),
+        ));
+        let got = bits(&on_cuda_tape(dev(), Some(p), &op, &x, &g));
+        for (k, what) in [(0, "value"), (1, "dw"), (3, "dx")] {
+            assert_eq!(
+                got[k], want[k],
+                "{p:?}: {what} is not the rounded operands' f32 conv"
+            );
+            assert_ne!(
+                got[k], f32_as_is[k],
+                "{p:?}: {what} read unrounded operands"
+            );
+        }
+        assert_eq!(got[2], f32_as_is[2], "{p:?}: db sums g as it is");
     }
+}
+
+#[test]
+fn autocast_rounds_the_implicit_convs_operands_on_the_sim() {
+    autocast_conv_rounds_the_implicit_operands(SimDevice::new);
 }
 
 /// `multiHeadAttention` (`core` false) or `scaledDotProductAttention`, two heads, under `mask`.

@@ -709,6 +709,18 @@ fn the_implicit_conv_kernel_gives_the_sims_bits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// Autocast's conv on the implicit kernels, its operands rounded into copies by the device's
+/// `tl_round`: the f32 implicit conv of the host-rounded operands bit for bit, emulated and on a
+/// GPU, as on the sim (`autocast::autocast_rounds_the_implicit_convs_operands_on_the_sim`).
+#[test]
+fn autocast_rounds_the_implicit_convs_operands_on_the_device() {
+    if gpu().is_none() {
+        return;
+    }
+    crate::autocast::autocast_conv_rounds_the_implicit_operands(|| CudaDevice::new().unwrap());
+    println!("GPU-SUMMARY conv-implicit-autocast - pass");
+}
+
 /// The norm kernels (kernels/norm.cu) against their sim twins (device/sim/norm.rs) on rmsNorm's
 /// layouts (not centred, no β) and, beside them, layer and batch norm's: the statistics, the
 /// apply, the forward in one launch (`tl_norm_fwd`, rows up to `NORM_FUSED_MAX`) and in two
