@@ -304,7 +304,7 @@ elif [ -n "$ncu_bin" ]; then
         timeout "${TL_PROFILE_TIMEOUT:-300}" "$ncu_bin" -k 'regex:^tl_(gemm|flash|conv)' \
             --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
             "$b" --backend cuda --once \
-            --only "${TL_PROFILE_ROWS:-matmul/4096,matmul-tf32/4096,matmul-bf16/4096,gemm-core/bf16/1024,attention-core/flash/n4096,attention-core/flash-one-pass/n4096,attention-core/flash-two-pass/n4096,attention-core/flash-wide/n4096,attention-core/flash-d128/n4096,attention-core/flash-wide-d128/n4096,attention-core/flash-bf16/n4096,attention-fwd/flash/n4096,attention-fwd/flash-tc/n4096,conv/,conv-dw/}" \
+            --only "${TL_PROFILE_ROWS:-matmul/4096,matmul-tf32/4096,matmul-bf16/4096,gemm-core/bf16/1024,attention-core/flash/n4096,attention-core/flash-one-pass/n4096,attention-core/flash-two-pass/n4096,attention-core/flash-wide/n4096,attention-core/flash-d128/n4096,attention-core/flash-narrow-d128/n4096,attention-core/flash-bf16/n4096,attention-fwd/flash/n4096,attention-fwd/flash-tc/n4096,conv/,conv-dw/}" \
             > logs/ncu.txt 2>&1
         echo "ncu exit $? ($(basename "$b"))"
     done

@@ -37,9 +37,9 @@
 //!   dQ by `atomicAdd`, which `flash` runs when deterministic reductions are off, or the two
 //!   fixed-order kernels), `attention-core/flash-wide/n{n}` the same with the wide tilings
 //!   (`FlashTiles::Wide`: the forward's 64 keys a step in dynamic shared memory), and
-//!   `attention-core/flash-d128/n{n}` and `…/flash-wide-d128/n{n}` with heads of 128 at
-//!   n = 1024 and 4096 (where `Wide` runs the backward on register tiles instead of tiles of
-//!   16), `attention-core/flash-gqa/n{n}` with the 8 query heads over 2 key heads
+//!   `attention-core/flash-d128/n{n}` (the default, `FlashTiles::Auto`: the backward on
+//!   register tiles) and `…/flash-narrow-d128/n{n}` (`FlashTiles::Narrow`: tiles of 16)
+//!   with heads of 128 at n = 1024 and 4096, `attention-core/flash-gqa/n{n}` with the 8 query heads over 2 key heads
 //!   (grouped-query attention: K and V of (1, n, 2, 64), torch_bench.py's twin
 //!   `attention-core/sdpa-gqa/n{n}` with `enable_gqa=True`), `attention-core/flash-bf16/n{n}`
 //!   under bf16 autocast (`Flash::round`: `flash_attention_rounded`, the operands rounded into
@@ -664,12 +664,15 @@ fn device_rows(a: &Args) -> Result<(), String> {
             attention_core(a, &mut d, "flash-tc-bf16")?;
             attention_core_rows(a, &mut d, "flash", false)?;
             attention_core_rows(a, &mut d, "flash-tc", false)?;
-            // The wide tilings (dynamic shared memory: the forward's 64 keys a step at d = 64,
-            // the backward's register tiles at d = 128): the same bits, timed beside the
-            // default so that the default follows the measurement.
+            // Each tiling where the default (`FlashTiles::Auto`) does not take it: the narrow
+            // backward at d = 128, the wide forward (dynamic shared memory, 64 keys a step) at
+            // d = 64. The same bits, timed beside the default so that the default follows the
+            // measurement.
+            d.set_flash_tiles(tl_tape_cuda::FlashTiles::Narrow);
+            attention_core(a, &mut d, "flash-narrow-d128")?;
             d.set_flash_tiles(tl_tape_cuda::FlashTiles::Wide);
             attention_core(a, &mut d, "flash-wide")?;
-            attention_core(a, &mut d, "flash-wide-d128")?;
+            d.set_flash_tiles(tl_tape_cuda::FlashTiles::Auto);
             convs(a, &mut d)
         }),
         #[cfg(not(any(feature = "cuda", feature = "cuda-emu")))]

@@ -282,7 +282,8 @@ pub enum GemmTiles {
 }
 
 /// Which tilings the CUDA device's fused attention runs where dynamic shared memory allows
-/// larger ones: `Narrow` (the kernels in static shared memory) or `Wide`: the forward for
+/// larger ones: `Narrow` (the kernels in static shared memory), `Wide`, or `Auto` (the
+/// default: each head size the tiling measured faster). `Wide`: the forward for
 /// d ≤ 64 with 64 keys a step (`tl_flash_fwd_wide`: four tiles of 16, every thread in the
 /// softmax phase, half the barriers a key; 51.5 KiB), and dQ for 64 < d ≤ 128 on blocks of 64
 /// query rows with register micro-tiles (`tl_flash_bwd_q_wide`, 96 KiB) instead of one
@@ -292,11 +293,27 @@ pub enum GemmTiles {
 /// `cuda`, `cuda-emu`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FlashTiles {
-    /// 32 keys a step (the default: the kernel timed on an H200).
+    /// `Narrow` where d ≤ 64, `Wide` where d > 64 (the default). On an H200 (2026-12-04, the
+    /// GPU bench's `attention-core/…` rows, forward and backward) the wide forward at d = 64
+    /// ran within 1% of the narrow one (1% slower from n = 4096), and the wide backward at
+    /// d = 128 in half the time (n = 4096: 11.5 ms against 23.9).
     #[default]
+    Auto,
+    /// 32 keys a step.
     Narrow,
     /// 64 keys a step in the forward where d ≤ 64; dQ on blocks of 64 rows where d > 64.
     Wide,
+}
+
+impl FlashTiles {
+    /// Whether heads of `d` run the wide kernels under this setting.
+    pub fn wide_for(self, d: usize) -> bool {
+        match self {
+            FlashTiles::Auto => d > 64,
+            FlashTiles::Narrow => false,
+            FlashTiles::Wide => true,
+        }
+    }
 }
 
 /// The wide tiles (128×128 outputs, over every job of the launch) from which
@@ -354,6 +371,15 @@ mod tests {
     /// (kc, runs) of `g` over `batch` products counting `tile`×`tile` tiles.
     fn split(g: Gemm, batch: usize, tile: usize) -> (usize, usize) {
         (g.k_chunk_tiled(batch, tile), g.k_splits_tiled(batch, tile))
+    }
+
+    #[test]
+    fn the_default_flash_tiling_is_wide_past_heads_of_64() {
+        assert_eq!(FlashTiles::default(), FlashTiles::Auto);
+        for (d, wide) in [(1, false), (64, false), (65, true), (128, true)] {
+            assert_eq!(FlashTiles::Auto.wide_for(d), wide, "d = {d}");
+            assert!(FlashTiles::Wide.wide_for(d) && !FlashTiles::Narrow.wide_for(d));
+        }
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl CudaDevice {
             funcs: HashMap::new(),
             deterministic: None,
             gemm_tiles: GemmTiles::Auto,
-            flash_tiles: FlashTiles::Narrow,
+            flash_tiles: FlashTiles::Auto,
             flash_products: FlashProducts::Fma,
             traffic: TrafficCounter::default(),
         };
@@ -125,9 +125,10 @@ impl CudaDevice {
         self.gemm_tiles
     }
 
-    /// Which tiling this device's fused attention forward runs ([`FlashTiles::Narrow`] by
-    /// default). The same bits either way; the GPU bench times both
-    /// (`attention-core/flash-wide/n*`) so that the default follows the measurement.
+    /// Which tilings this device's fused attention runs ([`FlashTiles::Auto`] by default).
+    /// The same bits either way; the GPU bench times each (`attention-core/flash-narrow-d128`,
+    /// `attention-core/flash-wide/n*`) beside the default so that the default follows the
+    /// measurement.
     pub fn set_flash_tiles(&mut self, tiles: FlashTiles) {
         self.flash_tiles = tiles;
     }

@@ -70,7 +70,7 @@ impl Phase {
 /// `tl_flash_bwd_q_tc`, `tl_flash_bwd_kv_tc`), 128 query rows or keys a block (whatever
 /// `tiles`).
 fn kernel(tiles: FlashTiles, f: &Flash, phase: Phase) -> (&'static str, usize, u32) {
-    let (wide, small) = (tiles == FlashTiles::Wide, f.dims.d <= 64);
+    let (wide, small) = (tiles.wide_for(f.dims.d), f.dims.d <= 64);
     let tc = f.products == FlashProducts::Tf32x3;
     match phase {
         Phase::Forward if tc => ("tl_flash_fwd_tc", 128, FWD_TC_SMEM_BYTES),
