@@ -36,8 +36,8 @@ thread_local! {
 }
 
 /// Use `min_tiles` instead of [`CONV_IMPLICIT_MIN_TILES`] on this thread until the guard
-/// drops (`None`: the production threshold): `Some(0)` sends every `f32` conv forward, input
-/// and weight cotangent to the implicit kernels, `Some(usize::MAX)` none.
+/// drops (`None`: the production threshold): `Some(0)` sends every conv forward, input
+/// and weight cotangent to the implicit kernels (at any precision), `Some(usize::MAX)` none.
 pub fn force_conv_implicit_min_tiles(min_tiles: Option<usize>) -> Guard {
     tl_spec::scoped::install(&CONV_IMPLICIT_MIN, min_tiles)
 }

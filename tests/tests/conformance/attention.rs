@@ -426,19 +426,25 @@ fn fused_equals_composed_in_f32_on_the_emulated_atomic_kernels() {
     ));
 }
 
-/// The same on the emulated kernels with the wide flash tilings (`FlashTiles::Wide`: 64 keys a
-/// forward step for heads up to 64, register tiles for the backward of larger heads).
+/// The same on the emulated kernels with each flash tiling the default (`FlashTiles::Auto`:
+/// narrow up to heads of 64, wide past them) leaves: `Narrow` (tiles of 16 in the backward of
+/// larger heads) and `Wide` (64 keys a forward step for heads up to 64).
 #[cfg(feature = "cuda-emu")]
 #[test]
-fn fused_equals_composed_in_f32_on_the_emulated_kernels_with_wide_flash_tiles() {
+fn fused_equals_composed_in_f32_on_the_emulated_kernels_with_each_flash_tiling() {
     use tl_conformance::backend::OnDevice;
     use tl_tape_cuda::{CudaDevice, FlashTiles};
-    let wide = || {
+    fn tiled(tiles: FlashTiles) -> tl_tape_cuda::Result<CudaDevice> {
         let mut d = CudaDevice::new()?;
-        d.set_flash_tiles(FlashTiles::Wide);
+        d.set_flash_tiles(tiles);
         Ok(d)
-    };
-    fused_equals_composed_on(&OnDevice::new("cuda-emu wide flash tiles", wide));
+    }
+    fused_equals_composed_on(&OnDevice::new("cuda-emu narrow flash tiles", || {
+        tiled(FlashTiles::Narrow)
+    }));
+    fused_equals_composed_on(&OnDevice::new("cuda-emu wide flash tiles", || {
+        tiled(FlashTiles::Wide)
+    }));
 }
 
 /// The same with the fused forward on the tensor cores (`FlashProducts::Tf32x3`: 3xTF32

@@ -15,8 +15,8 @@
 //! The conv forward takes the implicit-GEMM kernel instead ([`Device::conv_implicit`]: `y`
 //! straight in (N, A, L), no column matrix, no permute), and the conv's input cotangent
 //! likewise ([`Device::conv_implicit_dx`]: from `g` as it is, no `wᵀ·g'` columns, no
-//! `col2im`), each where [`gates::conv_implicit`] says for its product: `f32` with at least
-//! [`gates::CONV_IMPLICIT_MIN_TILES`] output tiles, where they give the im2col path's bits. The
+//! `col2im`), each where [`gates::conv_implicit`] says for its product: at least
+//! [`gates::CONV_IMPLICIT_MIN_TILES`] output tiles, where in f32 they give the im2col path's bits. The
 //! weight cotangent takes [`Device::conv_implicit_dw`] (from `g` and `x` as they are, no column
 //! matrix) where the forward does: it splits `k = N·L` as the GEMM does, so it gives the im2col
 //! path's bits at any size. convTranspose keeps `im2col`/`col2im`.

@@ -356,14 +356,16 @@ mod tests {
     fn the_backward_follows_the_reduction_mode_the_gate_and_the_head_size() {
         let one = ["tl_flash_bwd_atomic", "tl_flash_bwd_delta"];
         let two = ["tl_flash_bwd_kv", "tl_flash_bwd_q"];
+        // Past heads of 64 the default tiling (`FlashTiles::Auto`) takes the wide kernels.
+        let two_wide = ["tl_flash_bwd_kv_wide", "tl_flash_bwd_q_wide"];
         assert_eq!(bwd_kernels(false, None, 64), one, "atomics allowed");
         assert_eq!(bwd_kernels(true, None, 64), two, "deterministic");
-        assert_eq!(bwd_kernels(false, None, 65), two, "a head over 64");
+        assert_eq!(bwd_kernels(false, None, 65), two_wide, "a head over 64");
         assert_eq!(bwd_kernels(true, Some(true), 8), one, "forced on");
         assert_eq!(bwd_kernels(false, Some(false), 8), two, "forced off");
         assert_eq!(
             bwd_kernels(true, Some(true), 65),
-            two,
+            two_wide,
             "forced, but the head is too big"
         );
     }
