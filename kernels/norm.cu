@@ -16,8 +16,10 @@
 // argument to be a live allocation), and tl_norm_bwd_x drops its sum(g * gamma) term.
 //
 // Determinism: no kernel here uses atomics, so the default path IS the fixed-order path:
-// per-group sums fold per thread (e = t, t + 256, ...) then the block tree of common.cuh; the
-// gamma/beta sums are one thread per entry in increasing index order.
+// per-group sums fold per thread (e = t, t + 256, ...) then the block tree of common.cuh, or,
+// split over several blocks (the tl_norm_split_* kernels below), the same per chunk and the
+// chunks' sums in increasing order; the gamma/beta sums are one thread per entry in increasing
+// index order.
 #include "common.cuh"
 
 // Block reduction of f(e) for e < count: thread t folds f(t), f(t + 256), ... from identity.
@@ -318,6 +320,187 @@ extern "C" __global__ void tl_norm_bwd_affine_block(const float* x, const float*
             dgamma[f] = sg;
             dbeta[f] = sb;
         }
+    }
+}
+
+// ---- Split group sums (sim: norm::group_sum; NormLayout::split_parts) --------------------------
+//
+// Where a few groups hold many elements (a batch norm's channels over N*H*W), one block a group
+// leaves most of the device idle. There a group's m elements are cut into `parts` chunks of
+// `chunk = ceil(m / parts)` consecutive elements (in the group's order e; the last chunks may be
+// short or empty), block (p, k) reduces chunk p of group k as a whole group is reduced above
+// (thread t folds the chunk's elements t, t + 256, ... from +0, then the block tree), and writes
+// its sum to part[(k * parts + p) * stride + which]; the group's sum is then +0 + part 0 +
+// part 1 + ..., in this order (tl_norm_fold), folded by every thread that reads it. Still no
+// atomics: the order is fixed in every mode. Grids are (parts, groups).
+
+// Block reduction of f(e) for lo <= e < hi: thread t folds f(lo + t), f(lo + t + 256), ...
+#define TL_NORM_REDUCE_RANGE(result, lo, hi, fe)                        \
+    do {                                                                \
+        float acc_ = 0.0f;                                              \
+        for (u64 e = (lo) + threadIdx.x; e < (hi); e += TL_BLOCK) {     \
+            acc_ = acc_ + (fe);                                         \
+        }                                                               \
+        result = tl_block_tree(acc_, 0.0f, AddOp(), smem);              \
+    } while (0)
+
+// Group k's sum `which` of `stride` from its chunk sums, +0 + part 0 + part 1 + ...
+__device__ __forceinline__ float tl_norm_fold(const float* part, u64 k, u32 parts, u32 stride,
+                                              u32 which) {
+    float s = 0.0f;
+    for (u32 p = 0; p < parts; ++p) s = s + part[(k * parts + p) * stride + which];
+    return s;
+}
+
+// Block (p, k)'s chunk [lo, hi) of group k's m elements.
+__device__ __forceinline__ void tl_norm_chunk(u32 m, u32 chunk, u64* lo, u64* hi) {
+    const u64 a = (u64)blockIdx.x * chunk;
+    *lo = a < m ? a : m;
+    *hi = a + chunk < m ? a + chunk : m;
+}
+
+// part[k * parts + p] = sum of x - x0 over chunk p of group k (the statistics' first pass;
+// centred layouts only).
+extern "C" __global__ void tl_norm_split_mean(const float* x, float* part, u32 outer, u32 groups,
+                                              u32 seg, u32 parts, u32 chunk) {
+    __shared__ float smem[33];
+    const u32 k = blockIdx.y, m = outer * seg;
+    u64 lo, hi;
+    tl_norm_chunk(m, chunk, &lo, &hi);
+    const float x0 = tl_norm_shift(x, k, m, seg, 1);
+    float s;
+    TL_NORM_REDUCE_RANGE(s, lo, hi, x[tl_norm_index(k, (u32)e, groups, seg)] - x0);
+    if (threadIdx.x == 0) part[(u64)k * parts + blockIdx.x] = s;
+}
+
+// part[k * parts + p] = sum of ((x - x0) - d)^2 over chunk p of group k, d the fold of
+// mean_part over m (x0 = d = 0, mean_part not read, where not centred).
+extern "C" __global__ void tl_norm_split_sq(const float* x, const float* mean_part, float* part,
+                                            u32 outer, u32 groups, u32 seg, u32 parts, u32 chunk,
+                                            u32 centred) {
+    __shared__ float smem[33];
+    const u32 k = blockIdx.y, m = outer * seg;
+    u64 lo, hi;
+    tl_norm_chunk(m, chunk, &lo, &hi);
+    const float x0 = tl_norm_shift(x, k, m, seg, centred);
+    const float d = centred ? tl_norm_fold(mean_part, k, parts, 1, 0) / (float)m : 0.0f;
+    float s;
+    TL_NORM_REDUCE_RANGE(s, lo, hi,
+                         tl_norm_centre(x[tl_norm_index(k, (u32)e, groups, seg)], x0, d) *
+                             tl_norm_centre(x[tl_norm_index(k, (u32)e, groups, seg)], x0, d));
+    if (threadIdx.x == 0) part[(u64)k * parts + blockIdx.x] = s;
+}
+
+// The statistics from the chunk sums, one thread a group (grid-stride over the n groups):
+// d = fold(mean_part) / m (0 where not centred), var = max(fold(sq_part) / m, 0); then
+// out[k] = d, out[n + k] = 1 / sqrt(var + eps) (tl_norm_stats), or with `moments` out[k] =
+// x0 + d, out[n + k] = var (tl_norm_moments).
+extern "C" __global__ void tl_norm_split_finish(const float* x, const float* mean_part,
+                                                const float* sq_part, float* out, u64 n, u32 seg,
+                                                u32 m, u32 parts, float eps, u32 centred,
+                                                u32 moments) {
+    const float mf = (float)m;
+    TL_GRID_STRIDE(k, n) {
+        const float x0 = centred ? x[k * seg] : 0.0f;
+        const float d = centred ? tl_norm_fold(mean_part, k, parts, 1, 0) / mf : 0.0f;
+        const float var = fmaxf(tl_norm_fold(sq_part, k, parts, 1, 0) / mf, 0.0f);
+        if (moments) {
+            out[k] = x0 + d;
+            out[n + k] = var;
+        } else {
+            out[k] = d;
+            out[n + k] = 1.0f / sqrtf(var + eps);
+        }
+    }
+}
+
+// tl_norm_bwd_x's two sums over chunk p of group k in one pass: part[(k * parts + p) * 2] =
+// sum g * gamma, part[... + 1] = sum g * gamma * xhat (the first unused where not centred).
+extern "C" __global__ void tl_norm_split_bwd_sums(const float* x, const float* stats,
+                                                  const float* gamma, const float* g,
+                                                  float* part, u32 outer, u32 groups, u32 seg,
+                                                  u32 per_column, u32 centred, u32 parts,
+                                                  u32 chunk) {
+    __shared__ float smem[33];
+    const u32 k = blockIdx.y, m = outer * seg;
+    u64 lo, hi;
+    tl_norm_chunk(m, chunk, &lo, &hi);
+    const float x0 = tl_norm_shift(x, k, m, seg, centred);
+    const float mean = tl_norm_kept_mean(stats, k, centred);
+    const float rstd = stats[groups + k];
+    float a1 = 0.0f, a2 = 0.0f;
+    for (u64 e = lo + threadIdx.x; e < hi; e += TL_BLOCK) {
+        const u64 i = tl_norm_index(k, (u32)e, groups, seg);
+        const float gh = g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)];
+        a1 = a1 + gh;
+        a2 = a2 + gh * (tl_norm_centre(x[i], x0, mean) * rstd);
+    }
+    const float s1 = tl_block_tree(a1, 0.0f, AddOp(), smem);
+    const float s2 = tl_block_tree(a2, 0.0f, AddOp(), smem);
+    if (threadIdx.x == 0) {
+        part[((u64)k * parts + blockIdx.x) * 2] = s1;
+        part[((u64)k * parts + blockIdx.x) * 2 + 1] = s2;
+    }
+}
+
+// tl_norm_bwd_x over chunk p of group k, its sums folded from tl_norm_split_bwd_sums' parts.
+extern "C" __global__ void tl_norm_split_bwd_x(const float* x, const float* stats,
+                                               const float* gamma, const float* g,
+                                               const float* part, float* dx, u32 outer,
+                                               u32 groups, u32 seg, u32 per_column, u32 centred,
+                                               u32 parts, u32 chunk) {
+    const u32 k = blockIdx.y, m = outer * seg;
+    const float mf = (float)m;
+    u64 lo, hi;
+    tl_norm_chunk(m, chunk, &lo, &hi);
+    const float x0 = tl_norm_shift(x, k, m, seg, centred);
+    const float mean = tl_norm_kept_mean(stats, k, centred);
+    const float rstd = stats[groups + k];
+    const float s1 = tl_norm_fold(part, k, parts, 2, 0);
+    const float s2 = tl_norm_fold(part, k, parts, 2, 1);
+    const float c = rstd / mf;
+    for (u64 e = lo + threadIdx.x; e < hi; e += TL_BLOCK) {
+        const u64 i = tl_norm_index(k, (u32)e, groups, seg);
+        const float h = tl_norm_centre(x[i], x0, mean) * rstd;
+        const float t = mf * g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)];
+        dx[i] = c * ((centred ? t - s1 : t) - h * s2);
+    }
+}
+
+// dgamma's and dbeta's sums over chunk p of group k, where the features are the groups (batch
+// norm): part[(k * parts + p) * 2] = sum g * xhat, part[... + 1] = sum g.
+extern "C" __global__ void tl_norm_split_affine_sums(const float* x, const float* stats,
+                                                     const float* g, float* part, u32 outer,
+                                                     u32 groups, u32 seg, u32 centred, u32 parts,
+                                                     u32 chunk) {
+    __shared__ float smem[33];
+    const u32 k = blockIdx.y, m = outer * seg;
+    u64 lo, hi;
+    tl_norm_chunk(m, chunk, &lo, &hi);
+    const float x0 = tl_norm_shift(x, k, m, seg, centred);
+    const float mean = tl_norm_kept_mean(stats, k, centred);
+    const float rstd = stats[groups + k];
+    float ag = 0.0f, ab = 0.0f;
+    for (u64 e = lo + threadIdx.x; e < hi; e += TL_BLOCK) {
+        const u64 i = tl_norm_index(k, (u32)e, groups, seg);
+        const float h = tl_norm_centre(x[i], x0, mean) * rstd;
+        ab = ab + g[i];
+        ag = ag + g[i] * h;
+    }
+    const float sg = tl_block_tree(ag, 0.0f, AddOp(), smem);
+    const float sb = tl_block_tree(ab, 0.0f, AddOp(), smem);
+    if (threadIdx.x == 0) {
+        part[((u64)k * parts + blockIdx.x) * 2] = sg;
+        part[((u64)k * parts + blockIdx.x) * 2 + 1] = sb;
+    }
+}
+
+// dgamma[f], dbeta[f] folded from tl_norm_split_affine_sums' parts, one thread a feature.
+extern "C" __global__ void tl_norm_split_affine_finish(const float* part, float* dgamma,
+                                                       float* dbeta, u64 features, u32 parts) {
+    TL_GRID_STRIDE(f, features) {
+        dgamma[f] = tl_norm_fold(part, f, parts, 2, 0);
+        dbeta[f] = tl_norm_fold(part, f, parts, 2, 1);
     }
 }
 

@@ -9,12 +9,15 @@
 //! | an optimizer step on a device in one launch per parameter, or per eight in a step over all of them ([`fused_optimizer`]: [`Device::adam_update`](crate::Device::adam_update), [`Device::momentum_update`](crate::Device::momentum_update) and their `_list` forms) instead of one launch per operation of the rule | always (Adam, AdamW, momentum SGD after its first step) | [`force_fused_optimizer`]: `Some(false)` composes the rule from the primitives |
 //! | a matmul split along `k` over several blocks (split-K: [`Gemm::k_chunk_tiled`](crate::Gemm::k_chunk_tiled), the simulation device and the CUDA launch alike) | under [`split_k_tiles`] output tiles of the kernel's own side, `k` at least two runs of 128 | [`force_split_k_tiles`]: `Some(n)` splits below `n` tiles, `Some(0)` never |
 //! | an axis sum (`tl_axis_sum_block`: reduceSum, reduceMean, the bias cotangents of linear and conv) and a norm's `dγ`/`dβ` (`tl_norm_bwd_affine_block`) by one block of threads per output instead of one thread ([`sum_by_block`]) | a sum of more than [`AXIS_THREAD_MAX_N`] terms into at most [`AXIS_BLOCK_MAX_OUT`] outputs | [`force_sums_by_block`]: `Some(true)` every sum of at least one term into at most [`AXIS_BLOCK_MAX_OUT`] outputs, `Some(false)` none |
-//! | a normalization's forward in one launch (`tl_norm_fwd`) instead of `tl_norm_stats` then `tl_norm_apply` ([`NormLayout::fused_forward`](crate::device::NormLayout::fused_forward); the same bits) | groups of at most [`NORM_FUSED_MAX`] elements | [`force_norm_fused_max`]: `Some(0)` never, `Some(usize::MAX)` always |
+//! | a normalization's forward in one launch (`tl_norm_fwd`) instead of `tl_norm_stats` then `tl_norm_apply` ([`NormLayout::fused_forward`](crate::device::NormLayout::fused_forward); the same bits) | groups of at most [`NORM_FUSED_MAX`] elements whose sums are not split | [`force_norm_fused_max`]: `Some(0)` never, `Some(usize::MAX)` wherever the sums are not split |
+//! | a normalization's group sums (statistics, `batchMoments`, `dx`, and `dγ`/`dβ` where the features are the groups) split over several blocks a group (`tl_norm_split_*`: chunk sums folded in a fixed order; other bits than one block a group) ([`norm_split_parts`]) | groups of more than [`NORM_SPLIT_MIN_CHUNK`] elements, fewer than [`NORM_SPLIT_BLOCKS`] groups: `min(⌈m / NORM_SPLIT_MIN_CHUNK⌉, ⌈NORM_SPLIT_BLOCKS / groups⌉)` parts | [`force_norm_split_parts`]: `Some(1)` never, `Some(p)` p parts a group everywhere |
 //! | the fused attention backward on a `CudaDevice` in one pass (`tl_flash_bwd_delta`, `tl_flash_bwd_atomic`: dQ added over the key blocks with `atomicAdd`) instead of the two fixed-order kernels (`tl_flash_bwd_q`, `tl_flash_bwd_kv`) ([`flash_bwd_one_pass`]) | the device's reductions not deterministic (`CudaDevice::deterministic`) and d ≤ [`FLASH_ONE_PASS_MAX_HEAD`] | [`force_flash_bwd_one_pass`]: `Some(true)` one pass wherever d ≤ 64, `Some(false)` never |
 
 use std::cell::Cell;
 
-use crate::device::norm::NORM_FUSED_MAX;
+use crate::device::norm::{
+    NORM_FUSED_MAX, NORM_SPLIT_BLOCKS, NORM_SPLIT_MAX_PARTS, NORM_SPLIT_MIN_CHUNK,
+};
 use crate::device::sim::reduce::{AXIS_BLOCK_MAX_OUT, AXIS_THREAD_MAX_N};
 use crate::device::{FLASH_ONE_PASS_MAX_HEAD, SPLIT_K_TILES};
 
@@ -170,6 +173,41 @@ pub fn force_norm_fused_max(max: Option<usize>) -> Guard {
     tl_spec::scoped::install(&NORM_FUSED, max)
 }
 
+thread_local! {
+    static NORM_SPLIT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The chunks each of `groups` normalization groups of `m` elements is summed in, one block a
+/// chunk (`tl_norm_split_*`; 1: one block a group, the unsplit kernels): `min(⌈m /`
+/// [`NORM_SPLIT_MIN_CHUNK`]`⌉, ⌈`[`NORM_SPLIT_BLOCKS`]` / groups⌉)`, so a split only where a
+/// few long groups would leave the device's multiprocessors idle (a ResNet's 64 batch-norm
+/// channels of 32 768 elements: 8 parts, 512 blocks), unless overridden on this thread
+/// ([`force_norm_split_parts`]). Never more than [`NORM_SPLIT_MAX_PARTS`], and 1 for empty
+/// groups or more groups than a grid's `y` holds. The simulation device and the CUDA launch
+/// read it alike, so they split the same way.
+pub fn norm_split_parts(groups: usize, m: usize) -> usize {
+    if groups == 0 || groups > GRID_Y_MAX || m == 0 {
+        return 1;
+    }
+    let rule = || {
+        m.div_ceil(NORM_SPLIT_MIN_CHUNK)
+            .min(NORM_SPLIT_BLOCKS.div_ceil(groups))
+    };
+    NORM_SPLIT
+        .with(Cell::get)
+        .unwrap_or_else(rule)
+        .clamp(1, NORM_SPLIT_MAX_PARTS)
+}
+
+/// Use `parts` chunks a group instead of [`norm_split_parts`]' rule on this thread until the
+/// guard drops (`None`: the production rule): `Some(1)` sums every group with one block,
+/// `Some(p)` every non-empty group in `p` chunks (some empty where `p` exceeds the group's
+/// length). The bits differ from the unsplit kernels' (another summation order, the same
+/// on the simulation device and the CUDA device).
+pub fn force_norm_split_parts(parts: Option<usize>) -> Guard {
+    tl_spec::scoped::install(&NORM_SPLIT, parts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,11 +294,36 @@ mod tests {
             assert!(!NormLayout::layer(1, 1).fused_forward());
             {
                 let _always = force_norm_fused_max(Some(usize::MAX));
+                // Split sums keep the two launches: tl_norm_fwd sums a group with one block.
+                assert!(!NormLayout::channels(64, 3, 1 << 16).fused_forward());
+                let _unsplit = force_norm_split_parts(Some(1));
                 assert!(NormLayout::channels(64, 3, 1 << 16).fused_forward());
             }
             assert!(!NormLayout::rms(1, 1).fused_forward());
         }
         assert_eq!(norm_fused_max(), NORM_FUSED_MAX);
+    }
+
+    #[test]
+    fn long_norm_groups_split_over_blocks_when_few() {
+        // The ResNet's batch norms: 64 channels of 32·32·32 elements, 8 chunks of 4096.
+        assert_eq!(norm_split_parts(64, 32 * 1024), 8);
+        // Short groups (a layer norm's rows, however few) and many groups stay whole.
+        assert_eq!(norm_split_parts(2, NORM_SPLIT_MIN_CHUNK), 1);
+        assert_eq!(norm_split_parts(2, NORM_SPLIT_MIN_CHUNK + 1), 2);
+        assert_eq!(norm_split_parts(NORM_SPLIT_BLOCKS, 1 << 20), 1);
+        // One long group: as many chunks as the target allows.
+        assert_eq!(norm_split_parts(1, 1 << 30), NORM_SPLIT_BLOCKS);
+        assert_eq!(norm_split_parts(0, 1 << 20), 1);
+        assert_eq!(norm_split_parts(GRID_Y_MAX + 1, 1 << 20), 1);
+        {
+            let _seven = force_norm_split_parts(Some(7));
+            assert_eq!(norm_split_parts(1000, 3), 7);
+            assert_eq!(norm_split_parts(1000, 0), 1, "an empty group has no chunks");
+            let _huge = force_norm_split_parts(Some(usize::MAX));
+            assert_eq!(norm_split_parts(1, 5), NORM_SPLIT_MAX_PARTS);
+        }
+        assert_eq!(norm_split_parts(64, 32 * 1024), 8);
     }
 
     #[test]

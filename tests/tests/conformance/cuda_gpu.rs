@@ -124,14 +124,15 @@ fn checks_1_and_2_hold_on_the_gpu_for_every_registry_op() {
     }
 }
 
-/// The block kernels of the sums (`tl_axis_sum_block`, `tl_norm_bwd_affine_block`) and the
-/// norm forward's two launches, which the registry's small cases reach only with their gates
-/// forced, and split-K products (module `cuda_gates`): checks 1 and 2 on the GPU for the
-/// entries that take them and for the split-K cases.
+/// The block kernels of the sums (`tl_axis_sum_block`, `tl_norm_bwd_affine_block`), the
+/// norm forward's two launches and the norms' split group sums (`tl_norm_split_*`), which the
+/// registry's small cases reach only with their gates forced, and split-K products (module
+/// `cuda_gates`): checks 1 and 2 on the GPU for the entries that take them and for the
+/// split-K cases.
 #[test]
 fn checks_1_and_2_hold_on_the_gpu_past_the_sum_norm_and_split_k_gates() {
-    use crate::cuda_gates::{SUMMING, entries};
-    use tl_tape_cuda::gates::{force_norm_fused_max, force_sums_by_block};
+    use crate::cuda_gates::{FORCED_PARTS, GROUP_SUMMING, SUMMING, entries};
+    use tl_tape_cuda::gates::{force_norm_fused_max, force_norm_split_parts, force_sums_by_block};
     if !gpu() {
         return;
     }
@@ -148,6 +149,17 @@ fn checks_1_and_2_hold_on_the_gpu_past_the_sum_norm_and_split_k_gates() {
             }
         }
         summarise(&format!("gated-{mode}"), &reports, cfg.cases);
+        let mut reports = Vec::new();
+        {
+            let _split = force_norm_split_parts(Some(FORCED_PARTS));
+            for e in entries(&GROUP_SUMMING) {
+                reports.push(check_forward(&gpu, &e, &cfg));
+                if e.applies.backward {
+                    reports.push(check_backward(&gpu, &e, &cfg));
+                }
+            }
+        }
+        summarise(&format!("norm-split-{mode}"), &reports, cfg.cases);
         let split_k = tl_conformance::checks::split_k::check_split_k_on(&gpu);
         summarise(&format!("split-k-{mode}"), &split_k, split_k_cases);
     }

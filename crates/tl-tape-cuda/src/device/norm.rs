@@ -17,6 +17,18 @@ use crate::{Error, Result, abi};
 /// ([`NormLayout::fused_forward`]): 16 elements per thread of a 256-thread block.
 pub const NORM_FUSED_MAX: usize = 4096;
 
+/// The fewest elements a group has before its sums split over several blocks
+/// ([`NormLayout::split_parts`]): 16 a thread of a 256-thread block.
+pub const NORM_SPLIT_MIN_CHUNK: usize = 4096;
+
+/// The blocks a split group sum aims for: about four a multiprocessor of an H100 or H200
+/// (132), where one block a channel left half of them idle in a ResNet's batch norms.
+pub const NORM_SPLIT_BLOCKS: usize = 512;
+
+/// The most chunks a group's sums split into: every thread that reads a sum folds its chunks'
+/// sums itself.
+pub const NORM_SPLIT_MAX_PARTS: usize = 1024;
+
 /// How x splits into normalization groups (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NormLayout {
@@ -112,11 +124,29 @@ impl NormLayout {
     /// (`tl_norm_fwd`: each group's block writes its statistics, then normalizes its own
     /// elements) rather than `norm_stats` and `norm_apply`: groups of at most
     /// [`NORM_FUSED_MAX`] elements (a layer norm's rows; overridden per thread by
-    /// [`gates::force_norm_fused_max`](crate::gates::force_norm_fused_max)). A long group (a
+    /// [`gates::force_norm_fused_max`](crate::gates::force_norm_fused_max)) whose sums are not
+    /// [split](Self::split_parts) (`tl_norm_fwd` sums a group with one block). A long group (a
     /// batch norm's channel over N·H·W) keeps the grid-wide apply, which spreads its elements
     /// over every block. The bits are the same either way.
     pub fn fused_forward(&self) -> bool {
-        self.group_len() <= crate::gates::norm_fused_max()
+        self.group_len() <= crate::gates::norm_fused_max() && self.split_parts() == 1
+    }
+
+    /// The chunks each group's sums are taken in, one block a chunk, the chunks' sums then
+    /// added in increasing order from +0 ([`gates::norm_split_parts`](crate::gates::norm_split_parts)
+    /// of the groups and their length): the statistics and `batchMoments` (`tl_norm_split_mean`,
+    /// `tl_norm_split_sq`, `tl_norm_split_finish`), `norm_bwd_x` (`tl_norm_split_bwd_sums`,
+    /// `tl_norm_split_bwd_x`) and, where the features are the groups (batch norm),
+    /// `norm_bwd_affine` (`tl_norm_split_affine_sums`, `tl_norm_split_affine_finish`). 1: one
+    /// block a group.
+    pub fn split_parts(&self) -> usize {
+        crate::gates::norm_split_parts(self.groups, self.group_len())
+    }
+
+    /// Whether `norm_bwd_affine` takes the split sums: split parts, and the features are the
+    /// groups (not [`per_column`](Self::per_column)).
+    pub fn affine_split(&self) -> bool {
+        !self.per_column && self.split_parts() > 1
     }
 
     /// The index in x of element `e` of group `k`.

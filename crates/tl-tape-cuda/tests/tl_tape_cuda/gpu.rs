@@ -725,16 +725,29 @@ fn autocast_rounds_the_implicit_convs_operands_on_the_device() {
 /// layouts (not centred, no β) and, beside them, layer and batch norm's: the statistics, the
 /// apply, the forward in one launch (`tl_norm_fwd`, rows up to `NORM_FUSED_MAX`) and in two
 /// (longer rows), dx, and dγ and dβ by thread and by block (`affine_by_block`), on inputs far
-/// from 0 as well as around it. Bit for bit on the kernel emulator (its `sqrtf` is the host's,
-/// as the sim's), within 1e-5 on a GPU. No atomics: the reduction mode changes nothing.
+/// from 0 as well as around it; the sums of the longer groups split over blocks at the
+/// production rule (`tl_norm_split_*`), and every layout's again with each group forced into
+/// 7 chunks (some empty in the short groups). Bit for bit on the kernel emulator (its `sqrtf`
+/// is the host's, as the sim's), within 1e-5 on a GPU. No atomics: the reduction mode changes
+/// nothing.
 #[test]
 fn the_norm_kernels_give_the_sims_bits_on_rms_and_centred_layouts() {
     let Some(mut cuda) = gpu() else { return };
     let exact = cfg!(feature = "cuda-emu");
     let mut r = Gen::new(0x4a5);
     let data: Vec<f32> = (0..40_000).map(|_| r.range(-2.0, 2.0) as f32).collect();
-    let want = norm_cases(&mut SimDevice::new(), &data).unwrap();
-    let got = norm_cases(&mut cuda, &data).unwrap();
+    let cases = |d: &mut dyn FnMut() -> Result<Vec<(String, Vec<f32>)>>| {
+        let mut all = d().unwrap();
+        let _seven = gates::force_norm_split_parts(Some(7));
+        all.extend(
+            d().unwrap()
+                .into_iter()
+                .map(|(n, v)| (format!("split 7: {n}"), v)),
+        );
+        all
+    };
+    let want = cases(&mut || norm_cases(&mut SimDevice::new(), &data));
+    let got = cases(&mut || norm_cases(&mut cuda, &data));
     assert_eq!(want.len(), got.len());
     let mut bad = Vec::new();
     let mut worst = 0.0f64;
@@ -781,9 +794,14 @@ fn norm_cases<D: Device>(d: &mut D, data: &[f32]) -> Result<Vec<(String, Vec<f32
         NormLayout::channels(2, 3, 5000),
     ];
     // One launch forward up to NORM_FUSED_MAX, two past it; dγ by one block per feature where
-    // each feature has many rows.
-    assert!(layouts[2].fused_forward() && !layouts[3].fused_forward());
-    assert!(layouts[4].affine_by_block() && !layouts[0].affine_by_block());
+    // each feature has many rows; the longest groups' sums split (unless forced otherwise).
+    if gates::norm_split_parts(1, 1) == 1 {
+        assert!(layouts[2].fused_forward() && !layouts[3].fused_forward());
+        assert!(layouts[4].affine_by_block() && !layouts[0].affine_by_block());
+        assert_eq!(layouts[3].split_parts(), 2);
+        assert_eq!(layouts[9].split_parts(), 3);
+        assert!(layouts[9].affine_split() && layouts[7].split_parts() == 2);
+    }
     let mut out = Vec::new();
     for (k, l) in layouts.into_iter().enumerate() {
         let n = l.outer * l.groups * l.seg;

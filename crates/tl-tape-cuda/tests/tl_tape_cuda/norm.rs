@@ -305,8 +305,9 @@ fn masked_softmax_on_the_tape_takes_a_mask_per_batch_element() {
 }
 
 /// `norm_forward` gives the bits of `norm_stats` then `norm_apply`: one launch for short groups
-/// (a layer norm's rows), two for groups longer than `NORM_FUSED_MAX`; operands checked under
-/// its own name.
+/// (a layer norm's rows), two for groups longer than `NORM_FUSED_MAX`, four where the
+/// statistics' sums are split over blocks (`tl_norm_split_mean`, `_sq`, `_finish`, then the
+/// apply); operands checked under its own name.
 #[test]
 fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
     let mut d = SimDevice::new();
@@ -330,8 +331,16 @@ fn norm_forward_is_stats_then_apply_in_one_launch_for_short_groups() {
         let before = d.traffic().launches;
         let (fy, fst) = d.norm_forward(x, ga, Some(be), l, 1e-5).unwrap();
         let launches = d.traffic().launches - before;
-        assert_eq!(launches, if l.fused_forward() { 1 } else { 2 }, "{l:?}");
+        let split = l.split_parts() > 1;
+        let want = match (l.fused_forward(), split) {
+            (true, _) => 1,
+            (false, false) => 2,
+            (false, true) => 4,
+        };
+        assert_eq!(launches, want, "{l:?}");
         assert_eq!(l.fused_forward(), l.group_len() <= 4096, "{l:?}");
+        // 3 channels of 8000: two chunks of 4000 a channel.
+        assert_eq!(split, l.group_len() == 8000, "{l:?}");
         let bits = |d: &SimDevice, b| -> Vec<u32> { crate::common::bits(&d.download(b).unwrap()) };
         assert_eq!(bits(&d, fy), bits(&d, y), "{l:?}");
         assert_eq!(bits(&d, fst), bits(&d, st), "{l:?}");
@@ -595,9 +604,12 @@ fn rms_primitives_match_the_reference() {
         let before = d.traffic().launches;
         let (y, st) = d.norm_forward(x, ga, None, l, eps as f32).unwrap();
         let launches = d.traffic().launches - before;
+        // Past NORM_FUSED_MAX the two rows split in two chunks each: tl_norm_split_sq and
+        // tl_norm_split_finish (no mean pass: not centred), then the apply.
+        assert_eq!(l.split_parts() > 1, cols > NORM_FUSED_MAX, "{l:?}");
         assert_eq!(
             launches,
-            if cols <= NORM_FUSED_MAX { 1 } else { 2 },
+            if cols <= NORM_FUSED_MAX { 1 } else { 3 },
             "{l:?}"
         );
         let what = format!("rms({rows}, {cols})");

@@ -1,6 +1,8 @@
 //! The norm family on the CUDA device (kernels/norm.cu): one launch per primitive, its operands
-//! already checked by [`Device`]'s provided methods ([`NormLayout`]'s checks). No kernel of the family uses
-//! atomics, so deterministic mode changes nothing here (the sim's order is the only order).
+//! already checked by [`Device`]'s provided methods ([`NormLayout`]'s checks); where a layout's
+//! sums are split over several blocks a group ([`NormLayout::split_parts`]), the chunk sums'
+//! launches first, into a workspace released after. No kernel of the family uses atomics, so
+//! deterministic mode changes nothing here (the sim's order is the only order).
 //!
 //! The kernels that normalize take [`NormLayout::centred`] as their last argument (0 for
 //! rmsNorm); where it is 0, the β pointer is γ's (checked by [`NormLayout::check_beta`]): a live
@@ -17,16 +19,91 @@ fn per_group(n: usize) -> u32 {
     n.clamp(1, 65_535) as u32
 }
 
+/// A split layout's parts and the arguments `outer, groups, seg, parts, chunk` of the
+/// `tl_norm_split_*` kernels: `parts` chunks of `chunk = ⌈m/parts⌉` elements a group. All
+/// u32: `check_x` holds the dims and m within x's u32 length, and
+/// [`NORM_SPLIT_MAX_PARTS`](crate::device::norm::NORM_SPLIT_MAX_PARTS) bounds the parts.
+fn split_geometry(l: NormLayout) -> (u32, [Arg; 5]) {
+    let parts = l.split_parts();
+    let chunk = l.group_len().div_ceil(parts);
+    let p = parts as u32;
+    (
+        p,
+        [
+            Arg::U32(l.outer as u32),
+            Arg::U32(l.groups as u32),
+            Arg::U32(l.seg as u32),
+            Arg::U32(p),
+            Arg::U32(chunk as u32),
+        ],
+    )
+}
+
 impl CudaDevice {
-    /// `tl_norm_stats`, one block per group.
+    /// `tl_norm_stats`, one block per group, or the split sums ([`Self::split_moments`]).
     pub(super) fn norm_stats_impl(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
+        if l.split_parts() > 1 {
+            return self.split_moments("norm_stats", x, l, eps, false);
+        }
         let tail = [Arg::F32(eps), Arg::U32(u32::from(l.centred))];
         self.per_group_moments("norm_stats", "tl_norm_stats", x, l, &tail)
     }
 
-    /// `tl_norm_moments` (`batchMoments`), one block per group.
+    /// `tl_norm_moments` (`batchMoments`), one block per group, or the split sums
+    /// ([`Self::split_moments`]).
     pub(super) fn norm_moments_impl(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
+        if l.split_parts() > 1 {
+            let l = NormLayout { centred: true, ..l };
+            return self.split_moments("norm_moments", x, l, 0.0, true);
+        }
         self.per_group_moments("norm_moments", "tl_norm_moments", x, l, &[])
+    }
+
+    /// The statistics (or, with `moments`, `batchMoments`' means and variances) of a layout
+    /// whose sums are split: `tl_norm_split_mean` (centred layouts) and `tl_norm_split_sq`
+    /// over grids of (parts, groups) blocks into two workspaces of `parts` sums a group, then
+    /// `tl_norm_split_finish`, one thread a group.
+    fn split_moments(
+        &mut self,
+        op: &'static str,
+        x: Buffer,
+        l: NormLayout,
+        eps: f32,
+        moments: bool,
+    ) -> Result<Buffer> {
+        let px = self.ptr(op, x)?;
+        let (parts, geo) = split_geometry(l);
+        let grid = [parts, l.groups as u32, 1];
+        let centred = u32::from(l.centred);
+        let mut out = None;
+        let work = self.with_outs::<2>(op, parts as usize * l.groups, |d, [mean, sq]| {
+            if l.centred {
+                let mut args = vec![Arg::Ptr(px), Arg::Ptr(mean)];
+                args.extend(geo);
+                d.run(op, "tl_norm_split_mean", grid, &args)?;
+            }
+            // Where not centred the mean's workspace is a live pointer never read.
+            let mut args = vec![Arg::Ptr(px), Arg::Ptr(mean), Arg::Ptr(sq)];
+            args.extend(geo);
+            args.push(Arg::U32(centred));
+            d.run(op, "tl_norm_split_sq", grid, &args)?;
+            out = Some(d.with_out(op, 2 * l.groups, |d, o| {
+                let ptrs = [px, mean, sq, o].map(Arg::Ptr);
+                // check_x holds m = outer·seg within x's u32 length.
+                let extra = [
+                    Arg::U32(l.seg as u32),
+                    Arg::U32(l.group_len() as u32),
+                    Arg::U32(parts),
+                    Arg::F32(eps),
+                    Arg::U32(centred),
+                    Arg::U32(u32::from(moments)),
+                ];
+                d.grid_stride(op, "tl_norm_split_finish", l.groups, &ptrs, &extra)
+            })?);
+            Ok(())
+        })?;
+        self.release_all(work);
+        out.ok_or_else(|| crate::Error::kernel(op, "the output was not allocated"))
     }
 
     /// One block per group of x: `kernel` (`tl_norm_stats` with `tail` = `eps, centred`,
@@ -197,6 +274,9 @@ impl CudaDevice {
             .iter()
             .map(|&b| self.ptr(OP, b).map(Arg::Ptr))
             .collect::<Result<Vec<_>>>()?;
+        if l.split_parts() > 1 {
+            return self.split_bwd_x(&ptrs, n, l);
+        }
         self.with_out(OP, n, |d, out| {
             if n == 0 {
                 return Ok(());
@@ -214,6 +294,40 @@ impl CudaDevice {
         })
     }
 
+    /// `norm_bwd_x` of a layout whose sums are split: `tl_norm_split_bwd_sums` into a
+    /// workspace of two sums a chunk, then `tl_norm_split_bwd_x`, both over (parts, groups)
+    /// blocks. `ptrs`: x, the statistics, γ and g.
+    fn split_bwd_x(&mut self, ptrs: &[Arg], n: usize, l: NormLayout) -> Result<Buffer> {
+        const OP: &str = "norm_bwd_x";
+        let (parts, [outer, groups, seg, _, chunk]) = split_geometry(l);
+        let grid = [parts, l.groups as u32, 1];
+        let layout = [
+            outer,
+            groups,
+            seg,
+            Arg::U32(u32::from(l.per_column)),
+            Arg::U32(u32::from(l.centred)),
+            Arg::U32(parts),
+            chunk,
+        ];
+        let mut dx = None;
+        let [work] = self.with_outs::<1>(OP, 2 * parts as usize * l.groups, |d, [part]| {
+            let mut args = ptrs.to_vec();
+            args.push(Arg::Ptr(part));
+            args.extend(layout);
+            d.run(OP, "tl_norm_split_bwd_sums", grid, &args)?;
+            dx = Some(d.with_out(OP, n, |d, out| {
+                let mut args = ptrs.to_vec();
+                args.extend([Arg::Ptr(part), Arg::Ptr(out)]);
+                args.extend(layout);
+                d.run(OP, "tl_norm_split_bwd_x", grid, &args)
+            })?);
+            Ok(())
+        })?;
+        self.release(work);
+        dx.ok_or_else(|| crate::Error::kernel(OP, "the output was not allocated"))
+    }
+
     pub(super) fn norm_bwd_affine_impl(
         &mut self,
         x: Buffer,
@@ -227,6 +341,9 @@ impl CudaDevice {
             .map(|&b| self.ptr(OP, b).map(Arg::Ptr))
             .collect::<Result<Vec<_>>>()?;
         let nf = l.features();
+        if l.affine_split() {
+            return self.split_bwd_affine(&ptrs, l);
+        }
         let [dg, db] = self.with_outs::<2>(OP, nf, |d, [dg, db]| {
             if nf == 0 {
                 return Ok(());
@@ -249,6 +366,45 @@ impl CudaDevice {
                 d.run(OP, "tl_norm_bwd_affine", [blocks(nf), 1, 1], &args)
             }
         })?;
+        Ok((dg, db))
+    }
+
+    /// `norm_bwd_affine` where the features are the groups and their sums are split:
+    /// `tl_norm_split_affine_sums` over (parts, groups) blocks into a workspace of two sums a
+    /// chunk, then `tl_norm_split_affine_finish`, one thread a feature. `ptrs`: x, the
+    /// statistics and g.
+    fn split_bwd_affine(&mut self, ptrs: &[Arg], l: NormLayout) -> Result<(Buffer, Buffer)> {
+        const OP: &str = "norm_bwd_affine";
+        let (parts, [outer, groups, seg, _, chunk]) = split_geometry(l);
+        let grid = [parts, l.groups as u32, 1];
+        let mut out = None;
+        let [work] = self.with_outs::<1>(OP, 2 * parts as usize * l.groups, |d, [part]| {
+            let mut args = ptrs.to_vec();
+            args.push(Arg::Ptr(part));
+            args.extend([
+                outer,
+                groups,
+                seg,
+                Arg::U32(u32::from(l.centred)),
+                Arg::U32(parts),
+                chunk,
+            ]);
+            d.run(OP, "tl_norm_split_affine_sums", grid, &args)?;
+            out = Some(d.with_outs::<2>(OP, l.groups, |d, [dg, db]| {
+                let ptrs = [part, dg, db].map(Arg::Ptr);
+                d.grid_stride(
+                    OP,
+                    "tl_norm_split_affine_finish",
+                    l.groups,
+                    &ptrs,
+                    &[Arg::U32(parts)],
+                )
+            })?);
+            Ok(())
+        })?;
+        self.release(work);
+        let [dg, db] =
+            out.ok_or_else(|| crate::Error::kernel(OP, "the output was not allocated"))?;
         Ok((dg, db))
     }
 

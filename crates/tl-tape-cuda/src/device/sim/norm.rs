@@ -5,9 +5,12 @@
 //! - statistics and `norm_bwd_x`: one block of [`BLOCK`](super::reduce::BLOCK) threads per
 //!   group; the group's sums (`Σ (x − x₀)`, `Σ x̃²`, `Σ ĝ`, `Σ ĝ·x̂`) over its elements in
 //!   [`NormLayout::index`] order, folded per thread and then by the block tree
-//!   ([`block_sum`]);
+//!   ([`block_sum`]); or, where [`NormLayout::split_parts`] > 1, each sum in that many
+//!   chunks of consecutive elements, each chunk as a group is, the chunks' sums added from +0
+//!   in increasing order ([`group_sum`]; the `tl_norm_split_*` kernels);
 //! - `norm_bwd_affine`: one thread per γ/β entry, accumulating from `0.0` over its elements in
-//!   increasing index order;
+//!   increasing index order (or by one block an entry, [`NormLayout::affine_by_block`], or in
+//!   chunks as above, [`NormLayout::affine_split`]);
 //! - `masked_softmax_rows`: one block per row, the max over allowed entries with `fmaxf` from
 //!   −∞ and the sum of `exp(x − m)` over allowed entries (0 for the others) by the block tree.
 //!
@@ -57,14 +60,32 @@ fn shift(x: &[f32], l: NormLayout, k: usize) -> f32 {
     }
 }
 
+/// The sum of `f(e)` over a group's `m` elements `e` taken in `parts` chunks of `⌈m/parts⌉`
+/// consecutive elements (the last ones short or empty): each chunk by [`block_sum`], the
+/// chunks' sums added from +0 in increasing order (`tl_norm_fold` over the `tl_norm_split_*`
+/// kernels' parts). With one part, `block_sum(m, f)` (its bits: `+0 + s = s`, and a block
+/// tree that starts from +0 never gives −0).
+pub fn group_sum(m: usize, parts: usize, f: impl Fn(usize) -> f32) -> f32 {
+    if parts <= 1 {
+        return block_sum(m, f);
+    }
+    let chunk = m.div_ceil(parts);
+    (0..parts).fold(0.0f32, |acc, p| {
+        let lo = (p * chunk).min(m);
+        let hi = (lo + chunk).min(m);
+        acc + block_sum(hi - lo, |j| f(lo + j))
+    })
+}
+
 /// Group k's centre and biased variance `max(Σ x̃²/m, 0)`, two passes
-/// (`tl_norm_group_moments`); one, `max(Σ x²/m, 0)`, where `l` is not centred (x₀ = d̄ = 0).
-fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (Centre, f32) {
+/// (`tl_norm_group_moments`, or split: `tl_norm_split_mean`, `tl_norm_split_sq`,
+/// `tl_norm_split_finish`); one, `max(Σ x²/m, 0)`, where `l` is not centred (x₀ = d̄ = 0).
+fn group_moments(x: &[f32], l: NormLayout, k: usize, parts: usize) -> (Centre, f32) {
     let m = l.group_len();
     let mf = m as f32;
     let x0 = shift(x, l, k);
     let shifted_mean = if l.centred {
-        block_sum(m, |e| x[l.index(k, e)] - x0) / mf
+        group_sum(m, parts, |e| x[l.index(k, e)] - x0) / mf
     } else {
         0.0
     };
@@ -72,7 +93,7 @@ fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (Centre, f32) {
         shift: x0,
         shifted_mean,
     };
-    let sq = block_sum(m, |e| {
+    let sq = group_sum(m, parts, |e| {
         let d = c.of(x[l.index(k, e)]);
         d * d
     });
@@ -81,9 +102,9 @@ fn group_moments(x: &[f32], l: NormLayout, k: usize) -> (Centre, f32) {
 
 /// `out = [d̄…, rstds…]` of the groups of `l`.
 pub fn stats(x: &[f32], l: NormLayout, eps: f32, out: &mut [f32]) {
-    let g = l.groups;
+    let (g, parts) = (l.groups, l.split_parts());
     for k in 0..g {
-        let (c, var) = group_moments(x, l, k);
+        let (c, var) = group_moments(x, l, k, parts);
         out[k] = c.shifted_mean;
         out[g + k] = 1.0 / (var + eps).sqrt();
     }
@@ -92,10 +113,10 @@ pub fn stats(x: &[f32], l: NormLayout, eps: f32, out: &mut [f32]) {
 /// `out = [means…, variances…]` of the groups of `l` (`tl_norm_moments`, `batchMoments`),
 /// each mean `x₀ + d̄`; always centred, as the kernel is.
 pub fn moments(x: &[f32], l: NormLayout, out: &mut [f32]) {
-    let g = l.groups;
+    let (g, parts) = (l.groups, l.split_parts());
     let l = NormLayout { centred: true, ..l };
     for k in 0..g {
-        let (c, var) = group_moments(x, l, k);
+        let (c, var) = group_moments(x, l, k, parts);
         (out[k], out[g + k]) = (c.shift + c.shifted_mean, var);
     }
 }
@@ -154,19 +175,20 @@ pub fn apply(x: &[f32], st: &[f32], gamma: &[f32], beta: &[f32], l: NormLayout, 
 }
 
 /// `dx = rstd/m · (m·ĝ − Σ ĝ − x̂·Σ ĝ·x̂)` per group; `rstd/m · (m·ĝ − x̂·Σ ĝ·x̂)`, no `Σ ĝ`
-/// pass, where `l` is not centred.
+/// pass, where `l` is not centred. The sums as [`group_sum`] takes them (`tl_norm_bwd_x`, or
+/// split: `tl_norm_split_bwd_sums`, `tl_norm_split_bwd_x`).
 pub fn bwd_x(x: &[f32], st: &[f32], gamma: &[f32], g: &[f32], l: NormLayout, dx: &mut [f32]) {
-    let (ng, m) = (l.groups, l.group_len());
+    let (ng, m, parts) = (l.groups, l.group_len(), l.split_parts());
     let mf = m as f32;
     for k in 0..ng {
         let (c, rstd) = (Centre::kept(x, l, k, st), st[ng + k]);
         let gh = |i: usize| g[i] * gamma[l.feature_of(i)];
         let s1 = if l.centred {
-            block_sum(m, |e| gh(l.index(k, e)))
+            group_sum(m, parts, |e| gh(l.index(k, e)))
         } else {
             0.0
         };
-        let s2 = block_sum(m, |e| {
+        let s2 = group_sum(m, parts, |e| {
             let i = l.index(k, e);
             gh(i) * (c.of(x[i]) * rstd)
         });
@@ -182,8 +204,10 @@ pub fn bwd_x(x: &[f32], st: &[f32], gamma: &[f32], g: &[f32], l: NormLayout, dx:
 }
 
 /// `(dγ, dβ)`: per feature, `Σ g·x̂` (x̂ = x·rstd where `l` is not centred) and `Σ g` in
-/// increasing index order — or, where
-/// [`NormLayout::affine_by_block`], each by one block in the block order ([`block_sum`]).
+/// increasing index order — or, where [`NormLayout::affine_split`], each in the group's
+/// chunks ([`group_sum`]: `tl_norm_split_affine_sums`, `tl_norm_split_affine_finish`), or,
+/// where [`NormLayout::affine_by_block`], each by one block in the block order
+/// ([`block_sum`]).
 pub fn bwd_affine(
     x: &[f32],
     st: &[f32],
@@ -192,7 +216,8 @@ pub fn bwd_affine(
     dgamma: &mut [f32],
     dbeta: &mut [f32],
 ) {
-    let by_block = l.affine_by_block();
+    let parts = if l.affine_split() { l.split_parts() } else { 1 };
+    let by_block = parts > 1 || l.affine_by_block();
     for f in 0..l.features() {
         let terms = |e: usize| {
             let i = l.feature_element(f, e);
@@ -204,7 +229,10 @@ pub fn bwd_affine(
         (dgamma[f], dbeta[f]) = if by_block {
             // Each term once: the kernel's one pass feeds both trees.
             let (tg, tb): (Vec<f32>, Vec<f32>) = (0..n).map(terms).unzip();
-            (block_sum(n, |e| tg[e]), block_sum(n, |e| tb[e]))
+            (
+                group_sum(n, parts, |e| tg[e]),
+                group_sum(n, parts, |e| tb[e]),
+            )
         } else {
             (0..n).fold((0.0f32, 0.0f32), |(ag, ab), e| {
                 let (tg, tb) = terms(e);

@@ -355,15 +355,19 @@ impl Launch for SimDevice {
     }
 
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
-        self.launch("norm_stats", [x], 2 * l.groups, |[x], out| {
+        let out = self.launch("norm_stats", [x], 2 * l.groups, |[x], out| {
             norm::stats(x, l, eps, out)
-        })
+        })?;
+        self.count_split_passes(l, l.centred);
+        Ok(out)
     }
 
     fn launch_norm_moments(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
-        self.launch("norm_moments", [x], 2 * l.groups, |[x], out| {
+        let out = self.launch("norm_moments", [x], 2 * l.groups, |[x], out| {
             norm::moments(x, l, out)
-        })
+        })?;
+        self.count_split_passes(l, true);
+        Ok(out)
     }
 
     fn launch_norm_moments_bwd(
@@ -448,9 +452,14 @@ impl Launch for SimDevice {
     ) -> Result<Buffer> {
         const OP: &str = "norm_bwd_x";
         let n = x.len();
-        self.launch(OP, [x, stats, gamma, g], n, |[x, st, ga, g], dx| {
+        let dx = self.launch(OP, [x, stats, gamma, g], n, |[x, st, ga, g], dx| {
             norm::bwd_x(x, st, ga, g, l, dx)
-        })
+        })?;
+        if l.split_parts() > 1 {
+            // tl_norm_split_bwd_sums before tl_norm_split_bwd_x.
+            self.traffic.launch();
+        }
+        Ok(dx)
     }
 
     fn launch_norm_bwd_affine(
@@ -461,9 +470,14 @@ impl Launch for SimDevice {
         l: NormLayout,
     ) -> Result<(Buffer, Buffer)> {
         const OP: &str = "norm_bwd_affine";
-        self.launch2(OP, [x, stats, g], l.features(), |[x, st, g], dg, db| {
+        let out = self.launch2(OP, [x, stats, g], l.features(), |[x, st, g], dg, db| {
             norm::bwd_affine(x, st, g, l, dg, db)
-        })
+        })?;
+        if l.affine_split() {
+            // tl_norm_split_affine_sums before tl_norm_split_affine_finish.
+            self.traffic.launch();
+        }
+        Ok(out)
     }
 
     fn launch_masked_softmax_rows(
@@ -633,5 +647,18 @@ impl Launch for SimDevice {
         self.map2(act.kernels().1, x, g, |v, g| {
             super::point_act::backward(act, v, g)
         })
+    }
+}
+
+impl SimDevice {
+    /// The CUDA device's launches before `tl_norm_split_finish` where `l`'s sums are split
+    /// ([`NormLayout::split_parts`]): `tl_norm_split_sq`, after `tl_norm_split_mean` where
+    /// `centred`.
+    fn count_split_passes(&mut self, l: NormLayout, centred: bool) {
+        if l.split_parts() > 1 {
+            for _ in 0..1 + usize::from(centred) {
+                self.traffic.launch();
+            }
+        }
     }
 }
