@@ -13,7 +13,7 @@ use tl_conformance::checks::autocast::{
     TapeRun, check_products, product_entries, tape_attention_matches_the_reference,
     tape_products_match_the_reference,
 };
-use tl_conformance::{Report, RunConfig, assert_all_passed};
+use tl_conformance::{OpInfo, Report, RunConfig, assert_all_passed};
 use tl_ir::Op;
 use tl_spec::Tensor;
 use tl_tape_cpu::gates::{self, Gates};
@@ -357,14 +357,30 @@ fn tape_products_match_the_reference_on_the_emulated_kernels() {
 /// [`check_products`] at both settings on every product op's registry cases, `cfg.cases` each,
 /// on the tape `run` gives (named `name` in the reports).
 fn every_product(cfg: &RunConfig, name: &str, run: &mut TapeRun<'_>) -> Vec<Report> {
-    let entries = product_entries();
+    products(&product_entries(), cfg, name, run)
+}
+
+/// [`check_products`] of `entries` at each autocast precision.
+fn products(entries: &[OpInfo], cfg: &RunConfig, name: &str, run: &mut TapeRun<'_>) -> Vec<Report> {
     let mut reports = Vec::new();
     for p in AUTOCAST {
-        for e in &entries {
+        for e in entries {
             reports.push(check_products(e, cfg, p, name, run));
         }
     }
     reports
+}
+
+/// The product entries whose path the implicit-GEMM conv gate moves: `conv` alone (its
+/// forward, input and weight cotangents; `convTranspose` runs `col2im` and the GEMM at every
+/// size).
+fn implicit_conv_entries() -> Vec<OpInfo> {
+    let conv: Vec<OpInfo> = product_entries()
+        .into_iter()
+        .filter(|e| e.name == "conv")
+        .collect();
+    assert_eq!(conv.len(), 1, "the conv entry");
+    conv
 }
 
 /// The product ops' registry cases on the CPU tape, on each bf16 kernel this CPU has, at the
@@ -400,9 +416,9 @@ fn entries_named() -> Vec<&'static str> {
 }
 
 /// The product ops' registry cases on the sim, at the default gates (the registry's convs are
-/// small: im2col and the tensor-core GEMM) and with the implicit-GEMM conv kernels forced on
-/// (`force_conv_implicit_min_tiles(Some(0))`: the conv's operands rounded into copies, then
-/// the f32 kernels). No registry case reaches a split along `k` (k ≥ 256) even with the split
+/// small: im2col and the tensor-core GEMM) and conv's again with the implicit-GEMM conv
+/// kernels forced on (`force_conv_implicit_min_tiles(Some(0))`: the conv's operands rounded
+/// into copies, then the f32 kernels). No registry case reaches a split along `k` (k ≥ 256) even with the split
 /// threshold forced; the fixed products of `tl_tape_cuda`'s `autocast::` tests split it.
 #[test]
 fn every_product_op_matches_the_reference_on_the_cuda_sim() {
@@ -412,13 +428,14 @@ fn every_product_op_matches_the_reference_on_the_cuda_sim() {
     let cfg = RunConfig::from_env();
     let mut reports = every_product(&cfg, "cuda-sim", &mut run);
     let _implicit = tl_tape_cuda::gates::force_conv_implicit_min_tiles(Some(0));
-    reports.extend(every_product(&cfg, "cuda-sim implicit conv", &mut run));
+    let conv = implicit_conv_entries();
+    reports.extend(products(&conv, &cfg, "cuda-sim implicit conv", &mut run));
     assert_all_passed(&reports, cfg.cases);
 }
 
 /// A quarter of the default cases (the emulated kernels give the sim's bits on every registry
-/// op: `cuda_emu::`), unless `TL_CASES` is set; the default gates, then the implicit-GEMM conv
-/// kernels forced on.
+/// op: `cuda_emu::`), unless `TL_CASES` is set; the default gates, then conv's cases with the
+/// implicit-GEMM conv kernels forced on.
 #[cfg(feature = "cuda-emu")]
 #[test]
 fn every_product_op_matches_the_reference_on_the_emulated_kernels() {
@@ -429,7 +446,8 @@ fn every_product_op_matches_the_reference_on_the_emulated_kernels() {
     let cfg = RunConfig::from_env_or(tl_conformance::config::DEFAULT_CASES / 4);
     let mut reports = every_product(&cfg, "cuda-emu", &mut run);
     let _implicit = tl_tape_cuda::gates::force_conv_implicit_min_tiles(Some(0));
-    reports.extend(every_product(&cfg, "cuda-emu implicit conv", &mut run));
+    let conv = implicit_conv_entries();
+    reports.extend(products(&conv, &cfg, "cuda-emu implicit conv", &mut run));
     assert_all_passed(&reports, cfg.cases);
 }
 

@@ -218,29 +218,18 @@ impl Stack {
         })?;
         // The whole model's size, checked before anything is allocated (a huge num_layers of
         // small layers is an error, not a long loop that ends in an abort).
-        let per_layer = |inputs: usize| {
-            inputs
-                .checked_add(hidden_size)
-                .and_then(|n| n.checked_add(2))
-                .and_then(|n| n.checked_mul(rows))
-        };
-        let total = per_layer(input_size).and_then(|first| {
-            per_layer(hidden_size)?
-                .checked_mul(config.num_layers - 1)?
-                .checked_add(first)
-        });
-        let Some(total) = total else {
-            return bad(format!(
-                "{} layers of hidden_size {hidden_size} have more parameters than usize holds",
-                config.num_layers
-            ));
-        };
-        let what = format!(
-            "{} {path:?}: the parameters of {} layer(s) of hidden_size {hidden_size}",
-            cell.name(),
-            config.num_layers
-        );
-        tl_spec::alloc::check_len::<O::T>(cell.new_op(), &what, total)?;
+        let (layers, name) = (config.num_layers, cell.name());
+        crate::models::check_params::<O>(
+            cell.new_op(),
+            &format_args!("{name} {path:?} of {layers} layer(s) of hidden_size {hidden_size}"),
+            &[
+                // weight_ih of the first layer and of the others, weight_hh, the two biases.
+                (1, &[rows, input_size]),
+                (layers - 1, &[rows, hidden_size]),
+                (layers, &[rows, hidden_size]),
+                (layers, &[2, rows]),
+            ],
+        )?;
         // PyTorch: every weight and bias uniform in ±1/√H.
         let k = 1.0 / (hidden_size as f64).sqrt();
         let init = Init::Uniform { lo: -k, hi: k };

@@ -39,20 +39,26 @@ fn fft_err(e: tl_fft::FftError) -> crate::Error {
 }
 
 impl<F: Real + Scalar> Fft<F> {
-    pub(super) fn new(n: usize, w: usize, m: usize) -> Self {
+    /// The plans of length `n` and a line and a spectrum of it, the buffers allocated
+    /// fallibly ([`tl_spec::alloc::try_vec`]: an error naming the op, not an abort) before the
+    /// planner's own O(n) tables.
+    pub(super) fn new(n: usize, w: usize, m: usize) -> Result<Self> {
+        let zero = Complex::new(F::zero(), F::zero());
+        let line = tl_spec::alloc::try_vec(OP, "FFT line", n, F::zero())?;
+        let spec = try_zeroed_complex(n / 2 + 1, zero)?;
         let tl_fft::Plans {
             forward: fwd,
             inverse: inv,
         } = F::plans(n);
-        Fft {
+        Ok(Fft {
             n,
             w,
             m,
-            spec: fwd.make_output_vec(),
+            spec,
             fwd,
             inv,
-            line: vec![F::zero(); n],
-        }
+            line,
+        })
     }
 
     fn edge(&self, k: usize) -> bool {
@@ -111,7 +117,7 @@ fn rfft_slices<F: Real + Scalar>(
     let mut out = try_zeroed_complex(slices * m * w, zero)?;
     let work = transform_work(slices, n, w);
     par::rows(&mut out, m * w, work, &|first, block| {
-        let mut f = Fft::new(n, w, m);
+        let mut f = Fft::new(n, w, m)?;
         for (j, bins) in block.chunks_exact_mut(m * w).enumerate() {
             let b = first + j;
             f.rfft(&x[b * n * w..(b + 1) * n * w], bins)?;
@@ -141,7 +147,7 @@ fn irfft_slices<F: Real + Scalar>(
     let slices = out.len() / (n * w).max(1);
     let work = transform_work(slices, n, w);
     par::rows(out, n * w, work, &|first, block| {
-        let mut f = Fft::new(n, w, m);
+        let mut f = Fft::new(n, w, m)?;
         for (j, y) in block.chunks_exact_mut(n * w).enumerate() {
             f.irfft(&z[(first + j) * w..], slices * w, scale, y)?;
         }
