@@ -414,6 +414,38 @@ extern "C" __global__ void tl_norm_split_finish(const float* x, const float* mea
     }
 }
 
+// Block (p, k)'s share of group k in the backward's split kernels: its chunk [lo, hi), the
+// group's shift x0, d and rstd from the statistics (x0 = d = 0 where not centred).
+struct TlNormSplitChunk {
+    u32 k, m;
+    u64 lo, hi;
+    float x0, mean, rstd;
+};
+
+__device__ TlNormSplitChunk tl_norm_split_chunk(const float* x, const float* stats, u32 outer,
+                                                u32 groups, u32 seg, u32 centred, u32 chunk) {
+    TlNormSplitChunk c;
+    c.k = blockIdx.y;
+    c.m = outer * seg;
+    tl_norm_chunk(c.m, chunk, &c.lo, &c.hi);
+    c.x0 = tl_norm_shift(x, c.k, c.m, seg, centred);
+    c.mean = tl_norm_kept_mean(stats, c.k, centred);
+    c.rstd = stats[groups + c.k];
+    return c;
+}
+
+// The block sums of a and b (per-thread partial sums) to part[(k * parts + p) * 2] and
+// part[... + 1].
+__device__ void tl_norm_split_put2(float a, float b, float* part, u32 k, u32 parts,
+                                   float* smem) {
+    const float sa = tl_block_tree(a, 0.0f, AddOp(), smem);
+    const float sb = tl_block_tree(b, 0.0f, AddOp(), smem);
+    if (threadIdx.x == 0) {
+        part[((u64)k * parts + blockIdx.x) * 2] = sa;
+        part[((u64)k * parts + blockIdx.x) * 2 + 1] = sb;
+    }
+}
+
 // tl_norm_bwd_x's two sums over chunk p of group k in one pass: part[(k * parts + p) * 2] =
 // sum g * gamma, part[... + 1] = sum g * gamma * xhat (the first unused where not centred).
 extern "C" __global__ void tl_norm_split_bwd_sums(const float* x, const float* stats,
@@ -422,25 +454,15 @@ extern "C" __global__ void tl_norm_split_bwd_sums(const float* x, const float* s
                                                   u32 per_column, u32 centred, u32 parts,
                                                   u32 chunk) {
     __shared__ float smem[33];
-    const u32 k = blockIdx.y, m = outer * seg;
-    u64 lo, hi;
-    tl_norm_chunk(m, chunk, &lo, &hi);
-    const float x0 = tl_norm_shift(x, k, m, seg, centred);
-    const float mean = tl_norm_kept_mean(stats, k, centred);
-    const float rstd = stats[groups + k];
+    const TlNormSplitChunk c = tl_norm_split_chunk(x, stats, outer, groups, seg, centred, chunk);
     float a1 = 0.0f, a2 = 0.0f;
-    for (u64 e = lo + threadIdx.x; e < hi; e += TL_BLOCK) {
-        const u64 i = tl_norm_index(k, (u32)e, groups, seg);
+    for (u64 e = c.lo + threadIdx.x; e < c.hi; e += TL_BLOCK) {
+        const u64 i = tl_norm_index(c.k, (u32)e, groups, seg);
         const float gh = g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)];
         a1 = a1 + gh;
-        a2 = a2 + gh * (tl_norm_centre(x[i], x0, mean) * rstd);
+        a2 = a2 + gh * (tl_norm_centre(x[i], c.x0, c.mean) * c.rstd);
     }
-    const float s1 = tl_block_tree(a1, 0.0f, AddOp(), smem);
-    const float s2 = tl_block_tree(a2, 0.0f, AddOp(), smem);
-    if (threadIdx.x == 0) {
-        part[((u64)k * parts + blockIdx.x) * 2] = s1;
-        part[((u64)k * parts + blockIdx.x) * 2 + 1] = s2;
-    }
+    tl_norm_split_put2(a1, a2, part, c.k, parts, smem);
 }
 
 // tl_norm_bwd_x over chunk p of group k, its sums folded from tl_norm_split_bwd_sums' parts.
@@ -449,21 +471,16 @@ extern "C" __global__ void tl_norm_split_bwd_x(const float* x, const float* stat
                                                const float* part, float* dx, u32 outer,
                                                u32 groups, u32 seg, u32 per_column, u32 centred,
                                                u32 parts, u32 chunk) {
-    const u32 k = blockIdx.y, m = outer * seg;
-    const float mf = (float)m;
-    u64 lo, hi;
-    tl_norm_chunk(m, chunk, &lo, &hi);
-    const float x0 = tl_norm_shift(x, k, m, seg, centred);
-    const float mean = tl_norm_kept_mean(stats, k, centred);
-    const float rstd = stats[groups + k];
-    const float s1 = tl_norm_fold(part, k, parts, 2, 0);
-    const float s2 = tl_norm_fold(part, k, parts, 2, 1);
-    const float c = rstd / mf;
-    for (u64 e = lo + threadIdx.x; e < hi; e += TL_BLOCK) {
-        const u64 i = tl_norm_index(k, (u32)e, groups, seg);
-        const float h = tl_norm_centre(x[i], x0, mean) * rstd;
+    const TlNormSplitChunk c = tl_norm_split_chunk(x, stats, outer, groups, seg, centred, chunk);
+    const float mf = (float)c.m;
+    const float s1 = tl_norm_fold(part, c.k, parts, 2, 0);
+    const float s2 = tl_norm_fold(part, c.k, parts, 2, 1);
+    const float scale = c.rstd / mf;
+    for (u64 e = c.lo + threadIdx.x; e < c.hi; e += TL_BLOCK) {
+        const u64 i = tl_norm_index(c.k, (u32)e, groups, seg);
+        const float h = tl_norm_centre(x[i], c.x0, c.mean) * c.rstd;
         const float t = mf * g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)];
-        dx[i] = c * ((centred ? t - s1 : t) - h * s2);
+        dx[i] = scale * ((centred ? t - s1 : t) - h * s2);
     }
 }
 
@@ -474,25 +491,15 @@ extern "C" __global__ void tl_norm_split_affine_sums(const float* x, const float
                                                      u32 groups, u32 seg, u32 centred, u32 parts,
                                                      u32 chunk) {
     __shared__ float smem[33];
-    const u32 k = blockIdx.y, m = outer * seg;
-    u64 lo, hi;
-    tl_norm_chunk(m, chunk, &lo, &hi);
-    const float x0 = tl_norm_shift(x, k, m, seg, centred);
-    const float mean = tl_norm_kept_mean(stats, k, centred);
-    const float rstd = stats[groups + k];
+    const TlNormSplitChunk c = tl_norm_split_chunk(x, stats, outer, groups, seg, centred, chunk);
     float ag = 0.0f, ab = 0.0f;
-    for (u64 e = lo + threadIdx.x; e < hi; e += TL_BLOCK) {
-        const u64 i = tl_norm_index(k, (u32)e, groups, seg);
-        const float h = tl_norm_centre(x[i], x0, mean) * rstd;
+    for (u64 e = c.lo + threadIdx.x; e < c.hi; e += TL_BLOCK) {
+        const u64 i = tl_norm_index(c.k, (u32)e, groups, seg);
+        const float h = tl_norm_centre(x[i], c.x0, c.mean) * c.rstd;
         ab = ab + g[i];
         ag = ag + g[i] * h;
     }
-    const float sg = tl_block_tree(ag, 0.0f, AddOp(), smem);
-    const float sb = tl_block_tree(ab, 0.0f, AddOp(), smem);
-    if (threadIdx.x == 0) {
-        part[((u64)k * parts + blockIdx.x) * 2] = sg;
-        part[((u64)k * parts + blockIdx.x) * 2 + 1] = sb;
-    }
+    tl_norm_split_put2(ag, ab, part, c.k, parts, smem);
 }
 
 // dgamma[f], dbeta[f] folded from tl_norm_split_affine_sums' parts, one thread a feature.

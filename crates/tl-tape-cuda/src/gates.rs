@@ -166,9 +166,10 @@ pub fn norm_fused_max() -> usize {
 }
 
 /// Use `max` instead of [`NORM_FUSED_MAX`] on this thread until the guard drops (`None`: the
-/// production threshold): `Some(0)` runs every normalization forward as its two launches,
-/// `Some(usize::MAX)` every one as one (`tl_norm_fwd` strides over a group of any length).
-/// The bits are the same either way.
+/// production threshold): `Some(0)` runs every normalization forward as its statistics and
+/// the apply, `Some(usize::MAX)` every one whose sums are not split ([`norm_split_parts`]) as
+/// one launch (`tl_norm_fwd` strides over a group of any length). The bits are the same
+/// either way.
 pub fn force_norm_fused_max(max: Option<usize>) -> Guard {
     tl_spec::scoped::install(&NORM_FUSED, max)
 }

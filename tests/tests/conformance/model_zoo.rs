@@ -196,6 +196,7 @@ fn forced<R>(on: bool, f: impl FnOnce() -> R) -> R {
     let _split_k = cuda::force_split_k_tiles(Some(none));
     let _sums = cuda::force_sums_by_block(Some(on));
     let _norm = cuda::force_norm_fused_max(Some(none));
+    let _norm_split = cuda::force_norm_split_parts(Some(if on { 3 } else { 1 }));
     let _flash = cuda::force_flash_bwd_one_pass(Some(on));
     let _optimizer = cuda::force_fused_optimizer(Some(on));
     f()

@@ -734,8 +734,9 @@ pub trait Device: Launch {
     }
     /// [`norm_stats`](Self::norm_stats) then [`norm_apply`](Self::norm_apply): `(y, stats)`,
     /// the bits of the two. One launch where the groups are short
-    /// ([`NormLayout::fused_forward`]), two otherwise. PyTorch: `torch.native_layer_norm`
-    /// (the output with the saved mean and rstd). `beta` as for `norm_apply`: `Some` exactly
+    /// ([`NormLayout::fused_forward`]), two otherwise, or, where the statistics' sums are
+    /// split ([`NormLayout::split_parts`]), their own launches (two or three) and the apply.
+    /// PyTorch: `torch.native_layer_norm` (the output with the saved mean and rstd). `beta` as for `norm_apply`: `Some` exactly
     /// where `l` is [`centred`](NormLayout::centred) (RMS norm: `None`; PyTorch:
     /// `F.rms_norm`).
     fn norm_forward(

@@ -264,7 +264,8 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
         one!(nm, "norm_forward", false, fst);
         d.release_all([ga].into_iter().chain(be));
     }
-    // Groups longer than NORM_FUSED_MAX: norm_forward as its two launches.
+    // Groups longer than NORM_FUSED_MAX: norm_forward not in one launch (these five channels
+    // of 60 000 split their sums over 15 blocks each, tl_norm_split_*).
     let l = NormLayout::channels(2, 5, 30_000);
     assert!(!l.fused_forward());
     let xl = d.upload(&i.big[..300_000])?;
@@ -274,7 +275,8 @@ fn run_all<D: Device>(d: &mut D, i: &Inputs) -> Result<Vec<Out>> {
     one!(nm, "norm_forward", false, ly);
     one!(nm, "norm_forward", false, lst);
     d.release_all([ga, be]);
-    // rmsNorm's rows longer than NORM_FUSED_MAX: its two launches too.
+    // rmsNorm's rows longer than NORM_FUSED_MAX: not one launch either (60 rows of 5000 split
+    // in 2 chunks each).
     let l = NormLayout::rms(60, 5000);
     assert!(!l.fused_forward());
     let ga = d.upload(&i.big[..5000])?;

@@ -4,9 +4,10 @@
 //! launches first, into a workspace released after. No kernel of the family uses atomics, so
 //! deterministic mode changes nothing here (the sim's order is the only order).
 //!
-//! The kernels that normalize take [`NormLayout::centred`] as their last argument (0 for
-//! rmsNorm); where it is 0, the β pointer is γ's (checked by [`NormLayout::check_beta`]): a live
-//! allocation, never read.
+//! The kernels that normalize take [`NormLayout::centred`] (0 for rmsNorm: last, but before
+//! the split kernels' parts and chunk, and `tl_norm_split_finish`'s `moments`); where it is
+//! 0, the β pointer is γ's (checked by [`NormLayout::check_beta`]): a live allocation, never
+//! read.
 
 use super::CudaDevice;
 use super::driver::Arg;
