@@ -262,7 +262,7 @@ impl CudaDevice {
         runs: impl FnOnce(&mut Self, u64) -> Result<()>,
     ) -> Result<()> {
         let (batch, mn) = (bt.count, g.m * g.n);
-        let [part] = self.with_outs::<1>(op, batch * splits * mn, |d, [part]| {
+        self.with_workspace(op, batch * splits * mn, |d, part| {
             runs(d, part)?;
             let total = batch * mn;
             // Checked by the callers (`check::batch`, `check::gemm_lens`, `Windows::check`):
@@ -279,9 +279,7 @@ impl CudaDevice {
                 Arg::U32(u32::from(bt.merged[2])),
             ];
             d.run(op, "tl_gemm_sum_splits", [blocks(total), 1, 1], &sum)
-        })?;
-        self.release(part);
-        Ok(())
+        })
     }
 
     /// A row kernel `kernel(ins..., out, rows, cols, extra...)`, one block per row, with an

@@ -150,6 +150,20 @@ impl CudaDevice {
         self.with_outs::<1>(op, n, |d, [o]| body(d, o)).map(|[b]| b)
     }
 
+    /// A pool workspace of `n` elements for `body` (its address), released after it, whether
+    /// it succeeds or fails; `body`'s result.
+    pub(super) fn with_workspace<T>(
+        &mut self,
+        op: &'static str,
+        n: usize,
+        body: impl FnOnce(&mut Self, u64) -> Result<T>,
+    ) -> Result<T> {
+        let (work, ptr) = self.alloc(op, n)?;
+        let r = body(self, ptr);
+        self.release_all_bufs(&[work]);
+        r
+    }
+
     /// `kernel(x, out, n, extra...)` over `n = x.len()` elements.
     pub(super) fn map1(
         &mut self,

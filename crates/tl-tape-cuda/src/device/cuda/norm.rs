@@ -76,35 +76,34 @@ impl CudaDevice {
         let (parts, geo) = split_geometry(l);
         let grid = [parts, l.groups as u32, 1];
         let centred = u32::from(l.centred);
-        let mut out = None;
-        let work = self.with_outs::<2>(op, parts as usize * l.groups, |d, [mean, sq]| {
-            if l.centred {
-                let mut args = vec![Arg::Ptr(px), Arg::Ptr(mean)];
+        let len = parts as usize * l.groups;
+        self.with_workspace(op, len, |d, mean| {
+            d.with_workspace(op, len, |d, sq| {
+                if l.centred {
+                    let mut args = vec![Arg::Ptr(px), Arg::Ptr(mean)];
+                    args.extend(geo);
+                    d.run(op, "tl_norm_split_mean", grid, &args)?;
+                }
+                // Where not centred the mean's workspace is a live pointer never read.
+                let mut args = vec![Arg::Ptr(px), Arg::Ptr(mean), Arg::Ptr(sq)];
                 args.extend(geo);
-                d.run(op, "tl_norm_split_mean", grid, &args)?;
-            }
-            // Where not centred the mean's workspace is a live pointer never read.
-            let mut args = vec![Arg::Ptr(px), Arg::Ptr(mean), Arg::Ptr(sq)];
-            args.extend(geo);
-            args.push(Arg::U32(centred));
-            d.run(op, "tl_norm_split_sq", grid, &args)?;
-            out = Some(d.with_out(op, 2 * l.groups, |d, o| {
-                let ptrs = [px, mean, sq, o].map(Arg::Ptr);
-                // check_x holds m = outer·seg within x's u32 length.
-                let extra = [
-                    Arg::U32(l.seg as u32),
-                    Arg::U32(l.group_len() as u32),
-                    Arg::U32(parts),
-                    Arg::F32(eps),
-                    Arg::U32(centred),
-                    Arg::U32(u32::from(moments)),
-                ];
-                d.grid_stride(op, "tl_norm_split_finish", l.groups, &ptrs, &extra)
-            })?);
-            Ok(())
-        })?;
-        self.release_all(work);
-        out.ok_or_else(|| crate::Error::kernel(op, "the output was not allocated"))
+                args.push(Arg::U32(centred));
+                d.run(op, "tl_norm_split_sq", grid, &args)?;
+                d.with_out(op, 2 * l.groups, |d, o| {
+                    let ptrs = [px, mean, sq, o].map(Arg::Ptr);
+                    // check_x holds m = outer·seg within x's u32 length.
+                    let extra = [
+                        Arg::U32(l.seg as u32),
+                        Arg::U32(l.group_len() as u32),
+                        Arg::U32(parts),
+                        Arg::F32(eps),
+                        Arg::U32(centred),
+                        Arg::U32(u32::from(moments)),
+                    ];
+                    d.grid_stride(op, "tl_norm_split_finish", l.groups, &ptrs, &extra)
+                })
+            })
+        })
     }
 
     /// One block per group of x: `kernel` (`tl_norm_stats` with `tail` = `eps, centred`,
@@ -311,22 +310,18 @@ impl CudaDevice {
             Arg::U32(parts),
             chunk,
         ];
-        let mut dx = None;
-        let [work] = self.with_outs::<1>(OP, 2 * parts as usize * l.groups, |d, [part]| {
+        self.with_workspace(OP, 2 * parts as usize * l.groups, |d, part| {
             let mut args = ptrs.to_vec();
             args.push(Arg::Ptr(part));
             args.extend(layout);
             d.run(OP, "tl_norm_split_bwd_sums", grid, &args)?;
-            dx = Some(d.with_out(OP, n, |d, out| {
+            d.with_out(OP, n, |d, out| {
                 let mut args = ptrs.to_vec();
                 args.extend([Arg::Ptr(part), Arg::Ptr(out)]);
                 args.extend(layout);
                 d.run(OP, "tl_norm_split_bwd_x", grid, &args)
-            })?);
-            Ok(())
-        })?;
-        self.release(work);
-        dx.ok_or_else(|| crate::Error::kernel(OP, "the output was not allocated"))
+            })
+        })
     }
 
     pub(super) fn norm_bwd_affine_impl(
@@ -378,8 +373,7 @@ impl CudaDevice {
         const OP: &str = "norm_bwd_affine";
         let (parts, [outer, groups, seg, _, chunk]) = split_geometry(l);
         let grid = [parts, l.groups as u32, 1];
-        let mut out = None;
-        let [work] = self.with_outs::<1>(OP, 2 * parts as usize * l.groups, |d, [part]| {
+        self.with_workspace(OP, 2 * parts as usize * l.groups, |d, part| {
             let mut args = ptrs.to_vec();
             args.push(Arg::Ptr(part));
             args.extend([
@@ -391,22 +385,13 @@ impl CudaDevice {
                 chunk,
             ]);
             d.run(OP, "tl_norm_split_affine_sums", grid, &args)?;
-            out = Some(d.with_outs::<2>(OP, l.groups, |d, [dg, db]| {
+            let [dg, db] = d.with_outs::<2>(OP, l.groups, |d, [dg, db]| {
                 let ptrs = [part, dg, db].map(Arg::Ptr);
-                d.grid_stride(
-                    OP,
-                    "tl_norm_split_affine_finish",
-                    l.groups,
-                    &ptrs,
-                    &[Arg::U32(parts)],
-                )
-            })?);
-            Ok(())
-        })?;
-        self.release(work);
-        let [dg, db] =
-            out.ok_or_else(|| crate::Error::kernel(OP, "the output was not allocated"))?;
-        Ok((dg, db))
+                let extra = [Arg::U32(parts)];
+                d.grid_stride(OP, "tl_norm_split_affine_finish", l.groups, &ptrs, &extra)
+            })?;
+            Ok((dg, db))
+        })
     }
 
     pub(super) fn masked_softmax_rows_impl(
