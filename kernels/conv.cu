@@ -10,6 +10,7 @@
 // - fast (deterministic mode off): *scatters*, one thread per column element / window, adding
 //   into the zeroed output with atomicAdd (order left to the hardware).
 #include "common.cuh"
+#include "gemm_tc.cuh"
 #include "gemm_tile.cuh"
 
 struct Geo {
@@ -221,6 +222,39 @@ namespace igemm {
 constexpr int BM = 64, BN = 64, BK = 16, TM = 4, TN = 4;
 constexpr int LA = BK * BM / 256, LB = BK * BN / 256;  // elements a thread stages
 
+// One column (n, o) of the forward's op(b) = im2col(x), `gcol` of the product's `cols` = N·L:
+// x's image n and, per axis, the big position of window cell 0 of small cell o (o·stride −
+// padding), decomposed once. `at(p)`: its element p = c·K + kk, x[n, c, cell(o, kk)], or 0 for
+// padding. A column past the product (`in` false) stands for image 0's cell 0 and is never read.
+template <int R>
+struct XColumn {
+    const float* xb;
+    long long org[R ? R : 8];
+    bool in;
+    __device__ XColumn(const Geo& g, const float* x, u64 gcol, u64 cols, u32 channels, u32 sl,
+                       u32 bl, int rank) {
+        in = gcol < cols;
+        xb = x + (in ? gcol / sl : 0) * channels * bl;
+        u64 o = in ? gcol % sl : 0;
+        for (int i = rank - 1; i >= 0; --i) {
+            org[i] = (long long)((o % g.small.d[i]) * g.stride.d[i]) - (long long)g.padding.d[i];
+            o /= g.small.d[i];
+        }
+    }
+    __device__ float at(const Geo& g, u32 p, u32 kl, u32 bl, int rank) const {
+        u32 kk = p % kl;
+        u64 flat = 0, st = 1;
+        for (int i = rank - 1; i >= 0; --i) {
+            const long long pos = org[i] + (long long)(kk % g.kernel.d[i]);
+            kk /= g.kernel.d[i];
+            if (pos < 0 || pos >= (long long)g.big.d[i]) return 0.0f;
+            flat += (u64)pos * st;
+            st *= g.big.d[i];
+        }
+        return xb[(u64)(p / kl) * bl + flat];
+    }
+};
+
 // R: the spatial rank when known at compile time (1, 2, 3), or 0 for any rank <= 8.
 template <int R>
 __device__ void tiles(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const float* w,
@@ -234,31 +268,7 @@ __device__ void tiles(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const fl
     // This thread's column of op(b) in every slice, and its slice rows p0 + LB·l (slice_pos
     // with the column fastest: e = threadIdx.x + 256·l gives column e % 64, row e / 64).
     const u32 jb = threadIdx.x % BN, pb = threadIdx.x / BN;
-    const u64 gcol = (u64)col0 + jb;
-    const bool col_in = gcol < n;
-    const u64 bi = col_in ? gcol / sl : 0;
-    const float* xb = x + bi * channels * bl;
-    long long org[R ? R : 8];  // per axis: the big position of window cell 0
-    {
-        u64 o = col_in ? gcol % sl : 0;
-        for (int i = rank - 1; i >= 0; --i) {
-            org[i] = (long long)((o % g.small.d[i]) * g.stride.d[i]) - (long long)g.padding.d[i];
-            o /= g.small.d[i];
-        }
-    }
-    // Element p of this thread's column: x[n, c, cell(o, kk)] with p = c·K + kk, or 0.
-    auto gather = [&](u32 p) -> float {
-        u32 kk = p % kl;
-        u64 flat = 0, st = 1;
-        for (int i = rank - 1; i >= 0; --i) {
-            const long long pos = org[i] + (long long)(kk % g.kernel.d[i]);
-            kk /= g.kernel.d[i];
-            if (pos < 0 || pos >= (long long)g.big.d[i]) return 0.0f;
-            flat += (u64)pos * st;
-            st *= g.big.d[i];
-        }
-        return xb[(u64)(p / kl) * bl + flat];
-    };
+    const XColumn<R> col(g, x, (u64)col0 + jb, n, channels, sl, bl, rank);
     float ra[LA], rb[LB];
     auto fetch = [&](u32 p0) {
         for (int l = 0; l < LA; ++l) {
@@ -268,7 +278,7 @@ __device__ void tiles(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const fl
         }
         for (int l = 0; l < LB; ++l) {
             const u32 gp = p0 + pb + (u32)(256 / BN) * l;
-            rb[l] = col_in && gp < k ? gather(gp) : 0.0f;
+            rb[l] = col.in && gp < k ? col.at(g, gp, kl, bl, rank) : 0.0f;
         }
     };
     auto stage = [&](int buf) {
@@ -289,6 +299,54 @@ __device__ void tiles(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const fl
             if (gi < m) y[(b * m + gi) * sl + o] = acc[i][j];
         }
     }
+}
+
+// tl_conv_implicit_tc: the forward's product on the tensor-core tile (gemm_tc.cuh; autocast,
+// `P` the operands' precision, each rounded as it is staged): 128 x 128 outputs a block, the
+// depth C·K in slices of 16 zero-padded past its end, the same loaders as `tiles` (w along k,
+// each thread one column of im2col(x) gathered straight from x) and the same (N, A, L) output.
+// On the emulator each output is the sum over p = c·K + k in increasing order from 0 of
+// fma(round(w), round(x), acc), plus 0 where C·K is not a multiple of 16 (the padding: sim
+// conv::conv_implicit at the precision), the bits of the im2col path's tensor-core GEMM where
+// that is not split along k; on a GPU the tensor cores' order.
+template <int R, class P>
+__device__ void tiles_tc(unsigned char* smem, const float* w, const float* x, float* y,
+                         const Geo& g, u32 batch, u32 channels, u32 kl, u32 sl, u32 bl, u32 m) {
+    constexpr int TA = tc::BM * tc::BK / tc::THREADS, TB = tc::BK * tc::BN / tc::THREADS;
+    const int rank = R ? R : (int)g.rank;
+    const u32 row0 = blockIdx.y * tc::BM;
+    const u64 col0 = (u64)blockIdx.x * tc::BN;
+    const u32 k = channels * kl;
+    const u64 n = (u64)batch * sl;
+    // The thread's column of op(b) in every slice and its slice rows pb + 2·l.
+    const u32 jb = threadIdx.x % tc::BN, pb = threadIdx.x / tc::BN;
+    const XColumn<R> col(g, x, col0 + jb, n, channels, sl, bl, rank);
+    float ra[TA], rb[TB];
+    auto fetch = [&](u32 p0) {
+        for (int l = 0; l < TA; ++l) {
+            const u32 e = threadIdx.x + tc::THREADS * l, p = e % tc::BK, i = e / tc::BK;
+            const u32 gi = row0 + i, gp = p0 + p;
+            ra[l] = gi < m && gp < k ? w[(u64)gi * k + gp] : 0.0f;
+        }
+        for (int l = 0; l < TB; ++l) {
+            const u32 gp = p0 + pb + (u32)(tc::THREADS / tc::BN) * l;
+            rb[l] = col.in && gp < k ? col.at(g, gp, kl, bl, rank) : 0.0f;
+        }
+    };
+    auto stage = [&](typename P::T* as, typename P::T* bs, int lda, int ldb) {
+        for (int l = 0; l < TA; ++l) {
+            const u32 e = threadIdx.x + tc::THREADS * l;
+            as[(e / tc::BK) * lda + e % tc::BK] = P::cvt(ra[l]);
+        }
+        for (int l = 0; l < TB; ++l)
+            bs[(pb + (tc::THREADS / tc::BN) * l) * ldb + jb] = P::cvt(rb[l]);
+    };
+    auto put = [&](u32 r, u32 c, float v) {
+        const u32 gi = row0 + r;
+        const u64 gj = col0 + c;
+        if (gi < m && gj < n) y[((gj / sl) * m + gi) * sl + gj % sl] = v;
+    };
+    tc::block<P>(smem, 0, k, fetch, stage, put);
 }
 
 // The small cell whose window cell k reads the big cell at per-axis positions jp[i] + padding
@@ -527,6 +585,36 @@ extern "C" __global__ void __launch_bounds__(256)
     igemm::by_rank(rank, [&](auto r, auto As, auto Bs) {
         igemm::tiles<decltype(r)::value>(As, Bs, w, x, y, g, batch, channels, kl, sl, bl, m);
     });
+}
+
+// The tensor-core forward (autocast; igemm::tiles_tc): grid (⌈N·L/128⌉, ⌈A/128⌉), 256 threads;
+// `prec` 1 bf16, 2 TF32 (tl_gemm_tc's codes).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    tl_conv_implicit_tc(const float* w, const float* x, float* y, TL_GEO_PARAMS, u32 m,
+                        u32 prec) {
+    TL_GEO;
+    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
+    auto run = [&](auto r) {
+        if (prec == 2)
+            igemm::tiles_tc<decltype(r)::value, tc::Tf32>(smem, w, x, y, g, batch, channels, kl,
+                                                           sl, bl, m);
+        else
+            igemm::tiles_tc<decltype(r)::value, tc::Bf16>(smem, w, x, y, g, batch, channels, kl,
+                                                           sl, bl, m);
+    };
+    switch (rank) {
+        case 1:
+            run(igemm::Rank<1>());
+            break;
+        case 2:
+            run(igemm::Rank<2>());
+            break;
+        case 3:
+            run(igemm::Rank<3>());
+            break;
+        default:
+            run(igemm::Rank<0>());
+    }
 }
 
 // Grid (⌈N·big/64⌉, ⌈C/64⌉), 256 threads; `depth` = A, the cotangent g (N, A, small).

@@ -23,10 +23,8 @@
 //
 // The tensor-core GEMM `tl_gemm_tc` (autocast: bf16 or TF32 operands, f32 sums; device/cuda.rs
 // launches it when the tape's precision is not F32) is at the end of the file.
-#include <cuda_bf16.h>
-#include <mma.h>
-
 #include "common.cuh"
+#include "gemm_tc.cuh"
 #include "gemm_tile.cuh"
 
 // Where product z's (rows x cols) matrix starts in its operand, and its row stride; a
@@ -198,69 +196,15 @@ extern "C" __global__ void tl_gemm_sum_splits(const float* part, float* out, u64
 // ---- Tensor cores (autocast) -------------------------------------------------------------------
 //
 // tl_gemm_tc: the products of tl_gemm (the same arguments, transpose flags, batch, head-merged
-// operands, split-K runs of kc and `into`) with each operand element rounded as it is staged into
-// shared memory, `prec` 1: bf16 (__float2bfloat16, nearest even; m16n16k16 fragments), 2: TF32
-// (wmma::__float_to_tf32, nearest, ties away; m16n16k8), and f32 accumulator fragments (WMMA,
-// sm_80+). 256 threads (8 warps, 2 x 4) a block, 128 x 128 outputs, each warp 64 x 32 as 4 x 2
-// fragments; k in slices of BK = 16, zero-padded past the run's end (on the emulator that adds
-// fma(0, 0, acc) = acc + 0: device/sim/linalg.rs, TC_K), double-buffered (k_slices of
-// gemm_tile.cuh: the next slice is read into registers while the tensor cores multiply the
-// current one, then rounded into the other buffer; one barrier a slice). Each thread reads its
-// slice elements in groups of four along the operand's stored rows: one 16-byte load where the
-// matrix's start and row stride allow it and the group lies inside the matrix and the run, four
-// scalar reads (gemm_a_at / gemm_b_at) otherwise. Each warp writes its finished fragments one by
-// one through its own 16 x 16 scratch in shared memory to global memory, with the bounds and
-// `into` of tl_gemm. The summation order inside mma_sync is the hardware's: on the emulator the
-// one cuda_emu.h documents, which the sim twin reproduces bit for bit; on a GPU within
-// tl_spec::bf16::accumulation_bound of the reference.
+// operands, split-K runs of kc and `into`) on the tensor-core tile of gemm_tc.cuh (128 x 128
+// outputs a block, `prec` 1: bf16, 2: TF32 operands rounded as they are staged, f32 sums), each
+// job's depth run one tc::block. Each thread reads its slice elements in groups of four along
+// the operand's stored rows: one 16-byte load where the matrix's start and row stride allow it
+// and the group lies inside the matrix and the run, four scalar reads (gemm_a_at / gemm_b_at)
+// otherwise; the finished sums go to global memory with the bounds and `into` of tl_gemm.
 namespace tc {
 
-// Unroll the next loop fully in the PTX, so that the accumulator fragments it indexes stay in
-// registers (the emulator's g++ unrolls as it likes).
-#ifdef __CUDACC__
-#define TC_UNROLL _Pragma("unroll")
-#else
-#define TC_UNROLL
-#endif
-
-constexpr int BM = 128, BN = 128, BK = 16, THREADS = 256;
-constexpr int WM = 64, WN = 32, FI = WM / 16, FJ = WN / 16;  // a warp's outputs, its fragments
-constexpr int WARPS_N = BN / WN;
-static_assert((BM / WM) * WARPS_N * 32 == THREADS, "the warps cover the tile");
 constexpr int GA = BM * BK / 4 / THREADS, GB = BK * BN / 4 / THREADS;  // groups a thread stages
-
-struct Bf16 {
-    typedef __nv_bfloat16 T;  // shared-memory element
-    typedef __nv_bfloat16 P;  // fragment precision
-    static constexpr int FK = 16;
-    __device__ static T cvt(float x) { return __float2bfloat16(x); }
-};
-struct Tf32 {
-    typedef float T;
-    typedef nvcuda::wmma::precision::tf32 P;
-    static constexpr int FK = 8;
-    __device__ static T cvt(float x) { return nvcuda::wmma::__float_to_tf32(x); }
-};
-
-// The shared memory of one precision's tiles: two buffers of As (BM x LDA) and Bs (BK x LDB) of
-// its element type, then each warp's 16 x LDC float scratch. Rows padded by 16 bytes: ldm a
-// multiple of 16 bytes and every fragment's first element 32-byte aligned, as load_matrix_sync /
-// store_matrix_sync require.
-template <class R>
-struct Smem {
-    typedef typename R::T T;
-    static constexpr int PAD = 16 / (int)sizeof(T), LDA = BK + PAD, LDB = BN + PAD, LDC = 16 + 4;
-    static constexpr int A_BYTES = BM * LDA * (int)sizeof(T), B_BYTES = BK * LDB * (int)sizeof(T);
-    static constexpr int C_BYTES = 16 * LDC * 4;
-    static constexpr int BYTES = 2 * (A_BYTES + B_BYTES) + THREADS / 32 * C_BYTES;
-    static_assert(A_BYTES % 32 == 0 && B_BYTES % 32 == 0 && C_BYTES % 32 == 0,
-                  "every buffer stays 32-byte aligned");
-};
-// One buffer for both precisions (the kernel instantiates both: two sets of static arrays would
-// pass the 48 KiB of static shared memory a block may have).
-constexpr int SMEM_BYTES =
-    Smem<Bf16>::BYTES > Smem<Tf32>::BYTES ? Smem<Bf16>::BYTES : Smem<Tf32>::BYTES;
-static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory");
 
 // Group g of a k-slice of one operand (B columns along m or n; `along_k` as slice_pos): its
 // first element's slice row p and column c; the group's four elements follow the stored rows
@@ -296,16 +240,6 @@ template <class R>
 __device__ void gemm(unsigned char* smem, const float* a, const float* b, float* out, u32 batch,
                      u32 m, u32 k, u32 n, u32 ta, u32 tb, u32 into, u32 kc, u32 heads,
                      u32 merged, u32 kv_heads) {
-    namespace wmma = nvcuda::wmma;
-    typedef typename R::T T;
-    typedef Smem<R> S;
-    constexpr int LDA = S::LDA, LDB = S::LDB, LDC = S::LDC;
-    T* const As = reinterpret_cast<T*>(smem);                          // [2][BM * LDA]
-    T* const Bs = reinterpret_cast<T*>(smem + 2 * S::A_BYTES);         // [2][BK * LDB]
-    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const u32 wm = warp / WARPS_N, wn = warp % WARPS_N;
-    float* const Cw = reinterpret_cast<float*>(smem + 2 * (S::A_BYTES + S::B_BYTES) +
-                                               warp * S::C_BYTES);  // the warp's scratch
     const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
     const u32 splits = gemm_splits(k, kc);
     const u64 jobs = (u64)batch * splits;
@@ -328,64 +262,28 @@ __device__ void gemm(unsigned char* smem, const float* a, const float* b, float*
                 group_at(job, false, tb, n, col0 + j, p0 + p, tb, vec_b, rb[l]);
             }
         };
-        // ... rounded into buffer buf: As (BM x BK) and Bs (BK x BN) row-major.
-        auto stage = [&](int buf) {
-            T* as = As + buf * BM * LDA;
-            T* bs = Bs + buf * BK * LDB;
+        // ... rounded into one buffer: As (BM x BK) and Bs (BK x BN) row-major.
+        auto stage = [&](typename R::T* as, typename R::T* bs, int lda, int ldb) {
             for (int l = 0; l < GA; ++l) {
                 u32 p, i;
                 group_pos<BM>(threadIdx.x + THREADS * l, !ta, p, i);
                 for (int q = 0; q < 4; ++q)
-                    as[(ta ? i + q : i) * LDA + (ta ? p : p + q)] = R::cvt(ra[l][q]);
+                    as[(ta ? i + q : i) * lda + (ta ? p : p + q)] = R::cvt(ra[l][q]);
             }
             for (int l = 0; l < GB; ++l) {
                 u32 p, j;
                 group_pos<BN>(threadIdx.x + THREADS * l, tb, p, j);
                 for (int q = 0; q < 4; ++q)
-                    bs[(tb ? p + q : p) * LDB + (tb ? j : j + q)] = R::cvt(rb[l][q]);
+                    bs[(tb ? p + q : p) * ldb + (tb ? j : j + q)] = R::cvt(rb[l][q]);
             }
         };
-        wmma::fragment<wmma::accumulator, 16, 16, R::FK, float> acc[FI][FJ];
-        for (int i = 0; i < FI; ++i)
-            for (int j = 0; j < FJ; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-        // The whole slice, zero-padded past the run (the sim twin's padding: TC_K).
-        auto compute = [&](int buf, u32) {
-            const T* as = As + buf * BM * LDA;
-            const T* bs = Bs + buf * BK * LDB;
-            for (int kk = 0; kk < BK; kk += R::FK) {
-                wmma::fragment<wmma::matrix_a, 16, 16, R::FK, typename R::P, wmma::row_major>
-                    fa[FI];
-                wmma::fragment<wmma::matrix_b, 16, 16, R::FK, typename R::P, wmma::row_major>
-                    fb[FJ];
-                for (int i = 0; i < FI; ++i)
-                    wmma::load_matrix_sync(fa[i], &as[(wm * WM + i * 16) * LDA + kk], LDA);
-                for (int j = 0; j < FJ; ++j)
-                    wmma::load_matrix_sync(fb[j], &bs[kk * LDB + wn * WN + j * 16], LDB);
-                for (int i = 0; i < FI; ++i)
-                    for (int j = 0; j < FJ; ++j)
-                        wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-            }
+        auto put = [&](u32 r, u32 c, float v) {
+            const u32 gi = row0 + r, gj = col0 + c;
+            if (gi >= m || gj >= n) return;
+            float* o = &job.C[gi * job.pc.ld + gj];
+            *o = into ? __fadd_rn(*o, v) : v;
         };
-        k_slices<BK>(job.kb, job.ke, fetch, stage, compute);
-        TC_UNROLL
-        for (int i = 0; i < FI; ++i) {
-            TC_UNROLL
-            for (int j = 0; j < FJ; ++j) {
-                wmma::store_matrix_sync(Cw, acc[i][j], LDC, wmma::mem_row_major);
-                __syncwarp();
-                const u32 r0 = row0 + wm * WM + i * 16, c0 = col0 + wn * WN + j * 16;
-                for (int l = 0; l < 256 / 32; ++l) {
-                    const u32 e = lane + 32 * l, r = e / 16, c = e % 16;
-                    const u32 gi = r0 + r, gj = c0 + c;
-                    if (gi >= m || gj >= n) continue;
-                    float* o = &job.C[gi * job.pc.ld + gj];
-                    *o = into ? __fadd_rn(*o, Cw[r * LDC + c]) : Cw[r * LDC + c];
-                }
-                __syncwarp();  // read before the next fragment's store
-            }
-        }
-        // (k_slices ends on a barrier, so the next job's first stage waits for every warp's
-        // last reads of the buffers; the scratch is the warp's own.)
+        block<R>(smem, job.kb, job.ke, fetch, stage, put);
     }
 }
 

@@ -387,8 +387,11 @@ def conv_rows(dev, quick, iters):
     (64 -> 64), `F.conv2d` in true f32 (cuDNN with TF32 off, `cudnn.benchmark` on), timed to a
     read of the output's sum. `conv/cudnn/{shape}` beside our `conv/implicit/` and
     `conv/im2col/` rows; `conv-dw/cudnn/{shape}` the weight gradient from a cotangent of the
-    output (`torch.nn.grad.conv2d_weight`, cuDNN's), beside our `conv-dw/` rows, timed to a read
-    of its sum; GFLOP/s counts 2·N·A·L·C·K."""
+    output (`torch.nn.grad.conv2d_weight`, cuDNN's), beside our `conv-dw/` rows, and
+    `conv-dx/cudnn/{shape}` the input gradient (`torch.nn.grad.conv2d_input`) beside our
+    `conv-dx/` rows, each timed to a read of its sum; `conv/cudnn-bf16/{shape}` the forward on
+    bf16 copies of the operands (cuDNN's tensor-core kernels) beside our `conv/*-bf16/` rows;
+    GFLOP/s counts 2·N·A·L·C·K."""
     batch, side = (2, 8) if quick else (32, 32)
     rows = {}
     was_tf32, was_bench = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
@@ -406,6 +409,17 @@ def conv_rows(dev, quick, iters):
             ms = median_ms(iters, lambda x=x, w=w, gy=gy: torch.nn.grad.conv2d_weight(
                 x, w.shape, gy, padding=1).sum().item())
         rows[f"conv-dw/cudnn/n{batch}-c{c}-a{out}-{side}x{side}"] = (
+            ms, ("gflops", flops / (ms * 1e-3) / 1e9))
+        with torch.no_grad():
+            ms = median_ms(iters, lambda x=x, w=w, gy=gy: torch.nn.grad.conv2d_input(
+                x.shape, w, gy, padding=1).sum().item())
+        rows[f"conv-dx/cudnn/n{batch}-c{c}-a{out}-{side}x{side}"] = (
+            ms, ("gflops", flops / (ms * 1e-3) / 1e9))
+        xh, wh = x.to(torch.bfloat16), w.to(torch.bfloat16)
+        with torch.no_grad():
+            ms = median_ms(iters, lambda xh=xh, wh=wh: F.conv2d(
+                xh, wh, padding=1).float().sum().item())
+        rows[f"conv/cudnn-bf16/n{batch}-c{c}-a{out}-{side}x{side}"] = (
             ms, ("gflops", flops / (ms * 1e-3) / 1e9))
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = was_tf32, was_bench
     return rows
@@ -518,6 +532,14 @@ def main():
                 frac = t[0] / ours[k]["ms"]
                 print(f"target {k} >= 50% of cuDNN f32: {frac:.0%} "
                       f"{'PASS' if frac >= 0.5 else 'FAIL'}")
+    # The cotangents and the bf16 forward beside cuDNN's (no target: where the step's time goes).
+    for k in ours:
+        for kind, twin in (("conv-dx/", "/cudnn/"), ("conv-dw/", "/cudnn/"),
+                           ("conv/implicit-bf16/", "/cudnn-bf16/")):
+            if k.startswith(kind) and "/implicit" in k:
+                t = theirs.get(k.replace("/implicit-bf16/", twin).replace("/implicit/", twin))
+                if t:
+                    print(f"{k}: {t[0] / ours[k]['ms']:.0%} of cuDNN's speed")
     # The issue's targets.
     cp = [k for k in theirs if k.startswith("copy/")]
     # Issue 39: f32 >= 90% of cuBLAS, tensor cores >= 70% of cuBLAS in the same mode (the

@@ -66,12 +66,19 @@
 //!   or the im2col path (`im2col`, the GEMM, the permute to (N, A, L)), timed to a read of the
 //!   output's sum; GFLOP/s counts 2·N·A·L·C·K. torch_bench.py's `conv/cudnn/{shape}` is
 //!   `F.conv2d` on the same operands (cuDNN, TF32 off, `cudnn.benchmark` on);
+//! - `conv/{implicit,im2col}-bf16/{shape}`: the same forward under bf16 autocast (installed as
+//!   a tape installs it): the tensor-core implicit kernel (`tl_conv_implicit_tc`, rounding as
+//!   it stages) or `im2col` and the tensor-core GEMM; torch_bench.py's
+//!   `conv/cudnn-bf16/{shape}` is `F.conv2d` on bf16 copies of the operands (cuDNN);
 //! - `conv-dw/{implicit,im2col}/{shape}`: the same convs' weight cotangent from a cotangent of
 //!   the output: `Device::conv_implicit_dw` (the implicit-GEMM kernel, split along N·L as the
 //!   GEMM splits it) or the im2col path (the permute of the cotangent to (A, N·L), `im2col`,
 //!   the GEMM `g'·colsᵀ`), timed to a read of the result's sum, GFLOP/s as above;
 //!   torch_bench.py's `conv-dw/cudnn/{shape}` is `torch.nn.grad.conv2d_weight` (cuDNN's
-//!   weight gradient) on the same operands.
+//!   weight gradient) on the same operands;
+//! - `conv-dx/{implicit,im2col}/{shape}`: the input cotangent: `Device::conv_implicit_dx` or
+//!   the im2col path (the permute of the cotangent, the GEMM `wᵀ·g'`, `col2im`), GFLOP/s as
+//!   above; torch_bench.py's `conv-dx/cudnn/{shape}` is `torch.nn.grad.conv2d_input`.
 
 #[path = "common/models.rs"]
 mod common;
@@ -543,9 +550,18 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
         };
         let l = win.check("bench")?;
         let shape = format!("n{batch}-c{c}-a{out}-{side}x{side}");
-        let rows =
-            ["conv", "conv-dw"].map(|k| ["implicit", "im2col"].map(|p| format!("{k}/{p}/{shape}")));
-        if !rows.iter().flatten().any(|r| a.wants(r)) {
+        let rows = [
+            "conv/implicit",
+            "conv/im2col",
+            "conv-dw/implicit",
+            "conv-dw/im2col",
+            "conv-dx/implicit",
+            "conv-dx/im2col",
+            "conv/implicit-bf16",
+            "conv/im2col-bf16",
+        ]
+        .map(|k| format!("{k}/{shape}"));
+        if !rows.iter().any(|r| a.wants(r)) {
             continue;
         }
         let x = dev.upload(filled(&[l.big_len()], 40, 1.0).data())?;
@@ -570,18 +586,33 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
             let dw = dev.matmul(gr, cols, win.dw_gemm(out))?;
             Ok(vec![gr, cols, dw])
         };
+        let implicit_dx = |dev: &mut D| -> tl_tape_cuda::Result<Vec<Buffer>> {
+            Ok(vec![dev.conv_implicit_dx(w, gy, &win, out)?])
+        };
+        let im2col_dx = |dev: &mut D| -> tl_tape_cuda::Result<Vec<Buffer>> {
+            let gr = dev.permute(gy, &[batch, out, l.small], &[1, 0, 2])?;
+            let gt = Gemm::nn(c * 9, out, batch * l.small).with_t(true, false);
+            let dcols = dev.matmul(w, gr, gt)?;
+            let dx = dev.col2im(dcols, &win)?;
+            Ok(vec![gr, dcols, dx])
+        };
         let flops = 2.0 * (batch * out * l.small * c * 9) as f64;
         type Run<'a, D> = &'a dyn Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>;
-        let runs: [(&String, Run<D>); 4] = [
-            (&rows[0][0], &implicit),
-            (&rows[0][1], &im2col),
-            (&rows[1][0], &implicit_dw),
-            (&rows[1][1], &im2col_dw),
+        let runs: [(&String, Precision, Run<D>); 8] = [
+            (&rows[0], Precision::F32, &implicit),
+            (&rows[1], Precision::F32, &im2col),
+            (&rows[2], Precision::F32, &implicit_dw),
+            (&rows[3], Precision::F32, &im2col_dw),
+            (&rows[4], Precision::F32, &implicit_dx),
+            (&rows[5], Precision::F32, &im2col_dx),
+            (&rows[6], Precision::Bf16, &implicit),
+            (&rows[7], Precision::Bf16, &im2col),
         ];
-        for (row_name, f) in runs {
+        for (row_name, prec, f) in runs {
             if !a.wants(row_name) {
                 continue;
             }
+            let _precision = tl_tape_cuda::precision::install(prec);
             let ms = device_ms(a, dev, f)?;
             row(
                 a.backend,

@@ -924,6 +924,15 @@ pub trait Device: Launch {
     /// `matmul(w, im2col(x))` wherever that product is not split along `k` ([`Gemm::k_chunk`]),
     /// permuted to `(batch, out_channels, small)`. PyTorch: `F.conv2d` (and 1-D/3-D) without
     /// bias, dilation 1, groups 1.
+    ///
+    /// Under autocast ([`crate::precision::current`] `Bf16` / `Tf32`) the tensor-core kernel
+    /// runs it (`tl_conv_implicit_tc`, 128×128 tiles), each operand element rounded as it is
+    /// staged ([`Precision::round`](crate::Precision::round)): on the sim and the emulator the
+    /// sum above of the rounded operands (each product exact in f32), plus `0.0` where
+    /// `channels·K` is not a multiple of [`TC_K`](sim::linalg::TC_K) (the slice's zero padding:
+    /// a `−0` sum becomes `+0`), the bits of the im2col path's tensor-core GEMM where that is
+    /// not split along `k`; on a GPU the tensor cores' order, within
+    /// [`tl_spec::bf16::accumulation_bound`].
     fn conv_implicit(
         &mut self,
         w: Buffer,

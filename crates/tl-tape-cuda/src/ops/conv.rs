@@ -21,11 +21,13 @@
 //! matrix) where the forward does: it splits `k = N·L` as the GEMM does, so it gives the im2col
 //! path's bits at any size. convTranspose keeps `im2col`/`col2im`.
 //!
-//! Under autocast (bf16, TF32) the implicit kernels take the operands of each product rounded
-//! into copies ([`Device::round_to`]: x and w forward, g with x and with w backward): each
-//! product is then the exact product of rounded operands, summed in f32 in the kernels' order
-//! (the f32 GEMM's), the CPU tape's rule; the bias cotangent sums g unrounded. Where the gate
-//! does not hold, the im2col GEMM runs on the tensor cores, rounding as it stages.
+//! Under autocast (bf16, TF32) the forward runs on the tensor cores, the implicit kernel
+//! rounding w and x as it stages them ([`Device::conv_implicit`]'s tensor-core kernel); the
+//! implicit cotangent kernels take their operands rounded into copies ([`Device::round_to`]: g
+//! with x, g with w): each product is then the exact product of rounded operands, summed in f32
+//! in the kernels' order (the f32 GEMM's), the CPU tape's rule; the bias cotangent sums g
+//! unrounded. Where the gate does not hold, the im2col GEMM runs on the tensor cores, rounding
+//! as it stages.
 
 use tl_ir::Op;
 use tl_spec::Shape;
@@ -159,8 +161,7 @@ pub fn forward_with<D: Device, R>(
     let (n, a, l, ck) = (geo.n(), geo.a, geo.l, geo.ck());
     with_scratch(dev, |dev, sc| {
         if matches!(op, Op::Conv { .. }) && gates::conv_implicit(a, n * l) {
-            let prec = crate::precision::current();
-            let (w, xb) = (rounded(dev, sc, w, prec)?, rounded(dev, sc, xb, prec)?);
+            // Under autocast the device rounds w and x as its tensor-core kernel stages them.
             let y = sc.tmp(dev.conv_implicit(w, xb, &geo.win, a)?);
             epilogue(dev, y, b, BiasLayout::new(n, a, l))
         } else if matches!(op, Op::Conv { .. }) {

@@ -304,6 +304,40 @@ fn the_implicit_conv_gives_the_im2col_gemms_bits_where_that_is_not_split() {
     assert_eq!(d.memory_usage().live_buffers(), 0);
 }
 
+/// Under autocast the implicit forward (the tensor-core kernel's twin: operands rounded as
+/// staged) gives the im2col path's bits (its tensor-core GEMM, which rounds as it stages) where
+/// that GEMM is not split along `k` (its split counting 128×128 tiles), the same sums within
+/// f32 rounding where it is; and neither is the f32 implicit conv of the operands as they are.
+#[test]
+fn under_autocast_the_implicit_conv_gives_the_tensor_core_gemms_bits_where_that_is_not_split() {
+    use tl_tape_cuda::Precision;
+    use tl_tape_cuda::device::TC_TILE;
+    let mut d = SimDevice::new();
+    for p in [Precision::Bf16, Precision::Tf32] {
+        let mut split = 0;
+        for c in cases() {
+            let (w, x) = operands(&c, 17);
+            let as_is = implicit(&mut d, &c, &w, &x).unwrap();
+            let _p = tl_tape_cuda::precision::install(p);
+            let got = implicit(&mut d, &c, &w, &x).unwrap();
+            let (want, g) = by_im2col(&mut d, &c, &w, &x);
+            let unsplit = g.k_splits_tiled(1, TC_TILE) == 1;
+            split += usize::from(!unsplit);
+            agree(&format!("{p:?} {}", c.name), &got, &want, unsplit);
+            assert_ne!(
+                got, as_is,
+                "{p:?} {}: the operands were not rounded",
+                c.name
+            );
+        }
+        assert!(
+            (1..cases().len()).contains(&split),
+            "{p:?}: {split} cases split k"
+        );
+    }
+    assert_eq!(d.memory_usage().live_buffers(), 0);
+}
+
 /// The value and the three gradients of a batched conv on a CUDA tape over the sim, with the
 /// implicit kernel's threshold at `min_tiles`, and the launches of the forward.
 fn on_tape(

@@ -60,7 +60,8 @@ impl CudaDevice {
     }
 
     /// `tl_conv_implicit`: the output `(batch, out_channels, small)` in 64×64 tiles of the
-    /// `(out_channels, batch·small)` product.
+    /// `(out_channels, batch·small)` product; under autocast `tl_conv_implicit_tc`, the
+    /// tensor-core kernel, in 128×128 tiles, the precision's code appended.
     pub(super) fn conv_implicit_impl(
         &mut self,
         w: Buffer,
@@ -70,8 +71,21 @@ impl CudaDevice {
         l: WindowLens,
     ) -> Result<Buffer> {
         let tiles = (out_channels, win.batch * l.small);
-        let kernel = ("conv_implicit", "tl_conv_implicit");
-        self.implicit_launch(kernel, [w, x], tiles, win, l, out_channels)
+        match super::kernel_code(crate::precision::current()) {
+            0 => {
+                let kernel = ("conv_implicit", "tl_conv_implicit", 64);
+                self.implicit_launch(kernel, [w, x], tiles, win, l, &[out_channels as u32])
+            }
+            prec => {
+                let kernel = (
+                    "conv_implicit",
+                    "tl_conv_implicit_tc",
+                    crate::device::TC_TILE,
+                );
+                let last = [out_channels as u32, prec];
+                self.implicit_launch(kernel, [w, x], tiles, win, l, &last)
+            }
+        }
     }
 
     /// `tl_conv_implicit_dx`: the input cotangent `(batch, channels, big)` in 64×64 tiles of
@@ -85,8 +99,8 @@ impl CudaDevice {
         l: WindowLens,
     ) -> Result<Buffer> {
         let tiles = (win.channels, win.batch * l.big);
-        let kernel = ("conv_implicit_dx", "tl_conv_implicit_dx");
-        self.implicit_launch(kernel, [w, g], tiles, win, l, out_channels)
+        let kernel = ("conv_implicit_dx", "tl_conv_implicit_dx", 64);
+        self.implicit_launch(kernel, [w, g], tiles, win, l, &[out_channels as u32])
     }
 
     /// `tl_conv_implicit_dw`: the weight cotangent `(out_channels, channels·K)` in 64×64 tiles,
@@ -135,35 +149,36 @@ impl CudaDevice {
         })
     }
 
-    /// The launch both implicit-GEMM kernels share: `kernel.1(ins..., out, geometry...,
-    /// out_channels)` over a fresh output of `rows·cols` elements, one block of 256 threads
-    /// per 64×64 tile (grid `(⌈cols/64⌉, ⌈rows/64⌉)`).
+    /// The launch the forward and input-cotangent kernels share: `kernel.1(ins..., out,
+    /// geometry..., last...)` (`last`: the output channels, then what the kernel adds) over a
+    /// fresh output of `rows·cols` elements, one block of 256 threads per `side`×`side` tile
+    /// (`kernel.2`; grid `(⌈cols/side⌉, ⌈rows/side⌉)`).
     fn implicit_launch(
         &mut self,
-        (op, kernel): (&'static str, &'static str),
+        (op, kernel, side): (&'static str, &'static str, usize),
         ins: [Buffer; 2],
         (rows, cols): (usize, usize),
         win: &Windows,
         l: WindowLens,
-        out_channels: usize,
+        last: &[u32],
     ) -> Result<Buffer> {
         let mut args = vec![
             Arg::Ptr(self.ptr(op, ins[0])?),
             Arg::Ptr(self.ptr(op, ins[1])?),
         ];
-        let gy = rows.div_ceil(64);
+        let gy = rows.div_ceil(side);
         if gy > 65_535 {
             return Err(Error::kernel(
                 op,
-                format!("{rows} channels exceed the grid limit 65535·64"),
+                format!("{rows} channels exceed the grid limit 65535·{side}"),
             ));
         }
         // rows·cols is the output's length, and `Windows::check` / the `Device` method hold
         // every count to u32.
         let n = rows * cols;
-        let gx = abi::to_u32(op, "grid", cols.div_ceil(64))?;
+        let gx = abi::to_u32(op, "grid", cols.div_ceil(side))?;
         let mut extra = geo_args(win, &l);
-        extra.push(Arg::U32(out_channels as u32));
+        extra.extend(last.iter().map(|&v| Arg::U32(v)));
         self.with_out(op, n, |d, out| {
             if n == 0 {
                 return Ok(());

@@ -5,6 +5,7 @@
 
 use super::linalg;
 use crate::device::{PoolKind, Windows};
+use crate::precision::Precision;
 
 /// `cols[c, k, n, o] = x[n, c, cell(o, k)]` (0 for padding); one thread per column element.
 pub fn im2col(x: &[f32], w: &Windows, out: &mut [f32]) {
@@ -28,7 +29,19 @@ pub fn im2col(x: &[f32], w: &Windows, out: &mut [f32]) {
 /// cell(o, k)]` over `p = c·K + k` in increasing order from `0.0` as `fma(w, x, acc)`, a
 /// padding cell contributing `fma(w, 0, acc)`, as the tiled kernel sums its staged slices; one
 /// thread per output element. `a` output channels; `w` is `(a, channels·K)` row-major.
-pub fn conv_implicit(w: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut [f32]) {
+///
+/// Under autocast (`prec` `Bf16` / `Tf32`) the twin of `tl_conv_implicit_tc` as the emulator
+/// runs it: each operand element rounded ([`Precision::round`]), the same order, and `+ 0.0`
+/// where `channels·K` is not a multiple of [`linalg::TC_K`] (the last slice's zero padding, as
+/// [`linalg::gemm`] pads a run).
+pub fn conv_implicit(
+    w: &[f32],
+    x: &[f32],
+    win: &Windows,
+    a: usize,
+    out: &mut [f32],
+    prec: Precision,
+) {
     let (kl, sl, bl) = (
         win.kernel.iter().product::<usize>(),
         win.small.iter().product::<usize>(),
@@ -44,7 +57,10 @@ pub fn conv_implicit(w: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut [f
         let mut acc = 0.0f32;
         for (p, &wv) in wr.iter().enumerate() {
             let xv = win.cell(o, p % kl).map_or(0.0, |j| xn[(p / kl) * bl + j]);
-            acc = wv.mul_add(xv, acc);
+            acc = prec.round(wv).mul_add(prec.round(xv), acc);
+        }
+        if prec.is_autocast() && !ck.is_multiple_of(linalg::TC_K) {
+            acc += 0.0; // the padding's fma(0, 0, acc)
         }
         *v = acc;
     }
@@ -240,5 +256,52 @@ pub fn pool_bwd(x: &[f32], g: &[f32], w: &Windows, kind: PoolKind, out: &mut [f3
             }
         }
         *v = acc;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 1×1 windows over `channels` input channels of one cell, one output channel.
+    fn win(channels: usize) -> Windows {
+        Windows {
+            batch: 1,
+            channels,
+            big: vec![1],
+            small: vec![1],
+            kernel: vec![1],
+            stride: vec![1],
+            padding: vec![0],
+        }
+    }
+
+    #[test]
+    fn under_autocast_the_implicit_conv_rounds_its_operands_and_pads_to_the_slice() {
+        // An underflowing sum is −0 in f32; under autocast a depth that is not a multiple of
+        // the 16-deep slice adds the padding's fma(0, 0, acc): +0; a depth of 16 does not.
+        let (w, x) = (-(2f32.powi(-100)), 2f32.powi(-100));
+        let mut out = [0.0f32];
+        for (channels, prec, want) in [
+            (1, Precision::F32, -0.0f32),
+            (1, Precision::Bf16, 0.0),
+            (1, Precision::Tf32, 0.0),
+            (linalg::TC_K, Precision::Bf16, -0.0),
+            (linalg::TC_K + 1, Precision::Tf32, 0.0),
+        ] {
+            let (ws, xs) = (vec![w; channels], vec![x; channels]);
+            conv_implicit(&ws, &xs, &win(channels), 1, &mut out, prec);
+            assert_eq!(out[0].to_bits(), want.to_bits(), "{channels} {prec:?}");
+        }
+        // 1 + 2⁻⁹ rounds to 1 in bf16; TF32 keeps it.
+        let x = 1.0 + 2f32.powi(-9);
+        for (prec, want) in [
+            (Precision::F32, 3.0 * x),
+            (Precision::Bf16, 3.0),
+            (Precision::Tf32, 3.0 * x),
+        ] {
+            conv_implicit(&[3.0], &[x], &win(1), 1, &mut out, prec);
+            assert_eq!(out[0], want, "{prec:?}");
+        }
     }
 }

@@ -567,8 +567,9 @@ impl Launch for SimDevice {
         lens: WindowLens,
     ) -> Result<Buffer> {
         let y_len = win.batch * out_channels * lens.small;
+        let prec = crate::precision::current();
         self.launch("conv_implicit", [w, x], y_len, |[w, x], out| {
-            conv::conv_implicit(w, x, win, out_channels, out)
+            conv::conv_implicit(w, x, win, out_channels, out, prec)
         })
     }
 
