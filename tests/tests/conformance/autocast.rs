@@ -417,8 +417,9 @@ fn entries_named() -> Vec<&'static str> {
 
 /// The product ops' registry cases on the sim, at the default gates (the registry's convs are
 /// small: im2col and the tensor-core GEMM) and conv's again with the implicit-GEMM conv
-/// kernels forced on (`force_conv_implicit_min_tiles(Some(0))`: the conv's operands rounded
-/// into copies, then the f32 kernels). No registry case reaches a split along `k` (k ≥ 256) even with the split
+/// kernels forced on (`force_conv_implicit_min_tiles(Some(0))`: the forward on the
+/// tensor-core implicit kernel, rounding as it stages; the cotangents' operands rounded into
+/// copies, then the f32 kernels). No registry case reaches a split along `k` (k ≥ 256) even with the split
 /// threshold forced; the fixed products of `tl_tape_cuda`'s `autocast::` tests split it.
 #[test]
 fn every_product_op_matches_the_reference_on_the_cuda_sim() {

@@ -850,6 +850,15 @@ pub const MUTANTS: &[Mutant] = &[
         harness: Emu,
     },
     Mutant {
+        id: "kernel-conv-implicit-tc-slice-rows",
+        area: Kernel,
+        file: "kernels/conv.cu",
+        from: "const u32 gp = p0 + pb + (u32)(tc::THREADS / tc::BN) * l;",
+        to: "const u32 gp = p0 + pb * (u32)(tc::THREADS / tc::BN) + l;",
+        bug: "the tensor-core implicit conv's loader reads the input's slice rows in another order than it stages them",
+        harness: Emu,
+    },
+    Mutant {
         id: "kernel-gemm-splits-reversed",
         area: Kernel,
         file: "kernels/linalg.cu",
