@@ -471,37 +471,50 @@ __device__ void tiles_dx(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
 // run z, p in [z·kc, min((z + 1)·kc, N·L)), in increasing p from 0 as fma(g, x, acc), a
 // padding cell as fma(g, 0, acc), and writes its tile to out + z·A·C·K (the run's matrix,
 // added by tl_gemm_sum_splits; unsplit, the result itself): the im2col path's bits, split or
-// not. The loaders: every element a thread stages has the same slice row p (threadIdx.x % 16),
-// so (n, o) and the window origin o·stride − padding are decomposed once a slice; its four
-// columns q of the weight side are fixed, so their (c, kernel offsets) are decomposed once.
-template <int R>
-__device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const float* gr,
-                         const float* x, float* out, const Geo& g, u32 batch, u32 channels,
-                         u32 kl, u32 sl, u32 bl, u32 m, u32 kc) {
-    constexpr int RK = R ? R : 8;
-    const int rank = R ? R : (int)g.rank;
-    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    const u32 n = channels * kl, depth = batch * sl;
-    const u32 kb = blockIdx.z * kc, ke = depth - kb < kc ? depth : kb + kc;
-    out += (u64)blockIdx.z * m * n;
-    // The thread's slice row and its staged rows (a) and columns (q): e = threadIdx.x + 256·l
-    // gives row e % 16 and column e / 16 (slice_pos along k, as tl_gemm reads a and bᵀ).
-    const u32 pp = threadIdx.x % BK, e0 = threadIdx.x / BK;
-    static_assert(LA == LB, "one column set for both operands");
-    u32 qc[LB];             // the channel c of each staged column, or `channels` past n
-    u32 qk[LB][RK];         // its kernel offsets per axis
-    for (int l = 0; l < LB; ++l) {
-        const u32 q = col0 + e0 + (u32)(256 / BK) * l;
-        qc[l] = q < n ? q / kl : channels;
-        u32 kk = q < n ? q % kl : 0;
-        for (int i = rank - 1; i >= 0; --i) {
-            qk[l][i] = (u32)(kk % g.kernel.d[i]);
-            kk /= g.kernel.d[i];
+// not. Under autocast tiles_dw_tc runs the same runs (kc from Gemm::k_chunk_tiled over its
+// 128 x 128 tiles, as tl_gemm_tc splits) on the tensor-core tile: the im2col path's
+// tensor-core GEMM, run for run.
+//
+// The loaders of both (DwLoader): every element a thread stages has the same slice row pp =
+// threadIdx.x % 16, so (n, o) and the window origin o·stride − padding are decomposed once a
+// slice; its L rows a = row0 + e0 + 16·l of g' and L columns q = col0 + e0 + 16·l of the
+// weight side (e0 = threadIdx.x / 16) are fixed, so the columns' (c, kernel offsets) are
+// decomposed once.
+// Block z's run of the depth: p in [z·kc, min((z + 1)·kc, depth)).
+__device__ inline void dw_run(u32 kc, u32 depth, u32& kb, u32& ke) {
+    kb = blockIdx.z * kc;
+    ke = depth - kb < kc ? depth : kb + kc;
+}
+
+template <int R, int L>
+struct DwLoader {
+    static constexpr int RK = R ? R : 8;
+    const Geo& g;
+    const float* gr;
+    const float* x;
+    u32 channels, kl, sl, bl, m, row0, ke, pp, e0;
+    int rank;
+    u32 qc[L];      // the channel c of each staged column, or `channels` past C·K
+    u32 qk[L][RK];  // its kernel offsets per axis
+    __device__ DwLoader(const Geo& g_, const float* gr_, const float* x_, u32 channels_, u32 kl_,
+                        u32 sl_, u32 bl_, u32 m_, u32 row0_, u32 col0, u32 ke_)
+        : g(g_), gr(gr_), x(x_), channels(channels_), kl(kl_), sl(sl_), bl(bl_), m(m_),
+          row0(row0_), ke(ke_), pp(threadIdx.x % 16), e0(threadIdx.x / 16),
+          rank(R ? R : (int)g_.rank) {
+        const u32 n = channels * kl;
+        for (int l = 0; l < L; ++l) {
+            const u32 q = col0 + e0 + 16u * l;
+            qc[l] = q < n ? q / kl : channels;
+            u32 kk = q < n ? q % kl : 0;
+            for (int i = rank - 1; i >= 0; --i) {
+                qk[l][i] = (u32)(kk % g.kernel.d[i]);
+                kk /= g.kernel.d[i];
+            }
         }
     }
-    float ra[LA], rb[LB];
-    auto fetch = [&](u32 p0) {
+    // The slice from p0: ra[l] = g'[row l, p0 + pp], rb[l] = im2col(x)ᵀ[p0 + pp, column l],
+    // zeros outside the matrices and past the run's end ke.
+    __device__ void fetch(u32 p0, float (&ra)[L], float (&rb)[L]) const {
         const u32 gp = p0 + pp;
         const bool in = gp < ke;
         const u32 nb = in ? gp / sl : 0;
@@ -513,12 +526,12 @@ __device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
             o /= g.small.d[i];
         }
         const u32 oo = in ? gp % sl : 0;
-        for (int l = 0; l < LA; ++l) {
-            const u32 gi = row0 + e0 + (u32)(256 / BK) * l;
+        for (int l = 0; l < L; ++l) {
+            const u32 gi = row0 + e0 + 16u * l;
             ra[l] = in && gi < m ? gr[((u64)nb * m + gi) * sl + oo] : 0.0f;
         }
         const float* xn = x + (u64)nb * channels * bl;
-        for (int l = 0; l < LB; ++l) {
+        for (int l = 0; l < L; ++l) {
             float v = 0.0f;
             if (in && qc[l] < channels) {
                 u64 flat = 0, st = 1;
@@ -533,10 +546,26 @@ __device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
             }
             rb[l] = v;
         }
-    };
+    }
+};
+
+template <int R>
+__device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const float* gr,
+                         const float* x, float* out, const Geo& g, u32 batch, u32 channels,
+                         u32 kl, u32 sl, u32 bl, u32 m, u32 kc) {
+    static_assert(LA == LB && 256 / BK == 16, "one row and column set for both operands");
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const u32 n = channels * kl, depth = batch * sl;
+    u32 kb, ke;
+    dw_run(kc, depth, kb, ke);
+    out += (u64)blockIdx.z * m * n;
+    const DwLoader<R, LA> ld(g, gr, x, channels, kl, sl, bl, m, row0, col0, ke);
+    float ra[LA], rb[LB];
+    auto fetch = [&](u32 p0) { ld.fetch(p0, ra, rb); };
     auto stage = [&](int buf) {
-        for (int l = 0; l < LA; ++l) As[buf][pp][e0 + (256 / BK) * l] = ra[l];
-        for (int l = 0; l < LB; ++l) Bs[buf][pp][e0 + (256 / BK) * l] = rb[l];
+        for (int l = 0; l < LA; ++l) As[buf][ld.pp][ld.e0 + 16 * l] = ra[l];
+        for (int l = 0; l < LB; ++l) Bs[buf][ld.pp][ld.e0 + 16 * l] = rb[l];
     };
     float acc[TM][TN];
     tile_run(As, Bs, kb, ke, fetch, stage, acc);
@@ -548,6 +577,36 @@ __device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
             if (gj < n) out[(u64)gi * n + gj] = acc[i][j];
         }
     }
+}
+
+// The weight cotangent on the tensor-core tile (autocast; `P` the operands' precision, each
+// rounded as it is staged): block z's run of kc (tl_gemm_tc's split), 128 x 128 outputs.
+template <int R, class P>
+__device__ void tiles_dw_tc(unsigned char* smem, const float* gr, const float* x, float* out,
+                            const Geo& g, u32 batch, u32 channels, u32 kl, u32 sl, u32 bl, u32 m,
+                            u32 kc) {
+    constexpr int TL = tc::BM * tc::BK / tc::THREADS;
+    static_assert(TL == tc::BN * tc::BK / tc::THREADS && tc::THREADS / tc::BK == 16,
+                  "one row and column set for both operands");
+    const u32 row0 = blockIdx.y * tc::BM, col0 = blockIdx.x * tc::BN;
+    const u32 n = channels * kl, depth = batch * sl;
+    u32 kb, ke;
+    dw_run(kc, depth, kb, ke);
+    out += (u64)blockIdx.z * m * n;
+    const DwLoader<R, TL> ld(g, gr, x, channels, kl, sl, bl, m, row0, col0, ke);
+    float ra[TL], rb[TL];
+    auto fetch = [&](u32 p0) { ld.fetch(p0, ra, rb); };
+    auto stage = [&](typename P::T* as, typename P::T* bs, int lda, int ldb) {
+        for (int l = 0; l < TL; ++l) {
+            as[(ld.e0 + 16 * l) * lda + ld.pp] = P::cvt(ra[l]);
+            bs[ld.pp * ldb + ld.e0 + 16 * l] = P::cvt(rb[l]);
+        }
+    };
+    auto put = [&](u32 r, u32 c, float v) {
+        const u32 gi = row0 + r, gj = col0 + c;
+        if (gi < m && gj < n) out[(u64)gi * n + gj] = v;
+    };
+    tc::block<P>(smem, kb, ke, fetch, stage, put);
 }
 
 // f(Rank<R>(), As, Bs) with the block's shared buffers, R the spatial rank where it is 1, 2 or
@@ -576,6 +635,31 @@ __device__ __forceinline__ void by_rank(u32 rank, F&& f) {
     }
 }
 
+// f(Rank<R>(), P()) for the spatial rank (as by_rank) and the tensor-core precision `prec`
+// (1 bf16, 2 TF32: tl_gemm_tc's codes).
+template <typename F>
+__device__ __forceinline__ void tc_by_rank(u32 rank, u32 prec, F&& f) {
+    auto at = [&](auto r) {
+        if (prec == 2)
+            f(r, tc::Tf32());
+        else
+            f(r, tc::Bf16());
+    };
+    switch (rank) {
+        case 1:
+            at(Rank<1>());
+            break;
+        case 2:
+            at(Rank<2>());
+            break;
+        case 3:
+            at(Rank<3>());
+            break;
+        default:
+            at(Rank<0>());
+    }
+}
+
 }  // namespace igemm
 
 // Grid (⌈N·L/64⌉, ⌈A/64⌉), 256 threads; m = A, the weight (A, C, kernel...) row-major.
@@ -594,27 +678,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                         u32 prec) {
     TL_GEO;
     __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
-    auto run = [&](auto r) {
-        if (prec == 2)
-            igemm::tiles_tc<decltype(r)::value, tc::Tf32>(smem, w, x, y, g, batch, channels, kl,
-                                                           sl, bl, m);
-        else
-            igemm::tiles_tc<decltype(r)::value, tc::Bf16>(smem, w, x, y, g, batch, channels, kl,
-                                                           sl, bl, m);
-    };
-    switch (rank) {
-        case 1:
-            run(igemm::Rank<1>());
-            break;
-        case 2:
-            run(igemm::Rank<2>());
-            break;
-        case 3:
-            run(igemm::Rank<3>());
-            break;
-        default:
-            run(igemm::Rank<0>());
-    }
+    igemm::tc_by_rank(rank, prec, [&](auto r, auto p) {
+        igemm::tiles_tc<decltype(r)::value, decltype(p)>(smem, w, x, y, g, batch, channels, kl,
+                                                          sl, bl, m);
+    });
 }
 
 // Grid (⌈N·big/64⌉, ⌈C/64⌉), 256 threads; `depth` = A, the cotangent g (N, A, small).
@@ -636,5 +703,19 @@ extern "C" __global__ void __launch_bounds__(256)
     igemm::by_rank(rank, [&](auto r, auto As, auto Bs) {
         igemm::tiles_dw<decltype(r)::value>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m,
                                             kc);
+    });
+}
+
+// The tensor-core weight cotangent (autocast; igemm::tiles_dw_tc): grid (⌈C·K/128⌉, ⌈A/128⌉,
+// runs), 256 threads; `kc` the run of N·L a block sums (Gemm::k_chunk_tiled over 128 x 128
+// tiles), `prec` as tl_conv_implicit_tc's.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    tl_conv_implicit_dw_tc(const float* gr, const float* x, float* out, TL_GEO_PARAMS, u32 m,
+                           u32 kc, u32 prec) {
+    TL_GEO;
+    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
+    igemm::tc_by_rank(rank, prec, [&](auto r, auto p) {
+        igemm::tiles_dw_tc<decltype(r)::value, decltype(p)>(smem, gr, x, out, g, batch, channels,
+                                                             kl, sl, bl, m, kc);
     });
 }

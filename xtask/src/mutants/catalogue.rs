@@ -844,9 +844,9 @@ pub const MUTANTS: &[Mutant] = &[
         id: "kernel-conv-implicit-dw-run-end",
         area: Kernel,
         file: "kernels/conv.cu",
-        from: "const u32 kb = blockIdx.z * kc, ke = depth - kb < kc ? depth : kb + kc;",
-        to: "const u32 kb = blockIdx.z * kc, ke = depth;",
-        bug: "each split run of the implicit-GEMM weight cotangent sums to the end of N·L, not to its own end",
+        from: "ke = depth - kb < kc ? depth : kb + kc;",
+        to: "ke = depth;",
+        bug: "each split run of the implicit-GEMM weight cotangents (f32 and tensor-core) sums to the end of N·L, not to its own end",
         harness: Emu,
     },
     Mutant {

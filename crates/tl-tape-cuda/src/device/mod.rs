@@ -985,6 +985,11 @@ pub trait Device: Launch {
     /// increasing order from 0 (one run: its sum). So the bits of `matmul(g', im2col(x))` with
     /// `b` transposed at every size, split or not. Fixed order in both reduction modes.
     /// PyTorch: `torch.nn.grad.conv2d_weight` (dilation 1, groups 1).
+    ///
+    /// Under autocast the tensor-core kernel runs it (`tl_conv_implicit_dw_tc`, 128×128 tiles,
+    /// the split counting them as the tensor-core GEMM's does: [`split_tile`]), each operand
+    /// element rounded as it is staged: on the sim and the emulator the bits of the im2col
+    /// path's tensor-core GEMM at every size; on a GPU the tensor cores' order.
     fn conv_implicit_dw(
         &mut self,
         g: Buffer,

@@ -21,13 +21,13 @@
 //! matrix) where the forward does: it splits `k = N·L` as the GEMM does, so it gives the im2col
 //! path's bits at any size. convTranspose keeps `im2col`/`col2im`.
 //!
-//! Under autocast (bf16, TF32) the forward runs on the tensor cores, the implicit kernel
-//! rounding w and x as it stages them ([`Device::conv_implicit`]'s tensor-core kernel); the
-//! implicit cotangent kernels take their operands rounded into copies ([`Device::round_to`]: g
-//! with x, g with w): each product is then the exact product of rounded operands, summed in f32
-//! in the kernels' order (the f32 GEMM's), the CPU tape's rule; the bias cotangent sums g
-//! unrounded. Where the gate does not hold, the im2col GEMM runs on the tensor cores, rounding
-//! as it stages.
+//! Under autocast (bf16, TF32) the forward and the weight cotangent run on the tensor cores,
+//! their implicit kernels rounding the operands as they stage them ([`Device::conv_implicit`],
+//! [`Device::conv_implicit_dw`]); the input cotangent's kernel (f32 FMA) takes its operands
+//! rounded into copies ([`Device::round_to`]: g and w): each product is then the exact product
+//! of rounded operands, summed in f32 in the kernel's order, the CPU tape's rule; the bias
+//! cotangent sums g unrounded. Where the gate does not hold, the im2col GEMM runs on the tensor
+//! cores, rounding as it stages.
 
 use tl_ir::Op;
 use tl_spec::Shape;
@@ -208,9 +208,9 @@ pub fn backward<D: Device>(
             // forward's operand); its kernel splits k as the GEMM does, so any size gives the
             // same bits.
             let dw_implicit = needs[0] && gates::conv_implicit(a, n * l);
-            // The implicit kernels' operands as their products read them (the GEMM path below
-            // rounds its own).
-            let gq = if dw_implicit || dx_implicit {
+            // The input cotangent kernel's operands as its products read them (the tensor-core
+            // kernels and the GEMM path round their own).
+            let gq = if dx_implicit {
                 rounded(dev, sc, g, prec)?
             } else {
                 g
@@ -221,8 +221,7 @@ pub fn backward<D: Device>(
                 g
             };
             if dw_implicit {
-                let xq = rounded(dev, sc, xb, prec)?;
-                out[0] = Some(dev.conv_implicit_dw(gq, xq, &geo.win, a)?);
+                out[0] = Some(dev.conv_implicit_dw(g, xb, &geo.win, a)?);
             } else if needs[0] {
                 let cols = sc.tmp(dev.im2col(xb, &geo.win)?);
                 out[0] = Some(dev.matmul(gr, cols, geo.win.dw_gemm(a))?);

@@ -307,33 +307,40 @@ fn the_implicit_conv_gives_the_im2col_gemms_bits_where_that_is_not_split() {
 /// Under autocast the implicit forward (the tensor-core kernel's twin: operands rounded as
 /// staged) gives the im2col path's bits (its tensor-core GEMM, which rounds as it stages) where
 /// that GEMM is not split along `k` (its split counting 128×128 tiles), the same sums within
-/// f32 rounding where it is; and neither is the f32 implicit conv of the operands as they are.
+/// f32 rounding where it is; the implicit weight cotangent gives the im2col path's bits on
+/// every case, split or not (it splits as the tensor-core GEMM does); and none is the f32
+/// kernel's result on the operands as they are.
 #[test]
-fn under_autocast_the_implicit_conv_gives_the_tensor_core_gemms_bits_where_that_is_not_split() {
+fn under_autocast_the_implicit_conv_gives_the_tensor_core_gemms_bits() {
     use tl_tape_cuda::Precision;
     use tl_tape_cuda::device::TC_TILE;
     let mut d = SimDevice::new();
     for p in [Precision::Bf16, Precision::Tf32] {
-        let mut split = 0;
+        let (mut split, mut dw_split) = (0, 0);
         for c in cases() {
             let (w, x) = operands(&c, 17);
+            let gy = cotangent(&c, 18);
             let as_is = implicit(&mut d, &c, &w, &x).unwrap();
+            let dw_as_is = implicit_dw(&mut d, &c, &gy, &x).unwrap();
             let _p = tl_tape_cuda::precision::install(p);
+            let name = format!("{p:?} {}", c.name);
             let got = implicit(&mut d, &c, &w, &x).unwrap();
             let (want, g) = by_im2col(&mut d, &c, &w, &x);
             let unsplit = g.k_splits_tiled(1, TC_TILE) == 1;
             split += usize::from(!unsplit);
-            agree(&format!("{p:?} {}", c.name), &got, &want, unsplit);
-            assert_ne!(
-                got, as_is,
-                "{p:?} {}: the operands were not rounded",
-                c.name
-            );
+            agree(&name, &got, &want, unsplit);
+            assert_ne!(got, as_is, "{name}: the operands were not rounded");
+            let dw = implicit_dw(&mut d, &c, &gy, &x).unwrap();
+            let (want_dw, gm) = by_im2col_dw(&mut d, &c, &gy, &x);
+            dw_split += usize::from(gm.k_splits_tiled(1, TC_TILE) > 1);
+            agree(&format!("{name} dw"), &dw, &want_dw, true);
+            assert_ne!(dw, dw_as_is, "{name}: dw's operands were not rounded");
         }
         assert!(
             (1..cases().len()).contains(&split),
             "{p:?}: {split} cases split k"
         );
+        assert!(dw_split > 0, "{p:?}: no weight cotangent split");
     }
     assert_eq!(d.memory_usage().live_buffers(), 0);
 }

@@ -711,15 +711,16 @@ fn the_implicit_conv_kernel_gives_the_sims_bits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The tensor-core implicit conv forward (`tl_conv_implicit_tc`; autocast bf16 and TF32) on
-/// every case of the `conv_implicit` module (ranks 1 to 4, stride, padding, batch 1, partial
-/// 128×128 tiles, C·K not a multiple of the 16-deep slice, many channels), ±∞ and NaN among the
-/// inputs, and one case whose every product underflows to −0 (the slice's zero padding makes
-/// each sum +0), against its sim twin: emulated bit for bit (both schedules in CI), on a GPU within
+/// The tensor-core implicit conv forward and weight cotangent (`tl_conv_implicit_tc`,
+/// `tl_conv_implicit_dw_tc`; autocast bf16 and TF32) on every case of the `conv_implicit`
+/// module (ranks 1 to 4, stride, padding, batch 1, partial 128×128 tiles, depths not multiples
+/// of the 16-deep slice, many channels, weight cotangents split along N·L), ±∞ and NaN among
+/// the inputs, and one case whose every product underflows to −0 (the slice's zero padding
+/// makes each sum +0), against their sim twins: emulated bit for bit (both schedules in CI), on a GPU within
 /// the f32 sums' rounding (the tensor cores add in their own order).
 #[test]
-fn the_tensor_core_implicit_conv_kernel_gives_the_sims_sums() {
-    use crate::conv_implicit::{cases, implicit, operands};
+fn the_tensor_core_implicit_conv_kernels_give_the_sims_sums() {
+    use crate::conv_implicit::{cases, cotangent, implicit, implicit_dw, operands};
     let Some(mut cuda) = gpu() else { return };
     let mut sim = SimDevice::new();
     let (mut bad, mut runs) = (Vec::new(), 0);
@@ -727,38 +728,56 @@ fn the_tensor_core_implicit_conv_kernel_gives_the_sims_sums() {
         let _p = tl_tape_cuda::precision::install(p);
         for (k, c) in cases().iter().enumerate() {
             let (mut w, mut x) = operands(c, 61 + k as u64);
+            let mut g = cotangent(c, 81 + k as u64);
             if k == 1 {
                 x[3] = f32::INFINITY;
                 x[500] = f32::NAN;
             }
             if k == 0 {
-                // Every product underflows to −0 (C·K = 30): the zero padding makes the sums +0.
+                // Every product underflows to −0 (C·K = 30, N·L = 110): the zero padding makes
+                // the sums +0.
                 w.iter_mut().for_each(|v| *v = -(2f32.powi(-100)));
+                g.iter_mut().for_each(|v| *v = -(2f32.powi(-100)));
                 x.iter_mut().for_each(|v| *v = 2f32.powi(-100));
             }
-            let want = implicit(&mut sim, c, &w, &x).unwrap();
-            if k == 0 {
-                assert!(want.iter().all(|v| v.to_bits() == 0), "{p:?}: +0 padded");
-            }
-            let got = implicit(&mut cuda, c, &w, &x).unwrap();
-            let scale = want
-                .iter()
-                .filter(|v| v.is_finite())
-                .fold(1.0f32, |m, v| m.max(v.abs()));
-            let differ = |a: &f32, b: &f32| {
-                if a.is_nan() || b.is_nan() {
-                    a.is_nan() != b.is_nan()
-                } else if cfg!(feature = "cuda-emu") || !b.is_finite() {
-                    a.to_bits() != b.to_bits()
-                } else {
-                    (a - b).abs() > 1e-5 * scale
+            for (what, want, got) in [
+                (
+                    "forward",
+                    implicit(&mut sim, c, &w, &x).unwrap(),
+                    implicit(&mut cuda, c, &w, &x).unwrap(),
+                ),
+                (
+                    "dw",
+                    implicit_dw(&mut sim, c, &g, &x).unwrap(),
+                    implicit_dw(&mut cuda, c, &g, &x).unwrap(),
+                ),
+            ] {
+                if k == 0 {
+                    assert!(want.iter().all(|v| v.to_bits() == 0), "{p:?} {what}: +0");
                 }
-            };
-            let diff = got.iter().zip(&want).filter(|(a, b)| differ(a, b)).count();
-            if diff > 0 || want.len() != got.len() {
-                bad.push(format!("{p:?} {}: {diff} of {} differ", c.name, want.len()));
+                let scale = want
+                    .iter()
+                    .filter(|v| v.is_finite())
+                    .fold(1.0f32, |m, v| m.max(v.abs()));
+                let differ = |a: &f32, b: &f32| {
+                    if a.is_nan() || b.is_nan() {
+                        a.is_nan() != b.is_nan()
+                    } else if cfg!(feature = "cuda-emu") || !b.is_finite() {
+                        a.to_bits() != b.to_bits()
+                    } else {
+                        (a - b).abs() > 1e-5 * scale
+                    }
+                };
+                let diff = got.iter().zip(&want).filter(|(a, b)| differ(a, b)).count();
+                if diff > 0 || want.len() != got.len() {
+                    bad.push(format!(
+                        "{p:?} {} {what}: {diff} of {} differ",
+                        c.name,
+                        want.len()
+                    ));
+                }
+                runs += 1;
             }
-            runs += 1;
         }
     }
     println!(
@@ -769,10 +788,11 @@ fn the_tensor_core_implicit_conv_kernel_gives_the_sims_sums() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// Autocast's conv on the implicit kernels: the forward on the tensor cores (rounding as it
-/// stages), the cotangents on operands rounded into copies by the device's `tl_round`: the f32
-/// implicit conv of the host-rounded operands, bit for bit emulated (the value plus the zero
-/// padding's `+ 0.0`), the value within the f32 sums' rounding on a GPU, as on the sim
+/// Autocast's conv on the implicit kernels: the forward and the weight cotangent on the tensor
+/// cores (rounding as they stage), the input cotangent on operands rounded into copies by the
+/// device's `tl_round`: the f32 implicit conv of the host-rounded operands, bit for bit
+/// emulated (the value and dw plus the zero padding's `+ 0.0`), the value and dw within the
+/// f32 sums' rounding on a GPU, as on the sim
 /// (`autocast::autocast_rounds_the_implicit_convs_operands_on_the_sim`).
 #[test]
 fn autocast_rounds_the_implicit_convs_operands_on_the_device() {

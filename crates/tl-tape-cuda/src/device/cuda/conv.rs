@@ -107,6 +107,8 @@ impl CudaDevice {
     /// one block per tile and run of the split of [`Windows::dw_gemm`] (grid `(⌈C·K/64⌉,
     /// ⌈A/64⌉, runs)`, 256 threads); split, the runs go to a workspace that
     /// `tl_gemm_sum_splits` adds, as the GEMM's runs do ([`CudaDevice::with_split_runs`]).
+    /// Under autocast `tl_conv_implicit_dw_tc`, the tensor-core kernel: 128×128 tiles, the
+    /// split counting them ([`crate::device::split_tile`]), the precision's code appended.
     pub(super) fn conv_implicit_dw_impl(
         &mut self,
         g: Buffer,
@@ -118,25 +120,36 @@ impl CudaDevice {
         const OP: &str = "conv_implicit_dw";
         let (pg, px) = (self.ptr(OP, g)?, self.ptr(OP, x)?);
         let gm = win.dw_gemm(out_channels);
-        let (mn, kc, splits) = (gm.m * gm.n, gm.k_chunk(1), gm.k_splits(1));
-        let gy = gm.m.div_ceil(64);
+        let prec = crate::precision::current();
+        let side = crate::device::split_tile(prec);
+        let (kernel, code) = match super::kernel_code(prec) {
+            0 => ("tl_conv_implicit_dw", None),
+            code => ("tl_conv_implicit_dw_tc", Some(code)),
+        };
+        let (mn, kc, splits) = (
+            gm.m * gm.n,
+            gm.k_chunk_tiled(1, side),
+            gm.k_splits_tiled(1, side),
+        );
+        let gy = gm.m.div_ceil(side);
         if gy > 65_535 {
             return Err(Error::kernel(
                 OP,
-                format!("{} channels exceed the grid limit 65535·64", gm.m),
+                format!("{} channels exceed the grid limit 65535·{side}", gm.m),
             ));
         }
-        let gx = abi::to_u32(OP, "grid", gm.n.div_ceil(64))?;
+        let gx = abi::to_u32(OP, "grid", gm.n.div_ceil(side))?;
         // `Device::conv_implicit_dw` holds the cotangent's and the result's lengths to u32, so
         // k = batch·small (a factor of the cotangent's length where the result is not empty),
         // kc ≤ max(k, 1) and splits ≤ SPLIT_K_MAX are u32 too.
         let mut extra = geo_args(win, &l);
         extra.extend([Arg::U32(out_channels as u32), Arg::U32(kc as u32)]);
+        extra.extend(code.map(Arg::U32));
         let grid = [gx, gy as u32, splits as u32];
         let run = move |d: &mut Self, dst: u64| {
             let mut args = vec![Arg::Ptr(pg), Arg::Ptr(px), Arg::Ptr(dst)];
             args.extend(extra);
-            d.run_blocks_of(OP, "tl_conv_implicit_dw", grid, 256, &args)
+            d.run_blocks_of(OP, kernel, grid, 256, &args)
         };
         self.with_out(OP, mn, |d, out| {
             if mn == 0 {

@@ -59,10 +59,7 @@ pub fn conv_implicit(
             let xv = win.cell(o, p % kl).map_or(0.0, |j| xn[(p / kl) * bl + j]);
             acc = prec.round(wv).mul_add(prec.round(xv), acc);
         }
-        if prec.is_autocast() && !ck.is_multiple_of(linalg::TC_K) {
-            acc += 0.0; // the padding's fma(0, 0, acc)
-        }
-        *v = acc;
+        *v = linalg::tc_padded(acc, ck, prec);
     }
 }
 
@@ -101,7 +98,19 @@ pub fn conv_implicit_dx(w: &[f32], g: &[f32], win: &Windows, a: usize, out: &mut
 /// increasing `p` from `0.0` as `fma(g, x, acc)`, the runs added by [`linalg::split_sum`]: the
 /// arithmetic of [`linalg::gemm`] on `g' · im2col(x)ᵀ`, term for term. `a` output channels; the
 /// result `(a, channels·K)` row-major.
-pub fn conv_implicit_dw(g: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut [f32]) {
+///
+/// Under autocast (`prec` `Bf16` / `Tf32`) the twin of `tl_conv_implicit_dw_tc`: the split
+/// counts the tensor-core kernel's tiles ([`crate::device::split_tile`]), each operand element
+/// is rounded and each run padded ([`linalg::tc_padded`]): [`linalg::gemm`] at `prec`, term
+/// for term.
+pub fn conv_implicit_dw(
+    g: &[f32],
+    x: &[f32],
+    win: &Windows,
+    a: usize,
+    out: &mut [f32],
+    prec: Precision,
+) {
     let (kl, sl, bl) = (
         win.kernel.iter().product::<usize>(),
         win.small.iter().product::<usize>(),
@@ -109,7 +118,7 @@ pub fn conv_implicit_dw(g: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut
     );
     let ck = win.channels * kl;
     let gm = win.dw_gemm(a);
-    let chunk = gm.k_chunk(1);
+    let chunk = gm.k_chunk_tiled(1, crate::device::split_tile(prec));
     for (i, v) in out.iter_mut().enumerate() {
         let (r, q) = (i / ck, i % ck);
         let (c, k) = (q / kl, q % kl);
@@ -120,9 +129,11 @@ pub fn conv_implicit_dw(g: &[f32], x: &[f32], win: &Windows, a: usize, out: &mut
                 let xv = win
                     .cell(o, k)
                     .map_or(0.0, |j| x[(n * win.channels + c) * bl + j]);
-                acc = g[(n * a + r) * sl + o].mul_add(xv, acc);
+                acc = prec
+                    .round(g[(n * a + r) * sl + o])
+                    .mul_add(prec.round(xv), acc);
             }
-            acc
+            linalg::tc_padded(acc, p1 - p0, prec)
         };
         *v = linalg::split_sum(gm.k, chunk, run);
     }

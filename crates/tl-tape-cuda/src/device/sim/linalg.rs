@@ -77,10 +77,7 @@ pub fn gemm(
                         ai += a_step;
                         bi += b_step;
                     }
-                    if !(p1 - p0).is_multiple_of(TC_K) {
-                        acc += 0.0; // the padding's fma(0, 0, acc)
-                    }
-                    return acc;
+                    return tc_padded(acc, p1 - p0, prec);
                 }
                 for _ in p0..p1 {
                     acc = a[ai].mul_add(b[bi], acc);
@@ -91,6 +88,18 @@ pub fn gemm(
             };
             out[po.start + i * po.ld + j] = split_sum(k, chunk, run);
         }
+    }
+}
+
+/// A run's sum `acc` of `len` terms as the tensor-core kernels leave it at `prec`: under
+/// autocast plus `0.0` where `len` is not a multiple of [`TC_K`] (the last slice's zero
+/// padding adds `fma(0, 0, acc)`: a `−0` sum becomes `+0`); `acc` itself in f32. Shared by
+/// [`gemm`] and the implicit conv's twins ([`super::conv`]).
+pub fn tc_padded(acc: f32, len: usize, prec: Precision) -> f32 {
+    if prec.is_autocast() && !len.is_multiple_of(TC_K) {
+        acc + 0.0
+    } else {
+        acc
     }
 }
 

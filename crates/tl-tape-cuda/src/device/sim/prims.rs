@@ -595,10 +595,12 @@ impl Launch for SimDevice {
         lens: WindowLens,
     ) -> Result<Buffer> {
         let dw_len = out_channels * win.channels * lens.kernel;
+        let prec = crate::precision::current();
         let dw = self.launch("conv_implicit_dw", [g, x], dw_len, |[g, x], out| {
-            conv::conv_implicit_dw(g, x, win, out_channels, out)
+            conv::conv_implicit_dw(g, x, win, out_channels, out, prec)
         })?;
-        if dw_len > 0 && win.dw_gemm(out_channels).k_splits(1) > 1 {
+        let tile = crate::device::split_tile(prec);
+        if dw_len > 0 && win.dw_gemm(out_channels).k_splits_tiled(1, tile) > 1 {
             // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
             self.traffic.launch();
         }
