@@ -11,7 +11,11 @@
 //! cargo run --release -p tl-session --example gpu_proxies                 # the simulation device
 //! cargo run --release -p tl-session --example gpu_proxies -- --models realistic
 //! cargo run --release -p tl-session --features cuda-emu --example gpu_proxies -- --backend cuda
+//! cargo run --release -p tl-session --example gpu_proxies -- --models resnet --precision bf16
 //! ```
+//!
+//! `--precision bf16` (or `tf32`) steps under autocast (`Options::precision`,
+//! `LinkedSession::set_precision`): the products on the tensor-core kernels.
 //!
 //! On the simulation device a launch is one primitive; `--backend cuda` with `cuda-emu` runs
 //! the CUDA device's own launch code over the emulated kernels and counts every kernel
@@ -24,7 +28,7 @@ mod models;
 
 use models::{BenchModel, Run};
 use tl_nn::Result;
-use tl_session::{Backend, LinkedSession, Options, Session, Train};
+use tl_session::{Backend, LinkedSession, Options, Precision, Session, Train};
 use tl_tape_cuda::{MemoryUsage, Traffic};
 
 /// One step's work: launches and copies, pool allocations, raw device allocations.
@@ -78,10 +82,11 @@ enum Models {
     One(&'static str),
 }
 
-const USAGE: &str = "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all|wide-mlp|resnet|lm]";
+const USAGE: &str = "usage: gpu_proxies [--backend cuda-sim|cuda] [--models small|realistic|all|wide-mlp|resnet|lm] [--precision f32|bf16|tf32]";
 
-fn parse(args: &[String]) -> Option<(Backend, Models)> {
-    let (mut backend, mut models) = (Backend::CudaSim, Models::Small);
+fn parse(args: &[String]) -> Option<(Backend, Models, Precision)> {
+    let (mut backend, mut models, mut precision) =
+        (Backend::CudaSim, Models::Small, Precision::F32);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it.next()?.as_str();
@@ -94,19 +99,22 @@ fn parse(args: &[String]) -> Option<(Backend, Models)> {
             ("--models", "wide-mlp") => models = Models::One("wide mlp"),
             ("--models", "resnet") => models = Models::One("resnet"),
             ("--models", "lm") => models = Models::One("lm"),
+            ("--precision", "f32") => precision = Precision::F32,
+            ("--precision", "bf16") => precision = Precision::Bf16,
+            ("--precision", "tf32") => precision = Precision::Tf32,
             _ => return None,
         }
     }
-    Some((backend, models))
+    Some((backend, models, precision))
 }
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some((backend, models)) = parse(&args) else {
+    let Some((backend, models, precision)) = parse(&args) else {
         eprintln!("{USAGE}");
         return std::process::ExitCode::from(2);
     };
-    match run(backend, models) {
+    match run(backend, models, precision) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -115,7 +123,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(backend: Backend, which: Models) -> Result<()> {
+fn run(backend: Backend, which: Models, precision: Precision) -> Result<()> {
     let small = [
         ("mlp b64", BenchModel::mlp(64)),
         ("cnn b64", BenchModel::cnn(64)),
@@ -135,7 +143,7 @@ fn run(backend: Backend, which: Models) -> Result<()> {
             .filter(|(n, _)| n.starts_with(name))
             .collect(),
     };
-    println!("backend: {backend:?} (figures per training step, steady state)\n");
+    println!("backend: {backend:?}, {precision:?} (figures per training step, steady state)\n");
     println!(
         "| model | session | launches | uploads | upload bytes | downloads | download bytes | pool allocs | device allocs |"
     );
@@ -145,9 +153,14 @@ fn run(backend: Backend, which: Models) -> Result<()> {
             let work = if linked {
                 let mut s = LinkedSession::<f32>::new();
                 s.set_backend(backend)?;
+                s.set_precision(precision)?;
                 measure(s, m)?
             } else {
-                measure(Session::<f32>::new(Options::backend(backend))?, m)?
+                let opts = Options {
+                    precision,
+                    ..Options::backend(backend)
+                };
+                measure(Session::<f32>::new(opts)?, m)?
             };
             let w = work[0];
             if work[1] != w {
