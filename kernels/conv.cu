@@ -515,12 +515,13 @@ struct DwLoader {
     // The slice from p0: ra[l] = g'[row l, p0 + pp], rb[l] = im2col(x)ᵀ[p0 + pp, column l],
     // zeros outside the matrices and past the run's end ke.
     __device__ void fetch(u32 p0, float (&ra)[L], float (&rb)[L]) const {
+        const int rk = R ? R : rank;  // a constant where the rank is compiled in
         const u32 gp = p0 + pp;
         const bool in = gp < ke;
         const u32 nb = in ? gp / sl : 0;
         u32 o = in ? gp % sl : 0;
         long long org[RK];  // per axis: the big position of window cell 0 of small cell o
-        for (int i = rank - 1; i >= 0; --i) {
+        for (int i = rk - 1; i >= 0; --i) {
             org[i] = (long long)(o % g.small.d[i]) * (long long)g.stride.d[i] -
                      (long long)g.padding.d[i];
             o /= g.small.d[i];
@@ -536,7 +537,7 @@ struct DwLoader {
             if (in && qc[l] < channels) {
                 u64 flat = 0, st = 1;
                 bool pad = false;
-                for (int i = rank - 1; i >= 0; --i) {
+                for (int i = rk - 1; i >= 0; --i) {
                     const long long pos = org[i] + (long long)qk[l][i];
                     if (pos < 0 || pos >= (long long)g.big.d[i]) pad = true;
                     flat += (u64)pos * st;
