@@ -475,33 +475,31 @@ __device__ void tiles_dx(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
 // 128 x 128 tiles, as tl_gemm_tc splits) on the tensor-core tile: the im2col path's
 // tensor-core GEMM, run for run.
 //
-// The loaders of both (DwLoader): every element a thread stages has the same slice row pp =
-// threadIdx.x % 16, so (n, o) and the window origin o·stride − padding are decomposed once a
-// slice; its L rows a = row0 + e0 + 16·l of g' and L columns q = col0 + e0 + 16·l of the
-// weight side (e0 = threadIdx.x / 16) are fixed, so the columns' (c, kernel offsets) are
+// The block of both (DwLoader): its BM x BN tile at (row0, col0) of the (A, C·K) result and
+// block z's run of the depth N·L, p in [kb, ke) = [z·kc, min((z + 1)·kc, N·L)), written at
+// out + z·A·C·K (`run_out`); and its loaders: every element a thread stages has the same slice
+// row pp = threadIdx.x % 16, so (n, o) and the window origin o·stride − padding are decomposed
+// once a slice; its L rows a = row0 + e0 + 16·l of g' and L columns q = col0 + e0 + 16·l of
+// the weight side (e0 = threadIdx.x / 16) are fixed, so the columns' (c, kernel offsets) are
 // decomposed once.
-// Block z's run of the depth: p in [z·kc, min((z + 1)·kc, depth)).
-__device__ inline void dw_run(u32 kc, u32 depth, u32& kb, u32& ke) {
-    kb = blockIdx.z * kc;
-    ke = depth - kb < kc ? depth : kb + kc;
-}
-
 template <int R, int L>
 struct DwLoader {
     static constexpr int RK = R ? R : 8;
     const Geo& g;
     const float* gr;
     const float* x;
-    u32 channels, kl, sl, bl, m, row0, ke, pp, e0;
+    u32 channels, kl, sl, bl, m, n, row0, col0, kb, ke, pp, e0;
     int rank;
     u32 qc[L];      // the channel c of each staged column, or `channels` past C·K
     u32 qk[L][RK];  // its kernel offsets per axis
-    __device__ DwLoader(const Geo& g_, const float* gr_, const float* x_, u32 channels_, u32 kl_,
-                        u32 sl_, u32 bl_, u32 m_, u32 row0_, u32 col0, u32 ke_)
+    __device__ DwLoader(const Geo& g_, const float* gr_, const float* x_, u32 batch, u32 channels_,
+                        u32 kl_, u32 sl_, u32 bl_, u32 m_, u32 kc, u32 bm, u32 bn)
         : g(g_), gr(gr_), x(x_), channels(channels_), kl(kl_), sl(sl_), bl(bl_), m(m_),
-          row0(row0_), ke(ke_), pp(threadIdx.x % 16), e0(threadIdx.x / 16),
-          rank(R ? R : (int)g_.rank) {
-        const u32 n = channels * kl;
+          n(channels_ * kl_), row0(blockIdx.y * bm), col0(blockIdx.x * bn),
+          pp(threadIdx.x % 16), e0(threadIdx.x / 16), rank(R ? R : (int)g_.rank) {
+        const u32 depth = batch * sl;
+        kb = blockIdx.z * kc;
+        ke = depth - kb < kc ? depth : kb + kc;
         for (int l = 0; l < L; ++l) {
             const u32 q = col0 + e0 + 16u * l;
             qc[l] = q < n ? q / kl : channels;
@@ -548,6 +546,8 @@ struct DwLoader {
             rb[l] = v;
         }
     }
+    // The block's run matrix in the output.
+    __device__ float* run_out(float* out) const { return out + (u64)blockIdx.z * m * n; }
 };
 
 template <int R>
@@ -556,12 +556,9 @@ __device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
                          u32 kl, u32 sl, u32 bl, u32 m, u32 kc) {
     static_assert(LA == LB && 256 / BK == 16, "one row and column set for both operands");
     const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const u32 row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    const u32 n = channels * kl, depth = batch * sl;
-    u32 kb, ke;
-    dw_run(kc, depth, kb, ke);
-    out += (u64)blockIdx.z * m * n;
-    const DwLoader<R, LA> ld(g, gr, x, channels, kl, sl, bl, m, row0, col0, ke);
+    const DwLoader<R, LA> ld(g, gr, x, batch, channels, kl, sl, bl, m, kc, BM, BN);
+    const u32 row0 = ld.row0, col0 = ld.col0, n = ld.n;
+    out = ld.run_out(out);
     float ra[LA], rb[LB];
     auto fetch = [&](u32 p0) { ld.fetch(p0, ra, rb); };
     auto stage = [&](int buf) {
@@ -569,7 +566,7 @@ __device__ void tiles_dw(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
         for (int l = 0; l < LB; ++l) Bs[buf][ld.pp][ld.e0 + 16 * l] = rb[l];
     };
     float acc[TM][TN];
-    tile_run(As, Bs, kb, ke, fetch, stage, acc);
+    tile_run(As, Bs, ld.kb, ld.ke, fetch, stage, acc);
     for (int i = 0; i < TM; ++i) {
         const u32 gi = row0 + reg_pos(ty, i);
         if (gi >= m) continue;
@@ -589,12 +586,8 @@ __device__ void tiles_dw_tc(unsigned char* smem, const float* gr, const float* x
     constexpr int TL = tc::BM * tc::BK / tc::THREADS;
     static_assert(TL == tc::BN * tc::BK / tc::THREADS && tc::THREADS / tc::BK == 16,
                   "one row and column set for both operands");
-    const u32 row0 = blockIdx.y * tc::BM, col0 = blockIdx.x * tc::BN;
-    const u32 n = channels * kl, depth = batch * sl;
-    u32 kb, ke;
-    dw_run(kc, depth, kb, ke);
-    out += (u64)blockIdx.z * m * n;
-    const DwLoader<R, TL> ld(g, gr, x, channels, kl, sl, bl, m, row0, col0, ke);
+    const DwLoader<R, TL> ld(g, gr, x, batch, channels, kl, sl, bl, m, kc, tc::BM, tc::BN);
+    out = ld.run_out(out);
     float ra[TL], rb[TL];
     auto fetch = [&](u32 p0) { ld.fetch(p0, ra, rb); };
     auto stage = [&](typename P::T* as, typename P::T* bs, int lda, int ldb) {
@@ -604,10 +597,10 @@ __device__ void tiles_dw_tc(unsigned char* smem, const float* gr, const float* x
         }
     };
     auto put = [&](u32 r, u32 c, float v) {
-        const u32 gi = row0 + r, gj = col0 + c;
-        if (gi < m && gj < n) out[(u64)gi * n + gj] = v;
+        const u32 gi = ld.row0 + r, gj = ld.col0 + c;
+        if (gi < m && gj < ld.n) out[(u64)gi * ld.n + gj] = v;
     };
-    tc::block<P>(smem, kb, ke, fetch, stage, put);
+    tc::block<P>(smem, ld.kb, ld.ke, fetch, stage, put);
 }
 
 // f(Rank<R>(), As, Bs) with the block's shared buffers, R the spatial rank where it is 1, 2 or
