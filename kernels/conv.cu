@@ -464,6 +464,99 @@ __device__ void tiles_dx(float (*As)[BK][BM + 4], float (*Bs)[BK][BN + 4], const
     }
 }
 
+// The input cotangent on the tensor-core tile (autocast; `P` the operands' precision, each
+// rounded as it is staged), tiles_dx's order: per window cell k from last to first, part =
+// Σ_a w[a, c, k]·g[n, a, o] in the accumulator fragments from +0, slices of 16 a zero-padded
+// past A; then, through the warp's scratch (Tile::drain), acc + part where the small cell o
+// that reads the column's big cell through k exists, acc in registers (the lane's 8 elements
+// of each of its 4 x 2 fragments: one column, lane % 16, a fragment column). 128 x 128 outputs
+// a block. On the emulator the sim twin's bits (conv::conv_implicit_dx at the precision).
+template <int R, class P>
+__device__ void tiles_dx_tc(unsigned char* smem, const float* w, const float* gr, float* dx,
+                            const Geo& g, u32 batch, u32 channels, u32 kl, u32 sl, u32 bl,
+                            u32 depth) {
+    constexpr int TA = tc::BM * tc::BK / tc::THREADS, TB = tc::BK * tc::BN / tc::THREADS;
+    constexpr int RK = R ? R : 8, ROWS = tc::THREADS / tc::BN;
+    const int rank = R ? R : (int)g.rank;
+    const u32 row0 = blockIdx.y * tc::BM;
+    const u64 col0 = (u64)blockIdx.x * tc::BN;
+    const u32 m = channels, ck = channels * kl;
+    const u64 n = (u64)batch * bl;
+    // The loader's column of g (its big cell, decomposed) and slice rows pb + 2·l.
+    const u32 jb = threadIdx.x % tc::BN, pb = threadIdx.x / tc::BN;
+    const u64 gcol = col0 + jb;
+    const bool col_in = gcol < n;
+    const float* gb = gr + (col_in ? gcol / bl : 0) * depth * sl;
+    long long jp[RK];
+    big_pos<R>(g, col_in ? gcol % bl : 0, jp, rank);
+    tc::Tile<P> t(smem);
+    // The lane's output column in each fragment column j, decomposed.
+    long long op[tc::FJ][RK];
+    bool out_in[tc::FJ];
+    for (int j = 0; j < tc::FJ; ++j) {
+        const u64 gj = col0 + t.wn * tc::WN + 16 * j + t.lane % 16;
+        out_in[j] = gj < n;
+        big_pos<R>(g, out_in[j] ? gj % bl : 0, op[j], rank);
+    }
+    const u32 sa = (depth + tc::BK - 1) / tc::BK;  // slices of a per window cell
+    float ra[TA], rb[TB];
+    // Slice s = p0 / 16: window cell kl - 1 - s / sa, a from 16·(s % sa).
+    auto fetch = [&](u32 p0) {
+        const u32 s = p0 / tc::BK, k = kl - 1 - s / sa, a0 = (s % sa) * tc::BK;
+        for (int l = 0; l < TA; ++l) {
+            const u32 e = threadIdx.x + tc::THREADS * l, i = e % tc::BM, p = e / tc::BM;
+            const u32 gi = row0 + i, ga = a0 + p;
+            ra[l] = gi < m && ga < depth ? w[(u64)ga * ck + (u64)gi * kl + k] : 0.0f;
+        }
+        const long long o = col_in ? window_at<R>(g, jp, k, rank) : -1;
+        for (int l = 0; l < TB; ++l) {
+            const u32 ga = a0 + pb + (u32)ROWS * l;
+            rb[l] = o >= 0 && ga < depth ? gb[(u64)ga * sl + (u64)o] : 0.0f;
+        }
+    };
+    auto stage = [&](typename P::T* as, typename P::T* bs, int lda, int ldb) {
+        for (int l = 0; l < TA; ++l) {
+            const u32 e = threadIdx.x + tc::THREADS * l;
+            as[(e % tc::BM) * lda + e / tc::BM] = P::cvt(ra[l]);
+        }
+        for (int l = 0; l < TB; ++l) bs[(pb + ROWS * l) * ldb + jb] = P::cvt(rb[l]);
+    };
+    auto stage_buf = [&](int buf) { t.stage(buf, stage); };
+    float acc[tc::FI][tc::FJ][8];
+    for (int i = 0; i < tc::FI; ++i)
+        for (int j = 0; j < tc::FJ; ++j)
+            for (int l = 0; l < 8; ++l) acc[i][j][l] = 0.0f;
+    u32 done = 0;  // slices multiplied
+    auto compute = [&](int buf, u32) {
+        t.mma(buf);
+        if (done % sa == sa - 1) {  // the window cell's last slice: add its parts where o exists
+            const u32 k = kl - 1 - done / sa;
+            bool has[tc::FJ];
+            for (int j = 0; j < tc::FJ; ++j)
+                has[j] = out_in[j] && window_at<R>(g, op[j], k, rank) >= 0;
+            auto add = [&](int i, int j, int l, u32, u32, float v) {
+                if (has[j]) acc[i][j][l] = __fadd_rn(acc[i][j][l], v);
+            };
+            t.drain(add);
+            t.zero();
+        }
+        ++done;
+    };
+    // The host holds kl·sa·16 to a u32.
+    k_slices<tc::BK>(0, kl * sa * tc::BK, fetch, stage_buf, compute);
+    for (int i = 0; i < tc::FI; ++i) {
+        for (int j = 0; j < tc::FJ; ++j) {
+            const u64 gj = col0 + t.wn * tc::WN + 16 * j + t.lane % 16;
+            if (gj >= n) continue;
+            const u64 b = gj / bl, jj = gj % bl;
+            for (int l = 0; l < 8; ++l) {
+                const u32 gi = row0 + t.wm * tc::WM + 16 * i + t.lane / 16 + 2 * l;
+                if (gi < m) dx[(b * m + gi) * bl + jj] = acc[i][j][l];
+            }
+        }
+    }
+}
+
 // The weight cotangent: dw (A, C·K) = g' (A, N·L) · im2col(x)ᵀ (N·L, C·K) without the column
 // matrix (nor the permute of g to g'). Rows a, columns q = c·K + k, depth p = n·L + o. The GEMM
 // tl_gemm runs on that product (Gemm::nn(A, N·L, C·K), b transposed) split along its depth
@@ -697,6 +790,20 @@ extern "C" __global__ void __launch_bounds__(256)
     igemm::by_rank(rank, [&](auto r, auto As, auto Bs) {
         igemm::tiles_dw<decltype(r)::value>(As, Bs, gr, x, out, g, batch, channels, kl, sl, bl, m,
                                             kc);
+    });
+}
+
+// The tensor-core input cotangent (autocast; igemm::tiles_dx_tc): grid (⌈N·big/128⌉,
+// ⌈C/128⌉), 256 threads, one block an SM (its accumulators and fragments take the registers);
+// `depth` = A, `prec` as tl_conv_implicit_tc's.
+extern "C" __global__ void __launch_bounds__(256, 1)
+    tl_conv_implicit_dx_tc(const float* w, const float* gr, float* dx, TL_GEO_PARAMS, u32 depth,
+                           u32 prec) {
+    TL_GEO;
+    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
+    igemm::tc_by_rank(rank, prec, [&](auto r, auto p) {
+        igemm::tiles_dx_tc<decltype(r)::value, decltype(p)>(smem, w, gr, dx, g, batch, channels,
+                                                             kl, sl, bl, depth);
     });
 }
 

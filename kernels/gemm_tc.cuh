@@ -69,61 +69,94 @@ constexpr int SMEM_BYTES =
     Smem<Bf16>::BYTES > Smem<Tf32>::BYTES ? Smem<Bf16>::BYTES : Smem<Tf32>::BYTES;
 static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory");
 
+// One block's tile in `smem` (SMEM_BYTES, 32-byte aligned): the two staging buffers, each
+// warp's 16 x 16 scratch and its 4 x 2 accumulator fragments (from +0).
+template <class R>
+struct Tile {
+    typedef typename R::T T;
+    typedef Smem<R> S;
+    typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, R::FK, float> Acc;
+    T* As;      // [2][BM * LDA]
+    T* Bs;      // [2][BK * LDB]
+    float* Cw;  // the warp's scratch
+    u32 wm, wn, lane;
+    Acc acc[FI][FJ];
+    __device__ explicit Tile(unsigned char* smem)
+        : As(reinterpret_cast<T*>(smem)), Bs(reinterpret_cast<T*>(smem + 2 * S::A_BYTES)),
+          Cw(reinterpret_cast<float*>(smem + 2 * (S::A_BYTES + S::B_BYTES) +
+                                      threadIdx.x / 32 * S::C_BYTES)),
+          wm(threadIdx.x / 32 / WARPS_N), wn(threadIdx.x / 32 % WARPS_N), lane(threadIdx.x % 32) {
+        zero();
+    }
+    __device__ void zero() {
+        TC_UNROLL
+        for (int i = 0; i < FI; ++i) {
+            TC_UNROLL
+            for (int j = 0; j < FJ; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+        }
+    }
+    // `stage(as, bs, lda, ldb)` into buffer buf: op(a) as As[i * lda + p] (output row i, slice
+    // row p), op(b) as Bs[p * ldb + j] (output column j), rounded (R::cvt) by the caller.
+    template <typename Stage>
+    __device__ void stage(int buf, Stage& st) {
+        st(As + buf * BM * S::LDA, Bs + buf * BK * S::LDB, S::LDA, S::LDB);
+    }
+    // The whole slice in buffer buf into the accumulators, zero-padded past the run (the sim
+    // twins' padding: TC_K).
+    __device__ void mma(int buf) {
+        namespace wmma = nvcuda::wmma;
+        const T* as = As + buf * BM * S::LDA;
+        const T* bs = Bs + buf * BK * S::LDB;
+        for (int kk = 0; kk < BK; kk += R::FK) {
+            wmma::fragment<wmma::matrix_a, 16, 16, R::FK, typename R::P, wmma::row_major> fa[FI];
+            wmma::fragment<wmma::matrix_b, 16, 16, R::FK, typename R::P, wmma::row_major> fb[FJ];
+            for (int i = 0; i < FI; ++i)
+                wmma::load_matrix_sync(fa[i], &as[(wm * WM + i * 16) * S::LDA + kk], S::LDA);
+            for (int j = 0; j < FJ; ++j)
+                wmma::load_matrix_sync(fb[j], &bs[kk * S::LDB + wn * WN + j * 16], S::LDB);
+            for (int i = 0; i < FI; ++i)
+                for (int j = 0; j < FJ; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+    }
+    // Every sum of the warp's fragments through its scratch: f(i, j, l, r, c, v) for fragment
+    // (i, j) and the lane's element l < 8 of it, at the block's row r and column c (the lane's
+    // column within a fragment is lane % 16, its rows lane / 16 + 2·l).
+    template <typename F>
+    __device__ void drain(F& f) {
+        TC_UNROLL
+        for (int i = 0; i < FI; ++i) {
+            TC_UNROLL
+            for (int j = 0; j < FJ; ++j) {
+                nvcuda::wmma::store_matrix_sync(Cw, acc[i][j], S::LDC, nvcuda::wmma::mem_row_major);
+                __syncwarp();
+                const u32 r0 = wm * WM + i * 16, c0 = wn * WN + j * 16;
+                TC_UNROLL
+                for (int l = 0; l < 256 / 32; ++l) {
+                    const u32 e = lane + 32 * l, r = e / 16, c = e % 16;
+                    f(i, j, l, r0 + r, c0 + c, Cw[r * S::LDC + c]);
+                }
+                __syncwarp();  // read before the next fragment's store
+            }
+        }
+    }
+};
+
 // One block's 128 x 128 outputs of a product over the depth run [kb, ke), in `smem`
 // (SMEM_BYTES, 32-byte aligned): `fetch(p0)` reads the thread's elements of the slice from p0
 // into its registers (zeros outside the operands and the run); `stage(as, bs, lda, ldb)`
-// rounds them (R::cvt) into one buffer, op(a) as As[i * lda + p] (output row i, slice row p)
-// and op(b) as Bs[p * ldb + j] (output column j); `put(r, c, v)` writes the finished sum v of
-// the block's output (r, c) where the caller's bounds and layout say. Ends on a barrier
+// rounds them (R::cvt) into one buffer (Tile::stage); `put(r, c, v)` writes the finished sum v
+// of the block's output (r, c) where the caller's bounds and layout say. Ends on a barrier
 // (k_slices), so a second call on the same buffers waits for every warp's last reads; the
 // scratch is the warp's own.
 template <class R, typename Fetch, typename Stage, typename Put>
 __device__ void block(unsigned char* smem, u32 kb, u32 ke, Fetch& fetch, Stage& stage,
                       Put& put) {
-    namespace wmma = nvcuda::wmma;
-    typedef typename R::T T;
-    typedef Smem<R> S;
-    constexpr int LDA = S::LDA, LDB = S::LDB, LDC = S::LDC;
-    T* const As = reinterpret_cast<T*>(smem);                   // [2][BM * LDA]
-    T* const Bs = reinterpret_cast<T*>(smem + 2 * S::A_BYTES);  // [2][BK * LDB]
-    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const u32 wm = warp / WARPS_N, wn = warp % WARPS_N;
-    float* const Cw = reinterpret_cast<float*>(smem + 2 * (S::A_BYTES + S::B_BYTES) +
-                                               warp * S::C_BYTES);  // the warp's scratch
-    auto stage_buf = [&](int buf) { stage(As + buf * BM * LDA, Bs + buf * BK * LDB, LDA, LDB); };
-    wmma::fragment<wmma::accumulator, 16, 16, R::FK, float> acc[FI][FJ];
-    for (int i = 0; i < FI; ++i)
-        for (int j = 0; j < FJ; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    // The whole slice, zero-padded past the run (the sim twins' padding: TC_K).
-    auto compute = [&](int buf, u32) {
-        const T* as = As + buf * BM * LDA;
-        const T* bs = Bs + buf * BK * LDB;
-        for (int kk = 0; kk < BK; kk += R::FK) {
-            wmma::fragment<wmma::matrix_a, 16, 16, R::FK, typename R::P, wmma::row_major> fa[FI];
-            wmma::fragment<wmma::matrix_b, 16, 16, R::FK, typename R::P, wmma::row_major> fb[FJ];
-            for (int i = 0; i < FI; ++i)
-                wmma::load_matrix_sync(fa[i], &as[(wm * WM + i * 16) * LDA + kk], LDA);
-            for (int j = 0; j < FJ; ++j)
-                wmma::load_matrix_sync(fb[j], &bs[kk * LDB + wn * WN + j * 16], LDB);
-            for (int i = 0; i < FI; ++i)
-                for (int j = 0; j < FJ; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
-    };
+    Tile<R> t(smem);
+    auto stage_buf = [&](int buf) { t.stage(buf, stage); };
+    auto compute = [&](int buf, u32) { t.mma(buf); };
     k_slices<BK>(kb, ke, fetch, stage_buf, compute);
-    TC_UNROLL
-    for (int i = 0; i < FI; ++i) {
-        TC_UNROLL
-        for (int j = 0; j < FJ; ++j) {
-            wmma::store_matrix_sync(Cw, acc[i][j], LDC, wmma::mem_row_major);
-            __syncwarp();
-            const u32 r0 = wm * WM + i * 16, c0 = wn * WN + j * 16;
-            for (int l = 0; l < 256 / 32; ++l) {
-                const u32 e = lane + 32 * l, r = e / 16, c = e % 16;
-                put(r0 + r, c0 + c, Cw[r * LDC + c]);
-            }
-            __syncwarp();  // read before the next fragment's store
-        }
-    }
+    auto out = [&](int, int, int, u32 r, u32 c, float v) { put(r, c, v); };
+    t.drain(out);
 }
 
 }  // namespace tc

@@ -473,10 +473,10 @@ pub const MUTANTS: &[Mutant] = &[
     Mutant {
         id: "sim-conv-autocast-implicit-dx-unrounded-weight",
         area: Sim,
-        file: "crates/tl-tape-cuda/src/ops/conv.rs",
-        from: "let wq = rounded(dev, sc, w, prec)?;",
-        to: "let wq = w;",
-        bug: "under autocast the implicit-GEMM conv's input cotangent reads the weight unrounded",
+        file: "crates/tl-tape-cuda/src/device/sim/conv.rs",
+        from: "part = prec.round(wv).mul_add(prec.round(gv), part);",
+        to: "part = wv.mul_add(prec.round(gv), part);",
+        bug: "under autocast the sim's implicit-GEMM conv input cotangent reads the weight unrounded",
         harness: Plain,
     },
     Mutant {
@@ -847,6 +847,15 @@ pub const MUTANTS: &[Mutant] = &[
         from: "ke = depth - kb < kc ? depth : kb + kc;",
         to: "ke = depth;",
         bug: "each split run of the implicit-GEMM weight cotangents (f32 and tensor-core) sums to the end of N·L, not to its own end",
+        harness: Emu,
+    },
+    Mutant {
+        id: "kernel-conv-implicit-dx-tc-next-cells-mask",
+        area: Kernel,
+        file: "kernels/conv.cu",
+        from: "const u32 k = kl - 1 - done / sa;",
+        to: "const u32 k = kl - 1 - (done + 1) / sa;",
+        bug: "the tensor-core input cotangent adds a window cell's parts where the next cell's windows exist",
         harness: Emu,
     },
     Mutant {

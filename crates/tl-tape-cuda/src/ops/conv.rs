@@ -21,13 +21,11 @@
 //! matrix) where the forward does: it splits `k = N·L` as the GEMM does, so it gives the im2col
 //! path's bits at any size. convTranspose keeps `im2col`/`col2im`.
 //!
-//! Under autocast (bf16, TF32) the forward and the weight cotangent run on the tensor cores,
-//! their implicit kernels rounding the operands as they stage them ([`Device::conv_implicit`],
-//! [`Device::conv_implicit_dw`]); the input cotangent's kernel (f32 FMA) takes its operands
-//! rounded into copies ([`Device::round_to`]: g and w): each product is then the exact product
-//! of rounded operands, summed in f32 in the kernel's order, the CPU tape's rule; the bias
-//! cotangent sums g unrounded. Where the gate does not hold, the im2col GEMM runs on the tensor
-//! cores, rounding as it stages.
+//! Under autocast (bf16, TF32) all three run on the tensor cores, their implicit kernels
+//! rounding the operands as they stage them ([`Device::conv_implicit`],
+//! [`Device::conv_implicit_dw`], [`Device::conv_implicit_dx`]); the bias cotangent sums g
+//! unrounded. Where the gate does not hold, the im2col GEMM runs on the tensor cores, rounding
+//! as it stages.
 
 use tl_ir::Op;
 use tl_spec::Shape;
@@ -124,20 +122,6 @@ impl Geo {
     }
 }
 
-/// `x` as a product reads it at `prec`: itself in f32, else rounded into a scratch copy.
-fn rounded<D: Device>(
-    dev: &mut D,
-    sc: &mut Scratch,
-    x: Buffer,
-    prec: crate::precision::Precision,
-) -> Result<Buffer> {
-    if prec == crate::precision::Precision::F32 {
-        Ok(x)
-    } else {
-        Ok(sc.tmp(dev.round_to(x, prec)?))
-    }
-}
-
 /// Forward of `conv` / `convTranspose` on operands `(w, b, x)` with output shape `shape`.
 pub fn forward<D: Device>(dev: &mut D, op: &Op, x: &[&AnyBuffer], shape: &Shape) -> Result<Buffer> {
     forward_with(dev, op, x, shape, |dev, y, b, layout| {
@@ -200,7 +184,6 @@ pub fn backward<D: Device>(
     let mut out: [Option<Buffer>; 3] = [None, None, None];
     let r = with_scratch(dev, |dev, sc| {
         if matches!(op, Op::Conv { .. }) {
-            let prec = crate::precision::current();
             let big: usize = geo.win.big.iter().product();
             let dx_implicit =
                 needs[2] && gates::conv_implicit(geo.win.channels, n.saturating_mul(big));
@@ -208,13 +191,6 @@ pub fn backward<D: Device>(
             // forward's operand); its kernel splits k as the GEMM does, so any size gives the
             // same bits.
             let dw_implicit = needs[0] && gates::conv_implicit(a, n * l);
-            // The input cotangent kernel's operands as its products read them (the tensor-core
-            // kernels and the GEMM path round their own).
-            let gq = if dx_implicit {
-                rounded(dev, sc, g, prec)?
-            } else {
-                g
-            };
             let gr = if (needs[0] && !dw_implicit) || needs[1] || (needs[2] && !dx_implicit) {
                 geo.small_to_rows(dev, sc, g)?
             } else {
@@ -230,8 +206,8 @@ pub fn backward<D: Device>(
                 out[1] = Some(dev.reduce_axis_sum(gr, a, n * l, 1)?);
             }
             if dx_implicit {
-                let wq = rounded(dev, sc, w, prec)?;
-                out[2] = Some(dev.conv_implicit_dx(wq, gq, &geo.win, a)?);
+                // Under autocast the device rounds w and g as its tensor-core kernel stages them.
+                out[2] = Some(dev.conv_implicit_dx(w, g, &geo.win, a)?);
             } else if needs[2] {
                 let dcols =
                     sc.tmp(dev.matmul(w, gr, Gemm::nn(ck, a, n * l).with_t(true, false))?);

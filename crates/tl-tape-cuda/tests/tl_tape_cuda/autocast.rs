@@ -83,14 +83,13 @@ fn bits(ts: &[Tensor<f32>]) -> Vec<Vec<u32>> {
     ts.iter().map(|t| crate::common::bits(t.data())).collect()
 }
 
-/// Under autocast the implicit-GEMM conv kernels read their operands rounded: with the gate
-/// forced on, a conv at `Bf16` / `Tf32` on `dev()` gives the f32 implicit conv of the rounded
-/// weight and input seeded with the rounded cotangent: dx (its kernel reads rounded copies)
-/// bit for bit; the value and dw (the tensor-core kernels, rounding as they stage) bit for bit
-/// plus the zero padding's `+ 0.0` (C·K = 27, N·L = 72) where `exact` (the sim, the
-/// emulator), within the f32 sums' rounding on a GPU (the tensor cores' order); the bias
-/// cotangent of the unrounded cotangent; and none of them the f32 kernel's bits on the
-/// operands as they are.
+/// Under autocast the implicit-GEMM conv kernels (the tensor-core ones, rounding as they
+/// stage) read their operands rounded: with the gate forced on, a conv at `Bf16` / `Tf32` on
+/// `dev()` gives the f32 implicit conv of the rounded weight and input seeded with the rounded
+/// cotangent, value, dw and dx, bit for bit plus the zero padding's `+ 0.0` (C·K = 27,
+/// N·L = 72, A = 4: a `−0` sum becomes `+0`) where `exact` (the sim, the emulator), within the
+/// f32 sums' rounding on a GPU (the tensor cores' order); the bias cotangent of the unrounded
+/// cotangent; and none of them the f32 kernel's bits on the operands as they are.
 /// The tensors: `[y, dw, db, dx]` per precision.
 pub fn autocast_conv_rounds_the_implicit_operands<D: Device>(dev: impl Fn() -> D, exact: bool) {
     use tl_tape_cuda::gates::force_conv_implicit_min_tiles;
@@ -109,7 +108,7 @@ pub fn autocast_conv_rounds_the_implicit_operands<D: Device>(dev: impl Fn() -> D
         let xr = [round(&x[0]), x[1].clone(), round(&x[2])];
         let want = on_cuda_tape(dev(), Some(Precision::F32), &op, &xr, &round(&g));
         let got = on_cuda_tape(dev(), Some(p), &op, &x, &g);
-        for (k, what) in [(0, "value"), (1, "dw")] {
+        for (k, what) in [(0, "value"), (1, "dw"), (3, "dx")] {
             let (y, want_y) = (got[k].data(), want[k].data());
             if exact {
                 let padded: Vec<f32> = want_y.iter().map(|v| v + 0.0).collect();
@@ -128,12 +127,8 @@ pub fn autocast_conv_rounds_the_implicit_operands<D: Device>(dev: impl Fn() -> D
                 }
             }
         }
-        let (got, want) = (bits(&got), bits(&want));
+        let got = bits(&got);
         for (k, what) in [(0, "value"), (1, "dw"), (3, "dx")] {
-            assert!(
-                k < 2 || got[k] == want[k],
-                "{p:?}: {what} is not the rounded operands' f32 conv"
-            );
             assert_ne!(
                 got[k], f32_as_is[k],
                 "{p:?}: {what} read unrounded operands"

@@ -308,8 +308,9 @@ fn the_implicit_conv_gives_the_im2col_gemms_bits_where_that_is_not_split() {
 /// staged) gives the im2col path's bits (its tensor-core GEMM, which rounds as it stages) where
 /// that GEMM is not split along `k` (its split counting 128×128 tiles), the same sums within
 /// f32 rounding where it is; the implicit weight cotangent gives the im2col path's bits on
-/// every case, split or not (it splits as the tensor-core GEMM does); and none is the f32
-/// kernel's result on the operands as they are.
+/// every case, split or not (it splits as the tensor-core GEMM does); the implicit input
+/// cotangent gives the col2im path's bits (its tensor-core GEMM over k = A, never split here);
+/// and none is the f32 kernel's result on the operands as they are.
 #[test]
 fn under_autocast_the_implicit_conv_gives_the_tensor_core_gemms_bits() {
     use tl_tape_cuda::Precision;
@@ -322,6 +323,7 @@ fn under_autocast_the_implicit_conv_gives_the_tensor_core_gemms_bits() {
             let gy = cotangent(&c, 18);
             let as_is = implicit(&mut d, &c, &w, &x).unwrap();
             let dw_as_is = implicit_dw(&mut d, &c, &gy, &x).unwrap();
+            let dx_as_is = implicit_dx(&mut d, &c, &w, &gy).unwrap();
             let _p = tl_tape_cuda::precision::install(p);
             let name = format!("{p:?} {}", c.name);
             let got = implicit(&mut d, &c, &w, &x).unwrap();
@@ -335,6 +337,11 @@ fn under_autocast_the_implicit_conv_gives_the_tensor_core_gemms_bits() {
             dw_split += usize::from(gm.k_splits_tiled(1, TC_TILE) > 1);
             agree(&format!("{name} dw"), &dw, &want_dw, true);
             assert_ne!(dw, dw_as_is, "{name}: dw's operands were not rounded");
+            let dx = implicit_dx(&mut d, &c, &w, &gy).unwrap();
+            let (want_dx, gd) = by_col2im(&mut d, &c, &w, &gy);
+            assert_eq!(gd.k_splits_tiled(1, TC_TILE), 1, "{name}");
+            agree(&format!("{name} dx"), &dx, &want_dx, true);
+            assert_ne!(dx, dx_as_is, "{name}: dx's operands were not rounded");
         }
         assert!(
             (1..cases().len()).contains(&split),

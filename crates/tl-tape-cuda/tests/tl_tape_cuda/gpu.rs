@@ -711,16 +711,16 @@ fn the_implicit_conv_kernel_gives_the_sims_bits() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The tensor-core implicit conv forward and weight cotangent (`tl_conv_implicit_tc`,
-/// `tl_conv_implicit_dw_tc`; autocast bf16 and TF32) on every case of the `conv_implicit`
+/// The tensor-core implicit conv kernels (`tl_conv_implicit_tc`, `tl_conv_implicit_dw_tc`,
+/// `tl_conv_implicit_dx_tc`; autocast bf16 and TF32) on every case of the `conv_implicit`
 /// module (ranks 1 to 4, stride, padding, batch 1, partial 128×128 tiles, depths not multiples
 /// of the 16-deep slice, many channels, weight cotangents split along N·L), ±∞ and NaN among
 /// the inputs, and one case whose every product underflows to −0 (the slice's zero padding
-/// makes each sum +0), against their sim twins: emulated bit for bit (both schedules in CI), on a GPU within
+/// makes each forward and weight-cotangent sum +0), against their sim twins: emulated bit for bit (both schedules in CI), on a GPU within
 /// the f32 sums' rounding (the tensor cores add in their own order).
 #[test]
 fn the_tensor_core_implicit_conv_kernels_give_the_sims_sums() {
-    use crate::conv_implicit::{cases, cotangent, implicit, implicit_dw, operands};
+    use crate::conv_implicit::{cases, cotangent, implicit, implicit_dw, implicit_dx, operands};
     let Some(mut cuda) = gpu() else { return };
     let mut sim = SimDevice::new();
     let (mut bad, mut runs) = (Vec::new(), 0);
@@ -751,8 +751,13 @@ fn the_tensor_core_implicit_conv_kernels_give_the_sims_sums() {
                     implicit_dw(&mut sim, c, &g, &x).unwrap(),
                     implicit_dw(&mut cuda, c, &g, &x).unwrap(),
                 ),
+                (
+                    "dx",
+                    implicit_dx(&mut sim, c, &w, &g).unwrap(),
+                    implicit_dx(&mut cuda, c, &w, &g).unwrap(),
+                ),
             ] {
-                if k == 0 {
+                if k == 0 && what != "dx" {
                     assert!(want.iter().all(|v| v.to_bits() == 0), "{p:?} {what}: +0");
                 }
                 let scale = want

@@ -89,7 +89,9 @@ impl CudaDevice {
     }
 
     /// `tl_conv_implicit_dx`: the input cotangent `(batch, channels, big)` in 64×64 tiles of
-    /// the `(channels, batch·big)` product.
+    /// the `(channels, batch·big)` product; under autocast `tl_conv_implicit_dx_tc`, the
+    /// tensor-core kernel, in 128×128 tiles, the precision's code appended (its slices,
+    /// K·⌈A/16⌉·16 rows, held to a `u32`).
     pub(super) fn conv_implicit_dx_impl(
         &mut self,
         w: Buffer,
@@ -98,9 +100,22 @@ impl CudaDevice {
         out_channels: usize,
         l: WindowLens,
     ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit_dx";
         let tiles = (win.channels, win.batch * l.big);
-        let kernel = ("conv_implicit_dx", "tl_conv_implicit_dx", 64);
-        self.implicit_launch(kernel, [w, g], tiles, win, l, &[out_channels as u32])
+        match super::kernel_code(crate::precision::current()) {
+            0 => {
+                let kernel = (OP, "tl_conv_implicit_dx", 64);
+                self.implicit_launch(kernel, [w, g], tiles, win, l, &[out_channels as u32])
+            }
+            prec => {
+                let rows =
+                    crate::device::check::product(OP, &[l.kernel, out_channels.div_ceil(16), 16])?;
+                abi::to_u32(OP, "slice rows", rows)?;
+                let kernel = (OP, "tl_conv_implicit_dx_tc", crate::device::TC_TILE);
+                let last = [out_channels as u32, prec];
+                self.implicit_launch(kernel, [w, g], tiles, win, l, &last)
+            }
+        }
     }
 
     /// `tl_conv_implicit_dw`: the weight cotangent `(out_channels, channels·K)` in 64×64 tiles,

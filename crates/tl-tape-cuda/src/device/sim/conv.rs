@@ -67,7 +67,17 @@ pub fn conv_implicit(
 /// the window cells `k` from last to first; where small cell `o` reads `j` through cell `k`, it
 /// sums `part = Σ_a w[a, c, k]·g[n, a, o]` in increasing `a` from `0.0` as `fma`, and adds it:
 /// `acc + part` from `0.0` (the gather [`col2im`] of the GEMM `wᵀ · g'`, unsplit).
-pub fn conv_implicit_dx(w: &[f32], g: &[f32], win: &Windows, a: usize, out: &mut [f32]) {
+///
+/// Under autocast (`prec` `Bf16` / `Tf32`) the twin of `tl_conv_implicit_dx_tc`: each operand
+/// element rounded, each `part` padded ([`linalg::tc_padded`] over `a` terms), the same order.
+pub fn conv_implicit_dx(
+    w: &[f32],
+    g: &[f32],
+    win: &Windows,
+    a: usize,
+    out: &mut [f32],
+    prec: Precision,
+) {
     let (kl, sl, bl) = (
         win.kernel.iter().product::<usize>(),
         win.small.iter().product::<usize>(),
@@ -83,9 +93,10 @@ pub fn conv_implicit_dx(w: &[f32], g: &[f32], win: &Windows, a: usize, out: &mut
             if let Some(o) = win.window_of(j, k) {
                 let mut part = 0.0f32;
                 for r in 0..a {
-                    part = w[r * ck + c * kl + k].mul_add(g[(n * a + r) * sl + o], part);
+                    let (wv, gv) = (w[r * ck + c * kl + k], g[(n * a + r) * sl + o]);
+                    part = prec.round(wv).mul_add(prec.round(gv), part);
                 }
-                acc += part;
+                acc += linalg::tc_padded(part, a, prec);
             }
         }
         *v = acc;

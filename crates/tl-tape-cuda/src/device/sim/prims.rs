@@ -581,8 +581,9 @@ impl Launch for SimDevice {
         out_channels: usize,
         lens: WindowLens,
     ) -> Result<Buffer> {
+        let prec = crate::precision::current();
         self.launch("conv_implicit_dx", [w, g], lens.big_len(), |[w, g], out| {
-            conv::conv_implicit_dx(w, g, win, out_channels, out)
+            conv::conv_implicit_dx(w, g, win, out_channels, out, prec)
         })
     }
 
