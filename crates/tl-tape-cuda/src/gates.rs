@@ -5,7 +5,7 @@
 //!
 //! | gate | production rule | override |
 //! |---|---|---|
-//! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel; under autocast the forward and the weight cotangent on the tensor cores, `tl_conv_implicit_tc` and `_dw_tc`, rounding as they stage, the input cotangent on operands rounded into copies) | at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
+//! | conv forward, input and weight cotangents by the implicit-GEMM kernels ([`conv_implicit`]; the weight cotangent where the forward takes its kernel; under autocast on the tensor cores, `tl_conv_implicit_tc`, `_dw_tc`, `_dx_tc`, rounding as they stage) | at least [`CONV_IMPLICIT_MIN_TILES`] output tiles of 64×64 | [`force_conv_implicit_min_tiles`]: `Some(0)` always, `Some(usize::MAX)` never |
 //! | an optimizer step on a device in one launch per parameter, or per eight in a step over all of them ([`fused_optimizer`]: [`Device::adam_update`](crate::Device::adam_update), [`Device::momentum_update`](crate::Device::momentum_update) and their `_list` forms) instead of one launch per operation of the rule | always (Adam, AdamW, momentum SGD after its first step) | [`force_fused_optimizer`]: `Some(false)` composes the rule from the primitives |
 //! | a matmul split along `k` over several blocks (split-K: [`Gemm::k_chunk_tiled`](crate::Gemm::k_chunk_tiled), the simulation device and the CUDA launch alike) | under [`split_k_tiles`] output tiles of the kernel's own side, `k` at least two runs of 128 | [`force_split_k_tiles`]: `Some(n)` splits below `n` tiles, `Some(0)` never |
 //! | an axis sum (`tl_axis_sum_block`: reduceSum, reduceMean, the bias cotangents of linear and conv) and a norm's `dγ`/`dβ` (`tl_norm_bwd_affine_block`) by one block of threads per output instead of one thread ([`sum_by_block`]) | a sum of more than [`AXIS_THREAD_MAX_N`] terms into at most [`AXIS_BLOCK_MAX_OUT`] outputs | [`force_sums_by_block`]: `Some(true)` every sum of at least one term into at most [`AXIS_BLOCK_MAX_OUT`] outputs, `Some(false)` none |
@@ -51,10 +51,9 @@ pub type Guard = tl_spec::scoped::Guard<Option<usize>>;
 /// Whether a conv product with `rows` output rows (the forward and the weight cotangent: output
 /// channels; the input cotangent: input channels) over `cols` output columns (`batch·small`;
 /// `batch·big`) runs its implicit-GEMM kernel: at least the threshold's tiles, and a grid that
-/// holds the rows. At every precision: under autocast the conv hands the kernels its operands
-/// rounded into copies ([`Device::round_to`](crate::Device::round_to)), so each product is the
-/// exact product of rounded operands, as on the tensor cores (docs/semantics.md, "Mixed
-/// precision").
+/// holds the rows. At every precision: under autocast the kernels' tensor-core twins run,
+/// rounding the operands as they stage them, each product the exact product of rounded
+/// operands (docs/semantics.md, "Mixed precision").
 pub fn conv_implicit(rows: usize, cols: usize) -> bool {
     let min = CONV_IMPLICIT_MIN
         .with(Cell::get)
