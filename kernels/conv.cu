@@ -542,8 +542,9 @@ __device__ void tiles_dx_tc(unsigned char* smem, const float* w, const float* gr
         }
         ++done;
     };
-    // The host holds kl·sa·16 to a u32.
-    k_slices<tc::BK>(0, kl * sa * tc::BK, fetch, stage_buf, compute);
+    // The host holds kl·sa·16 to a u32. No output channels (sa = 0): no slice, the sums +0
+    // (k_slices reads its first slice before its loop, and a slice needs sa).
+    if (sa > 0) k_slices<tc::BK>(0, kl * sa * tc::BK, fetch, stage_buf, compute);
     for (int i = 0; i < tc::FI; ++i) {
         for (int j = 0; j < tc::FJ; ++j) {
             const u64 gj = col0 + t.wn * tc::WN + 16 * j + t.lane % 16;

@@ -785,6 +785,24 @@ fn the_tensor_core_implicit_conv_kernels_give_the_sims_sums() {
             }
         }
     }
+    // No output channels: the input cotangent sums nothing (+0 everywhere), on both devices.
+    let none = crate::conv_implicit::Case {
+        name: "no output channels",
+        out_channels: 0,
+        ..crate::conv_implicit::cases().remove(0)
+    };
+    for p in [Precision::Bf16, Precision::Tf32] {
+        let _p = tl_tape_cuda::precision::install(p);
+        let (w, g) = (Vec::new(), Vec::new());
+        let (want, got) = (
+            implicit_dx(&mut sim, &none, &w, &g).unwrap(),
+            implicit_dx(&mut cuda, &none, &w, &g).unwrap(),
+        );
+        if want.is_empty() || want.iter().chain(&got).any(|v| v.to_bits() != 0) {
+            bad.push(format!("{p:?} no output channels: dx not +0"));
+        }
+        runs += 1;
+    }
     println!(
         "GPU-SUMMARY conv-implicit-tc {runs} cases {}",
         verdict(bad.is_empty())
@@ -793,11 +811,9 @@ fn the_tensor_core_implicit_conv_kernels_give_the_sims_sums() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// Autocast's conv on the implicit kernels: the forward and the weight cotangent on the tensor
-/// cores (rounding as they stage), the input cotangent on operands rounded into copies by the
-/// device's `tl_round`: the f32 implicit conv of the host-rounded operands, bit for bit
-/// emulated (the value and dw plus the zero padding's `+ 0.0`), the value and dw within the
-/// f32 sums' rounding on a GPU, as on the sim
+/// Autocast's conv on the implicit kernels, all three on the tensor cores (rounding as they
+/// stage): the f32 implicit conv of the host-rounded operands, bit for bit emulated (plus the
+/// zero padding's `+ 0.0`), within the f32 sums' rounding on a GPU, as on the sim
 /// (`autocast::autocast_rounds_the_implicit_convs_operands_on_the_sim`).
 #[test]
 fn autocast_rounds_the_implicit_convs_operands_on_the_device() {
