@@ -759,9 +759,10 @@ extern "C" __global__ void __launch_bounds__(256)
     });
 }
 
-// The tensor-core forward (autocast; igemm::tiles_tc): grid (⌈N·L/128⌉, ⌈A/128⌉), 256 threads;
+// The tensor-core forward (autocast; igemm::tiles_tc): grid (⌈N·L/128⌉, ⌈A/128⌉), 256 threads,
+// one block an SM (two would hold it to 128 registers, where ptxas spills the loaders' state);
 // `prec` 1 bf16, 2 TF32 (tl_gemm_tc's codes).
-extern "C" __global__ void __launch_bounds__(256, 2)
+extern "C" __global__ void __launch_bounds__(256, 1)
     tl_conv_implicit_tc(const float* w, const float* x, float* y, TL_GEO_PARAMS, u32 m,
                         u32 prec) {
     TL_GEO;
@@ -809,9 +810,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 }
 
 // The tensor-core weight cotangent (autocast; igemm::tiles_dw_tc): grid (⌈C·K/128⌉, ⌈A/128⌉,
-// runs), 256 threads; `kc` the run of N·L a block sums (Gemm::k_chunk_tiled over 128 x 128
-// tiles), `prec` as tl_conv_implicit_tc's.
-extern "C" __global__ void __launch_bounds__(256, 2)
+// runs), 256 threads, one block an SM (as tl_conv_implicit_tc); `kc` the run of N·L a block
+// sums (Gemm::k_chunk_tiled over 128 x 128 tiles), `prec` as tl_conv_implicit_tc's.
+extern "C" __global__ void __launch_bounds__(256, 1)
     tl_conv_implicit_dw_tc(const float* gr, const float* x, float* out, TL_GEO_PARAMS, u32 m,
                            u32 kc, u32 prec) {
     TL_GEO;
