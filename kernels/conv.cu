@@ -723,15 +723,16 @@ __device__ __forceinline__ void by_rank(u32 rank, F&& f) {
     }
 }
 
-// f(Rank<R>(), P()) for the spatial rank (as by_rank) and the tensor-core precision `prec`
-// (1 bf16, 2 TF32: tl_gemm_tc's codes).
+// f(Rank<R>(), P(), smem) for the spatial rank (as by_rank), the tensor-core precision `prec`
+// (1 bf16, 2 TF32: tl_gemm_tc's codes) and the block's tile memory (tc::SMEM_BYTES).
 template <typename F>
 __device__ __forceinline__ void tc_by_rank(u32 rank, u32 prec, F&& f) {
+    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
     auto at = [&](auto r) {
         if (prec == 2)
-            f(r, tc::Tf32());
+            f(r, tc::Tf32(), smem);
         else
-            f(r, tc::Bf16());
+            f(r, tc::Bf16(), smem);
     };
     switch (rank) {
         case 1:
@@ -766,8 +767,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     tl_conv_implicit_tc(const float* w, const float* x, float* y, TL_GEO_PARAMS, u32 m,
                         u32 prec) {
     TL_GEO;
-    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
-    igemm::tc_by_rank(rank, prec, [&](auto r, auto p) {
+    igemm::tc_by_rank(rank, prec, [&](auto r, auto p, unsigned char* smem) {
         igemm::tiles_tc<decltype(r)::value, decltype(p)>(smem, w, x, y, g, batch, channels, kl,
                                                           sl, bl, m);
     });
@@ -802,8 +802,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     tl_conv_implicit_dx_tc(const float* w, const float* gr, float* dx, TL_GEO_PARAMS, u32 depth,
                            u32 prec) {
     TL_GEO;
-    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
-    igemm::tc_by_rank(rank, prec, [&](auto r, auto p) {
+    igemm::tc_by_rank(rank, prec, [&](auto r, auto p, unsigned char* smem) {
         igemm::tiles_dx_tc<decltype(r)::value, decltype(p)>(smem, w, gr, dx, g, batch, channels,
                                                              kl, sl, bl, depth);
     });
@@ -816,8 +815,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     tl_conv_implicit_dw_tc(const float* gr, const float* x, float* out, TL_GEO_PARAMS, u32 m,
                            u32 kc, u32 prec) {
     TL_GEO;
-    __shared__ __align__(32) unsigned char smem[tc::SMEM_BYTES];
-    igemm::tc_by_rank(rank, prec, [&](auto r, auto p) {
+    igemm::tc_by_rank(rank, prec, [&](auto r, auto p, unsigned char* smem) {
         igemm::tiles_dw_tc<decltype(r)::value, decltype(p)>(smem, gr, x, out, g, batch, channels,
                                                              kl, sl, bl, m, kc);
     });
