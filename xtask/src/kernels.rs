@@ -24,7 +24,8 @@ fn sets() -> Result<Vec<(&'static str, Kernels)>, String> {
     Ok(vec![("kernels/", project), ("examples/custom_op/", gelu)])
 }
 
-/// `cargo xtask kernels`: every set's sources to PTX, then each set's manifest.
+/// `cargo xtask kernels`: every set's stale sources to PTX (current ones kept), then each set's
+/// manifest.
 pub fn build() -> Result<(), String> {
     let site = util::root().join("target/nvcc/site-packages");
     let nvcc = Nvcc::install_pinned(&site).map_err(|e| e.to_string())?;
@@ -33,8 +34,9 @@ pub fn build() -> Result<(), String> {
             .generate_ptx(&nvcc)
             .map_err(|e| format!("{name}: {e}"))?;
         eprintln!(
-            "{name}: {} PTX file(s), wrote {}",
+            "{name}: {} PTX file(s) compiled, {} current and kept; {}",
             written.len(),
+            set.sources().len() - written.len(),
             set.manifest_path().display()
         );
     }
