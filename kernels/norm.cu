@@ -446,6 +446,17 @@ __device__ void tl_norm_split_put2(float a, float b, float* part, u32 k, u32 par
     }
 }
 
+// Block (p, k)'s two sums over its chunk in one pass: add(i, a, b) adds element i's terms to
+// the thread's sums a and b (each from +0), then tl_norm_split_put2.
+template <typename Add>
+__device__ void tl_norm_split_sums2(const TlNormSplitChunk& c, u32 groups, u32 seg, u32 parts,
+                                    float* part, float* smem, Add add) {
+    float a = 0.0f, b = 0.0f;
+    for (u64 e = c.lo + threadIdx.x; e < c.hi; e += TL_BLOCK)
+        add(tl_norm_index(c.k, (u32)e, groups, seg), a, b);
+    tl_norm_split_put2(a, b, part, c.k, parts, smem);
+}
+
 // tl_norm_bwd_x's two sums over chunk p of group k in one pass: part[(k * parts + p) * 2] =
 // sum g * gamma, part[... + 1] = sum g * gamma * xhat (the first unused where not centred).
 extern "C" __global__ void tl_norm_split_bwd_sums(const float* x, const float* stats,
@@ -455,14 +466,11 @@ extern "C" __global__ void tl_norm_split_bwd_sums(const float* x, const float* s
                                                   u32 chunk) {
     __shared__ float smem[33];
     const TlNormSplitChunk c = tl_norm_split_chunk(x, stats, outer, groups, seg, centred, chunk);
-    float a1 = 0.0f, a2 = 0.0f;
-    for (u64 e = c.lo + threadIdx.x; e < c.hi; e += TL_BLOCK) {
-        const u64 i = tl_norm_index(c.k, (u32)e, groups, seg);
+    tl_norm_split_sums2(c, groups, seg, parts, part, smem, [&](u64 i, float& a1, float& a2) {
         const float gh = g[i] * gamma[tl_norm_feature(i, groups, seg, per_column)];
         a1 = a1 + gh;
         a2 = a2 + gh * (tl_norm_centre(x[i], c.x0, c.mean) * c.rstd);
-    }
-    tl_norm_split_put2(a1, a2, part, c.k, parts, smem);
+    });
 }
 
 // tl_norm_bwd_x over chunk p of group k, its sums folded from tl_norm_split_bwd_sums' parts.
@@ -492,14 +500,10 @@ extern "C" __global__ void tl_norm_split_affine_sums(const float* x, const float
                                                      u32 chunk) {
     __shared__ float smem[33];
     const TlNormSplitChunk c = tl_norm_split_chunk(x, stats, outer, groups, seg, centred, chunk);
-    float ag = 0.0f, ab = 0.0f;
-    for (u64 e = c.lo + threadIdx.x; e < c.hi; e += TL_BLOCK) {
-        const u64 i = tl_norm_index(c.k, (u32)e, groups, seg);
-        const float h = tl_norm_centre(x[i], c.x0, c.mean) * c.rstd;
+    tl_norm_split_sums2(c, groups, seg, parts, part, smem, [&](u64 i, float& ag, float& ab) {
+        ag = ag + g[i] * (tl_norm_centre(x[i], c.x0, c.mean) * c.rstd);
         ab = ab + g[i];
-        ag = ag + g[i] * h;
-    }
-    tl_norm_split_put2(ag, ab, part, c.k, parts, smem);
+    });
 }
 
 // dgamma[f], dbeta[f] folded from tl_norm_split_affine_sums' parts, one thread a feature.
