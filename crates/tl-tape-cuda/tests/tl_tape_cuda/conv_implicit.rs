@@ -10,8 +10,8 @@
 
 use tl_ir::Op;
 use tl_spec::Tensor;
-use tl_tape_cuda::device::Windows;
-use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Error, Gemm, Result, SimDevice, gates};
+use tl_tape_cuda::device::{Windows, split_tile};
+use tl_tape_cuda::{AnyBuffer, CudaTape, Device, Error, Gemm, Precision, Result, SimDevice, gates};
 
 use crate::common::Gen;
 
@@ -454,8 +454,10 @@ fn the_tape_takes_the_implicit_kernel_as_the_gate_says() {
 
 /// The device memory of a conv's weight cotangent on the sim (the GPU's caching allocator, so
 /// the telemetry counts what a GPU holds; peaks are bytes requested by live buffers). The
-/// primitive: above its operands, `conv_implicit_dw` allocates its result alone, the im2col
-/// path the permuted cotangent `(A, N·L)`, the column matrix `(C·K, N·L)` and the result. On
+/// primitive: above its operands, `conv_implicit_dw` allocates its result and, split along
+/// N·L as this case is, the runs' workspace (one result-sized matrix a run, as on the device);
+/// the im2col path the permuted cotangent `(A, N·L)`, the column matrix `(C·K, N·L)`, the
+/// result and its product's workspace of the same runs. On
 /// the tape (the forward by the implicit kernel, then the backward with only the weight
 /// needing its cotangent), the gate forced on lowers the backward's peak by at least the
 /// column matrix, with the same bits. (`cargo run --release -p tl-tape-cuda --example
@@ -471,7 +473,10 @@ fn the_implicit_weight_cotangent_allocates_no_column_matrix() {
         c.out_channels * c.win.batch * l.small * 4,
         l.cols_len() * 4,
     );
-    for (implicit, want) in [(true, dw), (false, gr + cols + dw)] {
+    let splits = (c.win.dw_gemm(c.out_channels)).k_splits_tiled(1, split_tile(Precision::F32));
+    assert_eq!(splits, 2, "the case splits its weight cotangent");
+    let work = splits * dw;
+    for (implicit, want) in [(true, dw + work), (false, gr + cols + dw + work)] {
         let mut d = SimDevice::new();
         let base = d.memory_usage().live_bytes;
         let got = if implicit {

@@ -27,6 +27,8 @@ use tl_tape_cuda::{
 mod flash;
 // The tensor-core GEMM under autocast (bf16 / TF32).
 mod tensor_cores;
+// The sim counts the split passes' launches and workspaces as the device does.
+mod split_passes;
 
 /// The CUDA device, or `None` (after saying so) when there is none.
 fn gpu() -> Option<CudaDevice> {

@@ -33,6 +33,38 @@ impl SimDevice {
         b
     }
 
+    /// `body` (the sim's launch of a primitive) beside what the CUDA device's split passes add
+    /// to it: `launches` more kernels, and a pool workspace of each length in `workspaces`,
+    /// taken before `body` and given back after it whether it succeeds or fails
+    /// (`CudaDevice::with_workspace`), so that the sim's traffic and pool counts are the
+    /// device's. The sim's split sums themselves live in host temporaries.
+    pub(super) fn with_split_passes<T>(
+        &mut self,
+        op: &'static str,
+        launches: usize,
+        workspaces: &[usize],
+        body: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        let mut held = Vec::with_capacity(workspaces.len());
+        for &len in workspaces {
+            match self.pool.allocate(op, len * 4) {
+                Ok(a) => held.push(a),
+                Err(e) => {
+                    held.into_iter().for_each(|a| self.pool.free(a));
+                    return Err(e);
+                }
+            }
+        }
+        let r = body(self);
+        held.into_iter().for_each(|a| self.pool.free(a));
+        if r.is_ok() {
+            for _ in 0..launches {
+                self.traffic.launch();
+            }
+        }
+        r
+    }
+
     /// One launch: check the ABI, look the operands up, allocate the output, run `kernel` on the
     /// operands' elements and the output's, register the output.
     /// Counted as one kernel launch ([`crate::Traffic`]).

@@ -302,32 +302,33 @@ impl Launch for SimDevice {
 
     fn launch_matmul_acc(&mut self, c: Buffer, a: Buffer, b: Buffer, g: Gemm) -> Result<()> {
         const OP: &str = "matmul_acc";
-        // The product in a host temporary (the kernel keeps it in registers: no device buffer).
-        let mut p = vec![0.0f32; g.m * g.n];
         let prec = crate::precision::current();
-        linalg::gemm_dense(
-            view(&self.live, OP, a)?,
-            view(&self.live, OP, b)?,
-            g,
-            1,
-            &mut p,
-            prec,
-        );
-        let cs = self.live.get_mut(&c.id()).ok_or(Error::Released {
-            op: OP,
-            buffer: c.id(),
-            len: c.len(),
-        })?;
-        for (o, v) in cs.block[..c.len()].iter_mut().zip(p) {
-            *o += v; // the kernel's __fadd_rn(out, sum)
-        }
         // One kernel on the device (the product and the add in its epilogue), two when the
         // product is split along k (the add is then the second kernel's).
-        self.traffic.launch();
-        if g.m * g.n > 0 && g.k_splits_tiled(1, split_tile(prec)) > 1 {
-            self.traffic.launch();
-        }
-        Ok(())
+        let (launches, work) = split_runs(1, g, prec);
+        self.with_split_passes(OP, launches, work.as_slice(), |d| {
+            // The product in a host temporary (the kernel keeps it in registers: no device
+            // buffer).
+            let mut p = vec![0.0f32; g.m * g.n];
+            linalg::gemm_dense(
+                view(&d.live, OP, a)?,
+                view(&d.live, OP, b)?,
+                g,
+                1,
+                &mut p,
+                prec,
+            );
+            let cs = d.live.get_mut(&c.id()).ok_or(Error::Released {
+                op: OP,
+                buffer: c.id(),
+                len: c.len(),
+            })?;
+            for (o, v) in cs.block[..c.len()].iter_mut().zip(p) {
+                *o += v; // the kernel's __fadd_rn(out, sum)
+            }
+            d.traffic.launch();
+            Ok(())
+        })
     }
 
     fn launch_bmm(
@@ -341,33 +342,33 @@ impl Launch for SimDevice {
     ) -> Result<Buffer> {
         let count = bt.count;
         let prec = crate::precision::current();
-        let out = self.launch(op, [a, b], count * lo, |[a, b], out| {
-            for z in 0..count {
-                let at = |which| linalg::At::of(bt, g, which, z);
-                linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)), prec);
-            }
-        })?;
-        if count * lo > 0 && g.k_splits_tiled(count, split_tile(prec)) > 1 {
-            // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
-            self.traffic.launch();
-        }
-        Ok(out)
+        let (launches, work) = split_runs(count, g, prec);
+        self.with_split_passes(op, launches, work.as_slice(), |d| {
+            d.launch(op, [a, b], count * lo, |[a, b], out| {
+                for z in 0..count {
+                    let at = |which| linalg::At::of(bt, g, which, z);
+                    linalg::gemm((a, at(0)), (b, at(1)), g, count, (out, at(2)), prec);
+                }
+            })
+        })
     }
 
     fn launch_norm_stats(&mut self, x: Buffer, l: NormLayout, eps: f32) -> Result<Buffer> {
-        let out = self.launch("norm_stats", [x], 2 * l.groups, |[x], out| {
-            norm::stats(x, l, eps, out)
-        })?;
-        self.count_split_passes(l, l.centred);
-        Ok(out)
+        const OP: &str = "norm_stats";
+        let (launches, work) = split_moment_passes(l, l.centred);
+        self.with_split_passes(OP, launches, work.as_slice(), |d| {
+            d.launch(OP, [x], 2 * l.groups, |[x], out| {
+                norm::stats(x, l, eps, out)
+            })
+        })
     }
 
     fn launch_norm_moments(&mut self, x: Buffer, l: NormLayout) -> Result<Buffer> {
-        let out = self.launch("norm_moments", [x], 2 * l.groups, |[x], out| {
-            norm::moments(x, l, out)
-        })?;
-        self.count_split_passes(l, true);
-        Ok(out)
+        const OP: &str = "norm_moments";
+        let (launches, work) = split_moment_passes(l, true);
+        self.with_split_passes(OP, launches, work.as_slice(), |d| {
+            d.launch(OP, [x], 2 * l.groups, |[x], out| norm::moments(x, l, out))
+        })
     }
 
     fn launch_norm_moments_bwd(
@@ -452,14 +453,14 @@ impl Launch for SimDevice {
     ) -> Result<Buffer> {
         const OP: &str = "norm_bwd_x";
         let n = x.len();
-        let dx = self.launch(OP, [x, stats, gamma, g], n, |[x, st, ga, g], dx| {
-            norm::bwd_x(x, st, ga, g, l, dx)
-        })?;
-        if l.split_parts() > 1 {
-            // tl_norm_split_bwd_sums before tl_norm_split_bwd_x.
-            self.traffic.launch();
-        }
-        Ok(dx)
+        // Split: tl_norm_split_bwd_sums into a workspace of two sums a chunk before
+        // tl_norm_split_bwd_x.
+        let (launches, work) = split_pair_sums(l, l.split_parts() > 1);
+        self.with_split_passes(OP, launches, work.as_slice(), |d| {
+            d.launch(OP, [x, stats, gamma, g], n, |[x, st, ga, g], dx| {
+                norm::bwd_x(x, st, ga, g, l, dx)
+            })
+        })
     }
 
     fn launch_norm_bwd_affine(
@@ -470,14 +471,14 @@ impl Launch for SimDevice {
         l: NormLayout,
     ) -> Result<(Buffer, Buffer)> {
         const OP: &str = "norm_bwd_affine";
-        let out = self.launch2(OP, [x, stats, g], l.features(), |[x, st, g], dg, db| {
-            norm::bwd_affine(x, st, g, l, dg, db)
-        })?;
-        if l.affine_split() {
-            // tl_norm_split_affine_sums before tl_norm_split_affine_finish.
-            self.traffic.launch();
-        }
-        Ok(out)
+        // Split: tl_norm_split_affine_sums into a workspace of two sums a chunk before
+        // tl_norm_split_affine_finish.
+        let (launches, work) = split_pair_sums(l, l.affine_split());
+        self.with_split_passes(OP, launches, work.as_slice(), |d| {
+            d.launch2(OP, [x, stats, g], l.features(), |[x, st, g], dg, db| {
+                norm::bwd_affine(x, st, g, l, dg, db)
+            })
+        })
     }
 
     fn launch_masked_softmax_rows(
@@ -595,17 +596,15 @@ impl Launch for SimDevice {
         out_channels: usize,
         lens: WindowLens,
     ) -> Result<Buffer> {
+        const OP: &str = "conv_implicit_dw";
         let dw_len = out_channels * win.channels * lens.kernel;
         let prec = crate::precision::current();
-        let dw = self.launch("conv_implicit_dw", [g, x], dw_len, |[g, x], out| {
-            conv::conv_implicit_dw(g, x, win, out_channels, out, prec)
-        })?;
-        let tile = crate::device::split_tile(prec);
-        if dw_len > 0 && win.dw_gemm(out_channels).k_splits_tiled(1, tile) > 1 {
-            // The device's second kernel, which adds the runs' sums (tl_gemm_sum_splits).
-            self.traffic.launch();
-        }
-        Ok(dw)
+        let (launches, work) = split_runs(1, win.dw_gemm(out_channels), prec);
+        self.with_split_passes(OP, launches, work.as_slice(), |d| {
+            d.launch(OP, [g, x], dw_len, |[g, x], out| {
+                conv::conv_implicit_dw(g, x, win, out_channels, out, prec)
+            })
+        })
     }
 
     fn launch_col2im(&mut self, cols: Buffer, w: &Windows, lens: WindowLens) -> Result<Buffer> {
@@ -654,15 +653,38 @@ impl Launch for SimDevice {
     }
 }
 
-impl SimDevice {
-    /// The CUDA device's launches before `tl_norm_split_finish` where `l`'s sums are split
-    /// ([`NormLayout::split_parts`]): `tl_norm_split_sq`, after `tl_norm_split_mean` where
-    /// `centred`.
-    fn count_split_passes(&mut self, l: NormLayout, centred: bool) {
-        if l.split_parts() > 1 {
-            for _ in 0..1 + usize::from(centred) {
-                self.traffic.launch();
-            }
-        }
+/// What a product of `batch` matrices split along k adds on the CUDA device
+/// (`CudaDevice::with_split_runs`): the second kernel, `tl_gemm_sum_splits`, and the runs'
+/// workspace of `batch · splits · m·n` floats; nothing where it is not split.
+fn split_runs(batch: usize, g: Gemm, prec: crate::Precision) -> (usize, Option<usize>) {
+    let splits = g.k_splits_tiled(batch, split_tile(prec));
+    let mn = g.m * g.n;
+    if batch * mn > 0 && splits > 1 {
+        (1, Some(batch * splits * mn))
+    } else {
+        (0, None)
+    }
+}
+
+/// What split statistics add on the CUDA device (`split_moments`): `tl_norm_split_sq`, after
+/// `tl_norm_split_mean` where `centred`, and two workspaces of `parts` sums a group (the
+/// mean's taken even where it is not read); nothing where `l`'s sums are not split.
+fn split_moment_passes(l: NormLayout, centred: bool) -> (usize, Vec<usize>) {
+    let parts = l.split_parts();
+    if parts > 1 {
+        (1 + usize::from(centred), vec![parts * l.groups; 2])
+    } else {
+        (0, Vec::new())
+    }
+}
+
+/// What a split pair of backward sums adds on the CUDA device (`split_bwd_x`,
+/// `split_bwd_affine`): the sums' kernel and a workspace of two sums a chunk; nothing where
+/// not `split`.
+fn split_pair_sums(l: NormLayout, split: bool) -> (usize, Option<usize>) {
+    if split {
+        (1, Some(2 * l.split_parts() * l.groups))
+    } else {
+        (0, None)
     }
 }
