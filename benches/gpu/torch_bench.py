@@ -390,8 +390,9 @@ def conv_rows(dev, quick, iters):
     output (`torch.nn.grad.conv2d_weight`, cuDNN's), beside our `conv-dw/` rows, and
     `conv-dx/cudnn/{shape}` the input gradient (`torch.nn.grad.conv2d_input`) beside our
     `conv-dx/` rows, each timed to a read of its sum; `conv/cudnn-bf16/{shape}` the forward on
-    bf16 copies of the operands (cuDNN's tensor-core kernels) beside our `conv/*-bf16/` rows;
-    GFLOP/s counts 2·N·A·L·C·K."""
+    bf16 copies of the operands (cuDNN's tensor-core kernels) beside our `conv/*-bf16/` rows,
+    and `conv-dw/cudnn-bf16/`, `conv-dx/cudnn-bf16/` both gradients so beside our
+    `conv-dw/*-bf16/` and `conv-dx/*-bf16/` rows; GFLOP/s counts 2·N·A·L·C·K."""
     batch, side = (2, 8) if quick else (32, 32)
     rows = {}
     was_tf32, was_bench = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
@@ -420,6 +421,17 @@ def conv_rows(dev, quick, iters):
             ms = median_ms(iters, lambda xh=xh, wh=wh: F.conv2d(
                 xh, wh, padding=1).float().sum().item())
         rows[f"conv/cudnn-bf16/n{batch}-c{c}-a{out}-{side}x{side}"] = (
+            ms, ("gflops", flops / (ms * 1e-3) / 1e9))
+        gh = gy.to(torch.bfloat16)
+        with torch.no_grad():
+            ms = median_ms(iters, lambda xh=xh, wh=wh, gh=gh: torch.nn.grad.conv2d_weight(
+                xh, wh.shape, gh, padding=1).float().sum().item())
+        rows[f"conv-dw/cudnn-bf16/n{batch}-c{c}-a{out}-{side}x{side}"] = (
+            ms, ("gflops", flops / (ms * 1e-3) / 1e9))
+        with torch.no_grad():
+            ms = median_ms(iters, lambda xh=xh, wh=wh, gh=gh: torch.nn.grad.conv2d_input(
+                xh.shape, wh, gh, padding=1).float().sum().item())
+        rows[f"conv-dx/cudnn-bf16/n{batch}-c{c}-a{out}-{side}x{side}"] = (
             ms, ("gflops", flops / (ms * 1e-3) / 1e9))
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = was_tf32, was_bench
     return rows
@@ -534,12 +546,19 @@ def main():
                       f"{'PASS' if frac >= 0.5 else 'FAIL'}")
     # The cotangents and the bf16 forward beside cuDNN's (no target: where the step's time goes).
     for k in ours:
-        for kind, twin in (("conv-dx/", "/cudnn/"), ("conv-dw/", "/cudnn/"),
-                           ("conv/implicit-bf16/", "/cudnn-bf16/")):
+        for kind in ("conv-dx/", "conv-dw/", "conv/implicit-bf16/"):
             if k.startswith(kind) and "/implicit" in k:
-                t = theirs.get(k.replace("/implicit-bf16/", twin).replace("/implicit/", twin))
+                t = theirs.get(k.replace("/implicit-bf16/", "/cudnn-bf16/")
+                               .replace("/implicit/", "/cudnn/"))
                 if t:
                     print(f"{k}: {t[0] / ours[k]['ms']:.0%} of cuDNN's speed")
+    # Each tensor-core conv kernel beside our own f32 kernel (which the autocast conv could
+    # take on rounded copies instead).
+    for k in ours:
+        if "/implicit-bf16/" in k:
+            f32 = ours.get(k.replace("/implicit-bf16/", "/implicit/"))
+            if f32:
+                print(f"{k}: {f32['ms'] / ours[k]['ms']:.2f}x our f32 kernel's speed")
     # The issue's targets.
     cp = [k for k in theirs if k.startswith("copy/")]
     # Issue 39: f32 >= 90% of cuBLAS, tensor cores >= 70% of cuBLAS in the same mode (the

@@ -78,7 +78,11 @@
 //!   weight gradient) on the same operands;
 //! - `conv-dx/{implicit,im2col}/{shape}`: the input cotangent: `Device::conv_implicit_dx` or
 //!   the im2col path (the permute of the cotangent, the GEMM `wᵀ·g'`, `col2im`), GFLOP/s as
-//!   above; torch_bench.py's `conv-dx/cudnn/{shape}` is `torch.nn.grad.conv2d_input`.
+//!   above; torch_bench.py's `conv-dx/cudnn/{shape}` is `torch.nn.grad.conv2d_input`;
+//! - `conv-{dw,dx}/{implicit,im2col}-bf16/{shape}`: both cotangents under bf16 autocast (the
+//!   tensor-core kernels `tl_conv_implicit_dw_tc`, `tl_conv_implicit_dx_tc`, or the im2col
+//!   path with the tensor-core GEMM); torch_bench.py's `conv-{dw,dx}/cudnn-bf16/{shape}` are
+//!   cuDNN's on bf16 copies of the operands.
 
 #[path = "common/models.rs"]
 mod common;
@@ -559,6 +563,10 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
             "conv-dx/im2col",
             "conv/implicit-bf16",
             "conv/im2col-bf16",
+            "conv-dw/implicit-bf16",
+            "conv-dw/im2col-bf16",
+            "conv-dx/implicit-bf16",
+            "conv-dx/im2col-bf16",
         ]
         .map(|k| format!("{k}/{shape}"));
         if !rows.iter().any(|r| a.wants(r)) {
@@ -598,7 +606,7 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
         };
         let flops = 2.0 * (batch * out * l.small * c * 9) as f64;
         type Run<'a, D> = &'a dyn Fn(&mut D) -> tl_tape_cuda::Result<Vec<Buffer>>;
-        let runs: [(&String, Precision, Run<D>); 8] = [
+        let runs: [(&String, Precision, Run<D>); 12] = [
             (&rows[0], Precision::F32, &implicit),
             (&rows[1], Precision::F32, &im2col),
             (&rows[2], Precision::F32, &implicit_dw),
@@ -607,6 +615,10 @@ fn convs<D: Device>(a: &Args, dev: &mut D) -> tl_tape_cuda::Result<()> {
             (&rows[5], Precision::F32, &im2col_dx),
             (&rows[6], Precision::Bf16, &implicit),
             (&rows[7], Precision::Bf16, &im2col),
+            (&rows[8], Precision::Bf16, &implicit_dw),
+            (&rows[9], Precision::Bf16, &im2col_dw),
+            (&rows[10], Precision::Bf16, &implicit_dx),
+            (&rows[11], Precision::Bf16, &im2col_dx),
         ];
         for (row_name, prec, f) in runs {
             if !a.wants(row_name) {
