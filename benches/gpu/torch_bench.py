@@ -487,7 +487,9 @@ def main():
              or theirs.get(name.replace("-split256", ""))
              or theirs.get(name.replace("linked", "eager"))
              or theirs.get(sdpa_twin(name).replace("/composed/", "/sdpa/"))
-             or theirs.get(name.replace("/implicit/", "/cudnn/").replace("/im2col/", "/cudnn/")))
+             or theirs.get(name.replace("/implicit/", "/cudnn/").replace("/im2col/", "/cudnn/"))
+             or theirs.get(name.replace("/implicit-bf16/", "/cudnn-bf16/")
+                           .replace("/im2col-bf16/", "/cudnn-bf16/")))
         if t is None:
             print(f"{name:28} {r['ms']:10.3f} {'-':>10}")
             continue

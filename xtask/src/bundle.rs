@@ -21,7 +21,8 @@
 //! one run (`--once --only …`) of the bench rows with targets (the 4096² GEMMs, the bf16 1024²
 //! products with and without the raised split-K threshold, the attention core at n = 4096 (f32
 //! and, `flash-bf16`, under autocast; the f32 forward alone with FMA and with the tensor-core
-//! products), the convolutions; `TL_PROFILE_ROWS` overrides) into
+//! products), the convolutions and both their cotangents, f32 and bf16; `TL_PROFILE_ROWS`
+//! overrides) into
 //! `logs/ncu.txt`: per kernel its duration, registers, occupancy and what limits it, and its
 //! stalls.
 //! `TL_RUN_PARTS` (comma-separated `tests`, `nccl`, `train`, `bench`, `ncu`; default all) runs
@@ -304,7 +305,7 @@ elif [ -n "$ncu_bin" ]; then
         timeout "${TL_PROFILE_TIMEOUT:-300}" "$ncu_bin" -k 'regex:^tl_(gemm|flash|conv)' \
             --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
             "$b" --backend cuda --once \
-            --only "${TL_PROFILE_ROWS:-matmul/4096,matmul-tf32/4096,matmul-bf16/4096,gemm-core/bf16/1024,attention-core/flash/n4096,attention-core/flash-one-pass/n4096,attention-core/flash-two-pass/n4096,attention-core/flash-wide/n4096,attention-core/flash-d128/n4096,attention-core/flash-narrow-d128/n4096,attention-core/flash-bf16/n4096,attention-fwd/flash/n4096,attention-fwd/flash-tc/n4096,conv/,conv-dw/}" \
+            --only "${TL_PROFILE_ROWS:-matmul/4096,matmul-tf32/4096,matmul-bf16/4096,gemm-core/bf16/1024,attention-core/flash/n4096,attention-core/flash-one-pass/n4096,attention-core/flash-two-pass/n4096,attention-core/flash-wide/n4096,attention-core/flash-d128/n4096,attention-core/flash-narrow-d128/n4096,attention-core/flash-bf16/n4096,attention-fwd/flash/n4096,attention-fwd/flash-tc/n4096,conv/,conv-dw/,conv-dx/}" \
             > logs/ncu.txt 2>&1
         echo "ncu exit $? ($(basename "$b"))"
     done
